@@ -1,0 +1,203 @@
+"""Advantage estimators of the GRPO family, as pure jittable functions on arrays.
+
+Shapes: group rewards `r_BxG`; per-token arrays `NxL` with `N = B*G`, row `i` in group `i // G`; `mask_NxL` is 1 on
+completion tokens (EOS included) and 0 on padding. Every function returns 0 on padding and never NaN, also for rows
+whose mask is all zero. Hyper-parameters are keyword arguments so the step can close over them as constants.
+"""
+from typing import Tuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+
+def _check_ndim(name: str, x: jax.Array, ndim: int) -> None:
+  if x.ndim != ndim:
+    raise ValueError(f"{name}: expected a {ndim}-D array, got shape {x.shape}; reshape it first.")
+
+
+def _group_is_constant(r_BxG: jax.Array) -> jax.Array:
+  # Equality of max and min is exact, unlike `std == 0` after a rounded mean.
+  return jnp.max(r_BxG, axis=1) == jnp.min(r_BxG, axis=1)
+
+
+def grpo(r_BxG: jax.Array, *, std_eps: float = 1e-4, ddof: int = 0) -> jax.Array:
+  """GRPO: (r − group mean) / (group std + eps); a zero-variance group gets exactly 0 (it carries no signal)."""
+  _check_ndim("r_BxG", r_BxG, 2)
+  G = r_BxG.shape[1]
+  if G - ddof <= 0:
+    raise ValueError(f"ddof={ddof} needs G > ddof, got G={G}; use ddof=0 or a larger group.")
+  r_BxG = r_BxG.astype(jnp.float32)
+  centered_BxG = r_BxG - jnp.mean(r_BxG, axis=1, keepdims=True)
+  std_Bx1 = jnp.sqrt(jnp.sum(centered_BxG**2, axis=1, keepdims=True) / (G - ddof))
+  constant_Bx1 = _group_is_constant(r_BxG)[:, None]
+  safe_den_Bx1 = jnp.where(constant_Bx1, 1.0, std_Bx1 + std_eps)
+  return jnp.where(constant_Bx1, 0.0, centered_BxG / safe_den_Bx1)
+
+
+def dr_grpo(r_BxG: jax.Array) -> jax.Array:
+  """Dr.GRPO: r − group mean, without the std division that re-weights prompts by difficulty."""
+  _check_ndim("r_BxG", r_BxG, 2)
+  r_BxG = r_BxG.astype(jnp.float32)
+  return r_BxG - jnp.mean(r_BxG, axis=1, keepdims=True)
+
+
+def rloo(r_BxG: jax.Array) -> jax.Array:
+  """RLOO: r_i − mean_{j≠i} r_j; the baseline excludes r_i, so the gradient estimate stays unbiased."""
+  _check_ndim("r_BxG", r_BxG, 2)
+  G = r_BxG.shape[1]
+  if G < 2:
+    raise ValueError(f"rloo needs a group of at least 2 samples, got G={G}; raise rl.G.")
+  r_BxG = r_BxG.astype(jnp.float32)
+  loo_mean_BxG = (jnp.sum(r_BxG, axis=1, keepdims=True) - r_BxG) / (G - 1)
+  return r_BxG - loo_mean_BxG
+
+
+def _last_valid_token(mask_NxL: jax.Array) -> jax.Array:
+  """One-hot of each row's last valid token (all zero for an empty row); works for any mask pattern."""
+  valid_NxL = mask_NxL > 0
+  valid_at_or_after_NxL = lax.cumsum(valid_NxL.astype(jnp.int32), axis=1, reverse=True)
+  return (valid_NxL & (valid_at_or_after_NxL == 1)).astype(jnp.float32)
+
+
+def _masked_whiten(x_NxL: jax.Array, mask_NxL: jax.Array, eps: float) -> jax.Array:
+  """(x − mean) · rsqrt(var + eps) with mean and population variance over valid tokens only (as OpenRLHF)."""
+  m_NxL = mask_NxL.astype(jnp.float32)
+  count = jnp.maximum(jnp.sum(m_NxL), 1.0)
+  mean = jnp.sum(x_NxL * m_NxL) / count
+  var = jnp.sum(((x_NxL - mean) * m_NxL) ** 2) / count
+  return (x_NxL - mean) * lax.rsqrt(var + eps) * m_NxL
+
+
+def reinforce_pp(r_N: jax.Array, kl_NxL: jax.Array, mask_NxL: jax.Array, *, beta: float,
+                 whiten_eps: float = 1e-8) -> jax.Array:
+  """REINFORCE++: per-token reward −β·kl (+ r at the last valid token), returns-to-go (γ=1), batch whitening.
+
+  `kl_NxL` is the k1 estimate `logp_old − logp_ref` of the rollout policy; it enters the reward, so no gradient
+  flows through it (stop_gradient). Whitening uses valid tokens of the whole batch only, so padding never shifts it.
+  """
+  _check_ndim("r_N", r_N, 1)
+  _check_ndim("kl_NxL", kl_NxL, 2)
+  if kl_NxL.shape != mask_NxL.shape or kl_NxL.shape[0] != r_N.shape[0]:
+    raise ValueError(f"reinforce_pp: shapes r_N {r_N.shape}, kl_NxL {kl_NxL.shape}, mask_NxL {mask_NxL.shape} "
+                     "must agree on N and L.")
+  m_NxL = mask_NxL.astype(jnp.float32)
+  kl_NxL = jnp.where(m_NxL > 0, lax.stop_gradient(kl_NxL).astype(jnp.float32), 0.0)
+  reward_NxL = -beta * kl_NxL + r_N.astype(jnp.float32)[:, None] * _last_valid_token(mask_NxL)
+  returns_NxL = lax.cumsum(reward_NxL, axis=1, reverse=True)
+  return _masked_whiten(returns_NxL, m_NxL, whiten_eps)
+
+
+def reinforce_pp_baseline(r_BxG: jax.Array, kl_NxL: jax.Array, mask_NxL: jax.Array, *, beta: float,
+                          whiten_eps: float = 1e-8) -> jax.Array:
+  """REINFORCE++-baseline: subtract the group mean from the outcome reward, then REINFORCE++ (global whitening)."""
+  _check_ndim("r_BxG", r_BxG, 2)
+  B, G = r_BxG.shape
+  if kl_NxL.shape[0] != B * G:
+    raise ValueError(f"reinforce_pp_baseline: kl_NxL has {kl_NxL.shape[0]} rows, expected B*G = {B * G}.")
+  return reinforce_pp(dr_grpo(r_BxG).reshape(B * G), kl_NxL, mask_NxL, beta=beta, whiten_eps=whiten_eps)
+
+
+def gae(rewards_NxL: jax.Array, values_NxL: jax.Array, mask_NxL: jax.Array, *, gamma: float,
+        lam: float) -> Tuple[jax.Array, jax.Array]:
+  """Generalised advantage estimation for PPO's critic baseline; returns (advantages, returns = adv + V).
+
+  The reverse scan carries the next VALID token's value and advantage through padding unchanged, so after a row's
+  last valid token the bootstrap value is 0, whatever the mask pattern.
+  """
+  _check_ndim("rewards_NxL", rewards_NxL, 2)
+  if not rewards_NxL.shape == values_NxL.shape == mask_NxL.shape:
+    raise ValueError(f"gae: rewards {rewards_NxL.shape}, values {values_NxL.shape}, mask {mask_NxL.shape} "
+                     "must have the same shape.")
+  valid_NxL = mask_NxL > 0
+  r_NxL = jnp.where(valid_NxL, rewards_NxL.astype(jnp.float32), 0.0)
+  v_NxL = jnp.where(valid_NxL, values_NxL.astype(jnp.float32), 0.0)
+
+  def step(carry, xs):
+    next_value_N, next_adv_N = carry
+    r_N, v_N, valid_N = xs
+    delta_N = r_N + gamma * next_value_N - v_N
+    adv_N = delta_N + gamma * lam * next_adv_N
+    adv_N = jnp.where(valid_N, adv_N, 0.0)
+    carry = (jnp.where(valid_N, v_N, next_value_N), jnp.where(valid_N, adv_N, next_adv_N))
+    return carry, adv_N
+
+  N = r_NxL.shape[0]
+  init = (jnp.zeros((N,), jnp.float32), jnp.zeros((N,), jnp.float32))
+  _, adv_LxN = lax.scan(step, init, (r_NxL.T, v_NxL.T, valid_NxL.T), reverse=True)
+  adv_NxL = adv_LxN.T
+  return adv_NxL, jnp.where(valid_NxL, adv_NxL + v_NxL, 0.0)
+
+
+def process_advantages(step_r_NxS: jax.Array, step_end_NxS: jax.Array, step_valid_NxS: jax.Array,
+                       mask_NxL: jax.Array, *, G: int, std_eps: float = 1e-4) -> jax.Array:
+  """DeepSeekMath process supervision: normalise step rewards over all valid steps of the group (population std),
+  then a token's advantage is the sum of normalised rewards of the steps that end at or after it.
+
+  `step_end_NxS` is the completion token index (inclusive) where each step ends. A group whose valid step rewards
+  are all equal (or that has fewer than two valid steps) contributes exactly 0.
+  """
+  _check_ndim("step_r_NxS", step_r_NxS, 2)
+  N, S = step_r_NxS.shape
+  if N % G:
+    raise ValueError(f"process_advantages: N={N} rows is not a multiple of G={G}; pass the group size used.")
+  if not step_r_NxS.shape == step_end_NxS.shape == step_valid_NxS.shape or mask_NxL.shape[0] != N:
+    raise ValueError(f"process_advantages: step arrays {step_r_NxS.shape}, {step_end_NxS.shape}, "
+                     f"{step_valid_NxS.shape} and mask {mask_NxL.shape} must agree.")
+  B = N // G
+  valid_BxGS = (step_valid_NxS > 0).reshape(B, G * S)
+  r_BxGS = step_r_NxS.astype(jnp.float32).reshape(B, G * S)
+  count_Bx1 = jnp.maximum(jnp.sum(valid_BxGS, axis=1, keepdims=True), 1)
+  mean_Bx1 = jnp.sum(jnp.where(valid_BxGS, r_BxGS, 0.0), axis=1, keepdims=True) / count_Bx1
+  centered_BxGS = jnp.where(valid_BxGS, r_BxGS - mean_Bx1, 0.0)
+  std_Bx1 = jnp.sqrt(jnp.sum(centered_BxGS**2, axis=1, keepdims=True) / count_Bx1)
+  hi_Bx1 = jnp.max(jnp.where(valid_BxGS, r_BxGS, -jnp.inf), axis=1, keepdims=True)
+  lo_Bx1 = jnp.min(jnp.where(valid_BxGS, r_BxGS, jnp.inf), axis=1, keepdims=True)
+  constant_Bx1 = hi_Bx1 <= lo_Bx1  # also true for 0 or 1 valid steps
+  norm_BxGS = jnp.where(constant_Bx1, 0.0, centered_BxGS / jnp.where(constant_Bx1, 1.0, std_Bx1 + std_eps))
+  norm_NxS = norm_BxGS.reshape(N, S)
+  L = mask_NxL.shape[1]
+  covers_NxLxS = step_end_NxS[:, None, :] >= jnp.arange(L)[None, :, None]
+  adv_NxL = jnp.sum(jnp.where(covers_NxLxS, norm_NxS[:, None, :], 0.0), axis=2)
+  return jnp.where(mask_NxL > 0, adv_NxL, 0.0)
+
+
+def combine(outcome_adv_NxL: jax.Array, process_adv_NxL: jax.Array, *, w_outcome: float,
+            w_process: float) -> jax.Array:
+  """Weighted sum of outcome and process advantages (both already 0 on padding)."""
+  if outcome_adv_NxL.shape != process_adv_NxL.shape:
+    raise ValueError(f"combine: outcome {outcome_adv_NxL.shape} and process {process_adv_NxL.shape} must match.")
+  return w_outcome * outcome_adv_NxL + w_process * process_adv_NxL
+
+
+def dynamic_sampling_select(r_BxG: jax.Array, keep: int, rng: jax.Array) -> Tuple[jax.Array, jax.Array]:
+  """DAPO dynamic sampling with a fixed output shape: pick `keep` of B groups, groups with non-zero reward
+  variance (0 < #correct < G for 0/1 rewards) first, in random order, then zero-variance ones only to fill up.
+
+  Returns (idx_keep int32[keep], n_valid): the first `n_valid` indices are the non-zero-variance groups.
+  """
+  _check_ndim("r_BxG", r_BxG, 2)
+  B = r_BxG.shape[0]
+  if not 0 < keep <= B:
+    raise ValueError(f"dynamic_sampling_select: keep={keep} must be in [1, B={B}]; lower keep or oversample more.")
+  valid_B = ~_group_is_constant(r_BxG)
+  # Valid groups score in [1, 1.5), the others in [0, 0.5): top_k keeps valid ones first, ties broken at random.
+  priority_B = valid_B.astype(jnp.float32) + 0.5 * jax.random.uniform(rng, (B,))
+  _, idx_keep = lax.top_k(priority_B, keep)
+  n_valid = jnp.sum(valid_B[idx_keep].astype(jnp.int32))
+  return idx_keep.astype(jnp.int32), n_valid
+
+
+def overlong_penalty(lengths_N: jax.Array, *, max_len: int, cache_len: int) -> jax.Array:
+  """DAPO soft overlong punishment: 0 up to max_len − cache_len, linear down to −1 at max_len, −1 beyond."""
+  if not 0 < cache_len <= max_len:
+    raise ValueError(f"overlong_penalty: cache_len={cache_len} must be in (0, max_len={max_len}]; "
+                     "set rl.overlong_cache accordingly (0 turns the penalty off upstream).")
+  excess_N = lengths_N.astype(jnp.float32) - (max_len - cache_len)
+  return -jnp.clip(excess_N / cache_len, 0.0, 1.0)
+
+
+def broadcast_to_tokens(adv_N: jax.Array, mask_NxL: jax.Array) -> jax.Array:
+  """A sequence-level advantage on every valid token of its row, 0 on padding."""
+  _check_ndim("adv_N", adv_N, 1)
+  return jnp.where(mask_NxL > 0, adv_N.astype(jnp.float32)[:, None], 0.0)

@@ -1,0 +1,290 @@
+"""Advantage estimators against hand-computed values and independent NumPy loops."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import advantages as adv
+
+RNG = np.random.default_rng(0)
+
+
+def ragged_mask(lengths, L):
+  return (np.arange(L)[None, :] < np.asarray(lengths)[:, None]).astype(np.float32)
+
+
+# ---------------------------------------------------------------- group baselines
+
+
+def np_grpo(r, eps, ddof):
+  out = np.zeros_like(r, dtype=np.float64)
+  for b in range(r.shape[0]):
+    g = r[b].astype(np.float64)
+    if g.max() == g.min():
+      continue
+    out[b] = (g - g.mean()) / (g.std(ddof=ddof) + eps)
+  return out
+
+
+def test_grpo_hand_values():
+  r = jnp.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 0.0]])
+  a = np.asarray(jax.jit(lambda r: adv.grpo(r, std_eps=0.0, ddof=0))(r))
+  # Group 0: mean 0.5, population std 0.5 -> ±1.
+  np.testing.assert_allclose(a[0], [1, -1, -1, 1], rtol=1e-6)
+  # Zero-variance groups are exactly 0, not NaN, even with eps = 0.
+  assert np.all(a[1:] == 0.0)
+  a1 = np.asarray(adv.grpo(jnp.array([[1.0, 0.0, 0.0]]), std_eps=0.0, ddof=1))
+  # mean 1/3, sample std sqrt(1/3) -> (2/3)/sqrt(1/3) = 2/sqrt(3).
+  np.testing.assert_allclose(a1[0], [2 / np.sqrt(3), -1 / np.sqrt(3), -1 / np.sqrt(3)], rtol=1e-6)
+
+
+def test_grpo_exact_zero_for_inexact_mean():
+  # 0.1 * 3 / 3 != 0.1 in floating point; the result must still be exactly 0.
+  a = np.asarray(adv.grpo(jnp.full((1, 3), 0.1), std_eps=1e-8, ddof=0))
+  assert np.all(a == 0.0)
+
+
+@pytest.mark.parametrize("ddof", [0, 1])
+def test_grpo_matches_numpy(ddof):
+  r = RNG.normal(size=(6, 5)).astype(np.float32)
+  r[2] = 0.3
+  np.testing.assert_allclose(np.asarray(adv.grpo(jnp.asarray(r), std_eps=1e-4, ddof=ddof)),
+                             np_grpo(r, 1e-4, ddof), rtol=1e-5, atol=1e-6)
+
+
+def test_grpo_rejects_bad_ddof():
+  with pytest.raises(ValueError, match="ddof"):
+    adv.grpo(jnp.zeros((2, 1)), ddof=1)
+
+
+def test_dr_grpo():
+  r = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
+  np.testing.assert_allclose(np.asarray(adv.dr_grpo(jnp.asarray(r))), [[0.75, -0.25, -0.25, -0.25]])
+
+
+def test_rloo_hand_and_identity():
+  r = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
+  # b_0 = 0 -> 1; b_j = 1/3 -> -1/3.
+  np.testing.assert_allclose(np.asarray(adv.rloo(jnp.asarray(r))), [[1, -1 / 3, -1 / 3, -1 / 3]], rtol=1e-6)
+  for G in (2, 3, 8):
+    r = RNG.normal(size=(4, G)).astype(np.float32)
+    loo = np.array([[r[b, i] - np.delete(r[b], i).mean() for i in range(G)] for b in range(4)])
+    a = np.asarray(adv.rloo(jnp.asarray(r)))
+    np.testing.assert_allclose(a, loo, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a, G / (G - 1) * np.asarray(adv.dr_grpo(jnp.asarray(r))), rtol=1e-5, atol=1e-6)
+
+
+def test_rloo_rejects_group_of_one():
+  with pytest.raises(ValueError, match="G=1"):
+    adv.rloo(jnp.zeros((3, 1)))
+
+
+# ---------------------------------------------------------------- REINFORCE++
+
+
+def np_reinforce_pp(r, kl, lengths, beta, eps):
+  N, L = kl.shape
+  ret = np.zeros((N, L))
+  for i in range(N):
+    n = lengths[i]
+    rew = -beta * kl[i, :n].astype(np.float64)
+    if n:
+      rew[n - 1] += r[i]
+    ret[i, :n] = np.cumsum(rew[::-1])[::-1]
+  valid = np.concatenate([ret[i, :lengths[i]] for i in range(N)])
+  mean, var = valid.mean(), valid.var()
+  out = np.zeros((N, L))
+  for i in range(N):
+    out[i, :lengths[i]] = (ret[i, :lengths[i]] - mean) / np.sqrt(var + eps)
+  return out
+
+
+@pytest.fixture(scope="module")
+def rpp():
+  return jax.jit(lambda r, kl, m: adv.reinforce_pp(r, kl, m, beta=0.1, whiten_eps=1e-8))
+
+
+def test_reinforce_pp_hand(rpp):
+  # One row of length 2, beta 0.1, kl [1, 2], r 1: rewards [-0.1, 0.8], returns [0.7, 0.8]; mean 0.75, std 0.05.
+  # A second row of length 0 must contribute nothing and stay 0.
+  r = jnp.array([1.0, 5.0])
+  kl = jnp.array([[1.0, 2.0, 9.0], [3.0, 3.0, 3.0]])
+  m = jnp.array([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+  out = np.asarray(rpp(r, kl, m))
+  np.testing.assert_allclose(out[0], [-1.0, 1.0, 0.0], rtol=1e-4)
+  assert np.all(out[1] == 0) and np.all(np.isfinite(out))
+
+
+def test_reinforce_pp_matches_numpy(rpp):
+  N, L = 6, 9
+  lengths = np.array([9, 3, 1, 0, 5, 7])
+  r = RNG.normal(size=N).astype(np.float32)
+  kl = RNG.normal(size=(N, L)).astype(np.float32)
+  out = np.asarray(rpp(jnp.asarray(r), jnp.asarray(kl), jnp.asarray(ragged_mask(lengths, L))))
+  np.testing.assert_allclose(out, np_reinforce_pp(r, kl, lengths, 0.1, 1e-8), rtol=1e-4, atol=1e-5)
+
+
+def test_reinforce_pp_ignores_padding(rpp):
+  N, L = 4, 6
+  lengths = np.array([6, 2, 4, 1])
+  m = ragged_mask(lengths, L)
+  r = RNG.normal(size=N).astype(np.float32)
+  kl = RNG.normal(size=(N, L)).astype(np.float32)
+  base = np.asarray(rpp(r, kl, m))
+  kl_junk = np.where(m > 0, kl, 1e6).astype(np.float32)
+  np.testing.assert_allclose(np.asarray(rpp(r, kl_junk, m)), base, rtol=1e-6)
+  pad = 5
+  kl_long = np.concatenate([kl, RNG.normal(size=(N, pad)).astype(np.float32)], 1)
+  m_long = np.concatenate([m, np.zeros((N, pad), np.float32)], 1)
+  long = np.asarray(rpp(r, kl_long, m_long))
+  np.testing.assert_allclose(long[:, :L], base, rtol=1e-5, atol=1e-6)
+  assert np.all(long[:, L:] == 0)
+  assert np.all(base[m == 0] == 0)
+
+
+def test_reinforce_pp_kl_is_stop_gradient():
+  m = jnp.ones((2, 3))
+  g = jax.grad(lambda kl: jnp.sum(adv.reinforce_pp(jnp.array([1.0, 0.0]), kl, m, beta=0.5) ** 3))(
+      jnp.ones((2, 3)))
+  assert np.all(np.asarray(g) == 0)
+
+
+def test_reinforce_pp_baseline_matches_numpy():
+  B, G, L = 3, 4, 5
+  lengths = RNG.integers(0, L + 1, size=B * G)
+  r = RNG.integers(0, 2, size=(B, G)).astype(np.float32)
+  kl = RNG.normal(size=(B * G, L)).astype(np.float32)
+  out = adv.reinforce_pp_baseline(jnp.asarray(r), jnp.asarray(kl), jnp.asarray(ragged_mask(lengths, L)),
+                                   beta=0.05, whiten_eps=1e-8)
+  r_centred = (r - r.mean(1, keepdims=True)).reshape(-1)
+  np.testing.assert_allclose(np.asarray(out), np_reinforce_pp(r_centred, kl, lengths, 0.05, 1e-8),
+                             rtol=1e-4, atol=1e-5)
+
+
+# ---------------------------------------------------------------- GAE
+
+
+def np_gae(rew, val, lengths, gamma, lam):
+  N, L = rew.shape
+  a = np.zeros((N, L))
+  for i in range(N):
+    last = 0.0
+    for t in reversed(range(lengths[i])):
+      nv = val[i, t + 1] if t + 1 < lengths[i] else 0.0
+      delta = rew[i, t] + gamma * nv - val[i, t]
+      last = delta + gamma * lam * last
+      a[i, t] = last
+  ret = np.where(ragged_mask(lengths, L) > 0, a + val, 0.0)
+  return a, ret
+
+
+def test_gae_hand():
+  # gamma = lam = 1: advantage = sum of future rewards - V_t (telescoping), bootstrap 0 after the last token.
+  a, ret = adv.gae(jnp.array([[0.0, 0.0, 1.0, 7.0]]), jnp.array([[0.5, 0.25, 0.125, 9.0]]),
+                   jnp.array([[1.0, 1.0, 1.0, 0.0]]), gamma=1.0, lam=1.0)
+  np.testing.assert_allclose(np.asarray(a), [[0.5, 0.75, 0.875, 0.0]], rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(ret), [[1.0, 1.0, 1.0, 0.0]], rtol=1e-6)
+
+
+def test_gae_matches_numpy_ragged():
+  N, L = 5, 8
+  lengths = np.array([8, 3, 0, 1, 6])
+  rew = RNG.normal(size=(N, L)).astype(np.float32)
+  val = RNG.normal(size=(N, L)).astype(np.float32)
+  f = jax.jit(lambda r, v, m: adv.gae(r, v, m, gamma=0.9, lam=0.8))
+  a, ret = f(rew, val, ragged_mask(lengths, L))
+  a_np, ret_np = np_gae(rew, val, lengths, 0.9, 0.8)
+  np.testing.assert_allclose(np.asarray(a), a_np, rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(ret), ret_np, rtol=1e-5, atol=1e-5)
+
+
+# ---------------------------------------------------------------- process supervision
+
+
+def np_process(step_r, step_end, step_valid, mask, G, eps):
+  N, S = step_r.shape
+  L = mask.shape[1]
+  out = np.zeros((N, L))
+  for b in range(N // G):
+    rows = range(b * G, (b + 1) * G)
+    vals = np.array([step_r[i, s] for i in rows for s in range(S) if step_valid[i, s]], np.float64)
+    const = len(vals) == 0 or vals.max() == vals.min()
+    for i in rows:
+      for t in range(L):
+        if not mask[i, t] or const:
+          continue
+        out[i, t] = sum((step_r[i, s] - vals.mean()) / (vals.std() + eps)
+                        for s in range(S) if step_valid[i, s] and step_end[i, s] >= t)
+  return out
+
+
+def test_process_advantages_hand():
+  # One group of G=2; row 0 has steps ending at 0 and 2 with rewards 1, 0; row 1 one step ending at 1, reward 1.
+  # Mean 2/3, population std sqrt(2)/3; normalised: 1 -> 1/sqrt(2), 0 -> -sqrt(2).
+  step_r = jnp.array([[1.0, 0.0], [1.0, 5.0]])
+  step_end = jnp.array([[0, 2], [1, 0]])
+  step_valid = jnp.array([[1, 1], [1, 0]])
+  mask = jnp.array([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
+  out = np.asarray(adv.process_advantages(step_r, step_end, step_valid, mask, G=2, std_eps=0.0))
+  h, l = 1 / np.sqrt(2), -np.sqrt(2)
+  np.testing.assert_allclose(out, [[h + l, l, l, 0], [h, h, 0, 0]], rtol=1e-5)
+
+
+def test_process_advantages_matches_numpy():
+  B, G, S, L = 3, 3, 4, 10
+  N = B * G
+  lengths = RNG.integers(1, L + 1, size=N)
+  step_r = RNG.normal(size=(N, S)).astype(np.float32)
+  step_end = np.sort(RNG.integers(0, L, size=(N, S)), axis=1)
+  step_valid = (RNG.random((N, S)) < 0.7).astype(np.int32)
+  step_valid[3:6] = 0  # a group with no valid step -> zeros
+  mask = ragged_mask(lengths, L)
+  out = adv.process_advantages(jnp.asarray(step_r), jnp.asarray(step_end), jnp.asarray(step_valid),
+                               jnp.asarray(mask), G=G, std_eps=1e-4)
+  np.testing.assert_allclose(np.asarray(out), np_process(step_r, step_end, step_valid, mask, G, 1e-4),
+                             rtol=1e-4, atol=1e-5)
+  assert np.all(np.asarray(out)[3:6] == 0)
+
+
+def test_combine():
+  o, p = jnp.array([[1.0, 2.0]]), jnp.array([[10.0, 20.0]])
+  np.testing.assert_allclose(np.asarray(adv.combine(o, p, w_outcome=0.5, w_process=0.1)), [[1.5, 3.0]])
+
+
+# ---------------------------------------------------------------- DAPO helpers
+
+
+def test_dynamic_sampling_prefers_valid_groups():
+  f = jax.jit(adv.dynamic_sampling_select, static_argnums=1)
+  r = np.zeros((8, 4), np.float32)
+  r[[1, 4, 6], 0] = 1.0  # three groups with 0 < #correct < G
+  r[7] = 1.0  # all correct: zero variance
+  for seed in range(5):
+    idx, n_valid = f(jnp.asarray(r), 2, jax.random.key(seed))
+    assert idx.shape == (2,) and int(n_valid) == 2
+    assert set(np.asarray(idx).tolist()) <= {1, 4, 6}
+    idx, n_valid = f(jnp.asarray(r), 5, jax.random.key(seed))
+    idx = np.asarray(idx)
+    assert idx.shape == (5,) and int(n_valid) == 3 and len(set(idx.tolist())) == 5
+    assert set(idx[:3].tolist()) == {1, 4, 6}  # valid groups come first
+  # The choice among valid groups is random, not always the same pair.
+  picks = {tuple(sorted(np.asarray(f(jnp.asarray(r), 2, jax.random.key(s))[0]).tolist())) for s in range(20)}
+  assert len(picks) > 1
+
+
+def test_dynamic_sampling_rejects_bad_keep():
+  with pytest.raises(ValueError, match="keep"):
+    adv.dynamic_sampling_select(jnp.zeros((3, 2)), 4, jax.random.key(0))
+
+
+def test_overlong_penalty():
+  lengths = jnp.array([0, 12, 16, 17, 18, 20, 25])
+  p = np.asarray(adv.overlong_penalty(lengths, max_len=20, cache_len=4))
+  np.testing.assert_allclose(p, [0, 0, 0, -0.25, -0.5, -1, -1])
+  with pytest.raises(ValueError, match="cache_len"):
+    adv.overlong_penalty(lengths, max_len=20, cache_len=0)
+
+
+def test_broadcast_to_tokens():
+  out = adv.broadcast_to_tokens(jnp.array([2.0, -1.0]), jnp.array([[1, 1, 0], [0, 0, 0]]))
+  np.testing.assert_array_equal(np.asarray(out), [[2, 2, 0], [0, 0, 0]])
