@@ -1,0 +1,285 @@
+"""The critic-free RL iteration (GRPO family) as ONE jitted, sharded function `(state, batch) -> (state, metrics)`.
+
+rollout (scan decoder) → rewards (in-graph or pure_callback) → advantages (by name) → reference log-probs →
+μ epochs × minibatches of clipped updates (lax.scan) → metrics. PPO with a critic lives in `ppo_step.py`.
+"""
+import functools
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from grpo_jax import advantages
+from grpo_jax import losses
+from grpo_jax import model as model_lib
+from grpo_jax import rewards as rewards_lib
+from grpo_jax import sampling
+from grpo_jax import sharding
+
+PROMPT_KEYS = ("prompt_NxP", "prompt_mask_NxP")
+
+
+class Rollout(dict):
+  """Everything the update needs, row-aligned: N = B*G rows, completion length L."""
+
+
+def tile_batch(batch: dict, G: int) -> dict:
+  """Repeats every per-prompt field G times so row i belongs to group i // G."""
+  return {k: sharding.constrain_batch(jnp.repeat(v, G, axis=0)) for k, v in batch.items()}
+
+
+def masked_mean(x, mask):
+  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def full_sequence(prompt_NxP, pmask_NxP, tokens_NxL, mask_NxL):
+  tokens_NxT = jnp.concatenate([prompt_NxP, tokens_NxL], axis=1)
+  mask_NxT = jnp.concatenate([pmask_NxP, mask_NxL], axis=1).astype(jnp.int32)
+  positions_NxT = jnp.maximum(jnp.cumsum(mask_NxT, axis=1) - 1, 0)
+  return tokens_NxT, positions_NxT, mask_NxT
+
+
+def completion_logprobs(mcfg, params, seq, P: int, temperature: float):
+  """log π(o_t | q, o_<t) and entropies for the completion columns only."""
+  tokens_NxT, positions_NxT, mask_NxT = seq
+  logp_NxT, ent_NxT = model_lib.token_logprobs(mcfg, params, tokens_NxT, positions_NxT, mask_NxT, temperature)
+  return logp_NxT[:, P:], ent_NxT[:, P:]
+
+
+# ------------------------------------------------------------------------------------------ advantages by name
+# Each maps (r_BxG, ctx) -> adv_NxL. ctx: mask_NxL, kl_NxL (stop-grad per-token KL of the rollout policy to the
+# reference), steps (process scores or None), rl config.
+
+def _outcome(fn):
+  def adv(r_BxG, ctx):
+    a_N = fn(r_BxG, ctx).reshape(-1)
+    return advantages.broadcast_to_tokens(a_N, ctx["mask_NxL"])
+  return adv
+
+
+ADVANTAGES: dict[str, Callable[[jax.Array, dict], jax.Array]] = {
+    "grpo": _outcome(lambda r, c: advantages.grpo(r, std_eps=c["rl"].std_eps, ddof=c["rl"].std_ddof)),
+    "gspo": _outcome(lambda r, c: advantages.grpo(r, std_eps=c["rl"].std_eps, ddof=c["rl"].std_ddof)),
+    "dr_grpo": _outcome(lambda r, c: advantages.dr_grpo(r)),
+    "rloo": _outcome(lambda r, c: advantages.rloo(r)),
+    "reinforce_pp": lambda r, c: advantages.reinforce_pp(
+        r.reshape(-1), c["kl_NxL"], c["mask_NxL"], beta=c["rl"].beta, whiten_eps=1e-8),
+    "reinforce_pp_baseline": lambda r, c: advantages.reinforce_pp_baseline(
+        r, c["kl_NxL"], c["mask_NxL"], beta=c["rl"].beta, whiten_eps=1e-8),
+}
+# Algorithms whose advantage already carries the KL penalty (per token, in the reward).
+KL_IN_ADVANTAGE = ("reinforce_pp", "reinforce_pp_baseline")
+
+
+def kl_estimate(name: str, logp, logp_ref):
+  return {"k1": losses.kl_k1, "k2": losses.kl_k2, "k3": losses.kl_k3}[name](logp, logp_ref)
+
+
+def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Callable:
+  """(params, ref_params, batch, rng) -> Rollout with rewards, advantages, old and reference log-probs."""
+  rl, G, temp = config.rl, config.rl.G, config.sampling.temperature
+  scfg = sampling.SamplingConfig(
+      temperature=temp, top_k=config.sampling.top_k, top_p=config.sampling.top_p,
+      max_new_tokens=config.sampling.max_new_tokens, greedy=False,
+      eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+  bf16 = mcfg.dtype == "bfloat16"
+
+  def rollout_fn(params, ref_params, batch, rng):
+    k_sample, k_ds = jax.random.split(rng)
+    b = tile_batch(batch, G)
+    prompt_NxP, pmask_NxP = b["prompt_NxP"], b["prompt_mask_NxP"]
+    P = prompt_NxP.shape[1]
+    ro = sampling.sample(mcfg, params, prompt_NxP, pmask_NxP, k_sample, scfg)
+    tokens_NxL = sharding.constrain_batch(ro.tokens_NxL)
+    mask_NxL = ro.mask_NxL.astype(jnp.float32)
+    fields = {k: v for k, v in b.items() if k not in PROMPT_KEYS}
+    r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields)
+    if rl.overlong_cache > 0:
+      r_N = r_N + advantages.overlong_penalty(ro.lengths_N, max_len=scfg.max_new_tokens, cache_len=rl.overlong_cache)
+    out = dict(prompt_NxP=prompt_NxP, pmask_NxP=pmask_NxP, tokens_NxL=tokens_NxL, mask_NxL=mask_NxL,
+               lengths_N=ro.lengths_N, truncated_N=ro.truncated_N, r_N=r_N, status=status,
+               fallbacks=fallbacks, per_term=per_term, old_logp_NxL=ro.logp_NxL, steps=steps)
+
+    if rl.dynamic_sampling:
+      # DAPO: the batch holds oversample×B prompts; keep B groups with 0 < correct < G, fixed shape.
+      B_all = r_N.shape[0] // G
+      keep = B_all // rl.oversample
+      idx_B, n_valid = advantages.dynamic_sampling_select(r_N.reshape(B_all, G), keep, k_ds)
+      rows = (idx_B[:, None] * G + jnp.arange(G)[None, :]).reshape(-1)
+      take = lambda x: sharding.constrain_batch(jnp.take(x, rows, axis=0)) if x.ndim else x
+      per_term = {k: take(v) for k, v in out.pop("per_term").items()}
+      steps = out.pop("steps")
+      out = {k: take(v) for k, v in out.items()}
+      out["per_term"], out["steps"] = per_term, (None if steps is None else tuple(take(s) for s in steps))
+      out["ds_kept"] = n_valid
+      out["r_N_all"] = r_N
+
+    seq = full_sequence(out["prompt_NxP"], out["pmask_NxP"], out["tokens_NxL"], out["mask_NxL"])
+    ref_logp_NxL, _ = completion_logprobs(mcfg, ref_params, seq, P, temp)
+    if bf16:
+      # bf16 sampler and training forward differ by rounding; ρ must start at exactly 1 for μ=1 on-policy.
+      out["old_logp_NxL"], _ = completion_logprobs(mcfg, params, seq, P, temp)
+    out["old_logp_NxL"] = jax.lax.stop_gradient(out["old_logp_NxL"]) * out["mask_NxL"]
+    out["ref_logp_NxL"] = jax.lax.stop_gradient(ref_logp_NxL) * out["mask_NxL"]
+    out["seq"] = seq
+    out["P"] = P
+    return out
+
+  return rollout_fn
+
+
+def compute_advantages(config, ro: dict) -> jax.Array:
+  rl, G = config.rl, config.rl.G
+  r_BxG = ro["r_N"].reshape(-1, G)
+  kl_NxL = kl_estimate("k1" if rl.algo in KL_IN_ADVANTAGE else rl.kl_estimator,
+                       ro["old_logp_NxL"], ro["ref_logp_NxL"]) * ro["mask_NxL"]
+  if rl.kl_in == "reward" and rl.algo not in KL_IN_ADVANTAGE:
+    # Sequence-level KL penalty folded into the outcome reward before normalisation.
+    r_BxG = r_BxG - rl.beta * kl_NxL.sum(-1).reshape(-1, G)
+  ctx = dict(mask_NxL=ro["mask_NxL"], kl_NxL=jax.lax.stop_gradient(kl_NxL), rl=rl)
+  adv_NxL = ADVANTAGES[rl.algo](r_BxG, ctx)
+  if rl.process_weight > 0:
+    s_r, s_end, s_valid = ro["steps"]
+    p_adv = advantages.process_advantages(s_r, s_end, s_valid, ro["mask_NxL"], G=G, std_eps=rl.std_eps)
+    adv_NxL = advantages.combine(adv_NxL, p_adv, w_outcome=1.0, w_process=rl.process_weight)
+  return adv_NxL * ro["mask_NxL"]
+
+
+def make_loss_fn(config, mcfg) -> Callable:
+  rl, temp = config.rl, config.sampling.temperature
+  beta = 0.0 if (rl.algo in KL_IN_ADVANTAGE or rl.kl_in == "reward") else rl.beta
+  L = config.sampling.max_new_tokens
+
+  def loss_fn(params, mb):
+    logp_NxL, ent_NxL = completion_logprobs(mcfg, params, mb["seq"], mb["P"], temp)
+    if rl.algo == "gspo":
+      loss, m = losses.gspo_loss(logp_NxL, mb["old_logp_NxL"], mb["ref_logp_NxL"], mb["adv_NxL"][:, 0],
+                                 mb["mask_NxL"], eps_low=rl.gspo_eps_low, eps_high=rl.gspo_eps_high,
+                                 beta=beta, kl_estimator=rl.kl_estimator)
+    else:
+      loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb["ref_logp_NxL"], mb["adv_NxL"],
+                                   mb["mask_NxL"], eps_low=rl.eps_low, eps_high=rl.eps_high, beta=beta,
+                                   kl_estimator=rl.kl_estimator, agg=rl.loss_agg, norm_len=L)
+    m = dict(m)
+    m["entropy"] = masked_mean(ent_NxL, mb["mask_NxL"])
+    return loss, m
+  return loss_fn
+
+
+def _select(pred, new, old):
+  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
+
+
+def make_update_fn(config, mcfg, tx, loss_fn) -> Callable:
+  """μ epochs × minibatches as nested lax.scan; a non-finite loss or gradient skips that update (counted)."""
+  rl = config.rl
+
+  def update_fn(params, opt_state, data: dict, rng):
+    N = data["mask_NxL"].shape[0]
+    n_mb = rl.minibatches
+    mb_size = N // n_mb
+
+    def one_minibatch(carry, rows):
+      params, opt_state = carry
+      mb = jax.tree.map(lambda x: sharding.constrain_batch(jnp.take(x, rows, axis=0)), data)
+      mb["P"] = P
+      (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+      gnorm = optax.global_norm(grads)
+      updates, new_opt = tx.update(grads, opt_state, params)
+      new_params = optax.apply_updates(params, updates)
+      finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+      params, opt_state = _select(finite, (new_params, new_opt), (params, opt_state))
+      m.update(loss=loss, grad_norm=gnorm, update_norm=jnp.where(finite, optax.global_norm(updates), 0.0),
+               nonfinite=1 - finite.astype(jnp.int32))
+      return (params, opt_state), m
+
+    def one_epoch(carry, key):
+      if n_mb == 1 and rl.mu == 1:
+        perm = jnp.arange(N)  # on-policy single update: row order is irrelevant, skip the gather cost
+      else:
+        perm = jax.random.permutation(key, N)
+      return jax.lax.scan(one_minibatch, carry, perm.reshape(n_mb, mb_size))
+
+    P = data.pop("P")
+    (params, opt_state), m = jax.lax.scan(one_epoch, (params, opt_state), jax.random.split(rng, rl.mu))
+    m = jax.tree.map(lambda x: x.reshape(-1), m)  # [mu * n_mb]
+    return params, opt_state, m
+
+  return update_fn
+
+
+def rollout_metrics(config, ro: dict, adv_NxL) -> dict[str, jax.Array]:
+  G = config.rl.G
+  r_N, mask = ro["r_N"], ro["mask_NxL"]
+  r_BxG = r_N.reshape(-1, G)
+  k3_NxL = losses.kl_k3(ro["old_logp_NxL"], ro["ref_logp_NxL"])
+  m = {
+      "train/reward_mean": r_N.mean(), "train/reward_std": r_N.std(),
+      "train/frac_zero_std_groups": jnp.mean((r_BxG.max(-1) - r_BxG.min(-1)) < 1e-6),
+      "train/adv_mean": masked_mean(adv_NxL, mask),
+      "train/adv_std": jnp.sqrt(masked_mean(jnp.square(adv_NxL - masked_mean(adv_NxL, mask)), mask)),
+      "train/adv_abs_max": jnp.max(jnp.abs(adv_NxL)),
+      "train/kl": masked_mean(k3_NxL, mask),
+      "train/completion_len_mean": ro["lengths_N"].mean(),
+      "train/completion_len_max": ro["lengths_N"].max(),
+      "train/truncation_rate": ro["truncated_N"].mean(),
+      "train/reward_fallbacks": ro["fallbacks"],
+  }
+  for name, r in ro["per_term"].items():
+    m[f"train/reward/{name}"] = r.mean()
+  if "ds_kept" in ro:
+    m["train/dynamic_sampling_kept"] = ro["ds_kept"]
+  return m
+
+
+def make_rl_step(config, mesh, mcfg: model_lib.ModelConfig, tx, spec: rewards_lib.RewardSpec,
+                 tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
+  """ONE jitted `(state, batch) -> (state, metrics)`; the state is donated."""
+  rollout_fn = make_rollout_fn(config, mcfg, spec, tokenizer)
+  update_fn = make_update_fn(config, mcfg, tx, make_loss_fn(config, mcfg))
+  n_show = config.train.num_samples_logged
+
+  def step(state, batch):
+    rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
+    ro = rollout_fn(state["params"], state["ref_params"], batch, k_roll)
+    adv_NxL = compute_advantages(config, ro)
+    data = dict(seq=ro["seq"], old_logp_NxL=ro["old_logp_NxL"], ref_logp_NxL=ro["ref_logp_NxL"],
+                adv_NxL=adv_NxL, mask_NxL=ro["mask_NxL"], P=ro["P"])
+    params, opt_state, um = update_fn(state["params"], state["opt_state"], data, k_upd)
+
+    # A failed Python reward leaves the whole state untouched; the host raises after the step.
+    reward_ok = jnp.all(ro["status"] == rewards_lib.OK)
+    new_state = dict(state, params=params, opt_state=opt_state, step=state["step"] + 1, rng=rng)
+    new_state = _select(reward_ok, new_state, state)
+
+    m = rollout_metrics(config, ro, adv_NxL)
+    for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "entropy", "loss", "grad_norm",
+              "update_norm"):
+      if k in um:
+        m[f"train/{k}"] = um[k].max() if k == "ratio_max" else um[k].mean()
+    m["train/nonfinite_updates"] = um["nonfinite"].sum()
+    m["train/skipped_updates"] = um["nonfinite"].sum() + (1 - reward_ok.astype(jnp.int32)) * um["nonfinite"].size
+    m["train/param_norm"] = optax.global_norm(new_state["params"])
+    m["reward_status"] = ro["status"]
+    m["samples/tokens_NxL"] = ro["tokens_NxL"][:n_show]
+    m["samples/mask_NxL"] = ro["mask_NxL"][:n_show]
+    m["samples/r_N"] = ro["r_N"][:n_show]
+    return new_state, m
+
+  jitted = jax.jit(step, donate_argnums=(0,))
+
+  @functools.wraps(step)
+  def run(state, batch):
+    # Logical-axis constraints inside the model and sampler resolve against this mesh while tracing.
+    with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+      return jitted(state, batch)
+  run.jitted = jitted
+  run.lower = lambda state, batch: _lower(jitted, mesh, state, batch)
+  return run
+
+
+def _lower(jitted, mesh, state, batch):
+  with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+    return jitted.lower(state, batch)

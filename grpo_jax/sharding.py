@@ -1,0 +1,93 @@
+"""Mesh from config and logical-axis rules: models name logical axes only, this module maps them to the mesh."""
+import math
+from typing import Any
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+# FSDP shards parameters' embed dim over 'fsdp' and the batch over data×fsdp (ZeRO-3 style); 'tensor' splits
+# heads / mlp / vocab (Megatron style). The KV cache is split along the batch like the rollout itself.
+LOGICAL_RULES = (
+    ("batch", BATCH_AXES),
+    ("embed", "fsdp"),
+    ("heads", "tensor"),
+    ("kv_heads", "tensor"),
+    ("mlp", "tensor"),
+    ("vocab", "tensor"),
+    ("layers", None),
+    ("length", None),
+    ("head_dim", None),
+    ("cache_len", None),
+)
+
+
+def mesh_shape(mesh_cfg, num_devices: int) -> dict[str, int]:
+  """Resolves one -1 entry to the remaining devices; errors name the key and the fix."""
+  shape = {a: int(mesh_cfg[a]) for a in MESH_AXES}
+  free = [a for a, s in shape.items() if s == -1]
+  if len(free) > 1:
+    raise ValueError(f"config.mesh: only one axis may be -1, got {shape}; set the others to explicit sizes.")
+  for a, s in shape.items():
+    if s == 0 or s < -1:
+      raise ValueError(f"config.mesh.{a}={s}: must be a positive size or -1 (all remaining devices).")
+  fixed = math.prod(s for s in shape.values() if s != -1)
+  if free:
+    if num_devices % fixed:
+      raise ValueError(f"config.mesh: {num_devices} devices are not divisible by the fixed axes {shape}; "
+                       "choose sizes whose product divides the device count.")
+    shape[free[0]] = num_devices // fixed
+  if math.prod(shape.values()) != num_devices:
+    raise ValueError(f"config.mesh: {shape} needs {math.prod(shape.values())} devices but {num_devices} are "
+                     "available; make data*fsdp*tensor equal the device count (or use -1 for one axis).")
+  return shape
+
+
+def make_mesh(mesh_cfg, devices=None) -> Mesh:
+  devices = jax.devices() if devices is None else devices
+  shape = mesh_shape(mesh_cfg, len(devices))
+  arr = np.asarray(devices).reshape(tuple(shape[a] for a in MESH_AXES))
+  return Mesh(arr, MESH_AXES)
+
+
+def logical_to_mesh_spec(spec: P) -> P:
+  return nn.logical_to_mesh_axes(tuple(spec), LOGICAL_RULES)
+
+
+def tree_shardings(mesh: Mesh, logical_specs: Any) -> Any:
+  """Logical PartitionSpec tree → NamedSharding tree."""
+  return jax.tree.map(lambda s: NamedSharding(mesh, logical_to_mesh_spec(s)), logical_specs,
+                      is_leaf=lambda x: isinstance(x, P))
+
+
+def check_divisible(mesh: Mesh, abstract_tree: Any, shardings: Any, what: str) -> None:
+  """A clear error when a mesh axis does not divide the dimension it shards (XLA's own message is cryptic)."""
+  flat_a, _ = jax.tree_util.tree_flatten_with_path(abstract_tree)
+  flat_s = jax.tree.leaves(shardings, is_leaf=lambda x: isinstance(x, NamedSharding))
+  for (path, leaf), sh in zip(flat_a, flat_s):
+    for dim, axes in zip(leaf.shape, sh.spec):
+      if axes is None:
+        continue
+      axes = axes if isinstance(axes, tuple) else (axes,)
+      size = math.prod(mesh.shape[a] for a in axes)
+      if dim % size:
+        name = jax.tree_util.keystr(path)
+        raise ValueError(f"config.mesh: {what}{name} has a dimension of {dim} split over mesh axes {axes} "
+                         f"(size {size}); pick mesh sizes that divide it (e.g. tensor=1 or fsdp=1).")
+
+
+def batch_sharding(mesh: Mesh, ndim: int) -> NamedSharding:
+  return NamedSharding(mesh, P(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def replicated(mesh: Mesh) -> NamedSharding:
+  return NamedSharding(mesh, P())
+
+
+def constrain_batch(x: jax.Array) -> jax.Array:
+  """Pins the leading (row) axis to the data axes inside a jitted step (needs the mesh context)."""
+  return nn.with_logical_constraint(x, ("batch",) + (None,) * (x.ndim - 1))

@@ -1,0 +1,39 @@
+"""grpo_jax: critic-free RL (GRPO family) for language models on verifiable tasks, as one compiled JAX graph."""
+import setuptools
+
+# Versions tested together on Python 3.11 (CPU), 2026-11-29.
+INSTALL_REQUIRES = [
+    "jax==0.10.2",
+    "jaxlib==0.10.2",
+    "flax==0.12.8",
+    "optax==0.2.8",
+    "orbax-checkpoint==0.12.8",
+    "tensorflow-datasets==4.9.10",
+    "array-record==0.8.6",
+    "sentencepiece==0.2.3",
+    "ml-collections==1.1.0",
+    "absl-py==2.5.1",
+    "numpy==2.4.6",
+    # Used for checks and test variants (chex), TensorBoard event files without TensorFlow (tensorboardX),
+    # the run's PNG plots (matplotlib), the progress bar (tqdm).
+    "chex==0.1.92",
+    "tensorboardX==2.6.5",
+    "matplotlib==3.11.2",
+    "tqdm==4.70.1",
+    "safetensors==0.8.0",
+]
+
+EXTRAS = {
+    "test": ["pytest==9.2.0", "pytest-xdist==3.8.0"],
+}
+
+setuptools.setup(
+    name="grpo_jax",
+    version="0.1.0",
+    description=__doc__,
+    python_requires=">=3.11",
+    packages=setuptools.find_packages(include=["grpo_jax", "grpo_jax.*"]),
+    package_data={"grpo_jax": ["tasks/assets/*"]},
+    install_requires=INSTALL_REQUIRES,
+    extras_require=EXTRAS,
+)
