@@ -1,0 +1,221 @@
+"""Checkpoint round trips (bit-exact), retention, async saves and the corrupt/partial-step fallback."""
+
+import glob
+import json
+import logging
+import os
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from grpo_jax import checkpoint
+
+
+class TrainState(NamedTuple):  # stands in for state.py's pytree: only the `params` field name matters here
+  params: dict
+  opt: dict
+  step: jax.Array
+  rng: jax.Array
+
+
+def _make_state(seed: int) -> TrainState:
+  """bf16 + fp32 + int32 + uint32 + a typed PRNG key: every dtype a real state holds."""
+  n = len(jax.devices())
+  mesh = jax.make_mesh((n,), ('data',))
+  sharded, replicated = NamedSharding(mesh, P('data')), NamedSharding(mesh, P())
+  rng = np.random.default_rng(seed)
+  w = rng.standard_normal((2 * n, 3)).astype(np.float32)
+  return TrainState(
+      params={'w': jax.device_put(jnp.asarray(w, jnp.bfloat16), sharded),
+              'b': jax.device_put(rng.standard_normal(3).astype(np.float32), replicated)},
+      opt={'mu': jax.device_put(w * 1e-3, sharded), 'count': jax.device_put(np.int32(seed), replicated),
+           'bits': jax.device_put(rng.integers(0, 2**32, 4, dtype=np.uint32), replicated)},
+      step=jax.device_put(np.int32(seed), replicated),
+      rng=jax.device_put(jax.random.key(seed), replicated),
+  )
+
+
+def _leaves_as_bytes(tree):
+  """Bytes + dtype + shape per leaf: equality here is bit-identity (NaN payloads and -0.0 included)."""
+  out = []
+  for leaf in jax.tree.leaves(tree):
+    if jax.dtypes.issubdtype(leaf.dtype, jax.dtypes.prng_key):
+      out.append(('key', str(jax.random.key_impl(leaf)), np.asarray(jax.random.key_data(leaf)).tobytes()))
+    else:
+      arr = np.asarray(leaf)
+      out.append((str(arr.dtype), arr.shape, arr.tobytes()))
+  return out
+
+
+def _assert_bit_identical(a, b):
+  assert jax.tree.structure(a) == jax.tree.structure(b)
+  assert _leaves_as_bytes(a) == _leaves_as_bytes(b)
+
+
+@pytest.fixture(scope='module')
+def states():
+  return {s: _make_state(s) for s in range(1, 4)}
+
+
+def _save_steps(directory, states, steps, **kw):
+  with checkpoint.Checkpointer(directory, save_every=1, keep=kw.pop('keep', 5), **kw) as ckpt:
+    for s in steps:
+      assert ckpt.maybe_save(s, states[s], {'data_pos': s * 10})
+  return directory
+
+
+def test_round_trip_is_bit_identical_and_uses_target_shardings(tmp_path, states):
+  state = states[1]
+  _save_steps(tmp_path / 'ck', states, [1], async_save=False)
+  abstract = checkpoint.abstract_of(state)
+  # Restore `w` replicated instead of sharded: the result must follow the abstract state, not the saved layout.
+  replicated = state.params['b'].sharding
+  abstract.params['w'] = jax.ShapeDtypeStruct(abstract.params['w'].shape, jnp.bfloat16, sharding=replicated)
+  with checkpoint.Checkpointer(tmp_path / 'ck', save_every=1, keep=5) as ckpt:
+    assert ckpt.latest_step() == 1
+    restored, meta = ckpt.restore(None, abstract)
+  assert isinstance(restored, TrainState)
+  _assert_bit_identical(restored, state)
+  assert restored.params['w'].dtype == jnp.bfloat16
+  assert restored.params['w'].sharding == replicated
+  assert restored.opt['mu'].sharding == state.opt['mu'].sharding
+  assert jax.dtypes.issubdtype(restored.rng.dtype, jax.dtypes.prng_key)
+  # The restored key draws the same numbers as the original.
+  np.testing.assert_array_equal(jax.random.uniform(restored.rng, (4,)), jax.random.uniform(state.rng, (4,)))
+  assert meta == {'step': 1, 'data_pos': 10}
+
+
+def test_keep_k_and_save_every(tmp_path, states):
+  with checkpoint.Checkpointer(tmp_path, save_every=2, keep=2, async_save=False) as ckpt:
+    saved = [ckpt.maybe_save(s, states[1]) for s in range(7)]
+    assert saved == [True, False, True, False, True, False, True]
+    assert ckpt.maybe_save(7, states[1], force=True)
+    assert not ckpt.maybe_save(7, states[1], force=True)  # already there: no StepAlreadyExistsError
+    assert ckpt.all_steps() == [6, 7]
+  assert sorted(int(p) for p in os.listdir(tmp_path) if p.isdigit()) == [6, 7]
+
+
+def test_async_save_survives_donation_then_restores(tmp_path, states):
+  src = _make_state(2)
+  expected = _make_state(2)  # deterministic twin of src
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=2, async_save=True) as ckpt:
+    assert ckpt.maybe_save(5, src, {'data_pos': 7})
+    for leaf in jax.tree.leaves(src):  # what donating the state to the next step does to the buffers
+      leaf.delete()
+    ckpt.wait()
+    restored, meta = ckpt.restore(5, checkpoint.abstract_of(expected))
+  _assert_bit_identical(restored, expected)
+  assert meta == {'step': 5, 'data_pos': 7}
+
+
+def _truncate_data(step_dir):
+  files = glob.glob(os.path.join(step_dir, 'state', '**', 'd', '*'), recursive=True)
+  assert files
+  for f in files:
+    with open(f, 'rb') as fh:
+      data = fh.read()
+    with open(f, 'wb') as fh:
+      fh.write(data[:len(data) // 2])
+
+
+def _garbage_metadata(step_dir):
+  with open(os.path.join(step_dir, 'state', '_METADATA'), 'w') as fh:
+    fh.write('\x00garbage')
+
+
+def _garbage_meta_json(step_dir):
+  with open(os.path.join(step_dir, 'meta', 'metadata'), 'w') as fh:
+    fh.write('{"step": 3,')
+
+
+def _uncommitted(step_dir):
+  os.remove(os.path.join(step_dir, 'commit_success.txt'))
+
+
+@pytest.mark.parametrize('corrupt', [_truncate_data, _garbage_metadata, _garbage_meta_json, _uncommitted])
+def test_bad_newest_falls_back_with_warning(tmp_path, states, caplog, corrupt):
+  _save_steps(tmp_path, states, [1, 2, 3], async_save=False)
+  corrupt(str(tmp_path / '3'))
+  caplog.set_level(logging.WARNING)
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
+    restored, meta = ckpt.restore(None, checkpoint.abstract_of(states[3]))
+    _assert_bit_identical(restored, states[2])
+    assert meta == {'step': 2, 'data_pos': 20}
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any('step 3' in w and str(tmp_path) in w for w in warnings), warnings
+    # The bad step is moved aside, so the resumed run can save step 3 again and restore it.
+    assert not (tmp_path / '3').exists()
+    assert len(os.listdir(tmp_path / checkpoint.CORRUPT_SUBDIR)) == 1
+    assert ckpt.latest_step() == 2
+    assert ckpt.maybe_save(3, states[3])
+    ckpt.wait()
+    restored, meta = ckpt.restore(None, checkpoint.abstract_of(states[3]))
+  _assert_bit_identical(restored, states[3])
+  assert meta['step'] == 3
+
+
+def test_uncommitted_newest_is_not_latest(tmp_path, states):
+  _save_steps(tmp_path, states, [1, 2], async_save=False)
+  _uncommitted(str(tmp_path / '2'))
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
+    assert ckpt.latest_step() == 1
+    assert ckpt.all_steps() == [1]
+
+
+def test_all_bad_raises_naming_directory(tmp_path, states):
+  _save_steps(tmp_path, states, [1, 2], async_save=False)
+  _truncate_data(str(tmp_path / '1'))
+  _uncommitted(str(tmp_path / '2'))
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
+    with pytest.raises(ValueError, match=f'no restorable checkpoint in {tmp_path}.*move them away'):
+      ckpt.restore(None, checkpoint.abstract_of(states[1]))
+  with checkpoint.Checkpointer(tmp_path / 'empty', save_every=1, keep=5) as ckpt:
+    assert ckpt.latest_step() is None
+    with pytest.raises(ValueError, match='no checkpoint in .*empty'):
+      ckpt.restore(None, checkpoint.abstract_of(states[1]))
+
+
+def test_explicit_missing_step_raises(tmp_path, states):
+  _save_steps(tmp_path, states, [1], async_save=False)
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
+    with pytest.raises(ValueError, match=r'step=4 .*available: \[1\]'):
+      ckpt.restore(4, checkpoint.abstract_of(states[1]))
+
+
+def test_restore_params_only_reads_params_subtree(tmp_path, states):
+  _save_steps(tmp_path, states, [1, 2], async_save=False)
+  abstract_params = checkpoint.abstract_of(states[1].params)
+  _assert_bit_identical(checkpoint.restore_params_only(tmp_path, abstract_params), states[2].params)
+  _assert_bit_identical(checkpoint.restore_params_only(tmp_path, abstract_params, step=1), states[1].params)
+  _truncate_data(str(tmp_path / '2'))
+  _assert_bit_identical(checkpoint.restore_params_only(tmp_path, abstract_params), states[1].params)
+
+
+def test_save_and_load_params(tmp_path, states):
+  params = states[3].params
+  checkpoint.save_params(tmp_path / 'p', params)
+  checkpoint.save_params(tmp_path / 'p', states[1].params)  # overwrites
+  _assert_bit_identical(checkpoint.load_params(tmp_path / 'p', checkpoint.abstract_of(params)), states[1].params)
+  with pytest.raises(ValueError, match='does not exist'):
+    checkpoint.load_params(tmp_path / 'missing', checkpoint.abstract_of(params))
+
+
+def test_bad_arguments_raise(tmp_path, states):
+  with pytest.raises(ValueError, match='save_every'):
+    checkpoint.Checkpointer(tmp_path, save_every=0, keep=1)
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=1, async_save=False) as ckpt:
+    with pytest.raises(ValueError, match=r"meta\['fn'\] is not JSON"):
+      ckpt.maybe_save(0, states[1], {'fn': print})
+    assert ckpt.maybe_save(0, states[1], {'pos': np.int64(3), 'lr': jnp.float32(0.5)})
+    no_sharding = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), states[1])
+    with pytest.raises(ValueError, match=r'abstract_state.*has no concrete sharding'):
+      ckpt.restore(0, no_sharding)
+    with pytest.raises(ValueError, match=r'abstract_state.*has no concrete sharding'):
+      ckpt.restore(0, jax.eval_shape(lambda: states[1]))  # shardings on an AbstractMesh
+    _, meta = ckpt.restore(0, checkpoint.abstract_of(states[1]))
+  assert meta == {'step': 0, 'pos': 3, 'lr': 0.5}
+  assert json.loads((tmp_path / '0' / 'meta' / 'metadata').read_text()) == meta
