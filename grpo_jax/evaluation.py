@@ -1,0 +1,116 @@
+"""Held-out evaluation: greedy accuracy, sampled accuracy, unbiased pass@k, cons@k (majority vote), format rate."""
+import collections
+import math
+from typing import Callable
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from grpo_jax import sampling
+from grpo_jax import sharding
+from grpo_jax.tasks import verify_jax
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+  """Unbiased estimator of pass@k from n samples with c correct (Chen et al. 2021): 1 − C(n−c, k)/C(n, k)."""
+  if k > n:
+    raise ValueError(f"eval.pass_k: k={k} exceeds eval.n_samples={n}; raise n_samples or lower k.")
+  if n - c < k:
+    return 1.0
+  return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def answer_span(ids, tag_ids: dict) -> tuple[int, ...] | None:
+  """Token ids between the first <answer> and the next </answer> tag token (None if there is no such pair)."""
+  ids = list(ids)
+  a, b = tag_ids["<answer>"], tag_ids["</answer>"]
+  if a not in ids:
+    return None
+  i = ids.index(a)
+  if b not in ids[i + 1:]:
+    return None
+  j = ids.index(b, i + 1)
+  return tuple(ids[i + 1:j])
+
+
+def cons_at_k(answers: list, correct: list[bool], k: int) -> float:
+  """Majority vote over the first k samples' answers (ties → the earliest); 1 if the voted answer is correct."""
+  votes = [(a, c) for a, c in zip(answers[:k], correct[:k]) if a is not None]
+  if not votes:
+    return 0.0
+  counts = collections.Counter(a for a, _ in votes)
+  best = max(counts.values())
+  winner = next(a for a, _ in votes if counts[a] == best)
+  return float(any(c for a, c in votes if a == winner))
+
+
+def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids: dict) -> Callable:
+  """Jitted (params, prompts, fields, rng) -> (tokens_NxL, mask_NxL, lengths_N, accuracy_N, format_N)."""
+
+  def gen(params, prompt_NxP, pmask_NxP, fields, rng):
+    ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg)
+    acc = verify_jax.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields)
+    fmt = verify_jax.format_reward(ro.tokens_NxL, ro.mask_NxL, tag_ids)
+    return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N, acc, fmt
+
+  jitted = jax.jit(gen)
+
+  def run(*args):
+    with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+      return jitted(*args)
+  return run
+
+
+class Evaluator:
+  """Evaluates params on a fixed held-out set; all shapes static so each generate function compiles once."""
+
+  def __init__(self, config, mcfg, tokenizer, mesh, eval_arrays: dict, task: str | None = None):
+    self.cfg, self.tok, self.mesh = config, tokenizer, mesh
+    self.task = task or config.task.name
+    self.arrays = eval_arrays
+    self.batch = config.eval.batch
+    n = eval_arrays["prompt_NxP"].shape[0]
+    if n % self.batch:
+      raise ValueError(f"eval.size={n} must be a multiple of eval.batch={self.batch}.")
+    common = dict(top_k=0, top_p=1.0, max_new_tokens=config.sampling.max_new_tokens,
+                  eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+    self.greedy = make_generate(mcfg, sampling.SamplingConfig(temperature=1.0, greedy=True, **common), mesh,
+                                self.task, tokenizer.tag_ids)
+    self.sampled = make_generate(
+        mcfg, sampling.SamplingConfig(temperature=config.sampling.temperature, greedy=False, **common), mesh,
+        self.task, tokenizer.tag_ids)
+
+  def _chunks(self, repeat: int = 1):
+    n = self.arrays["prompt_NxP"].shape[0]
+    step = self.batch // repeat if repeat > 1 else self.batch
+    for s in range(0, n, step):
+      yield {k: np.repeat(v[s:s + step], repeat, axis=0) for k, v in self.arrays.items()}
+
+  def _run(self, fn, params, rng, repeat=1):
+    outs = []
+    for i, chunk in enumerate(self._chunks(repeat)):
+      fields = {k: v for k, v in chunk.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
+      out = fn(params, chunk["prompt_NxP"], chunk["prompt_mask_NxP"], fields, jax.random.fold_in(rng, i))
+      outs.append(jax.device_get(out))
+    return [np.concatenate(x) for x in zip(*outs)]
+
+  def __call__(self, params, rng, with_samples: bool = True) -> tuple[dict[str, float], list[str]]:
+    tokens, mask, lengths, acc, fmt = self._run(self.greedy, params, rng)
+    m = {"eval/accuracy": float(acc.mean()), "eval/format_rate": float(fmt.mean()),
+         "eval/completion_len_mean": float(lengths.mean())}
+    texts = [self.tok.decode(t[mk > 0].tolist()) for t, mk in zip(tokens[:3], mask[:3])]
+    if with_samples:
+      n = self.cfg.eval.n_samples
+      if self.batch % n:
+        raise ValueError(f"eval.batch={self.batch} must be a multiple of eval.n_samples={n}.")
+      tokens, mask, _, acc, _ = self._run(self.sampled, params, jax.random.fold_in(rng, 10_000), repeat=n)
+      acc_QxN = acc.reshape(-1, n)
+      m["eval/accuracy_sampled"] = float(acc_QxN.mean())
+      for k in self.cfg.eval.pass_k:
+        m[f"eval/pass@{k}"] = float(np.mean([pass_at_k(n, int(c), k) for c in acc_QxN.sum(-1)]))
+      answers = [answer_span(t[mk > 0], self.tok.tag_ids) for t, mk in zip(tokens, mask)]
+      ans_QxN = [answers[i * n:(i + 1) * n] for i in range(acc_QxN.shape[0])]
+      m[f"eval/cons@{n}"] = float(np.mean([cons_at_k(a, list(c > 0.5), n) for a, c in zip(ans_QxN, acc_QxN)]))
+    return m, texts

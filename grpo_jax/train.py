@@ -1,0 +1,228 @@
+"""The Python loop around the jitted steps: it only feeds data, logs, evaluates and checkpoints."""
+import os
+import signal
+import time
+from typing import Any, Callable
+
+import jax
+import numpy as np
+from absl import logging
+
+from grpo_jax import checkpoint as ckpt_lib
+from grpo_jax import evaluation
+from grpo_jax import metrics as metrics_lib
+from grpo_jax import model as model_lib
+from grpo_jax import plots
+from grpo_jax import rewards as rewards_lib
+from grpo_jax import rl_step
+from grpo_jax import sft_step
+from grpo_jax import sharding
+from grpo_jax import state as state_lib
+from grpo_jax import validate
+from grpo_jax.tasks import data as data_lib
+from grpo_jax.tasks import tokenizer as tok_lib
+
+
+class Preemption:
+  """SIGTERM → finish the current step, save, exit 0."""
+
+  def __init__(self):
+    self.requested = False
+    self._prev = None
+
+  def __enter__(self):
+    try:
+      self._prev = signal.signal(signal.SIGTERM, self._handler)
+    except ValueError:  # not the main thread (e.g. inside a test runner thread): no handler, no preemption
+      self._prev = None
+    return self
+
+  def _handler(self, signum, frame):
+    logging.warning("SIGTERM received: finishing the current step, then saving and exiting.")
+    self.requested = True
+
+  def __exit__(self, *exc):
+    if self._prev is not None:
+      signal.signal(signal.SIGTERM, self._prev)
+
+
+class NonFiniteError(RuntimeError):
+  pass
+
+
+def device_batch(mesh, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
+  """Places host arrays with their rows split over the data axes (each process passes its global batch)."""
+  return {k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim)) for k, v in batch.items()}
+
+
+def _host_scalars(m: dict) -> dict[str, float]:
+  return {k: float(v) for k, v in jax.device_get(m).items()
+          if not k.startswith("samples/") and k != "reward_status"}
+
+
+def python_reward_fns(config) -> dict[str, rewards_lib.PyRewardFn]:
+  """Python reward terms a config may name (decoded-text verifiers that cannot run in-graph)."""
+  if config.task.name == "gsm8k":
+    from grpo_jax.tasks import gsm8k
+    return {"math_accuracy": gsm8k.math_reward}
+  return {}
+
+
+def setup_common(config, workdir: str, validate_fn: Callable):
+  tokenizer = tok_lib.load()
+  validate_fn(config, jax.device_count(), tokenizer)
+  mesh = sharding.make_mesh(config.mesh)
+  mcfg = model_lib.ModelConfig.from_config(config.model)
+  os.makedirs(workdir, exist_ok=True)
+  return tokenizer, mesh, mcfg
+
+
+def init_or_restore(config, workdir, mesh, mcfg, tx, ckpt: ckpt_lib.Checkpointer, init_from: str, with_ref=True):
+  """Resumes from the workdir's newest good checkpoint; else creates the state (from `init_from` params if set)."""
+  abstract, shard = state_lib.state_shardings(mesh, mcfg, tx, with_ref)
+  start = ckpt.latest_step()
+  if start is not None:
+    state, meta = ckpt.restore(None, state_lib.with_shardings(abstract, shard))
+    logging.info("Resumed from %s at step %d.", ckpt.directory, meta["step"])
+    return state, int(meta["step"])
+  state = state_lib.create_state(mesh, mcfg, tx, config.seed, with_ref=with_ref)
+  if init_from:
+    abstract_params = state_lib.with_shardings(abstract["params"], shard["params"])
+    params = ckpt_lib.load_params(init_from, abstract_params)
+    state["params"] = params
+    if with_ref:
+      state["ref_params"] = jax.tree.map(lambda x: x.copy(), params)
+    state["opt_state"] = jax.jit(tx.init, out_shardings=shard["opt_state"])(params)
+    logging.info("Initialised params from %s.", init_from)
+  return state, 0
+
+
+def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict | None = None) -> dict[str, float]:
+  """GRPO-family training; returns the last eval metrics. Resumes automatically from `workdir`."""
+  tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_rl)
+  rl, steps = config.rl, config.train.steps
+  tx = state_lib.make_optimizer(config.optim, steps)
+  fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
+  spec = rewards_lib.build(config.rewards, rewards_lib.Context(config.task.name, tokenizer),
+                           {**python_reward_fns(config), **(python_fns or {})}, fallback, rl.reward_timeout_s)
+  step_fn = rl_step.make_rl_step(config, mesh, mcfg, tx, spec, tokenizer)
+  init_from = config.train.init_from if init_from is None else init_from
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=config.train.ckpt_every,
+                               keep=config.train.keep_checkpoints)
+  state, start = init_or_restore(config, workdir, mesh, mcfg, tx, ckpt, init_from)
+  writer = metrics_lib.MetricWriter(workdir, resume_step=start if start else None,
+                                    use_tensorboard=config.log.tensorboard,
+                                    wandb_project=config.log.wandb_project or None, total_steps=steps)
+  n_prompts = rl.prompts_per_step * (rl.oversample if rl.dynamic_sampling else 1)
+  batches = data_lib.rl_batches(config.task, tokenizer, "train", n_prompts, config.seed, start,
+                                config.task.prompt_len)
+  evaluator = evaluation.Evaluator(config, mcfg, tokenizer, mesh,
+                                   data_lib.eval_set(config.task, tokenizer, config.eval.size,
+                                                     config.task.prompt_len))
+  eval_rng = jax.random.PRNGKey(config.seed + 1)
+  last_eval: dict[str, float] = {}
+
+  def evaluate(step):
+    nonlocal last_eval
+    t0 = time.perf_counter()
+    last_eval, texts = evaluator(state["params"], eval_rng)
+    writer.write(step, {**last_eval, "perf/eval_time_s": time.perf_counter() - t0})
+    logging.info("step %d eval %s | %r", step, last_eval, texts[:1])
+
+  if start == 0:
+    evaluate(0)
+  bad_in_row = 0
+  with Preemption() as pre:
+    for step in range(start, steps):
+      batch = device_batch(mesh, next(batches))
+      t0 = time.perf_counter()
+      state, m = step_fn(state, batch)
+      status = np.asarray(jax.device_get(m["reward_status"]))
+      if (status != rewards_lib.OK).any():
+        name = spec.names[int(np.argmax(status != rewards_lib.OK))]
+        ckpt.maybe_save(step, state, {"step": step}, force=True)
+        ckpt.wait()
+        raise rewards_lib.PythonTermError(spec.python_terms[name].error_message(int(status.max())))
+      scalars = _host_scalars(m)
+      dt = time.perf_counter() - t0
+      n_tok = scalars["train/completion_len_mean"] * rl.prompts_per_step * rl.G
+      scalars.update({"perf/step_time_s": dt, "perf/tokens_per_s": n_tok / dt})
+      if step == start:
+        scalars["perf/compile_time_s"] = dt
+      done = step + 1
+      if done % config.train.log_every == 0 or done == steps:
+        writer.write(done, scalars)
+      if config.train.sample_every and done % config.train.sample_every == 0:
+        sm = jax.device_get(m)
+        texts = [tokenizer.decode(t[mk > 0].tolist()) for t, mk in zip(sm["samples/tokens_NxL"],
+                                                                         sm["samples/mask_NxL"])]
+        writer.log_samples(done, texts, [float(r) for r in sm["samples/r_N"]])
+      bad_in_row = bad_in_row + 1 if scalars["train/nonfinite_updates"] > 0 else 0
+      if bad_in_row >= rl.max_nonfinite_in_row:
+        ckpt.maybe_save(done, state, {"step": done}, force=True)
+        ckpt.wait()
+        raise NonFiniteError(f"{bad_in_row} steps in a row had a non-finite loss or gradient (updates skipped); "
+                             f"the last good state is saved at step {done}. Lower optim.lr or check rewards "
+                             "(config.rl.max_nonfinite_in_row sets the limit).")
+      if done % config.train.eval_every == 0 or done == steps:
+        evaluate(done)
+      if config.train.plot_every and done % config.train.plot_every == 0:
+        plots.write_plots(workdir)
+      ckpt.maybe_save(done, state, {"step": done}, force=pre.requested or done == steps)
+      if pre.requested:
+        logging.warning("Saved step %d after SIGTERM; exiting.", done)
+        break
+  ckpt.wait()
+  ckpt.close()
+  writer.close()
+  plots.write_plots(workdir)
+  return last_eval
+
+
+def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str | None = None,
+            language: str | None = None, tagged: bool = True, extra_texts: Any = None,
+            evaluate_at_end: bool = True) -> dict[str, float]:
+  """SFT (completion loss) or pre-training (all tokens). Saves final params to `workdir/params`."""
+  tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_sft)
+  steps = config.sft.steps
+  loss_on = loss_on or config.sft.loss_on
+  sft_optim = dict(config.optim)
+  sft_optim.update(lr=config.sft.lr, warmup_steps=config.sft.warmup_steps)
+  tx = state_lib.make_optimizer(type(config.optim)(sft_optim), steps)
+  step_fn = sft_step.make_sft_step(mcfg, tx, mesh)
+  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=config.train.ckpt_every,
+                               keep=config.train.keep_checkpoints)
+  init_from = config.sft.init_from if init_from is None else init_from
+  state, start = init_or_restore(config, workdir, mesh, mcfg, tx, ckpt, init_from, with_ref=False)
+  writer = metrics_lib.MetricWriter(workdir, resume_step=start if start else None,
+                                    use_tensorboard=config.log.tensorboard, total_steps=steps)
+  batches = data_lib.sft_batches(config.task, tokenizer, "train", config.sft.batch, config.seed, start,
+                                 config.model.max_len, loss_on=loss_on,
+                                 language=language or config.task.language, tagged=tagged,
+                                 mistake_frac=config.sft.mistake_frac, extra_texts=extra_texts)
+  with Preemption() as pre:
+    for step in range(start, steps):
+      batch = device_batch(mesh, next(batches))
+      t0 = time.perf_counter()
+      state, m = step_fn(state, batch)
+      done = step + 1
+      if done % config.train.log_every == 0 or done == steps:
+        scalars = _host_scalars(m)
+        scalars["perf/step_time_s"] = time.perf_counter() - t0
+        writer.write(done, scalars)
+      ckpt.maybe_save(done, state, {"step": done}, force=pre.requested or done == steps)
+      if pre.requested:
+        break
+  ckpt.wait()
+  ckpt.close()
+  ckpt_lib.save_params(os.path.join(workdir, "params"), state["params"])
+  result: dict[str, float] = {}
+  if evaluate_at_end and tagged:
+    evaluator = evaluation.Evaluator(config, mcfg, tokenizer, mesh,
+                                     data_lib.eval_set(config.task, tokenizer, config.eval.size,
+                                                       config.task.prompt_len))
+    result, _ = evaluator(state["params"], jax.random.PRNGKey(config.seed + 1))
+    writer.write(steps, result)
+  writer.close()
+  plots.write_plots(workdir)
+  return result

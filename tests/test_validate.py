@@ -1,0 +1,112 @@
+"""Config validation: each bad value fails before compiling with one line naming the key and the fix."""
+import subprocess
+import sys
+
+import pytest
+
+from grpo_jax import config_lib
+from grpo_jax import validate
+
+
+class _Tok:
+  vocab_size = 512
+
+
+def _cfg():
+  c = config_lib.base_config()
+  c.mesh.update(data=1, fsdp=1, tensor=1)
+  return c
+
+
+# (override key, value, substring the error must contain)
+BAD = [
+    ("rl.G", 1, "config.rl.G"),
+    ("rl.G", 0, "config.rl.G"),
+    ("rl.prompts_per_step", -2, "config.rl.prompts_per_step"),
+    ("rl.algo", "grpoo", "config.rl.algo"),
+    ("rl.kl_estimator", "k4", "config.rl.kl_estimator"),
+    ("rl.kl_in", "both", "config.rl.kl_in"),
+    ("rl.loss_agg", "sum", "config.rl.loss_agg"),
+    ("rl.eps_low", -0.1, "config.rl.eps_low"),
+    ("rl.eps_low", 1.5, "config.rl.eps_low"),
+    ("rl.beta", float("nan"), "config.rl.beta"),
+    ("rl.std_ddof", 2, "config.rl.std_ddof"),
+    ("rl.mu", 0, "config.rl.mu"),
+    ("rl.minibatches", 3, "config.rl.minibatches"),
+    ("rl.reward_fallback", "zero", "config.rl.reward_fallback"),
+    ("rl.process_weight", 0.5, "config.rl.process_weight"),
+    ("sampling.top_p", 1.5, "config.sampling.top_p"),
+    ("sampling.top_p", 0.0, "config.sampling.top_p"),
+    ("sampling.top_k", -1, "config.sampling.top_k"),
+    ("sampling.top_k", 100_000, "config.sampling.top_k"),
+    ("sampling.temperature", 0.0, "config.sampling.temperature"),
+    ("sampling.max_new_tokens", 1000, "model.max_len"),
+    ("optim.lr", 0.0, "config.optim.lr"),
+    ("optim.b2", 1.2, "config.optim.b2"),
+    ("model.kv_heads", 3, "config.model.kv_heads"),
+    ("model.hidden", 0, "config.model.hidden"),
+    ("model.dtype", "float16", "config.model.dtype"),
+    ("model.remat", "some", "config.model.remat"),
+    ("model.vocab_size", 500, "config.model.vocab_size"),
+    ("task.name", "sudoku", "config.task.name"),
+    ("task.language", "c", "config.task.language"),
+    ("mesh.data", 16, "config.mesh"),
+    ("mesh.data", 0, "config.mesh.data"),
+    ("ppo.lam", 1.5, "config.ppo.lam"),
+    ("train.steps", 0, "config.train.steps"),
+    ("eval.batch", 0, "config.eval.batch"),
+]
+
+
+@pytest.mark.parametrize("key,value,needle", BAD, ids=[f"{k}={v}" for k, v, _ in BAD])
+def test_bad_config_one_line(key, value, needle):
+  c = _cfg()
+  node = c
+  *parents, leaf = key.split(".")
+  for p in parents:
+    node = node[p]
+  node[leaf] = value
+  with pytest.raises(validate.ConfigError) as e:
+    validate.validate_rl(c, num_devices=1, tokenizer=_Tok())
+  msg = str(e.value)
+  assert needle in msg, msg
+  assert "\n" not in msg
+
+
+def test_batch_not_divisible_by_mesh():
+  c = _cfg()
+  c.mesh.update(data=-1)
+  c.rl.update(prompts_per_step=3, G=2)
+  with pytest.raises(validate.ConfigError, match="divisible by mesh"):
+    validate.validate_rl(c, num_devices=4, tokenizer=_Tok())
+
+
+def test_two_free_mesh_axes():
+  c = _cfg()
+  c.mesh.update(data=-1, fsdp=-1)
+  with pytest.raises(validate.ConfigError, match="only one axis may be -1"):
+    validate.validate_rl(c, num_devices=2)
+
+
+def test_reinforce_pp_needs_kl_in_reward():
+  c = _cfg()
+  c.rl.algo = "reinforce_pp"
+  with pytest.raises(validate.ConfigError, match="kl_in"):
+    validate.validate_rl(c, num_devices=1)
+  c.rl.kl_in = "reward"
+  validate.validate_rl(c, num_devices=1)
+
+
+def test_good_config_passes():
+  validate.validate_rl(_cfg(), num_devices=1, tokenizer=_Tok())
+
+
+def test_cli_bad_config_is_one_line(tmp_path):
+  """The CLI prints one line (no traceback) and exits non-zero, before compiling anything."""
+  for override, needle in (("--config.rl.G=1", "config.rl.G"), ("--config.rl.nosuchkey=3", "nosuchkey")):
+    out = subprocess.run([sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_arith.py",
+                          f"--workdir={tmp_path}", override], capture_output=True, text=True, timeout=120,
+                         env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})
+    assert out.returncode != 0
+    assert needle in out.stderr
+    assert "Traceback" not in out.stderr, out.stderr[-2000:]
