@@ -1,0 +1,186 @@
+"""Reference chains of thought made of rule-checkable steps, in two disjoint "languages".
+
+A STEP is the text before each ';'. It scores 1 iff it ends with an equation `A op B = C` (A, B: digit runs, A not
+preceded by a digit; op in + - * /; C: optional '-' then digits; only spaces between the parts and before ';') that
+is arithmetically right ('/' exact), with every number at most 9 digits. Words before the equation are free; this
+is the rule `verify_jax.step_rewards` evaluates in-graph and `step_check` evaluates here.
+"""
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import numpy as np
+
+from grpo_jax.tasks import base
+
+# Word lists of the two languages; index i of WORDS_B translates index i of WORDS_A. Disjoint by construction.
+WORDS_A = ("add", "carry", "take", "borrow", "less", "swap", "times", "sum", "so", "combine", "wait", "recheck",
+           "the", "answer", "is")
+WORDS_B = ("plim", "vek", "drom", "snib", "mup", "trel", "gox", "fand", "zu", "kresh", "hup", "revok", "ta",
+           "ansor", "ez")
+WORDS = {"a": WORDS_A, "b": WORDS_B}
+_TRANSLATE = dict(zip(WORDS_A, WORDS_B))
+RECHECK = {"a": "wait , recheck", "b": "hup , revok"}
+MAX_DIGITS = 9
+
+STEP_RE = re.compile(r"(?:.*[^0-9])?([0-9]+) *([-+*/]) *([0-9]+) *= *(?:(-) *)?([0-9]+) *", re.S)
+_RECHECK_RE = re.compile("|".join(re.escape(p) for p in RECHECK.values()))
+_TAG_RE = re.compile(r"</?(?:think|answer)>")
+
+
+@dataclasses.dataclass(frozen=True)
+class Step:
+  word: str  # language-a word; translated when rendered
+  a: int
+  op: str
+  b: int
+  c: int
+
+
+def _w(word: str, language: str) -> str:
+  return word if language == "a" else _TRANSLATE[word]
+
+
+def arith_steps(a: int, op: str, b: int) -> list[Step]:
+  """Column steps for + and -, partial products for *, then the full equation."""
+  steps: list[Step] = []
+  if op == "+":
+    carry, i = 0, 0
+    while i < max(len(str(a)), len(str(b))):
+      da, db = a // 10**i % 10, b // 10**i % 10
+      s = da + db
+      steps.append(Step("add", da, "+", db, s))
+      if carry:
+        steps.append(Step("carry", s, "+", 1, s + 1))
+        s += 1
+      carry, i = s // 10, i + 1
+    result = a + b
+  elif op == "-":
+    x, y = max(a, b), min(a, b)
+    borrow = 0
+    for i in range(len(str(x))):
+      dx, dy = x // 10**i % 10, y // 10**i % 10
+      cur = dx
+      if borrow:
+        steps.append(Step("less", dx, "-", 1, dx - 1))
+        cur = dx - 1
+      if cur >= dy:
+        steps.append(Step("take", cur, "-", dy, cur - dy))
+        borrow = 0
+      else:
+        steps.append(Step("borrow", cur + 10, "-", dy, cur + 10 - dy))
+        borrow = 1
+    if a < b:  # the columns computed max - min; state it, the final step then flips the sign
+      steps.append(Step("swap", x, "-", y, x - y))
+    result = a - b
+  elif op == "*":
+    acc = None
+    for i, ch in enumerate(reversed(str(b))):
+      m = int(ch) * 10**i
+      steps.append(Step("times", a, "*", m, a * m))
+      if acc is not None:
+        steps.append(Step("sum", acc, "+", a * m, acc + a * m))
+        acc += a * m
+      else:
+        acc = a * m
+    result = a * b
+  else:
+    raise ValueError(f"op={op!r} must be one of '+-*'")
+  steps.append(Step("so", a, op, b, result))
+  return steps
+
+
+def countdown_steps(ex: dict) -> list[Step]:
+  return [Step("combine", a, op, b, c) for a, op, b, c in ex["steps"]]
+
+
+def _steps_for(ex: dict) -> list[Step]:
+  return countdown_steps(ex) if "steps" in ex else arith_steps(ex["a"], ex["op"], ex["b"])
+
+
+def _answer(ex: dict) -> str:
+  return ex["solution"] if "solution" in ex else str(ex["answer"])
+
+
+def _render(step: Step, language: str, c: int | None = None, prefix: str = "") -> str:
+  c = step.c if c is None else c
+  return f"{prefix}{_w(step.word, language)} {step.a} {step.op} {step.b} = {c} ;"
+
+
+def solution(ex: dict, language: str, mistake: bool = False, tagged: bool = True) -> str:
+  """Worked solution. `mistake` writes one step wrong, then the re-check phrase and the corrected step."""
+  if language not in base.LANGUAGES:
+    raise ValueError(f"language={language!r} is unknown; use one of {base.LANGUAGES}")
+  steps = _steps_for(ex)
+  parts = [_render(s, language) for s in steps]
+  if mistake:
+    rng = base.rng_for("mistake", sorted((k, str(v)) for k, v in ex.items()))
+    k = int(rng.integers(len(steps)))
+    delta = int(rng.choice([-2, -1, 1, 2, 10]))
+    parts[k] = " ".join([_render(steps[k], language, c=steps[k].c + delta),
+                         _render(steps[k], language, prefix=RECHECK[language] + " ")])
+  body = " ".join(parts)
+  if tagged:
+    return f"<think> {body} </think> <answer> {_answer(ex)} </answer>"
+  ending = {"a": "so the answer is", "b": "zu ta ansor ez"}[language]
+  return f"{body} {ending} {_answer(ex)}"
+
+
+def score_step(step_text: str) -> int:
+  """1 iff the step ends with a right `A op B = C` equation (module docstring), else 0."""
+  m = STEP_RE.fullmatch(step_text)
+  if m is None:
+    return 0
+  a_s, op, b_s, neg, c_s = m.groups()
+  if max(len(a_s), len(b_s), len(c_s)) > MAX_DIGITS:
+    return 0
+  a, b, c = int(a_s), int(b_s), int(c_s) * (-1 if neg else 1)
+  if op == "/":
+    return int(b != 0 and a % b == 0 and a // b == c)
+  return int({"+": a + b, "-": a - b, "*": a * b}[op] == c)
+
+
+def split_steps(text: str) -> list[str]:
+  """Texts before each ';' (the trailing text after the last ';' is not a step)."""
+  return text.split(";")[:-1]
+
+
+def think_body(text: str) -> str:
+  m = re.search(r"<think>(.*?)</think>", text, re.S)
+  return m.group(1) if m else text
+
+
+def step_check(text: str) -> list[tuple[str, int]]:
+  """(step text, score) for each step of the think body (or the whole text when it has no think tags)."""
+  return [(s, score_step(s)) for s in split_steps(think_body(text))]
+
+
+def language_consistency(text: str, language: str) -> float:
+  """Fraction of the CoT words (words from either list, in the think body) that are in `language`; 0 if none."""
+  if language not in base.LANGUAGES:
+    raise ValueError(f"language={language!r} is unknown; use one of {base.LANGUAGES}")
+  words = re.findall(r"[a-z]+", _TAG_RE.sub(" ", think_body(text)))
+  mine, other = set(WORDS[language]), set(WORDS["b" if language == "a" else "a"])
+  hits = sum(w in mine for w in words)
+  total = hits + sum(w in other for w in words)
+  return hits / total if total else 0.0
+
+
+def recheck_stats(text: str) -> tuple[int, int]:
+  """(re-check phrases, those whose step re-does the previous step's `A op B` and fixes a wrong result)."""
+  steps = split_steps(think_body(text))
+  phrases = len(_RECHECK_RE.findall(think_body(text)))
+  fixed = 0
+  for i in range(1, len(steps)):
+    if _RECHECK_RE.search(steps[i]) is None:
+      continue
+    prev, cur = STEP_RE.fullmatch(steps[i - 1]), STEP_RE.fullmatch(steps[i])
+    if prev and cur and prev.groups()[:3] == cur.groups()[:3] and not score_step(steps[i - 1]) \
+        and score_step(steps[i]):
+      fixed += 1
+  return phrases, fixed
+
+
+def all_words() -> np.ndarray:
+  return np.asarray(WORDS_A + WORDS_B)

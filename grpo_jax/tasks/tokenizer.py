@@ -1,0 +1,65 @@
+"""The shipped sentencepiece tokenizer (BPE, ~512 pieces) for the synthetic tasks.
+
+Tags are user-defined symbols, so `<think>` in text always encodes to its single tag id; a completion that spells
+the same characters from other pieces is not a tag. Normalization is off (identity, no dummy prefix, spaces kept),
+so decode(encode(text)) == text for the ASCII task text. Control ids: pad=0, bos=1, eos=2, unk=3.
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import numpy as np
+import sentencepiece as spm
+
+ASSET = os.path.join(os.path.dirname(__file__), "assets", "tokenizer.model")
+TAGS = ("<think>", "</think>", "<answer>", "</answer>")
+PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+
+
+class Tokenizer:
+  """Thin wrapper so the rest of the code sees ints and numpy arrays, not sentencepiece objects."""
+
+  def __init__(self, model_proto: bytes):
+    self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    self.vocab_size = self.sp.get_piece_size()
+    self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+    self.tag_ids = {t: self.sp.piece_to_id(t) for t in TAGS}
+    if (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id()) != (0, 1, 2, 3):
+      raise ValueError("tokenizer model must have pad=0 bos=1 eos=2 unk=3; rebuild with build_tokenizer")
+
+  def encode(self, text: str) -> list[int]:
+    return self.sp.encode(text)
+
+  def decode(self, ids) -> str:
+    """Decodes every id given (no stopping at eos: the caller cuts); control ids decode to ''."""
+    return self.sp.decode([int(i) for i in ids])
+
+  def decode_batch(self, ids_NxL) -> list[str]:
+    return [self.decode(row) for row in np.asarray(ids_NxL)]
+
+  def piece_texts(self) -> list[str]:
+    """Surface text of each id as decode() would emit it inside a sequence ('' for control ids)."""
+    out = []
+    for i in range(self.vocab_size):
+      if self.sp.is_control(i):
+        out.append("")
+      elif self.sp.is_unknown(i):
+        out.append(self.sp.decode([i]))
+      else:
+        out.append(self.sp.id_to_piece(i).replace("\u2581", " "))
+    return out
+
+
+@functools.lru_cache(maxsize=4)
+def _load_cached(path: str) -> Tokenizer:
+  with open(path, "rb") as f:
+    return Tokenizer(f.read())
+
+
+def load(path: str | None = None) -> Tokenizer:
+  """The shipped tokenizer (or the model file at `path`)."""
+  path = path or ASSET
+  if not os.path.exists(path):
+    raise ValueError(f"tokenizer model {path} is missing; run `python -m grpo_jax.tasks.build_tokenizer`")
+  return _load_cached(os.path.abspath(path))
