@@ -1,0 +1,218 @@
+"""Metric-name table, MetricWriter (jsonl format, resume truncation, TensorBoard, progress, samples) and plots."""
+
+import glob
+import json
+import math
+import os
+import re
+import struct
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from matplotlib import image as mpl_image
+from tensorboardX.proto import event_pb2
+
+from grpo_jax import metrics as metrics_lib
+from grpo_jax import plots
+
+
+def _rows(workdir):
+  with open(os.path.join(workdir, 'metrics.jsonl'), encoding='utf-8') as f:
+    return [json.loads(line) for line in f]
+
+
+def _writer(workdir, **kw):
+  kw.setdefault('use_tensorboard', False)
+  return metrics_lib.MetricWriter(str(workdir), **kw)
+
+
+# ---------------------------------------------------------------- names
+
+@pytest.mark.parametrize('name', ['train/reward_mean', 'train/reward/format', 'train/reward/math_accuracy',
+                                  'eval/pass@1', 'eval/pass@16', 'eval/cons@8', 'perf/tokens_per_s'])
+def test_known_names(name):
+  assert metrics_lib.is_known(name)
+
+
+@pytest.mark.parametrize('name', ['train/reward_meanx', 'train/reward/', 'eval/pass@0', 'eval/pass@k',
+                                  'eval/pass@8x', 'train/foo', 'step', 'reward_mean', 'perf/step_time'])
+def test_unknown_names_raise(tmp_path, name):
+  assert not metrics_lib.is_known(name)
+  with _writer(tmp_path) as w:
+    with pytest.raises(ValueError, match=re.escape(repr(name)) + '.*add it there'):
+      w.write(0, {name: 1.0})
+
+
+def test_metric_literals_in_package_are_all_defined():
+  """Every 'train/…', 'eval/…', 'perf/…' string the package writes is in the table (f-string holes -> '1')."""
+  pkg = os.path.dirname(metrics_lib.__file__)
+  found = set()
+  for path in glob.glob(os.path.join(pkg, '**', '*.py'), recursive=True):
+    if path.endswith(('metrics.py', 'plots.py')):
+      continue
+    with open(path, encoding='utf-8') as f:
+      source = f.read()
+    for literal in re.findall(r'''["']((?:train|eval|perf)/[^"'\s]*)["']''', source):
+      if re.fullmatch(r'(train|eval|perf)/\{[^}]*\}', literal):
+        continue  # f"train/{k}" over a list of names: those names are checked where they are listed
+      found.add(re.sub(r'\{[^}]*\}', '1', literal))
+  unknown = sorted(n for n in found if not metrics_lib.is_known(n))
+  assert not unknown, f'add these to grpo_jax/metrics.py METRICS: {unknown}'
+
+
+def test_markdown_table_lists_every_name():
+  table = metrics_lib.markdown_table()
+  lines = table.strip().split('\n')
+  assert lines[:2] == ['| Metric | Meaning |', '|---|---|']
+  assert len(lines) == len(metrics_lib.METRICS) + 2
+  for name in metrics_lib.METRICS:
+    assert f'| `{name}` |' in table
+  assert all(line.count('|') == 3 for line in lines)  # no stray pipes from descriptions
+
+
+# ---------------------------------------------------------------- writer
+
+def test_row_format(tmp_path):
+  with _writer(tmp_path) as w:
+    w.write(np.int64(3), {'train/reward_mean': jnp.float32(0.25), 'train/kl': np.array([float('nan')]),
+                          'train/skipped_updates': jnp.int32(2), 'perf/step_time_s': 1.5,
+                          'train/grad_norm': float('inf'), 'train/adv_abs_max': -np.inf,
+                          'eval/pass@4': np.float64(1 / 3), 'train/loss': jnp.bfloat16(0.5)})
+  line = open(tmp_path / 'metrics.jsonl', encoding='utf-8').read()
+  assert line.endswith('\n') and line.count('\n') == 1
+  row = json.loads(line)  # strict JSON: no bare NaN/Infinity
+  assert 'NaN' not in line and 'Infinity' not in line
+  assert list(row) == ['step', 'eval/pass@4', 'perf/step_time_s', 'train/adv_abs_max', 'train/grad_norm',
+                       'train/kl', 'train/loss', 'train/reward_mean', 'train/skipped_updates']
+  assert row['step'] == 3 and row['train/skipped_updates'] == 2 and isinstance(row['train/skipped_updates'], int)
+  assert row['train/reward_mean'] == 0.25 and row['eval/pass@4'] == 1 / 3 and row['train/loss'] == 0.5
+  assert (row['train/kl'], row['train/grad_norm'], row['train/adv_abs_max']) == ('nan', 'inf', '-inf')
+  back = metrics_lib.read_metrics(str(tmp_path))[0]
+  assert math.isnan(back['train/kl']) and back['train/grad_norm'] == math.inf and back['train/adv_abs_max'] == -math.inf
+
+
+def test_same_step_merges_and_order_is_enforced(tmp_path):
+  with _writer(tmp_path) as w:
+    w.write(0, {'eval/accuracy': 0.1})
+    w.write(1, {'train/reward_mean': 0.5, 'train/kl': 0.0})
+    w.write(1, {'eval/accuracy': 0.2, 'train/kl': 0.01})  # later value wins
+    w.write(2, {'train/reward_mean': 0.6})
+    with pytest.raises(ValueError, match='step=1 is before the last logged step 2'):
+      w.write(1, {'train/reward_mean': 0.0})
+    with pytest.raises(ValueError, match=r"'train/kl' has shape \(2,\)"):
+      w.write(3, {'train/kl': np.zeros(2)})
+  assert _rows(tmp_path) == [{'step': 0, 'eval/accuracy': 0.1},
+                             {'step': 1, 'eval/accuracy': 0.2, 'train/kl': 0.01, 'train/reward_mean': 0.5},
+                             {'step': 2, 'train/reward_mean': 0.6}]
+  with pytest.raises(ValueError, match='after close'):
+    w.write(4, {'train/kl': 0.0})
+
+
+def test_resume_truncates_then_appends(tmp_path):
+  with _writer(tmp_path) as w:
+    for s in range(10):
+      w.write(s, {'train/reward_mean': s / 10})
+    w.log_samples(4, ['a', 'b'], [1.0, 0.0])
+    w.log_samples(8, ['c'], [0.5])
+  with open(tmp_path / 'metrics.jsonl', 'a', encoding='utf-8') as f:
+    f.write('{"step": 10, "train/rew')  # torn line from a crash mid-write
+  with _writer(tmp_path, resume_step=5) as w:
+    assert [r['step'] for r in _rows(tmp_path)] == [0, 1, 2, 3, 4, 5]
+    w.write(5, {'eval/accuracy': 0.9})  # the resumed step's eval merges into its row
+    w.write(6, {'train/reward_mean': 0.66})
+    w.write(7, {'train/reward_mean': 0.77})
+  rows = _rows(tmp_path)
+  assert [r['step'] for r in rows] == [0, 1, 2, 3, 4, 5, 6, 7]
+  assert rows[5] == {'step': 5, 'eval/accuracy': 0.9, 'train/reward_mean': 0.5}
+  assert rows[6]['train/reward_mean'] == 0.66
+  samples = [json.loads(line) for line in open(tmp_path / 'samples.jsonl', encoding='utf-8')]
+  assert [(s['step'], s['text']) for s in samples] == [(4, 'a'), (4, 'b')]
+  assert not os.path.exists(tmp_path / 'metrics.jsonl.tmp')
+  with _writer(tmp_path, resume_step=None):  # fresh start in the same workdir: the old rows go
+    pass
+  assert _rows(tmp_path) == []
+
+
+def _tb_scalars(logdir):
+  """(tag, step, value) from TFRecord event files, parsed by hand: length, crc, Event proto, crc."""
+  out = []
+  for path in sorted(glob.glob(os.path.join(logdir, 'events.out.tfevents.*'))):
+    data = open(path, 'rb').read()
+    pos = 0
+    while pos < len(data):
+      (length,) = struct.unpack('<Q', data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      pos += 12 + length + 4
+      for value in event.summary.value:
+        out.append((value.tag, event.step, value.simple_value))
+  return out
+
+
+def test_tensorboard_events(tmp_path):
+  with _writer(tmp_path, use_tensorboard=True) as w:
+    w.write(1, {'train/reward_mean': 0.25, 'train/kl': 0.5})
+    w.write(2, {'train/reward_mean': 0.75})
+  files = glob.glob(str(tmp_path / 'tensorboard' / 'events.out.tfevents.*'))
+  assert files and os.path.getsize(files[0]) > 0
+  assert sorted(_tb_scalars(tmp_path / 'tensorboard')) == [
+      ('train/kl', 1, 0.5), ('train/reward_mean', 1, 0.25), ('train/reward_mean', 2, 0.75)]
+
+
+def test_progress_line_and_samples(tmp_path, capsys):
+  with _writer(tmp_path, total_steps=10) as w:
+    w.write(1, {'train/reward_mean': 0.125, 'train/grad_norm': 3.0})
+    w.write(3, {'train/reward_mean': 0.5, 'train/kl': 0.002})
+    w.log_samples(3, ['<think>2+2</think><answer>4</answer>', 'x' * 1000, 'never printed'], [1.0, 0.0, 0.5])
+    with pytest.raises(ValueError, match='2 texts and 1 rewards'):
+      w.log_samples(3, ['a', 'b'], [1.0])
+  err = capsys.readouterr().err.splitlines()
+  assert err[0] == 'step 1/10 (10%) | reward_mean=0.125'
+  assert re.fullmatch(r'step 3/10 \(30%\) \| [0-9.e-]+ s/step \| ETA \d+m\d\ds \| reward_mean=0.5 kl=0.002', err[1])
+  assert err[2] == '[sample step=3 #0 reward=1] <think>2+2</think><answer>4</answer>'
+  assert err[3].endswith('x' * 400 + ' …') and len(err) == 4
+  samples = [json.loads(line) for line in open(tmp_path / 'samples.jsonl', encoding='utf-8')]
+  assert samples[2] == {'step': 3, 'index': 2, 'reward': 0.5, 'text': 'never printed'}
+
+
+def test_wandb_missing_names_the_fix(tmp_path, monkeypatch):
+  monkeypatch.setitem(sys.modules, 'wandb', None)  # makes `import wandb` fail even where it is installed
+  with pytest.raises(ImportError, match='pip install wandb.*wandb_project=""'):
+    _writer(tmp_path, wandb_project='grpo')
+
+
+def test_only_process_zero_writes(tmp_path, monkeypatch):
+  monkeypatch.setattr(metrics_lib.jax, 'process_index', lambda: 1)
+  w = _writer(tmp_path / 'p1', use_tensorboard=True)
+  w.write(1, {'train/kl': 0.0})
+  w.log_samples(1, ['a'], [1.0])
+  with pytest.raises(ValueError, match='not defined'):
+    w.write(2, {'train/nope': 0.0})
+  w.close()
+  assert not os.path.exists(tmp_path / 'p1')
+  assert plots.write_plots(str(tmp_path / 'p1')) == {}
+
+
+# ---------------------------------------------------------------- plots
+
+def test_plots_are_nonempty_pngs_and_tolerate_missing_metrics(tmp_path):
+  assert set(plots.write_plots(str(tmp_path))) == {'overview'}  # no metrics.jsonl yet
+  with _writer(tmp_path) as w:
+    for s in range(1, 6):
+      w.write(s, {'train/reward_mean': s / 5, 'train/reward/format': 1.0, 'train/kl': 0.01 * s,
+                  'train/entropy': float('nan') if s == 3 else 1.0 / s, 'train/completion_len_mean': 10.0 + s})
+    w.write(5, {'eval/accuracy': 0.5, 'eval/pass@4': 0.75})
+  written = plots.write_plots(str(tmp_path))
+  # No clip fractions were logged: that panel is skipped, not an error.
+  assert set(written) == {'reward', 'accuracy', 'length', 'kl', 'entropy', 'overview'}
+  for name, path in written.items():
+    assert path == str(tmp_path / 'plots' / f'{name}.png')
+    with open(path, 'rb') as f:
+      assert f.read(8) == b'\x89PNG\r\n\x1a\n'
+    img = mpl_image.imread(path)
+    assert img.shape[:2] == ((800, 1500) if name == 'overview' else (400, 600))
+    assert img[..., :3].std() > 0.01  # something was drawn, not a blank canvas
+  assert not glob.glob(str(tmp_path / 'plots' / '*.tmp'))
+  # Called again mid-run: files are replaced in place.
+  assert plots.write_plots(str(tmp_path)) == written
