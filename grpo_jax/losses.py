@@ -1,0 +1,229 @@
+"""Per-token policy objectives, KL estimators, loss aggregation and the PPO value loss, as pure jittable functions.
+
+Per-token arrays are `NxL` with `mask_NxL` 1 on completion tokens (EOS included), 0 on padding. Values at padding
+positions are never read (they are replaced before any exp or log), so padding garbage cannot produce NaN or inf,
+and a row whose mask is all zero contributes exactly 0.
+"""
+from typing import Dict, Optional, Tuple
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+AGG_MODES = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+KL_ESTIMATORS = ("k1", "k2", "k3")
+RATIO_LEVELS = ("token", "sequence")
+
+# k3 evaluates exp(logp_ref − logp). The log-ratio is clipped from ABOVE at this value (e^20 ≈ 4.9e8), only there:
+# that is where exp overflows and where k3's gradient (1 − e^Δ) explodes, for tokens the policy has made far less
+# likely than the reference. Below, k3 ≈ −Δ − 1 grows linearly and keeps its gradient ≈ 1, so it is left exact.
+# Clipped tokens keep a finite value but get no KL gradient.
+K3_MAX_LOG_RATIO = 20.0
+
+
+# ---------------------------------------------------------------- KL estimators
+# All three take the per-token log-probs of the sampled token under π (logp) and π_ref (logp_ref). For tokens
+# sampled from π, E[k1] = E[k3] = KL(π‖π_ref) and E[k2] ≈ KL(π‖π_ref) to second order. Used as LOSS terms (the
+# gradient flows through logp only, the sampling distribution is not differentiated), their expected gradients are:
+#   k1 → 0                          (E_π[∇ log π] = 0: k1 in the loss does nothing in expectation)
+#   k2 → ∇ KL(π‖π_ref)              (the forward-in-π KL that the objective names)
+#   k3 → ∇ KL(π_ref‖π)              (the reverse KL, as in DeepSeekMath/GRPO; Σ π ∇k3 = π − π_ref for logits)
+# tests/test_losses.py checks these three statements exactly on a categorical distribution.
+
+
+def kl_k1(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
+  """k1 = log π − log π_ref: unbiased for KL(π‖π_ref) as a value; zero expected gradient as a loss term."""
+  return logp - logp_ref
+
+
+def kl_k2(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
+  """k2 = ½ (log π − log π_ref)²: as a loss term its expected gradient is ∇ KL(π‖π_ref)."""
+  return 0.5 * jnp.square(logp - logp_ref)
+
+
+def kl_k3(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
+  """k3 = π_ref/π − log(π_ref/π) − 1 ≥ 0 (GRPO's estimator); as a loss term its expected gradient is
+  ∇ KL(π_ref‖π). Δ = log π_ref − log π is clipped above at K3_MAX_LOG_RATIO (see there)."""
+  delta = jnp.minimum(logp_ref - logp, K3_MAX_LOG_RATIO)
+  # expm1 avoids the cancellation of exp(Δ) − 1 near Δ = 0; the max guards the last ulp so k3 is never < 0.
+  return jnp.maximum(jnp.expm1(delta) - delta, 0.0)
+
+
+_KL_FNS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
+
+
+def kl_estimate(name: str, logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
+  """The per-token estimator chosen by name ('k1' | 'k2' | 'k3')."""
+  if name not in _KL_FNS:
+    raise ValueError(f"kl_estimator={name!r} is not one of {KL_ESTIMATORS}; set rl.kl_estimator to one of them.")
+  return _KL_FNS[name](logp, logp_ref)
+
+
+# ---------------------------------------------------------------- masking helpers
+
+
+def _valid(mask_NxL: jax.Array) -> jax.Array:
+  return mask_NxL > 0
+
+
+def _clean(x_NxL: jax.Array, mask_NxL: jax.Array) -> jax.Array:
+  """float32 copy with padding set to 0, so later exp/log on padding stay finite."""
+  return jnp.where(_valid(mask_NxL), x_NxL.astype(jnp.float32), 0.0)
+
+
+def _token_mean(x_NxL: jax.Array, mask_NxL: jax.Array) -> jax.Array:
+  m_NxL = _valid(mask_NxL)
+  return jnp.sum(jnp.where(m_NxL, x_NxL, 0.0)) / jnp.maximum(jnp.sum(m_NxL), 1)
+
+
+def _masked_max(x_NxL: jax.Array, mask_NxL: jax.Array) -> jax.Array:
+  m_NxL = _valid(mask_NxL)
+  return jnp.where(jnp.any(m_NxL), jnp.max(jnp.where(m_NxL, x_NxL, -jnp.inf)), 0.0)
+
+
+def _masked_min(x_NxL: jax.Array, mask_NxL: jax.Array) -> jax.Array:
+  m_NxL = _valid(mask_NxL)
+  return jnp.where(jnp.any(m_NxL), jnp.min(jnp.where(m_NxL, x_NxL, jnp.inf)), 0.0)
+
+
+# ---------------------------------------------------------------- aggregation
+
+
+def aggregate(loss_NxL: jax.Array, mask_NxL: jax.Array, mode: str, *,
+              norm_len: Optional[float] = None) -> jax.Array:
+  """Reduce a per-token quantity to a scalar; the three modes differ in how they weight long vs short answers.
+
+  'seq_mean_token_mean'     GRPO: mean over rows of each row's token mean (empty rows count as 0 in the mean)
+  'token_mean'              DAPO: sum over all valid tokens / number of valid tokens
+  'seq_mean_token_sum_norm' Dr.GRPO: each row's token sum / norm_len (a constant), mean over rows
+  """
+  if mode not in AGG_MODES:
+    raise ValueError(f"aggregation mode {mode!r} is not one of {AGG_MODES}; set rl.loss_agg to one of them.")
+  m_NxL = _valid(mask_NxL)
+  x_NxL = jnp.where(m_NxL, loss_NxL, 0.0)
+  if mode == "token_mean":
+    return jnp.sum(x_NxL) / jnp.maximum(jnp.sum(m_NxL), 1)
+  row_sum_N = jnp.sum(x_NxL, axis=1)
+  if mode == "seq_mean_token_mean":
+    return jnp.mean(row_sum_N / jnp.maximum(jnp.sum(m_NxL, axis=1), 1))
+  if norm_len is None or norm_len <= 0:
+    raise ValueError(f"'seq_mean_token_sum_norm' needs norm_len > 0, got {norm_len}; pass the max completion length.")
+  return jnp.mean(row_sum_N / norm_len)
+
+
+# ---------------------------------------------------------------- policy objectives
+
+
+def _clip_stats(ratio: jax.Array, adv: jax.Array, mask: jax.Array, eps_low: float,
+                eps_high: float) -> Dict[str, jax.Array]:
+  """Where the clipped branch of min(ρA, clip(ρ)A) is strictly active, i.e. where the gradient is cut, by side:
+  low = ρ < 1 − eps_low with A < 0; high = ρ > 1 + eps_high with A > 0. Fractions of valid tokens/sequences."""
+  low = (ratio < 1.0 - eps_low) & (adv < 0)
+  high = (ratio > 1.0 + eps_high) & (adv > 0)
+  return {
+      "clip_frac_low": _token_mean(low.astype(jnp.float32), mask),
+      "clip_frac_high": _token_mean(high.astype(jnp.float32), mask),
+      "ratio_mean": _token_mean(ratio, mask),
+      "ratio_max": _masked_max(ratio, mask),
+      "ratio_min": _masked_min(ratio, mask),
+  }
+
+
+def clipped_surrogate(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: jax.Array, *,
+                      eps_low: float, eps_high: float) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """PPO/DAPO clip-higher objective per token, min(ρA, clip(ρ, 1−eps_low, 1+eps_high)A), 0 on padding.
+
+  aux: clip_frac_low, clip_frac_high (see _clip_stats), ratio_mean, ratio_max, ratio_min over valid tokens.
+  """
+  log_ratio_NxL = _clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL)
+  ratio_NxL = jnp.exp(log_ratio_NxL)
+  a_NxL = _clean(adv_NxL, mask_NxL)
+  obj_NxL = jnp.minimum(ratio_NxL * a_NxL, jnp.clip(ratio_NxL, 1.0 - eps_low, 1.0 + eps_high) * a_NxL)
+  obj_NxL = jnp.where(_valid(mask_NxL), obj_NxL, 0.0)
+  return obj_NxL, _clip_stats(lax.stop_gradient(ratio_NxL), a_NxL, mask_NxL, eps_low, eps_high)
+
+
+def _sequence_log_ratio(logp_NxL: jax.Array, old_logp_NxL: jax.Array, mask_NxL: jax.Array) -> jax.Array:
+  diff_NxL = _clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL)
+  return jnp.sum(diff_NxL, axis=1) / jnp.maximum(jnp.sum(_valid(mask_NxL), axis=1), 1)
+
+
+def gspo_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_N: jax.Array, mask_NxL: jax.Array, *,
+                   eps_low: float, eps_high: float) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """GSPO (sequence level): s_i = exp(mean over valid tokens of log π − log π_old), objective per sequence
+  min(s_i A_i, clip(s_i, 1−eps_low, 1+eps_high) A_i); 0 for empty rows. Reduce with a mean over rows.
+
+  Length-normalising the log-ratio keeps s_i on the same scale for short and long answers, so one clip range fits.
+  For per-token advantages use gspo_token_objective, whose gradient equals this one when A is constant per row.
+  """
+  nonempty_N = jnp.any(_valid(mask_NxL), axis=1)
+  s_N = jnp.exp(_sequence_log_ratio(logp_NxL, old_logp_NxL, mask_NxL))
+  a_N = jnp.where(nonempty_N, adv_N.astype(jnp.float32), 0.0)
+  obj_N = jnp.minimum(s_N * a_N, jnp.clip(s_N, 1.0 - eps_low, 1.0 + eps_high) * a_N)
+  seq_mask_N = nonempty_N.astype(jnp.float32)
+  return jnp.where(nonempty_N, obj_N, 0.0), _clip_stats(lax.stop_gradient(s_N), a_N, seq_mask_N, eps_low, eps_high)
+
+
+def gspo_token_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: jax.Array, *,
+                         eps_low: float, eps_high: float) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """GSPO-token: per-token ratio s_{i,t} = sg(s_i) · π(y_t)/sg(π(y_t)), equal to s_i in value (so clipping is
+  decided per sequence) but with per-token advantages in the gradient. Reduce with 'seq_mean_token_mean'."""
+  valid_NxL = _valid(mask_NxL)
+  s_N = jnp.exp(_sequence_log_ratio(logp_NxL, old_logp_NxL, mask_NxL))
+  logp_NxL = _clean(logp_NxL, mask_NxL)
+  s_NxL = lax.stop_gradient(s_N)[:, None] * jnp.exp(logp_NxL - lax.stop_gradient(logp_NxL))
+  a_NxL = _clean(adv_NxL, mask_NxL)
+  obj_NxL = jnp.minimum(s_NxL * a_NxL, jnp.clip(s_NxL, 1.0 - eps_low, 1.0 + eps_high) * a_NxL)
+  obj_NxL = jnp.where(valid_NxL, obj_NxL, 0.0)
+  return obj_NxL, _clip_stats(lax.stop_gradient(s_NxL), a_NxL, mask_NxL, eps_low, eps_high)
+
+
+def policy_loss(logp_NxL: jax.Array, old_logp_NxL: jax.Array, ref_logp_NxL: Optional[jax.Array],
+                adv_NxL: jax.Array, mask_NxL: jax.Array, *, eps_low: float, eps_high: float, beta: float,
+                kl_estimator: str = "k3", agg: str = "seq_mean_token_mean", norm_len: Optional[float] = None,
+                ratio_level: str = "token") -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """loss = −aggregate(surrogate − β·kl_est): DeepSeekMath's GRPO objective with the KL inside the token sum.
+
+  ratio_level 'token' is the PPO/GRPO per-token ratio; 'sequence' is GSPO-token (sequence-level ratio and clip).
+  ref_logp_NxL may be None only when β == 0 (no KL in the loss, e.g. KL folded into the reward); then the 'kl'
+  metric is omitted. metrics: surrogate, kl (chosen estimator, mean over valid tokens), clip_frac_low,
+  clip_frac_high, ratio_mean, ratio_max, ratio_min.
+  """
+  if ratio_level not in RATIO_LEVELS:
+    raise ValueError(f"ratio_level={ratio_level!r} is not one of {RATIO_LEVELS}.")
+  if kl_estimator not in KL_ESTIMATORS:
+    raise ValueError(f"kl_estimator={kl_estimator!r} is not one of {KL_ESTIMATORS}; set rl.kl_estimator.")
+  if ref_logp_NxL is None and not (isinstance(beta, (int, float)) and beta == 0):
+    raise ValueError(f"policy_loss: ref_logp_NxL is None but beta={beta}; pass reference log-probs or beta=0.")
+  objective = clipped_surrogate if ratio_level == "token" else gspo_token_objective
+  surr_NxL, metrics = objective(logp_NxL, old_logp_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high)
+  per_token_NxL = surr_NxL
+  metrics = dict(metrics, surrogate=aggregate(surr_NxL, mask_NxL, agg, norm_len=norm_len))
+  if ref_logp_NxL is not None:
+    kl_NxL = kl_estimate(kl_estimator, _clean(logp_NxL, mask_NxL), _clean(ref_logp_NxL, mask_NxL))
+    per_token_NxL = surr_NxL - beta * kl_NxL
+    metrics["kl"] = _token_mean(lax.stop_gradient(kl_NxL), mask_NxL)
+  loss = -aggregate(per_token_NxL, mask_NxL, agg, norm_len=norm_len)
+  return loss, metrics
+
+
+# ---------------------------------------------------------------- critic
+
+
+def value_loss(values_NxL: jax.Array, old_values_NxL: jax.Array, returns_NxL: jax.Array, mask_NxL: jax.Array, *,
+               clip: float, agg: str = "token_mean",
+               norm_len: Optional[float] = None) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """PPO clipped value loss ½·max((V − R)², (V_old + clip(V − V_old, ±clip) − R)²), aggregated with `agg`.
+
+  The clipped term stops the critic from moving far from the values the advantages were computed with.
+  aux: value_clip_frac = fraction of valid tokens where the clipped error is the larger (strictly).
+  """
+  v_NxL = _clean(values_NxL, mask_NxL)
+  old_NxL = _clean(old_values_NxL, mask_NxL)
+  ret_NxL = _clean(returns_NxL, mask_NxL)
+  v_clipped_NxL = old_NxL + jnp.clip(v_NxL - old_NxL, -clip, clip)
+  err_NxL = jnp.square(v_NxL - ret_NxL)
+  err_clipped_NxL = jnp.square(v_clipped_NxL - ret_NxL)
+  loss = aggregate(0.5 * jnp.maximum(err_NxL, err_clipped_NxL), mask_NxL, agg, norm_len=norm_len)
+  clip_frac = _token_mean((err_clipped_NxL > err_NxL).astype(jnp.float32), mask_NxL)
+  return loss, {"value_clip_frac": lax.stop_gradient(clip_frac)}

@@ -1,0 +1,311 @@
+"""Losses against hand-computed values, independent NumPy versions, and exact KL gradients."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import losses
+
+RNG = np.random.default_rng(0)
+
+
+def ragged_mask(lengths, L):
+  return (np.arange(L)[None, :] < np.asarray(lengths)[:, None]).astype(np.float32)
+
+
+# ---------------------------------------------------------------- KL estimators
+
+
+def test_kl_hand_values():
+  lp, ref = jnp.array([-1.0, -3.0]), jnp.array([-2.0, -1.0])
+  np.testing.assert_allclose(np.asarray(losses.kl_k1(lp, ref)), [1.0, -2.0])
+  np.testing.assert_allclose(np.asarray(losses.kl_k2(lp, ref)), [0.5, 2.0])
+  # Δ = ref − lp = [-1, 2]: e^Δ − Δ − 1.
+  np.testing.assert_allclose(np.asarray(losses.kl_k3(lp, ref)), [np.exp(-1.0), np.exp(2.0) - 3.0], rtol=1e-6)
+  assert float(losses.kl_k3(jnp.array(-0.7), jnp.array(-0.7))) == 0.0
+
+
+def test_k3_nonnegative_and_finite_on_extremes():
+  d = np.concatenate([RNG.normal(size=2000) * 1e3, RNG.uniform(-1e4, 1e4, 2000), RNG.normal(size=2000) * 1e-7,
+                      np.linspace(-30, 30, 601)]).astype(np.float32)
+  lp = RNG.uniform(-50, 0, size=d.shape).astype(np.float32)
+  k3 = np.asarray(losses.kl_k3(jnp.asarray(lp), jnp.asarray(lp + d)))
+  assert np.all(k3 >= 0) and np.all(np.isfinite(k3))
+  # For |Δ| <= 30 the value and the gradient are finite; below the clip the value is exact.
+  d30 = jnp.linspace(-30.0, 30.0, 61)
+  g = jax.grad(lambda lp: jnp.sum(losses.kl_k3(lp, 1.0 + d30)))(jnp.ones(61))
+  assert np.all(np.isfinite(np.asarray(g)))
+  small = np.linspace(-30, 19, 50)
+  np.testing.assert_allclose(np.asarray(losses.kl_k3(jnp.zeros(50), jnp.asarray(small, jnp.float32))),
+                             np.expm1(small) - small, rtol=2e-5)
+  # Above the clip the value saturates at f(K3_MAX_LOG_RATIO).
+  c = losses.K3_MAX_LOG_RATIO
+  np.testing.assert_allclose(float(losses.kl_k3(jnp.array(0.0), jnp.array(30.0))), np.expm1(c) - c, rtol=1e-5)
+
+
+def np_softmax(x):
+  e = np.exp(x - x.max())
+  return e / e.sum()
+
+
+def np_kl(p, q):
+  return float(np.sum(p * (np.log(p) - np.log(q))))
+
+
+def np_fd_grad(f, theta, h=1e-6):
+  g = np.zeros_like(theta)
+  for j in range(theta.size):
+    e = np.zeros_like(theta)
+    e[j] = h
+    g[j] = (f(theta + e) - f(theta - e)) / (2 * h)
+  return g
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_kl_estimator_expected_gradients(seed):
+  """Σ_x π(x) ∇θ k(x) with π = softmax(θ) held fixed as sampling weights, against exact KL gradients."""
+  rng = np.random.default_rng(seed)
+  V = 6
+  theta = rng.normal(size=V) * 1.5
+  theta_ref = rng.normal(size=V) * 1.5
+  p_ref = np_softmax(theta_ref)
+  logp_ref = jnp.asarray(np.log(p_ref), jnp.float32)
+
+  def expected_grad(k):
+    def surrogate(th):
+      logp = jax.nn.log_softmax(th)
+      return jnp.sum(jax.lax.stop_gradient(jnp.exp(logp)) * k(logp, logp_ref))
+    return np.asarray(jax.grad(surrogate)(jnp.asarray(theta, jnp.float32)), np.float64)
+
+  grad_fwd = np_fd_grad(lambda th: np_kl(np_softmax(th), p_ref), theta)     # ∇ KL(π‖π_ref)
+  grad_rev = np_fd_grad(lambda th: np_kl(p_ref, np_softmax(th)), theta)     # ∇ KL(π_ref‖π)
+  assert np.linalg.norm(grad_fwd - grad_rev) > 0.05  # the two claims are distinguishable here
+  np.testing.assert_allclose(expected_grad(losses.kl_k3), grad_rev, atol=2e-5)
+  np.testing.assert_allclose(expected_grad(losses.kl_k2), grad_fwd, atol=2e-5)
+  np.testing.assert_allclose(expected_grad(losses.kl_k1), np.zeros(V), atol=2e-6)
+  # And the value claims: E_π[k1] = E_π[k3] = KL(π‖π_ref).
+  p = np_softmax(theta)
+  d = np.log(p_ref) - np.log(p)
+  np.testing.assert_allclose(np.sum(p * (-d)), np_kl(p, p_ref), rtol=1e-10)
+  np.testing.assert_allclose(np.sum(p * (np.exp(d) - d - 1)), np_kl(p, p_ref), rtol=1e-10)
+
+
+def test_kl_estimate_rejects_unknown():
+  with pytest.raises(ValueError, match="kl_estimator"):
+    losses.kl_estimate("k4", jnp.zeros(2), jnp.zeros(2))
+
+
+# ---------------------------------------------------------------- aggregation
+
+
+def np_aggregate(x, m, mode, norm_len=None):
+  x = np.where(m > 0, x, 0.0).astype(np.float64)
+  if mode == "token_mean":
+    return x.sum() / max(m.sum(), 1)
+  if mode == "seq_mean_token_mean":
+    return np.mean([x[i].sum() / max(m[i].sum(), 1) for i in range(len(x))])
+  return np.mean([x[i].sum() / norm_len for i in range(len(x))])
+
+
+def test_aggregate_hand_values():
+  x = jnp.array([[1.0, 2.0, 3.0], [4.0, 99.0, 99.0], [7.0, 7.0, 7.0]])
+  m = jnp.array([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
+  # rows: mean 2, mean 4, empty 0 -> 6/3; tokens: (1+2+3+4)/4; sums 6, 4, 0 over norm_len 4 -> (1.5+1)/3.
+  assert float(losses.aggregate(x, m, "seq_mean_token_mean")) == pytest.approx(2.0)
+  assert float(losses.aggregate(x, m, "token_mean")) == pytest.approx(2.5)
+  assert float(losses.aggregate(x, m, "seq_mean_token_sum_norm", norm_len=4)) == pytest.approx(2.5 / 3)
+  assert float(losses.aggregate(x, jnp.zeros_like(m), "token_mean")) == 0.0
+
+
+@pytest.mark.parametrize("mode", losses.AGG_MODES)
+def test_aggregate_matches_numpy(mode):
+  x = RNG.normal(size=(5, 7)).astype(np.float32)
+  m = ragged_mask([7, 0, 3, 1, 5], 7)
+  got = float(losses.aggregate(jnp.asarray(x), jnp.asarray(m), mode, norm_len=7))
+  assert got == pytest.approx(np_aggregate(x, m, mode, 7), rel=1e-5)
+
+
+def test_aggregate_bad_args():
+  with pytest.raises(ValueError, match="loss_agg"):
+    losses.aggregate(jnp.zeros((1, 1)), jnp.ones((1, 1)), "sum")
+  with pytest.raises(ValueError, match="norm_len"):
+    losses.aggregate(jnp.zeros((1, 1)), jnp.ones((1, 1)), "seq_mean_token_sum_norm")
+
+
+# ---------------------------------------------------------------- clipped surrogate
+
+
+def test_clipped_surrogate_hand():
+  ratio = np.array([[0.5, 0.5, 1.5, 1.5, 1.1, 0.0]], np.float32)
+  a = np.array([[-1.0, 1.0, 1.0, -1.0, 2.0, 9.0]], np.float32)
+  m = np.array([[1, 1, 1, 1, 1, 0]], np.float32)
+  obj, aux = losses.clipped_surrogate(jnp.asarray(np.log(np.maximum(ratio, 1e-30))), jnp.zeros((1, 6)),
+                                      jnp.asarray(a), jnp.asarray(m), eps_low=0.2, eps_high=0.28)
+  # min(ρA, clip(ρ, 0.8, 1.28)A): -0.8 (clipped low), 0.5, 1.28 (clipped high), -1.5, 2.2, padding 0.
+  np.testing.assert_allclose(np.asarray(obj), [[-0.8, 0.5, 1.28, -1.5, 2.2, 0.0]], rtol=1e-6)
+  assert float(aux["clip_frac_low"]) == pytest.approx(0.2)
+  assert float(aux["clip_frac_high"]) == pytest.approx(0.2)
+  assert float(aux["ratio_mean"]) == pytest.approx(5.1 / 5, rel=1e-6)
+  assert float(aux["ratio_max"]) == pytest.approx(1.5) and float(aux["ratio_min"]) == pytest.approx(0.5)
+
+
+def test_ratio_one_gives_advantage():
+  lp = jnp.asarray(RNG.normal(size=(3, 4)), jnp.float32)
+  a = jnp.asarray(RNG.normal(size=(3, 4)), jnp.float32)
+  obj, aux = losses.clipped_surrogate(lp, lp, a, jnp.ones((3, 4)), eps_low=0.2, eps_high=0.2)
+  assert np.array_equal(np.asarray(obj), np.asarray(a))
+  assert float(aux["clip_frac_low"]) == 0.0 and float(aux["clip_frac_high"]) == 0.0
+
+
+def test_surrogate_ignores_padding_garbage():
+  m = jnp.array([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
+  junk = jnp.array([[-0.1, -0.2, jnp.nan], [jnp.inf, -jnp.inf, 1e30]])
+  f = lambda lp: losses.policy_loss(lp, junk, junk, junk, m, eps_low=0.2, eps_high=0.2, beta=0.1)[0]
+  loss, g = jax.jit(jax.value_and_grad(f))(jnp.array([[-0.1, -0.3, 500.0], [jnp.nan, 0.0, 1e30]]))
+  assert np.isfinite(float(loss)) and np.all(np.isfinite(np.asarray(g)))
+  assert np.all(np.asarray(g)[m == 0] == 0)
+
+
+# ---------------------------------------------------------------- policy loss
+
+
+def np_policy_loss(lp, old, ref, a, m, eps_low, eps_high, beta, est, agg, norm_len):
+  lp, old, ref, a = (x.astype(np.float64) for x in (lp, old, ref, a))
+  rho = np.exp(lp - old)
+  surr = np.minimum(rho * a, np.clip(rho, 1 - eps_low, 1 + eps_high) * a)
+  d = ref - lp
+  kl = {"k1": -d, "k2": 0.5 * d**2, "k3": np.exp(d) - d - 1}[est]
+  valid = m > 0
+  metrics = {"kl": kl[valid].mean(),
+             "clip_frac_low": np.mean(((rho < 1 - eps_low) & (a < 0))[valid]),
+             "clip_frac_high": np.mean(((rho > 1 + eps_high) & (a > 0))[valid]),
+             "ratio_mean": rho[valid].mean(), "ratio_max": rho[valid].max(), "ratio_min": rho[valid].min()}
+  return -np_aggregate(surr - beta * kl, m, agg, norm_len), metrics
+
+
+@pytest.fixture(scope="module")
+def loss_and_grad():
+  def f(lp, old, ref, a, m, est, agg):
+    return losses.policy_loss(lp, old, ref, a, m, eps_low=0.2, eps_high=0.28, beta=0.04, kl_estimator=est, agg=agg,
+                              norm_len=8)
+  return jax.jit(jax.value_and_grad(f, has_aux=True), static_argnums=(5, 6))
+
+
+@pytest.mark.parametrize("est,agg", [("k3", "seq_mean_token_mean"), ("k1", "token_mean"),
+                                     ("k2", "seq_mean_token_sum_norm")])
+def test_policy_loss_matches_numpy(loss_and_grad, est, agg):
+  N, L = 6, 8
+  m = ragged_mask([8, 2, 5, 0, 1, 7], L)
+  lp = RNG.uniform(-4, 0, size=(N, L)).astype(np.float32)
+  old = (lp + RNG.normal(size=(N, L)) * 0.3).astype(np.float32)
+  ref = (lp + RNG.normal(size=(N, L)) * 0.5).astype(np.float32)
+  a = RNG.normal(size=(N, L)).astype(np.float32)
+  (loss, metrics), _ = loss_and_grad(lp, old, ref, a, m, est, agg)
+  want, want_metrics = np_policy_loss(lp, old, ref, a, m, 0.2, 0.28, 0.04, est, agg, 8)
+  assert float(loss) == pytest.approx(want, rel=1e-5, abs=1e-6)
+  for k, v in want_metrics.items():
+    assert float(metrics[k]) == pytest.approx(v, rel=1e-5, abs=1e-6), k
+  assert 0 < want_metrics["clip_frac_low"] + want_metrics["clip_frac_high"] < 1  # both branches exercised
+
+
+def test_policy_loss_hand_tiny():
+  # One token, ρ = e^0.1 ≈ 1.105 (inside 1 ± 0.2), A = 2, Δ = ref − lp = -0.5 -> k3 = e^-0.5 + 0.5 - 1.
+  f = jax.jit(losses.policy_loss, static_argnames=("eps_low", "eps_high", "beta"))
+  loss, metrics = f(jnp.array([[-1.0]]), jnp.array([[-1.1]]), jnp.array([[-1.5]]), jnp.array([[2.0]]),
+                    jnp.array([[1.0]]), eps_low=0.2, eps_high=0.2, beta=0.1)
+  k3 = np.exp(-0.5) - 0.5
+  assert float(loss) == pytest.approx(-(np.exp(0.1) * 2 - 0.1 * k3), rel=1e-6)
+  assert float(metrics["kl"]) == pytest.approx(k3, rel=1e-6)
+
+
+@pytest.mark.parametrize("agg", ["seq_mean_token_mean", "token_mean"])
+def test_policy_loss_gradient_on_policy(loss_and_grad, agg):
+  """At logp == old_logp: ∂loss/∂logp_{i,t} = −(A − β(1 − e^{ref−logp})) · weight, weight 1/(|o_i| N) for GRPO."""
+  N, L = 4, 5
+  lengths = np.array([5, 2, 0, 3])
+  m = ragged_mask(lengths, L)
+  lp = RNG.uniform(-3, 0, size=(N, L)).astype(np.float32)
+  ref = (lp + RNG.normal(size=(N, L)) * 0.5).astype(np.float32)
+  a = RNG.normal(size=(N, L)).astype(np.float32)
+  (_, metrics), g = loss_and_grad(lp, lp, ref, a, m, "k3", agg)
+  if agg == "seq_mean_token_mean":
+    weight = 1.0 / (np.maximum(lengths, 1)[:, None] * N)
+  else:
+    weight = np.full((N, 1), 1.0 / lengths.sum())
+  dk3 = 1.0 - np.exp(ref.astype(np.float64) - lp)
+  want = np.where(m > 0, -(a - 0.04 * dk3) * weight, 0.0)
+  np.testing.assert_allclose(np.asarray(g), want, rtol=1e-5, atol=1e-7)
+  assert float(metrics["ratio_mean"]) == 1.0
+
+
+def test_policy_loss_without_reference():
+  lp = jnp.zeros((1, 2))
+  loss, metrics = losses.policy_loss(lp, lp, None, jnp.ones((1, 2)), jnp.ones((1, 2)), eps_low=0.2,
+                                     eps_high=0.2, beta=0.0)
+  assert float(loss) == -1.0 and "kl" not in metrics
+  with pytest.raises(ValueError, match="ref_logp"):
+    losses.policy_loss(lp, lp, None, jnp.ones((1, 2)), jnp.ones((1, 2)), eps_low=0.2, eps_high=0.2, beta=0.1)
+
+
+# ---------------------------------------------------------------- GSPO
+
+
+def test_gspo_hand():
+  # Row 0: log-ratios 0.2, 0.0 -> s = e^0.1; row 1 (A<0): log-ratios -0.4 -> s = e^-0.4 < 0.8, clipped low; row 2
+  # empty. Clip range 1 ± 0.2.
+  lp = jnp.array([[0.2, 0.0], [-0.4, 5.0], [3.0, 3.0]])
+  m = jnp.array([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
+  obj, aux = jax.jit(losses.gspo_objective, static_argnames=("eps_low", "eps_high"))(lp, jnp.zeros((3, 2)), jnp.array([1.0, -1.0, 4.0]), m, eps_low=0.2,
+                                   eps_high=0.2)
+  np.testing.assert_allclose(np.asarray(obj), [np.exp(0.1), -0.8, 0.0], rtol=1e-6)
+  assert float(aux["clip_frac_low"]) == pytest.approx(0.5)
+  assert float(aux["clip_frac_high"]) == 0.0
+
+
+def test_gspo_token_gradient_equals_sequence_gradient():
+  N, L = 5, 6
+  m = jnp.asarray(ragged_mask([6, 3, 1, 0, 4], L))
+  lp = jnp.asarray(RNG.uniform(-3, 0, size=(N, L)), jnp.float32)
+  # Sequence log-ratios ≈ shift: rows 0 (A>0) and 1 (A<0) land outside 1 ± 0.01, rows 2 and 4 inside.
+  shift = np.array([0.05, -0.05, 0.002, 0.0, -0.003])[:, None]
+  old = lp - jnp.asarray(shift + RNG.normal(size=(N, L)) * 1e-4, jnp.float32)
+  a_N = jnp.array([1.0, -1.0, 0.5, 2.0, -0.7])
+  kw = dict(eps_low=0.01, eps_high=0.01)
+  seq = lambda x: jnp.mean(losses.gspo_objective(x, old, a_N, m, **kw)[0])
+  tok = lambda x: losses.aggregate(losses.gspo_token_objective(x, old, a_N[:, None] * m, m, **kw)[0], m,
+                                   "seq_mean_token_mean")
+  assert float(jax.jit(seq)(lp)) == pytest.approx(float(jax.jit(tok)(lp)), rel=1e-5)
+  g_seq, g_tok = np.asarray(jax.jit(jax.grad(seq))(lp)), np.asarray(jax.jit(jax.grad(tok))(lp))
+  np.testing.assert_allclose(g_tok, g_seq, rtol=1e-5, atol=1e-7)
+  # Some sequences are clipped (zero gradient), others not: the test exercises both.
+  np.testing.assert_array_equal(np.any(g_seq != 0, axis=1), [False, False, True, False, True])
+  # And the sequence-level policy_loss path gives the same gradient (β = 0).
+  pl = lambda x: -losses.policy_loss(x, old, None, a_N[:, None] * m, m, beta=0.0, ratio_level="sequence", **kw)[0]
+  np.testing.assert_allclose(np.asarray(jax.jit(jax.grad(pl))(lp)), g_seq, rtol=1e-5, atol=1e-7)
+
+
+# ---------------------------------------------------------------- value loss
+
+
+def test_value_loss_hand_and_numpy():
+  v = jnp.array([[1.0, 0.0, 2.0]])
+  old = jnp.array([[0.5, 0.0, 0.0]])
+  ret = jnp.array([[0.0, 1.0, 0.0]])
+  m = jnp.array([[1.0, 1.0, 0.0]])
+  vl = jax.jit(losses.value_loss, static_argnames=("clip", "agg"))
+  loss, aux = vl(v, old, ret, m, clip=0.2, agg="token_mean")
+  # token 0: unclipped (1)^2 = 1, clipped 0.7^2 = 0.49 -> 1; token 1: 1 and 1 -> 1; mean of ½·[1, 1].
+  assert float(loss) == pytest.approx(0.5)
+  assert float(aux["value_clip_frac"]) == 0.0
+  loss, aux = vl(jnp.array([[0.0]]), jnp.array([[-0.5]]), jnp.array([[1.0]]), jnp.ones((1, 1)), clip=0.2,
+                 agg="token_mean")
+  # V moved 0.5 towards... clipped V = -0.3: errors 1 and 1.69 -> ½·1.69.
+  assert float(loss) == pytest.approx(0.845) and float(aux["value_clip_frac"]) == 1.0
+
+  N, L = 4, 6
+  mk = ragged_mask([6, 0, 2, 5], L)
+  vv, oo, rr = (RNG.normal(size=(N, L)).astype(np.float32) for _ in range(3))
+  vc = oo + np.clip(vv - oo, -0.3, 0.3)
+  per = 0.5 * np.maximum((vv - rr) ** 2, (vc - rr) ** 2)
+  got, _ = vl(vv, oo, rr, mk, clip=0.3, agg="seq_mean_token_mean")
+  assert float(got) == pytest.approx(np_aggregate(per, mk, "seq_mean_token_mean"), rel=1e-5)
