@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Runs grpo_jax on several GPU nodes: one process per node seeing all its GPUs, joined by jax.distributed.
+#
+# Two ways to reach the nodes:
+#   --slurm: one `srun` step (one task per node). JAX reads SLURM's variables itself, so only
+#            GRPO_JAX_DISTRIBUTED=1 is set. Run it inside an allocation (salloc / sbatch).
+#   --hosts h1,h2,...: plain ssh. The code is rsynced to every host, a venv is set up once per host, and each host
+#            gets GRPO_JAX_COORDINATOR=<first host>:PORT, GRPO_JAX_NUM_PROCESSES, GRPO_JAX_PROCESS_ID.
+# Logs land in ./gpu_logs/<run>/node<i>.log (ssh mode: collected with scp; slurm mode: srun --output).
+#
+#   launch/gpu_multinode.sh --slurm --nodes 2 --gpus-per-node 8 --config configs/grpo_arith.py --workdir /shared/r1
+#   launch/gpu_multinode.sh --hosts gpu1,gpu2 --config configs/grpo_arith.py --workdir /shared/r1 -- --config.x=1
+#   add --dry-run to print the commands instead of running them
+set -euo pipefail
+
+MODE="" HOSTS="" NODES=2 GPUS=8 PORT=12345 CONFIG="configs/grpo_arith.py" WORKDIR="" MODULE="grpo_jax.main"
+REMOTE_DIR="grpo_jax_src" VENV="\$HOME/grpo_jax_venv" JAX_VERSION="0.10.2" LOG_DIR="gpu_logs" RUN_NAME="" DRY=0
+EXTRA=()
+
+usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+die() { echo "error: $*" >&2; exit 2; }
+
+while [[ $# -gt 0 ]]; do
+  case "$1" in
+    --slurm) MODE=slurm; shift;;
+    --hosts) MODE=ssh; HOSTS="$2"; shift 2;;
+    --nodes) NODES="$2"; shift 2;;
+    --gpus-per-node) GPUS="$2"; shift 2;;
+    --port) PORT="$2"; shift 2;;
+    --config) CONFIG="$2"; shift 2;;
+    --workdir) WORKDIR="$2"; shift 2;;
+    --module) MODULE="$2"; shift 2;;
+    --run-name) RUN_NAME="$2"; shift 2;;
+    --dry-run) DRY=1; shift;;
+    -h|--help) usage 0;;
+    --) shift; EXTRA=("$@"); break;;
+    *) die "unknown flag $1; see --help";;
+  esac
+done
+[[ -n "$MODE" ]] || die "choose --slurm or --hosts h1,h2,..."
+[[ -n "$WORKDIR" ]] || die "--workdir is required (a path every node can write, e.g. on a shared filesystem)"
+RUN_NAME="${RUN_NAME:-$(basename "$WORKDIR")}"
+REPO="$(cd "$(dirname "$0")/.." && pwd)"
+
+run() {
+  local out="+" a
+  for a in "$@"; do
+    if [[ "$a" =~ ^[A-Za-z0-9_./:=@,+%-]+$ ]]; then out+=" $a"; else out+=" ${a@Q}"; fi
+  done
+  echo "$out"
+  [[ "$DRY" == 1 ]] || "$@"
+}
+
+QEXTRA=""
+for a in "${EXTRA[@]+"${EXTRA[@]}"}"; do QEXTRA+=" $(printf '%q' "$a")"; done
+TRAIN="-m $MODULE --config=$CONFIG --workdir=$WORKDIR$QEXTRA"
+
+if [[ "$MODE" == slurm ]]; then
+  # Shared filesystem assumed: the venv is built once, by the first node, next to the code.
+  SETUP="set -e; cd $REPO; if [ ! -f .venv_gpu/.grpo_jax_$JAX_VERSION ]; then python3 -m venv .venv_gpu && \
+.venv_gpu/bin/pip install -q 'jax[cuda12]==$JAX_VERSION' && .venv_gpu/bin/pip install -q -e . && \
+touch .venv_gpu/.grpo_jax_$JAX_VERSION; fi"
+  run srun --nodes=1 --ntasks=1 bash -c "$SETUP"
+  run mkdir -p "$LOG_DIR/$RUN_NAME"
+  run srun --nodes="$NODES" --ntasks-per-node=1 --gpus-per-node="$GPUS" --kill-on-bad-exit=1 \
+    --output="$LOG_DIR/$RUN_NAME/node%t.log" --export=ALL,GRPO_JAX_DISTRIBUTED=1 \
+    bash -c "cd $REPO && .venv_gpu/bin/python $TRAIN"
+  exit 0
+fi
+
+IFS=',' read -r -a HOST_LIST <<< "$HOSTS"
+N="${#HOST_LIST[@]}"
+[[ "$N" -ge 1 ]] || die "--hosts needs at least one host name"
+COORD="${HOST_LIST[0]}:$PORT"
+
+SETUP="set -e; if [ ! -f $VENV/.grpo_jax_$JAX_VERSION ]; then python3 -m venv $VENV && \
+$VENV/bin/pip install -q 'jax[cuda12]==$JAX_VERSION' && touch $VENV/.grpo_jax_$JAX_VERSION; fi; \
+$VENV/bin/pip install -q -e $REMOTE_DIR"
+for h in "${HOST_LIST[@]}"; do
+  run rsync -az --delete --exclude=.git --exclude='*.pyc' "$REPO/" "$h:$REMOTE_DIR/"
+  run ssh "$h" "$SETUP"
+done
+
+run mkdir -p "$LOG_DIR/$RUN_NAME"
+PIDS=()
+for ((i = 0; i < N; i++)); do
+  h="${HOST_LIST[$i]}"
+  CMD="cd $REMOTE_DIR && mkdir -p ~/grpo_logs && GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=$COORD \
+GRPO_JAX_NUM_PROCESSES=$N GRPO_JAX_PROCESS_ID=$i $VENV/bin/python $TRAIN 2>&1 | tee ~/grpo_logs/$RUN_NAME.log; \
+exit \${PIPESTATUS[0]}"
+  if [[ "$DRY" == 1 ]]; then
+    run ssh "$h" "$CMD"
+  else
+    # Prefix every line with its node so interleaved output stays readable.
+    run ssh "$h" "$CMD" 2>&1 | sed -u "s/^/[node$i] /" &
+    PIDS+=($!)
+  fi
+done
+STATUS=0
+for p in "${PIDS[@]+"${PIDS[@]}"}"; do wait "$p" || STATUS=1; done
+for ((i = 0; i < N; i++)); do
+  run scp "${HOST_LIST[$i]}:grpo_logs/$RUN_NAME.log" "$LOG_DIR/$RUN_NAME/node$i.log" || true
+done
+exit "$STATUS"

@@ -1,0 +1,138 @@
+"""Runs N processes of one program on this machine as one `jax.distributed` job (CPU collectives: gloo).
+
+Each child gets `GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=127.0.0.1:PORT GRPO_JAX_NUM_PROCESSES=N
+GRPO_JAX_PROCESS_ID=i` (read by `grpo_jax/multihost.py`); its output is streamed line by line, prefixed `[pI]`.
+The exit code is 0 only if every process exits 0; when one fails the others are stopped after `--grace-s` (they
+would otherwise wait forever in a collective).
+
+  python launch/local_multiprocess.py -n 2 -m grpo_jax.main -- --config=configs/grpo_arith.py:runlocal --workdir=/tmp/r
+  python launch/local_multiprocess.py -n 2 --devices-per-process 4 --script my_check.py
+  python launch/local_multiprocess.py -n 2 -m grpo_jax.main --dry-run -- --config=...
+"""
+import argparse
+import os
+import shlex
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from typing import Sequence
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+  """A port the OS just handed out; the coordinator binds it a moment later (race is harmless on localhost)."""
+  with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def child_env(base: dict, port: int, n: int, i: int, devices_per_process: int) -> dict:
+  env = dict(base, GRPO_JAX_DISTRIBUTED="1", GRPO_JAX_COORDINATOR=f"127.0.0.1:{port}",
+             GRPO_JAX_NUM_PROCESSES=str(n), GRPO_JAX_PROCESS_ID=str(i), PYTHONUNBUFFERED="1")
+  env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, base.get("PYTHONPATH", "")) if p)
+  if devices_per_process > 0:
+    # Simulated CPU devices per process; other XLA flags the caller set are kept.
+    flags = [f for f in base.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
+    env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices_per_process}"])
+  return env
+
+
+def child_argv(python: str, module: str | None, script: str | None, args: Sequence[str]) -> list[str]:
+  return [python, "-m", module, *args] if module else [python, script, *args]
+
+
+def _pump(stream, prefix: str, out) -> None:
+  for line in iter(stream.readline, ""):
+    out.write(f"{prefix}{line}" if line.endswith("\n") else f"{prefix}{line}\n")
+    out.flush()
+  stream.close()
+
+
+def launch(n: int, module: str | None = None, script: str | None = None, args: Sequence[str] = (),
+           port: int = 0, devices_per_process: int = 0, timeout_s: float = 0.0, grace_s: float = 10.0,
+           python: str = sys.executable, dry_run: bool = False, out=None) -> int:
+  """Starts the processes, streams their output, returns the first non-zero exit code (0 if all succeeded)."""
+  out = out or sys.stdout
+  if n < 1:
+    raise ValueError(f"--num-processes={n}: must be >= 1.")
+  if (module is None) == (script is None):
+    raise ValueError("launch: give exactly one of --module or --script.")
+  port = port or free_port()
+  argv = child_argv(python, module, script, args)
+  envs = [child_env(os.environ, port, n, i, devices_per_process) for i in range(n)]
+  if dry_run:
+    for i, env in enumerate(envs):
+      keys = ["GRPO_JAX_DISTRIBUTED", "GRPO_JAX_COORDINATOR", "GRPO_JAX_NUM_PROCESSES", "GRPO_JAX_PROCESS_ID"]
+      keys += ["XLA_FLAGS"] if devices_per_process > 0 else []
+      out.write("+ " + " ".join(f"{k}={shlex.quote(env[k])}" for k in keys) + " "
+                + " ".join(shlex.quote(a) for a in argv) + "\n")
+    return 0
+
+  procs, pumps = [], []
+  for i, env in enumerate(envs):
+    p = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                         start_new_session=True)
+    t = threading.Thread(target=_pump, args=(p.stdout, f"[p{i}] ", out), daemon=True)
+    t.start()
+    procs.append(p)
+    pumps.append(t)
+
+  start, failed_at, rc = time.monotonic(), None, 0
+  while any(p.poll() is None for p in procs):
+    codes = [p.poll() for p in procs]
+    if failed_at is None and any(c not in (None, 0) for c in codes):
+      failed_at = time.monotonic()
+    late = failed_at is not None and time.monotonic() - failed_at > grace_s
+    expired = timeout_s > 0 and time.monotonic() - start > timeout_s
+    if late or expired:
+      out.write(f"[launch] stopping the remaining processes ({'timeout' if expired else 'a process failed'})\n")
+      for p in procs:
+        if p.poll() is None:
+          os.killpg(p.pid, signal.SIGTERM)
+      deadline = time.monotonic() + 5
+      for p in procs:
+        try:
+          p.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+          os.killpg(p.pid, signal.SIGKILL)
+          p.wait()
+      rc = 124 if expired else 0
+      break
+    time.sleep(0.05)
+  for t in pumps:
+    t.join(timeout=5)
+  codes = [p.wait() for p in procs]
+  for i, c in enumerate(codes):
+    out.write(f"[launch] p{i} exited with {c}\n")
+  failed = [c for c in codes if c > 0]  # a real failure code beats the signals we sent the others
+  return rc or (failed[0] if failed else (1 if any(codes) else 0))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("-n", "--num-processes", type=int, default=2)
+  ap.add_argument("-m", "--module", default=None, help="run `python -m MODULE` (e.g. grpo_jax.main)")
+  ap.add_argument("--script", default=None, help="run `python SCRIPT` instead of a module")
+  ap.add_argument("--port", type=int, default=0, help="coordinator port (0 = a free one)")
+  ap.add_argument("--devices-per-process", type=int, default=0, help="simulated CPU devices per process (0 = off)")
+  ap.add_argument("--timeout-s", type=float, default=0.0, help="stop everything after this long (0 = never)")
+  ap.add_argument("--grace-s", type=float, default=10.0, help="after one process fails, wait this long for others")
+  ap.add_argument("--python", default=sys.executable)
+  ap.add_argument("--dry-run", action="store_true", help="print the commands and their environment, run nothing")
+  ap.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program, after `--`")
+  a = ap.parse_args(argv)
+  args = a.args[1:] if a.args[:1] == ["--"] else a.args
+  try:
+    return launch(a.num_processes, a.module, a.script, args, a.port, a.devices_per_process, a.timeout_s,
+                  a.grace_s, a.python, a.dry_run)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+  sys.exit(main())

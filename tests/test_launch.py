@@ -1,0 +1,145 @@
+"""The launchers: every dry run prints the commands it would run; the local launcher runs a real 2-process job."""
+import io
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "launch"))
+import local_multiprocess  # noqa: E402
+
+# Two processes × 2 simulated CPU devices; each process contributes (process_id + 1) per device, so the psum over
+# all 4 devices is 2·1 + 2·2 = 6 on both processes. Gloo carries the cross-process part.
+PSUM_SCRIPT = textwrap.dedent("""
+    import jax, numpy as np
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+    from grpo_jax import multihost
+    assert multihost.maybe_initialize(), "GRPO_JAX_DISTRIBUTED was not set by the launcher"
+    pid, n = jax.process_index(), jax.process_count()
+    mesh = Mesh(np.array(jax.devices()), ("p",))
+    local = np.full((jax.local_device_count(),), pid + 1, np.float32)
+    x = jax.make_array_from_process_local_data(NamedSharding(mesh, P("p")), local)
+    f = jax.jit(jax.shard_map(lambda v: jax.lax.psum(v, "p"), mesh=mesh, in_specs=P("p"), out_specs=P()))
+    total = float(np.asarray(f(x).addressable_data(0))[0])
+    print(f"RESULT process={pid} of {n} devices={jax.device_count()} psum={total}", flush=True)
+""")
+
+
+def _bash(script: str, *args: str) -> subprocess.CompletedProcess:
+  return subprocess.run(["bash", os.path.join(REPO, "launch", script), *args], capture_output=True, text=True,
+                        timeout=30)
+
+
+def _commands(stdout: str) -> list[str]:
+  return [l[2:] for l in stdout.splitlines() if l.startswith("+ ")]
+
+
+def test_local_multiprocess_psum_across_two_processes(tmp_path):
+  script = tmp_path / "psum_check.py"
+  script.write_text(PSUM_SCRIPT)
+  out = io.StringIO()
+  rc = local_multiprocess.launch(2, script=str(script), devices_per_process=2, timeout_s=120,
+                                 python=sys.executable, out=out)
+  text = out.getvalue()
+  assert rc == 0, text
+  for pid in (0, 1):
+    assert f"[p{pid}] RESULT process={pid} of 2 devices=4 psum=6.0" in text, text
+    assert f"[launch] p{pid} exited with 0" in text
+
+
+def test_local_multiprocess_reports_a_failing_process(tmp_path):
+  # Process 1 fails at once; process 0 would wait forever, so the launcher must stop it and return 1's code.
+  script = tmp_path / "fail.py"
+  script.write_text("import os, sys, time\n"
+                    "if os.environ['GRPO_JAX_PROCESS_ID'] == '1':\n  print('bad', flush=True); sys.exit(3)\n"
+                    "time.sleep(60)\n")
+  out = io.StringIO()
+  rc = local_multiprocess.launch(2, script=str(script), grace_s=0.5, timeout_s=30, out=out)
+  text = out.getvalue()
+  assert rc == 3, text
+  assert "[p1] bad" in text
+  assert "stopping the remaining processes (a process failed)" in text
+
+
+def test_local_multiprocess_dry_run_prints_env_and_argv():
+  out = io.StringIO()
+  rc = local_multiprocess.launch(3, module="grpo_jax.main", args=["--config=configs/x.py", "--workdir=/tmp/w"],
+                                 port=4321, devices_per_process=4, python="py", dry_run=True, out=out)
+  lines = out.getvalue().splitlines()
+  assert rc == 0 and len(lines) == 3
+  for i, line in enumerate(lines):
+    assert line == (f"+ GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=127.0.0.1:4321 GRPO_JAX_NUM_PROCESSES=3 "
+                    f"GRPO_JAX_PROCESS_ID={i} XLA_FLAGS=--xla_force_host_platform_device_count=4 "
+                    "py -m grpo_jax.main --config=configs/x.py --workdir=/tmp/w")
+
+
+def test_local_multiprocess_cli_rejects_bad_arguments(capsys):
+  assert local_multiprocess.main(["-n", "0", "--script", "x.py"]) == 2
+  assert "--num-processes=0" in capsys.readouterr().err
+  assert local_multiprocess.main(["-n", "2"]) == 2
+  assert "exactly one of --module or --script" in capsys.readouterr().err
+
+
+def test_tpu_vm_dry_run_pod_commands():
+  r = _bash("tpu_vm.sh", "--name", "grpo-pod", "--zone", "us-central2-b", "--accelerator", "v4-32",
+            "--workdir", "gs://b/run1", "--config", "configs/grpo_arith.py", "--spot", "--delete", "--dry-run",
+            "--", "--config.train.steps=7")
+  assert r.returncode == 0, r.stderr
+  cmds = _commands(r.stdout)
+  gc = "gcloud compute tpus tpu-vm"
+  assert cmds[0] == (f"{gc} create grpo-pod --zone=us-central2-b --accelerator-type=v4-32 "
+                     "--version=tpu-ubuntu2204-base --spot")
+  assert cmds[1].startswith(f"{gc} scp ") and cmds[1].endswith("grpo-pod:grpo_jax_src.tar.gz "
+                                                               "--zone=us-central2-b --worker=all")
+  setup = [c for c in cmds if "jax[tpu]==0.10.2" in c]
+  assert len(setup) == 1 and "--worker=all" in setup[0] and "if [ ! -f" in setup[0]  # idempotent venv
+  train = [c for c in cmds if "grpo_jax.main" in c]
+  assert len(train) == 1 and "--worker=all" in train[0]
+  assert "GRPO_JAX_DISTRIBUTED=1" in train[0] and "--config=configs/grpo_arith.py" in train[0]
+  assert "--workdir=gs://b/run1 --config.train.steps=7" in train[0]
+  # v4-32 = 16 chips = 4 hosts: one log per worker, then the delete.
+  logs = [c for c in cmds if c.startswith(f"{gc} scp grpo-pod:grpo_logs/run.log")]
+  assert [c.split("--worker=")[1] for c in logs] == ["0", "1", "2", "3"]
+  assert cmds[-1] == f"{gc} delete grpo-pod --zone=us-central2-b --quiet"
+
+
+def test_tpu_vm_requires_name_and_zone():
+  r = _bash("tpu_vm.sh", "--zone", "z", "--workdir", "w", "--dry-run")
+  assert r.returncode == 2 and "--name is required" in r.stderr
+  r = _bash("tpu_vm.sh", "--name", "n", "--zone", "z", "--workdir", "w", "--accelerator", "v9-8", "--dry-run")
+  assert r.returncode == 2 and "--version is required" in r.stderr
+
+
+def test_gpu_multinode_ssh_dry_run_sets_ranks():
+  r = _bash("gpu_multinode.sh", "--hosts", "g1,g2,g3", "--workdir", "/shared/r1", "--port", "2222", "--dry-run",
+            "--", "--config.train.steps=3")
+  assert r.returncode == 0, r.stderr
+  cmds = _commands(r.stdout)
+  assert sum(c.startswith("rsync -az") for c in cmds) == 3
+  assert sum("jax[cuda12]==0.10.2" in c for c in cmds) == 3
+  runs = [c for c in cmds if "grpo_jax.main" in c]
+  assert len(runs) == 3
+  for i, (host, c) in enumerate(zip(("g1", "g2", "g3"), runs)):
+    assert c.startswith(f"ssh {host} ")
+    assert (f"GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=g1:2222 GRPO_JAX_NUM_PROCESSES=3 "
+            f"GRPO_JAX_PROCESS_ID={i} ") in c
+    assert "--workdir=/shared/r1 --config.train.steps=3" in c
+  assert [c for c in cmds if c.startswith("scp ")] == [
+      f"scp g{i + 1}:grpo_logs/r1.log gpu_logs/r1/node{i}.log" for i in range(3)]
+
+
+def test_gpu_multinode_slurm_dry_run():
+  r = _bash("gpu_multinode.sh", "--slurm", "--nodes", "4", "--gpus-per-node", "8", "--workdir", "/s/r2",
+            "--dry-run")
+  assert r.returncode == 0, r.stderr
+  cmds = _commands(r.stdout)
+  srun = [c for c in cmds if c.startswith("srun --nodes=4")]
+  assert len(srun) == 1
+  assert "--ntasks-per-node=1 --gpus-per-node=8" in srun[0]
+  assert "--export=ALL,GRPO_JAX_DISTRIBUTED=1" in srun[0] and "-m grpo_jax.main" in srun[0]
+  assert "--output=gpu_logs/r2/node%t.log" in srun[0]
+  r = _bash("gpu_multinode.sh", "--workdir", "x", "--dry-run")
+  assert r.returncode == 2 and "choose --slurm or --hosts" in r.stderr
