@@ -37,9 +37,6 @@ def run(config, workdir: str) -> None:
         train.run_sft(config, sft_dir)
       init_from = os.path.join(sft_dir, "params")
     train.run_rl(config, workdir, init_from=init_from)
-  elif config.job == "ppo":
-    from grpo_jax import ppo_train
-    ppo_train.run_ppo(config, workdir)
   elif config.job in ("sft", "pretrain"):
     train.run_sft(config, workdir, loss_on="all" if config.job == "pretrain" else None,
                   tagged=config.job == "sft")

@@ -46,20 +46,21 @@ def register(name: str):
   return deco
 
 
-def _ok(r_N, steps=None) -> TermOutput:
+def outcome(r_N, steps=None) -> TermOutput:
+  """A successful in-graph term's output."""
   return TermOutput(r_N.astype(jnp.float32), jnp.int32(OK), jnp.int32(0), steps)
 
 
 @register("format")
 def _make_format(ctx: Context) -> InGraphFn:
   from grpo_jax.tasks import verify_jax
-  return lambda tokens, mask, batch, ctx: _ok(verify_jax.format_reward(tokens, mask, ctx.tokenizer.tag_ids))
+  return lambda tokens, mask, batch, ctx: outcome(verify_jax.format_reward(tokens, mask, ctx.tokenizer.tag_ids))
 
 
 @register("accuracy")
 def _make_accuracy(ctx: Context) -> InGraphFn:
   from grpo_jax.tasks import verify_jax
-  return lambda tokens, mask, batch, ctx: _ok(verify_jax.accuracy_reward(ctx.task, tokens, mask, batch))
+  return lambda tokens, mask, batch, ctx: outcome(verify_jax.accuracy_reward(ctx.task, tokens, mask, batch))
 
 
 @register("process")
@@ -70,7 +71,7 @@ def _make_process(ctx: Context) -> InGraphFn:
   def fn(tokens, mask, batch, ctx):
     s_r, s_end, s_valid = verify_jax.step_rewards(ctx.task, tokens, mask, batch, ctx.max_steps)
     n = jnp.maximum(s_valid.sum(-1), 1)
-    return _ok((s_r * s_valid).sum(-1) / n, (s_r, s_end, s_valid))
+    return outcome((s_r * s_valid).sum(-1) / n, (s_r, s_end, s_valid))
   return fn
 
 

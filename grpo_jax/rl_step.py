@@ -73,10 +73,6 @@ ADVANTAGES: dict[str, Callable[[jax.Array, dict], jax.Array]] = {
 KL_IN_ADVANTAGE = ("reinforce_pp", "reinforce_pp_baseline")
 
 
-def kl_estimate(name: str, logp, logp_ref):
-  return {"k1": losses.kl_k1, "k2": losses.kl_k2, "k3": losses.kl_k3}[name](logp, logp_ref)
-
-
 def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Callable:
   """(params, ref_params, batch, rng) -> Rollout with rewards, advantages, old and reference log-probs."""
   rl, G, temp = config.rl, config.rl.G, config.sampling.temperature
@@ -133,7 +129,7 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
 def compute_advantages(config, ro: dict) -> jax.Array:
   rl, G = config.rl, config.rl.G
   r_BxG = ro["r_N"].reshape(-1, G)
-  kl_NxL = kl_estimate("k1" if rl.algo in KL_IN_ADVANTAGE else rl.kl_estimator,
+  kl_NxL = losses.kl_estimate("k1" if rl.algo in KL_IN_ADVANTAGE else rl.kl_estimator,
                        ro["old_logp_NxL"], ro["ref_logp_NxL"]) * ro["mask_NxL"]
   if rl.kl_in == "reward" and rl.algo not in KL_IN_ADVANTAGE:
     # Sequence-level KL penalty folded into the outcome reward before normalisation.
@@ -155,9 +151,11 @@ def make_loss_fn(config, mcfg) -> Callable:
   def loss_fn(params, mb):
     logp_NxL, ent_NxL = completion_logprobs(mcfg, params, mb["seq"], mb["P"], temp)
     if rl.algo == "gspo":
-      loss, m = losses.gspo_loss(logp_NxL, mb["old_logp_NxL"], mb["ref_logp_NxL"], mb["adv_NxL"][:, 0],
-                                 mb["mask_NxL"], eps_low=rl.gspo_eps_low, eps_high=rl.gspo_eps_high,
-                                 beta=beta, kl_estimator=rl.kl_estimator)
+      # GSPO-token: sequence-level ratio exp(mean_t log ρ) clipped with its own small ε.
+      loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb["ref_logp_NxL"], mb["adv_NxL"],
+                                   mb["mask_NxL"], eps_low=rl.gspo_eps_low, eps_high=rl.gspo_eps_high, beta=beta,
+                                   kl_estimator=rl.kl_estimator, agg="seq_mean_token_mean",
+                                   ratio_level="sequence")
     else:
       loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb["ref_logp_NxL"], mb["adv_NxL"],
                                    mb["mask_NxL"], eps_low=rl.eps_low, eps_high=rl.eps_high, beta=beta,
@@ -234,9 +232,9 @@ def rollout_metrics(config, ro: dict, adv_NxL) -> dict[str, jax.Array]:
   return m
 
 
-def make_rl_step(config, mesh, mcfg: model_lib.ModelConfig, tx, spec: rewards_lib.RewardSpec,
-                 tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
-  """ONE jitted `(state, batch) -> (state, metrics)`; the state is donated."""
+def build_step(config, mcfg: model_lib.ModelConfig, tx, spec: rewards_lib.RewardSpec,
+               tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
+  """The pure, un-jitted `(state, batch) -> (state, metrics)`: jit it (make_rl_step) or vmap it over seeds."""
   rollout_fn = make_rollout_fn(config, mcfg, spec, tokenizer)
   update_fn = make_update_fn(config, mcfg, tx, make_loss_fn(config, mcfg))
   n_show = config.train.num_samples_logged
@@ -268,6 +266,13 @@ def make_rl_step(config, mesh, mcfg: model_lib.ModelConfig, tx, spec: rewards_li
     m["samples/r_N"] = ro["r_N"][:n_show]
     return new_state, m
 
+  return step
+
+
+def make_rl_step(config, mesh, mcfg: model_lib.ModelConfig, tx, spec: rewards_lib.RewardSpec,
+                 tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
+  """ONE jitted `(state, batch) -> (state, metrics)`; the state is donated."""
+  step = build_step(config, mcfg, tx, spec, tokenizer)
   jitted = jax.jit(step, donate_argnums=(0,))
 
   @functools.wraps(step)

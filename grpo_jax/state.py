@@ -58,7 +58,8 @@ def with_shardings(abstract: State, shardings: State) -> State:
 
 def create_state(mesh: Mesh, mcfg: model_lib.ModelConfig, tx, seed: int,
                  init_params: Callable[[jax.Array], Any] | None = None, with_ref: bool = True,
-                 critic: tuple | None = None, critic_init: Callable[[jax.Array], Any] | None = None) -> State:
+                 critic: tuple | None = None,
+                 critic_init: Callable[[jax.Array, Any], Any] | None = None) -> State:
   """Creates the state directly in its shardings: no host copy of the full params ever exists."""
   _, shard = state_shardings(mesh, mcfg, tx, with_ref, critic)
   init_params = init_params or (lambda k: model_lib.init_params(mcfg, k))
@@ -71,7 +72,7 @@ def create_state(mesh: Mesh, mcfg: model_lib.ModelConfig, tx, seed: int,
     if with_ref:
       st["ref_params"] = params
     if critic is not None:
-      cp = critic_init(k_critic)
+      cp = critic_init(k_critic, params)
       st.update(critic_params=cp, critic_opt_state=critic[2].init(cp))
     return st
 

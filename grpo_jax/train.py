@@ -13,6 +13,7 @@ from grpo_jax import evaluation
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import model as model_lib
 from grpo_jax import plots
+from grpo_jax import ppo_step
 from grpo_jax import rewards as rewards_lib
 from grpo_jax import rl_step
 from grpo_jax import sft_step
@@ -51,8 +52,11 @@ class NonFiniteError(RuntimeError):
 
 
 def device_batch(mesh, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
-  """Places host arrays with their rows split over the data axes (each process passes its global batch)."""
-  return {k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim)) for k, v in batch.items()}
+  """Places host arrays with rows split over the data axes; a prompt batch smaller than the data axes is
+  replicated (the step tiles it G times and splits the rows then). Every process builds the same global batch."""
+  n_data = mesh.shape["data"] * mesh.shape["fsdp"]
+  return {k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim) if v.shape[0] % n_data == 0
+                            else sharding.replicated(mesh)) for k, v in batch.items()}
 
 
 def _host_scalars(m: dict) -> dict[str, float]:
@@ -77,15 +81,17 @@ def setup_common(config, workdir: str, validate_fn: Callable):
   return tokenizer, mesh, mcfg
 
 
-def init_or_restore(config, workdir, mesh, mcfg, tx, ckpt: ckpt_lib.Checkpointer, init_from: str, with_ref=True):
+def init_or_restore(config, workdir, mesh, mcfg, tx, ckpt: ckpt_lib.Checkpointer, init_from: str, with_ref=True,
+                    critic: tuple | None = None, critic_init=None):
   """Resumes from the workdir's newest good checkpoint; else creates the state (from `init_from` params if set)."""
-  abstract, shard = state_lib.state_shardings(mesh, mcfg, tx, with_ref)
+  abstract, shard = state_lib.state_shardings(mesh, mcfg, tx, with_ref, critic)
   start = ckpt.latest_step()
   if start is not None:
     state, meta = ckpt.restore(None, state_lib.with_shardings(abstract, shard))
     logging.info("Resumed from %s at step %d.", ckpt.directory, meta["step"])
     return state, int(meta["step"])
-  state = state_lib.create_state(mesh, mcfg, tx, config.seed, with_ref=with_ref)
+  state = state_lib.create_state(mesh, mcfg, tx, config.seed, with_ref=with_ref, critic=critic,
+                                 critic_init=critic_init)
   if init_from:
     abstract_params = state_lib.with_shardings(abstract["params"], shard["params"])
     params = ckpt_lib.load_params(init_from, abstract_params)
@@ -93,6 +99,12 @@ def init_or_restore(config, workdir, mesh, mcfg, tx, ckpt: ckpt_lib.Checkpointer
     if with_ref:
       state["ref_params"] = jax.tree.map(lambda x: x.copy(), params)
     state["opt_state"] = jax.jit(tx.init, out_shardings=shard["opt_state"])(params)
+    if critic is not None:
+      # The critic (value network or head) starts from the same checkpoint's trunk, as in RLHF practice.
+      cp = jax.jit(lambda p, k: critic_init(k, p), out_shardings=shard["critic_params"])(
+          params, jax.random.PRNGKey(config.seed))
+      state["critic_params"] = cp
+      state["critic_opt_state"] = jax.jit(critic[2].init, out_shardings=shard["critic_opt_state"])(cp)
     logging.info("Initialised params from %s.", init_from)
   return state, 0
 
@@ -105,11 +117,21 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
   spec = rewards_lib.build(config.rewards, rewards_lib.Context(config.task.name, tokenizer),
                            {**python_reward_fns(config), **(python_fns or {})}, fallback, rl.reward_timeout_s)
-  step_fn = rl_step.make_rl_step(config, mesh, mcfg, tx, spec, tokenizer)
+  critic, critic_init = None, None
+  if rl.algo == "ppo":
+    critic_tx = state_lib.make_optimizer(config.optim, steps, lr=config.ppo.critic_lr)
+    critic_init = lambda k, p: ppo_step.init_critic(mcfg, config.ppo.critic, k, p)
+    abstract_critic = jax.eval_shape(critic_init, jax.random.PRNGKey(0),
+                                     jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0))))
+    critic = (abstract_critic, ppo_step.critic_axes(mcfg, config.ppo.critic), critic_tx)
+    step_fn = ppo_step.make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer)
+  else:
+    step_fn = rl_step.make_rl_step(config, mesh, mcfg, tx, spec, tokenizer)
   init_from = config.train.init_from if init_from is None else init_from
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=config.train.ckpt_every,
                                keep=config.train.keep_checkpoints)
-  state, start = init_or_restore(config, workdir, mesh, mcfg, tx, ckpt, init_from)
+  state, start = init_or_restore(config, workdir, mesh, mcfg, tx, ckpt, init_from, critic=critic,
+                                 critic_init=critic_init)
   writer = metrics_lib.MetricWriter(workdir, resume_step=start if start else None,
                                     use_tensorboard=config.log.tensorboard,
                                     wandb_project=config.log.wandb_project or None, total_steps=steps)

@@ -16,7 +16,7 @@ DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
 TASKS = ("arith", "countdown", "gsm8k")
 LANGUAGES = ("a", "b", "mixed")
-JOBS = ("grpo", "ppo", "sft", "pretrain", "r1_pipeline")
+JOBS = ("grpo", "sft", "pretrain", "r1_pipeline")  # grpo runs every rl.algo, ppo included
 CRITICS = ("separate", "head")
 
 
