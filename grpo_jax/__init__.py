@@ -1,0 +1,1 @@
+"""grpo_jax: GRPO-family RL of language models in JAX."""

@@ -1,0 +1,405 @@
+"""Qwen2/Llama-shaped decoder (Flax Linen, layers under `nn.scan`), applied functionally to plain param dicts.
+
+Policy and reference params go through the same module; everything here is a pure function of
+`(ModelConfig, params, arrays)`, so callers jit, vmap and shard it as they like.
+
+Param tree (plain nested dict, always float32; L layers, D hidden, H heads, K kv heads, Dh head_dim, F inter):
+
+  embed/embedding          [V, D]          (vocab, embed)
+  layers/attn_norm/scale   [L, D]          (layers, embed)
+  layers/q/kernel          [L, D, H, Dh]   (layers, embed, heads, head_dim)
+  layers/q/bias            [L, H, Dh]      (layers, heads, head_dim)        only if qkv_bias
+  layers/k/kernel          [L, D, K, Dh]   (layers, embed, kv_heads, head_dim)
+  layers/k/bias            [L, K, Dh]      (layers, kv_heads, head_dim)     only if qkv_bias
+  layers/v/kernel, bias    as k
+  layers/o/kernel          [L, H, Dh, D]   (layers, heads, head_dim, embed)
+  layers/mlp_norm/scale    [L, D]          (layers, embed)
+  layers/gate/kernel       [L, D, F]       (layers, embed, mlp)
+  layers/up/kernel         [L, D, F]       (layers, embed, mlp)
+  layers/down/kernel       [L, F, D]       (layers, mlp, embed)
+  final_norm/scale         [D]             (embed,)
+  lm_head/kernel           [D, V]          (embed, vocab)                   only if not tie_embeddings
+
+Conventions match Hugging Face Qwen2/Llama: RoPE rotates halves (`rotate_half`), query head h uses kv head
+h // (H // K), RMSNorm normalises in float32. KV cache: K as [L, N, K, Dh, S] and V as [L, N, K, S, Dh]
+(NOTES.md: this layout avoids a whole-cache transpose per decode step).
+"""
+import dataclasses
+import math
+from typing import Any, Mapping
+
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+Params = Any
+Cache = dict[str, jax.Array]
+
+_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+_REMAT_POLICIES = {
+    "full": None,  # save nothing inside a layer; recompute it all in the backward pass
+    # keep weight matmul outputs (no batch dims), recompute attention scores and elementwise ops
+    "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+_NEG = float(np.finfo(np.float32).min)  # finite: fully masked (pad) query rows give a uniform mix, not NaN
+_INIT = nn.initializers.normal(stddev=0.02)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+  """Shape and numerics of the decoder. `head_dim=0` resolves to `hidden // heads` at construction."""
+  vocab_size: int = 512
+  hidden: int = 64
+  layers: int = 2
+  heads: int = 4
+  kv_heads: int = 2
+  head_dim: int = 0
+  inter: int = 192
+  rope_theta: float = 10_000.0
+  qkv_bias: bool = True
+  tie_embeddings: bool = True
+  max_len: int = 160
+  dtype: str = "float32"  # compute dtype; params stay float32
+  rms_eps: float = 1e-6
+  remat: str = "none"  # none | full | dots
+  # Llama-3.1 ("llama3") RoPE frequency scaling; factor 0 = off.
+  rope_scaling_factor: float = 0.0
+  rope_low_freq_factor: float = 1.0
+  rope_high_freq_factor: float = 4.0
+  rope_original_max_len: int = 8192
+
+  def __post_init__(self):
+    for name in ("vocab_size", "hidden", "layers", "heads", "kv_heads", "inter", "max_len"):
+      if int(getattr(self, name)) < 1:
+        raise ValueError(f"model.{name}={getattr(self, name)}: must be a positive integer.")
+    if self.kv_heads > self.heads or self.heads % self.kv_heads:
+      raise ValueError(f"model.kv_heads={self.kv_heads}: must divide model.heads={self.heads} (GQA groups); "
+                       "choose a divisor of heads.")
+    if self.head_dim == 0:
+      if self.hidden % self.heads:
+        raise ValueError(f"model.head_dim=0 needs hidden % heads == 0 (got {self.hidden} % {self.heads}); "
+                         "set model.head_dim explicitly.")
+      object.__setattr__(self, "head_dim", self.hidden // self.heads)
+    if self.head_dim < 0 or self.head_dim % 2:
+      raise ValueError(f"model.head_dim={self.head_dim}: must be even (RoPE rotates pairs) or 0 for hidden//heads.")
+    if self.dtype not in _DTYPES:
+      raise ValueError(f"model.dtype={self.dtype!r}: use one of {sorted(_DTYPES)}.")
+    if self.remat not in ("none",) + tuple(_REMAT_POLICIES):
+      raise ValueError(f"model.remat={self.remat!r}: use 'none', 'full' or 'dots'.")
+    if self.rope_theta <= 0:
+      raise ValueError(f"model.rope_theta={self.rope_theta}: must be > 0.")
+    if self.rms_eps <= 0:
+      raise ValueError(f"model.rms_eps={self.rms_eps}: must be > 0.")
+    if self.rope_scaling_factor < 0 or (self.rope_scaling_factor > 0 and
+                                        self.rope_high_freq_factor <= self.rope_low_freq_factor):
+      raise ValueError("model.rope_scaling_factor / rope_*_freq_factor: need factor >= 0 and "
+                       "high_freq_factor > low_freq_factor.")
+
+  @classmethod
+  def from_config(cls, cfg: Any) -> "ModelConfig":
+    """From an ml_collections ConfigDict (or dict) with these field names; other keys are ignored."""
+    d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+    kw = {}
+    for f in dataclasses.fields(cls):
+      if f.name in d:
+        kw[f.name] = type(f.default)(d[f.name]) if f.type in ("int", "float", int, float) else d[f.name]
+    return cls(**kw)
+
+  @property
+  def compute_dtype(self) -> Any:
+    return _DTYPES[self.dtype]
+
+
+# ----------------------------------------------------------------------------------------------- layers
+
+
+class RMSNorm(nn.Module):
+  eps: float
+  dtype: Any
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones, ("embed",)),
+                       (x.shape[-1],), jnp.float32)
+    x32 = x.astype(jnp.float32)  # statistics in fp32 even under bf16 compute, as HF does
+    y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    return (y * scale).astype(self.dtype)
+
+
+class Dense(nn.Module):
+  """Contracts the last `n_in` dims of x with the first of `kernel[in..., features...]`."""
+  features: tuple[int, ...]
+  kernel_axes: tuple[str, ...]
+  bias_axes: tuple[str, ...] | None
+  dtype: Any
+  n_in: int = 1
+
+  @nn.compact
+  def __call__(self, x: jax.Array) -> jax.Array:
+    in_shape = x.shape[x.ndim - self.n_in:]
+    kernel = self.param("kernel", nn.with_logical_partitioning(_INIT, self.kernel_axes),
+                        tuple(in_shape) + tuple(self.features), jnp.float32)
+    y = jnp.tensordot(x.astype(self.dtype), kernel.astype(self.dtype), axes=self.n_in)
+    if self.bias_axes is not None:
+      bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.bias_axes),
+                        tuple(self.features), jnp.float32)
+      y = y + bias.astype(self.dtype)
+    return y
+
+
+class Table(nn.Module):
+  """A bare parameter (the embedding table or untied head), returned as is."""
+  pname: str
+  shape: tuple[int, ...]
+  axes: tuple[str, ...]
+
+  @nn.compact
+  def __call__(self) -> jax.Array:
+    return self.param(self.pname, nn.with_logical_partitioning(_INIT, self.axes), self.shape, jnp.float32)
+
+
+def _inv_freq(mcfg: ModelConfig) -> np.ndarray:
+  """RoPE inverse frequencies (static), with HF's 'llama3' scaling when rope_scaling_factor > 0."""
+  hd = mcfg.head_dim
+  inv = 1.0 / (mcfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float32) / hd))
+  if mcfg.rope_scaling_factor > 0:
+    factor, lo, hi = mcfg.rope_scaling_factor, mcfg.rope_low_freq_factor, mcfg.rope_high_freq_factor
+    old = mcfg.rope_original_max_len
+    wavelen = 2 * math.pi / inv
+    scaled = np.where(wavelen > old / lo, inv / factor, inv)
+    smooth = (old / wavelen - lo) / (hi - lo)
+    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
+    inv = np.where(medium, smoothed, scaled)
+  return np.asarray(inv, np.float32)
+
+
+def _rope(x_NxTxHxD: jax.Array, positions_NxT: jax.Array, inv_freq: np.ndarray) -> jax.Array:
+  ang_NxTxF = positions_NxT[..., None].astype(jnp.float32) * inv_freq
+  cos, sin = jnp.cos(ang_NxTxF)[:, :, None, :], jnp.sin(ang_NxTxF)[:, :, None, :]
+  x1, x2 = jnp.split(x_NxTxHxD.astype(jnp.float32), 2, axis=-1)
+  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+  return out.astype(x_NxTxHxD.dtype)
+
+
+def _attend_local(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT) -> jax.Array:
+  """Causal attention that also hides pad keys; GQA as a 5-D einsum (no repeated K/V)."""
+  n, t, h, d = q_NxTxHxD.shape
+  kv = k_NxTxKxD.shape[2]
+  q5 = q_NxTxHxD.reshape(n, t, kv, h // kv, d)
+  s_NxKxGxTxS = jnp.einsum("ntkgd,nskd->nkgts", q5, k_NxTxKxD, preferred_element_type=jnp.float32)
+  s_NxKxGxTxS = s_NxKxGxTxS * (1.0 / math.sqrt(d))
+  ok_NxTxS = jnp.tril(jnp.ones((t, t), bool))[None] & (mask_NxT[:, None, :] > 0)
+  s_NxKxGxTxS = jnp.where(ok_NxTxS[:, None, None], s_NxKxGxTxS, _NEG)
+  p = jax.nn.softmax(s_NxKxGxTxS, axis=-1).astype(v_NxTxKxD.dtype)
+  o_NxTxKxGxD = jnp.einsum("nkgts,nskd->ntkgd", p, v_NxTxKxD)
+  return o_NxTxKxGxD.reshape(n, t, h, d)
+
+
+def _attend_cache(q_NxHxD, ck_NxKxDxS, cv_NxKxSxD, ok_NxS) -> jax.Array:
+  n, h, d = q_NxHxD.shape
+  kv = ck_NxKxDxS.shape[1]
+  q4 = q_NxHxD.reshape(n, kv, h // kv, d)
+  s_NxKxGxS = jnp.einsum("nkgd,nkds->nkgs", q4, ck_NxKxDxS, preferred_element_type=jnp.float32)
+  s_NxKxGxS = jnp.where(ok_NxS[:, None, None], s_NxKxGxS * (1.0 / math.sqrt(d)), _NEG)
+  p = jax.nn.softmax(s_NxKxGxS, axis=-1).astype(cv_NxKxSxD.dtype)
+  return jnp.einsum("nkgs,nksd->nkgd", p, cv_NxKxSxD).reshape(n, h, d)
+
+
+class Block(nn.Module):
+  """One pre-norm layer. mode: 'train' (no cache), 'prefill' (write cache at 0), 'decode' (T=1 at index)."""
+  cfg: ModelConfig
+  mode: str
+
+  @nn.compact
+  def __call__(self, carry, positions_NxT, mask_NxT, index, kv_mask_NxS):
+    x_MxD, cache_k, cache_v, layer = carry  # M = N*T: 2-D activations avoid transposes in the MLP backward
+    c, dt = self.cfg, self.cfg.compute_dtype
+    n, t = positions_NxT.shape
+    h_, kv, hd = c.heads, c.kv_heads, c.head_dim
+    inv_freq = _inv_freq(c)
+
+    def proj(heads, axes_name, name):
+      bias = (axes_name, "head_dim") if c.qkv_bias else None
+      return Dense((heads, hd), ("embed", axes_name, "head_dim"), bias, dt, name=name)
+
+    y_MxD = RMSNorm(c.rms_eps, dt, name="attn_norm")(x_MxD)
+    q = _rope(proj(h_, "heads", "q")(y_MxD).reshape(n, t, h_, hd), positions_NxT, inv_freq)
+    k = _rope(proj(kv, "kv_heads", "k")(y_MxD).reshape(n, t, kv, hd), positions_NxT, inv_freq)
+    v = proj(kv, "kv_heads", "v")(y_MxD).reshape(n, t, kv, hd)
+    q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
+    k = nn.with_logical_constraint(k, ("batch", "length", "kv_heads", "head_dim"))
+    v = nn.with_logical_constraint(v, ("batch", "length", "kv_heads", "head_dim"))
+
+    if self.mode == "decode":
+      cache_k = jax.lax.dynamic_update_slice(
+          cache_k, k.transpose(0, 2, 3, 1)[None].astype(cache_k.dtype), (layer, 0, 0, 0, index))
+      cache_v = jax.lax.dynamic_update_slice(
+          cache_v, v.transpose(0, 2, 1, 3)[None].astype(cache_v.dtype), (layer, 0, 0, index, 0))
+      s = cache_k.shape[-1]
+      ok_NxS = (kv_mask_NxS > 0) & (jnp.arange(s) <= index)[None]  # slots past index are stale or empty
+      o = _attend_cache(q[:, 0], cache_k[layer], cache_v[layer], ok_NxS)[:, None]
+    else:
+      o = _attend_local(q, k, v, mask_NxT)
+      if self.mode == "prefill":
+        cache_k = jax.lax.dynamic_update_slice(
+            cache_k, k.transpose(0, 2, 3, 1)[None].astype(cache_k.dtype), (layer, 0, 0, 0, 0))
+        cache_v = jax.lax.dynamic_update_slice(
+            cache_v, v.transpose(0, 2, 1, 3)[None].astype(cache_v.dtype), (layer, 0, 0, 0, 0))
+    o = nn.with_logical_constraint(o, ("batch", "length", "heads", "head_dim"))
+    x_MxD = x_MxD + Dense((c.hidden,), ("heads", "head_dim", "embed"), None, dt, n_in=2, name="o")(
+        o.reshape(n * t, h_, hd))
+    x_MxD = nn.with_logical_constraint(x_MxD, ("batch", "embed"))
+
+    y_MxD = RMSNorm(c.rms_eps, dt, name="mlp_norm")(x_MxD)
+    g_MxF = Dense((c.inter,), ("embed", "mlp"), None, dt, name="gate")(y_MxD)
+    u_MxF = Dense((c.inter,), ("embed", "mlp"), None, dt, name="up")(y_MxD)
+    a_MxF = nn.with_logical_constraint(nn.silu(g_MxF) * u_MxF, ("batch", "mlp"))
+    x_MxD = x_MxD + Dense((c.hidden,), ("mlp", "embed"), None, dt, name="down")(a_MxF)
+    x_MxD = nn.with_logical_constraint(x_MxD, ("batch", "embed"))
+    return (x_MxD, cache_k, cache_v, layer + 1), None
+
+
+class Transformer(nn.Module):
+  """Returns (final-normed hidden [N, T, D], head weight [D, V] fp32, updated cache or None)."""
+  cfg: ModelConfig
+  mode: str = "train"
+
+  @nn.compact
+  def __call__(self, tokens_NxT, positions_NxT, mask_NxT, cache=None, index=None, kv_mask_NxS=None):
+    c, dt = self.cfg, self.cfg.compute_dtype
+    n, t = tokens_NxT.shape
+    table_VxD = Table("embedding", (c.vocab_size, c.hidden), ("vocab", "embed"), name="embed")()
+    x_MxD = jnp.take(table_VxD, tokens_NxT.reshape(-1), axis=0).astype(dt)
+    x_MxD = nn.with_logical_constraint(x_MxD, ("batch", "embed"))
+
+    block = Block
+    if self.mode == "train" and c.remat != "none":
+      block = nn.remat(Block, policy=_REMAT_POLICIES[c.remat], prevent_cse=False)
+    stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
+                    in_axes=(nn.broadcast,) * 4, length=c.layers,
+                    metadata_params={nn.PARTITION_NAME: "layers"})
+    ck, cv = (None, None) if cache is None else (cache["k"], cache["v"])
+    index = jnp.zeros((), jnp.int32) if index is None else jnp.asarray(index, jnp.int32)
+    carry = (x_MxD, ck, cv, jnp.zeros((), jnp.int32))
+    (x_MxD, ck, cv, _), _ = stack(c, self.mode, name="layers")(carry, positions_NxT, mask_NxT, index,
+                                                                 kv_mask_NxS)
+    h_NxTxD = RMSNorm(c.rms_eps, dt, name="final_norm")(x_MxD).reshape(n, t, c.hidden)
+    if c.tie_embeddings:
+      head_DxV = table_VxD.T
+    else:
+      head_DxV = Table("kernel", (c.hidden, c.vocab_size), ("embed", "vocab"), name="lm_head")()
+    new_cache = None if cache is None else {"k": ck, "v": cv}
+    return h_NxTxD, head_DxV, new_cache
+
+
+# ------------------------------------------------------------------------------------------ functional API
+
+
+def _head(mcfg: ModelConfig, h_XxD: jax.Array, head_DxV: jax.Array) -> jax.Array:
+  """Logits in float32 (accumulated in fp32 even under bf16 compute: log-prob ratios are sensitive)."""
+  dt = mcfg.compute_dtype
+  logits = jnp.einsum("...d,dv->...v", h_XxD.astype(dt), head_DxV.astype(dt), preferred_element_type=jnp.float32)
+  return nn.with_logical_constraint(logits, ("batch",) + (None,) * (logits.ndim - 2) + ("vocab",))
+
+
+def _dummy_inputs():
+  one = jnp.ones((1, 1), jnp.int32)
+  return one, one * 0, one
+
+
+def init_params(mcfg: ModelConfig, rng: jax.Array) -> Params:
+  """Plain nested dict of float32 arrays (no 'params' wrapper, no partitioning boxes)."""
+  init = jax.jit(lambda r: nn.meta.unbox(Transformer(mcfg).init(r, *_dummy_inputs())["params"]))
+  return flax.core.unfreeze(init(rng))
+
+
+def param_axes(mcfg: ModelConfig) -> Params:
+  """PartitionSpecs of logical axis names, same structure as `init_params` (allocates nothing)."""
+  abstract = jax.eval_shape(lambda: Transformer(mcfg).init(jax.random.PRNGKey(0), *_dummy_inputs()))
+  return flax.core.unfreeze(nn.get_partition_spec(abstract)["params"])
+
+
+def cache_axes() -> dict[str, PartitionSpec]:
+  """Logical axes of the KV cache from `init_cache` (same structure)."""
+  return {"k": PartitionSpec("layers", "batch", "kv_heads", "head_dim", "cache_len"),
+          "v": PartitionSpec("layers", "batch", "kv_heads", "cache_len", "head_dim")}
+
+
+def _apply(mcfg, params, mode, tokens, positions, mask, cache=None, index=None, kv_mask=None):
+  return Transformer(mcfg, mode).apply({"params": params}, tokens, positions, mask, cache, index, kv_mask)
+
+
+def forward(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_NxT: jax.Array,
+            mask_NxT: jax.Array) -> jax.Array:
+  """Logits [N, T, V] in float32; attention is causal and ignores keys where mask == 0 (left padding)."""
+  h_NxTxD, head_DxV, _ = _apply(mcfg, params, "train", tokens_NxT, positions_NxT, mask_NxT)
+  return _head(mcfg, h_NxTxD, head_DxV)
+
+
+def token_logprobs(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_NxT: jax.Array,
+                   mask_NxT: jax.Array, temperature: float | jax.Array = 1.0,
+                   chunk: int = 128) -> tuple[jax.Array, jax.Array]:
+  """(logp_NxT, entropy_NxT) of softmax(logits / temperature), aligned to the token they predict.
+
+  logp[:, t] = log p(tokens[:, t] | tokens[:, <t]) and entropy[:, t] is the entropy of that same distribution;
+  column 0 is 0 in both. Values at pad positions are not masked. The N×T×V log-softmax is computed `chunk`
+  positions at a time under `jax.checkpoint`, so neither the forward nor the backward pass holds it whole.
+  """
+  n, t = tokens_NxT.shape
+  h_NxTxD, head_DxV, _ = _apply(mcfg, params, "train", tokens_NxT, positions_NxT, mask_NxT)
+  next_NxT = jnp.concatenate([tokens_NxT[:, 1:], jnp.zeros((n, 1), tokens_NxT.dtype)], axis=1)
+  inv_temp = 1.0 / jnp.asarray(temperature, jnp.float32)
+
+  @jax.checkpoint
+  def one_chunk(h_NxCxD, next_NxC):
+    logits_NxCxV = _head(mcfg, h_NxCxD, head_DxV) * inv_temp
+    logp_NxCxV = jax.nn.log_softmax(logits_NxCxV, axis=-1)
+    logp_NxC = jnp.take_along_axis(logp_NxCxV, next_NxC[..., None], axis=-1)[..., 0]
+    ent_NxC = -jnp.sum(jnp.exp(logp_NxCxV) * logp_NxCxV, axis=-1)
+    return logp_NxC, ent_NxC
+
+  c = max(1, min(int(chunk), t))
+  n_chunks = -(-t // c)
+  pad = n_chunks * c - t
+  if n_chunks == 1:
+    logp_NxT, ent_NxT = one_chunk(h_NxTxD, next_NxT)
+  else:
+    h_p = jnp.pad(h_NxTxD, ((0, 0), (0, pad), (0, 0)))
+    nx_p = jnp.pad(next_NxT, ((0, 0), (0, pad)))
+    h_CnxNxCxD = h_p.reshape(n, n_chunks, c, -1).transpose(1, 0, 2, 3)
+    nx_CnxNxC = nx_p.reshape(n, n_chunks, c).transpose(1, 0, 2)
+    logp, ent = jax.lax.map(lambda a: one_chunk(*a), (h_CnxNxCxD, nx_CnxNxC))
+    logp_NxT = logp.transpose(1, 0, 2).reshape(n, -1)[:, :t]
+    ent_NxT = ent.transpose(1, 0, 2).reshape(n, -1)[:, :t]
+  # shift right: the distribution at t-1 predicts token t
+  zeros = jnp.zeros((n, 1), jnp.float32)
+  return (jnp.concatenate([zeros, logp_NxT[:, :-1]], axis=1), jnp.concatenate([zeros, ent_NxT[:, :-1]], axis=1))
+
+
+def init_cache(mcfg: ModelConfig, n: int, length: int) -> Cache:
+  """Zeroed KV cache in the compute dtype: k [L, N, K, Dh, S], v [L, N, K, S, Dh]."""
+  shape = (mcfg.layers, n, mcfg.kv_heads)
+  dt = mcfg.compute_dtype
+  return {"k": jnp.zeros(shape + (mcfg.head_dim, length), dt), "v": jnp.zeros(shape + (length, mcfg.head_dim), dt)}
+
+
+def prefill(mcfg: ModelConfig, params: Params, tokens_NxP: jax.Array, positions_NxP: jax.Array,
+            mask_NxP: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
+  """Runs the (left-padded) prompt, writes its K/V into cache slots [0, P), returns logits at the last slot."""
+  if cache["k"].shape[-1] < tokens_NxP.shape[1]:
+    raise ValueError(f"cache length {cache['k'].shape[-1]} < prompt length {tokens_NxP.shape[1]}; "
+                     "make init_cache(length=...) at least P + new tokens.")
+  h_NxPxD, head_DxV, cache = _apply(mcfg, params, "prefill", tokens_NxP, positions_NxP, mask_NxP, cache)
+  return _head(mcfg, h_NxPxD[:, -1], head_DxV), cache
+
+
+def decode_step(mcfg: ModelConfig, params: Params, token_N: jax.Array, position_N: jax.Array, cache: Cache,
+                index: jax.Array | int, kv_mask_NxS: jax.Array) -> tuple[jax.Array, Cache]:
+  """Feeds one token per row into cache slot `index`; attends to slots s <= index where kv_mask_NxS[:, s]."""
+  tokens, positions = token_N[:, None], position_N[:, None]
+  h_Nx1xD, head_DxV, cache = _apply(mcfg, params, "decode", tokens, positions, None, cache, index, kv_mask_NxS)
+  return _head(mcfg, h_Nx1xD[:, 0], head_DxV), cache
