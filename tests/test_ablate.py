@@ -1,0 +1,134 @@
+"""The ablation harness: t-quantiles and CI math against hard-coded values, table files, resume without recomputing."""
+import csv
+import math
+
+import ml_collections
+import numpy as np
+import pytest
+
+from grpo_jax import ablate
+from grpo_jax.ablations import report
+from grpo_jax.ablations import stats
+
+# Student t quantiles t_{0.975, df} (two-sided 95%) from published tables, to 9 significant digits.
+T975 = {1: 12.7062047, 2: 4.30265273, 3: 3.18244631, 4: 2.77644511, 5: 2.57058184, 9: 2.26215716,
+        10: 2.22813885, 30: 2.04227246}
+
+
+@pytest.mark.parametrize("df", sorted(T975))
+def test_t_quantile_matches_table(df):
+  assert stats.t_quantile(0.975, df) == pytest.approx(T975[df], abs=2e-7)
+
+
+def test_t_quantile_other_levels_and_symmetry():
+  assert stats.t_quantile(0.95, 4) == pytest.approx(2.13184679, abs=2e-7)
+  assert stats.t_quantile(0.995, 2) == pytest.approx(9.92484320, abs=2e-6)
+  assert stats.t_quantile(0.025, 3) == pytest.approx(-T975[3], abs=2e-7)
+  assert stats.t_cdf(0.0, 7) == pytest.approx(0.5, abs=1e-12)
+  with pytest.raises(ValueError, match="df"):
+    stats.t_quantile(0.975, 0)
+
+
+def test_summarize_by_hand():
+  s = stats.summarize([1.0, 2.0, 3.0, 4.0, 5.0])
+  sd = math.sqrt(2.5)
+  assert (s.n, s.mean) == (5, 3.0)
+  assert s.std == pytest.approx(sd)
+  assert s.half_width == pytest.approx(T975[4] * sd / math.sqrt(5), rel=1e-7)
+  one = stats.summarize([7.0])
+  assert one.n == 1 and math.isnan(one.half_width) and one.fmt() == "7"
+  # A NaN seed is dropped, not averaged in.
+  assert stats.summarize([1.0, float("nan"), 3.0]).n == 2
+
+
+def test_band_and_resolvable_difference():
+  y = np.array([[0.0, 1.0], [2.0, 1.0], [4.0, 1.0]])
+  mean, hw = stats.band(y)
+  np.testing.assert_allclose(mean, [2.0, 1.0])
+  np.testing.assert_allclose(hw, [T975[2] * 2.0 / math.sqrt(3), 0.0], rtol=1e-7)
+  a, b = stats.summarize([1.0, 2.0, 3.0]), stats.summarize([5.0, 6.0, 7.0])
+  # Equal variances s² = 1, n = 3: t_{0.975, 4}·√(2/3).
+  assert stats.resolvable_difference([a, b]) == pytest.approx(T975[4] * math.sqrt(2 / 3), rel=1e-7)
+
+
+# --------------------------------------------------------------------------------------------- harness
+
+
+class FakeTable:
+  """A table whose cells are known numbers; counts how often each cell really runs."""
+  TITLE = "fake"
+  CLAIM = "b beats a"
+
+  def __init__(self, fail_on: str = ""):
+    self.calls: list[str] = []
+    self.fail_on = fail_on
+
+  def variants(self, cfg):
+    return ["a", "b", "c=1"]
+
+  def run_cell(self, cfg, variant, seeds):
+    if variant == self.fail_on:
+      raise KeyboardInterrupt  # an interrupted run
+    self.calls.append(variant)
+    off = {"a": 0.0, "b": 10.0, "c=1": 20.0}[variant]
+    return {"scalars": {"acc": [off + s for s in seeds], "const": [1.0] * len(seeds)},
+            "curves": {"train/reward": {"x": [0, 1, 2], "y": [[off, off + s, off + 2 * s] for s in seeds]}}}
+
+  def verdict(self, cfg, summ):
+    return "b > a" if summ["b"]["acc"].mean > summ["a"]["acc"].mean else "no"
+
+
+def _cfg(seeds=5):
+  return ml_collections.ConfigDict(dict(table="fake", seeds=seeds, columns=("acc",)))
+
+
+def test_writes_md_csv_png_with_correct_ci(tmp_path):
+  t = FakeTable()
+  md = ablate.run(_cfg(), str(tmp_path), command="cmd", table=t, log=lambda s: None)
+  assert t.calls == ["a", "b", "c=1"]
+  rows = list(csv.DictReader(open(tmp_path / "table.csv")))
+  got = {(r["variant"], r["metric"]): r for r in rows}
+  hw = T975[4] * math.sqrt(2.5) / math.sqrt(5)   # seeds 0..4: sd √2.5
+  r = got[("b", "acc")]
+  assert int(r["n"]) == 5 and float(r["mean"]) == pytest.approx(12.0)
+  assert float(r["ci95_half_width"]) == pytest.approx(hw, rel=1e-7)
+  assert float(r["ci95_low"]) == pytest.approx(12.0 - hw, rel=1e-7)
+  assert float(got[("a", "const")]["ci95_half_width"]) == 0.0
+  assert f"| b | 12 ± {hw:.2g} |" in md and "b > a" in md and "cmd" in md
+  assert "Smallest difference" in md
+  png = tmp_path / "train_reward.png"
+  assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+  assert (tmp_path / "table.md").read_text() == md
+
+
+def test_resume_skips_finished_cells(tmp_path):
+  t1 = FakeTable(fail_on="c=1")
+  with pytest.raises(KeyboardInterrupt):
+    ablate.run(_cfg(), str(tmp_path), table=t1, log=lambda s: None)
+  assert t1.calls == ["a", "b"]
+  assert not (tmp_path / "table.md").exists()
+  t2 = FakeTable()
+  md = ablate.run(_cfg(), str(tmp_path), table=t2, log=lambda s: None)
+  assert t2.calls == ["c=1"]  # only the unfinished cell ran
+  t3 = FakeTable()
+  md3 = ablate.run(_cfg(), str(tmp_path), table=t3, log=lambda s: None)
+  assert t3.calls == [] and md3.split("\n", 6)[6] == md.split("\n", 6)[6]  # same table, only the timing differs
+
+
+def test_cells_from_another_config_are_refused(tmp_path):
+  ablate.run(_cfg(), str(tmp_path), table=FakeTable(), log=lambda s: None)
+  with pytest.raises(ValueError, match="different config"):
+    ablate.run(_cfg(seeds=3), str(tmp_path), table=FakeTable(), log=lambda s: None)
+
+
+def test_bad_cell_shape_is_named(tmp_path):
+  class Bad(FakeTable):
+    def run_cell(self, cfg, variant, seeds):
+      return {"scalars": {"acc": [1.0]}, "curves": {}}
+  with pytest.raises(ValueError, match="'acc' has 1 values for 5 seeds"):
+    ablate.run(_cfg(), str(tmp_path), table=Bad(), log=lambda s: None)
+
+
+def test_single_run_cells_say_exact():
+  md = report.markdown({"x": {"scalars": {"bytes": [10.0]}}}, title="t", claim="c")
+  assert "| x | 10 |" in md and "exact" in md
