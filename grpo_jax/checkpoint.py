@@ -2,8 +2,8 @@
 
 Layout of `directory` (orbax's): `<step>/state` (the state pytree, `StandardSave`), `<step>/meta` (JSON dict with
 at least `step`, the data-iterator position), `<step>/commit_success.txt` (orbax's commit marker). Steps that a
-fallback skipped are moved to `directory/corrupt/<step>-<unix time>` so that orbax neither lists them nor refuses
-to save at their step again.
+fallback skipped, and uncommitted step dirs found when a `Checkpointer` opens, are moved to
+`directory/corrupt/<step>-<unix time>` so that orbax neither lists them nor refuses to save at their step again.
 
 Every function here must be called on all processes (orbax runs the collectives and lets one host write).
 """
@@ -86,6 +86,16 @@ class Checkpointer:
       raise ValueError(f'keep={keep} must be >= 1 (config.train.keep_checkpoints)')
     self.directory = _path(directory)
     self.save_every = save_every
+    self._manager = None
+    _, partial = _step_dirs(self.directory)
+    if jax.process_count() > 1:  # all processes list before process 0 moves anything, so they agree on `partial`
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices('grpo_jax.checkpoint.listed')
+    if partial:  # a save that crashed before its commit (commit-file mode on GCS): orbax would list and keep it
+      for step in partial:
+        logging.warning('checkpoint step %d in %s has no %s (partial write); moving it aside', step,
+                        self.directory, _COMMIT_MARKER)
+      self._quarantine(partial)
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
@@ -166,7 +176,8 @@ class Checkpointer:
     if jax.process_count() > 1:
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       multihost_utils.sync_global_devices('grpo_jax.checkpoint.quarantine')
-    self._manager.reload()
+    if self._manager is not None:
+      self._manager.reload()
 
   def wait(self) -> None:
     """Blocks until pending async saves are on disk."""

@@ -161,9 +161,13 @@ def test_bad_newest_falls_back_with_warning(tmp_path, states, caplog, corrupt):
 def test_uncommitted_newest_is_not_latest(tmp_path, states):
   _save_steps(tmp_path, states, [1, 2], async_save=False)
   _uncommitted(str(tmp_path / '2'))
-  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5, async_save=False) as ckpt:
     assert ckpt.latest_step() == 1
     assert ckpt.all_steps() == [1]
+    assert os.listdir(tmp_path / checkpoint.CORRUPT_SUBDIR)[0].startswith('2-')  # moved aside on open
+    assert ckpt.maybe_save(2, states[3])  # so step 2 can be written again
+    restored, _ = ckpt.restore(None, checkpoint.abstract_of(states[3]))
+  _assert_bit_identical(restored, states[3])
 
 
 def test_all_bad_raises_naming_directory(tmp_path, states):
@@ -219,3 +223,71 @@ def test_bad_arguments_raise(tmp_path, states):
     _, meta = ckpt.restore(0, checkpoint.abstract_of(states[1]))
   assert meta == {'step': 0, 'pos': 3, 'lr': 0.5}
   assert json.loads((tmp_path / '0' / 'meta' / 'metadata').read_text()) == meta
+
+
+_TWO_PROCESS_SCRIPT = r'''
+import glob, os, sys
+import jax, jax.numpy as jnp, numpy as np
+from jax.experimental import multihost_utils
+from jax.sharding import NamedSharding, PartitionSpec as P
+pid, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+jax.distributed.initialize(coordinator_address=f'127.0.0.1:{port}', num_processes=2, process_id=pid)
+from grpo_jax import checkpoint
+mesh = jax.make_mesh((4,), ('data',), devices=jax.devices())
+sh, rep = NamedSharding(mesh, P('data')), NamedSharding(mesh, P())
+
+def state(s):  # every process builds the same global values; each holds only its own shards
+  w = (np.arange(24, dtype=np.float32).reshape(8, 3) * s).astype(jnp.bfloat16)
+  return {'params': {'w': jax.make_array_from_callback(w.shape, sh, lambda i: w[i])},
+          'step': jax.make_array_from_callback((), rep, lambda i: np.int32(s)),
+          'rng': jax.jit(lambda: jax.random.key(s), out_shardings=rep)()}
+
+if pid == 0:  # a step dir from a save that crashed before committing
+  os.makedirs(os.path.join(directory, '7', 'state'))
+multihost_utils.sync_global_devices('partial')
+with checkpoint.Checkpointer(directory, save_every=1, keep=3, async_save=True) as ckpt:
+  assert ckpt.latest_step() is None and not os.path.exists(os.path.join(directory, '7'))
+  for s in (1, 2):
+    ckpt.maybe_save(s, state(s), {'data_pos': s})
+  ckpt.wait()
+  multihost_utils.sync_global_devices('saved')
+  if pid == 0:  # damage the newest step the way a crash or bad disk would
+    for f in glob.glob(os.path.join(directory, '2', 'state', '**', 'd', '*'), recursive=True):
+      open(f, 'wb').write(b'\0' * 8)
+  multihost_utils.sync_global_devices('corrupted')
+  restored, meta = ckpt.restore(None, checkpoint.abstract_of(state(2)))
+  want = state(1)
+  for got, exp in zip(restored['params']['w'].addressable_shards, want['params']['w'].addressable_shards):
+    assert got.index == exp.index and np.array_equal(np.asarray(got.data), np.asarray(exp.data)), got.index
+  assert restored['params']['w'].sharding == sh and int(restored['step']) == 1, restored['step']
+  assert np.array_equal(jax.random.key_data(restored['rng']), jax.random.key_data(want['rng']))
+  assert meta == {'step': 1, 'data_pos': 1}, meta
+  assert ckpt.latest_step() == 1 and ckpt.maybe_save(2, state(2))
+  ckpt.wait()
+  assert ckpt.restore(None, checkpoint.abstract_of(state(2)))[1]['step'] == 2
+print('OK', pid, flush=True)
+'''
+
+
+def test_two_processes_save_corrupt_fallback_resave(tmp_path):
+  """Two jax.distributed processes (2 CPU devices each) share one checkpoint directory."""
+  import socket
+  import subprocess
+  import sys
+  with socket.socket() as s:
+    s.bind(('127.0.0.1', 0))
+    port = s.getsockname()[1]
+  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=2',
+             PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  procs = [subprocess.Popen([sys.executable, '-c', _TWO_PROCESS_SCRIPT, str(i), str(port), str(tmp_path / 'ck')],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
+  outs = []
+  for p in procs:
+    try:
+      outs.append(p.communicate(timeout=120)[0])
+    except subprocess.TimeoutExpired:
+      for q in procs:
+        q.kill()
+      raise
+  for i, (p, out) in enumerate(zip(procs, outs)):
+    assert p.returncode == 0 and f'OK {i}' in out, out[-3000:]
