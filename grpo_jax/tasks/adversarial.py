@@ -144,6 +144,10 @@ def _completion(task, tok, cat: str, ex: dict, rng) -> list[int]:
   if cat == "random_tokens":
     n = int(rng.integers(1, 200))
     ids = [int(x) for x in rng.integers(0, tok.vocab_size, size=n)]
+    if rng.random() < 0.3:  # random bodies inside a well-formed frame
+      cut = sorted(int(x) for x in rng.integers(0, n + 1, size=2))
+      body = [i for i in ids if i not in (T, ET, A, EA, tok.eos_id)]
+      return [T] + body[:cut[0]] + [ET, A] + body[cut[1]:] + [EA] + eos
     if rng.random() < 0.5:  # sprinkle tags so that some rows get past the first checks
       for t in (T, ET, A, EA):
         ids.insert(int(rng.integers(0, len(ids) + 1)), t)

@@ -227,22 +227,29 @@ def _countdown_row(chars_K, numbers_M, nmask_M):
   return ~s.err & (s.vsp == 1), s.vals[0]
 
 
-def accuracy_reward(task, tokens_NxL, mask_NxL, batch: dict, tables: TokenTables | None = None) -> jax.Array:
-  """1.0 where format is OK and the answer body is right for `task` ('arith' | 'countdown'), else 0.0."""
+def answer_value(task, tokens_NxL, mask_NxL, batch: dict, tables: TokenTables | None = None):
+  """(valid_N, value_N): whether the format is OK and the answer body parses/evaluates under `task`'s rule."""
   task = getattr(task, "name", task)
   tables = tables or default_tables()
   p = _parse(tokens_NxL, mask_NxL, tables)
   chars, _ = _char_stream(tokens_NxL, p.answer_NxL, tables)
   if task == "arith":
     ok, val = jax.vmap(_arith_row)(chars)
-    right = ok & (val == jnp.asarray(batch["answer_N"]).astype(jnp.int32))
   elif task == "countdown":
     ok, val = jax.vmap(_countdown_row)(chars, jnp.asarray(batch["numbers_NxM"]).astype(jnp.int32),
                                        jnp.asarray(batch["numbers_mask_NxM"]).astype(bool))
-    right = ok & (val == jnp.asarray(batch["target_N"]).astype(jnp.int32))
   else:
     raise ValueError(f"task={task!r} has no in-graph verifier; use 'arith' or 'countdown'")
-  return (p.ok_N & right).astype(jnp.float32)
+  ok &= p.ok_N
+  return ok, jnp.where(ok, val, 0)
+
+
+def accuracy_reward(task, tokens_NxL, mask_NxL, batch: dict, tables: TokenTables | None = None) -> jax.Array:
+  """1.0 where format is OK and the answer body is right for `task` ('arith' | 'countdown'), else 0.0."""
+  task = getattr(task, "name", task)
+  ok, val = answer_value(task, tokens_NxL, mask_NxL, batch, tables)
+  target = batch["answer_N"] if task == "arith" else batch["target_N"]
+  return (ok & (val == jnp.asarray(target).astype(jnp.int32))).astype(jnp.float32)
 
 
 def accuracy_reward_arith(tokens_NxL, mask_NxL, batch, tables=None):
@@ -298,8 +305,9 @@ def _step_row(chars_K, width: int, max_steps: int):
     semi = c == SEMI
     slot = jnp.minimum(nsteps, max_steps - 1)
     rec = semi & (nsteps < max_steps)
-    scores = scores.at[slot].set(jnp.where(rec, score(kinds, vals, ovf), scores[slot]))
-    ends = ends.at[slot].set(jnp.where(rec, k // width, ends[slot]))
+    hit = rec & (jnp.arange(max_steps) == slot)
+    scores = jnp.where(hit, score(kinds, vals, ovf), scores)
+    ends = jnp.where(hit, k // width, ends)
     nsteps = nsteps + semi
     kinds = jnp.where(semi, _LEX_NONE, kinds)
     return (run_val, run_len, kinds, vals, ovf, nsteps, scores, ends), None

@@ -192,6 +192,27 @@ def format_reward(tokens_NxL, mask_NxL, tok=None) -> np.ndarray:
   return np.asarray([float(parse(t, m, tok) is not None) for t, m in zip(tokens_NxL, mask_NxL)], np.float32)
 
 
+def answer_value(task, tokens_NxL, mask_NxL, batch: dict, tok=None) -> tuple[np.ndarray, np.ndarray]:
+  """(valid_N, value_N) twin of verify_jax.answer_value: format OK and the answer parses / evaluates."""
+  task = getattr(task, "name", task)
+  n = len(tokens_NxL)
+  ok, val = np.zeros(n, bool), np.zeros(n, np.int64)
+  for r, (t, m) in enumerate(zip(tokens_NxL, mask_NxL)):
+    spans = parse(t, m, tok)
+    if spans is None:
+      continue
+    ans = span_text(completion(t, m), spans[1], tok)
+    if task == "arith":
+      mt = re.fullmatch(r" *(-?)([0-9]+) *", ans)
+      v = None if mt is None or len(mt.group(2)) > _MAX_DIGITS else int(mt.group(2)) * (-1 if mt.group(1) else 1)
+    elif task == "countdown":
+      v = evaluate_countdown(ans, [x for x, k in zip(batch["numbers_NxM"][r], batch["numbers_mask_NxM"][r]) if k])
+    else:
+      raise ValueError(f"task={task!r} has no token-level verifier; use 'arith' or 'countdown'")
+    ok[r], val[r] = v is not None, v or 0
+  return ok, val
+
+
 def accuracy_reward(task: str, tokens_NxL, mask_NxL, batch: dict, tok=None) -> np.ndarray:
   task = getattr(task, "name", task)
   out = np.zeros(len(tokens_NxL), np.float32)

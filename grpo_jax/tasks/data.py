@@ -1,0 +1,153 @@
+"""Batches for RL (prompts + verifier fields) and SFT (token sequences with loss masks), from the TFDS splits.
+
+Every batch is a pure function of (data, seed, step): example order is a per-epoch permutation seeded by
+(seed, epoch), so resuming needs only the step number. Prompts are LEFT-padded with pad_id and start with bos.
+`task_cfg` is a dict or ConfigDict with `name`, the task's knobs, and optionally `language` ('a'|'b'|'mixed'),
+`data_dir`, `split_seed`, `train_size`, `test_size`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Iterator
+
+import numpy as np
+
+from grpo_jax.tasks import base, cot, gsm8k, tfds_builders, tokenizer as tokenizer_lib
+
+_DEFAULTS = {"language": "a", "data_dir": None, "split_seed": 0, "train_size": 10_000, "test_size": 500}
+
+
+def _get(cfg: Any, key: str):
+  if isinstance(cfg, dict):
+    return cfg.get(key, _DEFAULTS.get(key))
+  return getattr(cfg, key, _DEFAULTS.get(key)) if hasattr(cfg, key) else _DEFAULTS.get(key)
+
+
+def make_task(task_cfg: Any):
+  """The Task (or GSM8K adapter) the config names, with the knobs the task accepts taken from the config."""
+  name = _get(task_cfg, "name")
+  if name == "gsm8k":
+    return gsm8k.GSM8K()
+  if name not in ("arith", "countdown"):
+    raise ValueError(f"task.name={name!r} is unknown; use 'arith', 'countdown' or 'gsm8k'")
+  cls = type(base.get_task(name))
+  knobs = {f.name: _get(task_cfg, f.name) for f in dataclasses.fields(cls)
+           if f.name != "name" and _get(task_cfg, f.name) is not None}
+  return base.get_task(name, **knobs)
+
+
+def load_examples(task_cfg: Any, split: str) -> list[dict]:
+  task = make_task(task_cfg)
+  if task.name == "gsm8k":
+    return gsm8k.load_split(split, _get(task_cfg, "data_dir"))
+  return tfds_builders.load_split(task, split, int(_get(task_cfg, "split_seed")), int(_get(task_cfg, "train_size")),
+                                  int(_get(task_cfg, "test_size")), _get(task_cfg, "data_dir"))
+
+
+def _languages(task_cfg, n: int, seed: int, step: int) -> np.ndarray:
+  lang = _get(task_cfg, "language")
+  if lang == "mixed":
+    return base.rng_for("language", seed, step).integers(0, 2, size=n).astype(np.int32)
+  if lang not in base.LANGUAGES:
+    raise ValueError(f"task.language={lang!r} is unknown; use 'a', 'b' or 'mixed'")
+  return np.full(n, base.LANGUAGES.index(lang), np.int32)
+
+
+def _order(n_examples: int, seed: int, step: int, batch: int) -> np.ndarray:
+  pos = step * batch + np.arange(batch)
+  epochs = pos // n_examples
+  out = np.empty(batch, np.int64)
+  for e in np.unique(epochs):
+    perm = base.rng_for("order", seed, int(e)).permutation(n_examples)
+    sel = epochs == e
+    out[sel] = perm[pos[sel] % n_examples]
+  return out
+
+
+def encode_prompts(task, examples, languages_N, tok, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
+  n = len(examples)
+  prompt = np.full((n, prompt_len), tok.pad_id, np.int32)
+  mask = np.zeros((n, prompt_len), np.int32)
+  for i, (ex, lang) in enumerate(zip(examples, languages_N)):
+    ids = [tok.bos_id] + tok.encode(base.prompt(task, ex, base.LANGUAGES[int(lang)]))
+    if len(ids) > prompt_len:
+      raise ValueError(f"task.prompt_len={prompt_len} is too short for a {len(ids)}-token prompt (example "
+                       f"{ex['index']}); set task.prompt_len >= {len(ids)} or make the task smaller")
+    prompt[i, prompt_len - len(ids):] = ids
+    mask[i, prompt_len - len(ids):] = 1
+  return prompt, mask
+
+
+def _rl_batch(task, examples, languages_N, tok, prompt_len) -> dict[str, np.ndarray]:
+  prompt, mask = encode_prompts(task, examples, languages_N, tok, prompt_len)
+  out = {"prompt_NxP": prompt, "prompt_mask_NxP": mask, "language_N": languages_N,
+         "index_N": np.asarray([ex["index"] for ex in examples], np.int32)}
+  out.update(task.batch_fields(examples))
+  return out
+
+
+def rl_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_prompts: int, seed: int,
+               start_step: int, prompt_len: int) -> Iterator[dict[str, np.ndarray]]:
+  """Endless iterator; the batch yielded k-th is batch number start_step + k (a pure function of seed and it)."""
+  if batch_prompts < 1:
+    raise ValueError(f"batch_prompts={batch_prompts} must be >= 1")
+  task = make_task(task_cfg)
+  examples = load_examples(task_cfg, split)
+  step = start_step
+  while True:
+    chosen = [examples[i] for i in _order(len(examples), seed, step, batch_prompts)]
+    yield _rl_batch(task, chosen, _languages(task_cfg, batch_prompts, seed, step), tok, prompt_len)
+    step += 1
+
+
+def eval_set(task_cfg, tok: tokenizer_lib.Tokenizer, n: int, prompt_len: int) -> dict[str, np.ndarray]:
+  """The first n held-out (test split) examples, same fields as an RL batch; language 'mixed' alternates a/b."""
+  task = make_task(task_cfg)
+  examples = load_examples(task_cfg, "test")
+  if n > len(examples):
+    raise ValueError(f"eval n={n} exceeds task.test_size={len(examples)}; lower n or raise task.test_size")
+  examples = examples[:n]
+  lang = _get(task_cfg, "language")
+  langs = (np.arange(n) % 2 if lang == "mixed" else np.full(n, base.LANGUAGES.index(lang))).astype(np.int32)
+  return _rl_batch(task, examples, langs, tok, prompt_len)
+
+
+def sft_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_size: int, seed: int, start_step: int,
+                seq_len: int, mode: str = "completion", mistake_rate: float = 0.0) -> Iterator[dict[str, np.ndarray]]:
+  """SFT sequences, right-padded. mode='completion': bos + prompt + tagged CoT solution + eos, loss on the
+  completion and eos (cold-start SFT). mode='all': bos + question + untagged worked solution + eos, loss on every
+  token after bos (base pretraining). loss_mask_NxT[t] = 1 where token t is a target."""
+  if mode not in ("completion", "all"):
+    raise ValueError(f"mode={mode!r} is unknown; use 'completion' or 'all'")
+  task = make_task(task_cfg)
+  if task.name == "gsm8k":
+    raise ValueError("task.name='gsm8k' has no step-by-step reference solutions here; SFT uses arith or countdown")
+  examples = load_examples(task_cfg, split)
+  step = start_step
+  while True:
+    chosen = [examples[i] for i in _order(len(examples), seed, step, batch_size)]
+    langs = _languages(task_cfg, batch_size, seed, step)
+    mistakes = base.rng_for("mistakes", seed, step).random(batch_size) < mistake_rate
+    tokens = np.full((batch_size, seq_len), tok.pad_id, np.int32)
+    loss = np.zeros((batch_size, seq_len), np.int32)
+    mask = np.zeros((batch_size, seq_len), np.int32)
+    for i, ex in enumerate(chosen):
+      lang = base.LANGUAGES[int(langs[i])]
+      if mode == "completion":
+        head = [tok.bos_id] + tok.encode(base.prompt(task, ex, lang))
+        tail = tok.encode(cot.solution(ex, lang, mistake=bool(mistakes[i]))) + [tok.eos_id]
+      else:
+        head = [tok.bos_id]
+        tail = tok.encode(task.question(ex, lang) + " " + cot.solution(ex, lang, bool(mistakes[i]), False))
+        tail += [tok.eos_id]
+      ids = head + tail
+      if len(ids) > seq_len:
+        raise ValueError(f"seq_len={seq_len} is too short for a {len(ids)}-token SFT sequence (example "
+                         f"{ex['index']}); raise it to >= {len(ids)}")
+      tokens[i, :len(ids)] = ids
+      mask[i, :len(ids)] = 1
+      loss[i, len(head):len(ids)] = 1
+    positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+    yield {"tokens_NxT": tokens, "positions_NxT": positions, "mask_NxT": mask, "loss_mask_NxT": loss,
+           "language_N": langs, "index_N": np.asarray([ex["index"] for ex in chosen], np.int32)}
+    step += 1

@@ -1,0 +1,73 @@
+"""GSM8K read from a local TFDS data dir (no download here), fed to the same prompt pipeline; Python-verified.
+
+The final answer is the text after '####' in the reference solution (commas removed). A completion is right iff its
+format is OK (verify_py grammar) and its answer body, stripped of spaces, '$' and ',', is a number equal to it.
+"""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from grpo_jax.tasks import tokenizer as tokenizer_lib, verify_py
+
+_QUESTION = {"a": "{q}", "b": "{q}"}  # questions are English text; the template around them carries the language
+
+
+def final_answer(solution: str) -> str:
+  if "####" not in solution:
+    raise ValueError("GSM8K answer has no '####' final-answer marker; is task.data_dir a real gsm8k dir?")
+  return solution.split("####")[-1].strip().replace(",", "")
+
+
+class GSM8K:
+  """Task-like adapter (question / answer_text / batch_fields) over records, for data.py."""
+
+  name = "gsm8k"
+
+  def question(self, ex: dict, language: str) -> str:
+    return _QUESTION[language].format(q=ex["question"])
+
+  def answer_text(self, ex: dict) -> str:
+    return ex["final"]
+
+  def batch_fields(self, examples: list[dict]) -> dict[str, np.ndarray]:
+    return {"answer_text_N": np.asarray([ex["final"] for ex in examples], dtype=str)}
+
+
+def _text(x) -> str:
+  return x.decode() if isinstance(x, bytes) else str(x)
+
+
+def load_split(split: str, data_dir: str | None = None) -> list[dict]:
+  """Examples {index, question, solution, final} in record order."""
+  import tensorflow_datasets.text.gsm8k  # noqa: F401  (registers the builder; NOTES.md)
+  source = tfds.data_source("gsm8k", split=split, data_dir=data_dir, download=False)
+  out = []
+  for i in range(len(source)):
+    r = source[i]
+    sol = _text(r["answer"])
+    out.append({"index": i, "question": _text(r["question"]), "solution": sol, "final": final_answer(sol)})
+  return out
+
+
+def _number(text: str) -> float | None:
+  t = re.sub(r"[ $,]", "", text)
+  return float(t) if re.fullmatch(r"-?[0-9]+(\.[0-9]+)?", t) else None
+
+
+def accuracy(answer_body: str, final: str) -> float:
+  got, want = _number(answer_body), _number(final)
+  return float(got is not None and want is not None and got == want)
+
+
+def accuracy_reward(tokens_NxL, mask_NxL, batch: dict, tok: tokenizer_lib.Tokenizer | None = None) -> np.ndarray:
+  """Python reward (for jax.pure_callback): format OK and the answer body equals the final answer."""
+  out = np.zeros(len(tokens_NxL), np.float32)
+  for n, (t, m) in enumerate(zip(tokens_NxL, mask_NxL)):
+    spans = verify_py.parse(t, m, tok)
+    if spans is not None:
+      body = verify_py.span_text(verify_py.completion(t, m), spans[1], tok)
+      out[n] = accuracy(body, str(batch["answer_text_N"][n]))
+  return out

@@ -1,0 +1,96 @@
+"""The synthetic tasks as TFDS array_record datasets (built on first use, read back without TensorFlow).
+
+Each record is {index, json}: the example as JSON. Content is a pure function of (task knobs, seed, sizes) and is
+encoded in the config name, so a data dir never mixes datasets. TFDS shuffles records on write; readers sort by index.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from grpo_jax.tasks import base
+
+DEFAULT_DATA_DIR = os.path.join(os.path.expanduser("~"), ".cache", "grpo_jax", "tfds")
+
+
+@dataclasses.dataclass(eq=False)
+class TaskConfig(tfds.core.BuilderConfig):
+  task_name: str = ""
+  knobs_json: str = "{}"
+  seed: int = 0
+  train_size: int = 0
+  test_size: int = 0
+
+  def task(self) -> base.Task:
+    return base.get_task(self.task_name, **json.loads(self.knobs_json))
+
+
+def make_config(task: base.Task, seed: int, train_size: int, test_size: int) -> TaskConfig:
+  name = f"{task.config_name()}_s{seed}_n{train_size}_{test_size}"
+  return TaskConfig(name=name, task_name=task.name, knobs_json=json.dumps(task.knobs(), sort_keys=True), seed=seed,
+                    train_size=train_size, test_size=test_size)
+
+
+class _TaskBuilder(tfds.core.GeneratorBasedBuilder):
+  VERSION = tfds.core.Version("1.0.0")
+  RELEASE_NOTES = {"1.0.0": "Initial release."}
+  # No checksums file to locate: TFDS's lookup of one needs the `importlib_resources` package, which the pure-JAX
+  # venv does not ship, and a synthetic dataset downloads nothing.
+  code_path = None
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    # Built directly: dataset_info_from_configs() wants package metadata this module does not ship (NOTES.md).
+    return tfds.core.DatasetInfo(
+        builder=self, description=__doc__,
+        features=tfds.features.FeaturesDict({"index": tfds.features.Scalar(dtype=np.int64),
+                                             "json": tfds.features.Text()}))
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # synthetic: nothing to download
+    return {"train": self._generate_examples("train"), "test": self._generate_examples("test")}
+
+  def _generate_examples(self, split: str):
+    cfg: TaskConfig = self.builder_config
+    n = cfg.train_size if split == "train" else cfg.test_size
+    for ex in cfg.task().examples(cfg.seed, split, n, cfg.test_size):
+      yield ex["index"], {"index": ex["index"], "json": json.dumps(ex, sort_keys=True)}
+
+
+class ArithTask(_TaskBuilder):
+  """Two-operand arithmetic (grpo_jax.tasks.arith)."""
+
+
+class CountdownTask(_TaskBuilder):
+  """Countdown (grpo_jax.tasks.countdown)."""
+
+
+_BUILDERS = {"arith": "arith_task", "countdown": "countdown_task"}
+
+
+def _decode(record: dict) -> dict:
+  text = record["json"]
+  ex = json.loads(text.decode() if isinstance(text, bytes) else text)
+  for k in ("numbers", "steps"):
+    if k in ex:
+      ex[k] = tuple(tuple(x) if isinstance(x, list) else x for x in ex[k])
+  return ex
+
+
+def load_split(task: base.Task, split: str, seed: int, train_size: int, test_size: int,
+               data_dir: str | None = None) -> list[dict]:
+  """All examples of a split in index order, building the dataset into `data_dir` on first use."""
+  if task.name not in _BUILDERS:
+    raise ValueError(f"task.name={task.name!r} has no TFDS builder; use one of {sorted(_BUILDERS)}")
+  if split not in base.SPLITS:
+    raise ValueError(f"split={split!r} is unknown; use one of {base.SPLITS}")
+  data_dir = data_dir or DEFAULT_DATA_DIR
+  tfds.disable_progress_bar()
+  source = tfds.data_source(_BUILDERS[task.name], data_dir=data_dir, split=split, download=True,
+                            builder_kwargs={"config": make_config(task, seed, train_size, test_size),
+                                            "file_format": "array_record"})
+  examples = [_decode(r) for r in source.__getitems__(list(range(len(source))))]
+  return sorted(examples, key=lambda ex: ex["index"])
