@@ -100,7 +100,6 @@ class Checkpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(
             max_to_keep=keep, save_interval_steps=1, enable_async_checkpointing=async_save, create=True),
-        item_names=(_STATE, _META),
     )
 
   def maybe_save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None, force: bool = False) -> bool:
