@@ -230,16 +230,16 @@ def _countdown_row(chars_K, numbers_M, nmask_M):
 def answer_value(task, tokens_NxL, mask_NxL, batch: dict, tables: TokenTables | None = None):
   """(valid_N, value_N): whether the format is OK and the answer body parses/evaluates under `task`'s rule."""
   task = getattr(task, "name", task)
+  if task not in ("arith", "countdown"):
+    raise ValueError(f"task={task!r} has no in-graph verifier; use 'arith' or 'countdown'")
   tables = tables or default_tables()
   p = _parse(tokens_NxL, mask_NxL, tables)
   chars, _ = _char_stream(tokens_NxL, p.answer_NxL, tables)
   if task == "arith":
     ok, val = jax.vmap(_arith_row)(chars)
-  elif task == "countdown":
+  else:
     ok, val = jax.vmap(_countdown_row)(chars, jnp.asarray(batch["numbers_NxM"]).astype(jnp.int32),
                                        jnp.asarray(batch["numbers_mask_NxM"]).astype(bool))
-  else:
-    raise ValueError(f"task={task!r} has no in-graph verifier; use 'arith' or 'countdown'")
   ok &= p.ok_N
   return ok, jnp.where(ok, val, 0)
 
