@@ -10,8 +10,6 @@ from __future__ import annotations
 import dataclasses
 import re
 
-import numpy as np
-
 from grpo_jax.tasks import base
 
 # Word lists of the two languages; index i of WORDS_B translates index i of WORDS_A. Disjoint by construction.
@@ -180,7 +178,3 @@ def recheck_stats(text: str) -> tuple[int, int]:
         and score_step(steps[i]):
       fixed += 1
   return phrases, fixed
-
-
-def all_words() -> np.ndarray:
-  return np.asarray(WORDS_A + WORDS_B)

@@ -14,7 +14,9 @@ import tensorflow_datasets as tfds
 
 from grpo_jax.tasks import base
 
-DEFAULT_DATA_DIR = os.path.join(os.path.expanduser("~"), ".cache", "grpo_jax", "tfds")
+# Overridable per call (task.data_dir) or for the whole process with $GRPO_JAX_DATA_DIR.
+DEFAULT_DATA_DIR = os.environ.get("GRPO_JAX_DATA_DIR",
+                                  os.path.join(os.path.expanduser("~"), ".cache", "grpo_jax", "tfds"))
 
 
 @dataclasses.dataclass(eq=False)

@@ -1,0 +1,169 @@
+"""TFDS build/read-back, RL/SFT/eval batches (shapes, left padding, determinism, resume), GSM8K under mock data."""
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from grpo_jax.tasks import base, cot, data, gsm8k, tfds_builders, tokenizer as tokenizer_lib, verify_py
+
+P = 96
+
+
+@pytest.fixture(scope="module")
+def tok():
+  return tokenizer_lib.load()
+
+
+@pytest.fixture(scope="module")
+def cfgs(tmp_path_factory):
+  d = str(tmp_path_factory.mktemp("tfds"))
+  common = {"data_dir": d, "train_size": 120, "test_size": 30, "language": "mixed"}
+  return {"arith": dict(common, name="arith", max_digits=2), "countdown": dict(common, name="countdown")}
+
+
+def test_tfds_roundtrip_matches_generator(cfgs, tmp_path):
+  task = data.make_task(cfgs["countdown"])
+  train = data.load_examples(cfgs["countdown"], "train")
+  assert [ex["index"] for ex in train] == list(range(120))
+  assert train == task.examples(0, "train", 120, 30)
+  # Built again into another dir: identical content (deterministic build).
+  again = tfds_builders.load_split(task, "train", 0, 120, 30, str(tmp_path))
+  assert again == train
+  test = data.load_examples(cfgs["countdown"], "test")
+  assert not {task.key(e) for e in test} & {task.key(e) for e in train}
+
+
+@pytest.mark.parametrize("name", ["arith", "countdown"])
+def test_rl_batch_shapes_padding_and_fields(cfgs, tok, name):
+  cfg = cfgs[name]
+  task = data.make_task(cfg)
+  examples = data.load_examples(cfg, "train")
+  b = next(data.rl_batches(cfg, tok, "train", 8, seed=3, start_step=0, prompt_len=P))
+  assert b["prompt_NxP"].shape == (8, P) and b["prompt_NxP"].dtype == np.int32
+  for r in range(8):
+    m = b["prompt_mask_NxP"][r]
+    k = int(m.sum())
+    assert (m[:P - k] == 0).all() and (m[P - k:] == 1).all()  # left padded
+    assert (b["prompt_NxP"][r, :P - k] == tok.pad_id).all() and b["prompt_NxP"][r, P - k] == tok.bos_id
+    ex = examples[b["index_N"][r]]
+    lang = base.LANGUAGES[b["language_N"][r]]
+    assert tok.decode(b["prompt_NxP"][r, P - k + 1:]) == base.prompt(task, ex, lang)
+    if name == "arith":
+      assert b["answer_N"][r] == ex["answer"]
+    else:
+      assert list(b["numbers_NxM"][r]) == list(ex["numbers"]) and b["target_N"][r] == ex["target"]
+      assert b["numbers_mask_NxM"][r].all()
+
+
+def test_rl_determinism_resume_and_epochs(cfgs, tok):
+  cfg = cfgs["arith"]
+  it = data.rl_batches(cfg, tok, "train", 8, seed=5, start_step=0, prompt_len=P)
+  first = [next(it) for _ in range(20)]
+  again = data.rl_batches(cfg, tok, "train", 8, seed=5, start_step=0, prompt_len=P)
+  resumed = data.rl_batches(cfg, tok, "train", 8, seed=5, start_step=13, prompt_len=P)
+  a0 = next(again)
+  for k in first[0]:
+    np.testing.assert_array_equal(a0[k], first[0][k])
+  for step in (13, 14):
+    r = next(resumed)
+    for k in r:
+      np.testing.assert_array_equal(r[k], first[step][k])
+  # 120 examples / 8 per batch = 15 steps per epoch: each example exactly once per epoch.
+  seen = np.concatenate([b["index_N"] for b in first[:15]])
+  assert sorted(seen) == list(range(120))
+  other = next(data.rl_batches(cfg, tok, "train", 8, seed=6, start_step=0, prompt_len=P))
+  assert not np.array_equal(other["index_N"], first[0]["index_N"])
+  langs = np.concatenate([b["language_N"] for b in first])
+  assert 0.3 < langs.mean() < 0.7  # 'mixed'
+
+
+def test_prompt_too_long_names_the_key(cfgs, tok):
+  with pytest.raises(ValueError, match="task.prompt_len"):
+    next(data.rl_batches(cfgs["countdown"], tok, "train", 2, seed=0, start_step=0, prompt_len=10))
+  with pytest.raises(ValueError, match="task.language"):
+    next(data.rl_batches(dict(cfgs["arith"], language="c"), tok, "train", 2, seed=0, start_step=0, prompt_len=P))
+  with pytest.raises(ValueError, match="task.name"):
+    data.make_task({"name": "sudoku"})
+
+
+def test_eval_set_fixed_held_out(cfgs, tok):
+  e1 = data.eval_set(cfgs["countdown"], tok, 10, P)
+  e2 = data.eval_set(cfgs["countdown"], tok, 10, P)
+  for k in e1:
+    np.testing.assert_array_equal(e1[k], e2[k])
+  np.testing.assert_array_equal(e1["index_N"], np.arange(10))
+  np.testing.assert_array_equal(e1["language_N"], np.arange(10) % 2)
+  test = data.load_examples(cfgs["countdown"], "test")
+  np.testing.assert_array_equal(e1["target_N"], [ex["target"] for ex in test[:10]])
+
+
+def test_sft_completion_batches(cfgs, tok):
+  cfg = cfgs["countdown"]
+  examples = data.load_examples(cfg, "train")
+  T = 224
+  b = next(data.sft_batches(cfg, tok, "train", 6, seed=1, start_step=0, seq_len=T, mistake_rate=0.5))
+  assert b["tokens_NxT"].shape == (6, T)
+  for r in range(6):
+    m, lm, t = b["mask_NxT"][r], b["loss_mask_NxT"][r], b["tokens_NxT"][r]
+    n = int(m.sum())
+    assert (m[:n] == 1).all() and (m[n:] == 0).all() and (t[n:] == tok.pad_id).all()  # right padded
+    np.testing.assert_array_equal(b["positions_NxT"][r, :n], np.arange(n))
+    comp = t[lm == 1]
+    assert comp[-1] == tok.eos_id and t[n - 1] == tok.eos_id
+    assert lm[:n][-len(comp):].all() and not lm[:n - len(comp)].any()  # loss only on the completion
+    ex = examples[b["index_N"][r]]
+    text = tok.decode(comp[:-1])
+    lang = base.LANGUAGES[b["language_N"][r]]
+    assert text in (cot.solution(ex, lang), cot.solution(ex, lang, mistake=True))
+    assert verify_py.format_ok(list(comp), tok=tok)
+    body = verify_py.span_text(list(comp), verify_py.parse(list(comp), tok=tok)[1], tok)
+    assert verify_py.accuracy_countdown(body, ex["numbers"], ex["target"]) == 1.0
+  resumed = next(data.sft_batches(cfg, tok, "train", 6, seed=1, start_step=0, seq_len=T, mistake_rate=0.5))
+  np.testing.assert_array_equal(resumed["tokens_NxT"], b["tokens_NxT"])
+  with pytest.raises(ValueError, match="seq_len"):
+    next(data.sft_batches(cfg, tok, "train", 2, seed=1, start_step=0, seq_len=20))
+
+
+def test_sft_all_tokens_for_pretraining(cfgs, tok):
+  b = next(data.sft_batches(cfgs["arith"], tok, "train", 4, seed=0, start_step=2, seq_len=160, mode="all"))
+  for r in range(4):
+    n = int(b["mask_NxT"][r].sum())
+    np.testing.assert_array_equal(b["loss_mask_NxT"][r, :n], np.r_[0, np.ones(n - 1)])  # all but bos
+    assert b["tokens_NxT"][r, 0] == tok.bos_id and b["tokens_NxT"][r, n - 1] == tok.eos_id
+    text = tok.decode(b["tokens_NxT"][r, 1:n - 1])
+    assert "<think>" not in text and text.endswith(" " + str(data.load_examples(cfgs["arith"], "train")[
+        b["index_N"][r]]["answer"]))
+
+
+def _gsm8k_records(n):
+  return [{"question": f"Tom has {i} apples and buys 1,000 more. How many?".encode(),
+           "answer": f"He has {i} + 1000 = <<{i}+1000={i + 1000}>>{i + 1000} apples.\n#### {i + 1000:,}".encode()}
+          for i in range(n)]
+
+
+def test_gsm8k_mock_flows_through(tok):
+  def fake_source(self, split, **kwargs):
+    del self, kwargs
+    return _gsm8k_records(12 if split == "train" else 4)
+
+  with tfds.testing.mock_data(as_data_source_fn=fake_source):
+    exs = gsm8k.load_split("train")
+    assert exs[3]["final"] == "1003" and exs[3]["question"].startswith("Tom has 3")
+    b = next(data.rl_batches({"name": "gsm8k", "language": "a"}, tok, "train", 4, seed=0, start_step=0,
+                             prompt_len=128))
+  assert b["prompt_NxP"].shape == (4, 128)
+  for r in range(4):
+    i = b["index_N"][r]
+    assert b["answer_text_N"][r] == str(1000 + i)
+    assert f"Tom has {i} apples" in tok.decode(b["prompt_NxP"][r])
+  comps = [f"<think> x </think> <answer> {int(b['answer_text_N'][0]):,} </answer>",
+           f"<think> x </think> <answer> ${b['answer_text_N'][1]} </answer>",
+           f"<think> x </think> <answer> {b['answer_text_N'][2]}1 </answer>",
+           f"<think> x </think> {b['answer_text_N'][3]}"]
+  tokens = np.zeros((4, 40), np.int32)
+  mask = np.zeros_like(tokens)
+  for r, c in enumerate(comps):
+    ids = tok.encode(c) + [tok.eos_id]
+    tokens[r, :len(ids)], mask[r, :len(ids)] = ids, 1
+  np.testing.assert_array_equal(gsm8k.accuracy_reward(tokens, mask, b, tok), [1, 1, 0, 0])
+  with pytest.raises(ValueError, match="####"):
+    gsm8k.final_answer("no marker")
