@@ -1,0 +1,127 @@
+"""Rollouts: prefill + `lax.scan` decode over a KV cache, with temperature / top-k / top-p / greedy.
+
+Each step draws one uniform per row and inverts a CDF (no N×V random tensor per step, NOTES.md). The recorded
+log-prob is always under the untruncated softmax(logits / temperature): that is the π the losses use (DESIGN.md).
+All shapes are static, so `sample` jits with `mcfg` and `scfg` static, vmaps over rngs and shards over the batch.
+"""
+import dataclasses
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from grpo_jax import model as model_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+  temperature: float = 1.0
+  top_k: int = 0  # 0 = off
+  top_p: float = 1.0  # 1.0 = off; applied after top-k, on the renormalised top-k distribution (as HF does)
+  max_new_tokens: int = 48
+  greedy: bool = False  # argmax of the logits; logp is still recorded under softmax(logits / temperature)
+  eos_id: int = 2
+  pad_id: int = 0
+
+  def __post_init__(self):
+    if not self.temperature > 0:
+      raise ValueError(f"sampling.temperature={self.temperature}: must be > 0 (use greedy=True for argmax).")
+    if self.top_k < 0:
+      raise ValueError(f"sampling.top_k={self.top_k}: must be >= 0 (0 = off).")
+    if not 0 < self.top_p <= 1:
+      raise ValueError(f"sampling.top_p={self.top_p}: must be in (0, 1] (1.0 = off).")
+    if self.max_new_tokens < 1:
+      raise ValueError(f"sampling.max_new_tokens={self.max_new_tokens}: must be >= 1.")
+
+  @classmethod
+  def from_config(cls, cfg: Any, *, eos_id: int, pad_id: int, greedy: bool = False) -> "SamplingConfig":
+    """From the `sampling` ConfigDict (temperature, top_k, top_p, max_new_tokens); ids come from the tokenizer."""
+    return cls(temperature=float(cfg["temperature"]), top_k=int(cfg["top_k"]), top_p=float(cfg["top_p"]),
+               max_new_tokens=int(cfg["max_new_tokens"]), greedy=greedy, eos_id=int(eos_id), pad_id=int(pad_id))
+
+
+class Rollout(NamedTuple):
+  tokens_NxL: jax.Array  # int32; pad_id after EOS
+  mask_NxL: jax.Array  # int32; 1 up to and including EOS
+  lengths_N: jax.Array  # int32; sum of mask
+  logp_NxL: jax.Array  # float32; log softmax(logits / temperature) at the token, untruncated; 0 where mask == 0
+  truncated_N: jax.Array  # bool; no EOS within L
+
+
+def _inverse_cdf(p_NxV: jax.Array, u_N: jax.Array) -> jax.Array:
+  """Index j with cdf[j-1] < u * total <= cdf[j]: never an index of zero mass (searchsorted on the cumsum)."""
+  cdf_NxV = jnp.cumsum(p_NxV, axis=-1)
+  j_N = jnp.sum(cdf_NxV < u_N[:, None] * cdf_NxV[:, -1:], axis=-1)
+  return jnp.minimum(j_N, p_NxV.shape[-1] - 1).astype(jnp.int32)
+
+
+def draw(logits_NxV: jax.Array, u_N: jax.Array, scfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
+  """(token_N, logp_N) from one uniform per row; logp under the untruncated softmax(logits / temperature)."""
+  v = logits_NxV.shape[-1]
+  scaled_NxV = logits_NxV.astype(jnp.float32) / scfg.temperature
+  logp_NxV = jax.nn.log_softmax(scaled_NxV, axis=-1)
+  if scfg.greedy:
+    tok_N = jnp.argmax(logits_NxV, axis=-1).astype(jnp.int32)
+  elif scfg.top_k == 0 and scfg.top_p >= 1.0:
+    tok_N = _inverse_cdf(jnp.exp(logp_NxV), u_N)
+  else:
+    k = v if scfg.top_k == 0 else min(scfg.top_k, v)
+    top_NxK, idx_NxK = jax.lax.top_k(scaled_NxV, k)  # sorted, largest first
+    p_NxK = jax.nn.softmax(top_NxK, axis=-1)
+    if scfg.top_p < 1.0:
+      # keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is < top_p
+      before_NxK = jnp.cumsum(p_NxK, axis=-1) - p_NxK
+      p_NxK = jnp.where(before_NxK < scfg.top_p, p_NxK, 0.0)
+    j_N = _inverse_cdf(p_NxK, u_N)
+    tok_N = jnp.take_along_axis(idx_NxK, j_N[:, None], axis=-1)[:, 0].astype(jnp.int32)
+  logp_N = jnp.take_along_axis(logp_NxV, tok_N[:, None], axis=-1)[:, 0]
+  return tok_N, logp_N
+
+
+def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prompt_mask_NxP: jax.Array,
+           rng: jax.Array, scfg: SamplingConfig) -> Rollout:
+  """Generates exactly `scfg.max_new_tokens` steps for left-padded prompts; rows stop at their own EOS."""
+  if prompt_NxP.ndim != 2 or prompt_NxP.shape != prompt_mask_NxP.shape:
+    raise ValueError(f"prompt_NxP {prompt_NxP.shape} and prompt_mask_NxP {prompt_mask_NxP.shape}: need the same "
+                     "2-D [rows, prompt_len] shape.")
+  n, p = prompt_NxP.shape
+  steps = scfg.max_new_tokens
+  if p + steps > mcfg.max_len:
+    raise ValueError(f"prompt length {p} + sampling.max_new_tokens {steps} > model.max_len {mcfg.max_len}; "
+                     "raise model.max_len or shorten prompts/completions.")
+  batch = lambda x: nn.with_logical_constraint(x, ("batch",) + (None,) * (x.ndim - 1))
+  prompt_NxP = batch(prompt_NxP.astype(jnp.int32))
+  mask_NxP = batch(prompt_mask_NxP.astype(jnp.int32))
+  pos_NxP = jnp.maximum(jnp.cumsum(mask_NxP, axis=1) - 1, 0)
+  plen_N = jnp.sum(mask_NxP, axis=1)
+  cache = model_lib.init_cache(mcfg, n, p + steps)
+  cache = {k: nn.with_logical_constraint(v, tuple(model_lib.cache_axes()[k])) for k, v in cache.items()}
+  logits_NxV, cache = model_lib.prefill(mcfg, params, prompt_NxP, pos_NxP, mask_NxP, cache)
+  kv_mask_NxS = jnp.concatenate([mask_NxP, jnp.ones((n, steps), jnp.int32)], axis=1)
+  u_LxN = nn.with_logical_constraint(jax.random.uniform(rng, (steps, n)), (None, "batch"))
+
+  def emit(logits_NxV, u_N, done_N):
+    tok_N, logp_N = draw(logits_NxV, u_N, scfg)
+    live_N = ~done_N
+    tok_N = batch(jnp.where(live_N, tok_N, scfg.pad_id))
+    return tok_N, jnp.where(live_N, logp_N, 0.0), live_N, done_N | (tok_N == scfg.eos_id)
+
+  def step(carry, xs):
+    logits_NxV, cache, done_N = carry
+    i, u_N = xs
+    tok_N, logp_N, live_N, done_N = emit(logits_NxV, u_N, done_N)
+    # rows past EOS keep decoding pad tokens: wasted but static-shaped work
+    logits_NxV, cache = model_lib.decode_step(mcfg, params, tok_N, plen_N + i, cache, p + i, kv_mask_NxS)
+    return (batch(logits_NxV), cache, done_N), (tok_N, logp_N, live_N)
+
+  done_N = jnp.zeros((n,), bool)
+  (logits_NxV, _, done_N), (tok_LxN, logp_LxN, live_LxN) = jax.lax.scan(
+      step, (batch(logits_NxV), cache, done_N), (jnp.arange(steps - 1, dtype=jnp.int32), u_LxN[:-1]))
+  # the last token needs no decode step after it
+  tok_N, logp_N, live_N, done_N = emit(logits_NxV, u_LxN[-1], done_N)
+  tokens_NxL = jnp.concatenate([tok_LxN.T, tok_N[:, None]], axis=1)
+  mask_NxL = jnp.concatenate([live_LxN.T, live_N[:, None]], axis=1).astype(jnp.int32)
+  logp_NxL = jnp.concatenate([logp_LxN.T, logp_N[:, None]], axis=1)
+  return Rollout(tokens_NxL=batch(tokens_NxL), mask_NxL=batch(mask_NxL), lengths_N=jnp.sum(mask_NxL, axis=1),
+                 logp_NxL=batch(logp_NxL), truncated_N=~done_N)

@@ -1,0 +1,253 @@
+"""Sampler tests: inverse-CDF exactness, supports of top-k/top-p, EOS masking, log-probs against NumPy, greedy,
+determinism, vmap, and 8 simulated devices with the batch sharded (in a subprocess)."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import model as M
+from grpo_jax import sampling as S
+
+MCFG = M.ModelConfig(vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2, inter=64, max_len=32)
+PROMPT = np.array([[5, 9, 11, 3, 7], [0, 0, 4, 8, 2], [0, 0, 0, 0, 13], [0, 6, 1, 17, 5]], np.int32)
+PMASK = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 1], [0, 1, 1, 1, 1]], np.int32)
+L = 10
+
+sample = jax.jit(S.sample, static_argnums=(0, 5))
+forward = jax.jit(M.forward, static_argnums=0)
+
+
+def random_params(mcfg, seed, emb_std=0.5, std=0.15):
+  rng = np.random.default_rng(seed)
+  shapes = jax.eval_shape(lambda: M.init_params(mcfg, jax.random.PRNGKey(0)))
+
+  def fill(path, x):
+    name = jax.tree_util.keystr(path)
+    if "scale" in name:
+      return jnp.asarray(1.0 + 0.1 * rng.standard_normal(x.shape), jnp.float32)
+    return jnp.asarray((emb_std if "embedding" in name else std) * rng.standard_normal(x.shape), jnp.float32)
+
+  return jax.tree_util.tree_map_with_path(fill, shapes)
+
+
+@pytest.fixture(scope="module")
+def params():
+  return random_params(MCFG, 0)
+
+
+def np_log_softmax(z):
+  z = z - z.max(-1, keepdims=True)
+  return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+def rerun_logits(params, prompt, pmask, tokens):
+  """Full-forward logits that predict each generated token: [rows, L, V]."""
+  full = np.concatenate([prompt, tokens], 1)
+  mask = np.concatenate([pmask, np.ones_like(tokens)], 1)
+  pos = np.clip(np.cumsum(mask, 1) - 1, 0, None)
+  p = prompt.shape[1]
+  return np.asarray(forward(MCFG, params, full, pos, mask), np.float64)[:, p - 1:-1]
+
+
+def check_eos_semantics(r, scfg):
+  tokens, mask = np.asarray(r.tokens_NxL), np.asarray(r.mask_NxL)
+  for i in range(tokens.shape[0]):
+    hits = np.flatnonzero(tokens[i] == scfg.eos_id)
+    end = hits[0] + 1 if len(hits) and mask[i, hits[0]] else tokens.shape[1]
+    assert np.all(mask[i, :end] == 1) and np.all(mask[i, end:] == 0), (i, tokens[i], mask[i])
+    assert np.all(tokens[i, end:] == scfg.pad_id)
+    assert int(r.lengths_N[i]) == end
+    assert bool(r.truncated_N[i]) == (end == tokens.shape[1] and tokens[i, -1] != scfg.eos_id)
+    assert np.all(np.asarray(r.logp_NxL)[i, end:] == 0.0)
+
+
+@pytest.mark.parametrize("scfg", [
+    S.SamplingConfig(temperature=0.8),
+    S.SamplingConfig(temperature=1.3, top_k=3),
+    S.SamplingConfig(top_p=0.7),
+    S.SamplingConfig(temperature=2.0, top_k=5, top_p=0.8),
+    S.SamplingConfig(temperature=0.5, greedy=True),
+])
+def test_draw_frequencies_match_target_distribution(scfg):
+  """Stratified uniforms make inverse-CDF frequencies equal the target probabilities to ~1/n."""
+  logits = np.array([1.0, -0.5, 2.0, 0.3, 0.0, 1.7, -2.0, 0.9])
+  n = 20_000
+  u = (np.arange(n) + 0.5) / n
+  tok, logp = jax.jit(S.draw, static_argnums=2)(jnp.tile(jnp.asarray(logits, jnp.float32), (n, 1)),
+                                                jnp.asarray(u, jnp.float32), scfg)
+  tok, logp = np.asarray(tok), np.asarray(logp)
+  lsm = np_log_softmax(logits / scfg.temperature)
+  np.testing.assert_allclose(logp, lsm[tok], atol=1e-6)  # untruncated, whatever the filter
+  order = np.argsort(-logits)
+  p = np.exp(lsm)
+  keep = np.zeros(8, bool)
+  if scfg.greedy:
+    keep[order[0]] = True
+  else:
+    keep[order[:scfg.top_k or 8]] = True
+  target = np.where(keep, p, 0) / np.where(keep, p, 0).sum()
+  if scfg.top_p < 1 and not scfg.greedy:
+    sorted_p = target[order]
+    before = np.cumsum(sorted_p) - sorted_p
+    keep2 = np.zeros(8, bool)
+    keep2[order[before < scfg.top_p]] = True
+    target = np.where(keep2, target, 0) / np.where(keep2, target, 0).sum()
+  freq = np.bincount(tok, minlength=8) / n
+  np.testing.assert_allclose(freq, target, atol=3e-4)
+  assert (target > 0).sum() == {0.8: 8, 1.3: 3, 1.0: 3, 2.0: 4, 0.5: 1}[scfg.temperature]  # filters did bite
+
+
+@pytest.fixture(scope="module")
+def plain(params):
+  scfg = S.SamplingConfig(temperature=1.0, max_new_tokens=L, eos_id=63, pad_id=0)
+  return scfg, sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0), scfg)
+
+
+def test_rollout_logp_matches_numpy_and_eos_semantics(params, plain):
+  scfg, r = plain
+  assert r.tokens_NxL.shape == (4, L) and r.tokens_NxL.dtype == jnp.int32
+  assert r.mask_NxL.dtype == jnp.int32 and r.logp_NxL.dtype == jnp.float32 and r.truncated_N.dtype == bool
+  check_eos_semantics(r, scfg)
+  tokens = np.asarray(r.tokens_NxL)
+  lsm = np_log_softmax(rerun_logits(params, PROMPT, PMASK, tokens))
+  want = np.take_along_axis(lsm, tokens[..., None], -1)[..., 0] * np.asarray(r.mask_NxL)
+  np.testing.assert_allclose(np.asarray(r.logp_NxL), want, atol=1e-5)
+
+
+def test_eos_stops_rows_and_prefix_is_unchanged(params, plain):
+  """Same rng with a different eos_id: each row equals the first run up to and including its first EOS."""
+  _, r0 = plain
+  t0 = np.asarray(r0.tokens_NxL)
+  assert np.all(np.asarray(r0.mask_NxL) == 1)  # eos 63 never drawn here: the reference run is complete
+  counts = np.bincount(t0[:, 1:-1].ravel(), minlength=64)
+  eos = int(np.argmax(counts))  # a token drawn mid-sequence somewhere
+  scfg = S.SamplingConfig(temperature=1.0, max_new_tokens=L, eos_id=eos, pad_id=0)
+  r = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0), scfg)
+  check_eos_semantics(r, scfg)
+  t, m = np.asarray(r.tokens_NxL), np.asarray(r.mask_NxL)
+  for i in range(4):
+    np.testing.assert_array_equal(t[i][m[i] == 1], t0[i][m[i] == 1])
+  stopped = ~np.asarray(r.truncated_N)
+  assert stopped.any() and (np.asarray(r.lengths_N)[stopped] < L).any()  # EOS really cut a row short
+  np.testing.assert_allclose(np.asarray(r.logp_NxL), np.asarray(r0.logp_NxL) * m, atol=1e-6)
+
+
+def test_same_rng_same_tokens_different_rng_different(params, plain):
+  scfg, r0 = plain
+  again = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0), scfg)
+  np.testing.assert_array_equal(np.asarray(again.tokens_NxL), np.asarray(r0.tokens_NxL))
+  other = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(1), scfg)
+  assert not np.array_equal(np.asarray(other.tokens_NxL), np.asarray(r0.tokens_NxL))
+
+
+def test_greedy_is_argmax_of_full_forward(params):
+  scfg = S.SamplingConfig(temperature=0.7, greedy=True, max_new_tokens=L, eos_id=63, pad_id=0)
+  r = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(3), scfg)
+  tokens, mask = np.asarray(r.tokens_NxL), np.asarray(r.mask_NxL)
+  logits = rerun_logits(params, PROMPT, PMASK, tokens)
+  live = mask == 1
+  np.testing.assert_array_equal(tokens[live], logits.argmax(-1)[live])
+  lsm = np_log_softmax(logits / 0.7)
+  np.testing.assert_allclose(np.asarray(r.logp_NxL)[live],
+                             np.take_along_axis(lsm, tokens[..., None], -1)[..., 0][live], atol=1e-5)
+  other = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(4), scfg)
+  np.testing.assert_array_equal(np.asarray(other.tokens_NxL), tokens)  # rng is irrelevant when greedy
+
+
+@pytest.mark.parametrize("scfg", [
+    S.SamplingConfig(temperature=2.0, top_k=4, max_new_tokens=L, eos_id=63, pad_id=0),
+    S.SamplingConfig(temperature=2.0, top_p=0.6, max_new_tokens=L, eos_id=63, pad_id=0),
+    S.SamplingConfig(temperature=2.0, top_k=10, top_p=0.8, max_new_tokens=L, eos_id=63, pad_id=0),
+])
+def test_top_k_top_p_stay_in_support_under_vmap(params, scfg):
+  """Many draws (vmap over 16 rngs): every token lies in the support computed in NumPy from the logits."""
+  rngs = jax.random.split(jax.random.PRNGKey(7), 16)
+  vsample = jax.jit(jax.vmap(S.sample, in_axes=(None, None, None, None, 0, None)), static_argnums=(0, 5))
+  r = vsample(MCFG, params, PROMPT, PMASK, rngs, scfg)
+  tokens = np.asarray(r.tokens_NxL).reshape(-1, L)
+  mask = np.asarray(r.mask_NxL).reshape(-1, L)
+  prompt, pmask = np.tile(PROMPT, (16, 1)), np.tile(PMASK, (16, 1))
+  logits = rerun_logits(params, prompt, pmask, tokens) / scfg.temperature
+  lsm = np_log_softmax(logits)
+  order = np.argsort(-logits, -1)
+  k = scfg.top_k or 64
+  sizes = []
+  for row in range(tokens.shape[0]):
+    for t in range(L):
+      if not mask[row, t]:
+        continue
+      cand = order[row, t, :k]
+      p = np.exp(lsm[row, t, cand])
+      p /= p.sum()
+      before = np.cumsum(p) - p
+      support = cand[before < scfg.top_p + 1e-6]  # the slack only matters at exact float ties
+      sizes.append(len(support))
+      assert tokens[row, t] in support, (row, t, tokens[row, t], support)
+  assert np.mean(sizes) > 1.5 and len(set(tokens.ravel())) > 8  # the supports were not trivial
+  want = np.take_along_axis(lsm, tokens[..., None], -1)[..., 0] * mask  # untruncated log-probs
+  np.testing.assert_allclose(np.asarray(r.logp_NxL).reshape(-1, L), want, atol=1e-5)
+  if scfg.top_p == 1.0:  # one plain call (one more compile) shows vmap row 5 == sampling with that rng alone
+    one = sample(MCFG, params, PROMPT, PMASK, rngs[5], scfg)
+    np.testing.assert_array_equal(np.asarray(one.tokens_NxL), np.asarray(r.tokens_NxL)[5])
+
+
+def test_config_validation_and_from_config():
+  with pytest.raises(ValueError, match="top_p"):
+    S.SamplingConfig(top_p=0.0)
+  with pytest.raises(ValueError, match="temperature"):
+    S.SamplingConfig(temperature=0.0)
+  with pytest.raises(ValueError, match="top_k"):
+    S.SamplingConfig(top_k=-1)
+  scfg = S.SamplingConfig.from_config(dict(temperature=1, top_k=0, top_p=1.0, max_new_tokens=8), eos_id=3, pad_id=0)
+  assert scfg == S.SamplingConfig(max_new_tokens=8, eos_id=3, pad_id=0)
+  with pytest.raises(ValueError, match="max_len"):
+    S.sample(MCFG, None, PROMPT, PMASK, jax.random.PRNGKey(0), S.SamplingConfig(max_new_tokens=30))
+
+
+_SHARDED = r"""
+import json, sys
+import flax.linen as nn, jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+sys.path.insert(0, sys.argv[1])
+from tests.test_sampling import MCFG, random_params
+from grpo_jax import model as M, sampling as S
+assert jax.device_count() == 8
+params = random_params(MCFG, 0)
+rng = np.random.default_rng(1)
+prompt = rng.integers(1, 60, (8, 5)).astype(np.int32)
+pmask = (np.arange(5)[None] >= rng.integers(0, 5, (8, 1))).astype(np.int32)
+prompt = prompt * pmask
+scfg = S.SamplingConfig(temperature=1.5, top_k=20, max_new_tokens=8, eos_id=63, pad_id=0)
+f = jax.jit(S.sample, static_argnums=(0, 5))
+one = f(MCFG, params, prompt, pmask, jax.random.PRNGKey(5), scfg)
+mesh = Mesh(np.asarray(jax.devices()).reshape(4, 2), ("data", "tensor"))
+rules = (("batch", "data"), ("heads", "tensor"), ("kv_heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor"))
+with mesh, nn.logical_axis_rules(rules):
+  shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
+  p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
+  b = shard(P("batch", None))
+  many = f(MCFG, p_sh, jax.device_put(prompt, b), jax.device_put(pmask, b), jax.random.PRNGKey(5), scfg)
+print(json.dumps(dict(
+    one_tokens=np.asarray(one.tokens_NxL).tolist(), many_tokens=np.asarray(many.tokens_NxL).tolist(),
+    one_logp=np.asarray(one.logp_NxL).tolist(), many_logp=np.asarray(many.logp_NxL).tolist(),
+    shard_rows=many.tokens_NxL.addressable_shards[0].data.shape[0],
+    param_shards=len({str(s.index) for s in p_sh["layers"]["q"]["kernel"].addressable_shards}))))
+"""
+
+
+def test_batch_sharded_over_8_devices_matches_one_device():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", _SHARDED, root], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=root)
+  assert out.returncode == 0, out.stderr[-3000:]
+  res = json.loads(out.stdout.strip().splitlines()[-1])
+  assert res["shard_rows"] == 2  # 8 rows over data=4: really sharded
+  assert res["param_shards"] == 2  # heads split over tensor=2
+  np.testing.assert_array_equal(res["many_tokens"], res["one_tokens"])
+  np.testing.assert_allclose(res["many_logp"], res["one_logp"], atol=1e-5)
