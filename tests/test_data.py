@@ -153,17 +153,21 @@ def test_gsm8k_mock_flows_through(tok):
   assert b["prompt_NxP"].shape == (4, 128)
   for r in range(4):
     i = b["index_N"][r]
-    assert b["answer_text_N"][r] == str(1000 + i)
+    assert gsm8k.decode_answer(b["answer_chars_NxA"][r]) == str(1000 + i)
     assert f"Tom has {i} apples" in tok.decode(b["prompt_NxP"][r])
-  comps = [f"<think> x </think> <answer> {int(b['answer_text_N'][0]):,} </answer>",
-           f"<think> x </think> <answer> ${b['answer_text_N'][1]} </answer>",
-           f"<think> x </think> <answer> {b['answer_text_N'][2]}1 </answer>",
-           f"<think> x </think> {b['answer_text_N'][3]}"]
+  finals = [gsm8k.decode_answer(a) for a in b["answer_chars_NxA"]]
+  comps = [f"<think> x </think> <answer> {int(finals[0]):,} </answer>",
+           f"<think> x </think> <answer> ${finals[1]} </answer>",
+           f"<think> x </think> <answer> {finals[2]}1 </answer>",
+           f"<think> x </think> {finals[3]}"]
   tokens = np.zeros((4, 40), np.int32)
   mask = np.zeros_like(tokens)
   for r, c in enumerate(comps):
     ids = tok.encode(c) + [tok.eos_id]
     tokens[r, :len(ids)], mask[r, :len(ids)] = ids, 1
   np.testing.assert_array_equal(gsm8k.accuracy_reward(tokens, mask, b, tok), [1, 1, 0, 0])
+  # The rewards.PyRewardFn form: ids without the trailing EOS, plus decoded text.
+  ids = [list(t[m > 0][:-1]) for t, m in zip(tokens, mask)]
+  assert gsm8k.math_reward([tok.decode(i) for i in ids], ids, b) == [1.0, 1.0, 0.0, 0.0]
   with pytest.raises(ValueError, match="####"):
     gsm8k.final_answer("no marker")

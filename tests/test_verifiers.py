@@ -252,6 +252,13 @@ def test_vmap_over_leading_axis(tok):
   np.testing.assert_array_equal(np.asarray(stacked), np.stack([want, want[::-1]]))
 
 
+def test_tables_argument_forms(tok):
+  tokens, mask = _text_rows(tok, ["<think> x </think> <answer> 5 </answer>"])
+  assert float(verify_jax.format_reward(tokens, mask, tok.tag_ids)[0]) == 1.0  # tag_ids dict of the shipped tokenizer
+  with pytest.raises(ValueError, match="tables="):
+    verify_jax.format_reward(tokens, mask, {"<think>": 99})
+
+
 def test_bad_task_name(tok):
   with pytest.raises(ValueError, match="task="):
     verify_jax.accuracy_reward("sudoku", np.zeros((1, 4), np.int32), np.ones((1, 4), np.int32), {})

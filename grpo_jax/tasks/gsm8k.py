@@ -33,7 +33,24 @@ class GSM8K:
     return ex["final"]
 
   def batch_fields(self, examples: list[dict]) -> dict[str, np.ndarray]:
-    return {"answer_text_N": np.asarray([ex["final"] for ex in examples], dtype=str)}
+    # Numeric so the batch can go to devices and through jax.pure_callback: ASCII codes, 0-padded.
+    return {"answer_chars_NxA": encode_answers([ex["final"] for ex in examples])}
+
+
+ANSWER_CHARS = 24
+
+
+def encode_answers(finals: list[str]) -> np.ndarray:
+  out = np.zeros((len(finals), ANSWER_CHARS), np.int32)
+  for i, f in enumerate(finals):
+    if len(f) > ANSWER_CHARS or not f.isascii():
+      raise ValueError(f"GSM8K final answer {f!r} does not fit {ANSWER_CHARS} ASCII chars; raise ANSWER_CHARS")
+    out[i, :len(f)] = [ord(c) for c in f]
+  return out
+
+
+def decode_answer(chars_A) -> str:
+  return "".join(chr(int(c)) for c in chars_A if c)
 
 
 def _text(x) -> str:
@@ -63,11 +80,25 @@ def accuracy(answer_body: str, final: str) -> float:
 
 
 def accuracy_reward(tokens_NxL, mask_NxL, batch: dict, tok: tokenizer_lib.Tokenizer | None = None) -> np.ndarray:
-  """Python reward (for jax.pure_callback): format OK and the answer body equals the final answer."""
+  """Format OK (verify_py grammar) and the answer body equals the final answer; 1.0 / 0.0 per row."""
   out = np.zeros(len(tokens_NxL), np.float32)
   for n, (t, m) in enumerate(zip(tokens_NxL, mask_NxL)):
     spans = verify_py.parse(t, m, tok)
     if spans is not None:
       body = verify_py.span_text(verify_py.completion(t, m), spans[1], tok)
-      out[n] = accuracy(body, str(batch["answer_text_N"][n]))
+      out[n] = accuracy(body, decode_answer(batch["answer_chars_NxA"][n]))
+  return out
+
+
+def math_reward(texts, token_ids, batch: dict) -> list[float]:
+  """rewards.PyRewardFn: `token_ids` are the completions without their trailing EOS (the callback wrapper strips
+  it), so EOS is put back before the format check; a row truncated right after </answer> counts as ended."""
+  tok = tokenizer_lib.load()
+  del texts  # token ids decide tags (a spelled '<answer>' in text is not a tag)
+  out = []
+  for n, ids in enumerate(token_ids):
+    row = list(ids) + [tok.eos_id]
+    spans = verify_py.parse(row, tok=tok)
+    body = verify_py.span_text(row, spans[1], tok) if spans else None
+    out.append(accuracy(body, decode_answer(batch["answer_chars_NxA"][n])) if spans else 0.0)
   return out

@@ -9,7 +9,7 @@ language's paren-depth limit keeps it within the stacks), and a 6-lexeme shift r
 from __future__ import annotations
 
 import functools
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -65,6 +65,19 @@ def default_tables() -> TokenTables:
   return token_tables(tokenizer_lib.load())
 
 
+def _as_tables(tables) -> TokenTables:
+  """TokenTables, or None / a tag_ids dict (name -> id) meaning the shipped tokenizer's tables."""
+  if isinstance(tables, TokenTables):
+    return tables
+  default = default_tables()
+  if tables is None:
+    return default
+  if isinstance(tables, Mapping) and tuple(tables.get(t) for t in tokenizer_lib.TAGS) == default.tags:
+    return default
+  raise ValueError(f"tables={tables!r} must be verify_jax.token_tables(tokenizer) (or the shipped tokenizer's "
+                   "tag_ids); build TokenTables from the tokenizer you sample with")
+
+
 class _Parse(NamedTuple):
   ok_N: jax.Array
   think_NxL: jax.Array   # token inside the think body
@@ -99,9 +112,9 @@ def _parse(tokens_NxL, mask_NxL, tables: TokenTables) -> _Parse:
   return _Parse(ok, think, answer)
 
 
-def format_reward(tokens_NxL, mask_NxL, tables: TokenTables | None = None) -> jax.Array:
+def format_reward(tokens_NxL, mask_NxL, tables: TokenTables | Mapping[str, int] | None = None) -> jax.Array:
   """1.0 where the completion matches the format grammar (verify_py docstring), else 0.0."""
-  return _parse(tokens_NxL, mask_NxL, tables or default_tables()).ok_N.astype(jnp.float32)
+  return _parse(tokens_NxL, mask_NxL, _as_tables(tables)).ok_N.astype(jnp.float32)
 
 
 def _char_stream(tokens_NxL, region_NxL, tables: TokenTables):
@@ -227,12 +240,12 @@ def _countdown_row(chars_K, numbers_M, nmask_M):
   return ~s.err & (s.vsp == 1), s.vals[0]
 
 
-def answer_value(task, tokens_NxL, mask_NxL, batch: dict, tables: TokenTables | None = None):
+def answer_value(task, tokens_NxL, mask_NxL, batch: dict, tables: TokenTables | Mapping[str, int] | None = None):
   """(valid_N, value_N): whether the format is OK and the answer body parses/evaluates under `task`'s rule."""
   task = getattr(task, "name", task)
   if task not in ("arith", "countdown"):
     raise ValueError(f"task={task!r} has no in-graph verifier; use 'arith' or 'countdown'")
-  tables = tables or default_tables()
+  tables = _as_tables(tables)
   p = _parse(tokens_NxL, mask_NxL, tables)
   chars, _ = _char_stream(tokens_NxL, p.answer_NxL, tables)
   if task == "arith":
@@ -244,7 +257,7 @@ def answer_value(task, tokens_NxL, mask_NxL, batch: dict, tables: TokenTables | 
   return ok, jnp.where(ok, val, 0)
 
 
-def accuracy_reward(task, tokens_NxL, mask_NxL, batch: dict, tables: TokenTables | None = None) -> jax.Array:
+def accuracy_reward(task, tokens_NxL, mask_NxL, batch: dict, tables: TokenTables | Mapping[str, int] | None = None) -> jax.Array:
   """1.0 where format is OK and the answer body is right for `task` ('arith' | 'countdown'), else 0.0."""
   task = getattr(task, "name", task)
   ok, val = answer_value(task, tokens_NxL, mask_NxL, batch, tables)
@@ -320,14 +333,14 @@ def _step_row(chars_K, width: int, max_steps: int):
   return scores, ends, jnp.arange(max_steps) < nsteps
 
 
-def step_rewards(task, tokens_NxL, mask_NxL, batch, max_steps: int, tables: TokenTables | None = None):
+def step_rewards(task, tokens_NxL, mask_NxL, batch, max_steps: int, tables: TokenTables | Mapping[str, int] | None = None):
   """(scores_NxS, end_pos_NxS, valid_NxS) for the CoT steps of the think body (cot.py rule; format OK required).
 
   end_pos is the index of the token holding the step's ';'. The rule is the same for every task."""
   del task, batch  # task-independent: every step is an `A op B = C` equation
   if max_steps < 1:
     raise ValueError(f"max_steps={max_steps} must be >= 1")
-  tables = tables or default_tables()
+  tables = _as_tables(tables)
   p = _parse(tokens_NxL, mask_NxL, tables)
   chars, width = _char_stream(tokens_NxL, p.think_NxL, tables)
   scores, ends, valid = jax.vmap(lambda ch: _step_row(ch, width, max_steps))(chars)
