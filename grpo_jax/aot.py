@@ -1,0 +1,255 @@
+"""Compiles the real RL step for a TPU slice on this CPU machine: does it fit, and how fast could it be?
+
+With the `libtpu` package, `get_topology_desc("v5e:4x4")` describes a slice's devices without owning any; the
+step is lowered on abstract, sharded state and batch and compiled by the TPU compiler. XLA's `memory_analysis()`
+gives per-device bytes (arguments, outputs, temporaries, code) to hold against the chip's HBM. Step time is a
+roofline from ANALYTIC FLOPs and bytes (the compiler's `cost_analysis()` counts a `lax.scan` body once, so its
+FLOPs undercount the decode loop and the layer stack by orders of magnitude).
+
+  python -m grpo_jax.aot --model=qwen2.5-0.5b --topology=v5e:4x4 --prompts 16 --G 8 --prompt-len 256 --L 512
+  python -m grpo_jax.aot --model=qwen2.5-7b --topology=v5p:4x4x4 --mesh data=1,fsdp=64,tensor=1 --json
+
+Only one process at a time may load libtpu (it holds a lock file): run one compile at a time.
+"""
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from grpo_jax import memory_plan
+from grpo_jax import model as model_lib
+from grpo_jax import sharding
+
+GiB = memory_plan.GiB
+
+
+@dataclasses.dataclass(frozen=True)
+class Chip:
+  """Per-chip numbers from Cloud TPU's published specs (bf16 dense peak, HBM capacity and bandwidth)."""
+  hbm_gib: float
+  bf16_tflops: float
+  hbm_gbs: float
+
+
+CHIPS = {"v5e": Chip(16, 197, 819), "v5p": Chip(95, 459, 2765), "v4": Chip(32, 275, 1200),
+         "v6e": Chip(32, 918, 1640)}
+
+
+def chip_of(topology: str) -> Chip:
+  gen = topology.split(":")[0].lower()
+  if gen not in CHIPS:
+    raise ValueError(f"--topology={topology!r}: the generation before ':' must be one of {sorted(CHIPS)} "
+                     "(e.g. v5e:4x4, v5p:2x2x2).")
+  return CHIPS[gen]
+
+
+def tpu_devices(topology: str) -> list:
+  """TPU device descriptions of a slice, from libtpu on this (CPU) machine."""
+  chip_of(topology)
+  from jax.experimental import topologies
+  try:
+    return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
+  except Exception as e:  # libtpu's own errors are long C++ traces; say what to do
+    raise RuntimeError(f"--topology={topology!r}: libtpu could not describe it ({str(e).splitlines()[0]}). "
+                       "Is libtpu installed (pip install libtpu==0.0.42.1) and no other process using it?") from e
+
+
+def default_mesh(n_devices: int) -> dict[str, int]:
+  """Pure FSDP (ZeRO-3): params, gradients and Adam state split n ways; batch split n ways."""
+  return dict(data=1, fsdp=n_devices, tensor=1)
+
+
+# ------------------------------------------------------------------------------------------------ roofline
+
+
+def matmul_params(mcfg: model_lib.ModelConfig) -> int:
+  """Weights that take part in a matmul per token: the layers plus the LM head (the embedding lookup is free)."""
+  D, F, H, K, Dh = mcfg.hidden, mcfg.inter, mcfg.heads, mcfg.kv_heads, mcfg.head_dim
+  per_layer = D * (H + 2 * K) * Dh + H * Dh * D + 3 * D * F
+  return mcfg.layers * per_layer + D * mcfg.vocab_size
+
+
+def analytic_flops(config: ml_collections.ConfigDict) -> dict[str, float]:
+  """Global FLOPs of one step, by phase: 2·params per token forward, 6·params per token forward+backward.
+
+  Attention adds 4·layers·heads·head_dim per (query, key) pair computed; this code computes the full (masked)
+  T×T scores in training and prefill, and attends over the whole cache (P+L slots) at every decode step.
+  """
+  mcfg = model_lib.ModelConfig.from_config(config.model)
+  rl = config.rl
+  N = rl.prompts_per_step * rl.G
+  P, L = config.task.prompt_len, config.sampling.max_new_tokens
+  T = P + L
+  pm = matmul_params(mcfg)
+  attn_pair = 4 * mcfg.layers * mcfg.heads * mcfg.head_dim
+  fwd_seq = 2 * pm * N * T + attn_pair * N * T * T  # one training-mode forward over all N×T tokens
+  out = {
+      "rollout prefill": 2 * pm * N * P + attn_pair * N * P * P,
+      "rollout decode": 2 * pm * N * L + attn_pair * N * L * T,
+      "reference forward": fwd_seq,
+      "policy fwd+bwd": 3 * fwd_seq * rl.mu,
+  }
+  if mcfg.dtype == "bfloat16":
+    out["old log-probs forward"] = fwd_seq  # rl_step recomputes them in training numerics under bf16
+  if mcfg.remat == "full":
+    out["remat recompute"] = fwd_seq * rl.mu
+  return out
+
+
+def roofline(config: ml_collections.ConfigDict, mesh: dict[str, int], chip: Chip) -> dict[str, Any]:
+  """Lower-bound seconds per phase: compute at bf16 peak on every chip; decode also bounded by HBM reads.
+
+  Each decode step reads every weight once per chip (FSDP gathers the layers; `tensor` splits them) in the
+  compute dtype, plus this chip's share of the KV cache. Collectives (ICI) are not modelled.
+  """
+  mcfg = model_lib.ModelConfig.from_config(config.model)
+  n_chips = math.prod(mesh.values())
+  peak = chip.bf16_tflops * 1e12
+  flops = analytic_flops(config)
+  sec = {k: v / (n_chips * peak) for k, v in flops.items()}
+  rl = config.rl
+  N, P, L = rl.prompts_per_step * rl.G, config.task.prompt_len, config.sampling.max_new_tokens
+  cb = 2 if mcfg.dtype == "bfloat16" else 4
+  weights = (matmul_params(mcfg) + mcfg.hidden * mcfg.vocab_size * (not mcfg.tie_embeddings)) * cb / mesh["tensor"]
+  rows = N / (mesh["data"] * mesh["fsdp"])
+  kv = 2 * mcfg.layers * rows * mcfg.kv_heads * mcfg.head_dim * (P + L) * cb / mesh["tensor"]
+  decode_mem_s = L * (weights + kv) / (chip.hbm_gbs * 1e9)
+  sec["rollout decode"] = max(sec["rollout decode"], decode_mem_s)
+  return dict(flops=flops, seconds=sec, decode_hbm_seconds=decode_mem_s, step_seconds=sum(sec.values()),
+              total_flops=sum(flops.values()))
+
+
+# ------------------------------------------------------------------------------------------------ compile
+
+
+def abstract_batch(config: ml_collections.ConfigDict, mesh) -> dict[str, jax.ShapeDtypeStruct]:
+  """The RL batch as sharded ShapeDtypeStructs (rows over data×fsdp when they divide, else replicated)."""
+  B, P = config.rl.prompts_per_step, config.task.prompt_len
+  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  shapes = {"prompt_NxP": (B, P), "prompt_mask_NxP": (B, P), "answer_ids_NxA": (B, 4)}
+  sh = lambda nd: sharding.batch_sharding(mesh, nd) if B % dp == 0 else sharding.replicated(mesh)
+  return {k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=sh(len(s))) for k, s in shapes.items()}
+
+
+def compile_step(config: ml_collections.ConfigDict, devices: list, mesh_shape: dict[str, int]):
+  """Lowers and compiles `rl_step` for `devices` on abstract sharded inputs; returns (compiled, seconds)."""
+  from grpo_jax import peer_workload
+  from grpo_jax import rl_step
+  from grpo_jax import state as state_lib
+
+  config = ml_collections.ConfigDict(config.to_dict())
+  config.mesh.update(mesh_shape)
+  mesh = sharding.make_mesh(config.mesh, devices)
+  mcfg = model_lib.ModelConfig.from_config(config.model)
+  tx = state_lib.make_optimizer(config.optim, total_steps=1000)
+  abstract, shardings = state_lib.state_shardings(mesh, mcfg, tx)
+  st = state_lib.with_shardings(abstract, shardings)
+  spec = peer_workload.reward_spec(mcfg.vocab_size)
+  step = rl_step.make_rl_step(config, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
+  t0 = time.perf_counter()
+  compiled = step.lower(st, abstract_batch(config, mesh)).compile()
+  return compiled, time.perf_counter() - t0
+
+
+def memory_report(compiled, hbm_bytes: int | None) -> dict[str, Any]:
+  """Per-device bytes from XLA. Peak ≈ arguments + outputs − aliased (donated) + temporaries + code."""
+  m = compiled.memory_analysis()
+  r = dict(argument_bytes=m.argument_size_in_bytes, output_bytes=m.output_size_in_bytes,
+           alias_bytes=m.alias_size_in_bytes, temp_bytes=m.temp_size_in_bytes,
+           generated_code_bytes=m.generated_code_size_in_bytes)
+  r["total_bytes"] = (r["argument_bytes"] + r["output_bytes"] - r["alias_bytes"] + r["temp_bytes"]
+                      + r["generated_code_bytes"])
+  if hbm_bytes:
+    r["hbm_bytes"] = hbm_bytes
+    r["fits"] = r["total_bytes"] <= hbm_bytes
+    r["headroom_frac"] = 1 - r["total_bytes"] / hbm_bytes
+  return r
+
+
+def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str, int] | None = None,
+          devices: list | None = None) -> dict[str, Any]:
+  """The whole report for one config on one TPU topology (compiles once)."""
+  chip = chip_of(topology)
+  devices = tpu_devices(topology) if devices is None else devices
+  mesh_shape = sharding.mesh_shape(mesh_shape or default_mesh(len(devices)), len(devices))
+  from grpo_jax import validate
+  cfg = ml_collections.ConfigDict(config.to_dict())
+  cfg.mesh.update(mesh_shape)
+  validate.validate_rl(cfg, len(devices))
+  compiled, compile_s = compile_step(cfg, devices, mesh_shape)
+  hbm = int(chip.hbm_gib * GiB)
+  mem = memory_report(compiled, hbm)
+  p = memory_plan.plan(cfg, mesh_shape)
+  roof = roofline(cfg, mesh_shape, chip)
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  rl = cfg.rl
+  return dict(
+      topology=topology, device_kind=devices[0].device_kind, n_devices=len(devices), mesh=mesh_shape,
+      params=p.params, prompts=rl.prompts_per_step, G=rl.G, prompt_len=cfg.task.prompt_len,
+      L=cfg.sampling.max_new_tokens, dtype=cfg.model.dtype, remat=cfg.model.remat, compile_seconds=compile_s,
+      memory=mem, plan=dict(total_bytes=p.total_bytes, resident_bytes=p.resident_bytes, temp_bytes=p.temp_bytes,
+                            peak_phase=p.peak_phase,
+                            vs_xla=p.total_bytes / (mem["argument_bytes"] + mem["temp_bytes"])),
+      roofline=roof, xla_cost_flops_per_device=float(cost.get("flops", -1)) if cost else -1.0,
+      chip=dataclasses.asdict(chip))
+
+
+def format_report(r: dict[str, Any]) -> str:
+  m, roof = r["memory"], r["roofline"]
+  g = lambda b: f"{b / GiB:.2f} GiB"
+  lines = [
+      f"{r['topology']} ({r['n_devices']} × {r['device_kind']}), mesh {r['mesh']}, {r['params'] / 1e9:.3f}B params, "
+      f"{r['prompts']} prompts × G {r['G']}, {r['prompt_len']}+{r['L']} tokens, {r['dtype']}, remat={r['remat']}",
+      f"compiled in {r['compile_seconds']:.1f} s",
+      f"per device: arguments {g(m['argument_bytes'])}, outputs {g(m['output_bytes'])} "
+      f"(aliased {g(m['alias_bytes'])}), temp {g(m['temp_bytes'])}, code {g(m['generated_code_bytes'])}",
+      f"total {g(m['total_bytes'])} of {g(m['hbm_bytes'])} HBM: "
+      f"{'FITS' if m['fits'] else 'DOES NOT FIT'} ({100 * m['headroom_frac']:.1f}% headroom)",
+      f"memory_plan estimate {g(r['plan']['total_bytes'])} (peak in {r['plan']['peak_phase']}; "
+      f"{r['plan']['vs_xla']:.2f}× XLA's arguments+temp)",
+      f"roofline (analytic FLOPs {roof['total_flops'] / 1e12:.1f} TFLOP; XLA's cost_analysis, scan bodies once: "
+      f"{r['xla_cost_flops_per_device'] * r['n_devices'] / 1e12:.2f} TFLOP):",
+  ]
+  for k, s in roof["seconds"].items():
+    lines.append(f"  {k:<24} {roof['flops'][k] / 1e12:9.1f} TFLOP {s * 1e3:9.1f} ms")
+  lines.append(f"  decode HBM-bound time   {roof['decode_hbm_seconds'] * 1e3:24.1f} ms")
+  lines.append(f"  estimated step time     {roof['step_seconds'] * 1e3:24.1f} ms (lower bound)")
+  return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(memory_plan.PRESETS))
+  ap.add_argument("--topology", default="v5e:4x4", help="e.g. v5e:2x2, v5e:4x4, v5e:8x8, v5p:2x2x2, v4:2x2x2")
+  ap.add_argument("--prompts", type=int, default=16)
+  ap.add_argument("--G", type=int, default=8)
+  ap.add_argument("--prompt-len", type=int, default=256)
+  ap.add_argument("--L", type=int, default=512)
+  ap.add_argument("--mesh", default="", help="data=..,fsdp=..,tensor=.. (default: fsdp over all devices)")
+  ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
+  ap.add_argument("--remat", default="full", choices=["none", "full", "dots"])
+  ap.add_argument("--minibatches", type=int, default=1)
+  ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+  a = ap.parse_args(argv)
+  try:
+    mesh = memory_plan.parse_mesh(a.mesh) if a.mesh else None
+    cfg = memory_plan.workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, None, a.dtype, a.remat,
+                                      a.minibatches)
+    r = check(cfg, a.topology, mesh)
+  except (ValueError, RuntimeError) as e:
+    print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+    return 2
+  print(json.dumps(r) if a.json else format_report(r), flush=True)
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

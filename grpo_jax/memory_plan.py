@@ -1,0 +1,235 @@
+"""Bytes per device of one RL step for a config × mesh, from shapes alone (no compile, no devices).
+
+Why: a 7B policy + reference + Adam state on a TPU slice either fits or it does not, and the answer should come
+in a second, before any compile. The planner mirrors how `rl_step` holds memory: the state (policy, reference,
+Adam's two moments, a critic for PPO) is resident; the step's temporaries peak either in the rollout (KV cache,
+decode logits) or in the update (gradients, activations saved under the remat policy for one minibatch, one
+layer's recomputed working set, one chunk of logits). `aot.py` checks it against XLA's own buffer assignment.
+
+  python -m grpo_jax.memory_plan --model=qwen2.5-1.5b --mesh data=1,fsdp=64,tensor=1 --prompts 16 --G 8 \
+      --prompt-len 256 --L 512 --hbm-gib 16
+"""
+import argparse
+import dataclasses
+import json
+import math
+import sys
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from grpo_jax import config_lib
+from grpo_jax import model as model_lib
+from grpo_jax import sharding
+
+GiB = 1024 ** 3
+
+# Qwen2.5 shapes (config.json of each release): vocab 151936, RoPE θ = 1e6, QKV bias, embeddings tied up to 3B.
+PRESETS: dict[str, dict[str, Any]] = {
+    "qwen2.5-0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, inter=4864, tie_embeddings=True),
+    "qwen2.5-1.5b": dict(hidden=1536, layers=28, heads=12, kv_heads=2, inter=8960, tie_embeddings=True),
+    "qwen2.5-7b": dict(hidden=3584, layers=28, heads=28, kv_heads=4, inter=18944, tie_embeddings=False),
+}
+for _p in PRESETS.values():
+  _p.update(vocab_size=151936, rope_theta=1e6, qkv_bias=True, head_dim=0)
+# Toys of the same family for tests and quick compiles; "small" has TPU-tile-friendly (128-multiple) dims so that
+# XLA's TPU padding does not dominate its byte counts.
+PRESETS["tiny"] = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab_size=512, tie_embeddings=True,
+                       rope_theta=1e4, qkv_bias=True, head_dim=0)
+PRESETS["small"] = dict(hidden=256, layers=2, heads=2, kv_heads=1, inter=512, vocab_size=1024,
+                        tie_embeddings=True, rope_theta=1e4, qkv_bias=True, head_dim=0)
+
+_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+  """'data=1,fsdp=16,tensor=1' → dict; missing axes are 1, one axis may be -1."""
+  shape = {a: 1 for a in sharding.MESH_AXES}
+  for part in filter(None, text.split(",")):
+    key, _, val = part.partition("=")
+    if key not in shape or not val.lstrip("-").isdigit():
+      raise ValueError(f"--mesh: bad entry {part!r}; write e.g. data=1,fsdp=16,tensor=1 "
+                       f"(axes {', '.join(sharding.MESH_AXES)}).")
+    shape[key] = int(val)
+  return shape
+
+
+def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_len: int = 256, L: int = 512,
+                    mesh: dict[str, int] | None = None, dtype: str = "bfloat16", remat: str = "full",
+                    minibatches: int = 1, mu: int = 1, algo: str = "grpo") -> ml_collections.ConfigDict:
+  """The peers' GRPO workload (β=0.04, μ=1, lr 1e-5, T=1) on a named model shape: what `aot` compiles."""
+  if model not in PRESETS:
+    raise ValueError(f"--model={model!r}: choose one of {sorted(PRESETS)}.")
+  c = config_lib.base_config()
+  c.model.update(PRESETS[model], max_len=prompt_len + L, dtype=dtype, remat=remat)
+  c.sampling.update(temperature=1.0, max_new_tokens=L)
+  c.task.prompt_len = prompt_len
+  c.rl.update(algo=algo, G=G, prompts_per_step=prompts, beta=0.04, mu=mu, minibatches=minibatches)
+  c.optim.update(lr=1e-5, grad_clip=1.0)
+  c.mesh.update(mesh or dict(data=1, fsdp=-1, tensor=1))
+  c.train.num_samples_logged = 1
+  c.eval.batch = prompts
+  return c
+
+
+def _shard_divisor(spec, mesh: dict[str, int]) -> int:
+  div = 1
+  for axes in sharding.logical_to_mesh_spec(spec):
+    if axes is None:
+      continue
+    for a in (axes if isinstance(axes, tuple) else (axes,)):
+      div *= mesh[a]
+  return div
+
+
+def param_bytes_per_device(mcfg: model_lib.ModelConfig, mesh: dict[str, int]) -> tuple[int, int]:
+  """(bytes on one device, parameter count) of one fp32 param tree sharded by the logical rules."""
+  abstract = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  specs = model_lib.param_axes(mcfg)
+  leaves = jax.tree.leaves(abstract)
+  spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  per_dev = sum(math.ceil(x.size / _shard_divisor(s, mesh)) * x.dtype.itemsize for x, s in zip(leaves, spec_leaves))
+  return per_dev, sum(x.size for x in leaves)
+
+
+@dataclasses.dataclass
+class Plan:
+  """Per-device bytes by component; `resident` is held across steps, the peak adds the larger phase."""
+  resident: dict[str, int]
+  rollout: dict[str, int]
+  update: dict[str, int]
+  params: int  # parameter count of one model
+
+  @property
+  def resident_bytes(self) -> int:
+    return sum(self.resident.values())
+
+  @property
+  def temp_bytes(self) -> int:
+    return max(sum(self.rollout.values()), sum(self.update.values()))
+
+  @property
+  def peak_phase(self) -> str:
+    return "rollout" if sum(self.rollout.values()) >= sum(self.update.values()) else "update"
+
+  @property
+  def total_bytes(self) -> int:
+    return self.resident_bytes + self.temp_bytes
+
+  def as_dict(self) -> dict[str, Any]:
+    return dict(resident=self.resident, rollout=self.rollout, update=self.update, params=self.params,
+                resident_bytes=self.resident_bytes, temp_bytes=self.temp_bytes, total_bytes=self.total_bytes,
+                peak_phase=self.peak_phase)
+
+
+def plan(config: ml_collections.ConfigDict, mesh: dict[str, int]) -> Plan:
+  """Per-device memory of one `rl_step` (or PPO step) for `config` on a mesh of the given axis sizes."""
+  mcfg = model_lib.ModelConfig.from_config(config.model)
+  rl = config.rl
+  B, G, P, L = rl.prompts_per_step, rl.G, config.task.prompt_len, config.sampling.max_new_tokens
+  T, N = P + L, rl.prompts_per_step * rl.G * (rl.oversample if rl.dynamic_sampling else 1)
+  dp, tp = mesh["data"] * mesh["fsdp"], mesh["tensor"]
+  cb = _BYTES[mcfg.dtype]
+  D, F, V, H, K, Dh, nl = mcfg.hidden, mcfg.inter, mcfg.vocab_size, mcfg.heads, mcfg.kv_heads, mcfg.head_dim, mcfg.layers
+  h_dev, k_dev = H // tp if H % tp == 0 else H, K // tp if K % tp == 0 else K
+  f_dev, v_dev = F // tp if F % tp == 0 else F, V // tp if V % tp == 0 else V
+  rows = math.ceil(N / dp)                       # rollout rows on one device
+  mb_rows = math.ceil(N / rl.minibatches / dp)   # training rows on one device, one minibatch
+  tok = mb_rows * T
+
+  p_dev, n_params = param_bytes_per_device(mcfg, mesh)
+  resident = {"policy": p_dev, "reference": p_dev, "optimizer (adam m, v)": 2 * p_dev,
+              "batch": math.ceil(B / dp) * (2 * P + 4) * 4}
+  if rl.algo == "ppo":
+    critic = p_dev if config.ppo.critic == "separate" else 4 * D
+    resident["critic"] = critic
+    resident["critic optimizer"] = 2 * critic
+
+  # Rollout outputs live through the whole step: tokens, masks, sampling/old/reference log-probs, advantages, the
+  # full sequence (tokens, positions, mask), all int32/float32.
+  carried = rows * L * 4 * 6 + rows * T * 4 * 3
+  # Prefill runs one layer at a time over P tokens: activations plus the fp32 attention scores of that layer.
+  prefill = rows * P * (3 * D + 2 * f_dev) * cb + rows * h_dev * P * P * (4 + cb)
+  rollout = {
+      "kv cache": 2 * nl * rows * k_dev * Dh * T * cb,
+      # Decode logits in fp32 plus the softmax / cumulative sums of the sampler, for one step.
+      "decode logits": 3 * rows * v_dev * 4,
+      "prefill layer": prefill,
+      "rollout outputs": carried,
+  }
+
+  if mcfg.remat == "full":
+    saved = nl * tok * D * cb  # only each layer's input survives the forward pass
+  elif mcfg.remat == "dots":
+    saved = nl * tok * (3 * D + (h_dev + 2 * k_dev) * Dh + 2 * f_dev) * cb
+  else:  # everything, including the fp32 attention scores and probabilities
+    saved = nl * (tok * (5 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb + mb_rows * h_dev * T * T * (4 + cb))
+  # Backward of one layer: its recomputed activations, their gradients, the scores and their gradient (fp32).
+  layer = tok * (4 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb + 2 * mb_rows * h_dev * T * T * 4
+  chunk = min(128, T)
+  update = {
+      "gradients": p_dev,
+      "saved activations (remat=%s)" % mcfg.remat: saved,
+      "layer backward": layer,
+      # token_logprobs: one checkpointed chunk of fp32 logits, its log-softmax and their gradient.
+      "logits chunk": 3 * mb_rows * chunk * v_dev * 4 + tok * D * 4,
+      "rollout outputs": carried,
+  }
+  if rl.algo == "ppo" and config.ppo.critic == "separate":
+    update["critic gradients"] = p_dev
+  return Plan(resident, rollout, update, n_params)
+
+
+def format_plan(p: Plan, hbm_bytes: int | None = None) -> str:
+  rows = [("resident", k, v) for k, v in p.resident.items()]
+  rows += [("rollout", k, v) for k, v in p.rollout.items()]
+  rows += [("update", k, v) for k, v in p.update.items()]
+  out = [f"{'phase':<9} {'component':<30} {'GiB/device':>11}"]
+  out += [f"{ph:<9} {k:<30} {v / GiB:>11.3f}" for ph, k, v in rows]
+  out.append(f"{'total':<9} {'resident + ' + p.peak_phase + ' peak':<30} {p.total_bytes / GiB:>11.3f}")
+  if hbm_bytes:
+    fits = "fits" if p.total_bytes <= hbm_bytes else "does NOT fit"
+    out.append(f"{'':<9} {'HBM %.0f GiB: %s' % (hbm_bytes / GiB, fits):<30} "
+               f"{100 * (1 - p.total_bytes / hbm_bytes):>10.1f}% free")
+  return "\n".join(out)
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(PRESETS))
+  ap.add_argument("--mesh", default="data=1,fsdp=16,tensor=1")
+  ap.add_argument("--prompts", type=int, default=16)
+  ap.add_argument("--G", type=int, default=8)
+  ap.add_argument("--prompt-len", type=int, default=256)
+  ap.add_argument("--L", type=int, default=512)
+  ap.add_argument("--dtype", default="bfloat16", choices=sorted(_BYTES))
+  ap.add_argument("--remat", default="full", choices=["none", "full", "dots"])
+  ap.add_argument("--minibatches", type=int, default=1)
+  ap.add_argument("--algo", default="grpo")
+  ap.add_argument("--hbm-gib", type=float, default=0.0, help="chip memory to compare against (0 = none)")
+  ap.add_argument("--json", action="store_true")
+  a = ap.parse_args(argv)
+  try:
+    mesh = parse_mesh(a.mesh)
+    if any(v < 1 for v in mesh.values()):
+      raise ValueError(f"--mesh={a.mesh}: the planner needs explicit sizes (no -1).")
+    c = workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, mesh, a.dtype, a.remat, a.minibatches,
+                        algo=a.algo)
+    p = plan(c, mesh)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  hbm = int(a.hbm_gib * GiB) if a.hbm_gib else None
+  if a.json:
+    print(json.dumps(dict(p.as_dict(), mesh=mesh, model=a.model, hbm_bytes=hbm)))
+  else:
+    print(f"{a.model}  mesh {mesh}  {a.prompts} prompts x G {a.G}, {a.prompt_len}+{a.L} tokens, {a.dtype}, "
+          f"remat={a.remat}, params {p.params / 1e9:.3f}B")
+    print(format_plan(p, hbm))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())
