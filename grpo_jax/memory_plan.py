@@ -11,6 +11,7 @@ layer's recomputed working set, one chunk of logits). `aot.py` checks it against
 """
 import argparse
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -26,14 +27,17 @@ from grpo_jax import sharding
 
 GiB = 1024 ** 3
 
-# Qwen2.5 shapes (config.json of each release): vocab 151936, RoPE θ = 1e6, QKV bias, embeddings tied up to 3B.
+# Qwen2.5 shapes (config.json of each release): RoPE θ = 1e6, QKV bias, embeddings tied up to 3B; vocab 151936
+# except 7B, whose config.json says 152064 (its untied head and embedding are padded further).
 PRESETS: dict[str, dict[str, Any]] = {
     "qwen2.5-0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, inter=4864, tie_embeddings=True),
     "qwen2.5-1.5b": dict(hidden=1536, layers=28, heads=12, kv_heads=2, inter=8960, tie_embeddings=True),
-    "qwen2.5-7b": dict(hidden=3584, layers=28, heads=28, kv_heads=4, inter=18944, tie_embeddings=False),
+    "qwen2.5-7b": dict(hidden=3584, layers=28, heads=28, kv_heads=4, inter=18944, tie_embeddings=False,
+                       vocab_size=152064),
 }
 for _p in PRESETS.values():
-  _p.update(vocab_size=151936, rope_theta=1e6, qkv_bias=True, head_dim=0)
+  _p.setdefault("vocab_size", 151936)
+  _p.update(rope_theta=1e6, qkv_bias=True, head_dim=0)
 # Toys of the same family for tests and quick compiles; "small" has TPU-tile-friendly (128-multiple) dims so that
 # XLA's TPU padding does not dominate its byte counts.
 PRESETS["tiny"] = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab_size=512, tie_embeddings=True,
@@ -86,6 +90,12 @@ def _shard_divisor(spec, mesh: dict[str, int]) -> int:
 
 def param_bytes_per_device(mcfg: model_lib.ModelConfig, mesh: dict[str, int]) -> tuple[int, int]:
   """(bytes on one device, parameter count) of one fp32 param tree sharded by the logical rules."""
+  return _param_bytes(mcfg, tuple(sorted(mesh.items())))
+
+
+@functools.lru_cache(maxsize=64)  # tracing a 7B init takes seconds; plans for one model reuse it
+def _param_bytes(mcfg: model_lib.ModelConfig, mesh_items: tuple) -> tuple[int, int]:
+  mesh = dict(mesh_items)
   abstract = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
   specs = model_lib.param_axes(mcfg)
   leaves = jax.tree.leaves(abstract)
