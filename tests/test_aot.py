@@ -1,0 +1,101 @@
+"""The TPU compile tool: analytic FLOPs and roofline by hand, and one real TPU compile in a subprocess (libtpu)."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import pytest
+
+from grpo_jax import aot
+from grpo_jax import memory_plan
+from grpo_jax import model as model_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _tiny(**kw):
+  return memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=48, **kw)
+
+
+def test_matmul_params_match_the_param_tree():
+  # Independent count: every kernel in the initialised tree, plus the tied head (the embedding used as D×V).
+  for name in ("tiny", "small"):
+    mcfg = model_lib.ModelConfig.from_config(memory_plan.workload_config(name).model)
+    abstract = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+    kernels = sum(x.size for p, x in jax.tree_util.tree_flatten_with_path(abstract)[0]
+                  if "kernel" in jax.tree_util.keystr(p))
+    assert aot.matmul_params(mcfg) == kernels + mcfg.hidden * mcfg.vocab_size
+
+
+def test_analytic_flops_by_hand():
+  c = _tiny(dtype="float32", remat="none")
+  f = aot.analytic_flops(c)
+  pm = aot.matmul_params(model_lib.ModelConfig.from_config(c.model))
+  N, P, L, T = 8, 16, 48, 64
+  attn = 4 * 2 * 4 * 16  # 4 · layers · heads · head_dim per (query, key) pair
+  assert f["rollout prefill"] == 2 * pm * N * P + attn * N * P * P
+  assert f["rollout decode"] == 2 * pm * N * L + attn * N * L * T
+  assert f["reference forward"] == 2 * pm * N * T + attn * N * T * T
+  assert f["policy fwd+bwd"] == 3 * f["reference forward"]
+  assert set(f) == {"rollout prefill", "rollout decode", "reference forward", "policy fwd+bwd"}
+  g = aot.analytic_flops(_tiny(dtype="bfloat16", remat="full"))
+  assert g["old log-probs forward"] == g["remat recompute"] == f["reference forward"]
+
+
+def test_roofline_by_hand():
+  c = _tiny(dtype="bfloat16", remat="none")
+  chip = aot.Chip(hbm_gib=16, bf16_tflops=100, hbm_gbs=1)  # 1 GB/s: decode is HBM-bound
+  mesh = dict(data=1, fsdp=4, tensor=1)
+  r = aot.roofline(c, mesh, chip)
+  assert r["seconds"]["policy fwd+bwd"] == pytest.approx(r["flops"]["policy fwd+bwd"] / (4 * 100e12))
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  weights = aot.matmul_params(mcfg) * 2
+  kv = 2 * 2 * (8 / 4) * 2 * 16 * 64 * 2  # 2 · layers · rows/device · kv heads · head_dim · slots · bf16
+  assert r["decode_hbm_seconds"] == pytest.approx(48 * (weights + kv) / 1e9)
+  assert r["seconds"]["rollout decode"] == r["decode_hbm_seconds"]
+  assert r["step_seconds"] == pytest.approx(sum(r["seconds"].values()))
+
+
+def test_chip_table_and_bad_topology():
+  assert aot.chip_of("v5e:4x4") == aot.Chip(16, 197, 819)
+  assert aot.chip_of("v5p:2x2x2").hbm_gib == 95
+  assert aot.chip_of("v6e:2x2").bf16_tflops == 918
+  with pytest.raises(ValueError, match="--topology='v9:2x2'"):
+    aot.chip_of("v9:2x2")
+
+
+def test_abstract_batch_shards_rows_when_they_divide():
+  mesh = jax.sharding.Mesh([[[jax.devices()[0]]]], ("data", "fsdp", "tensor"))
+  b = aot.abstract_batch(_tiny(), mesh)
+  assert b["prompt_NxP"].shape == (2, 16) and b["answer_ids_NxA"].shape == (2, 4)
+  assert b["prompt_NxP"].sharding.spec == jax.sharding.PartitionSpec(("data", "fsdp"), None)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                    reason="libtpu is not importable: pip install libtpu==0.0.42.1 (the version jax 0.10.2 pins)")
+def test_tpu_compile_report_in_subprocess():
+  # The only libtpu user in the suite (libtpu allows one process at a time), in its own process.
+  cmd = [sys.executable, "-m", "grpo_jax.aot", "--model=small", "--topology=v5e:2x2", "--prompts=2", "--G=4",
+         "--prompt-len=128", "--L=128", "--json"]
+  out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  assert r["n_devices"] == 4 and r["device_kind"] == "TPU v5 lite"
+  assert r["mesh"] == dict(data=1, fsdp=4, tensor=1)
+  m = r["memory"]
+  assert m["hbm_bytes"] == 16 * 2 ** 30 and m["fits"] is True and 0.9 < m["headroom_frac"] < 1
+  assert m["total_bytes"] == (m["argument_bytes"] + m["output_bytes"] - m["alias_bytes"] + m["temp_bytes"]
+                              + m["generated_code_bytes"])
+  # The state is donated: its outputs alias its inputs.
+  assert m["alias_bytes"] > 0.9 * m["argument_bytes"]
+  # Arguments are the sharded state: policy + reference + Adam (4 fp32 copies) / 4 devices, padded to TPU tiles.
+  cfg = memory_plan.workload_config("small", prompts=2, G=4, prompt_len=128, L=128)
+  p = memory_plan.plan(cfg, r["mesh"])
+  assert p.resident_bytes <= m["argument_bytes"] < 1.1 * p.resident_bytes
+  assert abs(r["plan"]["vs_xla"] - 1) < 0.15, r
+  # The analytic roofline, not XLA's scan-once count, drives the estimate.
+  assert r["roofline"]["total_flops"] > 5 * r["xla_cost_flops_per_device"] * r["n_devices"]
+  assert r["roofline"]["step_seconds"] > 0
