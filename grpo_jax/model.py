@@ -340,14 +340,20 @@ def forward(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_
   return _head(mcfg, h_NxTxD, head_DxV)
 
 
+def logprob_chunk(mcfg: ModelConfig) -> int:
+  """Default `token_logprobs` chunk: ~2^21 logits per row (16 positions for a 150k vocab, all of T for 512)."""
+  return max(16, (1 << 21) // mcfg.vocab_size)
+
+
 def token_logprobs(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_NxT: jax.Array,
                    mask_NxT: jax.Array, temperature: float | jax.Array = 1.0,
-                   chunk: int = 128) -> tuple[jax.Array, jax.Array]:
+                   chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
   """(logp_NxT, entropy_NxT) of softmax(logits / temperature), aligned to the token they predict.
 
   logp[:, t] = log p(tokens[:, t] | tokens[:, <t]) and entropy[:, t] is the entropy of that same distribution;
   column 0 is 0 in both. Values at pad positions are not masked. The N×T×V log-softmax is computed `chunk`
   positions at a time under `jax.checkpoint`, so neither the forward nor the backward pass holds it whole.
+  chunk=None picks ~2^21 logits per row per chunk (whole sequence for small vocabularies); results are identical.
   """
   n, t = tokens_NxT.shape
   h_NxTxD, head_DxV, _ = _apply(mcfg, params, "train", tokens_NxT, positions_NxT, mask_NxT)
@@ -362,6 +368,8 @@ def token_logprobs(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, pos
     ent_NxC = -jnp.sum(jnp.exp(logp_NxCxV) * logp_NxCxV, axis=-1)
     return logp_NxC, ent_NxC
 
+  if chunk is None:
+    chunk = logprob_chunk(mcfg)
   c = max(1, min(int(chunk), t))
   n_chunks = -(-t // c)
   pad = n_chunks * c - t
