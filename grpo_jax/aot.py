@@ -117,7 +117,7 @@ def roofline(config: ml_collections.ConfigDict, mesh: dict[str, int], chip: Chip
   rl = config.rl
   N, P, L = rl.prompts_per_step * rl.G, config.task.prompt_len, config.sampling.max_new_tokens
   cb = 2 if mcfg.dtype == "bfloat16" else 4
-  weights = (matmul_params(mcfg) + mcfg.hidden * mcfg.vocab_size * (not mcfg.tie_embeddings)) * cb / mesh["tensor"]
+  weights = matmul_params(mcfg) * cb / mesh["tensor"]  # the embedding lookup reads only N rows
   rows = N / (mesh["data"] * mesh["fsdp"])
   kv = 2 * mcfg.layers * rows * mcfg.kv_heads * mcfg.head_dim * (P + L) * cb / mesh["tensor"]
   decode_mem_s = L * (weights + kv) / (chip.hbm_gbs * 1e9)
@@ -173,51 +173,68 @@ def memory_report(compiled, hbm_bytes: int | None) -> dict[str, Any]:
   return r
 
 
+def topology_size(topology: str) -> int:
+  """Chips in a topology name: 'v5e:4x4' → 16, 'v5p:2x2x2' → 8."""
+  chip_of(topology)
+  dims = topology.split(":", 1)[1].split("x") if ":" in topology else []
+  if not dims or not all(d.isdigit() for d in dims):
+    raise ValueError(f"--topology={topology!r}: write GEN:AxB or GEN:AxBxC (e.g. v5e:4x4).")
+  return math.prod(int(d) for d in dims)
+
+
 def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str, int] | None = None,
-          devices: list | None = None) -> dict[str, Any]:
-  """The whole report for one config on one TPU topology (compiles once)."""
+          devices: list | None = None, compile: bool = True) -> dict[str, Any]:
+  """The whole report for one config on one TPU topology (compiles once; `compile=False`: plan + roofline)."""
   chip = chip_of(topology)
-  devices = tpu_devices(topology) if devices is None else devices
-  mesh_shape = sharding.mesh_shape(mesh_shape or default_mesh(len(devices)), len(devices))
+  if compile:
+    devices = tpu_devices(topology) if devices is None else devices
+  n_dev = len(devices) if devices is not None else topology_size(topology)
+  mesh_shape = sharding.mesh_shape(mesh_shape or default_mesh(n_dev), n_dev)
   from grpo_jax import validate
   cfg = ml_collections.ConfigDict(config.to_dict())
   cfg.mesh.update(mesh_shape)
-  validate.validate_rl(cfg, len(devices))
-  compiled, compile_s = compile_step(cfg, devices, mesh_shape)
+  dp = mesh_shape["data"] * mesh_shape["fsdp"]
+  cfg.eval.batch = dp * -(-cfg.eval.batch // dp)  # evaluation is not compiled here; keep validate's check quiet
+  validate.validate_rl(cfg, n_dev)
   hbm = int(chip.hbm_gib * GiB)
-  mem = memory_report(compiled, hbm)
   p = memory_plan.plan(cfg, mesh_shape)
-  roof = roofline(cfg, mesh_shape, chip)
+  rl = cfg.rl
+  r = dict(topology=topology, n_devices=n_dev, mesh=mesh_shape, params=p.params, prompts=rl.prompts_per_step,
+           G=rl.G, prompt_len=cfg.task.prompt_len, L=cfg.sampling.max_new_tokens, dtype=cfg.model.dtype,
+           remat=cfg.model.remat, roofline=roofline(cfg, mesh_shape, chip), chip=dataclasses.asdict(chip),
+           plan=dict(total_bytes=p.total_bytes, resident_bytes=p.resident_bytes, temp_bytes=p.temp_bytes,
+                     peak_phase=p.peak_phase, fits=p.total_bytes <= hbm, headroom_frac=1 - p.total_bytes / hbm))
+  if not compile:
+    return r
+  compiled, compile_s = compile_step(cfg, devices, mesh_shape)
+  mem = memory_report(compiled, hbm)
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
-  rl = cfg.rl
-  return dict(
-      topology=topology, device_kind=devices[0].device_kind, n_devices=len(devices), mesh=mesh_shape,
-      params=p.params, prompts=rl.prompts_per_step, G=rl.G, prompt_len=cfg.task.prompt_len,
-      L=cfg.sampling.max_new_tokens, dtype=cfg.model.dtype, remat=cfg.model.remat, compile_seconds=compile_s,
-      memory=mem, plan=dict(total_bytes=p.total_bytes, resident_bytes=p.resident_bytes, temp_bytes=p.temp_bytes,
-                            peak_phase=p.peak_phase,
-                            vs_xla=p.total_bytes / (mem["argument_bytes"] + mem["temp_bytes"])),
-      roofline=roof, xla_cost_flops_per_device=float(cost.get("flops", -1)) if cost else -1.0,
-      chip=dataclasses.asdict(chip))
+  r.update(device_kind=devices[0].device_kind, compile_seconds=compile_s, memory=mem,
+           xla_cost_flops_per_device=float(cost.get("flops", -1)) if cost else -1.0)
+  r["plan"]["vs_xla"] = p.total_bytes / (mem["argument_bytes"] + mem["temp_bytes"])
+  return r
 
 
 def format_report(r: dict[str, Any]) -> str:
-  m, roof = r["memory"], r["roofline"]
+  roof, pl = r["roofline"], r["plan"]
   g = lambda b: f"{b / GiB:.2f} GiB"
-  lines = [
-      f"{r['topology']} ({r['n_devices']} × {r['device_kind']}), mesh {r['mesh']}, {r['params'] / 1e9:.3f}B params, "
-      f"{r['prompts']} prompts × G {r['G']}, {r['prompt_len']}+{r['L']} tokens, {r['dtype']}, remat={r['remat']}",
-      f"compiled in {r['compile_seconds']:.1f} s",
-      f"per device: arguments {g(m['argument_bytes'])}, outputs {g(m['output_bytes'])} "
-      f"(aliased {g(m['alias_bytes'])}), temp {g(m['temp_bytes'])}, code {g(m['generated_code_bytes'])}",
-      f"total {g(m['total_bytes'])} of {g(m['hbm_bytes'])} HBM: "
-      f"{'FITS' if m['fits'] else 'DOES NOT FIT'} ({100 * m['headroom_frac']:.1f}% headroom)",
-      f"memory_plan estimate {g(r['plan']['total_bytes'])} (peak in {r['plan']['peak_phase']}; "
-      f"{r['plan']['vs_xla']:.2f}× XLA's arguments+temp)",
-      f"roofline (analytic FLOPs {roof['total_flops'] / 1e12:.1f} TFLOP; XLA's cost_analysis, scan bodies once: "
-      f"{r['xla_cost_flops_per_device'] * r['n_devices'] / 1e12:.2f} TFLOP):",
-  ]
+  head = (f"{r['topology']} ({r['n_devices']} × {r.get('device_kind', 'chips, not compiled')}), mesh {r['mesh']}, "
+          f"{r['params'] / 1e9:.3f}B params, {r['prompts']} prompts × G {r['G']}, {r['prompt_len']}+{r['L']} tokens, {r['dtype']}, remat={r['remat']}")
+  lines = [head, f"memory_plan estimate {g(pl['total_bytes'])} per device (peak in {pl['peak_phase']}): "
+           f"{'fits' if pl['fits'] else 'does NOT fit'} in {r['chip']['hbm_gib']:.0f} GiB"]
+  if "memory" in r:
+    m = r["memory"]
+    lines += [
+        f"compiled in {r['compile_seconds']:.1f} s",
+        f"per device: arguments {g(m['argument_bytes'])}, outputs {g(m['output_bytes'])} "
+        f"(aliased {g(m['alias_bytes'])}), temp {g(m['temp_bytes'])}, code {g(m['generated_code_bytes'])}",
+        f"total {g(m['total_bytes'])} of {g(m['hbm_bytes'])} HBM: "
+        f"{'FITS' if m['fits'] else 'DOES NOT FIT'} ({100 * m['headroom_frac']:.1f}% headroom)",
+        f"memory_plan / XLA (arguments+temp): {pl['vs_xla']:.2f}",
+        f"XLA's cost_analysis FLOPs (scan bodies counted once): "
+        f"{r['xla_cost_flops_per_device'] * r['n_devices'] / 1e12:.2f} TFLOP"]
+  lines.append(f"roofline from analytic FLOPs ({roof['total_flops'] / 1e12:.1f} TFLOP):")
   for k, s in roof["seconds"].items():
     lines.append(f"  {k:<24} {roof['flops'][k] / 1e12:9.1f} TFLOP {s * 1e3:9.1f} ms")
   lines.append(f"  decode HBM-bound time   {roof['decode_hbm_seconds'] * 1e3:24.1f} ms")
@@ -238,12 +255,13 @@ def main(argv=None) -> int:
   ap.add_argument("--remat", default="full", choices=["none", "full", "dots"])
   ap.add_argument("--minibatches", type=int, default=1)
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+  ap.add_argument("--no-compile", action="store_true", help="memory_plan + roofline only (no libtpu needed)")
   a = ap.parse_args(argv)
   try:
     mesh = memory_plan.parse_mesh(a.mesh) if a.mesh else None
     cfg = memory_plan.workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, None, a.dtype, a.remat,
                                       a.minibatches)
-    r = check(cfg, a.topology, mesh)
+    r = check(cfg, a.topology, mesh, compile=not a.no_compile)
   except (ValueError, RuntimeError) as e:
     print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
     return 2
