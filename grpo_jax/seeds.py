@@ -5,6 +5,7 @@ Seeds differ in their init and/or rollout rng. One scalar hyper-parameter may al
 - `rl.*` scalars (β, ε, std ε) live in `state["hparams"]` and are read while tracing into a copy of the config,
   so the un-jitted `rl_step.build_step` sees a traced value where it would see a float. No change to rl_step.
 """
+import functools
 from typing import Any, Callable, Sequence
 
 import flax.linen as nn
@@ -61,6 +62,23 @@ def init_states(mcfg: model_lib.ModelConfig, tx, seeds: Sequence[int], *, init_s
     if len(v) != S:
       raise ValueError(f"hparams[{k!r}] has {len(v)} values for {S} seeds; pass one per run.")
 
+  with nn.logical_axis_rules(sharding.LOGICAL_RULES):
+    states = _vmapped_init(jnp.asarray(seeds, jnp.int32), jnp.asarray(init_seeds, jnp.int32), params,
+                           mcfg=mcfg, tx=tx, critic_init=critic_init, critic_tx=critic_tx)
+  if LR_KEY in hparams:
+    hp = states["opt_state"].hyperparams
+    if "learning_rate" not in hp:
+      raise ValueError("hparams['optim.lr'] needs the optimizer from seeds.make_tx (lr in the optimizer state).")
+    hp["learning_rate"] = jnp.asarray(hparams.pop(LR_KEY), jnp.float32)
+  if hparams:
+    states["hparams"] = {k: jnp.asarray(v, jnp.float32) for k, v in hparams.items()}
+  return states
+
+
+@functools.partial(jax.jit, static_argnames=("mcfg", "tx", "critic_init", "critic_tx"))
+def _vmapped_init(seeds_S, init_seeds_S, params, *, mcfg, tx, critic_init, critic_tx):
+  """Module-level and jitted on static (mcfg, tx): repeated calls reuse one compiled init."""
+
   def init(seed, init_seed):
     # Same key derivation as state.create_state, so run i equals a separate create_state(seed_i) run.
     k_params, k_critic, k_run = jax.random.split(jax.random.PRNGKey(seed), 3)
@@ -72,16 +90,7 @@ def init_states(mcfg: model_lib.ModelConfig, tx, seeds: Sequence[int], *, init_s
       st.update(critic_params=cp, critic_opt_state=critic_tx.init(cp))
     return st
 
-  with nn.logical_axis_rules(sharding.LOGICAL_RULES):
-    states = jax.jit(jax.vmap(init))(jnp.asarray(seeds, jnp.int32), jnp.asarray(init_seeds, jnp.int32))
-  if LR_KEY in hparams:
-    hp = states["opt_state"].hyperparams
-    if "learning_rate" not in hp:
-      raise ValueError("hparams['optim.lr'] needs the optimizer from seeds.make_tx (lr in the optimizer state).")
-    hp["learning_rate"] = jnp.asarray(hparams.pop(LR_KEY), jnp.float32)
-  if hparams:
-    states["hparams"] = {k: jnp.asarray(v, jnp.float32) for k, v in hparams.items()}
-  return states
+  return jax.vmap(init)(seeds_S, init_seeds_S)
 
 
 def with_values(config: ml_collections.ConfigDict, values: dict[str, Any]) -> ml_collections.ConfigDict:
@@ -93,7 +102,8 @@ def with_values(config: ml_collections.ConfigDict, values: dict[str, Any]) -> ml
   return c
 
 
-def make_vmapped_step(config, mesh, build: Callable[[Any], Callable]) -> Callable:
+def make_vmapped_step(config, mesh, build: Callable[[Any], Callable],
+                      compiler_options: dict | None = None) -> Callable:
   """jit(vmap(step, in_axes=(0, None))): `build(config)` returns the un-jitted step for a config; it is called
   while tracing with the run's own `state["hparams"]` values substituted, so each run sees its own scalar."""
 
@@ -102,7 +112,7 @@ def make_vmapped_step(config, mesh, build: Callable[[Any], Callable]) -> Callabl
     step = build(with_values(config, hp) if hp else config)
     return step(state, batch)
 
-  jitted = jax.jit(jax.vmap(one_run, in_axes=(0, None)), donate_argnums=(0,))
+  jitted = jax.jit(jax.vmap(one_run, in_axes=(0, None)), donate_argnums=(0,), compiler_options=compiler_options)
 
   def run(states, batch):
     with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
@@ -111,16 +121,23 @@ def make_vmapped_step(config, mesh, build: Callable[[Any], Callable]) -> Callabl
   return run
 
 
-def make_rl_steps(config, mesh, mcfg, tx, spec, tokenizer) -> Callable:
+def make_rl_steps(config, mesh, mcfg, tx, spec, tokenizer, compiler_options: dict | None = None) -> Callable:
   """The GRPO family (rl_step.build_step) vmapped over runs."""
-  return make_vmapped_step(config, mesh, lambda c: rl_step.build_step(c, mcfg, tx, spec, tokenizer))
+  return make_vmapped_step(config, mesh, lambda c: rl_step.build_step(c, mcfg, tx, spec, tokenizer),
+                           compiler_options)
 
 
-def make_ppo_steps(config, mesh, mcfg, tx, critic_tx, spec, tokenizer) -> Callable:
+def make_ppo_steps(config, mesh, mcfg, tx, critic_tx, spec, tokenizer,
+                   compiler_options: dict | None = None) -> Callable:
   """PPO with a critic vmapped over runs (its jitted step traced inside the vmap; the inner jit is inlined)."""
   from grpo_jax import ppo_step
   return make_vmapped_step(
-      config, mesh, lambda c: ppo_step.make_ppo_step(c, mesh, mcfg, tx, critic_tx, spec, tokenizer).jitted)
+      config, mesh, lambda c: ppo_step.make_ppo_step(c, mesh, mcfg, tx, critic_tx, spec, tokenizer).jitted,
+      compiler_options)
+
+
+# Fast-compiling XLA:CPU settings for tiny models (tests, :small tables): LLVM at -O0 roughly halves compile time.
+FAST_COMPILE = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
 def unstack(tree: Any, i: int) -> Any:

@@ -1,4 +1,5 @@
 """vmap over seeds and over one hyper-parameter equals separate runs (fp32, 1e-5), on the peers' tiny workload."""
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -37,11 +38,17 @@ def _setup(**rl):
 
 
 BATCHES = list(peer_workload.make_batches(TINY["prompts"], STEPS, seed=3))
+SEEDS = [0, 1, 2, 2]               # runs 0-2: three seeds; run 3: seed 2 with its own (lr, β)
+LRS, BETAS = [3e-3, 3e-3, 3e-3, 1e-2], [0.04, 0.04, 0.04, 2.0]
 
 
-def _separate(c, mesh, mcfg, spec, tok, seed, tx):
-  step = rl_step.make_rl_step(c, mesh, mcfg, tx, spec, tok)
-  st = state_lib.create_state(mesh, mcfg, tx, seed)
+def _plain_state(params, rng, tx):
+  """A state as create_state builds it (checked in test_init_states_match_create_state), for the ordinary tx."""
+  return dict(params=params, ref_params=jax.tree.map(jnp.copy, params), opt_state=tx.init(params), step=jnp.zeros((), jnp.int32), rng=rng)
+
+
+def _separate(step, start, tx):
+  st = _plain_state(start["params"], start["rng"], tx)
   ms = []
   for b in BATCHES:
     st, m = step(st, b)
@@ -49,63 +56,74 @@ def _separate(c, mesh, mcfg, spec, tok, seed, tx):
   return jax.device_get(st["params"]), ms
 
 
-def _vmapped(c, mesh, mcfg, spec, tok, tx, seed_list, **kw):
-  states = seeds_lib.init_states(mcfg, tx, seed_list, **kw)
-  step = seeds_lib.make_rl_steps(c, mesh, mcfg, tx, spec, tok)
-  ms = []
+def _plain_step(c, mesh, mcfg, tx, spec, tok):
+  """rl_step.make_rl_step's program (jit of build_step), compiled with the same fast XLA options."""
+  jitted = jax.jit(rl_step.build_step(c, mcfg, tx, spec, tok), compiler_options=seeds_lib.FAST_COMPILE)
+
+  def run(state, batch):
+    with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+      return jitted(state, batch)
+  return run
+
+
+@pytest.fixture(scope="module")
+def runs():
+  """ONE vmapped program for 4 runs (seeds, lr in the optimizer state, β traced), and the separate runs."""
+  c, mesh, mcfg, spec, tok = _setup()
+  tx = seeds_lib.make_tx(c.optim)
+  states = seeds_lib.init_states(mcfg, tx, SEEDS, hparams={"optim.lr": LRS, "rl.beta": BETAS})
+  starts = [seeds_lib.unstack(states, i) for i in range(len(SEEDS))]
+  step = seeds_lib.make_rl_steps(c, mesh, mcfg, tx, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
+  vm = []
   for b in BATCHES:
     states, m = step(states, b)
-    ms.append(seeds_lib.host_scalars(m))
+    vm.append(seeds_lib.host_scalars(m))
   assert step.jitted._cache_size() == 1  # one program for all runs and steps
-  return jax.device_get(states["params"]), ms
+  out = dict(c=c, mesh=mesh, mcfg=mcfg, tx=tx, vp=jax.device_get(states["params"]), vm=vm, starts=starts)
+  # Separate runs through the ordinary path: make_rl_step with state.make_optimizer and the config's values.
+  base_tx = state_lib.make_optimizer(c.optim, 10)
+  base_step = _plain_step(c, mesh, mcfg, base_tx, spec, tok)
+  out["sep"] = [_separate(base_step, starts[i], base_tx) for i in range(3)]
+  c3, *_ = _setup(beta=BETAS[3])
+  c3.optim.lr = LRS[3]
+  tx3 = state_lib.make_optimizer(c3.optim, 10)
+  out["sep"].append(_separate(_plain_step(c3, mesh, mcfg, tx3, spec, tok), starts[3], tx3))
+  return out
 
 
-def _assert_run_equal(vm_params, vm_metrics, i, params, metrics):
-  for a, b in zip(jax.tree.leaves(seeds_lib.unstack(vm_params, i)), jax.tree.leaves(params)):
+def _assert_run_equal(r, i):
+  params, metrics = r["sep"][i]
+  for a, b in zip(jax.tree.leaves(seeds_lib.unstack(r["vp"], i)), jax.tree.leaves(params)):
     np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
   for t in range(STEPS):
     for k in KEYS:
-      assert vm_metrics[t][k][i] == pytest.approx(metrics[t][k], abs=1e-5, rel=1e-5), (i, t, k)
+      assert r["vm"][t][k][i] == pytest.approx(metrics[t][k], abs=1e-5, rel=1e-5), (i, t, k)
 
 
-def test_init_states_match_create_state():
-  c, mesh, mcfg, spec, tok = _setup()
-  tx = state_lib.make_optimizer(c.optim, 10)
-  st = seeds_lib.init_states(mcfg, tx, [4, 9])
-  one = state_lib.create_state(mesh, mcfg, tx, 9)
-  for a, b in zip(jax.tree.leaves(seeds_lib.unstack(st, 1)), jax.tree.leaves(one)):
-    np.testing.assert_array_equal(a, b)
-  shared = seeds_lib.init_states(mcfg, tx, [4, 9], init_seeds=[9, 9])
+def test_init_states_match_create_state(runs):
+  tx = runs["tx"]
+  one = state_lib.create_state(runs["mesh"], runs["mcfg"], tx, 2)
+  for k in ("params", "ref_params", "rng", "step"):
+    for a, b in zip(jax.tree.leaves(runs["starts"][2][k]), jax.tree.leaves(one[k])):
+      np.testing.assert_array_equal(a, b)
+  shared = seeds_lib.init_states(runs["mcfg"], tx, [4, 9, 1, 2], init_seeds=[9, 9, 9, 9])
   leaf = jax.tree.leaves(shared["params"])[0]
   np.testing.assert_array_equal(leaf[0], leaf[1])
+  np.testing.assert_array_equal(leaf[1], leaf[3])
   assert not np.array_equal(shared["rng"][0], shared["rng"][1])
   with pytest.raises(ValueError, match="hparams key 'rl.G'"):
-    seeds_lib.init_states(mcfg, tx, [0], hparams={"rl.G": [4]})
+    seeds_lib.init_states(runs["mcfg"], tx, [0], hparams={"rl.G": [4]})
 
 
-def test_vmap_over_three_seeds_equals_separate_runs():
-  c, mesh, mcfg, spec, tok = _setup()
-  tx = state_lib.make_optimizer(c.optim, 10)
-  seed_list = [0, 1, 2]
-  vp, vm = _vmapped(c, mesh, mcfg, spec, tok, tx, seed_list)
-  finals = []
-  for i, s in enumerate(seed_list):
-    p, m = _separate(c, mesh, mcfg, spec, tok, s, tx)
-    _assert_run_equal(vp, vm, i, p, m)
-    finals.append(jax.tree.leaves(p)[0])
-    assert m[0]["train/adv_std"] > 0 and m[1]["train/kl"] > 0  # real updates happened
-  assert not np.allclose(finals[0], finals[1])  # and the seeds really differ
+def test_vmap_over_three_seeds_equals_separate_runs(runs):
+  for i in range(3):
+    _assert_run_equal(runs, i)
+    assert runs["sep"][i][1][0]["train/adv_std"] > 0 and runs["sep"][i][1][1]["train/kl"] > 0  # real updates
+  leaf = jax.tree.leaves(runs["vp"])[0]
+  assert not np.allclose(leaf[0], leaf[1])  # and the seeds really differ
 
 
-def test_vmap_over_lr_and_beta_equals_separate_runs():
-  """Two runs, same seed, each with its own (lr, β): lr from the optimizer state, β traced into the loss."""
-  lrs, betas = [1e-3, 1e-2], [0.0, 2.0]
-  c, mesh, mcfg, spec, tok = _setup()
-  tx = seeds_lib.make_tx(c.optim)
-  vp, vm = _vmapped(c, mesh, mcfg, spec, tok, tx, [5, 5], hparams={"optim.lr": lrs, "rl.beta": betas})
-  for i, (lr, beta) in enumerate(zip(lrs, betas)):
-    ci, mesh, mcfg, spec, tok = _setup(beta=beta)
-    ci.optim.lr = lr
-    p, m = _separate(ci, mesh, mcfg, spec, tok, 5, state_lib.make_optimizer(ci.optim, 10))  # the ordinary path
-    _assert_run_equal(vp, vm, i, p, m)
-  assert vm[1]["train/loss"][0] != pytest.approx(vm[1]["train/loss"][1], abs=1e-6)
+def test_vmap_over_lr_and_beta_equals_separate_runs(runs):
+  """Run 3 = seed 2 with lr 1e-2 and β 2: equals a separate run configured so, and differs from run 2."""
+  _assert_run_equal(runs, 3)
+  assert runs["vm"][1]["train/loss"][3] != pytest.approx(runs["vm"][1]["train/loss"][2], abs=1e-6)
