@@ -17,9 +17,9 @@ def get_config(arg: str | None = None):
   args = dict(a.split("=", 1) if "=" in a else (a, "1") for a in (arg or "").split(",") if a)
   c = config_lib.base_config()
   c.job = "grpo"
-  c.model.update(hidden=96, layers=2, heads=4, kv_heads=2, inter=256, max_len=96)
-  c.task.update(name="arith", max_digits=2, ops="+-", prompt_len=24, language="a")
-  c.sampling.max_new_tokens = 64
+  c.model.update(hidden=96, layers=2, heads=4, kv_heads=2, inter=256, max_len=128)
+  c.task.update(name="arith", max_digits=2, ops="+-", prompt_len=48, language="a")
+  c.sampling.max_new_tokens = 72
   c.sft.update(steps=200, batch=64, lr=3e-3, warmup_steps=20, loss_on="completion")
   c.rl.update(algo=args.get("algo", "grpo"), G=8, prompts_per_step=16, beta=0.04, mu=1, minibatches=1)
   if c.rl.algo in ("reinforce_pp", "reinforce_pp_baseline"):

@@ -38,8 +38,7 @@ def run(config, workdir: str) -> None:
       init_from = os.path.join(sft_dir, "params")
     train.run_rl(config, workdir, init_from=init_from)
   elif config.job in ("sft", "pretrain"):
-    train.run_sft(config, workdir, loss_on="all" if config.job == "pretrain" else None,
-                  tagged=config.job == "sft")
+    train.run_sft(config, workdir, loss_on="all" if config.job == "pretrain" else None)
   elif config.job == "r1_pipeline":
     from grpo_jax import pipeline
     pipeline.run_pipeline(config, workdir)

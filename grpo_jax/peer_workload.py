@@ -22,6 +22,10 @@ class BenchTokenizer:
     self.vocab_size = vocab
 
   @staticmethod
+  def decode(ids) -> str:
+    return " ".join(str(i) for i in ids)
+
+  @staticmethod
   def digits(n: int) -> list[int]:
     return [DIGIT0 + int(ch) for ch in str(n)]
 

@@ -19,6 +19,7 @@ from grpo_jax import losses
 from grpo_jax import model as model_lib
 from grpo_jax import rl_step
 from grpo_jax import sharding
+from grpo_jax import state as state_lib
 
 
 def init_critic(mcfg: model_lib.ModelConfig, mode: str, rng: jax.Array, policy_params=None) -> dict:
@@ -134,7 +135,10 @@ def make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer) -> Callabl
     m["samples/r_N"] = ro["r_N"][:n_show]
     return new_state, m
 
-  jitted = jax.jit(step, donate_argnums=(0,))
+  abstract_critic = jax.eval_shape(lambda: init_critic(mcfg, mode, jax.random.PRNGKey(0)))
+  _, shard = state_lib.state_shardings(mesh, mcfg, tx, True, (abstract_critic, critic_axes(mcfg, mode), critic_tx))
+
+  jitted = jax.jit(step, donate_argnums=(0,), out_shardings=(shard, sharding.replicated(mesh)))
 
   @functools.wraps(step)
   def run(state, batch):

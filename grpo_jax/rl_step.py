@@ -17,6 +17,7 @@ from grpo_jax import model as model_lib
 from grpo_jax import rewards as rewards_lib
 from grpo_jax import sampling
 from grpo_jax import sharding
+from grpo_jax import state as state_lib
 
 PROMPT_KEYS = ("prompt_NxP", "prompt_mask_NxP")
 
@@ -273,7 +274,11 @@ def make_rl_step(config, mesh, mcfg: model_lib.ModelConfig, tx, spec: rewards_li
                  tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
   """ONE jitted `(state, batch) -> (state, metrics)`; the state is donated."""
   step = build_step(config, mcfg, tx, spec, tokenizer)
-  jitted = jax.jit(step, donate_argnums=(0,))
+  _, shard = state_lib.state_shardings(mesh, mcfg, tx)
+
+  # The new state keeps exactly the layout it came in with (no resharding, no retrace on the next call);
+  # metrics are small and come back replicated.
+  jitted = jax.jit(step, donate_argnums=(0,), out_shardings=(shard, sharding.replicated(mesh)))
 
   @functools.wraps(step)
   def run(state, batch):

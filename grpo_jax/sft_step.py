@@ -9,6 +9,7 @@ import optax
 
 from grpo_jax import model as model_lib
 from grpo_jax import sharding
+from grpo_jax import state as state_lib
 
 
 def sft_loss(mcfg, params, batch) -> tuple[jax.Array, dict]:
@@ -35,7 +36,8 @@ def make_sft_step(mcfg: model_lib.ModelConfig, tx, mesh) -> Callable[[dict, dict
     m.update({"train/grad_norm": gnorm, "train/nonfinite_updates": 1 - finite.astype(jnp.int32)})
     return dict(state, params=params, opt_state=opt_state, step=state["step"] + 1), m
 
-  jitted = jax.jit(step, donate_argnums=(0,))
+  _, shard = state_lib.state_shardings(mesh, mcfg, tx, with_ref=False)
+  jitted = jax.jit(step, donate_argnums=(0,), out_shardings=(shard, sharding.replicated(mesh)))
 
   def run(state, batch):
     with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):

@@ -202,9 +202,12 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
 
 
 def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str | None = None,
-            language: str | None = None, tagged: bool = True, extra_texts: Any = None,
-            evaluate_at_end: bool = True) -> dict[str, float]:
-  """SFT (completion loss) or pre-training (all tokens). Saves final params to `workdir/params`."""
+            batches=None, evaluate_at_end: bool = True) -> dict[str, float]:
+  """SFT (loss on completions) or pre-training (loss_on='all': untagged worked solutions, every token).
+
+  `batches` overrides the task's reference data (e.g. R1's rejection-sampled set): a callable
+  `start_step -> iterator of SFT batches`. Final params go to `workdir/params`.
+  """
   tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_sft)
   steps = config.sft.steps
   loss_on = loss_on or config.sft.loss_on
@@ -218,10 +221,11 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
   state, start = init_or_restore(config, workdir, mesh, mcfg, tx, ckpt, init_from, with_ref=False)
   writer = metrics_lib.MetricWriter(workdir, resume_step=start if start else None,
                                     use_tensorboard=config.log.tensorboard, total_steps=steps)
-  batches = data_lib.sft_batches(config.task, tokenizer, "train", config.sft.batch, config.seed, start,
-                                 config.model.max_len, loss_on=loss_on,
-                                 language=language or config.task.language, tagged=tagged,
-                                 mistake_frac=config.sft.mistake_frac, extra_texts=extra_texts)
+  if batches is None:
+    batches = data_lib.sft_batches(config.task, tokenizer, "train", config.sft.batch, config.seed, start,
+                                   config.model.max_len, mode=loss_on, mistake_rate=config.sft.mistake_frac)
+  else:
+    batches = batches(start)
   with Preemption() as pre:
     for step in range(start, steps):
       batch = device_batch(mesh, next(batches))
@@ -239,7 +243,7 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
   ckpt.close()
   ckpt_lib.save_params(os.path.join(workdir, "params"), state["params"])
   result: dict[str, float] = {}
-  if evaluate_at_end and tagged:
+  if evaluate_at_end and loss_on == "completion":
     evaluator = evaluation.Evaluator(config, mcfg, tokenizer, mesh,
                                      data_lib.eval_set(config.task, tokenizer, config.eval.size,
                                                        config.task.prompt_len))

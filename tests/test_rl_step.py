@@ -25,7 +25,11 @@ def _setup(spec=None, **over):
 
 
 def _batches(c, n=3):
-  return list(peer_workload.make_batches(c.rl.prompts_per_step, n, seed=1))
+  """Single-digit answers: a random 64-token model hits them sometimes, so groups have reward variance."""
+  bs = list(peer_workload.make_batches(c.rl.prompts_per_step, n, seed=1))
+  for b in bs:
+    b["answer_ids_NxA"][:, 1:] = -1
+  return bs
 
 
 @pytest.fixture(scope="module")
@@ -33,11 +37,12 @@ def three_steps():
   c, mesh, mcfg, tx, step = _setup()
   state = state_lib.create_state(mesh, mcfg, tx, seed=0)
   p0 = jax.device_get(state["params"])
-  ms = []
+  ms, ps = [], []
   for b in _batches(c):
     state, m = step(state, b)
     ms.append(jax.device_get(m))
-  return dict(c=c, step=step, state=state, p0=p0, metrics=ms)
+    ps.append(jax.device_get(state["params"]))
+  return dict(c=c, step=step, state=state, p0=p0, metrics=ms, params=ps)
 
 
 def test_on_policy_ratio_is_one_and_params_move(three_steps):
@@ -68,56 +73,63 @@ def test_golden_first_step(three_steps):
   (run this test, read the new values, and say in the commit why they moved)."""
   m = three_steps["metrics"][0]
   got = {k: round(float(m[k]), 4) for k in ("train/reward_mean", "train/completion_len_mean", "train/kl",
-                                               "train/truncation_rate")}
+                                               "train/truncation_rate", "train/frac_zero_std_groups")}
+  np.testing.assert_allclose([m["train/loss"], m["train/grad_norm"]], GOLDEN_LOSS_GRAD, rtol=1e-4, atol=1e-6)
   assert got["train/kl"] == 0.0  # policy == reference before the first update
   assert got == GOLDEN, got
 
 
-GOLDEN = {"train/reward_mean": 0.0, "train/completion_len_mean": 12.0, "train/kl": 0.0, "train/truncation_rate": 1.0}
+GOLDEN = {"train/reward_mean": 0.0625, "train/completion_len_mean": 11.5, "train/kl": 0.0,
+          "train/truncation_rate": 0.875, "train/frac_zero_std_groups": 0.75}
+GOLDEN_LOSS_GRAD = [0.0, 0.29769]  # ρ = 1: the surrogate is Σ A = 0 per group, the gradient is not
 
 
-def test_python_reward_path_matches_in_graph():
+def test_python_reward_path_matches_in_graph(three_steps):
   """The same reward through jax.pure_callback gives the same rewards, losses and updated params."""
-  outs = []
-  for python in (False, True):
-    spec = peer_workload.reward_spec(TINY["vocab"], python=python)
-    c, mesh, mcfg, tx, step = _setup(spec=spec)
-    state = state_lib.create_state(mesh, mcfg, tx, seed=0)
-    b = _batches(c, 1)[0]
-    # Make some completions hit: reward = "answer digits appear"; with a 64-token vocab and 1-digit answers
-    # a random model hits sometimes.
-    b["answer_ids_NxA"][:, 1:] = -1
-    state, m = step(state, b)
-    outs.append((jax.device_get(m), jax.device_get(state["params"])))
-  (m0, p0), (m1, p1) = outs
+  spec = peer_workload.reward_spec(TINY["vocab"], python=True)
+  c, mesh, mcfg, tx, step = _setup(spec=spec)
+  state = state_lib.create_state(mesh, mcfg, tx, seed=0)
+  state, m1 = step(state, _batches(c, 1)[0])
+  m0, p0 = three_steps["metrics"][0], three_steps["params"][0]
   np.testing.assert_array_equal(m0["samples/r_N"], m1["samples/r_N"])
   for k in ("train/reward_mean", "train/loss", "train/grad_norm"):
     np.testing.assert_allclose(m0[k], m1[k], rtol=1e-6, atol=1e-7)
   assert m0["train/reward_mean"] > 0
-  for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(p1)):
+  for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(jax.device_get(state["params"]))):
     np.testing.assert_allclose(a, b, atol=1e-7)
 
 
-def _bad_reward(kind):
-  def fn(texts, ids, batch):
-    if kind == "raise":
+class _Switchable:
+  """One Python reward whose misbehaviour is chosen per call, so all cases share one compiled step."""
+  kind = "ok"
+
+  def __call__(self, texts, ids, batch):
+    if self.kind == "raise":
       raise KeyError("answer")
-    if kind == "nan":
+    if self.kind == "nan":
       return [float("nan")] * len(texts)
-    if kind == "short":
+    if self.kind == "short":
       return [1.0] * (len(texts) - 1)
-    if kind == "type":
+    if self.kind == "type":
       return "1.0"
-  fn.__name__ = f"bad_{kind}"
-  return fn
+    return [0.5] * len(texts)
+
+
+@pytest.fixture(scope="module")
+def switchable_step():
+  fn = _Switchable()
+  fn.__name__ = "my_reward"
+  tok = peer_workload.BenchTokenizer(TINY["vocab"])
+  spec = rewards.build((("bad", 1.0),), rewards.Context("bench", tok), {"bad": fn})
+  c, mesh, mcfg, tx, step = _setup(spec=spec)
+  return fn, spec, c, mesh, mcfg, tx, step
 
 
 @pytest.mark.parametrize("kind,status", [("raise", rewards.RAISED), ("nan", rewards.NONFINITE),
                                          ("short", rewards.WRONG_LENGTH), ("type", rewards.WRONG_TYPE)])
-def test_bad_python_reward_skips_update_and_names_function(kind, status):
-  tok = peer_workload.BenchTokenizer(TINY["vocab"])
-  spec = rewards.build((("bad", 1.0),), rewards.Context("bench", tok), {"bad": _bad_reward(kind)})
-  c, mesh, mcfg, tx, step = _setup(spec=spec)
+def test_bad_python_reward_skips_update_and_names_function(switchable_step, kind, status):
+  fn, spec, c, mesh, mcfg, tx, step = switchable_step
+  fn.kind = kind
   state = state_lib.create_state(mesh, mcfg, tx, seed=0)
   p0 = jax.device_get(state["params"])
   state, m = step(state, _batches(c, 1)[0])
@@ -126,18 +138,23 @@ def test_bad_python_reward_skips_update_and_names_function(kind, status):
   for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(jax.device_get(state["params"]))):
     np.testing.assert_array_equal(a, b)
   msg = spec.python_terms["bad"].error_message(int(np.max(m["reward_status"])))
-  assert f"bad_{kind}" in msg and "reward_fallback" in msg
+  assert "my_reward" in msg and "reward_fallback" in msg
+  fn.kind = "ok"
+  state, m = step(state, _batches(c, 1)[0])
+  assert int(np.max(m["reward_status"])) == rewards.OK and int(state["step"]) == 1
+  assert step.jitted._cache_size() == 1
 
 
 def test_reward_fallback_is_counted():
-  tok = peer_workload.BenchTokenizer(TINY["vocab"])
-  spec = rewards.build((("bad", 1.0),), rewards.Context("bench", tok), {"bad": _bad_reward("nan")}, fallback=0.0)
-  c, mesh, mcfg, tx, step = _setup(spec=spec)
-  state = state_lib.create_state(mesh, mcfg, tx, seed=0)
-  state, m = step(state, _batches(c, 1)[0])
-  assert int(np.max(m["reward_status"])) == rewards.OK
-  assert int(m["train/reward_fallbacks"]) == c.rl.prompts_per_step * c.rl.G
-  assert int(state["step"]) == 1
+  """With a fallback the bad scores are replaced per sample and counted; the host-side path alone."""
+  term = rewards.PythonTerm("bad", lambda t, i, b: [1.0, float("nan"), "x"], peer_workload.BenchTokenizer(8),
+                            fallback=-1.0)
+  r, status, fb = term.host(np.ones((3, 2), np.int32) * 5, np.ones((3, 2), np.int32), {})
+  assert int(status) == rewards.OK and int(fb) == 2
+  np.testing.assert_array_equal(r, [1.0, -1.0, -1.0])
+  term = rewards.PythonTerm("bad", lambda t, i, b: 1 / 0, peer_workload.BenchTokenizer(8), fallback=0.0)
+  r, status, fb = term.host(np.ones((3, 2), np.int32), np.ones((3, 2), np.int32), {})
+  assert int(status) == rewards.OK and int(fb) == 3 and "ZeroDivisionError" in term.last_error
 
 
 def test_hanging_python_reward_times_out():
