@@ -100,7 +100,9 @@ def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
           f"(cells loaded from a previous run count 0)."]
   if hasattr(table, "header"):
     head.append(table.header(cfg))
-  md = report.markdown(cells, title=table.TITLE, claim=table.CLAIM, header="\n".join(h for h in head if h),
+  title = cfg.title if "title" in cfg else table.TITLE
+  claim = cfg.claim if "claim" in cfg else table.CLAIM
+  md = report.markdown(cells, title=title, claim=claim, header="\n".join(h for h in head if h),
                        columns=columns, verdict=table.verdict(cfg, summ) if hasattr(table, "verdict") else "",
                        plots=plots)
   with open(os.path.join(workdir, "table.md"), "w") as f:
