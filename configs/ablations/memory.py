@@ -1,0 +1,19 @@
+"""Table c: trainable/frozen state bytes of GRPO vs PPO (separate critic network or value head), equal model size.
+
+  python -m grpo_jax.ablate --config=configs/ablations/memory.py:small --workdir=/tmp/abl_c_small
+"""
+import ml_collections
+
+
+def get_config(arg=None):
+  c = ml_collections.ConfigDict()
+  c.table = "memory_table"
+  c.seeds = 1  # exact byte counts: one run per cell
+  c.vocab = 32_000
+  c.sizes = ("512x8", "1024x16", "2048x24")  # hidden x layers
+  c.columns = ("params_MB", "trainable_MB", "frozen_ref_MB", "trainable_vs_policy_x")
+  if arg == "small":
+    c.sizes = ("256x4", "512x8")
+  elif arg:
+    raise ValueError(f"config arg {arg!r}: use nothing (default) or 'small'.")
+  return c

@@ -1,0 +1,45 @@
+"""Table c: state bytes of PPO-with-critic vs GRPO at equal model size, from the abstract state pytrees.
+
+Trainable = policy params + AdamW state (+ critic params + critic AdamW state); frozen = reference params. The reward
+model is the in-graph verifier here (0 bytes). Exact byte counts (jax.eval_shape, nothing allocated).
+"""
+import jax
+import numpy as np
+
+from grpo_jax import config_lib
+from grpo_jax import model as model_lib
+from grpo_jax import ppo_step
+from grpo_jax import state as state_lib
+
+TITLE = "c. Memory: PPO with a critic vs GRPO"
+CLAIM = "The critic doubles trainable memory (70B: policy ~560 GB + critic ~560 GB trainable, FP16 + Adam)."
+
+
+def variants(cfg) -> list[str]:
+  return [f"{size} {algo}" for size in cfg.sizes for algo in ("grpo", "ppo_separate", "ppo_head")]
+
+
+def _bytes(tree) -> float:
+  return float(sum(np.prod(x.shape) * x.dtype.itemsize for x in jax.tree.leaves(tree)))
+
+
+def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
+  size, algo = variant.split()
+  hidden, layers = (int(v) for v in size.split("x"))
+  c = config_lib.base_config()
+  c.model.update(hidden=hidden, layers=layers, heads=max(hidden // 64, 1), kv_heads=max(hidden // 128, 1),
+                 inter=4 * hidden, vocab_size=cfg.vocab)
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  tx = state_lib.make_optimizer(c.optim, 10)
+  params = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  opt = jax.eval_shape(tx.init, params)
+  trainable = _bytes(params) + _bytes(opt)
+  if algo.startswith("ppo"):
+    mode = algo.split("_")[1]
+    critic = jax.eval_shape(lambda p: ppo_step.init_critic(mcfg, mode, jax.random.PRNGKey(0), p), params)
+    trainable += _bytes(critic) + _bytes(jax.eval_shape(tx.init, critic))
+  n = len(seeds)  # deterministic: the same value for every seed
+  return {"scalars": {"params_MB": [_bytes(params) / 1e6] * n, "trainable_MB": [trainable / 1e6] * n,
+                      "frozen_ref_MB": [_bytes(params) / 1e6] * n,
+                      "trainable_vs_policy_x": [trainable / (_bytes(params) + _bytes(opt))] * n},
+          "curves": {}}
