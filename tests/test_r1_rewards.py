@@ -1,0 +1,80 @@
+"""R1's Python reward terms on hand-built completions (values worked out by hand in the comments)."""
+import numpy as np
+import pytest
+
+from grpo_jax import r1_rewards
+
+A, B = 0, 1  # language_N codes: 'a', 'b'
+
+
+def _lang(*codes):
+  return {"language_N": np.asarray(codes, np.int32)}
+
+
+def test_language_consistency_hand_cases():
+  texts = [
+      "<think> add 3 + 4 = 7 ; so 3 + 4 = 7 ; </think> <answer> 7 </answer>",  # a words: add, so -> 2/2
+      "<think> add 3 + 4 = 7 ; zu 3 + 4 = 7 ; </think> <answer> 7 </answer>",   # add (a), zu (b) -> 1/2
+      "<think> plim 3 + 4 = 7 ; vek 7 + 1 = 8 ; so 3 + 4 = 8 ; </think> <answer> 8 </answer>",  # 2 b, 1 a
+      "<think> 3 + 4 = 7 ; </think> <answer> 7 </answer>",  # no language word at all -> 0, not 1
+      "<think> ugh add 1 + 1 = 2 ; </think> <answer> 2 </answer>",  # 'ugh' is in neither list: 1/1
+      "add 1 + 1 = 2 ; so the answer is 2",  # untagged: the whole text is the CoT; 5 a-words, prompt in b -> 0/5
+  ]
+  got = r1_rewards.language_consistency(texts, None, _lang(A, A, B, A, A, B))
+  np.testing.assert_allclose(got, [1.0, 0.5, 2 / 3, 0.0, 1.0, 0.0])
+
+
+def test_language_consistency_only_counts_think_body():
+  # Words after </think> (here 'zu' inside the answer) do not count: the CoT is the think body.
+  text = "<think> add 1 + 1 = 2 ; </think> <answer> zu </answer>"
+  assert r1_rewards.language_consistency([text], None, _lang(A)) == [1.0]
+
+
+def test_language_consistency_needs_languages():
+  with pytest.raises(ValueError, match="language_N"):
+    r1_rewards.language_consistency(["x"], None, {})
+  with pytest.raises(ValueError, match="rows"):
+    r1_rewards.language_consistency(["x", "y"], None, _lang(A))
+
+
+def test_recheck_statistics():
+  fixed = "<think> add 3 + 4 = 8 ; wait , recheck add 3 + 4 = 7 ; so 3 + 4 = 7 ; </think> <answer> 7 </answer>"
+  # Re-check phrase after a RIGHT step: counted as a re-check, not as a correction.
+  idle = "<think> add 3 + 4 = 7 ; wait , recheck add 3 + 4 = 7 ; </think> <answer> 7 </answer>"
+  # Re-check that redoes a different equation: no correction.
+  other = "<think> add 3 + 4 = 8 ; hup , revok add 3 + 5 = 8 ; </think> <answer> 8 </answer>"
+  plain = "<think> add 3 + 4 = 7 ; </think> <answer> 7 </answer>"
+  texts = [fixed, idle, other, plain]
+  assert r1_rewards.recheck_count(texts, None, {}) == [1.0, 1.0, 1.0, 0.0]
+  assert r1_rewards.recheck_fixed(texts, None, {}) == [1.0, 0.0, 0.0, 0.0]
+
+
+def test_brevity():
+  fn = r1_rewards.make_brevity(10)
+  assert fn(["", "", ""], [[1] * 0, [1] * 4, [1] * 12], {}) == [1.0, pytest.approx(0.6), 0.0]
+  with pytest.raises(ValueError, match="max_tokens"):
+    r1_rewards.make_brevity(0)
+
+
+def test_harmless():
+  fn = r1_rewards.make_harmless(("ugh", "darn"))
+  texts = ["add 1 + 1 = 2 ;", "ugh add 1 + 1 = 2 ;", "laughs 1 + 1 = 2", "x;darn"]
+  # Whole words only: 'laughs' contains 'ugh' but is not the word.
+  assert fn(texts, None, {}) == [1.0, 0.0, 1.0, 0.0]
+  for bad in ((), ("Ugh",), ("two words",)):
+    with pytest.raises(ValueError, match="forbidden"):
+      r1_rewards.make_harmless(bad)
+
+
+def test_last_number():
+  assert r1_rewards.last_number("so 5 - 71 = -66 ; so the answer is -66") == -66
+  assert r1_rewards.last_number("<answer> 42 </answer>") == 42
+  assert r1_rewards.last_number("take 5 - 3 = 2 ; 7") == 7
+  assert r1_rewards.last_number("no digits here") is None
+  assert r1_rewards.last_number("1 then 1234567890") is None  # over 9 digits: not a valid answer
+
+
+def test_python_fns_names():
+  fns = r1_rewards.python_fns(8, ("ugh",))
+  assert set(fns) == {"language", "recheck", "recheck_fixed", "brevity", "harmless"}
+  assert fns["brevity"]([""], [[1, 2]], {}) == [0.75]
