@@ -46,8 +46,16 @@ def run(config, workdir: str) -> None:
     raise ValueError(f"config.job: unknown job {config.job!r}; choose grpo, ppo, sft, pretrain or r1_pipeline.")
 
 
+class _QuietLibraries(logging.logging.Filter):
+  """Keeps orbax's per-save INFO chatter out of the run log; its warnings and errors still show."""
+
+  def filter(self, record) -> bool:
+    return record.levelno >= logging.WARNING or "/orbax/" not in record.pathname
+
+
 def main(argv) -> None:
   del argv
+  logging.get_absl_handler().addFilter(_QuietLibraries())
   from grpo_jax import validate
   if _WORKDIR.value is None:
     sys.exit("--workdir is required: the directory for metrics.jsonl, checkpoints and plots.")

@@ -345,18 +345,18 @@ def logprob_chunk(mcfg: ModelConfig) -> int:
   return max(16, (1 << 21) // mcfg.vocab_size)
 
 
-def token_logprobs(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_NxT: jax.Array,
-                   mask_NxT: jax.Array, temperature: float | jax.Array = 1.0,
-                   chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
-  """(logp_NxT, entropy_NxT) of softmax(logits / temperature), aligned to the token they predict.
-
-  logp[:, t] = log p(tokens[:, t] | tokens[:, <t]) and entropy[:, t] is the entropy of that same distribution;
-  column 0 is 0 in both. Values at pad positions are not masked. The N×T×V log-softmax is computed `chunk`
-  positions at a time under `jax.checkpoint`, so neither the forward nor the backward pass holds it whole.
-  chunk=None picks ~2^21 logits per row per chunk (whole sequence for small vocabularies); results are identical.
-  """
-  n, t = tokens_NxT.shape
+def hidden_states(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_NxT: jax.Array,
+                  mask_NxT: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(final-normed hidden [N, T, D], LM-head weight [D, V]): for value heads and `logprobs_from_hidden`."""
   h_NxTxD, head_DxV, _ = _apply(mcfg, params, "train", tokens_NxT, positions_NxT, mask_NxT)
+  return h_NxTxD, head_DxV
+
+
+def logprobs_from_hidden(mcfg: ModelConfig, h_NxTxD: jax.Array, head_DxV: jax.Array, tokens_NxT: jax.Array,
+                         temperature: float | jax.Array = 1.0,
+                         chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """`token_logprobs` from hidden states already computed (one trunk pass can serve a value head too)."""
+  n, t = tokens_NxT.shape
   next_NxT = jnp.concatenate([tokens_NxT[:, 1:], jnp.zeros((n, 1), tokens_NxT.dtype)], axis=1)
   inv_temp = 1.0 / jnp.asarray(temperature, jnp.float32)
 
@@ -386,6 +386,20 @@ def token_logprobs(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, pos
   # shift right: the distribution at t-1 predicts token t
   zeros = jnp.zeros((n, 1), jnp.float32)
   return (jnp.concatenate([zeros, logp_NxT[:, :-1]], axis=1), jnp.concatenate([zeros, ent_NxT[:, :-1]], axis=1))
+
+
+def token_logprobs(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_NxT: jax.Array,
+                   mask_NxT: jax.Array, temperature: float | jax.Array = 1.0,
+                   chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """(logp_NxT, entropy_NxT) of softmax(logits / temperature), aligned to the token they predict.
+
+  logp[:, t] = log p(tokens[:, t] | tokens[:, <t]) and entropy[:, t] is the entropy of that same distribution;
+  column 0 is 0 in both. Values at pad positions are not masked. The N×T×V log-softmax is computed `chunk`
+  positions at a time under `jax.checkpoint`, so neither the forward nor the backward pass holds it whole.
+  chunk=None picks ~2^21 logits per row per chunk (whole sequence for small vocabularies); results are identical.
+  """
+  h_NxTxD, head_DxV = hidden_states(mcfg, params, tokens_NxT, positions_NxT, mask_NxT)
+  return logprobs_from_hidden(mcfg, h_NxTxD, head_DxV, tokens_NxT, temperature, chunk)
 
 
 def init_cache(mcfg: ModelConfig, n: int, length: int) -> Cache:

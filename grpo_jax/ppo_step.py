@@ -73,8 +73,8 @@ def make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer) -> Callabl
     m = dict(m, **vm, value_loss=vl, entropy=rl_step.masked_mean(ent_NxL, mb["mask_NxL"]))
     return pl + ppo.vf_coef * vl, m
 
-  def update(carry, rows):
-    params, opt_state, critic_params, critic_opt, data, P_len = carry
+  def update(carry, rows, data, P_len):
+    params, opt_state, critic_params, critic_opt = carry
     mb = jax.tree.map(lambda x: sharding.constrain_batch(jnp.take(x, rows, axis=0)), data)
     mb["P"] = P_len
     (loss, m), (g_pol, g_crit) = jax.value_and_grad(loss_fn, has_aux=True)((params, critic_params), mb)
@@ -87,7 +87,7 @@ def make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer) -> Callabl
     new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
     m.update(loss=loss, grad_norm=gnorm, nonfinite=1 - finite.astype(jnp.int32),
              update_norm=jnp.where(finite, optax.global_norm(upd), 0.0))
-    return new + (data, P_len), m
+    return new, m
 
   def step(state, batch):
     rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
@@ -110,11 +110,11 @@ def make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer) -> Callabl
 
     def epoch(carry, key):
       perm = jax.random.permutation(key, N).reshape(rl.minibatches, N // rl.minibatches)
-      return jax.lax.scan(update, carry, perm)
+      return jax.lax.scan(functools.partial(update, data=data, P_len=P_len), carry, perm)
 
-    carry = (state["params"], state["opt_state"], state["critic_params"], state["critic_opt_state"], data, P_len)
+    carry = (state["params"], state["opt_state"], state["critic_params"], state["critic_opt_state"])
     carry, um = jax.lax.scan(epoch, carry, jax.random.split(k_upd, rl.mu))
-    params, opt_state, critic_params, critic_opt = carry[:4]
+    params, opt_state, critic_params, critic_opt = carry
     um = jax.tree.map(lambda x: x.reshape(-1), um)
     reward_ok = jnp.all(ro["status"] == 0)
     new_state = dict(state, params=params, opt_state=opt_state, critic_params=critic_params,
