@@ -45,11 +45,14 @@ def get_config(arg: str | None = None):
       report=dict(size=256, batch=128, n_samples=8, pass_k=(1, 4, 8)),
   ))
   if arg == "small":
+    # One-digit operands (200 distinct problems): a model this small learns them in a few hundred steps.
+    c.task.update(max_digits=1, test_size=64)
+    c.sampling.max_new_tokens = 48
     c.model.update(hidden=64, inter=128)
     c.rl.update(G=4, prompts_per_step=8)
     c.train.update(ckpt_every=10)
     c.eval.update(size=32, batch=32, n_samples=4, pass_k=(1, 4))
-    c.r1.pretrain.update(steps=150, batch=32)
+    c.r1.pretrain.update(steps=200, batch=32)
     c.r1.zero.steps = 20
     c.r1.cold_start.update(examples=64, steps=20, batch=16)
     c.r1.grpo.steps = 15

@@ -1,0 +1,259 @@
+"""R1 pipeline: pre-training documents, SFT packing, rejection sampling (only verified samples), and a tiny end-to-end
+pipeline that is killed between stages and resumes at the next stage without redoing finished ones."""
+import json
+import os
+
+import ml_collections
+import numpy as np
+import pytest
+
+from grpo_jax import evaluation
+from grpo_jax import pipeline
+from grpo_jax.tasks import base, cot, verify_py
+from grpo_jax.tasks import data as data_lib
+from grpo_jax.tasks import tokenizer as tok_lib
+
+EX = {"a": 23, "op": "+", "b": 45, "answer": 68, "index": 0}
+
+
+@pytest.fixture(scope="module")
+def tok():
+  return tok_lib.load()
+
+
+def _doc_knobs(**kw):
+  p = dict(template_frac=0.0, tag_frac=0.0, mix_frac=0.0, mistake_frac=0.0, noise_frac=0.0, forbidden=("ugh",))
+  p.update(kw)
+  return ml_collections.ConfigDict(p)
+
+
+def test_pretrain_document_kinds(tok):
+  task = base.get_task("arith", max_digits=2, ops="+-")
+  rng = np.random.default_rng(0)
+  head, tail = pipeline.pretrain_document(task, EX, "a", rng, _doc_knobs())
+  assert head == "" and tail == "what is 23 + 45 ? " + cot.solution(EX, "a", tagged=False)
+  head, tail = pipeline.pretrain_document(task, EX, "b", rng, _doc_knobs(template_frac=1.0, tag_frac=1.0))
+  assert head == base.prompt(task, EX, "b") and tail == cot.solution(EX, "b")
+  assert verify_py.format_ok(tail, tok=tok)  # a web-like tagged transcript is a well-formed R1 completion
+  head, tail = pipeline.pretrain_document(task, EX, "a", rng, _doc_knobs(template_frac=1.0, tag_frac=0.0))
+  assert head and "<think>" not in tail
+  _, tail = pipeline.pretrain_document(task, EX, "a", rng, _doc_knobs(noise_frac=1.0))
+  assert " ugh " in tail and "ugh" not in cot.solution(EX, "a", tagged=False)
+
+
+def test_mixed_solution_switches_language():
+  # 23 + 45: steps add 3+5, add 2+4, so 23+45 -> parts: 3 steps + ending. Switch at 2: 2 a-steps, then b.
+  text = pipeline.mixed_solution(EX, "a", False, True, 2)
+  assert text == "<think> add 3 + 5 = 8 ; add 2 + 4 = 6 ; zu 23 + 45 = 68 ; </think> <answer> 68 </answer>"
+  assert cot.language_consistency(text, "a") == pytest.approx(2 / 3)
+  assert pipeline.mixed_solution(EX, "b", False, True, 4) == cot.solution(EX, "b")
+
+
+def test_pretraining_mixture_fractions(tok):
+  c = _tiny_config()
+  c.r1.pretrain.update(batch=400, template_frac=0.5, tag_frac=0.5, mix_frac=0.0, noise_frac=0.0)
+  examples = data_lib.load_examples(c.task, "train")
+  b = next(pipeline.pretrain_batches(c, tok, examples)(0))
+  think = tok.tag_ids["<think>"]
+  tagged = np.mean([(row[:m.sum()] == think).sum() >= 2 for row, m in zip(b["tokens_NxT"], b["mask_NxT"])])
+  # The template holds one <think>; a tagged solution adds a second. Expected 0.5 * 0.5 = 0.25 of 400 documents.
+  assert 0.18 < tagged < 0.32
+  assert (b["loss_mask_NxT"][:, 0] == 0).all() and (b["loss_mask_NxT"] == b["mask_NxT"])[:, 1:].all()
+
+
+def test_pack_loss_masks(tok):
+  b = pipeline.pack([([7, 8], [9], False), ([7], [9, 10], True)], tok, 7)
+  np.testing.assert_array_equal(b["tokens_NxT"], [[1, 7, 8, 9, 2, 0, 0], [1, 7, 9, 10, 2, 0, 0]])
+  np.testing.assert_array_equal(b["loss_mask_NxT"], [[0, 0, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0, 0]])
+  np.testing.assert_array_equal(b["positions_NxT"], [[0, 1, 2, 3, 4, 4, 4], [0, 1, 2, 3, 4, 4, 4]])
+  with pytest.raises(ValueError, match="max_len"):
+    pipeline.pack([([7] * 6, [9], False)], tok, 7)
+
+
+def test_select_samples_hand_case():
+  reward = np.asarray([2.0, 2.5, 2.5, 0.5, 3.0, 1.0])
+  correct = np.asarray([1, 1, 1, 0, 1, 1])
+  fmt = np.asarray([1, 1, 1, 1, 0, 1])
+  comps = [(1,), (2,), (2,), (3,), (4,), (5,)]
+  # 4 is unformatted, 3 wrong; 1 and 2 tie at 2.5 but are duplicates -> keep 1, then 0 (2.0), then 5 (1.0).
+  assert pipeline.select_samples(reward, correct, fmt, comps, keep=1) == [1]
+  assert pipeline.select_samples(reward, correct, fmt, comps, keep=3) == [1, 0, 5]
+  assert pipeline.select_samples(reward, correct * 0, fmt, comps, keep=3) == []
+
+
+def test_stage_rewards_tracks_every_term():
+  r = pipeline.stage_rewards((("accuracy", 1.0), ("language", 0.5)))
+  assert r[:2] == (("accuracy", 1.0), ("language", 0.5))
+  assert {n for n, w in r[2:]} == set(pipeline.TRACKED) - {"accuracy", "language"}
+  assert all(w == 0.0 for _, w in r[2:])
+
+
+# ------------------------------------------------------------------------------- oracle sampler for rejection
+def _oracle_make_generate(tok):
+  """A stand-in sampler: per prompt, a mix of right/wrong/untagged/duplicate completions, scored by verify_py."""
+
+  def make_generate(mcfg, scfg, mesh, task, tag_ids):
+    def gen(params, prompt_NxP, pmask_NxP, fields, rng):
+      n, L = prompt_NxP.shape[0], scfg.max_new_tokens
+      tokens = np.zeros((n, L), np.int32)
+      mask = np.zeros((n, L), np.int32)
+      for i in range(n):
+        ans = int(fields["answer_N"][i])
+        lang = base.LANGUAGES[int(fields["language_N"][i])]
+        kind = i % 4
+        body = {"a": "so", "b": "zu"}[lang]
+        text = [f"<think> {body} 1 + 1 = 2 ; </think> <answer> {ans} </answer>",       # right, well-formed
+                f"<think> {body} 1 + 1 = 2 ; </think> <answer> {ans + 1} </answer>",   # wrong
+                f"{body} the answer is {ans}",                                         # untagged
+                f"<think> {body} 1 + 1 = 2 ; </think> <answer> {ans} </answer>"][kind]  # duplicate of kind 0
+        ids = tok.encode(text) + [tok.eos_id]
+        tokens[i, :len(ids)], mask[i, :len(ids)] = ids, 1
+      acc = verify_py.accuracy_reward("arith", tokens, mask, fields, tok)
+      fmt = verify_py.format_reward(tokens, mask, tok)
+      return tokens, mask, mask.sum(1), acc, fmt
+    return gen
+  return make_generate
+
+
+def _tiny_config():
+  from configs import r1_pipeline
+  c = r1_pipeline.get_config("small")
+  c.model.update(hidden=32, layers=1, heads=2, kv_heads=1, inter=64, max_len=96)
+  c.sampling.max_new_tokens = 40
+  c.train.update(ckpt_every=2, log_every=1)
+  c.rl.update(G=2, prompts_per_step=4)
+  c.eval.update(size=8, batch=8, n_samples=2, pass_k=(1, 2))
+  c.r1.pretrain.update(steps=2, batch=8)
+  c.r1.zero.steps = 2
+  c.r1.cold_start.update(examples=8, steps=2, batch=8)
+  c.r1.grpo.steps = 2
+  c.r1.rejection.update(prompts=6, n=4, keep_per_prompt=1, general_frac=0.25)
+  c.r1.sft2.update(steps=2, batch=8)
+  c.r1.final.steps = 2
+  c.r1.report.update(size=8, batch=8, n_samples=2, pass_k=(1, 2))
+  return c
+
+
+def _check_rejection_records(path, tok, config, n_prompts):
+  records = [json.loads(l) for l in open(path)]
+  reasoning = [r for r in records if r["kind"] == "reasoning"]
+  general = [r for r in records if r["kind"] == "general"]
+  examples = data_lib.load_examples(config.task, "train")
+  answer = {ex["index"]: ex["answer"] for ex in examples}
+  # Oracle: sample 0 of each prompt is right and well-formed, its duplicate (sample 3) must not be kept twice.
+  assert len(reasoning) == n_prompts
+  for r in reasoning:
+    ids = r["completion_ids"] + [tok.eos_id]
+    assert verify_py.format_ok(ids, tok=tok)
+    spans = verify_py.parse(ids, tok=tok)
+    assert verify_py.accuracy_arith(verify_py.span_text(ids, spans[1], tok), answer[r["index"]]) == 1.0
+    assert tok.decode(r["prompt_ids"]).endswith(" :")
+  assert len(general) == round(n_prompts * 0.25 / 0.75)
+  assert all(r["prompt_ids"] == [] and "<think>" not in r["text"] for r in general)
+
+
+def test_rejection_sampling_keeps_only_verified(tmp_path, tok, monkeypatch):
+  c = _tiny_config()
+  from grpo_jax import checkpoint as ckpt_lib, model as model_lib, sharding
+  import jax
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  ckpt_lib.save_params(str(tmp_path / "params"), model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  monkeypatch.setattr(evaluation, "make_generate", _oracle_make_generate(tok))
+  stats = pipeline.rejection_sample(c, str(tmp_path / "params"), str(tmp_path / "data.jsonl"))
+  assert stats["kept_reasoning"] == 6 and stats["samples"] == 24 and stats["correct_frac"] == 0.5
+  _check_rejection_records(tmp_path / "data.jsonl", tok, c, 6)
+
+
+# ---------------------------------------------------------------------------------- end to end, kill + resume
+class _Killed(RuntimeError):
+  pass
+
+
+@pytest.fixture(scope="module")
+def resumed_pipeline(tmp_path_factory, tok):
+  """Run 1 is killed at the start of stage 3 (after stages base..r1_2 finished); run 2 resumes and finishes.
+
+  Stages build identical SFT steps and generate functions as new jit objects; a compilation cache private to this
+  fixture lets each be compiled once (test time only: the pipeline itself does not depend on it).
+  """
+  import jax
+  wd = str(tmp_path_factory.mktemp("r1"))
+  saved = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+                                                 "jax_persistent_cache_min_entry_size_bytes")}
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  c = _tiny_config()
+  real_stage = pipeline._run_stage
+  calls = []
+  mp = pytest.MonkeyPatch()
+
+  def counting(config, workdir, stage, kill_at=None):
+    calls.append(stage)
+    if stage == kill_at:
+      raise _Killed(stage)
+    if stage == "r1_3_rejection":  # a 2-step policy writes no correct answer: sample with the oracle instead
+      with pytest.MonkeyPatch.context() as m:
+        m.setattr(evaluation, "make_generate", _oracle_make_generate(tok))
+        return real_stage(config, workdir, stage)
+    return real_stage(config, workdir, stage)
+
+  mp.setattr(pipeline, "_run_stage", lambda cfg, w, s: counting(cfg, w, s, kill_at="r1_3_rejection"))
+  with pytest.raises(_Killed):
+    pipeline.run_pipeline(c, wd)
+  first = list(calls)
+  calls.clear()
+  mp.setattr(pipeline, "_run_stage", lambda cfg, w, s: counting(cfg, w, s))
+  results = pipeline.run_pipeline(c, wd)
+  mp.undo()
+  for k, v in saved.items():
+    jax.config.update(k, v)
+  return wd, c, first, list(calls), results
+
+
+def test_killed_pipeline_resumes_at_next_stage(resumed_pipeline):
+  wd, _, first, second, _ = resumed_pipeline
+  assert first == list(pipeline.STAGES[:5])  # base .. r1_2 ran, r1_3 was entered and killed
+  assert second == list(pipeline.STAGES[4:])  # resumed at r1_3; nothing finished was redone
+  log = open(os.path.join(wd, "stages.log")).read().split("\n")
+  for stage in pipeline.STAGES:
+    starts = [l for l in log if l.split(" ")[1:3] == [stage, "start"]]
+    dones = [l for l in log if l.split(" ")[1:3] == [stage, "done"]]
+    # Every stage finished exactly once; only the killed stage was started twice (its first start had no done).
+    assert len(dones) == 1, stage
+    assert len(starts) == (2 if stage == "r1_3_rejection" else 1), stage
+
+
+def test_each_stage_wrote_its_outputs(resumed_pipeline, tok):
+  wd, c, _, _, results = resumed_pipeline
+  for stage in pipeline.STAGES:
+    assert pipeline.stage_done(wd, stage), stage
+  for stage in ("base", "r1_1_cold_start", "r1_4_sft"):
+    assert os.path.exists(os.path.join(wd, stage, "metrics.jsonl"))
+  for stage in ("r1_zero", "r1_2_grpo", "r1_5_final"):
+    rows = [json.loads(l) for l in open(os.path.join(wd, stage, "metrics.jsonl"))]
+    train_rows = [r for r in rows if "train/loss" in r]
+    assert [r["step"] for r in train_rows] == [1, 2]
+    # Every tracked statistic is logged every step, weighted or not.
+    for name in pipeline.TRACKED:
+      assert all(f"train/reward/{name}" in r for r in train_rows), (stage, name)
+  _check_rejection_records(os.path.join(wd, "r1_3_rejection", "data.jsonl"), tok, c, c.r1.rejection.prompts)
+
+
+def test_report_compares_every_model(resumed_pipeline):
+  wd, c, _, _, results = resumed_pipeline
+  from grpo_jax import report
+  assert set(results) == set(report.MODELS)
+  for m in results.values():
+    for k in ("accuracy_last_number", "accuracy_tagged", "format_rate", "language_consistency", "pass@2_tagged",
+              "pass@1_last_number", "cons@2_last_number"):
+      assert 0.0 <= m[k] <= 1.0, k
+    assert m["pass@1_tagged"] <= m["pass@2_tagged"]
+  text = open(os.path.join(wd, "report.md")).read()
+  assert "| accuracy_last_number |" in text and "R1-Zero" in text and "## Verdict" in text
+  for png in ("r1_compare.png", "r1_zero_aha.png", "r1_2_grpo_curves.png", "r1_5_final_curves.png"):
+    assert os.path.getsize(os.path.join(wd, "plots", png)) > 1000
+  # A second call re-uses the cached held-out numbers (no model is re-evaluated).
+  before = {s: os.path.getmtime(os.path.join(wd, s, "heldout.json")) for s in report.MODELS}
+  report.write_report(c, wd)
+  assert before == {s: os.path.getmtime(os.path.join(wd, s, "heldout.json")) for s in report.MODELS}
