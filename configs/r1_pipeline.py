@@ -27,6 +27,7 @@ def get_config(arg: str | None = None):
   c.eval.update(size=64, batch=64, n_samples=4, pass_k=(1, 4))
   c.log.tensorboard = False
   c.r1 = ml_collections.ConfigDict(dict(
+      stages=("base", "r1_zero", "r1_1_cold_start", "r1_2_grpo", "r1_3_rejection", "r1_4_sft", "r1_5_final"),
       # Forbidden words: the harmlessness proxy of stage 5; pre-training noise writes them (noise_frac).
       forbidden=("ugh",),
       pretrain=dict(steps=500, batch=64, lr=3e-3, warmup_steps=20,
@@ -52,8 +53,8 @@ def get_config(arg: str | None = None):
     c.rl.update(G=4, prompts_per_step=8)
     c.train.update(ckpt_every=10)
     c.eval.update(size=32, batch=32, n_samples=4, pass_k=(1, 4))
-    c.r1.pretrain.update(steps=200, batch=32)
-    c.r1.zero.steps = 20
+    c.r1.pretrain.update(steps=400, batch=32)
+    c.r1.zero.steps = 40
     c.r1.cold_start.update(examples=64, steps=20, batch=16)
     c.r1.grpo.steps = 15
     c.r1.rejection.update(prompts=64, n=4)

@@ -80,6 +80,9 @@ def validate(config) -> None:
       if name not in known:
         v._fail(f"r1.{stage}.rewards", f"unknown term {name!r}; choose from {sorted(known)}.")
   r1_rewards.make_harmless(tuple(r1.forbidden))  # raises on a bad word list
+  stages = tuple(r1.stages)
+  if not stages or any(s not in STAGES for s in stages) or list(stages) != sorted(stages, key=STAGES.index):
+    v._fail("r1.stages", f"{stages!r} must be stage names in pipeline order, from {STAGES}.")
   if r1.report.batch % r1.report.n_samples or r1.report.size % r1.report.batch:
     v._fail("r1.report.batch", "must divide r1.report.size and be a multiple of r1.report.n_samples.")
   if r1.rejection.n > r1.report.batch:
@@ -383,10 +386,11 @@ def _run_stage(config, workdir: str, stage: str) -> None:
     raise ValueError(f"stage={stage!r} is unknown; use one of {STAGES}")
 
 
-def run_pipeline(config, workdir: str, stages: Sequence[str] = STAGES) -> dict:
-  """Runs every unfinished stage in order, then evaluates all models and writes DIR/report.md."""
+def run_pipeline(config, workdir: str, stages: Sequence[str] | None = None) -> dict:
+  """Runs every unfinished stage of `config.r1.stages` in order, then evaluates all models -> DIR/report.md."""
   from grpo_jax import report
   validate(config)
+  stages = tuple(config.r1.stages) if stages is None else tuple(stages)
   os.makedirs(workdir, exist_ok=True)
   for stage in stages:
     if stage_done(workdir, stage):
