@@ -26,7 +26,7 @@ def get_config(arg: str | None = None):
     c.rl.kl_in = "reward"
   c.optim.update(lr=1e-4, warmup_steps=0, grad_clip=1.0)
   c.train.update(steps=60, eval_every=20, ckpt_every=20, plot_every=20, sample_every=20)
-  c.eval.update(size=500, batch=250, n_samples=4, pass_k=(1, 4))
+  c.eval.update(size=500, batch=100, n_samples=4, pass_k=(1, 4))
   if "runlocal" in args:
     c.model.update(hidden=64, inter=128)
     c.sft.update(steps=60, batch=32)

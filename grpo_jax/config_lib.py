@@ -58,7 +58,7 @@ def base_config() -> ml_collections.ConfigDict:
       sample_every=10, num_samples_logged=3, init_from=""))
 
   c.eval = ml_collections.ConfigDict(dict(
-      size=500, batch=250, n_samples=4, pass_k=(1, 4)))
+      size=500, batch=100, n_samples=4, pass_k=(1, 4)))
 
   c.log = ml_collections.ConfigDict(dict(tensorboard=True, wandb_project=""))
   return c

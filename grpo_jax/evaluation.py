@@ -58,7 +58,7 @@ def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids:
   jitted = jax.jit(gen)
 
   def run(*args):
-    with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+    with sharding.mesh_context(mesh):
       return jitted(*args)
   return run
 

@@ -142,7 +142,7 @@ def make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer) -> Callabl
 
   @functools.wraps(step)
   def run(state, batch):
-    with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+    with sharding.mesh_context(mesh):
       return jitted(state, batch)
   run.jitted = jitted
   return run

@@ -283,7 +283,7 @@ def make_rl_step(config, mesh, mcfg: model_lib.ModelConfig, tx, spec: rewards_li
   @functools.wraps(step)
   def run(state, batch):
     # Logical-axis constraints inside the model and sampler resolve against this mesh while tracing.
-    with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+    with sharding.mesh_context(mesh):
       return jitted(state, batch)
   run.jitted = jitted
   run.lower = lambda state, batch: _lower(jitted, mesh, state, batch)
@@ -291,5 +291,5 @@ def make_rl_step(config, mesh, mcfg: model_lib.ModelConfig, tx, spec: rewards_li
 
 
 def _lower(jitted, mesh, state, batch):
-  with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+  with sharding.mesh_context(mesh):
     return jitted.lower(state, batch)

@@ -95,9 +95,12 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
   mask_NxP = batch(prompt_mask_NxP.astype(jnp.int32))
   pos_NxP = jnp.maximum(jnp.cumsum(mask_NxP, axis=1) - 1, 0)
   plen_N = jnp.sum(mask_NxP, axis=1)
-  cache = model_lib.init_cache(mcfg, n, p + steps)
-  cache = {k: nn.with_logical_constraint(v, tuple(model_lib.cache_axes()[k])) for k, v in cache.items()}
+  # Pin the KV cache to the batch split (rows over the data axes, kv heads over 'tensor') at every step: left to
+  # propagation, XLA may keep the whole rollout's cache on every chip.
+  pin = lambda c: {k: nn.with_logical_constraint(v, tuple(model_lib.cache_axes()[k])) for k, v in c.items()}
+  cache = pin(model_lib.init_cache(mcfg, n, p + steps))
   logits_NxV, cache = model_lib.prefill(mcfg, params, prompt_NxP, pos_NxP, mask_NxP, cache)
+  cache = pin(cache)
   kv_mask_NxS = jnp.concatenate([mask_NxP, jnp.ones((n, steps), jnp.int32)], axis=1)
   u_LxN = nn.with_logical_constraint(jax.random.uniform(rng, (steps, n)), (None, "batch"))
 
@@ -113,7 +116,7 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
     tok_N, logp_N, live_N, done_N = emit(logits_NxV, u_N, done_N)
     # rows past EOS keep decoding pad tokens: wasted but static-shaped work
     logits_NxV, cache = model_lib.decode_step(mcfg, params, tok_N, plen_N + i, cache, p + i, kv_mask_NxS)
-    return (batch(logits_NxV), cache, done_N), (tok_N, logp_N, live_N)
+    return (batch(logits_NxV), pin(cache), done_N), (tok_N, logp_N, live_N)
 
   done_N = jnp.zeros((n,), bool)
   (logits_NxV, _, done_N), (tok_LxN, logp_LxN, live_LxN) = jax.lax.scan(

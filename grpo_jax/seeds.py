@@ -115,7 +115,7 @@ def make_vmapped_step(config, mesh, build: Callable[[Any], Callable],
   jitted = jax.jit(jax.vmap(one_run, in_axes=(0, None)), donate_argnums=(0,), compiler_options=compiler_options)
 
   def run(states, batch):
-    with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+    with sharding.mesh_context(mesh):
       return jitted(states, batch)
   run.jitted = jitted
   return run

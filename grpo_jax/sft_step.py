@@ -40,6 +40,6 @@ def make_sft_step(mcfg: model_lib.ModelConfig, tx, mesh) -> Callable[[dict, dict
   jitted = jax.jit(step, donate_argnums=(0,), out_shardings=(shard, sharding.replicated(mesh)))
 
   def run(state, batch):
-    with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+    with sharding.mesh_context(mesh):
       return jitted(state, batch)
   return run

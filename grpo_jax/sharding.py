@@ -1,6 +1,7 @@
 """Mesh from config and logical-axis rules: models name logical axes only, this module maps them to the mesh."""
+import contextlib
 import math
-from typing import Any
+from typing import Any, Iterator
 
 import flax.linen as nn
 import jax
@@ -91,3 +92,11 @@ def replicated(mesh: Mesh) -> NamedSharding:
 def constrain_batch(x: jax.Array) -> jax.Array:
   """Pins the leading (row) axis to the data axes inside a jitted step (needs the mesh context)."""
   return nn.with_logical_constraint(x, ("batch",) + (None,) * (x.ndim - 1))
+
+
+@contextlib.contextmanager
+def mesh_context(mesh: Mesh) -> Iterator[None]:
+  """Where steps are traced: `jax.set_mesh` (flax's logical constraints are no-ops without it — the old
+  `with mesh:` does not set the abstract mesh they look up) plus the logical-axis rules."""
+  with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
+    yield

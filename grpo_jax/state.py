@@ -76,5 +76,5 @@ def create_state(mesh: Mesh, mcfg: model_lib.ModelConfig, tx, seed: int,
       st.update(critic_params=cp, critic_opt_state=critic[2].init(cp))
     return st
 
-  with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+  with sharding.mesh_context(mesh):
     return jax.jit(init, out_shardings=shard)(seed)

@@ -140,8 +140,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   if (n_rows // c.rl.minibatches) % data_par:
     _fail("rl.minibatches", f"minibatch size {n_rows // c.rl.minibatches} must be divisible by mesh "
           f"data*fsdp={data_par}; use fewer minibatches.")
-  if c.eval.batch % data_par:
-    _fail("eval.batch", f"{c.eval.batch} must be divisible by mesh data*fsdp={data_par}.")
+  validate_eval(c, data_par)
   total = c.task.prompt_len + c.sampling.max_new_tokens
   if total > c.model.max_len:
     _fail("sampling.max_new_tokens", f"task.prompt_len + sampling.max_new_tokens = {total} exceeds "
@@ -156,6 +155,24 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
       _fail(f"rewards[{i}]", f"must be a (name, weight) pair, got {entry!r}.")
   if tokenizer is not None:
     validate_tokenizer(c, tokenizer)
+
+
+def validate_eval(c, data_par: int) -> None:
+  e = c.eval
+  for k in ("eval.size", "eval.batch", "eval.n_samples"):
+    _positive_int(c, k)
+  if e.batch % data_par:
+    _fail("eval.batch", f"{e.batch} must be divisible by mesh data*fsdp={data_par}.")
+  if e.size % e.batch:
+    _fail("eval.size", f"{e.size} must be a multiple of eval.batch={e.batch}.")
+  if e.batch % e.n_samples:
+    _fail("eval.batch", f"{e.batch} must be a multiple of eval.n_samples={e.n_samples} (prompts are repeated "
+          "n_samples times inside one eval batch).")
+  for k in e.pass_k:
+    if not (isinstance(k, int) and 1 <= k <= e.n_samples):
+      _fail("eval.pass_k", f"entry {k!r} must be an integer in [1, eval.n_samples={e.n_samples}].")
+  if e.size > c.task.test_size:
+    _fail("eval.size", f"{e.size} exceeds task.test_size={c.task.test_size}; lower it or raise test_size.")
 
 
 def validate_tokenizer(c, tokenizer) -> None:
@@ -173,6 +190,7 @@ def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:
   _choice(c, "sft.loss_on", ("completion", "all"))
   _prob(c, "sft.mistake_frac")
   mesh = validate_mesh(c, num_devices)
+  validate_eval(c, mesh["data"] * mesh["fsdp"])
   if c.sft.batch % (mesh["data"] * mesh["fsdp"]):
     _fail("sft.batch", f"{c.sft.batch} must be divisible by mesh data*fsdp={mesh['data'] * mesh['fsdp']}.")
   if tokenizer is not None:

@@ -227,7 +227,7 @@ f = jax.jit(S.sample, static_argnums=(0, 5))
 one = f(MCFG, params, prompt, pmask, jax.random.PRNGKey(5), scfg)
 mesh = Mesh(np.asarray(jax.devices()).reshape(4, 2), ("data", "tensor"))
 rules = (("batch", "data"), ("heads", "tensor"), ("kv_heads", "tensor"), ("mlp", "tensor"), ("vocab", "tensor"))
-with mesh, nn.logical_axis_rules(rules):
+with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
   shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
   p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
   b = shard(P("batch", None))

@@ -61,7 +61,7 @@ def _plain_step(c, mesh, mcfg, tx, spec, tok):
   jitted = jax.jit(rl_step.build_step(c, mcfg, tx, spec, tok), compiler_options=seeds_lib.FAST_COMPILE)
 
   def run(state, batch):
-    with mesh, nn.logical_axis_rules(sharding.LOGICAL_RULES):
+    with sharding.mesh_context(mesh):
       return jitted(state, batch)
   return run
 

@@ -55,6 +55,9 @@ BAD = [
     ("ppo.lam", 1.5, "config.ppo.lam"),
     ("train.steps", 0, "config.train.steps"),
     ("eval.batch", 0, "config.eval.batch"),
+    ("eval.batch", 250, "config.eval.batch"),
+    ("eval.size", 1000, "config.eval.size"),
+    ("eval.pass_k", (1, 8), "config.eval.pass_k"),
 ]
 
 
