@@ -23,8 +23,14 @@ INSTALL_REQUIRES = [
     "safetensors==0.8.0",
 ]
 
+HF = ["torch==2.13.0", "transformers==5.24.0", "tokenizers==0.23.3"]  # HF checkpoints and tokenizer.json
+TPU = ["libtpu==0.0.42.1"]  # the TPU compiler on a CPU machine (grpo_jax.aot); the version jax[tpu]==0.10.2 pins
+
 EXTRAS = {
-    "test": ["pytest==9.2.0", "pytest-xdist==3.8.0"],
+    "hf": HF,
+    "tpu": TPU,
+    # The tests compare our logits with transformers' and compile one step for a TPU topology.
+    "test": ["pytest==9.2.0", "pytest-xdist==3.8.0"] + HF + TPU,
 }
 
 setuptools.setup(
@@ -33,7 +39,7 @@ setuptools.setup(
     description=__doc__,
     python_requires=">=3.11",
     packages=setuptools.find_packages(include=["grpo_jax", "grpo_jax.*"]),
-    package_data={"grpo_jax": ["tasks/assets/*"]},
+    package_data={"grpo_jax.tasks": ["assets/*.model"]},
     install_requires=INSTALL_REQUIRES,
     extras_require=EXTRAS,
 )

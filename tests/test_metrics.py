@@ -216,3 +216,11 @@ def test_plots_are_nonempty_pngs_and_tolerate_missing_metrics(tmp_path):
   assert not glob.glob(str(tmp_path / 'plots' / '*.tmp'))
   # Called again mid-run: files are replaced in place.
   assert plots.write_plots(str(tmp_path)) == written
+
+
+def test_docs_metrics_table_matches_code():
+  import os
+  from grpo_jax import metrics as metrics_lib
+  path = os.path.join(os.path.dirname(__file__), "..", "docs", "metrics.md")
+  with open(path) as f:
+    assert metrics_lib.markdown_table() in f.read(), "regenerate docs/metrics.md (command at its top)"

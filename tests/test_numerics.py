@@ -1,0 +1,51 @@
+"""Non-finite losses: the update is skipped and counted; after `rl.max_nonfinite_in_row` the run stops, saved."""
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax import config_lib
+from grpo_jax import rewards
+from grpo_jax import train
+
+
+def _nan_after_first_call():
+  """An in-graph term whose scores are NaN: advantages, loss and gradient become non-finite."""
+  def make(ctx):
+    return lambda tokens, mask, batch, ctx: rewards.outcome(jnp.full((tokens.shape[0],), jnp.nan))
+  return make
+
+
+@pytest.fixture
+def nan_term():
+  rewards.REGISTRY["test_nan"] = _nan_after_first_call()
+  yield "test_nan"
+  del rewards.REGISTRY["test_nan"]
+
+
+def _tiny(workdir_steps=5):
+  c = config_lib.base_config()
+  c.model.update(hidden=32, layers=1, heads=2, kv_heads=1, inter=64, max_len=72)
+  c.task.update(prompt_len=48, test_size=16)
+  c.sampling.max_new_tokens = 8
+  c.rl.update(G=2, prompts_per_step=2, max_nonfinite_in_row=2)
+  c.train.update(steps=workdir_steps, eval_every=100, ckpt_every=100, plot_every=0, sample_every=0)
+  c.eval.update(size=4, batch=4, n_samples=2, pass_k=(1,))
+  c.log.tensorboard = False
+  c.mesh.update(data=1, fsdp=1, tensor=1)
+  return c
+
+
+def test_nonfinite_updates_are_skipped_then_the_run_stops_saved(tmp_path, nan_term):
+  c = _tiny()
+  c.rewards = ((nan_term, 1.0),)
+  with pytest.raises(train.NonFiniteError, match="max_nonfinite_in_row"):
+    train.run_rl(c, str(tmp_path))
+  from grpo_jax import metrics as metrics_lib
+  rows = [r for r in metrics_lib.read_metrics(str(tmp_path)) if "train/nonfinite_updates" in r]
+  assert [r["step"] for r in rows] == [1, 2]
+  assert all(r["train/nonfinite_updates"] == 1 and r["train/skipped_updates"] == 1 for r in rows)
+  # The last good state (= the initial params: every update was skipped) is saved at the stopping step.
+  assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [2]
