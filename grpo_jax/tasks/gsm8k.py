@@ -1,16 +1,16 @@
 """GSM8K read from a local TFDS data dir (no download here), fed to the same prompt pipeline; Python-verified.
 
 The final answer is the text after '####' in the reference solution (commas removed). A completion is right iff its
-format is OK (verify_py grammar) and its answer body, stripped of spaces, '$' and ',', is a number equal to it.
+format is OK (verify_py grammar) and its answer body has the same value (math_answer.equal: '$1,000.00', '1000
+dollars', '\\boxed{1000}', '2000/2' all match 1000). `text_reward` drops the format requirement and reads the answer
+from text alone (math_answer.extract_answer), for tokenizers whose tags are not single tokens.
 """
 from __future__ import annotations
-
-import re
 
 import numpy as np
 import tensorflow_datasets as tfds
 
-from grpo_jax.tasks import tokenizer as tokenizer_lib, verify_py
+from grpo_jax.tasks import math_answer, tokenizer as tokenizer_lib, verify_py
 
 _QUESTION = {"a": "{q}", "b": "{q}"}  # questions are English text; the template around them carries the language
 
@@ -69,14 +69,9 @@ def load_split(split: str, data_dir: str | None = None) -> list[dict]:
   return out
 
 
-def _number(text: str) -> float | None:
-  t = re.sub(r"[ $,]", "", text)
-  return float(t) if re.fullmatch(r"-?[0-9]+(\.[0-9]+)?", t) else None
-
-
 def accuracy(answer_body: str, final: str) -> float:
-  got, want = _number(answer_body), _number(final)
-  return float(got is not None and want is not None and got == want)
+  """1.0 iff the answer body (number, fraction, simple expression, with units/'$'/',' allowed) equals `final`."""
+  return float(math_answer.equal(answer_body, final))
 
 
 def accuracy_reward(tokens_NxL, mask_NxL, batch: dict, tok: tokenizer_lib.Tokenizer | None = None) -> np.ndarray:
@@ -102,3 +97,10 @@ def math_reward(texts, token_ids, batch: dict) -> list[float]:
     body = verify_py.span_text(row, spans[1], tok) if spans else None
     out.append(accuracy(body, decode_answer(batch["answer_chars_NxA"][n])) if spans else 0.0)
   return out
+
+
+def text_reward(texts, token_ids, batch: dict) -> list[float]:
+  """rewards.PyRewardFn on decoded text only: `<answer>` body, else last \\boxed{}, else last number; no format
+  requirement (e.g. a HF model prompted for \\boxed{} whose tokenizer has no tag tokens)."""
+  del token_ids
+  return [float(math_answer.is_correct(t, decode_answer(batch["answer_chars_NxA"][n]))) for n, t in enumerate(texts)]

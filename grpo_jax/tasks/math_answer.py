@@ -1,0 +1,170 @@
+"""Final-answer extraction and checking for math word problems (GSM8K-style), in plain Python.
+
+Why ours and not `math-verify`: a reward term runs in a worker thread (rewards.PythonTerm), where math-verify's
+signal-based timeouts cannot run, and it pulls in sympy + an ANTLR LaTeX parser (~1.5 s import, ms per call). The
+answers here are numbers or small arithmetic expressions, which an exact-rational evaluator over a whitelisted
+Python AST covers; tests/test_math_answer.py checks both agree on a table of cases (and says where they differ).
+
+Extraction: the body of the last `<answer>…</answer>` if there is one, else the last `\\boxed{…}`, else the last
+number in the text. Normalisation: `\\boxed{}`, `$`, `\\$`, `\\%`/`%`, thousands separators, `\\frac{a}{b}`
+(`\\dfrac`, `\\tfrac`), `\\cdot`/`\\times`, `^`, `\\left`/`\\right`, spacing commands, trailing '.', and words/units
+are stripped. Values are exact `Fraction`s, so 0.5 == 1/2 == \\frac{1}{2} == 50%.
+"""
+from __future__ import annotations
+
+import ast
+import re
+from fractions import Fraction
+
+_MAX_EXPONENT = 64       # 2**64 is fine; 10**10**10 would hang the host, so larger exponents fail to parse
+_MAX_BITS = 4096         # no answer needs a power beyond 2**4096
+_MAX_LEN = 200           # longer "answers" are prose, not an expression
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+(?:\.\d+)?)?|-?\.\d+")  # a simple a/b counts as one
+_THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d])")
+
+
+def _balanced(text: str, start: int) -> tuple[str, int] | None:
+  """The contents of the brace group opening at text[start] == '{', and the index after its '}'."""
+  depth = 0
+  for i in range(start, len(text)):
+    if text[i] == "{":
+      depth += 1
+    elif text[i] == "}":
+      depth -= 1
+      if depth == 0:
+        return text[start + 1:i], i + 1
+  return None
+
+
+def last_boxed(text: str) -> str | None:
+  """Contents of the last `\\boxed{...}` (or `\\fbox{...}`) with balanced braces; None if there is none."""
+  found = None
+  for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
+    got = _balanced(text, m.end() - 1)
+    if got is not None:
+      found = got[0]
+  return found
+
+
+def last_number(text: str) -> str | None:
+  """The last number (or a/b) in the text, thousands separators allowed: 'so she pays $1,200.' -> '1,200'."""
+  nums = [m.group(0).rstrip(",") for m in _NUMBER.finditer(text)]
+  return nums[-1] if nums else None
+
+
+def extract_answer(text: str) -> str | None:
+  """The answer string a completion gives: `<answer>` body, else last `\\boxed{}`, else last number."""
+  bodies = re.findall(r"<answer>(.*?)</answer>", text, flags=re.S)
+  if bodies:
+    return bodies[-1].strip()
+  boxed = last_boxed(text)
+  if boxed is not None:
+    return boxed.strip()
+  return last_number(text)
+
+
+def _replace_fracs(s: str) -> str:
+  """\\frac{a}{b} -> ((a)/(b)), innermost first; \\frac12 -> ((1)/(2))."""
+  s = re.sub(r"\\[dt]?frac\s*(\d)\s*(\d)", r"((\1)/(\2))", s)
+  while True:
+    m = re.search(r"\\[dt]?frac\s*\{", s)
+    if m is None:
+      return s
+    num = _balanced(s, m.end() - 1)
+    if num is None:
+      return s
+    rest = num[1]
+    while rest < len(s) and s[rest] == " ":
+      rest += 1
+    den = _balanced(s, rest) if rest < len(s) and s[rest] == "{" else None
+    if den is None:
+      return s
+    s = s[:m.start()] + f"(({num[0]})/({den[0]}))" + s[den[1]:]
+
+
+def normalize(answer: str) -> tuple[str, bool]:
+  """(a Python-arithmetic string, whether it was a percentage)."""
+  s = answer.strip()
+  boxed = last_boxed(s)
+  if boxed is not None:
+    s = boxed
+  s = re.sub(r"\\text\{([^{}]*)\}", r" \1 ", s)
+  s = re.sub(r"\\(?:left|right|displaystyle|,|!|;|:|quad|qquad)", " ", s)
+  s = s.replace("\\$", " ").replace("$", " ").replace("\\%", "%")
+  percent = "%" in s or bool(re.search(r"\bpercent\b", s))
+  s = s.replace("%", " ")
+  s = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), s)
+  s = _replace_fracs(s)
+  s = re.sub(r"\\(?:cdot|times)", "*", s).replace("×", "*").replace("÷", "/").replace("−", "-")
+  s = s.replace("\\div", "/").replace("^", "**").replace("{", "(").replace("}", ")")
+  s = re.sub(r"\\[A-Za-z]+", " ", s)           # any other LaTeX command (units like \mathrm, \circ)
+  s = re.sub(r"[A-Za-z_][A-Za-z_']*\.?", " ", s)  # words and units: '18 dollars', 'x = 5' keeps '= 5'
+  if "=" in s:                                   # 'x = 5' / '3 + 4 = 7': the right-most side is the answer
+    s = s.split("=")[-1]
+  s = s.strip().rstrip(".").strip()
+  return s, percent
+
+
+def _eval(node: ast.AST) -> Fraction:
+  """Exact arithmetic over a whitelisted AST (numbers, + - * / **, unary +-); anything else raises ValueError."""
+  if isinstance(node, ast.Expression):
+    return _eval(node.body)
+  if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)) and not isinstance(node.value, bool):
+    return Fraction(repr(node.value)) if isinstance(node.value, float) else Fraction(node.value)
+  if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
+    v = _eval(node.operand)
+    return -v if isinstance(node.op, ast.USub) else v
+  if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Sub, ast.Mult, ast.Div, ast.Pow)):
+    a, b = _eval(node.left), _eval(node.right)
+    if isinstance(node.op, ast.Add):
+      return a + b
+    if isinstance(node.op, ast.Sub):
+      return a - b
+    if isinstance(node.op, ast.Mult):
+      return a * b
+    if isinstance(node.op, ast.Div):
+      if b == 0:
+        raise ValueError("division by zero")
+      return a / b
+    if b.denominator != 1 or abs(b) > _MAX_EXPONENT or (a == 0 and b < 0):
+      raise ValueError("exponent must be a small integer")
+    if max(a.numerator.bit_length(), a.denominator.bit_length()) * abs(b) > _MAX_BITS:
+      raise ValueError("power too large")  # nested powers, ((2^64)^64)^64…, would grow without bound
+    return a ** int(b)
+  raise ValueError(f"not arithmetic: {ast.dump(node)[:60]}")
+
+
+def _decimal_literals(s: str) -> str:
+  """Decimals as exact fractions before parsing, so '0.1' is 1/10 and never the float 0.1000000000000000055…"""
+  return re.sub(r"(?<![\w.])(\d*)\.(\d+)", lambda m: f"({int(m.group(1) or 0) * 10 ** len(m.group(2)) + int(m.group(2))}"
+                f"/{10 ** len(m.group(2))})", s)
+
+
+def parse_value(answer: str | None) -> tuple[Fraction, bool] | None:
+  """(exact value, is_percent) of an answer string, or None if it is not a number or arithmetic expression."""
+  if answer is None or len(answer) > _MAX_LEN:
+    return None
+  s, percent = normalize(answer)
+  if not s or not re.fullmatch(r"[\d\s.+\-*/()]+", s):
+    return None
+  s = re.sub(r"(?<![\d.])0+(?=\d)", "", s)  # '007' is 7 (Python rejects leading zeros)
+  try:
+    return _eval(ast.parse(_decimal_literals(s), mode="eval")), percent
+  except (SyntaxError, ValueError, ZeroDivisionError, OverflowError, RecursionError):
+    return None
+
+
+def equal(pred: str | None, gold: str | None) -> bool:
+  """Whether two answer strings have the same value; a percentage matches either its number or number/100."""
+  p, g = parse_value(pred), parse_value(gold)
+  if p is None or g is None:
+    return False
+  (pv, pp), (gv, gp) = p, g
+  if pv == gv:
+    return True
+  return (pp and pv / 100 == gv) or (gp and gv / 100 == pv)
+
+
+def is_correct(completion: str, gold: str) -> bool:
+  """Extracts the completion's answer and compares it with the gold answer string."""
+  return equal(extract_answer(completion), gold)

@@ -1,0 +1,104 @@
+"""Math answers: extraction, exact-value comparison, safety; agreement with math-verify on a hand-built table."""
+import time
+
+import numpy as np
+import pytest
+
+from grpo_jax.tasks import gsm8k, math_answer as ma, tokenizer as tokenizer_lib
+
+# (predicted answer, gold, right?) — the right column is by hand; tests check ours and math-verify against it.
+CASES = [
+    ("72", "72", True), ("\\boxed{72}", "72", True), ("72.0", "72", True), ("72.00", "72", True),
+    ("1,000", "1000", True), ("1,234,567", "1234567", True), ("$18", "18", True), ("\\$18.00", "18", True),
+    ("18 dollars", "18", True), ("12 apples", "12", True), ("50%", "50", True), ("50\\%", "50", True),
+    ("10%", "0.1", True), ("0.5", "\\frac{1}{2}", True), ("\\frac{1}{2}", "0.5", True),
+    ("\\dfrac{3}{4}", "0.75", True), ("\\frac34", "0.75", True), ("1/2", "0.5", True),
+    ("3/4", "\\frac{3}{4}", True), ("\\boxed{\\frac{3}{4}}", "0.75", True), ("3+4", "7", True),
+    ("2*3+1", "7", True), ("2^3", "8", True), ("2^{10}", "1024", True), ("(1+2)*3", "9", True),
+    ("3 \\times 4", "12", True), ("12 \\cdot 2", "24", True), ("-5", "-5", True), ("-5", "5", False),
+    ("5", "5.0", True), ("0.1+0.2", "0.3", True), ("1/3", "0.3333", False), ("73", "72", False),
+    ("72.5", "72", False), ("\\boxed{71}", "72", False), ("1,001", "1000", False), ("\\frac{2}{3}", "0.5", False),
+    ("", "72", False), ("seventy-two", "72", False), ("007", "7", True), ("x = 5", "5", True),
+    ("\\text{5 cm}", "5", True), ("5 \\text{ cm}", "5", True), ("1.5", "\\frac{3}{2}", True),
+    ("\\left(\\frac{1}{4}\\right)", "0.25", True), ("10/0", "72", False),
+]
+# Where math-verify (0.9.0) gives the other answer, and why we keep ours:
+KNOWN_DIFFERENCES = {
+    # math-verify parses LaTeX only inside $…$ or \boxed; the test wraps LaTeX-looking answers in $…$, but a
+    # \text{} holding the whole answer stays text to it, while we drop the unit words.
+    "\\text{5 cm}": "units inside \\text{} are stripped by us; math-verify finds no number",
+}
+
+
+def _math_verify_equal(pred: str, gold: str) -> bool:
+  from math_verify import parse, verify
+  latexish = any(c in pred for c in "\\{}")
+  p = parse(f"${pred}$" if latexish else pred, parsing_timeout=None)  # timeouts use signals: off outside main
+  return bool(verify(parse(gold, parsing_timeout=None), p, timeout_seconds=None))
+
+
+def test_table_is_big_enough():
+  assert len(CASES) >= 40 and sum(w for *_, w in CASES) >= 10 and sum(not w for *_, w in CASES) >= 10
+
+
+@pytest.mark.parametrize("pred,gold,want", CASES)
+def test_ours_on_the_table(pred, gold, want):
+  assert ma.equal(pred, gold) is want
+
+
+def test_math_verify_agrees_except_where_documented():
+  disagree = {pred for pred, gold, want in CASES if _math_verify_equal(pred, gold) != want}
+  assert disagree == set(KNOWN_DIFFERENCES), disagree
+
+
+@pytest.mark.parametrize("text,want", [
+    ("<think> 9 * 2 = 18 </think> <answer> $18 </answer>", "$18"),
+    ("<answer>3</answer> oops <answer> 5 </answer>", "5"),           # the last answer block
+    ("<think>\\boxed{1}</think><answer>2</answer>", "2"),             # tags beat \boxed
+    ("so \\boxed{\\frac{1}{2}} and then \\boxed{\\frac{3}{4}} done", "\\frac{3}{4}"),  # last box, nested braces
+    ("The answer is $\\boxed{1,200}$.", "1,200"),
+    ("She sells 16 - 3 - 4 = 9 eggs and earns 9 * 2 = $18 every day.", "18"),
+    ("Total: 1,234.5 miles, i.e. 3/4 of it", "3/4"),
+    ("no number here", None),
+    ("\\boxed{unclosed 5", "5"),                                         # an unbalanced box falls back to numbers
+])
+def test_extract_answer(text, want):
+  assert ma.extract_answer(text) == want
+
+
+def test_is_correct_on_completions():
+  assert ma.is_correct("Janet earns 9 * 2 = $18 every day.", "18")
+  assert ma.is_correct("so \\boxed{\\frac{36}{2}}", "18")
+  assert not ma.is_correct("<answer> 17 </answer> but really \\boxed{18}", "18")  # the tagged answer is the one
+
+
+def test_values_are_exact():
+  assert ma.parse_value("0.1+0.2") == (ma.Fraction(3, 10), False)  # floats would give 0.30000000000000004
+  assert ma.parse_value("12.5%") == (ma.Fraction(25, 2), True)
+  assert ma.parse_value("-\\frac{7}{2}") == (ma.Fraction(-7, 2), False)
+
+
+@pytest.mark.parametrize("evil", ["__import__('os').system('echo hi')", "(lambda: 1)()", "[1, 2][0]",
+                                  "2**10**10", "9^99999", "((((((2^64)^64)^64)^64)^64)^64)", "1" * 500, "((((((((((1))))))))))" * 30, "1 if 1 else 2"])
+def test_never_evaluates_code_or_hangs(evil):
+  t0 = time.perf_counter()
+  assert ma.parse_value(evil) is None
+  assert time.perf_counter() - t0 < 0.5
+
+
+def test_gsm8k_rewards_use_the_verifier():
+  tok = tokenizer_lib.load()
+  finals = ["1000", "1000", "1000", "1000", "1000", "18"]
+  bodies = [" $1,000.00 ", " 1000 dollars ", " \\boxed{1000} ", " 2000/2 ", " 1001 ", " 18 "]
+  comps = [f"<think> x </think> <answer>{b}</answer>" for b in bodies[:-1]] + ["<think> 9 * 2 = 18 </think> 18"]
+  ids = [tok.encode(c) for c in comps]  # the PyRewardFn form: completion ids without the trailing EOS
+  batch = {"answer_chars_NxA": gsm8k.encode_answers(finals)}
+  texts = [tok.decode(i) for i in ids]
+  # math_reward needs the tag format (the last row has none); text_reward reads the last number instead.
+  assert gsm8k.math_reward(texts, ids, batch) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
+  assert gsm8k.text_reward(texts, ids, batch) == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+  tokens = np.zeros((len(ids), 32), np.int32)
+  mask = np.zeros_like(tokens)
+  for r, row in enumerate(ids):
+    tokens[r, :len(row) + 1], mask[r, :len(row) + 1] = row + [tok.eos_id], 1
+  np.testing.assert_array_equal(gsm8k.accuracy_reward(tokens, mask, batch, tok), [1, 1, 1, 1, 0, 0])
