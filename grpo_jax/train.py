@@ -81,6 +81,19 @@ def setup_common(config, workdir: str, validate_fn: Callable):
   return tokenizer, mesh, mcfg
 
 
+def load_hf_params(path: str, mcfg, shardings):
+  """`train.init_from=hf:<dir>`: a HF Qwen2/Llama checkpoint (hf_io), whose shape must match config.model."""
+  from grpo_jax import hf_io
+  hf_mcfg, params = hf_io.load_hf(path, dtype=mcfg.dtype, remat=mcfg.remat)
+  diff = [f for f in ("vocab_size", "hidden", "layers", "heads", "kv_heads", "head_dim", "inter", "qkv_bias",
+                      "tie_embeddings", "rope_theta") if getattr(hf_mcfg, f) != getattr(mcfg, f)]
+  if diff:
+    raise ValueError(f"train.init_from=hf:{path}: config.model.{diff[0]}={getattr(mcfg, diff[0])!r} but the "
+                     f"checkpoint has {getattr(hf_mcfg, diff[0])!r}; set config.model to its config.json.")
+  # Every process reads the same files, so host-local copies of the global arrays agree (multi-process safe).
+  return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]), params, shardings)
+
+
 def init_or_restore(config, workdir, mesh, mcfg, tx, ckpt: ckpt_lib.Checkpointer, init_from: str, with_ref=True,
                     critic: tuple | None = None, critic_init=None):
   """Resumes from the workdir's newest good checkpoint; else creates the state (from `init_from` params if set)."""
@@ -94,7 +107,8 @@ def init_or_restore(config, workdir, mesh, mcfg, tx, ckpt: ckpt_lib.Checkpointer
                                  critic_init=critic_init)
   if init_from:
     abstract_params = state_lib.with_shardings(abstract["params"], shard["params"])
-    params = ckpt_lib.load_params(init_from, abstract_params)
+    params = (load_hf_params(init_from[3:], mcfg, shard["params"]) if init_from.startswith("hf:")
+              else ckpt_lib.load_params(init_from, abstract_params))
     state["params"] = params
     if with_ref:
       state["ref_params"] = jax.tree.map(lambda x: x.copy(), params)
@@ -138,14 +152,17 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   n_prompts = rl.prompts_per_step * (rl.oversample if rl.dynamic_sampling else 1)
   batches = data_lib.rl_batches(config.task, tokenizer, "train", n_prompts, config.seed, start,
                                 config.task.prompt_len)
+  # Held-out eval verifies in-graph (arith, countdown); GSM8K's Python verifier has no eval path yet.
   evaluator = evaluation.Evaluator(config, mcfg, tokenizer, mesh,
                                    data_lib.eval_set(config.task, tokenizer, config.eval.size,
-                                                     config.task.prompt_len))
+                                                     config.task.prompt_len)) if config.task.name != "gsm8k" else None
   eval_rng = jax.random.PRNGKey(config.seed + 1)
   last_eval: dict[str, float] = {}
 
   def evaluate(step):
     nonlocal last_eval
+    if evaluator is None:
+      return
     t0 = time.perf_counter()
     last_eval, texts = evaluator(state["params"], eval_rng)
     writer.write(step, {**last_eval, "perf/eval_time_s": time.perf_counter() - t0})
