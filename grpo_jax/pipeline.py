@@ -9,8 +9,9 @@
     DIR/r1_5_final           GRPO: accuracy + helpfulness (brevity) + harmlessness (forbidden words)
     DIR/report.md            held-out comparison (grpo_jax/report.py)
 
-A stage is finished when its `params` (or `data.jsonl`) exists; a restarted pipeline skips finished stages and the
-training loops resume an unfinished one from its checkpoints. `DIR/stages.log` records every start and finish.
+A stage is finished when its `DONE` marker exists (written after its final `params` or `data.jsonl`, and only when its
+loop reached its last step); a restarted pipeline skips finished stages and the training loops resume an unfinished
+one from its checkpoints. `DIR/stages.log` records every start and finish.
 """
 from __future__ import annotations
 
@@ -328,9 +329,28 @@ def _log(workdir: str, stage: str, event: str) -> None:
     f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {stage} {event}\n")
 
 
+DONE = "DONE"
+
+
 def stage_done(workdir: str, stage: str) -> bool:
-  marker = "data.jsonl" if stage == "r1_3_rejection" else "params"
-  return os.path.exists(os.path.join(workdir, stage, marker))
+  """A stage is finished once its DONE marker exists (written after its params / data.jsonl, never before)."""
+  return os.path.exists(os.path.join(workdir, stage, DONE))
+
+
+def checkpointed_steps(stage_dir: str) -> int:
+  """The newest committed checkpoint step of an SFT/RL stage (0 if none): tells a finished loop from a preempted one
+  (train.py's loops return normally after SIGTERM, and run_sft writes `params` even then)."""
+  d = os.path.join(stage_dir, "checkpoints")
+  if not os.path.isdir(d):
+    return 0
+  return max((int(n) for n in os.listdir(d) if n.isdigit() and os.path.exists(os.path.join(d, n, "commit_success.txt"))),
+             default=0)
+
+
+def _expected_steps(config, stage: str) -> int | None:
+  r1 = config.r1
+  return {"base": r1.pretrain.steps, "r1_zero": r1.zero.steps, "r1_1_cold_start": r1.cold_start.steps,
+          "r1_2_grpo": r1.grpo.steps, "r1_4_sft": r1.sft2.steps, "r1_5_final": r1.final.steps}.get(stage)
 
 
 def _sft_config(config, steps: int, batch: int, lr: float, warmup: int):
@@ -342,6 +362,8 @@ def _rl(config, wd: str, init_from: str, steps: int, rewards) -> None:
   c = derive(config, {"train": dict(steps=steps, init_from=""), "rewards": stage_rewards(rewards)})
   train.run_rl(c, wd, init_from=init_from,
                python_fns=r1_rewards.python_fns(config.sampling.max_new_tokens, tuple(config.r1.forbidden)))
+  if checkpointed_steps(wd) < steps:
+    return  # preempted (SIGTERM): no final params; run_pipeline stops and a rerun resumes this stage
   # run_rl force-saves its last step; the stage's final params are that step's policy.
   mcfg = model_lib.ModelConfig.from_config(config.model)
   params = ckpt_lib.restore_params_only(os.path.join(wd, "checkpoints"),
@@ -399,5 +421,13 @@ def run_pipeline(config, workdir: str, stages: Sequence[str] | None = None) -> d
     _log(workdir, stage, "start")
     t0 = time.perf_counter()
     _run_stage(config, workdir, stage)
+    expected = _expected_steps(config, stage)
+    if expected is not None and checkpointed_steps(os.path.join(workdir, stage)) < expected:
+      _log(workdir, stage, "stopped")
+      logging.warning("stage %s stopped before step %d (preempted); rerun the same command to resume it.", stage,
+                      expected)
+      return {}
+    with open(os.path.join(workdir, stage, DONE), "w") as f:
+      f.write(f"{time.perf_counter() - t0:.1f}\n")
     _log(workdir, stage, f"done {time.perf_counter() - t0:.1f}s")
   return report.write_report(config, workdir)

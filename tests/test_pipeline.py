@@ -119,6 +119,7 @@ def _tiny_config():
   from configs import r1_pipeline
   c = r1_pipeline.get_config("small")
   c.model.update(hidden=32, layers=1, heads=2, kv_heads=1, inter=64, max_len=96)
+  c.task.train_size = 256  # loading 20000 examples costs ~3 s per stage
   c.sampling.max_new_tokens = 40
   c.train.update(ckpt_every=2, log_every=1)
   c.rl.update(G=2, prompts_per_step=4)
@@ -257,3 +258,24 @@ def test_report_compares_every_model(resumed_pipeline):
   before = {s: os.path.getmtime(os.path.join(wd, s, "heldout.json")) for s in report.MODELS}
   report.write_report(c, wd)
   assert before == {s: os.path.getmtime(os.path.join(wd, s, "heldout.json")) for s in report.MODELS}
+
+
+def test_preempted_stage_is_not_marked_done(tmp_path, monkeypatch):
+  """train.py's loops return normally after SIGTERM (and run_sft writes params anyway): the pipeline must notice the
+  missing last step, write no DONE marker, run no later stage, and let a rerun resume that stage."""
+  c = _tiny_config()
+  ran = []
+
+  def fake_stage(config, workdir, stage, last_step):
+    ran.append(stage)
+    d = os.path.join(workdir, stage, "checkpoints", str(last_step))
+    os.makedirs(d)
+    open(os.path.join(d, "commit_success.txt"), "w").close()
+    os.makedirs(os.path.join(workdir, stage, "params"))
+
+  monkeypatch.setattr(pipeline, "_run_stage", lambda cfg, w, s: fake_stage(cfg, w, s, 1))  # base needs 2 steps
+  assert pipeline.run_pipeline(c, str(tmp_path)) == {}
+  assert ran == ["base"] and not pipeline.stage_done(str(tmp_path), "base")
+  assert pipeline.checkpointed_steps(str(tmp_path / "base")) == 1
+  assert "base stopped" in open(tmp_path / "stages.log").read()
+  assert pipeline.checkpointed_steps(str(tmp_path / "r1_zero")) == 0
