@@ -1,0 +1,140 @@
+"""Two processes (jax.distributed on localhost, gloo) × 2 CPU devices give the same GRPO run as one process × 4.
+
+Both runs execute RUN_SCRIPT: the peers' workload (peer_workload: random Qwen2-shaped model, in-graph reward, no
+tokenizer or dataset) on a data=2 × fsdp=2 mesh, so params are sharded across the two processes and every batch
+goes through train.device_batch; 2 GRPO steps, then a collective orbax checkpoint. Metrics and all-gathered final
+params must agree with the 1-process run within fp32 tolerance.
+"""
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "launch"))
+import local_multiprocess  # noqa: E402
+
+RUN_SCRIPT = textwrap.dedent("""
+    import json, os, sys, time
+    T0 = time.perf_counter()
+    from grpo_jax import multihost
+    multihost.maybe_initialize()
+    import jax, numpy as np
+    from jax.experimental import multihost_utils
+    from grpo_jax import checkpoint as ckpt_lib, model as model_lib, peer_workload as pw, rl_step, sharding
+    from grpo_jax import state as state_lib, train
+    out = sys.argv[1]
+    c = pw.bench_config(hidden=32, layers=1, heads=2, kv=1, inter=64, vocab=16, prompts=4, G=4, L=8)  # 10 of 16 ids are digits: rewards vary
+    c.optim.lr = 1e-2  # large, so that two updates move the params visibly
+    c.mesh.update(data=2, fsdp=2)
+    mesh = sharding.make_mesh(c.mesh)
+    mcfg = model_lib.ModelConfig.from_config(c.model)
+    tx = state_lib.make_optimizer(c.optim, 2)
+    spec = pw.reward_spec(c.model.vocab_size)
+    step = rl_step.make_rl_step(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
+    ck = ckpt_lib.Checkpointer(os.path.join(out, "checkpoints"), save_every=2, keep=1)
+    state, _ = train.init_or_restore(c, out, mesh, mcfg, tx, ck, "")
+    rows = []
+    for i, batch in enumerate(pw.make_batches(4, 2, seed=0)):
+      batch["answer_ids_NxA"][:, 1:] = -1  # reward: the sum's first digit appears (some do, some don't)
+      state, m = step(state, train.device_batch(mesh, batch))
+      rows.append({"step": i + 1, **{k: float(np.asarray(v)) for k, v in m.items()
+                                      if not k.startswith("samples/") and k != "reward_status"}})
+    T1 = time.perf_counter()
+    ck.maybe_save(2, state, {"step": 2}, force=True)
+    ck.wait()
+    ck.close()
+    params = multihost_utils.process_allgather(state["params"], tiled=True)
+    leaves = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    if jax.process_index() == 0:
+      np.savez(os.path.join(out, "params.npz"), **leaves)
+      with open(os.path.join(out, "rows.json"), "w") as f:
+        json.dump(rows, f)
+    print(f"RESULT process={jax.process_index()} of {jax.process_count()} devices={jax.device_count()} "
+          f"local={jax.local_device_count()} setup+steps={T1 - T0:.1f}s ckpt+gather={time.perf_counter() - T1:.1f}s",
+          flush=True)
+""")
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  root = tmp_path_factory.mktemp("multihost")
+  script = root / "run.py"
+  script.write_text(RUN_SCRIPT)
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+  t0 = time.perf_counter()
+  single = subprocess.run([sys.executable, str(script), str(root / "one")], env=env, cwd=REPO, capture_output=True,
+                          text=True, timeout=240)
+  t1 = time.perf_counter()
+  assert single.returncode == 0, single.stdout + single.stderr
+  log = io.StringIO()
+  rc = local_multiprocess.launch(2, script=str(script), args=[str(root / "two")], devices_per_process=2,
+                                 timeout_s=240, python=sys.executable, out=log)
+  t2 = time.perf_counter()
+  assert rc == 0, log.getvalue()
+  print(f"1 process: {t1 - t0:.1f}s, 2 processes: {t2 - t1:.1f}s\n{single.stdout}{log.getvalue()}")
+  return dict(root=root, single=single.stdout, multi=log.getvalue())
+
+
+def _load(d):
+  with open(d / "rows.json") as f:
+    rows = json.load(f)
+  return rows, dict(np.load(d / "params.npz"))
+
+
+def test_topologies(runs):
+  assert "RESULT process=0 of 1 devices=4 local=4 " in runs["single"]
+  for pid in (0, 1):
+    assert f"[p{pid}] RESULT process={pid} of 2 devices=4 local=2 " in runs["multi"], runs["multi"]
+
+
+def test_metrics_match_single_process(runs):
+  one, _ = _load(runs["root"] / "one")
+  two, _ = _load(runs["root"] / "two")
+  assert [r["step"] for r in two] == [1, 2] and set(one[0]) == set(two[0])
+  for a, b in zip(one, two):
+    for k in a:
+      np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5, err_msg=k)
+  # The runs did learn something: a non-zero update, so equal params below are not just equal inits.
+  assert all(r["train/update_norm"] > 1e-4 for r in one), [r["train/update_norm"] for r in one]
+
+
+def test_final_params_match_single_process(runs):
+  _, p1 = _load(runs["root"] / "one")
+  _, p2 = _load(runs["root"] / "two")
+  assert p1.keys() == p2.keys() and len(p1) > 5
+  for k in p1:
+    np.testing.assert_allclose(p2[k], p1[k], rtol=1e-4, atol=1e-6, err_msg=k)
+
+
+def test_checkpoint_written_collectively(runs):
+  from grpo_jax import checkpoint as ckpt_lib
+  import jax
+  _, p2 = _load(runs["root"] / "two")
+  ckdir = runs["root"] / "two" / "checkpoints"
+  abstract = jax.eval_shape(lambda: _nested(p2))
+  sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract)
+  restored = ckpt_lib.restore_params_only(str(ckdir), abstract, step=2)
+  got = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(restored)[0]}
+  for k in p2:
+    np.testing.assert_array_equal(got[k], p2[k], err_msg=k)
+
+
+def _nested(flat: dict):
+  """{"['a']['b']": x} (jax keystr paths) back into nested dicts."""
+  out: dict = {}
+  for path, x in flat.items():
+    keys = [k.strip("'\"") for k in path.strip("[]").split("][")]
+    d = out
+    for k in keys[:-1]:
+      d = d.setdefault(k, {})
+    d[keys[-1]] = x
+  return out
