@@ -7,6 +7,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.experimental import multihost_utils
 
 from grpo_jax import sampling
 from grpo_jax import sharding
@@ -93,7 +94,8 @@ class Evaluator:
     for i, chunk in enumerate(self._chunks(repeat)):
       fields = {k: v for k, v in chunk.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
       out = fn(params, chunk["prompt_NxP"], chunk["prompt_mask_NxP"], fields, jax.random.fold_in(rng, i))
-      outs.append(jax.device_get(out))
+      # Rows are split over the data axes, across processes too: gather them (a no-op copy on one process).
+      outs.append(multihost_utils.process_allgather(out, tiled=True))
     return [np.concatenate(x) for x in zip(*outs)]
 
   def __call__(self, params, rng, with_samples: bool = True) -> tuple[dict[str, float], list[str]]:

@@ -186,17 +186,24 @@ def _rope(x_NxTxHxD: jax.Array, positions_NxT: jax.Array, inv_freq: np.ndarray) 
 
 
 def _attend_local(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT) -> jax.Array:
-  """Causal attention that also hides pad keys; GQA as a 5-D einsum (no repeated K/V)."""
+  """Causal attention that also hides pad keys; GQA without repeating K/V.
+
+  The G query heads that share a kv head are folded into the query-row dim ([N, K, G·T, D]), so each (row, kv head)
+  is one [G·T, D]×[D, S] matmul: XLA:CPU runs this layout ~4× faster than the 5-D einsum over [N, T, K, G, D].
+  """
   n, t, h, d = q_NxTxHxD.shape
   kv = k_NxTxKxD.shape[2]
-  q5 = q_NxTxHxD.reshape(n, t, kv, h // kv, d)
-  s_NxKxGxTxS = jnp.einsum("ntkgd,nskd->nkgts", q5, k_NxTxKxD, preferred_element_type=jnp.float32)
-  s_NxKxGxTxS = s_NxKxGxTxS * (1.0 / math.sqrt(d))
+  g = h // kv
+  q_NxKxQxD = q_NxTxHxD.reshape(n, t, kv, g, d).transpose(0, 2, 3, 1, 4).reshape(n, kv, g * t, d)
+  k_NxKxSxD = k_NxTxKxD.transpose(0, 2, 1, 3)
+  v_NxKxSxD = v_NxTxKxD.transpose(0, 2, 1, 3)
+  s_NxKxQxS = jnp.einsum("nkqd,nksd->nkqs", q_NxKxQxD, k_NxKxSxD, preferred_element_type=jnp.float32)
+  s_NxKxGxTxS = s_NxKxQxS.reshape(n, kv, g, t, t) * (1.0 / math.sqrt(d))
   ok_NxTxS = jnp.tril(jnp.ones((t, t), bool))[None] & (mask_NxT[:, None, :] > 0)
   s_NxKxGxTxS = jnp.where(ok_NxTxS[:, None, None], s_NxKxGxTxS, _NEG)
-  p = jax.nn.softmax(s_NxKxGxTxS, axis=-1).astype(v_NxTxKxD.dtype)
-  o_NxTxKxGxD = jnp.einsum("nkgts,nskd->ntkgd", p, v_NxTxKxD)
-  return o_NxTxKxGxD.reshape(n, t, h, d)
+  p_NxKxQxS = jax.nn.softmax(s_NxKxGxTxS, axis=-1).astype(v_NxTxKxD.dtype).reshape(n, kv, g * t, t)
+  o_NxKxQxD = jnp.einsum("nkqs,nksd->nkqd", p_NxKxQxS, v_NxKxSxD)
+  return o_NxKxQxD.reshape(n, kv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(n, t, h, d)
 
 
 def _attend_cache(q_NxHxD, ck_NxKxDxS, cv_NxKxSxD, ok_NxS) -> jax.Array:
@@ -364,7 +371,9 @@ def logprobs_from_hidden(mcfg: ModelConfig, h_NxTxD: jax.Array, head_DxV: jax.Ar
   def one_chunk(h_NxCxD, next_NxC):
     logits_NxCxV = _head(mcfg, h_NxCxD, head_DxV) * inv_temp
     logp_NxCxV = jax.nn.log_softmax(logits_NxCxV, axis=-1)
-    logp_NxC = jnp.take_along_axis(logp_NxCxV, next_NxC[..., None], axis=-1)[..., 0]
+    # A one-hot contraction rather than take_along_axis: its backward is a multiply, not a scatter (slow on CPU).
+    onehot_NxCxV = jax.nn.one_hot(next_NxC, logp_NxCxV.shape[-1], dtype=logp_NxCxV.dtype)
+    logp_NxC = jnp.sum(logp_NxCxV * onehot_NxCxV, axis=-1)
     ent_NxC = -jnp.sum(jnp.exp(logp_NxCxV) * logp_NxCxV, axis=-1)
     return logp_NxC, ent_NxC
 
