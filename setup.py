@@ -30,7 +30,7 @@ EXTRAS = {
     "hf": HF,
     "tpu": TPU,
     # The tests compare our logits with transformers' and compile one step for a TPU topology.
-    "test": ["pytest==9.2.0", "pytest-xdist==3.8.0"] + HF + TPU,
+    "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "math-verify==0.9.0"] + HF + TPU,
 }
 
 setuptools.setup(

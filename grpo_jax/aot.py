@@ -194,7 +194,10 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   cfg = ml_collections.ConfigDict(config.to_dict())
   cfg.mesh.update(mesh_shape)
   dp = mesh_shape["data"] * mesh_shape["fsdp"]
-  cfg.eval.batch = dp * -(-cfg.eval.batch // dp)  # evaluation is not compiled here; keep validate's check quiet
+  # Evaluation is not compiled here; one eval batch of n_samples-divisible size keeps validate's checks quiet.
+  cfg.eval.batch = dp * cfg.eval.n_samples
+  cfg.eval.size = cfg.eval.batch
+  cfg.task.test_size = max(cfg.task.test_size, cfg.eval.size)
   validate.validate_rl(cfg, n_dev)
   hbm = int(chip.hbm_gib * GiB)
   p = memory_plan.plan(cfg, mesh_shape)

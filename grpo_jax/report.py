@@ -150,7 +150,7 @@ def plot_curves(workdir: str, stage: str, names: tuple[str, ...], path: str) -> 
     pts = [(r["step"], r[name]) for r in rows if name in r]
     if pts:
       ax.plot(*zip(*pts), lw=1.2)
-    ax.set_title(name.replace("train/", ""), fontsize=8)
+    ax.set_title(name.split("/", 1)[-1], fontsize=8)
     ax.set_xlabel("step", fontsize=8)
   fig.suptitle(f"{stage}: every RL step", fontsize=9)
   fig.tight_layout()

@@ -112,9 +112,14 @@ def make_vmapped_step(config, mesh, build: Callable[[Any], Callable],
     step = build(with_values(config, hp) if hp else config)
     return step(state, batch)
 
-  jitted = jax.jit(jax.vmap(one_run, in_axes=(0, None)), donate_argnums=(0,), compiler_options=compiler_options)
+  rep = sharding.replicated(mesh)
+  # Stacked runs are small (ablation sizes): keep them replicated on the mesh, in and out, so every call hits the
+  # same compiled program.
+  jitted = jax.jit(jax.vmap(one_run, in_axes=(0, None)), donate_argnums=(0,), compiler_options=compiler_options,
+                   out_shardings=(rep, rep))
 
   def run(states, batch):
+    states = jax.device_put(states, rep)  # no copy once they live there
     with sharding.mesh_context(mesh):
       return jitted(states, batch)
   run.jitted = jitted

@@ -64,7 +64,8 @@ def test_local_multiprocess_reports_a_failing_process(tmp_path):
   assert "stopping the remaining processes (a process failed)" in text
 
 
-def test_local_multiprocess_dry_run_prints_env_and_argv():
+def test_local_multiprocess_dry_run_prints_env_and_argv(monkeypatch):
+  monkeypatch.delenv("XLA_FLAGS", raising=False)  # the launcher appends to the caller's flags
   out = io.StringIO()
   rc = local_multiprocess.launch(3, module="grpo_jax.main", args=["--config=configs/x.py", "--workdir=/tmp/w"],
                                  port=4321, devices_per_process=4, python="py", dry_run=True, out=out)
