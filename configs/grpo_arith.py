@@ -17,10 +17,10 @@ def get_config(arg: str | None = None):
   args = dict(a.split("=", 1) if "=" in a else (a, "1") for a in (arg or "").split(",") if a)
   c = config_lib.base_config()
   c.job = "grpo"
-  c.model.update(hidden=96, layers=2, heads=4, kv_heads=2, inter=256, max_len=128)
+  c.model.update(hidden=128, layers=3, heads=4, kv_heads=2, inter=384, max_len=128)
   c.task.update(name="arith", max_digits=2, ops="+-", prompt_len=48, language="a")
   c.sampling.max_new_tokens = 72
-  c.sft.update(steps=200, batch=64, lr=3e-3, warmup_steps=20, loss_on="completion")
+  c.sft.update(steps=600, batch=64, lr=3e-3, warmup_steps=30, loss_on="completion")
   c.rl.update(algo=args.get("algo", "grpo"), G=8, prompts_per_step=16, beta=0.04, mu=1, minibatches=1)
   if c.rl.algo in ("reinforce_pp", "reinforce_pp_baseline"):
     c.rl.kl_in = "reward"
@@ -28,7 +28,7 @@ def get_config(arg: str | None = None):
   c.train.update(steps=60, eval_every=20, ckpt_every=20, plot_every=20, sample_every=20)
   c.eval.update(size=500, batch=100, n_samples=4, pass_k=(1, 4))
   if "runlocal" in args:
-    c.model.update(hidden=64, inter=128)
+    c.model.update(hidden=64, layers=2, inter=128)
     c.sft.update(steps=60, batch=32)
     c.rl.update(G=4, prompts_per_step=8)
     c.train.update(steps=6, eval_every=3, ckpt_every=3, plot_every=3, sample_every=3)
