@@ -138,11 +138,4 @@ def make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer) -> Callabl
   abstract_critic = jax.eval_shape(lambda: init_critic(mcfg, mode, jax.random.PRNGKey(0)))
   _, shard = state_lib.state_shardings(mesh, mcfg, tx, True, (abstract_critic, critic_axes(mcfg, mode), critic_tx))
 
-  jitted = jax.jit(step, donate_argnums=(0,), out_shardings=(shard, sharding.replicated(mesh)))
-
-  @functools.wraps(step)
-  def run(state, batch):
-    with sharding.mesh_context(mesh):
-      return jitted(state, batch)
-  run.jitted = jitted
-  return run
+  return sharding.jit_step(step, mesh, shard)

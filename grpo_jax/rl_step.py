@@ -3,7 +3,6 @@
 rollout (scan decoder) → rewards (in-graph or pure_callback) → advantages (by name) → reference log-probs →
 μ epochs × minibatches of clipped updates (lax.scan) → metrics. PPO with a critic lives in `ppo_step.py`.
 """
-import functools
 from typing import Any, Callable
 
 import flax.linen as nn
@@ -275,21 +274,4 @@ def make_rl_step(config, mesh, mcfg: model_lib.ModelConfig, tx, spec: rewards_li
   """ONE jitted `(state, batch) -> (state, metrics)`; the state is donated."""
   step = build_step(config, mcfg, tx, spec, tokenizer)
   _, shard = state_lib.state_shardings(mesh, mcfg, tx)
-
-  # The new state keeps exactly the layout it came in with (no resharding, no retrace on the next call);
-  # metrics are small and come back replicated.
-  jitted = jax.jit(step, donate_argnums=(0,), out_shardings=(shard, sharding.replicated(mesh)))
-
-  @functools.wraps(step)
-  def run(state, batch):
-    # Logical-axis constraints inside the model and sampler resolve against this mesh while tracing.
-    with sharding.mesh_context(mesh):
-      return jitted(state, batch)
-  run.jitted = jitted
-  run.lower = lambda state, batch: _lower(jitted, mesh, state, batch)
-  return run
-
-
-def _lower(jitted, mesh, state, batch):
-  with sharding.mesh_context(mesh):
-    return jitted.lower(state, batch)
+  return sharding.jit_step(step, mesh, shard)

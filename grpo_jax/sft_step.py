@@ -37,9 +37,4 @@ def make_sft_step(mcfg: model_lib.ModelConfig, tx, mesh) -> Callable[[dict, dict
     return dict(state, params=params, opt_state=opt_state, step=state["step"] + 1), m
 
   _, shard = state_lib.state_shardings(mesh, mcfg, tx, with_ref=False)
-  jitted = jax.jit(step, donate_argnums=(0,), out_shardings=(shard, sharding.replicated(mesh)))
-
-  def run(state, batch):
-    with sharding.mesh_context(mesh):
-      return jitted(state, batch)
-  return run
+  return sharding.jit_step(step, mesh, shard)

@@ -1,7 +1,7 @@
 """Mesh from config and logical-axis rules: models name logical axes only, this module maps them to the mesh."""
 import contextlib
 import math
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import flax.linen as nn
 import jax
@@ -100,3 +100,21 @@ def mesh_context(mesh: Mesh) -> Iterator[None]:
   `with mesh:` does not set the abstract mesh they look up) plus the logical-axis rules."""
   with jax.set_mesh(mesh), nn.logical_axis_rules(LOGICAL_RULES):
     yield
+
+
+def jit_step(step: Callable, mesh: Mesh, state_shardings: Any) -> Callable:
+  """jit `(state, batch) -> (state, metrics)` with the state donated and pinned to `state_shardings` (the layout it
+  came in with: no resharding, no retrace on the next call); metrics come back replicated. Calls and `.lower` run
+  inside `mesh_context`, so the logical constraints in the model and sampler resolve against this mesh."""
+  jitted = jax.jit(step, donate_argnums=(0,), out_shardings=(state_shardings, replicated(mesh)))
+
+  def run(state, batch):
+    with mesh_context(mesh):
+      return jitted(state, batch)
+
+  def lower(state, batch):
+    with mesh_context(mesh):
+      return jitted.lower(state, batch)
+
+  run.jitted, run.lower = jitted, lower
+  return run
