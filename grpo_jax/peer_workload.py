@@ -92,5 +92,5 @@ def bench_config(*, hidden=64, layers=2, heads=4, kv=2, inter=128, vocab=512, pr
   c.optim.update(lr=1e-5, grad_clip=1.0)
   c.mesh.update(data=-1, fsdp=1, tensor=1)
   c.train.num_samples_logged = 1
-  c.eval.batch = prompts
+  c.eval.update(batch=4 * prompts, size=4 * prompts)  # evaluation is not part of this workload
   return c
