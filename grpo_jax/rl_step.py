@@ -21,10 +21,6 @@ from grpo_jax import state as state_lib
 PROMPT_KEYS = ("prompt_NxP", "prompt_mask_NxP")
 
 
-class Rollout(dict):
-  """Everything the update needs, row-aligned: N = B*G rows, completion length L."""
-
-
 def tile_batch(batch: dict, G: int) -> dict:
   """Repeats every per-prompt field G times so row i belongs to group i // G."""
   return {k: sharding.constrain_batch(jnp.repeat(v, G, axis=0)) for k, v in batch.items()}

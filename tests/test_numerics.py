@@ -11,7 +11,7 @@ from grpo_jax import rewards
 from grpo_jax import train
 
 
-def _nan_after_first_call():
+def _always_nan():
   """An in-graph term whose scores are NaN: advantages, loss and gradient become non-finite."""
   def make(ctx):
     return lambda tokens, mask, batch, ctx: rewards.outcome(jnp.full((tokens.shape[0],), jnp.nan))
@@ -20,7 +20,7 @@ def _nan_after_first_call():
 
 @pytest.fixture
 def nan_term():
-  rewards.REGISTRY["test_nan"] = _nan_after_first_call()
+  rewards.REGISTRY["test_nan"] = _always_nan()
   yield "test_nan"
   del rewards.REGISTRY["test_nan"]
 
