@@ -359,12 +359,18 @@ def hidden_states(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, posi
   return h_NxTxD, head_DxV
 
 
-def logprobs_from_hidden(mcfg: ModelConfig, h_NxTxD: jax.Array, head_DxV: jax.Array, tokens_NxT: jax.Array,
-                         temperature: float | jax.Array = 1.0,
-                         chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
-  """`token_logprobs` from hidden states already computed (one trunk pass can serve a value head too)."""
-  n, t = tokens_NxT.shape
-  next_NxT = jnp.concatenate([tokens_NxT[:, 1:], jnp.zeros((n, 1), tokens_NxT.dtype)], axis=1)
+def target_logprobs(mcfg: ModelConfig, h_NxLxD: jax.Array, head_DxV: jax.Array, targets_NxL: jax.Array,
+                    temperature: float | jax.Array = 1.0,
+                    chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """(logp_NxL, entropy_NxL): hidden state l scores targets[:, l] (no shift). Callers slice `h` to the positions
+  whose log-probs they use, so the LM head (the largest matmul of a small model) runs only there.
+
+  The N×L×V log-softmax is computed `chunk` positions at a time under `jax.checkpoint`, so neither the forward nor
+  the backward pass holds it whole; chunk=None picks ~2^21 logits per row per chunk. Results do not depend on it.
+  """
+  n, t = targets_NxL.shape
+  if t == 0:
+    return jnp.zeros((n, 0), jnp.float32), jnp.zeros((n, 0), jnp.float32)
   inv_temp = 1.0 / jnp.asarray(temperature, jnp.float32)
 
   @jax.checkpoint
@@ -383,18 +389,36 @@ def logprobs_from_hidden(mcfg: ModelConfig, h_NxTxD: jax.Array, head_DxV: jax.Ar
   n_chunks = -(-t // c)
   pad = n_chunks * c - t
   if n_chunks == 1:
-    logp_NxT, ent_NxT = one_chunk(h_NxTxD, next_NxT)
-  else:
-    h_p = jnp.pad(h_NxTxD, ((0, 0), (0, pad), (0, 0)))
-    nx_p = jnp.pad(next_NxT, ((0, 0), (0, pad)))
-    h_CnxNxCxD = h_p.reshape(n, n_chunks, c, -1).transpose(1, 0, 2, 3)
-    nx_CnxNxC = nx_p.reshape(n, n_chunks, c).transpose(1, 0, 2)
-    logp, ent = jax.lax.map(lambda a: one_chunk(*a), (h_CnxNxCxD, nx_CnxNxC))
-    logp_NxT = logp.transpose(1, 0, 2).reshape(n, -1)[:, :t]
-    ent_NxT = ent.transpose(1, 0, 2).reshape(n, -1)[:, :t]
-  # shift right: the distribution at t-1 predicts token t
+    return one_chunk(h_NxLxD, targets_NxL)
+  h_p = jnp.pad(h_NxLxD, ((0, 0), (0, pad), (0, 0)))
+  nx_p = jnp.pad(targets_NxL, ((0, 0), (0, pad)))
+  h_CnxNxCxD = h_p.reshape(n, n_chunks, c, -1).transpose(1, 0, 2, 3)
+  nx_CnxNxC = nx_p.reshape(n, n_chunks, c).transpose(1, 0, 2)
+  logp, ent = jax.lax.map(lambda a: one_chunk(*a), (h_CnxNxCxD, nx_CnxNxC))
+  return logp.transpose(1, 0, 2).reshape(n, -1)[:, :t], ent.transpose(1, 0, 2).reshape(n, -1)[:, :t]
+
+
+def logprobs_from_hidden(mcfg: ModelConfig, h_NxTxD: jax.Array, head_DxV: jax.Array, tokens_NxT: jax.Array,
+                         temperature: float | jax.Array = 1.0,
+                         chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """`token_logprobs` from hidden states already computed (one trunk pass can serve a value head too)."""
+  n = tokens_NxT.shape[0]
+  # the distribution at t-1 predicts token t; the last position predicts nothing, so it is never scored
+  logp_NxT1, ent_NxT1 = target_logprobs(mcfg, h_NxTxD[:, :-1], head_DxV, tokens_NxT[:, 1:], temperature, chunk)
   zeros = jnp.zeros((n, 1), jnp.float32)
-  return (jnp.concatenate([zeros, logp_NxT[:, :-1]], axis=1), jnp.concatenate([zeros, ent_NxT[:, :-1]], axis=1))
+  return jnp.concatenate([zeros, logp_NxT1], axis=1), jnp.concatenate([zeros, ent_NxT1], axis=1)
+
+
+def completion_logprobs(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_NxT: jax.Array,
+                        mask_NxT: jax.Array, prompt_len: int, temperature: float | jax.Array = 1.0,
+                        chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+  """(logp_NxL, entropy_NxL) of tokens[:, P:] only: the LM head runs on the L positions that predict them."""
+  if not 1 <= prompt_len <= tokens_NxT.shape[1]:
+    raise ValueError(f"prompt_len={prompt_len}: must be in [1, T={tokens_NxT.shape[1]}] (position P-1 scores the "
+                     "first completion token).")
+  h_NxTxD, head_DxV = hidden_states(mcfg, params, tokens_NxT, positions_NxT, mask_NxT)
+  return target_logprobs(mcfg, h_NxTxD[:, prompt_len - 1:-1], head_DxV, tokens_NxT[:, prompt_len:], temperature,
+                         chunk)
 
 
 def token_logprobs(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_NxT: jax.Array,

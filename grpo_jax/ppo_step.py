@@ -52,8 +52,10 @@ def values_and_logprobs(mcfg, mode, policy_params, critic_params, seq, P_len: in
   v_NxL = v_NxT[:, P_len - 1:-1]
   if not want_logp:
     return v_NxL, None, None
-  logp_NxT, ent_NxT = model_lib.logprobs_from_hidden(mcfg, h_pol, head_DxV, tokens_NxT, temperature)
-  return v_NxL, logp_NxT[:, P_len:], ent_NxT[:, P_len:]
+  # The LM head only on the L positions that predict completion tokens.
+  logp_NxL, ent_NxL = model_lib.target_logprobs(mcfg, h_pol[:, P_len - 1:-1], head_DxV, tokens_NxT[:, P_len:],
+                                                temperature)
+  return v_NxL, logp_NxL, ent_NxL
 
 
 def make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer) -> Callable:

@@ -38,10 +38,9 @@ def full_sequence(prompt_NxP, pmask_NxP, tokens_NxL, mask_NxL):
 
 
 def completion_logprobs(mcfg, params, seq, P: int, temperature: float):
-  """log π(o_t | q, o_<t) and entropies for the completion columns only."""
+  """log π(o_t | q, o_<t) and entropies for the completion columns only (the LM head skips prompt positions)."""
   tokens_NxT, positions_NxT, mask_NxT = seq
-  logp_NxT, ent_NxT = model_lib.token_logprobs(mcfg, params, tokens_NxT, positions_NxT, mask_NxT, temperature)
-  return logp_NxT[:, P:], ent_NxT[:, P:]
+  return model_lib.completion_logprobs(mcfg, params, tokens_NxT, positions_NxT, mask_NxT, P, temperature)
 
 
 # ------------------------------------------------------------------------------------------ advantages by name

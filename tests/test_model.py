@@ -208,6 +208,39 @@ def test_token_logprobs_match_numpy_and_chunking_is_exact():
     np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
 
 
+def test_completion_logprobs_equal_the_sliced_full_logprobs():
+  """The LM head on completion positions only gives the same numbers (and grads) as slicing the full result."""
+  mcfg = CONFIGS["mha_untied_nobias"]
+  params = random_params(mcfg, 3)
+  tokens = np.concatenate([PROMPT, CONT], 1)
+  mask = np.concatenate([PMASK, np.ones_like(CONT)], 1)
+  pos = positions_of(mask)
+  P, temp = PROMPT.shape[1], 1.3
+  lsm = np_log_softmax(np_forward(mcfg, params, tokens, mask) / temp)
+  want = np.take_along_axis(lsm[:, P - 1:-1], tokens[:, P:, None], -1)[..., 0]
+
+  @jax.jit
+  def both(p):
+    def full(p):
+      lp, ent = M.token_logprobs(mcfg, p, tokens, pos, mask, temp)
+      return lp[:, P:].sum() + ent[:, P:].sum(), (lp[:, P:], ent[:, P:])
+
+    def sliced(p):
+      lp, ent = M.completion_logprobs(mcfg, p, tokens, pos, mask, P, temp, chunk=3)
+      return lp.sum() + ent.sum(), (lp, ent)
+    return jax.grad(full, has_aux=True)(p), jax.grad(sliced, has_aux=True)(p)
+
+  (g_full, (lp_full, ent_full)), (g_sl, (lp_sl, ent_sl)) = both(params)
+  assert lp_sl.shape == CONT.shape
+  np.testing.assert_allclose(np.asarray(lp_sl), want, atol=1e-4)
+  np.testing.assert_allclose(np.asarray(lp_sl), np.asarray(lp_full), atol=1e-6)
+  np.testing.assert_allclose(np.asarray(ent_sl), np.asarray(ent_full), atol=1e-6)
+  for a, b in zip(jax.tree.leaves(g_full), jax.tree.leaves(g_sl)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-5)
+  with pytest.raises(ValueError, match="prompt_len"):
+    M.completion_logprobs(mcfg, params, tokens, pos, mask, 0)
+
+
 def test_bf16_compute_close_to_fp32():
   mcfg = CONFIGS["gqa_tied_bias"]
   params = random_params(mcfg, 11)
