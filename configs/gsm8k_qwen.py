@@ -9,21 +9,23 @@ Intended real run (not run here: no TPU, no weights, no GSM8K download on this m
 - model: a local HF Qwen2.5-Math-1.5B (or Qwen2.5-1.5B) directory, read by grpo_jax/hf_io.py through
   `train.init_from=hf:<dir>` (policy and reference both start from it). config.model must equal the checkpoint's
   config.json (below: Qwen2.5-Math-1.5B); a mismatch stops the run before training, naming the field.
+- tokenizer: `task.tokenizer='init_from'` reads the checkpoint directory's own `tokenizer.json` through the
+  `tokenizers` package (tasks/hf_tokenizer.py): Qwen's byte-level BPE, eos = pad = `<|endoftext|>` (also put before
+  each prompt, as Qwen has no BOS), ids 151,665..151,935 (embedding padding) decode to ''. `hf:<dir>` or a path
+  to a tokenizer.json names another one.
 - data: TFDS `gsm8k` prepared in `task.data_dir` (train 7473, test 1319).
 - GRPO as in DeepSeekMath: G=8 samples per question, 64 questions per step (512 completions), β=0.04 (k3 in the
   loss), lr 1e-6 constant, μ=1, ε=0.2, temperature 1.0, 512 new tokens, bfloat16 params, remat 'dots'.
 - mesh: a 16-chip slice (e.g. v5e-16) as fsdp=-1 (params, grads and Adam moments sharded over all chips); docs/scale.md
   has the TPU-compiled per-device memory of Qwen2.5-0.5B and planner estimates for 1.5B.
-- reward: `math_accuracy` (gsm8k.math_reward: <think>/<answer> format, then math_answer.equal against '####').
-
-Not yet possible with the real model: the run's tokenizer is the shipped sentencepiece one (tasks/tokenizer.py, 512
-pieces), so validation stops this config at model.vocab_size; Qwen's BPE tokenizer needs an adapter with the same
-interface (pad/bos/eos ids, tag ids, encode/decode) first. Held-out evaluation has only in-graph verifiers (arith,
-countdown), so train.py skips it for GSM8K and train/reward/math_accuracy is the only accuracy signal for now.
+- reward: `math_accuracy` (gsm8k.make_math_reward: the <think>/<answer> format, checked on the decoded text since
+  Qwen2.5's tags are several tokens each, then math_answer.equal against '####').
+- eval: every 100 steps, the first 1280 test questions: greedy accuracy, format rate, and over 4 samples at
+  temperature 1 pass@1, pass@4, cons@4, scored on the host by the same gsm8k.grade as the reward.
 
 Small variant (`:small`): a random 1-layer model with the shipped tokenizer on mock GSM8K records
 (tests/test_gsm8k_run.py supplies them through tfds.testing.mock_data), 2 GRPO steps, the Python math reward
-through jax.pure_callback. Measured 2026-11-29 on the shared 2-core CPU (load ~8): 34 s, 30 s of it compiling
+through jax.pure_callback, held-out eval (host-verified) at steps 0 and 2. Measured 2026-11-29 on the shared 2-core CPU (load ~8): 34 s, 30 s of it compiling
 (`JAX_PLATFORMS=cpu python -m pytest tests/test_gsm8k_run.py`).
 """
 from grpo_jax import config_lib
@@ -39,7 +41,7 @@ def get_config(arg: str | None = None):
   c = config_lib.base_config()
   c.job = "grpo"
   c.model.update(dtype="bfloat16", remat="dots", **QWEN25_MATH_1P5B)
-  c.task.update(name="gsm8k", language="a", prompt_len=256, data_dir="", test_size=1319)
+  c.task.update(name="gsm8k", language="a", prompt_len=256, data_dir="", test_size=1319, tokenizer="init_from")
   c.sampling.update(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=512)
   c.rewards = (("math_accuracy", 1.0),)
   c.rl.update(algo="grpo", G=8, prompts_per_step=64, beta=0.04, kl_estimator="k3", kl_in="loss", mu=1,
@@ -52,7 +54,7 @@ def get_config(arg: str | None = None):
   if "small" in args:
     c.model.update(vocab_size=512, hidden=32, layers=1, heads=2, kv_heads=1, head_dim=0, inter=64, max_len=160,
                    dtype="float32", remat="none")
-    c.task.update(prompt_len=96, test_size=4)
+    c.task.update(prompt_len=96, test_size=4, tokenizer="")  # the shipped sentencepiece tokenizer
     c.sampling.max_new_tokens = 16
     c.rl.update(G=2, prompts_per_step=2, minibatches=1)
     c.optim.lr = 1e-3

@@ -1,4 +1,9 @@
-"""Held-out evaluation: greedy accuracy, sampled accuracy, unbiased pass@k, cons@k (majority vote), format rate."""
+"""Held-out evaluation: greedy accuracy, sampled accuracy, unbiased pass@k, cons@k (majority vote), format rate.
+
+Tasks with an in-graph verifier (arith, countdown) score inside the generate program; tasks verified in Python
+(GSM8K: math_answer on decoded text) generate in-graph, gather the rows to the host and score them there with the
+same function their training reward uses (HOST_VERIFIERS). Either way every process computes the same metrics.
+"""
 import collections
 import math
 from typing import Callable
@@ -12,6 +17,17 @@ from jax.experimental import multihost_utils
 from grpo_jax import sampling
 from grpo_jax import sharding
 from grpo_jax.tasks import verify_jax
+
+# task -> (tokenizer -> (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N)); answers vote in cons@k.
+HostVerifier = Callable[[np.ndarray, np.ndarray, dict], tuple[np.ndarray, np.ndarray, list]]
+
+
+def _gsm8k_verifier(tok) -> HostVerifier:
+  from grpo_jax.tasks import gsm8k
+  return gsm8k.host_verifier(tok)
+
+
+HOST_VERIFIERS: dict[str, Callable[..., HostVerifier]] = {"gsm8k": _gsm8k_verifier}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -47,11 +63,15 @@ def cons_at_k(answers: list, correct: list[bool], k: int) -> float:
   return float(any(c for a, c in votes if a == winner))
 
 
-def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids: dict) -> Callable:
-  """Jitted (params, prompts, fields, rng) -> (tokens_NxL, mask_NxL, lengths_N, accuracy_N, format_N)."""
+def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids: dict,
+                  in_graph: bool = True) -> Callable:
+  """Jitted (params, prompts, fields, rng) -> (tokens_NxL, mask_NxL, lengths_N[, accuracy_N, format_N]); the
+  last two only with `in_graph` (a task verified on the host gets its rows back unscored)."""
 
   def gen(params, prompt_NxP, pmask_NxP, fields, rng):
     ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg)
+    if not in_graph:
+      return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N
     acc = verify_jax.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields)
     fmt = verify_jax.format_reward(ro.tokens_NxL, ro.mask_NxL, tag_ids)
     return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N, acc, fmt
@@ -67,9 +87,14 @@ def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids:
 class Evaluator:
   """Evaluates params on a fixed held-out set; all shapes static so each generate function compiles once."""
 
-  def __init__(self, config, mcfg, tokenizer, mesh, eval_arrays: dict, task: str | None = None):
+  def __init__(self, config, mcfg, tokenizer, mesh, eval_arrays: dict, task: str | None = None,
+               host_verifier: HostVerifier | None = None):
     self.cfg, self.tok, self.mesh = config, tokenizer, mesh
     self.task = task or config.task.name
+    if host_verifier is None and self.task in HOST_VERIFIERS:
+      host_verifier = HOST_VERIFIERS[self.task](tokenizer)
+    self.host_verifier = host_verifier
+    in_graph = host_verifier is None
     self.arrays = eval_arrays
     self.batch = config.eval.batch
     n = eval_arrays["prompt_NxP"].shape[0]
@@ -78,10 +103,10 @@ class Evaluator:
     common = dict(top_k=0, top_p=1.0, max_new_tokens=config.sampling.max_new_tokens,
                   eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
     self.greedy = make_generate(mcfg, sampling.SamplingConfig(temperature=1.0, greedy=True, **common), mesh,
-                                self.task, tokenizer.tag_ids)
+                                self.task, tokenizer.tag_ids, in_graph)
     self.sampled = make_generate(
         mcfg, sampling.SamplingConfig(temperature=config.sampling.temperature, greedy=False, **common), mesh,
-        self.task, tokenizer.tag_ids)
+        self.task, tokenizer.tag_ids, in_graph)
 
   def _chunks(self, repeat: int = 1):
     n = self.arrays["prompt_NxP"].shape[0]
@@ -90,16 +115,22 @@ class Evaluator:
       yield {k: np.repeat(v[s:s + step], repeat, axis=0) for k, v in self.arrays.items()}
 
   def _run(self, fn, params, rng, repeat=1):
-    outs = []
+    """(tokens_NxL, mask_NxL, lengths_N, accuracy_N, format_N, answers_N or None) over the whole eval set."""
+    outs, answers = [], []
     for i, chunk in enumerate(self._chunks(repeat)):
       fields = {k: v for k, v in chunk.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
       out = fn(params, chunk["prompt_NxP"], chunk["prompt_mask_NxP"], fields, jax.random.fold_in(rng, i))
       # Rows are split over the data axes, across processes too: gather them (a no-op copy on one process).
-      outs.append(multihost_utils.process_allgather(out, tiled=True))
-    return [np.concatenate(x) for x in zip(*outs)]
+      out = [np.asarray(x) for x in multihost_utils.process_allgather(out, tiled=True)]
+      if self.host_verifier is not None:
+        acc, fmt, ans = self.host_verifier(out[0], out[1], fields)  # fields: this chunk's host rows, same order
+        out += [acc, fmt]
+        answers += list(ans)
+      outs.append(out)
+    return [np.concatenate(x) for x in zip(*outs)] + [answers if self.host_verifier is not None else None]
 
   def __call__(self, params, rng, with_samples: bool = True) -> tuple[dict[str, float], list[str]]:
-    tokens, mask, lengths, acc, fmt = self._run(self.greedy, params, rng)
+    tokens, mask, lengths, acc, fmt, _ = self._run(self.greedy, params, rng)
     m = {"eval/accuracy": float(acc.mean()), "eval/format_rate": float(fmt.mean()),
          "eval/completion_len_mean": float(lengths.mean())}
     texts = [self.tok.decode(t[mk > 0].tolist()) for t, mk in zip(tokens[:3], mask[:3])]
@@ -107,12 +138,13 @@ class Evaluator:
       n = self.cfg.eval.n_samples
       if self.batch % n:
         raise ValueError(f"eval.batch={self.batch} must be a multiple of eval.n_samples={n}.")
-      tokens, mask, _, acc, _ = self._run(self.sampled, params, jax.random.fold_in(rng, 10_000), repeat=n)
+      tokens, mask, _, acc, _, answers = self._run(self.sampled, params, jax.random.fold_in(rng, 10_000), repeat=n)
       acc_QxN = acc.reshape(-1, n)
       m["eval/accuracy_sampled"] = float(acc_QxN.mean())
       for k in self.cfg.eval.pass_k:
         m[f"eval/pass@{k}"] = float(np.mean([pass_at_k(n, int(c), k) for c in acc_QxN.sum(-1)]))
-      answers = [answer_span(t[mk > 0], self.tok.tag_ids) for t, mk in zip(tokens, mask)]
+      if answers is None:
+        answers = [answer_span(t[mk > 0], self.tok.tag_ids) for t, mk in zip(tokens, mask)]
       ans_QxN = [answers[i * n:(i + 1) * n] for i in range(acc_QxN.shape[0])]
       m[f"eval/cons@{n}"] = float(np.mean([cons_at_k(a, list(c > 0.5), n) for a, c in zip(ans_QxN, acc_QxN)]))
     return m, texts

@@ -28,7 +28,7 @@ def run(config, workdir: str) -> None:
     import jax
     from grpo_jax import validate
     from grpo_jax.tasks import tokenizer as tok_lib
-    validate.validate_rl(config, jax.device_count(), tok_lib.load())  # every stage's keys, before compiling
+    validate.validate_rl(config, jax.device_count(), tok_lib.for_config(config))  # every stage's keys, before compiling
     init_from = config.train.init_from
     if not init_from and config.sft.steps > 0:
       # Stage 1: an SFT checkpoint to start RL from (skipped once DIR/sft/params exists).

@@ -64,16 +64,16 @@ def _host_scalars(m: dict) -> dict[str, float]:
           if not k.startswith("samples/") and k != "reward_status"}
 
 
-def python_reward_fns(config) -> dict[str, rewards_lib.PyRewardFn]:
+def python_reward_fns(config, tokenizer=None) -> dict[str, rewards_lib.PyRewardFn]:
   """Python reward terms a config may name (decoded-text verifiers that cannot run in-graph)."""
   if config.task.name == "gsm8k":
     from grpo_jax.tasks import gsm8k
-    return {"math_accuracy": gsm8k.math_reward}
+    return {"math_accuracy": gsm8k.make_math_reward(tokenizer or tok_lib.for_config(config))}
   return {}
 
 
 def setup_common(config, workdir: str, validate_fn: Callable):
-  tokenizer = tok_lib.load()
+  tokenizer = tok_lib.for_config(config)
   validate_fn(config, jax.device_count(), tokenizer)
   mesh = sharding.make_mesh(config.mesh)
   mcfg = model_lib.ModelConfig.from_config(config.model)
@@ -130,7 +130,7 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   tx = state_lib.make_optimizer(config.optim, steps)
   fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
   spec = rewards_lib.build(config.rewards, rewards_lib.Context(config.task.name, tokenizer),
-                           {**python_reward_fns(config), **(python_fns or {})}, fallback, rl.reward_timeout_s)
+                           {**python_reward_fns(config, tokenizer), **(python_fns or {})}, fallback, rl.reward_timeout_s)
   critic, critic_init = None, None
   if rl.algo == "ppo":
     critic_tx = state_lib.make_optimizer(config.optim, steps, lr=config.ppo.critic_lr)
@@ -152,17 +152,15 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   n_prompts = rl.prompts_per_step * (rl.oversample if rl.dynamic_sampling else 1)
   batches = data_lib.rl_batches(config.task, tokenizer, "train", n_prompts, config.seed, start,
                                 config.task.prompt_len)
-  # Held-out eval verifies in-graph (arith, countdown); GSM8K's Python verifier has no eval path yet.
+  # Held-out eval verifies in-graph (arith, countdown) or on the host (GSM8K: evaluation.HOST_VERIFIERS).
   evaluator = evaluation.Evaluator(config, mcfg, tokenizer, mesh,
                                    data_lib.eval_set(config.task, tokenizer, config.eval.size,
-                                                     config.task.prompt_len)) if config.task.name != "gsm8k" else None
+                                                     config.task.prompt_len))
   eval_rng = jax.random.PRNGKey(config.seed + 1)
   last_eval: dict[str, float] = {}
 
   def evaluate(step):
     nonlocal last_eval
-    if evaluator is None:
-      return
     t0 = time.perf_counter()
     last_eval, texts = evaluator(state["params"], eval_rng)
     writer.write(step, {**last_eval, "perf/eval_time_s": time.perf_counter() - t0})

@@ -1,6 +1,8 @@
 """configs/gsm8k_qwen.py:small end to end: 2 GRPO steps on mock GSM8K from a HF-format checkpoint (hf: hook), with
-the Python math reward called through jax.pure_callback; one run shared by the tests (module fixture)."""
+the Python math reward called through jax.pure_callback and held-out eval verified on the host (steps 0 and 2);
+one run shared by the tests (module fixture)."""
 import json
+import re
 
 import jax
 import numpy as np
@@ -8,6 +10,7 @@ import pytest
 import tensorflow_datasets as tfds
 
 from configs import gsm8k_qwen
+from grpo_jax import evaluation
 from grpo_jax import hf_io
 from grpo_jax import model as model_lib
 from grpo_jax import train
@@ -38,14 +41,33 @@ def run(tmp_path_factory):
     calls.append((list(texts), batch, list(out)))
     return out
 
+  verified = []
+  make_verifier = evaluation.HOST_VERIFIERS["gsm8k"]
+
+  def recording_verifier(tok):
+    verify = make_verifier(tok)
+
+    def rec(tokens_NxL, mask_NxL, fields):
+      out = verify(tokens_NxL, mask_NxL, fields)
+      verified.append((tokens_NxL, mask_NxL, fields, out))
+      return out
+    return rec
+
   workdir = str(tmp_path_factory.mktemp("run"))
   with config.unlocked():
     config.train.init_from = f"hf:{hf_dir}"
-  with tfds.testing.mock_data(as_data_source_fn=_fake_source):
-    train.run_rl(config, workdir, python_fns={"math_accuracy": recorded_reward})
+  evaluation.HOST_VERIFIERS["gsm8k"] = recording_verifier
+  try:
+    with tfds.testing.mock_data(as_data_source_fn=_fake_source):
+      train.run_rl(config, workdir, python_fns={"math_accuracy": recorded_reward})
+  finally:
+    evaluation.HOST_VERIFIERS["gsm8k"] = make_verifier
   with open(f"{workdir}/metrics.jsonl") as f:
-    rows = [json.loads(l) for l in f]
-  return dict(config=config, params=params, mcfg=mcfg, hf_dir=hf_dir, calls=calls, rows=rows)
+    all_rows = [json.loads(l) for l in f]
+  rows = [r for r in all_rows if "train/reward_mean" in r]
+  eval_rows = [r for r in all_rows if "eval/accuracy" in r]
+  return dict(config=config, params=params, mcfg=mcfg, hf_dir=hf_dir, calls=calls, rows=rows,
+              eval_rows=eval_rows, verified=verified)
 
 
 def test_two_steps_logged_with_reward_metrics(run):
@@ -86,3 +108,35 @@ def test_hf_hook_rejects_a_shape_mismatch(run):
   wrong = dataclasses.replace(run["mcfg"], inter=run["mcfg"].inter * 2)
   with pytest.raises(ValueError, match=r"config\.model\.inter=128 but the checkpoint has 64"):
     train.load_hf_params(run["hf_dir"], wrong, None)
+
+
+def test_held_out_eval_ran_on_the_host_verifier(run):
+  c = run["config"]
+  rows = run["eval_rows"]
+  assert [r["step"] for r in rows] == [0, 2]
+  n, size = c.eval.n_samples, c.eval.size
+  # Per eval: one greedy chunk of `size` rows, then sampled chunks of batch // n questions × n samples.
+  per_eval = 1 + size * n // c.eval.batch
+  assert len(run["verified"]) == 2 * per_eval
+  for e, row in enumerate(rows):
+    calls = run["verified"][e * per_eval:(e + 1) * per_eval]
+    tokens, mask, fields, (acc, fmt, _) = calls[0]
+    assert tokens.shape == (size, c.sampling.max_new_tokens)
+    # the gold answers are the test split's, in order (mock test records 0..3 → 3..6)
+    assert [gsm8k.decode_answer(a) for a in fields["answer_chars_NxA"]] == ["3", "4", "5", "6"]
+    # Independent re-grading of the greedy rows from their decoded text and the shipped tokenizer's tag ids.
+    tok = gsm8k.tokenizer_lib.load()
+    for t, m, a, g in zip(tokens, mask, fields["answer_chars_NxA"], acc):
+      ids = t[m > 0].tolist()
+      got = re.fullmatch(r"<think>[^<]*</think>\s*<answer>([^<]*)</answer>", tok.decode(ids[:-1]))
+      ok = ids[-1:] == [tok.eos_id] and got is not None and math_answer.equal(got.group(1), gsm8k.decode_answer(a))
+      assert g == float(ok)
+    np.testing.assert_allclose(row["eval/accuracy"], acc.mean(), atol=1e-6)
+    np.testing.assert_allclose(row["eval/format_rate"], fmt.mean(), atol=1e-6)
+    np.testing.assert_allclose(row["eval/completion_len_mean"], mask.sum(-1).mean(), atol=1e-6)
+    sampled_acc = np.concatenate([x[3][0] for x in calls[1:]])
+    assert sampled_acc.shape == (size * n,)
+    np.testing.assert_allclose(row["eval/accuracy_sampled"], sampled_acc.mean(), atol=1e-6)
+    np.testing.assert_allclose(row["eval/pass@1"], sampled_acc.mean(), atol=1e-6)
+    for k in ("eval/pass@2", f"eval/cons@{n}"):
+      assert 0.0 <= row[k] <= 1.0

@@ -3,9 +3,17 @@
 The final answer is the text after '####' in the reference solution (commas removed). A completion is right iff its
 format is OK (verify_py grammar) and its answer body has the same value (math_answer.equal: '$1,000.00', '1000
 dollars', '\\boxed{1000}', '2000/2' all match 1000). `text_reward` drops the format requirement and reads the answer
-from text alone (math_answer.extract_answer), for tokenizers whose tags are not single tokens.
+from text alone (math_answer.extract_answer).
+
+`make_math_reward(tok)` / `grade` pick the format check the tokenizer allows: on token ids when the four tags are
+single tokens (the shipped tokenizer; verify_py grammar), else on the decoded text (a HF tokenizer such as
+Qwen2.5's, where `<answer>` is several pieces): `<think>…</think> <answer>…</answer>` with each tag once, only
+whitespace between `</think>` and `<answer>`, and EOS right after `</answer>`. The same `grade` scores training rewards and held-out evaluation.
 """
 from __future__ import annotations
+
+import re
+from typing import Callable, Sequence
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -104,3 +112,68 @@ def text_reward(texts, token_ids, batch: dict) -> list[float]:
   requirement (e.g. a HF model prompted for \\boxed{} whose tokenizer has no tag tokens)."""
   del token_ids
   return [float(math_answer.is_correct(t, decode_answer(batch["answer_chars_NxA"][n]))) for n, t in enumerate(texts)]
+
+
+_TEXT_FORMAT = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.S)  # verify_py's grammar, on text
+
+
+def text_answer_body(text: str) -> str | None:
+  """The answer body if `text` is exactly `<think>…</think> <answer>…</answer>` (each tag once), else None."""
+  m = _TEXT_FORMAT.fullmatch(text)
+  if m is None or any(text.count(t) != 1 for t in tokenizer_lib.TAGS):
+    return None
+  return m.group(2)
+
+
+def token_tags(tok) -> bool:
+  """Whether the tokenizer has every format tag as a single token (token-id format checks apply)."""
+  return all(t in tok.tag_ids for t in tokenizer_lib.TAGS)
+
+
+def grade(ids: Sequence[int], final: str, tok) -> tuple[float, float, str | None]:
+  """(accuracy, format, answer body) of one completion given as its ids up to and including EOS (no EOS =
+  truncated: format fails). Accuracy needs the format; the body is what cons@k votes on."""
+  ids = [int(i) for i in ids]
+  if token_tags(tok):
+    spans = verify_py.parse(ids, tok=tok)
+    body = verify_py.span_text(ids, spans[1], tok) if spans else None
+  elif tok.eos_id in ids:
+    body = text_answer_body(tok.decode(ids[:ids.index(tok.eos_id)]))
+  else:
+    body = None
+  if body is None:
+    return 0.0, 0.0, None
+  return accuracy(body, final), 1.0, body.strip()
+
+
+def make_math_reward(tok) -> Callable:
+  """The `math_accuracy` rewards.PyRewardFn for this tokenizer (format on token ids or on text, see `grade`)."""
+
+  def math_accuracy(texts, token_ids, batch: dict) -> list[float]:
+    del texts  # ids decide tags where tags are tokens; the text path decodes the same ids itself
+    finals = [decode_answer(a) for a in batch["answer_chars_NxA"]]
+    # The callback strips the trailing EOS; put it back (a row truncated right after </answer> counts as ended).
+    return [grade(list(ids) + [tok.eos_id], f, tok)[0] for ids, f in zip(token_ids, finals)]
+  return math_accuracy
+
+
+def host_verifier(tok) -> Callable:
+  """Held-out evaluation on the host: (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N)."""
+
+  def verify(tokens_NxL, mask_NxL, fields: dict) -> tuple[np.ndarray, np.ndarray, list]:
+    acc, fmt, answers = [], [], []
+    for t, m, a in zip(np.asarray(tokens_NxL), np.asarray(mask_NxL), np.asarray(fields["answer_chars_NxA"])):
+      r = grade(verify_py.completion(t, m), decode_answer(a), tok)
+      acc.append(r[0])
+      fmt.append(r[1])
+      answers.append(_vote_key(r[2]))
+    return np.asarray(acc, np.float32), np.asarray(fmt, np.float32), answers
+  return verify
+
+
+def _vote_key(body: str | None):
+  """Answers that are equal values vote together ('1,000' and '1000.0'); unparsable ones by their text."""
+  if body is None:
+    return None
+  v = math_answer.parse_value(body)
+  return ("value", v[0], v[1]) if v is not None else ("text", body)

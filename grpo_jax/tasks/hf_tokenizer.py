@@ -1,0 +1,142 @@
+"""A Hugging Face `tokenizer.json` (e.g. Qwen2.5's byte-level BPE) behind the shipped tokenizer's interface.
+
+Needs the `tokenizers` package (the `hf` extra) and nothing else: no `transformers`, no download. Selected with
+`task.tokenizer="hf:<dir>"` (or a path ending in `tokenizer.json`; see tokenizer.load / tokenizer.for_config).
+
+Special ids come from `tokenizer_config.json` next to the file, as transformers reads them: `eos_token` ends a
+completion; `pad_token` pads (Qwen: `<|endoftext|>`, the same id as the base model's eos); `bos_token` starts every
+prompt (data.py always puts bos first). Qwen has no bos token, so bos falls back to pad: `<|endoftext|>` is the
+document separator Qwen saw before every pre-training document, the closest thing it has to a BOS.
+
+`vocab_size` is the MODEL's id space when the directory has a `config.json` (Qwen2.5: 151,936 embedding rows for
+151,665 tokens), so validation against `model.vocab_size` passes; ids the tokenizer does not know (the padding
+rows a random or lightly trained model may sample) decode to ''.
+
+`tag_ids` holds the `<think>`/`</think>`/`<answer>`/`</answer>` tags that are single tokens in this vocabulary
+(Qwen3 and R1-distill tokenizers have the think tags; Qwen2.5 has none). Token-level verifiers need all four
+(`has_tag_tokens`); otherwise tasks check the format on decoded text (gsm8k.make_math_reward).
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+from typing import Any, Sequence
+
+import numpy as np
+
+from grpo_jax.tasks import tokenizer as tokenizer_lib
+
+
+def _token_text(v: Any) -> str | None:
+  """tokenizer_config.json stores a special token as a string or as an AddedToken dict {'content': ...}."""
+  if isinstance(v, dict):
+    return v.get("content")
+  return v if isinstance(v, str) else None
+
+
+def _read_json(path: str) -> dict:
+  if not os.path.exists(path):
+    return {}
+  with open(path) as f:
+    return json.load(f)
+
+
+def resolve(path: str) -> tuple[str, str]:
+  """(directory, tokenizer.json file) for a directory or a tokenizer.json path."""
+  if os.path.isdir(path):
+    path = os.path.join(path, "tokenizer.json")
+  if not os.path.isfile(path):
+    raise ValueError(f"task.tokenizer: {path} does not exist; point it at a HF model dir holding tokenizer.json "
+                     "(hf:<dir>) or at the tokenizer.json file itself.")
+  return os.path.dirname(os.path.abspath(path)), path
+
+
+class HFTokenizer:
+  """Same surface as tokenizer.Tokenizer: vocab_size, pad/bos/eos/unk ids, tag_ids, encode, decode, piece_texts."""
+
+  def __init__(self, path: str):
+    try:
+      import tokenizers
+    except ImportError as e:
+      raise ValueError("task.tokenizer: a HF tokenizer.json needs the `tokenizers` package; "
+                       "pip install 'grpo_jax[hf]' (or tokenizers==0.23.3).") from e
+    self.directory, self.file = resolve(path)
+    self.tk = tokenizers.Tokenizer.from_file(self.file)
+    self.num_tokens = self.tk.get_vocab_size(with_added_tokens=True)
+    tcfg = _read_json(os.path.join(self.directory, "tokenizer_config.json"))
+    model_vocab = _read_json(os.path.join(self.directory, "config.json")).get("vocab_size")
+    if model_vocab is not None and model_vocab < self.num_tokens:
+      raise ValueError(f"task.tokenizer: {self.directory}/config.json has vocab_size={model_vocab} but the "
+                       f"tokenizer has {self.num_tokens} tokens; the model cannot emit them all.")
+    self.vocab_size = int(model_vocab or self.num_tokens)
+
+    def special(key: str) -> int | None:
+      text = _token_text(tcfg.get(key))
+      if text is None:
+        return None
+      i = self.tk.token_to_id(text)
+      if i is None:
+        raise ValueError(f"task.tokenizer: tokenizer_config.json's {key}={text!r} is not a token of "
+                         f"{self.file}; fix the config or the tokenizer.")
+      return i
+
+    eos = special("eos_token")
+    if eos is None:
+      raise ValueError(f"task.tokenizer: {self.directory}/tokenizer_config.json has no eos_token; completions "
+                       "need one to end (set eos_token, e.g. '<|endoftext|>').")
+    self.eos_id = eos
+    pad = special("pad_token")
+    self.pad_id = eos if pad is None else pad
+    bos = special("bos_token")
+    self.bos_id = self.pad_id if bos is None else bos
+    unk = special("unk_token")
+    self.unk_id = -1 if unk is None else unk  # byte-level BPE never needs one; -1 matches no id
+    self.tag_ids = {t: i for t in tokenizer_lib.TAGS if (i := self.tk.token_to_id(t)) is not None}
+    self.chat_template = tcfg.get("chat_template")
+    self._control = {self.pad_id, self.bos_id, self.eos_id}
+
+  @property
+  def has_tag_tokens(self) -> bool:
+    """All four format tags are single tokens, so token-id verifiers (verify_py/verify_jax) apply."""
+    return len(self.tag_ids) == len(tokenizer_lib.TAGS)
+
+  def encode(self, text: str) -> list[int]:
+    # No template specials: data.py adds bos itself, the sampler or data path eos.
+    return self.tk.encode(text, add_special_tokens=False).ids
+
+  def decode(self, ids: Sequence[int]) -> str:
+    """Decodes every id given, like the sentencepiece wrapper: pad/bos/eos and unknown ids decode to ''."""
+    keep = [int(i) for i in ids if 0 <= int(i) < self.num_tokens and int(i) not in self._control]
+    return self.tk.decode(keep, skip_special_tokens=False)
+
+  def decode_batch(self, ids_NxL) -> list[str]:
+    return [self.decode(row) for row in np.asarray(ids_NxL)]
+
+  def piece_texts(self) -> list[str]:
+    """Surface text of each id of the model's id space ('' for control and unknown ids). A byte-level piece that
+    is part of a multi-byte character decodes alone to U+FFFD: token tables see it as non-digit, non-space text."""
+    return [self.decode([i]) for i in range(self.vocab_size)]
+
+  def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+    """The prompt text transformers' apply_chat_template(tokenize=False) renders, for instruct checkpoints."""
+    if not self.chat_template:
+      raise ValueError(f"task.tokenizer: {self.directory}/tokenizer_config.json has no chat_template; use a "
+                       "plain prompt (base models) or an instruct checkpoint's tokenizer.")
+    import jinja2.sandbox
+    env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                                       extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = _raise_exception
+    tmpl = env.from_string(self.chat_template)
+    return tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
+                       bos_token=self.tk.id_to_token(self.bos_id), eos_token=self.tk.id_to_token(self.eos_id))
+
+
+def _raise_exception(message: str):
+  raise ValueError(f"chat_template: {message}")
+
+
+@functools.lru_cache(maxsize=4)
+def load(path: str) -> HFTokenizer:
+  """The adapter for a directory holding tokenizer.json (and tokenizer_config.json), or for the file itself."""
+  return HFTokenizer(os.path.abspath(path))

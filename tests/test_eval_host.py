@@ -1,0 +1,113 @@
+"""Held-out evaluation of a Python-verified task (GSM8K): greedy accuracy, format rate, pass@k and cons@k from the
+host verifier, against hand-computed values. The generate programs are replaced by fixed completions, so the test
+checks the gather → decode → math_answer → metrics path exactly (the real generate runs in test_gsm8k_run.py)."""
+import jax
+import numpy as np
+import pytest
+import tensorflow_datasets as tfds
+
+from configs import gsm8k_qwen
+from grpo_jax import evaluation
+from grpo_jax import model as model_lib
+from grpo_jax import sharding
+from grpo_jax.tasks import data, gsm8k
+from grpo_jax.tasks import tokenizer as tok_lib
+
+L = 32
+RIGHT, WRONG_FMT, TRUNC = "<think>a</think> <answer>{}</answer>", "<answer>{}</answer>", "TRUNC"
+# Question i's gold answer is i + 3. Greedy: 3 right (i0, i2 as '$5.00', i4), i3 malformed, i5 truncated.
+GREEDY = {0: "3", 1: "5", 2: "$5.00", 3: ("bad", "6"), 4: "7", 5: ("trunc", "8")}
+# Three samples per question; c = right samples; the vote merges equal values ('5.0' and '5').
+SAMPLED = {0: ["3", "3", "2"],                  # c=2, vote '3' right
+           1: ["5", "4", "5"],                  # c=1, vote '5' wrong
+           2: ["2", "5.0", "5"],                # c=2, vote 5 (two votes as one value) right; unmerged: '2' first
+           3: [("bad", "6"), "1", "1"],          # c=0, vote '1' wrong
+           4: ["7", "7", "7"],                  # c=3, right
+           5: [("bad", "8"), ("trunc", "8"), "8"]}  # c=1, the only vote '8' right
+
+
+def completion(tok, spec) -> list[int]:
+  kind, ans = spec if isinstance(spec, tuple) else ("ok", spec)
+  if kind == "bad":
+    return tok.encode(WRONG_FMT.format(ans)) + [tok.eos_id]
+  ids = tok.encode(RIGHT.format(ans))
+  return ids if kind == "trunc" else ids + [tok.eos_id]
+
+
+def fake_generate(tok, table, n):
+  """Stands in for the jitted generate: row r of a chunk is sample r % n of question index_N[r]."""
+
+  def gen(params, prompt_NxP, pmask_NxP, fields, rng):
+    del params, prompt_NxP, pmask_NxP, rng
+    rows = len(fields["index_N"])
+    tokens = np.full((rows, L), tok.pad_id, np.int32)
+    mask = np.zeros((rows, L), np.int32)
+    for r, q in enumerate(fields["index_N"]):
+      spec = table[int(q)] if n == 1 else table[int(q)][r % n]
+      ids = completion(tok, spec)
+      tokens[r, :len(ids)], mask[r, :len(ids)] = ids, 1
+    return tokens, mask, mask.sum(-1).astype(np.int32)
+  return gen
+
+
+@pytest.fixture(scope="module")
+def evaluator():
+  c = gsm8k_qwen.get_config("small")
+  c.eval.update(size=6, batch=6, n_samples=3, pass_k=(1, 3))
+  c.task.test_size = 6
+  c.sampling.max_new_tokens = L
+  tok = tok_lib.for_config(c)
+  records = [{"question": f"Tom has {i} apples and buys 3 more. How many?".encode(),
+              "answer": f"#### {i + 3}".encode()} for i in range(6)]
+  with tfds.testing.mock_data(as_data_source_fn=lambda self, split, **kw: records):
+    arrays = data.eval_set(c.task, tok, 6, c.task.prompt_len)
+  ev = evaluation.Evaluator(c, model_lib.ModelConfig.from_config(c.model), tok, sharding.make_mesh(c.mesh), arrays)
+  return ev, tok
+
+
+def test_gsm8k_gets_the_host_verifier(evaluator):
+  ev, _ = evaluator
+  assert ev.host_verifier is not None  # GSM8K has no in-graph verifier
+
+
+def test_metrics_match_hand_computed(evaluator):
+  ev, tok = evaluator
+  ev.greedy, ev.sampled = fake_generate(tok, GREEDY, 1), fake_generate(tok, SAMPLED, 3)
+  m, texts = ev(None, jax.random.PRNGKey(0))
+  c_Q = np.array([2, 1, 2, 0, 3, 1])
+  lengths = [len(completion(tok, GREEDY[i])) for i in range(6)]
+  want = {"eval/accuracy": 3 / 6, "eval/format_rate": 4 / 6, "eval/completion_len_mean": np.mean(lengths),
+          "eval/accuracy_sampled": c_Q.sum() / 18, "eval/pass@1": np.mean(c_Q / 3),
+          "eval/pass@3": 5 / 6, "eval/cons@3": 4 / 6}
+  assert set(m) == set(want)
+  for k, v in want.items():
+    np.testing.assert_allclose(m[k], v, rtol=1e-6, err_msg=k)
+  assert texts[0] == "<think>a</think> <answer>3</answer>"  # the first greedy completions, decoded
+
+
+def test_pass_at_k_agrees_with_numpy_enumeration(evaluator):
+  # Independent check of the estimator the metrics use: the fraction of all k-subsets holding a right sample.
+  import itertools
+  for n, c, k in [(3, 1, 2), (4, 2, 2), (5, 1, 3), (3, 0, 1)]:
+    subsets = list(itertools.combinations([1] * c + [0] * (n - c), k))
+    np.testing.assert_allclose(evaluation.pass_at_k(n, c, k), np.mean([any(s) for s in subsets]))
+
+
+def test_host_verifier_grades_like_the_training_reward(evaluator):
+  _, tok = evaluator
+  verify = gsm8k.host_verifier(tok)
+  reward = gsm8k.make_math_reward(tok)
+  specs = ["8", "$8.00", "9", ("bad", "8"), ("trunc", "8")]
+  rows = [completion(tok, s) for s in specs]
+  tokens = np.full((len(rows), L), tok.pad_id, np.int32)
+  mask = np.zeros_like(tokens)
+  for r, ids in enumerate(rows):
+    tokens[r, :len(ids)], mask[r, :len(ids)] = ids, 1
+  fields = {"answer_chars_NxA": gsm8k.encode_answers(["8"] * len(rows))}
+  acc, fmt, answers = verify(tokens, mask, fields)
+  np.testing.assert_array_equal(acc, [1, 1, 0, 0, 0])
+  np.testing.assert_array_equal(fmt, [1, 1, 1, 0, 0])
+  assert answers[0] == answers[1] and answers[0] != answers[2] and answers[3] is None and answers[4] is None
+  # The reward sees ids without EOS and puts it back, so only the truncated row differs (it counts as ended there).
+  stripped = [r[:-1] if r[-1] == tok.eos_id else r for r in rows]
+  assert reward([""] * len(rows), stripped, fields) == [1.0, 1.0, 0.0, 0.0, 1.0]
