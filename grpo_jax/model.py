@@ -44,6 +44,8 @@ _REMAT_POLICIES = {
     # keep weight matmul outputs (no batch dims), recompute attention scores and elementwise ops
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
+_ATTENTION_IMPL = {"xla": None, "dot_product": None, "cudnn": "cudnn"}  # -> dot_product_attention(implementation)
+_UNROLL_MODES = {"none": (), "decode": ("decode",), "all": ("train", "prefill", "decode")}
 _NEG = float(np.finfo(np.float32).min)  # finite: fully masked (pad) query rows give a uniform mix, not NaN
 _INIT = nn.initializers.normal(stddev=0.02)
 
@@ -65,6 +67,13 @@ class ModelConfig:
   dtype: str = "float32"  # compute dtype; params stay float32
   rms_eps: float = 1e-6
   remat: str = "none"  # none | full | dots
+  # Unroll the layer loop in these modes: 'decode' removes a nested while loop from every decode step (on XLA:CPU
+  # each loop iteration dispatches its ops one by one); 'all' also unrolls prefill and training; 'none' scans.
+  layer_unroll: str = "decode"
+  # Training/prefill attention: 'xla' (einsum path, best on XLA:CPU), 'dot_product' (jax.nn.dot_product_attention,
+  # which picks a fused kernel where the backend has one), 'cudnn' (force cuDNN flash attention on a GPU).
+  # Decode keeps the einsum path: its KV-cache layout is chosen so that step needs no transpose.
+  attention: str = "xla"
   # Llama-3.1 ("llama3") RoPE frequency scaling; factor 0 = off.
   rope_scaling_factor: float = 0.0
   rope_low_freq_factor: float = 1.0
@@ -89,6 +98,10 @@ class ModelConfig:
       raise ValueError(f"model.dtype={self.dtype!r}: use one of {sorted(_DTYPES)}.")
     if self.remat not in ("none",) + tuple(_REMAT_POLICIES):
       raise ValueError(f"model.remat={self.remat!r}: use 'none', 'full' or 'dots'.")
+    if self.layer_unroll not in _UNROLL_MODES:
+      raise ValueError(f"model.layer_unroll={self.layer_unroll!r}: use one of {sorted(_UNROLL_MODES)}.")
+    if self.attention not in _ATTENTION_IMPL:
+      raise ValueError(f"model.attention={self.attention!r}: use one of {sorted(_ATTENTION_IMPL)}.")
     if self.rope_theta <= 0:
       raise ValueError(f"model.rope_theta={self.rope_theta}: must be > 0.")
     if self.rms_eps <= 0:
@@ -206,6 +219,17 @@ def _attend_local(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT) -> jax.Array:
   return o_NxKxQxD.reshape(n, kv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(n, t, h, d)
 
 
+def _attend_fused(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT, implementation: str | None) -> jax.Array:
+  """The same masked causal GQA attention through `jax.nn.dot_product_attention` (a fused kernel on GPU/TPU).
+
+  Left padding is a key mask, not a sequence length, so the boolean mask is passed whole; fully masked (pad) query
+  rows get a uniform mix as in `_attend_local`, and their outputs are never used."""
+  t = q_NxTxHxD.shape[1]
+  ok_Nx1xTxS = (jnp.tril(jnp.ones((t, t), bool))[None] & (mask_NxT[:, None, :] > 0))[:, None]
+  return jax.nn.dot_product_attention(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask=ok_Nx1xTxS,
+                                      implementation=implementation).astype(q_NxTxHxD.dtype)
+
+
 def _attend_cache(q_NxHxD, ck_NxKxDxS, cv_NxKxSxD, ok_NxS) -> jax.Array:
   n, h, d = q_NxHxD.shape
   kv = ck_NxKxDxS.shape[1]
@@ -250,7 +274,10 @@ class Block(nn.Module):
       ok_NxS = (kv_mask_NxS > 0) & (jnp.arange(s) <= index)[None]  # slots past index are stale or empty
       o = _attend_cache(q[:, 0], cache_k[layer], cache_v[layer], ok_NxS)[:, None]
     else:
-      o = _attend_local(q, k, v, mask_NxT)
+      if c.attention == "xla":
+        o = _attend_local(q, k, v, mask_NxT)
+      else:
+        o = _attend_fused(q, k, v, mask_NxT, _ATTENTION_IMPL[c.attention])
       if self.mode == "prefill":
         cache_k = jax.lax.dynamic_update_slice(
             cache_k, k.transpose(0, 2, 3, 1)[None].astype(cache_k.dtype), (layer, 0, 0, 0, 0))
@@ -288,6 +315,7 @@ class Transformer(nn.Module):
       block = nn.remat(Block, policy=_REMAT_POLICIES[c.remat], prevent_cse=False)
     stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                     in_axes=(nn.broadcast,) * 4, length=c.layers,
+                    unroll=c.layers if self.mode in _UNROLL_MODES[c.layer_unroll] else 1,
                     metadata_params={nn.PARTITION_NAME: "layers"})
     ck, cv = (None, None) if cache is None else (cache["k"], cache["v"])
     index = jnp.zeros((), jnp.int32) if index is None else jnp.asarray(index, jnp.int32)

@@ -241,6 +241,39 @@ def test_completion_logprobs_equal_the_sliced_full_logprobs():
     M.completion_logprobs(mcfg, params, tokens, pos, mask, 0)
 
 
+def test_fused_attention_and_layer_unroll_match_the_default_path():
+  """model.attention='dot_product' (jax.nn.dot_product_attention) and layer_unroll='all'/'none' give the default
+  path's log-probs and gradients, with left padding. (The default layer_unroll='decode' is what
+  test_cached_decode_matches_full_forward runs.)"""
+  base = CONFIGS["gqa_tied_bias"]
+  params = random_params(base, 13)
+  tokens = np.concatenate([PROMPT, CONT], 1)
+  mask = np.concatenate([PMASK, np.ones_like(CONT)], 1)
+  pos = positions_of(mask)
+  variants = [dataclasses.replace(base, attention="dot_product"), dataclasses.replace(base, layer_unroll="all"),
+              dataclasses.replace(base, layer_unroll="none")]
+
+  @jax.jit
+  def all_variants(p):
+    f = lambda mcfg: jax.value_and_grad(lambda p: (M.token_logprobs(mcfg, p, tokens, pos, mask)[0] * mask).sum())(p)
+    return f(base), [f(m) for m in variants]
+
+  (v0, g0), outs = all_variants(params)
+  assert np.isfinite(float(v0)) and float(v0) < 0
+  for val, grad in outs:
+    np.testing.assert_allclose(float(val), float(v0), rtol=1e-5)
+    for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(g0)):
+      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
+  want = np.asarray(forward(base, params, tokens, pos, mask))
+  for mcfg in variants[:2]:
+    np.testing.assert_allclose(np.asarray(forward(mcfg, params, tokens, pos, mask))[mask > 0], want[mask > 0],
+                               atol=1e-4)
+  with pytest.raises(ValueError, match="model.attention"):
+    M.ModelConfig(**{**TINY, "kv_heads": 2, "attention": "flash"})
+  with pytest.raises(ValueError, match="model.layer_unroll"):
+    M.ModelConfig(**{**TINY, "kv_heads": 2, "layer_unroll": "train"})
+
+
 def test_bf16_compute_close_to_fp32():
   mcfg = CONFIGS["gqa_tied_bias"]
   params = random_params(mcfg, 11)
