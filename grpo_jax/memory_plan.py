@@ -150,6 +150,11 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int]) -> Plan:
   tok = mb_rows * T
 
   p_dev, n_params = param_bytes_per_device(mcfg, mesh)
+  # The [D, V] LM head is the one weight XLA:TPU holds whole (measured, docs/scale.md): FSDP splits its D dim, so
+  # every use all-gathers it (in the compute dtype: a cast copy even unsharded under bf16), and the backward
+  # builds its full fp32 gradient before the reduce-scatter. Layer weights are gathered one layer at a time.
+  head_gathered = D * v_dev * cb if (mesh["fsdp"] > 1 or cb != 4) else 0
+  head_grad = D * v_dev * 4 if mesh["fsdp"] > 1 else 0
   resident = {"policy": p_dev, "reference": p_dev, "optimizer (adam m, v)": 2 * p_dev,
               "batch": math.ceil(B / dp) * (2 * P + 4) * 4}
   if rl.algo == "ppo":
@@ -166,6 +171,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int]) -> Plan:
       "kv cache": 2 * nl * rows * k_dev * Dh * T * cb,
       # Decode logits in fp32 plus the softmax / cumulative sums of the sampler, for one step.
       "decode logits": 3 * rows * v_dev * 4,
+      "lm head, gathered": head_gathered,
       "prefill layer": prefill,
       "rollout outputs": carried,
   }
@@ -178,13 +184,16 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int]) -> Plan:
     saved = nl * (tok * (5 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb + mb_rows * h_dev * T * T * (4 + cb))
   # Backward of one layer: its recomputed activations, their gradients, the scores and their gradient (fp32).
   layer = tok * (4 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb + 2 * mb_rows * h_dev * T * T * 4
-  chunk = min(128, T)
+  # model.target_logprobs scores the L completion positions only, `logprob_chunk` positions at a time under
+  # jax.checkpoint: one chunk of fp32 logits, its log-softmax and their gradient, plus the fp32 hidden states.
+  chunk = min(model_lib.logprob_chunk(mcfg), L)
   update = {
       "gradients": p_dev,
       "saved activations (remat=%s)" % mcfg.remat: saved,
       "layer backward": layer,
-      # token_logprobs: one checkpointed chunk of fp32 logits, its log-softmax and their gradient.
-      "logits chunk": 3 * mb_rows * chunk * v_dev * 4 + tok * D * 4,
+      "logits chunk": 3 * mb_rows * chunk * v_dev * 4 + mb_rows * L * D * 4,
+      "lm head, gathered": head_gathered,
+      "lm head gradient, unreduced": head_grad,
       "rollout outputs": carried,
   }
   if rl.algo == "ppo" and config.ppo.critic == "separate":

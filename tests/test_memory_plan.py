@@ -80,3 +80,27 @@ def test_plan_within_15_percent_of_xla_on_cpu(cpu_compiled):
   # Temporaries dominate in this config, so the check is on the activation model, not just the param count.
   assert mem["temp_bytes"] > 5 * mem["argument_bytes"]
   assert abs(p.total_bytes / xla - 1) < 0.15, (p.as_dict(), mem)
+
+
+def test_lm_head_terms_follow_fsdp_and_dtype():
+  c = memory_plan.workload_config("qwen2.5-1.5b")
+  D, V = 1536, 151936
+  p = memory_plan.plan(c, dict(data=1, fsdp=8, tensor=1))
+  # FSDP: the bf16 head is gathered whole for the forward; its fp32 gradient is whole before the reduce-scatter.
+  assert p.update["lm head, gathered"] == p.rollout["lm head, gathered"] == D * V * 2
+  assert p.update["lm head gradient, unreduced"] == D * V * 4
+  # One device, fp32: the head is used in place and its gradient is the `gradients` entry.
+  p1 = memory_plan.plan(memory_plan.workload_config("qwen2.5-1.5b", dtype="float32"), ONE)
+  assert p1.update["lm head, gathered"] == p1.update["lm head gradient, unreduced"] == 0
+  # Logits are scored on the L completion positions, model.logprob_chunk (16 for a 152k vocab) at a time.
+  assert p.update["logits chunk"] == 3 * 16 * 16 * V * 4 + 16 * 512 * D * 4
+
+
+def test_plan_within_15_percent_of_the_measured_tpu_buffer_assignment():
+  # XLA:TPU (libtpu 0.0.42.1) buffer assignment of rl_step for Qwen2.5-1.5B on v5p:2x2x2, fsdp=8, 16 prompts × G 8,
+  # 256+512 tokens, bf16, remat=full, measured 2026-11-30 (docs/scale.md): parameters 2.876 GiB + temp 4.408 GiB.
+  # Update these numbers only from a new compile (python -m grpo_jax.aot ... with XLA_FLAGS=--xla_dump_to).
+  xla = (2.876 + 4.408) * memory_plan.GiB
+  p = memory_plan.plan(memory_plan.workload_config("qwen2.5-1.5b"), dict(data=1, fsdp=8, tensor=1))
+  assert abs(p.resident_bytes / (2.876 * memory_plan.GiB) - 1) < 0.01
+  assert abs(p.total_bytes / xla - 1) < 0.15, p.as_dict()

@@ -1,0 +1,129 @@
+"""The real CLI as a 2-process job: `python -m grpo_jax.main` started by launch/local_multiprocess.py (jax.distributed
+on localhost, gloo, 2 CPU devices each) equals the same command in 1 process with 4 devices: 2 GRPO steps and the
+held-out evals at steps 0 and 2 (rows split over processes, gathered by process_allgather), metrics.jsonl and the
+final checkpoint's params.
+
+The model is random but starts from a HF dir the test writes (train.init_from=hf:, read by every process), with
+the EOS embedding row scaled so completions end at varying lengths; the DAPO overlong penalty over the whole
+window (rl.overlong_cache = L) turns those lengths into rewards that differ within groups, so the update is not
+zero and equal params mean equal gradients.
+"""
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "launch"))
+import local_multiprocess  # noqa: E402
+
+L = 12
+OVERRIDES = dict(**{"sft.steps": 0, "model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads": 1,
+                    "model.inter": 64, "sampling.max_new_tokens": L, "rl.G": 4, "rl.prompts_per_step": 4,
+                    "rl.overlong_cache": L, "optim.lr": 1e-2, "train.steps": 2, "train.eval_every": 2,
+                    "train.ckpt_every": 2, "train.plot_every": 0, "train.sample_every": 2, "eval.size": 8,
+                    "eval.batch": 8, "eval.n_samples": 2, "task.train_size": 64, "task.test_size": 8,
+                    "mesh.data": 2, "mesh.fsdp": 2, "log.tensorboard": False})
+
+
+def _config(data_dir: str, hf_dir: str):
+  from configs import grpo_arith
+  c = grpo_arith.get_config("runlocal")
+  for k, v in OVERRIDES.items():
+    group, key = k.split(".")
+    setattr(c[group], key, v)
+  c.task.data_dir, c.train.init_from = data_dir, f"hf:{hf_dir}"
+  return c
+
+
+def _flags(c) -> list[str]:
+  return [f"--config.{k}={getattr(c[k.split('.')[0]], k.split('.')[1])}" for k in OVERRIDES] + [
+      f"--config.task.data_dir={c.task.data_dir}", f"--config.train.init_from={c.train.init_from}"]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+  from grpo_jax import hf_io
+  from grpo_jax import model as model_lib
+  from grpo_jax.tasks import data, tokenizer as tok_lib
+  root = tmp_path_factory.mktemp("cli")
+  c = _config(str(root / "tfds"), str(root / "hf"))
+  for split in ("train", "test"):  # built once here: two processes must not build the same TFDS dir at once
+    data.load_examples(c.task, split)
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  params = model_lib.init_params(mcfg, jax.random.PRNGKey(3))
+  eos = tok_lib.load().eos_id
+  emb = np.asarray(params["embed"]["embedding"]).copy()
+  emb[eos] *= 30.0  # tied head: greedy ends at once; sampling (logits ~flat) ends some rows early
+  params["embed"]["embedding"] = emb
+  hf_io.save_hf(str(root / "hf"), mcfg, params)
+  argv = ["--config=configs/grpo_arith.py:runlocal"] + _flags(c)
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
+  t0 = time.perf_counter()
+  single = subprocess.Popen([sys.executable, "-m", "grpo_jax.main", *argv, f"--workdir={root / 'one'}"], env=env,
+                            cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  log = io.StringIO()
+  rc = local_multiprocess.launch(2, module="grpo_jax.main", args=argv + [f"--workdir={root / 'two'}"],
+                                 devices_per_process=2, timeout_s=300, python=sys.executable, out=log)
+  single_out, _ = single.communicate(timeout=300)
+  print(f"1 and 2 processes together: {time.perf_counter() - t0:.1f}s")
+  assert rc == 0, log.getvalue()[-5000:]
+  assert single.returncode == 0, single_out[-5000:]
+  return dict(root=root, mcfg=mcfg, init=params, multi=log.getvalue())
+
+
+def _rows(d):
+  with open(d / "metrics.jsonl") as f:
+    return [json.loads(l) for l in f]
+
+
+def _params(d, mcfg):
+  from grpo_jax import checkpoint as ckpt_lib
+  from grpo_jax import model as model_lib
+  dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev),
+                          jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0))))
+  return ckpt_lib.restore_params_only(str(d / "checkpoints"), abstract, step=2)
+
+
+def test_both_processes_ran_the_job(runs):
+  for pid in (0, 1):
+    assert f"[launch] p{pid} exited with 0" in runs["multi"]
+  assert "[p1] " in runs["multi"]
+
+
+def test_metrics_and_eval_match_one_process(runs):
+  one, two = _rows(runs["root"] / "one"), _rows(runs["root"] / "two")
+  assert [r["step"] for r in two] == [r["step"] for r in one]
+  evals = [r for r in one if "eval/accuracy" in r]
+  assert [r["step"] for r in evals] == [0, 2]
+  assert {"eval/pass@2", "eval/cons@2", "eval/format_rate", "eval/completion_len_mean"} <= set(evals[0])
+  for a, b in zip(one, two):
+    keys = {k for k in a if not k.startswith("perf/")}
+    assert keys == {k for k in b if not k.startswith("perf/")}
+    for k in keys:
+      np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5, err_msg=f"step {a['step']} {k}")
+  train = [r for r in one if "train/reward_mean" in r]
+  # Lengths differ within groups (else the gather check above is weak and the update is 0).
+  assert all(r["train/frac_zero_std_groups"] < 1.0 and r["train/update_norm"] > 1e-4 for r in train), train
+  assert 0 < evals[0]["eval/completion_len_mean"] < L
+
+
+def test_final_params_match_one_process(runs):
+  p1, p2 = _params(runs["root"] / "one", runs["mcfg"]), _params(runs["root"] / "two", runs["mcfg"])
+  flat1, flat2 = jax.tree_util.tree_leaves_with_path(p1), jax.tree_util.tree_leaves(p2)
+  moved = 0.0
+  for (path, a), b, init in zip(flat1, flat2, jax.tree.leaves(runs["init"])):
+    # Adam divides by sqrt(v): a weight whose gradient is ~0 moves by lr·g/(|g|+eps), so reduction-order noise
+    # (one process sums 4 devices, two sum 2+2 over gloo) shows at ~1e-6 absolute; 1e-4 is 1% of lr.
+    np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=1e-4, atol=1e-4,
+                               err_msg=jax.tree_util.keystr(path))
+    moved = max(moved, float(np.abs(np.asarray(a) - np.asarray(init)).max()))
+  assert moved > 5e-3  # the runs started from the HF params and moved away from them (lr 1e-2, 2 steps)
