@@ -9,7 +9,11 @@ FLOPs undercount the decode loop and the layer stack by orders of magnitude).
   python -m grpo_jax.aot --model=qwen2.5-0.5b --topology=v5e:4x4 --prompts 16 --G 8 --prompt-len 256 --L 512
   python -m grpo_jax.aot --model=qwen2.5-7b --topology=v5p:4x4x4 --mesh data=1,fsdp=64,tensor=1 --json
 
-Only one process at a time may load libtpu (it holds a lock file): run one compile at a time.
+Only one process at a time may load libtpu (it holds a lock file): run one compile at a time. A compile too slow
+to finish here still leaves its buffer assignment (the per-device bytes) behind when XLA dumps:
+
+  XLA_FLAGS=--xla_dump_to=/tmp/d timeout 900 python -m grpo_jax.aot --model=qwen2.5-1.5b --topology=v5p:2x2x2
+  python -m grpo_jax.aot --buffers /tmp/d
 """
 import argparse
 import dataclasses
@@ -138,8 +142,10 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh) -> dict[str, jax.Sha
   return {k: jax.ShapeDtypeStruct(s, jnp.int32, sharding=sh(len(s))) for k, s in shapes.items()}
 
 
-def compile_step(config: ml_collections.ConfigDict, devices: list, mesh_shape: dict[str, int]):
-  """Lowers and compiles `rl_step` for `devices` on abstract sharded inputs; returns (compiled, seconds)."""
+def compile_step(config: ml_collections.ConfigDict, devices: list, mesh_shape: dict[str, int],
+                 compiler_options: dict[str, Any] | None = None):
+  """Lowers and compiles `rl_step` for `devices` on abstract sharded inputs; returns (compiled, seconds).
+  `compiler_options` go to XLA for this compile only (e.g. {'xla_dump_to': DIR} for buffer_assignment_summary)."""
   from grpo_jax import peer_workload
   from grpo_jax import rl_step
   from grpo_jax import state as state_lib
@@ -154,7 +160,7 @@ def compile_step(config: ml_collections.ConfigDict, devices: list, mesh_shape: d
   spec = peer_workload.reward_spec(mcfg.vocab_size)
   step = rl_step.make_rl_step(config, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
   t0 = time.perf_counter()
-  compiled = step.lower(st, abstract_batch(config, mesh)).compile()
+  compiled = step.lower(st, abstract_batch(config, mesh)).compile(compiler_options=compiler_options)
   return compiled, time.perf_counter() - t0
 
 
@@ -171,6 +177,46 @@ def memory_report(compiled, hbm_bytes: int | None) -> dict[str, Any]:
     r["fits"] = r["total_bytes"] <= hbm_bytes
     r["headroom_frac"] = 1 - r["total_bytes"] / hbm_bytes
   return r
+
+
+def buffer_assignment_summary(dump_dir: str) -> dict[str, Any]:
+  """Per-device bytes from the XLA buffer-assignment dump of the RL step (`XLA_FLAGS=--xla_dump_to=DIR`).
+
+  XLA writes it right after buffer assignment, long before a large TPU compile finishes (Qwen2.5-1.5B: ~2 min in,
+  then >13 min of later passes here), so a compile cut off by a timeout still says whether the step fits. Sums the
+  allocations by kind (parameter = argument bytes, preallocated-temp = temp bytes) and lists the largest values
+  in the temp allocation by shape (to see which tensors dominate)."""
+  import glob
+  import re
+  files = sorted(glob.glob(f"{dump_dir}/*jit_step*after_optimizations-buffer-assignment.txt"))
+  if not files:
+    raise ValueError(f"--buffers={dump_dir}: no *jit_step*after_optimizations-buffer-assignment.txt there; compile "
+                     "with XLA_FLAGS=--xla_dump_to=DIR first.")
+  kinds: dict[str, int] = {}
+  values: list[tuple[int, str]] = []
+  in_temp = False
+  with open(files[-1]) as f:
+    for line in f:
+      m = re.match(r"allocation \d+: size (\d+), (.*)", line)
+      if m:
+        rest = m.group(2)
+        in_temp = "preallocated-temp" in rest
+        kind = ("parameter" if "parameter" in rest else "temp" if in_temp or "temp" in rest
+                else "constant" if "constant" in rest else "thread-local" if "thread-local" in rest else "other")
+        if re.search(r"color [1-9]", rest):
+          kind = "other"  # not HBM (color 0): e.g. TPU on-chip memory
+        kinds[kind] = kinds.get(kind, 0) + int(m.group(1))
+        continue
+      v = re.match(r"\s*value: <\d+ \S+ @\d+> \(size=(\d+),offset=\d+\): (\w+\[[\d,]*\])", line)
+      if in_temp and v:
+        values.append((int(v.group(1)), v.group(2)))
+  by_shape: dict[str, int] = {}
+  for size, shape in values:
+    by_shape[shape] = max(by_shape.get(shape, 0), size)
+  top = sorted(by_shape.items(), key=lambda kv: -kv[1])[:12]
+  return dict(file=files[-1], argument_bytes=kinds.get("parameter", 0), temp_bytes=kinds.get("temp", 0),
+              other_bytes=sum(v for k, v in kinds.items() if k not in ("parameter", "temp")),
+              largest_temp_values=[dict(shape=s, bytes=b) for s, b in top])
 
 
 def topology_size(topology: str) -> int:
@@ -259,8 +305,16 @@ def main(argv=None) -> int:
   ap.add_argument("--minibatches", type=int, default=1)
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
   ap.add_argument("--no-compile", action="store_true", help="memory_plan + roofline only (no libtpu needed)")
+  ap.add_argument("--buffers", default="", metavar="DUMP_DIR",
+                  help="only summarise the buffer assignment XLA dumped to DUMP_DIR (no compile)")
   a = ap.parse_args(argv)
   try:
+    if a.buffers:
+      b = buffer_assignment_summary(a.buffers)
+      print(json.dumps(b) if a.json else "\n".join(
+          [f"arguments {b['argument_bytes'] / GiB:.3f} GiB, temp {b['temp_bytes'] / GiB:.3f} GiB per device "
+           f"({b['file']})"] + [f"  {v['bytes'] / 2**20:9.1f} MiB  {v['shape']}" for v in b["largest_temp_values"]]))
+      return 0
     mesh = memory_plan.parse_mesh(a.mesh) if a.mesh else None
     cfg = memory_plan.workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, None, a.dtype, a.remat,
                                       a.minibatches)

@@ -62,17 +62,31 @@ def test_cli_json_and_errors(capsys):
 
 
 @pytest.fixture(scope="module")
-def cpu_compiled():
-  """One small RL step compiled for the CPU (shared; ~20 s on a busy 2-core machine)."""
+def cpu_compiled(tmp_path_factory):
+  """One small RL step compiled for the CPU (shared; ~20 s on a busy 2-core machine), its HLO dumped."""
   from grpo_jax import aot
   cfg = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=48, mesh=ONE, dtype="float32",
                                     remat="none")
-  compiled, _ = aot.compile_step(cfg, jax.devices()[:1], ONE)
-  return cfg, aot.memory_report(compiled, None)
+  dump = str(tmp_path_factory.mktemp("xla_dump"))
+  compiled, _ = aot.compile_step(cfg, jax.devices()[:1], ONE, compiler_options={"xla_dump_to": dump})
+  return cfg, aot.memory_report(compiled, None), dump
+
+
+def test_buffer_assignment_summary_equals_memory_analysis(cpu_compiled, tmp_path):
+  # aot --buffers reads per-device bytes from XLA's dump (how the 1.5B/7B TPU rows in docs/scale.md were taken from
+  # compiles cut off after buffer assignment); it must equal what memory_analysis() reports for the same compile.
+  from grpo_jax import aot
+  _, mem, dump = cpu_compiled
+  b = aot.buffer_assignment_summary(dump)
+  assert (b["argument_bytes"], b["temp_bytes"]) == (mem["argument_bytes"], mem["temp_bytes"])
+  sizes = [v["bytes"] for v in b["largest_temp_values"]]
+  assert sizes == sorted(sizes, reverse=True) and 0 < sizes[0] <= mem["temp_bytes"]
+  with pytest.raises(ValueError, match="no \\*jit_step"):
+    aot.buffer_assignment_summary(str(tmp_path))
 
 
 def test_plan_within_15_percent_of_xla_on_cpu(cpu_compiled):
-  cfg, mem = cpu_compiled
+  cfg, mem, _ = cpu_compiled
   p = memory_plan.plan(cfg, ONE)
   # Arguments are the state and the batch: the planner's resident bytes, up to the tiny step/rng scalars.
   assert abs(mem["argument_bytes"] - p.resident_bytes) <= 64
