@@ -25,8 +25,9 @@ Intended real run (not run here: no TPU, no weights, no GSM8K download on this m
 
 Small variant (`:small`): a random 1-layer model with the shipped tokenizer on mock GSM8K records
 (tests/test_gsm8k_run.py supplies them through tfds.testing.mock_data), 2 GRPO steps, the Python math reward
-through jax.pure_callback, held-out eval (host-verified) at steps 0 and 2. Measured 2026-11-29 on the shared 2-core CPU (load ~8): 34 s, 30 s of it compiling
-(`JAX_PLATFORMS=cpu python -m pytest tests/test_gsm8k_run.py`).
+through jax.pure_callback, held-out eval (host-verified) at steps 0 and 2. Measured on the shared 2-core CPU
+(`JAX_PLATFORMS=cpu python -m pytest tests/test_gsm8k_run.py`): 2026-11-29 without eval, load ~8: 34 s, 30 s of it
+compiling; 2026-11-30 with the two evals (two more programs to compile), load ~12: 108 s wall, 34 s CPU.
 """
 from grpo_jax import config_lib
 
