@@ -7,7 +7,8 @@ A config names a table module `grpo_jax.ablations.<config.table>` that provides
   variants(cfg) -> list[str]           the rows
   run_cell(cfg, variant, seeds) -> {"scalars": {metric: [one float per seed]},
                                     "curves": {metric: {"x": [steps], "y": [[per step] per seed]}}}
-  header(cfg) -> str, verdict(cfg, summaries) -> str   (optional)
+  header(cfg) -> str, verdict(cfg, summaries) -> str,
+  appendix(cfg, cells) -> str                      (optional: more markdown from the raw cells)
 Each finished cell is written to DIR/cells/<variant>.json with the config's fingerprint, so an interrupted run
 resumes without redoing finished cells; a cell from a different config stops the run instead of being mixed in.
 """
@@ -105,6 +106,8 @@ def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
   md = report.markdown(cells, title=title, claim=claim, header="\n".join(h for h in head if h),
                        columns=columns, verdict=table.verdict(cfg, summ) if hasattr(table, "verdict") else "",
                        plots=plots)
+  if hasattr(table, "appendix"):
+    md += "\n" + table.appendix(cfg, cells)
   with open(os.path.join(workdir, "table.md"), "w") as f:
     f.write(md)
   with open(os.path.join(workdir, "config.json"), "w") as f:

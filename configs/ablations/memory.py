@@ -11,9 +11,14 @@ def get_config(arg=None):
   c.seeds = 1  # exact byte counts: one run per cell
   c.vocab = 32_000
   c.sizes = ("512x8", "1024x16", "2048x24")  # hidden x layers
-  c.columns = ("params_MB", "trainable_MB", "frozen_ref_MB", "trainable_vs_policy_x")
+  # Also compile the whole step (XLA memory analysis) at these sizes, for this rollout workload.
+  c.compile_sizes = ("512x8",)
+  c.workload = ml_collections.ConfigDict(dict(prompts=4, G=8, prompt_len=32, L=64))
+  c.columns = ("params_MB", "trainable_MB", "frozen_ref_MB", "trainable_vs_policy_x", "xla_args_MB",
+               "xla_temp_MB", "xla_total_MB")
   if arg == "small":
     c.sizes = ("256x4", "512x8")
+    c.compile_sizes = ("256x4",)
   elif arg:
     raise ValueError(f"config arg {arg!r}: use nothing (default) or 'small'.")
   return c

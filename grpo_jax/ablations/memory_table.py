@@ -1,14 +1,22 @@
-"""Table c: state bytes of PPO-with-critic vs GRPO at equal model size, from the abstract state pytrees.
+"""Table c: state bytes of PPO-with-critic vs GRPO at equal model size, from the abstract state pytrees and from
+XLA's memory analysis of the compiled steps.
 
 Trainable = policy params + AdamW state (+ critic params + critic AdamW state); frozen = reference params. The reward
-model is the in-graph verifier here (0 bytes). Exact byte counts (jax.eval_shape, nothing allocated).
+model is the in-graph verifier here (0 bytes). Exact byte counts (jax.eval_shape, nothing allocated). For the sizes
+in `cfg.compile_sizes`, the whole one-graph step (GRPO's rl_step, PPO's ppo_step) is also lowered and compiled for
+one CPU device on abstract inputs, and `compiled.memory_analysis()` gives the argument (state + batch) and temporary
+(activations, rollout KV cache, gradients) bytes XLA plans for.
 """
 import jax
 import numpy as np
 
+from grpo_jax import aot
 from grpo_jax import config_lib
 from grpo_jax import model as model_lib
+from grpo_jax import peer_workload
 from grpo_jax import ppo_step
+from grpo_jax import rl_step
+from grpo_jax import sharding
 from grpo_jax import state as state_lib
 
 TITLE = "c. Memory: PPO with a critic vs GRPO"
@@ -39,7 +47,36 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
     critic = jax.eval_shape(lambda p: ppo_step.init_critic(mcfg, mode, jax.random.PRNGKey(0), p), params)
     trainable += _bytes(critic) + _bytes(jax.eval_shape(tx.init, critic))
   n = len(seeds)  # deterministic: the same value for every seed
-  return {"scalars": {"params_MB": [_bytes(params) / 1e6] * n, "trainable_MB": [trainable / 1e6] * n,
-                      "frozen_ref_MB": [_bytes(params) / 1e6] * n,
-                      "trainable_vs_policy_x": [trainable / (_bytes(params) + _bytes(opt))] * n},
-          "curves": {}}
+  scalars = {"params_MB": [_bytes(params) / 1e6] * n, "trainable_MB": [trainable / 1e6] * n,
+             "frozen_ref_MB": [_bytes(params) / 1e6] * n,
+             "trainable_vs_policy_x": [trainable / (_bytes(params) + _bytes(opt))] * n}
+  if size in tuple(cfg.get("compile_sizes", ())):
+    m = aot.memory_report(compile_step(cfg, c, algo), None)
+    scalars.update({"xla_args_MB": [m["argument_bytes"] / 1e6] * n, "xla_temp_MB": [m["temp_bytes"] / 1e6] * n,
+                    "xla_total_MB": [m["total_bytes"] / 1e6] * n})
+  return {"scalars": scalars, "curves": {}}
+
+
+def compile_step(cfg, c, algo: str):
+  """The one-graph step of `algo` compiled for one CPU device on abstract (never allocated) inputs."""
+  c.rl.update(prompts_per_step=cfg.workload.prompts, G=cfg.workload.G, algo="ppo" if algo.startswith("ppo") else
+              "grpo")
+  c.task.prompt_len = cfg.workload.prompt_len
+  c.sampling.max_new_tokens = cfg.workload.L
+  c.model.max_len = cfg.workload.prompt_len + cfg.workload.L
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  tx = state_lib.make_optimizer(c.optim, 10)
+  spec = peer_workload.reward_spec(mcfg.vocab_size)
+  critic = None
+  if algo.startswith("ppo"):
+    c.ppo.critic = algo.split("_")[1]
+    abstract_critic = jax.eval_shape(lambda k, p: ppo_step.init_critic(mcfg, c.ppo.critic, k, p),
+                                     jax.random.PRNGKey(0),
+                                     jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0))))
+    critic = (abstract_critic, ppo_step.critic_axes(mcfg, c.ppo.critic), tx)
+    step = ppo_step.make_ppo_step(c, mesh, mcfg, tx, tx, spec, spec.ctx.tokenizer)
+  else:
+    step = rl_step.make_rl_step(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
+  abstract, shard = state_lib.state_shardings(mesh, mcfg, tx, True, critic)
+  return step.lower(state_lib.with_shardings(abstract, shard), aot.abstract_batch(c, mesh)).compile()

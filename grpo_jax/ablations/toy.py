@@ -4,10 +4,14 @@ The peers' prompt "what is a + b =" with single digits a + b ≤ 8 (the answer i
 all in-graph: `acc` (the first completion token is the answer), `fmt` (the completion is exactly digit, EOS),
 `proc` (two rule-checked steps: a digit first, EOS second; per-step scores for process advantages).
 """
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 
+from grpo_jax import model as model_lib
 from grpo_jax import peer_workload as pw
 from grpo_jax import rewards
 from grpo_jax import sampling
@@ -36,6 +40,62 @@ def held_out_set() -> dict:
   """All 10 held-out pairs (odd a), fixed."""
   a, b = np.meshgrid(np.array([1, 3]), np.arange(5), indexing="ij")
   return encode(a.reshape(-1), b.reshape(-1))
+
+
+def train_set() -> dict:
+  """All 15 training pairs (even a), fixed: the policy's greedy accuracy on the prompts it trains on."""
+  a, b = np.meshgrid(np.array([0, 2, 4]), np.arange(5), indexing="ij")
+  return encode(a.reshape(-1), b.reshape(-1))
+
+
+FILLER0 = pw.EQ + 1  # ids FILLER0..vocab-1: "words" a completion may carry after its answer
+
+
+def base_documents(n: int, L: int, vocab: int, p_correct: float, rng: np.random.Generator) -> dict:
+  """What the toy's "base model" is pre-trained on: any of the 25 pairs; the answer digit is right with
+  probability p_correct (else a random digit), then 0..L-2 filler words, then EOS. Lengths are uniform, equally
+  for right and wrong answers, so a length bias later comes from the RL objective, not from the base."""
+  a, b = rng.integers(0, 5, n), rng.integers(0, 5, n)
+  enc = encode(a, b)
+  right = rng.random(n) < p_correct
+  first = np.where(right, enc["answer_N"], pw.DIGIT0 + rng.integers(0, 10, n))
+  n_fill = rng.integers(0, L - 1, n)
+  comp_NxL = np.full((n, L), pw.PAD, np.int32)
+  comp_NxL[:, 0] = first
+  fill_NxL = rng.integers(FILLER0, vocab, (n, L))
+  cols = np.arange(L)[None, :]
+  comp_NxL = np.where((cols >= 1) & (cols <= n_fill[:, None]), fill_NxL, comp_NxL)
+  comp_NxL[np.arange(n), n_fill + 1] = pw.EOS
+  mask_NxL = (cols <= n_fill[:, None] + 1).astype(np.int32)
+  return {"tokens_NxT": np.concatenate([enc["prompt_NxP"], comp_NxL], 1),
+          "loss_mask_NxT": np.concatenate([np.zeros_like(enc["prompt_NxP"]), mask_NxL], 1)}
+
+
+@functools.lru_cache(maxsize=4)
+def base_params(mcfg: model_lib.ModelConfig, L: int, steps: int, p_correct: float, seed: int = 0):
+  """The shared starting policy (and reference) of the training ablations: a random model pre-trained with
+  AdamW on base_documents for `steps` steps of 64. RL is applied to a base model, as in practice, so it refines a
+  policy that already answers (at ~p_correct) with varied lengths instead of searching a uniform 32-way guess."""
+  tx = optax.adamw(3e-3)
+  params = model_lib.init_params(mcfg, jax.random.PRNGKey(10_000 + seed))
+  opt = tx.init(params)
+
+  @jax.jit
+  def step(params, opt, tokens_NxT, loss_mask_NxT):
+    def loss_fn(p):
+      mask_NxT = (tokens_NxT != pw.PAD) | (jnp.arange(tokens_NxT.shape[1]) < P_LEN)
+      pos_NxT = jnp.broadcast_to(jnp.arange(tokens_NxT.shape[1]), tokens_NxT.shape)
+      logp_NxT, _ = model_lib.token_logprobs(mcfg, p, tokens_NxT, pos_NxT, mask_NxT.astype(jnp.int32))
+      return -jnp.sum(logp_NxT * loss_mask_NxT) / jnp.sum(loss_mask_NxT)
+    loss, g = jax.value_and_grad(loss_fn)(params)
+    upd, opt = tx.update(g, opt, params)
+    return optax.apply_updates(params, upd), opt, loss
+
+  rng = np.random.default_rng(seed)
+  for _ in range(steps):
+    d = base_documents(64, L, mcfg.vocab_size, p_correct, rng)
+    params, opt, _ = step(params, opt, d["tokens_NxT"], d["loss_mask_NxT"])
+  return params
 
 
 def _acc(tokens_NxL, mask_NxL, batch, ctx):
@@ -70,11 +130,12 @@ def reward_spec(terms: tuple[tuple[str, float], ...], vocab: int) -> rewards.Rew
                             rewards.Context("toy", pw.BenchTokenizer(vocab)))
 
 
-def make_eval(mcfg, max_new_tokens: int):
-  """vmapped greedy held-out accuracy: params_S → acc_S (fraction of the 10 held-out prompts answered right)."""
+def make_eval(mcfg, max_new_tokens: int, prompts: dict | None = None):
+  """vmapped greedy accuracy: params_S → acc_S, the fraction of `prompts` (default: the 10 held-out prompts)
+  answered right."""
   scfg = sampling.SamplingConfig(temperature=1.0, max_new_tokens=max_new_tokens, greedy=True, eos_id=pw.EOS,
                                  pad_id=pw.PAD)
-  ho = {k: jnp.asarray(v) for k, v in held_out_set().items()}
+  ho = {k: jnp.asarray(v) for k, v in (held_out_set() if prompts is None else prompts).items()}
 
   def acc(params):
     ro = sampling.sample(mcfg, params, ho["prompt_NxP"], ho["prompt_mask_NxP"], jax.random.PRNGKey(0), scfg)

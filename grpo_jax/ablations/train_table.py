@@ -61,19 +61,22 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   mcfg = model_lib.ModelConfig.from_config(c.model)
   tx = state_lib.make_optimizer(c.optim, cfg.steps)
   opts = seeds_lib.FAST_COMPILE if cfg.fast_compile else None
+  base = start_params(cfg, mcfg)
   if c.rl.algo == "ppo":
     from grpo_jax import ppo_step
     ctx = state_lib.make_optimizer(c.optim, cfg.steps, lr=c.ppo.critic_lr)
-    states = seeds_lib.init_states(mcfg, tx, seeds, critic_init=lambda k, p: ppo_step.init_critic(
+    states = seeds_lib.init_states(mcfg, tx, seeds, params=base, critic_init=lambda k, p: ppo_step.init_critic(
         mcfg, c.ppo.critic, k, p), critic_tx=ctx)
     step = seeds_lib.make_ppo_steps(c, mesh, mcfg, tx, ctx, spec, spec.ctx.tokenizer, opts)
   else:
-    states = seeds_lib.init_states(mcfg, tx, seeds)
+    states = seeds_lib.init_states(mcfg, tx, seeds, params=base)
     step = seeds_lib.make_rl_steps(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer, opts)
   evaluate = toy.make_eval(mcfg, c.sampling.max_new_tokens)
+  evaluate_train = toy.make_eval(mcfg, c.sampling.max_new_tokens, toy.train_set())
   data = toy.batches(cfg.prompts, seed=12345)  # the same prompts for every seed and variant
   S = len(seeds)
-  reward, len_right, len_wrong, eval_x, acc = [], [], [], [0], [np.asarray(evaluate(states["params"]))]
+  reward, len_right, len_wrong, eval_x = [], [], [], [0]
+  acc, acc_train = [np.asarray(evaluate(states["params"]))], [np.asarray(evaluate_train(states["params"]))]
   for t in range(cfg.steps):
     states, m = step(states, next(data))
     sm = seeds_lib.host_scalars(m)
@@ -85,12 +88,15 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
     if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
       eval_x.append(t + 1)
       acc.append(np.asarray(evaluate(states["params"])))
-  reward, len_right, len_wrong, acc = map(lambda a: np.asarray(a, np.float64).T, (reward, len_right, len_wrong, acc))
+      acc_train.append(np.asarray(evaluate_train(states["params"])))
+  reward, len_right, len_wrong, acc, acc_train = map(lambda a: np.asarray(a, np.float64).T,
+                                                     (reward, len_right, len_wrong, acc, acc_train))
   tail = slice(int(cfg.steps * 0.8), None)
   x = list(range(1, cfg.steps + 1))
   return {
       "scalars": {
           "heldout_acc_final": acc[:, -1].tolist(),
+          "train_prompts_acc_final": acc_train[:, -1].tolist(),
           "train_acc_last20%": reward[:, tail].mean(1).tolist(),
           "len_right_last20%": np.nanmean(len_right[:, tail], 1).tolist(),
           "len_wrong_last20%": np.nanmean(len_wrong[:, tail], 1).tolist(),
@@ -99,10 +105,18 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
       "curves": {
           "train accuracy reward": {"x": x, "y": reward.tolist()},
           "held-out greedy accuracy": {"x": eval_x, "y": acc.tolist()},
+          "greedy accuracy on the training prompts": {"x": eval_x, "y": acc_train.tolist()},
           "length of right answers": {"x": x, "y": np.nan_to_num(len_right, nan=0.0).tolist()},
           "length of wrong answers": {"x": x, "y": np.nan_to_num(len_wrong, nan=0.0).tolist()},
       },
   }
+
+
+def start_params(cfg, mcfg):
+  """The shared starting policy: toy.base_params when cfg.base_steps > 0, else None (random init per seed)."""
+  if int(cfg.get("base_steps", 0)) <= 0:
+    return None
+  return toy.base_params(mcfg, cfg.L, int(cfg.base_steps), float(cfg.p_correct))
 
 
 _ANSWERS: dict = {}
