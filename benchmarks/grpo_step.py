@@ -2,10 +2,17 @@
 
 Random-init Qwen2-shaped model with tied embeddings, prompts "what is A + B =", reward 1 if the answer's digits
 appear in the completion, β=0.04 (k3 in the loss), μ=1, lr 1e-5, temperature 1, L new tokens always decoded.
-The first (compiling) step is excluded; the update is never skipped, and the script checks that params changed.
+The first (compiling) step is excluded; the update is never skipped, and the script checks that params changed and
+that the step compiled exactly once.
 
   python benchmarks/grpo_step.py --hidden 64 --layers 2 --heads 4 --kv 2 --inter 128 --vocab 512 --prompts 8 --G 8 --L 64
   python benchmarks/grpo_step.py ... --vs-trl /tmp/trlenv/bin/python --vs-tunix /tmp/tunixenv/bin/python
+  python benchmarks/grpo_step.py ... --scaling docs/scaling_tiny.png
+
+Peers run between two halves of our steps (same compiled program), so both sides see the same machine load.
+Also printed: model FLOP/s (grpo_jax/flops.py: analytic, real tokens, no recompute) over the whole step and over the
+update alone (policy forward+backward and reference forward, timed as separate programs) against an fp32 matmul
+peak measured in this run; decode tokens/s; on a GPU/TPU, MFU and the decode HBM-bandwidth fraction.
 """
 import argparse
 import os
@@ -22,39 +29,67 @@ from grpo_jax.peer_workload import BenchTokenizer, make_batches
 
 PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "peers")
 FLAGS = dict(hidden=64, layers=2, heads=4, kv=2, inter=128, vocab=512, prompts=8, G=8, L=64, steps=6)
+
+
 def bench_config(a):
-  return peer_workload.bench_config(hidden=a.hidden, layers=a.layers, heads=a.heads, kv=a.kv, inter=a.inter,
-                                    vocab=a.vocab, prompts=a.prompts, G=a.G, L=a.L, dtype=a.dtype, remat=a.remat)
+  c = peer_workload.bench_config(hidden=a.hidden, layers=a.layers, heads=a.heads, kv=a.kv, inter=a.inter,
+                                 vocab=a.vocab, prompts=a.prompts, G=a.G, L=a.L, dtype=a.dtype, remat=a.remat)
+  c.model.attention = a.attention
+  c.train.num_samples_logged = a.prompts * a.G  # every row's mask comes back: FLOPs count real tokens
+  return c
 
 
-def run_ours(a) -> dict:
-  import jax
-  from grpo_jax import model as model_lib
-  from grpo_jax import rl_step, sharding, state as state_lib, validate
-  c = bench_config(a)
-  tok = BenchTokenizer(a.vocab)
-  validate.validate_rl(c, jax.device_count())
-  mesh = sharding.make_mesh(c.mesh)
-  mcfg = model_lib.ModelConfig.from_config(c.model)
-  tx = state_lib.make_optimizer(c.optim, a.steps)
-  spec = peer_workload.reward_spec(a.vocab)
-  step = rl_step.make_rl_step(c, mesh, mcfg, tx, spec, tok)
-  state = state_lib.create_state(mesh, mcfg, tx, seed=0)
-  p0 = jax.device_get(state["params"])
-  times, rewards_seen = [], []
-  for i, batch in enumerate(make_batches(a.prompts, a.steps)):
+class Ours:
+  """The jitted step on the workload, compiled once; `run(k)` times k more steps on it."""
+
+  def __init__(self, a):
+    import jax
+    from grpo_jax import model as model_lib
+    from grpo_jax import rl_step, sharding, state as state_lib, validate
+    self.a, self.jax = a, jax
+    c = bench_config(a)
+    validate.validate_rl(c, jax.device_count())
+    mesh = sharding.make_mesh(c.mesh)
+    self.mcfg = model_lib.ModelConfig.from_config(c.model)
+    tx = state_lib.make_optimizer(c.optim, 2 * a.steps + 2)
+    self.step = rl_step.make_rl_step(c, mesh, self.mcfg, tx, peer_workload.reward_spec(a.vocab),
+                                     BenchTokenizer(a.vocab))
+    self.state = state_lib.create_state(mesh, self.mcfg, tx, seed=0)
+    self.p0 = jax.device_get(self.state["params"])
+    self.batches = make_batches(a.prompts, 10_000)
+    self.times, self.rewards, self.prompt_lens, self.completion_lens = [], [], [], []
     t0 = time.perf_counter()
-    state, m = step(state, batch)
-    jax.block_until_ready(state["params"])
-    times.append(time.perf_counter() - t0)
-    rewards_seen.append(float(m["train/reward_mean"]))
-  p1 = jax.device_get(state["params"])
-  changed = any(not np.array_equal(x, y) for x, y in zip(jax.tree.leaves(p0), jax.tree.leaves(p1)))
-  if not changed:
-    raise SystemExit("benchmark error: params did not change; the update must never be skipped.")
-  nparams = sum(x.size for x in jax.tree.leaves(p1))
-  return dict(compile_s=times[0], times=times[1:], median=statistics.median(times[1:]), nparams=nparams,
-              reward=float(np.mean(rewards_seen)), len_mean=float(m["train/completion_len_mean"]))
+    self._one()
+    self.compile_s = time.perf_counter() - t0
+
+  def _one(self) -> float:
+    batch = next(self.batches)
+    t0 = time.perf_counter()
+    self.state, m = self.step(self.state, batch)
+    self.jax.block_until_ready(self.state["params"])
+    dt = time.perf_counter() - t0
+    self.rewards.append(float(m["train/reward_mean"]))
+    self.prompt_lens.append(np.repeat(batch["prompt_mask_NxP"].sum(1), self.a.G))
+    self.completion_lens.append(np.asarray(m["samples/mask_NxL"]).sum(1))
+    return dt
+
+  def run(self, k: int) -> list[float]:
+    ts = [self._one() for _ in range(k)]
+    self.times += ts
+    return ts
+
+  def finish(self) -> dict:
+    jax = self.jax
+    p1 = jax.device_get(self.state["params"])
+    if all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(self.p0), jax.tree.leaves(p1))):
+      raise SystemExit("benchmark error: params did not change; the update must never be skipped.")
+    compiles = self.step.jitted._cache_size()
+    if compiles != 1:
+      raise SystemExit(f"benchmark error: the step compiled {compiles} times; it must compile once.")
+    return dict(compile_s=self.compile_s, times=self.times, median=statistics.median(self.times),
+                nparams=sum(x.size for x in jax.tree.leaves(p1)), reward=float(np.mean(self.rewards)),
+                recompiles=compiles - 1, prompt_lens=np.concatenate(self.prompt_lens[1:]),
+                completion_lens=np.concatenate(self.completion_lens[1:]))
 
 
 def run_peer(python: str, script: str, a, key: str) -> float | None:
@@ -68,25 +103,157 @@ def run_peer(python: str, script: str, a, key: str) -> float | None:
   return float(m.group(1))
 
 
+def matmul_peak(m: int, k: int, n: int, reps: int = 7) -> float:
+  """Best FLOP/s of a jitted fp32 [m, k] @ [k, n] (a model-sized matmul), measured now."""
+  import jax
+  import jax.numpy as jnp
+  x = jax.random.normal(jax.random.PRNGKey(0), (m, k), jnp.float32)
+  w = jax.random.normal(jax.random.PRNGKey(1), (k, n), jnp.float32)
+  f = jax.jit(lambda x, w: x @ w)
+  f(x, w).block_until_ready()
+  best = float("inf")
+  for _ in range(reps):
+    t0 = time.perf_counter()
+    f(x, w).block_until_ready()
+    best = min(best, time.perf_counter() - t0)
+  return 2.0 * m * k * n / best
+
+
+def part_times(a, reps: int = 3) -> dict[str, float]:
+  """Median seconds of rollout, reference log-probs and one policy update, each its own jitted program."""
+  import jax
+  from profile_parts import parts, time_fn  # benchmarks/ is the script's directory
+  from grpo_jax import sharding
+  mesh, fns = parts(a, attention=a.attention, dtype=a.dtype)
+  with sharding.mesh_context(mesh):
+    exes = {k: (jax.jit(f).lower(*args).compile(), args) for k, (f, args) in fns.items()}
+    ts = {k: [] for k in exes}
+    for _ in range(reps):
+      for k, (exe, args) in exes.items():
+        ts[k].append(time_fn(exe, args, 1))
+  return {k: statistics.median(v) for k, v in ts.items()}
+
+
+def perf_report(a, ours: dict) -> list[str]:
+  """FLOP/s over the step and the update against a same-run matmul peak; decode tokens/s; MFU on accelerators."""
+  import jax
+  from grpo_jax import flops
+  mcfg = ours["mcfg"]
+  n_steps = len(ours["times"])
+  fl = flops.step_flops(mcfg, ours["prompt_lens"], ours["completion_lens"])
+  fl = {k: v / n_steps for k, v in fl.items()}  # per step
+  pt = part_times(a)
+  n, L = a.prompts * a.G, a.L
+  peak = matmul_peak(n * (L + 10), a.hidden, max(a.inter, a.hidden))
+  step_fps = fl["step"] / ours["median"]
+  upd_fps = fl["update"] / (pt["update"] + pt["reference"])
+  lines = [f"flops/step {fl['step'] / 1e9:.2f} GFLOP (update {fl['update'] / 1e9:.2f})  "
+           f"matmul_peak {peak / 1e9:.1f} GFLOP/s (fp32 [{n * (L + 10)},{a.hidden}]x[{a.hidden},{max(a.inter, a.hidden)}])",
+           f"parts (separate programs, s): rollout {pt['rollout']:.4f} reference {pt['reference']:.4f} "
+           f"update {pt['update']:.4f}",
+           f"step {step_fps / 1e9:.1f} GFLOP/s = {step_fps / peak:.0%} of peak; "
+           f"update {upd_fps / 1e9:.1f} GFLOP/s = {upd_fps / peak:.0%} of peak; "
+           f"decode {n * L / pt['rollout']:.0f} tokens/s"]
+  dev = jax.devices()[0]
+  pk = flops.device_peak(dev.device_kind)
+  if pk is not None:
+    dt_peak = pk["bf16" if a.dtype == "bfloat16" else "fp32"]
+    nbytes = 2 if a.dtype == "bfloat16" else 4
+    dec = flops.decode_bytes(mcfg, n, 10, L - 1, param_bytes=4, cache_bytes=nbytes)
+    lines.append(f"{dev.device_kind}: MFU step {step_fps / dt_peak:.1%} update {upd_fps / dt_peak:.1%} "
+                 f"({a.dtype} peak {dt_peak / 1e12:.0f} TFLOP/s); decode HBM {dec / pt['rollout'] / 1e9:.0f} GB/s "
+                 f"= {dec / pt['rollout'] / pk['hbm']:.1%} of {pk['hbm'] / 1e12:.2f} TB/s")
+  ours.update(step_fps=step_fps, update_fps=upd_fps, peak=peak, parts=pt)
+  return lines
+
+
+def fit_scaling(xs, ts, degree: int) -> np.ndarray:
+  """Least-squares polynomial coefficients, lowest order first (a, b[, c])."""
+  return np.polynomial.polynomial.polyfit(np.asarray(xs, float), np.asarray(ts, float), degree)
+
+
+def scaling(a, out_png: str) -> list[str]:
+  """Step time against G (expect linear) and against L (fit a + bL + cL²), one compile per point."""
+  import copy
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  Gs = sorted({max(2, a.G // 4), max(2, a.G // 2), a.G})  # GRPO needs G >= 2
+  Ls = sorted({max(4, a.L // 8), max(4, a.L // 4), max(4, a.L // 2), a.L})
+  res = {}
+  for name, vals in (("G", Gs), ("L", Ls)):
+    for v in vals:
+      b = copy.copy(a)
+      setattr(b, name, v)
+      o = Ours(b)
+      res[name, v] = statistics.median(o.run(3))
+      print(f"scaling {name}={v}: {res[name, v]:.4f} s/step", flush=True)
+  tg = [res["G", g] for g in Gs]
+  tl = [res["L", l] for l in Ls]
+  cg, cl = fit_scaling(Gs, tg, 1), fit_scaling(Ls, tl, 2)
+  fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
+  ax1.plot(Gs, tg, "o", label="measured")
+  gg = np.linspace(0, max(Gs), 50)
+  ax1.plot(gg, cg[0] + cg[1] * gg, "-", label=f"{cg[0]:.3f} + {cg[1]:.4f}·G")
+  ax1.set(xlabel=f"G (prompts={a.prompts}, L={a.L})", ylabel="s / step", title="step time vs G")
+  ax2.plot(Ls, tl, "o", label="measured")
+  ll = np.linspace(0, max(Ls), 50)
+  ax2.plot(ll, cl[0] + cl[1] * ll + cl[2] * ll ** 2, "-", label=f"{cl[0]:.3f} + {cl[1]:.2e}·L + {cl[2]:.2e}·L²")
+  ax2.set(xlabel=f"L (prompts={a.prompts}, G={a.G})", title="step time vs L")
+  for ax in (ax1, ax2):
+    ax.legend(fontsize=8)
+    ax.set_ylim(bottom=0)
+  fig.suptitle(f"grpo_jax one-graph GRPO step, hidden={a.hidden} layers={a.layers} vocab={a.vocab} ({a.dtype})",
+               fontsize=9)
+  fig.tight_layout()
+  fig.savefig(out_png, dpi=110)
+  return [f"scaling G {Gs} -> {[round(t, 4) for t in tg]} s: fit {cg[0]:.4f} + {cg[1]:.5f}·G",
+          f"scaling L {Ls} -> {[round(t, 4) for t in tl]} s: fit {cl[0]:.4f} + {cl[1]:.3e}·L + {cl[2]:.3e}·L²",
+          f"wrote {out_png}"]
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   for k, v in FLAGS.items():
     ap.add_argument(f"--{k}", type=int, default=v)
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--remat", default="none", choices=["none", "full", "dots"])
+  ap.add_argument("--attention", default="xla", choices=["xla", "dot_product", "cudnn"],
+                  help="model.attention: the default XLA einsum path, or jax.nn.dot_product_attention")
   ap.add_argument("--vs-trl", default="", help="python of a venv with TRL (see ../shared/peers/README.md)")
   ap.add_argument("--vs-tunix", default="", help="python of a venv with tunix")
+  ap.add_argument("--no-perf", action="store_true", help="skip the FLOP/s and part timings")
+  ap.add_argument("--scaling", default="", metavar="OUT.png", help="also time the step against G and L")
   a = ap.parse_args()
-  ours = run_ours(a)
-  print(f"grpo_jax params {ours['nparams']} compile+first step {ours['compile_s']:.2f}s "
-        f"steps {[round(t, 4) for t in ours['times']]} reward_mean {ours['reward']:.3f}")
-  line = f"RESULT s_per_step={ours['median']:.4f} compile_s={ours['compile_s']:.2f} completions={a.prompts * a.G} L={a.L}"
+  print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} at start", flush=True)
+  o = Ours(a)
+  first = o.run(max(1, a.steps // 2))
+  peers = {}
   for flag, script, key, name in ((a.vs_trl, "trl_grpo_bench.py", "trl_s_per_step", "trl"),
                                   (a.vs_tunix, "tunix_grpo_bench.py", "tunix_s_per_step", "tunix")):
     if flag:
-      peer = run_peer(flag, script, a, key)
-      if peer is not None:
-        line += f" {name}_s_per_step={peer:.4f} speedup_vs_{name}={peer / ours['median']:.2f}"
+      peers[name] = run_peer(flag, script, a, key)
+  second = o.run(max(1, a.steps - len(first)))
+  ours = o.finish()
+  ours["mcfg"] = o.mcfg
+  print(f"grpo_jax params {ours['nparams']} compile+first step {ours['compile_s']:.2f}s steps "
+        f"{[round(t, 4) for t in first]} | peers | {[round(t, 4) for t in second]} reward_mean {ours['reward']:.3f} "
+        f"recompiles_after_first_step={ours['recompiles']}")
+  if not a.no_perf:
+    for line in perf_report(a, ours):
+      print(line)
+  if a.scaling:
+    for line in scaling(a, a.scaling):
+      print(line)
+  line = (f"RESULT s_per_step={ours['median']:.4f} compile_s={ours['compile_s']:.2f} completions={a.prompts * a.G} "
+          f"L={a.L} recompiles={ours['recompiles']}")
+  if not a.no_perf:
+    line += (f" step_gflops={ours['step_fps'] / 1e9:.1f} update_gflops={ours['update_fps'] / 1e9:.1f} "
+             f"matmul_peak_gflops={ours['peak'] / 1e9:.1f} decode_tok_s={a.prompts * a.G * a.L / ours['parts']['rollout']:.0f}")
+  for name, peer in peers.items():
+    if peer is not None:
+      line += f" {name}_s_per_step={peer:.4f} speedup_vs_{name}={peer / ours['median']:.2f}"
+  print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} at end")
   print(line)
 
 

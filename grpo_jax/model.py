@@ -69,7 +69,7 @@ class ModelConfig:
   remat: str = "none"  # none | full | dots
   # Unroll the layer loop in these modes: 'decode' removes a nested while loop from every decode step (on XLA:CPU
   # each loop iteration dispatches its ops one by one); 'all' also unrolls prefill and training; 'none' scans.
-  layer_unroll: str = "decode"
+  layer_unroll: str = "none"
   # Training/prefill attention: 'xla' (einsum path, best on XLA:CPU), 'dot_product' (jax.nn.dot_product_attention,
   # which picks a fused kernel where the backend has one), 'cudnn' (force cuDNN flash attention on a GPU).
   # Decode keeps the einsum path: its KV-cache layout is chosen so that step needs no transpose.

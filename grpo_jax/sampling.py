@@ -5,6 +5,7 @@ log-prob is always under the untruncated softmax(logits / temperature): that is 
 All shapes are static, so `sample` jits with `mcfg` and `scfg` static, vmaps over rngs and shards over the batch.
 """
 import dataclasses
+import math
 from typing import Any, NamedTuple
 
 import flax.linen as nn
@@ -49,22 +50,52 @@ class Rollout(NamedTuple):
   truncated_N: jax.Array  # bool; no EOS within L
 
 
+_TINY = float(jnp.finfo(jnp.float32).tiny)
+
+
 def _inverse_cdf(p_NxV: jax.Array, u_N: jax.Array) -> jax.Array:
-  """Index j with cdf[j-1] < u * total <= cdf[j]: never an index of zero mass (searchsorted on the cumsum)."""
-  cdf_NxV = jnp.cumsum(p_NxV, axis=-1)
-  j_N = jnp.sum(cdf_NxV < u_N[:, None] * cdf_NxV[:, -1:], axis=-1)
-  return jnp.minimum(j_N, p_NxV.shape[-1] - 1).astype(jnp.int32)
+  """Index j with cdf[j-1] < u * total <= cdf[j]: never an index of zero mass.
+
+  A full-vocabulary cumsum is a reduce-window on XLA:CPU, ~V² work per row: it was most of a decode step's sampling
+  cost. Above 256 entries the search is two-level: pick the block of C ≈ √V entries by a cumsum over block sums,
+  then the entry by a cumsum inside that block (O(V) work). Same distribution; the token can differ from a flat
+  cumsum only where rounding moves a boundary.
+  """
+  n, v = p_NxV.shape
+  if v <= 256:
+    cdf_NxV = jnp.cumsum(p_NxV, axis=-1)
+    j_N = jnp.sum(cdf_NxV < jnp.maximum(u_N[:, None] * cdf_NxV[:, -1:], _TINY), axis=-1)
+    return jnp.minimum(j_N, v - 1).astype(jnp.int32)
+  c = int(math.ceil(math.sqrt(v)))
+  nb = -(-v // c)
+  p_NxBxC = jnp.pad(p_NxV, ((0, 0), (0, nb * c - v))).reshape(n, nb, c)  # zero mass is never picked
+  bcdf_NxB = jnp.cumsum(jnp.sum(p_NxBxC, axis=-1), axis=-1)
+  target_N = jnp.maximum(u_N * bcdf_NxB[:, -1], _TINY)  # u = 0 must not pick a leading zero-mass entry
+  b_N = jnp.minimum(jnp.sum(bcdf_NxB < target_N[:, None], axis=-1), nb - 1)
+  before_N = jnp.where(b_N > 0, jnp.take_along_axis(bcdf_NxB, jnp.maximum(b_N - 1, 0)[:, None], -1)[:, 0], 0.0)
+  icdf_NxC = jnp.cumsum(jnp.take_along_axis(p_NxBxC, b_N[:, None, None], axis=1)[:, 0], axis=-1)
+  # r > 0 since target > the mass before block b; capping r at the block's own total keeps j on a nonzero entry
+  # when the two summation orders round differently
+  r_N = jnp.minimum(target_N - before_N, icdf_NxC[:, -1])
+  j_N = jnp.minimum(jnp.sum(icdf_NxC < r_N[:, None], axis=-1), c - 1)
+  return (b_N * c + j_N).astype(jnp.int32)
 
 
 def draw(logits_NxV: jax.Array, u_N: jax.Array, scfg: SamplingConfig) -> tuple[jax.Array, jax.Array]:
-  """(token_N, logp_N) from one uniform per row; logp under the untruncated softmax(logits / temperature)."""
+  """(token_N, logp_N) from one uniform per row; logp under the untruncated softmax(logits / temperature).
+
+  No N×V log-softmax is built: the unnormalised exp(x - max) feeds the CDF search (it rescales by the total) and
+  the log-prob is x[token] - logsumexp(x), a gather and a row sum.
+  """
   v = logits_NxV.shape[-1]
   scaled_NxV = logits_NxV.astype(jnp.float32) / scfg.temperature
-  logp_NxV = jax.nn.log_softmax(scaled_NxV, axis=-1)
+  max_N = jnp.max(scaled_NxV, axis=-1)
+  e_NxV = jnp.exp(scaled_NxV - max_N[:, None])
+  lse_N = max_N + jnp.log(jnp.sum(e_NxV, axis=-1))
   if scfg.greedy:
     tok_N = jnp.argmax(logits_NxV, axis=-1).astype(jnp.int32)
   elif scfg.top_k == 0 and scfg.top_p >= 1.0:
-    tok_N = _inverse_cdf(jnp.exp(logp_NxV), u_N)
+    tok_N = _inverse_cdf(e_NxV, u_N)
   else:
     k = v if scfg.top_k == 0 else min(scfg.top_k, v)
     top_NxK, idx_NxK = jax.lax.top_k(scaled_NxV, k)  # sorted, largest first
@@ -75,7 +106,7 @@ def draw(logits_NxV: jax.Array, u_N: jax.Array, scfg: SamplingConfig) -> tuple[j
       p_NxK = jnp.where(before_NxK < scfg.top_p, p_NxK, 0.0)
     j_N = _inverse_cdf(p_NxK, u_N)
     tok_N = jnp.take_along_axis(idx_NxK, j_N[:, None], axis=-1)[:, 0].astype(jnp.int32)
-  logp_N = jnp.take_along_axis(logp_NxV, tok_N[:, None], axis=-1)[:, 0]
+  logp_N = jnp.take_along_axis(scaled_NxV, tok_N[:, None], axis=-1)[:, 0] - lse_N
   return tok_N, logp_N
 
 

@@ -251,3 +251,20 @@ def test_batch_sharded_over_8_devices_matches_one_device():
   assert res["param_shards"] == 2  # heads split over tensor=2
   np.testing.assert_array_equal(res["many_tokens"], res["one_tokens"])
   np.testing.assert_allclose(res["many_logp"], res["one_logp"], atol=1e-5)
+
+
+def test_two_level_inverse_cdf_matches_a_flat_search_and_skips_zero_mass():
+  """Above 256 entries the CDF search is blocked (no V² cumsum); it must pick what a flat float64 search picks."""
+  rng = np.random.default_rng(0)
+  v, n = 1000, 20_000
+  p = np.exp(rng.normal(size=v) * 2).astype(np.float32)
+  p[rng.random(v) < 0.3] = 0.0  # zero-mass holes, as top-k/top-p leave them
+  p[-40:] = 0.0  # and zero runs spanning the first and last blocks (u = 0 and u -> 1 must skip them)
+  p[:40] = 0.0
+  u = np.concatenate([(np.arange(n - 2) + 0.5) / (n - 2), [0.0, 1 - 1e-7]]).astype(np.float32)
+  j = np.asarray(jax.jit(S._inverse_cdf)(jnp.tile(jnp.asarray(p), (n, 1)), jnp.asarray(u)))
+  cdf = np.cumsum(p.astype(np.float64))
+  want = np.searchsorted(cdf, u.astype(np.float64) * cdf[-1])
+  assert np.mean(j == want) > 0.999  # differences only where float32 rounding moves a boundary
+  assert np.all(p[j] > 0)
+  np.testing.assert_allclose(np.bincount(j, minlength=v) / n, p / p.sum(), atol=2e-4)
