@@ -1,0 +1,44 @@
+"""The benchmark's own arithmetic: scaling fits, HLO loop-body op counts, the same-run matmul peak, its config."""
+import argparse
+import os
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
+import grpo_step  # noqa: E402
+import profile_parts  # noqa: E402
+
+
+def test_scaling_fits_recover_known_coefficients():
+  Ls = [8, 16, 32, 64]
+  ts = [0.05 + 2e-3 * L + 3e-5 * L * L for L in Ls]
+  np.testing.assert_allclose(grpo_step.fit_scaling(Ls, ts, 2), [0.05, 2e-3, 3e-5], rtol=1e-6, atol=1e-9)
+  np.testing.assert_allclose(grpo_step.fit_scaling([2, 4, 8], [0.1, 0.18, 0.34], 1), [0.02, 0.04], atol=1e-9)
+
+
+def test_loop_body_ops_finds_scan_bodies():
+  def body(c, x):
+    return jnp.sin(c) * x + 1.0, None
+
+  with_loop = jax.jit(lambda c, xs: jax.lax.scan(body, c, xs)[0]).lower(
+      jnp.ones(3), jnp.ones((5, 3))).compile().as_text()
+  counts = profile_parts.loop_body_ops(with_loop)
+  assert len(counts) == 1 and list(counts.values())[0] >= 2, counts
+  no_loop = jax.jit(lambda c: jnp.sin(c) + 1.0).lower(jnp.ones(3)).compile().as_text()
+  assert profile_parts.loop_body_ops(no_loop) == {}
+
+
+def test_matmul_peak_is_a_plausible_flop_rate():
+  peak = grpo_step.matmul_peak(256, 64, 128, reps=3)
+  assert 1e8 < peak < 1e13, peak  # 0.1 GFLOP/s .. 10 TFLOP/s on any CPU
+
+
+def test_bench_config_logs_every_row_and_sets_attention():
+  a = argparse.Namespace(hidden=32, layers=1, heads=2, kv=1, inter=64, vocab=64, prompts=3, G=4, L=8,
+                         dtype="float32", remat="none", attention="dot_product")
+  c = grpo_step.bench_config(a)
+  assert c.train.num_samples_logged == 12  # FLOPs count each row's real completion length
+  assert c.model.attention == "dot_product" and c.rl.G == 4 and c.sampling.max_new_tokens == 8
