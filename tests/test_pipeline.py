@@ -116,22 +116,27 @@ def _oracle_make_generate(tok):
 
 
 def _tiny_config():
+  """Every stage at a tiny size. Compiles dominate the tiny pipeline, so stages that may share a program do: the
+  three SFT stages use one optimizer schedule, the three RL stages one weighted reward (stage 5's, which has every
+  kind of term), and eval.batch == report.batch; the fixture's compilation cache then compiles each program once."""
   from configs import r1_pipeline
   c = r1_pipeline.get_config("small")
-  c.model.update(hidden=32, layers=1, heads=2, kv_heads=1, inter=64, max_len=96)
+  c.model.update(hidden=16, layers=1, heads=2, kv_heads=1, inter=32, max_len=96)
   c.task.train_size = 256  # loading 20000 examples costs ~3 s per stage
-  c.sampling.max_new_tokens = 40
+  c.sampling.max_new_tokens = 24  # the oracle's longest completion is 20 tokens + EOS
   c.train.update(ckpt_every=2, log_every=1)
-  c.rl.update(G=2, prompts_per_step=4)
-  c.eval.update(size=8, batch=8, n_samples=2, pass_k=(1, 2))
-  c.r1.pretrain.update(steps=2, batch=8)
+  c.rl.update(G=2, prompts_per_step=2)
+  c.eval.update(size=4, batch=4, n_samples=2, pass_k=(1, 2))
+  sft = dict(steps=2, batch=4, lr=1e-3, warmup_steps=1)
+  c.r1.pretrain.update(sft)
   c.r1.zero.steps = 2
-  c.r1.cold_start.update(examples=8, steps=2, batch=8)
+  c.r1.cold_start.update(sft, examples=8)
   c.r1.grpo.steps = 2
   c.r1.rejection.update(prompts=6, n=4, keep_per_prompt=1, general_frac=0.25)
-  c.r1.sft2.update(steps=2, batch=8)
+  c.r1.sft2.update(sft)
   c.r1.final.steps = 2
-  c.r1.report.update(size=8, batch=8, n_samples=2, pass_k=(1, 2))
+  c.r1.zero.rewards = c.r1.grpo.rewards = c.r1.final.rewards
+  c.r1.report.update(size=4, batch=4, n_samples=2, pass_k=(1, 2))
   return c
 
 
@@ -171,25 +176,28 @@ class _Killed(RuntimeError):
 
 
 @pytest.fixture(scope="module")
-def resumed_pipeline(tmp_path_factory, tok):
-  """Run 1 is killed at the start of stage 3 (after stages base..r1_2 finished); run 2 resumes and finishes.
-
-  Stages build identical SFT steps and generate functions as new jit objects; a compilation cache private to this
-  fixture lets each be compiled once (test time only: the pipeline itself does not depend on it).
-  """
+def xla_cache(tmp_path_factory):
+  """Stages build identical SFT steps and generate functions as new jit objects; a compilation cache private to
+  these fixtures lets each be compiled once (test time only: the pipeline itself does not depend on it). The RL
+  step calls Python reward terms through host callbacks, which JAX never caches: each RL stage compiles it."""
   import jax
-  wd = str(tmp_path_factory.mktemp("r1"))
-  saved = {k: getattr(jax.config, k) for k in ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-                                                 "jax_persistent_cache_min_entry_size_bytes")}
+  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+          "jax_persistent_cache_min_entry_size_bytes")
+  saved = {k: getattr(jax.config, k) for k in keys}
   jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
   jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  c = _tiny_config()
+  yield
+  for k, v in saved.items():
+    jax.config.update(k, v)
+
+
+def _run_counting(c, wd, tok, kill_at=None):
+  """run_pipeline with every _run_stage call recorded; raises _Killed on entering `kill_at`."""
   real_stage = pipeline._run_stage
   calls = []
-  mp = pytest.MonkeyPatch()
 
-  def counting(config, workdir, stage, kill_at=None):
+  def counting(config, workdir, stage):
     calls.append(stage)
     if stage == kill_at:
       raise _Killed(stage)
@@ -199,34 +207,75 @@ def resumed_pipeline(tmp_path_factory, tok):
         return real_stage(config, workdir, stage)
     return real_stage(config, workdir, stage)
 
-  mp.setattr(pipeline, "_run_stage", lambda cfg, w, s: counting(cfg, w, s, kill_at="r1_3_rejection"))
-  with pytest.raises(_Killed):
-    pipeline.run_pipeline(c, wd)
-  first = list(calls)
-  calls.clear()
-  mp.setattr(pipeline, "_run_stage", lambda cfg, w, s: counting(cfg, w, s))
-  results = pipeline.run_pipeline(c, wd)
-  mp.undo()
-  for k, v in saved.items():
-    jax.config.update(k, v)
-  return wd, c, first, list(calls), results
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(pipeline, "_run_stage", counting)
+    if kill_at is None:
+      return calls, pipeline.run_pipeline(c, wd)
+    with pytest.raises(_Killed):
+      pipeline.run_pipeline(c, wd)
+  return calls, None
+
+
+def _snapshot(wd: str) -> tuple[list[str], str]:
+  return [s for s in pipeline.STAGES if pipeline.stage_done(wd, s)], open(os.path.join(wd, "stages.log")).read()
+
+
+# One tiny pipeline, killed twice and resumed twice. Each run is its own fixture (about a third of the compiles
+# each: every RL stage compiles its step) and records what it left before the next run adds to the directory.
+@pytest.fixture(scope="module")
+def killed_pipeline(tmp_path_factory, tok, xla_cache):
+  """Run 1: base, R1-Zero and the cold start run; the run is killed on entering stage 2 (r1_2_grpo)."""
+  wd = str(tmp_path_factory.mktemp("r1"))
+  c = _tiny_config()
+  calls, _ = _run_counting(c, wd, tok, kill_at="r1_2_grpo")
+  return (wd, c, calls) + _snapshot(wd)
+
+
+@pytest.fixture(scope="module")
+def rekilled_pipeline(killed_pipeline, tok):
+  """Run 2, the same command: resumes at stage 2, runs stages 2-4, is killed on entering stage 5 (r1_5_final)."""
+  wd, c = killed_pipeline[:2]
+  calls, _ = _run_counting(c, wd, tok, kill_at="r1_5_final")
+  return (wd, c, calls) + _snapshot(wd)
+
+
+@pytest.fixture(scope="module")
+def resumed_pipeline(rekilled_pipeline, tok):
+  """Run 3, the same command: resumes at stage 5, finishes, and writes the report."""
+  wd, c = rekilled_pipeline[:2]
+  calls, results = _run_counting(c, wd, tok)
+  return wd, c, calls, results
+
+
+def test_killed_pipeline_leaves_only_finished_stages_done(killed_pipeline):
+  wd, _, calls, done, log = killed_pipeline
+  assert calls == list(pipeline.STAGES[:4])  # base, r1_zero, r1_1 ran; r1_2 was entered and killed
+  assert done == list(pipeline.STAGES[:3])  # no DONE marker for the killed stage or any later one
+  assert "r1_2_grpo start" in log and "r1_2_grpo done" not in log
+  assert not os.path.exists(os.path.join(wd, "r1_2_grpo", "params"))
+
+
+def test_rerun_resumes_at_the_killed_stage(rekilled_pipeline):
+  _, _, calls, done, log = rekilled_pipeline
+  assert calls == list(pipeline.STAGES[3:])  # nothing finished was redone; r1_5 entered and killed
+  assert done == list(pipeline.STAGES[:6])
+  assert "r1_5_final done" not in log
 
 
 def test_killed_pipeline_resumes_at_next_stage(resumed_pipeline):
-  wd, _, first, second, _ = resumed_pipeline
-  assert first == list(pipeline.STAGES[:5])  # base .. r1_2 ran, r1_3 was entered and killed
-  assert second == list(pipeline.STAGES[4:])  # resumed at r1_3; nothing finished was redone
+  wd, _, calls, _ = resumed_pipeline
+  assert calls == ["r1_5_final"]
   log = open(os.path.join(wd, "stages.log")).read().split("\n")
   for stage in pipeline.STAGES:
     starts = [l for l in log if l.split(" ")[1:3] == [stage, "start"]]
     dones = [l for l in log if l.split(" ")[1:3] == [stage, "done"]]
-    # Every stage finished exactly once; only the killed stage was started twice (its first start had no done).
+    # Every stage finished exactly once; only the killed stages were started twice (their first start had no done).
     assert len(dones) == 1, stage
-    assert len(starts) == (2 if stage == "r1_3_rejection" else 1), stage
+    assert len(starts) == (2 if stage in ("r1_2_grpo", "r1_5_final") else 1), stage
 
 
 def test_each_stage_wrote_its_outputs(resumed_pipeline, tok):
-  wd, c, _, _, results = resumed_pipeline
+  wd, c, _, _ = resumed_pipeline
   for stage in pipeline.STAGES:
     assert pipeline.stage_done(wd, stage), stage
   for stage in ("base", "r1_1_cold_start", "r1_4_sft"):
@@ -242,7 +291,7 @@ def test_each_stage_wrote_its_outputs(resumed_pipeline, tok):
 
 
 def test_report_compares_every_model(resumed_pipeline):
-  wd, c, _, _, results = resumed_pipeline
+  wd, c, _, results = resumed_pipeline
   from grpo_jax import report
   assert set(results) == set(report.MODELS)
   for m in results.values():
