@@ -94,7 +94,8 @@ class Evaluator:
     if host_verifier is None and self.task in HOST_VERIFIERS:
       host_verifier = HOST_VERIFIERS[self.task](tokenizer)
     self.host_verifier = host_verifier
-    in_graph = host_verifier is None
+    # In-graph tasks keep make_generate's 5-argument call (tests substitute make_generate with that signature).
+    host = {} if host_verifier is None else {"in_graph": False}
     self.arrays = eval_arrays
     self.batch = config.eval.batch
     n = eval_arrays["prompt_NxP"].shape[0]
@@ -103,10 +104,10 @@ class Evaluator:
     common = dict(top_k=0, top_p=1.0, max_new_tokens=config.sampling.max_new_tokens,
                   eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
     self.greedy = make_generate(mcfg, sampling.SamplingConfig(temperature=1.0, greedy=True, **common), mesh,
-                                self.task, tokenizer.tag_ids, in_graph)
+                                self.task, tokenizer.tag_ids, **host)
     self.sampled = make_generate(
         mcfg, sampling.SamplingConfig(temperature=config.sampling.temperature, greedy=False, **common), mesh,
-        self.task, tokenizer.tag_ids, in_graph)
+        self.task, tokenizer.tag_ids, **host)
 
   def _chunks(self, repeat: int = 1):
     n = self.arrays["prompt_NxP"].shape[0]
