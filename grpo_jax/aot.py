@@ -183,7 +183,8 @@ def buffer_assignment_summary(dump_dir: str) -> dict[str, Any]:
   """Per-device bytes from the XLA buffer-assignment dump of the RL step (`XLA_FLAGS=--xla_dump_to=DIR`).
 
   XLA writes it right after buffer assignment, long before a large TPU compile finishes (Qwen2.5-1.5B: ~2 min in,
-  then >13 min of later passes here), so a compile cut off by a timeout still says whether the step fits. Sums the
+  then >13 min of later passes here), so a compile cut off by a timeout still says whether the step fits — as a
+  lower bound on TPU, whose later passes add temporaries (0.5B: dump 1.785 GiB, memory_analysis 2.275). Sums the
   allocations by kind (parameter = argument bytes, preallocated-temp = temp bytes) and lists the largest values
   in the temp allocation by shape (to see which tensors dominate)."""
   import glob
