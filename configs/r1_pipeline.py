@@ -8,7 +8,8 @@ restarted command skips finished stages. DIR/report.md compares every model on h
 
 Default, measured 2026-11-30 on the 2-core CPU shared with three other jobs (load average 9-18): 50 min wall,
 15 min of the process's CPU time; held-out greedy accuracy (last-number rule) base 0.219, R1-Zero 0.297, R1 final
-0.434. `:small`: about 8 minutes (2026-11-29, load 4-10). Full tables and stage times: docs/r1.md, docs/r1_default/.
+0.434. `:small`: 18 min wall at load 8-15 (2026-11-30; ~8 min at load 4-10). Tables and stage times: docs/r1.md,
+docs/r1_default/.
 """
 import ml_collections
 
