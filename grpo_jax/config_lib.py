@@ -18,7 +18,8 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.task = ml_collections.ConfigDict(dict(
       name="arith", max_digits=2, ops="+-", num_numbers=4, max_number=20, max_target=100,
-      language="a", prompt_len=24, data_dir="", train_size=20_000, test_size=500))
+      language="a", prompt_len=24, data_dir="", train_size=20_000, test_size=500,
+      tokenizer=""))  # "" = the shipped sentencepiece model; "hf:<dir>", a .model path, or "init_from"
 
   c.sampling = ml_collections.ConfigDict(dict(
       temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=48))
