@@ -93,6 +93,13 @@ PMASK = np.array([[1, 1, 1, 1, 1], [0, 0, 1, 1, 1], [0, 0, 0, 0, 1]], np.int32)
 CONT = np.array([[1, 2, 3, 4], [6, 7, 8, 9], [10, 12, 14, 16]], np.int32)
 
 
+def full_sequence():
+  """PROMPT (left-padded) + CONT as one sequence: tokens, mask, positions."""
+  tokens = np.concatenate([PROMPT, CONT], 1)
+  mask = np.concatenate([PMASK, np.ones_like(CONT)], 1)
+  return tokens, mask, positions_of(mask)
+
+
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def model(request):
   mcfg = CONFIGS[request.param]
@@ -115,9 +122,7 @@ def test_cached_decode_matches_full_forward(model):
   mcfg, params = model
   n, p = PROMPT.shape
   s = p + CONT.shape[1] + 3  # longer than needed: stale/empty slots past `index` must be ignored
-  tokens = np.concatenate([PROMPT, CONT], 1)
-  mask = np.concatenate([PMASK, np.ones_like(CONT)], 1)
-  pos = positions_of(mask)
+  tokens, mask, pos = full_sequence()
   full = np.asarray(forward(mcfg, params, tokens, pos, mask))
   cache = M.init_cache(mcfg, n, s)
   assert cache["k"].shape == (mcfg.layers, n, mcfg.kv_heads, mcfg.head_dim, s)
@@ -180,9 +185,7 @@ def test_params_have_layers_axis_and_param_axes_match():
 def test_token_logprobs_match_numpy_and_chunking_is_exact():
   mcfg = CONFIGS["gqa_tied_bias"]
   params = random_params(mcfg, 7)
-  tokens = np.concatenate([PROMPT, CONT], 1)
-  mask = np.concatenate([PMASK, np.ones_like(CONT)], 1)
-  pos = positions_of(mask)
+  tokens, mask, pos = full_sequence()
   temp = 0.7
   logits = np.asarray(forward(mcfg, params, tokens, pos, mask), np.float64)
   lsm = np_log_softmax(logits / temp)
@@ -212,9 +215,7 @@ def test_completion_logprobs_equal_the_sliced_full_logprobs():
   """The LM head on completion positions only gives the same numbers (and grads) as slicing the full result."""
   mcfg = CONFIGS["mha_untied_nobias"]
   params = random_params(mcfg, 3)
-  tokens = np.concatenate([PROMPT, CONT], 1)
-  mask = np.concatenate([PMASK, np.ones_like(CONT)], 1)
-  pos = positions_of(mask)
+  tokens, mask, pos = full_sequence()
   P, temp = PROMPT.shape[1], 1.3
   lsm = np_log_softmax(np_forward(mcfg, params, tokens, mask) / temp)
   want = np.take_along_axis(lsm[:, P - 1:-1], tokens[:, P:, None], -1)[..., 0]
@@ -247,9 +248,7 @@ def test_fused_attention_and_layer_unroll_match_the_default_path():
   test_cached_decode_matches_full_forward runs.)"""
   base = CONFIGS["gqa_tied_bias"]
   params = random_params(base, 13)
-  tokens = np.concatenate([PROMPT, CONT], 1)
-  mask = np.concatenate([PMASK, np.ones_like(CONT)], 1)
-  pos = positions_of(mask)
+  tokens, mask, pos = full_sequence()
   variants = [dataclasses.replace(base, attention="dot_product"), dataclasses.replace(base, layer_unroll="all"),
               dataclasses.replace(base, layer_unroll="none")]
 
@@ -278,9 +277,7 @@ def test_bf16_compute_close_to_fp32():
   mcfg = CONFIGS["gqa_tied_bias"]
   params = random_params(mcfg, 11)
   bf = dataclasses.replace(mcfg, dtype="bfloat16")
-  tokens = np.concatenate([PROMPT, CONT], 1)
-  mask = np.concatenate([PMASK, np.ones_like(CONT)], 1)
-  pos = positions_of(mask)
+  tokens, mask, pos = full_sequence()
   f32 = np.asarray(forward(mcfg, params, tokens, pos, mask))
   b16 = forward(bf, params, tokens, pos, mask)
   assert b16.dtype == jnp.float32  # logits are always returned in fp32
@@ -294,9 +291,7 @@ def test_bf16_compute_close_to_fp32():
 def test_remat_modes_give_same_values_and_grads():
   base = CONFIGS["gqa_tied_bias"]
   params = random_params(base, 5)
-  tokens = np.concatenate([PROMPT, CONT], 1)
-  mask = np.concatenate([PMASK, np.ones_like(CONT)], 1)
-  pos = positions_of(mask)
+  tokens, mask, pos = full_sequence()
 
   @jax.jit
   def all_modes(p):
