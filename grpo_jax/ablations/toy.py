@@ -11,10 +11,13 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from grpo_jax import config_lib
 from grpo_jax import model as model_lib
 from grpo_jax import peer_workload as pw
 from grpo_jax import rewards
 from grpo_jax import sampling
+from grpo_jax import sft_step
+from grpo_jax import sharding
 
 P_LEN = 6  # what is a + b =
 
@@ -74,28 +77,21 @@ def base_documents(n: int, L: int, vocab: int, p_correct: float, rng: np.random.
 @functools.lru_cache(maxsize=4)
 def base_params(mcfg: model_lib.ModelConfig, L: int, steps: int, p_correct: float, seed: int = 0):
   """The shared starting policy (and reference) of the training ablations: a random model pre-trained with
-  AdamW on base_documents for `steps` steps of 64. RL is applied to a base model, as in practice, so it refines a
-  policy that already answers (at ~p_correct) with varied lengths instead of searching a uniform 32-way guess."""
+  AdamW (sft_step, loss on the completions) on base_documents for `steps` steps of 64. RL is applied to a base
+  model, as in practice, so it refines a policy that already answers (at ~p_correct) with varied lengths instead
+  of searching a uniform 32-way guess."""
   tx = optax.adamw(3e-3)
+  mesh = sharding.make_mesh(config_lib.base_config().mesh, jax.devices()[:1])
+  step = sft_step.make_sft_step(mcfg, tx, mesh)
   params = model_lib.init_params(mcfg, jax.random.PRNGKey(10_000 + seed))
-  opt = tx.init(params)
-
-  @jax.jit
-  def step(params, opt, tokens_NxT, loss_mask_NxT):
-    def loss_fn(p):
-      mask_NxT = (tokens_NxT != pw.PAD) | (jnp.arange(tokens_NxT.shape[1]) < P_LEN)
-      pos_NxT = jnp.broadcast_to(jnp.arange(tokens_NxT.shape[1]), tokens_NxT.shape)
-      logp_NxT, _ = model_lib.token_logprobs(mcfg, p, tokens_NxT, pos_NxT, mask_NxT.astype(jnp.int32))
-      return -jnp.sum(logp_NxT * loss_mask_NxT) / jnp.sum(loss_mask_NxT)
-    loss, g = jax.value_and_grad(loss_fn)(params)
-    upd, opt = tx.update(g, opt, params)
-    return optax.apply_updates(params, upd), opt, loss
-
+  state = dict(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(0))
   rng = np.random.default_rng(seed)
   for _ in range(steps):
     d = base_documents(64, L, mcfg.vocab_size, p_correct, rng)
-    params, opt, _ = step(params, opt, d["tokens_NxT"], d["loss_mask_NxT"])
-  return params
+    mask_NxT = ((d["tokens_NxT"] != pw.PAD) | (np.arange(d["tokens_NxT"].shape[1]) < P_LEN)).astype(np.int32)
+    pos_NxT = np.broadcast_to(np.arange(mask_NxT.shape[1], dtype=np.int32), mask_NxT.shape)
+    state, _ = step(state, {**d, "mask_NxT": mask_NxT, "positions_NxT": pos_NxT})
+  return state["params"]
 
 
 def _acc(tokens_NxL, mask_NxL, batch, ctx):
