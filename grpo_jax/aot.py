@@ -144,9 +144,11 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh) -> dict[str, jax.Sha
 
 def compile_step(config: ml_collections.ConfigDict, devices: list, mesh_shape: dict[str, int],
                  compiler_options: dict[str, Any] | None = None):
-  """Lowers and compiles `rl_step` for `devices` on abstract sharded inputs; returns (compiled, seconds).
-  `compiler_options` go to XLA for this compile only (e.g. {'xla_dump_to': DIR} for buffer_assignment_summary)."""
+  """Lowers and compiles the one-graph step (`rl_step`, or `ppo_step` with its critic when rl.algo == 'ppo') for
+  `devices` on abstract sharded inputs; returns (compiled, seconds). `compiler_options` go to XLA for this compile
+  only (e.g. {'xla_dump_to': DIR} for buffer_assignment_summary)."""
   from grpo_jax import peer_workload
+  from grpo_jax import ppo_step
   from grpo_jax import rl_step
   from grpo_jax import state as state_lib
 
@@ -155,10 +157,19 @@ def compile_step(config: ml_collections.ConfigDict, devices: list, mesh_shape: d
   mesh = sharding.make_mesh(config.mesh, devices)
   mcfg = model_lib.ModelConfig.from_config(config.model)
   tx = state_lib.make_optimizer(config.optim, total_steps=1000)
-  abstract, shardings = state_lib.state_shardings(mesh, mcfg, tx)
-  st = state_lib.with_shardings(abstract, shardings)
   spec = peer_workload.reward_spec(mcfg.vocab_size)
-  step = rl_step.make_rl_step(config, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
+  critic = None
+  if config.rl.algo == "ppo":
+    mode = config.ppo.critic
+    abstract_params = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+    abstract_critic = jax.eval_shape(lambda k, p: ppo_step.init_critic(mcfg, mode, k, p), jax.random.PRNGKey(0),
+                                     abstract_params)
+    critic = (abstract_critic, ppo_step.critic_axes(mcfg, mode), tx)
+    step = ppo_step.make_ppo_step(config, mesh, mcfg, tx, tx, spec, spec.ctx.tokenizer)
+  else:
+    step = rl_step.make_rl_step(config, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
+  abstract, shardings = state_lib.state_shardings(mesh, mcfg, tx, True, critic)
+  st = state_lib.with_shardings(abstract, shardings)
   t0 = time.perf_counter()
   compiled = step.lower(st, abstract_batch(config, mesh)).compile(compiler_options=compiler_options)
   return compiled, time.perf_counter() - t0

@@ -13,10 +13,7 @@ import numpy as np
 from grpo_jax import aot
 from grpo_jax import config_lib
 from grpo_jax import model as model_lib
-from grpo_jax import peer_workload
 from grpo_jax import ppo_step
-from grpo_jax import rl_step
-from grpo_jax import sharding
 from grpo_jax import state as state_lib
 
 TITLE = "c. Memory: PPO with a critic vs GRPO"
@@ -61,22 +58,9 @@ def compile_step(cfg, c, algo: str):
   """The one-graph step of `algo` compiled for one CPU device on abstract (never allocated) inputs."""
   c.rl.update(prompts_per_step=cfg.workload.prompts, G=cfg.workload.G, algo="ppo" if algo.startswith("ppo") else
               "grpo")
+  if algo.startswith("ppo"):
+    c.ppo.critic = algo.split("_")[1]
   c.task.prompt_len = cfg.workload.prompt_len
   c.sampling.max_new_tokens = cfg.workload.L
   c.model.max_len = cfg.workload.prompt_len + cfg.workload.L
-  mcfg = model_lib.ModelConfig.from_config(c.model)
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  tx = state_lib.make_optimizer(c.optim, 10)
-  spec = peer_workload.reward_spec(mcfg.vocab_size)
-  critic = None
-  if algo.startswith("ppo"):
-    c.ppo.critic = algo.split("_")[1]
-    abstract_critic = jax.eval_shape(lambda k, p: ppo_step.init_critic(mcfg, c.ppo.critic, k, p),
-                                     jax.random.PRNGKey(0),
-                                     jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0))))
-    critic = (abstract_critic, ppo_step.critic_axes(mcfg, c.ppo.critic), tx)
-    step = ppo_step.make_ppo_step(c, mesh, mcfg, tx, tx, spec, spec.ctx.tokenizer)
-  else:
-    step = rl_step.make_rl_step(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
-  abstract, shard = state_lib.state_shardings(mesh, mcfg, tx, True, critic)
-  return step.lower(state_lib.with_shardings(abstract, shard), aot.abstract_batch(c, mesh)).compile()
+  return aot.compile_step(c, jax.devices()[:1], dict(c.mesh))[0]
