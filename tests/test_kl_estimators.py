@@ -99,3 +99,20 @@ def test_identical_policies_give_zero_everywhere():
   assert st["kl"] == pytest.approx(0.0, abs=1e-6)
   np.testing.assert_allclose(st["var"], 0.0, atol=1e-10)
   assert st["min_k3_vocab"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_run_cell_on_a_tiny_training_run():
+  """Table a's cell end to end: 2 seeds × 2 β=0 GRPO steps from the toy base; the policy has moved (KL > 0) and
+  the exact moments still say k1 and k3 are unbiased."""
+  import os
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs", "ablations"))
+  import kl_estimators as table_config
+  c = table_config.get_config("small")
+  c.seeds, c.steps, c.eval_every, c.base_steps = 2, 2, 1, 20
+  c.model.update(hidden=16, inter=32)
+  cell = kle.run_cell(c, "lr=0.01", [0, 1])
+  assert all(len(v) == 2 for v in cell["scalars"].values())
+  assert min(cell["scalars"]["kl_exact"]) > 0
+  assert max(abs(x) for x in cell["scalars"]["rel_bias_k1"] + cell["scalars"]["rel_bias_k3"]) < 1e-4
+  assert cell["curves"]["kl_exact vs step"]["x"] == [1, 2]

@@ -19,9 +19,6 @@ import numpy as np
 
 from grpo_jax import model as model_lib
 from grpo_jax import sampling
-from grpo_jax import seeds as seeds_lib
-from grpo_jax import sharding
-from grpo_jax import state as state_lib
 from grpo_jax.ablations import toy
 from grpo_jax.ablations import train_table
 
@@ -123,12 +120,7 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   c = train_table.build_config(cfg, {"algo": "grpo", "beta": 0.0})
   c.optim.lr = lr
   spec = toy.reward_spec((("acc", 1.0),), c.model.vocab_size)
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  mcfg = model_lib.ModelConfig.from_config(c.model)
-  tx = state_lib.make_optimizer(c.optim, cfg.steps)
-  opts = seeds_lib.FAST_COMPILE if cfg.fast_compile else None
-  states = seeds_lib.init_states(mcfg, tx, seeds, params=train_table.start_params(cfg, mcfg))
-  step = seeds_lib.make_rl_steps(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer, opts)
+  mcfg, states, step = train_table.make_runs(cfg, c, spec, seeds)
   gen = toy.batches(cfg.measure_prompts, seed=777)
   probe = next(gen)
   probe = {k: np.repeat(v, cfg.measure_samples, 0) for k, v in probe.items()}

@@ -3,6 +3,7 @@
 A variant is `(name, "key=value;…")` with keys algo, rewards (`acc:1+fmt:0.2`), process_weight, loss_agg, beta.
 Recorded per seed: train reward, greedy held-out accuracy, mean length of right and of wrong completions.
 """
+import jax
 import numpy as np
 
 from grpo_jax import model as model_lib
@@ -53,11 +54,9 @@ def build_config(cfg, over: dict):
   return c
 
 
-def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
-  over = parse(dict(cfg.variants)[variant])
-  c = build_config(cfg, over)
-  spec = toy.reward_spec(over.get("rewards", (("acc", 1.0),)), c.model.vocab_size)
-  mesh = sharding.make_mesh(c.mesh, __import__("jax").devices()[:1])
+def make_runs(cfg, c, spec, seeds: list[int]):
+  """(mcfg, stacked states, vmapped step) for S runs of config `c` from the shared start (PPO gets its critic)."""
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   tx = state_lib.make_optimizer(c.optim, cfg.steps)
   opts = seeds_lib.FAST_COMPILE if cfg.fast_compile else None
@@ -67,10 +66,16 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
     ctx = state_lib.make_optimizer(c.optim, cfg.steps, lr=c.ppo.critic_lr)
     states = seeds_lib.init_states(mcfg, tx, seeds, params=base, critic_init=lambda k, p: ppo_step.init_critic(
         mcfg, c.ppo.critic, k, p), critic_tx=ctx)
-    step = seeds_lib.make_ppo_steps(c, mesh, mcfg, tx, ctx, spec, spec.ctx.tokenizer, opts)
-  else:
-    states = seeds_lib.init_states(mcfg, tx, seeds, params=base)
-    step = seeds_lib.make_rl_steps(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer, opts)
+    return mcfg, states, seeds_lib.make_ppo_steps(c, mesh, mcfg, tx, ctx, spec, spec.ctx.tokenizer, opts)
+  states = seeds_lib.init_states(mcfg, tx, seeds, params=base)
+  return mcfg, states, seeds_lib.make_rl_steps(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer, opts)
+
+
+def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
+  over = parse(dict(cfg.variants)[variant])
+  c = build_config(cfg, over)
+  spec = toy.reward_spec(over.get("rewards", (("acc", 1.0),)), c.model.vocab_size)
+  mcfg, states, step = make_runs(cfg, c, spec, seeds)
   evaluate = toy.make_eval(mcfg, c.sampling.max_new_tokens)
   evaluate_train = toy.make_eval(mcfg, c.sampling.max_new_tokens, toy.train_set())
   data = toy.batches(cfg.prompts, seed=12345)  # the same prompts for every seed and variant
