@@ -16,7 +16,7 @@ def base_config() -> ml_collections.ConfigDict:
       rope_theta=10_000.0, qkv_bias=True, tie_embeddings=True, max_len=160, dtype="float32",
       rms_eps=1e-6, remat="none",
       attention="xla",        # or "dot_product" / "cudnn" (jax.nn.dot_product_attention; GPU/TPU)
-      layer_unroll="none"))   # or "decode" / "all": unroll the layer scan (fewer ops per decode step)
+      layer_unroll="auto"))   # "all" / "none": unroll the training/prefill layer scan; auto = all up to 8 layers
 
   c.task = ml_collections.ConfigDict(dict(
       name="arith", max_digits=2, ops="+-", num_numbers=4, max_number=20, max_target=100,

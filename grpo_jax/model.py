@@ -21,8 +21,10 @@ Param tree (plain nested dict, always float32; L layers, D hidden, H heads, K kv
   lm_head/kernel           [D, V]          (embed, vocab)                   only if not tie_embeddings
 
 Conventions match Hugging Face Qwen2/Llama: RoPE rotates halves (`rotate_half`), query head h uses kv head
-h // (H // K), RMSNorm normalises in float32. KV cache: K as [L, N, K, Dh, S] and V as [L, N, K, S, Dh]
-(NOTES.md: this layout avoids a whole-cache transpose per decode step).
+h // (H // K), RMSNorm normalises in float32. KV cache: one buffer per layer, K as [N, K, Dh, S] and V as
+[N, K, S, Dh] (NOTES.md: this layout avoids a whole-cache transpose per decode step). Decode runs the layers as a
+Python loop over per-layer weights and caches sliced once per rollout (`decode_layers`): a layer `while` inside
+the decode loop would slice (copy) every layer's weights and K/V cache at every token.
 """
 import dataclasses
 import math
@@ -45,7 +47,8 @@ _REMAT_POLICIES = {
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
 _ATTENTION_IMPL = {"xla": None, "dot_product": None, "cudnn": "cudnn"}  # -> dot_product_attention(implementation)
-_UNROLL_MODES = {"none": (), "decode": ("decode",), "all": ("train", "prefill", "decode")}
+_UNROLL_MODES = {"none": (), "all": ("train", "prefill"), "auto": ()}
+UNROLL_MAX_LAYERS = 8  # 'auto' unrolls models this shallow; a 28-layer unrolled step compiles several times slower
 _NEG = float(np.finfo(np.float32).min)  # finite: fully masked (pad) query rows give a uniform mix, not NaN
 _INIT = nn.initializers.normal(stddev=0.02)
 
@@ -67,9 +70,11 @@ class ModelConfig:
   dtype: str = "float32"  # compute dtype; params stay float32
   rms_eps: float = 1e-6
   remat: str = "none"  # none | full | dots
-  # Unroll the layer loop in these modes: 'decode' removes a nested while loop from every decode step (on XLA:CPU
-  # each loop iteration dispatches its ops one by one); 'all' also unrolls prefill and training; 'none' scans.
-  layer_unroll: str = "none"
+  # 'all' unrolls the layer scan of training and prefill: no stacked scan residuals to zero-fill and copy in the
+  # backward pass, no per-layer weight slices (update 0.83x the time at bench-small on XLA:CPU), but compile time
+  # grows with depth. 'none' scans. 'auto' = 'all' up to UNROLL_MAX_LAYERS layers, else 'none'. Decode always runs
+  # layer by layer (`decode_step`).
+  layer_unroll: str = "auto"
   # Training/prefill attention: 'xla' (einsum path, best on XLA:CPU), 'dot_product' (jax.nn.dot_product_attention,
   # which picks a fused kernel where the backend has one), 'cudnn' (force cuDNN flash attention on a GPU).
   # Decode keeps the einsum path: its KV-cache layout is chosen so that step needs no transpose.
@@ -100,6 +105,8 @@ class ModelConfig:
       raise ValueError(f"model.remat={self.remat!r}: use 'none', 'full' or 'dots'.")
     if self.layer_unroll not in _UNROLL_MODES:
       raise ValueError(f"model.layer_unroll={self.layer_unroll!r}: use one of {sorted(_UNROLL_MODES)}.")
+    if self.layer_unroll == "auto":
+      object.__setattr__(self, "layer_unroll", "all" if self.layers <= UNROLL_MAX_LAYERS else "none")
     if self.attention not in _ATTENTION_IMPL:
       raise ValueError(f"model.attention={self.attention!r}: use one of {sorted(_ATTENTION_IMPL)}.")
     if self.rope_theta <= 0:
@@ -241,13 +248,14 @@ def _attend_cache(q_NxHxD, ck_NxKxDxS, cv_NxKxSxD, ok_NxS) -> jax.Array:
 
 
 class Block(nn.Module):
-  """One pre-norm layer. mode: 'train' (no cache), 'prefill' (write cache at 0), 'decode' (T=1 at index)."""
+  """One pre-norm layer. mode: 'train' (no cache), 'prefill' (also returns this layer's K/V in cache layout),
+  'decode' (T=1; writes K/V into this layer's cache at slot `index` and attends to the cache)."""
   cfg: ModelConfig
   mode: str
 
   @nn.compact
-  def __call__(self, carry, positions_NxT, mask_NxT, index, kv_mask_NxS):
-    x_MxD, cache_k, cache_v, layer = carry  # M = N*T: 2-D activations avoid transposes in the MLP backward
+  def __call__(self, x_MxD, positions_NxT, mask_NxT, cache_kv=None, index=None, kv_mask_NxS=None):
+    # M = N*T: 2-D activations avoid transposes in the MLP backward
     c, dt = self.cfg, self.cfg.compute_dtype
     n, t = positions_NxT.shape
     h_, kv, hd = c.heads, c.kv_heads, c.head_dim
@@ -265,24 +273,24 @@ class Block(nn.Module):
     k = nn.with_logical_constraint(k, ("batch", "length", "kv_heads", "head_dim"))
     v = nn.with_logical_constraint(v, ("batch", "length", "kv_heads", "head_dim"))
 
+    kv_out = None
     if self.mode == "decode":
-      cache_k = jax.lax.dynamic_update_slice(
-          cache_k, k.transpose(0, 2, 3, 1)[None].astype(cache_k.dtype), (layer, 0, 0, 0, index))
-      cache_v = jax.lax.dynamic_update_slice(
-          cache_v, v.transpose(0, 2, 1, 3)[None].astype(cache_v.dtype), (layer, 0, 0, index, 0))
-      s = cache_k.shape[-1]
+      ck_NxKxDxS, cv_NxKxSxD = cache_kv
+      ck_NxKxDxS = jax.lax.dynamic_update_slice(ck_NxKxDxS, k.transpose(0, 2, 3, 1).astype(ck_NxKxDxS.dtype),
+                                                (0, 0, 0, index))
+      cv_NxKxSxD = jax.lax.dynamic_update_slice(cv_NxKxSxD, v.transpose(0, 2, 1, 3).astype(cv_NxKxSxD.dtype),
+                                                (0, 0, index, 0))
+      s = ck_NxKxDxS.shape[-1]
       ok_NxS = (kv_mask_NxS > 0) & (jnp.arange(s) <= index)[None]  # slots past index are stale or empty
-      o = _attend_cache(q[:, 0], cache_k[layer], cache_v[layer], ok_NxS)[:, None]
+      o = _attend_cache(q[:, 0], ck_NxKxDxS, cv_NxKxSxD, ok_NxS)[:, None]
+      kv_out = (ck_NxKxDxS, cv_NxKxSxD)
     else:
       if c.attention == "xla":
         o = _attend_local(q, k, v, mask_NxT)
       else:
         o = _attend_fused(q, k, v, mask_NxT, _ATTENTION_IMPL[c.attention])
       if self.mode == "prefill":
-        cache_k = jax.lax.dynamic_update_slice(
-            cache_k, k.transpose(0, 2, 3, 1)[None].astype(cache_k.dtype), (layer, 0, 0, 0, 0))
-        cache_v = jax.lax.dynamic_update_slice(
-            cache_v, v.transpose(0, 2, 1, 3)[None].astype(cache_v.dtype), (layer, 0, 0, 0, 0))
+        kv_out = (k.transpose(0, 2, 3, 1).astype(dt), v.transpose(0, 2, 1, 3).astype(dt))
     o = nn.with_logical_constraint(o, ("batch", "length", "heads", "head_dim"))
     x_MxD = x_MxD + Dense((c.hidden,), ("heads", "head_dim", "embed"), None, dt, n_in=2, name="o")(
         o.reshape(n * t, h_, hd))
@@ -294,16 +302,19 @@ class Block(nn.Module):
     a_MxF = nn.with_logical_constraint(nn.silu(g_MxF) * u_MxF, ("batch", "mlp"))
     x_MxD = x_MxD + Dense((c.hidden,), ("mlp", "embed"), None, dt, name="down")(a_MxF)
     x_MxD = nn.with_logical_constraint(x_MxD, ("batch", "embed"))
-    return (x_MxD, cache_k, cache_v, layer + 1), None
+    return x_MxD, kv_out
 
 
 class Transformer(nn.Module):
-  """Returns (final-normed hidden [N, T, D], head weight [D, V] fp32, updated cache or None)."""
+  """Training / prefill pass: (final-normed hidden [N, T, D], head weight [D, V] fp32, per-layer K/V or None).
+
+  The layers run under `nn.scan` (params stacked on a leading 'layers' axis); prefill returns the K/V of every
+  layer stacked the same way, in cache layout. Decode does not come through here (see `decode_step`)."""
   cfg: ModelConfig
   mode: str = "train"
 
   @nn.compact
-  def __call__(self, tokens_NxT, positions_NxT, mask_NxT, cache=None, index=None, kv_mask_NxS=None):
+  def __call__(self, tokens_NxT, positions_NxT, mask_NxT):
     c, dt = self.cfg, self.cfg.compute_dtype
     n, t = tokens_NxT.shape
     table_VxD = Table("embedding", (c.vocab_size, c.hidden), ("vocab", "embed"), name="embed")()
@@ -314,21 +325,16 @@ class Transformer(nn.Module):
     if self.mode == "train" and c.remat != "none":
       block = nn.remat(Block, policy=_REMAT_POLICIES[c.remat], prevent_cse=False)
     stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
-                    in_axes=(nn.broadcast,) * 4, length=c.layers,
+                    in_axes=(nn.broadcast,) * 2, length=c.layers,
                     unroll=c.layers if self.mode in _UNROLL_MODES[c.layer_unroll] else 1,
                     metadata_params={nn.PARTITION_NAME: "layers"})
-    ck, cv = (None, None) if cache is None else (cache["k"], cache["v"])
-    index = jnp.zeros((), jnp.int32) if index is None else jnp.asarray(index, jnp.int32)
-    carry = (x_MxD, ck, cv, jnp.zeros((), jnp.int32))
-    (x_MxD, ck, cv, _), _ = stack(c, self.mode, name="layers")(carry, positions_NxT, mask_NxT, index,
-                                                                 kv_mask_NxS)
+    x_MxD, kv_stacked = stack(c, self.mode, name="layers")(x_MxD, positions_NxT, mask_NxT)
     h_NxTxD = RMSNorm(c.rms_eps, dt, name="final_norm")(x_MxD).reshape(n, t, c.hidden)
     if c.tie_embeddings:
       head_DxV = table_VxD.T
     else:
       head_DxV = Table("kernel", (c.hidden, c.vocab_size), ("embed", "vocab"), name="lm_head")()
-    new_cache = None if cache is None else {"k": ck, "v": cv}
-    return h_NxTxD, head_DxV, new_cache
+    return h_NxTxD, head_DxV, kv_stacked
 
 
 # ------------------------------------------------------------------------------------------ functional API
@@ -359,13 +365,13 @@ def param_axes(mcfg: ModelConfig) -> Params:
 
 
 def cache_axes() -> dict[str, PartitionSpec]:
-  """Logical axes of the KV cache from `init_cache` (same structure)."""
-  return {"k": PartitionSpec("layers", "batch", "kv_heads", "head_dim", "cache_len"),
-          "v": PartitionSpec("layers", "batch", "kv_heads", "cache_len", "head_dim")}
+  """Logical axes of one layer's KV cache buffers (every entry of `init_cache`'s tuples)."""
+  return {"k": PartitionSpec("batch", "kv_heads", "head_dim", "cache_len"),
+          "v": PartitionSpec("batch", "kv_heads", "cache_len", "head_dim")}
 
 
-def _apply(mcfg, params, mode, tokens, positions, mask, cache=None, index=None, kv_mask=None):
-  return Transformer(mcfg, mode).apply({"params": params}, tokens, positions, mask, cache, index, kv_mask)
+def _apply(mcfg, params, mode, tokens, positions, mask):
+  return Transformer(mcfg, mode).apply({"params": params}, tokens, positions, mask)
 
 
 def forward(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_NxT: jax.Array,
@@ -373,6 +379,9 @@ def forward(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_
   """Logits [N, T, V] in float32; attention is causal and ignores keys where mask == 0 (left padding)."""
   h_NxTxD, head_DxV, _ = _apply(mcfg, params, "train", tokens_NxT, positions_NxT, mask_NxT)
   return _head(mcfg, h_NxTxD, head_DxV)
+
+
+REMAT_MIN_LOGITS = 1 << 25  # 128 MiB of fp32 logits: below this `target_logprobs` does not rematerialise the head
 
 
 def logprob_chunk(mcfg: ModelConfig) -> int:
@@ -395,13 +404,13 @@ def target_logprobs(mcfg: ModelConfig, h_NxLxD: jax.Array, head_DxV: jax.Array, 
 
   The N×L×V log-softmax is computed `chunk` positions at a time under `jax.checkpoint`, so neither the forward nor
   the backward pass holds it whole; chunk=None picks ~2^21 logits per row per chunk. Results do not depend on it.
+  Up to REMAT_MIN_LOGITS logits in one chunk are kept for the backward instead (recomputing the head costs more).
   """
   n, t = targets_NxL.shape
   if t == 0:
     return jnp.zeros((n, 0), jnp.float32), jnp.zeros((n, 0), jnp.float32)
   inv_temp = 1.0 / jnp.asarray(temperature, jnp.float32)
 
-  @jax.checkpoint
   def one_chunk(h_NxCxD, next_NxC):
     logits_NxCxV = _head(mcfg, h_NxCxD, head_DxV) * inv_temp
     logp_NxCxV = jax.nn.log_softmax(logits_NxCxV, axis=-1)
@@ -416,6 +425,9 @@ def target_logprobs(mcfg: ModelConfig, h_NxLxD: jax.Array, head_DxV: jax.Array, 
   c = max(1, min(int(chunk), t))
   n_chunks = -(-t // c)
   pad = n_chunks * c - t
+  if n_chunks == 1 and n * t * mcfg.vocab_size <= REMAT_MIN_LOGITS:
+    return one_chunk(h_NxLxD, targets_NxL)  # small: keep the log-softmax for the backward, skip a head recompute
+  one_chunk = jax.checkpoint(one_chunk)
   if n_chunks == 1:
     return one_chunk(h_NxLxD, targets_NxL)
   h_p = jnp.pad(h_NxLxD, ((0, 0), (0, pad), (0, 0)))
@@ -464,25 +476,59 @@ def token_logprobs(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, pos
 
 
 def init_cache(mcfg: ModelConfig, n: int, length: int) -> Cache:
-  """Zeroed KV cache in the compute dtype: k [L, N, K, Dh, S], v [L, N, K, S, Dh]."""
-  shape = (mcfg.layers, n, mcfg.kv_heads)
+  """Zeroed KV cache in the compute dtype, one buffer per layer: k L × [N, K, Dh, S], v L × [N, K, S, Dh]."""
+  shape = (n, mcfg.kv_heads)
   dt = mcfg.compute_dtype
-  return {"k": jnp.zeros(shape + (mcfg.head_dim, length), dt), "v": jnp.zeros(shape + (length, mcfg.head_dim), dt)}
+  return {"k": tuple(jnp.zeros(shape + (mcfg.head_dim, length), dt) for _ in range(mcfg.layers)),
+          "v": tuple(jnp.zeros(shape + (length, mcfg.head_dim), dt) for _ in range(mcfg.layers))}
 
 
 def prefill(mcfg: ModelConfig, params: Params, tokens_NxP: jax.Array, positions_NxP: jax.Array,
             mask_NxP: jax.Array, cache: Cache) -> tuple[jax.Array, Cache]:
   """Runs the (left-padded) prompt, writes its K/V into cache slots [0, P), returns logits at the last slot."""
-  if cache["k"].shape[-1] < tokens_NxP.shape[1]:
-    raise ValueError(f"cache length {cache['k'].shape[-1]} < prompt length {tokens_NxP.shape[1]}; "
+  p = tokens_NxP.shape[1]
+  if cache["k"][0].shape[-1] < p:
+    raise ValueError(f"cache length {cache['k'][0].shape[-1]} < prompt length {p}; "
                      "make init_cache(length=...) at least P + new tokens.")
-  h_NxPxD, head_DxV, cache = _apply(mcfg, params, "prefill", tokens_NxP, positions_NxP, mask_NxP, cache)
+  h_NxPxD, head_DxV, (k_LxNxKxDxP, v_LxNxKxPxD) = _apply(mcfg, params, "prefill", tokens_NxP, positions_NxP,
+                                                          mask_NxP)
+  cache = {"k": tuple(jax.lax.dynamic_update_slice(c, k_LxNxKxDxP[l].astype(c.dtype), (0, 0, 0, 0))
+                      for l, c in enumerate(cache["k"])),
+           "v": tuple(jax.lax.dynamic_update_slice(c, v_LxNxKxPxD[l].astype(c.dtype), (0, 0, 0, 0))
+                      for l, c in enumerate(cache["v"]))}
   return _head(mcfg, h_NxPxD[:, -1], head_DxV), cache
 
 
+def decode_layers(mcfg: ModelConfig, params: Params) -> tuple[Params, ...]:
+  """Per-layer param dicts for `decode_step`, kernels and biases already in the compute dtype.
+
+  Slice them once per rollout, outside the decode loop: they enter the loop as invariant buffers, where slicing the
+  stacked [layers, ...] params inside it copies every weight at every token (the cast is then also done once)."""
+  dt = mcfg.compute_dtype
+  cast = lambda path, x: x.astype(dt) if path[-1].key in ("kernel", "bias") else x
+  return tuple(jax.tree_util.tree_map_with_path(lambda path, x: cast(path, x[l]), params["layers"])
+               for l in range(mcfg.layers))
+
+
 def decode_step(mcfg: ModelConfig, params: Params, token_N: jax.Array, position_N: jax.Array, cache: Cache,
-                index: jax.Array | int, kv_mask_NxS: jax.Array) -> tuple[jax.Array, Cache]:
-  """Feeds one token per row into cache slot `index`; attends to slots s <= index where kv_mask_NxS[:, s]."""
-  tokens, positions = token_N[:, None], position_N[:, None]
-  h_Nx1xD, head_DxV, cache = _apply(mcfg, params, "decode", tokens, positions, None, cache, index, kv_mask_NxS)
-  return _head(mcfg, h_Nx1xD[:, 0], head_DxV), cache
+                index: jax.Array | int, kv_mask_NxS: jax.Array,
+                layers: tuple[Params, ...] | None = None) -> tuple[jax.Array, Cache]:
+  """Feeds one token per row into cache slot `index`; attends to slots s <= index where kv_mask_NxS[:, s].
+
+  Runs the layers as a Python loop over their own weights (`layers`, from `decode_layers`; sliced here if None) and
+  their own cache buffers, so nothing is sliced out of a stacked array per token."""
+  c, dt = mcfg, mcfg.compute_dtype
+  layers = decode_layers(mcfg, params) if layers is None else layers
+  positions_Nx1 = position_N[:, None]
+  index = jnp.asarray(index, jnp.int32)
+  x_NxD = jnp.take(params["embed"]["embedding"], token_N, axis=0).astype(dt)
+  x_NxD = nn.with_logical_constraint(x_NxD, ("batch", "embed"))
+  ks, vs = [], []
+  for l, layer_params in enumerate(layers):
+    x_NxD, (k, v) = Block(c, "decode").apply({"params": layer_params}, x_NxD, positions_Nx1, None,
+                                             (cache["k"][l], cache["v"][l]), index, kv_mask_NxS)
+    ks.append(k)
+    vs.append(v)
+  h_NxD = RMSNorm(c.rms_eps, dt).apply({"params": params["final_norm"]}, x_NxD)
+  head_DxV = params["embed"]["embedding"].T if c.tie_embeddings else params["lm_head"]["kernel"]
+  return _head(mcfg, h_NxD, head_DxV), {"k": tuple(ks), "v": tuple(vs)}

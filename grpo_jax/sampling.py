@@ -128,10 +128,12 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
   plen_N = jnp.sum(mask_NxP, axis=1)
   # Pin the KV cache to the batch split (rows over the data axes, kv heads over 'tensor') at every step: left to
   # propagation, XLA may keep the whole rollout's cache on every chip.
-  pin = lambda c: {k: nn.with_logical_constraint(v, tuple(model_lib.cache_axes()[k])) for k, v in c.items()}
+  axes = model_lib.cache_axes()
+  pin = lambda c: {k: tuple(nn.with_logical_constraint(x, tuple(axes[k])) for x in v) for k, v in c.items()}
   cache = pin(model_lib.init_cache(mcfg, n, p + steps))
   logits_NxV, cache = model_lib.prefill(mcfg, params, prompt_NxP, pos_NxP, mask_NxP, cache)
   cache = pin(cache)
+  layers = model_lib.decode_layers(mcfg, params)  # sliced once: loop-invariant inputs of the decode loop
   kv_mask_NxS = jnp.concatenate([mask_NxP, jnp.ones((n, steps), jnp.int32)], axis=1)
   u_LxN = nn.with_logical_constraint(jax.random.uniform(rng, (steps, n)), (None, "batch"))
 
@@ -146,7 +148,8 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
     i, u_N = xs
     tok_N, logp_N, live_N, done_N = emit(logits_NxV, u_N, done_N)
     # rows past EOS keep decoding pad tokens: wasted but static-shaped work
-    logits_NxV, cache = model_lib.decode_step(mcfg, params, tok_N, plen_N + i, cache, p + i, kv_mask_NxS)
+    logits_NxV, cache = model_lib.decode_step(mcfg, params, tok_N, plen_N + i, cache, p + i, kv_mask_NxS,
+                                              layers)
     return (batch(logits_NxV), pin(cache), done_N), (tok_N, logp_N, live_N)
 
   done_N = jnp.zeros((n,), bool)

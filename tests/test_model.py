@@ -125,8 +125,9 @@ def test_cached_decode_matches_full_forward(model):
   tokens, mask, pos = full_sequence()
   full = np.asarray(forward(mcfg, params, tokens, pos, mask))
   cache = M.init_cache(mcfg, n, s)
-  assert cache["k"].shape == (mcfg.layers, n, mcfg.kv_heads, mcfg.head_dim, s)
-  assert cache["v"].shape == (mcfg.layers, n, mcfg.kv_heads, s, mcfg.head_dim)
+  assert len(cache["k"]) == len(cache["v"]) == mcfg.layers  # one buffer per layer
+  assert all(k.shape == (n, mcfg.kv_heads, mcfg.head_dim, s) for k in cache["k"])
+  assert all(v.shape == (n, mcfg.kv_heads, s, mcfg.head_dim) for v in cache["v"])
   logits, cache = prefill(mcfg, params, PROMPT, pos[:, :p], PMASK, cache)
   np.testing.assert_allclose(np.asarray(logits), full[:, p - 1], atol=1e-5)
   kv_mask = np.concatenate([PMASK, np.ones((n, s - p), np.int32)], 1)
@@ -182,7 +183,10 @@ def test_params_have_layers_axis_and_param_axes_match():
   assert all_names <= {"batch", "length", "embed", "heads", "kv_heads", "head_dim", "mlp", "vocab", "layers"}
 
 
-def test_token_logprobs_match_numpy_and_chunking_is_exact():
+@pytest.mark.parametrize("remat_min_logits", [M.REMAT_MIN_LOGITS, 0])
+def test_token_logprobs_match_numpy_and_chunking_is_exact(monkeypatch, remat_min_logits):
+  """Whole (one chunk: plain, or under jax.checkpoint when REMAT_MIN_LOGITS is 0) and chunked log-probs agree."""
+  monkeypatch.setattr(M, "REMAT_MIN_LOGITS", remat_min_logits)
   mcfg = CONFIGS["gqa_tied_bias"]
   params = random_params(mcfg, 7)
   tokens, mask, pos = full_sequence()
@@ -244,8 +248,8 @@ def test_completion_logprobs_equal_the_sliced_full_logprobs():
 
 def test_fused_attention_and_layer_unroll_match_the_default_path():
   """model.attention='dot_product' (jax.nn.dot_product_attention) and layer_unroll='all'/'none' give the default
-  path's log-probs and gradients, with left padding. (The default layer_unroll='decode' is what
-  test_cached_decode_matches_full_forward runs.)"""
+  path's log-probs and gradients, with left padding. (Decode always runs layer by layer:
+  test_cached_decode_matches_full_forward checks it.)"""
   base = CONFIGS["gqa_tied_bias"]
   params = random_params(base, 13)
   tokens, mask, pos = full_sequence()
@@ -270,7 +274,10 @@ def test_fused_attention_and_layer_unroll_match_the_default_path():
   with pytest.raises(ValueError, match="model.attention"):
     M.ModelConfig(**{**TINY, "kv_heads": 2, "attention": "flash"})
   with pytest.raises(ValueError, match="model.layer_unroll"):
-    M.ModelConfig(**{**TINY, "kv_heads": 2, "layer_unroll": "train"})
+    M.ModelConfig(**{**TINY, "kv_heads": 2, "layer_unroll": "decode"})
+  # 'auto' unrolls shallow models only (compile time grows with depth)
+  assert base.layer_unroll == "all"
+  assert M.ModelConfig(**{**TINY, "layers": M.UNROLL_MAX_LAYERS + 1}).layer_unroll == "none"
 
 
 def test_bf16_compute_close_to_fp32():
@@ -285,7 +292,7 @@ def test_bf16_compute_close_to_fp32():
   # bf16 keeps ~3 significant digits; with these O(1) weights 2 layers give ~2% of the logit range (measured)
   err = np.abs(f32 - np.asarray(b16))[real].max() / np.abs(f32[real]).max()
   assert 1e-4 < err < 0.05, err  # > 1e-4: bf16 really was used
-  assert M.init_cache(bf, 1, 4)["k"].dtype == jnp.bfloat16
+  assert all(x.dtype == jnp.bfloat16 for x in M.init_cache(bf, 1, 4)["k"])
 
 
 def test_remat_modes_give_same_values_and_grads():
