@@ -93,11 +93,19 @@ def param_bytes_per_device(mcfg: model_lib.ModelConfig, mesh: dict[str, int]) ->
   return _param_bytes(mcfg, tuple(sorted(mesh.items())))
 
 
+def layer_bytes_per_device(mcfg: model_lib.ModelConfig, mesh: dict[str, int], compute_bytes: int) -> int:
+  """Bytes on one device of the per-layer weights `model.decode_layers` makes (stored in the compute dtype)."""
+  per_dev_fp32, _ = _param_bytes(mcfg, tuple(sorted(mesh.items())), "layers")
+  return per_dev_fp32 * compute_bytes // 4
+
+
 @functools.lru_cache(maxsize=64)  # tracing a 7B init takes seconds; plans for one model reuse it
-def _param_bytes(mcfg: model_lib.ModelConfig, mesh_items: tuple) -> tuple[int, int]:
+def _param_bytes(mcfg: model_lib.ModelConfig, mesh_items: tuple, subtree: str = "") -> tuple[int, int]:
   mesh = dict(mesh_items)
   abstract = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
   specs = model_lib.param_axes(mcfg)
+  if subtree:
+    abstract, specs = abstract[subtree], specs[subtree]
   leaves = jax.tree.leaves(abstract)
   spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
   per_dev = sum(math.ceil(x.size / _shard_divisor(s, mesh)) * x.dtype.itemsize for x, s in zip(leaves, spec_leaves))
@@ -174,6 +182,8 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int]) -> Plan:
       "lm head, gathered": head_gathered,
       "prefill layer": prefill,
       "rollout outputs": carried,
+      # model.decode_layers: the layer weights sliced once per rollout (kernels in the compute dtype, as sharded)
+      "decode layer weights": layer_bytes_per_device(mcfg, mesh, cb),
   }
 
   if mcfg.remat == "full":
