@@ -48,7 +48,7 @@ _REMAT_POLICIES = {
 }
 _ATTENTION_IMPL = {"xla": None, "dot_product": None, "cudnn": "cudnn"}  # -> dot_product_attention(implementation)
 _UNROLL_MODES = {"none": (), "all": ("train", "prefill"), "auto": ()}
-UNROLL_MAX_LAYERS = 8  # 'auto' unrolls models this shallow; a 28-layer unrolled step compiles several times slower
+UNROLL_MAX_LAYERS = 8  # 'auto' unrolls models this shallow; unrolled, compile time grows with every layer
 _NEG = float(np.finfo(np.float32).min)  # finite: fully masked (pad) query rows give a uniform mix, not NaN
 _INIT = nn.initializers.normal(stddev=0.02)
 
