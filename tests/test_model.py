@@ -275,8 +275,11 @@ def test_fused_attention_and_layer_unroll_match_the_default_path():
     M.ModelConfig(**{**TINY, "kv_heads": 2, "attention": "flash"})
   with pytest.raises(ValueError, match="model.layer_unroll"):
     M.ModelConfig(**{**TINY, "kv_heads": 2, "layer_unroll": "decode"})
-  # 'auto' unrolls shallow models only (compile time grows with depth)
+  # 'auto' unrolls shallow models only (compile time grows with depth); unrolled, the backward has no layer loop
   assert base.layer_unroll == "all"
+  grad_hlo = lambda mcfg: jax.jit(jax.grad(lambda p: M.token_logprobs(mcfg, p, tokens, pos, mask)[0].sum())).lower(
+      params).compile().as_text()
+  assert " while(" not in grad_hlo(base) and " while(" in grad_hlo(variants[2])
   assert M.ModelConfig(**{**TINY, "layers": M.UNROLL_MAX_LAYERS + 1}).layer_unroll == "none"
 
 

@@ -268,3 +268,27 @@ def test_two_level_inverse_cdf_matches_a_flat_search_and_skips_zero_mass():
   assert np.mean(j == want) > 0.999  # differences only where float32 rounding moves a boundary
   assert np.all(p[j] > 0)
   np.testing.assert_allclose(np.bincount(j, minlength=v) / n, p / p.sum(), atol=2e-4)
+
+
+def test_decode_loop_slices_no_weight_or_cache_per_token(params):
+  """The compiled decode loop reads each layer's weights and K/V cache buffer as they are: no dynamic-slice of a
+  weight matrix or of a cache buffer inside any while body (the old nested layer scan copied them every token)."""
+  import re
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=1, pad_id=0)
+  hlo = sample.lower(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0), scfg).compile().as_text()
+  n, p = PROMPT.shape
+  kv, hd, s, d, f = MCFG.kv_heads, MCFG.head_dim, p + L, MCFG.hidden, MCFG.inter
+  # per-layer buffers: K cache, V cache, the MLP kernels, the q/o kernels
+  shapes = [f"f32[{n},{kv},{hd},{s}]", f"f32[{n},{kv},{s},{hd}]", f"f32[{d},{f}]", f"f32[{f},{d}]",
+            f"f32[{d},{MCFG.heads},{hd}]", f"f32[{MCFG.heads},{hd},{d}]"]
+  bodies = set(re.findall(r"body=%?([\w.\-]+)", hlo))
+  assert bodies, "no while loop in the compiled rollout"
+  sliced = []
+  for comp in re.split(r"\n(?=\S)", hlo):
+    name = re.match(r"(?:ENTRY )?%?([\w.\-]+)", comp)
+    if name and name.group(1) in bodies:
+      for ln in comp.splitlines():  # "%<name> = <shape>{layout} <op>(...)": a slice-named op of a listed shape
+        lhs, _, rhs = ln.partition(" = ")
+        if "dynamic-slice" in lhs and any(rhs.startswith(sh + "{") for sh in shapes):
+          sliced.append(ln.strip())
+  assert not sliced, sliced[:3]
