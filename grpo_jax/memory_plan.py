@@ -18,7 +18,6 @@ import sys
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 
 from grpo_jax import config_lib
@@ -146,7 +145,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int]) -> Plan:
   """Per-device memory of one `rl_step` (or PPO step) for `config` on a mesh of the given axis sizes."""
   mcfg = model_lib.ModelConfig.from_config(config.model)
   rl = config.rl
-  B, G, P, L = rl.prompts_per_step, rl.G, config.task.prompt_len, config.sampling.max_new_tokens
+  B, P, L = rl.prompts_per_step, config.task.prompt_len, config.sampling.max_new_tokens
   T, N = P + L, rl.prompts_per_step * rl.G * (rl.oversample if rl.dynamic_sampling else 1)
   dp, tp = mesh["data"] * mesh["fsdp"], mesh["tensor"]
   cb = _BYTES[mcfg.dtype]

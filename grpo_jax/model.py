@@ -28,7 +28,7 @@ the decode loop would slice (copy) every layer's weights and K/V cache at every 
 """
 import dataclasses
 import math
-from typing import Any, Mapping
+from typing import Any
 
 import flax
 import flax.linen as nn
@@ -290,7 +290,7 @@ class Block(nn.Module):
       else:
         o = _attend_fused(q, k, v, mask_NxT, _ATTENTION_IMPL[c.attention])
       if self.mode == "prefill":
-        kv_out = (k.transpose(0, 2, 3, 1).astype(dt), v.transpose(0, 2, 1, 3).astype(dt))
+        kv_out = (k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3))  # cache layouts; prefill casts
     o = nn.with_logical_constraint(o, ("batch", "length", "heads", "head_dim"))
     x_MxD = x_MxD + Dense((c.hidden,), ("heads", "head_dim", "embed"), None, dt, n_in=2, name="o")(
         o.reshape(n * t, h_, hd))
