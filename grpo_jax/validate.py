@@ -27,26 +27,31 @@ def fail(key: str, msg: str):
 def positive_int(c, key):
   v = _get(c, key)
   if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-    fail(key, f"must be a positive integer, got {v!r}.")
+    _fail(key, f"must be a positive integer, got {v!r}.")
 
 
 def _nonneg(c, key):
   v = _get(c, key)
   if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-    fail(key, f"must be a finite number >= 0, got {v!r}.")
+    _fail(key, f"must be a finite number >= 0, got {v!r}.")
 
 
 def prob(c, key, low_open=False):
   v = _get(c, key)
   if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0.0 <= v <= 1.0) or (low_open and v == 0):
     rng = "(0, 1]" if low_open else "[0, 1]"
-    fail(key, f"must be a probability in {rng}, got {v!r}.")
+    _fail(key, f"must be a probability in {rng}, got {v!r}.")
 
 
 def _choice(c, key, choices):
   v = _get(c, key)
   if v not in choices:
-    fail(key, f"unknown value {v!r}; choose one of {list(choices)}.")
+    _fail(key, f"unknown value {v!r}; choose one of {list(choices)}.")
+
+
+# fail, positive_int and prob are public (the R1 pipeline checks its own keys with them); the checks here use the
+# short private names.
+_fail, _positive_int, _prob = fail, positive_int, prob
 
 
 def _get(c, key):
@@ -58,17 +63,17 @@ def _get(c, key):
 def validate_model(c) -> None:
   m = "model"
   for k in ("vocab_size", "hidden", "layers", "heads", "kv_heads", "inter", "max_len"):
-    positive_int(c, f"{m}.{k}")
+    _positive_int(c, f"{m}.{k}")
   mc = c.model
   if mc.heads % mc.kv_heads:
-    fail("model.kv_heads", f"{mc.kv_heads} must divide model.heads={mc.heads} (grouped-query attention).")
+    _fail("model.kv_heads", f"{mc.kv_heads} must divide model.heads={mc.heads} (grouped-query attention).")
   if mc.head_dim == 0 and mc.hidden % mc.heads:
-    fail("model.head_dim", f"is 0 (= hidden // heads) but hidden={mc.hidden} is not divisible by heads={mc.heads}; "
-         "set head_dim explicitly.")
+    _fail("model.head_dim", f"is 0 (= hidden // heads) but hidden={mc.hidden} is not divisible by heads={mc.heads}; "
+          "set head_dim explicitly.")
   if mc.head_dim < 0 or (mc.head_dim % 2 if mc.head_dim else (mc.hidden // mc.heads) % 2):
-    fail("model.head_dim", "must be even (RoPE rotates pairs of dimensions).")
+    _fail("model.head_dim", "must be even (RoPE rotates pairs of dimensions).")
   if not (isinstance(mc.rope_theta, (int, float)) and mc.rope_theta > 0):
-    fail("model.rope_theta", f"must be > 0, got {mc.rope_theta!r}.")
+    _fail("model.rope_theta", f"must be > 0, got {mc.rope_theta!r}.")
   _choice(c, "model.dtype", DTYPES)
   _choice(c, "model.remat", REMAT)
 
@@ -96,103 +101,103 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
             "task.prompt_len", "train.steps", "train.log_every", "train.eval_every", "train.ckpt_every",
             "train.keep_checkpoints", "eval.size", "eval.batch", "eval.n_samples", "rl.oversample",
             "rl.max_nonfinite_in_row"):
-    positive_int(c, k)
+    _positive_int(c, k)
   for k in ("rl.eps_low", "rl.eps_high", "rl.beta", "rl.std_eps", "rl.gspo_eps_low", "rl.gspo_eps_high",
             "optim.lr", "optim.weight_decay", "optim.grad_clip", "sampling.temperature", "rl.process_weight",
             "rl.reward_timeout_s", "optim.warmup_steps", "rl.overlong_cache"):
     _nonneg(c, k)
   if c.sampling.temperature == 0:
-    fail("sampling.temperature", "must be > 0 for RL (π = softmax(logits / temperature)); use greedy only in eval.")
+    _fail("sampling.temperature", "must be > 0 for RL (π = softmax(logits / temperature)); use greedy only in eval.")
   if c.optim.lr == 0:
-    fail("optim.lr", "is 0: nothing would train; set a positive learning rate.")
-  prob(c, "sampling.top_p", low_open=True)
-  prob(c, "optim.b1")
-  prob(c, "optim.b2")
-  prob(c, "ppo.lam")
-  prob(c, "ppo.gamma")
+    _fail("optim.lr", "is 0: nothing would train; set a positive learning rate.")
+  _prob(c, "sampling.top_p", low_open=True)
+  _prob(c, "optim.b1")
+  _prob(c, "optim.b2")
+  _prob(c, "ppo.lam")
+  _prob(c, "ppo.gamma")
   if not isinstance(c.sampling.top_k, int) or c.sampling.top_k < 0 or c.sampling.top_k > c.model.vocab_size:
-    fail("sampling.top_k", f"must be an integer in [0, vocab_size={c.model.vocab_size}] (0 = off), "
-         f"got {c.sampling.top_k!r}.")
+    _fail("sampling.top_k", f"must be an integer in [0, vocab_size={c.model.vocab_size}] (0 = off), "
+          f"got {c.sampling.top_k!r}.")
   if c.rl.std_ddof not in (0, 1):
-    fail("rl.std_ddof", f"must be 0 (population std) or 1 (sample std), got {c.rl.std_ddof!r}.")
+    _fail("rl.std_ddof", f"must be 0 (population std) or 1 (sample std), got {c.rl.std_ddof!r}.")
   if c.rl.algo in GROUP_ALGOS and c.rl.G < 2:
-    fail("rl.G", f"is {c.rl.G} but {c.rl.algo} needs a group of at least 2 samples per prompt; set rl.G >= 2.")
+    _fail("rl.G", f"is {c.rl.G} but {c.rl.algo} needs a group of at least 2 samples per prompt; set rl.G >= 2.")
   if c.rl.algo == "rloo" and c.rl.G < 2:
-    fail("rl.G", "RLOO's leave-one-out mean needs rl.G >= 2.")
+    _fail("rl.G", "RLOO's leave-one-out mean needs rl.G >= 2.")
   if c.rl.dynamic_sampling and c.rl.oversample < 2:
-    fail("rl.oversample", "dynamic sampling needs rl.oversample >= 2 (sample more groups than it keeps).")
+    _fail("rl.oversample", "dynamic sampling needs rl.oversample >= 2 (sample more groups than it keeps).")
   if c.rl.eps_low >= 1:
-    fail("rl.eps_low", f"must be < 1 (the ratio is clipped at 1 - eps_low), got {c.rl.eps_low}.")
+    _fail("rl.eps_low", f"must be < 1 (the ratio is clipped at 1 - eps_low), got {c.rl.eps_low}.")
   if c.rl.reward_fallback not in ("",):
     try:
       float(c.rl.reward_fallback)
     except (TypeError, ValueError):
-      fail("rl.reward_fallback", f"must be '' (raise on bad reward output) or a number, got {c.rl.reward_fallback!r}.")
+      _fail("rl.reward_fallback", f"must be '' (raise on bad reward output) or a number, got {c.rl.reward_fallback!r}.")
   mesh = validate_mesh(c, num_devices)
   rows = c.rl.prompts_per_step * c.rl.G * (c.rl.oversample if c.rl.dynamic_sampling else 1)
   data_par = mesh["data"] * mesh["fsdp"]
   if (c.rl.prompts_per_step * c.rl.G) % data_par or rows % data_par:
-    fail("rl.prompts_per_step", f"prompts_per_step*G={c.rl.prompts_per_step * c.rl.G} rows must be divisible by "
-         f"mesh data*fsdp={data_par}; change prompts_per_step or the mesh.")
+    _fail("rl.prompts_per_step", f"prompts_per_step*G={c.rl.prompts_per_step * c.rl.G} rows must be divisible by "
+          f"mesh data*fsdp={data_par}; change prompts_per_step or the mesh.")
   n_rows = c.rl.prompts_per_step * c.rl.G
   if n_rows % c.rl.minibatches:
-    fail("rl.minibatches", f"{c.rl.minibatches} must divide prompts_per_step*G={n_rows}.")
+    _fail("rl.minibatches", f"{c.rl.minibatches} must divide prompts_per_step*G={n_rows}.")
   if (n_rows // c.rl.minibatches) % data_par:
-    fail("rl.minibatches", f"minibatch size {n_rows // c.rl.minibatches} must be divisible by mesh "
-         f"data*fsdp={data_par}; use fewer minibatches.")
+    _fail("rl.minibatches", f"minibatch size {n_rows // c.rl.minibatches} must be divisible by mesh "
+          f"data*fsdp={data_par}; use fewer minibatches.")
   validate_eval(c, data_par)
   total = c.task.prompt_len + c.sampling.max_new_tokens
   if total > c.model.max_len:
-    fail("sampling.max_new_tokens", f"task.prompt_len + sampling.max_new_tokens = {total} exceeds "
-         f"model.max_len={c.model.max_len}; shorten them or raise model.max_len.")
+    _fail("sampling.max_new_tokens", f"task.prompt_len + sampling.max_new_tokens = {total} exceeds "
+          f"model.max_len={c.model.max_len}; shorten them or raise model.max_len.")
   if c.rl.algo in ("reinforce_pp", "reinforce_pp_baseline") and c.rl.kl_in != "reward":
-    fail("rl.kl_in", f"{c.rl.algo} folds the KL into the per-token reward by definition; set rl.kl_in='reward'.")
+    _fail("rl.kl_in", f"{c.rl.algo} folds the KL into the per-token reward by definition; set rl.kl_in='reward'.")
   if c.rl.process_weight > 0 and "process" not in [n for n, _ in c.rewards]:
-    fail("rl.process_weight", "is > 0 but config.rewards has no 'process' term; add ('process', w) or set 0.")
+    _fail("rl.process_weight", "is > 0 but config.rewards has no 'process' term; add ('process', w) or set 0.")
   for i, entry in enumerate(c.rewards):
     if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str)
             and isinstance(entry[1], (int, float))):
-      fail(f"rewards[{i}]", f"must be a (name, weight) pair, got {entry!r}.")
+      _fail(f"rewards[{i}]", f"must be a (name, weight) pair, got {entry!r}.")
   if tokenizer is not None:
     validate_tokenizer(c, tokenizer)
 
 
 def validate_eval(c, data_par: int, group: str = "eval") -> None:
-  """An evaluation's size/batch/n_samples/pass_k group: `eval`, or another with the same keys (`r1.report`)."""
+  """An evaluation's size/batch/n_samples/pass_k: `eval`, or another group with the same keys (`r1.report`)."""
   e = _get(c, group)
   for k in ("size", "batch", "n_samples"):
-    positive_int(c, f"{group}.{k}")
+    _positive_int(c, f"{group}.{k}")
   if e.batch % data_par:
-    fail(f"{group}.batch", f"{e.batch} must be divisible by mesh data*fsdp={data_par}.")
+    _fail(f"{group}.batch", f"{e.batch} must be divisible by mesh data*fsdp={data_par}.")
   if e.size % e.batch:
-    fail(f"{group}.size", f"{e.size} must be a multiple of {group}.batch={e.batch}.")
+    _fail(f"{group}.size", f"{e.size} must be a multiple of {group}.batch={e.batch}.")
   if e.batch % e.n_samples:
-    fail(f"{group}.batch", f"{e.batch} must be a multiple of {group}.n_samples={e.n_samples} (prompts are repeated "
-         "n_samples times inside one eval batch).")
+    _fail(f"{group}.batch", f"{e.batch} must be a multiple of {group}.n_samples={e.n_samples} (prompts are "
+          "repeated n_samples times inside one eval batch).")
   for k in e.pass_k:
     if not (isinstance(k, int) and 1 <= k <= e.n_samples):
-      fail(f"{group}.pass_k", f"entry {k!r} must be an integer in [1, {group}.n_samples={e.n_samples}].")
+      _fail(f"{group}.pass_k", f"entry {k!r} must be an integer in [1, {group}.n_samples={e.n_samples}].")
   if e.size > c.task.test_size:
-    fail(f"{group}.size", f"{e.size} exceeds task.test_size={c.task.test_size}; lower it or raise test_size.")
+    _fail(f"{group}.size", f"{e.size} exceeds task.test_size={c.task.test_size}; lower it or raise test_size.")
 
 
 def validate_tokenizer(c, tokenizer) -> None:
   if tokenizer.vocab_size != c.model.vocab_size:
-    fail("model.vocab_size", f"is {c.model.vocab_size} but the tokenizer has {tokenizer.vocab_size} pieces; "
-         f"set model.vocab_size={tokenizer.vocab_size} (or use the matching tokenizer).")
+    _fail("model.vocab_size", f"is {c.model.vocab_size} but the tokenizer has {tokenizer.vocab_size} pieces; "
+          f"set model.vocab_size={tokenizer.vocab_size} (or use the matching tokenizer).")
 
 
 def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:
   validate_model(c)
   _choice(c, "task.name", TASKS)
   for k in ("sft.steps", "sft.batch", "task.prompt_len"):
-    positive_int(c, k)
+    _positive_int(c, k)
   _nonneg(c, "sft.lr")
   _choice(c, "sft.loss_on", ("completion", "all"))
-  prob(c, "sft.mistake_frac")
+  _prob(c, "sft.mistake_frac")
   mesh = validate_mesh(c, num_devices)
   validate_eval(c, mesh["data"] * mesh["fsdp"])
   if c.sft.batch % (mesh["data"] * mesh["fsdp"]):
-    fail("sft.batch", f"{c.sft.batch} must be divisible by mesh data*fsdp={mesh['data'] * mesh['fsdp']}.")
+    _fail("sft.batch", f"{c.sft.batch} must be divisible by mesh data*fsdp={mesh['data'] * mesh['fsdp']}.")
   if tokenizer is not None:
     validate_tokenizer(c, tokenizer)
