@@ -187,7 +187,7 @@ def _check_rejection_records(path, tok, config, n_prompts):
 
 def test_rejection_sampling_keeps_only_verified(tmp_path, tok, monkeypatch):
   c = _tiny_config()
-  from grpo_jax import checkpoint as ckpt_lib, model as model_lib, sharding
+  from grpo_jax import checkpoint as ckpt_lib, model as model_lib
   import jax
   mcfg = model_lib.ModelConfig.from_config(c.model)
   ckpt_lib.save_params(str(tmp_path / "params"), model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
