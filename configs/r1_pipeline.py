@@ -10,8 +10,6 @@ Default, measured 2026-11-30 on the 2-core CPU (load average 4-8): 14 min wall (
 greedy accuracy (last-number rule) base 0.219, R1-Zero 0.277, R1 final 0.434. `:small`: 18 min wall at load 8-15 (2026-11-30; ~8 min at load 4-10). Tables and stage times: docs/r1.md,
 docs/r1_default/.
 """
-import ml_collections
-
 from grpo_jax import config_lib
 
 
@@ -25,29 +23,11 @@ def get_config(arg: str | None = None):
   c.sampling.update(temperature=1.0, max_new_tokens=80)
   c.rl.update(algo="grpo", G=8, prompts_per_step=8, beta=0.04, mu=1, minibatches=1)
   c.optim.update(lr=2e-4, warmup_steps=0, grad_clip=1.0)
-  # In-loop eval of the RL stages only at their start and end, small: report.py evaluates every model fully.
+  # In-loop eval of the RL stages only at their start and end, small: r1/heldout.py evaluates every model fully.
   c.train.update(eval_every=10_000, ckpt_every=25, plot_every=0, sample_every=0, log_every=1)
   c.eval.update(size=64, batch=64, n_samples=4, pass_k=(1, 4))
   c.log.tensorboard = False
-  c.r1 = ml_collections.ConfigDict(dict(
-      stages=("base", "r1_zero", "r1_1_cold_start", "r1_2_grpo", "r1_3_rejection", "r1_4_sft", "r1_5_final"),
-      # Forbidden words: the harmlessness proxy of stage 5; pre-training noise writes them (noise_frac).
-      forbidden=("ugh",),
-      pretrain=dict(steps=500, batch=32, lr=3e-3, warmup_steps=20,
-                    template_frac=0.3,  # documents that are chat transcripts with the R1-Zero prompt
-                    tag_frac=0.35,      # ... of which use the <think>/<answer> tags (web-like): 10.5% of documents
-                    mix_frac=0.25,      # documents whose solution switches language mid-way
-                    mistake_frac=0.2,   # documents with one wrong step, a re-check phrase and the fix
-                    noise_frac=0.1),    # documents carrying a forbidden word
-      zero=dict(steps=100, rewards=(("format", 1.0), ("accuracy", 1.0))),
-      cold_start=dict(examples=256, steps=40, batch=32, lr=1e-3, warmup_steps=10, mistake_frac=0.1),
-      grpo=dict(steps=30, rewards=(("accuracy", 1.0), ("format", 0.5), ("language", 0.5))),
-      rejection=dict(prompts=256, n=8, temperature=1.0, keep_per_prompt=1, general_frac=0.25),
-      sft2=dict(steps=100, batch=32, lr=1e-3, warmup_steps=10),
-      final=dict(steps=20, rewards=(("accuracy", 1.0), ("format", 0.5), ("language", 0.5), ("brevity", 0.2),
-                                    ("harmless", 0.5))),
-      report=dict(size=256, batch=128, n_samples=4, pass_k=(1, 4)),
-  ))
+  # c.r1: config_lib's defaults are this experiment's recipe (docs/r1.md).
   if arg == "small":
     # One-digit operands (200 distinct problems): a model this small learns them in a few hundred steps.
     c.task.update(max_digits=1, test_size=64)

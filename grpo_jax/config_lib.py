@@ -5,6 +5,8 @@ Every key a step or loop reads is declared here, so `--config.x.y=v` on an unkno
 """
 import ml_collections
 
+from grpo_jax.r1 import layout
+
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
@@ -64,4 +66,26 @@ def base_config() -> ml_collections.ConfigDict:
       size=500, batch=100, n_samples=4, pass_k=(1, 4)))
 
   c.log = ml_collections.ConfigDict(dict(tensorboard=True, wandb_project=""))
+
+  # R1-Zero and R1's five stages (job r1_pipeline; grpo_jax/r1, docs/r1.md): each stage's knobs and reward mix.
+  c.r1 = ml_collections.ConfigDict(dict(
+      stages=layout.STAGES,  # those to run, in this order (configs/r1_zero.py: base, r1_zero)
+      # Forbidden words: the harmlessness proxy of stage 5; pre-training noise writes them (noise_frac).
+      forbidden=("ugh",),
+      pretrain=dict(steps=500, batch=32, lr=3e-3, warmup_steps=20,
+                    template_frac=0.3,  # documents that are chat transcripts with the R1-Zero prompt
+                    tag_frac=0.35,      # ... of which use the <think>/<answer> tags (web-like): 10.5% of documents
+                    mix_frac=0.25,      # documents whose solution switches language mid-way
+                    mistake_frac=0.2,   # documents with one wrong step, a re-check phrase and the fix
+                    noise_frac=0.1),    # documents carrying a forbidden word
+      zero=dict(steps=100, rewards=(("format", 1.0), ("accuracy", 1.0))),
+      cold_start=dict(examples=256, steps=40, batch=32, lr=1e-3, warmup_steps=10, mistake_frac=0.1),
+      grpo=dict(steps=30, rewards=(("accuracy", 1.0), ("format", 0.5), ("language", 0.5))),
+      rejection=dict(prompts=256, n=8, temperature=1.0, keep_per_prompt=1, general_frac=0.25),
+      sft2=dict(steps=100, batch=32, lr=1e-3, warmup_steps=10),
+      final=dict(steps=20, rewards=(("accuracy", 1.0), ("format", 0.5), ("language", 0.5), ("brevity", 0.2),
+                                    ("harmless", 0.5))),
+      # Held-out comparison of every model (r1/heldout.py): like `eval`, on its own sizes.
+      report=dict(size=256, batch=128, n_samples=4, pass_k=(1, 4)),
+  ))
   return c

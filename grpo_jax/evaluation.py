@@ -3,19 +3,21 @@
 Tasks with an in-graph verifier (arith, countdown) score inside the generate program; tasks verified in Python
 (GSM8K: math_answer on decoded text) generate in-graph, gather the rows to the host and score them there with the
 same function their training reward uses (HOST_VERIFIERS). Either way every process computes the same metrics.
+`Evaluator.rollouts` hands the gathered, graded rows to callers that score more (the R1 report: the last-number rule,
+language consistency, forbidden words), through the same chunking, sampling and gather.
 """
 import collections
 import math
-from typing import Callable
+from typing import Callable, NamedTuple
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
+from grpo_jax import rewards as rewards_lib
 from grpo_jax import sampling
 from grpo_jax import sharding
+from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.tasks import verify_jax
 
 # task -> (tokenizer -> (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N)); answers vote in cons@k.
@@ -84,16 +86,67 @@ def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids:
   return run
 
 
+# fn(texts, completion ids, host fields) -> per-row values, a Python reward term's signature: what a caller reads off
+# the decoded completions besides the verifier (language consistency, forbidden words, ...).
+Reading = rewards_lib.PyRewardFn
+
+
+def default_readings(host_verifier: HostVerifier | None) -> dict[str, Reading]:
+  """`eval/language_consistency` for the in-graph tasks (arith, countdown): their chains of thought are written in
+  tasks/cot.py's two languages. A host-verified task (GSM8K: English text) has no such reading."""
+  if host_verifier is not None:
+    return {}
+  return {"language_consistency": r1_rewards.language_consistency}
+
+
+def completions(tokens_NxL: np.ndarray, mask_NxL: np.ndarray, eos: int) -> list[tuple[int, ...]]:
+  """Each row's completion ids without the EOS: what Python rewards and readings decode."""
+  out = []
+  for t, m in zip(tokens_NxL, mask_NxL):
+    ids = [int(x) for x in t[m > 0]]
+    out.append(tuple(ids[:-1] if ids and ids[-1] == eos else ids))
+  return out
+
+
+def to_host(out) -> list[np.ndarray]:
+  """A generate call's outputs as host arrays. Rows are split over the data axes, across processes too: gather them
+  (a no-op copy on one process)."""
+  return [np.asarray(x) for x in multihost_utils.process_allgather(out, tiled=True)]
+
+
+def group_metrics(ok_N: np.ndarray, answers_N: list, n: int, pass_k) -> dict[str, float]:
+  """pass@k for each k and cons@n over prompt-major groups of n samples (`ok_N` > 0.5: a right sample)."""
+  ok_QxN = np.asarray(ok_N).reshape(-1, n)
+  m = {f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in ok_QxN.sum(-1)])) for k in pass_k}
+  ans_QxN = [answers_N[i * n:(i + 1) * n] for i in range(ok_QxN.shape[0])]
+  m[f"cons@{n}"] = float(np.mean([cons_at_k(a, list(c > 0.5), n) for a, c in zip(ans_QxN, ok_QxN)]))
+  return m
+
+
+class Rollouts(NamedTuple):
+  """One generate pass over the eval set, on the host; rows are prompt-major (`repeat` consecutive rows a prompt)."""
+  tokens_NxL: np.ndarray
+  mask_NxL: np.ndarray
+  lengths_N: np.ndarray
+  accuracy_N: np.ndarray
+  format_N: np.ndarray
+  answers_N: list                 # what cons@k votes on: the verifier's answer, None where it found none
+  fields: dict[str, np.ndarray]   # the eval set's host fields (answer_N, language_N, ...), repeated like the rows
+  texts: list[str] | None         # completions decoded without EOS; None when the Evaluator has no readings
+  readings: dict[str, np.ndarray]  # per-row value of each reading
+
+
 class Evaluator:
   """Evaluates params on a fixed held-out set; all shapes static so each generate function compiles once."""
 
   def __init__(self, config, mcfg, tokenizer, mesh, eval_arrays: dict, task: str | None = None,
-               host_verifier: HostVerifier | None = None):
+               host_verifier: HostVerifier | None = None, readings: dict[str, Reading] | None = None):
     self.cfg, self.tok, self.mesh = config, tokenizer, mesh
     self.task = task or config.task.name
     if host_verifier is None and self.task in HOST_VERIFIERS:
       host_verifier = HOST_VERIFIERS[self.task](tokenizer)
     self.host_verifier = host_verifier
+    self.readings = default_readings(host_verifier) if readings is None else dict(readings)
     # In-graph tasks keep make_generate's 5-argument call (tests substitute make_generate with that signature).
     host = {} if host_verifier is None else {"in_graph": False}
     self.arrays = eval_arrays
@@ -109,43 +162,49 @@ class Evaluator:
         mcfg, sampling.SamplingConfig(temperature=config.sampling.temperature, greedy=False, **common), mesh,
         self.task, tokenizer.tag_ids, **host)
 
-  def _chunks(self, repeat: int = 1):
+  def _chunks(self, repeat: int):
     n = self.arrays["prompt_NxP"].shape[0]
-    step = self.batch // repeat if repeat > 1 else self.batch
+    step = self.batch // repeat
     for s in range(0, n, step):
       yield {k: np.repeat(v[s:s + step], repeat, axis=0) for k, v in self.arrays.items()}
 
-  def _run(self, fn, params, rng, repeat=1):
-    """(tokens_NxL, mask_NxL, lengths_N, accuracy_N, format_N, answers_N or None) over the whole eval set."""
-    outs, answers = [], []
+  def rollouts(self, params, rng, sampled: bool = False) -> Rollouts:
+    """Greedy completions of every eval prompt, or `eval.n_samples` sampled ones each; chunk i draws from
+    fold_in(rng, i)."""
+    repeat = self.cfg.eval.n_samples if sampled else 1
+    if self.batch % repeat:
+      raise ValueError(f"eval.batch={self.batch} must be a multiple of eval.n_samples={repeat}.")
+    fn = self.sampled if sampled else self.greedy
+    outs, answers, chunk_fields = [], [], []
     for i, chunk in enumerate(self._chunks(repeat)):
       fields = {k: v for k, v in chunk.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
-      out = fn(params, chunk["prompt_NxP"], chunk["prompt_mask_NxP"], fields, jax.random.fold_in(rng, i))
-      # Rows are split over the data axes, across processes too: gather them (a no-op copy on one process).
-      out = [np.asarray(x) for x in multihost_utils.process_allgather(out, tiled=True)]
+      out = to_host(fn(params, chunk["prompt_NxP"], chunk["prompt_mask_NxP"], fields, jax.random.fold_in(rng, i)))
       if self.host_verifier is not None:
         acc, fmt, ans = self.host_verifier(out[0], out[1], fields)  # fields: this chunk's host rows, same order
         out += [acc, fmt]
         answers += list(ans)
+      else:
+        answers += [answer_span(t[mk > 0], self.tok.tag_ids) for t, mk in zip(out[0], out[1])]
       outs.append(out)
-    return [np.concatenate(x) for x in zip(*outs)] + [answers if self.host_verifier is not None else None]
+      chunk_fields.append(fields)
+    tokens, mask, lengths, acc, fmt = [np.concatenate(x) for x in zip(*outs)]
+    fields = {k: np.concatenate([f[k] for f in chunk_fields]) for k in chunk_fields[0]}
+    texts, readings = None, {}
+    if self.readings:
+      comps = completions(tokens, mask, self.tok.eos_id)
+      texts = [self.tok.decode(c) for c in comps]
+      readings = {name: np.asarray(f(texts, comps, fields), np.float32) for name, f in self.readings.items()}
+    return Rollouts(tokens, mask, lengths, acc, fmt, answers, fields, texts, readings)
 
   def __call__(self, params, rng, with_samples: bool = True) -> tuple[dict[str, float], list[str]]:
-    tokens, mask, lengths, acc, fmt, _ = self._run(self.greedy, params, rng)
-    m = {"eval/accuracy": float(acc.mean()), "eval/format_rate": float(fmt.mean()),
-         "eval/completion_len_mean": float(lengths.mean())}
-    texts = [self.tok.decode(t[mk > 0].tolist()) for t, mk in zip(tokens[:3], mask[:3])]
+    g = self.rollouts(params, rng)
+    m = {"eval/accuracy": float(g.accuracy_N.mean()), "eval/format_rate": float(g.format_N.mean()),
+         "eval/completion_len_mean": float(g.lengths_N.mean())}
+    m.update({f"eval/{name}": float(v.mean()) for name, v in g.readings.items()})
+    texts = [self.tok.decode(t[mk > 0].tolist()) for t, mk in zip(g.tokens_NxL[:3], g.mask_NxL[:3])]
     if with_samples:
       n = self.cfg.eval.n_samples
-      if self.batch % n:
-        raise ValueError(f"eval.batch={self.batch} must be a multiple of eval.n_samples={n}.")
-      tokens, mask, _, acc, _, answers = self._run(self.sampled, params, jax.random.fold_in(rng, 10_000), repeat=n)
-      acc_QxN = acc.reshape(-1, n)
-      m["eval/accuracy_sampled"] = float(acc_QxN.mean())
-      for k in self.cfg.eval.pass_k:
-        m[f"eval/pass@{k}"] = float(np.mean([pass_at_k(n, int(c), k) for c in acc_QxN.sum(-1)]))
-      if answers is None:
-        answers = [answer_span(t[mk > 0], self.tok.tag_ids) for t, mk in zip(tokens, mask)]
-      ans_QxN = [answers[i * n:(i + 1) * n] for i in range(acc_QxN.shape[0])]
-      m[f"eval/cons@{n}"] = float(np.mean([cons_at_k(a, list(c > 0.5), n) for a, c in zip(ans_QxN, acc_QxN)]))
+      s = self.rollouts(params, jax.random.fold_in(rng, 10_000), sampled=True)
+      m["eval/accuracy_sampled"] = float(s.accuracy_N.reshape(-1, n).mean())
+      m.update({f"eval/{k}": v for k, v in group_metrics(s.accuracy_N, s.answers_N, n, self.cfg.eval.pass_k).items()})
     return m, texts

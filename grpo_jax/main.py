@@ -40,7 +40,7 @@ def run(config, workdir: str) -> None:
   elif config.job in ("sft", "pretrain"):
     train.run_sft(config, workdir, loss_on="all" if config.job == "pretrain" else None)
   elif config.job == "r1_pipeline":
-    from grpo_jax import pipeline
+    from grpo_jax.r1 import pipeline
     pipeline.run_pipeline(config, workdir)
   else:
     raise ValueError(f"config.job: unknown job {config.job!r}; choose grpo, ppo, sft, pretrain or r1_pipeline.")

@@ -29,11 +29,20 @@ def _opt_state_shardings(tx, abstract_opt_state, param_shardings, mesh):
                                transform_non_params=lambda _: sharding.replicated(mesh))
 
 
+def _params_spec(mesh: Mesh, mcfg: model_lib.ModelConfig) -> tuple[Any, Any]:
+  param_sh = sharding.tree_shardings(mesh, model_lib.param_axes(mcfg))
+  return jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0))), param_sh
+
+
+def abstract_params(mesh: Mesh, mcfg: model_lib.ModelConfig) -> Any:
+  """The params' abstract twin in their shardings (nothing allocated): what `checkpoint.load_params` restores into."""
+  return with_shardings(*_params_spec(mesh, mcfg))
+
+
 def state_shardings(mesh: Mesh, mcfg: model_lib.ModelConfig, tx, with_ref: bool = True,
                     critic: tuple | None = None) -> tuple[State, State]:
   """(abstract state, shardings) without allocating anything."""
-  param_sh = sharding.tree_shardings(mesh, model_lib.param_axes(mcfg))
-  abstract_params = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  abstract_params, param_sh = _params_spec(mesh, mcfg)
   sharding.check_divisible(mesh, abstract_params, param_sh, "params")
   abstract_opt = jax.eval_shape(tx.init, abstract_params)
   abstract = dict(params=abstract_params, opt_state=abstract_opt,

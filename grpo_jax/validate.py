@@ -20,11 +20,11 @@ JOBS = ("grpo", "sft", "pretrain", "r1_pipeline")  # grpo runs every rl.algo, pp
 CRITICS = ("separate", "head")
 
 
-def _fail(key: str, msg: str):
+def fail(key: str, msg: str):
   raise ConfigError(f"config.{key}: {msg}")
 
 
-def _positive_int(c, key):
+def positive_int(c, key):
   v = _get(c, key)
   if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
     _fail(key, f"must be a positive integer, got {v!r}.")
@@ -36,7 +36,7 @@ def _nonneg(c, key):
     _fail(key, f"must be a finite number >= 0, got {v!r}.")
 
 
-def _prob(c, key, low_open=False):
+def prob(c, key, low_open=False):
   v = _get(c, key)
   if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0.0 <= v <= 1.0) or (low_open and v == 0):
     rng = "(0, 1]" if low_open else "[0, 1]"
@@ -47,6 +47,11 @@ def _choice(c, key, choices):
   v = _get(c, key)
   if v not in choices:
     _fail(key, f"unknown value {v!r}; choose one of {list(choices)}.")
+
+
+# fail, positive_int and prob are public (the R1 pipeline checks its own keys with them); the checks here use the
+# short private names.
+_fail, _positive_int, _prob = fail, positive_int, prob
 
 
 def _get(c, key):
@@ -157,22 +162,23 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
     validate_tokenizer(c, tokenizer)
 
 
-def validate_eval(c, data_par: int) -> None:
-  e = c.eval
-  for k in ("eval.size", "eval.batch", "eval.n_samples"):
-    _positive_int(c, k)
+def validate_eval(c, data_par: int, group: str = "eval") -> None:
+  """An evaluation's size/batch/n_samples/pass_k: `eval`, or another group with the same keys (`r1.report`)."""
+  e = _get(c, group)
+  for k in ("size", "batch", "n_samples"):
+    _positive_int(c, f"{group}.{k}")
   if e.batch % data_par:
-    _fail("eval.batch", f"{e.batch} must be divisible by mesh data*fsdp={data_par}.")
+    _fail(f"{group}.batch", f"{e.batch} must be divisible by mesh data*fsdp={data_par}.")
   if e.size % e.batch:
-    _fail("eval.size", f"{e.size} must be a multiple of eval.batch={e.batch}.")
+    _fail(f"{group}.size", f"{e.size} must be a multiple of {group}.batch={e.batch}.")
   if e.batch % e.n_samples:
-    _fail("eval.batch", f"{e.batch} must be a multiple of eval.n_samples={e.n_samples} (prompts are repeated "
-          "n_samples times inside one eval batch).")
+    _fail(f"{group}.batch", f"{e.batch} must be a multiple of {group}.n_samples={e.n_samples} (prompts are "
+          "repeated n_samples times inside one eval batch).")
   for k in e.pass_k:
     if not (isinstance(k, int) and 1 <= k <= e.n_samples):
-      _fail("eval.pass_k", f"entry {k!r} must be an integer in [1, eval.n_samples={e.n_samples}].")
+      _fail(f"{group}.pass_k", f"entry {k!r} must be an integer in [1, {group}.n_samples={e.n_samples}].")
   if e.size > c.task.test_size:
-    _fail("eval.size", f"{e.size} exceeds task.test_size={c.task.test_size}; lower it or raise test_size.")
+    _fail(f"{group}.size", f"{e.size} exceeds task.test_size={c.task.test_size}; lower it or raise test_size.")
 
 
 def validate_tokenizer(c, tokenizer) -> None:

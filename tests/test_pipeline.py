@@ -8,7 +8,11 @@ import numpy as np
 import pytest
 
 from grpo_jax import evaluation
-from grpo_jax import pipeline
+from grpo_jax.r1 import corpus
+from grpo_jax.r1 import layout
+from grpo_jax.r1 import pipeline
+from grpo_jax.r1 import rejection
+from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.tasks import base, cot, verify_py
 from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import tokenizer as tok_lib
@@ -30,30 +34,30 @@ def _doc_knobs(**kw):
 def test_pretrain_document_kinds(tok):
   task = base.get_task("arith", max_digits=2, ops="+-")
   rng = np.random.default_rng(0)
-  head, tail = pipeline.pretrain_document(task, EX, "a", rng, _doc_knobs())
+  head, tail = corpus.pretrain_document(task, EX, "a", rng, _doc_knobs())
   assert head == "" and tail == "what is 23 + 45 ? " + cot.solution(EX, "a", tagged=False)
-  head, tail = pipeline.pretrain_document(task, EX, "b", rng, _doc_knobs(template_frac=1.0, tag_frac=1.0))
+  head, tail = corpus.pretrain_document(task, EX, "b", rng, _doc_knobs(template_frac=1.0, tag_frac=1.0))
   assert head == base.prompt(task, EX, "b") and tail == cot.solution(EX, "b")
   assert verify_py.format_ok(tail, tok=tok)  # a web-like tagged transcript is a well-formed R1 completion
-  head, tail = pipeline.pretrain_document(task, EX, "a", rng, _doc_knobs(template_frac=1.0, tag_frac=0.0))
+  head, tail = corpus.pretrain_document(task, EX, "a", rng, _doc_knobs(template_frac=1.0, tag_frac=0.0))
   assert head and "<think>" not in tail
-  _, tail = pipeline.pretrain_document(task, EX, "a", rng, _doc_knobs(noise_frac=1.0))
+  _, tail = corpus.pretrain_document(task, EX, "a", rng, _doc_knobs(noise_frac=1.0))
   assert " ugh " in tail and "ugh" not in cot.solution(EX, "a", tagged=False)
 
 
 def test_mixed_solution_switches_language():
   # 23 + 45: steps add 3+5, add 2+4, so 23+45 -> parts: 3 steps + ending. Switch at 2: 2 a-steps, then b.
-  text = pipeline.mixed_solution(EX, "a", False, True, 2)
+  text = corpus.mixed_solution(EX, "a", False, True, 2)
   assert text == "<think> add 3 + 5 = 8 ; add 2 + 4 = 6 ; zu 23 + 45 = 68 ; </think> <answer> 68 </answer>"
   assert cot.language_consistency(text, "a") == pytest.approx(2 / 3)
-  assert pipeline.mixed_solution(EX, "b", False, True, 4) == cot.solution(EX, "b")
+  assert corpus.mixed_solution(EX, "b", False, True, 4) == cot.solution(EX, "b")
 
 
 def test_pretraining_mixture_fractions(tok):
   c = _tiny_config()
   c.r1.pretrain.update(batch=400, template_frac=0.5, tag_frac=0.5, mix_frac=0.0, noise_frac=0.0)
   examples = data_lib.load_examples(c.task, "train")
-  b = next(pipeline.pretrain_batches(c, tok, examples)(0))
+  b = next(corpus.pretrain_batches(c, tok, examples)(0))
   think = tok.tag_ids["<think>"]
   tagged = np.mean([(row[:m.sum()] == think).sum() >= 2 for row, m in zip(b["tokens_NxT"], b["mask_NxT"])])
   # The template holds one <think>; a tagged solution adds a second. Expected 0.5 * 0.5 = 0.25 of 400 documents.
@@ -62,12 +66,12 @@ def test_pretraining_mixture_fractions(tok):
 
 
 def test_pack_loss_masks(tok):
-  b = pipeline.pack([([7, 8], [9], False), ([7], [9, 10], True)], tok, 7)
+  b = corpus.pack([([7, 8], [9], False), ([7], [9, 10], True)], tok, 7)
   np.testing.assert_array_equal(b["tokens_NxT"], [[1, 7, 8, 9, 2, 0, 0], [1, 7, 9, 10, 2, 0, 0]])
   np.testing.assert_array_equal(b["loss_mask_NxT"], [[0, 0, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0, 0]])
   np.testing.assert_array_equal(b["positions_NxT"], [[0, 1, 2, 3, 4, 4, 4], [0, 1, 2, 3, 4, 4, 4]])
   with pytest.raises(ValueError, match="max_len"):
-    pipeline.pack([([7] * 6, [9], False)], tok, 7)
+    corpus.pack([([7] * 6, [9], False)], tok, 7)
 
 
 def test_select_samples_hand_case():
@@ -76,16 +80,40 @@ def test_select_samples_hand_case():
   fmt = np.asarray([1, 1, 1, 1, 0, 1])
   comps = [(1,), (2,), (2,), (3,), (4,), (5,)]
   # 4 is unformatted, 3 wrong; 1 and 2 tie at 2.5 but are duplicates -> keep 1, then 0 (2.0), then 5 (1.0).
-  assert pipeline.select_samples(reward, correct, fmt, comps, keep=1) == [1]
-  assert pipeline.select_samples(reward, correct, fmt, comps, keep=3) == [1, 0, 5]
-  assert pipeline.select_samples(reward, correct * 0, fmt, comps, keep=3) == []
+  assert rejection.select_samples(reward, correct, fmt, comps, keep=1) == [1]
+  assert rejection.select_samples(reward, correct, fmt, comps, keep=3) == [1, 0, 5]
+  assert rejection.select_samples(reward, correct * 0, fmt, comps, keep=3) == []
 
 
 def test_stage_rewards_tracks_every_term():
-  r = pipeline.stage_rewards((("accuracy", 1.0), ("language", 0.5)))
+  r = r1_rewards.stage_rewards((("accuracy", 1.0), ("language", 0.5)))
   assert r[:2] == (("accuracy", 1.0), ("language", 0.5))
-  assert {n for n, w in r[2:]} == set(pipeline.TRACKED) - {"accuracy", "language"}
+  assert {n for n, w in r[2:]} == set(r1_rewards.TRACKED) - {"accuracy", "language"}
   assert all(w == 0.0 for _, w in r[2:])
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("r1.stages", ("r1_zero", "base"), "config.r1.stages"),
+    ("r1.report.pass_k", (1, 4), r"config.r1.report.pass_k: entry 4 must be .* \[1, r1.report.n_samples=2\]"),
+    ("r1.report.size", 200, "config.r1.report.size: 200 exceeds task.test_size=64"),
+    ("r1.forbidden", ("Ugh",), "config.r1.forbidden"),
+    ("r1.grpo.rewards", (("accuracy", 1.0), ("kindness", 1.0)), "config.r1.grpo.rewards: unknown term 'kindness'"),
+    ("r1.rejection.temperature", 0.0, "config.r1.rejection.temperature"),
+    ("r1.pretrain.lr", -1.0, r"config.sft.lr: .* \(stage base takes sft.* from r1.pretrain\)\.$"),
+    ("r1.final.steps", 0, "config.r1.final.steps: must be a positive integer")])
+def test_bad_r1_config_fails_before_any_stage(tmp_path, key, value, match):
+  """Every stage's config is checked up front: a bad value that only a late stage (or the report) reads fails before
+  the first stage runs, with the key the user set."""
+  from grpo_jax import validate
+  c = _tiny_config()
+  group, name = key.rsplit(".", 1)
+  node = c
+  for part in group.split("."):
+    node = node[part]
+  node[name] = value
+  with pytest.raises(validate.ConfigError, match=match):
+    pipeline.run_pipeline(c, str(tmp_path))
+  assert os.listdir(tmp_path) == []
 
 
 # ------------------------------------------------------------------------------- oracle sampler for rejection
@@ -159,12 +187,12 @@ def _check_rejection_records(path, tok, config, n_prompts):
 
 def test_rejection_sampling_keeps_only_verified(tmp_path, tok, monkeypatch):
   c = _tiny_config()
-  from grpo_jax import checkpoint as ckpt_lib, model as model_lib, sharding
+  from grpo_jax import checkpoint as ckpt_lib, model as model_lib
   import jax
   mcfg = model_lib.ModelConfig.from_config(c.model)
   ckpt_lib.save_params(str(tmp_path / "params"), model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
   monkeypatch.setattr(evaluation, "make_generate", _oracle_make_generate(tok))
-  stats = pipeline.rejection_sample(c, str(tmp_path / "params"), str(tmp_path / "data.jsonl"))
+  stats = rejection.rejection_sample(c, str(tmp_path / "params"), str(tmp_path / "data.jsonl"))
   assert stats["kept_reasoning"] == 6 and stats["samples"] == 24 and stats["correct_frac"] == 0.5
   _check_rejection_records(tmp_path / "data.jsonl", tok, c, 6)
 
@@ -216,7 +244,7 @@ def _run_counting(c, wd, tok, kill_at=None):
 
 
 def _snapshot(wd: str) -> tuple[list[str], str]:
-  return [s for s in pipeline.STAGES if pipeline.stage_done(wd, s)], open(os.path.join(wd, "stages.log")).read()
+  return [s for s in layout.STAGES if layout.stage_done(wd, s)], open(os.path.join(wd, "stages.log")).read()
 
 
 # One tiny pipeline, killed twice and resumed twice. Each run is its own fixture (about a third of the compiles
@@ -248,16 +276,16 @@ def resumed_pipeline(rekilled_pipeline, tok):
 
 def test_killed_pipeline_leaves_only_finished_stages_done(killed_pipeline):
   wd, _, calls, done, log = killed_pipeline
-  assert calls == list(pipeline.STAGES[:4])  # base, r1_zero, r1_1 ran; r1_2 was entered and killed
-  assert done == list(pipeline.STAGES[:3])  # no DONE marker for the killed stage or any later one
+  assert calls == list(layout.STAGES[:4])  # base, r1_zero, r1_1 ran; r1_2 was entered and killed
+  assert done == list(layout.STAGES[:3])  # no DONE marker for the killed stage or any later one
   assert "r1_2_grpo start" in log and "r1_2_grpo done" not in log
   assert not os.path.exists(os.path.join(wd, "r1_2_grpo", "params"))
 
 
 def test_rerun_resumes_at_the_killed_stage(rekilled_pipeline):
   _, _, calls, done, log = rekilled_pipeline
-  assert calls == list(pipeline.STAGES[3:])  # nothing finished was redone; r1_5 entered and killed
-  assert done == list(pipeline.STAGES[:6])
+  assert calls == list(layout.STAGES[3:])  # nothing finished was redone; r1_5 entered and killed
+  assert done == list(layout.STAGES[:6])
   assert "r1_5_final done" not in log
 
 
@@ -265,7 +293,7 @@ def test_killed_pipeline_resumes_at_next_stage(resumed_pipeline):
   wd, _, calls, _ = resumed_pipeline
   assert calls == ["r1_5_final"]
   log = open(os.path.join(wd, "stages.log")).read().split("\n")
-  for stage in pipeline.STAGES:
+  for stage in layout.STAGES:
     starts = [l for l in log if l.split(" ")[1:3] == [stage, "start"]]
     dones = [l for l in log if l.split(" ")[1:3] == [stage, "done"]]
     # Every stage finished exactly once; only the killed stages were started twice (their first start had no done).
@@ -275,8 +303,8 @@ def test_killed_pipeline_resumes_at_next_stage(resumed_pipeline):
 
 def test_each_stage_wrote_its_outputs(resumed_pipeline, tok):
   wd, c, _, _ = resumed_pipeline
-  for stage in pipeline.STAGES:
-    assert pipeline.stage_done(wd, stage), stage
+  for stage in layout.STAGES:
+    assert layout.stage_done(wd, stage), stage
   for stage in ("base", "r1_1_cold_start", "r1_4_sft"):
     assert os.path.exists(os.path.join(wd, stage, "metrics.jsonl"))
   for stage in ("r1_zero", "r1_2_grpo", "r1_5_final"):
@@ -284,15 +312,15 @@ def test_each_stage_wrote_its_outputs(resumed_pipeline, tok):
     train_rows = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in train_rows] == [1, 2]
     # Every tracked statistic is logged every step, weighted or not.
-    for name in pipeline.TRACKED:
+    for name in r1_rewards.TRACKED:
       assert all(f"train/reward/{name}" in r for r in train_rows), (stage, name)
   _check_rejection_records(os.path.join(wd, "r1_3_rejection", "data.jsonl"), tok, c, c.r1.rejection.prompts)
 
 
 def test_report_compares_every_model(resumed_pipeline):
   wd, c, _, results = resumed_pipeline
-  from grpo_jax import report
-  assert set(results) == set(report.MODELS)
+  from grpo_jax.r1 import report
+  assert set(results) == set(layout.MODELS)
   for m in results.values():
     for k in ("accuracy_last_number", "accuracy_tagged", "format_rate", "language_consistency", "pass@2_tagged",
               "pass@1_last_number", "cons@2_last_number"):
@@ -303,9 +331,9 @@ def test_report_compares_every_model(resumed_pipeline):
   for png in ("r1_compare.png", "r1_zero_aha.png", "r1_2_grpo_curves.png", "r1_5_final_curves.png"):
     assert os.path.getsize(os.path.join(wd, "plots", png)) > 1000
   # A second call re-uses the cached held-out numbers (no model is re-evaluated).
-  before = {s: os.path.getmtime(os.path.join(wd, s, "heldout.json")) for s in report.MODELS}
+  before = {s: os.path.getmtime(os.path.join(wd, s, "heldout.json")) for s in layout.MODELS}
   report.write_report(c, wd)
-  assert before == {s: os.path.getmtime(os.path.join(wd, s, "heldout.json")) for s in report.MODELS}
+  assert before == {s: os.path.getmtime(os.path.join(wd, s, "heldout.json")) for s in layout.MODELS}
 
 
 def test_preempted_stage_is_not_marked_done(tmp_path, monkeypatch):
@@ -323,7 +351,7 @@ def test_preempted_stage_is_not_marked_done(tmp_path, monkeypatch):
 
   monkeypatch.setattr(pipeline, "_run_stage", lambda cfg, w, s: fake_stage(cfg, w, s, 1))  # base needs 2 steps
   assert pipeline.run_pipeline(c, str(tmp_path)) == {}
-  assert ran == ["base"] and not pipeline.stage_done(str(tmp_path), "base")
-  assert pipeline.checkpointed_steps(str(tmp_path / "base")) == 1
+  assert ran == ["base"] and not layout.stage_done(str(tmp_path), "base")
+  assert layout.checkpointed_steps(str(tmp_path / "base")) == 1
   assert "base stopped" in open(tmp_path / "stages.log").read()
-  assert pipeline.checkpointed_steps(str(tmp_path / "r1_zero")) == 0
+  assert layout.checkpointed_steps(str(tmp_path / "r1_zero")) == 0

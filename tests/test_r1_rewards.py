@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from grpo_jax import r1_rewards
+from grpo_jax.r1 import rewards as r1_rewards
 
 A, B = 0, 1  # language_N codes: 'a', 'b'
 
@@ -64,14 +64,6 @@ def test_harmless():
   for bad in ((), ("Ugh",), ("two words",)):
     with pytest.raises(ValueError, match="forbidden"):
       r1_rewards.make_harmless(bad)
-
-
-def test_last_number():
-  assert r1_rewards.last_number("so 5 - 71 = -66 ; so the answer is -66") == -66
-  assert r1_rewards.last_number("<answer> 42 </answer>") == 42
-  assert r1_rewards.last_number("take 5 - 3 = 2 ; 7") == 7
-  assert r1_rewards.last_number("no digits here") is None
-  assert r1_rewards.last_number("1 then 1234567890") is None  # over 9 digits: not a valid answer
 
 
 def test_python_fns_names():

@@ -78,7 +78,8 @@ def encode_prompts(task, examples, languages_N, tok, prompt_len: int) -> tuple[n
   return prompt, mask
 
 
-def _rl_batch(task, examples, languages_N, tok, prompt_len) -> dict[str, np.ndarray]:
+def rl_batch(task, examples, languages_N, tok, prompt_len) -> dict[str, np.ndarray]:
+  """Prompts (left-padded to prompt_len) and the task's fields of `examples`, asked in `languages_N`."""
   prompt, mask = encode_prompts(task, examples, languages_N, tok, prompt_len)
   out = {"prompt_NxP": prompt, "prompt_mask_NxP": mask, "language_N": languages_N,
          "index_N": np.asarray([ex["index"] for ex in examples], np.int32)}
@@ -96,7 +97,7 @@ def rl_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_prompts
   step = start_step
   while True:
     chosen = [examples[i] for i in _order(len(examples), seed, step, batch_prompts)]
-    yield _rl_batch(task, chosen, _languages(task_cfg, batch_prompts, seed, step), tok, prompt_len)
+    yield rl_batch(task, chosen, _languages(task_cfg, batch_prompts, seed, step), tok, prompt_len)
     step += 1
 
 
@@ -109,7 +110,7 @@ def eval_set(task_cfg, tok: tokenizer_lib.Tokenizer, n: int, prompt_len: int) ->
   examples = examples[:n]
   lang = _get(task_cfg, "language")
   langs = (np.arange(n) % 2 if lang == "mixed" else np.full(n, base.LANGUAGES.index(lang))).astype(np.int32)
-  return _rl_batch(task, examples, langs, tok, prompt_len)
+  return rl_batch(task, examples, langs, tok, prompt_len)
 
 
 def sft_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_size: int, seed: int, start_step: int,

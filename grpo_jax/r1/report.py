@@ -1,117 +1,17 @@
-"""Held-out comparison of the base, R1-Zero and every R1 stage: DIR/report.md, DIR/report.json, DIR/plots/r1_*.png.
-
-Every model is scored twice on the same held-out prompts: by the verifier (tagged accuracy: the format must hold
-and the <answer> body must be right) and by the LAST-NUMBER rule (the last integer the completion writes equals the
-answer; the only fair rule for a tag-less base model, applied to every model alike).
-"""
+"""DIR/report.md, DIR/report.json and DIR/plots/r1_*.png: every R1 model's held-out scores (r1/heldout.py) side by
+side, the verdicts, R1-Zero's training curves, the rejection-sampling statistics and the stage log."""
 from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
-import jax
 import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from grpo_jax import checkpoint as ckpt_lib
-from grpo_jax import evaluation
 from grpo_jax import metrics as metrics_lib
-from grpo_jax import model as model_lib
-from grpo_jax import pipeline
-from grpo_jax import r1_rewards
-from grpo_jax import sampling
-from grpo_jax import sharding
-from grpo_jax.tasks import base
-from grpo_jax.tasks import data as data_lib
-from grpo_jax.tasks import tokenizer as tok_lib
-
-MODELS = ("base", "r1_zero", "r1_1_cold_start", "r1_2_grpo", "r1_4_sft", "r1_5_final")
-LABELS = {"base": "base", "r1_zero": "R1-Zero", "r1_1_cold_start": "R1 s1 cold-start", "r1_2_grpo": "R1 s2 GRPO",
-          "r1_4_sft": "R1 s4 SFT", "r1_5_final": "R1 s5 final"}
-
-
-class HeldOut:
-  """One greedy and one sampled generate function, compiled once and shared by every model."""
-
-  def __init__(self, config):
-    self.cfg, self.tok = config, tok_lib.load()
-    rep = config.r1.report
-    self.n, self.batch, self.pass_k = rep.n_samples, rep.batch, tuple(rep.pass_k)
-    for k in self.pass_k:
-      if k > self.n:
-        raise ValueError(f"r1.report.pass_k: k={k} exceeds r1.report.n_samples={self.n}; lower k")
-    self.mesh = sharding.make_mesh(config.mesh)
-    self.mcfg = model_lib.ModelConfig.from_config(config.model)
-    self.arrays = data_lib.eval_set(config.task, self.tok, rep.size, config.task.prompt_len)
-    common = dict(top_k=0, top_p=1.0, max_new_tokens=config.sampling.max_new_tokens, eos_id=self.tok.eos_id,
-                  pad_id=self.tok.pad_id)
-    mk = lambda greedy: evaluation.make_generate(
-        self.mcfg, sampling.SamplingConfig(temperature=config.sampling.temperature, greedy=greedy, **common),
-        self.mesh, config.task.name, self.tok.tag_ids)
-    self.greedy, self.sampled = mk(True), mk(False)
-    self.fns = r1_rewards.python_fns(config.sampling.max_new_tokens, tuple(config.r1.forbidden))
-
-  def _generate(self, fn, params, rng, repeat: int):
-    q = self.arrays["prompt_NxP"].shape[0]
-    per = self.batch // repeat
-    outs = []
-    for i, s in enumerate(range(0, q, per)):
-      chunk = {k: np.repeat(v[s:s + per], repeat, axis=0) for k, v in self.arrays.items()}
-      fields = {k: v for k, v in chunk.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
-      outs.append(jax.device_get(fn(params, chunk["prompt_NxP"], chunk["prompt_mask_NxP"], fields,
-                                    jax.random.fold_in(rng, i))))
-    tokens, mask, lengths, acc, fmt = [np.concatenate(x) for x in zip(*outs)]
-    comps = pipeline.completions_of(tokens, mask, self.tok.eos_id)
-    texts = [self.tok.decode(c) for c in comps]
-    answers_N = np.repeat(self.arrays["answer_N"], repeat)
-    last = [r1_rewards.last_number(t) for t in texts]
-    last_ok = np.asarray([a is not None and a == int(y) for a, y in zip(last, answers_N)], np.float32)
-    batch = {"language_N": np.repeat(self.arrays["language_N"], repeat)}
-    scores = pipeline.term_scores(texts, comps, batch, self.fns, acc, fmt)
-    return dict(scores, last_ok=last_ok, last=last, lengths=lengths.astype(np.float32), texts=texts,
-                spans=[evaluation.answer_span(list(c) + [self.tok.eos_id], self.tok.tag_ids) for c in comps])
-
-  def __call__(self, params, seed: int = 0) -> tuple[dict[str, float], list[str]]:
-    rng = jax.random.PRNGKey(seed)
-    g = self._generate(self.greedy, params, rng, 1)
-    m = {"accuracy_tagged": float(g["accuracy"].mean()), "accuracy_last_number": float(g["last_ok"].mean()),
-         "format_rate": float(g["format"].mean()), "language_consistency": float(g["language"].mean()),
-         "completion_len_mean": float(g["lengths"].mean()), "forbidden_rate": float(1 - g["harmless"].mean()),
-         "recheck_per_completion": float(g["recheck"].mean())}
-    s = self._generate(self.sampled, params, jax.random.fold_in(rng, 1), self.n)
-    n = self.n
-    for rule, ok, answers in (("tagged", s["accuracy"], s["spans"]), ("last_number", s["last_ok"], s["last"])):
-      ok_QxN = ok.reshape(-1, n)
-      for k in self.pass_k:
-        m[f"pass@{k}_{rule}"] = float(np.mean([evaluation.pass_at_k(n, int(c), k) for c in ok_QxN.sum(-1)]))
-      m[f"cons@{n}_{rule}"] = float(np.mean([
-          evaluation.cons_at_k(answers[i * n:(i + 1) * n], list(ok_QxN[i] > 0.5), n) for i in range(len(ok_QxN))]))
-    m["language_consistency_sampled"] = float(s["language"].mean())
-    return m, g["texts"][:4]
-
-
-def evaluate_stages(config, workdir: str) -> dict[str, dict[str, Any]]:
-  """Each finished model's held-out metrics, cached in DIR/<stage>/heldout.json (a restart re-uses them)."""
-  results, held = {}, None
-  for stage in MODELS:
-    path = os.path.join(workdir, stage, "heldout.json")
-    if os.path.exists(path):
-      with open(path) as f:
-        results[stage] = json.load(f)
-      continue
-    if not pipeline.stage_done(workdir, stage):
-      continue
-    held = held or HeldOut(config)
-    params = ckpt_lib.load_params(os.path.join(workdir, stage, "params"),
-                                  pipeline.abstract_params(held.mesh, held.mcfg))
-    m, texts = held(params, config.seed + 7)
-    results[stage] = dict(m, samples=texts)
-    with open(path + ".tmp", "w") as f:
-      json.dump(results[stage], f, indent=2)
-    os.replace(path + ".tmp", path)
-  return results
+from grpo_jax.r1 import heldout
+from grpo_jax.r1 import layout
 
 
 # --------------------------------------------------------------------------------------------------------- plots
@@ -123,12 +23,12 @@ def _save(fig: Figure, path: str) -> None:
 
 
 def plot_comparison(results: dict, keys: tuple[str, ...], path: str) -> None:
-  stages = [s for s in MODELS if s in results]
+  stages = [s for s in layout.MODELS if s in results]
   fig = Figure(figsize=(max(8, 1.6 * len(keys)), 4.2))
   ax = fig.add_subplot(1, 1, 1)
   w = 0.8 / max(len(stages), 1)
   for j, s in enumerate(stages):
-    ax.bar(np.arange(len(keys)) + j * w, [results[s].get(k, np.nan) for k in keys], w, label=LABELS[s])
+    ax.bar(np.arange(len(keys)) + j * w, [results[s].get(k, np.nan) for k in keys], w, label=layout.LABELS[s])
   ax.set_xticks(np.arange(len(keys)) + 0.4 - w / 2)
   ax.set_xticklabels(keys, rotation=20, fontsize=8)
   ax.set_ylim(0, 1.05)
@@ -140,7 +40,7 @@ def plot_comparison(results: dict, keys: tuple[str, ...], path: str) -> None:
 
 def plot_curves(workdir: str, stage: str, names: tuple[str, ...], path: str) -> bool:
   """One panel per metric of an RL stage's metrics.jsonl (the aha curve for R1-Zero)."""
-  mpath = os.path.join(workdir, stage)
+  mpath = layout.stage_dir(workdir, stage)
   if not os.path.exists(os.path.join(mpath, "metrics.jsonl")):
     return False
   rows = metrics_lib.read_metrics(mpath)
@@ -166,7 +66,7 @@ AHA = ("train/completion_len_mean", "train/reward/recheck", "train/reward/rechec
 
 
 def _first_last(workdir: str, stage: str, name: str) -> tuple[float, float] | None:
-  d = os.path.join(workdir, stage)
+  d = layout.stage_dir(workdir, stage)
   if not os.path.exists(os.path.join(d, "metrics.jsonl")):
     return None
   vals = [r[name] for r in metrics_lib.read_metrics(d) if name in r]
@@ -197,12 +97,13 @@ def _fmt(v) -> str:
 
 
 def write_report(config, workdir: str) -> dict:
-  results = evaluate_stages(config, workdir)
+  """Evaluates every finished model not yet cached, writes the report; returns stage -> held-out metrics."""
+  results = heldout.evaluate_stages(config, workdir)
   rep = config.r1.report
   n = rep.n_samples
   keys = ROWS + tuple(f"pass@{k}_{r}" for r in ("last_number", "tagged") for k in rep.pass_k) + \
       (f"cons@{n}_last_number", f"cons@{n}_tagged", "language_consistency_sampled")
-  stages = [s for s in MODELS if s in results]
+  stages = [s for s in layout.MODELS if s in results]
   plots_dir = os.path.join(workdir, "plots")
   plot_comparison(results, ("accuracy_last_number", "accuracy_tagged", f"pass@{max(rep.pass_k)}_last_number",
                             f"cons@{n}_last_number", "format_rate", "language_consistency"),
@@ -217,7 +118,7 @@ def write_report(config, workdir: str) -> dict:
            f"from {n} samples at temperature {config.sampling.temperature}. `last_number`: the last integer the "
            "completion writes equals the answer (the same rule for every model, the only fair one for the tag-less "
            "base); `tagged`: the verifier's accuracy (format must hold, <answer> body right).", "",
-           "| metric | " + " | ".join(LABELS[s] for s in stages) + " |",
+           "| metric | " + " | ".join(layout.LABELS[s] for s in stages) + " |",
            "|---|" + "---|" * len(stages)]
   for k in keys:
     lines.append(f"| {k} | " + " | ".join(_fmt(results[s].get(k, float("nan"))) for s in stages) + " |")
@@ -227,7 +128,7 @@ def write_report(config, workdir: str) -> dict:
     fl = _first_last(workdir, "r1_zero", name)
     if fl:
       lines.append(f"- `{name}`: {fl[0]:.3f} -> {fl[1]:.3f}")
-  rj = os.path.join(workdir, "r1_3_rejection", "stats.json")
+  rj = layout.rejection_stats(workdir)
   if os.path.exists(rj):
     with open(rj) as f:
       lines += ["", "## Rejection sampling (stage 3)", "", "```", json.dumps(json.load(f), indent=2), "```"]
@@ -243,7 +144,7 @@ def write_report(config, workdir: str) -> dict:
       lines.append(f"![{s}](plots/{s}_curves.png)")
   lines += ["", "## Greedy samples", ""]
   for s in stages:
-    lines.append(f"- {LABELS[s]}: `{(results[s].get('samples') or [''])[0]}`")
+    lines.append(f"- {layout.LABELS[s]}: `{(results[s].get('samples') or [''])[0]}`")
   with open(os.path.join(workdir, "report.md"), "w") as f:
     f.write("\n".join(lines) + "\n")
   with open(os.path.join(workdir, "report.json"), "w") as f:

@@ -1,6 +1,6 @@
-"""R1's Python reward terms: language consistency, re-check statistics, brevity, harmlessness.
+"""R1's Python reward terms (language consistency, re-check statistics, brevity, harmlessness) and each stage's mix.
 
-Every function has the `rewards.PyRewardFn` signature `fn(texts, token_ids, batch_np) -> list[float]` (texts are the
+Every term has the `rewards.PyRewardFn` signature `fn(texts, token_ids, batch_np) -> list[float]` (texts are the
 completions decoded without EOS; `batch_np` rows are the G-tiled RL batch, so `language_N[i]` is row i's prompt
 language). They run on the host through `jax.pure_callback`; a weight-0 term is still logged as
 `train/reward/<name>` every step, which is how R1-Zero's "aha" statistics are tracked.
@@ -8,15 +8,14 @@ language). They run on the host through `jax.pure_callback`; a weight-0 term is 
 from __future__ import annotations
 
 import re
-from typing import Callable, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from grpo_jax.rewards import PyRewardFn
 from grpo_jax.tasks import base, cot
 
-PyFn = Callable[[Sequence[str], Sequence[Sequence[int]], dict], list[float]]
 _WORD_RE = re.compile(r"[a-z]+")
-_NUMBER_RE = re.compile(r"-?[0-9]+")
 
 
 def _languages(batch: dict, n: int) -> list[str]:
@@ -49,7 +48,7 @@ def recheck_fixed(texts: Sequence[str], token_ids, batch: dict) -> list[float]:
   return [float(cot.recheck_stats(t)[1]) for t in texts]
 
 
-def make_brevity(max_tokens: int) -> PyFn:
+def make_brevity(max_tokens: int) -> PyRewardFn:
   """Helpfulness proxy: 1 - length / max_tokens (shorter answers read faster); 0 at or beyond the limit."""
   if max_tokens <= 0:
     raise ValueError(f"max_tokens={max_tokens} must be > 0 (use sampling.max_new_tokens)")
@@ -60,7 +59,7 @@ def make_brevity(max_tokens: int) -> PyFn:
   return brevity
 
 
-def make_harmless(forbidden: Sequence[str]) -> PyFn:
+def make_harmless(forbidden: Sequence[str]) -> PyRewardFn:
   """Harmlessness proxy: 1 if the completion writes none of the forbidden words, else 0."""
   bad = set(forbidden)
   if not bad or any(not _WORD_RE.fullmatch(w) for w in bad):
@@ -72,15 +71,35 @@ def make_harmless(forbidden: Sequence[str]) -> PyFn:
   return harmless
 
 
-def last_number(text: str) -> int | None:
-  """The rule that scores every model alike, tagged or not: the last integer the completion writes."""
-  found = _NUMBER_RE.findall(text)
-  if not found or len(found[-1].lstrip("-")) > cot.MAX_DIGITS:
-    return None
-  return int(found[-1])
-
-
-def python_fns(max_tokens: int, forbidden: Sequence[str]) -> dict[str, PyFn]:
+def python_fns(max_tokens: int, forbidden: Sequence[str]) -> dict[str, PyRewardFn]:
   """Every Python term the R1 configs may name in `rewards`."""
   return {"language": language_consistency, "recheck": recheck_count, "recheck_fixed": recheck_fixed,
           "brevity": make_brevity(max_tokens), "harmless": make_harmless(forbidden)}
+
+
+def config_fns(config) -> dict[str, PyRewardFn]:
+  """`python_fns` for a run: brevity relative to `sampling.max_new_tokens`, harmlessness over `r1.forbidden`."""
+  return python_fns(config.sampling.max_new_tokens, tuple(config.r1.forbidden))
+
+
+# Logged as weight-0 terms in every RL stage (train/reward/<name> each step) when the stage does not weight them.
+TRACKED = ("format", "accuracy", "language", "recheck", "recheck_fixed", "brevity", "harmless")
+
+
+def stage_rewards(weighted: Sequence[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
+  """The stage's weighted terms, then every other TRACKED term at weight 0 (computed and logged, not rewarded)."""
+  names = [n for n, _ in weighted]
+  return tuple((n, float(w)) for n, w in weighted) + tuple((n, 0.0) for n in TRACKED if n not in names)
+
+
+def term_scores(texts, ids, batch, fns: dict[str, PyRewardFn], acc_N, fmt_N) -> dict[str, np.ndarray]:
+  """Every TRACKED term for host-side completions (accuracy/format from the in-graph verifiers)."""
+  out = {"accuracy": np.asarray(acc_N, np.float32), "format": np.asarray(fmt_N, np.float32)}
+  for name in TRACKED:
+    if name not in out:
+      out[name] = np.asarray(fns[name](texts, ids, batch), np.float32)
+  return out
+
+
+def weighted_sum(scores: dict[str, np.ndarray], rewards: Sequence[tuple[str, float]]) -> np.ndarray:
+  return sum(float(w) * scores[n] for n, w in rewards)

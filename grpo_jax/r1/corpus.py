@@ -1,0 +1,147 @@
+"""The SFT-side data of R1: the base's raw pre-training text, the cold-start set, stage 4's records, packed batches.
+
+Every batch is a pure function of (seed, step), so a resumed stage sees exactly the batches it would have seen.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Callable, Iterator, Sequence
+
+import ml_collections
+import numpy as np
+
+from grpo_jax.tasks import base, cot
+from grpo_jax.tasks import data as data_lib
+
+Batches = Callable[[int], Iterator[dict[str, np.ndarray]]]  # start_step -> endless SFT batches (train.run_sft)
+
+
+def _other(lang: str) -> str:
+  return "b" if lang == "a" else "a"
+
+
+def mixed_solution(ex: dict, lang: str, mistake: bool, tagged: bool, switch_at: int) -> str:
+  """Worked solution whose steps from index `switch_at` on (and the ending) are in the other language."""
+  own = cot.solution(ex, lang, mistake, tagged).split(";")
+  other = cot.solution(ex, _other(lang), mistake, tagged).split(";")
+  return ";".join(own[:switch_at] + other[switch_at:])
+
+
+def insert_word(text: str, word: str, at: int) -> str:
+  """`word` placed before step `at` (>= 1, so a tagged text still starts with <think>)."""
+  parts = text.split(";")
+  parts[at] = f" {word}{parts[at]}"
+  return ";".join(parts)
+
+
+def pretrain_document(task, ex: dict, lang: str, rng: np.random.Generator, p) -> tuple[str, str]:
+  """(head, tail) text of one pre-training document; head is the R1-Zero prompt for web-like chat transcripts.
+
+  Plain documents (1 - template_frac): question + untagged worked solution. Chat transcripts (template_frac): the
+  R1-Zero prompt + a worked solution that uses the tags with probability tag_frac. Any document may switch
+  language mid-solution (mix_frac), carry an err-recheck-correct step (mistake_frac), or a forbidden word
+  (noise_frac): the raw web text that R1's later stages clean up.
+  """
+  template = rng.random() < p.template_frac
+  tagged = template and rng.random() < p.tag_frac
+  mistake = bool(rng.random() < p.mistake_frac)
+  n_parts = len(cot.solution(ex, lang, mistake, tagged).split(";"))
+  switch = int(rng.integers(1, n_parts)) if rng.random() < p.mix_frac else n_parts
+  body = mixed_solution(ex, lang, mistake, tagged, switch)
+  if rng.random() < p.noise_frac and n_parts > 2:
+    body = insert_word(body, str(rng.choice(list(p.forbidden))), int(rng.integers(1, n_parts - 1)))
+  if template:
+    return base.prompt(task, ex, lang), body
+  return "", task.question(ex, lang) + " " + body
+
+
+def pack(seqs: Sequence[tuple[list[int], list[int], bool]], tok, seq_len: int) -> dict[str, np.ndarray]:
+  """Right-padded SFT batch from (head ids, tail ids, loss on head too); loss never on bos; eos ends each row."""
+  n = len(seqs)
+  tokens = np.full((n, seq_len), tok.pad_id, np.int32)
+  mask = np.zeros((n, seq_len), np.int32)
+  loss = np.zeros((n, seq_len), np.int32)
+  for i, (head, tail, loss_on_head) in enumerate(seqs):
+    ids = [tok.bos_id] + list(head) + list(tail) + [tok.eos_id]
+    if len(ids) > seq_len:
+      raise ValueError(f"model.max_len={seq_len} is too short for a {len(ids)}-token SFT sequence; raise it")
+    tokens[i, :len(ids)] = ids
+    mask[i, :len(ids)] = 1
+    loss[i, (1 if loss_on_head else 1 + len(head)):len(ids)] = 1
+  positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
+  return {"tokens_NxT": tokens, "positions_NxT": positions, "mask_NxT": mask, "loss_mask_NxT": loss}
+
+
+def _epoch_order(n: int, seed: int, step: int, batch: int, what: str) -> np.ndarray:
+  """Row order of batch `step`: a fresh permutation per epoch, seeded by (what, seed, epoch)."""
+  pos = step * batch + np.arange(batch)
+  out = np.empty(batch, np.int64)
+  for e in np.unique(pos // n):
+    sel = pos // n == e
+    out[sel] = base.rng_for(what, seed, int(e)).permutation(n)[pos[sel] % n]
+  return out
+
+
+def pretrain_batches(config, tok, examples: list[dict]) -> Batches:
+  """The base's pre-training documents, drawn afresh for every (seed, step, row)."""
+  task = data_lib.make_task(config.task)
+  p = ml_collections.ConfigDict(dict(config.r1.pretrain.to_dict(), forbidden=tuple(config.r1.forbidden)))
+  batch = p.batch
+
+  def gen(start: int):
+    step = start
+    while True:
+      seqs = []
+      for j, idx in enumerate(_epoch_order(len(examples), config.seed, step, batch, "pretrain")):
+        rng = base.rng_for("pretrain_doc", config.seed, step, j)
+        lang = base.LANGUAGES[int(rng.integers(2))]
+        head, tail = pretrain_document(task, examples[idx], lang, rng, p)
+        seqs.append((tok.encode(head) if head else [], tok.encode(tail), True))
+      yield pack(seqs, tok, config.model.max_len)
+      step += 1
+  return gen
+
+
+def _cycle(config, tok, seqs, batch: int, what: str) -> Batches:
+  """Epochs over a fixed list of sequences, reshuffled per epoch."""
+  def gen(start: int):
+    step = start
+    while True:
+      yield pack([seqs[i] for i in _epoch_order(len(seqs), config.seed, step, batch, what)], tok,
+                 config.model.max_len)
+      step += 1
+  return gen
+
+
+def cold_start_batches(config, tok, examples: list[dict]) -> Batches:
+  """The small cold-start set: the first `examples` train problems, tagged, single-language, loss on completion."""
+  task = data_lib.make_task(config.task)
+  cs = config.r1.cold_start
+  fixed = []
+  for ex in examples[:cs.examples]:
+    rng = base.rng_for("cold_start", config.seed, ex["index"])
+    lang = base.LANGUAGES[int(rng.integers(2))] if config.task.language == "mixed" else config.task.language
+    sol = cot.solution(ex, lang, mistake=bool(rng.random() < cs.mistake_frac))
+    fixed.append((tok.encode(base.prompt(task, ex, lang)), tok.encode(sol), False))
+  return _cycle(config, tok, fixed, cs.batch, "cold_start_order")
+
+
+def records_batches(config, tok, records: list[dict]) -> Batches:
+  """Stage 4's data: reasoning records (loss on the completion) and general text (loss on every token)."""
+  seqs = [(r["prompt_ids"], r["completion_ids"], r["kind"] == "general") for r in records]
+  return _cycle(config, tok, seqs, config.r1.sft2.batch, "sft2_order")
+
+
+def write_records(path: str, records: list[dict]) -> None:
+  """One JSON object per line, through a temporary file: the file exists whole or not at all."""
+  tmp = path + ".tmp"
+  with open(tmp, "w") as f:
+    for r in records:
+      f.write(json.dumps(r) + "\n")
+  os.replace(tmp, path)
+
+
+def read_records(path: str) -> list[dict]:
+  with open(path) as f:
+    return [json.loads(line) for line in f if line.strip()]

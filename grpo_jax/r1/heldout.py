@@ -1,0 +1,94 @@
+"""Held-out scores of every finished R1 model, through `evaluation.Evaluator` on `r1.report`'s prompts and sizes.
+
+Every model is scored twice on the same prompts: by the verifier (tagged accuracy: the format must hold and the
+<answer> body must be right) and by the LAST-NUMBER rule (the last integer the completion writes equals the answer;
+the only fair rule for a tag-less base model, applied to every model alike).
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import jax
+import numpy as np
+
+from grpo_jax import checkpoint as ckpt_lib
+from grpo_jax import evaluation
+from grpo_jax import model as model_lib
+from grpo_jax import sharding
+from grpo_jax import state as state_lib
+from grpo_jax.r1 import layout
+from grpo_jax.r1 import rewards as r1_rewards
+from grpo_jax.r1 import stage_config
+from grpo_jax.tasks import cot
+from grpo_jax.tasks import data as data_lib
+from grpo_jax.tasks import tokenizer as tok_lib
+
+_NUMBER_RE = re.compile(r"-?[0-9]+")
+READINGS = ("language", "harmless", "recheck")  # the R1 reward terms read off every completion
+
+
+def last_number(text: str) -> int | None:
+  """The rule that scores every model alike, tagged or not: the last integer the completion writes."""
+  found = _NUMBER_RE.findall(text)
+  if not found or len(found[-1].lstrip("-")) > cot.MAX_DIGITS:
+    return None
+  return int(found[-1])
+
+
+def last_number_rule(ro: evaluation.Rollouts) -> tuple[np.ndarray, list[int | None]]:
+  """(right_N, the numbers voted on in cons@n) under the last-number rule."""
+  last = [last_number(t) for t in ro.texts]
+  ok = np.asarray([a is not None and a == int(y) for a, y in zip(last, ro.fields["answer_N"])], np.float32)
+  return ok, last
+
+
+def make_evaluator(config) -> evaluation.Evaluator:
+  """One Evaluator (greedy and sampled generate, compiled once) shared by every model."""
+  c = stage_config.for_heldout(config)
+  tok = tok_lib.for_config(c)
+  fns = r1_rewards.config_fns(c)
+  return evaluation.Evaluator(c, model_lib.ModelConfig.from_config(c.model), tok, sharding.make_mesh(c.mesh),
+                              data_lib.eval_set(c.task, tok, c.eval.size, c.task.prompt_len),
+                              readings={name: fns[name] for name in READINGS})
+
+
+def heldout_metrics(ev: evaluation.Evaluator, params, seed: int) -> tuple[dict[str, float], list[str]]:
+  """The report's metrics of one model, and its first greedy completions."""
+  rng = jax.random.PRNGKey(seed)
+  g = ev.rollouts(params, rng)
+  m = {"accuracy_tagged": float(g.accuracy_N.mean()), "accuracy_last_number": float(last_number_rule(g)[0].mean()),
+       "format_rate": float(g.format_N.mean()), "language_consistency": float(g.readings["language"].mean()),
+       "completion_len_mean": float(g.lengths_N.astype(np.float32).mean()),
+       "forbidden_rate": float(1 - g.readings["harmless"].mean()),
+       "recheck_per_completion": float(g.readings["recheck"].mean())}
+  s = ev.rollouts(params, jax.random.fold_in(rng, 1), sampled=True)
+  n, pass_k = ev.cfg.eval.n_samples, ev.cfg.eval.pass_k
+  for rule, (ok, answers) in (("tagged", (s.accuracy_N, s.answers_N)), ("last_number", last_number_rule(s))):
+    m.update({f"{k}_{rule}": v for k, v in evaluation.group_metrics(ok, answers, n, pass_k).items()})
+  m["language_consistency_sampled"] = float(s.readings["language"].mean())
+  return m, g.texts[:4]
+
+
+def evaluate_stages(config, workdir: str) -> dict[str, dict[str, Any]]:
+  """Each finished model's held-out metrics, cached in DIR/<stage>/heldout.json (a restart re-uses them)."""
+  results, ev = {}, None
+  for stage in layout.MODELS:
+    path = os.path.join(layout.stage_dir(workdir, stage), "heldout.json")
+    if os.path.exists(path):
+      with open(path) as f:
+        results[stage] = json.load(f)
+      continue
+    if not layout.stage_done(workdir, stage):
+      continue
+    ev = ev or make_evaluator(config)
+    params = ckpt_lib.load_params(layout.params_path(workdir, stage),
+                                  state_lib.abstract_params(ev.mesh, model_lib.ModelConfig.from_config(config.model)))
+    m, texts = heldout_metrics(ev, params, config.seed + 7)
+    results[stage] = dict(m, samples=texts)
+    with open(path + ".tmp", "w") as f:
+      json.dump(results[stage], f, indent=2)
+    os.replace(path + ".tmp", path)
+  return results

@@ -1,0 +1,111 @@
+"""Stage 3, rejection sampling: N samples per train prompt from the stage-2 policy; the best verified ones, plus
+general (tag-free) task text, become stage 4's SFT set."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Sequence
+
+import jax
+import numpy as np
+
+from grpo_jax import checkpoint as ckpt_lib
+from grpo_jax import evaluation
+from grpo_jax import model as model_lib
+from grpo_jax import sampling
+from grpo_jax import sharding
+from grpo_jax import state as state_lib
+from grpo_jax.r1 import corpus
+from grpo_jax.r1 import rewards as r1_rewards
+from grpo_jax.tasks import base, cot
+from grpo_jax.tasks import data as data_lib
+from grpo_jax.tasks import tokenizer as tok_lib
+
+
+def select_samples(reward_N: np.ndarray, correct_N: np.ndarray, formatted_N: np.ndarray,
+                   completions: Sequence[tuple[int, ...]], keep: int) -> list[int]:
+  """Indices of at most `keep` samples of ONE prompt: verified correct and well-formed, distinct completions,
+  highest reward first (ties: earliest sample)."""
+  order = sorted(range(len(completions)), key=lambda i: (-float(reward_N[i]), i))
+  out, seen = [], set()
+  for i in order:
+    if not (correct_N[i] > 0.5 and formatted_N[i] > 0.5) or tuple(completions[i]) in seen:
+      continue
+    seen.add(tuple(completions[i]))
+    out.append(i)
+    if len(out) == keep:
+      break
+  return out
+
+
+def _prompt_languages(config, n: int) -> np.ndarray:
+  if config.task.language == "mixed":
+    return base.rng_for("rejection_lang", config.seed).integers(0, 2, n).astype(np.int32)
+  return np.full(n, base.LANGUAGES.index(config.task.language), np.int32)
+
+
+def _general_records(config, task, tok, examples: list[dict], n: int) -> list[dict]:
+  """`n` tag-free worked solutions of random train problems: stage 4's general (non-reasoning) text."""
+  out, rng = [], base.rng_for("general", config.seed)
+  for j in rng.permutation(len(examples))[:n]:
+    ex = examples[int(j)]
+    lang = base.LANGUAGES[int(rng.integers(2))] if config.task.language == "mixed" else config.task.language
+    text = task.question(ex, lang) + " " + cot.solution(ex, lang, tagged=False)
+    out.append({"kind": "general", "index": int(ex["index"]), "language": lang, "prompt_ids": [],
+                "completion_ids": tok.encode(text), "text": text, "reward": 0.0})
+  return out
+
+
+def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float]:
+  """Writes `out_path` (data.jsonl: reasoning, then general records) and stats.json beside it; returns the stats."""
+  rj, tok = config.r1.rejection, tok_lib.for_config(config)
+  mesh, mcfg = sharding.make_mesh(config.mesh), model_lib.ModelConfig.from_config(config.model)
+  params = ckpt_lib.load_params(params_path, state_lib.abstract_params(mesh, mcfg))
+  task = data_lib.make_task(config.task)
+  examples = data_lib.load_examples(config.task, "train")
+  pick = base.rng_for("rejection_prompts", config.seed).permutation(len(examples))[:rj.prompts]
+  chosen = [examples[i] for i in pick]
+  langs = _prompt_languages(config, len(chosen))
+  scfg = sampling.SamplingConfig(temperature=rj.temperature, top_k=0, top_p=1.0,
+                                 max_new_tokens=config.sampling.max_new_tokens, greedy=False,
+                                 eos_id=tok.eos_id, pad_id=tok.pad_id)
+  gen = evaluation.make_generate(mcfg, scfg, mesh, config.task.name, tok.tag_ids)
+  fns = r1_rewards.config_fns(config)
+  per_chunk = config.r1.report.batch // rj.n  # one generate batch holds r1.report.batch rows
+  records, n_samples, n_correct = [], 0, 0
+  rng = jax.random.PRNGKey(config.seed + 3)
+  for c0 in range(0, len(chosen), per_chunk):
+    exs, lg = chosen[c0:c0 + per_chunk], langs[c0:c0 + per_chunk]
+    pad = per_chunk - len(exs)  # fixed shapes: the last chunk repeats its first prompt, extra rows are dropped
+    exs_p, lg_p = exs + [exs[0]] * pad, np.concatenate([lg, np.repeat(lg[:1], pad)])
+    b = data_lib.rl_batch(task, exs_p, lg_p, tok, config.task.prompt_len)
+    rep = {k: np.repeat(v, rj.n, axis=0) for k, v in b.items()}
+    fields = {k: v for k, v in rep.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
+    tokens, mask, _, acc, fmt = evaluation.to_host(gen(params, rep["prompt_NxP"], rep["prompt_mask_NxP"], fields,
+                                                       jax.random.fold_in(rng, c0)))
+    comps = evaluation.completions(tokens, mask, tok.eos_id)
+    texts = [tok.decode(c) for c in comps]
+    reward = r1_rewards.weighted_sum(r1_rewards.term_scores(texts, comps, fields, fns, acc, fmt),
+                                     config.r1.grpo.rewards)
+    for q in range(len(exs)):
+      rows = slice(q * rj.n, (q + 1) * rj.n)
+      n_samples += rj.n
+      n_correct += int((acc[rows] > 0.5).sum())
+      lang = base.LANGUAGES[int(lg[q])]
+      for i in select_samples(reward[rows], acc[rows], fmt[rows], comps[rows], rj.keep_per_prompt):
+        k = q * rj.n + i
+        records.append({"kind": "reasoning", "index": int(exs[q]["index"]), "language": lang,
+                        "prompt_ids": tok.encode(base.prompt(task, exs[q], lang)),
+                        "completion_ids": list(comps[k]), "text": texts[k], "reward": float(reward[k])})
+  n_reason = len(records)
+  if n_reason == 0:
+    raise RuntimeError("rejection sampling kept no sample (no verified-correct, well-formed completion); train "
+                       "stage 2 longer (r1.grpo.steps) or sample more (r1.rejection.n)")
+  n_general = int(round(n_reason * rj.general_frac / (1 - rj.general_frac)))
+  records += _general_records(config, task, tok, examples, n_general)
+  corpus.write_records(out_path, records)  # the stage counts as done only once the whole file exists
+  stats = {"prompts": len(chosen), "samples": n_samples, "correct_frac": n_correct / max(n_samples, 1),
+           "kept_reasoning": n_reason, "general": n_general}
+  with open(os.path.join(os.path.dirname(out_path), "stats.json"), "w") as f:
+    json.dump(stats, f, indent=2)
+  return stats

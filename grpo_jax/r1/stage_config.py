@@ -1,0 +1,111 @@
+"""The config each R1 stage runs with, derived from the run config's `r1` group, and its validation.
+
+A stage's SFT or RL loop (train.run_sft / run_rl) reads the shared keys (`sft.*`, `train.steps`, `rewards`, ...);
+`stage_config` writes the stage's `r1.<stage>` values into them, so every stage sees one plain config.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import ml_collections
+
+from grpo_jax import validate as validate_lib
+from grpo_jax.r1 import layout
+from grpo_jax.r1 import rewards as r1_rewards
+from grpo_jax.tasks import tokenizer as tok_lib
+
+SFT_STAGES = {"base": "pretrain", "r1_1_cold_start": "cold_start", "r1_4_sft": "sft2"}  # stage -> r1 group
+RL_STAGES = {"r1_zero": "zero", "r1_2_grpo": "grpo", "r1_5_final": "final"}
+# The keys the validation below checks, by kind.
+_POSITIVE = ("pretrain.steps", "pretrain.batch", "zero.steps", "cold_start.examples", "cold_start.steps",
+             "cold_start.batch", "grpo.steps", "rejection.prompts", "rejection.n", "rejection.keep_per_prompt",
+             "sft2.steps", "sft2.batch", "final.steps")
+_PROBS = ("pretrain.template_frac", "pretrain.tag_frac", "pretrain.mix_frac", "pretrain.mistake_frac",
+          "pretrain.noise_frac", "cold_start.mistake_frac", "rejection.general_frac")
+
+
+def derive(config, updates: dict[str, Any]) -> ml_collections.ConfigDict:
+  """An unlocked copy of `config` with `group -> {key: value}` updates (`rewards` is replaced whole)."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  for group, vals in updates.items():
+    if group == "rewards":
+      c.rewards = tuple((str(n), float(w)) for n, w in vals)
+    else:
+      c[group].update(vals)
+  return c
+
+
+def expected_steps(config, stage: str) -> int | None:
+  """The last step of an SFT/RL stage's loop (None for rejection sampling, which has no loop)."""
+  group = SFT_STAGES.get(stage) or RL_STAGES.get(stage)
+  return None if group is None else config.r1[group].steps
+
+
+def for_stage(config, stage: str) -> ml_collections.ConfigDict:
+  """The config `stage` runs with. SFT stages: `sft.*` from their group, with no in-loop eval (the report evaluates
+  every stage's final params the same way). RL stages: their steps, and their reward mix with every other tracked
+  term at weight 0. Rejection sampling reads `r1.rejection` from the run config itself."""
+  if stage in SFT_STAGES:
+    p = config.r1[SFT_STAGES[stage]]
+    return derive(config, {"sft": dict(steps=p.steps, batch=p.batch, lr=p.lr, warmup_steps=p.warmup_steps,
+                                       init_from="")})
+  if stage in RL_STAGES:
+    p = config.r1[RL_STAGES[stage]]
+    return derive(config, {"train": dict(steps=p.steps, init_from=""), "rewards": r1_rewards.stage_rewards(p.rewards)})
+  if stage in layout.STAGES:
+    return config
+  raise ValueError(f"stage={stage!r} is unknown; use one of {layout.STAGES}")
+
+
+def for_heldout(config) -> ml_collections.ConfigDict:
+  """The report's evaluation: `eval.*` set from `r1.report` (evaluation.Evaluator reads `eval`)."""
+  rep = config.r1.report
+  return derive(config, {"eval": dict(size=rep.size, batch=rep.batch, n_samples=rep.n_samples,
+                                      pass_k=tuple(rep.pass_k))})
+
+
+def validate(config, stages) -> None:
+  """The `r1` keys, and the config of every stage in `stages`, checked before anything compiles."""
+  r1 = config.r1
+  for k in _POSITIVE:
+    validate_lib.positive_int(config, "r1." + k)
+  for k in _PROBS:
+    validate_lib.prob(config, "r1." + k)
+  if r1.rejection.general_frac >= 1:
+    validate_lib.fail("r1.rejection.general_frac", "must be < 1: the SFT set needs some rejection-sampled reasoning.")
+  if config.task.name not in ("arith", "countdown"):
+    validate_lib.fail("task.name", "the R1 pipeline needs reference worked solutions; use 'arith' or 'countdown'.")
+  for group in RL_STAGES.values():
+    for name, _ in r1[group].rewards:
+      if name not in r1_rewards.TRACKED:
+        validate_lib.fail(f"r1.{group}.rewards", f"unknown term {name!r}; choose from {sorted(r1_rewards.TRACKED)}.")
+  try:
+    r1_rewards.make_harmless(tuple(r1.forbidden))
+  except ValueError as e:
+    validate_lib.fail("r1.forbidden", str(e))
+  stages = tuple(stages)
+  known = all(s in layout.STAGES for s in stages)
+  if not stages or not known or list(stages) != sorted(stages, key=layout.STAGES.index):
+    validate_lib.fail("r1.stages", f"{stages!r} must be stage names in pipeline order, from {layout.STAGES}.")
+  n_dev, tok = jax.device_count(), tok_lib.for_config(config)
+  mesh = validate_lib.validate_mesh(config, n_dev)
+  validate_lib.validate_eval(config, mesh["data"] * mesh["fsdp"], group="r1.report")
+  if r1.rejection.n > r1.report.batch:
+    validate_lib.fail("r1.rejection.n", f"must be <= r1.report.batch={r1.report.batch} (one generate batch).")
+  rows, data_par = r1.report.batch // r1.rejection.n * r1.rejection.n, mesh["data"] * mesh["fsdp"]
+  if rows % data_par:
+    validate_lib.fail("r1.rejection.n", f"a rejection-sampling batch holds r1.report.batch // n * n = {rows} rows, "
+                      f"which mesh data*fsdp={data_par} must divide; pick n dividing r1.report.batch.")
+  if not (isinstance(r1.rejection.temperature, (int, float)) and r1.rejection.temperature > 0):
+    validate_lib.fail("r1.rejection.temperature", f"must be > 0, got {r1.rejection.temperature!r}.")
+  for stage in stages:
+    if stage not in SFT_STAGES and stage not in RL_STAGES:
+      continue
+    check = validate_lib.validate_sft if stage in SFT_STAGES else validate_lib.validate_rl
+    try:
+      check(for_stage(config, stage), n_dev, tok)
+    except validate_lib.ConfigError as e:
+      taken = (f"sft.steps/batch/lr/warmup_steps from r1.{SFT_STAGES[stage]}" if stage in SFT_STAGES
+               else f"train.steps and rewards from r1.{RL_STAGES[stage]}")
+      raise validate_lib.ConfigError(f"{str(e).rstrip('.')} (stage {stage} takes {taken}).") from None
