@@ -2,7 +2,8 @@
 
 Tasks with an in-graph verifier (arith, countdown) score inside the generate program; tasks verified in Python
 (GSM8K: math_answer on decoded text) generate in-graph, gather the rows to the host and score them there with the
-same function their training reward uses (HOST_VERIFIERS). Either way every process computes the same metrics.
+same function their training reward uses (the task's host_verifier in tasks/registry.py). Either way every process
+computes the same metrics.
 """
 import collections
 import math
@@ -16,18 +17,12 @@ from jax.experimental import multihost_utils
 
 from grpo_jax import sampling
 from grpo_jax import sharding
+from grpo_jax.tasks import registry
 from grpo_jax.tasks import verify_jax
 
-# task -> (tokenizer -> (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N)); answers vote in cons@k.
+# (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N); answers vote in cons@k. A task's
+# `host_verifier(tokenizer)` in tasks/registry.py returns one.
 HostVerifier = Callable[[np.ndarray, np.ndarray, dict], tuple[np.ndarray, np.ndarray, list]]
-
-
-def _gsm8k_verifier(tok) -> HostVerifier:
-  from grpo_jax.tasks import gsm8k
-  return gsm8k.host_verifier(tok)
-
-
-HOST_VERIFIERS: dict[str, Callable[..., HostVerifier]] = {"gsm8k": _gsm8k_verifier}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -91,8 +86,8 @@ class Evaluator:
                host_verifier: HostVerifier | None = None):
     self.cfg, self.tok, self.mesh = config, tokenizer, mesh
     self.task = task or config.task.name
-    if host_verifier is None and self.task in HOST_VERIFIERS:
-      host_verifier = HOST_VERIFIERS[self.task](tokenizer)
+    if host_verifier is None and registry.get(self.task).host_verifier is not None:
+      host_verifier = registry.get(self.task).host_verifier(tokenizer)
     self.host_verifier = host_verifier
     # In-graph tasks keep make_generate's 5-argument call (tests substitute make_generate with that signature).
     host = {} if host_verifier is None else {"in_graph": False}

@@ -35,6 +35,7 @@ from grpo_jax import state as state_lib
 from grpo_jax import train
 from grpo_jax.tasks import base, cot
 from grpo_jax.tasks import data as data_lib
+from grpo_jax.tasks import registry as task_registry
 from grpo_jax.tasks import tokenizer as tok_lib
 
 STAGES = ("base", "r1_zero", "r1_1_cold_start", "r1_2_grpo", "r1_3_rejection", "r1_4_sft", "r1_5_final")
@@ -73,8 +74,9 @@ def validate(config) -> None:
     v._prob(config, "r1." + k)
   if r1.rejection.general_frac >= 1:
     v._fail("r1.rejection.general_frac", "must be < 1: the SFT set needs some rejection-sampled reasoning.")
-  if config.task.name not in ("arith", "countdown"):
-    v._fail("task.name", "the R1 pipeline needs reference worked solutions; use 'arith' or 'countdown'.")
+  if config.task.name not in task_registry.names("worked_solutions"):
+    v._fail("task.name", f"the R1 pipeline needs reference worked solutions; use one of "
+            f"{task_registry.names('worked_solutions')}.")
   known = set(TRACKED)
   for stage in ("zero", "grpo", "final"):
     for name, _ in r1[stage].rewards:
