@@ -1,4 +1,4 @@
-"""Seconds per GRPO step on the peers' workload (../shared/peers/trl_grpo_bench.py), same flags.
+"""Seconds per GRPO step on the peers' workload (grpo_jax/tasks/digits.py: the peers' TRL GRPO bench), same flags.
 
 Random-init Qwen2-shaped model with tied embeddings, prompts "what is A + B =", reward 1 if the answer's digits
 appear in the completion, β=0.04 (k3 in the loss), μ=1, lr 1e-5, temperature 1, L new tokens always decoded.
@@ -24,15 +24,14 @@ import time
 
 import numpy as np
 
-from grpo_jax import peer_workload
-from grpo_jax.peer_workload import BenchTokenizer, make_batches
+from grpo_jax.tasks import digits
 
 PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "peers")
 FLAGS = dict(hidden=64, layers=2, heads=4, kv=2, inter=128, vocab=512, prompts=8, G=8, L=64, steps=6)
 
 
 def bench_config(a):
-  c = peer_workload.bench_config(hidden=a.hidden, layers=a.layers, heads=a.heads, kv=a.kv, inter=a.inter,
+  c = digits.bench_config(hidden=a.hidden, layers=a.layers, heads=a.heads, kv=a.kv, inter=a.inter,
                                  vocab=a.vocab, prompts=a.prompts, G=a.G, L=a.L, dtype=a.dtype, remat=a.remat)
   c.model.attention = a.attention
   c.train.num_samples_logged = a.prompts * a.G  # every row's mask comes back: FLOPs count real tokens
@@ -52,11 +51,11 @@ class Ours:
     mesh = sharding.make_mesh(c.mesh)
     self.mcfg = model_lib.ModelConfig.from_config(c.model)
     tx = state_lib.make_optimizer(c.optim, 2 * a.steps + 2)
-    self.step = rl_step.make_rl_step(c, mesh, self.mcfg, tx, peer_workload.reward_spec(a.vocab),
-                                     BenchTokenizer(a.vocab))
+    self.step = rl_step.make_rl_step(c, mesh, self.mcfg, tx, digits.reward_spec(a.vocab),
+                                     digits.Tokenizer(a.vocab))
     self.state = state_lib.create_state(mesh, self.mcfg, tx, seed=0)
     self.p0 = jax.device_get(self.state["params"])
-    self.batches = make_batches(a.prompts, 10_000)
+    self.batches = digits.make_batches(a.prompts, 10_000)
     self.times, self.rewards, self.prompt_lens, self.completion_lens = [], [], [], []
     t0 = time.perf_counter()
     self._one()

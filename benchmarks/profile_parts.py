@@ -19,11 +19,11 @@ import jax.numpy as jnp
 import optax
 
 from grpo_jax import model as model_lib
-from grpo_jax import peer_workload
 from grpo_jax import rl_step
 from grpo_jax import sampling
 from grpo_jax import sharding
 from grpo_jax import state as state_lib
+from grpo_jax.tasks import digits
 
 FLAGS = dict(hidden=64, layers=2, heads=4, kv=2, inter=128, vocab=512, prompts=8, G=8, L=64, reps=5)
 YNN_OFF = {"xla_cpu_experimental_ynn_fusion_type": ""}
@@ -31,16 +31,16 @@ YNN_OFF = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 def parts(a, **model_over):
   """(name -> (fn, args)) for rollout, reference log-probs and one update, on the benchmark workload."""
-  c = peer_workload.bench_config(hidden=a.hidden, layers=a.layers, heads=a.heads, kv=a.kv, inter=a.inter,
+  c = digits.bench_config(hidden=a.hidden, layers=a.layers, heads=a.heads, kv=a.kv, inter=a.inter,
                                  vocab=a.vocab, prompts=a.prompts, G=a.G, L=a.L, dtype=a.dtype)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = dataclasses.replace(model_lib.ModelConfig.from_config(c.model), **model_over)
   tx = state_lib.make_optimizer(c.optim, 10)
-  tok = peer_workload.BenchTokenizer(a.vocab)
+  tok = digits.Tokenizer(a.vocab)
   scfg = sampling.SamplingConfig(temperature=1.0, max_new_tokens=a.L, eos_id=tok.eos_id, pad_id=tok.pad_id)
   params = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
   opt_state = tx.init(params)
-  batch = next(peer_workload.make_batches(a.prompts, 1))
+  batch = next(digits.make_batches(a.prompts, 1))
   prompt_NxP = jnp.repeat(jnp.asarray(batch["prompt_NxP"]), a.G, 0)
   pmask_NxP = jnp.repeat(jnp.asarray(batch["prompt_mask_NxP"]), a.G, 0)
   P = prompt_NxP.shape[1]

@@ -38,7 +38,7 @@ QWEN25_MATH_1P5B = dict(vocab_size=151_936, hidden=1536, layers=28, heads=12, kv
 
 
 def get_config(arg: str | None = None):
-  args = dict(a.split("=", 1) if "=" in a else (a, "1") for a in (arg or "").split(",") if a)
+  small = config_lib.parse_arg(arg, small=False).small
   c = config_lib.base_config()
   c.job = "grpo"
   c.model.update(dtype="bfloat16", remat="dots", **QWEN25_MATH_1P5B)
@@ -52,7 +52,7 @@ def get_config(arg: str | None = None):
   c.mesh.update(data=1, fsdp=-1, tensor=1)
   c.train.update(steps=1000, log_every=1, eval_every=100, ckpt_every=100, plot_every=100, sample_every=20)
   c.eval.update(size=1280, batch=64, n_samples=4, pass_k=(1, 4))
-  if "small" in args:
+  if small:
     c.model.update(vocab_size=512, hidden=32, layers=1, heads=2, kv_heads=1, head_dim=0, inter=64, max_len=160,
                    dtype="float32", remat="none")
     c.task.update(prompt_len=96, test_size=4, tokenizer="")  # the shipped sentencepiece tokenizer

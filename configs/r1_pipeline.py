@@ -14,8 +14,7 @@ from grpo_jax import config_lib
 
 
 def get_config(arg: str | None = None):
-  if arg not in (None, "", "small"):
-    raise ValueError(f"config arg {arg!r}: use nothing (default) or 'small'.")
+  small = config_lib.parse_arg(arg, small=False).small
   c = config_lib.base_config()
   c.job = "r1_pipeline"
   c.model.update(hidden=96, layers=2, heads=4, kv_heads=2, inter=256, max_len=136)
@@ -28,7 +27,7 @@ def get_config(arg: str | None = None):
   c.eval.update(size=64, batch=64, n_samples=4, pass_k=(1, 4))
   c.log.tensorboard = False
   # c.r1: config_lib's defaults are this experiment's recipe (docs/r1.md).
-  if arg == "small":
+  if small:
     # One-digit operands (200 distinct problems): a model this small learns them in a few hundred steps.
     c.task.update(max_digits=1, test_size=64)
     c.sampling.max_new_tokens = 48

@@ -9,14 +9,11 @@ stages are skipped. The "aha" statistics (length, re-checks, corrections, format
 every RL step as train/reward/<term> and drawn in DIR/plots/r1_zero_aha.png.
 """
 import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-import r1_pipeline  # noqa: E402  (configs/ is not a package when loaded by config_flags)
+from grpo_jax import config_lib
 
 
 def get_config(arg: str | None = None):
-  c = r1_pipeline.get_config(arg)
+  c = config_lib.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "r1_pipeline.py"), arg)
   c.r1.stages = ("base", "r1_zero")
   return c

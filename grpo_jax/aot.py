@@ -147,17 +147,17 @@ def compile_step(config: ml_collections.ConfigDict, devices: list, mesh_shape: d
   """Lowers and compiles the one-graph step (`rl_step`, or `ppo_step` with its critic when rl.algo == 'ppo') for
   `devices` on abstract sharded inputs; returns (compiled, seconds). `compiler_options` go to XLA for this compile
   only (e.g. {'xla_dump_to': DIR} for buffer_assignment_summary)."""
-  from grpo_jax import peer_workload
   from grpo_jax import ppo_step
   from grpo_jax import rl_step
   from grpo_jax import state as state_lib
+  from grpo_jax.tasks import digits
 
   config = ml_collections.ConfigDict(config.to_dict())
   config.mesh.update(mesh_shape)
   mesh = sharding.make_mesh(config.mesh, devices)
   mcfg = model_lib.ModelConfig.from_config(config.model)
   tx = state_lib.make_optimizer(config.optim, total_steps=1000)
-  spec = peer_workload.reward_spec(mcfg.vocab_size)
+  spec = digits.reward_spec(mcfg.vocab_size)
   critic = None
   if config.rl.algo == "ppo":
     mode = config.ppo.critic

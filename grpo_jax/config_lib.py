@@ -1,9 +1,26 @@
-"""The one base config every experiment overrides; `configs/*.py` start from `base_config()`.
+"""The one base config every experiment overrides, and the helpers config files share.
 
-Every key a step or loop reads is declared here, so `--config.x.y=v` on an unknown key fails at parse time and
-`validate.py` can check every value before anything compiles.
+Every key a step or loop reads is declared in `base_config()`, so `--config.x.y=v` on an unknown key fails at parse
+time and `validate.py` can check every value before anything compiles. `override` is the one way code sets keys by
+name (dotted keys, declared ones only, type-checked): ablation variants use it, and presets and sweeps are to.
+`parse_arg` reads a config file's `:arg`. They live in the package, not in configs/: config_flags loads config
+files by path, so code shared between them must be importable from any working directory.
 """
+import copy
+import difflib
+import importlib.util
+import numbers
+import os
+from typing import Any, Mapping
+
 import ml_collections
+import numpy as np
+
+SMALL_ALIASES = ("runlocal",)  # big_vision's name for the small variant; `small` is ours
+
+
+class ConfigError(ValueError):
+  """A bad config value; `main` prints the message alone (no traceback) and exits 2."""
 
 from grpo_jax.r1 import layout
 
@@ -89,3 +106,98 @@ def base_config() -> ml_collections.ConfigDict:
       report=dict(size=256, batch=128, n_samples=4, pass_k=(1, 4)),
   ))
   return c
+
+
+# --------------------------------------------------------------------------------------------- config helpers
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+  """A config file's `:arg` ("small,algo=rloo") as typed values; every name must be one of `defaults`.
+
+  A bare name sets a bool to True; `key=value` converts value to the type of the default. `runlocal` means
+  `small`. Anything else raises ConfigError naming the arg and the accepted ones (a typo must not silently run
+  the full job)."""
+  for k, v in defaults.items():
+    if not isinstance(v, (bool, int, float, str)):
+      raise TypeError(f"parse_arg default {k}={v!r}: use a bool, int, float or str (the type the arg converts to).")
+  out = ml_collections.ConfigDict(defaults)
+  accepted = ", ".join(k if isinstance(v, bool) else f"{k}=<{type(v).__name__}>" for k, v in defaults.items())
+  for item in filter(None, (a.strip() for a in (arg or "").split(","))):
+    key, has_value, text = item.partition("=")
+    if key in SMALL_ALIASES and "small" in defaults:
+      key = "small"
+    if key not in defaults:
+      raise ConfigError(f"config arg {item!r} is unknown; accepted: {accepted or 'none'}.")
+    default = defaults[key]
+    if isinstance(default, bool):
+      if has_value and text.lower() not in ("true", "false", "1", "0"):
+        raise ConfigError(f"config arg {item!r}: {key} is a flag; write {key} or {key}=false.")
+      out[key] = not has_value or text.lower() in ("true", "1")
+      continue
+    if not has_value:
+      raise ConfigError(f"config arg {item!r} needs a value: {key}=<{type(default).__name__}>.")
+    try:
+      out[key] = type(default)(text)
+    except ValueError:
+      raise ConfigError(f"config arg {item!r}: {key} takes a {type(default).__name__}.") from None
+  return out
+
+
+def _typed(key: str, old: Any, new: Any) -> Any:
+  """`new` as the declared type of `old` (int → float and list → tuple convert; nothing else does)."""
+  def bad(want: str):
+    raise ConfigError(f"config.{key}: override value {new!r} ({type(new).__name__}) is not {want}, the declared "
+                      "type in config_lib.base_config.")
+  if isinstance(old, ml_collections.ConfigDict):
+    example = f"{key}.{sorted(old.keys())[0]}" if old.keys() else f"{key}.<key>"
+    raise ConfigError(f"config.{key} is a section; override its keys one by one (e.g. '{example}').")
+  if old is None:
+    return new
+  if isinstance(old, bool):
+    return bool(new) if isinstance(new, (bool, np.bool_)) else bad("a bool")
+  if isinstance(old, numbers.Integral):
+    return int(new) if isinstance(new, numbers.Integral) and not isinstance(new, (bool, np.bool_)) else bad("an int")
+  if isinstance(old, numbers.Real):
+    return float(new) if isinstance(new, numbers.Real) and not isinstance(new, (bool, np.bool_)) else bad("a float")
+  if isinstance(old, str):
+    return new if isinstance(new, str) else bad("a str")
+  if isinstance(old, (tuple, list)):
+    def as_tuple(x):
+      return tuple(as_tuple(y) for y in x) if isinstance(x, (tuple, list)) else x
+    return as_tuple(new) if isinstance(new, (tuple, list)) else bad("a tuple")
+  return new if isinstance(new, type(old)) else bad(f"a {type(old).__name__}")
+
+
+def override(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """A copy of `config` with each dotted key ('rl.beta') set to its value, in order.
+
+  Only declared keys may be set, each with a value of its declared type; an unknown key, a section or a wrong
+  type raises ConfigError naming the key (one line). It is the one way code sets keys by name (ablation variants
+  today; algorithm presets and sweep points are to use it too), so all of them are checked the same way."""
+  out = copy.deepcopy(config)
+  for key, value in overrides.items():
+    if not isinstance(key, str) or not key:
+      raise ConfigError(f"config override key {key!r} must be a dotted string such as 'rl.beta'.")
+    node, path = out, []
+    for part in key.split("."):
+      if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+        where = "config" + "".join("." + p for p in path)
+        known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+        close = difflib.get_close_matches(part, known, n=1)
+        hint = f"did you mean '{'.'.join(path + close)}'?" if close else f"{where} has {', '.join(known) or 'no keys'}."
+        raise ConfigError(f"config.{key}: unknown key (not declared in config_lib.base_config); {hint}")
+      parent, node = node, node[part]
+      path.append(part)
+    parent[path[-1]] = _typed(key, node, value)
+  return out
+
+
+def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """`get_config(arg)` of the config file at `path`, loaded by path as config_flags does (so one config can
+  start from another without putting configs/ on sys.path)."""
+  if not os.path.isfile(path):
+    raise ConfigError(f"config file {path} does not exist.")
+  spec = importlib.util.spec_from_file_location("_config_" + os.path.splitext(os.path.basename(path))[0], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()

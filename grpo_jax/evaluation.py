@@ -2,9 +2,9 @@
 
 Tasks with an in-graph verifier (arith, countdown) score inside the generate program; tasks verified in Python
 (GSM8K: math_answer on decoded text) generate in-graph, gather the rows to the host and score them there with the
-same function their training reward uses (HOST_VERIFIERS). Either way every process computes the same metrics.
-`Evaluator.rollouts` hands the gathered, graded rows to callers that score more (the R1 report: the last-number rule,
-language consistency, forbidden words), through the same chunking, sampling and gather.
+same function their training reward uses (the task's host_verifier in tasks/registry.py). Either way every process
+computes the same metrics. `Evaluator.rollouts` hands the gathered, graded rows to callers that score more (the R1
+report: the last-number rule, language consistency, forbidden words), through the same chunking, sampling and gather.
 """
 import collections
 import math
@@ -18,18 +18,12 @@ from grpo_jax import rewards as rewards_lib
 from grpo_jax import sampling
 from grpo_jax import sharding
 from grpo_jax.r1 import rewards as r1_rewards
+from grpo_jax.tasks import registry
 from grpo_jax.tasks import verify_jax
 
-# task -> (tokenizer -> (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N)); answers vote in cons@k.
+# (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N); answers vote in cons@k. A task's
+# `host_verifier(tokenizer)` in tasks/registry.py returns one.
 HostVerifier = Callable[[np.ndarray, np.ndarray, dict], tuple[np.ndarray, np.ndarray, list]]
-
-
-def _gsm8k_verifier(tok) -> HostVerifier:
-  from grpo_jax.tasks import gsm8k
-  return gsm8k.host_verifier(tok)
-
-
-HOST_VERIFIERS: dict[str, Callable[..., HostVerifier]] = {"gsm8k": _gsm8k_verifier}
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -91,10 +85,10 @@ def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids:
 Reading = rewards_lib.PyRewardFn
 
 
-def default_readings(host_verifier: HostVerifier | None) -> dict[str, Reading]:
-  """`eval/language_consistency` for the in-graph tasks (arith, countdown): their chains of thought are written in
-  tasks/cot.py's two languages. A host-verified task (GSM8K: English text) has no such reading."""
-  if host_verifier is not None:
+def default_readings(task: str) -> dict[str, Reading]:
+  """`eval/language_consistency` for tasks with worked solutions (tasks/registry.py): their chains of thought are
+  written in tasks/cot.py's two languages. Other tasks (GSM8K: English text) have no such reading."""
+  if not registry.get(task).worked_solutions:
     return {}
   return {"language_consistency": r1_rewards.language_consistency}
 
@@ -143,10 +137,10 @@ class Evaluator:
                host_verifier: HostVerifier | None = None, readings: dict[str, Reading] | None = None):
     self.cfg, self.tok, self.mesh = config, tokenizer, mesh
     self.task = task or config.task.name
-    if host_verifier is None and self.task in HOST_VERIFIERS:
-      host_verifier = HOST_VERIFIERS[self.task](tokenizer)
+    if host_verifier is None and registry.get(self.task).host_verifier is not None:
+      host_verifier = registry.get(self.task).host_verifier(tokenizer)
     self.host_verifier = host_verifier
-    self.readings = default_readings(host_verifier) if readings is None else dict(readings)
+    self.readings = default_readings(self.task) if readings is None else dict(readings)
     # In-graph tasks keep make_generate's 5-argument call (tests substitute make_generate with that signature).
     host = {} if host_verifier is None else {"in_graph": False}
     self.arrays = eval_arrays

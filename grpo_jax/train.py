@@ -21,6 +21,7 @@ from grpo_jax import sharding
 from grpo_jax import state as state_lib
 from grpo_jax import validate
 from grpo_jax.tasks import data as data_lib
+from grpo_jax.tasks import registry as task_registry
 from grpo_jax.tasks import tokenizer as tok_lib
 
 
@@ -65,11 +66,8 @@ def _host_scalars(m: dict) -> dict[str, float]:
 
 
 def python_reward_fns(config, tokenizer=None) -> dict[str, rewards_lib.PyRewardFn]:
-  """Python reward terms a config may name (decoded-text verifiers that cannot run in-graph)."""
-  if config.task.name == "gsm8k":
-    from grpo_jax.tasks import gsm8k
-    return {"math_accuracy": gsm8k.make_math_reward(tokenizer or tok_lib.for_config(config))}
-  return {}
+  """Python reward terms a config may name (the task's decoded-text verifiers that cannot run in-graph)."""
+  return task_registry.get(config.task.name).python_rewards(tokenizer or tok_lib.for_config(config))
 
 
 def setup_common(config, workdir: str, validate_fn: Callable):
@@ -152,7 +150,7 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   n_prompts = rl.prompts_per_step * (rl.oversample if rl.dynamic_sampling else 1)
   batches = data_lib.rl_batches(config.task, tokenizer, "train", n_prompts, config.seed, start,
                                 config.task.prompt_len)
-  # Held-out eval verifies in-graph (arith, countdown) or on the host (GSM8K: evaluation.HOST_VERIFIERS).
+  # Held-out eval verifies in-graph or on the host (the task's host_verifier in tasks/registry.py).
   evaluator = evaluation.Evaluator(config, mcfg, tokenizer, mesh,
                                    data_lib.eval_set(config.task, tokenizer, config.eval.size,
                                                      config.task.prompt_len))

@@ -2,9 +2,8 @@
 import math
 from typing import Any
 
-
-class ConfigError(ValueError):
-  """A bad config value; `main` prints the message alone (no traceback) and exits 2."""
+from grpo_jax.config_lib import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch)
+from grpo_jax.tasks import registry
 
 
 ALGOS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gspo", "ppo")
@@ -14,7 +13,6 @@ KL_IN = ("loss", "reward")
 LOSS_AGG = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
-TASKS = ("arith", "countdown", "gsm8k")
 LANGUAGES = ("a", "b", "mixed")
 JOBS = ("grpo", "sft", "pretrain", "r1_pipeline")  # grpo runs every rl.algo, ppo included
 CRITICS = ("separate", "head")
@@ -54,6 +52,13 @@ def _choice(c, key, choices):
 _fail, _positive_int, _prob = fail, positive_int, prob
 
 
+def _task(c, offers: str, lacks: str):
+  """task.name must be a task of tasks/registry.py that offers `offers` (a TaskSpec field)."""
+  name, ok = c.task.name, registry.names(offers)
+  if name not in ok:
+    _fail("task.name", f"{'unknown task' if name not in registry.TASKS else lacks} {name!r}; choose one of {ok}.")
+
+
 def _get(c, key):
   for part in key.split("."):
     c = c[part]
@@ -90,7 +95,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   """Everything the one-graph RL step needs, checked on plain Python values."""
   validate_model(c)
   _choice(c, "job", JOBS)
-  _choice(c, "task.name", TASKS)
+  _task(c, "task_class", "no text examples for")
   _choice(c, "task.language", LANGUAGES)
   _choice(c, "rl.algo", ALGOS)
   _choice(c, "rl.kl_estimator", KL_ESTIMATORS)
@@ -189,7 +194,7 @@ def validate_tokenizer(c, tokenizer) -> None:
 
 def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:
   validate_model(c)
-  _choice(c, "task.name", TASKS)
+  _task(c, "worked_solutions", "no reference solutions to train on for")
   for k in ("sft.steps", "sft.batch", "task.prompt_len"):
     _positive_int(c, k)
   _nonneg(c, "sft.lr")

@@ -5,7 +5,7 @@ GRPO_JAX_PROCESS_ID=i` (read by `grpo_jax/multihost.py`); its output is streamed
 The exit code is 0 only if every process exits 0; when one fails the others are stopped after `--grace-s` (they
 would otherwise wait forever in a collective).
 
-  python launch/local_multiprocess.py -n 2 -m grpo_jax.main -- --config=configs/grpo_arith.py:runlocal --workdir=/tmp/r
+  python launch/local_multiprocess.py -n 2 -m grpo_jax.main -- --config=configs/grpo_arith.py:small --workdir=/tmp/r
   python launch/local_multiprocess.py -n 2 --devices-per-process 4 --script my_check.py
   python launch/local_multiprocess.py -n 2 -m grpo_jax.main --dry-run -- --config=...
 """

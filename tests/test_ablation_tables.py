@@ -1,35 +1,31 @@
 """The training tables' toy base model and cells, and table c's compiled-memory column, at tiny sizes."""
-import os
-import sys
-
 import jax
 import ml_collections
 import numpy as np
 import pytest
 
+from grpo_jax import config_lib
 from grpo_jax import model as model_lib
-from grpo_jax import peer_workload as pw
 from grpo_jax.ablations import memory_table
 from grpo_jax.ablations import toy
 from grpo_jax.ablations import train_table
-
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs", "ablations"))
-from _train_base import base  # noqa: E402
+from grpo_jax.tasks import digits
 
 
 def test_base_documents_follow_their_spec():
-  d = toy.base_documents(4000, L=8, vocab=32, p_correct=0.3, rng=np.random.default_rng(0))
-  comp, mask = d["tokens_NxT"][:, toy.P_LEN:], d["loss_mask_NxT"][:, toy.P_LEN:]
-  assert (d["loss_mask_NxT"][:, :toy.P_LEN] == 0).all()
+  d = digits.base_documents(4000, L=8, vocab=32, p_correct=0.3, rng=np.random.default_rng(0))
+  P = digits.TOY_PROMPT_LEN
+  comp, mask = d["tokens_NxT"][:, P:], d["loss_mask_NxT"][:, P:]
+  assert (d["loss_mask_NxT"][:, :P] == 0).all()
   n = mask.sum(1)
   assert n.min() == 2 and n.max() == 8                                     # answer + 0..6 fillers + EOS
-  assert (comp[np.arange(len(n)), n - 1] == pw.EOS).all()
-  assert ((comp >= pw.DIGIT0) & (comp < pw.DIGIT0 + 10))[:, 0].all()
+  assert (comp[np.arange(len(n)), n - 1] == digits.EOS).all()
+  assert ((comp >= digits.DIGIT0) & (comp < digits.DIGIT0 + 10))[:, 0].all()
   fill = comp[:, 1:][mask[:, 1:] > 0]
-  assert ((fill >= toy.FILLER0) | (fill == pw.EOS)).all()
-  assert (comp[mask == 0] == pw.PAD).all()
-  a, b = comp.shape[0], toy.P_LEN
-  answer = d["tokens_NxT"][:, 2] + d["tokens_NxT"][:, 4] - pw.DIGIT0       # DIGIT0 + a + b
+  assert ((fill >= digits.FILLER0) | (fill == digits.EOS)).all()
+  assert (comp[mask == 0] == digits.PAD).all()
+  a, b = comp.shape[0], P
+  answer = d["tokens_NxT"][:, 2] + d["tokens_NxT"][:, 4] - digits.DIGIT0       # DIGIT0 + a + b
   right = comp[:, 0] == answer
   # P(right) = 0.3 + 0.7/10 (a random digit can be right too).
   assert abs(right.mean() - 0.37) < 0.03, (a, b)
@@ -39,10 +35,10 @@ def test_base_documents_follow_their_spec():
 
 @pytest.fixture(scope="module")
 def tiny_cfg():
-  c = base("small", (("grpo", "algo=grpo"), ("ppo", "algo=ppo")))
+  c = train_table.table_config("small", (("grpo", {"rl.algo": "grpo"}), ("ppo", {"rl.algo": "ppo"})))
   c.seeds, c.steps, c.eval_every, c.base_steps = 2, 2, 1, 40
-  c.prompts, c.G, c.L = 2, 4, 4
-  c.model.update(hidden=16, inter=32)
+  c.run = config_lib.override(c.run, {"rl.prompts_per_step": 2, "rl.G": 4, "sampling.max_new_tokens": 4,
+                                      "model.hidden": 16, "model.inter": 32})
   return c
 
 
@@ -50,8 +46,9 @@ def test_base_model_learns_the_documents(tiny_cfg):
   """The pre-trained base answers right more often than a random init does (greedy, training prompts)."""
   mcfg = model_lib.ModelConfig.from_config(train_table.build_config(tiny_cfg, {}).model)
   p0 = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
-  base_params = toy.base_params(mcfg, tiny_cfg.L, 300, 1.0)
-  ev = toy.make_eval(mcfg, tiny_cfg.L, toy.train_set())
+  L = tiny_cfg.run.sampling.max_new_tokens
+  base_params = toy.base_params(mcfg, L, 300, 1.0)
+  ev = toy.make_eval(mcfg, L, digits.train_set())
   stacked = jax.tree.map(lambda a, b: np.stack([a, b]), p0, base_params)
   acc0, acc1 = np.asarray(ev(stacked))
   assert acc1 > acc0 and acc1 >= 0.4, (acc0, acc1)

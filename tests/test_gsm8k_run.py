@@ -1,6 +1,7 @@
 """configs/gsm8k_qwen.py:small end to end: 2 GRPO steps on mock GSM8K from a HF-format checkpoint (hf: hook), with
 the Python math reward called through jax.pure_callback and held-out eval verified on the host (steps 0 and 2);
 one run shared by the tests (module fixture)."""
+import dataclasses
 import json
 import re
 
@@ -10,11 +11,10 @@ import pytest
 import tensorflow_datasets as tfds
 
 from configs import gsm8k_qwen
-from grpo_jax import evaluation
 from grpo_jax import hf_io
 from grpo_jax import model as model_lib
 from grpo_jax import train
-from grpo_jax.tasks import gsm8k, math_answer
+from grpo_jax.tasks import gsm8k, math_answer, registry
 
 
 def _records(n):
@@ -42,10 +42,10 @@ def run(tmp_path_factory):
     return out
 
   verified = []
-  make_verifier = evaluation.HOST_VERIFIERS["gsm8k"]
+  spec = registry.TASKS["gsm8k"]
 
   def recording_verifier(tok):
-    verify = make_verifier(tok)
+    verify = spec.host_verifier(tok)
 
     def rec(tokens_NxL, mask_NxL, fields):
       out = verify(tokens_NxL, mask_NxL, fields)
@@ -56,12 +56,12 @@ def run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("run"))
   with config.unlocked():
     config.train.init_from = f"hf:{hf_dir}"
-  evaluation.HOST_VERIFIERS["gsm8k"] = recording_verifier
+  registry.TASKS["gsm8k"] = dataclasses.replace(spec, host_verifier=recording_verifier)
   try:
     with tfds.testing.mock_data(as_data_source_fn=_fake_source):
       train.run_rl(config, workdir, python_fns={"math_accuracy": recorded_reward})
   finally:
-    evaluation.HOST_VERIFIERS["gsm8k"] = make_verifier
+    registry.TASKS["gsm8k"] = spec
   with open(f"{workdir}/metrics.jsonl") as f:
     all_rows = [json.loads(l) for l in f]
   rows = [r for r in all_rows if "train/reward_mean" in r]

@@ -1,9 +1,12 @@
 """Table a's exact KL-estimator statistics against NumPy enumeration and jax.grad of the exact KLs."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from grpo_jax import config_lib
 from grpo_jax.ablations import kl_estimators as kle
 
 
@@ -104,13 +107,10 @@ def test_identical_policies_give_zero_everywhere():
 def test_run_cell_on_a_tiny_training_run():
   """Table a's cell end to end: 2 seeds × 2 β=0 GRPO steps from the toy base; the policy has moved (KL > 0) and
   the exact moments still say k1 and k3 are unbiased."""
-  import os
-  import sys
-  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "configs", "ablations"))
-  import kl_estimators as table_config
-  c = table_config.get_config("small")
+  c = config_lib.load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "ablations", "kl_estimators.py"),
+                             "small")
   c.seeds, c.steps, c.eval_every, c.base_steps = 2, 2, 1, 20
-  c.model.update(hidden=16, inter=32)
+  c.run = config_lib.override(c.run, {"model.hidden": 16, "model.inter": 32})
   cell = kle.run_cell(c, "lr=0.01", [0, 1])
   assert all(len(v) == 2 for v in cell["scalars"].values())
   assert min(cell["scalars"]["kl_exact"]) > 0

@@ -1,6 +1,6 @@
 """Two processes (jax.distributed on localhost, gloo) × 2 CPU devices give the same GRPO run as one process × 4.
 
-Both runs execute RUN_SCRIPT: the peers' workload (peer_workload: random Qwen2-shaped model, in-graph reward, no
+Both runs execute RUN_SCRIPT: the peers' workload (tasks/digits.py: random Qwen2-shaped model, in-graph reward, no
 tokenizer or dataset) on a data=2 × fsdp=2 mesh, so params are sharded across the two processes and every batch
 goes through train.device_batch; 2 GRPO steps, then a collective orbax checkpoint. Metrics and all-gathered final
 params must agree with the 1-process run within fp32 tolerance.
@@ -27,21 +27,22 @@ RUN_SCRIPT = textwrap.dedent("""
     multihost.maybe_initialize()
     import jax, numpy as np
     from jax.experimental import multihost_utils
-    from grpo_jax import checkpoint as ckpt_lib, model as model_lib, peer_workload as pw, rl_step, sharding
+    from grpo_jax import checkpoint as ckpt_lib, model as model_lib, rl_step, sharding
+    from grpo_jax.tasks import digits
     from grpo_jax import state as state_lib, train
     out = sys.argv[1]
-    c = pw.bench_config(hidden=32, layers=1, heads=2, kv=1, inter=64, vocab=16, prompts=4, G=4, L=8)  # 10 of 16 ids are digits: rewards vary
+    c = digits.bench_config(hidden=32, layers=1, heads=2, kv=1, inter=64, vocab=16, prompts=4, G=4, L=8)  # 10 of 16 ids are digits: rewards vary
     c.optim.lr = 1e-2  # large, so that two updates move the params visibly
     c.mesh.update(data=2, fsdp=2)
     mesh = sharding.make_mesh(c.mesh)
     mcfg = model_lib.ModelConfig.from_config(c.model)
     tx = state_lib.make_optimizer(c.optim, 2)
-    spec = pw.reward_spec(c.model.vocab_size)
+    spec = digits.reward_spec(c.model.vocab_size)
     step = rl_step.make_rl_step(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
     ck = ckpt_lib.Checkpointer(os.path.join(out, "checkpoints"), save_every=2, keep=1)
     state, _ = train.init_or_restore(c, out, mesh, mcfg, tx, ck, "")
     rows = []
-    for i, batch in enumerate(pw.make_batches(4, 2, seed=0)):
+    for i, batch in enumerate(digits.make_batches(4, 2, seed=0)):
       batch["answer_ids_NxA"][:, 1:] = -1  # reward: the sum's first digit appears (some do, some don't)
       state, m = step(state, train.device_batch(mesh, batch))
       rows.append({"step": i + 1, **{k: float(np.asarray(v)) for k, v in m.items()

@@ -4,15 +4,15 @@ import numpy as np
 import pytest
 
 from grpo_jax import model as model_lib
-from grpo_jax import peer_workload
 from grpo_jax import ppo_step
 from grpo_jax import sharding
 from grpo_jax import state as state_lib
+from grpo_jax.tasks import digits
 
 
 @pytest.mark.parametrize("mode", ["separate", "head"])
 def test_ppo_step_updates_policy_and_critic(mode):
-  c = peer_workload.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=2, G=4, L=8)
+  c = digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=2, G=4, L=8)
   c.rl.algo = "ppo"
   c.ppo.critic = mode
   c.optim.lr = 1e-3
@@ -20,7 +20,7 @@ def test_ppo_step_updates_policy_and_critic(mode):
   mcfg = model_lib.ModelConfig.from_config(c.model)
   tx = state_lib.make_optimizer(c.optim, 10)
   ctx = state_lib.make_optimizer(c.optim, 10, lr=1e-2)
-  spec = peer_workload.reward_spec(64)
+  spec = digits.reward_spec(64)
   init = lambda k, p: ppo_step.init_critic(mcfg, mode, k, p)
   abstract = jax.eval_shape(init, jax.random.PRNGKey(0),
                             jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0))))
@@ -32,7 +32,7 @@ def test_ppo_step_updates_policy_and_critic(mode):
                                   state["params"]["embed"]["embedding"])
   step = ppo_step.make_ppo_step(c, mesh, mcfg, tx, ctx, spec, spec.ctx.tokenizer)
   v0 = np.asarray(state["critic_params"]["v_head"]["kernel"]).copy()
-  batch = next(peer_workload.make_batches(2, 1, seed=3))
+  batch = next(digits.make_batches(2, 1, seed=3))
   batch["answer_ids_NxA"][:, 1:] = -1
   state, m = step(state, batch)
   state, m = step(state, batch)

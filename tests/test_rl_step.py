@@ -4,29 +4,29 @@ import numpy as np
 import pytest
 
 from grpo_jax import model as model_lib
-from grpo_jax import peer_workload
 from grpo_jax import rewards
 from grpo_jax import rl_step
 from grpo_jax import sharding
 from grpo_jax import state as state_lib
+from grpo_jax.tasks import digits
 
 TINY = dict(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
 
 
 def _setup(spec=None, **over):
-  c = peer_workload.bench_config(**{**TINY, **over})
+  c = digits.bench_config(**{**TINY, **over})
   c.optim.lr = 1e-3  # large enough that one update visibly moves a random model
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   tx = state_lib.make_optimizer(c.optim, 10)
-  spec = spec or peer_workload.reward_spec(c.model.vocab_size)
+  spec = spec or digits.reward_spec(c.model.vocab_size)
   step = rl_step.make_rl_step(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
   return c, mesh, mcfg, tx, step
 
 
 def _batches(c, n=3):
   """Single-digit answers: a random 64-token model hits them sometimes, so groups have reward variance."""
-  bs = list(peer_workload.make_batches(c.rl.prompts_per_step, n, seed=1))
+  bs = list(digits.make_batches(c.rl.prompts_per_step, n, seed=1))
   for b in bs:
     b["answer_ids_NxA"][:, 1:] = -1
   return bs
@@ -86,7 +86,7 @@ GOLDEN_LOSS_GRAD = [0.0, 0.29769]  # ρ = 1: the surrogate is Σ A = 0 per group
 
 def test_python_reward_path_matches_in_graph(three_steps):
   """The same reward through jax.pure_callback gives the same rewards, losses and updated params."""
-  spec = peer_workload.reward_spec(TINY["vocab"], python=True)
+  spec = digits.reward_spec(TINY["vocab"], python=True)
   c, mesh, mcfg, tx, step = _setup(spec=spec)
   state = state_lib.create_state(mesh, mcfg, tx, seed=0)
   state, m1 = step(state, _batches(c, 1)[0])
@@ -119,8 +119,8 @@ class _Switchable:
 def switchable_step():
   fn = _Switchable()
   fn.__name__ = "my_reward"
-  tok = peer_workload.BenchTokenizer(TINY["vocab"])
-  spec = rewards.build((("bad", 1.0),), rewards.Context("bench", tok), {"bad": fn})
+  tok = digits.Tokenizer(TINY["vocab"])
+  spec = rewards.build((("bad", 1.0),), rewards.Context(digits.TASK, tok), {"bad": fn})
   c, mesh, mcfg, tx, step = _setup(spec=spec)
   return fn, spec, c, mesh, mcfg, tx, step
 
@@ -147,12 +147,12 @@ def test_bad_python_reward_skips_update_and_names_function(switchable_step, kind
 
 def test_reward_fallback_is_counted():
   """With a fallback the bad scores are replaced per sample and counted; the host-side path alone."""
-  term = rewards.PythonTerm("bad", lambda t, i, b: [1.0, float("nan"), "x"], peer_workload.BenchTokenizer(8),
+  term = rewards.PythonTerm("bad", lambda t, i, b: [1.0, float("nan"), "x"], digits.Tokenizer(8),
                             fallback=-1.0)
   r, status, fb = term.host(np.ones((3, 2), np.int32) * 5, np.ones((3, 2), np.int32), {})
   assert int(status) == rewards.OK and int(fb) == 2
   np.testing.assert_array_equal(r, [1.0, -1.0, -1.0])
-  term = rewards.PythonTerm("bad", lambda t, i, b: 1 / 0, peer_workload.BenchTokenizer(8), fallback=0.0)
+  term = rewards.PythonTerm("bad", lambda t, i, b: 1 / 0, digits.Tokenizer(8), fallback=0.0)
   r, status, fb = term.host(np.ones((3, 2), np.int32), np.ones((3, 2), np.int32), {})
   assert int(status) == rewards.OK and int(fb) == 3 and "ZeroDivisionError" in term.last_error
 
@@ -163,7 +163,7 @@ def test_hanging_python_reward_times_out():
   def slow(texts, ids, batch):
     time.sleep(5)
     return [0.0] * len(texts)
-  term = rewards.PythonTerm("slow", slow, peer_workload.BenchTokenizer(8), timeout_s=0.2)
+  term = rewards.PythonTerm("slow", slow, digits.Tokenizer(8), timeout_s=0.2)
   r, status, fb = term.host(np.zeros((2, 3), np.int32), np.ones((2, 3), np.int32), {})
   assert int(status) == rewards.TIMEOUT
   assert "timed out" in term.error_message(int(status))

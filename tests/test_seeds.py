@@ -6,12 +6,12 @@ import numpy as np
 import pytest
 
 from grpo_jax import model as model_lib
-from grpo_jax import peer_workload
 from grpo_jax import rewards
 from grpo_jax import rl_step
 from grpo_jax import seeds as seeds_lib
 from grpo_jax import sharding
 from grpo_jax import state as state_lib
+from grpo_jax.tasks import digits
 
 TINY = dict(hidden=32, layers=1, heads=2, kv=1, inter=64, vocab=32, prompts=2, G=4, L=6)
 STEPS = 2
@@ -21,23 +21,23 @@ KEYS = ("train/reward_mean", "train/kl", "train/loss", "train/grad_norm", "train
 
 def _digit_fraction(tokens_NxL, mask_NxL, batch, ctx):
   """Fraction of completion tokens that are digits: a random model gets varied rewards, so updates are non-zero."""
-  is_digit = (tokens_NxL >= peer_workload.DIGIT0) & (tokens_NxL < peer_workload.DIGIT0 + 10)
+  is_digit = (tokens_NxL >= digits.DIGIT0) & (tokens_NxL < digits.DIGIT0 + 10)
   m = mask_NxL.astype(jnp.float32)
   return rewards.outcome(jnp.sum(is_digit * m, -1) / jnp.maximum(m.sum(-1), 1.0))
 
 
 def _setup(**rl):
-  c = peer_workload.bench_config(**TINY)
+  c = digits.bench_config(**TINY)
   c.optim.lr = 3e-3
   c.rl.update(**rl)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
-  tok = peer_workload.BenchTokenizer(c.model.vocab_size)
-  spec = rewards.RewardSpec(("digits",), (1.0,), (_digit_fraction,), {}, rewards.Context("bench", tok))
+  tok = digits.Tokenizer(c.model.vocab_size)
+  spec = rewards.RewardSpec(("digits",), (1.0,), (_digit_fraction,), {}, rewards.Context(digits.TASK, tok))
   return c, mesh, mcfg, spec, tok
 
 
-BATCHES = list(peer_workload.make_batches(TINY["prompts"], STEPS, seed=3))
+BATCHES = list(digits.make_batches(TINY["prompts"], STEPS, seed=3))
 SEEDS = [0, 1, 2, 2]               # runs 0-2: three seeds; run 3: seed 2 with its own (lr, β)
 LRS, BETAS = [3e-3, 3e-3, 3e-3, 1e-2], [0.04, 0.04, 0.04, 2.0]
 

@@ -15,17 +15,18 @@ SCRIPT = textwrap.dedent(r"""
   import jax, numpy as np
   from jax.sharding import PartitionSpec as P
   import flax.linen as nn
-  from grpo_jax import model as model_lib, peer_workload, rl_step, sharding, state as state_lib
+  from grpo_jax import model as model_lib, rl_step, sharding, state as state_lib
+  from grpo_jax.tasks import digits
 
   def run(mesh_shape):
-    c = peer_workload.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=6)
+    c = digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=6)
     c.optim.lr = 1e-3
     devs = jax.devices()[:int(np.prod(mesh_shape))]
     c.mesh.update(data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2])
     mesh = sharding.make_mesh(c.mesh, devs)
     mcfg = model_lib.ModelConfig.from_config(c.model)
     tx = state_lib.make_optimizer(c.optim, 10)
-    spec = peer_workload.reward_spec(c.model.vocab_size)
+    spec = digits.reward_spec(c.model.vocab_size)
     step = rl_step.make_rl_step(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
     state = state_lib.create_state(mesh, mcfg, tx, seed=0)
     shard = {
@@ -36,7 +37,7 @@ SCRIPT = textwrap.dedent(r"""
     "q_replicated": state["params"]["layers"]["q"]["kernel"].sharding.is_fully_replicated,
     "q_shard_shape": list(state["params"]["layers"]["q"]["kernel"].addressable_shards[0].data.shape),
     }
-    batch = next(peer_workload.make_batches(c.rl.prompts_per_step, 1, seed=1))
+    batch = next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1))
     from grpo_jax.train import device_batch
     batch = device_batch(mesh, batch)
     # The per-device KV-cache buffers XLA actually allocates inside the compiled step.

@@ -6,7 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.tasks import adversarial, base, cot, tokenizer as tokenizer_lib, verify_jax, verify_py
+from grpo_jax.tasks import base, cot, tokenizer as tokenizer_lib, verify_jax, verify_py
+
+import adversarial  # tests/adversarial.py
 
 L = 192
 N = 1024  # every call is padded to N rows, so each program compiles exactly once

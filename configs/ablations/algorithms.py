@@ -3,17 +3,17 @@
   python -m grpo_jax.ablate --config=configs/ablations/algorithms.py:small --workdir=/tmp/abl_d_small
   python -m grpo_jax.ablate --config=configs/ablations/algorithms.py --workdir=/tmp/abl_d
 """
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(__file__))
-from _train_base import base  # noqa: E402
+from grpo_jax.ablations import train_table
 
 
 def get_config(arg=None):
-  c = base(arg, (("grpo", "algo=grpo"), ("dr_grpo", "algo=dr_grpo;loss_agg=seq_mean_token_sum_norm"),
-                 ("rloo", "algo=rloo"), ("reinforce_pp", "algo=reinforce_pp"),
-                 ("reinforce_pp_baseline", "algo=reinforce_pp_baseline"), ("ppo", "algo=ppo")))
+  c = train_table.table_config(arg, (
+      ("grpo", {"rl.algo": "grpo"}),
+      ("dr_grpo", {"rl.algo": "dr_grpo", "rl.loss_agg": "seq_mean_token_sum_norm"}),
+      ("rloo", {"rl.algo": "rloo"}),
+      ("reinforce_pp", {"rl.algo": "reinforce_pp", "rl.kl_in": "reward"}),
+      ("reinforce_pp_baseline", {"rl.algo": "reinforce_pp_baseline", "rl.kl_in": "reward"}),
+      ("ppo", {"rl.algo": "ppo"})))
   c.title = "d. Algorithms on one task and budget"
   c.claim = ("GRPO, RLOO and REINFORCE++ reach accuracy within ~1% of each other (Hu 2024); GRPO beats PPO "
              "(DeepSeekMath: +3% GSM8K, +5% MATH).")

@@ -4,17 +4,18 @@
 """
 import ml_collections
 
+from grpo_jax import config_lib
+
 
 def get_config(arg=None):
+  small = config_lib.parse_arg(arg, small=False).small
   c = ml_collections.ConfigDict()
   c.table = "baselines_table"
   c.seeds = 5
   c.Gs = (2, 4, 8, 16)
   c.n_draws = 20_000
   c.columns = ("rel_bias_exact", "rel_bias_mc", "rel_var", "cos_exact")
-  if arg == "small":
+  if small:
     c.Gs = (4, 8)
     c.n_draws = 4_000
-  elif arg:
-    raise ValueError(f"config arg {arg!r}: use nothing (default) or 'small'.")
   return c

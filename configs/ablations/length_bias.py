@@ -2,16 +2,13 @@
 
   python -m grpo_jax.ablate --config=configs/ablations/length_bias.py:small --workdir=/tmp/abl_e_small
 """
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(__file__))
-from _train_base import base  # noqa: E402
+from grpo_jax.ablations import train_table
 
 
 def get_config(arg=None):
-  c = base(arg, (("grpo (1/|o|, std)", "algo=grpo;loss_agg=seq_mean_token_mean"),
-                 ("dr_grpo (1/L_max, no std)", "algo=dr_grpo;loss_agg=seq_mean_token_sum_norm")))
+  c = train_table.table_config(arg, (
+      ("grpo (1/|o|, std)", {"rl.algo": "grpo", "rl.loss_agg": "seq_mean_token_mean"}),
+      ("dr_grpo (1/L_max, no std)", {"rl.algo": "dr_grpo", "rl.loss_agg": "seq_mean_token_sum_norm"})))
   c.title = "e. Length bias of the 1/|o| normalisation"
   c.claim = ("Dr.GRPO (Liu 2025): dividing by |o| under-penalises long wrong answers, so under GRPO wrong "
              "answers grow longer than right ones; a constant normaliser removes the gap.")

@@ -4,8 +4,11 @@
 """
 import ml_collections
 
+from grpo_jax import config_lib
+
 
 def get_config(arg=None):
+  small = config_lib.parse_arg(arg, small=False).small
   c = ml_collections.ConfigDict()
   c.table = "memory_table"
   c.seeds = 1  # exact byte counts: one run per cell
@@ -16,9 +19,7 @@ def get_config(arg=None):
   c.workload = ml_collections.ConfigDict(dict(prompts=4, G=8, prompt_len=32, L=64))
   c.columns = ("params_MB", "trainable_MB", "frozen_ref_MB", "trainable_vs_policy_x", "xla_args_MB",
                "xla_temp_MB", "xla_total_MB")
-  if arg == "small":
+  if small:
     c.sizes = ("256x4", "512x8")
     c.compile_sizes = ("256x4",)
-  elif arg:
-    raise ValueError(f"config arg {arg!r}: use nothing (default) or 'small'.")
   return c

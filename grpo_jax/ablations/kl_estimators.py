@@ -19,8 +19,8 @@ import numpy as np
 
 from grpo_jax import model as model_lib
 from grpo_jax import sampling
-from grpo_jax.ablations import toy
 from grpo_jax.ablations import train_table
+from grpo_jax.tasks import digits
 
 TITLE = "a. KL estimators k1, k2, k3 against the exact KL"
 CLAIM = ("k3 = r − 1 − log r is unbiased and never negative; k1 = −log r is unbiased but has 5–10× k3's variance; "
@@ -28,8 +28,7 @@ CLAIM = ("k3 = r − 1 − log r is unbiased and never negative; k1 = −log r i
          "k1's zero.")
 
 
-def variants(cfg) -> list[str]:
-  return [f"lr={lr:g}" for lr in cfg.lrs]
+variants = train_table.variants  # one learning rate per row: configs/ablations/kl_estimators.py
 
 
 def _fwd_kl(z_V: jax.Array, logq_V: jax.Array) -> jax.Array:
@@ -93,8 +92,8 @@ def summarize(st: dict) -> dict[str, float]:
 
 def make_measure(mcfg: model_lib.ModelConfig, max_new_tokens: int, prompts: dict):
   """vmapped (params_S, ref_S, key_S) -> position_stats sums per seed, on completions sampled from the policy."""
-  scfg = sampling.SamplingConfig(temperature=1.0, max_new_tokens=max_new_tokens, greedy=False, eos_id=toy.pw.EOS,
-                                 pad_id=toy.pw.PAD)
+  scfg = sampling.SamplingConfig(temperature=1.0, max_new_tokens=max_new_tokens, greedy=False, eos_id=digits.EOS,
+                                 pad_id=digits.PAD)
   prompt_NxP, pmask_NxP = jnp.asarray(prompts["prompt_NxP"]), jnp.asarray(prompts["prompt_mask_NxP"])
   P = prompt_NxP.shape[1]
 
@@ -116,16 +115,14 @@ def make_measure(mcfg: model_lib.ModelConfig, max_new_tokens: int, prompts: dict
 
 
 def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
-  lr = float(variant.split("=")[1])
-  c = train_table.build_config(cfg, {"algo": "grpo", "beta": 0.0})
-  c.optim.lr = lr
-  spec = toy.reward_spec((("acc", 1.0),), c.model.vocab_size)
+  c = train_table.build_config(cfg, dict(cfg.variants)[variant])
+  spec = digits.toy_reward_spec(c.rewards, c.model.vocab_size)
   mcfg, states, step = train_table.make_runs(cfg, c, spec, seeds)
-  gen = toy.batches(cfg.measure_prompts, seed=777)
+  gen = digits.toy_batches(cfg.measure_prompts, seed=777)
   probe = next(gen)
   probe = {k: np.repeat(v, cfg.measure_samples, 0) for k, v in probe.items()}
   measure = make_measure(mcfg, c.sampling.max_new_tokens, probe)
-  data = toy.batches(cfg.prompts, seed=12345)
+  data = digits.toy_batches(c.rl.prompts_per_step, seed=12345)
   S = len(seeds)
   xs, rows = [], []
   for t in range(cfg.steps):
@@ -143,7 +140,7 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
 
 
 def header(cfg) -> str:
-  return (f"{len(cfg.lrs)} learning rates × {cfg.seeds} seeds of GRPO with β = 0 on the toy task from its "
+  return (f"{len(cfg.variants)} learning rates × {cfg.seeds} seeds of GRPO with β = 0 on the toy task from its "
           "pre-trained base (the reference) "
           f"({cfg.steps} steps, a higher lr drifts further from the reference); the last row of numbers is measured "
           f"after the last step on {cfg.measure_prompts}×{cfg.measure_samples} completions sampled from the "

@@ -1,56 +1,59 @@
 """Training ablations (tables d, e, f): S seeds of each variant trained in ONE vmapped program on the toy task.
 
-A variant is `(name, "key=value;…")` with keys algo, rewards (`acc:1+fmt:0.2`), process_weight, loss_agg, beta.
-Recorded per seed: train reward, greedy held-out accuracy, mean length of right and of wrong completions.
+A table's config holds the harness knobs (seeds, steps, eval_every, the shared base model) and `run`, the toy-task
+run config (config_lib.base_config's keys); a variant is `(name, overrides)`, dotted keys set on `run` through
+config_lib.override (e.g. `{"rl.algo": "dr_grpo", "rl.loss_agg": "seq_mean_token_sum_norm"}`; the toy's reward
+terms are `rewards`). Recorded per seed: train reward, greedy held-out accuracy, mean length of right and of wrong
+completions.
 """
 import jax
+import ml_collections
 import numpy as np
 
+from grpo_jax import config_lib
 from grpo_jax import model as model_lib
-from grpo_jax import peer_workload
 from grpo_jax import seeds as seeds_lib
 from grpo_jax import sharding
 from grpo_jax import state as state_lib
 from grpo_jax.ablations import toy
+from grpo_jax.tasks import digits
 
 TITLE = "Training ablation"
 CLAIM = ""
+
+
+def table_config(arg: str | None, variants: tuple) -> ml_collections.ConfigDict:
+  """The training tables' shared config (configs/ablations/*.py start from it); `arg`: nothing or `small`."""
+  small = config_lib.parse_arg(arg, small=False).small
+  c = ml_collections.ConfigDict()
+  c.table = "train_table"
+  c.seeds = 5
+  # RL starts from a shared pre-trained base (toy.base_params: answers right ~35% of the time, lengths 1..L), as
+  # in practice; lr 1e-3 measured stable for GRPO from it (3e-3 collapsed within 80 steps on 2 of 3 seeds).
+  c.base_steps, c.p_correct = 300, 0.35
+  c.steps, c.eval_every = 100, 20
+  c.fast_compile = True
+  c.run = digits.bench_config(hidden=32, layers=2, heads=2, kv=1, inter=64, vocab=32, prompts=8, G=8, L=8)
+  c.run.task.prompt_len = digits.TOY_PROMPT_LEN
+  c.run.optim.lr = 1e-3
+  c.run.ppo.critic_lr = 1e-3
+  c.run.rewards = (("acc", 1.0),)  # toy terms: digits.TOY_TERMS
+  c.variants = variants
+  if small:
+    c.seeds = 3
+    c.run.model.layers = 1
+    c.steps, c.eval_every = 40, 10
+  return c
 
 
 def variants(cfg) -> list[str]:
   return [name for name, _ in cfg.variants]
 
 
-def parse(spec: str) -> dict:
-  out = {}
-  for item in filter(None, spec.split(";")):
-    if "=" not in item:
-      raise ValueError(f"variant override {item!r}: write key=value (keys algo, rewards, process_weight, loss_agg, "
-                       "beta).")
-    k, v = item.split("=", 1)
-    if k == "rewards":
-      out[k] = tuple((t.split(":")[0], float(t.split(":")[1])) for t in v.split("+"))
-    elif k in ("process_weight", "beta"):
-      out[k] = float(v)
-    elif k in ("algo", "loss_agg"):
-      out[k] = v
-    else:
-      raise ValueError(f"variant override key {k!r} unknown; use algo, rewards, process_weight, loss_agg, beta.")
-  return out
-
-
-def build_config(cfg, over: dict):
-  m = cfg.model
-  c = peer_workload.bench_config(hidden=m.hidden, layers=m.layers, heads=m.heads, kv=m.kv, inter=m.inter,
-                                 vocab=m.vocab, prompts=cfg.prompts, G=cfg.G, L=cfg.L)
-  c.task.prompt_len = toy.P_LEN
-  c.optim.lr = cfg.lr
-  c.rl.update(algo=over.get("algo", "grpo"), beta=over.get("beta", cfg.beta),
-              process_weight=over.get("process_weight", 0.0), loss_agg=over.get("loss_agg", "seq_mean_token_mean"))
-  if c.rl.algo in ("reinforce_pp", "reinforce_pp_baseline"):
-    c.rl.kl_in = "reward"
-  c.ppo.critic_lr = cfg.critic_lr
-  c.train.num_samples_logged = cfg.prompts * cfg.G  # every row: lengths of right vs wrong answers
+def build_config(cfg, overrides) -> ml_collections.ConfigDict:
+  """The run config of one variant: `cfg.run` with the variant's overrides (and what follows from them)."""
+  c = config_lib.override(cfg.run, overrides)
+  c.train.num_samples_logged = c.rl.prompts_per_step * c.rl.G  # every row: lengths of right vs wrong answers
   return c
 
 
@@ -72,22 +75,23 @@ def make_runs(cfg, c, spec, seeds: list[int]):
 
 
 def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
-  over = parse(dict(cfg.variants)[variant])
-  c = build_config(cfg, over)
-  spec = toy.reward_spec(over.get("rewards", (("acc", 1.0),)), c.model.vocab_size)
+  c = build_config(cfg, dict(cfg.variants)[variant])
+  spec = digits.toy_reward_spec(c.rewards, c.model.vocab_size)
   mcfg, states, step = make_runs(cfg, c, spec, seeds)
   evaluate = toy.make_eval(mcfg, c.sampling.max_new_tokens)
-  evaluate_train = toy.make_eval(mcfg, c.sampling.max_new_tokens, toy.train_set())
-  data = toy.batches(cfg.prompts, seed=12345)  # the same prompts for every seed and variant
+  evaluate_train = toy.make_eval(mcfg, c.sampling.max_new_tokens, digits.train_set())
+  prompts, G = c.rl.prompts_per_step, c.rl.G
+  data = digits.toy_batches(prompts, seed=12345)  # the same prompts for every seed and variant
   S = len(seeds)
   reward, len_right, len_wrong, eval_x = [], [], [], [0]
   acc, acc_train = [np.asarray(evaluate(states["params"]))], [np.asarray(evaluate_train(states["params"]))]
   for t in range(cfg.steps):
-    states, m = step(states, next(data))
+    batch = next(data)
+    states, m = step(states, batch)
     sm = seeds_lib.host_scalars(m)
     reward.append(sm["train/reward/acc"] if "train/reward/acc" in sm else sm["train/reward_mean"])
     lens_SxN = np.asarray(m["samples/mask_NxL"]).sum(-1)
-    right_SxN = _correct(np.asarray(m["samples/tokens_NxL"]), np.asarray(next_answers(cfg, t)))
+    right_SxN = np.asarray(m["samples/tokens_NxL"])[:, :, 0] == np.repeat(batch["answer_N"], G)[None, :]
     len_right.append([lens_SxN[s][right_SxN[s]].mean() if right_SxN[s].any() else np.nan for s in range(S)])
     len_wrong.append([lens_SxN[s][~right_SxN[s]].mean() if (~right_SxN[s]).any() else np.nan for s in range(S)])
     if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
@@ -121,20 +125,4 @@ def start_params(cfg, mcfg):
   """The shared starting policy: toy.base_params when cfg.base_steps > 0, else None (random init per seed)."""
   if int(cfg.get("base_steps", 0)) <= 0:
     return None
-  return toy.base_params(mcfg, cfg.L, int(cfg.base_steps), float(cfg.p_correct))
-
-
-_ANSWERS: dict = {}
-
-
-def next_answers(cfg, t: int) -> np.ndarray:
-  """The answers of batch t of the fixed prompt stream (regenerated, so the step needs no extra output)."""
-  key = (cfg.prompts, cfg.G)
-  if key not in _ANSWERS or len(_ANSWERS[key]) <= t:
-    gen = toy.batches(cfg.prompts, seed=12345)
-    _ANSWERS[key] = [np.repeat(next(gen)["answer_N"], cfg.G) for _ in range(max(t + 1, cfg.steps))]
-  return _ANSWERS[key][t]
-
-
-def _correct(tokens_SxNxL: np.ndarray, answer_N: np.ndarray) -> np.ndarray:
-  return tokens_SxNxL[:, :, 0] == answer_N[None, :]
+  return toy.base_params(mcfg, cfg.run.sampling.max_new_tokens, int(cfg.base_steps), float(cfg.p_correct))

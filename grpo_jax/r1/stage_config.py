@@ -13,6 +13,7 @@ import ml_collections
 from grpo_jax import validate as validate_lib
 from grpo_jax.r1 import layout
 from grpo_jax.r1 import rewards as r1_rewards
+from grpo_jax.tasks import registry as task_registry
 from grpo_jax.tasks import tokenizer as tok_lib
 
 SFT_STAGES = {"base": "pretrain", "r1_1_cold_start": "cold_start", "r1_4_sft": "sft2"}  # stage -> r1 group
@@ -74,8 +75,9 @@ def validate(config, stages) -> None:
     validate_lib.prob(config, "r1." + k)
   if r1.rejection.general_frac >= 1:
     validate_lib.fail("r1.rejection.general_frac", "must be < 1: the SFT set needs some rejection-sampled reasoning.")
-  if config.task.name not in ("arith", "countdown"):
-    validate_lib.fail("task.name", "the R1 pipeline needs reference worked solutions; use 'arith' or 'countdown'.")
+  if config.task.name not in task_registry.names("worked_solutions"):
+    validate_lib.fail("task.name", "the R1 pipeline needs reference worked solutions; use one of "
+                      f"{task_registry.names('worked_solutions')}.")
   for group in RL_STAGES.values():
     for name, _ in r1[group].rewards:
       if name not in r1_rewards.TRACKED:

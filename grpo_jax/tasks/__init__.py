@@ -1,2 +1,1 @@
-"""Synthetic verifiable tasks (arith, countdown), tokenizer, CoT writer, verifiers and data pipeline."""
-from grpo_jax.tasks.base import get_task  # noqa: F401
+"""Verifiable tasks: registry.TASKS (what each task provides), generators, tokenizers, CoT writer, verifiers, data."""

@@ -18,7 +18,6 @@ OPS = "+-*"
 _QUESTION = {"a": "what is {a} {op} {b} ?", "b": "kwo iz {a} {op} {b} ?"}
 
 
-@base.register("arith")
 @dataclasses.dataclass(frozen=True)
 class Arith(base.Task):
   name: str = "arith"

@@ -9,7 +9,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import hashlib
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -88,23 +88,13 @@ class Task(abc.ABC):
     return [self.train_example(seed, i, keys) for i in range(n)]
 
 
-_REGISTRY: dict[str, Callable[..., Task]] = {}
-
-
-def register(name: str):
-  def deco(cls):
-    _REGISTRY[name] = cls
-    return cls
-  return deco
-
-
 def get_task(name: str, **knobs: Any) -> Task:
-  """Task by name with knobs; unknown names or knobs raise ValueError naming the key."""
-  from grpo_jax.tasks import arith, countdown  # noqa: F401  (registration side effect)
-  if name not in _REGISTRY:
-    raise ValueError(f"task.name={name!r} is unknown; use one of {sorted(_REGISTRY)}")
-  cls = _REGISTRY[name]
-  allowed = {f.name for f in dataclasses.fields(cls)} - {"name"}
+  """The task `name` of registry.TASKS with knobs; unknown names or knobs raise ValueError naming the key."""
+  from grpo_jax.tasks import registry  # the table imports the task modules, which import this one
+  cls = registry.get(name).task_class
+  if cls is None:
+    raise ValueError(f"task.name={name!r} has no example generator; use one of {registry.names('task_class')}")
+  allowed = {f.name for f in dataclasses.fields(cls)} - {"name"} if dataclasses.is_dataclass(cls) else set()
   for k in knobs:
     if k not in allowed:
       raise ValueError(f"task.{k} is not a knob of {name}; use one of {sorted(allowed)}")

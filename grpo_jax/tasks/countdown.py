@@ -28,7 +28,6 @@ _QUESTION = {
 }
 
 
-@base.register("countdown")
 @dataclasses.dataclass(frozen=True)
 class Countdown(base.Task):
   name: str = "countdown"

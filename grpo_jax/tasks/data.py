@@ -3,7 +3,7 @@
 Every batch is a pure function of (data, seed, step): example order is a per-epoch permutation seeded by
 (seed, epoch), so resuming needs only the step number. Prompts are LEFT-padded with pad_id and start with bos.
 `task_cfg` is a dict or ConfigDict with `name`, the task's knobs, and optionally `language` ('a'|'b'|'mixed'),
-`data_dir`, `split_seed`, `train_size`, `test_size`.
+`data_dir`, `split_seed`, `train_size`, `test_size`. What differs between tasks comes from registry.TASKS.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from grpo_jax.tasks import base, cot, gsm8k, tfds_builders, tokenizer as tokenizer_lib
+from grpo_jax.tasks import base, cot, registry, tokenizer as tokenizer_lib
 
 _DEFAULTS = {"language": "a", "data_dir": None, "split_seed": 0, "train_size": 10_000, "test_size": 500}
 
@@ -24,24 +24,23 @@ def _get(cfg: Any, key: str):
 
 
 def make_task(task_cfg: Any):
-  """The Task (or GSM8K adapter) the config names, with the knobs the task accepts taken from the config."""
+  """The task object the config names, with the knobs its class takes read from the config."""
   name = _get(task_cfg, "name")
-  if name == "gsm8k":
-    return gsm8k.GSM8K()
-  if name not in ("arith", "countdown"):
-    raise ValueError(f"task.name={name!r} is unknown; use 'arith', 'countdown' or 'gsm8k'")
-  cls = type(base.get_task(name))
-  knobs = {f.name: _get(task_cfg, f.name) for f in dataclasses.fields(cls)
-           if f.name != "name" and _get(task_cfg, f.name) is not None}
-  return base.get_task(name, **knobs)
+  cls = registry.get(name).task_class
+  if cls is None:
+    raise ValueError(f"task.name={name!r} has no text examples ({registry.get(name).doc}); use one of "
+                     f"{registry.names('task_class')}")
+  if not dataclasses.is_dataclass(cls):
+    return cls()
+  return base.get_task(name, **{f.name: _get(task_cfg, f.name) for f in dataclasses.fields(cls)
+                                if f.name != "name" and _get(task_cfg, f.name) is not None})
 
 
 def load_examples(task_cfg: Any, split: str) -> list[dict]:
   task = make_task(task_cfg)
-  if task.name == "gsm8k":
-    return gsm8k.load_split(split, _get(task_cfg, "data_dir"))
-  return tfds_builders.load_split(task, split, int(_get(task_cfg, "split_seed")), int(_get(task_cfg, "train_size")),
-                                  int(_get(task_cfg, "test_size")), _get(task_cfg, "data_dir"))
+  return registry.get(task.name).load(
+      task, split, data_dir=_get(task_cfg, "data_dir"), split_seed=int(_get(task_cfg, "split_seed")),
+      train_size=int(_get(task_cfg, "train_size")), test_size=int(_get(task_cfg, "test_size")))
 
 
 def _languages(task_cfg, n: int, seed: int, step: int) -> np.ndarray:
@@ -121,8 +120,9 @@ def sft_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_size: 
   if mode not in ("completion", "all"):
     raise ValueError(f"mode={mode!r} is unknown; use 'completion' or 'all'")
   task = make_task(task_cfg)
-  if task.name == "gsm8k":
-    raise ValueError("task.name='gsm8k' has no step-by-step reference solutions here; SFT uses arith or countdown")
+  if not registry.get(task.name).worked_solutions:
+    raise ValueError(f"task.name={task.name!r} has no step-by-step reference solutions here; SFT uses one of "
+                     f"{registry.names('worked_solutions')}")
   examples = load_examples(task_cfg, split)
   step = start_step
   while True:

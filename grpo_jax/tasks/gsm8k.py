@@ -16,7 +16,6 @@ import re
 from typing import Callable, Sequence
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 from grpo_jax.tasks import math_answer, tokenizer as tokenizer_lib, verify_py
 
@@ -67,7 +66,8 @@ def _text(x) -> str:
 
 def load_split(split: str, data_dir: str | None = None) -> list[dict]:
   """Examples {index, question, solution, final} in record order."""
-  import tensorflow_datasets.text.gsm8k  # noqa: F401  (registers the builder; NOTES.md)
+  import tensorflow_datasets as tfds
+  import tensorflow_datasets.text.gsm8k  # noqa: F401  (the old-style builder registers only when imported)
   source = tfds.data_source("gsm8k", split=split, data_dir=data_dir, download=False)
   out = []
   for i in range(len(source)):
@@ -75,6 +75,12 @@ def load_split(split: str, data_dir: str | None = None) -> list[dict]:
     sol = _text(r["answer"])
     out.append({"index": i, "question": _text(r["question"]), "solution": sol, "final": final_answer(sol)})
   return out
+
+
+def load_examples(task, split: str, *, data_dir: str | None = None, **sizes) -> list[dict]:
+  """registry.TASKS loader: the dataset's own splits (split_seed and sizes do not apply)."""
+  del task, sizes
+  return load_split(split, data_dir)
 
 
 def accuracy(answer_body: str, final: str) -> float:
@@ -155,6 +161,11 @@ def make_math_reward(tok) -> Callable:
     # The callback strips the trailing EOS; put it back (a row truncated right after </answer> counts as ended).
     return [grade(list(ids) + [tok.eos_id], f, tok)[0] for ids, f in zip(token_ids, finals)]
   return math_accuracy
+
+
+def python_rewards(tok) -> dict[str, Callable]:
+  """The Python reward terms a GSM8K config may name in config.rewards (registry.TASKS)."""
+  return {"math_accuracy": make_math_reward(tok)}
 
 
 def host_verifier(tok) -> Callable:

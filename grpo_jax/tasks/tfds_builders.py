@@ -45,7 +45,8 @@ class _TaskBuilder(tfds.core.GeneratorBasedBuilder):
   code_path = None
 
   def _info(self) -> tfds.core.DatasetInfo:
-    # Built directly: dataset_info_from_configs() wants package metadata this module does not ship (NOTES.md).
+    # Built directly: dataset_info_from_configs() reads package metadata (a checksums/metadata folder next to a
+    # registered TFDS dataset package) that this module does not ship.
     return tfds.core.DatasetInfo(
         builder=self, description=__doc__,
         features=tfds.features.FeaturesDict({"index": tfds.features.Scalar(dtype=np.int64),

@@ -1,0 +1,74 @@
+"""The one table of tasks: everything task-specific the rest of the code needs, looked up by `config.task.name`.
+
+Code outside grpo_jax/tasks/ never branches on a task's name; it asks this table (`get(name).host_verifier`, …),
+and a field left None means the task does not offer it. A new task is its module plus one entry in TASKS.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+from grpo_jax.tasks import arith, countdown, digits, gsm8k, verify_jax
+
+
+def _no_python_rewards(tok) -> dict:
+  del tok
+  return {}
+
+
+def _synthetic_examples(task, split: str, *, data_dir, split_seed: int, train_size: int, test_size: int):
+  """A generated task's split, built once as a TFDS array_record dataset in `data_dir` (tfds_builders)."""
+  from grpo_jax.tasks import tfds_builders  # TFDS is imported only when examples are
+  return tfds_builders.load_split(task, split, split_seed, train_size, test_size, data_dir)
+
+
+@dataclasses.dataclass(frozen=True)
+class TaskSpec:
+  doc: str
+  # The task object of the text pipeline (question, answer_text, batch_fields), built with the config's task knobs
+  # (its dataclass fields). None: the task has no text examples.
+  task_class: type | None = None
+  # (task, split, *, data_dir, split_seed, train_size, test_size) -> the split's examples in index order.
+  load: Callable[..., list[dict]] | None = None
+  # cot.solution writes step-by-step reference solutions for it (SFT, pre-training, R1's cold start).
+  worked_solutions: bool = False
+  # (tokens_NxL, mask_NxL, batch, tables) -> accuracy_N in-graph: the `accuracy` reward term and in-graph eval.
+  in_graph_accuracy: Callable | None = None
+  # tokenizer -> {term name: rewards.PyRewardFn}: Python reward terms a config may name in config.rewards.
+  python_rewards: Callable[[Any], dict] = _no_python_rewards
+  # tokenizer -> (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N): held-out evaluation on the
+  # host, for tasks verified in Python (their eval rows are gathered and scored by the training reward's function).
+  host_verifier: Callable[[Any], Callable] | None = None
+
+
+TASKS: dict[str, TaskSpec] = {
+    "arith": TaskSpec(
+        doc="two-operand integer arithmetic (tasks/arith.py), verified in-graph on token ids",
+        task_class=arith.Arith, load=_synthetic_examples, worked_solutions=True,
+        in_graph_accuracy=verify_jax.arith_accuracy),
+    "countdown": TaskSpec(
+        doc="reach a target from given numbers with + - * / ( ) (tasks/countdown.py), verified in-graph",
+        task_class=countdown.Countdown, load=_synthetic_examples, worked_solutions=True,
+        in_graph_accuracy=verify_jax.countdown_accuracy),
+    "gsm8k": TaskSpec(
+        doc="GSM8K from a local TFDS data dir (tasks/gsm8k.py), answers checked in Python on decoded text",
+        task_class=gsm8k.GSM8K, load=gsm8k.load_examples, python_rewards=gsm8k.python_rewards,
+        host_verifier=gsm8k.host_verifier),
+    "digits": TaskSpec(
+        doc="digit-token addition (tasks/digits.py): the benchmark workload and the ablations' toy task; its "
+            "batches are token ids built by tasks/digits.py, not by the text pipeline",
+        python_rewards=digits.python_rewards),
+}
+
+
+def get(name: str) -> TaskSpec:
+  if name not in TASKS:
+    raise ValueError(f"task.name={name!r} is unknown; use one of {sorted(TASKS)}")
+  return TASKS[name]
+
+
+def names(offers: str | None = None) -> list[str]:
+  """Sorted task names; with `offers`, only the tasks whose TaskSpec field of that name is set."""
+  if offers is not None and offers not in {f.name for f in dataclasses.fields(TaskSpec)}:
+    raise ValueError(f"TaskSpec has no field {offers!r}")
+  return sorted(n for n, t in TASKS.items() if offers is None or getattr(t, offers))
