@@ -61,13 +61,14 @@ def platform() -> str:
   return jax.default_backend()
 
 
-def choose(impl: str, n: int, t: int, heads: int, dtype) -> str:
+def choose(impl: str, n: int, t: int, heads: int, dtype, plat: str | None = None) -> str:
   """The path `impl` runs for a [n, t] batch: itself, or for 'auto' the backend's O(T)-memory kernel (TPU: splash;
   GPU: cuDNN under bf16, which it requires, else blockwise) and on the CPU the einsum path only while it is both
-  faster (t < CPU_BLOCKWISE_MIN_T) and small (scores ≤ EINSUM_MAX_SCORE_BYTES)."""
+  faster (t < CPU_BLOCKWISE_MIN_T) and small (scores ≤ EINSUM_MAX_SCORE_BYTES). `plat` defaults to `platform()`
+  (a planner can ask about a backend it is not tracing for)."""
   if impl != "auto":
     return impl
-  plat = platform()
+  plat = plat or platform()
   if plat == "tpu":
     return "splash"
   if plat in ("gpu", "cuda"):
