@@ -14,8 +14,8 @@ the non-pad keys at or before it. `model.attention` picks the path:
   dot_product  jax.nn.dot_product_attention with a boolean [N, 1, T, T] mask (XLA's choice of kernel; O(T²))
   auto         `choose`: by backend, and on the CPU by a measured speed crossover and a bytes budget
 
-Pad query positions: xla and dot_product give a finite mix there; blockwise, splash and cudnn give 0 and pass
-no gradient through them. No caller reads them.
+Pad query positions: xla and dot_product give a finite mix there (uniform over all keys, later ones included);
+blockwise, splash and cudnn give 0 and pass no gradient through them. No caller reads them.
 """
 import functools
 import math
