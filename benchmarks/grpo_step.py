@@ -232,8 +232,8 @@ def main():
     ap.add_argument(f"--{k}", type=int, default=v)
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--remat", default="none", choices=["none", "full", "dots"])
-  ap.add_argument("--attention", default="xla", choices=["xla", "dot_product", "cudnn"],
-                  help="model.attention: the default XLA einsum path, or jax.nn.dot_product_attention")
+  ap.add_argument("--attention", default="auto", choices=["auto", "xla", "blockwise", "splash", "cudnn", "dot_product"],
+                  help="model.attention (grpo_jax/attention.py); auto = the einsum path at these lengths on the CPU")
   ap.add_argument("--vs-trl", default="", help="python of a venv with TRL (see ../shared/peers/README.md)")
   ap.add_argument("--vs-tunix", default="", help="python of a venv with tunix")
   ap.add_argument("--no-perf", action="store_true", help="skip the FLOP/s and part timings")

@@ -34,7 +34,7 @@ def base_config() -> ml_collections.ConfigDict:
       vocab_size=512, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=0, inter=192,
       rope_theta=10_000.0, qkv_bias=True, tie_embeddings=True, max_len=160, dtype="float32",
       rms_eps=1e-6, remat="none",
-      attention="xla",        # or "dot_product" / "cudnn" (jax.nn.dot_product_attention; GPU/TPU)
+      attention="auto",       # TPU splash / GPU cuDNN (bf16) / CPU einsum or blockwise; or name one (attention.py)
       layer_unroll="auto"))   # "all" / "none": unroll the training/prefill layer scan; auto = all up to 8 layers
 
   c.task = ml_collections.ConfigDict(dict(

@@ -21,116 +21,33 @@ Param tree (plain nested dict, always float32; L layers, D hidden, H heads, K kv
   lm_head/kernel           [D, V]          (embed, vocab)                   only if not tie_embeddings
 
 Conventions match Hugging Face Qwen2/Llama: RoPE rotates halves (`rotate_half`), query head h uses kv head
-h // (H // K), RMSNorm normalises in float32. KV cache: one buffer per layer, K as [N, K, Dh, S] and V as
+h // (H // K), RMSNorm normalises in float32. Attention and RoPE live in attention.py (`model.attention` picks the
+training/prefill path), the config in model_config.py. KV cache: one buffer per layer, K as [N, K, Dh, S] and V as
 [N, K, S, Dh] (NOTES.md: this layout avoids a whole-cache transpose per decode step). Decode runs the layers as a
 Python loop over per-layer weights and caches sliced once per rollout (`decode_layers`): a layer `while` inside
 the decode loop would slice (copy) every layer's weights and K/V cache at every token.
 """
-import dataclasses
-import math
 from typing import Any
 
 import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.sharding import PartitionSpec
+
+from grpo_jax import attention
+from grpo_jax.model_config import UNROLL_MAX_LAYERS, ModelConfig  # noqa: F401  (UNROLL_MAX_LAYERS: re-exported)
 
 Params = Any
 Cache = dict[str, jax.Array]
 
-_DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 _REMAT_POLICIES = {
     "full": None,  # save nothing inside a layer; recompute it all in the backward pass
     # keep weight matmul outputs (no batch dims), recompute attention scores and elementwise ops
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
 }
-_ATTENTION_IMPL = {"xla": None, "dot_product": None, "cudnn": "cudnn"}  # -> dot_product_attention(implementation)
-_UNROLL_MODES = {"none": (), "all": ("train", "prefill"), "auto": ()}
-UNROLL_MAX_LAYERS = 8  # 'auto' unrolls models this shallow; unrolled, compile time grows with every layer
-_NEG = float(np.finfo(np.float32).min)  # finite: fully masked (pad) query rows give a uniform mix, not NaN
+_UNROLLED = {"none": (), "all": ("train", "prefill")}  # modes whose layer scan is unrolled
 _INIT = nn.initializers.normal(stddev=0.02)
-
-
-@dataclasses.dataclass(frozen=True)
-class ModelConfig:
-  """Shape and numerics of the decoder. `head_dim=0` resolves to `hidden // heads` at construction."""
-  vocab_size: int = 512
-  hidden: int = 64
-  layers: int = 2
-  heads: int = 4
-  kv_heads: int = 2
-  head_dim: int = 0
-  inter: int = 192
-  rope_theta: float = 10_000.0
-  qkv_bias: bool = True
-  tie_embeddings: bool = True
-  max_len: int = 160
-  dtype: str = "float32"  # compute dtype; params stay float32
-  rms_eps: float = 1e-6
-  remat: str = "none"  # none | full | dots
-  # 'all' unrolls the layer scan of training and prefill: no stacked scan residuals to zero-fill and copy in the
-  # backward pass, no per-layer weight slices (update 0.83x the time at bench-small on XLA:CPU), but compile time
-  # grows with depth. 'none' scans. 'auto' = 'all' up to UNROLL_MAX_LAYERS layers, else 'none'. Decode always runs
-  # layer by layer (`decode_step`).
-  layer_unroll: str = "auto"
-  # Training/prefill attention: 'xla' (einsum path, best on XLA:CPU), 'dot_product' (jax.nn.dot_product_attention,
-  # which picks a fused kernel where the backend has one), 'cudnn' (force cuDNN flash attention on a GPU).
-  # Decode keeps the einsum path: its KV-cache layout is chosen so that step needs no transpose.
-  attention: str = "xla"
-  # Llama-3.1 ("llama3") RoPE frequency scaling; factor 0 = off.
-  rope_scaling_factor: float = 0.0
-  rope_low_freq_factor: float = 1.0
-  rope_high_freq_factor: float = 4.0
-  rope_original_max_len: int = 8192
-
-  def __post_init__(self):
-    for name in ("vocab_size", "hidden", "layers", "heads", "kv_heads", "inter", "max_len"):
-      if int(getattr(self, name)) < 1:
-        raise ValueError(f"model.{name}={getattr(self, name)}: must be a positive integer.")
-    if self.kv_heads > self.heads or self.heads % self.kv_heads:
-      raise ValueError(f"model.kv_heads={self.kv_heads}: must divide model.heads={self.heads} (GQA groups); "
-                       "choose a divisor of heads.")
-    if self.head_dim == 0:
-      if self.hidden % self.heads:
-        raise ValueError(f"model.head_dim=0 needs hidden % heads == 0 (got {self.hidden} % {self.heads}); "
-                         "set model.head_dim explicitly.")
-      object.__setattr__(self, "head_dim", self.hidden // self.heads)
-    if self.head_dim < 0 or self.head_dim % 2:
-      raise ValueError(f"model.head_dim={self.head_dim}: must be even (RoPE rotates pairs) or 0 for hidden//heads.")
-    if self.dtype not in _DTYPES:
-      raise ValueError(f"model.dtype={self.dtype!r}: use one of {sorted(_DTYPES)}.")
-    if self.remat not in ("none",) + tuple(_REMAT_POLICIES):
-      raise ValueError(f"model.remat={self.remat!r}: use 'none', 'full' or 'dots'.")
-    if self.layer_unroll not in _UNROLL_MODES:
-      raise ValueError(f"model.layer_unroll={self.layer_unroll!r}: use one of {sorted(_UNROLL_MODES)}.")
-    if self.layer_unroll == "auto":
-      object.__setattr__(self, "layer_unroll", "all" if self.layers <= UNROLL_MAX_LAYERS else "none")
-    if self.attention not in _ATTENTION_IMPL:
-      raise ValueError(f"model.attention={self.attention!r}: use one of {sorted(_ATTENTION_IMPL)}.")
-    if self.rope_theta <= 0:
-      raise ValueError(f"model.rope_theta={self.rope_theta}: must be > 0.")
-    if self.rms_eps <= 0:
-      raise ValueError(f"model.rms_eps={self.rms_eps}: must be > 0.")
-    if self.rope_scaling_factor < 0 or (self.rope_scaling_factor > 0 and
-                                        self.rope_high_freq_factor <= self.rope_low_freq_factor):
-      raise ValueError("model.rope_scaling_factor / rope_*_freq_factor: need factor >= 0 and "
-                       "high_freq_factor > low_freq_factor.")
-
-  @classmethod
-  def from_config(cls, cfg: Any) -> "ModelConfig":
-    """From an ml_collections ConfigDict (or dict) with these field names; other keys are ignored."""
-    d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
-    kw = {}
-    for f in dataclasses.fields(cls):
-      if f.name in d:
-        kw[f.name] = type(f.default)(d[f.name]) if f.type in ("int", "float", int, float) else d[f.name]
-    return cls(**kw)
-
-  @property
-  def compute_dtype(self) -> Any:
-    return _DTYPES[self.dtype]
 
 
 # ----------------------------------------------------------------------------------------------- layers
@@ -181,72 +98,6 @@ class Table(nn.Module):
     return self.param(self.pname, nn.with_logical_partitioning(_INIT, self.axes), self.shape, jnp.float32)
 
 
-def _inv_freq(mcfg: ModelConfig) -> np.ndarray:
-  """RoPE inverse frequencies (static), with HF's 'llama3' scaling when rope_scaling_factor > 0."""
-  hd = mcfg.head_dim
-  inv = 1.0 / (mcfg.rope_theta ** (np.arange(0, hd, 2, dtype=np.float32) / hd))
-  if mcfg.rope_scaling_factor > 0:
-    factor, lo, hi = mcfg.rope_scaling_factor, mcfg.rope_low_freq_factor, mcfg.rope_high_freq_factor
-    old = mcfg.rope_original_max_len
-    wavelen = 2 * math.pi / inv
-    scaled = np.where(wavelen > old / lo, inv / factor, inv)
-    smooth = (old / wavelen - lo) / (hi - lo)
-    smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-    medium = ~(wavelen < old / hi) & ~(wavelen > old / lo)
-    inv = np.where(medium, smoothed, scaled)
-  return np.asarray(inv, np.float32)
-
-
-def _rope(x_NxTxHxD: jax.Array, positions_NxT: jax.Array, inv_freq: np.ndarray) -> jax.Array:
-  ang_NxTxF = positions_NxT[..., None].astype(jnp.float32) * inv_freq
-  cos, sin = jnp.cos(ang_NxTxF)[:, :, None, :], jnp.sin(ang_NxTxF)[:, :, None, :]
-  x1, x2 = jnp.split(x_NxTxHxD.astype(jnp.float32), 2, axis=-1)
-  out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
-  return out.astype(x_NxTxHxD.dtype)
-
-
-def _attend_local(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT) -> jax.Array:
-  """Causal attention that also hides pad keys; GQA without repeating K/V.
-
-  The G query heads that share a kv head are folded into the query-row dim ([N, K, G·T, D]), so each (row, kv head)
-  is one [G·T, D]×[D, S] matmul: XLA:CPU runs this layout ~4× faster than the 5-D einsum over [N, T, K, G, D].
-  """
-  n, t, h, d = q_NxTxHxD.shape
-  kv = k_NxTxKxD.shape[2]
-  g = h // kv
-  q_NxKxQxD = q_NxTxHxD.reshape(n, t, kv, g, d).transpose(0, 2, 3, 1, 4).reshape(n, kv, g * t, d)
-  k_NxKxSxD = k_NxTxKxD.transpose(0, 2, 1, 3)
-  v_NxKxSxD = v_NxTxKxD.transpose(0, 2, 1, 3)
-  s_NxKxQxS = jnp.einsum("nkqd,nksd->nkqs", q_NxKxQxD, k_NxKxSxD, preferred_element_type=jnp.float32)
-  s_NxKxGxTxS = s_NxKxQxS.reshape(n, kv, g, t, t) * (1.0 / math.sqrt(d))
-  ok_NxTxS = jnp.tril(jnp.ones((t, t), bool))[None] & (mask_NxT[:, None, :] > 0)
-  s_NxKxGxTxS = jnp.where(ok_NxTxS[:, None, None], s_NxKxGxTxS, _NEG)
-  p_NxKxQxS = jax.nn.softmax(s_NxKxGxTxS, axis=-1).astype(v_NxTxKxD.dtype).reshape(n, kv, g * t, t)
-  o_NxKxQxD = jnp.einsum("nkqs,nksd->nkqd", p_NxKxQxS, v_NxKxSxD)
-  return o_NxKxQxD.reshape(n, kv, g, t, d).transpose(0, 3, 1, 2, 4).reshape(n, t, h, d)
-
-
-def _attend_fused(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT, implementation: str | None) -> jax.Array:
-  """The same masked causal GQA attention through `jax.nn.dot_product_attention` (a fused kernel on GPU/TPU).
-
-  Left padding is a key mask, not a sequence length, so the boolean mask is passed whole; fully masked (pad) query
-  rows get a uniform mix as in `_attend_local`, and their outputs are never used."""
-  t = q_NxTxHxD.shape[1]
-  ok_Nx1xTxS = (jnp.tril(jnp.ones((t, t), bool))[None] & (mask_NxT[:, None, :] > 0))[:, None]
-  return jax.nn.dot_product_attention(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask=ok_Nx1xTxS,
-                                      implementation=implementation).astype(q_NxTxHxD.dtype)
-
-
-def _attend_cache(q_NxHxD, ck_NxKxDxS, cv_NxKxSxD, ok_NxS) -> jax.Array:
-  n, h, d = q_NxHxD.shape
-  kv = ck_NxKxDxS.shape[1]
-  q4 = q_NxHxD.reshape(n, kv, h // kv, d)
-  s_NxKxGxS = jnp.einsum("nkgd,nkds->nkgs", q4, ck_NxKxDxS, preferred_element_type=jnp.float32)
-  s_NxKxGxS = jnp.where(ok_NxS[:, None, None], s_NxKxGxS * (1.0 / math.sqrt(d)), _NEG)
-  p = jax.nn.softmax(s_NxKxGxS, axis=-1).astype(cv_NxKxSxD.dtype)
-  return jnp.einsum("nkgs,nksd->nkgd", p, cv_NxKxSxD).reshape(n, h, d)
-
-
 class Block(nn.Module):
   """One pre-norm layer. mode: 'train' (no cache), 'prefill' (also returns this layer's K/V in cache layout),
   'decode' (T=1; writes K/V into this layer's cache at slot `index` and attends to the cache)."""
@@ -259,15 +110,15 @@ class Block(nn.Module):
     c, dt = self.cfg, self.cfg.compute_dtype
     n, t = positions_NxT.shape
     h_, kv, hd = c.heads, c.kv_heads, c.head_dim
-    inv_freq = _inv_freq(c)
+    inv_freq = attention.rope_inv_freq(c)
 
     def proj(heads, axes_name, name):
       bias = (axes_name, "head_dim") if c.qkv_bias else None
       return Dense((heads, hd), ("embed", axes_name, "head_dim"), bias, dt, name=name)
 
     y_MxD = RMSNorm(c.rms_eps, dt, name="attn_norm")(x_MxD)
-    q = _rope(proj(h_, "heads", "q")(y_MxD).reshape(n, t, h_, hd), positions_NxT, inv_freq)
-    k = _rope(proj(kv, "kv_heads", "k")(y_MxD).reshape(n, t, kv, hd), positions_NxT, inv_freq)
+    q = attention.rope(proj(h_, "heads", "q")(y_MxD).reshape(n, t, h_, hd), positions_NxT, inv_freq)
+    k = attention.rope(proj(kv, "kv_heads", "k")(y_MxD).reshape(n, t, kv, hd), positions_NxT, inv_freq)
     v = proj(kv, "kv_heads", "v")(y_MxD).reshape(n, t, kv, hd)
     q = nn.with_logical_constraint(q, ("batch", "length", "heads", "head_dim"))
     k = nn.with_logical_constraint(k, ("batch", "length", "kv_heads", "head_dim"))
@@ -282,13 +133,10 @@ class Block(nn.Module):
                                                 (0, 0, index, 0))
       s = ck_NxKxDxS.shape[-1]
       ok_NxS = (kv_mask_NxS > 0) & (jnp.arange(s) <= index)[None]  # slots past index are stale or empty
-      o = _attend_cache(q[:, 0], ck_NxKxDxS, cv_NxKxSxD, ok_NxS)[:, None]
+      o = attention.cache(q[:, 0], ck_NxKxDxS, cv_NxKxSxD, ok_NxS)[:, None]
       kv_out = (ck_NxKxDxS, cv_NxKxSxD)
     else:
-      if c.attention == "xla":
-        o = _attend_local(q, k, v, mask_NxT)
-      else:
-        o = _attend_fused(q, k, v, mask_NxT, _ATTENTION_IMPL[c.attention])
+      o = attention.attend(c.attention, q, k, v, mask_NxT)
       if self.mode == "prefill":
         kv_out = (k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3))  # cache layouts; prefill casts
     o = nn.with_logical_constraint(o, ("batch", "length", "heads", "head_dim"))
@@ -326,7 +174,7 @@ class Transformer(nn.Module):
       block = nn.remat(Block, policy=_REMAT_POLICIES[c.remat], prevent_cse=False)
     stack = nn.scan(block, variable_axes={"params": 0}, split_rngs={"params": True},
                     in_axes=(nn.broadcast,) * 2, length=c.layers,
-                    unroll=c.layers if self.mode in _UNROLL_MODES[c.layer_unroll] else 1,
+                    unroll=c.layers if self.mode in _UNROLLED[c.layer_unroll] else 1,
                     metadata_params={nn.PARTITION_NAME: "layers"})
     x_MxD, kv_stacked = stack(c, self.mode, name="layers")(x_MxD, positions_NxT, mask_NxT)
     h_NxTxD = RMSNorm(c.rms_eps, dt, name="final_norm")(x_MxD).reshape(n, t, c.hidden)

@@ -13,6 +13,7 @@ KL_IN = ("loss", "reward")
 LOSS_AGG = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
+ATTENTION = ("auto", "xla", "blockwise", "splash", "cudnn", "dot_product")  # = attention.IMPLEMENTATIONS
 LANGUAGES = ("a", "b", "mixed")
 JOBS = ("grpo", "sft", "pretrain", "r1_pipeline")  # grpo runs every rl.algo, ppo included
 CRITICS = ("separate", "head")
@@ -81,6 +82,10 @@ def validate_model(c) -> None:
     _fail("model.rope_theta", f"must be > 0, got {mc.rope_theta!r}.")
   _choice(c, "model.dtype", DTYPES)
   _choice(c, "model.remat", REMAT)
+  _choice(c, "model.attention", ATTENTION)
+  if mc.attention == "cudnn" and mc.dtype != "bfloat16":
+    _fail("model.attention", f"'cudnn' needs model.dtype='bfloat16' (cuDNN flash attention has no {mc.dtype} "
+          "kernel); set model.dtype=bfloat16 or model.attention=auto.")
 
 
 def validate_mesh(c, num_devices: int) -> dict[str, int]:

@@ -87,10 +87,15 @@ def test_cli_without_compile(capsys):
   assert "config.mesh" in capsys.readouterr().err
 
 
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                    reason="libtpu is not importable: pip install libtpu==0.0.42.1 (the version jax 0.10.2 pins)")
+NEEDS_LIBTPU = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
+                                  reason="libtpu is not importable: pip install libtpu==0.0.42.1 (the version jax "
+                                  "0.10.2 pins)")
+
+
+@NEEDS_LIBTPU
 def test_tpu_compile_report_in_subprocess():
-  # The only libtpu user in the suite (libtpu allows one process at a time), in its own process.
+  # libtpu allows one process at a time: its users are this module's tests (one xdist worker under --dist
+  # loadscope), each in its own process.
   cmd = [sys.executable, "-m", "grpo_jax.aot", "--model=small", "--topology=v5e:2x2", "--prompts=2", "--G=4",
          "--prompt-len=128", "--L=128", "--json"]
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
@@ -116,3 +121,42 @@ def test_tpu_compile_report_in_subprocess():
   # (1.3× here; 18× for the 0.5B step in docs/scale.md, where the scans are longer).
   assert 0 < r["xla_cost_flops_per_device"] * r["n_devices"] < r["roofline"]["total_flops"]
   assert r["roofline"]["step_seconds"] > 0
+
+
+# Lowers the model's training forward+backward for a v5e:2x2 slice (4 chips, FSDP) with model.attention=auto and
+# =xla; prints the splash kernel names found in each lowering's custom calls.
+_SPLASH_LOWERING = """
+import json, re, jax, jax.numpy as jnp
+from jax.experimental import topologies
+from grpo_jax import model as M, sharding
+devices = list(topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices)
+mesh = sharding.make_mesh(dict(data=1, fsdp=-1, tensor=1), devices)
+out = {}
+for attention in ("auto", "xla"):
+  mcfg = M.ModelConfig(vocab_size=512, hidden=256, layers=2, heads=4, kv_heads=2, inter=512, max_len=256,
+                       dtype="bfloat16", remat="full", attention=attention)
+  abstract = jax.eval_shape(lambda: M.init_params(mcfg, jax.random.PRNGKey(0)))
+  shardings = sharding.tree_shardings(mesh, M.param_axes(mcfg))
+  params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+  ids = jax.ShapeDtypeStruct((8, 200), jnp.int32, sharding=sharding.batch_sharding(mesh, 2))
+  loss = lambda p, t, pos, m: (M.token_logprobs(mcfg, p, t, pos, m)[0] * m).sum()
+  with sharding.mesh_context(mesh):
+    text = jax.jit(jax.grad(loss)).lower(params, ids, ids, ids).as_text()
+  calls = [l for l in text.splitlines() if "tpu_custom_call" in l]
+  out[attention] = sorted({n for l in calls for n in re.findall(r"splash_mha_[a-z_]+", l)} | {"calls=%d" % len(calls)})
+print(json.dumps(out))
+"""
+
+
+@NEEDS_LIBTPU
+def test_tpu_lowering_of_training_contains_the_splash_kernels():
+  """On a TPU target, model.attention=auto lowers the training forward+backward to splash's Pallas kernels (forward,
+  dq and dkv, with segment ids for the padding) inside shard_map; the einsum path has no kernel call."""
+  out = subprocess.run([sys.executable, "-c", _SPLASH_LOWERING], cwd=REPO, capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  kernels = {"splash_mha_fwd_segmented_residuals", "splash_mha_dq_segmented_no_residuals",
+             "splash_mha_dkv_segmented_no_residuals"}
+  assert kernels <= set(r["auto"]), r
+  assert r["xla"] == ["calls=0"], r

@@ -246,31 +246,49 @@ def test_completion_logprobs_equal_the_sliced_full_logprobs():
     M.completion_logprobs(mcfg, params, tokens, pos, mask, 0)
 
 
-def test_fused_attention_and_layer_unroll_match_the_default_path():
-  """model.attention='dot_product' (jax.nn.dot_product_attention) and layer_unroll='all'/'none' give the default
-  path's log-probs and gradients, with left padding. (Decode always runs layer by layer:
-  test_cached_decode_matches_full_forward checks it.)"""
+VARIANTS = {**{f"attention={a}": dict(attention=a) for a in ("xla", "dot_product", "blockwise", "splash")},
+            "layer_unroll=all": dict(layer_unroll="all"), "layer_unroll=none": dict(layer_unroll="none")}
+
+
+def _logprob_value_and_grad(mcfg, params):
+  tokens, mask, pos = full_sequence()
+  # Tokens predicted from a real position (pad outputs differ by path: a uniform mix over all keys or 0; no caller
+  # scores a token from a pad position: prompts end in real tokens, SFT rows start with bos)
+  scored = mask * np.pad(mask[:, :-1], ((0, 0), (1, 0)))
+  f = lambda p: (M.token_logprobs(mcfg, p, tokens, pos, mask)[0] * scored).sum()
+  return jax.jit(jax.value_and_grad(f))(params)
+
+
+@pytest.fixture(scope="module")
+def default_path():
+  base = CONFIGS["gqa_tied_bias"]
+  params = random_params(base, 13)
+  return base, params, _logprob_value_and_grad(base, params)
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_attention_paths_and_layer_unroll_match_the_default_path(default_path, variant):
+  """Every model.attention path ('auto' is the einsum path at this T on the CPU; splash runs its TPU kernel in
+  interpret mode) and layer_unroll='all'/'none' give the default path's log-probs and gradients, with left padding.
+  (Decode always runs layer by layer: test_cached_decode_matches_full_forward checks it.)"""
+  base, params, (v0, g0) = default_path
+  assert base.attention == "auto"
+  mcfg = dataclasses.replace(base, **VARIANTS[variant])
+  val, grad = _logprob_value_and_grad(mcfg, params)
+  assert np.isfinite(float(v0)) and float(v0) < 0
+  np.testing.assert_allclose(float(val), float(v0), rtol=1e-5)
+  for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(g0)):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
+  tokens, mask, pos = full_sequence()
+  want = np.asarray(forward(base, params, tokens, pos, mask))
+  np.testing.assert_allclose(np.asarray(forward(mcfg, params, tokens, pos, mask))[mask > 0], want[mask > 0],
+                             atol=1e-4)
+
+
+def test_attention_and_unroll_options():
   base = CONFIGS["gqa_tied_bias"]
   params = random_params(base, 13)
   tokens, mask, pos = full_sequence()
-  variants = [dataclasses.replace(base, attention="dot_product"), dataclasses.replace(base, layer_unroll="all"),
-              dataclasses.replace(base, layer_unroll="none")]
-
-  @jax.jit
-  def all_variants(p):
-    f = lambda mcfg: jax.value_and_grad(lambda p: (M.token_logprobs(mcfg, p, tokens, pos, mask)[0] * mask).sum())(p)
-    return f(base), [f(m) for m in variants]
-
-  (v0, g0), outs = all_variants(params)
-  assert np.isfinite(float(v0)) and float(v0) < 0
-  for val, grad in outs:
-    np.testing.assert_allclose(float(val), float(v0), rtol=1e-5)
-    for a, b in zip(jax.tree.leaves(grad), jax.tree.leaves(g0)):
-      np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)
-  want = np.asarray(forward(base, params, tokens, pos, mask))
-  for mcfg in variants[:2]:
-    np.testing.assert_allclose(np.asarray(forward(mcfg, params, tokens, pos, mask))[mask > 0], want[mask > 0],
-                               atol=1e-4)
   with pytest.raises(ValueError, match="model.attention"):
     M.ModelConfig(**{**TINY, "kv_heads": 2, "attention": "flash"})
   with pytest.raises(ValueError, match="model.layer_unroll"):
@@ -279,7 +297,7 @@ def test_fused_attention_and_layer_unroll_match_the_default_path():
   assert base.layer_unroll == "all"
   grad_hlo = lambda mcfg: jax.jit(jax.grad(lambda p: M.token_logprobs(mcfg, p, tokens, pos, mask)[0].sum())).lower(
       params).compile().as_text()
-  assert " while(" not in grad_hlo(base) and " while(" in grad_hlo(variants[2])
+  assert " while(" not in grad_hlo(base) and " while(" in grad_hlo(dataclasses.replace(base, layer_unroll="none"))
   assert M.ModelConfig(**{**TINY, "layers": M.UNROLL_MAX_LAYERS + 1}).layer_unroll == "none"
 
 
@@ -298,8 +316,9 @@ def test_bf16_compute_close_to_fp32():
   assert all(x.dtype == jnp.bfloat16 for x in M.init_cache(bf, 1, 4)["k"])
 
 
-def test_remat_modes_give_same_values_and_grads():
-  base = CONFIGS["gqa_tied_bias"]
+@pytest.mark.parametrize("attention", ["auto", "blockwise"])  # blockwise: its custom_vjp under jax.checkpoint
+def test_remat_modes_give_same_values_and_grads(attention):
+  base = dataclasses.replace(CONFIGS["gqa_tied_bias"], attention=attention)
   params = random_params(base, 5)
   tokens, mask, pos = full_sequence()
 
