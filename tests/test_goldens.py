@@ -28,13 +28,13 @@ import numpy as np
 import pytest
 
 from grpo_jax import config_lib
+from grpo_jax import families
 from grpo_jax import model as model_lib
 from grpo_jax import ppo_step
 from grpo_jax import rewards
 from grpo_jax import rl_step
 from grpo_jax import sft_step
 from grpo_jax import sharding
-from grpo_jax import state as state_lib
 
 RTOL, ATOL = 1e-4, 1e-6
 V, P, L, B, G, STEPS = 32, 6, 8, 4, 4, 3
@@ -108,26 +108,11 @@ def _run(family: str) -> list[dict[str, float]]:
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = rewards.RewardSpec(("low",), (1.0,), (_low_ids,), {}, rewards.Context("golden", _Tok()))
-  if family == "sft":
-    optim = dict(c.optim)
-    optim.update(lr=c.sft.lr, warmup_steps=c.sft.warmup_steps)
-    tx = state_lib.make_optimizer(type(c.optim)(optim), 10)
-    state = state_lib.create_state(mesh, mcfg, tx, 0, with_ref=False)
-    step, batches = sft_step.make_sft_step(mcfg, tx, mesh), _sft_batches()
-  else:
-    tx = state_lib.make_optimizer(c.optim, 10)
-    if family == "ppo":
-      ctx = state_lib.make_optimizer(c.optim, 10, lr=c.ppo.critic_lr)
-      init = lambda k, p: ppo_step.init_critic(mcfg, c.ppo.critic, k, p)
-      abstract = jax.eval_shape(init, jax.random.PRNGKey(0),
-                                jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0))))
-      state = state_lib.create_state(mesh, mcfg, tx, 0, critic=(abstract, ppo_step.critic_axes(mcfg, c.ppo.critic),
-                                                                ctx), critic_init=init)
-      step = ppo_step.make_ppo_step(c, mesh, mcfg, tx, ctx, spec, spec.ctx.tokenizer)
-    else:
-      state = state_lib.create_state(mesh, mcfg, tx, 0)
-      step = rl_step.make_rl_step(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
-    batches = _rl_batches()
+  module = {"grpo": rl_step, "ppo": ppo_step, "sft": sft_step}[family]
+  args = () if family == "sft" else (spec, spec.ctx.tokenizer)
+  state = module.init(c, mesh, mcfg, seed=0)
+  step = families.make_step(c, mesh, mcfg, *args, family=module)
+  batches = _sft_batches() if family == "sft" else _rl_batches()
   prev, out = _host(state["params"]), []
   for batch in batches:
     state, m = step(state, batch)
