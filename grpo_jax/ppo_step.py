@@ -89,9 +89,7 @@ def advantages_and_returns(config, ro: rl_step.Rollout, old_v_NxL) -> tuple[jax.
   last_NxL = jax.nn.one_hot(jnp.maximum(mask.sum(-1).astype(jnp.int32) - 1, 0), mask.shape[1]) * mask
   rewards_NxL = -config.rl.beta * kl_NxL + ro.r_N[:, None] * last_NxL
   adv_NxL, returns_NxL = advantages.gae(rewards_NxL, old_v_NxL, mask, gamma=config.ppo.gamma, lam=config.ppo.lam)
-  mean = rl_step.masked_mean(adv_NxL, mask)
-  std = jnp.sqrt(rl_step.masked_mean(jnp.square(adv_NxL - mean), mask))
-  return (adv_NxL - mean) / (std + 1e-8) * mask, returns_NxL
+  return advantages.masked_whiten(adv_NxL, mask, eps=1e-8), returns_NxL
 
 
 # ------------------------------------------------------------------------------------- the family's interface
@@ -128,7 +126,7 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec
     carry = ((state["params"], state["critic_params"]), (state["opt_state"], state["critic_opt_state"]))
     ((params, critic_params), (opt_state, critic_opt)), um = update_lib.minibatch_scan(
         update_lib.make_update(make_loss_fn(config, mcfg, P_len), opts), carry, data, k_upd, mu=config.rl.mu,
-        minibatches=config.rl.minibatches, always_shuffle=True)
+        minibatches=config.rl.minibatches)
     updated = dict(params=params, opt_state=opt_state, critic_params=critic_params, critic_opt_state=critic_opt,
                    rng=rng)
     return rl_step.finish_step(config, state, updated, ro, adv_NxL, um)

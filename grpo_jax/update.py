@@ -94,7 +94,7 @@ def make_update(loss_fn: Callable, opts: Sequence[Optimizer]) -> Callable[[Any, 
 
 
 def minibatch_scan(update: Callable[[Any, Any], tuple[Any, dict]], carry: Any, data: Any, rng: jax.Array, *,
-                   mu: int, minibatches: int, always_shuffle: bool = False) -> tuple[Any, dict[str, jax.Array]]:
+                   mu: int, minibatches: int) -> tuple[Any, dict[str, jax.Array]]:
   """μ epochs × `minibatches` of `update(carry, minibatch) -> (carry, metrics)` as nested lax.scan.
 
   `data` is a pytree of arrays with the same leading row axis N; each epoch visits a fresh random permutation of
@@ -108,7 +108,7 @@ def minibatch_scan(update: Callable[[Any, Any], tuple[Any, dict]], carry: Any, d
     return update(carry, mb)
 
   def one_epoch(carry, key):
-    perm = jnp.arange(N) if mu == 1 and minibatches == 1 and not always_shuffle else jax.random.permutation(key, N)
+    perm = jnp.arange(N) if mu == 1 and minibatches == 1 else jax.random.permutation(key, N)
     return jax.lax.scan(one_minibatch, carry, perm.reshape(minibatches, N // minibatches))
 
   carry, m = jax.lax.scan(one_epoch, carry, jax.random.split(rng, mu))
