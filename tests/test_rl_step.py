@@ -1,8 +1,10 @@
 """The one-graph GRPO step on the peers' workload: on-policy ratio, no retrace, golden metrics, reward paths."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from grpo_jax import advantages
 from grpo_jax import families
 from grpo_jax import model as model_lib
 from grpo_jax import rewards
@@ -121,6 +123,33 @@ def test_dynamic_sampling_keeps_varied_groups_and_updates():
   assert float(m["train/frac_zero_std_groups"]) == pytest.approx((B - kept) / B)
   moved = [np.abs(a - b).max() for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(jax.device_get(state["params"])))]
   assert max(moved) > 0
+
+
+def test_one_registered_function_is_a_new_algorithm():
+  """The recipe of docs/architecture.md: one registered estimator is a new rl.algo that the family registry runs
+  with rl_step, and every valid token of a row gets the row's advantage (hand-computed: r − group median)."""
+  name = "test_median_baseline"
+
+  @advantages.register(name)
+  def _median_baseline(r_BxG, ctx):
+    return r_BxG - jnp.median(r_BxG, axis=1, keepdims=True)
+
+  try:
+    c = digits.bench_config(**TINY)
+    c.rl.update(algo=name, G=4)
+    assert name in families.algos() and families.for_config(c) is rl_step
+    r_N = jnp.asarray([1.0, 0.0, 0.0, 3.0, 2.0, 2.0, 2.0, 2.0])  # medians 0.5 and 2
+    mask_NxL = jnp.asarray(np.tril(np.ones((8, 3)), 1)[[0, 1, 2, 2, 1, 0, 0, 1]], jnp.float32)
+    zeros_NxL = jnp.zeros((8, 3))
+    ro = rl_step.Rollout(seq=None, tokens_NxL=None, mask_NxL=mask_NxL, lengths_N=None, truncated_N=None, r_N=r_N,
+                         per_term={}, steps=None, old_logp_NxL=zeros_NxL, ref_logp_NxL=zeros_NxL, status=None,
+                         fallbacks=None, ds_kept=None)
+    want_N = np.array([0.5, -0.5, -0.5, 2.5, 0.0, 0.0, 0.0, 0.0])
+    np.testing.assert_allclose(rl_step.compute_advantages(c, ro), want_N[:, None] * np.asarray(mask_NxL))
+  finally:
+    advantages.ESTIMATORS.pop(name)
+  with pytest.raises(ValueError, match=f"config.rl.algo='{name}'"):
+    families.for_config(c)
 
 
 class _Switchable:
