@@ -22,7 +22,6 @@ from grpo_jax import model as model_lib
 from grpo_jax import rl_step
 from grpo_jax import sampling
 from grpo_jax import sharding
-from grpo_jax import state as state_lib
 from grpo_jax.tasks import digits
 
 FLAGS = dict(hidden=64, layers=2, heads=4, kv=2, inter=128, vocab=512, prompts=8, G=8, L=64, reps=5)
@@ -35,9 +34,9 @@ def parts(a, **model_over):
                                  vocab=a.vocab, prompts=a.prompts, G=a.G, L=a.L, dtype=a.dtype)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = dataclasses.replace(model_lib.ModelConfig.from_config(c.model), **model_over)
-  tx = state_lib.make_optimizer(c.optim, 10)
+  tx = rl_step.optimizer(c).tx
   tok = digits.Tokenizer(a.vocab)
-  scfg = sampling.SamplingConfig(temperature=1.0, max_new_tokens=a.L, eos_id=tok.eos_id, pad_id=tok.pad_id)
+  scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=tok.eos_id, pad_id=tok.pad_id)
   params = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
   opt_state = tx.init(params)
   batch = next(digits.make_batches(a.prompts, 1))
@@ -52,8 +51,8 @@ def parts(a, **model_over):
   ro = jax.jit(rollout)(params, rng)
   mask_NxL = ro.mask_NxL.astype(jnp.float32)
   seq = rl_step.full_sequence(prompt_NxP, pmask_NxP, ro.tokens_NxL, mask_NxL)
-  loss_fn = rl_step.make_loss_fn(c, mcfg)
-  mb = dict(seq=seq, P=P, old_logp_NxL=ro.logp_NxL, ref_logp_NxL=ro.logp_NxL,
+  loss_fn = rl_step.make_loss_fn(c, mcfg, P)
+  mb = dict(seq=seq, old_logp_NxL=ro.logp_NxL, ref_logp_NxL=ro.logp_NxL,
             adv_NxL=jnp.ones_like(mask_NxL) * mask_NxL, mask_NxL=mask_NxL)
 
   def reference(params):

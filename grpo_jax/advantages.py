@@ -3,8 +3,9 @@
 Shapes: group rewards `r_BxG`; per-token arrays `NxL` with `N = B*G`, row `i` in group `i // G`; `mask_NxL` is 1 on
 completion tokens (EOS included) and 0 on padding. Every function returns 0 on padding and never NaN, also for rows
 whose mask is all zero. Hyper-parameters are keyword arguments so the step can close over them as constants.
+At the end, ESTIMATORS maps each GRPO-family `rl.algo` to its estimator (`register` adds one).
 """
-from typing import Tuple
+from typing import Any, Callable, NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -60,7 +61,7 @@ def _last_valid_token(mask_NxL: jax.Array) -> jax.Array:
   return (valid_NxL & (valid_at_or_after_NxL == 1)).astype(jnp.float32)
 
 
-def _masked_whiten(x_NxL: jax.Array, mask_NxL: jax.Array, eps: float) -> jax.Array:
+def masked_whiten(x_NxL: jax.Array, mask_NxL: jax.Array, eps: float) -> jax.Array:
   """(x − mean) · rsqrt(var + eps) with mean and population variance over valid tokens only (as OpenRLHF)."""
   m_NxL = mask_NxL.astype(jnp.float32)
   count = jnp.maximum(jnp.sum(m_NxL), 1.0)
@@ -85,7 +86,7 @@ def reinforce_pp(r_N: jax.Array, kl_NxL: jax.Array, mask_NxL: jax.Array, *, beta
   kl_NxL = jnp.where(m_NxL > 0, lax.stop_gradient(kl_NxL).astype(jnp.float32), 0.0)
   reward_NxL = -beta * kl_NxL + r_N.astype(jnp.float32)[:, None] * _last_valid_token(mask_NxL)
   returns_NxL = lax.cumsum(reward_NxL, axis=1, reverse=True)
-  return _masked_whiten(returns_NxL, m_NxL, whiten_eps)
+  return masked_whiten(returns_NxL, m_NxL, whiten_eps)
 
 
 def reinforce_pp_baseline(r_BxG: jax.Array, kl_NxL: jax.Array, mask_NxL: jax.Array, *, beta: float,
@@ -201,3 +202,60 @@ def broadcast_to_tokens(adv_N: jax.Array, mask_NxL: jax.Array) -> jax.Array:
   """A sequence-level advantage on every valid token of its row, 0 on padding."""
   _check_ndim("adv_N", adv_N, 1)
   return jnp.where(mask_NxL > 0, adv_N.astype(jnp.float32)[:, None], 0.0)
+
+
+# ----------------------------------------------------------------------------------- estimators by name (rl.algo)
+
+
+class Context(NamedTuple):
+  """What an estimator may read besides the group rewards r_BxG."""
+  mask_NxL: jax.Array  # 1 on completion tokens (EOS included), float32
+  kl_NxL: jax.Array    # stop-gradient per-token KL of the rollout policy to the reference, 0 on padding (k1 when
+                       # the estimator folds it into the reward, else the rl.kl_estimator)
+  rl: Any              # the `rl` config group: std_eps, std_ddof, beta, …
+
+
+class Estimator(NamedTuple):
+  fn: Callable[[jax.Array, Context], jax.Array]
+  per_token: bool        # fn returns adv_NxL; else adv_BxG, which every valid token of the row gets
+  kl_in_advantage: bool  # fn folds −β·KL into a per-token reward: the loss then carries no KL term
+  group: bool            # the baseline comes from the group: needs rl.G >= 2
+
+
+ESTIMATORS: dict[str, Estimator] = {}
+
+
+def register(name: str, *, per_token: bool = False, kl_in_advantage: bool = False, group: bool = True):
+  """Registers `fn(r_BxG, ctx) -> adv_BxG (or adv_NxL with per_token=True)` as `rl.algo=name`, run by rl_step."""
+  def deco(fn):
+    if name in ESTIMATORS:
+      raise ValueError(f"advantage estimator {name!r} is registered twice; pick another name.")
+    ESTIMATORS[name] = Estimator(fn, per_token, kl_in_advantage, group)
+    return fn
+  return deco
+
+
+@register("grpo")
+@register("gspo")  # GSPO keeps GRPO's advantages; its sequence-level ratio is a loss choice (rl_step)
+def _grpo(r_BxG, ctx):
+  return grpo(r_BxG, std_eps=ctx.rl.std_eps, ddof=ctx.rl.std_ddof)
+
+
+@register("dr_grpo")
+def _dr_grpo(r_BxG, ctx):
+  return dr_grpo(r_BxG)
+
+
+@register("rloo")
+def _rloo(r_BxG, ctx):
+  return rloo(r_BxG)
+
+
+@register("reinforce_pp", per_token=True, kl_in_advantage=True, group=False)
+def _reinforce_pp(r_BxG, ctx):
+  return reinforce_pp(r_BxG.reshape(-1), ctx.kl_NxL, ctx.mask_NxL, beta=ctx.rl.beta, whiten_eps=1e-8)
+
+
+@register("reinforce_pp_baseline", per_token=True, kl_in_advantage=True)
+def _reinforce_pp_baseline(r_BxG, ctx):
+  return reinforce_pp_baseline(r_BxG, ctx.kl_NxL, ctx.mask_NxL, beta=ctx.rl.beta, whiten_eps=1e-8)

@@ -144,11 +144,10 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh) -> dict[str, jax.Sha
 
 def compile_step(config: ml_collections.ConfigDict, devices: list, mesh_shape: dict[str, int],
                  compiler_options: dict[str, Any] | None = None):
-  """Lowers and compiles the one-graph step (`rl_step`, or `ppo_step` with its critic when rl.algo == 'ppo') for
-  `devices` on abstract sharded inputs; returns (compiled, seconds). `compiler_options` go to XLA for this compile
-  only (e.g. {'xla_dump_to': DIR} for buffer_assignment_summary)."""
-  from grpo_jax import ppo_step
-  from grpo_jax import rl_step
+  """Lowers and compiles the one-graph step of the config's family (families.for_config: rl_step, or ppo_step with
+  its critic) for `devices` on abstract sharded inputs; returns (compiled, seconds). `compiler_options` go to XLA
+  for this compile only (e.g. {'xla_dump_to': DIR} for buffer_assignment_summary)."""
+  from grpo_jax import families
   from grpo_jax import state as state_lib
   from grpo_jax.tasks import digits
 
@@ -156,20 +155,10 @@ def compile_step(config: ml_collections.ConfigDict, devices: list, mesh_shape: d
   config.mesh.update(mesh_shape)
   mesh = sharding.make_mesh(config.mesh, devices)
   mcfg = model_lib.ModelConfig.from_config(config.model)
-  tx = state_lib.make_optimizer(config.optim, total_steps=1000)
   spec = digits.reward_spec(mcfg.vocab_size)
-  critic = None
-  if config.rl.algo == "ppo":
-    mode = config.ppo.critic
-    abstract_params = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
-    abstract_critic = jax.eval_shape(lambda k, p: ppo_step.init_critic(mcfg, mode, k, p), jax.random.PRNGKey(0),
-                                     abstract_params)
-    critic = (abstract_critic, ppo_step.critic_axes(mcfg, mode), tx)
-    step = ppo_step.make_ppo_step(config, mesh, mcfg, tx, tx, spec, spec.ctx.tokenizer)
-  else:
-    step = rl_step.make_rl_step(config, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
-  abstract, shardings = state_lib.state_shardings(mesh, mcfg, tx, True, critic)
-  st = state_lib.with_shardings(abstract, shardings)
+  family = families.for_config(config)
+  step = families.make_step(config, mesh, mcfg, spec, spec.ctx.tokenizer, family=family)
+  st = state_lib.with_shardings(*family.state_spec(config, mesh, mcfg))
   t0 = time.perf_counter()
   compiled = step.lower(st, abstract_batch(config, mesh)).compile(compiler_options=compiler_options)
   return compiled, time.perf_counter() - t0

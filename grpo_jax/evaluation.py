@@ -148,13 +148,10 @@ class Evaluator:
     n = eval_arrays["prompt_NxP"].shape[0]
     if n % self.batch:
       raise ValueError(f"eval.size={n} must be a multiple of eval.batch={self.batch}.")
-    common = dict(top_k=0, top_p=1.0, max_new_tokens=config.sampling.max_new_tokens,
-                  eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
-    self.greedy = make_generate(mcfg, sampling.SamplingConfig(temperature=1.0, greedy=True, **common), mesh,
-                                self.task, tokenizer.tag_ids, **host)
-    self.sampled = make_generate(
-        mcfg, sampling.SamplingConfig(temperature=config.sampling.temperature, greedy=False, **common), mesh,
-        self.task, tokenizer.tag_ids, **host)
+    scfg = lambda **kw: sampling.SamplingConfig.from_config(  # untruncated: top-k / top-p off
+        config.sampling, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, top_k=0, top_p=1.0, **kw)
+    self.greedy = make_generate(mcfg, scfg(greedy=True, temperature=1.0), mesh, self.task, tokenizer.tag_ids, **host)
+    self.sampled = make_generate(mcfg, scfg(), mesh, self.task, tokenizer.tag_ids, **host)
 
   def _chunks(self, repeat: int):
     n = self.arrays["prompt_NxP"].shape[0]

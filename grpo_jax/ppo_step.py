@@ -8,18 +8,17 @@ whitened over valid tokens; clipped surrogate; clipped value loss; the critic ha
 import functools
 from typing import Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 from jax.sharding import PartitionSpec as P
 
 from grpo_jax import advantages
 from grpo_jax import losses
 from grpo_jax import model as model_lib
+from grpo_jax import rewards as rewards_lib
 from grpo_jax import rl_step
-from grpo_jax import sharding
 from grpo_jax import state as state_lib
+from grpo_jax import update as update_lib
 
 
 def init_critic(mcfg: model_lib.ModelConfig, mode: str, rng: jax.Array, policy_params=None) -> dict:
@@ -58,86 +57,78 @@ def values_and_logprobs(mcfg, mode, policy_params, critic_params, seq, P_len: in
   return v_NxL, logp_NxL, ent_NxL
 
 
-def make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer) -> Callable:
-  rl, ppo, temp = config.rl, config.ppo, config.sampling.temperature
-  rollout_fn = rl_step.make_rollout_fn(config, mcfg, spec, tokenizer)
-  mode = ppo.critic
+def critic(config, mcfg: model_lib.ModelConfig) -> state_lib.Critic:
+  """THE critic set-up: its layout (config.ppo.critic), init from the policy, axes and optimizer (ppo.critic_lr)."""
+  mode = config.ppo.critic
+  return state_lib.Critic(init=functools.partial(init_critic, mcfg, mode), axes=critic_axes(mcfg, mode),
+                          opt=update_lib.make_optimizer(config.optim, lr=config.ppo.critic_lr))
+
+
+def make_loss_fn(config, mcfg, P_len: int) -> Callable:
+  """((policy params, critic params), minibatch) -> (clipped surrogate + vf_coef · clipped value loss, aux)."""
+  rl, ppo, temp, L = config.rl, config.ppo, config.sampling.temperature, config.sampling.max_new_tokens
 
   def loss_fn(both, mb):
     policy_params, critic_params = both
-    v_NxL, logp_NxL, ent_NxL = values_and_logprobs(mcfg, mode, policy_params, critic_params, mb["seq"], mb["P"],
+    v_NxL, logp_NxL, ent_NxL = values_and_logprobs(mcfg, ppo.critic, policy_params, critic_params, mb["seq"], P_len,
                                                    temp)
     pl, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], None, mb["adv_NxL"], mb["mask_NxL"],
-                               eps_low=rl.eps_low, eps_high=rl.eps_high, beta=0.0, agg=rl.loss_agg,
-                               norm_len=config.sampling.max_new_tokens)
+                               eps_low=rl.eps_low, eps_high=rl.eps_high, beta=0.0, agg=rl.loss_agg, norm_len=L)
     vl, vm = losses.value_loss(v_NxL, mb["old_v_NxL"], mb["returns_NxL"], mb["mask_NxL"], clip=ppo.value_clip,
-                           agg=rl.loss_agg, norm_len=config.sampling.max_new_tokens)
+                               agg=rl.loss_agg, norm_len=L)
     m = dict(m, **vm, value_loss=vl, entropy=rl_step.masked_mean(ent_NxL, mb["mask_NxL"]))
     return pl + ppo.vf_coef * vl, m
+  return loss_fn
 
-  def update(carry, rows, data, P_len):
-    params, opt_state, critic_params, critic_opt = carry
-    mb = jax.tree.map(lambda x: sharding.constrain_batch(jnp.take(x, rows, axis=0)), data)
-    mb["P"] = P_len
-    (loss, m), (g_pol, g_crit) = jax.value_and_grad(loss_fn, has_aux=True)((params, critic_params), mb)
-    gnorm = optax.global_norm(g_pol)
-    upd, new_opt = tx.update(g_pol, opt_state, params)
-    c_upd, new_copt = critic_tx.update(g_crit, critic_opt, critic_params)
-    new = (optax.apply_updates(params, upd), new_opt, optax.apply_updates(critic_params, c_upd), new_copt)
-    finite = jnp.isfinite(loss) & jnp.isfinite(gnorm) & jnp.isfinite(optax.global_norm(g_crit))
-    old = (params, opt_state, critic_params, critic_opt)
-    new = jax.tree.map(lambda a, b: jnp.where(finite, a, b), new, old)
-    m.update(loss=loss, grad_norm=gnorm, nonfinite=1 - finite.astype(jnp.int32),
-             update_norm=jnp.where(finite, optax.global_norm(upd), 0.0))
-    return new, m
+
+def advantages_and_returns(config, ro: rl_step.Rollout, old_v_NxL) -> tuple[jax.Array, jax.Array]:
+  """Per-token reward −β·k1(π_old, π_ref) plus the outcome at the last token; GAE; advantages whitened over the
+  batch's valid tokens."""
+  mask = ro.mask_NxL
+  kl_NxL = losses.kl_k1(ro.old_logp_NxL, ro.ref_logp_NxL) * mask
+  last_NxL = jax.nn.one_hot(jnp.maximum(mask.sum(-1).astype(jnp.int32) - 1, 0), mask.shape[1]) * mask
+  rewards_NxL = -config.rl.beta * kl_NxL + ro.r_N[:, None] * last_NxL
+  adv_NxL, returns_NxL = advantages.gae(rewards_NxL, old_v_NxL, mask, gamma=config.ppo.gamma, lam=config.ppo.lam)
+  return advantages.masked_whiten(adv_NxL, mask, eps=1e-8), returns_NxL
+
+
+# ------------------------------------------------------------------------------------- the family's interface
+
+
+optimizer = rl_step.optimizer  # the policy's AdamW from the `optim` group, as in the GRPO family
+
+
+def layout(config, mcfg: model_lib.ModelConfig) -> state_lib.Layout:
+  """Policy, frozen reference, AdamW state, and the critic with its own AdamW state."""
+  return state_lib.Layout(optimizer(config), critic=critic(config, mcfg))
+
+
+state_spec, init = state_lib.spec_and_init(layout)
+
+
+def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec,
+               tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
+  """The pure, un-jitted `(state, batch) -> (state, metrics)` of PPO with a critic."""
+  rollout_fn = rl_step.make_rollout_fn(config, mcfg, spec, tokenizer)
+  opts = (optimizer(config), critic(config, mcfg).opt)
+  temp = config.sampling.temperature
 
   def step(state, batch):
+    P_len = batch["prompt_NxP"].shape[1]
     rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
     ro = rollout_fn(state["params"], state["ref_params"], batch, k_roll)
-    mask = ro["mask_NxL"]
-    P_len = ro["P"]
-    old_v_NxL, _, _ = values_and_logprobs(mcfg, mode, state["params"], state["critic_params"], ro["seq"], P_len,
-                                          temp, want_logp=False)
-    old_v_NxL = jax.lax.stop_gradient(old_v_NxL) * mask
-    kl_NxL = losses.kl_k1(ro["old_logp_NxL"], ro["ref_logp_NxL"]) * mask
-    last_NxL = jax.nn.one_hot(jnp.maximum(mask.sum(-1).astype(jnp.int32) - 1, 0), mask.shape[1]) * mask
-    rewards_NxL = -rl.beta * kl_NxL + ro["r_N"][:, None] * last_NxL
-    adv_NxL, returns_NxL = advantages.gae(rewards_NxL, old_v_NxL, mask, gamma=ppo.gamma, lam=ppo.lam)
-    mean = rl_step.masked_mean(adv_NxL, mask)
-    std = jnp.sqrt(rl_step.masked_mean(jnp.square(adv_NxL - mean), mask))
-    adv_NxL = (adv_NxL - mean) / (std + 1e-8) * mask
-    data = dict(seq=ro["seq"], old_logp_NxL=ro["old_logp_NxL"], adv_NxL=adv_NxL, mask_NxL=mask,
+    old_v_NxL, _, _ = values_and_logprobs(mcfg, config.ppo.critic, state["params"], state["critic_params"], ro.seq,
+                                          P_len, temp, want_logp=False)
+    old_v_NxL = jax.lax.stop_gradient(old_v_NxL) * ro.mask_NxL
+    adv_NxL, returns_NxL = advantages_and_returns(config, ro, old_v_NxL)
+    data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=ro.mask_NxL,
                 old_v_NxL=old_v_NxL, returns_NxL=returns_NxL)
-    N = mask.shape[0]
+    carry = ((state["params"], state["critic_params"]), (state["opt_state"], state["critic_opt_state"]))
+    ((params, critic_params), (opt_state, critic_opt)), um = update_lib.minibatch_scan(
+        update_lib.make_update(make_loss_fn(config, mcfg, P_len), opts), carry, data, k_upd, mu=config.rl.mu,
+        minibatches=config.rl.minibatches)
+    updated = dict(params=params, opt_state=opt_state, critic_params=critic_params, critic_opt_state=critic_opt,
+                   rng=rng)
+    return rl_step.finish_step(config, state, updated, ro, adv_NxL, um)
 
-    def epoch(carry, key):
-      perm = jax.random.permutation(key, N).reshape(rl.minibatches, N // rl.minibatches)
-      return jax.lax.scan(functools.partial(update, data=data, P_len=P_len), carry, perm)
-
-    carry = (state["params"], state["opt_state"], state["critic_params"], state["critic_opt_state"])
-    carry, um = jax.lax.scan(epoch, carry, jax.random.split(k_upd, rl.mu))
-    params, opt_state, critic_params, critic_opt = carry
-    um = jax.tree.map(lambda x: x.reshape(-1), um)
-    reward_ok = jnp.all(ro["status"] == 0)
-    new_state = dict(state, params=params, opt_state=opt_state, critic_params=critic_params,
-                     critic_opt_state=critic_opt, step=state["step"] + 1, rng=rng)
-    new_state = jax.tree.map(lambda a, b: jnp.where(reward_ok, a, b), new_state, state)
-    m = rl_step.rollout_metrics(config, ro, adv_NxL)
-    for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "entropy", "loss", "grad_norm", "update_norm",
-              "value_loss"):
-      m[f"train/{k}"] = um[k].mean()
-    m["train/ratio_max"] = um["ratio_max"].max()
-    m["train/nonfinite_updates"] = um["nonfinite"].sum()
-    m["train/skipped_updates"] = um["nonfinite"].sum() + (1 - reward_ok.astype(jnp.int32)) * um["nonfinite"].size
-    m["train/param_norm"] = optax.global_norm(new_state["params"])
-    m["reward_status"] = ro["status"]
-    n_show = config.train.num_samples_logged
-    m["samples/tokens_NxL"] = ro["tokens_NxL"][:n_show]
-    m["samples/mask_NxL"] = ro["mask_NxL"][:n_show]
-    m["samples/r_N"] = ro["r_N"][:n_show]
-    return new_state, m
-
-  abstract_critic = jax.eval_shape(lambda: init_critic(mcfg, mode, jax.random.PRNGKey(0)))
-  _, shard = state_lib.state_shardings(mesh, mcfg, tx, True, (abstract_critic, critic_axes(mcfg, mode), critic_tx))
-
-  return sharding.jit_step(step, mesh, shard)
+  return step

@@ -1,14 +1,13 @@
 """The critic-free RL iteration (GRPO family) as ONE jitted, sharded function `(state, batch) -> (state, metrics)`.
 
-rollout (scan decoder) → rewards (in-graph or pure_callback) → advantages (by name) → reference log-probs →
-μ epochs × minibatches of clipped updates (lax.scan) → metrics. PPO with a critic lives in `ppo_step.py`.
+rollout (scan decoder) → rewards (in-graph or pure_callback) → advantages (by name, advantages.ESTIMATORS) →
+reference log-probs → μ epochs × minibatches of clipped updates (update.minibatch_scan) → metrics. PPO with a critic
+lives in `ppo_step.py` and reuses the rollout and the step's tail from here.
 """
-from typing import Any, Callable
+from typing import Callable, NamedTuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
 
 from grpo_jax import advantages
 from grpo_jax import losses
@@ -17,6 +16,7 @@ from grpo_jax import rewards as rewards_lib
 from grpo_jax import sampling
 from grpo_jax import sharding
 from grpo_jax import state as state_lib
+from grpo_jax import update as update_lib
 
 PROMPT_KEYS = ("prompt_NxP", "prompt_mask_NxP")
 
@@ -43,108 +43,94 @@ def completion_logprobs(mcfg, params, seq, P: int, temperature: float):
   return model_lib.completion_logprobs(mcfg, params, tokens_NxT, positions_NxT, mask_NxT, P, temperature)
 
 
-# ------------------------------------------------------------------------------------------ advantages by name
-# Each maps (r_BxG, ctx) -> adv_NxL. ctx: mask_NxL, kl_NxL (stop-grad per-token KL of the rollout policy to the
-# reference), steps (process scores or None), rl config.
-
-def _outcome(fn):
-  def adv(r_BxG, ctx):
-    a_N = fn(r_BxG, ctx).reshape(-1)
-    return advantages.broadcast_to_tokens(a_N, ctx["mask_NxL"])
-  return adv
-
-
-ADVANTAGES: dict[str, Callable[[jax.Array, dict], jax.Array]] = {
-    "grpo": _outcome(lambda r, c: advantages.grpo(r, std_eps=c["rl"].std_eps, ddof=c["rl"].std_ddof)),
-    "gspo": _outcome(lambda r, c: advantages.grpo(r, std_eps=c["rl"].std_eps, ddof=c["rl"].std_ddof)),
-    "dr_grpo": _outcome(lambda r, c: advantages.dr_grpo(r)),
-    "rloo": _outcome(lambda r, c: advantages.rloo(r)),
-    "reinforce_pp": lambda r, c: advantages.reinforce_pp(
-        r.reshape(-1), c["kl_NxL"], c["mask_NxL"], beta=c["rl"].beta, whiten_eps=1e-8),
-    "reinforce_pp_baseline": lambda r, c: advantages.reinforce_pp_baseline(
-        r, c["kl_NxL"], c["mask_NxL"], beta=c["rl"].beta, whiten_eps=1e-8),
-}
-# Algorithms whose advantage already carries the KL penalty (per token, in the reward).
-KL_IN_ADVANTAGE = ("reinforce_pp", "reinforce_pp_baseline")
+class Rollout(NamedTuple):
+  """One iteration's samples, scores and log-probs. Rows N = B·G (row i in group i // G); L completion tokens."""
+  seq: tuple                # (tokens_NxT, positions_NxT, mask_NxT): prompt + completion, the training forward's input
+  tokens_NxL: jax.Array
+  mask_NxL: jax.Array       # float32: 1 up to and including EOS
+  lengths_N: jax.Array
+  truncated_N: jax.Array
+  r_N: jax.Array            # the weighted reward
+  per_term: dict            # name -> unweighted r_N of each reward term
+  steps: tuple | None       # process scores (step_r_NxS, step_end_NxS, step_valid_NxS), or None
+  old_logp_NxL: jax.Array   # the rollout policy's log-probs (stop-gradient, 0 on padding)
+  ref_logp_NxL: jax.Array   # the reference's
+  status: jax.Array         # one per reward term: rewards.OK unless its Python call failed
+  fallbacks: jax.Array      # samples a Python term replaced by its fallback score
+  ds_kept: jax.Array | None  # dynamic sampling: kept groups with reward variance (None when off)
 
 
-def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Callable:
-  """(params, ref_params, batch, rng) -> Rollout with rewards, advantages, old and reference log-probs."""
+def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Callable[..., Rollout]:
+  """(params, ref_params, batch, rng) -> Rollout: sample G completions per prompt, score them, log-probs."""
   rl, G, temp = config.rl, config.rl.G, config.sampling.temperature
-  scfg = sampling.SamplingConfig(
-      temperature=temp, top_k=config.sampling.top_k, top_p=config.sampling.top_p,
-      max_new_tokens=config.sampling.max_new_tokens, greedy=False,
-      eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+  scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
   bf16 = mcfg.dtype == "bfloat16"
 
-  def rollout_fn(params, ref_params, batch, rng):
+  def rollout_fn(params, ref_params, batch, rng) -> Rollout:
     k_sample, k_ds = jax.random.split(rng)
     b = tile_batch(batch, G)
-    prompt_NxP, pmask_NxP = b["prompt_NxP"], b["prompt_mask_NxP"]
-    P = prompt_NxP.shape[1]
-    ro = sampling.sample(mcfg, params, prompt_NxP, pmask_NxP, k_sample, scfg)
+    P = b["prompt_NxP"].shape[1]
+    ro = sampling.sample(mcfg, params, b["prompt_NxP"], b["prompt_mask_NxP"], k_sample, scfg)
     tokens_NxL = sharding.constrain_batch(ro.tokens_NxL)
-    mask_NxL = ro.mask_NxL.astype(jnp.float32)
     fields = {k: v for k, v in b.items() if k not in PROMPT_KEYS}
     r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields)
     if rl.overlong_cache > 0:
       r_N = r_N + advantages.overlong_penalty(ro.lengths_N, max_len=scfg.max_new_tokens, cache_len=rl.overlong_cache)
-    out = dict(prompt_NxP=prompt_NxP, pmask_NxP=pmask_NxP, tokens_NxL=tokens_NxL, mask_NxL=mask_NxL,
-               lengths_N=ro.lengths_N, truncated_N=ro.truncated_N, r_N=r_N, status=status,
-               fallbacks=fallbacks, per_term=per_term, old_logp_NxL=ro.logp_NxL, steps=steps)
-
+    # Everything with one row per sample; dynamic sampling keeps some groups' rows.
+    rows = dict(prompt_NxP=b["prompt_NxP"], pmask_NxP=b["prompt_mask_NxP"], tokens_NxL=tokens_NxL,
+                mask_NxL=ro.mask_NxL.astype(jnp.float32), lengths_N=ro.lengths_N, truncated_N=ro.truncated_N,
+                r_N=r_N, per_term=per_term, steps=steps, old_logp_NxL=ro.logp_NxL)
+    ds_kept = None
     if rl.dynamic_sampling:
       # DAPO: the batch holds oversample×B prompts; keep B groups with 0 < correct < G, fixed shape.
       B_all = r_N.shape[0] // G
-      keep = B_all // rl.oversample
-      idx_B, n_valid = advantages.dynamic_sampling_select(r_N.reshape(B_all, G), keep, k_ds)
-      rows = (idx_B[:, None] * G + jnp.arange(G)[None, :]).reshape(-1)
-      take = lambda x: sharding.constrain_batch(jnp.take(x, rows, axis=0)) if x.ndim else x
-      per_term = {k: take(v) for k, v in out.pop("per_term").items()}
-      steps = out.pop("steps")
-      out = {k: take(v) for k, v in out.items()}
-      out["per_term"], out["steps"] = per_term, (None if steps is None else tuple(take(s) for s in steps))
-      out["ds_kept"] = n_valid
-      out["r_N_all"] = r_N
+      idx_B, ds_kept = advantages.dynamic_sampling_select(r_N.reshape(B_all, G), B_all // rl.oversample, k_ds)
+      keep_N = (idx_B[:, None] * G + jnp.arange(G)[None, :]).reshape(-1)
+      rows = jax.tree.map(lambda x: sharding.constrain_batch(jnp.take(x, keep_N, axis=0)), rows)
 
-    seq = full_sequence(out["prompt_NxP"], out["pmask_NxP"], out["tokens_NxL"], out["mask_NxL"])
+    mask_NxL = rows["mask_NxL"]
+    seq = full_sequence(rows["prompt_NxP"], rows["pmask_NxP"], rows["tokens_NxL"], mask_NxL)
     ref_logp_NxL, _ = completion_logprobs(mcfg, ref_params, seq, P, temp)
+    old_logp_NxL = rows["old_logp_NxL"]
     if bf16:
       # bf16 sampler and training forward differ by rounding; ρ must start at exactly 1 for μ=1 on-policy.
-      out["old_logp_NxL"], _ = completion_logprobs(mcfg, params, seq, P, temp)
-    out["old_logp_NxL"] = jax.lax.stop_gradient(out["old_logp_NxL"]) * out["mask_NxL"]
-    out["ref_logp_NxL"] = jax.lax.stop_gradient(ref_logp_NxL) * out["mask_NxL"]
-    out["seq"] = seq
-    out["P"] = P
-    return out
+      old_logp_NxL, _ = completion_logprobs(mcfg, params, seq, P, temp)
+    return Rollout(seq=seq, tokens_NxL=rows["tokens_NxL"], mask_NxL=mask_NxL, lengths_N=rows["lengths_N"],
+                   truncated_N=rows["truncated_N"], r_N=rows["r_N"], per_term=rows["per_term"], steps=rows["steps"],
+                   old_logp_NxL=jax.lax.stop_gradient(old_logp_NxL) * mask_NxL,
+                   ref_logp_NxL=jax.lax.stop_gradient(ref_logp_NxL) * mask_NxL, status=status,
+                   fallbacks=fallbacks, ds_kept=ds_kept)
 
   return rollout_fn
 
 
-def compute_advantages(config, ro: dict) -> jax.Array:
+def compute_advantages(config, ro: Rollout) -> jax.Array:
   rl, G = config.rl, config.rl.G
-  r_BxG = ro["r_N"].reshape(-1, G)
-  kl_NxL = losses.kl_estimate("k1" if rl.algo in KL_IN_ADVANTAGE else rl.kl_estimator,
-                       ro["old_logp_NxL"], ro["ref_logp_NxL"]) * ro["mask_NxL"]
-  if rl.kl_in == "reward" and rl.algo not in KL_IN_ADVANTAGE:
+  est = advantages.ESTIMATORS[rl.algo]
+  r_BxG = ro.r_N.reshape(-1, G)
+  kl_NxL = losses.kl_estimate("k1" if est.kl_in_advantage else rl.kl_estimator,
+                              ro.old_logp_NxL, ro.ref_logp_NxL) * ro.mask_NxL
+  if rl.kl_in == "reward" and not est.kl_in_advantage:
     # Sequence-level KL penalty folded into the outcome reward before normalisation.
     r_BxG = r_BxG - rl.beta * kl_NxL.sum(-1).reshape(-1, G)
-  ctx = dict(mask_NxL=ro["mask_NxL"], kl_NxL=jax.lax.stop_gradient(kl_NxL), rl=rl)
-  adv_NxL = ADVANTAGES[rl.algo](r_BxG, ctx)
+  adv = est.fn(r_BxG, advantages.Context(ro.mask_NxL, jax.lax.stop_gradient(kl_NxL), rl))
+  adv_NxL = adv if est.per_token else advantages.broadcast_to_tokens(adv.reshape(-1), ro.mask_NxL)
   if rl.process_weight > 0:
-    s_r, s_end, s_valid = ro["steps"]
-    p_adv = advantages.process_advantages(s_r, s_end, s_valid, ro["mask_NxL"], G=G, std_eps=rl.std_eps)
+    s_r, s_end, s_valid = ro.steps
+    p_adv = advantages.process_advantages(s_r, s_end, s_valid, ro.mask_NxL, G=G, std_eps=rl.std_eps)
     adv_NxL = advantages.combine(adv_NxL, p_adv, w_outcome=1.0, w_process=rl.process_weight)
-  return adv_NxL * ro["mask_NxL"]
+  return adv_NxL * ro.mask_NxL
 
 
-def make_loss_fn(config, mcfg) -> Callable:
+def make_loss_fn(config, mcfg, P: int) -> Callable:
+  """(params, minibatch) -> (loss, aux) for prompts of static length P."""
   rl, temp = config.rl, config.sampling.temperature
-  beta = 0.0 if (rl.algo in KL_IN_ADVANTAGE or rl.kl_in == "reward") else rl.beta
+  no_kl_in_loss = advantages.ESTIMATORS[rl.algo].kl_in_advantage or rl.kl_in == "reward"
+  beta = 0.0 if no_kl_in_loss else rl.beta
   L = config.sampling.max_new_tokens
 
   def loss_fn(params, mb):
-    logp_NxL, ent_NxL = completion_logprobs(mcfg, params, mb["seq"], mb["P"], temp)
+    logp_NxL, ent_NxL = completion_logprobs(mcfg, params, mb["seq"], P, temp)
     if rl.algo == "gspo":
       # GSPO-token: sequence-level ratio exp(mean_t log ρ) clipped with its own small ε.
       loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb["ref_logp_NxL"], mb["adv_NxL"],
@@ -155,59 +141,15 @@ def make_loss_fn(config, mcfg) -> Callable:
       loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb["ref_logp_NxL"], mb["adv_NxL"],
                                    mb["mask_NxL"], eps_low=rl.eps_low, eps_high=rl.eps_high, beta=beta,
                                    kl_estimator=rl.kl_estimator, agg=rl.loss_agg, norm_len=L)
-    m = dict(m)
-    m["entropy"] = masked_mean(ent_NxL, mb["mask_NxL"])
-    return loss, m
+    return loss, dict(m, entropy=masked_mean(ent_NxL, mb["mask_NxL"]))
   return loss_fn
 
 
-def _select(pred, new, old):
-  return jax.tree.map(lambda a, b: jnp.where(pred, a, b), new, old)
-
-
-def make_update_fn(config, mcfg, tx, loss_fn) -> Callable:
-  """μ epochs × minibatches as nested lax.scan; a non-finite loss or gradient skips that update (counted)."""
-  rl = config.rl
-
-  def update_fn(params, opt_state, data: dict, rng):
-    N = data["mask_NxL"].shape[0]
-    n_mb = rl.minibatches
-    mb_size = N // n_mb
-
-    def one_minibatch(carry, rows):
-      params, opt_state = carry
-      mb = jax.tree.map(lambda x: sharding.constrain_batch(jnp.take(x, rows, axis=0)), data)
-      mb["P"] = P
-      (loss, m), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
-      gnorm = optax.global_norm(grads)
-      updates, new_opt = tx.update(grads, opt_state, params)
-      new_params = optax.apply_updates(params, updates)
-      finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-      params, opt_state = _select(finite, (new_params, new_opt), (params, opt_state))
-      m.update(loss=loss, grad_norm=gnorm, update_norm=jnp.where(finite, optax.global_norm(updates), 0.0),
-               nonfinite=1 - finite.astype(jnp.int32))
-      return (params, opt_state), m
-
-    def one_epoch(carry, key):
-      if n_mb == 1 and rl.mu == 1:
-        perm = jnp.arange(N)  # on-policy single update: row order is irrelevant, skip the gather cost
-      else:
-        perm = jax.random.permutation(key, N)
-      return jax.lax.scan(one_minibatch, carry, perm.reshape(n_mb, mb_size))
-
-    P = data.pop("P")
-    (params, opt_state), m = jax.lax.scan(one_epoch, (params, opt_state), jax.random.split(rng, rl.mu))
-    m = jax.tree.map(lambda x: x.reshape(-1), m)  # [mu * n_mb]
-    return params, opt_state, m
-
-  return update_fn
-
-
-def rollout_metrics(config, ro: dict, adv_NxL) -> dict[str, jax.Array]:
+def rollout_metrics(config, ro: Rollout, adv_NxL) -> dict[str, jax.Array]:
   G = config.rl.G
-  r_N, mask = ro["r_N"], ro["mask_NxL"]
+  r_N, mask = ro.r_N, ro.mask_NxL
   r_BxG = r_N.reshape(-1, G)
-  k3_NxL = losses.kl_k3(ro["old_logp_NxL"], ro["ref_logp_NxL"])
+  k3_NxL = losses.kl_k3(ro.old_logp_NxL, ro.ref_logp_NxL)
   m = {
       "train/reward_mean": r_N.mean(), "train/reward_std": r_N.std(),
       "train/frac_zero_std_groups": jnp.mean((r_BxG.max(-1) - r_BxG.min(-1)) < 1e-6),
@@ -215,58 +157,63 @@ def rollout_metrics(config, ro: dict, adv_NxL) -> dict[str, jax.Array]:
       "train/adv_std": jnp.sqrt(masked_mean(jnp.square(adv_NxL - masked_mean(adv_NxL, mask)), mask)),
       "train/adv_abs_max": jnp.max(jnp.abs(adv_NxL)),
       "train/kl": masked_mean(k3_NxL, mask),
-      "train/completion_len_mean": ro["lengths_N"].mean(),
-      "train/completion_len_max": ro["lengths_N"].max(),
-      "train/truncation_rate": ro["truncated_N"].mean(),
-      "train/reward_fallbacks": ro["fallbacks"],
+      "train/completion_len_mean": ro.lengths_N.mean(),
+      "train/completion_len_max": ro.lengths_N.max(),
+      "train/truncation_rate": ro.truncated_N.mean(),
+      "train/reward_fallbacks": ro.fallbacks,
   }
-  for name, r in ro["per_term"].items():
+  for name, r in ro.per_term.items():
     m[f"train/reward/{name}"] = r.mean()
-  if "ds_kept" in ro:
-    m["train/dynamic_sampling_kept"] = ro["ds_kept"]
+  if ro.ds_kept is not None:
+    m["train/dynamic_sampling_kept"] = ro.ds_kept
   return m
 
 
-def build_step(config, mcfg: model_lib.ModelConfig, tx, spec: rewards_lib.RewardSpec,
-               tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
-  """The pure, un-jitted `(state, batch) -> (state, metrics)`: jit it (make_rl_step) or vmap it over seeds."""
-  rollout_fn = make_rollout_fn(config, mcfg, spec, tokenizer)
-  update_fn = make_update_fn(config, mcfg, tx, make_loss_fn(config, mcfg))
+def finish_step(config, state: state_lib.State, updated: dict, ro: Rollout, adv_NxL, um: dict):
+  """The RL families' tail: the new state, unless a Python reward failed (then the whole state stays as it was and
+  the host raises after the step), and the step's metrics."""
+  reward_ok = jnp.all(ro.status == rewards_lib.OK)
+  new_state = update_lib.select(reward_ok, dict(state, **updated, step=state["step"] + 1), state)
+  m = {**rollout_metrics(config, ro, adv_NxL), **update_lib.step_metrics(um, new_state["params"], reward_ok)}
   n_show = config.train.num_samples_logged
+  m.update({"reward_status": ro.status, "samples/tokens_NxL": ro.tokens_NxL[:n_show],
+            "samples/mask_NxL": ro.mask_NxL[:n_show], "samples/r_N": ro.r_N[:n_show]})
+  return new_state, m
+
+
+# ------------------------------------------------------------------------------------- the family's interface
+
+
+def optimizer(config) -> update_lib.Optimizer:
+  return update_lib.make_optimizer(config.optim)
+
+
+def layout(config, mcfg: model_lib.ModelConfig) -> state_lib.Layout:
+  """Policy, frozen reference, AdamW state."""
+  return state_lib.Layout(optimizer(config))
+
+
+state_spec, init = state_lib.spec_and_init(layout)
+
+
+def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec,
+               tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
+  """The pure, un-jitted `(state, batch) -> (state, metrics)`: jit it (families.make_step) or vmap it (seeds)."""
+  rollout_fn = make_rollout_fn(config, mcfg, spec, tokenizer)
+  opt = optimizer(config)
 
   def step(state, batch):
+    loss_fn = make_loss_fn(config, mcfg, batch["prompt_NxP"].shape[1])
     rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
     ro = rollout_fn(state["params"], state["ref_params"], batch, k_roll)
     adv_NxL = compute_advantages(config, ro)
-    data = dict(seq=ro["seq"], old_logp_NxL=ro["old_logp_NxL"], ref_logp_NxL=ro["ref_logp_NxL"],
-                adv_NxL=adv_NxL, mask_NxL=ro["mask_NxL"], P=ro["P"])
-    params, opt_state, um = update_fn(state["params"], state["opt_state"], data, k_upd)
+    data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, ref_logp_NxL=ro.ref_logp_NxL, adv_NxL=adv_NxL,
+                mask_NxL=ro.mask_NxL)
 
-    # A failed Python reward leaves the whole state untouched; the host raises after the step.
-    reward_ok = jnp.all(ro["status"] == rewards_lib.OK)
-    new_state = dict(state, params=params, opt_state=opt_state, step=state["step"] + 1, rng=rng)
-    new_state = _select(reward_ok, new_state, state)
-
-    m = rollout_metrics(config, ro, adv_NxL)
-    for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "ratio_max", "entropy", "loss", "grad_norm",
-              "update_norm"):
-      if k in um:
-        m[f"train/{k}"] = um[k].max() if k == "ratio_max" else um[k].mean()
-    m["train/nonfinite_updates"] = um["nonfinite"].sum()
-    m["train/skipped_updates"] = um["nonfinite"].sum() + (1 - reward_ok.astype(jnp.int32)) * um["nonfinite"].size
-    m["train/param_norm"] = optax.global_norm(new_state["params"])
-    m["reward_status"] = ro["status"]
-    m["samples/tokens_NxL"] = ro["tokens_NxL"][:n_show]
-    m["samples/mask_NxL"] = ro["mask_NxL"][:n_show]
-    m["samples/r_N"] = ro["r_N"][:n_show]
-    return new_state, m
+    update = update_lib.make_update(lambda ps, mb: loss_fn(ps[0], mb), (opt,))
+    ((params,), (opt_state,)), um = update_lib.minibatch_scan(
+        update, ((state["params"],), (state["opt_state"],)), data, k_upd, mu=config.rl.mu,
+        minibatches=config.rl.minibatches)
+    return finish_step(config, state, dict(params=params, opt_state=opt_state, rng=rng), ro, adv_NxL, um)
 
   return step
-
-
-def make_rl_step(config, mesh, mcfg: model_lib.ModelConfig, tx, spec: rewards_lib.RewardSpec,
-                 tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
-  """ONE jitted `(state, batch) -> (state, metrics)`; the state is donated."""
-  step = build_step(config, mcfg, tx, spec, tokenizer)
-  _, shard = state_lib.state_shardings(mesh, mcfg, tx)
-  return sharding.jit_step(step, mesh, shard)

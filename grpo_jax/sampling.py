@@ -36,10 +36,13 @@ class SamplingConfig:
       raise ValueError(f"sampling.max_new_tokens={self.max_new_tokens}: must be >= 1.")
 
   @classmethod
-  def from_config(cls, cfg: Any, *, eos_id: int, pad_id: int, greedy: bool = False) -> "SamplingConfig":
-    """From the `sampling` ConfigDict (temperature, top_k, top_p, max_new_tokens); ids come from the tokenizer."""
-    return cls(temperature=float(cfg["temperature"]), top_k=int(cfg["top_k"]), top_p=float(cfg["top_p"]),
+  def from_config(cls, cfg: Any, *, eos_id: int, pad_id: int, greedy: bool = False,
+                  **overrides: Any) -> "SamplingConfig":
+    """From the `sampling` ConfigDict (temperature, top_k, top_p, max_new_tokens); ids come from the tokenizer;
+    `overrides` replace fields (e.g. evaluation's untruncated top_k=0, top_p=1.0)."""
+    scfg = cls(temperature=float(cfg["temperature"]), top_k=int(cfg["top_k"]), top_p=float(cfg["top_p"]),
                max_new_tokens=int(cfg["max_new_tokens"]), greedy=greedy, eos_id=int(eos_id), pad_id=int(pad_id))
+    return dataclasses.replace(scfg, **overrides) if overrides else scfg
 
 
 class Rollout(NamedTuple):

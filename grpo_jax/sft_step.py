@@ -1,15 +1,14 @@
-"""Next-token SFT / pre-training as one jitted step over the same state and model as RL."""
-import functools
+"""Next-token SFT / pre-training as one jitted step over the same state and model as RL (no reference)."""
 from typing import Callable
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import optax
+import ml_collections
 
 from grpo_jax import model as model_lib
 from grpo_jax import sharding
 from grpo_jax import state as state_lib
+from grpo_jax import update as update_lib
 
 
 def sft_loss(mcfg, params, batch) -> tuple[jax.Array, dict]:
@@ -20,21 +19,36 @@ def sft_loss(mcfg, params, batch) -> tuple[jax.Array, dict]:
   w_NxT = batch["loss_mask_NxT"].astype(jnp.float32).at[:, 0].set(0.0)
   n = jnp.maximum(w_NxT.sum(), 1.0)
   loss = -jnp.sum(logp_NxT * w_NxT) / n
-  return loss, {"train/loss": loss, "train/tokens": w_NxT.sum()}
+  return loss, {"tokens": w_NxT.sum()}
 
 
-def make_sft_step(mcfg: model_lib.ModelConfig, tx, mesh) -> Callable[[dict, dict], tuple[dict, dict]]:
+# ------------------------------------------------------------------------------------- the family's interface
+
+
+def optimizer(config) -> update_lib.Optimizer:
+  """The `optim` group's AdamW with SFT's own learning rate and warm-up (sft.lr, sft.warmup_steps)."""
+  optim = ml_collections.ConfigDict(config.optim.to_dict())
+  optim.update(lr=config.sft.lr, warmup_steps=config.sft.warmup_steps)
+  return update_lib.make_optimizer(optim)
+
+
+def layout(config, mcfg: model_lib.ModelConfig) -> state_lib.Layout:
+  """Params and AdamW state only: SFT has no reference."""
+  return state_lib.Layout(optimizer(config), ref=False)
+
+
+state_spec, init = state_lib.spec_and_init(layout)
+
+
+def build_step(config, mcfg: model_lib.ModelConfig) -> Callable[[dict, dict], tuple[dict, dict]]:
+  """The pure, un-jitted `(state, batch) -> (state, metrics)`: one AdamW update on the batch's loss tokens."""
+  opt = optimizer(config)
+
   def step(state, batch):
     batch = {k: sharding.constrain_batch(v) for k, v in batch.items()}
-    (loss, m), grads = jax.value_and_grad(functools.partial(sft_loss, mcfg), has_aux=True)(state["params"], batch)
-    gnorm = optax.global_norm(grads)
-    updates, opt_state = tx.update(grads, state["opt_state"], state["params"])
-    params = optax.apply_updates(state["params"], updates)
-    finite = jnp.isfinite(loss) & jnp.isfinite(gnorm)
-    params, opt_state = jax.tree.map(lambda a, b: jnp.where(finite, a, b),
-                                     (params, opt_state), (state["params"], state["opt_state"]))
-    m.update({"train/grad_norm": gnorm, "train/nonfinite_updates": 1 - finite.astype(jnp.int32)})
-    return dict(state, params=params, opt_state=opt_state, step=state["step"] + 1), m
+    (params,), (opt_state,), um = update_lib.gradient_step(lambda ps, b: sft_loss(mcfg, ps[0], b), (opt,),
+                                                           (state["params"],), (state["opt_state"],), batch)
+    return (dict(state, params=params, opt_state=opt_state, step=state["step"] + 1),
+            update_lib.step_metrics(um, params))
 
-  _, shard = state_lib.state_shardings(mesh, mcfg, tx, with_ref=False)
-  return sharding.jit_step(step, mesh, shard)
+  return step

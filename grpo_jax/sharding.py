@@ -1,5 +1,6 @@
 """Mesh from config and logical-axis rules: models name logical axes only, this module maps them to the mesh."""
 import contextlib
+import functools
 import math
 from typing import Any, Callable, Iterator
 
@@ -102,11 +103,27 @@ def mesh_context(mesh: Mesh) -> Iterator[None]:
     yield
 
 
+def count_traces(fn: Callable) -> Callable:
+  """`fn`, counting how often JAX traces it: `.traces()` is 1 for a step compiled once, whatever it is called on
+  next (a public check for recompiles; tests and benchmarks assert it)."""
+  n = [0]
+
+  @functools.wraps(fn)  # keeps the name XLA's dumps and profiles use (jit_step)
+  def traced(*args, **kwargs):
+    n[0] += 1
+    return fn(*args, **kwargs)
+
+  traced.traces = lambda: n[0]
+  return traced
+
+
 def jit_step(step: Callable, mesh: Mesh, state_shardings: Any) -> Callable:
   """jit `(state, batch) -> (state, metrics)` with the state donated and pinned to `state_shardings` (the layout it
   came in with: no resharding, no retrace on the next call); metrics come back replicated. Calls and `.lower` run
-  inside `mesh_context`, so the logical constraints in the model and sampler resolve against this mesh."""
-  jitted = jax.jit(step, donate_argnums=(0,), out_shardings=(state_shardings, replicated(mesh)))
+  inside `mesh_context`, so the logical constraints in the model and sampler resolve against this mesh.
+  `.traces()` counts the traces (1 = compiled once)."""
+  counted = count_traces(step)
+  jitted = jax.jit(counted, donate_argnums=(0,), out_shardings=(state_shardings, replicated(mesh)))
 
   def run(state, batch):
     with mesh_context(mesh):
@@ -116,5 +133,5 @@ def jit_step(step: Callable, mesh: Mesh, state_shardings: Any) -> Callable:
     with mesh_context(mesh):
       return jitted.lower(state, batch)
 
-  run.jitted, run.lower = jitted, lower
+  run.jitted, run.lower, run.traces = jitted, lower, counted.traces
   return run

@@ -2,7 +2,7 @@
 import os
 import signal
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import numpy as np
@@ -10,12 +10,11 @@ from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import evaluation
+from grpo_jax import families
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import model as model_lib
 from grpo_jax import plots
-from grpo_jax import ppo_step
 from grpo_jax import rewards as rewards_lib
-from grpo_jax import rl_step
 from grpo_jax import sft_step
 from grpo_jax import sharding
 from grpo_jax import state as state_lib
@@ -92,58 +91,36 @@ def load_hf_params(path: str, mcfg, shardings):
   return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]), params, shardings)
 
 
-def init_or_restore(config, workdir, mesh, mcfg, tx, ckpt: ckpt_lib.Checkpointer, init_from: str, with_ref=True,
-                    critic: tuple | None = None, critic_init=None):
-  """Resumes from the workdir's newest good checkpoint; else creates the state (from `init_from` params if set)."""
-  abstract, shard = state_lib.state_shardings(mesh, mcfg, tx, with_ref, critic)
+def init_or_restore(config, mesh, mcfg, family, ckpt: ckpt_lib.Checkpointer, init_from: str):
+  """Resumes from the newest good checkpoint; else the family's initial state (from `init_from` params if set:
+  the reference and PPO's value network start from them too, as in RLHF practice)."""
+  abstract, shard = family.state_spec(config, mesh, mcfg)
   start = ckpt.latest_step()
   if start is not None:
     state, meta = ckpt.restore(None, state_lib.with_shardings(abstract, shard))
     logging.info("Resumed from %s at step %d.", ckpt.directory, meta["step"])
     return state, int(meta["step"])
-  state = state_lib.create_state(mesh, mcfg, tx, config.seed, with_ref=with_ref, critic=critic,
-                                 critic_init=critic_init)
+  params = None
   if init_from:
-    abstract_params = state_lib.with_shardings(abstract["params"], shard["params"])
     params = (load_hf_params(init_from[3:], mcfg, shard["params"]) if init_from.startswith("hf:")
-              else ckpt_lib.load_params(init_from, abstract_params))
-    state["params"] = params
-    if with_ref:
-      state["ref_params"] = jax.tree.map(lambda x: x.copy(), params)
-    state["opt_state"] = jax.jit(tx.init, out_shardings=shard["opt_state"])(params)
-    if critic is not None:
-      # The critic (value network or head) starts from the same checkpoint's trunk, as in RLHF practice.
-      cp = jax.jit(lambda p, k: critic_init(k, p), out_shardings=shard["critic_params"])(
-          params, jax.random.PRNGKey(config.seed))
-      state["critic_params"] = cp
-      state["critic_opt_state"] = jax.jit(critic[2].init, out_shardings=shard["critic_opt_state"])(cp)
-    logging.info("Initialised params from %s.", init_from)
-  return state, 0
+              else ckpt_lib.load_params(init_from, state_lib.with_shardings(abstract["params"], shard["params"])))
+    logging.info("Initialising params from %s.", init_from)
+  return family.init(config, mesh, mcfg, params=params), 0
 
 
 def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict | None = None) -> dict[str, float]:
-  """GRPO-family training; returns the last eval metrics. Resumes automatically from `workdir`."""
+  """GRPO-family (or PPO) training; returns the last eval metrics. Resumes automatically from `workdir`."""
   tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_rl)
   rl, steps = config.rl, config.train.steps
-  tx = state_lib.make_optimizer(config.optim, steps)
   fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
   spec = rewards_lib.build(config.rewards, rewards_lib.Context(config.task.name, tokenizer),
                            {**python_reward_fns(config, tokenizer), **(python_fns or {})}, fallback, rl.reward_timeout_s)
-  critic, critic_init = None, None
-  if rl.algo == "ppo":
-    critic_tx = state_lib.make_optimizer(config.optim, steps, lr=config.ppo.critic_lr)
-    critic_init = lambda k, p: ppo_step.init_critic(mcfg, config.ppo.critic, k, p)
-    abstract_critic = jax.eval_shape(critic_init, jax.random.PRNGKey(0),
-                                     jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0))))
-    critic = (abstract_critic, ppo_step.critic_axes(mcfg, config.ppo.critic), critic_tx)
-    step_fn = ppo_step.make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer)
-  else:
-    step_fn = rl_step.make_rl_step(config, mesh, mcfg, tx, spec, tokenizer)
+  family = families.for_config(config)
+  step_fn = families.make_step(config, mesh, mcfg, spec, tokenizer, family=family)
   init_from = config.train.init_from if init_from is None else init_from
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=config.train.ckpt_every,
                                keep=config.train.keep_checkpoints)
-  state, start = init_or_restore(config, workdir, mesh, mcfg, tx, ckpt, init_from, critic=critic,
-                                 critic_init=critic_init)
+  state, start = init_or_restore(config, mesh, mcfg, family, ckpt, init_from)
   writer = metrics_lib.MetricWriter(workdir, resume_step=start if start else None,
                                     use_tensorboard=config.log.tensorboard,
                                     wandb_project=config.log.wandb_project or None, total_steps=steps)
@@ -224,14 +201,11 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
   tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_sft)
   steps = config.sft.steps
   loss_on = loss_on or config.sft.loss_on
-  sft_optim = dict(config.optim)
-  sft_optim.update(lr=config.sft.lr, warmup_steps=config.sft.warmup_steps)
-  tx = state_lib.make_optimizer(type(config.optim)(sft_optim), steps)
-  step_fn = sft_step.make_sft_step(mcfg, tx, mesh)
+  step_fn = families.make_step(config, mesh, mcfg, family=sft_step)
   ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=config.train.ckpt_every,
                                keep=config.train.keep_checkpoints)
   init_from = config.sft.init_from if init_from is None else init_from
-  state, start = init_or_restore(config, workdir, mesh, mcfg, tx, ckpt, init_from, with_ref=False)
+  state, start = init_or_restore(config, mesh, mcfg, sft_step, ckpt, init_from)
   writer = metrics_lib.MetricWriter(workdir, resume_step=start if start else None,
                                     use_tensorboard=config.log.tensorboard, total_steps=steps)
   if batches is None:

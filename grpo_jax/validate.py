@@ -2,12 +2,12 @@
 import math
 from typing import Any
 
+from grpo_jax import advantages
+from grpo_jax import families
 from grpo_jax.config_lib import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch)
 from grpo_jax.tasks import registry
 
 
-ALGOS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gspo", "ppo")
-GROUP_ALGOS = ("grpo", "dr_grpo", "rloo", "reinforce_pp_baseline", "gspo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_IN = ("loss", "reward")
 LOSS_AGG = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
@@ -102,7 +102,8 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   _choice(c, "job", JOBS)
   _task(c, "task_class", "no text examples for")
   _choice(c, "task.language", LANGUAGES)
-  _choice(c, "rl.algo", ALGOS)
+  _choice(c, "rl.algo", families.algos())  # the registered advantage estimators (GRPO family) and PPO
+  est = advantages.ESTIMATORS.get(c.rl.algo)
   _choice(c, "rl.kl_estimator", KL_ESTIMATORS)
   _choice(c, "rl.kl_in", KL_IN)
   _choice(c, "rl.loss_agg", LOSS_AGG)
@@ -130,7 +131,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
           f"got {c.sampling.top_k!r}.")
   if c.rl.std_ddof not in (0, 1):
     _fail("rl.std_ddof", f"must be 0 (population std) or 1 (sample std), got {c.rl.std_ddof!r}.")
-  if c.rl.algo in GROUP_ALGOS and c.rl.G < 2:
+  if est is not None and est.group and c.rl.G < 2:
     _fail("rl.G", f"is {c.rl.G} but {c.rl.algo} needs a group of at least 2 samples per prompt; set rl.G >= 2.")
   if c.rl.algo == "rloo" and c.rl.G < 2:
     _fail("rl.G", "RLOO's leave-one-out mean needs rl.G >= 2.")
@@ -160,7 +161,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   if total > c.model.max_len:
     _fail("sampling.max_new_tokens", f"task.prompt_len + sampling.max_new_tokens = {total} exceeds "
           f"model.max_len={c.model.max_len}; shorten them or raise model.max_len.")
-  if c.rl.algo in ("reinforce_pp", "reinforce_pp_baseline") and c.rl.kl_in != "reward":
+  if est is not None and est.kl_in_advantage and c.rl.kl_in != "reward":
     _fail("rl.kl_in", f"{c.rl.algo} folds the KL into the per-token reward by definition; set rl.kl_in='reward'.")
   if c.rl.process_weight > 0 and "process" not in [n for n, _ in c.rewards]:
     _fail("rl.process_weight", "is > 0 but config.rewards has no 'process' term; add ('process', w) or set 0.")

@@ -27,20 +27,19 @@ RUN_SCRIPT = textwrap.dedent("""
     multihost.maybe_initialize()
     import jax, numpy as np
     from jax.experimental import multihost_utils
-    from grpo_jax import checkpoint as ckpt_lib, model as model_lib, rl_step, sharding
+    from grpo_jax import checkpoint as ckpt_lib, families, model as model_lib, rl_step, sharding
     from grpo_jax.tasks import digits
-    from grpo_jax import state as state_lib, train
+    from grpo_jax import train
     out = sys.argv[1]
     c = digits.bench_config(hidden=32, layers=1, heads=2, kv=1, inter=64, vocab=16, prompts=4, G=4, L=8)  # 10 of 16 ids are digits: rewards vary
     c.optim.lr = 1e-2  # large, so that two updates move the params visibly
     c.mesh.update(data=2, fsdp=2)
     mesh = sharding.make_mesh(c.mesh)
     mcfg = model_lib.ModelConfig.from_config(c.model)
-    tx = state_lib.make_optimizer(c.optim, 2)
     spec = digits.reward_spec(c.model.vocab_size)
-    step = rl_step.make_rl_step(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
+    step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
     ck = ckpt_lib.Checkpointer(os.path.join(out, "checkpoints"), save_every=2, keep=1)
-    state, _ = train.init_or_restore(c, out, mesh, mcfg, tx, ck, "")
+    state, _ = train.init_or_restore(c, mesh, mcfg, rl_step, ck, "")
     rows = []
     for i, batch in enumerate(digits.make_batches(4, 2, seed=0)):
       batch["answer_ids_NxA"][:, 1:] = -1  # reward: the sum's first digit appears (some do, some don't)

@@ -3,10 +3,10 @@ import jax
 import numpy as np
 import pytest
 
+from grpo_jax import families
 from grpo_jax import model as model_lib
 from grpo_jax import ppo_step
 from grpo_jax import sharding
-from grpo_jax import state as state_lib
 from grpo_jax.tasks import digits
 
 
@@ -16,21 +16,19 @@ def test_ppo_step_updates_policy_and_critic(mode):
   c.rl.algo = "ppo"
   c.ppo.critic = mode
   c.optim.lr = 1e-3
+  c.ppo.critic_lr = 1e-2
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
-  tx = state_lib.make_optimizer(c.optim, 10)
-  ctx = state_lib.make_optimizer(c.optim, 10, lr=1e-2)
   spec = digits.reward_spec(64)
-  init = lambda k, p: ppo_step.init_critic(mcfg, mode, k, p)
-  abstract = jax.eval_shape(init, jax.random.PRNGKey(0),
-                            jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0))))
-  state = state_lib.create_state(mesh, mcfg, tx, 0, critic=(abstract, ppo_step.critic_axes(mcfg, mode), ctx),
-                                 critic_init=init)
+  state = ppo_step.init(c, mesh, mcfg)
   if mode == "separate":
     # The value network starts from the policy's weights: twice the trainable parameters.
     np.testing.assert_array_equal(state["critic_params"]["body"]["embed"]["embedding"],
                                   state["params"]["embed"]["embedding"])
-  step = ppo_step.make_ppo_step(c, mesh, mcfg, tx, ctx, spec, spec.ctx.tokenizer)
+  # The critic has its own optimizer state, at its own learning rate.
+  assert float(state["opt_state"].hyperparams["learning_rate"]) == pytest.approx(1e-3)
+  assert float(state["critic_opt_state"].hyperparams["learning_rate"]) == pytest.approx(1e-2)
+  step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
   v0 = np.asarray(state["critic_params"]["v_head"]["kernel"]).copy()
   batch = next(digits.make_batches(2, 1, seed=3))
   batch["answer_ids_NxA"][:, 1:] = -1
@@ -39,4 +37,4 @@ def test_ppo_step_updates_policy_and_critic(mode):
   assert np.isfinite(float(m["train/value_loss"])) and float(m["train/value_loss"]) > 0
   assert not np.array_equal(v0, np.asarray(state["critic_params"]["v_head"]["kernel"]))
   assert abs(float(m["train/ratio_mean"]) - 1.0) < 1e-5  # μ = 1, one minibatch: on-policy
-  assert step.jitted._cache_size() == 1
+  assert step.traces() == 1

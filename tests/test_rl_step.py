@@ -1,13 +1,15 @@
 """The one-graph GRPO step on the peers' workload: on-policy ratio, no retrace, golden metrics, reward paths."""
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from grpo_jax import advantages
+from grpo_jax import families
 from grpo_jax import model as model_lib
 from grpo_jax import rewards
 from grpo_jax import rl_step
 from grpo_jax import sharding
-from grpo_jax import state as state_lib
 from grpo_jax.tasks import digits
 
 TINY = dict(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
@@ -18,10 +20,9 @@ def _setup(spec=None, **over):
   c.optim.lr = 1e-3  # large enough that one update visibly moves a random model
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
-  tx = state_lib.make_optimizer(c.optim, 10)
   spec = spec or digits.reward_spec(c.model.vocab_size)
-  step = rl_step.make_rl_step(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer)
-  return c, mesh, mcfg, tx, step
+  step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+  return c, mesh, mcfg, step
 
 
 def _batches(c, n=3):
@@ -34,8 +35,8 @@ def _batches(c, n=3):
 
 @pytest.fixture(scope="module")
 def three_steps():
-  c, mesh, mcfg, tx, step = _setup()
-  state = state_lib.create_state(mesh, mcfg, tx, seed=0)
+  c, mesh, mcfg, step = _setup()
+  state = rl_step.init(c, mesh, mcfg, seed=0)
   p0 = jax.device_get(state["params"])
   ms, ps = [], []
   for b in _batches(c):
@@ -58,7 +59,7 @@ def test_on_policy_ratio_is_one_and_params_move(three_steps):
 
 
 def test_no_retrace_over_three_steps(three_steps):
-  assert three_steps["step"].jitted._cache_size() == 1
+  assert three_steps["step"].traces() == 1
   assert int(three_steps["state"]["step"]) == 3
 
 
@@ -87,8 +88,8 @@ GOLDEN_LOSS_GRAD = [0.0, 0.29769]  # ρ = 1: the surrogate is Σ A = 0 per group
 def test_python_reward_path_matches_in_graph(three_steps):
   """The same reward through jax.pure_callback gives the same rewards, losses and updated params."""
   spec = digits.reward_spec(TINY["vocab"], python=True)
-  c, mesh, mcfg, tx, step = _setup(spec=spec)
-  state = state_lib.create_state(mesh, mcfg, tx, seed=0)
+  c, mesh, mcfg, step = _setup(spec=spec)
+  state = rl_step.init(c, mesh, mcfg, seed=0)
   state, m1 = step(state, _batches(c, 1)[0])
   m0, p0 = three_steps["metrics"][0], three_steps["params"][0]
   np.testing.assert_array_equal(m0["samples/r_N"], m1["samples/r_N"])
@@ -97,6 +98,58 @@ def test_python_reward_path_matches_in_graph(three_steps):
   assert m0["train/reward_mean"] > 0
   for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(jax.device_get(state["params"]))):
     np.testing.assert_allclose(a, b, atol=1e-7)
+
+
+def test_dynamic_sampling_keeps_varied_groups_and_updates():
+  """DAPO dynamic sampling: of 2·B prompts the B groups kept are those with reward variance first (the rest fill
+  up), and the update is applied (the per-term reward status is not gathered with the rows; when it was, every
+  step came back skipped)."""
+  c = digits.bench_config(**TINY)
+  c.optim.lr = 1e-3
+  c.rl.update(dynamic_sampling=True, oversample=2)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+  state = rl_step.init(c, mesh, mcfg, seed=0)
+  p0 = jax.device_get(state["params"])
+  batch = next(digits.make_batches(2 * c.rl.prompts_per_step, 1, seed=1))
+  batch["answer_ids_NxA"][:, 1:] = -1
+  state, m = step(state, batch)
+  assert int(state["step"]) == 1 and int(m["train/skipped_updates"]) == 0
+  assert (np.asarray(m["reward_status"]) == rewards.OK).all()
+  kept, B = int(m["train/dynamic_sampling_kept"]), c.rl.prompts_per_step
+  assert 0 < kept <= B
+  assert float(m["train/frac_zero_std_groups"]) == pytest.approx((B - kept) / B)
+  moved = [np.abs(a - b).max() for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(jax.device_get(state["params"])))]
+  assert max(moved) > 0
+
+
+def test_one_registered_function_is_a_new_algorithm():
+  """The recipe of docs/architecture.md: one registered estimator is a new rl.algo that the family registry runs
+  with rl_step, and every valid token of a row gets the row's advantage (hand-computed: r − group median)."""
+  name = "test_median_baseline"
+
+  @advantages.register(name)
+  def _median_baseline(r_BxG, ctx):
+    return r_BxG - jnp.median(r_BxG, axis=1, keepdims=True)
+
+  try:
+    c = digits.bench_config(**TINY)
+    c.rl.update(algo=name, G=4)
+    assert name in families.algos() and families.for_config(c) is rl_step
+    r_N = jnp.asarray([1.0, 0.0, 0.0, 3.0, 2.0, 2.0, 2.0, 2.0])  # medians 0.5 and 2
+    mask_NxL = jnp.asarray(np.tril(np.ones((8, 3)), 1)[[0, 1, 2, 2, 1, 0, 0, 1]], jnp.float32)
+    zeros_NxL = jnp.zeros((8, 3))
+    ro = rl_step.Rollout(seq=None, tokens_NxL=None, mask_NxL=mask_NxL, lengths_N=None, truncated_N=None, r_N=r_N,
+                         per_term={}, steps=None, old_logp_NxL=zeros_NxL, ref_logp_NxL=zeros_NxL, status=None,
+                         fallbacks=None, ds_kept=None)
+    want_N = np.array([0.5, -0.5, -0.5, 2.5, 0.0, 0.0, 0.0, 0.0])
+    np.testing.assert_allclose(rl_step.compute_advantages(c, ro), want_N[:, None] * np.asarray(mask_NxL))
+  finally:
+    advantages.ESTIMATORS.pop(name)
+  with pytest.raises(ValueError, match=f"config.rl.algo='{name}'"):
+    families.for_config(c)
 
 
 class _Switchable:
@@ -121,16 +174,16 @@ def switchable_step():
   fn.__name__ = "my_reward"
   tok = digits.Tokenizer(TINY["vocab"])
   spec = rewards.build((("bad", 1.0),), rewards.Context(digits.TASK, tok), {"bad": fn})
-  c, mesh, mcfg, tx, step = _setup(spec=spec)
-  return fn, spec, c, mesh, mcfg, tx, step
+  c, mesh, mcfg, step = _setup(spec=spec)
+  return fn, spec, c, mesh, mcfg, step
 
 
 @pytest.mark.parametrize("kind,status", [("raise", rewards.RAISED), ("nan", rewards.NONFINITE),
                                          ("short", rewards.WRONG_LENGTH), ("type", rewards.WRONG_TYPE)])
 def test_bad_python_reward_skips_update_and_names_function(switchable_step, kind, status):
-  fn, spec, c, mesh, mcfg, tx, step = switchable_step
+  fn, spec, c, mesh, mcfg, step = switchable_step
   fn.kind = kind
-  state = state_lib.create_state(mesh, mcfg, tx, seed=0)
+  state = rl_step.init(c, mesh, mcfg, seed=0)
   p0 = jax.device_get(state["params"])
   state, m = step(state, _batches(c, 1)[0])
   assert int(np.max(m["reward_status"])) == status
@@ -142,7 +195,7 @@ def test_bad_python_reward_skips_update_and_names_function(switchable_step, kind
   fn.kind = "ok"
   state, m = step(state, _batches(c, 1)[0])
   assert int(np.max(m["reward_status"])) == rewards.OK and int(state["step"]) == 1
-  assert step.jitted._cache_size() == 1
+  assert step.traces() == 1
 
 
 def test_reward_fallback_is_counted():

@@ -1,5 +1,4 @@
 """vmap over seeds and over one hyper-parameter equals separate runs (fp32, 1e-5), on the peers' tiny workload."""
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -10,7 +9,6 @@ from grpo_jax import rewards
 from grpo_jax import rl_step
 from grpo_jax import seeds as seeds_lib
 from grpo_jax import sharding
-from grpo_jax import state as state_lib
 from grpo_jax.tasks import digits
 
 TINY = dict(hidden=32, layers=1, heads=2, kv=1, inter=64, vocab=32, prompts=2, G=4, L=6)
@@ -43,7 +41,7 @@ LRS, BETAS = [3e-3, 3e-3, 3e-3, 1e-2], [0.04, 0.04, 0.04, 2.0]
 
 
 def _plain_state(params, rng, tx):
-  """A state as create_state builds it (checked in test_init_states_match_create_state), for the ordinary tx."""
+  """A state as rl_step.init builds it (checked in test_init_states_match_init), for the ordinary tx."""
   return dict(params=params, ref_params=jax.tree.map(jnp.copy, params), opt_state=tx.init(params), step=jnp.zeros((), jnp.int32), rng=rng)
 
 
@@ -56,9 +54,9 @@ def _separate(step, start, tx):
   return jax.device_get(st["params"]), ms
 
 
-def _plain_step(c, mesh, mcfg, tx, spec, tok):
-  """rl_step.make_rl_step's program (jit of build_step), compiled with the same fast XLA options."""
-  jitted = jax.jit(rl_step.build_step(c, mcfg, tx, spec, tok), compiler_options=seeds_lib.FAST_COMPILE)
+def _plain_step(c, mesh, mcfg, spec, tok):
+  """families.make_step's program (jit of build_step), compiled with the same fast XLA options."""
+  jitted = jax.jit(rl_step.build_step(c, mcfg, spec, tok), compiler_options=seeds_lib.FAST_COMPILE)
 
   def run(state, batch):
     with sharding.mesh_context(mesh):
@@ -70,24 +68,23 @@ def _plain_step(c, mesh, mcfg, tx, spec, tok):
 def runs():
   """ONE vmapped program for 4 runs (seeds, lr in the optimizer state, β traced), and the separate runs."""
   c, mesh, mcfg, spec, tok = _setup()
-  tx = seeds_lib.make_tx(c.optim)
-  states = seeds_lib.init_states(mcfg, tx, SEEDS, hparams={"optim.lr": LRS, "rl.beta": BETAS})
+  states = seeds_lib.init_states(c, mcfg, SEEDS, hparams={"optim.lr": LRS, "rl.beta": BETAS})
   starts = [seeds_lib.unstack(states, i) for i in range(len(SEEDS))]
-  step = seeds_lib.make_rl_steps(c, mesh, mcfg, tx, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
+  step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
   vm = []
   for b in BATCHES:
     states, m = step(states, b)
     vm.append(seeds_lib.host_scalars(m))
-  assert step.jitted._cache_size() == 1  # one program for all runs and steps
-  out = dict(c=c, mesh=mesh, mcfg=mcfg, tx=tx, vp=jax.device_get(states["params"]), vm=vm, starts=starts)
-  # Separate runs through the ordinary path: make_rl_step with state.make_optimizer and the config's values.
-  base_tx = state_lib.make_optimizer(c.optim, 10)
-  base_step = _plain_step(c, mesh, mcfg, base_tx, spec, tok)
+  assert step.traces() == 1  # one program for all runs and steps
+  out = dict(c=c, mesh=mesh, mcfg=mcfg, vp=jax.device_get(states["params"]), vm=vm, starts=starts)
+  # Separate runs through the ordinary path: the step of families.make_step with the config's own values.
+  base_tx = rl_step.optimizer(c).tx
+  base_step = _plain_step(c, mesh, mcfg, spec, tok)
   out["sep"] = [_separate(base_step, starts[i], base_tx) for i in range(3)]
   c3, *_ = _setup(beta=BETAS[3])
   c3.optim.lr = LRS[3]
-  tx3 = state_lib.make_optimizer(c3.optim, 10)
-  out["sep"].append(_separate(_plain_step(c3, mesh, mcfg, tx3, spec, tok), starts[3], tx3))
+  tx3 = rl_step.optimizer(c3).tx
+  out["sep"].append(_separate(_plain_step(c3, mesh, mcfg, spec, tok), starts[3], tx3))
   return out
 
 
@@ -100,19 +97,18 @@ def _assert_run_equal(r, i):
       assert r["vm"][t][k][i] == pytest.approx(metrics[t][k], abs=1e-5, rel=1e-5), (i, t, k)
 
 
-def test_init_states_match_create_state(runs):
-  tx = runs["tx"]
-  one = state_lib.create_state(runs["mesh"], runs["mcfg"], tx, 2)
+def test_init_states_match_init(runs):
+  one = rl_step.init(runs["c"], runs["mesh"], runs["mcfg"], seed=2)
   for k in ("params", "ref_params", "rng", "step"):
     for a, b in zip(jax.tree.leaves(runs["starts"][2][k]), jax.tree.leaves(one[k])):
       np.testing.assert_array_equal(a, b)
-  shared = seeds_lib.init_states(runs["mcfg"], tx, [4, 9, 1, 2], init_seeds=[9, 9, 9, 9])
+  shared = seeds_lib.init_states(runs["c"], runs["mcfg"], [4, 9, 1, 2], init_seeds=[9, 9, 9, 9])
   leaf = jax.tree.leaves(shared["params"])[0]
   np.testing.assert_array_equal(leaf[0], leaf[1])
   np.testing.assert_array_equal(leaf[1], leaf[3])
   assert not np.array_equal(shared["rng"][0], shared["rng"][1])
   with pytest.raises(ValueError, match="hparams key 'rl.G'"):
-    seeds_lib.init_states(runs["mcfg"], tx, [0], hparams={"rl.G": [4]})
+    seeds_lib.init_states(runs["c"], runs["mcfg"], [0], hparams={"rl.G": [4]})
 
 
 def test_vmap_over_three_seeds_equals_separate_runs(runs):
@@ -127,3 +123,14 @@ def test_vmap_over_lr_and_beta_equals_separate_runs(runs):
   """Run 3 = seed 2 with lr 1e-2 and β 2: equals a separate run configured so, and differs from run 2."""
   _assert_run_equal(runs, 3)
   assert runs["vm"][1]["train/loss"][3] != pytest.approx(runs["vm"][1]["train/loss"][2], abs=1e-6)
+
+
+def test_a_run_has_the_state_of_a_main_run(runs):
+  """Run 3's state (its own lr in the optimizer state) has exactly the structure, shapes and dtypes of the state
+  `main` builds and restores for the same config: a sweep point's checkpoint resumes with `main`."""
+  main_abstract, _ = rl_step.state_spec(runs["c"], runs["mesh"], runs["mcfg"])
+  run = {k: v for k, v in runs["starts"][3].items() if k != "hparams"}
+  assert jax.tree.structure(run) == jax.tree.structure(main_abstract)
+  for a, b in zip(jax.tree.leaves(run), jax.tree.leaves(main_abstract)):
+    assert (a.shape, a.dtype) == (b.shape, b.dtype)
+  assert float(run["opt_state"].hyperparams["learning_rate"]) == pytest.approx(LRS[3])

@@ -12,9 +12,9 @@ import numpy as np
 
 from grpo_jax import aot
 from grpo_jax import config_lib
+from grpo_jax import families
 from grpo_jax import model as model_lib
-from grpo_jax import ppo_step
-from grpo_jax import state as state_lib
+from grpo_jax import sharding
 
 TITLE = "c. Memory: PPO with a critic vs GRPO"
 CLAIM = "The critic doubles trainable memory (70B: policy ~560 GB + critic ~560 GB trainable, FP16 + Adam)."
@@ -34,32 +34,27 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   c = config_lib.base_config()
   c.model.update(hidden=hidden, layers=layers, heads=max(hidden // 64, 1), kv_heads=max(hidden // 128, 1),
                  inter=4 * hidden, vocab_size=cfg.vocab)
-  mcfg = model_lib.ModelConfig.from_config(c.model)
-  tx = state_lib.make_optimizer(c.optim, 10)
-  params = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
-  opt = jax.eval_shape(tx.init, params)
-  trainable = _bytes(params) + _bytes(opt)
+  c.rl.algo = "ppo" if algo.startswith("ppo") else "grpo"
   if algo.startswith("ppo"):
-    mode = algo.split("_")[1]
-    critic = jax.eval_shape(lambda p: ppo_step.init_critic(mcfg, mode, jax.random.PRNGKey(0), p), params)
-    trainable += _bytes(critic) + _bytes(jax.eval_shape(tx.init, critic))
+    c.ppo.critic = algo.split("_")[1]
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  # The family's own state pytree (families.for_config: PPO's has the critic and its AdamW state), never allocated.
+  st, _ = families.for_config(c).state_spec(c, sharding.make_mesh(c.mesh, jax.devices()[:1]), mcfg)
+  policy = _bytes(st["params"]) + _bytes(st["opt_state"])
+  trainable = policy + _bytes(st.get("critic_params", {})) + _bytes(st.get("critic_opt_state", {}))
   n = len(seeds)  # deterministic: the same value for every seed
-  scalars = {"params_MB": [_bytes(params) / 1e6] * n, "trainable_MB": [trainable / 1e6] * n,
-             "frozen_ref_MB": [_bytes(params) / 1e6] * n,
-             "trainable_vs_policy_x": [trainable / (_bytes(params) + _bytes(opt))] * n}
+  scalars = {"params_MB": [_bytes(st["params"]) / 1e6] * n, "trainable_MB": [trainable / 1e6] * n,
+             "frozen_ref_MB": [_bytes(st["ref_params"]) / 1e6] * n, "trainable_vs_policy_x": [trainable / policy] * n}
   if size in tuple(cfg.get("compile_sizes", ())):
-    m = aot.memory_report(compile_step(cfg, c, algo), None)
+    m = aot.memory_report(compile_step(cfg, c), None)
     scalars.update({"xla_args_MB": [m["argument_bytes"] / 1e6] * n, "xla_temp_MB": [m["temp_bytes"] / 1e6] * n,
                     "xla_total_MB": [m["total_bytes"] / 1e6] * n})
   return {"scalars": scalars, "curves": {}}
 
 
-def compile_step(cfg, c, algo: str):
-  """The one-graph step of `algo` compiled for one CPU device on abstract (never allocated) inputs."""
-  c.rl.update(prompts_per_step=cfg.workload.prompts, G=cfg.workload.G, algo="ppo" if algo.startswith("ppo") else
-              "grpo")
-  if algo.startswith("ppo"):
-    c.ppo.critic = algo.split("_")[1]
+def compile_step(cfg, c):
+  """The one-graph step of c's family compiled for one CPU device on abstract (never allocated) inputs."""
+  c.rl.update(prompts_per_step=cfg.workload.prompts, G=cfg.workload.G)
   c.task.prompt_len = cfg.workload.prompt_len
   c.sampling.max_new_tokens = cfg.workload.L
   c.model.max_len = cfg.workload.prompt_len + cfg.workload.L

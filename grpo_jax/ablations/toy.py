@@ -5,9 +5,9 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 
 from grpo_jax import config_lib
+from grpo_jax import families
 from grpo_jax import model as model_lib
 from grpo_jax import sampling
 from grpo_jax import sft_step
@@ -21,11 +21,12 @@ def base_params(mcfg: model_lib.ModelConfig, L: int, steps: int, p_correct: floa
   AdamW (sft_step, loss on the completions) on digits.base_documents for `steps` steps of 64. RL is applied to a
   base model, as in practice, so it refines a policy that already answers (at ~p_correct) with varied lengths
   instead of searching a uniform 32-way guess."""
-  tx = optax.adamw(3e-3)
-  mesh = sharding.make_mesh(config_lib.base_config().mesh, jax.devices()[:1])
-  step = sft_step.make_sft_step(mcfg, tx, mesh)
-  params = model_lib.init_params(mcfg, jax.random.PRNGKey(10_000 + seed))
-  state = dict(params=params, opt_state=tx.init(params), step=jnp.zeros((), jnp.int32), rng=jax.random.PRNGKey(0))
+  c = config_lib.base_config()  # optax.adamw(3e-3)'s defaults: no clipping, no warm-up
+  c.optim.update(b1=0.9, b2=0.999, weight_decay=1e-4, grad_clip=0.0)
+  c.sft.update(lr=3e-3, warmup_steps=0)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  step = families.make_step(c, mesh, mcfg, family=sft_step)
+  state = sft_step.init(c, mesh, mcfg, params=model_lib.init_params(mcfg, jax.random.PRNGKey(10_000 + seed)))
   rng = np.random.default_rng(seed)
   for _ in range(steps):
     d = digits.base_documents(64, L, mcfg.vocab_size, p_correct, rng)

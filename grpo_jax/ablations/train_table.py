@@ -14,7 +14,6 @@ from grpo_jax import config_lib
 from grpo_jax import model as model_lib
 from grpo_jax import seeds as seeds_lib
 from grpo_jax import sharding
-from grpo_jax import state as state_lib
 from grpo_jax.ablations import toy
 from grpo_jax.tasks import digits
 
@@ -58,20 +57,13 @@ def build_config(cfg, overrides) -> ml_collections.ConfigDict:
 
 
 def make_runs(cfg, c, spec, seeds: list[int]):
-  """(mcfg, stacked states, vmapped step) for S runs of config `c` from the shared start (PPO gets its critic)."""
+  """(mcfg, stacked states, vmapped step) for S runs of config `c` from the shared start (its family's state: PPO's
+  has the critic)."""
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
-  tx = state_lib.make_optimizer(c.optim, cfg.steps)
   opts = seeds_lib.FAST_COMPILE if cfg.fast_compile else None
-  base = start_params(cfg, mcfg)
-  if c.rl.algo == "ppo":
-    from grpo_jax import ppo_step
-    ctx = state_lib.make_optimizer(c.optim, cfg.steps, lr=c.ppo.critic_lr)
-    states = seeds_lib.init_states(mcfg, tx, seeds, params=base, critic_init=lambda k, p: ppo_step.init_critic(
-        mcfg, c.ppo.critic, k, p), critic_tx=ctx)
-    return mcfg, states, seeds_lib.make_ppo_steps(c, mesh, mcfg, tx, ctx, spec, spec.ctx.tokenizer, opts)
-  states = seeds_lib.init_states(mcfg, tx, seeds, params=base)
-  return mcfg, states, seeds_lib.make_rl_steps(c, mesh, mcfg, tx, spec, spec.ctx.tokenizer, opts)
+  states = seeds_lib.init_states(c, mcfg, seeds, params=start_params(cfg, mcfg))
+  return mcfg, states, seeds_lib.make_steps(c, mesh, mcfg, spec, spec.ctx.tokenizer, opts)
 
 
 def run_cell(cfg, variant: str, seeds: list[int]) -> dict:

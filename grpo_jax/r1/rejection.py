@@ -66,9 +66,8 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
   pick = base.rng_for("rejection_prompts", config.seed).permutation(len(examples))[:rj.prompts]
   chosen = [examples[i] for i in pick]
   langs = _prompt_languages(config, len(chosen))
-  scfg = sampling.SamplingConfig(temperature=rj.temperature, top_k=0, top_p=1.0,
-                                 max_new_tokens=config.sampling.max_new_tokens, greedy=False,
-                                 eos_id=tok.eos_id, pad_id=tok.pad_id)
+  scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=tok.eos_id, pad_id=tok.pad_id,
+                                             temperature=rj.temperature, top_k=0, top_p=1.0)
   gen = evaluation.make_generate(mcfg, scfg, mesh, config.task.name, tok.tag_ids)
   fns = r1_rewards.config_fns(config)
   per_chunk = config.r1.report.batch // rj.n  # one generate batch holds r1.report.batch rows

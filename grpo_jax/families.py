@@ -1,0 +1,43 @@
+"""The algorithm families, and the one place that picks one: `rl.algo` → the module that owns its state and step.
+
+A family module (rl_step, ppo_step, sft_step) exposes the same interface:
+  optimizer(config) -> update.Optimizer
+  layout(config, mcfg) -> state.Layout                       # what its state holds besides the policy
+  state_spec(config, mesh, mcfg) -> (abstract state, shardings)
+  init(config, mesh, mcfg, *, seed=None, params=None) -> state, created already sharded
+  build_step(config, mcfg, *args) -> un-jitted (state, batch) -> (state, metrics)
+    (rl_step / ppo_step: args = reward spec, tokenizer; sft_step: none)
+train.py, aot.py, seeds.py and the ablations reach the RL families through `for_config` only.
+"""
+from types import ModuleType
+
+from grpo_jax import advantages
+from grpo_jax import ppo_step
+from grpo_jax import rl_step
+from grpo_jax import sharding
+
+CRITIC_ALGOS = ("ppo",)
+
+
+def algos() -> tuple[str, ...]:
+  """Every valid rl.algo: the registered advantage estimators (GRPO family) and PPO."""
+  return tuple(advantages.ESTIMATORS) + CRITIC_ALGOS
+
+
+def for_config(config) -> ModuleType:
+  """The family that runs `config.rl.algo`."""
+  algo = config.rl.algo
+  if algo in CRITIC_ALGOS:
+    return ppo_step
+  if algo in advantages.ESTIMATORS:
+    return rl_step
+  raise ValueError(f"config.rl.algo={algo!r} is not one of {algos()}; pick one, or register an advantage "
+                   "estimator under that name (advantages.register).")
+
+
+def make_step(config, mesh, mcfg, *args, family: ModuleType | None = None):
+  """The family's step (`for_config`'s unless `family` is given, e.g. sft_step), jitted with the state donated and
+  pinned to the family's state shardings (sharding.jit_step)."""
+  family = family or for_config(config)
+  return sharding.jit_step(family.build_step(config, mcfg, *args), mesh, family.state_spec(config, mesh, mcfg)[1])
+
