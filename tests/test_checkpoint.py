@@ -222,7 +222,10 @@ def test_bad_arguments_raise(tmp_path, states):
       ckpt.restore(0, jax.eval_shape(lambda: states[1]))  # shardings on an AbstractMesh
     _, meta = ckpt.restore(0, checkpoint.abstract_of(states[1]))
   assert meta == {'step': 0, 'pos': 3, 'lr': 0.5}
-  assert json.loads((tmp_path / '0' / 'meta' / 'metadata').read_text()) == meta
+  on_disk = json.loads((tmp_path / '0' / 'meta' / 'metadata').read_text())
+  assert set(on_disk.pop('integrity')['checksums']) == {".params['w']", ".params['b']", ".opt['mu']",
+                                                        ".opt['count']", ".opt['bits']", '.step', '.rng'}
+  assert on_disk == meta
 
 
 _TWO_PROCESS_SCRIPT = r'''
