@@ -80,8 +80,10 @@ def run(config, workdir: str) -> None:
   from grpo_jax import workdir_lock  # pylint: disable=g-import-not-at-top
   multihost.maybe_initialize()
   preflight.check(config, workdir)
+  todo = stage_list(config, workdir)
+  stages_lib.allow_set(config)  # both flags are checked here, before the lock creates the workdir
+  stages_lib.rerun_set(config, todo)
   with workdir_lock.WorkdirLock(workdir), signals.GracefulStop():
-    todo = stage_list(config, workdir)
     actions = stages_lib.plan(todo, config, workdir)
     logging.info("plan: %s", stages_lib.describe_plan(actions))
     _write_config(config, workdir)

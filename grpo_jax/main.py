@@ -74,7 +74,9 @@ def main(argv) -> None:
           file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
   try:
-    config = _CONFIG.value  # the config file is loaded here
+    config = _CONFIG.value
+    if config is not None:
+      config.get("job")  # a config file that failed to load raises on first use, here
   except Exception as e:  # pylint: disable=broad-except
     if _VERBOSE.value:
       traceback.print_exc()

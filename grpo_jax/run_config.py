@@ -169,12 +169,18 @@ def check(old: Mapping[str, Any] | None, new: Mapping[str, Any], allow: set[str]
 
 
 def write_json_atomic(path: str, obj: Any) -> None:
+  """Readers see the old file or the new one, never half of one; a refused write names `path`."""
   tmp = f"{path}.tmp-{os.getpid()}"
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except OSError as e:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise OSError(e.errno, e.strerror, path) from e
 
 
 def record_change(directory: str, step: int, old: Mapping[str, Any], new: Mapping[str, Any],

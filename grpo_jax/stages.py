@@ -119,12 +119,17 @@ def allow_set(config) -> set[str]:
   return run_config.parse_allow(config.train.get("allow_config_change", ""), keys)
 
 
-def rerun_set(config, names: Sequence[str]) -> set[str]:
+def rerun_set(config, todo: Sequence[Stage]) -> set[str]:
+  """`train.rerun_stages` → names; each must be a stage of this job with a directory of its own."""
   out = {s.strip() for s in str(config.train.get("rerun_stages", "") or "").split(",") if s.strip()}
-  unknown = sorted(out - set(names))
-  if unknown:
-    raise errors.ConfigError(f"config.train.rerun_stages: {unknown[0]!r} is not a stage of this job; choose from "
-                             f"{list(names)}.")
+  by_name = {st.name: st for st in todo}
+  for name in sorted(out):
+    if name not in by_name:
+      raise errors.ConfigError(f"config.train.rerun_stages: {name!r} is not a stage of this job; choose from "
+                               f"{[st.name for st in todo if st.own_dir]}.")
+    if not by_name[name].own_dir:
+      raise errors.ConfigError(f"config.train.rerun_stages: {name!r} is the run in --workdir itself; to run it "
+                               "again from scratch use a new --workdir.")
   return out
 
 
@@ -141,15 +146,12 @@ def check_resume(ckpt_dir: str, view: dict, allow: set[str], *, workdir_hint: st
 def plan(stages: Sequence[Stage], config, workdir: str) -> dict[str, str]:
   """stage name → 'skip' | 'continue' | 'rerun' | 'resume' | 'start'. Reads only; raises one InputError line."""
   allow = allow_set(config)
-  rerun = rerun_set(config, [s.name for s in stages])
+  rerun = rerun_set(config, stages)
   actions: dict[str, str] = {}
   for st in stages:
     redo_hint = (f", redo the stage with --config.train.rerun_stages={st.name} (its directory moves to "
                  f"{os.path.join(workdir, REPLACED)}/)" if st.own_dir else "")
     if st.name in rerun:
-      if not st.own_dir:
-        raise errors.ConfigError(f"config.train.rerun_stages: {st.name!r} is the run in --workdir itself; to run it "
-                                 "again from scratch use a new --workdir.")
       actions[st.name] = "rerun"
       continue
     rec = read_record(st.directory)
