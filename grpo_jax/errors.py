@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import re
 from typing import Iterator
 
 EXIT_OK, EXIT_BUG, EXIT_INPUT, EXIT_STOPPED = 0, 1, 2, 3
@@ -42,9 +43,10 @@ class Preempted(Exception):
   """SIGTERM/SIGINT: the current step finished and was saved; the stage is NOT finished. Exit 0, rerun resumes."""
   exit_code = EXIT_OK
 
-  def __init__(self, step: int, where: str):
-    super().__init__(f"stopped by a signal after step {step} in {where}; its state is saved. Rerun the same "
-                     "command to resume.")
+  def __init__(self, where: str, step: int | None = None):
+    what = (f"after step {step} in {where}; its state is saved" if step is not None
+            else f"{where}; finished stages are kept")
+    super().__init__(f"stopped by a signal {what}. Rerun the same command to resume.")
     self.step, self.where = step, where
 
 
@@ -71,13 +73,28 @@ def _chain(e: BaseException) -> Iterator[BaseException]:
     todo += [x.__cause__, x.__context__] + list(getattr(x, "exceptions", ()) or ())
 
 
+# tensorstore (orbax's array writer) reports OS errors inside a ValueError's text.
+_TS_ERRNO = re.compile(r"os_error_code='(\d+)'")
+_TS_PATHS = (re.compile(r'Failed writing: "([^"]+)"'), re.compile(r'local file "([^"]+)"'))
+
+
+def _errno_and_path(x: BaseException) -> tuple[int | None, str]:
+  if isinstance(x, OSError):
+    return x.errno, str(x.filename or "")
+  m = _TS_ERRNO.search(str(x))
+  if m:
+    paths = [p.search(str(x)) for p in _TS_PATHS]
+    return int(m.group(1)), next((p.group(1) for p in paths if p), "")
+  return None, ""
+
+
 def storage_error(e: BaseException) -> InputError | None:
   """A one-line InputError for a write refused by the storage (disk full, read-only, permissions), else None."""
   for x in _chain(e):
-    if isinstance(x, OSError) and x.errno in _STORAGE_ERRNOS:
-      path = x.filename or ""
+    code, path = _errno_and_path(x)
+    if code in _STORAGE_ERRNOS:
       where = f" writing {path}" if path else ""
-      return InputError(f"{_STORAGE_ERRNOS[x.errno]}{where} ({os.strerror(x.errno)}); free space, fix the "
+      return InputError(f"{_STORAGE_ERRNOS[code]}{where} ({os.strerror(code)}); free space, fix the "
                         "permissions, or point --workdir at a writable directory.")
   return None
 

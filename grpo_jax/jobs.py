@@ -42,7 +42,7 @@ def grpo_stages(config, workdir: str) -> list[stages_lib.Stage]:
 def _check_stop(where: str) -> None:
   stop = signals.active()
   if stop is not None and stop.should_stop():
-    raise errors.Preempted(0, where)
+    raise errors.Preempted(where)
 
 
 def _run_grpo(config, workdir: str, todo: list[stages_lib.Stage], actions: dict[str, str]) -> None:
@@ -54,7 +54,7 @@ def _run_grpo(config, workdir: str, todo: list[stages_lib.Stage], actions: dict[
     if actions[st.name] == "skip":
       logging.info("stage %s: finished earlier with this config; skipped.", st.name)
       continue
-    _check_stop(f"{workdir} before stage {st.name}")
+    _check_stop(f"before stage {st.name} of {workdir}")
     stages_lib.prepare(st, actions[st.name], workdir)
     if st.name == "sft":
       train.run_sft(config, st.directory, record=st.view)

@@ -76,4 +76,4 @@ class LoopGuard:
 
   def raise_if_stopped(self) -> None:
     if self.stopped:
-      raise errors.Preempted(self.last_step, self.workdir)
+      raise errors.Preempted(self.workdir, self.last_step)

@@ -31,6 +31,8 @@ class _QuietLibraries(std_logging.Filter):
       return True
     if record.levelno < std_logging.WARNING:
       return False
+    if "Using custom data configuration" in str(record.msg):  # tfds says this on every load of a generated task
+      return False
     if record.exc_info or record.exc_text:
       record.exc_info, record.exc_text = None, None
     msg = record.getMessage()
@@ -67,6 +69,18 @@ def execute(config, workdir: str, verbose: bool = False) -> int:
     return code
 
 
+def _exit(code: int) -> None:
+  """Error exits skip interpreter shutdown: orbax's and hung reward threads would print or wait there. Everything
+  of ours is on disk by now (saves are waited for before RunStopped is raised; the lock is released)."""
+  from grpo_jax import errors
+  if code in (errors.EXIT_INPUT, errors.EXIT_STOPPED):
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+  sys.exit(code)
+
+
 def main(argv) -> None:
   from grpo_jax import errors
   if len(argv) > 1:
@@ -87,7 +101,7 @@ def main(argv) -> None:
     print("Error: --config is required, e.g. --config=configs/grpo_arith.py:runlocal.", file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
   setup_logging(_VERBOSE.value)
-  sys.exit(execute(config, _WORKDIR.value or "", _VERBOSE.value))
+  _exit(execute(config, _WORKDIR.value or "", _VERBOSE.value))
 
 
 def _unknown_key(argv, error: Exception) -> str:

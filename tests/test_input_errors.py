@@ -176,6 +176,12 @@ def test_storage_errors_are_one_line():
   code, line = errors.classify(ExceptionGroup("many", [ValueError("x"), OSError(errno.EROFS, "ro", "/w")]))
   assert code == 2 and "read-only writing /w" in line
   assert errors.classify(RuntimeError("a bug")) is None
+  # tensorstore, orbax's array writer, puts the OS error in a ValueError's text (a real disk-full message):
+  ts = ValueError('RESOURCE_EXHAUSTED: Error writing local file "/w/6.orbax-checkpoint-tmp/state/_sharding": Failed '
+                  'writing: "/w/6.orbax-checkpoint-tmp/state/_sharding.__lock": Failed to write 19393 bytes to file '
+                  "6: No space left on device [os_error_code='28']")
+  code, line = errors.classify(ts)
+  assert code == 2 and line.startswith("Error: the disk is full writing /w/6.orbax-checkpoint-tmp/state/_sharding.__lock")
 
 
 _FSIZE_SCRIPT = r'''

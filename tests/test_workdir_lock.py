@@ -77,3 +77,25 @@ def test_unwritable_workdir_is_an_input_error(tmp_path):
   with pytest.raises(errors.InputError, match="cannot create the lock|Not a directory|not a directory"):
     workdir_lock.WorkdirLock(str(tmp_path / "file" / "run")).acquire_local()
   assert errors.classify(errors.InputError("x"))[0] == errors.EXIT_INPUT
+
+
+def test_multi_process_job_gets_process_0s_verdict(tmp_path):
+  """2 jax.distributed processes on a workdir held by another run: process 0 is refused the lock and BOTH exit 2
+  with its message (process 1 never waits in a collective)."""
+  import io
+  sys.path.insert(0, os.path.join(ROOT, "launch"))
+  import local_multiprocess  # pylint: disable=import-outside-toplevel
+  held = workdir_lock.WorkdirLock(str(tmp_path / "run"))
+  held.acquire_local()
+  log = io.StringIO()
+  try:
+    rc = local_multiprocess.launch(2, module="grpo_jax.main", args=["--config=configs/grpo_arith.py:runlocal",
+                                                                    f"--workdir={tmp_path / 'run'}"],
+                                   devices_per_process=1, timeout_s=120, python=sys.executable, out=log)
+  finally:
+    held.release()
+  out = log.getvalue()
+  assert rc == 2, out[-3000:]
+  for pid in (0, 1):
+    assert f"[p{pid}] Error: workdir {tmp_path / 'run'} is in use by another run (pid {os.getpid()}" in out, out
+    assert f"[launch] p{pid} exited with 2" in out
