@@ -337,8 +337,8 @@ def test_report_compares_every_model(resumed_pipeline):
 
 
 def test_preempted_stage_is_not_marked_done(tmp_path, monkeypatch):
-  """train.py's loops return normally after SIGTERM (and run_sft writes params anyway): the pipeline must notice the
-  missing last step, write no DONE marker, run no later stage, and let a rerun resume that stage."""
+  """Defence in depth (a loop stopped by a signal raises errors.Preempted): a stage that returns before its last
+  step must get no record, run no later stage, and let a rerun resume it."""
   c = _tiny_config()
   ran = []
 
