@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import errors
@@ -55,10 +55,15 @@ class LoopGuard:
     return changed
 
   @contextlib.contextmanager
-  def running(self) -> Iterator[LoopGuard]:
+  def running(self, on_exit: Callable[[], None] | None = None) -> Iterator[LoopGuard]:
+    """The loop's signal handling (the command's, or its own); `on_exit` runs however the block ends."""
     with signals.GracefulStop.ensure() as stop:
       self.stop = stop
-      yield self
+      try:
+        yield self
+      finally:
+        if on_exit is not None:
+          on_exit()
 
   def should_stop(self) -> bool:
     return self.stop is not None and self.stop.should_stop()

@@ -151,48 +151,45 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   if start == 0:
     evaluate(0)
   bad_in_row, done = 0, start
-  with guard.running():
-    try:
-      for step in range(start, steps):
-        if guard.should_stop():
-          break
-        batch = device_batch(mesh, next(batches))
-        t0 = time.perf_counter()
-        state, m = step_fn(state, batch)
-        status = np.asarray(jax.device_get(m["reward_status"]))
-        if (status != rewards_lib.OK).any():
-          name = spec.names[int(np.argmax(status != rewards_lib.OK))]
-          ckpt.maybe_save(step, state, {"step": step}, force=True)
-          ckpt.wait()
-          raise rewards_lib.PythonTermError(spec.python_terms[name].error_message(int(status.max())))
-        scalars = _host_scalars(m)
-        dt = time.perf_counter() - t0
-        n_tok = scalars["train/completion_len_mean"] * rl.prompts_per_step * rl.G
-        scalars.update({"perf/step_time_s": dt, "perf/tokens_per_s": n_tok / dt})
-        if step == start:
-          scalars["perf/compile_time_s"] = dt
-        done = step + 1
-        if done % config.train.log_every == 0 or done == steps:
-          writer.write(done, scalars)
-        if config.train.sample_every and done % config.train.sample_every == 0:
-          sm = jax.device_get(m)
-          texts = [tokenizer.decode(t[mk > 0].tolist()) for t, mk in zip(sm["samples/tokens_NxL"],
-                                                                           sm["samples/mask_NxL"])]
-          writer.log_samples(done, texts, [float(r) for r in sm["samples/r_N"]])
-        bad_in_row = bad_in_row + 1 if scalars["train/nonfinite_updates"] > 0 else 0
-        if bad_in_row >= rl.max_nonfinite_in_row:
-          ckpt.maybe_save(done, state, {"step": done}, force=True)
-          ckpt.wait()
-          raise NonFiniteError(f"{bad_in_row} steps in a row had a non-finite loss or gradient (updates skipped); "
-                               f"the last good state is saved at step {done}. Lower optim.lr or check rewards "
-                               "(config.rl.max_nonfinite_in_row sets the limit).")
-        if done % config.train.eval_every == 0 or done == steps:
-          evaluate(done)
-        if config.train.plot_every and done % config.train.plot_every == 0:
-          plots.write_plots(workdir)
-        ckpt.maybe_save(done, state, {"step": done}, force=done == steps)
-    finally:
-      spec.close()
+  with guard.running(on_exit=spec.close):  # Python reward workers stop however the loop ends
+    for step in range(start, steps):
+      if guard.should_stop():
+        break
+      batch = device_batch(mesh, next(batches))
+      t0 = time.perf_counter()
+      state, m = step_fn(state, batch)
+      status = np.asarray(jax.device_get(m["reward_status"]))
+      if (status != rewards_lib.OK).any():
+        name = spec.names[int(np.argmax(status != rewards_lib.OK))]
+        ckpt.maybe_save(step, state, {"step": step}, force=True)
+        ckpt.wait()
+        raise rewards_lib.PythonTermError(spec.python_terms[name].error_message(int(status.max())))
+      scalars = _host_scalars(m)
+      dt = time.perf_counter() - t0
+      n_tok = scalars["train/completion_len_mean"] * rl.prompts_per_step * rl.G
+      scalars.update({"perf/step_time_s": dt, "perf/tokens_per_s": n_tok / dt})
+      if step == start:
+        scalars["perf/compile_time_s"] = dt
+      done = step + 1
+      if done % config.train.log_every == 0 or done == steps:
+        writer.write(done, scalars)
+      if config.train.sample_every and done % config.train.sample_every == 0:
+        sm = jax.device_get(m)
+        texts = [tokenizer.decode(t[mk > 0].tolist()) for t, mk in zip(sm["samples/tokens_NxL"],
+                                                                         sm["samples/mask_NxL"])]
+        writer.log_samples(done, texts, [float(r) for r in sm["samples/r_N"]])
+      bad_in_row = bad_in_row + 1 if scalars["train/nonfinite_updates"] > 0 else 0
+      if bad_in_row >= rl.max_nonfinite_in_row:
+        ckpt.maybe_save(done, state, {"step": done}, force=True)
+        ckpt.wait()
+        raise NonFiniteError(f"{bad_in_row} steps in a row had a non-finite loss or gradient (updates skipped); "
+                             f"the last good state is saved at step {done}. Lower optim.lr or check rewards "
+                             "(config.rl.max_nonfinite_in_row sets the limit).")
+      if done % config.train.eval_every == 0 or done == steps:
+        evaluate(done)
+      if config.train.plot_every and done % config.train.plot_every == 0:
+        plots.write_plots(workdir)
+      ckpt.maybe_save(done, state, {"step": done}, force=done == steps)
     guard.finish(ckpt, state, done)  # inside running(): a second signal cannot interrupt the save
   ckpt.close()
   writer.close()
