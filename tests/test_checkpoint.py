@@ -340,6 +340,14 @@ def test_checksums_match_numpy_and_see_one_flipped_bit():
   assert integrity.summarize({'f32': jnp.asarray(bad), 'i': jnp.int32(3)}) ["['f32']"][1] == 2
 
 
+def test_checksum_pass_needs_no_leaf_sized_temporary():
+  """One fused pass per leaf: XLA plans (almost) no temporary memory, so checking a state needs no spare copy."""
+  from grpo_jax import integrity
+  leaves = [jax.ShapeDtypeStruct((1024, 1024), jnp.float32), jax.ShapeDtypeStruct((4, 512, 512), jnp.bfloat16)]
+  compiled = integrity._summaries.lower(leaves).compile()
+  assert compiled.memory_analysis().temp_size_in_bytes < 64 * 1024  # inputs: 6 MiB
+
+
 _SHARDED_SCRIPT = r'''
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
