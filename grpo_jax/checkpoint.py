@@ -1,9 +1,14 @@
-"""Checkpoints: orbax `CheckpointManager` over (state pytree, small JSON metadata), with corrupt-step fallback.
+"""Checkpoints: orbax `CheckpointManager` over (state pytree, small JSON metadata), verified on restore.
 
 Layout of `directory` (orbax's): `<step>/state` (the state pytree, `StandardSave`), `<step>/meta` (JSON dict with
-at least `step`, the data-iterator position), `<step>/commit_success.txt` (orbax's commit marker). Steps that a
-fallback skipped, and uncommitted step dirs found when a `Checkpointer` opens, are moved to
-`directory/corrupt/<step>-<unix time>` so that orbax neither lists them nor refuses to save at their step again.
+at least `step`, the data-iterator position; `config`, the run-config view that wrote it, see run_config.py; and
+`integrity`, a checksum per leaf computed on the devices, see integrity.py), `<step>/commit_success.txt` (orbax's
+commit marker). A step is used only if it restores, its checksums match and every value in it is finite; otherwise
+it is moved to `directory/corrupt/<step>-<unix time>` (so that orbax neither lists it nor refuses to save at its
+step again) and the previous step is tried. A step whose saved shapes differ from the state the config builds is
+not damage: restoring it raises an InputError (the config changed) and moves nothing. A state with non-finite
+values is never saved (RunStopped), and rotation keeps the newest `keep` steps plus, always, the newest step known
+good (saved with checksums from a finite state). Temporary dirs of saves killed mid-way are removed on open.
 
 Every function here must be called on all processes (orbax runs the collectives and lets one host write).
 """
@@ -20,6 +25,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+
+from grpo_jax import errors
+from grpo_jax import integrity
 
 _STATE = 'state'
 _META = 'meta'
@@ -76,16 +84,76 @@ def _committed_steps(directory: epath.Path) -> list[int]:
   return _step_dirs(directory)[0]
 
 
-class Checkpointer:
-  """Saves every `save_every` steps, keeps the newest `keep`, restores the newest step that loads."""
+def all_committed_steps(directory: str | os.PathLike) -> list[int]:
+  """Committed step numbers in a checkpoint directory, oldest first ([] if it does not exist)."""
+  return _committed_steps(_path(directory))
 
-  def __init__(self, directory: str | os.PathLike, *, save_every: int, keep: int, async_save: bool = True):
+
+def _read_json(path: epath.Path) -> dict | None:
+  try:
+    value = json.loads(path.read_text())
+    return value if isinstance(value, dict) else None
+  except (OSError, ValueError):
+    return None
+
+
+def read_meta(directory: str | os.PathLike, step: int) -> dict | None:
+  """A committed step's JSON metadata without restoring anything (None if unreadable)."""
+  return _read_json(_path(directory) / str(step) / _META / 'metadata')
+
+
+def newest_meta(directory: str | os.PathLike) -> tuple[int, dict] | None:
+  """(step, meta) of the newest committed step whose metadata reads: what a resume will compare its config with."""
+  for step in reversed(_committed_steps(_path(directory))):
+    meta = read_meta(directory, step)
+    if meta is not None:
+      return step, meta
+  return None
+
+
+def _leaf_name(path) -> str:
+  """Orbax's leaf name for a tree path: keys joined by '.' (dict keys, attribute names, sequence indices)."""
+  parts = []
+  for k in path:
+    parts.append(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))))
+  return '.'.join(parts)
+
+
+def _structure_mismatch(saved_tree: Any, abstract_state: Any) -> str | None:
+  """First difference between a step's saved leaves (orbax metadata) and the state the config builds, or None."""
+  saved = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(saved_tree)[0]:
+    name = getattr(leaf, 'name', None) or _leaf_name(path)
+    saved[name] = leaf
+  want = {_leaf_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
+  missing, extra = sorted(set(want) - set(saved)), sorted(set(saved) - set(want))
+  if missing or extra:
+    return (f'the checkpoint {"lacks " + ", ".join(missing[:3]) if missing else ""}'
+            f'{" and " if missing and extra else ""}{"has extra " + ", ".join(extra[:3]) if extra else ""}')
+  for name, x in want.items():
+    shape = getattr(saved[name], 'shape', None)
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      continue  # saved as its key data, whose trailing shape depends on the PRNG implementation
+    if shape is not None and tuple(shape) != tuple(x.shape):
+      return f'{name} is saved with shape {tuple(shape)} but the config builds {tuple(x.shape)}'
+  return None
+
+
+class Checkpointer:
+  """Saves every `save_every` steps, keeps the newest `keep` (and the newest known-good), restores the newest step
+  that loads and verifies. `run_config`: the run-config view stored in every step's metadata."""
+
+  def __init__(self, directory: str | os.PathLike, *, save_every: int, keep: int, async_save: bool = True,
+               run_config: Mapping[str, Any] | None = None):
     if save_every < 1:
-      raise ValueError(f'save_every={save_every} must be >= 1 (config.train.ckpt_every)')
+      raise errors.ConfigError(f'config.train.ckpt_every: save_every={save_every} must be >= 1')
     if keep < 1:
-      raise ValueError(f'keep={keep} must be >= 1 (config.train.keep_checkpoints)')
+      raise errors.ConfigError(f'config.train.keep_checkpoints: keep={keep} must be >= 1')
     self.directory = _path(directory)
     self.save_every = save_every
+    self.keep = keep
+    self.run_config = dict(run_config) if run_config is not None else None
+    self.restored_config: dict | None = None  # the run config stored with the step `restore` returned
     self._manager = None
     _, partial = _step_dirs(self.directory)
     if jax.process_count() > 1:  # all processes list before process 0 moves anything, so they agree on `partial`
@@ -99,23 +167,39 @@ class Checkpointer:
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
-            max_to_keep=keep, save_interval_steps=1, enable_async_checkpointing=async_save, create=True),
+            max_to_keep=None, save_interval_steps=1, enable_async_checkpointing=async_save, create=True,
+            cleanup_tmp_directories=True),  # rotation is ours (_rotate): it must know which step is good
     )
 
   def maybe_save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None, force: bool = False) -> bool:
     """Saves when `step % save_every == 0` or `force`; returns whether it saved.
 
     With `async_save` the device->host copy finishes before this returns, so the caller may donate `state`
-    to the next step right away; the disk write runs in the background (see `wait`).
+    to the next step right away; the disk write runs in the background (see `wait`). A state with a non-finite
+    value anywhere raises errors.RunStopped and is not saved (the newest good step stays the newest).
     """
     if not (force or step % self.save_every == 0):
       return False
+    self._manager.wait_until_finished()  # the previous save is committed before rotation looks at the steps
+    self._rotate()
     if step in self._manager.all_steps():
       return False  # e.g. the final forced save on a step the periodic rule already saved
+    summary = integrity.summarize(state)
+    bad = integrity.nonfinite(summary)
+    if bad:
+      good = self.newest_good()
+      raise errors.RunStopped(
+          f'the state at step {step} has non-finite values in {integrity.describe(bad)}; it was not saved. '
+          + (f'The newest good checkpoint is step {good} in {self.directory}. ' if good is not None else '')
+          + 'Lower optim.lr or check the rewards; rerunning resumes from the good checkpoint.')
+    full_meta = dict(meta or {})
+    full_meta['integrity'] = integrity.record(summary)
+    if self.run_config is not None:
+      full_meta['config'] = self.run_config
     self._manager.save(
         step,
         args=ocp.args.Composite(**{_STATE: ocp.args.StandardSave(state),
-                                   _META: ocp.args.JsonSave(_jsonable_meta(step, meta))}),
+                                   _META: ocp.args.JsonSave(_jsonable_meta(step, full_meta))}),
         force=True)
     return True
 
@@ -129,8 +213,63 @@ class Checkpointer:
     self.wait()
     return _committed_steps(self.directory)
 
+  def newest_good(self) -> int | None:
+    """Newest committed step saved with checksums (only finite states are saved with them)."""
+    for step in reversed(_committed_steps(self.directory)):
+      if 'integrity' in (read_meta(self.directory, step) or {}):
+        return step
+    return None
+
+  def _rotate(self) -> None:
+    steps = sorted(self._manager.all_steps())
+    if len(steps) <= self.keep:
+      return
+    keep = set(steps[-self.keep:])
+    good = self.newest_good()
+    if good is not None:
+      keep.add(good)
+    for step in steps:
+      if step not in keep:
+        self._manager.delete(step)
+
+  def _verify(self, step: int, state: Any, meta: Mapping[str, Any]) -> str | None:
+    """Why the restored `state` of `step` must not be used (None = fine): a checksum mismatch or a non-finite value."""
+    summary = integrity.summarize(state)
+    stored = meta.get('integrity')
+    if stored is None:
+      logging.warning('checkpoint step %d in %s has no checksums (written by an older version); checking only that '
+                      'its values are finite', step, self.directory)
+    else:
+      wrong = integrity.mismatches(stored, summary)
+      if wrong:
+        return f'checksum mismatch in {", ".join(wrong[:3])}{" and more" if len(wrong) > 3 else ""}'
+    bad = integrity.nonfinite(summary)
+    if bad:
+      return f'non-finite values in {integrity.describe(bad)}'
+    return None
+
+  def _check_structure(self, step: int, abstract_state: Any) -> None:
+    """InputError if `step` was saved from a differently shaped state (a changed config, not damage)."""
+    try:
+      tree = ocp.PyTreeCheckpointHandler().metadata(self.directory / str(step) / _STATE).tree
+    except Exception:  # pylint: disable=broad-except  # unreadable metadata is damage: restore() falls back
+      return
+    why = _structure_mismatch(tree, abstract_state)
+    if why:
+      raise errors.InputError(
+          f'checkpoint step {step} in {self.directory} does not fit the state this config builds: {why}. The '
+          'config changed since it was written (model, critic, optimizer or reference): restore that config, or '
+          'use a new --workdir. Nothing was moved or deleted.')
+
+  def _split_meta(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The caller's meta; the stored run config goes to `self.restored_config` (None if the step predates it)."""
+    meta = dict(meta)
+    meta.pop('integrity', None)
+    self.restored_config = meta.pop('config', None)
+    return meta
+
   def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
-    """Restores into `abstract_state`'s shardings; `step=None` = newest step that loads, skipping bad ones."""
+    """Restores into `abstract_state`'s shardings; `step=None` = newest step that loads and verifies."""
     _check_abstract(abstract_state, 'abstract_state')
     self.wait()
     args = ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(abstract_state), _META: ocp.args.JsonRestore()})
@@ -138,8 +277,13 @@ class Checkpointer:
       if step not in _committed_steps(self.directory):
         raise ValueError(f'step={step} is not a committed checkpoint in {self.directory}; '
                          f'available: {_committed_steps(self.directory)}')
+      self._check_structure(step, abstract_state)
       restored = self._manager.restore(step, args=args)
-      return restored[_STATE], dict(restored[_META])
+      why = self._verify(step, restored[_STATE], restored[_META])
+      if why:
+        raise errors.InputError(f'checkpoint step {step} in {self.directory} is damaged ({why}); restore an older '
+                                'step (step=None falls back automatically)')
+      return restored[_STATE], self._split_meta(restored[_META])
     steps, partial = _step_dirs(self.directory)
     for step_ in partial:
       logging.warning('checkpoint step %d in %s has no %s (partial write); skipping it', step_, self.directory,
@@ -149,19 +293,24 @@ class Checkpointer:
                        'or start a fresh run with a new --workdir')
     bad = []
     for candidate in reversed(steps):
+      self._check_structure(candidate, abstract_state)
       try:
         restored = self._manager.restore(candidate, args=args)
+        why = self._verify(candidate, restored[_STATE], restored[_META])
       except Exception as e:  # pylint: disable=broad-except  # any read error means "this step is unusable"
-        logging.warning('checkpoint step %d in %s failed to restore (%s: %s); falling back to an older step',
-                        candidate, self.directory, type(e).__name__, str(e).splitlines()[0][:300] if str(e) else '')
+        why = f'{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ""}'
+      if why:
+        logging.warning('checkpoint step %d in %s is unusable (%s); falling back to an older step', candidate,
+                        self.directory, why)
         bad.append(candidate)
         continue
       if bad or partial:
         self._quarantine(bad + partial)
-      return restored[_STATE], dict(restored[_META])
-    raise ValueError(f'no restorable checkpoint in {self.directory}: steps {steps + partial} all failed to load (see warnings '
-                     f'above); move them away (e.g. into {self.directory / CORRUPT_SUBDIR}) to restart from scratch, '
-                     'or restore from a backup')
+      return restored[_STATE], self._split_meta(restored[_META])
+    raise errors.InputError(
+        f'no restorable checkpoint in {self.directory}: steps {steps + partial} all failed to load or verify (see the '
+        f'warnings above); move them away (e.g. into {self.directory / CORRUPT_SUBDIR}) to restart from scratch, or '
+        'restore from a backup')
 
   def _quarantine(self, steps: list[int]) -> None:
     """Moves unloadable steps aside: orbax would otherwise refuse saves at or below them and count them in keep."""
@@ -179,10 +328,13 @@ class Checkpointer:
       self._manager.reload()
 
   def wait(self) -> None:
-    """Blocks until pending async saves are on disk."""
+    """Blocks until pending async saves are on disk, then applies the retention rule."""
     self._manager.wait_until_finished()
+    self._rotate()
 
   def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._rotate()
     self._manager.close()
 
   def __enter__(self) -> Checkpointer:
@@ -199,6 +351,16 @@ def _partial_restore(path: epath.Path, abstract: Any) -> Any:
         item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract), partial_restore=True))
 
 
+def _verify_params(params: Any, stored: dict | None, where: str) -> str | None:
+  summary = integrity.summarize({'params': params})
+  if stored is not None:
+    wrong = integrity.mismatches(stored, summary)
+    if wrong:
+      return f'checksum mismatch in {", ".join(wrong[:3])}'
+  bad = integrity.nonfinite(summary)
+  return f'non-finite values in {integrity.describe(bad)}' if bad else None
+
+
 def restore_params_only(directory: str | os.PathLike, abstract_params: Any, step: int | None = None) -> Any:
   """The `params` subtree of another run's state checkpoint: how a pipeline stage starts from the previous one."""
   _check_abstract(abstract_params, 'abstract_params')
@@ -211,28 +373,58 @@ def restore_params_only(directory: str | os.PathLike, abstract_params: Any, step
   candidates = [step] if step is not None else list(reversed(steps))
   for candidate in candidates:
     try:
-      return _partial_restore(root / str(candidate) / _STATE, {'params': abstract_params})['params']
+      params = _partial_restore(root / str(candidate) / _STATE, {'params': abstract_params})['params']
+      why = _verify_params(params, (read_meta(root, candidate) or {}).get('integrity'), str(root))
+      if why:
+        raise ValueError(why)
+      return params
     except Exception as e:  # pylint: disable=broad-except
       if step is not None:
         raise
-      logging.warning('params of checkpoint step %d in %s failed to restore (%s: %s); trying an older step',
+      logging.warning('params of checkpoint step %d in %s are unusable (%s: %s); trying an older step',
                       candidate, root, type(e).__name__, str(e).splitlines()[0][:300] if str(e) else '')
-  raise ValueError(f'no restorable checkpoint with params in {root} (steps found: {steps}); point the stage\'s '
-                   'init checkpoint at a finished run\'s checkpoint directory')
+  raise errors.InputError(f'no restorable checkpoint with params in {root} (steps found: {steps}); point the '
+                          'stage\'s init checkpoint at a finished run\'s checkpoint directory')
+
+
+def _sidecar(path: epath.Path) -> epath.Path:
+  return path.parent / f'{path.name}.integrity.json'
 
 
 def save_params(directory: str | os.PathLike, params: Any) -> None:
-  """A standalone params checkpoint (e.g. a stage's final policy); overwrites `directory`."""
+  """A standalone params checkpoint (e.g. a stage's final policy); overwrites `directory`. Checksums go next to
+  it (`<directory>.integrity.json`); a non-finite value raises errors.RunStopped and nothing is written."""
+  summary = integrity.summarize({'params': params})
+  bad = integrity.nonfinite(summary)
+  if bad:
+    raise errors.RunStopped(f'the final params have non-finite values in {integrity.describe(bad)}; not writing '
+                            f'{directory}')
+  path = _path(directory)
   with ocp.StandardCheckpointer() as ckptr:
-    ckptr.save(_path(directory), params, force=True)
+    ckptr.save(path, params, force=True)
     ckptr.wait_until_finished()
+  if jax.process_index() == 0:
+    tmp = path.parent / f'{path.name}.integrity.json.tmp'
+    tmp.write_text(json.dumps(integrity.record(summary)))
+    tmp.replace(_sidecar(path))
 
 
 def load_params(directory: str | os.PathLike, abstract_params: Any) -> Any:
-  """Reads a `save_params` checkpoint into `abstract_params`' shardings."""
+  """Reads a `save_params` checkpoint into `abstract_params`' shardings, verifying its checksums if recorded."""
   _check_abstract(abstract_params, 'abstract_params')
   path = _path(directory)
   if not path.exists():
-    raise ValueError(f'params checkpoint {path} does not exist; write it with checkpoint.save_params or fix the path')
+    raise errors.InputError(f'params checkpoint {path} does not exist; write it with checkpoint.save_params or fix '
+                            'the path (train.init_from / sft.init_from)')
   with ocp.StandardCheckpointer() as ckptr:
-    return ckptr.restore(path, abstract_params)
+    try:
+      params = ckptr.restore(path, abstract_params)
+    except Exception as e:  # pylint: disable=broad-except
+      raise errors.InputError(f'params checkpoint {path} cannot be read ({type(e).__name__}: '
+                              f'{errors.one_line(str(e))[:300]}); rewrite it (rerun the stage that wrote it) or '
+                              'point init_from elsewhere') from e
+  why = _verify_params(params, _read_json(_sidecar(path)), str(path))
+  if why:
+    raise errors.InputError(f'params checkpoint {path} is damaged ({why}); rerun the stage that wrote it '
+                            '(--config.train.rerun_stages=<stage>) or point init_from elsewhere')
+  return params

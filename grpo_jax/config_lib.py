@@ -19,8 +19,7 @@ import numpy as np
 SMALL_ALIASES = ("runlocal",)  # big_vision's name for the small variant; `small` is ours
 
 
-class ConfigError(ValueError):
-  """A bad config value; `main` prints the message alone (no traceback) and exits 2."""
+from grpo_jax.errors import ConfigError  # noqa: E402  (a bad config value: one line, exit 2; errors.py)
 
 from grpo_jax.r1 import layout
 
@@ -77,7 +76,11 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.train = ml_collections.ConfigDict(dict(
       steps=20, log_every=1, eval_every=10, ckpt_every=10, keep_checkpoints=3, plot_every=10,
-      sample_every=10, num_samples_logged=3, init_from=""))
+      sample_every=10, num_samples_logged=3, init_from="",
+      # Resuming with a changed config is refused unless every changed key is listed here ("optim.lr,rl.G");
+      # keys that change the saved state's structure (model.*, the critic, beta 0 <-> > 0) never can be.
+      allow_config_change="",
+      rerun_stages=""))  # stages to redo from scratch ("sft"; pipeline stage names); their dirs move to DIR/replaced/
 
   c.eval = ml_collections.ConfigDict(dict(
       size=500, batch=100, n_samples=4, pass_k=(1, 4)))

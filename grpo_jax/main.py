@@ -1,7 +1,14 @@
-"""CLI: python -m grpo_jax.main --config=configs/<exp>.py[:arg] --workdir=DIR [--config.key=value ...]."""
-import json
+"""CLI: python -m grpo_jax.main --config=configs/<exp>.py[:arg] --workdir=DIR [--config.key=value ...] [--verbose]
+
+Exit status (errors.py): 0 finished, or stopped by SIGTERM/SIGINT with its state saved (rerun to resume); 1 a bug
+(traceback); 2 an input error (one line: config value, path, file, workdir in use, changed config on resume, disk
+full or read-only); 3 the run stopped itself (one line: non-finite steps, a failing Python reward); 130 Ctrl-C
+before the run started. `--verbose` adds tracebacks and the libraries' INFO logs.
+"""
+import logging as std_logging
 import os
 import sys
+import traceback
 
 from absl import app
 from absl import flags
@@ -11,70 +18,125 @@ from ml_collections import config_flags
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/<exp>.py[:arg]).",
                                           lock_config=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for config.json, metrics.jsonl, checkpoints, plots.")
+_VERBOSE = flags.DEFINE_bool("verbose", False, "Show tracebacks with error lines, and the libraries' INFO logs.")
 
 
-def _save_config(config, workdir: str) -> None:
-  os.makedirs(workdir, exist_ok=True)
-  with open(os.path.join(workdir, "config.json"), "w") as f:
-    f.write(json.dumps(json.loads(config.to_json_best_effort()), indent=2, sort_keys=True))
-
-
-def run(config, workdir: str) -> None:
-  from grpo_jax import multihost
-  multihost.maybe_initialize()
-  from grpo_jax import train
-  _save_config(config, workdir)
-  if config.job == "grpo":
-    import jax
-    from grpo_jax import validate
-    from grpo_jax.tasks import tokenizer as tok_lib
-    validate.validate_rl(config, jax.device_count(), tok_lib.for_config(config))  # every stage's keys, before compiling
-    init_from = config.train.init_from
-    if not init_from and config.sft.steps > 0:
-      # Stage 1: an SFT checkpoint to start RL from (skipped once DIR/sft/params exists).
-      sft_dir = os.path.join(workdir, "sft")
-      if not os.path.exists(os.path.join(sft_dir, "params")):
-        train.run_sft(config, sft_dir)
-      init_from = os.path.join(sft_dir, "params")
-    train.run_rl(config, workdir, init_from=init_from)
-  elif config.job in ("sft", "pretrain"):
-    train.run_sft(config, workdir, loss_on="all" if config.job == "pretrain" else None)
-  elif config.job == "r1_pipeline":
-    from grpo_jax.r1 import pipeline
-    pipeline.run_pipeline(config, workdir)
-  else:
-    raise ValueError(f"config.job: unknown job {config.job!r}; choose grpo, ppo, sft, pretrain or r1_pipeline.")
-
-
-class _QuietLibraries(logging.logging.Filter):
-  """Keeps orbax's per-save INFO chatter out of the run log; its warnings and errors still show."""
+class _QuietLibraries(std_logging.Filter):
+  """Library records (orbax, tfds, jax, …) below WARNING are dropped, and the rest lose their tracebacks and extra
+  lines: an async write error that orbax logs from each of its threads becomes one line each. grpo_jax's own
+  records pass untouched."""
 
   def filter(self, record) -> bool:
-    return record.levelno >= logging.WARNING or "/orbax/" not in record.pathname
+    if f"{os.sep}grpo_jax{os.sep}" in record.pathname:
+      return True
+    if record.levelno < std_logging.WARNING:
+      return False
+    if "Using custom data configuration" in str(record.msg):  # tfds says this on every load of a generated task
+      return False
+    if record.exc_info or record.exc_text:
+      record.exc_info, record.exc_text = None, None
+    msg = record.getMessage()
+    if "\n" in msg:
+      record.msg, record.args = msg.splitlines()[0][:500] + " [...; --verbose for the rest]", None
+    return True
+
+
+def setup_logging(verbose: bool) -> None:
+  if not verbose:
+    std_logging.getLogger("absl").addFilter(_QuietLibraries())
+
+
+def execute(config, workdir: str, verbose: bool = False) -> int:
+  """Runs the job; returns the exit status, printing one line for every known failure (errors.classify)."""
+  from grpo_jax import errors
+  from grpo_jax import jobs
+  try:
+    jobs.run(config, workdir)
+    return errors.EXIT_OK
+  except KeyboardInterrupt:
+    logging.flush()
+    print("Interrupted before the run installed its handlers; nothing was saved.", file=sys.stderr)
+    return 130
+  except Exception as e:  # pylint: disable=broad-except
+    verdict = errors.classify(e)
+    if verdict is None:
+      raise  # a bug: the traceback is the report (exit 1)
+    code, line = verdict
+    logging.flush()
+    if verbose:
+      traceback.print_exc()
+    print(line, file=sys.stderr, flush=True)
+    return code
+
+
+def _exit(code: int) -> None:
+  """Error exits skip interpreter shutdown: orbax's and hung reward threads would print or wait there. Everything
+  of ours is on disk by now (saves are waited for before RunStopped is raised; the lock is released)."""
+  from grpo_jax import errors
+  if code in (errors.EXIT_INPUT, errors.EXIT_STOPPED):
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+  sys.exit(code)
 
 
 def main(argv) -> None:
-  del argv
-  logging.get_absl_handler().addFilter(_QuietLibraries())
-  from grpo_jax import validate
-  if _WORKDIR.value is None:
-    sys.exit("--workdir is required: the directory for metrics.jsonl, checkpoints and plots.")
+  from grpo_jax import errors
+  if len(argv) > 1:
+    print(f"Error: unexpected argument {argv[1]!r}; flags are --config, --workdir, --config.<key>=<value>, --verbose.",
+          file=sys.stderr)
+    sys.exit(errors.EXIT_INPUT)
   try:
-    run(_CONFIG.value, _WORKDIR.value)
-  except validate.ConfigError as e:
-    # One line naming the key and the fix; no traceback for a bad config.
-    logging.flush()
-    print(f"Config error: {e}", file=sys.stderr)
-    sys.exit(2)
+    config = _CONFIG.value
+    if config is not None:
+      config.get("job")  # a config file that failed to load raises on first use, here
+  except Exception as e:  # pylint: disable=broad-except
+    if _VERBOSE.value:
+      traceback.print_exc()
+    print(f"Error: --config: {errors.one_line(str(e))[:600]}; pass --config=configs/<exp>.py[:arg] naming an "
+          "existing config file whose get_config(arg) runs.", file=sys.stderr)
+    sys.exit(errors.EXIT_INPUT)
+  if config is None:
+    print("Error: --config is required, e.g. --config=configs/grpo_arith.py:runlocal.", file=sys.stderr)
+    sys.exit(errors.EXIT_INPUT)
+  setup_logging(_VERBOSE.value)
+  _exit(execute(config, _WORKDIR.value or "", _VERBOSE.value))
+
+
+def _unknown_key(argv, error: Exception) -> str:
+  """The --config.<key> override that names a missing key (ml_collections says only the last part)."""
+  missing = str(error).strip("\"'")
+  for arg in argv:
+    if arg.startswith("--config."):
+      key = arg[len("--"):].split("=", 1)[0]
+      if missing and (key.split(".")[-1] == missing or f".{missing}." in f".{key}."):
+        return key
+  return f"config.<...>.{missing}"
+
+
+def _parse_flags(argv):
+  """absl's flag parsing with every failure (missing or broken config file, unknown key, bad value) as one line."""
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    from grpo_jax import errors
+    if "--verbose" in argv:
+      traceback.print_exc()
+    if isinstance(e, AttributeError):
+      msg = (f"Config error: {_unknown_key(argv, e)}: no such key; check the spelling against "
+             "grpo_jax/config_lib.py (or the experiment's configs/*.py).")
+    elif isinstance(e, flags.Error):
+      msg = f"Error: {errors.one_line(str(e))}; see --helpfull for the flags."
+    else:
+      msg = (f"Error: --config: {errors.one_line(str(e))}; pass --config=configs/<exp>.py[:arg] naming an existing "
+             "config file whose get_config(arg) runs.")
+    print(msg, file=sys.stderr)
+    sys.exit(errors.EXIT_INPUT)
 
 
 def _entry():
-  # An unknown --config.key fails inside absl's flag parsing with a traceback; turn it into one line.
-  try:
-    app.run(main)
-  except AttributeError as e:
-    print(f"Config error: {e}. Check the key's spelling against grpo_jax/config_lib.py.", file=sys.stderr)
-    sys.exit(2)
+  app.run(main, flags_parser=_parse_flags)
 
 
 if __name__ == "__main__":

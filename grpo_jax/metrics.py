@@ -64,9 +64,12 @@ METRICS: dict[str, str] = {
     'perf/tokens_per_s': 'completion tokens generated per second of step time',
     'perf/compile_time_s': 'wall time of the first (compiling) step after start or resume, seconds',
     'perf/eval_time_s': 'wall time of one evaluation, seconds',
+    # --- config_change/: a resume that took changed config values (train.allow_config_change) ---
+    'config_change/<key>': '1 at the step where a resumed run took a changed value of config key <key>; the new '
+                           'config is in config.<step>.json next to the checkpoints',
 }
 
-_PLACEHOLDERS = {'<term>': r'[A-Za-z0-9_.\-]+', '<k>': r'[1-9][0-9]*'}
+_PLACEHOLDERS = {'<term>': r'[A-Za-z0-9_.\-]+', '<k>': r'[1-9][0-9]*', '<key>': r'[A-Za-z0-9_.]+'}
 
 
 def _compile(name: str) -> re.Pattern:

@@ -4,15 +4,17 @@ A term maps a rollout to outcome scores `r_N` and optionally step scores (`step_
 `step_valid_NxS`). Python terms never let an exception cross the callback (undefined behaviour, and the state is
 donated): they return a status, the step skips its update in-graph, and the host raises afterwards naming the term.
 """
-import concurrent.futures
 import dataclasses
 import math
+import queue
 import threading
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from grpo_jax import errors
 
 # Status codes a Python term reports through the callback (0 = ok).
 OK, RAISED, NONFINITE, WRONG_LENGTH, WRONG_TYPE, TIMEOUT = range(6)
@@ -80,20 +82,69 @@ def _make_process(ctx: Context) -> InGraphFn:
 PyRewardFn = Callable[[Sequence[str], Sequence[Sequence[int]], dict[str, np.ndarray]], Sequence[float]]
 
 
-class PythonTermError(RuntimeError):
+class PythonTermError(errors.RunStopped):
   """Raised on the host after a step whose Python reward term failed (the state was left unchanged)."""
+
+
+class _Worker:
+  """One daemon thread that runs reward calls. A call that times out is abandoned with its thread: a daemon thread
+  never keeps the process alive (ThreadPoolExecutor threads are joined at exit, so one hung call would hang the
+  exit), and later calls go to a fresh worker instead of queueing behind the hung one."""
+
+  def __init__(self, name: str):
+    self._jobs: queue.Queue = queue.Queue()
+    self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
+    self.thread.start()
+
+  def _loop(self) -> None:
+    while True:
+      job = self._jobs.get()
+      if job is None:
+        return
+      fn, args, box, done = job
+      try:
+        box.append((True, fn(*args)))
+      except BaseException as e:  # pylint: disable=broad-except  # reported as the term's status, never raised
+        box.append((False, e))
+      done.set()
+
+  def call(self, fn, args, timeout_s: float):
+    """(finished, ok, value): finished False = timed out (the worker is now stuck and must be replaced)."""
+    box, done = [], threading.Event()
+    self._jobs.put((fn, args, box, done))
+    if not done.wait(timeout_s):
+      return False, False, None
+    ok, value = box[0]
+    return True, ok, value
+
+  def stop(self) -> None:
+    self._jobs.put(None)
 
 
 class PythonTerm:
   """Wraps `fn(texts, token_ids, batch_rows) -> scores` for `jax.pure_callback`, catching everything."""
 
+  MAX_HUNG = 4  # abandoned (timed-out) calls still running; beyond this the term fails even with a fallback
+
   def __init__(self, name: str, fn: PyRewardFn, tokenizer, *, fallback: float | None = None,
                timeout_s: float = 60.0):
+    if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+      raise errors.ConfigError(f"config.rl.reward_timeout_s: must be a number > 0 (seconds a Python reward call may "
+                               f"take), got {timeout_s!r}.")
     self.name, self.fn, self.tokenizer = name, fn, tokenizer
     self.fallback, self.timeout_s = fallback, timeout_s
     self.last_error = ""
-    self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"reward-{name}")
+    self._worker = _Worker(f"reward-{name}")
+    self._hung: list[threading.Thread] = []
     self._lock = threading.Lock()
+
+  def close(self) -> None:
+    """Stops the idle worker; hung ones are daemon threads and die with the process."""
+    self._worker.stop()
+
+  def hung_calls(self) -> int:
+    self._hung = [t for t in self._hung if t.is_alive()]
+    return len(self._hung)
 
   def _texts(self, tokens_NxL, mask_NxL):
     ids = [row[m > 0].tolist() for row, m in zip(tokens_NxL, mask_NxL)]
@@ -108,13 +159,16 @@ class PythonTerm:
     try:
       texts, ids = self._texts(np.asarray(tokens_NxL), np.asarray(mask_NxL))
       batch_np = {k: np.asarray(v) for k, v in batch.items()}
-      fut = self._pool.submit(self.fn, texts, ids, batch_np)
-      try:
-        out = fut.result(timeout=self.timeout_s)
-      except concurrent.futures.TimeoutError:
-        # The worker thread cannot be killed; a fresh pool keeps later calls from queueing behind it.
-        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix=f"reward-{self.name}")
+      if self.hung_calls() >= self.MAX_HUNG:
+        return self._fail(TIMEOUT, f"{self.MAX_HUNG} earlier calls timed out (reward_timeout_s={self.timeout_s}s) "
+                          "and are still running", zeros, fallback_ok=False)
+      finished, ok, out = self._worker.call(self.fn, (texts, ids, batch_np), self.timeout_s)
+      if not finished:
+        self._hung.append(self._worker.thread)
+        self._worker = _Worker(f"reward-{self.name}")
         return self._fail(TIMEOUT, f"did not return within reward_timeout_s={self.timeout_s}s", zeros)
+      if not ok:
+        return self._fail(RAISED, f"{type(out).__name__}: {out}", zeros)
     except Exception as e:  # pylint: disable=broad-except
       return self._fail(RAISED, f"{type(e).__name__}: {e}", zeros)
     if isinstance(out, (str, bytes)) or not hasattr(out, "__len__"):
@@ -138,10 +192,10 @@ class PythonTerm:
     scores[bad] = self.fallback if self.fallback is not None else 0.0
     return scores, np.int32(OK), np.int32(bad.sum())
 
-  def _fail(self, status, msg, zeros):
+  def _fail(self, status, msg, zeros, fallback_ok: bool = True):
     with self._lock:
       self.last_error = msg
-    if self.fallback is not None and status in (RAISED, TIMEOUT, WRONG_LENGTH, WRONG_TYPE):
+    if fallback_ok and self.fallback is not None and status in (RAISED, TIMEOUT, WRONG_LENGTH, WRONG_TYPE):
       return np.full_like(zeros, self.fallback), np.int32(OK), np.int32(zeros.shape[0])
     return zeros, np.int32(status), np.int32(0)
 
@@ -168,6 +222,11 @@ class RewardSpec(NamedTuple):
   python_terms: dict[str, PythonTerm]
   ctx: Context
 
+  def close(self) -> None:
+    """Stops the Python terms' worker threads (hung calls are daemon threads: they never block the exit)."""
+    for term in self.python_terms.values():
+      term.close()
+
 
 def build(rewards_cfg: Sequence[tuple[str, float]], ctx: Context,
           python_fns: dict[str, PyRewardFn] | None = None, fallback: float | None = None,
@@ -184,7 +243,7 @@ def build(rewards_cfg: Sequence[tuple[str, float]], ctx: Context,
       fns.append(REGISTRY[name](ctx))
     else:
       known = sorted(set(REGISTRY) | set(python_fns))
-      raise ValueError(f"config.rewards: unknown reward term '{name}'; choose from {known}.")
+      raise errors.ConfigError(f"config.rewards: unknown reward term '{name}'; choose from {known}.")
     names.append(name)
     weights.append(float(w))
   return RewardSpec(tuple(names), tuple(weights), tuple(fns), py, ctx)

@@ -1,6 +1,5 @@
 """The Python loop around the jitted steps: it only feeds data, logs, evaluates and checkpoints."""
 import os
-import signal
 import time
 from typing import Callable
 
@@ -9,8 +8,10 @@ import numpy as np
 from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
+from grpo_jax import errors
 from grpo_jax import evaluation
 from grpo_jax import families
+from grpo_jax import loop_guard
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import model as model_lib
 from grpo_jax import plots
@@ -24,31 +25,8 @@ from grpo_jax.tasks import registry as task_registry
 from grpo_jax.tasks import tokenizer as tok_lib
 
 
-class Preemption:
-  """SIGTERM → finish the current step, save, exit 0."""
-
-  def __init__(self):
-    self.requested = False
-    self._prev = None
-
-  def __enter__(self):
-    try:
-      self._prev = signal.signal(signal.SIGTERM, self._handler)
-    except ValueError:  # not the main thread (e.g. inside a test runner thread): no handler, no preemption
-      self._prev = None
-    return self
-
-  def _handler(self, signum, frame):
-    logging.warning("SIGTERM received: finishing the current step, then saving and exiting.")
-    self.requested = True
-
-  def __exit__(self, *exc):
-    if self._prev is not None:
-      signal.signal(signal.SIGTERM, self._prev)
-
-
-class NonFiniteError(RuntimeError):
-  pass
+class NonFiniteError(errors.RunStopped):
+  """Too many non-finite steps in a row; the last good state is saved."""
 
 
 def device_batch(mesh, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
@@ -108,8 +86,14 @@ def init_or_restore(config, mesh, mcfg, family, ckpt: ckpt_lib.Checkpointer, ini
   return family.init(config, mesh, mcfg, params=params), 0
 
 
-def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict | None = None) -> dict[str, float]:
-  """GRPO-family (or PPO) training; returns the last eval metrics. Resumes automatically from `workdir`."""
+def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict | None = None,
+           record: dict | None = None) -> dict[str, float]:
+  """GRPO-family (or PPO) training; returns the last eval metrics. Resumes automatically from `workdir`.
+
+  `record`: the run-config view stored with each checkpoint (default: run_config.view(config, 'rl')). Raises
+  errors.Preempted when SIGTERM/SIGINT stopped it before `train.steps` (its state saved).
+  """
+  guard = loop_guard.LoopGuard(config, workdir, "rl", record)  # a changed config is refused before any write
   tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_rl)
   rl, steps = config.rl, config.train.steps
   fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
@@ -118,12 +102,12 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   family = families.for_config(config)
   step_fn = families.make_step(config, mesh, mcfg, spec, tokenizer, family=family)
   init_from = config.train.init_from if init_from is None else init_from
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=config.train.ckpt_every,
-                               keep=config.train.keep_checkpoints)
+  ckpt = guard.checkpointer(config)
   state, start = init_or_restore(config, mesh, mcfg, family, ckpt, init_from)
   writer = metrics_lib.MetricWriter(workdir, resume_step=start if start else None,
                                     use_tensorboard=config.log.tensorboard,
                                     wandb_project=config.log.wandb_project or None, total_steps=steps)
+  guard.resumed(ckpt, start, writer)
   n_prompts = rl.prompts_per_step * (rl.oversample if rl.dynamic_sampling else 1)
   batches = data_lib.rl_batches(config.task, tokenizer, "train", n_prompts, config.seed, start,
                                 config.task.prompt_len)
@@ -143,9 +127,11 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
 
   if start == 0:
     evaluate(0)
-  bad_in_row = 0
-  with Preemption() as pre:
+  bad_in_row, done = 0, start
+  with guard.running(on_exit=spec.close):  # Python reward workers stop however the loop ends
     for step in range(start, steps):
+      if guard.should_stop():
+        break
       batch = device_batch(mesh, next(batches))
       t0 = time.perf_counter()
       state, m = step_fn(state, batch)
@@ -180,41 +166,45 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
         evaluate(done)
       if config.train.plot_every and done % config.train.plot_every == 0:
         plots.write_plots(workdir)
-      ckpt.maybe_save(done, state, {"step": done}, force=pre.requested or done == steps)
-      if pre.requested:
-        logging.warning("Saved step %d after SIGTERM; exiting.", done)
-        break
-  ckpt.wait()
+      ckpt.maybe_save(done, state, {"step": done}, force=done == steps)
+    guard.finish(ckpt, state, done)  # inside running(): a second signal cannot interrupt the save
   ckpt.close()
   writer.close()
   plots.write_plots(workdir)
+  guard.raise_if_stopped()
   return last_eval
 
 
 def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str | None = None,
-            batches=None, evaluate_at_end: bool = True) -> dict[str, float]:
+            batches=None, evaluate_at_end: bool = True, record: dict | None = None) -> dict[str, float]:
   """SFT (loss on completions) or pre-training (loss_on='all': untagged worked solutions, every token).
 
   `batches` overrides the task's reference data (e.g. R1's rejection-sampled set): a callable
-  `start_step -> iterator of SFT batches`. Final params go to `workdir/params`.
+  `start_step -> iterator of SFT batches`. Final params go to `workdir/params`, written only when the loop reached
+  `sft.steps`: a stop by SIGTERM/SIGINT saves the state and raises errors.Preempted instead. `record`: the
+  run-config view stored with each checkpoint (default: run_config.view(config, 'sft')).
   """
+  guard = loop_guard.LoopGuard(config, workdir, "sft", record)  # a changed config is refused before any write
   tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_sft)
   steps = config.sft.steps
   loss_on = loss_on or config.sft.loss_on
   step_fn = families.make_step(config, mesh, mcfg, family=sft_step)
-  ckpt = ckpt_lib.Checkpointer(os.path.join(workdir, "checkpoints"), save_every=config.train.ckpt_every,
-                               keep=config.train.keep_checkpoints)
+  ckpt = guard.checkpointer(config)
   init_from = config.sft.init_from if init_from is None else init_from
   state, start = init_or_restore(config, mesh, mcfg, sft_step, ckpt, init_from)
   writer = metrics_lib.MetricWriter(workdir, resume_step=start if start else None,
                                     use_tensorboard=config.log.tensorboard, total_steps=steps)
+  guard.resumed(ckpt, start, writer)
   if batches is None:
     batches = data_lib.sft_batches(config.task, tokenizer, "train", config.sft.batch, config.seed, start,
                                    config.model.max_len, mode=loss_on, mistake_rate=config.sft.mistake_frac)
   else:
     batches = batches(start)
-  with Preemption() as pre:
+  done = start
+  with guard.running():
     for step in range(start, steps):
+      if guard.should_stop():
+        break
       batch = device_batch(mesh, next(batches))
       t0 = time.perf_counter()
       state, m = step_fn(state, batch)
@@ -223,11 +213,12 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
         scalars = _host_scalars(m)
         scalars["perf/step_time_s"] = time.perf_counter() - t0
         writer.write(done, scalars)
-      ckpt.maybe_save(done, state, {"step": done}, force=pre.requested or done == steps)
-      if pre.requested:
-        break
-  ckpt.wait()
+      ckpt.maybe_save(done, state, {"step": done}, force=done == steps)
+    guard.finish(ckpt, state, done)  # inside running(): a second signal cannot interrupt the save
   ckpt.close()
+  if guard.stopped:
+    writer.close()
+    guard.raise_if_stopped()  # no params, no final eval: the stage is not finished
   ckpt_lib.save_params(os.path.join(workdir, "params"), state["params"])
   result: dict[str, float] = {}
   if evaluate_at_end and loss_on == "completion":

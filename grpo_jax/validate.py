@@ -4,7 +4,7 @@ from typing import Any
 
 from grpo_jax import advantages
 from grpo_jax import families
-from grpo_jax.config_lib import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch)
+from grpo_jax.errors import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch; exit 2)
 from grpo_jax.tasks import registry
 
 
@@ -117,6 +117,9 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
             "optim.lr", "optim.weight_decay", "optim.grad_clip", "sampling.temperature", "rl.process_weight",
             "rl.reward_timeout_s", "optim.warmup_steps", "rl.overlong_cache"):
     _nonneg(c, k)
+  if c.rl.reward_timeout_s == 0:
+    _fail("rl.reward_timeout_s", "must be > 0: the seconds a Python reward call may take before the step fails "
+          "(or uses rl.reward_fallback).")
   if c.sampling.temperature == 0:
     _fail("sampling.temperature", "must be > 0 for RL (π = softmax(logits / temperature)); use greedy only in eval.")
   if c.optim.lr == 0:

@@ -222,7 +222,10 @@ def test_bad_arguments_raise(tmp_path, states):
       ckpt.restore(0, jax.eval_shape(lambda: states[1]))  # shardings on an AbstractMesh
     _, meta = ckpt.restore(0, checkpoint.abstract_of(states[1]))
   assert meta == {'step': 0, 'pos': 3, 'lr': 0.5}
-  assert json.loads((tmp_path / '0' / 'meta' / 'metadata').read_text()) == meta
+  on_disk = json.loads((tmp_path / '0' / 'meta' / 'metadata').read_text())
+  assert set(on_disk.pop('integrity')['checksums']) == {".params['w']", ".params['b']", ".opt['mu']",
+                                                        ".opt['count']", ".opt['bits']", '.step', '.rng'}
+  assert on_disk == meta
 
 
 _TWO_PROCESS_SCRIPT = r'''
@@ -291,3 +294,170 @@ def test_two_processes_save_corrupt_fallback_resave(tmp_path):
       raise
   for i, (p, out) in enumerate(zip(procs, outs)):
     assert p.returncode == 0 and f'OK {i}' in out, out[-3000:]
+
+
+# ------------------------------------------------------------------------------------ integrity (checksums, finite)
+def _np_fmix32(h):
+  h = h.astype(np.uint64)
+  m = np.uint64(0xFFFFFFFF)
+  h ^= h >> np.uint64(16)
+  h = (h * np.uint64(0x85EBCA6B)) & m
+  h ^= h >> np.uint64(13)
+  h = (h * np.uint64(0xC2B2AE35)) & m
+  h ^= h >> np.uint64(16)
+  return h
+
+
+def _np_checksum(arr: np.ndarray) -> str:
+  """Independent NumPy version of integrity.py's checksum (raw words, row-major index, murmur3 finaliser)."""
+  size = arr.dtype.itemsize
+  raw = arr.reshape(-1).view({1: np.uint8, 2: np.uint16, 4: np.uint32, 8: np.uint32}[size]).astype(np.uint64)
+  idx = np.arange(raw.size, dtype=np.uint64)
+  mix = _np_fmix32((idx * np.uint64(2)) & np.uint64(0xFFFFFFFF))
+  a = int(_np_fmix32(raw ^ _np_fmix32((mix + np.uint64(1)) & np.uint64(0xFFFFFFFF))).sum() % (1 << 32))
+  b = int(_np_fmix32(raw ^ _np_fmix32((mix + np.uint64(2)) & np.uint64(0xFFFFFFFF))).sum() % (1 << 32))
+  return f'{a:08x}{b:08x}'
+
+
+def test_checksums_match_numpy_and_see_one_flipped_bit():
+  from grpo_jax import integrity
+  rng = np.random.default_rng(0)
+  leaves = {'f32': rng.standard_normal((3, 5)).astype(np.float32),
+            'bf16': jnp.asarray(rng.standard_normal((4, 2, 3)), jnp.bfloat16),
+            'i32': rng.integers(-9, 9, (7,)).astype(np.int32), 'u8': rng.integers(0, 255, (6,)).astype(np.uint8),
+            'scalar': np.float32(2.5)}
+  summary = integrity.summarize({k: jnp.asarray(v) for k, v in leaves.items()})
+  for k, v in leaves.items():
+    assert summary[f"['{k}']"] == (_np_checksum(np.asarray(v)), 0), k
+  flipped = np.asarray(leaves['bf16']).copy()
+  flipped.view(np.uint16)[1, 1, 2] ^= 1 << 3  # one bit of one bf16 value
+  assert integrity.summarize({'bf16': jnp.asarray(flipped)})["['bf16']"][0] != summary["['bf16']"][0]
+  swapped = leaves['f32'].copy()
+  swapped[[0, 1]] = swapped[[1, 0]]  # same values, other places
+  assert integrity.summarize({'f32': jnp.asarray(swapped)})["['f32']"][0] != summary["['f32']"][0]
+  bad = leaves['f32'].copy()
+  bad[0, 0], bad[2, 4] = np.nan, -np.inf
+  assert integrity.summarize({'f32': jnp.asarray(bad), 'i': jnp.int32(3)}) ["['f32']"][1] == 2
+
+
+def test_checksum_pass_needs_no_leaf_sized_temporary():
+  """One fused pass per leaf: XLA plans (almost) no temporary memory, so checking a state needs no spare copy."""
+  from grpo_jax import integrity
+  leaves = [jax.ShapeDtypeStruct((1024, 1024), jnp.float32), jax.ShapeDtypeStruct((4, 512, 512), jnp.bfloat16)]
+  compiled = integrity._summaries.lower(leaves).compile()
+  assert compiled.memory_analysis().temp_size_in_bytes < 64 * 1024  # inputs: 6 MiB
+
+
+_SHARDED_SCRIPT = r'''
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from grpo_jax import integrity
+x = np.random.default_rng(1).standard_normal((8, 6)).astype(np.float32)
+mesh = jax.make_mesh((4,), ('d',))
+one = integrity.summarize({'x': jnp.asarray(x)})
+four = integrity.summarize({'x': jax.device_put(x, NamedSharding(mesh, P('d')))})
+grid = jax.make_mesh((2, 2), ('a', 'b'))
+two_d = integrity.summarize({'x': jax.device_put(x, NamedSharding(grid, P('a', 'b')))})
+assert one == four == two_d, (one, four, two_d)
+print('OK')
+'''
+
+
+def test_checksums_do_not_depend_on_the_sharding():
+  import subprocess
+  import sys
+  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4', JAX_PLATFORMS='cpu',
+             PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  out = subprocess.run([sys.executable, '-c', _SHARDED_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0 and 'OK' in out.stdout, out.stderr[-3000:]
+
+
+def _flip_bytes(step_dir, n=64):
+  """Flips n bytes in the middle of the step's largest data file: orbax itself restores it without complaint."""
+  files = sorted(glob.glob(os.path.join(step_dir, 'state', '**', 'd', '*'), recursive=True), key=os.path.getsize)
+  with open(files[-1], 'r+b') as f:
+    data = bytearray(f.read())
+    mid = len(data) // 2
+    for i in range(mid, mid + n):
+      data[i] ^= 0xFF
+    f.seek(0)
+    f.write(bytes(data))
+
+
+def _big_state(seed):
+  rng = np.random.default_rng(seed)
+  return {'params': {'w': jnp.asarray(rng.standard_normal((96, 96)), jnp.float32)},
+          'opt': {'nu': jnp.asarray(rng.random((96, 96)), jnp.float32)}, 'step': jnp.int32(seed)}
+
+
+def test_flipped_bytes_fail_the_checksum_and_fall_back(tmp_path, caplog):
+  import orbax.checkpoint as ocp
+  states = {s: _big_state(s) for s in (1, 2)}
+  _save_steps(tmp_path, states, [1, 2], async_save=False)
+  _flip_bytes(str(tmp_path / '2'))
+  raw = ocp.StandardCheckpointer().restore(str(tmp_path / '2' / 'state'), checkpoint.abstract_of(states[2]))
+  assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(raw), jax.tree.leaves(states[2])))  # silent
+  caplog.set_level(logging.WARNING)
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
+    restored, meta = ckpt.restore(None, checkpoint.abstract_of(states[2]))
+  _assert_bit_identical(restored, states[1])
+  assert meta == {'step': 1, 'data_pos': 10}
+  assert any('step 2' in r.getMessage() and 'checksum mismatch' in r.getMessage() for r in caplog.records)
+  assert os.listdir(tmp_path / checkpoint.CORRUPT_SUBDIR)[0].startswith('2-')
+
+
+def test_nonfinite_state_is_never_saved_and_a_nonfinite_checkpoint_is_skipped(tmp_path, caplog):
+  from grpo_jax import errors
+  import orbax.checkpoint as ocp
+  good, bad = _big_state(1), _big_state(2)
+  bad['opt']['nu'] = bad['opt']['nu'].at[3, 4].set(jnp.nan)
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5, async_save=False) as ckpt:
+    assert ckpt.maybe_save(1, good)
+    with pytest.raises(errors.RunStopped, match=r"step 2 has non-finite values in \['opt'\]\['nu'\] \(1\).*newest "
+                                                r"good checkpoint is step 1"):
+      ckpt.maybe_save(2, bad)
+    assert ckpt.all_steps() == [1]
+  # A checkpoint written without checksums (an older version) that holds a NaN is skipped like damage.
+  with ocp.CheckpointManager(tmp_path) as mngr:
+    mngr.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave(bad), meta=ocp.args.JsonSave({'step': 3})))
+  caplog.set_level(logging.WARNING)
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
+    restored, meta = ckpt.restore(None, checkpoint.abstract_of(good))
+  assert meta == {'step': 1}
+  _assert_bit_identical(restored, good)
+  msgs = [r.getMessage() for r in caplog.records]
+  assert any('step 3' in m and 'no checksums' in m for m in msgs)
+  assert any('step 3' in m and 'non-finite values' in m for m in msgs)
+
+
+def test_changed_shapes_are_a_config_error_not_damage(tmp_path):
+  from grpo_jax import errors
+  state = _big_state(1)
+  _save_steps(tmp_path, {1: state}, [1], async_save=False)
+  other = dict(state, params={'w': jnp.zeros((64, 96), jnp.float32)})
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
+    with pytest.raises(errors.InputError, match=r"params.w is saved with shape \(96, 96\) but the config builds "
+                                                r"\(64, 96\).*Nothing was moved"):
+      ckpt.restore(None, checkpoint.abstract_of(other))
+    with pytest.raises(errors.InputError, match=r"lacks params.v"):
+      ckpt.restore(None, checkpoint.abstract_of(dict(state, params={'w': state['params']['w'], 'v': jnp.ones(2)})))
+  assert os.listdir(tmp_path) == ['1']  # the good checkpoint stays where it is
+
+
+def test_rotation_keeps_the_newest_known_good(tmp_path):
+  """keep=1, but the newest checkpoints carry no checksums (unknown): the newest good one is not deleted."""
+  states = {s: _big_state(s) for s in range(1, 5)}
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=1, async_save=True) as ckpt:
+    for s in (1, 2):
+      ckpt.maybe_save(s, states[s])
+    ckpt.wait()
+    assert ckpt.all_steps() == [2]  # plain rotation: keep the newest
+  for s in (3, 4):  # written by an older version: no integrity record
+    import orbax.checkpoint as ocp
+    with ocp.CheckpointManager(tmp_path) as mngr:
+      mngr.save(s, args=ocp.args.Composite(state=ocp.args.StandardSave(states[s]),
+                                           meta=ocp.args.JsonSave({'step': s})))
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=1) as ckpt:
+    ckpt.wait()
+    assert ckpt.newest_good() == 2
+    assert ckpt.all_steps() == [2, 4]

@@ -337,8 +337,8 @@ def test_report_compares_every_model(resumed_pipeline):
 
 
 def test_preempted_stage_is_not_marked_done(tmp_path, monkeypatch):
-  """train.py's loops return normally after SIGTERM (and run_sft writes params anyway): the pipeline must notice the
-  missing last step, write no DONE marker, run no later stage, and let a rerun resume that stage."""
+  """Defence in depth (a loop stopped by a signal raises errors.Preempted): a stage that returns before its last
+  step must get no record, run no later stage, and let a rerun resume it."""
   c = _tiny_config()
   ran = []
 
@@ -355,3 +355,33 @@ def test_preempted_stage_is_not_marked_done(tmp_path, monkeypatch):
   assert layout.checkpointed_steps(str(tmp_path / "base")) == 1
   assert "base stopped" in open(tmp_path / "stages.log").read()
   assert layout.checkpointed_steps(str(tmp_path / "r1_zero")) == 0
+
+
+def test_signalled_stage_is_not_done_and_a_changed_finished_stage_is_refused(tmp_path, monkeypatch):
+  """A stage that raises errors.Preempted (SIGTERM/SIGINT) gets no record and stops the pipeline; a finished stage
+  whose config changed is refused before anything runs, naming the key and the ways forward."""
+  from grpo_jax import errors
+  c = _tiny_config()
+  ran = []
+
+  def fake_stage(config, workdir, stage):
+    ran.append(stage)
+    if stage == "r1_zero":
+      raise errors.Preempted(os.path.join(workdir, stage), 1)
+    d = os.path.join(workdir, stage, "checkpoints", "2")
+    os.makedirs(d)
+    open(os.path.join(d, "commit_success.txt"), "w").close()
+
+  monkeypatch.setattr(pipeline, "_run_stage", fake_stage)
+  with pytest.raises(errors.Preempted):
+    pipeline.run_pipeline(c, str(tmp_path))
+  assert ran == ["base", "r1_zero"]
+  assert layout.stage_done(str(tmp_path), "base") and not layout.stage_done(str(tmp_path), "r1_zero")
+  assert "r1_zero stopped" in open(tmp_path / "stages.log").read()
+  recorded = json.load(open(tmp_path / "base" / "stage.json"))["config"]
+  assert recorded["r1.pretrain.steps"] == 2 and recorded["sft.steps"] == 2 and "rl.G" not in recorded
+  c.r1.pretrain.lr = 0.5
+  ran.clear()
+  with pytest.raises(errors.InputError, match=r"finished stage base .*sft.lr \(0.001 → 0.5\).*rerun_stages=base"):
+    pipeline.run_pipeline(c, str(tmp_path))
+  assert ran == []

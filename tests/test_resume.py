@@ -73,20 +73,28 @@ def uninterrupted(tmp_path_factory):
   return wd
 
 
-@pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
-def test_killed_run_resumes_exactly(uninterrupted, tmp_path, sig):
+@pytest.mark.parametrize("sig,second", [(signal.SIGKILL, None), (signal.SIGTERM, None), (signal.SIGINT, None),
+                                        (signal.SIGTERM, signal.SIGINT)])
+def test_killed_run_resumes_exactly(uninterrupted, tmp_path, sig, second):
   wd = str(tmp_path)
   p = _start(wd)
   _wait_for_step(p, wd, 3)
   p.send_signal(sig)
+  if second is not None:  # a second signal while the run finishes its step and saves: absorbed, no torn save
+    time.sleep(0.1)
+    p.send_signal(second)
   out, _ = p.communicate(timeout=120)
-  if sig == signal.SIGTERM:
-    # Preemption: finish the step, save, exit 0.
+  if sig in (signal.SIGTERM, signal.SIGINT):
+    # Preemption (Ctrl-C too): finish the step, save, exit 0, one line saying how to resume.
     assert p.returncode == 0, out[-3000:]
-    assert "SIGTERM" in out
+    assert f"{sig.name} received" in out and "Preempted:" in out and "Traceback" not in out
+    if second is not None:
+      assert "received again" in out
+    ck = os.path.join(wd, "checkpoints")
+    assert not [n for n in os.listdir(ck) if "tmp" in n], os.listdir(ck)
   else:
     assert p.returncode != 0
-  assert len(_rows(wd)) < len(_rows(uninterrupted)) or sig == signal.SIGTERM
+  assert len(_rows(wd)) < len(_rows(uninterrupted)) or sig != signal.SIGKILL
   p = _start(wd)
   out, _ = p.communicate(timeout=300)
   assert p.returncode == 0, out[-3000:]

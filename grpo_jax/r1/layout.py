@@ -10,20 +10,19 @@
     DIR/stages.log           a `start`, then `done <seconds>` or `stopped` line per stage execution
     DIR/report.md, .json     held-out comparison of every model (r1/report.py)
 
-A stage is finished once DIR/<stage>/DONE exists: written after its final `params` (stage 3: `data.jsonl`), and only
-when its loop reached its last step.
+A stage is finished once DIR/<stage>/stage.json says so (grpo_jax/stages.py): written after its final `params`
+(stage 3: `data.jsonl`), never for a stage stopped by a signal, and holding the config the stage ran with. A `DONE`
+marker from older versions also counts.
 """
 from __future__ import annotations
 
 import os
-import time
 
 STAGES = ("base", "r1_zero", "r1_1_cold_start", "r1_2_grpo", "r1_3_rejection", "r1_4_sft", "r1_5_final")
 # The stages that end in a model (every one but rejection sampling), in report column order.
 MODELS = tuple(s for s in STAGES if s != "r1_3_rejection")
 LABELS = {"base": "base", "r1_zero": "R1-Zero", "r1_1_cold_start": "R1 s1 cold-start", "r1_2_grpo": "R1 s2 GRPO",
           "r1_4_sft": "R1 s4 SFT", "r1_5_final": "R1 s5 final"}
-DONE = "DONE"
 
 
 def stage_dir(workdir: str, stage: str) -> str:
@@ -45,24 +44,16 @@ def rejection_stats(workdir: str) -> str:
 
 
 def stage_done(workdir: str, stage: str) -> bool:
-  return os.path.exists(os.path.join(workdir, stage, DONE))
-
-
-def mark_done(workdir: str, stage: str, seconds: float) -> None:
-  with open(os.path.join(workdir, stage, DONE), "w") as f:
-    f.write(f"{seconds:.1f}\n")
+  from grpo_jax import stages  # pylint: disable=g-import-not-at-top
+  return stages.is_done(stages.Stage(stage, stage_dir(workdir, stage), {}))
 
 
 def checkpointed_steps(stage_dir: str) -> int:
-  """The newest committed checkpoint step of an SFT/RL stage (0 if none): tells a finished loop from a preempted one
-  (train.py's loops return normally after SIGTERM, and run_sft writes `params` even then)."""
-  d = os.path.join(stage_dir, "checkpoints")
-  if not os.path.isdir(d):
-    return 0
-  return max((int(n) for n in os.listdir(d)
-              if n.isdigit() and os.path.exists(os.path.join(d, n, "commit_success.txt"))), default=0)
+  """The newest committed checkpoint step of an SFT/RL stage (0 if none)."""
+  from grpo_jax import stages  # pylint: disable=g-import-not-at-top
+  return stages.newest_step(stage_dir)
 
 
 def log_event(workdir: str, stage: str, event: str) -> None:
-  with open(os.path.join(workdir, "stages.log"), "a") as f:
-    f.write(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} {stage} {event}\n")
+  from grpo_jax import stages  # pylint: disable=g-import-not-at-top
+  stages.log_event(workdir, stage, event)

@@ -1,8 +1,11 @@
 """R1-Zero and R1's five stages as one resumable command (`config.job = "r1_pipeline"`); layout in r1/layout.py.
 
-A restarted pipeline skips finished stages (their DONE marker exists) and the training loops resume an unfinished
-one from its checkpoints. A stage whose loop stopped before its last step (SIGTERM: train.py's loops return
-normally, and run_sft writes `params` even then) is logged `stopped`, gets no DONE marker, and the pipeline returns.
+Each stage records the config it ran with (grpo_jax/stages.py: `DIR/<stage>/stage.json`, written after its final
+outputs). Before any stage runs, the plan compares every stage with its record: finished with the same config →
+skipped; finished with a changed config → refused (or continued / redone when the user asks); unfinished → its loop
+resumes from its checkpoints. A stage stopped by SIGTERM/SIGINT raises errors.Preempted from its loop: it is logged
+`stopped`, gets no record, and no later stage starts. A stage's view names the stages whose outputs it reads, so a
+changed upstream stage shows as a change downstream.
 """
 from __future__ import annotations
 
@@ -13,8 +16,12 @@ from typing import Sequence
 from absl import logging
 
 from grpo_jax import checkpoint as ckpt_lib
+from grpo_jax import errors
 from grpo_jax import model as model_lib
+from grpo_jax import run_config
 from grpo_jax import sharding
+from grpo_jax import signals
+from grpo_jax import stages as stages_lib
 from grpo_jax import state as state_lib
 from grpo_jax import train
 from grpo_jax.r1 import corpus
@@ -29,6 +36,26 @@ from grpo_jax.tasks import tokenizer as tok_lib
 # What each stage starts from ("" = a random init); SFT stages also say which tokens carry the loss.
 _SFT = {"base": ("", "all"), "r1_1_cold_start": ("base", "completion"), "r1_4_sft": ("base", "completion")}
 _RL_INIT = {"r1_zero": "base", "r1_2_grpo": "r1_1_cold_start", "r1_5_final": "r1_4_sft"}
+# The stages whose outputs a stage reads, and the `r1.*` keys it reads beyond its derived config (stage_config).
+_UPSTREAM = {"base": (), "r1_zero": ("base",), "r1_1_cold_start": ("base",), "r1_2_grpo": ("r1_1_cold_start",),
+             "r1_3_rejection": ("r1_2_grpo",), "r1_4_sft": ("base", "r1_3_rejection"), "r1_5_final": ("r1_4_sft",)}
+_KEEP = {"base": ("r1.pretrain", "r1.forbidden"), "r1_zero": ("r1.forbidden",),
+         "r1_1_cold_start": ("r1.cold_start",), "r1_2_grpo": ("r1.forbidden",),
+         "r1_3_rejection": ("r1.rejection", "r1.report.batch", "r1.grpo.rewards", "r1.forbidden"),
+         "r1_4_sft": ("r1.sft2",), "r1_5_final": ("r1.forbidden",)}
+
+
+def stage_list(config, workdir: str, names: Sequence[str] | None = None) -> list[stages_lib.Stage]:
+  """The stages (all of layout.STAGES, or `names`) with the config view each records."""
+  built: dict[str, stages_lib.Stage] = {}
+  for name in layout.STAGES:
+    kind = "sft" if name in _SFT else "rl" if name in _RL_INIT else "sample"
+    ups = _UPSTREAM[name]
+    extra = {"stage.upstream": ",".join(stages_lib.upstream(built[u]) for u in ups)} if ups else {}
+    view = run_config.view(stage_config.for_stage(config, name), kind, keep=_KEEP[name], extra=extra)
+    built[name] = stages_lib.Stage(name, layout.stage_dir(workdir, name), view,
+                                   steps=stage_config.expected_steps(config, name))
+  return [built[n] for n in (layout.STAGES if names is None else names)]
 
 
 def _sft_batches(config, tok, workdir: str, stage: str) -> corpus.Batches:
@@ -40,26 +67,29 @@ def _sft_batches(config, tok, workdir: str, stage: str) -> corpus.Batches:
   return corpus.cold_start_batches(config, tok, examples)
 
 
-def _run_rl(config, workdir: str, stage: str) -> None:
+def _run_rl(config, workdir: str, stage: str, record: dict) -> None:
   c, wd = stage_config.for_stage(config, stage), layout.stage_dir(workdir, stage)
-  train.run_rl(c, wd, init_from=layout.params_path(workdir, _RL_INIT[stage]), python_fns=r1_rewards.config_fns(c))
+  train.run_rl(c, wd, init_from=layout.params_path(workdir, _RL_INIT[stage]), python_fns=r1_rewards.config_fns(c),
+               record=record)
   if layout.checkpointed_steps(wd) < c.train.steps:
-    return  # preempted: no final params; run_pipeline stops and a rerun resumes this stage
+    return  # defence in depth (a stop by a signal raises errors.Preempted): run_pipeline sees the missing step
   # run_rl force-saves its last step; the stage's final params are that step's policy.
   abstract = state_lib.abstract_params(sharding.make_mesh(c.mesh), model_lib.ModelConfig.from_config(c.model))
-  params = ckpt_lib.restore_params_only(os.path.join(wd, "checkpoints"), abstract)
+  params = ckpt_lib.restore_params_only(os.path.join(wd, "checkpoints"), abstract, step=c.train.steps)
   ckpt_lib.save_params(layout.params_path(workdir, stage), params)
 
 
 def _run_stage(config, workdir: str, stage: str) -> None:
+  record = stage_list(config, workdir, [stage])[0].view
   if stage in _SFT:
     init, loss_on = _SFT[stage]
     c = stage_config.for_stage(config, stage)
     train.run_sft(c, layout.stage_dir(workdir, stage), loss_on=loss_on,
                   init_from=layout.params_path(workdir, init) if init else "",
-                  batches=_sft_batches(c, tok_lib.for_config(c), workdir, stage), evaluate_at_end=False)
+                  batches=_sft_batches(c, tok_lib.for_config(c), workdir, stage), evaluate_at_end=False,
+                  record=record)
   elif stage in _RL_INIT:
-    _run_rl(config, workdir, stage)
+    _run_rl(config, workdir, stage, record)
   elif stage == "r1_3_rejection":
     os.makedirs(layout.stage_dir(workdir, stage), exist_ok=True)
     stats = rejection.rejection_sample(config, layout.params_path(workdir, "r1_2_grpo"), layout.rejection_data(workdir))
@@ -68,26 +98,39 @@ def _run_stage(config, workdir: str, stage: str) -> None:
     raise ValueError(f"stage={stage!r} is unknown; use one of {layout.STAGES}")
 
 
-def run_pipeline(config, workdir: str, stages: Sequence[str] | None = None) -> dict:
+def run_pipeline(config, workdir: str, stages: Sequence[str] | None = None,
+                 actions: dict[str, str] | None = None) -> dict:
   """Runs every unfinished stage of `stages` (default `config.r1.stages`) in order, then evaluates every finished
-  model -> DIR/report.md. Returns the report's results, or {} when a stage was preempted."""
+  model -> DIR/report.md. Returns the report's results, or {} when a stage returned before its last step.
+
+  `actions`: stages.plan's verdicts when the caller (jobs.py) planned already; else planned here, before any
+  write. A stage stopped by SIGTERM/SIGINT raises errors.Preempted (not marked done; no later stage starts).
+  """
   stages = tuple(config.r1.stages) if stages is None else tuple(stages)
   stage_config.validate(config, stages)
+  todo = stage_list(config, workdir, stages)
+  actions = stages_lib.plan(todo, config, workdir) if actions is None else actions
   os.makedirs(workdir, exist_ok=True)
-  for stage in stages:
-    if layout.stage_done(workdir, stage):
-      logging.info("stage %s: finished earlier, skipped", stage)
+  for st in todo:
+    if actions[st.name] == "skip":
+      logging.info("stage %s: finished earlier with this config, skipped", st.name)
       continue
-    layout.log_event(workdir, stage, "start")
+    stop = signals.active()
+    if stop is not None and stop.should_stop():
+      raise errors.Preempted(f"before stage {st.name} of {workdir}")
+    stages_lib.prepare(st, actions[st.name], workdir)
+    layout.log_event(workdir, st.name, "start")
     t0 = time.perf_counter()
-    _run_stage(config, workdir, stage)
-    expected = stage_config.expected_steps(config, stage)
-    if expected is not None and layout.checkpointed_steps(layout.stage_dir(workdir, stage)) < expected:
-      layout.log_event(workdir, stage, "stopped")
-      logging.warning("stage %s stopped before step %d (preempted); rerun the same command to resume it.", stage,
-                      expected)
+    try:
+      _run_stage(config, workdir, st.name)
+    except errors.Preempted:
+      layout.log_event(workdir, st.name, "stopped")
+      raise
+    if st.steps is not None and layout.checkpointed_steps(st.directory) < st.steps:
+      layout.log_event(workdir, st.name, "stopped")
+      logging.warning("stage %s stopped before step %d; rerun the same command to resume it.", st.name, st.steps)
       return {}
     seconds = time.perf_counter() - t0
-    layout.mark_done(workdir, stage, seconds)
-    layout.log_event(workdir, stage, f"done {seconds:.1f}s")
+    stages_lib.mark_done(st, seconds=round(seconds, 1))
+    layout.log_event(workdir, st.name, f"done {seconds:.1f}s")
   return report.write_report(config, workdir)

@@ -1,0 +1,224 @@
+"""Every user input error the CLI can meet is ONE line with exit status 2, names the key or path, and writes nothing.
+
+The cases run `main.execute` in-process (the CLI after flag parsing: preflight, lock, plan) — validation happens
+before anything compiles, so each case costs milliseconds; the flag-parsing cases run the real CLI. The list is
+docs/reliability.md's table of input-error kinds (keep them in sync).
+"""
+import json
+import os
+import resource
+import subprocess
+import sys
+
+import pytest
+
+from grpo_jax import errors
+from grpo_jax import main
+from grpo_jax import workdir_lock
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+  root = tmp_path_factory.mktemp("inputs")
+  (root / "a_file").write_text("not a directory")
+  (root / "hf_empty").mkdir()
+  (root / "hf_noweights").mkdir()
+  (root / "hf_noweights" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+  (root / "hf_gpt2").mkdir()
+  (root / "hf_gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
+  (root / "hf_gpt2" / "model.safetensors").write_bytes(b"\0" * 8)
+  (root / "hf_badjson").mkdir()
+  (root / "hf_badjson" / "config.json").write_text("{not json")
+  (root / "hf_badjson" / "model.safetensors").write_bytes(b"\0" * 8)
+  return root
+
+
+# (config, overrides, substring of the one error line). `{p}` is the `paths` fixture's directory.
+CASES = [
+    # config values
+    ("grpo", {"rl.G": 1}, "config.rl.G"),
+    ("grpo", {"rl.prompts_per_step": -2}, "config.rl.prompts_per_step"),
+    ("grpo", {"rl.algo": "grpoo"}, "config.rl.algo"),
+    ("grpo", {"rl.kl_estimator": "k4"}, "config.rl.kl_estimator"),
+    ("grpo", {"rl.kl_in": "both"}, "config.rl.kl_in"),
+    ("grpo", {"rl.loss_agg": "sum"}, "config.rl.loss_agg"),
+    ("grpo", {"rl.eps_low": 1.5}, "config.rl.eps_low"),
+    ("grpo", {"rl.beta": float("nan")}, "config.rl.beta"),
+    ("grpo", {"rl.std_ddof": 2}, "config.rl.std_ddof"),
+    ("grpo", {"rl.mu": 0}, "config.rl.mu"),
+    ("grpo", {"rl.minibatches": 3}, "config.rl.minibatches"),
+    ("grpo", {"rl.reward_fallback": "zero"}, "config.rl.reward_fallback"),
+    ("grpo", {"rl.process_weight": 0.5}, "config.rl.process_weight"),
+    ("grpo", {"rl.reward_timeout_s": 0.0}, "config.rl.reward_timeout_s"),
+    ("grpo", {"rl.reward_timeout_s": -1.0}, "config.rl.reward_timeout_s"),
+    ("grpo", {"rl.algo": "reinforce_pp", "rl.kl_in": "loss"}, "config.rl.kl_in"),
+    ("grpo", {"sampling.top_p": 1.5}, "config.sampling.top_p"),
+    ("grpo", {"sampling.top_k": -1}, "config.sampling.top_k"),
+    ("grpo", {"sampling.temperature": 0.0}, "config.sampling.temperature"),
+    ("grpo", {"sampling.max_new_tokens": 1000}, "model.max_len"),
+    ("grpo", {"optim.lr": -1.0}, "config.optim.lr"),
+    ("grpo", {"optim.lr": 0.0}, "config.optim.lr"),
+    ("grpo", {"optim.b2": 1.2}, "config.optim.b2"),
+    ("grpo", {"model.kv_heads": 3}, "config.model.kv_heads"),
+    ("grpo", {"model.hidden": 0}, "config.model.hidden"),
+    ("grpo", {"model.head_dim": 3}, "config.model.head_dim"),
+    ("grpo", {"model.dtype": "float16"}, "config.model.dtype"),
+    ("grpo", {"model.remat": "some"}, "config.model.remat"),
+    ("grpo", {"model.vocab_size": 500}, "config.model.vocab_size"),
+    ("grpo", {"model.attention": "flash"}, "model.attention"),
+    ("grpo", {"model.layer_unroll": "some"}, "model.layer_unroll"),
+    ("grpo", {"task.name": "sudoku"}, "task.name"),
+    ("grpo", {"task.language": "c"}, "task.language"),
+    ("grpo", {"task.ops": "+/"}, "task.ops"),
+    ("grpo", {"task.max_digits": 0}, "task.max_digits"),
+    ("grpo", {"mesh.data": 16}, "config.mesh"),
+    ("grpo", {"mesh.data": 0}, "config.mesh.data"),
+    ("grpo", {"ppo.lam": 1.5}, "config.ppo.lam"),
+    ("grpo", {"train.steps": 0}, "config.train.steps"),
+    ("grpo", {"train.ckpt_every": 0}, "config.train.ckpt_every"),
+    ("grpo", {"train.keep_checkpoints": 0}, "config.train.keep_checkpoints"),
+    ("grpo", {"eval.batch": 250}, "eval.batch=250"),
+    ("grpo", {"eval.size": 1000}, "config.eval.size"),
+    ("grpo", {"eval.pass_k": (1, 8)}, "config.eval.pass_k"),
+    ("grpo", {"job": "ppo"}, "job=grpo rl.algo=ppo"),
+    ("grpo", {"job": "nope"}, "config.job"),
+    ("grpo", {"rewards": (("nosuch", 1.0),)}, "config.rewards[0]: unknown reward term 'nosuch'"),
+    ("grpo", {"rewards": (("accuracy",),)}, "config.rewards[0]"),
+    ("grpo", {"train.allow_config_change": "rl.GG"}, "config.train.allow_config_change: 'rl.GG'"),
+    ("grpo", {"train.rerun_stages": "r1_zero"}, "config.train.rerun_stages: 'r1_zero'"),
+    ("grpo", {"train.rerun_stages": "rl"}, "is the run in --workdir itself"),
+    ("sft", {"sft.steps": 0}, "config.sft.steps"),
+    ("sft", {"sft.loss_on": "some"}, "config.sft.loss_on"),
+    ("sft", {"sft.batch": 0}, "config.sft.batch"),
+    ("r1", {"r1.stages": ("nope",)}, "config.r1.stages"),
+    ("r1", {"r1.rejection.general_frac": 1.0}, "config.r1.rejection.general_frac"),
+    ("r1", {"r1.zero.rewards": (("nosuch", 1.0),)}, "config.r1.zero.rewards"),
+    # paths and files
+    ("grpo", {"task.tokenizer": "/nonexistent/tok.model"}, "/nonexistent/tok.model"),
+    ("grpo", {"task.tokenizer": "hf:/nonexistent_hf_dir"}, "/nonexistent_hf_dir"),
+    ("grpo", {"task.tokenizer": "init_from"}, "task.tokenizer='init_from' needs train.init_from=hf:"),
+    ("grpo", {"task.data_dir": "{p}/a_file"}, "config.task.data_dir"),
+    ("grpo", {"train.init_from": "/nonexistent/params"}, "config.train.init_from=/nonexistent/params does not exist"),
+    ("grpo", {"train.init_from": "{p}/a_file"}, "is a file"),
+    ("grpo", {"train.init_from": "hf:/nonexistent_hf_dir"}, "is not a directory"),
+    ("grpo", {"train.init_from": "hf:{p}/hf_empty"}, "config.json is missing"),
+    ("grpo", {"train.init_from": "hf:{p}/hf_noweights"}, "no *.safetensors"),
+    ("grpo", {"train.init_from": "hf:{p}/hf_gpt2"}, "model_type='gpt2'"),
+    ("grpo", {"train.init_from": "hf:{p}/hf_badjson"}, "hf_badjson/config.json"),
+    ("sft", {"sft.init_from": "/nonexistent/params"}, "config.sft.init_from"),
+    # work directories
+    ("grpo", {"@workdir": "{p}/a_file"}, "is a file, not a directory"),
+    ("grpo", {"@workdir": "{p}/a_file/run"}, "cannot be created"),
+    ("grpo", {"@workdir": ""}, "--workdir is required"),
+]
+
+
+def _config(kind: str, overrides: dict, p: str):
+  from configs import grpo_arith, r1_pipeline
+  c = r1_pipeline.get_config("small") if kind == "r1" else grpo_arith.get_config("runlocal")
+  if kind == "sft":
+    c.job = "sft"
+  for key, value in overrides.items():
+    if key.startswith("@"):
+      continue
+    value = value.replace("{p}", p) if isinstance(value, str) else value
+    *parents, leaf = key.split(".")
+    node = c
+    for part in parents:
+      node = node[part]
+    node[leaf] = value
+  return c
+
+
+@pytest.mark.parametrize("kind,overrides,needle", CASES, ids=[f"{k}:{o}" for k, o, _ in CASES])
+def test_input_error_is_one_line_exit_2_and_writes_nothing(kind, overrides, needle, paths, tmp_path, capsys):
+  p = str(paths)
+  workdir = overrides.get("@workdir", str(tmp_path / "run")).replace("{p}", p)
+  code = main.execute(_config(kind, overrides, p), workdir)
+  err = capsys.readouterr().err
+  lines = [l for l in err.splitlines() if l.startswith(("Error:", "Config error:"))]
+  assert code == errors.EXIT_INPUT, err[-3000:]
+  assert len(lines) == 1 and needle.replace("{p}", p) in lines[0], err[-3000:]
+  assert "Traceback" not in err
+  assert not os.path.exists(tmp_path / "run")  # validation runs before the lock creates the workdir
+
+
+def test_case_count():
+  assert len(CASES) >= 40
+
+
+def test_workdir_in_use(tmp_path, capsys):
+  held = workdir_lock.WorkdirLock(str(tmp_path))
+  held.acquire_local()
+  try:
+    code = main.execute(_config("grpo", {}, ""), str(tmp_path))
+  finally:
+    held.release()
+  err = capsys.readouterr().err
+  assert code == errors.EXIT_INPUT and f"is in use by another run (pid {os.getpid()}" in err, err[-2000:]
+  assert os.listdir(tmp_path) == []
+
+
+def test_storage_errors_are_one_line():
+  """Disk full / read-only / quota / permissions anywhere in an exception chain (orbax wraps its async errors)."""
+  import errno
+  inner = OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/ckpt/4/state/d/x")
+  try:
+    try:
+      raise inner
+    except OSError as e:
+      raise RuntimeError("async save failed") from e
+  except RuntimeError as wrapped:
+    code, line = errors.classify(wrapped)
+  assert code == 2 and line.startswith("Error: the disk is full writing /ckpt/4/state/d/x") and "\n" not in line
+  code, line = errors.classify(ExceptionGroup("many", [ValueError("x"), OSError(errno.EROFS, "ro", "/w")]))
+  assert code == 2 and "read-only writing /w" in line
+  assert errors.classify(RuntimeError("a bug")) is None
+  # tensorstore, orbax's array writer, puts the OS error in a ValueError's text (a real disk-full message):
+  ts = ValueError('RESOURCE_EXHAUSTED: Error writing local file "/w/6.orbax-checkpoint-tmp/state/_sharding": Failed '
+                  'writing: "/w/6.orbax-checkpoint-tmp/state/_sharding.__lock": Failed to write 19393 bytes to file '
+                  "6: No space left on device [os_error_code='28']")
+  code, line = errors.classify(ts)
+  assert code == 2 and line.startswith("Error: the disk is full writing /w/6.orbax-checkpoint-tmp/state/_sharding.__lock")
+
+
+_FSIZE_SCRIPT = r'''
+import resource, signal, sys
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # writes past the limit fail with EFBIG instead of killing us
+resource.setrlimit(resource.RLIMIT_FSIZE, (2000, 2000))
+sys.argv = ["main", "--config=configs/grpo_arith.py:runlocal", "--workdir=" + sys.argv[1]]
+from grpo_jax import main
+main._entry()
+'''
+
+
+def test_cli_write_failure_is_one_line(tmp_path):
+  """A write the storage refuses (here: a file-size limit on config.json) ends as one line and exit 2."""
+  out = subprocess.run([sys.executable, "-c", _FSIZE_SCRIPT, str(tmp_path / "run")], cwd=ROOT, capture_output=True,
+                       text=True, timeout=120, env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 2, out.stderr[-3000:]
+  assert out.stderr.strip().splitlines()[-1].startswith("Error: the file size limit is exceeded writing "), out.stderr
+  assert "Traceback" not in out.stderr
+
+
+# The real CLI for what fails while parsing flags (no JAX import happens before these errors).
+CLI_CASES = [
+    (["--config=configs/nope.py"], "Error: --config:"),
+    (["--config=configs/grpo_arith.py", "--config.rl.nokey=3"], "Config error: config.rl.nokey: no such key"),
+    (["--config=configs/grpo_arith.py", "--config.rl.G=abc"], "--config.rl.G=abc"),
+    (["--config=configs/grpo_arith.py", "--nosuchflag"], "nosuchflag"),
+    ([], "Error: --config is required"),
+    (["--config=configs/grpo_arith.py", "stray"], "unexpected argument 'stray'"),
+]
+
+
+def test_cli_flag_errors_are_one_line(tmp_path):
+  for args, needle in CLI_CASES:
+    out = subprocess.run([sys.executable, "-m", "grpo_jax.main", f"--workdir={tmp_path / 'run'}", *args], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
+    assert out.returncode == 2, (args, out.stderr[-2000:])
+    assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, (args, out.stderr[-2000:])
+  assert not os.path.exists(tmp_path / "run")

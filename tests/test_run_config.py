@@ -1,0 +1,160 @@
+"""Config changes on resume are explicit: the diff, which keys can be allowed, the history, and stage planning."""
+import json
+import os
+
+import pytest
+
+from grpo_jax import config_lib
+from grpo_jax import errors
+from grpo_jax import run_config
+from grpo_jax import stages
+
+
+def _cfg(**groups):
+  c = config_lib.base_config()
+  for g, vals in groups.items():
+    c[g].update(vals)
+  return c
+
+
+def test_view_drops_what_a_kind_does_not_read_and_bookkeeping():
+  c = _cfg()
+  rl, sft = run_config.view(c, "rl"), run_config.view(c, "sft")
+  assert "rl.G" in rl and "sft.steps" not in rl and "optim.lr" in rl and "model.hidden" in rl
+  assert "sft.steps" in sft and "rl.G" not in sft and "rewards" not in sft and "train.steps" not in sft
+  for v in (rl, sft):
+    assert not any(k.startswith("log.") or k in ("train.log_every", "train.ckpt_every") for k in v)
+  assert rl["stage.kind"] == "rl" and rl["rewards"] == [["accuracy", 1.0], ["format", 0.2]]
+  # Bookkeeping changes are no difference; an SFT view ignores RL knobs.
+  c2 = _cfg(log=dict(tensorboard=False), train=dict(log_every=7, ckpt_every=3), rl=dict(G=4))
+  assert run_config.diff(sft, run_config.view(c2, "sft")) == []
+  assert run_config.diff(rl, run_config.view(c2, "rl")) == ["rl.G"]
+
+
+@pytest.mark.parametrize("changes,hard", [
+    ({"model": {"hidden": 32}}, ["model.hidden"]),
+    ({"rl": {"beta": 0.0}}, ["rl.beta"]),
+    ({"rl": {"algo": "ppo"}}, ["rl.algo"]),
+    ({"ppo": {"critic": "head"}}, ["ppo.critic"]),
+    ({"job": "sft"}, ["job"]),
+    ({"rl": {"beta": 0.02}}, []),          # 0.04 -> 0.02: both > 0, same reference
+    ({"rl": {"algo": "rloo"}}, []),        # same state tree
+    ({"optim": {"lr": 3e-4, "grad_clip": 0.0}}, []),
+])
+def test_structural_keys(changes, hard):
+  old = run_config.view(_cfg(), "rl")
+  c = _cfg(**{g: v for g, v in changes.items() if g != "job"})
+  if "job" in changes:
+    c.job = changes["job"]
+  new = run_config.view(c, "rl")
+  changed = run_config.diff(old, new)
+  assert set(run_config.structural(changed, old, new)) == set(hard)
+
+
+def test_check_refuses_lists_keys_and_allows_explicitly(tmp_path):
+  old = run_config.view(_cfg(), "rl")
+  new = run_config.view(_cfg(rl=dict(G=4), optim=dict(lr=1e-3)), "rl")
+  with pytest.raises(errors.InputError) as e:
+    run_config.check(old, new, set(), where="checkpoint X/4", workdir_hint=str(tmp_path))
+  msg = str(e.value)
+  assert "optim.lr (1e-05 → 0.001)" in msg and "rl.G (8 → 4)" in msg and "\n" not in msg
+  assert "--config.train.allow_config_change=optim.lr,rl.G" in msg and "new --workdir" in msg
+  with pytest.raises(errors.InputError, match="allow_config_change=optim.lr,rl.G"):
+    run_config.check(old, new, {"rl.G"}, where="X", workdir_hint="d")  # every changed key must be listed
+  assert run_config.check(old, new, {"rl.G", "optim.*"}, where="X", workdir_hint="d") == ["optim.lr", "rl.G"]
+  hard = run_config.view(_cfg(model=dict(hidden=32)), "rl")
+  with pytest.raises(errors.InputError, match="model.hidden changes the saved state's structure") as e:
+    run_config.check(old, hard, {"model.hidden"}, where="X", workdir_hint="d")
+  assert "allow_config_change" not in str(e.value)  # no flag can continue it
+  assert run_config.check(None, new, set(), where="X", workdir_hint="d") == []  # old checkpoint: warning only
+
+
+def test_parse_allow_names_unknown_keys():
+  keys = run_config.flatten(_cfg())
+  assert run_config.parse_allow(" optim.lr, config.rl.G ,optim.*", keys) == {"optim.lr", "rl.G", "optim.*"}
+  with pytest.raises(errors.ConfigError, match="config.train.allow_config_change: 'rl.GG'"):
+    run_config.parse_allow("rl.GG", keys)
+
+
+def test_record_change_writes_history(tmp_path):
+  old = run_config.view(_cfg(), "rl")
+  new = run_config.view(_cfg(rl=dict(G=4)), "rl")
+  run_config.record_change(str(tmp_path), 6, old, new, ["rl.G"])
+  assert json.loads((tmp_path / "config.0.json").read_text()) == old
+  h6 = json.loads((tmp_path / "config.6.json").read_text())
+  assert h6["rl.G"] == 4 and h6["changed_keys"] == ["rl.G"]
+  newer = run_config.view(_cfg(rl=dict(G=2)), "rl")
+  run_config.record_change(str(tmp_path), 9, new, newer, ["rl.G"])
+  assert sorted(os.listdir(tmp_path)) == ["config.0.json", "config.6.json", "config.9.json"]  # 0 written once
+  assert run_config.change_metrics(["rl.G"]) == {"config_change/rl.G": 1}
+  from grpo_jax import metrics
+  metrics.check_names(run_config.change_metrics(["rl.G", "optim.lr"]))
+
+
+def _stage(tmp_path, name, cfg, kind="sft", **kw):
+  return stages.Stage(name, str(tmp_path / name), run_config.view(cfg, kind), steps=4, **kw)
+
+
+def test_plan_skips_same_refuses_changed_and_reruns_on_request(tmp_path):
+  c = _cfg(sft=dict(steps=4))
+  st = _stage(tmp_path, "sft", c)
+  assert stages.plan([st], c, str(tmp_path)) == {"sft": "start"}
+  stages.mark_done(st)
+  assert stages.is_done(st) and stages.plan([st], c, str(tmp_path)) == {"sft": "skip"}
+  c2 = _cfg(sft=dict(steps=8))
+  st2 = _stage(tmp_path, "sft", c2)
+  with pytest.raises(errors.InputError) as e:
+    stages.plan([st2], c2, str(tmp_path))
+  msg = str(e.value)
+  assert "finished stage sft" in msg and "sft.steps (4 → 8)" in msg and "rerun_stages=sft" in msg
+  c2.train.allow_config_change = "sft.steps"
+  assert stages.plan([st2], c2, str(tmp_path)) == {"sft": "continue"}
+  stages.prepare(st2, "continue", str(tmp_path))
+  assert not stages.is_done(st2)
+  stages.mark_done(st2)
+  c3 = _cfg(sft=dict(steps=8, lr=1.0))
+  c3.train.rerun_stages = "sft"
+  st3 = _stage(tmp_path, "sft", c3)
+  assert stages.plan([st3], c3, str(tmp_path)) == {"sft": "rerun"}
+  stages.prepare(st3, "rerun", str(tmp_path))
+  assert not os.path.exists(st3.directory)
+  (moved,) = os.listdir(tmp_path / stages.REPLACED)
+  assert moved.startswith("sft-") and os.path.exists(tmp_path / stages.REPLACED / moved / stages.RECORD)
+  c3.train.rerun_stages = "nope"
+  with pytest.raises(errors.ConfigError, match="rerun_stages: 'nope'"):
+    stages.plan([st3], c3, str(tmp_path))
+
+
+def test_changed_upstream_shows_downstream(tmp_path):
+  """A stage built on another records the other's fingerprint: continuing the upstream flags the downstream."""
+  c = _cfg(sft=dict(steps=4))
+  up = _stage(tmp_path, "sft", c)
+  down = stages.Stage("rl", str(tmp_path), run_config.view(c, "rl", extra={"stage.upstream": stages.upstream(up)}),
+                      steps=4, own_dir=False)
+  stages.mark_done(up)
+  stages.mark_done(down)
+  c2 = _cfg(sft=dict(steps=8))
+  c2.train.allow_config_change = "sft.steps"
+  up2 = _stage(tmp_path, "sft", c2)
+  down2 = stages.Stage("rl", str(tmp_path), run_config.view(c2, "rl", extra={"stage.upstream": stages.upstream(up2)}),
+                       steps=4, own_dir=False)
+  with pytest.raises(errors.InputError, match=r"stage.upstream \(stage sft it starts from changed\)"):
+    stages.plan([up2, down2], c2, str(tmp_path))
+  c2.train.rerun_stages = "rl"
+  with pytest.raises(errors.ConfigError, match="'rl' is the run in --workdir itself"):
+    stages.plan([up2, down2], c2, str(tmp_path))
+
+
+def test_legacy_sft_params_done_only_with_last_step(tmp_path):
+  c = _cfg(sft=dict(steps=4))
+  st = _stage(tmp_path, "sft", c, legacy_outputs=("params",))
+  os.makedirs(os.path.join(st.directory, "params"))
+  step_dir = os.path.join(st.directory, "checkpoints", "2")
+  os.makedirs(step_dir)
+  open(os.path.join(step_dir, "commit_success.txt"), "w").close()
+  assert not stages.is_done(st)  # an old version wrote params after a SIGTERM at step 2 of 4
+  assert stages.plan([st], c, str(tmp_path)) == {"sft": "resume"}
+  step_dir = os.path.join(st.directory, "checkpoints", "4")
+  os.makedirs(step_dir)
+  open(os.path.join(step_dir, "commit_success.txt"), "w").close()
+  assert stages.is_done(st) and stages.plan([st], c, str(tmp_path)) == {"sft": "skip"}
