@@ -22,7 +22,15 @@ def _save_config(config, workdir: str) -> None:
 def run(config, workdir: str) -> None:
   from grpo_jax import multihost
   multihost.maybe_initialize()
+  from grpo_jax import model_source
   from grpo_jax import train
+  if config.job == "export":  # reads the run in workdir; writes nothing there
+    from grpo_jax import export
+    export.run_job(config, workdir)
+    return
+  # Model fields left to the hf: checkpoint are filled in (and set ones checked) before anything else, so
+  # validation and DIR/config.json see the real model.
+  config = model_source.resolve(config)
   _save_config(config, workdir)
   if config.job == "grpo":
     import jax
@@ -43,7 +51,7 @@ def run(config, workdir: str) -> None:
     from grpo_jax.r1 import pipeline
     pipeline.run_pipeline(config, workdir)
   else:
-    raise ValueError(f"config.job: unknown job {config.job!r}; choose grpo, ppo, sft, pretrain or r1_pipeline.")
+    raise ValueError(f"config.job: unknown job {config.job!r}; choose grpo, sft, pretrain, r1_pipeline or export.")
 
 
 class _QuietLibraries(logging.logging.Filter):

@@ -74,7 +74,7 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
   scfg = sampling.SamplingConfig(
       temperature=temp, top_k=config.sampling.top_k, top_p=config.sampling.top_p,
       max_new_tokens=config.sampling.max_new_tokens, greedy=False,
-      eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+      eos_id=getattr(tokenizer, "eos_ids", tokenizer.eos_id), pad_id=tokenizer.pad_id)
   bf16 = mcfg.dtype == "bfloat16"
 
   def rollout_fn(params, ref_params, batch, rng):

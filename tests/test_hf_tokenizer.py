@@ -129,7 +129,7 @@ def test_selected_by_config_and_path(dirs):
 
 def test_bad_directories_raise_one_line_errors(dirs):
   root, plain = dirs["root"], dirs["plain"]
-  with pytest.raises(ValueError, match="has no eos_token"):
+  with pytest.raises(ValueError, match="names no eos token"):
     hf_tokenizer.HFTokenizer(write_dir(root / "no_eos", plain, {"pad_token": "<|endoftext|>"}))
   with pytest.raises(ValueError, match=r"vocab_size=100 but the tokenizer has 300 tokens"):
     hf_tokenizer.HFTokenizer(write_dir(root / "small", plain, {"eos_token": "<|endoftext|>"}, 100))

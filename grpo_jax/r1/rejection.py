@@ -68,7 +68,7 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
   langs = _prompt_languages(config, len(chosen))
   scfg = sampling.SamplingConfig(temperature=rj.temperature, top_k=0, top_p=1.0,
                                  max_new_tokens=config.sampling.max_new_tokens, greedy=False,
-                                 eos_id=tok.eos_id, pad_id=tok.pad_id)
+                                 eos_id=getattr(tok, "eos_ids", tok.eos_id), pad_id=tok.pad_id)
   gen = evaluation.make_generate(mcfg, scfg, mesh, config.task.name, tok.tag_ids)
   fns = r1_rewards.config_fns(config)
   per_chunk = config.r1.report.batch // rj.n  # one generate batch holds r1.report.batch rows
@@ -83,7 +83,7 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
     fields = {k: v for k, v in rep.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
     tokens, mask, _, acc, fmt = evaluation.to_host(gen(params, rep["prompt_NxP"], rep["prompt_mask_NxP"], fields,
                                                        jax.random.fold_in(rng, c0)))
-    comps = evaluation.completions(tokens, mask, tok.eos_id)
+    comps = evaluation.completions(tokens, mask, getattr(tok, "eos_ids", tok.eos_id))
     texts = [tok.decode(c) for c in comps]
     reward = r1_rewards.weighted_sum(r1_rewards.term_scores(texts, comps, fields, fns, acc, fmt),
                                      config.r1.grpo.rewards)
