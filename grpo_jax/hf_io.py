@@ -251,7 +251,8 @@ def check_tensors(path: str, mcfg: model_lib.ModelConfig, infos: dict[str, st.Te
   if problems:
     more = f"; and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
     raise CheckpointError(f"{path}: {len(problems)} tensor problem(s) against its config.json ({_describe(mcfg)}): "
-                          f"{'; '.join(problems[:_MAX_LISTED])}{more}.")
+                          f"{'; '.join(problems[:_MAX_LISTED])}{more}. The weights and config.json do not belong "
+                          "together: re-download the checkpoint, or fix config.json.")
 
 
 def _describe(mcfg) -> str:
@@ -285,16 +286,30 @@ def _key(path) -> tuple[str, ...]:
   return tuple(getattr(p, "key", getattr(p, "name", str(p))) for p in path)
 
 
+def _check_o_bias(infos: dict[str, st.TensorInfo]) -> None:
+  for name, info in infos.items():
+    if name.endswith("self_attn.o_proj.bias") and np.any(st.read(info) != 0):
+      raise CheckpointError(f"{info.file}: tensor {name} is non-zero; o_proj biases are not implemented (a "
+                            "checkpoint with attention_bias=true must keep them at zero).")
+
+
+def check_checkpoint(path: str) -> model_lib.ModelConfig:
+  """Everything about the directory that can be checked without loading it (config.json, every safetensors header
+  against it, o_proj biases); returns its ModelConfig. Cheap: headers and a few bias vectors."""
+  mcfg = read_config(path)
+  infos = tensor_index(path)
+  check_tensors(path, mcfg, infos)
+  _check_o_bias(infos)
+  return mcfg
+
+
 def load_params(path: str, mcfg: model_lib.ModelConfig, shardings: Any = None,
                 infos: dict[str, st.TensorInfo] | None = None) -> Any:
   """Our float32 params from the checkpoint at `path`, leaf by leaf into `shardings` (a pytree of
   jax.sharding.Sharding like the params; None = the default device). `mcfg` must describe the checkpoint."""
   infos = tensor_index(path) if infos is None else infos
   check_tensors(path, mcfg, infos)
-  for name, info in infos.items():
-    if name.endswith("self_attn.o_proj.bias") and np.any(st.read(info) != 0):
-      raise CheckpointError(f"{os.path.basename(info.file)}: tensor {name} is non-zero; o_proj biases are not "
-                            "implemented (a checkpoint with attention_bias=true must keep them at zero).")
+  _check_o_bias(infos)
   abstract = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
   flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
   shard_leaves = [None] * len(flat) if shardings is None else jax.tree.leaves(

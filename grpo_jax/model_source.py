@@ -58,9 +58,11 @@ def mismatches(model_cfg, hf_mcfg) -> list[str]:
 
 
 def check(key: str, path: str, model_cfg) -> "model_lib.ModelConfig":  # noqa: F821
-  """The checkpoint's ModelConfig; raises one ConfigError listing every field `model_cfg` sets differently."""
+  """The checkpoint's ModelConfig; raises one ConfigError listing every field `model_cfg` sets differently, or
+  hf_io.CheckpointError for a directory that cannot be loaded (every tensor header is checked here, before any
+  state is built)."""
   from grpo_jax import hf_io  # pylint: disable=g-import-not-at-top
-  hf_mcfg = hf_io.read_config(path)
+  hf_mcfg = hf_io.check_checkpoint(path)
   bad = mismatches(model_cfg, hf_mcfg)
   if bad:
     raise config_lib.ConfigError(
