@@ -17,11 +17,16 @@ from grpo_jax import model_presets
 
 
 def source(config) -> tuple[str, str] | None:
-  """(config key, directory) of the Hugging Face checkpoint the model comes from, or None."""
-  keys = ("sft.init_from",) if config.get("job") in ("sft", "pretrain") else ("train.init_from", "sft.init_from")
+  """(config key, directory) of the Hugging Face checkpoint the model comes from, or None: `sft.init_from` for
+  job=sft/pretrain; for RL `train.init_from`, or, when that is empty and an SFT stage runs first, its
+  `sft.init_from`."""
+  get = lambda section, name: (config.get(section) or {}).get(name, "") or ""
+  if config.get("job") in ("sft", "pretrain"):
+    keys = ("sft.init_from",)
+  else:
+    keys = ("train.init_from",) + (("sft.init_from",) if int(get("sft", "steps") or 0) > 0 else ())
   for key in keys:
-    section, name = key.split(".")
-    value = (config.get(section) or {}).get(name, "") or ""
+    value = get(*key.split("."))
     if value:
       return (key, value[3:]) if value.startswith("hf:") else None
   return None

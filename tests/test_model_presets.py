@@ -73,3 +73,14 @@ def test_checkpoint_fields_resolve_from_a_config_json(tmp_path):
   (tmp_path / "config.json").write_text(json.dumps(LLAMA_32_1B))
   mcfg = hf_io.read_config(str(tmp_path))
   assert (mcfg.head_dim, mcfg.rope_scaling_factor, mcfg.rms_eps, mcfg.tie_embeddings) == (64, 32.0, 1e-5, True)
+
+
+def test_which_checkpoint_the_model_comes_from():
+  o = lambda **kw: config_lib.override(config_lib.base_config(), {k.replace("__", "."): v for k, v in kw.items()})
+  assert model_source.source(o()) is None
+  assert model_source.source(o(train__init_from="hf:/a")) == ("train.init_from", "/a")
+  assert model_source.source(o(train__init_from="/run/sft/params", sft__init_from="hf:/b", sft__steps=5)) is None
+  assert model_source.source(o(sft__init_from="hf:/b", sft__steps=5)) == ("sft.init_from", "/b")  # SFT, then RL
+  assert model_source.source(o(sft__init_from="hf:/b")) is None  # no SFT stage: RL starts from scratch
+  assert model_source.source(o(job="sft", sft__init_from="hf:/b", train__init_from="hf:/a")) == ("sft.init_from", "/b")
+  assert model_source.resolve(o()).to_dict() == config_lib.base_config().to_dict()  # nothing to resolve
