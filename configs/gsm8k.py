@@ -29,8 +29,9 @@ GRPO as in DeepSeekMath: G=8, 64 questions per step, β=0.04 (k3 in the loss), l
 512 new tokens, bfloat16 compute, remat 'dots', fsdp over all chips (docs/scale.md: Qwen2.5-1.5B/7B TPU compiles);
 eval every 100 steps on the first 1280 test questions (greedy accuracy, format rate, pass@1/4, cons@4).
 
-Small variant (`:small`, model tiny, mock GSM8K from tests): 2 GRPO steps + evals at steps 0 and 2; on the shared
-2-core CPU ~30 s CPU time, 1-2 minutes wall under load (tests/test_gsm8k_run.py, 2026-11-30).
+Small variant (`:small`, model tiny, mock GSM8K from tests): 2 GRPO steps + evals at steps 0 and 2: 37 s on the
+shared 2-core CPU at load ~7 (tests/test_gsm8k_run.py fixture, 2026-11-30). `:small,model=checkpoint` from a tiny
+HF directory through the CLI, plus export: 60 s at load ~7 (tests/test_hf_cli_llama.py fixture).
 """
 from grpo_jax import config_lib
 from grpo_jax import model_presets

@@ -21,7 +21,7 @@ rows a random or lightly trained model may sample) decode to ''.
 
 `tag_ids` holds the `<think>`/`</think>`/`<answer>`/`</answer>` tags that are single tokens in this vocabulary
 (Qwen3 and R1-distill tokenizers have the think tags; Qwen2.5 has none). Token-level verifiers need all four
-(`has_tag_tokens`); otherwise tasks check the format on decoded text (gsm8k.make_math_reward).
+(`has_tag_tokens`); otherwise tasks check the format on decoded text (gsm8k.grade).
 """
 from __future__ import annotations
 
