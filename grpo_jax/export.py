@@ -130,6 +130,10 @@ def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32",
 def run_job(config, workdir: str) -> dict:
   """`job=export`: the run in --workdir to `export.out_dir`."""
   e = config.export
+  if jax.process_count() > 1:
+    raise config_lib.ConfigError("job=export runs in one process (it reads the checkpoint into host memory); run "
+                                 "`python -m grpo_jax.export RUN_DIR OUT_DIR` on one host, without "
+                                 "GRPO_JAX_DISTRIBUTED.")
   if not e.out_dir:
     raise config_lib.ConfigError("config.export.out_dir: is empty; job=export writes the Hugging Face directory "
                                  "there (set --config.export.out_dir=DIR).")
