@@ -175,6 +175,13 @@ def _truncate(path):
     fh.truncate(size - 100)
 
 
+def _drop_a_shard(path):
+  mcfg, params = hf_io.load_hf(path)
+  os.remove(os.path.join(path, "model.safetensors"))
+  hf_io.save_hf(path, mcfg, params, max_shard_bytes=20_000)
+  os.remove(os.path.join(path, "model-00002-of-00008.safetensors"))
+
+
 # case -> (make the damage, substrings the one line must contain)
 BAD = {
     "k_proj_shape": (lambda p: rewrite(p, _k_proj), ["3 tensor problem(s)", "model.safetensors",
@@ -197,6 +204,8 @@ BAD = {
                        ["use_sliding_window=true: sliding-window attention is not implemented"]),
     "model_type": (lambda p: edit_config(p, lambda c: c.update(model_type="mistral")),
                    ["model_type='mistral' is not supported"]),
+    "missing_shard": (_drop_a_shard, ["model-00002-of-00008.safetensors is missing (listed in "
+                                      "model.safetensors.index.json)"]),
     "no_config": (lambda p: os.remove(os.path.join(p, "config.json")), ["config.json is missing"]),
     "no_weights": (lambda p: os.remove(os.path.join(p, "model.safetensors")), ["no *.safetensors files"]),
     "not_a_dir": (lambda p: None, ["is not a directory"]),
