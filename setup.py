@@ -10,6 +10,9 @@ INSTALL_REQUIRES = [
     "orbax-checkpoint==0.12.8",
     "tensorflow-datasets==4.9.10",
     "array-record==0.8.6",
+    # tensorflow-datasets imports it to prepare a dataset (DatasetBuilder.code_path) but does not declare it: without
+    # it, preparing gsm8k in a fresh venv fails with ModuleNotFoundError.
+    "importlib_resources==7.1.0",
     "sentencepiece==0.2.3",
     "ml-collections==1.1.0",
     "absl-py==2.5.1",
@@ -21,6 +24,7 @@ INSTALL_REQUIRES = [
     "matplotlib==3.11.2",
     "tqdm==4.70.1",
     "safetensors==0.8.0",
+    "ml-dtypes==0.6.0",  # bfloat16 numpy arrays: grpo_jax/safetensors_io.py reads and writes HF checkpoints with it
 ]
 
 HF = ["torch==2.13.0", "transformers==5.24.0", "tokenizers==0.23.3"]  # HF checkpoints and tokenizer.json

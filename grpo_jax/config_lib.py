@@ -27,19 +27,23 @@ from grpo_jax.r1 import layout
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0
-  c.job = "grpo"  # grpo | sft | pretrain | r1_pipeline
+  c.job = "grpo"  # grpo | sft | pretrain | r1_pipeline | export
 
   c.model = ml_collections.ConfigDict(dict(
       vocab_size=512, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=0, inter=192,
       rope_theta=10_000.0, qkv_bias=True, tie_embeddings=True, max_len=160, dtype="float32",
       rms_eps=1e-6, remat="none",
+      # Llama-3.1 'llama3' RoPE frequency scaling (factor 0 = off). A config that takes its model from a checkpoint
+      # (model_presets.apply(..., 'checkpoint')) leaves these and the shape fields unset: model_source fills them in.
+      rope_scaling_factor=0.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_len=8192,
       attention="auto",       # TPU splash / GPU cuDNN (bf16) / CPU einsum or blockwise; or name one (attention.py)
       layer_unroll="auto"))   # "all" / "none": unroll the training/prefill layer scan; auto = all up to 8 layers
 
   c.task = ml_collections.ConfigDict(dict(
       name="arith", max_digits=2, ops="+-", num_numbers=4, max_number=20, max_target=100,
       language="a", prompt_len=24, data_dir="", train_size=20_000, test_size=500,
-      tokenizer=""))  # "" = the shipped sentencepiece model; "hf:<dir>", a .model path, or "init_from"
+      tokenizer="",  # "" = the shipped sentencepiece model; "hf:<dir>", a .model path, or "init_from"
+      prompt_format="r1_zero"))  # or "chat": the tokenizer's chat template (tasks/prompts.py)
 
   c.sampling = ml_collections.ConfigDict(dict(
       temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=48))
@@ -86,6 +90,13 @@ def base_config() -> ml_collections.ConfigDict:
       size=500, batch=100, n_samples=4, pass_k=(1, 4)))
 
   c.log = ml_collections.ConfigDict(dict(tensorboard=True, wandb_project=""))
+
+  # job=export: the run in --workdir -> a Hugging Face directory (grpo_jax/export.py).
+  c.export = ml_collections.ConfigDict(dict(
+      out_dir="",        # required for job=export
+      step=0,            # the checkpoint step to export; 0 = the newest
+      dtype="float32",   # of the written safetensors: float32 (lossless) | bfloat16 (half the size)
+      model_type=""))    # qwen2 | llama; "" = the source checkpoint's, else qwen2 with q/k/v biases, llama without
 
   # R1-Zero and R1's five stages (job r1_pipeline; grpo_jax/r1, docs/r1.md): each stage's knobs and reward mix.
   c.r1 = ml_collections.ConfigDict(dict(

@@ -93,12 +93,14 @@ def default_readings(task: str) -> dict[str, Reading]:
   return {"language_consistency": r1_rewards.language_consistency}
 
 
-def completions(tokens_NxL: np.ndarray, mask_NxL: np.ndarray, eos: int) -> list[tuple[int, ...]]:
-  """Each row's completion ids without the EOS: what Python rewards and readings decode."""
+def completions(tokens_NxL: np.ndarray, mask_NxL: np.ndarray, eos) -> list[tuple[int, ...]]:
+  """Each row's completion ids without the EOS (`eos`: an id or a tuple of ids): what Python rewards and readings
+  decode."""
+  eos = {eos} if isinstance(eos, (int, np.integer)) else set(eos)
   out = []
   for t, m in zip(tokens_NxL, mask_NxL):
     ids = [int(x) for x in t[m > 0]]
-    out.append(tuple(ids[:-1] if ids and ids[-1] == eos else ids))
+    out.append(tuple(ids[:-1] if ids and ids[-1] in eos else ids))
   return out
 
 
@@ -149,7 +151,7 @@ class Evaluator:
     if n % self.batch:
       raise ValueError(f"eval.size={n} must be a multiple of eval.batch={self.batch}.")
     scfg = lambda **kw: sampling.SamplingConfig.from_config(  # untruncated: top-k / top-p off
-        config.sampling, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id, top_k=0, top_p=1.0, **kw)
+        config.sampling, eos_id=getattr(tokenizer, "eos_ids", tokenizer.eos_id), pad_id=tokenizer.pad_id, top_k=0, top_p=1.0, **kw)
     self.greedy = make_generate(mcfg, scfg(greedy=True, temperature=1.0), mesh, self.task, tokenizer.tag_ids, **host)
     self.sampled = make_generate(mcfg, scfg(), mesh, self.task, tokenizer.tag_ids, **host)
 
@@ -182,7 +184,7 @@ class Evaluator:
     fields = {k: np.concatenate([f[k] for f in chunk_fields]) for k in chunk_fields[0]}
     texts, readings = None, {}
     if self.readings:
-      comps = completions(tokens, mask, self.tok.eos_id)
+      comps = completions(tokens, mask, getattr(self.tok, "eos_ids", self.tok.eos_id))
       texts = [self.tok.decode(c) for c in comps]
       readings = {name: np.asarray(f(texts, comps, fields), np.float32) for name, f in self.readings.items()}
     return Rollouts(tokens, mask, lengths, acc, fmt, answers, fields, texts, readings)

@@ -3,32 +3,62 @@
 A checkpoint directory is `config.json` plus `model.safetensors` or `model.safetensors.index.json` and its shards.
 The name mapping (HF `[out, in]` linear weights are transposed into our `[in, ...out]` kernels):
 
-  model.embed_tokens.weight                       embed/embedding
-  model.layers.{i}.input_layernorm.weight         layers/attn_norm/scale[i]
-  model.layers.{i}.self_attn.{q,k,v}_proj.weight  layers/{q,k,v}/kernel[i]   [D, heads, head_dim]
-  model.layers.{i}.self_attn.{q,k,v}_proj.bias    layers/{q,k,v}/bias[i]     [heads, head_dim]
-  model.layers.{i}.self_attn.o_proj.weight        layers/o/kernel[i]         [heads, head_dim, D]
+  model.embed_tokens.weight                        embed/embedding
+  model.layers.{i}.input_layernorm.weight          layers/attn_norm/scale[i]
+  model.layers.{i}.self_attn.{q,k,v}_proj.weight   layers/{q,k,v}/kernel[i]   [D, heads, head_dim]
+  model.layers.{i}.self_attn.{q,k,v}_proj.bias     layers/{q,k,v}/bias[i]     [heads, head_dim]
+  model.layers.{i}.self_attn.o_proj.weight         layers/o/kernel[i]         [heads, head_dim, D]
   model.layers.{i}.post_attention_layernorm.weight layers/mlp_norm/scale[i]
-  model.layers.{i}.mlp.{gate,up,down}_proj.weight layers/{gate,up,down}/kernel[i]
-  model.norm.weight                               final_norm/scale
-  lm_head.weight                                  lm_head/kernel (untied only)
+  model.layers.{i}.mlp.{gate,up,down}_proj.weight  layers/{gate,up,down}/kernel[i]
+  model.norm.weight                                final_norm/scale
+  lm_head.weight                                   lm_head/kernel (untied only)
+
+Loading checks every file header against config.json first (all problems in one line naming the file, the tensor
+and the expected shape), then streams: each of our leaves is filled on the host from one HF tensor at a time and
+placed into its sharded device array before the next leaf is read, so host memory peaks at the params' float32
+bytes plus about two of the largest leaf (docs/hf.md), not the whole model twice. Every process reads the same files,
+so host-local pieces of the global arrays agree (multi-process safe).
 """
+from __future__ import annotations
+
 import json
 import os
-from typing import Any
+from typing import Any, Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
-from safetensors import safe_open
-from safetensors.flax import save_file
 
+from grpo_jax import config_lib
 from grpo_jax import model as model_lib
+from grpo_jax import safetensors_io as st
 
-_SUPPORTED = ("qwen2", "llama")
+SUPPORTED = ("qwen2", "llama")
 _LINEAR = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
            "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
 _NORMS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+_IGNORED = ("rotary_emb.inv_freq",)  # buffers old exports saved; recomputed from the config
+_MAX_LISTED = 3  # problems spelled out in the one-line error; the rest are counted
+
+
+class CheckpointError(config_lib.ConfigError):
+  """A checkpoint directory we cannot load as asked: one line naming the file, the tensor and the fix. A
+  ConfigError, so the CLI prints it alone and exits 2."""
+
+
+# ------------------------------------------------------------------------------------------------- config.json
+
+
+def read_json(path: str, what: str = "config.json") -> dict:
+  if not os.path.isfile(path):
+    raise CheckpointError(f"{path} is missing; a Hugging Face checkpoint directory holds {what} and *.safetensors.")
+  try:
+    with open(path, encoding="utf-8") as f:
+      out = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise CheckpointError(f"{path}: not valid JSON ({e}).") from None
+  if not isinstance(out, dict):
+    raise CheckpointError(f"{path}: expected a JSON object.")
+  return out
 
 
 def _rope(hf: dict) -> tuple[float, dict]:
@@ -39,51 +69,79 @@ def _rope(hf: dict) -> tuple[float, dict]:
   return float(theta), scaling
 
 
-def config_from_hf(hf: dict, *, dtype: str = "float32", remat: str = "none") -> model_lib.ModelConfig:
-  """ModelConfig from a HF config.json dict; anything we do not implement is rejected, never silently dropped."""
+def config_from_hf(hf: dict, *, dtype: str = "float32", remat: str = "none",
+                   source: str = "config.json") -> model_lib.ModelConfig:
+  """ModelConfig from a HF config.json dict; anything we do not implement is refused in one line, never dropped."""
+  def bad(msg: str):
+    raise CheckpointError(f"{source}: {msg}")
+
   mt = hf.get("model_type")
-  if mt not in _SUPPORTED:
-    raise ValueError(f"config.json model_type={mt!r}: only {_SUPPORTED} (Qwen2/Qwen2.5, Llama-3) are supported.")
+  if mt not in SUPPORTED:
+    bad(f"model_type={mt!r} is not supported; use a Qwen2/Qwen2.5 ('qwen2') or Llama-3 ('llama') checkpoint.")
   if hf.get("hidden_act", "silu") != "silu":
-    raise ValueError(f"config.json hidden_act={hf['hidden_act']!r}: only 'silu' (SwiGLU) is supported.")
+    bad(f"hidden_act={hf['hidden_act']!r}: only 'silu' (SwiGLU) is implemented.")
   if hf.get("use_sliding_window", False):
-    raise ValueError("config.json use_sliding_window=true: sliding-window attention is not implemented; "
-                     "use a checkpoint with use_sliding_window=false.")
-  if mt == "llama" and hf.get("mlp_bias", False):
-    raise ValueError("config.json mlp_bias=true: MLP biases are not implemented.")
+    bad("use_sliding_window=true: sliding-window attention is not implemented; use a checkpoint without it.")
+  if hf.get("mlp_bias", False):
+    bad("mlp_bias=true: MLP biases are not implemented.")
+  if hf.get("pretraining_tp", 1) not in (1, None):
+    bad(f"pretraining_tp={hf['pretraining_tp']}: only 1 is implemented.")
+  missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                         "intermediate_size") if k not in hf]
+  if missing:
+    bad(f"lacks {', '.join(missing)}; is this a causal LM's config.json?")
   theta, scaling = _rope(hf)
   rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
   kw = {}
   if rope_type == "llama3":
+    need = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    lacking = [k for k in need if k not in scaling]
+    if lacking:
+      bad(f"rope_scaling (rope_type 'llama3') lacks {', '.join(lacking)}; llama3 scaling needs {', '.join(need)}.")
     kw = dict(rope_scaling_factor=float(scaling["factor"]), rope_low_freq_factor=float(scaling["low_freq_factor"]),
               rope_high_freq_factor=float(scaling["high_freq_factor"]),
               rope_original_max_len=int(scaling["original_max_position_embeddings"]))
   elif rope_type not in (None, "default"):
-    raise ValueError(f"config.json rope scaling type {rope_type!r}: only 'default' and 'llama3' are implemented.")
+    bad(f"rope scaling type {rope_type!r} is not implemented; only 'default' and 'llama3' are.")
   heads = int(hf["num_attention_heads"])
-  return model_lib.ModelConfig(
-      vocab_size=int(hf["vocab_size"]), hidden=int(hf["hidden_size"]), layers=int(hf["num_hidden_layers"]),
-      heads=heads, kv_heads=int(hf.get("num_key_value_heads") or heads), head_dim=int(hf.get("head_dim") or 0),
-      inter=int(hf["intermediate_size"]), rope_theta=theta,
-      qkv_bias=True if mt == "qwen2" else bool(hf.get("attention_bias", False)),
-      tie_embeddings=bool(hf.get("tie_word_embeddings", False)), max_len=int(hf["max_position_embeddings"]),
-      dtype=dtype, rms_eps=float(hf["rms_norm_eps"]), remat=remat, **kw)
+  try:
+    return model_lib.ModelConfig(
+        vocab_size=int(hf["vocab_size"]), hidden=int(hf["hidden_size"]), layers=int(hf["num_hidden_layers"]),
+        heads=heads, kv_heads=int(hf.get("num_key_value_heads") or heads), head_dim=int(hf.get("head_dim") or 0),
+        inter=int(hf["intermediate_size"]), rope_theta=theta,
+        qkv_bias=True if mt == "qwen2" else bool(hf.get("attention_bias", False)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_len=int(hf.get("max_position_embeddings") or (32768 if mt == "qwen2" else 2048)),
+        dtype=dtype, rms_eps=float(hf.get("rms_norm_eps", 1e-6)), remat=remat, **kw)
+  except (TypeError, ValueError) as e:
+    bad(f"{str(e).splitlines()[0]}")
 
 
-def hf_config(mcfg: model_lib.ModelConfig, model_type: str = "qwen2") -> dict:
-  """config.json content that transformers (v4 and v5) reads back into the same architecture."""
-  if model_type not in _SUPPORTED:
-    raise ValueError(f"model_type={model_type!r}: use one of {_SUPPORTED}.")
+def read_config(path: str, **kw) -> model_lib.ModelConfig:
+  """The ModelConfig of the checkpoint directory `path` (its config.json)."""
+  if not os.path.isdir(path):
+    raise CheckpointError(f"{path} is not a directory; point train.init_from=hf:<dir> at a Hugging Face checkpoint "
+                          "directory (config.json + *.safetensors).")
+  cfg = os.path.join(path, "config.json")
+  return config_from_hf(read_json(cfg), source=cfg, **kw)
+
+
+def hf_config(mcfg: model_lib.ModelConfig, model_type: str = "qwen2", base: dict | None = None) -> dict:
+  """config.json content that transformers (v4 and v5) reads back into the same architecture. `base`: the source
+  checkpoint's config.json, whose other keys (token ids, max_position_embeddings, ...) are kept."""
+  if model_type not in SUPPORTED:
+    raise ValueError(f"model_type={model_type!r}: use one of {SUPPORTED}.")
   if model_type == "qwen2" and not mcfg.qkv_bias:
     raise ValueError("model_type='qwen2' always has q/k/v biases; export with model_type='llama' "
                      "(or set model.qkv_bias=True).")
-  cfg = dict(
+  cfg = {k: v for k, v in (base or {}).items() if k not in ("rope_parameters", "rope_scaling", "torch_dtype", "dtype")}
+  cfg.update(
       architectures=["Qwen2ForCausalLM" if model_type == "qwen2" else "LlamaForCausalLM"], model_type=model_type,
       vocab_size=mcfg.vocab_size, hidden_size=mcfg.hidden, intermediate_size=mcfg.inter,
       num_hidden_layers=mcfg.layers, num_attention_heads=mcfg.heads, num_key_value_heads=mcfg.kv_heads,
-      head_dim=mcfg.head_dim, max_position_embeddings=mcfg.max_len, rms_norm_eps=mcfg.rms_eps,
-      rope_theta=mcfg.rope_theta, tie_word_embeddings=mcfg.tie_embeddings, hidden_act="silu",
-      attention_dropout=0.0, torch_dtype="float32")
+      head_dim=mcfg.head_dim, rms_norm_eps=mcfg.rms_eps, rope_theta=mcfg.rope_theta,
+      tie_word_embeddings=mcfg.tie_embeddings, hidden_act="silu", attention_dropout=0.0, torch_dtype="float32")
+  cfg.setdefault("max_position_embeddings", mcfg.max_len)
   if model_type == "llama":
     cfg.update(attention_bias=mcfg.qkv_bias, mlp_bias=False)
   else:
@@ -96,130 +154,257 @@ def hf_config(mcfg: model_lib.ModelConfig, model_type: str = "qwen2") -> dict:
   return cfg
 
 
-def _read_tensors(path: str) -> dict[str, np.ndarray]:
+# ------------------------------------------------------------------------------------------------------ tensors
+
+
+def tensor_index(path: str) -> dict[str, st.TensorInfo]:
+  """{tensor name: where it is} over the checkpoint's safetensors files, every header checked."""
   index = os.path.join(path, "model.safetensors.index.json")
   if os.path.exists(index):
-    with open(index) as f:
-      files = sorted(set(json.load(f)["weight_map"].values()))
+    weight_map = read_json(index, "model.safetensors.index.json").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+      raise CheckpointError(f"{index}: no weight_map; the index does not list the checkpoint's tensors.")
+    files = sorted(set(weight_map.values()))
   elif os.path.exists(os.path.join(path, "model.safetensors")):
-    files = ["model.safetensors"]
+    weight_map, files = None, ["model.safetensors"]
   else:
-    files = sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+    weight_map, files = None, sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
   if not files:
-    raise ValueError(f"{path}: no *.safetensors files; pass a Hugging Face checkpoint directory.")
-  out = {}
+    raise CheckpointError(f"{path}: no *.safetensors files; download the weights too (config.json alone is not a "
+                          "checkpoint).")
+  out: dict[str, st.TensorInfo] = {}
   for name in files:
-    with safe_open(os.path.join(path, name), framework="flax") as f:  # flax: reads bf16 too
-      for key in f.keys():
-        out[key] = np.asarray(f.get_tensor(key).astype(jnp.float32))
+    file = os.path.join(path, name)
+    if not os.path.isfile(file):
+      raise CheckpointError(f"{file} is missing (listed in model.safetensors.index.json); download every shard.")
+    try:
+      out.update(st.read_header(file))
+    except st.FormatError as e:
+      raise CheckpointError(f"{e} Re-download the file.") from None
+  if weight_map is not None:
+    absent = [k for k, f in weight_map.items() if k not in out or os.path.basename(out[k].file) != f]
+    if absent:
+      raise CheckpointError(f"{index}: lists {absent[0]!r} in {weight_map[absent[0]]}, which does not hold it"
+                            f"{f' (and {len(absent) - 1} more)' if len(absent) > 1 else ''}; the index and the shards "
+                            "do not belong together.")
   return out
 
 
-def load_hf(path: str, *, dtype: str = "float32", remat: str = "none") -> tuple[model_lib.ModelConfig, Any]:
-  """(ModelConfig, float32 params) from a local HF Qwen2/Llama directory."""
-  with open(os.path.join(path, "config.json")) as f:
-    hf = json.load(f)
-  mcfg = config_from_hf(hf, dtype=dtype, remat=remat)
-  t = _read_tensors(path)
-  used = set()
-
-  def take(key):
-    if key not in t:
-      raise ValueError(f"{path}: tensor {key!r} missing; the checkpoint does not match its config.json.")
-    used.add(key)
-    return t[key]
-
-  h, kv, hd, d = mcfg.heads, mcfg.kv_heads, mcfg.head_dim, mcfg.hidden
-  heads = {"q": h, "k": kv, "v": kv}
-  layers = {name: [] for name in list(_LINEAR) + list(_NORMS)}
-  biases = {name: [] for name in heads}
+def expected_tensors(mcfg: model_lib.ModelConfig) -> dict[str, tuple[int, ...]]:
+  """Every tensor a checkpoint of this config holds, with its HF shape."""
+  d, f, hd = mcfg.hidden, mcfg.inter, mcfg.head_dim
+  out = {"model.embed_tokens.weight": (mcfg.vocab_size, d), "model.norm.weight": (d,)}
+  if not mcfg.tie_embeddings:
+    out["lm_head.weight"] = (mcfg.vocab_size, d)
+  n = {"q": mcfg.heads, "k": mcfg.kv_heads, "v": mcfg.kv_heads}
   for i in range(mcfg.layers):
     pre = f"model.layers.{i}."
-    for name, hf_name in _NORMS.items():
-      layers[name].append(take(pre + hf_name + ".weight"))
-    for name, n in heads.items():
-      layers[name].append(take(pre + _LINEAR[name] + ".weight").T.reshape(d, n, hd))
+    for hf_name in _NORMS.values():
+      out[pre + hf_name + ".weight"] = (d,)
+    for name, heads in n.items():
+      out[pre + _LINEAR[name] + ".weight"] = (heads * hd, d)
       if mcfg.qkv_bias:
-        biases[name].append(take(pre + _LINEAR[name] + ".bias").reshape(n, hd))
-    layers["o"].append(take(pre + "self_attn.o_proj.weight").T.reshape(h, hd, d))
-    if pre + "self_attn.o_proj.bias" in t:  # Llama attention_bias=true also biases o_proj: only zeros map
-      if np.any(take(pre + "self_attn.o_proj.bias") != 0):
-        raise ValueError(f"{path}: {pre}self_attn.o_proj.bias is non-zero; o_proj biases are not implemented.")
-    for name in ("gate", "up", "down"):
-      layers[name].append(take(pre + _LINEAR[name] + ".weight").T)
-  params = {
-      "embed": {"embedding": take("model.embed_tokens.weight")},
-      "final_norm": {"scale": take("model.norm.weight")},
-      "layers": {name: ({"scale": np.stack(v)} if name in _NORMS else {"kernel": np.stack(v)})
-                 for name, v in layers.items()},
-  }
-  if mcfg.qkv_bias:
-    for name, v in biases.items():
-      params["layers"][name]["bias"] = np.stack(v)
-  if mcfg.tie_embeddings:
-    used.add("lm_head.weight")  # some tied checkpoints store the shared matrix twice
-  else:
-    params["lm_head"] = {"kernel": take("lm_head.weight").T}
-  extra = sorted(k for k in set(t) - used if not k.endswith("rotary_emb.inv_freq"))
-  if extra:
-    raise ValueError(f"{path}: unexpected tensors {extra[:4]}{'...' if len(extra) > 4 else ''}; "
-                     "this architecture variant is not supported.")
-  want = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
-  if jax.tree.structure(want) != jax.tree.structure(params):
-    raise ValueError(f"{path}: param tree does not match ModelConfig {mcfg}.")
-  for (p, w), g in zip(jax.tree_util.tree_flatten_with_path(want)[0], jax.tree.leaves(params)):
-    if w.shape != g.shape:
-      raise ValueError(f"{path}: {jax.tree_util.keystr(p)} has shape {g.shape}, config.json implies {w.shape}.")
-  return mcfg, jax.tree.map(lambda x: jnp.asarray(x, jnp.float32), params)
+        out[pre + _LINEAR[name] + ".bias"] = (heads * hd,)
+    out[pre + _LINEAR["o"] + ".weight"] = (d, mcfg.heads * hd)
+    out[pre + _LINEAR["gate"] + ".weight"] = (f, d)
+    out[pre + _LINEAR["up"] + ".weight"] = (f, d)
+    out[pre + _LINEAR["down"] + ".weight"] = (d, f)
+  return out
+
+
+def _optional(name: str, mcfg: model_lib.ModelConfig) -> tuple[int, ...] | None:
+  """Tensors a checkpoint may hold beyond `expected_tensors`: an o_proj bias (Llama attention_bias; must be
+  zeros, checked when read), a tied model's duplicate lm_head."""
+  if name.endswith(_IGNORED):
+    return ()
+  if mcfg.qkv_bias and name.endswith("self_attn.o_proj.bias"):
+    return (mcfg.hidden,)
+  if mcfg.tie_embeddings and name == "lm_head.weight":
+    return (mcfg.vocab_size, mcfg.hidden)
+  return None
+
+
+def check_tensors(path: str, mcfg: model_lib.ModelConfig, infos: dict[str, st.TensorInfo]) -> None:
+  """Every expected tensor present with its shape and a float dtype, nothing unexpected; else one CheckpointError
+  line listing the problems (the first few spelled out, with file, tensor and expected shape)."""
+  problems = []
+  for name, shape in expected_tensors(mcfg).items():
+    info = infos.get(name)
+    if info is None:
+      problems.append(f"tensor {name} is missing (expected shape {list(shape)})")
+    elif info.shape != shape:
+      problems.append(f"{os.path.basename(info.file)}: tensor {name} has shape {list(info.shape)}, expected "
+                      f"{list(shape)}")
+    elif info.dtype.kind != "f" and info.dtype != st.DTYPES["BF16"]:
+      problems.append(f"{os.path.basename(info.file)}: tensor {name} has dtype {info.dtype}, expected a float type")
+  expected = expected_tensors(mcfg)
+  for name, info in sorted(infos.items()):
+    if name in expected:
+      continue
+    shape = _optional(name, mcfg)
+    if shape is None:
+      problems.append(f"{os.path.basename(info.file)}: unexpected tensor {name} (this architecture variant is not "
+                      "supported: e.g. o_proj or MLP biases, extra layers)")
+    elif shape and info.shape != shape:
+      problems.append(f"{os.path.basename(info.file)}: tensor {name} has shape {list(info.shape)}, expected "
+                      f"{list(shape)}")
+  if problems:
+    more = f"; and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
+    raise CheckpointError(f"{path}: {len(problems)} tensor problem(s) against its config.json ({_describe(mcfg)}): "
+                          f"{'; '.join(problems[:_MAX_LISTED])}{more}. The weights and config.json do not belong "
+                          "together: re-download the checkpoint, or fix config.json.")
+
+
+def _describe(mcfg) -> str:
+  return (f"hidden {mcfg.hidden}, {mcfg.layers} layers, {mcfg.heads} heads / {mcfg.kv_heads} kv, head_dim "
+          f"{mcfg.head_dim}, inter {mcfg.inter}, vocab {mcfg.vocab_size}")
+
+
+# ------------------------------------------------------------------------------------------------------ loading
+
+
+def _leaf_sources(key: tuple[str, ...], mcfg) -> tuple[Callable[[int], str], bool, bool]:
+  """(HF name of layer i's tensor, stacked over layers?, transposed?) for one of our leaves."""
+  if key[0] == "layers":
+    name, kind = key[1], key[2]
+    hf = (_NORMS[name] + ".weight") if name in _NORMS else (_LINEAR[name] + "." + ("bias" if kind == "bias"
+                                                                                   else "weight"))
+    return (lambda i: f"model.layers.{i}.{hf}"), True, kind == "kernel"
+  fixed = {("embed", "embedding"): ("model.embed_tokens.weight", False),
+           ("final_norm", "scale"): ("model.norm.weight", False),
+           ("lm_head", "kernel"): ("lm_head.weight", True)}[key]
+  return (lambda i: fixed[0]), False, fixed[1]
+
+
+def _fill(slot: np.ndarray, w: np.ndarray, transposed: bool) -> None:
+  """Writes the HF tensor `w` into our `slot` (a view), casting to float32 without a full-size temporary."""
+  src = w.T if transposed else w
+  slot.reshape(src.shape)[...] = src
+
+
+def _key(path) -> tuple[str, ...]:
+  return tuple(getattr(p, "key", getattr(p, "name", str(p))) for p in path)
+
+
+def _check_o_bias(infos: dict[str, st.TensorInfo]) -> None:
+  for name, info in infos.items():
+    if name.endswith("self_attn.o_proj.bias") and np.any(st.read(info) != 0):
+      raise CheckpointError(f"{info.file}: tensor {name} is non-zero; o_proj biases are not implemented (a "
+                            "checkpoint with attention_bias=true must keep them at zero).")
+
+
+def check_checkpoint(path: str) -> model_lib.ModelConfig:
+  """Everything about the directory that can be checked without loading it (config.json, every safetensors header
+  against it, o_proj biases); returns its ModelConfig. Cheap: headers and a few bias vectors."""
+  mcfg = read_config(path)
+  infos = tensor_index(path)
+  check_tensors(path, mcfg, infos)
+  _check_o_bias(infos)
+  return mcfg
+
+
+def load_params(path: str, mcfg: model_lib.ModelConfig, shardings: Any = None,
+                infos: dict[str, st.TensorInfo] | None = None) -> Any:
+  """Our float32 params from the checkpoint at `path`, leaf by leaf into `shardings` (a pytree of
+  jax.sharding.Sharding like the params; None = the default device). `mcfg` must describe the checkpoint."""
+  infos = tensor_index(path) if infos is None else infos
+  check_tensors(path, mcfg, infos)
+  _check_o_bias(infos)
+  abstract = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+  shard_leaves = [None] * len(flat) if shardings is None else jax.tree.leaves(
+      shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+  if len(shard_leaves) != len(flat):
+    raise ValueError(f"shardings has {len(shard_leaves)} leaves, the params {len(flat)}; pass the params' tree.")
+  out = []
+  for (p, leaf), sharding in zip(flat, shard_leaves):
+    name_of, stacked, transposed = _leaf_sources(_key(p), mcfg)
+    buf = np.empty(leaf.shape, np.float32)
+    for i in range(mcfg.layers if stacked else 1):
+      _fill(buf[i] if stacked else buf, st.read(infos[name_of(i)]), transposed)
+    if sharding is None:
+      arr = jax.device_put(buf)
+    else:
+      arr = jax.make_array_from_callback(buf.shape, sharding, lambda idx, b=buf: b[idx])
+    arr.block_until_ready()
+    del buf  # this leaf's host copy is gone before the next one is read
+    out.append(arr)
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def load_hf(path: str, *, dtype: str = "float32", remat: str = "none",
+            shardings: Any = None) -> tuple[model_lib.ModelConfig, Any]:
+  """(ModelConfig, float32 params) from a local HF Qwen2/Llama directory."""
+  mcfg = read_config(path, dtype=dtype, remat=remat)
+  return mcfg, load_params(path, mcfg, shardings)
+
+
+# ------------------------------------------------------------------------------------------------------- saving
+
+
+def _hf_tensor(name: str, mcfg, host: Callable[[tuple, int | None], np.ndarray]) -> np.ndarray:
+  """One HF tensor computed from our params; `host(key, layer)` returns that leaf (or its layer slice) on the host."""
+  if name == "model.embed_tokens.weight":
+    return host(("embed", "embedding"), None)
+  if name == "model.norm.weight":
+    return host(("final_norm", "scale"), None)
+  if name == "lm_head.weight":
+    return host(("lm_head", "kernel"), None).T
+  parts = name.split(".")
+  i, module = int(parts[2]), ".".join(parts[3:-1])
+  if name.endswith("o_proj.bias"):
+    return np.zeros((mcfg.hidden,), np.float32)
+  for ours, hf in _NORMS.items():
+    if module == hf:
+      return host(("layers", ours, "scale"), i)
+  ours = next(k for k, v in _LINEAR.items() if v == module)
+  if parts[-1] == "bias":
+    return host(("layers", ours, "bias"), i).reshape(-1)
+  w = host(("layers", ours, "kernel"), i)
+  return (w.reshape(-1, mcfg.hidden) if ours == "o" else w.reshape(w.shape[0], -1) if ours in ("q", "k", "v")
+          else w).T
 
 
 def save_hf(path: str, mcfg: model_lib.ModelConfig, params: Any, *, model_type: str = "qwen2",
-            dtype: str = "float32", max_shard_bytes: int = 4 << 30) -> None:
-  """Writes config.json + safetensors (sharded with an index when larger than max_shard_bytes)."""
+            dtype: str = "float32", max_shard_bytes: int = 4 << 30, base_config: dict | None = None) -> None:
+  """Writes config.json + safetensors (sharded with an index above max_shard_bytes), one tensor on the host at a
+  time. `base_config`: the source checkpoint's config.json, whose other keys are kept."""
   if dtype not in ("float32", "bfloat16"):
     raise ValueError(f"dtype={dtype!r}: use 'float32' or 'bfloat16'.")
-  cfg = hf_config(mcfg, model_type)
+  cfg = hf_config(mcfg, model_type, base_config)
   cfg["torch_dtype"] = dtype
-  p = jax.tree.map(lambda x: np.asarray(x, np.float32), params)
-  ly = p["layers"]
-  t = {"model.embed_tokens.weight": p["embed"]["embedding"], "model.norm.weight": p["final_norm"]["scale"]}
-  for i in range(mcfg.layers):
-    pre = f"model.layers.{i}."
-    for name, hf_name in _NORMS.items():
-      t[pre + hf_name + ".weight"] = ly[name]["scale"][i]
-    for name in ("q", "k", "v"):
-      t[pre + _LINEAR[name] + ".weight"] = ly[name]["kernel"][i].reshape(mcfg.hidden, -1).T
-      if mcfg.qkv_bias:
-        t[pre + _LINEAR[name] + ".bias"] = ly[name]["bias"][i].reshape(-1)
-    t[pre + "self_attn.o_proj.weight"] = ly["o"]["kernel"][i].reshape(-1, mcfg.hidden).T
-    if model_type == "llama" and mcfg.qkv_bias:
-      t[pre + "self_attn.o_proj.bias"] = np.zeros((mcfg.hidden,), np.float32)
-    for name in ("gate", "up", "down"):
-      t[pre + _LINEAR[name] + ".weight"] = ly[name]["kernel"][i].T
-  if not mcfg.tie_embeddings:
-    t["lm_head.weight"] = p["lm_head"]["kernel"].T
-  jdt = jnp.float32 if dtype == "float32" else jnp.bfloat16
+  leaves = {_key(p): x for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+
+  def host(key, layer):  # one leaf, or one layer of it, on the host
+    x = leaves[key] if layer is None else leaves[key][layer]
+    return np.asarray(x if isinstance(x, np.ndarray) else jax.device_get(x), np.float32)
+
+  shapes = expected_tensors(mcfg)
+  if model_type == "llama" and mcfg.qkv_bias:  # transformers' Llama with attention_bias also biases o_proj
+    shapes.update({f"model.layers.{i}.self_attn.o_proj.bias": (mcfg.hidden,) for i in range(mcfg.layers)})
+  np_dtype = st.DTYPES["F32" if dtype == "float32" else "BF16"]
+  shards, cur, size = [], [], 0
+  for name in sorted(shapes):
+    nbytes = int(np.prod(shapes[name])) * np_dtype.itemsize
+    if cur and size + nbytes > max_shard_bytes:
+      shards.append(cur)
+      cur, size = [], 0
+    cur.append(name)
+    size += nbytes
+  shards.append(cur)
   os.makedirs(path, exist_ok=True)
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(cfg, f, indent=2)
-  shards, cur, size = [], {}, 0
-  for key in sorted(t):
-    nbytes = t[key].size * jnp.dtype(jdt).itemsize
-    if cur and size + nbytes > max_shard_bytes:
-      shards.append(cur)
-      cur, size = {}, 0
-    cur[key] = jnp.asarray(np.ascontiguousarray(t[key]), jdt)
-    size += nbytes
-  shards.append(cur)
   meta = {"format": "pt"}  # transformers refuses safetensors files without this tag
+  produce = lambda name: _hf_tensor(name, mcfg, host)
   if len(shards) == 1:
-    save_file(shards[0], os.path.join(path, "model.safetensors"), metadata=meta)
+    st.write(os.path.join(path, "model.safetensors"), [(n, shapes[n], np_dtype) for n in shards[0]], produce, meta)
     return
   weight_map = {}
-  for i, shard in enumerate(shards):
-    name = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
-    save_file(shard, os.path.join(path, name), metadata=meta)
-    weight_map.update({k: name for k in shard})
-  total = sum(v.size * jnp.dtype(jdt).itemsize for v in t.values())
+  for i, names in enumerate(shards):
+    file = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    st.write(os.path.join(path, file), [(n, shapes[n], np_dtype) for n in names], produce, meta)
+    weight_map.update({n: file for n in names})
+  total = sum(int(np.prod(s)) * np_dtype.itemsize for s in shapes.values())
   with open(os.path.join(path, "model.safetensors.index.json"), "w") as f:
-    json.dump({"metadata": {"total_size": int(total)}, "weight_map": weight_map}, f, indent=2)
+    json.dump({"metadata": {"total_size": total}, "weight_map": weight_map}, f, indent=2)

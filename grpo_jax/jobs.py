@@ -79,6 +79,14 @@ def run(config, workdir: str) -> None:
   from grpo_jax import preflight  # pylint: disable=g-import-not-at-top
   from grpo_jax import workdir_lock  # pylint: disable=g-import-not-at-top
   multihost.maybe_initialize()
+  if config.job == "export":  # reads the run in workdir and writes elsewhere: no lock, no stages, no config.json
+    from grpo_jax import export  # pylint: disable=g-import-not-at-top
+    export.run_job(config, workdir)
+    return
+  from grpo_jax import model_source  # pylint: disable=g-import-not-at-top
+  # Model fields left to the hf: checkpoint are filled in (and set ones checked) before anything else, so the checks,
+  # the stage records and DIR/config.json see the real model.
+  config = model_source.resolve(config)
   preflight.check(config, workdir)
   todo = stage_list(config, workdir)
   stages_lib.allow_set(config)  # both flags are checked here, before the lock creates the workdir

@@ -22,21 +22,14 @@ import ml_collections
 
 from grpo_jax import config_lib
 from grpo_jax import model as model_lib
+from grpo_jax import model_presets
 from grpo_jax import sharding
 
 GiB = 1024 ** 3
 
-# Qwen2.5 shapes (config.json of each release): RoPE θ = 1e6, QKV bias, embeddings tied up to 3B; vocab 151936
-# except 7B, whose config.json says 152064 (its untied head and embedding are padded further).
-PRESETS: dict[str, dict[str, Any]] = {
-    "qwen2.5-0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, inter=4864, tie_embeddings=True),
-    "qwen2.5-1.5b": dict(hidden=1536, layers=28, heads=12, kv_heads=2, inter=8960, tie_embeddings=True),
-    "qwen2.5-7b": dict(hidden=3584, layers=28, heads=28, kv_heads=4, inter=18944, tie_embeddings=False,
-                       vocab_size=152064),
-}
-for _p in PRESETS.values():
-  _p.setdefault("vocab_size", 151936)
-  _p.update(rope_theta=1e6, qkv_bias=True, head_dim=0)
+# The real models' shapes come from grpo_jax/model_presets.py (the one table configs use too: Qwen2.5 with q/k/v
+# biases and θ 1e6, Qwen2.5-Math with θ 1e4, Llama-3.x without biases, θ 5e5 and llama3 RoPE scaling).
+PRESETS: dict[str, dict[str, Any]] = {k: dict(v) for k, v in model_presets.PRESETS.items()}
 # Toys of the same family for tests and quick compiles; "small" has TPU-tile-friendly (128-multiple) dims so that
 # XLA's TPU padding does not dominate its byte counts.
 PRESETS["tiny"] = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab_size=512, tie_embeddings=True,

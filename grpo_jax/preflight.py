@@ -14,7 +14,7 @@ import os
 from grpo_jax import errors
 from grpo_jax import validate
 
-JOB_HELP = "grpo (every rl.algo, PPO included: job=grpo rl.algo=ppo), sft, pretrain or r1_pipeline"
+JOB_HELP = "grpo (every rl.algo, PPO included: job=grpo rl.algo=ppo), sft, pretrain, r1_pipeline or export"
 
 
 def check_job(config) -> None:

@@ -79,6 +79,8 @@ def _make_process(ctx: Context) -> InGraphFn:
 
 # ----------------------------------------------------------------------------------------------- Python terms
 
+# fn(texts, token_ids, batch_rows) -> scores: each completion decoded and as ids, both without the EOS that ended it;
+# batch_rows holds the batch's host fields plus `ended_N` (bool: the row stopped at an EOS id, i.e. not truncated).
 PyRewardFn = Callable[[Sequence[str], Sequence[Sequence[int]], dict[str, np.ndarray]], Sequence[float]]
 
 
@@ -148,17 +150,18 @@ class PythonTerm:
 
   def _texts(self, tokens_NxL, mask_NxL):
     ids = [row[m > 0].tolist() for row, m in zip(tokens_NxL, mask_NxL)]
-    eos = self.tokenizer.eos_id
-    ids = [r[:-1] if r and r[-1] == eos else r for r in ids]
-    return [self.tokenizer.decode(r) for r in ids], ids
+    eos = set(getattr(self.tokenizer, "eos_ids", (self.tokenizer.eos_id,)))  # an HF model may have several
+    ended_N = np.asarray([bool(r) and r[-1] in eos for r in ids])
+    ids = [r[:-1] if e else r for r, e in zip(ids, ended_N)]
+    return [self.tokenizer.decode(r) for r in ids], ids, ended_N
 
   def host(self, tokens_NxL, mask_NxL, batch):
     """Runs on the host; returns (scores_N float32, status int32, fallbacks int32). Never raises."""
     n = tokens_NxL.shape[0]
     zeros = np.zeros((n,), np.float32)
     try:
-      texts, ids = self._texts(np.asarray(tokens_NxL), np.asarray(mask_NxL))
-      batch_np = {k: np.asarray(v) for k, v in batch.items()}
+      texts, ids, ended_N = self._texts(np.asarray(tokens_NxL), np.asarray(mask_NxL))
+      batch_np = {**{k: np.asarray(v) for k, v in batch.items()}, "ended_N": ended_N}
       if self.hung_calls() >= self.MAX_HUNG:
         return self._fail(TIMEOUT, f"{self.MAX_HUNG} earlier calls timed out (reward_timeout_s={self.timeout_s}s) "
                           "and are still running", zeros, fallback_ok=False)

@@ -63,7 +63,7 @@ class Rollout(NamedTuple):
 def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Callable[..., Rollout]:
   """(params, ref_params, batch, rng) -> Rollout: sample G completions per prompt, score them, log-probs."""
   rl, G, temp = config.rl, config.rl.G, config.sampling.temperature
-  scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=tokenizer.eos_id, pad_id=tokenizer.pad_id)
+  scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=getattr(tokenizer, "eos_ids", tokenizer.eos_id), pad_id=tokenizer.pad_id)
   bf16 = mcfg.dtype == "bfloat16"
 
   def rollout_fn(params, ref_params, batch, rng) -> Rollout:

@@ -5,6 +5,7 @@ log-prob is always under the untruncated softmax(logits / temperature): that is 
 All shapes are static, so `sample` jits with `mcfg` and `scfg` static, vmaps over rngs and shards over the batch.
 """
 import dataclasses
+import functools
 import math
 from typing import Any, NamedTuple
 
@@ -22,7 +23,7 @@ class SamplingConfig:
   top_p: float = 1.0  # 1.0 = off; applied after top-k, on the renormalised top-k distribution (as HF does)
   max_new_tokens: int = 48
   greedy: bool = False  # argmax of the logits; logp is still recorded under softmax(logits / temperature)
-  eos_id: int = 2
+  eos_id: int | tuple[int, ...] = 2  # the id, or the ids, that end a row (an HF model may have several)
   pad_id: int = 0
 
   def __post_init__(self):
@@ -34,14 +35,23 @@ class SamplingConfig:
       raise ValueError(f"sampling.top_p={self.top_p}: must be in (0, 1] (1.0 = off).")
     if self.max_new_tokens < 1:
       raise ValueError(f"sampling.max_new_tokens={self.max_new_tokens}: must be >= 1.")
+    ids = (self.eos_id,) if isinstance(self.eos_id, int) else tuple(int(i) for i in self.eos_id)
+    if not ids:
+      raise ValueError("SamplingConfig.eos_id: give at least one EOS id.")
+    object.__setattr__(self, "eos_id", ids[0] if len(ids) == 1 else ids)  # hashable: the config is a static arg
+
+  @property
+  def eos_ids(self) -> tuple[int, ...]:
+    return self.eos_id if isinstance(self.eos_id, tuple) else (self.eos_id,)
 
   @classmethod
-  def from_config(cls, cfg: Any, *, eos_id: int, pad_id: int, greedy: bool = False,
+  def from_config(cls, cfg: Any, *, eos_id: int | tuple[int, ...], pad_id: int, greedy: bool = False,
                   **overrides: Any) -> "SamplingConfig":
     """From the `sampling` ConfigDict (temperature, top_k, top_p, max_new_tokens); ids come from the tokenizer;
     `overrides` replace fields (e.g. evaluation's untruncated top_k=0, top_p=1.0)."""
     scfg = cls(temperature=float(cfg["temperature"]), top_k=int(cfg["top_k"]), top_p=float(cfg["top_p"]),
-               max_new_tokens=int(cfg["max_new_tokens"]), greedy=greedy, eos_id=int(eos_id), pad_id=int(pad_id))
+               max_new_tokens=int(cfg["max_new_tokens"]), greedy=greedy,
+               eos_id=int(eos_id) if isinstance(eos_id, int) else tuple(eos_id), pad_id=int(pad_id))
     return dataclasses.replace(scfg, **overrides) if overrides else scfg
 
 
@@ -144,7 +154,8 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
     tok_N, logp_N = draw(logits_NxV, u_N, scfg)
     live_N = ~done_N
     tok_N = batch(jnp.where(live_N, tok_N, scfg.pad_id))
-    return tok_N, jnp.where(live_N, logp_N, 0.0), live_N, done_N | (tok_N == scfg.eos_id)
+    is_eos_N = functools.reduce(jnp.logical_or, [tok_N == e for e in scfg.eos_ids])
+    return tok_N, jnp.where(live_N, logp_N, 0.0), live_N, done_N | is_eos_N
 
   def step(carry, xs):
     logits_NxV, cache, done_N = carry

@@ -1,4 +1,5 @@
 """The Python loop around the jitted steps: it only feeds data, logs, evaluates and checkpoints."""
+import dataclasses
 import os
 import time
 from typing import Callable
@@ -14,6 +15,7 @@ from grpo_jax import families
 from grpo_jax import loop_guard
 from grpo_jax import metrics as metrics_lib
 from grpo_jax import model as model_lib
+from grpo_jax import model_source
 from grpo_jax import plots
 from grpo_jax import rewards as rewards_lib
 from grpo_jax import sft_step
@@ -48,6 +50,7 @@ def python_reward_fns(config, tokenizer=None) -> dict[str, rewards_lib.PyRewardF
 
 
 def setup_common(config, workdir: str, validate_fn: Callable):
+  """(tokenizer, mesh, ModelConfig) of a config whose model fields are resolved (model_source.resolve)."""
   tokenizer = tok_lib.for_config(config)
   validate_fn(config, jax.device_count(), tokenizer)
   mesh = sharding.make_mesh(config.mesh)
@@ -57,16 +60,12 @@ def setup_common(config, workdir: str, validate_fn: Callable):
 
 
 def load_hf_params(path: str, mcfg, shardings):
-  """`train.init_from=hf:<dir>`: a HF Qwen2/Llama checkpoint (hf_io), whose shape must match config.model."""
+  """`train.init_from=hf:<dir>`: a HF Qwen2/Llama checkpoint (hf_io), whose config.json must match `mcfg` (every
+  disagreement listed in one config error), streamed leaf by leaf into `shardings`."""
   from grpo_jax import hf_io
-  hf_mcfg, params = hf_io.load_hf(path, dtype=mcfg.dtype, remat=mcfg.remat)
-  diff = [f for f in ("vocab_size", "hidden", "layers", "heads", "kv_heads", "head_dim", "inter", "qkv_bias",
-                      "tie_embeddings", "rope_theta") if getattr(hf_mcfg, f) != getattr(mcfg, f)]
-  if diff:
-    raise ValueError(f"train.init_from=hf:{path}: config.model.{diff[0]}={getattr(mcfg, diff[0])!r} but the "
-                     f"checkpoint has {getattr(hf_mcfg, diff[0])!r}; set config.model to its config.json.")
-  # Every process reads the same files, so host-local copies of the global arrays agree (multi-process safe).
-  return jax.tree.map(lambda x, s: jax.make_array_from_callback(x.shape, s, lambda i: x[i]), params, shardings)
+  from grpo_jax import model_source
+  model_source.check("train.init_from", path, dataclasses.asdict(mcfg))
+  return hf_io.load_params(path, mcfg, shardings)
 
 
 def init_or_restore(config, mesh, mcfg, family, ckpt: ckpt_lib.Checkpointer, init_from: str):
@@ -86,6 +85,7 @@ def init_or_restore(config, mesh, mcfg, family, ckpt: ckpt_lib.Checkpointer, ini
   return family.init(config, mesh, mcfg, params=params), 0
 
 
+  config = model_source.resolve(config)  # model fields a config leaves to the hf: checkpoint (a no-op if resolved)
 def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict | None = None,
            record: dict | None = None) -> dict[str, float]:
   """GRPO-family (or PPO) training; returns the last eval metrics. Resumes automatically from `workdir`.
@@ -184,6 +184,7 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
   `sft.steps`: a stop by SIGTERM/SIGINT saves the state and raises errors.Preempted instead. `record`: the
   run-config view stored with each checkpoint (default: run_config.view(config, 'sft')).
   """
+  config = model_source.resolve(config)
   guard = loop_guard.LoopGuard(config, workdir, "sft", record)  # a changed config is refused before any write
   tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_sft)
   steps = config.sft.steps

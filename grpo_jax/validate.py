@@ -15,7 +15,7 @@ DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
 ATTENTION = ("auto", "xla", "blockwise", "splash", "cudnn", "dot_product")  # = attention.IMPLEMENTATIONS
 LANGUAGES = ("a", "b", "mixed")
-JOBS = ("grpo", "sft", "pretrain", "r1_pipeline")  # grpo runs every rl.algo, ppo included
+JOBS = ("grpo", "sft", "pretrain", "r1_pipeline", "export")  # grpo runs every rl.algo, ppo included
 CRITICS = ("separate", "head")
 
 
@@ -67,6 +67,11 @@ def _get(c, key):
 
 
 def validate_model(c) -> None:
+  from grpo_jax import model_source  # pylint: disable=g-import-not-at-top
+  unset = model_source.unset_fields(c)
+  if unset:
+    _fail(f"model.{unset[0]}", f"is unset (to be taken from a checkpoint) with {len(unset) - 1} more model fields; "
+          "resolve the config first (model_source.resolve: train.init_from=hf:<dir>) or set a model preset.")
   m = "model"
   for k in ("vocab_size", "hidden", "layers", "heads", "kv_heads", "inter", "max_len"):
     _positive_int(c, f"{m}.{k}")
@@ -86,6 +91,9 @@ def validate_model(c) -> None:
   if mc.attention == "cudnn" and mc.dtype != "bfloat16":
     _fail("model.attention", f"'cudnn' needs model.dtype='bfloat16' (cuDNN flash attention has no {mc.dtype} "
           "kernel); set model.dtype=bfloat16 or model.attention=auto.")
+  if mc.get("rope_scaling_factor", 0) and not mc.rope_high_freq_factor > mc.rope_low_freq_factor:
+    _fail("model.rope_high_freq_factor", f"must exceed model.rope_low_freq_factor ({mc.rope_high_freq_factor} <= "
+          f"{mc.rope_low_freq_factor}) when llama3 RoPE scaling is on (model.rope_scaling_factor > 0).")
 
 
 def validate_mesh(c, num_devices: int) -> dict[str, int]:
@@ -102,6 +110,8 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   _choice(c, "job", JOBS)
   _task(c, "task_class", "no text examples for")
   _choice(c, "task.language", LANGUAGES)
+  if "prompt_format" in c.task:
+    _choice(c, "task.prompt_format", ("r1_zero", "chat"))  # tasks/prompts.py FORMATS
   _choice(c, "rl.algo", families.algos())  # the registered advantage estimators (GRPO family) and PPO
   est = advantages.ESTIMATORS.get(c.rl.algo)
   _choice(c, "rl.kl_estimator", KL_ESTIMATORS)
@@ -196,9 +206,19 @@ def validate_eval(c, data_par: int, group: str = "eval") -> None:
 
 
 def validate_tokenizer(c, tokenizer) -> None:
+  from grpo_jax.tasks import prompts  # pylint: disable=g-import-not-at-top
   if tokenizer.vocab_size != c.model.vocab_size:
-    _fail("model.vocab_size", f"is {c.model.vocab_size} but the tokenizer has {tokenizer.vocab_size} pieces; "
-          f"set model.vocab_size={tokenizer.vocab_size} (or use the matching tokenizer).")
+    init = c.train.get("init_from", "") or c.sft.get("init_from", "")
+    if init.startswith("hf:") and c.task.get("tokenizer", "") != "init_from":
+      fix = (f"the model comes from {init}: use its own tokenizer, task.tokenizer=init_from (task.tokenizer is "
+             f"{c.task.get('tokenizer', '')!r})")
+    else:
+      fix = f"set model.vocab_size={tokenizer.vocab_size} (or use the matching tokenizer)"
+    _fail("model.vocab_size", f"is {c.model.vocab_size} but the tokenizer has {tokenizer.vocab_size} pieces; {fix}.")
+  try:
+    prompts.check(c.task.get("prompt_format", "r1_zero"), tokenizer)
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
 
 
 def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:

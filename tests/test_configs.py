@@ -24,7 +24,8 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESOLVED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resolved_configs.json")
 ALGOS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gspo")
 MAIN_ARGS = {"grpo_arith.py": ["", "small"] + [f"algo={a}" for a in ALGOS] + ["algo=rloo,small"],
-             "gsm8k_qwen.py": ["", "small"], "r1_pipeline.py": ["", "small"], "r1_zero.py": ["", "small"]}
+             "gsm8k.py": ["", "small", "model=qwen2.5-math-1.5b", "small,model=checkpoint,prompt=chat"],
+             "r1_pipeline.py": ["", "small"], "r1_zero.py": ["", "small"]}
 ABLATIONS = ("algorithms.py", "length_bias.py", "reward_design.py", "kl_estimators.py", "baselines.py", "memory.py")
 
 

@@ -149,8 +149,8 @@ def test_gsm8k_mock_flows_through(tok):
     exs = gsm8k.load_split("train")
     assert exs[3]["final"] == "1003" and exs[3]["question"].startswith("Tom has 3")
     b = next(data.rl_batches({"name": "gsm8k", "language": "a"}, tok, "train", 4, seed=0, start_step=0,
-                             prompt_len=128))
-  assert b["prompt_NxP"].shape == (4, 128)
+                             prompt_len=256))
+  assert b["prompt_NxP"].shape == (4, 256)
   for r in range(4):
     i = b["index_N"][r]
     assert gsm8k.decode_answer(b["answer_chars_NxA"][r]) == str(1000 + i)
@@ -165,9 +165,11 @@ def test_gsm8k_mock_flows_through(tok):
   for r, c in enumerate(comps):
     ids = tok.encode(c) + [tok.eos_id]
     tokens[r, :len(ids)], mask[r, :len(ids)] = ids, 1
-  np.testing.assert_array_equal(gsm8k.accuracy_reward(tokens, mask, b, tok), [1, 1, 0, 0])
+  acc, fmt, _ = gsm8k.host_verifier(tok)(tokens, mask, b)
+  np.testing.assert_array_equal(acc, [1, 1, 0, 1])  # the last row is untagged: its last number is the answer
+  np.testing.assert_array_equal(fmt, [1, 1, 1, 0])
   # The rewards.PyRewardFn form: ids without the trailing EOS, plus decoded text.
   ids = [list(t[m > 0][:-1]) for t, m in zip(tokens, mask)]
-  assert gsm8k.math_reward([tok.decode(i) for i in ids], ids, b) == [1.0, 1.0, 0.0, 0.0]
+  assert gsm8k.make_rewards(tok)["math_accuracy"]([tok.decode(i) for i in ids], ids, b) == [1.0, 1.0, 0.0, 1.0]
   with pytest.raises(ValueError, match="####"):
     gsm8k.final_answer("no marker")

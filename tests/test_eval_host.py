@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from configs import gsm8k_qwen
+from grpo_jax import config_lib
 from grpo_jax import evaluation
 from grpo_jax import model as model_lib
 from grpo_jax import sharding
@@ -16,15 +16,16 @@ from tests import eval_fakes
 
 L = 32
 RIGHT, WRONG_FMT, TRUNC = "<think>a</think> <answer>{}</answer>", "<answer>{}</answer>", "TRUNC"
-# Question i's gold answer is i + 3. Greedy: 3 right (i0, i2 as '$5.00', i4), i3 malformed, i5 truncated.
+# Question i's gold answer is i + 3. Greedy: i1 wrong; i3 right but malformed (no <think>: format 0); i5 truncated
+# right after </answer> (a tagged answer needs no EOS, and nothing follows the tags: format 1).
 GREEDY = {0: "3", 1: "5", 2: "$5.00", 3: ("bad", "6"), 4: "7", 5: ("trunc", "8")}
 # Three samples per question; c = right samples; the vote merges equal values ('5.0' and '5').
 SAMPLED = {0: ["3", "3", "2"],                  # c=2, vote '3' right
            1: ["5", "4", "5"],                  # c=1, vote '5' wrong
            2: ["2", "5.0", "5"],                # c=2, vote 5 (two votes as one value) right; unmerged: '2' first
-           3: [("bad", "6"), "1", "1"],          # c=0, vote '1' wrong
+           3: [("bad", "6"), "1", "1"],          # c=1 (the malformed one is right), vote '1' wrong
            4: ["7", "7", "7"],                  # c=3, right
-           5: [("bad", "8"), ("trunc", "8"), "8"]}  # c=1, the only vote '8' right
+           5: [("bad", "8"), ("trunc", "8"), "8"]}  # c=3, vote '8' right
 
 
 def completion(tok, spec) -> list[int]:
@@ -42,7 +43,7 @@ def fake_generate(tok, table, n):
 
 @pytest.fixture(scope="module")
 def evaluator():
-  c = gsm8k_qwen.get_config("small")
+  c = config_lib.load_config("configs/gsm8k.py", "small")
   c.eval.update(size=6, batch=6, n_samples=3, pass_k=(1, 3))
   c.task.test_size = 6
   c.sampling.max_new_tokens = L
@@ -61,11 +62,11 @@ def test_metrics_match_hand_computed(evaluator):
   ev, tok = evaluator
   ev.greedy, ev.sampled = fake_generate(tok, GREEDY, 1), fake_generate(tok, SAMPLED, 3)
   m, texts = ev(None, jax.random.PRNGKey(0))
-  c_Q = np.array([2, 1, 2, 0, 3, 1])
+  c_Q = np.array([2, 1, 2, 1, 3, 3])
   lengths = [len(completion(tok, GREEDY[i])) for i in range(6)]
-  want = {"eval/accuracy": 3 / 6, "eval/format_rate": 4 / 6, "eval/completion_len_mean": np.mean(lengths),
+  want = {"eval/accuracy": 5 / 6, "eval/format_rate": 5 / 6, "eval/completion_len_mean": np.mean(lengths),
           "eval/accuracy_sampled": c_Q.sum() / 18, "eval/pass@1": np.mean(c_Q / 3),
-          "eval/pass@3": 5 / 6, "eval/cons@3": 4 / 6}
+          "eval/pass@3": 6 / 6, "eval/cons@3": 4 / 6}
   assert set(m) == set(want)
   for k, v in want.items():
     np.testing.assert_allclose(m[k], v, rtol=1e-6, err_msg=k)
@@ -83,7 +84,7 @@ def test_pass_at_k_agrees_with_numpy_enumeration(evaluator):
 def test_host_verifier_grades_like_the_training_reward(evaluator):
   _, tok = evaluator
   verify = gsm8k.host_verifier(tok)
-  reward = gsm8k.make_math_reward(tok)
+  reward = gsm8k.make_rewards(tok)["math_accuracy"]
   specs = ["8", "$8.00", "9", ("bad", "8"), ("trunc", "8")]
   rows = [completion(tok, s) for s in specs]
   tokens = np.full((len(rows), L), tok.pad_id, np.int32)
@@ -92,9 +93,10 @@ def test_host_verifier_grades_like_the_training_reward(evaluator):
     tokens[r, :len(ids)], mask[r, :len(ids)] = ids, 1
   fields = {"answer_chars_NxA": gsm8k.encode_answers(["8"] * len(rows))}
   acc, fmt, answers = verify(tokens, mask, fields)
-  np.testing.assert_array_equal(acc, [1, 1, 0, 0, 0])
-  np.testing.assert_array_equal(fmt, [1, 1, 1, 0, 0])
-  assert answers[0] == answers[1] and answers[0] != answers[2] and answers[3] is None and answers[4] is None
-  # The reward sees ids without EOS and puts it back, so only the truncated row differs (it counts as ended there).
-  stripped = [r[:-1] if r[-1] == tok.eos_id else r for r in rows]
-  assert reward([""] * len(rows), stripped, fields) == [1.0, 1.0, 0.0, 0.0, 1.0]
+  np.testing.assert_array_equal(acc, [1, 1, 0, 1, 1])  # format and accuracy are separate terms
+  np.testing.assert_array_equal(fmt, [1, 1, 1, 0, 1])
+  assert answers[0] == answers[1] == answers[3] == answers[4] and answers[0] != answers[2]
+  # The reward sees ids without EOS plus ended_N (the callback's form): the same verdicts.
+  ended = np.array([r[-1] == tok.eos_id for r in rows])
+  stripped = [r[:-1] if e else r for r, e in zip(rows, ended)]
+  assert reward([""] * len(rows), stripped, {**fields, "ended_N": ended}) == [1.0, 1.0, 0.0, 1.0, 1.0]

@@ -1,4 +1,4 @@
-"""configs/gsm8k_qwen.py:small end to end: 2 GRPO steps on mock GSM8K from a HF-format checkpoint (hf: hook), with
+"""configs/gsm8k.py:small end to end: 2 GRPO steps on mock GSM8K from a HF-format checkpoint (hf: hook), with
 the Python math reward called through jax.pure_callback and held-out eval verified on the host (steps 0 and 2);
 one run shared by the tests (module fixture)."""
 import dataclasses
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from configs import gsm8k_qwen
+from grpo_jax import config_lib
 from grpo_jax import hf_io
 from grpo_jax import model as model_lib
 from grpo_jax import train
@@ -29,15 +29,17 @@ def _fake_source(self, split, **kwargs):
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-  config = gsm8k_qwen.get_config("small")
+  config = config_lib.load_config("configs/gsm8k.py", "small")
   mcfg = model_lib.ModelConfig.from_config(config.model)
   params = model_lib.init_params(mcfg, jax.random.PRNGKey(7))  # not config.seed's init: the hook must load these
   hf_dir = str(tmp_path_factory.mktemp("hf"))
   hf_io.save_hf(hf_dir, mcfg, params)
   calls = []
 
+  accuracy = gsm8k.make_rewards(gsm8k.tokenizer_lib.load())["math_accuracy"]
+
   def recorded_reward(texts, token_ids, batch):
-    out = gsm8k.math_reward(texts, token_ids, batch)
+    out = accuracy(texts, token_ids, batch)
     calls.append((list(texts), batch, list(out)))
     return out
 
@@ -89,9 +91,11 @@ def test_python_reward_ran_through_the_callback(run):
     for k in range(n):
       assert gsm8k.decode_answer(batch["answer_chars_NxA"][k]) == str(int(batch["index_N"][k]) + 3)
     np.testing.assert_allclose(row["train/reward/math_accuracy"], np.mean(out), atol=1e-6)
-    # Independent check of the scores: a random model writes no well-formed <answer> with the right number.
-    assert out == [float(math_answer.is_correct(t, gsm8k.decode_answer(a)) and "<answer>" in t)
-                   for t, a in zip(texts, batch["answer_chars_NxA"])]
+    # Independent check of the scores: the answer read from the decoded text (a truncated row's last number is
+    # not an answer), compared by value.
+    assert out == [float(math_answer.equal(math_answer.extract_answer(t, last_number_ok=bool(e)),
+                                           gsm8k.decode_answer(a)))
+                   for t, a, e in zip(texts, batch["answer_chars_NxA"], batch["ended_N"])]
 
 
 def test_policy_started_from_the_hf_checkpoint(run):
@@ -104,9 +108,8 @@ def test_policy_started_from_the_hf_checkpoint(run):
 
 
 def test_hf_hook_rejects_a_shape_mismatch(run):
-  import dataclasses
   wrong = dataclasses.replace(run["mcfg"], inter=run["mcfg"].inter * 2)
-  with pytest.raises(ValueError, match=r"config\.model\.inter=128 but the checkpoint has 64"):
+  with pytest.raises(ValueError, match=r"disagrees with its config.json in 1 field\(s\): model\.inter=128 \(checkpoint: 64\)"):
     train.load_hf_params(run["hf_dir"], wrong, None)
 
 
@@ -124,13 +127,19 @@ def test_held_out_eval_ran_on_the_host_verifier(run):
     assert tokens.shape == (size, c.sampling.max_new_tokens)
     # the gold answers are the test split's, in order (mock test records 0..3 → 3..6)
     assert [gsm8k.decode_answer(a) for a in fields["answer_chars_NxA"]] == ["3", "4", "5", "6"]
-    # Independent re-grading of the greedy rows from their decoded text and the shipped tokenizer's tag ids.
+    # Independent re-grading of the greedy rows from their decoded text: the last <answer> body, else the last
+    # \boxed{}, else (only for a row that ended at EOS) the last number.
     tok = gsm8k.tokenizer_lib.load()
-    for t, m, a, g in zip(tokens, mask, fields["answer_chars_NxA"], acc):
+    for t, m, a, g, f in zip(tokens, mask, fields["answer_chars_NxA"], acc, fmt):
       ids = t[m > 0].tolist()
-      got = re.fullmatch(r"<think>[^<]*</think>\s*<answer>([^<]*)</answer>", tok.decode(ids[:-1]))
-      ok = ids[-1:] == [tok.eos_id] and got is not None and math_answer.equal(got.group(1), gsm8k.decode_answer(a))
-      assert g == float(ok)
+      ended = ids[-1:] == [tok.eos_id]
+      text = tok.decode(ids[:-1] if ended else ids)
+      bodies = re.findall(r"<answer>(.*?)</answer>", text, re.S)
+      answer = bodies[-1] if bodies else math_answer.last_boxed(text)
+      if answer is None and ended:
+        answer = math_answer.last_number(text)
+      assert g == float(math_answer.equal(answer, gsm8k.decode_answer(a)))
+      assert f == float(re.fullmatch(r"\s*<think>[^<]*</think>\s*<answer>[^<]*</answer>\s*", text) is not None)
     np.testing.assert_allclose(row["eval/accuracy"], acc.mean(), atol=1e-6)
     np.testing.assert_allclose(row["eval/format_rate"], fmt.mean(), atol=1e-6)
     np.testing.assert_allclose(row["eval/completion_len_mean"], mask.sum(-1).mean(), atol=1e-6)

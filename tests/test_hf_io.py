@@ -100,3 +100,202 @@ def test_sharded_bf16_export_and_rejections(tmp_path):
   llama.save_pretrained(tmp_path / "ob")
   with pytest.raises(ValueError, match="o_proj.bias"):
     hf_io.load_hf(str(tmp_path / "ob"))
+
+
+# ------------------------------------------------------------------------------------ safetensors_io, streaming
+
+from grpo_jax import config_lib, model_source, safetensors_io as st  # noqa: E402
+from grpo_jax.hf_io import CheckpointError  # noqa: E402
+
+
+def test_safetensors_io_reads_and_writes_what_the_reference_package_does(tmp_path):
+  from safetensors.torch import load_file, save_file
+  src = {"a": torch.randn(3, 5), "b": torch.randn(7).bfloat16(), "c": torch.randn(2, 2).half()}
+  save_file(src, str(tmp_path / "ref.safetensors"), metadata={"format": "pt"})
+  infos = st.read_header(str(tmp_path / "ref.safetensors"))
+  for k, v in src.items():
+    np.testing.assert_array_equal(st.read(infos[k]).astype(np.float32), v.float().numpy())
+  arrays = {k: st.read(i) for k, i in infos.items()}
+  st.write(str(tmp_path / "ours.safetensors"), [(k, v.shape, v.dtype) for k, v in arrays.items()],
+           arrays.__getitem__, {"format": "pt"})
+  back = load_file(str(tmp_path / "ours.safetensors"))
+  for k, v in src.items():
+    assert back[k].dtype == v.dtype
+    np.testing.assert_array_equal(back[k].float().numpy(), v.float().numpy())
+
+
+def tiny_checkpoint(path, kind="qwen2", seed=0, **over):
+  """A random checkpoint written by save_hf (no torch): Qwen2-like with biases, or Llama-like without."""
+  kw = dict(vocab_size=48, hidden=32, layers=3, heads=4, kv_heads=2, inter=64, max_len=128, qkv_bias=kind == "qwen2",
+            tie_embeddings=False)
+  kw.update(over)
+  mcfg = M.ModelConfig(**kw)
+  params = M.init_params(mcfg, jax.random.PRNGKey(seed))
+  hf_io.save_hf(str(path), mcfg, params, model_type=kind)
+  return mcfg, params
+
+
+def rewrite(path, change):
+  """Rewrites model.safetensors with `change(dict of arrays)` applied."""
+  file = os.path.join(path, "model.safetensors")
+  arrays = {k: st.read(i) for k, i in st.read_header(file).items()}
+  change(arrays)
+  st.write(file, [(k, v.shape, v.dtype) for k, v in arrays.items()], arrays.__getitem__, {"format": "pt"})
+
+
+def edit_config(path, change):
+  p = os.path.join(path, "config.json")
+  cfg = json.loads(open(p).read())
+  change(cfg)
+  with open(p, "w") as f:
+    json.dump(cfg, f)
+
+
+def _k_proj(a):
+  for i in range(3):
+    a[f"model.layers.{i}.self_attn.k_proj.weight"] = a[f"model.layers.{i}.self_attn.k_proj.weight"][:8]
+
+
+def _q_bias(a):
+  a["model.layers.0.self_attn.q_proj.bias"] = np.zeros((31,), np.float32)
+
+
+def _one_layer(a):
+  a["model.layers.1.mlp.gate_proj.weight"] = np.zeros((60, 32), np.float32)
+
+
+def _o_bias(a):
+  a["model.layers.2.self_attn.o_proj.bias"] = np.full((32,), 0.5, np.float32)
+
+
+def _truncate(path):
+  f = os.path.join(path, "model.safetensors")
+  size = os.path.getsize(f)
+  with open(f, "r+b") as fh:
+    fh.truncate(size - 100)
+
+
+def _drop_a_shard(path):
+  mcfg, params = hf_io.load_hf(path)
+  os.remove(os.path.join(path, "model.safetensors"))
+  hf_io.save_hf(path, mcfg, params, max_shard_bytes=20_000)
+  os.remove(os.path.join(path, "model-00002-of-00008.safetensors"))
+
+
+# case -> (make the damage, substrings the one line must contain)
+BAD = {
+    "k_proj_shape": (lambda p: rewrite(p, _k_proj), ["3 tensor problem(s)", "model.safetensors",
+                                                     "model.layers.0.self_attn.k_proj.weight has shape [8, 32], expected [16, 32]"]),
+    "q_bias_shape": (lambda p: rewrite(p, _q_bias), ["model.layers.0.self_attn.q_proj.bias has shape [31], expected [32]"]),
+    "one_bad_layer": (lambda p: rewrite(p, _one_layer), ["1 tensor problem(s)",
+                                                         "model.layers.1.mlp.gate_proj.weight has shape [60, 32], expected [64, 32]"]),
+    "missing_tensor": (lambda p: rewrite(p, lambda a: a.pop("model.layers.2.mlp.up_proj.weight")),
+                       ["tensor model.layers.2.mlp.up_proj.weight is missing (expected shape [64, 32])"]),
+    "extra_layer": (lambda p: rewrite(p, lambda a: a.update({"model.layers.3.mlp.up_proj.weight": np.zeros((64, 32), np.float32)})),
+                    ["unexpected tensor model.layers.3.mlp.up_proj.weight"]),
+    "truncated": (_truncate, ["model.safetensors: truncated: tensor", "Re-download"]),
+    "o_proj_bias": (lambda p: rewrite(p, _o_bias), ["model.layers.2.self_attn.o_proj.bias is non-zero", "not implemented"]),
+    "llama3_without_low_freq": (lambda p: edit_config(p, lambda c: c.update(rope_scaling=dict(
+        rope_type="llama3", factor=8.0, high_freq_factor=4.0, original_max_position_embeddings=32))),
+        ["config.json: rope_scaling (rope_type 'llama3') lacks low_freq_factor"]),
+    "rope_type_yarn": (lambda p: edit_config(p, lambda c: c.update(rope_scaling=dict(rope_type="yarn", factor=4.0))),
+                       ["rope scaling type 'yarn' is not implemented"]),
+    "sliding_window": (lambda p: edit_config(p, lambda c: c.update(use_sliding_window=True)),
+                       ["use_sliding_window=true: sliding-window attention is not implemented"]),
+    "model_type": (lambda p: edit_config(p, lambda c: c.update(model_type="mistral")),
+                   ["model_type='mistral' is not supported"]),
+    "missing_shard": (_drop_a_shard, ["model-00002-of-00008.safetensors is missing (listed in "
+                                      "model.safetensors.index.json)"]),
+    "no_config": (lambda p: os.remove(os.path.join(p, "config.json")), ["config.json is missing"]),
+    "no_weights": (lambda p: os.remove(os.path.join(p, "model.safetensors")), ["no *.safetensors files"]),
+    "not_a_dir": (lambda p: None, ["is not a directory"]),
+}
+
+
+def _config(init_from):
+  c = config_lib.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                                          "gsm8k.py"), "small,model=checkpoint")
+  return config_lib.override(c, {"train.init_from": init_from})
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_checkpoints_are_one_line_config_errors_naming_file_and_tensor(case, tmp_path):
+  """The error path the CLI turns into `Config error: <line>` and exit 2 (main.py); raised while resolving the
+  model, before any state exists."""
+  path = tmp_path / "hf"
+  tiny_checkpoint(path, "llama" if case == "o_proj_bias" else "qwen2", qkv_bias=True)
+  damage, needles = BAD[case]
+  damage(str(path))
+  target = str(tmp_path / "nope") if case == "not_a_dir" else str(path)
+  with pytest.raises(config_lib.ConfigError) as e:
+    model_source.resolve(_config(f"hf:{target}"))
+  msg = str(e.value)
+  assert "\n" not in msg and all(n in msg for n in needles), msg
+  if case not in ("not_a_dir",):
+    assert target in msg or "model.safetensors" in msg, msg  # names the file
+
+
+def test_every_disagreeing_model_field_is_listed(tmp_path):
+  tiny_checkpoint(tmp_path / "hf")
+  c = config_lib.override(_config(f"hf:{tmp_path / 'hf'}"),
+                          {"model.hidden": 64, "model.kv_heads": 4, "model.rms_eps": 1e-5, "model.qkv_bias": False,
+                           "model.max_len": 100})  # max_len below the checkpoint's is fine: it only caps lengths
+  with pytest.raises(config_lib.ConfigError) as e:
+    model_source.resolve(c)
+  msg = str(e.value)
+  assert "in 4 field(s)" in msg and "\n" not in msg, msg
+  for needle in ("model.hidden=64 (checkpoint: 32)", "model.kv_heads=4 (checkpoint: 2)",
+                 "model.rms_eps=1e-05 (checkpoint: 1e-06)", "model.qkv_bias=False (checkpoint: True)"):
+    assert needle in msg, msg
+  ok = model_source.resolve(config_lib.override(c, {"model.hidden": 32, "model.kv_heads": 2, "model.rms_eps": 1e-6,
+                                                    "model.qkv_bias": True}))
+  assert (ok.model.hidden, ok.model.max_len, ok.model.layers, ok.model.tie_embeddings) == (32, 100, 3, False)
+
+
+def test_cli_exits_2_with_one_line_for_bad_checkpoints(tmp_path):
+  import subprocess
+  import sys
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  procs = {}
+  for case in ("one_bad_layer", "truncated", "not_a_dir"):
+    path = tmp_path / case
+    tiny_checkpoint(path)
+    BAD[case][0](str(path))
+    target = str(tmp_path / "missing") if case == "not_a_dir" else str(path)
+    procs[case] = subprocess.Popen(
+        [sys.executable, "-m", "grpo_jax.main", "--config=configs/gsm8k.py:small,model=checkpoint",
+         f"--workdir={tmp_path / ('w_' + case)}", f"--config.train.init_from=hf:{target}"],
+        cwd=repo, env=dict(os.environ, PYTHONPATH=repo, JAX_PLATFORMS="cpu"), stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True)
+  for case, p in procs.items():
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 2, (case, err[-2000:])
+    line = err.strip().splitlines()[-1]
+    assert line.startswith("Config error: ") and all(n in line for n in BAD[case][1]), (case, line)
+    assert "Traceback" not in err, err[-2000:]
+
+
+def test_streamed_load_lands_in_the_shardings(tmp_path):
+  """4 simulated devices, params over fsdp=2 x tensor=2: every leaf equals the single-device load and carries the
+  sharding it was given (subprocess: the device count is fixed at JAX start)."""
+  import subprocess
+  import sys
+  tiny_checkpoint(tmp_path / "hf", heads=4, kv_heads=2)
+  code = f"""
+import jax, numpy as np
+from grpo_jax import hf_io, model as M, sharding, state
+mcfg, ref = hf_io.load_hf({str(tmp_path / 'hf')!r})
+mesh = sharding.make_mesh(dict(data=1, fsdp=2, tensor=2))
+_, sh = state._params_spec(mesh, mcfg)
+with sharding.mesh_context(mesh):
+  got = hf_io.load_params({str(tmp_path / 'hf')!r}, mcfg, sh)
+for a, b, s in zip(jax.tree.leaves(ref), jax.tree.leaves(got), jax.tree.leaves(sh)):
+  np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert b.sharding == s, (b.sharding, s)
+print("OK", sum(len(set(str(x.sharding.spec) for x in jax.tree.leaves(got))) for _ in [0]))
+"""
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, timeout=120,
+                     env=dict(os.environ, PYTHONPATH=repo, JAX_PLATFORMS="cpu",
+                              XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+  assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]

@@ -9,19 +9,16 @@ import tensorflow_datasets as tfds
 
 tokenizers = pytest.importorskip("tokenizers")
 
-from grpo_jax.tasks import base, data, gsm8k, hf_tokenizer  # noqa: E402
+from grpo_jax.tasks import base, data, gsm8k, hf_tokenizer, prompts  # noqa: E402
 from grpo_jax.tasks import tokenizer as tok_lib  # noqa: E402
+from tests import hf_dirs  # noqa: E402
 
 CORPUS = ["Tom has 5 apples and buys 3 more. How many apples does he have?",
           "Think step by step. <think>5 + 3 = 8</think> <answer>8</answer>",
-          "A conversation between User and Assistant. The answer is 1,200 dollars."] * 10
+          "A conversation between User and Assistant. The answer is 1,200 dollars."] * 10 + hf_dirs.CORPUS
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 TAGS = ["<think>", "</think>", "<answer>", "</answer>"]
-# Qwen2.5's chat template, cut to the system/user/assistant messages (no tools).
-CHAT = ("{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}"
-        "{{ '<|im_start|>system\\nYou are a helpful assistant.<|im_end|>\\n' }}{% endif %}"
-        "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}{% endfor %}"
-        "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+CHAT = hf_dirs.QWEN25_CHAT_TEMPLATE  # the real Qwen2.5-Instruct template
 
 
 def train_bpe(tags: bool) -> "tokenizers.Tokenizer":
@@ -129,7 +126,7 @@ def test_selected_by_config_and_path(dirs):
 
 def test_bad_directories_raise_one_line_errors(dirs):
   root, plain = dirs["root"], dirs["plain"]
-  with pytest.raises(ValueError, match="has no eos_token"):
+  with pytest.raises(ValueError, match="names no eos token"):
     hf_tokenizer.HFTokenizer(write_dir(root / "no_eos", plain, {"pad_token": "<|endoftext|>"}))
   with pytest.raises(ValueError, match=r"vocab_size=100 but the tokenizer has 300 tokens"):
     hf_tokenizer.HFTokenizer(write_dir(root / "small", plain, {"eos_token": "<|endoftext|>"}, 100))
@@ -148,48 +145,116 @@ def _records(n):
 
 
 def test_gsm8k_prompts_through_the_hf_tokenizer(dirs):
+  """r1_zero: bos + DeepSeek-R1's R1-Zero template; chat: the tokenizer's chat template with the boxed-answer
+  system turn, token for token what transformers' apply_chat_template(tokenize=True) gives."""
+  transformers = pytest.importorskip("transformers")
   q = hf_tokenizer.HFTokenizer(dirs["qwen"])
-  task_cfg = dict(name="gsm8k", language="a")
-  with tfds.testing.mock_data(as_data_source_fn=lambda self, split, **kw: _records(6 if split == "train" else 4)):
-    batch = next(data.rl_batches(task_cfg, q, "train", 3, seed=0, start_step=0, prompt_len=256))
-    ev = data.eval_set(task_cfg, q, 4, 256)
-  for b in (batch, ev):
-    for row, m, idx in zip(b["prompt_NxP"], b["prompt_mask_NxP"], b["index_N"]):
-      ids = row[m > 0].tolist()
-      assert (row[m == 0] == q.pad_id).all() and m[-1] == 1  # left-padded
-      assert ids[0] == q.bos_id  # <|endoftext|> before the prompt, as Qwen's documents start
-      ex = {"question": f"Tom has {idx} apples and buys 3 more. How many?"}
-      assert ids[1:] == q.encode(base.prompt(gsm8k.GSM8K(), ex, "a"))
-      assert q.decode(ids) == base.prompt(gsm8k.GSM8K(), ex, "a")
-  assert [gsm8k.decode_answer(a) for a in ev["answer_chars_NxA"]] == ["3", "4", "5", "6"]
+  ref = transformers.AutoTokenizer.from_pretrained(dirs["qwen"])
+  for fmt in ("r1_zero", "chat"):
+    task_cfg = dict(name="gsm8k", language="a", prompt_format=fmt)
+    with tfds.testing.mock_data(as_data_source_fn=lambda self, split, **kw: _records(6 if split == "train" else 4)):
+      batch = next(data.rl_batches(task_cfg, q, "train", 3, seed=0, start_step=0, prompt_len=320))
+      ev = data.eval_set(task_cfg, q, 4, 320)
+    for b in (batch, ev):
+      assert (b["prompt_format_N"] == gsm8k.PROMPT_FORMATS.index(fmt)).all()
+      for row, m, idx in zip(b["prompt_NxP"], b["prompt_mask_NxP"], b["index_N"]):
+        ids = row[m > 0].tolist()
+        assert (row[m == 0] == q.pad_id).all() and m[-1] == 1  # left-padded
+        question = f"Tom has {idx} apples and buys 3 more. How many?"
+        if fmt == "r1_zero":
+          assert ids[0] == q.bos_id  # <|endoftext|> before the prompt, as Qwen's documents start
+          assert q.decode(ids) == gsm8k.R1_ZERO.format(question=question)
+          assert ids[1:] == q.encode(base.prompt(gsm8k.GSM8K(), {"question": question}, "a"))
+        else:
+          msgs = [{"role": "system", "content": gsm8k.CHAT_SYSTEM}, {"role": "user", "content": question}]
+          want = ref.apply_chat_template(msgs, tokenize=True, add_generation_prompt=True)
+          assert ids == list(want["input_ids"] if hasattr(want, "keys") else want)
+    assert [gsm8k.decode_answer(a) for a in ev["answer_chars_NxA"]] == ["3", "4", "5", "6"]
+
+
+def test_chat_format_needs_a_chat_template(dirs):
+  from grpo_jax import config_lib, validate
+  with pytest.raises(ValueError, match="needs a tokenizer with a chat template, but the shipped tokenizer has none"):
+    prompts.check("chat", tok_lib.load())
+  c = config_lib.override(config_lib.load_config("configs/gsm8k.py", "small,prompt=chat"), {})
+  with pytest.raises(validate.ConfigError, match=r"^config.task.prompt_format='chat' needs a tokenizer"):
+    validate.validate_rl(c, 1, tok_lib.load())
+  with pytest.raises(ValueError, match="unknown"):
+    prompts.check("plain", tok_lib.load())
+
+
+def test_eos_ids_and_special_tokens_from_every_file(dirs, tmp_path):
+  """generation_config.json adds EOS ids; special_tokens_map.json stands in for a tokenizer_config without the
+  tokens; transformers reads the same ids."""
+  transformers = pytest.importorskip("transformers")
+  plain = dirs["plain"]
+  eot, im_end = plain.token_to_id("<|endoftext|>"), plain.token_to_id("<|im_end|>")
+  d = write_dir(tmp_path / "gen", plain, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"})
+  with open(os.path.join(d, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": [im_end, eot], "bos_token_id": eot}, f)
+  t = hf_tokenizer.HFTokenizer(d)
+  assert (t.eos_id, t.eos_ids, t.pad_id) == (im_end, (im_end, eot), eot)
+  assert list(t.eos_ids) == transformers.GenerationConfig.from_pretrained(d).eos_token_id
+  assert t.decode([eot] + t.encode("buys 3 more") + [im_end]) == "buys 3 more"  # every EOS id decodes to ''
+  m = write_dir(tmp_path / "map", plain, {})
+  with open(os.path.join(m, "special_tokens_map.json"), "w") as f:
+    json.dump({"eos_token": {"content": "<|endoftext|>"}, "bos_token": "<|im_start|>"}, f)
+  t = hf_tokenizer.HFTokenizer(m)
+  ref = transformers.AutoTokenizer.from_pretrained(m)
+  assert (t.eos_id, t.bos_id, t.eos_ids) == (ref.eos_token_id, ref.bos_token_id, (eot,))
+  g = write_dir(tmp_path / "genonly", plain, {})
+  with open(os.path.join(g, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": eot}, f)
+  assert hf_tokenizer.HFTokenizer(g).eos_ids == (eot,)
+  with open(os.path.join(g, "generation_config.json"), "w") as f:
+    json.dump({"eos_token_id": [eot, 100_000]}, f)
+  with pytest.raises(ValueError, match=r"generation_config.json's eos_token_id=100000 is not a token id"):
+    hf_tokenizer.HFTokenizer(g)
+
+
+def test_chat_template_from_its_jinja_file(dirs, tmp_path):
+  """transformers v5 saves the template as chat_template.jinja; it renders the same."""
+  transformers = pytest.importorskip("transformers")
+  d = write_dir(tmp_path / "jinja", dirs["plain"], {"eos_token": "<|im_end|>"})
+  with open(os.path.join(d, "chat_template.jinja"), "w") as f:
+    f.write(CHAT)
+  msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "5 + 3?"},
+          {"role": "assistant", "content": "8"}, {"role": "user", "content": "and 6 + 1?"}]
+  ours = hf_tokenizer.HFTokenizer(d).apply_chat_template(msgs)
+  assert ours == transformers.AutoTokenizer.from_pretrained(d).apply_chat_template(
+      msgs, tokenize=False, add_generation_prompt=True)
+  assert ours.count("<|im_start|>") == 5 and "You are Qwen" not in ours
 
 
 @pytest.mark.parametrize("name", ["qwen", "instruct"])
-def test_math_reward_on_hf_tokenizer(dirs, name):
+def test_math_rewards_on_hf_tokenizer(dirs, name):
   tok = hf_tokenizer.HFTokenizer(dirs[name])
-  completions = {
-      "<think>5 + 3 = 8</think> <answer>8</answer>": 1.0,
-      "<think>5 + 3</think><answer>$8.00</answer>": 1.0,
-      "<think>5 + 3</think><answer>8</answer>\n": 0.0,               # only EOS may follow </answer>
-      " <think>5 + 3</think><answer>8</answer>": 0.0,                # the completion starts with <think>
-      "<think>5 + 3 = 9</think> <answer>9</answer>": 0.0,          # wrong value
-      "<answer>8</answer>": 0.0,                                     # no think
-      "<think>x</think> <answer>8</answer> so 8": 0.0,              # text after </answer>
-      "<think>a</think> <answer>8</answer><answer>8</answer>": 0.0,  # a tag twice
-      "The answer is \\boxed{8}": 0.0,                               # right number, no format
+  completions = {  # text -> (math_accuracy, math_format)
+      "<think>5 + 3 = 8</think> <answer>8</answer>": (1.0, 1.0),
+      "<think>5 + 3</think><answer>$8.00</answer>": (1.0, 1.0),
+      "<think>5 + 3</think><answer>8</answer>\n": (1.0, 1.0),        # a newline before EOS
+      " <think>5 + 3</think><answer>8</answer>": (1.0, 1.0),         # the natural first token after "Assistant:"
+      "<think>5 + 3 = 9</think> <answer>9</answer>": (0.0, 1.0),     # wrong value
+      "<answer>8</answer>": (1.0, 0.0),                              # no think
+      "<think>x</think> <answer>8</answer> so 8": (1.0, 0.0),        # text after </answer>
+      "<think>a</think> <answer>8</answer><answer>8</answer>": (1.0, 0.0),  # a tag twice
+      "The answer is \\boxed{8}": (1.0, 0.0),                         # right number, no tags
+      "The answer is \\boxed{9}": (0.0, 0.0),
   }
   texts = list(completions)
   ids = [tok.encode(t) for t in texts]  # the callback hands ids without their EOS
   batch = {"answer_chars_NxA": gsm8k.encode_answers(["8"] * len(texts))}
-  fn = gsm8k.make_math_reward(tok)
-  assert fn(texts, ids, batch) == list(completions.values())
-  # Token-id tags (instruct) and text tags (qwen) agree here; where the tags are tokens, the same characters spelled
-  # from other pieces are not a tag (verify_py's rule), which only the token path can see.
+  terms = gsm8k.make_rewards(tok)
+  assert terms["math_accuracy"](texts, ids, batch) == [a for a, _ in completions.values()]
+  assert terms["math_format"](texts, ids, batch) == [f for _, f in completions.values()]
+  # Where the tags are tokens, the same characters spelled from other pieces are not a tag (verify_py's rule).
   if tok.has_tag_tokens:
     spelled = [tok.tk.token_to_id(c) for c in "<think>"]
     assert None not in spelled
     row = spelled + tok.encode("x</think> <answer>8</answer>")
-    assert fn(["?"], [row], {"answer_chars_NxA": gsm8k.encode_answers(["8"])}) == [0.0]
-  # Truncated (no EOS) fails the format in evaluation's grading; with EOS it passes.
-  assert gsm8k.grade(ids[0], "8", tok)[:2] == (0.0, 0.0)
-  assert gsm8k.grade(ids[0] + [tok.eos_id, tok.pad_id], "8", tok) == (1.0, 1.0, "8")
+    assert terms["math_format"](["?"], [row], {"answer_chars_NxA": gsm8k.encode_answers(["8"])}) == [0.0]
+  # Evaluation grades ids up to and including EOS; a tagged answer needs no EOS, the last-number fallback does.
+  assert gsm8k.grade(ids[0], "8", tok) == (1.0, 1.0, "8")
+  assert gsm8k.grade(ids[0] + [tok.eos_id, tok.pad_id][:1], "8", tok) == (1.0, 1.0, "8")
+  untagged = tok.encode("so it is 8")
+  assert gsm8k.grade(untagged, "8", tok)[0] == 0.0 and gsm8k.grade(untagged + [tok.eos_id], "8", tok)[0] == 1.0

@@ -94,11 +94,14 @@ def test_gsm8k_rewards_use_the_verifier():
   ids = [tok.encode(c) for c in comps]  # the PyRewardFn form: completion ids without the trailing EOS
   batch = {"answer_chars_NxA": gsm8k.encode_answers(finals)}
   texts = [tok.decode(i) for i in ids]
-  # math_reward needs the tag format (the last row has none); text_reward reads the last number instead.
-  assert gsm8k.math_reward(texts, ids, batch) == [1.0, 1.0, 1.0, 1.0, 0.0, 0.0]
-  assert gsm8k.text_reward(texts, ids, batch) == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+  terms = gsm8k.make_rewards(tok)
+  # Accuracy reads the <answer> body, else (the last row, untagged) the last number; format is its own term.
+  assert terms["math_accuracy"](texts, ids, batch) == [1.0, 1.0, 1.0, 1.0, 0.0, 1.0]
+  assert terms["math_format"](texts, ids, batch) == [1.0, 1.0, 1.0, 1.0, 1.0, 0.0]
   tokens = np.zeros((len(ids), 32), np.int32)
   mask = np.zeros_like(tokens)
   for r, row in enumerate(ids):
     tokens[r, :len(row) + 1], mask[r, :len(row) + 1] = row + [tok.eos_id], 1
-  np.testing.assert_array_equal(gsm8k.accuracy_reward(tokens, mask, batch, tok), [1, 1, 1, 1, 0, 0])
+  acc, fmt, _ = gsm8k.host_verifier(tok)(tokens, mask, batch)
+  np.testing.assert_array_equal(acc, [1, 1, 1, 1, 0, 1])
+  np.testing.assert_array_equal(fmt, [1, 1, 1, 1, 1, 0])

@@ -57,12 +57,12 @@ def rerun_logits(params, prompt, pmask, tokens):
 def check_eos_semantics(r, scfg):
   tokens, mask = np.asarray(r.tokens_NxL), np.asarray(r.mask_NxL)
   for i in range(tokens.shape[0]):
-    hits = np.flatnonzero(tokens[i] == scfg.eos_id)
+    hits = np.flatnonzero(np.isin(tokens[i], scfg.eos_ids))
     end = hits[0] + 1 if len(hits) and mask[i, hits[0]] else tokens.shape[1]
     assert np.all(mask[i, :end] == 1) and np.all(mask[i, end:] == 0), (i, tokens[i], mask[i])
     assert np.all(tokens[i, end:] == scfg.pad_id)
     assert int(r.lengths_N[i]) == end
-    assert bool(r.truncated_N[i]) == (end == tokens.shape[1] and tokens[i, -1] != scfg.eos_id)
+    assert bool(r.truncated_N[i]) == (end == tokens.shape[1] and tokens[i, -1] not in scfg.eos_ids)
     assert np.all(np.asarray(r.logp_NxL)[i, end:] == 0.0)
 
 
@@ -137,6 +137,30 @@ def test_eos_stops_rows_and_prefix_is_unchanged(params, plain):
   np.testing.assert_allclose(np.asarray(r.logp_NxL), np.asarray(r0.logp_NxL) * m, atol=1e-6)
 
 
+def test_a_set_of_eos_ids_ends_each_row_at_its_first_one(params, plain):
+  """Several EOS ids (an HF generation_config's list): each row stops at whichever comes first, and equals the
+  reference run up to there; a tuple of one id is that id."""
+  _, r0 = plain
+  t0 = np.asarray(r0.tokens_NxL)
+  counts = np.bincount(t0[:, 1:-1].ravel(), minlength=64)
+  a, b = (int(x) for x in np.argsort(-counts)[:2])  # the two tokens drawn most often mid-sequence
+  scfg = S.SamplingConfig(temperature=1.0, max_new_tokens=L, eos_id=(a, b), pad_id=0)
+  assert scfg.eos_ids == (a, b) and hash(scfg)
+  r = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0), scfg)
+  check_eos_semantics(r, scfg)
+  t, m = np.asarray(r.tokens_NxL), np.asarray(r.mask_NxL)
+  for i in range(4):
+    np.testing.assert_array_equal(t[i][m[i] == 1], t0[i][m[i] == 1])
+    first = next((k for k, x in enumerate(t0[i]) if x in (a, b)), None)
+    assert int(r.lengths_N[i]) == (L if first is None else first + 1)
+  ends = {int(t[i, int(r.lengths_N[i]) - 1]) for i in range(4) if not r.truncated_N[i]}
+  assert ends, "no row ended"
+  one = S.SamplingConfig(max_new_tokens=L, eos_id=(a,), pad_id=0)
+  assert one == S.SamplingConfig(max_new_tokens=L, eos_id=a, pad_id=0) and one.eos_ids == (a,)
+  with pytest.raises(ValueError, match="at least one EOS id"):
+    S.SamplingConfig(eos_id=())
+
+
 def test_same_rng_same_tokens_different_rng_different(params, plain):
   scfg, r0 = plain
   again = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0), scfg)
@@ -205,6 +229,9 @@ def test_config_validation_and_from_config():
     S.SamplingConfig(top_k=-1)
   scfg = S.SamplingConfig.from_config(dict(temperature=1, top_k=0, top_p=1.0, max_new_tokens=8), eos_id=3, pad_id=0)
   assert scfg == S.SamplingConfig(max_new_tokens=8, eos_id=3, pad_id=0)
+  many = S.SamplingConfig.from_config(dict(temperature=1, top_k=0, top_p=1.0, max_new_tokens=8), eos_id=[3, 7],
+                                      pad_id=0)
+  assert many.eos_id == (3, 7) and many.eos_ids == (3, 7)
   with pytest.raises(ValueError, match="max_len"):
     S.sample(MCFG, None, PROMPT, PMASK, jax.random.PRNGKey(0), S.SamplingConfig(max_new_tokens=30))
 

@@ -78,7 +78,7 @@ def _cfg(**task):
 
 
 def test_lookups_give_each_task_its_specifics():
-  assert set(train.python_reward_fns(_cfg(name="gsm8k"))) == {"math_accuracy"}
+  assert set(train.python_reward_fns(_cfg(name="gsm8k"))) == {"math_accuracy", "math_format"}
   assert train.python_reward_fns(_cfg(name="arith")) == {}
   assert type(data.make_task(_cfg(name="countdown", num_numbers=3).task)).__name__ == "Countdown"
   assert data.make_task(_cfg(name="countdown", num_numbers=3).task).num_numbers == 3

@@ -66,7 +66,7 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
   pick = base.rng_for("rejection_prompts", config.seed).permutation(len(examples))[:rj.prompts]
   chosen = [examples[i] for i in pick]
   langs = _prompt_languages(config, len(chosen))
-  scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=tok.eos_id, pad_id=tok.pad_id,
+  scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=getattr(tok, "eos_ids", tok.eos_id), pad_id=tok.pad_id,
                                              temperature=rj.temperature, top_k=0, top_p=1.0)
   gen = evaluation.make_generate(mcfg, scfg, mesh, config.task.name, tok.tag_ids)
   fns = r1_rewards.config_fns(config)
@@ -82,7 +82,7 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
     fields = {k: v for k, v in rep.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
     tokens, mask, _, acc, fmt = evaluation.to_host(gen(params, rep["prompt_NxP"], rep["prompt_mask_NxP"], fields,
                                                        jax.random.fold_in(rng, c0)))
-    comps = evaluation.completions(tokens, mask, tok.eos_id)
+    comps = evaluation.completions(tokens, mask, getattr(tok, "eos_ids", tok.eos_id))
     texts = [tok.decode(c) for c in comps]
     reward = r1_rewards.weighted_sum(r1_rewards.term_scores(texts, comps, fields, fns, acc, fmt),
                                      config.r1.grpo.rewards)

@@ -112,7 +112,8 @@ _TEMPLATES = {
 
 
 def prompt(task: Task, ex: dict, language: str) -> str:
-  """The R1-Zero prompt; the completion is expected to start with the <think> tag."""
+  """The R1-Zero prompt; the completion is expected to start with the <think> tag. A task may bring its own
+  `templates` (GSM8K: DeepSeek-R1's English text); the synthetic tasks use the one-line ones above."""
   if language not in LANGUAGES:
     raise ValueError(f"task.language={language!r} is unknown; use one of {LANGUAGES}")
-  return _TEMPLATES[language].format(question=task.question(ex, language))
+  return getattr(task, "templates", _TEMPLATES)[language].format(question=task.question(ex, language))

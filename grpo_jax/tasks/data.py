@@ -12,9 +12,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from grpo_jax.tasks import base, cot, registry, tokenizer as tokenizer_lib
+from grpo_jax.tasks import base, cot, prompts, registry, tokenizer as tokenizer_lib
 
-_DEFAULTS = {"language": "a", "data_dir": None, "split_seed": 0, "train_size": 10_000, "test_size": 500}
+_DEFAULTS = {"language": "a", "data_dir": None, "split_seed": 0, "train_size": 10_000, "test_size": 500,
+             "prompt_format": "r1_zero"}
 
 
 def _get(cfg: Any, key: str):
@@ -63,12 +64,13 @@ def _order(n_examples: int, seed: int, step: int, batch: int) -> np.ndarray:
   return out
 
 
-def encode_prompts(task, examples, languages_N, tok, prompt_len: int) -> tuple[np.ndarray, np.ndarray]:
+def encode_prompts(task, examples, languages_N, tok, prompt_len: int,
+                   prompt_format: str = "r1_zero") -> tuple[np.ndarray, np.ndarray]:
   n = len(examples)
   prompt = np.full((n, prompt_len), tok.pad_id, np.int32)
   mask = np.zeros((n, prompt_len), np.int32)
   for i, (ex, lang) in enumerate(zip(examples, languages_N)):
-    ids = [tok.bos_id] + tok.encode(base.prompt(task, ex, base.LANGUAGES[int(lang)]))
+    ids = prompts.prompt_ids(task, ex, base.LANGUAGES[int(lang)], tok, prompt_format)
     if len(ids) > prompt_len:
       raise ValueError(f"task.prompt_len={prompt_len} is too short for a {len(ids)}-token prompt (example "
                        f"{ex['index']}); set task.prompt_len >= {len(ids)} or make the task smaller")
@@ -77,9 +79,10 @@ def encode_prompts(task, examples, languages_N, tok, prompt_len: int) -> tuple[n
   return prompt, mask
 
 
-def rl_batch(task, examples, languages_N, tok, prompt_len) -> dict[str, np.ndarray]:
-  """Prompts (left-padded to prompt_len) and the task's fields of `examples`, asked in `languages_N`."""
-  prompt, mask = encode_prompts(task, examples, languages_N, tok, prompt_len)
+def rl_batch(task, examples, languages_N, tok, prompt_len, prompt_format: str = "r1_zero") -> dict[str, np.ndarray]:
+  """Prompts (left-padded to prompt_len, in `prompt_format`: tasks/prompts.py) and the task's fields of
+  `examples`, asked in `languages_N`."""
+  prompt, mask = encode_prompts(task, examples, languages_N, tok, prompt_len, prompt_format)
   out = {"prompt_NxP": prompt, "prompt_mask_NxP": mask, "language_N": languages_N,
          "index_N": np.asarray([ex["index"] for ex in examples], np.int32)}
   out.update(task.batch_fields(examples))
@@ -96,7 +99,8 @@ def rl_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_prompts
   step = start_step
   while True:
     chosen = [examples[i] for i in _order(len(examples), seed, step, batch_prompts)]
-    yield rl_batch(task, chosen, _languages(task_cfg, batch_prompts, seed, step), tok, prompt_len)
+    yield rl_batch(task, chosen, _languages(task_cfg, batch_prompts, seed, step), tok, prompt_len,
+                   _get(task_cfg, "prompt_format"))
     step += 1
 
 
@@ -109,7 +113,7 @@ def eval_set(task_cfg, tok: tokenizer_lib.Tokenizer, n: int, prompt_len: int) ->
   examples = examples[:n]
   lang = _get(task_cfg, "language")
   langs = (np.arange(n) % 2 if lang == "mixed" else np.full(n, base.LANGUAGES.index(lang))).astype(np.int32)
-  return rl_batch(task, examples, langs, tok, prompt_len)
+  return rl_batch(task, examples, langs, tok, prompt_len, _get(task_cfg, "prompt_format"))
 
 
 def sft_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_size: int, seed: int, start_step: int,

@@ -1,25 +1,41 @@
-"""GSM8K read from a local TFDS data dir (no download here), fed to the same prompt pipeline; Python-verified.
+"""GSM8K: read from a local TFDS data dir or from JSONL copies, fed to the prompt pipeline, graded in Python.
 
-The final answer is the text after '####' in the reference solution (commas removed). A completion is right iff its
-format is OK (verify_py grammar) and its answer body has the same value (math_answer.equal: '$1,000.00', '1000
-dollars', '\\boxed{1000}', '2000/2' all match 1000). `text_reward` drops the format requirement and reads the answer
-from text alone (math_answer.extract_answer).
+Data: `task.data_dir` holding `train.jsonl` / `test.jsonl` (the openai/grade-school-math files: one
+{"question", "answer"} object a line) is read directly; otherwise it is a TFDS data dir with `gsm8k` prepared
+(`python -m grpo_jax.tasks.gsm8k --data_dir=DIR` prepares it where the internet is reachable). The final answer is
+the text after '####' in the reference solution (commas removed).
 
-`make_math_reward(tok)` / `grade` pick the format check the tokenizer allows: on token ids when the four tags are
-single tokens (the shipped tokenizer; verify_py grammar), else on the decoded text (a HF tokenizer such as
-Qwen2.5's, where `<answer>` is several pieces): `<think>…</think> <answer>…</answer>` with each tag once, only
-whitespace between `</think>` and `<answer>`, and EOS right after `</answer>`. The same `grade` scores training rewards and held-out evaluation.
+Grading (`grade_text`, one function for the training rewards and held-out evaluation) is what a careful human
+grader does, with format and accuracy as two separate reward terms:
+- `math_accuracy`: the completion's final answer has the reference value (math_answer.equal: '$1,000.00',
+  '1000 dollars', '\\boxed{1000}', '2000/2' all match 1000). The final answer is the last `<answer>…</answer>`
+  body, else the last `\\boxed{…}`, else, for a completion that ended (EOS), its last number.
+- `math_format`: the completion is in the form its prompt asked for: with `task.prompt_format='r1_zero'`
+  `<think>…</think> <answer>…</answer>` (each tag once; whitespace and newlines around the tags allowed, nothing
+  else); with 'chat' (the instruction asks for a boxed answer) a non-empty `\\boxed{…}`. Where the tokenizer has the
+  four tags as single tokens (the shipped one), a tag spelled from other pieces is not a tag.
 """
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import re
 from typing import Callable, Sequence
 
 import numpy as np
 
-from grpo_jax.tasks import math_answer, tokenizer as tokenizer_lib, verify_py
+from grpo_jax.tasks import math_answer, tokenizer as tokenizer_lib
 
-_QUESTION = {"a": "{q}", "b": "{q}"}  # questions are English text; the template around them carries the language
+# DeepSeek-R1's R1-Zero template (the paper's Table 1), for every tokenizer: GSM8K questions are English text.
+R1_ZERO = ("A conversation between User and Assistant. The user asks a question, and the Assistant solves it. The "
+           "assistant first thinks about the reasoning process in the mind and then provides the user with the answer. "
+           "The reasoning process and answer are enclosed within <think> </think> and <answer> </answer> tags, "
+           "respectively, i.e., <think> reasoning process here </think> <answer> answer here </answer>. User: "
+           "{question} Assistant:")
+# Qwen2.5-Math's chain-of-thought instruction: the system turn of the 'chat' prompt format.
+CHAT_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+PROMPT_FORMATS = ("r1_zero", "chat")  # the ids batch_fields stores in prompt_format_N
 
 
 def final_answer(solution: str) -> str:
@@ -28,20 +44,31 @@ def final_answer(solution: str) -> str:
   return solution.split("####")[-1].strip().replace(",", "")
 
 
+@dataclasses.dataclass(frozen=True)
 class GSM8K:
-  """Task-like adapter (question / answer_text / batch_fields) over records, for data.py."""
+  """Task-like adapter (question / answer_text / batch_fields) over records, for data.py; `prompt_format` is the
+  config's task.prompt_format (it decides which format the `math_format` term checks)."""
 
-  name = "gsm8k"
+  name: str = "gsm8k"
+  prompt_format: str = "r1_zero"
+  templates = {"a": R1_ZERO, "b": R1_ZERO}  # base.prompt's R1-Zero template (one language: English)
+  chat_system = CHAT_SYSTEM
+
+  def __post_init__(self):
+    if self.prompt_format not in PROMPT_FORMATS:
+      raise ValueError(f"task.prompt_format={self.prompt_format!r} is unknown; use one of {list(PROMPT_FORMATS)}.")
 
   def question(self, ex: dict, language: str) -> str:
-    return _QUESTION[language].format(q=ex["question"])
+    del language
+    return ex["question"]
 
   def answer_text(self, ex: dict) -> str:
     return ex["final"]
 
   def batch_fields(self, examples: list[dict]) -> dict[str, np.ndarray]:
     # Numeric so the batch can go to devices and through jax.pure_callback: ASCII codes, 0-padded.
-    return {"answer_chars_NxA": encode_answers([ex["final"] for ex in examples])}
+    return {"answer_chars_NxA": encode_answers([ex["final"] for ex in examples]),
+            "prompt_format_N": np.full(len(examples), PROMPT_FORMATS.index(self.prompt_format), np.int32)}
 
 
 ANSWER_CHARS = 24
@@ -64,17 +91,45 @@ def _text(x) -> str:
   return x.decode() if isinstance(x, bytes) else str(x)
 
 
+def _example(i: int, question, solution) -> dict:
+  sol = _text(solution)
+  return {"index": i, "question": _text(question), "solution": sol, "final": final_answer(sol)}
+
+
+def jsonl_path(split: str, data_dir: str | None) -> str | None:
+  """`data_dir/<split>.jsonl` if it exists (a local copy of the GSM8K files), else None."""
+  path = os.path.join(data_dir, f"{split}.jsonl") if data_dir else None
+  return path if path and os.path.isfile(path) else None
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """Examples {index, question, solution, final} from a JSONL file of {"question", "answer"} objects."""
+  out = []
+  with open(path, encoding="utf-8") as f:
+    for n, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        rec = json.loads(line)
+        out.append(_example(len(out), rec["question"], rec["answer"]))
+      except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+        msg = f"missing key {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+        raise ValueError(f"task.data_dir: {path} line {n}: {msg}; each line must be a JSON object with 'question' "
+                         "and an 'answer' ending in '#### <final answer>'.") from None
+  if not out:
+    raise ValueError(f"task.data_dir: {path} has no examples.")
+  return out
+
+
 def load_split(split: str, data_dir: str | None = None) -> list[dict]:
-  """Examples {index, question, solution, final} in record order."""
+  """Examples {index, question, solution, final} in record order: a local JSONL copy, else TFDS."""
+  path = jsonl_path(split, data_dir)
+  if path is not None:
+    return read_jsonl(path)
   import tensorflow_datasets as tfds
   import tensorflow_datasets.text.gsm8k  # noqa: F401  (the old-style builder registers only when imported)
-  source = tfds.data_source("gsm8k", split=split, data_dir=data_dir, download=False)
-  out = []
-  for i in range(len(source)):
-    r = source[i]
-    sol = _text(r["answer"])
-    out.append({"index": i, "question": _text(r["question"]), "solution": sol, "final": final_answer(sol)})
-  return out
+  source = tfds.data_source("gsm8k", split=split, data_dir=data_dir or None, download=False)
+  return [_example(i, source[i]["question"], source[i]["answer"]) for i in range(len(source))]
 
 
 def load_examples(task, split: str, *, data_dir: str | None = None, **sizes) -> list[dict]:
@@ -83,89 +138,95 @@ def load_examples(task, split: str, *, data_dir: str | None = None, **sizes) -> 
   return load_split(split, data_dir)
 
 
-def accuracy(answer_body: str, final: str) -> float:
-  """1.0 iff the answer body (number, fraction, simple expression, with units/'$'/',' allowed) equals `final`."""
-  return float(math_answer.equal(answer_body, final))
+def prepare(data_dir: str) -> None:
+  """Downloads and prepares TFDS `gsm8k` (array_record: no TensorFlow needed) into `data_dir`."""
+  import tensorflow_datasets as tfds
+  import tensorflow_datasets.text.gsm8k  # noqa: F401
+  tfds.builder("gsm8k", data_dir=data_dir, file_format="array_record").download_and_prepare()
 
 
-def accuracy_reward(tokens_NxL, mask_NxL, batch: dict, tok: tokenizer_lib.Tokenizer | None = None) -> np.ndarray:
-  """Format OK (verify_py grammar) and the answer body equals the final answer; 1.0 / 0.0 per row."""
-  out = np.zeros(len(tokens_NxL), np.float32)
-  for n, (t, m) in enumerate(zip(tokens_NxL, mask_NxL)):
-    spans = verify_py.parse(t, m, tok)
-    if spans is not None:
-      body = verify_py.span_text(verify_py.completion(t, m), spans[1], tok)
-      out[n] = accuracy(body, decode_answer(batch["answer_chars_NxA"][n]))
-  return out
+# ------------------------------------------------------------------------------------------------------- grading
+
+_TAGS_FORMAT = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*", re.S)
 
 
-def math_reward(texts, token_ids, batch: dict) -> list[float]:
-  """rewards.PyRewardFn: `token_ids` are the completions without their trailing EOS (the callback wrapper strips
-  it), so EOS is put back before the format check; a row truncated right after </answer> counts as ended."""
-  tok = tokenizer_lib.load()
-  del texts  # token ids decide tags (a spelled '<answer>' in text is not a tag)
-  out = []
-  for n, ids in enumerate(token_ids):
-    row = list(ids) + [tok.eos_id]
-    spans = verify_py.parse(row, tok=tok)
-    body = verify_py.span_text(row, spans[1], tok) if spans else None
-    out.append(accuracy(body, decode_answer(batch["answer_chars_NxA"][n])) if spans else 0.0)
-  return out
+def tags_ok(text: str) -> bool:
+  """`<think>…</think> <answer>…</answer>`, each tag once, only whitespace around and between the blocks."""
+  return _TAGS_FORMAT.fullmatch(text) is not None and all(text.count(t) == 1 for t in tokenizer_lib.TAGS)
 
 
-def text_reward(texts, token_ids, batch: dict) -> list[float]:
-  """rewards.PyRewardFn on decoded text only: `<answer>` body, else last \\boxed{}, else last number; no format
-  requirement (e.g. a HF model prompted for \\boxed{} whose tokenizer has no tag tokens)."""
-  del token_ids
-  return [float(math_answer.is_correct(t, decode_answer(batch["answer_chars_NxA"][n]))) for n, t in enumerate(texts)]
+def boxed_ok(text: str) -> bool:
+  boxed = math_answer.last_boxed(text)
+  return boxed is not None and bool(boxed.strip())
 
 
-_TEXT_FORMAT = re.compile(r"<think>(.*?)</think>\s*<answer>(.*?)</answer>", re.S)  # verify_py's grammar, on text
+def grade_text(text: str, final: str, *, ended: bool = True, prompt_format: str = "r1_zero",
+               ) -> tuple[float, float, str | None]:
+  """(accuracy, format, answer) of a completion's text (without EOS). `ended`: it stopped at EOS (else its last
+  number is not taken as an answer). The answer is what cons@k votes on (None: no answer found)."""
+  answer = math_answer.extract_answer(text, last_number_ok=ended)
+  acc = float(math_answer.equal(answer, final))
+  fmt = float(tags_ok(text) if prompt_format == "r1_zero" else boxed_ok(text))
+  return acc, fmt, None if answer is None else answer.strip()
 
 
-def text_answer_body(text: str) -> str | None:
-  """The answer body if `text` is exactly `<think>…</think> <answer>…</answer>` (each tag once), else None."""
-  m = _TEXT_FORMAT.fullmatch(text)
-  if m is None or any(text.count(t) != 1 for t in tokenizer_lib.TAGS):
-    return None
-  return m.group(2)
+def _tags_are_tokens(ids: Sequence[int], text: str, tok) -> bool:
+  """Where the tags are single tokens, every tag in the text must be one (not spelled from other pieces)."""
+  return all(ids.count(tok.tag_ids[t]) == text.count(t) for t in tokenizer_lib.TAGS)
+
+
+def eos_ids(tok) -> tuple[int, ...]:
+  return tuple(getattr(tok, "eos_ids", (tok.eos_id,)))
+
+
+def grade(ids: Sequence[int], final: str, tok, prompt_format: str = "r1_zero") -> tuple[float, float, str | None]:
+  """`grade_text` of a completion given as token ids, up to and including its EOS if it ended."""
+  ids = [int(i) for i in ids]
+  ended = bool(ids) and ids[-1] in eos_ids(tok)
+  body = ids[:-1] if ended else ids
+  text = tok.decode(body)
+  acc, fmt, answer = grade_text(text, final, ended=ended, prompt_format=prompt_format)
+  if fmt and token_tags(tok) and prompt_format == "r1_zero" and not _tags_are_tokens(body, text, tok):
+    fmt = 0.0
+  return acc, fmt, answer
 
 
 def token_tags(tok) -> bool:
-  """Whether the tokenizer has every format tag as a single token (token-id format checks apply)."""
+  """Whether the tokenizer has every format tag as a single token."""
   return all(t in tok.tag_ids for t in tokenizer_lib.TAGS)
 
 
-def grade(ids: Sequence[int], final: str, tok) -> tuple[float, float, str | None]:
-  """(accuracy, format, answer body) of one completion given as its ids up to and including EOS (no EOS =
-  truncated: format fails). Accuracy needs the format; the body is what cons@k votes on."""
-  ids = [int(i) for i in ids]
-  if token_tags(tok):
-    spans = verify_py.parse(ids, tok=tok)
-    body = verify_py.span_text(ids, spans[1], tok) if spans else None
-  elif tok.eos_id in ids:
-    body = text_answer_body(tok.decode(ids[:ids.index(tok.eos_id)]))
-  else:
-    body = None
-  if body is None:
-    return 0.0, 0.0, None
-  return accuracy(body, final), 1.0, body.strip()
+def _formats(batch: dict, n: int) -> list[str]:
+  codes = batch.get("prompt_format_N")
+  return [PROMPT_FORMATS[int(c)] for c in codes] if codes is not None else ["r1_zero"] * n
 
 
-def make_math_reward(tok) -> Callable:
-  """The `math_accuracy` rewards.PyRewardFn for this tokenizer (format on token ids or on text, see `grade`)."""
+def make_rewards(tok) -> dict[str, Callable]:
+  """The `math_accuracy` and `math_format` rewards.PyRewardFn terms. The callback hands completion ids without
+  their EOS and, in `ended_N`, whether each row stopped at one (absent: every row counts as ended)."""
+
+  def graded(token_ids, batch, k: int) -> list[float]:
+    finals = [decode_answer(a) for a in batch["answer_chars_NxA"]]
+    ended = batch.get("ended_N", np.ones(len(finals), bool))
+    out = []
+    for ids, final, e, fmt in zip(token_ids, finals, ended, _formats(batch, len(finals))):
+      ids = list(ids) + ([tok.eos_id] if e else [])
+      out.append(grade(ids, final, tok, fmt)[k])
+    return out
 
   def math_accuracy(texts, token_ids, batch: dict) -> list[float]:
-    del texts  # ids decide tags where tags are tokens; the text path decodes the same ids itself
-    finals = [decode_answer(a) for a in batch["answer_chars_NxA"]]
-    # The callback strips the trailing EOS; put it back (a row truncated right after </answer> counts as ended).
-    return [grade(list(ids) + [tok.eos_id], f, tok)[0] for ids, f in zip(token_ids, finals)]
-  return math_accuracy
+    del texts  # decoded here from the same ids (grade needs the ids for the tag-token rule)
+    return graded(token_ids, batch, 0)
+
+  def math_format(texts, token_ids, batch: dict) -> list[float]:
+    del texts
+    return graded(token_ids, batch, 1)
+  return {"math_accuracy": math_accuracy, "math_format": math_format}
 
 
 def python_rewards(tok) -> dict[str, Callable]:
   """The Python reward terms a GSM8K config may name in config.rewards (registry.TASKS)."""
-  return {"math_accuracy": make_math_reward(tok)}
+  return make_rewards(tok)
 
 
 def host_verifier(tok) -> Callable:
@@ -173,8 +234,10 @@ def host_verifier(tok) -> Callable:
 
   def verify(tokens_NxL, mask_NxL, fields: dict) -> tuple[np.ndarray, np.ndarray, list]:
     acc, fmt, answers = [], [], []
-    for t, m, a in zip(np.asarray(tokens_NxL), np.asarray(mask_NxL), np.asarray(fields["answer_chars_NxA"])):
-      r = grade(verify_py.completion(t, m), decode_answer(a), tok)
+    tokens_NxL, mask_NxL = np.asarray(tokens_NxL), np.asarray(mask_NxL)
+    formats = _formats(fields, len(tokens_NxL))
+    for t, m, a, f in zip(tokens_NxL, mask_NxL, np.asarray(fields["answer_chars_NxA"]), formats):
+      r = grade(t[m > 0].tolist(), decode_answer(a), tok, f)
       acc.append(r[0])
       fmt.append(r[1])
       answers.append(_vote_key(r[2]))
@@ -182,9 +245,21 @@ def host_verifier(tok) -> Callable:
   return verify
 
 
-def _vote_key(body: str | None):
+def _vote_key(answer: str | None):
   """Answers that are equal values vote together ('1,000' and '1000.0'); unparsable ones by their text."""
-  if body is None:
+  if answer is None:
     return None
-  v = math_answer.parse_value(body)
-  return ("value", v[0], v[1]) if v is not None else ("text", body)
+  v = math_answer.parse_value(answer)
+  return ("value", v[0], v[1]) if v is not None else ("text", answer)
+
+
+def main(argv=None) -> int:
+  import argparse
+  ap = argparse.ArgumentParser(description="Prepare TFDS gsm8k (array_record) in a data dir; needs the internet.")
+  ap.add_argument("--data_dir", required=True)
+  prepare(ap.parse_args(argv).data_dir)
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())

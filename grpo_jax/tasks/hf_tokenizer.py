@@ -3,10 +3,17 @@
 Needs the `tokenizers` package (the `hf` extra) and nothing else: no `transformers`, no download. Selected with
 `task.tokenizer="hf:<dir>"` (or a path ending in `tokenizer.json`; see tokenizer.load / tokenizer.for_config).
 
-Special ids come from `tokenizer_config.json` next to the file, as transformers reads them: `eos_token` ends a
-completion; `pad_token` pads (Qwen: `<|endoftext|>`, the same id as the base model's eos); `bos_token` starts every
-prompt (data.py always puts bos first). Qwen has no bos token, so bos falls back to pad: `<|endoftext|>` is the
+Special ids come from the files next to it, as transformers reads them: `tokenizer_config.json`, else
+`special_tokens_map.json`, else `generation_config.json`'s ids. `eos_ids` is every id that ends a completion: the
+eos token and every `eos_token_id` of generation_config.json (Qwen2.5-Instruct: `<|im_end|>` and `<|endoftext|>`;
+Llama-3.1-Instruct: `<|end_of_text|>`, `<|eom_id|>`, `<|eot_id|>`); `eos_id` is the one SFT data ends with (the
+eos token). `pad_token` pads (Qwen: `<|endoftext|>`); `bos_token` starts every R1-Zero prompt (data.py puts bos
+first; a chat template writes its own). Qwen has no bos token, so bos falls back to pad: `<|endoftext|>` is the
 document separator Qwen saw before every pre-training document, the closest thing it has to a BOS.
+
+The chat template is tokenizer_config.json's `chat_template` (or `chat_template.jinja`, where transformers v5 saves
+it), rendered as transformers' apply_chat_template renders it (sandboxed Jinja, trim_blocks/lstrip_blocks, the
+special tokens by name, `raise_exception`, `strftime_now`, `tojson`).
 
 `vocab_size` is the MODEL's id space when the directory has a `config.json` (Qwen2.5: 151,936 embedding rows for
 151,665 tokens), so validation against `model.vocab_size` passes; ids the tokenizer does not know (the padding
@@ -14,7 +21,7 @@ rows a random or lightly trained model may sample) decode to ''.
 
 `tag_ids` holds the `<think>`/`</think>`/`<answer>`/`</answer>` tags that are single tokens in this vocabulary
 (Qwen3 and R1-distill tokenizers have the think tags; Qwen2.5 has none). Token-level verifiers need all four
-(`has_tag_tokens`); otherwise tasks check the format on decoded text (gsm8k.make_math_reward).
+(`has_tag_tokens`); otherwise tasks check the format on decoded text (gsm8k.grade).
 """
 from __future__ import annotations
 
@@ -65,27 +72,41 @@ class HFTokenizer:
     self.tk = tokenizers.Tokenizer.from_file(self.file)
     self.num_tokens = self.tk.get_vocab_size(with_added_tokens=True)
     tcfg = _read_json(os.path.join(self.directory, "tokenizer_config.json"))
+    smap = _read_json(os.path.join(self.directory, "special_tokens_map.json"))
+    gen = _read_json(os.path.join(self.directory, "generation_config.json"))
     model_vocab = _read_json(os.path.join(self.directory, "config.json")).get("vocab_size")
     if model_vocab is not None and model_vocab < self.num_tokens:
       raise ValueError(f"task.tokenizer: {self.directory}/config.json has vocab_size={model_vocab} but the "
                        f"tokenizer has {self.num_tokens} tokens; the model cannot emit them all.")
     self.vocab_size = int(model_vocab or self.num_tokens)
 
-    def special(key: str) -> int | None:
-      text = _token_text(tcfg.get(key))
-      if text is None:
-        return None
-      i = self.tk.token_to_id(text)
-      if i is None:
-        raise ValueError(f"task.tokenizer: tokenizer_config.json's {key}={text!r} is not a token of "
-                         f"{self.file}; fix the config or the tokenizer.")
-      return i
+    self.special_tokens: dict[str, str] = {}
 
+    def special(key: str) -> int | None:
+      for name, src in (("tokenizer_config.json", tcfg), ("special_tokens_map.json", smap)):
+        text = _token_text(src.get(key))
+        if text is None:
+          continue
+        i = self.tk.token_to_id(text)
+        if i is None:
+          raise ValueError(f"task.tokenizer: {self.directory}/{name}'s {key}={text!r} is not a token of "
+                           f"{self.file}; fix the file or the tokenizer.")
+        self.special_tokens[key] = text
+        return i
+      gen_id = gen.get(key + "_id")
+      gen_ids = gen_id if isinstance(gen_id, list) else [gen_id] if gen_id is not None else []
+      return self._check_id(gen_ids[0], key) if gen_ids else None
+
+    gen_eos = gen.get("eos_token_id")
+    gen_eos = [self._check_id(i, "eos_token_id") for i in (gen_eos if isinstance(gen_eos, list) else
+                                                            [gen_eos] if gen_eos is not None else [])]
     eos = special("eos_token")
     if eos is None:
-      raise ValueError(f"task.tokenizer: {self.directory}/tokenizer_config.json has no eos_token; completions "
-                       "need one to end (set eos_token, e.g. '<|endoftext|>').")
+      raise ValueError(f"task.tokenizer: {self.directory} names no eos token (tokenizer_config.json / "
+                       "special_tokens_map.json eos_token, generation_config.json eos_token_id); completions need "
+                       "one to end (set eos_token, e.g. '<|endoftext|>').")
     self.eos_id = eos
+    self.eos_ids = tuple(dict.fromkeys([eos] + gen_eos))  # the eos token first, then generation_config's
     pad = special("pad_token")
     self.pad_id = eos if pad is None else pad
     bos = special("bos_token")
@@ -93,8 +114,14 @@ class HFTokenizer:
     unk = special("unk_token")
     self.unk_id = -1 if unk is None else unk  # byte-level BPE never needs one; -1 matches no id
     self.tag_ids = {t: i for t in tokenizer_lib.TAGS if (i := self.tk.token_to_id(t)) is not None}
-    self.chat_template = tcfg.get("chat_template")
-    self._control = {self.pad_id, self.bos_id, self.eos_id}
+    self.chat_template = _chat_template(self.directory, tcfg)
+    self._control = {self.pad_id, self.bos_id, *self.eos_ids}
+
+  def _check_id(self, i, key: str) -> int:
+    if not isinstance(i, int) or not 0 <= i < self.num_tokens:
+      raise ValueError(f"task.tokenizer: {self.directory}/generation_config.json's {key}={i!r} is not a token id "
+                       f"of {self.file} (0..{self.num_tokens - 1}).")
+    return i
 
   @property
   def has_tag_tokens(self) -> bool:
@@ -123,13 +150,37 @@ class HFTokenizer:
     if not self.chat_template:
       raise ValueError(f"task.tokenizer: {self.directory}/tokenizer_config.json has no chat_template; use a "
                        "plain prompt (base models) or an instruct checkpoint's tokenizer.")
+    import datetime
     import jinja2.sandbox
     env = jinja2.sandbox.ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                                        extensions=["jinja2.ext.loopcontrols"])
     env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
+    env.filters["tojson"] = _tojson
     tmpl = env.from_string(self.chat_template)
-    return tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                       bos_token=self.tk.id_to_token(self.bos_id), eos_token=self.tk.id_to_token(self.eos_id))
+    tokens = {"bos_token": self.tk.id_to_token(self.bos_id), "eos_token": self.tk.id_to_token(self.eos_id),
+              **self.special_tokens}
+    return tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt, **tokens)
+
+
+def _chat_template(directory: str, tcfg: dict) -> str | None:
+  """tokenizer_config.json's chat_template (a string, or named templates: the 'default' one), else the
+  chat_template.jinja file transformers v5 writes next to it."""
+  t = tcfg.get("chat_template")
+  if isinstance(t, list):
+    t = next((x.get("template") for x in t if isinstance(x, dict) and x.get("name") == "default"), None)
+  if t:
+    return t
+  path = os.path.join(directory, "chat_template.jinja")
+  if os.path.exists(path):
+    with open(path, encoding="utf-8") as f:
+      return f.read()
+  return None
+
+
+def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+  """transformers' `tojson` (jinja2's own escapes HTML characters, which would change the rendered prompt)."""
+  return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
 def _raise_exception(message: str):

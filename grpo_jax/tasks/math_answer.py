@@ -5,10 +5,11 @@ signal-based timeouts cannot run, and it pulls in sympy + an ANTLR LaTeX parser 
 answers here are numbers or small arithmetic expressions, which an exact-rational evaluator over a whitelisted
 Python AST covers; tests/test_math_answer.py checks both agree on a table of cases (and says where they differ).
 
-Extraction: the body of the last `<answer>…</answer>` if there is one, else the last `\\boxed{…}`, else the last
-number in the text. Normalisation: `\\boxed{}`, `$`, `\\$`, `\\%`/`%`, thousands separators, `\\frac{a}{b}`
-(`\\dfrac`, `\\tfrac`), `\\cdot`/`\\times`, `^`, `\\left`/`\\right`, spacing commands, trailing '.', and words/units
-are stripped. Values are exact `Fraction`s, so 0.5 == 1/2 == \\frac{1}{2} == 50%.
+Extraction: the body of the last `<answer>…</answer>` if there is one, else the last `\\boxed{…}`, else (when the
+caller allows it: a completion that ended) the last number in the text. Normalisation: `\\boxed{}`, `$`, `\\$`,
+`\\(…\\)`/`\\[…\\]`, markdown `**…**`, `\\%`/`%`, thousands separators, `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`),
+`\\cdot`/`\\times`, `^`, `\\left`/`\\right`, spacing commands, trailing '.', and words/units are stripped. Values are
+exact `Fraction`s, so 0.5 == 1/2 == \\frac{1}{2} == 50%.
 """
 from __future__ import annotations
 
@@ -52,15 +53,16 @@ def last_number(text: str) -> str | None:
   return nums[-1] if nums else None
 
 
-def extract_answer(text: str) -> str | None:
-  """The answer string a completion gives: `<answer>` body, else last `\\boxed{}`, else last number."""
+def extract_answer(text: str, last_number_ok: bool = True) -> str | None:
+  """The answer string a completion gives: `<answer>` body, else last `\\boxed{}`, else (if `last_number_ok`) the
+  last number. A truncated completion's last number is wherever it was cut, not an answer: callers pass False."""
   bodies = re.findall(r"<answer>(.*?)</answer>", text, flags=re.S)
   if bodies:
     return bodies[-1].strip()
   boxed = last_boxed(text)
   if boxed is not None:
     return boxed.strip()
-  return last_number(text)
+  return last_number(text) if last_number_ok else None
 
 
 def _replace_fracs(s: str) -> str:
@@ -88,6 +90,8 @@ def normalize(answer: str) -> tuple[str, bool]:
   boxed = last_boxed(s)
   if boxed is not None:
     s = boxed
+  s = re.sub(r"^\*\*(.*)\*\*$|^__(.*)__$", lambda m: m.group(1) or m.group(2) or "", s)  # markdown bold
+  s = re.sub(r"\\[()\[\]]", " ", s)           # \( \) \[ \] math delimiters
   s = re.sub(r"\\text\{([^{}]*)\}", r" \1 ", s)
   s = re.sub(r"\\(?:left|right|displaystyle|,|!|;|:|quad|qquad)", " ", s)
   s = s.replace("\\$", " ").replace("$", " ").replace("\\%", "%")

@@ -24,6 +24,7 @@ class Tokenizer:
     self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
     self.vocab_size = self.sp.get_piece_size()
     self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
+    self.eos_ids = (EOS_ID,)  # the ids that end a completion (an HF tokenizer may have several)
     self.tag_ids = {t: self.sp.piece_to_id(t) for t in TAGS}
     if (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id()) != (0, 1, 2, 3):
       raise ValueError("tokenizer model must have pad=0 bos=1 eos=2 unk=3; rebuild with build_tokenizer")

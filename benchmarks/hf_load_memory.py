@@ -1,0 +1,90 @@
+"""Host memory of loading a Hugging Face checkpoint: peak RSS of a fresh process minus its RSS after the imports.
+
+  python benchmarks/hf_load_memory.py [--model qwen2.5-0.5b] [--layers N] [--dir DIR]
+
+Builds a random checkpoint of the preset's shape (bf16 safetensors, written with numpy: no download) unless DIR
+already holds one, then loads it onto the CPU backend in a fresh subprocess and prints one line
+`RESULT model=... extra_bytes=... fp32_param_bytes=... largest_leaf_bytes=... bound=... ratio=...`, where bound =
+fp32 param bytes + 2 x the largest leaf and ratio = extra / fp32 bytes. Counter: resource.getrusage(RUSAGE_SELF)
+.ru_maxrss (peak resident set, KiB on Linux) at the end, minus VmRSS of /proc/self/status after the imports.
+Figures: docs/hf.md.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from grpo_jax import hf_io, model as model_lib, model_presets, safetensors_io  # noqa: E402
+
+
+def make_checkpoint(path: str, preset: str, layers: int | None = None, seed: int = 0) -> model_lib.ModelConfig:
+  fields = dict(model_presets.PRESETS[preset])
+  if layers:
+    fields["layers"] = layers
+  mcfg = model_lib.ModelConfig(**fields)
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, "config.json"), "w") as f:
+    json.dump({**hf_io.hf_config(mcfg, "qwen2" if mcfg.qkv_bias else "llama"), "torch_dtype": "bfloat16"}, f)
+  shapes = hf_io.expected_tensors(mcfg)
+  rng = np.random.default_rng(seed)
+  bf16 = safetensors_io.DTYPES["BF16"]
+  safetensors_io.write(os.path.join(path, "model.safetensors"), [(n, s, bf16) for n, s in sorted(shapes.items())],
+                       lambda n: 0.02 * rng.standard_normal(shapes[n], dtype=np.float32), {"format": "pt"})
+  return mcfg
+
+
+_CHILD = r"""
+import json, resource, sys
+def rss():
+  for line in open("/proc/self/status"):
+    if line.startswith("VmRSS:"):
+      return int(line.split()[1]) * 1024
+import jax, numpy as np
+from grpo_jax import hf_io
+after_imports = rss()
+mcfg, params = hf_io.load_hf(sys.argv[1])
+jax.block_until_ready(params)
+leaves = jax.tree.leaves(params)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+print(json.dumps({"after_imports": after_imports, "peak": peak, "fp32": int(sum(x.size * 4 for x in leaves)),
+                  "largest": int(max(x.size * 4 for x in leaves))}))
+"""
+
+
+def measure(path: str) -> dict:
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", _CHILD, path], capture_output=True, text=True, env=env,
+                       check=False)
+  if out.returncode:
+    raise RuntimeError(out.stderr[-3000:])
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  r["extra"] = r["peak"] - r["after_imports"]
+  r["bound"] = r["fp32"] + 2 * r["largest"]
+  return r
+
+
+def main() -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(model_presets.PRESETS))
+  ap.add_argument("--layers", type=int, default=0, help="fewer layers than the preset (0 = the preset's)")
+  ap.add_argument("--dir", default="")
+  a = ap.parse_args()
+  path = a.dir or tempfile.mkdtemp(prefix="hf_load_memory_")
+  if not os.path.exists(os.path.join(path, "model.safetensors")):
+    make_checkpoint(path, a.model, a.layers or None)
+  r = measure(path)
+  print(f"RESULT model={a.model} layers={a.layers or 'preset'} extra_bytes={r['extra']} "
+        f"fp32_param_bytes={r['fp32']} largest_leaf_bytes={r['largest']} bound={r['bound']} "
+        f"ratio={r['extra'] / r['fp32']:.2f} within_bound={r['extra'] <= r['bound']}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,59 @@
+"""GSM8K data: TFDS `gsm8k` prepared without TensorFlow or internet (the download patched to local files: the
+openai/grade-school-math JSONL files it would fetch), read back through tfds.data_source; the JSONL reader for local
+copies; one-line errors for bad files."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from grpo_jax.tasks import gsm8k
+from tests import hf_dirs
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_tfds_prepare_and_read_back_in_a_fresh_interpreter(tmp_path):
+  """Needs importlib_resources (pinned in setup.py: tensorflow-datasets imports it to prepare but does not
+  declare it) and the explicit builder import in gsm8k.prepare/load_split."""
+  src = hf_dirs.gsm8k_jsonl(str(tmp_path / "src"), n_train=6, n_test=3)
+  code = f"""
+import os
+from unittest import mock
+import tensorflow_datasets as tfds
+from grpo_jax.tasks import gsm8k
+files = {{k: os.path.join({src!r}, k.split("_")[0] + ".jsonl") for k in ("train", "test", "train_socratic", "test_socratic")}}
+with mock.patch.object(tfds.download.DownloadManager, "download_and_extract", lambda self, urls: files):
+  gsm8k.prepare({str(tmp_path / 'tfds')!r})
+for split in ("train", "test"):
+  print(split, sorted(ex["final"] for ex in gsm8k.load_split(split, {str(tmp_path / 'tfds')!r})))
+"""
+  r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
+                     env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
+  assert r.returncode == 0, r.stderr[-3000:]
+  lines = dict(line.split(" ", 1) for line in r.stdout.strip().splitlines()[-2:])
+  assert lines["train"] == str(sorted(str(2 * i + 3) for i in range(6)))  # TFDS shuffles records on write
+  assert lines["test"] == str(sorted(str(2 * i + 3) for i in range(3)))
+
+
+def test_jsonl_copies_are_read_in_order(tmp_path):
+  d = hf_dirs.gsm8k_jsonl(str(tmp_path), n_train=5, n_test=2)
+  train = gsm8k.load_split("train", d)
+  assert [ex["index"] for ex in train] == list(range(5))
+  assert [ex["final"] for ex in train] == ["3", "5", "7", "9", "11"]
+  assert train[1]["question"] == hf_dirs.QUESTIONS[1] and train[1]["solution"].endswith("#### 5")
+  with open(os.path.join(d, "train.jsonl"), "a") as f:
+    f.write(json.dumps({"question": "x", "answer": "12,000 + 1\n#### 12,001"}) + "\n\n")
+  assert gsm8k.load_split("train", d)[-1]["final"] == "12001"
+
+
+@pytest.mark.parametrize("line,needle", [("{not json", "line 2: Expecting property name"),
+                                         (json.dumps({"question": "q"}), "line 2: missing key 'answer'"),
+                                         (json.dumps({"question": "q", "answer": "no marker"}), "'####'")])
+def test_bad_jsonl_lines_are_one_line_errors(tmp_path, line, needle):
+  with open(tmp_path / "test.jsonl", "w") as f:
+    f.write(json.dumps({"question": "q", "answer": "#### 1"}) + "\n" + line + "\n")
+  with pytest.raises(ValueError) as e:
+    gsm8k.load_split("test", str(tmp_path))
+  assert needle in str(e.value) and "test.jsonl" in str(e.value) and "\n" not in str(e.value), str(e.value)

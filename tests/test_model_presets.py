@@ -1,0 +1,86 @@
+"""model_presets: the one table of real model shapes, used by configs/gsm8k.py, aot.py and memory_plan.py."""
+import json
+import os
+
+import pytest
+
+from grpo_jax import config_lib, hf_io, memory_plan, model as model_lib, model_presets, model_source
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# config.json as published on the Hugging Face hub (token ids and bookkeeping keys included).
+LLAMA_32_1B = {
+    "architectures": ["LlamaForCausalLM"], "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 128000,
+    "eos_token_id": 128001, "head_dim": 64, "hidden_act": "silu", "hidden_size": 2048, "initializer_range": 0.02,
+    "intermediate_size": 8192, "max_position_embeddings": 131072, "mlp_bias": False, "model_type": "llama",
+    "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8, "pretraining_tp": 1,
+    "rms_norm_eps": 1e-05, "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                                            "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+    "rope_theta": 500000.0, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
+    "vocab_size": 128256}
+QWEN25_05B = {
+    "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643, "eos_token_id": 151643,
+    "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+    "max_position_embeddings": 32768, "max_window_layers": 24, "model_type": "qwen2", "num_attention_heads": 14,
+    "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "sliding_window": 32768, "tie_word_embeddings": True, "torch_dtype": "bfloat16", "use_cache": True,
+    "use_sliding_window": False, "vocab_size": 151936}
+# Published parameter counts (safetensors metadata of each release).
+COUNTS = {"qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_304, "qwen2.5-7b": 7_615_616_512,
+          "qwen2.5-math-1.5b": 1_543_714_304, "qwen2.5-math-7b": 7_615_616_512, "llama-3.2-1b": 1_235_814_400,
+          "llama-3.2-3b": 3_212_749_824, "llama-3.1-8b": 8_030_261_248}
+
+
+@pytest.mark.parametrize("name", sorted(COUNTS))
+def test_presets_have_the_published_parameter_counts(name):
+  mcfg = model_lib.ModelConfig(**model_presets.PRESETS[name])
+  assert memory_plan.param_bytes_per_device(mcfg, dict(data=1, fsdp=1, tensor=1))[1] == COUNTS[name]
+  instruct = model_presets.PRESETS.get(name + "-instruct")
+  if instruct is not None:  # an -Instruct release has its base's shape (only max_len may differ)
+    assert {k: v for k, v in instruct.items() if k != "max_len"} == {
+        k: v for k, v in model_presets.PRESETS[name].items() if k != "max_len"}
+
+
+@pytest.mark.parametrize("name,hf", [("llama-3.2-1b", LLAMA_32_1B), ("qwen2.5-0.5b", QWEN25_05B)])
+def test_presets_agree_with_the_published_config_json(name, hf):
+  assert model_source.mismatches(model_presets.PRESETS[name], hf_io.config_from_hf(hf)) == []
+  # and the Llama preset is not a Qwen one in disguise (what memory_plan's PRESETS used to force)
+  assert model_source.mismatches(model_presets.PRESETS["qwen2.5-0.5b"], hf_io.config_from_hf(LLAMA_32_1B))
+
+
+def test_every_preset_round_trips_through_config_json():
+  """hf_config writes every checkpoint field config_from_hf reads back: the field list is complete."""
+  for name, fields in model_presets.PRESETS.items():
+    mcfg = model_lib.ModelConfig(**fields)
+    back = hf_io.config_from_hf(hf_io.hf_config(mcfg, "qwen2" if mcfg.qkv_bias else "llama"))
+    assert model_source.mismatches(fields, back) == [], name
+
+
+def test_one_source_for_configs_aot_and_memory_plan():
+  c = config_lib.load_config(os.path.join(REPO, "configs", "gsm8k.py"), "model=llama-3.1-8b")
+  plan = memory_plan.workload_config("llama-3.1-8b").model
+  for k, v in model_presets.PRESETS["llama-3.1-8b"].items():
+    assert c.model[k] == v and (k == "max_len" or plan[k] == v), k
+  assert (c.model.qkv_bias, c.model.rope_theta, c.model.rope_scaling_factor) == (False, 5e5, 8.0)
+  math = memory_plan.workload_config("qwen2.5-math-1.5b").model
+  assert (math.rope_theta, math.qkv_bias) == (1e4, True)
+  ck = config_lib.load_config(os.path.join(REPO, "configs", "gsm8k.py"))
+  assert model_source.unset_fields(ck) == list(model_presets.CHECKPOINT_FIELDS)
+  with pytest.raises(config_lib.ConfigError, match="model preset 'qwen3' is unknown"):
+    config_lib.load_config(os.path.join(REPO, "configs", "gsm8k.py"), "model=qwen3")
+
+
+def test_checkpoint_fields_resolve_from_a_config_json(tmp_path):
+  (tmp_path / "config.json").write_text(json.dumps(LLAMA_32_1B))
+  mcfg = hf_io.read_config(str(tmp_path))
+  assert (mcfg.head_dim, mcfg.rope_scaling_factor, mcfg.rms_eps, mcfg.tie_embeddings) == (64, 32.0, 1e-5, True)
+
+
+def test_which_checkpoint_the_model_comes_from():
+  o = lambda **kw: config_lib.override(config_lib.base_config(), {k.replace("__", "."): v for k, v in kw.items()})
+  assert model_source.source(o()) is None
+  assert model_source.source(o(train__init_from="hf:/a")) == ("train.init_from", "/a")
+  assert model_source.source(o(train__init_from="/run/sft/params", sft__init_from="hf:/b", sft__steps=5)) is None
+  assert model_source.source(o(sft__init_from="hf:/b", sft__steps=5)) == ("sft.init_from", "/b")  # SFT, then RL
+  assert model_source.source(o(sft__init_from="hf:/b")) is None  # no SFT stage: RL starts from scratch
+  assert model_source.source(o(job="sft", sft__init_from="hf:/b", train__init_from="hf:/a")) == ("sft.init_from", "/b")
+  assert model_source.resolve(o()).to_dict() == config_lib.base_config().to_dict()  # nothing to resolve
