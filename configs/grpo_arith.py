@@ -8,7 +8,8 @@ chains of thought (3-layer, 128-wide Qwen2-shaped model, 600 steps × 64 sequenc
 reward = accuracy + 0.2·format, 16 prompts × G=8, β=0.04 (k3 in the loss), μ=1, lr 1e-4 (tiny model; 1e-6 is the
 real-model value), 60 steps, held-out accuracy on 500 fixed test problems every 20 steps.
 
-Measured 2026-11-29 on the shared 2-core CPU (seed 0, one run; other jobs were running, so times are upper bounds):
+Measured 2026-11-29 on the shared 2-core CPU (seed 0, one run; other jobs were running, so times are upper bounds),
+with the group std's ddof=0 (the default then; now ddof=1 as TRL/verl, not re-measured):
   SFT 600 steps, ~1.2–2.1 s/step; greedy accuracy 62.5% on the first 200 held-out problems
     (--config.job=sft --config.eval.size=200; a little above the 20–60% band wanted for a start that GRPO can
     still improve — fewer SFT steps would land inside it, not re-measured).

@@ -7,7 +7,8 @@ Stages write DIR/<stage>/ (base, r1_zero, r1_1_cold_start, r1_2_grpo, r1_3_rejec
 restarted command skips finished stages. DIR/report.md compares every model on held-out prompts.
 
 Default, measured 2026-11-30 on the 2-core CPU (load average 4-8): 14 min wall (50 min at load 9-18); held-out
-greedy accuracy (last-number rule) base 0.219, R1-Zero 0.277, R1 final 0.434. `:small`: 18 min wall at load 8-15 (2026-11-30; ~8 min at load 4-10). Tables and stage times: docs/r1.md,
+greedy accuracy (last-number rule) base 0.219, R1-Zero 0.277, R1 final 0.434 (measured with the group std's
+ddof=0, the default then; now ddof=1, not re-measured). `:small`: 18 min wall at load 8-15 (2026-11-30; ~8 min at load 4-10). Tables and stage times: docs/r1.md,
 docs/r1_default/.
 """
 from grpo_jax import config_lib

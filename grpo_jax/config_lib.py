@@ -50,7 +50,9 @@ def base_config() -> ml_collections.ConfigDict:
       G=8, prompts_per_step=8,
       eps_low=0.2, eps_high=0.2,
       beta=0.04, kl_estimator="k3", kl_in="loss",
-      std_eps=1e-4, std_ddof=0,  # population std (ddof=0) as in TRL/DeepSeekMath; eps added to the std
+      # Group std with ddof=1 (torch.std, as TRL, verl and OpenRLHF compute it) and eps added to the std (TRL 1e-4,
+      # verl 1e-6): A = (r - mean) / (std + std_eps). ddof=0 (population std) gives √(G/(G-1)) larger advantages.
+      std_eps=1e-4, std_ddof=1,
       mu=1, minibatches=1,
       loss_agg="seq_mean_token_mean",
       process_weight=0.0,        # weight of process (step) advantages; 0 = outcome only

@@ -133,7 +133,8 @@ def compute_advantages(config, ro: dict) -> jax.Array:
   adv_NxL = ADVANTAGES[rl.algo](r_BxG, ctx)
   if rl.process_weight > 0:
     s_r, s_end, s_valid = ro["steps"]
-    p_adv = advantages.process_advantages(s_r, s_end, s_valid, ro["mask_NxL"], G=G, std_eps=rl.std_eps)
+    p_adv = advantages.process_advantages(s_r, s_end, s_valid, ro["mask_NxL"], G=G, std_eps=rl.std_eps,
+                                          ddof=rl.std_ddof)
     adv_NxL = advantages.combine(adv_NxL, p_adv, w_outcome=1.0, w_process=rl.process_weight)
   return adv_NxL * ro["mask_NxL"]
 

@@ -38,6 +38,18 @@ def test_grpo_hand_values():
   np.testing.assert_allclose(a1[0], [2 / np.sqrt(3), -1 / np.sqrt(3), -1 / np.sqrt(3)], rtol=1e-6)
 
 
+def test_grpo_default_std_is_torch_std_plus_eps():
+  """The default is what TRL, verl and OpenRLHF compute: torch.std (ddof=1), eps added to the std. Rewards [1, 0]:
+  TRL's ±0.5/(0.7071 + 1e-4) = ±0.70700; the population std (ddof=0) gave ±0.9998, 41% larger; at G=8, √(8/7)."""
+  a = np.asarray(adv.grpo(jnp.array([[1.0, 0.0]])))
+  np.testing.assert_allclose(a[0], [0.5 / (np.sqrt(0.5) + 1e-4), -0.5 / (np.sqrt(0.5) + 1e-4)], rtol=1e-6)
+  assert a[0, 0] == pytest.approx(0.70700, abs=1e-5)
+  assert float(adv.grpo(jnp.array([[1.0, 0.0]]), ddof=0)[0, 0]) == pytest.approx(0.9998, abs=1e-4)
+  r8 = jnp.array([[1.0, 0, 0, 1, 1, 0, 0, 0]])
+  ratio = np.asarray(adv.grpo(r8, std_eps=0.0, ddof=0)) / np.asarray(adv.grpo(r8, std_eps=0.0))
+  np.testing.assert_allclose(ratio, np.sqrt(8 / 7), rtol=1e-6)
+
+
 def test_grpo_exact_zero_for_inexact_mean():
   # 0.1 * 3 / 3 != 0.1 in floating point; the result must still be exactly 0.
   a = np.asarray(adv.grpo(jnp.full((1, 3), 0.1), std_eps=1e-8, ddof=0))
@@ -201,7 +213,7 @@ def test_gae_matches_numpy_ragged():
 # ---------------------------------------------------------------- process supervision
 
 
-def np_process(step_r, step_end, step_valid, mask, G, eps):
+def np_process(step_r, step_end, step_valid, mask, G, eps, ddof=1):
   N, S = step_r.shape
   L = mask.shape[1]
   out = np.zeros((N, L))
@@ -213,20 +225,22 @@ def np_process(step_r, step_end, step_valid, mask, G, eps):
       for t in range(L):
         if not mask[i, t] or const:
           continue
-        out[i, t] = sum((step_r[i, s] - vals.mean()) / (vals.std() + eps)
+        out[i, t] = sum((step_r[i, s] - vals.mean()) / (vals.std(ddof=ddof) + eps)
                         for s in range(S) if step_valid[i, s] and step_end[i, s] >= t)
   return out
 
 
-def test_process_advantages_hand():
+@pytest.mark.parametrize("ddof", [0, 1])
+def test_process_advantages_hand(ddof):
   # One group of G=2; row 0 has steps ending at 0 and 2 with rewards 1, 0; row 1 one step ending at 1, reward 1.
-  # Mean 2/3, population std sqrt(2)/3; normalised: 1 -> 1/sqrt(2), 0 -> -sqrt(2).
+  # Mean 2/3; ddof=0: std sqrt(2)/3, normalised 1 -> 1/sqrt(2), 0 -> -sqrt(2); ddof=1 (the default, as the outcome
+  # advantages): std 1/sqrt(3), 1 -> 1/sqrt(3), 0 -> -2/sqrt(3).
   step_r = jnp.array([[1.0, 0.0], [1.0, 5.0]])
   step_end = jnp.array([[0, 2], [1, 0]])
   step_valid = jnp.array([[1, 1], [1, 0]])
   mask = jnp.array([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
-  out = np.asarray(adv.process_advantages(step_r, step_end, step_valid, mask, G=2, std_eps=0.0))
-  h, l = 1 / np.sqrt(2), -np.sqrt(2)
+  out = np.asarray(adv.process_advantages(step_r, step_end, step_valid, mask, G=2, std_eps=0.0, ddof=ddof))
+  h, l = (1 / np.sqrt(2), -np.sqrt(2)) if ddof == 0 else (1 / np.sqrt(3), -2 / np.sqrt(3))
   np.testing.assert_allclose(out, [[h + l, l, l, 0], [h, h, 0, 0]], rtol=1e-5)
 
 

@@ -81,7 +81,9 @@ def test_golden_first_step(three_steps):
 
 GOLDEN = {"train/reward_mean": 0.0625, "train/completion_len_mean": 11.5, "train/kl": 0.0,
           "train/truncation_rate": 0.875, "train/frac_zero_std_groups": 0.75}
-GOLDEN_LOSS_GRAD = [0.0, 0.29769]  # ρ = 1: the surrogate is Σ A = 0 per group, the gradient is not
+# ρ = 1: the surrogate is Σ A = 0 per group, the gradient is not. The gradient was 0.29769 with the population std
+# (ddof=0); ddof=1 scales the advantages, so the gradient, by √((G−1)/G) = √(3/4): 0.25781.
+GOLDEN_LOSS_GRAD = [0.0, 0.25781]
 
 
 def test_python_reward_path_matches_in_graph(three_steps):
