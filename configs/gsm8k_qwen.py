@@ -14,8 +14,9 @@ Intended real run (not run here: no TPU, no weights, no GSM8K download on this m
   each prompt, as Qwen has no BOS), ids 151,665..151,935 (embedding padding) decode to ''. `hf:<dir>` or a path
   to a tokenizer.json names another one.
 - data: TFDS `gsm8k` prepared in `task.data_dir` (train 7473, test 1319).
-- GRPO as in DeepSeekMath: G=8 samples per question, 64 questions per step (512 completions), β=0.04 (k3 in the
-  loss), lr 1e-6 constant, μ=1, ε=0.2, temperature 1.0, 512 new tokens, bfloat16 params, remat 'dots'.
+- GRPO as in DeepSeekMath (the grpo preset: β=0.04 with k3 in the loss, ε=0.2, group std, 1/|o| per answer; another
+  preset with `:algo=<name>`): G=8 samples per question, 64 questions per step (512 completions), lr 1e-6 constant,
+  μ=1, temperature 1.0, 512 new tokens, bfloat16 params, remat 'dots'.
 - mesh: a 16-chip slice (e.g. v5e-16) as fsdp=-1 (params, grads and Adam moments sharded over all chips); docs/scale.md
   has the TPU-compiled per-device memory of Qwen2.5-0.5B and planner estimates for 1.5B.
 - reward: `math_accuracy` (gsm8k.make_math_reward: the <think>/<answer> format, checked on the decoded text since
@@ -30,6 +31,7 @@ through jax.pure_callback, held-out eval (host-verified) at steps 0 and 2. Measu
 compiling; 2026-11-30 with the two evals (two more programs to compile), load ~12: 108 s wall, 34 s CPU.
 """
 from grpo_jax import config_lib
+from grpo_jax import presets
 
 # Qwen2.5-Math-1.5B config.json (hidden_size 1536, 28 layers, 12 heads, 2 kv heads, intermediate 8960,
 # vocab 151936, rope_theta 10000, max_position_embeddings 4096, tied embeddings, rms_norm_eps 1e-6).
@@ -38,15 +40,15 @@ QWEN25_MATH_1P5B = dict(vocab_size=151_936, hidden=1536, layers=28, heads=12, kv
 
 
 def get_config(arg: str | None = None):
-  small = config_lib.parse_arg(arg, small=False).small
-  c = config_lib.base_config()
+  args = config_lib.parse_arg(arg, small=False, algo="grpo")
+  small = args.small
+  c = presets.apply(config_lib.base_config(), args.algo)  # grpo: DeepSeekMath's settings (grpo_jax/presets.py)
   c.job = "grpo"
   c.model.update(dtype="bfloat16", remat="dots", **QWEN25_MATH_1P5B)
   c.task.update(name="gsm8k", language="a", prompt_len=256, data_dir="", test_size=1319, tokenizer="init_from")
   c.sampling.update(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=512)
   c.rewards = (("math_accuracy", 1.0),)
-  c.rl.update(algo="grpo", G=8, prompts_per_step=64, beta=0.04, kl_estimator="k3", kl_in="loss", mu=1,
-              minibatches=4, eps_low=0.2, eps_high=0.2)
+  c.rl.update(G=8, prompts_per_step=64, mu=1, minibatches=4)
   c.optim.update(lr=1e-6, warmup_steps=0, grad_clip=1.0, weight_decay=0.0)
   c.sft.steps = 0
   c.mesh.update(data=1, fsdp=-1, tensor=1)

@@ -2,8 +2,9 @@
 
 Policy, reference, reward (the task's verifiers) and a critic: either a separate value network (its own transformer,
 initialised from the policy, doubling trainable memory as the article says) or a scalar value head on the policy's
-own trunk. Per-token reward = −β·k1(π_old, π_ref) plus the outcome at the last token; GAE(γ, λ); advantages
-whitened over valid tokens; clipped surrogate; clipped value loss; the critic has its own optimizer state.
+own trunk. Per-token reward = −β·KL(π_old, π_ref) (rl.kl_estimator, k1 in the ppo preset) plus the outcome at the
+last token; GAE(γ, λ); advantages whitened over valid tokens; clipped surrogate (dual-clipped); clipped value loss;
+the critic has its own optimizer state.
 """
 import functools
 from typing import Callable
@@ -59,6 +60,7 @@ def values_and_logprobs(mcfg, mode, policy_params, critic_params, seq, P_len: in
 
 
 def make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer) -> Callable:
+  rl_step.check_preset(config)
   rl, ppo, temp = config.rl, config.ppo, config.sampling.temperature
   rollout_fn = rl_step.make_rollout_fn(config, mcfg, spec, tokenizer)
   mode = ppo.critic
@@ -69,7 +71,8 @@ def make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer) -> Callabl
                                                    temp)
     pl, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], None, mb["adv_NxL"], mb["mask_NxL"],
                                eps_low=rl.eps_low, eps_high=rl.eps_high, beta=0.0, agg=rl.loss_agg,
-                               norm_len=config.sampling.max_new_tokens)
+                               norm_len=config.sampling.max_new_tokens, ratio_level=rl.ratio_level,
+                               dual_clip=rl.dual_clip)
     vl, vm = losses.value_loss(v_NxL, mb["old_v_NxL"], mb["returns_NxL"], mb["mask_NxL"], clip=ppo.value_clip,
                            agg=rl.loss_agg, norm_len=config.sampling.max_new_tokens)
     m = dict(m, **vm, value_loss=vl, entropy=rl_step.masked_mean(ent_NxL, mb["mask_NxL"]))
@@ -99,7 +102,8 @@ def make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer) -> Callabl
     old_v_NxL, _, _ = values_and_logprobs(mcfg, mode, state["params"], state["critic_params"], ro["seq"], P_len,
                                           temp, want_logp=False)
     old_v_NxL = jax.lax.stop_gradient(old_v_NxL) * mask
-    kl_NxL = losses.kl_k1(ro["old_logp_NxL"], ro["ref_logp_NxL"]) * mask
+    kl_NxL = losses.kl_estimate(rl.kl_estimator, ro["old_logp_NxL"], ro["ref_logp_NxL"],
+                                k3_clamp=rl.kl_clamp) * mask
     last_NxL = jax.nn.one_hot(jnp.maximum(mask.sum(-1).astype(jnp.int32) - 1, 0), mask.shape[1]) * mask
     rewards_NxL = -rl.beta * kl_NxL + ro["r_N"][:, None] * last_NxL
     adv_NxL, returns_NxL = advantages.gae(rewards_NxL, old_v_NxL, mask, gamma=ppo.gamma, lam=ppo.lam)
@@ -123,8 +127,8 @@ def make_ppo_step(config, mesh, mcfg, tx, critic_tx, spec, tokenizer) -> Callabl
                      critic_opt_state=critic_opt, step=state["step"] + 1, rng=rng)
     new_state = jax.tree.map(lambda a, b: jnp.where(reward_ok, a, b), new_state, state)
     m = rl_step.rollout_metrics(config, ro, adv_NxL)
-    for k in ("clip_frac_low", "clip_frac_high", "ratio_mean", "entropy", "loss", "grad_norm", "update_norm",
-              "value_loss"):
+    for k in ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "entropy", "loss", "grad_norm",
+              "update_norm", "value_loss"):
       m[f"train/{k}"] = um[k].mean()
     m["train/ratio_max"] = um["ratio_max"].max()
     m["train/nonfinite_updates"] = um["nonfinite"].sum()

@@ -2,7 +2,7 @@
 
 Seeds differ in their init and/or rollout rng. One scalar hyper-parameter may also differ per run:
 - `optim.lr` lives in the optimizer state (`optax.inject_hyperparams`), so the step is unchanged;
-- `rl.*` scalars (β, ε, std ε) live in `state["hparams"]` and are read while tracing into a copy of the config,
+- `rl.*` scalars (β, ε, std ε, dual clip, k3 clamp) live in `state["hparams"]` and are read while tracing into a copy of the config,
   so the un-jitted `rl_step.build_step` sees a traced value where it would see a float. No change to rl_step.
 """
 import functools
@@ -20,7 +20,7 @@ from grpo_jax import rl_step
 from grpo_jax import sharding
 
 # rl.* keys that build_step only uses in arithmetic, so a traced per-run value is safe there.
-TRACEABLE_RL_KEYS = ("rl.beta", "rl.eps_low", "rl.eps_high", "rl.std_eps")
+TRACEABLE_RL_KEYS = ("rl.beta", "rl.eps_low", "rl.eps_high", "rl.std_eps", "rl.dual_clip", "rl.kl_clamp")
 LR_KEY = "optim.lr"
 
 

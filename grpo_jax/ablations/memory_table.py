@@ -14,6 +14,7 @@ from grpo_jax import aot
 from grpo_jax import config_lib
 from grpo_jax import model as model_lib
 from grpo_jax import ppo_step
+from grpo_jax import presets
 from grpo_jax import state as state_lib
 
 TITLE = "c. Memory: PPO with a critic vs GRPO"
@@ -56,8 +57,8 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
 
 def compile_step(cfg, c, algo: str):
   """The one-graph step of `algo` compiled for one CPU device on abstract (never allocated) inputs."""
-  c.rl.update(prompts_per_step=cfg.workload.prompts, G=cfg.workload.G, algo="ppo" if algo.startswith("ppo") else
-              "grpo")
+  c = presets.apply(c, "ppo" if algo.startswith("ppo") else "grpo")
+  c.rl.update(prompts_per_step=cfg.workload.prompts, G=cfg.workload.G)
   if algo.startswith("ppo"):
     c.ppo.critic = algo.split("_")[1]
   c.task.prompt_len = cfg.workload.prompt_len
