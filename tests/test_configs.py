@@ -26,7 +26,8 @@ RESOLVED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resolved_co
 MAIN_ARGS = {"grpo_arith.py": ["", "small"] + [f"algo={a}" for a in presets.names()] + ["algo=rloo,small"],
              "gsm8k_qwen.py": ["", "small", "algo=dapo"], "r1_pipeline.py": ["", "small", "algo=gdpo"],
              "r1_zero.py": ["", "small"]}
-ABLATIONS = ("algorithms.py", "length_bias.py", "reward_design.py", "kl_estimators.py", "baselines.py", "memory.py")
+ABLATIONS = ("algorithms.py", "length_bias.py", "reward_design.py", "kl_estimators.py", "baselines.py", "memory.py",
+             "gdpo.py")
 
 
 def _load(rel: str, arg: str = ""):

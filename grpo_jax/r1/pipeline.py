@@ -68,9 +68,10 @@ def _run_stage(config, workdir: str, stage: str) -> None:
     raise ValueError(f"stage={stage!r} is unknown; use one of {layout.STAGES}")
 
 
-def run_pipeline(config, workdir: str, stages: Sequence[str] | None = None) -> dict:
+def run_pipeline(config, workdir: str, stages: Sequence[str] | None = None, report_md: bool = True) -> dict:
   """Runs every unfinished stage of `stages` (default `config.r1.stages`) in order, then evaluates every finished
-  model -> DIR/report.md. Returns the report's results, or {} when a stage was preempted."""
+  model -> DIR/report.md (unless report_md=False, e.g. when only a stage's params are wanted). Returns the report's
+  results, or {} when a stage was preempted or no report was asked for."""
   stages = tuple(config.r1.stages) if stages is None else tuple(stages)
   stage_config.validate(config, stages)
   os.makedirs(workdir, exist_ok=True)
@@ -90,4 +91,4 @@ def run_pipeline(config, workdir: str, stages: Sequence[str] | None = None) -> d
     seconds = time.perf_counter() - t0
     layout.mark_done(workdir, stage, seconds)
     layout.log_event(workdir, stage, f"done {seconds:.1f}s")
-  return report.write_report(config, workdir)
+  return report.write_report(config, workdir) if report_md else {}
