@@ -5,33 +5,34 @@
 
 Stage 1 (skipped when `train.init_from` names a params checkpoint, or when DIR/sft/params exists): SFT on reference
 chains of thought (3-layer, 128-wide Qwen2-shaped model, 600 steps × 64 sequences). Stage 2: GRPO with
-reward = accuracy + 0.2·format, 16 prompts × G=8, β=0.04 (k3 in the loss), μ=1, lr 1e-4 (tiny model; 1e-6 is the
-real-model value), 60 steps, held-out accuracy on 500 fixed test problems every 20 steps.
+reward = accuracy + 0.2·format, 16 prompts × G=8, μ=1, lr 1e-4 (tiny model; 1e-6 is the real-model value), 60 steps,
+held-out accuracy on 500 fixed test problems every 20 steps; the algorithm's own settings (for GRPO: β=0.04, k3 in
+the loss, ε=0.2, 1/|o| per answer) come from its preset (grpo_jax/presets.py, docs/algorithms.md).
 
-Measured 2026-11-29 on the shared 2-core CPU (seed 0, one run; other jobs were running, so times are upper bounds):
+Measured 2026-11-29 on the shared 2-core CPU (seed 0, one run; other jobs were running, so times are upper bounds),
+with the group std's ddof=0 (the default then; now ddof=1 as TRL/verl, not re-measured):
   SFT 600 steps, ~1.2–2.1 s/step; greedy accuracy 62.5% on the first 200 held-out problems
     (--config.job=sft --config.eval.size=200; a little above the 20–60% band wanted for a start that GRPO can
     still improve — fewer SFT steps would land inside it, not re-measured).
   GRPO from that checkpoint (--config.train.init_from=DIR/sft/params), greedy accuracy on 500 held-out problems:
     step 0: 61.4%, 20: 71.4%, 40: 75.0%, 60: 79.0%  (+17.6 points; pass@4 72.8% → 86.4%, cons@4 52.6% → 72.2%,
     format 98.0% → 99.6%); 3–10 s/step while the machine was shared. Only seed 0 was run (not a 3-seed mean).
-Args: `small` (tiny, a minute; `runlocal` is an alias), `algo=<name>` (grpo | dr_grpo | rloo | reinforce_pp |
-reinforce_pp_baseline | gspo | ppo).
+Args: `small` (tiny, a minute; `runlocal` is an alias), `algo=<name>`: a preset of grpo_jax/presets.py (grpo |
+dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | gspo | ppo | gdpo | gdpo_dapo), applied whole.
 """
 from grpo_jax import config_lib
+from grpo_jax import presets
 
 
 def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, small=False, algo="grpo")
-  c = config_lib.base_config()
+  c = presets.apply(config_lib.base_config(), args.algo)  # the algorithm's settings first: this file's override them
   c.job = "grpo"
   c.model.update(hidden=128, layers=3, heads=4, kv_heads=2, inter=384, max_len=128)
   c.task.update(name="arith", max_digits=2, ops="+-", prompt_len=48, language="a")
   c.sampling.max_new_tokens = 72
   c.sft.update(steps=600, batch=64, lr=3e-3, warmup_steps=30, loss_on="completion")
-  c.rl.update(algo=args.algo, G=8, prompts_per_step=16, beta=0.04, mu=1, minibatches=1)
-  if c.rl.algo in ("reinforce_pp", "reinforce_pp_baseline"):
-    c.rl.kl_in = "reward"
+  c.rl.update(G=8, prompts_per_step=16, mu=1, minibatches=1)
   c.optim.update(lr=1e-4, warmup_steps=0, grad_clip=1.0)
   c.train.update(steps=60, eval_every=20, ckpt_every=20, plot_every=20, sample_every=20)
   c.eval.update(size=500, batch=100, n_samples=4, pass_k=(1, 4))

@@ -25,7 +25,8 @@ from generation_config.json too); data = `task.data_dir` with GSM8K's train.json
 openai/grade-school-math files) or TFDS `gsm8k` prepared there (`python -m grpo_jax.tasks.gsm8k --data_dir=DIR`);
 rewards = `math_accuracy` (the final answer has the reference value: `<answer>` body, else `\\boxed{}`, else the
 last number of an ended completion; tasks/gsm8k.py) + 0.2 × `math_format` (the format the prompt asked for);
-GRPO as in DeepSeekMath: G=8, 64 questions per step, β=0.04 (k3 in the loss), lr 1e-6, μ=1, ε=0.2, temperature 1,
+GRPO as in DeepSeekMath (the grpo preset: β=0.04 with k3 in the loss, ε=0.2, group std, 1/|o| per answer; another
+preset with `:algo=<name>`): G=8, 64 questions per step, lr 1e-6, μ=1, temperature 1,
 512 new tokens, bfloat16 compute, remat 'dots', fsdp over all chips (docs/scale.md: Qwen2.5-1.5B/7B TPU compiles);
 eval every 100 steps on the first 1280 test questions (greedy accuracy, format rate, pass@1/4, cons@4).
 
@@ -35,17 +36,18 @@ HF directory through the CLI, plus export: 60 s at load ~7 (tests/test_hf_cli_ll
 """
 from grpo_jax import config_lib
 from grpo_jax import model_presets
+from grpo_jax import presets
 
 TINY = dict(vocab_size=512, hidden=32, layers=1, heads=2, kv_heads=1, head_dim=0, inter=64, max_len=384,
             rope_theta=10_000.0, qkv_bias=True, tie_embeddings=True, rms_eps=1e-6, **model_presets.NO_SCALING)
 
 
 def get_config(arg: str | None = None):
-  a = config_lib.parse_arg(arg, small=False, model="", prompt="r1_zero")
+  a = config_lib.parse_arg(arg, small=False, model="", prompt="r1_zero", algo="grpo")
   model = a.model or ("tiny" if a.small else model_presets.CHECKPOINT)
   if a.prompt not in ("r1_zero", "chat"):
     raise config_lib.ConfigError(f"config arg prompt={a.prompt!r}: use r1_zero or chat.")
-  c = config_lib.base_config()
+  c = presets.apply(config_lib.base_config(), a.algo)  # the algorithm's settings first: this file's override them
   c.job = "grpo"
   c.model.update(dtype="bfloat16", remat="dots")
   if model == "tiny":
@@ -56,8 +58,7 @@ def get_config(arg: str | None = None):
                 tokenizer="" if model == "tiny" else "init_from", prompt_format=a.prompt)
   c.sampling.update(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=512)
   c.rewards = (("math_accuracy", 1.0), ("math_format", 0.2))
-  c.rl.update(algo="grpo", G=8, prompts_per_step=64, beta=0.04, kl_estimator="k3", kl_in="loss", mu=1,
-              minibatches=4, eps_low=0.2, eps_high=0.2)
+  c.rl.update(G=8, prompts_per_step=64, mu=1, minibatches=4)
   c.optim.update(lr=1e-6, warmup_steps=0, grad_clip=1.0, weight_decay=0.0)
   c.sft.steps = 0
   c.mesh.update(data=1, fsdp=-1, tensor=1)

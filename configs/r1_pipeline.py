@@ -1,4 +1,5 @@
 """R1-Zero and R1's five stages on 2-digit arithmetic in two "languages", one command (see docs/r1.md).
+Args: `small`, `algo=<preset>` (grpo_jax/presets.py) for the RL stages (default grpo).
 
   python -m grpo_jax.main --config=configs/r1_pipeline.py --workdir=/tmp/r1
   python -m grpo_jax.main --config=configs/r1_pipeline.py:small --workdir=/tmp/r1_small   # a few minutes
@@ -7,20 +8,23 @@ Stages write DIR/<stage>/ (base, r1_zero, r1_1_cold_start, r1_2_grpo, r1_3_rejec
 restarted command skips finished stages. DIR/report.md compares every model on held-out prompts.
 
 Default, measured 2026-11-30 on the 2-core CPU (load average 4-8): 14 min wall (50 min at load 9-18); held-out
-greedy accuracy (last-number rule) base 0.219, R1-Zero 0.277, R1 final 0.434. `:small`: 18 min wall at load 8-15 (2026-11-30; ~8 min at load 4-10). Tables and stage times: docs/r1.md,
+greedy accuracy (last-number rule) base 0.219, R1-Zero 0.277, R1 final 0.434 (measured with the group std's
+ddof=0, the default then; now ddof=1, not re-measured). `:small`: 18 min wall at load 8-15 (2026-11-30; ~8 min at load 4-10). Tables and stage times: docs/r1.md,
 docs/r1_default/.
 """
 from grpo_jax import config_lib
+from grpo_jax import presets
 
 
 def get_config(arg: str | None = None):
-  small = config_lib.parse_arg(arg, small=False).small
-  c = config_lib.base_config()
+  args = config_lib.parse_arg(arg, small=False, algo="grpo")
+  small = args.small
+  c = presets.apply(config_lib.base_config(), args.algo)  # the RL stages' algorithm (grpo_jax/presets.py)
   c.job = "r1_pipeline"
   c.model.update(hidden=96, layers=2, heads=4, kv_heads=2, inter=256, max_len=136)
   c.task.update(name="arith", max_digits=2, ops="+-", prompt_len=48, language="mixed")
   c.sampling.update(temperature=1.0, max_new_tokens=80)
-  c.rl.update(algo="grpo", G=8, prompts_per_step=8, beta=0.04, mu=1, minibatches=1)
+  c.rl.update(G=8, prompts_per_step=8, mu=1, minibatches=1)
   c.optim.update(lr=2e-4, warmup_steps=0, grad_clip=1.0)
   # In-loop eval of the RL stages only at their start and end, small: r1/heldout.py evaluates every model fully.
   c.train.update(eval_every=10_000, ckpt_every=25, plot_every=0, sample_every=0, log_every=1)

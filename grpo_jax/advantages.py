@@ -3,7 +3,8 @@
 Shapes: group rewards `r_BxG`; per-token arrays `NxL` with `N = B*G`, row `i` in group `i // G`; `mask_NxL` is 1 on
 completion tokens (EOS included) and 0 on padding. Every function returns 0 on padding and never NaN, also for rows
 whose mask is all zero. Hyper-parameters are keyword arguments so the step can close over them as constants.
-At the end, ESTIMATORS maps each GRPO-family `rl.algo` to its estimator (`register` adds one).
+At the end, ESTIMATORS maps each `rl.advantage` name to its estimator (`register` adds one; a preset in presets.py
+names it).
 """
 from typing import Any, Callable, NamedTuple, Tuple
 
@@ -17,13 +18,18 @@ def _check_ndim(name: str, x: jax.Array, ndim: int) -> None:
     raise ValueError(f"{name}: expected a {ndim}-D array, got shape {x.shape}; reshape it first.")
 
 
-def _group_is_constant(r_BxG: jax.Array) -> jax.Array:
+def group_is_constant(r_BxG: jax.Array) -> jax.Array:
+  """Per group: all G rewards equal (for r_BxGxK: in every one of the K terms)."""
   # Equality of max and min is exact, unlike `std == 0` after a rounded mean.
-  return jnp.max(r_BxG, axis=1) == jnp.min(r_BxG, axis=1)
+  same = jnp.max(r_BxG, axis=1) == jnp.min(r_BxG, axis=1)
+  return same if same.ndim == 1 else jnp.all(same, axis=1)
 
 
-def grpo(r_BxG: jax.Array, *, std_eps: float = 1e-4, ddof: int = 0) -> jax.Array:
-  """GRPO: (r − group mean) / (group std + eps); a zero-variance group gets exactly 0 (it carries no signal)."""
+def grpo(r_BxG: jax.Array, *, std_eps=1e-4, ddof: int = 1) -> jax.Array:
+  """GRPO: (r − group mean) / (group std + eps); a zero-variance group gets exactly 0 (it carries no signal).
+
+  ddof=1 with eps added to the std is what TRL, verl and OpenRLHF compute (torch.std); ddof=0 is the population
+  std, larger advantages by √(G/(G−1)) (41% at G=2, 6.9% at G=8)."""
   _check_ndim("r_BxG", r_BxG, 2)
   G = r_BxG.shape[1]
   if G - ddof <= 0:
@@ -31,7 +37,7 @@ def grpo(r_BxG: jax.Array, *, std_eps: float = 1e-4, ddof: int = 0) -> jax.Array
   r_BxG = r_BxG.astype(jnp.float32)
   centered_BxG = r_BxG - jnp.mean(r_BxG, axis=1, keepdims=True)
   std_Bx1 = jnp.sqrt(jnp.sum(centered_BxG**2, axis=1, keepdims=True) / (G - ddof))
-  constant_Bx1 = _group_is_constant(r_BxG)[:, None]
+  constant_Bx1 = group_is_constant(r_BxG)[:, None]
   safe_den_Bx1 = jnp.where(constant_Bx1, 1.0, std_Bx1 + std_eps)
   return jnp.where(constant_Bx1, 0.0, centered_BxG / safe_den_Bx1)
 
@@ -131,9 +137,10 @@ def gae(rewards_NxL: jax.Array, values_NxL: jax.Array, mask_NxL: jax.Array, *, g
 
 
 def process_advantages(step_r_NxS: jax.Array, step_end_NxS: jax.Array, step_valid_NxS: jax.Array,
-                       mask_NxL: jax.Array, *, G: int, std_eps: float = 1e-4) -> jax.Array:
-  """DeepSeekMath process supervision: normalise step rewards over all valid steps of the group (population std),
-  then a token's advantage is the sum of normalised rewards of the steps that end at or after it.
+                       mask_NxL: jax.Array, *, G: int, std_eps=1e-4, ddof: int = 1) -> jax.Array:
+  """DeepSeekMath process supervision: normalise step rewards over all valid steps of the group (std with `ddof`,
+  the outcome advantages' convention), then a token's advantage is the sum of normalised rewards of the steps that
+  end at or after it.
 
   `step_end_NxS` is the completion token index (inclusive) where each step ends. A group whose valid step rewards
   are all equal (or that has fewer than two valid steps) contributes exactly 0.
@@ -151,7 +158,7 @@ def process_advantages(step_r_NxS: jax.Array, step_end_NxS: jax.Array, step_vali
   count_Bx1 = jnp.maximum(jnp.sum(valid_BxGS, axis=1, keepdims=True), 1)
   mean_Bx1 = jnp.sum(jnp.where(valid_BxGS, r_BxGS, 0.0), axis=1, keepdims=True) / count_Bx1
   centered_BxGS = jnp.where(valid_BxGS, r_BxGS - mean_Bx1, 0.0)
-  std_Bx1 = jnp.sqrt(jnp.sum(centered_BxGS**2, axis=1, keepdims=True) / count_Bx1)
+  std_Bx1 = jnp.sqrt(jnp.sum(centered_BxGS**2, axis=1, keepdims=True) / jnp.maximum(count_Bx1 - ddof, 1))
   hi_Bx1 = jnp.max(jnp.where(valid_BxGS, r_BxGS, -jnp.inf), axis=1, keepdims=True)
   lo_Bx1 = jnp.min(jnp.where(valid_BxGS, r_BxGS, jnp.inf), axis=1, keepdims=True)
   constant_Bx1 = hi_Bx1 <= lo_Bx1  # also true for 0 or 1 valid steps
@@ -175,13 +182,17 @@ def dynamic_sampling_select(r_BxG: jax.Array, keep: int, rng: jax.Array) -> Tupl
   """DAPO dynamic sampling with a fixed output shape: pick `keep` of B groups, groups with non-zero reward
   variance (0 < #correct < G for 0/1 rewards) first, in random order, then zero-variance ones only to fill up.
 
+  r_BxG is the reward the advantage normalises: the weighted sum (reward_norm='sum'), or the weighted terms
+  r_BxGxK (reward_norm='per_term'), where a group is kept when ANY term varies in it, since each term is then
+  normalised on its own and gives the group a non-zero advantage (even when the weighted sum is constant).
   Returns (idx_keep int32[keep], n_valid): the first `n_valid` indices are the non-zero-variance groups.
   """
-  _check_ndim("r_BxG", r_BxG, 2)
+  if r_BxG.ndim not in (2, 3):
+    raise ValueError(f"dynamic_sampling_select: r must be B×G or B×G×K, got shape {r_BxG.shape}.")
   B = r_BxG.shape[0]
   if not 0 < keep <= B:
     raise ValueError(f"dynamic_sampling_select: keep={keep} must be in [1, B={B}]; lower keep or oversample more.")
-  valid_B = ~_group_is_constant(r_BxG)
+  valid_B = ~group_is_constant(r_BxG)
   # Valid groups score in [1, 1.5), the others in [0, 0.5): top_k keeps valid ones first, ties broken at random.
   priority_B = valid_B.astype(jnp.float32) + 0.5 * jax.random.uniform(rng, (B,))
   _, idx_keep = lax.top_k(priority_B, keep)
@@ -193,9 +204,35 @@ def overlong_penalty(lengths_N: jax.Array, *, max_len: int, cache_len: int) -> j
   """DAPO soft overlong punishment: 0 up to max_len − cache_len, linear down to −1 at max_len, −1 beyond."""
   if not 0 < cache_len <= max_len:
     raise ValueError(f"overlong_penalty: cache_len={cache_len} must be in (0, max_len={max_len}]; "
-                     "set rl.overlong_cache accordingly (0 turns the penalty off upstream).")
+                     "set rl.overlong_frac accordingly (0 turns the penalty off upstream).")
   excess_N = lengths_N.astype(jnp.float32) - (max_len - cache_len)
   return -jnp.clip(excess_N / cache_len, 0.0, 1.0)
+
+
+def decoupled(r_BxGxK: jax.Array, w_K, group_fn: Callable[[jax.Array], jax.Array], *, std_eps,
+              ddof: int = 1) -> jax.Array:
+  """GDPO (reward_norm='per_term'): each of the K reward terms normalised within its group by `group_fn` (r_BxG ->
+  adv_BxG, e.g. grpo), then their w-weighted sum, then divided by that sum's std over the whole batch (one value
+  per sample, std with `ddof`, + std_eps), so the advantage's scale does not grow with the number of terms.
+
+  A term that rarely varies keeps its full normalised weight in the groups where it does, instead of being drowned
+  by a frequently-varying term in a summed reward. Every group's advantages sum to 0 (true of grpo, dr_grpo and
+  rloo), so the batch mean is 0 and is not subtracted: a group in which no term varies keeps exactly 0, as under
+  GRPO. (verl whitens per token, mask-weighted: its mean is length-weighted and not 0, which gives such groups a
+  non-zero advantage −mean/std, a push on answers whose rewards carry no information; TRL subtracts the sample mean,
+  0 up to rounding.) `w_K` may be traced.
+  """
+  _check_ndim("r_BxGxK", r_BxGxK, 3)
+  B, G, K = r_BxGxK.shape
+  w_K = jnp.asarray(w_K, jnp.float32)
+  if w_K.shape != (K,):
+    raise ValueError(f"decoupled: {w_K.shape[0] if w_K.ndim == 1 else w_K.shape} weights for {K} reward terms.")
+  if B * G - ddof <= 0:
+    raise ValueError(f"decoupled: a batch of {B * G} samples has no std with ddof={ddof}.")
+  adv_BxGxK = jax.vmap(group_fn, in_axes=2, out_axes=2)(r_BxGxK.astype(jnp.float32))
+  sum_BxG = jnp.sum(adv_BxGxK * w_K, axis=2)
+  std = jnp.sqrt(jnp.sum(jnp.square(sum_BxG - jnp.mean(sum_BxG))) / (B * G - ddof))
+  return jnp.where(std > 0, sum_BxG / jnp.where(std > 0, std + std_eps, 1.0), 0.0)
 
 
 def broadcast_to_tokens(adv_N: jax.Array, mask_NxL: jax.Array) -> jax.Array:
@@ -226,7 +263,7 @@ ESTIMATORS: dict[str, Estimator] = {}
 
 
 def register(name: str, *, per_token: bool = False, kl_in_advantage: bool = False, group: bool = True):
-  """Registers `fn(r_BxG, ctx) -> adv_BxG (or adv_NxL with per_token=True)` as `rl.algo=name`, run by rl_step."""
+  """Registers `fn(r_BxG, ctx) -> adv_BxG (or adv_NxL with per_token=True)` as `rl.advantage=name`, run by rl_step."""
   def deco(fn):
     if name in ESTIMATORS:
       raise ValueError(f"advantage estimator {name!r} is registered twice; pick another name.")
@@ -235,8 +272,7 @@ def register(name: str, *, per_token: bool = False, kl_in_advantage: bool = Fals
   return deco
 
 
-@register("grpo")
-@register("gspo")  # GSPO keeps GRPO's advantages; its sequence-level ratio is a loss choice (rl_step)
+@register("grpo")  # GSPO's preset uses it too: its sequence-level ratio is a loss choice (rl.ratio_level)
 def _grpo(r_BxG, ctx):
   return grpo(r_BxG, std_eps=ctx.rl.std_eps, ddof=ctx.rl.std_ddof)
 

@@ -2,7 +2,8 @@
 
 Every key a step or loop reads is declared in `base_config()`, so `--config.x.y=v` on an unknown key fails at parse
 time and `validate.py` can check every value before anything compiles. `override` is the one way code sets keys by
-name (dotted keys, declared ones only, type-checked): ablation variants use it, and presets and sweeps are to.
+name (dotted keys, declared ones only, type-checked): algorithm presets (presets.py) and ablation variants use it,
+and sweeps are to.
 `parse_arg` reads a config file's `:arg`. They live in the package, not in configs/: config_flags loads config
 files by path, so code shared between them must be importable from any working directory.
 """
@@ -48,18 +49,36 @@ def base_config() -> ml_collections.ConfigDict:
   c.sampling = ml_collections.ConfigDict(dict(
       temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=48))
 
+  # rl.algo names the algorithm; presets.PRESETS[algo] holds every setting that defines it (the keys marked
+  # "preset"). The defaults below are the grpo preset's (tests/test_presets.py checks they agree). Switch algorithm
+  # with a config file's `:algo=<name>` arg (presets.apply), never by setting rl.algo alone: rl.preset records which
+  # preset's settings the config holds, and validation stops a run whose rl.algo differs from it.
   c.rl = ml_collections.ConfigDict(dict(
-      algo="grpo",               # grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | gspo | ppo
+      algo="grpo",               # a presets.PRESETS name: grpo | dr_grpo | dapo | rloo | reinforce_pp | ... | ppo
+      preset="grpo",             # written by presets.apply; must equal algo
       G=8, prompts_per_step=8,
-      eps_low=0.2, eps_high=0.2,
-      beta=0.04, kl_estimator="k3", kl_in="loss",
-      std_eps=1e-4, std_ddof=0,  # population std (ddof=0) as in TRL/DeepSeekMath; eps added to the std
-      mu=1, minibatches=1,
+      # --- preset: the advantage ---
+      advantage="grpo",          # estimator: grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | gae
+      reward_norm="sum",         # sum: normalise the weighted sum of reward terms; per_term: GDPO (each term, then
+                                 # the weighted sum, then the batch std)
+      # Group std with ddof=1 (torch.std, as TRL, verl and OpenRLHF compute it) and eps added to the std (TRL 1e-4,
+      # verl 1e-6): A = (r - mean) / (std + std_eps).
+      std_ddof=1, std_eps=1e-4,
+      # --- preset: the policy loss ---
       loss_agg="seq_mean_token_mean",
+      ratio_level="token",       # token: PPO/GRPO ratio per token; sequence: GSPO's length-normalised sequence ratio
+      eps_low=0.2, eps_high=0.2,  # clip range [1 - eps_low, 1 + eps_high] of the ratio
+      dual_clip=3.0,             # c > 1: for A < 0 the objective is at least c·A (bounded loss); 0 = off
+      # --- preset: the KL to the reference ---
+      beta=0.04, kl_estimator="k3", kl_in="loss",
+      kl_clamp=10.0,             # k3 values above this are clamped (no KL gradient there); 0 = off
+      # --- preset: DAPO's sampling and shaping ---
+      dynamic_sampling=False,
+      overlong_frac=0.0,         # DAPO soft overlong punishment over the last frac·max_new_tokens tokens; 0 = off
+      # --- budget and robustness (not set by presets) ---
+      mu=1, minibatches=1,
       process_weight=0.0,        # weight of process (step) advantages; 0 = outcome only
-      dynamic_sampling=False, oversample=2,
-      overlong_cache=0,          # DAPO soft overlong punishment window (tokens); 0 = off
-      gspo_eps_low=3e-4, gspo_eps_high=4e-4,
+      oversample=2,              # dynamic sampling draws oversample × prompts_per_step prompts, keeps prompts_per_step
       max_nonfinite_in_row=3,
       reward_fallback="",        # "" = raise on bad Python reward output; else a float used per bad sample
       reward_timeout_s=60.0))
@@ -186,8 +205,8 @@ def override(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) ->
   """A copy of `config` with each dotted key ('rl.beta') set to its value, in order.
 
   Only declared keys may be set, each with a value of its declared type; an unknown key, a section or a wrong
-  type raises ConfigError naming the key (one line). It is the one way code sets keys by name (ablation variants
-  today; algorithm presets and sweep points are to use it too), so all of them are checked the same way."""
+  type raises ConfigError naming the key (one line). It is the one way code sets keys by name (algorithm presets,
+  ablation variants; sweep points are to use it too), so all of them are checked the same way."""
   out = copy.deepcopy(config)
   for key, value in overrides.items():
     if not isinstance(key, str) or not key:

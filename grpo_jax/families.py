@@ -1,5 +1,8 @@
 """The algorithm families, and the one place that picks one: `rl.algo` → the module that owns its state and step.
 
+`rl.algo` names a preset (presets.py: every knob its paper sets, the advantage estimator `rl.advantage` among them);
+PPO's preset needs a critic, every other runs in the GRPO family.
+
 A family module (rl_step, ppo_step, sft_step) exposes the same interface:
   optimizer(config) -> update.Optimizer
   layout(config, mcfg) -> state.Layout                       # what its state holds besides the policy
@@ -11,8 +14,8 @@ train.py, aot.py, seeds.py and the ablations reach the RL families through `for_
 """
 from types import ModuleType
 
-from grpo_jax import advantages
 from grpo_jax import ppo_step
+from grpo_jax import presets
 from grpo_jax import rl_step
 from grpo_jax import sharding
 
@@ -20,8 +23,8 @@ CRITIC_ALGOS = ("ppo",)
 
 
 def algos() -> tuple[str, ...]:
-  """Every valid rl.algo: the registered advantage estimators (GRPO family) and PPO."""
-  return tuple(advantages.ESTIMATORS) + CRITIC_ALGOS
+  """Every valid rl.algo: the presets."""
+  return presets.names()
 
 
 def for_config(config) -> ModuleType:
@@ -29,10 +32,9 @@ def for_config(config) -> ModuleType:
   algo = config.rl.algo
   if algo in CRITIC_ALGOS:
     return ppo_step
-  if algo in advantages.ESTIMATORS:
+  if algo in presets.PRESETS:
     return rl_step
-  raise ValueError(f"config.rl.algo={algo!r} is not one of {algos()}; pick one, or register an advantage "
-                   "estimator under that name (advantages.register).")
+  raise ValueError(f"config.rl.algo={algo!r} is not one of {algos()}; pick one, or add a preset (presets.py).")
 
 
 def make_step(config, mesh, mcfg, *args, family: ModuleType | None = None):

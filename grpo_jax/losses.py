@@ -17,7 +17,9 @@ RATIO_LEVELS = ("token", "sequence")
 # k3 evaluates exp(logp_ref − logp). The log-ratio is clipped from ABOVE at this value (e^20 ≈ 4.9e8), only there:
 # that is where exp overflows and where k3's gradient (1 − e^Δ) explodes, for tokens the policy has made far less
 # likely than the reference. Below, k3 ≈ −Δ − 1 grows linearly and keeps its gradient ≈ 1, so it is left exact.
-# Clipped tokens keep a finite value but get no KL gradient.
+# Clipped tokens keep a finite value but get no KL gradient. The k3 VALUE clamp (rl.kl_clamp, default 10 as verl)
+# acts much earlier, at Δ ≈ 2.6 (and, for tokens far MORE likely than under the reference, at Δ ≈ −11); this cap
+# only keeps exp finite when the clamp is off.
 K3_MAX_LOG_RATIO = 20.0
 
 
@@ -41,22 +43,25 @@ def kl_k2(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
   return 0.5 * jnp.square(logp - logp_ref)
 
 
-def kl_k3(logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
+def kl_k3(logp: jax.Array, logp_ref: jax.Array, clamp: float | jax.Array = 0.0) -> jax.Array:
   """k3 = π_ref/π − log(π_ref/π) − 1 ≥ 0 (GRPO's estimator); as a loss term its expected gradient is
-  ∇ KL(π_ref‖π). Δ = log π_ref − log π is clipped above at K3_MAX_LOG_RATIO (see there)."""
+  ∇ KL(π_ref‖π). `clamp` > 0 caps the value (verl's ±10 on low_var_kl), and with it the gradient, which is
+  1 − π_ref/π below the cap and 0 above it: one token with π ≪ π_ref would otherwise contribute up to e^20 to the
+  loss and a gradient as large. 0 turns it off (Δ is still capped at K3_MAX_LOG_RATIO). Traceable in `clamp`."""
   delta = jnp.minimum(logp_ref - logp, K3_MAX_LOG_RATIO)
   # expm1 avoids the cancellation of exp(Δ) − 1 near Δ = 0; the max guards the last ulp so k3 is never < 0.
-  return jnp.maximum(jnp.expm1(delta) - delta, 0.0)
+  k3 = jnp.maximum(jnp.expm1(delta) - delta, 0.0)
+  return jnp.where(clamp > 0, jnp.minimum(k3, clamp), k3)
 
 
-_KL_FNS = {"k1": kl_k1, "k2": kl_k2, "k3": kl_k3}
-
-
-def kl_estimate(name: str, logp: jax.Array, logp_ref: jax.Array) -> jax.Array:
-  """The per-token estimator chosen by name ('k1' | 'k2' | 'k3')."""
-  if name not in _KL_FNS:
+def kl_estimate(name: str, logp: jax.Array, logp_ref: jax.Array, *,
+                k3_clamp: float | jax.Array = 0.0) -> jax.Array:
+  """The per-token estimator chosen by name ('k1' | 'k2' | 'k3'); `k3_clamp` is k3's value clamp (kl_k3)."""
+  if name not in KL_ESTIMATORS:
     raise ValueError(f"kl_estimator={name!r} is not one of {KL_ESTIMATORS}; set rl.kl_estimator to one of them.")
-  return _KL_FNS[name](logp, logp_ref)
+  if name == "k3":
+    return kl_k3(logp, logp_ref, k3_clamp)
+  return kl_k1(logp, logp_ref) if name == "k1" else kl_k2(logp, logp_ref)
 
 
 # ---------------------------------------------------------------- masking helpers
@@ -114,15 +119,26 @@ def aggregate(loss_NxL: jax.Array, mask_NxL: jax.Array, mode: str, *,
 # ---------------------------------------------------------------- policy objectives
 
 
-def _clip_stats(ratio: jax.Array, adv: jax.Array, mask: jax.Array, eps_low: float,
-                eps_high: float) -> Dict[str, jax.Array]:
-  """Where the clipped branch of min(ρA, clip(ρ)A) is strictly active, i.e. where the gradient is cut, by side:
-  low = ρ < 1 − eps_low with A < 0; high = ρ > 1 + eps_high with A > 0. Fractions of valid tokens/sequences."""
+def _clipped(ratio: jax.Array, adv: jax.Array, eps_low, eps_high, dual_clip) -> jax.Array:
+  """min(ρA, clip(ρ, 1−eps_low, 1+eps_high)A), and for A < 0 at least dual_clip·A when dual_clip > 1 (Ye et al.
+  2020's dual clip, verl's clip_ratio_c): without it a negative advantage's loss −ρA grows without bound in ρ.
+  Every hyper-parameter enters through arithmetic, so each may be a traced (vmapped) value."""
+  obj = jnp.minimum(ratio * adv, jnp.clip(ratio, 1.0 - eps_low, 1.0 + eps_high) * adv)
+  return jnp.where((dual_clip > 1) & (adv < 0), jnp.maximum(obj, dual_clip * adv), obj)
+
+
+def _clip_stats(ratio: jax.Array, adv: jax.Array, mask: jax.Array, eps_low, eps_high,
+                dual_clip) -> Dict[str, jax.Array]:
+  """Where a clipped branch is strictly active, i.e. where the gradient is cut, by side: low = ρ < 1 − eps_low with
+  A < 0; high = ρ > 1 + eps_high with A > 0; dual = ρ > dual_clip with A < 0 (dual clip on). Fractions of valid
+  tokens/sequences."""
   low = (ratio < 1.0 - eps_low) & (adv < 0)
   high = (ratio > 1.0 + eps_high) & (adv > 0)
+  dual = (dual_clip > 1) & (ratio > dual_clip) & (adv < 0)
   return {
       "clip_frac_low": _token_mean(low.astype(jnp.float32), mask),
       "clip_frac_high": _token_mean(high.astype(jnp.float32), mask),
+      "clip_frac_dual": _token_mean(dual.astype(jnp.float32), mask),
       "ratio_mean": _token_mean(ratio, mask),
       "ratio_max": _masked_max(ratio, mask),
       "ratio_min": _masked_min(ratio, mask),
@@ -130,17 +146,18 @@ def _clip_stats(ratio: jax.Array, adv: jax.Array, mask: jax.Array, eps_low: floa
 
 
 def clipped_surrogate(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: jax.Array, *,
-                      eps_low: float, eps_high: float) -> Tuple[jax.Array, Dict[str, jax.Array]]:
-  """PPO/DAPO clip-higher objective per token, min(ρA, clip(ρ, 1−eps_low, 1+eps_high)A), 0 on padding.
+                      eps_low, eps_high, dual_clip=0.0) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """PPO/DAPO clip-higher objective per token, min(ρA, clip(ρ, 1−eps_low, 1+eps_high)A) (dual-clipped for A < 0
+  when dual_clip > 1, see _clipped), 0 on padding.
 
-  aux: clip_frac_low, clip_frac_high (see _clip_stats), ratio_mean, ratio_max, ratio_min over valid tokens.
+  aux: clip_frac_low, clip_frac_high, clip_frac_dual (see _clip_stats), ratio_mean, ratio_max, ratio_min over valid
+  tokens.
   """
   log_ratio_NxL = _clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL)
   ratio_NxL = jnp.exp(log_ratio_NxL)
   a_NxL = _clean(adv_NxL, mask_NxL)
-  obj_NxL = jnp.minimum(ratio_NxL * a_NxL, jnp.clip(ratio_NxL, 1.0 - eps_low, 1.0 + eps_high) * a_NxL)
-  obj_NxL = jnp.where(_valid(mask_NxL), obj_NxL, 0.0)
-  return obj_NxL, _clip_stats(lax.stop_gradient(ratio_NxL), a_NxL, mask_NxL, eps_low, eps_high)
+  obj_NxL = jnp.where(_valid(mask_NxL), _clipped(ratio_NxL, a_NxL, eps_low, eps_high, dual_clip), 0.0)
+  return obj_NxL, _clip_stats(lax.stop_gradient(ratio_NxL), a_NxL, mask_NxL, eps_low, eps_high, dual_clip)
 
 
 def _sequence_log_ratio(logp_NxL: jax.Array, old_logp_NxL: jax.Array, mask_NxL: jax.Array) -> jax.Array:
@@ -149,7 +166,7 @@ def _sequence_log_ratio(logp_NxL: jax.Array, old_logp_NxL: jax.Array, mask_NxL: 
 
 
 def gspo_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_N: jax.Array, mask_NxL: jax.Array, *,
-                   eps_low: float, eps_high: float) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+                   eps_low, eps_high, dual_clip=0.0) -> Tuple[jax.Array, Dict[str, jax.Array]]:
   """GSPO (sequence level): s_i = exp(mean over valid tokens of log π − log π_old), objective per sequence
   min(s_i A_i, clip(s_i, 1−eps_low, 1+eps_high) A_i); 0 for empty rows. Reduce with a mean over rows.
 
@@ -159,13 +176,14 @@ def gspo_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_N: jax.Arra
   nonempty_N = jnp.any(_valid(mask_NxL), axis=1)
   s_N = jnp.exp(_sequence_log_ratio(logp_NxL, old_logp_NxL, mask_NxL))
   a_N = jnp.where(nonempty_N, adv_N.astype(jnp.float32), 0.0)
-  obj_N = jnp.minimum(s_N * a_N, jnp.clip(s_N, 1.0 - eps_low, 1.0 + eps_high) * a_N)
+  obj_N = _clipped(s_N, a_N, eps_low, eps_high, dual_clip)
   seq_mask_N = nonempty_N.astype(jnp.float32)
-  return jnp.where(nonempty_N, obj_N, 0.0), _clip_stats(lax.stop_gradient(s_N), a_N, seq_mask_N, eps_low, eps_high)
+  return jnp.where(nonempty_N, obj_N, 0.0), _clip_stats(lax.stop_gradient(s_N), a_N, seq_mask_N, eps_low, eps_high,
+                                                        dual_clip)
 
 
 def gspo_token_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: jax.Array, *,
-                         eps_low: float, eps_high: float) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+                         eps_low, eps_high, dual_clip=0.0) -> Tuple[jax.Array, Dict[str, jax.Array]]:
   """GSPO-token: per-token ratio s_{i,t} = sg(s_i) · π(y_t)/sg(π(y_t)), equal to s_i in value (so clipping is
   decided per sequence) but with per-token advantages in the gradient. Reduce with 'seq_mean_token_mean'."""
   valid_NxL = _valid(mask_NxL)
@@ -173,36 +191,43 @@ def gspo_token_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: 
   logp_NxL = _clean(logp_NxL, mask_NxL)
   s_NxL = lax.stop_gradient(s_N)[:, None] * jnp.exp(logp_NxL - lax.stop_gradient(logp_NxL))
   a_NxL = _clean(adv_NxL, mask_NxL)
-  obj_NxL = jnp.minimum(s_NxL * a_NxL, jnp.clip(s_NxL, 1.0 - eps_low, 1.0 + eps_high) * a_NxL)
-  obj_NxL = jnp.where(valid_NxL, obj_NxL, 0.0)
-  return obj_NxL, _clip_stats(lax.stop_gradient(s_NxL), a_NxL, mask_NxL, eps_low, eps_high)
+  obj_NxL = jnp.where(valid_NxL, _clipped(s_NxL, a_NxL, eps_low, eps_high, dual_clip), 0.0)
+  return obj_NxL, _clip_stats(lax.stop_gradient(s_NxL), a_NxL, mask_NxL, eps_low, eps_high, dual_clip)
 
 
 def policy_loss(logp_NxL: jax.Array, old_logp_NxL: jax.Array, ref_logp_NxL: Optional[jax.Array],
-                adv_NxL: jax.Array, mask_NxL: jax.Array, *, eps_low: float, eps_high: float, beta: float,
+                adv_NxL: jax.Array, mask_NxL: jax.Array, *, eps_low, eps_high, beta,
                 kl_estimator: str = "k3", agg: str = "seq_mean_token_mean", norm_len: Optional[float] = None,
-                ratio_level: str = "token") -> Tuple[jax.Array, Dict[str, jax.Array]]:
+                ratio_level: str = "token", dual_clip=0.0, kl_clamp=0.0) -> Tuple[jax.Array, Dict[str, jax.Array]]:
   """loss = −aggregate(surrogate − β·kl_est): DeepSeekMath's GRPO objective with the KL inside the token sum.
 
   ratio_level 'token' is the PPO/GRPO per-token ratio; 'sequence' is GSPO-token (sequence-level ratio and clip).
+  dual_clip (> 1, 0 = off) bounds a negative advantage's loss; kl_clamp (> 0, 0 = off) caps k3's value. The
+  numeric hyper-parameters (eps_low, eps_high, beta, dual_clip, kl_clamp) may be traced values (vmapped sweeps).
   ref_logp_NxL may be None only when β == 0 (no KL in the loss, e.g. KL folded into the reward); then the 'kl'
-  metric is omitted. metrics: surrogate, kl (chosen estimator, mean over valid tokens), clip_frac_low,
-  clip_frac_high, ratio_mean, ratio_max, ratio_min.
+  metric is omitted. metrics: surrogate, kl (chosen estimator as used in the loss, mean over valid tokens),
+  kl_clamp_frac (tokens whose k3 hit the clamp), clip_frac_low, clip_frac_high, clip_frac_dual, ratio_mean,
+  ratio_max, ratio_min.
   """
   if ratio_level not in RATIO_LEVELS:
-    raise ValueError(f"ratio_level={ratio_level!r} is not one of {RATIO_LEVELS}.")
+    raise ValueError(f"ratio_level={ratio_level!r} is not one of {RATIO_LEVELS}; set rl.ratio_level.")
   if kl_estimator not in KL_ESTIMATORS:
     raise ValueError(f"kl_estimator={kl_estimator!r} is not one of {KL_ESTIMATORS}; set rl.kl_estimator.")
   if ref_logp_NxL is None and not (isinstance(beta, (int, float)) and beta == 0):
     raise ValueError(f"policy_loss: ref_logp_NxL is None but beta={beta}; pass reference log-probs or beta=0.")
   objective = clipped_surrogate if ratio_level == "token" else gspo_token_objective
-  surr_NxL, metrics = objective(logp_NxL, old_logp_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high)
+  surr_NxL, metrics = objective(logp_NxL, old_logp_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high,
+                                dual_clip=dual_clip)
   per_token_NxL = surr_NxL
   metrics = dict(metrics, surrogate=aggregate(surr_NxL, mask_NxL, agg, norm_len=norm_len))
   if ref_logp_NxL is not None:
-    kl_NxL = kl_estimate(kl_estimator, _clean(logp_NxL, mask_NxL), _clean(ref_logp_NxL, mask_NxL))
+    lp_NxL, ref_NxL = _clean(logp_NxL, mask_NxL), _clean(ref_logp_NxL, mask_NxL)
+    kl_NxL = kl_estimate(kl_estimator, lp_NxL, ref_NxL, k3_clamp=kl_clamp)
     per_token_NxL = surr_NxL - beta * kl_NxL
     metrics["kl"] = _token_mean(lax.stop_gradient(kl_NxL), mask_NxL)
+    if kl_estimator == "k3":
+      hit_NxL = (kl_clamp > 0) & (kl_k3(lax.stop_gradient(lp_NxL), ref_NxL) > kl_clamp)
+      metrics["kl_clamp_frac"] = _token_mean(hit_NxL.astype(jnp.float32), mask_NxL)
   loss = -aggregate(per_token_NxL, mask_NxL, agg, norm_len=norm_len)
   return loss, metrics
 

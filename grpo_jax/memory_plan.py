@@ -23,6 +23,7 @@ import ml_collections
 from grpo_jax import config_lib
 from grpo_jax import model as model_lib
 from grpo_jax import model_presets
+from grpo_jax import presets
 from grpo_jax import sharding
 
 GiB = 1024 ** 3
@@ -58,11 +59,11 @@ def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_l
   """The peers' GRPO workload (β=0.04, μ=1, lr 1e-5, T=1) on a named model shape: what `aot` compiles."""
   if model not in PRESETS:
     raise ValueError(f"--model={model!r}: choose one of {sorted(PRESETS)}.")
-  c = config_lib.base_config()
+  c = presets.apply(config_lib.base_config(), algo)
   c.model.update(PRESETS[model], max_len=prompt_len + L, dtype=dtype, remat=remat)
   c.sampling.update(temperature=1.0, max_new_tokens=L)
   c.task.prompt_len = prompt_len
-  c.rl.update(algo=algo, G=G, prompts_per_step=prompts, beta=0.04, mu=mu, minibatches=minibatches)
+  c.rl.update(G=G, prompts_per_step=prompts, beta=0.04, mu=mu, minibatches=minibatches)
   c.optim.update(lr=1e-5, grad_clip=1.0)
   c.mesh.update(mesh or dict(data=1, fsdp=-1, tensor=1))
   c.train.num_samples_logged = 1

@@ -32,6 +32,8 @@ METRICS: dict[str, str] = {
     'train/adv_abs_max': 'largest |advantage| in the batch',
     'train/clip_frac_low': 'fraction of tokens with ratio < 1-eps_low and A < 0 (clipped from below)',
     'train/clip_frac_high': 'fraction of tokens with ratio > 1+eps_high and A > 0 (clipped from above)',
+    'train/clip_frac_dual': 'fraction of tokens with ratio > rl.dual_clip and A < 0 (loss bounded, no gradient)',
+    'train/kl_clamp_frac': 'fraction of tokens whose k3 exceeds rl.kl_clamp (value clamped, no KL gradient)',
     'train/ratio_mean': 'token-mean importance ratio pi/pi_old (1 for the first of mu updates)',
     'train/ratio_max': 'largest importance ratio pi/pi_old over the step',
     'train/ratio_min': 'smallest importance ratio pi/pi_old over the step',

@@ -73,7 +73,8 @@ def make_loss_fn(config, mcfg, P_len: int) -> Callable:
     v_NxL, logp_NxL, ent_NxL = values_and_logprobs(mcfg, ppo.critic, policy_params, critic_params, mb["seq"], P_len,
                                                    temp)
     pl, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], None, mb["adv_NxL"], mb["mask_NxL"],
-                               eps_low=rl.eps_low, eps_high=rl.eps_high, beta=0.0, agg=rl.loss_agg, norm_len=L)
+                               eps_low=rl.eps_low, eps_high=rl.eps_high, beta=0.0, agg=rl.loss_agg, norm_len=L,
+                               ratio_level=rl.ratio_level, dual_clip=rl.dual_clip)
     vl, vm = losses.value_loss(v_NxL, mb["old_v_NxL"], mb["returns_NxL"], mb["mask_NxL"], clip=ppo.value_clip,
                                agg=rl.loss_agg, norm_len=L)
     m = dict(m, **vm, value_loss=vl, entropy=rl_step.masked_mean(ent_NxL, mb["mask_NxL"]))
@@ -82,10 +83,11 @@ def make_loss_fn(config, mcfg, P_len: int) -> Callable:
 
 
 def advantages_and_returns(config, ro: rl_step.Rollout, old_v_NxL) -> tuple[jax.Array, jax.Array]:
-  """Per-token reward −β·k1(π_old, π_ref) plus the outcome at the last token; GAE; advantages whitened over the
-  batch's valid tokens."""
+  """Per-token reward −β·KL(π_old, π_ref) (rl.kl_estimator: k1 in the ppo preset) plus the outcome at the last
+  token; GAE; advantages whitened over the batch's valid tokens."""
   mask = ro.mask_NxL
-  kl_NxL = losses.kl_k1(ro.old_logp_NxL, ro.ref_logp_NxL) * mask
+  kl_NxL = losses.kl_estimate(config.rl.kl_estimator, ro.old_logp_NxL, ro.ref_logp_NxL,
+                              k3_clamp=config.rl.kl_clamp) * mask
   last_NxL = jax.nn.one_hot(jnp.maximum(mask.sum(-1).astype(jnp.int32) - 1, 0), mask.shape[1]) * mask
   rewards_NxL = -config.rl.beta * kl_NxL + ro.r_N[:, None] * last_NxL
   adv_NxL, returns_NxL = advantages.gae(rewards_NxL, old_v_NxL, mask, gamma=config.ppo.gamma, lam=config.ppo.lam)
@@ -109,6 +111,7 @@ state_spec, init = state_lib.spec_and_init(layout)
 def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec,
                tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
   """The pure, un-jitted `(state, batch) -> (state, metrics)` of PPO with a critic."""
+  rl_step.check_preset(config)
   rollout_fn = rl_step.make_rollout_fn(config, mcfg, spec, tokenizer)
   opts = (optimizer(config), critic(config, mcfg).opt)
   temp = config.sampling.temperature

@@ -10,8 +10,10 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax import advantages
+from grpo_jax import config_lib
 from grpo_jax import losses
 from grpo_jax import model as model_lib
+from grpo_jax import presets
 from grpo_jax import rewards as rewards_lib
 from grpo_jax import sampling
 from grpo_jax import sharding
@@ -52,6 +54,8 @@ class Rollout(NamedTuple):
   truncated_N: jax.Array
   r_N: jax.Array            # the weighted reward
   per_term: dict            # name -> unweighted r_N of each reward term
+  terms_NxK: jax.Array      # the K reward terms (unweighted; DAPO's overlong penalty last when on), per sample
+  term_w_K: jax.Array       # their weights (the overlong penalty's is 1)
   steps: tuple | None       # process scores (step_r_NxS, step_end_NxS, step_valid_NxS), or None
   old_logp_NxL: jax.Array   # the rollout policy's log-probs (stop-gradient, 0 on padding)
   ref_logp_NxL: jax.Array   # the reference's
@@ -65,6 +69,9 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
   rl, G, temp = config.rl, config.rl.G, config.sampling.temperature
   scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=getattr(tokenizer, "eos_ids", tokenizer.eos_id), pad_id=tokenizer.pad_id)
   bf16 = mcfg.dtype == "bfloat16"
+  overlong_cache = round(rl.overlong_frac * scfg.max_new_tokens)  # a length: static
+  # Each term's weight (the order of terms_NxK); the overlong penalty, when on, is the last term, weight 1.
+  term_w_K = jnp.asarray(spec.weights + ((1.0,) if overlong_cache > 0 else ()), jnp.float32)
 
   def rollout_fn(params, ref_params, batch, rng) -> Rollout:
     k_sample, k_ds = jax.random.split(rng)
@@ -74,17 +81,23 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
     tokens_NxL = sharding.constrain_batch(ro.tokens_NxL)
     fields = {k: v for k, v in b.items() if k not in PROMPT_KEYS}
     r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields)
-    if rl.overlong_cache > 0:
-      r_N = r_N + advantages.overlong_penalty(ro.lengths_N, max_len=scfg.max_new_tokens, cache_len=rl.overlong_cache)
+    terms_NxK = [per_term[n] for n in spec.names]
+    if overlong_cache > 0:
+      # DAPO's soft overlong punishment, a reward term of weight 1 (its own term under reward_norm='per_term').
+      penalty_N = advantages.overlong_penalty(ro.lengths_N, max_len=scfg.max_new_tokens, cache_len=overlong_cache)
+      r_N = r_N + penalty_N
+      terms_NxK.append(penalty_N)
+    terms_NxK = jnp.stack(terms_NxK, axis=1)
     # Everything with one row per sample; dynamic sampling keeps some groups' rows.
     rows = dict(prompt_NxP=b["prompt_NxP"], pmask_NxP=b["prompt_mask_NxP"], tokens_NxL=tokens_NxL,
                 mask_NxL=ro.mask_NxL.astype(jnp.float32), lengths_N=ro.lengths_N, truncated_N=ro.truncated_N,
-                r_N=r_N, per_term=per_term, steps=steps, old_logp_NxL=ro.logp_NxL)
+                r_N=r_N, per_term=per_term, terms_NxK=terms_NxK, steps=steps, old_logp_NxL=ro.logp_NxL)
     ds_kept = None
     if rl.dynamic_sampling:
-      # DAPO: the batch holds oversample×B prompts; keep B groups with 0 < correct < G, fixed shape.
+      # DAPO: the batch holds oversample×B prompts; keep B groups whose normalised reward varies, fixed shape.
       B_all = r_N.shape[0] // G
-      idx_B, ds_kept = advantages.dynamic_sampling_select(r_N.reshape(B_all, G), B_all // rl.oversample, k_ds)
+      idx_B, ds_kept = advantages.dynamic_sampling_select(signal_rewards(rl, r_N, terms_NxK, term_w_K, G),
+                                                          B_all // rl.oversample, k_ds)
       keep_N = (idx_B[:, None] * G + jnp.arange(G)[None, :]).reshape(-1)
       rows = jax.tree.map(lambda x: sharding.constrain_batch(jnp.take(x, keep_N, axis=0)), rows)
 
@@ -97,6 +110,7 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
       old_logp_NxL, _ = completion_logprobs(mcfg, params, seq, P, temp)
     return Rollout(seq=seq, tokens_NxL=rows["tokens_NxL"], mask_NxL=mask_NxL, lengths_N=rows["lengths_N"],
                    truncated_N=rows["truncated_N"], r_N=rows["r_N"], per_term=rows["per_term"], steps=rows["steps"],
+                   terms_NxK=rows["terms_NxK"], term_w_K=term_w_K,
                    old_logp_NxL=jax.lax.stop_gradient(old_logp_NxL) * mask_NxL,
                    ref_logp_NxL=jax.lax.stop_gradient(ref_logp_NxL) * mask_NxL, status=status,
                    fallbacks=fallbacks, ds_kept=ds_kept)
@@ -104,43 +118,60 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
   return rollout_fn
 
 
+def signal_rewards(rl, r_N: jax.Array, terms_NxK: jax.Array, w_K: jax.Array, G: int) -> jax.Array:
+  """What the advantage normalises, per group: the weighted sum r_BxG, or (reward_norm='per_term') the weighted
+  terms r_BxGxK. A group carries no signal when it is constant in it (dynamic sampling, frac_zero_std_groups)."""
+  if rl.reward_norm == "per_term":
+    return (terms_NxK * w_K).reshape(-1, G, terms_NxK.shape[1])
+  return r_N.reshape(-1, G)
+
+
 def compute_advantages(config, ro: Rollout) -> jax.Array:
   rl, G = config.rl, config.rl.G
-  est = advantages.ESTIMATORS[rl.algo]
+  est = advantages.ESTIMATORS[rl.advantage]
   r_BxG = ro.r_N.reshape(-1, G)
-  kl_NxL = losses.kl_estimate("k1" if est.kl_in_advantage else rl.kl_estimator,
-                              ro.old_logp_NxL, ro.ref_logp_NxL) * ro.mask_NxL
+  kl_NxL = losses.kl_estimate(rl.kl_estimator, ro.old_logp_NxL, ro.ref_logp_NxL, k3_clamp=rl.kl_clamp) * ro.mask_NxL
   if rl.kl_in == "reward" and not est.kl_in_advantage:
     # Sequence-level KL penalty folded into the outcome reward before normalisation.
     r_BxG = r_BxG - rl.beta * kl_NxL.sum(-1).reshape(-1, G)
-  adv = est.fn(r_BxG, advantages.Context(ro.mask_NxL, jax.lax.stop_gradient(kl_NxL), rl))
-  adv_NxL = adv if est.per_token else advantages.broadcast_to_tokens(adv.reshape(-1), ro.mask_NxL)
+  ctx = advantages.Context(ro.mask_NxL, jax.lax.stop_gradient(kl_NxL), rl)
+  if est.per_token:
+    adv_NxL = est.fn(r_BxG, ctx)
+  else:
+    if rl.reward_norm == "per_term":
+      # GDPO: each term normalised in its group, weighted sum, batch std (validation keeps the KL out of r here).
+      terms_BxGxK = ro.terms_NxK.reshape(-1, G, ro.terms_NxK.shape[1])
+      adv_BxG = advantages.decoupled(terms_BxGxK, ro.term_w_K, lambda r: est.fn(r, ctx), std_eps=rl.std_eps,
+                                     ddof=rl.std_ddof)
+    else:
+      adv_BxG = est.fn(r_BxG, ctx)
+    adv_NxL = advantages.broadcast_to_tokens(adv_BxG.reshape(-1), ro.mask_NxL)
   if rl.process_weight > 0:
     s_r, s_end, s_valid = ro.steps
-    p_adv = advantages.process_advantages(s_r, s_end, s_valid, ro.mask_NxL, G=G, std_eps=rl.std_eps)
+    p_adv = advantages.process_advantages(s_r, s_end, s_valid, ro.mask_NxL, G=G, std_eps=rl.std_eps,
+                                          ddof=rl.std_ddof)
     adv_NxL = advantages.combine(adv_NxL, p_adv, w_outcome=1.0, w_process=rl.process_weight)
   return adv_NxL * ro.mask_NxL
 
 
+def policy_loss_kwargs(config) -> dict:
+  """losses.policy_loss's settings for this config. ratio_level 'sequence' is GSPO-token (sequence-level ratio
+  exp(mean_t log ρ), clipped with its own small ε); a KL folded into the reward leaves none in the loss."""
+  rl = config.rl
+  no_kl_in_loss = advantages.ESTIMATORS[rl.advantage].kl_in_advantage or rl.kl_in == "reward"
+  return dict(eps_low=rl.eps_low, eps_high=rl.eps_high, beta=0.0 if no_kl_in_loss else rl.beta,
+              kl_estimator=rl.kl_estimator, agg=rl.loss_agg, norm_len=config.sampling.max_new_tokens,
+              ratio_level=rl.ratio_level, dual_clip=rl.dual_clip, kl_clamp=rl.kl_clamp)
+
+
 def make_loss_fn(config, mcfg, P: int) -> Callable:
   """(params, minibatch) -> (loss, aux) for prompts of static length P."""
-  rl, temp = config.rl, config.sampling.temperature
-  no_kl_in_loss = advantages.ESTIMATORS[rl.algo].kl_in_advantage or rl.kl_in == "reward"
-  beta = 0.0 if no_kl_in_loss else rl.beta
-  L = config.sampling.max_new_tokens
+  temp, kwargs = config.sampling.temperature, policy_loss_kwargs(config)
 
   def loss_fn(params, mb):
     logp_NxL, ent_NxL = completion_logprobs(mcfg, params, mb["seq"], P, temp)
-    if rl.algo == "gspo":
-      # GSPO-token: sequence-level ratio exp(mean_t log ρ) clipped with its own small ε.
-      loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb["ref_logp_NxL"], mb["adv_NxL"],
-                                   mb["mask_NxL"], eps_low=rl.gspo_eps_low, eps_high=rl.gspo_eps_high, beta=beta,
-                                   kl_estimator=rl.kl_estimator, agg="seq_mean_token_mean",
-                                   ratio_level="sequence")
-    else:
-      loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb["ref_logp_NxL"], mb["adv_NxL"],
-                                   mb["mask_NxL"], eps_low=rl.eps_low, eps_high=rl.eps_high, beta=beta,
-                                   kl_estimator=rl.kl_estimator, agg=rl.loss_agg, norm_len=L)
+    loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb["ref_logp_NxL"], mb["adv_NxL"], mb["mask_NxL"],
+                                 **kwargs)
     return loss, dict(m, entropy=masked_mean(ent_NxL, mb["mask_NxL"]))
   return loss_fn
 
@@ -148,11 +179,11 @@ def make_loss_fn(config, mcfg, P: int) -> Callable:
 def rollout_metrics(config, ro: Rollout, adv_NxL) -> dict[str, jax.Array]:
   G = config.rl.G
   r_N, mask = ro.r_N, ro.mask_NxL
-  r_BxG = r_N.reshape(-1, G)
   k3_NxL = losses.kl_k3(ro.old_logp_NxL, ro.ref_logp_NxL)
   m = {
       "train/reward_mean": r_N.mean(), "train/reward_std": r_N.std(),
-      "train/frac_zero_std_groups": jnp.mean((r_BxG.max(-1) - r_BxG.min(-1)) < 1e-6),
+      "train/frac_zero_std_groups": jnp.mean(advantages.group_is_constant(
+          signal_rewards(config.rl, r_N, ro.terms_NxK, ro.term_w_K, G))),
       "train/adv_mean": masked_mean(adv_NxL, mask),
       "train/adv_std": jnp.sqrt(masked_mean(jnp.square(adv_NxL - masked_mean(adv_NxL, mask)), mask)),
       "train/adv_abs_max": jnp.max(jnp.abs(adv_NxL)),
@@ -196,9 +227,17 @@ def layout(config, mcfg: model_lib.ModelConfig) -> state_lib.Layout:
 state_spec, init = state_lib.spec_and_init(layout)
 
 
+def check_preset(config) -> None:
+  """Code that builds a step without validate.py (ablations, tests) cannot run half a preset either."""
+  bad = presets.check(config)
+  if bad:
+    raise config_lib.ConfigError(bad)
+
+
 def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec,
                tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
   """The pure, un-jitted `(state, batch) -> (state, metrics)`: jit it (families.make_step) or vmap it (seeds)."""
+  check_preset(config)
   rollout_fn = make_rollout_fn(config, mcfg, spec, tokenizer)
   opt = optimizer(config)
 

@@ -3,7 +3,7 @@
 Seeds differ in their init and/or rollout rng. One scalar hyper-parameter may also differ per run:
 - `optim.lr` lives in the optimizer state (update.make_optimizer injects it), so the step is unchanged and a run's
   state has the same structure as a `main` run's;
-- `rl.*` scalars (β, ε, std ε) live in `state["hparams"]` and are read while tracing into a copy of the config,
+- `rl.*` scalars (β, ε, std ε, dual clip, k3 clamp) live in `state["hparams"]` and are read while tracing into a copy of the config,
   so the family's un-jitted `build_step` sees a traced value where it would see a float.
 The family (GRPO's rl_step or PPO's ppo_step) is the one `families.for_config` picks.
 """
@@ -22,7 +22,7 @@ from grpo_jax import state as state_lib
 from grpo_jax import update as update_lib
 
 # rl.* keys that build_step only uses in arithmetic, so a traced per-run value is safe there.
-TRACEABLE_RL_KEYS = ("rl.beta", "rl.eps_low", "rl.eps_high", "rl.std_eps")
+TRACEABLE_RL_KEYS = ("rl.beta", "rl.eps_low", "rl.eps_high", "rl.std_eps", "rl.dual_clip", "rl.kl_clamp")
 LR_KEY = "optim.lr"
 
 

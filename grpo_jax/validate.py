@@ -3,11 +3,19 @@ import math
 from typing import Any
 
 from grpo_jax import advantages
-from grpo_jax import families
+from grpo_jax import presets
 from grpo_jax.errors import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch; exit 2)
 from grpo_jax.tasks import registry
 
-
+# Advantage estimators (advantages.ESTIMATORS, plus PPO's GAE) by what they need.
+ADVANTAGES = tuple(advantages.ESTIMATORS) + ("gae",)
+GROUP_ADVANTAGES = tuple(n for n, e in advantages.ESTIMATORS.items() if e.group)  # the baseline comes from the group
+# one advantage per sample from the group: what reward_norm=per_term needs
+OUTCOME_GROUP_ADVANTAGES = tuple(n for n, e in advantages.ESTIMATORS.items() if e.group and not e.per_token)
+# the KL is a per-token reward
+KL_IN_REWARD_ADVANTAGES = tuple(n for n, e in advantages.ESTIMATORS.items() if e.kl_in_advantage) + ("gae",)
+REWARD_NORMS = ("sum", "per_term")
+RATIO_LEVELS = ("token", "sequence")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_IN = ("loss", "reward")
 LOSS_AGG = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
@@ -112,8 +120,12 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   _choice(c, "task.language", LANGUAGES)
   if "prompt_format" in c.task:
     _choice(c, "task.prompt_format", ("r1_zero", "chat"))  # tasks/prompts.py FORMATS
-  _choice(c, "rl.algo", families.algos())  # the registered advantage estimators (GRPO family) and PPO
-  est = advantages.ESTIMATORS.get(c.rl.algo)
+  bad_preset = presets.check(c)
+  if bad_preset:
+    raise ConfigError(bad_preset)
+  _choice(c, "rl.advantage", ADVANTAGES)
+  _choice(c, "rl.reward_norm", REWARD_NORMS)
+  _choice(c, "rl.ratio_level", RATIO_LEVELS)
   _choice(c, "rl.kl_estimator", KL_ESTIMATORS)
   _choice(c, "rl.kl_in", KL_IN)
   _choice(c, "rl.loss_agg", LOSS_AGG)
@@ -123,9 +135,9 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
             "train.keep_checkpoints", "eval.size", "eval.batch", "eval.n_samples", "rl.oversample",
             "rl.max_nonfinite_in_row"):
     _positive_int(c, k)
-  for k in ("rl.eps_low", "rl.eps_high", "rl.beta", "rl.std_eps", "rl.gspo_eps_low", "rl.gspo_eps_high",
+  for k in ("rl.eps_low", "rl.eps_high", "rl.beta", "rl.std_eps", "rl.dual_clip", "rl.kl_clamp",
             "optim.lr", "optim.weight_decay", "optim.grad_clip", "sampling.temperature", "rl.process_weight",
-            "rl.reward_timeout_s", "optim.warmup_steps", "rl.overlong_cache"):
+            "rl.reward_timeout_s", "optim.warmup_steps"):
     _nonneg(c, k)
   if c.rl.reward_timeout_s == 0:
     _fail("rl.reward_timeout_s", "must be > 0: the seconds a Python reward call may take before the step fails "
@@ -135,6 +147,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   if c.optim.lr == 0:
     _fail("optim.lr", "is 0: nothing would train; set a positive learning rate.")
   _prob(c, "sampling.top_p", low_open=True)
+  _prob(c, "rl.overlong_frac")
   _prob(c, "optim.b1")
   _prob(c, "optim.b2")
   _prob(c, "ppo.lam")
@@ -144,10 +157,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
           f"got {c.sampling.top_k!r}.")
   if c.rl.std_ddof not in (0, 1):
     _fail("rl.std_ddof", f"must be 0 (population std) or 1 (sample std), got {c.rl.std_ddof!r}.")
-  if est is not None and est.group and c.rl.G < 2:
-    _fail("rl.G", f"is {c.rl.G} but {c.rl.algo} needs a group of at least 2 samples per prompt; set rl.G >= 2.")
-  if c.rl.algo == "rloo" and c.rl.G < 2:
-    _fail("rl.G", "RLOO's leave-one-out mean needs rl.G >= 2.")
+  validate_algorithm(c)
   if c.rl.dynamic_sampling and c.rl.oversample < 2:
     _fail("rl.oversample", "dynamic sampling needs rl.oversample >= 2 (sample more groups than it keeps).")
   if c.rl.eps_low >= 1:
@@ -174,8 +184,6 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   if total > c.model.max_len:
     _fail("sampling.max_new_tokens", f"task.prompt_len + sampling.max_new_tokens = {total} exceeds "
           f"model.max_len={c.model.max_len}; shorten them or raise model.max_len.")
-  if est is not None and est.kl_in_advantage and c.rl.kl_in != "reward":
-    _fail("rl.kl_in", f"{c.rl.algo} folds the KL into the per-token reward by definition; set rl.kl_in='reward'.")
   if c.rl.process_weight > 0 and "process" not in [n for n, _ in c.rewards]:
     _fail("rl.process_weight", "is > 0 but config.rewards has no 'process' term; add ('process', w) or set 0.")
   for i, entry in enumerate(c.rewards):
@@ -184,6 +192,33 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
       _fail(f"rewards[{i}]", f"must be a (name, weight) pair, got {entry!r}.")
   if tokenizer is not None:
     validate_tokenizer(c, tokenizer)
+
+
+def validate_algorithm(c) -> None:
+  """The algorithm settings (presets.SETTINGS) fit together: each check names the setting that cannot work."""
+  rl = c.rl
+  if (rl.algo == "ppo") != (rl.advantage == "gae"):
+    _fail("rl.advantage", f"is {rl.advantage!r} with algo={rl.algo!r}: GAE needs PPO's critic and PPO estimates "
+          "with GAE; use the ppo preset (algo=ppo) for GAE, another estimator otherwise.")
+  if rl.advantage in GROUP_ADVANTAGES and rl.G < 2:
+    _fail("rl.G", f"is {rl.G} but the {rl.advantage} advantage needs a group of at least 2 samples per prompt; "
+          "set rl.G >= 2.")
+  if rl.advantage in KL_IN_REWARD_ADVANTAGES and rl.kl_in != "reward":
+    _fail("rl.kl_in", f"the {rl.advantage} advantage folds the KL into the per-token reward by definition; set "
+          "rl.kl_in='reward'.")
+  if rl.dual_clip != 0 and rl.dual_clip <= 1:
+    _fail("rl.dual_clip", f"must be 0 (off) or > 1 (the loss of a negative advantage is bounded at dual_clip·|A|), "
+          f"got {rl.dual_clip}.")
+  if rl.reward_norm == "per_term":
+    if rl.advantage not in OUTCOME_GROUP_ADVANTAGES:
+      _fail("rl.reward_norm", f"'per_term' normalises each reward term within its group, which the {rl.advantage} "
+            f"advantage does not do; use it with {list(OUTCOME_GROUP_ADVANTAGES)} or set reward_norm='sum'.")
+    if rl.kl_in == "reward" and rl.beta > 0:
+      _fail("rl.kl_in", "'reward' with reward_norm='per_term' would normalise the KL penalty away (it has no group "
+            "scale of its own); put the KL in the loss (kl_in='loss') or use reward_norm='sum'.")
+  if rl.overlong_frac > 0 and round(rl.overlong_frac * c.sampling.max_new_tokens) < 1:
+    _fail("rl.overlong_frac", f"{rl.overlong_frac} of sampling.max_new_tokens={c.sampling.max_new_tokens} is less "
+          "than one token; raise it or set 0 (off).")
 
 
 def validate_eval(c, data_par: int, group: str = "eval") -> None:

@@ -6,6 +6,7 @@ import pytest
 
 from grpo_jax import config_lib
 from grpo_jax import model as model_lib
+from grpo_jax import presets
 from grpo_jax.ablations import memory_table
 from grpo_jax.ablations import toy
 from grpo_jax.ablations import train_table
@@ -35,7 +36,7 @@ def test_base_documents_follow_their_spec():
 
 @pytest.fixture(scope="module")
 def tiny_cfg():
-  c = train_table.table_config("small", (("grpo", {"rl.algo": "grpo"}), ("ppo", {"rl.algo": "ppo"})))
+  c = train_table.table_config("small", (("grpo", presets.overrides("grpo")), ("ppo", presets.overrides("ppo"))))
   c.seeds, c.steps, c.eval_every, c.base_steps = 2, 2, 1, 40
   c.run = config_lib.override(c.run, {"rl.prompts_per_step": 2, "rl.G": 4, "sampling.max_new_tokens": 4,
                                       "model.hidden": 16, "model.inter": 32})

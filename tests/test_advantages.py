@@ -38,6 +38,18 @@ def test_grpo_hand_values():
   np.testing.assert_allclose(a1[0], [2 / np.sqrt(3), -1 / np.sqrt(3), -1 / np.sqrt(3)], rtol=1e-6)
 
 
+def test_grpo_default_std_is_torch_std_plus_eps():
+  """The default is what TRL, verl and OpenRLHF compute: torch.std (ddof=1), eps added to the std. Rewards [1, 0]:
+  TRL's ±0.5/(0.7071 + 1e-4) = ±0.70700; the population std (ddof=0) gave ±0.9998, 41% larger; at G=8, √(8/7)."""
+  a = np.asarray(adv.grpo(jnp.array([[1.0, 0.0]])))
+  np.testing.assert_allclose(a[0], [0.5 / (np.sqrt(0.5) + 1e-4), -0.5 / (np.sqrt(0.5) + 1e-4)], rtol=1e-6)
+  assert a[0, 0] == pytest.approx(0.70700, abs=1e-5)
+  assert float(adv.grpo(jnp.array([[1.0, 0.0]]), ddof=0)[0, 0]) == pytest.approx(0.9998, abs=1e-4)
+  r8 = jnp.array([[1.0, 0, 0, 1, 1, 0, 0, 0]])
+  ratio = np.asarray(adv.grpo(r8, std_eps=0.0, ddof=0)) / np.asarray(adv.grpo(r8, std_eps=0.0))
+  np.testing.assert_allclose(ratio, np.sqrt(8 / 7), rtol=1e-6)
+
+
 def test_grpo_exact_zero_for_inexact_mean():
   # 0.1 * 3 / 3 != 0.1 in floating point; the result must still be exactly 0.
   a = np.asarray(adv.grpo(jnp.full((1, 3), 0.1), std_eps=1e-8, ddof=0))
@@ -201,7 +213,7 @@ def test_gae_matches_numpy_ragged():
 # ---------------------------------------------------------------- process supervision
 
 
-def np_process(step_r, step_end, step_valid, mask, G, eps):
+def np_process(step_r, step_end, step_valid, mask, G, eps, ddof=1):
   N, S = step_r.shape
   L = mask.shape[1]
   out = np.zeros((N, L))
@@ -213,20 +225,22 @@ def np_process(step_r, step_end, step_valid, mask, G, eps):
       for t in range(L):
         if not mask[i, t] or const:
           continue
-        out[i, t] = sum((step_r[i, s] - vals.mean()) / (vals.std() + eps)
+        out[i, t] = sum((step_r[i, s] - vals.mean()) / (vals.std(ddof=ddof) + eps)
                         for s in range(S) if step_valid[i, s] and step_end[i, s] >= t)
   return out
 
 
-def test_process_advantages_hand():
+@pytest.mark.parametrize("ddof", [0, 1])
+def test_process_advantages_hand(ddof):
   # One group of G=2; row 0 has steps ending at 0 and 2 with rewards 1, 0; row 1 one step ending at 1, reward 1.
-  # Mean 2/3, population std sqrt(2)/3; normalised: 1 -> 1/sqrt(2), 0 -> -sqrt(2).
+  # Mean 2/3; ddof=0: std sqrt(2)/3, normalised 1 -> 1/sqrt(2), 0 -> -sqrt(2); ddof=1 (the default, as the outcome
+  # advantages): std 1/sqrt(3), 1 -> 1/sqrt(3), 0 -> -2/sqrt(3).
   step_r = jnp.array([[1.0, 0.0], [1.0, 5.0]])
   step_end = jnp.array([[0, 2], [1, 0]])
   step_valid = jnp.array([[1, 1], [1, 0]])
   mask = jnp.array([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
-  out = np.asarray(adv.process_advantages(step_r, step_end, step_valid, mask, G=2, std_eps=0.0))
-  h, l = 1 / np.sqrt(2), -np.sqrt(2)
+  out = np.asarray(adv.process_advantages(step_r, step_end, step_valid, mask, G=2, std_eps=0.0, ddof=ddof))
+  h, l = (1 / np.sqrt(2), -np.sqrt(2)) if ddof == 0 else (1 / np.sqrt(3), -2 / np.sqrt(3))
   np.testing.assert_allclose(out, [[h + l, l, l, 0], [h, h, 0, 0]], rtol=1e-5)
 
 
@@ -272,6 +286,21 @@ def test_dynamic_sampling_prefers_valid_groups():
   assert len(picks) > 1
 
 
+def test_dynamic_sampling_per_term_keeps_groups_where_any_term_varies():
+  """Under reward_norm='per_term' a group whose weighted SUM is constant can still carry signal (accuracy up where
+  format is down): each term is normalised on its own. The B×G×K rule keeps it; the summed B×G rule drops it."""
+  acc = np.array([[1.0, 0.0], [0.0, 0.0], [1.0, 1.0]], np.float32)
+  fmt = np.array([[0.0, 1.0], [0.0, 0.0], [1.0, 1.0]], np.float32)
+  terms = jnp.asarray(np.stack([acc, fmt], axis=2))            # group 0: sum [1, 1] constant, terms vary
+  for seed in range(4):
+    idx, n = adv.dynamic_sampling_select(terms, 1, jax.random.key(seed))
+    assert (int(n), int(idx[0])) == (1, 0)
+    _, n = adv.dynamic_sampling_select(jnp.asarray(acc + fmt), 1, jax.random.key(seed))
+    assert int(n) == 0
+  with pytest.raises(ValueError, match="B×G×K"):
+    adv.dynamic_sampling_select(jnp.zeros((2,)), 1, jax.random.key(0))
+
+
 def test_dynamic_sampling_rejects_bad_keep():
   with pytest.raises(ValueError, match="keep"):
     adv.dynamic_sampling_select(jnp.zeros((3, 2)), 4, jax.random.key(0))
@@ -288,3 +317,136 @@ def test_overlong_penalty():
 def test_broadcast_to_tokens():
   out = adv.broadcast_to_tokens(jnp.array([2.0, -1.0]), jnp.array([[1, 1, 0], [0, 0, 0]]))
   np.testing.assert_array_equal(np.asarray(out), [[2, 2, 0], [0, 0, 0]])
+
+
+# ---------------------------------------------------------------- GDPO: per-term normalisation
+
+
+def grpo_fn(eps, ddof=1):
+  return lambda r: adv.grpo(r, std_eps=eps, ddof=ddof)
+
+
+def np_gdpo_trl(r_BxGxK, w_K, eps, ddof=1):
+  """TRL's multi_objective_aggregation='normalize_then_sum', in NumPy: per term (r − group mean)/(group std + eps),
+  weighted sum, then (A − batch mean)/(batch std + eps) over samples."""
+  r = r_BxGxK.astype(np.float64)
+  B, G, K = r.shape
+  a = np.zeros((B, G))
+  for k in range(K):
+    for b in range(B):
+      g = r[b, :, k]
+      if g.max() > g.min():
+        a[b] += w_K[k] * (g - g.mean()) / (g.std(ddof=ddof) + eps)
+  return (a - a.mean()) / (a.std(ddof=ddof) + eps)
+
+
+def np_gdpo_verl(r_BxGxK, w_K, mask_NxL, eps=1e-6):
+  """verl's compute_gdpo_outcome_advantage in NumPy: per-term GRPO (torch.std, + eps), weighted sum on every token,
+  then masked_whiten: token mean and unbiased token variance over the mask, (A − mean)·rsqrt(var + 1e-8)·mask."""
+  B, G, K = r_BxGxK.shape
+  a_N = np.zeros(B * G)
+  for k in range(K):
+    for b in range(B):
+      g = r_BxGxK[b, :, k].astype(np.float64)
+      a_N[b * G:(b + 1) * G] += w_K[k] * (g - g.mean()) / (g.std(ddof=1) + eps)
+  m = mask_NxL.astype(np.float64)
+  a_NxL = a_N[:, None] * m
+  mean = (a_NxL * m).sum() / m.sum()
+  var = (((a_NxL - mean) ** 2) * m).sum() / m.sum() * m.sum() / (m.sum() - 1)
+  return (a_NxL - mean) / np.sqrt(var + 1e-8) * m
+
+
+def test_gdpo_hand_values_and_the_collapse_it_avoids():
+  """G = 2, terms (accuracy, format) weighted (1, 0.5). Group 0: accuracy splits, format constant; group 1: only
+  format splits; group 2: all-zero rewards. Per term (ddof=1): ±1/√2 for a split term, 0 for a constant one;
+  weighted sums ±1/√2 and ±1/(2√2), 0; batch std over the 6 samples √((1 + 1/4)/5) = 1/2: ±√2, ±1/√2, 0.
+  Summed-then-normalised (GRPO) gives both split groups the same ±1/√2: the format-only difference is worth as
+  much as a right answer."""
+  acc = np.array([[1, 0], [0, 0], [0, 0]], np.float32)
+  fmt = np.array([[1, 1], [1, 0], [0, 0]], np.float32)
+  r = jnp.asarray(np.stack([acc, fmt], 2))
+  w = jnp.array([1.0, 0.5])
+  got = np.asarray(jax.jit(lambda r, w: adv.decoupled(r, w, grpo_fn(0.0), std_eps=0.0))(r, w))
+  s2 = np.sqrt(2)
+  np.testing.assert_allclose(got, [[s2, -s2], [1 / s2, -1 / s2], [0, 0]], rtol=1e-6)
+  summed = np.asarray(adv.grpo(jnp.asarray(acc + 0.5 * fmt), std_eps=0.0))
+  np.testing.assert_allclose(summed, [[1 / s2, -1 / s2], [1 / s2, -1 / s2], [0, 0]], rtol=1e-6)
+
+
+@pytest.mark.parametrize("G", [2, 5])
+def test_gdpo_matches_trl_formula(G):
+  B, K = 6, 3
+  rng = np.random.default_rng(G)
+  r = rng.integers(0, 2, size=(B, G, K)).astype(np.float32)
+  r[:, :, 2] = rng.random((B, G)) < 0.1   # a rarely-varying term
+  r[0] = 1.0                                 # a group where every term is constant
+  r[1] = 0.0                                 # an all-zero group
+  w = np.array([1.0, 0.5, 0.25], np.float32)
+  got = np.asarray(adv.decoupled(jnp.asarray(r), jnp.asarray(w), grpo_fn(1e-4), std_eps=1e-4))
+  np.testing.assert_allclose(got, np_gdpo_trl(r, w, 1e-4), rtol=1e-5, atol=1e-6)
+  assert np.all(got[:2] == 0.0)              # zero-variance groups stay exactly 0 (TRL: ~1e-8 residue)
+  np.testing.assert_allclose(got.reshape(-1).std(ddof=1), 1.0, rtol=1e-3)   # unit scale, whatever K is
+
+
+def test_gdpo_all_zero_and_all_constant_batches_are_zero_not_nan():
+  for r in (np.zeros((3, 2, 2), np.float32), np.ones((3, 4, 2), np.float32)):
+    got = np.asarray(adv.decoupled(jnp.asarray(r), jnp.ones(2), grpo_fn(0.0), std_eps=0.0))
+    assert np.all(got == 0.0)
+
+
+def test_gdpo_against_verl_per_token_whitening():
+  """verl whitens per token (mask-weighted, unbiased variance). With equal lengths its mean is ours (0) and the
+  scales differ only by the Bessel factor of tokens vs samples; with ragged lengths its mean is length-weighted and
+  not 0, so a zero-variance group gets −mean·rsqrt(var) ≠ 0 where ours keeps 0 (docs/algorithms.md)."""
+  B, G, K, L = 4, 2, 2, 6
+  rng = np.random.default_rng(3)
+  r = rng.integers(0, 2, size=(B, G, K)).astype(np.float32)
+  r[0, :, 0], r[1, :, 1] = [1, 0], [0, 1]
+  r[3] = 1.0                                             # zero-variance group
+  w = np.array([1.0, 0.5], np.float32)
+  ours_N = np.asarray(adv.decoupled(jnp.asarray(r), jnp.asarray(w), grpo_fn(1e-6), std_eps=1e-6)).reshape(-1)
+  full = np.ones((B * G, L), np.float32)
+  verl = np_gdpo_verl(r, w, full)
+  N = B * G
+  bessel = np.sqrt((N * L - 1) / (L * (N - 1)))          # verl's token std relative to our sample std
+  np.testing.assert_allclose(verl[:, 0], ours_N * bessel, rtol=1e-4, atol=1e-6)
+  ragged = (np.arange(L)[None, :] < rng.integers(1, L + 1, size=(N, 1))).astype(np.float32)
+  ragged[1] = 0.0                                        # an empty row
+  ragged[2, 1:] = 0.0                                    # a length-1 row
+  verl = np_gdpo_verl(r, w, ragged)
+  assert np.all(np.abs(verl[6:8][ragged[6:8] > 0]) > 1e-3)   # verl: the zero-variance group moves
+  ours_NxL = np.asarray(adv.broadcast_to_tokens(jnp.asarray(ours_N), jnp.asarray(ragged)))
+  assert np.all(ours_NxL[6:8] == 0) and np.all(ours_NxL[1] == 0)
+  np.testing.assert_allclose(ours_NxL[2], [ours_N[2], 0, 0, 0, 0, 0])
+
+
+def test_gdpo_with_other_group_estimators_and_one_term():
+  rng = np.random.default_rng(4)
+  r = rng.normal(size=(5, 4, 2)).astype(np.float32)
+  w = np.array([1.0, 0.3], np.float32)
+  # One term: GRPO's advantages scaled to unit batch std.
+  g = np.asarray(adv.grpo(jnp.asarray(r[..., 0]), std_eps=0.0))
+  one = np.asarray(adv.decoupled(jnp.asarray(r[..., :1]), jnp.ones(1), grpo_fn(0.0), std_eps=0.0))
+  np.testing.assert_allclose(one, g / g.reshape(-1).std(ddof=1), rtol=1e-5)
+  # Dr.GRPO / RLOO are linear: per-term = summed, then scaled to unit batch std.
+  for fn in (adv.dr_grpo, adv.rloo):
+    s = np.asarray(fn(jnp.asarray((r * w).sum(2))))
+    got = np.asarray(adv.decoupled(jnp.asarray(r), jnp.asarray(w), fn, std_eps=0.0))
+    np.testing.assert_allclose(got, s / s.reshape(-1).std(ddof=1), rtol=1e-4, atol=1e-6)
+
+
+def test_gdpo_weights_are_traceable():
+  """Reward weights enter only through arithmetic: vmapping over them equals separate calls."""
+  r = jnp.asarray(np.random.default_rng(5).integers(0, 2, size=(4, 3, 2)), jnp.float32)
+  ws = jnp.array([[1.0, 0.5], [1.0, 0.0], [0.2, 2.0]])
+  f = lambda w: adv.decoupled(r, w, grpo_fn(1e-4), std_eps=1e-4)
+  batched = np.asarray(jax.jit(jax.vmap(f))(ws))
+  for i in range(3):
+    np.testing.assert_allclose(batched[i], np.asarray(f(ws[i])), rtol=1e-6, atol=1e-7)
+
+
+def test_gdpo_rejects_bad_shapes():
+  with pytest.raises(ValueError, match="3-D"):
+    adv.decoupled(jnp.zeros((2, 2)), jnp.ones(1), grpo_fn(0.0), std_eps=0.0)
+  with pytest.raises(ValueError, match="weights for 2 reward terms"):
+    adv.decoupled(jnp.zeros((2, 2, 2)), jnp.ones(3), grpo_fn(0.0), std_eps=0.0)

@@ -17,16 +17,17 @@ import ml_collections
 import pytest
 
 from grpo_jax import config_lib
+from grpo_jax import presets
 from grpo_jax.ablations import train_table
 from grpo_jax.tasks import digits
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESOLVED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "resolved_configs.json")
-ALGOS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gspo")
-MAIN_ARGS = {"grpo_arith.py": ["", "small"] + [f"algo={a}" for a in ALGOS] + ["algo=rloo,small"],
-             "gsm8k.py": ["", "small", "model=qwen2.5-math-1.5b", "small,model=checkpoint,prompt=chat"],
-             "r1_pipeline.py": ["", "small"], "r1_zero.py": ["", "small"]}
-ABLATIONS = ("algorithms.py", "length_bias.py", "reward_design.py", "kl_estimators.py", "baselines.py", "memory.py")
+MAIN_ARGS = {"grpo_arith.py": ["", "small"] + [f"algo={a}" for a in presets.names()] + ["algo=rloo,small"],
+             "gsm8k.py": ["", "small", "model=qwen2.5-math-1.5b", "small,model=checkpoint,prompt=chat", "algo=dapo"],
+             "r1_pipeline.py": ["", "small", "algo=gdpo"], "r1_zero.py": ["", "small"]}
+ABLATIONS = ("algorithms.py", "length_bias.py", "reward_design.py", "kl_estimators.py", "baselines.py", "memory.py",
+             "gdpo.py")
 
 
 def _load(rel: str, arg: str = ""):

@@ -25,7 +25,7 @@ TINY = {"model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads
         "eval.pass_k": "(1,2)", "task.train_size": 64, "task.test_size": 16, "log.tensorboard": False}
 SFT_JOB = {**TINY, "sft.steps": 10, "train.steps": 2, "train.eval_every": 2}
 RL_JOB = {**TINY, "sft.steps": 0, "train.steps": 6, "train.eval_every": 6, "train.keep_checkpoints": 5,
-          "rl.G": 4, "rl.overlong_cache": L, "optim.lr": 1e-2}
+          "rl.G": 4, "rl.overlong_frac": 1.0, "optim.lr": 1e-2}
 _ENV = {}
 
 
@@ -278,7 +278,7 @@ c.sft.steps = 0
 c.train.update(steps=2, eval_every=2)
 c.rewards = (("accuracy", 1.0), ("hang", 1.0))
 c.rl.reward_timeout_s = 2.0
-sys.exit(main.execute(c, os.environ["HANG_WORKDIR"]))
+main._exit(main.execute(c, os.environ["HANG_WORKDIR"]))  # as the CLI exits: os._exit for status 2 and 3
 '''
 
 

@@ -30,6 +30,7 @@ import pytest
 from grpo_jax import config_lib
 from grpo_jax import families
 from grpo_jax import model as model_lib
+from grpo_jax import presets
 from grpo_jax import ppo_step
 from grpo_jax import rewards
 from grpo_jax import rl_step
@@ -57,15 +58,20 @@ def _low_ids(tokens_NxL, mask_NxL, batch, ctx):
   return rewards.outcome(jnp.sum(low_NxL * m_NxL, -1) / jnp.maximum(m_NxL.sum(-1), 1.0))
 
 
+
 def _config(algo: str):
-  c = config_lib.base_config()
+  c = presets.apply(config_lib.base_config(), algo)
   c.model.update(vocab_size=V, hidden=32, layers=1, heads=4, kv_heads=2, inter=64, max_len=P + L + 4,
                  tie_embeddings=True, qkv_bias=True, dtype="float32", remat="none")
   c.sampling.update(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=L)
   c.task.prompt_len = P
-  c.rl.update(algo=algo, G=G, prompts_per_step=B, beta=0.04, kl_estimator="k3", kl_in="loss", eps_low=0.2,
-              eps_high=0.2, std_eps=1e-4, loss_agg="seq_mean_token_mean", mu=2 if algo == "grpo" else 1,
-              minibatches=2)
+  # The preset's settings (group std with ddof=1), with the others these goldens were first recorded under pinned
+  # (PPO: its KL stays k1 in the per-token reward, as the ppo preset has it).
+  c.rl.update(G=G, prompts_per_step=B, eps_low=0.2, eps_high=0.2, std_eps=1e-4,
+              loss_agg="seq_mean_token_mean", mu=2 if algo == "grpo" else 1, minibatches=2)
+  c.rl.beta = 0.04
+  if algo == "grpo":
+    c.rl.update(kl_estimator="k3", kl_in="loss")
   c.ppo.update(critic="separate", gamma=1.0, lam=0.95, value_clip=0.2, vf_coef=0.5, critic_lr=1e-2)
   c.optim.update(lr=1e-3, warmup_steps=0, b1=0.9, b2=0.99, weight_decay=0.0, grad_clip=1.0)
   c.sft.update(lr=3e-3, warmup_steps=2)
@@ -134,13 +140,13 @@ def _run(family: str) -> list[dict[str, float]]:
 # Recorded 2026-11-30 with `python tests/test_goldens.py` (see the module docstring for when to re-record).
 GOLDEN = {
     'grpo': {
-        'loss': [-0.02597654, -0.01204931, -0.009908915],
-        'grad_norm': [1.340058, 1.058241, 1.382025],
-        'delta_norm': [0.2774499, 0.1988297, 0.1734453],
-        'param_norm': [10.01796, 10.03716, 10.05447],
-        'param_sum': [100.4404, 100.5864, 100.6345],
-        'update_norm': [0.07664403, 0.05252515, 0.04497438],
-        'kl': [1.150962e-14, 0.0007560196, 0.00206546],
+        'loss': [-0.02255075, -0.01052349, -0.008858893],
+        'grad_norm': [1.160131, 0.9164547, 1.198082],
+        'delta_norm': [0.2771634, 0.1993103, 0.174315],
+        'param_norm': [10.01778, 10.03684, 10.05406],
+        'param_sum': [100.4414, 100.5953, 100.671],
+        'update_norm': [0.0766197, 0.05244186, 0.04526561],
+        'kl': [1.150962e-14, 0.0007525834, 0.002151224],
         'reward_mean': [0.46875, 0.4642857, 0.4125],
         'completion_len_mean': [7.5625, 7.1875, 6.75],
     },

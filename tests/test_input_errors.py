@@ -25,7 +25,11 @@ def paths(tmp_path_factory):
   (root / "a_file").write_text("not a directory")
   (root / "hf_empty").mkdir()
   (root / "hf_noweights").mkdir()
-  (root / "hf_noweights" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+  (root / "hf_noweights" / "config.json").write_text(json.dumps(
+      {"model_type": "qwen2", "vocab_size": 512, "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+       "num_key_value_heads": 2, "intermediate_size": 128}))
+  (root / "hf_partial").mkdir()
+  (root / "hf_partial" / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
   (root / "hf_gpt2").mkdir()
   (root / "hf_gpt2" / "config.json").write_text(json.dumps({"model_type": "gpt2"}))
   (root / "hf_gpt2" / "model.safetensors").write_bytes(b"\0" * 8)
@@ -53,7 +57,7 @@ CASES = [
     ("grpo", {"rl.process_weight": 0.5}, "config.rl.process_weight"),
     ("grpo", {"rl.reward_timeout_s": 0.0}, "config.rl.reward_timeout_s"),
     ("grpo", {"rl.reward_timeout_s": -1.0}, "config.rl.reward_timeout_s"),
-    ("grpo", {"rl.algo": "reinforce_pp", "rl.kl_in": "loss"}, "config.rl.kl_in"),
+    ("grpo", {"rl.advantage": "reinforce_pp", "rl.kl_in": "loss"}, "config.rl.kl_in"),
     ("grpo", {"sampling.top_p": 1.5}, "config.sampling.top_p"),
     ("grpo", {"sampling.top_k": -1}, "config.sampling.top_k"),
     ("grpo", {"sampling.temperature": 0.0}, "config.sampling.temperature"),
@@ -105,6 +109,7 @@ CASES = [
     ("grpo", {"train.init_from": "hf:/nonexistent_hf_dir"}, "is not a directory"),
     ("grpo", {"train.init_from": "hf:{p}/hf_empty"}, "config.json is missing"),
     ("grpo", {"train.init_from": "hf:{p}/hf_noweights"}, "no *.safetensors"),
+    ("grpo", {"train.init_from": "hf:{p}/hf_partial"}, "lacks vocab_size, hidden_size"),
     ("grpo", {"train.init_from": "hf:{p}/hf_gpt2"}, "model_type='gpt2'"),
     ("grpo", {"train.init_from": "hf:{p}/hf_badjson"}, "hf_badjson/config.json"),
     ("sft", {"sft.init_from": "/nonexistent/params"}, "config.sft.init_from"),

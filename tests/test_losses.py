@@ -169,25 +169,32 @@ def test_surrogate_ignores_padding_garbage():
 # ---------------------------------------------------------------- policy loss
 
 
-def np_policy_loss(lp, old, ref, a, m, eps_low, eps_high, beta, est, agg, norm_len):
+def np_policy_loss(lp, old, ref, a, m, eps_low, eps_high, beta, est, agg, norm_len, dual_clip=0.0, kl_clamp=0.0):
+  """verl's formulas (compute_policy_loss_vanilla with clip_ratio_c, kl_penalty low_var_kl clamped at ±kl_clamp)
+  written out in NumPy, independently of losses.py."""
   lp, old, ref, a = (x.astype(np.float64) for x in (lp, old, ref, a))
   rho = np.exp(lp - old)
-  surr = np.minimum(rho * a, np.clip(rho, 1 - eps_low, 1 + eps_high) * a)
+  pg1, pg2 = -a * rho, -a * np.clip(rho, 1 - eps_low, 1 + eps_high)
+  clip1 = np.maximum(pg1, pg2)  # the PPO loss
+  pg_loss = np.where(a < 0, np.minimum(-a * dual_clip, clip1), clip1) if dual_clip > 1 else clip1
   d = ref - lp
   kl = {"k1": -d, "k2": 0.5 * d**2, "k3": np.exp(d) - d - 1}[est]
+  if est == "k3" and kl_clamp > 0:
+    kl = np.clip(kl, -kl_clamp, kl_clamp)
   valid = m > 0
   metrics = {"kl": kl[valid].mean(),
              "clip_frac_low": np.mean(((rho < 1 - eps_low) & (a < 0))[valid]),
              "clip_frac_high": np.mean(((rho > 1 + eps_high) & (a > 0))[valid]),
+             "clip_frac_dual": np.mean(((rho > dual_clip) & (a < 0) & (dual_clip > 1))[valid]),
              "ratio_mean": rho[valid].mean(), "ratio_max": rho[valid].max(), "ratio_min": rho[valid].min()}
-  return -np_aggregate(surr - beta * kl, m, agg, norm_len), metrics
+  return np_aggregate(pg_loss + beta * kl, m, agg, norm_len), metrics
 
 
 @pytest.fixture(scope="module")
 def loss_and_grad():
-  def f(lp, old, ref, a, m, est, agg):
+  def f(lp, old, ref, a, m, est, agg, dual_clip=0.0, kl_clamp=0.0):
     return losses.policy_loss(lp, old, ref, a, m, eps_low=0.2, eps_high=0.28, beta=0.04, kl_estimator=est, agg=agg,
-                              norm_len=8)
+                              norm_len=8, dual_clip=dual_clip, kl_clamp=kl_clamp)
   return jax.jit(jax.value_and_grad(f, has_aux=True), static_argnums=(5, 6))
 
 
@@ -206,6 +213,130 @@ def test_policy_loss_matches_numpy(loss_and_grad, est, agg):
   for k, v in want_metrics.items():
     assert float(metrics[k]) == pytest.approx(v, rel=1e-5, abs=1e-6), k
   assert 0 < want_metrics["clip_frac_low"] + want_metrics["clip_frac_high"] < 1  # both branches exercised
+
+
+def test_policy_loss_with_guards_matches_numpy(loss_and_grad):
+  """Dual clip 3 and k3 clamp 10 (verl's defaults) on data where both bind on some tokens and not on others."""
+  N, L = 6, 8
+  rng = np.random.default_rng(1)
+  m = ragged_mask([8, 2, 5, 0, 1, 7], L)
+  lp = rng.uniform(-4, 0, size=(N, L)).astype(np.float32)
+  old = (lp - rng.normal(size=(N, L)) * 2.0).astype(np.float32)   # ratios above 3 where log ρ > 1.1
+  ref = (lp + rng.normal(size=(N, L)) * 2.0).astype(np.float32)   # k3 beyond 10 where Δ > 2.6
+  a = rng.normal(size=(N, L)).astype(np.float32)
+  for agg in ("token_mean", "seq_mean_token_mean"):
+    (loss, metrics), _ = loss_and_grad(lp, old, ref, a, m, "k3", agg, 3.0, 10.0)
+    want, want_metrics = np_policy_loss(lp, old, ref, a, m, 0.2, 0.28, 0.04, "k3", agg, 8, 3.0, 10.0)
+    assert float(loss) == pytest.approx(want, rel=1e-5, abs=1e-6), agg
+    for k, v in want_metrics.items():
+      assert float(metrics[k]) == pytest.approx(v, rel=1e-5, abs=1e-6), k
+  assert 0 < want_metrics["clip_frac_dual"] < 1
+  hit = np.mean((np.exp(ref.astype(np.float64) - lp) - (ref - lp) - 1 > 10)[m > 0])
+  assert 0 < hit < 1 and float(metrics["kl_clamp_frac"]) == pytest.approx(hit)
+
+
+# ---------------------------------------------------------------- guards at their boundaries (value and gradient)
+
+K3_AT_10 = 2.6108686  # the Δ = log π_ref − log π > 0 where e^Δ − Δ − 1 = 10 (bisection below checks it)
+
+
+def test_k3_clamp_boundaries_value_and_gradient():
+  lo, hi = 2.0, 3.0
+  for _ in range(60):
+    mid = (lo + hi) / 2
+    lo, hi = (mid, hi) if np.expm1(mid) - mid < 10 else (lo, mid)
+  assert abs(lo - K3_AT_10) < 1e-6
+  k3 = lambda d: np.expm1(d) - d
+  # Δ just inside the clamp keeps k3 and its gradient 1 − e^Δ; just beyond, k3 = 10 and no gradient. The far side
+  # (π ≫ π_ref, Δ ≈ −11) is clamped too, as verl does.
+  cases = [(K3_AT_10 - 1e-3, k3(K3_AT_10 - 1e-3), 1 - np.exp(K3_AT_10 - 1e-3)),
+           (K3_AT_10 + 1e-3, 10.0, 0.0),
+           (-10.5, k3(-10.5), 1 - np.exp(-10.5)),
+           (-11.5, 10.0, 0.0),
+           (0.0, 0.0, 0.0)]
+  traces = []
+
+  def k3(lp, ref, c):
+    traces.append(1)
+    return losses.kl_k3(lp, ref, c)
+  f = jax.jit(jax.vmap(jax.value_and_grad(k3), in_axes=(0, 0, None)))
+  lp = jnp.full((len(cases),), -1.0, jnp.float32)
+  ref = lp + jnp.asarray([d for d, _, _ in cases], jnp.float32)
+  v, g = f(lp, ref, 10.0)
+  np.testing.assert_allclose(np.asarray(v), [c[1] for c in cases], rtol=2e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(g), [c[2] for c in cases], rtol=2e-4, atol=1e-6)
+  # Off (clamp 0): Δ = 5 keeps e^5 − 6 and its gradient 1 − e^5; the clamp value is traced (one compile).
+  v, g = f(lp, lp + 5.0, 0.0)
+  assert float(v[0]) == pytest.approx(np.expm1(5.0) - 5.0, rel=1e-5)
+  assert float(g[0]) == pytest.approx(1 - np.exp(5.0), rel=1e-5)
+  assert len(traces) == 1
+
+
+def test_dual_clip_boundaries_value_and_gradient():
+  """One token, A = −1: the loss −ρA grows with ρ until the dual clip c = 3 bounds it at c·|A| with no gradient;
+  ρ = e^1.5 ≈ 4.48 gives 4.48 without it and 3.0 with it (verl's clip_ratio_c). A > 0 and ρ < 1 − ε unaffected."""
+  traces = []
+
+  def loss(log_rho, a, c):
+    traces.append(1)
+    return losses.policy_loss(jnp.reshape(log_rho, (1, 1)), jnp.zeros((1, 1)), None, jnp.reshape(a, (1, 1)),
+                              jnp.ones((1, 1)), eps_low=0.2, eps_high=0.2, beta=0.0, dual_clip=c)[0]
+  vg = jax.jit(jax.value_and_grad(loss))
+  cases = [  # (log ρ, A, c, loss, d loss / d log ρ)
+      (1.5, -1.0, 0.0, np.exp(1.5), np.exp(1.5)),        # off: unbounded, gradient ρ|A|
+      (1.5, -1.0, 3.0, 3.0, 0.0),                        # on, beyond c: bounded, no gradient
+      (np.log(2.9), -1.0, 3.0, 2.9, 2.9),                # on, just inside c: PPO's loss and gradient
+      (np.log(3.1), -1.0, 3.0, 3.0, 0.0),                # on, just beyond c
+      (np.log(3.1), -2.0, 3.0, 6.0, 0.0),                # bound scales with |A|
+      (1.5, 1.0, 3.0, -1.2, 0.0),                        # A > 0: clipped at 1 + ε as PPO, dual clip irrelevant
+      (np.log(0.5), -1.0, 3.0, 0.8, 0.0),                # A < 0, ρ < 1 − ε: PPO's low clip, unchanged
+      (np.log(0.9), -1.0, 3.0, 0.9, 0.9),                # inside [1 − ε, 1 + ε]: plain −ρA
+  ]
+  for log_rho, a, c, want_v, want_g in cases:
+    v, g = vg(jnp.float32(log_rho), jnp.float32(a), jnp.float32(c))
+    assert float(v) == pytest.approx(want_v, rel=1e-5), (log_rho, a, c)
+    assert float(g) == pytest.approx(want_g, rel=1e-5, abs=1e-7), (log_rho, a, c)
+  assert len(traces) == 1  # c is traced: one program for every value, 0 (off) included
+  _, aux = losses.clipped_surrogate(jnp.log(jnp.array([[4.0, 4.0, 2.0, 4.0]])), jnp.zeros((1, 4)),
+                                    jnp.array([[-1.0, 1.0, -1.0, -1.0]]), jnp.array([[1.0, 1.0, 1.0, 0.0]]),
+                                    eps_low=0.2, eps_high=0.2, dual_clip=3.0)
+  assert float(aux["clip_frac_dual"]) == pytest.approx(1 / 3)  # only ρ=4 with A<0 among the 3 valid tokens
+
+
+def test_guards_vmap_over_values_equals_separate_calls():
+  """dual_clip, kl_clamp, eps_low/high and β enter only through arithmetic: a vmapped sweep over them equals
+  separate calls (what a sweep over these knobs needs)."""
+  N, L = 3, 4
+  m = jnp.asarray(ragged_mask([4, 2, 3], L))
+  lp = jnp.asarray(RNG.uniform(-3, 0, size=(N, L)), jnp.float32)
+  old = lp - jnp.asarray(RNG.normal(size=(N, L)) * 1.5, jnp.float32)
+  ref = lp + jnp.asarray(RNG.normal(size=(N, L)) * 2.5, jnp.float32)
+  a = jnp.asarray(RNG.normal(size=(N, L)), jnp.float32)
+  hp = {"dual_clip": jnp.array([0.0, 2.0, 3.0]), "kl_clamp": jnp.array([0.0, 10.0, 1.0]),
+        "eps_low": jnp.array([0.2, 0.1, 3e-4]), "eps_high": jnp.array([0.28, 0.2, 4e-4]),
+        "beta": jnp.array([0.04, 0.0, 0.1])}
+
+  def f(h):
+    return jax.value_and_grad(lambda x: losses.policy_loss(x, old, ref, a, m, **h)[0])(lp)
+  v, g = jax.jit(jax.vmap(f))(hp)
+  for i in range(3):
+    vi, gi = f({k: float(x[i]) for k, x in hp.items()})
+    assert float(v[i]) == pytest.approx(float(vi), rel=1e-6)
+    np.testing.assert_allclose(np.asarray(g[i]), np.asarray(gi), rtol=1e-5, atol=1e-7)
+  assert len({round(float(x), 5) for x in v}) == 3
+
+
+def test_gspo_dual_clip_bounds_the_sequence_ratio():
+  # One sequence of two tokens, log-ratios 1.2 and 1.8: s = e^1.5 ≈ 4.48, A = −1, GSPO's ε: loss 4.48 → 3.
+  lp = jnp.array([[1.2, 1.8]])
+  kw = dict(eps_low=3e-4, eps_high=4e-4)
+  obj, aux = losses.gspo_objective(lp, jnp.zeros((1, 2)), jnp.array([-1.0]), jnp.ones((1, 2)), **kw)
+  assert float(obj[0]) == pytest.approx(-np.exp(1.5), rel=1e-6)
+  obj, aux = losses.gspo_objective(lp, jnp.zeros((1, 2)), jnp.array([-1.0]), jnp.ones((1, 2)), dual_clip=3.0, **kw)
+  assert float(obj[0]) == pytest.approx(-3.0) and float(aux["clip_frac_dual"]) == 1.0
+  g = jax.grad(lambda x: losses.policy_loss(x, jnp.zeros((1, 2)), None, -jnp.ones((1, 2)), jnp.ones((1, 2)),
+                                            beta=0.0, ratio_level="sequence", dual_clip=3.0, **kw)[0])(lp)
+  assert np.all(np.asarray(g) == 0)
 
 
 def test_policy_loss_hand_tiny():

@@ -5,8 +5,8 @@ final checkpoint's params.
 
 The model is random but starts from a HF dir the test writes (train.init_from=hf:, read by every process), with
 the EOS embedding row scaled so completions end at varying lengths; the DAPO overlong penalty over the whole
-window (rl.overlong_cache = L) turns those lengths into rewards that differ within groups, so the update is not
-zero and equal params mean equal gradients.
+window (rl.overlong_frac = 1: all L tokens) turns those lengths into rewards that differ within groups, so the update
+is not zero and equal params mean equal gradients.
 """
 import io
 import json
@@ -26,7 +26,7 @@ import local_multiprocess  # noqa: E402
 L = 12
 OVERRIDES = dict(**{"sft.steps": 0, "model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads": 1,
                     "model.inter": 64, "sampling.max_new_tokens": L, "rl.G": 4, "rl.prompts_per_step": 4,
-                    "rl.overlong_cache": L, "optim.lr": 1e-2, "train.steps": 2, "train.eval_every": 2,
+                    "rl.overlong_frac": 1.0, "optim.lr": 1e-2, "train.steps": 2, "train.eval_every": 2,
                     "train.ckpt_every": 2, "train.plot_every": 0, "train.sample_every": 2, "eval.size": 8,
                     "eval.batch": 8, "eval.n_samples": 2, "task.train_size": 64, "task.test_size": 8,
                     "mesh.data": 2, "mesh.fsdp": 2, "log.tensorboard": False})

@@ -6,14 +6,15 @@ import pytest
 from grpo_jax import families
 from grpo_jax import model as model_lib
 from grpo_jax import ppo_step
+from grpo_jax import presets
 from grpo_jax import sharding
 from grpo_jax.tasks import digits
 
 
 @pytest.mark.parametrize("mode", ["separate", "head"])
 def test_ppo_step_updates_policy_and_critic(mode):
-  c = digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=2, G=4, L=8)
-  c.rl.algo = "ppo"
+  c = presets.apply(digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=2, G=4, L=8),
+                    "ppo")
   c.ppo.critic = mode
   c.optim.lr = 1e-3
   c.ppo.critic_lr = 1e-2

@@ -7,9 +7,11 @@ import pytest
 from grpo_jax import advantages
 from grpo_jax import families
 from grpo_jax import model as model_lib
+from grpo_jax import presets
 from grpo_jax import rewards
 from grpo_jax import rl_step
 from grpo_jax import sharding
+from grpo_jax import validate
 from grpo_jax.tasks import digits
 
 TINY = dict(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
@@ -82,7 +84,9 @@ def test_golden_first_step(three_steps):
 
 GOLDEN = {"train/reward_mean": 0.0625, "train/completion_len_mean": 11.5, "train/kl": 0.0,
           "train/truncation_rate": 0.875, "train/frac_zero_std_groups": 0.75}
-GOLDEN_LOSS_GRAD = [0.0, 0.29769]  # ρ = 1: the surrogate is Σ A = 0 per group, the gradient is not
+# ρ = 1: the surrogate is Σ A = 0 per group, the gradient is not. The gradient was 0.29769 with the population std
+# (ddof=0); ddof=1 scales the advantages, so the gradient, by √((G−1)/G) = √(3/4): 0.25781.
+GOLDEN_LOSS_GRAD = [0.0, 0.25781]
 
 
 def test_python_reward_path_matches_in_graph(three_steps):
@@ -126,28 +130,32 @@ def test_dynamic_sampling_keeps_varied_groups_and_updates():
 
 
 def test_one_registered_function_is_a_new_algorithm():
-  """The recipe of docs/architecture.md: one registered estimator is a new rl.algo that the family registry runs
-  with rl_step, and every valid token of a row gets the row's advantage (hand-computed: r − group median)."""
+  """The recipe of docs/architecture.md: one registered estimator plus one preset entry is a new rl.algo that the
+  family registry runs with rl_step, and every valid token of a row gets the row's advantage (hand-computed: r −
+  group median)."""
   name = "test_median_baseline"
 
   @advantages.register(name)
   def _median_baseline(r_BxG, ctx):
     return r_BxG - jnp.median(r_BxG, axis=1, keepdims=True)
 
+  presets.PRESETS[name] = {**presets.GRPO, "rl.advantage": name}
   try:
-    c = digits.bench_config(**TINY)
-    c.rl.update(algo=name, G=4)
+    c = presets.apply(digits.bench_config(**TINY), name)
+    c.rl.G = 4
     assert name in families.algos() and families.for_config(c) is rl_step
+    validate.validate_algorithm(c)
     r_N = jnp.asarray([1.0, 0.0, 0.0, 3.0, 2.0, 2.0, 2.0, 2.0])  # medians 0.5 and 2
     mask_NxL = jnp.asarray(np.tril(np.ones((8, 3)), 1)[[0, 1, 2, 2, 1, 0, 0, 1]], jnp.float32)
     zeros_NxL = jnp.zeros((8, 3))
     ro = rl_step.Rollout(seq=None, tokens_NxL=None, mask_NxL=mask_NxL, lengths_N=None, truncated_N=None, r_N=r_N,
-                         per_term={}, steps=None, old_logp_NxL=zeros_NxL, ref_logp_NxL=zeros_NxL, status=None,
-                         fallbacks=None, ds_kept=None)
+                         per_term={}, terms_NxK=r_N[:, None], term_w_K=jnp.ones((1,)), steps=None,
+                         old_logp_NxL=zeros_NxL, ref_logp_NxL=zeros_NxL, status=None, fallbacks=None, ds_kept=None)
     want_N = np.array([0.5, -0.5, -0.5, 2.5, 0.0, 0.0, 0.0, 0.0])
     np.testing.assert_allclose(rl_step.compute_advantages(c, ro), want_N[:, None] * np.asarray(mask_NxL))
   finally:
     advantages.ESTIMATORS.pop(name)
+    presets.PRESETS.pop(name)
   with pytest.raises(ValueError, match=f"config.rl.algo='{name}'"):
     families.for_config(c)
 

@@ -5,6 +5,7 @@ import sys
 import pytest
 
 from grpo_jax import config_lib
+from grpo_jax import presets
 from grpo_jax import validate
 
 
@@ -31,6 +32,17 @@ BAD = [
     ("rl.eps_low", 1.5, "config.rl.eps_low"),
     ("rl.beta", float("nan"), "config.rl.beta"),
     ("rl.std_ddof", 2, "config.rl.std_ddof"),
+    ("rl.algo", "dapo", "config.rl.algo: is 'dapo' but the config holds the 'grpo' preset's settings"),
+    ("rl.preset", "dapo", "config.rl.algo: is 'grpo' but the config holds the 'dapo' preset's settings"),
+    ("rl.advantage", "gae", "config.rl.advantage: is 'gae' with algo='grpo'"),
+    ("rl.advantage", "vtrace", "config.rl.advantage"),
+    ("rl.reward_norm", "mean", "config.rl.reward_norm"),
+    ("rl.ratio_level", "seq", "config.rl.ratio_level"),
+    ("rl.dual_clip", 0.5, "config.rl.dual_clip: must be 0 (off) or > 1"),
+    ("rl.dual_clip", -3.0, "config.rl.dual_clip"),
+    ("rl.kl_clamp", -1.0, "config.rl.kl_clamp"),
+    ("rl.overlong_frac", 1.5, "config.rl.overlong_frac"),
+    ("rl.overlong_frac", 0.001, "config.rl.overlong_frac: 0.001 of sampling.max_new_tokens=48 is less than one"),
     ("rl.mu", 0, "config.rl.mu"),
     ("rl.minibatches", 3, "config.rl.minibatches"),
     ("rl.reward_fallback", "zero", "config.rl.reward_fallback"),
@@ -92,12 +104,27 @@ def test_two_free_mesh_axes():
 
 
 def test_reinforce_pp_needs_kl_in_reward():
-  c = _cfg()
-  c.rl.algo = "reinforce_pp"
-  with pytest.raises(validate.ConfigError, match="kl_in"):
-    validate.validate_rl(c, num_devices=1)
-  c.rl.kl_in = "reward"
+  c = presets.apply(_cfg(), "reinforce_pp")
   validate.validate_rl(c, num_devices=1)
+  c.rl.kl_in = "loss"
+  with pytest.raises(validate.ConfigError, match="config.rl.kl_in: the reinforce_pp advantage folds the KL"):
+    validate.validate_rl(c, num_devices=1)
+
+
+@pytest.mark.parametrize("name", presets.names())
+def test_every_preset_validates(name):
+  validate.validate_rl(presets.apply(_cfg(), name), num_devices=1, tokenizer=_Tok())
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"rl.advantage": "reinforce_pp", "rl.kl_in": "reward"}, "'per_term' normalises each reward term"),
+    ({"rl.kl_in": "reward", "rl.beta": 0.04}, "would normalise the KL penalty away"),
+])
+def test_per_term_needs_an_outcome_group_advantage_and_no_kl_in_reward(over, needle):
+  c = config_lib.override(presets.apply(_cfg(), "gdpo"), over)
+  with pytest.raises(validate.ConfigError, match=needle):
+    validate.validate_rl(c, num_devices=1)
+  validate.validate_rl(config_lib.override(c, {"rl.beta": 0.0, "rl.advantage": "grpo"}), num_devices=1)
 
 
 def test_good_config_passes():
@@ -106,7 +133,8 @@ def test_good_config_passes():
 
 def test_cli_bad_config_is_one_line(tmp_path):
   """The CLI prints one line (no traceback) and exits non-zero, before compiling anything."""
-  for override, needle in (("--config.rl.G=1", "config.rl.G"), ("--config.rl.nosuchkey=3", "nosuchkey")):
+  for override, needle in (("--config.rl.G=1", "config.rl.G"), ("--config.rl.nosuchkey=3", "nosuchkey"),
+                           ("--config.rl.algo=dapo", "--config=<file>.py:algo=dapo")):
     out = subprocess.run([sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_arith.py",
                           f"--workdir={tmp_path}", override], capture_output=True, text=True, timeout=120,
                          env={"JAX_PLATFORMS": "cpu", "PATH": "/usr/bin:/bin"})

@@ -3,17 +3,15 @@
   python -m grpo_jax.ablate --config=configs/ablations/algorithms.py:small --workdir=/tmp/abl_d_small
   python -m grpo_jax.ablate --config=configs/ablations/algorithms.py --workdir=/tmp/abl_d
 """
+from grpo_jax import presets
 from grpo_jax.ablations import train_table
+
+ALGOS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo")
 
 
 def get_config(arg=None):
-  c = train_table.table_config(arg, (
-      ("grpo", {"rl.algo": "grpo"}),
-      ("dr_grpo", {"rl.algo": "dr_grpo", "rl.loss_agg": "seq_mean_token_sum_norm"}),
-      ("rloo", {"rl.algo": "rloo"}),
-      ("reinforce_pp", {"rl.algo": "reinforce_pp", "rl.kl_in": "reward"}),
-      ("reinforce_pp_baseline", {"rl.algo": "reinforce_pp_baseline", "rl.kl_in": "reward"}),
-      ("ppo", {"rl.algo": "ppo"})))
+  # Each algorithm whole, as its preset defines it (docs/algorithms.md): its own β, KL placement, aggregation, ...
+  c = train_table.table_config(arg, tuple((a, presets.overrides(a)) for a in ALGOS))
   c.title = "d. Algorithms on one task and budget"
   c.claim = ("GRPO, RLOO and REINFORCE++ reach accuracy within ~1% of each other (Hu 2024); GRPO beats PPO "
              "(DeepSeekMath: +3% GSM8K, +5% MATH).")

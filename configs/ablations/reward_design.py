@@ -2,6 +2,7 @@
 
   python -m grpo_jax.ablate --config=configs/ablations/reward_design.py:small --workdir=/tmp/abl_f_small
 """
+from grpo_jax import presets
 from grpo_jax.ablations import train_table
 
 # The toy's reward terms (grpo_jax/tasks/digits.py): acc, fmt, proc (per-step scores for process advantages).
@@ -11,7 +12,7 @@ REWARDS = {"outcome": {"rewards": (("acc", 1.0),)},
 
 
 def get_config(arg=None):
-  c = train_table.table_config(arg, tuple((f"{algo} / {name}", {"rl.algo": algo, **r})
+  c = train_table.table_config(arg, tuple((f"{algo} / {name}", {**presets.overrides(algo), **r})
                                           for algo in ("grpo", "rloo") for name, r in REWARDS.items()))
   c.title = "f. Reward design vs algorithm"
   c.claim = "Reward design, not the choice among critic-free algorithms, drives capability (the article's conclusion)."

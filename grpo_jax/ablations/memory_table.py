@@ -14,6 +14,7 @@ from grpo_jax import aot
 from grpo_jax import config_lib
 from grpo_jax import families
 from grpo_jax import model as model_lib
+from grpo_jax import presets
 from grpo_jax import sharding
 
 TITLE = "c. Memory: PPO with a critic vs GRPO"
@@ -34,7 +35,7 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   c = config_lib.base_config()
   c.model.update(hidden=hidden, layers=layers, heads=max(hidden // 64, 1), kv_heads=max(hidden // 128, 1),
                  inter=4 * hidden, vocab_size=cfg.vocab)
-  c.rl.algo = "ppo" if algo.startswith("ppo") else "grpo"
+  c = presets.apply(c, "ppo" if algo.startswith("ppo") else "grpo")
   if algo.startswith("ppo"):
     c.ppo.critic = algo.split("_")[1]
   mcfg = model_lib.ModelConfig.from_config(c.model)

@@ -2,9 +2,9 @@
 
 A table's config holds the harness knobs (seeds, steps, eval_every, the shared base model) and `run`, the toy-task
 run config (config_lib.base_config's keys); a variant is `(name, overrides)`, dotted keys set on `run` through
-config_lib.override (e.g. `{"rl.algo": "dr_grpo", "rl.loss_agg": "seq_mean_token_sum_norm"}`; the toy's reward
-terms are `rewards`). Recorded per seed: train reward, greedy held-out accuracy, mean length of right and of wrong
-completions.
+config_lib.override: an algorithm is its whole preset, `presets.overrides("dr_grpo")`, to which single keys can be
+added (`{**presets.overrides("grpo"), "rl.loss_agg": "token_mean"}`); the toy's reward terms are `rewards`.
+Recorded per seed: train reward, greedy held-out accuracy, mean length of right and of wrong completions.
 """
 import jax
 import ml_collections
@@ -12,8 +12,10 @@ import numpy as np
 
 from grpo_jax import config_lib
 from grpo_jax import model as model_lib
+from grpo_jax import presets
 from grpo_jax import seeds as seeds_lib
 from grpo_jax import sharding
+from grpo_jax import validate
 from grpo_jax.ablations import toy
 from grpo_jax.tasks import digits
 
@@ -50,8 +52,13 @@ def variants(cfg) -> list[str]:
 
 
 def build_config(cfg, overrides) -> ml_collections.ConfigDict:
-  """The run config of one variant: `cfg.run` with the variant's overrides (and what follows from them)."""
+  """The run config of one variant: `cfg.run` with the variant's overrides (and what follows from them). A variant
+  that sets rl.algo without its preset, or algorithm settings that cannot work together, stops here."""
   c = config_lib.override(cfg.run, overrides)
+  bad_preset = presets.check(c)
+  if bad_preset:
+    raise config_lib.ConfigError(bad_preset)
+  validate.validate_algorithm(c)
   c.train.num_samples_logged = c.rl.prompts_per_step * c.rl.G  # every row: lengths of right vs wrong answers
   return c
 

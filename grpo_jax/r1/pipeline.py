@@ -99,9 +99,10 @@ def _run_stage(config, workdir: str, stage: str) -> None:
 
 
 def run_pipeline(config, workdir: str, stages: Sequence[str] | None = None,
-                 actions: dict[str, str] | None = None) -> dict:
+                 actions: dict[str, str] | None = None, report_md: bool = True) -> dict:
   """Runs every unfinished stage of `stages` (default `config.r1.stages`) in order, then evaluates every finished
-  model -> DIR/report.md. Returns the report's results, or {} when a stage returned before its last step.
+  model -> DIR/report.md (unless report_md=False, e.g. when only a stage's params are wanted). Returns the report's
+  results, or {} when a stage returned before its last step or no report was asked for.
 
   `actions`: stages.plan's verdicts when the caller (jobs.py) planned already; else planned here, before any
   write. A stage stopped by SIGTERM/SIGINT raises errors.Preempted (not marked done; no later stage starts).
@@ -133,4 +134,4 @@ def run_pipeline(config, workdir: str, stages: Sequence[str] | None = None,
     seconds = time.perf_counter() - t0
     stages_lib.mark_done(st, seconds=round(seconds, 1))
     layout.log_event(workdir, st.name, f"done {seconds:.1f}s")
-  return report.write_report(config, workdir)
+  return report.write_report(config, workdir) if report_md else {}
