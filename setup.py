@@ -17,12 +17,9 @@ INSTALL_REQUIRES = [
     "ml-collections==1.1.0",
     "absl-py==2.5.1",
     "numpy==2.4.6",
-    # Used for checks and test variants (chex), TensorBoard event files without TensorFlow (tensorboardX),
-    # the run's PNG plots (matplotlib), the progress bar (tqdm).
-    "chex==0.1.92",
+    # TensorBoard event files without TensorFlow (tensorboardX), the run's PNG plots (matplotlib).
     "tensorboardX==2.6.5",
     "matplotlib==3.11.2",
-    "tqdm==4.70.1",
     "safetensors==0.8.0",
     "ml-dtypes==0.6.0",  # bfloat16 numpy arrays: grpo_jax/safetensors_io.py reads and writes HF checkpoints with it
 ]

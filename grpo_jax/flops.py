@@ -1,6 +1,6 @@
 """Analytic model FLOPs and decode memory traffic of a GRPO step, for FLOP/s, MFU and HBM-bandwidth figures.
 
-XLA's cost analysis counts a `lax.scan` body once (NOTES.md), so the benchmark counts by hand instead: matmul FLOPs
+XLA's cost analysis counts a `lax.scan` body once (docs/performance.md, "XLA:CPU facts"), so the benchmark counts by hand instead: matmul FLOPs
 only (2 per multiply-add), real tokens only, causal attention over the keys a token actually sees, the LM head only
 where a log-prob is used, no recomputation (remat) counted. A backward pass costs twice its forward.
 """

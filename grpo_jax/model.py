@@ -23,7 +23,7 @@ Param tree (plain nested dict, always float32; L layers, D hidden, H heads, K kv
 Conventions match Hugging Face Qwen2/Llama: RoPE rotates halves (`rotate_half`), query head h uses kv head
 h // (H // K), RMSNorm normalises in float32. Attention and RoPE live in attention.py (`model.attention` picks the
 training/prefill path), the config in model_config.py. KV cache: one buffer per layer, K as [N, K, Dh, S] and V as
-[N, K, S, Dh] (NOTES.md: this layout avoids a whole-cache transpose per decode step). Decode runs the layers as a
+[N, K, S, Dh] (docs/performance.md, "XLA:CPU facts": this layout avoids a whole-cache transpose per decode step). Decode runs the layers as a
 Python loop over per-layer weights and caches sliced once per rollout (`decode_layers`): a layer `while` inside
 the decode loop would slice (copy) every layer's weights and K/V cache at every token.
 """

@@ -1,6 +1,6 @@
 """Rollouts: prefill + `lax.scan` decode over a KV cache, with temperature / top-k / top-p / greedy.
 
-Each step draws one uniform per row and inverts a CDF (no N×V random tensor per step, NOTES.md). The recorded
+Each step draws one uniform per row and inverts a CDF (no N×V random tensor per step: docs/performance.md, "XLA:CPU facts"). The recorded
 log-prob is always under the untruncated softmax(logits / temperature): that is the π the losses use (DESIGN.md).
 All shapes are static, so `sample` jits with `mcfg` and `scfg` static, vmaps over rngs and shards over the batch.
 """

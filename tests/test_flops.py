@@ -30,7 +30,10 @@ def test_step_flops_is_five_forwards():
 
 
 def test_step_flops_matches_the_issue_estimate_for_bench_small():
-  """Issue 7 puts bench-small at ≈0.42 TFLOP a step (64 rows, 10-token prompts, 128 new tokens)."""
+  """bench-small (64 rows, 10-token prompts, 128 new tokens) by hand: layer matmuls 3.93 M params × 2 × 138 tokens
+  × 64 rows = 69.4 GFLOP a forward, five forwards' worth (rollout, reference, policy fwd+bwd) = 347; LM head
+  2 × 256 × 2048 × 128 × 64 = 8.6 a forward, ×5 = 43; causal attention 4·4·8·32 per (query, key) pair × ~9.5k pairs
+  × 64 rows × 5 = 12.5: ≈0.40 TFLOP."""
   small = model_lib.ModelConfig(vocab_size=2048, hidden=256, layers=4, heads=8, kv_heads=4, inter=1024, max_len=160)
   total = flops.step_flops(small, [10] * 64, [128] * 64)["step"]
   assert 0.38e12 < total < 0.43e12, total

@@ -62,6 +62,31 @@ def test_metric_literals_in_package_are_all_defined():
   assert not unknown, f'add these to grpo_jax/metrics.py METRICS: {unknown}'
 
 
+def test_every_defined_name_is_written_by_the_package():
+  """The other direction: every METRICS name is something the package writes — its full literal, or (names built as
+  f"train/{k}" over a list, e.g. update._REPORTED) its last part as a quoted literal; templates (<term>) by their
+  fixed prefix. A name nothing writes must be removed from the table (or written)."""
+  pkg = os.path.dirname(metrics_lib.__file__)
+  source = ''
+  for path in glob.glob(os.path.join(pkg, '**', '*.py'), recursive=True):
+    if not path.endswith(('metrics.py', 'plots.py')):
+      with open(path, encoding='utf-8') as f:
+        source += f.read()
+  literals = set(re.findall(r"""["']([^"'\s]+)["']""", source))
+  fstring_heads = set(re.findall(r"""f["']([^"'{]*)\{""", source))
+  missing = []
+  for name in metrics_lib.METRICS:
+    if '<' in name:
+      prefix = name[:name.index('<')]
+      short = prefix.split('/', 1)[1]  # written as f"pass@{k}" and prefixed with 'eval/' where it is logged
+      ok = bool({prefix, short} & fstring_heads) or any(lit.startswith(prefix) for lit in literals)
+    else:
+      ok = name in literals or name.split('/', 1)[1] in literals or name.split('/')[-1] in literals
+    if not ok:
+      missing.append(name)
+  assert not missing, f'METRICS lists names nothing in grpo_jax writes: {missing}'
+
+
 def test_markdown_table_lists_every_name():
   table = metrics_lib.markdown_table()
   lines = table.strip().split('\n')
