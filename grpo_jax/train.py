@@ -68,6 +68,14 @@ def load_hf_params(path: str, mcfg, shardings):
   return hf_io.load_params(path, mcfg, shardings)
 
 
+def _steps(guard: loop_guard.LoopGuard, mesh, batches, start: int, steps: int):
+  """(step, device batch, start time) for steps start..steps-1, until a stop signal (checked before each step)."""
+  for step in range(start, steps):
+    if guard.should_stop():
+      return
+    yield step, device_batch(mesh, next(batches)), time.perf_counter()
+
+
 def init_or_restore(config, mesh, mcfg, family, ckpt: ckpt_lib.Checkpointer, init_from: str):
   """Resumes from the newest good checkpoint; else the family's initial state (from `init_from` params if set:
   the reference and PPO's value network start from them too, as in RLHF practice)."""
@@ -129,11 +137,7 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
     evaluate(0)
   bad_in_row, done = 0, start
   with guard.running(on_exit=spec.close):  # Python reward workers stop however the loop ends
-    for step in range(start, steps):
-      if guard.should_stop():
-        break
-      batch = device_batch(mesh, next(batches))
-      t0 = time.perf_counter()
+    for step, batch, t0 in _steps(guard, mesh, batches, start, steps):
       state, m = step_fn(state, batch)
       status = np.asarray(jax.device_get(m["reward_status"]))
       if (status != rewards_lib.OK).any():
@@ -203,11 +207,7 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
     batches = batches(start)
   done = start
   with guard.running():
-    for step in range(start, steps):
-      if guard.should_stop():
-        break
-      batch = device_batch(mesh, next(batches))
-      t0 = time.perf_counter()
+    for step, batch, t0 in _steps(guard, mesh, batches, start, steps):
       state, m = step_fn(state, batch)
       done = step + 1
       if done % config.train.log_every == 0 or done == steps:

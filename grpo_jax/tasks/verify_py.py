@@ -192,16 +192,20 @@ def format_reward(tokens_NxL, mask_NxL, tok=None) -> np.ndarray:
   return np.asarray([float(parse(t, m, tok) is not None) for t, m in zip(tokens_NxL, mask_NxL)], np.float32)
 
 
+def _answers(tokens_NxL, mask_NxL, tok=None):
+  """(row, answer text) of every row whose completion has the think/answer format; malformed rows are skipped."""
+  for r, (t, m) in enumerate(zip(tokens_NxL, mask_NxL)):
+    spans = parse(t, m, tok)
+    if spans is not None:
+      yield r, span_text(completion(t, m), spans[1], tok)
+
+
 def answer_value(task, tokens_NxL, mask_NxL, batch: dict, tok=None) -> tuple[np.ndarray, np.ndarray]:
   """(valid_N, value_N) twin of verify_jax.answer_value: format OK and the answer parses / evaluates."""
   task = getattr(task, "name", task)
   n = len(tokens_NxL)
   ok, val = np.zeros(n, bool), np.zeros(n, np.int64)
-  for r, (t, m) in enumerate(zip(tokens_NxL, mask_NxL)):
-    spans = parse(t, m, tok)
-    if spans is None:
-      continue
-    ans = span_text(completion(t, m), spans[1], tok)
+  for r, ans in _answers(tokens_NxL, mask_NxL, tok):
     if task == "arith":
       mt = re.fullmatch(r" *(-?)([0-9]+) *", ans)
       v = None if mt is None or len(mt.group(2)) > _MAX_DIGITS else int(mt.group(2)) * (-1 if mt.group(1) else 1)
@@ -216,11 +220,7 @@ def answer_value(task, tokens_NxL, mask_NxL, batch: dict, tok=None) -> tuple[np.
 def accuracy_reward(task: str, tokens_NxL, mask_NxL, batch: dict, tok=None) -> np.ndarray:
   task = getattr(task, "name", task)
   out = np.zeros(len(tokens_NxL), np.float32)
-  for n, (t, m) in enumerate(zip(tokens_NxL, mask_NxL)):
-    spans = parse(t, m, tok)
-    if spans is None:
-      continue
-    ans = span_text(completion(t, m), spans[1], tok)
+  for n, ans in _answers(tokens_NxL, mask_NxL, tok):
     if task == "arith":
       out[n] = accuracy_arith(ans, batch["answer_N"][n])
     elif task == "countdown":
