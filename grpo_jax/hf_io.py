@@ -26,6 +26,7 @@ import os
 from typing import Any, Callable
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax import config_lib
@@ -282,6 +283,14 @@ def _fill(slot: np.ndarray, w: np.ndarray, transposed: bool) -> None:
   slot.reshape(src.shape)[...] = src
 
 
+def _owned(arr: jax.Array, host: np.ndarray) -> jax.Array:
+  """`arr` if it has memory of its own, else a device copy: the CPU backend may alias a host buffer instead of
+  copying it (even with may_alias=False), and the staging buffer is overwritten by the next leaf."""
+  if arr.addressable_data(0).unsafe_buffer_pointer() == host.ctypes.data:
+    arr = jnp.array(arr, copy=True)
+  return arr
+
+
 def _key(path) -> tuple[str, ...]:
   return tuple(getattr(p, "key", getattr(p, "name", str(p))) for p in path)
 
@@ -316,19 +325,23 @@ def load_params(path: str, mcfg: model_lib.ModelConfig, shardings: Any = None,
       shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
   if len(shard_leaves) != len(flat):
     raise ValueError(f"shardings has {len(shard_leaves)} leaves, the params {len(flat)}; pass the params' tree.")
+  # ONE host staging buffer, the size of the largest leaf, reused for every leaf: the host peak is then that buffer
+  # plus one stored tensor whatever the runtime does. (A fresh buffer per leaf relied on the runtime dropping its
+  # reference to the previous one promptly; under load it released late and the peak grew by whole leaves.)
+  pool = np.empty(max(int(np.prod(leaf.shape)) for _, leaf in flat), np.float32)
   out = []
   for (p, leaf), sharding in zip(flat, shard_leaves):
     name_of, stacked, transposed = _leaf_sources(_key(p), mcfg)
-    buf = np.empty(leaf.shape, np.float32)
+    buf = pool[:int(np.prod(leaf.shape))].reshape(leaf.shape)
     for i in range(mcfg.layers if stacked else 1):
       _fill(buf[i] if stacked else buf, st.read(infos[name_of(i)]), transposed)
     if sharding is None:
-      arr = jax.device_put(buf)
+      arr = _owned(jax.device_put(buf), buf)
     else:
-      arr = jax.make_array_from_callback(buf.shape, sharding, lambda idx, b=buf: b[idx])
+      arr = jax.make_array_from_callback(buf.shape, sharding, lambda idx, b=buf: np.array(b[idx]))
     arr.block_until_ready()
-    del buf  # this leaf's host copy is gone before the next one is read
     out.append(arr)
+  del pool
   return jax.tree_util.tree_unflatten(treedef, out)
 
 
