@@ -4,8 +4,8 @@
 
 Builds a random checkpoint of the preset's shape (bf16 safetensors, written with numpy: no download) unless DIR
 already holds one, then loads it onto the CPU backend in a fresh subprocess and prints one line
-`RESULT model=... extra_bytes=... fp32_param_bytes=... largest_leaf_bytes=... bound=... ratio=...`, where bound =
-fp32 param bytes + 2 x the largest leaf and ratio = extra / fp32 bytes. Counter: resource.getrusage(RUSAGE_SELF)
+`RESULT model=... extra_bytes=... fp32_param_bytes=... largest_stacked_bytes=... bound=... ratio=...`, where bound =
+fp32 param bytes + 2 x the largest stacked (per-layer) leaf and ratio = extra / fp32 bytes. Counter: resource.getrusage(RUSAGE_SELF)
 .ru_maxrss (peak resident set, KiB on Linux) at the end, minus VmRSS of /proc/self/status after the imports.
 Figures: docs/hf.md.
 """
@@ -54,7 +54,8 @@ jax.block_until_ready(params)
 leaves = jax.tree.leaves(params)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 print(json.dumps({"after_imports": after_imports, "peak": peak, "fp32": int(sum(x.size * 4 for x in leaves)),
-                  "largest": int(max(x.size * 4 for x in leaves))}))
+                  "largest": int(max(x.size * 4 for x in leaves)),
+                  "largest_stacked": int(max(x.size * 4 for x in jax.tree.leaves(params["layers"])))}))
 """
 
 
@@ -66,7 +67,7 @@ def measure(path: str) -> dict:
     raise RuntimeError(out.stderr[-3000:])
   r = json.loads(out.stdout.strip().splitlines()[-1])
   r["extra"] = r["peak"] - r["after_imports"]
-  r["bound"] = r["fp32"] + 2 * r["largest"]
+  r["bound"] = r["fp32"] + 2 * r["largest_stacked"]
   return r
 
 
@@ -81,7 +82,7 @@ def main() -> int:
     make_checkpoint(path, a.model, a.layers or None)
   r = measure(path)
   print(f"RESULT model={a.model} layers={a.layers or 'preset'} extra_bytes={r['extra']} "
-        f"fp32_param_bytes={r['fp32']} largest_leaf_bytes={r['largest']} bound={r['bound']} "
+        f"fp32_param_bytes={r['fp32']} largest_stacked_bytes={r['largest_stacked']} bound={r['bound']} "
         f"ratio={r['extra'] / r['fp32']:.2f} within_bound={r['extra'] <= r['bound']}")
   return 0
 
