@@ -3,11 +3,13 @@
 With the `libtpu` package, `get_topology_desc("v5e:4x4")` describes a slice's devices without owning any; the
 step is lowered on abstract, sharded state and batch and compiled by the TPU compiler. XLA's `memory_analysis()`
 gives per-device bytes (arguments, outputs, temporaries, code) to hold against the chip's HBM. Step time is a
-roofline from ANALYTIC FLOPs and bytes (the compiler's `cost_analysis()` counts a `lax.scan` body once, so its
-FLOPs undercount the decode loop and the layer stack by orders of magnitude).
+roofline per phase (roofline.py): compute from ANALYTIC FLOPs (the compiler's `cost_analysis()` counts a `lax.scan`
+body once, so its FLOPs undercount the decode loop and the layer stack by orders of magnitude), HBM reads, and the
+interconnect: every collective of the compiled program (hlo_collectives.py), priced at the slice's ICI bandwidth.
 
   python -m grpo_jax.aot --model=qwen2.5-0.5b --topology=v5e:4x4 --prompts 16 --G 8 --prompt-len 256 --L 512
   python -m grpo_jax.aot --model=qwen2.5-7b --topology=v5p:4x4x4 --mesh data=1,fsdp=64,tensor=1 --json
+  python -m grpo_jax.aot --model=qwen2.5-7b --topology=v5e:8x8 --decode-layout=tp --decode-tp=4
 
 Only one process at a time may load libtpu (it holds a lock file): run one compile at a time. A compile too slow
 to finish here still leaves its buffer assignment (the per-device bytes) behind when XLA dumps:
@@ -27,31 +29,19 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
+from grpo_jax import decode_layout
+from grpo_jax import hlo_collectives
 from grpo_jax import memory_plan
 from grpo_jax import model as model_lib
+from grpo_jax import roofline as roofline_lib
 from grpo_jax import sharding
 
 GiB = memory_plan.GiB
 
 
-@dataclasses.dataclass(frozen=True)
-class Chip:
-  """Per-chip numbers from Cloud TPU's published specs (bf16 dense peak, HBM capacity and bandwidth)."""
-  hbm_gib: float
-  bf16_tflops: float
-  hbm_gbs: float
-
-
-CHIPS = {"v5e": Chip(16, 197, 819), "v5p": Chip(95, 459, 2765), "v4": Chip(32, 275, 1200),
-         "v6e": Chip(32, 918, 1640)}
-
-
-def chip_of(topology: str) -> Chip:
-  gen = topology.split(":")[0].lower()
-  if gen not in CHIPS:
-    raise ValueError(f"--topology={topology!r}: the generation before ':' must be one of {sorted(CHIPS)} "
-                     "(e.g. v5e:4x4, v5p:2x2x2).")
-  return CHIPS[gen]
+# The chip table, FLOPs and the roofline live in roofline.py (re-exported here: aot.CHIPS, aot.roofline, ...).
+Chip, CHIPS, chip_of = roofline_lib.Chip, roofline_lib.CHIPS, roofline_lib.chip_of
+matmul_params, analytic_flops, roofline = roofline_lib.matmul_params, roofline_lib.analytic_flops, roofline_lib.roofline
 
 
 def tpu_devices(topology: str) -> list:
@@ -70,66 +60,6 @@ def default_mesh(n_devices: int) -> dict[str, int]:
   return dict(data=1, fsdp=n_devices, tensor=1)
 
 
-# ------------------------------------------------------------------------------------------------ roofline
-
-
-def matmul_params(mcfg: model_lib.ModelConfig) -> int:
-  """Weights that take part in a matmul per token: the layers plus the LM head (the embedding lookup is free)."""
-  D, F, H, K, Dh = mcfg.hidden, mcfg.inter, mcfg.heads, mcfg.kv_heads, mcfg.head_dim
-  per_layer = D * (H + 2 * K) * Dh + H * Dh * D + 3 * D * F
-  return mcfg.layers * per_layer + D * mcfg.vocab_size
-
-
-def analytic_flops(config: ml_collections.ConfigDict) -> dict[str, float]:
-  """Global FLOPs of one step, by phase: 2·params per token forward, 6·params per token forward+backward.
-
-  Attention adds 4·layers·heads·head_dim per (query, key) pair computed; this code computes the full (masked)
-  T×T scores in training and prefill, and attends over the whole cache (P+L slots) at every decode step.
-  """
-  mcfg = model_lib.ModelConfig.from_config(config.model)
-  rl = config.rl
-  N = rl.prompts_per_step * rl.G
-  P, L = config.task.prompt_len, config.sampling.max_new_tokens
-  T = P + L
-  pm = matmul_params(mcfg)
-  attn_pair = 4 * mcfg.layers * mcfg.heads * mcfg.head_dim
-  fwd_seq = 2 * pm * N * T + attn_pair * N * T * T  # one training-mode forward over all N×T tokens
-  out = {
-      "rollout prefill": 2 * pm * N * P + attn_pair * N * P * P,
-      "rollout decode": 2 * pm * N * L + attn_pair * N * L * T,
-      "reference forward": fwd_seq,
-      "policy fwd+bwd": 3 * fwd_seq * rl.mu,
-  }
-  if mcfg.dtype == "bfloat16":
-    out["old log-probs forward"] = fwd_seq  # rl_step recomputes them in training numerics under bf16
-  if mcfg.remat == "full":
-    out["remat recompute"] = fwd_seq * rl.mu
-  return out
-
-
-def roofline(config: ml_collections.ConfigDict, mesh: dict[str, int], chip: Chip) -> dict[str, Any]:
-  """Lower-bound seconds per phase: compute at bf16 peak on every chip; decode also bounded by HBM reads.
-
-  Each decode step reads every weight once per chip (FSDP gathers the layers; `tensor` splits them) in the
-  compute dtype, plus this chip's share of the KV cache. Collectives (ICI) are not modelled.
-  """
-  mcfg = model_lib.ModelConfig.from_config(config.model)
-  n_chips = math.prod(mesh.values())
-  peak = chip.bf16_tflops * 1e12
-  flops = analytic_flops(config)
-  sec = {k: v / (n_chips * peak) for k, v in flops.items()}
-  rl = config.rl
-  N, P, L = rl.prompts_per_step * rl.G, config.task.prompt_len, config.sampling.max_new_tokens
-  cb = 2 if mcfg.dtype == "bfloat16" else 4
-  weights = matmul_params(mcfg) * cb / mesh["tensor"]  # the embedding lookup reads only N rows
-  rows = N / (mesh["data"] * mesh["fsdp"])
-  kv = 2 * mcfg.layers * rows * mcfg.kv_heads * mcfg.head_dim * (P + L) * cb / mesh["tensor"]
-  decode_mem_s = L * (weights + kv) / (chip.hbm_gbs * 1e9)
-  sec["rollout decode"] = max(sec["rollout decode"], decode_mem_s)
-  return dict(flops=flops, seconds=sec, decode_hbm_seconds=decode_mem_s, step_seconds=sum(sec.values()),
-              total_flops=sum(flops.values()))
-
-
 # ------------------------------------------------------------------------------------------------ compile
 
 
@@ -143,10 +73,11 @@ def abstract_batch(config: ml_collections.ConfigDict, mesh) -> dict[str, jax.Sha
 
 
 def compile_step(config: ml_collections.ConfigDict, devices: list, mesh_shape: dict[str, int],
-                 compiler_options: dict[str, Any] | None = None):
+                 compiler_options: dict[str, Any] | None = None, hbm_bytes: int | None = None):
   """Lowers and compiles the one-graph step of the config's family (families.for_config: rl_step, or ppo_step with
   its critic) for `devices` on abstract sharded inputs; returns (compiled, seconds). `compiler_options` go to XLA
-  for this compile only (e.g. {'xla_dump_to': DIR} for buffer_assignment_summary)."""
+  for this compile only (e.g. {'xla_dump_to': DIR} for buffer_assignment_summary). `hbm_bytes`: the memory per
+  device the decode layout is planned against (the target chip's, not this machine's)."""
   from grpo_jax import families
   from grpo_jax import state as state_lib
   from grpo_jax.tasks import digits
@@ -160,7 +91,9 @@ def compile_step(config: ml_collections.ConfigDict, devices: list, mesh_shape: d
   step = families.make_step(config, mesh, mcfg, spec, spec.ctx.tokenizer, family=family)
   st = state_lib.with_shardings(*family.state_spec(config, mesh, mcfg))
   t0 = time.perf_counter()
-  compiled = step.lower(st, abstract_batch(config, mesh)).compile(compiler_options=compiler_options)
+  with decode_layout.device_memory(hbm_bytes or decode_layout.device_memory_bytes()):
+    lowered = step.lower(st, abstract_batch(config, mesh))
+  compiled = lowered.compile(compiler_options=compiler_options)
   return compiled, time.perf_counter() - t0
 
 
@@ -247,21 +180,38 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   cfg.task.test_size = max(cfg.task.test_size, cfg.eval.size)
   validate.validate_rl(cfg, n_dev)
   hbm = int(chip.hbm_gib * GiB)
-  p = memory_plan.plan(cfg, mesh_shape)
+  layout, why = decode_layout.choose(cfg, mesh_shape, hbm)
+  p = memory_plan.plan(cfg, mesh_shape, decode=layout)
   rl = cfg.rl
   r = dict(topology=topology, n_devices=n_dev, mesh=mesh_shape, params=p.params, prompts=rl.prompts_per_step,
            G=rl.G, prompt_len=cfg.task.prompt_len, L=cfg.sampling.max_new_tokens, dtype=cfg.model.dtype,
-           remat=cfg.model.remat, roofline=roofline(cfg, mesh_shape, chip), chip=dataclasses.asdict(chip),
+           remat=cfg.model.remat, decode_layout=str(layout), decode_layout_why=why,
+           roofline=roofline(cfg, mesh_shape, chip, layout), chip=dataclasses.asdict(chip),
            plan=dict(total_bytes=p.total_bytes, resident_bytes=p.resident_bytes, temp_bytes=p.temp_bytes,
                      peak_phase=p.peak_phase, fits=p.total_bytes <= hbm, headroom_frac=1 - p.total_bytes / hbm))
   if not compile:
     return r
-  compiled, compile_s = compile_step(cfg, devices, mesh_shape)
+  compiled, compile_s = compile_step(cfg, devices, mesh_shape, hbm_bytes=hbm)
   mem = memory_report(compiled, hbm)
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  colls = hlo_collectives.collectives(compiled.as_text())
+  coords = [tuple(d.coords) for d in devices] if all(hasattr(d, "coords") for d in devices) else None
+  ici = roofline_lib.ici_seconds(colls, chip, topology, coords)
+  # The decode loop's collectives per generated token (its body runs once per token after the first).
+  decode_loop = hlo_collectives.in_loop(colls, "rollout decode")
+  steps = max(cfg.sampling.max_new_tokens - 1, 1)
+  per_token: dict[str, float] = {}
+  for c in decode_loop:
+    per_token[c.kind] = per_token.get(c.kind, 0) + c.count / steps
+  mcfg = model_lib.ModelConfig.from_config(cfg.model)
+  weights = decode_layout.weight_collectives(decode_loop, mcfg, mesh_shape, layout)
   r.update(device_kind=devices[0].device_kind, compile_seconds=compile_s, memory=mem,
-           xla_cost_flops_per_device=float(cost.get("flops", -1)) if cost else -1.0)
+           xla_cost_flops_per_device=float(cost.get("flops", -1)) if cost else -1.0,
+           roofline=roofline(cfg, mesh_shape, chip, layout, ici), decode_collectives_per_token=per_token,
+           decode_weight_collectives_per_token=sum(c.count for c in weights) / steps,
+           decode_collective_budget=decode_layout.per_token_budget(mcfg, mesh_shape, layout),
+           decode_ici_bytes_per_token=sum(c.count * c.moved_bytes for c in decode_loop) / steps)
   r["plan"]["vs_xla"] = p.total_bytes / (mem["argument_bytes"] + mem["temp_bytes"])
   return r
 
@@ -284,11 +234,22 @@ def format_report(r: dict[str, Any]) -> str:
         f"memory_plan / XLA (arguments+temp): {pl['vs_xla']:.2f}",
         f"XLA's cost_analysis FLOPs (scan bodies counted once): "
         f"{r['xla_cost_flops_per_device'] * r['n_devices'] / 1e12:.2f} TFLOP"]
-  lines.append(f"roofline from analytic FLOPs ({roof['total_flops'] / 1e12:.1f} TFLOP):")
+  lines.append(f"decode layout: {r['decode_layout']} ({r['decode_layout_why']})")
+  if "decode_collectives_per_token" in r:
+    pt = r["decode_collectives_per_token"]
+    lines.append(f"decode loop collectives per token: {', '.join(f'{n:g} {k}' for k, n in sorted(pt.items())) or 'none'}"
+                 f" ({r['decode_weight_collectives_per_token']:g} of weights), "
+                 f"{r['decode_ici_bytes_per_token'] / 2**20:.2f} MiB over ICI per chip")
+  ici = " ICI from the compiled program's collectives;" if roof["ici"] else " ICI not modelled (no compile);"
+  lines.append(f"roofline per phase ({roof['total_flops'] / 1e12:.1f} TFLOP analytic;{ici} bound = largest term):")
+  lines.append(f"  {'phase':<24} {'TFLOP':>9} {'compute ms':>11} {'HBM ms':>9} {'ICI ms':>9} {'collectives':>12} "
+               f"{'bound ms':>9}")
   for k, s in roof["seconds"].items():
-    lines.append(f"  {k:<24} {roof['flops'][k] / 1e12:9.1f} TFLOP {s * 1e3:9.1f} ms")
-  lines.append(f"  decode HBM-bound time   {roof['decode_hbm_seconds'] * 1e3:24.1f} ms")
-  lines.append(f"  estimated step time     {roof['step_seconds'] * 1e3:24.1f} ms (lower bound)")
+    n_coll = roof["ici"].get(k, {}).get("collectives", 0)
+    lines.append(f"  {k:<24} {roof['flops'].get(k, 0) / 1e12:9.1f} {roof['compute_seconds'][k] * 1e3:11.1f} "
+                 f"{roof['hbm_seconds'][k] * 1e3:9.1f} {roof['ici_seconds'][k] * 1e3:9.1f} {n_coll:12.0f} "
+                 f"{s * 1e3:9.1f}")
+  lines.append(f"  estimated step time {roof['step_seconds'] * 1e3:67.1f} ms (lower bound)")
   return "\n".join(lines)
 
 
@@ -304,6 +265,9 @@ def main(argv=None) -> int:
   ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
   ap.add_argument("--remat", default="full", choices=["none", "full", "dots"])
   ap.add_argument("--minibatches", type=int, default=1)
+  ap.add_argument("--decode-layout", default="auto", choices=list(decode_layout.KINDS),
+                  help="sampling.decode_layout: where the weights live while the rollout decodes")
+  ap.add_argument("--decode-tp", type=int, default=0, help="sampling.decode_tp (0 = the smallest that fits)")
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
   ap.add_argument("--no-compile", action="store_true", help="memory_plan + roofline only (no libtpu needed)")
   ap.add_argument("--buffers", default="", metavar="DUMP_DIR",
@@ -319,6 +283,7 @@ def main(argv=None) -> int:
     mesh = memory_plan.parse_mesh(a.mesh) if a.mesh else None
     cfg = memory_plan.workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, None, a.dtype, a.remat,
                                       a.minibatches)
+    cfg.sampling.update(decode_layout=a.decode_layout, decode_tp=a.decode_tp)
     r = check(cfg, a.topology, mesh, compile=not a.no_compile)
   except (ValueError, RuntimeError) as e:
     print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)

@@ -47,7 +47,12 @@ def base_config() -> ml_collections.ConfigDict:
       prompt_format="r1_zero"))  # or "chat": the tokenizer's chat template (tasks/prompts.py)
 
   c.sampling = ml_collections.ConfigDict(dict(
-      temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=48))
+      temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=48,
+      # Where the weights live while the rollout decodes (decode_layout.py): auto | gathered | tp | fsdp. auto =
+      # gathered (whole on every chip, no weight collective per token) when the planner says it fits, else
+      # tensor-parallel over decode_tp fsdp devices, else the training layout (weights all-gathered every token).
+      decode_layout="auto",
+      decode_tp=0))  # fsdp devices per tensor-parallel decode group (layout tp / auto); 0 = smallest that fits
 
   # rl.algo names the algorithm; presets.PRESETS[algo] holds every setting that defines it (the keys marked
   # "preset"). The defaults below are the grpo preset's (tests/test_presets.py checks they agree). Switch algorithm

@@ -21,6 +21,7 @@ import jax
 import ml_collections
 
 from grpo_jax import config_lib
+from grpo_jax import decode_layout
 from grpo_jax import model as model_lib
 from grpo_jax import model_presets
 from grpo_jax import presets
@@ -86,12 +87,6 @@ def param_bytes_per_device(mcfg: model_lib.ModelConfig, mesh: dict[str, int]) ->
   return _param_bytes(mcfg, tuple(sorted(mesh.items())))
 
 
-def layer_bytes_per_device(mcfg: model_lib.ModelConfig, mesh: dict[str, int], compute_bytes: int) -> int:
-  """Bytes on one device of the per-layer weights `model.decode_layers` makes (stored in the compute dtype)."""
-  per_dev_fp32, _ = _param_bytes(mcfg, tuple(sorted(mesh.items())), "layers")
-  return per_dev_fp32 * compute_bytes // 4
-
-
 @functools.lru_cache(maxsize=64)  # tracing a 7B init takes seconds; plans for one model reuse it
 def _param_bytes(mcfg: model_lib.ModelConfig, mesh_items: tuple, subtree: str = "") -> tuple[int, int]:
   mesh = dict(mesh_items)
@@ -135,9 +130,18 @@ class Plan:
                 peak_phase=self.peak_phase)
 
 
-def plan(config: ml_collections.ConfigDict, mesh: dict[str, int]) -> Plan:
-  """Per-device memory of one `rl_step` (or PPO step) for `config` on a mesh of the given axis sizes."""
+def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], decode: Any = None,
+         hbm_bytes: int | None = None) -> Plan:
+  """Per-device memory of one `rl_step` (or PPO step) for `config` on a mesh of the given axis sizes.
+
+  `decode`: the rollout's decode layout (decode_layout.Layout); None resolves `config.sampling.decode_layout` the
+  way the step does, against `hbm_bytes` per device (None: no limit, so `auto` plans the gathered layout)."""
   mcfg = model_lib.ModelConfig.from_config(config.model)
+  if decode is None:
+    decode = decode_layout.choose(config, mesh, hbm_bytes)[0]
+  bad = decode_layout.check(mcfg, mesh, decode)
+  if bad:
+    raise ValueError(bad + ".")
   rl = config.rl
   B, P, L = rl.prompts_per_step, config.task.prompt_len, config.sampling.max_new_tokens
   T, N = P + L, rl.prompts_per_step * rl.G * (rl.oversample if rl.dynamic_sampling else 1)
@@ -168,15 +172,13 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int]) -> Plan:
   carried = rows * L * 4 * 6 + rows * T * 4 * 3
   # Prefill runs one layer at a time over P tokens: activations plus the fp32 attention scores of that layer.
   prefill = rows * P * (3 * D + 2 * f_dev) * cb + rows * h_dev * P * P * (4 + cb)
+  # Decode (decode_layout.rollout_bytes): the KV cache, one step's logits, and the weights the loop reads in the
+  # rollout's decode layout (gathered: the whole model in the compute dtype on every chip; fsdp: as split, plus the
+  # LM head gathered at every token).
   rollout = {
-      "kv cache": 2 * nl * rows * k_dev * Dh * T * cb,
-      # Decode logits in fp32 plus the softmax / cumulative sums of the sampler, for one step.
-      "decode logits": 3 * rows * v_dev * 4,
-      "lm head, gathered": head_gathered,
+      **decode_layout.rollout_bytes(mcfg, mesh, decode, N, T),
       "prefill layer": prefill,
       "rollout outputs": carried,
-      # model.decode_layers: the layer weights sliced once per rollout (kernels in the compute dtype, as sharded)
-      "decode layer weights": layer_bytes_per_device(mcfg, mesh, cb),
   }
 
   if mcfg.remat == "full":
@@ -239,11 +241,11 @@ def main(argv=None) -> int:
       raise ValueError(f"--mesh={a.mesh}: the planner needs explicit sizes (no -1).")
     c = workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, mesh, a.dtype, a.remat, a.minibatches,
                         algo=a.algo)
-    p = plan(c, mesh)
+    hbm = int(a.hbm_gib * GiB) if a.hbm_gib else None
+    p = plan(c, mesh, hbm_bytes=hbm)  # sampling.decode_layout=auto resolves against the chip's memory
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
-  hbm = int(a.hbm_gib * GiB) if a.hbm_gib else None
   if a.json:
     print(json.dumps(dict(p.as_dict(), mesh=mesh, model=a.model, hbm_bytes=hbm)))
   else:

@@ -23,11 +23,12 @@ Param tree (plain nested dict, always float32; L layers, D hidden, H heads, K kv
 Conventions match Hugging Face Qwen2/Llama: RoPE rotates halves (`rotate_half`), query head h uses kv head
 h // (H // K), RMSNorm normalises in float32. Attention and RoPE live in attention.py (`model.attention` picks the
 training/prefill path), the config in model_config.py. KV cache: one buffer per layer, K as [N, K, Dh, S] and V as
-[N, K, S, Dh] (docs/performance.md, "XLA:CPU facts": this layout avoids a whole-cache transpose per decode step). Decode runs the layers as a
-Python loop over per-layer weights and caches sliced once per rollout (`decode_layers`): a layer `while` inside
-the decode loop would slice (copy) every layer's weights and K/V cache at every token.
+[N, K, S, Dh] (docs/performance.md, "XLA:CPU facts": this layout avoids a whole-cache transpose per decode step).
+Decode runs the layers as a Python loop over per-layer weights and caches prepared once per rollout
+(`decode_weights`; decode_layout.py puts them into the decode layout): a layer `while` inside the decode loop would
+slice (copy) every layer's weights and K/V cache at every token.
 """
-from typing import Any
+from typing import Any, NamedTuple
 
 import flax
 import flax.linen as nn
@@ -258,8 +259,13 @@ def target_logprobs(mcfg: ModelConfig, h_NxLxD: jax.Array, head_DxV: jax.Array, 
   if t == 0:
     return jnp.zeros((n, 0), jnp.float32), jnp.zeros((n, 0), jnp.float32)
   inv_temp = 1.0 / jnp.asarray(temperature, jnp.float32)
+  # Each chip scores its own rows against the whole head: the head is gathered over the FSDP axes once per call (in
+  # the compute dtype, split only over `tensor`), not once per chunk, and the chunk's rows stay split. Left to the
+  # partitioner, a large mesh (7B on 64 chips) kept the head split on D and computed every row's logits on every chip.
+  head_DxV = nn.with_logical_constraint(head_DxV.astype(mcfg.compute_dtype), (None, "vocab"))
 
   def one_chunk(h_NxCxD, next_NxC):
+    h_NxCxD = nn.with_logical_constraint(h_NxCxD, ("batch", None, None))
     logits_NxCxV = _head(mcfg, h_NxCxD, head_DxV) * inv_temp
     logp_NxCxV = jax.nn.log_softmax(logits_NxCxV, axis=-1)
     # A one-hot contraction rather than take_along_axis: its backward is a multiply, not a scatter (slow on CPU).
@@ -338,45 +344,58 @@ def prefill(mcfg: ModelConfig, params: Params, tokens_NxP: jax.Array, positions_
   if cache["k"][0].shape[-1] < p:
     raise ValueError(f"cache length {cache['k'][0].shape[-1]} < prompt length {p}; "
                      "make init_cache(length=...) at least P + new tokens.")
-  h_NxPxD, head_DxV, (k_LxNxKxDxP, v_LxNxKxPxD) = _apply(mcfg, params, "prefill", tokens_NxP, positions_NxP,
-                                                          mask_NxP)
-  cache = {"k": tuple(jax.lax.dynamic_update_slice(c, k_LxNxKxDxP[l].astype(c.dtype), (0, 0, 0, 0))
-                      for l, c in enumerate(cache["k"])),
-           "v": tuple(jax.lax.dynamic_update_slice(c, v_LxNxKxPxD[l].astype(c.dtype), (0, 0, 0, 0))
-                      for l, c in enumerate(cache["v"]))}
-  return _head(mcfg, h_NxPxD[:, -1], head_DxV), cache
+  with jax.named_scope("prefill"):  # the phase name the roofline attributes collectives by (hlo_collectives.py)
+    h_NxPxD, head_DxV, (k_LxNxKxDxP, v_LxNxKxPxD) = _apply(mcfg, params, "prefill", tokens_NxP, positions_NxP,
+                                                            mask_NxP)
+    cache = {"k": tuple(jax.lax.dynamic_update_slice(c, k_LxNxKxDxP[l].astype(c.dtype), (0, 0, 0, 0))
+                        for l, c in enumerate(cache["k"])),
+             "v": tuple(jax.lax.dynamic_update_slice(c, v_LxNxKxPxD[l].astype(c.dtype), (0, 0, 0, 0))
+                        for l, c in enumerate(cache["v"]))}
+    return _head(mcfg, h_NxPxD[:, -1], head_DxV), cache
 
 
-def decode_layers(mcfg: ModelConfig, params: Params) -> tuple[Params, ...]:
-  """Per-layer param dicts for `decode_step`, kernels and biases already in the compute dtype.
+class DecodeWeights(NamedTuple):
+  """What `decode_step` reads, prepared once per rollout: per-layer param dicts (kernels and biases in the compute
+  dtype), the embedding table in the compute dtype, the untied LM head (None: tied, the table's transpose) and the
+  final norm. decode_layout.prepare puts them into the decode layout."""
+  layers: tuple
+  embed_VxD: jax.Array
+  head_DxV: jax.Array | None
+  final_norm: Params
 
-  Slice them once per rollout, outside the decode loop: they enter the loop as invariant buffers, where slicing the
-  stacked [layers, ...] params inside it copies every weight at every token (the cast is then also done once)."""
+
+def decode_weights(mcfg: ModelConfig, params: Params) -> DecodeWeights:
+  """Per-layer weights sliced out of the stacked [layers, ...] params and cast, once per rollout, outside the decode
+  loop: they enter the loop as invariant buffers, where slicing the stacked params inside it copies every weight at
+  every token. Casting the table before the lookup gives the same values as casting the looked-up rows."""
   dt = mcfg.compute_dtype
   cast = lambda path, x: x.astype(dt) if path[-1].key in ("kernel", "bias") else x
-  return tuple(jax.tree_util.tree_map_with_path(lambda path, x: cast(path, x[l]), params["layers"])
-               for l in range(mcfg.layers))
+  layers = tuple(jax.tree_util.tree_map_with_path(lambda path, x: cast(path, x[l]), params["layers"])
+                 for l in range(mcfg.layers))
+  head = None if mcfg.tie_embeddings else params["lm_head"]["kernel"].astype(dt)
+  return DecodeWeights(layers, params["embed"]["embedding"].astype(dt), head, params["final_norm"])
 
 
 def decode_step(mcfg: ModelConfig, params: Params, token_N: jax.Array, position_N: jax.Array, cache: Cache,
                 index: jax.Array | int, kv_mask_NxS: jax.Array,
-                layers: tuple[Params, ...] | None = None) -> tuple[jax.Array, Cache]:
+                weights: DecodeWeights | None = None) -> tuple[jax.Array, Cache]:
   """Feeds one token per row into cache slot `index`; attends to slots s <= index where kv_mask_NxS[:, s].
 
-  Runs the layers as a Python loop over their own weights (`layers`, from `decode_layers`; sliced here if None) and
-  their own cache buffers, so nothing is sliced out of a stacked array per token."""
+  Runs the layers as a Python loop over their own weights (`weights`, from `decode_weights` or
+  decode_layout.prepare; made from `params` here if None) and their own cache buffers, so nothing is sliced out of a
+  stacked array per token."""
   c, dt = mcfg, mcfg.compute_dtype
-  layers = decode_layers(mcfg, params) if layers is None else layers
+  w = decode_weights(mcfg, params) if weights is None else weights
   positions_Nx1 = position_N[:, None]
   index = jnp.asarray(index, jnp.int32)
-  x_NxD = jnp.take(params["embed"]["embedding"], token_N, axis=0).astype(dt)
+  x_NxD = jnp.take(w.embed_VxD, token_N, axis=0).astype(dt)
   x_NxD = nn.with_logical_constraint(x_NxD, ("batch", "embed"))
   ks, vs = [], []
-  for l, layer_params in enumerate(layers):
+  for l, layer_params in enumerate(w.layers):
     x_NxD, (k, v) = Block(c, "decode").apply({"params": layer_params}, x_NxD, positions_Nx1, None,
                                              (cache["k"][l], cache["v"][l]), index, kv_mask_NxS)
     ks.append(k)
     vs.append(v)
-  h_NxD = RMSNorm(c.rms_eps, dt).apply({"params": params["final_norm"]}, x_NxD)
-  head_DxV = params["embed"]["embedding"].T if c.tie_embeddings else params["lm_head"]["kernel"]
+  h_NxD = RMSNorm(c.rms_eps, dt).apply({"params": w.final_norm}, x_NxD)
+  head_DxV = w.embed_VxD.T if w.head_DxV is None else w.head_DxV
   return _head(mcfg, h_NxD, head_DxV), {"k": tuple(ks), "v": tuple(vs)}

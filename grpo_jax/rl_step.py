@@ -11,6 +11,7 @@ import jax.numpy as jnp
 
 from grpo_jax import advantages
 from grpo_jax import config_lib
+from grpo_jax import decode_layout
 from grpo_jax import losses
 from grpo_jax import model as model_lib
 from grpo_jax import presets
@@ -77,7 +78,9 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
     k_sample, k_ds = jax.random.split(rng)
     b = tile_batch(batch, G)
     P = b["prompt_NxP"].shape[1]
-    ro = sampling.sample(mcfg, params, b["prompt_NxP"], b["prompt_mask_NxP"], k_sample, scfg)
+    # The weights in their decode layout, once per rollout, before the sampler (decode_layout.py).
+    decode = decode_layout.for_rollout(config, mcfg, params)
+    ro = sampling.sample(mcfg, params, b["prompt_NxP"], b["prompt_mask_NxP"], k_sample, scfg, decode=decode)
     tokens_NxL = sharding.constrain_batch(ro.tokens_NxL)
     fields = {k: v for k, v in b.items() if k not in PROMPT_KEYS}
     r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields)
@@ -103,11 +106,13 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
 
     mask_NxL = rows["mask_NxL"]
     seq = full_sequence(rows["prompt_NxP"], rows["pmask_NxP"], rows["tokens_NxL"], mask_NxL)
-    ref_logp_NxL, _ = completion_logprobs(mcfg, ref_params, seq, P, temp)
+    with jax.named_scope("reference"):  # phase names the roofline attributes collectives by (hlo_collectives)
+      ref_logp_NxL, _ = completion_logprobs(mcfg, ref_params, seq, P, temp)
     old_logp_NxL = rows["old_logp_NxL"]
     if bf16:
       # bf16 sampler and training forward differ by rounding; ρ must start at exactly 1 for μ=1 on-policy.
-      old_logp_NxL, _ = completion_logprobs(mcfg, params, seq, P, temp)
+      with jax.named_scope("old_logprobs"):
+        old_logp_NxL, _ = completion_logprobs(mcfg, params, seq, P, temp)
     return Rollout(seq=seq, tokens_NxL=rows["tokens_NxL"], mask_NxL=mask_NxL, lengths_N=rows["lengths_N"],
                    truncated_N=rows["truncated_N"], r_N=rows["r_N"], per_term=rows["per_term"], steps=rows["steps"],
                    terms_NxK=rows["terms_NxK"], term_w_K=term_w_K,
@@ -250,9 +255,10 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec
                 mask_NxL=ro.mask_NxL)
 
     update = update_lib.make_update(lambda ps, mb: loss_fn(ps[0], mb), (opt,))
-    ((params,), (opt_state,)), um = update_lib.minibatch_scan(
-        update, ((state["params"],), (state["opt_state"],)), data, k_upd, mu=config.rl.mu,
-        minibatches=config.rl.minibatches)
+    with jax.named_scope("update"):
+      ((params,), (opt_state,)), um = update_lib.minibatch_scan(
+          update, ((state["params"],), (state["opt_state"],)), data, k_upd, mu=config.rl.mu,
+          minibatches=config.rl.minibatches)
     return finish_step(config, state, dict(params=params, opt_state=opt_state, rng=rng), ro, adv_NxL, um)
 
   return step

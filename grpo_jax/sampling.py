@@ -13,6 +13,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from grpo_jax import decode_layout
 from grpo_jax import model as model_lib
 
 
@@ -124,8 +125,11 @@ def draw(logits_NxV: jax.Array, u_N: jax.Array, scfg: SamplingConfig) -> tuple[j
 
 
 def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prompt_mask_NxP: jax.Array,
-           rng: jax.Array, scfg: SamplingConfig) -> Rollout:
-  """Generates exactly `scfg.max_new_tokens` steps for left-padded prompts; rows stop at their own EOS."""
+           rng: jax.Array, scfg: SamplingConfig, decode: decode_layout.Decode | None = None) -> Rollout:
+  """Generates exactly `scfg.max_new_tokens` steps for left-padded prompts; rows stop at their own EOS.
+
+  `decode`: the weights the decode loop reads, already in their decode layout (decode_layout.for_rollout, made once
+  per rollout by the caller, outside any loop over rollout chunks); None decodes in the params' own layout."""
   if prompt_NxP.ndim != 2 or prompt_NxP.shape != prompt_mask_NxP.shape:
     raise ValueError(f"prompt_NxP {prompt_NxP.shape} and prompt_mask_NxP {prompt_mask_NxP.shape}: need the same "
                      "2-D [rows, prompt_len] shape.")
@@ -146,9 +150,9 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
   cache = pin(model_lib.init_cache(mcfg, n, p + steps))
   logits_NxV, cache = model_lib.prefill(mcfg, params, prompt_NxP, pos_NxP, mask_NxP, cache)
   cache = pin(cache)
-  layers = model_lib.decode_layers(mcfg, params)  # sliced once: loop-invariant inputs of the decode loop
+  if decode is None:  # made once: the weights are loop-invariant inputs of the decode loop
+    decode = decode_layout.prepare(mcfg, params, decode_layout.Layout("fsdp"))
   kv_mask_NxS = jnp.concatenate([mask_NxP, jnp.ones((n, steps), jnp.int32)], axis=1)
-  u_LxN = nn.with_logical_constraint(jax.random.uniform(rng, (steps, n)), (None, "batch"))
 
   def emit(logits_NxV, u_N, done_N):
     tok_N, logp_N = draw(logits_NxV, u_N, scfg)
@@ -162,13 +166,16 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
     i, u_N = xs
     tok_N, logp_N, live_N, done_N = emit(logits_NxV, u_N, done_N)
     # rows past EOS keep decoding pad tokens: wasted but static-shaped work
-    logits_NxV, cache = model_lib.decode_step(mcfg, params, tok_N, plen_N + i, cache, p + i, kv_mask_NxS,
-                                              layers)
+    logits_NxV, cache = model_lib.decode_step(decode.mcfg, params, tok_N, plen_N + i, cache, p + i, kv_mask_NxS,
+                                              decode.weights)
     return (batch(logits_NxV), pin(cache), done_N), (tok_N, logp_N, live_N)
 
   done_N = jnp.zeros((n,), bool)
-  (logits_NxV, _, done_N), (tok_LxN, logp_LxN, live_LxN) = jax.lax.scan(
-      step, (batch(logits_NxV), cache, done_N), (jnp.arange(steps - 1, dtype=jnp.int32), u_LxN[:-1]))
+  with decode.view():  # the loop's constraints (carry, cache, weights) resolve to the decode layout
+    u_LxN = nn.with_logical_constraint(jax.random.uniform(rng, (steps, n)), (None, "batch"))
+    (logits_NxV, _, done_N), (tok_LxN, logp_LxN, live_LxN) = jax.lax.scan(
+        step, (batch(logits_NxV), pin(decode.expand_cache(cache)), done_N),
+        (jnp.arange(steps - 1, dtype=jnp.int32), u_LxN[:-1]))
   # the last token needs no decode step after it
   tok_N, logp_N, live_N, done_N = emit(logits_NxV, u_LxN[-1], done_N)
   tokens_NxL = jnp.concatenate([tok_LxN.T, tok_N[:, None]], axis=1)

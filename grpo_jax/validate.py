@@ -168,6 +168,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
     except (TypeError, ValueError):
       _fail("rl.reward_fallback", f"must be '' (raise on bad reward output) or a number, got {c.rl.reward_fallback!r}.")
   mesh = validate_mesh(c, num_devices)
+  validate_decode_layout(c, mesh)
   rows = c.rl.prompts_per_step * c.rl.G * (c.rl.oversample if c.rl.dynamic_sampling else 1)
   data_par = mesh["data"] * mesh["fsdp"]
   if (c.rl.prompts_per_step * c.rl.G) % data_par or rows % data_par:
@@ -192,6 +193,21 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
       _fail(f"rewards[{i}]", f"must be a (name, weight) pair, got {entry!r}.")
   if tokenizer is not None:
     validate_tokenizer(c, tokenizer)
+
+
+def validate_decode_layout(c, mesh: dict[str, int]) -> None:
+  """sampling.decode_layout / decode_tp (decode_layout.py): a known layout, and a TP degree this model and mesh
+  can decode with."""
+  from grpo_jax import decode_layout
+  from grpo_jax import model_config
+  _choice(c, "sampling.decode_layout", decode_layout.KINDS)
+  tp = c.sampling.decode_tp
+  if not isinstance(tp, int) or tp < 0:
+    _fail("sampling.decode_tp", f"must be an integer >= 0 (0 = the smallest that fits), got {tp!r}.")
+  if tp and c.sampling.decode_layout in ("auto", "tp"):
+    bad = decode_layout.check(model_config.ModelConfig.from_config(c.model), mesh, decode_layout.Layout("tp", tp))
+    if bad:
+      raise ConfigError(f"config.{bad}; or set sampling.decode_tp=0 (the smallest that fits).")
 
 
 def validate_algorithm(c) -> None:

@@ -9,8 +9,10 @@ import jax
 import pytest
 
 from grpo_jax import aot
+from grpo_jax import hlo_collectives
 from grpo_jax import memory_plan
 from grpo_jax import model as model_lib
+from grpo_jax import roofline as roofline_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -46,16 +48,95 @@ def test_analytic_flops_by_hand():
 
 def test_roofline_by_hand():
   c = _tiny(dtype="bfloat16", remat="none")
-  chip = aot.Chip(hbm_gib=16, bf16_tflops=100, hbm_gbs=1)  # 1 GB/s: decode is HBM-bound
+  chip = aot.Chip(hbm_gib=16, bf16_tflops=100, hbm_gbs=1)  # 1 GB/s: every phase is HBM-bound
   mesh = dict(data=1, fsdp=4, tensor=1)
   r = aot.roofline(c, mesh, chip)
-  assert r["seconds"]["policy fwd+bwd"] == pytest.approx(r["flops"]["policy fwd+bwd"] / (4 * 100e12))
+  assert r["compute_seconds"]["policy fwd+bwd"] == pytest.approx(r["flops"]["policy fwd+bwd"] / (4 * 100e12))
   mcfg = model_lib.ModelConfig.from_config(c.model)
   weights = aot.matmul_params(mcfg) * 2
   kv = 2 * 2 * (8 / 4) * 2 * 16 * 64 * 2  # 2 · layers · rows/device · kv heads · head_dim · slots · bf16
   assert r["decode_hbm_seconds"] == pytest.approx(48 * (weights + kv) / 1e9)
-  assert r["seconds"]["rollout decode"] == r["decode_hbm_seconds"]
+  # The update reads the bf16 weights 3 times (forward, backward's two matmuls) and 7 fp32 shards (optimizer).
+  shard = 4 * aot.matmul_params(mcfg) / 4
+  assert r["hbm_seconds"]["policy fwd+bwd"] == pytest.approx((3 * weights + 7 * shard) / 1e9)
+  assert r["ici_seconds"]["rollout decode"] == 0 and r["ici"] == {}  # no compiled program: ICI not modelled
+  for k, sec in r["seconds"].items():
+    assert sec == max(r["compute_seconds"][k], r["hbm_seconds"][k], r["ici_seconds"][k])
   assert r["step_seconds"] == pytest.approx(sum(r["seconds"].values()))
+  # An ICI term from a compiled program's collectives bounds its phase when it is the largest.
+  ici = {"rollout decode": dict(seconds=1e3, collectives=10, bytes=1.0)}
+  assert aot.roofline(c, mesh, chip, ici=ici)["seconds"]["rollout decode"] == 1e3
+
+
+# A hand-written optimised HLO module: a while loop (counter 2 → 7: 5 trips) whose body all-gathers [4,32] → [16,32]
+# f32 over 4 devices as an async -start/-done pair, and an all-reduce of f32[4,32] over pairs in the entry.
+_HLO = """HloModule jit_step, entry_computation_layout={(f32[4,32]{1,0})->f32[4,32]{1,0}}
+
+%add (a: f32[], b: f32[]) -> f32[] {
+  %a = f32[] parameter(0)
+  %b = f32[] parameter(1)
+  ROOT %s = f32[] add(%a, %b)
+}
+
+%body.1 (p: (s32[], f32[4,32])) -> (s32[], f32[4,32]) {
+  %p = (s32[], f32[4,32]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %x = f32[4,32]{1,0} get-tuple-element(%p), index=1
+  %ags = (f32[4,32]{1,0}, f32[16,32]{1,0}) all-gather-start(%x), channel_id=1, replica_groups=[1,4]<=[4],
+    dimensions={0}, metadata={op_name="jit(step)/decode/while/body/Block/q/dot_general"}
+  %agd = f32[16,32]{1,0} all-gather-done(%ags)
+  %one = s32[] constant(1)
+  %i1 = s32[] add(%i, %one)
+  ROOT %t = (s32[], f32[4,32]{1,0}) tuple(%i1, %x)
+}
+
+%cond.1 (p: (s32[], f32[4,32])) -> pred[] {
+  %p = (s32[], f32[4,32]{1,0}) parameter(0)
+  %i = s32[] get-tuple-element(%p), index=0
+  %n = s32[] constant(7)
+  ROOT %lt = pred[] compare(%i, %n), direction=LT
+}
+
+ENTRY %main.9 (a: f32[4,32]) -> f32[4,32] {
+  %a = f32[4,32]{1,0} parameter(0)
+  %z = s32[] constant(2)
+  %init = (s32[], f32[4,32]{1,0}) tuple(%z, %a)
+  %w = (s32[], f32[4,32]{1,0}) while(%init), condition=%cond.1, body=%body.1, metadata={op_name="jit(step)/decode/while"}
+  ROOT %ar = f32[4,32]{1,0} all-reduce(%a), channel_id=2, replica_groups={{0,1},{2,3}}, to_apply=%add, metadata={op_name="jit(step)/update/transpose"}
+}
+"""
+
+
+def test_hlo_collectives_count_loops_async_pairs_and_groups():
+  colls = {c.kind: c for c in hlo_collectives.collectives(_HLO)}
+  assert set(colls) == {"all-gather", "all-reduce"}
+  ag, ar = colls["all-gather"], colls["all-reduce"]
+  # counted once per trip (the -start/-done pair once), sized by the gathered result
+  assert (ag.count, ag.result_bytes, ag.groups, ag.phase) == (5, 16 * 32 * 4, ((0, 1, 2, 3),), "rollout decode")
+  assert ag.moved_bytes == 16 * 32 * 4 * 3 / 4  # a ring all-gather sends (n-1)/n of the result
+  assert (ar.count, ar.groups, ar.phase) == (1, ((0, 1), (2, 3)), "update")
+  assert ar.moved_bytes == 2 * 4 * 32 * 4 / 2  # reduce-scatter + all-gather
+  assert hlo_collectives.in_loop(colls.values(), "rollout decode") == [ag]
+  # The mesh spelling of replica groups: mesh['a'=2,'b'=2] {'b'} varies b (devices row-major).
+  assert hlo_collectives.replica_groups("replica_groups=mesh['a'=2,'b'=2] {'b'}") == ((0, 1), (2, 3))
+  assert hlo_collectives.replica_groups("replica_groups=[2,2]<=[2,2]T(1,0)") == ((0, 2), (1, 3))
+
+
+def test_ici_pricing_by_hand():
+  colls = hlo_collectives.collectives(_HLO)
+  coords = [(i % 2, i // 2) for i in range(4)]  # a 2x2 v5e slice: no wraparound
+  ici = roofline_lib.ici_seconds(colls, aot.chip_of("v5e:2x2"), "v5e:2x2", coords)
+  # all-gather over the whole 2x2 (two axes, one 50 GB/s link each): 1536 B / 100 GB/s ≪ 2 hops × 1 µs latency.
+  assert ici["rollout decode"] == dict(seconds=pytest.approx(5 * 2e-6), collectives=5, bytes=5 * 1536)
+  # all-reduce over a pair: latency-bound (1 hop, twice: reduce-scatter then all-gather); the update's row.
+  assert ici["policy fwd+bwd"]["seconds"] == pytest.approx(2e-6)
+  # A large all-gather is bandwidth-bound: 1 GiB moved over the 16-chip axis of v5e:16x16 (wraparound: both
+  # directions of the link, 2 × 50 GB/s).
+  big = hlo_collectives.Collective("all-gather", "x", "c", (("bf16", (2 ** 29,)),), 2 ** 30, (tuple(range(16)),),
+                                   1, "", "update")
+  sec = roofline_lib.collective_seconds(big, aot.chip_of("v5e:16x16"), "v5e:16x16",
+                                        [(i % 16, i // 16) for i in range(256)])
+  assert sec == pytest.approx(2 ** 30 * 15 / 16 / 100e9)
 
 
 def test_chip_table_and_bad_topology():
@@ -160,3 +241,44 @@ def test_tpu_lowering_of_training_contains_the_splash_kernels():
              "splash_mha_dkv_segmented_no_residuals"}
   assert kernels <= set(r["auto"]), r
   assert r["xla"] == ["calls=0"], r
+
+
+# Compiles the tiny RL step for a v5e:2x2 slice (4 chips, FSDP) in the default decode layout, in tensor-parallel
+# decode (decode_tp=2) and in the training layout; prints each report's decode-loop collective counts.
+_DECODE_COLLECTIVES = """
+import json
+from grpo_jax import aot, memory_plan
+devices = aot.tpu_devices("v5e:2x2")
+out = {}
+for knob, tp in (("auto", 0), ("tp", 2), ("fsdp", 0)):
+  cfg = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=8)
+  cfg.sampling.update(decode_layout=knob, decode_tp=tp)
+  r = aot.check(cfg, "v5e:2x2", dict(data=1, fsdp=4, tensor=1), devices)
+  out[knob] = {k: r[k] for k in ("decode_layout", "decode_collectives_per_token", "decode_collective_budget",
+                                 "decode_weight_collectives_per_token", "compile_seconds")}
+  out[knob]["ici_decode"] = r["roofline"]["ici"].get("rollout decode", {})
+print(json.dumps(out))
+"""
+
+
+@NEEDS_LIBTPU
+def test_tpu_decode_loop_collectives_per_layout():
+  """In the TPU compiler's program, the decode loop of the default layout moves no weight (weights told apart from
+  activations by shape); tensor-parallel decode stays within 2 all-reduces per layer plus the embedding and LM-head
+  collectives; the training layout all-gathers weights at every token (the count that tells them apart)."""
+  out = subprocess.run([sys.executable, "-c", _DECODE_COLLECTIVES], cwd=REPO, capture_output=True, text=True,
+                       timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  auto, tp, fsdp = r["auto"], r["tp"], r["fsdp"]
+  assert auto["decode_layout"] == "gathered" and auto["decode_weight_collectives_per_token"] == 0, auto
+  assert auto["decode_collective_budget"] == {} and auto["decode_collectives_per_token"] == {}, auto
+  assert tp["decode_layout"] == "tp=2" and tp["decode_weight_collectives_per_token"] == 0, tp
+  layers = 2
+  assert tp["decode_collective_budget"] == {"all-reduce": 2 * layers + 1, "all-gather": 1}, tp
+  assert 0 < tp["decode_collectives_per_token"].get("all-reduce", 0) <= 2 * layers + 1, tp
+  assert set(tp["decode_collectives_per_token"]) <= {"all-reduce", "all-gather"}, tp
+  assert tp["decode_collectives_per_token"].get("all-gather", 0) <= 1, tp
+  # tiny has 2 layers of 7 kernels + 3 biases each, and the tied table: ~20 weights gathered per token.
+  assert fsdp["decode_layout"] == "fsdp" and fsdp["decode_weight_collectives_per_token"] >= 2 * 7, fsdp
+  assert fsdp["ici_decode"]["bytes"] > 10 * tp["ici_decode"].get("bytes", 0), r

@@ -4,6 +4,7 @@ import json
 import jax
 import pytest
 
+from grpo_jax import decode_layout
 from grpo_jax import memory_plan
 
 ONE = dict(data=1, fsdp=1, tensor=1)
@@ -99,9 +100,10 @@ def test_plan_within_15_percent_of_xla_on_cpu(cpu_compiled):
 def test_lm_head_terms_follow_fsdp_and_dtype():
   c = memory_plan.workload_config("qwen2.5-1.5b")
   D, V = 1536, 151936
-  p = memory_plan.plan(c, dict(data=1, fsdp=8, tensor=1))
+  mesh = dict(data=1, fsdp=8, tensor=1)
+  p = memory_plan.plan(c, mesh, decode=decode_layout.Layout("fsdp"))
   # FSDP: the bf16 head is gathered whole for the forward; its fp32 gradient is whole before the reduce-scatter.
-  assert p.update["lm head, gathered"] == p.rollout["lm head, gathered"] == D * V * 2
+  assert p.update["lm head, gathered"] == p.rollout["lm head, gathered per token"] == D * V * 2
   assert p.update["lm head gradient, unreduced"] == D * V * 4
   # One device, fp32: the head is used in place and its gradient is the `gradients` entry.
   p1 = memory_plan.plan(memory_plan.workload_config("qwen2.5-1.5b", dtype="float32"), ONE)
@@ -110,11 +112,46 @@ def test_lm_head_terms_follow_fsdp_and_dtype():
   assert p.update["logits chunk"] == 3 * 16 * 16 * V * 4 + 16 * 512 * D * 4
 
 
+def test_decode_layouts_in_the_plan():
+  c = memory_plan.workload_config("qwen2.5-1.5b")
+  mesh = dict(data=1, fsdp=8, tensor=1)
+  n = 1_543_714_304
+  # Norm scales stay fp32 (2·28+1 of them, 1536 each); every other weight is bf16 and whole on every chip.
+  scales = (2 * 28 + 1) * 1536
+  g = memory_plan.plan(c, mesh, decode=decode_layout.Layout("gathered"))
+  assert g.rollout["decode weights (gathered)"] == 2 * (n - scales) + 4 * scales
+  assert "lm head, gathered per token" not in g.rollout
+  # auto with no memory limit: gathered; against a chip too small for it, the smallest tp degree that fits.
+  assert memory_plan.plan(c, mesh).rollout == g.rollout
+  # 4 minibatches: the update's peak drops below the gathered rollout's, so the decode layout sets the total.
+  c4 = memory_plan.workload_config("qwen2.5-1.5b", minibatches=4)
+  g4 = memory_plan.plan(c4, mesh, decode=decode_layout.Layout("gathered"))
+  assert g4.peak_phase == "rollout"
+  layout, why = decode_layout.choose(c4, mesh, g4.total_bytes - 1)
+  assert layout == decode_layout.Layout("tp", 2) and "the planner puts the step at" in why
+  assert memory_plan.plan(c4, mesh, decode=layout).total_bytes < g4.total_bytes
+  # tp=2 over 8 fsdp chips: each decode group of 2 holds half the weights, and the rows of 4 chips' worth of
+  # groups: 128 rows / 4 groups = 32 rows per chip, KV heads (2) split 2 ways.
+  t2 = memory_plan.plan(c, mesh, decode=decode_layout.Layout("tp", 2))
+  assert t2.rollout["kv cache"] == 2 * 28 * 32 * 1 * 128 * 768 * 2
+  assert t2.rollout["decode weights (tp=2)"] < 0.55 * g.rollout["decode weights (gathered)"]
+  # tp=4 exceeds the 2 KV heads: each is repeated twice, so the cache per chip stays at one head.
+  t4 = memory_plan.plan(c, mesh, decode=decode_layout.Layout("tp", 4))
+  assert t4.rollout["kv cache"] == 2 * 28 * 64 * 1 * 128 * 768 * 2
+  # Nothing fits: the training layout, said so.
+  layout, why = decode_layout.choose(c, mesh, 1)
+  assert layout.kind == "fsdp" and "no decode layout fits" in why
+  with pytest.raises(ValueError, match="sampling.decode_tp=3: must be >= 2 and divide mesh.fsdp=8"):
+    memory_plan.plan(c, mesh, decode=decode_layout.Layout("tp", 3))
+
+
 def test_plan_within_15_percent_of_the_measured_tpu_buffer_assignment():
   # XLA:TPU (libtpu 0.0.42.1) buffer assignment of rl_step for Qwen2.5-1.5B on v5p:2x2x2, fsdp=8, 16 prompts × G 8,
   # 256+512 tokens, bf16, remat=full, measured 2026-11-30 (docs/scale.md): parameters 2.876 GiB + temp 4.408 GiB.
   # Update these numbers only from a new compile (python -m grpo_jax.aot ... with XLA_FLAGS=--xla_dump_to).
   xla = (2.876 + 4.408) * memory_plan.GiB
-  p = memory_plan.plan(memory_plan.workload_config("qwen2.5-1.5b"), dict(data=1, fsdp=8, tensor=1))
+  # (measured in the training layout: the decode loop gathered every weight at every token)
+  p = memory_plan.plan(memory_plan.workload_config("qwen2.5-1.5b"), dict(data=1, fsdp=8, tensor=1),
+                       decode=decode_layout.Layout("fsdp"))
   assert abs(p.resident_bytes / (2.876 * memory_plan.GiB) - 1) < 0.01
   assert abs(p.total_bytes / xla - 1) < 0.15, p.as_dict()
