@@ -53,6 +53,9 @@ BAD = [
     ("sampling.top_k", 100_000, "config.sampling.top_k"),
     ("sampling.temperature", 0.0, "config.sampling.temperature"),
     ("sampling.max_new_tokens", 1000, "model.max_len"),
+    ("sampling.decode_layout", "tensor", "config.sampling.decode_layout"),
+    ("sampling.decode_tp", -1, "config.sampling.decode_tp"),
+    ("sampling.decode_tp", 2, "config.sampling.decode_tp=2: must be >= 2 and divide mesh.fsdp=1"),
     ("optim.lr", 0.0, "config.optim.lr"),
     ("optim.b2", 1.2, "config.optim.b2"),
     ("model.kv_heads", 3, "config.model.kv_heads"),
@@ -94,6 +97,18 @@ def test_batch_not_divisible_by_mesh():
   c.rl.update(prompts_per_step=3, G=2)
   with pytest.raises(validate.ConfigError, match="divisible by mesh"):
     validate.validate_rl(c, num_devices=4, tokenizer=_Tok())
+
+
+def test_decode_tp_must_split_the_heads():
+  c = _cfg()
+  c.mesh.update(fsdp=8)
+  c.eval.update(batch=8 * c.eval.n_samples, size=8 * c.eval.n_samples)
+  c.model.update(heads=4, kv_heads=2)
+  c.sampling.update(decode_layout="tp", decode_tp=8)
+  with pytest.raises(validate.ConfigError, match="decode_tp × mesh.tensor = 8 must divide model.heads=4"):
+    validate.validate_rl(c, num_devices=8)
+  c.sampling.decode_tp = 4  # 4 query heads over 4 chips; the 2 KV heads repeated twice
+  validate.validate_rl(c, num_devices=8)
 
 
 def test_two_free_mesh_axes():
