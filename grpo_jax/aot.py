@@ -190,6 +190,9 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
            plan=dict(total_bytes=p.total_bytes, resident_bytes=p.resident_bytes, temp_bytes=p.temp_bytes,
                      peak_phase=p.peak_phase, fits=p.total_bytes <= hbm, headroom_frac=1 - p.total_bytes / hbm))
   if not compile:
+    # No program to read: the decode phase's collectives by its layout (the other phases' are not modelled).
+    ici = roofline_lib.analytic_decode_ici(cfg, mesh_shape, topology, layout)
+    r.update(roofline=roofline(cfg, mesh_shape, chip, layout, ici), ici_source="analytic (decode only)")
     return r
   compiled, compile_s = compile_step(cfg, devices, mesh_shape, hbm_bytes=hbm)
   mem = memory_report(compiled, hbm)
@@ -206,7 +209,7 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
     per_token[c.kind] = per_token.get(c.kind, 0) + c.count / steps
   mcfg = model_lib.ModelConfig.from_config(cfg.model)
   weights = decode_layout.weight_collectives(decode_loop, mcfg, mesh_shape, layout)
-  r.update(device_kind=devices[0].device_kind, compile_seconds=compile_s, memory=mem,
+  r.update(device_kind=devices[0].device_kind, compile_seconds=compile_s, memory=mem, ici_source="compiled program",
            xla_cost_flops_per_device=float(cost.get("flops", -1)) if cost else -1.0,
            roofline=roofline(cfg, mesh_shape, chip, layout, ici), decode_collectives_per_token=per_token,
            decode_weight_collectives_per_token=sum(c.count for c in weights) / steps,
@@ -240,7 +243,8 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(f"decode loop collectives per token: {', '.join(f'{n:g} {k}' for k, n in sorted(pt.items())) or 'none'}"
                  f" ({r['decode_weight_collectives_per_token']:g} of weights), "
                  f"{r['decode_ici_bytes_per_token'] / 2**20:.2f} MiB over ICI per chip")
-  ici = " ICI from the compiled program's collectives;" if roof["ici"] else " ICI not modelled (no compile);"
+  ici = (" ICI from the compiled program's collectives;" if r.get("ici_source") == "compiled program" else
+         " ICI of the decode layout's collectives only (no compile);")
   lines.append(f"roofline per phase ({roof['total_flops'] / 1e12:.1f} TFLOP analytic;{ici} bound = largest term):")
   lines.append(f"  {'phase':<24} {'TFLOP':>9} {'compute ms':>11} {'HBM ms':>9} {'ICI ms':>9} {'collectives':>12} "
                f"{'bound ms':>9}")

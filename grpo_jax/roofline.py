@@ -14,6 +14,7 @@ import dataclasses
 import math
 from typing import Any, Iterable, Sequence
 
+import jax
 import ml_collections
 
 from grpo_jax import decode_layout
@@ -172,6 +173,56 @@ def ici_seconds(colls: Iterable, chip: Chip, topology: str | None = None,
     row["collectives"] += c.count
     row["bytes"] += c.count * c.moved_bytes
   return out
+
+
+def _ring(topology: str, n: int) -> tuple[float, int]:
+  """(one-way bytes/s, hops) of a collective over `n` chips of a slice that span whole torus axes, largest first
+  (an FSDP group over the whole slice spans all of them)."""
+  chip = chip_of(topology)
+  dims, wrap = torus_of(topology)
+  bw, hops, left = 0.0, 0, n
+  for d, w in sorted(zip(dims, wrap), reverse=True):
+    if left <= 1:
+      break
+    extent = min(d, left)
+    full = w and extent == d
+    bw += chip.ici_link_gbs * 1e9 * (2 if full else 1)
+    hops += extent // 2 if full else extent - 1
+    left //= extent
+  return bw or chip.ici_link_gbs * 1e9, hops
+
+
+def analytic_decode_ici(config: ml_collections.ConfigDict, mesh: dict[str, int], topology: str,
+                        layout: decode_layout.Layout) -> dict[str, dict[str, float]]:
+  """The decode phase's ICI without a compiled program (aot --no-compile), by the layout's stated collectives:
+  fsdp all-gathers every weight (compute dtype, ÷ tensor) over the fsdp chips at every token; gathered and tp
+  all-reduce the [rows, D] activations twice per layer plus once for the embedding, and all-gather the [rows, V]
+  fp32 logits, over the TP degree's chips (none when it is 1). Same pricing as the compiled count."""
+  mcfg = model_lib.ModelConfig.from_config(config.model)
+  rl = config.rl
+  N, L = rl.prompts_per_step * rl.G, config.sampling.max_new_tokens
+  cb = 2 if mcfg.dtype == "bfloat16" else 4
+  steps = max(L - 1, 1)
+  if layout.kind == "fsdp":
+    f = mesh["fsdp"]
+    if f == 1:
+      return {}
+    bw, hops = _ring(topology, f)
+    leaves = len(jax.tree.leaves(jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))))
+    n_coll = mcfg.layers * (leaves - 2) + 1  # every leaf but the table and final norm is a [layers, ...] stack; + head
+    moved = matmul_params(mcfg) * cb / mesh["tensor"] * (f - 1) / f
+    sec = moved / bw + n_coll * hops * HOP_SECONDS
+    return {"rollout decode": dict(seconds=steps * sec, collectives=steps * n_coll, bytes=steps * moved)}
+  t = decode_layout.tp_degree(mesh, layout)
+  if t == 1:
+    return {}
+  rows = N / (mesh["data"] * mesh["fsdp"] // (layout.tp if layout.kind == "tp" else 1))
+  bw, hops = _ring(topology, t)
+  ar = 2 * rows * mcfg.hidden * cb * (t - 1) / t
+  ag = rows * mcfg.vocab_size * 4 * (t - 1) / t
+  n_ar = 2 * mcfg.layers + 1
+  sec = n_ar * max(2 * hops * HOP_SECONDS, ar / bw) + max(hops * HOP_SECONDS, ag / bw)
+  return {"rollout decode": dict(seconds=steps * sec, collectives=steps * (n_ar + 1), bytes=steps * (n_ar * ar + ag))}
 
 
 def roofline(config: ml_collections.ConfigDict, mesh: dict[str, int], chip: Chip,

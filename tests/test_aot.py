@@ -9,6 +9,7 @@ import jax
 import pytest
 
 from grpo_jax import aot
+from grpo_jax import decode_layout
 from grpo_jax import hlo_collectives
 from grpo_jax import memory_plan
 from grpo_jax import model as model_lib
@@ -139,6 +140,26 @@ def test_ici_pricing_by_hand():
   assert sec == pytest.approx(2 ** 30 * 15 / 16 / 100e9)
 
 
+def test_analytic_decode_ici_by_hand():
+  c = _tiny(dtype="bfloat16")
+  mesh = dict(data=1, fsdp=4, tensor=1)
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  L = decode_layout.Layout
+  # Training layout: every weight all-gathered at each of the 47 decode steps over the 2x2 slice (two axes, one
+  # 50 GB/s link each, 2 hops): 12 stacked leaves per layer × 2 layers + the tied head = 25 collectives per token.
+  f = roofline_lib.analytic_decode_ici(c, mesh, "v5e:2x2", L("fsdp"))["rollout decode"]
+  moved = aot.matmul_params(mcfg) * 2 * 3 / 4
+  assert f["collectives"] == 47 * 25 and f["bytes"] == pytest.approx(47 * moved)
+  assert f["seconds"] == pytest.approx(47 * (moved / 100e9 + 25 * 2 * 1e-6))
+  # Gathered over fsdp with no tensor axis: no collective at all.
+  assert roofline_lib.analytic_decode_ici(c, mesh, "v5e:2x2", L("gathered")) == {}
+  # tp=2: 5 all-reduces of [4 rows, 64] bf16 and one all-gather of [4, 512] fp32 logits over a pair of chips, each
+  # latency-bound (all-reduce 2 hops' worth, all-gather 1).
+  t = roofline_lib.analytic_decode_ici(c, mesh, "v5e:2x2", L("tp", 2))["rollout decode"]
+  assert t["collectives"] == 47 * 6 and t["seconds"] == pytest.approx(47 * (5 * 2e-6 + 1e-6))
+  assert t["bytes"] == pytest.approx(47 * (5 * 2 * 4 * 64 * 2 / 2 + 4 * 512 * 4 / 2))
+
+
 def test_chip_table_and_bad_topology():
   assert aot.chip_of("v5e:4x4") == aot.Chip(16, 197, 819)
   assert aot.chip_of("v5p:2x2x2").hbm_gib == 95
@@ -159,9 +180,17 @@ def test_cli_without_compile(capsys):
   r = json.loads(capsys.readouterr().out)
   assert r["n_devices"] == 64 and r["mesh"] == dict(data=1, fsdp=64, tensor=1)
   assert r["params"] == 7_615_616_512 and r["plan"]["fits"] is True and "memory" not in r
-  # Decode dominates a 512-token rollout: it is HBM-bound (every chip reads all bf16 weights per token).
+  # Decode dominates a 512-token rollout: in the gathered layout (auto: it fits 95 GiB) it is HBM-bound (every chip
+  # reads all bf16 weights per token) with no collective; in the training layout ICI-bound (every weight
+  # all-gathered per token).
+  assert r["decode_layout"] == "gathered" and r["ici_source"] == "analytic (decode only)"
   assert r["roofline"]["seconds"]["rollout decode"] == r["roofline"]["decode_hbm_seconds"]
   assert r["roofline"]["decode_hbm_seconds"] > r["roofline"]["seconds"]["policy fwd+bwd"]
+  assert aot.main(["--model=qwen2.5-7b", "--topology=v5p:4x4x4", "--no-compile", "--json",
+                   "--decode-layout=fsdp"]) == 0
+  f = json.loads(capsys.readouterr().out)
+  assert f["roofline"]["seconds"]["rollout decode"] == f["roofline"]["ici_seconds"]["rollout decode"]
+  assert f["roofline"]["step_seconds"] > 2 * r["roofline"]["step_seconds"]
   assert aot.main(["--topology=v5e:4xq", "--no-compile"]) == 2
   assert "GEN:AxB" in capsys.readouterr().err
   assert aot.main(["--topology=v5e:4x4", "--mesh", "data=3,fsdp=-1", "--no-compile"]) == 2
