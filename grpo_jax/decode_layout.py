@@ -1,9 +1,9 @@
 """Where the weights live while a rollout decodes: a decode layout, put in place once per rollout.
 
 Training keeps every weight split over `fsdp` (ZeRO-3). A decode step multiplies a few rows by every weight, so under
-that layout each decoded token all-gathers every weight over the interconnect (Qwen2.5-1.5B on 8 chips: 197
-all-gathers, ~2.6 GB per chip, per token). Decode instead runs on weights put into a decode layout once, before the
-loop (`sampling.decode_layout`):
+that layout each decoded token all-gathers every weight over the interconnect (Qwen2.5-1.5B on 8 chips: 7/8 of its
+3.1 GB of bf16 weights into every chip, per token). Decode instead runs on weights put into a decode layout once,
+before the loop (`sampling.decode_layout`):
 
   gathered  every weight whole on every chip, split only over `tensor`, in the compute dtype: no weight collective
             per token. Costs the model's compute-dtype bytes (÷ tensor) per chip for the rollout.
@@ -23,6 +23,7 @@ tokens and log-probs as one device, within the usual reduction-order rounding.
 """
 import contextlib
 import dataclasses
+import functools
 import math
 import os
 from typing import Any, Iterator, NamedTuple
@@ -113,15 +114,17 @@ def per_token_budget(mcfg: model_lib.ModelConfig, mesh: dict[str, int], layout: 
 
 
 def weight_shapes(mcfg: model_lib.ModelConfig, mesh: dict[str, int], layout: Layout) -> set[tuple[int, ...]]:
-  """Every shape a decode weight (one layer's, the table, the head, a norm) can have on a chip, whole or split by
-  any of the mesh axes its dims map to in training or in `layout`: how a collective of weights is told apart from
-  one of activations (which carry the rows) in a compiled program."""
+  """Every shape a decode weight (one layer's, the table, the head, a norm) can have as the result of a collective
+  in the decode loop: whole, or split by any of the axes its dims map to in `layout` or by `tensor` (a weight
+  all-gathered over the FSDP axes is no longer split over them). How a collective of weights is told apart from one
+  of activations (which carry the rows) in a compiled program."""
   import itertools
   dm = decode_mcfg(mcfg, mesh, layout)
   abstract = jax.eval_shape(lambda: model_lib.init_params(dm, jax.random.PRNGKey(0)))
   specs = jax.tree.leaves(model_lib.param_axes(dm), is_leaf=lambda x: isinstance(x, PartitionSpec))
   sizes = dict(mesh, fsdp_rows=mesh.get("fsdp", 1) // max(layout.tp, 1), fsdp_tp=layout.tp)
-  rule_sets = (dict(sharding.LOGICAL_RULES), dict(rules(layout)))
+  keep = lambda axes: tuple(a for a in (axes if isinstance(axes, tuple) else (axes,) if axes else ()) if a == "tensor")
+  rule_sets = ({k: keep(v) for k, v in sharding.LOGICAL_RULES}, dict(rules(layout)))
   out = set()
   for (path, x), spec in zip(jax.tree_util.tree_flatten_with_path(abstract)[0], specs):
     names, dims = tuple(spec), x.shape
@@ -144,7 +147,7 @@ def weight_shapes(mcfg: model_lib.ModelConfig, mesh: dict[str, int], layout: Lay
 def weight_collectives(colls, mcfg: model_lib.ModelConfig, mesh: dict[str, int], layout: Layout) -> list:
   """The collectives (hlo_collectives.Collective) whose result is shaped like a weight (weight_shapes)."""
   shapes = weight_shapes(mcfg, mesh, layout)
-  return [c for c in colls if any(dims in shapes for _, dims in c.shapes)]
+  return [c for c in colls if any(d in ("f32", "bf16", "f16") and dims in shapes for d, dims in c.shapes)]
 
 
 # ------------------------------------------------------------------------------------------------ memory
@@ -159,6 +162,12 @@ def decode_mcfg(mcfg: model_lib.ModelConfig, mesh: dict[str, int], layout: Layou
 def _decode_param_bytes(mcfg: model_lib.ModelConfig, mesh: dict[str, int], layout: Layout) -> tuple[int, int]:
   """Bytes per device of `model.decode_weights` in `layout`: (layers and norms, embedding table and untied head),
   kernels, biases and tables in the compute dtype."""
+  return _decode_param_bytes_cached(mcfg, tuple(sorted(mesh.items())), layout)
+
+
+@functools.lru_cache(maxsize=64)  # tracing a 7B init takes seconds; `auto` plans every layout it tries
+def _decode_param_bytes_cached(mcfg: model_lib.ModelConfig, mesh_items: tuple, layout: Layout) -> tuple[int, int]:
+  mesh = dict(mesh_items)
   cb = 2 if mcfg.dtype == "bfloat16" else 4
   dm = decode_mcfg(mcfg, mesh, layout)
   abstract = jax.eval_shape(lambda: model_lib.init_params(dm, jax.random.PRNGKey(0)))

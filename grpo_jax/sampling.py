@@ -170,8 +170,10 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
                                               decode.weights)
     return (batch(logits_NxV), pin(cache), done_N), (tok_N, logp_N, live_N)
 
-  done_N = jnp.zeros((n,), bool)
   with decode.view():  # the loop's constraints (carry, cache, weights) resolve to the decode layout
+    # The loop's row inputs, resharded once here (a tp layout splits rows over fewer chips): else every token
+    # gathers them inside the loop.
+    plen_N, kv_mask_NxS, done_N = batch(plen_N), batch(kv_mask_NxS), batch(jnp.zeros((n,), bool))
     u_LxN = nn.with_logical_constraint(jax.random.uniform(rng, (steps, n)), (None, "batch"))
     (logits_NxV, _, done_N), (tok_LxN, logp_LxN, live_LxN) = jax.lax.scan(
         step, (batch(logits_NxV), pin(decode.expand_cache(cache)), done_N),
