@@ -246,7 +246,8 @@ def format_report(r: dict[str, Any]) -> str:
   lines.append(f"decode layout: {r['decode_layout']} ({r['decode_layout_why']})")
   if "decode_collectives_per_token" in r:
     pt = r["decode_collectives_per_token"]
-    lines.append(f"decode loop collectives per token: {', '.join(f'{n:g} {k}' for k, n in sorted(pt.items())) or 'none'}"
+    counts = ", ".join(f"{n:g} {k}" for k, n in sorted(pt.items())) or "none"
+    lines.append(f"decode loop collectives per token: {counts}"
                  f" ({r['decode_weight_collectives_per_token']:g} of weights), "
                  f"{r['decode_ici_bytes_per_token'] / 2**20:.2f} MiB over ICI per chip")
   ici = (" ICI from the compiled program's collectives;" if r.get("ici_source") == "compiled program" else

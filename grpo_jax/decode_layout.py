@@ -269,7 +269,8 @@ def choose(config, mesh: dict[str, int], hbm_bytes: int | None) -> tuple[Layout,
       raise ValueError(bad + "; pick another or set sampling.decode_tp=0 (the smallest that fits).")
     ok, need = fits(layout)
     if ok:
-      return layout, f"the planner puts the step at {gib(need)} per device of {gib(hbm_bytes or 0) if hbm_bytes else 'no limit'}"
+      limit = gib(hbm_bytes) if hbm_bytes else "no limit"
+      return layout, f"the planner puts the step at {gib(need)} per device of {limit}"
     tried.append(f"{layout}: {gib(need)}")
   return Layout("fsdp"), (f"no decode layout fits {gib(hbm_bytes)} per device ({', '.join(tried) or 'no tp degree'}); "
                           "decoding in the training layout, which all-gathers every weight at every token")

@@ -270,6 +270,9 @@ def collectives(text: str) -> list[Collective]:
           seen.add(callee)
           order.append(callee)
   done_of = {i.operands[0]: i for i in by_name.values() if i.opcode.endswith("-done") and i.operands}
+  # replica_groups={} (or none): one group of every device of the program
+  m = re.search(r"num_partitions=(\d+)", text.split("\n", 1)[0])
+  everyone = (tuple(range(int(m.group(1)))),) if m else ()
   out = []
   for c, instrs in comps.items():
     if c not in count:
@@ -285,7 +288,7 @@ def collectives(text: str) -> list[Collective]:
       op = re.search(r'op_name="([^"]*)"', ins.attrs)
       op_name = op.group(1) if op else ""
       out.append(Collective(kind=kind, name=ins.name, computation=c, shapes=arrs, result_bytes=nbytes(arrs),
-                            groups=replica_groups(ins.attrs), count=count[c], op_name=op_name,
+                            groups=replica_groups(ins.attrs) or everyone, count=count[c], op_name=op_name,
                             phase=phase_of(op_name) or phase_of(loop_name.get(c, "")) or "other"))
   return out
 

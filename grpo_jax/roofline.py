@@ -1,7 +1,7 @@
 """Lower bounds on an RL step's time on a TPU slice, per phase: compute, HBM and interconnect (ICI).
 
-Compute: analytic FLOPs at the chip's bf16 peak (XLA's cost_analysis counts a loop body once: docs/performance.md, "XLA:CPU facts"). HBM: the
-bytes each chip must read per phase (weights in the compute dtype, the KV cache, the optimizer's fp32 state).
+Compute: analytic FLOPs at the chip's bf16 peak (XLA's cost_analysis counts a loop body once: docs/performance.md,
+"XLA:CPU facts"). HBM: the bytes each chip must read per phase (weights in the compute dtype, the KV cache, the optimizer's fp32 state).
 ICI: every collective of the compiled program (hlo_collectives.py: loop bodies × trip counts), priced with the
 collective cost model of "How to Scale Your Model" (Austin et al., jax-ml.github.io/scaling-book, "Sharded
 Matrices" and "TPUs"): a ring all-gather or reduce-scatter moves (n-1)/n of the gathered bytes through each chip at

@@ -71,7 +71,7 @@ def test_roofline_by_hand():
 
 # A hand-written optimised HLO module: a while loop (counter 2 → 7: 5 trips) whose body all-gathers [4,32] → [16,32]
 # f32 over 4 devices as an async -start/-done pair, and an all-reduce of f32[4,32] over pairs in the entry.
-_HLO = """HloModule jit_step, entry_computation_layout={(f32[4,32]{1,0})->f32[4,32]{1,0}}
+_HLO = """HloModule jit_step, entry_computation_layout={(f32[4,32]{1,0})->f32[4,32]{1,0}}, num_partitions=4
 
 %add (a: f32[], b: f32[]) -> f32[] {
   %a = f32[] parameter(0)
@@ -103,14 +103,18 @@ ENTRY %main.9 (a: f32[4,32]) -> f32[4,32] {
   %z = s32[] constant(2)
   %init = (s32[], f32[4,32]{1,0}) tuple(%z, %a)
   %w = (s32[], f32[4,32]{1,0}) while(%init), condition=%cond.1, body=%body.1, metadata={op_name="jit(step)/decode/while"}
-  ROOT %ar = f32[4,32]{1,0} all-reduce(%a), channel_id=2, replica_groups={{0,1},{2,3}}, to_apply=%add, metadata={op_name="jit(step)/update/transpose"}
+  %ar = f32[4,32]{1,0} all-reduce(%a), channel_id=2, replica_groups={{0,1},{2,3}}, to_apply=%add, metadata={op_name="jit(step)/update/transpose"}
+  ROOT %cp = f32[4,32]{1,0} collective-permute(%ar), channel_id=3, source_target_pairs={{0,1},{1,0}}
 }
 """
 
 
 def test_hlo_collectives_count_loops_async_pairs_and_groups():
   colls = {c.kind: c for c in hlo_collectives.collectives(_HLO)}
-  assert set(colls) == {"all-gather", "all-reduce"}
+  assert set(colls) == {"all-gather", "all-reduce", "collective-permute"}
+  # no replica_groups: every device of the program (num_partitions); no JAX op: phase "other"
+  cp = colls["collective-permute"]
+  assert (cp.groups, cp.moved_bytes, cp.phase) == (((0, 1, 2, 3),), 4 * 32 * 4, "other")
   ag, ar = colls["all-gather"], colls["all-reduce"]
   # counted once per trip (the -start/-done pair once), sized by the gathered result
   assert (ag.count, ag.result_bytes, ag.groups, ag.phase) == (5, 16 * 32 * 4, ((0, 1, 2, 3),), "rollout decode")
