@@ -304,6 +304,9 @@ def main(argv=None) -> int:
   ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
   ap.add_argument("--remat", default="full", choices=["none", "full", "dots"])
   ap.add_argument("--minibatches", type=int, default=1)
+  ap.add_argument("--rollout-chunks", type=int, default=1, help="rl.rollout_chunks: sample and score the rollout's "
+                  "rows in this many chunks")
+  ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/presets.py); β = 0 ones keep no reference")
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
   ap.add_argument("--no-compile", action="store_true", help="memory_plan + roofline only (no libtpu needed)")
   ap.add_argument("--buffers", default="", metavar="DUMP_DIR",
@@ -318,7 +321,7 @@ def main(argv=None) -> int:
       return 0
     mesh = memory_plan.parse_mesh(a.mesh) if a.mesh else None
     cfg = memory_plan.workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, None, a.dtype, a.remat,
-                                      a.minibatches)
+                                      a.minibatches, algo=a.algo, rollout_chunks=a.rollout_chunks)
     r = check(cfg, a.topology, mesh, compile=not a.no_compile)
   except (ValueError, RuntimeError) as e:
     print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)

@@ -77,6 +77,8 @@ def base_config() -> ml_collections.ConfigDict:
       overlong_frac=0.0,         # DAPO soft overlong punishment over the last frac·max_new_tokens tokens; 0 = off
       # --- budget and robustness (not set by presets) ---
       mu=1, minibatches=1,
+      rollout_chunks=1,          # sample, and run the reference/old-log-prob forwards, over this many chunks of rows
+                                 # in turn (one graph): the KV cache and those activations are one chunk's
       process_weight=0.0,        # weight of process (step) advantages; 0 = outcome only
       oversample=2,              # dynamic sampling draws oversample × prompts_per_step prompts, keeps prompts_per_step
       max_nonfinite_in_row=3,

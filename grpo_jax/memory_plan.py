@@ -55,15 +55,19 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_len: int = 256, L: int = 512,
                     mesh: dict[str, int] | None = None, dtype: str = "bfloat16", remat: str = "full",
-                    minibatches: int = 1, mu: int = 1, algo: str = "grpo") -> ml_collections.ConfigDict:
-  """The peers' GRPO workload (β=0.04, μ=1, lr 1e-5, T=1) on a named model shape: what `aot` compiles."""
+                    minibatches: int = 1, mu: int = 1, algo: str = "grpo",
+                    rollout_chunks: int = 1) -> ml_collections.ConfigDict:
+  """The peers' GRPO workload (β=0.04 unless the preset `algo` says otherwise, μ=1, lr 1e-5, T=1) on a named model
+  shape: what `aot` compiles."""
   if model not in PRESETS:
     raise ValueError(f"--model={model!r}: choose one of {sorted(PRESETS)}.")
   c = presets.apply(config_lib.base_config(), algo)
   c.model.update(PRESETS[model], max_len=prompt_len + L, dtype=dtype, remat=remat)
   c.sampling.update(temperature=1.0, max_new_tokens=L)
   c.task.prompt_len = prompt_len
-  c.rl.update(G=G, prompts_per_step=prompts, beta=0.04, mu=mu, minibatches=minibatches)
+  c.rl.update(G=G, prompts_per_step=prompts, mu=mu, minibatches=minibatches, rollout_chunks=rollout_chunks)
+  if presets.PRESETS[algo]["rl.beta"] > 0:
+    c.rl.beta = 0.04
   c.optim.update(lr=1e-5, grad_clip=1.0)
   c.mesh.update(mesh or dict(data=1, fsdp=-1, tensor=1))
   c.train.num_samples_logged = 1

@@ -123,9 +123,19 @@ def draw(logits_NxV: jax.Array, u_N: jax.Array, scfg: SamplingConfig) -> tuple[j
   return tok_N, logp_N
 
 
+def uniforms(rng: jax.Array, steps: int, n: int) -> jax.Array:
+  """The one uniform per (step, row) that `sample` inverts: [steps, n], rows split like the batch. A caller that
+  samples rows in chunks draws them once for all rows and passes each chunk its columns (same samples)."""
+  return nn.with_logical_constraint(jax.random.uniform(rng, (steps, n)), (None, "batch"))
+
+
 def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prompt_mask_NxP: jax.Array,
-           rng: jax.Array, scfg: SamplingConfig) -> Rollout:
-  """Generates exactly `scfg.max_new_tokens` steps for left-padded prompts; rows stop at their own EOS."""
+           rng: jax.Array | None, scfg: SamplingConfig, *, u_LxN: jax.Array | None = None,
+           layers: tuple | None = None) -> Rollout:
+  """Generates exactly `scfg.max_new_tokens` steps for left-padded prompts; rows stop at their own EOS.
+
+  `u_LxN` (from `uniforms`) replaces the draws from `rng`; `layers` are the decode weights (`model.decode_layers`),
+  made by the caller when it decodes several chunks of rows with one copy."""
   if prompt_NxP.ndim != 2 or prompt_NxP.shape != prompt_mask_NxP.shape:
     raise ValueError(f"prompt_NxP {prompt_NxP.shape} and prompt_mask_NxP {prompt_mask_NxP.shape}: need the same "
                      "2-D [rows, prompt_len] shape.")
@@ -146,9 +156,13 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
   cache = pin(model_lib.init_cache(mcfg, n, p + steps))
   logits_NxV, cache = model_lib.prefill(mcfg, params, prompt_NxP, pos_NxP, mask_NxP, cache)
   cache = pin(cache)
-  layers = model_lib.decode_layers(mcfg, params)  # sliced once: loop-invariant inputs of the decode loop
+  if layers is None:
+    layers = model_lib.decode_layers(mcfg, params)  # sliced once: loop-invariant inputs of the decode loop
   kv_mask_NxS = jnp.concatenate([mask_NxP, jnp.ones((n, steps), jnp.int32)], axis=1)
-  u_LxN = nn.with_logical_constraint(jax.random.uniform(rng, (steps, n)), (None, "batch"))
+  if u_LxN is None:
+    u_LxN = uniforms(rng, steps, n)
+  elif u_LxN.shape != (steps, n):
+    raise ValueError(f"u_LxN {u_LxN.shape}: need [max_new_tokens, rows] = {(steps, n)}.")
 
   def emit(logits_NxV, u_N, done_N):
     tok_N, logp_N = draw(logits_NxV, u_N, scfg)

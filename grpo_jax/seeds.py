@@ -50,7 +50,12 @@ def init_states(config, mcfg: model_lib.ModelConfig, seeds: Sequence[int], *,
     if len(v) != S:
       raise ValueError(f"hparams[{k!r}] has {len(v)} values for {S} seeds; pass one per run.")
 
-  layout = families.for_config(config).layout(config, mcfg)
+  # The reference model is kept when any run's β is > 0 (per-run β replaces the config's): a sweep whose β are all
+  # 0 keeps none, like a β = 0 run of `main`.
+  layout_config = config
+  if "rl.beta" in hparams:
+    layout_config = with_values(config, {"rl.beta": float(max(abs(float(b)) for b in hparams["rl.beta"]))})
+  layout = families.for_config(config).layout(layout_config, mcfg)
 
   def init(seed, init_seed, params):
     # The key derivation of state.create, so run i equals a separate init(seed=seed_i) run.
