@@ -134,3 +134,23 @@ def test_a_run_has_the_state_of_a_main_run(runs):
   for a, b in zip(jax.tree.leaves(run), jax.tree.leaves(main_abstract)):
     assert (a.shape, a.dtype) == (b.shape, b.dtype)
   assert float(run["opt_state"].hyperparams["learning_rate"]) == pytest.approx(LRS[3])
+
+
+def test_beta_zero_sweep_keeps_no_reference():
+  """β = 0 runs (config or every run's hparam) keep no reference model, and the vmapped step runs without one: no
+  train/kl, finite updates. One run with β > 0 keeps the reference for all (the state tree is shared)."""
+  c, mesh, mcfg, spec, tok = _setup(beta=0.0)
+  states = seeds_lib.init_states(c, mcfg, [0, 1])
+  assert "ref_params" not in states
+  assert "ref_params" not in jax.eval_shape(lambda: seeds_lib.init_states(c, mcfg, [0, 1],
+                                                                         hparams={"rl.beta": [0.0, 0.0]}))
+  assert "ref_params" in jax.eval_shape(lambda: seeds_lib.init_states(c, mcfg, [0, 1],
+                                                                     hparams={"rl.beta": [0.0, 0.04]}))
+  p0 = jax.device_get(states["params"])
+  step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
+  states, m = step(states, BATCHES[0])
+  m = seeds_lib.host_scalars(m)
+  assert "train/kl" not in m and np.isfinite(m["train/loss"]).all() and (m["train/grad_norm"] > 0).all()
+  moved = [np.abs(a - b).max(axis=tuple(range(1, a.ndim))) for a, b in
+           zip(jax.tree.leaves(p0), jax.tree.leaves(jax.device_get(states["params"])))]
+  assert (np.max(moved, axis=0) > 0).all()  # both runs updated
