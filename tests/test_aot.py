@@ -31,7 +31,7 @@ def test_matmul_params_match_the_param_tree():
 
 def test_analytic_flops_by_hand():
   c = _tiny(dtype="float32", remat="none")
-  f = aot.analytic_flops(c)
+  f = aot.analytic_flops(c, plat="cpu")  # T = 64 < 384 on the CPU: the einsum path, all T×T pairs
   pm = aot.matmul_params(model_lib.ModelConfig.from_config(c.model))
   N, P, L, T = 8, 16, 48, 64
   attn = 4 * 2 * 4 * 16  # 4 · layers · heads · head_dim per (query, key) pair
@@ -40,8 +40,19 @@ def test_analytic_flops_by_hand():
   assert f["reference forward"] == 2 * pm * N * T + attn * N * T * T
   assert f["policy fwd+bwd"] == 3 * f["reference forward"]
   assert set(f) == {"rollout prefill", "rollout decode", "reference forward", "policy fwd+bwd"}
-  g = aot.analytic_flops(_tiny(dtype="bfloat16", remat="full"))
+  g = aot.analytic_flops(_tiny(dtype="bfloat16", remat="full"), plat="cpu")
   assert g["old log-probs forward"] == g["remat recompute"] == f["reference forward"]
+  # TPU (splash): T is padded to one 128 tile, computed whole (the diagonal block).
+  t = aot.analytic_flops(c)
+  assert t["reference forward"] == 2 * pm * N * T + attn * N * 128 * 128
+  assert t["rollout prefill"] == 2 * pm * N * P + attn * N * 128 * 128
+  # Long context on the CPU (blockwise, 128 blocks): T = 4096 is 32 blocks, of which 32·33/2 are on or below the
+  # diagonal; splash on TPU takes 512 tiles: 8·9/2 of 8·8.
+  lc = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=4080, dtype="float32", remat="none")
+  assert aot.analytic_flops(lc, plat="cpu")["reference forward"] == 2 * pm * N * 4096 + attn * N * 528 * 128 * 128
+  assert aot.analytic_flops(lc)["reference forward"] == 2 * pm * N * 4096 + attn * N * 36 * 512 * 512
+  # β = 0: no reference model, no reference forward.
+  assert "reference forward" not in aot.analytic_flops(_tiny(algo="dr_grpo"))
 
 
 def test_roofline_by_hand():
