@@ -255,7 +255,7 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   cfg.task.test_size = max(cfg.task.test_size, cfg.eval.size)
   validate.validate_rl(cfg, n_dev)
   hbm = int(chip.hbm_gib * GiB)
-  p = memory_plan.plan(cfg, mesh_shape)
+  p = memory_plan.plan(cfg, mesh_shape, plat="tpu")
   rl = cfg.rl
   r = dict(topology=topology, n_devices=n_dev, mesh=mesh_shape, params=p.params, prompts=rl.prompts_per_step,
            G=rl.G, prompt_len=cfg.task.prompt_len, L=cfg.sampling.max_new_tokens, dtype=cfg.model.dtype,

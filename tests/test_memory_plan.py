@@ -115,6 +115,6 @@ def test_plan_within_15_percent_of_the_measured_tpu_buffer_assignment():
   # 256+512 tokens, bf16, remat=full, measured 2026-11-30 (docs/scale.md): parameters 2.876 GiB + temp 4.408 GiB.
   # Update these numbers only from a new compile (python -m grpo_jax.aot ... with XLA_FLAGS=--xla_dump_to).
   xla = (2.876 + 4.408) * memory_plan.GiB
-  p = memory_plan.plan(memory_plan.workload_config("qwen2.5-1.5b"), dict(data=1, fsdp=8, tensor=1))
+  p = memory_plan.plan(memory_plan.workload_config("qwen2.5-1.5b"), dict(data=1, fsdp=8, tensor=1), plat="tpu")
   assert abs(p.resident_bytes / (2.876 * memory_plan.GiB) - 1) < 0.01
   assert abs(p.total_bytes / xla - 1) < 0.15, p.as_dict()
