@@ -118,3 +118,37 @@ def test_plan_within_15_percent_of_the_measured_tpu_buffer_assignment():
   p = memory_plan.plan(memory_plan.workload_config("qwen2.5-1.5b"), dict(data=1, fsdp=8, tensor=1), plat="tpu")
   assert abs(p.resident_bytes / (2.876 * memory_plan.GiB) - 1) < 0.01
   assert abs(p.total_bytes / xla - 1) < 0.15, p.as_dict()
+
+
+def test_attention_terms_follow_the_path_chunks_and_beta():
+  # Qwen2.5-1.5B long context on 8 chips: 12 heads, 2 KV heads, head_dim 128, T = 8704, 8 rows per chip in the update.
+  c = memory_plan.workload_config("qwen2.5-1.5b", prompts=16, G=16, prompt_len=512, L=8192, minibatches=4)
+  mesh = dict(data=1, fsdp=8, tensor=1)
+  tpu, cpu = memory_plan.plan(c, mesh, plat="tpu"), memory_plan.plan(c, mesh, plat="cpu")
+  T, tok = 8704, 8 * 8704
+  mlp = tok * (4 * 1536 + (12 + 4) * 128 + 4 * 8960) * 2
+  # Splash: fp32 max/logsumexp residuals lane-replicated [rows, 12, T, 128] ×3, and q/k/v/o/dO copies in bf16.
+  assert tpu.update["layer backward"] == mlp + tok * (3 * 12 * 128 * 4 + 4 * 14 * 128 * 2)
+  # Blockwise (the CPU's auto at this T): 16 fp32 [rows, T, (12+2)·128] arrays and four 128×128 score tiles per head.
+  assert cpu.update["layer backward"] == mlp + tok * 16 * 14 * 128 * 4 + 4 * 8 * 12 * 128 * 128 * 4
+  # The einsum path would hold two fp32 [rows, 12, T, T] arrays: 58 GiB per chip.
+  xla = memory_plan.plan(_override(c, {"model.attention": "xla"}), mesh, plat="tpu")
+  assert xla.update["layer backward"] == mlp + 2 * 8 * 12 * T * T * 4
+  # Rollout chunks: the KV cache and the scoring forwards are one chunk's (32 → 8 rows per chip).
+  c4 = _override(c, {"rl.rollout_chunks": 4})
+  p4 = memory_plan.plan(c4, mesh, plat="tpu")
+  assert tpu.rollout["kv cache"] == 2 * 28 * 32 * 2 * 128 * T * 2 == 4 * p4.rollout["kv cache"]
+  assert tpu.score["forward layer"] == 4 * p4.score["forward layer"]
+  assert p4.update == tpu.update
+  # β = 0 (dr_grpo) keeps no reference; under fp32 it has no scoring forward at all (old log-probs come from the
+  # sampler).
+  zero = memory_plan.workload_config("tiny", algo="dr_grpo", dtype="float32")
+  pz = memory_plan.plan(zero, ONE, plat="cpu")
+  assert "reference" not in pz.resident and pz.score == {}
+  pg = memory_plan.plan(memory_plan.workload_config("tiny", dtype="float32"), ONE, plat="cpu")
+  assert pg.resident["reference"] == pg.resident["policy"] and pg.score
+
+
+def _override(c, values):
+  from grpo_jax import config_lib
+  return config_lib.override(c, values)
