@@ -1,4 +1,5 @@
-"""One RL step on 8 simulated CPU devices with meshes (8,1,1), (2,2,2), (1,4,2) against the 1-device run.
+"""One RL step on 8 simulated CPU devices with meshes (8,1,1), (2,2,2), (1,4,2) against the 1-device run; the (2,2,2)
+run samples in 2 rollout row chunks (rl.rollout_chunks), the 1-device run in one.
 
 Runs in a subprocess: the device count is fixed when JAX starts.
 """
@@ -18,9 +19,10 @@ SCRIPT = textwrap.dedent(r"""
   from grpo_jax import families, model as model_lib, rl_step, sharding
   from grpo_jax.tasks import digits
 
-  def run(mesh_shape):
+  def run(mesh_shape, chunks):
     c = digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=6)
     c.optim.lr = 1e-3
+    c.rl.rollout_chunks = chunks
     devs = jax.devices()[:int(np.prod(mesh_shape))]
     c.mesh.update(data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2])
     mesh = sharding.make_mesh(c.mesh, devs)
@@ -44,8 +46,8 @@ SCRIPT = textwrap.dedent(r"""
     dp, tp = mesh_shape[0] * mesh_shape[1], mesh_shape[2]
     # (the decode loop carries them: look in the signatures of the while ops)
     loops = [ln for ln in hlo.splitlines() if " while(" in ln]
-    shard["cache_local"] = any(f"f32[{16 // dp},{2 // tp},8,16]" in ln for ln in loops)
-    shard["cache_whole"] = any("f32[16,2,8,16]" in ln for ln in loops)
+    shard["cache_local"] = any(f"f32[{16 // chunks // dp},{2 // tp},8,16]" in ln for ln in loops)
+    shard["cache_whole"] = any(f"f32[{16 // chunks},2,8,16]" in ln for ln in loops)
     state, m = step(state, batch)
     m = jax.device_get(m)
     shard["samples"] = str(m["samples/tokens_NxL"].shape)
@@ -55,14 +57,14 @@ SCRIPT = textwrap.dedent(r"""
                 params=[np.asarray(x).ravel()[:64].tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))])
 
   shape = tuple(int(x) for x in sys.argv[1].split(","))
-  print("JSON" + json.dumps(run(shape)))
+  print("JSON" + json.dumps(run(shape, int(sys.argv[2]))))
 """)
 
 
-def _run(shape: str) -> dict:
+def _run(shape: str, chunks: int = 1) -> dict:
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
-  out = subprocess.run([sys.executable, "-c", SCRIPT, shape], capture_output=True, text=True, env=env, timeout=600)
+  out = subprocess.run([sys.executable, "-c", SCRIPT, shape, str(chunks)], capture_output=True, text=True, env=env, timeout=600)
   assert out.returncode == 0, out.stderr[-4000:]
   return json.loads(out.stdout.split("JSON", 1)[1])
 
@@ -72,9 +74,9 @@ def single_device():
   return _run("1,1,1")
 
 
-@pytest.mark.parametrize("shape", ["8,1,1", "2,2,2", "1,4,2"])
-def test_sharded_step_matches_single_device(single_device, shape):
-  ref, r = single_device, _run(shape)
+@pytest.mark.parametrize("shape,chunks", [("8,1,1", 1), ("2,2,2", 2), ("1,4,2", 1)])
+def test_sharded_step_matches_single_device(single_device, shape, chunks):
+  ref, r = single_device, _run(shape, chunks)
   sh = r["shard"]
   # The reference shares the policy's layout; pure data parallelism replicates params; FSDP/tensor split them.
   assert sh["ref_q_kernel"] == sh["q_kernel"] == "(None, 'fsdp', 'tensor', None)"
@@ -83,8 +85,8 @@ def test_sharded_step_matches_single_device(single_device, shape):
   if shape == "1,4,2":
     # q kernel [layers=1, D=32, H=4, Dh=8]: D split 4 ways over fsdp, H split 2 ways over tensor.
     assert sh["q_shard_shape"] == [1, 8, 2, 8]
-  # K cache (one buffer per layer) [N=16, K=2, Dh=8, S=16]: rows split over data*fsdp, kv heads over 'tensor',
-  # never whole.
+  # K cache (one buffer per layer) [N=16 (8 per chunk), K=2, Dh=8, S=16]: rows split over data*fsdp, kv heads over
+  # 'tensor', never whole.
   assert sh["cache_local"] and not sh["cache_whole"], sh
   assert r["tokens"] == ref["tokens"]
   # (the first step's loss is exactly 0 on every mesh — ρ = 1 and advantages sum to 0 per group — so it cannot tell
