@@ -267,10 +267,16 @@ def test_rollout_chunks_give_the_same_samples_and_logprobs():
 
 
 def test_rollout_chunks_must_divide_the_rows():
-  c = digits.bench_config(**TINY)
-  with pytest.raises(ValueError, match="config.rl.rollout_chunks=3: must be a positive integer dividing the 16"):
-    _rollout(c, 3)
-  c.rl.rollout_chunks = 3
+  c = config_lib.override(digits.bench_config(**TINY), {"rl.rollout_chunks": 3})
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  fn = rl_step.make_rollout_fn(c, mcfg, spec, spec.ctx.tokenizer)
+  abstract, _ = rl_step.state_spec(c, mesh, mcfg)
+  batch = next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1))
+  with sharding.mesh_context(mesh), pytest.raises(
+      ValueError, match="config.rl.rollout_chunks=3: must be a positive integer dividing the 16"):
+    jax.eval_shape(fn, abstract["params"], abstract["ref_params"], batch, jax.random.PRNGKey(3))
   with pytest.raises(validate.ConfigError, match="config.rl.rollout_chunks: 3 must split prompts_per_step\\*G=16"):
     validate.validate_rl(c, 1)
 
