@@ -14,11 +14,12 @@ every RL step as train/reward/<term> and drawn in DIR/plots/r1_zero_aha.png.
 whole long-context path runs end to end on the CPU: O(T) attention in prefill and training (model.attention=auto:
 blockwise on the CPU), the rollout in rl.rollout_chunks chunks of rows, the update in minibatches. Every rollout
 decodes all LONG_NEW_TOKENS steps and every update trains on 48 + LONG_NEW_TOKENS positions, whatever the lengths
-the model writes. A plumbing and memory check, not a result. Measured 2026-12-01 (commit of this docstring's
-parent code) on the 2-core machine under load 11–17 from other jobs, with `nice -n 15`: base 770 s (30 steps,
+the model writes. A plumbing and memory check, not a result. Measured 2026-12-01 on the 2-core
+machine under load 11–17 from other jobs, with `nice -n 15`: base 770 s (30 steps,
 mostly compiling and 17–30 s steps), R1-Zero 828 s (step compile 226 s, 4 steps of 79–165 s, two 2048-token evals,
-completions ~50 tokens long that still decode all 2048 steps), then the held-out report. Expect a few minutes for
-the whole command on a quiet machine (not measured there).
+completions ~50 tokens long that still decode all 2048 steps), then the held-out report: 28 min 51 s wall in all,
+of which the process used 277 s of CPU (user 264 + system 13; peak RSS 1.4 GB), so about 5 minutes on a quiet
+machine (an estimate from the CPU time, not a quiet-machine run).
 """
 import os
 
