@@ -275,3 +275,48 @@ def _literal(text):
     return ast.literal_eval(text)
   except (ValueError, SyntaxError):
     return text
+
+
+def test_run_seed_at_its_default_keeps_older_run_records():
+  """run_seed = -1 (= seed) leaves the stored run-config view as it was before the key existed, so older run
+  directories resume; a set run_seed is a real difference."""
+  from grpo_jax import run_config  # pylint: disable=g-import-not-at-top
+  c = _config()
+  v = run_config.view(c, "rl")
+  assert "run_seed" not in v
+  v1 = run_config.view(config_lib.override(c, {"run_seed": 1}), "rl")
+  assert v1["run_seed"] == 1 and run_config.diff(v, v1) == ["run_seed"]
+  assert run_config.diff(v, {**v, "run_seed": -1}) == []
+  assert config_lib.run_seed(c) == c.seed and config_lib.run_seed(config_lib.override(c, {"run_seed": 4})) == 4
+
+
+def test_report_reads_metrics_stages_and_report_json(tmp_path):
+  """sweep_report.collect on hand-written run directories: last / @tail / stage:metric from metrics.jsonl and an
+  R1 pipeline's report.json (stage/metric), hand-computed."""
+  from grpo_jax import sweep_report  # pylint: disable=g-import-not-at-top
+  dirs = []
+  for s, (acc, rews, sft_acc, final) in enumerate([(0.5, [0, 1, 2, 3, 4], 0.1, 0.30), (0.7, [1, 1, 1, 1, 9], 0.3, 0.40)]):
+    d = tmp_path / f"seed={s}"
+    (d / "sft").mkdir(parents=True)
+    rows = [{"step": i, "train/reward_mean": float(r)} for i, r in enumerate(rews)] + [{"step": 4, "eval/accuracy": acc}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "sft" / "metrics.jsonl").write_text(json.dumps({"step": 3, "eval/accuracy": sft_acc}) + "\n")
+    (d / "report.json").write_text(json.dumps({"base": {"accuracy_last_number": 0.1},
+                                               "r1_5_final": {"accuracy_last_number": final, "format_rate": 1.0}}))
+    dirs.append(str(d))
+  cells = sweep_report.collect({"p": dirs}, ["eval/accuracy", "train/reward_mean@tail", "train/reward_mean@mean",
+                                             "sft:eval/accuracy", "report/*/accuracy_last_number"])
+  sc = cells["p"]["scalars"]
+  assert sc["eval/accuracy"] == [0.5, 0.7] and sc["sft:eval/accuracy"] == [0.1, 0.3]
+  assert sc["train/reward_mean@tail"] == [4.0, 9.0] and sc["train/reward_mean@mean"] == [2.0, 2.6]
+  assert sc["report/r1_5_final/accuracy_last_number"] == [0.3, 0.4] and "report/r1_5_final/format_rate" not in sc
+  assert cells["p"]["curves"]["train/reward_mean"]["y"] == [[0, 1, 2, 3, 4], [1, 1, 1, 1, 9]]
+  md = sweep_report.write(str(tmp_path), cells, title="t", header="")
+  assert "| p | 0.6 ± 1.3 |" in md and "n = 2 seeds" in md
+  with open(tmp_path / "sweep.csv") as f:
+    row = [l.split(",") for l in f if l.startswith("p,report/r1_5_final/accuracy_last_number,")][0]
+  # n, mean, std (ddof 1), t(0.975, 1 df) · std / √2 = 12.7062 · 0.0707107 / 1.41421
+  assert int(row[2]) == 2 and float(row[3]) == pytest.approx(0.35) and float(row[4]) == pytest.approx(0.0707107)
+  assert float(row[5]) == pytest.approx(0.635310, rel=1e-4)
+  with pytest.raises(ValueError, match="@median"):
+    sweep_report.parse("train/loss@median")
