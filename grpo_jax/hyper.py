@@ -9,7 +9,8 @@
 A point is a set of config overrides, applied to the experiment's config with `config_lib.override` (the one
 override mechanism: declared keys, declared types, one-line errors), and a name (its directory under the sweep's
 workdir and its row in the report). `h.sweep(key, values)` is one axis; `h.product` crosses axes (the last varies
-fastest), `h.zip` pairs them; `h.named(name, overrides)` is a hand-made point (e.g. an ablation row). The pseudo-key
+fastest), `h.zip` pairs them; `h.named(name, overrides)` is a hand-made point (e.g. an ablation row); `h.base()` is the
+config alone. The pseudo-key
 `algo` names an algorithm preset and stands for all of its settings (`presets.overrides`), applied before the
 point's other keys, as `:algo=<name>` would be.
 """
@@ -50,6 +51,11 @@ def sweep(key: str, values: Iterable[Any]) -> list[Point]:
   if not values:
     raise config_lib.ConfigError(f"h.sweep({key!r}, []): give at least one value.")
   return [Point(((key, v),), (("key", key),)) for v in values]
+
+
+def base() -> list[Point]:
+  """The config alone, as one point (a get_sweep that sweeps nothing for some args)."""
+  return [Point((), ())]
 
 
 def named(name: str, overrides: dict[str, Any] | None = None) -> list[Point]:

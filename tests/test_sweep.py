@@ -1,16 +1,19 @@
-"""Sweeps: 2 β × 2 lr × 2 seeds in ONE vmapped program equal 8 separate `main` runs; shape axes run serially; a
-killed sweep resumes; --mode=print writes launch commands that the launcher accepts.
+"""Sweeps: 2 β × 2 lr × 2 seeds in ONE vmapped program, killed and resumed, equal 8 separate runs of `main`'s step;
+shape axes run serially; a point's directory resumes with `main`; --mode=print writes launch commands that the
+launcher accepts.
 
-Runs are real (jobs.run, python -m grpo_jax.main's path, and sweep.run) on a tiny arith config. The reward is a test
+Runs are real (sweep.run, jobs.run = python -m grpo_jax.main's path) on a tiny arith config. The reward is a test
 term (the fraction of even token ids in a completion) so that a random policy's rewards vary and every run's
-updates are non-zero. The module's runs share a private XLA compilation cache: the 8 separate runs compile their
-two programs (one per β) once.
+updates are non-zero. The module's runs share a private XLA compilation cache (the resumed sweep and `main`'s
+continuation reuse compiled programs); per-run plots are skipped (not under test).
 """
+import csv
 import json
 import os
+import shutil
 import signal
-import subprocess
 import shlex
+import subprocess
 
 import jax
 import jax.numpy as jnp
@@ -21,12 +24,19 @@ import pytest
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import config_lib
 from grpo_jax import errors
+from grpo_jax import evaluation
+from grpo_jax import families
 from grpo_jax import hyper
 from grpo_jax import jobs
 from grpo_jax import metrics as metrics_lib
+from grpo_jax import model as model_lib
+from grpo_jax import plots
 from grpo_jax import rewards
+from grpo_jax import sharding
 from grpo_jax import sweep
-from grpo_jax import sweep_vmap
+from grpo_jax import train
+from grpo_jax.tasks import data as data_lib
+from grpo_jax.tasks import tokenizer as tok_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = "rl.beta=0.02,0.5 optim.lr=1e-2,3e-2"
@@ -37,6 +47,7 @@ TINY = {"model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads
         "log.tensorboard": False, "rewards": (("even", 1.0),)}
 # vmapped vs separate programs: XLA fuses and orders reductions differently, fp32 (seeds.py's own test: 1e-5).
 RTOL, ATOL = 1e-4, 1e-5
+P_ATOL = 1e-4  # params: 1% of one Adam step at the smallest lr (Adam turns a rounding-level gradient into ±lr)
 
 
 def _even_fraction(tokens_NxL, mask_NxL, batch, ctx):
@@ -59,6 +70,8 @@ def env(tmp_path_factory):
   jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
   with pytest.MonkeyPatch.context() as mp:
     mp.setitem(rewards.REGISTRY, "even", lambda ctx: _even_fraction)
+    # Each run's DIR/plots/*.png (matplotlib, ~1 s a figure) is not under test here and would dominate its time.
+    mp.setattr(plots, "write_plots", lambda workdir, *a, **k: [])
     yield tmp_path_factory.mktemp("sweep")
   for k, v in saved.items():
     jax.config.update(k, v)
@@ -75,72 +88,126 @@ def _rows(workdir):
   return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in metrics_lib.read_metrics(workdir)]
 
 
+def _reference_runs(runs):
+  """The same runs one by one as `main` trains them: train.run_rl's step (families.make_step), init
+  (family.init: params and rollout rng from run_seed), batches (config.seed) and evaluator, without the loop's
+  bookkeeping. One jitted step per β (lr lives in the optimizer state), reused across lr and seeds."""
+  c0 = runs[0].config
+  tokenizer = tok_lib.for_config(c0)
+  mesh = sharding.make_mesh(c0.mesh)
+  mcfg = model_lib.ModelConfig.from_config(c0.model)
+  family = families.for_config(c0)
+  spec = rewards.build(c0.rewards, rewards.Context(c0.task.name, tokenizer), {}, None, c0.rl.reward_timeout_s)
+  evaluator = evaluation.Evaluator(c0, mcfg, tokenizer, mesh,
+                                   data_lib.eval_set(c0.task, tokenizer, c0.eval.size, c0.task.prompt_len))
+  steps, out = {}, {}
+  for r in runs:
+    c = r.config
+    if c.rl.beta not in steps:
+      steps[c.rl.beta] = families.make_step(c, mesh, mcfg, spec, tokenizer, family=family)
+    state = family.init(c, mesh, mcfg)
+    batches = data_lib.rl_batches(c.task, tokenizer, "train", c.rl.prompts_per_step, c.seed, 0, c.task.prompt_len)
+    rows = []
+    for _ in range(c.train.steps):
+      state, m = steps[c.rl.beta](state, train.device_batch(mesh, next(batches)))
+      rows.append(train._host_scalars(m))  # pylint: disable=protected-access
+    ev, _ = evaluator(state["params"], jax.random.PRNGKey(c.seed + 1))
+    out[r.name] = (jax.tree.leaves(jax.device_get(state["params"])), rows, ev)
+  assert len(steps) == 2
+  return out
+
+
 @pytest.fixture(scope="module")
 def grid(env):
-  """The 8-run sweep (vmapped) and the same 8 runs one by one through jobs.run (`main`'s path)."""
+  """The 8-run sweep, vmapped, SIGTERMed after its first step and rerun (it resumes all 8 from their checkpoints),
+  and the same 8 runs one by one (_reference_runs)."""
   c = _config()
-  out = sweep.run(c, str(env / "grid"), sweep_text=SWEEP, seeds=2, mode="vmap", log=lambda _: None)
-  separate = {}
-  for r in out["runs"]:
-    d = str(env / "separate" / r.name)
-    jobs.run(r.config, d)
-    separate[r.name] = d
-  return c, out, separate
+  wd = str(env / "grid")
+  real_write, killed = metrics_lib.MetricWriter.write, []
+
+  def write(self, step, scalars):
+    real_write(self, step, scalars)
+    if step == 1 and "train/loss" in scalars and not killed:
+      killed.append(self.workdir)
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(metrics_lib.MetricWriter, "write", write)
+    with pytest.raises(errors.Preempted):
+      sweep.run(c, wd, sweep_text=SWEEP, seeds=2, mode="vmap", log=lambda _: None)
+  assert len(killed) == 1
+  saved = {r: _params(os.path.join(wd, r))[0] for r in os.listdir(wd) if r.startswith("beta=")}
+  out = sweep.run(c, wd, sweep_text=SWEEP, seeds=2, mode="vmap", log=lambda _: None)
+  return c, out, saved, _reference_runs(out["runs"])
 
 
 def test_grid_is_one_program_and_equals_separate_runs(grid):
-  _, out, separate = grid
+  """A killed and resumed 2 β × 2 lr × 2 seed sweep: ONE compiled program for the 8 runs, every run stopped and
+  saved at the same step, and final params and every metric equal to the runs trained one by one."""
+  _, out, saved, ref = grid
   runs = out["runs"]
   assert [r.name for r in runs] == [f"beta={b},lr={lr},seed={s}" for b in ("0.02", "0.5")
                                     for lr in ("0.01", "0.03") for s in (0, 1)]
+  assert saved == {r.name: 1 for r in runs}  # the SIGTERM: every run saved after step 1
   assert len(out["groups"]) == 1 and out["groups"][0]["mode"] == "vmap"
   assert out["groups"][0]["runs"] == [r.name for r in runs] and out["groups"][0]["traces"] == [1]
   finals = {}
   for r in runs:
     step, vp = _params(r.workdir)
-    sstep, sp = _params(separate[r.name])
-    assert step == sstep == 3
+    sp, srows, sev = ref[r.name]
+    assert step == 3
     for a, b in zip(vp, sp):
-      np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL, err_msg=r.name)
-    vm, sm = _rows(r.workdir), _rows(separate[r.name])
-    assert [x["step"] for x in vm] == [x["step"] for x in sm] and len(vm) >= 4
-    for a, b in zip(vm, sm):
-      assert set(a) == set(b), r.name
-      for k in a:
-        np.testing.assert_allclose(a[k], b[k], rtol=RTOL, atol=ATOL, err_msg=f"{r.name} {k} step {a['step']}")
+      np.testing.assert_allclose(a, b, rtol=RTOL, atol=P_ATOL, err_msg=r.name)
+    rows = _rows(r.workdir)
+    train_rows = [x for x in rows if "train/loss" in x]
+    assert [x["step"] for x in train_rows] == [1, 2, 3]
+    for x, y in zip(train_rows, srows):
+      keys = [k for k in x if k.startswith("train/")]  # a row of read_metrics also holds that step's eval
+      assert len(keys) > 10 and set(keys) <= set(y), set(keys) - set(y)
+      for k in keys:
+        np.testing.assert_allclose(x[k], y[k], rtol=RTOL, atol=ATOL, err_msg=f"{r.name} {k} step {x['step']}")
+    last_eval = [x for x in rows if "eval/accuracy" in x][-1]
+    assert last_eval["step"] == 3
+    for k, v in sev.items():
+      np.testing.assert_allclose(last_eval[k], v, rtol=RTOL, atol=ATOL, err_msg=f"{r.name} {k}")
     finals[r.name] = vp[0]
-    assert any(x.get("train/adv_std", 0) > 0 for x in vm) and any(x.get("train/kl", 0) > 0 for x in vm)
+    assert any(x["train/adv_std"] > 0 for x in train_rows) and any(x["train/kl"] > 0 for x in train_rows)
   # The axes really change the runs: seeds (init), lr and β give 8 different final params.
   flat = [v.ravel() for v in finals.values()]
   assert all(not np.allclose(flat[i], flat[j]) for i in range(8) for j in range(i))
 
 
-def test_point_resumes_with_main_and_refuses_a_different_config(grid):
-  """A point's directory is a `main` run directory: rerunning its config is a no-op (finished); a different
-  config is refused with run_config's diff, one line."""
-  _, out, _ = grid
-  r = out["runs"][0]
-  before = os.path.getmtime(os.path.join(r.workdir, "metrics.jsonl"))
-  jobs.run(r.config, r.workdir)
-  assert os.path.getmtime(os.path.join(r.workdir, "metrics.jsonl")) == before
-  other = config_lib.override(r.config, {"rl.beta": 0.3})
-  with pytest.raises(errors.InputError, match="rl.beta"):
-    jobs.run(other, r.workdir)
+def test_point_resumes_with_main_and_refuses_a_different_config(grid, tmp_path):
+  """A point's directory is a `main` run directory: `main` restores its checkpoint (the sweep wrote it) and trains
+  on; a different config is refused with run_config's diff, one line, before anything runs."""
+  _, out, _, _ = grid
+  r = out["runs"][5]
+  d = str(tmp_path / r.name)
+  shutil.copytree(r.workdir, d)
+  more = config_lib.override(r.config, {"train.steps": 4, "train.allow_config_change": "train.steps"})
+  jobs.run(more, d)
+  assert _params(d)[0] == 4 and [x["step"] for x in _rows(d) if "train/loss" in x] == [1, 2, 3, 4]
+  with pytest.raises(errors.InputError, match="rl.beta") as e:
+    jobs.run(config_lib.override(r.config, {"rl.beta": 0.3}), r.workdir)
+  assert "\n" not in str(e.value)
 
 
 def test_rerun_skips_finished_runs_and_writes_the_report(grid):
-  c, out, _ = grid
+  c, out, _, _ = grid
   wd = os.path.dirname(out["runs"][0].workdir)
+  stamps = {r.name: os.path.getmtime(os.path.join(r.workdir, "metrics.jsonl")) for r in out["runs"]}
   logs = []
   again = sweep.run(c, wd, sweep_text=SWEEP, seeds=2, mode="vmap", log=logs.append)
   assert again["groups"] == [] and sum("skipped" in l for l in logs) == 8
-  with open(os.path.join(wd, "sweep.csv")) as f:
-    rows = [l.rstrip("\n").split(",") for l in f]
-  assert rows[0][:4] == ["point", "beta", "lr", "metric"]
+  assert stamps == {r.name: os.path.getmtime(os.path.join(r.workdir, "metrics.jsonl")) for r in out["runs"]}
+  with open(os.path.join(wd, "sweep.csv"), newline="") as f:
+    rows = list(csv.reader(f))
+  assert rows[0][:4] == ["point", "rl.beta", "optim.lr", "metric"]
   acc = {(r[0], r[3]): r for r in rows[1:]}
   point = "beta=0.5,lr=0.03"
-  vals = [_rows(os.path.join(wd, f"{point},seed={s}"))[-1]["eval/accuracy"] for s in (0, 1)]
-  got = acc[(point, "eval/accuracy")]
+  vals = [[x for x in _rows(os.path.join(wd, f"{point},seed={s}")) if "train/reward_mean" in x][-1]["train/reward_mean"]
+          for s in (0, 1)]
+  got = acc[(point, "train/reward_mean@tail")]  # @tail over 3 rows = the last row
   assert int(got[4]) == 2 and float(got[5]) == pytest.approx(np.mean(vals))
   assert float(got[6]) == pytest.approx(np.std(vals, ddof=1))
   md = open(os.path.join(wd, "sweep.md")).read()
@@ -149,40 +216,6 @@ def test_rerun_skips_finished_runs_and_writes_the_report(grid):
   # A different config on the same sweep directory: refused before anything runs, naming the run and the key.
   with pytest.raises(errors.InputError, match=r"beta=0.02,lr=0.01,seed=0.*rl.G"):
     sweep.run(config_lib.override(c, {"rl.G": 2}), wd, sweep_text=SWEEP, seeds=2, mode="vmap", log=lambda _: None)
-
-
-def test_killed_serial_sweep_resumes_and_equals_uninterrupted(grid, env, monkeypatch):
-  """SIGTERM during the second point's training: the sweep stops (Preempted, that run saved); the rerun skips the
-  finished point, resumes the killed one from its checkpoint and ends equal to the uninterrupted separate run."""
-  c, out, separate = grid
-  c = config_lib.override(c, {"train.ckpt_every": 1})
-  wd = str(env / "killed")
-  text = "rl.beta=0.5 optim.lr=1e-2,3e-2"
-  real_write, calls = metrics_lib.MetricWriter.write, []
-
-  def write(self, step, scalars):
-    real_write(self, step, scalars)
-    if "lr=0.03" in self.workdir and step == 1 and "train/loss" in scalars and not calls:
-      calls.append(step)
-      os.kill(os.getpid(), signal.SIGTERM)
-
-  monkeypatch.setattr(metrics_lib.MetricWriter, "write", write)
-  with pytest.raises(errors.Preempted):
-    sweep.run(c, wd, sweep_text=text, seeds=1, mode="serial", log=lambda _: None)
-  assert calls == [1]
-  first = os.path.join(wd, "beta=0.5,lr=0.01")
-  stamp = os.path.getmtime(os.path.join(first, "metrics.jsonl"))
-  assert _params(os.path.join(wd, "beta=0.5,lr=0.03"))[0] in (1, 2)
-  logs = []
-  res = sweep.run(c, wd, sweep_text=text, seeds=1, mode="serial", log=logs.append)
-  assert [g["runs"] for g in res["groups"]] == [["beta=0.5,lr=0.03"]]
-  assert os.path.getmtime(os.path.join(first, "metrics.jsonl")) == stamp
-  # run_seed 0 (the config's seed) is what the grid's seed-0 runs used: the same run, uninterrupted.
-  step, p = _params(os.path.join(wd, "beta=0.5,lr=0.03"))
-  _, q = _params(separate["beta=0.5,lr=0.03,seed=0"])
-  assert step == 3
-  for a, b in zip(p, q):
-    np.testing.assert_allclose(a, b, rtol=RTOL, atol=ATOL)
 
 
 def test_shape_axes_and_beta_zero_run_serially():
@@ -232,6 +265,11 @@ def test_get_sweep_in_the_config_file(tmp_path):
   runs = sweep.make_runs(c, pts, 1, "/tmp/x")
   assert runs[2].config.rl.preset == "dr_grpo" and runs[2].config.rl.beta == 0.0 and runs[2].config.optim.lr == 1e-4
   assert runs[4].config.rl.G == 8 and runs[4].config.rl.preset == c.rl.preset
+  # configs/grpo_arith.py: the config alone by default (the README's 3-seed command), its β × lr grid on request.
+  assert [p.dict for p in sweep.load_points(os.path.join(REPO, "configs/grpo_arith.py"), c)] == [{}]
+  grid = sweep.load_points(os.path.join(REPO, "configs/grpo_arith.py:small,grid=True"), c)
+  assert len(grid) == 9 and grid[4].dict == {"rl.beta": 0.04, "optim.lr": 1e-4}
+  assert len(sweep.groups(sweep.make_runs(c, grid, 3, "/tmp/x"))) == 1  # one vmapped program for 27 runs
 
 
 def test_print_mode_writes_launch_commands_the_launcher_accepts(env):
