@@ -51,8 +51,8 @@ class SamplingConfig:
     """From the `sampling` ConfigDict (temperature, top_k, top_p, max_new_tokens); ids come from the tokenizer;
     `overrides` replace fields (e.g. evaluation's untruncated top_k=0, top_p=1.0)."""
     t = cfg["temperature"]
-    scfg = cls(temperature=t if isinstance(t, jax.core.Tracer) else float(t), top_k=int(cfg["top_k"]), top_p=float(cfg["top_p"]),
-               max_new_tokens=int(cfg["max_new_tokens"]), greedy=greedy,
+    scfg = cls(temperature=t if isinstance(t, jax.core.Tracer) else float(t), top_k=int(cfg["top_k"]),
+               top_p=float(cfg["top_p"]), max_new_tokens=int(cfg["max_new_tokens"]), greedy=greedy,
                eos_id=int(eos_id) if isinstance(eos_id, int) else tuple(eos_id), pad_id=int(pad_id))
     return dataclasses.replace(scfg, **overrides) if overrides else scfg
 

@@ -115,7 +115,8 @@ def create(mesh: Mesh, mcfg: model_lib.ModelConfig, layout: Layout, seed: int, p
 def spec_and_init(layout_fn: Callable[[Any, model_lib.ModelConfig], Layout]) -> tuple[Callable, Callable]:
   """A family's `state_spec` and `init` from its `layout(config, mcfg)`:
     state_spec(config, mesh, mcfg) -> (abstract state, shardings)
-    init(config, mesh, mcfg, *, seed=None (config_lib.run_seed: run_seed, else seed), params=None (random init)) -> state, already sharded
+    init(config, mesh, mcfg, *, seed=None (config_lib.run_seed: run_seed, else seed), params=None (random init))
+      -> state, already sharded
   """
   def state_spec(config, mesh: Mesh, mcfg: model_lib.ModelConfig) -> tuple[State, State]:
     return spec(mesh, mcfg, layout_fn(config, mcfg))

@@ -325,11 +325,13 @@ def main(argv) -> None:
 
 def _define_flags() -> None:
   from absl import flags  # pylint: disable=g-import-not-at-top
-  from grpo_jax import main as main_lib  # noqa: F401  (--config, --workdir, --verbose)  pylint: disable=g-import-not-at-top,unused-import
+  # --config, --workdir and --verbose are main's flags.
+  from grpo_jax import main as main_lib  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   flags.DEFINE_string("sweep", "", "Axes 'key=v1,v2 key2=...' (crossed); default: the config file's get_sweep(h).")
   flags.DEFINE_integer("seeds", 1, "Runs per point (run_seed = seed + 0..N-1).")
   flags.DEFINE_enum("mode", "auto", list(MODES), "auto | vmap | serial | print | report.")
-  flags.DEFINE_list("metrics", [], "Report metrics, e.g. eval/accuracy,train/reward_mean@tail,report/*/accuracy_last_number.")
+  flags.DEFINE_list("metrics", [], "Report metrics, e.g. eval/accuracy,train/reward_mean@tail,"
+                    "report/*/accuracy_last_number.")
   flags.DEFINE_string("launch", "local", "print mode: 'local' (python -m grpo_jax.main) or a launcher prefix "
                       "('launch/tpu_vm.sh --name sweep-{i} --zone Z --accelerator v5litepod-16').")
 
