@@ -27,7 +27,8 @@ class SamplingConfig:
   pad_id: int = 0
 
   def __post_init__(self):
-    if not self.temperature > 0:
+    # A traced temperature (a vmapped sweep's, seeds.py) is checked where the config is validated, not here.
+    if not isinstance(self.temperature, jax.core.Tracer) and not self.temperature > 0:
       raise ValueError(f"sampling.temperature={self.temperature}: must be > 0 (use greedy=True for argmax).")
     if self.top_k < 0:
       raise ValueError(f"sampling.top_k={self.top_k}: must be >= 0 (0 = off).")
@@ -49,8 +50,9 @@ class SamplingConfig:
                   **overrides: Any) -> "SamplingConfig":
     """From the `sampling` ConfigDict (temperature, top_k, top_p, max_new_tokens); ids come from the tokenizer;
     `overrides` replace fields (e.g. evaluation's untruncated top_k=0, top_p=1.0)."""
-    scfg = cls(temperature=float(cfg["temperature"]), top_k=int(cfg["top_k"]), top_p=float(cfg["top_p"]),
-               max_new_tokens=int(cfg["max_new_tokens"]), greedy=greedy,
+    t = cfg["temperature"]
+    scfg = cls(temperature=t if isinstance(t, jax.core.Tracer) else float(t), top_k=int(cfg["top_k"]),
+               top_p=float(cfg["top_p"]), max_new_tokens=int(cfg["max_new_tokens"]), greedy=greedy,
                eos_id=int(eos_id) if isinstance(eos_id, int) else tuple(eos_id), pad_id=int(pad_id))
     return dataclasses.replace(scfg, **overrides) if overrides else scfg
 

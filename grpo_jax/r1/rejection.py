@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from grpo_jax import checkpoint as ckpt_lib
+from grpo_jax import config_lib
 from grpo_jax import evaluation
 from grpo_jax import model as model_lib
 from grpo_jax import sampling
@@ -72,7 +73,7 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
   fns = r1_rewards.config_fns(config)
   per_chunk = config.r1.report.batch // rj.n  # one generate batch holds r1.report.batch rows
   records, n_samples, n_correct = [], 0, 0
-  rng = jax.random.PRNGKey(config.seed + 3)
+  rng = jax.random.PRNGKey(config_lib.run_seed(config) + 3)  # sampling: the run's rng, not the data seed
   for c0 in range(0, len(chosen), per_chunk):
     exs, lg = chosen[c0:c0 + per_chunk], langs[c0:c0 + per_chunk]
     pad = per_chunk - len(exs)  # fixed shapes: the last chunk repeats its first prompt, extra rows are dropped
