@@ -21,6 +21,8 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
+import conftest  # tests/conftest.py: private_compilation_cache
+
 from grpo_jax import checkpoint as ckpt_lib
 from grpo_jax import config_lib
 from grpo_jax import errors
@@ -62,19 +64,11 @@ def _config():
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-          "jax_persistent_cache_min_entry_size_bytes")
-  saved = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  with pytest.MonkeyPatch.context() as mp:
+  with conftest.private_compilation_cache(tmp_path_factory.mktemp("xla_cache")), pytest.MonkeyPatch.context() as mp:
     mp.setitem(rewards.REGISTRY, "even", lambda ctx: _even_fraction)
     # Each run's DIR/plots/*.png (matplotlib, ~1 s a figure) is not under test here and would dominate its time.
     mp.setattr(plots, "write_plots", lambda workdir, *a, **k: [])
     yield tmp_path_factory.mktemp("sweep")
-  for k, v in saved.items():
-    jax.config.update(k, v)
 
 
 def _params(workdir):
