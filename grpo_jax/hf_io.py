@@ -283,9 +283,9 @@ def _fill(slot: np.ndarray, w: np.ndarray, transposed: bool) -> None:
 
 
 def _aligned_empty(shape: tuple[int, ...]) -> np.ndarray:
-  """A float32 host array at a 64-byte boundary. XLA:CPU adopts such a buffer instead of copying it, so loading onto
-  the CPU backend holds each leaf once; a copied buffer's release waits for the runtime, which under load held
-  several leaves at once (measured: 3.5 GB instead of 2.5 GB over imports)."""
+  """A float32 host array at a 64-byte boundary. XLA:CPU adopts such a buffer as the device buffer instead of
+  copying it, so a load onto the CPU backend holds each leaf once (1.01x the fp32 bytes over imports, measured by
+  benchmarks/hf_load_memory.py; a copied unaligned buffer measured 1.13-1.28x)."""
   n = int(np.prod(shape, dtype=np.int64))
   raw = np.empty(n * 4 + 64, np.uint8)
   off = -raw.ctypes.data % 64
