@@ -26,7 +26,7 @@ import numpy as np
 
 from grpo_jax.tasks import digits
 
-PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "peers")
+PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers")
 FLAGS = dict(hidden=64, layers=2, heads=4, kv=2, inter=128, vocab=512, prompts=8, G=8, L=64, steps=6)
 
 
@@ -232,7 +232,7 @@ def main():
   ap.add_argument("--remat", default="none", choices=["none", "full", "dots"])
   ap.add_argument("--attention", default="auto", choices=["auto", "xla", "blockwise", "splash", "cudnn", "dot_product"],
                   help="model.attention (grpo_jax/attention.py); auto = the einsum path at these lengths on the CPU")
-  ap.add_argument("--vs-trl", default="", help="python of a venv with TRL (see ../shared/peers/README.md)")
+  ap.add_argument("--vs-trl", default="", help="python of a venv with TRL (benchmarks/README.md sets it up)")
   ap.add_argument("--vs-tunix", default="", help="python of a venv with tunix")
   ap.add_argument("--no-perf", action="store_true", help="skip the FLOP/s and part timings")
   ap.add_argument("--scaling", default="", metavar="OUT.png", help="also time the step against G and L")

@@ -5,8 +5,10 @@
 Builds a random checkpoint of the preset's shape (bf16 safetensors, written with numpy: no download) unless DIR
 already holds one, then loads it onto the CPU backend in a fresh subprocess and prints one line
 `RESULT model=... extra_bytes=... fp32_param_bytes=... largest_stacked_bytes=... bound=... ratio=...`, where bound =
-fp32 param bytes + 2 x the largest stacked (per-layer) leaf and ratio = extra / fp32 bytes. Counter: resource.getrusage(RUSAGE_SELF)
-.ru_maxrss (peak resident set, KiB on Linux) at the end, minus VmRSS of /proc/self/status after the imports.
+fp32 param bytes + 2 x the largest stacked (per-layer) leaf and ratio = extra / fp32 bytes. Counter: VmHWM of /proc/self/status (the
+process's peak resident set) at the end, minus its VmRSS after the imports. Not ru_maxrss: Linux carries the
+high-water mark of the forked parent's image across exec, so ru_maxrss reports at least the parent's RSS at fork
+(inside a test worker of several GB, that was what the test measured).
 Figures: docs/hf.md.
 """
 import argparse
@@ -41,18 +43,18 @@ def make_checkpoint(path: str, preset: str, layers: int | None = None, seed: int
 
 
 _CHILD = r"""
-import json, resource, sys
-def rss():
+import json, sys
+def status(field):
   for line in open("/proc/self/status"):
-    if line.startswith("VmRSS:"):
+    if line.startswith(field + ":"):
       return int(line.split()[1]) * 1024
 import jax, numpy as np
 from grpo_jax import hf_io
-after_imports = rss()
+after_imports = status("VmRSS")
 mcfg, params = hf_io.load_hf(sys.argv[1])
 jax.block_until_ready(params)
 leaves = jax.tree.leaves(params)
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+peak = status("VmHWM")
 print(json.dumps({"after_imports": after_imports, "peak": peak, "fp32": int(sum(x.size * 4 for x in leaves)),
                   "largest": int(max(x.size * 4 for x in leaves)),
                   "largest_stacked": int(max(x.size * 4 for x in jax.tree.leaves(params["layers"])))}))

@@ -18,14 +18,19 @@ with the group std's ddof=0 (the default then; now ddof=1 as TRL/verl, not re-me
     step 0: 61.4%, 20: 71.4%, 40: 75.0%, 60: 79.0%  (+17.6 points; pass@4 72.8% → 86.4%, cons@4 52.6% → 72.2%,
     format 98.0% → 99.6%); 3–10 s/step while the machine was shared. Only seed 0 was run (not a 3-seed mean).
 Args: `small` (tiny, a minute; `runlocal` is an alias), `algo=<name>`: a preset of grpo_jax/presets.py (grpo |
-dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | gspo | ppo | gdpo | gdpo_dapo), applied whole.
+dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | gspo | ppo | gdpo | gdpo_dapo), applied whole;
+`grid=True`: get_sweep's β × lr grid (only `python -m grpo_jax.sweep` reads it; the config is the same).
+
+Sweeps (docs/sweeps.md):
+  python -m grpo_jax.sweep --config=configs/grpo_arith.py --workdir=/tmp/grpo_arith_3seeds --seeds=3 --mode=serial
+  python -m grpo_jax.sweep --config=configs/grpo_arith.py:small,grid=True --workdir=/tmp/arith_grid --seeds=3
 """
 from grpo_jax import config_lib
 from grpo_jax import presets
 
 
 def get_config(arg: str | None = None):
-  args = config_lib.parse_arg(arg, small=False, algo="grpo")
+  args = config_lib.parse_arg(arg, small=False, algo="grpo", grid=False)
   c = presets.apply(config_lib.base_config(), args.algo)  # the algorithm's settings first: this file's override them
   c.job = "grpo"
   c.model.update(hidden=128, layers=3, heads=4, kv_heads=2, inter=384, max_len=128)
@@ -43,3 +48,11 @@ def get_config(arg: str | None = None):
     c.train.update(steps=6, eval_every=3, ckpt_every=3, plot_every=3, sample_every=3)
     c.eval.update(size=64, batch=32, n_samples=4, pass_k=(1, 2))
   return c
+
+
+def get_sweep(h, arg: str | None = None):
+  """The config alone (with --seeds N: the main job over N seeds); with `grid=True`, β × lr around the defaults
+  (β > 0 and lr only: with --mode=auto the grid's runs train as one vmapped program)."""
+  if not config_lib.parse_arg(arg, small=False, algo="grpo", grid=False).grid:
+    return h.base()
+  return h.product([h.sweep("rl.beta", [0.02, 0.04, 0.08]), h.sweep("optim.lr", [5e-5, 1e-4, 2e-4])])

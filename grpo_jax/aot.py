@@ -180,8 +180,8 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   cfg.task.test_size = max(cfg.task.test_size, cfg.eval.size)
   validate.validate_rl(cfg, n_dev)
   hbm = int(chip.hbm_gib * GiB)
-  layout, why = decode_layout.choose(cfg, mesh_shape, hbm)
-  p = memory_plan.plan(cfg, mesh_shape, decode=layout)
+  layout, why = decode_layout.choose(cfg, mesh_shape, hbm, plat="tpu")
+  p = memory_plan.plan(cfg, mesh_shape, plat="tpu", decode=layout)
   rl = cfg.rl
   r = dict(topology=topology, n_devices=n_dev, mesh=mesh_shape, params=p.params, prompts=rl.prompts_per_step,
            G=rl.G, prompt_len=cfg.task.prompt_len, L=cfg.sampling.max_new_tokens, dtype=cfg.model.dtype,
@@ -201,9 +201,10 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   colls = hlo_collectives.collectives(compiled.as_text())
   coords = [tuple(d.coords) for d in devices] if all(hasattr(d, "coords") for d in devices) else None
   ici = roofline_lib.ici_seconds(colls, chip, topology, coords)
-  # The decode loop's collectives per generated token (its body runs once per token after the first).
-  decode_loop = hlo_collectives.in_loop(colls, "rollout decode")
-  steps = max(cfg.sampling.max_new_tokens - 1, 1)
+  # The decode loop's collectives per generated token: its body runs once per token after the first, in each rollout
+  # chunk (the once-per-chunk reshards into the decode view run `rollout_chunks` times: not per token).
+  steps = max(cfg.sampling.max_new_tokens - 1, 1) * cfg.rl.rollout_chunks
+  decode_loop = hlo_collectives.in_loop(colls, "rollout decode", min_count=max(steps, 2))
   # Collectives XLA adds on its own (no JAX op in their metadata: bookkeeping values of a few bytes) are reported
   # apart from the layout's per-token budget.
   per_token: dict[str, float] = {}
@@ -279,6 +280,9 @@ def main(argv=None) -> int:
   ap.add_argument("--decode-layout", default="auto", choices=list(decode_layout.KINDS),
                   help="sampling.decode_layout: where the weights live while the rollout decodes")
   ap.add_argument("--decode-tp", type=int, default=0, help="sampling.decode_tp (0 = the smallest that fits)")
+  ap.add_argument("--rollout-chunks", type=int, default=1, help="rl.rollout_chunks: sample and score the rollout's "
+                  "rows in this many chunks")
+  ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/presets.py); β = 0 ones keep no reference")
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
   ap.add_argument("--no-compile", action="store_true", help="memory_plan + roofline only (no libtpu needed)")
   ap.add_argument("--buffers", default="", metavar="DUMP_DIR",
@@ -293,7 +297,7 @@ def main(argv=None) -> int:
       return 0
     mesh = memory_plan.parse_mesh(a.mesh) if a.mesh else None
     cfg = memory_plan.workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, None, a.dtype, a.remat,
-                                      a.minibatches)
+                                      a.minibatches, algo=a.algo, rollout_chunks=a.rollout_chunks)
     cfg.sampling.update(decode_layout=a.decode_layout, decode_tp=a.decode_tp)
     r = check(cfg, a.topology, mesh, compile=not a.no_compile)
   except (ValueError, RuntimeError) as e:

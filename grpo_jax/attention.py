@@ -77,6 +77,26 @@ def choose(impl: str, n: int, t: int, heads: int, dtype, plat: str | None = None
   return "xla" if t < CPU_BLOCKWISE_MIN_T and small else "blockwise"
 
 
+def pairs(path: str, t: int) -> int:
+  """(query, key) score pairs one head of one row computes over t positions on `path` (a `choose` result): the
+  whole t×t for the einsum paths, the blocks on or below the diagonal for blockwise and splash (over their padded
+  length: blocks above it are skipped, padding inside a block is computed), the causal half for cuDNN."""
+  if path in ("xla", "dot_product"):
+    return t * t
+  if path == "blockwise":
+    b = min(BLOCK, _round_up(t, 8))
+    nb = -(-t // b)
+    return nb * (nb + 1) // 2 * b * b
+  if path == "splash":
+    tp = _round_up(t, 128)
+    blk = next(b for b in SPLASH_BLOCKS if tp % b == 0)
+    nb = tp // blk
+    return nb * (nb + 1) // 2 * blk * blk
+  if path == "cudnn":
+    return t * (t + 1) // 2
+  raise ValueError(f"attention path {path!r}: use one of {list(IMPLEMENTATIONS[1:])}.")
+
+
 def attend(impl: str, q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT) -> jax.Array:
   """Training/prefill attention through the path `choose(impl, ...)` names."""
   n, t, h, _ = q_NxTxHxD.shape

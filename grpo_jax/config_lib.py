@@ -27,7 +27,10 @@ from grpo_jax.r1 import layout
 
 def base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
-  c.seed = 0
+  c.seed = 0       # data order (and evaluation's sampling rng): what every run of a sweep point shares
+  # Params init and rollout rng (state.seed_keys); -1 = `seed`. A sweep's `--seeds N` sets it per run, so the runs
+  # of a point differ in init and rollouts but see the same batches (grpo_jax/sweep.py, docs/sweeps.md).
+  c.run_seed = -1
   c.job = "grpo"  # grpo | sft | pretrain | r1_pipeline | export
 
   c.model = ml_collections.ConfigDict(dict(
@@ -82,6 +85,8 @@ def base_config() -> ml_collections.ConfigDict:
       overlong_frac=0.0,         # DAPO soft overlong punishment over the last frac·max_new_tokens tokens; 0 = off
       # --- budget and robustness (not set by presets) ---
       mu=1, minibatches=1,
+      rollout_chunks=1,          # sample, and run the reference/old-log-prob forwards, over this many chunks of rows
+                                 # in turn (one graph): the KV cache and those activations are one chunk's
       process_weight=0.0,        # weight of process (step) advantages; 0 = outcome only
       oversample=2,              # dynamic sampling draws oversample × prompts_per_step prompts, keeps prompts_per_step
       max_nonfinite_in_row=3,
@@ -147,6 +152,12 @@ def base_config() -> ml_collections.ConfigDict:
 
 
 # --------------------------------------------------------------------------------------------- config helpers
+
+
+def run_seed(config) -> int:
+  """The seed of a run's params init and rollout rng: `run_seed`, or `seed` when it is -1 (the default)."""
+  rs = int(config.get("run_seed", -1))
+  return int(config.seed) if rs < 0 else rs
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:

@@ -244,15 +244,16 @@ def device_memory(nbytes: int) -> Iterator[None]:
     _HBM_OVERRIDE.pop()
 
 
-def choose(config, mesh: dict[str, int], hbm_bytes: int | None) -> tuple[Layout, str]:
-  """(layout, why) for `config.sampling.decode_layout` on a mesh of these axis sizes; `hbm_bytes` None: no limit."""
+def choose(config, mesh: dict[str, int], hbm_bytes: int | None, plat: str | None = None) -> tuple[Layout, str]:
+  """(layout, why) for `config.sampling.decode_layout` on a mesh of these axis sizes; `hbm_bytes` None: no limit;
+  `plat`: the backend memory_plan costs attention for (default: the one JAX traces for)."""
   from grpo_jax import memory_plan  # memory_plan imports this module
   mcfg = model_lib.ModelConfig.from_config(config.model)
   knob, tp = config.sampling.decode_layout, int(config.sampling.decode_tp)
   gib = lambda b: f"{b / 2 ** 30:.2f} GiB"
 
   def fits(layout):
-    need = memory_plan.plan(config, mesh, decode=layout).total_bytes
+    need = memory_plan.plan(config, mesh, plat=plat, decode=layout).total_bytes
     return hbm_bytes is None or need <= hbm_bytes, need
 
   if knob == "fsdp":

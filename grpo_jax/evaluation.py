@@ -14,6 +14,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from grpo_jax import decode_layout
 from grpo_jax import rewards as rewards_lib
 from grpo_jax import sampling
 from grpo_jax import sharding
@@ -60,12 +61,17 @@ def cons_at_k(answers: list, correct: list[bool], k: int) -> float:
 
 
 def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids: dict,
-                  in_graph: bool = True) -> Callable:
+                  in_graph: bool = True, config=None) -> Callable:
   """Jitted (params, prompts, fields, rng) -> (tokens_NxL, mask_NxL, lengths_N[, accuracy_N, format_N]); the
-  last two only with `in_graph` (a task verified on the host gets its rows back unscored)."""
+  last two only with `in_graph` (a task verified on the host gets its rows back unscored).
+
+  `config`: the run's config; its `sampling.decode_layout` puts the weights into the decode layout once per call,
+  before the decode loop, as the RL step's rollout does (decode_layout.for_rollout: no weight all-gather per token
+  under FSDP). None decodes in the params' own layout."""
 
   def gen(params, prompt_NxP, pmask_NxP, fields, rng):
-    ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg)
+    decode = None if config is None else decode_layout.for_rollout(config, mcfg, params)
+    ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg, decode=decode)
     if not in_graph:
       return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N
     acc = verify_jax.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields)
@@ -77,6 +83,7 @@ def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids:
   def run(*args):
     with sharding.mesh_context(mesh):
       return jitted(*args)
+  run.jitted = jitted  # for reading its compiled program (lower/compile under sharding.mesh_context)
   return run
 
 
@@ -143,8 +150,8 @@ class Evaluator:
       host_verifier = registry.get(self.task).host_verifier(tokenizer)
     self.host_verifier = host_verifier
     self.readings = default_readings(self.task) if readings is None else dict(readings)
-    # In-graph tasks keep make_generate's 5-argument call (tests substitute make_generate with that signature).
-    host = {} if host_verifier is None else {"in_graph": False}
+    # Generate decodes in the run's decode layout; a task verified on the host gets its rows back unscored.
+    host = {"config": config} if host_verifier is None else {"in_graph": False, "config": config}
     self.arrays = eval_arrays
     self.batch = config.eval.batch
     n = eval_arrays["prompt_NxP"].shape[0]

@@ -1,10 +1,13 @@
 """Bytes per device of one RL step for a config × mesh, from shapes alone (no compile, no devices).
 
 Why: a 7B policy + reference + Adam state on a TPU slice either fits or it does not, and the answer should come
-in a second, before any compile. The planner mirrors how `rl_step` holds memory: the state (policy, reference,
-Adam's two moments, a critic for PPO) is resident; the step's temporaries peak either in the rollout (KV cache,
-decode logits) or in the update (gradients, activations saved under the remat policy for one minibatch, one
-layer's recomputed working set, one chunk of logits). `aot.py` checks it against XLA's own buffer assignment.
+in a second, before any compile. The planner mirrors how `rl_step` holds memory: the state (policy, the reference
+only when β > 0, Adam's two moments, a critic for PPO) is resident; the step's temporaries peak in the sampling
+(KV cache and decode logits of one `rl.rollout_chunks` chunk of rows), in the reference / old-log-prob forwards
+(one chunk of rows, no gradient) or in the update (gradients, activations saved under the remat policy for one
+minibatch, one layer's recomputed working set with its attention, one chunk of logits). Attention is costed for
+the path `model.attention` takes on the target backend (`attention.choose`): O(T) for splash, blockwise and cuDNN,
+T×T scores only for the einsum path. `aot.py` checks it against XLA's own figures (docs/scale.md).
 
   python -m grpo_jax.memory_plan --model=qwen2.5-1.5b --mesh data=1,fsdp=64,tensor=1 --prompts 16 --G 8 \
       --prompt-len 256 --L 512 --hbm-gib 16
@@ -20,11 +23,13 @@ from typing import Any
 import jax
 import ml_collections
 
+from grpo_jax import attention
 from grpo_jax import config_lib
 from grpo_jax import decode_layout
 from grpo_jax import model as model_lib
 from grpo_jax import model_presets
 from grpo_jax import presets
+from grpo_jax import rl_step
 from grpo_jax import sharding
 
 GiB = 1024 ** 3
@@ -56,15 +61,19 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_len: int = 256, L: int = 512,
                     mesh: dict[str, int] | None = None, dtype: str = "bfloat16", remat: str = "full",
-                    minibatches: int = 1, mu: int = 1, algo: str = "grpo") -> ml_collections.ConfigDict:
-  """The peers' GRPO workload (β=0.04, μ=1, lr 1e-5, T=1) on a named model shape: what `aot` compiles."""
+                    minibatches: int = 1, mu: int = 1, algo: str = "grpo",
+                    rollout_chunks: int = 1) -> ml_collections.ConfigDict:
+  """The peers' GRPO workload (β=0.04 unless the preset `algo` says otherwise, μ=1, lr 1e-5, T=1) on a named model
+  shape: what `aot` compiles."""
   if model not in PRESETS:
     raise ValueError(f"--model={model!r}: choose one of {sorted(PRESETS)}.")
   c = presets.apply(config_lib.base_config(), algo)
   c.model.update(PRESETS[model], max_len=prompt_len + L, dtype=dtype, remat=remat)
   c.sampling.update(temperature=1.0, max_new_tokens=L)
   c.task.prompt_len = prompt_len
-  c.rl.update(G=G, prompts_per_step=prompts, beta=0.04, mu=mu, minibatches=minibatches)
+  c.rl.update(G=G, prompts_per_step=prompts, mu=mu, minibatches=minibatches, rollout_chunks=rollout_chunks)
+  if presets.PRESETS[algo]["rl.beta"] > 0:
+    c.rl.beta = 0.04
   c.optim.update(lr=1e-5, grad_clip=1.0)
   c.mesh.update(mesh or dict(data=1, fsdp=-1, tensor=1))
   c.train.num_samples_logged = 1
@@ -102,11 +111,17 @@ def _param_bytes(mcfg: model_lib.ModelConfig, mesh_items: tuple, subtree: str = 
 
 @dataclasses.dataclass
 class Plan:
-  """Per-device bytes by component; `resident` is held across steps, the peak adds the larger phase."""
+  """Per-device bytes by component; `resident` is held across steps, the peak adds the largest phase: sampling
+  (`rollout`), the reference / old-log-prob forwards over the samples (`score`), or the `update`."""
   resident: dict[str, int]
   rollout: dict[str, int]
   update: dict[str, int]
   params: int  # parameter count of one model
+  score: dict[str, int] = dataclasses.field(default_factory=dict)
+
+  def _phases(self) -> dict[str, int]:
+    return {"rollout": sum(self.rollout.values()), "score": sum(self.score.values()),
+            "update": sum(self.update.values())}
 
   @property
   def resident_bytes(self) -> int:
@@ -114,31 +129,56 @@ class Plan:
 
   @property
   def temp_bytes(self) -> int:
-    return max(sum(self.rollout.values()), sum(self.update.values()))
+    return max(self._phases().values())
 
   @property
   def peak_phase(self) -> str:
-    return "rollout" if sum(self.rollout.values()) >= sum(self.update.values()) else "update"
+    ph = self._phases()
+    return max(ph, key=ph.get)
 
   @property
   def total_bytes(self) -> int:
     return self.resident_bytes + self.temp_bytes
 
   def as_dict(self) -> dict[str, Any]:
-    return dict(resident=self.resident, rollout=self.rollout, update=self.update, params=self.params,
-                resident_bytes=self.resident_bytes, temp_bytes=self.temp_bytes, total_bytes=self.total_bytes,
-                peak_phase=self.peak_phase)
+    return dict(resident=self.resident, rollout=self.rollout, score=self.score, update=self.update,
+                params=self.params, resident_bytes=self.resident_bytes, temp_bytes=self.temp_bytes,
+                total_bytes=self.total_bytes, peak_phase=self.peak_phase)
 
 
-def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], decode: Any = None,
+def attention_bytes(path: str, rows: int, t: int, h: int, k: int, dh: int, cb: int, backward: bool) -> int:
+  """Working set of one layer's training/prefill attention over `rows` rows of t positions on `path` (an
+  `attention.choose` result), per device. The einsum paths hold fp32 [rows, heads, t, t] scores (and, backward,
+  their gradient): quadratic. The O(T) paths hold per-token arrays whose count was read off compiled buffer
+  assignments (docs/scale.md): blockwise on XLA:CPU keeps ~16 fp32 [rows, t, (h+k)·dh] arrays live in the backward
+  (q/k/v/o/dO in [blocks, ...] layout, the dq/dk/dv accumulators, transposed copies) and ~6 in the forward, plus a
+  few fp32 block×block score tiles; splash on TPU keeps its fp32 softmax residuals (max, logsumexp) lane-replicated
+  as [rows, h, t, 128] and q/k/v/o/dO copies in the head-major layout it needs; cuDNN keeps a logsumexp and the
+  same copies."""
+  if path in ("xla", "dot_product"):
+    return rows * h * t * t * (2 * 4 if backward else 4 + cb)
+  if path == "blockwise":
+    b = min(attention.BLOCK, -(-t // 8) * 8)
+    tp = -(-t // b) * b
+    return rows * tp * (16 if backward else 6) * (h + k) * dh * 4 + 4 * rows * h * b * b * 4
+  if path == "splash":
+    tp = -(-t // 128) * 128
+    return rows * tp * ((3 if backward else 2) * h * 128 * 4 + (4 if backward else 2) * (h + k) * dh * cb)
+  if path == "cudnn":
+    return rows * t * (h * 4 + (4 if backward else 2) * (h + k) * dh * cb)
+  raise ValueError(f"attention path {path!r}: use one of {list(attention.IMPLEMENTATIONS[1:])}.")
+
+
+def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | None = None, decode: Any = None,
          hbm_bytes: int | None = None) -> Plan:
-  """Per-device memory of one `rl_step` (or PPO step) for `config` on a mesh of the given axis sizes.
+  """Per-device memory of one `rl_step` (or PPO step) for `config` on a mesh of the given axis sizes; attention as
+  `model.attention` runs on `plat` ('tpu', 'gpu', 'cpu'; default: the backend JAX would trace for).
 
   `decode`: the rollout's decode layout (decode_layout.Layout); None resolves `config.sampling.decode_layout` the
   way the step does, against `hbm_bytes` per device (None: no limit, so `auto` plans the gathered layout)."""
   mcfg = model_lib.ModelConfig.from_config(config.model)
   if decode is None:
-    decode = decode_layout.choose(config, mesh, hbm_bytes)[0]
+    decode = decode_layout.choose(config, mesh, hbm_bytes, plat)[0]
   bad = decode_layout.check(mcfg, mesh, decode)
   if bad:
     raise ValueError(bad + ".")
@@ -150,8 +190,15 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], decode: Any = 
   D, F, V, H, K, Dh, nl = mcfg.hidden, mcfg.inter, mcfg.vocab_size, mcfg.heads, mcfg.kv_heads, mcfg.head_dim, mcfg.layers
   h_dev, k_dev = H // tp if H % tp == 0 else H, K // tp if K % tp == 0 else K
   f_dev, v_dev = F // tp if F % tp == 0 else F, V // tp if V % tp == 0 else V
+  plat = plat or attention.platform()
+  path = lambda n, t: attention.choose(mcfg.attention, n, t, H, mcfg.dtype, plat)
+  chunks = rl.rollout_chunks
   rows = math.ceil(N / dp)                       # rollout rows on one device
-  mb_rows = math.ceil(N / rl.minibatches / dp)   # training rows on one device, one minibatch
+  n_kept = rl.prompts_per_step * rl.G            # rows after dynamic sampling: scored and trained
+  kept_rows = math.ceil(n_kept / dp)
+  c_rows = math.ceil(N / chunks / dp)            # rows of one rollout chunk on one device (sampling)
+  s_rows = math.ceil(n_kept / chunks / dp)       # ... and of one chunk of the scoring forwards
+  mb_rows = math.ceil(n_kept / rl.minibatches / dp)   # training rows on one device, one minibatch
   tok = mb_rows * T
 
   p_dev, n_params = param_bytes_per_device(mcfg, mesh)
@@ -160,8 +207,10 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], decode: Any = 
   # builds its full fp32 gradient before the reduce-scatter. Layer weights are gathered one layer at a time.
   head_gathered = D * v_dev * cb if (mesh["fsdp"] > 1 or cb != 4) else 0
   head_grad = D * v_dev * 4 if mesh["fsdp"] > 1 else 0
-  resident = {"policy": p_dev, "reference": p_dev, "optimizer (adam m, v)": 2 * p_dev,
-              "batch": math.ceil(B / dp) * (2 * P + 4) * 4}
+  resident = {"policy": p_dev}
+  if rl_step.uses_reference(config):  # β = 0 keeps no reference model
+    resident["reference"] = p_dev
+  resident.update({"optimizer (adam m, v)": 2 * p_dev, "batch": math.ceil(B / dp) * (2 * P + 4) * 4})
   if rl.algo == "ppo":
     critic = p_dev if config.ppo.critic == "separate" else 4 * D
     resident["critic"] = critic
@@ -169,29 +218,47 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], decode: Any = 
 
   # Rollout outputs live through the whole step: tokens, masks, sampling/old/reference log-probs, advantages, the
   # full sequence (tokens, positions, mask), all int32/float32.
-  carried = rows * L * 4 * 6 + rows * T * 4 * 3
-  # Prefill runs one layer at a time over P tokens: activations plus the fp32 attention scores of that layer.
-  prefill = rows * P * (3 * D + 2 * f_dev) * cb + rows * h_dev * P * P * (4 + cb)
-  # Decode (decode_layout.rollout_bytes): the KV cache, one step's logits, and the weights the loop reads in the
-  # rollout's decode layout (gathered: the whole model in the compute dtype on every chip; fsdp: as split, plus the
-  # LM head gathered at every token).
+  carried = kept_rows * L * 4 * 6 + kept_rows * T * 4 * 3
+  # Sampling runs one chunk of rows at a time (rl.rollout_chunks). Prefill runs one layer at a time over P tokens:
+  # activations plus that layer's attention.
+  prefill = (c_rows * P * (3 * D + 2 * f_dev) * cb
+             + attention_bytes(path(N // chunks, P), c_rows, P, h_dev, k_dev, Dh, cb, backward=False))
+  # Decode (decode_layout.rollout_bytes): one chunk's KV cache and step logits, and the weights the loop reads in the
+  # rollout's decode layout, made once for all chunks (gathered: the whole model in the compute dtype on every chip;
+  # fsdp: as split, plus the LM head gathered at every token).
   rollout = {
-      **decode_layout.rollout_bytes(mcfg, mesh, decode, N, T),
+      **decode_layout.rollout_bytes(mcfg, mesh, decode, N // chunks, T),
       "prefill layer": prefill,
-      "rollout outputs": carried,
+      "rollout outputs": rows * L * 4 * 3 + carried,  # + the uniforms, tokens and log-probs of all sampled rows
   }
+  # model.target_logprobs scores the L completion positions only, `logprob_chunk` positions at a time under
+  # jax.checkpoint: one chunk of fp32 logits, its log-softmax (and in the update their gradient), plus the fp32
+  # hidden states of the completion.
+  chunk = min(model_lib.logprob_chunk(mcfg), L)
+  # The reference and (bf16) old-log-prob forwards: one rollout chunk of rows, one layer at a time, no gradient.
+  score = {}
+  if rl_step.uses_reference(config) or mcfg.dtype == "bfloat16":
+    s_tok = s_rows * T
+    score = {
+        "forward layer": s_tok * (3 * D + (h_dev + 2 * k_dev) * Dh + 2 * f_dev) * cb
+                         + attention_bytes(path(n_kept // chunks, T), s_rows, T, h_dev, k_dev, Dh, cb, False),
+        "layer input": s_tok * D * cb,
+        "logits chunk": 2 * s_rows * chunk * v_dev * 4 + s_rows * L * D * 4,
+        "lm head, gathered": head_gathered,
+        "rollout outputs": carried,
+    }
 
+  train_path = path(n_kept // rl.minibatches, T)
   if mcfg.remat == "full":
     saved = nl * tok * D * cb  # only each layer's input survives the forward pass
   elif mcfg.remat == "dots":
     saved = nl * tok * (3 * D + (h_dev + 2 * k_dev) * Dh + 2 * f_dev) * cb
-  else:  # everything, including the fp32 attention scores and probabilities
-    saved = nl * (tok * (5 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb + mb_rows * h_dev * T * T * (4 + cb))
-  # Backward of one layer: its recomputed activations, their gradients, the scores and their gradient (fp32).
-  layer = tok * (4 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb + 2 * mb_rows * h_dev * T * T * 4
-  # model.target_logprobs scores the L completion positions only, `logprob_chunk` positions at a time under
-  # jax.checkpoint: one chunk of fp32 logits, its log-softmax and their gradient, plus the fp32 hidden states.
-  chunk = min(model_lib.logprob_chunk(mcfg), L)
+  else:  # everything, including the attention's own saved arrays (the einsum path's T×T scores)
+    saved = nl * (tok * (5 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb
+                  + attention_bytes(train_path, mb_rows, T, h_dev, k_dev, Dh, cb, backward=False))
+  # Backward of one layer: its recomputed activations, their gradients, and the attention's backward working set.
+  layer = (tok * (4 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb
+           + attention_bytes(train_path, mb_rows, T, h_dev, k_dev, Dh, cb, backward=True))
   update = {
       "gradients": p_dev,
       "saved activations (remat=%s)" % mcfg.remat: saved,
@@ -203,12 +270,13 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], decode: Any = 
   }
   if rl.algo == "ppo" and config.ppo.critic == "separate":
     update["critic gradients"] = p_dev
-  return Plan(resident, rollout, update, n_params)
+  return Plan(resident, rollout, update, n_params, score)
 
 
 def format_plan(p: Plan, hbm_bytes: int | None = None) -> str:
   rows = [("resident", k, v) for k, v in p.resident.items()]
   rows += [("rollout", k, v) for k, v in p.rollout.items()]
+  rows += [("score", k, v) for k, v in p.score.items()]
   rows += [("update", k, v) for k, v in p.update.items()]
   out = [f"{'phase':<9} {'component':<30} {'GiB/device':>11}"]
   out += [f"{ph:<9} {k:<30} {v / GiB:>11.3f}" for ph, k, v in rows]
@@ -231,7 +299,10 @@ def main(argv=None) -> int:
   ap.add_argument("--dtype", default="bfloat16", choices=sorted(_BYTES))
   ap.add_argument("--remat", default="full", choices=["none", "full", "dots"])
   ap.add_argument("--minibatches", type=int, default=1)
-  ap.add_argument("--algo", default="grpo")
+  ap.add_argument("--rollout-chunks", type=int, default=1, help="rl.rollout_chunks")
+  ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/presets.py); β = 0 ones keep no reference")
+  ap.add_argument("--platform", default="tpu", choices=["tpu", "gpu", "cpu"],
+                  help="the backend whose attention path model.attention='auto' picks (attention.choose)")
   ap.add_argument("--hbm-gib", type=float, default=0.0, help="chip memory to compare against (0 = none)")
   ap.add_argument("--json", action="store_true")
   a = ap.parse_args(argv)
@@ -240,9 +311,11 @@ def main(argv=None) -> int:
     if any(v < 1 for v in mesh.values()):
       raise ValueError(f"--mesh={a.mesh}: the planner needs explicit sizes (no -1).")
     c = workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, mesh, a.dtype, a.remat, a.minibatches,
-                        algo=a.algo)
+                        algo=a.algo, rollout_chunks=a.rollout_chunks)
+    rl_step.check_chunks(a.rollout_chunks, a.prompts * a.G)
     hbm = int(a.hbm_gib * GiB) if a.hbm_gib else None
-    p = plan(c, mesh, hbm_bytes=hbm)  # sampling.decode_layout=auto resolves against the chip's memory
+    # sampling.decode_layout=auto resolves against the chip's memory
+    p = plan(c, mesh, plat=a.platform, hbm_bytes=hbm)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -37,7 +37,8 @@ METRICS: dict[str, str] = {
     'train/ratio_mean': 'token-mean importance ratio pi/pi_old (1 for the first of mu updates)',
     'train/ratio_max': 'largest importance ratio pi/pi_old over the step',
     'train/ratio_min': 'smallest importance ratio pi/pi_old over the step',
-    'train/kl': 'k3 estimate of KL(pi || pi_ref), token mean, at the rollout policy',
+    'train/kl': ('k3 estimate of KL(pi || pi_ref), token mean, at the rollout policy; absent at beta = 0 '
+                 '(no reference model)'),
     'train/entropy': 'token-mean entropy of pi (softmax(logits / temperature)) on the sampled completions',
     'train/completion_len_mean': 'mean completion length in tokens (up to and including EOS)',
     'train/completion_len_max': 'longest completion in tokens',

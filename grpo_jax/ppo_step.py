@@ -86,8 +86,8 @@ def advantages_and_returns(config, ro: rl_step.Rollout, old_v_NxL) -> tuple[jax.
   """Per-token reward −β·KL(π_old, π_ref) (rl.kl_estimator: k1 in the ppo preset) plus the outcome at the last
   token; GAE; advantages whitened over the batch's valid tokens."""
   mask = ro.mask_NxL
-  kl_NxL = losses.kl_estimate(config.rl.kl_estimator, ro.old_logp_NxL, ro.ref_logp_NxL,
-                              k3_clamp=config.rl.kl_clamp) * mask
+  kl_NxL = jnp.zeros_like(mask) if ro.ref_logp_NxL is None else losses.kl_estimate(
+      config.rl.kl_estimator, ro.old_logp_NxL, ro.ref_logp_NxL, k3_clamp=config.rl.kl_clamp) * mask
   last_NxL = jax.nn.one_hot(jnp.maximum(mask.sum(-1).astype(jnp.int32) - 1, 0), mask.shape[1]) * mask
   rewards_NxL = -config.rl.beta * kl_NxL + ro.r_N[:, None] * last_NxL
   adv_NxL, returns_NxL = advantages.gae(rewards_NxL, old_v_NxL, mask, gamma=config.ppo.gamma, lam=config.ppo.lam)
@@ -101,8 +101,8 @@ optimizer = rl_step.optimizer  # the policy's AdamW from the `optim` group, as i
 
 
 def layout(config, mcfg: model_lib.ModelConfig) -> state_lib.Layout:
-  """Policy, frozen reference, AdamW state, and the critic with its own AdamW state."""
-  return state_lib.Layout(optimizer(config), critic=critic(config, mcfg))
+  """Policy, frozen reference (β > 0 only), AdamW state, and the critic with its own AdamW state."""
+  return state_lib.Layout(optimizer(config), ref=rl_step.uses_reference(config), critic=critic(config, mcfg))
 
 
 state_spec, init = state_lib.spec_and_init(layout)
@@ -119,9 +119,11 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec
   def step(state, batch):
     P_len = batch["prompt_NxP"].shape[1]
     rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
-    ro = rollout_fn(state["params"], state["ref_params"], batch, k_roll)
-    old_v_NxL, _, _ = values_and_logprobs(mcfg, config.ppo.critic, state["params"], state["critic_params"], ro.seq,
-                                          P_len, temp, want_logp=False)
+    ro = rollout_fn(state["params"], rl_step.reference_params(config, state), batch, k_roll)
+    # The critic's forward over the rollout, in the rollout's row chunks.
+    old_v_NxL = rl_step.map_row_chunks(
+        lambda *seq: values_and_logprobs(mcfg, config.ppo.critic, state["params"], state["critic_params"], seq,
+                                         P_len, temp, want_logp=False)[0], config.rl.rollout_chunks, *ro.seq)
     old_v_NxL = jax.lax.stop_gradient(old_v_NxL) * ro.mask_NxL
     adv_NxL, returns_NxL = advantages_and_returns(config, ro, old_v_NxL)
     data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=ro.mask_NxL,

@@ -4,8 +4,10 @@ rollout (scan decoder) → rewards (in-graph or pure_callback) → advantages (b
 reference log-probs → μ epochs × minibatches of clipped updates (update.minibatch_scan) → metrics. PPO with a critic
 lives in `ppo_step.py` and reuses the rollout and the step's tail from here.
 """
+import numbers
 from typing import Callable, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
@@ -59,15 +61,55 @@ class Rollout(NamedTuple):
   term_w_K: jax.Array       # their weights (the overlong penalty's is 1)
   steps: tuple | None       # process scores (step_r_NxS, step_end_NxS, step_valid_NxS), or None
   old_logp_NxL: jax.Array   # the rollout policy's log-probs (stop-gradient, 0 on padding)
-  ref_logp_NxL: jax.Array   # the reference's
+  ref_logp_NxL: jax.Array | None  # the reference's; None when β = 0 (no reference model: uses_reference)
   status: jax.Array         # one per reward term: rewards.OK unless its Python call failed
   fallbacks: jax.Array      # samples a Python term replaced by its fallback score
   ds_kept: jax.Array | None  # dynamic sampling: kept groups with reward variance (None when off)
 
 
+def uses_reference(config) -> bool:
+  """β > 0 needs the frozen reference model; β = 0 keeps none: no reference params in the state, no reference
+  forward, no train/kl (as TRL loads no reference at β = 0). A traced β (seeds.py, one per run) counts as > 0."""
+  beta = config.rl.beta
+  return not isinstance(beta, numbers.Real) or beta != 0
+
+
+def check_chunks(chunks: int, n: int) -> None:
+  if not isinstance(chunks, int) or chunks < 1 or n % chunks:
+    raise ValueError(f"config.rl.rollout_chunks={chunks!r}: must be a positive integer dividing the {n} rollout rows "
+                     "it splits (prompts_per_step*G); pick a divisor.")
+
+
+def chunk_rows(x: jax.Array, chunks: int) -> jax.Array:
+  """[N, ...] → [C, N/C, ...] with chunk c = rows c, c+C, c+2C, …: a row-sharded array splits into chunks that are
+  each spread over every row shard (a device's rows stay on it; each chunk keeps every device busy)."""
+  return jnp.swapaxes(x.reshape((x.shape[0] // chunks, chunks) + x.shape[1:]), 0, 1)
+
+
+def unchunk_rows(x_CxM: jax.Array) -> jax.Array:
+  """The inverse of `chunk_rows`."""
+  return jnp.swapaxes(x_CxM, 0, 1).reshape((x_CxM.shape[0] * x_CxM.shape[1],) + x_CxM.shape[2:])
+
+
+def map_row_chunks(fn: Callable, chunks: int, *xs):
+  """fn(*xs) for a row-wise fn, run as a lax.map over `chunks` slices of the rows (chunk_rows): its temporaries
+  (a KV cache, a forward's activations) are those of N/chunks rows. chunks=1 calls fn on all rows."""
+  if chunks == 1:
+    return fn(*xs)
+  check_chunks(chunks, xs[0].shape[0])
+  pin = lambda x: nn.with_logical_constraint(x, (None, "batch") + (None,) * (x.ndim - 2))
+  out = jax.lax.map(lambda a: fn(*a), jax.tree.map(lambda x: pin(chunk_rows(x, chunks)), xs))
+  return jax.tree.map(lambda x: sharding.constrain_batch(unchunk_rows(x)), out)
+
+
 def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Callable[..., Rollout]:
-  """(params, ref_params, batch, rng) -> Rollout: sample G completions per prompt, score them, log-probs."""
+  """(params, ref_params or None, batch, rng) -> Rollout: sample G completions per prompt, score them, log-probs.
+
+  Sampling, and then the reference and (bf16) old-log-prob forwards, run over `rl.rollout_chunks` chunks of rows
+  (map_row_chunks), so the KV cache and the forwards' activations are those of one chunk. Each row's uniforms are
+  drawn for all rows at once, so chunking does not change the samples."""
   rl, G, temp = config.rl, config.rl.G, config.sampling.temperature
+  chunks = int(rl.rollout_chunks)
   scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=getattr(tokenizer, "eos_ids", tokenizer.eos_id), pad_id=tokenizer.pad_id)
   bf16 = mcfg.dtype == "bfloat16"
   overlong_cache = round(rl.overlong_frac * scfg.max_new_tokens)  # a length: static
@@ -77,10 +119,14 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
   def rollout_fn(params, ref_params, batch, rng) -> Rollout:
     k_sample, k_ds = jax.random.split(rng)
     b = tile_batch(batch, G)
-    P = b["prompt_NxP"].shape[1]
-    # The weights in their decode layout, once per rollout, before the sampler (decode_layout.py).
+    n_all, P = b["prompt_NxP"].shape
+    check_chunks(chunks, n_all // (rl.oversample if rl.dynamic_sampling else 1))  # the kept rows are chunked too
+    u_NxL = sampling.uniforms(k_sample, scfg.max_new_tokens, n_all).T
+    # The weights in their decode layout (decode_layout.py), once per rollout, outside the chunk loop: every chunk
+    # decodes with this one copy.
     decode = decode_layout.for_rollout(config, mcfg, params)
-    ro = sampling.sample(mcfg, params, b["prompt_NxP"], b["prompt_mask_NxP"], k_sample, scfg, decode=decode)
+    ro = map_row_chunks(lambda p, m, u: sampling.sample(mcfg, params, p, m, None, scfg, u_LxN=u.T, decode=decode),
+                        chunks, b["prompt_NxP"], b["prompt_mask_NxP"], u_NxL)
     tokens_NxL = sharding.constrain_batch(ro.tokens_NxL)
     fields = {k: v for k, v in b.items() if k not in PROMPT_KEYS}
     r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields)
@@ -106,19 +152,29 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
 
     mask_NxL = rows["mask_NxL"]
     seq = full_sequence(rows["prompt_NxP"], rows["pmask_NxP"], rows["tokens_NxL"], mask_NxL)
-    with jax.named_scope("reference"):  # phase names the roofline attributes collectives by (hlo_collectives)
-      ref_logp_NxL, _ = completion_logprobs(mcfg, ref_params, seq, P, temp)
-    old_logp_NxL = rows["old_logp_NxL"]
-    if bf16:
-      # bf16 sampler and training forward differ by rounding; ρ must start at exactly 1 for μ=1 on-policy.
-      with jax.named_scope("old_logprobs"):
-        old_logp_NxL, _ = completion_logprobs(mcfg, params, seq, P, temp)
+
+    def forwards(*seq_chunk):
+      # bf16 sampler and training forward differ by rounding; ρ must start at exactly 1 for μ=1 on-policy, so under
+      # bf16 the old log-probs are recomputed in training numerics.
+      out = {}
+      if ref_params is not None:
+        with jax.named_scope("reference"):  # phase names the roofline attributes collectives by (hlo_collectives)
+          out["ref"] = completion_logprobs(mcfg, ref_params, seq_chunk, P, temp)[0]
+      if bf16:
+        with jax.named_scope("old_logprobs"):
+          out["old"] = completion_logprobs(mcfg, params, seq_chunk, P, temp)[0]
+      return out
+
+    lp = map_row_chunks(forwards, chunks, *seq) if (ref_params is not None or bf16) else {}
+    old_logp_NxL = lp.get("old", rows["old_logp_NxL"])
+    ref_logp_NxL = None
+    if ref_params is not None:
+      ref_logp_NxL = jax.lax.stop_gradient(lp["ref"]) * mask_NxL
     return Rollout(seq=seq, tokens_NxL=rows["tokens_NxL"], mask_NxL=mask_NxL, lengths_N=rows["lengths_N"],
                    truncated_N=rows["truncated_N"], r_N=rows["r_N"], per_term=rows["per_term"], steps=rows["steps"],
                    terms_NxK=rows["terms_NxK"], term_w_K=term_w_K,
-                   old_logp_NxL=jax.lax.stop_gradient(old_logp_NxL) * mask_NxL,
-                   ref_logp_NxL=jax.lax.stop_gradient(ref_logp_NxL) * mask_NxL, status=status,
-                   fallbacks=fallbacks, ds_kept=ds_kept)
+                   old_logp_NxL=jax.lax.stop_gradient(old_logp_NxL) * mask_NxL, ref_logp_NxL=ref_logp_NxL,
+                   status=status, fallbacks=fallbacks, ds_kept=ds_kept)
 
   return rollout_fn
 
@@ -135,7 +191,10 @@ def compute_advantages(config, ro: Rollout) -> jax.Array:
   rl, G = config.rl, config.rl.G
   est = advantages.ESTIMATORS[rl.advantage]
   r_BxG = ro.r_N.reshape(-1, G)
-  kl_NxL = losses.kl_estimate(rl.kl_estimator, ro.old_logp_NxL, ro.ref_logp_NxL, k3_clamp=rl.kl_clamp) * ro.mask_NxL
+  if ro.ref_logp_NxL is None:  # β = 0: every KL term is multiplied by 0
+    kl_NxL = jnp.zeros_like(ro.mask_NxL)
+  else:
+    kl_NxL = losses.kl_estimate(rl.kl_estimator, ro.old_logp_NxL, ro.ref_logp_NxL, k3_clamp=rl.kl_clamp) * ro.mask_NxL
   if rl.kl_in == "reward" and not est.kl_in_advantage:
     # Sequence-level KL penalty folded into the outcome reward before normalisation.
     r_BxG = r_BxG - rl.beta * kl_NxL.sum(-1).reshape(-1, G)
@@ -175,8 +234,10 @@ def make_loss_fn(config, mcfg, P: int) -> Callable:
 
   def loss_fn(params, mb):
     logp_NxL, ent_NxL = completion_logprobs(mcfg, params, mb["seq"], P, temp)
-    loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb["ref_logp_NxL"], mb["adv_NxL"], mb["mask_NxL"],
-                                 **kwargs)
+    # No reference (β = 0, or all of a vmapped sweep's β are 0: seeds.init_states): no KL term at all.
+    kw = kwargs if mb.get("ref_logp_NxL") is not None else dict(kwargs, beta=0.0)
+    loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb.get("ref_logp_NxL"), mb["adv_NxL"], mb["mask_NxL"],
+                                 **kw)
     return loss, dict(m, entropy=masked_mean(ent_NxL, mb["mask_NxL"]))
   return loss_fn
 
@@ -184,7 +245,6 @@ def make_loss_fn(config, mcfg, P: int) -> Callable:
 def rollout_metrics(config, ro: Rollout, adv_NxL) -> dict[str, jax.Array]:
   G = config.rl.G
   r_N, mask = ro.r_N, ro.mask_NxL
-  k3_NxL = losses.kl_k3(ro.old_logp_NxL, ro.ref_logp_NxL)
   m = {
       "train/reward_mean": r_N.mean(), "train/reward_std": r_N.std(),
       "train/frac_zero_std_groups": jnp.mean(advantages.group_is_constant(
@@ -192,12 +252,13 @@ def rollout_metrics(config, ro: Rollout, adv_NxL) -> dict[str, jax.Array]:
       "train/adv_mean": masked_mean(adv_NxL, mask),
       "train/adv_std": jnp.sqrt(masked_mean(jnp.square(adv_NxL - masked_mean(adv_NxL, mask)), mask)),
       "train/adv_abs_max": jnp.max(jnp.abs(adv_NxL)),
-      "train/kl": masked_mean(k3_NxL, mask),
       "train/completion_len_mean": ro.lengths_N.mean(),
       "train/completion_len_max": ro.lengths_N.max(),
       "train/truncation_rate": ro.truncated_N.mean(),
       "train/reward_fallbacks": ro.fallbacks,
   }
+  if ro.ref_logp_NxL is not None:  # β = 0 has no reference model: no train/kl
+    m["train/kl"] = masked_mean(losses.kl_k3(ro.old_logp_NxL, ro.ref_logp_NxL), mask)
   for name, r in ro.per_term.items():
     m[f"train/reward/{name}"] = r.mean()
   if ro.ds_kept is not None:
@@ -225,8 +286,18 @@ def optimizer(config) -> update_lib.Optimizer:
 
 
 def layout(config, mcfg: model_lib.ModelConfig) -> state_lib.Layout:
-  """Policy, frozen reference, AdamW state."""
-  return state_lib.Layout(optimizer(config))
+  """Policy, frozen reference (only when β > 0: uses_reference), AdamW state."""
+  return state_lib.Layout(optimizer(config), ref=uses_reference(config))
+
+
+def reference_params(config, state: dict):
+  """The state's reference params, or None when it keeps none (β = 0). A state without them cannot run a config
+  with a (static) β > 0: that is a state built for another config."""
+  ref = state.get("ref_params")
+  if ref is None and isinstance(config.rl.beta, numbers.Real) and config.rl.beta != 0:
+    raise ValueError(f"config.rl.beta={config.rl.beta}: the state has no reference params (it was built for β = 0); "
+                     "build the state from this config (family.init / state_spec).")
+  return ref
 
 
 state_spec, init = state_lib.spec_and_init(layout)
@@ -249,10 +320,11 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec
   def step(state, batch):
     loss_fn = make_loss_fn(config, mcfg, batch["prompt_NxP"].shape[1])
     rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
-    ro = rollout_fn(state["params"], state["ref_params"], batch, k_roll)
+    ro = rollout_fn(state["params"], reference_params(config, state), batch, k_roll)
     adv_NxL = compute_advantages(config, ro)
-    data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, ref_logp_NxL=ro.ref_logp_NxL, adv_NxL=adv_NxL,
-                mask_NxL=ro.mask_NxL)
+    data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=ro.mask_NxL)
+    if ro.ref_logp_NxL is not None:
+      data["ref_logp_NxL"] = ro.ref_logp_NxL
 
     update = update_lib.make_update(lambda ps, mb: loss_fn(ps[0], mb), (opt,))
     with jax.named_scope("update"):

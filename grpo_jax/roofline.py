@@ -17,8 +17,10 @@ from typing import Any, Iterable, Sequence
 import jax
 import ml_collections
 
+from grpo_jax import attention
 from grpo_jax import decode_layout
 from grpo_jax import model as model_lib
+from grpo_jax import rl_step
 
 HOP_SECONDS = 1e-6  # ICI latency per hop ("How to Scale Your Model", TPUs chapter: "typically around 1us")
 
@@ -70,11 +72,13 @@ def matmul_params(mcfg: model_lib.ModelConfig) -> int:
   return mcfg.layers * per_layer + D * mcfg.vocab_size
 
 
-def analytic_flops(config: ml_collections.ConfigDict) -> dict[str, float]:
+def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu") -> dict[str, float]:
   """Global FLOPs of one step, by phase: 2·params per token forward, 6·params per token forward+backward.
 
-  Attention adds 4·layers·heads·head_dim per (query, key) pair computed; this code computes the full (masked)
-  T×T scores in training and prefill, and attends over the whole cache (P+L slots) at every decode step.
+  Attention adds 4·layers·heads·head_dim per (query, key) pair computed: in training and prefill the pairs of the
+  path `model.attention` runs on `plat` (attention.choose / attention.pairs: the causal blocks of splash and
+  blockwise, the full T×T of the einsum path); decode attends over the whole cache (P+L slots) at every step. The
+  reference forward is absent at β = 0 (no reference model).
   """
   mcfg = model_lib.ModelConfig.from_config(config.model)
   rl = config.rl
@@ -83,17 +87,21 @@ def analytic_flops(config: ml_collections.ConfigDict) -> dict[str, float]:
   T = P + L
   pm = matmul_params(mcfg)
   attn_pair = 4 * mcfg.layers * mcfg.heads * mcfg.head_dim
-  fwd_seq = 2 * pm * N * T + attn_pair * N * T * T  # one training-mode forward over all N×T tokens
+  pairs = lambda n, t: attention.pairs(attention.choose(mcfg.attention, n, t, mcfg.heads, mcfg.dtype, plat), t)
+  chunk_rows = N // rl.rollout_chunks
+  # One forward over all N×T tokens, in the row groups it runs in (rollout chunks, or update minibatches).
+  fwd_seq = lambda n: 2 * pm * N * T + attn_pair * N * pairs(n, T)
   out = {
-      "rollout prefill": 2 * pm * N * P + attn_pair * N * P * P,
+      "rollout prefill": 2 * pm * N * P + attn_pair * N * pairs(chunk_rows, P),
       "rollout decode": 2 * pm * N * L + attn_pair * N * L * T,
-      "reference forward": fwd_seq,
-      "policy fwd+bwd": 3 * fwd_seq * rl.mu,
   }
+  if rl_step.uses_reference(config):
+    out["reference forward"] = fwd_seq(chunk_rows)
+  out["policy fwd+bwd"] = 3 * fwd_seq(N // rl.minibatches) * rl.mu
   if mcfg.dtype == "bfloat16":
-    out["old log-probs forward"] = fwd_seq  # rl_step recomputes them in training numerics under bf16
+    out["old log-probs forward"] = fwd_seq(chunk_rows)  # rl_step recomputes them in training numerics under bf16
   if mcfg.remat == "full":
-    out["remat recompute"] = fwd_seq * rl.mu
+    out["remat recompute"] = fwd_seq(N // rl.minibatches) * rl.mu
   return out
 
 
@@ -119,13 +127,14 @@ def hbm_bytes(config: ml_collections.ConfigDict, mesh: dict[str, int],
   decode_weights = matmul_params(mcfg) * cb / t
   shard = 4 * matmul_params(mcfg) / (dp * mesh["tensor"])  # one fp32 copy, FSDP-split
   out = {
-      "rollout prefill": weights + kv_slot * P,
+      "rollout prefill": weights * rl.rollout_chunks + kv_slot * P,  # one pass over the weights per chunk
       "rollout decode": L * (decode_weights + kv_slot * (P + L)),  # each step attends over the whole cache
-      "reference forward": weights,
-      "policy fwd+bwd": rl.mu * rl.minibatches * 3 * weights + 7 * shard,
   }
+  if rl_step.uses_reference(config):
+    out["reference forward"] = weights * rl.rollout_chunks  # one pass over the weights per chunk of rows
+  out["policy fwd+bwd"] = rl.mu * rl.minibatches * 3 * weights + 7 * shard
   if mcfg.dtype == "bfloat16":
-    out["old log-probs forward"] = weights
+    out["old log-probs forward"] = weights * rl.rollout_chunks
   if mcfg.remat == "full":
     out["remat recompute"] = rl.mu * rl.minibatches * weights
   return out

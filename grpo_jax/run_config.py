@@ -39,6 +39,10 @@ _DROP = {
 
 _OPTIMIZER_KIND_KEYS = ("name", "type", "optimizer", "kind")
 
+# Keys added to the base config after records were first written, with the default that reproduces what runs did
+# before them: a record without the key equals one with this value (an older run resumes unchanged).
+ADDED_KEYS = {"run_seed": -1}
+
 
 def flatten(config: Any) -> dict[str, Any]:
   """`a.b.c -> value` of a ConfigDict (or nested dict), JSON-typed (tuples become lists)."""
@@ -68,7 +72,8 @@ def view(config: Any, kind: str, *, keep: Iterable[str] = (), extra: Mapping[str
   keep = tuple(keep)
   flat = flatten(config)
   out = {k: v for k, v in flat.items()
-         if (not _matches(k, _DROP[kind]) or _matches(k, keep)) and not _matches(k, BOOKKEEPING)}
+         if (not _matches(k, _DROP[kind]) or _matches(k, keep)) and not _matches(k, BOOKKEEPING)
+         and not (k in ADDED_KEYS and v == ADDED_KEYS[k])}  # at its default: the view (and fingerprint) of before
   out["stage.kind"] = kind
   out.update(extra or {})
   return dict(sorted(out.items()))
@@ -82,7 +87,8 @@ def fingerprint(v: Mapping[str, Any]) -> str:
 def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
   """Keys whose values differ (present in one only included), sorted; bookkeeping keys ignored."""
   keys = set(old) | set(new)
-  return sorted(k for k in keys if not _matches(k, BOOKKEEPING) and old.get(k, "<absent>") != new.get(k, "<absent>"))
+  get = lambda d, k: d.get(k, ADDED_KEYS.get(k, "<absent>"))
+  return sorted(k for k in keys if not _matches(k, BOOKKEEPING) and get(old, k) != get(new, k))
 
 
 def _zero(x) -> bool:

@@ -28,7 +28,8 @@ class SamplingConfig:
   pad_id: int = 0
 
   def __post_init__(self):
-    if not self.temperature > 0:
+    # A traced temperature (a vmapped sweep's, seeds.py) is checked where the config is validated, not here.
+    if not isinstance(self.temperature, jax.core.Tracer) and not self.temperature > 0:
       raise ValueError(f"sampling.temperature={self.temperature}: must be > 0 (use greedy=True for argmax).")
     if self.top_k < 0:
       raise ValueError(f"sampling.top_k={self.top_k}: must be >= 0 (0 = off).")
@@ -50,8 +51,9 @@ class SamplingConfig:
                   **overrides: Any) -> "SamplingConfig":
     """From the `sampling` ConfigDict (temperature, top_k, top_p, max_new_tokens); ids come from the tokenizer;
     `overrides` replace fields (e.g. evaluation's untruncated top_k=0, top_p=1.0)."""
-    scfg = cls(temperature=float(cfg["temperature"]), top_k=int(cfg["top_k"]), top_p=float(cfg["top_p"]),
-               max_new_tokens=int(cfg["max_new_tokens"]), greedy=greedy,
+    t = cfg["temperature"]
+    scfg = cls(temperature=t if isinstance(t, jax.core.Tracer) else float(t), top_k=int(cfg["top_k"]),
+               top_p=float(cfg["top_p"]), max_new_tokens=int(cfg["max_new_tokens"]), greedy=greedy,
                eos_id=int(eos_id) if isinstance(eos_id, int) else tuple(eos_id), pad_id=int(pad_id))
     return dataclasses.replace(scfg, **overrides) if overrides else scfg
 
@@ -124,12 +126,20 @@ def draw(logits_NxV: jax.Array, u_N: jax.Array, scfg: SamplingConfig) -> tuple[j
   return tok_N, logp_N
 
 
+def uniforms(rng: jax.Array, steps: int, n: int) -> jax.Array:
+  """The one uniform per (step, row) that `sample` inverts: [steps, n], rows split like the batch. A caller that
+  samples rows in chunks draws them once for all rows and passes each chunk its columns (same samples)."""
+  return nn.with_logical_constraint(jax.random.uniform(rng, (steps, n)), (None, "batch"))
+
+
 def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prompt_mask_NxP: jax.Array,
-           rng: jax.Array, scfg: SamplingConfig, decode: decode_layout.Decode | None = None) -> Rollout:
+           rng: jax.Array | None, scfg: SamplingConfig, *, u_LxN: jax.Array | None = None,
+           decode: decode_layout.Decode | None = None) -> Rollout:
   """Generates exactly `scfg.max_new_tokens` steps for left-padded prompts; rows stop at their own EOS.
 
-  `decode`: the weights the decode loop reads, already in their decode layout (decode_layout.for_rollout, made once
-  per rollout by the caller, outside any loop over rollout chunks); None decodes in the params' own layout."""
+  `u_LxN` (from `uniforms`) replaces the draws from `rng`. `decode`: the weights the decode loop reads, already in
+  their decode layout (decode_layout.for_rollout, made once per rollout by the caller, outside any loop over rollout
+  chunks, so every chunk decodes with that one copy); None decodes in the params' own layout."""
   if prompt_NxP.ndim != 2 or prompt_NxP.shape != prompt_mask_NxP.shape:
     raise ValueError(f"prompt_NxP {prompt_NxP.shape} and prompt_mask_NxP {prompt_mask_NxP.shape}: need the same "
                      "2-D [rows, prompt_len] shape.")
@@ -153,6 +163,10 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
   if decode is None:  # made once: the weights are loop-invariant inputs of the decode loop
     decode = decode_layout.prepare(mcfg, params, decode_layout.Layout("fsdp"))
   kv_mask_NxS = jnp.concatenate([mask_NxP, jnp.ones((n, steps), jnp.int32)], axis=1)
+  if u_LxN is None:
+    u_LxN = uniforms(rng, steps, n)
+  elif u_LxN.shape != (steps, n):
+    raise ValueError(f"u_LxN {u_LxN.shape}: need [max_new_tokens, rows] = {(steps, n)}.")
 
   def emit(logits_NxV, u_N, done_N):
     tok_N, logp_N = draw(logits_NxV, u_N, scfg)
@@ -174,7 +188,7 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
     # The loop's row inputs, resharded once here (a tp layout splits rows over fewer chips): else every token
     # gathers them inside the loop.
     plen_N, kv_mask_NxS, done_N = batch(plen_N), batch(kv_mask_NxS), batch(jnp.zeros((n,), bool))
-    u_LxN = nn.with_logical_constraint(jax.random.uniform(rng, (steps, n)), (None, "batch"))
+    u_LxN = nn.with_logical_constraint(u_LxN, (None, "batch"))
     (logits_NxV, _, done_N), (tok_LxN, logp_LxN, live_LxN) = jax.lax.scan(
         step, (batch(logits_NxV), pin(decode.expand_cache(cache)), done_N),
         (jnp.arange(steps - 1, dtype=jnp.int32), u_LxN[:-1]))

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import optax
 from jax.sharding import Mesh
 
+from grpo_jax import config_lib
 from grpo_jax import model as model_lib
 from grpo_jax import sharding
 from grpo_jax import update as update_lib
@@ -114,12 +115,13 @@ def create(mesh: Mesh, mcfg: model_lib.ModelConfig, layout: Layout, seed: int, p
 def spec_and_init(layout_fn: Callable[[Any, model_lib.ModelConfig], Layout]) -> tuple[Callable, Callable]:
   """A family's `state_spec` and `init` from its `layout(config, mcfg)`:
     state_spec(config, mesh, mcfg) -> (abstract state, shardings)
-    init(config, mesh, mcfg, *, seed=None (config.seed), params=None (random init)) -> state, already sharded
+    init(config, mesh, mcfg, *, seed=None (config_lib.run_seed: run_seed, else seed), params=None (random init))
+      -> state, already sharded
   """
   def state_spec(config, mesh: Mesh, mcfg: model_lib.ModelConfig) -> tuple[State, State]:
     return spec(mesh, mcfg, layout_fn(config, mcfg))
 
   def init(config, mesh: Mesh, mcfg: model_lib.ModelConfig, *, seed: int | None = None, params: Any = None) -> State:
-    return create(mesh, mcfg, layout_fn(config, mcfg), config.seed if seed is None else seed, params)
+    return create(mesh, mcfg, layout_fn(config, mcfg), config_lib.run_seed(config) if seed is None else seed, params)
 
   return state_spec, init

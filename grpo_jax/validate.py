@@ -180,6 +180,10 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   if (n_rows // c.rl.minibatches) % data_par:
     _fail("rl.minibatches", f"minibatch size {n_rows // c.rl.minibatches} must be divisible by mesh "
           f"data*fsdp={data_par}; use fewer minibatches.")
+  _positive_int(c, "rl.rollout_chunks")
+  if n_rows % c.rl.rollout_chunks or (n_rows // c.rl.rollout_chunks) % data_par:
+    _fail("rl.rollout_chunks", f"{c.rl.rollout_chunks} must split prompts_per_step*G={n_rows} rollout rows into "
+          f"equal chunks divisible by mesh data*fsdp={data_par}; use a divisor of {n_rows // data_par}.")
   validate_eval(c, data_par)
   total = c.task.prompt_len + c.sampling.max_new_tokens
   if total > c.model.max_len:

@@ -34,7 +34,7 @@ def test_matmul_params_match_the_param_tree():
 
 def test_analytic_flops_by_hand():
   c = _tiny(dtype="float32", remat="none")
-  f = aot.analytic_flops(c)
+  f = aot.analytic_flops(c, plat="cpu")  # T = 64 < 384 on the CPU: the einsum path, all T×T pairs
   pm = aot.matmul_params(model_lib.ModelConfig.from_config(c.model))
   N, P, L, T = 8, 16, 48, 64
   attn = 4 * 2 * 4 * 16  # 4 · layers · heads · head_dim per (query, key) pair
@@ -43,8 +43,19 @@ def test_analytic_flops_by_hand():
   assert f["reference forward"] == 2 * pm * N * T + attn * N * T * T
   assert f["policy fwd+bwd"] == 3 * f["reference forward"]
   assert set(f) == {"rollout prefill", "rollout decode", "reference forward", "policy fwd+bwd"}
-  g = aot.analytic_flops(_tiny(dtype="bfloat16", remat="full"))
+  g = aot.analytic_flops(_tiny(dtype="bfloat16", remat="full"), plat="cpu")
   assert g["old log-probs forward"] == g["remat recompute"] == f["reference forward"]
+  # TPU (splash): T is padded to one 128 tile, computed whole (the diagonal block).
+  t = aot.analytic_flops(c)
+  assert t["reference forward"] == 2 * pm * N * T + attn * N * 128 * 128
+  assert t["rollout prefill"] == 2 * pm * N * P + attn * N * 128 * 128
+  # Long context on the CPU (blockwise, 128 blocks): T = 4096 is 32 blocks, of which 32·33/2 are on or below the
+  # diagonal; splash on TPU takes 512 tiles: 8·9/2 of 8·8.
+  lc = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=4080, dtype="float32", remat="none")
+  assert aot.analytic_flops(lc, plat="cpu")["reference forward"] == 2 * pm * N * 4096 + attn * N * 528 * 128 * 128
+  assert aot.analytic_flops(lc)["reference forward"] == 2 * pm * N * 4096 + attn * N * 36 * 512 * 512
+  # β = 0: no reference model, no reference forward.
+  assert "reference forward" not in aot.analytic_flops(_tiny(algo="dr_grpo"))
 
 
 def test_roofline_by_hand():
@@ -277,14 +288,17 @@ def test_tpu_lowering_of_training_contains_the_splash_kernels():
 
 
 # Compiles the tiny RL step for a v5e:2x2 slice (4 chips, FSDP) in the default decode layout and in tensor-parallel
-# decode (decode_tp=2); prints each report's decode-loop collective counts.
+# decode (decode_tp=2); prints each report's decode-loop collective counts. Kept cheap to compile: one layer, β = 0
+# (dr_grpo: no reference forward), fp32 (no recomputed old log-probs), no remat.
 _DECODE_COLLECTIVES = """
 import json
 from grpo_jax import aot, memory_plan
 devices = aot.tpu_devices("v5e:2x2")
 out = {}
 for knob, tp in (("auto", 0), ("tp", 2)):
-  cfg = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=8)
+  cfg = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=8, dtype="float32", remat="none",
+                                    algo="dr_grpo")
+  cfg.model.layers = 1
   cfg.sampling.update(decode_layout=knob, decode_tp=tp)
   r = aot.check(cfg, "v5e:2x2", dict(data=1, fsdp=4, tensor=1), devices)
   out[knob] = {k: r[k] for k in ("decode_layout", "decode_collectives_per_token", "decode_collective_budget",
@@ -308,7 +322,7 @@ def test_tpu_decode_loop_collectives_per_layout():
   assert auto["decode_layout"] == "gathered" and auto["decode_weight_collectives_per_token"] == 0, auto
   assert auto["decode_collective_budget"] == {} and auto["decode_collectives_per_token"] == {}, auto
   assert auto["decode_xla_collectives_per_token"]["count"] == 0, auto
-  layers = 2
+  layers = 1
   assert tp["decode_layout"] == "tp=2" and tp["decode_weight_collectives_per_token"] == 0, tp
   assert tp["decode_collective_budget"] == {"all-reduce": 2 * layers + 1, "all-gather": 1}, tp
   # Measured (libtpu 0.0.42.1): exactly the budget, 5 all-reduces of bf16[4 rows, 64] and one all-gather of the

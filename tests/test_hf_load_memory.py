@@ -1,7 +1,8 @@
 """Loading a Qwen2.5-0.5B-shaped checkpoint (random bf16 safetensors written with numpy) onto the CPU backend in a
 fresh process: peak RSS minus the RSS after the imports stays within the float32 param bytes + 2 x the largest
-stacked (per-layer) leaf (resource.getrusage ru_maxrss; benchmarks/hf_load_memory.py). Memory, not speed: the loader streams leaf by leaf
-(the previous one held every tensor as float32 and then stacked copies: 2.5x the float32 bytes)."""
+stacked (per-layer) leaf (VmHWM of /proc/self/status; benchmarks/hf_load_memory.py says why not ru_maxrss).
+Memory, not speed: the loader streams leaf by leaf (the previous one held every tensor as float32 and then stacked
+copies: 2.5x the float32 bytes)."""
 import os
 import sys
 

@@ -7,6 +7,8 @@ import ml_collections
 import numpy as np
 import pytest
 
+import conftest  # tests/conftest.py: private_compilation_cache
+
 from grpo_jax import evaluation
 from grpo_jax.r1 import corpus
 from grpo_jax.r1 import layout
@@ -120,7 +122,7 @@ def test_bad_r1_config_fails_before_any_stage(tmp_path, key, value, match):
 def _oracle_make_generate(tok):
   """A stand-in sampler: per prompt, a mix of right/wrong/untagged/duplicate completions, scored by verify_py."""
 
-  def make_generate(mcfg, scfg, mesh, task, tag_ids):
+  def make_generate(mcfg, scfg, mesh, task, tag_ids, **_):
     def gen(params, prompt_NxP, pmask_NxP, fields, rng):
       n, L = prompt_NxP.shape[0], scfg.max_new_tokens
       tokens = np.zeros((n, L), np.int32)
@@ -207,16 +209,8 @@ def xla_cache(tmp_path_factory):
   """Stages build identical SFT steps and generate functions as new jit objects; a compilation cache private to
   these fixtures lets each be compiled once (test time only: the pipeline itself does not depend on it). The RL
   step calls Python reward terms through host callbacks, which JAX never caches: each RL stage compiles it."""
-  import jax
-  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-          "jax_persistent_cache_min_entry_size_bytes")
-  saved = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update("jax_compilation_cache_dir", str(tmp_path_factory.mktemp("xla_cache")))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-  yield
-  for k, v in saved.items():
-    jax.config.update(k, v)
+  with conftest.private_compilation_cache(tmp_path_factory.mktemp("xla_cache")):
+    yield
 
 
 def _run_counting(c, wd, tok, kill_at=None):

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import advantages
+from grpo_jax import config_lib
 from grpo_jax import families
 from grpo_jax import model as model_lib
 from grpo_jax import presets
@@ -228,3 +229,110 @@ def test_hanging_python_reward_times_out():
   r, status, fb = term.host(np.zeros((2, 3), np.int32), np.ones((2, 3), np.int32), {})
   assert int(status) == rewards.TIMEOUT
   assert "timed out" in term.error_message(int(status))
+
+
+# ------------------------------------------------------------------------------------ rollout chunks and β = 0
+
+
+def _rollout(c, chunks, ref=True):
+  """One rollout (jitted rollout_fn) of TINY on a fixed batch and key, with `chunks` row chunks."""
+  c = config_lib.override(c, {"rl.rollout_chunks": chunks})
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  fn = rl_step.make_rollout_fn(c, mcfg, spec, spec.ctx.tokenizer)
+  st = rl_step.init(c, mesh, mcfg, seed=0)
+  n_prompts = c.rl.prompts_per_step * (c.rl.oversample if c.rl.dynamic_sampling else 1)
+  batch = next(digits.make_batches(n_prompts, 1, seed=1))
+  with sharding.mesh_context(mesh):
+    return jax.device_get(jax.jit(fn)(st["params"], st["ref_params"] if ref else None, batch,
+                                      jax.random.PRNGKey(3)))
+
+
+def test_rollout_chunks_give_the_same_samples_and_logprobs():
+  """Each row's uniforms are drawn for all rows at once, so 4 chunks of 4 rows sample exactly the tokens of one
+  16-row rollout; the reference (and under bf16 the old-log-prob) forwards in chunks agree to rounding. Dynamic
+  sampling chunks the 32 sampled and then the 16 kept rows. (fp32 without dynamic sampling: the whole-step test.)"""
+  c = digits.bench_config(**{**TINY, "dtype": "bfloat16"})
+  c.rl.update(dynamic_sampling=True, oversample=2)
+  one, four = _rollout(c, 1), _rollout(c, 4)
+  np.testing.assert_array_equal(one.tokens_NxL, four.tokens_NxL)
+  np.testing.assert_array_equal(one.mask_NxL, four.mask_NxL)
+  assert 0 < one.mask_NxL.sum() < one.mask_NxL.size  # some rows end early: EOS handling is compared too
+  np.testing.assert_array_equal(one.r_N, four.r_N)
+  for f in ("old_logp_NxL", "ref_logp_NxL"):
+    np.testing.assert_allclose(getattr(one, f), getattr(four, f), atol=2e-6, rtol=0)
+  assert np.abs(one.ref_logp_NxL).sum() > 0
+  assert int(one.ds_kept) == int(four.ds_kept)
+
+
+def test_rollout_chunks_must_divide_the_rows():
+  c = config_lib.override(digits.bench_config(**TINY), {"rl.rollout_chunks": 3})
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  fn = rl_step.make_rollout_fn(c, mcfg, spec, spec.ctx.tokenizer)
+  abstract, _ = rl_step.state_spec(c, mesh, mcfg)
+  batch = next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1))
+  with sharding.mesh_context(mesh), pytest.raises(
+      ValueError, match="config.rl.rollout_chunks=3: must be a positive integer dividing the 16"):
+    jax.eval_shape(fn, abstract["params"], abstract["ref_params"], batch, jax.random.PRNGKey(3))
+  with pytest.raises(validate.ConfigError, match="config.rl.rollout_chunks: 3 must split prompts_per_step\\*G=16"):
+    validate.validate_rl(c, 1)
+
+
+def test_chunked_step_equals_unchunked(three_steps):
+  """A whole step with 2 rollout chunks: the same samples, rewards and (to fp32 rounding) update."""
+  c = config_lib.override(three_steps["c"], {"rl.rollout_chunks": 2})
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+  state, m = step(rl_step.init(c, mesh, mcfg, seed=0), _batches(c, 1)[0])
+  m0 = three_steps["metrics"][0]
+  np.testing.assert_array_equal(m["samples/tokens_NxL"], m0["samples/tokens_NxL"])
+  for k in ("train/reward_mean", "train/completion_len_mean", "train/kl", "train/loss", "train/grad_norm"):
+    np.testing.assert_allclose(m[k], m0[k], rtol=1e-5, atol=1e-7)
+  for a, b in zip(jax.tree.leaves(three_steps["params"][0]), jax.tree.leaves(jax.device_get(state["params"]))):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+def test_beta_zero_keeps_no_reference():
+  """β = 0 (dr_grpo): no ref_params in the state, no reference forward (fewer FLOPs than the same step handed a
+  reference), no train/kl; its loss and gradient equal the β = 0 loss computed with reference log-probs."""
+  c = presets.apply(digits.bench_config(**TINY), "dr_grpo")
+  assert c.rl.beta == 0 and not rl_step.uses_reference(c)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  abstract, _ = rl_step.state_spec(c, mesh, mcfg)
+  state = rl_step.init(c, mesh, mcfg, seed=0)
+  assert "ref_params" not in abstract and "ref_params" not in state
+  with_ref = dict(state, ref_params=state["params"])
+  batch = _batches(c, 1)[0]
+  step = rl_step.build_step(c, mcfg, spec, spec.ctx.tokenizer)
+  with sharding.mesh_context(mesh):
+    flops = [jax.jit(step).lower(st, batch).cost_analysis()["flops"] for st in (state, with_ref)]
+    _, m0 = jax.eval_shape(step, state, batch)
+    _, m1 = jax.eval_shape(step, with_ref, batch)
+  assert flops[0] < flops[1]
+  assert "train/kl" not in m0 and "train/kl_clamp_frac" not in m0 and "train/kl" in m1
+  # The loss without reference log-probs equals the β = 0 loss with them (same value, same gradient).
+  rng = np.random.default_rng(0)
+  n, P, L = 4, 3, c.sampling.max_new_tokens
+  T = P + L
+  mb = dict(seq=(jnp.asarray(rng.integers(1, 60, (n, T)), jnp.int32), jnp.tile(jnp.arange(T), (n, 1)),
+                 jnp.ones((n, T), jnp.int32)),
+            old_logp_NxL=jnp.asarray(-rng.random((n, L)), jnp.float32),
+            adv_NxL=jnp.asarray(rng.normal(size=(n, L)), jnp.float32),
+            mask_NxL=jnp.asarray(rng.random((n, L)) < 0.8, jnp.float32))
+  loss_fn = rl_step.make_loss_fn(c, mcfg, P)
+  g = jax.value_and_grad(lambda p, b: loss_fn(p, b)[0])
+  (l0, g0), (l1, g1) = g(state["params"], mb), g(state["params"], dict(mb, ref_logp_NxL=mb["old_logp_NxL"] - 0.3))
+  assert float(l0) != 0 and abs(float(l0) - float(l1)) < 1e-7
+  for a, b in zip(jax.tree.leaves(g0), jax.tree.leaves(g1)):
+    np.testing.assert_allclose(a, b, atol=1e-7)
+  # A state without a reference cannot run a β > 0 config.
+  c2 = config_lib.override(c, {"rl.beta": 0.04})
+  with pytest.raises(ValueError, match="config.rl.beta=0.04: the state has no reference params"):
+    jax.eval_shape(rl_step.build_step(c2, mcfg, spec, spec.ctx.tokenizer), state, batch)

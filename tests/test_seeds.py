@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from grpo_jax import model as model_lib
+from grpo_jax import presets
 from grpo_jax import rewards
 from grpo_jax import rl_step
 from grpo_jax import seeds as seeds_lib
@@ -24,20 +25,22 @@ def _digit_fraction(tokens_NxL, mask_NxL, batch, ctx):
   return rewards.outcome(jnp.sum(is_digit * m, -1) / jnp.maximum(m.sum(-1), 1.0))
 
 
-def _setup(**rl):
+def _setup(weight=1.0, **rl):
   c = digits.bench_config(**TINY)
   c.optim.lr = 3e-3
   c.rl.update(**rl)
+  c.rewards = (("digits", weight),)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   tok = digits.Tokenizer(c.model.vocab_size)
-  spec = rewards.RewardSpec(("digits",), (1.0,), (_digit_fraction,), {}, rewards.Context(digits.TASK, tok))
+  spec = rewards.RewardSpec(("digits",), (weight,), (_digit_fraction,), {}, rewards.Context(digits.TASK, tok))
   return c, mesh, mcfg, spec, tok
 
 
 BATCHES = list(digits.make_batches(TINY["prompts"], STEPS, seed=3))
-SEEDS = [0, 1, 2, 2]               # runs 0-2: three seeds; run 3: seed 2 with its own (lr, β)
+SEEDS = [0, 1, 2, 2]               # runs 0-2: three seeds; run 3: seed 2 with its own lr, β, temperature, weight
 LRS, BETAS = [3e-3, 3e-3, 3e-3, 1e-2], [0.04, 0.04, 0.04, 2.0]
+TEMPS, WEIGHTS = [1.0, 1.0, 1.0, 0.7], [(1.0,), (1.0,), (1.0,), (2.5,)]
 
 
 def _plain_state(params, rng, tx):
@@ -66,9 +69,11 @@ def _plain_step(c, mesh, mcfg, spec, tok):
 
 @pytest.fixture(scope="module")
 def runs():
-  """ONE vmapped program for 4 runs (seeds, lr in the optimizer state, β traced), and the separate runs."""
+  """ONE vmapped program for 4 runs (seeds, lr in the optimizer state, β, temperature and the reward weight
+  traced), and the separate runs."""
   c, mesh, mcfg, spec, tok = _setup()
-  states = seeds_lib.init_states(c, mcfg, SEEDS, hparams={"optim.lr": LRS, "rl.beta": BETAS})
+  states = seeds_lib.init_states(c, mcfg, SEEDS, hparams={"optim.lr": LRS, "rl.beta": BETAS,
+                                                          "sampling.temperature": TEMPS, "rewards": WEIGHTS})
   starts = [seeds_lib.unstack(states, i) for i in range(len(SEEDS))]
   step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
   vm = []
@@ -81,10 +86,10 @@ def runs():
   base_tx = rl_step.optimizer(c).tx
   base_step = _plain_step(c, mesh, mcfg, spec, tok)
   out["sep"] = [_separate(base_step, starts[i], base_tx) for i in range(3)]
-  c3, *_ = _setup(beta=BETAS[3])
-  c3.optim.lr = LRS[3]
+  c3, _, _, spec3, _ = _setup(weight=WEIGHTS[3][0], beta=BETAS[3])
+  c3.optim.lr, c3.sampling.temperature = LRS[3], TEMPS[3]
   tx3 = rl_step.optimizer(c3).tx
-  out["sep"].append(_separate(_plain_step(c3, mesh, mcfg, spec, tok), starts[3], tx3))
+  out["sep"].append(_separate(_plain_step(c3, mesh, mcfg, spec3, tok), starts[3], tx3))
   return out
 
 
@@ -119,8 +124,9 @@ def test_vmap_over_three_seeds_equals_separate_runs(runs):
   assert not np.allclose(leaf[0], leaf[1])  # and the seeds really differ
 
 
-def test_vmap_over_lr_and_beta_equals_separate_runs(runs):
-  """Run 3 = seed 2 with lr 1e-2 and β 2: equals a separate run configured so, and differs from run 2."""
+def test_vmap_over_lr_beta_temperature_and_weight_equals_separate_runs(runs):
+  """Run 3 = seed 2 with lr 1e-2, β 2, temperature 0.7, reward weight 2.5: equals a separate run configured so, and
+  differs from run 2."""
   _assert_run_equal(runs, 3)
   assert runs["vm"][1]["train/loss"][3] != pytest.approx(runs["vm"][1]["train/loss"][2], abs=1e-6)
 
@@ -134,3 +140,44 @@ def test_a_run_has_the_state_of_a_main_run(runs):
   for a, b in zip(jax.tree.leaves(run), jax.tree.leaves(main_abstract)):
     assert (a.shape, a.dtype) == (b.shape, b.dtype)
   assert float(run["opt_state"].hyperparams["learning_rate"]) == pytest.approx(LRS[3])
+
+
+def test_beta_zero_sweep_keeps_no_reference():
+  """β = 0 runs (config or every run's hparam) keep no reference model, and the vmapped step runs without one: no
+  train/kl, finite updates. One run with β > 0 keeps the reference for all (the state tree is shared)."""
+  c, mesh, mcfg, spec, tok = _setup(beta=0.0)
+  states = seeds_lib.init_states(c, mcfg, [0, 1])
+  assert "ref_params" not in states
+  assert "ref_params" not in jax.eval_shape(lambda: seeds_lib.init_states(c, mcfg, [0, 1],
+                                                                         hparams={"rl.beta": [0.0, 0.0]}))
+  assert "ref_params" in jax.eval_shape(lambda: seeds_lib.init_states(c, mcfg, [0, 1],
+                                                                     hparams={"rl.beta": [0.0, 0.04]}))
+  p0 = jax.device_get(states["params"])
+  step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
+  states, m = step(states, BATCHES[0])
+  m = seeds_lib.host_scalars(m)
+  assert "train/kl" not in m and np.isfinite(m["train/loss"]).all() and (m["train/grad_norm"] > 0).all()
+  moved = [np.abs(a - b).max(axis=tuple(range(1, a.ndim))) for a, b in
+           zip(jax.tree.leaves(p0), jax.tree.leaves(jax.device_get(states["params"])))]
+  assert (np.max(moved, axis=0) > 0).all()  # both runs updated
+
+
+@pytest.mark.parametrize("preset", presets.names())
+def test_every_traceable_knob_traces_in_every_preset(preset):
+  """Each family's step traced (not compiled) with EVERY knob of seeds.TRACEABLE differing per run: a knob used in
+  Python control flow would raise here. β varies only among values of its own side of 0 (β = 0 is another
+  program)."""
+  c, mesh, mcfg, spec, tok = _setup()
+  c = presets.apply(c, preset)
+  c.rewards = (("digits", 1.0),)
+  beta = [0.0, 0.0] if c.rl.beta == 0 else [0.04, 0.1]
+  hp = {"optim.lr": [1e-3, 2e-3], "ppo.critic_lr": [1e-3, 3e-3], "rl.beta": beta, "rl.eps_low": [0.2, 0.1],
+        "rl.eps_high": [0.2, 0.28], "rl.std_eps": [1e-4, 1e-6], "rl.dual_clip": [0.0, 3.0], "rl.kl_clamp": [0.0, 10.0],
+        "sampling.temperature": [1.0, 0.7], "rewards": [(1.0,), (0.5,)]}
+  assert set(hp) == set(seeds_lib.TRACEABLE)
+  states = jax.eval_shape(lambda: seeds_lib.init_states(c, mcfg, [0, 1], hparams=hp))
+  step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok)
+  with sharding.mesh_context(mesh):
+    out, m = jax.eval_shape(step.jitted, states, BATCHES[0])
+  assert step.traces() == 1 and m["train/loss"].shape == (2,)
+  assert jax.tree.structure(out) == jax.tree.structure(states)

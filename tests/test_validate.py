@@ -45,6 +45,8 @@ BAD = [
     ("rl.overlong_frac", 0.001, "config.rl.overlong_frac: 0.001 of sampling.max_new_tokens=48 is less than one"),
     ("rl.mu", 0, "config.rl.mu"),
     ("rl.minibatches", 3, "config.rl.minibatches"),
+    ("rl.rollout_chunks", 3, "config.rl.rollout_chunks: 3 must split prompts_per_step*G"),
+    ("rl.rollout_chunks", 0, "config.rl.rollout_chunks"),
     ("rl.reward_fallback", "zero", "config.rl.reward_fallback"),
     ("rl.process_weight", 0.5, "config.rl.process_weight"),
     ("sampling.top_p", 1.5, "config.sampling.top_p"),

@@ -124,12 +124,14 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   measure = make_measure(mcfg, c.sampling.max_new_tokens, probe)
   data = digits.toy_batches(c.rl.prompts_per_step, seed=12345)
   S = len(seeds)
+  # The reference is the starting policy; β = 0 runs keep none in their state, so the measurement keeps its own copy.
+  ref_params = jax.tree.map(jnp.copy, states["params"])
   xs, rows = [], []
   for t in range(cfg.steps):
     states, _ = step(states, next(data))
     if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
       keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray([1000 * s + t for s in seeds]))
-      st = jax.device_get(measure(states["params"], states["ref_params"], keys))
+      st = jax.device_get(measure(states["params"], ref_params, keys))
       xs.append(t + 1)
       rows.append([summarize({k: v[s] for k, v in st.items()}) for s in range(S)])
   names = list(rows[-1][0])

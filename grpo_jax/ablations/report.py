@@ -26,29 +26,36 @@ def metric_order(cells: Cells, columns: Sequence[str] = ()) -> list[str]:
   return seen
 
 
-def write_csv(path: str, cells: Cells, columns: Sequence[str] = ()) -> None:
+def write_csv(path: str, cells: Cells, columns: Sequence[str] = (), *, keys: dict[str, dict] | None = None,
+              row_label: str = "variant") -> None:
+  """One row per (row, metric): n, mean, std, 95% CI. `keys`: row -> {column: value} written after the row's name
+  (a sweep point's swept values)."""
   summ = summaries(cells)
+  key_cols = list(dict.fromkeys(k for d in (keys or {}).values() for k in d))
   tmp = path + ".tmp"
   with open(tmp, "w", newline="") as f:
     w = csv.writer(f)
-    w.writerow(["variant", "metric", "n", "mean", "std", "ci95_half_width", "ci95_low", "ci95_high"])
+    w.writerow([row_label, *key_cols, "metric", "n", "mean", "std", "ci95_half_width", "ci95_low", "ci95_high"])
     for v in cells:
+      extra = [(keys or {}).get(v, {}).get(k, "") for k in key_cols]
       for m in metric_order(cells, columns):
         if m in summ[v]:
           s = summ[v][m]
-          w.writerow([v, m, s.n, repr(s.mean), repr(s.std), repr(s.half_width), repr(s.low), repr(s.high)])
+          w.writerow([v, *extra, m, s.n, repr(s.mean), repr(s.std), repr(s.half_width), repr(s.low), repr(s.high)])
   os.replace(tmp, path)
 
 
 def markdown(cells: Cells, *, title: str, claim: str, header: str = "", columns: Sequence[str] = (),
-             verdict: str = "", plots: Sequence[str] = ()) -> str:
+             verdict: str = "", plots: Sequence[str] = (), row_label: str = "variant",
+             single_note: str = "Single deterministic run per cell: no interval (the values are exact, not "
+                                "estimates).") -> str:
   """Variants as rows, metrics as columns (mean ± 95% CI half-width over seeds), then the resolvable difference."""
   summ = summaries(cells)
   metrics = metric_order(cells, columns)
-  lines = [f"## {title}", "", f"**Claim.** {claim}", ""]
+  lines = [f"## {title}", ""] + ([f"**Claim.** {claim}", ""] if claim else [])
   if header:
     lines += [header, ""]
-  lines.append("| variant | " + " | ".join(metrics) + " |")
+  lines.append(f"| {row_label} | " + " | ".join(metrics) + " |")
   lines.append("|---|" + "---|" * len(metrics))
   for v in cells:
     row = [summ[v][m].fmt() if m in summ[v] else "" for m in metrics]
@@ -64,7 +71,7 @@ def markdown(cells: Cells, *, title: str, claim: str, header: str = "", columns:
     lines.append("Smallest difference between two rows these seeds resolve (95%, median variance): "
                  + "; ".join(res) + ".")
   else:
-    lines.append("Single deterministic run per cell: no interval (the values are exact, not estimates).")
+    lines.append(single_note)
   if verdict:
     lines += ["", f"**Measured vs claim.** {verdict}"]
   if plots:

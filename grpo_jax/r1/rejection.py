@@ -10,6 +10,7 @@ import jax
 import numpy as np
 
 from grpo_jax import checkpoint as ckpt_lib
+from grpo_jax import config_lib
 from grpo_jax import evaluation
 from grpo_jax import model as model_lib
 from grpo_jax import sampling
@@ -68,11 +69,11 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
   langs = _prompt_languages(config, len(chosen))
   scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=getattr(tok, "eos_ids", tok.eos_id), pad_id=tok.pad_id,
                                              temperature=rj.temperature, top_k=0, top_p=1.0)
-  gen = evaluation.make_generate(mcfg, scfg, mesh, config.task.name, tok.tag_ids)
+  gen = evaluation.make_generate(mcfg, scfg, mesh, config.task.name, tok.tag_ids, config=config)
   fns = r1_rewards.config_fns(config)
   per_chunk = config.r1.report.batch // rj.n  # one generate batch holds r1.report.batch rows
   records, n_samples, n_correct = [], 0, 0
-  rng = jax.random.PRNGKey(config.seed + 3)
+  rng = jax.random.PRNGKey(config_lib.run_seed(config) + 3)  # sampling: the run's rng, not the data seed
   for c0 in range(0, len(chosen), per_chunk):
     exs, lg = chosen[c0:c0 + per_chunk], langs[c0:c0 + per_chunk]
     pad = per_chunk - len(exs)  # fixed shapes: the last chunk repeats its first prompt, extra rows are dropped

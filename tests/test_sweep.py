@@ -1,0 +1,354 @@
+"""Sweeps: 2 β × 2 lr × 2 seeds in ONE vmapped program, killed and resumed, equal 8 separate runs of `main`'s step;
+shape axes run serially; a point's directory resumes with `main`; --mode=print writes launch commands that the
+launcher accepts.
+
+Runs are real (sweep.run, jobs.run = python -m grpo_jax.main's path) on a tiny arith config. The reward is a test
+term (the fraction of even token ids in a completion) so that a random policy's rewards vary and every run's
+updates are non-zero. The module's runs share a private XLA compilation cache (the resumed sweep and `main`'s
+continuation reuse compiled programs); per-run plots are skipped (not under test).
+"""
+import csv
+import json
+import os
+import shutil
+import signal
+import shlex
+import subprocess
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+import conftest  # tests/conftest.py: private_compilation_cache
+
+from grpo_jax import checkpoint as ckpt_lib
+from grpo_jax import config_lib
+from grpo_jax import errors
+from grpo_jax import evaluation
+from grpo_jax import families
+from grpo_jax import hyper
+from grpo_jax import jobs
+from grpo_jax import metrics as metrics_lib
+from grpo_jax import model as model_lib
+from grpo_jax import plots
+from grpo_jax import rewards
+from grpo_jax import sharding
+from grpo_jax import sweep
+from grpo_jax import train
+from grpo_jax.tasks import data as data_lib
+from grpo_jax.tasks import tokenizer as tok_lib
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SWEEP = "rl.beta=0.02,0.5 optim.lr=1e-2,3e-2"
+TINY = {"model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads": 1, "model.inter": 64,
+        "model.max_len": 64, "sft.steps": 0, "rl.G": 4, "rl.prompts_per_step": 2, "sampling.max_new_tokens": 8,
+        "train.steps": 3, "train.eval_every": 3, "train.ckpt_every": 10, "train.plot_every": 0,
+        "train.sample_every": 0, "eval.size": 4, "eval.batch": 4, "eval.n_samples": 2, "eval.pass_k": (1, 2),
+        "log.tensorboard": False, "rewards": (("even", 1.0),)}
+# vmapped vs separate programs: XLA fuses and orders reductions differently, fp32 (seeds.py's own test: 1e-5).
+RTOL, ATOL = 1e-4, 1e-5
+P_ATOL = 1e-4  # params: 1% of one Adam step at the smallest lr (Adam turns a rounding-level gradient into ±lr)
+
+
+def _even_fraction(tokens_NxL, mask_NxL, batch, ctx):
+  m = mask_NxL.astype(jnp.float32)
+  return rewards.outcome(jnp.sum((tokens_NxL % 2 == 0) * m, -1) / jnp.maximum(m.sum(-1), 1.0))
+
+
+def _config():
+  from configs import grpo_arith  # pylint: disable=g-import-not-at-top
+  return config_lib.override(grpo_arith.get_config("small"), TINY)
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+  with conftest.private_compilation_cache(tmp_path_factory.mktemp("xla_cache")), pytest.MonkeyPatch.context() as mp:
+    mp.setitem(rewards.REGISTRY, "even", lambda ctx: _even_fraction)
+    # Each run's DIR/plots/*.png (matplotlib, ~1 s a figure) is not under test here and would dominate its time.
+    mp.setattr(plots, "write_plots", lambda workdir, *a, **k: [])
+    yield tmp_path_factory.mktemp("sweep")
+
+
+def _params(workdir):
+  ck = os.path.join(workdir, "checkpoints")
+  step = max(int(d) for d in os.listdir(ck) if d.isdigit())
+  restored = ocp.StandardCheckpointer().restore(os.path.join(ck, str(step), ckpt_lib._STATE))  # pylint: disable=protected-access
+  return step, jax.tree.leaves(restored["params"])
+
+
+def _rows(workdir):
+  return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in metrics_lib.read_metrics(workdir)]
+
+
+def _reference_runs(runs):
+  """The same runs one by one as `main` trains them: train.run_rl's step (families.make_step), init
+  (family.init: params and rollout rng from run_seed), batches (config.seed) and evaluator, without the loop's
+  bookkeeping. One jitted step per β (lr lives in the optimizer state), reused across lr and seeds."""
+  c0 = runs[0].config
+  tokenizer = tok_lib.for_config(c0)
+  mesh = sharding.make_mesh(c0.mesh)
+  mcfg = model_lib.ModelConfig.from_config(c0.model)
+  family = families.for_config(c0)
+  spec = rewards.build(c0.rewards, rewards.Context(c0.task.name, tokenizer), {}, None, c0.rl.reward_timeout_s)
+  evaluator = evaluation.Evaluator(c0, mcfg, tokenizer, mesh,
+                                   data_lib.eval_set(c0.task, tokenizer, c0.eval.size, c0.task.prompt_len))
+  steps, out = {}, {}
+  for r in runs:
+    c = r.config
+    if c.rl.beta not in steps:
+      steps[c.rl.beta] = families.make_step(c, mesh, mcfg, spec, tokenizer, family=family)
+    state = family.init(c, mesh, mcfg)
+    batches = data_lib.rl_batches(c.task, tokenizer, "train", c.rl.prompts_per_step, c.seed, 0, c.task.prompt_len)
+    rows = []
+    for _ in range(c.train.steps):
+      state, m = steps[c.rl.beta](state, train.device_batch(mesh, next(batches)))
+      rows.append(train._host_scalars(m))  # pylint: disable=protected-access
+    ev, _ = evaluator(state["params"], jax.random.PRNGKey(c.seed + 1))
+    out[r.name] = (jax.tree.leaves(jax.device_get(state["params"])), rows, ev)
+  assert len(steps) == 2
+  return out
+
+
+@pytest.fixture(scope="module")
+def grid(env):
+  """The 8-run sweep, vmapped, SIGTERMed after its first step and rerun (it resumes all 8 from their checkpoints),
+  and the same 8 runs one by one (_reference_runs)."""
+  c = _config()
+  wd = str(env / "grid")
+  real_write, killed = metrics_lib.MetricWriter.write, []
+
+  def write(self, step, scalars):
+    real_write(self, step, scalars)
+    if step == 1 and "train/loss" in scalars and not killed:
+      killed.append(self.workdir)
+      os.kill(os.getpid(), signal.SIGTERM)
+
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setattr(metrics_lib.MetricWriter, "write", write)
+    with pytest.raises(errors.Preempted):
+      sweep.run(c, wd, sweep_text=SWEEP, seeds=2, mode="vmap", log=lambda _: None)
+  assert len(killed) == 1
+  saved = {r: _params(os.path.join(wd, r))[0] for r in os.listdir(wd) if r.startswith("beta=")}
+  out = sweep.run(c, wd, sweep_text=SWEEP, seeds=2, mode="vmap", log=lambda _: None)
+  return c, out, saved, _reference_runs(out["runs"])
+
+
+def test_grid_is_one_program_and_equals_separate_runs(grid):
+  """A killed and resumed 2 β × 2 lr × 2 seed sweep: ONE compiled program for the 8 runs, every run stopped and
+  saved at the same step, and final params and every metric equal to the runs trained one by one."""
+  _, out, saved, ref = grid
+  runs = out["runs"]
+  assert [r.name for r in runs] == [f"beta={b},lr={lr},seed={s}" for b in ("0.02", "0.5")
+                                    for lr in ("0.01", "0.03") for s in (0, 1)]
+  assert saved == {r.name: 1 for r in runs}  # the SIGTERM: every run saved after step 1
+  assert len(out["groups"]) == 1 and out["groups"][0]["mode"] == "vmap"
+  assert out["groups"][0]["runs"] == [r.name for r in runs] and out["groups"][0]["traces"] == [1]
+  finals = {}
+  for r in runs:
+    step, vp = _params(r.workdir)
+    sp, srows, sev = ref[r.name]
+    assert step == 3
+    for a, b in zip(vp, sp):
+      np.testing.assert_allclose(a, b, rtol=RTOL, atol=P_ATOL, err_msg=r.name)
+    rows = _rows(r.workdir)
+    train_rows = [x for x in rows if "train/loss" in x]
+    assert [x["step"] for x in train_rows] == [1, 2, 3]
+    for x, y in zip(train_rows, srows):
+      keys = [k for k in x if k.startswith("train/")]  # a row of read_metrics also holds that step's eval
+      assert len(keys) > 10 and set(keys) <= set(y), set(keys) - set(y)
+      for k in keys:
+        np.testing.assert_allclose(x[k], y[k], rtol=RTOL, atol=ATOL, err_msg=f"{r.name} {k} step {x['step']}")
+    last_eval = [x for x in rows if "eval/accuracy" in x][-1]
+    assert last_eval["step"] == 3
+    for k, v in sev.items():
+      np.testing.assert_allclose(last_eval[k], v, rtol=RTOL, atol=ATOL, err_msg=f"{r.name} {k}")
+    finals[r.name] = vp[0]
+    assert any(x["train/adv_std"] > 0 for x in train_rows) and any(x["train/kl"] > 0 for x in train_rows)
+  # The axes really change the runs: seeds (init), lr and β give 8 different final params.
+  flat = [v.ravel() for v in finals.values()]
+  assert all(not np.allclose(flat[i], flat[j]) for i in range(8) for j in range(i))
+
+
+def test_point_resumes_with_main_and_refuses_a_different_config(grid, tmp_path):
+  """A point's directory is a `main` run directory: `main` restores its checkpoint (the sweep wrote it) and trains
+  on; a different config is refused with run_config's diff, one line, before anything runs."""
+  _, out, _, _ = grid
+  r = out["runs"][5]
+  d = str(tmp_path / r.name)
+  shutil.copytree(r.workdir, d)
+  more = config_lib.override(r.config, {"train.steps": 4, "train.allow_config_change": "train.steps"})
+  jobs.run(more, d)
+  assert _params(d)[0] == 4 and [x["step"] for x in _rows(d) if "train/loss" in x] == [1, 2, 3, 4]
+  with pytest.raises(errors.InputError, match="rl.beta") as e:
+    jobs.run(config_lib.override(r.config, {"rl.beta": 0.3}), r.workdir)
+  assert "\n" not in str(e.value)
+
+
+def test_rerun_skips_finished_runs_and_writes_the_report(grid):
+  c, out, _, _ = grid
+  wd = os.path.dirname(out["runs"][0].workdir)
+  stamps = {r.name: os.path.getmtime(os.path.join(r.workdir, "metrics.jsonl")) for r in out["runs"]}
+  logs = []
+  again = sweep.run(c, wd, sweep_text=SWEEP, seeds=2, mode="vmap", log=logs.append)
+  assert again["groups"] == [] and sum("skipped" in l for l in logs) == 8
+  assert stamps == {r.name: os.path.getmtime(os.path.join(r.workdir, "metrics.jsonl")) for r in out["runs"]}
+  with open(os.path.join(wd, "sweep.csv"), newline="") as f:
+    rows = list(csv.reader(f))
+  assert rows[0][:4] == ["point", "rl.beta", "optim.lr", "metric"]
+  acc = {(r[0], r[3]): r for r in rows[1:]}
+  point = "beta=0.5,lr=0.03"
+  vals = [[x for x in _rows(os.path.join(wd, f"{point},seed={s}")) if "train/reward_mean" in x][-1]["train/reward_mean"]
+          for s in (0, 1)]
+  got = acc[(point, "train/reward_mean@tail")]  # @tail over 3 rows = the last row
+  assert int(got[4]) == 2 and float(got[5]) == pytest.approx(np.mean(vals))
+  assert float(got[6]) == pytest.approx(np.std(vals, ddof=1))
+  md = open(os.path.join(wd, "sweep.md")).read()
+  assert "| point | eval/accuracy | train/reward_mean@tail |" in md and "n = 2 seeds" in md
+  assert os.path.exists(os.path.join(wd, "plots", "train_reward_mean.png"))
+  # A different config on the same sweep directory: refused before anything runs, naming the run and the key.
+  with pytest.raises(errors.InputError, match=r"beta=0.02,lr=0.01,seed=0.*rl.G"):
+    sweep.run(config_lib.override(c, {"rl.G": 2}), wd, sweep_text=SWEEP, seeds=2, mode="vmap", log=lambda _: None)
+
+
+def test_shape_axes_and_beta_zero_run_serially():
+  """G changes shapes and β = 0 drops the reference from the update (a different program): separate groups;
+  lr, β > 0, temperature, clip ε and reward weights share one program."""
+  c = _config()
+  same = sweep.make_runs(c, hyper.product([hyper.sweep("optim.lr", [1e-3, 2e-3]), hyper.sweep("rl.beta", [0.1, 0.2]),
+                                           hyper.sweep("sampling.temperature", [0.7, 1.0]),
+                                           hyper.sweep("rl.eps_high", [0.2, 0.28])]), 2, "/tmp/x")
+  assert len(sweep.groups(same)) == 1 and sweep.decide(same, "auto", 1) == "vmap"
+  runs = sweep.make_runs(c, hyper.parse("rl.G=2,4 rl.beta=0,0.04", c), 2, "/tmp/x")
+  gs = sweep.groups(runs)
+  assert [[r.name for r in g] for g in gs] == [[f"G={g},beta={b},seed={s}" for s in (0, 1)]
+                                               for g in (2, 4) for b in (0, 0.04)]
+  assert all(sweep.decide(g, "serial", 1) == "serial" for g in gs)
+  assert sweep.decide(gs[0], "auto", 8) == "serial"  # several devices: each run uses them all, one after another
+  one = sweep.make_runs(c, hyper.parse("rl.G=2,4", c), 1, "/tmp/x")
+  assert [sweep.decide(g, "auto", 1) for g in sweep.groups(one)] == ["serial", "serial"]
+
+
+def test_sweep_text_is_typed_and_bad_input_is_one_line():
+  c = _config()
+  pts = hyper.parse("rl.beta=0,1e-2 train.steps=5 rl.dynamic_sampling=true", c)
+  assert [p.dict for p in pts] == [{"rl.beta": 0.0, "train.steps": 5, "rl.dynamic_sampling": True},
+                                   {"rl.beta": 0.01, "train.steps": 5, "rl.dynamic_sampling": True}]
+  assert all(type(p.dict["rl.beta"]) is float for p in pts)
+  for text, msg in [("rl.beta=abc", "not a float"), ("rl.betta=0.1", "betta"), ("rl.beta", "key=v1,v2"),
+                    ("rl.beta=0.1,", "empty value"), ("rewards=a", "get_sweep"), ("algo=nope", "nope")]:
+    with pytest.raises(errors.ConfigError, match=msg) as e:
+      hyper.parse(text, c)
+    assert "\n" not in str(e.value)
+  with pytest.raises(errors.ConfigError, match="share the directory"):
+    sweep.make_runs(c, hyper.named("a b", {}) + hyper.named("a_b", {}), 1, "/tmp/x")
+
+
+def test_get_sweep_in_the_config_file(tmp_path):
+  path = tmp_path / "exp.py"
+  path.write_text("from configs import grpo_arith\n"
+                  "def get_config(arg=None):\n  return grpo_arith.get_config('small')\n"
+                  "def get_sweep(h):\n"
+                  "  return h.product([h.sweep('algo', ['grpo', 'dr_grpo']), h.sweep('optim.lr', [1e-4, 3e-4])])"
+                  " + h.named('baseline', {'rl.G': 8})\n")
+  c = _config()
+  pts = sweep.load_points(str(path), c)
+  assert hyper.names(pts) == ["algo=grpo,lr=0.0001", "algo=grpo,lr=0.0003", "algo=dr_grpo,lr=0.0001",
+                              "algo=dr_grpo,lr=0.0003", "baseline"]
+  runs = sweep.make_runs(c, pts, 1, "/tmp/x")
+  assert runs[2].config.rl.preset == "dr_grpo" and runs[2].config.rl.beta == 0.0 and runs[2].config.optim.lr == 1e-4
+  assert runs[4].config.rl.G == 8 and runs[4].config.rl.preset == c.rl.preset
+  # configs/grpo_arith.py: the config alone by default (the README's 3-seed command), its β × lr grid on request.
+  assert [p.dict for p in sweep.load_points(os.path.join(REPO, "configs/grpo_arith.py"), c)] == [{}]
+  grid = sweep.load_points(os.path.join(REPO, "configs/grpo_arith.py:small,grid=True"), c)
+  assert len(grid) == 9 and grid[4].dict == {"rl.beta": 0.04, "optim.lr": 1e-4}
+  assert len(sweep.groups(sweep.make_runs(c, grid, 3, "/tmp/x"))) == 1  # one vmapped program for 27 runs
+
+
+def test_print_mode_writes_launch_commands_the_launcher_accepts(env):
+  c = _config()
+  wd = "gs://bucket/sweeps/s1"
+  launch = "launch/tpu_vm.sh --name sweep-{i} --zone us-central2-b --accelerator v4-32 --dry-run"
+  out = sweep.run(c, wd, config_file="configs/grpo_arith.py:small", sweep_text="rl.beta=0.02,0.04", seeds=2,
+                  mode="print", launch=launch, base_overrides={"train.steps": 7})
+  cmds = out["report"].splitlines()
+  assert len(cmds) == 4
+  for i, (cmd, r) in enumerate(zip(cmds, out["runs"])):
+    res = subprocess.run(["bash", "-c", cmd], cwd=REPO, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 0, res.stderr
+    train = [l for l in res.stdout.splitlines() if "grpo_jax.main" in l]
+    assert len(train) == 1 and f"create sweep-{i} " in res.stdout
+    for part in (f"--workdir={wd}/{r.name}", "--config.train.steps=7", f"--config.rl.beta={r.config.rl.beta!r}",
+                 f"--config.run_seed={r.seed}", "--config=configs/grpo_arith.py:small"):
+      assert part in train[0], (part, train[0])
+  # Local commands (the default launcher) parse back to each run's config.
+  local = sweep.run(c, str(env / "print"), config_file="configs/grpo_arith.py:small",
+                    sweep_text="rl.beta=0.02,0.04", seeds=2, mode="print")
+  with open(env / "print" / "launch.sh") as f:
+    script = f.read()
+  assert script.count("python -m grpo_jax.main") == 4
+  for cmd, r in zip(local["report"].splitlines(), local["runs"]):
+    argv = shlex.split(cmd)
+    over = {a.split("=", 1)[0][len("--config."):]: a.split("=", 1)[1] for a in argv if a.startswith("--config.")}
+    parsed = config_lib.override(_config_small(), {k: _literal(v) for k, v in over.items()})
+    assert parsed.rl.beta == r.config.rl.beta and parsed.run_seed == r.config.run_seed
+    assert f"--workdir={env / 'print' / r.name}" in argv
+
+
+def _config_small():
+  from configs import grpo_arith  # pylint: disable=g-import-not-at-top
+  return grpo_arith.get_config("small")
+
+
+def _literal(text):
+  import ast  # pylint: disable=g-import-not-at-top
+  try:
+    return ast.literal_eval(text)
+  except (ValueError, SyntaxError):
+    return text
+
+
+def test_run_seed_at_its_default_keeps_older_run_records():
+  """run_seed = -1 (= seed) leaves the stored run-config view as it was before the key existed, so older run
+  directories resume; a set run_seed is a real difference."""
+  from grpo_jax import run_config  # pylint: disable=g-import-not-at-top
+  c = _config()
+  v = run_config.view(c, "rl")
+  assert "run_seed" not in v
+  v1 = run_config.view(config_lib.override(c, {"run_seed": 1}), "rl")
+  assert v1["run_seed"] == 1 and run_config.diff(v, v1) == ["run_seed"]
+  assert run_config.diff(v, {**v, "run_seed": -1}) == []
+  assert config_lib.run_seed(c) == c.seed and config_lib.run_seed(config_lib.override(c, {"run_seed": 4})) == 4
+
+
+def test_report_reads_metrics_stages_and_report_json(tmp_path):
+  """sweep_report.collect on hand-written run directories: last / @tail / stage:metric from metrics.jsonl and an
+  R1 pipeline's report.json (stage/metric), hand-computed."""
+  from grpo_jax import sweep_report  # pylint: disable=g-import-not-at-top
+  dirs = []
+  for s, (acc, rews, sft_acc, final) in enumerate([(0.5, [0, 1, 2, 3, 4], 0.1, 0.30), (0.7, [1, 1, 1, 1, 9], 0.3, 0.40)]):
+    d = tmp_path / f"seed={s}"
+    (d / "sft").mkdir(parents=True)
+    rows = [{"step": i, "train/reward_mean": float(r)} for i, r in enumerate(rews)] + [{"step": 4, "eval/accuracy": acc}]
+    (d / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (d / "sft" / "metrics.jsonl").write_text(json.dumps({"step": 3, "eval/accuracy": sft_acc}) + "\n")
+    (d / "report.json").write_text(json.dumps({"base": {"accuracy_last_number": 0.1},
+                                               "r1_5_final": {"accuracy_last_number": final, "format_rate": 1.0}}))
+    dirs.append(str(d))
+  cells = sweep_report.collect({"p": dirs}, ["eval/accuracy", "train/reward_mean@tail", "train/reward_mean@mean",
+                                             "sft:eval/accuracy", "report/*/accuracy_last_number"])
+  sc = cells["p"]["scalars"]
+  assert sc["eval/accuracy"] == [0.5, 0.7] and sc["sft:eval/accuracy"] == [0.1, 0.3]
+  assert sc["train/reward_mean@tail"] == [4.0, 9.0] and sc["train/reward_mean@mean"] == [2.0, 2.6]
+  assert sc["report/r1_5_final/accuracy_last_number"] == [0.3, 0.4] and "report/r1_5_final/format_rate" not in sc
+  assert cells["p"]["curves"]["train/reward_mean"]["y"] == [[0, 1, 2, 3, 4], [1, 1, 1, 1, 9]]
+  md = sweep_report.write(str(tmp_path), cells, title="t", header="")
+  assert "| p | 0.6 ± 1.3 |" in md and "n = 2 seeds" in md
+  with open(tmp_path / "sweep.csv") as f:
+    row = [l.split(",") for l in f if l.startswith("p,report/r1_5_final/accuracy_last_number,")][0]
+  # n, mean, std (ddof 1), t(0.975, 1 df) · std / √2 = 12.7062 · 0.0707107 / 1.41421
+  assert int(row[2]) == 2 and float(row[3]) == pytest.approx(0.35) and float(row[4]) == pytest.approx(0.0707107)
+  assert float(row[5]) == pytest.approx(0.635310, rel=1e-4)
+  with pytest.raises(ValueError, match="@median"):
+    sweep_report.parse("train/loss@median")
