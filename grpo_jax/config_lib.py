@@ -55,7 +55,8 @@ def base_config() -> ml_collections.ConfigDict:
       # gathered (whole on every chip, no weight collective per token) when the planner says it fits, else
       # tensor-parallel over decode_tp fsdp devices, else the training layout (weights all-gathered every token).
       decode_layout="auto",
-      decode_tp=0))  # fsdp devices per tensor-parallel decode group (layout tp / auto); 0 = smallest that fits
+      decode_tp=0,  # fsdp devices per tensor-parallel decode group (layout tp / auto); 0 = smallest that fits
+      exit_chunk=16))  # early exit: decode steps between checks that every row is done; 0 = always max_new_tokens
 
   # rl.algo names the algorithm; presets.PRESETS[algo] holds every setting that defines it (the keys marked
   # "preset"). The defaults below are the grpo preset's (tests/test_presets.py checks they agree). Switch algorithm
@@ -87,6 +88,9 @@ def base_config() -> ml_collections.ConfigDict:
       mu=1, minibatches=1,
       rollout_chunks=1,          # sample, and run the reference/old-log-prob forwards, over this many chunks of rows
                                  # in turn (one graph): the KV cache and those activations are one chunk's
+      # The update trains on the shortest of train_buckets static completion lengths (L, L/2, ...; update.py's
+      # train_lengths) covering the batch's longest completion, chosen in-graph: each compiles a forward+backward.
+      train_buckets=1,
       process_weight=0.0,        # weight of process (step) advantages; 0 = outcome only
       oversample=2,              # dynamic sampling draws oversample × prompts_per_step prompts, keeps prompts_per_step
       max_nonfinite_in_row=3,

@@ -129,9 +129,9 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec
     data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=ro.mask_NxL,
                 old_v_NxL=old_v_NxL, returns_NxL=returns_NxL)
     carry = ((state["params"], state["critic_params"]), (state["opt_state"], state["critic_opt_state"]))
-    ((params, critic_params), (opt_state, critic_opt)), um = update_lib.minibatch_scan(
-        update_lib.make_update(make_loss_fn(config, mcfg, P_len), opts), carry, data, k_upd, mu=config.rl.mu,
-        minibatches=config.rl.minibatches)
+    ((params, critic_params), (opt_state, critic_opt)), um = rl_step.train_by_length(
+        config, update_lib.make_update(make_loss_fn(config, mcfg, P_len), opts), carry, data, k_upd, ro.bucket,
+        P_len)
     updated = dict(params=params, opt_state=opt_state, critic_params=critic_params, critic_opt_state=critic_opt,
                    rng=rng)
     return rl_step.finish_step(config, state, updated, ro, adv_NxL, um)

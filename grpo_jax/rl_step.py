@@ -65,6 +65,8 @@ class Rollout(NamedTuple):
   status: jax.Array         # one per reward term: rewards.OK unless its Python call failed
   fallbacks: jax.Array      # samples a Python term replaced by its fallback score
   ds_kept: jax.Array | None  # dynamic sampling: kept groups with reward variance (None when off)
+  bucket: jax.Array         # index into train_lengths(config): the shortest covering the longest completion
+  decode_steps: jax.Array | None = None  # decode steps run: the slowest row chunk's (early exit: sampling.py)
 
 
 def uses_reference(config) -> bool:
@@ -115,6 +117,7 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
   overlong_cache = round(rl.overlong_frac * scfg.max_new_tokens)  # a length: static
   # Each term's weight (the order of terms_NxK); the overlong penalty, when on, is the last term, weight 1.
   term_w_K = jnp.asarray(spec.weights + ((1.0,) if overlong_cache > 0 else ()), jnp.float32)
+  sizes = train_lengths(config)
 
   def rollout_fn(params, ref_params, batch, rng) -> Rollout:
     k_sample, k_ds = jax.random.split(rng)
@@ -125,8 +128,15 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
     # The weights in their decode layout (decode_layout.py), once per rollout, outside the chunk loop: every chunk
     # decodes with this one copy.
     decode = decode_layout.for_rollout(config, mcfg, params)
-    ro = map_row_chunks(lambda p, m, u: sampling.sample(mcfg, params, p, m, None, scfg, u_LxN=u.T, decode=decode),
-                        chunks, b["prompt_NxP"], b["prompt_mask_NxP"], u_NxL)
+
+    def sample_rows(p, m, u):
+      s = sampling.sample(mcfg, params, p, m, None, scfg, u_LxN=u.T, decode=decode)
+      # one count per row, so map_row_chunks can stack the chunks' counts like any row-wise output
+      return s._replace(decode_steps=jnp.broadcast_to(s.decode_steps, s.lengths_N.shape))
+
+    ro = map_row_chunks(sample_rows, chunks, b["prompt_NxP"], b["prompt_mask_NxP"], u_NxL)
+    # each chunk's decode exits early on its own once its rows are done: the rollout ran the slowest chunk's steps
+    decode_steps = jnp.max(ro.decode_steps)
     tokens_NxL = sharding.constrain_batch(ro.tokens_NxL)
     fields = {k: v for k, v in b.items() if k not in PROMPT_KEYS}
     r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields)
@@ -152,6 +162,9 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
 
     mask_NxL = rows["mask_NxL"]
     seq = full_sequence(rows["prompt_NxP"], rows["pmask_NxP"], rows["tokens_NxL"], mask_NxL)
+    # The training length: the shortest bucket covering the longest completion of ALL rows (the same for every
+    # row chunk; reduced over vmapped runs). The forwards below, and the update, run on that many completion tokens.
+    bucket = update_lib.bucket_index(rows["lengths_N"], sizes)
 
     def forwards(*seq_chunk):
       # bf16 sampler and training forward differ by rounding; ρ must start at exactly 1 for μ=1 on-policy, so under
@@ -165,7 +178,8 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
           out["old"] = completion_logprobs(mcfg, params, seq_chunk, P, temp)[0]
       return out
 
-    lp = map_row_chunks(forwards, chunks, *seq) if (ref_params is not None or bf16) else {}
+    need = ref_params is not None or bf16
+    lp = forwards_by_length(config, forwards, bucket, seq, P) if need else {}
     old_logp_NxL = lp.get("old", rows["old_logp_NxL"])
     ref_logp_NxL = None
     if ref_params is not None:
@@ -174,9 +188,27 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
                    truncated_N=rows["truncated_N"], r_N=rows["r_N"], per_term=rows["per_term"], steps=rows["steps"],
                    terms_NxK=rows["terms_NxK"], term_w_K=term_w_K,
                    old_logp_NxL=jax.lax.stop_gradient(old_logp_NxL) * mask_NxL, ref_logp_NxL=ref_logp_NxL,
-                   status=status, fallbacks=fallbacks, ds_kept=ds_kept)
+                   status=status, fallbacks=fallbacks, ds_kept=ds_kept, bucket=bucket,
+                   decode_steps=decode_steps)
 
   return rollout_fn
+
+
+def train_lengths(config) -> tuple[int, ...]:
+  """The update's static completion lengths (update.train_lengths: rl.train_buckets of them, the longest L)."""
+  return update_lib.train_lengths(config.sampling.max_new_tokens, config.rl.train_buckets)
+
+
+def forwards_by_length(config, fn: Callable, bucket, seq, P: int):
+  """fn(*seq_chunk) -> a pytree of [rows, Lb] per-completion-token arrays, run on `seq` cut to the update's training
+  length (train_lengths(config)[bucket], one lax.switch branch per length) in rl.rollout_chunks row chunks
+  (map_row_chunks), zero-padded back to [N, L]: the positions cut off are past every completion (mask 0)."""
+  L = seq[0].shape[1] - P
+
+  def at(Lb, seq):
+    out = map_row_chunks(fn, int(config.rl.rollout_chunks), *update_lib.cut(dict(seq=seq), P, Lb)["seq"])
+    return jax.tree.map(lambda v: jnp.pad(v, ((0, 0), (0, L - Lb))), out)
+  return update_lib.by_length(bucket, train_lengths(config), at, seq)
 
 
 def signal_rewards(rl, r_N: jax.Array, terms_NxK: jax.Array, w_K: jax.Array, G: int) -> jax.Array:
@@ -255,6 +287,7 @@ def rollout_metrics(config, ro: Rollout, adv_NxL) -> dict[str, jax.Array]:
       "train/completion_len_mean": ro.lengths_N.mean(),
       "train/completion_len_max": ro.lengths_N.max(),
       "train/truncation_rate": ro.truncated_N.mean(),
+      "train/train_len": jnp.asarray(train_lengths(config), jnp.int32)[ro.bucket],
       "train/reward_fallbacks": ro.fallbacks,
   }
   if ro.ref_logp_NxL is not None:  # β = 0 has no reference model: no train/kl
@@ -276,6 +309,18 @@ def finish_step(config, state: state_lib.State, updated: dict, ro: Rollout, adv_
   m.update({"reward_status": ro.status, "samples/tokens_NxL": ro.tokens_NxL[:n_show],
             "samples/mask_NxL": ro.mask_NxL[:n_show], "samples/r_N": ro.r_N[:n_show]})
   return new_state, m
+
+
+def train_by_length(config, update, carry, data: dict, rng, bucket, P: int):
+  """update.minibatch_scan on `data` cut to the bucket's completion length, one lax.switch branch per length (each
+  compiles a forward+backward). The loss normalisers that are constants (Dr.GRPO's, DAPO's overlong penalty) read
+  sampling.max_new_tokens, never the bucket: the cut drops only masked positions, so the loss is the same."""
+  rl = config.rl
+
+  def at(Lb, carry, data, rng):
+    return update_lib.minibatch_scan(update, carry, update_lib.cut(data, P, Lb), rng, mu=rl.mu,
+                                     minibatches=rl.minibatches)
+  return update_lib.by_length(bucket, train_lengths(config), at, carry, data, rng)
 
 
 # ------------------------------------------------------------------------------------- the family's interface
@@ -318,7 +363,8 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec
   opt = optimizer(config)
 
   def step(state, batch):
-    loss_fn = make_loss_fn(config, mcfg, batch["prompt_NxP"].shape[1])
+    P = batch["prompt_NxP"].shape[1]
+    loss_fn = make_loss_fn(config, mcfg, P)
     rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
     ro = rollout_fn(state["params"], reference_params(config, state), batch, k_roll)
     adv_NxL = compute_advantages(config, ro)
@@ -328,9 +374,8 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec
 
     update = update_lib.make_update(lambda ps, mb: loss_fn(ps[0], mb), (opt,))
     with jax.named_scope("update"):
-      ((params,), (opt_state,)), um = update_lib.minibatch_scan(
-          update, ((state["params"],), (state["opt_state"],)), data, k_upd, mu=config.rl.mu,
-          minibatches=config.rl.minibatches)
+      ((params,), (opt_state,)), um = train_by_length(
+          config, update, ((state["params"],), (state["opt_state"],)), data, k_upd, ro.bucket, P)
     return finish_step(config, state, dict(params=params, opt_state=opt_state, rng=rng), ro, adv_NxL, um)
 
   return step

@@ -1,5 +1,9 @@
 """Rollouts: prefill + `lax.scan` decode over a KV cache, with temperature / top-k / top-p / greedy.
 
+Early exit: the decode runs as a `while_loop` over chunks of `exit_chunk` scan steps and stops once every row has
+emitted EOS; outputs keep their static [N, L] shape (pad / 0 / mask 0 where nothing was decoded, exactly what the
+full-length decode writes after a row's EOS), so the tokens and log-probs equal the full-length decode's.
+
 Each step draws one uniform per row and inverts a CDF (no N×V random tensor per step: docs/performance.md, "XLA:CPU facts"). The recorded
 log-prob is always under the untruncated softmax(logits / temperature): that is the π the losses use (DESIGN.md).
 All shapes are static, so `sample` jits with `mcfg` and `scfg` static, vmaps over rngs and shards over the batch.
@@ -26,6 +30,9 @@ class SamplingConfig:
   greedy: bool = False  # argmax of the logits; logp is still recorded under softmax(logits / temperature)
   eos_id: int | tuple[int, ...] = 2  # the id, or the ids, that end a row (an HF model may have several)
   pad_id: int = 0
+  # decode steps between checks that every row is done (one all-reduce of a bool per check); 0 = always decode
+  # max_new_tokens steps. A finished batch wastes at most exit_chunk - 1 steps.
+  exit_chunk: int = 16
 
   def __post_init__(self):
     # A traced temperature (a vmapped sweep's, seeds.py) is checked where the config is validated, not here.
@@ -37,6 +44,8 @@ class SamplingConfig:
       raise ValueError(f"sampling.top_p={self.top_p}: must be in (0, 1] (1.0 = off).")
     if self.max_new_tokens < 1:
       raise ValueError(f"sampling.max_new_tokens={self.max_new_tokens}: must be >= 1.")
+    if self.exit_chunk < 0:
+      raise ValueError(f"sampling.exit_chunk={self.exit_chunk}: must be >= 0 (0 = no early exit).")
     ids = (self.eos_id,) if isinstance(self.eos_id, int) else tuple(int(i) for i in self.eos_id)
     if not ids:
       raise ValueError("SamplingConfig.eos_id: give at least one EOS id.")
@@ -49,11 +58,12 @@ class SamplingConfig:
   @classmethod
   def from_config(cls, cfg: Any, *, eos_id: int | tuple[int, ...], pad_id: int, greedy: bool = False,
                   **overrides: Any) -> "SamplingConfig":
-    """From the `sampling` ConfigDict (temperature, top_k, top_p, max_new_tokens); ids come from the tokenizer;
-    `overrides` replace fields (e.g. evaluation's untruncated top_k=0, top_p=1.0)."""
+    """From the `sampling` ConfigDict (temperature, top_k, top_p, max_new_tokens, exit_chunk); ids come from the
+    tokenizer; `overrides` replace fields (e.g. evaluation's untruncated top_k=0, top_p=1.0)."""
     t = cfg["temperature"]
     scfg = cls(temperature=t if isinstance(t, jax.core.Tracer) else float(t), top_k=int(cfg["top_k"]),
                top_p=float(cfg["top_p"]), max_new_tokens=int(cfg["max_new_tokens"]), greedy=greedy,
+               exit_chunk=int(cfg.get("exit_chunk", cls.exit_chunk)),
                eos_id=int(eos_id) if isinstance(eos_id, int) else tuple(eos_id), pad_id=int(pad_id))
     return dataclasses.replace(scfg, **overrides) if overrides else scfg
 
@@ -64,6 +74,7 @@ class Rollout(NamedTuple):
   lengths_N: jax.Array  # int32; sum of mask
   logp_NxL: jax.Array  # float32; log softmax(logits / temperature) at the token, untruncated; 0 where mask == 0
   truncated_N: jax.Array  # bool; no EOS within L
+  decode_steps: jax.Array  # int32 scalar: decode steps run (max_new_tokens - 1 unless the decode exited early)
 
 
 _TINY = float(jnp.finfo(jnp.float32).tiny)
@@ -135,7 +146,7 @@ def uniforms(rng: jax.Array, steps: int, n: int) -> jax.Array:
 def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prompt_mask_NxP: jax.Array,
            rng: jax.Array | None, scfg: SamplingConfig, *, u_LxN: jax.Array | None = None,
            decode: decode_layout.Decode | None = None) -> Rollout:
-  """Generates exactly `scfg.max_new_tokens` steps for left-padded prompts; rows stop at their own EOS.
+  """`scfg.max_new_tokens` tokens per left-padded prompt; rows stop at their own EOS, the decode once all have.
 
   `u_LxN` (from `uniforms`) replaces the draws from `rng`. `decode`: the weights the decode loop reads, already in
   their decode layout (decode_layout.for_rollout, made once per rollout by the caller, outside any loop over rollout
@@ -179,7 +190,7 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
     logits_NxV, cache, done_N = carry
     i, u_N = xs
     tok_N, logp_N, live_N, done_N = emit(logits_NxV, u_N, done_N)
-    # rows past EOS keep decoding pad tokens: wasted but static-shaped work
+    # rows past EOS keep decoding pad tokens until the whole batch is done: static-shaped work
     logits_NxV, cache = model_lib.decode_step(decode.mcfg, params, tok_N, plen_N + i, cache, p + i, kv_mask_NxS,
                                               decode.weights)
     return (batch(logits_NxV), pin(cache), done_N), (tok_N, logp_N, live_N)
@@ -189,13 +200,56 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
     # gathers them inside the loop.
     plen_N, kv_mask_NxS, done_N = batch(plen_N), batch(kv_mask_NxS), batch(jnp.zeros((n,), bool))
     u_LxN = nn.with_logical_constraint(u_LxN, (None, "batch"))
-    (logits_NxV, _, done_N), (tok_LxN, logp_LxN, live_LxN) = jax.lax.scan(
-        step, (batch(logits_NxV), pin(decode.expand_cache(cache)), done_N),
-        (jnp.arange(steps - 1, dtype=jnp.int32), u_LxN[:-1]))
-  # the last token needs no decode step after it
+    carry = (batch(logits_NxV), pin(decode.expand_cache(cache)), done_N)
+    # the last token needs no decode step after it: steps - 1 (emit, decode) steps, then one emit
+    carry, (tok_LxN, logp_LxN, live_LxN), ran = _decode(step, carry, u_LxN[:-1], steps - 1, scfg)
+  logits_NxV, _, done_N = carry
   tok_N, logp_N, live_N, done_N = emit(logits_NxV, u_LxN[-1], done_N)
   tokens_NxL = jnp.concatenate([tok_LxN.T, tok_N[:, None]], axis=1)
   mask_NxL = jnp.concatenate([live_LxN.T, live_N[:, None]], axis=1).astype(jnp.int32)
   logp_NxL = jnp.concatenate([logp_LxN.T, logp_N[:, None]], axis=1)
   return Rollout(tokens_NxL=batch(tokens_NxL), mask_NxL=batch(mask_NxL), lengths_N=jnp.sum(mask_NxL, axis=1),
-                 logp_NxL=batch(logp_NxL), truncated_N=~done_N)
+                 logp_NxL=batch(logp_NxL), truncated_N=~done_N, decode_steps=ran)
+
+
+def _decode(step, carry, u_SxN: jax.Array, steps: int, scfg: SamplingConfig):
+  """`steps` decode steps of `step(carry, (i, u_N))` (carry[2] = done_N): (carry, outputs stacked [steps, N],
+  the number of steps run).
+
+  With early exit: a while_loop over chunks of exit_chunk scan steps that stops once every row is done, then the
+  remainder (steps mod exit_chunk) under a cond. Steps never run keep the outputs a done row emits (pad, 0, False).
+  """
+  c = scfg.exit_chunk
+  if steps == 0:
+    n = carry[2].shape[0]
+    return carry, (jnp.zeros((0, n), jnp.int32), jnp.zeros((0, n), jnp.float32), jnp.zeros((0, n), bool)), \
+        jnp.int32(0)
+  if c == 0 or c >= steps:
+    return (*jax.lax.scan(step, carry, (jnp.arange(steps, dtype=jnp.int32), u_SxN)), jnp.int32(steps))
+  n = carry[2].shape[0]
+  rows = lambda x: nn.with_logical_constraint(x, (None, "batch"))
+  outs = (rows(jnp.full((steps, n), scfg.pad_id, jnp.int32)), rows(jnp.zeros((steps, n), jnp.float32)),
+          rows(jnp.zeros((steps, n), bool)))
+
+  def chunk(carry, outs, i0, size):
+    carry, ys = jax.lax.scan(step, carry, (i0 + jnp.arange(size, dtype=jnp.int32),
+                                           jax.lax.dynamic_slice_in_dim(u_SxN, i0, size)))
+    return carry, tuple(rows(jax.lax.dynamic_update_slice_in_dim(o, y, i0, axis=0)) for o, y in zip(outs, ys))
+
+  n_full, rem = divmod(steps, c)
+
+  def more(loop):
+    k, carry, _ = loop
+    return (k < n_full) & ~jnp.all(carry[2])
+
+  def body(loop):
+    k, carry, outs = loop
+    return (k + 1, *chunk(carry, outs, k * c, c))
+
+  k, carry, outs = jax.lax.while_loop(more, body, (jnp.int32(0), carry, outs))
+  ran = k * c
+  if rem:
+    skip = jnp.all(carry[2])
+    carry, outs = jax.lax.cond(skip, lambda co: co, lambda co: chunk(*co, n_full * c, rem), (carry, outs))
+    ran = ran + jnp.where(skip, 0, rem)
+  return carry, outs, ran

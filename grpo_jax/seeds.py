@@ -153,8 +153,9 @@ def make_vmapped_step(config, mesh, build: Callable[[Any], Callable],
   # Stacked runs are small (ablation sizes): keep them replicated on the mesh, in and out, so every call hits the
   # same compiled program.
   counted = sharding.count_traces(one_run)
-  jitted = jax.jit(jax.vmap(counted, in_axes=(0, None)), donate_argnums=(0,), compiler_options=compiler_options,
-                   out_shardings=(rep, rep))
+  # axis_name: the step reduces its training-length bucket over the runs (update.bucket_index)
+  jitted = jax.jit(jax.vmap(counted, in_axes=(0, None), axis_name=update_lib.RUNS_AXIS), donate_argnums=(0,),
+                   compiler_options=compiler_options, out_shardings=(rep, rep))
 
   def run(states, batch):
     states = jax.device_put(states, rep)  # no copy once they live there

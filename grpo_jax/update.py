@@ -1,6 +1,7 @@
 """What every family's step shares: the optimizer, one gradient update that a non-finite value skips, μ epochs ×
 minibatches as `lax.scan`, and the update's metrics tail. Pure functions; rl_step, ppo_step and sft_step compose them.
 """
+import functools
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -10,6 +11,8 @@ import optax
 from grpo_jax import sharding
 
 LR = "learning_rate"
+# The vmap axis of stacked runs (seeds.py): the training-length bucket is reduced over it.
+RUNS_AXIS = "runs"
 
 
 def warmup_schedule(lr, warmup_steps: int) -> optax.Schedule:
@@ -133,3 +136,50 @@ def step_metrics(um: dict[str, jax.Array], params: Any, reward_ok: jax.Array | N
   m["train/skipped_updates"] = bad if reward_ok is None else jnp.where(reward_ok, bad, jnp.size(um["nonfinite"]))
   m["train/param_norm"] = optax.tree.norm(params)
   return m
+
+
+# ---------------------------------------------------------------------------------- training-length buckets
+
+
+def train_lengths(L: int, n: int) -> tuple[int, ...]:
+  """The static completion lengths the update may train on, ascending, the longest L: L, L/2, ..., L/2^(n-1), each
+  rounded up to a multiple of a = min(128, L // 2^(n-1)). Multiples of 128 once the shortest bucket reaches 128
+  tokens (the TPU attention and matmul tiles want them); finer on small configs, where a 128 grain would leave a
+  single bucket. Every length is a compiled branch of the update (a forward+backward each): keep n small."""
+  if n < 1:
+    raise ValueError(f"rl.train_buckets={n}: must be >= 1 (1 = always train on sampling.max_new_tokens).")
+  a = max(1, min(128, L >> (n - 1)))
+  return tuple(sorted({min(L, -(-L // (2 ** k) // a) * a if k else L) for k in range(n)}))
+
+
+def bucket_index(lengths_N: jax.Array, sizes: Sequence[int]) -> jax.Array:
+  """Index into `sizes` of the shortest length covering the longest completion. Under seeds.py's vmap the index is
+  the max over the runs: a per-run (batched) index would turn `lax.switch` into a select that runs every branch."""
+  idx = jnp.sum(jnp.asarray(sizes[:-1], jnp.int32) < jnp.max(lengths_N).astype(jnp.int32))
+  try:
+    idx = jax.lax.pmax(idx, RUNS_AXIS)
+  except NameError:  # not under the runs vmap: one run's own index
+    pass
+  return idx
+
+
+def by_length(idx: jax.Array, sizes: Sequence[int], fn: Callable, *operands: Any) -> Any:
+  """`fn(size, *operands)` for sizes[idx], as `lax.switch` over one static branch per size (nothing recompiles
+  when the length changes). Outputs must not depend on the size in shape."""
+  if len(sizes) == 1:
+    return fn(sizes[0], *operands)
+  return jax.lax.switch(idx, [functools.partial(fn, s) for s in sizes], *operands)
+
+
+def cut(data: Any, P: int, Lb: int) -> Any:
+  """`data` with its completion axis cut to Lb tokens: `*_NxL` leaves to [:, :Lb], the `seq` tuple (prompt +
+  completion, T = P + L) to [:, :P + Lb]. Positions past every completion are masked, so the loss is unchanged."""
+  out = {}
+  for k, v in data.items():
+    if k == "seq":
+      out[k] = tuple(x[:, :P + Lb] for x in v)
+    elif k.endswith("_NxL"):
+      out[k] = v[:, :Lb]
+    else:
+      out[k] = v
+  return out

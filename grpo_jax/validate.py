@@ -133,11 +133,11 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   for k in ("rl.G", "rl.prompts_per_step", "rl.mu", "rl.minibatches", "sampling.max_new_tokens",
             "task.prompt_len", "train.steps", "train.log_every", "train.eval_every", "train.ckpt_every",
             "train.keep_checkpoints", "eval.size", "eval.batch", "eval.n_samples", "rl.oversample",
-            "rl.max_nonfinite_in_row"):
+            "rl.max_nonfinite_in_row", "rl.train_buckets"):
     _positive_int(c, k)
   for k in ("rl.eps_low", "rl.eps_high", "rl.beta", "rl.std_eps", "rl.dual_clip", "rl.kl_clamp",
             "optim.lr", "optim.weight_decay", "optim.grad_clip", "sampling.temperature", "rl.process_weight",
-            "rl.reward_timeout_s", "optim.warmup_steps"):
+            "rl.reward_timeout_s", "optim.warmup_steps", "sampling.exit_chunk"):
     _nonneg(c, k)
   if c.rl.reward_timeout_s == 0:
     _fail("rl.reward_timeout_s", "must be > 0: the seconds a Python reward call may take before the step fails "

@@ -319,3 +319,46 @@ def test_decode_loop_slices_no_weight_or_cache_per_token(params):
         if "dynamic-slice" in lhs and any(rhs.startswith(sh + "{") for sh in shapes):
           sliced.append(ln.strip())
   assert not sliced, sliced[:3]
+
+
+@pytest.fixture(scope="module")
+def early_eos(plain):
+  """EOS = the 12 tokens the reference run draws most: every row ends within a few steps."""
+  t0 = np.asarray(plain[1].tokens_NxL)
+  return tuple(int(x) for x in np.argsort(-np.bincount(t0.ravel(), minlength=64))[:12])
+
+
+@pytest.mark.parametrize("chunk", [2, 4])
+def test_early_exit_equals_the_full_length_decode(params, early_eos, chunk):
+  """The chunked while_loop stops once every row is done (fewer decode steps) and returns exactly the full decode's
+  tokens, mask and log-probs; with rows that never end it runs all steps (chunk 4: 2 chunks + a remainder of 1)."""
+  for eos, ends_early in ((early_eos, True), (63, False)):
+    full = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0),
+                  S.SamplingConfig(max_new_tokens=L, eos_id=eos, pad_id=0, exit_chunk=0))
+    ee = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0),
+                S.SamplingConfig(max_new_tokens=L, eos_id=eos, pad_id=0, exit_chunk=chunk))
+    assert int(full.decode_steps) == L - 1
+    lmax = int(np.asarray(full.lengths_N).max())
+    if ends_early:
+      assert lmax <= L // 2 and not np.asarray(full.truncated_N).any()
+      # stops at the first chunk boundary at or after the step that emitted the last EOS
+      assert int(ee.decode_steps) == -(-lmax // chunk) * chunk < L - 1
+    else:
+      assert lmax == L and int(ee.decode_steps) == L - 1
+    for k in ("tokens_NxL", "mask_NxL", "lengths_N", "truncated_N"):
+      np.testing.assert_array_equal(np.asarray(getattr(ee, k)), np.asarray(getattr(full, k)), err_msg=k)
+    np.testing.assert_allclose(np.asarray(ee.logp_NxL), np.asarray(full.logp_NxL), rtol=0, atol=1e-6)
+
+
+def test_early_exit_under_vmap_runs_until_every_run_is_done(params, early_eos):
+  """vmap over rngs (one run's rows may end later than another's): equal to the full decode run by run."""
+  keys = jax.random.split(jax.random.PRNGKey(3), 3)
+  f = jax.jit(jax.vmap(S.sample, in_axes=(None, None, None, None, 0, None)), static_argnums=(0, 5))
+  mk = lambda c: S.SamplingConfig(max_new_tokens=L, eos_id=early_eos, pad_id=0, exit_chunk=c)
+  full, ee = f(MCFG, params, PROMPT, PMASK, keys, mk(0)), f(MCFG, params, PROMPT, PMASK, keys, mk(3))
+  np.testing.assert_array_equal(np.asarray(ee.tokens_NxL), np.asarray(full.tokens_NxL))
+  np.testing.assert_allclose(np.asarray(ee.logp_NxL), np.asarray(full.logp_NxL), rtol=0, atol=1e-6)
+  lmax, trunc = np.asarray(full.lengths_N).max(1), np.asarray(full.truncated_N).any(1)
+  want = np.where(trunc, L - 1, np.minimum(-(-lmax // 3) * 3, L - 1))  # each run stops at its own chunk boundary
+  np.testing.assert_array_equal(np.asarray(ee.decode_steps), want)
+  assert (want < L - 1).any()
