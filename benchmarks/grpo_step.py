@@ -8,6 +8,7 @@ that the step compiled exactly once.
   python benchmarks/grpo_step.py --hidden 64 --layers 2 --heads 4 --kv 2 --inter 128 --vocab 512 --prompts 8 --G 8 --L 64
   python benchmarks/grpo_step.py ... --vs-trl /tmp/trlenv/bin/python --vs-tunix /tmp/tunixenv/bin/python
   python benchmarks/grpo_step.py ... --scaling docs/scaling_tiny.png
+  python benchmarks/grpo_step.py --hidden 256 --layers 4 --heads 8 --kv 4 --inter 1024 --vocab 2048 --L 256 --early-exit
 
 Peers run between two halves of our steps (same compiled program), so both sides see the same machine load.
 Also printed: model FLOP/s (grpo_jax/flops.py: analytic, real tokens, no recompute) over the whole step and over the
@@ -87,6 +88,99 @@ class Ours:
                 nparams=sum(x.size for x in jax.tree.leaves(p1)), reward=float(np.mean(self.rewards)),
                 recompiles=compiles - 1, prompt_lens=np.concatenate(self.prompt_lens[1:]),
                 completion_lens=np.concatenate(self.completion_lens[1:]))
+
+
+class EndsEarly(digits.Tokenizer):
+  """The workload's tokenizer with an EOS set of a sixth of the vocabulary: a random model (near-uniform next-token
+  distribution) ends each row after ~6 tokens; P(a row of 64 passes 64 tokens) ≈ 64·(5/6)^64 < 1e-3. The compute per
+  decoded token is the workload's; only where rows stop changes (the mode checks that every row ended by L/4)."""
+
+  def __init__(self, vocab: int):
+    super().__init__(vocab)
+    self.eos_ids = (digits.EOS,) + tuple(range(vocab - vocab // 6, vocab))
+
+
+def early_exit_programs(a, tokenizer, train_buckets: int):
+  """(step, rollout, state): the jitted GRPO step with rl.train_buckets and the early-exit decode, its sampling
+  alone as a separate program, and a fresh state."""
+  import jax
+  from grpo_jax import model as model_lib
+  from grpo_jax import families, rl_step, sampling, sharding
+  c = bench_config(a)
+  c.rl.train_buckets = train_buckets
+  c.sampling.exit_chunk = a.exit_chunk
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  step = families.make_step(c, mesh, mcfg, digits.reward_spec(a.vocab), tokenizer)
+  scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=getattr(tokenizer, "eos_ids", tokenizer.eos_id),
+                                             pad_id=tokenizer.pad_id)
+  jitted = jax.jit(lambda params, b, rng: sampling.sample(mcfg, params, b["prompt_NxP"], b["prompt_mask_NxP"], rng,
+                                                          scfg))
+
+  def rollout(params, batch, rng):
+    with sharding.mesh_context(mesh):
+      return jitted(params, rl_step.tile_batch(batch, a.G), rng)
+  return step, rollout, rl_step.init(c, mesh, mcfg, seed=0)
+
+
+def early_exit_bench(a, reps: int) -> tuple[list[str], dict]:
+  """Rollout and update of a batch whose completions all end by L/4 (EndsEarly) against the same step with every
+  row running to L (the workload's EOS, which a random model almost never draws), interleaved in one process.
+  rollout = the sampling program alone; update = the step's time minus its rollout (reference log-probs,
+  advantages, the policy's forward+backward and AdamW). Also the compile time of the step with rl.train_buckets
+  lengths against one."""
+  import jax
+  progs, compile_s = {}, {}
+  batches = digits.make_batches(a.prompts, 10_000)
+  for name, tok in (("early", EndsEarly(a.vocab)), ("full", digits.Tokenizer(a.vocab))):
+    step, rollout, state = early_exit_programs(a, tok, a.train_buckets)
+    b = next(batches)
+    t0 = time.perf_counter()
+    state, m = step(state, b)
+    jax.block_until_ready(m)
+    compile_s[name] = time.perf_counter() - t0
+    jax.block_until_ready(rollout(state["params"], b, jax.random.PRNGKey(0)))
+    progs[name] = dict(step=step, rollout=rollout, state=state, roll_t=[], step_t=[], len_max=[], train_len=[],
+                       decode_steps=[])
+  if a.train_buckets > 1:
+    step1, _, state1 = early_exit_programs(a, digits.Tokenizer(a.vocab), 1)
+    t0 = time.perf_counter()
+    jax.block_until_ready(step1(state1, next(batches)))
+    compile_s["one_bucket"] = time.perf_counter() - t0
+  for r in range(reps):
+    b = next(batches)
+    for name, p in progs.items():
+      t0 = time.perf_counter()
+      ro = p["rollout"](p["state"]["params"], b, jax.random.PRNGKey(r))
+      jax.block_until_ready(ro)
+      p["roll_t"].append(time.perf_counter() - t0)
+      p["decode_steps"].append(int(ro.decode_steps))
+      t0 = time.perf_counter()
+      p["state"], m = p["step"](p["state"], b)
+      jax.block_until_ready(m)
+      p["step_t"].append(time.perf_counter() - t0)
+      p["len_max"].append(int(m["train/completion_len_max"]))
+      p["train_len"].append(int(m["train/train_len"]))
+  for name, p in progs.items():
+    if p["step"].traces() != 1:
+      raise SystemExit(f"benchmark error: the {name} step was traced {p['step'].traces()} times; it must compile once.")
+  med = {name: dict(rollout=statistics.median(p["roll_t"]),
+                    update=statistics.median(s - r for s, r in zip(p["step_t"], p["roll_t"])),
+                    step=statistics.median(p["step_t"])) for name, p in progs.items()}
+  e, f = progs["early"], progs["full"]
+  ended = max(e["len_max"]) <= a.L // 4
+  res = dict(rollout_ratio=med["early"]["rollout"] / med["full"]["rollout"],
+             update_ratio=med["early"]["update"] / med["full"]["update"],
+             step_ratio=med["early"]["step"] / med["full"]["step"], ended_by_quarter=ended, compile_s=compile_s)
+  lines = [f"early exit (exit_chunk {a.exit_chunk}, train_buckets {a.train_buckets}): longest completion per step "
+           f"{e['len_max']} (full: {f['len_max']}), decode steps {e['decode_steps']} (full: {f['decode_steps']}), "
+           f"train_len {e['train_len']} (full: {f['train_len']})",
+           "medians (s): " + "  ".join(f"{n}: rollout {v['rollout']:.4f} update {v['update']:.4f} step {v['step']:.4f}"
+                                      for n, v in med.items()),
+           "compile+first step (s): " + "  ".join(f"{k} {v:.1f}" for k, v in compile_s.items())]
+  if not ended:
+    lines.append(f"WARNING: a completion ran past L/4 = {a.L // 4}: the batch is not the one this mode measures")
+  return lines, res
 
 
 def run_peer(python: str, script: str, a, key: str) -> float | None:
@@ -236,8 +330,22 @@ def main():
   ap.add_argument("--vs-tunix", default="", help="python of a venv with tunix")
   ap.add_argument("--no-perf", action="store_true", help="skip the FLOP/s and part timings")
   ap.add_argument("--scaling", default="", metavar="OUT.png", help="also time the step against G and L")
+  ap.add_argument("--early-exit", action="store_true",
+                  help="only the early-exit measurement: rollout and update of a batch that ends by L/4 against the "
+                       "same step with every row running to L (prints both ratios)")
+  ap.add_argument("--train-buckets", type=int, default=3, help="rl.train_buckets of the --early-exit step")
+  ap.add_argument("--exit-chunk", type=int, default=16, help="sampling.exit_chunk of the --early-exit step")
   a = ap.parse_args()
   print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} at start", flush=True)
+  if a.early_exit:
+    lines, res = early_exit_bench(a, max(3, a.steps))
+    for line in lines:
+      print(line)
+    print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} at end")
+    print(f"RESULT early_exit rollout_ratio={res['rollout_ratio']:.3f} update_ratio={res['update_ratio']:.3f} "
+          f"step_ratio={res['step_ratio']:.3f} ended_by_quarter={int(res['ended_by_quarter'])} L={a.L} "
+          f"completions={a.prompts * a.G}")
+    return
   o = Ours(a)
   first = o.run(max(1, a.steps // 2))
   peers = {}
