@@ -44,3 +44,14 @@ def test_bench_config_logs_every_row_and_sets_attention():
   c = grpo_step.bench_config(a)
   assert c.train.num_samples_logged == 12  # FLOPs count each row's real completion length
   assert c.model.attention == "dot_product" and c.rl.G == 4 and c.sampling.max_new_tokens == 8
+
+
+def test_early_exit_tokenizer_ends_rows_early_but_never_on_the_answer_or_pad():
+  """--early-exit's EOS set: the workload's EOS plus the top sixth of the ids (a random model draws one every ~6
+  tokens), never the pad or a digit the reward reads."""
+  from grpo_jax.tasks import digits
+  tok = grpo_step.EndsEarly(2048)
+  ids = set(tok.eos_ids)
+  assert digits.EOS in ids and len(ids) == 1 + 2048 // 6 and max(ids) == 2047
+  assert not ids & ({digits.PAD} | set(range(digits.DIGIT0, digits.DIGIT0 + 10)))
+  assert (1 - (len(ids) - 1) / 2048) ** 64 * 64 < 1e-3  # a batch of 64 rows ends by 64 tokens almost surely

@@ -297,11 +297,13 @@ def test_two_level_inverse_cdf_matches_a_flat_search_and_skips_zero_mass():
   np.testing.assert_allclose(np.bincount(j, minlength=v) / n, p / p.sum(), atol=2e-4)
 
 
-def test_decode_loop_slices_no_weight_or_cache_per_token(params):
+@pytest.mark.parametrize("chunk", [0, 4])
+def test_decode_loop_slices_no_weight_or_cache_per_token(params, chunk):
   """The compiled decode loop reads each layer's weights and K/V cache buffer as they are: no dynamic-slice of a
-  weight matrix or of a cache buffer inside any while body (the old nested layer scan copied them every token)."""
+  weight matrix or of a cache buffer inside any while body (the old nested layer scan copied them every token), with
+  and without the early-exit chunks around it."""
   import re
-  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=1, pad_id=0)
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=1, pad_id=0, exit_chunk=chunk)
   hlo = sample.lower(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0), scfg).compile().as_text()
   n, p = PROMPT.shape
   kv, hd, s, d, f = MCFG.kv_heads, MCFG.head_dim, p + L, MCFG.hidden, MCFG.inter
