@@ -120,10 +120,10 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec
     P_len = batch["prompt_NxP"].shape[1]
     rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
     ro = rollout_fn(state["params"], rl_step.reference_params(config, state), batch, k_roll)
-    # The critic's forward over the rollout, in the rollout's row chunks.
-    old_v_NxL = rl_step.map_row_chunks(
-        lambda *seq: values_and_logprobs(mcfg, config.ppo.critic, state["params"], state["critic_params"], seq,
-                                         P_len, temp, want_logp=False)[0], config.rl.rollout_chunks, *ro.seq)
+    # The critic's forward over the rollout, on the update's training length, in the rollout's row chunks.
+    old_v_NxL = rl_step.forwards_by_length(
+        config, lambda *seq: values_and_logprobs(mcfg, config.ppo.critic, state["params"], state["critic_params"],
+                                                 seq, P_len, temp, want_logp=False)[0], ro.bucket, ro.seq, P_len)
     old_v_NxL = jax.lax.stop_gradient(old_v_NxL) * ro.mask_NxL
     adv_NxL, returns_NxL = advantages_and_returns(config, ro, old_v_NxL)
     data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=ro.mask_NxL,

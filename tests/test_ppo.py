@@ -66,3 +66,47 @@ def test_ppo_step_in_rollout_chunks_equals_one_chunk():
   assert float(m1["train/value_loss"]) > 0
   for a, b in zip(jax.tree.leaves(s1["critic_params"]), jax.tree.leaves(s2["critic_params"])):
     np.testing.assert_allclose(a, b, atol=1e-6)
+
+
+class _ManyEos(digits.Tokenizer):
+  """EOS = every id but the pad and the digits: the random model ends its rows after one or two tokens."""
+  eos_ids = (digits.EOS,) + tuple(range(12, 64))
+
+
+def test_ppo_train_length_buckets_equal_full_length():
+  """rl.train_buckets=3 (lengths 2, 4, 8 at L=8) cuts the critic's old values and the update to the batch's
+  longest completion: the same losses and params as training on all L positions (fp32 reduction order, 1e-6)."""
+  runs = {}
+  for nb in (1, 3):
+    c = presets.apply(digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=2, G=4,
+                                          L=8), "ppo")
+    c.ppo.critic, c.optim.lr, c.rl.train_buckets = "head", 1e-3, nb
+    mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+    mcfg = model_lib.ModelConfig.from_config(c.model)
+    spec = digits.reward_spec(64)
+    step = families.make_step(c, mesh, mcfg, spec, _ManyEos(64))
+    state = ppo_step.init(c, mesh, mcfg)
+    # a policy away from its reference: the per-token KL penalty (the only reward a random model earns here) is a
+    # real signal, not fp noise that whitening would blow up to O(1) advantages
+    keys = iter(jax.random.split(jax.random.PRNGKey(7), len(jax.tree.leaves(state["params"]))))
+    state = dict(state, params=jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape),
+                                            state["params"]))
+    ms = []
+    for batch in digits.make_batches(2, 2, seed=3):
+      state, m = step(state, batch)
+      ms.append(jax.device_get(m))
+    runs[nb] = (ms, jax.device_get(state))
+  (m1, s1), (m3, s3) = runs[1], runs[3]
+  assert [int(m["train/train_len"]) for m in m1] == [8, 8]
+  lens = [int(m["train/train_len"]) for m in m3]
+  assert min(lens) < 8 and lens == [min(s for s in (2, 4, 8) if s >= int(m["train/completion_len_max"])) for m in m3]
+  assert min(float(m["train/kl"]) for m in m1) > 1e-3
+  for a, b in zip(m1, m3):
+    np.testing.assert_array_equal(a["samples/tokens_NxL"], b["samples/tokens_NxL"])
+    # the on-policy surrogate is a sum of O(1) whitened advantages cancelling to ~0: compare it absolutely
+    np.testing.assert_allclose(b["train/loss"], a["train/loss"], rtol=0, atol=1e-6)
+    for k in ("train/value_loss", "train/grad_norm"):
+      np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-7, err_msg=k)
+  for k in ("params", "critic_params"):
+    for a, b in zip(jax.tree.leaves(s1[k]), jax.tree.leaves(s3[k])):
+      np.testing.assert_allclose(b, a, rtol=0, atol=1e-6)
