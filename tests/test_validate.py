@@ -44,6 +44,8 @@ BAD = [
     ("rl.overlong_frac", 1.5, "config.rl.overlong_frac"),
     ("rl.overlong_frac", 0.001, "config.rl.overlong_frac: 0.001 of sampling.max_new_tokens=48 is less than one"),
     ("rl.mu", 0, "config.rl.mu"),
+    ("rl.train_buckets", 0, "config.rl.train_buckets"),
+    ("sampling.exit_chunk", -1, "config.sampling.exit_chunk"),
     ("rl.minibatches", 3, "config.rl.minibatches"),
     ("rl.rollout_chunks", 3, "config.rl.rollout_chunks: 3 must split prompts_per_step*G"),
     ("rl.rollout_chunks", 0, "config.rl.rollout_chunks"),
