@@ -65,7 +65,7 @@ class Rollout(NamedTuple):
   status: jax.Array         # one per reward term: rewards.OK unless its Python call failed
   fallbacks: jax.Array      # samples a Python term replaced by its fallback score
   ds_kept: jax.Array | None  # dynamic sampling: kept groups with reward variance (None when off)
-  bucket: jax.Array         # index into train_lengths(config): the shortest covering the longest completion
+  bucket: jax.Array | None = None  # index into train_lengths(config): the shortest covering the longest completion
   decode_steps: jax.Array | None = None  # decode steps run: the slowest row chunk's (early exit: sampling.py)
 
 
