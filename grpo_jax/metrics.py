@@ -43,6 +43,8 @@ METRICS: dict[str, str] = {
     'train/completion_len_mean': 'mean completion length in tokens (up to and including EOS)',
     'train/completion_len_max': 'longest completion in tokens',
     'train/truncation_rate': 'fraction of completions with no EOS within max_new_tokens',
+    'train/decode_steps': 'decode steps the rollout ran: max_new_tokens - 1 unless every row ended early '
+                          '(sampling.exit_chunk early exit; with rollout chunks the slowest chunk\'s)',
     'train/train_len': 'completion tokens the update trained on: the shortest of rl.train_buckets static lengths '
                        'covering the longest completion',
     'train/grad_norm': 'global L2 norm of the gradient before clipping (mean over minibatch updates)',

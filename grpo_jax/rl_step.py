@@ -287,9 +287,12 @@ def rollout_metrics(config, ro: Rollout, adv_NxL) -> dict[str, jax.Array]:
       "train/completion_len_mean": ro.lengths_N.mean(),
       "train/completion_len_max": ro.lengths_N.max(),
       "train/truncation_rate": ro.truncated_N.mean(),
-      "train/train_len": jnp.asarray(train_lengths(config), jnp.int32)[ro.bucket],
       "train/reward_fallbacks": ro.fallbacks,
   }
+  if ro.bucket is not None:  # (a Rollout built by hand may leave these out)
+    m["train/train_len"] = jnp.asarray(train_lengths(config), jnp.int32)[ro.bucket]
+  if ro.decode_steps is not None:
+    m["train/decode_steps"] = ro.decode_steps
   if ro.ref_logp_NxL is not None:  # β = 0 has no reference model: no train/kl
     m["train/kl"] = masked_mean(losses.kl_k3(ro.old_logp_NxL, ro.ref_logp_NxL), mask)
   for name, r in ro.per_term.items():
