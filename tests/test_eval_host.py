@@ -100,3 +100,15 @@ def test_host_verifier_grades_like_the_training_reward(evaluator):
   ended = np.array([r[-1] == tok.eos_id for r in rows])
   stripped = [r[:-1] if e else r for r, e in zip(rows, ended)]
   assert reward([""] * len(rows), stripped, {**fields, "ended_N": ended}) == [1.0, 1.0, 0.0, 1.0, 1.0]
+
+
+def test_evaluation_decodes_with_the_training_early_exit(evaluator, monkeypatch):
+  """The greedy and sampled generate programs get sampling.exit_chunk from the config, like the training rollout:
+  their decodes stop once every row is done (the sampler's equality with the full decode: test_sampling.py)."""
+  ev, tok = evaluator
+  seen = []
+  monkeypatch.setattr(evaluation, "make_generate", lambda mcfg, scfg, *a, **kw: seen.append(scfg))
+  for chunk in (4, 0):
+    c = config_lib.override(ev.cfg, {"sampling.exit_chunk": chunk})
+    evaluation.Evaluator(c, model_lib.ModelConfig.from_config(c.model), tok, ev.mesh, ev.arrays)
+  assert [(s.greedy, s.exit_chunk) for s in seen] == [(True, 4), (False, 4), (True, 0), (False, 0)]

@@ -330,13 +330,14 @@ def early_eos(plain):
   return tuple(int(x) for x in np.argsort(-np.bincount(t0.ravel(), minlength=64))[:12])
 
 
-@pytest.mark.parametrize("chunk", [2, 4])
-def test_early_exit_equals_the_full_length_decode(params, early_eos, chunk):
-  """The chunked while_loop stops once every row is done (fewer decode steps) and returns exactly the full decode's
-  tokens, mask and log-probs; with rows that never end it runs all steps (chunk 4: 2 chunks + a remainder of 1)."""
-  for eos, ends_early in ((early_eos, True), (63, False)):
-    full = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0),
-                  S.SamplingConfig(max_new_tokens=L, eos_id=eos, pad_id=0, exit_chunk=0))
+def test_early_exit_equals_the_full_length_decode(params, plain, early_eos):
+  """The chunked while_loop (exit_chunk=4: 2 chunks + a remainder of 1 over the 9 decode steps) stops once every row
+  is done (fewer decode steps) and returns exactly the full decode's tokens, mask and log-probs; with rows that
+  never end it runs all steps. (`plain` is the full decode: its exit_chunk exceeds the steps.)"""
+  chunk = 4
+  full_early = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0),
+                      S.SamplingConfig(max_new_tokens=L, eos_id=early_eos, pad_id=0, exit_chunk=0))
+  for eos, full, ends_early in ((early_eos, full_early, True), (63, plain[1], False)):
     ee = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0),
                 S.SamplingConfig(max_new_tokens=L, eos_id=eos, pad_id=0, exit_chunk=chunk))
     assert int(full.decode_steps) == L - 1
