@@ -259,7 +259,17 @@ with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
   p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
   b = shard(P("batch", None))
   many = f(MCFG, p_sh, jax.device_put(prompt, b), jax.device_put(pmask, b), jax.random.PRNGKey(5), scfg)
+  # early exit with the rows split: the all-done check reduces over the row shards (EOS: the 12 ids the first
+  # decode drew most, so every row ends early)
+  eos = tuple(int(x) for x in np.argsort(-np.bincount(np.asarray(one.tokens_NxL).ravel(), minlength=64))[:12])
+  ee_cfg = S.SamplingConfig(temperature=1.5, top_k=20, max_new_tokens=8, eos_id=eos, pad_id=0, exit_chunk=2)
+  ee = f(MCFG, p_sh, jax.device_put(prompt, b), jax.device_put(pmask, b), jax.random.PRNGKey(5), ee_cfg)
+one_ee = f(MCFG, params, prompt, pmask, jax.random.PRNGKey(5), S.SamplingConfig(
+    temperature=1.5, top_k=20, max_new_tokens=8, eos_id=eos, pad_id=0, exit_chunk=0))
 print(json.dumps(dict(
+    ee_tokens=np.asarray(ee.tokens_NxL).tolist(), one_ee_tokens=np.asarray(one_ee.tokens_NxL).tolist(),
+    ee_logp=np.asarray(ee.logp_NxL).tolist(), one_ee_logp=np.asarray(one_ee.logp_NxL).tolist(),
+    ee_steps=int(ee.decode_steps), ee_lmax=int(np.asarray(one_ee.lengths_N).max()),
     one_tokens=np.asarray(one.tokens_NxL).tolist(), many_tokens=np.asarray(many.tokens_NxL).tolist(),
     one_logp=np.asarray(one.logp_NxL).tolist(), many_logp=np.asarray(many.logp_NxL).tolist(),
     shard_rows=many.tokens_NxL.addressable_shards[0].data.shape[0],
@@ -278,6 +288,10 @@ def test_batch_sharded_over_8_devices_matches_one_device():
   assert res["param_shards"] == 2  # heads split over tensor=2
   np.testing.assert_array_equal(res["many_tokens"], res["one_tokens"])
   np.testing.assert_allclose(res["many_logp"], res["one_logp"], atol=1e-5)
+  # the sharded early-exit decode stops at its chunk boundary and equals the one-device full-length decode
+  assert res["ee_steps"] == -(-res["ee_lmax"] // 2) * 2 < 7, (res["ee_steps"], res["ee_lmax"])
+  np.testing.assert_array_equal(res["ee_tokens"], res["one_ee_tokens"])
+  np.testing.assert_allclose(res["ee_logp"], res["one_ee_logp"], atol=1e-5)
 
 
 def test_two_level_inverse_cdf_matches_a_flat_search_and_skips_zero_mass():
