@@ -11,16 +11,34 @@ from grpo_jax import sharding
 from grpo_jax.tasks import digits
 
 
-@pytest.mark.parametrize("mode", ["separate", "head"])
-def test_ppo_step_updates_policy_and_critic(mode):
+def _setup(mode, chunks=1):
   c = presets.apply(digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=2, G=4, L=8),
                     "ppo")
   c.ppo.critic = mode
   c.optim.lr = 1e-3
   c.ppo.critic_lr = 1e-2
+  c.rl.rollout_chunks = chunks
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(64)
+  return c, mesh, mcfg, families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def separate_step():
+  """The separate-critic step in one rollout chunk: both tests below run it (compiled once)."""
+  return _setup("separate")
+
+
+def _batch():
+  batch = next(digits.make_batches(2, 1, seed=3))
+  batch["answer_ids_NxA"][:, 1:] = -1
+  return batch
+
+
+@pytest.mark.parametrize("mode", ["separate", "head"])
+def test_ppo_step_updates_policy_and_critic(mode, request):
+  c, mesh, mcfg, step = request.getfixturevalue("separate_step") if mode == "separate" else _setup(mode)
   state = ppo_step.init(c, mesh, mcfg)
   if mode == "separate":
     # The value network starts from the policy's weights: twice the trainable parameters.
@@ -29,10 +47,8 @@ def test_ppo_step_updates_policy_and_critic(mode):
   # The critic has its own optimizer state, at its own learning rate.
   assert float(state["opt_state"].hyperparams["learning_rate"]) == pytest.approx(1e-3)
   assert float(state["critic_opt_state"].hyperparams["learning_rate"]) == pytest.approx(1e-2)
-  step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
   v0 = np.asarray(state["critic_params"]["v_head"]["kernel"]).copy()
-  batch = next(digits.make_batches(2, 1, seed=3))
-  batch["answer_ids_NxA"][:, 1:] = -1
+  batch = _batch()
   state, m = step(state, batch)
   state, m = step(state, batch)
   assert np.isfinite(float(m["train/value_loss"])) and float(m["train/value_loss"]) > 0
@@ -41,23 +57,12 @@ def test_ppo_step_updates_policy_and_critic(mode):
   assert step.traces() == 1
 
 
-def test_ppo_step_in_rollout_chunks_equals_one_chunk():
+def test_ppo_step_in_rollout_chunks_equals_one_chunk(separate_step):
   """The critic's value forward runs in the rollout's row chunks too: 2 chunks give the same samples, values and
   update as one (fp32 rounding)."""
   out = []
-  for chunks in (1, 2):
-    c = presets.apply(digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=2, G=4,
-                                          L=8), "ppo")
-    c.ppo.critic = "separate"
-    c.optim.lr = 1e-3
-    c.rl.rollout_chunks = chunks
-    mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-    mcfg = model_lib.ModelConfig.from_config(c.model)
-    spec = digits.reward_spec(64)
-    step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
-    batch = next(digits.make_batches(2, 1, seed=3))
-    batch["answer_ids_NxA"][:, 1:] = -1
-    state, m = step(ppo_step.init(c, mesh, mcfg), batch)
+  for c, mesh, mcfg, step in (separate_step, _setup("separate", chunks=2)):
+    state, m = step(ppo_step.init(c, mesh, mcfg), _batch())
     out.append((jax.device_get(m), jax.device_get(state)))
   (m1, s1), (m2, s2) = out
   np.testing.assert_array_equal(m1["samples/tokens_NxL"], m2["samples/tokens_NxL"])
