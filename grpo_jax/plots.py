@@ -1,7 +1,8 @@
 """Training curves from metrics.jsonl into workdir/plots/*.png; safe to call while the run is writing.
 
 Uses matplotlib's object API with the Agg canvas (no pyplot global state, no display needed). Each PNG is written
-to a temporary file and renamed, so a reader never sees half a PNG.
+to a temporary file and renamed, so a reader never sees half a PNG. matplotlib is imported on the first plot: a run
+that never plots (train.plot_every=0, every test subprocess) does not pay its import.
 """
 
 from __future__ import annotations
@@ -9,15 +10,15 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
-from matplotlib.ticker import MaxNLocator
 
 from grpo_jax import metrics as metrics_lib
+
+if TYPE_CHECKING:
+  from matplotlib.figure import Figure
 
 # panel -> (title, y label, regexes of the metric names it draws). Patterns let reward terms and pass@k show up.
 PANELS: dict[str, tuple[str, str, tuple[str, ...]]] = {
@@ -49,6 +50,7 @@ def _series(rows: list[dict[str, Any]], patterns: tuple[str, ...]) -> dict[str, 
 
 
 def _draw(ax, title: str, ylabel: str, series: dict[str, tuple[np.ndarray, np.ndarray]]) -> None:
+  from matplotlib.ticker import MaxNLocator  # pylint: disable=g-import-not-at-top
   ax.set_title(title)
   ax.set_xlabel('step')
   ax.set_ylabel(ylabel)
@@ -63,6 +65,7 @@ def _draw(ax, title: str, ylabel: str, series: dict[str, tuple[np.ndarray, np.nd
 
 
 def _save(fig: Figure, path: str) -> None:
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   FigureCanvasAgg(fig)
   tmp = path + '.tmp'
   fig.savefig(tmp, format='png', dpi=100)
@@ -73,6 +76,7 @@ def write_plots(workdir: str) -> dict[str, str]:
   """Writes one PNG per panel that has data, plus overview.png with all panels; returns {panel: path}."""
   if jax.process_index() != 0:
     return {}
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top,redefined-outer-name
   rows = metrics_lib.read_metrics(workdir)
   out_dir = os.path.join(workdir, 'plots')
   os.makedirs(out_dir, exist_ok=True)

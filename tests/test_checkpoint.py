@@ -280,7 +280,8 @@ def test_two_processes_save_corrupt_fallback_resave(tmp_path):
   with socket.socket() as s:
     s.bind(('127.0.0.1', 0))
     port = s.getsockname()[1]
-  env = dict(os.environ, JAX_PLATFORMS='cpu', XLA_FLAGS='--xla_force_host_platform_device_count=2',
+  env = dict(os.environ, JAX_PLATFORMS='cpu',
+             XLA_FLAGS=os.environ['XLA_FLAGS'] + ' --xla_force_host_platform_device_count=2',
              PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   procs = [subprocess.Popen([sys.executable, '-c', _TWO_PROCESS_SCRIPT, str(i), str(port), str(tmp_path / 'ck')],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for i in (0, 1)]
@@ -366,7 +367,8 @@ print('OK')
 def test_checksums_do_not_depend_on_the_sharding():
   import subprocess
   import sys
-  env = dict(os.environ, XLA_FLAGS='--xla_force_host_platform_device_count=4', JAX_PLATFORMS='cpu',
+  env = dict(os.environ, XLA_FLAGS=os.environ['XLA_FLAGS'] + ' --xla_force_host_platform_device_count=4',
+             JAX_PLATFORMS='cpu',
              PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   out = subprocess.run([sys.executable, '-c', _SHARDED_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0 and 'OK' in out.stdout, out.stderr[-3000:]

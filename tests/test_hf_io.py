@@ -297,5 +297,5 @@ print("OK", sum(len(set(str(x.sharding.spec) for x in jax.tree.leaves(got))) for
   repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=repo, timeout=120,
                      env=dict(os.environ, PYTHONPATH=repo, JAX_PLATFORMS="cpu",
-                              XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+                              XLA_FLAGS=os.environ["XLA_FLAGS"] + " --xla_force_host_platform_device_count=4"))
   assert r.returncode == 0 and "OK" in r.stdout, r.stderr[-3000:]

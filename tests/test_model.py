@@ -293,11 +293,14 @@ def test_attention_and_unroll_options():
     M.ModelConfig(**{**TINY, "kv_heads": 2, "attention": "flash"})
   with pytest.raises(ValueError, match="model.layer_unroll"):
     M.ModelConfig(**{**TINY, "kv_heads": 2, "layer_unroll": "decode"})
-  # 'auto' unrolls shallow models only (compile time grows with depth); unrolled, the backward has no layer loop
+  # 'auto' unrolls shallow models only (compile time grows with depth); unrolled, the backward has no layer loop.
+  # The program as JAX emits it: XLA:CPU's elemental emitters (the tests' flags) turn the embedding gradient's
+  # scatter into a loop of their own, which is not a layer loop.
   assert base.layer_unroll == "all"
   grad_hlo = lambda mcfg: jax.jit(jax.grad(lambda p: M.token_logprobs(mcfg, p, tokens, pos, mask)[0].sum())).lower(
-      params).compile().as_text()
-  assert " while(" not in grad_hlo(base) and " while(" in grad_hlo(dataclasses.replace(base, layer_unroll="none"))
+      params).as_text()
+  assert "stablehlo.while" not in grad_hlo(base)
+  assert "stablehlo.while" in grad_hlo(dataclasses.replace(base, layer_unroll="none"))
   assert M.ModelConfig(**{**TINY, "layers": M.UNROLL_MAX_LAYERS + 1}).layer_unroll == "none"
 
 

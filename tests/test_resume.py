@@ -12,9 +12,12 @@ import time
 import numpy as np
 import pytest
 
+# 16 new tokens (not the config's 72) and 2 eval samples a prompt: decoding is most of a run's time, and nothing
+# here needs long completions.
 ARGS = ["--config=configs/grpo_arith.py:runlocal", "--config.sft.steps=0", "--config.train.steps=6",
         "--config.train.ckpt_every=2", "--config.train.eval_every=3", "--config.train.plot_every=0",
-        "--config.eval.size=32", "--config.log.tensorboard=False"]
+        "--config.eval.size=32", "--config.eval.n_samples=2", "--config.sampling.max_new_tokens=16",
+        "--config.log.tensorboard=False"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

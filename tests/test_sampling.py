@@ -279,7 +279,8 @@ print(json.dumps(dict(
 
 def test_batch_sharded_over_8_devices_matches_one_device():
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8", JAX_PLATFORMS="cpu")
+  env = dict(os.environ, XLA_FLAGS=os.environ["XLA_FLAGS"] + " --xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
   out = subprocess.run([sys.executable, "-c", _SHARDED, root], env=env, capture_output=True, text=True,
                        timeout=300, cwd=root)
   assert out.returncode == 0, out.stderr[-3000:]
