@@ -23,7 +23,8 @@ _POSITIVE = ("pretrain.steps", "pretrain.batch", "zero.steps", "cold_start.examp
              "cold_start.batch", "grpo.steps", "rejection.prompts", "rejection.n", "rejection.keep_per_prompt",
              "sft2.steps", "sft2.batch", "final.steps")
 _PROBS = ("pretrain.template_frac", "pretrain.tag_frac", "pretrain.mix_frac", "pretrain.mistake_frac",
-          "pretrain.noise_frac", "cold_start.mistake_frac", "rejection.general_frac")
+          "pretrain.noise_frac", "cold_start.mistake_frac", "rejection.general_frac",
+          "rejection.general_noise_frac")
 
 
 def derive(config, updates: dict[str, Any]) -> ml_collections.ConfigDict:
