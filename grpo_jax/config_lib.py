@@ -145,7 +145,9 @@ def base_config() -> ml_collections.ConfigDict:
                      general_noise_frac=0.5),  # general documents carrying a forbidden word (raw web text)
       sft2=dict(steps=100, batch=32, lr=1e-3, warmup_steps=10),
       final=dict(steps=20, rewards=(("accuracy", 1.0), ("format", 0.5), ("language", 0.5), ("brevity", 0.2),
-                                    ("harmless", 0.5))),
+                                    ("harmless", 0.5)),
+                 # The final stage's own optimiser/regulariser (0 / -1 / '' = optim.lr / rl.beta / rl.reward_norm).
+                 lr=0.0, beta=-1.0, reward_norm=""),
       # Held-out comparison of every model (r1/heldout.py): like `eval`, on its own sizes.
       report=dict(size=256, batch=128, n_samples=4, pass_k=(1, 4)),
   ))

@@ -112,3 +112,32 @@ def test_general_text_carries_the_forbidden_word_at_its_rate():
     clean = [r["text"].replace(" ugh", "") for r in recs]
     c.r1.rejection.general_noise_frac = 0.0
     assert clean == [r["text"] for r in rejection._general_records(c, task, tok, examples, 200)]
+
+
+def test_final_stage_knobs_reach_only_the_final_stage():
+  from configs import r1_pipeline
+  from grpo_jax.r1 import stage_config
+  c = r1_pipeline.get_config("small")
+  same = stage_config.for_stage(c, "r1_5_final")
+  assert (same.optim.lr, same.rl.beta, same.rl.reward_norm) == (c.optim.lr, c.rl.beta, c.rl.reward_norm)  # inherit
+  c.r1.final.update(lr=3e-5, beta=0.5, reward_norm="per_term")
+  f = stage_config.for_stage(c, "r1_5_final")
+  assert (f.optim.lr, f.rl.beta, f.rl.reward_norm) == (3e-5, 0.5, "per_term")
+  for stage in ("r1_zero", "r1_2_grpo"):
+    g = stage_config.for_stage(c, stage)
+    assert (g.optim.lr, g.rl.beta, g.rl.reward_norm) == (c.optim.lr, c.rl.beta, c.rl.reward_norm), stage
+  c.r1.final.beta = 0.0  # β = 0 is a value, not "inherit"
+  assert stage_config.for_stage(c, "r1_5_final").rl.beta == 0.0
+
+
+@pytest.mark.parametrize("key,value,needle", [("lr", -1e-4, "r1.final.lr"), ("beta", -0.5, "r1.final.beta"),
+                                              ("reward_norm", "bogus", "r1.final.lr / beta / reward_norm")])
+def test_final_stage_knobs_bad_values_are_one_line(key, value, needle):
+  from configs import r1_pipeline
+  from grpo_jax import validate as validate_lib
+  from grpo_jax.r1 import stage_config
+  c = r1_pipeline.get_config("small")
+  c.r1.final[key] = value
+  with pytest.raises(validate_lib.ConfigError) as e:
+    stage_config.validate(c, ("r1_5_final",))
+  assert needle in str(e.value) and "\n" not in str(e.value)
