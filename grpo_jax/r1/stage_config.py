@@ -103,8 +103,8 @@ def validate(config, stages) -> None:
                       f"{task_registry.names('worked_solutions')}.")
   for group in RL_STAGES.values():
     for name, _ in r1[group].rewards:
-      if name not in r1_rewards.TRACKED:
-        validate_lib.fail(f"r1.{group}.rewards", f"unknown term {name!r}; choose from {sorted(r1_rewards.TRACKED)}.")
+      if name not in r1_rewards.KNOWN:
+        validate_lib.fail(f"r1.{group}.rewards", f"unknown term {name!r}; choose from {sorted(r1_rewards.KNOWN)}.")
   try:
     r1_rewards.make_harmless(tuple(r1.forbidden))
   except ValueError as e:
