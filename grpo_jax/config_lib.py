@@ -144,7 +144,8 @@ def base_config() -> ml_collections.ConfigDict:
       rejection=dict(prompts=256, n=8, temperature=1.0, keep_per_prompt=1, general_frac=0.25,
                      general_noise_frac=0.5),  # general documents carrying a forbidden word (raw web text)
       sft2=dict(steps=100, batch=32, lr=1e-3, warmup_steps=10),
-      final=dict(steps=20, rewards=(("accuracy", 1.0), ("format", 0.5), ("language", 0.5), ("brevity", 0.2),
+      # brevity_correct, not brevity: a length reward on wrong answers cut stage 4's reasoning (docs/r1.md, stage 5).
+      final=dict(steps=20, rewards=(("accuracy", 1.0), ("format", 0.5), ("language", 0.5), ("brevity_correct", 0.2),
                                     ("harmless", 0.5)),
                  # The final stage's own optimiser/regulariser (0 / -1 / '' = optim.lr / rl.beta / rl.reward_norm).
                  lr=0.0, beta=-1.0, reward_norm=""),
