@@ -242,10 +242,11 @@ def term_shares(config, ro: Rollout) -> dict[str, jax.Array]:
   dr_grpo, rloo) A_i is the group's centred reward times one scale per group (1/(std+eps), 1, G/(G-1)), so
   a_k = scale · w_k · (r_k − group mean of r_k); under reward_norm='per_term' a_k = w_k · (term k normalised in its
   group) / the batch std. A KL penalty folded into the reward (rl.kl_in='reward') is its own term, `kl_penalty`.
-  Per-token estimators (REINFORCE++) mix the KL into every token and get no shares ({})."""
+  Per-token estimators (REINFORCE++) mix the KL into every token, and PPO's GAE is not a group estimator: they get
+  no shares ({})."""
   rl, G = config.rl, config.rl.G
-  est = advantages.ESTIMATORS[rl.advantage]
-  if est.per_token:
+  est = advantages.ESTIMATORS.get(rl.advantage)
+  if est is None or est.per_token:
     return {}
   kl_NxL, r_BxG, penalty_N = _kl_and_rewards(config, ro)
   ctx = advantages.Context(ro.mask_NxL, jax.lax.stop_gradient(kl_NxL), rl)

@@ -75,3 +75,18 @@ def test_runs_without_a_report_are_left_out(tmp_path):
   js = json.loads((tmp_path / "r1_seeds.json").read_text())
   assert js["n"] == 4 and js["stages"]["base"]["accuracy_last_number"]["n"] == 4
   assert seeds_report.write(str(tmp_path / "seed=0"), []) == ""
+
+
+def test_the_sweep_writes_the_seed_report_for_the_pipeline(tmp_path, monkeypatch):
+  """sweep.write_report (every mode that runs, and --mode=report) adds r1_seeds.md/.json for job=r1_pipeline."""
+  from configs import r1_pipeline
+  from grpo_jax import sweep
+  acc = _acc({"base": 0.2, "r1_zero": 0.3, "r1_4_sft": 0.5, "r1_5_final": 0.5})
+  dirs = _runs(tmp_path, acc, {})
+  c = r1_pipeline.get_config("small")
+  runs = [sweep.Run(os.path.basename(d), "run", i, {"run_seed": i}, {}, c, d) for i, d in enumerate(dirs)]
+  monkeypatch.setattr(sweep, "finished", lambda r: True)
+  sweep.write_report(str(tmp_path), runs, ("report/*/accuracy_last_number",), title="t", header="Command: `x`")
+  md = (tmp_path / "r1_seeds.md").read_text()
+  assert "Command: `x`" in md and "over 5 seeds" in md and "| accuracy_last_number | 0.2 ± 0.02 |" in md
+  assert json.loads((tmp_path / "r1_seeds.json").read_text())["n"] == 5
