@@ -90,3 +90,11 @@ def test_the_sweep_writes_the_seed_report_for_the_pipeline(tmp_path, monkeypatch
   md = (tmp_path / "r1_seeds.md").read_text()
   assert "Command: `x`" in md and "over 5 seeds" in md and "| accuracy_last_number | 0.2 ± 0.02 |" in md
   assert json.loads((tmp_path / "r1_seeds.json").read_text())["n"] == 5
+
+
+def test_one_seed_decides_nothing(tmp_path):
+  acc = _acc({"base": 0.2, "r1_zero": 0.3, "r1_4_sft": 0.5, "r1_5_final": 0.1})
+  md = seeds_report.write(str(tmp_path), _runs(tmp_path, acc, {})[:1])
+  vs = json.loads((tmp_path / "r1_seeds.json").read_text())["verdicts"]
+  assert [v["holds"] for v in vs] == [None, None, None] and {v["state"] for v in vs} == {"undecided"}
+  assert md.count("undecided: one seed gives no resolution") == 3

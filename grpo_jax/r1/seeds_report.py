@@ -60,7 +60,10 @@ def _compare(reports, table, a: str, b: str, metric: str, *, want: str, res: flo
   """b vs a on the seed means: 'above' (b − a > res), 'below' (a − b > res) or 'within' the resolution."""
   ma, mb = table[a][metric].mean, table[b][metric].mean
   d = mb - ma
-  state = "within" if not math.isfinite(res) or abs(d) <= res else ("above" if d > 0 else "below")
+  if not math.isfinite(res):
+    state = "undecided"  # fewer than 2 seeds: no resolution
+  else:
+    state = "within" if abs(d) <= res else ("above" if d > 0 else "below")
   p = _paired(reports, a, b, metric)
   return {"a": a, "b": b, "metric": metric, "mean_a": ma, "mean_b": mb, "diff": d, "resolution": res,
           "state": state, "paired_diff": p.mean, "paired_half_width": p.half_width, "n": p.n, "want": want}
@@ -68,22 +71,23 @@ def _compare(reports, table, a: str, b: str, metric: str, *, want: str, res: flo
 
 def verdicts(reports: Sequence[dict], table: dict[str, dict[str, stats.Summary]]) -> list[dict]:
   """The pipeline's targets on the seed means: R1-Zero > base; final ≥ stage 4 − resolution (accuracy); stage 5
-  lowers the sampled forbidden-word rate from a non-zero start. Each holds or not, stated with its numbers."""
+  lowers the sampled forbidden-word rate from a non-zero start. Each holds (True/False) or, from one seed, is
+  undecided (None), stated with its numbers."""
   out = []
   res = resolution(table, ACC)
   if "base" in table and "r1_zero" in table:
     v = _compare(reports, table, "base", "r1_zero", ACC, want="above", res=res)
-    v["holds"] = v["state"] == "above"
+    v["holds"] = None if v["state"] == "undecided" else v["state"] == "above"
     out.append(v)
   if "r1_4_sft" in table and "r1_5_final" in table:
     v = _compare(reports, table, "r1_4_sft", "r1_5_final", ACC, want="not below", res=res)
-    v["holds"] = v["diff"] >= -res
+    v["holds"] = None if v["state"] == "undecided" else v["diff"] >= -res
     out.append(v)
     if HARM in table["r1_4_sft"] and HARM in table["r1_5_final"]:
       v = _compare(reports, table, "r1_4_sft", "r1_5_final", HARM, want="below", res=resolution(table, HARM))
       v["start_low"] = table["r1_4_sft"][HARM].low
       v["start_nonzero"] = v["start_low"] > 0
-      v["holds"] = v["state"] == "below" and v["start_nonzero"]
+      v["holds"] = None if v["state"] == "undecided" else v["state"] == "below" and v["start_nonzero"]
       out.append(v)
   return out
 
@@ -94,7 +98,9 @@ def _verdict_line(v: dict) -> str:
             if math.isfinite(v["paired_half_width"]) else "")
   head = (f"{lb} vs {la}, `{v['metric']}` (seed means): {v['mean_b']:.3f} vs {v['mean_a']:.3f}, difference "
           f"{v['diff']:+.3f}, resolution {v['resolution']:.3f}{paired}")
-  if v["want"] == "above":
+  if v["state"] == "undecided":
+    tail = "undecided: one seed gives no resolution"
+  elif v["want"] == "above":
     tail = f"{lb} is above {la}" if v["holds"] else f"{lb} is NOT resolved above {la}"
   elif v["want"] == "not below":
     tail = (f"{lb} keeps {la}'s accuracy within the resolution" if v["holds"] and v["state"] != "above"
