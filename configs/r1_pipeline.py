@@ -13,7 +13,8 @@ Results: mean ± 95% CI over seeds, one command (docs/r1.md, "Results over seeds
 
 One seed of the default takes ~4 min on a quiet 2-core CPU (36 min at load average 7-11, 2026-12-01). The final
 stage rewards brevity only for verified answers (`brevity_correct`): plain brevity lost 0.055 held-out accuracy
-against stage 4 on a measured stage-4 checkpoint, brevity_correct 0.012 (docs/r1.md, "Stage 5"). `:small`: a
+against stage 4 on one stage-4 checkpoint, brevity_correct 0.012; over seeds 0-2 the final stage still loses 0.043
+on average (docs/r1.md, "Stage 5": not fixed). `:small`: a
 plumbing and timing check (18 min wall at load 8-15, 2026-11-30).
 """
 from grpo_jax import config_lib
