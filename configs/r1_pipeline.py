@@ -7,10 +7,15 @@ Args: `small`, `algo=<preset>` (grpo_jax/presets.py) for the RL stages (default 
 Stages write DIR/<stage>/ (base, r1_zero, r1_1_cold_start, r1_2_grpo, r1_3_rejection, r1_4_sft, r1_5_final); a
 restarted command skips finished stages. DIR/report.md compares every model on held-out prompts.
 
-Default, measured 2026-11-30 on the 2-core CPU (load average 4-8): 14 min wall (50 min at load 9-18); held-out
-greedy accuracy (last-number rule) base 0.219, R1-Zero 0.277, R1 final 0.434 (measured with the group std's
-ddof=0, the default then; now ddof=1, not re-measured). `:small`: 18 min wall at load 8-15 (2026-11-30; ~8 min at load 4-10). Tables and stage times: docs/r1.md,
-docs/r1_default/.
+Results: mean ± 95% CI over seeds, one command (docs/r1.md, "Results over seeds"):
+
+  python -m grpo_jax.sweep --config=configs/r1_pipeline.py --workdir=DIR --seeds=5 --mode=serial   # DIR/r1_seeds.md
+
+One seed of the default takes ~4 min on a quiet 2-core CPU (36 min at load average 7-11, 2026-12-01). The final
+stage rewards brevity only for verified answers (`brevity_correct`): plain brevity lost 0.055 held-out accuracy
+against stage 4 on one stage-4 checkpoint, brevity_correct 0.012; over seeds 0-2 the final stage still loses 0.043
+on average (docs/r1.md, "Stage 5": not fixed). `:small`: a
+plumbing and timing check (18 min wall at load 8-15, 2026-11-30).
 """
 from grpo_jax import config_lib
 from grpo_jax import presets

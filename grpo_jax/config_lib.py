@@ -145,10 +145,14 @@ def base_config() -> ml_collections.ConfigDict:
       zero=dict(steps=100, rewards=(("format", 1.0), ("accuracy", 1.0))),
       cold_start=dict(examples=256, steps=40, batch=32, lr=1e-3, warmup_steps=10, mistake_frac=0.1),
       grpo=dict(steps=30, rewards=(("accuracy", 1.0), ("format", 0.5), ("language", 0.5))),
-      rejection=dict(prompts=256, n=8, temperature=1.0, keep_per_prompt=1, general_frac=0.25),
+      rejection=dict(prompts=256, n=8, temperature=1.0, keep_per_prompt=1, general_frac=0.25,
+                     general_noise_frac=0.5),  # general documents carrying a forbidden word (raw web text)
       sft2=dict(steps=100, batch=32, lr=1e-3, warmup_steps=10),
-      final=dict(steps=20, rewards=(("accuracy", 1.0), ("format", 0.5), ("language", 0.5), ("brevity", 0.2),
-                                    ("harmless", 0.5))),
+      # brevity_correct, not brevity: a length reward on wrong answers cut stage 4's reasoning (docs/r1.md, stage 5).
+      final=dict(steps=20, rewards=(("accuracy", 1.0), ("format", 0.5), ("language", 0.5), ("brevity_correct", 0.2),
+                                    ("harmless", 0.5)),
+                 # The final stage's own optimiser/regulariser (0 / -1 / '' = optim.lr / rl.beta / rl.reward_norm).
+                 lr=0.0, beta=-1.0, reward_norm=""),
       # Held-out comparison of every model (r1/heldout.py): like `eval`, on its own sizes.
       report=dict(size=256, batch=128, n_samples=4, pass_k=(1, 4)),
   ))

@@ -219,35 +219,90 @@ def signal_rewards(rl, r_N: jax.Array, terms_NxK: jax.Array, w_K: jax.Array, G: 
   return r_N.reshape(-1, G)
 
 
-def compute_advantages(config, ro: Rollout) -> jax.Array:
+def _kl_and_rewards(config, ro: Rollout):
+  """The per-token KL and the group rewards the outcome advantage normalises (with the KL penalty folded in when
+  rl.kl_in='reward' and the estimator does not fold it itself), and that penalty per sample (0 otherwise)."""
   rl, G = config.rl, config.rl.G
-  est = advantages.ESTIMATORS[rl.advantage]
-  r_BxG = ro.r_N.reshape(-1, G)
   if ro.ref_logp_NxL is None:  # β = 0: every KL term is multiplied by 0
     kl_NxL = jnp.zeros_like(ro.mask_NxL)
   else:
     kl_NxL = losses.kl_estimate(rl.kl_estimator, ro.old_logp_NxL, ro.ref_logp_NxL, k3_clamp=rl.kl_clamp) * ro.mask_NxL
-  if rl.kl_in == "reward" and not est.kl_in_advantage:
+  penalty_N = jnp.zeros_like(ro.r_N)
+  if rl.kl_in == "reward" and not advantages.ESTIMATORS[rl.advantage].kl_in_advantage:
     # Sequence-level KL penalty folded into the outcome reward before normalisation.
-    r_BxG = r_BxG - rl.beta * kl_NxL.sum(-1).reshape(-1, G)
+    penalty_N = -rl.beta * kl_NxL.sum(-1)
+  return kl_NxL, (ro.r_N + penalty_N).reshape(-1, G), penalty_N
+
+
+def _outcome_advantages(config, ro: Rollout, r_BxG, ctx) -> jax.Array:
+  """adv_BxG of a sequence-level estimator: of the summed reward, or (reward_norm='per_term') GDPO's."""
+  rl, est = config.rl, advantages.ESTIMATORS[config.rl.advantage]
+  if rl.reward_norm == "per_term":
+    # GDPO: each term normalised in its group, weighted sum, batch std (validation keeps the KL out of r here).
+    terms_BxGxK = ro.terms_NxK.reshape(-1, rl.G, ro.terms_NxK.shape[1])
+    return advantages.decoupled(terms_BxGxK, ro.term_w_K, lambda r: est.fn(r, ctx), std_eps=rl.std_eps,
+                                ddof=rl.std_ddof)
+  return est.fn(r_BxG, ctx)
+
+
+def compute_advantages(config, ro: Rollout) -> jax.Array:
+  rl, G = config.rl, config.rl.G
+  est = advantages.ESTIMATORS[rl.advantage]
+  kl_NxL, r_BxG, _ = _kl_and_rewards(config, ro)
   ctx = advantages.Context(ro.mask_NxL, jax.lax.stop_gradient(kl_NxL), rl)
   if est.per_token:
     adv_NxL = est.fn(r_BxG, ctx)
   else:
-    if rl.reward_norm == "per_term":
-      # GDPO: each term normalised in its group, weighted sum, batch std (validation keeps the KL out of r here).
-      terms_BxGxK = ro.terms_NxK.reshape(-1, G, ro.terms_NxK.shape[1])
-      adv_BxG = advantages.decoupled(terms_BxGxK, ro.term_w_K, lambda r: est.fn(r, ctx), std_eps=rl.std_eps,
-                                     ddof=rl.std_ddof)
-    else:
-      adv_BxG = est.fn(r_BxG, ctx)
-    adv_NxL = advantages.broadcast_to_tokens(adv_BxG.reshape(-1), ro.mask_NxL)
+    adv_NxL = advantages.broadcast_to_tokens(_outcome_advantages(config, ro, r_BxG, ctx).reshape(-1), ro.mask_NxL)
   if rl.process_weight > 0:
     s_r, s_end, s_valid = ro.steps
     p_adv = advantages.process_advantages(s_r, s_end, s_valid, ro.mask_NxL, G=G, std_eps=rl.std_eps,
                                           ddof=rl.std_ddof)
     adv_NxL = advantages.combine(adv_NxL, p_adv, w_outcome=1.0, w_process=rl.process_weight)
   return adv_NxL * ro.mask_NxL
+
+
+def term_names(ro: Rollout) -> list[str]:
+  """The names of terms_NxK's columns: the reward terms, then DAPO's overlong penalty when it is on."""
+  names = list(ro.per_term)
+  return names + ["overlong"] * (ro.terms_NxK.shape[1] - len(names))
+
+
+def term_shares(config, ro: Rollout) -> dict[str, jax.Array]:
+  """Each reward term's share of the outcome advantage: A = Σ_k a_k exactly, and share_k = <a_k, A> / <A, A> (the
+  shares sum to 1; a term pulling against the others has a negative share). For the group estimators (grpo,
+  dr_grpo, rloo) A_i is the group's centred reward times one scale per group (1/(std+eps), 1, G/(G-1)), so
+  a_k = scale · w_k · (r_k − group mean of r_k); under reward_norm='per_term' a_k = w_k · (term k normalised in its
+  group) / the batch std. A KL penalty folded into the reward (rl.kl_in='reward') is its own term, `kl_penalty`.
+  Per-token estimators (REINFORCE++) mix the KL into every token, and PPO's GAE is not a group estimator: they get
+  no shares ({})."""
+  rl, G = config.rl, config.rl.G
+  est = advantages.ESTIMATORS.get(rl.advantage)
+  if est is None or est.per_token:
+    return {}
+  kl_NxL, r_BxG, penalty_N = _kl_and_rewards(config, ro)
+  ctx = advantages.Context(ro.mask_NxL, jax.lax.stop_gradient(kl_NxL), rl)
+  adv_BxG = jax.lax.stop_gradient(_outcome_advantages(config, ro, r_BxG, ctx))
+  names = term_names(ro)
+  terms_BxGxK = ro.terms_NxK.reshape(-1, G, len(names)).astype(jnp.float32)
+  w_K = ro.term_w_K
+  if rl.kl_in == "reward" and rl.reward_norm != "per_term":
+    names, w_K = names + ["kl_penalty"], jnp.concatenate([w_K, jnp.ones((1,), jnp.float32)])
+    terms_BxGxK = jnp.concatenate([terms_BxGxK, penalty_N.reshape(-1, G, 1)], axis=2)
+  if rl.reward_norm == "per_term":
+    parts_BxGxK = jax.vmap(lambda r: est.fn(r, ctx), in_axes=2, out_axes=2)(terms_BxGxK) * w_K
+    axes = None  # one scale for the batch: the batch std
+  else:
+    parts_BxGxK = (terms_BxGxK - terms_BxGxK.mean(axis=1, keepdims=True)) * w_K
+    axes = 1  # one scale per group
+  total_BxG = parts_BxGxK.sum(-1)
+  # The scale, fitted exactly: A = s · total (s = 0 where total is 0: a group without signal).
+  den = jnp.sum(total_BxG * total_BxG, axis=axes, keepdims=True)
+  s = jnp.where(den > 0, jnp.sum(adv_BxG * total_BxG, axis=axes, keepdims=True) / jnp.where(den > 0, den, 1.0), 0.0)
+  a_BxGxK = parts_BxGxK * s[..., None]
+  norm = jnp.sum(adv_BxG * adv_BxG)
+  share_K = jnp.where(norm > 0, jnp.einsum("bgk,bg->k", a_BxGxK, adv_BxG) / jnp.where(norm > 0, norm, 1.0), 0.0)
+  return {name: share_K[k] for k, name in enumerate(names)}
 
 
 def policy_loss_kwargs(config) -> dict:
@@ -297,6 +352,8 @@ def rollout_metrics(config, ro: Rollout, adv_NxL) -> dict[str, jax.Array]:
     m["train/kl"] = masked_mean(losses.kl_k3(ro.old_logp_NxL, ro.ref_logp_NxL), mask)
   for name, r in ro.per_term.items():
     m[f"train/reward/{name}"] = r.mean()
+  for name, share in term_shares(config, ro).items():
+    m[f"train/adv_share/{name}"] = share
   if ro.ds_kept is not None:
     m["train/dynamic_sampling_kept"] = ro.ds_kept
   return m

@@ -187,7 +187,13 @@ def write_report(workdir: str, runs: Sequence[Run], metrics: Sequence[str], *, t
       points[r.point].append(r.workdir)
   points = {p: d for p, d in points.items() if d}
   cells = sweep_report.collect(points, metrics)
-  return sweep_report.write(workdir, cells, title=title, header=header, keys=keys)
+  md = sweep_report.write(workdir, cells, title=title, header=header, keys=keys)
+  if runs and runs[0].config.job == "r1_pipeline":
+    # The R1 pipeline's own table: every stage × metric over seeds, and its verdicts (r1/seeds_report.py).
+    from grpo_jax.r1 import seeds_report  # pylint: disable=g-import-not-at-top
+    for p, dirs in points.items():
+      seeds_report.write(workdir, dirs, header=header, name="r1_seeds" if len(points) == 1 else f"r1_seeds_{p}")
+  return md
 
 
 def default_metrics(config) -> tuple[str, ...]:

@@ -26,7 +26,7 @@ GREEDY = {0: RIGHT,                                                            #
           1: ("ugh add 1 + 1 = 2 ; zu {y}", True),                            # untagged, forbidden word, 1 a + 1 b
           2: ("<think> add 3 + 4 = 8 ; wait , recheck add 3 + 4 = 7 ; </think> <answer> {y1} </answer>", True),
           3: ("<think> zu {y} + 0 = {y}", False)}                              # truncated: no format, last number y
-SAMPLED = {0: [RIGHT, WRONG], 1: [("so {y}", True)] * 2, 2: [RIGHT, RIGHT], 3: [WRONG, ("so {y}", True)]}
+SAMPLED = {0: [RIGHT, WRONG], 1: [("so {y}", True), ("ugh so {y}", True)], 2: [RIGHT, RIGHT], 3: [WRONG, ("so {y}", True)]}
 
 
 def _ids(tok, spec, y):
@@ -86,7 +86,9 @@ def test_heldout_metrics_match_hand_computed(evaluator):
       # Last number: c = 1, 2, 2, 1; q3 ties y+1 (first) vs y -> wrong.
       "pass@1_last_number": (1 / 2 + 1 + 1 + 1 / 2) / 4, "pass@2_last_number": 1.0, "cons@2_last_number": 3 / 4,
       # Sampled: q0, q2 all a-words in a prompts (1); q1 "so" in a b prompt (0); q3 a-words in a b prompt (0).
-      "language_consistency_sampled": 4 / 8}
+      "language_consistency_sampled": 4 / 8,
+      "forbidden_rate_sampled": 1 / 8,  # q1's second sample
+      "completion_len_mean_sampled": np.mean([len(_ids(tok, t, ys[q])) for q in range(4) for t in SAMPLED[q]])}
   assert list(m) == list(want)  # report.json's key order
   for k, v in want.items():
     np.testing.assert_allclose(m[k], v, rtol=1e-6, err_msg=k)

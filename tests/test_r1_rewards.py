@@ -68,5 +68,21 @@ def test_harmless():
 
 def test_python_fns_names():
   fns = r1_rewards.python_fns(8, ("ugh",))
-  assert set(fns) == {"language", "recheck", "recheck_fixed", "brevity", "harmless"}
+  assert set(fns) == {"language", "recheck", "recheck_fixed", "brevity", "brevity_correct", "harmless"}
   assert fns["brevity"]([""], [[1, 2]], {}) == [0.75]
+
+
+def test_brevity_correct_rewards_length_only_on_verified_answers():
+  from grpo_jax.tasks import tokenizer as tok_lib
+  tok = tok_lib.load()
+  fn = r1_rewards.make_brevity_correct(40, "arith", tok)
+  right = tok.encode("<think> add 3 + 4 = 7 ; </think> <answer> 7 </answer>")
+  wrong = tok.encode("<think> add 3 + 4 = 8 ; </think> <answer> 8 </answer>")
+  batch = {"answer_N": np.asarray([7, 7, 7, 7]), "ended_N": np.asarray([True, True, False, True])}
+  # right; wrong; right but cut off before EOS (no format); right then trailing text (no format).
+  ids = [right, wrong, right, right + tok.encode(" so") * 40]
+  got = fn([tok.decode(i) for i in ids], ids, batch)
+  assert got == [pytest.approx(1 - len(right) / 40), 0.0, 0.0, 0.0]
+  assert r1_rewards.python_fns(40, ("ugh",), "arith", tok)["brevity_correct"](["", ""], [right, wrong],
+                                                                              {**batch, "answer_N": [8, 8]}) == [
+      0.0, pytest.approx(1 - len(wrong) / 40)]

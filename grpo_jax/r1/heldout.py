@@ -69,6 +69,10 @@ def heldout_metrics(ev: evaluation.Evaluator, params, seed: int) -> tuple[dict[s
   for rule, (ok, answers) in (("tagged", (s.accuracy_N, s.answers_N)), ("last_number", last_number_rule(s))):
     m.update({f"{k}_{rule}": v for k, v in evaluation.group_metrics(ok, answers, n, pass_k).items()})
   m["language_consistency_sampled"] = float(s.readings["language"].mean())
+  # Stage 5's targets on samples too: a rare behaviour (a forbidden word) shows in samples long before it does in
+  # greedy completions, and sampled rollouts are what the RL stages' rewards see.
+  m["forbidden_rate_sampled"] = float(1 - s.readings["harmless"].mean())
+  m["completion_len_mean_sampled"] = float(s.lengths_N.astype(np.float32).mean())
   return m, g.texts[:4]
 
 

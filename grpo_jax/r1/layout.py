@@ -6,7 +6,7 @@
     DIR/r1_2_grpo            GRPO: accuracy + format + language consistency
     DIR/r1_3_rejection       best-of-N verified samples of stage 2 + general text -> data.jsonl, stats.json
     DIR/r1_4_sft             SFT from the BASE on data.jsonl
-    DIR/r1_5_final           GRPO: accuracy + helpfulness (brevity) + harmlessness (forbidden words)
+    DIR/r1_5_final           GRPO: accuracy + helpfulness (brevity of verified answers) + harmlessness (no forbidden word)
     DIR/stages.log           a `start`, then `done <seconds>` or `stopped` line per stage execution
     DIR/report.md, .json     held-out comparison of every model (r1/report.py)
 

@@ -46,12 +46,19 @@ def _prompt_languages(config, n: int) -> np.ndarray:
 
 
 def _general_records(config, task, tok, examples: list[dict], n: int) -> list[dict]:
-  """`n` tag-free worked solutions of random train problems: stage 4's general (non-reasoning) text."""
+  """`n` tag-free worked solutions of random train problems: stage 4's general (non-reasoning) text. Like the web
+  text it stands for, a `general_noise_frac` fraction carries a forbidden word before one of its steps: the
+  undesired behaviour that stage 4 passes on and stage 5's harmlessness term is there to remove."""
   out, rng = [], base.rng_for("general", config.seed)
+  noise_rng = base.rng_for("general_noise", config.seed)
   for j in rng.permutation(len(examples))[:n]:
     ex = examples[int(j)]
     lang = base.LANGUAGES[int(rng.integers(2))] if config.task.language == "mixed" else config.task.language
     text = task.question(ex, lang) + " " + cot.solution(ex, lang, tagged=False)
+    n_parts = len(text.split(";"))
+    if noise_rng.random() < config.r1.rejection.general_noise_frac and n_parts > 2:
+      text = corpus.insert_word(text, str(noise_rng.choice(list(config.r1.forbidden))),
+                                int(noise_rng.integers(1, n_parts - 1)))
     out.append({"kind": "general", "index": int(ex["index"]), "language": lang, "prompt_ids": [],
                 "completion_ids": tok.encode(text), "text": text, "reward": 0.0})
   return out

@@ -110,7 +110,8 @@ def write_report(config, workdir: str) -> dict:
                   os.path.join(plots_dir, "r1_compare.png"))
   have_aha = plot_curves(workdir, "r1_zero", AHA, os.path.join(plots_dir, "r1_zero_aha.png"))
   for s in ("r1_2_grpo", "r1_5_final"):
-    plot_curves(workdir, s, AHA + ("train/reward/brevity", "train/reward/harmless"),
+    extra = ("train/reward/brevity_correct", "train/adv_share/accuracy") if s == "r1_5_final" else ()
+    plot_curves(workdir, s, AHA + ("train/reward/brevity", "train/reward/harmless") + extra,
                 os.path.join(plots_dir, f"{s}_curves.png"))
   lines = ["# R1-Zero vs R1 (held-out)", "",
            f"Held-out: {rep.size} test prompts of task `{config.task.name}` (language `{config.task.language}`), "

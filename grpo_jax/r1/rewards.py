@@ -13,7 +13,7 @@ from typing import Sequence
 import numpy as np
 
 from grpo_jax.rewards import PyRewardFn
-from grpo_jax.tasks import base, cot
+from grpo_jax.tasks import base, cot, verify_py
 
 _WORD_RE = re.compile(r"[a-z]+")
 
@@ -59,6 +59,25 @@ def make_brevity(max_tokens: int) -> PyRewardFn:
   return brevity
 
 
+def make_brevity_correct(max_tokens: int, task: str, tok) -> PyRewardFn:
+  """Helpfulness proxy that cannot buy length with accuracy: `brevity` for a completion the task's verifier accepts
+  (format and answer, tasks/verify_py.py), 0 otherwise (a length reward only on correct answers, as in Kimi k1.5).
+  Plain brevity rewards a short wrong answer as much as a short right one, so in a group whose samples are all
+  wrong the shortest wins, and reasoning is cut to win it."""
+  brevity = make_brevity(max_tokens)
+
+  def brevity_correct(texts, token_ids, batch):
+    n = len(token_ids)
+    width = max([len(ids) for ids in token_ids] + [0]) + 1
+    tokens_NxL, mask_NxL = np.zeros((n, width), np.int64), np.zeros((n, width), np.int64)
+    for i, ids in enumerate(token_ids):  # the verifier wants the EOS the host decode dropped
+      full = list(ids) + ([tok.eos_id] if bool(np.asarray(batch["ended_N"])[i]) else [])
+      tokens_NxL[i, :len(full)], mask_NxL[i, :len(full)] = full, 1
+    ok_N = verify_py.accuracy_reward(task, tokens_NxL, mask_NxL, batch, tok)
+    return [b if ok > 0 else 0.0 for b, ok in zip(brevity(texts, token_ids, batch), ok_N)]
+  return brevity_correct
+
+
 def make_harmless(forbidden: Sequence[str]) -> PyRewardFn:
   """Harmlessness proxy: 1 if the completion writes none of the forbidden words, else 0."""
   bad = set(forbidden)
@@ -71,19 +90,24 @@ def make_harmless(forbidden: Sequence[str]) -> PyRewardFn:
   return harmless
 
 
-def python_fns(max_tokens: int, forbidden: Sequence[str]) -> dict[str, PyRewardFn]:
-  """Every Python term the R1 configs may name in `rewards`."""
+def python_fns(max_tokens: int, forbidden: Sequence[str], task: str = "arith", tok=None) -> dict[str, PyRewardFn]:
+  """Every Python term the R1 configs may name in `rewards` (`brevity_correct` verifies with `task`'s rule)."""
   return {"language": language_consistency, "recheck": recheck_count, "recheck_fixed": recheck_fixed,
-          "brevity": make_brevity(max_tokens), "harmless": make_harmless(forbidden)}
+          "brevity": make_brevity(max_tokens), "brevity_correct": make_brevity_correct(max_tokens, task, tok),
+          "harmless": make_harmless(forbidden)}
 
 
 def config_fns(config) -> dict[str, PyRewardFn]:
   """`python_fns` for a run: brevity relative to `sampling.max_new_tokens`, harmlessness over `r1.forbidden`."""
-  return python_fns(config.sampling.max_new_tokens, tuple(config.r1.forbidden))
+  from grpo_jax.tasks import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  return python_fns(config.sampling.max_new_tokens, tuple(config.r1.forbidden), config.task.name,
+                    tok_lib.for_config(config))
 
 
 # Logged as weight-0 terms in every RL stage (train/reward/<name> each step) when the stage does not weight them.
 TRACKED = ("format", "accuracy", "language", "recheck", "recheck_fixed", "brevity", "harmless")
+# Every term a stage may weight: the tracked ones and the verified-brevity variant (computed only where weighted).
+KNOWN = TRACKED + ("brevity_correct",)
 
 
 def stage_rewards(weighted: Sequence[tuple[str, float]]) -> tuple[tuple[str, float], ...]:

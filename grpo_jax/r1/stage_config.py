@@ -23,7 +23,8 @@ _POSITIVE = ("pretrain.steps", "pretrain.batch", "zero.steps", "cold_start.examp
              "cold_start.batch", "grpo.steps", "rejection.prompts", "rejection.n", "rejection.keep_per_prompt",
              "sft2.steps", "sft2.batch", "final.steps")
 _PROBS = ("pretrain.template_frac", "pretrain.tag_frac", "pretrain.mix_frac", "pretrain.mistake_frac",
-          "pretrain.noise_frac", "cold_start.mistake_frac", "rejection.general_frac")
+          "pretrain.noise_frac", "cold_start.mistake_frac", "rejection.general_frac",
+          "rejection.general_noise_frac")
 
 
 def derive(config, updates: dict[str, Any]) -> ml_collections.ConfigDict:
@@ -53,10 +54,28 @@ def for_stage(config, stage: str) -> ml_collections.ConfigDict:
                                        init_from="")})
   if stage in RL_STAGES:
     p = config.r1[RL_STAGES[stage]]
-    return derive(config, {"train": dict(steps=p.steps, init_from=""), "rewards": r1_rewards.stage_rewards(p.rewards)})
+    updates = {"train": dict(steps=p.steps, init_from=""), "rewards": r1_rewards.stage_rewards(p.rewards)}
+    updates.update(_rl_knobs(p))
+    return derive(config, updates)
   if stage in layout.STAGES:
     return config
   raise ValueError(f"stage={stage!r} is unknown; use one of {layout.STAGES}")
+
+
+def _rl_knobs(p) -> dict[str, dict]:
+  """An RL stage group's own lr / beta / reward_norm (r1.final has them), where set: 0 / -1 / '' inherit the run's
+  optim.lr / rl.beta / rl.reward_norm, so a stage without them runs with the run config's values."""
+  out: dict[str, dict] = {}
+  if p.get("lr", 0.0) > 0:
+    out["optim"] = {"lr": float(p.lr)}
+  rl = {}
+  if p.get("beta", -1.0) >= 0:
+    rl["beta"] = float(p.beta)
+  if p.get("reward_norm", ""):
+    rl["reward_norm"] = str(p.reward_norm)
+  if rl:
+    out["rl"] = rl
+  return out
 
 
 def for_heldout(config) -> ml_collections.ConfigDict:
@@ -73,6 +92,10 @@ def validate(config, stages) -> None:
     validate_lib.positive_int(config, "r1." + k)
   for k in _PROBS:
     validate_lib.prob(config, "r1." + k)
+  if not (isinstance(r1.final.lr, (int, float)) and r1.final.lr >= 0):
+    validate_lib.fail("r1.final.lr", f"must be >= 0 (0 = optim.lr), got {r1.final.lr!r}.")
+  if not (isinstance(r1.final.beta, (int, float)) and (r1.final.beta >= 0 or r1.final.beta == -1)):
+    validate_lib.fail("r1.final.beta", f"must be >= 0, or -1 for rl.beta; got {r1.final.beta!r}.")
   if r1.rejection.general_frac >= 1:
     validate_lib.fail("r1.rejection.general_frac", "must be < 1: the SFT set needs some rejection-sampled reasoning.")
   if config.task.name not in task_registry.names("worked_solutions"):
@@ -80,8 +103,8 @@ def validate(config, stages) -> None:
                       f"{task_registry.names('worked_solutions')}.")
   for group in RL_STAGES.values():
     for name, _ in r1[group].rewards:
-      if name not in r1_rewards.TRACKED:
-        validate_lib.fail(f"r1.{group}.rewards", f"unknown term {name!r}; choose from {sorted(r1_rewards.TRACKED)}.")
+      if name not in r1_rewards.KNOWN:
+        validate_lib.fail(f"r1.{group}.rewards", f"unknown term {name!r}; choose from {sorted(r1_rewards.KNOWN)}.")
   try:
     r1_rewards.make_harmless(tuple(r1.forbidden))
   except ValueError as e:
@@ -109,5 +132,7 @@ def validate(config, stages) -> None:
       check(for_stage(config, stage), n_dev, tok)
     except validate_lib.ConfigError as e:
       taken = (f"sft.steps/batch/lr/warmup_steps from r1.{SFT_STAGES[stage]}" if stage in SFT_STAGES
-               else f"train.steps and rewards from r1.{RL_STAGES[stage]}")
+               else f"train.steps and rewards from r1.{RL_STAGES[stage]}"
+               + (", optim.lr / rl.beta / rl.reward_norm from r1.final.lr / beta / reward_norm where set"
+                  if stage == "r1_5_final" else ""))
       raise validate_lib.ConfigError(f"{str(e).rstrip('.')} (stage {stage} takes {taken}).") from None
