@@ -120,7 +120,7 @@ def weight_shapes(mcfg: model_lib.ModelConfig, mesh: dict[str, int], layout: Lay
   of activations (which carry the rows) in a compiled program."""
   import itertools
   dm = decode_mcfg(mcfg, mesh, layout)
-  abstract = jax.eval_shape(lambda: model_lib.init_params(dm, jax.random.PRNGKey(0)))
+  abstract = model_lib.param_shapes(dm)
   specs = jax.tree.leaves(model_lib.param_axes(dm), is_leaf=lambda x: isinstance(x, PartitionSpec))
   sizes = dict(mesh, fsdp_rows=mesh.get("fsdp", 1) // max(layout.tp, 1), fsdp_tp=layout.tp)
   keep = lambda axes: tuple(a for a in (axes if isinstance(axes, tuple) else (axes,) if axes else ()) if a == "tensor")
@@ -170,7 +170,7 @@ def _decode_param_bytes_cached(mcfg: model_lib.ModelConfig, mesh_items: tuple, l
   mesh = dict(mesh_items)
   cb = 2 if mcfg.dtype == "bfloat16" else 4
   dm = decode_mcfg(mcfg, mesh, layout)
-  abstract = jax.eval_shape(lambda: model_lib.init_params(dm, jax.random.PRNGKey(0)))
+  abstract = model_lib.param_shapes(dm)
   specs = model_lib.param_axes(dm)
   lrules = dict(rules(layout))
   sizes = dict(mesh, fsdp_rows=mesh.get("fsdp", 1) // max(layout.tp, 1), fsdp_tp=layout.tp)

@@ -51,7 +51,7 @@ def restore_params(run_dir: str, mcfg, step: int = 0):
   from grpo_jax import model as model_lib  # pylint: disable=g-import-not-at-top
   sh = _host_sharding()
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
-                          jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0))))
+                          model_lib.param_shapes(mcfg))
   ckpt_dir = os.path.join(run_dir, "checkpoints")
   steps = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit()) if os.path.isdir(ckpt_dir) else []
   if steps:

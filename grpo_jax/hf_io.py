@@ -320,7 +320,7 @@ def load_params(path: str, mcfg: model_lib.ModelConfig, shardings: Any = None,
   infos = tensor_index(path) if infos is None else infos
   check_tensors(path, mcfg, infos)
   _check_o_bias(infos)
-  abstract = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  abstract = model_lib.param_shapes(mcfg)
   flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
   shard_leaves = [None] * len(flat) if shardings is None else jax.tree.leaves(
       shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))

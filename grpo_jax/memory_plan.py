@@ -99,7 +99,7 @@ def param_bytes_per_device(mcfg: model_lib.ModelConfig, mesh: dict[str, int]) ->
 @functools.lru_cache(maxsize=64)  # tracing a 7B init takes seconds; plans for one model reuse it
 def _param_bytes(mcfg: model_lib.ModelConfig, mesh_items: tuple, subtree: str = "") -> tuple[int, int]:
   mesh = dict(mesh_items)
-  abstract = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  abstract = model_lib.param_shapes(mcfg)
   specs = model_lib.param_axes(mcfg)
   if subtree:
     abstract, specs = abstract[subtree], specs[subtree]

@@ -28,6 +28,7 @@ Decode runs the layers as a Python loop over per-layer weights and caches prepar
 (`decode_weights`; decode_layout.py puts them into the decode layout): a layer `while` inside the decode loop would
 slice (copy) every layer's weights and K/V cache at every token.
 """
+import functools
 from typing import Any, NamedTuple
 
 import flax
@@ -205,6 +206,17 @@ def init_params(mcfg: ModelConfig, rng: jax.Array) -> Params:
   """Plain nested dict of float32 arrays (no 'params' wrapper, no partitioning boxes)."""
   init = jax.jit(lambda r: nn.meta.unbox(Transformer(mcfg).init(r, *_dummy_inputs())["params"]))
   return flax.core.unfreeze(init(rng))
+
+
+def param_shapes(mcfg: ModelConfig) -> Params:
+  """The params' ShapeDtypeStructs (nothing allocated), traced once per model config: the state spec, checkpoint
+  restores, the HF loader, the planner and the decode layouts all ask, and tracing a 7B init takes seconds."""
+  return jax.tree.map(lambda x: x, _param_shapes(mcfg))  # a fresh tree: callers may edit theirs
+
+
+@functools.lru_cache(maxsize=16)
+def _param_shapes(mcfg: ModelConfig) -> Params:
+  return jax.eval_shape(lambda: init_params(mcfg, jax.random.PRNGKey(0)))
 
 
 def param_axes(mcfg: ModelConfig) -> Params:

@@ -217,7 +217,7 @@ def analytic_decode_ici(config: ml_collections.ConfigDict, mesh: dict[str, int],
     if f == 1:
       return {}
     bw, hops = _ring(topology, f)
-    leaves = len(jax.tree.leaves(jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))))
+    leaves = len(jax.tree.leaves(model_lib.param_shapes(mcfg)))
     n_coll = mcfg.layers * (leaves - 2) + 1  # every leaf but the table and final norm is a [layers, ...] stack; + head
     moved = matmul_params(mcfg) * cb / mesh["tensor"] * (f - 1) / f
     sec = moved / bw + n_coll * hops * HOP_SECONDS

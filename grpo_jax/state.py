@@ -3,7 +3,6 @@
 Keys: params, opt_state, step, rng; + ref_params (RL), + critic_params, critic_opt_state (PPO). A family says which
 through its `Layout`; every family's state_spec / init, and the vmapped init of seeds.py, are built here.
 """
-import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -40,15 +39,9 @@ def abstract_params(mesh: Mesh, mcfg: model_lib.ModelConfig) -> Any:
   return with_shardings(abstract, shard)
 
 
-@functools.lru_cache(maxsize=16)
-def _abstract_params(mcfg: model_lib.ModelConfig):
-  """The params' ShapeDtypeStructs, traced once per model config (a stage's spec, init and restores each ask)."""
-  return jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
-
-
 def _params_spec(mesh, mcfg):
   shard = sharding.tree_shardings(mesh, model_lib.param_axes(mcfg))
-  abstract = _abstract_params(mcfg)
+  abstract = model_lib.param_shapes(mcfg)
   sharding.check_divisible(mesh, abstract, shard, "params")
   return abstract, shard
 
