@@ -24,6 +24,7 @@ tokens and log-probs as one device, within the usual reduction-order rounding.
 import contextlib
 import dataclasses
 import functools
+import itertools
 import math
 import os
 from typing import Any, Iterator, NamedTuple
@@ -97,6 +98,16 @@ def tp_degrees(mcfg: model_lib.ModelConfig, mesh: dict[str, int]) -> list[int]:
   return [d for d in range(2, mesh.get("fsdp", 1) + 1) if check(mcfg, mesh, Layout("tp", d)) is None]
 
 
+def _axes(rule) -> tuple[str, ...]:
+  """A logical-axis rule's mesh axes as a tuple (a rule maps to None, one axis name, or a tuple of them)."""
+  return rule if isinstance(rule, tuple) else (rule,) if rule else ()
+
+
+def _view_sizes(mesh: dict[str, int], layout: Layout) -> dict[str, int]:
+  """The mesh's axis sizes with the tp view's fsdp_rows × fsdp_tp split of `fsdp` added."""
+  return dict(mesh, fsdp_rows=mesh.get("fsdp", 1) // max(layout.tp, 1), fsdp_tp=layout.tp)
+
+
 # ------------------------------------------------------------------------------------------- collectives
 
 
@@ -118,12 +129,11 @@ def weight_shapes(mcfg: model_lib.ModelConfig, mesh: dict[str, int], layout: Lay
   in the decode loop: whole, or split by any of the axes its dims map to in `layout` or by `tensor` (a weight
   all-gathered over the FSDP axes is no longer split over them). How a collective of weights is told apart from one
   of activations (which carry the rows) in a compiled program."""
-  import itertools
   dm = decode_mcfg(mcfg, mesh, layout)
   abstract = model_lib.param_shapes(dm)
   specs = jax.tree.leaves(model_lib.param_axes(dm), is_leaf=lambda x: isinstance(x, PartitionSpec))
-  sizes = dict(mesh, fsdp_rows=mesh.get("fsdp", 1) // max(layout.tp, 1), fsdp_tp=layout.tp)
-  keep = lambda axes: tuple(a for a in (axes if isinstance(axes, tuple) else (axes,) if axes else ()) if a == "tensor")
+  sizes = _view_sizes(mesh, layout)
+  keep = lambda axes: tuple(a for a in _axes(axes) if a == "tensor")
   rule_sets = ({k: keep(v) for k, v in sharding.LOGICAL_RULES}, dict(rules(layout)))
   out = set()
   for (path, x), spec in zip(jax.tree_util.tree_flatten_with_path(abstract)[0], specs):
@@ -134,8 +144,7 @@ def weight_shapes(mcfg: model_lib.ModelConfig, mesh: dict[str, int], layout: Lay
     for name, dim in zip(names, dims):
       divs = {1}
       for r in rule_sets:
-        axes = r.get(name)
-        axes = axes if isinstance(axes, tuple) else (axes,) if axes else ()
+        axes = _axes(r.get(name))
         for k in range(1, len(axes) + 1):
           for sub in itertools.combinations(axes, k):
             divs.add(math.prod(sizes.get(a, 1) for a in sub))
@@ -173,15 +182,14 @@ def _decode_param_bytes_cached(mcfg: model_lib.ModelConfig, mesh_items: tuple, l
   abstract = model_lib.param_shapes(dm)
   specs = model_lib.param_axes(dm)
   lrules = dict(rules(layout))
-  sizes = dict(mesh, fsdp_rows=mesh.get("fsdp", 1) // max(layout.tp, 1), fsdp_tp=layout.tp)
+  sizes = _view_sizes(mesh, layout)
   layers = tables = 0
   flat = jax.tree_util.tree_flatten_with_path(abstract)[0]
   spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, PartitionSpec))
   for (path, x), spec in zip(flat, spec_leaves):
     div = 1
     for name in spec:
-      axes = lrules.get(name)
-      for a in (axes if isinstance(axes, tuple) else (axes,) if axes else ()):
+      for a in _axes(lrules.get(name)):
         div *= sizes.get(a, 1)
     key = jax.tree_util.keystr(path)
     nbytes = math.ceil(x.size / div) * (4 if key.endswith("['scale']") else cb)
