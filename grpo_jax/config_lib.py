@@ -152,7 +152,8 @@ def base_config() -> ml_collections.ConfigDict:
       final=dict(steps=20, rewards=(("accuracy", 1.0), ("format", 0.5), ("language", 0.5), ("brevity_correct", 0.2),
                                     ("harmless", 0.5)),
                  # The final stage's own optimiser/regulariser (0 / -1 / '' = optim.lr / rl.beta / rl.reward_norm).
-                 lr=0.0, beta=-1.0, reward_norm=""),
+                 # Half optim.lr and 5x rl.beta: stage 5 is a short, KL-anchored polish of stage 4 (docs/r1.md).
+                 lr=1e-4, beta=0.2, reward_norm=""),
       # Held-out comparison of every model (r1/heldout.py): like `eval`, on its own sizes.
       report=dict(size=256, batch=128, n_samples=4, pass_k=(1, 4)),
   ))

@@ -118,6 +118,9 @@ def test_final_stage_knobs_reach_only_the_final_stage():
   from configs import r1_pipeline
   from grpo_jax.r1 import stage_config
   c = r1_pipeline.get_config("small")
+  default = stage_config.for_stage(c, "r1_5_final")
+  assert (default.optim.lr, default.rl.beta) == (1e-4, 0.2)  # the recipe's own stage-5 lr and β (docs/r1.md)
+  c.r1.final.update(lr=0.0, beta=-1.0)
   same = stage_config.for_stage(c, "r1_5_final")
   assert (same.optim.lr, same.rl.beta, same.rl.reward_norm) == (c.optim.lr, c.rl.beta, c.rl.reward_norm)  # inherit
   c.r1.final.update(lr=3e-5, beta=0.5, reward_norm="per_term")
