@@ -1,6 +1,7 @@
 """The benchmark's own arithmetic (scaling fits, HLO loop-body op counts, the same-run matmul peak, its config) and the
 realistic-lengths mode: the shared checkpoint and tokenizer (make_stop_checkpoint.py), grpo_step.py --model-dir."""
 import argparse
+import json
 import os
 import sys
 
@@ -93,6 +94,15 @@ def test_stop_tokenizer_has_the_digit_workloads_ids_in_every_loader(tmp_path):
   assert hf.decode(_digit_ids(942) + [digits.EOS], skip_special_tokens=True) == "942"
   names = [t for t, i in tok.get_vocab().items() if i >= digits.FILLER0]
   assert len(names) == 64 - digits.FILLER0 and not any(ch.isdigit() for n in names for ch in n)
+  # The peers' loader (peers/stop_prompts.py) accepts it, and refuses a tokenizer that pads on the right.
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "peers"))
+  import stop_prompts
+  prompts = [r["prompt"] for r in stop_prompts.rows(16)]
+  assert stop_prompts.hf_tokenizer(str(tmp_path), prompts)(prompts[:1]).input_ids == [ours.encode(prompts[0])]
+  cfg = json.loads((tmp_path / "tokenizer_config.json").read_text())
+  (tmp_path / "tokenizer_config.json").write_text(json.dumps(dict(cfg, padding_side="right")))
+  with pytest.raises(SystemExit, match="padding right"):
+    stop_prompts.hf_tokenizer(str(tmp_path), prompts)
 
 
 @pytest.fixture(scope="module")
