@@ -91,6 +91,16 @@ def stop_batches(tokenizer, prompts: int, steps: int):
     yield {"prompt_NxP": prompt, "prompt_mask_NxP": pmask, "answer_ids_NxA": ans}
 
 
+def check_fingerprint(mcfg, params, tokenizer) -> float:
+  """stop_prompts.fingerprint of our logits after its CHECK_PROMPT: the peers print theirs from what they loaded."""
+  from grpo_jax import model as model_lib
+  sys.path.insert(0, PEERS)
+  import stop_prompts
+  ids = np.asarray([tokenizer.encode(stop_prompts.CHECK_PROMPT)], np.int32)
+  pos = np.arange(ids.shape[1], dtype=np.int32)[None]
+  return stop_prompts.fingerprint(np.asarray(model_lib.forward(mcfg, params, ids, pos, np.ones_like(ids)))[0, -1])
+
+
 class Ours:
   """The jitted step on the workload, compiled once; `run(k)` times k more steps on it."""
 
@@ -108,6 +118,7 @@ class Ours:
       from grpo_jax.tasks import hf_tokenizer
       tokenizer, params = hf_tokenizer.load(a.model_dir), hf_io.load_params(a.model_dir, self.mcfg)
       self.batches = stop_batches(tokenizer, a.prompts, a.steps + 2)  # compile step + both halves
+      self.fingerprint = check_fingerprint(self.mcfg, params, tokenizer)
     else:
       tokenizer, params = digits.Tokenizer(a.vocab), None
       self.batches = digits.make_batches(a.prompts, 10_000)
@@ -159,7 +170,8 @@ class Ours:
                 recompiles=compiles - 1, prompt_lens=np.concatenate(self.prompt_lens[1:]),
                 completion_lens=np.concatenate(self.completion_lens[1:]),
                 reward_timed=float(np.mean(self.rewards[1:])), decode_steps=self.decode_steps[1:],
-                train_lens=self.train_lens[1:], zero_gradient=self.zero_gradient)
+                train_lens=self.train_lens[1:], zero_gradient=self.zero_gradient,
+                fingerprint=getattr(self, "fingerprint", None))
 
 
 class EndsEarly(digits.Tokenizer):
@@ -454,6 +466,12 @@ def main():
     summary += [f"{n} {p[n + '_completion_len']:.2f} (reward {p[n + '_reward']:.3f})" for n, p in peers.items()
                 if p is not None and n + "_completion_len" in p]
     print("mean completion length over the timed steps, tokens incl. EOS: " + ", ".join(summary))
+    fps = {"grpo_jax": ours["fingerprint"]}
+    fps.update({n: p.get(n + "_fingerprint") for n, p in peers.items() if p is not None})
+    same = all(v is not None and abs(v - ours["fingerprint"]) <= 1e-4 for v in fps.values())
+    print(f"same weights and tokenizer: {'yes' if same else 'NO'} (peers/stop_prompts.fingerprint of each side's "
+          "logits after its CHECK_PROMPT, tolerance 1e-4: " + ", ".join(
+              f"{n} {v:.6f}" if v is not None else f"{n} missing" for n, v in fps.items()) + ")")
     if ours["zero_gradient"]:
       print("note: every group's rewards were equal in every step (zero advantages): the updates ran, with zero "
             "gradient, so the params did not move")
@@ -466,7 +484,8 @@ def main():
   line = (f"RESULT s_per_step={ours['median']:.4f} compile_s={ours['compile_s']:.2f} completions={a.prompts * a.G} "
           f"L={a.L} recompiles={ours['recompiles']}")
   if a.model_dir:
-    line += f" completion_len={ours['completion_lens'].mean():.2f} exit_chunk={a.exit_chunk} train_buckets={a.train_buckets}"
+    line += (f" completion_len={ours['completion_lens'].mean():.2f} exit_chunk={a.exit_chunk} "
+             f"train_buckets={a.train_buckets} same_weights={int(same)}")
   elif not a.no_perf:
     line += (f" step_gflops={ours['step_fps'] / 1e9:.1f} update_gflops={ours['update_fps'] / 1e9:.1f} "
              f"matmul_peak_gflops={ours['peak'] / 1e9:.1f} decode_tok_s={a.prompts * a.G * a.L / ours['parts']['rollout']:.0f}")

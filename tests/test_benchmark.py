@@ -149,6 +149,9 @@ def test_stop_batches_are_the_shared_prompts_as_digit_ids(stop_checkpoint):
   from grpo_jax.tasks import hf_tokenizer
   rows = stop_prompts.rows(6)
   assert rows == stop_prompts.rows(6) and rows[0] != rows[1]
+  # The weights check's fingerprint: weights -3..3 cycling over the ids, mean over the vocabulary (by hand).
+  assert stop_prompts.fingerprint([1, 0, 0, 0, 0, 0, 0, 2]) == (1 * -3 + 2 * -3) / 8
+  assert stop_prompts.fingerprint([0, 0, 0, 0, 0, 0, 5]) == 5 * 3 / 7
   b0, b1 = list(grpo_step.stop_batches(hf_tokenizer.load(stop_checkpoint["dir"]), 3, 2))
   for b, rs in ((b0, rows[:3]), (b1, rows[3:])):
     for i, r in enumerate(rs):
@@ -171,6 +174,11 @@ def test_grpo_step_model_dir_runs_on_the_checkpoint(stop_checkpoint):
   o = grpo_step.Ours(a)
   for x, y in zip(jax.tree.leaves(stop_checkpoint["params"]), jax.tree.leaves(o.p0)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  from grpo_jax import model as model_lib
+  ids = np.asarray([stop_checkpoint["tok"].encode("what is 12 + 345 =").ids])
+  last_V = np.asarray(model_lib.forward(stop_checkpoint["mcfg"], stop_checkpoint["params"], ids,
+                                        np.arange(ids.shape[1])[None], np.ones_like(ids)))[0, -1]
+  assert abs(o.fingerprint - np.mean(last_V * (np.arange(64) % 7 - 3))) < 1e-6
   o.run(1)
   res = o.finish()
   assert res["recompiles"] == 0 and len(res["completion_lens"]) == 8

@@ -33,3 +33,14 @@ def hf_tokenizer(model_dir: str, prompts: list[str]):
     raise SystemExit(f"{model_dir}: transformers tokenizes the prompts differently from tokenizer.json "
                      f"({got[:1]} vs {want[:1]}, padding {tok.padding_side}, bos {tok.bos_token_id})")
   return tok
+
+
+# Every side prints fingerprint(its logits after CHECK_PROMPT) before training; grpo_step.py compares them, so a
+# side that loaded different weights (or tokenized differently) shows up in the same invocation.
+CHECK_PROMPT = "what is 12 + 345 ="
+
+
+def fingerprint(logits) -> float:
+  """A weighted mean of the next-token logits (weights -3..3 cycling over the ids): changes with any of them."""
+  logits = [float(x) for x in logits]
+  return sum(x * (i % 7 - 3) for i, x in enumerate(logits)) / len(logits)
