@@ -9,6 +9,13 @@ that the step compiled exactly once.
   python benchmarks/grpo_step.py ... --vs-trl /tmp/trlenv/bin/python --vs-tunix /tmp/tunixenv/bin/python
   python benchmarks/grpo_step.py ... --scaling docs/scaling_tiny.png
   python benchmarks/grpo_step.py --hidden 256 --layers 4 --heads 8 --kv 4 --inter 1024 --vocab 2048 --L 256 --early-exit
+  python benchmarks/grpo_step.py --model-dir DIR --prompts 8 --G 8 --L 128 --vs-trl ... --vs-tunix ...
+
+Realistic lengths (--model-dir DIR, a checkpoint of benchmarks/make_stop_checkpoint.py that answers and stops): every
+side loads DIR's weights (ours with hf_io, TRL with GRPOTrainer(model=DIR), tunix with its safetensors loader) and
+tokenizer, samples from the same prompts in the same order (peers/stop_prompts.py) and stops at EOS; ours runs with
+early exit (--exit-chunk, --train-buckets). The shape flags come from DIR/config.json. Each side reports its mean
+completion length (tokens incl. EOS) and reward over the timed steps.
 
 Peers run between two halves of our steps (same compiled program), so both sides see the same machine load.
 Also printed: model FLOP/s (grpo_jax/flops.py: analytic, real tokens, no recompute) over the whole step and over the
@@ -29,6 +36,7 @@ from grpo_jax.tasks import digits
 
 PEERS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers")
 FLAGS = dict(hidden=64, layers=2, heads=4, kv=2, inter=128, vocab=512, prompts=8, G=8, L=64, steps=6)
+SHAPE = ("hidden", "layers", "heads", "kv", "inter", "vocab")  # --model-dir: taken from the checkpoint
 
 
 def bench_config(a):
@@ -36,7 +44,61 @@ def bench_config(a):
                                  vocab=a.vocab, prompts=a.prompts, G=a.G, L=a.L, dtype=a.dtype, remat=a.remat)
   c.model.attention = a.attention
   c.train.num_samples_logged = a.prompts * a.G  # every row's mask comes back: FLOPs count real tokens
+  if getattr(a, "model_dir", ""):
+    from grpo_jax import hf_io
+    m = hf_io.read_config(a.model_dir)  # the fields bench_config does not set from the shape flags
+    c.model.update(head_dim=m.head_dim, rope_theta=m.rope_theta, rms_eps=m.rms_eps, qkv_bias=m.qkv_bias,
+                   tie_embeddings=m.tie_embeddings)
+    c.sampling.exit_chunk = a.exit_chunk
+    c.rl.train_buckets = a.train_buckets
   return c
+
+
+def shape_from_checkpoint(a) -> None:
+  """--model-dir: the shape flags are the checkpoint's (a flag given with another value is an error); else the
+  defaults of FLAGS."""
+  if not a.model_dir:
+    for k in SHAPE:
+      setattr(a, k, FLAGS[k] if getattr(a, k) is None else getattr(a, k))
+    return
+  from grpo_jax import hf_io
+  m = hf_io.read_config(a.model_dir)
+  ck = dict(hidden=m.hidden, layers=m.layers, heads=m.heads, kv=m.kv_heads, inter=m.inter, vocab=m.vocab_size)
+  bad = [f"--{k} {getattr(a, k)} (checkpoint: {v})" for k, v in ck.items() if getattr(a, k) not in (None, v)]
+  if bad:
+    raise SystemExit(f"--model-dir {a.model_dir}: {', '.join(bad)}; leave the shape flags out in this mode.")
+  for k, v in ck.items():
+    setattr(a, k, v)
+
+
+def stop_batches(tokenizer, prompts: int, steps: int):
+  """peers/stop_prompts.rows in order, `prompts` per batch, tokenized with the checkpoint's tokenizer and
+  left-padded to the workload's prompt length (what TRL and tunix feed their models, up to left padding)."""
+  sys.path.insert(0, PEERS)
+  import stop_prompts
+  P, A = digits.BENCH_PROMPT_LEN, 4
+  rows = stop_prompts.rows(prompts * steps)
+  for s in range(steps):
+    prompt = np.full((prompts, P), tokenizer.pad_id, np.int32)
+    pmask = np.zeros((prompts, P), np.int32)
+    ans = np.full((prompts, A), -1, np.int32)
+    for i, r in enumerate(rows[s * prompts:(s + 1) * prompts]):
+      ids, d = tokenizer.encode(r["prompt"]), tokenizer.encode(r["answer"])
+      if len(ids) > P or len(d) > A:
+        raise SystemExit(f"{r}: {len(ids)} prompt / {len(d)} answer tokens; the workload allows {P} / {A}. Is the "
+                         "tokenizer the one make_stop_checkpoint.py wrote?")
+      prompt[i, P - len(ids):], pmask[i, P - len(ids):], ans[i, :len(d)] = ids, 1, d
+    yield {"prompt_NxP": prompt, "prompt_mask_NxP": pmask, "answer_ids_NxA": ans}
+
+
+def check_fingerprint(mcfg, params, tokenizer) -> float:
+  """stop_prompts.fingerprint of our logits after its CHECK_PROMPT: the peers print theirs from what they loaded."""
+  from grpo_jax import model as model_lib
+  sys.path.insert(0, PEERS)
+  import stop_prompts
+  ids = np.asarray([tokenizer.encode(stop_prompts.CHECK_PROMPT)], np.int32)
+  pos = np.arange(ids.shape[1], dtype=np.int32)[None]
+  return stop_prompts.fingerprint(np.asarray(model_lib.forward(mcfg, params, ids, pos, np.ones_like(ids)))[0, -1])
 
 
 class Ours:
@@ -51,11 +113,20 @@ class Ours:
     validate.validate_rl(c, jax.device_count())
     mesh = sharding.make_mesh(c.mesh)
     self.mcfg = model_lib.ModelConfig.from_config(c.model)
-    self.step = families.make_step(c, mesh, self.mcfg, digits.reward_spec(a.vocab), digits.Tokenizer(a.vocab))
-    self.state = rl_step.init(c, mesh, self.mcfg, seed=0)
+    if a.model_dir:  # the shared checkpoint: its weights, its tokenizer (EOS, pad), the shared prompts in order
+      from grpo_jax import hf_io
+      from grpo_jax.tasks import hf_tokenizer
+      tokenizer, params = hf_tokenizer.load(a.model_dir), hf_io.load_params(a.model_dir, self.mcfg)
+      self.batches = stop_batches(tokenizer, a.prompts, a.steps + 2)  # compile step + both halves
+      self.fingerprint = check_fingerprint(self.mcfg, params, tokenizer)
+    else:
+      tokenizer, params = digits.Tokenizer(a.vocab), None
+      self.batches = digits.make_batches(a.prompts, 10_000)
+    self.step = families.make_step(c, mesh, self.mcfg, digits.reward_spec(a.vocab), tokenizer)
+    self.state = rl_step.init(c, mesh, self.mcfg, seed=0, params=params)
     self.p0 = jax.device_get(self.state["params"])
-    self.batches = digits.make_batches(a.prompts, 10_000)
     self.times, self.rewards, self.prompt_lens, self.completion_lens = [], [], [], []
+    self.decode_steps, self.train_lens, self.grad_norms, self.skipped = [], [], [], []
     t0 = time.perf_counter()
     self._one()
     self.compile_s = time.perf_counter() - t0
@@ -69,6 +140,10 @@ class Ours:
     self.rewards.append(float(m["train/reward_mean"]))
     self.prompt_lens.append(np.repeat(batch["prompt_mask_NxP"].sum(1), self.a.G))
     self.completion_lens.append(np.asarray(m["samples/mask_NxL"]).sum(1))
+    self.decode_steps.append(int(m["train/decode_steps"]))
+    self.train_lens.append(int(m["train/train_len"]))
+    self.grad_norms.append(float(m["train/grad_norm"]))
+    self.skipped.append(int(m["train/skipped_updates"]))
     return dt
 
   def run(self, k: int) -> list[float]:
@@ -79,15 +154,24 @@ class Ours:
   def finish(self) -> dict:
     jax = self.jax
     p1 = jax.device_get(self.state["params"])
+    self.zero_gradient = False
     if all(np.array_equal(x, y) for x, y in zip(jax.tree.leaves(self.p0), jax.tree.leaves(p1))):
-      raise SystemExit("benchmark error: params did not change; the update must never be skipped.")
+      # On a checkpoint every group may get equal rewards (a small model rarely writes the right sum): zero
+      # advantages and, with the policy still equal to the reference, zero gradient, so AdamW moves nothing although
+      # the update ran (TRL logs loss 0, grad_norm 0 then). Accept that only with every update applied.
+      self.zero_gradient = bool(self.a.model_dir) and max(self.skipped) == 0 and max(self.grad_norms) == 0.0
+      if not self.zero_gradient:
+        raise SystemExit("benchmark error: params did not change; the update must never be skipped.")
     compiles = self.step.traces()
     if compiles != 1:
       raise SystemExit(f"benchmark error: the step was traced {compiles} times; it must compile once.")
     return dict(compile_s=self.compile_s, times=self.times, median=statistics.median(self.times),
                 nparams=sum(x.size for x in jax.tree.leaves(p1)), reward=float(np.mean(self.rewards)),
                 recompiles=compiles - 1, prompt_lens=np.concatenate(self.prompt_lens[1:]),
-                completion_lens=np.concatenate(self.completion_lens[1:]))
+                completion_lens=np.concatenate(self.completion_lens[1:]),
+                reward_timed=float(np.mean(self.rewards[1:])), decode_steps=self.decode_steps[1:],
+                train_lens=self.train_lens[1:], zero_gradient=self.zero_gradient,
+                fingerprint=getattr(self, "fingerprint", None))
 
 
 class EndsEarly(digits.Tokenizer):
@@ -183,15 +267,20 @@ def early_exit_bench(a, reps: int) -> tuple[list[str], dict]:
   return lines, res
 
 
-def run_peer(python: str, script: str, a, key: str) -> float | None:
+def run_peer(python: str, script: str, a, key: str) -> dict[str, float] | None:
+  """The peer's RESULT line as {name: value} (its s/step under `key`), or None if it printed none."""
   cmd = [python, os.path.join(PEERS, script)] + [f"--{k}={getattr(a, k)}" for k in FLAGS]
+  if a.model_dir:
+    cmd.append(f"--model-dir={a.model_dir}")
   print("+", " ".join(cmd), flush=True)
   out = subprocess.run(cmd, capture_output=True, text=True)
-  m = re.search(rf"RESULT {key}=([0-9.]+)", out.stdout)
-  if not m:
+  line = next((ln for ln in out.stdout.splitlines() if ln.startswith(f"RESULT {key}=")), None)
+  if line is None:
     print(out.stdout[-2000:], out.stderr[-4000:], file=sys.stderr)
     return None
-  return float(m.group(1))
+  if a.model_dir:  # its own summary lines: steps, completion lengths and rewards per step
+    print("\n".join(ln for ln in out.stdout.splitlines() if not ln.startswith(("RESULT", "{"))), flush=True)
+  return {k: float(v) for k, v in re.findall(r"(\w+)=([-0-9.e]+|nan)\b", line)}
 
 
 def _best_rate(f, flop: float, reps: int) -> float:
@@ -321,7 +410,10 @@ def scaling(a, out_png: str) -> list[str]:
 def main():
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   for k, v in FLAGS.items():
-    ap.add_argument(f"--{k}", type=int, default=v)
+    ap.add_argument(f"--{k}", type=int, default=None if k in SHAPE else v)
+  ap.add_argument("--model-dir", default="", metavar="DIR",
+                  help="realistic lengths: every side loads this checkpoint of make_stop_checkpoint.py (shape flags "
+                       "from its config.json); ours with early exit (--exit-chunk, --train-buckets)")
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--remat", default="none", choices=["none", "full", "dots"])
   ap.add_argument("--attention", default="auto", choices=["auto", "xla", "blockwise", "splash", "cudnn", "dot_product"],
@@ -333,9 +425,12 @@ def main():
   ap.add_argument("--early-exit", action="store_true",
                   help="only the early-exit measurement: rollout and update of a batch that ends by L/4 against the "
                        "same step with every row running to L (prints both ratios)")
-  ap.add_argument("--train-buckets", type=int, default=3, help="rl.train_buckets of the --early-exit step")
-  ap.add_argument("--exit-chunk", type=int, default=16, help="sampling.exit_chunk of the --early-exit step")
+  ap.add_argument("--train-buckets", type=int, default=3, help="rl.train_buckets of the --early-exit/--model-dir step")
+  ap.add_argument("--exit-chunk", type=int, default=16, help="sampling.exit_chunk of the --early-exit/--model-dir step")
   a = ap.parse_args()
+  shape_from_checkpoint(a)
+  if a.model_dir and (a.early_exit or a.scaling):
+    raise SystemExit("--model-dir times the step on the checkpoint; run --early-exit / --scaling without it.")
   print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} at start", flush=True)
   if a.early_exit:
     lines, res = early_exit_bench(a, max(3, a.steps))
@@ -359,7 +454,28 @@ def main():
   print(f"grpo_jax params {ours['nparams']} compile+first step {ours['compile_s']:.2f}s steps "
         f"{[round(t, 4) for t in first]} | peers | {[round(t, 4) for t in second]} reward_mean {ours['reward']:.3f} "
         f"recompiles_after_first_step={ours['recompiles']}")
-  if not a.no_perf:
+  if a.model_dir:
+    # perf_report's part programs are a random model decoding to L: not this workload.
+    from grpo_jax import rl_step
+    lens = ours["completion_lens"].reshape(len(ours["times"]), -1)
+    print(f"grpo_jax on {a.model_dir}: exit_chunk {a.exit_chunk}, train lengths "
+          f"{rl_step.train_lengths(bench_config(a))} (train_buckets {a.train_buckets}); per timed step: mean "
+          f"completion len {[round(float(x), 2) for x in lens.mean(1)]} longest {lens.max(1).tolist()} decode steps "
+          f"{ours['decode_steps']} of {a.L - 1} trained on {ours['train_lens']} of {a.L} tokens")
+    summary = [f"grpo_jax {ours['completion_lens'].mean():.2f} (reward {ours['reward_timed']:.3f})"]
+    summary += [f"{n} {p[n + '_completion_len']:.2f} (reward {p[n + '_reward']:.3f})" for n, p in peers.items()
+                if p is not None and n + "_completion_len" in p]
+    print("mean completion length over the timed steps, tokens incl. EOS: " + ", ".join(summary))
+    fps = {"grpo_jax": ours["fingerprint"]}
+    fps.update({n: p.get(n + "_fingerprint") for n, p in peers.items() if p is not None})
+    same = all(v is not None and abs(v - ours["fingerprint"]) <= 1e-4 for v in fps.values())
+    print(f"same weights and tokenizer: {'yes' if same else 'NO'} (peers/stop_prompts.fingerprint of each side's "
+          "logits after its CHECK_PROMPT, tolerance 1e-4: " + ", ".join(
+              f"{n} {v:.6f}" if v is not None else f"{n} missing" for n, v in fps.items()) + ")")
+    if ours["zero_gradient"]:
+      print("note: every group's rewards were equal in every step (zero advantages): the updates ran, with zero "
+            "gradient, so the params did not move")
+  elif not a.no_perf:
     for line in perf_report(a, ours):
       print(line)
   if a.scaling:
@@ -367,12 +483,18 @@ def main():
       print(line)
   line = (f"RESULT s_per_step={ours['median']:.4f} compile_s={ours['compile_s']:.2f} completions={a.prompts * a.G} "
           f"L={a.L} recompiles={ours['recompiles']}")
-  if not a.no_perf:
+  if a.model_dir:
+    line += (f" completion_len={ours['completion_lens'].mean():.2f} exit_chunk={a.exit_chunk} "
+             f"train_buckets={a.train_buckets} same_weights={int(same)}")
+  elif not a.no_perf:
     line += (f" step_gflops={ours['step_fps'] / 1e9:.1f} update_gflops={ours['update_fps'] / 1e9:.1f} "
              f"matmul_peak_gflops={ours['peak'] / 1e9:.1f} decode_tok_s={a.prompts * a.G * a.L / ours['parts']['rollout']:.0f}")
   for name, peer in peers.items():
     if peer is not None:
-      line += f" {name}_s_per_step={peer:.4f} speedup_vs_{name}={peer / ours['median']:.2f}"
+      t = peer[f"{name}_s_per_step"]
+      line += f" {name}_s_per_step={t:.4f} speedup_vs_{name}={t / ours['median']:.2f}"
+      if a.model_dir:
+        line += f" {name}_completion_len={peer.get(name + '_completion_len', float('nan')):.2f}"
   print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} at end")
   print(line)
 
