@@ -2,6 +2,7 @@
 
 Each record is {index, json}: the example as JSON. Content is a pure function of (task knobs, seed, sizes) and is
 encoded in the config name, so a data dir never mixes datasets. TFDS shuffles records on write; readers sort by index.
+A process reads each split from disk once (load_split keeps what it read).
 """
 from __future__ import annotations
 
