@@ -48,16 +48,16 @@ def private_compilation_cache(directory: str):
       jax.config.update(k, v)
 
 
-# The slowest modules, slowest first (per-module test time measured under `-n 2`). pytest.ini's
-# --no-loadscope-reorder keeps xdist's queue in collection order, and this hook starts these modules first: by
-# default xdist queues the modules with the MOST tests first, which puts the long subprocess modules (1 to 3 tests
-# each) at the end, where the last of them runs while the other worker sits idle.
-SLOWEST_FIRST = ("test_faults", "test_resume", "test_rl_step", "test_ppo", "test_sweep", "test_pipeline",
-                 "test_seeds", "test_multihost_cli", "test_ablation_tables", "test_sharding", "test_hf_cli_llama",
-                 "test_long_context", "test_multihost", "test_hf_cli_qwen", "test_attention", "test_aot",
-                 "test_algorithm_steps", "test_goldens", "test_hf_io", "test_sampling", "test_gdpo_table",
-                 "test_kl_estimators", "test_hf_load_memory", "test_gsm8k_run", "test_numerics", "test_model",
-                 "test_memory_plan")
+# The slowest modules, slowest first (per-module CPU seconds, user+sys with subprocesses, one module at a time under
+# `-p no:xdist`, 2026-12-01: faults 76, resume 66, rl_step 53, multihost_cli 47, aot 45, ..., memory_plan 10).
+# pytest.ini's --no-loadscope-reorder keeps xdist's queue in collection order, and this hook starts these modules
+# first: by default xdist queues the modules with the MOST tests first, which puts the long subprocess modules (1 to
+# 3 tests each) at the end, where the last of them runs while the other worker sits idle.
+SLOWEST_FIRST = ("test_faults", "test_resume", "test_rl_step", "test_multihost_cli", "test_aot", "test_sweep",
+                 "test_pipeline", "test_multihost", "test_seeds", "test_sharding", "test_attention", "test_ppo",
+                 "test_model", "test_long_context", "test_ablation_tables", "test_hf_cli_llama", "test_hf_cli_qwen",
+                 "test_sampling", "test_hf_load_memory", "test_hf_io", "test_algorithm_steps", "test_gdpo_table",
+                 "test_numerics", "test_kl_estimators", "test_gsm8k_run", "test_goldens", "test_memory_plan")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -32,6 +32,23 @@ def test_tfds_roundtrip_matches_generator(cfgs, tmp_path):
   assert not {task.key(e) for e in test} & {task.key(e) for e in train}
 
 
+def test_a_split_is_read_once_per_process(cfgs, monkeypatch, tmp_path):
+  """A second load of the same split (same data dir, task knobs, seed and sizes) comes from memory, as the
+  caller's own copy; another data dir is read (built) there."""
+  first = data.load_examples(cfgs["arith"], "train")
+
+  def no_read(*args, **kwargs):
+    raise AssertionError("read again")
+
+  monkeypatch.setattr(tfds, "data_source", no_read)
+  again = data.load_examples(cfgs["arith"], "train")
+  assert again == first and again is not first and again[0] is not first[0]
+  again[0]["answer"] = -1
+  assert data.load_examples(cfgs["arith"], "train")[0] == first[0]
+  with pytest.raises(AssertionError, match="read again"):
+    tfds_builders.load_split(data.make_task(cfgs["arith"]), "train", 0, 120, 30, str(tmp_path))
+
+
 @pytest.mark.parametrize("name", ["arith", "countdown"])
 def test_rl_batch_shapes_padding_and_fields(cfgs, tok, name):
   cfg = cfgs[name]

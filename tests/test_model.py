@@ -358,3 +358,18 @@ def test_from_config_and_validation():
     M.ModelConfig(**{**TINY, "remat": "some"})
   with pytest.raises(ValueError, match="head_dim"):
     M.ModelConfig(**{**TINY, "hidden": 30})
+
+
+def test_init_params_traces_once_per_config(monkeypatch):
+  """A second init of one model config runs the compiled init (no new trace) and still follows its key; another
+  config traces its own."""
+  traces = []
+  real = M.Transformer.init
+  monkeypatch.setattr(M.Transformer, "init", lambda self, *a, **k: traces.append(self.cfg) or real(self, *a, **k))
+  mcfg = dataclasses.replace(CONFIGS["gqa_tied_bias"], inter=48)  # a config no other test initialises
+  a, b, a2 = (M.init_params(mcfg, jax.random.PRNGKey(s)) for s in (0, 1, 0))
+  assert traces == [mcfg]
+  la, lb, la2 = (jax.tree.leaves(p) for p in (a, b, a2))
+  assert all(np.array_equal(x, z) for x, z in zip(la, la2)) and not all(np.array_equal(x, y) for x, y in zip(la, lb))
+  other = dataclasses.replace(mcfg, inter=40)
+  assert jax.tree.leaves(M.init_params(other, jax.random.PRNGKey(0)))[0].shape and traces == [mcfg, other]

@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 
 # 16 new tokens (not the config's 72) and 2 eval samples a prompt: decoding is most of a run's time, and nothing
-# here needs long completions.
+# here needs long completions. 64 train examples (6 steps x 8 prompts use 48) and 64 test examples (eval reads 32):
+# each of the module's 7 runs would read the 20,000-example train split (~0.8 s a run).
 ARGS = ["--config=configs/grpo_arith.py:runlocal", "--config.sft.steps=0", "--config.train.steps=6",
         "--config.train.ckpt_every=2", "--config.train.eval_every=3", "--config.train.plot_every=0",
         "--config.eval.size=32", "--config.eval.n_samples=2", "--config.sampling.max_new_tokens=16",
-        "--config.log.tensorboard=False"]
+        "--config.task.train_size=64", "--config.task.test_size=64", "--config.log.tensorboard=False"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -2,6 +2,7 @@
 
 Each record is {index, json}: the example as JSON. Content is a pure function of (task knobs, seed, sizes) and is
 encoded in the config name, so a data dir never mixes datasets. TFDS shuffles records on write; readers sort by index.
+A process reads each split from disk once (load_split keeps what it read).
 """
 from __future__ import annotations
 
@@ -83,6 +84,12 @@ def _decode(record: dict) -> dict:
   return ex
 
 
+# Splits already read by this process, by (data dir, config name, split). The name encodes the content, so a hit is
+# the same examples: a process that reads a split again (the train and eval data of every stage or run of an R1
+# pipeline, a sweep or a test module) skips the TFDS read, 0.6 s for arith's 20,000 train examples on the 2-core CPU.
+_READ: dict[tuple[str, str, str], tuple[dict, ...]] = {}
+
+
 def load_split(task: base.Task, split: str, seed: int, train_size: int, test_size: int,
                data_dir: str | None = None) -> list[dict]:
   """All examples of a split in index order, building the dataset into `data_dir` on first use."""
@@ -91,9 +98,12 @@ def load_split(task: base.Task, split: str, seed: int, train_size: int, test_siz
   if split not in base.SPLITS:
     raise ValueError(f"split={split!r} is unknown; use one of {base.SPLITS}")
   data_dir = data_dir or DEFAULT_DATA_DIR
-  tfds.disable_progress_bar()
-  source = tfds.data_source(_BUILDERS[task.name], data_dir=data_dir, split=split, download=True,
-                            builder_kwargs={"config": make_config(task, seed, train_size, test_size),
-                                            "file_format": "array_record"})
-  examples = [_decode(r) for r in source.__getitems__(list(range(len(source))))]
-  return sorted(examples, key=lambda ex: ex["index"])
+  config = make_config(task, seed, train_size, test_size)
+  key = (data_dir, config.name, split)
+  if key not in _READ:
+    tfds.disable_progress_bar()
+    source = tfds.data_source(_BUILDERS[task.name], data_dir=data_dir, split=split, download=True,
+                              builder_kwargs={"config": config, "file_format": "array_record"})
+    examples = [_decode(r) for r in source.__getitems__(list(range(len(source))))]
+    _READ[key] = tuple(sorted(examples, key=lambda ex: ex["index"]))
+  return [dict(ex) for ex in _READ[key]]  # the caller's own dicts (their values are ints, strings and tuples)
