@@ -158,8 +158,12 @@ def test_sharded_step_matches_single_device(single_device, shape, chunks, decode
   # meshes apart; the entropy of the training forward can)
   assert ref["entropy"] > 0.1 and abs(r["entropy"] - ref["entropy"]) < 1e-5
   assert abs(r["grad_norm"] - ref["grad_norm"]) < 1e-4 * max(1.0, ref["grad_norm"])
+  # Params after one AdamW step within 2e-5 = 0.02·lr: Adam divides each gradient by its own scale, so a rounding-
+  # level gradient difference (sharded sums add in another order) can move a near-zero-gradient element by a
+  # visible fraction of lr (docs/performance.md). 1e-5 held on one CPU and not on another (1.18e-5 on a 2026-12-01
+  # machine, same code): the ISA's vector width changes the reduction order too.
   for a, b in zip(r["params"], ref["params"]):
-    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5
+    assert max(abs(x - y) for x, y in zip(a, b)) < 2e-5
 
 
 
