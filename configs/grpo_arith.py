@@ -9,14 +9,13 @@ reward = accuracy + 0.2·format, 16 prompts × G=8, μ=1, lr 1e-4 (tiny model; 1
 held-out accuracy on 500 fixed test problems every 20 steps; the algorithm's own settings (for GRPO: β=0.04, k3 in
 the loss, ε=0.2, 1/|o| per answer) come from its preset (grpo_jax/presets.py, docs/algorithms.md).
 
-Measured 2026-11-29 on the shared 2-core CPU (seed 0, one run; other jobs were running, so times are upper bounds),
-with the group std's ddof=0 (the default then; now ddof=1 as TRL/verl, not re-measured):
-  SFT 600 steps, ~1.2–2.1 s/step; greedy accuracy 62.5% on the first 200 held-out problems
-    (--config.job=sft --config.eval.size=200; a little above the 20–60% band wanted for a start that GRPO can
-    still improve — fewer SFT steps would land inside it, not re-measured).
-  GRPO from that checkpoint (--config.train.init_from=DIR/sft/params), greedy accuracy on 500 held-out problems:
-    step 0: 61.4%, 20: 71.4%, 40: 75.0%, 60: 79.0%  (+17.6 points; pass@4 72.8% → 86.4%, cons@4 52.6% → 72.2%,
-    format 98.0% → 99.6%); 3–10 s/step while the machine was shared. Only seed 0 was run (not a 3-seed mean).
+Measured over 3 seeds (2026-12-01, commit 90fdc62, group std ddof=1; the 2-core CPU shared with other jobs, load
+2–8, 64 minutes for the three seeds), `python -m grpo_jax.sweep --config=configs/grpo_arith.py --workdir=DIR --seeds=3
+--mode=serial`; greedy accuracy on 500 held-out problems, seeds 0/1/2:
+  after SFT (600 steps; GRPO's step 0): 54.8% / 55.4% / 56.6%
+  after 60 GRPO steps:                  72.2% / 78.0% / 66.8%  -> 72.3% ± 13.9 (mean ± 95% CI, t with 2 df);
+  the GRPO gain +17.4 / +22.6 / +10.2 points (paired: +16.7 ± 15.5); pass@4 68.2% -> 81.1%, cons@4 48.8% -> 66.0%
+  (means). (The earlier single seed-0 run, 2026-11-29, ddof=0: 61.4% -> 79.0%.)
 Args: `small` (tiny, a minute; `runlocal` is an alias), `algo=<name>`: a preset of grpo_jax/presets.py (grpo |
 dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | gspo | ppo | gdpo | gdpo_dapo), applied whole;
 `grid=True`: get_sweep's β × lr grid (only `python -m grpo_jax.sweep` reads it; the config is the same).
