@@ -157,8 +157,14 @@ def check(runs: Sequence[Run]) -> dict[str, bool]:
       actions = stages.plan(todo, c, r.workdir)
     except errors.InputError as e:
       raise type(e)(f"sweep run {r.name}: {e}") from e
-    out[r.name] = all(a == "skip" for a in actions.values())
+    out[r.name] = all(a == "skip" for a in actions.values()) and _report_written(c, r.workdir)
   return out
+
+
+def _report_written(config, workdir: str) -> bool:
+  """An R1 pipeline run is finished once its held-out report is written too: a run stopped after its last stage and
+  before the report (or whose stages were copied in) reruns, skips every stage and writes it."""
+  return config.job != "r1_pipeline" or os.path.exists(os.path.join(workdir, "report.json"))
 
 
 def launch_commands(runs: Sequence[Run], config_file: str, base: dict[str, Any], launch: str = "local") -> list[str]:

@@ -352,3 +352,16 @@ def test_report_reads_metrics_stages_and_report_json(tmp_path):
   assert float(row[5]) == pytest.approx(0.635310, rel=1e-4)
   with pytest.raises(ValueError, match="@median"):
     sweep_report.parse("train/loss@median")
+
+
+def test_r1_run_whose_stages_are_done_is_finished_only_with_its_report(tmp_path, monkeypatch):
+  """A pipeline run stopped between its last stage and the held-out report must rerun (to write report.json, which
+  the seed report reads), not be skipped as finished."""
+  from configs import r1_pipeline
+  from grpo_jax import stages
+  c = r1_pipeline.get_config("small")
+  monkeypatch.setattr(stages, "plan", lambda todo, config, workdir: {st.name: "skip" for st in todo})
+  run = sweep.Run(name="seed=0", point="run", seed=0, overrides={}, keys={}, config=c, workdir=str(tmp_path))
+  assert sweep.check([run]) == {"seed=0": False}
+  (tmp_path / "report.json").write_text("{}")
+  assert sweep.check([run]) == {"seed=0": True}
