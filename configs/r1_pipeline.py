@@ -11,11 +11,11 @@ Results: mean ± 95% CI over seeds, one command (docs/r1.md, "Results over seeds
 
   python -m grpo_jax.sweep --config=configs/r1_pipeline.py --workdir=DIR --seeds=5 --mode=serial   # DIR/r1_seeds.md
 
-Five seeds (2026-12-01, commit 90fdc62): 62 minutes on the 2-core CPU next to other jobs (one seed 8.4 min at load
-~2). Held-out greedy accuracy, mean ± 95% CI: base 0.201 ± 0.054, R1-Zero 0.242 ± 0.110 (not resolved above the
-base), stage 4 0.392 ± 0.052, final 0.417 ± 0.069 (keeps stage 4's accuracy: +0.025 ± 0.030 paired). The final
-stage is a KL-anchored polish of stage 4: brevity only for verified answers (`brevity_correct`), its own lr 1e-4 and
-β 0.2 (`r1.final.lr/beta`); it lowers the sampled forbidden-word rate 0.011 -> 0.0045 (not resolved over seeds).
+Five seeds (2026-12-01, this default at commit 6312308; ~8 min a seed on a quiet 2-core CPU). Held-out greedy
+accuracy, mean ± 95% CI: base 0.201 ± 0.054, R1-Zero (200 steps) 0.309 ± 0.077 (above the base on every seed),
+stage 4 0.392 ± 0.052, final 0.417 ± 0.069 (keeps stage 4's accuracy: +0.025 ± 0.030 paired). The final stage is a
+KL-anchored polish of stage 4: brevity only for verified answers (`brevity_correct`), its own lr 1e-4 and β 0.2
+(`r1.final.lr/beta`); it lowers the sampled forbidden-word rate 0.011 -> 0.0045 (not resolved over seeds).
 `:small`: a
 plumbing and timing check (18 min wall at load 8-15, 2026-11-30).
 """
