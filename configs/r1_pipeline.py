@@ -11,7 +11,7 @@ Results: mean ± 95% CI over seeds, one command (docs/r1.md, "Results over seeds
 
   python -m grpo_jax.sweep --config=configs/r1_pipeline.py --workdir=DIR --seeds=5 --mode=serial   # DIR/r1_seeds.md
 
-Five seeds (2026-12-01, this default at commit 6312308; ~8 min a seed on a quiet 2-core CPU). Held-out greedy
+Five seeds (2026-12-01, this default at commit 6312308; 4.6 min a seed on a quiet 2-core CPU). Held-out greedy
 accuracy, mean ± 95% CI: base 0.201 ± 0.054, R1-Zero (200 steps) 0.309 ± 0.077 (above the base on every seed),
 stage 4 0.392 ± 0.052, final 0.417 ± 0.069 (keeps stage 4's accuracy: +0.025 ± 0.030 paired). The final stage is a
 KL-anchored polish of stage 4: brevity only for verified answers (`brevity_correct`), its own lr 1e-4 and β 0.2
