@@ -136,9 +136,10 @@ def _stage_list(config, workdir: str):
 
 
 def finished(run: Run) -> bool:
-  """Every stage of the run's job is recorded done (stages.py)."""
+  """Every stage of the run's job is recorded done (stages.py), and an R1 run's report written (_report_written)."""
   from grpo_jax import stages  # pylint: disable=g-import-not-at-top
-  return all(stages.is_done(st) for st in _stage_list(run.config, run.workdir))
+  return (all(stages.is_done(st) for st in _stage_list(run.config, run.workdir))
+          and _report_written(run.config, run.workdir))
 
 
 def check(runs: Sequence[Run]) -> dict[str, bool]:

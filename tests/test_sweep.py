@@ -362,6 +362,7 @@ def test_r1_run_whose_stages_are_done_is_finished_only_with_its_report(tmp_path,
   c = r1_pipeline.get_config("small")
   monkeypatch.setattr(stages, "plan", lambda todo, config, workdir: {st.name: "skip" for st in todo})
   run = sweep.Run(name="seed=0", point="run", seed=0, overrides={}, keys={}, config=c, workdir=str(tmp_path))
-  assert sweep.check([run]) == {"seed=0": False}
+  monkeypatch.setattr(stages, "is_done", lambda st: True)
+  assert sweep.check([run]) == {"seed=0": False} and not sweep.finished(run)
   (tmp_path / "report.json").write_text("{}")
-  assert sweep.check([run]) == {"seed=0": True}
+  assert sweep.check([run]) == {"seed=0": True} and sweep.finished(run)
