@@ -74,6 +74,15 @@ def save_tokenizer(out: str, tok) -> None:
     json.dump(cfg, f, indent=2)
 
 
+def write(out: str, mcfg, params, tok) -> None:
+  """The checkpoint directory: hf_io.save_hf (EOS / pad = digits.py's, no BOS) plus the shared tokenizer."""
+  from grpo_jax import hf_io
+  os.makedirs(out, exist_ok=True)
+  hf_io.save_hf(out, mcfg, params, base_config=dict(eos_token_id=digits.EOS, pad_token_id=digits.PAD,
+                                                    bos_token_id=None))
+  save_tokenizer(out, tok)
+
+
 def encode_prompts(tok, texts: list[str], P: int = digits.BENCH_PROMPT_LEN) -> tuple[np.ndarray, np.ndarray]:
   """Left-padded [N, P] ids and mask, as every side pads (TRL and tunix pad left too)."""
   ids = [e.ids for e in tok.encode_batch(texts)]
@@ -161,14 +170,10 @@ def main():
   ap.add_argument("--eval", type=int, default=256, help="held-out prompts for the printed accuracy and lengths")
   ap.add_argument("--eval-L", type=int, default=64, help="max new tokens of the evaluation's decodes")
   a = ap.parse_args()
-  from grpo_jax import hf_io
   t0 = time.perf_counter()
   tok = make_tokenizer(a.vocab)
   mcfg, params, losses = train(a, tok)
-  os.makedirs(a.out, exist_ok=True)
-  hf_io.save_hf(a.out, mcfg, params, base_config=dict(eos_token_id=digits.EOS, pad_token_id=digits.PAD,
-                                                      bos_token_id=None))
-  save_tokenizer(a.out, tok)
+  write(a.out, mcfg, params, tok)
   ev = evaluate(mcfg, params, tok, a.eval, a.eval_L, a.seed)
   k = max(1, a.steps // 10)
   print(f"SFT {a.steps} steps x {a.batch}: loss first {np.mean(losses[:k]):.3f} last {np.mean(losses[-k:]):.3f}; "

@@ -107,17 +107,14 @@ def test_stop_tokenizer_has_the_digit_workloads_ids_in_every_loader(tmp_path):
 
 @pytest.fixture(scope="module")
 def stop_checkpoint(tmp_path_factory):
-  """A tiny checkpoint trained 40 SFT steps to answer and stop, written as make_stop_checkpoint.py writes it."""
+  """A tiny checkpoint trained 40 SFT steps to answer and stop, written by make_stop_checkpoint.write."""
   pytest.importorskip("tokenizers")
   import make_stop_checkpoint as msc
-  from grpo_jax import hf_io
-  from grpo_jax.tasks import digits
   a = argparse.Namespace(**TINY_SHAPE, steps=40, batch=32, lr=1e-2, max_len=256, seed=0)
   out = str(tmp_path_factory.mktemp("stop"))
   tok = msc.make_tokenizer(a.vocab)
   mcfg, params, losses = msc.train(a, tok)
-  hf_io.save_hf(out, mcfg, params, base_config=dict(eos_token_id=digits.EOS, pad_token_id=digits.PAD))
-  msc.save_tokenizer(out, tok)
+  msc.write(out, mcfg, params, tok)
   return dict(dir=out, mcfg=mcfg, params=params, losses=losses, tok=tok)
 
 

@@ -35,6 +35,20 @@ def hf_tokenizer(model_dir: str, prompts: list[str]):
   return tok
 
 
+def checkpoint_config(model_dir: str, args) -> dict:
+  """DIR/config.json, after checking that its shape is the one the harness's flags name (grpo_step.py passes the
+  checkpoint's own shape, so a mismatch is a harness bug, not a user error)."""
+  import json
+  import os
+  with open(os.path.join(model_dir, "config.json")) as f:
+    hf = json.load(f)
+  got = dict(hidden=hf["hidden_size"], layers=hf["num_hidden_layers"], heads=hf["num_attention_heads"],
+             kv=hf["num_key_value_heads"], inter=hf["intermediate_size"], vocab=hf["vocab_size"])
+  if any(getattr(args, k) != v for k, v in got.items()):
+    raise SystemExit(f"{model_dir}: shape {got} differs from the flags {vars(args)}")
+  return hf
+
+
 # Every side prints fingerprint(its logits after CHECK_PROMPT) before training; grpo_step.py compares them, so a
 # side that loaded different weights (or tokenized differently) shows up in the same invocation.
 CHECK_PROMPT = "what is 12 + 345 ="
