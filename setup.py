@@ -21,11 +21,11 @@ INSTALL_REQUIRES = [
     "tensorboardX==2.6.5",
     "matplotlib==3.11.2",
     "safetensors==0.8.0",
-    "ml-dtypes==0.6.0",  # bfloat16 numpy arrays: grpo_jax/safetensors_io.py reads and writes HF checkpoints with it
+    "ml-dtypes==0.6.0",  # bfloat16 numpy arrays: grpo_jax/hf/safetensors_io.py reads and writes HF checkpoints with it
 ]
 
 HF = ["torch==2.13.0", "transformers==5.24.0", "tokenizers==0.23.3"]  # HF checkpoints and tokenizer.json
-TPU = ["libtpu==0.0.42.1"]  # the TPU compiler on a CPU machine (grpo_jax.aot); the version jax[tpu]==0.10.2 pins
+TPU = ["libtpu==0.0.42.1"]  # the TPU compiler on a CPU machine (grpo_jax.perf.aot); the version jax[tpu]==0.10.2 pins
 
 EXTRAS = {
     "hf": HF,

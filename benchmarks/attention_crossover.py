@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import attention
+from grpo_jax.model import attention
 
 
 def time_variants(n, h, kv, d, t, blocks, reps):

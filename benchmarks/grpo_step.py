@@ -18,7 +18,7 @@ early exit (--exit-chunk, --train-buckets). The shape flags come from DIR/config
 completion length (tokens incl. EOS) and reward over the timed steps.
 
 Peers run between two halves of our steps (same compiled program), so both sides see the same machine load.
-Also printed: model FLOP/s (grpo_jax/flops.py: analytic, real tokens, no recompute) over the whole step and over the
+Also printed: model FLOP/s (grpo_jax/perf/flops.py: analytic, real tokens, no recompute) over the whole step and over the
 update alone (policy forward+backward and reference forward, timed as separate programs) against an fp32 matmul
 peak measured in this run; decode tokens/s; on a GPU/TPU, MFU and the decode HBM-bandwidth fraction.
 """
@@ -45,7 +45,7 @@ def bench_config(a):
   c.model.attention = a.attention
   c.train.num_samples_logged = a.prompts * a.G  # every row's mask comes back: FLOPs count real tokens
   if getattr(a, "model_dir", ""):
-    from grpo_jax import hf_io
+    from grpo_jax.hf import hf_io
     m = hf_io.read_config(a.model_dir)  # the fields bench_config does not set from the shape flags
     c.model.update(head_dim=m.head_dim, rope_theta=m.rope_theta, rms_eps=m.rms_eps, qkv_bias=m.qkv_bias,
                    tie_embeddings=m.tie_embeddings)
@@ -61,7 +61,7 @@ def shape_from_checkpoint(a) -> None:
     for k in SHAPE:
       setattr(a, k, FLAGS[k] if getattr(a, k) is None else getattr(a, k))
     return
-  from grpo_jax import hf_io
+  from grpo_jax.hf import hf_io
   m = hf_io.read_config(a.model_dir)
   ck = dict(hidden=m.hidden, layers=m.layers, heads=m.heads, kv=m.kv_heads, inter=m.inter, vocab=m.vocab_size)
   bad = [f"--{k} {getattr(a, k)} (checkpoint: {v})" for k, v in ck.items() if getattr(a, k) not in (None, v)]
@@ -93,7 +93,7 @@ def stop_batches(tokenizer, prompts: int, steps: int):
 
 def check_fingerprint(mcfg, params, tokenizer) -> float:
   """stop_prompts.fingerprint of our logits after its CHECK_PROMPT: the peers print theirs from what they loaded."""
-  from grpo_jax import model as model_lib
+  from grpo_jax.model import model as model_lib
   sys.path.insert(0, PEERS)
   import stop_prompts
   ids = np.asarray([tokenizer.encode(stop_prompts.CHECK_PROMPT)], np.int32)
@@ -106,15 +106,18 @@ class Ours:
 
   def __init__(self, a):
     import jax
-    from grpo_jax import model as model_lib
-    from grpo_jax import families, rl_step, sharding, validate
+    from grpo_jax.model import model as model_lib
+    from grpo_jax.rl import families
+    from grpo_jax.rl import rl_step
+    from grpo_jax.infra import sharding
+    from grpo_jax.run import validate
     self.a, self.jax = a, jax
     c = bench_config(a)
     validate.validate_rl(c, jax.device_count())
     mesh = sharding.make_mesh(c.mesh)
     self.mcfg = model_lib.ModelConfig.from_config(c.model)
     if a.model_dir:  # the shared checkpoint: its weights, its tokenizer (EOS, pad), the shared prompts in order
-      from grpo_jax import hf_io
+      from grpo_jax.hf import hf_io
       from grpo_jax.tasks import hf_tokenizer
       tokenizer, params = hf_tokenizer.load(a.model_dir), hf_io.load_params(a.model_dir, self.mcfg)
       self.batches = stop_batches(tokenizer, a.prompts, a.steps + 2)  # compile step + both halves
@@ -188,8 +191,12 @@ def early_exit_programs(a, tokenizer, train_buckets: int):
   """(step, rollout, state): the jitted GRPO step with rl.train_buckets and the early-exit decode, its sampling
   alone as a separate program, and a fresh state."""
   import jax
-  from grpo_jax import model as model_lib
-  from grpo_jax import families, rl_step, sampling, sharding
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rl import families
+  from grpo_jax.rl import rl_step
+  from grpo_jax.rl import rollout as rollout_lib
+  from grpo_jax.rollout import sampling
+  from grpo_jax.infra import sharding
   c = bench_config(a)
   c.rl.train_buckets = train_buckets
   c.sampling.exit_chunk = a.exit_chunk
@@ -203,7 +210,7 @@ def early_exit_programs(a, tokenizer, train_buckets: int):
 
   def rollout(params, batch, rng):
     with sharding.mesh_context(mesh):
-      return jitted(params, rl_step.tile_batch(batch, a.G), rng)
+      return jitted(params, rollout_lib.tile_batch(batch, a.G), rng)
   return step, rollout, rl_step.init(c, mesh, mcfg, seed=0)
 
 
@@ -315,7 +322,7 @@ def part_times(a, reps: int = 3) -> dict[str, float]:
   """Median seconds of rollout, reference log-probs and one policy update, each its own jitted program."""
   import jax
   from profile_parts import parts, time_fn  # benchmarks/ is the script's directory
-  from grpo_jax import sharding
+  from grpo_jax.infra import sharding
   mesh, fns = parts(a, attention=a.attention, dtype=a.dtype)
   with sharding.mesh_context(mesh):
     exes = {k: (jax.jit(f).lower(*args).compile(), args) for k, (f, args) in fns.items()}
@@ -329,7 +336,7 @@ def part_times(a, reps: int = 3) -> dict[str, float]:
 def perf_report(a, ours: dict) -> list[str]:
   """FLOP/s over the step and the update against a same-run matmul peak; decode tokens/s; MFU on accelerators."""
   import jax
-  from grpo_jax import flops
+  from grpo_jax.perf import flops
   mcfg = ours["mcfg"]
   n_steps = len(ours["times"])
   fl = flops.step_flops(mcfg, ours["prompt_lens"], ours["completion_lens"])
@@ -417,7 +424,7 @@ def main():
   ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
   ap.add_argument("--remat", default="none", choices=["none", "full", "dots"])
   ap.add_argument("--attention", default="auto", choices=["auto", "xla", "blockwise", "splash", "cudnn", "dot_product"],
-                  help="model.attention (grpo_jax/attention.py); auto = the einsum path at these lengths on the CPU")
+                  help="model.attention (grpo_jax/model/attention.py); auto = the einsum path at these lengths on the CPU")
   ap.add_argument("--vs-trl", default="", help="python of a venv with TRL (benchmarks/README.md sets it up)")
   ap.add_argument("--vs-tunix", default="", help="python of a venv with tunix")
   ap.add_argument("--no-perf", action="store_true", help="skip the FLOP/s and part timings")
@@ -456,10 +463,10 @@ def main():
         f"recompiles_after_first_step={ours['recompiles']}")
   if a.model_dir:
     # perf_report's part programs are a random model decoding to L: not this workload.
-    from grpo_jax import rl_step
+    from grpo_jax.rl import rollout as rollout_lib
     lens = ours["completion_lens"].reshape(len(ours["times"]), -1)
     print(f"grpo_jax on {a.model_dir}: exit_chunk {a.exit_chunk}, train lengths "
-          f"{rl_step.train_lengths(bench_config(a))} (train_buckets {a.train_buckets}); per timed step: mean "
+          f"{rollout_lib.train_lengths(bench_config(a))} (train_buckets {a.train_buckets}); per timed step: mean "
           f"completion len {[round(float(x), 2) for x in lens.mean(1)]} longest {lens.max(1).tolist()} decode steps "
           f"{ours['decode_steps']} of {a.L - 1} trained on {ours['train_lens']} of {a.L} tokens")
     summary = [f"grpo_jax {ours['completion_lens'].mean():.2f} (reward {ours['reward_timed']:.3f})"]

@@ -23,7 +23,13 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from grpo_jax import hf_io, model as model_lib, model_presets, safetensors_io  # noqa: E402
+from grpo_jax.hf import hf_io  # noqa: E402
+
+from grpo_jax.model import model as model_lib
+
+from grpo_jax.model import model_presets
+
+from grpo_jax.hf import safetensors_io
 
 
 def make_checkpoint(path: str, preset: str, layers: int | None = None, seed: int = 0) -> model_lib.ModelConfig:
@@ -49,7 +55,7 @@ def status(field):
     if line.startswith(field + ":"):
       return int(line.split()[1]) * 1024
 import jax, numpy as np
-from grpo_jax import hf_io
+from grpo_jax.hf import hf_io
 after_imports = status("VmRSS")
 mcfg, params = hf_io.load_hf(sys.argv[1])
 jax.block_until_ready(params)

@@ -1,7 +1,7 @@
 """The realistic-lengths benchmark's shared checkpoint: a model of the benchmark's shape that answers and stops.
 
 A random model never draws EOS, so every system decodes to L. This script trains one briefly (SFT with our code) to
-answer "what is A + B =" with digits and then EOS, and writes it as a Hugging Face Qwen2 directory (hf_io.save_hf)
+answer "what is A + B =" with digits and then EOS, and writes it as a Hugging Face Qwen2 directory (hf_save.save_hf)
 with a tokenizer.json that grpo_jax, TRL and tunix all load: `grpo_step.py --model-dir DIR` runs the three on it.
 
 The tokenizer (a `tokenizers` WordLevel model) has digits.py's ids: 0 <|pad|>, 1 <|endoftext|> (EOS), 2..11 the
@@ -75,10 +75,10 @@ def save_tokenizer(out: str, tok) -> None:
 
 
 def write(out: str, mcfg, params, tok) -> None:
-  """The checkpoint directory: hf_io.save_hf (EOS / pad = digits.py's, no BOS) plus the shared tokenizer."""
-  from grpo_jax import hf_io
+  """The checkpoint directory: hf_save.save_hf (EOS / pad = digits.py's, no BOS) plus the shared tokenizer."""
+  from grpo_jax.hf import hf_save
   os.makedirs(out, exist_ok=True)
-  hf_io.save_hf(out, mcfg, params, base_config=dict(eos_token_id=digits.EOS, pad_token_id=digits.PAD,
+  hf_save.save_hf(out, mcfg, params, base_config=dict(eos_token_id=digits.EOS, pad_token_id=digits.PAD,
                                                     bos_token_id=None))
   save_tokenizer(out, tok)
 
@@ -121,8 +121,10 @@ def sft_config(a):
 def train(a, tok) -> tuple:
   """(ModelConfig, params, losses): a.steps AdamW steps of our SFT step from the seed's random init."""
   import jax
-  from grpo_jax import model as model_lib
-  from grpo_jax import families, sft_step, sharding
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rl import families
+  from grpo_jax.rl import sft_step
+  from grpo_jax.infra import sharding
   c = sft_config(a)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
@@ -140,7 +142,7 @@ def evaluate(mcfg, params, tok, n: int, L: int, seed: int) -> dict:
   """Greedy exact-answer accuracy and mean completion length (incl. EOS; L if no EOS) on n held-out prompts, and the
   mean / max length of completions sampled at temperature 1 with up to L new tokens."""
   import jax
-  from grpo_jax import sampling
+  from grpo_jax.rollout import sampling
   rows = np.random.default_rng(seed + 1).integers(0, 1000, (n, 2))
   prompt, pmask = encode_prompts(tok, [f"what is {x} + {y} =" for x, y in rows])
   out = {}

@@ -18,10 +18,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from grpo_jax import model as model_lib
-from grpo_jax import rl_step
-from grpo_jax import sampling
-from grpo_jax import sharding
+from grpo_jax.model import model as model_lib
+from grpo_jax.rl import rl_step
+from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.rollout import sampling
+from grpo_jax.infra import sharding
 from grpo_jax.tasks import digits
 
 FLAGS = dict(hidden=64, layers=2, heads=4, kv=2, inter=128, vocab=512, prompts=8, G=8, L=64, reps=5)
@@ -50,13 +51,13 @@ def parts(a, **model_over):
 
   ro = jax.jit(rollout)(params, rng)
   mask_NxL = ro.mask_NxL.astype(jnp.float32)
-  seq = rl_step.full_sequence(prompt_NxP, pmask_NxP, ro.tokens_NxL, mask_NxL)
+  seq = rollout_lib.full_sequence(prompt_NxP, pmask_NxP, ro.tokens_NxL, mask_NxL)
   loss_fn = rl_step.make_loss_fn(c, mcfg, P)
   mb = dict(seq=seq, old_logp_NxL=ro.logp_NxL, ref_logp_NxL=ro.logp_NxL,
             adv_NxL=jnp.ones_like(mask_NxL) * mask_NxL, mask_NxL=mask_NxL)
 
   def reference(params):
-    return rl_step.completion_logprobs(mcfg, params, seq, P, 1.0)[0]
+    return rollout_lib.completion_logprobs(mcfg, params, seq, P, 1.0)[0]
 
   def update(params, opt_state):
     (loss, _), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)

@@ -28,7 +28,7 @@ TINY = ["--config.model.hidden=32", "--config.model.layers=1", "--config.model.h
 
 
 def one(mode: str, steps: int, workdir: str) -> float:
-  argv = [sys.executable, "-m", "grpo_jax.sweep", "--config=configs/grpo_arith.py:small", f"--workdir={workdir}",
+  argv = [sys.executable, "-m", "grpo_jax.studies.sweep", "--config=configs/grpo_arith.py:small", f"--workdir={workdir}",
           "--sweep=rl.beta=0.02,0.5 optim.lr=1e-2,3e-2", "--seeds=2", f"--mode={mode}", *TINY,
           f"--config.train.steps={steps}", f"--config.train.eval_every={steps}", f"--config.train.ckpt_every={steps}"]
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT)

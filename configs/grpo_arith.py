@@ -7,7 +7,7 @@ Stage 1 (skipped when `train.init_from` names a params checkpoint, or when DIR/s
 chains of thought (3-layer, 128-wide Qwen2-shaped model, 600 steps × 64 sequences). Stage 2: GRPO with
 reward = accuracy + 0.2·format, 16 prompts × G=8, μ=1, lr 1e-4 (tiny model; 1e-6 is the real-model value), 60 steps,
 held-out accuracy on 500 fixed test problems every 20 steps; the algorithm's own settings (for GRPO: β=0.04, k3 in
-the loss, ε=0.2, 1/|o| per answer) come from its preset (grpo_jax/presets.py, docs/algorithms.md).
+the loss, ε=0.2, 1/|o| per answer) come from its preset (grpo_jax/config/presets.py, docs/algorithms.md).
 
 Measured over 3 seeds (2026-12-01, commit 90fdc62, group std ddof=1; the 2-core CPU shared with other jobs, load
 2–8, 64 minutes for the three seeds), `python -m grpo_jax.sweep --config=configs/grpo_arith.py --workdir=DIR --seeds=3
@@ -16,7 +16,7 @@ Measured over 3 seeds (2026-12-01, commit 90fdc62, group std ddof=1; the 2-core 
   after 60 GRPO steps:                  72.2% / 78.0% / 66.8%  -> 72.3% ± 13.9 (mean ± 95% CI, t with 2 df);
   the GRPO gain +17.4 / +22.6 / +10.2 points (paired: +16.7 ± 15.5); pass@4 68.2% -> 81.1%, cons@4 48.8% -> 66.0%
   (means). (The earlier single seed-0 run, 2026-11-29, ddof=0: 61.4% -> 79.0%.)
-Args: `small` (tiny, a minute; `runlocal` is an alias), `algo=<name>`: a preset of grpo_jax/presets.py (grpo |
+Args: `small` (tiny, a minute; `runlocal` is an alias), `algo=<name>`: a preset of grpo_jax/config/presets.py (grpo |
 dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | gspo | ppo | gdpo | gdpo_dapo), applied whole;
 `grid=True`: get_sweep's β × lr grid (only `python -m grpo_jax.sweep` reads it; the config is the same).
 
@@ -24,8 +24,8 @@ Sweeps (docs/sweeps.md):
   python -m grpo_jax.sweep --config=configs/grpo_arith.py --workdir=/tmp/grpo_arith_3seeds --seeds=3 --mode=serial
   python -m grpo_jax.sweep --config=configs/grpo_arith.py:small,grid=True --workdir=/tmp/arith_grid --seeds=3
 """
-from grpo_jax import config_lib
-from grpo_jax import presets
+from grpo_jax.config import config_lib
+from grpo_jax.config import presets
 
 
 def get_config(arg: str | None = None):

@@ -10,9 +10,9 @@ Intended real run (not run here: no accelerator, no weights, no internet on this
 
 Args (`configs/gsm8k.py:<arg>,...`):
 - `model=checkpoint` (default): every model field (shape, RoPE θ and llama3 scaling, norm eps, tying, biases,
-  vocab, max_len) is read from the checkpoint's config.json (grpo_jax/model_source.py); `--config.model.X=...`
+  vocab, max_len) is read from the checkpoint's config.json (grpo_jax/hf/model_source.py); `--config.model.X=...`
   still sets X, and must then agree with the checkpoint (all disagreements are listed in one error before anything
-  is built). `model=<preset>` (grpo_jax/model_presets.py: qwen2.5-0.5b ... llama-3.1-8b) pins the shape instead:
+  is built). `model=<preset>` (grpo_jax/model/model_presets.py: qwen2.5-0.5b ... llama-3.1-8b) pins the shape instead:
   the checkpoint must match it. `model=tiny`: a random 1-layer model with the shipped tokenizer (no checkpoint).
 - `prompt=r1_zero` (default): DeepSeek-R1's R1-Zero template, completions in `<think>…</think> <answer>…</answer>`;
   `prompt=chat`: the tokenizer's own chat template (system: "Please reason step by step, and put your final answer
@@ -34,9 +34,9 @@ Small variant (`:small`, model tiny, mock GSM8K from tests): 2 GRPO steps + eval
 shared 2-core CPU at load ~7 (tests/test_gsm8k_run.py fixture, 2026-11-30). `:small,model=checkpoint` from a tiny
 HF directory through the CLI, plus export: 60 s at load ~7 (tests/test_hf_cli_llama.py fixture).
 """
-from grpo_jax import config_lib
-from grpo_jax import model_presets
-from grpo_jax import presets
+from grpo_jax.config import config_lib
+from grpo_jax.model import model_presets
+from grpo_jax.config import presets
 
 TINY = dict(vocab_size=512, hidden=32, layers=1, heads=2, kv_heads=1, head_dim=0, inter=64, max_len=384,
             rope_theta=10_000.0, qkv_bias=True, tie_embeddings=True, rms_eps=1e-6, **model_presets.NO_SCALING)

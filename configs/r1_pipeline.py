@@ -1,5 +1,5 @@
 """R1-Zero and R1's five stages on 2-digit arithmetic in two "languages", one command (see docs/r1.md).
-Args: `small`, `algo=<preset>` (grpo_jax/presets.py) for the RL stages (default grpo).
+Args: `small`, `algo=<preset>` (grpo_jax/config/presets.py) for the RL stages (default grpo).
 
   python -m grpo_jax.main --config=configs/r1_pipeline.py --workdir=/tmp/r1
   python -m grpo_jax.main --config=configs/r1_pipeline.py:small --workdir=/tmp/r1_small   # a few minutes
@@ -19,14 +19,14 @@ KL-anchored polish of stage 4: brevity only for verified answers (`brevity_corre
 `:small`: a
 plumbing and timing check (18 min wall at load 8-15, 2026-11-30).
 """
-from grpo_jax import config_lib
-from grpo_jax import presets
+from grpo_jax.config import config_lib
+from grpo_jax.config import presets
 
 
 def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, small=False, algo="grpo")
   small = args.small
-  c = presets.apply(config_lib.base_config(), args.algo)  # the RL stages' algorithm (grpo_jax/presets.py)
+  c = presets.apply(config_lib.base_config(), args.algo)  # the RL stages' algorithm (grpo_jax/config/presets.py)
   c.job = "r1_pipeline"
   c.model.update(hidden=96, layers=2, heads=4, kv_heads=2, inter=256, max_len=136)
   c.task.update(name="arith", max_digits=2, ops="+-", prompt_len=48, language="mixed")

@@ -23,7 +23,7 @@ machine (an estimate from the CPU time, not a quiet-machine run).
 """
 import os
 
-from grpo_jax import config_lib
+from grpo_jax.config import config_lib
 
 LONG_NEW_TOKENS = 2048
 

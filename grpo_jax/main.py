@@ -48,8 +48,8 @@ def setup_logging(verbose: bool) -> None:
 
 def execute(config, workdir: str, verbose: bool = False) -> int:
   """Runs the job; returns the exit status, printing one line for every known failure (errors.classify)."""
-  from grpo_jax import errors
-  from grpo_jax import jobs
+  from grpo_jax.infra import errors
+  from grpo_jax.run import jobs
   try:
     jobs.run(config, workdir)
     return errors.EXIT_OK
@@ -72,7 +72,7 @@ def execute(config, workdir: str, verbose: bool = False) -> int:
 def _exit(code: int) -> None:
   """Error exits skip interpreter shutdown: orbax's and hung reward threads would print or wait there. Everything
   of ours is on disk by now (saves are waited for before RunStopped is raised; the lock is released)."""
-  from grpo_jax import errors
+  from grpo_jax.infra import errors
   if code in (errors.EXIT_INPUT, errors.EXIT_STOPPED):
     logging.flush()
     sys.stdout.flush()
@@ -82,7 +82,7 @@ def _exit(code: int) -> None:
 
 
 def main(argv) -> None:
-  from grpo_jax import errors
+  from grpo_jax.infra import errors
   if len(argv) > 1:
     print(f"Error: unexpected argument {argv[1]!r}; flags are --config, --workdir, --config.<key>=<value>, --verbose.",
           file=sys.stderr)
@@ -120,12 +120,12 @@ def _parse_flags(argv):
   try:
     return flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except
-    from grpo_jax import errors
+    from grpo_jax.infra import errors
     if "--verbose" in argv:
       traceback.print_exc()
     if isinstance(e, AttributeError):
       msg = (f"Config error: {_unknown_key(argv, e)}: no such key; check the spelling against "
-             "grpo_jax/config_lib.py (or the experiment's configs/*.py).")
+             "grpo_jax/config/config_lib.py (or the experiment's configs/*.py).")
     elif isinstance(e, flags.Error):
       msg = f"Error: {errors.one_line(str(e))}; see --helpfull for the flags."
     else:

@@ -1,7 +1,7 @@
 """Runs N processes of one program on this machine as one `jax.distributed` job (CPU collectives: gloo).
 
 Each child gets `GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=127.0.0.1:PORT GRPO_JAX_NUM_PROCESSES=N
-GRPO_JAX_PROCESS_ID=i` (read by `grpo_jax/multihost.py`); its output is streamed line by line, prefixed `[pI]`.
+GRPO_JAX_PROCESS_ID=i` (read by `grpo_jax/infra/multihost.py`); its output is streamed line by line, prefixed `[pI]`.
 The exit code is 0 only if every process exits 0; when one fails the others are stopped after `--grace-s` (they
 would otherwise wait forever in a collective).
 

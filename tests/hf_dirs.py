@@ -176,7 +176,9 @@ def ours_vs_transformers(run_dir: str, out_dir: str, prompt_ids: list[int], new_
   import numpy as np
   import torch
   import transformers
-  from grpo_jax import export, model as model_lib, sampling
+  from grpo_jax.hf import export
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rollout import sampling
   from grpo_jax.tasks import hf_tokenizer
   config = export.run_config(run_dir)
   mcfg = model_lib.ModelConfig.from_config(config.model)

@@ -2,7 +2,7 @@
 import numpy as np
 import pytest
 
-from grpo_jax.ablations import baselines
+from grpo_jax.studies.ablations import baselines
 
 N_DRAWS = 6000
 

@@ -4,12 +4,12 @@ import ml_collections
 import numpy as np
 import pytest
 
-from grpo_jax import config_lib
-from grpo_jax import model as model_lib
-from grpo_jax import presets
-from grpo_jax.ablations import memory_table
-from grpo_jax.ablations import toy
-from grpo_jax.ablations import train_table
+from grpo_jax.config import config_lib
+from grpo_jax.model import model as model_lib
+from grpo_jax.config import presets
+from grpo_jax.studies.ablations import memory_table
+from grpo_jax.studies.ablations import toy
+from grpo_jax.studies.ablations import train_table
 from grpo_jax.tasks import digits
 
 

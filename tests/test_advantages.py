@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import advantages as adv
+from grpo_jax.rl import advantages as adv
 
 RNG = np.random.default_rng(0)
 

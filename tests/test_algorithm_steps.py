@@ -5,13 +5,14 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import advantages
-from grpo_jax import config_lib
-from grpo_jax import families
-from grpo_jax import model as model_lib
-from grpo_jax import presets
-from grpo_jax import rl_step
-from grpo_jax import sharding
+from grpo_jax.rl import advantages
+from grpo_jax.config import config_lib
+from grpo_jax.rl import families
+from grpo_jax.model import model as model_lib
+from grpo_jax.config import presets
+from grpo_jax.rl import rl_step
+from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.infra import sharding
 from grpo_jax.tasks import digits
 
 TINY = dict(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
@@ -31,7 +32,7 @@ def _rollout(r_NxK, w_K, lengths, L, steps=None):
   lp = jnp.asarray(np.where(mask > 0, -1.0, 0.0), jnp.float32)
   fields = dict(r_N=jnp.asarray(r_NxK @ w_K, jnp.float32), terms_NxK=jnp.asarray(r_NxK), term_w_K=jnp.asarray(w_K),
                 mask_NxL=jnp.asarray(mask), old_logp_NxL=lp, ref_logp_NxL=lp, steps=steps)
-  return rl_step.Rollout(**{**dict.fromkeys(rl_step.Rollout._fields), **fields}), mask
+  return rollout_lib.Rollout(**{**dict.fromkeys(rollout_lib.Rollout._fields), **fields}), mask
 
 
 def test_compute_advantages_per_term_with_process_rewards_matches_numpy():
@@ -71,11 +72,11 @@ def test_signal_rewards_rule_for_dynamic_sampling_and_zero_std_fraction():
   terms = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0]])  # group 0: sum constant, terms vary
   w = jnp.array([1.0, 1.0])
   r = terms @ w
-  const_sum = advantages.group_is_constant(rl_step.signal_rewards(rl_sum, r, terms, w, 2))
-  const_term = advantages.group_is_constant(rl_step.signal_rewards(rl_term, r, terms, w, 2))
+  const_sum = advantages.group_is_constant(rollout_lib.signal_rewards(rl_sum, r, terms, w, 2))
+  const_term = advantages.group_is_constant(rollout_lib.signal_rewards(rl_term, r, terms, w, 2))
   assert const_sum.tolist() == [True, True] and const_term.tolist() == [False, True]
   # A weight-0 term never makes a group count: it is multiplied out.
-  assert advantages.group_is_constant(rl_step.signal_rewards(rl_term, r, terms, jnp.array([1.0, 0.0]), 2)).tolist() \
+  assert advantages.group_is_constant(rollout_lib.signal_rewards(rl_term, r, terms, jnp.array([1.0, 0.0]), 2)).tolist() \
       == [False, True]
 
 
@@ -135,7 +136,7 @@ def test_a_step_built_from_half_a_preset_is_refused():
 def test_scalar_knobs_trace_through_every_preset_step(name):
   """β, ε_low/ε_high (GSPO's too), the std ε, dual_clip and kl_clamp reach the step only through arithmetic: the
   step traces with each of them a tracer (what a vmapped sweep substitutes, seeds.with_values) for every preset."""
-  from grpo_jax import seeds as seeds_lib
+  from grpo_jax.studies import vmapped_runs as seeds_lib
   c = presets.apply(digits.bench_config(**TINY), name)
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(c.model.vocab_size)

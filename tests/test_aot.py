@@ -8,12 +8,12 @@ import sys
 import jax
 import pytest
 
-from grpo_jax import aot
-from grpo_jax import decode_layout
-from grpo_jax import hlo_collectives
-from grpo_jax import memory_plan
-from grpo_jax import model as model_lib
-from grpo_jax import roofline as roofline_lib
+from grpo_jax.perf import aot
+from grpo_jax.rollout import decode_layout
+from grpo_jax.perf import hlo_collectives
+from grpo_jax.rl import memory_plan
+from grpo_jax.model import model as model_lib
+from grpo_jax.perf import roofline as roofline_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -221,7 +221,7 @@ NEEDS_LIBTPU = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
 def test_tpu_compile_report_in_subprocess():
   # libtpu allows one process at a time: its users are this module's tests (one xdist worker under --dist
   # loadscope), each in its own process.
-  cmd = [sys.executable, "-m", "grpo_jax.aot", "--model=small", "--topology=v5e:2x2", "--prompts=2", "--G=4",
+  cmd = [sys.executable, "-m", "grpo_jax.perf.aot", "--model=small", "--topology=v5e:2x2", "--prompts=2", "--G=4",
          "--prompt-len=128", "--L=128", "--json"]
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, JAX_PLATFORMS="cpu"))
@@ -253,7 +253,8 @@ def test_tpu_compile_report_in_subprocess():
 _SPLASH_LOWERING = """
 import json, re, jax, jax.numpy as jnp
 from jax.experimental import topologies
-from grpo_jax import model as M, sharding
+from grpo_jax.model import model as M
+from grpo_jax.infra import sharding
 devices = list(topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices)
 mesh = sharding.make_mesh(dict(data=1, fsdp=-1, tensor=1), devices)
 out = {}
@@ -292,7 +293,8 @@ def test_tpu_lowering_of_training_contains_the_splash_kernels():
 # (dr_grpo: no reference forward), fp32 (no recomputed old log-probs), no remat.
 _DECODE_COLLECTIVES = """
 import json
-from grpo_jax import aot, memory_plan
+from grpo_jax.perf import aot
+from grpo_jax.rl import memory_plan
 devices = aot.tpu_devices("v5e:2x2")
 out = {}
 for knob, tp in (("auto", 0), ("tp", 2)):

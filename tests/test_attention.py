@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import attention as A
-from grpo_jax import model as M
-from grpo_jax import validate
+from grpo_jax.model import attention as A
+from grpo_jax.model import model as M
+from grpo_jax.run import validate
 
 # (heads, kv heads): GQA groups of 1, 2 and 7
 GROUPS = {"g1": (2, 2), "g2": (4, 2), "g7": (7, 1)}
@@ -177,8 +177,8 @@ def test_rl_step_temp_grows_linearly_with_completion_length():
   """XLA:CPU temp of the compiled RL step (tiny preset, 2 prompts × G2, 32+L tokens, fp32, remat=full, one device)
   at L=512 and 1024, model.attention=auto. Measured under these test flags: 37.4 → 70.5 MiB (×1.89); the einsum
   path's 141.6 → 471.8 MiB (×3.33). docs/scale.md has L up to 4096 under default flags."""
-  from grpo_jax import aot
-  from grpo_jax import memory_plan
+  from grpo_jax.perf import aot
+  from grpo_jax.rl import memory_plan
   one = dict(data=1, fsdp=1, tensor=1)
   temp = {}
   for L in (512, 1024):

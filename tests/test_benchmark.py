@@ -123,8 +123,8 @@ def test_stop_checkpoint_round_trips_and_stops(stop_checkpoint):
   its answer: sampled completions (temperature 1, up to 16 tokens) end within 8 (after 1 step instead of 40 they
   averaged 13 of 16 tokens)."""
   import make_stop_checkpoint as msc
-  from grpo_jax import hf_io
-  from grpo_jax import model as model_lib
+  from grpo_jax.hf import hf_io
+  from grpo_jax.model import model as model_lib
   s = stop_checkpoint
   mcfg, params = hf_io.load_hf(s["dir"])
   assert (mcfg.hidden, mcfg.layers, mcfg.vocab_size, mcfg.tie_embeddings) == (32, 1, 64, True)
@@ -171,7 +171,7 @@ def test_grpo_step_model_dir_runs_on_the_checkpoint(stop_checkpoint):
   o = grpo_step.Ours(a)
   for x, y in zip(jax.tree.leaves(stop_checkpoint["params"]), jax.tree.leaves(o.p0)):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
-  from grpo_jax import model as model_lib
+  from grpo_jax.model import model as model_lib
   ids = np.asarray([stop_checkpoint["tok"].encode("what is 12 + 345 =").ids])
   last_V = np.asarray(model_lib.forward(stop_checkpoint["mcfg"], stop_checkpoint["params"], ids,
                                         np.arange(ids.shape[1])[None], np.ones_like(ids)))[0, -1]

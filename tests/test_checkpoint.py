@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-from grpo_jax import checkpoint
+from grpo_jax.infra import checkpoint
 
 
 class TrainState(NamedTuple):  # stands in for state.py's pytree: only the `params` field name matters here
@@ -235,7 +235,7 @@ from jax.experimental import multihost_utils
 from jax.sharding import NamedSharding, PartitionSpec as P
 pid, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 jax.distributed.initialize(coordinator_address=f'127.0.0.1:{port}', num_processes=2, process_id=pid)
-from grpo_jax import checkpoint
+from grpo_jax.infra import checkpoint
 mesh = jax.make_mesh((4,), ('data',), devices=jax.devices())
 sh, rep = NamedSharding(mesh, P('data')), NamedSharding(mesh, P())
 
@@ -321,7 +321,7 @@ def _np_checksum(arr: np.ndarray) -> str:
 
 
 def test_checksums_match_numpy_and_see_one_flipped_bit():
-  from grpo_jax import integrity
+  from grpo_jax.infra import integrity
   rng = np.random.default_rng(0)
   leaves = {'f32': rng.standard_normal((3, 5)).astype(np.float32),
             'bf16': jnp.asarray(rng.standard_normal((4, 2, 3)), jnp.bfloat16),
@@ -343,7 +343,7 @@ def test_checksums_match_numpy_and_see_one_flipped_bit():
 
 def test_checksum_pass_needs_no_leaf_sized_temporary():
   """One fused pass per leaf: XLA plans (almost) no temporary memory, so checking a state needs no spare copy."""
-  from grpo_jax import integrity
+  from grpo_jax.infra import integrity
   leaves = [jax.ShapeDtypeStruct((1024, 1024), jnp.float32), jax.ShapeDtypeStruct((4, 512, 512), jnp.bfloat16)]
   compiled = integrity._summaries.lower(leaves).compile()
   assert compiled.memory_analysis().temp_size_in_bytes < 64 * 1024  # inputs: 6 MiB
@@ -352,7 +352,7 @@ def test_checksum_pass_needs_no_leaf_sized_temporary():
 _SHARDED_SCRIPT = r'''
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
-from grpo_jax import integrity
+from grpo_jax.infra import integrity
 x = np.random.default_rng(1).standard_normal((8, 6)).astype(np.float32)
 mesh = jax.make_mesh((4,), ('d',))
 one = integrity.summarize({'x': jnp.asarray(x)})
@@ -409,7 +409,7 @@ def test_flipped_bytes_fail_the_checksum_and_fall_back(tmp_path, caplog):
 
 
 def test_nonfinite_state_is_never_saved_and_a_nonfinite_checkpoint_is_skipped(tmp_path, caplog):
-  from grpo_jax import errors
+  from grpo_jax.infra import errors
   import orbax.checkpoint as ocp
   good, bad = _big_state(1), _big_state(2)
   bad['opt']['nu'] = bad['opt']['nu'].at[3, 4].set(jnp.nan)
@@ -433,7 +433,7 @@ def test_nonfinite_state_is_never_saved_and_a_nonfinite_checkpoint_is_skipped(tm
 
 
 def test_changed_shapes_are_a_config_error_not_damage(tmp_path):
-  from grpo_jax import errors
+  from grpo_jax.infra import errors
   state = _big_state(1)
   _save_steps(tmp_path, {1: state}, [1], async_save=False)
   other = dict(state, params={'w': jnp.zeros((64, 96), jnp.float32)})

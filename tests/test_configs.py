@@ -16,9 +16,9 @@ import sys
 import ml_collections
 import pytest
 
-from grpo_jax import config_lib
-from grpo_jax import presets
-from grpo_jax.ablations import train_table
+from grpo_jax.config import config_lib
+from grpo_jax.config import presets
+from grpo_jax.studies.ablations import train_table
 from grpo_jax.tasks import digits
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

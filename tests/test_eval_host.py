@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from grpo_jax import config_lib
-from grpo_jax import evaluation
-from grpo_jax import model as model_lib
-from grpo_jax import sharding
+from grpo_jax.config import config_lib
+from grpo_jax.run import evaluation
+from grpo_jax.model import model as model_lib
+from grpo_jax.infra import sharding
 from grpo_jax.tasks import data, gsm8k
 from grpo_jax.tasks import tokenizer as tok_lib
 from tests import eval_fakes

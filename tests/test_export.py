@@ -1,4 +1,4 @@
-"""grpo_jax.export error paths (the round trips run in tests/test_hf_cli_*.py): one line, exit 2, nothing written."""
+"""grpo_jax.hf.export error paths (the round trips run in tests/test_hf_cli_*.py): one line, exit 2, nothing written."""
 import json
 import os
 import subprocess
@@ -6,8 +6,10 @@ import sys
 
 import pytest
 
-from grpo_jax import config_lib, export
+from grpo_jax.config import config_lib
 
+
+from grpo_jax.hf import export
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -44,7 +46,7 @@ def test_export_refuses_what_it_cannot_export(tmp_path):
 
 
 def test_cli_prints_one_line_and_exits_2(tmp_path):
-  r = subprocess.run([sys.executable, "-m", "grpo_jax.export", str(tmp_path / "none"), str(tmp_path / "out")],
+  r = subprocess.run([sys.executable, "-m", "grpo_jax.hf.export", str(tmp_path / "none"), str(tmp_path / "out")],
                      capture_output=True, text=True, cwd=REPO, timeout=120,
                      env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
   assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr

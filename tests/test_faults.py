@@ -107,8 +107,9 @@ def xla_cache(tmp_path_factory):
 def hf_init(tmp_path_factory):
   import jax
   from configs import grpo_arith
-  from grpo_jax import hf_io
-  from grpo_jax import model as model_lib
+  from grpo_jax.hf import hf_io
+  from grpo_jax.hf import hf_save
+  from grpo_jax.model import model as model_lib
   from grpo_jax.tasks import tokenizer as tok_lib
   c = grpo_arith.get_config("runlocal")
   for k, v in TINY.items():
@@ -120,7 +121,7 @@ def hf_init(tmp_path_factory):
   emb[tok_lib.load().eos_id] *= 30.0  # tied head: sampling ends some rows early
   params["embed"]["embedding"] = emb
   d = tmp_path_factory.mktemp("hf")
-  hf_io.save_hf(str(d), mcfg, params)
+  hf_save.save_hf(str(d), mcfg, params)
   return {**RL_JOB, "train.init_from": f"hf:{d}"}
 
 
@@ -262,7 +263,8 @@ _HANG_SCRIPT = r'''
 import os, sys, threading, time
 sys.argv = ["x"]
 from configs import grpo_arith
-from grpo_jax import main, train
+from grpo_jax import main
+from grpo_jax.run import train
 marker = os.environ["HANG_MARKER"]
 def hang(texts, ids, batch):
   with open(marker, "w") as f:

@@ -2,8 +2,8 @@
 import numpy as np
 import pytest
 
-from grpo_jax import flops
-from grpo_jax import model as model_lib
+from grpo_jax.perf import flops
+from grpo_jax.model import model as model_lib
 
 # D=4, H=2, K=1, Dh=2, F=8, V=10, one layer
 TINY = model_lib.ModelConfig(vocab_size=10, hidden=4, layers=1, heads=2, kv_heads=1, head_dim=2, inter=8, max_len=8)

@@ -27,15 +27,15 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config_lib
-from grpo_jax import families
-from grpo_jax import model as model_lib
-from grpo_jax import presets
-from grpo_jax import ppo_step
-from grpo_jax import rewards
-from grpo_jax import rl_step
-from grpo_jax import sft_step
-from grpo_jax import sharding
+from grpo_jax.config import config_lib
+from grpo_jax.rl import families
+from grpo_jax.model import model as model_lib
+from grpo_jax.config import presets
+from grpo_jax.rl import ppo_step
+from grpo_jax.rl import rewards
+from grpo_jax.rl import rl_step
+from grpo_jax.rl import sft_step
+from grpo_jax.infra import sharding
 
 RTOL, ATOL = 1e-4, 1e-6
 V, P, L, B, G, STEPS = 32, 6, 8, 4, 4, 3

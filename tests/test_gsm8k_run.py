@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 import tensorflow_datasets as tfds
 
-from grpo_jax import config_lib
-from grpo_jax import hf_io
-from grpo_jax import model as model_lib
-from grpo_jax import train
+from grpo_jax.config import config_lib
+from grpo_jax.hf import hf_io
+from grpo_jax.hf import hf_save
+from grpo_jax.model import model as model_lib
+from grpo_jax.run import train
 from grpo_jax.tasks import gsm8k, math_answer, registry
 
 
@@ -33,7 +34,7 @@ def run(tmp_path_factory):
   mcfg = model_lib.ModelConfig.from_config(config.model)
   params = model_lib.init_params(mcfg, jax.random.PRNGKey(7))  # not config.seed's init: the hook must load these
   hf_dir = str(tmp_path_factory.mktemp("hf"))
-  hf_io.save_hf(hf_dir, mcfg, params)
+  hf_save.save_hf(hf_dir, mcfg, params)
   calls = []
 
   accuracy = gsm8k.make_rewards(gsm8k.tokenizer_lib.load())["math_accuracy"]

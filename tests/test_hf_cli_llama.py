@@ -27,7 +27,7 @@ def run(tmp_path_factory):
                        f"--config.train.init_from=hf:{src}", f"--config.task.data_dir={data}",
                        "--config.optim.weight_decay=0.1"])
   assert r.returncode == 0, r.stderr[-4000:]
-  e = hf_dirs.run_cli([work, out], module="grpo_jax.export")
+  e = hf_dirs.run_cli([work, out], module="grpo_jax.hf.export")
   assert e.returncode == 0, e.stderr[-4000:]
   return dict(src=src, data=data, work=work, out=out, stdout=e.stdout)
 
@@ -52,7 +52,8 @@ def test_every_model_field_came_from_the_checkpoint(run):
 
 
 def test_export_matches_transformers_logits_and_greedy_tokens(run):
-  from grpo_jax import hf_io, model as model_lib
+  from grpo_jax.hf import hf_io
+  from grpo_jax.model import model as model_lib
   from grpo_jax.tasks import hf_tokenizer, gsm8k
   tok = hf_tokenizer.HFTokenizer(run["out"])
   q = hf_dirs.QUESTIONS[1]

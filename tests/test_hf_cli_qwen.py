@@ -31,7 +31,8 @@ def run(tmp_path_factory):
 
 
 def test_model_and_prompts_came_from_the_checkpoint(run):
-  from grpo_jax import config_lib, model_source
+  from grpo_jax.config import config_lib
+  from grpo_jax.hf import model_source
   from grpo_jax.tasks import data, hf_tokenizer
   with open(os.path.join(run["work"], "config.json")) as f:
     saved = json.load(f)
@@ -61,7 +62,7 @@ def test_model_and_prompts_came_from_the_checkpoint(run):
 
 
 def test_export_matches_transformers_logits_and_greedy_tokens(run):
-  from grpo_jax import hf_io
+  from grpo_jax.hf import hf_io
   from grpo_jax.tasks import hf_tokenizer
   tok = hf_tokenizer.HFTokenizer(run["out"])
   prompt = tok.encode(tok.apply_chat_template([{"role": "user", "content": hf_dirs.QUESTIONS[2]}]))

@@ -9,8 +9,9 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from grpo_jax import hf_io  # noqa: E402
-from grpo_jax import model as M  # noqa: E402
+from grpo_jax.hf import hf_io  # noqa: E402
+from grpo_jax.hf import hf_save
+from grpo_jax.model import model as M  # noqa: E402
 
 SMALL = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
              max_position_embeddings=64, rms_norm_eps=1e-6)
@@ -64,7 +65,7 @@ def test_load_matches_transformers_and_export_round_trips(case, tmp_path):
   np.testing.assert_allclose(got[real], want[real], atol=2e-4, rtol=1e-4)
   assert np.abs(want[real]).max() > 1.0
 
-  hf_io.save_hf(str(tmp_path / "ours"), mcfg, params, model_type=kind)
+  hf_save.save_hf(str(tmp_path / "ours"), mcfg, params, model_type=kind)
   mcfg2, params2 = hf_io.load_hf(str(tmp_path / "ours"))
   assert mcfg2 == mcfg
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(params2)):
@@ -77,7 +78,7 @@ def test_sharded_bf16_export_and_rejections(tmp_path):
   model = make_hf("qwen2", CASES["qwen2_gqa_tied"][1], seed=1)
   model.save_pretrained(tmp_path / "hf")
   mcfg, params = hf_io.load_hf(str(tmp_path / "hf"))
-  hf_io.save_hf(str(tmp_path / "bf"), mcfg, params, dtype="bfloat16", max_shard_bytes=8_000)
+  hf_save.save_hf(str(tmp_path / "bf"), mcfg, params, dtype="bfloat16", max_shard_bytes=8_000)
   index = json.loads((tmp_path / "bf" / "model.safetensors.index.json").read_text())
   assert len(set(index["weight_map"].values())) > 1
   _, p16 = hf_io.load_hf(str(tmp_path / "bf"))
@@ -92,7 +93,7 @@ def test_sharded_bf16_export_and_rejections(tmp_path):
   with pytest.raises(ValueError, match="sliding"):
     hf_io.config_from_hf({**hf, "use_sliding_window": True})
   with pytest.raises(ValueError, match="qwen2"):
-    hf_io.save_hf(str(tmp_path / "x"), M.ModelConfig(qkv_bias=False), None, model_type="qwen2")
+    hf_save.save_hf(str(tmp_path / "x"), M.ModelConfig(qkv_bias=False), None, model_type="qwen2")
 
   llama = make_hf("llama", CASES["llama_bias_tied"][1], seed=2)
   with torch.no_grad():
@@ -104,8 +105,12 @@ def test_sharded_bf16_export_and_rejections(tmp_path):
 
 # ------------------------------------------------------------------------------------ safetensors_io, streaming
 
-from grpo_jax import config_lib, model_source, safetensors_io as st  # noqa: E402
-from grpo_jax.hf_io import CheckpointError  # noqa: E402
+from grpo_jax.config import config_lib  # noqa: E402
+
+from grpo_jax.hf import model_source
+
+from grpo_jax.hf import safetensors_io as st
+from grpo_jax.hf.hf_io import CheckpointError  # noqa: E402
 
 
 def test_safetensors_io_reads_and_writes_what_the_reference_package_does(tmp_path):
@@ -131,7 +136,7 @@ def tiny_checkpoint(path, kind="qwen2", seed=0, **over):
   kw.update(over)
   mcfg = M.ModelConfig(**kw)
   params = M.init_params(mcfg, jax.random.PRNGKey(seed))
-  hf_io.save_hf(str(path), mcfg, params, model_type=kind)
+  hf_save.save_hf(str(path), mcfg, params, model_type=kind)
   return mcfg, params
 
 
@@ -178,7 +183,7 @@ def _truncate(path):
 def _drop_a_shard(path):
   mcfg, params = hf_io.load_hf(path)
   os.remove(os.path.join(path, "model.safetensors"))
-  hf_io.save_hf(path, mcfg, params, max_shard_bytes=20_000)
+  hf_save.save_hf(path, mcfg, params, max_shard_bytes=20_000)
   os.remove(os.path.join(path, "model-00002-of-00008.safetensors"))
 
 
@@ -283,7 +288,10 @@ def test_streamed_load_lands_in_the_shardings(tmp_path):
   tiny_checkpoint(tmp_path / "hf", heads=4, kv_heads=2)
   code = f"""
 import jax, numpy as np
-from grpo_jax import hf_io, model as M, sharding, state
+from grpo_jax.hf import hf_io
+from grpo_jax.model import model as M
+from grpo_jax.infra import sharding
+from grpo_jax.rl import state
 mcfg, ref = hf_io.load_hf({str(tmp_path / 'hf')!r})
 mesh = sharding.make_mesh(dict(data=1, fsdp=2, tensor=2))
 _, sh = state._params_spec(mesh, mcfg)

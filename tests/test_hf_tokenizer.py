@@ -107,7 +107,7 @@ def test_decode_drops_control_and_unknown_ids(dirs):
 
 
 def test_selected_by_config_and_path(dirs):
-  from grpo_jax import config_lib
+  from grpo_jax.config import config_lib
   shipped = tok_lib.load()
   assert isinstance(tok_lib.load(f"hf:{dirs['qwen']}"), hf_tokenizer.HFTokenizer)
   by_file = tok_lib.load(os.path.join(dirs["qwen"], "tokenizer.json"))
@@ -173,7 +173,8 @@ def test_gsm8k_prompts_through_the_hf_tokenizer(dirs):
 
 
 def test_chat_format_needs_a_chat_template(dirs):
-  from grpo_jax import config_lib, validate
+  from grpo_jax.config import config_lib
+  from grpo_jax.run import validate
   with pytest.raises(ValueError, match="needs a tokenizer with a chat template, but the shipped tokenizer has none"):
     prompts.check("chat", tok_lib.load())
   c = config_lib.override(config_lib.load_config("configs/gsm8k.py", "small,prompt=chat"), {})

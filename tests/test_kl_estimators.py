@@ -6,8 +6,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config_lib
-from grpo_jax.ablations import kl_estimators as kle
+from grpo_jax.config import config_lib
+from grpo_jax.studies.ablations import kl_estimators as kle
 
 
 @pytest.fixture(scope="module")

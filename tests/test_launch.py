@@ -16,7 +16,7 @@ import local_multiprocess  # noqa: E402
 PSUM_SCRIPT = textwrap.dedent("""
     import jax, numpy as np
     from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-    from grpo_jax import multihost
+    from grpo_jax.infra import multihost
     assert multihost.maybe_initialize(), "GRPO_JAX_DISTRIBUTED was not set by the launcher"
     pid, n = jax.process_index(), jax.process_count()
     mesh = Mesh(np.array(jax.devices()), ("p",))

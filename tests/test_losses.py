@@ -4,7 +4,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import losses
+from grpo_jax.rl import losses
 
 RNG = np.random.default_rng(0)
 

@@ -4,8 +4,8 @@ import json
 import jax
 import pytest
 
-from grpo_jax import decode_layout
-from grpo_jax import memory_plan
+from grpo_jax.rollout import decode_layout
+from grpo_jax.rl import memory_plan
 
 ONE = dict(data=1, fsdp=1, tensor=1)
 
@@ -65,7 +65,7 @@ def test_cli_json_and_errors(capsys):
 @pytest.fixture(scope="module")
 def cpu_compiled(tmp_path_factory):
   """One small RL step compiled for the CPU (shared; ~20 s on a busy 2-core machine), its HLO dumped."""
-  from grpo_jax import aot
+  from grpo_jax.perf import aot
   cfg = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=48, mesh=ONE, dtype="float32",
                                     remat="none")
   dump = str(tmp_path_factory.mktemp("xla_dump"))
@@ -76,7 +76,7 @@ def cpu_compiled(tmp_path_factory):
 def test_buffer_assignment_summary_equals_memory_analysis(cpu_compiled, tmp_path):
   # aot --buffers reads per-device bytes from XLA's dump (how the 1.5B/7B TPU rows in docs/scale.md were taken from
   # compiles cut off after buffer assignment); it must equal what memory_analysis() reports for the same compile.
-  from grpo_jax import aot
+  from grpo_jax.perf import aot
   _, mem, dump = cpu_compiled
   b = aot.buffer_assignment_summary(dump)
   assert (b["argument_bytes"], b["temp_bytes"]) == (mem["argument_bytes"], mem["temp_bytes"])
@@ -197,5 +197,5 @@ def test_attention_terms_follow_the_path_chunks_and_beta():
 
 
 def _override(c, values):
-  from grpo_jax import config_lib
+  from grpo_jax.config import config_lib
   return config_lib.override(c, values)

@@ -14,8 +14,8 @@ import pytest
 from matplotlib import image as mpl_image
 from tensorboardX.proto import event_pb2
 
-from grpo_jax import metrics as metrics_lib
-from grpo_jax import plots
+from grpo_jax.run import metrics as metrics_lib
+from grpo_jax.run import plots
 
 
 def _rows(workdir):
@@ -60,7 +60,7 @@ def test_metric_literals_in_package_are_all_defined():
       # 'train/x@tail' is the sweep report's reference to metric train/x reduced over its rows: check the metric.
       found.add(re.sub(r'\{[^}]*\}', '1', literal.split('@')[0]))
   unknown = sorted(n for n in found if not metrics_lib.is_known(n))
-  assert not unknown, f'add these to grpo_jax/metrics.py METRICS: {unknown}'
+  assert not unknown, f'add these to grpo_jax/run/metrics.py METRICS: {unknown}'
 
 
 def test_every_defined_name_is_written_by_the_package():
@@ -246,7 +246,7 @@ def test_plots_are_nonempty_pngs_and_tolerate_missing_metrics(tmp_path):
 
 def test_docs_metrics_table_matches_code():
   import os
-  from grpo_jax import metrics as metrics_lib
+  from grpo_jax.run import metrics as metrics_lib
   path = os.path.join(os.path.dirname(__file__), "..", "docs", "metrics.md")
   with open(path) as f:
     assert metrics_lib.markdown_table() in f.read(), "regenerate docs/metrics.md (command at its top)"

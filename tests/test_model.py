@@ -7,7 +7,9 @@ import ml_collections
 import numpy as np
 import pytest
 
-from grpo_jax import model as M
+from grpo_jax.model import model as M
+
+from grpo_jax.model import decode as decode_lib
 
 TINY = dict(vocab_size=64, hidden=32, layers=2, heads=4, inter=64, max_len=32)
 CONFIGS = {
@@ -83,8 +85,8 @@ def np_log_softmax(z):
 
 
 forward = jax.jit(M.forward, static_argnums=0)
-prefill = jax.jit(M.prefill, static_argnums=0)
-decode_step = jax.jit(M.decode_step, static_argnums=0)
+prefill = jax.jit(decode_lib.prefill, static_argnums=0)
+decode_step = jax.jit(decode_lib.decode_step, static_argnums=0)
 token_logprobs = jax.jit(M.token_logprobs, static_argnums=(0, 6))
 
 # three rows with 0, 2 and 4 left pads
@@ -124,7 +126,7 @@ def test_cached_decode_matches_full_forward(model):
   s = p + CONT.shape[1] + 3  # longer than needed: stale/empty slots past `index` must be ignored
   tokens, mask, pos = full_sequence()
   full = np.asarray(forward(mcfg, params, tokens, pos, mask))
-  cache = M.init_cache(mcfg, n, s)
+  cache = decode_lib.init_cache(mcfg, n, s)
   assert len(cache["k"]) == len(cache["v"]) == mcfg.layers  # one buffer per layer
   assert all(k.shape == (n, mcfg.kv_heads, mcfg.head_dim, s) for k in cache["k"])
   assert all(v.shape == (n, mcfg.kv_heads, s, mcfg.head_dim) for v in cache["v"])
@@ -316,7 +318,7 @@ def test_bf16_compute_close_to_fp32():
   # bf16 keeps ~3 significant digits; with these O(1) weights 2 layers give ~2% of the logit range (measured)
   err = np.abs(f32 - np.asarray(b16))[real].max() / np.abs(f32[real]).max()
   assert 1e-4 < err < 0.05, err  # > 1e-4: bf16 really was used
-  assert all(x.dtype == jnp.bfloat16 for x in M.init_cache(bf, 1, 4)["k"])
+  assert all(x.dtype == jnp.bfloat16 for x in decode_lib.init_cache(bf, 1, 4)["k"])
 
 
 @pytest.mark.parametrize("attention", ["auto", "blockwise"])  # blockwise: its custom_vjp under jax.checkpoint

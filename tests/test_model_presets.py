@@ -4,8 +4,18 @@ import os
 
 import pytest
 
-from grpo_jax import config_lib, hf_io, memory_plan, model as model_lib, model_presets, model_source
+from grpo_jax.config import config_lib
 
+
+from grpo_jax.hf import hf_io
+
+from grpo_jax.rl import memory_plan
+
+from grpo_jax.model import model as model_lib
+
+from grpo_jax.model import model_presets
+
+from grpo_jax.hf import model_source
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # config.json as published on the Hugging Face hub (token ids and bookkeeping keys included).
 LLAMA_32_1B = {

@@ -23,13 +23,18 @@ import local_multiprocess  # noqa: E402
 RUN_SCRIPT = textwrap.dedent("""
     import json, os, sys, time
     T0 = time.perf_counter()
-    from grpo_jax import multihost
+    from grpo_jax.infra import multihost
     multihost.maybe_initialize()
     import jax, numpy as np
     from jax.experimental import multihost_utils
-    from grpo_jax import checkpoint as ckpt_lib, families, model as model_lib, rl_step, sharding
+    from grpo_jax.infra import checkpoint as ckpt_lib
+    from grpo_jax.infra import params_ckpt
+    from grpo_jax.rl import families
+    from grpo_jax.model import model as model_lib
+    from grpo_jax.rl import rl_step
+    from grpo_jax.infra import sharding
     from grpo_jax.tasks import digits
-    from grpo_jax import train
+    from grpo_jax.run import train
     out = sys.argv[1]
     c = digits.bench_config(hidden=32, layers=1, heads=2, kv=1, inter=64, vocab=16, prompts=4, G=4, L=8)  # 10 of 16 ids are digits: rewards vary
     c.optim.lr = 1e-2  # large, so that two updates move the params visibly
@@ -120,14 +125,14 @@ def test_final_params_match_single_process(runs):
 
 
 def test_checkpoint_written_collectively(runs):
-  from grpo_jax import checkpoint as ckpt_lib
+  from grpo_jax.infra import params_ckpt
   import jax
   _, p2 = _load(runs["root"] / "two")
   ckdir = runs["root"] / "two" / "checkpoints"
   abstract = jax.eval_shape(lambda: _nested(p2))
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract)
-  restored = ckpt_lib.restore_params_only(str(ckdir), abstract, step=2)
+  restored = params_ckpt.restore_params_only(str(ckdir), abstract, step=2)
   got = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(restored)[0]}
   for k in p2:
     np.testing.assert_array_equal(got[k], p2[k], err_msg=k)

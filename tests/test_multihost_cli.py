@@ -49,8 +49,9 @@ def _flags(c) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-  from grpo_jax import hf_io
-  from grpo_jax import model as model_lib
+  from grpo_jax.hf import hf_io
+  from grpo_jax.hf import hf_save
+  from grpo_jax.model import model as model_lib
   from grpo_jax.tasks import data, tokenizer as tok_lib
   root = tmp_path_factory.mktemp("cli")
   c = _config(str(root / "tfds"), str(root / "hf"))
@@ -62,7 +63,7 @@ def runs(tmp_path_factory):
   emb = np.asarray(params["embed"]["embedding"]).copy()
   emb[eos] *= 30.0  # tied head: greedy ends at once; sampling (logits ~flat) ends some rows early
   params["embed"]["embedding"] = emb
-  hf_io.save_hf(str(root / "hf"), mcfg, params)
+  hf_save.save_hf(str(root / "hf"), mcfg, params)
   argv = ["--config=configs/grpo_arith.py:runlocal"] + _flags(c)
   env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
@@ -85,12 +86,13 @@ def _rows(d):
 
 
 def _params(d, mcfg):
-  from grpo_jax import checkpoint as ckpt_lib
-  from grpo_jax import model as model_lib
+  from grpo_jax.infra import checkpoint as ckpt_lib
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
   dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev),
                           jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0))))
-  return ckpt_lib.restore_params_only(str(d / "checkpoints"), abstract, step=2)
+  return params_ckpt.restore_params_only(str(d / "checkpoints"), abstract, step=2)
 
 
 def test_both_processes_ran_the_job(runs):

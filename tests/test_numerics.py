@@ -6,9 +6,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config_lib
-from grpo_jax import rewards
-from grpo_jax import train
+from grpo_jax.config import config_lib
+from grpo_jax.rl import rewards
+from grpo_jax.run import train
 
 
 def _always_nan():
@@ -43,7 +43,7 @@ def test_nonfinite_updates_are_skipped_then_the_run_stops_saved(tmp_path, nan_te
   c.rewards = ((nan_term, 1.0),)
   with pytest.raises(train.NonFiniteError, match="max_nonfinite_in_row"):
     train.run_rl(c, str(tmp_path))
-  from grpo_jax import metrics as metrics_lib
+  from grpo_jax.run import metrics as metrics_lib
   rows = [r for r in metrics_lib.read_metrics(str(tmp_path)) if "train/nonfinite_updates" in r]
   assert [r["step"] for r in rows] == [1, 2]
   assert all(r["train/nonfinite_updates"] == 1 and r["train/skipped_updates"] == 1 for r in rows)

@@ -9,7 +9,7 @@ import pytest
 
 import conftest  # tests/conftest.py: private_compilation_cache
 
-from grpo_jax import evaluation
+from grpo_jax.run import evaluation
 from grpo_jax.r1 import corpus
 from grpo_jax.r1 import layout
 from grpo_jax.r1 import pipeline
@@ -106,7 +106,7 @@ def test_stage_rewards_tracks_every_term():
 def test_bad_r1_config_fails_before_any_stage(tmp_path, key, value, match):
   """Every stage's config is checked up front: a bad value that only a late stage (or the report) reads fails before
   the first stage runs, with the key the user set."""
-  from grpo_jax import validate
+  from grpo_jax.run import validate
   c = _tiny_config()
   group, name = key.rsplit(".", 1)
   node = c
@@ -189,10 +189,12 @@ def _check_rejection_records(path, tok, config, n_prompts):
 
 def test_rejection_sampling_keeps_only_verified(tmp_path, tok, monkeypatch):
   c = _tiny_config()
-  from grpo_jax import checkpoint as ckpt_lib, model as model_lib
+  from grpo_jax.infra import checkpoint as ckpt_lib
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
   import jax
   mcfg = model_lib.ModelConfig.from_config(c.model)
-  ckpt_lib.save_params(str(tmp_path / "params"), model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  params_ckpt.save_params(str(tmp_path / "params"), model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
   monkeypatch.setattr(evaluation, "make_generate", _oracle_make_generate(tok))
   stats = rejection.rejection_sample(c, str(tmp_path / "params"), str(tmp_path / "data.jsonl"))
   assert stats["kept_reasoning"] == 6 and stats["samples"] == 24 and stats["correct_frac"] == 0.5
@@ -354,7 +356,7 @@ def test_preempted_stage_is_not_marked_done(tmp_path, monkeypatch):
 def test_signalled_stage_is_not_done_and_a_changed_finished_stage_is_refused(tmp_path, monkeypatch):
   """A stage that raises errors.Preempted (SIGTERM/SIGINT) gets no record and stops the pipeline; a finished stage
   whose config changed is refused before anything runs, naming the key and the ways forward."""
-  from grpo_jax import errors
+  from grpo_jax.infra import errors
   c = _tiny_config()
   ran = []
 

@@ -3,11 +3,11 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import families
-from grpo_jax import model as model_lib
-from grpo_jax import ppo_step
-from grpo_jax import presets
-from grpo_jax import sharding
+from grpo_jax.rl import families
+from grpo_jax.model import model as model_lib
+from grpo_jax.rl import ppo_step
+from grpo_jax.config import presets
+from grpo_jax.infra import sharding
 from grpo_jax.tasks import digits
 
 

@@ -9,11 +9,12 @@ import pytest
 from absl import flags
 from ml_collections import config_flags
 
-from grpo_jax import config_lib
-from grpo_jax import losses
-from grpo_jax import presets
-from grpo_jax import rl_step
-from grpo_jax import validate
+from grpo_jax.config import config_lib
+from grpo_jax.rl import losses
+from grpo_jax.config import presets
+from grpo_jax.rl import rl_step
+from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.run import validate
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIGS = ("grpo_arith.py", "gsm8k.py", "r1_pipeline.py", "r1_zero.py")
@@ -98,9 +99,9 @@ def test_switching_algorithm_by_flag_alone_is_refused():
 def test_docs_algorithms_table_is_the_code():
   with open(os.path.join(REPO, "docs", "algorithms.md")) as f:
     doc = f.read()
-  m = re.search(r"<!-- presets table: python -m grpo_jax.presets -->\n(.*?)<!-- end presets table -->", doc, re.S)
+  m = re.search(r"<!-- presets table: python -m grpo_jax.config.presets -->\n(.*?)<!-- end presets table -->", doc, re.S)
   assert m, "docs/algorithms.md lost its generated presets table markers"
-  assert m.group(1) == presets.markdown_table(), "regenerate it: python -m grpo_jax.presets"
+  assert m.group(1) == presets.markdown_table(), "regenerate it: python -m grpo_jax.config.presets"
   for name in presets.names():
     assert f"`{name}`" in doc
 
@@ -115,7 +116,7 @@ def _hand_case(config):
   mask = np.zeros((2, L), np.float32)
   mask[0, :1], mask[1, :3] = 1, 1
   lp = jnp.asarray(np.where(mask > 0, -1.0, 0.0), jnp.float32)
-  ro = rl_step.Rollout(**{**dict.fromkeys(rl_step.Rollout._fields), **dict(
+  ro = rollout_lib.Rollout(**{**dict.fromkeys(rollout_lib.Rollout._fields), **dict(
       r_N=jnp.array([1.0, 0.0]), mask_NxL=jnp.asarray(mask), old_logp_NxL=lp, ref_logp_NxL=lp,
       terms_NxK=jnp.array([[1.0], [0.0]]), term_w_K=jnp.ones(1), steps=None)})
   c = config_lib.override(config, {"rl.G": 2})

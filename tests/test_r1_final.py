@@ -4,9 +4,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config_lib
-from grpo_jax import presets
-from grpo_jax import rl_step
+from grpo_jax.config import config_lib
+from grpo_jax.config import presets
+from grpo_jax.rl import rl_step
+from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.r1 import rejection
 from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import tokenizer as tok_lib
@@ -20,7 +21,7 @@ def _rollout(r_NxK, w_K, names, lengths, old_lp=-1.0, ref_lp=-1.0):
   fields = dict(r_N=jnp.asarray(r_NxK @ w_K), terms_NxK=jnp.asarray(r_NxK), term_w_K=jnp.asarray(w_K),
                 per_term={n: jnp.asarray(r_NxK[:, k]) for k, n in enumerate(names)}, mask_NxL=jnp.asarray(mask),
                 old_logp_NxL=jnp.asarray(old_lp * mask), ref_logp_NxL=jnp.asarray(ref_lp * mask))
-  return rl_step.Rollout(**{**dict.fromkeys(rl_step.Rollout._fields), **fields})
+  return rollout_lib.Rollout(**{**dict.fromkeys(rollout_lib.Rollout._fields), **fields})
 
 
 def _config(preset, **kw):
@@ -137,7 +138,7 @@ def test_final_stage_knobs_reach_only_the_final_stage():
                                               ("reward_norm", "bogus", "r1.final.lr / beta / reward_norm")])
 def test_final_stage_knobs_bad_values_are_one_line(key, value, needle):
   from configs import r1_pipeline
-  from grpo_jax import validate as validate_lib
+  from grpo_jax.run import validate as validate_lib
   from grpo_jax.r1 import stage_config
   c = r1_pipeline.get_config("small")
   c.r1.final[key] = value

@@ -7,9 +7,9 @@ import jax
 import numpy as np
 import pytest
 
-from grpo_jax import evaluation
-from grpo_jax import model as model_lib
-from grpo_jax import sharding
+from grpo_jax.run import evaluation
+from grpo_jax.model import model as model_lib
+from grpo_jax.infra import sharding
 from grpo_jax.r1 import heldout
 from grpo_jax.r1 import stage_config
 from grpo_jax.tasks import data as data_lib

@@ -80,7 +80,7 @@ def test_runs_without_a_report_are_left_out(tmp_path):
 def test_the_sweep_writes_the_seed_report_for_the_pipeline(tmp_path, monkeypatch):
   """sweep.write_report (every mode that runs, and --mode=report) adds r1_seeds.md/.json for job=r1_pipeline."""
   from configs import r1_pipeline
-  from grpo_jax import sweep
+  from grpo_jax.studies import sweep
   acc = _acc({"base": 0.2, "r1_zero": 0.3, "r1_4_sft": 0.5, "r1_5_final": 0.5})
   dirs = _runs(tmp_path, acc, {})
   c = r1_pipeline.get_config("small")

@@ -48,7 +48,7 @@ def _deterministic(rows):
 def _final_params(workdir):
   import jax
   import orbax.checkpoint as ocp
-  from grpo_jax import checkpoint
+  from grpo_jax.infra import checkpoint
   ck = os.path.join(workdir, "checkpoints")
   step = max(int(d) for d in os.listdir(ck) if d.isdigit())
   restored = ocp.StandardCheckpointer().restore(os.path.join(ck, str(step), checkpoint._STATE))

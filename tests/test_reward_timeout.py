@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from grpo_jax import errors
-from grpo_jax import rewards
+from grpo_jax.infra import errors
+from grpo_jax.rl import rewards
 from grpo_jax.tasks import digits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,7 +60,7 @@ def test_timeout_must_be_positive():
 _HANG_SCRIPT = r'''
 import sys, threading, time
 import numpy as np
-from grpo_jax import rewards
+from grpo_jax.rl import rewards
 from grpo_jax.tasks import digits
 def hang(texts, ids, batch):
   threading.Event().wait()  # never returns

@@ -6,16 +6,17 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import advantages
-from grpo_jax import config_lib
-from grpo_jax import families
-from grpo_jax import model as model_lib
-from grpo_jax import presets
-from grpo_jax import rewards
-from grpo_jax import rl_step
-from grpo_jax import sharding
-from grpo_jax import update as update_lib
-from grpo_jax import validate
+from grpo_jax.rl import advantages
+from grpo_jax.config import config_lib
+from grpo_jax.rl import families
+from grpo_jax.model import model as model_lib
+from grpo_jax.config import presets
+from grpo_jax.rl import rewards
+from grpo_jax.rl import rl_step
+from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.infra import sharding
+from grpo_jax.rl import update as update_lib
+from grpo_jax.run import validate
 from grpo_jax.tasks import digits
 
 TINY = dict(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
@@ -152,7 +153,7 @@ def test_one_registered_function_is_a_new_algorithm():
     r_N = jnp.asarray([1.0, 0.0, 0.0, 3.0, 2.0, 2.0, 2.0, 2.0])  # medians 0.5 and 2
     mask_NxL = jnp.asarray(np.tril(np.ones((8, 3)), 1)[[0, 1, 2, 2, 1, 0, 0, 1]], jnp.float32)
     zeros_NxL = jnp.zeros((8, 3))
-    ro = rl_step.Rollout(seq=None, tokens_NxL=None, mask_NxL=mask_NxL, lengths_N=None, truncated_N=None, r_N=r_N,
+    ro = rollout_lib.Rollout(seq=None, tokens_NxL=None, mask_NxL=mask_NxL, lengths_N=None, truncated_N=None, r_N=r_N,
                          per_term={}, terms_NxK=r_N[:, None], term_w_K=jnp.ones((1,)), steps=None,
                          old_logp_NxL=zeros_NxL, ref_logp_NxL=zeros_NxL, status=None, fallbacks=None, ds_kept=None)
     want_N = np.array([0.5, -0.5, -0.5, 2.5, 0.0, 0.0, 0.0, 0.0])
@@ -244,7 +245,7 @@ def _rollout(c, chunks, ref=True, tokenizer=None, **over):
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(c.model.vocab_size)
-  fn = rl_step.make_rollout_fn(c, mcfg, spec, tokenizer or spec.ctx.tokenizer)
+  fn = rollout_lib.make_rollout_fn(c, mcfg, spec, tokenizer or spec.ctx.tokenizer)
   st = rl_step.init(c, mesh, mcfg, seed=0)
   n_prompts = c.rl.prompts_per_step * (c.rl.oversample if c.rl.dynamic_sampling else 1)
   batch = next(digits.make_batches(n_prompts, 1, seed=1))
@@ -289,7 +290,7 @@ def test_rollout_chunks_must_divide_the_rows():
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(c.model.vocab_size)
-  fn = rl_step.make_rollout_fn(c, mcfg, spec, spec.ctx.tokenizer)
+  fn = rollout_lib.make_rollout_fn(c, mcfg, spec, spec.ctx.tokenizer)
   abstract, _ = rl_step.state_spec(c, mesh, mcfg)
   batch = next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1))
   with sharding.mesh_context(mesh), pytest.raises(
@@ -305,7 +306,7 @@ def test_beta_zero_keeps_no_reference():
   training-length buckets and early exit (their β = 0 path skips the reference forward's switch)."""
   c = config_lib.override(presets.apply(digits.bench_config(**TINY), "dr_grpo"),
                           {"rl.train_buckets": 2, "sampling.exit_chunk": 4})
-  assert c.rl.beta == 0 and not rl_step.uses_reference(c)
+  assert c.rl.beta == 0 and not rollout_lib.uses_reference(c)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(c.model.vocab_size)
@@ -392,7 +393,7 @@ def test_chunks_early_exit_and_buckets_equal_full_length_training_without_recomp
   1e-4)."""
   full, fast = bucket_runs["full"], bucket_runs["fast"]
   L = fast["c"].sampling.max_new_tokens
-  assert rl_step.train_lengths(fast["c"]) == (6, 12) and rl_step.train_lengths(full["c"]) == (12,)
+  assert rollout_lib.train_lengths(fast["c"]) == (6, 12) and rollout_lib.train_lengths(full["c"]) == (12,)
   lens = [int(m["train/train_len"]) for m in fast["metrics"]]
   longest = [int(m["train/completion_len_max"]) for m in fast["metrics"]]
   assert lens == [6 if x <= 6 else 12 for x in longest], (lens, longest)
@@ -437,7 +438,7 @@ def test_bucket_index_is_reduced_over_vmapped_runs():
   args = (jnp.asarray([[3, 5], [4, 9]]), jnp.ones(12))
   assert _conds(jax.make_jaxpr(jax.vmap(toy, (0, None), axis_name=update_lib.RUNS_AXIS))(*args).jaxpr, 2) == 1
   assert _conds(jax.make_jaxpr(jax.vmap(toy, (0, None)))(*args).jaxpr, 2) == 0
-  from grpo_jax import seeds as seeds_lib
+  from grpo_jax.studies import vmapped_runs as seeds_lib
   c = config_lib.override(digits.bench_config(**TINY), FAST)
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(c.model.vocab_size)

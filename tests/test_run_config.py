@@ -4,10 +4,10 @@ import os
 
 import pytest
 
-from grpo_jax import config_lib
-from grpo_jax import errors
-from grpo_jax import run_config
-from grpo_jax import stages
+from grpo_jax.config import config_lib
+from grpo_jax.infra import errors
+from grpo_jax.run import run_config
+from grpo_jax.run import stages
 
 
 def _cfg(**groups):
@@ -87,7 +87,7 @@ def test_record_change_writes_history(tmp_path):
   run_config.record_change(str(tmp_path), 9, new, newer, ["rl.G"])
   assert sorted(os.listdir(tmp_path)) == ["config.0.json", "config.6.json", "config.9.json"]  # 0 written once
   assert run_config.change_metrics(["rl.G"]) == {"config_change/rl.G": 1}
-  from grpo_jax import metrics
+  from grpo_jax.run import metrics
   metrics.check_names(run_config.change_metrics(["rl.G", "optim.lr"]))
 
 

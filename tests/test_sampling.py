@@ -10,8 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import model as M
-from grpo_jax import sampling as S
+from grpo_jax.model import model as M
+from grpo_jax.rollout import sampling as S
 
 MCFG = M.ModelConfig(vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2, inter=64, max_len=32)
 PROMPT = np.array([[5, 9, 11, 3, 7], [0, 0, 4, 8, 2], [0, 0, 0, 0, 13], [0, 6, 1, 17, 5]], np.int32)
@@ -242,7 +242,8 @@ import flax.linen as nn, jax, numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 sys.path.insert(0, sys.argv[1])
 from tests.test_sampling import MCFG, random_params
-from grpo_jax import model as M, sampling as S
+from grpo_jax.model import model as M
+from grpo_jax.rollout import sampling as S
 assert jax.device_count() == 8
 params = random_params(MCFG, 0)
 rng = np.random.default_rng(1)

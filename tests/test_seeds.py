@@ -4,12 +4,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import model as model_lib
-from grpo_jax import presets
-from grpo_jax import rewards
-from grpo_jax import rl_step
-from grpo_jax import seeds as seeds_lib
-from grpo_jax import sharding
+from grpo_jax.model import model as model_lib
+from grpo_jax.config import presets
+from grpo_jax.rl import rewards
+from grpo_jax.rl import rl_step
+from grpo_jax.studies import vmapped_runs as seeds_lib
+from grpo_jax.infra import sharding
 from grpo_jax.tasks import digits
 
 TINY = dict(hidden=32, layers=1, heads=2, kv=1, inter=64, vocab=32, prompts=2, G=4, L=6)

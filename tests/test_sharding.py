@@ -19,7 +19,10 @@ SCRIPT = textwrap.dedent(r"""
   import jax, numpy as np
   from jax.sharding import PartitionSpec as P
   import flax.linen as nn
-  from grpo_jax import families, model as model_lib, rl_step, sharding
+  from grpo_jax.rl import families
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rl import rl_step
+  from grpo_jax.infra import sharding
   from grpo_jax.tasks import digits
 
   def run(mesh_shape, chunks, decode_tp):
@@ -44,7 +47,7 @@ SCRIPT = textwrap.dedent(r"""
     "q_shard_shape": list(state["params"]["layers"]["q"]["kernel"].addressable_shards[0].data.shape),
     }
     batch = next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1))
-    from grpo_jax.train import device_batch
+    from grpo_jax.run.train import device_batch
     batch = device_batch(mesh, batch)
     # The per-device KV-cache buffers XLA actually allocates inside the compiled step.
     hlo = step.lower(state, batch).compile().as_text()
@@ -56,7 +59,8 @@ SCRIPT = textwrap.dedent(r"""
     shard["cache_local"] = any(f"f32[{rows},{heads},8,16]" in ln for ln in loops)
     shard["cache_whole"] = any(f"f32[{16 // chunks},2,8,16]" in ln for ln in loops)
     # The decode loop's collectives per token, weights told apart from activations by shape.
-    from grpo_jax import decode_layout, hlo_collectives
+    from grpo_jax.rollout import decode_layout
+    from grpo_jax.perf import hlo_collectives
     sizes = dict(mesh.shape)
     layout, _ = decode_layout.choose(c, sizes, decode_layout.device_memory_bytes())
     # (inside the decode loop: run (L-1) times per chunk; the once-per-chunk reshards into the view run `chunks` times)
@@ -78,7 +82,8 @@ SCRIPT = textwrap.dedent(r"""
     # loop: no weight collective in the decode program, the layout step's once; tokens as on one device. (Before the
     # step, which donates the params.) Its 4 prompt rows split over data*fsdp only where that divides them.
     if 4 % dp == 0:
-      from grpo_jax import evaluation, sampling
+      from grpo_jax.run import evaluation
+      from grpo_jax.rollout import sampling
       tok = spec.ctx.tokenizer
       scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=tok.eos_id, pad_id=tok.pad_id)
       gen = evaluation.make_generate(mcfg, scfg, mesh, "digits", {}, in_graph=False, config=c)
@@ -174,7 +179,8 @@ def test_sharded_step_matches_single_device(single_device, shape, chunks, decode
 HEAD_SCRIPT = textwrap.dedent(r"""
   import json, re
   import jax, jax.numpy as jnp
-  from grpo_jax import model as M, sharding
+  from grpo_jax.model import model as M
+  from grpo_jax.infra import sharding
   mesh = sharding.make_mesh(dict(data=1, fsdp=8, tensor=1), jax.devices())
   mcfg = M.ModelConfig(vocab_size=4096, hidden=256, layers=1, heads=4, kv_heads=2, inter=64, max_len=64,
                        tie_embeddings=False, dtype="float32")

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from grpo_jax import signals
+from grpo_jax.infra import signals
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,7 +31,8 @@ import jax, numpy as np
 pid, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 jax.distributed.initialize(coordinator_address=f'127.0.0.1:{port}', num_processes=2, process_id=pid)
 from jax.sharding import NamedSharding, PartitionSpec as P
-from grpo_jax import checkpoint, signals
+from grpo_jax.infra import checkpoint
+from grpo_jax.infra import signals
 mesh = jax.make_mesh((2,), ('d',), devices=jax.devices())
 sh = NamedSharding(mesh, P('d'))
 def state(s):

@@ -23,20 +23,20 @@ import pytest
 
 import conftest  # tests/conftest.py: private_compilation_cache
 
-from grpo_jax import checkpoint as ckpt_lib
-from grpo_jax import config_lib
-from grpo_jax import errors
-from grpo_jax import evaluation
-from grpo_jax import families
-from grpo_jax import hyper
-from grpo_jax import jobs
-from grpo_jax import metrics as metrics_lib
-from grpo_jax import model as model_lib
-from grpo_jax import plots
-from grpo_jax import rewards
-from grpo_jax import sharding
-from grpo_jax import sweep
-from grpo_jax import train
+from grpo_jax.infra import checkpoint as ckpt_lib
+from grpo_jax.config import config_lib
+from grpo_jax.infra import errors
+from grpo_jax.run import evaluation
+from grpo_jax.rl import families
+from grpo_jax.config import sweep_points
+from grpo_jax.run import jobs
+from grpo_jax.run import metrics as metrics_lib
+from grpo_jax.model import model as model_lib
+from grpo_jax.run import plots
+from grpo_jax.rl import rewards
+from grpo_jax.infra import sharding
+from grpo_jax.studies import sweep
+from grpo_jax.run import train
 from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import tokenizer as tok_lib
 
@@ -216,33 +216,33 @@ def test_shape_axes_and_beta_zero_run_serially():
   """G changes shapes and β = 0 drops the reference from the update (a different program): separate groups;
   lr, β > 0, temperature, clip ε and reward weights share one program."""
   c = _config()
-  same = sweep.make_runs(c, hyper.product([hyper.sweep("optim.lr", [1e-3, 2e-3]), hyper.sweep("rl.beta", [0.1, 0.2]),
-                                           hyper.sweep("sampling.temperature", [0.7, 1.0]),
-                                           hyper.sweep("rl.eps_high", [0.2, 0.28])]), 2, "/tmp/x")
+  same = sweep.make_runs(c, sweep_points.product([sweep_points.sweep("optim.lr", [1e-3, 2e-3]), sweep_points.sweep("rl.beta", [0.1, 0.2]),
+                                           sweep_points.sweep("sampling.temperature", [0.7, 1.0]),
+                                           sweep_points.sweep("rl.eps_high", [0.2, 0.28])]), 2, "/tmp/x")
   assert len(sweep.groups(same)) == 1 and sweep.decide(same, "auto", 1) == "vmap"
-  runs = sweep.make_runs(c, hyper.parse("rl.G=2,4 rl.beta=0,0.04", c), 2, "/tmp/x")
+  runs = sweep.make_runs(c, sweep_points.parse("rl.G=2,4 rl.beta=0,0.04", c), 2, "/tmp/x")
   gs = sweep.groups(runs)
   assert [[r.name for r in g] for g in gs] == [[f"G={g},beta={b},seed={s}" for s in (0, 1)]
                                                for g in (2, 4) for b in (0, 0.04)]
   assert all(sweep.decide(g, "serial", 1) == "serial" for g in gs)
   assert sweep.decide(gs[0], "auto", 8) == "serial"  # several devices: each run uses them all, one after another
-  one = sweep.make_runs(c, hyper.parse("rl.G=2,4", c), 1, "/tmp/x")
+  one = sweep.make_runs(c, sweep_points.parse("rl.G=2,4", c), 1, "/tmp/x")
   assert [sweep.decide(g, "auto", 1) for g in sweep.groups(one)] == ["serial", "serial"]
 
 
 def test_sweep_text_is_typed_and_bad_input_is_one_line():
   c = _config()
-  pts = hyper.parse("rl.beta=0,1e-2 train.steps=5 rl.dynamic_sampling=true", c)
+  pts = sweep_points.parse("rl.beta=0,1e-2 train.steps=5 rl.dynamic_sampling=true", c)
   assert [p.dict for p in pts] == [{"rl.beta": 0.0, "train.steps": 5, "rl.dynamic_sampling": True},
                                    {"rl.beta": 0.01, "train.steps": 5, "rl.dynamic_sampling": True}]
   assert all(type(p.dict["rl.beta"]) is float for p in pts)
   for text, msg in [("rl.beta=abc", "not a float"), ("rl.betta=0.1", "betta"), ("rl.beta", "key=v1,v2"),
                     ("rl.beta=0.1,", "empty value"), ("rewards=a", "get_sweep"), ("algo=nope", "nope")]:
     with pytest.raises(errors.ConfigError, match=msg) as e:
-      hyper.parse(text, c)
+      sweep_points.parse(text, c)
     assert "\n" not in str(e.value)
   with pytest.raises(errors.ConfigError, match="share the directory"):
-    sweep.make_runs(c, hyper.named("a b", {}) + hyper.named("a_b", {}), 1, "/tmp/x")
+    sweep.make_runs(c, sweep_points.named("a b", {}) + sweep_points.named("a_b", {}), 1, "/tmp/x")
 
 
 def test_get_sweep_in_the_config_file(tmp_path):
@@ -254,7 +254,7 @@ def test_get_sweep_in_the_config_file(tmp_path):
                   " + h.named('baseline', {'rl.G': 8})\n")
   c = _config()
   pts = sweep.load_points(str(path), c)
-  assert hyper.names(pts) == ["algo=grpo,lr=0.0001", "algo=grpo,lr=0.0003", "algo=dr_grpo,lr=0.0001",
+  assert sweep_points.names(pts) == ["algo=grpo,lr=0.0001", "algo=grpo,lr=0.0003", "algo=dr_grpo,lr=0.0001",
                               "algo=dr_grpo,lr=0.0003", "baseline"]
   runs = sweep.make_runs(c, pts, 1, "/tmp/x")
   assert runs[2].config.rl.preset == "dr_grpo" and runs[2].config.rl.beta == 0.0 and runs[2].config.optim.lr == 1e-4
@@ -312,7 +312,7 @@ def _literal(text):
 def test_run_seed_at_its_default_keeps_older_run_records():
   """run_seed = -1 (= seed) leaves the stored run-config view as it was before the key existed, so older run
   directories resume; a set run_seed is a real difference."""
-  from grpo_jax import run_config  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import run_config  # pylint: disable=g-import-not-at-top
   c = _config()
   v = run_config.view(c, "rl")
   assert "run_seed" not in v
@@ -325,7 +325,7 @@ def test_run_seed_at_its_default_keeps_older_run_records():
 def test_report_reads_metrics_stages_and_report_json(tmp_path):
   """sweep_report.collect on hand-written run directories: last / @tail / stage:metric from metrics.jsonl and an
   R1 pipeline's report.json (stage/metric), hand-computed."""
-  from grpo_jax import sweep_report  # pylint: disable=g-import-not-at-top
+  from grpo_jax.studies import sweep_report  # pylint: disable=g-import-not-at-top
   dirs = []
   for s, (acc, rews, sft_acc, final) in enumerate([(0.5, [0, 1, 2, 3, 4], 0.1, 0.30), (0.7, [1, 1, 1, 1, 9], 0.3, 0.40)]):
     d = tmp_path / f"seed={s}"
@@ -358,7 +358,7 @@ def test_r1_run_whose_stages_are_done_is_finished_only_with_its_report(tmp_path,
   """A pipeline run stopped between its last stage and the held-out report must rerun (to write report.json, which
   the seed report reads), not be skipped as finished."""
   from configs import r1_pipeline
-  from grpo_jax import stages
+  from grpo_jax.run import stages
   c = r1_pipeline.get_config("small")
   monkeypatch.setattr(stages, "plan", lambda todo, config, workdir: {st.name: "skip" for st in todo})
   run = sweep.Run(name="seed=0", point="run", seed=0, overrides={}, keys={}, config=c, workdir=str(tmp_path))

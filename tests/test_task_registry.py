@@ -8,9 +8,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax import config_lib
-from grpo_jax import train
-from grpo_jax import validate
+from grpo_jax.config import config_lib
+from grpo_jax.run import train
+from grpo_jax.run import validate
 from grpo_jax.tasks import base, data, digits, registry, verify_jax
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "grpo_jax")

@@ -7,7 +7,7 @@ import numpy as np
 import optax
 import pytest
 
-from grpo_jax import update
+from grpo_jax.rl import update
 
 
 def _optim(**over):

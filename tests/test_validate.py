@@ -4,9 +4,9 @@ import sys
 
 import pytest
 
-from grpo_jax import config_lib
-from grpo_jax import presets
-from grpo_jax import validate
+from grpo_jax.config import config_lib
+from grpo_jax.config import presets
+from grpo_jax.run import validate
 
 
 class _Tok:

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from grpo_jax import errors
-from grpo_jax import workdir_lock
+from grpo_jax.infra import errors
+from grpo_jax.infra import workdir_lock
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

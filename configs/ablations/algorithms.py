@@ -3,8 +3,8 @@
   python -m grpo_jax.ablate --config=configs/ablations/algorithms.py:small --workdir=/tmp/abl_d_small
   python -m grpo_jax.ablate --config=configs/ablations/algorithms.py --workdir=/tmp/abl_d
 """
-from grpo_jax import presets
-from grpo_jax.ablations import train_table
+from grpo_jax.config import presets
+from grpo_jax.studies.ablations import train_table
 
 ALGOS = ("grpo", "dr_grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo")
 

@@ -4,7 +4,7 @@
 """
 import ml_collections
 
-from grpo_jax import config_lib
+from grpo_jax.config import config_lib
 
 
 def get_config(arg=None):

@@ -11,8 +11,8 @@ import os
 
 import ml_collections
 
-from grpo_jax import config_lib
-from grpo_jax import presets
+from grpo_jax.config import config_lib
+from grpo_jax.config import presets
 
 
 def get_config(arg=None):

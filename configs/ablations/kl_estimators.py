@@ -3,8 +3,8 @@
   python -m grpo_jax.ablate --config=configs/ablations/kl_estimators.py:small --workdir=/tmp/abl_a_small
   python -m grpo_jax.ablate --config=configs/ablations/kl_estimators.py --workdir=/tmp/abl_a
 """
-from grpo_jax import config_lib
-from grpo_jax.ablations import train_table
+from grpo_jax.config import config_lib
+from grpo_jax.studies.ablations import train_table
 
 
 def get_config(arg=None):

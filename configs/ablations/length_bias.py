@@ -2,8 +2,8 @@
 
   python -m grpo_jax.ablate --config=configs/ablations/length_bias.py:small --workdir=/tmp/abl_e_small
 """
-from grpo_jax import presets
-from grpo_jax.ablations import train_table
+from grpo_jax.config import presets
+from grpo_jax.studies.ablations import train_table
 
 
 def get_config(arg=None):

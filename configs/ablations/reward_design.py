@@ -2,8 +2,8 @@
 
   python -m grpo_jax.ablate --config=configs/ablations/reward_design.py:small --workdir=/tmp/abl_f_small
 """
-from grpo_jax import presets
-from grpo_jax.ablations import train_table
+from grpo_jax.config import presets
+from grpo_jax.studies.ablations import train_table
 
 # The toy's reward terms (grpo_jax/tasks/digits.py): acc, fmt, proc (per-step scores for process advantages).
 REWARDS = {"outcome": {"rewards": (("acc", 1.0),)},

@@ -14,11 +14,12 @@ from typing import Any
 import jax
 import numpy as np
 
-from grpo_jax import checkpoint as ckpt_lib
-from grpo_jax import evaluation
-from grpo_jax import model as model_lib
-from grpo_jax import sharding
-from grpo_jax import state as state_lib
+from grpo_jax.infra import checkpoint as ckpt_lib
+from grpo_jax.infra import params_ckpt
+from grpo_jax.run import evaluation
+from grpo_jax.model import model as model_lib
+from grpo_jax.infra import sharding
+from grpo_jax.rl import state as state_lib
 from grpo_jax.r1 import layout
 from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.r1 import stage_config
@@ -88,7 +89,7 @@ def evaluate_stages(config, workdir: str) -> dict[str, dict[str, Any]]:
     if not layout.stage_done(workdir, stage):
       continue
     ev = ev or make_evaluator(config)
-    params = ckpt_lib.load_params(layout.params_path(workdir, stage),
+    params = params_ckpt.load_params(layout.params_path(workdir, stage),
                                   state_lib.abstract_params(ev.mesh, model_lib.ModelConfig.from_config(config.model)))
     m, texts = heldout_metrics(ev, params, config.seed + 7)
     results[stage] = dict(m, samples=texts)

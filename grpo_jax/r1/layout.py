@@ -10,7 +10,7 @@
     DIR/stages.log           a `start`, then `done <seconds>` or `stopped` line per stage execution
     DIR/report.md, .json     held-out comparison of every model (r1/report.py)
 
-A stage is finished once DIR/<stage>/stage.json says so (grpo_jax/stages.py): written after its final `params`
+A stage is finished once DIR/<stage>/stage.json says so (grpo_jax/run/stages.py): written after its final `params`
 (stage 3: `data.jsonl`), never for a stage stopped by a signal, and holding the config the stage ran with. A `DONE`
 marker from older versions also counts.
 """
@@ -44,16 +44,16 @@ def rejection_stats(workdir: str) -> str:
 
 
 def stage_done(workdir: str, stage: str) -> bool:
-  from grpo_jax import stages  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import stages  # pylint: disable=g-import-not-at-top
   return stages.is_done(stages.Stage(stage, stage_dir(workdir, stage), {}))
 
 
 def checkpointed_steps(stage_dir: str) -> int:
   """The newest committed checkpoint step of an SFT/RL stage (0 if none)."""
-  from grpo_jax import stages  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import stages  # pylint: disable=g-import-not-at-top
   return stages.newest_step(stage_dir)
 
 
 def log_event(workdir: str, stage: str, event: str) -> None:
-  from grpo_jax import stages  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import stages  # pylint: disable=g-import-not-at-top
   stages.log_event(workdir, stage, event)

@@ -1,6 +1,6 @@
 """R1-Zero and R1's five stages as one resumable command (`config.job = "r1_pipeline"`); layout in r1/layout.py.
 
-Each stage records the config it ran with (grpo_jax/stages.py: `DIR/<stage>/stage.json`, written after its final
+Each stage records the config it ran with (grpo_jax/run/stages.py: `DIR/<stage>/stage.json`, written after its final
 outputs). Before any stage runs, the plan compares every stage with its record: finished with the same config →
 skipped; finished with a changed config → refused (or continued / redone when the user asks); unfinished → its loop
 resumes from its checkpoints. A stage stopped by SIGTERM/SIGINT raises errors.Preempted from its loop: it is logged
@@ -15,15 +15,16 @@ from typing import Sequence
 
 from absl import logging
 
-from grpo_jax import checkpoint as ckpt_lib
-from grpo_jax import errors
-from grpo_jax import model as model_lib
-from grpo_jax import run_config
-from grpo_jax import sharding
-from grpo_jax import signals
-from grpo_jax import stages as stages_lib
-from grpo_jax import state as state_lib
-from grpo_jax import train
+from grpo_jax.infra import checkpoint as ckpt_lib
+from grpo_jax.infra import params_ckpt
+from grpo_jax.infra import errors
+from grpo_jax.model import model as model_lib
+from grpo_jax.run import run_config
+from grpo_jax.infra import sharding
+from grpo_jax.infra import signals
+from grpo_jax.run import stages as stages_lib
+from grpo_jax.rl import state as state_lib
+from grpo_jax.run import train
 from grpo_jax.r1 import corpus
 from grpo_jax.r1 import layout
 from grpo_jax.r1 import rejection
@@ -75,8 +76,8 @@ def _run_rl(config, workdir: str, stage: str, record: dict) -> None:
     return  # defence in depth (a stop by a signal raises errors.Preempted): run_pipeline sees the missing step
   # run_rl force-saves its last step; the stage's final params are that step's policy.
   abstract = state_lib.abstract_params(sharding.make_mesh(c.mesh), model_lib.ModelConfig.from_config(c.model))
-  params = ckpt_lib.restore_params_only(os.path.join(wd, "checkpoints"), abstract, step=c.train.steps)
-  ckpt_lib.save_params(layout.params_path(workdir, stage), params)
+  params = params_ckpt.restore_params_only(os.path.join(wd, "checkpoints"), abstract, step=c.train.steps)
+  params_ckpt.save_params(layout.params_path(workdir, stage), params)
 
 
 def _run_stage(config, workdir: str, stage: str) -> None:

@@ -9,13 +9,14 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from grpo_jax import checkpoint as ckpt_lib
-from grpo_jax import config_lib
-from grpo_jax import evaluation
-from grpo_jax import model as model_lib
-from grpo_jax import sampling
-from grpo_jax import sharding
-from grpo_jax import state as state_lib
+from grpo_jax.infra import checkpoint as ckpt_lib
+from grpo_jax.infra import params_ckpt
+from grpo_jax.config import config_lib
+from grpo_jax.run import evaluation
+from grpo_jax.model import model as model_lib
+from grpo_jax.rollout import sampling
+from grpo_jax.infra import sharding
+from grpo_jax.rl import state as state_lib
 from grpo_jax.r1 import corpus
 from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.tasks import base, cot
@@ -68,7 +69,7 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
   """Writes `out_path` (data.jsonl: reasoning, then general records) and stats.json beside it; returns the stats."""
   rj, tok = config.r1.rejection, tok_lib.for_config(config)
   mesh, mcfg = sharding.make_mesh(config.mesh), model_lib.ModelConfig.from_config(config.model)
-  params = ckpt_lib.load_params(params_path, state_lib.abstract_params(mesh, mcfg))
+  params = params_ckpt.load_params(params_path, state_lib.abstract_params(mesh, mcfg))
   task = data_lib.make_task(config.task)
   examples = data_lib.load_examples(config.task, "train")
   pick = base.rng_for("rejection_prompts", config.seed).permutation(len(examples))[:rj.prompts]

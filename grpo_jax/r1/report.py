@@ -9,7 +9,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from grpo_jax import metrics as metrics_lib
+from grpo_jax.run import metrics as metrics_lib
 from grpo_jax.r1 import heldout
 from grpo_jax.r1 import layout
 

@@ -12,7 +12,7 @@ from typing import Sequence
 
 import numpy as np
 
-from grpo_jax.rewards import PyRewardFn
+from grpo_jax.rl.rewards import PyRewardFn
 from grpo_jax.tasks import base, cot, verify_py
 
 _WORD_RE = re.compile(r"[a-z]+")

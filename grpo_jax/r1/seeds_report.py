@@ -11,7 +11,7 @@ import math
 import os
 from typing import Sequence
 
-from grpo_jax.ablations import stats
+from grpo_jax.studies.ablations import stats
 from grpo_jax.r1 import layout
 
 # The rows of the seed table (report.json keys), in order; a key missing from every run is left out.

@@ -10,7 +10,7 @@ from typing import Any
 import jax
 import ml_collections
 
-from grpo_jax import validate as validate_lib
+from grpo_jax.run import validate as validate_lib
 from grpo_jax.r1 import layout
 from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.tasks import registry as task_registry

@@ -16,8 +16,8 @@ be benchmarked, and a tiny one learns the toy in minutes. Its batches are built 
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax import config_lib
-from grpo_jax import rewards
+from grpo_jax.config import config_lib
+from grpo_jax.rl import rewards
 
 PAD, EOS, DIGIT0 = 0, 1, 2          # ids 2..11 are the digits 0..9
 WHAT, IS, PLUS, EQ = 12, 13, 14, 15

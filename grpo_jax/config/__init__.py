@@ -1,0 +1,1 @@
+"""Configs: the config helpers, algorithm presets, sweep points."""

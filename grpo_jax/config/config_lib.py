@@ -1,0 +1,262 @@
+"""The one base config every experiment overrides, and the helpers config files share.
+
+Every key a step or loop reads is declared in `base_config()`, so `--config.x.y=v` on an unknown key fails at parse
+time and `validate.py` can check every value before anything compiles. `override` is the one way code sets keys by
+name (dotted keys, declared ones only, type-checked): algorithm presets (presets.py) and ablation variants use it,
+and sweeps are to.
+`parse_arg` reads a config file's `:arg`. They live in the package, not in configs/: config_flags loads config
+files by path, so code shared between them must be importable from any working directory.
+"""
+import copy
+import difflib
+import importlib.util
+import numbers
+import os
+from typing import Any, Mapping
+
+import ml_collections
+import numpy as np
+
+SMALL_ALIASES = ("runlocal",)  # big_vision's name for the small variant; `small` is ours
+
+
+from grpo_jax.infra.errors import ConfigError  # noqa: E402  (a bad config value: one line, exit 2; errors.py)
+
+from grpo_jax.r1 import layout
+
+
+def base_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0       # data order (and evaluation's sampling rng): what every run of a sweep point shares
+  # Params init and rollout rng (state.seed_keys); -1 = `seed`. A sweep's `--seeds N` sets it per run, so the runs
+  # of a point differ in init and rollouts but see the same batches (grpo_jax/studies/sweep.py, docs/sweeps.md).
+  c.run_seed = -1
+  c.job = "grpo"  # grpo | sft | pretrain | r1_pipeline | export
+
+  c.model = ml_collections.ConfigDict(dict(
+      vocab_size=512, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=0, inter=192,
+      rope_theta=10_000.0, qkv_bias=True, tie_embeddings=True, max_len=160, dtype="float32",
+      rms_eps=1e-6, remat="none",
+      # Llama-3.1 'llama3' RoPE frequency scaling (factor 0 = off). A config that takes its model from a checkpoint
+      # (model_presets.apply(..., 'checkpoint')) leaves these and the shape fields unset: model_source fills them in.
+      rope_scaling_factor=0.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_len=8192,
+      attention="auto",       # TPU splash / GPU cuDNN (bf16) / CPU einsum or blockwise; or name one (attention.py)
+      layer_unroll="auto"))   # "all" / "none": unroll the training/prefill layer scan; auto = all up to 8 layers
+
+  c.task = ml_collections.ConfigDict(dict(
+      name="arith", max_digits=2, ops="+-", num_numbers=4, max_number=20, max_target=100,
+      language="a", prompt_len=24, data_dir="", train_size=20_000, test_size=500,
+      tokenizer="",  # "" = the shipped sentencepiece model; "hf:<dir>", a .model path, or "init_from"
+      prompt_format="r1_zero"))  # or "chat": the tokenizer's chat template (tasks/prompts.py)
+
+  c.sampling = ml_collections.ConfigDict(dict(
+      temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=48,
+      # Where the weights live while the rollout decodes (decode_layout.py): auto | gathered | tp | fsdp. auto =
+      # gathered (whole on every chip, no weight collective per token) when the planner says it fits, else
+      # tensor-parallel over decode_tp fsdp devices, else the training layout (weights all-gathered every token).
+      decode_layout="auto",
+      decode_tp=0,  # fsdp devices per tensor-parallel decode group (layout tp / auto); 0 = smallest that fits
+      exit_chunk=16))  # early exit: decode steps between checks that every row is done; 0 = always max_new_tokens
+
+  # rl.algo names the algorithm; presets.PRESETS[algo] holds every setting that defines it (the keys marked
+  # "preset"). The defaults below are the grpo preset's (tests/test_presets.py checks they agree). Switch algorithm
+  # with a config file's `:algo=<name>` arg (presets.apply), never by setting rl.algo alone: rl.preset records which
+  # preset's settings the config holds, and validation stops a run whose rl.algo differs from it.
+  c.rl = ml_collections.ConfigDict(dict(
+      algo="grpo",               # a presets.PRESETS name: grpo | dr_grpo | dapo | rloo | reinforce_pp | ... | ppo
+      preset="grpo",             # written by presets.apply; must equal algo
+      G=8, prompts_per_step=8,
+      # --- preset: the advantage ---
+      advantage="grpo",          # estimator: grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | gae
+      reward_norm="sum",         # sum: normalise the weighted sum of reward terms; per_term: GDPO (each term, then
+                                 # the weighted sum, then the batch std)
+      # Group std with ddof=1 (torch.std, as TRL, verl and OpenRLHF compute it) and eps added to the std (TRL 1e-4,
+      # verl 1e-6): A = (r - mean) / (std + std_eps).
+      std_ddof=1, std_eps=1e-4,
+      # --- preset: the policy loss ---
+      loss_agg="seq_mean_token_mean",
+      ratio_level="token",       # token: PPO/GRPO ratio per token; sequence: GSPO's length-normalised sequence ratio
+      eps_low=0.2, eps_high=0.2,  # clip range [1 - eps_low, 1 + eps_high] of the ratio
+      dual_clip=3.0,             # c > 1: for A < 0 the objective is at least c·A (bounded loss); 0 = off
+      # --- preset: the KL to the reference ---
+      beta=0.04, kl_estimator="k3", kl_in="loss",
+      kl_clamp=10.0,             # k3 values above this are clamped (no KL gradient there); 0 = off
+      # --- preset: DAPO's sampling and shaping ---
+      dynamic_sampling=False,
+      overlong_frac=0.0,         # DAPO soft overlong punishment over the last frac·max_new_tokens tokens; 0 = off
+      # --- budget and robustness (not set by presets) ---
+      mu=1, minibatches=1,
+      rollout_chunks=1,          # sample, and run the reference/old-log-prob forwards, over this many chunks of rows
+                                 # in turn (one graph): the KV cache and those activations are one chunk's
+      # The update trains on the shortest of train_buckets static completion lengths (L, L/2, ...; update.py's
+      # train_lengths) covering the batch's longest completion, chosen in-graph: each compiles a forward+backward.
+      train_buckets=1,
+      process_weight=0.0,        # weight of process (step) advantages; 0 = outcome only
+      oversample=2,              # dynamic sampling draws oversample × prompts_per_step prompts, keeps prompts_per_step
+      max_nonfinite_in_row=3,
+      reward_fallback="",        # "" = raise on bad Python reward output; else a float used per bad sample
+      reward_timeout_s=60.0))
+
+  c.ppo = ml_collections.ConfigDict(dict(
+      critic="separate", gamma=1.0, lam=0.95, value_clip=0.2, vf_coef=0.5, critic_lr=1e-4))
+
+  # (name, weight) pairs; names from grpo_jax.rl.rewards.REGISTRY.
+  c.rewards = (("accuracy", 1.0), ("format", 0.2))
+
+  c.optim = ml_collections.ConfigDict(dict(
+      lr=1e-5, warmup_steps=0, b1=0.9, b2=0.99, weight_decay=0.0, grad_clip=1.0))
+
+  c.sft = ml_collections.ConfigDict(dict(
+      steps=0, batch=32, lr=3e-3, warmup_steps=20, loss_on="completion", mistake_frac=0.0, init_from=""))
+
+  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+
+  c.train = ml_collections.ConfigDict(dict(
+      steps=20, log_every=1, eval_every=10, ckpt_every=10, keep_checkpoints=3, plot_every=10,
+      sample_every=10, num_samples_logged=3, init_from="",
+      # Resuming with a changed config is refused unless every changed key is listed here ("optim.lr,rl.G");
+      # keys that change the saved state's structure (model.*, the critic, beta 0 <-> > 0) never can be.
+      allow_config_change="",
+      rerun_stages=""))  # stages to redo from scratch ("sft"; pipeline stage names); their dirs move to DIR/replaced/
+
+  c.eval = ml_collections.ConfigDict(dict(
+      size=500, batch=100, n_samples=4, pass_k=(1, 4)))
+
+  c.log = ml_collections.ConfigDict(dict(tensorboard=True, wandb_project=""))
+
+  # job=export: the run in --workdir -> a Hugging Face directory (grpo_jax/hf/export.py).
+  c.export = ml_collections.ConfigDict(dict(
+      out_dir="",        # required for job=export
+      step=0,            # the checkpoint step to export; 0 = the newest
+      dtype="float32",   # of the written safetensors: float32 (lossless) | bfloat16 (half the size)
+      model_type=""))    # qwen2 | llama; "" = the source checkpoint's, else qwen2 with q/k/v biases, llama without
+
+  # R1-Zero and R1's five stages (job r1_pipeline; grpo_jax/r1, docs/r1.md): each stage's knobs and reward mix.
+  c.r1 = ml_collections.ConfigDict(dict(
+      stages=layout.STAGES,  # those to run, in this order (configs/r1_zero.py: base, r1_zero)
+      # Forbidden words: the harmlessness proxy of stage 5; pre-training noise writes them (noise_frac).
+      forbidden=("ugh",),
+      pretrain=dict(steps=500, batch=32, lr=3e-3, warmup_steps=20,
+                    template_frac=0.3,  # documents that are chat transcripts with the R1-Zero prompt
+                    tag_frac=0.35,      # ... of which use the <think>/<answer> tags (web-like): 10.5% of documents
+                    mix_frac=0.25,      # documents whose solution switches language mid-way
+                    mistake_frac=0.2,   # documents with one wrong step, a re-check phrase and the fix
+                    noise_frac=0.1),    # documents carrying a forbidden word
+      # 200 steps: at 100 the format took most of them and R1-Zero did not resolve above the base (docs/r1.md).
+      zero=dict(steps=200, rewards=(("format", 1.0), ("accuracy", 1.0))),
+      cold_start=dict(examples=256, steps=40, batch=32, lr=1e-3, warmup_steps=10, mistake_frac=0.1),
+      grpo=dict(steps=30, rewards=(("accuracy", 1.0), ("format", 0.5), ("language", 0.5))),
+      rejection=dict(prompts=256, n=8, temperature=1.0, keep_per_prompt=1, general_frac=0.25,
+                     general_noise_frac=0.5),  # general documents carrying a forbidden word (raw web text)
+      sft2=dict(steps=100, batch=32, lr=1e-3, warmup_steps=10),
+      # brevity_correct, not brevity: a length reward on wrong answers cut stage 4's reasoning (docs/r1.md, stage 5).
+      final=dict(steps=20, rewards=(("accuracy", 1.0), ("format", 0.5), ("language", 0.5), ("brevity_correct", 0.2),
+                                    ("harmless", 0.5)),
+                 # The final stage's own optimiser/regulariser (0 / -1 / '' = optim.lr / rl.beta / rl.reward_norm).
+                 # Half optim.lr and 5x rl.beta: stage 5 is a short, KL-anchored polish of stage 4 (docs/r1.md).
+                 lr=1e-4, beta=0.2, reward_norm=""),
+      # Held-out comparison of every model (r1/heldout.py): like `eval`, on its own sizes.
+      report=dict(size=256, batch=128, n_samples=4, pass_k=(1, 4)),
+  ))
+  return c
+
+
+# --------------------------------------------------------------------------------------------- config helpers
+
+
+def run_seed(config) -> int:
+  """The seed of a run's params init and rollout rng: `run_seed`, or `seed` when it is -1 (the default)."""
+  rs = int(config.get("run_seed", -1))
+  return int(config.seed) if rs < 0 else rs
+
+
+def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
+  """A config file's `:arg` ("small,algo=rloo") as typed values; every name must be one of `defaults`.
+
+  A bare name sets a bool to True; `key=value` converts value to the type of the default. `runlocal` means
+  `small`. Anything else raises ConfigError naming the arg and the accepted ones (a typo must not silently run
+  the full job)."""
+  for k, v in defaults.items():
+    if not isinstance(v, (bool, int, float, str)):
+      raise TypeError(f"parse_arg default {k}={v!r}: use a bool, int, float or str (the type the arg converts to).")
+  out = ml_collections.ConfigDict(defaults)
+  accepted = ", ".join(k if isinstance(v, bool) else f"{k}=<{type(v).__name__}>" for k, v in defaults.items())
+  for item in filter(None, (a.strip() for a in (arg or "").split(","))):
+    key, has_value, text = item.partition("=")
+    if key in SMALL_ALIASES and "small" in defaults:
+      key = "small"
+    if key not in defaults:
+      raise ConfigError(f"config arg {item!r} is unknown; accepted: {accepted or 'none'}.")
+    default = defaults[key]
+    if isinstance(default, bool):
+      if has_value and text.lower() not in ("true", "false", "1", "0"):
+        raise ConfigError(f"config arg {item!r}: {key} is a flag; write {key} or {key}=false.")
+      out[key] = not has_value or text.lower() in ("true", "1")
+      continue
+    if not has_value:
+      raise ConfigError(f"config arg {item!r} needs a value: {key}=<{type(default).__name__}>.")
+    try:
+      out[key] = type(default)(text)
+    except ValueError:
+      raise ConfigError(f"config arg {item!r}: {key} takes a {type(default).__name__}.") from None
+  return out
+
+
+def _typed(key: str, old: Any, new: Any) -> Any:
+  """`new` as the declared type of `old` (int → float and list → tuple convert; nothing else does)."""
+  def bad(want: str):
+    raise ConfigError(f"config.{key}: override value {new!r} ({type(new).__name__}) is not {want}, the declared "
+                      "type in config_lib.base_config.")
+  if isinstance(old, ml_collections.ConfigDict):
+    example = f"{key}.{sorted(old.keys())[0]}" if old.keys() else f"{key}.<key>"
+    raise ConfigError(f"config.{key} is a section; override its keys one by one (e.g. '{example}').")
+  if old is None:
+    return new
+  if isinstance(old, bool):
+    return bool(new) if isinstance(new, (bool, np.bool_)) else bad("a bool")
+  if isinstance(old, numbers.Integral):
+    return int(new) if isinstance(new, numbers.Integral) and not isinstance(new, (bool, np.bool_)) else bad("an int")
+  if isinstance(old, numbers.Real):
+    return float(new) if isinstance(new, numbers.Real) and not isinstance(new, (bool, np.bool_)) else bad("a float")
+  if isinstance(old, str):
+    return new if isinstance(new, str) else bad("a str")
+  if isinstance(old, (tuple, list)):
+    def as_tuple(x):
+      return tuple(as_tuple(y) for y in x) if isinstance(x, (tuple, list)) else x
+    return as_tuple(new) if isinstance(new, (tuple, list)) else bad("a tuple")
+  return new if isinstance(new, type(old)) else bad(f"a {type(old).__name__}")
+
+
+def override(config: ml_collections.ConfigDict, overrides: Mapping[str, Any]) -> ml_collections.ConfigDict:
+  """A copy of `config` with each dotted key ('rl.beta') set to its value, in order.
+
+  Only declared keys may be set, each with a value of its declared type; an unknown key, a section or a wrong
+  type raises ConfigError naming the key (one line). It is the one way code sets keys by name (algorithm presets,
+  ablation variants; sweep points are to use it too), so all of them are checked the same way."""
+  out = copy.deepcopy(config)
+  for key, value in overrides.items():
+    if not isinstance(key, str) or not key:
+      raise ConfigError(f"config override key {key!r} must be a dotted string such as 'rl.beta'.")
+    node, path = out, []
+    for part in key.split("."):
+      if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+        where = "config" + "".join("." + p for p in path)
+        known = sorted(node.keys()) if isinstance(node, ml_collections.ConfigDict) else []
+        close = difflib.get_close_matches(part, known, n=1)
+        hint = f"did you mean '{'.'.join(path + close)}'?" if close else f"{where} has {', '.join(known) or 'no keys'}."
+        raise ConfigError(f"config.{key}: unknown key (not declared in config_lib.base_config); {hint}")
+      parent, node = node, node[part]
+      path.append(part)
+    parent[path[-1]] = _typed(key, node, value)
+  return out
+
+
+def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
+  """`get_config(arg)` of the config file at `path`, loaded by path as config_flags does (so one config can
+  start from another without putting configs/ on sys.path)."""
+  if not os.path.isfile(path):
+    raise ConfigError(f"config file {path} does not exist.")
+  spec = importlib.util.spec_from_file_location("_config_" + os.path.splitext(os.path.basename(path))[0], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module.get_config(arg) if arg else module.get_config()

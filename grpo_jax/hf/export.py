@@ -1,0 +1,167 @@
+"""A run's params -> a Hugging Face directory that transformers loads and generates from.
+
+  python -m grpo_jax.export RUN_DIR OUT_DIR [--step N] [--dtype float32|bfloat16] [--model_type qwen2|llama]
+  python -m grpo_jax.main --config=<the run's config> --workdir=RUN_DIR --config.job=export \\
+      --config.export.out_dir=OUT_DIR     # the same, as a job (the export.* keys)
+
+The model is what RUN_DIR/config.json (the run's resolved config) describes; the params come from the newest (or the
+given) committed checkpoint in RUN_DIR/checkpoints, falling back to older ones if the newest does not restore, or
+from RUN_DIR/params (an SFT run's final params) when there are no checkpoints. OUT_DIR gets config.json (the source
+checkpoint's, with our architecture fields, when the run started from hf:<dir>), safetensors, the tokenizer's files
+(tokenizer.json, tokenizer_config.json, special_tokens_map.json, chat_template.jinja, ...) and
+generation_config.json (the source's, else written from the tokenizer's bos/eos/pad ids). A run on the shipped
+sentencepiece tokenizer gets no tokenizer files: transformers has no tokenizer class for it.
+
+Params are restored to host memory (the CPU backend): 4 bytes per parameter, then written one tensor at a time.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+
+import jax
+import ml_collections
+
+from grpo_jax.config import config_lib
+from grpo_jax.hf import hf_io
+from grpo_jax.hf import hf_save
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
+                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
+
+
+def run_config(run_dir: str) -> ml_collections.ConfigDict:
+  path = os.path.join(run_dir, "config.json")
+  if not os.path.isfile(path):
+    raise config_lib.ConfigError(f"{path} is missing; export reads a finished run's directory (the --workdir a "
+                                 "run wrote, holding config.json and checkpoints/).")
+  with open(path, encoding="utf-8") as f:
+    return ml_collections.ConfigDict(json.load(f))
+
+
+def _host_sharding():
+  """One CPU device: restored params live in host memory even on a TPU/GPU machine."""
+  return jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
+
+
+def restore_params(run_dir: str, mcfg, step: int = 0):
+  """(params on the host, the step they are from; 0 for RUN_DIR/params)."""
+  from grpo_jax.infra import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib  # pylint: disable=g-import-not-at-top
+  sh = _host_sharding()
+  abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                          model_lib.param_shapes(mcfg))
+  ckpt_dir = os.path.join(run_dir, "checkpoints")
+  steps = sorted(int(d) for d in os.listdir(ckpt_dir) if d.isdigit()) if os.path.isdir(ckpt_dir) else []
+  if steps:
+    if step and step not in steps:
+      raise config_lib.ConfigError(f"export.step={step} is not a checkpoint in {ckpt_dir}; it has steps {steps} "
+                                   "(0 = the newest).")
+    try:
+      params = params_ckpt.restore_params_only(ckpt_dir, abstract, step or None)
+    except ValueError as e:
+      raise config_lib.ConfigError(f"{ckpt_dir}: {str(e).splitlines()[0]}") from None
+    return params, step or _restored_step(ckpt_dir, steps)
+  params_dir = os.path.join(run_dir, "params")
+  if os.path.isdir(params_dir):
+    return params_ckpt.load_params(params_dir, abstract), 0
+  raise config_lib.ConfigError(f"{run_dir} has no checkpoints/ and no params/; nothing to export (did the run save "
+                               "a checkpoint? train.ckpt_every sets how often).")
+
+
+def _restored_step(ckpt_dir: str, steps: list[int]) -> int:
+  """The newest committed step (restore_params_only falls back past damaged ones with a warning)."""
+  committed = [s for s in steps if os.path.exists(os.path.join(ckpt_dir, str(s), "commit_success.txt"))]
+  return (committed or steps)[-1]
+
+
+def _source_dir(config) -> str | None:
+  from grpo_jax.hf import model_source  # pylint: disable=g-import-not-at-top
+  src = model_source.source(config)
+  return src[1] if src and os.path.isdir(src[1]) else None
+
+
+def _generation_config(tok) -> dict:
+  eos = list(getattr(tok, "eos_ids", (tok.eos_id,)))
+  return {"bos_token_id": int(tok.bos_id), "eos_token_id": eos[0] if len(eos) == 1 else eos,
+          "pad_token_id": int(tok.pad_id)}
+
+
+def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32", model_type: str = "") -> dict:
+  """Writes OUT_DIR; returns a summary {step, model_type, dtype, files}."""
+  from grpo_jax.model import model as model_lib  # pylint: disable=g-import-not-at-top
+  from grpo_jax.tasks import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
+  if dtype not in ("float32", "bfloat16"):
+    raise config_lib.ConfigError(f"export.dtype={dtype!r}: use 'float32' or 'bfloat16'.")
+  if model_type not in ("", *hf_io.SUPPORTED):
+    raise config_lib.ConfigError(f"export.model_type={model_type!r}: use '' (from the run), 'qwen2' or 'llama'.")
+  if os.path.abspath(out_dir) == os.path.abspath(run_dir):
+    raise config_lib.ConfigError(f"export.out_dir={out_dir} is the run directory; pick a new directory.")
+  config = run_config(run_dir)
+  mcfg = model_lib.ModelConfig.from_config(config.model)
+  src = _source_dir(config)
+  base = hf_io.read_json(os.path.join(src, "config.json")) if src else None
+  model_type = model_type or (base or {}).get("model_type") or ("qwen2" if mcfg.qkv_bias else "llama")
+  if model_type == "qwen2" and not mcfg.qkv_bias:
+    raise config_lib.ConfigError("export.model_type='qwen2' needs q/k/v biases (model.qkv_bias); this model has "
+                                 "none: use export.model_type=llama.")
+  params, got_step = restore_params(run_dir, mcfg, step)
+  hf_save.save_hf(out_dir, mcfg, params, model_type=model_type, dtype=dtype, base_config=base)
+  spec = tok_lib.spec_for_config(config)
+  tok_dir = None
+  if tok_lib.is_hf(spec):
+    from grpo_jax.tasks import hf_tokenizer  # pylint: disable=g-import-not-at-top
+    tok_dir = hf_tokenizer.resolve(spec[3:] if spec.startswith("hf:") else spec)[0]
+  for name in TOKENIZER_FILES if tok_dir else ():
+    if os.path.isfile(os.path.join(tok_dir, name)):
+      shutil.copyfile(os.path.join(tok_dir, name), os.path.join(out_dir, name))
+  gen = next((os.path.join(d, "generation_config.json") for d in (src, tok_dir)
+              if d and os.path.isfile(os.path.join(d, "generation_config.json"))), None)
+  if gen:
+    shutil.copyfile(gen, os.path.join(out_dir, "generation_config.json"))
+  elif tok_dir:
+    with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
+      json.dump(_generation_config(tok_lib.load(spec)), f, indent=2)
+  return {"step": got_step, "model_type": model_type, "dtype": dtype, "files": sorted(os.listdir(out_dir)),
+          "tokenizer": tok_dir or "shipped sentencepiece (no HF tokenizer files written)"}
+
+
+def run_job(config, workdir: str) -> dict:
+  """`job=export`: the run in --workdir to `export.out_dir`."""
+  e = config.export
+  if jax.process_count() > 1:
+    raise config_lib.ConfigError("job=export runs in one process (it reads the checkpoint into host memory); run "
+                                 "`python -m grpo_jax.export RUN_DIR OUT_DIR` on one host, without "
+                                 "GRPO_JAX_DISTRIBUTED.")
+  if not e.out_dir:
+    raise config_lib.ConfigError("config.export.out_dir: is empty; job=export writes the Hugging Face directory "
+                                 "there (set --config.export.out_dir=DIR).")
+  summary = export(workdir, e.out_dir, step=int(e.step), dtype=e.dtype, model_type=e.model_type)
+  print(f"exported {workdir} step {summary['step']} -> {e.out_dir}: {', '.join(summary['files'])}")
+  return summary
+
+
+def main(argv=None) -> int:
+  import argparse
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("run_dir")
+  ap.add_argument("out_dir")
+  ap.add_argument("--step", type=int, default=0, help="checkpoint step (0 = the newest)")
+  ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  ap.add_argument("--model_type", default="", choices=("", *hf_io.SUPPORTED))
+  a = ap.parse_args(argv)
+  try:
+    s = export(a.run_dir, a.out_dir, step=a.step, dtype=a.dtype, model_type=a.model_type)
+  except config_lib.ConfigError as e:
+    print(f"Error: {e}", file=sys.stderr)
+    return 2
+  print(f"exported {a.run_dir} step {s['step']} ({s['model_type']}, {s['dtype']}) -> {a.out_dir}: "
+        f"{', '.join(s['files'])}; tokenizer: {s['tokenizer']}")
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

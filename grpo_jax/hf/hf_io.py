@@ -1,0 +1,349 @@
+"""Hugging Face Qwen2/Qwen2.5/Llama-3 checkpoints <-> our params, through safetensors only (no torch needed).
+
+A checkpoint directory is `config.json` plus `model.safetensors` or `model.safetensors.index.json` and its shards.
+The name mapping (HF `[out, in]` linear weights are transposed into our `[in, ...out]` kernels):
+
+  model.embed_tokens.weight                        embed/embedding
+  model.layers.{i}.input_layernorm.weight          layers/attn_norm/scale[i]
+  model.layers.{i}.self_attn.{q,k,v}_proj.weight   layers/{q,k,v}/kernel[i]   [D, heads, head_dim]
+  model.layers.{i}.self_attn.{q,k,v}_proj.bias     layers/{q,k,v}/bias[i]     [heads, head_dim]
+  model.layers.{i}.self_attn.o_proj.weight         layers/o/kernel[i]         [heads, head_dim, D]
+  model.layers.{i}.post_attention_layernorm.weight layers/mlp_norm/scale[i]
+  model.layers.{i}.mlp.{gate,up,down}_proj.weight  layers/{gate,up,down}/kernel[i]
+  model.norm.weight                                final_norm/scale
+  lm_head.weight                                   lm_head/kernel (untied only)
+
+Loading checks every file header against config.json first (all problems in one line naming the file, the tensor
+and the expected shape), then streams: each of our leaves is filled on the host from one HF tensor at a time and
+placed into its sharded device array before the next leaf is read, so host memory peaks at the params' float32
+bytes plus about two of the largest leaf (docs/hf.md), not the whole model twice. Every process reads the same files,
+so host-local pieces of the global arrays agree (multi-process safe).
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Callable
+
+import jax
+import numpy as np
+
+from grpo_jax.config import config_lib
+from grpo_jax.model import model as model_lib
+from grpo_jax.hf import safetensors_io as st
+
+SUPPORTED = ("qwen2", "llama")
+_LINEAR = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+           "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
+_NORMS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+_IGNORED = ("rotary_emb.inv_freq",)  # buffers old exports saved; recomputed from the config
+_MAX_LISTED = 3  # problems spelled out in the one-line error; the rest are counted
+
+
+class CheckpointError(config_lib.ConfigError):
+  """A checkpoint directory we cannot load as asked: one line naming the file, the tensor and the fix. A
+  ConfigError, so the CLI prints it alone and exits 2."""
+
+
+# ------------------------------------------------------------------------------------------------- config.json
+
+
+def read_json(path: str, what: str = "config.json") -> dict:
+  if not os.path.isfile(path):
+    raise CheckpointError(f"{path} is missing; a Hugging Face checkpoint directory holds {what} and *.safetensors.")
+  try:
+    with open(path, encoding="utf-8") as f:
+      out = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise CheckpointError(f"{path}: not valid JSON ({e}).") from None
+  if not isinstance(out, dict):
+    raise CheckpointError(f"{path}: expected a JSON object.")
+  return out
+
+
+def _rope(hf: dict) -> tuple[float, dict]:
+  """(theta, scaling dict) from either the v4 (`rope_theta`, `rope_scaling`) or v5 (`rope_parameters`) layout."""
+  params = hf.get("rope_parameters") or {}
+  scaling = hf.get("rope_scaling") or params
+  theta = hf.get("rope_theta", params.get("rope_theta", 10_000.0))
+  return float(theta), scaling
+
+
+def config_from_hf(hf: dict, *, dtype: str = "float32", remat: str = "none",
+                   source: str = "config.json") -> model_lib.ModelConfig:
+  """ModelConfig from a HF config.json dict; anything we do not implement is refused in one line, never dropped."""
+  def bad(msg: str):
+    raise CheckpointError(f"{source}: {msg}")
+
+  mt = hf.get("model_type")
+  if mt not in SUPPORTED:
+    bad(f"model_type={mt!r} is not supported; use a Qwen2/Qwen2.5 ('qwen2') or Llama-3 ('llama') checkpoint.")
+  if hf.get("hidden_act", "silu") != "silu":
+    bad(f"hidden_act={hf['hidden_act']!r}: only 'silu' (SwiGLU) is implemented.")
+  if hf.get("use_sliding_window", False):
+    bad("use_sliding_window=true: sliding-window attention is not implemented; use a checkpoint without it.")
+  if hf.get("mlp_bias", False):
+    bad("mlp_bias=true: MLP biases are not implemented.")
+  if hf.get("pretraining_tp", 1) not in (1, None):
+    bad(f"pretraining_tp={hf['pretraining_tp']}: only 1 is implemented.")
+  missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                         "intermediate_size") if k not in hf]
+  if missing:
+    bad(f"lacks {', '.join(missing)}; is this a causal LM's config.json?")
+  theta, scaling = _rope(hf)
+  rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+  kw = {}
+  if rope_type == "llama3":
+    need = ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")
+    lacking = [k for k in need if k not in scaling]
+    if lacking:
+      bad(f"rope_scaling (rope_type 'llama3') lacks {', '.join(lacking)}; llama3 scaling needs {', '.join(need)}.")
+    kw = dict(rope_scaling_factor=float(scaling["factor"]), rope_low_freq_factor=float(scaling["low_freq_factor"]),
+              rope_high_freq_factor=float(scaling["high_freq_factor"]),
+              rope_original_max_len=int(scaling["original_max_position_embeddings"]))
+  elif rope_type not in (None, "default"):
+    bad(f"rope scaling type {rope_type!r} is not implemented; only 'default' and 'llama3' are.")
+  heads = int(hf["num_attention_heads"])
+  try:
+    return model_lib.ModelConfig(
+        vocab_size=int(hf["vocab_size"]), hidden=int(hf["hidden_size"]), layers=int(hf["num_hidden_layers"]),
+        heads=heads, kv_heads=int(hf.get("num_key_value_heads") or heads), head_dim=int(hf.get("head_dim") or 0),
+        inter=int(hf["intermediate_size"]), rope_theta=theta,
+        qkv_bias=True if mt == "qwen2" else bool(hf.get("attention_bias", False)),
+        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
+        max_len=int(hf.get("max_position_embeddings") or (32768 if mt == "qwen2" else 2048)),
+        dtype=dtype, rms_eps=float(hf.get("rms_norm_eps", 1e-6)), remat=remat, **kw)
+  except (TypeError, ValueError) as e:
+    bad(f"{str(e).splitlines()[0]}")
+
+
+def read_config(path: str, **kw) -> model_lib.ModelConfig:
+  """The ModelConfig of the checkpoint directory `path` (its config.json)."""
+  if not os.path.isdir(path):
+    raise CheckpointError(f"{path} is not a directory; point train.init_from=hf:<dir> at a Hugging Face checkpoint "
+                          "directory (config.json + *.safetensors).")
+  cfg = os.path.join(path, "config.json")
+  return config_from_hf(read_json(cfg), source=cfg, **kw)
+
+
+def hf_config(mcfg: model_lib.ModelConfig, model_type: str = "qwen2", base: dict | None = None) -> dict:
+  """config.json content that transformers (v4 and v5) reads back into the same architecture. `base`: the source
+  checkpoint's config.json, whose other keys (token ids, max_position_embeddings, ...) are kept."""
+  if model_type not in SUPPORTED:
+    raise ValueError(f"model_type={model_type!r}: use one of {SUPPORTED}.")
+  if model_type == "qwen2" and not mcfg.qkv_bias:
+    raise ValueError("model_type='qwen2' always has q/k/v biases; export with model_type='llama' "
+                     "(or set model.qkv_bias=True).")
+  cfg = {k: v for k, v in (base or {}).items() if k not in ("rope_parameters", "rope_scaling", "torch_dtype", "dtype")}
+  cfg.update(
+      architectures=["Qwen2ForCausalLM" if model_type == "qwen2" else "LlamaForCausalLM"], model_type=model_type,
+      vocab_size=mcfg.vocab_size, hidden_size=mcfg.hidden, intermediate_size=mcfg.inter,
+      num_hidden_layers=mcfg.layers, num_attention_heads=mcfg.heads, num_key_value_heads=mcfg.kv_heads,
+      head_dim=mcfg.head_dim, rms_norm_eps=mcfg.rms_eps, rope_theta=mcfg.rope_theta,
+      tie_word_embeddings=mcfg.tie_embeddings, hidden_act="silu", attention_dropout=0.0, torch_dtype="float32")
+  cfg.setdefault("max_position_embeddings", mcfg.max_len)
+  if model_type == "llama":
+    cfg.update(attention_bias=mcfg.qkv_bias, mlp_bias=False)
+  else:
+    cfg.update(use_sliding_window=False)
+  if mcfg.rope_scaling_factor > 0:
+    cfg["rope_scaling"] = dict(rope_type="llama3", factor=mcfg.rope_scaling_factor,
+                               low_freq_factor=mcfg.rope_low_freq_factor,
+                               high_freq_factor=mcfg.rope_high_freq_factor,
+                               original_max_position_embeddings=mcfg.rope_original_max_len)
+  return cfg
+
+
+# ------------------------------------------------------------------------------------------------------ tensors
+
+
+def tensor_index(path: str) -> dict[str, st.TensorInfo]:
+  """{tensor name: where it is} over the checkpoint's safetensors files, every header checked."""
+  index = os.path.join(path, "model.safetensors.index.json")
+  if os.path.exists(index):
+    weight_map = read_json(index, "model.safetensors.index.json").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+      raise CheckpointError(f"{index}: no weight_map; the index does not list the checkpoint's tensors.")
+    files = sorted(set(weight_map.values()))
+  elif os.path.exists(os.path.join(path, "model.safetensors")):
+    weight_map, files = None, ["model.safetensors"]
+  else:
+    weight_map, files = None, sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
+  if not files:
+    raise CheckpointError(f"{path}: no *.safetensors files; download the weights too (config.json alone is not a "
+                          "checkpoint).")
+  out: dict[str, st.TensorInfo] = {}
+  for name in files:
+    file = os.path.join(path, name)
+    if not os.path.isfile(file):
+      raise CheckpointError(f"{file} is missing (listed in model.safetensors.index.json); download every shard.")
+    try:
+      out.update(st.read_header(file))
+    except st.FormatError as e:
+      raise CheckpointError(f"{e} Re-download the file.") from None
+  if weight_map is not None:
+    absent = [k for k, f in weight_map.items() if k not in out or os.path.basename(out[k].file) != f]
+    if absent:
+      raise CheckpointError(f"{index}: lists {absent[0]!r} in {weight_map[absent[0]]}, which does not hold it"
+                            f"{f' (and {len(absent) - 1} more)' if len(absent) > 1 else ''}; the index and the shards "
+                            "do not belong together.")
+  return out
+
+
+def expected_tensors(mcfg: model_lib.ModelConfig) -> dict[str, tuple[int, ...]]:
+  """Every tensor a checkpoint of this config holds, with its HF shape."""
+  d, f, hd = mcfg.hidden, mcfg.inter, mcfg.head_dim
+  out = {"model.embed_tokens.weight": (mcfg.vocab_size, d), "model.norm.weight": (d,)}
+  if not mcfg.tie_embeddings:
+    out["lm_head.weight"] = (mcfg.vocab_size, d)
+  n = {"q": mcfg.heads, "k": mcfg.kv_heads, "v": mcfg.kv_heads}
+  for i in range(mcfg.layers):
+    pre = f"model.layers.{i}."
+    for hf_name in _NORMS.values():
+      out[pre + hf_name + ".weight"] = (d,)
+    for name, heads in n.items():
+      out[pre + _LINEAR[name] + ".weight"] = (heads * hd, d)
+      if mcfg.qkv_bias:
+        out[pre + _LINEAR[name] + ".bias"] = (heads * hd,)
+    out[pre + _LINEAR["o"] + ".weight"] = (d, mcfg.heads * hd)
+    out[pre + _LINEAR["gate"] + ".weight"] = (f, d)
+    out[pre + _LINEAR["up"] + ".weight"] = (f, d)
+    out[pre + _LINEAR["down"] + ".weight"] = (d, f)
+  return out
+
+
+def _optional(name: str, mcfg: model_lib.ModelConfig) -> tuple[int, ...] | None:
+  """Tensors a checkpoint may hold beyond `expected_tensors`: an o_proj bias (Llama attention_bias; must be
+  zeros, checked when read), a tied model's duplicate lm_head."""
+  if name.endswith(_IGNORED):
+    return ()
+  if mcfg.qkv_bias and name.endswith("self_attn.o_proj.bias"):
+    return (mcfg.hidden,)
+  if mcfg.tie_embeddings and name == "lm_head.weight":
+    return (mcfg.vocab_size, mcfg.hidden)
+  return None
+
+
+def check_tensors(path: str, mcfg: model_lib.ModelConfig, infos: dict[str, st.TensorInfo]) -> None:
+  """Every expected tensor present with its shape and a float dtype, nothing unexpected; else one CheckpointError
+  line listing the problems (the first few spelled out, with file, tensor and expected shape)."""
+  problems = []
+  for name, shape in expected_tensors(mcfg).items():
+    info = infos.get(name)
+    if info is None:
+      problems.append(f"tensor {name} is missing (expected shape {list(shape)})")
+    elif info.shape != shape:
+      problems.append(f"{os.path.basename(info.file)}: tensor {name} has shape {list(info.shape)}, expected "
+                      f"{list(shape)}")
+    elif info.dtype.kind != "f" and info.dtype != st.DTYPES["BF16"]:
+      problems.append(f"{os.path.basename(info.file)}: tensor {name} has dtype {info.dtype}, expected a float type")
+  expected = expected_tensors(mcfg)
+  for name, info in sorted(infos.items()):
+    if name in expected:
+      continue
+    shape = _optional(name, mcfg)
+    if shape is None:
+      problems.append(f"{os.path.basename(info.file)}: unexpected tensor {name} (this architecture variant is not "
+                      "supported: e.g. o_proj or MLP biases, extra layers)")
+    elif shape and info.shape != shape:
+      problems.append(f"{os.path.basename(info.file)}: tensor {name} has shape {list(info.shape)}, expected "
+                      f"{list(shape)}")
+  if problems:
+    more = f"; and {len(problems) - _MAX_LISTED} more" if len(problems) > _MAX_LISTED else ""
+    raise CheckpointError(f"{path}: {len(problems)} tensor problem(s) against its config.json ({_describe(mcfg)}): "
+                          f"{'; '.join(problems[:_MAX_LISTED])}{more}. The weights and config.json do not belong "
+                          "together: re-download the checkpoint, or fix config.json.")
+
+
+def _describe(mcfg) -> str:
+  return (f"hidden {mcfg.hidden}, {mcfg.layers} layers, {mcfg.heads} heads / {mcfg.kv_heads} kv, head_dim "
+          f"{mcfg.head_dim}, inter {mcfg.inter}, vocab {mcfg.vocab_size}")
+
+
+# ------------------------------------------------------------------------------------------------------ loading
+
+
+def _leaf_sources(key: tuple[str, ...], mcfg) -> tuple[Callable[[int], str], bool, bool]:
+  """(HF name of layer i's tensor, stacked over layers?, transposed?) for one of our leaves."""
+  if key[0] == "layers":
+    name, kind = key[1], key[2]
+    hf = (_NORMS[name] + ".weight") if name in _NORMS else (_LINEAR[name] + "." + ("bias" if kind == "bias"
+                                                                                   else "weight"))
+    return (lambda i: f"model.layers.{i}.{hf}"), True, kind == "kernel"
+  fixed = {("embed", "embedding"): ("model.embed_tokens.weight", False),
+           ("final_norm", "scale"): ("model.norm.weight", False),
+           ("lm_head", "kernel"): ("lm_head.weight", True)}[key]
+  return (lambda i: fixed[0]), False, fixed[1]
+
+
+def _fill(slot: np.ndarray, w: np.ndarray, transposed: bool) -> None:
+  """Writes the HF tensor `w` into our `slot` (a view), casting to float32 without a full-size temporary."""
+  src = w.T if transposed else w
+  slot.reshape(src.shape)[...] = src
+
+
+def _aligned_empty(shape: tuple[int, ...]) -> np.ndarray:
+  """A float32 host array at a 64-byte boundary. XLA:CPU adopts such a buffer as the device buffer instead of
+  copying it, so a load onto the CPU backend holds each leaf once (1.01x the fp32 bytes over imports, measured by
+  benchmarks/hf_load_memory.py; a copied unaligned buffer measured 1.13-1.28x)."""
+  n = int(np.prod(shape, dtype=np.int64))
+  raw = np.empty(n * 4 + 64, np.uint8)
+  off = -raw.ctypes.data % 64
+  return raw[off:off + n * 4].view(np.float32).reshape(shape)
+
+
+def _key(path) -> tuple[str, ...]:
+  return tuple(getattr(p, "key", getattr(p, "name", str(p))) for p in path)
+
+
+def _check_o_bias(infos: dict[str, st.TensorInfo]) -> None:
+  for name, info in infos.items():
+    if name.endswith("self_attn.o_proj.bias") and np.any(st.read(info) != 0):
+      raise CheckpointError(f"{info.file}: tensor {name} is non-zero; o_proj biases are not implemented (a "
+                            "checkpoint with attention_bias=true must keep them at zero).")
+
+
+def check_checkpoint(path: str) -> model_lib.ModelConfig:
+  """Everything about the directory that can be checked without loading it (config.json, every safetensors header
+  against it, o_proj biases); returns its ModelConfig. Cheap: headers and a few bias vectors."""
+  mcfg = read_config(path)
+  infos = tensor_index(path)
+  check_tensors(path, mcfg, infos)
+  _check_o_bias(infos)
+  return mcfg
+
+
+def load_params(path: str, mcfg: model_lib.ModelConfig, shardings: Any = None,
+                infos: dict[str, st.TensorInfo] | None = None) -> Any:
+  """Our float32 params from the checkpoint at `path`, leaf by leaf into `shardings` (a pytree of
+  jax.sharding.Sharding like the params; None = the default device). `mcfg` must describe the checkpoint."""
+  infos = tensor_index(path) if infos is None else infos
+  check_tensors(path, mcfg, infos)
+  _check_o_bias(infos)
+  abstract = model_lib.param_shapes(mcfg)
+  flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
+  shard_leaves = [None] * len(flat) if shardings is None else jax.tree.leaves(
+      shardings, is_leaf=lambda x: isinstance(x, jax.sharding.Sharding))
+  if len(shard_leaves) != len(flat):
+    raise ValueError(f"shardings has {len(shard_leaves)} leaves, the params {len(flat)}; pass the params' tree.")
+  out = []
+  for (p, leaf), sharding in zip(flat, shard_leaves):
+    name_of, stacked, transposed = _leaf_sources(_key(p), mcfg)
+    buf = _aligned_empty(leaf.shape)
+    for i in range(mcfg.layers if stacked else 1):
+      _fill(buf[i] if stacked else buf, st.read(infos[name_of(i)]), transposed)
+    if sharding is None:
+      arr = jax.device_put(buf)  # the CPU backend adopts an aligned host buffer as the device buffer: no copy
+    else:
+      arr = jax.make_array_from_callback(buf.shape, sharding, lambda idx, b=buf: b[idx])
+    arr.block_until_ready()
+    del buf  # nothing of ours refers to it: the device array's (or, after a copy, nobody's)
+    out.append(arr)
+  return jax.tree_util.tree_unflatten(treedef, out)
+
+
+def load_hf(path: str, *, dtype: str = "float32", remat: str = "none",
+            shardings: Any = None) -> tuple[model_lib.ModelConfig, Any]:
+  """(ModelConfig, float32 params) from a local HF Qwen2/Llama directory."""
+  mcfg = read_config(path, dtype=dtype, remat=remat)
+  return mcfg, load_params(path, mcfg, shardings)

@@ -1,0 +1,1 @@
+"""Sharding, multi-host, checkpoints, integrity, errors, signals, the workdir lock."""

@@ -1,0 +1,346 @@
+"""Checkpoints: orbax `CheckpointManager` over (state pytree, small JSON metadata), verified on restore.
+
+Layout of `directory` (orbax's): `<step>/state` (the state pytree, `StandardSave`), `<step>/meta` (JSON dict with
+at least `step`, the data-iterator position; `config`, the run-config view that wrote it, see run_config.py; and
+`integrity`, a checksum per leaf computed on the devices, see integrity.py), `<step>/commit_success.txt` (orbax's
+commit marker). A step is used only if it restores, its checksums match and every value in it is finite; otherwise
+it is moved to `directory/corrupt/<step>-<unix time>` (so that orbax neither lists it nor refuses to save at its
+step again) and the previous step is tried. A step whose saved shapes differ from the state the config builds is
+not damage: restoring it raises an InputError (the config changed) and moves nothing. A state with non-finite
+values is never saved (RunStopped), and rotation keeps the newest `keep` steps plus, always, the newest step known
+good (saved with checksums from a finite state). Temporary dirs of saves killed mid-way are removed on open.
+
+Every function here must be called on all processes (orbax runs the collectives and lets one host write).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Any, Mapping
+
+import jax
+import numpy as np
+import orbax.checkpoint as ocp
+from absl import logging
+from etils import epath
+
+from grpo_jax.infra import errors
+from grpo_jax.infra import integrity
+
+_STATE = 'state'
+_META = 'meta'
+_COMMIT_MARKER = 'commit_success.txt'  # orbax writes it into every finished step dir (rename and commit-file modes)
+CORRUPT_SUBDIR = 'corrupt'
+
+
+def _path(directory: str | os.PathLike) -> epath.Path:
+  """Orbax wants absolute paths; gs:// and other URIs pass through."""
+  text = os.fspath(directory)
+  return epath.Path(text if '://' in text else os.path.abspath(text))
+
+
+def abstract_of(tree: Any) -> Any:
+  """Abstract twin of a concrete (sharded) pytree: the `abstract_state` that `restore` wants."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
+
+
+def _check_abstract(tree: Any, what: str) -> None:
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    sharding = getattr(leaf, 'sharding', None)
+    if sharding is None or isinstance(getattr(sharding, 'mesh', None), jax.sharding.AbstractMesh):
+      raise ValueError(
+          f'{what}{jax.tree_util.keystr(path)} has no concrete sharding ({sharding}); pass jax.ShapeDtypeStruct('
+          'shape, dtype, sharding=NamedSharding(mesh, spec)) leaves (checkpoint.abstract_of(state), or eval_shape '
+          '+ shardings from the logical rules).')
+
+
+def _jsonable_meta(step: int, meta: Mapping[str, Any] | None) -> dict[str, Any]:
+  out = {'step': int(step)}
+  for key, value in (meta or {}).items():
+    if isinstance(value, (np.generic, np.ndarray, jax.Array)) and np.ndim(value) == 0:
+      value = np.asarray(value).item()  # numpy/jax scalars are common here and json rejects them
+    try:
+      json.dumps(value)
+    except TypeError as e:
+      raise ValueError(f'meta[{key!r}] is not JSON-serializable ({e}); store ints, floats, strings, lists '
+                       'or dicts') from None
+    out[key] = value
+  return out
+
+
+def _step_dirs(directory: epath.Path) -> tuple[list[int], list[int]]:
+  """(committed, uncommitted) step numbers, oldest first; uncommitted dirs are partial writes."""
+  committed, uncommitted = [], []
+  if directory.exists():
+    for child in directory.iterdir():
+      if child.name.isdigit() and child.is_dir():
+        (committed if (child / _COMMIT_MARKER).exists() else uncommitted).append(int(child.name))
+  return sorted(committed), sorted(uncommitted)
+
+
+def _committed_steps(directory: epath.Path) -> list[int]:
+  return _step_dirs(directory)[0]
+
+
+def all_committed_steps(directory: str | os.PathLike) -> list[int]:
+  """Committed step numbers in a checkpoint directory, oldest first ([] if it does not exist)."""
+  return _committed_steps(_path(directory))
+
+
+def _read_json(path: epath.Path) -> dict | None:
+  try:
+    value = json.loads(path.read_text())
+    return value if isinstance(value, dict) else None
+  except (OSError, ValueError):
+    return None
+
+
+def read_meta(directory: str | os.PathLike, step: int) -> dict | None:
+  """A committed step's JSON metadata without restoring anything (None if unreadable)."""
+  return _read_json(_path(directory) / str(step) / _META / 'metadata')
+
+
+def newest_meta(directory: str | os.PathLike) -> tuple[int, dict] | None:
+  """(step, meta) of the newest committed step whose metadata reads: what a resume will compare its config with."""
+  for step in reversed(_committed_steps(_path(directory))):
+    meta = read_meta(directory, step)
+    if meta is not None:
+      return step, meta
+  return None
+
+
+def _leaf_name(path) -> str:
+  """Orbax's leaf name for a tree path: keys joined by '.' (dict keys, attribute names, sequence indices)."""
+  parts = []
+  for k in path:
+    parts.append(str(getattr(k, 'key', getattr(k, 'name', getattr(k, 'idx', k)))))
+  return '.'.join(parts)
+
+
+def _structure_mismatch(saved_tree: Any, abstract_state: Any) -> str | None:
+  """First difference between a step's saved leaves (orbax metadata) and the state the config builds, or None."""
+  saved = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(saved_tree)[0]:
+    name = getattr(leaf, 'name', None) or _leaf_name(path)
+    saved[name] = leaf
+  want = {_leaf_name(p): x for p, x in jax.tree_util.tree_flatten_with_path(abstract_state)[0]}
+  missing, extra = sorted(set(want) - set(saved)), sorted(set(saved) - set(want))
+  if missing or extra:
+    return (f'the checkpoint {"lacks " + ", ".join(missing[:3]) if missing else ""}'
+            f'{" and " if missing and extra else ""}{"has extra " + ", ".join(extra[:3]) if extra else ""}')
+  for name, x in want.items():
+    shape = getattr(saved[name], 'shape', None)
+    if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+      continue  # saved as its key data, whose trailing shape depends on the PRNG implementation
+    if shape is not None and tuple(shape) != tuple(x.shape):
+      return f'{name} is saved with shape {tuple(shape)} but the config builds {tuple(x.shape)}'
+  return None
+
+
+class Checkpointer:
+  """Saves every `save_every` steps, keeps the newest `keep` (and the newest known-good), restores the newest step
+  that loads and verifies. `run_config`: the run-config view stored in every step's metadata."""
+
+  def __init__(self, directory: str | os.PathLike, *, save_every: int, keep: int, async_save: bool = True,
+               run_config: Mapping[str, Any] | None = None):
+    if save_every < 1:
+      raise errors.ConfigError(f'config.train.ckpt_every: save_every={save_every} must be >= 1')
+    if keep < 1:
+      raise errors.ConfigError(f'config.train.keep_checkpoints: keep={keep} must be >= 1')
+    self.directory = _path(directory)
+    self.save_every = save_every
+    self.keep = keep
+    self.run_config = dict(run_config) if run_config is not None else None
+    self.restored_config: dict | None = None  # the run config stored with the step `restore` returned
+    self._manager = None
+    _, partial = _step_dirs(self.directory)
+    if jax.process_count() > 1:  # all processes list before process 0 moves anything, so they agree on `partial`
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices('grpo_jax.infra.checkpoint.listed')
+    if partial:  # a save that crashed before its commit (commit-file mode on GCS): orbax would list and keep it
+      for step in partial:
+        logging.warning('checkpoint step %d in %s has no %s (partial write); moving it aside', step,
+                        self.directory, _COMMIT_MARKER)
+      self._quarantine(partial)
+    self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(
+            max_to_keep=None, save_interval_steps=1, enable_async_checkpointing=async_save, create=True,
+            cleanup_tmp_directories=True),  # rotation is ours (_rotate): it must know which step is good
+    )
+
+  def maybe_save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None, force: bool = False) -> bool:
+    """Saves when `step % save_every == 0` or `force`; returns whether it saved.
+
+    With `async_save` the device->host copy finishes before this returns, so the caller may donate `state`
+    to the next step right away; the disk write runs in the background (see `wait`). A state with a non-finite
+    value anywhere raises errors.RunStopped and is not saved (the newest good step stays the newest).
+    """
+    if not (force or step % self.save_every == 0):
+      return False
+    self._manager.wait_until_finished()  # the previous save is committed before rotation looks at the steps
+    self._rotate()
+    if step in self._manager.all_steps():
+      return False  # e.g. the final forced save on a step the periodic rule already saved
+    summary = integrity.summarize(state)
+    bad = integrity.nonfinite(summary)
+    if bad:
+      good = self.newest_good()
+      raise errors.RunStopped(
+          f'the state at step {step} has non-finite values in {integrity.describe(bad)}; it was not saved. '
+          + (f'The newest good checkpoint is step {good} in {self.directory}. ' if good is not None else '')
+          + 'Lower optim.lr or check the rewards; rerunning resumes from the good checkpoint.')
+    full_meta = dict(meta or {})
+    full_meta['integrity'] = integrity.record(summary)
+    if self.run_config is not None:
+      full_meta['config'] = self.run_config
+    self._manager.save(
+        step,
+        args=ocp.args.Composite(**{_STATE: ocp.args.StandardSave(state),
+                                   _META: ocp.args.JsonSave(_jsonable_meta(step, full_meta))}),
+        force=True)
+    return True
+
+  def latest_step(self) -> int | None:
+    """Newest committed step (its content may still be corrupt; `restore` checks that)."""
+    self.wait()
+    steps = _committed_steps(self.directory)
+    return steps[-1] if steps else None
+
+  def all_steps(self) -> list[int]:
+    self.wait()
+    return _committed_steps(self.directory)
+
+  def newest_good(self) -> int | None:
+    """Newest committed step saved with checksums (only finite states are saved with them)."""
+    for step in reversed(_committed_steps(self.directory)):
+      if 'integrity' in (read_meta(self.directory, step) or {}):
+        return step
+    return None
+
+  def _rotate(self) -> None:
+    steps = sorted(self._manager.all_steps())
+    if len(steps) <= self.keep:
+      return
+    keep = set(steps[-self.keep:])
+    good = self.newest_good()
+    if good is not None:
+      keep.add(good)
+    for step in steps:
+      if step not in keep:
+        self._manager.delete(step)
+
+  def _verify(self, step: int, state: Any, meta: Mapping[str, Any]) -> str | None:
+    """Why the restored `state` of `step` must not be used (None = fine): a checksum mismatch or a non-finite value."""
+    summary = integrity.summarize(state)
+    stored = meta.get('integrity')
+    if stored is None:
+      logging.warning('checkpoint step %d in %s has no checksums (written by an older version); checking only that '
+                      'its values are finite', step, self.directory)
+    else:
+      wrong = integrity.mismatches(stored, summary)
+      if wrong:
+        return f'checksum mismatch in {", ".join(wrong[:3])}{" and more" if len(wrong) > 3 else ""}'
+    bad = integrity.nonfinite(summary)
+    if bad:
+      return f'non-finite values in {integrity.describe(bad)}'
+    return None
+
+  def _check_structure(self, step: int, abstract_state: Any) -> None:
+    """InputError if `step` was saved from a differently shaped state (a changed config, not damage)."""
+    try:
+      tree = ocp.PyTreeCheckpointHandler().metadata(self.directory / str(step) / _STATE).tree
+    except Exception:  # pylint: disable=broad-except  # unreadable metadata is damage: restore() falls back
+      return
+    why = _structure_mismatch(tree, abstract_state)
+    if why:
+      raise errors.InputError(
+          f'checkpoint step {step} in {self.directory} does not fit the state this config builds: {why}. The '
+          'config changed since it was written (model, critic, optimizer or reference): restore that config, or '
+          'use a new --workdir. Nothing was moved or deleted.')
+
+  def _split_meta(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+    """The caller's meta; the stored run config goes to `self.restored_config` (None if the step predates it)."""
+    meta = dict(meta)
+    meta.pop('integrity', None)
+    self.restored_config = meta.pop('config', None)
+    return meta
+
+  def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
+    """Restores into `abstract_state`'s shardings; `step=None` = newest step that loads and verifies."""
+    _check_abstract(abstract_state, 'abstract_state')
+    self.wait()
+    args = ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(abstract_state), _META: ocp.args.JsonRestore()})
+    if step is not None:
+      if step not in _committed_steps(self.directory):
+        raise ValueError(f'step={step} is not a committed checkpoint in {self.directory}; '
+                         f'available: {_committed_steps(self.directory)}')
+      self._check_structure(step, abstract_state)
+      restored = self._manager.restore(step, args=args)
+      why = self._verify(step, restored[_STATE], restored[_META])
+      if why:
+        raise errors.InputError(f'checkpoint step {step} in {self.directory} is damaged ({why}); restore an older '
+                                'step (step=None falls back automatically)')
+      return restored[_STATE], self._split_meta(restored[_META])
+    steps, partial = _step_dirs(self.directory)
+    for step_ in partial:
+      logging.warning('checkpoint step %d in %s has no %s (partial write); skipping it', step_, self.directory,
+                      _COMMIT_MARKER)
+    if not steps and not partial:
+      raise ValueError(f'no checkpoint in {self.directory}; check latest_step() is not None before restoring, '
+                       'or start a fresh run with a new --workdir')
+    bad = []
+    for candidate in reversed(steps):
+      self._check_structure(candidate, abstract_state)
+      try:
+        restored = self._manager.restore(candidate, args=args)
+        why = self._verify(candidate, restored[_STATE], restored[_META])
+      except Exception as e:  # pylint: disable=broad-except  # any read error means "this step is unusable"
+        why = f'{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ""}'
+      if why:
+        logging.warning('checkpoint step %d in %s is unusable (%s); falling back to an older step', candidate,
+                        self.directory, why)
+        bad.append(candidate)
+        continue
+      if bad or partial:
+        self._quarantine(bad + partial)
+      return restored[_STATE], self._split_meta(restored[_META])
+    raise errors.InputError(
+        f'no restorable checkpoint in {self.directory}: steps {steps + partial} all failed to load or verify (see the '
+        f'warnings above); move them away (e.g. into {self.directory / CORRUPT_SUBDIR}) to restart from scratch, or '
+        'restore from a backup')
+
+  def _quarantine(self, steps: list[int]) -> None:
+    """Moves unloadable steps aside: orbax would otherwise refuse saves at or below them and count them in keep."""
+    if jax.process_index() == 0:
+      target = self.directory / CORRUPT_SUBDIR
+      target.mkdir(parents=True, exist_ok=True)
+      for step in steps:
+        dest = target / f'{step}-{int(time.time())}'
+        (self.directory / str(step)).rename(dest)
+        logging.warning('moved unloadable checkpoint step %d to %s', step, dest)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices('grpo_jax.infra.checkpoint.quarantine')
+    if self._manager is not None:
+      self._manager.reload()
+
+  def wait(self) -> None:
+    """Blocks until pending async saves are on disk, then applies the retention rule."""
+    self._manager.wait_until_finished()
+    self._rotate()
+
+  def close(self) -> None:
+    self._manager.wait_until_finished()
+    self._rotate()
+    self._manager.close()
+
+  def __enter__(self) -> Checkpointer:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+

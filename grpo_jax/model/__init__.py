@@ -1,0 +1,1 @@
+"""The decoder: model, its config, attention backends, real models' shapes."""

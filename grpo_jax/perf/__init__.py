@@ -1,0 +1,1 @@
+"""TPU compile checks, roofline, collectives, FLOPs."""

@@ -1,0 +1,332 @@
+"""Bytes per device of one RL step for a config × mesh, from shapes alone (no compile, no devices).
+
+Why: a 7B policy + reference + Adam state on a TPU slice either fits or it does not, and the answer should come
+in a second, before any compile. The planner mirrors how `rl_step` holds memory: the state (policy, the reference
+only when β > 0, Adam's two moments, a critic for PPO) is resident; the step's temporaries peak in the sampling
+(KV cache and decode logits of one `rl.rollout_chunks` chunk of rows), in the reference / old-log-prob forwards
+(one chunk of rows, no gradient) or in the update (gradients, activations saved under the remat policy for one
+minibatch, one layer's recomputed working set with its attention, one chunk of logits). Attention is costed for
+the path `model.attention` takes on the target backend (`attention.choose`): O(T) for splash, blockwise and cuDNN,
+T×T scores only for the einsum path. `aot.py` checks it against XLA's own figures (docs/scale.md).
+
+  python -m grpo_jax.memory_plan --model=qwen2.5-1.5b --mesh data=1,fsdp=64,tensor=1 --prompts 16 --G 8 \
+      --prompt-len 256 --L 512 --hbm-gib 16
+"""
+import argparse
+import dataclasses
+import functools
+import json
+import math
+import sys
+from typing import Any
+
+import jax
+import ml_collections
+
+from grpo_jax.model import attention
+from grpo_jax.config import config_lib
+from grpo_jax.rollout import decode_layout
+from grpo_jax.model import model as model_lib
+from grpo_jax.model import model_presets
+from grpo_jax.config import presets
+from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.infra import sharding
+
+GiB = 1024 ** 3
+
+# The real models' shapes come from grpo_jax/model/model_presets.py (the one table configs use too: Qwen2.5 with q/k/v
+# biases and θ 1e6, Qwen2.5-Math with θ 1e4, Llama-3.x without biases, θ 5e5 and llama3 RoPE scaling).
+PRESETS: dict[str, dict[str, Any]] = {k: dict(v) for k, v in model_presets.PRESETS.items()}
+# Toys of the same family for tests and quick compiles; "small" has TPU-tile-friendly (128-multiple) dims so that
+# XLA's TPU padding does not dominate its byte counts.
+PRESETS["tiny"] = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, vocab_size=512, tie_embeddings=True,
+                       rope_theta=1e4, qkv_bias=True, head_dim=0)
+PRESETS["small"] = dict(hidden=256, layers=2, heads=2, kv_heads=1, inter=512, vocab_size=1024,
+                        tie_embeddings=True, rope_theta=1e4, qkv_bias=True, head_dim=0)
+
+_BYTES = {"float32": 4, "bfloat16": 2}
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+  """'data=1,fsdp=16,tensor=1' → dict; missing axes are 1, one axis may be -1."""
+  shape = {a: 1 for a in sharding.MESH_AXES}
+  for part in filter(None, text.split(",")):
+    key, _, val = part.partition("=")
+    if key not in shape or not val.lstrip("-").isdigit():
+      raise ValueError(f"--mesh: bad entry {part!r}; write e.g. data=1,fsdp=16,tensor=1 "
+                       f"(axes {', '.join(sharding.MESH_AXES)}).")
+    shape[key] = int(val)
+  return shape
+
+
+def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_len: int = 256, L: int = 512,
+                    mesh: dict[str, int] | None = None, dtype: str = "bfloat16", remat: str = "full",
+                    minibatches: int = 1, mu: int = 1, algo: str = "grpo",
+                    rollout_chunks: int = 1) -> ml_collections.ConfigDict:
+  """The peers' GRPO workload (β=0.04 unless the preset `algo` says otherwise, μ=1, lr 1e-5, T=1) on a named model
+  shape: what `aot` compiles."""
+  if model not in PRESETS:
+    raise ValueError(f"--model={model!r}: choose one of {sorted(PRESETS)}.")
+  c = presets.apply(config_lib.base_config(), algo)
+  c.model.update(PRESETS[model], max_len=prompt_len + L, dtype=dtype, remat=remat)
+  c.sampling.update(temperature=1.0, max_new_tokens=L)
+  c.task.prompt_len = prompt_len
+  c.rl.update(G=G, prompts_per_step=prompts, mu=mu, minibatches=minibatches, rollout_chunks=rollout_chunks)
+  if presets.PRESETS[algo]["rl.beta"] > 0:
+    c.rl.beta = 0.04
+  c.optim.update(lr=1e-5, grad_clip=1.0)
+  c.mesh.update(mesh or dict(data=1, fsdp=-1, tensor=1))
+  c.train.num_samples_logged = 1
+  c.eval.batch = prompts
+  return c
+
+
+def _shard_divisor(spec, mesh: dict[str, int]) -> int:
+  div = 1
+  for axes in sharding.logical_to_mesh_spec(spec):
+    if axes is None:
+      continue
+    for a in (axes if isinstance(axes, tuple) else (axes,)):
+      div *= mesh[a]
+  return div
+
+
+def param_bytes_per_device(mcfg: model_lib.ModelConfig, mesh: dict[str, int]) -> tuple[int, int]:
+  """(bytes on one device, parameter count) of one fp32 param tree sharded by the logical rules."""
+  return _param_bytes(mcfg, tuple(sorted(mesh.items())))
+
+
+@functools.lru_cache(maxsize=64)  # tracing a 7B init takes seconds; plans for one model reuse it
+def _param_bytes(mcfg: model_lib.ModelConfig, mesh_items: tuple, subtree: str = "") -> tuple[int, int]:
+  mesh = dict(mesh_items)
+  abstract = model_lib.param_shapes(mcfg)
+  specs = model_lib.param_axes(mcfg)
+  if subtree:
+    abstract, specs = abstract[subtree], specs[subtree]
+  leaves = jax.tree.leaves(abstract)
+  spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
+  per_dev = sum(math.ceil(x.size / _shard_divisor(s, mesh)) * x.dtype.itemsize for x, s in zip(leaves, spec_leaves))
+  return per_dev, sum(x.size for x in leaves)
+
+
+@dataclasses.dataclass
+class Plan:
+  """Per-device bytes by component; `resident` is held across steps, the peak adds the largest phase: sampling
+  (`rollout`), the reference / old-log-prob forwards over the samples (`score`), or the `update`."""
+  resident: dict[str, int]
+  rollout: dict[str, int]
+  update: dict[str, int]
+  params: int  # parameter count of one model
+  score: dict[str, int] = dataclasses.field(default_factory=dict)
+
+  def _phases(self) -> dict[str, int]:
+    return {"rollout": sum(self.rollout.values()), "score": sum(self.score.values()),
+            "update": sum(self.update.values())}
+
+  @property
+  def resident_bytes(self) -> int:
+    return sum(self.resident.values())
+
+  @property
+  def temp_bytes(self) -> int:
+    return max(self._phases().values())
+
+  @property
+  def peak_phase(self) -> str:
+    ph = self._phases()
+    return max(ph, key=ph.get)
+
+  @property
+  def total_bytes(self) -> int:
+    return self.resident_bytes + self.temp_bytes
+
+  def as_dict(self) -> dict[str, Any]:
+    return dict(resident=self.resident, rollout=self.rollout, score=self.score, update=self.update,
+                params=self.params, resident_bytes=self.resident_bytes, temp_bytes=self.temp_bytes,
+                total_bytes=self.total_bytes, peak_phase=self.peak_phase)
+
+
+def attention_bytes(path: str, rows: int, t: int, h: int, k: int, dh: int, cb: int, backward: bool) -> int:
+  """Working set of one layer's training/prefill attention over `rows` rows of t positions on `path` (an
+  `attention.choose` result), per device. The einsum paths hold fp32 [rows, heads, t, t] scores (and, backward,
+  their gradient): quadratic. The O(T) paths hold per-token arrays whose count was read off compiled buffer
+  assignments (docs/scale.md): blockwise on XLA:CPU keeps ~16 fp32 [rows, t, (h+k)·dh] arrays live in the backward
+  (q/k/v/o/dO in [blocks, ...] layout, the dq/dk/dv accumulators, transposed copies) and ~6 in the forward, plus a
+  few fp32 block×block score tiles; splash on TPU keeps its fp32 softmax residuals (max, logsumexp) lane-replicated
+  as [rows, h, t, 128] and q/k/v/o/dO copies in the head-major layout it needs; cuDNN keeps a logsumexp and the
+  same copies."""
+  if path in ("xla", "dot_product"):
+    return rows * h * t * t * (2 * 4 if backward else 4 + cb)
+  if path == "blockwise":
+    b = min(attention.BLOCK, -(-t // 8) * 8)
+    tp = -(-t // b) * b
+    return rows * tp * (16 if backward else 6) * (h + k) * dh * 4 + 4 * rows * h * b * b * 4
+  if path == "splash":
+    tp = -(-t // 128) * 128
+    return rows * tp * ((3 if backward else 2) * h * 128 * 4 + (4 if backward else 2) * (h + k) * dh * cb)
+  if path == "cudnn":
+    return rows * t * (h * 4 + (4 if backward else 2) * (h + k) * dh * cb)
+  raise ValueError(f"attention path {path!r}: use one of {list(attention.IMPLEMENTATIONS[1:])}.")
+
+
+def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | None = None, decode: Any = None,
+         hbm_bytes: int | None = None) -> Plan:
+  """Per-device memory of one `rl_step` (or PPO step) for `config` on a mesh of the given axis sizes; attention as
+  `model.attention` runs on `plat` ('tpu', 'gpu', 'cpu'; default: the backend JAX would trace for).
+
+  `decode`: the rollout's decode layout (decode_layout.Layout); None resolves `config.sampling.decode_layout` the
+  way the step does, against `hbm_bytes` per device (None: no limit, so `auto` plans the gathered layout)."""
+  mcfg = model_lib.ModelConfig.from_config(config.model)
+  if decode is None:
+    decode = decode_layout.choose(config, mesh, hbm_bytes, plat)[0]
+  bad = decode_layout.check(mcfg, mesh, decode)
+  if bad:
+    raise ValueError(bad + ".")
+  rl = config.rl
+  B, P, L = rl.prompts_per_step, config.task.prompt_len, config.sampling.max_new_tokens
+  T, N = P + L, rl.prompts_per_step * rl.G * (rl.oversample if rl.dynamic_sampling else 1)
+  dp, tp = mesh["data"] * mesh["fsdp"], mesh["tensor"]
+  cb = _BYTES[mcfg.dtype]
+  D, F, V, H, K, Dh, nl = mcfg.hidden, mcfg.inter, mcfg.vocab_size, mcfg.heads, mcfg.kv_heads, mcfg.head_dim, mcfg.layers
+  h_dev, k_dev = H // tp if H % tp == 0 else H, K // tp if K % tp == 0 else K
+  f_dev, v_dev = F // tp if F % tp == 0 else F, V // tp if V % tp == 0 else V
+  plat = plat or attention.platform()
+  path = lambda n, t: attention.choose(mcfg.attention, n, t, H, mcfg.dtype, plat)
+  chunks = rl.rollout_chunks
+  rows = math.ceil(N / dp)                       # rollout rows on one device
+  n_kept = rl.prompts_per_step * rl.G            # rows after dynamic sampling: scored and trained
+  kept_rows = math.ceil(n_kept / dp)
+  c_rows = math.ceil(N / chunks / dp)            # rows of one rollout chunk on one device (sampling)
+  s_rows = math.ceil(n_kept / chunks / dp)       # ... and of one chunk of the scoring forwards
+  mb_rows = math.ceil(n_kept / rl.minibatches / dp)   # training rows on one device, one minibatch
+  tok = mb_rows * T
+
+  p_dev, n_params = param_bytes_per_device(mcfg, mesh)
+  # The [D, V] LM head is the one weight XLA:TPU holds whole (measured, docs/scale.md): FSDP splits its D dim, so
+  # every use all-gathers it (in the compute dtype: a cast copy even unsharded under bf16), and the backward
+  # builds its full fp32 gradient before the reduce-scatter. Layer weights are gathered one layer at a time.
+  head_gathered = D * v_dev * cb if (mesh["fsdp"] > 1 or cb != 4) else 0
+  head_grad = D * v_dev * 4 if mesh["fsdp"] > 1 else 0
+  resident = {"policy": p_dev}
+  if rollout_lib.uses_reference(config):  # β = 0 keeps no reference model
+    resident["reference"] = p_dev
+  resident.update({"optimizer (adam m, v)": 2 * p_dev, "batch": math.ceil(B / dp) * (2 * P + 4) * 4})
+  if rl.algo == "ppo":
+    critic = p_dev if config.ppo.critic == "separate" else 4 * D
+    resident["critic"] = critic
+    resident["critic optimizer"] = 2 * critic
+
+  # Rollout outputs live through the whole step: tokens, masks, sampling/old/reference log-probs, advantages, the
+  # full sequence (tokens, positions, mask), all int32/float32.
+  carried = kept_rows * L * 4 * 6 + kept_rows * T * 4 * 3
+  # Sampling runs one chunk of rows at a time (rl.rollout_chunks). Prefill runs one layer at a time over P tokens:
+  # activations plus that layer's attention.
+  prefill = (c_rows * P * (3 * D + 2 * f_dev) * cb
+             + attention_bytes(path(N // chunks, P), c_rows, P, h_dev, k_dev, Dh, cb, backward=False))
+  # Decode (decode_layout.rollout_bytes): one chunk's KV cache and step logits, and the weights the loop reads in the
+  # rollout's decode layout, made once for all chunks (gathered: the whole model in the compute dtype on every chip;
+  # fsdp: as split, plus the LM head gathered at every token).
+  rollout = {
+      **decode_layout.rollout_bytes(mcfg, mesh, decode, N // chunks, T),
+      "prefill layer": prefill,
+      "rollout outputs": rows * L * 4 * 3 + carried,  # + the uniforms, tokens and log-probs of all sampled rows
+  }
+  # model.target_logprobs scores the L completion positions only, `logprob_chunk` positions at a time under
+  # jax.checkpoint: one chunk of fp32 logits, its log-softmax (and in the update their gradient), plus the fp32
+  # hidden states of the completion.
+  chunk = min(model_lib.logprob_chunk(mcfg), L)
+  # The reference and (bf16) old-log-prob forwards: one rollout chunk of rows, one layer at a time, no gradient.
+  score = {}
+  if rollout_lib.uses_reference(config) or mcfg.dtype == "bfloat16":
+    s_tok = s_rows * T
+    score = {
+        "forward layer": s_tok * (3 * D + (h_dev + 2 * k_dev) * Dh + 2 * f_dev) * cb
+                         + attention_bytes(path(n_kept // chunks, T), s_rows, T, h_dev, k_dev, Dh, cb, False),
+        "layer input": s_tok * D * cb,
+        "logits chunk": 2 * s_rows * chunk * v_dev * 4 + s_rows * L * D * 4,
+        "lm head, gathered": head_gathered,
+        "rollout outputs": carried,
+    }
+
+  train_path = path(n_kept // rl.minibatches, T)
+  if mcfg.remat == "full":
+    saved = nl * tok * D * cb  # only each layer's input survives the forward pass
+  elif mcfg.remat == "dots":
+    saved = nl * tok * (3 * D + (h_dev + 2 * k_dev) * Dh + 2 * f_dev) * cb
+  else:  # everything, including the attention's own saved arrays (the einsum path's T×T scores)
+    saved = nl * (tok * (5 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb
+                  + attention_bytes(train_path, mb_rows, T, h_dev, k_dev, Dh, cb, backward=False))
+  # Backward of one layer: its recomputed activations, their gradients, and the attention's backward working set.
+  layer = (tok * (4 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb
+           + attention_bytes(train_path, mb_rows, T, h_dev, k_dev, Dh, cb, backward=True))
+  update = {
+      "gradients": p_dev,
+      "saved activations (remat=%s)" % mcfg.remat: saved,
+      "layer backward": layer,
+      "logits chunk": 3 * mb_rows * chunk * v_dev * 4 + mb_rows * L * D * 4,
+      "lm head, gathered": head_gathered,
+      "lm head gradient, unreduced": head_grad,
+      "rollout outputs": carried,
+  }
+  if rl.algo == "ppo" and config.ppo.critic == "separate":
+    update["critic gradients"] = p_dev
+  return Plan(resident, rollout, update, n_params, score)
+
+
+def format_plan(p: Plan, hbm_bytes: int | None = None) -> str:
+  rows = [("resident", k, v) for k, v in p.resident.items()]
+  rows += [("rollout", k, v) for k, v in p.rollout.items()]
+  rows += [("score", k, v) for k, v in p.score.items()]
+  rows += [("update", k, v) for k, v in p.update.items()]
+  out = [f"{'phase':<9} {'component':<30} {'GiB/device':>11}"]
+  out += [f"{ph:<9} {k:<30} {v / GiB:>11.3f}" for ph, k, v in rows]
+  out.append(f"{'total':<9} {'resident + ' + p.peak_phase + ' peak':<30} {p.total_bytes / GiB:>11.3f}")
+  if hbm_bytes:
+    fits = "fits" if p.total_bytes <= hbm_bytes else "does NOT fit"
+    out.append(f"{'':<9} {'HBM %.0f GiB: %s' % (hbm_bytes / GiB, fits):<30} "
+               f"{100 * (1 - p.total_bytes / hbm_bytes):>10.1f}% free")
+  return "\n".join(out)
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(PRESETS))
+  ap.add_argument("--mesh", default="data=1,fsdp=16,tensor=1")
+  ap.add_argument("--prompts", type=int, default=16)
+  ap.add_argument("--G", type=int, default=8)
+  ap.add_argument("--prompt-len", type=int, default=256)
+  ap.add_argument("--L", type=int, default=512)
+  ap.add_argument("--dtype", default="bfloat16", choices=sorted(_BYTES))
+  ap.add_argument("--remat", default="full", choices=["none", "full", "dots"])
+  ap.add_argument("--minibatches", type=int, default=1)
+  ap.add_argument("--rollout-chunks", type=int, default=1, help="rl.rollout_chunks")
+  ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/config/presets.py); β = 0 ones keep no reference")
+  ap.add_argument("--platform", default="tpu", choices=["tpu", "gpu", "cpu"],
+                  help="the backend whose attention path model.attention='auto' picks (attention.choose)")
+  ap.add_argument("--hbm-gib", type=float, default=0.0, help="chip memory to compare against (0 = none)")
+  ap.add_argument("--json", action="store_true")
+  a = ap.parse_args(argv)
+  try:
+    mesh = parse_mesh(a.mesh)
+    if any(v < 1 for v in mesh.values()):
+      raise ValueError(f"--mesh={a.mesh}: the planner needs explicit sizes (no -1).")
+    c = workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, mesh, a.dtype, a.remat, a.minibatches,
+                        algo=a.algo, rollout_chunks=a.rollout_chunks)
+    rollout_lib.check_chunks(a.rollout_chunks, a.prompts * a.G)
+    hbm = int(a.hbm_gib * GiB) if a.hbm_gib else None
+    # sampling.decode_layout=auto resolves against the chip's memory
+    p = plan(c, mesh, plat=a.platform, hbm_bytes=hbm)
+  except ValueError as e:
+    print(f"error: {e}", file=sys.stderr)
+    return 2
+  if a.json:
+    print(json.dumps(dict(p.as_dict(), mesh=mesh, model=a.model, hbm_bytes=hbm)))
+  else:
+    print(f"{a.model}  mesh {mesh}  {a.prompts} prompts x G {a.G}, {a.prompt_len}+{a.L} tokens, {a.dtype}, "
+          f"remat={a.remat}, params {p.params / 1e9:.3f}B")
+    print(format_plan(p, hbm))
+  return 0
+
+
+if __name__ == "__main__":
+  sys.exit(main())

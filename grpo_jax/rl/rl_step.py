@@ -1,0 +1,247 @@
+"""The critic-free RL iteration (GRPO family) as ONE jitted, sharded function `(state, batch) -> (state, metrics)`.
+
+rollout (scan decoder) → rewards (in-graph or pure_callback) → advantages (by name, advantages.ESTIMATORS) →
+reference log-probs → μ epochs × minibatches of clipped updates (update.minibatch_scan) → metrics. PPO with a critic
+lives in `ppo_step.py` and reuses the rollout and the step's tail from here.
+"""
+import numbers
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.rl import advantages
+from grpo_jax.config import config_lib
+from grpo_jax.rl import losses
+from grpo_jax.model import model as model_lib
+from grpo_jax.config import presets
+from grpo_jax.rl import rewards as rewards_lib
+from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.rl import state as state_lib
+from grpo_jax.rl import update as update_lib
+
+
+def masked_mean(x, mask):
+  return jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+
+
+def _kl_and_rewards(config, ro: rollout_lib.Rollout):
+  """The per-token KL and the group rewards the outcome advantage normalises (with the KL penalty folded in when
+  rl.kl_in='reward' and the estimator does not fold it itself), and that penalty per sample (0 otherwise)."""
+  rl, G = config.rl, config.rl.G
+  if ro.ref_logp_NxL is None:  # β = 0: every KL term is multiplied by 0
+    kl_NxL = jnp.zeros_like(ro.mask_NxL)
+  else:
+    kl_NxL = losses.kl_estimate(rl.kl_estimator, ro.old_logp_NxL, ro.ref_logp_NxL, k3_clamp=rl.kl_clamp) * ro.mask_NxL
+  penalty_N = jnp.zeros_like(ro.r_N)
+  if rl.kl_in == "reward" and not advantages.ESTIMATORS[rl.advantage].kl_in_advantage:
+    # Sequence-level KL penalty folded into the outcome reward before normalisation.
+    penalty_N = -rl.beta * kl_NxL.sum(-1)
+  return kl_NxL, (ro.r_N + penalty_N).reshape(-1, G), penalty_N
+
+
+def _outcome_advantages(config, ro: rollout_lib.Rollout, r_BxG, ctx) -> jax.Array:
+  """adv_BxG of a sequence-level estimator: of the summed reward, or (reward_norm='per_term') GDPO's."""
+  rl, est = config.rl, advantages.ESTIMATORS[config.rl.advantage]
+  if rl.reward_norm == "per_term":
+    # GDPO: each term normalised in its group, weighted sum, batch std (validation keeps the KL out of r here).
+    terms_BxGxK = ro.terms_NxK.reshape(-1, rl.G, ro.terms_NxK.shape[1])
+    return advantages.decoupled(terms_BxGxK, ro.term_w_K, lambda r: est.fn(r, ctx), std_eps=rl.std_eps,
+                                ddof=rl.std_ddof)
+  return est.fn(r_BxG, ctx)
+
+
+def compute_advantages(config, ro: rollout_lib.Rollout) -> jax.Array:
+  rl, G = config.rl, config.rl.G
+  est = advantages.ESTIMATORS[rl.advantage]
+  kl_NxL, r_BxG, _ = _kl_and_rewards(config, ro)
+  ctx = advantages.Context(ro.mask_NxL, jax.lax.stop_gradient(kl_NxL), rl)
+  if est.per_token:
+    adv_NxL = est.fn(r_BxG, ctx)
+  else:
+    adv_NxL = advantages.broadcast_to_tokens(_outcome_advantages(config, ro, r_BxG, ctx).reshape(-1), ro.mask_NxL)
+  if rl.process_weight > 0:
+    s_r, s_end, s_valid = ro.steps
+    p_adv = advantages.process_advantages(s_r, s_end, s_valid, ro.mask_NxL, G=G, std_eps=rl.std_eps,
+                                          ddof=rl.std_ddof)
+    adv_NxL = advantages.combine(adv_NxL, p_adv, w_outcome=1.0, w_process=rl.process_weight)
+  return adv_NxL * ro.mask_NxL
+
+
+def term_names(ro: rollout_lib.Rollout) -> list[str]:
+  """The names of terms_NxK's columns: the reward terms, then DAPO's overlong penalty when it is on."""
+  names = list(ro.per_term)
+  return names + ["overlong"] * (ro.terms_NxK.shape[1] - len(names))
+
+
+def term_shares(config, ro: rollout_lib.Rollout) -> dict[str, jax.Array]:
+  """Each reward term's share of the outcome advantage: A = Σ_k a_k exactly, and share_k = <a_k, A> / <A, A> (the
+  shares sum to 1; a term pulling against the others has a negative share). For the group estimators (grpo,
+  dr_grpo, rloo) A_i is the group's centred reward times one scale per group (1/(std+eps), 1, G/(G-1)), so
+  a_k = scale · w_k · (r_k − group mean of r_k); under reward_norm='per_term' a_k = w_k · (term k normalised in its
+  group) / the batch std. A KL penalty folded into the reward (rl.kl_in='reward') is its own term, `kl_penalty`.
+  Per-token estimators (REINFORCE++) mix the KL into every token, and PPO's GAE is not a group estimator: they get
+  no shares ({})."""
+  rl, G = config.rl, config.rl.G
+  est = advantages.ESTIMATORS.get(rl.advantage)
+  if est is None or est.per_token:
+    return {}
+  kl_NxL, r_BxG, penalty_N = _kl_and_rewards(config, ro)
+  ctx = advantages.Context(ro.mask_NxL, jax.lax.stop_gradient(kl_NxL), rl)
+  adv_BxG = jax.lax.stop_gradient(_outcome_advantages(config, ro, r_BxG, ctx))
+  names = term_names(ro)
+  terms_BxGxK = ro.terms_NxK.reshape(-1, G, len(names)).astype(jnp.float32)
+  w_K = ro.term_w_K
+  if rl.kl_in == "reward" and rl.reward_norm != "per_term":
+    names, w_K = names + ["kl_penalty"], jnp.concatenate([w_K, jnp.ones((1,), jnp.float32)])
+    terms_BxGxK = jnp.concatenate([terms_BxGxK, penalty_N.reshape(-1, G, 1)], axis=2)
+  if rl.reward_norm == "per_term":
+    parts_BxGxK = jax.vmap(lambda r: est.fn(r, ctx), in_axes=2, out_axes=2)(terms_BxGxK) * w_K
+    axes = None  # one scale for the batch: the batch std
+  else:
+    parts_BxGxK = (terms_BxGxK - terms_BxGxK.mean(axis=1, keepdims=True)) * w_K
+    axes = 1  # one scale per group
+  total_BxG = parts_BxGxK.sum(-1)
+  # The scale, fitted exactly: A = s · total (s = 0 where total is 0: a group without signal).
+  den = jnp.sum(total_BxG * total_BxG, axis=axes, keepdims=True)
+  s = jnp.where(den > 0, jnp.sum(adv_BxG * total_BxG, axis=axes, keepdims=True) / jnp.where(den > 0, den, 1.0), 0.0)
+  a_BxGxK = parts_BxGxK * s[..., None]
+  norm = jnp.sum(adv_BxG * adv_BxG)
+  share_K = jnp.where(norm > 0, jnp.einsum("bgk,bg->k", a_BxGxK, adv_BxG) / jnp.where(norm > 0, norm, 1.0), 0.0)
+  return {name: share_K[k] for k, name in enumerate(names)}
+
+
+def policy_loss_kwargs(config) -> dict:
+  """losses.policy_loss's settings for this config. ratio_level 'sequence' is GSPO-token (sequence-level ratio
+  exp(mean_t log ρ), clipped with its own small ε); a KL folded into the reward leaves none in the loss."""
+  rl = config.rl
+  no_kl_in_loss = advantages.ESTIMATORS[rl.advantage].kl_in_advantage or rl.kl_in == "reward"
+  return dict(eps_low=rl.eps_low, eps_high=rl.eps_high, beta=0.0 if no_kl_in_loss else rl.beta,
+              kl_estimator=rl.kl_estimator, agg=rl.loss_agg, norm_len=config.sampling.max_new_tokens,
+              ratio_level=rl.ratio_level, dual_clip=rl.dual_clip, kl_clamp=rl.kl_clamp)
+
+
+def make_loss_fn(config, mcfg, P: int) -> Callable:
+  """(params, minibatch) -> (loss, aux) for prompts of static length P."""
+  temp, kwargs = config.sampling.temperature, policy_loss_kwargs(config)
+
+  def loss_fn(params, mb):
+    logp_NxL, ent_NxL = rollout_lib.completion_logprobs(mcfg, params, mb["seq"], P, temp)
+    # No reference (β = 0, or all of a vmapped sweep's β are 0: seeds.init_states): no KL term at all.
+    kw = kwargs if mb.get("ref_logp_NxL") is not None else dict(kwargs, beta=0.0)
+    loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb.get("ref_logp_NxL"), mb["adv_NxL"], mb["mask_NxL"],
+                                 **kw)
+    return loss, dict(m, entropy=masked_mean(ent_NxL, mb["mask_NxL"]))
+  return loss_fn
+
+
+def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.Array]:
+  G = config.rl.G
+  r_N, mask = ro.r_N, ro.mask_NxL
+  m = {
+      "train/reward_mean": r_N.mean(), "train/reward_std": r_N.std(),
+      "train/frac_zero_std_groups": jnp.mean(advantages.group_is_constant(
+          rollout_lib.signal_rewards(config.rl, r_N, ro.terms_NxK, ro.term_w_K, G))),
+      "train/adv_mean": masked_mean(adv_NxL, mask),
+      "train/adv_std": jnp.sqrt(masked_mean(jnp.square(adv_NxL - masked_mean(adv_NxL, mask)), mask)),
+      "train/adv_abs_max": jnp.max(jnp.abs(adv_NxL)),
+      "train/completion_len_mean": ro.lengths_N.mean(),
+      "train/completion_len_max": ro.lengths_N.max(),
+      "train/truncation_rate": ro.truncated_N.mean(),
+      "train/reward_fallbacks": ro.fallbacks,
+  }
+  if ro.bucket is not None:  # (a Rollout built by hand may leave these out)
+    m["train/train_len"] = jnp.asarray(rollout_lib.train_lengths(config), jnp.int32)[ro.bucket]
+  if ro.decode_steps is not None:
+    m["train/decode_steps"] = ro.decode_steps
+  if ro.ref_logp_NxL is not None:  # β = 0 has no reference model: no train/kl
+    m["train/kl"] = masked_mean(losses.kl_k3(ro.old_logp_NxL, ro.ref_logp_NxL), mask)
+  for name, r in ro.per_term.items():
+    m[f"train/reward/{name}"] = r.mean()
+  for name, share in term_shares(config, ro).items():
+    m[f"train/adv_share/{name}"] = share
+  if ro.ds_kept is not None:
+    m["train/dynamic_sampling_kept"] = ro.ds_kept
+  return m
+
+
+def finish_step(config, state: state_lib.State, updated: dict, ro: rollout_lib.Rollout, adv_NxL, um: dict):
+  """The RL families' tail: the new state, unless a Python reward failed (then the whole state stays as it was and
+  the host raises after the step), and the step's metrics."""
+  reward_ok = jnp.all(ro.status == rewards_lib.OK)
+  new_state = update_lib.select(reward_ok, dict(state, **updated, step=state["step"] + 1), state)
+  m = {**rollout_metrics(config, ro, adv_NxL), **update_lib.step_metrics(um, new_state["params"], reward_ok)}
+  n_show = config.train.num_samples_logged
+  m.update({"reward_status": ro.status, "samples/tokens_NxL": ro.tokens_NxL[:n_show],
+            "samples/mask_NxL": ro.mask_NxL[:n_show], "samples/r_N": ro.r_N[:n_show]})
+  return new_state, m
+
+
+def train_by_length(config, update, carry, data: dict, rng, bucket, P: int):
+  """update.minibatch_scan on `data` cut to the bucket's completion length, one lax.switch branch per length (each
+  compiles a forward+backward). The loss normalisers that are constants (Dr.GRPO's, DAPO's overlong penalty) read
+  sampling.max_new_tokens, never the bucket: the cut drops only masked positions, so the loss is the same."""
+  rl = config.rl
+
+  def at(Lb, carry, data, rng):
+    return update_lib.minibatch_scan(update, carry, update_lib.cut(data, P, Lb), rng, mu=rl.mu,
+                                     minibatches=rl.minibatches)
+  return update_lib.by_length(bucket, rollout_lib.train_lengths(config), at, carry, data, rng)
+
+
+# ------------------------------------------------------------------------------------- the family's interface
+
+
+def optimizer(config) -> update_lib.Optimizer:
+  return update_lib.make_optimizer(config.optim)
+
+
+def layout(config, mcfg: model_lib.ModelConfig) -> state_lib.Layout:
+  """Policy, frozen reference (only when β > 0: rollout_lib.uses_reference), AdamW state."""
+  return state_lib.Layout(optimizer(config), ref=rollout_lib.uses_reference(config))
+
+
+def reference_params(config, state: dict):
+  """The state's reference params, or None when it keeps none (β = 0). A state without them cannot run a config
+  with a (static) β > 0: that is a state built for another config."""
+  ref = state.get("ref_params")
+  if ref is None and isinstance(config.rl.beta, numbers.Real) and config.rl.beta != 0:
+    raise ValueError(f"config.rl.beta={config.rl.beta}: the state has no reference params (it was built for β = 0); "
+                     "build the state from this config (family.init / state_spec).")
+  return ref
+
+
+state_spec, init = state_lib.spec_and_init(layout)
+
+
+def check_preset(config) -> None:
+  """Code that builds a step without validate.py (ablations, tests) cannot run half a preset either."""
+  bad = presets.check(config)
+  if bad:
+    raise config_lib.ConfigError(bad)
+
+
+def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec,
+               tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
+  """The pure, un-jitted `(state, batch) -> (state, metrics)`: jit it (families.make_step) or vmap it (seeds)."""
+  check_preset(config)
+  rollout_fn = rollout_lib.make_rollout_fn(config, mcfg, spec, tokenizer)
+  opt = optimizer(config)
+
+  def step(state, batch):
+    P = batch["prompt_NxP"].shape[1]
+    loss_fn = make_loss_fn(config, mcfg, P)
+    rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
+    ro = rollout_fn(state["params"], reference_params(config, state), batch, k_roll)
+    adv_NxL = compute_advantages(config, ro)
+    data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=ro.mask_NxL)
+    if ro.ref_logp_NxL is not None:
+      data["ref_logp_NxL"] = ro.ref_logp_NxL
+
+    update = update_lib.make_update(lambda ps, mb: loss_fn(ps[0], mb), (opt,))
+    with jax.named_scope("update"):
+      ((params,), (opt_state,)), um = train_by_length(
+          config, update, ((state["params"],), (state["opt_state"],)), data, k_upd, ro.bucket, P)
+    return finish_step(config, state, dict(params=params, opt_state=opt_state, rng=rng), ro, adv_NxL, um)
+
+  return step

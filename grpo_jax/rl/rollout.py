@@ -1,0 +1,207 @@
+"""The rollout half of the RL step: sample G completions per prompt, score them, and the reference and old-log-prob
+forwards on the training length (`Rollout`). The GRPO step (rl_step.py) and PPO (ppo_step.py) both start here."""
+import numbers
+from typing import Callable, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.infra import sharding
+from grpo_jax.model import model as model_lib
+from grpo_jax.rl import advantages
+from grpo_jax.rl import rewards as rewards_lib
+from grpo_jax.rl import update as update_lib
+from grpo_jax.rollout import decode_layout
+from grpo_jax.rollout import sampling
+
+PROMPT_KEYS = ("prompt_NxP", "prompt_mask_NxP")
+
+
+def tile_batch(batch: dict, G: int) -> dict:
+  """Repeats every per-prompt field G times so row i belongs to group i // G."""
+  return {k: sharding.constrain_batch(jnp.repeat(v, G, axis=0)) for k, v in batch.items()}
+
+
+def full_sequence(prompt_NxP, pmask_NxP, tokens_NxL, mask_NxL):
+  tokens_NxT = jnp.concatenate([prompt_NxP, tokens_NxL], axis=1)
+  mask_NxT = jnp.concatenate([pmask_NxP, mask_NxL], axis=1).astype(jnp.int32)
+  positions_NxT = jnp.maximum(jnp.cumsum(mask_NxT, axis=1) - 1, 0)
+  return tokens_NxT, positions_NxT, mask_NxT
+
+
+def completion_logprobs(mcfg, params, seq, P: int, temperature: float):
+  """log π(o_t | q, o_<t) and entropies for the completion columns only (the LM head skips prompt positions)."""
+  tokens_NxT, positions_NxT, mask_NxT = seq
+  return model_lib.completion_logprobs(mcfg, params, tokens_NxT, positions_NxT, mask_NxT, P, temperature)
+
+
+class Rollout(NamedTuple):
+  """One iteration's samples, scores and log-probs. Rows N = B·G (row i in group i // G); L completion tokens."""
+  seq: tuple                # (tokens_NxT, positions_NxT, mask_NxT): prompt + completion, the training forward's input
+  tokens_NxL: jax.Array
+  mask_NxL: jax.Array       # float32: 1 up to and including EOS
+  lengths_N: jax.Array
+  truncated_N: jax.Array
+  r_N: jax.Array            # the weighted reward
+  per_term: dict            # name -> unweighted r_N of each reward term
+  terms_NxK: jax.Array      # the K reward terms (unweighted; DAPO's overlong penalty last when on), per sample
+  term_w_K: jax.Array       # their weights (the overlong penalty's is 1)
+  steps: tuple | None       # process scores (step_r_NxS, step_end_NxS, step_valid_NxS), or None
+  old_logp_NxL: jax.Array   # the rollout policy's log-probs (stop-gradient, 0 on padding)
+  ref_logp_NxL: jax.Array | None  # the reference's; None when β = 0 (no reference model: uses_reference)
+  status: jax.Array         # one per reward term: rewards.OK unless its Python call failed
+  fallbacks: jax.Array      # samples a Python term replaced by its fallback score
+  ds_kept: jax.Array | None  # dynamic sampling: kept groups with reward variance (None when off)
+  bucket: jax.Array | None = None  # index into train_lengths(config): the shortest covering the longest completion
+  decode_steps: jax.Array | None = None  # decode steps run: the slowest row chunk's (early exit: sampling.py)
+
+
+def uses_reference(config) -> bool:
+  """β > 0 needs the frozen reference model; β = 0 keeps none: no reference params in the state, no reference
+  forward, no train/kl (as TRL loads no reference at β = 0). A traced β (seeds.py, one per run) counts as > 0."""
+  beta = config.rl.beta
+  return not isinstance(beta, numbers.Real) or beta != 0
+
+
+def check_chunks(chunks: int, n: int) -> None:
+  if not isinstance(chunks, int) or chunks < 1 or n % chunks:
+    raise ValueError(f"config.rl.rollout_chunks={chunks!r}: must be a positive integer dividing the {n} rollout rows "
+                     "it splits (prompts_per_step*G); pick a divisor.")
+
+
+def chunk_rows(x: jax.Array, chunks: int) -> jax.Array:
+  """[N, ...] → [C, N/C, ...] with chunk c = rows c, c+C, c+2C, …: a row-sharded array splits into chunks that are
+  each spread over every row shard (a device's rows stay on it; each chunk keeps every device busy)."""
+  return jnp.swapaxes(x.reshape((x.shape[0] // chunks, chunks) + x.shape[1:]), 0, 1)
+
+
+def unchunk_rows(x_CxM: jax.Array) -> jax.Array:
+  """The inverse of `chunk_rows`."""
+  return jnp.swapaxes(x_CxM, 0, 1).reshape((x_CxM.shape[0] * x_CxM.shape[1],) + x_CxM.shape[2:])
+
+
+def map_row_chunks(fn: Callable, chunks: int, *xs):
+  """fn(*xs) for a row-wise fn, run as a lax.map over `chunks` slices of the rows (chunk_rows): its temporaries
+  (a KV cache, a forward's activations) are those of N/chunks rows. chunks=1 calls fn on all rows."""
+  if chunks == 1:
+    return fn(*xs)
+  check_chunks(chunks, xs[0].shape[0])
+  pin = lambda x: nn.with_logical_constraint(x, (None, "batch") + (None,) * (x.ndim - 2))
+  out = jax.lax.map(lambda a: fn(*a), jax.tree.map(lambda x: pin(chunk_rows(x, chunks)), xs))
+  return jax.tree.map(lambda x: sharding.constrain_batch(unchunk_rows(x)), out)
+
+
+def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Callable[..., Rollout]:
+  """(params, ref_params or None, batch, rng) -> Rollout: sample G completions per prompt, score them, log-probs.
+
+  Sampling, and then the reference and (bf16) old-log-prob forwards, run over `rl.rollout_chunks` chunks of rows
+  (map_row_chunks), so the KV cache and the forwards' activations are those of one chunk. Each row's uniforms are
+  drawn for all rows at once, so chunking does not change the samples."""
+  rl, G, temp = config.rl, config.rl.G, config.sampling.temperature
+  chunks = int(rl.rollout_chunks)
+  scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=getattr(tokenizer, "eos_ids", tokenizer.eos_id), pad_id=tokenizer.pad_id)
+  bf16 = mcfg.dtype == "bfloat16"
+  overlong_cache = round(rl.overlong_frac * scfg.max_new_tokens)  # a length: static
+  # Each term's weight (the order of terms_NxK); the overlong penalty, when on, is the last term, weight 1.
+  term_w_K = jnp.asarray(spec.weights + ((1.0,) if overlong_cache > 0 else ()), jnp.float32)
+  sizes = train_lengths(config)
+
+  def rollout_fn(params, ref_params, batch, rng) -> Rollout:
+    k_sample, k_ds = jax.random.split(rng)
+    b = tile_batch(batch, G)
+    n_all, P = b["prompt_NxP"].shape
+    check_chunks(chunks, n_all // (rl.oversample if rl.dynamic_sampling else 1))  # the kept rows are chunked too
+    u_NxL = sampling.uniforms(k_sample, scfg.max_new_tokens, n_all).T
+    # The weights in their decode layout (decode_layout.py), once per rollout, outside the chunk loop: every chunk
+    # decodes with this one copy.
+    decode = decode_layout.for_rollout(config, mcfg, params)
+
+    def sample_rows(p, m, u):
+      s = sampling.sample(mcfg, params, p, m, None, scfg, u_LxN=u.T, decode=decode)
+      # one count per row, so map_row_chunks can stack the chunks' counts like any row-wise output
+      return s._replace(decode_steps=jnp.broadcast_to(s.decode_steps, s.lengths_N.shape))
+
+    ro = map_row_chunks(sample_rows, chunks, b["prompt_NxP"], b["prompt_mask_NxP"], u_NxL)
+    # each chunk's decode exits early on its own once its rows are done: the rollout ran the slowest chunk's steps
+    decode_steps = jnp.max(ro.decode_steps)
+    tokens_NxL = sharding.constrain_batch(ro.tokens_NxL)
+    fields = {k: v for k, v in b.items() if k not in PROMPT_KEYS}
+    r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields)
+    terms_NxK = [per_term[n] for n in spec.names]
+    if overlong_cache > 0:
+      # DAPO's soft overlong punishment, a reward term of weight 1 (its own term under reward_norm='per_term').
+      penalty_N = advantages.overlong_penalty(ro.lengths_N, max_len=scfg.max_new_tokens, cache_len=overlong_cache)
+      r_N = r_N + penalty_N
+      terms_NxK.append(penalty_N)
+    terms_NxK = jnp.stack(terms_NxK, axis=1)
+    # Everything with one row per sample; dynamic sampling keeps some groups' rows.
+    rows = dict(prompt_NxP=b["prompt_NxP"], pmask_NxP=b["prompt_mask_NxP"], tokens_NxL=tokens_NxL,
+                mask_NxL=ro.mask_NxL.astype(jnp.float32), lengths_N=ro.lengths_N, truncated_N=ro.truncated_N,
+                r_N=r_N, per_term=per_term, terms_NxK=terms_NxK, steps=steps, old_logp_NxL=ro.logp_NxL)
+    ds_kept = None
+    if rl.dynamic_sampling:
+      # DAPO: the batch holds oversample×B prompts; keep B groups whose normalised reward varies, fixed shape.
+      B_all = r_N.shape[0] // G
+      idx_B, ds_kept = advantages.dynamic_sampling_select(signal_rewards(rl, r_N, terms_NxK, term_w_K, G),
+                                                          B_all // rl.oversample, k_ds)
+      keep_N = (idx_B[:, None] * G + jnp.arange(G)[None, :]).reshape(-1)
+      rows = jax.tree.map(lambda x: sharding.constrain_batch(jnp.take(x, keep_N, axis=0)), rows)
+
+    mask_NxL = rows["mask_NxL"]
+    seq = full_sequence(rows["prompt_NxP"], rows["pmask_NxP"], rows["tokens_NxL"], mask_NxL)
+    # The training length: the shortest bucket covering the longest completion of ALL rows (the same for every
+    # row chunk; reduced over vmapped runs). The forwards below, and the update, run on that many completion tokens.
+    bucket = update_lib.bucket_index(rows["lengths_N"], sizes)
+
+    def forwards(*seq_chunk):
+      # bf16 sampler and training forward differ by rounding; ρ must start at exactly 1 for μ=1 on-policy, so under
+      # bf16 the old log-probs are recomputed in training numerics.
+      out = {}
+      if ref_params is not None:
+        with jax.named_scope("reference"):  # phase names the roofline attributes collectives by (hlo_collectives)
+          out["ref"] = completion_logprobs(mcfg, ref_params, seq_chunk, P, temp)[0]
+      if bf16:
+        with jax.named_scope("old_logprobs"):
+          out["old"] = completion_logprobs(mcfg, params, seq_chunk, P, temp)[0]
+      return out
+
+    need = ref_params is not None or bf16
+    lp = forwards_by_length(config, forwards, bucket, seq, P) if need else {}
+    old_logp_NxL = lp.get("old", rows["old_logp_NxL"])
+    ref_logp_NxL = None
+    if ref_params is not None:
+      ref_logp_NxL = jax.lax.stop_gradient(lp["ref"]) * mask_NxL
+    return Rollout(seq=seq, tokens_NxL=rows["tokens_NxL"], mask_NxL=mask_NxL, lengths_N=rows["lengths_N"],
+                   truncated_N=rows["truncated_N"], r_N=rows["r_N"], per_term=rows["per_term"], steps=rows["steps"],
+                   terms_NxK=rows["terms_NxK"], term_w_K=term_w_K,
+                   old_logp_NxL=jax.lax.stop_gradient(old_logp_NxL) * mask_NxL, ref_logp_NxL=ref_logp_NxL,
+                   status=status, fallbacks=fallbacks, ds_kept=ds_kept, bucket=bucket,
+                   decode_steps=decode_steps)
+
+  return rollout_fn
+
+
+def train_lengths(config) -> tuple[int, ...]:
+  """The update's static completion lengths (update.train_lengths: rl.train_buckets of them, the longest L)."""
+  return update_lib.train_lengths(config.sampling.max_new_tokens, config.rl.train_buckets)
+
+
+def forwards_by_length(config, fn: Callable, bucket, seq, P: int):
+  """fn(*seq_chunk) -> a pytree of [rows, Lb] per-completion-token arrays, run on `seq` cut to the update's training
+  length (train_lengths(config)[bucket], one lax.switch branch per length) in rl.rollout_chunks row chunks
+  (map_row_chunks), zero-padded back to [N, L]: the positions cut off are past every completion (mask 0)."""
+  L = seq[0].shape[1] - P
+
+  def at(Lb, seq):
+    out = map_row_chunks(fn, int(config.rl.rollout_chunks), *update_lib.cut(dict(seq=seq), P, Lb)["seq"])
+    return jax.tree.map(lambda v: jnp.pad(v, ((0, 0), (0, L - Lb))), out)
+  return update_lib.by_length(bucket, train_lengths(config), at, seq)
+
+
+def signal_rewards(rl, r_N: jax.Array, terms_NxK: jax.Array, w_K: jax.Array, G: int) -> jax.Array:
+  """What the advantage normalises, per group: the weighted sum r_BxG, or (reward_norm='per_term') the weighted
+  terms r_BxGxK. A group carries no signal when it is constant in it (dynamic sampling, frac_zero_std_groups)."""
+  if rl.reward_norm == "per_term":
+    return (terms_NxK * w_K).reshape(-1, G, terms_NxK.shape[1])
+  return r_N.reshape(-1, G)

@@ -1,0 +1,54 @@
+"""Next-token SFT / pre-training as one jitted step over the same state and model as RL (no reference)."""
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+
+from grpo_jax.model import model as model_lib
+from grpo_jax.infra import sharding
+from grpo_jax.rl import state as state_lib
+from grpo_jax.rl import update as update_lib
+
+
+def sft_loss(mcfg, params, batch) -> tuple[jax.Array, dict]:
+  """Mean next-token NLL over `loss_mask_NxT` (completion tokens for SFT, all real tokens for pre-training)."""
+  logp_NxT, _ = model_lib.token_logprobs(mcfg, params, batch["tokens_NxT"], batch["positions_NxT"],
+                                         batch["mask_NxT"], 1.0)
+  # logp_NxT[:, t] scores token t given < t, so column 0 (no context) never counts.
+  w_NxT = batch["loss_mask_NxT"].astype(jnp.float32).at[:, 0].set(0.0)
+  n = jnp.maximum(w_NxT.sum(), 1.0)
+  loss = -jnp.sum(logp_NxT * w_NxT) / n
+  return loss, {"tokens": w_NxT.sum()}
+
+
+# ------------------------------------------------------------------------------------- the family's interface
+
+
+def optimizer(config) -> update_lib.Optimizer:
+  """The `optim` group's AdamW with SFT's own learning rate and warm-up (sft.lr, sft.warmup_steps)."""
+  optim = ml_collections.ConfigDict(config.optim.to_dict())
+  optim.update(lr=config.sft.lr, warmup_steps=config.sft.warmup_steps)
+  return update_lib.make_optimizer(optim)
+
+
+def layout(config, mcfg: model_lib.ModelConfig) -> state_lib.Layout:
+  """Params and AdamW state only: SFT has no reference."""
+  return state_lib.Layout(optimizer(config), ref=False)
+
+
+state_spec, init = state_lib.spec_and_init(layout)
+
+
+def build_step(config, mcfg: model_lib.ModelConfig) -> Callable[[dict, dict], tuple[dict, dict]]:
+  """The pure, un-jitted `(state, batch) -> (state, metrics)`: one AdamW update on the batch's loss tokens."""
+  opt = optimizer(config)
+
+  def step(state, batch):
+    batch = {k: sharding.constrain_batch(v) for k, v in batch.items()}
+    (params,), (opt_state,), um = update_lib.gradient_step(lambda ps, b: sft_loss(mcfg, ps[0], b), (opt,),
+                                                           (state["params"],), (state["opt_state"],), batch)
+    return (dict(state, params=params, opt_state=opt_state, step=state["step"] + 1),
+            update_lib.step_metrics(um, params))
+
+  return step

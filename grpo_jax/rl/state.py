@@ -1,0 +1,127 @@
+"""The train state: a plain dict pytree, created already sharded (eval_shape → shardings → jit(out_shardings)).
+
+Keys: params, opt_state, step, rng; + ref_params (RL), + critic_params, critic_opt_state (PPO). A family says which
+through its `Layout`; every family's state_spec / init, and the vmapped init of seeds.py, are built here.
+"""
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+from jax.sharding import Mesh
+
+from grpo_jax.config import config_lib
+from grpo_jax.model import model as model_lib
+from grpo_jax.infra import sharding
+from grpo_jax.rl import update as update_lib
+
+State = dict[str, Any]
+
+
+class Critic(NamedTuple):
+  """PPO's critic as the state holds it: `init(rng, policy_params) -> critic params`, their logical axes, and
+  the critic's own optimizer."""
+  init: Callable[[jax.Array, Any], Any]
+  axes: Any
+  opt: update_lib.Optimizer
+
+
+class Layout(NamedTuple):
+  """What a family keeps in its state besides params, opt_state, step and rng."""
+  opt: update_lib.Optimizer
+  ref: bool = True                # a frozen reference copy of the initial params (ref_params)
+  critic: Critic | None = None
+
+
+def abstract_params(mesh: Mesh, mcfg: model_lib.ModelConfig) -> Any:
+  """The params as sharded ShapeDtypeStructs (nothing allocated): what a checkpoint is read into."""
+  abstract, shard = _params_spec(mesh, mcfg)
+  return with_shardings(abstract, shard)
+
+
+def _params_spec(mesh, mcfg):
+  shard = sharding.tree_shardings(mesh, model_lib.param_axes(mcfg))
+  abstract = model_lib.param_shapes(mcfg)
+  sharding.check_divisible(mesh, abstract, shard, "params")
+  return abstract, shard
+
+
+def _opt_state_shardings(tx, abstract_opt_state, param_shardings, mesh):
+  return optax.tree_map_params(tx, lambda _, s: s, abstract_opt_state, param_shardings,
+                               transform_non_params=lambda _: sharding.replicated(mesh))
+
+
+def spec(mesh: Mesh, mcfg: model_lib.ModelConfig, layout: Layout) -> tuple[State, State]:
+  """(abstract state, shardings) without allocating anything."""
+  abstract_params, param_sh = _params_spec(mesh, mcfg)
+  tx = layout.opt.tx
+  abstract_opt = jax.eval_shape(tx.init, abstract_params)
+  abstract = dict(params=abstract_params, opt_state=abstract_opt,
+                  step=jax.ShapeDtypeStruct((), jnp.int32), rng=jax.ShapeDtypeStruct((2,), jnp.uint32))
+  shard = dict(params=param_sh, opt_state=_opt_state_shardings(tx, abstract_opt, param_sh, mesh),
+               step=sharding.replicated(mesh), rng=sharding.replicated(mesh))
+  if layout.ref:
+    abstract["ref_params"] = abstract_params
+    shard["ref_params"] = param_sh
+  if layout.critic is not None:
+    c_tx = layout.critic.opt.tx
+    c_params = jax.eval_shape(layout.critic.init, jax.random.PRNGKey(0), abstract_params)
+    c_sh = sharding.tree_shardings(mesh, layout.critic.axes)
+    c_opt = jax.eval_shape(c_tx.init, c_params)
+    abstract.update(critic_params=c_params, critic_opt_state=c_opt)
+    shard.update(critic_params=c_sh, critic_opt_state=_opt_state_shardings(c_tx, c_opt, c_sh, mesh))
+  return abstract, shard
+
+
+def with_shardings(abstract: Any, shardings: Any) -> Any:
+  return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+
+
+def seed_keys(seed) -> tuple[jax.Array, jax.Array, jax.Array]:
+  """(params key, critic key, run key) of a seed: the one derivation every init uses."""
+  k_params, k_critic, k_run = jax.random.split(jax.random.PRNGKey(seed), 3)
+  return k_params, k_critic, k_run
+
+
+def initial(layout: Layout, params: Any, k_critic: jax.Array, k_run: jax.Array) -> State:
+  """A fresh state around `params` (pure: jit it with out_shardings, or vmap it over runs)."""
+  st = dict(params=params, opt_state=layout.opt.tx.init(params), step=jnp.zeros((), jnp.int32), rng=k_run)
+  if layout.ref:
+    st["ref_params"] = params
+  if layout.critic is not None:
+    cp = layout.critic.init(k_critic, params)
+    st.update(critic_params=cp, critic_opt_state=layout.critic.opt.tx.init(cp))
+  return st
+
+
+def create(mesh: Mesh, mcfg: model_lib.ModelConfig, layout: Layout, seed: int, params: Any = None) -> State:
+  """The state of `seed`, directly in its shardings: no host copy of the full params ever exists.
+
+  `params` (already in the params' shardings, e.g. a loaded checkpoint) replace the seed's random init; the
+  reference and, for PPO's separate value network, the critic's trunk start from them too.
+  """
+  _, shard = spec(mesh, mcfg, layout)
+
+  def init(seed, params):
+    k_params, k_critic, k_run = seed_keys(seed)
+    if params is None:
+      params = model_lib.init_params(mcfg, k_params)
+    return initial(layout, params, k_critic, k_run)
+
+  with sharding.mesh_context(mesh):
+    return jax.jit(init, out_shardings=shard)(seed, params)
+
+
+def spec_and_init(layout_fn: Callable[[Any, model_lib.ModelConfig], Layout]) -> tuple[Callable, Callable]:
+  """A family's `state_spec` and `init` from its `layout(config, mcfg)`:
+    state_spec(config, mesh, mcfg) -> (abstract state, shardings)
+    init(config, mesh, mcfg, *, seed=None (config_lib.run_seed: run_seed, else seed), params=None (random init))
+      -> state, already sharded
+  """
+  def state_spec(config, mesh: Mesh, mcfg: model_lib.ModelConfig) -> tuple[State, State]:
+    return spec(mesh, mcfg, layout_fn(config, mcfg))
+
+  def init(config, mesh: Mesh, mcfg: model_lib.ModelConfig, *, seed: int | None = None, params: Any = None) -> State:
+    return create(mesh, mcfg, layout_fn(config, mcfg), config_lib.run_seed(config) if seed is None else seed, params)
+
+  return state_spec, init

@@ -1,0 +1,1 @@
+"""Sampling the completions: the decoder loop, where the weights live while it decodes."""

@@ -1,0 +1,210 @@
+"""Held-out evaluation: greedy accuracy, sampled accuracy, unbiased pass@k, cons@k (majority vote), format rate.
+
+Tasks with an in-graph verifier (arith, countdown) score inside the generate program; tasks verified in Python
+(GSM8K: math_answer on decoded text) generate in-graph, gather the rows to the host and score them there with the
+same function their training reward uses (the task's host_verifier in tasks/registry.py). Either way every process
+computes the same metrics. `Evaluator.rollouts` hands the gathered, graded rows to callers that score more (the R1
+report: the last-number rule, language consistency, forbidden words), through the same chunking, sampling and gather.
+"""
+import collections
+import math
+from typing import Callable, NamedTuple
+
+import jax
+import numpy as np
+from jax.experimental import multihost_utils
+
+from grpo_jax.rollout import decode_layout
+from grpo_jax.rl import rewards as rewards_lib
+from grpo_jax.rollout import sampling
+from grpo_jax.infra import sharding
+from grpo_jax.r1 import rewards as r1_rewards
+from grpo_jax.tasks import registry
+from grpo_jax.tasks import verify_jax
+
+# (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N); answers vote in cons@k. A task's
+# `host_verifier(tokenizer)` in tasks/registry.py returns one.
+HostVerifier = Callable[[np.ndarray, np.ndarray, dict], tuple[np.ndarray, np.ndarray, list]]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+  """Unbiased estimator of pass@k from n samples with c correct (Chen et al. 2021): 1 − C(n−c, k)/C(n, k)."""
+  if k > n:
+    raise ValueError(f"eval.pass_k: k={k} exceeds eval.n_samples={n}; raise n_samples or lower k.")
+  if n - c < k:
+    return 1.0
+  return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def answer_span(ids, tag_ids: dict) -> tuple[int, ...] | None:
+  """Token ids between the first <answer> and the next </answer> tag token (None if there is no such pair)."""
+  ids = list(ids)
+  a, b = tag_ids["<answer>"], tag_ids["</answer>"]
+  if a not in ids:
+    return None
+  i = ids.index(a)
+  if b not in ids[i + 1:]:
+    return None
+  j = ids.index(b, i + 1)
+  return tuple(ids[i + 1:j])
+
+
+def cons_at_k(answers: list, correct: list[bool], k: int) -> float:
+  """Majority vote over the first k samples' answers (ties → the earliest); 1 if the voted answer is correct."""
+  votes = [(a, c) for a, c in zip(answers[:k], correct[:k]) if a is not None]
+  if not votes:
+    return 0.0
+  counts = collections.Counter(a for a, _ in votes)
+  best = max(counts.values())
+  winner = next(a for a, _ in votes if counts[a] == best)
+  return float(any(c for a, c in votes if a == winner))
+
+
+def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids: dict,
+                  in_graph: bool = True, config=None) -> Callable:
+  """Jitted (params, prompts, fields, rng) -> (tokens_NxL, mask_NxL, lengths_N[, accuracy_N, format_N]); the
+  last two only with `in_graph` (a task verified on the host gets its rows back unscored).
+
+  `config`: the run's config; its `sampling.decode_layout` puts the weights into the decode layout once per call,
+  before the decode loop, as the RL step's rollout does (decode_layout.for_rollout: no weight all-gather per token
+  under FSDP). None decodes in the params' own layout."""
+
+  def gen(params, prompt_NxP, pmask_NxP, fields, rng):
+    decode = None if config is None else decode_layout.for_rollout(config, mcfg, params)
+    ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg, decode=decode)
+    if not in_graph:
+      return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N
+    acc = verify_jax.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields)
+    fmt = verify_jax.format_reward(ro.tokens_NxL, ro.mask_NxL, tag_ids)
+    return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N, acc, fmt
+
+  jitted = jax.jit(gen)
+
+  def run(*args):
+    with sharding.mesh_context(mesh):
+      return jitted(*args)
+  run.jitted = jitted  # for reading its compiled program (lower/compile under sharding.mesh_context)
+  return run
+
+
+# fn(texts, completion ids, host fields) -> per-row values, a Python reward term's signature: what a caller reads off
+# the decoded completions besides the verifier (language consistency, forbidden words, ...).
+Reading = rewards_lib.PyRewardFn
+
+
+def default_readings(task: str) -> dict[str, Reading]:
+  """`eval/language_consistency` for tasks with worked solutions (tasks/registry.py): their chains of thought are
+  written in tasks/cot.py's two languages. Other tasks (GSM8K: English text) have no such reading."""
+  if not registry.get(task).worked_solutions:
+    return {}
+  return {"language_consistency": r1_rewards.language_consistency}
+
+
+def completions(tokens_NxL: np.ndarray, mask_NxL: np.ndarray, eos) -> list[tuple[int, ...]]:
+  """Each row's completion ids without the EOS (`eos`: an id or a tuple of ids): what Python rewards and readings
+  decode."""
+  eos = {eos} if isinstance(eos, (int, np.integer)) else set(eos)
+  out = []
+  for t, m in zip(tokens_NxL, mask_NxL):
+    ids = [int(x) for x in t[m > 0]]
+    out.append(tuple(ids[:-1] if ids and ids[-1] in eos else ids))
+  return out
+
+
+def to_host(out) -> list[np.ndarray]:
+  """A generate call's outputs as host arrays. Rows are split over the data axes, across processes too: gather them
+  (a no-op copy on one process)."""
+  return [np.asarray(x) for x in multihost_utils.process_allgather(out, tiled=True)]
+
+
+def group_metrics(ok_N: np.ndarray, answers_N: list, n: int, pass_k) -> dict[str, float]:
+  """pass@k for each k and cons@n over prompt-major groups of n samples (`ok_N` > 0.5: a right sample)."""
+  ok_QxN = np.asarray(ok_N).reshape(-1, n)
+  m = {f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in ok_QxN.sum(-1)])) for k in pass_k}
+  ans_QxN = [answers_N[i * n:(i + 1) * n] for i in range(ok_QxN.shape[0])]
+  m[f"cons@{n}"] = float(np.mean([cons_at_k(a, list(c > 0.5), n) for a, c in zip(ans_QxN, ok_QxN)]))
+  return m
+
+
+class Rollouts(NamedTuple):
+  """One generate pass over the eval set, on the host; rows are prompt-major (`repeat` consecutive rows a prompt)."""
+  tokens_NxL: np.ndarray
+  mask_NxL: np.ndarray
+  lengths_N: np.ndarray
+  accuracy_N: np.ndarray
+  format_N: np.ndarray
+  answers_N: list                 # what cons@k votes on: the verifier's answer, None where it found none
+  fields: dict[str, np.ndarray]   # the eval set's host fields (answer_N, language_N, ...), repeated like the rows
+  texts: list[str] | None         # completions decoded without EOS; None when the Evaluator has no readings
+  readings: dict[str, np.ndarray]  # per-row value of each reading
+
+
+class Evaluator:
+  """Evaluates params on a fixed held-out set; all shapes static so each generate function compiles once."""
+
+  def __init__(self, config, mcfg, tokenizer, mesh, eval_arrays: dict, task: str | None = None,
+               host_verifier: HostVerifier | None = None, readings: dict[str, Reading] | None = None):
+    self.cfg, self.tok, self.mesh = config, tokenizer, mesh
+    self.task = task or config.task.name
+    if host_verifier is None and registry.get(self.task).host_verifier is not None:
+      host_verifier = registry.get(self.task).host_verifier(tokenizer)
+    self.host_verifier = host_verifier
+    self.readings = default_readings(self.task) if readings is None else dict(readings)
+    # Generate decodes in the run's decode layout; a task verified on the host gets its rows back unscored.
+    host = {"config": config} if host_verifier is None else {"in_graph": False, "config": config}
+    self.arrays = eval_arrays
+    self.batch = config.eval.batch
+    n = eval_arrays["prompt_NxP"].shape[0]
+    if n % self.batch:
+      raise ValueError(f"eval.size={n} must be a multiple of eval.batch={self.batch}.")
+    scfg = lambda **kw: sampling.SamplingConfig.from_config(  # untruncated: top-k / top-p off
+        config.sampling, eos_id=getattr(tokenizer, "eos_ids", tokenizer.eos_id), pad_id=tokenizer.pad_id, top_k=0, top_p=1.0, **kw)
+    self.greedy = make_generate(mcfg, scfg(greedy=True, temperature=1.0), mesh, self.task, tokenizer.tag_ids, **host)
+    self.sampled = make_generate(mcfg, scfg(), mesh, self.task, tokenizer.tag_ids, **host)
+
+  def _chunks(self, repeat: int):
+    n = self.arrays["prompt_NxP"].shape[0]
+    step = self.batch // repeat
+    for s in range(0, n, step):
+      yield {k: np.repeat(v[s:s + step], repeat, axis=0) for k, v in self.arrays.items()}
+
+  def rollouts(self, params, rng, sampled: bool = False) -> Rollouts:
+    """Greedy completions of every eval prompt, or `eval.n_samples` sampled ones each; chunk i draws from
+    fold_in(rng, i)."""
+    repeat = self.cfg.eval.n_samples if sampled else 1
+    if self.batch % repeat:
+      raise ValueError(f"eval.batch={self.batch} must be a multiple of eval.n_samples={repeat}.")
+    fn = self.sampled if sampled else self.greedy
+    outs, answers, chunk_fields = [], [], []
+    for i, chunk in enumerate(self._chunks(repeat)):
+      fields = {k: v for k, v in chunk.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
+      out = to_host(fn(params, chunk["prompt_NxP"], chunk["prompt_mask_NxP"], fields, jax.random.fold_in(rng, i)))
+      if self.host_verifier is not None:
+        acc, fmt, ans = self.host_verifier(out[0], out[1], fields)  # fields: this chunk's host rows, same order
+        out += [acc, fmt]
+        answers += list(ans)
+      else:
+        answers += [answer_span(t[mk > 0], self.tok.tag_ids) for t, mk in zip(out[0], out[1])]
+      outs.append(out)
+      chunk_fields.append(fields)
+    tokens, mask, lengths, acc, fmt = [np.concatenate(x) for x in zip(*outs)]
+    fields = {k: np.concatenate([f[k] for f in chunk_fields]) for k in chunk_fields[0]}
+    texts, readings = None, {}
+    if self.readings:
+      comps = completions(tokens, mask, getattr(self.tok, "eos_ids", self.tok.eos_id))
+      texts = [self.tok.decode(c) for c in comps]
+      readings = {name: np.asarray(f(texts, comps, fields), np.float32) for name, f in self.readings.items()}
+    return Rollouts(tokens, mask, lengths, acc, fmt, answers, fields, texts, readings)
+
+  def __call__(self, params, rng, with_samples: bool = True) -> tuple[dict[str, float], list[str]]:
+    g = self.rollouts(params, rng)
+    m = {"eval/accuracy": float(g.accuracy_N.mean()), "eval/format_rate": float(g.format_N.mean()),
+         "eval/completion_len_mean": float(g.lengths_N.mean())}
+    m.update({f"eval/{name}": float(v.mean()) for name, v in g.readings.items()})
+    texts = [self.tok.decode(t[mk > 0].tolist()) for t, mk in zip(g.tokens_NxL[:3], g.mask_NxL[:3])]
+    if with_samples:
+      n = self.cfg.eval.n_samples
+      s = self.rollouts(params, jax.random.fold_in(rng, 10_000), sampled=True)
+      m["eval/accuracy_sampled"] = float(s.accuracy_N.reshape(-1, n).mean())
+      m.update({f"eval/{k}": v for k, v in group_metrics(s.accuracy_N, s.answers_N, n, self.cfg.eval.pass_k).items()})
+    return m, texts

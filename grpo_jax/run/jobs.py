@@ -1,0 +1,111 @@
+"""What each `config.job` runs, as stages, and the order of the checks around it (main.py's `run`):
+
+  1. preflight: every input checked, nothing written (preflight.py)
+  2. the workdir lock (workdir_lock.py) and the signal handlers (signals.py)
+  3. the plan: every stage compared with its record / newest checkpoint config, nothing written (stages.py)
+  4. DIR/config.json, then the stages; a stage is marked done only when it finished
+"""
+from __future__ import annotations
+
+import json
+import os
+
+from absl import logging
+
+from grpo_jax.infra import errors
+from grpo_jax.run import run_config
+from grpo_jax.infra import signals
+from grpo_jax.run import stages as stages_lib
+
+
+def _write_config(config, workdir: str) -> None:
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_index() == 0:
+    run_config.write_json_atomic(os.path.join(workdir, "config.json"),
+                                 json.loads(config.to_json_best_effort()))
+
+
+def grpo_stages(config, workdir: str) -> list[stages_lib.Stage]:
+  """An SFT stage in DIR/sft (unless train.init_from is set or sft.steps is 0), then the RL run in DIR."""
+  out = []
+  extra = {}
+  if not config.train.init_from and config.sft.steps > 0:
+    sft = stages_lib.Stage("sft", os.path.join(workdir, "sft"), run_config.view(config, "sft"),
+                           steps=config.sft.steps, legacy_outputs=("params",))
+    out.append(sft)
+    extra = {"stage.upstream": stages_lib.upstream(sft)}
+  out.append(stages_lib.Stage("rl", workdir, run_config.view(config, "rl", extra=extra), steps=config.train.steps,
+                              own_dir=False))
+  return out
+
+
+def _check_stop(where: str) -> None:
+  stop = signals.active()
+  if stop is not None and stop.should_stop():
+    raise errors.Preempted(where)
+
+
+def _run_grpo(config, workdir: str, todo: list[stages_lib.Stage], actions: dict[str, str]) -> None:
+  from grpo_jax.run import train  # pylint: disable=g-import-not-at-top
+  init_from = config.train.init_from
+  for st in todo:
+    if st.name == "sft":
+      init_from = os.path.join(st.directory, "params")
+    if actions[st.name] == "skip":
+      logging.info("stage %s: finished earlier with this config; skipped.", st.name)
+      continue
+    _check_stop(f"before stage {st.name} of {workdir}")
+    stages_lib.prepare(st, actions[st.name], workdir)
+    if st.name == "sft":
+      train.run_sft(config, st.directory, record=st.view)
+    else:
+      train.run_rl(config, workdir, init_from=init_from, record=st.view)
+    stages_lib.mark_done(st)
+
+
+def stage_list(config, workdir: str) -> list[stages_lib.Stage]:
+  if config.job == "grpo":
+    return grpo_stages(config, workdir)
+  if config.job in ("sft", "pretrain"):
+    return [stages_lib.Stage(config.job, workdir, run_config.view(config, "sft"), steps=config.sft.steps,
+                             own_dir=False)]
+  from grpo_jax.r1 import pipeline  # pylint: disable=g-import-not-at-top
+  return pipeline.stage_list(config, workdir, tuple(config.r1.stages))
+
+
+def run(config, workdir: str) -> None:
+  """The whole command after flag parsing; raises errors.* for the CLI to report."""
+  from grpo_jax.infra import multihost  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import preflight  # pylint: disable=g-import-not-at-top
+  from grpo_jax.infra import workdir_lock  # pylint: disable=g-import-not-at-top
+  multihost.maybe_initialize()
+  if config.job == "export":  # reads the run in workdir and writes elsewhere: no lock, no stages, no config.json
+    from grpo_jax.hf import export  # pylint: disable=g-import-not-at-top
+    export.run_job(config, workdir)
+    return
+  from grpo_jax.hf import model_source  # pylint: disable=g-import-not-at-top
+  # Model fields left to the hf: checkpoint are filled in (and set ones checked) before anything else, so the checks,
+  # the stage records and DIR/config.json see the real model.
+  config = model_source.resolve(config)
+  preflight.check(config, workdir)
+  todo = stage_list(config, workdir)
+  stages_lib.allow_set(config)  # both flags are checked here, before the lock creates the workdir
+  stages_lib.rerun_set(config, todo)
+  with workdir_lock.WorkdirLock(workdir), signals.GracefulStop():
+    actions = stages_lib.plan(todo, config, workdir)
+    logging.info("plan: %s", stages_lib.describe_plan(actions))
+    _write_config(config, workdir)
+    if config.job == "grpo":
+      _run_grpo(config, workdir, todo, actions)
+    elif config.job in ("sft", "pretrain"):
+      from grpo_jax.run import train  # pylint: disable=g-import-not-at-top
+      st = todo[0]
+      if actions[st.name] == "skip":
+        logging.info("the run finished earlier with this config; nothing to do.")
+        return
+      stages_lib.prepare(st, actions[st.name], workdir)
+      train.run_sft(config, workdir, loss_on="all" if config.job == "pretrain" else None, record=st.view)
+      stages_lib.mark_done(st)
+    else:
+      from grpo_jax.r1 import pipeline  # pylint: disable=g-import-not-at-top
+      pipeline.run_pipeline(config, workdir, actions=actions)

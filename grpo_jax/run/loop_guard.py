@@ -1,0 +1,84 @@
+"""The reliability side of train.py's loops, in one object so that the loops stay about training.
+
+    guard = LoopGuard(config, workdir, "rl")          # refuses a changed config BEFORE anything is written
+    ckpt = guard.checkpointer(config)                 # stores the run-config view with every checkpoint
+    ... restore / create the state, make the MetricWriter ...
+    guard.resumed(ckpt, start, writer)                # records accepted config changes (metrics + config.<step>.json)
+    with guard.running():
+      for step in range(start, steps):
+        if guard.should_stop(): break                 # SIGTERM/SIGINT on any process → every process stops here
+        ...; done = step + 1
+    guard.finish(ckpt, state, done)                   # saves the stop step, waits for the disk
+    ... close writers ...
+    guard.raise_if_stopped()                          # errors.Preempted: the caller never marks the stage done
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+from typing import Any, Callable, Iterator, Mapping
+
+from grpo_jax.infra import checkpoint as ckpt_lib
+from grpo_jax.infra import errors
+from grpo_jax.run import run_config
+from grpo_jax.infra import signals
+from grpo_jax.run import stages
+
+
+class LoopGuard:
+
+  def __init__(self, config, workdir: str, kind: str, record: Mapping[str, Any] | None = None):
+    self.view = dict(record) if record is not None else run_config.view(config, kind)
+    self.allow = stages.allow_set(config)
+    self.workdir = workdir
+    self.ckpt_dir = os.path.join(workdir, "checkpoints")
+    self.steps = config.train.steps if kind == "rl" else config.sft.steps
+    self.stop: signals.GracefulStop | None = None
+    self.last_step = self._start = 0
+    stages.check_resume(self.ckpt_dir, self.view, self.allow, workdir_hint=workdir)
+
+  def checkpointer(self, config) -> ckpt_lib.Checkpointer:
+    return ckpt_lib.Checkpointer(self.ckpt_dir, save_every=config.train.ckpt_every,
+                                 keep=config.train.keep_checkpoints, run_config=self.view)
+
+  def resumed(self, ckpt: ckpt_lib.Checkpointer, start: int, writer) -> list[str]:
+    """After a restore: the restored step's config (a fallback may have picked an older step) against ours."""
+    self.last_step = self._start = start
+    if not start:
+      return []
+    old = ckpt.restored_config
+    changed = run_config.check(old, self.view, self.allow, where=f"checkpoint {os.path.join(self.ckpt_dir, str(start))}",
+                               workdir_hint=self.workdir)
+    if changed:
+      run_config.record_change(self.workdir, start, old, self.view, changed)
+      writer.write(start, run_config.change_metrics(changed))
+    return changed
+
+  @contextlib.contextmanager
+  def running(self, on_exit: Callable[[], None] | None = None) -> Iterator[LoopGuard]:
+    """The loop's signal handling (the command's, or its own); `on_exit` runs however the block ends."""
+    with signals.GracefulStop.ensure() as stop:
+      self.stop = stop
+      try:
+        yield self
+      finally:
+        if on_exit is not None:
+          on_exit()
+
+  def should_stop(self) -> bool:
+    return self.stop is not None and self.stop.should_stop()
+
+  @property
+  def stopped(self) -> bool:
+    return self.last_step < self.steps
+
+  def finish(self, ckpt: ckpt_lib.Checkpointer, state: Any, last_step: int) -> None:
+    """Saves `last_step` if the loop stopped early (a no-op when that step is saved already), waits for the disk."""
+    self.last_step = last_step
+    if self.stopped and last_step > self._start:
+      ckpt.maybe_save(last_step, state, {"step": last_step}, force=True)
+    ckpt.wait()
+
+  def raise_if_stopped(self) -> None:
+    if self.stopped:
+      raise errors.Preempted(self.workdir, self.last_step)

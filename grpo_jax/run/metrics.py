@@ -1,0 +1,320 @@
+"""Metric names (the one table) and `MetricWriter`: metrics.jsonl, TensorBoard, optional W&B, progress line.
+
+metrics.jsonl format: one JSON object per logged step, `step` first, then metric names sorted; integers stay
+integers, everything else is a Python float; non-finite floats are written as the strings "nan", "inf", "-inf" so
+that the file is strict JSON (jq, pandas, browsers reject bare NaN). `read_metrics` turns them back into floats.
+Several `write` calls for the same step (train metrics, then eval metrics) merge into one row.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import sys
+import time
+from typing import Any, Mapping, Sequence
+
+import jax
+import numpy as np
+from absl import logging
+
+# name -> what it means. `<term>` stands for a reward term name, `<k>` for a positive integer.
+METRICS: dict[str, str] = {
+    # --- train/: one RL (or SFT) step; token means are over completion tokens (mask == 1) ---
+    'train/reward_mean': 'mean total (weighted) reward over the N = B·G rollouts',
+    'train/reward_std': 'std of the total reward over the N rollouts (whole batch, not per group)',
+    'train/reward/<term>': 'mean unweighted score of one reward term (rewards.REGISTRY name)',
+    'train/frac_zero_std_groups': 'fraction of prompts whose G rewards are all equal: zero advantage, no signal',
+    'train/adv_mean': 'token-mean advantage',
+    'train/adv_std': 'token-level std of the advantage',
+    'train/adv_abs_max': 'largest |advantage| in the batch',
+    'train/adv_share/<term>': ("the term's share of the outcome advantage, <A_term, A> / <A, A> (A = sum of the "
+                               'terms\' parts; shares sum to 1, negative = pulls against the rest; rl_step.term_shares)'),
+    'train/clip_frac_low': 'fraction of tokens with ratio < 1-eps_low and A < 0 (clipped from below)',
+    'train/clip_frac_high': 'fraction of tokens with ratio > 1+eps_high and A > 0 (clipped from above)',
+    'train/clip_frac_dual': 'fraction of tokens with ratio > rl.dual_clip and A < 0 (loss bounded, no gradient)',
+    'train/kl_clamp_frac': 'fraction of tokens whose k3 exceeds rl.kl_clamp (value clamped, no KL gradient)',
+    'train/ratio_mean': 'token-mean importance ratio pi/pi_old (1 for the first of mu updates)',
+    'train/ratio_max': 'largest importance ratio pi/pi_old over the step',
+    'train/ratio_min': 'smallest importance ratio pi/pi_old over the step',
+    'train/kl': ('k3 estimate of KL(pi || pi_ref), token mean, at the rollout policy; absent at beta = 0 '
+                 '(no reference model)'),
+    'train/entropy': 'token-mean entropy of pi (softmax(logits / temperature)) on the sampled completions',
+    'train/completion_len_mean': 'mean completion length in tokens (up to and including EOS)',
+    'train/completion_len_max': 'longest completion in tokens',
+    'train/truncation_rate': 'fraction of completions with no EOS within max_new_tokens',
+    'train/decode_steps': 'decode steps the rollout ran: max_new_tokens - 1 unless every row ended early '
+                          '(sampling.exit_chunk early exit; with rollout chunks the slowest chunk\'s)',
+    'train/train_len': 'completion tokens the update trained on: the shortest of rl.train_buckets static lengths '
+                       'covering the longest completion',
+    'train/grad_norm': 'global L2 norm of the gradient before clipping (mean over minibatch updates)',
+    'train/update_norm': 'global L2 norm of the optimizer update (mean over minibatch updates)',
+    'train/param_norm': 'global L2 norm of the policy params after the step',
+    'train/loss': 'the minimised loss (-J for RL, token cross-entropy for SFT), mean over minibatch updates',
+    'train/tokens': 'loss-bearing tokens in the SFT batch',
+    'train/skipped_updates': 'minibatch updates skipped this step (non-finite ones, or all of them after a failed reward)',
+    'train/nonfinite_updates': 'minibatch updates whose loss, gradient or optimizer update was non-finite (skipped)',
+    'train/lr': 'learning rate of the updates of this step (mean; warm-up included)',
+    'train/value_loss': 'critic (value) loss, PPO only',
+    'train/dynamic_sampling_kept': 'prompts kept by dynamic sampling (groups with non-zero reward variance)',
+    'train/reward_fallbacks': 'Python reward calls that timed out or failed and got the fallback score',
+    # --- eval/: held-out prompts ---
+    'eval/accuracy': 'greedy-decoding accuracy',
+    'eval/accuracy_sampled': 'accuracy of sampled completions (mean over n_samples per prompt)',
+    'eval/format_rate': 'fraction of greedy completions in the <think>…</think><answer>…</answer> format',
+    'eval/pass@<k>': 'unbiased pass@k from n_samples sampled completions per prompt',
+    'eval/cons@<k>': 'majority-vote (self-consistency) accuracy over k sampled completions',
+    'eval/language_consistency': 'fraction of reasoning written in the prompt\'s language (language mixing)',
+    'eval/completion_len_mean': 'mean greedy completion length in tokens',
+    # --- perf/: wall-clock, the only non-deterministic metrics ---
+    'perf/step_time_s': 'wall time of the jitted step, seconds (includes compilation on the first step)',
+    'perf/tokens_per_s': 'completion tokens generated per second of step time',
+    'perf/compile_time_s': 'wall time of the first (compiling) step after start or resume, seconds',
+    'perf/eval_time_s': 'wall time of one evaluation, seconds',
+    # --- config_change/: a resume that took changed config values (train.allow_config_change) ---
+    'config_change/<key>': '1 at the step where a resumed run took a changed value of config key <key>; the new '
+                           'config is in config.<step>.json next to the checkpoints',
+}
+
+_PLACEHOLDERS = {'<term>': r'[A-Za-z0-9_.\-]+', '<k>': r'[1-9][0-9]*', '<key>': r'[A-Za-z0-9_.]+'}
+
+
+def _compile(name: str) -> re.Pattern:
+  pattern = re.escape(name)
+  for placeholder, regex in _PLACEHOLDERS.items():
+    pattern = pattern.replace(re.escape(placeholder), regex)
+  return re.compile(pattern + r'\Z')
+
+
+_EXACT = frozenset(n for n in METRICS if '<' not in n)
+_PATTERNS = tuple(_compile(n) for n in METRICS if '<' in n)
+
+# Shown in the progress line when present in a row.
+PROGRESS_KEYS = ('train/reward_mean', 'train/kl', 'train/entropy', 'train/completion_len_mean', 'train/loss',
+                 'eval/accuracy')
+
+
+def is_known(name: str) -> bool:
+  return name in _EXACT or any(p.match(name) for p in _PATTERNS)
+
+
+def check_names(names) -> None:
+  """Raises on a name missing from METRICS, so the docs table can never be incomplete."""
+  for name in names:
+    if not is_known(name):
+      raise ValueError(f'metric {name!r} is not defined in grpo_jax/run/metrics.py METRICS; add it there with a '
+                       'one-line description (the docs table is generated from it)')
+
+
+def markdown_table() -> str:
+  """The docs table of every metric name, in METRICS order."""
+  lines = ['| Metric | Meaning |', '|---|---|']
+  lines += [f'| `{name}` | {desc.replace("|", "/")} |' for name, desc in METRICS.items()]
+  return '\n'.join(lines) + '\n'
+
+
+def _to_json_scalar(name: str, value: Any) -> int | float | str:
+  arr = np.asarray(value)
+  if arr.size != 1:
+    raise ValueError(f'metric {name!r} has shape {arr.shape}; log scalars only (reduce it with mean/max first)')
+  arr = arr.reshape(())
+  if arr.dtype == np.bool_ or np.issubdtype(arr.dtype, np.integer):
+    return int(arr)
+  try:
+    item = float(arr)  # also bfloat16 and other ml_dtypes floats
+  except (TypeError, ValueError):
+    raise ValueError(f'metric {name!r} has non-numeric value {value!r}; log numbers only') from None
+  return item if math.isfinite(item) else ('nan' if math.isnan(item) else ('inf' if item > 0 else '-inf'))
+
+
+def _from_json_scalar(value: Any) -> Any:
+  return float(value) if value in ('nan', 'inf', '-inf') else value
+
+
+def _read_rows(path: str) -> list[dict[str, Any]]:
+  """Rows of a .jsonl file; a torn last line (crash mid-write) is dropped with a warning."""
+  rows = []
+  if not os.path.exists(path):
+    return rows
+  with open(path, encoding='utf-8') as f:
+    for lineno, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      try:
+        rows.append(json.loads(line))
+      except json.JSONDecodeError:
+        logging.warning('%s:%d is not valid JSON (torn write?); dropping it', path, lineno)
+  return rows
+
+
+def read_metrics(workdir: str) -> list[dict[str, Any]]:
+  """metrics.jsonl rows with "nan"/"inf" strings turned back into floats."""
+  return [{k: _from_json_scalar(v) for k, v in row.items()}
+          for row in _read_rows(os.path.join(workdir, 'metrics.jsonl'))]
+
+
+def _truncate_jsonl(path: str, keep_up_to: int | None) -> None:
+  """Atomically drops rows with step > keep_up_to (all rows if None): a resumed run re-logs those steps."""
+  if not os.path.exists(path):
+    return
+  rows = _read_rows(path)
+  kept = [r for r in rows if keep_up_to is not None and isinstance(r.get('step'), int) and r['step'] <= keep_up_to]
+  if len(kept) != len(rows):
+    logging.warning('%s: dropping %d rows %s', path, len(rows) - len(kept),
+                    'of an earlier run (fresh start)' if keep_up_to is None else
+                    f'after step {keep_up_to} (the run resumes from there)')
+  tmp = path + '.tmp'
+  with open(tmp, 'w', encoding='utf-8') as f:
+    for row in kept:
+      f.write(json.dumps(row) + '\n')
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+
+
+def _fmt_duration(seconds: float) -> str:
+  seconds = int(round(seconds))
+  h, rem = divmod(seconds, 3600)
+  m, s = divmod(rem, 60)
+  return f'{h}h{m:02d}m{s:02d}s' if h else f'{m}m{s:02d}s'
+
+
+class MetricWriter:
+  """Writes logged steps to every sink; only process 0 writes, every process validates names.
+
+  `resume_step`: the step the run restarts from; rows after it are removed first (None = fresh run: all rows of
+  an earlier run in this workdir are removed).
+  """
+
+  def __init__(self, workdir: str, *, resume_step: int | None = None, use_tensorboard: bool = True,
+               wandb_project: str | None = None, total_steps: int | None = None, progress: bool = True):
+    self.workdir = workdir
+    self.total_steps = total_steps
+    self.progress = progress
+    self._active = jax.process_index() == 0
+    self._tb = None
+    self._wandb = None
+    self._last_step: int | None = None
+    self._last_row: dict[str, Any] = {}
+    self._last_offset = 0
+    self._t_first: tuple[float, int] | None = None
+    if not self._active:
+      return
+    if wandb_project:
+      self._wandb = self._init_wandb(wandb_project, resume_step)
+    os.makedirs(workdir, exist_ok=True)
+    self.path = os.path.join(workdir, 'metrics.jsonl')
+    self.samples_path = os.path.join(workdir, 'samples.jsonl')
+    _truncate_jsonl(self.path, resume_step)
+    _truncate_jsonl(self.samples_path, resume_step)
+    rows = _read_rows(self.path)
+    self._file = open(self.path, 'ab')  # pylint: disable=consider-using-with
+    if rows:  # lets a resumed run merge into its last row and keeps steps monotone
+      self._last_row = rows[-1]
+      self._last_step = self._last_row['step']
+      self._last_offset = self._file.tell() - len((json.dumps(self._last_row) + '\n').encode())
+    if use_tensorboard:
+      from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
+      # purge_step makes TensorBoard hide the old run's events from the resumed step on.
+      self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'),
+                               purge_step=None if resume_step is None else resume_step + 1)
+
+  def _init_wandb(self, project: str, resume_step: int | None):
+    try:
+      import wandb  # pylint: disable=g-import-not-at-top
+    except ImportError:
+      raise ImportError(f'wandb_project={project!r} needs the wandb package: `pip install wandb` (and '
+                        '`wandb login`), or set config.log.wandb_project="" to log without W&B') from None
+    id_path = os.path.join(self.workdir, 'wandb_run_id.txt')
+    os.makedirs(self.workdir, exist_ok=True)
+    if resume_step is not None and os.path.exists(id_path):
+      with open(id_path, encoding='utf-8') as f:
+        run_id = f.read().strip()
+    else:
+      run_id = wandb.util.generate_id()
+      with open(id_path, 'w', encoding='utf-8') as f:
+        f.write(run_id)
+    return wandb.init(project=project, id=run_id, resume='allow', dir=self.workdir)
+
+  def write(self, step: int, metrics: Mapping[str, Any]) -> None:
+    """Logs one step's scalars (jax/numpy/Python); a second call for the same step merges into its row."""
+    check_names(metrics)
+    if not self._active:
+      return
+    if self._file.closed:
+      raise ValueError('MetricWriter.write after close(); create a new MetricWriter(workdir, resume_step=...)')
+    step = int(step)
+    values = {k: _to_json_scalar(k, v) for k, v in jax.device_get(dict(metrics)).items()}
+    if self._last_step is not None and step < self._last_step:
+      raise ValueError(f'step={step} is before the last logged step {self._last_step}; log steps in order '
+                       '(a resumed run passes resume_step= to MetricWriter)')
+    if step == self._last_step:  # rewrite the last line in place: one row per step
+      values = {**{k: v for k, v in self._last_row.items() if k != 'step'}, **values}
+      self._file.truncate(self._last_offset)
+    self._file.seek(0, os.SEEK_END)
+    self._last_offset = self._file.tell()
+    row = {'step': step, **dict(sorted(values.items()))}
+    self._file.write((json.dumps(row) + '\n').encode())
+    self._file.flush()
+    self._last_step, self._last_row = step, row
+    new = {k: float(_from_json_scalar(v)) for k, v in values.items() if k in metrics}
+    if self._tb is not None:
+      for k, v in new.items():
+        self._tb.add_scalar(k, v, step)
+      self._tb.flush()
+    if self._wandb is not None:
+      self._wandb.log(new, step=step)
+    if self.progress:
+      self._print_progress(step, new)
+
+  def _print_progress(self, step: int, values: Mapping[str, float]) -> None:
+    now = time.perf_counter()
+    parts = [f'step {step}' + (f'/{self.total_steps} ({100 * step / self.total_steps:.0f}%)'
+                               if self.total_steps else '')]
+    # Rate from the first logged step on, so the compiling step does not skew the ETA.
+    if self._t_first is None:
+      self._t_first = (now, step)
+    elif step > self._t_first[1]:
+      s_per_step = (now - self._t_first[0]) / (step - self._t_first[1])
+      parts.append(f'{s_per_step:.3g} s/step')
+      if self.total_steps:
+        parts.append(f'ETA {_fmt_duration(s_per_step * max(self.total_steps - step, 0))}')
+    shown = [f'{k.split("/", 1)[1]}={values[k]:.4g}' for k in PROGRESS_KEYS if k in values]
+    print(' | '.join(parts + ([' '.join(shown)] if shown else [])), file=sys.stderr, flush=True)
+
+  def log_samples(self, step: int, texts: Sequence[str], rewards: Sequence[float], *, n_print: int = 2) -> None:
+    """Appends (step, index, reward, text) rows to samples.jsonl and prints the first `n_print`."""
+    if len(texts) != len(rewards):
+      raise ValueError(f'log_samples got {len(texts)} texts and {len(rewards)} rewards; pass one reward per text')
+    if not self._active:
+      return
+    with open(self.samples_path, 'a', encoding='utf-8') as f:
+      for i, (text, reward) in enumerate(zip(texts, rewards)):
+        f.write(json.dumps({'step': int(step), 'index': i, 'reward': _to_json_scalar('reward', reward),
+                            'text': text}, ensure_ascii=False) + '\n')
+    for i, (text, reward) in enumerate(zip(texts[:n_print], rewards[:n_print])):
+      shown = text if len(text) <= 400 else text[:400] + ' …'
+      print(f'[sample step={step} #{i} reward={float(reward):.3g}] {shown}', file=sys.stderr, flush=True)
+
+  def flush(self) -> None:
+    if self._active:
+      self._file.flush()
+      if self._tb is not None:
+        self._tb.flush()
+
+  def close(self) -> None:
+    if not self._active or self._file.closed:
+      return
+    self._file.close()
+    if self._tb is not None:
+      self._tb.close()
+    if self._wandb is not None:
+      self._wandb.finish()
+
+  def __enter__(self) -> MetricWriter:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()

@@ -1,0 +1,206 @@
+"""The run config stored with every checkpoint, and the diff that makes a changed config on resume explicit.
+
+A run (or pipeline stage) records a *view* of its resolved config: the flattened config minus the keys it does not
+read (an SFT stage ignores `rl.*`) and minus bookkeeping keys that change nothing trained (log cadence, checkpoint
+cadence). On resume the new view is diffed against the checkpoint's:
+
+  * no difference → resume;
+  * a difference → one InputError line listing every key with its old → new value and the ways forward: a new
+    `--workdir`, or, for keys that leave the state tree unchanged, `--config.train.allow_config_change=k1,k2`;
+    keys that change the state tree (`model.*`, the critic, β = 0 ↔ β > 0, the optimizer type, the job) can only
+    get a new workdir;
+  * an accepted change is recorded: `config_change/<key>` = 1 in metrics.jsonl at the resume step and the new
+    config in `config.<step>.json` next to the checkpoints (the first change also writes `config.0.json`, the
+    config the run started with).
+
+Checkpoints written before configs were stored resume with a warning.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import Any, Iterable, Mapping
+
+from absl import logging
+
+from grpo_jax.infra import errors
+
+# Keys that never block a resume: they change how often the run logs or saves, not what it computes.
+BOOKKEEPING = ("log.", "train.log_every", "train.plot_every", "train.sample_every", "train.num_samples_logged",
+               "train.ckpt_every", "train.keep_checkpoints", "train.allow_config_change", "train.rerun_stages")
+
+# Keys a kind of run does not read (dropped from its view). `r1.*` is kept per stage through `keep`.
+_DROP = {
+    "rl": ("sft.", "r1."),
+    "sft": ("rl.", "ppo.", "rewards", "r1.", "train.steps", "train.eval_every", "train.init_from"),
+    "sample": ("rl.", "ppo.", "rewards", "sft.", "r1.", "train.", "optim."),
+}
+
+_OPTIMIZER_KIND_KEYS = ("name", "type", "optimizer", "kind")
+
+# Keys added to the base config after records were first written, with the default that reproduces what runs did
+# before them: a record without the key equals one with this value (an older run resumes unchanged).
+ADDED_KEYS = {"run_seed": -1}
+
+
+def flatten(config: Any) -> dict[str, Any]:
+  """`a.b.c -> value` of a ConfigDict (or nested dict), JSON-typed (tuples become lists)."""
+  tree = json.loads(config.to_json_best_effort()) if hasattr(config, "to_json_best_effort") else json.loads(
+      json.dumps(config, default=str))
+  out: dict[str, Any] = {}
+
+  def walk(prefix: str, node: Any) -> None:
+    if isinstance(node, dict) and node:
+      for k, v in node.items():
+        walk(f"{prefix}{k}.", v)
+    else:
+      out[prefix[:-1]] = node
+  walk("", tree)
+  return out
+
+
+def _matches(key: str, prefixes: Iterable[str]) -> bool:
+  return any(key == p or (p.endswith(".") and key.startswith(p)) or key.startswith(p + ".") for p in prefixes)
+
+
+def view(config: Any, kind: str, *, keep: Iterable[str] = (), extra: Mapping[str, Any] | None = None
+         ) -> dict[str, Any]:
+  """The keys a run of `kind` ('rl', 'sft' or 'sample') reads, plus `keep` prefixes and `extra` entries."""
+  if kind not in _DROP:
+    raise ValueError(f"kind={kind!r}: use one of {sorted(_DROP)}")
+  keep = tuple(keep)
+  flat = flatten(config)
+  out = {k: v for k, v in flat.items()
+         if (not _matches(k, _DROP[kind]) or _matches(k, keep)) and not _matches(k, BOOKKEEPING)
+         and not (k in ADDED_KEYS and v == ADDED_KEYS[k])}  # at its default: the view (and fingerprint) of before
+  out["stage.kind"] = kind
+  out.update(extra or {})
+  return dict(sorted(out.items()))
+
+
+def fingerprint(v: Mapping[str, Any]) -> str:
+  """Short stable hash of a view: what a downstream stage records about the stage it starts from."""
+  return hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+  """Keys whose values differ (present in one only included), sorted; bookkeeping keys ignored."""
+  keys = set(old) | set(new)
+  get = lambda d, k: d.get(k, ADDED_KEYS.get(k, "<absent>"))
+  return sorted(k for k in keys if not _matches(k, BOOKKEEPING) and get(old, k) != get(new, k))
+
+
+def _zero(x) -> bool:
+  return isinstance(x, (int, float)) and not isinstance(x, bool) and x == 0
+
+
+def structural(keys: Iterable[str], old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
+  """The changed keys that change the state tree (shapes or leaves): no flag can continue such a run."""
+  out = []
+  for k in keys:
+    o, n = old.get(k), new.get(k)
+    if (k.startswith("model.") or k in ("job", "stage.kind", "ppo.critic")
+        or (k == "rl.algo" and (o == "ppo") != (n == "ppo"))
+        or (k == "rl.beta" and _zero(o) != _zero(n))
+        or (k.startswith("optim.") and k.split(".")[-1] in _OPTIMIZER_KIND_KEYS)):
+      out.append(k)
+  return out
+
+
+def parse_allow(text: str, config_keys: Iterable[str]) -> set[str]:
+  """`train.allow_config_change` → key set; each entry must name a config key or a `group.*` prefix."""
+  known = set(config_keys)
+  out = set()
+  for raw in str(text or "").split(","):
+    key = raw.strip()
+    if not key:
+      continue
+    if key.startswith("config."):
+      key = key[len("config."):]
+    prefix = key[:-1] if key.endswith(".*") else None
+    if (prefix and not any(k.startswith(prefix) for k in known)) or (not prefix and key not in known):
+      raise errors.ConfigError(f"config.train.allow_config_change: {key!r} is not a config key; list changed keys "
+                               "as they appear in the refusal (e.g. optim.lr,rl.G) or a group as optim.*.")
+    out.add(key)
+  return out
+
+
+def _allowed(key: str, allow: set[str]) -> bool:
+  return key in allow or any(a.endswith(".*") and key.startswith(a[:-1]) for a in allow)
+
+
+def _short(v: Any) -> str:
+  s = json.dumps(v) if not isinstance(v, str) else repr(v)
+  return s if len(s) <= 40 else s[:37] + "..."
+
+
+def describe(keys: Iterable[str], old: Mapping[str, Any], new: Mapping[str, Any]) -> str:
+  def one(k):
+    if k == "stage.upstream":  # "<stage>:<fingerprint>": the fingerprints mean nothing to a reader
+      return f"stage.upstream (stage {str(new.get(k, old.get(k, '?'))).split(':')[0]} it starts from changed)"
+    return f"{k} ({_short(old.get(k, '<absent>'))} → {_short(new.get(k, '<absent>'))})"
+  return ", ".join(one(k) for k in keys)
+
+
+def check(old: Mapping[str, Any] | None, new: Mapping[str, Any], allow: set[str], *, where: str,
+          workdir_hint: str, hint: str = "") -> list[str]:
+  """Changed keys accepted for this resume ([] = identical); raises one InputError line otherwise.
+
+  `old` None means the stored record predates config records: resume with a warning.
+  """
+  if old is None:
+    logging.warning("%s has no stored run config (written by an older version); resuming without checking that "
+                    "the config is unchanged.", where)
+    return []
+  changed = diff(old, new)
+  if not changed:
+    return []
+  hard = structural(changed, old, new)
+  if hard:
+    raise errors.InputError(
+        f"the config differs from the one that wrote {where} in {describe(changed, old, new)}; "
+        f"{', '.join(hard)} change{'s' if len(hard) == 1 else ''} the saved state's structure, so this run cannot "
+        f"continue with {'it' if len(hard) == 1 else 'them'}: restore the old value{'s' if len(hard) > 1 else ''}"
+        f"{hint} or use a new --workdir (not {workdir_hint}).")
+  refused = [k for k in changed if not _allowed(k, allow)]
+  if refused:
+    raise errors.InputError(
+        f"the config differs from the one that wrote {where} in {describe(changed, old, new)}; to continue this "
+        f"run with the new values pass --config.train.allow_config_change={','.join(changed)}, otherwise restore "
+        f"the old values{hint} or use a new --workdir (not {workdir_hint}).")
+  logging.warning("resuming %s with changed config keys (allowed by train.allow_config_change): %s", where,
+                  describe(changed, old, new))
+  return changed
+
+
+def write_json_atomic(path: str, obj: Any) -> None:
+  """Readers see the old file or the new one, never half of one; a refused write names `path`."""
+  tmp = f"{path}.tmp-{os.getpid()}"
+  try:
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(json.dumps(obj, indent=2, sort_keys=True) + "\n")
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except OSError as e:
+    if os.path.exists(tmp):
+      os.remove(tmp)
+    raise OSError(e.errno, e.strerror, path) from e
+
+
+def record_change(directory: str, step: int, old: Mapping[str, Any], new: Mapping[str, Any],
+                  changed: list[str]) -> None:
+  """`config.<step>.json` history next to the checkpoints (process 0 only); `config.0.json` on the first change."""
+  import jax  # pylint: disable=g-import-not-at-top
+  if jax.process_index() != 0 or not changed:
+    return
+  os.makedirs(directory, exist_ok=True)
+  history = [n for n in os.listdir(directory) if n.startswith("config.") and n.endswith(".json") and n != "config.json"]
+  if not history and step > 0:
+    write_json_atomic(os.path.join(directory, "config.0.json"), dict(old))
+  write_json_atomic(os.path.join(directory, f"config.{step}.json"), {**dict(new), "changed_keys": changed})
+
+
+def change_metrics(changed: Iterable[str]) -> dict[str, int]:
+  return {f"config_change/{k}": 1 for k in changed}

@@ -1,0 +1,1 @@
+"""Many runs: vmapped runs, sweeps, ablations and their reports."""

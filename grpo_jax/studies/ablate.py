@@ -1,0 +1,138 @@
+"""Ablation harness: seeds × variants → DIR/table.md, DIR/table.csv, DIR/*.png (mean ± 95% CI over seeds).
+
+  python -m grpo_jax.ablate --config=configs/ablations/<table>.py[:small] --workdir=DIR
+
+A config names a table module `grpo_jax.studies.ablations.<config.table>` that provides
+  TITLE, CLAIM                         strings for the report
+  variants(cfg) -> list[str]           the rows
+  run_cell(cfg, variant, seeds) -> {"scalars": {metric: [one float per seed]},
+                                    "curves": {metric: {"x": [steps], "y": [[per step] per seed]}}}
+  header(cfg) -> str, verdict(cfg, summaries) -> str,
+  appendix(cfg, cells) -> str                      (optional: more markdown from the raw cells)
+Each finished cell is written to DIR/cells/<variant>.json with the config's fingerprint, so an interrupted run
+resumes without redoing finished cells; a cell from a different config stops the run instead of being mixed in.
+"""
+import datetime
+import hashlib
+import importlib
+import json
+import os
+import re
+import sys
+import time
+from types import ModuleType
+from typing import Callable
+
+from grpo_jax.studies.ablations import report
+
+
+def fingerprint(cfg) -> str:
+  """Hash of everything that changes a cell's numbers (the whole config)."""
+  text = json.dumps(json.loads(cfg.to_json_best_effort()), sort_keys=True)
+  return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
+def load_table(cfg) -> ModuleType:
+  if "table" not in cfg:
+    raise ValueError("config.table is missing: name a module in grpo_jax/ablations (e.g. table='kl_estimators').")
+  try:
+    return importlib.import_module(f"grpo_jax.studies.ablations.{cfg.table}")
+  except ModuleNotFoundError as e:
+    raise ValueError(f"config.table={cfg.table!r}: no module grpo_jax.studies.ablations.{cfg.table} ({e}).") from e
+
+
+def _cell_path(workdir: str, variant: str) -> str:
+  return os.path.join(workdir, "cells", re.sub(r"[^A-Za-z0-9_.=-]+", "_", variant) + ".json")
+
+
+def _check_cell(variant: str, cell: dict, n_seeds: int) -> None:
+  for m, vals in cell.get("scalars", {}).items():
+    if len(vals) != n_seeds:
+      raise ValueError(f"table cell {variant!r}: scalar {m!r} has {len(vals)} values for {n_seeds} seeds.")
+  for m, c in cell.get("curves", {}).items():
+    if len(c["y"]) != n_seeds or any(len(y) != len(c["x"]) for y in c["y"]):
+      raise ValueError(f"table cell {variant!r}: curve {m!r} must be seeds × len(x).")
+
+
+def run_cells(cfg, workdir: str, table: ModuleType, log: Callable[[str], None] = print) -> dict[str, dict]:
+  """Runs (or loads) every variant's cell; each finished cell is saved before the next starts."""
+  os.makedirs(os.path.join(workdir, "cells"), exist_ok=True)
+  fp = fingerprint(cfg)
+  seeds = list(range(cfg.seed0, cfg.seed0 + cfg.seeds)) if "seed0" in cfg else list(range(cfg.seeds))
+  cells: dict[str, dict] = {}
+  for variant in table.variants(cfg):
+    path = _cell_path(workdir, variant)
+    if os.path.exists(path):
+      with open(path) as f:
+        saved = json.load(f)
+      if saved.get("fingerprint") != fp:
+        raise ValueError(f"--workdir={workdir} holds cell {variant!r} from a different config; use a new "
+                         f"--workdir or delete {path}.")
+      cells[variant] = saved["cell"]
+      log(f"[ablate] {variant}: loaded from {path}")
+      continue
+    t0 = time.perf_counter()
+    cell = table.run_cell(cfg, variant, seeds)
+    _check_cell(variant, cell, len(seeds))
+    cell = json.loads(json.dumps(cell, default=float))  # plain floats only, as it will be re-read
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+      json.dump({"fingerprint": fp, "variant": variant, "seconds": time.perf_counter() - t0, "cell": cell}, f)
+    os.replace(tmp, path)
+    cells[variant] = cell
+    log(f"[ablate] {variant}: {time.perf_counter() - t0:.1f}s")
+  return cells
+
+
+def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
+        log: Callable[[str], None] = print) -> str:
+  """Runs the table and writes table.md / table.csv / plots; returns the markdown."""
+  table = table or load_table(cfg)
+  if int(cfg.seeds) < 1:
+    raise ValueError(f"config.seeds={cfg.seeds}: need at least 1 (5 or more for a useful interval).")
+  t0 = time.perf_counter()
+  cells = run_cells(cfg, workdir, table, log)
+  columns = tuple(cfg.columns) if "columns" in cfg else ()
+  plots = report.write_plots(workdir, cells)
+  report.write_csv(os.path.join(workdir, "table.csv"), cells, columns)
+  summ = report.summaries(cells)
+  head = [f"Command: `{command}`" if command else "",
+          f"Measured {datetime.date.today().isoformat()}, {time.perf_counter() - t0:.0f}s in this invocation "
+          f"(cells loaded from a previous run count 0)."]
+  if hasattr(table, "header"):
+    head.append(table.header(cfg))
+  title = cfg.title if "title" in cfg else table.TITLE
+  claim = cfg.claim if "claim" in cfg else table.CLAIM
+  md = report.markdown(cells, title=title, claim=claim, header="\n".join(h for h in head if h),
+                       columns=columns, verdict=table.verdict(cfg, summ) if hasattr(table, "verdict") else "",
+                       plots=plots)
+  if hasattr(table, "appendix"):
+    md += "\n" + table.appendix(cfg, cells)
+  with open(os.path.join(workdir, "table.md"), "w") as f:
+    f.write(md)
+  with open(os.path.join(workdir, "config.json"), "w") as f:
+    f.write(cfg.to_json_best_effort(indent=2, sort_keys=True))
+  return md
+
+
+def main(argv) -> None:
+  from absl import flags
+  del argv
+  if flags.FLAGS.workdir is None:
+    sys.exit("--workdir is required: the directory for cells/, table.md, table.csv and plots.")
+  command = "python -m grpo_jax.ablate " + " ".join(a for a in sys.argv[1:])
+  try:
+    md = run(flags.FLAGS.config, flags.FLAGS.workdir, command)
+  except ValueError as e:
+    print(f"Config error: {e}", file=sys.stderr)
+    sys.exit(2)
+  print(md)
+
+
+if __name__ == "__main__":
+  from absl import app
+  from absl import flags
+  from ml_collections import config_flags
+  config_flags.DEFINE_config_file("config", None, "configs/ablations/<table>.py[:small]", lock_config=True)
+  flags.DEFINE_string("workdir", None, "Directory for cells/, table.md, table.csv and plots.")
+  app.run(main)

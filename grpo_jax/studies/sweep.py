@@ -1,0 +1,360 @@
+"""Sweeps: a grid of config overrides × seeds as one command, one vmapped program wherever the runs allow it.
+
+  python -m grpo_jax.sweep --config=configs/<exp>.py[:arg] --workdir=DIR [--sweep="rl.beta=0.02,0.04 optim.lr=1e-6,3e-6"]
+      [--seeds=N] [--mode=auto|vmap|serial|print|report] [--metrics=eval/accuracy,train/reward_mean@tail]
+      [--launch="launch/tpu_vm.sh --name sweep-{i} --zone Z --accelerator v5litepod-16"] [--config.<key>=<value> ...]
+
+Points come from `--sweep` or the config file's `get_sweep(h)` (grpo_jax/config/sweep_points.py), else the config alone; each is
+applied with config_lib.override. `--seeds N` runs every point N times with `run_seed` = its `seed` + 0..N-1: the runs
+of a point differ in params init and rollout rng and share the data order (`seed`). Every run is `DIR/<point>[,seed=K]`,
+a complete `main` run directory (config.json, metrics.jsonl, checkpoints, stage records), so `python -m
+grpo_jax.main` with that config and directory resumes it, and a rerun of the sweep skips finished runs, resumes
+unfinished ones, and refuses a directory that a different config wrote (run_config's diff, one line).
+
+Modes: `auto` trains each group of job-grpo runs whose compiled programs agree (sweep_vmap.signature: they differ
+only in seeds and the traceable knobs of seeds.TRACEABLE) as ONE vmapped program when one device is visible, and
+runs everything else one after another through `main`'s own path (jobs.run); `vmap` forces vmapping of every grpo
+group, `serial` never vmaps; `print` writes one launch command per run (DIR/launch.sh) and runs nothing; `report`
+only writes the report. The report, after every mode that runs: DIR/sweep.md, DIR/sweep.csv and DIR/plots/ (mean,
+std and 95% CI over each point's seeds, sweep_report.py). docs/sweeps.md has the details.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import importlib.util
+import inspect
+import json
+import os
+import shlex
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+import ml_collections
+
+from grpo_jax.config import config_lib
+from grpo_jax.infra import errors
+from grpo_jax.config import sweep_points
+from grpo_jax.run import run_config
+from grpo_jax.studies import sweep_report
+
+MODES = ("auto", "vmap", "serial", "print", "report")
+
+
+@dataclasses.dataclass
+class Run:
+  name: str                  # its directory under the sweep's workdir
+  point: str                 # the report row: the point's name (without the seed)
+  seed: int | None           # run_seed set by --seeds (None: the config's own)
+  overrides: dict[str, Any]  # dotted overrides of the base config, `algo` expanded, run_seed included
+  keys: dict[str, Any]       # the point's declared overrides (report columns)
+  config: ml_collections.ConfigDict
+  workdir: str
+
+
+def _config_module(config_file: str):
+  path = config_file.split(":", 1)[0]
+  if not os.path.isfile(path):
+    raise errors.ConfigError(f"--config={config_file}: {path} does not exist.")
+  spec = importlib.util.spec_from_file_location("_sweep_config_" + os.path.splitext(os.path.basename(path))[0], path)
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  return module
+
+
+def load_points(config_file: str, config, sweep_text: str = "") -> list[sweep_points.Point]:
+  """`--sweep` text, else the config file's `get_sweep(h)` (or `get_sweep(h, arg)`), else the config alone."""
+  if sweep_text:
+    return sweep_points.parse(sweep_text, config)
+  module = _config_module(config_file) if config_file else None
+  if module is None or not hasattr(module, "get_sweep"):
+    return [sweep_points.Point((), ())]
+  arg = config_file.split(":", 1)[1] if ":" in config_file else None
+  fn = module.get_sweep
+  points = fn(sweep_points, arg) if len(inspect.signature(fn).parameters) > 1 else fn(sweep_points)
+  if not points or not all(isinstance(p, sweep_points.Point) for p in points):
+    raise errors.ConfigError(f"{config_file}: get_sweep(h) must return a non-empty list of points built with h.sweep, "
+                             "h.product, h.zip or h.named.")
+  return list(points)
+
+
+def make_runs(config, points: Sequence[sweep_points.Point], seeds: int, workdir: str) -> list[Run]:
+  """Every point × seed as a Run with its resolved config (one-line ConfigError on a bad override)."""
+  if seeds < 1:
+    raise errors.ConfigError(f"--seeds={seeds}: need at least 1 (2 or more give a confidence interval).")
+  if seeds > 1 and int(config.get("run_seed", -1)) >= 0:
+    raise errors.ConfigError(f"config.run_seed={config.run_seed} and --seeds={seeds}: --seeds sets run_seed per run; "
+                             "drop one of them.")
+  names = sweep_points.names(points)
+  runs, seen = [], {}
+  for point, name in zip(points, names):
+    declared = point.dict
+    if seeds > 1 and "run_seed" in declared:
+      raise errors.ConfigError(f"sweep point {name!r} sets run_seed and --seeds={seeds} sets it too; drop one.")
+    overrides = sweep_points.expand(declared)
+    c = config_lib.override(config, overrides)
+    for i in range(seeds):
+      seed = None if seeds == 1 else int(c.seed) + i
+      over = overrides if seed is None else {**overrides, "run_seed": seed}
+      run_name = ",".join(x for x in (name, "" if seed is None else f"seed={seed}") if x) or "run"
+      d = sweep_points.dirname(run_name)
+      if d in seen:
+        raise errors.ConfigError(f"sweep points {seen[d]!r} and {run_name!r} share the directory name {d!r}; give "
+                                 "them distinct names (h.named) or values.")
+      seen[d] = run_name
+      rc = c if seed is None else config_lib.override(c, {"run_seed": seed})
+      runs.append(Run(d, name or "run", seed, over, declared, rc, os.path.join(workdir, d)))
+  return runs
+
+
+def groups(runs: Sequence[Run]) -> list[list[Run]]:
+  """Runs whose compiled programs agree (sweep_vmap.signature), in the order of their first run."""
+  from grpo_jax.studies import sweep_vmap  # pylint: disable=g-import-not-at-top
+  out: dict[str, list[Run]] = {}
+  for r in runs:
+    out.setdefault(sweep_vmap.signature(r.config), []).append(r)
+  return list(out.values())
+
+
+def decide(group: Sequence[Run], mode: str, n_devices: int) -> str:
+  """'vmap' or 'serial' for a group of runs."""
+  grpo = group[0].config.job == "grpo"
+  if mode == "serial":
+    return "serial"
+  if mode == "vmap":
+    if not grpo:
+      raise errors.ConfigError(f"--mode=vmap: config.job={group[0].config.job!r} runs are not vmapped (only job=grpo "
+                               "runs share one program); use --mode=auto or serial.")
+    return "vmap"
+  return "vmap" if grpo and len(group) > 1 and n_devices == 1 else "serial"
+
+
+def _stage_list(config, workdir: str):
+  from grpo_jax.run import jobs  # pylint: disable=g-import-not-at-top
+  return jobs.stage_list(config, workdir)
+
+
+def finished(run: Run) -> bool:
+  """Every stage of the run's job is recorded done (stages.py), and an R1 run's report written (_report_written)."""
+  from grpo_jax.run import stages  # pylint: disable=g-import-not-at-top
+  return (all(stages.is_done(st) for st in _stage_list(run.config, run.workdir))
+          and _report_written(run.config, run.workdir))
+
+
+def check(runs: Sequence[Run]) -> dict[str, bool]:
+  """Every run's inputs (preflight) and its directory against its config (the stage plan), before anything is
+  written: a bad value or a directory from a different config is one InputError line naming the run. Returns
+  {run name: finished}."""
+  from grpo_jax.hf import model_source  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import preflight
+  from grpo_jax.run import stages
+  out = {}
+  for r in runs:
+    try:
+      c = model_source.resolve(r.config)
+      preflight.check(c, r.workdir)
+      todo = _stage_list(c, r.workdir)
+      stages.allow_set(c)
+      stages.rerun_set(c, todo)
+      actions = stages.plan(todo, c, r.workdir)
+    except errors.InputError as e:
+      raise type(e)(f"sweep run {r.name}: {e}") from e
+    out[r.name] = all(a == "skip" for a in actions.values()) and _report_written(c, r.workdir)
+  return out
+
+
+def _report_written(config, workdir: str) -> bool:
+  """An R1 pipeline run is finished once its held-out report is written too: a run stopped after its last stage and
+  before the report (or whose stages were copied in) reruns, skips every stage and writes it."""
+  return config.job != "r1_pipeline" or os.path.exists(os.path.join(workdir, "report.json"))
+
+
+def launch_commands(runs: Sequence[Run], config_file: str, base: dict[str, Any], launch: str = "local") -> list[str]:
+  """One shell command per run: `main` with the run's overrides as --config flags (after the sweep command's own),
+  locally or through a launcher (`launch/tpu_vm.sh ...`: `{i}` and `{name}` in it become the run's index and
+  directory name, e.g. one TPU slice per run)."""
+  out = []
+  for i, r in enumerate(runs):
+    flags = [f"--config.{k}={sweep_points.literal(v)}" for k, v in {**base, **r.overrides}.items()]
+    if launch == "local":
+      argv = ["python", "-m", "grpo_jax.main", f"--config={config_file}", f"--workdir={r.workdir}", *flags]
+    else:
+      prefix = shlex.split(launch.replace("{i}", str(i)).replace("{name}", r.name))
+      argv = [*prefix, "--config", config_file, "--workdir", r.workdir, "--", *flags]
+    out.append(shlex.join(argv))
+  return out
+
+
+def write_report(workdir: str, runs: Sequence[Run], metrics: Sequence[str], *, title: str, header: str) -> str:
+  points: dict[str, list[str]] = {}
+  keys: dict[str, dict] = {}
+  for r in runs:
+    points.setdefault(r.point, [])
+    keys[r.point] = {k: sweep_points.fmt(v) for k, v in r.keys.items()}
+    if finished(r):
+      points[r.point].append(r.workdir)
+  points = {p: d for p, d in points.items() if d}
+  cells = sweep_report.collect(points, metrics)
+  md = sweep_report.write(workdir, cells, title=title, header=header, keys=keys)
+  if runs and runs[0].config.job == "r1_pipeline":
+    # The R1 pipeline's own table: every stage × metric over seeds, and its verdicts (r1/seeds_report.py).
+    from grpo_jax.r1 import seeds_report  # pylint: disable=g-import-not-at-top
+    for p, dirs in points.items():
+      seeds_report.write(workdir, dirs, header=header, name="r1_seeds" if len(points) == 1 else f"r1_seeds_{p}")
+  return md
+
+
+def default_metrics(config) -> tuple[str, ...]:
+  return sweep_report.DEFAULT_REPORT_METRICS if config.job == "r1_pipeline" else sweep_report.DEFAULT_METRICS
+
+
+def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", seeds: int = 1, mode: str = "auto",
+        metrics: Sequence[str] = (), launch: str = "local", base_overrides: dict[str, Any] | None = None,
+        command: str = "", compiler_options: dict | None = None, log: Callable[[str], None] = print) -> dict:
+  """The whole sweep command; returns {'runs', 'groups': [{mode, runs, traces, seconds}], 'failed': {run: why},
+  'report': markdown or the launch commands}. Raises errors.* for the CLI (InputError, Preempted)."""
+  from grpo_jax.run import preflight  # pylint: disable=g-import-not-at-top
+  if mode not in MODES:
+    raise errors.ConfigError(f"--mode={mode!r}: choose one of {', '.join(MODES)}.")
+  if not workdir:
+    raise errors.InputError("--workdir is required: the sweep's directory (one subdirectory per run).")
+  points = load_points(config_file, config, sweep_text)
+  runs = make_runs(config, points, seeds, workdir)
+  metrics = tuple(metrics) or default_metrics(config)
+  for m in metrics:
+    sweep_report.parse(m)
+  summary: dict[str, Any] = {"runs": runs, "groups": [], "failed": {}}
+  if mode == "print":
+    cmds = launch_commands(runs, config_file, dict(base_overrides or {}), launch)
+    if "://" not in workdir:
+      os.makedirs(workdir, exist_ok=True)
+      with open(os.path.join(workdir, "launch.sh"), "w", encoding="utf-8") as f:
+        f.write("#!/usr/bin/env bash\n# " + (command or "python -m grpo_jax.sweep --mode=print") + "\nset -e\n"
+                + "\n".join(cmds) + "\n")
+    summary["report"] = "\n".join(cmds)
+    return summary
+  title = f"Sweep: {config_file or 'config'} ({len({r.point for r in runs})} points × {seeds} seed(s))"
+  if mode == "report":
+    summary["report"] = write_report(workdir, runs, metrics, title=title, header=_header(command, runs, [], {}))
+    return summary
+  preflight.check_workdir(workdir)
+  done = check(runs)
+  from grpo_jax.run import jobs  # pylint: disable=g-import-not-at-top
+  from grpo_jax.infra import signals
+  from grpo_jax.infra import workdir_lock
+  import jax  # pylint: disable=g-import-not-at-top
+  with workdir_lock.WorkdirLock(workdir), signals.GracefulStop() as stop:
+    _write_plan(workdir, runs, command, seeds, mode)
+    for group in groups(runs):
+      todo = [r for r in group if not done[r.name]]
+      for r in group:
+        if done[r.name]:
+          log(f"[sweep] {r.name}: finished earlier with this config; skipped.")
+      if not todo:
+        continue
+      how = decide(group, mode, jax.device_count())
+      entry = {"mode": how, "runs": [r.name for r in todo], "traces": [], "seconds": 0.0}
+      summary["groups"].append(entry)
+      t0 = time.perf_counter()
+      if stop.should_stop():
+        raise errors.Preempted(f"sweep {workdir} before {todo[0].name}")
+      if how == "vmap":
+        log(f"[sweep] {len(todo)} run(s) in one vmapped program: {', '.join(r.name for r in todo)}")
+        from grpo_jax.studies import sweep_vmap  # pylint: disable=g-import-not-at-top
+        try:
+          info = sweep_vmap.run_group([r.config for r in todo], [r.workdir for r in todo],
+                                      compiler_options=compiler_options, log=log)
+          entry["traces"] = info["traces"]
+          summary["failed"].update({os.path.basename(k): v for k, v in info["failed"].items()})
+        except errors.RunStopped as e:
+          summary["failed"].update({r.name: errors.one_line(str(e)) for r in todo})
+      else:
+        for r in todo:
+          if stop.should_stop():
+            raise errors.Preempted(f"sweep {workdir} before {r.name}")
+          log(f"[sweep] {r.name}: running (python -m grpo_jax.main's path)")
+          try:
+            jobs.run(r.config, r.workdir)
+          except errors.RunStopped as e:
+            summary["failed"][r.name] = errors.one_line(str(e))
+            log(f"[sweep] {r.name} stopped itself: {summary['failed'][r.name]}")
+      entry["seconds"] = round(time.perf_counter() - t0, 1)
+    summary["report"] = write_report(workdir, runs, metrics, title=title,
+                                     header=_header(command, runs, summary["groups"], summary["failed"]))
+  return summary
+
+
+def _write_plan(workdir: str, runs: Sequence[Run], command: str, seeds: int, mode: str) -> None:
+  run_config.write_json_atomic(os.path.join(workdir, "sweep.json"), {
+      "command": command, "seeds": seeds, "mode": mode,
+      "runs": [{"name": r.name, "point": r.point, "seed": r.seed, "overrides": r.overrides} for r in runs]})
+
+
+def _header(command: str, runs: Sequence[Run], groups_run: list[dict], failed: dict[str, str]) -> str:
+  n_done = sum(finished(r) for r in runs)
+  lines = [f"Command: `{command}`" if command else "",
+           f"Written {datetime.datetime.now().strftime('%Y-%m-%d %H:%M')}: {n_done} of {len(runs)} runs finished "
+           "(unfinished runs are left out of the table)."]
+  for g in groups_run:
+    compiled = f", {sum(g['traces'])} compiled program(s)" if g["mode"] == "vmap" else ""
+    lines.append(f"- {g['mode']}: {len(g['runs'])} run(s){compiled}, {g['seconds']:.0f} s in this invocation")
+  for name, why in failed.items():
+    lines.append(f"- **{name} stopped itself**: {why}")
+  return "\n".join(x for x in lines if x)
+
+
+# ------------------------------------------------------------------------------------------------------------ CLI
+
+
+def main(argv) -> None:
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  from grpo_jax import main as main_lib  # pylint: disable=g-import-not-at-top
+  if len(argv) > 1:
+    print(f"Error: unexpected argument {argv[1]!r}; see --helpfull.", file=sys.stderr)
+    sys.exit(errors.EXIT_INPUT)
+  config = main_lib._CONFIG.value  # pylint: disable=protected-access
+  if config is None:
+    print("Error: --config is required, e.g. --config=configs/grpo_arith.py:small.", file=sys.stderr)
+    sys.exit(errors.EXIT_INPUT)
+  main_lib.setup_logging(flags.FLAGS.verbose)
+  command = "python -m grpo_jax.sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+  fs = flags.FLAGS
+  try:
+    out = run(config, fs.workdir or "", config_file=config_flags.get_config_filename(fs["config"]),
+              sweep_text=fs.sweep, seeds=fs.seeds, mode=fs.mode, metrics=fs.metrics or (), launch=fs.launch,
+              base_overrides=config_flags.get_override_values(fs["config"]), command=command)
+  except Exception as e:  # pylint: disable=broad-except
+    verdict = errors.classify(e)
+    if verdict is None:
+      raise
+    code, line = verdict
+    print(line, file=sys.stderr, flush=True)
+    main_lib._exit(code)  # pylint: disable=protected-access
+    return
+  print(out["report"])
+  if out["failed"]:
+    print(f"Stopped: {len(out['failed'])} run(s) stopped themselves: "
+          + "; ".join(f"{k}: {v}" for k, v in out["failed"].items()), file=sys.stderr, flush=True)
+    main_lib._exit(errors.EXIT_STOPPED)  # pylint: disable=protected-access
+
+
+def _define_flags() -> None:
+  from absl import flags  # pylint: disable=g-import-not-at-top
+  # --config, --workdir and --verbose are main's flags.
+  from grpo_jax import main as main_lib  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
+  flags.DEFINE_string("sweep", "", "Axes 'key=v1,v2 key2=...' (crossed); default: the config file's get_sweep(h).")
+  flags.DEFINE_integer("seeds", 1, "Runs per point (run_seed = seed + 0..N-1).")
+  flags.DEFINE_enum("mode", "auto", list(MODES), "auto | vmap | serial | print | report.")
+  flags.DEFINE_list("metrics", [], "Report metrics, e.g. eval/accuracy,train/reward_mean@tail,"
+                    "report/*/accuracy_last_number.")
+  flags.DEFINE_string("launch", "local", "print mode: 'local' (python -m grpo_jax.main) or a launcher prefix "
+                      "('launch/tpu_vm.sh --name sweep-{i} --zone Z --accelerator v5litepod-16').")
+
+
+if __name__ == "__main__":
+  from absl import app  # pylint: disable=g-import-not-at-top
+  from grpo_jax import main as _main_lib  # pylint: disable=g-import-not-at-top
+  _define_flags()
+  app.run(main, flags_parser=_main_lib._parse_flags)  # pylint: disable=protected-access
