@@ -14,6 +14,8 @@ import pytest
 from matplotlib import image as mpl_image
 from tensorboardX.proto import event_pb2
 
+import grpo_jax
+
 from grpo_jax.run import metrics as metrics_lib
 from grpo_jax.run import plots
 
@@ -47,7 +49,7 @@ def test_unknown_names_raise(tmp_path, name):
 
 def test_metric_literals_in_package_are_all_defined():
   """Every 'train/…', 'eval/…', 'perf/…' string the package writes is in the table (f-string holes -> '1')."""
-  pkg = os.path.dirname(metrics_lib.__file__)
+  pkg = os.path.dirname(grpo_jax.__file__)
   found = set()
   for path in glob.glob(os.path.join(pkg, '**', '*.py'), recursive=True):
     if path.endswith(('metrics.py', 'plots.py')):
@@ -67,7 +69,7 @@ def test_every_defined_name_is_written_by_the_package():
   """The other direction: every METRICS name is something the package writes — its full literal, or (names built as
   f"train/{k}" over a list, e.g. update._REPORTED) its last part as a quoted literal; templates (<term>) by their
   fixed prefix. A name nothing writes must be removed from the table (or written)."""
-  pkg = os.path.dirname(metrics_lib.__file__)
+  pkg = os.path.dirname(grpo_jax.__file__)
   source = ''
   for path in glob.glob(os.path.join(pkg, '**', '*.py'), recursive=True):
     if not path.endswith(('metrics.py', 'plots.py')):
