@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 tokenizers = pytest.importorskip("tokenizers")
 
 from grpo_jax.tasks import base, data, gsm8k, hf_tokenizer, prompts  # noqa: E402
-from grpo_jax.tasks import tokenizer as tok_lib  # noqa: E402
+from grpo_jax.tasks import tokenizer_factory as tok_lib  # noqa: E402
 from tests import hf_dirs  # noqa: E402
 
 CORPUS = ["Tom has 5 apples and buys 3 more. How many apples does he have?",

@@ -40,6 +40,7 @@ from grpo_jax.hf import model_source
 from grpo_jax.run import plots
 from grpo_jax.run import preflight
 from grpo_jax.rl import rewards as rewards_lib
+from grpo_jax.rl import reward_spec
 from grpo_jax.run import run_config
 from grpo_jax.studies import vmapped_runs as seeds_lib
 from grpo_jax.infra import sharding
@@ -50,7 +51,7 @@ from grpo_jax.run import train
 from grpo_jax.run import validate
 from grpo_jax.infra import workdir_lock
 from grpo_jax.tasks import data as data_lib
-from grpo_jax.tasks import tokenizer as tok_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 
 
 @dataclasses.dataclass
@@ -206,7 +207,7 @@ def _train(sub, start, mesh, mcfg, family, abstract, shard, tokenizer, info, com
   rl, steps, S = c0.rl, c0.train.steps, len(lanes)
   hp = varying([lane.config for lane in lanes])
   fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
-  spec = rewards_lib.build(c0.rewards, rewards_lib.Context(c0.task.name, tokenizer),
+  spec = rewards_lib.build(c0.rewards, reward_spec.Context(c0.task.name, tokenizer),
                            train.python_reward_fns(c0, tokenizer), fallback, rl.reward_timeout_s)
   step_fn = seeds_lib.make_steps(c0, mesh, mcfg, spec, tokenizer, compiler_options)
   states = _start_states(sub, start, mesh, mcfg, shard, hp)
@@ -246,8 +247,8 @@ def _train(sub, start, mesh, mcfg, family, abstract, shard, tokenizer, info, com
       t0 = time.perf_counter()
       states, m = step_fn(states, batch)
       status = np.asarray(jax.device_get(m["reward_status"]))  # S × terms
-      if (status != rewards_lib.OK).any():
-        run, term = np.argwhere(status != rewards_lib.OK)[0]
+      if (status != reward_spec.OK).any():
+        run, term = np.argwhere(status != reward_spec.OK)[0]
         stop_reward = (f"{lanes[run].workdir}: " + spec.python_terms[spec.names[term]].error_message(
             int(status[run].max())))
         for i, lane in enumerate(lanes):

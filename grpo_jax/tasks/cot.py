@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Sequence
+
+import numpy as np
 
 from grpo_jax.tasks import base
 
@@ -163,6 +166,25 @@ def language_consistency(text: str, language: str) -> float:
   hits = sum(w in mine for w in words)
   total = hits + sum(w in other for w in words)
   return hits / total if total else 0.0
+
+
+def _languages(batch: dict, n: int) -> list[str]:
+  if "language_N" not in batch:
+    raise ValueError("batch has no 'language_N'; language consistency needs each prompt's language (0='a', 1='b')")
+  langs = np.asarray(batch["language_N"]).reshape(-1)
+  if langs.shape[0] != n:
+    raise ValueError(f"batch['language_N'] has {langs.shape[0]} rows for {n} completions")
+  return [base.LANGUAGES[int(l)] for l in langs]
+
+
+def language_consistency_term(texts: Sequence[str], token_ids, batch: dict) -> list[float]:
+  """`language_consistency` as a Python reward term (rewards.PyRewardFn): each row's CoT against its prompt's language
+  (`language_N`), R1's fix for language mixing, and evaluation's eval/language_consistency reading.
+
+  A CoT with no words of either language scores 0: an empty think body should not look perfectly consistent.
+  """
+  del token_ids
+  return [language_consistency(t, lang) for t, lang in zip(texts, _languages(batch, len(texts)))]
 
 
 def recheck_stats(text: str) -> tuple[int, int]:

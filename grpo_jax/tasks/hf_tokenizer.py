@@ -1,7 +1,7 @@
 """A Hugging Face `tokenizer.json` (e.g. Qwen2.5's byte-level BPE) behind the shipped tokenizer's interface.
 
 Needs the `tokenizers` package (the `hf` extra) and nothing else: no `transformers`, no download. Selected with
-`task.tokenizer="hf:<dir>"` (or a path ending in `tokenizer.json`; see tokenizer.load / tokenizer.for_config).
+`task.tokenizer="hf:<dir>"` (or a path ending in `tokenizer.json`; tokenizer_factory.load / for_config).
 
 Special ids come from the files next to it, as transformers reads them: `tokenizer_config.json`, else
 `special_tokens_map.json`, else `generation_config.json`'s ids. `eos_ids` is every id that ends a completion: the

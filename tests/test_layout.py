@@ -1,0 +1,158 @@
+"""The package's shape: its import graph (read from the source, no import runs) has no cycle, and the two project
+packages (r1/, studies/ablations/) are reached from outside only through their entry points."""
+import ast
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PKG = os.path.join(ROOT, "grpo_jax")
+
+# Who outside them may import r1/ and studies/ablations/ (every other module is generic and must not):
+ENTRY_POINTS = {
+    "grpo_jax.r1": {
+        "grpo_jax.run.jobs",                     # job=r1_pipeline: its checks, stage list and run
+        "grpo_jax.studies.sweep",                # a sweep of job=r1_pipeline runs writes r1/seeds_report.py
+        "grpo_jax.studies.ablations.r1_table",   # the ablation table over an R1 RL stage's variants
+    },
+    "grpo_jax.studies.ablations": set(),         # studies/ablate.py loads a table by name (importlib), not by import
+}
+
+
+def modules(pkg_dir: str = PKG) -> dict[str, str]:
+  """{dotted module name: path} of every .py file under grpo_jax/ (a package is its __init__)."""
+  out = {}
+  for d, _, files in os.walk(pkg_dir):
+    for f in files:
+      if f.endswith(".py"):
+        rel = os.path.relpath(os.path.join(d, f), os.path.dirname(pkg_dir))[:-3].split(os.sep)
+        out[".".join(rel[:-1] if rel[-1] == "__init__" else rel)] = os.path.join(d, f)
+  return out
+
+
+def imports(path: str, name: str, known: dict[str, str]) -> dict[str, int]:
+  """{imported grpo_jax module: first line} for every import in the file, module-level and function-local alike
+  (a cycle through a lazy import is still a cycle). `from pkg import mod` counts as importing `pkg.mod`."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), path)
+  pkg = name if path.endswith("__init__.py") else name.rpartition(".")[0]
+  out: dict[str, int] = {}
+
+  def add(target: str, line: int) -> None:
+    while target and target not in known:  # `import grpo_jax.a.b.func`-style names resolve to their module
+      target = target.rpartition(".")[0]
+    if target and target != name and target.startswith("grpo_jax"):
+      out.setdefault(target, line)
+
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Import):
+      for a in node.names:
+        add(a.name, node.lineno)
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        parts = pkg.split(".")[:len(pkg.split(".")) - node.level + 1]
+        base = ".".join(parts + ([base] if base else []))
+      for a in node.names:
+        sub = f"{base}.{a.name}"
+        add(sub if sub in known else base, node.lineno)
+  return out
+
+
+def graph(pkg_dir: str = PKG) -> dict[str, dict[str, int]]:
+  known = modules(pkg_dir)
+  return {m: imports(p, m, known) for m, p in known.items()}
+
+
+def cycles(g: dict[str, dict[str, int]]) -> list[list[str]]:
+  """The strongly connected components with more than one module (Tarjan), each sorted."""
+  index, low, stack, on, out = {}, {}, [], set(), []
+
+  def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on.add(v)
+    for w in g.get(v, {}):
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        out.append(sorted(comp))
+
+  for v in sorted(g):
+    if v not in index:
+      visit(v)
+  return out
+
+
+def _within(module: str, pkg: str) -> bool:
+  return module == pkg or module.startswith(pkg + ".")
+
+
+def entry_violations(g: dict[str, dict[str, int]]) -> list[str]:
+  out = []
+  for m, deps in sorted(g.items()):
+    for target, line in sorted(deps.items()):
+      for pkg, allowed in ENTRY_POINTS.items():
+        if _within(target, pkg) and not _within(m, pkg) and m not in allowed:
+          out.append(f"{m} (line {line}) imports {target}")
+  return out
+
+
+def test_no_import_cycle():
+  found = cycles(graph())
+  assert not found, "import cycles (module-level or function-local imports): " + "; ".join(
+      " <-> ".join(c) for c in found)
+
+
+def test_r1_and_ablations_only_through_entry_points():
+  bad = entry_violations(graph())
+  assert not bad, "generic code imports a project package (allowed: test_layout.ENTRY_POINTS): " + "; ".join(bad)
+
+
+def test_entry_points_exist():
+  """An allow-list entry for a module that is gone would silently allow nothing."""
+  known = modules()
+  for allowed in ENTRY_POINTS.values():
+    assert allowed <= set(known), sorted(allowed - set(known))
+
+
+@pytest.fixture
+def toy_pkg(tmp_path):
+  """A throwaway grpo_jax/ tree for checking that the graph reader sees what it must."""
+  def make(files: dict[str, str]):
+    root = tmp_path / "grpo_jax"
+    for rel, text in {"__init__.py": "", **files}.items():
+      p = root / rel
+      p.parent.mkdir(parents=True, exist_ok=True)
+      p.write_text(text)
+    return str(root)
+  return make
+
+
+def test_graph_sees_function_local_and_relative_imports(toy_pkg):
+  d = toy_pkg({"a/__init__.py": "", "a/x.py": "from grpo_jax.b import y\n",
+               "b/__init__.py": "", "b/y.py": "def f():\n  from ..a import x  # lazy\n  return x\n",
+               "c.py": "import grpo_jax.a.x\nimport numpy\n"})
+  g = graph(d)
+  assert g["grpo_jax.a.x"] == {"grpo_jax.b.y": 1}
+  assert g["grpo_jax.b.y"] == {"grpo_jax.a.x": 2}
+  assert g["grpo_jax.c"] == {"grpo_jax.a.x": 1}
+  assert cycles(g) == [["grpo_jax.a.x", "grpo_jax.b.y"]]
+
+
+def test_entry_rule_flags_generic_importers(toy_pkg):
+  d = toy_pkg({"r1/__init__.py": "", "r1/pipeline.py": "from grpo_jax.run import train\n",
+               "run/__init__.py": "", "run/train.py": "", "run/jobs.py": "from grpo_jax.r1 import pipeline\n",
+               "run/evaluation.py": "def f():\n  from grpo_jax.r1 import pipeline\n"})
+  assert entry_violations(graph(d)) == ["grpo_jax.run.evaluation (line 2) imports grpo_jax.r1.pipeline"]
