@@ -1,7 +1,7 @@
 """The algorithm families, and the one place that picks one: `rl.algo` → the module that owns its state and step.
 
 `rl.algo` names a preset (presets.py: every knob its paper sets, the advantage estimator `rl.advantage` among them);
-PPO's preset needs a critic, every other runs in the GRPO family.
+the presets of presets.CRITIC_ALGOS (PPO) need a critic, every other runs in the GRPO family.
 
 A family module (rl_step, ppo_step, sft_step) exposes the same interface:
   optimizer(config) -> update.Optimizer
@@ -19,9 +19,6 @@ from grpo_jax.config import presets
 from grpo_jax.rl import rl_step
 from grpo_jax.infra import sharding
 
-CRITIC_ALGOS = ("ppo",)
-
-
 def algos() -> tuple[str, ...]:
   """Every valid rl.algo: the presets."""
   return presets.names()
@@ -30,7 +27,7 @@ def algos() -> tuple[str, ...]:
 def for_config(config) -> ModuleType:
   """The family that runs `config.rl.algo`."""
   algo = config.rl.algo
-  if algo in CRITIC_ALGOS:
+  if algo in presets.CRITIC_ALGOS:
     return ppo_step
   if algo in presets.PRESETS:
     return rl_step

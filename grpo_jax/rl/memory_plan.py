@@ -212,7 +212,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   if state_lib.uses_reference(config):  # β = 0 keeps no reference model
     resident["reference"] = p_dev
   resident.update({"optimizer (adam m, v)": 2 * p_dev, "batch": math.ceil(B / dp) * (2 * P + 4) * 4})
-  if rl.algo == "ppo":
+  if rl.algo in presets.CRITIC_ALGOS:
     critic = p_dev if config.ppo.critic == "separate" else 4 * D
     resident["critic"] = critic
     resident["critic optimizer"] = 2 * critic
@@ -269,7 +269,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
       "lm head gradient, unreduced": head_grad,
       "rollout outputs": carried,
   }
-  if rl.algo == "ppo" and config.ppo.critic == "separate":
+  if rl.algo in presets.CRITIC_ALGOS and config.ppo.critic == "separate":
     update["critic gradients"] = p_dev
   return Plan(resident, rollout, update, n_params, score)
 
