@@ -156,3 +156,26 @@ def test_entry_rule_flags_generic_importers(toy_pkg):
                "run/__init__.py": "", "run/train.py": "", "run/jobs.py": "from grpo_jax.r1 import pipeline\n",
                "run/evaluation.py": "def f():\n  from grpo_jax.r1 import pipeline\n"})
   assert entry_violations(graph(d)) == ["grpo_jax.run.evaluation (line 2) imports grpo_jax.r1.pipeline"]
+
+
+def test_optional_package_skips_fail_under_ci(monkeypatch):
+  """conftest.requires skips a test whose optional package is missing, and fails it under CI=true; no test file
+  skips on a package's presence any other way (a bare skipif would go silent on a CI without the package)."""
+  import re
+
+  import conftest
+
+  def fn():
+    pass
+  monkeypatch.delenv("CI", raising=False)
+  assert conftest.requires("no_such_package_r2", "why")(fn).pytestmark[0].name == "skip"
+  monkeypatch.setenv("CI", "true")
+  with pytest.raises(pytest.fail.Exception, match="no_such_package_r2 is missing under CI=true"):
+    conftest.requires("no_such_package_r2", "why")(fn)()
+  assert conftest.requires("os", "why")(fn) is fn
+  tests_dir = os.path.dirname(os.path.abspath(__file__))
+  for name in sorted(os.listdir(tests_dir)):
+    if name.endswith(".py") and name != "conftest.py":
+      with open(os.path.join(tests_dir, name), encoding="utf-8") as f:
+        text = f.read()
+      assert not re.search(r"skipif\([^)]*find_spec", text), f"{name}: skipif on a package; use conftest.requires"
