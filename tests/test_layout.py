@@ -109,6 +109,52 @@ def entry_violations(g: dict[str, dict[str, int]]) -> list[str]:
   return out
 
 
+def defined_names(path: str) -> set[str]:
+  """The names a module defines at its top level (functions, classes, assignments, imports; also inside top-level
+  if/try/with blocks)."""
+  with open(path, encoding="utf-8") as f:
+    tree = ast.parse(f.read(), path)
+  out = set()
+  for top in tree.body:
+    nodes = ast.walk(top) if isinstance(top, (ast.If, ast.Try, ast.With)) else [top]
+    for n in nodes:
+      if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        out.add(n.name)
+      elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+        for target in (n.targets if isinstance(n, ast.Assign) else [n.target]):
+          out.update(x.id for x in ast.walk(target) if isinstance(x, ast.Name))
+      elif isinstance(n, (ast.Import, ast.ImportFrom)):
+        out.update((a.asname or a.name).split(".")[0] for a in n.names)
+  return out
+
+
+def dangling_attributes(paths, known: dict[str, str]) -> list[str]:
+  """`alias.name` uses, where `alias` is an imported grpo_jax module, of names that module does not define: what a
+  move leaves behind (a caller of a function that moved to another module)."""
+  defined: dict[str, set[str]] = {}
+  out = []
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read(), path)
+    alias = {}
+    for n in ast.walk(tree):
+      if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("grpo_jax") and not n.level:
+        alias.update({a.asname or a.name: f"{n.module}.{a.name}" for a in n.names if f"{n.module}.{a.name}" in known})
+      elif isinstance(n, ast.Import):
+        alias.update({a.asname: a.name for a in n.names if a.asname and a.name in known})
+    for n in ast.walk(tree):
+      if (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in alias
+          and not n.attr.startswith("__")):
+        target = known[alias[n.value.id]]
+        if target.endswith("__init__.py"):
+          continue
+        if target not in defined:
+          defined[target] = defined_names(target)
+        if n.attr not in defined[target]:
+          out.append(f"{os.path.relpath(path, ROOT)}:{n.lineno} {n.value.id}.{n.attr} ({alias[n.value.id]})")
+  return out
+
+
 def test_no_import_cycle():
   found = cycles(graph())
   assert not found, "import cycles (module-level or function-local imports): " + "; ".join(
@@ -179,3 +225,20 @@ def test_optional_package_skips_fail_under_ci(monkeypatch):
       with open(os.path.join(tests_dir, name), encoding="utf-8") as f:
         text = f.read()
       assert not re.search(r"skipif\([^)]*find_spec", text), f"{name}: skipif on a package; use conftest.requires"
+
+
+def test_module_attributes_exist():
+  """Every `module.name` reference from the package, its tests, benchmarks and configs to a grpo_jax module names
+  something that module defines (cheap, static: catches a caller left behind by a move, in code no test runs)."""
+  paths = []
+  for top in ("grpo_jax", "tests", "benchmarks", "configs", "launch"):
+    for d, _, files in os.walk(os.path.join(ROOT, top)):
+      paths += [os.path.join(d, f) for f in files if f.endswith(".py")]
+  bad = dangling_attributes(sorted(paths), modules())
+  assert not bad, "references to names their module does not define: " + "; ".join(bad)
+
+
+def test_dangling_attribute_reader_sees_a_moved_function(toy_pkg, tmp_path):
+  d = toy_pkg({"a.py": "def f():\n  pass\nX = 1\n", "b.py": "from grpo_jax import a as a_lib\na_lib.f()\na_lib.g()\n"})
+  known = modules(d)
+  assert [x.split(" ", 1)[1] for x in dangling_attributes([known["grpo_jax.b"]], known)] == ["a_lib.g (grpo_jax.a)"]

@@ -33,7 +33,7 @@ def stage_dir(workdir: str, stage: str) -> str:
 
 
 def params_path(workdir: str, stage: str) -> str:
-  """A model stage's final params (`checkpoint.save_params`), the next stages' starting point."""
+  """A model stage's final params (`params_ckpt.save_params`), the next stages' starting point."""
   return os.path.join(workdir, stage, "params")
 
 

@@ -74,7 +74,7 @@ def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids:
     ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg, decode=decode)
     if not in_graph:
       return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N
-    acc = verify_jax.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields)
+    acc = registry.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields)
     fmt = verify_jax.format_reward(ro.tokens_NxL, ro.mask_NxL, tag_ids)
     return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N, acc, fmt
 

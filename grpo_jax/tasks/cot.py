@@ -3,7 +3,7 @@
 A STEP is the text before each ';'. It scores 1 iff it ends with an equation `A op B = C` (A, B: digit runs, A not
 preceded by a digit; op in + - * /; C: optional '-' then digits; only spaces between the parts and before ';') that
 is arithmetically right ('/' exact), with every number at most 9 digits. Words before the equation are free; this
-is the rule `verify_jax.step_rewards` evaluates in-graph and `step_check` evaluates here.
+is the rule `verify_jax.step_rewards` evaluates in-graph and `score_step` evaluates here.
 """
 from __future__ import annotations
 
@@ -150,11 +150,6 @@ def split_steps(text: str) -> list[str]:
 def think_body(text: str) -> str:
   m = re.search(r"<think>(.*?)</think>", text, re.S)
   return m.group(1) if m else text
-
-
-def step_check(text: str) -> list[tuple[str, int]]:
-  """(step text, score) for each step of the think body (or the whole text when it has no think tags)."""
-  return [(s, score_step(s)) for s in split_steps(think_body(text))]
 
 
 def language_consistency(text: str, language: str) -> float:

@@ -30,7 +30,6 @@ import json
 import os
 from typing import Any, Sequence
 
-import numpy as np
 
 from grpo_jax.tasks import tokenizer as tokenizer_lib
 
@@ -136,9 +135,6 @@ class HFTokenizer:
     """Decodes every id given, like the sentencepiece wrapper: pad/bos/eos and unknown ids decode to ''."""
     keep = [int(i) for i in ids if 0 <= int(i) < self.num_tokens and int(i) not in self._control]
     return self.tk.decode(keep, skip_special_tokens=False)
-
-  def decode_batch(self, ids_NxL) -> list[str]:
-    return [self.decode(row) for row in np.asarray(ids_NxL)]
 
   def piece_texts(self) -> list[str]:
     """Surface text of each id of the model's id space ('' for control and unknown ids). A byte-level piece that

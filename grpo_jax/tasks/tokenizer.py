@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import os
 
-import numpy as np
 import sentencepiece as spm
 
 ASSET = os.path.join(os.path.dirname(__file__), "assets", "tokenizer.model")
@@ -35,9 +34,6 @@ class Tokenizer:
   def decode(self, ids) -> str:
     """Decodes every id given (no stopping at eos: the caller cuts); control ids decode to ''."""
     return self.sp.decode([int(i) for i in ids])
-
-  def decode_batch(self, ids_NxL) -> list[str]:
-    return [self.decode(row) for row in np.asarray(ids_NxL)]
 
   def piece_texts(self) -> list[str]:
     """Surface text of each id as decode() would emit it inside a sequence ('' for control ids)."""
