@@ -2,6 +2,7 @@
 packages (r1/, studies/ablations/) are reached from outside only through their entry points."""
 import ast
 import os
+import re
 
 import pytest
 
@@ -207,8 +208,6 @@ def test_entry_rule_flags_generic_importers(toy_pkg):
 def test_optional_package_skips_fail_under_ci(monkeypatch):
   """conftest.requires skips a test whose optional package is missing, and fails it under CI=true; no test file
   skips on a package's presence any other way (a bare skipif would go silent on a CI without the package)."""
-  import re
-
   import conftest
 
   def fn():
@@ -242,3 +241,63 @@ def test_dangling_attribute_reader_sees_a_moved_function(toy_pkg, tmp_path):
   d = toy_pkg({"a.py": "def f():\n  pass\nX = 1\n", "b.py": "from grpo_jax import a as a_lib\na_lib.f()\na_lib.g()\n"})
   known = modules(d)
   assert [x.split(" ", 1)[1] for x in dangling_attributes([known["grpo_jax.b"]], known)] == ["a_lib.g (grpo_jax.a)"]
+
+
+# ------------------------------------------------------------------------------------------- docs against the tree
+
+
+def mapped_modules(text: str) -> list[str]:
+  """The module paths docs/architecture.md's map lists: the ``` block that starts with `grpo_jax/`. An entry line is
+  indented two spaces per folder level and starts with `name/` or `a.py[, b.py ...]`; lines indented to the
+  description column (22) continue the line above."""
+  block = text.split("```\ngrpo_jax/\n", 1)[1].split("```", 1)[0]
+  out, folders = [], []
+  for line in block.splitlines():
+    indent = len(line) - len(line.lstrip(" "))
+    if not line.strip() or indent >= 22:
+      continue
+    depth = indent // 2
+    folders = folders[:depth - 1]
+    first = re.split(r"\s{2,}", line.strip(), maxsplit=1)[0]
+    if first.endswith("/"):
+      folders.append(first[:-1])
+      continue
+    for name in (n.strip() for n in first.split(",")):
+      assert re.fullmatch(r"\w+\.py", name), f"map entry {line.strip()!r}: not a module or folder"
+      out.append("/".join(["grpo_jax", *folders, name]))
+  return out
+
+
+def test_architecture_map_is_the_tree():
+  with open(os.path.join(ROOT, "docs", "architecture.md"), encoding="utf-8") as f:
+    listed = mapped_modules(f.read())
+  tree = sorted(os.path.relpath(p, ROOT) for p in modules().values() if not p.endswith("__init__.py"))
+  assert len(listed) == len(set(listed)), "listed twice: " + str(sorted({m for m in listed if listed.count(m) > 1}))
+  assert not set(tree) - set(listed), "modules docs/architecture.md's map does not list: " + str(
+      sorted(set(tree) - set(listed)))
+  assert not set(listed) - set(tree), "listed in docs/architecture.md's map, not in the tree: " + str(
+      sorted(set(listed) - set(tree)))
+
+
+def test_map_reader_on_a_hand_case():
+  text = ("x\n```\ngrpo_jax/\n  main.py             cli\n  a.py, b.py\n                      both\n  pkg/\n"
+          "    c.py            c (see d.py)\n    sub/            s\n      d.py          d\n  e.py              e\n```\n")
+  assert mapped_modules(text) == ["grpo_jax/main.py", "grpo_jax/a.py", "grpo_jax/b.py", "grpo_jax/pkg/c.py",
+                                  "grpo_jax/pkg/sub/d.py", "grpo_jax/e.py"]
+
+
+def test_doc_paths_exist():
+  """Every repository path README.md and docs/*.md name (grpo_jax/…py, tests/…, configs/…, benchmarks/…,
+  launch/…) is a file of the tree: a move must take the docs with it."""
+  docs = [os.path.join(ROOT, "README.md")] + [os.path.join(ROOT, "docs", f)
+                                              for f in sorted(os.listdir(os.path.join(ROOT, "docs")))
+                                              if f.endswith(".md")]
+  missing = []
+  for doc in docs:
+    with open(doc, encoding="utf-8") as f:
+      text = f.read()
+    for path in sorted(set(re.findall(r"\b(?:grpo_jax|tests|configs|benchmarks|launch)/[\w/.-]*\w\.(?:py|md|sh)\b",
+                                      text))):
+      if not os.path.exists(os.path.join(ROOT, path)):
+        missing.append(f"{os.path.relpath(doc, ROOT)}: {path}")
+  assert not missing, "paths in the docs that are not in the tree: " + "; ".join(missing)

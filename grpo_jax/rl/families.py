@@ -10,7 +10,7 @@ A family module (rl_step, ppo_step, sft_step) exposes the same interface:
   init(config, mesh, mcfg, *, seed=None, params=None) -> state, created already sharded
   build_step(config, mcfg, *args) -> un-jitted (state, batch) -> (state, metrics)
     (rl_step / ppo_step: args = reward spec, tokenizer; sft_step: none)
-train.py, aot.py, seeds.py and the ablations reach the RL families through `for_config` only.
+train.py, aot.py, studies/vmapped_runs.py and the ablations reach the RL families through `for_config` only.
 """
 from types import ModuleType
 

@@ -127,7 +127,7 @@ def make_loss_fn(config, mcfg, P: int) -> Callable:
 
   def loss_fn(params, mb):
     logp_NxL, ent_NxL = rollout_lib.completion_logprobs(mcfg, params, mb["seq"], P, temp)
-    # No reference (β = 0, or all of a vmapped sweep's β are 0: seeds.init_states): no KL term at all.
+    # No reference (β = 0, or all of a vmapped sweep's β are 0: vmapped_runs.init_states): no KL term at all.
     kw = kwargs if mb.get("ref_logp_NxL") is not None else dict(kwargs, beta=0.0)
     loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb.get("ref_logp_NxL"), mb["adv_NxL"], mb["mask_NxL"],
                                  **kw)

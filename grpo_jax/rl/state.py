@@ -1,7 +1,7 @@
 """The train state: a plain dict pytree, created already sharded (eval_shape → shardings → jit(out_shardings)).
 
 Keys: params, opt_state, step, rng; + ref_params (RL), + critic_params, critic_opt_state (PPO). A family says which
-through its `Layout`; every family's state_spec / init, and the vmapped init of seeds.py, are built here.
+through its `Layout`; every family's state_spec / init, and the vmapped init of studies/vmapped_runs.py, are built here.
 """
 import numbers
 from typing import Any, Callable, NamedTuple

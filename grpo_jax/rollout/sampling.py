@@ -36,7 +36,7 @@ class SamplingConfig:
   exit_chunk: int = 16
 
   def __post_init__(self):
-    # A traced temperature (a vmapped sweep's, seeds.py) is checked where the config is validated, not here.
+    # A traced temperature (a vmapped sweep's, studies/vmapped_runs.py) is checked where the config is validated, not here.
     if not isinstance(self.temperature, jax.core.Tracer) and not self.temperature > 0:
       raise ValueError(f"sampling.temperature={self.temperature}: must be > 0 (use greedy=True for argmax).")
     if self.top_k < 0:

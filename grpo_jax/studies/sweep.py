@@ -12,7 +12,7 @@ grpo_jax.main` with that config and directory resumes it, and a rerun of the swe
 unfinished ones, and refuses a directory that a different config wrote (run_config's diff, one line).
 
 Modes: `auto` trains each group of job-grpo runs whose compiled programs agree (sweep_vmap.signature: they differ
-only in seeds and the traceable knobs of seeds.TRACEABLE) as ONE vmapped program when one device is visible, and
+only in seeds and the traceable knobs of vmapped_runs.TRACEABLE) as ONE vmapped program when one device is visible, and
 runs everything else one after another through `main`'s own path (jobs.run); `vmap` forces vmapping of every grpo
 group, `serial` never vmaps; `print` writes one launch command per run (DIR/launch.sh) and runs nothing; `report`
 only writes the report. The report, after every mode that runs: DIR/sweep.md, DIR/sweep.csv and DIR/plots/ (mean,

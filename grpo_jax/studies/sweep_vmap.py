@@ -1,4 +1,4 @@
-"""A group of sweep runs (job grpo) whose programs agree, trained as ONE vmapped program (seeds.make_steps).
+"""A group of sweep runs (job grpo) whose programs agree, trained as ONE vmapped program (vmapped_runs.make_steps).
 
 Each run keeps everything a `main` run of its config has in its own directory: config.json, the SFT stage (run
 before the group, one run after another, through train.run_sft), metrics.jsonl (the same rows `main` writes; perf/*
@@ -69,7 +69,7 @@ class Lane:
 
 
 def varying(configs: Sequence[Any]) -> dict[str, list]:
-  """The traceable keys whose values differ between the runs: {key: one value per run} (seeds.TRACEABLE)."""
+  """The traceable keys whose values differ between the runs: {key: one value per run} (vmapped_runs.TRACEABLE)."""
   out = {}
   for key in seeds_lib.TRACEABLE:
     if key == seeds_lib.REWARD_WEIGHTS:
@@ -111,7 +111,7 @@ def run_group(configs: Sequence[Any], workdirs: Sequence[str], *, compiler_optio
   Raises errors.Preempted when stopped by a signal (everything saved), RunStopped for a failing Python reward."""
   t0 = time.perf_counter()
   if len({signature(c) for c in configs}) > 1:
-    raise ValueError("run_group: the runs differ in more than the traceable keys (seeds.TRACEABLE) and the run seed; "
+    raise ValueError("run_group: the runs differ in more than the traceable keys (vmapped_runs.TRACEABLE) and the run seed; "
                      "group them with sweep_vmap.signature.")
   if any(c.job != "grpo" for c in configs):
     raise errors.ConfigError(f"config.job={configs[0].job!r}: only job=grpo runs can share a vmapped program; run "

@@ -1,4 +1,4 @@
-"""Task interface, registry and the fixed train/test split rule shared by every synthetic task.
+"""Task interface and the fixed train/test split rule shared by every synthetic task.
 
 Splits: the test split is examples 0..n-1 drawn from `(seed, "test", i)`; the train split example i is drawn from
 `(seed, "train", i, attempt)` and redrawn while its key collides with a test key, so the two are disjoint and each
