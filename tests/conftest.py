@@ -30,6 +30,28 @@ if os.environ.get("CI") == "true":
   pytest.importorskip = _import_or_fail
 
 
+def requires(modname: str, reason: str):
+  """The `skipif` of a test that needs an optional package (libtpu): skipped where it is missing, except under
+  CI=true, where the test fails instead, as importorskip does above (read at decoration time)."""
+  import functools
+  import importlib.util
+
+  import pytest
+
+  def deco(fn):
+    if importlib.util.find_spec(modname) is not None:
+      return fn
+    if os.environ.get("CI") != "true":
+      return pytest.mark.skip(reason=reason)(fn)
+
+    @functools.wraps(fn)
+    def missing(*args, **kwargs):
+      del args, kwargs
+      pytest.fail(f"{modname} is missing under CI=true (the test extra installs it): {reason}")
+    return missing
+  return deco
+
+
 @contextlib.contextmanager
 def private_compilation_cache(directory: str):
   """A persistent XLA compilation cache in `directory` for the enclosed code, every entry cached, JAX's settings

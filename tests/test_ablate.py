@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from grpo_jax.studies import ablate
-from grpo_jax.studies.ablations import report
-from grpo_jax.studies.ablations import stats
+from grpo_jax.studies import report
+from grpo_jax.studies import stats
 
 # Student t quantiles t_{0.975, df} (two-sided 95%) from published tables, to 9 significant digits.
 T975 = {1: 12.7062047, 2: 4.30265273, 3: 3.18244631, 4: 2.77644511, 5: 2.57058184, 9: 2.26215716,

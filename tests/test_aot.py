@@ -1,5 +1,4 @@
 """The TPU compile tool: analytic FLOPs and roofline by hand, and one real TPU compile in a subprocess (libtpu)."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -7,6 +6,8 @@ import sys
 
 import jax
 import pytest
+
+import conftest  # tests/conftest.py: requires
 
 from grpo_jax.perf import aot
 from grpo_jax.rollout import decode_layout
@@ -212,9 +213,8 @@ def test_cli_without_compile(capsys):
   assert "config.mesh" in capsys.readouterr().err
 
 
-NEEDS_LIBTPU = pytest.mark.skipif(importlib.util.find_spec("libtpu") is None,
-                                  reason="libtpu is not importable: pip install libtpu==0.0.42.1 (the version jax "
-                                  "0.10.2 pins)")
+NEEDS_LIBTPU = conftest.requires("libtpu", "libtpu is not importable: pip install libtpu==0.0.42.1 (the version jax "
+                                "0.10.2 pins)")
 
 
 @NEEDS_LIBTPU

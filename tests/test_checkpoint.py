@@ -13,6 +13,12 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from grpo_jax.infra import checkpoint
+from grpo_jax.infra import params_ckpt
+
+
+def abstract_of(tree):
+  """Abstract twin of a concrete (sharded) pytree: the `abstract_state` that `restore` wants."""
+  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 
 
 class TrainState(NamedTuple):  # stands in for state.py's pytree: only the `params` field name matters here
@@ -71,7 +77,7 @@ def _save_steps(directory, states, steps, **kw):
 def test_round_trip_is_bit_identical_and_uses_target_shardings(tmp_path, states):
   state = states[1]
   _save_steps(tmp_path / 'ck', states, [1], async_save=False)
-  abstract = checkpoint.abstract_of(state)
+  abstract = abstract_of(state)
   # Restore `w` replicated instead of sharded: the result must follow the abstract state, not the saved layout.
   replicated = state.params['b'].sharding
   abstract.params['w'] = jax.ShapeDtypeStruct(abstract.params['w'].shape, jnp.bfloat16, sharding=replicated)
@@ -107,7 +113,7 @@ def test_async_save_survives_donation_then_restores(tmp_path, states):
     for leaf in jax.tree.leaves(src):  # what donating the state to the next step does to the buffers
       leaf.delete()
     ckpt.wait()
-    restored, meta = ckpt.restore(5, checkpoint.abstract_of(expected))
+    restored, meta = ckpt.restore(5, abstract_of(expected))
   _assert_bit_identical(restored, expected)
   assert meta == {'step': 5, 'data_pos': 7}
 
@@ -142,7 +148,7 @@ def test_bad_newest_falls_back_with_warning(tmp_path, states, caplog, corrupt):
   corrupt(str(tmp_path / '3'))
   caplog.set_level(logging.WARNING)
   with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
-    restored, meta = ckpt.restore(None, checkpoint.abstract_of(states[3]))
+    restored, meta = ckpt.restore(None, abstract_of(states[3]))
     _assert_bit_identical(restored, states[2])
     assert meta == {'step': 2, 'data_pos': 20}
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
@@ -153,7 +159,7 @@ def test_bad_newest_falls_back_with_warning(tmp_path, states, caplog, corrupt):
     assert ckpt.latest_step() == 2
     assert ckpt.maybe_save(3, states[3])
     ckpt.wait()
-    restored, meta = ckpt.restore(None, checkpoint.abstract_of(states[3]))
+    restored, meta = ckpt.restore(None, abstract_of(states[3]))
   _assert_bit_identical(restored, states[3])
   assert meta['step'] == 3
 
@@ -166,7 +172,7 @@ def test_uncommitted_newest_is_not_latest(tmp_path, states):
     assert ckpt.all_steps() == [1]
     assert os.listdir(tmp_path / checkpoint.CORRUPT_SUBDIR)[0].startswith('2-')  # moved aside on open
     assert ckpt.maybe_save(2, states[3])  # so step 2 can be written again
-    restored, _ = ckpt.restore(None, checkpoint.abstract_of(states[3]))
+    restored, _ = ckpt.restore(None, abstract_of(states[3]))
   _assert_bit_identical(restored, states[3])
 
 
@@ -176,36 +182,36 @@ def test_all_bad_raises_naming_directory(tmp_path, states):
   _uncommitted(str(tmp_path / '2'))
   with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
     with pytest.raises(ValueError, match=f'no restorable checkpoint in {tmp_path}.*move them away'):
-      ckpt.restore(None, checkpoint.abstract_of(states[1]))
+      ckpt.restore(None, abstract_of(states[1]))
   with checkpoint.Checkpointer(tmp_path / 'empty', save_every=1, keep=5) as ckpt:
     assert ckpt.latest_step() is None
     with pytest.raises(ValueError, match='no checkpoint in .*empty'):
-      ckpt.restore(None, checkpoint.abstract_of(states[1]))
+      ckpt.restore(None, abstract_of(states[1]))
 
 
 def test_explicit_missing_step_raises(tmp_path, states):
   _save_steps(tmp_path, states, [1], async_save=False)
   with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
     with pytest.raises(ValueError, match=r'step=4 .*available: \[1\]'):
-      ckpt.restore(4, checkpoint.abstract_of(states[1]))
+      ckpt.restore(4, abstract_of(states[1]))
 
 
 def test_restore_params_only_reads_params_subtree(tmp_path, states):
   _save_steps(tmp_path, states, [1, 2], async_save=False)
-  abstract_params = checkpoint.abstract_of(states[1].params)
-  _assert_bit_identical(checkpoint.restore_params_only(tmp_path, abstract_params), states[2].params)
-  _assert_bit_identical(checkpoint.restore_params_only(tmp_path, abstract_params, step=1), states[1].params)
+  abstract_params = abstract_of(states[1].params)
+  _assert_bit_identical(params_ckpt.restore_params_only(tmp_path, abstract_params), states[2].params)
+  _assert_bit_identical(params_ckpt.restore_params_only(tmp_path, abstract_params, step=1), states[1].params)
   _truncate_data(str(tmp_path / '2'))
-  _assert_bit_identical(checkpoint.restore_params_only(tmp_path, abstract_params), states[1].params)
+  _assert_bit_identical(params_ckpt.restore_params_only(tmp_path, abstract_params), states[1].params)
 
 
 def test_save_and_load_params(tmp_path, states):
   params = states[3].params
-  checkpoint.save_params(tmp_path / 'p', params)
-  checkpoint.save_params(tmp_path / 'p', states[1].params)  # overwrites
-  _assert_bit_identical(checkpoint.load_params(tmp_path / 'p', checkpoint.abstract_of(params)), states[1].params)
+  params_ckpt.save_params(tmp_path / 'p', params)
+  params_ckpt.save_params(tmp_path / 'p', states[1].params)  # overwrites
+  _assert_bit_identical(params_ckpt.load_params(tmp_path / 'p', abstract_of(params)), states[1].params)
   with pytest.raises(ValueError, match='does not exist'):
-    checkpoint.load_params(tmp_path / 'missing', checkpoint.abstract_of(params))
+    params_ckpt.load_params(tmp_path / 'missing', abstract_of(params))
 
 
 def test_bad_arguments_raise(tmp_path, states):
@@ -220,7 +226,7 @@ def test_bad_arguments_raise(tmp_path, states):
       ckpt.restore(0, no_sharding)
     with pytest.raises(ValueError, match=r'abstract_state.*has no concrete sharding'):
       ckpt.restore(0, jax.eval_shape(lambda: states[1]))  # shardings on an AbstractMesh
-    _, meta = ckpt.restore(0, checkpoint.abstract_of(states[1]))
+    _, meta = ckpt.restore(0, abstract_of(states[1]))
   assert meta == {'step': 0, 'pos': 3, 'lr': 0.5}
   on_disk = json.loads((tmp_path / '0' / 'meta' / 'metadata').read_text())
   assert set(on_disk.pop('integrity')['checksums']) == {".params['w']", ".params['b']", ".opt['mu']",
@@ -236,6 +242,8 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 pid, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 jax.distributed.initialize(coordinator_address=f'127.0.0.1:{port}', num_processes=2, process_id=pid)
 from grpo_jax.infra import checkpoint
+from grpo_jax.infra import params_ckpt
+abstract_of = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 mesh = jax.make_mesh((4,), ('data',), devices=jax.devices())
 sh, rep = NamedSharding(mesh, P('data')), NamedSharding(mesh, P())
 
@@ -258,7 +266,7 @@ with checkpoint.Checkpointer(directory, save_every=1, keep=3, async_save=True) a
     for f in glob.glob(os.path.join(directory, '2', 'state', '**', 'd', '*'), recursive=True):
       open(f, 'wb').write(b'\0' * 8)
   multihost_utils.sync_global_devices('corrupted')
-  restored, meta = ckpt.restore(None, checkpoint.abstract_of(state(2)))
+  restored, meta = ckpt.restore(None, abstract_of(state(2)))
   want = state(1)
   for got, exp in zip(restored['params']['w'].addressable_shards, want['params']['w'].addressable_shards):
     assert got.index == exp.index and np.array_equal(np.asarray(got.data), np.asarray(exp.data)), got.index
@@ -267,7 +275,7 @@ with checkpoint.Checkpointer(directory, save_every=1, keep=3, async_save=True) a
   assert meta == {'step': 1, 'data_pos': 1}, meta
   assert ckpt.latest_step() == 1 and ckpt.maybe_save(2, state(2))
   ckpt.wait()
-  assert ckpt.restore(None, checkpoint.abstract_of(state(2)))[1]['step'] == 2
+  assert ckpt.restore(None, abstract_of(state(2)))[1]['step'] == 2
 print('OK', pid, flush=True)
 '''
 
@@ -397,11 +405,11 @@ def test_flipped_bytes_fail_the_checksum_and_fall_back(tmp_path, caplog):
   states = {s: _big_state(s) for s in (1, 2)}
   _save_steps(tmp_path, states, [1, 2], async_save=False)
   _flip_bytes(str(tmp_path / '2'))
-  raw = ocp.StandardCheckpointer().restore(str(tmp_path / '2' / 'state'), checkpoint.abstract_of(states[2]))
+  raw = ocp.StandardCheckpointer().restore(str(tmp_path / '2' / 'state'), abstract_of(states[2]))
   assert not all(np.array_equal(a, b) for a, b in zip(jax.tree.leaves(raw), jax.tree.leaves(states[2])))  # silent
   caplog.set_level(logging.WARNING)
   with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
-    restored, meta = ckpt.restore(None, checkpoint.abstract_of(states[2]))
+    restored, meta = ckpt.restore(None, abstract_of(states[2]))
   _assert_bit_identical(restored, states[1])
   assert meta == {'step': 1, 'data_pos': 10}
   assert any('step 2' in r.getMessage() and 'checksum mismatch' in r.getMessage() for r in caplog.records)
@@ -424,7 +432,7 @@ def test_nonfinite_state_is_never_saved_and_a_nonfinite_checkpoint_is_skipped(tm
     mngr.save(3, args=ocp.args.Composite(state=ocp.args.StandardSave(bad), meta=ocp.args.JsonSave({'step': 3})))
   caplog.set_level(logging.WARNING)
   with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
-    restored, meta = ckpt.restore(None, checkpoint.abstract_of(good))
+    restored, meta = ckpt.restore(None, abstract_of(good))
   assert meta == {'step': 1}
   _assert_bit_identical(restored, good)
   msgs = [r.getMessage() for r in caplog.records]
@@ -440,9 +448,9 @@ def test_changed_shapes_are_a_config_error_not_damage(tmp_path):
   with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
     with pytest.raises(errors.InputError, match=r"params.w is saved with shape \(96, 96\) but the config builds "
                                                 r"\(64, 96\).*Nothing was moved"):
-      ckpt.restore(None, checkpoint.abstract_of(other))
+      ckpt.restore(None, abstract_of(other))
     with pytest.raises(errors.InputError, match=r"lacks params.v"):
-      ckpt.restore(None, checkpoint.abstract_of(dict(state, params={'w': state['params']['w'], 'v': jnp.ones(2)})))
+      ckpt.restore(None, abstract_of(dict(state, params={'w': state['params']['w'], 'v': jnp.ones(2)})))
   assert os.listdir(tmp_path) == ['1']  # the good checkpoint stays where it is
 
 

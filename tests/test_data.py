@@ -185,7 +185,7 @@ def test_gsm8k_mock_flows_through(tok):
   acc, fmt, _ = gsm8k.host_verifier(tok)(tokens, mask, b)
   np.testing.assert_array_equal(acc, [1, 1, 0, 1])  # the last row is untagged: its last number is the answer
   np.testing.assert_array_equal(fmt, [1, 1, 1, 0])
-  # The rewards.PyRewardFn form: ids without the trailing EOS, plus decoded text.
+  # The reward_spec.PyRewardFn form: ids without the trailing EOS, plus decoded text.
   ids = [list(t[m > 0][:-1]) for t, m in zip(tokens, mask)]
   assert gsm8k.make_rewards(tok)["math_accuracy"]([tok.decode(i) for i in ids], ids, b) == [1.0, 1.0, 0.0, 1.0]
   with pytest.raises(ValueError, match="####"):

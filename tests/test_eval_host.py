@@ -11,7 +11,7 @@ from grpo_jax.run import evaluation
 from grpo_jax.model import model as model_lib
 from grpo_jax.infra import sharding
 from grpo_jax.tasks import data, gsm8k
-from grpo_jax.tasks import tokenizer as tok_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 from tests import eval_fakes
 
 L = 32

@@ -110,7 +110,7 @@ def hf_init(tmp_path_factory):
   from grpo_jax.hf import hf_io
   from grpo_jax.hf import hf_save
   from grpo_jax.model import model as model_lib
-  from grpo_jax.tasks import tokenizer as tok_lib
+  from grpo_jax.tasks import tokenizer_factory as tok_lib
   c = grpo_arith.get_config("runlocal")
   for k, v in TINY.items():
     if k.startswith("model."):

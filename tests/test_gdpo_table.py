@@ -12,7 +12,7 @@ import pytest
 from grpo_jax.studies import ablate
 from grpo_jax.config import config_lib
 from grpo_jax.studies.ablations import r1_table
-from grpo_jax.studies.ablations import stats
+from grpo_jax.studies import stats
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -32,7 +32,7 @@ from grpo_jax.rl import families
 from grpo_jax.model import model as model_lib
 from grpo_jax.config import presets
 from grpo_jax.rl import ppo_step
-from grpo_jax.rl import rewards
+from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rl_step
 from grpo_jax.rl import sft_step
 from grpo_jax.infra import sharding
@@ -55,7 +55,7 @@ def _low_ids(tokens_NxL, mask_NxL, batch, ctx):
   """Fraction of completion tokens with an id below V/2: a random model scores varied rewards, so updates move."""
   m_NxL = mask_NxL.astype(jnp.float32)
   low_NxL = (tokens_NxL >= 2) & (tokens_NxL < V // 2)
-  return rewards.outcome(jnp.sum(low_NxL * m_NxL, -1) / jnp.maximum(m_NxL.sum(-1), 1.0))
+  return reward_spec.outcome(jnp.sum(low_NxL * m_NxL, -1) / jnp.maximum(m_NxL.sum(-1), 1.0))
 
 
 
@@ -113,7 +113,7 @@ def _run(family: str) -> list[dict[str, float]]:
   c = _config("ppo" if family == "ppo" else "grpo")
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
-  spec = rewards.RewardSpec(("low",), (1.0,), (_low_ids,), {}, rewards.Context("golden", _Tok()))
+  spec = reward_spec.RewardSpec(("low",), (1.0,), (_low_ids,), {}, reward_spec.Context("golden", _Tok()))
   module = {"grpo": rl_step, "ppo": ppo_step, "sft": sft_step}[family]
   args = () if family == "sft" else (spec, spec.ctx.tokenizer)
   state = module.init(c, mesh, mcfg, seed=0)

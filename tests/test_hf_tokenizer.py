@@ -10,7 +10,7 @@ import tensorflow_datasets as tfds
 tokenizers = pytest.importorskip("tokenizers")
 
 from grpo_jax.tasks import base, data, gsm8k, hf_tokenizer, prompts  # noqa: E402
-from grpo_jax.tasks import tokenizer as tok_lib  # noqa: E402
+from grpo_jax.tasks import tokenizer_factory as tok_lib  # noqa: E402
 from tests import hf_dirs  # noqa: E402
 
 CORPUS = ["Tom has 5 apples and buys 3 more. How many apples does he have?",
@@ -96,7 +96,7 @@ def test_decode_drops_control_and_unknown_ids(dirs):
   ids = q.encode("buys 3 more")
   # pad/eos (same id here), ids the model has but the tokenizer lacks (300..311): all ''.
   assert q.decode([q.bos_id] + ids + [q.eos_id, 305, 311]) == "buys 3 more"
-  assert q.decode_batch(np.array([ids + [q.pad_id], [q.pad_id] + ids])) == ["buys 3 more"] * 2
+  assert [q.decode(r) for r in np.array([ids + [q.pad_id], [q.pad_id] + ids])] == ["buys 3 more"] * 2
   # other specials are text, as sentencepiece's user-defined symbols are
   assert q.decode([dirs["plain"].token_to_id("<|im_start|>")]) == "<|im_start|>"
   texts = q.piece_texts()

@@ -326,13 +326,26 @@ def test_guards_vmap_over_values_equals_separate_calls():
   assert len({round(float(x), 5) for x in v}) == 3
 
 
+def gspo_objective(logp_NxL, old_logp_NxL, adv_N, mask_NxL, *, eps_low, eps_high, dual_clip=0.0):
+  """GSPO at the sequence level as its paper writes it, the reference the production GSPO-token (losses.policy_loss
+  with ratio_level='sequence') is checked against: s_i = exp(mean over valid tokens of log π − log π_old), per
+  sequence min(s_i A_i, clip(s_i, 1−eps_low, 1+eps_high) A_i); 0 for empty rows. Reduce with a mean over rows."""
+  nonempty_N = jnp.any(losses._valid(mask_NxL), axis=1)  # pylint: disable=protected-access
+  s_N = jnp.exp(losses._sequence_log_ratio(logp_NxL, old_logp_NxL, mask_NxL))  # pylint: disable=protected-access
+  a_N = jnp.where(nonempty_N, adv_N.astype(jnp.float32), 0.0)
+  obj_N = losses._clipped(s_N, a_N, eps_low, eps_high, dual_clip)  # pylint: disable=protected-access
+  seq_mask_N = nonempty_N.astype(jnp.float32)
+  stats = losses._clip_stats(jax.lax.stop_gradient(s_N), a_N, seq_mask_N, eps_low, eps_high, dual_clip)  # pylint: disable=protected-access
+  return jnp.where(nonempty_N, obj_N, 0.0), stats
+
+
 def test_gspo_dual_clip_bounds_the_sequence_ratio():
   # One sequence of two tokens, log-ratios 1.2 and 1.8: s = e^1.5 ≈ 4.48, A = −1, GSPO's ε: loss 4.48 → 3.
   lp = jnp.array([[1.2, 1.8]])
   kw = dict(eps_low=3e-4, eps_high=4e-4)
-  obj, aux = losses.gspo_objective(lp, jnp.zeros((1, 2)), jnp.array([-1.0]), jnp.ones((1, 2)), **kw)
+  obj, aux = gspo_objective(lp, jnp.zeros((1, 2)), jnp.array([-1.0]), jnp.ones((1, 2)), **kw)
   assert float(obj[0]) == pytest.approx(-np.exp(1.5), rel=1e-6)
-  obj, aux = losses.gspo_objective(lp, jnp.zeros((1, 2)), jnp.array([-1.0]), jnp.ones((1, 2)), dual_clip=3.0, **kw)
+  obj, aux = gspo_objective(lp, jnp.zeros((1, 2)), jnp.array([-1.0]), jnp.ones((1, 2)), dual_clip=3.0, **kw)
   assert float(obj[0]) == pytest.approx(-3.0) and float(aux["clip_frac_dual"]) == 1.0
   g = jax.grad(lambda x: losses.policy_loss(x, jnp.zeros((1, 2)), None, -jnp.ones((1, 2)), jnp.ones((1, 2)),
                                             beta=0.0, ratio_level="sequence", dual_clip=3.0, **kw)[0])(lp)
@@ -386,7 +399,7 @@ def test_gspo_hand():
   # empty. Clip range 1 ± 0.2.
   lp = jnp.array([[0.2, 0.0], [-0.4, 5.0], [3.0, 3.0]])
   m = jnp.array([[1.0, 1.0], [1.0, 0.0], [0.0, 0.0]])
-  obj, aux = jax.jit(losses.gspo_objective, static_argnames=("eps_low", "eps_high"))(lp, jnp.zeros((3, 2)), jnp.array([1.0, -1.0, 4.0]), m, eps_low=0.2,
+  obj, aux = jax.jit(gspo_objective, static_argnames=("eps_low", "eps_high"))(lp, jnp.zeros((3, 2)), jnp.array([1.0, -1.0, 4.0]), m, eps_low=0.2,
                                    eps_high=0.2)
   np.testing.assert_allclose(np.asarray(obj), [np.exp(0.1), -0.8, 0.0], rtol=1e-6)
   assert float(aux["clip_frac_low"]) == pytest.approx(0.5)
@@ -402,7 +415,7 @@ def test_gspo_token_gradient_equals_sequence_gradient():
   old = lp - jnp.asarray(shift + RNG.normal(size=(N, L)) * 1e-4, jnp.float32)
   a_N = jnp.array([1.0, -1.0, 0.5, 2.0, -0.7])
   kw = dict(eps_low=0.01, eps_high=0.01)
-  seq = lambda x: jnp.mean(losses.gspo_objective(x, old, a_N, m, **kw)[0])
+  seq = lambda x: jnp.mean(gspo_objective(x, old, a_N, m, **kw)[0])
   tok = lambda x: losses.aggregate(losses.gspo_token_objective(x, old, a_N[:, None] * m, m, **kw)[0], m,
                                    "seq_mean_token_mean")
   assert float(jax.jit(seq)(lp)) == pytest.approx(float(jax.jit(tok)(lp)), rel=1e-5)

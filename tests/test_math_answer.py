@@ -6,6 +6,13 @@ import pytest
 
 from grpo_jax.tasks import gsm8k, math_answer as ma, tokenizer as tokenizer_lib
 
+
+
+def is_correct(completion: str, gold: str) -> bool:
+  """The completion's extracted answer against the gold answer string (what gsm8k's reward does per row)."""
+  return ma.equal(ma.extract_answer(completion), gold)
+
+
 # (predicted answer, gold, right?) — the right column is by hand; tests check ours and math-verify against it.
 CASES = [
     ("72", "72", True), ("\\boxed{72}", "72", True), ("72.0", "72", True), ("72.00", "72", True),
@@ -63,9 +70,9 @@ def test_extract_answer(text, want):
 
 
 def test_is_correct_on_completions():
-  assert ma.is_correct("Janet earns 9 * 2 = $18 every day.", "18")
-  assert ma.is_correct("so \\boxed{\\frac{36}{2}}", "18")
-  assert not ma.is_correct("<answer> 17 </answer> but really \\boxed{18}", "18")  # the tagged answer is the one
+  assert is_correct("Janet earns 9 * 2 = $18 every day.", "18")
+  assert is_correct("so \\boxed{\\frac{36}{2}}", "18")
+  assert not is_correct("<answer> 17 </answer> but really \\boxed{18}", "18")  # the tagged answer is the one
 
 
 def test_values_are_exact():

@@ -127,7 +127,7 @@ def test_decode_layouts_in_the_plan():
   c4 = memory_plan.workload_config("qwen2.5-1.5b", minibatches=4)
   g4 = memory_plan.plan(c4, mesh, decode=decode_layout.Layout("gathered"))
   assert g4.peak_phase == "rollout"
-  layout, why = decode_layout.choose(c4, mesh, g4.total_bytes - 1)
+  layout, why = memory_plan.choose_decode(c4, mesh, g4.total_bytes - 1)
   assert layout == decode_layout.Layout("tp", 2) and "the planner puts the step at" in why
   assert memory_plan.plan(c4, mesh, decode=layout).total_bytes < g4.total_bytes
   # tp=2 over 8 fsdp chips: each decode group of 2 holds half the weights, and the rows of 4 chips' worth of
@@ -139,7 +139,7 @@ def test_decode_layouts_in_the_plan():
   t4 = memory_plan.plan(c, mesh, decode=decode_layout.Layout("tp", 4))
   assert t4.rollout["kv cache"] == 2 * 28 * 64 * 1 * 128 * 768 * 2
   # Nothing fits: the training layout, said so.
-  layout, why = decode_layout.choose(c, mesh, 1)
+  layout, why = memory_plan.choose_decode(c, mesh, 1)
   assert layout.kind == "fsdp" and "no decode layout fits" in why
   with pytest.raises(ValueError, match="sampling.decode_tp=3: must be >= 2 and divide mesh.fsdp=8"):
     memory_plan.plan(c, mesh, decode=decode_layout.Layout("tp", 3))

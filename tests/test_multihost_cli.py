@@ -52,7 +52,7 @@ def runs(tmp_path_factory):
   from grpo_jax.hf import hf_io
   from grpo_jax.hf import hf_save
   from grpo_jax.model import model as model_lib
-  from grpo_jax.tasks import data, tokenizer as tok_lib
+  from grpo_jax.tasks import data, tokenizer_factory as tok_lib
   root = tmp_path_factory.mktemp("cli")
   c = _config(str(root / "tfds"), str(root / "hf"))
   for split in ("train", "test"):  # built once here: two processes must not build the same TFDS dir at once

@@ -8,13 +8,14 @@ import pytest
 
 from grpo_jax.config import config_lib
 from grpo_jax.rl import rewards
+from grpo_jax.rl import reward_spec
 from grpo_jax.run import train
 
 
 def _always_nan():
   """An in-graph term whose scores are NaN: advantages, loss and gradient become non-finite."""
   def make(ctx):
-    return lambda tokens, mask, batch, ctx: rewards.outcome(jnp.full((tokens.shape[0],), jnp.nan))
+    return lambda tokens, mask, batch, ctx: reward_spec.outcome(jnp.full((tokens.shape[0],), jnp.nan))
   return make
 
 

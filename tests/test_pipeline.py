@@ -15,9 +15,9 @@ from grpo_jax.r1 import layout
 from grpo_jax.r1 import pipeline
 from grpo_jax.r1 import rejection
 from grpo_jax.r1 import rewards as r1_rewards
-from grpo_jax.tasks import base, cot, verify_py
+from grpo_jax.tasks import base, cot, registry, verify_py
 from grpo_jax.tasks import data as data_lib
-from grpo_jax.tasks import tokenizer as tok_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 
 EX = {"a": 23, "op": "+", "b": 45, "answer": 68, "index": 0}
 
@@ -34,7 +34,7 @@ def _doc_knobs(**kw):
 
 
 def test_pretrain_document_kinds(tok):
-  task = base.get_task("arith", max_digits=2, ops="+-")
+  task = registry.get_task("arith", max_digits=2, ops="+-")
   rng = np.random.default_rng(0)
   head, tail = corpus.pretrain_document(task, EX, "a", rng, _doc_knobs())
   assert head == "" and tail == "what is 23 + 45 ? " + cot.solution(EX, "a", tagged=False)

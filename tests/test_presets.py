@@ -139,3 +139,24 @@ def test_grpo_arith_dr_grpo_runs_the_constant_normaliser():
   # DAPO: one token mean over the 4 tokens: −(a − 3a)/4 = a/2 with GRPO's a.
   adv, loss, _ = _hand_case(_load("grpo_arith.py", "algo=dapo"))
   assert loss == pytest.approx(adv[0, 0] / 2, rel=1e-6)
+
+
+def test_critic_algos_is_the_one_place_a_preset_gets_a_critic(monkeypatch):
+  """A second critic preset, added to presets.CRITIC_ALGOS only, is PPO everywhere the algorithm picks a family:
+  families.for_config, the memory planner, validation (GAE needs the critic) and the resume check (a change across
+  the critic boundary changes the state tree). With `rl.algo == "ppo"` literals any of these would miss it."""
+  from grpo_jax.rl import families
+  from grpo_jax.rl import memory_plan
+  from grpo_jax.rl import ppo_step
+  from grpo_jax.run import run_config
+  monkeypatch.setitem(presets.PRESETS, "ppo_twin", dict(presets.PRESETS["ppo"]))
+  monkeypatch.setattr(presets, "CRITIC_ALGOS", ("ppo", "ppo_twin"))
+  c = memory_plan.workload_config("tiny", algo="ppo_twin")
+  assert families.for_config(c) is ppo_step
+  one = dict(data=1, fsdp=1, tensor=1)
+  assert memory_plan.plan(c, one).resident["critic"] == memory_plan.plan(c, one).resident["policy"]
+  validate.validate_algorithm(c)  # GAE with a critic preset: accepted
+  with pytest.raises(validate.ConfigError, match="config.rl.advantage"):
+    validate.validate_algorithm(config_lib.override(c, {"rl.algo": "grpo", "rl.preset": "grpo"}))  # GAE, no critic
+  assert run_config.structural(["rl.algo"], {"rl.algo": "grpo"}, {"rl.algo": "ppo_twin"}) == ["rl.algo"]
+  assert run_config.structural(["rl.algo"], {"rl.algo": "ppo"}, {"rl.algo": "ppo_twin"}) == []

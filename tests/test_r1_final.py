@@ -10,7 +10,7 @@ from grpo_jax.rl import rl_step
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.r1 import rejection
 from grpo_jax.tasks import data as data_lib
-from grpo_jax.tasks import tokenizer as tok_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 
 L = 6
 

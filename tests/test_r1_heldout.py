@@ -13,7 +13,7 @@ from grpo_jax.infra import sharding
 from grpo_jax.r1 import heldout
 from grpo_jax.r1 import stage_config
 from grpo_jax.tasks import data as data_lib
-from grpo_jax.tasks import tokenizer as tok_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 from grpo_jax.tasks import verify_py
 from tests import eval_fakes
 

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from grpo_jax.r1 import rewards as r1_rewards
+from grpo_jax.tasks import cot
 
 A, B = 0, 1  # language_N codes: 'a', 'b'
 
@@ -20,21 +21,21 @@ def test_language_consistency_hand_cases():
       "<think> ugh add 1 + 1 = 2 ; </think> <answer> 2 </answer>",  # 'ugh' is in neither list: 1/1
       "add 1 + 1 = 2 ; so the answer is 2",  # untagged: the whole text is the CoT; 5 a-words, prompt in b -> 0/5
   ]
-  got = r1_rewards.language_consistency(texts, None, _lang(A, A, B, A, A, B))
+  got = cot.language_consistency_term(texts, None, _lang(A, A, B, A, A, B))
   np.testing.assert_allclose(got, [1.0, 0.5, 2 / 3, 0.0, 1.0, 0.0])
 
 
 def test_language_consistency_only_counts_think_body():
   # Words after </think> (here 'zu' inside the answer) do not count: the CoT is the think body.
   text = "<think> add 1 + 1 = 2 ; </think> <answer> zu </answer>"
-  assert r1_rewards.language_consistency([text], None, _lang(A)) == [1.0]
+  assert cot.language_consistency_term([text], None, _lang(A)) == [1.0]
 
 
 def test_language_consistency_needs_languages():
   with pytest.raises(ValueError, match="language_N"):
-    r1_rewards.language_consistency(["x"], None, {})
+    cot.language_consistency_term(["x"], None, {})
   with pytest.raises(ValueError, match="rows"):
-    r1_rewards.language_consistency(["x", "y"], None, _lang(A))
+    cot.language_consistency_term(["x", "y"], None, _lang(A))
 
 
 def test_recheck_statistics():
@@ -73,7 +74,7 @@ def test_python_fns_names():
 
 
 def test_brevity_correct_rewards_length_only_on_verified_answers():
-  from grpo_jax.tasks import tokenizer as tok_lib
+  from grpo_jax.tasks import tokenizer_factory as tok_lib
   tok = tok_lib.load()
   fn = r1_rewards.make_brevity_correct(40, "arith", tok)
   right = tok.encode("<think> add 3 + 4 = 7 ; </think> <answer> 7 </answer>")

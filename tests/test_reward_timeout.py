@@ -11,6 +11,7 @@ import pytest
 
 from grpo_jax.infra import errors
 from grpo_jax.rl import rewards
+from grpo_jax.rl import reward_spec
 from grpo_jax.tasks import digits
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,17 +35,17 @@ def test_timed_out_calls_are_abandoned_and_capped():
   try:
     t0 = time.perf_counter()
     r, status, fb = term.host(*_rows(), {})  # hangs -> fallback
-    assert int(status) == rewards.OK and int(fb) == 2 and list(r) == [0.0, 0.0]
+    assert int(status) == reward_spec.OK and int(fb) == 2 and list(r) == [0.0, 0.0]
     assert time.perf_counter() - t0 < 2.0
     r, status, fb = term.host(*_rows(), {})  # a fresh worker answers at once
-    assert int(status) == rewards.OK and int(fb) == 0 and list(r) == [1.0, 1.0]
+    assert int(status) == reward_spec.OK and int(fb) == 0 and list(r) == [1.0, 1.0]
     assert term.hung_calls() == 1
     hung = [t for t in threading.enumerate() if t.name == "reward-flaky" and t.is_alive()]
     assert hung and all(t.daemon for t in hung)
     for _ in range(2 * rewards.PythonTerm.MAX_HUNG):
       _, status, _ = term.host(*_rows(), {})
     # Beyond MAX_HUNG stuck calls the term fails even with a fallback: threads must not pile up for ever.
-    assert int(status) == rewards.TIMEOUT and term.hung_calls() == rewards.PythonTerm.MAX_HUNG
+    assert int(status) == reward_spec.TIMEOUT and term.hung_calls() == rewards.PythonTerm.MAX_HUNG
     assert "still running" in term.error_message(int(status))
   finally:
     gate.set()

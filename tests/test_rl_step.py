@@ -12,8 +12,10 @@ from grpo_jax.rl import families
 from grpo_jax.model import model as model_lib
 from grpo_jax.config import presets
 from grpo_jax.rl import rewards
+from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rl_step
 from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.rl import state as state_lib
 from grpo_jax.infra import sharding
 from grpo_jax.rl import update as update_lib
 from grpo_jax.run import validate
@@ -96,7 +98,8 @@ GOLDEN_LOSS_GRAD = [0.0, 0.25781]
 
 def test_python_reward_path_matches_in_graph(three_steps):
   """The same reward through jax.pure_callback gives the same rewards, losses and updated params."""
-  spec = digits.reward_spec(TINY["vocab"], python=True)
+  spec = rewards.build((("contains", 1.0),), reward_spec.Context(digits.TASK, digits.Tokenizer(TINY["vocab"])),
+                       digits.python_rewards(None))
   c, mesh, mcfg, step = _setup(spec=spec)
   state = rl_step.init(c, mesh, mcfg, seed=0)
   state, m1 = step(state, _batches(c, 1)[0])
@@ -126,7 +129,7 @@ def test_dynamic_sampling_keeps_varied_groups_and_updates():
   batch["answer_ids_NxA"][:, 1:] = -1
   state, m = step(state, batch)
   assert int(state["step"]) == 1 and int(m["train/skipped_updates"]) == 0
-  assert (np.asarray(m["reward_status"]) == rewards.OK).all()
+  assert (np.asarray(m["reward_status"]) == reward_spec.OK).all()
   kept, B = int(m["train/dynamic_sampling_kept"]), c.rl.prompts_per_step
   assert 0 < kept <= B
   assert float(m["train/frac_zero_std_groups"]) == pytest.approx((B - kept) / B)
@@ -186,13 +189,13 @@ def switchable_step():
   fn = _Switchable()
   fn.__name__ = "my_reward"
   tok = digits.Tokenizer(TINY["vocab"])
-  spec = rewards.build((("bad", 1.0),), rewards.Context(digits.TASK, tok), {"bad": fn})
+  spec = rewards.build((("bad", 1.0),), reward_spec.Context(digits.TASK, tok), {"bad": fn})
   c, mesh, mcfg, step = _setup(spec=spec)
   return fn, spec, c, mesh, mcfg, step
 
 
-@pytest.mark.parametrize("kind,status", [("raise", rewards.RAISED), ("nan", rewards.NONFINITE),
-                                         ("short", rewards.WRONG_LENGTH), ("type", rewards.WRONG_TYPE)])
+@pytest.mark.parametrize("kind,status", [("raise", reward_spec.RAISED), ("nan", reward_spec.NONFINITE),
+                                         ("short", reward_spec.WRONG_LENGTH), ("type", reward_spec.WRONG_TYPE)])
 def test_bad_python_reward_skips_update_and_names_function(switchable_step, kind, status):
   fn, spec, c, mesh, mcfg, step = switchable_step
   fn.kind = kind
@@ -207,7 +210,7 @@ def test_bad_python_reward_skips_update_and_names_function(switchable_step, kind
   assert "my_reward" in msg and "reward_fallback" in msg
   fn.kind = "ok"
   state, m = step(state, _batches(c, 1)[0])
-  assert int(np.max(m["reward_status"])) == rewards.OK and int(state["step"]) == 1
+  assert int(np.max(m["reward_status"])) == reward_spec.OK and int(state["step"]) == 1
   assert step.traces() == 1
 
 
@@ -216,11 +219,11 @@ def test_reward_fallback_is_counted():
   term = rewards.PythonTerm("bad", lambda t, i, b: [1.0, float("nan"), "x"], digits.Tokenizer(8),
                             fallback=-1.0)
   r, status, fb = term.host(np.ones((3, 2), np.int32) * 5, np.ones((3, 2), np.int32), {})
-  assert int(status) == rewards.OK and int(fb) == 2
+  assert int(status) == reward_spec.OK and int(fb) == 2
   np.testing.assert_array_equal(r, [1.0, -1.0, -1.0])
   term = rewards.PythonTerm("bad", lambda t, i, b: 1 / 0, digits.Tokenizer(8), fallback=0.0)
   r, status, fb = term.host(np.ones((3, 2), np.int32), np.ones((3, 2), np.int32), {})
-  assert int(status) == rewards.OK and int(fb) == 3 and "ZeroDivisionError" in term.last_error
+  assert int(status) == reward_spec.OK and int(fb) == 3 and "ZeroDivisionError" in term.last_error
 
 
 def test_hanging_python_reward_times_out():
@@ -231,7 +234,7 @@ def test_hanging_python_reward_times_out():
     return [0.0] * len(texts)
   term = rewards.PythonTerm("slow", slow, digits.Tokenizer(8), timeout_s=0.2)
   r, status, fb = term.host(np.zeros((2, 3), np.int32), np.ones((2, 3), np.int32), {})
-  assert int(status) == rewards.TIMEOUT
+  assert int(status) == reward_spec.TIMEOUT
   assert "timed out" in term.error_message(int(status))
 
 
@@ -306,7 +309,7 @@ def test_beta_zero_keeps_no_reference():
   training-length buckets and early exit (their β = 0 path skips the reference forward's switch)."""
   c = config_lib.override(presets.apply(digits.bench_config(**TINY), "dr_grpo"),
                           {"rl.train_buckets": 2, "sampling.exit_chunk": 4})
-  assert c.rl.beta == 0 and not rollout_lib.uses_reference(c)
+  assert c.rl.beta == 0 and not state_lib.uses_reference(c)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(c.model.vocab_size)

@@ -6,7 +6,7 @@ import pytest
 
 from grpo_jax.model import model as model_lib
 from grpo_jax.config import presets
-from grpo_jax.rl import rewards
+from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rl_step
 from grpo_jax.studies import vmapped_runs as seeds_lib
 from grpo_jax.infra import sharding
@@ -22,7 +22,7 @@ def _digit_fraction(tokens_NxL, mask_NxL, batch, ctx):
   """Fraction of completion tokens that are digits: a random model gets varied rewards, so updates are non-zero."""
   is_digit = (tokens_NxL >= digits.DIGIT0) & (tokens_NxL < digits.DIGIT0 + 10)
   m = mask_NxL.astype(jnp.float32)
-  return rewards.outcome(jnp.sum(is_digit * m, -1) / jnp.maximum(m.sum(-1), 1.0))
+  return reward_spec.outcome(jnp.sum(is_digit * m, -1) / jnp.maximum(m.sum(-1), 1.0))
 
 
 def _setup(weight=1.0, **rl):
@@ -33,7 +33,7 @@ def _setup(weight=1.0, **rl):
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   tok = digits.Tokenizer(c.model.vocab_size)
-  spec = rewards.RewardSpec(("digits",), (weight,), (_digit_fraction,), {}, rewards.Context(digits.TASK, tok))
+  spec = reward_spec.RewardSpec(("digits",), (weight,), (_digit_fraction,), {}, reward_spec.Context(digits.TASK, tok))
   return c, mesh, mcfg, spec, tok
 
 

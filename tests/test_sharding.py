@@ -60,9 +60,10 @@ SCRIPT = textwrap.dedent(r"""
     shard["cache_whole"] = any(f"f32[{16 // chunks},2,8,16]" in ln for ln in loops)
     # The decode loop's collectives per token, weights told apart from activations by shape.
     from grpo_jax.rollout import decode_layout
+    from grpo_jax.rl import memory_plan
     from grpo_jax.perf import hlo_collectives
     sizes = dict(mesh.shape)
-    layout, _ = decode_layout.choose(c, sizes, decode_layout.device_memory_bytes())
+    layout, _ = memory_plan.choose_decode(c, sizes, decode_layout.device_memory_bytes())
     # (inside the decode loop: run (L-1) times per chunk; the once-per-chunk reshards into the view run `chunks` times)
     steps = (c.sampling.max_new_tokens - 1) * chunks
     colls = hlo_collectives.collectives(hlo)

@@ -34,11 +34,12 @@ from grpo_jax.run import metrics as metrics_lib
 from grpo_jax.model import model as model_lib
 from grpo_jax.run import plots
 from grpo_jax.rl import rewards
+from grpo_jax.rl import reward_spec
 from grpo_jax.infra import sharding
 from grpo_jax.studies import sweep
 from grpo_jax.run import train
 from grpo_jax.tasks import data as data_lib
-from grpo_jax.tasks import tokenizer as tok_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SWEEP = "rl.beta=0.02,0.5 optim.lr=1e-2,3e-2"
@@ -54,7 +55,7 @@ P_ATOL = 1e-4  # params: 1% of one Adam step at the smallest lr (Adam turns a ro
 
 def _even_fraction(tokens_NxL, mask_NxL, batch, ctx):
   m = mask_NxL.astype(jnp.float32)
-  return rewards.outcome(jnp.sum((tokens_NxL % 2 == 0) * m, -1) / jnp.maximum(m.sum(-1), 1.0))
+  return reward_spec.outcome(jnp.sum((tokens_NxL % 2 == 0) * m, -1) / jnp.maximum(m.sum(-1), 1.0))
 
 
 def _config():
@@ -91,7 +92,7 @@ def _reference_runs(runs):
   mesh = sharding.make_mesh(c0.mesh)
   mcfg = model_lib.ModelConfig.from_config(c0.model)
   family = families.for_config(c0)
-  spec = rewards.build(c0.rewards, rewards.Context(c0.task.name, tokenizer), {}, None, c0.rl.reward_timeout_s)
+  spec = rewards.build(c0.rewards, reward_spec.Context(c0.task.name, tokenizer), {}, None, c0.rl.reward_timeout_s)
   evaluator = evaluation.Evaluator(c0, mcfg, tokenizer, mesh,
                                    data_lib.eval_set(c0.task, tokenizer, c0.eval.size, c0.task.prompt_len))
   steps, out = {}, {}

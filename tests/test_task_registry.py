@@ -11,7 +11,7 @@ import pytest
 from grpo_jax.config import config_lib
 from grpo_jax.run import train
 from grpo_jax.run import validate
-from grpo_jax.tasks import base, data, digits, registry, verify_jax
+from grpo_jax.tasks import data, digits, registry
 
 PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "grpo_jax")
 
@@ -83,7 +83,7 @@ def test_lookups_give_each_task_its_specifics():
   assert type(data.make_task(_cfg(name="countdown", num_numbers=3).task)).__name__ == "Countdown"
   assert data.make_task(_cfg(name="countdown", num_numbers=3).task).num_numbers == 3
   assert data.make_task({"name": "gsm8k"}).name == "gsm8k"
-  assert base.get_task("arith", max_digits=1).max_digits == 1
+  assert registry.get_task("arith", max_digits=1).max_digits == 1
 
 
 @pytest.mark.parametrize("call,needle", [
@@ -101,11 +101,11 @@ def test_asking_a_task_for_what_it_lacks_names_the_ones_that_have_it():
   with pytest.raises(ValueError, match=r"task.name='digits' has no text examples .* use one of \['arith', "):
     data.make_task({"name": "digits"})
   with pytest.raises(ValueError, match="has no example generator"):
-    base.get_task("digits")
+    registry.get_task("digits")
   with pytest.raises(ValueError, match=r"task='gsm8k' has no in-graph verifier; use one of \['arith', 'countdown'\]"):
-    verify_jax.accuracy_reward("gsm8k", np.zeros((1, 4), np.int32), np.ones((1, 4), np.int32), {})
+    registry.accuracy_reward("gsm8k", np.zeros((1, 4), np.int32), np.ones((1, 4), np.int32), {})
   with pytest.raises(ValueError, match="task.bogus is not a knob of arith"):
-    base.get_task("arith", bogus=1)
+    registry.get_task("arith", bogus=1)
 
 
 # ------------------------------------------------------------------------------------------------- digits

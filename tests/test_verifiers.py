@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from grpo_jax.tasks import base, cot, tokenizer as tokenizer_lib, verify_jax, verify_py
+from grpo_jax.tasks import base, cot, registry, tokenizer as tokenizer_lib, verify_jax, verify_py
 
 import adversarial  # tests/adversarial.py
 
@@ -28,13 +28,13 @@ def fns(tok):
 
   def arith(tokens, mask, batch):
     return (verify_jax.format_reward(tokens, mask, tables), verify_jax.answer_value("arith", tokens, mask, batch, tables),
-            verify_jax.accuracy_reward("arith", tokens, mask, batch, tables),
+            registry.accuracy_reward("arith", tokens, mask, batch, tables),
             verify_jax.step_rewards("arith", tokens, mask, batch, MAX_STEPS, tables))
 
   def countdown(tokens, mask, batch):
     return (verify_jax.format_reward(tokens, mask, tables),
             verify_jax.answer_value("countdown", tokens, mask, batch, tables),
-            verify_jax.accuracy_reward("countdown", tokens, mask, batch, tables))
+            registry.accuracy_reward("countdown", tokens, mask, batch, tables))
 
   jitted = {"arith": jax.jit(arith), "countdown": jax.jit(countdown)}
 
@@ -204,7 +204,7 @@ def test_agreement_on_adversarial_outputs(tok, fns):
   """>= 1,000 outputs per task in ONE batched call each: JAX and Python verifiers agree on every row."""
   per_category = 60
   for name in ("arith", "countdown"):
-    task = base.get_task(name)
+    task = registry.get_task(name)
     tokens, mask, batch, cats = adversarial.make(task, tok, per_category, seed=0, length=L)
     if name == "countdown":
       batch = _pad_numbers(batch)
@@ -235,7 +235,7 @@ def test_agreement_on_adversarial_outputs(tok, fns):
 def test_reference_solutions_solvable_by_both_verifiers(tok, fns):
   rows, batches = [], []
   for knobs in ({}, {"num_numbers": 6, "max_number": 100, "max_target": 1000}):
-    task = base.get_task("countdown", **knobs)
+    task = registry.get_task("countdown", **knobs)
     exs = [task.generate(base.rng_for("solvable", i, str(knobs))) for i in range(100)]
     rows += [tok.encode(cot.solution(ex, "ab"[i % 2])) + [tok.eos_id] for i, ex in enumerate(exs)]
     batches.append(_pad_numbers(task.batch_fields(exs)))
@@ -263,6 +263,6 @@ def test_tables_argument_forms(tok):
 
 def test_bad_task_name(tok):
   with pytest.raises(ValueError, match="task="):
-    verify_jax.accuracy_reward("sudoku", np.zeros((1, 4), np.int32), np.ones((1, 4), np.int32), {})
+    registry.accuracy_reward("sudoku", np.zeros((1, 4), np.int32), np.ones((1, 4), np.int32), {})
   with pytest.raises(ValueError, match="task="):
     verify_py.accuracy_reward("sudoku", np.asarray([[4, 5, 6, 7, 2]]), np.ones((1, 5)), {}, tok)

@@ -22,7 +22,8 @@ SMALL_ALIASES = ("runlocal",)  # big_vision's name for the small variant; `small
 
 from grpo_jax.infra.errors import ConfigError  # noqa: E402  (a bad config value: one line, exit 2; errors.py)
 
-from grpo_jax.r1 import layout
+# The R1 pipeline's stages in pipeline order: r1.stages' default and choices (r1/layout.py: where each writes).
+R1_STAGES = ("base", "r1_zero", "r1_1_cold_start", "r1_2_grpo", "r1_3_rejection", "r1_4_sft", "r1_5_final")
 
 
 def base_config() -> ml_collections.ConfigDict:
@@ -133,7 +134,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   # R1-Zero and R1's five stages (job r1_pipeline; grpo_jax/r1, docs/r1.md): each stage's knobs and reward mix.
   c.r1 = ml_collections.ConfigDict(dict(
-      stages=layout.STAGES,  # those to run, in this order (configs/r1_zero.py: base, r1_zero)
+      stages=R1_STAGES,  # those to run, in this order (configs/r1_zero.py: base, r1_zero)
       # Forbidden words: the harmlessness proxy of stage 5; pre-training noise writes them (noise_frac).
       forbidden=("ugh",),
       pretrain=dict(steps=500, batch=32, lr=3e-3, warmup_steps=20,

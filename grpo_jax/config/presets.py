@@ -73,6 +73,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     "gdpo": {**GRPO, "rl.reward_norm": "per_term"},
     "gdpo_dapo": {**DAPO, "rl.reward_norm": "per_term"},
 }
+# The presets whose family trains a critic (ppo_step); every other runs in the GRPO family (rl_step). families.for_config
+# maps rl.algo to its family by this; the planner, validation and the resume check read it too. Here, not in
+# families.py: memory_plan.py cannot import families (the rollout's decode-layout choice imports the planner).
+CRITIC_ALGOS = ("ppo",)
 
 
 def names() -> tuple[str, ...]:

@@ -27,6 +27,12 @@ import ml_collections
 from grpo_jax.config import config_lib
 from grpo_jax.hf import hf_io
 from grpo_jax.hf import hf_save
+from grpo_jax.infra import checkpoint as ckpt_lib
+from grpo_jax.infra import params_ckpt
+from grpo_jax.model import model as model_lib
+from grpo_jax.hf import model_source
+from grpo_jax.tasks import tokenizer_factory as tok_lib
+from grpo_jax.tasks import hf_tokenizer
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
@@ -48,9 +54,6 @@ def _host_sharding():
 
 def restore_params(run_dir: str, mcfg, step: int = 0):
   """(params on the host, the step they are from; 0 for RUN_DIR/params)."""
-  from grpo_jax.infra import checkpoint as ckpt_lib  # pylint: disable=g-import-not-at-top
-  from grpo_jax.infra import params_ckpt
-  from grpo_jax.model import model as model_lib  # pylint: disable=g-import-not-at-top
   sh = _host_sharding()
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                           model_lib.param_shapes(mcfg))
@@ -79,7 +82,6 @@ def _restored_step(ckpt_dir: str, steps: list[int]) -> int:
 
 
 def _source_dir(config) -> str | None:
-  from grpo_jax.hf import model_source  # pylint: disable=g-import-not-at-top
   src = model_source.source(config)
   return src[1] if src and os.path.isdir(src[1]) else None
 
@@ -92,8 +94,6 @@ def _generation_config(tok) -> dict:
 
 def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32", model_type: str = "") -> dict:
   """Writes OUT_DIR; returns a summary {step, model_type, dtype, files}."""
-  from grpo_jax.model import model as model_lib  # pylint: disable=g-import-not-at-top
-  from grpo_jax.tasks import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   if dtype not in ("float32", "bfloat16"):
     raise config_lib.ConfigError(f"export.dtype={dtype!r}: use 'float32' or 'bfloat16'.")
   if model_type not in ("", *hf_io.SUPPORTED):
@@ -113,7 +113,6 @@ def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32",
   spec = tok_lib.spec_for_config(config)
   tok_dir = None
   if tok_lib.is_hf(spec):
-    from grpo_jax.tasks import hf_tokenizer  # pylint: disable=g-import-not-at-top
     tok_dir = hf_tokenizer.resolve(spec[3:] if spec.startswith("hf:") else spec)[0]
   for name in TOKENIZER_FILES if tok_dir else ():
     if os.path.isfile(os.path.join(tok_dir, name)):

@@ -14,6 +14,7 @@ import ml_collections
 
 from grpo_jax.config import config_lib
 from grpo_jax.model import model_presets
+from grpo_jax.hf import hf_io
 
 
 def source(config) -> tuple[str, str] | None:
@@ -66,7 +67,6 @@ def check(key: str, path: str, model_cfg) -> "model_lib.ModelConfig":  # noqa: F
   """The checkpoint's ModelConfig; raises one ConfigError listing every field `model_cfg` sets differently, or
   hf_io.CheckpointError for a directory that cannot be loaded (every tensor header is checked here, before any
   state is built)."""
-  from grpo_jax.hf import hf_io  # pylint: disable=g-import-not-at-top
   hf_mcfg = hf_io.check_checkpoint(path)
   bad = mismatches(model_cfg, hf_mcfg)
   if bad:

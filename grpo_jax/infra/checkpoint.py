@@ -41,19 +41,14 @@ def _path(directory: str | os.PathLike) -> epath.Path:
   return epath.Path(text if '://' in text else os.path.abspath(text))
 
 
-def abstract_of(tree: Any) -> Any:
-  """Abstract twin of a concrete (sharded) pytree: the `abstract_state` that `restore` wants."""
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
-
-
 def _check_abstract(tree: Any, what: str) -> None:
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     sharding = getattr(leaf, 'sharding', None)
     if sharding is None or isinstance(getattr(sharding, 'mesh', None), jax.sharding.AbstractMesh):
       raise ValueError(
           f'{what}{jax.tree_util.keystr(path)} has no concrete sharding ({sharding}); pass jax.ShapeDtypeStruct('
-          'shape, dtype, sharding=NamedSharding(mesh, spec)) leaves (checkpoint.abstract_of(state), or eval_shape '
-          '+ shardings from the logical rules).')
+          'shape, dtype, sharding=NamedSharding(mesh, spec)) leaves (state.with_shardings(*family.state_spec(...)), '
+          'or eval_shape + shardings from the logical rules).')
 
 
 def _jsonable_meta(step: int, meta: Mapping[str, Any] | None) -> dict[str, Any]:

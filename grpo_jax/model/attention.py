@@ -25,6 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec as P
+from grpo_jax.infra import sharding
 
 IMPLEMENTATIONS = ("auto", "xla", "blockwise", "splash", "cudnn", "dot_product")
 _NEG = float(np.finfo(np.float32).min)  # xla/cache paths: fully masked rows give a uniform mix, not NaN
@@ -328,7 +329,6 @@ def _manual_axes(n: int, h: int, kv: int) -> tuple[tuple[str, ...], tuple[str, .
     return (), ()
   rules = nn.get_logical_axis_rules()
   if not rules:
-    from grpo_jax.infra import sharding
     rules = sharding.LOGICAL_RULES
   spec = nn.logical_to_mesh_axes(("batch", "heads"), rules)
   flat = lambda a: tuple(x for x in ((a,) if isinstance(a, str) else (a or ()))

@@ -13,6 +13,7 @@ from typing import Any
 
 import ml_collections
 from ml_collections import config_dict
+from grpo_jax.config import config_lib
 
 # Field -> type of every model field the checkpoint determines. max_len is a bound: a config may set it lower
 # than the checkpoint's max_position_embeddings (it only caps prompt + completion length).
@@ -63,7 +64,6 @@ def names() -> list[str]:
 def apply(model_cfg: ml_collections.ConfigDict, name: str) -> None:
   """Sets config.model's checkpoint fields to preset `name`, or unsets them all (name 'checkpoint': typed
   placeholders, so `--config.model.hidden=...` still parses as an int) to be taken from the checkpoint."""
-  from grpo_jax.config import config_lib  # pylint: disable=g-import-not-at-top
   if name == CHECKPOINT:
     for k, t in CHECKPOINT_FIELDS.items():
       model_cfg[k] = config_dict.placeholder(t)

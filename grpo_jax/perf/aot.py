@@ -35,6 +35,10 @@ from grpo_jax.rl import memory_plan
 from grpo_jax.model import model as model_lib
 from grpo_jax.perf import roofline as roofline_lib
 from grpo_jax.infra import sharding
+from grpo_jax.rl import families
+from grpo_jax.rl import state as state_lib
+from grpo_jax.tasks import digits
+from grpo_jax.run import validate
 
 GiB = memory_plan.GiB
 
@@ -78,9 +82,6 @@ def compile_step(config: ml_collections.ConfigDict, devices: list, mesh_shape: d
   its critic) for `devices` on abstract sharded inputs; returns (compiled, seconds). `compiler_options` go to XLA
   for this compile only (e.g. {'xla_dump_to': DIR} for buffer_assignment_summary). `hbm_bytes`: the memory per
   device the decode layout is planned against (the target chip's, not this machine's)."""
-  from grpo_jax.rl import families
-  from grpo_jax.rl import state as state_lib
-  from grpo_jax.tasks import digits
 
   config = ml_collections.ConfigDict(config.to_dict())
   config.mesh.update(mesh_shape)
@@ -170,7 +171,6 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
     devices = tpu_devices(topology) if devices is None else devices
   n_dev = len(devices) if devices is not None else topology_size(topology)
   mesh_shape = sharding.mesh_shape(mesh_shape or default_mesh(n_dev), n_dev)
-  from grpo_jax.run import validate
   cfg = ml_collections.ConfigDict(config.to_dict())
   cfg.mesh.update(mesh_shape)
   dp = mesh_shape["data"] * mesh_shape["fsdp"]
@@ -180,7 +180,7 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   cfg.task.test_size = max(cfg.task.test_size, cfg.eval.size)
   validate.validate_rl(cfg, n_dev)
   hbm = int(chip.hbm_gib * GiB)
-  layout, why = decode_layout.choose(cfg, mesh_shape, hbm, plat="tpu")
+  layout, why = memory_plan.choose_decode(cfg, mesh_shape, hbm, plat="tpu")
   p = memory_plan.plan(cfg, mesh_shape, plat="tpu", decode=layout)
   rl = cfg.rl
   r = dict(topology=topology, n_devices=n_dev, mesh=mesh_shape, params=p.params, prompts=rl.prompts_per_step,

@@ -20,7 +20,7 @@ import ml_collections
 from grpo_jax.model import attention
 from grpo_jax.rollout import decode_layout
 from grpo_jax.model import model as model_lib
-from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.rl import state as state_lib
 
 HOP_SECONDS = 1e-6  # ICI latency per hop ("How to Scale Your Model", TPUs chapter: "typically around 1us")
 
@@ -95,7 +95,7 @@ def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu") -> dict
       "rollout prefill": 2 * pm * N * P + attn_pair * N * pairs(chunk_rows, P),
       "rollout decode": 2 * pm * N * L + attn_pair * N * L * T,
   }
-  if rollout_lib.uses_reference(config):
+  if state_lib.uses_reference(config):
     out["reference forward"] = fwd_seq(chunk_rows)
   out["policy fwd+bwd"] = 3 * fwd_seq(N // rl.minibatches) * rl.mu
   if mcfg.dtype == "bfloat16":
@@ -130,7 +130,7 @@ def hbm_bytes(config: ml_collections.ConfigDict, mesh: dict[str, int],
       "rollout prefill": weights * rl.rollout_chunks + kv_slot * P,  # one pass over the weights per chunk
       "rollout decode": L * (decode_weights + kv_slot * (P + L)),  # each step attends over the whole cache
   }
-  if rollout_lib.uses_reference(config):
+  if state_lib.uses_reference(config):
     out["reference forward"] = weights * rl.rollout_chunks  # one pass over the weights per chunk of rows
   out["policy fwd+bwd"] = rl.mu * rl.minibatches * 3 * weights + 7 * shard
   if mcfg.dtype == "bfloat16":

@@ -25,7 +25,7 @@ from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.r1 import stage_config
 from grpo_jax.tasks import cot
 from grpo_jax.tasks import data as data_lib
-from grpo_jax.tasks import tokenizer as tok_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 
 _NUMBER_RE = re.compile(r"-?[0-9]+")
 READINGS = ("language", "harmless", "recheck")  # the R1 reward terms read off every completion

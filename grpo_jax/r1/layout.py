@@ -18,7 +18,10 @@ from __future__ import annotations
 
 import os
 
-STAGES = ("base", "r1_zero", "r1_1_cold_start", "r1_2_grpo", "r1_3_rejection", "r1_4_sft", "r1_5_final")
+from grpo_jax.config import config_lib
+from grpo_jax.run import stages
+
+STAGES = config_lib.R1_STAGES  # declared with the config's r1.stages (generic code does not import r1/)
 # The stages that end in a model (every one but rejection sampling), in report column order.
 MODELS = tuple(s for s in STAGES if s != "r1_3_rejection")
 LABELS = {"base": "base", "r1_zero": "R1-Zero", "r1_1_cold_start": "R1 s1 cold-start", "r1_2_grpo": "R1 s2 GRPO",
@@ -30,7 +33,7 @@ def stage_dir(workdir: str, stage: str) -> str:
 
 
 def params_path(workdir: str, stage: str) -> str:
-  """A model stage's final params (`checkpoint.save_params`), the next stages' starting point."""
+  """A model stage's final params (`params_ckpt.save_params`), the next stages' starting point."""
   return os.path.join(workdir, stage, "params")
 
 
@@ -44,16 +47,13 @@ def rejection_stats(workdir: str) -> str:
 
 
 def stage_done(workdir: str, stage: str) -> bool:
-  from grpo_jax.run import stages  # pylint: disable=g-import-not-at-top
   return stages.is_done(stages.Stage(stage, stage_dir(workdir, stage), {}))
 
 
 def checkpointed_steps(stage_dir: str) -> int:
   """The newest committed checkpoint step of an SFT/RL stage (0 if none)."""
-  from grpo_jax.run import stages  # pylint: disable=g-import-not-at-top
   return stages.newest_step(stage_dir)
 
 
 def log_event(workdir: str, stage: str, event: str) -> None:
-  from grpo_jax.run import stages  # pylint: disable=g-import-not-at-top
   stages.log_event(workdir, stage, event)

@@ -32,7 +32,7 @@ from grpo_jax.r1 import report
 from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.r1 import stage_config
 from grpo_jax.tasks import data as data_lib
-from grpo_jax.tasks import tokenizer as tok_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 
 # What each stage starts from ("" = a random init); SFT stages also say which tokens carry the loss.
 _SFT = {"base": ("", "all"), "r1_1_cold_start": ("base", "completion"), "r1_4_sft": ("base", "completion")}

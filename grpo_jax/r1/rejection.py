@@ -21,7 +21,7 @@ from grpo_jax.r1 import corpus
 from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.tasks import base, cot
 from grpo_jax.tasks import data as data_lib
-from grpo_jax.tasks import tokenizer as tok_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 
 
 def select_samples(reward_N: np.ndarray, correct_N: np.ndarray, formatted_N: np.ndarray,

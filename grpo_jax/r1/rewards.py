@@ -1,6 +1,6 @@
 """R1's Python reward terms (language consistency, re-check statistics, brevity, harmlessness) and each stage's mix.
 
-Every term has the `rewards.PyRewardFn` signature `fn(texts, token_ids, batch_np) -> list[float]` (texts are the
+Every term has the `reward_spec.PyRewardFn` signature `fn(texts, token_ids, batch_np) -> list[float]` (texts are the
 completions decoded without EOS; `batch_np` rows are the G-tiled RL batch, so `language_N[i]` is row i's prompt
 language). They run on the host through `jax.pure_callback`; a weight-0 term is still logged as
 `train/reward/<name>` every step, which is how R1-Zero's "aha" statistics are tracked.
@@ -12,28 +12,11 @@ from typing import Sequence
 
 import numpy as np
 
-from grpo_jax.rl.rewards import PyRewardFn
-from grpo_jax.tasks import base, cot, verify_py
+from grpo_jax.rl import reward_spec
+from grpo_jax.tasks import cot, verify_py
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 
 _WORD_RE = re.compile(r"[a-z]+")
-
-
-def _languages(batch: dict, n: int) -> list[str]:
-  if "language_N" not in batch:
-    raise ValueError("batch has no 'language_N'; language consistency needs each prompt's language (0='a', 1='b')")
-  langs = np.asarray(batch["language_N"]).reshape(-1)
-  if langs.shape[0] != n:
-    raise ValueError(f"batch['language_N'] has {langs.shape[0]} rows for {n} completions")
-  return [base.LANGUAGES[int(l)] for l in langs]
-
-
-def language_consistency(texts: Sequence[str], token_ids, batch: dict) -> list[float]:
-  """Fraction of the CoT's language words that are in the prompt's language (R1's fix for language mixing).
-
-  A CoT with no words of either language scores 0: an empty think body should not look perfectly consistent.
-  """
-  del token_ids
-  return [cot.language_consistency(t, lang) for t, lang in zip(texts, _languages(batch, len(texts)))]
 
 
 def recheck_count(texts: Sequence[str], token_ids, batch: dict) -> list[float]:
@@ -48,7 +31,7 @@ def recheck_fixed(texts: Sequence[str], token_ids, batch: dict) -> list[float]:
   return [float(cot.recheck_stats(t)[1]) for t in texts]
 
 
-def make_brevity(max_tokens: int) -> PyRewardFn:
+def make_brevity(max_tokens: int) -> reward_spec.PyRewardFn:
   """Helpfulness proxy: 1 - length / max_tokens (shorter answers read faster); 0 at or beyond the limit."""
   if max_tokens <= 0:
     raise ValueError(f"max_tokens={max_tokens} must be > 0 (use sampling.max_new_tokens)")
@@ -59,7 +42,7 @@ def make_brevity(max_tokens: int) -> PyRewardFn:
   return brevity
 
 
-def make_brevity_correct(max_tokens: int, task: str, tok) -> PyRewardFn:
+def make_brevity_correct(max_tokens: int, task: str, tok) -> reward_spec.PyRewardFn:
   """Helpfulness proxy that cannot buy length with accuracy: `brevity` for a completion the task's verifier accepts
   (format and answer, tasks/verify_py.py), 0 otherwise (a length reward only on correct answers, as in Kimi k1.5).
   Plain brevity rewards a short wrong answer as much as a short right one, so in a group whose samples are all
@@ -78,7 +61,7 @@ def make_brevity_correct(max_tokens: int, task: str, tok) -> PyRewardFn:
   return brevity_correct
 
 
-def make_harmless(forbidden: Sequence[str]) -> PyRewardFn:
+def make_harmless(forbidden: Sequence[str]) -> reward_spec.PyRewardFn:
   """Harmlessness proxy: 1 if the completion writes none of the forbidden words, else 0."""
   bad = set(forbidden)
   if not bad or any(not _WORD_RE.fullmatch(w) for w in bad):
@@ -90,16 +73,15 @@ def make_harmless(forbidden: Sequence[str]) -> PyRewardFn:
   return harmless
 
 
-def python_fns(max_tokens: int, forbidden: Sequence[str], task: str = "arith", tok=None) -> dict[str, PyRewardFn]:
+def python_fns(max_tokens: int, forbidden: Sequence[str], task: str = "arith", tok=None) -> dict[str, reward_spec.PyRewardFn]:
   """Every Python term the R1 configs may name in `rewards` (`brevity_correct` verifies with `task`'s rule)."""
-  return {"language": language_consistency, "recheck": recheck_count, "recheck_fixed": recheck_fixed,
+  return {"language": cot.language_consistency_term, "recheck": recheck_count, "recheck_fixed": recheck_fixed,
           "brevity": make_brevity(max_tokens), "brevity_correct": make_brevity_correct(max_tokens, task, tok),
           "harmless": make_harmless(forbidden)}
 
 
-def config_fns(config) -> dict[str, PyRewardFn]:
+def config_fns(config) -> dict[str, reward_spec.PyRewardFn]:
   """`python_fns` for a run: brevity relative to `sampling.max_new_tokens`, harmlessness over `r1.forbidden`."""
-  from grpo_jax.tasks import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   return python_fns(config.sampling.max_new_tokens, tuple(config.r1.forbidden), config.task.name,
                     tok_lib.for_config(config))
 
@@ -116,7 +98,7 @@ def stage_rewards(weighted: Sequence[tuple[str, float]]) -> tuple[tuple[str, flo
   return tuple((n, float(w)) for n, w in weighted) + tuple((n, 0.0) for n in TRACKED if n not in names)
 
 
-def term_scores(texts, ids, batch, fns: dict[str, PyRewardFn], acc_N, fmt_N) -> dict[str, np.ndarray]:
+def term_scores(texts, ids, batch, fns: dict[str, reward_spec.PyRewardFn], acc_N, fmt_N) -> dict[str, np.ndarray]:
   """Every TRACKED term for host-side completions (accuracy/format from the in-graph verifiers)."""
   out = {"accuracy": np.asarray(acc_N, np.float32), "format": np.asarray(fmt_N, np.float32)}
   for name in TRACKED:

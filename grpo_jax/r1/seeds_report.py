@@ -1,5 +1,5 @@
 """The R1 pipeline over seeds: every stage's held-out metrics as mean ± 95% CI over the runs' report.json files, and
-the verdicts decided on the seed means against the smallest difference the seeds resolve (ablations/stats.py).
+the verdicts decided on the seed means against the smallest difference the seeds resolve (studies/stats.py).
 
 `python -m grpo_jax.sweep --config=configs/r1_pipeline.py --workdir=DIR --seeds=5 --mode=serial` writes it, as
 DIR/r1_seeds.md and DIR/r1_seeds.json, after its generic DIR/sweep.md (sweep.py calls `write` for job=r1_pipeline).
@@ -11,7 +11,7 @@ import math
 import os
 from typing import Sequence
 
-from grpo_jax.studies.ablations import stats
+from grpo_jax.studies import stats
 from grpo_jax.r1 import layout
 
 # The rows of the seed table (report.json keys), in order; a key missing from every run is left out.
@@ -117,7 +117,7 @@ def markdown(table: dict[str, dict[str, stats.Summary]], vs: list[dict], n_runs:
   stages = list(table)
   lines = [f"Held-out metrics of every R1 model, mean ± 95% CI half-width over {n_runs} seeds (Student t, n−1 "
            "degrees of freedom); `res` = the smallest difference of two stages' means the seeds resolve for that "
-           "metric (Welch, ablations/stats.py).", "",
+           "metric (Welch, studies/stats.py).", "",
            "| metric | " + " | ".join(layout.LABELS[s] for s in stages) + " | res |",
            "|---|" + "---|" * (len(stages) + 1)]
   for k in METRICS:

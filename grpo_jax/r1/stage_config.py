@@ -14,7 +14,7 @@ from grpo_jax.run import validate as validate_lib
 from grpo_jax.r1 import layout
 from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.tasks import registry as task_registry
-from grpo_jax.tasks import tokenizer as tok_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 
 SFT_STAGES = {"base": "pretrain", "r1_1_cold_start": "cold_start", "r1_4_sft": "sft2"}  # stage -> r1 group
 RL_STAGES = {"r1_zero": "zero", "r1_2_grpo": "grpo", "r1_5_final": "final"}

@@ -1,7 +1,7 @@
 """The algorithm families, and the one place that picks one: `rl.algo` → the module that owns its state and step.
 
 `rl.algo` names a preset (presets.py: every knob its paper sets, the advantage estimator `rl.advantage` among them);
-PPO's preset needs a critic, every other runs in the GRPO family.
+the presets of presets.CRITIC_ALGOS (PPO) need a critic, every other runs in the GRPO family.
 
 A family module (rl_step, ppo_step, sft_step) exposes the same interface:
   optimizer(config) -> update.Optimizer
@@ -10,7 +10,7 @@ A family module (rl_step, ppo_step, sft_step) exposes the same interface:
   init(config, mesh, mcfg, *, seed=None, params=None) -> state, created already sharded
   build_step(config, mcfg, *args) -> un-jitted (state, batch) -> (state, metrics)
     (rl_step / ppo_step: args = reward spec, tokenizer; sft_step: none)
-train.py, aot.py, seeds.py and the ablations reach the RL families through `for_config` only.
+train.py, aot.py, studies/vmapped_runs.py and the ablations reach the RL families through `for_config` only.
 """
 from types import ModuleType
 
@@ -18,9 +18,6 @@ from grpo_jax.rl import ppo_step
 from grpo_jax.config import presets
 from grpo_jax.rl import rl_step
 from grpo_jax.infra import sharding
-
-CRITIC_ALGOS = ("ppo",)
-
 
 def algos() -> tuple[str, ...]:
   """Every valid rl.algo: the presets."""
@@ -30,7 +27,7 @@ def algos() -> tuple[str, ...]:
 def for_config(config) -> ModuleType:
   """The family that runs `config.rl.algo`."""
   algo = config.rl.algo
-  if algo in CRITIC_ALGOS:
+  if algo in presets.CRITIC_ALGOS:
     return ppo_step
   if algo in presets.PRESETS:
     return rl_step

@@ -165,23 +165,6 @@ def _sequence_log_ratio(logp_NxL: jax.Array, old_logp_NxL: jax.Array, mask_NxL: 
   return jnp.sum(diff_NxL, axis=1) / jnp.maximum(jnp.sum(_valid(mask_NxL), axis=1), 1)
 
 
-def gspo_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_N: jax.Array, mask_NxL: jax.Array, *,
-                   eps_low, eps_high, dual_clip=0.0) -> Tuple[jax.Array, Dict[str, jax.Array]]:
-  """GSPO (sequence level): s_i = exp(mean over valid tokens of log π − log π_old), objective per sequence
-  min(s_i A_i, clip(s_i, 1−eps_low, 1+eps_high) A_i); 0 for empty rows. Reduce with a mean over rows.
-
-  Length-normalising the log-ratio keeps s_i on the same scale for short and long answers, so one clip range fits.
-  For per-token advantages use gspo_token_objective, whose gradient equals this one when A is constant per row.
-  """
-  nonempty_N = jnp.any(_valid(mask_NxL), axis=1)
-  s_N = jnp.exp(_sequence_log_ratio(logp_NxL, old_logp_NxL, mask_NxL))
-  a_N = jnp.where(nonempty_N, adv_N.astype(jnp.float32), 0.0)
-  obj_N = _clipped(s_N, a_N, eps_low, eps_high, dual_clip)
-  seq_mask_N = nonempty_N.astype(jnp.float32)
-  return jnp.where(nonempty_N, obj_N, 0.0), _clip_stats(lax.stop_gradient(s_N), a_N, seq_mask_N, eps_low, eps_high,
-                                                        dual_clip)
-
-
 def gspo_token_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: jax.Array, *,
                          eps_low, eps_high, dual_clip=0.0) -> Tuple[jax.Array, Dict[str, jax.Array]]:
   """GSPO-token: per-token ratio s_{i,t} = sg(s_i) · π(y_t)/sg(π(y_t)), equal to s_i in value (so clipping is

@@ -29,7 +29,8 @@ from grpo_jax.rollout import decode_layout
 from grpo_jax.model import model as model_lib
 from grpo_jax.model import model_presets
 from grpo_jax.config import presets
-from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.rl import row_chunks
+from grpo_jax.rl import state as state_lib
 from grpo_jax.infra import sharding
 
 GiB = 1024 ** 3
@@ -178,7 +179,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   way the step does, against `hbm_bytes` per device (None: no limit, so `auto` plans the gathered layout)."""
   mcfg = model_lib.ModelConfig.from_config(config.model)
   if decode is None:
-    decode = decode_layout.choose(config, mesh, hbm_bytes, plat)[0]
+    decode = choose_decode(config, mesh, hbm_bytes, plat)[0]
   bad = decode_layout.check(mcfg, mesh, decode)
   if bad:
     raise ValueError(bad + ".")
@@ -208,10 +209,10 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   head_gathered = D * v_dev * cb if (mesh["fsdp"] > 1 or cb != 4) else 0
   head_grad = D * v_dev * 4 if mesh["fsdp"] > 1 else 0
   resident = {"policy": p_dev}
-  if rollout_lib.uses_reference(config):  # β = 0 keeps no reference model
+  if state_lib.uses_reference(config):  # β = 0 keeps no reference model
     resident["reference"] = p_dev
   resident.update({"optimizer (adam m, v)": 2 * p_dev, "batch": math.ceil(B / dp) * (2 * P + 4) * 4})
-  if rl.algo == "ppo":
+  if rl.algo in presets.CRITIC_ALGOS:
     critic = p_dev if config.ppo.critic == "separate" else 4 * D
     resident["critic"] = critic
     resident["critic optimizer"] = 2 * critic
@@ -237,7 +238,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   chunk = min(model_lib.logprob_chunk(mcfg), L)
   # The reference and (bf16) old-log-prob forwards: one rollout chunk of rows, one layer at a time, no gradient.
   score = {}
-  if rollout_lib.uses_reference(config) or mcfg.dtype == "bfloat16":
+  if state_lib.uses_reference(config) or mcfg.dtype == "bfloat16":
     s_tok = s_rows * T
     score = {
         "forward layer": s_tok * (3 * D + (h_dev + 2 * k_dev) * Dh + 2 * f_dev) * cb
@@ -268,9 +269,45 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
       "lm head gradient, unreduced": head_grad,
       "rollout outputs": carried,
   }
-  if rl.algo == "ppo" and config.ppo.critic == "separate":
+  if rl.algo in presets.CRITIC_ALGOS and config.ppo.critic == "separate":
     update["critic gradients"] = p_dev
   return Plan(resident, rollout, update, n_params, score)
+
+
+def choose_decode(config, mesh: dict[str, int], hbm_bytes: int | None,
+                  plat: str | None = None) -> tuple[decode_layout.Layout, str]:
+  """(layout, why) for `config.sampling.decode_layout` on a mesh of these axis sizes; `hbm_bytes` None: no limit;
+  `plat`: the backend `plan` costs attention for (default: the one JAX traces for). Here, not in decode_layout.py:
+  `auto` asks the planner, which costs each layout with decode_layout's shapes."""
+  mcfg = model_lib.ModelConfig.from_config(config.model)
+  knob, tp = config.sampling.decode_layout, int(config.sampling.decode_tp)
+  gib = lambda b: f"{b / 2 ** 30:.2f} GiB"
+
+  def fits(layout):
+    need = plan(config, mesh, plat=plat, decode=layout).total_bytes
+    return hbm_bytes is None or need <= hbm_bytes, need
+
+  if knob == "fsdp":
+    return decode_layout.Layout("fsdp"), "sampling.decode_layout=fsdp"
+  if knob == "gathered" or mesh.get("fsdp", 1) == 1:
+    why = "sampling.decode_layout=gathered" if knob == "gathered" else "mesh.fsdp=1: the weights are whole already"
+    return decode_layout.Layout("gathered"), why
+  candidates = [tp] if tp else decode_layout.tp_degrees(mcfg, mesh)
+  layouts = (([] if knob == "tp" else [decode_layout.Layout("gathered")])
+             + [decode_layout.Layout("tp", d) for d in candidates])
+  tried = []
+  for layout in layouts:
+    bad = decode_layout.check(mcfg, mesh, layout)
+    if bad:
+      raise ValueError(bad + "; pick another or set sampling.decode_tp=0 (the smallest that fits).")
+    ok, need = fits(layout)
+    if ok:
+      limit = gib(hbm_bytes) if hbm_bytes else "no limit"
+      return layout, f"the planner puts the step at {gib(need)} per device of {limit}"
+    tried.append(f"{layout}: {gib(need)}")
+  return decode_layout.Layout("fsdp"), (f"no decode layout fits {gib(hbm_bytes)} per device "
+                                        f"({', '.join(tried) or 'no tp degree'}); decoding in the training layout, "
+                                        "which all-gathers every weight at every token")
 
 
 def format_plan(p: Plan, hbm_bytes: int | None = None) -> str:
@@ -312,7 +349,7 @@ def main(argv=None) -> int:
       raise ValueError(f"--mesh={a.mesh}: the planner needs explicit sizes (no -1).")
     c = workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, mesh, a.dtype, a.remat, a.minibatches,
                         algo=a.algo, rollout_chunks=a.rollout_chunks)
-    rollout_lib.check_chunks(a.rollout_chunks, a.prompts * a.G)
+    row_chunks.check_chunks(a.rollout_chunks, a.prompts * a.G)
     hbm = int(a.hbm_gib * GiB) if a.hbm_gib else None
     # sampling.decode_layout=auto resolves against the chip's memory
     p = plan(c, mesh, plat=a.platform, hbm_bytes=hbm)

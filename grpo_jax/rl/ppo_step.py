@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec as P
 from grpo_jax.rl import advantages
 from grpo_jax.rl import losses
 from grpo_jax.model import model as model_lib
-from grpo_jax.rl import rewards as rewards_lib
+from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rl_step
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.rl import state as state_lib
@@ -103,13 +103,13 @@ optimizer = rl_step.optimizer  # the policy's AdamW from the `optim` group, as i
 
 def layout(config, mcfg: model_lib.ModelConfig) -> state_lib.Layout:
   """Policy, frozen reference (β > 0 only), AdamW state, and the critic with its own AdamW state."""
-  return state_lib.Layout(optimizer(config), ref=rollout_lib.uses_reference(config), critic=critic(config, mcfg))
+  return state_lib.Layout(optimizer(config), ref=state_lib.uses_reference(config), critic=critic(config, mcfg))
 
 
 state_spec, init = state_lib.spec_and_init(layout)
 
 
-def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec,
+def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec,
                tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
   """The pure, un-jitted `(state, batch) -> (state, metrics)` of PPO with a critic."""
   rl_step.check_preset(config)

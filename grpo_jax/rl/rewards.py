@@ -4,41 +4,21 @@ A term maps a rollout to outcome scores `r_N` and optionally step scores (`step_
 `step_valid_NxS`). Python terms never let an exception cross the callback (undefined behaviour, and the state is
 donated): they return a status, the step skips its update in-graph, and the host raises afterwards naming the term.
 """
-import dataclasses
 import math
 import queue
 import threading
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.infra import errors
+from grpo_jax.rl import reward_spec
+from grpo_jax.tasks import registry
+from grpo_jax.tasks import verify_jax
 
-# Status codes a Python term reports through the callback (0 = ok).
-OK, RAISED, NONFINITE, WRONG_LENGTH, WRONG_TYPE, TIMEOUT = range(6)
-STATUS_TEXT = {RAISED: "raised an exception", NONFINITE: "returned NaN/inf", WRONG_LENGTH: "returned the wrong length",
-               WRONG_TYPE: "returned the wrong type", TIMEOUT: "timed out"}
-
-
-class TermOutput(NamedTuple):
-  r_N: jax.Array
-  status: jax.Array          # int32 scalar; OK for in-graph terms
-  fallbacks: jax.Array       # int32 scalar: samples replaced by the fallback value
-  steps: tuple | None = None  # (step_r_NxS, step_end_NxS, step_valid_NxS)
-
-
-@dataclasses.dataclass
-class Context:
-  """What terms may read besides the rollout: tokenizer facts and task name (static, host side)."""
-  task: str
-  tokenizer: Any
-  max_steps: int = 16
-
-
-InGraphFn = Callable[[jax.Array, jax.Array, dict, Context], TermOutput]
-REGISTRY: dict[str, Callable[..., InGraphFn]] = {}
+REGISTRY: dict[str, Callable[..., reward_spec.InGraphFn]] = {}
 
 
 def register(name: str):
@@ -48,41 +28,30 @@ def register(name: str):
   return deco
 
 
-def outcome(r_N, steps=None) -> TermOutput:
-  """A successful in-graph term's output."""
-  return TermOutput(r_N.astype(jnp.float32), jnp.int32(OK), jnp.int32(0), steps)
-
-
 @register("format")
-def _make_format(ctx: Context) -> InGraphFn:
-  from grpo_jax.tasks import verify_jax
-  return lambda tokens, mask, batch, ctx: outcome(verify_jax.format_reward(tokens, mask, ctx.tokenizer.tag_ids))
+def _make_format(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
+  return lambda tokens, mask, batch, ctx: reward_spec.outcome(
+      verify_jax.format_reward(tokens, mask, ctx.tokenizer.tag_ids))
 
 
 @register("accuracy")
-def _make_accuracy(ctx: Context) -> InGraphFn:
-  from grpo_jax.tasks import verify_jax
-  return lambda tokens, mask, batch, ctx: outcome(verify_jax.accuracy_reward(ctx.task, tokens, mask, batch))
+def _make_accuracy(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
+  return lambda tokens, mask, batch, ctx: reward_spec.outcome(registry.accuracy_reward(ctx.task, tokens, mask,
+                                                                                       batch))
 
 
 @register("process")
-def _make_process(ctx: Context) -> InGraphFn:
+def _make_process(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
   """Rule-checked chain-of-thought steps: outcome = fraction of right steps; per-step scores for process GRPO."""
-  from grpo_jax.tasks import verify_jax
 
   def fn(tokens, mask, batch, ctx):
     s_r, s_end, s_valid = verify_jax.step_rewards(ctx.task, tokens, mask, batch, ctx.max_steps)
     n = jnp.maximum(s_valid.sum(-1), 1)
-    return outcome((s_r * s_valid).sum(-1) / n, (s_r, s_end, s_valid))
+    return reward_spec.outcome((s_r * s_valid).sum(-1) / n, (s_r, s_end, s_valid))
   return fn
 
 
 # ----------------------------------------------------------------------------------------------- Python terms
-
-# fn(texts, token_ids, batch_rows) -> scores: each completion decoded and as ids, both without the EOS that ended it;
-# batch_rows holds the batch's host fields plus `ended_N` (bool: the row stopped at an EOS id, i.e. not truncated).
-PyRewardFn = Callable[[Sequence[str], Sequence[Sequence[int]], dict[str, np.ndarray]], Sequence[float]]
-
 
 class PythonTermError(errors.RunStopped):
   """Raised on the host after a step whose Python reward term failed (the state was left unchanged)."""
@@ -128,7 +97,7 @@ class PythonTerm:
 
   MAX_HUNG = 4  # abandoned (timed-out) calls still running; beyond this the term fails even with a fallback
 
-  def __init__(self, name: str, fn: PyRewardFn, tokenizer, *, fallback: float | None = None,
+  def __init__(self, name: str, fn: reward_spec.PyRewardFn, tokenizer, *, fallback: float | None = None,
                timeout_s: float = 60.0):
     if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
       raise errors.ConfigError(f"config.rl.reward_timeout_s: must be a number > 0 (seconds a Python reward call may "
@@ -163,77 +132,68 @@ class PythonTerm:
       texts, ids, ended_N = self._texts(np.asarray(tokens_NxL), np.asarray(mask_NxL))
       batch_np = {**{k: np.asarray(v) for k, v in batch.items()}, "ended_N": ended_N}
       if self.hung_calls() >= self.MAX_HUNG:
-        return self._fail(TIMEOUT, f"{self.MAX_HUNG} earlier calls timed out (reward_timeout_s={self.timeout_s}s) "
+        return self._fail(reward_spec.TIMEOUT, f"{self.MAX_HUNG} earlier calls timed out "
+                          f"(reward_timeout_s={self.timeout_s}s) "
                           "and are still running", zeros, fallback_ok=False)
       finished, ok, out = self._worker.call(self.fn, (texts, ids, batch_np), self.timeout_s)
       if not finished:
         self._hung.append(self._worker.thread)
         self._worker = _Worker(f"reward-{self.name}")
-        return self._fail(TIMEOUT, f"did not return within reward_timeout_s={self.timeout_s}s", zeros)
+        return self._fail(reward_spec.TIMEOUT, f"did not return within reward_timeout_s={self.timeout_s}s", zeros)
       if not ok:
-        return self._fail(RAISED, f"{type(out).__name__}: {out}", zeros)
+        return self._fail(reward_spec.RAISED, f"{type(out).__name__}: {out}", zeros)
     except Exception as e:  # pylint: disable=broad-except
-      return self._fail(RAISED, f"{type(e).__name__}: {e}", zeros)
+      return self._fail(reward_spec.RAISED, f"{type(e).__name__}: {e}", zeros)
     if isinstance(out, (str, bytes)) or not hasattr(out, "__len__"):
-      return self._fail(WRONG_TYPE, f"returned {type(out).__name__}, expected a sequence of {n} floats", zeros)
+      return self._fail(reward_spec.WRONG_TYPE, f"returned {type(out).__name__}, expected a sequence of {n} floats",
+                        zeros)
     if len(out) != n:
-      return self._fail(WRONG_LENGTH, f"returned {len(out)} scores for {n} completions", zeros)
+      return self._fail(reward_spec.WRONG_LENGTH, f"returned {len(out)} scores for {n} completions", zeros)
     scores = np.zeros((n,), np.float32)
     bad = np.zeros((n,), bool)
     for i, v in enumerate(out):
       if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         if self.fallback is None:
-          return self._fail(WRONG_TYPE, f"score {i} is {type(v).__name__} ({v!r}), expected a float", zeros)
+          return self._fail(reward_spec.WRONG_TYPE, f"score {i} is {type(v).__name__} ({v!r}), expected a float", zeros)
         bad[i] = True
         continue
       if not math.isfinite(float(v)):
         if self.fallback is None:
-          return self._fail(NONFINITE, f"score {i} is {v}", zeros)
+          return self._fail(reward_spec.NONFINITE, f"score {i} is {v}", zeros)
         bad[i] = True
         continue
       scores[i] = float(v)
     scores[bad] = self.fallback if self.fallback is not None else 0.0
-    return scores, np.int32(OK), np.int32(bad.sum())
+    return scores, np.int32(reward_spec.OK), np.int32(bad.sum())
 
   def _fail(self, status, msg, zeros, fallback_ok: bool = True):
     with self._lock:
       self.last_error = msg
-    if fallback_ok and self.fallback is not None and status in (RAISED, TIMEOUT, WRONG_LENGTH, WRONG_TYPE):
-      return np.full_like(zeros, self.fallback), np.int32(OK), np.int32(zeros.shape[0])
+    replaceable = (reward_spec.RAISED, reward_spec.TIMEOUT, reward_spec.WRONG_LENGTH, reward_spec.WRONG_TYPE)
+    if fallback_ok and self.fallback is not None and status in replaceable:
+      return np.full_like(zeros, self.fallback), np.int32(reward_spec.OK), np.int32(zeros.shape[0])
     return zeros, np.int32(status), np.int32(0)
 
-  def in_graph(self) -> InGraphFn:
+  def in_graph(self) -> reward_spec.InGraphFn:
     def fn(tokens, mask, batch, ctx):
       n = tokens.shape[0]
       out_types = (jax.ShapeDtypeStruct((n,), jnp.float32), jax.ShapeDtypeStruct((), jnp.int32),
                    jax.ShapeDtypeStruct((), jnp.int32))
       # 'sequential': under vmap (seeds) each run calls the host once with its own rows.
       r, status, fb = jax.pure_callback(self.host, out_types, tokens, mask, batch, vmap_method="sequential")
-      return TermOutput(r, status, fb)
+      return reward_spec.TermOutput(r, status, fb)
     return fn
 
   def error_message(self, status: int) -> str:
-    return (f"reward term '{self.name}' ({getattr(self.fn, '__name__', self.fn)}) {STATUS_TEXT.get(status, status)}: "
+    what = reward_spec.STATUS_TEXT.get(status, status)
+    return (f"reward term '{self.name}' ({getattr(self.fn, '__name__', self.fn)}) {what}: "
             f"{self.last_error}. Fix the function, or set config.rl.reward_fallback to a float to replace bad "
             "scores per sample (counted in train/reward_fallbacks).")
 
 
-class RewardSpec(NamedTuple):
-  names: tuple[str, ...]
-  weights: tuple[float, ...]
-  fns: tuple[InGraphFn, ...]
-  python_terms: dict[str, PythonTerm]
-  ctx: Context
-
-  def close(self) -> None:
-    """Stops the Python terms' worker threads (hung calls are daemon threads: they never block the exit)."""
-    for term in self.python_terms.values():
-      term.close()
-
-
-def build(rewards_cfg: Sequence[tuple[str, float]], ctx: Context,
-          python_fns: dict[str, PyRewardFn] | None = None, fallback: float | None = None,
-          timeout_s: float = 60.0) -> RewardSpec:
+def build(rewards_cfg: Sequence[tuple[str, float]], ctx: reward_spec.Context,
+          python_fns: dict[str, reward_spec.PyRewardFn] | None = None, fallback: float | None = None,
+          timeout_s: float = 60.0) -> reward_spec.RewardSpec:
   """`rewards_cfg` entries name in-graph terms from REGISTRY or Python functions given in `python_fns`."""
   python_fns = python_fns or {}
   names, weights, fns, py = [], [], [], {}
@@ -249,10 +209,11 @@ def build(rewards_cfg: Sequence[tuple[str, float]], ctx: Context,
       raise errors.ConfigError(f"config.rewards: unknown reward term '{name}'; choose from {known}.")
     names.append(name)
     weights.append(float(w))
-  return RewardSpec(tuple(names), tuple(weights), tuple(fns), py, ctx)
+  return reward_spec.RewardSpec(tuple(names), tuple(weights), tuple(fns), py, ctx)
 
 
-def compute(spec: RewardSpec, tokens_NxL, mask_NxL, batch) -> tuple[jax.Array, dict, jax.Array, jax.Array, tuple | None]:
+def compute(spec: reward_spec.RewardSpec, tokens_NxL, mask_NxL,
+            batch) -> tuple[jax.Array, dict, jax.Array, jax.Array, tuple | None]:
   """Weighted sum. Returns (r_N, per-term scores, status (max over terms), fallbacks, weighted step scores)."""
   r_N = jnp.zeros((tokens_NxL.shape[0],), jnp.float32)
   per_term, statuses, fallbacks, steps = {}, [], [], None

@@ -15,7 +15,7 @@ from grpo_jax.config import config_lib
 from grpo_jax.rl import losses
 from grpo_jax.model import model as model_lib
 from grpo_jax.config import presets
-from grpo_jax.rl import rewards as rewards_lib
+from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.rl import state as state_lib
 from grpo_jax.rl import update as update_lib
@@ -127,7 +127,7 @@ def make_loss_fn(config, mcfg, P: int) -> Callable:
 
   def loss_fn(params, mb):
     logp_NxL, ent_NxL = rollout_lib.completion_logprobs(mcfg, params, mb["seq"], P, temp)
-    # No reference (β = 0, or all of a vmapped sweep's β are 0: seeds.init_states): no KL term at all.
+    # No reference (β = 0, or all of a vmapped sweep's β are 0: vmapped_runs.init_states): no KL term at all.
     kw = kwargs if mb.get("ref_logp_NxL") is not None else dict(kwargs, beta=0.0)
     loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb.get("ref_logp_NxL"), mb["adv_NxL"], mb["mask_NxL"],
                                  **kw)
@@ -168,7 +168,7 @@ def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.A
 def finish_step(config, state: state_lib.State, updated: dict, ro: rollout_lib.Rollout, adv_NxL, um: dict):
   """The RL families' tail: the new state, unless a Python reward failed (then the whole state stays as it was and
   the host raises after the step), and the step's metrics."""
-  reward_ok = jnp.all(ro.status == rewards_lib.OK)
+  reward_ok = jnp.all(ro.status == reward_spec.OK)
   new_state = update_lib.select(reward_ok, dict(state, **updated, step=state["step"] + 1), state)
   m = {**rollout_metrics(config, ro, adv_NxL), **update_lib.step_metrics(um, new_state["params"], reward_ok)}
   n_show = config.train.num_samples_logged
@@ -197,8 +197,8 @@ def optimizer(config) -> update_lib.Optimizer:
 
 
 def layout(config, mcfg: model_lib.ModelConfig) -> state_lib.Layout:
-  """Policy, frozen reference (only when β > 0: rollout_lib.uses_reference), AdamW state."""
-  return state_lib.Layout(optimizer(config), ref=rollout_lib.uses_reference(config))
+  """Policy, frozen reference (only when β > 0: state.uses_reference), AdamW state."""
+  return state_lib.Layout(optimizer(config), ref=state_lib.uses_reference(config))
 
 
 def reference_params(config, state: dict):
@@ -221,7 +221,7 @@ def check_preset(config) -> None:
     raise config_lib.ConfigError(bad)
 
 
-def build_step(config, mcfg: model_lib.ModelConfig, spec: rewards_lib.RewardSpec,
+def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec,
                tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
   """The pure, un-jitted `(state, batch) -> (state, metrics)`: jit it (families.make_step) or vmap it (seeds)."""
   check_preset(config)

@@ -1,16 +1,18 @@
 """The rollout half of the RL step: sample G completions per prompt, score them, and the reference and old-log-prob
 forwards on the training length (`Rollout`). The GRPO step (rl_step.py) and PPO (ppo_step.py) both start here."""
-import numbers
-from typing import Callable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from absl import logging
 
 from grpo_jax.infra import sharding
 from grpo_jax.model import model as model_lib
 from grpo_jax.rl import advantages
+from grpo_jax.rl import memory_plan
 from grpo_jax.rl import rewards as rewards_lib
+from grpo_jax.rl import reward_spec
+from grpo_jax.rl import row_chunks
 from grpo_jax.rl import update as update_lib
 from grpo_jax.rollout import decode_layout
 from grpo_jax.rollout import sampling
@@ -50,49 +52,26 @@ class Rollout(NamedTuple):
   steps: tuple | None       # process scores (step_r_NxS, step_end_NxS, step_valid_NxS), or None
   old_logp_NxL: jax.Array   # the rollout policy's log-probs (stop-gradient, 0 on padding)
   ref_logp_NxL: jax.Array | None  # the reference's; None when β = 0 (no reference model: uses_reference)
-  status: jax.Array         # one per reward term: rewards.OK unless its Python call failed
+  status: jax.Array         # one per reward term: reward_spec.OK unless its Python call failed
   fallbacks: jax.Array      # samples a Python term replaced by its fallback score
   ds_kept: jax.Array | None  # dynamic sampling: kept groups with reward variance (None when off)
   bucket: jax.Array | None = None  # index into train_lengths(config): the shortest covering the longest completion
   decode_steps: jax.Array | None = None  # decode steps run: the slowest row chunk's (early exit: sampling.py)
 
 
-def uses_reference(config) -> bool:
-  """β > 0 needs the frozen reference model; β = 0 keeps none: no reference params in the state, no reference
-  forward, no train/kl (as TRL loads no reference at β = 0). A traced β (seeds.py, one per run) counts as > 0."""
-  beta = config.rl.beta
-  return not isinstance(beta, numbers.Real) or beta != 0
+def for_rollout(config, mcfg: model_lib.ModelConfig, params: Any) -> decode_layout.Decode:
+  """The rollout's decode weights, in the layout `config.sampling.decode_layout` resolves to on the context mesh.
+  Call it once per rollout, outside any loop over rollout chunks: the layout step moves every weight."""
+  mesh = decode_layout.context_mesh()
+  if not mesh:
+    return decode_layout.prepare(mcfg, params, decode_layout.Layout("gathered"))
+  layout, why = memory_plan.choose_decode(config, mesh, decode_layout.device_memory_bytes())
+  log = logging.warning if layout.kind == "fsdp" and config.sampling.decode_layout == "auto" else logging.info
+  log("decode layout: %s (%s)", layout, why)
+  return decode_layout.prepare(mcfg, params, layout)
 
 
-def check_chunks(chunks: int, n: int) -> None:
-  if not isinstance(chunks, int) or chunks < 1 or n % chunks:
-    raise ValueError(f"config.rl.rollout_chunks={chunks!r}: must be a positive integer dividing the {n} rollout rows "
-                     "it splits (prompts_per_step*G); pick a divisor.")
-
-
-def chunk_rows(x: jax.Array, chunks: int) -> jax.Array:
-  """[N, ...] → [C, N/C, ...] with chunk c = rows c, c+C, c+2C, …: a row-sharded array splits into chunks that are
-  each spread over every row shard (a device's rows stay on it; each chunk keeps every device busy)."""
-  return jnp.swapaxes(x.reshape((x.shape[0] // chunks, chunks) + x.shape[1:]), 0, 1)
-
-
-def unchunk_rows(x_CxM: jax.Array) -> jax.Array:
-  """The inverse of `chunk_rows`."""
-  return jnp.swapaxes(x_CxM, 0, 1).reshape((x_CxM.shape[0] * x_CxM.shape[1],) + x_CxM.shape[2:])
-
-
-def map_row_chunks(fn: Callable, chunks: int, *xs):
-  """fn(*xs) for a row-wise fn, run as a lax.map over `chunks` slices of the rows (chunk_rows): its temporaries
-  (a KV cache, a forward's activations) are those of N/chunks rows. chunks=1 calls fn on all rows."""
-  if chunks == 1:
-    return fn(*xs)
-  check_chunks(chunks, xs[0].shape[0])
-  pin = lambda x: nn.with_logical_constraint(x, (None, "batch") + (None,) * (x.ndim - 2))
-  out = jax.lax.map(lambda a: fn(*a), jax.tree.map(lambda x: pin(chunk_rows(x, chunks)), xs))
-  return jax.tree.map(lambda x: sharding.constrain_batch(unchunk_rows(x)), out)
-
-
-def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Callable[..., Rollout]:
+def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Callable[..., Rollout]:
   """(params, ref_params or None, batch, rng) -> Rollout: sample G completions per prompt, score them, log-probs.
 
   Sampling, and then the reference and (bf16) old-log-prob forwards, run over `rl.rollout_chunks` chunks of rows
@@ -111,18 +90,18 @@ def make_rollout_fn(config, mcfg, spec: rewards_lib.RewardSpec, tokenizer) -> Ca
     k_sample, k_ds = jax.random.split(rng)
     b = tile_batch(batch, G)
     n_all, P = b["prompt_NxP"].shape
-    check_chunks(chunks, n_all // (rl.oversample if rl.dynamic_sampling else 1))  # the kept rows are chunked too
+    row_chunks.check_chunks(chunks, n_all // (rl.oversample if rl.dynamic_sampling else 1))  # the kept rows are chunked too
     u_NxL = sampling.uniforms(k_sample, scfg.max_new_tokens, n_all).T
     # The weights in their decode layout (decode_layout.py), once per rollout, outside the chunk loop: every chunk
     # decodes with this one copy.
-    decode = decode_layout.for_rollout(config, mcfg, params)
+    decode = for_rollout(config, mcfg, params)
 
     def sample_rows(p, m, u):
       s = sampling.sample(mcfg, params, p, m, None, scfg, u_LxN=u.T, decode=decode)
       # one count per row, so map_row_chunks can stack the chunks' counts like any row-wise output
       return s._replace(decode_steps=jnp.broadcast_to(s.decode_steps, s.lengths_N.shape))
 
-    ro = map_row_chunks(sample_rows, chunks, b["prompt_NxP"], b["prompt_mask_NxP"], u_NxL)
+    ro = row_chunks.map_row_chunks(sample_rows, chunks, b["prompt_NxP"], b["prompt_mask_NxP"], u_NxL)
     # each chunk's decode exits early on its own once its rows are done: the rollout ran the slowest chunk's steps
     decode_steps = jnp.max(ro.decode_steps)
     tokens_NxL = sharding.constrain_batch(ro.tokens_NxL)
@@ -194,7 +173,7 @@ def forwards_by_length(config, fn: Callable, bucket, seq, P: int):
   L = seq[0].shape[1] - P
 
   def at(Lb, seq):
-    out = map_row_chunks(fn, int(config.rl.rollout_chunks), *update_lib.cut(dict(seq=seq), P, Lb)["seq"])
+    out = row_chunks.map_row_chunks(fn, int(config.rl.rollout_chunks), *update_lib.cut(dict(seq=seq), P, Lb)["seq"])
     return jax.tree.map(lambda v: jnp.pad(v, ((0, 0), (0, L - Lb))), out)
   return update_lib.by_length(bucket, train_lengths(config), at, seq)
 

@@ -1,8 +1,9 @@
 """The train state: a plain dict pytree, created already sharded (eval_shape → shardings → jit(out_shardings)).
 
 Keys: params, opt_state, step, rng; + ref_params (RL), + critic_params, critic_opt_state (PPO). A family says which
-through its `Layout`; every family's state_spec / init, and the vmapped init of seeds.py, are built here.
+through its `Layout`; every family's state_spec / init, and the vmapped init of studies/vmapped_runs.py, are built here.
 """
+import numbers
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -16,6 +17,13 @@ from grpo_jax.infra import sharding
 from grpo_jax.rl import update as update_lib
 
 State = dict[str, Any]
+
+
+def uses_reference(config) -> bool:
+  """β > 0 needs the frozen reference model; β = 0 keeps none: no reference params in the state, no reference
+  forward, no train/kl (as TRL loads no reference at β = 0). A traced β (studies/vmapped_runs.py, one per run) counts as > 0."""
+  beta = config.rl.beta
+  return not isinstance(beta, numbers.Real) or beta != 0
 
 
 class Critic(NamedTuple):

@@ -11,7 +11,7 @@ import optax
 from grpo_jax.infra import sharding
 
 LR = "learning_rate"
-# The vmap axis of stacked runs (seeds.py): the training-length bucket is reduced over it.
+# The vmap axis of stacked runs (studies/vmapped_runs.py): the training-length bucket is reduced over it.
 RUNS_AXIS = "runs"
 
 
@@ -37,7 +37,7 @@ def make_optimizer(optim_cfg, lr: float | None = None) -> Optimizer:
   """AdamW (+ global-norm clipping, + linear warm-up) from the `optim` config group; `lr` overrides optim.lr.
 
   The learning rate is a hyper-parameter IN the optimizer state (`opt_state.hyperparams['learning_rate']`), so a
-  main run and a vmapped run with one learning rate per run (seeds.py) have the same state structure: a sweep
+  main run and a vmapped run with one learning rate per run (studies/vmapped_runs.py) have the same state structure: a sweep
   point's checkpoint resumes with `main`.
   """
   warm = int(optim_cfg.warmup_steps)
@@ -153,7 +153,7 @@ def train_lengths(L: int, n: int) -> tuple[int, ...]:
 
 
 def bucket_index(lengths_N: jax.Array, sizes: Sequence[int]) -> jax.Array:
-  """Index into `sizes` of the shortest length covering the longest completion. Under seeds.py's vmap the index is
+  """Index into `sizes` of the shortest length covering the longest completion. Under studies/vmapped_runs.py's vmap the index is
   the max over the runs: a per-run (batched) index would turn `lax.switch` into a select that runs every branch."""
   idx = jnp.sum(jnp.asarray(sizes[:-1], jnp.int32) < jnp.max(lengths_N).astype(jnp.int32))
   try:

@@ -17,8 +17,9 @@ before the loop (`sampling.decode_layout`):
             factor over an even split), so every chip attends with its own query heads' KV head.
   fsdp      the training layout: weights stay split and are all-gathered at every token (one per weight).
 
-`auto` (the default) takes `gathered` when the planner (memory_plan) says the step fits the device's memory with it,
-else the smallest `tp` degree that fits, else `fsdp`, and logs its choice. The layout changes no result: the same
+`auto` (the default) takes `gathered` when the planner says the step fits the device's memory with it, else the
+smallest `tp` degree that fits, else `fsdp` (memory_plan.choose_decode: the choice needs the planner, which costs
+each layout with this module), and logs its choice (rl/rollout.py's for_rollout). The layout changes no result: the same
 tokens and log-probs as one device, within the usual reduction-order rounding.
 """
 import contextlib
@@ -32,7 +33,6 @@ from typing import Any, Iterator, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from absl import logging
 from jax.sharding import PartitionSpec
 
 from grpo_jax.model import model as model_lib
@@ -254,43 +254,10 @@ def device_memory(nbytes: int) -> Iterator[None]:
     _HBM_OVERRIDE.pop()
 
 
-def choose(config, mesh: dict[str, int], hbm_bytes: int | None, plat: str | None = None) -> tuple[Layout, str]:
-  """(layout, why) for `config.sampling.decode_layout` on a mesh of these axis sizes; `hbm_bytes` None: no limit;
-  `plat`: the backend memory_plan costs attention for (default: the one JAX traces for)."""
-  from grpo_jax.rl import memory_plan  # memory_plan imports this module
-  mcfg = model_lib.ModelConfig.from_config(config.model)
-  knob, tp = config.sampling.decode_layout, int(config.sampling.decode_tp)
-  gib = lambda b: f"{b / 2 ** 30:.2f} GiB"
-
-  def fits(layout):
-    need = memory_plan.plan(config, mesh, plat=plat, decode=layout).total_bytes
-    return hbm_bytes is None or need <= hbm_bytes, need
-
-  if knob == "fsdp":
-    return Layout("fsdp"), "sampling.decode_layout=fsdp"
-  if knob == "gathered" or mesh.get("fsdp", 1) == 1:
-    why = "sampling.decode_layout=gathered" if knob == "gathered" else "mesh.fsdp=1: the weights are whole already"
-    return Layout("gathered"), why
-  candidates = [tp] if tp else tp_degrees(mcfg, mesh)
-  layouts = ([] if knob == "tp" else [Layout("gathered")]) + [Layout("tp", d) for d in candidates]
-  tried = []
-  for layout in layouts:
-    bad = check(mcfg, mesh, layout)
-    if bad:
-      raise ValueError(bad + "; pick another or set sampling.decode_tp=0 (the smallest that fits).")
-    ok, need = fits(layout)
-    if ok:
-      limit = gib(hbm_bytes) if hbm_bytes else "no limit"
-      return layout, f"the planner puts the step at {gib(need)} per device of {limit}"
-    tried.append(f"{layout}: {gib(need)}")
-  return Layout("fsdp"), (f"no decode layout fits {gib(hbm_bytes)} per device ({', '.join(tried) or 'no tp degree'}); "
-                          "decoding in the training layout, which all-gathers every weight at every token")
-
-
 # ------------------------------------------------------------------------------------------- in the step
 
 
-def _context_mesh() -> dict[str, int]:
+def context_mesh() -> dict[str, int]:
   mesh = jax.sharding.get_abstract_mesh()
   return {} if mesh.empty else dict(mesh.shape)
 
@@ -346,7 +313,7 @@ def _repeat_kv(layer: dict, r: int) -> dict:
 
 def prepare(mcfg: model_lib.ModelConfig, params: Any, layout: Layout) -> Decode:
   """The decode weights of `params` in `layout` (inside the jitted step, once per rollout, before the decode loop)."""
-  mesh = _context_mesh()
+  mesh = context_mesh()
   with jax.named_scope("decode_layout"):
     w = decode_lib.decode_weights(mcfg, params)
     dm = decode_mcfg(mcfg, mesh, layout) if mesh else mcfg
@@ -366,15 +333,3 @@ def prepare(mcfg: model_lib.ModelConfig, params: Any, layout: Layout) -> Decode:
             head_DxV=None if w.head_DxV is None else nn.with_logical_constraint(w.head_DxV, axes["lm_head"]["kernel"]),
             final_norm=pin(w.final_norm, axes["final_norm"]))
   return Decode(layout, dm, w)
-
-
-def for_rollout(config, mcfg: model_lib.ModelConfig, params: Any) -> Decode:
-  """The rollout's decode weights, in the layout `config.sampling.decode_layout` resolves to on the context mesh.
-  Call it once per rollout, outside any loop over rollout chunks: the layout step moves every weight."""
-  mesh = _context_mesh()
-  if not mesh:
-    return prepare(mcfg, params, Layout("gathered"))
-  layout, why = choose(config, mesh, device_memory_bytes())
-  log = logging.warning if layout.kind == "fsdp" and config.sampling.decode_layout == "auto" else logging.info
-  log("decode layout: %s (%s)", layout, why)
-  return prepare(mcfg, params, layout)

@@ -36,7 +36,7 @@ class SamplingConfig:
   exit_chunk: int = 16
 
   def __post_init__(self):
-    # A traced temperature (a vmapped sweep's, seeds.py) is checked where the config is validated, not here.
+    # A traced temperature (a vmapped sweep's, studies/vmapped_runs.py) is checked where the config is validated, not here.
     if not isinstance(self.temperature, jax.core.Tracer) and not self.temperature > 0:
       raise ValueError(f"sampling.temperature={self.temperature}: must be > 0 (use greedy=True for argmax).")
     if self.top_k < 0:
@@ -150,7 +150,7 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
   """`scfg.max_new_tokens` tokens per left-padded prompt; rows stop at their own EOS, the decode once all have.
 
   `u_LxN` (from `uniforms`) replaces the draws from `rng`. `decode`: the weights the decode loop reads, already in
-  their decode layout (decode_layout.for_rollout, made once per rollout by the caller, outside any loop over rollout
+  their decode layout (rl/rollout.py's for_rollout, made once per rollout by the caller, outside any loop over rollout
   chunks, so every chunk decodes with that one copy); None decodes in the params' own layout."""
   if prompt_NxP.ndim != 2 or prompt_NxP.shape != prompt_mask_NxP.shape:
     raise ValueError(f"prompt_NxP {prompt_NxP.shape} and prompt_mask_NxP {prompt_mask_NxP.shape}: need the same "

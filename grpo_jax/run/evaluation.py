@@ -14,11 +14,11 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from grpo_jax.rollout import decode_layout
-from grpo_jax.rl import rewards as rewards_lib
+from grpo_jax.rl import reward_spec
+from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.rollout import sampling
 from grpo_jax.infra import sharding
-from grpo_jax.r1 import rewards as r1_rewards
+from grpo_jax.tasks import cot
 from grpo_jax.tasks import registry
 from grpo_jax.tasks import verify_jax
 
@@ -66,15 +66,15 @@ def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids:
   last two only with `in_graph` (a task verified on the host gets its rows back unscored).
 
   `config`: the run's config; its `sampling.decode_layout` puts the weights into the decode layout once per call,
-  before the decode loop, as the RL step's rollout does (decode_layout.for_rollout: no weight all-gather per token
+  before the decode loop, as the RL step's rollout does (rollout.for_rollout: no weight all-gather per token
   under FSDP). None decodes in the params' own layout."""
 
   def gen(params, prompt_NxP, pmask_NxP, fields, rng):
-    decode = None if config is None else decode_layout.for_rollout(config, mcfg, params)
+    decode = None if config is None else rollout_lib.for_rollout(config, mcfg, params)
     ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg, decode=decode)
     if not in_graph:
       return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N
-    acc = verify_jax.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields)
+    acc = registry.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields)
     fmt = verify_jax.format_reward(ro.tokens_NxL, ro.mask_NxL, tag_ids)
     return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N, acc, fmt
 
@@ -89,7 +89,7 @@ def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids:
 
 # fn(texts, completion ids, host fields) -> per-row values, a Python reward term's signature: what a caller reads off
 # the decoded completions besides the verifier (language consistency, forbidden words, ...).
-Reading = rewards_lib.PyRewardFn
+Reading = reward_spec.PyRewardFn
 
 
 def default_readings(task: str) -> dict[str, Reading]:
@@ -97,7 +97,7 @@ def default_readings(task: str) -> dict[str, Reading]:
   written in tasks/cot.py's two languages. Other tasks (GSM8K: English text) have no such reading."""
   if not registry.get(task).worked_solutions:
     return {}
-  return {"language_consistency": r1_rewards.language_consistency}
+  return {"language_consistency": cot.language_consistency_term}
 
 
 def completions(tokens_NxL: np.ndarray, mask_NxL: np.ndarray, eos) -> list[tuple[int, ...]]:

@@ -16,6 +16,14 @@ from grpo_jax.infra import errors
 from grpo_jax.run import run_config
 from grpo_jax.infra import signals
 from grpo_jax.run import stages as stages_lib
+from grpo_jax.run import train
+from grpo_jax.r1 import pipeline
+from grpo_jax.run import preflight
+from grpo_jax.infra import multihost
+from grpo_jax.infra import workdir_lock
+from grpo_jax.hf import model_source
+from grpo_jax.r1 import stage_config
+from grpo_jax.hf import export
 
 
 def _write_config(config, workdir: str) -> None:
@@ -46,7 +54,6 @@ def _check_stop(where: str) -> None:
 
 
 def _run_grpo(config, workdir: str, todo: list[stages_lib.Stage], actions: dict[str, str]) -> None:
-  from grpo_jax.run import train  # pylint: disable=g-import-not-at-top
   init_from = config.train.init_from
   for st in todo:
     if st.name == "sft":
@@ -69,25 +76,27 @@ def stage_list(config, workdir: str) -> list[stages_lib.Stage]:
   if config.job in ("sft", "pretrain"):
     return [stages_lib.Stage(config.job, workdir, run_config.view(config, "sft"), steps=config.sft.steps,
                              own_dir=False)]
-  from grpo_jax.r1 import pipeline  # pylint: disable=g-import-not-at-top
   return pipeline.stage_list(config, workdir, tuple(config.r1.stages))
+
+
+def check(config, workdir: str) -> None:
+  """Every input of the job, nothing written: preflight.check, then for job=r1_pipeline the r1 keys and every
+  stage's derived config (r1/stage_config.py)."""
+  preflight.check(config, workdir)
+  if config.job == "r1_pipeline":
+    stage_config.validate(config, tuple(config.r1.stages))
 
 
 def run(config, workdir: str) -> None:
   """The whole command after flag parsing; raises errors.* for the CLI to report."""
-  from grpo_jax.infra import multihost  # pylint: disable=g-import-not-at-top
-  from grpo_jax.run import preflight  # pylint: disable=g-import-not-at-top
-  from grpo_jax.infra import workdir_lock  # pylint: disable=g-import-not-at-top
   multihost.maybe_initialize()
   if config.job == "export":  # reads the run in workdir and writes elsewhere: no lock, no stages, no config.json
-    from grpo_jax.hf import export  # pylint: disable=g-import-not-at-top
     export.run_job(config, workdir)
     return
-  from grpo_jax.hf import model_source  # pylint: disable=g-import-not-at-top
   # Model fields left to the hf: checkpoint are filled in (and set ones checked) before anything else, so the checks,
   # the stage records and DIR/config.json see the real model.
   config = model_source.resolve(config)
-  preflight.check(config, workdir)
+  check(config, workdir)
   todo = stage_list(config, workdir)
   stages_lib.allow_set(config)  # both flags are checked here, before the lock creates the workdir
   stages_lib.rerun_set(config, todo)
@@ -98,7 +107,6 @@ def run(config, workdir: str) -> None:
     if config.job == "grpo":
       _run_grpo(config, workdir, todo, actions)
     elif config.job in ("sft", "pretrain"):
-      from grpo_jax.run import train  # pylint: disable=g-import-not-at-top
       st = todo[0]
       if actions[st.name] == "skip":
         logging.info("the run finished earlier with this config; nothing to do.")
@@ -107,5 +115,4 @@ def run(config, workdir: str) -> None:
       train.run_sft(config, workdir, loss_on="all" if config.job == "pretrain" else None, record=st.view)
       stages_lib.mark_done(st)
     else:
-      from grpo_jax.r1 import pipeline  # pylint: disable=g-import-not-at-top
       pipeline.run_pipeline(config, workdir, actions=actions)

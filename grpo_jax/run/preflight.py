@@ -13,6 +13,12 @@ import os
 
 from grpo_jax.infra import errors
 from grpo_jax.run import validate
+from grpo_jax.rl import rewards as rewards_lib
+from grpo_jax.run import train
+from grpo_jax.model import model as model_lib
+from grpo_jax.tasks import data as data_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
+from grpo_jax.hf import hf_io
 
 JOB_HELP = "grpo (every rl.algo, PPO included: job=grpo rl.algo=ppo), sft, pretrain, r1_pipeline or export"
 
@@ -60,7 +66,6 @@ def check_init_from(key: str, value: str) -> None:
     with errors.input_errors(f"config.{key}={value}: {cfg}"):
       with open(cfg, encoding="utf-8") as f:
         hf = json.load(f)
-      from grpo_jax.hf import hf_io  # pylint: disable=g-import-not-at-top
       hf_io.config_from_hf(hf)
     return
   if "://" in value:
@@ -74,8 +79,6 @@ def check_init_from(key: str, value: str) -> None:
 
 
 def check_rewards(config, tokenizer) -> None:
-  from grpo_jax.rl import rewards as rewards_lib  # pylint: disable=g-import-not-at-top
-  from grpo_jax.run import train  # pylint: disable=g-import-not-at-top
   known = set(rewards_lib.REGISTRY) | set(train.python_reward_fns(config, tokenizer))
   for i, entry in enumerate(config.rewards):
     if isinstance(entry, (tuple, list)) and len(entry) == 2 and entry[0] not in known:
@@ -86,9 +89,6 @@ def check_rewards(config, tokenizer) -> None:
 def check(config, workdir: str) -> None:
   """All of it, in the order a user fixes things; raises the first problem as one line."""
   import jax  # pylint: disable=g-import-not-at-top
-  from grpo_jax.model import model as model_lib  # pylint: disable=g-import-not-at-top
-  from grpo_jax.tasks import data as data_lib  # pylint: disable=g-import-not-at-top
-  from grpo_jax.tasks import tokenizer as tok_lib  # pylint: disable=g-import-not-at-top
   check_workdir(workdir)
   check_job(config)
   validate.validate_model(config)
@@ -108,8 +108,6 @@ def check(config, workdir: str) -> None:
     check_rewards(config, tokenizer)
   elif config.job in ("sft", "pretrain"):
     validate.validate_sft(config, n, tokenizer)
-  else:  # the r1 keys and every stage's derived config
-    from grpo_jax.r1 import stage_config  # pylint: disable=g-import-not-at-top
-    stage_config.validate(config, tuple(config.r1.stages))
+  # job=r1_pipeline: the r1 keys and every stage's derived config are jobs.check's (r1/ is reached from jobs.py only).
   check_init_from("train.init_from", config.train.init_from)
   check_init_from("sft.init_from", config.sft.init_from)

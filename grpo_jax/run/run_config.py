@@ -24,6 +24,7 @@ from typing import Any, Iterable, Mapping
 
 from absl import logging
 
+from grpo_jax.config import presets
 from grpo_jax.infra import errors
 
 # Keys that never block a resume: they change how often the run logs or saves, not what it computes.
@@ -101,7 +102,7 @@ def structural(keys: Iterable[str], old: Mapping[str, Any], new: Mapping[str, An
   for k in keys:
     o, n = old.get(k), new.get(k)
     if (k.startswith("model.") or k in ("job", "stage.kind", "ppo.critic")
-        or (k == "rl.algo" and (o == "ppo") != (n == "ppo"))
+        or (k == "rl.algo" and (o in presets.CRITIC_ALGOS) != (n in presets.CRITIC_ALGOS))
         or (k == "rl.beta" and _zero(o) != _zero(n))
         or (k.startswith("optim.") and k.split(".")[-1] in _OPTIMIZER_KIND_KEYS)):
       out.append(k)

@@ -19,13 +19,15 @@ from grpo_jax.model import model as model_lib
 from grpo_jax.hf import model_source
 from grpo_jax.run import plots
 from grpo_jax.rl import rewards as rewards_lib
+from grpo_jax.rl import reward_spec
 from grpo_jax.rl import sft_step
 from grpo_jax.infra import sharding
 from grpo_jax.rl import state as state_lib
 from grpo_jax.run import validate
 from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import registry as task_registry
-from grpo_jax.tasks import tokenizer as tok_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
+from grpo_jax.hf import hf_io
 
 
 class NonFiniteError(errors.RunStopped):
@@ -45,7 +47,7 @@ def _host_scalars(m: dict) -> dict[str, float]:
           if not k.startswith("samples/") and k != "reward_status"}
 
 
-def python_reward_fns(config, tokenizer=None) -> dict[str, rewards_lib.PyRewardFn]:
+def python_reward_fns(config, tokenizer=None) -> dict[str, reward_spec.PyRewardFn]:
   """Python reward terms a config may name (the task's decoded-text verifiers that cannot run in-graph)."""
   return task_registry.get(config.task.name).python_rewards(tokenizer or tok_lib.for_config(config))
 
@@ -63,8 +65,6 @@ def setup_common(config, workdir: str, validate_fn: Callable):
 def load_hf_params(path: str, mcfg, shardings):
   """`train.init_from=hf:<dir>`: a HF Qwen2/Llama checkpoint (hf_io), whose config.json must match `mcfg` (every
   disagreement listed in one config error), streamed leaf by leaf into `shardings`."""
-  from grpo_jax.hf import hf_io
-  from grpo_jax.hf import model_source
   model_source.check("train.init_from", path, dataclasses.asdict(mcfg))
   return hf_io.load_params(path, mcfg, shardings)
 
@@ -106,7 +106,7 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_rl)
   rl, steps = config.rl, config.train.steps
   fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
-  spec = rewards_lib.build(config.rewards, rewards_lib.Context(config.task.name, tokenizer),
+  spec = rewards_lib.build(config.rewards, reward_spec.Context(config.task.name, tokenizer),
                            {**python_reward_fns(config, tokenizer), **(python_fns or {})}, fallback, rl.reward_timeout_s)
   family = families.for_config(config)
   step_fn = families.make_step(config, mesh, mcfg, spec, tokenizer, family=family)
@@ -141,8 +141,8 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
     for step, batch, t0 in _steps(guard, mesh, batches, start, steps):
       state, m = step_fn(state, batch)
       status = np.asarray(jax.device_get(m["reward_status"]))
-      if (status != rewards_lib.OK).any():
-        name = spec.names[int(np.argmax(status != rewards_lib.OK))]
+      if (status != reward_spec.OK).any():
+        name = spec.names[int(np.argmax(status != reward_spec.OK))]
         ckpt.maybe_save(step, state, {"step": step}, force=True)
         ckpt.wait()
         raise rewards_lib.PythonTermError(spec.python_terms[name].error_message(int(status.max())))

@@ -6,6 +6,11 @@ from grpo_jax.rl import advantages
 from grpo_jax.config import presets
 from grpo_jax.infra.errors import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch; exit 2)
 from grpo_jax.tasks import registry
+from grpo_jax.hf import model_source
+from grpo_jax.infra import sharding
+from grpo_jax.rollout import decode_layout
+from grpo_jax.model import model_config
+from grpo_jax.tasks import prompts
 
 # Advantage estimators (advantages.ESTIMATORS, plus PPO's GAE) by what they need.
 ADVANTAGES = tuple(advantages.ESTIMATORS) + ("gae",)
@@ -75,7 +80,6 @@ def _get(c, key):
 
 
 def validate_model(c) -> None:
-  from grpo_jax.hf import model_source  # pylint: disable=g-import-not-at-top
   unset = model_source.unset_fields(c)
   if unset:
     _fail(f"model.{unset[0]}", f"is unset (to be taken from a checkpoint) with {len(unset) - 1} more model fields; "
@@ -105,7 +109,6 @@ def validate_model(c) -> None:
 
 
 def validate_mesh(c, num_devices: int) -> dict[str, int]:
-  from grpo_jax.infra import sharding
   try:
     return sharding.mesh_shape(c.mesh, num_devices)
   except ValueError as e:
@@ -202,8 +205,6 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
 def validate_decode_layout(c, mesh: dict[str, int]) -> None:
   """sampling.decode_layout / decode_tp (decode_layout.py): a known layout, and a TP degree this model and mesh
   can decode with."""
-  from grpo_jax.rollout import decode_layout
-  from grpo_jax.model import model_config
   _choice(c, "sampling.decode_layout", decode_layout.KINDS)
   tp = c.sampling.decode_tp
   if not isinstance(tp, int) or tp < 0:
@@ -217,7 +218,7 @@ def validate_decode_layout(c, mesh: dict[str, int]) -> None:
 def validate_algorithm(c) -> None:
   """The algorithm settings (presets.SETTINGS) fit together: each check names the setting that cannot work."""
   rl = c.rl
-  if (rl.algo == "ppo") != (rl.advantage == "gae"):
+  if (rl.algo in presets.CRITIC_ALGOS) != (rl.advantage == "gae"):
     _fail("rl.advantage", f"is {rl.advantage!r} with algo={rl.algo!r}: GAE needs PPO's critic and PPO estimates "
           "with GAE; use the ppo preset (algo=ppo) for GAE, another estimator otherwise.")
   if rl.advantage in GROUP_ADVANTAGES and rl.G < 2:
@@ -261,7 +262,6 @@ def validate_eval(c, data_par: int, group: str = "eval") -> None:
 
 
 def validate_tokenizer(c, tokenizer) -> None:
-  from grpo_jax.tasks import prompts  # pylint: disable=g-import-not-at-top
   if tokenizer.vocab_size != c.model.vocab_size:
     init = c.train.get("init_from", "") or c.sft.get("init_from", "")
     if init.startswith("hf:") and c.task.get("tokenizer", "") != "init_from":

@@ -23,7 +23,7 @@ import time
 from types import ModuleType
 from typing import Callable
 
-from grpo_jax.studies.ablations import report
+from grpo_jax.studies import report
 
 
 def fingerprint(cfg) -> str:

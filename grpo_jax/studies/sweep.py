@@ -12,7 +12,7 @@ grpo_jax.main` with that config and directory resumes it, and a rerun of the swe
 unfinished ones, and refuses a directory that a different config wrote (run_config's diff, one line).
 
 Modes: `auto` trains each group of job-grpo runs whose compiled programs agree (sweep_vmap.signature: they differ
-only in seeds and the traceable knobs of seeds.TRACEABLE) as ONE vmapped program when one device is visible, and
+only in seeds and the traceable knobs of vmapped_runs.TRACEABLE) as ONE vmapped program when one device is visible, and
 runs everything else one after another through `main`'s own path (jobs.run); `vmap` forces vmapping of every grpo
 group, `serial` never vmaps; `print` writes one launch command per run (DIR/launch.sh) and runs nothing; `report`
 only writes the report. The report, after every mode that runs: DIR/sweep.md, DIR/sweep.csv and DIR/plots/ (mean,
@@ -38,6 +38,15 @@ from grpo_jax.infra import errors
 from grpo_jax.config import sweep_points
 from grpo_jax.run import run_config
 from grpo_jax.studies import sweep_report
+from grpo_jax.studies import sweep_vmap
+from grpo_jax.run import jobs
+from grpo_jax.run import stages
+from grpo_jax.hf import model_source
+from grpo_jax.run import preflight
+from grpo_jax.infra import signals
+from grpo_jax.infra import workdir_lock
+from grpo_jax import main as main_lib
+from grpo_jax.r1 import seeds_report
 
 MODES = ("auto", "vmap", "serial", "print", "report")
 
@@ -110,7 +119,6 @@ def make_runs(config, points: Sequence[sweep_points.Point], seeds: int, workdir:
 
 def groups(runs: Sequence[Run]) -> list[list[Run]]:
   """Runs whose compiled programs agree (sweep_vmap.signature), in the order of their first run."""
-  from grpo_jax.studies import sweep_vmap  # pylint: disable=g-import-not-at-top
   out: dict[str, list[Run]] = {}
   for r in runs:
     out.setdefault(sweep_vmap.signature(r.config), []).append(r)
@@ -131,13 +139,11 @@ def decide(group: Sequence[Run], mode: str, n_devices: int) -> str:
 
 
 def _stage_list(config, workdir: str):
-  from grpo_jax.run import jobs  # pylint: disable=g-import-not-at-top
   return jobs.stage_list(config, workdir)
 
 
 def finished(run: Run) -> bool:
   """Every stage of the run's job is recorded done (stages.py), and an R1 run's report written (_report_written)."""
-  from grpo_jax.run import stages  # pylint: disable=g-import-not-at-top
   return (all(stages.is_done(st) for st in _stage_list(run.config, run.workdir))
           and _report_written(run.config, run.workdir))
 
@@ -146,14 +152,11 @@ def check(runs: Sequence[Run]) -> dict[str, bool]:
   """Every run's inputs (preflight) and its directory against its config (the stage plan), before anything is
   written: a bad value or a directory from a different config is one InputError line naming the run. Returns
   {run name: finished}."""
-  from grpo_jax.hf import model_source  # pylint: disable=g-import-not-at-top
-  from grpo_jax.run import preflight
-  from grpo_jax.run import stages
   out = {}
   for r in runs:
     try:
       c = model_source.resolve(r.config)
-      preflight.check(c, r.workdir)
+      jobs.check(c, r.workdir)
       todo = _stage_list(c, r.workdir)
       stages.allow_set(c)
       stages.rerun_set(c, todo)
@@ -199,7 +202,6 @@ def write_report(workdir: str, runs: Sequence[Run], metrics: Sequence[str], *, t
   md = sweep_report.write(workdir, cells, title=title, header=header, keys=keys)
   if runs and runs[0].config.job == "r1_pipeline":
     # The R1 pipeline's own table: every stage × metric over seeds, and its verdicts (r1/seeds_report.py).
-    from grpo_jax.r1 import seeds_report  # pylint: disable=g-import-not-at-top
     for p, dirs in points.items():
       seeds_report.write(workdir, dirs, header=header, name="r1_seeds" if len(points) == 1 else f"r1_seeds_{p}")
   return md
@@ -214,7 +216,6 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
         command: str = "", compiler_options: dict | None = None, log: Callable[[str], None] = print) -> dict:
   """The whole sweep command; returns {'runs', 'groups': [{mode, runs, traces, seconds}], 'failed': {run: why},
   'report': markdown or the launch commands}. Raises errors.* for the CLI (InputError, Preempted)."""
-  from grpo_jax.run import preflight  # pylint: disable=g-import-not-at-top
   if mode not in MODES:
     raise errors.ConfigError(f"--mode={mode!r}: choose one of {', '.join(MODES)}.")
   if not workdir:
@@ -240,9 +241,6 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
     return summary
   preflight.check_workdir(workdir)
   done = check(runs)
-  from grpo_jax.run import jobs  # pylint: disable=g-import-not-at-top
-  from grpo_jax.infra import signals
-  from grpo_jax.infra import workdir_lock
   import jax  # pylint: disable=g-import-not-at-top
   with workdir_lock.WorkdirLock(workdir), signals.GracefulStop() as stop:
     _write_plan(workdir, runs, command, seeds, mode)
@@ -261,7 +259,6 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
         raise errors.Preempted(f"sweep {workdir} before {todo[0].name}")
       if how == "vmap":
         log(f"[sweep] {len(todo)} run(s) in one vmapped program: {', '.join(r.name for r in todo)}")
-        from grpo_jax.studies import sweep_vmap  # pylint: disable=g-import-not-at-top
         try:
           info = sweep_vmap.run_group([r.config for r in todo], [r.workdir for r in todo],
                                       compiler_options=compiler_options, log=log)
@@ -310,7 +307,6 @@ def _header(command: str, runs: Sequence[Run], groups_run: list[dict], failed: d
 def main(argv) -> None:
   from absl import flags  # pylint: disable=g-import-not-at-top
   from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
-  from grpo_jax import main as main_lib  # pylint: disable=g-import-not-at-top
   if len(argv) > 1:
     print(f"Error: unexpected argument {argv[1]!r}; see --helpfull.", file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
@@ -343,7 +339,6 @@ def main(argv) -> None:
 def _define_flags() -> None:
   from absl import flags  # pylint: disable=g-import-not-at-top
   # --config, --workdir and --verbose are main's flags.
-  from grpo_jax import main as main_lib  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import
   flags.DEFINE_string("sweep", "", "Axes 'key=v1,v2 key2=...' (crossed); default: the config file's get_sweep(h).")
   flags.DEFINE_integer("seeds", 1, "Runs per point (run_seed = seed + 0..N-1).")
   flags.DEFINE_enum("mode", "auto", list(MODES), "auto | vmap | serial | print | report.")
@@ -355,6 +350,5 @@ def _define_flags() -> None:
 
 if __name__ == "__main__":
   from absl import app  # pylint: disable=g-import-not-at-top
-  from grpo_jax import main as _main_lib  # pylint: disable=g-import-not-at-top
   _define_flags()
-  app.run(main, flags_parser=_main_lib._parse_flags)  # pylint: disable=protected-access
+  app.run(main, flags_parser=main_lib._parse_flags)  # pylint: disable=protected-access

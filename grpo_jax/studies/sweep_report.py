@@ -1,5 +1,5 @@
 """DIR/sweep.md, DIR/sweep.csv and DIR/plots/*.png of a sweep: each point's metrics as mean ± 95% CI over its seeds,
-with the ablation tables' report code (ablations/report.py, stats.py).
+with the ablation tables' report code (studies/report.py, stats.py).
 
 A metric is named by where it is read:
   eval/accuracy             DIR/<run>/metrics.jsonl: the value of its last row that has it
@@ -22,7 +22,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from grpo_jax.run import metrics as metrics_lib
-from grpo_jax.studies.ablations import report
+from grpo_jax.studies import report
 
 AGGREGATES = ("last", "first", "mean", "max", "min", "tail")
 DEFAULT_METRICS = ("eval/accuracy", "train/reward_mean@tail")
@@ -79,7 +79,7 @@ def _reduce(values: Sequence[float], agg: str) -> float:
 
 
 def collect(points: dict[str, list[str]], metrics: Sequence[str]) -> report.Cells:
-  """points: {point name: its finished runs' directories} -> cells for ablations/report (scalars and curves)."""
+  """points: {point name: its finished runs' directories} -> cells for studies/report.py (scalars and curves)."""
   specs = [parse(m) for m in metrics]
   cache: dict = {}
   cells: report.Cells = {}

@@ -1,4 +1,4 @@
-"""A group of sweep runs (job grpo) whose programs agree, trained as ONE vmapped program (seeds.make_steps).
+"""A group of sweep runs (job grpo) whose programs agree, trained as ONE vmapped program (vmapped_runs.make_steps).
 
 Each run keeps everything a `main` run of its config has in its own directory: config.json, the SFT stage (run
 before the group, one run after another, through train.run_sft), metrics.jsonl (the same rows `main` writes; perf/*
@@ -40,6 +40,7 @@ from grpo_jax.hf import model_source
 from grpo_jax.run import plots
 from grpo_jax.run import preflight
 from grpo_jax.rl import rewards as rewards_lib
+from grpo_jax.rl import reward_spec
 from grpo_jax.run import run_config
 from grpo_jax.studies import vmapped_runs as seeds_lib
 from grpo_jax.infra import sharding
@@ -50,7 +51,7 @@ from grpo_jax.run import train
 from grpo_jax.run import validate
 from grpo_jax.infra import workdir_lock
 from grpo_jax.tasks import data as data_lib
-from grpo_jax.tasks import tokenizer as tok_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 
 
 @dataclasses.dataclass
@@ -68,7 +69,7 @@ class Lane:
 
 
 def varying(configs: Sequence[Any]) -> dict[str, list]:
-  """The traceable keys whose values differ between the runs: {key: one value per run} (seeds.TRACEABLE)."""
+  """The traceable keys whose values differ between the runs: {key: one value per run} (vmapped_runs.TRACEABLE)."""
   out = {}
   for key in seeds_lib.TRACEABLE:
     if key == seeds_lib.REWARD_WEIGHTS:
@@ -110,7 +111,7 @@ def run_group(configs: Sequence[Any], workdirs: Sequence[str], *, compiler_optio
   Raises errors.Preempted when stopped by a signal (everything saved), RunStopped for a failing Python reward."""
   t0 = time.perf_counter()
   if len({signature(c) for c in configs}) > 1:
-    raise ValueError("run_group: the runs differ in more than the traceable keys (seeds.TRACEABLE) and the run seed; "
+    raise ValueError("run_group: the runs differ in more than the traceable keys (vmapped_runs.TRACEABLE) and the run seed; "
                      "group them with sweep_vmap.signature.")
   if any(c.job != "grpo" for c in configs):
     raise errors.ConfigError(f"config.job={configs[0].job!r}: only job=grpo runs can share a vmapped program; run "
@@ -206,7 +207,7 @@ def _train(sub, start, mesh, mcfg, family, abstract, shard, tokenizer, info, com
   rl, steps, S = c0.rl, c0.train.steps, len(lanes)
   hp = varying([lane.config for lane in lanes])
   fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
-  spec = rewards_lib.build(c0.rewards, rewards_lib.Context(c0.task.name, tokenizer),
+  spec = rewards_lib.build(c0.rewards, reward_spec.Context(c0.task.name, tokenizer),
                            train.python_reward_fns(c0, tokenizer), fallback, rl.reward_timeout_s)
   step_fn = seeds_lib.make_steps(c0, mesh, mcfg, spec, tokenizer, compiler_options)
   states = _start_states(sub, start, mesh, mcfg, shard, hp)
@@ -246,8 +247,8 @@ def _train(sub, start, mesh, mcfg, family, abstract, shard, tokenizer, info, com
       t0 = time.perf_counter()
       states, m = step_fn(states, batch)
       status = np.asarray(jax.device_get(m["reward_status"]))  # S × terms
-      if (status != rewards_lib.OK).any():
-        run, term = np.argwhere(status != rewards_lib.OK)[0]
+      if (status != reward_spec.OK).any():
+        run, term = np.argwhere(status != reward_spec.OK)[0]
         stop_reward = (f"{lanes[run].workdir}: " + spec.python_terms[spec.names[term]].error_message(
             int(status[run].max())))
         for i, lane in enumerate(lanes):

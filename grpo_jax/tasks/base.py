@@ -1,4 +1,4 @@
-"""Task interface, registry and the fixed train/test split rule shared by every synthetic task.
+"""Task interface and the fixed train/test split rule shared by every synthetic task.
 
 Splits: the test split is examples 0..n-1 drawn from `(seed, "test", i)`; the train split example i is drawn from
 `(seed, "train", i, attempt)` and redrawn while its key collides with a test key, so the two are disjoint and each
@@ -86,19 +86,6 @@ class Task(abc.ABC):
       return test[:n]
     keys = {self.key(ex) for ex in test}
     return [self.train_example(seed, i, keys) for i in range(n)]
-
-
-def get_task(name: str, **knobs: Any) -> Task:
-  """The task `name` of registry.TASKS with knobs; unknown names or knobs raise ValueError naming the key."""
-  from grpo_jax.tasks import registry  # the table imports the task modules, which import this one
-  cls = registry.get(name).task_class
-  if cls is None:
-    raise ValueError(f"task.name={name!r} has no example generator; use one of {registry.names('task_class')}")
-  allowed = {f.name for f in dataclasses.fields(cls)} - {"name"} if dataclasses.is_dataclass(cls) else set()
-  for k in knobs:
-    if k not in allowed:
-      raise ValueError(f"task.{k} is not a knob of {name}; use one of {sorted(allowed)}")
-  return cls(**knobs)
 
 
 # R1-Zero template, one line (the tokenizer is trained without newlines). Language 'b' is the same template in

@@ -10,7 +10,7 @@ import string
 
 import sentencepiece as spm
 
-from grpo_jax.tasks import base, cot, tokenizer
+from grpo_jax.tasks import base, cot, registry, tokenizer
 
 VOCAB_SIZE = 512
 _CORPUS_TASKS = (("arith", {"max_digits": 4}), ("countdown", {}),
@@ -22,7 +22,7 @@ def corpus() -> list[str]:
   """Task text in both languages (prompts, tagged/untagged/mistake solutions) + every printable ASCII char once."""
   lines = []
   for name, knobs in _CORPUS_TASKS:
-    task = base.get_task(name, **knobs)
+    task = registry.get_task(name, **knobs)
     for i in range(_PER_TASK):
       ex = task.generate(base.rng_for("tokenizer-corpus", name, i))
       for lang in base.LANGUAGES:

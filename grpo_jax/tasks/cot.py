@@ -3,12 +3,15 @@
 A STEP is the text before each ';'. It scores 1 iff it ends with an equation `A op B = C` (A, B: digit runs, A not
 preceded by a digit; op in + - * /; C: optional '-' then digits; only spaces between the parts and before ';') that
 is arithmetically right ('/' exact), with every number at most 9 digits. Words before the equation are free; this
-is the rule `verify_jax.step_rewards` evaluates in-graph and `step_check` evaluates here.
+is the rule `verify_jax.step_rewards` evaluates in-graph and `score_step` evaluates here.
 """
 from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Sequence
+
+import numpy as np
 
 from grpo_jax.tasks import base
 
@@ -149,11 +152,6 @@ def think_body(text: str) -> str:
   return m.group(1) if m else text
 
 
-def step_check(text: str) -> list[tuple[str, int]]:
-  """(step text, score) for each step of the think body (or the whole text when it has no think tags)."""
-  return [(s, score_step(s)) for s in split_steps(think_body(text))]
-
-
 def language_consistency(text: str, language: str) -> float:
   """Fraction of the CoT words (words from either list, in the think body) that are in `language`; 0 if none."""
   if language not in base.LANGUAGES:
@@ -163,6 +161,25 @@ def language_consistency(text: str, language: str) -> float:
   hits = sum(w in mine for w in words)
   total = hits + sum(w in other for w in words)
   return hits / total if total else 0.0
+
+
+def _languages(batch: dict, n: int) -> list[str]:
+  if "language_N" not in batch:
+    raise ValueError("batch has no 'language_N'; language consistency needs each prompt's language (0='a', 1='b')")
+  langs = np.asarray(batch["language_N"]).reshape(-1)
+  if langs.shape[0] != n:
+    raise ValueError(f"batch['language_N'] has {langs.shape[0]} rows for {n} completions")
+  return [base.LANGUAGES[int(l)] for l in langs]
+
+
+def language_consistency_term(texts: Sequence[str], token_ids, batch: dict) -> list[float]:
+  """`language_consistency` as a Python reward term (rewards.PyRewardFn): each row's CoT against its prompt's language
+  (`language_N`), R1's fix for language mixing, and evaluation's eval/language_consistency reading.
+
+  A CoT with no words of either language scores 0: an empty think body should not look perfectly consistent.
+  """
+  del token_ids
+  return [language_consistency(t, lang) for t, lang in zip(texts, _languages(batch, len(texts)))]
 
 
 def recheck_stats(text: str) -> tuple[int, int]:

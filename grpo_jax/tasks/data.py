@@ -33,8 +33,8 @@ def make_task(task_cfg: Any):
                      f"{registry.names('task_class')}")
   if not dataclasses.is_dataclass(cls):
     return cls()
-  return base.get_task(name, **{f.name: _get(task_cfg, f.name) for f in dataclasses.fields(cls)
-                                if f.name != "name" and _get(task_cfg, f.name) is not None})
+  return registry.get_task(name, **{f.name: _get(task_cfg, f.name) for f in dataclasses.fields(cls)
+                                    if f.name != "name" and _get(task_cfg, f.name) is not None})
 
 
 def load_examples(task_cfg: Any, split: str) -> list[dict]:

@@ -17,14 +17,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.config import config_lib
-from grpo_jax.rl import rewards
+from grpo_jax.rl import reward_spec as spec_lib
 
 PAD, EOS, DIGIT0 = 0, 1, 2          # ids 2..11 are the digits 0..9
 WHAT, IS, PLUS, EQ = 12, 13, 14, 15
 FILLER0 = EQ + 1                    # ids FILLER0..vocab-1: "words" a toy completion may carry after its answer
 BENCH_PROMPT_LEN = 10               # what is AAA + BBB =
 TOY_PROMPT_LEN = 6                  # what is a + b =
-TASK = "digits"                     # its entry in registry.TASKS (rewards.Context names it)
+TASK = "digits"                     # its entry in registry.TASKS (reward_spec.Context names it)
 
 
 class Tokenizer:
@@ -75,7 +75,7 @@ def contains_answer(tokens_NxL, mask_NxL, batch, ctx):
   hit = jnp.ones(tokens_NxL.shape, bool)
   for j in range(A):
     hit = hit & ((toks[:, j:j + L] == ans_NxA[:, j:j + 1]) | ~valid_A[:, j:j + 1])
-  return rewards.outcome(jnp.any(hit, axis=1).astype(jnp.float32))
+  return spec_lib.outcome(jnp.any(hit, axis=1).astype(jnp.float32))
 
 
 def contains_answer_py(texts, ids, batch) -> list[float]:
@@ -94,12 +94,9 @@ def python_rewards(tok) -> dict:
   return {"contains": contains_answer_py}
 
 
-def reward_spec(vocab: int, python: bool = False) -> rewards.RewardSpec:
-  """The benchmark reward, in-graph (default) or as a Python term."""
-  ctx = rewards.Context(TASK, Tokenizer(vocab))
-  if python:
-    return rewards.build((("contains", 1.0),), ctx, python_rewards(ctx.tokenizer))
-  return rewards.RewardSpec(("contains",), (1.0,), (contains_answer,), {}, ctx)
+def reward_spec(vocab: int) -> spec_lib.RewardSpec:
+  """The benchmark reward, in-graph (its Python form, `python_rewards`, goes through rewards.build)."""
+  return spec_lib.RewardSpec(("contains",), (1.0,), (contains_answer,), {}, spec_lib.Context(TASK, Tokenizer(vocab)))
 
 
 def bench_config(*, hidden=64, layers=2, heads=4, kv=2, inter=128, vocab=512, prompts=8, G=8, L=64,
@@ -171,7 +168,7 @@ def base_documents(n: int, L: int, vocab: int, p_correct: float, rng: np.random.
 
 
 def _acc(tokens_NxL, mask_NxL, batch, ctx):
-  return rewards.outcome((tokens_NxL[:, 0] == batch["answer_N"]) & (mask_NxL[:, 0] > 0))
+  return spec_lib.outcome((tokens_NxL[:, 0] == batch["answer_N"]) & (mask_NxL[:, 0] > 0))
 
 
 def _is_digit(t):
@@ -180,24 +177,24 @@ def _is_digit(t):
 
 def _fmt(tokens_NxL, mask_NxL, batch, ctx):
   ok = _is_digit(tokens_NxL[:, 0]) & (tokens_NxL[:, 1] == EOS) & (mask_NxL.sum(-1) == 2)
-  return rewards.outcome(ok)
+  return spec_lib.outcome(ok)
 
 
 def _proc(tokens_NxL, mask_NxL, batch, ctx):
   s_r = jnp.stack([_is_digit(tokens_NxL[:, 0]), tokens_NxL[:, 1] == EOS], 1).astype(jnp.float32)
   s_end = jnp.broadcast_to(jnp.array([0, 1], jnp.int32), s_r.shape)
   s_valid = jnp.stack([mask_NxL[:, 0] > 0, mask_NxL[:, 1] > 0], 1).astype(jnp.float32)
-  return rewards.outcome(s_r.mean(-1), (s_r, s_end, s_valid))
+  return spec_lib.outcome(s_r.mean(-1), (s_r, s_end, s_valid))
 
 
 TOY_TERMS = {"acc": _acc, "fmt": _fmt, "proc": _proc}
 
 
-def toy_reward_spec(terms, vocab: int) -> rewards.RewardSpec:
+def toy_reward_spec(terms, vocab: int) -> spec_lib.RewardSpec:
   """A weighted sum of toy terms, `terms` = ((name, weight), ...) as in config.rewards."""
   names = tuple(n for n, _ in terms)
   unknown = [n for n in names if n not in TOY_TERMS]
   if unknown:
     raise ValueError(f"config.rewards: toy terms {unknown} are unknown; choose from {sorted(TOY_TERMS)}.")
-  return rewards.RewardSpec(names, tuple(float(w) for _, w in terms), tuple(TOY_TERMS[n] for n in names), {},
-                            rewards.Context(TASK, Tokenizer(vocab)))
+  return spec_lib.RewardSpec(names, tuple(float(w) for _, w in terms), tuple(TOY_TERMS[n] for n in names), {},
+                            spec_lib.Context(TASK, Tokenizer(vocab)))

@@ -202,7 +202,7 @@ def _formats(batch: dict, n: int) -> list[str]:
 
 
 def make_rewards(tok) -> dict[str, Callable]:
-  """The `math_accuracy` and `math_format` rewards.PyRewardFn terms. The callback hands completion ids without
+  """The `math_accuracy` and `math_format` reward_spec.PyRewardFn terms. The callback hands completion ids without
   their EOS and, in `ended_N`, whether each row stopped at one (absent: every row counts as ended)."""
 
   def graded(token_ids, batch, k: int) -> list[float]:

@@ -1,7 +1,7 @@
 """A Hugging Face `tokenizer.json` (e.g. Qwen2.5's byte-level BPE) behind the shipped tokenizer's interface.
 
 Needs the `tokenizers` package (the `hf` extra) and nothing else: no `transformers`, no download. Selected with
-`task.tokenizer="hf:<dir>"` (or a path ending in `tokenizer.json`; see tokenizer.load / tokenizer.for_config).
+`task.tokenizer="hf:<dir>"` (or a path ending in `tokenizer.json`; tokenizer_factory.load / for_config).
 
 Special ids come from the files next to it, as transformers reads them: `tokenizer_config.json`, else
 `special_tokens_map.json`, else `generation_config.json`'s ids. `eos_ids` is every id that ends a completion: the
@@ -30,7 +30,6 @@ import json
 import os
 from typing import Any, Sequence
 
-import numpy as np
 
 from grpo_jax.tasks import tokenizer as tokenizer_lib
 
@@ -136,9 +135,6 @@ class HFTokenizer:
     """Decodes every id given, like the sentencepiece wrapper: pad/bos/eos and unknown ids decode to ''."""
     keep = [int(i) for i in ids if 0 <= int(i) < self.num_tokens and int(i) not in self._control]
     return self.tk.decode(keep, skip_special_tokens=False)
-
-  def decode_batch(self, ids_NxL) -> list[str]:
-    return [self.decode(row) for row in np.asarray(ids_NxL)]
 
   def piece_texts(self) -> list[str]:
     """Surface text of each id of the model's id space ('' for control and unknown ids). A byte-level piece that

@@ -167,8 +167,3 @@ def equal(pred: str | None, gold: str | None) -> bool:
   if pv == gv:
     return True
   return (pp and pv / 100 == gv) or (gp and gv / 100 == pv)
-
-
-def is_correct(completion: str, gold: str) -> bool:
-  """Extracts the completion's answer and compares it with the gold answer string."""
-  return equal(extract_answer(completion), gold)

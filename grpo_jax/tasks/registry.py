@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from grpo_jax.tasks import arith, countdown, digits, gsm8k, verify_jax
+from grpo_jax.tasks import arith, base, countdown, digits, gsm8k, verify_jax
 
 
 def _no_python_rewards(tok) -> dict:
@@ -18,7 +18,8 @@ def _no_python_rewards(tok) -> dict:
 
 def _synthetic_examples(task, split: str, *, data_dir, split_seed: int, train_size: int, test_size: int):
   """A generated task's split, built once as a TFDS array_record dataset in `data_dir` (tfds_builders)."""
-  from grpo_jax.tasks import tfds_builders  # TFDS is imported only when examples are
+  # Here, not at the top: tensorflow_datasets (~2 s to import) loads only when a generated task reads its examples.
+  from grpo_jax.tasks import tfds_builders  # pylint: disable=g-import-not-at-top
   return tfds_builders.load_split(task, split, split_seed, train_size, test_size, data_dir)
 
 
@@ -34,7 +35,7 @@ class TaskSpec:
   worked_solutions: bool = False
   # (tokens_NxL, mask_NxL, batch, tables) -> accuracy_N in-graph: the `accuracy` reward term and in-graph eval.
   in_graph_accuracy: Callable | None = None
-  # tokenizer -> {term name: rewards.PyRewardFn}: Python reward terms a config may name in config.rewards.
+  # tokenizer -> {term name: reward_spec.PyRewardFn}: Python reward terms a config may name in config.rewards.
   python_rewards: Callable[[Any], dict] = _no_python_rewards
   # tokenizer -> (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N): held-out evaluation on the
   # host, for tasks verified in Python (their eval rows are gathered and scored by the training reward's function).
@@ -72,3 +73,26 @@ def names(offers: str | None = None) -> list[str]:
   if offers is not None and offers not in {f.name for f in dataclasses.fields(TaskSpec)}:
     raise ValueError(f"TaskSpec has no field {offers!r}")
   return sorted(n for n, t in TASKS.items() if offers is None or getattr(t, offers))
+
+
+def get_task(name: str, **knobs: Any) -> base.Task:
+  """The task `name` of TASKS with its knobs; unknown names or knobs raise ValueError naming the key."""
+  cls = get(name).task_class
+  if cls is None:
+    raise ValueError(f"task.name={name!r} has no example generator; use one of {names('task_class')}")
+  allowed = {f.name for f in dataclasses.fields(cls)} - {"name"} if dataclasses.is_dataclass(cls) else set()
+  for k in knobs:
+    if k not in allowed:
+      raise ValueError(f"task.{k} is not a knob of {name}; use one of {sorted(allowed)}")
+  return cls(**knobs)
+
+
+def accuracy_reward(task, tokens_NxL, mask_NxL, batch: dict, tables=None):
+  """1.0 where format is OK and the answer body is right for `task`, else 0.0: the task's in-graph verifier in
+  TASKS (the `accuracy` reward term and in-graph evaluation call it by task name; `tables`:
+  verify_jax.token_tables)."""
+  task = getattr(task, "name", task)
+  if task not in names("in_graph_accuracy"):
+    raise ValueError(f"task={task!r} has no in-graph verifier; use one of {names('in_graph_accuracy')} "
+                     "(or name the task's Python reward term in config.rewards)")
+  return get(task).in_graph_accuracy(tokens_NxL, mask_NxL, batch, tables)

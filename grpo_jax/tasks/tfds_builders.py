@@ -27,15 +27,14 @@ class TaskConfig(tfds.core.BuilderConfig):
   seed: int = 0
   train_size: int = 0
   test_size: int = 0
-
-  def task(self) -> base.Task:
-    return base.get_task(self.task_name, **json.loads(self.knobs_json))
+  # The task object the examples come from (its knobs are knobs_json, which with the name says what was built).
+  task: base.Task | None = None
 
 
 def make_config(task: base.Task, seed: int, train_size: int, test_size: int) -> TaskConfig:
   name = f"{task.config_name()}_s{seed}_n{train_size}_{test_size}"
   return TaskConfig(name=name, task_name=task.name, knobs_json=json.dumps(task.knobs(), sort_keys=True), seed=seed,
-                    train_size=train_size, test_size=test_size)
+                    train_size=train_size, test_size=test_size, task=task)
 
 
 class _TaskBuilder(tfds.core.GeneratorBasedBuilder):
@@ -60,7 +59,7 @@ class _TaskBuilder(tfds.core.GeneratorBasedBuilder):
   def _generate_examples(self, split: str):
     cfg: TaskConfig = self.builder_config
     n = cfg.train_size if split == "train" else cfg.test_size
-    for ex in cfg.task().examples(cfg.seed, split, n, cfg.test_size):
+    for ex in cfg.task.examples(cfg.seed, split, n, cfg.test_size):
       yield ex["index"], {"index": ex["index"], "json": json.dumps(ex, sort_keys=True)}
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 import functools
 import os
 
-import numpy as np
 import sentencepiece as spm
 
 ASSET = os.path.join(os.path.dirname(__file__), "assets", "tokenizer.model")
@@ -36,9 +35,6 @@ class Tokenizer:
     """Decodes every id given (no stopping at eos: the caller cuts); control ids decode to ''."""
     return self.sp.decode([int(i) for i in ids])
 
-  def decode_batch(self, ids_NxL) -> list[str]:
-    return [self.decode(row) for row in np.asarray(ids_NxL)]
-
   def piece_texts(self) -> list[str]:
     """Surface text of each id as decode() would emit it inside a sequence ('' for control ids)."""
     out = []
@@ -58,34 +54,9 @@ def _load_cached(path: str) -> Tokenizer:
     return Tokenizer(f.read())
 
 
-def is_hf(path: str | None) -> bool:
-  return bool(path) and (path.startswith("hf:") or path.endswith(".json"))
-
-
-def load(path: str | None = None):
-  """The shipped tokenizer, a sentencepiece model file at `path`, or a HF tokenizer.json ('hf:<dir>' or a path
-  ending in .json; tasks/hf_tokenizer.py, same interface)."""
-  if is_hf(path):
-    from grpo_jax.tasks import hf_tokenizer
-    return hf_tokenizer.load(path[3:] if path.startswith("hf:") else path)
+def load(path: str | None = None) -> Tokenizer:
+  """The shipped tokenizer, or the sentencepiece model file at `path` (any kind of tokenizer: tokenizer_factory)."""
   path = path or ASSET
   if not os.path.exists(path):
     raise ValueError(f"tokenizer model {path} is missing; run `python -m grpo_jax.tasks.build_tokenizer`")
   return _load_cached(os.path.abspath(path))
-
-
-def spec_for_config(config) -> str:
-  """What `task.tokenizer` names ('' = the shipped one); 'init_from' = the HF dir of `train.init_from=hf:<dir>`."""
-  spec = config.task.get("tokenizer", "") or ""
-  if spec == "init_from":
-    init = config.train.get("init_from", "") or ""
-    if not init.startswith("hf:"):
-      raise ValueError(f"task.tokenizer='init_from' needs train.init_from=hf:<dir>, got {init!r}; set "
-                       "task.tokenizer=hf:<dir> or '' (the shipped tokenizer).")
-    spec = init
-  return spec
-
-
-def for_config(config):
-  """The tokenizer a run uses: config.task.tokenizer if the config has it, else the shipped one."""
-  return load(spec_for_config(config) or None)

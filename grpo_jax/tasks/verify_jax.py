@@ -257,17 +257,6 @@ def answer_value(task, tokens_NxL, mask_NxL, batch: dict, tables: TokenTables | 
   return ok, jnp.where(ok, val, 0)
 
 
-def accuracy_reward(task, tokens_NxL, mask_NxL, batch: dict, tables: TokenTables | Mapping[str, int] | None = None) -> jax.Array:
-  """1.0 where format is OK and the answer body is right for `task`, else 0.0: the task's in-graph verifier in
-  registry.TASKS (the `accuracy` reward term and in-graph evaluation call it by task name)."""
-  from grpo_jax.tasks import registry  # the table imports this module
-  task = getattr(task, "name", task)
-  if task not in registry.names("in_graph_accuracy"):
-    raise ValueError(f"task={task!r} has no in-graph verifier; use one of {registry.names('in_graph_accuracy')} "
-                     "(or name the task's Python reward term in config.rewards)")
-  return registry.get(task).in_graph_accuracy(tokens_NxL, mask_NxL, batch, tables)
-
-
 def arith_accuracy(tokens_NxL, mask_NxL, batch, tables=None) -> jax.Array:
   ok, val = answer_value("arith", tokens_NxL, mask_NxL, batch, tables)
   return (ok & (val == jnp.asarray(batch["answer_N"]).astype(jnp.int32))).astype(jnp.float32)

@@ -22,19 +22,20 @@ from grpo_jax.infra import params_ckpt
 from grpo_jax.config import config_lib
 from grpo_jax.model import model as model_lib
 from grpo_jax.rl import rewards as rewards_lib
+from grpo_jax.rl import reward_spec
 from grpo_jax.studies import vmapped_runs as seeds_lib
 from grpo_jax.infra import sharding
 from grpo_jax.rl import state as state_lib
 from grpo_jax.run import train
 from grpo_jax.run import validate
-from grpo_jax.studies.ablations import stats
+from grpo_jax.studies import stats
 from grpo_jax.r1 import heldout
 from grpo_jax.r1 import layout
 from grpo_jax.r1 import pipeline
 from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.r1 import stage_config
 from grpo_jax.tasks import data as data_lib
-from grpo_jax.tasks import tokenizer as tok_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 
 TITLE = "R1 stage ablation"
 CLAIM = ""
@@ -98,7 +99,7 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   tok = tok_lib.for_config(c)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
-  spec = rewards_lib.build(c.rewards, rewards_lib.Context(c.task.name, tok),
+  spec = rewards_lib.build(c.rewards, reward_spec.Context(c.task.name, tok),
                            {**train.python_reward_fns(c, tok), **r1_rewards.config_fns(c)}, None, c.rl.reward_timeout_s)
   states = seeds_lib.init_states(c, mcfg, seeds, params=start_params(cfg, mcfg),
                                  init_seeds=[cfg.run.seed] * len(seeds))
@@ -123,7 +124,7 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   for t in range(c.train.steps):
     states, m = step(states, next(data))
     status = np.asarray(m["reward_status"])
-    if (status != rewards_lib.OK).any():
+    if (status != reward_spec.OK).any():
       raise rewards_lib.PythonTermError(f"table g, {variant!r}: a Python reward term failed at step {t}.")
     sm = seeds_lib.host_scalars(m)
     for n in terms:

@@ -1,4 +1,5 @@
-"""Writes an ablation table as DIR/table.md, DIR/table.csv and DIR/<curve>.png (mean with a 95% CI band)."""
+"""Writes a study's table (an ablation table, a sweep report) as DIR/table.md, DIR/table.csv and DIR/<curve>.png
+(mean with a 95% CI band)."""
 import csv
 import math
 import os
@@ -9,7 +10,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
-from grpo_jax.studies.ablations import stats
+from grpo_jax.studies import stats
 
 # cells: variant -> {"scalars": {metric: [per seed]}, "curves": {metric: {"x": [...], "y": [[per step] per seed]}}}
 Cells = dict[str, dict]
