@@ -1,0 +1,223 @@
+"""The continuous rollout engine (rollout/engine.py) against the static sampler it replaces: the same tokens and
+log-probs from the same uniforms for every slot count, left-padded prompts, several EOS ids, rows ending at their
+first token or never, G in {1, 4}, temperature / top-k / top-p / greedy; by teacher forcing where rounding could
+flip a draw; on 8 simulated devices; under vmap; and that the schedule computes about as many rows as are alive."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.model import live_attention
+from grpo_jax.model import model as M
+from grpo_jax.rollout import engine as E
+from grpo_jax.rollout import sampling as S
+from tests.test_sampling import MCFG, random_params
+
+B, P, L = 4, 6, 20
+static = jax.jit(S.sample, static_argnums=(0, 5))
+
+
+@pytest.fixture(scope="module")
+def params():
+  return random_params(MCFG, 0)
+
+
+def prompts(b, seed=0):
+  rng = np.random.default_rng(seed)
+  pm = (np.arange(P)[None] >= np.array([0, 2, 5, 1] * b)[:b, None]).astype(np.int32)  # left pads of 0..5
+  return rng.integers(1, 64, (b, P)).astype(np.int32) * pm, pm
+
+
+def continuous(params, prompt, pm, G, scfg, u, **kw):
+  f = jax.jit(lambda pr, m, u: E.sample_groups(MCFG, params, pr, m, G, scfg, u_LxN=u, **kw))
+  return f(prompt, pm, u)
+
+
+def reference(params, prompt, pm, G, scfg, u):
+  return static(MCFG, params, np.repeat(prompt, G, 0), np.repeat(pm, G, 0), None, scfg, u_LxN=u)
+
+
+def assert_same(ro, ref):
+  np.testing.assert_array_equal(np.asarray(ro.tokens_NxL), np.asarray(ref.tokens_NxL))
+  np.testing.assert_array_equal(np.asarray(ro.mask_NxL), np.asarray(ref.mask_NxL))
+  np.testing.assert_array_equal(np.asarray(ro.truncated_N), np.asarray(ref.truncated_N))
+  np.testing.assert_allclose(np.asarray(ro.logp_NxL), np.asarray(ref.logp_NxL), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("G,slots", [(4, 0), (4, 8), (4, 2), (1, 0), (1, 2)])
+def test_same_samples_as_static_for_any_slot_count(params, G, slots):
+  """S = N, N/2 and N/8 (G = 4: 16 rows), G = 1; EOS ids that end some rows early, others run to L."""
+  prompt, pm = prompts(B)
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=(3, 7, 11), exit_chunk=4)
+  u = S.uniforms(jax.random.PRNGKey(1), L, B * G)
+  ref = reference(params, prompt, pm, G, scfg, u)
+  lengths = np.asarray(ref.lengths_N)
+  assert lengths.min() < L and lengths.max() == L, lengths  # both kinds of row are in the batch
+  ro, stats = continuous(params, prompt, pm, G, scfg, u, slots=slots, kv_block=4)
+  assert_same(ro, ref)
+  n = B * G
+  # every emitted token but each row's first (from its prefill) needed a decode row-step
+  assert int(stats.row_steps) >= lengths.sum() - n
+  if slots in (0, n):
+    assert int(ro.decode_steps) == lengths.max() - 1  # the longest row, no exit-chunk rounding
+    assert float(stats.admit_wait) == 0
+  else:
+    assert int(ro.decode_steps) > lengths.max() - 1 and float(stats.admit_wait) > 0
+
+
+@pytest.mark.parametrize("kind", ["greedy", "top_k", "top_p", "temperature"])
+def test_truncated_sampling_and_first_token_eos(params, kind):
+  """Greedy with the first token's argmax as EOS for row 0 (it ends at its first token); top-k, top-p and a
+  temperature other than 1 through the same draw."""
+  prompt, pm = prompts(B, seed=3)
+  G = 4
+  kw = dict(greedy=dict(greedy=True), top_k=dict(top_k=5), top_p=dict(top_p=0.7),
+            temperature=dict(temperature=1.7))[kind]
+  probe = S.SamplingConfig(max_new_tokens=2, eos_id=63, **kw)
+  u = S.uniforms(jax.random.PRNGKey(2), L, B * G)
+  first = np.asarray(reference(params, prompt, pm, G, probe, u[:2]).tokens_NxL)[0, 0]
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=(int(first), 61), **kw)
+  ref = reference(params, prompt, pm, G, scfg, u)
+  assert int(ref.lengths_N[0]) == 1
+  ro, _ = continuous(params, prompt, pm, G, scfg, u, slots=4, kv_block=8)
+  assert_same(ro, ref)
+
+
+def test_teacher_forcing_log_probs_match_static(params):
+  """A bigger vocabulary and flatter logits, where a different summation order could flip a draw: the static
+  tokens fed through the engine score within tolerance of the static log-probs."""
+  mcfg = M.ModelConfig(vocab_size=512, hidden=32, layers=2, heads=4, kv_heads=1, inter=64, max_len=32)
+  p2 = random_params(mcfg, 4, emb_std=0.1, std=0.05)
+  prompt, pm = prompts(B, seed=5)
+  G = 2
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=(3, 4, 5, 6), top_p=0.95)
+  u = S.uniforms(jax.random.PRNGKey(3), L, B * G)
+  ref = jax.jit(S.sample, static_argnums=(0, 5))(mcfg, p2, np.repeat(prompt, G, 0), np.repeat(pm, G, 0), None,
+                                                 scfg, u_LxN=u)
+  f = jax.jit(lambda pr, m, u, t: E.sample_groups(mcfg, p2, pr, m, G, scfg, u_LxN=u, slots=2, kv_block=4,
+                                                  force_NxL=t))
+  ro, _ = f(prompt, pm, u, ref.tokens_NxL)
+  assert_same(ro, ref)
+
+
+def test_live_attention_equals_one_softmax_over_the_concatenated_cache():
+  """The prompt partial and the blocked completion partials merged by log-sum-exp = one softmax over prompt +
+  completion keys, checked in NumPy (float64) with GQA, left pads and rows at different lengths."""
+  rng = np.random.default_rng(0)
+  n, h, k, d, b, p, lc = 5, 4, 2, 8, 3, 6, 12
+  q = rng.standard_normal((n, h, d)).astype(np.float32)
+  pk = rng.standard_normal((b, k, d, p)).astype(np.float32)
+  pv = rng.standard_normal((b, k, p, d)).astype(np.float32)
+  ck = rng.standard_normal((n, k, d, lc)).astype(np.float32)
+  cv = rng.standard_normal((n, k, lc, d)).astype(np.float32)
+  pok = (np.arange(p)[None] >= np.array([0, 3, 5])[:, None]).astype(np.int32)
+  group = np.array([0, 0, 1, 2, 2])
+  clen = np.array([1, 7, 12, 3, 5])
+  kv = live_attention.LiveKV(pk, pv, pok, group, ck, cv, clen, jnp.int32(clen.max()), 4)
+  got = np.asarray(jax.jit(lambda q: live_attention.attend(q, kv))(q))
+  for i in range(n):
+    keys = np.concatenate([pk[group[i]], ck[i]], -1).astype(np.float64)  # [k, d, p + lc]
+    vals = np.concatenate([pv[group[i]], cv[i]], 1).astype(np.float64)
+    ok = np.concatenate([pok[group[i]] > 0, np.arange(lc) < clen[i]])
+    for j in range(h):
+      s = q[i, j].astype(np.float64) @ keys[j // (h // k)] / np.sqrt(d)
+      s = np.where(ok, s, -np.inf)
+      w = np.exp(s - s.max())
+      np.testing.assert_allclose(got[i, j], (w / w.sum()) @ vals[j // (h // k)], atol=2e-5)
+
+
+def test_compaction_follows_the_live_rows(params):
+  """A long-tailed batch (most rows end early): the compacted decode computes far fewer row-steps than rows ×
+  steps, and the KV read loop stops at the live maximum; samples unchanged."""
+  prompt, pm = prompts(8, seed=1)
+  G = 4
+  n = 8 * G
+  u = S.uniforms(jax.random.PRNGKey(7), L, n)
+  eos = tuple(range(1, 40))  # most draws end a row
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=eos)
+  ref = reference(params, prompt, pm, G, scfg, u)
+  ro, stats = continuous(params, prompt, pm, G, scfg, u, levels=4, kv_block=4)
+  assert_same(ro, ref)
+  steps = int(ro.decode_steps)
+  assert steps == int(np.asarray(ref.lengths_N).max()) - 1
+  assert int(stats.row_steps) < n * steps
+  static_util = float(E.slot_util(ref.lengths_N, n * ref.decode_steps))
+  util = float(E.slot_util(ro.lengths_N, stats.row_steps))
+  assert util > static_util, (util, static_util)
+
+
+def test_vmapped_runs_each_get_their_own_samples(params):
+  """Under vmap the phases' batched predicates run until every run is done; each run equals its own rollout."""
+  prompt, pm = prompts(B, seed=2)
+  G = 2
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=(3, 7, 11, 13, 17))
+  us = jnp.stack([S.uniforms(jax.random.PRNGKey(s), L, B * G) for s in (0, 1, 2)])
+  f = jax.jit(jax.vmap(lambda u: E.sample_groups(MCFG, params, prompt, pm, G, scfg, u_LxN=u, slots=4, levels=2,
+                                                 kv_block=4)))
+  ros, _ = f(us)
+  for r in range(3):
+    one = reference(params, prompt, pm, G, scfg, us[r])
+    assert_same(jax.tree.map(lambda x: x[r], ros), one)
+
+
+def test_bad_slot_count_is_refused(params):
+  prompt, pm = prompts(B)
+  scfg = S.SamplingConfig(max_new_tokens=L)
+  with pytest.raises(ValueError, match="sampling.slots=17"):
+    E.sample_groups(MCFG, params, prompt, pm, 4, scfg, u_LxN=jnp.zeros((L, 16)), slots=17)
+  assert E.compaction_sizes(32, 4) == (32, 16, 8, 4)
+  assert E.compaction_sizes(32, 4, split=8) == (32, 16, 8)
+  assert E.compaction_sizes(12, 4) == (12, 6, 3)
+
+
+_SHARDED = r"""
+import json, sys
+import flax.linen as nn, jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+sys.path.insert(0, sys.argv[1])
+from tests.test_sampling import MCFG, random_params
+from tests.test_engine import prompts
+from grpo_jax.model import model as M
+from grpo_jax.rollout import engine as E, sampling as S
+params = random_params(MCFG, 0)
+prompt, pm = prompts(8, seed=4)
+G, L = 4, 12
+scfg = S.SamplingConfig(temperature=1.3, top_k=20, max_new_tokens=L, eos_id=(3, 5, 7, 9, 11), pad_id=0)
+u = S.uniforms(jax.random.PRNGKey(5), L, 8 * G)
+one = jax.jit(S.sample, static_argnums=(0, 5))(MCFG, params, np.repeat(prompt, G, 0), np.repeat(pm, G, 0), None,
+                                               scfg, u_LxN=u)
+mesh = Mesh(np.asarray(jax.devices()).reshape(8, 1), ("fsdp", "tensor"))
+rules = (("batch", "fsdp"), ("embed", "fsdp"), ("heads", "tensor"), ("kv_heads", "tensor"), ("mlp", "tensor"))
+out = {}
+with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
+  p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
+  for slots in (32, 16):
+    f = jax.jit(lambda pr, m, u: E.sample_groups(MCFG, p_sh, pr, m, G, scfg, u_LxN=u, slots=slots, split=8,
+                                                 kv_block=4))
+    ro, _ = f(prompt, pm, jax.device_put(u, shard(P(None, "batch"))))
+    out[slots] = dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
+                      shard_rows=ro.tokens_NxL.addressable_shards[0].data.shape[0])
+print(json.dumps(dict(one_tokens=np.asarray(one.tokens_NxL).tolist(), one_logp=np.asarray(one.logp_NxL).tolist(),
+                      lengths=np.asarray(one.lengths_N).tolist(), runs=out)))
+"""
+
+
+def test_fsdp_over_8_devices_matches_one_device_static():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, XLA_FLAGS=os.environ["XLA_FLAGS"] + " --xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", _SHARDED, root], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=root)
+  assert out.returncode == 0, out.stderr[-3000:]
+  res = json.loads(out.stdout.strip().splitlines()[-1])
+  assert min(res["lengths"]) < 12 == max(res["lengths"]), res["lengths"]
+  for slots, r in res["runs"].items():
+    assert r["shard_rows"] == 4, slots  # 32 rows over fsdp=8
+    np.testing.assert_array_equal(r["tokens"], res["one_tokens"])
+    np.testing.assert_allclose(r["logp"], res["one_logp"], rtol=0, atol=1e-5)
