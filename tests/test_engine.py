@@ -221,3 +221,66 @@ def test_fsdp_over_8_devices_matches_one_device_static():
     assert r["shard_rows"] == 4, slots  # 32 rows over fsdp=8
     np.testing.assert_array_equal(r["tokens"], res["one_tokens"])
     np.testing.assert_allclose(r["logp"], res["one_logp"], rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------- in the RL step
+
+
+def test_goldens_hold_with_the_continuous_engine(monkeypatch):
+  """The GRPO golden run (3 steps: rollout, rewards, μ=2 × 2 minibatch updates) with the continuous engine and
+  8 slots for its 16 rows gives the pinned numbers: same samples, so the same updates (params within the goldens'
+  tolerance)."""
+  from tests import test_goldens as tg
+  base = tg._config
+
+  def continuous_config(algo):
+    c = base(algo)
+    c.sampling.update(engine="continuous", slots=8, compaction=2)
+    return c
+  monkeypatch.setattr(tg, "_config", continuous_config)
+  got = tg._run("grpo")
+  for k, w in tg.GOLDEN["grpo"].items():
+    np.testing.assert_allclose([row[k] for row in got], w, rtol=tg.RTOL, atol=tg.ATOL, err_msg=k)
+
+
+def test_dynamic_sampling_rollout_equals_the_static_engines():
+  """DAPO's oversampled batch: all oversample × B groups are queued (a fixed queue) and then B kept, exactly as the
+  static engine does; rows that end early (26 EOS ids), bf16 old log-probs recomputed, reference log-probs."""
+  from grpo_jax.tasks import digits
+  from tests.test_rl_step import TINY, _ManyEos, _rollout
+  c = digits.bench_config(**TINY)
+  c.rl.update(dynamic_sampling=True, oversample=2)
+  tok = _ManyEos(c.model.vocab_size)
+  ref = _rollout(c, 2, tokenizer=tok)
+  ro = _rollout(c, 2, tokenizer=tok, **{"sampling.engine": "continuous", "sampling.compaction": 3})
+  np.testing.assert_array_equal(ro.tokens_NxL, ref.tokens_NxL)
+  np.testing.assert_array_equal(ro.mask_NxL, ref.mask_NxL)
+  assert 0 < ref.mask_NxL.sum() < ref.mask_NxL.size
+  np.testing.assert_array_equal(ro.r_N, ref.r_N)
+  assert int(ro.ds_kept) == int(ref.ds_kept)
+  for f in ("old_logp_NxL", "ref_logp_NxL"):
+    np.testing.assert_allclose(getattr(ro, f), getattr(ref, f), atol=1e-5, rtol=0)
+  # slots = 32 rows / 2 chunks = 16: the queue was used; the continuous schedule wasted fewer row-steps
+  assert float(ro.decode_admit_wait) > 0 and ref.decode_admit_wait is None
+  assert 0 < float(ref.decode_slot_util) < float(ro.decode_slot_util) <= 1
+
+
+@pytest.mark.parametrize("over,msg", [
+    (dict(engine="paged"), "config.sampling.engine: unknown value 'paged'"),
+    (dict(slots=65), "config.sampling.slots: 65 exceeds the 64 rollout rows"),
+    (dict(slots=12), "config.sampling.slots: 12 must be divisible by mesh data\\*fsdp=8"),
+    (dict(slots=-1), "config.sampling.slots: must be an integer >= 0"),
+    (dict(compaction=0), "config.sampling.compaction: must be an integer >= 1"),
+])
+def test_bad_engine_config_is_one_config_error(over, msg):
+  """Checked on plain values by validate_rl (exit 2 before anything compiles)."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.run import validate
+  c = config_lib.base_config()
+  c.mesh.update(data=1, fsdp=8, tensor=1)
+  c.eval.update(batch=8 * c.eval.n_samples, size=8 * c.eval.n_samples)
+  c.sampling.update({"engine": "continuous", **over})
+  with pytest.raises(validate.ConfigError, match=msg):
+    validate.validate_rl(c, num_devices=8)
+  c.sampling.update(engine="continuous", slots=16, compaction=4)
+  validate.validate_rl(c, num_devices=8)
