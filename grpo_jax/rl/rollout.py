@@ -106,7 +106,7 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
       # one prefill per prompt (the untiled batch), S slots over the N rows; rl.rollout_chunks bounds the slots
       # (sampling.slots=0: N / rollout_chunks, the KV of as many rows as one static chunk holds)
       ro, stats = engine_lib.sample_groups(mcfg, params, batch["prompt_NxP"], batch["prompt_mask_NxP"], G, scfg,
-                                           u_LxN=u_NxL.T, slots=slots_for(config, n_all), levels=levels,
+                                           u_LxN=u_NxL.T, slots=row_chunks.slots_for(config, n_all), levels=levels,
                                            split=batch_split(), decode=decode)
       decode_steps, row_steps, admit_wait = ro.decode_steps, stats.row_steps, stats.admit_wait
     else:
@@ -176,11 +176,6 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
                    decode_admit_wait=admit_wait)
 
   return rollout_fn
-
-
-def slots_for(config, n_rows: int) -> int:
-  """The continuous engine's slot count: sampling.slots, or (0) the rows / rl.rollout_chunks."""
-  return int(config.sampling.get("slots", 0)) or n_rows // int(config.rl.rollout_chunks)
 
 
 def batch_split() -> int:

@@ -223,7 +223,7 @@ def validate_engine(c, rows: int, data_par: int) -> None:
   _choice(c, "sampling.engine", ENGINES)
   slots, levels = c.sampling.get("slots", 0), c.sampling.get("compaction", 4)
   if not isinstance(slots, int) or slots < 0:
-    _fail("sampling.slots", f"must be an integer >= 0 (0 = rows / rl.rollout_chunks), got {slots!r}.")
+    _fail("sampling.slots", f"must be an integer >= 0 (0 = auto: rl/auto.py's choice), got {slots!r}.")
   if slots > rows:
     _fail("sampling.slots", f"{slots} exceeds the {rows} rollout rows (prompts_per_step*G, times rl.oversample "
           "under dynamic sampling); use at most that, or 0.")
