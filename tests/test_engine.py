@@ -311,3 +311,69 @@ def test_auto_slots_planner_takes_the_most_slots_that_fit():
   assert auto.worst_case_steps(64, 8, 100) == 800
   static = config_lib.override(c, {"sampling.engine": "static"})  # slots mean nothing there: left at 0
   assert auto.resolve(static, auto.Context(mesh, None))[0].sampling.slots == 0
+
+
+def test_evaluation_generate_with_the_continuous_engine_equals_static():
+  """Evaluation's sampled generate (eval.n_samples copies of each prompt, rows repeated as Evaluator._chunks does)
+  prefills each prompt once under the continuous engine and returns the static engine's samples."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.infra import sharding
+  from grpo_jax.run import evaluation
+  from grpo_jax.tasks import digits
+  from tests.test_rl_step import TINY
+  c = digits.bench_config(**TINY)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = M.ModelConfig.from_config(c.model)
+  params = random_params(mcfg, 1)
+  batch = next(digits.make_batches(4, 1, seed=2))
+  n_samples = 3
+  prompt = np.repeat(batch["prompt_NxP"], n_samples, 0)
+  pmask = np.repeat(batch["prompt_mask_NxP"], n_samples, 0)
+  scfg = S.SamplingConfig(max_new_tokens=c.sampling.max_new_tokens, eos_id=tuple(range(30, 64)))
+  outs = {}
+  for eng in ("static", "continuous"):
+    ce = config_lib.override(c, {"sampling.engine": eng})
+    gen = evaluation.make_generate(mcfg, scfg, mesh, c.task.name, {}, in_graph=False, config=ce, group=n_samples)
+    outs[eng] = jax.device_get(gen(params, prompt, pmask, {}, jax.random.PRNGKey(4)))
+  lengths = outs["static"][2]
+  assert lengths.min() < lengths.max(), lengths
+  for a, b in zip(outs["static"], outs["continuous"]):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("slots,levels", [(0, 4), (8, 2), (2, 1)])
+def test_numpy_schedule_replays_the_engine(params, slots, levels):
+  """engine.simulate (what the roofline models decode with) gives the jitted engine's decode steps and row-steps
+  for the lengths it produced."""
+  prompt, pm = prompts(B, seed=6)
+  G = 4
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=tuple(range(1, 12)))
+  u = S.uniforms(jax.random.PRNGKey(9), L, B * G)
+  ro, stats = continuous(params, prompt, pm, G, scfg, u, slots=slots, levels=levels, kv_block=4)
+  sim = E.simulate(np.asarray(ro.lengths_N), slots or B * G, E.compaction_sizes(slots or B * G, levels), 4, L)
+  assert (sim["steps"], sim["row_steps"]) == (int(ro.decode_steps), int(stats.row_steps))
+  assert sim["tokens"] == int(np.sum(ro.lengths_N))
+
+
+def test_roofline_decode_work_for_stated_lengths():
+  """roofline.decode_work by hand: the static engine's row chunks each run to their longest row rounded up to the
+  exit chunk and read the whole P + L cache; the continuous one replays engine.simulate and prefills B prompts;
+  without lengths, the all-rows-to-L bound the roofline always used."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.perf import roofline
+  from grpo_jax.rl import memory_plan
+  c = memory_plan.workload_config("tiny", 2, 2, 4, 10, dict(data=1, fsdp=1, tensor=1), rollout_chunks=2)
+  c.sampling.exit_chunk = 4
+  lengths = np.array([3, 10, 2, 5])
+  # chunk 0 = rows 0, 2 (longest 3: 2 decode steps -> 4); chunk 1 = rows 1, 3 (longest 10: 9 steps, capped at L - 1)
+  w = roofline.decode_work(c, lengths)
+  assert w == dict(steps=9, row_steps=4 * 2 + 9 * 2, kv_read=26 * 14, prefill_rows=4, tokens=20)
+  assert roofline.decode_work(c) == dict(steps=10, row_steps=40, kv_read=40 * 14, prefill_rows=4, tokens=40)
+  cc = config_lib.override(c, {"sampling.engine": "continuous", "sampling.slots": 4, "sampling.compaction": 2})
+  sim = E.simulate(lengths, 4, (4, 2), 10, 10)
+  w = roofline.decode_work(cc, lengths)
+  assert w == dict(steps=sim["steps"], row_steps=sim["row_steps"], kv_read=sim["kv_read"] + sim["row_steps"] * 4,
+                   prefill_rows=2, tokens=20)
+  assert sim["steps"] == 9 and sim["row_steps"] < 26  # 4 slots, then 2 once two rows are left
+  flops = roofline.analytic_flops(cc, "cpu", lengths)
+  assert flops["rollout decode"] < roofline.analytic_flops(c, "cpu", lengths)["rollout decode"]

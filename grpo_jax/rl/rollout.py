@@ -107,7 +107,7 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
       # (sampling.slots=0: N / rollout_chunks, the KV of as many rows as one static chunk holds)
       ro, stats = engine_lib.sample_groups(mcfg, params, batch["prompt_NxP"], batch["prompt_mask_NxP"], G, scfg,
                                            u_LxN=u_NxL.T, slots=row_chunks.slots_for(config, n_all), levels=levels,
-                                           split=batch_split(), decode=decode)
+                                           split=engine_lib.batch_split(), decode=decode)
       decode_steps, row_steps, admit_wait = ro.decode_steps, stats.row_steps, stats.admit_wait
     else:
       def sample_rows(p, m, u):
@@ -178,10 +178,6 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
   return rollout_fn
 
 
-def batch_split() -> int:
-  """Devices the rows are split over on the context mesh (data × fsdp; 1 without a mesh)."""
-  mesh = jax.sharding.get_abstract_mesh()
-  return 1 if mesh.empty else dict(mesh.shape).get("data", 1) * dict(mesh.shape).get("fsdp", 1)
 
 
 def train_lengths(config) -> tuple[int, ...]:

@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from grpo_jax.model import decode as decode_lib
 from grpo_jax.model import live_attention
@@ -179,8 +180,49 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
   return ro, Stats(row_steps=lp.row_steps, admit_wait=lp.waited.astype(jnp.float32) / n)
 
 
+def batch_split() -> int:
+  """Devices the rows are split over on the context mesh (data × fsdp; 1 without a mesh): every slot count is a
+  multiple of it."""
+  mesh = jax.sharding.get_abstract_mesh()
+  return 1 if mesh.empty else dict(mesh.shape).get("data", 1) * dict(mesh.shape).get("fsdp", 1)
+
+
 def slot_util(lengths_N: jax.Array, row_steps: jax.Array) -> jax.Array:
   """Generated tokens / row-steps computed, the first token of each row counted as its prefill's row-step (the
   static engine computes rows × (decode_steps + 1) of them)."""
   n = lengths_N.shape[0]
   return jnp.sum(lengths_N).astype(jnp.float32) / (row_steps + n).astype(jnp.float32)
+
+
+def simulate(lengths_N: np.ndarray, slots: int, sizes: tuple[int, ...], block: int, max_new: int) -> dict[str, int]:
+  """The engine's schedule replayed in NumPy for given completion lengths (the roofline's decode terms, `aot
+  --no-compile --lengths ...`): decode steps, row-steps computed and completion KV positions read (every computed
+  slot reads the blocks below the live maximum). Mirrors `sample_groups`: admission in slot order at the step after
+  a row ends, compaction once the queue is empty and the live rows fit the next size."""
+  n = len(lengths_N)
+  lengths_N = np.minimum(np.asarray(lengths_N, np.int64), max_new)
+  row, t, live = np.full(slots, n), np.zeros(slots, np.int64), np.zeros(slots, bool)
+  nxt, steps, row_steps, kv_read = 0, 0, 0, 0
+
+  def admit_emit(row, t, live, nxt):
+    free = ~live
+    new = nxt + np.cumsum(free) - 1
+    take = free & (new < n)
+    row = np.where(take, new, np.where(free, n, row))
+    t, live = np.where(take, 0, t), live | take
+    ends = live & (t == lengths_N[np.minimum(row, n - 1)] - 1)
+    return row, t, live & ~ends, nxt + int(take.sum())
+
+  row, t, live, nxt = admit_emit(row, t, live, nxt)
+  for k, size in enumerate(sizes):
+    if k:
+      keep = np.argsort(~live, kind="stable")[:size]
+      row, t, live = row[keep], t[keep], live[keep]
+    nxt_size = sizes[k + 1] if k + 1 < len(sizes) else 0
+    while nxt < n or live.sum() > nxt_size:
+      live_len = int(np.max(np.where(live, t + 1, 0)))
+      steps, row_steps = steps + 1, row_steps + len(row)
+      kv_read += len(row) * (-(-live_len // block) * block)
+      t = np.where(live, t + 1, t)
+      row, t, live, nxt = admit_emit(row, t, live, nxt)
+  return dict(steps=steps, row_steps=row_steps, kv_read=kv_read, tokens=int(lengths_N.sum()))
