@@ -291,9 +291,9 @@ def test_auto_slots_planner_takes_the_most_slots_that_fit():
   whose memory plan fits the device; a tighter device gets fewer slots; other knobs are left alone."""
   from grpo_jax.config import config_lib
   from grpo_jax.rl import auto, memory_plan
-  # 16 minibatches and 8 chunks for the scoring forwards: the rollout's slot KV is the step's peak
+  # β = 0 (no reference forward), fp32 (no old-log-prob forward), 16 minibatches: the slots' KV is the peak
   c = memory_plan.workload_config("qwen2.5-1.5b", 16, 16, 512, 8192, dict(data=1, fsdp=8, tensor=1),
-                                  engine="continuous", minibatches=16, rollout_chunks=8)
+                                  engine="continuous", minibatches=16, algo="dr_grpo", dtype="float32")
   mesh = dict(data=1, fsdp=8, tensor=1)
   assert auto.slot_candidates(c, auto.Context(mesh, None)) == [256, 128, 64, 32, 16, 8]
   free, chosen = auto.resolve(c, auto.Context(mesh, None))
@@ -303,12 +303,14 @@ def test_auto_slots_planner_takes_the_most_slots_that_fit():
     cs = config_lib.override(c, {"sampling.slots": s})
     totals[s] = memory_plan.plan(cs, mesh, "tpu").total_bytes
   assert totals[64] < totals[256]
-  budget = (totals[64] + totals[256]) // 2  # between: 128 slots fit (planned 9.4 GiB of 10.7), 256 do not
+  budget = (totals[64] + totals[256]) // 2  # between: 128 slots fit (planned 15.1 GiB of 16.9), 256 do not
   tight, _ = auto.resolve(c, auto.Context(mesh, budget, "tpu"))
   assert tight.sampling.slots == 128
   assert memory_plan.plan(config_lib.override(c, {"sampling.slots": 128}), mesh, "tpu").total_bytes <= budget
   assert auto.resolve(c, auto.Context(mesh, 1 << 30, "tpu"))[0].sampling.slots == 8  # none fits: the fewest
   assert auto.worst_case_steps(64, 8, 100) == 800
+  chunked = config_lib.override(c, {"rl.rollout_chunks": 4})  # the rollout chunks bound the slots
+  assert auto.slot_candidates(chunked, auto.Context(mesh, None)) == [64, 32, 16, 8]
   static = config_lib.override(c, {"sampling.engine": "static"})  # slots mean nothing there: left at 0
   assert auto.resolve(static, auto.Context(mesh, None))[0].sampling.slots == 0
 

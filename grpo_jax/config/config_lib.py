@@ -62,8 +62,8 @@ def base_config() -> ml_collections.ConfigDict:
       # its longest ends); continuous = rollout/engine.py (one prefill per prompt, S slots refilled from a row
       # queue, compaction to power-of-two slot counts, KV read up to the live rows' length). Same samples.
       engine="static",
-      # continuous: decode slots S (rows queue for them); 0 = auto: the most that fit the device (rl/auto.py; a
-      # step built without it, rows / rl.rollout_chunks)
+      # continuous: decode slots S (rows queue for them); 0 = auto: the most, up to rows / rl.rollout_chunks, that
+      # fit the device (rl/auto.py; a step built without it: rows / rl.rollout_chunks)
       slots=0,
       compaction=4))  # continuous: slot counts S, S/2, ... (at most this many; 1 = no compaction)
 

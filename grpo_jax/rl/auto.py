@@ -77,9 +77,10 @@ def _rows(config) -> int:
 
 
 def slot_candidates(config, ctx: Context) -> list[int]:
-  """N, N/2, N/4, ... while a multiple of the mesh's row split (data × fsdp), largest first."""
+  """N / rl.rollout_chunks (the rollout chunks bound the slots), then halves, while a multiple of the mesh's row
+  split (data × fsdp), largest first."""
   split = ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1)
-  out, s = [], _rows(config)
+  out, s = [], _rows(config) // int(config.rl.rollout_chunks)
   while s >= split and s % split == 0:
     out.append(s)
     if s % 2:
@@ -96,7 +97,8 @@ def worst_case_steps(n: int, slots: int, L: int) -> int:
 
 
 def choose_slots(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
-  """The most slots whose step fits the device memory (the fewest sequential steps); all of them without a limit."""
+  """The most slots whose step fits the device memory (the fewest sequential steps); the first candidate without a
+  limit."""
   n, L = _rows(config), config.sampling.max_new_tokens
   if not candidates:
     raise ValueError(f"sampling.slots=auto: no slot count divides the {n} rows over mesh data*fsdp; set it.")
