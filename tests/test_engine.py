@@ -379,3 +379,31 @@ def test_roofline_decode_work_for_stated_lengths():
   assert sim["steps"] == 9 and sim["row_steps"] < 26  # 4 slots, then 2 once two rows are left
   flops = roofline.analytic_flops(cc, "cpu", lengths)
   assert flops["rollout decode"] < roofline.analytic_flops(c, "cpu", lengths)["rollout decode"]
+
+
+def test_vmapped_rl_steps_with_the_continuous_engine_equal_the_static_ones():
+  """studies/vmapped_runs.py: two runs (seeds, and a traced temperature each) in one vmapped RL program, the
+  continuous engine's batched while predicates running until both runs are done: the same params and metrics as the
+  static engine's program after a step."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.studies import vmapped_runs as seeds_lib
+  from tests import test_seeds as ts
+  c, mesh, mcfg, spec, tok = ts._setup()
+  out = {}
+  for eng in ("static", "continuous"):
+    ce = config_lib.override(c, {"sampling.engine": eng, "sampling.slots": 8})
+    states = seeds_lib.init_states(ce, mcfg, [0, 1], hparams={"sampling.temperature": [1.0, 0.7]})
+    step = seeds_lib.make_steps(ce, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
+    ms = []
+    for b in ts.BATCHES[:1]:
+      states, m = step(states, b)
+      ms.append(seeds_lib.host_scalars(m))
+    out[eng] = jax.device_get(states["params"]), ms
+  for a, b in zip(jax.tree.leaves(out["static"][0]), jax.tree.leaves(out["continuous"][0])):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+  for ms, mc in zip(out["static"][1], out["continuous"][1]):
+    for k in ("train/loss", "train/reward_mean", "train/completion_len_mean", "train/kl"):
+      np.testing.assert_allclose(mc[k], ms[k], atol=1e-5, rtol=1e-5, err_msg=k)
+  assert out["continuous"][1][0]["train/completion_len_mean"][0] != out["continuous"][1][0][
+      "train/completion_len_mean"][1] or out["continuous"][1][0]["train/loss"][0] != out["continuous"][1][0][
+      "train/loss"][1]  # the two runs really differ
