@@ -141,8 +141,20 @@ def test_compaction_follows_the_live_rows(params):
   eos = tuple(range(1, 40))  # most draws end a row
   scfg = S.SamplingConfig(max_new_tokens=L, eos_id=eos)
   ref = reference(params, prompt, pm, G, scfg, u)
-  ro, stats = continuous(params, prompt, pm, G, scfg, u, levels=4, kv_block=4)
+  traces = []
+
+  def run(u):
+    traces.append(1)
+    return E.sample_groups(MCFG, params, prompt, pm, G, scfg, u_LxN=u, levels=4, kv_block=4)
+  f = jax.jit(run)
+  ro, stats = f(u)
   assert_same(ro, ref)
+  # another length mix through the same program: no retrace (the schedule is data, not shape)
+  u2 = S.uniforms(jax.random.PRNGKey(8), L, n)
+  ro2, _ = f(u2)
+  ref2 = reference(params, prompt, pm, G, scfg, u2)
+  assert_same(ro2, ref2)
+  assert len(traces) == 1 and not np.array_equal(np.asarray(ref.lengths_N), np.asarray(ref2.lengths_N))
   steps = int(ro.decode_steps)
   assert steps == int(np.asarray(ref.lengths_N).max()) - 1
   assert int(stats.row_steps) < n * steps
