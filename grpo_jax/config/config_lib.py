@@ -57,7 +57,15 @@ def base_config() -> ml_collections.ConfigDict:
       # tensor-parallel over decode_tp fsdp devices, else the training layout (weights all-gathered every token).
       decode_layout="auto",
       decode_tp=0,  # fsdp devices per tensor-parallel decode group (layout tp / auto); 0 = smallest that fits
-      exit_chunk=16))  # early exit: decode steps between checks that every row is done; 0 = always max_new_tokens
+      exit_chunk=16,  # early exit: decode steps between checks that every row is done; 0 = always max_new_tokens
+      # Rollout engine: static = the reference batch decode (sampling.sample: every row of a row chunk decodes until
+      # its longest ends); continuous = rollout/engine.py (one prefill per prompt, S slots refilled from a row
+      # queue, compaction to power-of-two slot counts, KV read up to the live rows' length). Same samples.
+      engine="static",
+      # continuous: decode slots S (rows queue for them); 0 = auto: the most, up to rows / rl.rollout_chunks, that
+      # fit the device (rl/auto.py; a step built without it: rows / rl.rollout_chunks)
+      slots=0,
+      compaction=4))  # continuous: slot counts S, S/2, ... (at most this many; 1 = no compaction)
 
   # rl.algo names the algorithm; presets.PRESETS[algo] holds every setting that defines it (the keys marked
   # "preset"). The defaults below are the grpo preset's (tests/test_presets.py checks they agree). Switch algorithm

@@ -12,9 +12,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
+from grpo_jax.model import live_attention
 from grpo_jax.model.model import Block, ModelConfig, Params, RMSNorm, _apply, _head
-
-Cache = dict[str, jax.Array]
 
 Cache = dict[str, jax.Array]
 
@@ -80,18 +79,31 @@ def decode_step(mcfg: ModelConfig, params: Params, token_N: jax.Array, position_
   Runs the layers as a Python loop over their own weights (`weights`, from `decode_weights` or
   decode_layout.prepare; made from `params` here if None) and their own cache buffers, so nothing is sliced out of a
   stacked array per token."""
-  c, dt = mcfg, mcfg.compute_dtype
   w = decode_weights(mcfg, params) if weights is None else weights
-  positions_Nx1 = position_N[:, None]
   index = jnp.asarray(index, jnp.int32)
-  x_NxD = jnp.take(w.embed_VxD, token_N, axis=0).astype(dt)
-  x_NxD = nn.with_logical_constraint(x_NxD, ("batch", "embed"))
-  ks, vs = [], []
+  layer = lambda l, blk, lp, x, pos: blk.apply({"params": lp}, x, pos, None, (cache["k"][l], cache["v"][l]), index,
+                                               kv_mask_NxS)
+  logits, kvs = _layers(mcfg, w, token_N, position_N, "decode", layer)
+  return logits, {"k": tuple(k for k, _ in kvs), "v": tuple(v for _, v in kvs)}
+
+
+def decode_step_live(mcfg: ModelConfig, weights: DecodeWeights, token_N: jax.Array, position_N: jax.Array,
+                     live: tuple[live_attention.LiveKV, ...], t_N: jax.Array):
+  """The continuous engine's step: row n's token goes into its own completion position t_N[n] of its slot; it
+  attends to its prompt's shared KV and its own completion KV (live_attention.py). -> (logits, updated LiveKVs)."""
+  layer = lambda l, blk, lp, x, pos: blk.apply({"params": lp}, x, pos, None, live[l], t_N)
+  return _layers(mcfg, weights, token_N, position_N, "decode_live", layer)
+
+
+def _layers(mcfg: ModelConfig, w: DecodeWeights, token_N, position_N, mode: str, layer):
+  """Embedding, the layers as a Python loop (`layer(l, block, layer_params, x, positions)` -> (x, kv)), final norm
+  and head: the body both decode steps share."""
+  dt = mcfg.compute_dtype
+  x_NxD = nn.with_logical_constraint(jnp.take(w.embed_VxD, token_N, axis=0).astype(dt), ("batch", "embed"))
+  kvs = []
   for l, layer_params in enumerate(w.layers):
-    x_NxD, (k, v) = Block(c, "decode").apply({"params": layer_params}, x_NxD, positions_Nx1, None,
-                                             (cache["k"][l], cache["v"][l]), index, kv_mask_NxS)
-    ks.append(k)
-    vs.append(v)
-  h_NxD = RMSNorm(c.rms_eps, dt).apply({"params": w.final_norm}, x_NxD)
+    x_NxD, kv = layer(l, Block(mcfg, mode), layer_params, x_NxD, position_N[:, None])
+    kvs.append(kv)
+  h_NxD = RMSNorm(mcfg.rms_eps, dt).apply({"params": w.final_norm}, x_NxD)
   head_DxV = w.embed_VxD.T if w.head_DxV is None else w.head_DxV
-  return _head(mcfg, h_NxD, head_DxV), {"k": tuple(ks), "v": tuple(vs)}
+  return _head(mcfg, h_NxD, head_DxV), tuple(kvs)

@@ -34,6 +34,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.model import attention
+from grpo_jax.model import live_attention
 from grpo_jax.model.model_config import UNROLL_MAX_LAYERS, ModelConfig  # noqa: F401  (UNROLL_MAX_LAYERS: re-exported)
 
 Params = Any
@@ -97,7 +98,8 @@ class Table(nn.Module):
 
 class Block(nn.Module):
   """One pre-norm layer. mode: 'train' (no cache), 'prefill' (also returns this layer's K/V in cache layout),
-  'decode' (T=1; writes K/V into this layer's cache at slot `index` and attends to the cache)."""
+  'decode' (T=1; writes K/V into this layer's cache at slot `index` and attends to the cache), 'decode_live' (T=1;
+  the continuous engine's shared-prompt / per-slot KV, live_attention.py)."""
   cfg: ModelConfig
   mode: str
 
@@ -132,6 +134,9 @@ class Block(nn.Module):
       ok_NxS = (kv_mask_NxS > 0) & (jnp.arange(s) <= index)[None]  # slots past index are stale or empty
       o = attention.cache(q[:, 0], ck_NxKxDxS, cv_NxKxSxD, ok_NxS)[:, None]
       kv_out = (ck_NxKxDxS, cv_NxKxSxD)
+    elif self.mode == "decode_live":  # continuous engine: cache_kv is a live_attention.LiveKV, index the rows' t_N
+      kv_out = live_attention.write(cache_kv, k[:, 0], v[:, 0], index)
+      o = live_attention.attend(q[:, 0], kv_out)[:, None]
     else:
       o = attention.attend(c.attention, q, k, v, mask_NxT)
       if self.mode == "prefill":

@@ -28,6 +28,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import numpy as np
 
 from grpo_jax.rollout import decode_layout
 from grpo_jax.perf import hlo_collectives
@@ -163,9 +164,20 @@ def topology_size(topology: str) -> int:
   return math.prod(int(d) for d in dims)
 
 
+def stated_lengths(spec: str, n: int, L: int) -> np.ndarray:
+  """--lengths lognormal:MEDIAN:SIGMA -> n completion lengths in [1, L] (numpy seed 0)."""
+  parts = spec.split(":")
+  if len(parts) != 3 or parts[0] != "lognormal":
+    raise ValueError(f"--lengths={spec!r}: write lognormal:MEDIAN:SIGMA (e.g. lognormal:1500:0.654).")
+  median, sigma = float(parts[1]), float(parts[2])
+  draw = np.random.default_rng(0).lognormal(math.log(median), sigma, n)
+  return np.clip(np.rint(draw), 1, L).astype(np.int64)
+
+
 def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str, int] | None = None,
-          devices: list | None = None, compile: bool = True) -> dict[str, Any]:
-  """The whole report for one config on one TPU topology (compiles once; `compile=False`: plan + roofline)."""
+          devices: list | None = None, compile: bool = True, lengths_N=None) -> dict[str, Any]:
+  """The whole report for one config on one TPU topology (compiles once; `compile=False`: plan + roofline).
+  `lengths_N`: completion lengths the roofline's rollout terms assume (roofline.decode_work; None: all L)."""
   chip = chip_of(topology)
   if compile:
     devices = tpu_devices(topology) if devices is None else devices
@@ -186,13 +198,13 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   r = dict(topology=topology, n_devices=n_dev, mesh=mesh_shape, params=p.params, prompts=rl.prompts_per_step,
            G=rl.G, prompt_len=cfg.task.prompt_len, L=cfg.sampling.max_new_tokens, dtype=cfg.model.dtype,
            remat=cfg.model.remat, decode_layout=str(layout), decode_layout_why=why,
-           roofline=roofline(cfg, mesh_shape, chip, layout), chip=dataclasses.asdict(chip),
+           roofline=roofline(cfg, mesh_shape, chip, layout, lengths_N=lengths_N), chip=dataclasses.asdict(chip),
            plan=dict(total_bytes=p.total_bytes, resident_bytes=p.resident_bytes, temp_bytes=p.temp_bytes,
                      peak_phase=p.peak_phase, fits=p.total_bytes <= hbm, headroom_frac=1 - p.total_bytes / hbm))
   if not compile:
     # No program to read: the decode phase's collectives by its layout (the other phases' are not modelled).
     ici = roofline_lib.analytic_decode_ici(cfg, mesh_shape, topology, layout)
-    r.update(roofline=roofline(cfg, mesh_shape, chip, layout, ici), ici_source="analytic (decode only)")
+    r.update(roofline=roofline(cfg, mesh_shape, chip, layout, ici, lengths_N), ici_source="analytic (decode only)")
     return r
   compiled, compile_s = compile_step(cfg, devices, mesh_shape, hbm_bytes=hbm)
   mem = memory_report(compiled, hbm)
@@ -216,7 +228,7 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   weights = decode_layout.weight_collectives(decode_loop, mcfg, mesh_shape, layout)
   r.update(device_kind=devices[0].device_kind, compile_seconds=compile_s, memory=mem, ici_source="compiled program",
            xla_cost_flops_per_device=float(cost.get("flops", -1)) if cost else -1.0,
-           roofline=roofline(cfg, mesh_shape, chip, layout, ici), decode_collectives_per_token=per_token,
+           roofline=roofline(cfg, mesh_shape, chip, layout, ici, lengths_N), decode_collectives_per_token=per_token,
            decode_weight_collectives_per_token=sum(c.count for c in weights) / steps,
            decode_xla_collectives_per_token=dict(count=sum(c.count for c in xla_own) / steps,
                                                  bytes=sum(c.count * c.result_bytes for c in xla_own) / steps),
@@ -245,6 +257,12 @@ def format_report(r: dict[str, Any]) -> str:
         f"XLA's cost_analysis FLOPs (scan bodies counted once): "
         f"{r['xla_cost_flops_per_device'] * r['n_devices'] / 1e12:.2f} TFLOP"]
   lines.append(f"decode layout: {r['decode_layout']} ({r['decode_layout_why']})")
+  if "lengths" in r:
+    w = r["lengths"]
+    lines.append(f"rollout modelled for completion lengths {w['spec']} (mean {w['mean']:.0f}, max {w['max']}): "
+                 f"{w['steps']} decode steps, {w['row_steps']} row-steps, slot util "
+                 f"{w['tokens'] / (w['row_steps'] + r['prompts'] * r['G']):.2f}, {w['kv_read']:.3g} KV positions "
+                 "read")
   if "decode_collectives_per_token" in r:
     pt = r["decode_collectives_per_token"]
     counts = ", ".join(f"{n:g} {k}" for k, n in sorted(pt.items())) or "none"
@@ -283,6 +301,11 @@ def main(argv=None) -> int:
   ap.add_argument("--rollout-chunks", type=int, default=1, help="rl.rollout_chunks: sample and score the rollout's "
                   "rows in this many chunks")
   ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/config/presets.py); β = 0 ones keep no reference")
+  ap.add_argument("--engine", default="static", choices=["static", "continuous"], help="sampling.engine")
+  ap.add_argument("--slots", type=int, default=0, help="sampling.slots (continuous; 0 = rows / rollout chunks)")
+  ap.add_argument("--lengths", default="", metavar="lognormal:MEDIAN:SIGMA",
+                  help="completion lengths the rollout's roofline terms assume (seed 0, capped at --L); "
+                       "default: every row runs to L")
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
   ap.add_argument("--no-compile", action="store_true", help="memory_plan + roofline only (no libtpu needed)")
   ap.add_argument("--buffers", default="", metavar="DUMP_DIR",
@@ -298,8 +321,12 @@ def main(argv=None) -> int:
     mesh = memory_plan.parse_mesh(a.mesh) if a.mesh else None
     cfg = memory_plan.workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, None, a.dtype, a.remat,
                                       a.minibatches, algo=a.algo, rollout_chunks=a.rollout_chunks)
-    cfg.sampling.update(decode_layout=a.decode_layout, decode_tp=a.decode_tp)
-    r = check(cfg, a.topology, mesh, compile=not a.no_compile)
+    cfg.sampling.update(decode_layout=a.decode_layout, decode_tp=a.decode_tp, engine=a.engine, slots=a.slots)
+    lengths = stated_lengths(a.lengths, a.prompts * a.G, a.L) if a.lengths else None
+    r = check(cfg, a.topology, mesh, compile=not a.no_compile, lengths_N=lengths)
+    if lengths is not None:
+      r["lengths"] = dict(spec=a.lengths, mean=float(lengths.mean()), max=int(lengths.max()),
+                          **roofline_lib.decode_work(cfg, lengths))
   except (ValueError, RuntimeError) as e:
     print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
     return 2

@@ -16,11 +16,14 @@ from typing import Any, Iterable, Sequence
 
 import jax
 import ml_collections
+import numpy as np
 
 from grpo_jax.model import attention
 from grpo_jax.rollout import decode_layout
 from grpo_jax.model import model as model_lib
 from grpo_jax.rl import state as state_lib
+from grpo_jax.rl import row_chunks
+from grpo_jax.rollout import engine
 
 HOP_SECONDS = 1e-6  # ICI latency per hop ("How to Scale Your Model", TPUs chapter: "typically around 1us")
 
@@ -72,13 +75,39 @@ def matmul_params(mcfg: model_lib.ModelConfig) -> int:
   return mcfg.layers * per_layer + D * mcfg.vocab_size
 
 
-def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu") -> dict[str, float]:
+def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None = None) -> dict[str, float]:
+  """The rollout's work for given completion lengths (None: every row runs to L, the static bound): decode steps,
+  row-steps computed, (row, KV position) pairs read and rows prefilled, for `sampling.engine`. Static: each row
+  chunk runs to its longest row (rounded up to sampling.exit_chunk) and reads the whole P + L cache per step;
+  continuous: engine.simulate's schedule, the prompt KV plus the completion blocks below the live maximum."""
+  rl, sc = config.rl, config.sampling
+  N, P, L = rl.prompts_per_step * rl.G, config.task.prompt_len, sc.max_new_tokens
+  if lengths_N is None:
+    return dict(steps=L, row_steps=N * L, kv_read=N * L * (P + L), prefill_rows=N, tokens=N * L)
+  lengths_N = np.minimum(np.asarray(lengths_N), L)
+  if sc.get("engine", "static") == "continuous":
+    slots = row_chunks.slots_for(config, N)
+    sim = engine.simulate(lengths_N, slots, engine.compaction_sizes(slots, int(sc.compaction), 1),
+                          min(engine.KV_BLOCK, L), L)
+    return dict(steps=sim["steps"], row_steps=sim["row_steps"], kv_read=sim["kv_read"] + sim["row_steps"] * P,
+                prefill_rows=N // rl.G, tokens=sim["tokens"])
+  c, chunks = int(sc.exit_chunk), int(rl.rollout_chunks)
+  steps_c = [L - 1 if not c else min(L - 1, -(-(int(lengths_N[i::chunks].max()) - 1) // c) * c)
+             for i in range(chunks)]
+  row_steps = sum(s * (N // chunks) for s in steps_c)
+  return dict(steps=max(steps_c), row_steps=row_steps, kv_read=row_steps * (P + L), prefill_rows=N,
+              tokens=int(lengths_N.sum()))
+
+
+def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu",
+                   lengths_N: np.ndarray | None = None) -> dict[str, float]:
   """Global FLOPs of one step, by phase: 2·params per token forward, 6·params per token forward+backward.
 
   Attention adds 4·layers·heads·head_dim per (query, key) pair computed: in training and prefill the pairs of the
   path `model.attention` runs on `plat` (attention.choose / attention.pairs: the causal blocks of splash and
   blockwise, the full T×T of the einsum path); decode attends over the whole cache (P+L slots) at every step. The
-  reference forward is absent at β = 0 (no reference model).
+  reference forward is absent at β = 0 (no reference model). `lengths_N`: the decode's work for these completion
+  lengths (decode_work) instead of every row to L.
   """
   mcfg = model_lib.ModelConfig.from_config(config.model)
   rl = config.rl
@@ -91,9 +120,11 @@ def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu") -> dict
   chunk_rows = N // rl.rollout_chunks
   # One forward over all N×T tokens, in the row groups it runs in (rollout chunks, or update minibatches).
   fwd_seq = lambda n: 2 * pm * N * T + attn_pair * N * pairs(n, T)
+  w = decode_work(config, lengths_N)
+  pre = w["prefill_rows"]
   out = {
-      "rollout prefill": 2 * pm * N * P + attn_pair * N * pairs(chunk_rows, P),
-      "rollout decode": 2 * pm * N * L + attn_pair * N * L * T,
+      "rollout prefill": 2 * pm * pre * P + attn_pair * pre * pairs(min(chunk_rows, pre), P),
+      "rollout decode": 2 * pm * w["row_steps"] + attn_pair * w["kv_read"],
   }
   if state_lib.uses_reference(config):
     out["reference forward"] = fwd_seq(chunk_rows)
@@ -109,7 +140,7 @@ def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu") -> dict
 
 
 def hbm_bytes(config: ml_collections.ConfigDict, mesh: dict[str, int],
-              layout: decode_layout.Layout | None = None) -> dict[str, float]:
+              layout: decode_layout.Layout | None = None, lengths_N: np.ndarray | None = None) -> dict[str, float]:
   """Bytes one chip reads from HBM per phase, at least: every pass reads the weights it multiplies (in the compute
   dtype, as that phase holds them); decode reads them and this chip's KV cache at every token; the optimizer reads
   and writes its fp32 shard (params, gradient, Adam m and v). Activations are not counted."""
@@ -126,9 +157,13 @@ def hbm_bytes(config: ml_collections.ConfigDict, mesh: dict[str, int],
   kv_slot = 2 * mcfg.layers * rows * max(kv_heads // t, 1) * mcfg.head_dim * cb  # one cache slot, K and V
   decode_weights = matmul_params(mcfg) * cb / t
   shard = 4 * matmul_params(mcfg) / (dp * mesh["tensor"])  # one fp32 copy, FSDP-split
+  w = decode_work(config, lengths_N)  # every row to L unless lengths are given
+  kv_pos = kv_slot / rows  # one (row, position) of K and V on this chip
   out = {
-      "rollout prefill": weights * rl.rollout_chunks + kv_slot * P,  # one pass over the weights per chunk
-      "rollout decode": L * (decode_weights + kv_slot * (P + L)),  # each step attends over the whole cache
+      # one pass over the weights per chunk (or over the B prompts once), writing their KV
+      "rollout prefill": weights * rl.rollout_chunks + kv_pos * w["prefill_rows"] / (N / rows) * P,
+      # the decode weights every step; the KV the computed rows read (static: the whole cache, every step)
+      "rollout decode": w["steps"] * decode_weights + kv_pos * w["kv_read"] / (N / rows),
   }
   if state_lib.uses_reference(config):
     out["reference forward"] = weights * rl.rollout_chunks  # one pass over the weights per chunk of rows
@@ -235,13 +270,13 @@ def analytic_decode_ici(config: ml_collections.ConfigDict, mesh: dict[str, int],
 
 
 def roofline(config: ml_collections.ConfigDict, mesh: dict[str, int], chip: Chip,
-             layout: decode_layout.Layout | None = None, ici: dict[str, dict[str, float]] | None = None
-             ) -> dict[str, Any]:
+             layout: decode_layout.Layout | None = None, ici: dict[str, dict[str, float]] | None = None,
+             lengths_N: np.ndarray | None = None) -> dict[str, Any]:
   """Lower-bound seconds per phase: max(compute at bf16 peak on every chip, HBM reads, ICI) — ICI when `ici`
   (ici_seconds of the compiled step) is given, else not modelled."""
   n_chips = math.prod(mesh.values())
-  flops = analytic_flops(config)
-  hbm = hbm_bytes(config, mesh, layout)
+  flops = analytic_flops(config, lengths_N=lengths_N)
+  hbm = hbm_bytes(config, mesh, layout, lengths_N)
   ici = ici or {}
   rows = list(flops) + [r for r in ici if r not in flops]
   compute = {k: flops.get(k, 0.0) / (n_chips * chip.bf16_tflops * 1e12) for k in rows}

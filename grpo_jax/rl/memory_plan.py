@@ -26,6 +26,7 @@ import ml_collections
 from grpo_jax.model import attention
 from grpo_jax.config import config_lib
 from grpo_jax.rollout import decode_layout
+from grpo_jax.rollout import engine as engine_lib
 from grpo_jax.model import model as model_lib
 from grpo_jax.model import model_presets
 from grpo_jax.config import presets
@@ -63,14 +64,14 @@ def parse_mesh(text: str) -> dict[str, int]:
 def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_len: int = 256, L: int = 512,
                     mesh: dict[str, int] | None = None, dtype: str = "bfloat16", remat: str = "full",
                     minibatches: int = 1, mu: int = 1, algo: str = "grpo",
-                    rollout_chunks: int = 1) -> ml_collections.ConfigDict:
+                    rollout_chunks: int = 1, engine: str = "static", slots: int = 0) -> ml_collections.ConfigDict:
   """The peers' GRPO workload (β=0.04 unless the preset `algo` says otherwise, μ=1, lr 1e-5, T=1) on a named model
   shape: what `aot` compiles."""
   if model not in PRESETS:
     raise ValueError(f"--model={model!r}: choose one of {sorted(PRESETS)}.")
   c = presets.apply(config_lib.base_config(), algo)
   c.model.update(PRESETS[model], max_len=prompt_len + L, dtype=dtype, remat=remat)
-  c.sampling.update(temperature=1.0, max_new_tokens=L)
+  c.sampling.update(temperature=1.0, max_new_tokens=L, engine=engine, slots=slots)
   c.task.prompt_len = prompt_len
   c.rl.update(G=G, prompts_per_step=prompts, mu=mu, minibatches=minibatches, rollout_chunks=rollout_chunks)
   if presets.PRESETS[algo]["rl.beta"] > 0:
@@ -232,6 +233,9 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
       "prefill layer": prefill,
       "rollout outputs": rows * L * 4 * 3 + carried,  # + the uniforms, tokens and log-probs of all sampled rows
   }
+  if config.sampling.get("engine", "static") == "continuous":
+    del rollout["kv cache"]
+    rollout.update(continuous_rollout_bytes(config, mcfg, mesh, decode, N // rl.G, P, L, path))
   # model.target_logprobs scores the L completion positions only, `logprob_chunk` positions at a time under
   # jax.checkpoint: one chunk of fp32 logits, its log-softmax (and in the update their gradient), plus the fp32
   # hidden states of the completion.
@@ -310,6 +314,29 @@ def choose_decode(config, mesh: dict[str, int], hbm_bytes: int | None,
                                         "which all-gathers every weight at every token")
 
 
+def continuous_rollout_bytes(config, mcfg, mesh: dict[str, int], decode, n_prompts: int, P: int, L: int,
+                             path) -> dict[str, int]:
+  """rollout/engine.py's decode: the prompts' KV once ([B, P], not B·G), the S slots' completion KV ([S, Lc]), one
+  prefill over the B prompts; replaces the static engine's per-chunk [rows, P + L] cache and prefill."""
+  n = n_prompts * config.rl.G
+  s = row_chunks.slots_for(config, n)
+  lc = -(-L // min(engine_lib.KV_BLOCK, L)) * min(engine_lib.KV_BLOCK, L)
+  dp, tp = mesh["data"] * mesh["fsdp"], mesh["tensor"]
+  cb = _BYTES[mcfg.dtype]
+  out = decode_layout.rollout_bytes(mcfg, mesh, decode, s, lc)  # the slots' KV and logits, the decode weights
+  slot_kv = out.pop("kv cache")
+  k_dev = mcfg.kv_heads // tp if mcfg.kv_heads % tp == 0 else mcfg.kv_heads
+  b_dev = math.ceil(n_prompts / dp)
+  f_dev = mcfg.inter // tp if mcfg.inter % tp == 0 else mcfg.inter
+  h_dev = mcfg.heads // tp if mcfg.heads % tp == 0 else mcfg.heads
+  return dict(out, **{
+      "slot kv cache (S x L)": slot_kv,
+      "prompt kv cache (B x P)": 2 * mcfg.layers * b_dev * k_dev * mcfg.head_dim * P * cb,
+      "prefill layer": (b_dev * P * (3 * mcfg.hidden + 2 * f_dev) * cb
+                        + attention_bytes(path(n_prompts, P), b_dev, P, h_dev, k_dev, mcfg.head_dim, cb,
+                                          backward=False))})
+
+
 def format_plan(p: Plan, hbm_bytes: int | None = None) -> str:
   rows = [("resident", k, v) for k, v in p.resident.items()]
   rows += [("rollout", k, v) for k, v in p.rollout.items()]
@@ -337,6 +364,8 @@ def main(argv=None) -> int:
   ap.add_argument("--remat", default="full", choices=["none", "full", "dots"])
   ap.add_argument("--minibatches", type=int, default=1)
   ap.add_argument("--rollout-chunks", type=int, default=1, help="rl.rollout_chunks")
+  ap.add_argument("--engine", default="static", choices=["static", "continuous"], help="sampling.engine")
+  ap.add_argument("--slots", type=int, default=0, help="sampling.slots (continuous; 0 = rows / rollout chunks)")
   ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/config/presets.py); β = 0 ones keep no reference")
   ap.add_argument("--platform", default="tpu", choices=["tpu", "gpu", "cpu"],
                   help="the backend whose attention path model.attention='auto' picks (attention.choose)")
@@ -348,7 +377,7 @@ def main(argv=None) -> int:
     if any(v < 1 for v in mesh.values()):
       raise ValueError(f"--mesh={a.mesh}: the planner needs explicit sizes (no -1).")
     c = workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, mesh, a.dtype, a.remat, a.minibatches,
-                        algo=a.algo, rollout_chunks=a.rollout_chunks)
+                        algo=a.algo, rollout_chunks=a.rollout_chunks, engine=a.engine, slots=a.slots)
     row_chunks.check_chunks(a.rollout_chunks, a.prompts * a.G)
     hbm = int(a.hbm_gib * GiB) if a.hbm_gib else None
     # sampling.decode_layout=auto resolves against the chip's memory

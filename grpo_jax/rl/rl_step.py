@@ -154,6 +154,9 @@ def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.A
     m["train/train_len"] = jnp.asarray(rollout_lib.train_lengths(config), jnp.int32)[ro.bucket]
   if ro.decode_steps is not None:
     m["train/decode_steps"] = ro.decode_steps
+  decode = {"train/decode_row_steps": ro.decode_row_steps, "train/decode_slot_util": ro.decode_slot_util,
+            "train/decode_admit_wait": ro.decode_admit_wait}
+  m.update({k: v for k, v in decode.items() if v is not None})
   if ro.ref_logp_NxL is not None:  # β = 0 has no reference model: no train/kl
     m["train/kl"] = masked_mean(losses.kl_k3(ro.old_logp_NxL, ro.ref_logp_NxL), mask)
   for name, r in ro.per_term.items():

@@ -15,6 +15,7 @@ from grpo_jax.rl import reward_spec
 from grpo_jax.rl import row_chunks
 from grpo_jax.rl import update as update_lib
 from grpo_jax.rollout import decode_layout
+from grpo_jax.rollout import engine as engine_lib
 from grpo_jax.rollout import sampling
 
 PROMPT_KEYS = ("prompt_NxP", "prompt_mask_NxP")
@@ -57,6 +58,9 @@ class Rollout(NamedTuple):
   ds_kept: jax.Array | None  # dynamic sampling: kept groups with reward variance (None when off)
   bucket: jax.Array | None = None  # index into train_lengths(config): the shortest covering the longest completion
   decode_steps: jax.Array | None = None  # decode steps run: the slowest row chunk's (early exit: sampling.py)
+  decode_row_steps: jax.Array | None = None  # row-steps the decode computed (every row chunk's or slot's, summed)
+  decode_slot_util: jax.Array | None = None  # generated tokens / row-steps (engine.slot_util), over all sampled rows
+  decode_admit_wait: jax.Array | None = None  # continuous engine: mean decode steps a row queued for a slot
 
 
 def for_rollout(config, mcfg: model_lib.ModelConfig, params: Any) -> decode_layout.Decode:
@@ -85,6 +89,8 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
   # Each term's weight (the order of terms_NxK); the overlong penalty, when on, is the last term, weight 1.
   term_w_K = jnp.asarray(spec.weights + ((1.0,) if overlong_cache > 0 else ()), jnp.float32)
   sizes = train_lengths(config)
+  engine = config.sampling.get("engine", "static")
+  levels = int(config.sampling.get("compaction", 4))
 
   def rollout_fn(params, ref_params, batch, rng) -> Rollout:
     k_sample, k_ds = jax.random.split(rng)
@@ -96,14 +102,24 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
     # decodes with this one copy.
     decode = for_rollout(config, mcfg, params)
 
-    def sample_rows(p, m, u):
-      s = sampling.sample(mcfg, params, p, m, None, scfg, u_LxN=u.T, decode=decode)
-      # one count per row, so map_row_chunks can stack the chunks' counts like any row-wise output
-      return s._replace(decode_steps=jnp.broadcast_to(s.decode_steps, s.lengths_N.shape))
+    if engine == "continuous":
+      # one prefill per prompt (the untiled batch), S slots over the N rows; rl.rollout_chunks bounds the slots
+      # (sampling.slots=0: N / rollout_chunks, the KV of as many rows as one static chunk holds)
+      ro, stats = engine_lib.sample_groups(mcfg, params, batch["prompt_NxP"], batch["prompt_mask_NxP"], G, scfg,
+                                           u_LxN=u_NxL.T, slots=row_chunks.slots_for(config, n_all), levels=levels,
+                                           split=engine_lib.batch_split(), decode=decode)
+      decode_steps, row_steps, admit_wait = ro.decode_steps, stats.row_steps, stats.admit_wait
+    else:
+      def sample_rows(p, m, u):
+        s = sampling.sample(mcfg, params, p, m, None, scfg, u_LxN=u.T, decode=decode)
+        # one count per row, so map_row_chunks can stack the chunks' counts like any row-wise output
+        return s._replace(decode_steps=jnp.broadcast_to(s.decode_steps, s.lengths_N.shape))
 
-    ro = row_chunks.map_row_chunks(sample_rows, chunks, b["prompt_NxP"], b["prompt_mask_NxP"], u_NxL)
-    # each chunk's decode exits early on its own once its rows are done: the rollout ran the slowest chunk's steps
-    decode_steps = jnp.max(ro.decode_steps)
+      ro = row_chunks.map_row_chunks(sample_rows, chunks, b["prompt_NxP"], b["prompt_mask_NxP"], u_NxL)
+      # each chunk's decode exits early on its own once its rows are done: the rollout ran the slowest chunk's steps
+      decode_steps = jnp.max(ro.decode_steps)
+      row_steps, admit_wait = jnp.sum(ro.decode_steps), None  # each row computed its chunk's steps
+    slot_util = engine_lib.slot_util(ro.lengths_N, row_steps)
     tokens_NxL = sharding.constrain_batch(ro.tokens_NxL)
     fields = {k: v for k, v in b.items() if k not in PROMPT_KEYS}
     r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields)
@@ -156,9 +172,12 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
                    terms_NxK=rows["terms_NxK"], term_w_K=term_w_K,
                    old_logp_NxL=jax.lax.stop_gradient(old_logp_NxL) * mask_NxL, ref_logp_NxL=ref_logp_NxL,
                    status=status, fallbacks=fallbacks, ds_kept=ds_kept, bucket=bucket,
-                   decode_steps=decode_steps)
+                   decode_steps=decode_steps, decode_row_steps=row_steps, decode_slot_util=slot_util,
+                   decode_admit_wait=admit_wait)
 
   return rollout_fn
+
+
 
 
 def train_lengths(config) -> tuple[int, ...]:

@@ -35,3 +35,9 @@ def map_row_chunks(fn: Callable, chunks: int, *xs):
   pin = lambda x: nn.with_logical_constraint(x, (None, "batch") + (None,) * (x.ndim - 2))
   out = jax.lax.map(lambda a: fn(*a), jax.tree.map(lambda x: pin(chunk_rows(x, chunks)), xs))
   return jax.tree.map(lambda x: sharding.constrain_batch(unchunk_rows(x)), out)
+
+
+def slots_for(config, n_rows: int) -> int:
+  """The continuous engine's slot count: sampling.slots, or for 0 (auto, unresolved by rl/auto.py) the rows /
+  rl.rollout_chunks: the KV of as many rows as one static row chunk."""
+  return int(config.sampling.get("slots", 0)) or n_rows // int(config.rl.rollout_chunks)

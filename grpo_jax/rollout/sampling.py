@@ -138,6 +138,12 @@ def draw(logits_NxV: jax.Array, u_N: jax.Array, scfg: SamplingConfig) -> tuple[j
   return tok_N, logp_N
 
 
+def token_logp(logits_NxV: jax.Array, tok_N: jax.Array, temperature) -> jax.Array:
+  """log softmax(logits / temperature) at tok_N, as `draw` records it (teacher forcing scores a given token)."""
+  scaled_NxV = logits_NxV.astype(jnp.float32) / temperature
+  return jnp.take_along_axis(scaled_NxV, tok_N[:, None], axis=-1)[:, 0] - jax.nn.logsumexp(scaled_NxV, axis=-1)
+
+
 def uniforms(rng: jax.Array, steps: int, n: int) -> jax.Array:
   """The one uniform per (step, row) that `sample` inverts: [steps, n], rows split like the batch. A caller that
   samples rows in chunks draws them once for all rows and passes each chunk its columns (same samples)."""

@@ -16,6 +16,7 @@ from jax.experimental import multihost_utils
 
 from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.rollout import engine
 from grpo_jax.rollout import sampling
 from grpo_jax.infra import sharding
 from grpo_jax.tasks import cot
@@ -61,17 +62,25 @@ def cons_at_k(answers: list, correct: list[bool], k: int) -> float:
 
 
 def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids: dict,
-                  in_graph: bool = True, config=None) -> Callable:
+                  in_graph: bool = True, config=None, group: int = 1) -> Callable:
   """Jitted (params, prompts, fields, rng) -> (tokens_NxL, mask_NxL, lengths_N[, accuracy_N, format_N]); the
   last two only with `in_graph` (a task verified on the host gets its rows back unscored).
 
   `config`: the run's config; its `sampling.decode_layout` puts the weights into the decode layout once per call,
   before the decode loop, as the RL step's rollout does (rollout.for_rollout: no weight all-gather per token
-  under FSDP). None decodes in the params' own layout."""
+  under FSDP). None decodes in the params' own layout. `group`: rows come in runs of `group` copies of one prompt
+  (eval.n_samples); the continuous engine (config.sampling.engine) prefills each prompt once for its run."""
+  continuous = config is not None and config.sampling.get("engine", "static") == "continuous"
 
   def gen(params, prompt_NxP, pmask_NxP, fields, rng):
     decode = None if config is None else rollout_lib.for_rollout(config, mcfg, params)
-    ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg, decode=decode)
+    if continuous:  # the static engine's uniforms (sampling.uniforms(rng, ...)): the same samples
+      u_LxN = sampling.uniforms(rng, scfg.max_new_tokens, prompt_NxP.shape[0])
+      ro, _ = engine.sample_groups(mcfg, params, prompt_NxP[::group], pmask_NxP[::group], group, scfg, u_LxN=u_LxN,
+                                   levels=int(config.sampling.compaction), split=engine.batch_split(),
+                                   decode=decode)
+    else:
+      ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg, decode=decode)
     if not in_graph:
       return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N
     acc = registry.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields)
@@ -160,7 +169,8 @@ class Evaluator:
     scfg = lambda **kw: sampling.SamplingConfig.from_config(  # untruncated: top-k / top-p off
         config.sampling, eos_id=getattr(tokenizer, "eos_ids", tokenizer.eos_id), pad_id=tokenizer.pad_id, top_k=0, top_p=1.0, **kw)
     self.greedy = make_generate(mcfg, scfg(greedy=True, temperature=1.0), mesh, self.task, tokenizer.tag_ids, **host)
-    self.sampled = make_generate(mcfg, scfg(), mesh, self.task, tokenizer.tag_ids, **host)
+    self.sampled = make_generate(mcfg, scfg(), mesh, self.task, tokenizer.tag_ids, group=config.eval.n_samples,
+                                 **host)
 
   def _chunks(self, repeat: int):
     n = self.arrays["prompt_NxP"].shape[0]

@@ -47,6 +47,12 @@ METRICS: dict[str, str] = {
     'train/truncation_rate': 'fraction of completions with no EOS within max_new_tokens',
     'train/decode_steps': 'decode steps the rollout ran: max_new_tokens - 1 unless every row ended early '
                           '(sampling.exit_chunk early exit; with rollout chunks the slowest chunk\'s)',
+    'train/decode_row_steps': ('row-steps the rollout decode computed: rows x decode steps of each row chunk '
+                               '(static engine), the slot count of every decode step summed (continuous)'),
+    'train/decode_slot_util': ('generated tokens / (row-steps computed + rows): the share of the decode\'s row-steps '
+                               'that produced a token (each row\'s first token counted as its prefill\'s row-step)'),
+    'train/decode_admit_wait': ('continuous engine: mean decode steps a row waited in the queue for a slot '
+                                '(0 when sampling.slots = rows)'),
     'train/train_len': 'completion tokens the update trained on: the shortest of rl.train_buckets static lengths '
                        'covering the longest completion',
     'train/grad_norm': 'global L2 norm of the gradient before clipping (mean over minibatch updates)',

@@ -12,6 +12,7 @@ from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import params_ckpt
 from grpo_jax.infra import errors
 from grpo_jax.run import evaluation
+from grpo_jax.rl import auto
 from grpo_jax.rl import families
 from grpo_jax.run import loop_guard
 from grpo_jax.run import metrics as metrics_lib
@@ -22,6 +23,7 @@ from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.rl import reward_spec
 from grpo_jax.rl import sft_step
 from grpo_jax.infra import sharding
+from grpo_jax.rollout import decode_layout
 from grpo_jax.rl import state as state_lib
 from grpo_jax.run import validate
 from grpo_jax.tasks import data as data_lib
@@ -94,7 +96,6 @@ def init_or_restore(config, mesh, mcfg, family, ckpt: ckpt_lib.Checkpointer, ini
   return family.init(config, mesh, mcfg, params=params), 0
 
 
-  config = model_source.resolve(config)  # model fields a config leaves to the hf: checkpoint (a no-op if resolved)
 def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict | None = None,
            record: dict | None = None) -> dict[str, float]:
   """GRPO-family (or PPO) training; returns the last eval metrics. Resumes automatically from `workdir`.
@@ -102,8 +103,11 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   `record`: the run-config view stored with each checkpoint (default: run_config.view(config, 'rl')). Raises
   errors.Preempted when SIGTERM/SIGINT stopped it before `train.steps` (its state saved).
   """
+  config = model_source.resolve(config)  # model fields a config leaves to the hf: checkpoint (a no-op if resolved)
   guard = loop_guard.LoopGuard(config, workdir, "rl", record)  # a changed config is refused before any write
   tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_rl)
+  # every `auto` knob (rl/auto.py) chosen for this mesh and device memory, before the step is built
+  config, _ = auto.resolve(config, auto.Context(dict(mesh.shape), decode_layout.device_memory_bytes()))
   rl, steps = config.rl, config.train.steps
   fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
   spec = rewards_lib.build(config.rewards, reward_spec.Context(config.task.name, tokenizer),

@@ -28,6 +28,7 @@ DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
 ATTENTION = ("auto", "xla", "blockwise", "splash", "cudnn", "dot_product")  # = attention.IMPLEMENTATIONS
 LANGUAGES = ("a", "b", "mixed")
+ENGINES = ("static", "continuous")  # sampling.engine: sampling.sample / rollout/engine.py
 JOBS = ("grpo", "sft", "pretrain", "r1_pipeline", "export")  # grpo runs every rl.algo, ppo included
 CRITICS = ("separate", "head")
 
@@ -187,6 +188,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   if n_rows % c.rl.rollout_chunks or (n_rows // c.rl.rollout_chunks) % data_par:
     _fail("rl.rollout_chunks", f"{c.rl.rollout_chunks} must split prompts_per_step*G={n_rows} rollout rows into "
           f"equal chunks divisible by mesh data*fsdp={data_par}; use a divisor of {n_rows // data_par}.")
+  validate_engine(c, rows, data_par)
   validate_eval(c, data_par)
   total = c.task.prompt_len + c.sampling.max_new_tokens
   if total > c.model.max_len:
@@ -213,6 +215,23 @@ def validate_decode_layout(c, mesh: dict[str, int]) -> None:
     bad = decode_layout.check(model_config.ModelConfig.from_config(c.model), mesh, decode_layout.Layout("tp", tp))
     if bad:
       raise ConfigError(f"config.{bad}; or set sampling.decode_tp=0 (the smallest that fits).")
+
+
+def validate_engine(c, rows: int, data_par: int) -> None:
+  """sampling.engine / slots / compaction (rollout/engine.py): a known engine, slots that fit the rows and the
+  mesh's row split (every compaction size is a multiple of it: engine.compaction_sizes)."""
+  _choice(c, "sampling.engine", ENGINES)
+  slots, levels = c.sampling.get("slots", 0), c.sampling.get("compaction", 4)
+  if not isinstance(slots, int) or slots < 0:
+    _fail("sampling.slots", f"must be an integer >= 0 (0 = auto: rl/auto.py's choice), got {slots!r}.")
+  if slots > rows:
+    _fail("sampling.slots", f"{slots} exceeds the {rows} rollout rows (prompts_per_step*G, times rl.oversample "
+          "under dynamic sampling); use at most that, or 0.")
+  if slots % data_par:
+    _fail("sampling.slots", f"{slots} must be divisible by mesh data*fsdp={data_par} (each device decodes its "
+          "share of the slots); use a multiple of it, or 0.")
+  if not isinstance(levels, int) or levels < 1:
+    _fail("sampling.compaction", f"must be an integer >= 1 (slot counts S, S/2, ...; 1 = none), got {levels!r}.")
 
 
 def validate_algorithm(c) -> None:

@@ -1,0 +1,421 @@
+"""The continuous rollout engine (rollout/engine.py) against the static sampler it replaces: the same tokens and
+log-probs from the same uniforms for every slot count, left-padded prompts, several EOS ids, rows ending at their
+first token or never, G in {1, 4}, temperature / top-k / top-p / greedy; by teacher forcing where rounding could
+flip a draw; on 8 simulated devices; under vmap; and that the schedule computes about as many rows as are alive."""
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.model import live_attention
+from grpo_jax.model import model as M
+from grpo_jax.rollout import engine as E
+from grpo_jax.rollout import sampling as S
+from tests.test_sampling import MCFG, random_params
+
+B, P, L = 4, 6, 20
+static = jax.jit(S.sample, static_argnums=(0, 5))
+
+
+@pytest.fixture(scope="module")
+def params():
+  return random_params(MCFG, 0)
+
+
+def prompts(b, seed=0):
+  rng = np.random.default_rng(seed)
+  pm = (np.arange(P)[None] >= np.array([0, 2, 5, 1] * b)[:b, None]).astype(np.int32)  # left pads of 0..5
+  return rng.integers(1, 64, (b, P)).astype(np.int32) * pm, pm
+
+
+def continuous(params, prompt, pm, G, scfg, u, **kw):
+  f = jax.jit(lambda pr, m, u: E.sample_groups(MCFG, params, pr, m, G, scfg, u_LxN=u, **kw))
+  return f(prompt, pm, u)
+
+
+def reference(params, prompt, pm, G, scfg, u):
+  return static(MCFG, params, np.repeat(prompt, G, 0), np.repeat(pm, G, 0), None, scfg, u_LxN=u)
+
+
+def assert_same(ro, ref):
+  np.testing.assert_array_equal(np.asarray(ro.tokens_NxL), np.asarray(ref.tokens_NxL))
+  np.testing.assert_array_equal(np.asarray(ro.mask_NxL), np.asarray(ref.mask_NxL))
+  np.testing.assert_array_equal(np.asarray(ro.truncated_N), np.asarray(ref.truncated_N))
+  np.testing.assert_allclose(np.asarray(ro.logp_NxL), np.asarray(ref.logp_NxL), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("G,slots", [(4, 0), (4, 8), (4, 2), (1, 0), (1, 2)])
+def test_same_samples_as_static_for_any_slot_count(params, G, slots):
+  """S = N, N/2 and N/8 (G = 4: 16 rows), G = 1; EOS ids that end some rows early, others run to L."""
+  prompt, pm = prompts(B)
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=(3, 7, 11), exit_chunk=4)
+  u = S.uniforms(jax.random.PRNGKey(1), L, B * G)
+  ref = reference(params, prompt, pm, G, scfg, u)
+  lengths = np.asarray(ref.lengths_N)
+  assert lengths.min() < L and lengths.max() == L, lengths  # both kinds of row are in the batch
+  ro, stats = continuous(params, prompt, pm, G, scfg, u, slots=slots, kv_block=4)
+  assert_same(ro, ref)
+  n = B * G
+  # every emitted token but each row's first (from its prefill) needed a decode row-step
+  assert int(stats.row_steps) >= lengths.sum() - n
+  if slots in (0, n):
+    assert int(ro.decode_steps) == lengths.max() - 1  # the longest row, no exit-chunk rounding
+    assert float(stats.admit_wait) == 0
+  else:
+    assert int(ro.decode_steps) > lengths.max() - 1 and float(stats.admit_wait) > 0
+
+
+@pytest.mark.parametrize("kind", ["greedy", "top_k", "top_p", "temperature"])
+def test_truncated_sampling_and_first_token_eos(params, kind):
+  """Greedy with the first token's argmax as EOS for row 0 (it ends at its first token); top-k, top-p and a
+  temperature other than 1 through the same draw."""
+  prompt, pm = prompts(B, seed=3)
+  G = 4
+  kw = dict(greedy=dict(greedy=True), top_k=dict(top_k=5), top_p=dict(top_p=0.7),
+            temperature=dict(temperature=1.7))[kind]
+  probe = S.SamplingConfig(max_new_tokens=2, eos_id=63, **kw)
+  u = S.uniforms(jax.random.PRNGKey(2), L, B * G)
+  first = np.asarray(reference(params, prompt, pm, G, probe, u[:2]).tokens_NxL)[0, 0]
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=(int(first), 61), **kw)
+  ref = reference(params, prompt, pm, G, scfg, u)
+  assert int(ref.lengths_N[0]) == 1
+  ro, _ = continuous(params, prompt, pm, G, scfg, u, slots=4, kv_block=8)
+  assert_same(ro, ref)
+
+
+def test_teacher_forcing_log_probs_match_static(params):
+  """A bigger vocabulary and flatter logits, where a different summation order could flip a draw: the static
+  tokens fed through the engine score within tolerance of the static log-probs."""
+  mcfg = M.ModelConfig(vocab_size=512, hidden=32, layers=2, heads=4, kv_heads=1, inter=64, max_len=32)
+  p2 = random_params(mcfg, 4, emb_std=0.1, std=0.05)
+  prompt, pm = prompts(B, seed=5)
+  G = 2
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=(3, 4, 5, 6), top_p=0.95)
+  u = S.uniforms(jax.random.PRNGKey(3), L, B * G)
+  ref = jax.jit(S.sample, static_argnums=(0, 5))(mcfg, p2, np.repeat(prompt, G, 0), np.repeat(pm, G, 0), None,
+                                                 scfg, u_LxN=u)
+  f = jax.jit(lambda pr, m, u, t: E.sample_groups(mcfg, p2, pr, m, G, scfg, u_LxN=u, slots=2, kv_block=4,
+                                                  force_NxL=t))
+  ro, _ = f(prompt, pm, u, ref.tokens_NxL)
+  assert_same(ro, ref)
+
+
+def test_live_attention_equals_one_softmax_over_the_concatenated_cache():
+  """The prompt partial and the blocked completion partials merged by log-sum-exp = one softmax over prompt +
+  completion keys, checked in NumPy (float64) with GQA, left pads and rows at different lengths."""
+  rng = np.random.default_rng(0)
+  n, h, k, d, b, p, lc = 5, 4, 2, 8, 3, 6, 12
+  q = rng.standard_normal((n, h, d)).astype(np.float32)
+  pk = rng.standard_normal((b, k, d, p)).astype(np.float32)
+  pv = rng.standard_normal((b, k, p, d)).astype(np.float32)
+  ck = rng.standard_normal((n, k, d, lc)).astype(np.float32)
+  cv = rng.standard_normal((n, k, lc, d)).astype(np.float32)
+  pok = (np.arange(p)[None] >= np.array([0, 3, 5])[:, None]).astype(np.int32)
+  group = np.array([0, 0, 1, 2, 2])
+  clen = np.array([1, 7, 12, 3, 5])
+  kv = live_attention.LiveKV(pk, pv, pok, group, ck, cv, clen, jnp.int32(clen.max()), 4)
+  got = np.asarray(jax.jit(lambda q: live_attention.attend(q, kv))(q))
+  for i in range(n):
+    keys = np.concatenate([pk[group[i]], ck[i]], -1).astype(np.float64)  # [k, d, p + lc]
+    vals = np.concatenate([pv[group[i]], cv[i]], 1).astype(np.float64)
+    ok = np.concatenate([pok[group[i]] > 0, np.arange(lc) < clen[i]])
+    for j in range(h):
+      s = q[i, j].astype(np.float64) @ keys[j // (h // k)] / np.sqrt(d)
+      s = np.where(ok, s, -np.inf)
+      w = np.exp(s - s.max())
+      np.testing.assert_allclose(got[i, j], (w / w.sum()) @ vals[j // (h // k)], atol=2e-5)
+
+
+def test_compaction_follows_the_live_rows(params):
+  """A long-tailed batch (most rows end early): the compacted decode computes far fewer row-steps than rows ×
+  steps, and the KV read loop stops at the live maximum; samples unchanged."""
+  prompt, pm = prompts(8, seed=1)
+  G = 4
+  n = 8 * G
+  u = S.uniforms(jax.random.PRNGKey(7), L, n)
+  eos = tuple(range(1, 40))  # most draws end a row
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=eos)
+  ref = reference(params, prompt, pm, G, scfg, u)
+  traces = []
+
+  def run(u):
+    traces.append(1)
+    return E.sample_groups(MCFG, params, prompt, pm, G, scfg, u_LxN=u, levels=4, kv_block=4)
+  f = jax.jit(run)
+  ro, stats = f(u)
+  assert_same(ro, ref)
+  # another length mix through the same program: no retrace (the schedule is data, not shape)
+  u2 = S.uniforms(jax.random.PRNGKey(8), L, n)
+  ro2, _ = f(u2)
+  ref2 = reference(params, prompt, pm, G, scfg, u2)
+  assert_same(ro2, ref2)
+  assert len(traces) == 1 and not np.array_equal(np.asarray(ref.lengths_N), np.asarray(ref2.lengths_N))
+  steps = int(ro.decode_steps)
+  assert steps == int(np.asarray(ref.lengths_N).max()) - 1
+  assert int(stats.row_steps) < n * steps
+  static_util = float(E.slot_util(ref.lengths_N, n * ref.decode_steps))
+  util = float(E.slot_util(ro.lengths_N, stats.row_steps))
+  assert util > static_util, (util, static_util)
+
+
+def test_vmapped_runs_each_get_their_own_samples(params):
+  """Under vmap the phases' batched predicates run until every run is done; each run equals its own rollout."""
+  prompt, pm = prompts(B, seed=2)
+  G = 2
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=(3, 7, 11, 13, 17))
+  us = jnp.stack([S.uniforms(jax.random.PRNGKey(s), L, B * G) for s in (0, 1, 2)])
+  f = jax.jit(jax.vmap(lambda u: E.sample_groups(MCFG, params, prompt, pm, G, scfg, u_LxN=u, slots=4, levels=2,
+                                                 kv_block=4)))
+  ros, _ = f(us)
+  for r in range(3):
+    one = reference(params, prompt, pm, G, scfg, us[r])
+    assert_same(jax.tree.map(lambda x: x[r], ros), one)
+
+
+def test_bad_slot_count_is_refused(params):
+  prompt, pm = prompts(B)
+  scfg = S.SamplingConfig(max_new_tokens=L)
+  with pytest.raises(ValueError, match="sampling.slots=17"):
+    E.sample_groups(MCFG, params, prompt, pm, 4, scfg, u_LxN=jnp.zeros((L, 16)), slots=17)
+  assert E.compaction_sizes(32, 4) == (32, 16, 8, 4)
+  assert E.compaction_sizes(32, 4, split=8) == (32, 16, 8)
+  assert E.compaction_sizes(12, 4) == (12, 6, 3)
+
+
+_SHARDED = r"""
+import json, sys
+import flax.linen as nn, jax, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+sys.path.insert(0, sys.argv[1])
+from tests.test_sampling import MCFG, random_params
+from tests.test_engine import prompts
+from grpo_jax.model import model as M
+from grpo_jax.rollout import engine as E, sampling as S
+params = random_params(MCFG, 0)
+prompt, pm = prompts(8, seed=4)
+G, L = 4, 12
+scfg = S.SamplingConfig(temperature=1.3, top_k=20, max_new_tokens=L, eos_id=(3, 5, 7, 9, 11), pad_id=0)
+u = S.uniforms(jax.random.PRNGKey(5), L, 8 * G)
+one = jax.jit(S.sample, static_argnums=(0, 5))(MCFG, params, np.repeat(prompt, G, 0), np.repeat(pm, G, 0), None,
+                                               scfg, u_LxN=u)
+mesh = Mesh(np.asarray(jax.devices()).reshape(8, 1), ("fsdp", "tensor"))
+rules = (("batch", "fsdp"), ("embed", "fsdp"), ("heads", "tensor"), ("kv_heads", "tensor"), ("mlp", "tensor"))
+out = {}
+with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
+  p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
+  for slots in (32, 16):
+    f = jax.jit(lambda pr, m, u: E.sample_groups(MCFG, p_sh, pr, m, G, scfg, u_LxN=u, slots=slots, split=8,
+                                                 kv_block=4))
+    ro, _ = f(prompt, pm, jax.device_put(u, shard(P(None, "batch"))))
+    out[slots] = dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
+                      shard_rows=ro.tokens_NxL.addressable_shards[0].data.shape[0])
+print(json.dumps(dict(one_tokens=np.asarray(one.tokens_NxL).tolist(), one_logp=np.asarray(one.logp_NxL).tolist(),
+                      lengths=np.asarray(one.lengths_N).tolist(), runs=out)))
+"""
+
+
+def test_fsdp_over_8_devices_matches_one_device_static():
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, XLA_FLAGS=os.environ["XLA_FLAGS"] + " --xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-c", _SHARDED, root], env=env, capture_output=True, text=True,
+                       timeout=300, cwd=root)
+  assert out.returncode == 0, out.stderr[-3000:]
+  res = json.loads(out.stdout.strip().splitlines()[-1])
+  assert min(res["lengths"]) < 12 == max(res["lengths"]), res["lengths"]
+  for slots, r in res["runs"].items():
+    assert r["shard_rows"] == 4, slots  # 32 rows over fsdp=8
+    np.testing.assert_array_equal(r["tokens"], res["one_tokens"])
+    np.testing.assert_allclose(r["logp"], res["one_logp"], rtol=0, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------------- in the RL step
+
+
+def test_goldens_hold_with_the_continuous_engine(monkeypatch):
+  """The GRPO golden run (3 steps: rollout, rewards, μ=2 × 2 minibatch updates) with the continuous engine and
+  8 slots for its 16 rows gives the pinned numbers: same samples, so the same updates (params within the goldens'
+  tolerance)."""
+  from tests import test_goldens as tg
+  base = tg._config
+
+  def continuous_config(algo):
+    c = base(algo)
+    c.sampling.update(engine="continuous", slots=8, compaction=2)
+    return c
+  monkeypatch.setattr(tg, "_config", continuous_config)
+  got = tg._run("grpo")
+  for k, w in tg.GOLDEN["grpo"].items():
+    np.testing.assert_allclose([row[k] for row in got], w, rtol=tg.RTOL, atol=tg.ATOL, err_msg=k)
+
+
+def test_dynamic_sampling_rollout_equals_the_static_engines():
+  """DAPO's oversampled batch: all oversample × B groups are queued (a fixed queue) and then B kept, exactly as the
+  static engine does; rows that end early (26 EOS ids), bf16 old log-probs recomputed, reference log-probs."""
+  from grpo_jax.tasks import digits
+  from tests.test_rl_step import TINY, _ManyEos, _rollout
+  c = digits.bench_config(**TINY)
+  c.rl.update(dynamic_sampling=True, oversample=2)
+  tok = _ManyEos(c.model.vocab_size)
+  ref = _rollout(c, 2, tokenizer=tok)
+  ro = _rollout(c, 2, tokenizer=tok, **{"sampling.engine": "continuous", "sampling.compaction": 3})
+  np.testing.assert_array_equal(ro.tokens_NxL, ref.tokens_NxL)
+  np.testing.assert_array_equal(ro.mask_NxL, ref.mask_NxL)
+  assert 0 < ref.mask_NxL.sum() < ref.mask_NxL.size
+  np.testing.assert_array_equal(ro.r_N, ref.r_N)
+  assert int(ro.ds_kept) == int(ref.ds_kept)
+  for f in ("old_logp_NxL", "ref_logp_NxL"):
+    np.testing.assert_allclose(getattr(ro, f), getattr(ref, f), atol=1e-5, rtol=0)
+  # slots = 32 rows / 2 chunks = 16: the queue was used; the continuous schedule wasted fewer row-steps
+  assert float(ro.decode_admit_wait) > 0 and ref.decode_admit_wait is None
+  assert 0 < float(ref.decode_slot_util) < float(ro.decode_slot_util) <= 1
+
+
+@pytest.mark.parametrize("over,msg", [
+    (dict(engine="paged"), "config.sampling.engine: unknown value 'paged'"),
+    (dict(slots=65), "config.sampling.slots: 65 exceeds the 64 rollout rows"),
+    (dict(slots=12), "config.sampling.slots: 12 must be divisible by mesh data\\*fsdp=8"),
+    (dict(slots=-1), "config.sampling.slots: must be an integer >= 0"),
+    (dict(compaction=0), "config.sampling.compaction: must be an integer >= 1"),
+])
+def test_bad_engine_config_is_one_config_error(over, msg):
+  """Checked on plain values by validate_rl (exit 2 before anything compiles)."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.run import validate
+  c = config_lib.base_config()
+  c.mesh.update(data=1, fsdp=8, tensor=1)
+  c.eval.update(batch=8 * c.eval.n_samples, size=8 * c.eval.n_samples)
+  c.sampling.update({"engine": "continuous", **over})
+  with pytest.raises(validate.ConfigError, match=msg):
+    validate.validate_rl(c, num_devices=8)
+  c.sampling.update(engine="continuous", slots=16, compaction=4)
+  validate.validate_rl(c, num_devices=8)
+
+
+def test_auto_slots_planner_takes_the_most_slots_that_fit():
+  """rl/auto.py: `sampling.slots=auto` resolves to the largest candidate (N, N/2, ... multiples of the row split)
+  whose memory plan fits the device; a tighter device gets fewer slots; other knobs are left alone."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.rl import auto, memory_plan
+  # β = 0 (no reference forward), fp32 (no old-log-prob forward), 16 minibatches: the slots' KV is the peak
+  c = memory_plan.workload_config("qwen2.5-1.5b", 16, 16, 512, 8192, dict(data=1, fsdp=8, tensor=1),
+                                  engine="continuous", minibatches=16, algo="dr_grpo", dtype="float32")
+  mesh = dict(data=1, fsdp=8, tensor=1)
+  assert auto.slot_candidates(c, auto.Context(mesh, None)) == [256, 128, 64, 32, 16, 8]
+  free, chosen = auto.resolve(c, auto.Context(mesh, None))
+  assert free.sampling.slots == 256 and "sampling.slots" in chosen and c.sampling.slots == 0
+  totals = {}
+  for s in (256, 64):
+    cs = config_lib.override(c, {"sampling.slots": s})
+    totals[s] = memory_plan.plan(cs, mesh, "tpu").total_bytes
+  assert totals[64] < totals[256]
+  budget = (totals[64] + totals[256]) // 2  # between: 128 slots fit (planned 15.1 GiB of 16.9), 256 do not
+  tight, _ = auto.resolve(c, auto.Context(mesh, budget, "tpu"))
+  assert tight.sampling.slots == 128
+  assert memory_plan.plan(config_lib.override(c, {"sampling.slots": 128}), mesh, "tpu").total_bytes <= budget
+  assert auto.resolve(c, auto.Context(mesh, 1 << 30, "tpu"))[0].sampling.slots == 8  # none fits: the fewest
+  assert auto.worst_case_steps(64, 8, 100) == 800
+  chunked = config_lib.override(c, {"rl.rollout_chunks": 4})  # the rollout chunks bound the slots
+  assert auto.slot_candidates(chunked, auto.Context(mesh, None)) == [64, 32, 16, 8]
+  static = config_lib.override(c, {"sampling.engine": "static"})  # slots mean nothing there: left at 0
+  assert auto.resolve(static, auto.Context(mesh, None))[0].sampling.slots == 0
+
+
+def test_evaluation_generate_with_the_continuous_engine_equals_static():
+  """Evaluation's sampled generate (eval.n_samples copies of each prompt, rows repeated as Evaluator._chunks does)
+  prefills each prompt once under the continuous engine and returns the static engine's samples."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.infra import sharding
+  from grpo_jax.run import evaluation
+  from grpo_jax.tasks import digits
+  from tests.test_rl_step import TINY
+  c = digits.bench_config(**TINY)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = M.ModelConfig.from_config(c.model)
+  params = random_params(mcfg, 1)
+  batch = next(digits.make_batches(4, 1, seed=2))
+  n_samples = 3
+  prompt = np.repeat(batch["prompt_NxP"], n_samples, 0)
+  pmask = np.repeat(batch["prompt_mask_NxP"], n_samples, 0)
+  scfg = S.SamplingConfig(max_new_tokens=c.sampling.max_new_tokens, eos_id=tuple(range(30, 64)))
+  outs = {}
+  for eng in ("static", "continuous"):
+    ce = config_lib.override(c, {"sampling.engine": eng})
+    gen = evaluation.make_generate(mcfg, scfg, mesh, c.task.name, {}, in_graph=False, config=ce, group=n_samples)
+    outs[eng] = jax.device_get(gen(params, prompt, pmask, {}, jax.random.PRNGKey(4)))
+  lengths = outs["static"][2]
+  assert lengths.min() < lengths.max(), lengths
+  for a, b in zip(outs["static"], outs["continuous"]):
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("slots,levels", [(0, 4), (8, 2), (2, 1)])
+def test_numpy_schedule_replays_the_engine(params, slots, levels):
+  """engine.simulate (what the roofline models decode with) gives the jitted engine's decode steps and row-steps
+  for the lengths it produced."""
+  prompt, pm = prompts(B, seed=6)
+  G = 4
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=tuple(range(1, 12)))
+  u = S.uniforms(jax.random.PRNGKey(9), L, B * G)
+  ro, stats = continuous(params, prompt, pm, G, scfg, u, slots=slots, levels=levels, kv_block=4)
+  sim = E.simulate(np.asarray(ro.lengths_N), slots or B * G, E.compaction_sizes(slots or B * G, levels), 4, L)
+  assert (sim["steps"], sim["row_steps"]) == (int(ro.decode_steps), int(stats.row_steps))
+  assert sim["tokens"] == int(np.sum(ro.lengths_N))
+
+
+def test_roofline_decode_work_for_stated_lengths():
+  """roofline.decode_work by hand: the static engine's row chunks each run to their longest row rounded up to the
+  exit chunk and read the whole P + L cache; the continuous one replays engine.simulate and prefills B prompts;
+  without lengths, the all-rows-to-L bound the roofline always used."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.perf import roofline
+  from grpo_jax.rl import memory_plan
+  c = memory_plan.workload_config("tiny", 2, 2, 4, 10, dict(data=1, fsdp=1, tensor=1), rollout_chunks=2)
+  c.sampling.exit_chunk = 4
+  lengths = np.array([3, 10, 2, 5])
+  # chunk 0 = rows 0, 2 (longest 3: 2 decode steps -> 4); chunk 1 = rows 1, 3 (longest 10: 9 steps, capped at L - 1)
+  w = roofline.decode_work(c, lengths)
+  assert w == dict(steps=9, row_steps=4 * 2 + 9 * 2, kv_read=26 * 14, prefill_rows=4, tokens=20)
+  assert roofline.decode_work(c) == dict(steps=10, row_steps=40, kv_read=40 * 14, prefill_rows=4, tokens=40)
+  cc = config_lib.override(c, {"sampling.engine": "continuous", "sampling.slots": 4, "sampling.compaction": 2})
+  sim = E.simulate(lengths, 4, (4, 2), 10, 10)
+  w = roofline.decode_work(cc, lengths)
+  assert w == dict(steps=sim["steps"], row_steps=sim["row_steps"], kv_read=sim["kv_read"] + sim["row_steps"] * 4,
+                   prefill_rows=2, tokens=20)
+  assert sim["steps"] == 9 and sim["row_steps"] < 26  # 4 slots, then 2 once two rows are left
+  flops = roofline.analytic_flops(cc, "cpu", lengths)
+  assert flops["rollout decode"] < roofline.analytic_flops(c, "cpu", lengths)["rollout decode"]
+
+
+def test_vmapped_rl_steps_with_the_continuous_engine_equal_the_static_ones():
+  """studies/vmapped_runs.py: two runs (seeds, and a traced temperature each) in one vmapped RL program, the
+  continuous engine's batched while predicates running until both runs are done: the same params and metrics as the
+  static engine's program after a step."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.studies import vmapped_runs as seeds_lib
+  from tests import test_seeds as ts
+  c, mesh, mcfg, spec, tok = ts._setup()
+  out = {}
+  for eng in ("static", "continuous"):
+    ce = config_lib.override(c, {"sampling.engine": eng, "sampling.slots": 8})
+    states = seeds_lib.init_states(ce, mcfg, [0, 1], hparams={"sampling.temperature": [1.0, 0.7]})
+    step = seeds_lib.make_steps(ce, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
+    ms = []
+    for b in ts.BATCHES[:1]:
+      states, m = step(states, b)
+      ms.append(seeds_lib.host_scalars(m))
+    out[eng] = jax.device_get(states["params"]), ms
+  for a, b in zip(jax.tree.leaves(out["static"][0]), jax.tree.leaves(out["continuous"][0])):
+    np.testing.assert_allclose(a, b, atol=1e-5, rtol=1e-5)
+  for ms, mc in zip(out["static"][1], out["continuous"][1]):
+    for k in ("train/loss", "train/reward_mean", "train/completion_len_mean", "train/kl"):
+      np.testing.assert_allclose(mc[k], ms[k], atol=1e-5, rtol=1e-5, err_msg=k)
+  assert out["continuous"][1][0]["train/completion_len_mean"][0] != out["continuous"][1][0][
+      "train/completion_len_mean"][1] or out["continuous"][1][0]["train/loss"][0] != out["continuous"][1][0][
+      "train/loss"][1]  # the two runs really differ
