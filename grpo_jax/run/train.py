@@ -145,7 +145,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
   """THE RL loop, for one run or `program.runs` vmapped runs trained on the same batches (their configs agree but
   in vmapped_runs.TRACEABLE knobs and the run seed): each run logs, samples, evaluates, plots and checkpoints into
   its own directory on the cadences of `train.*`. A run with `rl.max_nonfinite_in_row` non-finite steps in a row
-  is saved and stopped (`run.failed`) while the others go on. A failing Python reward term stops every run, saved;
+  is saved and stopped (`run.failed`) while the others go on (the loop ends when none is left). A failing Python reward term stops every run, saved;
   raises PythonTermError. A stop signal saves every run; raises errors.Preempted. `log`: a line per step (S > 1).
   Returns the step's trace count after its first call (vmapped_runs' steps count them) or None."""
   c0, S = runs[0].config, program.runs
