@@ -94,3 +94,35 @@ def test_which_checkpoint_the_model_comes_from():
   assert model_source.source(o(sft__init_from="hf:/b")) is None  # no SFT stage: RL starts from scratch
   assert model_source.source(o(job="sft", sft__init_from="hf:/b", train__init_from="hf:/a")) == ("sft.init_from", "/b")
   assert model_source.resolve(o()).to_dict() == config_lib.base_config().to_dict()  # nothing to resolve
+
+
+def test_run_rl_takes_unset_model_fields_from_an_hf_checkpoint(tmp_path):
+  """train.run_rl itself (no CLI before it) on a config whose checkpoint fields are unset and
+  train.init_from=hf:<dir>: the model is the checkpoint's (the run's record says so) and training starts from its
+  weights (the frozen reference the run saves is exactly the checkpoint's tensors)."""
+  import jax
+  import numpy as np
+  import orbax.checkpoint as ocp
+  from grpo_jax.hf import hf_save
+  from grpo_jax.infra import checkpoint as ckpt_lib
+  from grpo_jax.run import train
+  mcfg = model_lib.ModelConfig(vocab_size=512, hidden=32, layers=1, heads=2, kv_heads=1, inter=64, max_len=96,
+                               qkv_bias=True, tie_embeddings=False)  # 512: the shipped tokenizer's vocab
+  params = model_lib.init_params(mcfg, jax.random.PRNGKey(3))
+  hf_save.save_hf(str(tmp_path / "hf"), mcfg, params)
+  c = config_lib.base_config()
+  model_presets.apply(c.model, model_presets.CHECKPOINT)
+  assert model_source.unset_fields(c)  # what run_rl must fill in
+  c = config_lib.override(c, {
+      "train.init_from": f"hf:{tmp_path / 'hf'}", "task.prompt_len": 48, "task.train_size": 64, "task.test_size": 16, "rl.G": 2, "rl.prompts_per_step": 2, "sampling.max_new_tokens": 4,
+      "train.steps": 1, "train.eval_every": 1, "train.plot_every": 0, "train.sample_every": 0, "eval.size": 2,
+      "eval.batch": 2, "eval.n_samples": 1, "eval.pass_k": (1,), "log.tensorboard": False})
+  result = train.run_rl(c, str(tmp_path / "run"))
+  assert "eval/accuracy" in result
+  assert ckpt_lib.all_committed_steps(tmp_path / "run" / "checkpoints") == [1]
+  record = ckpt_lib.read_meta(tmp_path / "run" / "checkpoints", 1)["config"]  # the run config the step was made by
+  assert (record["model.hidden"], record["model.layers"], record["model.max_len"], record["model.qkv_bias"]) == (
+      32, 1, 96, True)
+  saved = ocp.StandardCheckpointer().restore(str(tmp_path / "run" / "checkpoints" / "1" / ckpt_lib._STATE))  # pylint: disable=protected-access
+  for a, b in zip(jax.tree.leaves(saved["ref_params"]), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

@@ -19,6 +19,8 @@ from typing import Iterator
 
 from absl import logging
 
+from grpo_jax.infra import errors
+
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _active: GracefulStop | None = None
 
@@ -91,3 +93,10 @@ class GracefulStop:
 
 def active() -> GracefulStop | None:
   return _active
+
+
+def check_stop(where: str) -> None:
+  """Raises errors.Preempted(where) once a stop is agreed (should_stop): between stages, where no state needs saving."""
+  stop = _active
+  if stop is not None and stop.should_stop():
+    raise errors.Preempted(where)

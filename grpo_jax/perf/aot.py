@@ -17,7 +17,6 @@ to finish here still leaves its buffer assignment (the per-device bytes) behind 
   XLA_FLAGS=--xla_dump_to=/tmp/d timeout 900 python -m grpo_jax.aot --model=qwen2.5-1.5b --topology=v5p:2x2x2
   python -m grpo_jax.aot --buffers /tmp/d
 """
-import argparse
 import dataclasses
 import json
 import math
@@ -35,6 +34,7 @@ from grpo_jax.perf import hlo_collectives
 from grpo_jax.rl import memory_plan
 from grpo_jax.model import model as model_lib
 from grpo_jax.perf import roofline as roofline_lib
+from grpo_jax.perf import workload_flags
 from grpo_jax.infra import sharding
 from grpo_jax.rl import families
 from grpo_jax.rl import state as state_lib
@@ -284,29 +284,15 @@ def format_report(r: dict[str, Any]) -> str:
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(memory_plan.PRESETS))
+  ap = workload_flags.parser(__doc__, sorted(memory_plan.PRESETS), ["bfloat16", "float32"], "",
+                            "data=..,fsdp=..,tensor=.. (default: fsdp over all devices)")
   ap.add_argument("--topology", default="v5e:4x4", help="e.g. v5e:2x2, v5e:4x4, v5e:8x8, v5p:2x2x2, v4:2x2x2")
-  ap.add_argument("--prompts", type=int, default=16)
-  ap.add_argument("--G", type=int, default=8)
-  ap.add_argument("--prompt-len", type=int, default=256)
-  ap.add_argument("--L", type=int, default=512)
-  ap.add_argument("--mesh", default="", help="data=..,fsdp=..,tensor=.. (default: fsdp over all devices)")
-  ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"])
-  ap.add_argument("--remat", default="full", choices=["none", "full", "dots"])
-  ap.add_argument("--minibatches", type=int, default=1)
   ap.add_argument("--decode-layout", default="auto", choices=list(decode_layout.KINDS),
                   help="sampling.decode_layout: where the weights live while the rollout decodes")
   ap.add_argument("--decode-tp", type=int, default=0, help="sampling.decode_tp (0 = the smallest that fits)")
-  ap.add_argument("--rollout-chunks", type=int, default=1, help="rl.rollout_chunks: sample and score the rollout's "
-                  "rows in this many chunks")
-  ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/config/presets.py); β = 0 ones keep no reference")
-  ap.add_argument("--engine", default="static", choices=["static", "continuous"], help="sampling.engine")
-  ap.add_argument("--slots", type=int, default=0, help="sampling.slots (continuous; 0 = rows / rollout chunks)")
   ap.add_argument("--lengths", default="", metavar="lognormal:MEDIAN:SIGMA",
                   help="completion lengths the rollout's roofline terms assume (seed 0, capped at --L); "
                        "default: every row runs to L")
-  ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
   ap.add_argument("--no-compile", action="store_true", help="memory_plan + roofline only (no libtpu needed)")
   ap.add_argument("--buffers", default="", metavar="DUMP_DIR",
                   help="only summarise the buffer assignment XLA dumped to DUMP_DIR (no compile)")
@@ -319,9 +305,8 @@ def main(argv=None) -> int:
            f"({b['file']})"] + [f"  {v['bytes'] / 2**20:9.1f} MiB  {v['shape']}" for v in b["largest_temp_values"]]))
       return 0
     mesh = memory_plan.parse_mesh(a.mesh) if a.mesh else None
-    cfg = memory_plan.workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, None, a.dtype, a.remat,
-                                      a.minibatches, algo=a.algo, rollout_chunks=a.rollout_chunks)
-    cfg.sampling.update(decode_layout=a.decode_layout, decode_tp=a.decode_tp, engine=a.engine, slots=a.slots)
+    cfg = memory_plan.workload_config(mesh=None, **workload_flags.workload_kwargs(a))
+    cfg.sampling.update(decode_layout=a.decode_layout, decode_tp=a.decode_tp)
     lengths = stated_lengths(a.lengths, a.prompts * a.G, a.L) if a.lengths else None
     r = check(cfg, a.topology, mesh, compile=not a.no_compile, lengths_N=lengths)
     if lengths is not None:

@@ -12,7 +12,6 @@ T×T scores only for the einsum path. `aot.py` checks it against XLA's own figur
   python -m grpo_jax.memory_plan --model=qwen2.5-1.5b --mesh data=1,fsdp=64,tensor=1 --prompts 16 --G 8 \
       --prompt-len 256 --L 512 --hbm-gib 16
 """
-import argparse
 import dataclasses
 import functools
 import json
@@ -29,6 +28,7 @@ from grpo_jax.rollout import decode_layout
 from grpo_jax.rollout import engine as engine_lib
 from grpo_jax.model import model as model_lib
 from grpo_jax.model import model_presets
+from grpo_jax.perf import workload_flags
 from grpo_jax.config import presets
 from grpo_jax.rl import row_chunks
 from grpo_jax.rl import state as state_lib
@@ -353,31 +353,17 @@ def format_plan(p: Plan, hbm_bytes: int | None = None) -> str:
 
 
 def main(argv=None) -> int:
-  ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  ap.add_argument("--model", default="qwen2.5-0.5b", choices=sorted(PRESETS))
-  ap.add_argument("--mesh", default="data=1,fsdp=16,tensor=1")
-  ap.add_argument("--prompts", type=int, default=16)
-  ap.add_argument("--G", type=int, default=8)
-  ap.add_argument("--prompt-len", type=int, default=256)
-  ap.add_argument("--L", type=int, default=512)
-  ap.add_argument("--dtype", default="bfloat16", choices=sorted(_BYTES))
-  ap.add_argument("--remat", default="full", choices=["none", "full", "dots"])
-  ap.add_argument("--minibatches", type=int, default=1)
-  ap.add_argument("--rollout-chunks", type=int, default=1, help="rl.rollout_chunks")
-  ap.add_argument("--engine", default="static", choices=["static", "continuous"], help="sampling.engine")
-  ap.add_argument("--slots", type=int, default=0, help="sampling.slots (continuous; 0 = rows / rollout chunks)")
-  ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/config/presets.py); β = 0 ones keep no reference")
+  ap = workload_flags.parser(__doc__, sorted(PRESETS), sorted(_BYTES), "data=1,fsdp=16,tensor=1",
+                            "data=..,fsdp=..,tensor=.. (explicit sizes)")
   ap.add_argument("--platform", default="tpu", choices=["tpu", "gpu", "cpu"],
                   help="the backend whose attention path model.attention='auto' picks (attention.choose)")
   ap.add_argument("--hbm-gib", type=float, default=0.0, help="chip memory to compare against (0 = none)")
-  ap.add_argument("--json", action="store_true")
   a = ap.parse_args(argv)
   try:
     mesh = parse_mesh(a.mesh)
     if any(v < 1 for v in mesh.values()):
       raise ValueError(f"--mesh={a.mesh}: the planner needs explicit sizes (no -1).")
-    c = workload_config(a.model, a.prompts, a.G, a.prompt_len, a.L, mesh, a.dtype, a.remat, a.minibatches,
-                        algo=a.algo, rollout_chunks=a.rollout_chunks, engine=a.engine, slots=a.slots)
+    c = workload_config(mesh=mesh, **workload_flags.workload_kwargs(a))
     row_chunks.check_chunks(a.rollout_chunks, a.prompts * a.G)
     hbm = int(a.hbm_gib * GiB) if a.hbm_gib else None
     # sampling.decode_layout=auto resolves against the chip's memory

@@ -12,7 +12,6 @@ import os
 
 from absl import logging
 
-from grpo_jax.infra import errors
 from grpo_jax.run import run_config
 from grpo_jax.infra import signals
 from grpo_jax.run import stages as stages_lib
@@ -47,12 +46,6 @@ def grpo_stages(config, workdir: str) -> list[stages_lib.Stage]:
   return out
 
 
-def _check_stop(where: str) -> None:
-  stop = signals.active()
-  if stop is not None and stop.should_stop():
-    raise errors.Preempted(where)
-
-
 def _run_grpo(config, workdir: str, todo: list[stages_lib.Stage], actions: dict[str, str]) -> None:
   init_from = config.train.init_from
   for st in todo:
@@ -61,7 +54,7 @@ def _run_grpo(config, workdir: str, todo: list[stages_lib.Stage], actions: dict[
     if actions[st.name] == "skip":
       logging.info("stage %s: finished earlier with this config; skipped.", st.name)
       continue
-    _check_stop(f"before stage {st.name} of {workdir}")
+    signals.check_stop(f"before stage {st.name} of {workdir}")
     stages_lib.prepare(st, actions[st.name], workdir)
     if st.name == "sft":
       train.run_sft(config, st.directory, record=st.view)

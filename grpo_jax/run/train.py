@@ -1,8 +1,10 @@
 """The Python loop around the jitted steps: it only feeds data, logs, evaluates and checkpoints."""
+import contextlib
 import dataclasses
+import json
 import os
 import time
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -96,6 +98,162 @@ def init_or_restore(config, mesh, mcfg, family, ckpt: ckpt_lib.Checkpointer, ini
   return family.init(config, mesh, mcfg, params=params), 0
 
 
+class Program(NamedTuple):
+  """The step the RL loop runs: one run's (families.make_step) or S vmapped runs' (vmapped_runs.make_steps), whose
+  states and metrics carry a leading axis of S runs (purejaxrl's vmap over whole training runs)."""
+  step: Callable  # (state, device batch) -> (state, metrics)
+  runs: int = 1
+  run_state: Callable | None = None  # (stacked state, i) -> run i's state as a `main` run's; None: one run
+
+  def of(self, tree, i: int):
+    """Run i's part of a state, metrics or host tree."""
+    return tree if self.run_state is None else jax.tree.map(lambda x: x[i], tree)
+
+  def state_of(self, state, i: int):
+    """Run i's state as its checkpoint holds it."""
+    return state if self.run_state is None else self.run_state(state, i)
+
+
+@dataclasses.dataclass
+class Run:
+  """One run the RL loop trains: its config and directory, and the `main` machinery around its state."""
+  config: Any
+  workdir: str
+  guard: loop_guard.LoopGuard
+  ckpt: ckpt_lib.Checkpointer
+  writer: metrics_lib.MetricWriter | None = None
+  failed: str = ""  # why the run stopped itself (non-finite steps); "" while it trains
+  last_eval: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+def reward_terms(config, tokenizer, python_fns: dict | None = None) -> reward_spec.RewardSpec:
+  """The config's reward terms; Python terms from the task (python_reward_fns) and `python_fns`."""
+  rl = config.rl
+  fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
+  return rewards_lib.build(config.rewards, reward_spec.Context(config.task.name, tokenizer),
+                           {**python_reward_fns(config, tokenizer), **(python_fns or {})}, fallback,
+                           rl.reward_timeout_s)
+
+
+def _nonfinite(bad_in_row: int, done: int) -> str:
+  return (f"{bad_in_row} steps in a row had a non-finite loss or gradient (updates skipped); the last good state is "
+          f"saved at step {done}. Lower optim.lr or check rewards (config.rl.max_nonfinite_in_row sets the limit).")
+
+
+def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg, tokenizer, spec,
+            log: Callable[[str], None] | None = None) -> int | None:
+  """THE RL loop, for one run or `program.runs` vmapped runs trained on the same batches (their configs agree but
+  in vmapped_runs.TRACEABLE knobs and the run seed): each run logs, samples, evaluates, plots and checkpoints into
+  its own directory on the cadences of `train.*`. A run with `rl.max_nonfinite_in_row` non-finite steps in a row
+  is saved and stopped (`run.failed`) while the others go on (the loop ends when none is left). A failing Python reward term stops every run, saved;
+  raises PythonTermError. A stop signal saves every run; raises errors.Preempted. `log`: a line per step (S > 1).
+  Returns the step's trace count after its first call (vmapped_runs' steps count them) or None."""
+  c0, S = runs[0].config, program.runs
+  rl, tr, steps = c0.rl, c0.train, c0.train.steps
+  for run in runs:  # one progress line per command: a group of runs prints `log`'s instead
+    run.writer = metrics_lib.MetricWriter(run.workdir, resume_step=start if start else None,
+                                          use_tensorboard=run.config.log.tensorboard,
+                                          wandb_project=run.config.log.wandb_project or None, total_steps=steps,
+                                          progress=S == 1)
+    run.guard.resumed(run.ckpt, start, run.writer)
+  n_prompts = rl.prompts_per_step * (rl.oversample if rl.dynamic_sampling else 1)
+  batches = data_lib.rl_batches(c0.task, tokenizer, "train", n_prompts, c0.seed, start, c0.task.prompt_len)
+  # Held-out eval verifies in-graph or on the host (the task's host_verifier in tasks/registry.py).
+  eval_set = data_lib.eval_set(c0.task, tokenizer, c0.eval.size, c0.task.prompt_len)
+  evaluators: dict[str, evaluation.Evaluator] = {}  # by sampling settings (a swept temperature changes them)
+
+  def evaluate(step):
+    for i, run in enumerate(runs):
+      if run.failed:
+        continue
+      key = json.dumps(run.config.sampling.to_dict(), sort_keys=True)
+      if key not in evaluators:
+        evaluators[key] = evaluation.Evaluator(run.config, mcfg, tokenizer, mesh, eval_set)
+      t0 = time.perf_counter()
+      run.last_eval, texts = evaluators[key](program.of(state["params"], i), jax.random.PRNGKey(run.config.seed + 1))
+      run.writer.write(step, {**run.last_eval, "perf/eval_time_s": time.perf_counter() - t0})
+      logging.info("step %d eval %s (%s) | %r", step, run.last_eval, run.workdir, texts[:1])
+
+  if start == 0:
+    evaluate(0)
+  bad_in_row = np.zeros(S, np.int64)
+  done, traces, reward_error = start, None, ""
+  with contextlib.ExitStack() as running:
+    for run in runs:  # one GracefulStop (the command's or the first guard's) shared by every run's guard
+      running.enter_context(run.guard.running())
+    running.callback(spec.close)  # Python reward workers stop however the loop ends
+    for step, batch, t0 in _steps(runs[0].guard, mesh, batches, start, steps):
+      state, m = program.step(state, batch)
+      status = np.asarray(jax.device_get(m["reward_status"]))  # [S ×] terms
+      bad = [i for i in range(S) if (program.of(status, i) != reward_spec.OK).any()]
+      if bad:
+        s = program.of(status, bad[0])
+        reward_error = spec.python_terms[spec.names[int(np.argmax(s != reward_spec.OK))]].error_message(int(s.max()))
+        reward_error = reward_error if S == 1 else f"{runs[bad[0]].workdir}: {reward_error}"
+        for i, run in enumerate(runs):
+          if not run.failed:
+            run.ckpt.maybe_save(step, program.state_of(state, i), {"step": step}, force=True)
+        break
+      scalars = {k: np.asarray(v) for k, v in jax.device_get(m).items()
+                 if not k.startswith("samples/") and k != "reward_status"}
+      dt = time.perf_counter() - t0
+      done = step + 1
+      if step == start and hasattr(program.step, "traces"):
+        traces = program.step.traces()
+      samples = None
+      if tr.sample_every and done % tr.sample_every == 0:
+        samples = jax.device_get({k: m[k] for k in ("samples/tokens_NxL", "samples/mask_NxL", "samples/r_N")})
+      for i, run in enumerate(runs):
+        if run.failed:
+          continue
+        row = {k: float(program.of(v, i)) for k, v in scalars.items()}
+        n_tok = row["train/completion_len_mean"] * rl.prompts_per_step * rl.G
+        row.update({"perf/step_time_s": dt, "perf/tokens_per_s": n_tok / dt})
+        if step == start:
+          row["perf/compile_time_s"] = dt
+        if done % tr.log_every == 0 or done == steps:
+          run.writer.write(done, row)
+        if samples is not None:
+          sm = program.of(samples, i)
+          texts = [tokenizer.decode(t[mk > 0].tolist()) for t, mk in zip(sm["samples/tokens_NxL"],
+                                                                           sm["samples/mask_NxL"])]
+          run.writer.log_samples(done, texts, [float(r) for r in sm["samples/r_N"]], n_print=2 if S == 1 else 0)
+        bad_in_row[i] = bad_in_row[i] + 1 if row["train/nonfinite_updates"] > 0 else 0
+        if bad_in_row[i] >= rl.max_nonfinite_in_row:
+          run.ckpt.maybe_save(done, program.state_of(state, i), {"step": done}, force=True)
+          run.ckpt.wait()
+          run.failed = _nonfinite(int(bad_in_row[i]), done)
+          if log:
+            log(f"{os.path.basename(run.workdir)} stopped: {run.failed}")
+      if all(run.failed for run in runs):
+        break
+      if done % tr.eval_every == 0 or done == steps:
+        evaluate(done)
+      for i, run in enumerate(runs):
+        if run.failed:
+          continue
+        if tr.plot_every and done % tr.plot_every == 0:
+          plots.write_plots(run.workdir)
+        run.ckpt.maybe_save(done, program.state_of(state, i), {"step": done}, force=done == steps)
+      if log:
+        means = {k: float(np.mean(scalars[k])) for k in ("train/reward_mean", "train/kl") if k in scalars}
+        log(f"{S} runs, step {done}/{steps}, {dt:.2f}s/step, mean over runs: "
+            + ", ".join(f"{k} {v:.4g}" for k, v in means.items()))
+    for i, run in enumerate(runs):  # inside running(): a second signal cannot interrupt the saves
+      if not run.failed:
+        run.guard.finish(run.ckpt, program.state_of(state, i), done)
+  for run in runs:
+    run.ckpt.close()
+    run.writer.close()
+    plots.write_plots(run.workdir)
+  if reward_error:
+    raise rewards_lib.PythonTermError(reward_error)
+  if done < steps and not all(run.failed for run in runs):
+    where = runs[0].workdir if S == 1 else f"{S} vmapped runs ({', '.join(os.path.basename(r.workdir) for r in runs)})"
+    raise errors.Preempted(where, done)
+  return traces
+
+
 def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict | None = None,
            record: dict | None = None) -> dict[str, float]:
   """GRPO-family (or PPO) training; returns the last eval metrics. Resumes automatically from `workdir`.
@@ -108,80 +266,17 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_rl)
   # every `auto` knob (rl/auto.py) chosen for this mesh and device memory, before the step is built
   config, _ = auto.resolve(config, auto.Context(dict(mesh.shape), decode_layout.device_memory_bytes()))
-  rl, steps = config.rl, config.train.steps
-  fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
-  spec = rewards_lib.build(config.rewards, reward_spec.Context(config.task.name, tokenizer),
-                           {**python_reward_fns(config, tokenizer), **(python_fns or {})}, fallback, rl.reward_timeout_s)
+  spec = reward_terms(config, tokenizer, python_fns)
   family = families.for_config(config)
   step_fn = families.make_step(config, mesh, mcfg, spec, tokenizer, family=family)
   init_from = config.train.init_from if init_from is None else init_from
   ckpt = guard.checkpointer(config)
   state, start = init_or_restore(config, mesh, mcfg, family, ckpt, init_from)
-  writer = metrics_lib.MetricWriter(workdir, resume_step=start if start else None,
-                                    use_tensorboard=config.log.tensorboard,
-                                    wandb_project=config.log.wandb_project or None, total_steps=steps)
-  guard.resumed(ckpt, start, writer)
-  n_prompts = rl.prompts_per_step * (rl.oversample if rl.dynamic_sampling else 1)
-  batches = data_lib.rl_batches(config.task, tokenizer, "train", n_prompts, config.seed, start,
-                                config.task.prompt_len)
-  # Held-out eval verifies in-graph or on the host (the task's host_verifier in tasks/registry.py).
-  evaluator = evaluation.Evaluator(config, mcfg, tokenizer, mesh,
-                                   data_lib.eval_set(config.task, tokenizer, config.eval.size,
-                                                     config.task.prompt_len))
-  eval_rng = jax.random.PRNGKey(config.seed + 1)
-  last_eval: dict[str, float] = {}
-
-  def evaluate(step):
-    nonlocal last_eval
-    t0 = time.perf_counter()
-    last_eval, texts = evaluator(state["params"], eval_rng)
-    writer.write(step, {**last_eval, "perf/eval_time_s": time.perf_counter() - t0})
-    logging.info("step %d eval %s | %r", step, last_eval, texts[:1])
-
-  if start == 0:
-    evaluate(0)
-  bad_in_row, done = 0, start
-  with guard.running(on_exit=spec.close):  # Python reward workers stop however the loop ends
-    for step, batch, t0 in _steps(guard, mesh, batches, start, steps):
-      state, m = step_fn(state, batch)
-      status = np.asarray(jax.device_get(m["reward_status"]))
-      if (status != reward_spec.OK).any():
-        name = spec.names[int(np.argmax(status != reward_spec.OK))]
-        ckpt.maybe_save(step, state, {"step": step}, force=True)
-        ckpt.wait()
-        raise rewards_lib.PythonTermError(spec.python_terms[name].error_message(int(status.max())))
-      scalars = _host_scalars(m)
-      dt = time.perf_counter() - t0
-      n_tok = scalars["train/completion_len_mean"] * rl.prompts_per_step * rl.G
-      scalars.update({"perf/step_time_s": dt, "perf/tokens_per_s": n_tok / dt})
-      if step == start:
-        scalars["perf/compile_time_s"] = dt
-      done = step + 1
-      if done % config.train.log_every == 0 or done == steps:
-        writer.write(done, scalars)
-      if config.train.sample_every and done % config.train.sample_every == 0:
-        sm = jax.device_get(m)
-        texts = [tokenizer.decode(t[mk > 0].tolist()) for t, mk in zip(sm["samples/tokens_NxL"],
-                                                                         sm["samples/mask_NxL"])]
-        writer.log_samples(done, texts, [float(r) for r in sm["samples/r_N"]])
-      bad_in_row = bad_in_row + 1 if scalars["train/nonfinite_updates"] > 0 else 0
-      if bad_in_row >= rl.max_nonfinite_in_row:
-        ckpt.maybe_save(done, state, {"step": done}, force=True)
-        ckpt.wait()
-        raise NonFiniteError(f"{bad_in_row} steps in a row had a non-finite loss or gradient (updates skipped); "
-                             f"the last good state is saved at step {done}. Lower optim.lr or check rewards "
-                             "(config.rl.max_nonfinite_in_row sets the limit).")
-      if done % config.train.eval_every == 0 or done == steps:
-        evaluate(done)
-      if config.train.plot_every and done % config.train.plot_every == 0:
-        plots.write_plots(workdir)
-      ckpt.maybe_save(done, state, {"step": done}, force=done == steps)
-    guard.finish(ckpt, state, done)  # inside running(): a second signal cannot interrupt the save
-  ckpt.close()
-  writer.close()
-  plots.write_plots(workdir)
-  guard.raise_if_stopped()
-  return last_eval
+  run = Run(config, workdir, guard, ckpt)
+  rl_loop(Program(step_fn), [run], state, start, mesh=mesh, mcfg=mcfg, tokenizer=tokenizer, spec=spec)
+  if run.failed:
+    raise NonFiniteError(run.failed)
+  return run.last_eval
 
 
 def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str | None = None,

@@ -23,24 +23,17 @@ import time
 from typing import Any, Callable, Sequence
 
 import jax
-import numpy as np
 from absl import logging
 
-from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import params_ckpt
 from grpo_jax.config import config_lib
 from grpo_jax.infra import errors
-from grpo_jax.run import evaluation
 from grpo_jax.rl import families
 from grpo_jax.run import jobs
 from grpo_jax.run import loop_guard
-from grpo_jax.run import metrics as metrics_lib
 from grpo_jax.model import model as model_lib
 from grpo_jax.hf import model_source
-from grpo_jax.run import plots
 from grpo_jax.run import preflight
-from grpo_jax.rl import rewards as rewards_lib
-from grpo_jax.rl import reward_spec
 from grpo_jax.run import run_config
 from grpo_jax.studies import vmapped_runs as seeds_lib
 from grpo_jax.infra import sharding
@@ -50,7 +43,6 @@ from grpo_jax.rl import state as state_lib
 from grpo_jax.run import train
 from grpo_jax.run import validate
 from grpo_jax.infra import workdir_lock
-from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 
 
@@ -61,11 +53,8 @@ class Lane:
   workdir: str
   stage: stages_lib.Stage
   init_from: str
-  guard: loop_guard.LoopGuard | None = None
-  ckpt: ckpt_lib.Checkpointer | None = None
-  writer: metrics_lib.MetricWriter | None = None
   start: int = 0
-  failed: str = ""  # why the run stopped itself (non-finite steps), "" while it trains
+  run: train.Run | None = None  # what the loop trains: guard, checkpointer, writer, why it stopped
 
 
 def varying(configs: Sequence[Any]) -> dict[str, list]:
@@ -131,7 +120,7 @@ def run_group(configs: Sequence[Any], workdirs: Sequence[str], *, compiler_optio
           continue
         init_from = os.path.join(st.directory, "params")
         if actions[st.name] != "skip":
-          _check_stop(f"before stage sft of {wd}")
+          signals.check_stop(f"before stage sft of {wd}")
           stages_lib.prepare(st, actions[st.name], wd)
           log(f"[sweep] {os.path.basename(wd)}: SFT stage")
           train.run_sft(config, st.directory, record=st.view)
@@ -147,28 +136,21 @@ def run_group(configs: Sequence[Any], workdirs: Sequence[str], *, compiler_optio
   return info
 
 
-def _check_stop(where: str) -> None:
-  stop = signals.active()
-  if stop is not None and stop.should_stop():
-    raise errors.Preempted(where)
-
-
 def _run_lanes(lanes: list[Lane], info: dict, compiler_options, log) -> None:
   c0 = lanes[0].config
   tokenizer = tok_lib.for_config(c0)
   for lane in lanes:
     validate.validate_rl(lane.config, jax.device_count(), tokenizer)
-    lane.guard = loop_guard.LoopGuard(lane.config, lane.workdir, "rl", lane.stage.view)
-    lane.ckpt = lane.guard.checkpointer(lane.config)
+    guard = loop_guard.LoopGuard(lane.config, lane.workdir, "rl", lane.stage.view)
+    lane.run = train.Run(lane.config, lane.workdir, guard, guard.checkpointer(lane.config))
   mesh = sharding.make_mesh(c0.mesh)
   mcfg = model_lib.ModelConfig.from_config(c0.model)
-  family = families.for_config(c0)
-  abstract, shard = family.state_spec(c0, mesh, mcfg)
+  abstract, shard = families.for_config(c0).state_spec(c0, mesh, mcfg)
   restored: dict[int, list[tuple[Lane, Any]]] = {}
   for lane in lanes:
     state = None
-    if lane.ckpt.latest_step() is not None:
-      state, meta = lane.ckpt.restore(None, state_lib.with_shardings(abstract, shard))
+    if lane.run.ckpt.latest_step() is not None:
+      state, meta = lane.run.ckpt.restore(None, state_lib.with_shardings(abstract, shard))
       lane.start = int(meta["step"])
       logging.info("Resumed %s at step %d.", lane.workdir, lane.start)
     restored.setdefault(lane.start, []).append((lane, state))
@@ -176,7 +158,7 @@ def _run_lanes(lanes: list[Lane], info: dict, compiler_options, log) -> None:
     sub = restored[start]
     if len(restored) > 1:
       log(f"[sweep] {len(sub)} run(s) resume at step {start}")
-    _train(sub, start, mesh, mcfg, family, abstract, shard, tokenizer, info, compiler_options, log)
+    _train(sub, start, mesh, mcfg, shard, tokenizer, info, compiler_options, log)
 
 
 def _start_states(sub, start, mesh, mcfg, shard, hp) -> dict:
@@ -201,112 +183,20 @@ def _load_params(path: str, mcfg, shard, mesh):
   return params_ckpt.load_params(path, abstract_p)
 
 
-def _train(sub, start, mesh, mcfg, family, abstract, shard, tokenizer, info, compiler_options, log) -> None:
+def _train(sub, start, mesh, mcfg, shard, tokenizer, info, compiler_options, log) -> None:
+  """The sub-group's runs from `start` in train.rl_loop (the one RL loop), its step vmapped over the runs."""
   lanes = [lane for lane, _ in sub]
   c0 = lanes[0].config
-  rl, steps, S = c0.rl, c0.train.steps, len(lanes)
   hp = varying([lane.config for lane in lanes])
-  fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
-  spec = rewards_lib.build(c0.rewards, reward_spec.Context(c0.task.name, tokenizer),
-                           train.python_reward_fns(c0, tokenizer), fallback, rl.reward_timeout_s)
-  step_fn = seeds_lib.make_steps(c0, mesh, mcfg, spec, tokenizer, compiler_options)
+  spec = train.reward_terms(c0, tokenizer)
+  program = train.Program(seeds_lib.make_steps(c0, mesh, mcfg, spec, tokenizer, compiler_options), len(lanes),
+                          seeds_lib.run_state)
   states = _start_states(sub, start, mesh, mcfg, shard, hp)
+  runs = [lane.run for lane in lanes]
+  info["traces"].append(train.rl_loop(program, runs, states, start, mesh=mesh, mcfg=mcfg, tokenizer=tokenizer,
+                                      spec=spec, log=lambda line: log(f"[sweep] {line}")))
   for lane in lanes:
-    lane.writer = metrics_lib.MetricWriter(lane.workdir, resume_step=start if start else None,
-                                           use_tensorboard=lane.config.log.tensorboard,
-                                           wandb_project=lane.config.log.wandb_project or None, total_steps=steps,
-                                           progress=False)
-    lane.guard.resumed(lane.ckpt, start, lane.writer)
-  n_prompts = rl.prompts_per_step * (rl.oversample if rl.dynamic_sampling else 1)
-  batches = data_lib.rl_batches(c0.task, tokenizer, "train", n_prompts, c0.seed, start, c0.task.prompt_len)
-  eval_set = data_lib.eval_set(c0.task, tokenizer, c0.eval.size, c0.task.prompt_len)
-  evaluators: dict[str, evaluation.Evaluator] = {}  # by sampling settings (a swept temperature changes them)
-
-  def evaluate(step):
-    for i, lane in enumerate(lanes):
-      if lane.failed:
-        continue
-      key = json.dumps(lane.config.sampling.to_dict(), sort_keys=True)
-      if key not in evaluators:
-        evaluators[key] = evaluation.Evaluator(lane.config, mcfg, tokenizer, mesh, eval_set)
-      t0 = time.perf_counter()
-      result, _ = evaluators[key](seeds_lib.unstack(states["params"], i), jax.random.PRNGKey(lane.config.seed + 1))
-      lane.writer.write(step, {**result, "perf/eval_time_s": time.perf_counter() - t0})
-
-  if start == 0:
-    evaluate(0)
-  bad_in_row = np.zeros(S, np.int64)
-  done = start
-  stop_reward: str = ""
-  with signals.GracefulStop.ensure() as stop, contextlib.ExitStack() as closing:
-    closing.callback(spec.close)
-    for step in range(start, steps):
-      if stop.should_stop():
-        break
-      batch = train.device_batch(mesh, next(batches))
-      t0 = time.perf_counter()
-      states, m = step_fn(states, batch)
-      status = np.asarray(jax.device_get(m["reward_status"]))  # S × terms
-      if (status != reward_spec.OK).any():
-        run, term = np.argwhere(status != reward_spec.OK)[0]
-        stop_reward = (f"{lanes[run].workdir}: " + spec.python_terms[spec.names[term]].error_message(
-            int(status[run].max())))
-        for i, lane in enumerate(lanes):
-          lane.ckpt.maybe_save(step, seeds_lib.run_state(states, i), {"step": step}, force=True)
-        break
-      dt = time.perf_counter() - t0
-      scalars = seeds_lib.host_scalars(m)
-      done = step + 1
-      if step == start:
-        info["traces"].append(step_fn.traces())
-      samples = None
-      if c0.train.sample_every and done % c0.train.sample_every == 0:
-        samples = jax.device_get({k: m[k] for k in ("samples/tokens_NxL", "samples/mask_NxL", "samples/r_N")})
-      for i, lane in enumerate(lanes):
-        if lane.failed:
-          continue
-        row = {k: float(v[i]) for k, v in scalars.items()}
-        n_tok = row["train/completion_len_mean"] * rl.prompts_per_step * rl.G
-        row.update({"perf/step_time_s": dt, "perf/tokens_per_s": n_tok / dt})
-        if step == start:
-          row["perf/compile_time_s"] = dt
-        if done % c0.train.log_every == 0 or done == steps:
-          lane.writer.write(done, row)
-        if samples is not None:
-          texts = [tokenizer.decode(t[mk > 0].tolist()) for t, mk in zip(samples["samples/tokens_NxL"][i],
-                                                                           samples["samples/mask_NxL"][i])]
-          lane.writer.log_samples(done, texts, [float(r) for r in samples["samples/r_N"][i]], n_print=0)
-        bad_in_row[i] = bad_in_row[i] + 1 if row["train/nonfinite_updates"] > 0 else 0
-        if bad_in_row[i] >= rl.max_nonfinite_in_row:
-          lane.ckpt.maybe_save(done, seeds_lib.run_state(states, i), {"step": done}, force=True)
-          lane.ckpt.wait()
-          lane.failed = (f"{bad_in_row[i]} steps in a row had a non-finite loss or gradient (updates skipped); the "
-                         f"last good state is saved at step {done}. Lower optim.lr or check rewards.")
-          info["failed"][lane.workdir] = lane.failed
-          log(f"[sweep] {os.path.basename(lane.workdir)} stopped: {lane.failed}")
-      if done % c0.train.eval_every == 0 or done == steps:
-        evaluate(done)
-      for i, lane in enumerate(lanes):
-        if lane.failed:
-          continue
-        if c0.train.plot_every and done % c0.train.plot_every == 0:
-          plots.write_plots(lane.workdir)
-        lane.ckpt.maybe_save(done, seeds_lib.run_state(states, i), {"step": done}, force=done == steps)
-      means = {k: float(np.mean(scalars[k])) for k in ("train/reward_mean", "train/kl") if k in scalars}
-      log(f"[sweep] {S} runs, step {done}/{steps}, {dt:.2f}s/step, mean over runs: "
-          + ", ".join(f"{k} {v:.4g}" for k, v in means.items()))
-    for i, lane in enumerate(lanes):
-      if not lane.failed:
-        lane.guard.stop = stop
-        lane.guard.finish(lane.ckpt, seeds_lib.run_state(states, i), done)
-  for lane in lanes:
-    lane.ckpt.close()
-    lane.writer.close()
-    plots.write_plots(lane.workdir)
-  if stop_reward:
-    raise rewards_lib.PythonTermError(stop_reward)
-  if done < steps:
-    raise errors.Preempted(f"{S} vmapped runs ({', '.join(os.path.basename(l.workdir) for l in lanes)})", done)
-  for lane in lanes:
-    if not lane.failed:
+    if lane.run.failed:
+      info["failed"][lane.workdir] = lane.run.failed
+    else:
       stages_lib.mark_done(lane.stage)

@@ -1,0 +1,31 @@
+"""The workload flags `python -m grpo_jax.aot` and `python -m grpo_jax.memory_plan` share, defined once: the
+arguments of memory_plan.workload_config (the peers' GRPO workload on a named model shape), --mesh and --json."""
+import argparse
+from typing import Any, Sequence
+
+
+def parser(doc: str, models: Sequence[str], dtypes: Sequence[str], mesh_default: str,
+           mesh_help: str) -> argparse.ArgumentParser:
+  ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap.add_argument("--model", default="qwen2.5-0.5b", choices=list(models))
+  ap.add_argument("--mesh", default=mesh_default, help=mesh_help)
+  ap.add_argument("--prompts", type=int, default=16)
+  ap.add_argument("--G", type=int, default=8)
+  ap.add_argument("--prompt-len", type=int, default=256)
+  ap.add_argument("--L", type=int, default=512)
+  ap.add_argument("--dtype", default="bfloat16", choices=list(dtypes))
+  ap.add_argument("--remat", default="full", choices=["none", "full", "dots"])
+  ap.add_argument("--minibatches", type=int, default=1)
+  ap.add_argument("--rollout-chunks", type=int, default=1, help="rl.rollout_chunks: sample and score the rollout's "
+                  "rows in this many chunks")
+  ap.add_argument("--engine", default="static", choices=["static", "continuous"], help="sampling.engine")
+  ap.add_argument("--slots", type=int, default=0, help="sampling.slots (continuous; 0 = rows / rollout chunks)")
+  ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/config/presets.py); β = 0 ones keep no reference")
+  ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
+  return ap
+
+
+def workload_kwargs(a: argparse.Namespace) -> dict[str, Any]:
+  """memory_plan.workload_config's keyword arguments from the parsed flags (mesh apart: each tool reads its own)."""
+  return dict(model=a.model, prompts=a.prompts, G=a.G, prompt_len=a.prompt_len, L=a.L, dtype=a.dtype, remat=a.remat,
+              minibatches=a.minibatches, algo=a.algo, rollout_chunks=a.rollout_chunks, engine=a.engine, slots=a.slots)
