@@ -158,7 +158,6 @@ class Ours:
     self.train_lens.append(int(m["train/train_len"]))
     self.grad_norms.append(float(m["train/grad_norm"]))
     self.skipped.append(int(m["train/skipped_updates"]))
-    self.last_metrics = m
     return dt
 
   def run(self, k: int) -> list[float]:

@@ -95,18 +95,12 @@ def variants(a) -> list[tuple[str, dict]]:
   return out
 
 
-def slot_util(lengths_N: np.ndarray, decode_steps: int) -> float:
-  """Generated tokens / row-steps computed by a static batch: every row runs the decode's steps, plus the last
-  token's emit (a row that runs to L: L tokens in L − 1 decode steps + 1 = 1.0)."""
-  return float(lengths_N.sum()) / (len(lengths_N) * (decode_steps + 1))
-
-
 class TailOurs(grpo_step.Ours):
   """Ours on the tail checkpoint with config overrides; per batch the rollout alone (timed), then the step."""
 
   def __init__(self, a, label: str, overrides: dict):
     self.label, self.overrides = label, overrides
-    self.roll_t, self.roll_lens, self.roll_steps, self.step_util, self.rollout_traces = [], [], [], [], 0
+    self.roll_t, self.roll_lens, self.roll_steps, self.engine_util, self.rollout_traces = [], [], [], [], 0
     self.rollout = None
     self.batch_index = 0
     super().__init__(a)
@@ -130,7 +124,7 @@ class TailOurs(grpo_step.Ours):
     def traced(params, batch, rng):
       self.rollout_traces += 1  # runs once per trace
       ro = fn(params, None, batch, rng)
-      return ro.lengths_N, ro.decode_steps
+      return ro.lengths_N, ro.decode_steps, ro.decode_slot_util  # generated tokens / row-steps (engine.slot_util)
     jitted = jax.jit(traced)
 
     def run(params, batch, rng):
@@ -146,27 +140,22 @@ class TailOurs(grpo_step.Ours):
     rng = jax.random.PRNGKey(self.batch_index)  # the same uniforms for every variant at this batch
     self.batch_index += 1
     t0 = time.perf_counter()
-    lengths_N, steps = jax.block_until_ready(self.rollout(self.state["params"], batch, rng))
+    lengths_N, steps, util = jax.block_until_ready(self.rollout(self.state["params"], batch, rng))
     if self.batch_index > 1:  # the first batch compiles
       self.roll_t.append(time.perf_counter() - t0)
       self.roll_lens.append(np.asarray(lengths_N))
       self.roll_steps.append(int(steps))
-    dt = self._step(batch)
-    if self.batch_index > 1:
-      self.step_util.append(float(self.last_metrics.get("train/decode_slot_util", np.nan)))
-    return dt
+      self.engine_util.append(float(util))
+    return self._step(batch)
 
   def summary(self) -> dict:
     res = self.finish()
     if self.rollout_traces != 1:
       raise SystemExit(f"benchmark error: the rollout program was traced {self.rollout_traces} times.")
     lens = np.concatenate(self.roll_lens)
-    util = [slot_util(x, s) for x, s in zip(self.roll_lens, self.roll_steps)]
-    engine_util = [u for u in self.step_util if not np.isnan(u)]
     post = [s - r for s, r in zip(self.times, self.roll_t)]
     return dict(res, rollout=statistics.median(self.roll_t), post=statistics.median(post),
-                rollout_lens=lens, util=float(np.mean(engine_util or util)),
-                util_source="train/decode_slot_util" if engine_util else "static-batch formula",
+                rollout_lens=lens, util=float(np.mean(self.engine_util)),
                 roll_steps=self.roll_steps)
 
 
@@ -242,7 +231,7 @@ def main(a) -> list[TailOurs]:
     print(f"grpo_jax[{o.label}]: rollout {r['rollout']:.3f} s, step {r['median']:.3f} s, post-rollout (reference + "
           f"advantages + update) {r['post']:.3f} s; steps {[round(t, 3) for t in r['times']]} rollouts "
           f"{[round(t, 3) for t in o.roll_t]}; completion lengths {tail_prompts.describe(r['rollout_lens'].tolist())}"
-          f"; decode steps {r['roll_steps']} of {a.L - 1}; slot utilisation {r['util']:.3f} ({r['util_source']}); "
+          f"; decode steps {r['roll_steps']} of {a.L - 1}; slot utilisation {r['util']:.3f}; "
           f"trained on {r['train_lens']} of {a.L} tokens; reward {r['reward_timed']:.3f}; recompiles "
           f"{r['recompiles']}", flush=True)
   for name, p in peers.items():

@@ -303,8 +303,6 @@ def test_tail_bench_variants_check_their_keys():
     else:
       with pytest.raises(SystemExit, match=f"{key}: this tree's config has no such key .*leave --{flag} out"):
         tail_bench.variants(b)
-  # slot utilisation of a static batch, by hand: 3 rows of 2, 5 and 8 tokens, 7 decode steps + the last emit
-  assert tail_bench.slot_util(np.array([2, 5, 8]), 7) == 15 / 24
 
 
 def test_tail_workload_runs_rollout_and_step_on_the_checkpoint(tail_checkpoint, capsys):
