@@ -234,6 +234,11 @@ def main(a) -> list[TailOurs]:
           f"; decode steps {r['roll_steps']} of {a.L - 1}; slot utilisation {r['util']:.3f}; "
           f"trained on {r['train_lens']} of {a.L} tokens; reward {r['reward_timed']:.3f}; recompiles "
           f"{r['recompiles']}", flush=True)
+  # Every variant's rollout program sampled batch k from PRNGKey(k): the engines must give the same samples.
+  same_lens = all(np.array_equal(x, y) for o in ours[1:] for x, y in zip(ours[0].roll_lens, o.roll_lens))
+  if len(ours) > 1:
+    print(f"same completion lengths in every variant's rollouts (same prompts and uniforms): "
+          f"{'yes' if same_lens else 'NO'}")
   for name, p in peers.items():
     print(peer_line(name, p) if p is not None else f"{name}: no RESULT line (its output is above)")
   fp = {"grpo_jax": res[base]["fingerprint"]}
@@ -250,6 +255,8 @@ def main(a) -> list[TailOurs]:
           f"slot_util={b['util']:.3f} decode_steps={statistics.median(b['roll_steps']):.0f} "
           f"completion_len={b['rollout_lens'].mean():.2f} compile_s={b['compile_s']:.2f} recompiles={b['recompiles']} "
           f"completions={a.prompts * a.G} L={a.L} workload=tail same_weights={int(same)}")
+  if len(ours) > 1:
+    line += f" same_lengths={int(same_lens)}"
   for o in ours[1:]:
     r, k = res[o.label], o.label.replace(",", "_").replace("=", "_")
     line += (f" {k}_s_per_step={r['median']:.4f} {k}_rollout_s={r['rollout']:.4f} {k}_post_rollout_s="
