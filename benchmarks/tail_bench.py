@@ -266,7 +266,8 @@ def main(a) -> list[TailOurs]:
     if p is None:
       continue
     if f"{name}_s_per_step" in p:
-      line += f" {name}_s_per_step={p[name + '_s_per_step']:.4f} speedup_vs_{name}={p[name + '_s_per_step'] / b['median']:.2f}"
+      t = p[name + "_s_per_step"]
+      line += f" {name}_s_per_step={t:.4f} speedup_vs_{name}={t / b['median']:.2f}"
     if f"{name}_rollout_s" in p:
       line += (f" {name}_rollout_s={p[name + '_rollout_s']:.4f} "
                f"rollout_speedup_vs_{name}={p[name + '_rollout_s'] / b['rollout']:.2f}")

@@ -223,8 +223,9 @@ def test_tail_prompt_lengths_follow_the_clipped_lognormal():
 
 
 def test_tail_tokenizer_and_sft_batch_count_down_to_eos(tmp_path):
-  """The count word of k is one token (id FILLER0 + k) in tokenizers, our hf_tokenizer and transformers; an SFT row
-  for count k is "what is <k>" then the words of k−1 … 1 (as the tokenizer encodes them) and EOS, loss on those k."""
+  """The count word of k is one token (id FILLER0 + k) in tokenizers, our hf_tokenizer and transformers; an SFT
+  row for count k is "what is <k>" then the words of k−1 … 1 (as the tokenizer encodes them) and EOS, loss on
+  those k."""
   pytest.importorskip("tokenizers")
   transformers = pytest.importorskip("transformers")
   import make_tail_checkpoint as mtc
@@ -236,7 +237,8 @@ def test_tail_tokenizer_and_sft_batch_count_down_to_eos(tmp_path):
   ours = hf_tokenizer.load(str(tmp_path))
   hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(tmp_path))
   text = "what is <l>"  # count 11
-  assert tok.encode(text).ids == ours.encode(text) == hf(text).input_ids == [digits.WHAT, digits.IS, digits.FILLER0 + 11]
+  want = [digits.WHAT, digits.IS, digits.FILLER0 + 11]
+  assert tok.encode(text).ids == ours.encode(text) == hf(text).input_ids == want
   assert hf.decode([digits.FILLER0 + 3, digits.FILLER0 + 1, digits.EOS], skip_special_tokens=True) == "<d><b>"
   b = mtc.sft_batch(tok, np.random.default_rng(0), 32, TAIL_L)
   counts = b["tokens_NxT"][:, 2] - digits.FILLER0

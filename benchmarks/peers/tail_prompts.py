@@ -34,14 +34,16 @@ def lengths(n: int, L: int, seed: int = 0) -> list[int]:
 
 def rows(n: int, L: int, seed: int = 0) -> list[dict]:
   """n rows {"prompt": "what is <k>", "answer": "<b>", "length": k}: the right completion counts down to "<b>" (1)
-  and ends, so the peers' reward `answer in completion` is 1 exactly when a row reached the end of its count."""
+  and ends, so the peers' reward `answer in completion` is 1 for a row that counted down to the end (also one that
+  skipped counts on the way)."""
   return [{"prompt": f"what is {word(k)}", "answer": word(1), "length": k} for k in lengths(n, L, seed)]
 
 
 def stats(lens) -> dict:
   """median / mean / p90 / max / total of a list of lengths (plain Python: every side prints the same fields)."""
   s = sorted(lens)
-  return dict(median=float(statistics.median(s)), mean=sum(s) / len(s), p90=float(s[min(len(s) - 1, math.ceil(0.9 * len(s)) - 1)]), max=s[-1],
+  p90 = s[min(len(s) - 1, math.ceil(0.9 * len(s)) - 1)]  # the nearest-rank percentile
+  return dict(median=float(statistics.median(s)), mean=sum(s) / len(s), p90=float(p90), max=s[-1],
               total=sum(s))
 
 
