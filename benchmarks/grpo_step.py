@@ -10,6 +10,7 @@ that the step compiled exactly once.
   python benchmarks/grpo_step.py ... --scaling docs/scaling_tiny.png
   python benchmarks/grpo_step.py --hidden 256 --layers 4 --heads 8 --kv 4 --inter 1024 --vocab 2048 --L 256 --early-exit
   python benchmarks/grpo_step.py --model-dir DIR --prompts 8 --G 8 --L 128 --vs-trl ... --vs-tunix ...
+  python benchmarks/grpo_step.py --model-dir DIR --workload tail --L 512 ... --vs-vllm PYTHON   (tail_bench.py)
 
 Realistic lengths (--model-dir DIR, a checkpoint of benchmarks/make_stop_checkpoint.py that answers and stops): every
 side loads DIR's weights (ours with hf_io, TRL with GRPOTrainer(model=DIR), tunix with its safetensors loader) and
@@ -71,13 +72,14 @@ def shape_from_checkpoint(a) -> None:
     setattr(a, k, v)
 
 
-def stop_batches(tokenizer, prompts: int, steps: int):
-  """peers/stop_prompts.rows in order, `prompts` per batch, tokenized with the checkpoint's tokenizer and
-  left-padded to the workload's prompt length (what TRL and tunix feed their models, up to left padding)."""
+def stop_batches(tokenizer, prompts: int, steps: int, rows: list[dict] | None = None):
+  """`rows` (default peers/stop_prompts.rows) in order, `prompts` per batch, tokenized with the checkpoint's
+  tokenizer and left-padded to the workload's prompt length (what TRL and tunix feed their models, up to left
+  padding)."""
   sys.path.insert(0, PEERS)
   import stop_prompts
   P, A = digits.BENCH_PROMPT_LEN, 4
-  rows = stop_prompts.rows(prompts * steps)
+  rows = stop_prompts.rows(prompts * steps) if rows is None else rows
   for s in range(steps):
     prompt = np.full((prompts, P), tokenizer.pad_id, np.int32)
     pmask = np.zeros((prompts, P), np.int32)
@@ -102,7 +104,12 @@ def check_fingerprint(mcfg, params, tokenizer) -> float:
 
 
 class Ours:
-  """The jitted step on the workload, compiled once; `run(k)` times k more steps on it."""
+  """The jitted step on the workload, compiled once; `run(k)` times k more steps on it. A subclass changes the
+  config (make_config), the shared prompts (rows) or what is timed per batch (_one)."""
+  make_config = staticmethod(bench_config)
+
+  def rows(self, n: int) -> list[dict] | None:
+    return None  # stop_batches' default: peers/stop_prompts.rows
 
   def __init__(self, a):
     import jax
@@ -112,7 +119,7 @@ class Ours:
     from grpo_jax.infra import sharding
     from grpo_jax.run import validate
     self.a, self.jax = a, jax
-    c = bench_config(a)
+    c = self.make_config(a)
     validate.validate_rl(c, jax.device_count())
     mesh = sharding.make_mesh(c.mesh)
     self.mcfg = model_lib.ModelConfig.from_config(c.model)
@@ -120,12 +127,14 @@ class Ours:
       from grpo_jax.hf import hf_io
       from grpo_jax.tasks import hf_tokenizer
       tokenizer, params = hf_tokenizer.load(a.model_dir), hf_io.load_params(a.model_dir, self.mcfg)
-      self.batches = stop_batches(tokenizer, a.prompts, a.steps + 2)  # compile step + both halves
+      n = a.steps + 2  # compile step + both halves
+      self.batches = stop_batches(tokenizer, a.prompts, n, self.rows(a.prompts * n))
       self.fingerprint = check_fingerprint(self.mcfg, params, tokenizer)
     else:
       tokenizer, params = digits.Tokenizer(a.vocab), None
       self.batches = digits.make_batches(a.prompts, 10_000)
-    self.step = families.make_step(c, mesh, self.mcfg, digits.reward_spec(a.vocab), tokenizer)
+    self.config, self.mesh, self.tokenizer, self.spec = c, mesh, tokenizer, digits.reward_spec(a.vocab)
+    self.step = families.make_step(c, mesh, self.mcfg, self.spec, tokenizer)
     self.state = rl_step.init(c, mesh, self.mcfg, seed=0, params=params)
     self.p0 = jax.device_get(self.state["params"])
     self.times, self.rewards, self.prompt_lens, self.completion_lens = [], [], [], []
@@ -135,7 +144,9 @@ class Ours:
     self.compile_s = time.perf_counter() - t0
 
   def _one(self) -> float:
-    batch = next(self.batches)
+    return self._step(next(self.batches))
+
+  def _step(self, batch: dict) -> float:
     t0 = time.perf_counter()
     self.state, m = self.step(self.state, batch)
     self.jax.block_until_ready(self.state["params"])
@@ -274,9 +285,9 @@ def early_exit_bench(a, reps: int) -> tuple[list[str], dict]:
   return lines, res
 
 
-def run_peer(python: str, script: str, a, key: str) -> dict[str, float] | None:
+def run_peer(python: str, script: str, a, key: str, extra: tuple[str, ...] = ()) -> dict[str, float] | None:
   """The peer's RESULT line as {name: value} (its s/step under `key`), or None if it printed none."""
-  cmd = [python, os.path.join(PEERS, script)] + [f"--{k}={getattr(a, k)}" for k in FLAGS]
+  cmd = [python, os.path.join(PEERS, script)] + [f"--{k}={getattr(a, k)}" for k in FLAGS] + list(extra)
   if a.model_dir:
     cmd.append(f"--model-dir={a.model_dir}")
   print("+", " ".join(cmd), flush=True)
@@ -434,8 +445,12 @@ def main():
                        "same step with every row running to L (prints both ratios)")
   ap.add_argument("--train-buckets", type=int, default=3, help="rl.train_buckets of the --early-exit/--model-dir step")
   ap.add_argument("--exit-chunk", type=int, default=16, help="sampling.exit_chunk of the --early-exit/--model-dir step")
+  import tail_bench  # benchmarks/ (the script's directory); it imports this module
+  tail_bench.add_flags(ap)
   a = ap.parse_args()
   shape_from_checkpoint(a)
+  if a.workload == "tail":
+    return tail_bench.main(a)
   if a.model_dir and (a.early_exit or a.scaling):
     raise SystemExit("--model-dir times the step on the checkpoint; run --early-exit / --scaling without it.")
   print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} at start", flush=True)

@@ -18,12 +18,16 @@ completion length, greedy and sampled at temperature 1 (the benchmark's).
 import argparse
 import json
 import os
-import string
 import time
+
+import sys
 
 import numpy as np
 
 from grpo_jax.tasks import digits
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "peers"))
+import tail_prompts  # noqa: E402  (benchmarks/peers: plain Python the peers' venvs import too)
 
 SHAPE = dict(hidden=64, layers=2, heads=4, kv=2, inter=128, vocab=512)
 PAD_TOKEN, EOS_TOKEN, UNK_TOKEN = "<|pad|>", "<|endoftext|>", "<unk>"
@@ -32,14 +36,9 @@ ANSWER_LEN = 5  # completion slots in training: up to 4 sum digits (A + B <= 199
 
 
 def _filler(i: int) -> str:
-  """A digit-free name for filler id i (>= FILLER0 + 1): base-26 letters, so a decoded completion holds digits only
-  where the model wrote digit tokens."""
-  n, s = i - digits.FILLER0, ""
-  while True:
-    n, r = divmod(n, 26)
-    s = string.ascii_lowercase[r] + s
-    if n == 0:
-      return f"<{s}>"
+  """A digit-free name for filler id i (>= FILLER0 + 1): tail_prompts.word(i - FILLER0), base-26 letters, so a
+  decoded completion holds digits only where the model wrote digit tokens."""
+  return tail_prompts.word(i - digits.FILLER0)
 
 
 def vocab_map(vocab: int) -> dict[str, int]:
@@ -118,8 +117,9 @@ def sft_config(a):
   return c
 
 
-def train(a, tok) -> tuple:
-  """(ModelConfig, params, losses): a.steps AdamW steps of our SFT step from the seed's random init."""
+def train(a, tok, batch_fn=sft_batch) -> tuple:
+  """(ModelConfig, params, losses): a.steps AdamW steps of our SFT step from the seed's random init, on
+  batch_fn(tok, rng, a.batch) batches (rng: numpy, seeded with a.seed)."""
   import jax
   from grpo_jax.model import model as model_lib
   from grpo_jax.rl import families
@@ -133,7 +133,7 @@ def train(a, tok) -> tuple:
   rng = np.random.default_rng(a.seed)
   losses = []
   for _ in range(a.steps):
-    state, m = step(state, sft_batch(tok, rng, a.batch))
+    state, m = step(state, batch_fn(tok, rng, a.batch))
     losses.append(float(m["train/loss"]))
   return mcfg, jax.device_get(state["params"]), losses
 

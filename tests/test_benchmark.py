@@ -189,3 +189,144 @@ def test_grpo_step_model_dir_runs_on_the_checkpoint(stop_checkpoint):
   bad = argparse.Namespace(model_dir=stop_checkpoint["dir"], **dict(TINY_SHAPE, hidden=64))
   with pytest.raises(SystemExit, match="--hidden 64 \\(checkpoint: 32\\)"):
     grpo_step.shape_from_checkpoint(bad)
+
+
+# ------------------------------------------------------------ long-tail lengths (grpo_step.py --workload tail)
+
+TAIL_L = 16
+
+
+def test_tail_prompt_lengths_follow_the_clipped_lognormal():
+  """tail_prompts.lengths: round(lognormal(median L/8, σ = 1)) kept in [2, L], against the distribution's own
+  values computed independently (numpy, on a fine grid of the normal's quantiles)."""
+  import math
+  sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks", "peers"))
+  import tail_prompts
+  L, n = 512, 40_000
+  got = np.asarray(tail_prompts.lengths(n, L, seed=3))
+  assert got.min() >= 2 and got.max() == L and tail_prompts.lengths(5, L, 3) == got[:5].tolist()
+  z = (np.arange(200_000) + 0.5) / 200_000  # quantiles of the standard normal, by its inverse CDF
+  from statistics import NormalDist
+  want = np.clip(np.round(np.exp(math.log(L / 8) + np.array([NormalDist().inv_cdf(q) for q in z[::10]]))), 2, L)
+  assert abs(np.median(got) - np.median(want)) <= 2  # 64 = L/8
+  assert abs(got.mean() - want.mean()) < 0.02 * want.mean()  # ≈ 103 ≈ L/5
+  p_cap = 1 - NormalDist().cdf(math.log((L - 0.5) / 64))  # P(row reaches L) ≈ 0.019
+  assert abs(np.mean(got == L) - p_cap) < 4 * math.sqrt(p_cap * (1 - p_cap) / n)
+  assert np.percentile(got, 90) > 3 * np.median(got)  # long-tailed: p90 ≈ 3.6 × median
+  st = tail_prompts.stats([1, 2, 3, 10])
+  assert st == dict(median=2.5, mean=4.0, p90=10.0, max=10, total=16)
+  assert [tail_prompts.word(k) for k in (1, 2, 25, 26, 27)] == ["<b>", "<c>", "<z>", "<ba>", "<bb>"]
+  r = tail_prompts.rows(3, L, seed=3)
+  assert [x["length"] for x in r] == got[:3].tolist() and r[0]["prompt"] == f"what is {tail_prompts.word(got[0])}"
+  fields = tail_prompts.result_fields("x", [9.0, 1.0, 3.0], [[5, 5], [2, 4], [6]])
+  assert fields == " x_rollout_s=2.0000 x_len_median=4.0 x_len_mean=4.00 x_len_max=6 x_tokens=12"
+
+
+def test_tail_tokenizer_and_sft_batch_count_down_to_eos(tmp_path):
+  """The count word of k is one token (id FILLER0 + k) in tokenizers, our hf_tokenizer and transformers; an SFT
+  row for count k is "what is <k>" then the words of k−1 … 1 (as the tokenizer encodes them) and EOS, loss on
+  those k."""
+  pytest.importorskip("tokenizers")
+  transformers = pytest.importorskip("transformers")
+  import make_tail_checkpoint as mtc
+  import make_stop_checkpoint as msc
+  import tail_prompts
+  from grpo_jax.tasks import digits, hf_tokenizer
+  tok = mtc.make_tokenizer(64, TAIL_L)
+  msc.save_tokenizer(str(tmp_path), tok)
+  ours = hf_tokenizer.load(str(tmp_path))
+  hf = transformers.PreTrainedTokenizerFast.from_pretrained(str(tmp_path))
+  text = "what is <l>"  # count 11
+  want = [digits.WHAT, digits.IS, digits.FILLER0 + 11]
+  assert tok.encode(text).ids == ours.encode(text) == hf(text).input_ids == want
+  assert hf.decode([digits.FILLER0 + 3, digits.FILLER0 + 1, digits.EOS], skip_special_tokens=True) == "<d><b>"
+  b = mtc.sft_batch(tok, np.random.default_rng(0), 32, TAIL_L)
+  counts = b["tokens_NxT"][:, 2] - digits.FILLER0
+  assert counts.min() >= 1 and counts.max() == TAIL_L and (counts == TAIL_L).sum() >= 4
+  for row, mask, k in zip(b["tokens_NxT"], b["loss_mask_NxT"], counts):
+    words = " ".join(tail_prompts.word(j) for j in range(k - 1, 0, -1))
+    want = (tok.encode(words).ids if k > 1 else []) + [digits.EOS]
+    assert row[3:3 + k].tolist() == want and row[3 + k:].tolist() == [digits.PAD] * (TAIL_L - k)
+    assert mask.tolist() == [0, 0, 0] + [1] * k + [0] * (TAIL_L - k)
+  np.testing.assert_array_equal(b["positions_NxT"][:, :4], np.tile(np.arange(4), (32, 1)))
+  with pytest.raises(SystemExit, match="--vocab 48 or more"):
+    mtc.make_tokenizer(40, 31)
+
+
+@pytest.fixture(scope="module")
+def tail_checkpoint(tmp_path_factory):
+  """A tiny checkpoint trained to count down from its prompt (L = 16), written by make_stop_checkpoint.write."""
+  pytest.importorskip("tokenizers")
+  import make_tail_checkpoint as mtc
+  import make_stop_checkpoint as msc
+  a = argparse.Namespace(**TINY_SHAPE, steps=120, batch=16, lr=1e-2, max_len=256, seed=0)
+  out = str(tmp_path_factory.mktemp("tail"))
+  tok = mtc.make_tokenizer(a.vocab, TAIL_L)
+  mcfg, params, losses = msc.train(a, tok, lambda tok, rng, n: mtc.sft_batch(tok, rng, n, TAIL_L))
+  msc.write(out, mcfg, params, tok)
+  return dict(dir=out, mcfg=mcfg, params=params, losses=losses, tok=tok)
+
+
+def test_tail_checkpoint_round_trips_and_writes_its_target_lengths(tail_checkpoint):
+  """Written and read back exactly; sampled at temperature 1, the completions have the prompts' lengths (a random
+  init never draws EOS in 16 tokens at this vocabulary: all rows would be 16)."""
+  import make_tail_checkpoint as mtc
+  from grpo_jax.hf import hf_io
+  s = tail_checkpoint
+  mcfg, params = hf_io.load_hf(s["dir"])
+  for x, y in zip(jax.tree.leaves(s["params"]), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  assert np.mean(s["losses"][-10:]) < 0.05 * np.mean(s["losses"][:10]), s["losses"][::10]
+  ev = mtc.check(mcfg, params, s["tok"], 64, TAIL_L, 0)
+  assert ev["exact"] >= 0.9, ev
+  assert abs(ev["got"]["mean"] - ev["want"]["mean"]) <= 1.0 and ev["got"]["max"] <= TAIL_L, ev
+  assert ev["want"]["median"] == 2.0 and ev["want"]["max"] > 4 * ev["want"]["median"]  # L/8 = 2, long-tailed
+  assert "tail_len_median=" in mtc.report(ev, 64, TAIL_L)[1]
+
+
+def test_tail_bench_variants_check_their_keys():
+  """--engine / --packing / --config-override set keys only where the config has them, else a one-line error."""
+  import tail_bench
+  a = argparse.Namespace(**TINY_SHAPE, prompts=2, G=4, L=16, dtype="float32", remat="none", attention="auto",
+                         model_dir="", engine="", packing="", config_override=["rl.rollout_chunks=2"])
+  assert tail_bench.variants(a) == [("default", {"rl.rollout_chunks": 2})]
+  c = grpo_step.bench_config(a)
+  tail_bench.set_key(c, "rl.rollout_chunks", 2)
+  assert c.rl.rollout_chunks == 2
+  for bad, msg in ((dict(config_override=["rl.nope=1"]), "rl.nope: this tree's config has no such key"),
+                   (dict(config_override=["rl.G"]), "expected KEY=VALUE")):
+    with pytest.raises(SystemExit, match=msg):
+      tail_bench.variants(argparse.Namespace(**dict(vars(a), **bad)))
+  has = {k: k.split(".")[1] in c[k.split(".")[0]] for k in ("sampling.engine", "rl.packing")}
+  for key, flag in (("sampling.engine", "engine"), ("rl.packing", "packing")):
+    b = argparse.Namespace(**dict(vars(a), config_override=[], **{flag: "x,y"}))
+    if has[key]:  # the engine / packing work has landed: two variants, labelled by the value
+      assert [v for v, _ in tail_bench.variants(b)] == [f"{key.split('.')[1]}=x", f"{key.split('.')[1]}=y"]
+    else:
+      with pytest.raises(SystemExit, match=f"{key}: this tree's config has no such key .*leave --{flag} out"):
+        tail_bench.variants(b)
+
+
+def test_tail_workload_runs_rollout_and_step_on_the_checkpoint(tail_checkpoint, capsys):
+  """grpo_step --model-dir --workload tail, ours only: the rollout program's completions have the prompts'
+  lengths, decode steps stop at the exit chunk after the longest, the RESULT line carries the tail fields."""
+  import tail_bench
+  import tail_prompts
+  a = argparse.Namespace(model_dir=tail_checkpoint["dir"], hidden=None, layers=None, heads=None, kv=None,
+                         inter=None, vocab=None, prompts=2, G=4, L=TAIL_L, steps=2, dtype="float32", remat="none",
+                         attention="auto", exit_chunk=4, train_buckets=2, workload="tail", early_exit=False,
+                         scaling="", vs_trl="", vs_tunix="", vs_vllm="", engine="", packing="", config_override=[])
+  grpo_step.shape_from_checkpoint(a)
+  (o,) = tail_bench.main(a)
+  out = capsys.readouterr().out
+  result = dict(kv.split("=") for kv in out.strip().splitlines()[-1].split()[1:])
+  assert result["workload"] == "tail" and result["recompiles"] == "0" and result["same_weights"] == "1"
+  # Timed batches 1 and 2 (batch 0 compiles): each prompt's G rows should have its target length.
+  want = np.repeat([r["length"] for r in tail_prompts.rows(2 * 4, TAIL_L)][2:6], 4)
+  got = np.concatenate(o.roll_lens)
+  assert np.mean(got == want) >= 0.9, (got, want)
+  # Early exit: the first multiple of exit_chunk at or after the longest row, at most L − 1 decode steps.
+  assert o.roll_steps == [min(4 * -(-int(x.max()) // 4), TAIL_L - 1) for x in o.roll_lens], (o.roll_steps, got)
+  util = np.mean([x.sum() / (8 * (k + 1)) for x, k in zip(o.roll_lens, o.roll_steps)])
+  assert abs(float(result["slot_util"]) - util) < 1e-3 and float(result["completion_len"]) == round(got.mean(), 2)
+  assert float(result["rollout_s"]) > 0 and f"decode steps {o.roll_steps} of {TAIL_L - 1}" in out
