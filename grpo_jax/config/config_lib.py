@@ -144,7 +144,8 @@ def base_config() -> ml_collections.ConfigDict:
       out_dir="",        # required for job=export
       step=0,            # the checkpoint step to export; 0 = the newest
       dtype="float32",   # of the written safetensors: float32 (lossless) | bfloat16 (half the size)
-      model_type=""))    # qwen2 | llama; "" = the source checkpoint's, else qwen2 with q/k/v biases, llama without
+      model_type="",     # qwen2 | llama; "" = the source checkpoint's, else qwen2 with q/k/v biases, llama without
+      format="merged"))  # a LoRA run: merged (HF checkpoint, W + scale·A·B) | peft (a PEFT adapter directory)
 
   # R1-Zero and R1's five stages (job r1_pipeline; grpo_jax/r1, docs/r1.md): each stage's knobs and reward mix.
   c.r1 = ml_collections.ConfigDict(dict(

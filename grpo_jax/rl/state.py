@@ -117,6 +117,14 @@ def seed_keys(seed) -> tuple[jax.Array, jax.Array, jax.Array]:
   return k_params, k_critic, k_run
 
 
+SEED_SOURCE = "seed:"  # a LoRA base that is the run seed's random init, as its identity names it
+
+
+def base_source(init_from: str, run_seed: int) -> str:
+  """How a LoRA run's base is named in its checkpoints: `init_from`, or "seed:<run seed>" (the seed's init)."""
+  return init_from or f"{SEED_SOURCE}{run_seed}"
+
+
 ADAPTER_FOLD = 0x10A  # the adapters' init key: fold_in(run key, ADAPTER_FOLD); the rollout keys split the run key
 
 

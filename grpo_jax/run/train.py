@@ -10,6 +10,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from grpo_jax.config import config_lib
 from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import params_ckpt
 from grpo_jax.infra import errors
@@ -87,17 +88,30 @@ def init_or_restore(config, mesh, mcfg, family, ckpt: ckpt_lib.Checkpointer, ini
   the reference and PPO's value network start from them too, as in RLHF practice)."""
   abstract, shard = family.state_spec(config, mesh, mcfg)
   start = ckpt.latest_step()
+  fresh = None
+  if mcfg.lora is not None:
+    # LoRA: the checkpoints hold the adapters and their optimizer state; the base comes from its source again,
+    # and a resume onto a base with another checksum is refused (checkpoint.Checkpointer.set_frozen).
+    fresh = family.init(config, mesh, mcfg, params=_init_params(init_from, mesh, mcfg))
+    ckpt.set_frozen(state_lib.base_source(init_from, config_lib.run_seed(config)), fresh["base"])
   if start is not None:
     state, meta = ckpt.restore(None, state_lib.with_shardings(abstract, shard))
     logging.info("Resumed from %s at step %d.", ckpt.directory, meta["step"])
     return state, int(meta["step"])
+  if fresh is not None:
+    return fresh, 0
+  return family.init(config, mesh, mcfg, params=_init_params(init_from, mesh, mcfg)), 0
+
+
+def _init_params(init_from: str, mesh, mcfg):
+  """The model params `init_from` names (hf:<dir> or a params checkpoint), sharded; None: the seed's init."""
   params = None
   if init_from:
     model_abstract = state_lib.abstract_params(mesh, mcfg)  # the model's (with LoRA: the base's), sharded
     params = (load_hf_params(init_from[3:], mcfg, jax.tree.map(lambda a: a.sharding, model_abstract))
               if init_from.startswith("hf:") else params_ckpt.load_params(init_from, model_abstract))
     logging.info("Initialising params from %s.", init_from)
-  return family.init(config, mesh, mcfg, params=params), 0
+  return params
 
 
 class Program(NamedTuple):
