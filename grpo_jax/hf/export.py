@@ -17,7 +17,7 @@ Params are restored to host memory (the CPU backend): 4 bytes per parameter, the
 
 A LoRA run (model.lora.rank > 0) checkpoints adapters only: its base is read again from the source its checkpoint
 names (checked against the recorded checksum), and `format` picks `merged` (the HF checkpoint above, W + scale·A·B)
-or `peft` (OUT_DIR = adapter_config.json + adapter_model.safetensors with PEFT's key names: peft_export.py).
+or `peft` (OUT_DIR = adapter_config.json + adapter_model.safetensors with PEFT key names: peft_export.py).
 """
 from __future__ import annotations
 

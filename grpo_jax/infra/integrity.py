@@ -92,7 +92,7 @@ def summarize(tree: Any) -> dict[str, tuple[str, int]]:
 
 
 def digest(summary: dict[str, tuple[str, int]]) -> str:
-  """One checksum of a whole tree (of its per-leaf checksums, in path order): a model's identity."""
+  """One checksum of a whole tree (of its per-leaf checksums, in path order): the identity of a model."""
   h = hashlib.sha256()
   for k in sorted(summary):
     h.update(f"{k}={summary[k][0]};".encode())

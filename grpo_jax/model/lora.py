@@ -3,7 +3,7 @@
 Adapters tree, beside the base params' own layout ([layers, ...] stacked under nn.scan):
 
   layers/<m>/lora_a   [L, in..., r]    A, kaiming-uniform(a=√5) as PEFT initialises lora_A: U(±1/√fan_in)
-  layers/<m>/lora_b   [L, r, out...]   B, zeros: step 0's policy is the base exactly
+  layers/<m>/lora_b   [L, r, out...]   B, zeros: the policy at step 0 is the base exactly
 
 for each targeted module m among q, k, v, o, gate, up, down (PEFT: q_proj ... down_proj; in/out as in the kernel:
 q is [D] -> [H, Dh], o is [H, Dh] -> [D]). The forward (model.Dense) adds scale·(x·A)·B; the base params alone run

@@ -88,7 +88,7 @@ class Dense(nn.Module):
     if self.has_variable("params", "lora_a"):  # trace-time: a model without adapters compiles as before
       a = self.get_variable("params", "lora_a").astype(self.dtype)
       b = self.get_variable("params", "lora_b").astype(self.dtype)
-      # (x·A)·B: the rank-r bottleneck first, never the [in, out] product (that is decode's merge, once per rollout)
+      # (x·A)·B: the rank-r bottleneck first, never the [in, out] product (that is the merge in decode, once per rollout)
       y = y + self.lora_scale * jnp.tensordot(jnp.tensordot(x.astype(self.dtype), a, axes=self.n_in), b, axes=1)
     return y
 

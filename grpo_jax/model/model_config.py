@@ -43,7 +43,7 @@ class LoraConfig:
 
   @property
   def modules(self) -> tuple[str, ...]:
-    """Our Dense names of the targets (model.py's Block)."""
+    """Our Dense names of the targets (Block in model.py)."""
     return tuple(LORA_TARGETS[t] for t in self.targets)
 
   @classmethod

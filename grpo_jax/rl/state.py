@@ -117,7 +117,7 @@ def seed_keys(seed) -> tuple[jax.Array, jax.Array, jax.Array]:
   return k_params, k_critic, k_run
 
 
-SEED_SOURCE = "seed:"  # a LoRA base that is the run seed's random init, as its identity names it
+SEED_SOURCE = "seed:"  # a LoRA base that is the random init of the run seed, as its identity names it
 
 
 def base_source(init_from: str, run_seed: int) -> str:

@@ -31,7 +31,7 @@ LANGUAGES = ("a", "b", "mixed")
 ENGINES = ("static", "continuous")  # sampling.engine: sampling.sample / rollout/engine.py
 JOBS = ("grpo", "sft", "pretrain", "r1_pipeline", "export")  # grpo runs every rl.algo, ppo included
 CRITICS = ("separate", "head")
-LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # = model_config's
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # = model_config.LORA_TARGETS
 
 
 def fail(key: str, msg: str):

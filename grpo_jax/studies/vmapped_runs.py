@@ -120,7 +120,7 @@ def run_state(states: dict, i: int) -> dict:
 
 
 def run_model_params(states: dict, i: int) -> Any:
-  """Run i's policy params (with LoRA: its adapters on the shared base)."""
+  """The policy params of run i (with LoRA: its adapters on the shared base)."""
   return state_lib.model_params(run_state(states, i))
 
 
