@@ -178,7 +178,7 @@ def test_every_preset_traces_with_lora(algo):
   with sharding.mesh_context(mesh):
     new, m = jax.eval_shape(step, abstract, batch)
   assert jax.tree.structure(new) == jax.tree.structure(abstract)
-  assert ("train/kl" in m) == rollout_lib.uses_reference(c)
+  assert ("train/kl" in m) == state_lib.uses_reference(c)
 
 
 def test_ppo_separate_critic_is_its_own_adapters_on_the_base():
@@ -223,8 +223,10 @@ def test_state_bytes_no_reference_no_base_moments(runs):
   lo, full = runs["lora"]["s0"], runs["full"]["s0"]
   model = nbytes(full["params"])
   assert nbytes(lo["base"]) == model
-  assert nbytes(lo["params"]) + nbytes(lo["opt_state"]) < 0.5 * model
+  adapters = nbytes(lo["params"])
+  assert abs(nbytes(lo["opt_state"]) - 2 * adapters) <= 64  # Adam's moments of the adapters (+ counters)
   assert nbytes(full) > 3.9 * model  # params + ref + 2 moments
+  assert nbytes(lo) < 0.5 * nbytes(full)
 
 
 def test_sft_lora_is_a_choice():
