@@ -238,6 +238,12 @@ def test_sft_lora_is_a_choice():
   assert sft_step.model_config(c, mcfg).lora == mcfg.lora
 
 
+def test_lora_is_refused_for_the_r1_pipeline():
+  c = config_lib.override(config_lib.load_config("configs/r1_pipeline.py", "small"), {"model.lora.rank": 8})
+  with pytest.raises(validate.ConfigError, match="model.lora.rank.*r1_pipeline"):
+    validate.validate_model(c)
+
+
 @pytest.mark.parametrize("key,value,match", [
     ("model.lora.rank", -1, "model.lora.rank"), ("model.lora.alpha", 0.0, "model.lora.alpha"),
     ("model.lora.targets", ("q_proj", "qkv"), "model.lora.targets"),

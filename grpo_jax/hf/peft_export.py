@@ -17,10 +17,14 @@ import jax
 import numpy as np
 
 from grpo_jax.config import config_lib
+from grpo_jax.hf import hf_io
 from grpo_jax.hf import safetensors_io as st
 from grpo_jax.hf.hf_io import _LINEAR
+from grpo_jax.infra import integrity
+from grpo_jax.infra import params_ckpt
 from grpo_jax.model import lora as lora_lib
 from grpo_jax.model import model as model_lib
+from grpo_jax.rl import state as state_lib
 
 
 def peft_key(layer: int, module: str, which: str) -> str:
@@ -63,16 +67,12 @@ def save_peft(out_dir: str, mcfg: model_lib.ModelConfig, adapters: Any, base_mod
 
 def base_source(config, meta: dict | None) -> str:
   """Where the run's base came from: the checkpoint's recorded identity, else the config's train.init_from."""
-  from grpo_jax.rl import state as state_lib  # pylint: disable=g-import-not-at-top
   return ((meta or {}).get("base") or {}).get("source") or state_lib.base_source(config.train.init_from,
                                                                                  config_lib.run_seed(config))
 
 
 def load_base(source: str, mcfg: model_lib.ModelConfig, sharding) -> Any:
   """The base params a LoRA run trained on, as its state held them (lora.hold_base), on `sharding`."""
-  from grpo_jax.hf import hf_io  # pylint: disable=g-import-not-at-top
-  from grpo_jax.infra import params_ckpt  # pylint: disable=g-import-not-at-top
-  from grpo_jax.rl import state as state_lib  # pylint: disable=g-import-not-at-top
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding),
                           model_lib.param_shapes(mcfg))
   if source.startswith(state_lib.SEED_SOURCE):
@@ -90,7 +90,6 @@ def load_base(source: str, mcfg: model_lib.ModelConfig, sharding) -> Any:
 
 def check_base(base: Any, meta: dict | None, where: str) -> None:
   """A one-line ConfigError when the checkpoint recorded another base checksum than `base` has."""
-  from grpo_jax.infra import integrity  # pylint: disable=g-import-not-at-top
   want = ((meta or {}).get("base") or {}).get("checksum")
   got = integrity.digest(integrity.summarize(base))
   if want is not None and want != got:

@@ -120,6 +120,10 @@ def validate_lora(c) -> None:
     _fail("model.lora.rank", f"must be an integer >= 0 (0 = no LoRA), got {lc.rank!r}.")
   if lc.rank == 0:
     return
+  if c.get("job") == "r1_pipeline":
+    # its stages hand full params to each other (r1/pipeline.py reads the params of a stage checkpoint as the model)
+    _fail("model.lora.rank", f"{lc.rank}: LoRA runs the grpo, sft and pretrain jobs; job=r1_pipeline hands full "
+          "params between its stages: set model.lora.rank=0 there.")
   if not (isinstance(lc.alpha, (int, float)) and math.isfinite(lc.alpha) and lc.alpha > 0):
     _fail("model.lora.alpha", f"must be > 0 (scale = alpha / rank), got {lc.alpha!r}.")
   bad = [t for t in lc.targets if t not in LORA_TARGETS]
