@@ -175,15 +175,19 @@ def make_vmapped_step(config, mesh, build: Callable[[Any], Callable],
   # same compiled program.
   counted = sharding.count_traces(one_run)
   # axis_name: the step reduces its training-length bucket over the runs (update.bucket_index)
-  jitted = jax.jit(jax.vmap(counted, in_axes=(0, None, None), axis_name=update_lib.RUNS_AXIS), donate_argnums=(0,),
-                   compiler_options=compiler_options, out_shardings=(rep, rep))
+  vmapped = jax.vmap(counted, in_axes=(0, None, None), axis_name=update_lib.RUNS_AXIS)
+
+  def stepped(states, batch):
+    base = states.get("base")  # LoRA: one frozen base for every run, unstacked, unbatched
+    new_states, m = vmapped({k: v for k, v in states.items() if k != "base"}, base, batch)
+    return (new_states if base is None else dict(new_states, base=base)), m
+
+  jitted = jax.jit(stepped, donate_argnums=(0,), compiler_options=compiler_options, out_shardings=(rep, rep))
 
   def run(states, batch):
-    base = states.get("base")  # LoRA: one frozen base for every run, not donated, not stacked
-    states = jax.device_put({k: v for k, v in states.items() if k != "base"}, rep)  # no copy once they live there
+    states = jax.device_put(states, rep)  # no copy once they live there
     with sharding.mesh_context(mesh):
-      new_states, m = jitted(states, None if base is None else jax.device_put(base, rep), batch)
-    return (new_states if base is None else dict(new_states, base=base)), m
+      return jitted(states, batch)
   run.jitted, run.traces = jitted, counted.traces
   return run
 
