@@ -98,7 +98,7 @@ def is_adapted(params: Params) -> bool:
   return any(set(ADAPTER_KEYS) <= set(p) for p in params.get("layers", {}).values() if isinstance(p, dict))
 
 
-def merge_kernel(kernel: jax.Array, a: jax.Array, b: jax.Array, scale: float, n_in: int) -> jax.Array:
+def merge_kernel(kernel: jax.Array, a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
   """W + scale·A·B of one (unstacked) kernel [in..., out...], summed in float32, returned in the kernel's dtype."""
   delta = jnp.tensordot(a.astype(jnp.float32), b.astype(jnp.float32), axes=1)
   return (kernel.astype(jnp.float32) + scale * delta).astype(kernel.dtype)
@@ -108,9 +108,8 @@ def merge_module(mcfg: ModelConfig, name: str, p: dict) -> dict:
   """One module's params (one layer, or stacked) with its adapter merged into the kernel and dropped."""
   if "lora_a" not in p:
     return p
-  n_in = _n_in(name)
-  merge = lambda w, a, b: merge_kernel(w, a, b, _lora(mcfg).scale, n_in)
-  kernel = jax.vmap(merge)(p["kernel"], p["lora_a"], p["lora_b"]) if _is_stacked(p, n_in) else merge(
+  merge = lambda w, a, b: merge_kernel(w, a, b, _lora(mcfg).scale)
+  kernel = jax.vmap(merge)(p["kernel"], p["lora_a"], p["lora_b"]) if _is_stacked(p, _n_in(name)) else merge(
       p["kernel"], p["lora_a"], p["lora_b"])
   return {k: v for k, v in p.items() if k not in ADAPTER_KEYS} | {"kernel": kernel}
 
