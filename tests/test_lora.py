@@ -181,6 +181,20 @@ def test_every_preset_traces_with_lora(algo):
   assert ("train/kl" in m) == state_lib.uses_reference(c)
 
 
+def test_continuous_engine_step_traces_with_lora():
+  """sampling.engine=continuous (rollout/engine.py) prepares its decode weights through decode_layout.prepare, which
+  merges the adapters as for the static engine: the LoRA step traces with it and keeps the state's structure."""
+  c = _config()
+  c.sampling.engine = "continuous"
+  mesh, mcfg, spec = _setup(c)
+  abstract, _ = rl_step.state_spec(c, mesh, mcfg)
+  step = rl_step.build_step(c, mcfg, spec, spec.ctx.tokenizer)
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _batch(c))
+  with sharding.mesh_context(mesh):
+    new, _ = jax.eval_shape(step, abstract, batch)
+  assert jax.tree.structure(new) == jax.tree.structure(abstract)
+
+
 def test_ppo_separate_critic_is_its_own_adapters_on_the_base():
   c = presets.apply(_config(), "ppo")
   mesh, mcfg, spec = _setup(c)
