@@ -30,8 +30,9 @@ TPU = ["libtpu==0.0.42.1"]  # the TPU compiler on a CPU machine (grpo_jax.perf.a
 EXTRAS = {
     "hf": HF,
     "tpu": TPU,
-    # The tests compare our logits with transformers' and compile one step for a TPU topology.
-    "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "math-verify==0.9.0"] + HF + TPU,
+    # The tests compare our logits with transformers' (and a PEFT-loaded LoRA adapter's) and compile one step for a
+    # TPU topology.
+    "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "math-verify==0.9.0", "peft==0.21.2"] + HF + TPU,
 }
 
 setuptools.setup(

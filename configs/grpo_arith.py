@@ -18,7 +18,9 @@ Measured over 3 seeds (2026-12-01, commit 90fdc62, group std ddof=1; the 2-core 
   (means). (The earlier single seed-0 run, 2026-11-29, ddof=0: 61.4% -> 79.0%.)
 Args: `small` (tiny, a minute; `runlocal` is an alias), `algo=<name>`: a preset of grpo_jax/config/presets.py (grpo |
 dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | gspo | ppo | gdpo | gdpo_dapo), applied whole;
-`grid=True`: get_sweep's β × lr grid (only `python -m grpo_jax.sweep` reads it; the config is the same).
+`grid=True`: get_sweep's β × lr grid (only `python -m grpo_jax.sweep` reads it; the config is the same);
+`lora=True`: LoRA RL (docs/lora.md) on the same full-weight SFT stage: rank 16, alpha 32 (scale 2) on all seven
+projections, lr 1e-3; the frozen base is the reference.
 
 Sweeps (docs/sweeps.md):
   python -m grpo_jax.sweep --config=configs/grpo_arith.py --workdir=/tmp/grpo_arith_3seeds --seeds=3 --mode=serial
@@ -28,8 +30,11 @@ from grpo_jax.config import config_lib
 from grpo_jax.config import presets
 
 
+LORA_LR = 1e-3
+
+
 def get_config(arg: str | None = None):
-  args = config_lib.parse_arg(arg, small=False, algo="grpo", grid=False)
+  args = config_lib.parse_arg(arg, small=False, algo="grpo", grid=False, lora=False)
   c = presets.apply(config_lib.base_config(), args.algo)  # the algorithm's settings first: this file's override them
   c.job = "grpo"
   c.model.update(hidden=128, layers=3, heads=4, kv_heads=2, inter=384, max_len=128)
@@ -46,12 +51,17 @@ def get_config(arg: str | None = None):
     c.rl.update(G=4, prompts_per_step=8)
     c.train.update(steps=6, eval_every=3, ckpt_every=3, plot_every=3, sample_every=3)
     c.eval.update(size=64, batch=32, n_samples=4, pass_k=(1, 2))
+  if args.lora:
+    # LoRA GRPO on the same SFT stage (full weights: sft.lora stays False): rank 16, alpha 32 on all seven
+    # projections; adapters take a larger lr than full fine-tuning, as LoRA practice does.
+    c.model.lora.update(rank=16, alpha=32.0)
+    c.optim.lr = LORA_LR
   return c
 
 
 def get_sweep(h, arg: str | None = None):
   """The config alone (with --seeds N: the main job over N seeds); with `grid=True`, β × lr around the defaults
   (β > 0 and lr only: with --mode=auto the grid's runs train as one vmapped program)."""
-  if not config_lib.parse_arg(arg, small=False, algo="grpo", grid=False).grid:
+  if not config_lib.parse_arg(arg, small=False, algo="grpo", grid=False, lora=False).grid:
     return h.base()
   return h.product([h.sweep("rl.beta", [0.02, 0.04, 0.08]), h.sweep("optim.lr", [5e-5, 1e-4, 2e-4])])

@@ -42,7 +42,12 @@ def base_config() -> ml_collections.ConfigDict:
       # (model_presets.apply(..., 'checkpoint')) leaves these and the shape fields unset: model_source fills them in.
       rope_scaling_factor=0.0, rope_low_freq_factor=1.0, rope_high_freq_factor=4.0, rope_original_max_len=8192,
       attention="auto",       # TPU splash / GPU cuDNN (bf16) / CPU einsum or blockwise; or name one (attention.py)
-      layer_unroll="auto"))   # "all" / "none": unroll the training/prefill layer scan; auto = all up to 8 layers
+      layer_unroll="auto",    # "all" / "none": unroll the training/prefill layer scan; auto = all up to 8 layers
+      # LoRA (grpo_jax/model/lora.py, PEFT's conventions): rank 0 = off (full fine-tuning). scale = alpha / rank
+      # (rslora: alpha / sqrt(rank)); targets by PEFT's names; the frozen base held in base_dtype. With β > 0 the
+      # reference is the base itself (no reference copy); the SFT stage trains adapters only under sft.lora.
+      lora=dict(rank=0, alpha=16.0, targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                             "down_proj"), rslora=False, base_dtype="float32")))
 
   c.task = ml_collections.ConfigDict(dict(
       name="arith", max_digits=2, ops="+-", num_numbers=4, max_number=20, max_target=100,
@@ -116,7 +121,8 @@ def base_config() -> ml_collections.ConfigDict:
       lr=1e-5, warmup_steps=0, b1=0.9, b2=0.99, weight_decay=0.0, grad_clip=1.0))
 
   c.sft = ml_collections.ConfigDict(dict(
-      steps=0, batch=32, lr=3e-3, warmup_steps=20, loss_on="completion", mistake_frac=0.0, init_from=""))
+      steps=0, batch=32, lr=3e-3, warmup_steps=20, loss_on="completion", mistake_frac=0.0, init_from="",
+      lora=False))  # under model.lora: False = the SFT stage trains all weights, True = adapters only
 
   c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
 
@@ -138,7 +144,8 @@ def base_config() -> ml_collections.ConfigDict:
       out_dir="",        # required for job=export
       step=0,            # the checkpoint step to export; 0 = the newest
       dtype="float32",   # of the written safetensors: float32 (lossless) | bfloat16 (half the size)
-      model_type=""))    # qwen2 | llama; "" = the source checkpoint's, else qwen2 with q/k/v biases, llama without
+      model_type="",     # qwen2 | llama; "" = the source checkpoint's, else qwen2 with q/k/v biases, llama without
+      format="merged"))  # a LoRA run: merged (HF checkpoint, W + scale·A·B) | peft (a PEFT adapter directory)
 
   # R1-Zero and R1's five stages (job r1_pipeline; grpo_jax/r1, docs/r1.md): each stage's knobs and reward mix.
   c.r1 = ml_collections.ConfigDict(dict(

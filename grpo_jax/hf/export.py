@@ -1,6 +1,7 @@
 """A run's params -> a Hugging Face directory that transformers loads and generates from.
 
   python -m grpo_jax.export RUN_DIR OUT_DIR [--step N] [--dtype float32|bfloat16] [--model_type qwen2|llama]
+      [--format merged|peft]
   python -m grpo_jax.main --config=<the run's config> --workdir=RUN_DIR --config.job=export \\
       --config.export.out_dir=OUT_DIR     # the same, as a job (the export.* keys)
 
@@ -13,6 +14,10 @@ generation_config.json (the source's, else written from the tokenizer's bos/eos/
 sentencepiece tokenizer gets no tokenizer files: transformers has no tokenizer class for it.
 
 Params are restored to host memory (the CPU backend): 4 bytes per parameter, then written one tensor at a time.
+
+A LoRA run (model.lora.rank > 0) checkpoints adapters only: its base is read again from the source its checkpoint
+names (checked against the recorded checksum), and `format` picks `merged` (the HF checkpoint above, W + scale·A·B)
+or `peft` (OUT_DIR = adapter_config.json + adapter_model.safetensors with PEFT key names: peft_export.py).
 """
 from __future__ import annotations
 
@@ -27,13 +32,16 @@ import ml_collections
 from grpo_jax.config import config_lib
 from grpo_jax.hf import hf_io
 from grpo_jax.hf import hf_save
+from grpo_jax.hf import peft_export
 from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import params_ckpt
+from grpo_jax.model import lora as lora_lib
 from grpo_jax.model import model as model_lib
 from grpo_jax.hf import model_source
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 from grpo_jax.tasks import hf_tokenizer
 
+FORMATS = ("merged", "peft")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
 
@@ -52,8 +60,9 @@ def _host_sharding():
   return jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
 
 
-def restore_params(run_dir: str, mcfg, step: int = 0):
-  """(params on the host, the step they are from; 0 for RUN_DIR/params)."""
+def restore_params(run_dir: str, mcfg, step: int = 0, config=None, want_adapters: bool = False):
+  """(params on the host, the step they are from; 0 for RUN_DIR/params). A LoRA run's checkpoint: the merged
+  params, or with want_adapters (base, adapters)."""
   sh = _host_sharding()
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                           model_lib.param_shapes(mcfg))
@@ -63,11 +72,23 @@ def restore_params(run_dir: str, mcfg, step: int = 0):
     if step and step not in steps:
       raise config_lib.ConfigError(f"export.step={step} is not a checkpoint in {ckpt_dir}; it has steps {steps} "
                                    "(0 = the newest).")
+    if mcfg.lora is not None:
+      abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
+                              lora_lib.adapter_shapes(mcfg))
     try:
       params = params_ckpt.restore_params_only(ckpt_dir, abstract, step or None)
     except ValueError as e:
       raise config_lib.ConfigError(f"{ckpt_dir}: {str(e).splitlines()[0]}") from None
-    return params, step or _restored_step(ckpt_dir, steps)
+    got = step or _restored_step(ckpt_dir, steps)
+    if mcfg.lora is None:
+      return params, got
+    meta = ckpt_lib.read_meta(ckpt_dir, got)
+    base = peft_export.load_base(peft_export.base_source(config, meta), mcfg, sh)
+    peft_export.check_base(base, meta, f"{ckpt_dir}/{got}")
+    return ((base, params) if want_adapters else lora_lib.merged(mcfg, lora_lib.combine(base, params))), got
+  if want_adapters:
+    raise config_lib.ConfigError(f"export.format='peft': {run_dir} has no LoRA checkpoints (its params/ are a full "
+                                 "model); use export.format=merged.")
   params_dir = os.path.join(run_dir, "params")
   if os.path.isdir(params_dir):
     return params_ckpt.load_params(params_dir, abstract), 0
@@ -92,23 +113,35 @@ def _generation_config(tok) -> dict:
           "pad_token_id": int(tok.pad_id)}
 
 
-def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32", model_type: str = "") -> dict:
+def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32", model_type: str = "",
+           format: str = "merged") -> dict:  # pylint: disable=redefined-builtin
   """Writes OUT_DIR; returns a summary {step, model_type, dtype, files}."""
   if dtype not in ("float32", "bfloat16"):
     raise config_lib.ConfigError(f"export.dtype={dtype!r}: use 'float32' or 'bfloat16'.")
   if model_type not in ("", *hf_io.SUPPORTED):
     raise config_lib.ConfigError(f"export.model_type={model_type!r}: use '' (from the run), 'qwen2' or 'llama'.")
+  if format not in FORMATS:
+    raise config_lib.ConfigError(f"export.format={format!r}: use one of {FORMATS}.")
   if os.path.abspath(out_dir) == os.path.abspath(run_dir):
     raise config_lib.ConfigError(f"export.out_dir={out_dir} is the run directory; pick a new directory.")
   config = run_config(run_dir)
   mcfg = model_lib.ModelConfig.from_config(config.model)
+  if format == "peft":
+    if mcfg.lora is None:
+      raise config_lib.ConfigError(f"export.format='peft': {run_dir} trained no adapters (model.lora.rank=0); use "
+                                   "export.format=merged.")
+    (_, adapters), got_step = restore_params(run_dir, mcfg, step, config, want_adapters=True)
+    src = _source_dir(config)
+    files = peft_export.save_peft(out_dir, mcfg, adapters, base_model=src or "")
+    return {"step": got_step, "model_type": "peft-lora", "dtype": "float32", "files": files,
+            "tokenizer": "none (an adapter directory: the base's tokenizer applies)"}
   src = _source_dir(config)
   base = hf_io.read_json(os.path.join(src, "config.json")) if src else None
   model_type = model_type or (base or {}).get("model_type") or ("qwen2" if mcfg.qkv_bias else "llama")
   if model_type == "qwen2" and not mcfg.qkv_bias:
     raise config_lib.ConfigError("export.model_type='qwen2' needs q/k/v biases (model.qkv_bias); this model has "
                                  "none: use export.model_type=llama.")
-  params, got_step = restore_params(run_dir, mcfg, step)
+  params, got_step = restore_params(run_dir, mcfg, step, config)
   hf_save.save_hf(out_dir, mcfg, params, model_type=model_type, dtype=dtype, base_config=base)
   spec = tok_lib.spec_for_config(config)
   tok_dir = None
@@ -138,7 +171,8 @@ def run_job(config, workdir: str) -> dict:
   if not e.out_dir:
     raise config_lib.ConfigError("config.export.out_dir: is empty; job=export writes the Hugging Face directory "
                                  "there (set --config.export.out_dir=DIR).")
-  summary = export(workdir, e.out_dir, step=int(e.step), dtype=e.dtype, model_type=e.model_type)
+  summary = export(workdir, e.out_dir, step=int(e.step), dtype=e.dtype, model_type=e.model_type,
+                   format=e.get("format", "merged"))
   print(f"exported {workdir} step {summary['step']} -> {e.out_dir}: {', '.join(summary['files'])}")
   return summary
 
@@ -151,9 +185,11 @@ def main(argv=None) -> int:
   ap.add_argument("--step", type=int, default=0, help="checkpoint step (0 = the newest)")
   ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   ap.add_argument("--model_type", default="", choices=("", *hf_io.SUPPORTED))
+  ap.add_argument("--format", default="merged", choices=FORMATS,
+                  help="a LoRA run: merged HF checkpoint, or a PEFT adapter directory")
   a = ap.parse_args(argv)
   try:
-    s = export(a.run_dir, a.out_dir, step=a.step, dtype=a.dtype, model_type=a.model_type)
+    s = export(a.run_dir, a.out_dir, step=a.step, dtype=a.dtype, model_type=a.model_type, format=a.format)
   except config_lib.ConfigError as e:
     print(f"Error: {e}", file=sys.stderr)
     return 2

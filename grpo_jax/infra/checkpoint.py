@@ -31,6 +31,9 @@ from grpo_jax.infra import integrity
 
 _STATE = 'state'
 _META = 'meta'
+# A LoRA state's frozen base (rl/state.py): never saved, rebuilt by the caller; the checkpoint records its identity
+# (source and checksum) and a resume onto another base is refused (`Checkpointer.set_frozen`).
+FROZEN = 'base'
 _COMMIT_MARKER = 'commit_success.txt'  # orbax writes it into every finished step dir (rename and commit-file modes)
 CORRUPT_SUBDIR = 'corrupt'
 
@@ -149,6 +152,7 @@ class Checkpointer:
     self.keep = keep
     self.run_config = dict(run_config) if run_config is not None else None
     self.restored_config: dict | None = None  # the run config stored with the step `restore` returned
+    self._frozen: tuple[Any, dict[str, str]] | None = None  # (the live frozen base, its identity): set_frozen
     self._manager = None
     _, partial = _step_dirs(self.directory)
     if jax.process_count() > 1:  # all processes list before process 0 moves anything, so they agree on `partial`
@@ -166,6 +170,27 @@ class Checkpointer:
             cleanup_tmp_directories=True),  # rotation is ours (_rotate): it must know which step is good
     )
 
+  def set_frozen(self, source: str, base: Any) -> None:
+    """The state's frozen entry (FROZEN: a LoRA run's base) that saves leave out and restores put back; `source`
+    (a path, or how it was made) and a checksum of its values identify it in every step's metadata."""
+    digest = integrity.digest(integrity.summarize(base))
+    self._frozen = (base, {'source': source, 'checksum': digest})
+
+  def _unfrozen(self, state: Any) -> Any:
+    if not (isinstance(state, Mapping) and FROZEN in state):
+      return state
+    if self._frozen is None:
+      raise ValueError(f'the state has a frozen {FROZEN!r} entry: call Checkpointer.set_frozen(source, base) first.')
+    return {k: v for k, v in state.items() if k != FROZEN}
+
+  def _check_frozen(self, step: int, meta: Mapping[str, Any]) -> None:
+    saved, (_, mine) = meta.get(FROZEN) or {}, self._frozen
+    if saved.get('checksum') != mine['checksum']:
+      raise errors.InputError(
+          f'checkpoint step {step} in {self.directory} trained adapters on base {saved.get("source", "?")!r} '
+          f'(checksum {saved.get("checksum", "none")}), but this run\'s base {mine["source"]!r} has checksum '
+          f'{mine["checksum"]}: resume with the same base (train.init_from), or use a new --workdir.')
+
   def maybe_save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None, force: bool = False) -> bool:
     """Saves when `step % save_every == 0` or `force`; returns whether it saved.
 
@@ -179,6 +204,7 @@ class Checkpointer:
     self._rotate()
     if step in self._manager.all_steps():
       return False  # e.g. the final forced save on a step the periodic rule already saved
+    state = self._unfrozen(state)
     summary = integrity.summarize(state)
     bad = integrity.nonfinite(summary)
     if bad:
@@ -191,6 +217,8 @@ class Checkpointer:
     full_meta['integrity'] = integrity.record(summary)
     if self.run_config is not None:
       full_meta['config'] = self.run_config
+    if self._frozen is not None:
+      full_meta[FROZEN] = self._frozen[1]
     self._manager.save(
         step,
         args=ocp.args.Composite(**{_STATE: ocp.args.StandardSave(state),
@@ -260,11 +288,18 @@ class Checkpointer:
     """The caller's meta; the stored run config goes to `self.restored_config` (None if the step predates it)."""
     meta = dict(meta)
     meta.pop('integrity', None)
+    if self._frozen is not None:
+      self._check_frozen(int(meta.get('step', -1)), meta)
+    meta.pop(FROZEN, None)
     self.restored_config = meta.pop('config', None)
     return meta
 
   def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
-    """Restores into `abstract_state`'s shardings; `step=None` = newest step that loads and verifies."""
+    """Restores into `abstract_state`'s shardings; `step=None` = newest step that loads and verifies. A frozen
+    entry (set_frozen) is not read: its identity is checked against the step's and the live one put back."""
+    if isinstance(abstract_state, Mapping) and FROZEN in abstract_state:
+      state, meta = self.restore(step, self._unfrozen(abstract_state))
+      return {**state, FROZEN: self._frozen[0]}, meta
     _check_abstract(abstract_state, 'abstract_state')
     self.wait()
     args = ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(abstract_state), _META: ocp.args.JsonRestore()})

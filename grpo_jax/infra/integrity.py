@@ -13,6 +13,7 @@ the index mixing. It is a corruption check, not a cryptographic one.
 """
 from __future__ import annotations
 
+import hashlib
 from typing import Any
 
 import jax
@@ -88,6 +89,14 @@ def summarize(tree: Any) -> dict[str, tuple[str, int]]:
   out = jax.device_get(_summaries([x for _, x in flat]))
   return {jax.tree_util.keystr(p): (f"{int(ab[0]):08x}{int(ab[1]):08x}", int(bad))
           for (p, _), (ab, bad) in zip(flat, out)}
+
+
+def digest(summary: dict[str, tuple[str, int]]) -> str:
+  """One checksum of a whole tree (of its per-leaf checksums, in path order): the identity of a model."""
+  h = hashlib.sha256()
+  for k in sorted(summary):
+    h.update(f"{k}={summary[k][0]};".encode())
+  return h.hexdigest()[:16]
 
 
 def record(summary: dict[str, tuple[str, int]]) -> dict[str, Any]:

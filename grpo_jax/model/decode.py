@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
 from grpo_jax.model import live_attention
+from grpo_jax.model import lora
 from grpo_jax.model.model import Block, ModelConfig, Params, RMSNorm, _apply, _head
 
 Cache = dict[str, jax.Array]
@@ -62,11 +63,16 @@ class DecodeWeights(NamedTuple):
 def decode_weights(mcfg: ModelConfig, params: Params) -> DecodeWeights:
   """Per-layer weights sliced out of the stacked [layers, ...] params and cast, once per rollout, outside the decode
   loop: they enter the loop as invariant buffers, where slicing the stacked params inside it copies every weight at
-  every token. Casting the table before the lookup gives the same values as casting the looked-up rows."""
+  every token. Casting the table before the lookup gives the same values as casting the looked-up rows. LoRA
+  adapters are merged here (W + scale·A·B, one layer at a time): the decode loop pays no per-token adapter cost."""
   dt = mcfg.compute_dtype
   cast = lambda path, x: x.astype(dt) if path[-1].key in ("kernel", "bias") else x
-  layers = tuple(jax.tree_util.tree_map_with_path(lambda path, x: cast(path, x[l]), params["layers"])
-                 for l in range(mcfg.layers))
+
+  def layer(l):
+    p = jax.tree.map(lambda x: x[l], params["layers"])
+    p = {m: lora.merge_module(mcfg, m, v) for m, v in p.items()}
+    return jax.tree_util.tree_map_with_path(cast, p)
+  layers = tuple(layer(l) for l in range(mcfg.layers))
   head = None if mcfg.tie_embeddings else params["lm_head"]["kernel"].astype(dt)
   return DecodeWeights(layers, params["embed"]["embedding"].astype(dt), head, params["final_norm"])
 

@@ -65,12 +65,15 @@ class RMSNorm(nn.Module):
 
 
 class Dense(nn.Module):
-  """Contracts the last `n_in` dims of x with the first of `kernel[in..., features...]`."""
+  """Contracts the last `n_in` dims of x with the first of `kernel[in..., features...]`. When the params carry a
+  LoRA adapter (lora_a [in..., r], lora_b [r, features...]: model/lora.py), adds lora_scale·(x·A)·B; without one
+  (the base, the reference, a no-LoRA model) the computation is exactly the plain projection."""
   features: tuple[int, ...]
   kernel_axes: tuple[str, ...]
   bias_axes: tuple[str, ...] | None
   dtype: Any
   n_in: int = 1
+  lora_scale: float = 0.0
 
   @nn.compact
   def __call__(self, x: jax.Array) -> jax.Array:
@@ -82,6 +85,11 @@ class Dense(nn.Module):
       bias = self.param("bias", nn.with_logical_partitioning(nn.initializers.zeros, self.bias_axes),
                         tuple(self.features), jnp.float32)
       y = y + bias.astype(self.dtype)
+    if self.has_variable("params", "lora_a"):  # trace-time: a model without adapters compiles as before
+      a = self.get_variable("params", "lora_a").astype(self.dtype)
+      b = self.get_variable("params", "lora_b").astype(self.dtype)
+      # (x·A)·B: the rank-r bottleneck first, never the [in, out] product (that is the merge in decode, once per rollout)
+      y = y + self.lora_scale * jnp.tensordot(jnp.tensordot(x.astype(self.dtype), a, axes=self.n_in), b, axes=1)
     return y
 
 
@@ -110,10 +118,11 @@ class Block(nn.Module):
     n, t = positions_NxT.shape
     h_, kv, hd = c.heads, c.kv_heads, c.head_dim
     inv_freq = attention.rope_inv_freq(c)
+    ls = c.lora.scale if c.lora else 0.0
 
     def proj(heads, axes_name, name):
       bias = (axes_name, "head_dim") if c.qkv_bias else None
-      return Dense((heads, hd), ("embed", axes_name, "head_dim"), bias, dt, name=name)
+      return Dense((heads, hd), ("embed", axes_name, "head_dim"), bias, dt, lora_scale=ls, name=name)
 
     y_MxD = RMSNorm(c.rms_eps, dt, name="attn_norm")(x_MxD)
     q = attention.rope(proj(h_, "heads", "q")(y_MxD).reshape(n, t, h_, hd), positions_NxT, inv_freq)
@@ -142,15 +151,15 @@ class Block(nn.Module):
       if self.mode == "prefill":
         kv_out = (k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3))  # cache layouts; prefill casts
     o = nn.with_logical_constraint(o, ("batch", "length", "heads", "head_dim"))
-    x_MxD = x_MxD + Dense((c.hidden,), ("heads", "head_dim", "embed"), None, dt, n_in=2, name="o")(
+    x_MxD = x_MxD + Dense((c.hidden,), ("heads", "head_dim", "embed"), None, dt, n_in=2, lora_scale=ls, name="o")(
         o.reshape(n * t, h_, hd))
     x_MxD = nn.with_logical_constraint(x_MxD, ("batch", "embed"))
 
     y_MxD = RMSNorm(c.rms_eps, dt, name="mlp_norm")(x_MxD)
-    g_MxF = Dense((c.inter,), ("embed", "mlp"), None, dt, name="gate")(y_MxD)
-    u_MxF = Dense((c.inter,), ("embed", "mlp"), None, dt, name="up")(y_MxD)
+    g_MxF = Dense((c.inter,), ("embed", "mlp"), None, dt, lora_scale=ls, name="gate")(y_MxD)
+    u_MxF = Dense((c.inter,), ("embed", "mlp"), None, dt, lora_scale=ls, name="up")(y_MxD)
     a_MxF = nn.with_logical_constraint(nn.silu(g_MxF) * u_MxF, ("batch", "mlp"))
-    x_MxD = x_MxD + Dense((c.hidden,), ("mlp", "embed"), None, dt, name="down")(a_MxF)
+    x_MxD = x_MxD + Dense((c.hidden,), ("mlp", "embed"), None, dt, lora_scale=ls, name="down")(a_MxF)
     x_MxD = nn.with_logical_constraint(x_MxD, ("batch", "embed"))
     return x_MxD, kv_out
 

@@ -10,6 +10,50 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 REMAT_MODES = ("none", "full", "dots")
 UNROLL_MODES = ("none", "all", "auto")
 UNROLL_MAX_LAYERS = 8  # 'auto' unrolls models this shallow; unrolled, compile time grows with every layer
+# LoRA targets by PEFT's Qwen2/Llama module names -> our Dense names in a Block (model.py).
+LORA_TARGETS = {"q_proj": "q", "k_proj": "k", "v_proj": "v", "o_proj": "o", "gate_proj": "gate", "up_proj": "up",
+                "down_proj": "down"}
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig:
+  """Low-rank adapters on the targeted projections (PEFT's conventions): y = x·W + scale·(x·A)·B, with
+  scale = alpha / rank (rsLoRA: alpha / sqrt(rank)). model/lora.py holds the adapters; rank 0 = no LoRA (None)."""
+  rank: int
+  alpha: float
+  targets: tuple[str, ...] = tuple(LORA_TARGETS)
+  rslora: bool = False
+  base_dtype: str = "float32"  # the frozen base's matmul weights as the state holds them (adapters stay float32)
+
+  def __post_init__(self):
+    if int(self.rank) < 1:
+      raise ValueError(f"model.lora.rank={self.rank}: must be >= 1 here (0 turns LoRA off).")
+    if not self.alpha > 0:
+      raise ValueError(f"model.lora.alpha={self.alpha}: must be > 0 (scale = alpha / rank).")
+    bad = [t for t in self.targets if t not in LORA_TARGETS]
+    if bad or not self.targets or len(set(self.targets)) != len(self.targets):
+      raise ValueError(f"model.lora.targets={tuple(self.targets)}: name each once, among {tuple(LORA_TARGETS)}.")
+    object.__setattr__(self, "targets", tuple(self.targets))
+    if self.base_dtype not in DTYPES:
+      raise ValueError(f"model.lora.base_dtype={self.base_dtype!r}: use one of {sorted(DTYPES)}.")
+
+  @property
+  def scale(self) -> float:
+    return float(self.alpha) / (float(self.rank) ** 0.5 if self.rslora else float(self.rank))
+
+  @property
+  def modules(self) -> tuple[str, ...]:
+    """Our Dense names of the targets (Block in model.py)."""
+    return tuple(LORA_TARGETS[t] for t in self.targets)
+
+  @classmethod
+  def from_dict(cls, d: Any) -> "LoraConfig | None":
+    """From `model.lora` (a dict or ConfigDict); None when rank is 0."""
+    d = d.to_dict() if hasattr(d, "to_dict") else dict(d)
+    if int(d.get("rank", 0)) == 0:
+      return None
+    return cls(int(d["rank"]), float(d["alpha"]), tuple(d.get("targets", tuple(LORA_TARGETS))),
+               bool(d.get("rslora", False)), str(d.get("base_dtype", "float32")))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,6 +88,9 @@ class ModelConfig:
   rope_low_freq_factor: float = 1.0
   rope_high_freq_factor: float = 4.0
   rope_original_max_len: int = 8192
+  # LoRA (model/lora.py): the forward adds each targeted Dense's adapter term when the params carry one; the base
+  # params alone (the reference) run the plain model. None = no LoRA.
+  lora: LoraConfig | None = None
 
   def __post_init__(self):
     for name in ("vocab_size", "hidden", "layers", "heads", "kv_heads", "inter", "max_len"):
@@ -87,7 +134,9 @@ class ModelConfig:
     d = cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
     kw = {}
     for f in dataclasses.fields(cls):
-      if f.name in d:
+      if f.name == "lora":
+        kw["lora"] = LoraConfig.from_dict(d["lora"]) if d.get("lora") else None
+      elif f.name in d:
         kw[f.name] = type(f.default)(d[f.name]) if f.type in ("int", "float", int, float) else d[f.name]
     return cls(**kw)
 

@@ -198,6 +198,9 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   r = dict(topology=topology, n_devices=n_dev, mesh=mesh_shape, params=p.params, prompts=rl.prompts_per_step,
            G=rl.G, prompt_len=cfg.task.prompt_len, L=cfg.sampling.max_new_tokens, dtype=cfg.model.dtype,
            remat=cfg.model.remat, decode_layout=str(layout), decode_layout_why=why,
+           lora=(dict(rank=cfg.model.lora.rank, targets=list(cfg.model.lora.targets),
+                      base_dtype=cfg.model.lora.base_dtype) if cfg.model.lora.rank else None),
+           resident=dict(p.resident),
            roofline=roofline(cfg, mesh_shape, chip, layout, lengths_N=lengths_N), chip=dataclasses.asdict(chip),
            plan=dict(total_bytes=p.total_bytes, resident_bytes=p.resident_bytes, temp_bytes=p.temp_bytes,
                      peak_phase=p.peak_phase, fits=p.total_bytes <= hbm, headroom_frac=1 - p.total_bytes / hbm))
@@ -243,6 +246,9 @@ def format_report(r: dict[str, Any]) -> str:
   g = lambda b: f"{b / GiB:.2f} GiB"
   head = (f"{r['topology']} ({r['n_devices']} × {r.get('device_kind', 'chips, not compiled')}), mesh {r['mesh']}, "
           f"{r['params'] / 1e9:.3f}B params, {r['prompts']} prompts × G {r['G']}, {r['prompt_len']}+{r['L']} tokens, {r['dtype']}, remat={r['remat']}")
+  if r.get("lora"):
+    head += (f"\nLoRA rank {r['lora']['rank']} on {', '.join(r['lora']['targets'])}: trains adapters only; frozen "
+             f"base in {r['lora']['base_dtype']}; no reference copy (the base is the reference), no base moments")
   lines = [head, f"memory_plan estimate {g(pl['total_bytes'])} per device (peak in {pl['peak_phase']}): "
            f"{'fits' if pl['fits'] else 'does NOT fit'} in {r['chip']['hbm_gib']:.0f} GiB"]
   if "memory" in r:

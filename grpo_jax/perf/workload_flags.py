@@ -21,6 +21,9 @@ def parser(doc: str, models: Sequence[str], dtypes: Sequence[str], mesh_default:
   ap.add_argument("--engine", default="static", choices=["static", "continuous"], help="sampling.engine")
   ap.add_argument("--slots", type=int, default=0, help="sampling.slots (continuous; 0 = rows / rollout chunks)")
   ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/config/presets.py); β = 0 ones keep no reference")
+  ap.add_argument("--lora-rank", type=int, default=0, help="LoRA on all projections, alpha = 2·rank (0 = full FT)")
+  ap.add_argument("--lora-base-dtype", default="float32", choices=["float32", "bfloat16"],
+                  help="model.lora.base_dtype: the frozen base as the state holds it")
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
   return ap
 
@@ -28,4 +31,5 @@ def parser(doc: str, models: Sequence[str], dtypes: Sequence[str], mesh_default:
 def workload_kwargs(a: argparse.Namespace) -> dict[str, Any]:
   """memory_plan.workload_config's keyword arguments from the parsed flags (mesh apart: each tool reads its own)."""
   return dict(model=a.model, prompts=a.prompts, G=a.G, prompt_len=a.prompt_len, L=a.L, dtype=a.dtype, remat=a.remat,
-              minibatches=a.minibatches, algo=a.algo, rollout_chunks=a.rollout_chunks, engine=a.engine, slots=a.slots)
+              minibatches=a.minibatches, algo=a.algo, rollout_chunks=a.rollout_chunks, engine=a.engine, slots=a.slots,
+              lora_rank=a.lora_rank, lora_base_dtype=a.lora_base_dtype)

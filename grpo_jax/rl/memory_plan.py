@@ -26,6 +26,7 @@ from grpo_jax.model import attention
 from grpo_jax.config import config_lib
 from grpo_jax.rollout import decode_layout
 from grpo_jax.rollout import engine as engine_lib
+from grpo_jax.model import lora
 from grpo_jax.model import model as model_lib
 from grpo_jax.model import model_presets
 from grpo_jax.perf import workload_flags
@@ -64,9 +65,10 @@ def parse_mesh(text: str) -> dict[str, int]:
 def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_len: int = 256, L: int = 512,
                     mesh: dict[str, int] | None = None, dtype: str = "bfloat16", remat: str = "full",
                     minibatches: int = 1, mu: int = 1, algo: str = "grpo",
-                    rollout_chunks: int = 1, engine: str = "static", slots: int = 0) -> ml_collections.ConfigDict:
+                    rollout_chunks: int = 1, engine: str = "static", slots: int = 0, lora_rank: int = 0,
+                    lora_base_dtype: str = "float32") -> ml_collections.ConfigDict:
   """The peers' GRPO workload (β=0.04 unless the preset `algo` says otherwise, μ=1, lr 1e-5, T=1) on a named model
-  shape: what `aot` compiles."""
+  shape: what `aot` compiles. lora_rank > 0: LoRA on all seven projections, alpha = 2·rank."""
   if model not in PRESETS:
     raise ValueError(f"--model={model!r}: choose one of {sorted(PRESETS)}.")
   c = presets.apply(config_lib.base_config(), algo)
@@ -80,6 +82,8 @@ def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_l
   c.mesh.update(mesh or dict(data=1, fsdp=-1, tensor=1))
   c.train.num_samples_logged = 1
   c.eval.batch = prompts
+  if lora_rank:
+    c.model.lora.update(rank=lora_rank, alpha=2.0 * lora_rank, base_dtype=lora_base_dtype)
   return c
 
 
@@ -100,14 +104,17 @@ def param_bytes_per_device(mcfg: model_lib.ModelConfig, mesh: dict[str, int]) ->
 
 @functools.lru_cache(maxsize=64)  # tracing a 7B init takes seconds; plans for one model reuse it
 def _param_bytes(mcfg: model_lib.ModelConfig, mesh_items: tuple, subtree: str = "") -> tuple[int, int]:
-  mesh = dict(mesh_items)
-  abstract = model_lib.param_shapes(mcfg)
-  specs = model_lib.param_axes(mcfg)
-  if subtree:
-    abstract, specs = abstract[subtree], specs[subtree]
+  """(bytes on one device, count) of the params (subtree "lora": the fp32 LoRA adapters, lora.adapter_axes)."""
+  if subtree == "lora":
+    abstract, specs = lora.adapter_shapes(mcfg), lora.adapter_axes(mcfg)
+  else:
+    abstract, specs = model_lib.param_shapes(mcfg), model_lib.param_axes(mcfg)
+    if subtree:
+      abstract, specs = abstract[subtree], specs[subtree]
   leaves = jax.tree.leaves(abstract)
   spec_leaves = jax.tree.leaves(specs, is_leaf=lambda x: isinstance(x, jax.sharding.PartitionSpec))
-  per_dev = sum(math.ceil(x.size / _shard_divisor(s, mesh)) * x.dtype.itemsize for x, s in zip(leaves, spec_leaves))
+  per_dev = sum(math.ceil(x.size / _shard_divisor(s, dict(mesh_items))) * x.dtype.itemsize
+                for x, s in zip(leaves, spec_leaves))
   return per_dev, sum(x.size for x in leaves)
 
 
@@ -209,12 +216,18 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   # builds its full fp32 gradient before the reduce-scatter. Layer weights are gathered one layer at a time.
   head_gathered = D * v_dev * cb if (mesh["fsdp"] > 1 or cb != 4) else 0
   head_grad = D * v_dev * 4 if mesh["fsdp"] > 1 else 0
-  resident = {"policy": p_dev}
-  if state_lib.uses_reference(config):  # β = 0 keeps no reference model
-    resident["reference"] = p_dev
-  resident.update({"optimizer (adam m, v)": 2 * p_dev, "batch": math.ceil(B / dp) * (2 * P + 4) * 4})
+  lc, ref = mcfg.lora, state_lib.uses_reference(config)  # β = 0 keeps no reference model
+  if lc is None:
+    trained, resident = p_dev, {"policy": p_dev, **({"reference": p_dev} if ref else {})}
+  else:  # LoRA: the frozen base once (matmuls in base_dtype), fp32 adapters and their moments; the reference is the
+    # base with the adapters off (no copy); the frozen head gets no gradient
+    trained, head_grad = _param_bytes(mcfg, tuple(sorted(mesh.items())), "lora")[0], 0
+    norms = (2 * nl + 1) * D * 4 + (nl * (H + 2 * K) * Dh * 4 if mcfg.qkv_bias else 0)
+    resident = {f"base (frozen, {lc.base_dtype})": (p_dev - norms) * _BYTES[lc.base_dtype] // 4 + norms,
+                f"lora adapters (rank {lc.rank})": trained, **({"reference: the base, adapters off": 0} if ref else {})}
+  resident.update({"optimizer (adam m, v)": 2 * trained, "batch": math.ceil(B / dp) * (2 * P + 4) * 4})
   if rl.algo in presets.CRITIC_ALGOS:
-    critic = p_dev if config.ppo.critic == "separate" else 4 * D
+    critic = trained if config.ppo.critic == "separate" else 4 * D  # LoRA: the critic's own adapters
     resident["critic"] = critic
     resident["critic optimizer"] = 2 * critic
 
@@ -265,7 +278,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   layer = (tok * (4 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb
            + attention_bytes(train_path, mb_rows, T, h_dev, k_dev, Dh, cb, backward=True))
   update = {
-      "gradients": p_dev,
+      "gradients": trained,
       "saved activations (remat=%s)" % mcfg.remat: saved,
       "layer backward": layer,
       "logits chunk": 3 * mb_rows * chunk * v_dev * 4 + mb_rows * L * D * 4,
@@ -274,7 +287,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
       "rollout outputs": carried,
   }
   if rl.algo in presets.CRITIC_ALGOS and config.ppo.critic == "separate":
-    update["critic gradients"] = p_dev
+    update["critic gradients"] = trained
   return Plan(resident, rollout, update, n_params, score)
 
 

@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec as P
 
 from grpo_jax.rl import advantages
 from grpo_jax.rl import losses
+from grpo_jax.model import lora
 from grpo_jax.model import model as model_lib
 from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rl_step
@@ -23,17 +24,30 @@ from grpo_jax.rl import update as update_lib
 
 
 def init_critic(mcfg: model_lib.ModelConfig, mode: str, rng: jax.Array, policy_params=None) -> dict:
-  """'separate': a value network initialised from the policy (as in RLHF practice); 'head': only the head."""
+  """'separate': a value network initialised from the policy (as in RLHF practice); 'head': only the head.
+  With LoRA the separate critic is its own adapters (fresh, B = 0) on the policy's frozen base: its trunk starts
+  as the base's, and no second copy of the model exists."""
   head = {"kernel": jnp.zeros((mcfg.hidden,), jnp.float32), "bias": jnp.zeros((), jnp.float32)}
   if mode == "head":
     return {"v_head": head}
+  if mcfg.lora is not None:
+    return {"body": lora.init_adapters(mcfg, rng), "v_head": head}
   body = policy_params if policy_params is not None else model_lib.init_params(mcfg, rng)
   return {"body": body, "v_head": head}
 
 
 def critic_axes(mcfg: model_lib.ModelConfig, mode: str) -> dict:
   head = {"kernel": P("embed"), "bias": P()}
-  return {"v_head": head} if mode == "head" else {"body": model_lib.param_axes(mcfg), "v_head": head}
+  if mode == "head":
+    return {"v_head": head}
+  return {"body": lora.adapter_axes(mcfg) if mcfg.lora is not None else model_lib.param_axes(mcfg), "v_head": head}
+
+
+def critic_model(state: dict, critic_params: dict) -> dict:
+  """The critic as values_and_logprobs reads it: a LoRA critic's body is its adapters on the state's base."""
+  if "base" not in state or "body" not in critic_params:
+    return critic_params
+  return dict(critic_params, body=lora.combine(state["base"], critic_params["body"]))
 
 
 def values_and_logprobs(mcfg, mode, policy_params, critic_params, seq, P_len: int, temperature: float,
@@ -70,7 +84,7 @@ def make_loss_fn(config, mcfg, P_len: int) -> Callable:
   rl, ppo, temp, L = config.rl, config.ppo, config.sampling.temperature, config.sampling.max_new_tokens
 
   def loss_fn(both, mb):
-    policy_params, critic_params = both
+    policy_params, critic_params = both  # the policy's and the critic's full params (critic_model)
     v_NxL, logp_NxL, ent_NxL = values_and_logprobs(mcfg, ppo.critic, policy_params, critic_params, mb["seq"], P_len,
                                                    temp)
     pl, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], None, mb["adv_NxL"], mb["mask_NxL"],
@@ -120,19 +134,22 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
   def step(state, batch):
     P_len = batch["prompt_NxP"].shape[1]
     rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
-    ro = rollout_fn(state["params"], rl_step.reference_params(config, state), batch, k_roll)
+    ro = rollout_fn(state_lib.model_params(state), rl_step.reference_params(config, state), batch, k_roll)
     # The critic's forward over the rollout, on the update's training length, in the rollout's row chunks.
     old_v_NxL = rollout_lib.forwards_by_length(
-        config, lambda *seq: values_and_logprobs(mcfg, config.ppo.critic, state["params"], state["critic_params"],
-                                                 seq, P_len, temp, want_logp=False)[0], ro.bucket, ro.seq, P_len)
+        config, lambda *seq: values_and_logprobs(mcfg, config.ppo.critic, state_lib.model_params(state),
+                                                 critic_model(state, state["critic_params"]), seq, P_len, temp,
+                                                 want_logp=False)[0], ro.bucket, ro.seq, P_len)
     old_v_NxL = jax.lax.stop_gradient(old_v_NxL) * ro.mask_NxL
     adv_NxL, returns_NxL = advantages_and_returns(config, ro, old_v_NxL)
     data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=ro.mask_NxL,
                 old_v_NxL=old_v_NxL, returns_NxL=returns_NxL)
     carry = ((state["params"], state["critic_params"]), (state["opt_state"], state["critic_opt_state"]))
+    loss_fn = make_loss_fn(config, mcfg, P_len)
     ((params, critic_params), (opt_state, critic_opt)), um = rl_step.train_by_length(
-        config, update_lib.make_update(make_loss_fn(config, mcfg, P_len), opts), carry, data, k_upd, ro.bucket,
-        P_len)
+        config, update_lib.make_update(lambda ps, mb: loss_fn((state_lib.model_params(state, ps[0]),
+                                                               critic_model(state, ps[1])), mb), opts),
+        carry, data, k_upd, ro.bucket, P_len)
     updated = dict(params=params, opt_state=opt_state, critic_params=critic_params, critic_opt_state=critic_opt,
                    rng=rng)
     return rl_step.finish_step(config, state, updated, ro, adv_NxL, um)

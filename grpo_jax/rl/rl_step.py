@@ -200,13 +200,17 @@ def optimizer(config) -> update_lib.Optimizer:
 
 
 def layout(config, mcfg: model_lib.ModelConfig) -> state_lib.Layout:
-  """Policy, frozen reference (only when β > 0: state.uses_reference), AdamW state."""
+  """Policy, frozen reference (only when β > 0: state.uses_reference; with LoRA none: the base is the reference),
+  AdamW state."""
   return state_lib.Layout(optimizer(config), ref=state_lib.uses_reference(config))
 
 
 def reference_params(config, state: dict):
-  """The state's reference params, or None when it keeps none (β = 0). A state without them cannot run a config
-  with a (static) β > 0: that is a state built for another config."""
+  """The state's reference params, or None when it keeps none (β = 0). With LoRA the reference is the frozen base
+  (the policy with its adapters off): no copy. A state without them cannot run a config with a (static) β > 0:
+  that is a state built for another config."""
+  if "base" in state:
+    return state["base"] if state_lib.uses_reference(config) else None
   ref = state.get("ref_params")
   if ref is None and isinstance(config.rl.beta, numbers.Real) and config.rl.beta != 0:
     raise ValueError(f"config.rl.beta={config.rl.beta}: the state has no reference params (it was built for β = 0); "
@@ -235,13 +239,14 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
     P = batch["prompt_NxP"].shape[1]
     loss_fn = make_loss_fn(config, mcfg, P)
     rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
-    ro = rollout_fn(state["params"], reference_params(config, state), batch, k_roll)
+    ro = rollout_fn(state_lib.model_params(state), reference_params(config, state), batch, k_roll)
     adv_NxL = compute_advantages(config, ro)
     data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=ro.mask_NxL)
     if ro.ref_logp_NxL is not None:
       data["ref_logp_NxL"] = ro.ref_logp_NxL
 
-    update = update_lib.make_update(lambda ps, mb: loss_fn(ps[0], mb), (opt,))
+    # the optimizer sees `params` only: with LoRA the adapters, the base entering as a constant
+    update = update_lib.make_update(lambda ps, mb: loss_fn(state_lib.model_params(state, ps[0]), mb), (opt,))
     with jax.named_scope("update"):
       ((params,), (opt_state,)), um = train_by_length(
           config, update, ((state["params"],), (state["opt_state"],)), data, k_upd, ro.bucket, P)

@@ -1,4 +1,8 @@
-"""Next-token SFT / pre-training as one jitted step over the same state and model as RL (no reference)."""
+"""Next-token SFT / pre-training as one jitted step over the same state and model as RL (no reference).
+
+Under model.lora an SFT stage trains the full weights unless `sft.lora` (then it trains adapters on the frozen base,
+like the RL stage; its final params are the merged model): `model_config` says which."""
+import dataclasses
 from typing import Callable
 
 import jax
@@ -32,6 +36,11 @@ def optimizer(config) -> update_lib.Optimizer:
   return update_lib.make_optimizer(optim)
 
 
+def model_config(config, mcfg: model_lib.ModelConfig) -> model_lib.ModelConfig:
+  """The model SFT trains: `mcfg` with its LoRA adapters only when sft.lora is set (default: full weights)."""
+  return mcfg if config.sft.get("lora", False) else dataclasses.replace(mcfg, lora=None)
+
+
 def layout(config, mcfg: model_lib.ModelConfig) -> state_lib.Layout:
   """Params and AdamW state only: SFT has no reference."""
   return state_lib.Layout(optimizer(config), ref=False)
@@ -46,7 +55,8 @@ def build_step(config, mcfg: model_lib.ModelConfig) -> Callable[[dict, dict], tu
 
   def step(state, batch):
     batch = {k: sharding.constrain_batch(v) for k, v in batch.items()}
-    (params,), (opt_state,), um = update_lib.gradient_step(lambda ps, b: sft_loss(mcfg, ps[0], b), (opt,),
+    loss = lambda ps, b: sft_loss(mcfg, state_lib.model_params(state, ps[0]), b)  # LoRA: adapters on the base
+    (params,), (opt_state,), um = update_lib.gradient_step(loss, (opt,),
                                                            (state["params"],), (state["opt_state"],), batch)
     return (dict(state, params=params, opt_state=opt_state, step=state["step"] + 1),
             update_lib.step_metrics(um, params))

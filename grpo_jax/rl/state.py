@@ -2,6 +2,10 @@
 
 Keys: params, opt_state, step, rng; + ref_params (RL), + critic_params, critic_opt_state (PPO). A family says which
 through its `Layout`; every family's state_spec / init, and the vmapped init of studies/vmapped_runs.py, are built here.
+
+With LoRA (model.lora.rank > 0, ModelConfig.lora) `params` are the adapters only (what the optimizer sees) and
+`base` holds the frozen base once (model/lora.py); there are no ref_params: the reference is the base itself.
+`model_params(state)` is the policy either way.
 """
 import numbers
 from typing import Any, Callable, NamedTuple
@@ -12,6 +16,7 @@ import optax
 from jax.sharding import Mesh
 
 from grpo_jax.config import config_lib
+from grpo_jax.model import lora as lora_lib
 from grpo_jax.model import model as model_lib
 from grpo_jax.infra import sharding
 from grpo_jax.rl import update as update_lib
@@ -42,7 +47,7 @@ class Layout(NamedTuple):
 
 
 def abstract_params(mesh: Mesh, mcfg: model_lib.ModelConfig) -> Any:
-  """The params as sharded ShapeDtypeStructs (nothing allocated): what a checkpoint is read into."""
+  """The (base) model params as sharded ShapeDtypeStructs (nothing allocated): what a checkpoint is read into."""
   abstract, shard = _params_spec(mesh, mcfg)
   return with_shardings(abstract, shard)
 
@@ -54,6 +59,23 @@ def _params_spec(mesh, mcfg):
   return abstract, shard
 
 
+def _trainable_spec(mesh, mcfg):
+  """(abstract, shardings) of what the optimizer trains: the model params, or with LoRA the adapters."""
+  if mcfg.lora is None:
+    return _params_spec(mesh, mcfg)
+  shard = sharding.tree_shardings(mesh, lora_lib.adapter_axes(mcfg))
+  abstract = lora_lib.adapter_shapes(mcfg)
+  sharding.check_divisible(mesh, abstract, shard, "params (LoRA adapters)")
+  return abstract, shard
+
+
+def model_params(state: State, params: Any = None) -> Any:
+  """The policy's params of `params` (default: the state's): themselves, or with LoRA the state's frozen base with
+  these adapters beside its kernels (the gradient then reaches the adapters only)."""
+  params = state["params"] if params is None else params
+  return lora_lib.combine(state["base"], params) if "base" in state else params
+
+
 def _opt_state_shardings(tx, abstract_opt_state, param_shardings, mesh):
   return optax.tree_map_params(tx, lambda _, s: s, abstract_opt_state, param_shardings,
                                transform_non_params=lambda _: sharding.replicated(mesh))
@@ -62,13 +84,17 @@ def _opt_state_shardings(tx, abstract_opt_state, param_shardings, mesh):
 def spec(mesh: Mesh, mcfg: model_lib.ModelConfig, layout: Layout) -> tuple[State, State]:
   """(abstract state, shardings) without allocating anything."""
   abstract_params, param_sh = _params_spec(mesh, mcfg)
+  abstract_train, train_sh = _trainable_spec(mesh, mcfg)
   tx = layout.opt.tx
-  abstract_opt = jax.eval_shape(tx.init, abstract_params)
-  abstract = dict(params=abstract_params, opt_state=abstract_opt,
+  abstract_opt = jax.eval_shape(tx.init, abstract_train)
+  abstract = dict(params=abstract_train, opt_state=abstract_opt,
                   step=jax.ShapeDtypeStruct((), jnp.int32), rng=jax.ShapeDtypeStruct((2,), jnp.uint32))
-  shard = dict(params=param_sh, opt_state=_opt_state_shardings(tx, abstract_opt, param_sh, mesh),
+  shard = dict(params=train_sh, opt_state=_opt_state_shardings(tx, abstract_opt, train_sh, mesh),
                step=sharding.replicated(mesh), rng=sharding.replicated(mesh))
-  if layout.ref:
+  if mcfg.lora is not None:
+    abstract_params = lora_lib.base_shapes(mcfg)
+    abstract["base"], shard["base"] = abstract_params, param_sh
+  if layout.ref and mcfg.lora is None:  # with LoRA the base is the reference
     abstract["ref_params"] = abstract_params
     shard["ref_params"] = param_sh
   if layout.critic is not None:
@@ -91,8 +117,30 @@ def seed_keys(seed) -> tuple[jax.Array, jax.Array, jax.Array]:
   return k_params, k_critic, k_run
 
 
-def initial(layout: Layout, params: Any, k_critic: jax.Array, k_run: jax.Array) -> State:
-  """A fresh state around `params` (pure: jit it with out_shardings, or vmap it over runs)."""
+SEED_SOURCE = "seed:"  # a LoRA base that is the random init of the run seed, as its identity names it
+
+
+def base_source(init_from: str, run_seed: int) -> str:
+  """How a LoRA run's base is named in its checkpoints: `init_from`, or "seed:<run seed>" (the seed's init)."""
+  return init_from or f"{SEED_SOURCE}{run_seed}"
+
+
+ADAPTER_FOLD = 0x10A  # the adapters' init key: fold_in(run key, ADAPTER_FOLD); the rollout keys split the run key
+
+
+def initial(layout: Layout, params: Any, k_critic: jax.Array, k_run: jax.Array,
+            mcfg: model_lib.ModelConfig | None = None) -> State:
+  """A fresh state around `params` (pure: jit it with out_shardings, or vmap it over runs). With LoRA (`mcfg.lora`)
+  `params` are the base: held frozen, fresh adapters trained."""
+  if mcfg is not None and mcfg.lora is not None:
+    base = lora_lib.hold_base(mcfg, params)
+    adapters = lora_lib.init_adapters(mcfg, jax.random.fold_in(k_run, ADAPTER_FOLD))
+    st = dict(params=adapters, base=base, opt_state=layout.opt.tx.init(adapters), step=jnp.zeros((), jnp.int32),
+              rng=k_run)
+    if layout.critic is not None:
+      cp = layout.critic.init(k_critic, base)
+      st.update(critic_params=cp, critic_opt_state=layout.critic.opt.tx.init(cp))
+    return st
   st = dict(params=params, opt_state=layout.opt.tx.init(params), step=jnp.zeros((), jnp.int32), rng=k_run)
   if layout.ref:
     st["ref_params"] = params
@@ -114,7 +162,7 @@ def create(mesh: Mesh, mcfg: model_lib.ModelConfig, layout: Layout, seed: int, p
     k_params, k_critic, k_run = seed_keys(seed)
     if params is None:
       params = model_lib.init_params(mcfg, k_params)
-    return initial(layout, params, k_critic, k_run)
+    return initial(layout, params, k_critic, k_run, mcfg)
 
   with sharding.mesh_context(mesh):
     return jax.jit(init, out_shardings=shard)(seed, params)

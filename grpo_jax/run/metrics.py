@@ -57,7 +57,7 @@ METRICS: dict[str, str] = {
                        'covering the longest completion',
     'train/grad_norm': 'global L2 norm of the gradient before clipping (mean over minibatch updates)',
     'train/update_norm': 'global L2 norm of the optimizer update (mean over minibatch updates)',
-    'train/param_norm': 'global L2 norm of the policy params after the step',
+    'train/param_norm': 'global L2 norm of the trained params after the step (the adapters under LoRA)',
     'train/loss': 'the minimised loss (-J for RL, token cross-entropy for SFT), mean over minibatch updates',
     'train/tokens': 'loss-bearing tokens in the SFT batch',
     'train/skipped_updates': 'minibatch updates skipped this step (non-finite ones, or all of them after a failed reward)',

@@ -10,6 +10,7 @@ import jax
 import numpy as np
 from absl import logging
 
+from grpo_jax.config import config_lib
 from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import params_ckpt
 from grpo_jax.infra import errors
@@ -18,6 +19,7 @@ from grpo_jax.rl import auto
 from grpo_jax.rl import families
 from grpo_jax.run import loop_guard
 from grpo_jax.run import metrics as metrics_lib
+from grpo_jax.model import lora as lora_lib
 from grpo_jax.model import model as model_lib
 from grpo_jax.hf import model_source
 from grpo_jax.run import plots
@@ -86,16 +88,30 @@ def init_or_restore(config, mesh, mcfg, family, ckpt: ckpt_lib.Checkpointer, ini
   the reference and PPO's value network start from them too, as in RLHF practice)."""
   abstract, shard = family.state_spec(config, mesh, mcfg)
   start = ckpt.latest_step()
+  fresh = None
+  if mcfg.lora is not None:
+    # LoRA: the checkpoints hold the adapters and their optimizer state; the base comes from its source again,
+    # and a resume onto a base with another checksum is refused (checkpoint.Checkpointer.set_frozen).
+    fresh = family.init(config, mesh, mcfg, params=_init_params(init_from, mesh, mcfg))
+    ckpt.set_frozen(state_lib.base_source(init_from, config_lib.run_seed(config)), fresh["base"])
   if start is not None:
     state, meta = ckpt.restore(None, state_lib.with_shardings(abstract, shard))
     logging.info("Resumed from %s at step %d.", ckpt.directory, meta["step"])
     return state, int(meta["step"])
+  if fresh is not None:
+    return fresh, 0
+  return family.init(config, mesh, mcfg, params=_init_params(init_from, mesh, mcfg)), 0
+
+
+def _init_params(init_from: str, mesh, mcfg):
+  """The model params `init_from` names (hf:<dir> or a params checkpoint), sharded; None: the seed's init."""
   params = None
   if init_from:
-    params = (load_hf_params(init_from[3:], mcfg, shard["params"]) if init_from.startswith("hf:")
-              else params_ckpt.load_params(init_from, state_lib.with_shardings(abstract["params"], shard["params"])))
+    model_abstract = state_lib.abstract_params(mesh, mcfg)  # the model's (with LoRA: the base's), sharded
+    params = (load_hf_params(init_from[3:], mcfg, jax.tree.map(lambda a: a.sharding, model_abstract))
+              if init_from.startswith("hf:") else params_ckpt.load_params(init_from, model_abstract))
     logging.info("Initialising params from %s.", init_from)
-  return family.init(config, mesh, mcfg, params=params), 0
+  return params
 
 
 class Program(NamedTuple):
@@ -170,7 +186,8 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
       if key not in evaluators:
         evaluators[key] = evaluation.Evaluator(run.config, mcfg, tokenizer, mesh, eval_set)
       t0 = time.perf_counter()
-      run.last_eval, texts = evaluators[key](program.of(state["params"], i), jax.random.PRNGKey(run.config.seed + 1))
+      policy = state_lib.model_params(program.state_of(state, i))  # with LoRA: the run's adapters on the base
+      run.last_eval, texts = evaluators[key](policy, jax.random.PRNGKey(run.config.seed + 1))
       run.writer.write(step, {**run.last_eval, "perf/eval_time_s": time.perf_counter() - t0})
       logging.info("step %d eval %s (%s) | %r", step, run.last_eval, run.workdir, texts[:1])
 
@@ -279,6 +296,12 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   return run.last_eval
 
 
+def final_params(mcfg, state) -> dict:
+  """A stage's final policy as a params checkpoint holds it: the model params (with LoRA: adapters merged into
+  the base), so the next stage starts from a plain model."""
+  return lora_lib.merged(mcfg, state_lib.model_params(state))
+
+
 def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str | None = None,
             batches=None, evaluate_at_end: bool = True, record: dict | None = None) -> dict[str, float]:
   """SFT (loss on completions) or pre-training (loss_on='all': untagged worked solutions, every token).
@@ -291,6 +314,7 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
   config = model_source.resolve(config)
   guard = loop_guard.LoopGuard(config, workdir, "sft", record)  # a changed config is refused before any write
   tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_sft)
+  mcfg = sft_step.model_config(config, mcfg)  # adapters only under sft.lora
   steps = config.sft.steps
   loss_on = loss_on or config.sft.loss_on
   step_fn = families.make_step(config, mesh, mcfg, family=sft_step)
@@ -320,13 +344,13 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
   if guard.stopped:
     writer.close()
     guard.raise_if_stopped()  # no params, no final eval: the stage is not finished
-  params_ckpt.save_params(os.path.join(workdir, "params"), state["params"])
+  params_ckpt.save_params(os.path.join(workdir, "params"), final_params(mcfg, state))
   result: dict[str, float] = {}
   if evaluate_at_end and loss_on == "completion":
     evaluator = evaluation.Evaluator(config, mcfg, tokenizer, mesh,
                                      data_lib.eval_set(config.task, tokenizer, config.eval.size,
                                                        config.task.prompt_len))
-    result, _ = evaluator(state["params"], jax.random.PRNGKey(config.seed + 1))
+    result, _ = evaluator(state_lib.model_params(state), jax.random.PRNGKey(config.seed + 1))
     writer.write(steps, result)
   writer.close()
   plots.write_plots(workdir)

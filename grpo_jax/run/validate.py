@@ -31,6 +31,7 @@ LANGUAGES = ("a", "b", "mixed")
 ENGINES = ("static", "continuous")  # sampling.engine: sampling.sample / rollout/engine.py
 JOBS = ("grpo", "sft", "pretrain", "r1_pipeline", "export")  # grpo runs every rl.algo, ppo included
 CRITICS = ("separate", "head")
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # = model_config.LORA_TARGETS
 
 
 def fail(key: str, msg: str):
@@ -107,6 +108,31 @@ def validate_model(c) -> None:
   if mc.get("rope_scaling_factor", 0) and not mc.rope_high_freq_factor > mc.rope_low_freq_factor:
     _fail("model.rope_high_freq_factor", f"must exceed model.rope_low_freq_factor ({mc.rope_high_freq_factor} <= "
           f"{mc.rope_low_freq_factor}) when llama3 RoPE scaling is on (model.rope_scaling_factor > 0).")
+  validate_lora(c)
+
+
+def validate_lora(c) -> None:
+  """model.lora: rank 0 (off) or a positive rank, alpha > 0, targets among PEFT's Qwen2/Llama projection names."""
+  lc = c.model.get("lora")
+  if lc is None:
+    return
+  if not isinstance(lc.rank, int) or isinstance(lc.rank, bool) or lc.rank < 0:
+    _fail("model.lora.rank", f"must be an integer >= 0 (0 = no LoRA), got {lc.rank!r}.")
+  if lc.rank == 0:
+    return
+  if c.get("job") == "r1_pipeline":
+    # its stages hand full params to each other (r1/pipeline.py reads the params of a stage checkpoint as the model)
+    _fail("model.lora.rank", f"{lc.rank}: LoRA runs the grpo, sft and pretrain jobs; job=r1_pipeline hands full "
+          "params between its stages: set model.lora.rank=0 there.")
+  if not (isinstance(lc.alpha, (int, float)) and math.isfinite(lc.alpha) and lc.alpha > 0):
+    _fail("model.lora.alpha", f"must be > 0 (scale = alpha / rank), got {lc.alpha!r}.")
+  bad = [t for t in lc.targets if t not in LORA_TARGETS]
+  if bad or not lc.targets or len(set(lc.targets)) != len(lc.targets):
+    _fail("model.lora.targets", f"{tuple(lc.targets)}: name each at most once, among {LORA_TARGETS}.")
+  _choice(c, "model.lora.base_dtype", DTYPES)
+  if lc.rank > min(c.model.hidden, c.model.inter):
+    _fail("model.lora.rank", f"{lc.rank} exceeds the projections' smallest dimension "
+          f"(hidden={c.model.hidden}, inter={c.model.inter}); lower it.")
 
 
 def validate_mesh(c, num_devices: int) -> dict[str, int]:

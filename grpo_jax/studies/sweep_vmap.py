@@ -146,6 +146,15 @@ def _run_lanes(lanes: list[Lane], info: dict, compiler_options, log) -> None:
   mesh = sharding.make_mesh(c0.mesh)
   mcfg = model_lib.ModelConfig.from_config(c0.model)
   abstract, shard = families.for_config(c0).state_spec(c0, mesh, mcfg)
+  if mcfg.lora is not None:  # one frozen base for every lane: its identity goes with the checkpoints of each lane
+    source = lanes[0].init_from
+    if any(lane.init_from != source for lane in lanes):
+      raise errors.InputError("model.lora: the runs of a vmapped sweep share one frozen base; give them one "
+                              "train.init_from, or run them with --mode=serial.")
+    base = seeds_lib.init_states(c0, mcfg, [config_lib.run_seed(c0)],
+                                 params=_load_params(source, mcfg, shard, mesh) if source else None)["base"]
+    for lane in lanes:
+      lane.run.ckpt.set_frozen(state_lib.base_source(source, config_lib.run_seed(c0)), base)
   restored: dict[int, list[tuple[Lane, Any]]] = {}
   for lane in lanes:
     state = None
@@ -164,8 +173,11 @@ def _run_lanes(lanes: list[Lane], info: dict, compiler_options, log) -> None:
 def _start_states(sub, start, mesh, mcfg, shard, hp) -> dict:
   c0 = sub[0][0].config
   if start > 0:
-    return seeds_lib.with_hparams(seeds_lib.stack([st for _, st in sub]),
-                                  {k: v for k, v in hp.items() if k not in seeds_lib.OPT_KEYS})
+    # a LoRA base (the same object in every restored lane) stays unstacked
+    stacked = seeds_lib.stack([{k: v for k, v in st.items() if k != "base"} for _, st in sub])
+    if "base" in sub[0][1]:
+      stacked["base"] = sub[0][1]["base"]
+    return seeds_lib.with_hparams(stacked, {k: v for k, v in hp.items() if k not in seeds_lib.OPT_KEYS})
   seeds = [config_lib.run_seed(lane.config) for lane, _ in sub]
   inits = {lane.init_from for lane, _ in sub}
   params = run_params = None
@@ -177,9 +189,9 @@ def _start_states(sub, start, mesh, mcfg, shard, hp) -> dict:
 
 
 def _load_params(path: str, mcfg, shard, mesh):
+  abstract_p = state_lib.abstract_params(mesh, mcfg)  # the model's (with LoRA: the base's), sharded
   if path.startswith("hf:"):
-    return train.load_hf_params(path[3:], mcfg, shard["params"])
-  abstract_p = state_lib.abstract_params(mesh, mcfg)
+    return train.load_hf_params(path[3:], mcfg, jax.tree.map(lambda a: a.sharding, abstract_p))
   return params_ckpt.load_params(path, abstract_p)
 
 

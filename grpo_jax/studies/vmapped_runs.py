@@ -11,6 +11,9 @@ with `main`):
 - REWARD_WEIGHTS: the weights of `config.rewards` (the term names stay static), traced into the reward spec.
 Anything else changes the program (shapes, branches, the state tree): runs that differ there cannot share one.
 The family (GRPO's rl_step or PPO's ppo_step) is the one `families.for_config` picks.
+
+With LoRA (model.lora) the stacked state is the runs' adapters, optimizer states and rngs; the frozen `base` is
+held once, unstacked, and enters the vmapped step unbatched (in_axes None): S runs cost S adapters, not S models.
 """
 from typing import Any, Callable, Sequence
 
@@ -20,6 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from grpo_jax.model import lora as lora_lib
 from grpo_jax.rl import families
 from grpo_jax.model import model as model_lib
 from grpo_jax.infra import sharding
@@ -70,12 +74,17 @@ def init_states(config, mcfg: model_lib.ModelConfig, seeds: Sequence[int], *,
   if "rl.beta" in hparams:
     layout_config = with_values(config, {"rl.beta": float(max(abs(float(b)) for b in hparams["rl.beta"]))})
   layout = families.for_config(config).layout(layout_config, mcfg)
+  lora = mcfg.lora is not None
+  if lora and (run_params is not None or (params is None and len(set(init_seeds)) > 1)):
+    raise ValueError("init_states: with model.lora the runs share one frozen base; pass shared params (or one "
+                     "init seed for all runs), not one model per run.")
 
   def init(seed, init_seed, params):
     # The key derivation of state.create, so run i equals a separate init(seed=seed_i) run.
     _, k_critic, k_run = state_lib.seed_keys(seed)
     p = params if params is not None else model_lib.init_params(mcfg, state_lib.seed_keys(init_seed)[0])
-    return state_lib.initial(layout, p, k_critic, k_run)
+    st = state_lib.initial(layout, p, k_critic, k_run, mcfg)
+    return st if not lora else {k: v for k, v in st.items() if k != "base"}
 
   p_axis = None
   if run_params is not None:
@@ -83,6 +92,9 @@ def init_states(config, mcfg: model_lib.ModelConfig, seeds: Sequence[int], *,
   with nn.logical_axis_rules(sharding.LOGICAL_RULES):
     states = jax.jit(jax.vmap(init, in_axes=(0, 0, p_axis)))(jnp.asarray(seeds, jnp.int32),
                                                               jnp.asarray(init_seeds, jnp.int32), params)
+    if lora:  # held once: the base of run 0's init (all runs share it)
+      base = params if params is not None else model_lib.init_params(mcfg, state_lib.seed_keys(init_seeds[0])[0])
+      states["base"] = jax.jit(lambda p: lora_lib.hold_base(mcfg, p))(base)
   return with_hparams(states, hparams)
 
 
@@ -101,8 +113,15 @@ def with_hparams(states: dict, hparams: dict[str, Sequence[Any]]) -> dict:
 
 
 def run_state(states: dict, i: int) -> dict:
-  """Run i of stacked states as a `main` run's state (no `hparams`): what its checkpoint holds."""
-  return unstack({k: v for k, v in states.items() if k != "hparams"}, i)
+  """Run i of stacked states as a `main` run's state (no `hparams`; a LoRA base, held once, as is): what its
+  checkpoint holds."""
+  st = unstack({k: v for k, v in states.items() if k not in ("hparams", "base")}, i)
+  return st if "base" not in states else dict(st, base=states["base"])
+
+
+def run_model_params(states: dict, i: int) -> Any:
+  """The policy params of run i (with LoRA: its adapters on the shared base)."""
+  return state_lib.model_params(run_state(states, i))
 
 
 def stack(states: Sequence[dict]) -> dict:
@@ -141,10 +160,12 @@ def make_vmapped_step(config, mesh, build: Callable[[Any], Callable],
   """jit(vmap(step, in_axes=(0, None))): `build(config)` returns the un-jitted step for a config; it is called
   while tracing with the run's own `state["hparams"]` values substituted, so each run sees its own scalar."""
 
-  def one_run(state, batch):
+  def one_run(state, base, batch):
     hp = state.get("hparams", {})
     step = build(with_values(config, hp) if hp else config)
-    new_state, m = step({k: v for k, v in state.items() if k != "hparams"}, batch)
+    run = {k: v for k, v in state.items() if k != "hparams"}
+    new_state, m = step(run if base is None else dict(run, base=base), batch)
+    new_state = {k: v for k, v in new_state.items() if k != "base"}  # the base stays outside the vmap
     if hp:
       new_state = dict(new_state, hparams=hp)
     return new_state, m
@@ -154,8 +175,14 @@ def make_vmapped_step(config, mesh, build: Callable[[Any], Callable],
   # same compiled program.
   counted = sharding.count_traces(one_run)
   # axis_name: the step reduces its training-length bucket over the runs (update.bucket_index)
-  jitted = jax.jit(jax.vmap(counted, in_axes=(0, None), axis_name=update_lib.RUNS_AXIS), donate_argnums=(0,),
-                   compiler_options=compiler_options, out_shardings=(rep, rep))
+  vmapped = jax.vmap(counted, in_axes=(0, None, None), axis_name=update_lib.RUNS_AXIS)
+
+  def stepped(states, batch):
+    base = states.get("base")  # LoRA: one frozen base for every run, unstacked, unbatched
+    new_states, m = vmapped({k: v for k, v in states.items() if k != "base"}, base, batch)
+    return (new_states if base is None else dict(new_states, base=base)), m
+
+  jitted = jax.jit(stepped, donate_argnums=(0,), compiler_options=compiler_options, out_shardings=(rep, rep))
 
   def run(states, batch):
     states = jax.device_put(states, rep)  # no copy once they live there

@@ -1,0 +1,332 @@
+"""LoRA RL (model.lora): step 0 is the base exactly, only adapters train, the base is the reference, decode merges,
+every preset and PPO run, sharded equals unsharded, vmapped runs hold the base once, config errors are one line."""
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.config import config_lib
+from grpo_jax.config import presets
+from grpo_jax.infra import sharding
+from grpo_jax.model import decode
+from grpo_jax.model import lora
+from grpo_jax.model import model as model_lib
+from grpo_jax.model.model_config import LoraConfig
+from grpo_jax.rl import families
+from grpo_jax.rl import rl_step
+from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.rl import state as state_lib
+from grpo_jax.rollout import sampling
+from grpo_jax.run import validate
+from grpo_jax.studies import vmapped_runs
+from grpo_jax.tasks import digits
+
+TINY = dict(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
+RANK = 4
+
+
+def _config(rank=RANK, **over):
+  c = digits.bench_config(**{**TINY, **over})
+  c.optim.lr = 1e-3
+  c.model.lora.update(rank=rank, alpha=8.0)
+  return c
+
+
+def _setup(c):
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  return mesh, mcfg, spec
+
+
+def _batch(c, seed=1):
+  b = next(digits.make_batches(c.rl.prompts_per_step, 1, seed=seed))
+  b["answer_ids_NxA"][:, 1:] = -1  # single-digit answers: a random model hits some
+  return b
+
+
+def _nonzero_adapters(mcfg, key=3):
+  """Adapters with B != 0 (a trained-looking policy: the adapter term is not zero)."""
+  ad = lora.init_adapters(mcfg, jax.random.PRNGKey(key))
+  keys = iter(jax.random.split(jax.random.PRNGKey(key + 1), 64))
+  return jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), ad)
+
+
+@pytest.fixture(scope="module")
+def runs():
+  """One LoRA step and one full-fine-tuning step of the same config, seed and batch (GRPO preset, β = 0.04)."""
+  out = {}
+  for name, rank in (("lora", RANK), ("full", 0)):
+    c = _config(rank)
+    mesh, mcfg, spec = _setup(c)
+    step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+    st = rl_step.init(c, mesh, mcfg, seed=0)
+    s0 = jax.device_get(st)
+    st, m = step(st, _batch(c))
+    out[name] = dict(c=c, mcfg=mcfg, s0=s0, s1=jax.device_get(st), m=jax.device_get(m))
+  return out
+
+
+def test_peft_init_and_scaling():
+  """A ~ U(±1/√fan_in) as PEFT's kaiming_uniform_(a=√5), B = 0; scale alpha/r, rsLoRA alpha/√r."""
+  assert LoraConfig(16, 32.0).scale == 2.0 and LoraConfig(16, 32.0, rslora=True).scale == 8.0
+  mcfg = model_lib.ModelConfig(vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2, inter=256,
+                               lora=LoraConfig(8, 16.0))
+  ad = lora.init_adapters(mcfg, jax.random.PRNGKey(0))["layers"]
+  for m, fan_in in (("q", 32), ("o", 32), ("down", 256), ("gate", 32)):
+    a = np.asarray(ad[m]["lora_a"])
+    assert np.abs(a).max() <= 1 / np.sqrt(fan_in) and np.abs(a).max() > 0.9 / np.sqrt(fan_in)
+    assert np.abs(a).mean() == pytest.approx(0.5 / np.sqrt(fan_in), rel=0.15)  # uniform: E|a| = bound / 2
+    assert not np.asarray(ad[m]["lora_b"]).any()
+  assert ad["q"]["lora_b"].shape == (2, 8, 4, 8) and ad["o"]["lora_a"].shape == (2, 4, 8, 8)
+
+
+def test_step0_logits_equal_the_base_exactly(runs):
+  r = runs["lora"]
+  mcfg, s0 = r["mcfg"], r["s0"]
+  tok = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 0, 64)
+  pos, mask = jnp.broadcast_to(jnp.arange(9), (2, 9)), jnp.ones((2, 9), jnp.int32)
+  base = model_lib.forward(mcfg, s0["base"], tok, pos, mask)
+  policy = model_lib.forward(mcfg, state_lib.model_params(s0), tok, pos, mask)
+  np.testing.assert_array_equal(np.asarray(policy), np.asarray(base))
+  # ... and the base is the full-fine-tuning run's initial params (same seed), so the whole first rollout agrees.
+  for a, b in zip(jax.tree.leaves(s0["base"]), jax.tree.leaves(runs["full"]["s0"]["params"])):
+    np.testing.assert_array_equal(a, b)
+
+
+def test_only_adapters_train_and_the_base_stays(runs):
+  s0, s1 = runs["lora"]["s0"], runs["lora"]["s1"]
+  names = {jax.tree_util.keystr(p[-1:]) for p, _ in jax.tree_util.tree_flatten_with_path(s1["params"])[0]}
+  assert names == {"['lora_a']", "['lora_b']"}
+  # the optimizer state holds moments of the adapters only: no leaf is base-sized
+  n_adapter = sum(x.size for x in jax.tree.leaves(s1["params"]))
+  n_opt = sum(x.size for x in jax.tree.leaves(s1["opt_state"]))
+  assert n_opt <= 2 * n_adapter + 8
+  for a, b in zip(jax.tree.leaves(s0["base"]), jax.tree.leaves(s1["base"])):
+    np.testing.assert_array_equal(a, b)
+  moved = max(np.abs(a - b).max() for a, b in zip(jax.tree.leaves(s0["params"]), jax.tree.leaves(s1["params"])))
+  assert moved > 0 and np.abs(np.asarray(s1["params"]["layers"]["q"]["lora_b"])).max() > 0
+
+
+def test_gradient_reaches_adapters_only():
+  """d loss / d base through the policy forward is what the step never computes: the loss is a function of the
+  adapters with the base a constant; the adapters' gradient is nonzero (B's, at B = 0, through A)."""
+  c = _config()
+  mesh, mcfg, _ = _setup(c)
+  st = rl_step.init(c, mesh, mcfg, seed=0)
+  tok = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 0, 64)
+  pos, mask = jnp.broadcast_to(jnp.arange(9), (2, 9)), jnp.ones((2, 9), jnp.int32)
+  loss = lambda p: model_lib.token_logprobs(mcfg, state_lib.model_params(st, p), tok, pos, mask)[0].sum()
+  g = jax.grad(loss)(st["params"])
+  assert jax.tree.structure(g) == jax.tree.structure(st["params"])
+  assert float(jnp.abs(g["layers"]["q"]["lora_b"]).max()) > 0
+  assert float(jnp.abs(g["layers"]["q"]["lora_a"]).max()) == 0.0  # B = 0: no gradient reaches A yet
+
+
+def test_reference_is_the_base_kl_zero_at_step0(runs):
+  lo, full = runs["lora"], runs["full"]
+  assert "ref_params" not in lo["s0"] and "ref_params" in full["s0"]
+  assert abs(float(lo["m"]["train/kl"])) < 1e-9  # sampler vs training-forward rounding only, as full FT's
+  # policy == base at step 0, so the step-0 rollout, rewards, KL and loss equal full fine-tuning's exactly
+  np.testing.assert_array_equal(lo["m"]["samples/tokens_NxL"], full["m"]["samples/tokens_NxL"])
+  for k in ("train/reward_mean", "train/kl", "train/loss", "train/entropy", "train/completion_len_mean"):
+    assert lo["m"][k] == full["m"][k], k
+
+
+def test_merged_decode_logprobs_equal_the_unmerged_forward():
+  c = _config()
+  _, mcfg, _ = _setup(c)
+  base = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
+  policy = lora.combine(base, _nonzero_adapters(mcfg))
+  scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=1, pad_id=0)
+  b = _batch(c)
+  s = sampling.sample(mcfg, policy, jnp.asarray(b["prompt_NxP"]), jnp.asarray(b["prompt_mask_NxP"]),
+                      jax.random.PRNGKey(5), scfg)
+  seq = rollout_lib.full_sequence(jnp.asarray(b["prompt_NxP"]), jnp.asarray(b["prompt_mask_NxP"]), s.tokens_NxL,
+                                  s.mask_NxL)
+  P = b["prompt_NxP"].shape[1]
+  fwd_NxL, _ = rollout_lib.completion_logprobs(mcfg, policy, seq, P, 1.0)  # unmerged: x·W + scale·(x·A)·B
+  mask = np.asarray(s.mask_NxL) > 0
+  np.testing.assert_allclose(np.asarray(s.logp_NxL)[mask], np.asarray(fwd_NxL)[mask], atol=2e-5)
+  # the adapters matter: the base's log-probs of the same tokens differ by far more than that
+  base_NxL, _ = rollout_lib.completion_logprobs(mcfg, base, seq, P, 1.0)
+  assert np.abs(np.asarray(base_NxL)[mask] - np.asarray(fwd_NxL)[mask]).max() > 1e-2
+  # decode's weights are the merged kernels: no adapter left in them
+  w = decode.decode_weights(mcfg, policy)
+  assert "lora_a" not in w.layers[0]["q"]
+  np.testing.assert_allclose(np.asarray(w.layers[1]["q"]["kernel"]),
+                             np.asarray(lora.merged(mcfg, policy)["layers"]["q"]["kernel"][1]), atol=1e-7)
+
+
+@pytest.mark.parametrize("algo", presets.names())
+def test_every_preset_traces_with_lora(algo):
+  """Each preset's step (PPO: its critic too) builds and traces on a LoRA state without reference params."""
+  c = presets.apply(_config(), algo)
+  mesh, mcfg, spec = _setup(c)
+  family = families.for_config(c)
+  abstract, shard = family.state_spec(c, mesh, mcfg)
+  assert "ref_params" not in abstract and "base" in abstract
+  step = family.build_step(c, mcfg, spec, spec.ctx.tokenizer)
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _batch(c))
+  with sharding.mesh_context(mesh):
+    new, m = jax.eval_shape(step, abstract, batch)
+  assert jax.tree.structure(new) == jax.tree.structure(abstract)
+  assert ("train/kl" in m) == state_lib.uses_reference(c)
+
+
+def test_continuous_engine_step_traces_with_lora():
+  """sampling.engine=continuous (rollout/engine.py) prepares its decode weights through decode_layout.prepare, which
+  merges the adapters as for the static engine: the LoRA step traces with it and keeps the state's structure."""
+  c = _config()
+  c.sampling.engine = "continuous"
+  mesh, mcfg, spec = _setup(c)
+  abstract, _ = rl_step.state_spec(c, mesh, mcfg)
+  step = rl_step.build_step(c, mcfg, spec, spec.ctx.tokenizer)
+  batch = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), _batch(c))
+  with sharding.mesh_context(mesh):
+    new, _ = jax.eval_shape(step, abstract, batch)
+  assert jax.tree.structure(new) == jax.tree.structure(abstract)
+
+
+def test_ppo_separate_critic_is_its_own_adapters_on_the_base():
+  c = presets.apply(_config(), "ppo")
+  mesh, mcfg, spec = _setup(c)
+  family = families.for_config(c)
+  st = family.init(c, mesh, mcfg, seed=0)
+  body = jax.device_get(st["critic_params"]["body"])  # (the step donates the state)
+  assert jax.tree.structure(body) == jax.tree.structure(st["params"])  # adapters, not a model copy
+  step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+  st2, m = step(st, _batch(c))
+  # (the value head starts at 0, so the critic's trunk gets its first gradient in the second step)
+  st2, m = step(st2, _batch(c, seed=2))
+  assert np.isfinite(float(m["train/value_loss"])) and int(st2["step"]) == 2
+  moved = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree.leaves(body),
+                                                          jax.tree.leaves(jax.device_get(st2["critic_params"]["body"]))))
+  assert moved > 0
+
+
+def test_vmapped_runs_hold_the_base_once_and_match_single_runs(runs):
+  c = _config()
+  mesh, mcfg, spec = _setup(c)
+  base = runs["lora"]["s0"]["base"]
+  states = vmapped_runs.init_states(c, mcfg, [0, 1], init_seeds=[0, 0], params=base)
+  assert states["base"]["layers"]["q"]["kernel"].ndim == 4  # [L, D, H, Dh]: not stacked
+  assert states["params"]["layers"]["q"]["lora_a"].shape[0] == 2
+  steps = vmapped_runs.make_steps(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+  states, m = steps(states, _batch(c))
+  assert steps.traces() == 1
+  # run 0 is the single run of seed 0 (same base, same adapter init, same rollout key)
+  one = runs["lora"]
+  np.testing.assert_array_equal(np.asarray(m["samples/tokens_NxL"])[0], one["m"]["samples/tokens_NxL"])
+  for a, b in zip(jax.tree.leaves(vmapped_runs.run_state(jax.device_get(states), 0)["params"]),
+                  jax.tree.leaves(one["s1"]["params"])):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  with pytest.raises(ValueError, match="one frozen base"):
+    vmapped_runs.init_states(c, mcfg, [0, 1], init_seeds=[0, 1])
+
+
+def test_state_bytes_no_reference_no_base_moments(runs):
+  nbytes = lambda t: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(t))
+  lo, full = runs["lora"]["s0"], runs["full"]["s0"]
+  model = nbytes(full["params"])
+  assert nbytes(lo["base"]) == model
+  adapters = nbytes(lo["params"])
+  assert abs(nbytes(lo["opt_state"]) - 2 * adapters) <= 64  # Adam's moments of the adapters (+ counters)
+  assert nbytes(full) > 3.9 * model  # params + ref + 2 moments
+  assert nbytes(lo) < 0.5 * nbytes(full)
+
+
+def test_sft_lora_is_a_choice():
+  from grpo_jax.rl import sft_step
+  c = _config()
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  assert sft_step.model_config(c, mcfg).lora is None  # default: the SFT stage trains all weights
+  c.sft.lora = True
+  assert sft_step.model_config(c, mcfg).lora == mcfg.lora
+
+
+def test_lora_is_refused_for_the_r1_pipeline():
+  c = config_lib.override(config_lib.load_config("configs/r1_pipeline.py", "small"), {"model.lora.rank": 8})
+  with pytest.raises(validate.ConfigError, match="model.lora.rank.*r1_pipeline"):
+    validate.validate_model(c)
+
+
+@pytest.mark.parametrize("key,value,match", [
+    ("model.lora.rank", -1, "model.lora.rank"), ("model.lora.alpha", 0.0, "model.lora.alpha"),
+    ("model.lora.targets", ("q_proj", "qkv"), "model.lora.targets"),
+    ("model.lora.base_dtype", "float16", "model.lora.base_dtype"), ("model.lora.rank", 999, "exceeds")])
+def test_bad_lora_config_is_one_line(key, value, match):
+  c = config_lib.override(_config(), {key: value})
+  with pytest.raises(validate.ConfigError, match=match) as e:
+    validate.validate_model(c)
+  assert "\n" not in str(e.value)
+
+
+def test_grpo_arith_lora_arg_combines_with_small():
+  c = config_lib.load_config("configs/grpo_arith.py", "small,lora=True")
+  assert c.model.lora.rank == 16 and c.model.lora.alpha == 32.0 and c.model.hidden == 64
+  assert config_lib.load_config("configs/grpo_arith.py", "small").model.lora.rank == 0
+
+
+SHARDED = textwrap.dedent(r"""
+  import json, sys
+  import jax, numpy as np
+  from grpo_jax.rl import families, rl_step
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.infra import sharding
+  from grpo_jax.run.train import device_batch
+  from grpo_jax.tasks import digits
+
+  shape = tuple(int(x) for x in sys.argv[1].split(","))
+  c = digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=6)
+  c.optim.lr = 1e-3
+  c.model.lora.update(rank=4, alpha=8.0)
+  c.mesh.update(data=shape[0], fsdp=shape[1], tensor=shape[2])
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+  state = rl_step.init(c, mesh, mcfg, seed=0)
+  specs = {"base_q": str(tuple(state["base"]["layers"]["q"]["kernel"].sharding.spec)),
+           "lora_a_q": str(tuple(state["params"]["layers"]["q"]["lora_a"].sharding.spec)),
+           "lora_b_q": str(tuple(state["params"]["layers"]["q"]["lora_b"].sharding.spec))}
+  b = next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1))
+  b["answer_ids_NxA"][:, 1:] = -1
+  state, m = step(state, device_batch(mesh, b))
+  params = [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))]
+  # a second step samples and trains through nonzero B (the first update moves B only: A gets no gradient at B = 0)
+  state, m = step(state, device_batch(mesh, b))
+  m = jax.device_get(m)
+  print("JSON" + json.dumps(dict(specs=specs, tokens=np.asarray(m["samples/tokens_NxL"]).tolist(),
+                                 entropy=float(m["train/entropy"]), grad_norm=float(m["train/grad_norm"]),
+                                 params=params)))
+""")
+
+
+def _sharded_run(shape: str) -> dict:
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
+  out = subprocess.run([sys.executable, "-c", SHARDED, shape], capture_output=True, text=True, env=env, timeout=600)
+  assert out.returncode == 0, out.stderr[-4000:]
+  return json.loads(out.stdout.split("JSON", 1)[1])
+
+
+def test_sharded_lora_step_matches_single_device():
+  """A LoRA step on a (2, 2, 2) mesh equals the 1-device run within test_sharding's tolerances (params after one
+  AdamW step; the second step's samples, entropy and gradient norm); the adapters follow the base kernel's logical
+  axes (A its input axes, B its output axes)."""
+  ref, r = _sharded_run("1,1,1"), _sharded_run("2,2,2")
+  assert r["specs"]["base_q"] == "(None, 'fsdp', 'tensor', None)"
+  assert r["specs"]["lora_a_q"] == "(None, 'fsdp', None)" and r["specs"]["lora_b_q"] == "(None, None, 'tensor', None)"
+  assert r["tokens"] == ref["tokens"]
+  assert abs(r["entropy"] - ref["entropy"]) < 1e-5
+  assert abs(r["grad_norm"] - ref["grad_norm"]) < 1e-4 * max(1.0, ref["grad_norm"])
+  for a, b in zip(r["params"], ref["params"]):
+    assert max(abs(x - y) for x, y in zip(a, b)) < 2e-5

@@ -1,0 +1,125 @@
+"""LoRA runs end to end on a transformers Qwen2 base (train.init_from=hf:): checkpoints hold adapters + optimizer
+state + the base's identity; a PEFT user loads the exported adapter directory and gets our logits; the merged export
+equals them; a resume onto another base is refused in one line."""
+import json
+import os
+
+import jax
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+from grpo_jax.config import config_lib  # noqa: E402
+from grpo_jax.hf import export as export_lib  # noqa: E402
+from grpo_jax.hf import hf_io  # noqa: E402
+from grpo_jax.infra import checkpoint  # noqa: E402
+from grpo_jax.infra import errors  # noqa: E402
+from grpo_jax.model import lora  # noqa: E402
+from grpo_jax.model import model as model_lib  # noqa: E402
+from grpo_jax.run import train  # noqa: E402
+
+TOKENS = np.array([[0, 0, 5, 9, 11, 3, 7, 1, 2, 40], [4, 8, 2, 6, 1, 17, 5, 60, 33, 12]], np.int64)
+MASK = np.array([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 10], np.int64)
+POS = np.clip(np.cumsum(MASK, 1) - 1, 0, None)
+
+
+def _save_qwen2(path, seed):
+  """A random transformers Qwen2 of the arith :small shape (shipped 512-piece tokenizer), default (0.02) init with
+  random norms and biases, saved with save_pretrained."""
+  cfg = transformers.Qwen2Config(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
+                                 rms_norm_eps=1e-6, rope_theta=10_000.0, tie_word_embeddings=True)
+  torch.manual_seed(seed)
+  model = transformers.Qwen2ForCausalLM(cfg).float()
+  with torch.no_grad():
+    for name, p in model.named_parameters():
+      if "norm" in name:
+        p.copy_(1.0 + 0.1 * torch.randn_like(p))
+      elif name.endswith("bias") and "o_proj" not in name:
+        p.copy_(0.02 * torch.randn_like(p))
+  model.eval().save_pretrained(path)
+  return model
+
+
+def _config(hf_dir):
+  c = config_lib.load_config("configs/grpo_arith.py", "small,lora=True")
+  return config_lib.override(c, {
+      "sft.steps": 0, "train.steps": 2, "train.ckpt_every": 2, "train.eval_every": 2, "train.plot_every": 0,
+      "train.sample_every": 0, "eval.size": 16, "eval.batch": 16, "eval.n_samples": 1, "eval.pass_k": (1,),
+      "sampling.max_new_tokens": 12, "task.train_size": 64, "task.test_size": 32, "log.tensorboard": False,
+      "model.lora.rank": 4, "model.lora.alpha": 8.0, "optim.lr": 2e-2, "train.init_from": f"hf:{hf_dir}"})
+
+
+@pytest.fixture(scope="module")
+def lora_run(tmp_path_factory):
+  root = tmp_path_factory.mktemp("lora_run")
+  hf_dir = str(root / "base")
+  base_model = _save_qwen2(hf_dir, seed=0)
+  run_dir = str(root / "run")
+  c = _config(hf_dir)
+  os.makedirs(run_dir)
+  with open(os.path.join(run_dir, "config.json"), "w") as f:
+    f.write(c.to_json())
+  train.run_rl(c, run_dir)
+  return dict(root=root, hf_dir=hf_dir, run_dir=run_dir, config=c, base_model=base_model)
+
+
+def _ours(run_dir, hf_dir, config):
+  """Our LoRA forward on the run's last checkpoint: the base from hf_dir, the checkpoint's adapters."""
+  mcfg = model_lib.ModelConfig.from_config(config.model)
+  (base, adapters), step = export_lib.restore_params(run_dir, mcfg, 0, config, want_adapters=True)
+  logits = model_lib.forward(mcfg, lora.combine(base, adapters), TOKENS.astype(np.int32), POS.astype(np.int32),
+                             MASK.astype(np.int32))
+  return np.asarray(logits), step, adapters
+
+
+def _hf_logits(model):
+  with torch.no_grad():
+    return model(input_ids=torch.tensor(TOKENS), attention_mask=torch.tensor(MASK),
+                 position_ids=torch.tensor(POS)).logits.numpy()
+
+
+def test_checkpoint_holds_adapters_and_the_base_identity(lora_run):
+  ck = os.path.join(lora_run["run_dir"], "checkpoints")
+  meta = checkpoint.read_meta(ck, 2)
+  assert meta["base"]["source"] == f"hf:{lora_run['hf_dir']}" and len(meta["base"]["checksum"]) == 16
+  names = set(os.listdir(os.path.join(ck, "2", "state")))
+  saved = json.dumps(sorted(names)) + open(os.path.join(ck, "2", "state", "_METADATA")).read()
+  assert "lora_a" in saved and "'base'" not in saved and '"base"' not in saved and "ref_params" not in saved
+
+
+def test_peft_loads_our_adapter_dir_and_its_logits_equal_ours(lora_run):
+  real = MASK > 0
+  ours, step, adapters = _ours(lora_run["run_dir"], lora_run["hf_dir"], lora_run["config"])
+  assert step == 2 and float(np.abs(np.asarray(adapters["layers"]["q"]["lora_b"])).max()) > 1e-4  # trained
+  out = str(lora_run["root"] / "peft")
+  summary = export_lib.export(lora_run["run_dir"], out, format="peft")
+  assert summary["files"] == ["adapter_config.json", "adapter_model.safetensors"]
+  base = transformers.AutoModelForCausalLM.from_pretrained(lora_run["hf_dir"]).float().eval()
+  base_logits = _hf_logits(base)
+  model = peft.PeftModel.from_pretrained(base, out).eval()
+  got = _hf_logits(model)
+  np.testing.assert_allclose(got[real], ours[real], atol=1e-5, rtol=0)
+  assert np.abs(got[real] - base_logits[real]).max() > 1e-3  # the adapters change the model
+
+  merged_dir = str(lora_run["root"] / "merged")
+  export_lib.export(lora_run["run_dir"], merged_dir)
+  merged = transformers.AutoModelForCausalLM.from_pretrained(merged_dir).float().eval()
+  np.testing.assert_allclose(_hf_logits(merged)[real], ours[real], atol=1e-5, rtol=0)
+  # and PEFT's own merge of our adapters gives the weights we wrote
+  w_peft = model.merge_and_unload().model.layers[1].self_attn.q_proj.weight.detach().numpy()
+  np.testing.assert_allclose(merged.model.layers[1].self_attn.q_proj.weight.detach().numpy(), w_peft, atol=1e-6)
+
+
+def test_resume_onto_another_base_is_refused_in_one_line(lora_run):
+  _save_qwen2(lora_run["hf_dir"], seed=1)  # the same path now holds another model
+  c = config_lib.override(lora_run["config"], {"train.steps": 4})
+  with pytest.raises(errors.InputError) as e:
+    train.run_rl(config_lib.override(c, {"train.allow_config_change": "train.steps"}), lora_run["run_dir"])
+  msg = str(e.value)
+  assert "\n" not in msg and "checksum" in msg and "train.init_from" in msg, msg
+  with pytest.raises(config_lib.ConfigError, match="checksum"):
+    export_lib.export(lora_run["run_dir"], str(lora_run["root"] / "merged2"))
