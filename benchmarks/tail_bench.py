@@ -204,7 +204,7 @@ def main(a) -> list[TailOurs]:
   if a.early_exit or a.scaling:
     raise SystemExit("--workload tail times the rollout and the step on the checkpoint; drop --early-exit/--scaling.")
   print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} at start", flush=True)
-  # the batches ours times (1..steps; batch 0 compiles; the peers count 1..steps−1)
+  # the batches every side counts (1..steps; batch 0 compiles or warms up)
   want = tail_prompts.describe([r["length"] for r in tail_prompts.rows(a.prompts * (a.steps + 1), a.L)]
                                [a.prompts:])
   print(f"bench-tail: {a.prompts} prompts x G {a.G}, L {a.L}; the prompts' target lengths (one per prompt; every "
@@ -218,11 +218,15 @@ def main(a) -> list[TailOurs]:
   _round_robin(ours, first)
   peers = {}
   tail = ("--workload=tail",)
+  # The peers leave their first step out (compile / warm-up) as ours leaves batch 0: one step more, so that every side
+  # counts batches 1..steps, the same rows (a long tail makes batches differ a lot).
+  pa = copy.copy(a)
+  pa.steps = a.steps + 1
   for flag, script, key, name in ((a.vs_trl, "trl_grpo_bench.py", "trl_s_per_step", "trl"),
                                   (a.vs_tunix, "tunix_grpo_bench.py", "tunix_s_per_step", "tunix"),
                                   (a.vs_vllm, "vllm_rollout_bench.py", "vllm_rollout_s", "vllm")):
     if flag:
-      peers[name] = grpo_step.run_peer(flag, script, a, key, tail)
+      peers[name] = grpo_step.run_peer(flag, script, pa, key, tail)
   _round_robin(ours, max(1, a.steps - first))
   res = {o.label: o.summary() for o in ours}
   base = ours[0].label
