@@ -3,7 +3,7 @@ Args: `small`, `control`, `noverify`, `algo=<preset>` (those of configs/r1_pipel
 
   python -m grpo_jax.main --config=configs/r1_zero_aha.py --workdir=/tmp/aha
   python -m grpo_jax.main --config=configs/r1_zero_aha.py:control --workdir=/tmp/aha_control
-  python -m grpo_jax.main --config=configs/r1_zero_aha.py:small --workdir=/tmp/aha_small   # about a minute
+  python -m grpo_jax.main --config=configs/r1_zero_aha.py:small --workdir=/tmp/aha_small   # 70 s of CPU (5 min wall at load 17)
 
 Task `sums` (tasks/sums.py): six operands in 1..9. Answering directly asks the model to add six numbers in one
 pass; the worked solution is a running total, one two-operand addition a step (~70 tokens against ~10).
@@ -21,8 +21,12 @@ correlation are logged at weight 0 (docs/metrics.md) and drawn in DIR/plots/r1_z
 direct answer (cot_frac 0): what RL selects rather than invents. `noverify`: step-by-step documents without any
 re-check (mistake_frac = verify_frac = 0). Room: 1,024 new tokens per completion; the rollout exits early
 (sampling.exit_chunk) and the update trains on the shortest of 5 length buckets covering the batch
-(rl.train_buckets), so the cost follows what the model writes. Premise and measured times: docs/r1.md, "The aha
-task". Not yet the 3-seed result.
+(rl.train_buckets), so the cost follows what the model writes.
+
+Measured 2026-12-01 (docs/r1.md, "The aha task"; 2-core CPU under load 15-17 from other jobs): the base's 600
+pre-training steps took 1,339 s, and the premise does NOT hold on it yet: of its held-out samples, direct answers
+are right 15.3% of the time, step-by-step ones 7.5% (only 22% of their steps are right additions). Not yet any
+R1-Zero result, nor the 3-seed one; `small` is a plumbing check (tests/test_aha.py runs a shrunk copy of it).
 """
 import os
 

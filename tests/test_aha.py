@@ -206,3 +206,33 @@ def test_pretrain_seq_len_is_checked():
   c.r1.pretrain.seq_len = c.model.max_len + 1
   with pytest.raises(errors.ConfigError, match="r1.pretrain.seq_len"):
     stage_config.validate(c, c.r1.stages)
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+def test_small_aha_run_logs_the_aha_statistics(tmp_path):
+  """configs/r1_zero_aha.py:small, shrunk further: base + R1-Zero run and every aha statistic reaches metrics.jsonl,
+  the base's held-out premise readings reach report.json, and the aha plot is drawn."""
+  import json
+  from grpo_jax.r1 import pipeline
+  from grpo_jax.run import metrics as metrics_lib
+  c = config_lib.load_config(CONFIG, "small")
+  c.model.update(hidden=16, layers=1, heads=2, kv_heads=1, inter=32)
+  c.task.train_size = 256
+  c.r1.pretrain.update(steps=2, batch=4)
+  c.r1.zero.steps = 2
+  c.train.update(eval_every=1, ckpt_every=2)
+  c.r1.report.update(size=8, batch=8, n_samples=2, pass_k=(1, 2))  # rejection.n (unused here) must fit a batch
+  c.eval.update(size=4, batch=4)
+  pipeline.run_pipeline(c, str(tmp_path))
+  rows = metrics_lib.read_metrics(os.path.join(tmp_path, "r1_zero"))
+  train = [r for r in rows if "train/loss" in r]
+  assert [r["step"] for r in train] == [1, 2]
+  for name in ("train/completion_len_mean", "train/completion_len_p90", "train/len_acc_corr",
+               "train/len_acc_corr_frac", "train/reward/verified", "train/reward/corrected"):
+    assert all(name in r for r in train), name
+  assert all(r["train/completion_len_p90"] <= r["train/completion_len_max"] for r in train)
+  assert sorted(r["step"] for r in rows if "eval/accuracy" in r) == [0, 1, 2]  # held-out accuracy every step here
+  report = json.load(open(os.path.join(tmp_path, "report.json")))
+  for stage in ("base", "r1_zero"):
+    assert 0.0 <= report[stage]["stepwise_rate_sampled"] <= 1.0
+  assert os.path.getsize(os.path.join(tmp_path, "plots", "r1_zero_aha.png")) > 1000
