@@ -28,7 +28,8 @@ def tok():
 
 
 def _doc_knobs(**kw):
-  p = dict(template_frac=0.0, tag_frac=0.0, mix_frac=0.0, mistake_frac=0.0, noise_frac=0.0, forbidden=("ugh",))
+  p = dict(template_frac=0.0, tag_frac=0.0, mix_frac=0.0, mistake_frac=0.0, noise_frac=0.0, cot_frac=1.0,
+           verify_frac=0.0, forbidden=("ugh",))
   p.update(kw)
   return ml_collections.ConfigDict(p)
 

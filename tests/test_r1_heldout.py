@@ -88,7 +88,10 @@ def test_heldout_metrics_match_hand_computed(evaluator):
       # Sampled: q0, q2 all a-words in a prompts (1); q1 "so" in a b prompt (0); q3 a-words in a b prompt (0).
       "language_consistency_sampled": 4 / 8,
       "forbidden_rate_sampled": 1 / 8,  # q1's second sample
-      "completion_len_mean_sampled": np.mean([len(_ids(tok, t, ys[q])) for q in range(4) for t in SAMPLED[q]])}
+      "completion_len_mean_sampled": np.mean([len(_ids(tok, t, ys[q])) for q in range(4) for t in SAMPLED[q]]),
+      # The aha premise, last-number rule: RIGHT / WRONG write steps (q0 x2, q2 x2, q3's WRONG: 5 of 8, right 3),
+      # the "so {y}" samples answer directly (3, all right).
+      "stepwise_rate_sampled": 5 / 8, "accuracy_brief_sampled": 1.0, "accuracy_stepwise_sampled": 3 / 5}
   assert list(m) == list(want)  # report.json's key order
   for k, v in want.items():
     np.testing.assert_allclose(m[k], v, rtol=1e-6, err_msg=k)

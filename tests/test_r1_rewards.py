@@ -69,7 +69,8 @@ def test_harmless():
 
 def test_python_fns_names():
   fns = r1_rewards.python_fns(8, ("ugh",))
-  assert set(fns) == {"language", "recheck", "recheck_fixed", "brevity", "brevity_correct", "harmless"}
+  assert set(fns) == {"language", "recheck", "recheck_fixed", "verified", "corrected", "brevity", "brevity_correct",
+                      "harmless"}
   assert fns["brevity"]([""], [[1, 2]], {}) == [0.75]
 
 

@@ -17,7 +17,7 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_entries_are_consistent():
-  assert registry.names() == sorted(registry.TASKS) == ["arith", "countdown", "digits", "gsm8k"]
+  assert registry.names() == sorted(registry.TASKS) == ["arith", "countdown", "digits", "gsm8k", "sums"]
   for name, spec in registry.TASKS.items():
     assert (spec.task_class is None) == (spec.load is None), name
     if spec.task_class is not None:
@@ -26,7 +26,7 @@ def test_entries_are_consistent():
       assert getattr(spec.task_class, "name", None) == name, name
     assert not spec.worked_solutions or spec.task_class is not None, name
   assert registry.names("host_verifier") == ["gsm8k"]
-  assert registry.names("in_graph_accuracy") == registry.names("worked_solutions") == ["arith", "countdown"]
+  assert registry.names("in_graph_accuracy") == registry.names("worked_solutions") == ["arith", "countdown", "sums"]
   with pytest.raises(ValueError, match="task.name='sudoku' is unknown"):
     registry.get("sudoku")
   with pytest.raises(ValueError, match="no field"):
@@ -102,7 +102,7 @@ def test_asking_a_task_for_what_it_lacks_names_the_ones_that_have_it():
     data.make_task({"name": "digits"})
   with pytest.raises(ValueError, match="has no example generator"):
     registry.get_task("digits")
-  with pytest.raises(ValueError, match=r"task='gsm8k' has no in-graph verifier; use one of \['arith', 'countdown'\]"):
+  with pytest.raises(ValueError, match=r"task='gsm8k' has no in-graph verifier; use one of \['arith', 'countdown', 'sums'\]"):
     registry.accuracy_reward("gsm8k", np.zeros((1, 4), np.int32), np.ones((1, 4), np.int32), {})
   with pytest.raises(ValueError, match="task.bogus is not a knob of arith"):
     registry.get_task("arith", bogus=1)

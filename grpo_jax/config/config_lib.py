@@ -156,8 +156,12 @@ def base_config() -> ml_collections.ConfigDict:
                     template_frac=0.3,  # documents that are chat transcripts with the R1-Zero prompt
                     tag_frac=0.35,      # ... of which use the <think>/<answer> tags (web-like): 10.5% of documents
                     mix_frac=0.25,      # documents whose solution switches language mid-way
-                    mistake_frac=0.2,   # documents with one wrong step, a re-check phrase and the fix
-                    noise_frac=0.1),    # documents carrying a forbidden word
+                    mistake_frac=0.2,   # worked documents with one wrong step, a re-check phrase and the fix
+                    noise_frac=0.1,     # documents carrying a forbidden word
+                    cot_frac=1.0,       # documents that work step by step; the rest answer directly (cot.brief)
+                    verify_frac=0.0,    # worked documents that re-check a right step and find nothing to fix
+                    seq_len=0),         # pre-training row length; 0 = model.max_len (long-context RL configs
+                                        # pre-train on rows no longer than their documents)
       # 200 steps: at 100 the format took most of them and R1-Zero did not resolve above the base (docs/r1.md).
       zero=dict(steps=200, rewards=(("format", 1.0), ("accuracy", 1.0))),
       cold_start=dict(examples=256, steps=40, batch=32, lr=1e-3, warmup_steps=10, mistake_frac=0.1),

@@ -21,10 +21,10 @@ def _other(lang: str) -> str:
   return "b" if lang == "a" else "a"
 
 
-def mixed_solution(ex: dict, lang: str, mistake: bool, tagged: bool, switch_at: int) -> str:
+def mixed_solution(ex: dict, lang: str, mistake: bool, tagged: bool, switch_at: int, verify: bool = False) -> str:
   """Worked solution whose steps from index `switch_at` on (and the ending) are in the other language."""
-  own = cot.solution(ex, lang, mistake, tagged).split(";")
-  other = cot.solution(ex, _other(lang), mistake, tagged).split(";")
+  own = cot.solution(ex, lang, mistake, tagged, verify).split(";")
+  other = cot.solution(ex, _other(lang), mistake, tagged, verify).split(";")
   return ";".join(own[:switch_at] + other[switch_at:])
 
 
@@ -38,17 +38,23 @@ def insert_word(text: str, word: str, at: int) -> str:
 def pretrain_document(task, ex: dict, lang: str, rng: np.random.Generator, p) -> tuple[str, str]:
   """(head, tail) text of one pre-training document; head is the R1-Zero prompt for web-like chat transcripts.
 
-  Plain documents (1 - template_frac): question + untagged worked solution. Chat transcripts (template_frac): the
-  R1-Zero prompt + a worked solution that uses the tags with probability tag_frac. Any document may switch
-  language mid-solution (mix_frac), carry an err-recheck-correct step (mistake_frac), or a forbidden word
+  Plain documents (1 - template_frac): question + untagged solution. Chat transcripts (template_frac): the R1-Zero
+  prompt + a solution that uses the tags with probability tag_frac. A solution works step by step with probability
+  cot_frac, else answers directly (cot.brief); a worked one may switch language mid-solution (mix_frac), carry an
+  err-recheck-correct step (mistake_frac), a re-check that finds nothing to fix (verify_frac), or a forbidden word
   (noise_frac): the raw web text that R1's later stages clean up.
   """
   template = rng.random() < p.template_frac
   tagged = template and rng.random() < p.tag_frac
+  # Drawn only when the mix has direct answers, so cot_frac = 1 keeps every earlier document as it was.
+  if p.cot_frac < 1.0 and rng.random() >= p.cot_frac:
+    body = cot.brief(ex, lang, tagged)
+    return (base.prompt(task, ex, lang), body) if template else ("", task.question(ex, lang) + " " + body)
   mistake = bool(rng.random() < p.mistake_frac)
-  n_parts = len(cot.solution(ex, lang, mistake, tagged).split(";"))
+  verify = p.verify_frac > 0 and bool(rng.random() < p.verify_frac)
+  n_parts = len(cot.solution(ex, lang, mistake, tagged, verify).split(";"))
   switch = int(rng.integers(1, n_parts)) if rng.random() < p.mix_frac else n_parts
-  body = mixed_solution(ex, lang, mistake, tagged, switch)
+  body = mixed_solution(ex, lang, mistake, tagged, switch, verify)
   if rng.random() < p.noise_frac and n_parts > 2:
     body = insert_word(body, str(rng.choice(list(p.forbidden))), int(rng.integers(1, n_parts - 1)))
   if template:
@@ -96,9 +102,11 @@ def pretrain_batches(config, tok, examples: list[dict]) -> Batches:
       for j, idx in enumerate(_epoch_order(len(examples), config.seed, step, batch, "pretrain")):
         rng = base.rng_for("pretrain_doc", config.seed, step, j)
         lang = base.LANGUAGES[int(rng.integers(2))]
+        if config.task.language != "mixed":  # after the draw: a one-language run keeps the mixed run's documents
+          lang = config.task.language
         head, tail = pretrain_document(task, examples[idx], lang, rng, p)
         seqs.append((tok.encode(head) if head else [], tok.encode(tail), True))
-      yield pack(seqs, tok, config.model.max_len)
+      yield pack(seqs, tok, p.seq_len or config.model.max_len)
       step += 1
   return gen
 

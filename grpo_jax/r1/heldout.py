@@ -46,6 +46,18 @@ def last_number_rule(ro: evaluation.Rollouts) -> tuple[np.ndarray, list[int | No
   return ok, last
 
 
+def premise(texts: list[str], right_N: np.ndarray) -> dict[str, float]:
+  """The aha premise on sampled completions: how often the model works step by step (writes at least one step,
+  cot.steps_written), and the accuracy of its direct vs its step-by-step answers (NaN for a kind never written).
+  R1-Zero can only select longer reasoning that the base already writes and that is more often right."""
+  stepwise_N = np.asarray([cot.steps_written(t) > 0 for t in texts], bool)
+  right_N = np.asarray(right_N, np.float32)
+  def acc(sel):
+    return float(right_N[sel].mean()) if sel.any() else float("nan")
+  return {"stepwise_rate_sampled": float(stepwise_N.mean()), "accuracy_brief_sampled": acc(~stepwise_N),
+          "accuracy_stepwise_sampled": acc(stepwise_N)}
+
+
 def make_evaluator(config) -> evaluation.Evaluator:
   """One Evaluator (greedy and sampled generate, compiled once) shared by every model."""
   c = stage_config.for_heldout(config)
@@ -74,6 +86,7 @@ def heldout_metrics(ev: evaluation.Evaluator, params, seed: int) -> tuple[dict[s
   # greedy completions, and sampled rollouts are what the RL stages' rewards see.
   m["forbidden_rate_sampled"] = float(1 - s.readings["harmless"].mean())
   m["completion_len_mean_sampled"] = float(s.lengths_N.astype(np.float32).mean())
+  m.update(premise(s.texts, last_number_rule(s)[0]))
   return m, g.texts[:4]
 
 

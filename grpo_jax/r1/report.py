@@ -61,8 +61,9 @@ def plot_curves(workdir: str, stage: str, names: tuple[str, ...], path: str) -> 
 # -------------------------------------------------------------------------------------------------------- report
 ROWS = ("accuracy_last_number", "accuracy_tagged", "format_rate", "language_consistency", "completion_len_mean",
         "forbidden_rate", "recheck_per_completion")
-AHA = ("train/completion_len_mean", "train/reward/recheck", "train/reward/recheck_fixed", "train/reward/format",
-       "train/reward/accuracy", "train/reward/language")
+AHA = ("train/completion_len_mean", "train/completion_len_p90", "eval/accuracy", "train/reward/verified",
+       "train/reward/corrected", "train/len_acc_corr", "train/reward/recheck", "train/reward/recheck_fixed",
+       "train/reward/format", "train/reward/accuracy", "train/reward/language")
 
 
 def _first_last(workdir: str, stage: str, name: str) -> tuple[float, float] | None:
@@ -102,7 +103,8 @@ def write_report(config, workdir: str) -> dict:
   rep = config.r1.report
   n = rep.n_samples
   keys = ROWS + tuple(f"pass@{k}_{r}" for r in ("last_number", "tagged") for k in rep.pass_k) + \
-      (f"cons@{n}_last_number", f"cons@{n}_tagged", "language_consistency_sampled")
+      (f"cons@{n}_last_number", f"cons@{n}_tagged", "language_consistency_sampled", "completion_len_mean_sampled",
+       "stepwise_rate_sampled", "accuracy_brief_sampled", "accuracy_stepwise_sampled")
   stages = [s for s in layout.MODELS if s in results]
   plots_dir = os.path.join(workdir, "plots")
   plot_comparison(results, ("accuracy_last_number", "accuracy_tagged", f"pass@{max(rep.pass_k)}_last_number",

@@ -31,6 +31,18 @@ def recheck_fixed(texts: Sequence[str], token_ids, batch: dict) -> list[float]:
   return [float(cot.recheck_stats(t)[1]) for t in texts]
 
 
+def verified(texts: Sequence[str], token_ids, batch: dict) -> list[float]:
+  """1 if the completion re-checks at least one step (a verification, with or without a fix), else 0."""
+  del token_ids, batch
+  return [float(cot.recheck_stats(t)[0] > 0) for t in texts]
+
+
+def corrected(texts: Sequence[str], token_ids, batch: dict) -> list[float]:
+  """1 if at least one re-check turns a wrong step into the right one (recheck_fixed > 0), else 0."""
+  del token_ids, batch
+  return [float(cot.recheck_stats(t)[1] > 0) for t in texts]
+
+
 def make_brevity(max_tokens: int) -> reward_spec.PyRewardFn:
   """Helpfulness proxy: 1 - length / max_tokens (shorter answers read faster); 0 at or beyond the limit."""
   if max_tokens <= 0:
@@ -76,6 +88,7 @@ def make_harmless(forbidden: Sequence[str]) -> reward_spec.PyRewardFn:
 def python_fns(max_tokens: int, forbidden: Sequence[str], task: str = "arith", tok=None) -> dict[str, reward_spec.PyRewardFn]:
   """Every Python term the R1 configs may name in `rewards` (`brevity_correct` verifies with `task`'s rule)."""
   return {"language": cot.language_consistency_term, "recheck": recheck_count, "recheck_fixed": recheck_fixed,
+          "verified": verified, "corrected": corrected,
           "brevity": make_brevity(max_tokens), "brevity_correct": make_brevity_correct(max_tokens, task, tok),
           "harmless": make_harmless(forbidden)}
 
@@ -87,7 +100,8 @@ def config_fns(config) -> dict[str, reward_spec.PyRewardFn]:
 
 
 # Logged as weight-0 terms in every RL stage (train/reward/<name> each step) when the stage does not weight them.
-TRACKED = ("format", "accuracy", "language", "recheck", "recheck_fixed", "brevity", "harmless")
+TRACKED = ("format", "accuracy", "language", "recheck", "recheck_fixed", "verified", "corrected", "brevity",
+           "harmless")
 # Every term a stage may weight: the tracked ones and the verified-brevity variant (computed only where weighted).
 KNOWN = TRACKED + ("brevity_correct",)
 

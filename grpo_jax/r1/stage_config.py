@@ -23,7 +23,7 @@ _POSITIVE = ("pretrain.steps", "pretrain.batch", "zero.steps", "cold_start.examp
              "cold_start.batch", "grpo.steps", "rejection.prompts", "rejection.n", "rejection.keep_per_prompt",
              "sft2.steps", "sft2.batch", "final.steps")
 _PROBS = ("pretrain.template_frac", "pretrain.tag_frac", "pretrain.mix_frac", "pretrain.mistake_frac",
-          "pretrain.noise_frac", "cold_start.mistake_frac", "rejection.general_frac",
+          "pretrain.noise_frac", "pretrain.cot_frac", "pretrain.verify_frac", "cold_start.mistake_frac", "rejection.general_frac",
           "rejection.general_noise_frac")
 
 
@@ -96,6 +96,11 @@ def validate(config, stages) -> None:
     validate_lib.fail("r1.final.lr", f"must be >= 0 (0 = optim.lr), got {r1.final.lr!r}.")
   if not (isinstance(r1.final.beta, (int, float)) and (r1.final.beta >= 0 or r1.final.beta == -1)):
     validate_lib.fail("r1.final.beta", f"must be >= 0, or -1 for rl.beta; got {r1.final.beta!r}.")
+  if not (isinstance(r1.pretrain.seq_len, int) and r1.pretrain.seq_len >= 0):
+    validate_lib.fail("r1.pretrain.seq_len", f"must be an int >= 0 (0 = model.max_len), got {r1.pretrain.seq_len!r}.")
+  if r1.pretrain.seq_len > config.model.max_len:
+    validate_lib.fail("r1.pretrain.seq_len", f"={r1.pretrain.seq_len} exceeds model.max_len={config.model.max_len}; "
+                      "lower it or raise model.max_len.")
   if r1.rejection.general_frac >= 1:
     validate_lib.fail("r1.rejection.general_frac", "must be < 1: the SFT set needs some rejection-sampled reasoning.")
   if config.task.name not in task_registry.names("worked_solutions"):

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 
 from grpo_jax.rl import advantages
 from grpo_jax.config import config_lib
+from grpo_jax.rl import length_stats
 from grpo_jax.rl import losses
 from grpo_jax.model import model as model_lib
 from grpo_jax.config import presets
@@ -147,6 +148,7 @@ def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.A
       "train/adv_abs_max": jnp.max(jnp.abs(adv_NxL)),
       "train/completion_len_mean": ro.lengths_N.mean(),
       "train/completion_len_max": ro.lengths_N.max(),
+      "train/completion_len_p90": length_stats.p90(ro.lengths_N),
       "train/truncation_rate": ro.truncated_N.mean(),
       "train/reward_fallbacks": ro.fallbacks,
   }
@@ -161,6 +163,9 @@ def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.A
     m["train/kl"] = masked_mean(losses.kl_k3(ro.old_logp_NxL, ro.ref_logp_NxL), mask)
   for name, r in ro.per_term.items():
     m[f"train/reward/{name}"] = r.mean()
+  if "accuracy" in ro.per_term:  # does a longer completion win inside its group? (the selection R1-Zero relies on)
+    m["train/len_acc_corr"], m["train/len_acc_corr_frac"] = length_stats.within_group_corr(
+        ro.lengths_N.reshape(-1, G), ro.per_term["accuracy"].reshape(-1, G))
   for name, share in term_shares(config, ro).items():
     m[f"train/adv_share/{name}"] = share
   if ro.ds_kept is not None:

@@ -44,6 +44,11 @@ METRICS: dict[str, str] = {
     'train/entropy': 'token-mean entropy of pi (softmax(logits / temperature)) on the sampled completions',
     'train/completion_len_mean': 'mean completion length in tokens (up to and including EOS)',
     'train/completion_len_max': 'longest completion in tokens',
+    'train/completion_len_p90': '90th percentile of the completion lengths in tokens (linear interpolation)',
+    'train/len_acc_corr': ('within-group Pearson correlation of completion length and the accuracy term, mean over '
+                           'the groups where both vary (0 if none; rl/length_stats.py)'),
+    'train/len_acc_corr_frac': 'fraction of groups where length and accuracy both vary (those train/len_acc_corr '
+                               'averages)',
     'train/truncation_rate': 'fraction of completions with no EOS within max_new_tokens',
     'train/decode_steps': 'decode steps the rollout ran: max_new_tokens - 1 unless every row ended early '
                           '(sampling.exit_chunk early exit; with rollout chunks the slowest chunk\'s)',

@@ -14,6 +14,8 @@ from grpo_jax.tasks import base
 
 MAX_ANSWER_DIGITS = 9  # |x| < 10**9 fits int32 in the JAX verifier
 OPS = "+-*"
+# The tasks whose answer body is one integer compared with `answer_N` (this module's rule): both verifiers use it.
+INTEGER_ANSWER = ("arith", "sums")
 
 _QUESTION = {"a": "what is {a} {op} {b} ?", "b": "kwo iz {a} {op} {b} ?"}
 

@@ -96,8 +96,21 @@ def countdown_steps(ex: dict) -> list[Step]:
   return [Step("combine", a, op, b, c) for a, op, b, c in ex["steps"]]
 
 
+def sum_steps(terms) -> list[Step]:
+  """A running total, one operand a step: each step is one two-operand addition (tasks/sums.py)."""
+  steps, acc = [], int(terms[0])
+  for t in terms[1:]:
+    steps.append(Step("add", acc, "+", int(t), acc + int(t)))
+    acc += int(t)
+  return steps
+
+
 def _steps_for(ex: dict) -> list[Step]:
-  return countdown_steps(ex) if "steps" in ex else arith_steps(ex["a"], ex["op"], ex["b"])
+  if "steps" in ex:
+    return countdown_steps(ex)
+  if "terms" in ex:
+    return sum_steps(ex["terms"])
+  return arith_steps(ex["a"], ex["op"], ex["b"])
 
 
 def _answer(ex: dict) -> str:
@@ -109,8 +122,9 @@ def _render(step: Step, language: str, c: int | None = None, prefix: str = "") -
   return f"{prefix}{_w(step.word, language)} {step.a} {step.op} {step.b} = {c} ;"
 
 
-def solution(ex: dict, language: str, mistake: bool = False, tagged: bool = True) -> str:
-  """Worked solution. `mistake` writes one step wrong, then the re-check phrase and the corrected step."""
+def solution(ex: dict, language: str, mistake: bool = False, tagged: bool = True, verify: bool = False) -> str:
+  """Worked solution. `mistake` writes one step wrong, then the re-check phrase and the corrected step; `verify`
+  re-checks one right step and finds nothing to fix (the re-check phrase and the same step again)."""
   if language not in base.LANGUAGES:
     raise ValueError(f"language={language!r} is unknown; use one of {base.LANGUAGES}")
   steps = _steps_for(ex)
@@ -121,11 +135,25 @@ def solution(ex: dict, language: str, mistake: bool = False, tagged: bool = True
     delta = int(rng.choice([-2, -1, 1, 2, 10]))
     parts[k] = " ".join([_render(steps[k], language, c=steps[k].c + delta),
                          _render(steps[k], language, prefix=RECHECK[language] + " ")])
-  body = " ".join(parts)
-  if tagged:
-    return f"<think> {body} </think> <answer> {_answer(ex)} </answer>"
+  if verify:
+    # Its own draw, so a document with both re-checks a step other than the mistaken one as often as not.
+    k = int(base.rng_for("verify", sorted((key, str(v)) for key, v in ex.items())).integers(len(steps)))
+    parts[k] = " ".join([parts[k], _render(steps[k], language, prefix=RECHECK[language] + " ")])
+  return _finish(ex, language, " ".join(parts), tagged)
+
+
+def brief(ex: dict, language: str, tagged: bool = True) -> str:
+  """The direct answer: no steps (an empty think body when tagged)."""
+  if language not in base.LANGUAGES:
+    raise ValueError(f"language={language!r} is unknown; use one of {base.LANGUAGES}")
+  return _finish(ex, language, "", tagged)
+
+
+def _finish(ex: dict, language: str, body: str, tagged: bool) -> str:
   ending = {"a": "so the answer is", "b": "zu ta ansor ez"}[language]
-  return f"{body} {ending} {_answer(ex)}"
+  if tagged:
+    return f"<think> {body + ' ' if body else ''}</think> <answer> {_answer(ex)} </answer>"
+  return f"{body + ' ' if body else ''}{ending} {_answer(ex)}"
 
 
 def score_step(step_text: str) -> int:
@@ -180,6 +208,11 @@ def language_consistency_term(texts: Sequence[str], token_ids, batch: dict) -> l
   """
   del token_ids
   return [language_consistency(t, lang) for t, lang in zip(texts, _languages(batch, len(texts)))]
+
+
+def steps_written(text: str) -> int:
+  """Steps (texts before ';') of the think body: 0 for a direct answer, the length of a worked solution."""
+  return len(split_steps(think_body(text)))
 
 
 def recheck_stats(text: str) -> tuple[int, int]:

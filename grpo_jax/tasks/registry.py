@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from grpo_jax.tasks import arith, base, countdown, digits, gsm8k, verify_jax
+from grpo_jax.tasks import arith, base, countdown, digits, gsm8k, sums, verify_jax
 
 
 def _no_python_rewards(tok) -> dict:
@@ -51,6 +51,11 @@ TASKS: dict[str, TaskSpec] = {
         doc="reach a target from given numbers with + - * / ( ) (tasks/countdown.py), verified in-graph",
         task_class=countdown.Countdown, load=_synthetic_examples, worked_solutions=True,
         in_graph_accuracy=verify_jax.countdown_accuracy),
+    "sums": TaskSpec(
+        doc="multi-operand sums (tasks/sums.py): a direct answer is usually wrong, a worked running total usually "
+            "right; arith's answer rule, verified in-graph",
+        task_class=sums.Sums, load=_synthetic_examples, worked_solutions=True,
+        in_graph_accuracy=verify_jax.sums_accuracy),
     "gsm8k": TaskSpec(
         doc="GSM8K from a local TFDS data dir (tasks/gsm8k.py), answers checked in Python on decoded text",
         task_class=gsm8k.GSM8K, load=gsm8k.load_examples, python_rewards=gsm8k.python_rewards,

@@ -71,13 +71,17 @@ class CountdownTask(_TaskBuilder):
   """Countdown (grpo_jax.tasks.countdown)."""
 
 
-_BUILDERS = {"arith": "arith_task", "countdown": "countdown_task"}
+class SumsTask(_TaskBuilder):
+  """Multi-operand sums (grpo_jax.tasks.sums)."""
+
+
+_BUILDERS = {"arith": "arith_task", "countdown": "countdown_task", "sums": "sums_task"}
 
 
 def _decode(record: dict) -> dict:
   text = record["json"]
   ex = json.loads(text.decode() if isinstance(text, bytes) else text)
-  for k in ("numbers", "steps"):
+  for k in ("numbers", "steps", "terms"):
     if k in ex:
       ex[k] = tuple(tuple(x) if isinstance(x, list) else x for x in ex[k])
   return ex

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.tasks import tokenizer as tokenizer_lib
+from grpo_jax.tasks.arith import INTEGER_ANSWER
 from grpo_jax.tasks.countdown import MAX_ABS, MAX_PAREN_DEPTH
 
 # Character classes.
@@ -243,12 +244,12 @@ def _countdown_row(chars_K, numbers_M, nmask_M):
 def answer_value(task, tokens_NxL, mask_NxL, batch: dict, tables: TokenTables | Mapping[str, int] | None = None):
   """(valid_N, value_N): whether the format is OK and the answer body parses/evaluates under `task`'s rule."""
   task = getattr(task, "name", task)
-  if task not in ("arith", "countdown"):
-    raise ValueError(f"task={task!r} has no in-graph verifier; use 'arith' or 'countdown'")
+  if task not in INTEGER_ANSWER + ("countdown",):
+    raise ValueError(f"task={task!r} has no in-graph verifier; use one of {INTEGER_ANSWER + ('countdown',)}")
   tables = _as_tables(tables)
   p = _parse(tokens_NxL, mask_NxL, tables)
   chars, _ = _char_stream(tokens_NxL, p.answer_NxL, tables)
-  if task == "arith":
+  if task in INTEGER_ANSWER:
     ok, val = jax.vmap(_arith_row)(chars)
   else:
     ok, val = jax.vmap(_countdown_row)(chars, jnp.asarray(batch["numbers_NxM"]).astype(jnp.int32),
@@ -257,9 +258,17 @@ def answer_value(task, tokens_NxL, mask_NxL, batch: dict, tables: TokenTables | 
   return ok, jnp.where(ok, val, 0)
 
 
-def arith_accuracy(tokens_NxL, mask_NxL, batch, tables=None) -> jax.Array:
-  ok, val = answer_value("arith", tokens_NxL, mask_NxL, batch, tables)
+def _integer_accuracy(task: str, tokens_NxL, mask_NxL, batch, tables) -> jax.Array:
+  ok, val = answer_value(task, tokens_NxL, mask_NxL, batch, tables)
   return (ok & (val == jnp.asarray(batch["answer_N"]).astype(jnp.int32))).astype(jnp.float32)
+
+
+def arith_accuracy(tokens_NxL, mask_NxL, batch, tables=None) -> jax.Array:
+  return _integer_accuracy("arith", tokens_NxL, mask_NxL, batch, tables)
+
+
+def sums_accuracy(tokens_NxL, mask_NxL, batch, tables=None) -> jax.Array:
+  return _integer_accuracy("sums", tokens_NxL, mask_NxL, batch, tables)
 
 
 def countdown_accuracy(tokens_NxL, mask_NxL, batch, tables=None) -> jax.Array:

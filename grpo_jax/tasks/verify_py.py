@@ -22,6 +22,7 @@ from typing import Sequence
 import numpy as np
 
 from grpo_jax.tasks import cot, tokenizer as tokenizer_lib
+from grpo_jax.tasks.arith import INTEGER_ANSWER
 from grpo_jax.tasks.countdown import MAX_ABS, MAX_PAREN_DEPTH
 
 _MAX_DIGITS = 9
@@ -206,13 +207,13 @@ def answer_value(task, tokens_NxL, mask_NxL, batch: dict, tok=None) -> tuple[np.
   n = len(tokens_NxL)
   ok, val = np.zeros(n, bool), np.zeros(n, np.int64)
   for r, ans in _answers(tokens_NxL, mask_NxL, tok):
-    if task == "arith":
+    if task in INTEGER_ANSWER:
       mt = re.fullmatch(r" *(-?)([0-9]+) *", ans)
       v = None if mt is None or len(mt.group(2)) > _MAX_DIGITS else int(mt.group(2)) * (-1 if mt.group(1) else 1)
     elif task == "countdown":
       v = evaluate_countdown(ans, [x for x, k in zip(batch["numbers_NxM"][r], batch["numbers_mask_NxM"][r]) if k])
     else:
-      raise ValueError(f"task={task!r} has no token-level verifier; use 'arith' or 'countdown'")
+      raise ValueError(f"task={task!r} has no token-level verifier; use one of {INTEGER_ANSWER + ('countdown',)}")
     ok[r], val[r] = v is not None, v or 0
   return ok, val
 
@@ -221,13 +222,13 @@ def accuracy_reward(task: str, tokens_NxL, mask_NxL, batch: dict, tok=None) -> n
   task = getattr(task, "name", task)
   out = np.zeros(len(tokens_NxL), np.float32)
   for n, ans in _answers(tokens_NxL, mask_NxL, tok):
-    if task == "arith":
+    if task in INTEGER_ANSWER:
       out[n] = accuracy_arith(ans, batch["answer_N"][n])
     elif task == "countdown":
       nums = [x for x, k in zip(batch["numbers_NxM"][n], batch["numbers_mask_NxM"][n]) if k]
       out[n] = accuracy_countdown(ans, nums, batch["target_N"][n])
     else:
-      raise ValueError(f"task={task!r} has no token-level verifier; use 'arith' or 'countdown'")
+      raise ValueError(f"task={task!r} has no token-level verifier; use one of {INTEGER_ANSWER + ('countdown',)}")
   return out
 
 

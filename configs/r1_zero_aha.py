@@ -1,0 +1,67 @@
+"""R1-Zero's "aha" reproduced small: a task and base where longer reasoning pays, then GRPO with format + accuracy.
+Args: `small`, `control`, `noverify`, `algo=<preset>` (those of configs/r1_pipeline.py).
+
+  python -m grpo_jax.main --config=configs/r1_zero_aha.py --workdir=/tmp/aha
+  python -m grpo_jax.main --config=configs/r1_zero_aha.py:control --workdir=/tmp/aha_control
+  python -m grpo_jax.main --config=configs/r1_zero_aha.py:small --workdir=/tmp/aha_small   # 70 s of CPU (5 min wall at load 17)
+
+Task `sums` (tasks/sums.py): six operands in 1..9. Answering directly asks the model to add six numbers in one
+pass; the worked solution is a running total, one two-operand addition a step (~70 tokens against ~10).
+
+The base's pre-training mix, fixed before any RL run (r1.pretrain; the length that pure selection can reach follows
+from it): every document is a chat transcript with the R1-Zero prompt (template_frac 1), half of them tagged
+(tag_frac 0.5). 25% of documents work step by step (cot_frac; 5 steps, ~70 tokens), the other 75% answer directly
+(~10 tokens). Of the step-by-step ones, 20% write one wrong intermediate total, `wait , recheck` and the corrected
+step (mistake_frac), and 20% re-check a right step and find nothing to fix (verify_frac; ~15 tokens each). No
+language mixing or forbidden words. The R1-Zero reward is format + accuracy only (r1.zero.rewards): nothing about
+length or verification; verification / correction rates, p90 length and the within-group length-accuracy
+correlation are logged at weight 0 (docs/metrics.md) and drawn in DIR/plots/r1_zero_aha.png.
+
+`control`: the same run from a base pre-trained on the same documents with every step-by-step one replaced by its
+direct answer (cot_frac 0): what RL selects rather than invents. `noverify`: step-by-step documents without any
+re-check (mistake_frac = verify_frac = 0). Room: 1,024 new tokens per completion; the rollout exits early
+(sampling.exit_chunk) and the update trains on the shortest of 5 length buckets covering the batch
+(rl.train_buckets), so the cost follows what the model writes.
+
+Measured 2026-12-01 (docs/r1.md, "The aha task"; 2-core CPU under load 15-17 from other jobs): the base's 600
+pre-training steps took 1,339 s, and the premise does NOT hold on it yet: of its held-out samples, direct answers
+are right 15.3% of the time, step-by-step ones 7.5% (only 22% of their steps are right additions). Not yet any
+R1-Zero result, nor the 3-seed one; `small` is a plumbing check (tests/test_aha.py runs a shrunk copy of it).
+"""
+import os
+
+from grpo_jax.config import config_lib
+
+NEW_TOKENS = 1024
+
+
+def get_config(arg: str | None = None):
+  args = config_lib.parse_arg(arg, small=False, control=False, noverify=False, algo="grpo")
+  c = config_lib.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "r1_zero.py"),
+                             f"algo={args.algo}")
+  c.task.update(name="sums", num_numbers=6, max_number=9, language="a", prompt_len=56, test_size=500)
+  c.sampling.update(max_new_tokens=NEW_TOKENS, exit_chunk=16)
+  c.model.max_len = c.task.prompt_len + NEW_TOKENS
+  c.rl.update(G=8, prompts_per_step=8, train_buckets=5)
+  c.r1.pretrain.update(steps=600, batch=32, template_frac=1.0, tag_frac=0.5, mix_frac=0.0, noise_frac=0.0,
+                       cot_frac=0.25, mistake_frac=0.2, verify_frac=0.2, seq_len=176)
+  c.r1.zero.steps = 150
+  # Held-out accuracy along the way (greedy, small): the aha picture needs it per step, not only at the ends.
+  c.train.update(eval_every=10)
+  c.eval.update(size=64, batch=64, n_samples=1, pass_k=(1,))
+  c.r1.report.update(size=256, batch=128, n_samples=4, pass_k=(1, 4))
+  if args.small:
+    c.task.update(num_numbers=4, test_size=64)
+    c.sampling.max_new_tokens = 128
+    c.model.update(hidden=32, inter=64, max_len=c.task.prompt_len + 128)
+    c.rl.update(G=4, prompts_per_step=4, train_buckets=2)
+    c.r1.pretrain.update(steps=40, batch=16, seq_len=144)
+    c.r1.zero.steps = 4
+    c.train.update(eval_every=2, ckpt_every=10)
+    c.eval.update(size=8, batch=8)
+    c.r1.report.update(size=8, batch=8, n_samples=2, pass_k=(1, 2))
+  if args.control:
+    c.r1.pretrain.cot_frac = 0.0
+  if args.noverify:
+    c.r1.pretrain.update(mistake_frac=0.0, verify_frac=0.0)
+  return c

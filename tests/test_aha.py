@@ -1,0 +1,238 @@
+"""Issue #29's pieces: the `sums` task and its verifiers, the worked / verified / direct solutions, the aha
+pre-training mix, the length statistics (against NumPy), the verification terms, the premise reading, the config."""
+import os
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from grpo_jax.config import config_lib
+from grpo_jax.infra import errors
+from grpo_jax.r1 import corpus, heldout, stage_config
+from grpo_jax.r1 import rewards as r1_rewards
+from grpo_jax.rl import length_stats
+from grpo_jax.tasks import base, cot, registry, verify_jax, verify_py
+from grpo_jax.tasks import tokenizer as tokenizer_lib
+
+EX = {"terms": (3, 8, 5, 9), "answer": 25, "index": 0}
+CONFIG = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "configs", "r1_zero_aha.py")
+
+
+@pytest.fixture(scope="module")
+def tok():
+  return tokenizer_lib.load()
+
+
+# ------------------------------------------------------------------------------------------------ task, verifiers
+def test_sums_examples_question_and_knobs():
+  task = registry.get_task("sums", num_numbers=5, max_number=9)
+  exs = [task.generate(base.rng_for("sums", i)) for i in range(200)]
+  assert all(len(ex["terms"]) == 5 and all(1 <= t <= 9 for t in ex["terms"]) for ex in exs)
+  assert all(ex["answer"] == sum(ex["terms"]) for ex in exs)
+  assert {t for ex in exs for t in ex["terms"]} == set(range(1, 10))
+  assert task.question(EX, "a") == "what is 3 + 8 + 5 + 9 ?" and task.question(EX, "b") == "kwo iz 3 + 8 + 5 + 9 ?"
+  test = task.examples(0, "test", 50, 50)
+  train = task.examples(0, "train", 200, 50)
+  assert not {task.key(e) for e in test} & {task.key(e) for e in train}
+  for bad in ({"num_numbers": 1}, {"num_numbers": 17}, {"max_number": 0}):
+    with pytest.raises(ValueError, match="task."):
+      registry.get_task("sums", **bad)
+
+
+def test_sum_steps_hand_example():
+  assert cot.solution(EX, "a") == ("<think> add 3 + 8 = 11 ; add 11 + 5 = 16 ; add 16 + 9 = 25 ; </think> "
+                                   "<answer> 25 </answer>")
+  assert cot.solution(EX, "b", tagged=False) == "plim 3 + 8 = 11 ; plim 11 + 5 = 16 ; plim 16 + 9 = 25 ; zu ta ansor ez 25"
+  assert cot.brief(EX, "a") == "<think> </think> <answer> 25 </answer>"
+  assert cot.brief(EX, "a", tagged=False) == "so the answer is 25"
+  assert all(cot.score_step(s) for s in cot.split_steps(cot.think_body(cot.solution(EX, "a"))))
+
+
+def test_verify_and_mistake_steps():
+  v = cot.solution(EX, "a", verify=True)
+  steps = cot.split_steps(cot.think_body(v))
+  assert len(steps) == 4 and all(cot.score_step(s) for s in steps)  # a re-check that finds nothing to fix
+  assert cot.recheck_stats(v) == (1, 0)
+  i = next(k for k, s in enumerate(steps) if "recheck" in s)
+  assert steps[i].replace(" wait , recheck", "") == steps[i - 1]  # the same step, written again
+  m = cot.solution(EX, "a", mistake=True)
+  assert cot.recheck_stats(m) == (1, 1)  # caught and corrected
+  assert cot.recheck_stats(cot.solution(EX, "a", mistake=True, verify=True))[0] == 2
+  assert cot.steps_written(cot.brief(EX, "a")) == 0 and cot.steps_written(cot.solution(EX, "a")) == 3
+
+
+def test_sums_verifiers_jax_equals_python(tok):
+  task = registry.get_task("sums", num_numbers=6)
+  exs = [dict(task.generate(base.rng_for("v", i)), index=i) for i in range(48)]
+  texts = []
+  for i, ex in enumerate(exs):
+    kind = i % 6
+    texts.append([cot.solution(ex, "a"), cot.solution(ex, "b", mistake=True, verify=True), cot.brief(ex, "a"),
+                  cot.brief(dict(ex, answer=ex["answer"] + 1), "a"),            # wrong answer
+                  cot.solution(ex, "a", tagged=False),                          # no format
+                  f"<think> </think> <answer> {ex['answer']}0 </answer>"][kind])
+  want = np.asarray([[1, 1, 1, 0, 0, 0][i % 6] for i in range(len(exs))], np.float32)
+  rows = [tok.encode(t) + [tok.eos_id] for t in texts]
+  L = max(map(len, rows))
+  tokens = np.zeros((len(rows), L), np.int32)
+  mask = np.zeros_like(tokens)
+  for r, ids in enumerate(rows):
+    tokens[r, :len(ids)], mask[r, :len(ids)] = ids, 1
+  batch = task.batch_fields(exs)
+  got = jax.jit(lambda t, m, b: registry.accuracy_reward("sums", t, m, b, verify_jax.token_tables(tok)))(
+      tokens, mask, batch)
+  np.testing.assert_array_equal(np.asarray(got), want)
+  np.testing.assert_array_equal(verify_py.accuracy_reward("sums", tokens, mask, batch, tok), want)
+  ok, val = verify_py.answer_value("sums", tokens, mask, batch, tok)
+  ok_j, val_j = verify_jax.answer_value("sums", tokens, mask, batch, verify_jax.token_tables(tok))
+  np.testing.assert_array_equal(ok, np.asarray(ok_j))
+  np.testing.assert_array_equal(val, np.asarray(val_j))
+
+
+# ------------------------------------------------------------------------------------------------ pre-training mix
+def _knobs(**kw):
+  p = dict(template_frac=1.0, tag_frac=1.0, mix_frac=0.0, mistake_frac=0.0, noise_frac=0.0, cot_frac=1.0,
+           verify_frac=0.0, forbidden=("ugh",))
+  p.update(kw)
+  return ml_collections.ConfigDict(p)
+
+
+def test_pretrain_mix_fractions():
+  task = registry.get_task("sums", num_numbers=6)
+  exs = [dict(task.generate(base.rng_for("mix", i)), index=i) for i in range(2000)]
+  p = _knobs(cot_frac=0.25, mistake_frac=0.2, verify_frac=0.3)
+  docs = [corpus.pretrain_document(task, ex, "a", np.random.default_rng(i), p)[1] for i, ex in enumerate(exs)]
+  worked = np.asarray([cot.steps_written(d) > 0 for d in docs])
+  stats = np.asarray([cot.recheck_stats(d) for d in docs])
+  assert abs(worked.mean() - 0.25) < 0.03
+  assert all(d == cot.brief(ex, "a") for d, ex, w in zip(docs, exs, worked) if not w)
+  fixed, checked = stats[worked, 1] > 0, stats[worked, 0] > 0
+  assert abs(fixed.mean() - 0.2) < 0.05  # caught mistakes among the worked documents
+  # A re-check without a fix: verify_frac, less those that land on the mistaken step (theirs shows as a fix).
+  assert abs((checked & ~fixed).mean() - 0.3 * 0.8) < 0.06
+  assert not stats[~worked].any()
+
+
+def test_pretrain_defaults_keep_earlier_documents():
+  """cot_frac = 1, verify_frac = 0 (the defaults) draw no extra random number: every earlier document is as it was."""
+  task = registry.get_task("arith", max_digits=2, ops="+-")
+  ex = {"a": 23, "op": "+", "b": 45, "answer": 68, "index": 0}
+  p = _knobs(template_frac=0.5, tag_frac=0.5, mix_frac=0.25, mistake_frac=0.2, noise_frac=0.1)
+  for seed in range(50):
+    rng, ref = np.random.default_rng(seed), np.random.default_rng(seed)
+    template = ref.random() < 0.5
+    tagged = template and ref.random() < 0.5
+    mistake = bool(ref.random() < 0.2)
+    n_parts = len(cot.solution(ex, "a", mistake, tagged).split(";"))
+    switch = int(ref.integers(1, n_parts)) if ref.random() < 0.25 else n_parts
+    body = corpus.mixed_solution(ex, "a", mistake, tagged, switch)
+    if ref.random() < 0.1:
+      body = corpus.insert_word(body, str(ref.choice(["ugh"])), int(ref.integers(1, n_parts - 1)))
+    want = (base.prompt(task, ex, "a"), body) if template else ("", task.question(ex, "a") + " " + body)
+    assert corpus.pretrain_document(task, ex, "a", rng, p) == want
+
+
+# ------------------------------------------------------------------------------------------------ statistics
+def test_p90_against_numpy():
+  x = np.asarray([5, 17, 3, 90, 12, 12, 40, 8, 1024, 33, 7], np.int32)
+  np.testing.assert_allclose(float(length_stats.p90(x)), np.percentile(x.astype(np.float64), 90), rtol=1e-6)
+  # hand: sorted 1..10 -> rank 0.9 * 9 = 8.1 -> 9 + 0.1 * (10 - 9)
+  np.testing.assert_allclose(float(length_stats.p90(np.arange(1, 11))), 9.1, rtol=1e-6)
+
+
+def test_within_group_corr_against_numpy():
+  rng = np.random.default_rng(0)
+  len_BxG = rng.integers(5, 200, size=(7, 8)).astype(np.float32)
+  acc_BxG = (rng.random((7, 8)) < 0.5).astype(np.float32)
+  acc_BxG[1] = 1.0   # constant correctness: no correlation, left out
+  len_BxG[2] = 42.0  # constant length: left out
+  acc_BxG[3] = (len_BxG[3] > np.median(len_BxG[3])).astype(np.float32)  # longer is right
+  corr, frac = length_stats.within_group_corr(len_BxG, acc_BxG)
+  keep = [b for b in range(7) if b not in (1, 2)]
+  want = np.mean([np.corrcoef(len_BxG[b], acc_BxG[b])[0, 1] for b in keep])
+  np.testing.assert_allclose(float(corr), want, rtol=1e-5)
+  assert float(frac) == pytest.approx(5 / 7)
+  # hand: lengths (1, 2, 3, 4), right (0, 0, 1, 1): cov 1 / (sqrt(5) * 1) = 2 / sqrt(5) ... over centred sums:
+  # x = (-1.5, -.5, .5, 1.5), y = (-.5, -.5, .5, .5): sum xy = 2, sum x^2 = 5, sum y^2 = 1 -> 2 / sqrt(5)
+  corr, frac = length_stats.within_group_corr(np.asarray([[1, 2, 3, 4]]), np.asarray([[0, 0, 1, 1]]))
+  assert float(corr) == pytest.approx(2 / np.sqrt(5)) and float(frac) == 1.0
+  corr, frac = length_stats.within_group_corr(np.ones((2, 4)), np.zeros((2, 4)))
+  assert float(corr) == 0.0 and float(frac) == 0.0
+
+
+def test_verification_terms_and_premise():
+  texts = [cot.solution(EX, "a"), cot.solution(EX, "a", verify=True), cot.solution(EX, "a", mistake=True),
+           cot.brief(EX, "a"), "wait , recheck"]
+  assert r1_rewards.verified(texts, None, {}) == [0.0, 1.0, 1.0, 0.0, 1.0]
+  assert r1_rewards.corrected(texts, None, {}) == [0.0, 0.0, 1.0, 0.0, 0.0]
+  assert {"verified", "corrected"} <= set(r1_rewards.TRACKED)
+  # premise: 3 worked (2 right), 2 direct (0 right); the last text writes no step
+  m = heldout.premise(texts, np.asarray([1, 1, 0, 0, 0]))
+  assert m == {"stepwise_rate_sampled": 0.6, "accuracy_brief_sampled": 0.0,
+               "accuracy_stepwise_sampled": pytest.approx(2 / 3)}
+  assert np.isnan(heldout.premise(texts[:1], np.asarray([1]))["accuracy_brief_sampled"])
+
+
+# ------------------------------------------------------------------------------------------------ config
+def _flat(d, prefix=""):
+  out = {}
+  for k, v in d.items():
+    out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {prefix + k: v})
+  return out
+
+
+def test_aha_config_and_control():
+  c = config_lib.load_config(CONFIG)
+  assert c.task.name == "sums" and c.sampling.max_new_tokens >= 1024
+  assert c.model.max_len == c.task.prompt_len + c.sampling.max_new_tokens
+  assert c.sampling.exit_chunk > 0 and c.rl.train_buckets > 1
+  assert c.r1.stages == ("base", "r1_zero")
+  assert dict(c.r1.zero.rewards) == {"format": 1.0, "accuracy": 1.0}  # nothing about length or verification
+  assert 0 < c.r1.pretrain.cot_frac < 0.5 and c.r1.pretrain.verify_frac > 0 and c.r1.pretrain.mistake_frac > 0
+  ctl = config_lib.load_config(CONFIG, "control")
+  assert ctl.r1.pretrain.cot_frac == 0.0
+  nv = config_lib.load_config(CONFIG, "noverify")
+  assert nv.r1.pretrain.verify_frac == 0.0 and nv.r1.pretrain.mistake_frac == 0.0
+  # the control differs from the run in its pre-training mix only
+  flat, flat_ctl = _flat(c.to_dict()), _flat(ctl.to_dict())
+  assert {k for k in flat if flat[k] != flat_ctl[k]} == {"r1.pretrain.cot_frac"}
+  stage_config.validate(c, c.r1.stages)
+  stage_config.validate(config_lib.load_config(CONFIG, "small"), c.r1.stages)
+
+
+def test_pretrain_seq_len_is_checked():
+  c = config_lib.load_config(CONFIG, "small")
+  c.r1.pretrain.seq_len = c.model.max_len + 1
+  with pytest.raises(errors.ConfigError, match="r1.pretrain.seq_len"):
+    stage_config.validate(c, c.r1.stages)
+
+
+# ------------------------------------------------------------------------------------------------ end to end
+def test_small_aha_run_logs_the_aha_statistics(tmp_path):
+  """configs/r1_zero_aha.py:small, shrunk further: base + R1-Zero run and every aha statistic reaches metrics.jsonl,
+  the base's held-out premise readings reach report.json, and the aha plot is drawn."""
+  import json
+  from grpo_jax.r1 import pipeline
+  from grpo_jax.run import metrics as metrics_lib
+  c = config_lib.load_config(CONFIG, "small")
+  c.model.update(hidden=16, layers=1, heads=2, kv_heads=1, inter=32)
+  c.task.train_size = 256
+  c.r1.pretrain.update(steps=2, batch=4)
+  c.r1.zero.steps = 2
+  c.train.update(eval_every=1, ckpt_every=2)
+  c.r1.report.update(size=8, batch=8, n_samples=2, pass_k=(1, 2))  # rejection.n (unused here) must fit a batch
+  c.eval.update(size=4, batch=4)
+  pipeline.run_pipeline(c, str(tmp_path))
+  rows = metrics_lib.read_metrics(os.path.join(tmp_path, "r1_zero"))
+  train = [r for r in rows if "train/loss" in r]
+  assert [r["step"] for r in train] == [1, 2]
+  for name in ("train/completion_len_mean", "train/completion_len_p90", "train/len_acc_corr",
+               "train/len_acc_corr_frac", "train/reward/verified", "train/reward/corrected"):
+    assert all(name in r for r in train), name
+  assert all(r["train/completion_len_p90"] <= r["train/completion_len_max"] for r in train)
+  assert sorted(r["step"] for r in rows if "eval/accuracy" in r) == [0, 1, 2]  # held-out accuracy every step here
+  report = json.load(open(os.path.join(tmp_path, "report.json")))
+  for stage in ("base", "r1_zero"):
+    assert 0.0 <= report[stage]["stepwise_rate_sampled"] <= 1.0
+  assert os.path.getsize(os.path.join(tmp_path, "plots", "r1_zero_aha.png")) > 1000
