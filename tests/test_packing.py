@@ -1,6 +1,7 @@
 """rl.packing: the padding-free packed passes give the padded path's losses, metrics and gradients (every
 aggregation mode, every algorithm family, KL estimators, PPO's critic), the full step's params, on 1 device and on 8
 simulated FSDP devices, with no recompile while the length mix changes; attention over segments on every path."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -271,3 +272,47 @@ def test_packed_step_on_8_fsdp_devices_equals_one_device_padded():
     assert m2["train/pack_rows"] <= 16
   for a, b in zip(pad["params"], pk["params"]):
     np.testing.assert_allclose(b, a, rtol=0, atol=2e-5)
+
+
+# Lowers the packed policy pass (rl.packing's value_and_grad: plan, while_loop over micro-batches, forward+backward
+# inside) of the GRPO objective for a v5e:2x2 slice (4 chips, FSDP), model.attention=auto; prints the splash kernels.
+_TPU_PACKED = r"""
+import json, re, jax, jax.numpy as jnp
+from jax.experimental import topologies
+from grpo_jax.config import config_lib
+from grpo_jax.infra import sharding
+from grpo_jax.model import model as M
+from grpo_jax.rl import packing, rl_step
+from grpo_jax.tasks import digits
+devices = list(topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices)
+mesh = sharding.make_mesh(dict(data=1, fsdp=-1, tensor=1), devices)
+c = digits.bench_config(hidden=256, layers=1, heads=4, kv=2, inter=512, vocab=512, prompts=2, G=4, L=184)
+c = config_lib.override(c, {"task.prompt_len": 16, "rl.packing": True, "model.dtype": "bfloat16"})
+mcfg = M.ModelConfig.from_config(c.model)
+abstract = jax.eval_shape(lambda: M.init_params(mcfg, jax.random.PRNGKey(0)))
+shardings = sharding.tree_shardings(mesh, M.param_axes(mcfg))
+params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+row = lambda t, dt: jax.ShapeDtypeStruct((8, t), dt, sharding=sharding.batch_sharding(mesh, 2))
+mb = dict(seq=(row(200, jnp.int32),) * 3, mask_NxL=row(184, jnp.float32), old_logp_NxL=row(184, jnp.float32),
+          adv_NxL=row(184, jnp.float32), ref_logp_NxL=row(184, jnp.float32))
+vg = packing.value_and_grad(c, lambda ps, s: rl_step.make_forward(c, mcfg, 16)(ps, s, True), rl_step.make_objective(c), 16)
+with sharding.mesh_context(mesh):
+  text = jax.jit(lambda p, mb: vg((p,), mb)).lower(params, mb).as_text()
+calls = [l for l in text.splitlines() if "tpu_custom_call" in l]
+print(json.dumps(dict(kernels=sorted({n for l in calls for n in re.findall(r"splash_mha_[a-z_]+", l)}),
+                      whiles=text.count("stablehlo.while"))))
+"""
+
+
+@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not importable: pip install "
+                    "libtpu==0.0.42.1 (the version jax 0.10.2 pins)")
+def test_tpu_lowering_of_the_packed_policy_pass_uses_splash_with_segment_ids():
+  """On a TPU target the packed policy pass lowers to splash's segmented kernels (forward, dq, dkv: the packed
+  rows' segment ids) inside the micro-batch while_loop."""
+  out = subprocess.run([sys.executable, "-c", _TPU_PACKED], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(sys.path)))
+  assert out.returncode == 0, out.stderr[-3000:]
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  assert {"splash_mha_fwd_segmented_residuals", "splash_mha_dq_segmented_no_residuals",
+          "splash_mha_dkv_segmented_no_residuals"} <= set(r["kernels"]), r
+  assert r["whiles"] >= 1, r
