@@ -316,3 +316,25 @@ def test_tpu_lowering_of_the_packed_policy_pass_uses_splash_with_segment_ids():
   assert {"splash_mha_fwd_segmented_residuals", "splash_mha_dq_segmented_no_residuals",
           "splash_mha_dkv_segmented_no_residuals"} <= set(r["kernels"]), r
   assert r["whiles"] >= 1, r
+
+
+def test_roofline_and_memory_plan_model_the_packed_passes():
+  """roofline: the packed passes cost ⌈N·(P + mean)/pack_len⌉ rows of pack_len (all rows at L: the padded cost);
+  memory_plan: one packed micro-batch per pass plus the loop's gradient accumulator."""
+  from grpo_jax.perf import aot
+  from grpo_jax.perf import roofline as roofline_lib
+  from grpo_jax.rl import memory_plan
+  c = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=48, dtype="float32", remat="none")
+  pk = config_lib.override(c, {"rl.packing": True, "rl.pack_rows": 1})
+  assert roofline_lib.packed_rows(pk, 12.0) == (4, 64)  # 8 rows of 16 + 12 = 224 tokens: 4 rows of 64
+  pm = aot.matmul_params(model_lib.ModelConfig.from_config(c.model))
+  attn = 4 * 2 * 4 * 16
+  f = aot.analytic_flops(pk, plat="cpu", completion_mean=12.0)
+  assert f["reference forward"] == 2 * pm * 4 * 64 + attn * 4 * 64 * 64
+  assert f["policy fwd+bwd"] == 3 * f["reference forward"]
+  assert aot.analytic_flops(pk, plat="cpu")["reference forward"] == aot.analytic_flops(c, plat="cpu")[
+      "reference forward"]
+  mesh = dict(data=1, fsdp=1, tensor=1)
+  p0, p1 = memory_plan.plan(c, mesh, plat="cpu"), memory_plan.plan(pk, mesh, plat="cpu")
+  assert p1.update["gradient accumulator"] == p1.update["gradients"]
+  assert p1.update["layer backward"] * 8 == p0.update["layer backward"]  # 1 packed row of 64 against 8 rows of 64
