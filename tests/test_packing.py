@@ -338,3 +338,38 @@ def test_roofline_and_memory_plan_model_the_packed_passes():
   p0, p1 = memory_plan.plan(c, mesh, plat="cpu"), memory_plan.plan(pk, mesh, plat="cpu")
   assert p1.update["gradient accumulator"] == p1.update["gradients"]
   assert p1.update["layer backward"] * 8 == p0.update["layer backward"]  # 1 packed row of 64 against 8 rows of 64
+
+
+def _whiles(jaxpr):
+  """(while equations, those whose predicate is batched: a vector, not a scalar)."""
+  n, batched = 0, 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "while":
+      n += 1
+      batched += eqn.params["cond_jaxpr"].jaxpr.outvars[0].aval.shape != ()
+    for v in eqn.params.values():
+      for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+        inner = getattr(sub, "jaxpr", None)
+        if inner is not None:
+          a, b = _whiles(getattr(inner, "jaxpr", inner))
+          n, batched = n + a, batched + b
+  return n, batched
+
+
+def test_trip_count_is_reduced_over_vmapped_runs():
+  """Under seeds.py's runs vmap the micro-batch count is the max over runs, so the packed loops keep an unbatched
+  trip count (a batched one runs every run's body until all are done, under selects)."""
+  from grpo_jax.rl import update as update_lib
+  from grpo_jax.studies import vmapped_runs as seeds_lib
+  c = config_lib.override(digits.bench_config(**dict(TINY, L=12, prompts=4)), {"rl.packing": True})
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  step = rl_step.build_step(c, mcfg, spec, _ManyEos(c.model.vocab_size))
+  states = jax.eval_shape(lambda: seeds_lib.init_states(c, mcfg, [0, 1]))
+  batch = next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1))
+  named = jax.make_jaxpr(jax.vmap(step, in_axes=(0, None), axis_name=update_lib.RUNS_AXIS))(states, batch)
+  n, batched = _whiles(named.jaxpr)
+  assert n >= 2 and batched == 0, (n, batched)  # reference forward and update loops (and the plan's none)
+  toy = lambda n: jax.lax.while_loop(lambda c: c < n, lambda c: c + 1, 0)  # the check tells them apart
+  assert _whiles(jax.make_jaxpr(jax.vmap(toy))(jnp.arange(3)).jaxpr) == (1, 1)
+  assert _whiles(jax.make_jaxpr(jax.vmap(lambda n: toy(jax.lax.pmax(n, "r")), axis_name="r"))(jnp.arange(3)).jaxpr)[1] == 0
