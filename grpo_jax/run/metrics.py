@@ -59,7 +59,7 @@ METRICS: dict[str, str] = {
     'train/decode_admit_wait': ('continuous engine: mean decode steps a row waited in the queue for a slot '
                                 '(0 when sampling.slots = rows)'),
     'train/train_len': 'completion tokens the update trained on: the shortest of rl.train_buckets static lengths '
-                       'covering the longest completion (rl.packing: not used, always max_new_tokens)',
+                       'covering the longest completion (rl.packing: computed, not used by the packed passes)',
     'train/pack_rows': 'rl.packing: packed rows of rl.pack_len tokens one update ran over, all devices (micro-batches '
                        'run x rows each; mean over minibatch updates)',
     'train/grad_norm': 'global L2 norm of the gradient before clipping (mean over minibatch updates)',
