@@ -1,7 +1,6 @@
 """rl.packing: the padding-free packed passes give the padded path's losses, metrics and gradients (every
 aggregation mode, every algorithm family, KL estimators, PPO's critic), the full step's params, on 1 device and on 8
 simulated FSDP devices, with no recompile while the length mix changes; attention over segments on every path."""
-import importlib.util
 import json
 import os
 import subprocess
@@ -13,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import conftest  # tests/conftest.py: requires
 from grpo_jax.config import config_lib, presets
 from grpo_jax.infra import sharding
 from grpo_jax.infra.errors import ConfigError
@@ -304,8 +304,7 @@ print(json.dumps(dict(kernels=sorted({n for l in calls for n in re.findall(r"spl
 """
 
 
-@pytest.mark.skipif(importlib.util.find_spec("libtpu") is None, reason="libtpu is not importable: pip install "
-                    "libtpu==0.0.42.1 (the version jax 0.10.2 pins)")
+@conftest.requires("libtpu", "libtpu is not importable: pip install libtpu==0.0.42.1 (the version jax 0.10.2 pins)")
 def test_tpu_lowering_of_the_packed_policy_pass_uses_splash_with_segment_ids():
   """On a TPU target the packed policy pass lowers to splash's segmented kernels (forward, dq, dkv: the packed
   rows' segment ids) inside the micro-batch while_loop."""
@@ -319,17 +318,19 @@ def test_tpu_lowering_of_the_packed_policy_pass_uses_splash_with_segment_ids():
 
 
 def test_roofline_and_memory_plan_model_the_packed_passes():
-  """roofline: the packed passes cost ⌈N·(P + mean)/pack_len⌉ rows of pack_len (all rows at L: the padded cost);
-  memory_plan: one packed micro-batch per pass plus the loop's gradient accumulator."""
+  """roofline: the packed passes cost their first-fit rows of pack_len (all rows at L: the padded cost);
+  memory_plan: one packed micro-batch per pass plus the loop's gradient accumulator; rl/auto.py resolves
+  pack_len = 0 to P + L rounded up to 128."""
   from grpo_jax.perf import aot
   from grpo_jax.perf import roofline as roofline_lib
   from grpo_jax.rl import memory_plan
   c = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=48, dtype="float32", remat="none")
   pk = config_lib.override(c, {"rl.packing": True, "rl.pack_rows": 1})
-  assert roofline_lib.packed_rows(pk, 12.0) == (4, 64)  # 8 rows of 16 + 12 = 224 tokens: 4 rows of 64
+  twelve = np.full(8, 12)
+  assert roofline_lib.packed_rows(pk, twelve) == (4, 64)  # 8 samples of 16 + 12 tokens: two a row of 64
   pm = aot.matmul_params(model_lib.ModelConfig.from_config(c.model))
   attn = 4 * 2 * 4 * 16
-  f = aot.analytic_flops(pk, plat="cpu", completion_mean=12.0)
+  f = aot.analytic_flops(pk, plat="cpu", lengths_N=twelve)
   assert f["reference forward"] == 2 * pm * 4 * 64 + attn * 4 * 64 * 64
   assert f["policy fwd+bwd"] == 3 * f["reference forward"]
   assert aot.analytic_flops(pk, plat="cpu")["reference forward"] == aot.analytic_flops(c, plat="cpu")[
@@ -338,6 +339,11 @@ def test_roofline_and_memory_plan_model_the_packed_passes():
   p0, p1 = memory_plan.plan(c, mesh, plat="cpu"), memory_plan.plan(pk, mesh, plat="cpu")
   assert p1.update["gradient accumulator"] == p1.update["gradients"]
   assert p1.update["layer backward"] * 8 == p0.update["layer backward"]  # 1 packed row of 64 against 8 rows of 64
+  from grpo_jax.rl import auto
+  big = config_lib.override(pk, {"sampling.max_new_tokens": 184})  # T = 200
+  resolved, why = auto.resolve(big, auto.Context(mesh, None))
+  assert resolved.rl.pack_len == 256 and "rl.pack_len" in why, why
+  assert auto.resolve(c, auto.Context(mesh, None))[0].rl.pack_len == 0  # packing off: left alone
 
 
 def _whiles(jaxpr):

@@ -37,7 +37,8 @@ def default_pack_len(T: int) -> int:
 
 
 def pack_len(config, T: int) -> int:
-  """rl.pack_len, or (0) default_pack_len(T). Must hold the longest sample: ≥ T = P + L (run/validate.py checks)."""
+  """rl.pack_len, or (0, a config the auto planner has not resolved: rl/auto.py) default_pack_len(T). Must hold the
+  longest sample: ≥ T = P + L (run/validate.py checks)."""
   n = int(config.rl.pack_len) or default_pack_len(T)
   if n < T:
     raise ValueError(f"config.rl.pack_len={n} < task.prompt_len + sampling.max_new_tokens = {T}: a packed row must "
