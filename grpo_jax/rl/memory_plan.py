@@ -67,7 +67,8 @@ def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_l
                     mesh: dict[str, int] | None = None, dtype: str = "bfloat16", remat: str = "full",
                     minibatches: int = 1, mu: int = 1, algo: str = "grpo",
                     rollout_chunks: int = 1, engine: str = "static", slots: int = 0, lora_rank: int = 0,
-                    lora_base_dtype: str = "float32") -> ml_collections.ConfigDict:
+                    lora_base_dtype: str = "float32", packing: bool = False,
+                    pack_rows: int = 0) -> ml_collections.ConfigDict:
   """The peers' GRPO workload (β=0.04 unless the preset `algo` says otherwise, μ=1, lr 1e-5, T=1) on a named model
   shape: what `aot` compiles. lora_rank > 0: LoRA on all seven projections, alpha = 2·rank."""
   if model not in PRESETS:
@@ -76,7 +77,8 @@ def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_l
   c.model.update(PRESETS[model], max_len=prompt_len + L, dtype=dtype, remat=remat)
   c.sampling.update(temperature=1.0, max_new_tokens=L, engine=engine, slots=slots)
   c.task.prompt_len = prompt_len
-  c.rl.update(G=G, prompts_per_step=prompts, mu=mu, minibatches=minibatches, rollout_chunks=rollout_chunks)
+  c.rl.update(G=G, prompts_per_step=prompts, mu=mu, minibatches=minibatches, rollout_chunks=rollout_chunks,
+               packing=packing, pack_rows=pack_rows)
   if presets.PRESETS[algo]["rl.beta"] > 0:
     c.rl.beta = 0.04
   c.optim.update(lr=1e-5, grad_clip=1.0)
