@@ -105,6 +105,10 @@ def base_config() -> ml_collections.ConfigDict:
       # The update trains on the shortest of train_buckets static completion lengths (L, L/2, ...; update.py's
       # train_lengths) covering the batch's longest completion, chosen in-graph: each compiles a forward+backward.
       train_buckets=1,
+      # Padding-free training passes (rl/packing.py): samples laid end to end in rows of pack_len tokens (0 = the
+      # planner's: P + L rounded up to 128), pack_rows packed rows per device per micro-batch (0 = 1/8 of the pass's
+      # rows), the reference/old-log-prob/critic/policy passes over as many micro-batches as the real tokens need.
+      packing=False, pack_len=0, pack_rows=0,
       process_weight=0.0,        # weight of process (step) advantages; 0 = outcome only
       oversample=2,              # dynamic sampling draws oversample × prompts_per_step prompts, keeps prompts_per_step
       max_nonfinite_in_row=3,

@@ -2,15 +2,20 @@
 attention.
 
 Every training/prefill path takes q [N, T, H, Dh], k and v [N, T, K, Dh] (GQA: query head h uses kv head
-h // (H // K); K/V are never repeated) and mask [N, T] (0 = pad), and returns [N, T, H, Dh]. A query attends to
-the non-pad keys at or before it. `model.attention` picks the path:
+h // (H // K); K/V are never repeated) and mask [N, T] (0 = pad, else a segment id), and returns [N, T, H, Dh]. A
+query attends to the keys of its own segment at or before it: a left-padded row is one segment (mask 0/1), a packed
+row (rl.packing, rl/packing.py) holds several samples end to end, one segment id each. `model.attention` picks the
+path:
 
   xla          one einsum over the whole [T, T] score matrix: fastest on XLA:CPU at short T, O(T²) memory
   blockwise    online softmax over key blocks in plain JAX; a custom_vjp recomputes the score blocks in the backward
                and skips blocks above the diagonal: O(T·block) memory on any backend
   splash       JAX's Pallas splash-attention kernel (TPU) under shard_map; on other backends it runs in Pallas
                interpret mode (slow: for tests)
-  cudnn        cuDNN flash attention (GPU, bf16) through jax.nn.dot_product_attention with sequence lengths
+  cudnn        cuDNN flash attention (GPU, bf16) through jax.nn.dot_product_attention with sequence lengths: one
+               contiguous segment per row only (packed rows take pallas_gpu)
+  pallas_gpu   JAX's Pallas GPU (Triton) flash kernel `mha` with segment ids, K/V repeated to the query heads;
+               Pallas interpret mode off the GPU (tests)
   dot_product  jax.nn.dot_product_attention with a boolean [N, 1, T, T] mask (XLA's choice of kernel; O(T²))
   auto         `choose`: by backend, and on the CPU by a measured speed crossover and a bytes budget
 
@@ -27,7 +32,7 @@ import numpy as np
 from jax.sharding import PartitionSpec as P
 from grpo_jax.infra import sharding
 
-IMPLEMENTATIONS = ("auto", "xla", "blockwise", "splash", "cudnn", "dot_product")
+IMPLEMENTATIONS = ("auto", "xla", "blockwise", "splash", "cudnn", "dot_product", "pallas_gpu")
 _NEG = float(np.finfo(np.float32).min)  # xla/cache paths: fully masked rows give a uniform mix, not NaN
 _MASKED = -0.7 * float(np.finfo(np.float32).max)  # blockwise: stays finite after subtracting a row max
 
@@ -62,17 +67,22 @@ def platform() -> str:
   return jax.default_backend()
 
 
-def choose(impl: str, n: int, t: int, heads: int, dtype, plat: str | None = None) -> str:
+def choose(impl: str, n: int, t: int, heads: int, dtype, plat: str | None = None, packed: bool = False) -> str:
   """The path `impl` runs for a [n, t] batch: itself, or for 'auto' the backend's O(T)-memory kernel (TPU: splash;
   GPU: cuDNN under bf16, which it requires, else blockwise) and on the CPU the einsum path only while it is both
   faster (t < CPU_BLOCKWISE_MIN_T) and small (scores ≤ EINSUM_MAX_SCORE_BYTES). `plat` defaults to `platform()`
-  (a planner can ask about a backend it is not tracing for)."""
+  (a planner can ask about a backend it is not tracing for). `packed` rows (several segments per row) cannot take
+  cuDNN's per-row lengths: 'cudnn' and GPU 'auto' run pallas_gpu there."""
+  if packed and impl == "cudnn":
+    return "pallas_gpu"
   if impl != "auto":
     return impl
   plat = plat or platform()
   if plat == "tpu":
     return "splash"
   if plat in ("gpu", "cuda"):
+    if packed:
+      return "pallas_gpu"
     return "cudnn" if jnp.dtype(dtype) == jnp.bfloat16 else "blockwise"
   small = n * heads * t * t * 4 <= EINSUM_MAX_SCORE_BYTES
   return "xla" if t < CPU_BLOCKWISE_MIN_T and small else "blockwise"
@@ -84,6 +94,9 @@ def pairs(path: str, t: int) -> int:
   length: blocks above it are skipped, padding inside a block is computed), the causal half for cuDNN."""
   if path in ("xla", "dot_product"):
     return t * t
+  if path == "pallas_gpu":  # its causal mask skips key blocks past the query block (block 128)
+    nb = -(-t // 128)
+    return nb * (nb + 1) // 2 * 128 * 128
   if path == "blockwise":
     b = min(BLOCK, _round_up(t, 8))
     nb = -(-t // b)
@@ -98,10 +111,10 @@ def pairs(path: str, t: int) -> int:
   raise ValueError(f"attention path {path!r}: use one of {list(IMPLEMENTATIONS[1:])}.")
 
 
-def attend(impl: str, q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT) -> jax.Array:
-  """Training/prefill attention through the path `choose(impl, ...)` names."""
+def attend(impl: str, q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT, packed: bool = False) -> jax.Array:
+  """Training/prefill attention through the path `choose(impl, ...)` names (mask_NxT: segment ids, 0 = pad)."""
   n, t, h, _ = q_NxTxHxD.shape
-  path = choose(impl, n, t, h, q_NxTxHxD.dtype)
+  path = choose(impl, n, t, h, q_NxTxHxD.dtype, packed=packed)
   if path == "xla":
     return einsum(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT)
   if path == "blockwise":
@@ -112,6 +125,8 @@ def attend(impl: str, q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT) -> jax.Array:
     return seq_lengths(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT, "cudnn")
   if path == "dot_product":
     return dot_product(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT)
+  if path == "pallas_gpu":
+    return pallas_gpu(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT, interpret=platform() not in ("gpu", "cuda"))
   raise ValueError(f"model.attention={impl!r}: use one of {list(IMPLEMENTATIONS)}.")
 
 
@@ -146,6 +161,13 @@ def rope(x_NxTxHxD: jax.Array, positions_NxT: jax.Array, inv_freq: np.ndarray) -
 # --------------------------------------------------------------------------------------------- O(T²) paths
 
 
+def visible(seg_NxT: jax.Array) -> jax.Array:
+  """[N, T, S] bool: key s is visible to query t when s ≤ t, the key is not pad and both are in one segment."""
+  t = seg_NxT.shape[1]
+  same_NxTxS = seg_NxT[:, :, None] == seg_NxT[:, None, :]
+  return jnp.tril(jnp.ones((t, t), bool))[None] & same_NxTxS & (seg_NxT[:, None, :] > 0)
+
+
 def einsum(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT) -> jax.Array:
   """The whole score matrix at once. The G query heads that share a kv head are folded into the query-row dim
   ([N, K, G·T, D]), so each (row, kv head) is one [G·T, D]×[D, S] matmul: XLA:CPU runs this layout ~4× faster than
@@ -158,7 +180,7 @@ def einsum(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT) -> jax.Array:
   v_NxKxSxD = v_NxTxKxD.transpose(0, 2, 1, 3)
   s_NxKxQxS = jnp.einsum("nkqd,nksd->nkqs", q_NxKxQxD, k_NxKxSxD, preferred_element_type=jnp.float32)
   s_NxKxGxTxS = s_NxKxQxS.reshape(n, kv, g, t, t) * (1.0 / math.sqrt(d))
-  ok_NxTxS = jnp.tril(jnp.ones((t, t), bool))[None] & (mask_NxT[:, None, :] > 0)
+  ok_NxTxS = visible(mask_NxT)
   s_NxKxGxTxS = jnp.where(ok_NxTxS[:, None, None], s_NxKxGxTxS, _NEG)
   p_NxKxQxS = jax.nn.softmax(s_NxKxGxTxS, axis=-1).astype(v_NxTxKxD.dtype).reshape(n, kv, g * t, t)
   o_NxKxQxD = jnp.einsum("nkqs,nksd->nkqd", p_NxKxQxS, v_NxKxSxD)
@@ -167,8 +189,7 @@ def einsum(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT) -> jax.Array:
 
 def dot_product(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT) -> jax.Array:
   """`jax.nn.dot_product_attention` with the boolean mask whole (jax turns it into a dense [N, 1, T, S] bias)."""
-  t = q_NxTxHxD.shape[1]
-  ok_Nx1xTxS = (jnp.tril(jnp.ones((t, t), bool))[None] & (mask_NxT[:, None, :] > 0))[:, None]
+  ok_Nx1xTxS = visible(mask_NxT)[:, None]
   return jax.nn.dot_product_attention(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask=ok_Nx1xTxS).astype(q_NxTxHxD.dtype)
 
 
@@ -199,20 +220,22 @@ def blockwise(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT, block: int = BLOCK) -> 
   q_BxNxKxQxD = pad(q_NxTxHxD).reshape(n, nb, b, kv, g, d).transpose(1, 0, 3, 4, 2, 5).reshape(nb, n, kv, g * b, d)
   k_BxNxKxSxD = pad(k_NxTxKxD).reshape(n, nb, b, kv, d).transpose(1, 0, 3, 2, 4)
   v_BxNxKxSxD = pad(v_NxTxKxD).reshape(n, nb, b, kv, d).transpose(1, 0, 3, 2, 4)
-  ok_BxNxS = pad(mask_NxT > 0).reshape(n, nb, b).transpose(1, 0, 2)
-  o_BxNxKxQxD = _flash(q_BxNxKxQxD, k_BxNxKxSxD, v_BxNxKxSxD, ok_BxNxS, 1.0 / math.sqrt(d))
+  seg_BxNxS = pad(mask_NxT.astype(jnp.int32)).reshape(n, nb, b).transpose(1, 0, 2)
+  o_BxNxKxQxD = _flash(q_BxNxKxQxD, k_BxNxKxSxD, v_BxNxKxSxD, seg_BxNxS, 1.0 / math.sqrt(d))
   o = o_BxNxKxQxD.reshape(nb, n, kv, g, b, d).transpose(1, 0, 4, 2, 3, 5).reshape(n, tp, h, d)
   return o[:, :t]
 
 
-def _allowed(i, j, ok_BxNxS, g: int):
+def _allowed(i, j, seg_BxNxS, g: int):
   """[N, 1, G·b, b]: key j·b+c is visible to query row (·, r) of block i (r = row % b) when c ≤ r causally, the key
-  is not pad and the query is not pad (pad queries see nothing: their output is 0, their gradient 0)."""
-  b = ok_BxNxS.shape[-1]
+  is in the query's segment and the query is not pad (pad queries see nothing: their output is 0, their gradient
+  0)."""
+  b = seg_BxNxS.shape[-1]
   r_Q = jnp.tile(jnp.arange(b), g)
   causal_QxS = j * b + jnp.arange(b)[None, :] <= i * b + r_Q[:, None]
-  qok_NxQ = jnp.tile(ok_BxNxS[i], (1, g))
-  return causal_QxS[None, None] & qok_NxQ[:, None, :, None] & ok_BxNxS[j][:, None, None, :]
+  qseg_NxQ = jnp.tile(seg_BxNxS[i], (1, g))
+  same_NxQxS = (qseg_NxQ[:, :, None] == seg_BxNxS[j][:, None, :]) & (qseg_NxQ[:, :, None] > 0)
+  return causal_QxS[None, None] & same_NxQxS[:, None]
 
 
 def _scores(q_NxKxQxD, k_NxKxSxD, scale):
@@ -292,7 +315,8 @@ _flash.defvjp(_flash_fwd, _flash_bwd)
 
 def splash(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT, interpret: bool = False) -> jax.Array:
   """JAX's splash-attention kernel: per sequence (vmapped over rows), no softmax scale of its own (q is pre-scaled),
-  native GQA, left padding as segment ids (pad = segment 0, tokens = 1), T padded to the kernel's 128-lane tiles.
+  native GQA, the mask as segment ids (left padding: pad = segment 0, tokens = 1; packed rows: one id per
+  sample), T padded to the kernel's 128-lane tiles.
   Mosaic kernels cannot be auto-partitioned, so under a mesh it runs in `shard_map` over the batch axes (and the
   head axes when they divide both H and K)."""
   from jax.experimental.pallas.ops.tpu import splash_attention as sa
@@ -306,7 +330,7 @@ def splash(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT, interpret: bool = False) -
   q_NxHxTxD = pad(q_NxTxHxD * jnp.asarray(1.0 / math.sqrt(d), q_NxTxHxD.dtype)).transpose(0, 2, 1, 3)
   k_NxKxTxD = pad(k_NxTxKxD).transpose(0, 2, 1, 3)
   v_NxKxTxD = pad(v_NxTxKxD).transpose(0, 2, 1, 3)
-  seg_NxT = pad((mask_NxT > 0).astype(jnp.int32))
+  seg_NxT = pad(mask_NxT.astype(jnp.int32))
 
   def local(q, k, v, seg):
     mask = sa.MultiHeadMask([sa.CausalMask((tp, tp))] * q.shape[1])
@@ -336,6 +360,21 @@ def _manual_axes(n: int, h: int, kv: int) -> tuple[tuple[str, ...], tuple[str, .
   batch, heads = flat(spec[0]), flat(spec[1])
   size = lambda axes: math.prod(mesh.shape[a] for a in axes)
   return (batch if n % size(batch) == 0 else ()), (heads if h % size(heads) == kv % size(heads) == 0 else ())
+
+
+def pallas_gpu(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT, interpret: bool = False) -> jax.Array:
+  """Pallas GPU flash attention (`jax.experimental.pallas.ops.gpu.attention.mha`, Triton): causal with segment ids,
+  so packed rows run on the GPU in O(T). The kernel is multi-head only: K/V are repeated to the H query heads
+  (K/V memory ×H/K). Pad (segment 0) queries attend among pads; their outputs are zeroed. T is padded to 128."""
+  from jax.experimental.pallas.ops.gpu import attention as pgpu
+  n, t, h, d = q_NxTxHxD.shape
+  rep = h // k_NxTxKxD.shape[2]
+  tp = _round_up(t, 128)
+  pad = lambda x: jnp.pad(x, ((0, 0), (0, tp - t)) + ((0, 0),) * (x.ndim - 2))
+  k, v = (pad(jnp.repeat(x, rep, axis=2)) for x in (k_NxTxKxD, v_NxTxKxD))
+  o = pgpu.mha(pad(q_NxTxHxD), k, v, pad(mask_NxT.astype(jnp.int32)), sm_scale=1.0 / math.sqrt(d), causal=True,
+               interpret=interpret)[:, :t]
+  return jnp.where(mask_NxT[:, :, None, None] > 0, o, 0).astype(q_NxTxHxD.dtype)
 
 
 def seq_lengths(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT, implementation: str | None = "cudnn") -> jax.Array:

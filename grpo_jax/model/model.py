@@ -110,6 +110,7 @@ class Block(nn.Module):
   the continuous engine's shared-prompt / per-slot KV, live_attention.py)."""
   cfg: ModelConfig
   mode: str
+  packed: bool = False  # mask_NxT holds several segments per row (attention.choose)
 
   @nn.compact
   def __call__(self, x_MxD, positions_NxT, mask_NxT, cache_kv=None, index=None, kv_mask_NxS=None):
@@ -147,7 +148,7 @@ class Block(nn.Module):
       kv_out = live_attention.write(cache_kv, k[:, 0], v[:, 0], index)
       o = live_attention.attend(q[:, 0], kv_out)[:, None]
     else:
-      o = attention.attend(c.attention, q, k, v, mask_NxT)
+      o = attention.attend(c.attention, q, k, v, mask_NxT, packed=self.packed)
       if self.mode == "prefill":
         kv_out = (k.transpose(0, 2, 3, 1), v.transpose(0, 2, 1, 3))  # cache layouts; prefill casts
     o = nn.with_logical_constraint(o, ("batch", "length", "heads", "head_dim"))
@@ -171,6 +172,7 @@ class Transformer(nn.Module):
   layer stacked the same way, in cache layout. Decode does not come through here (see `decode_step`)."""
   cfg: ModelConfig
   mode: str = "train"
+  packed: bool = False  # rows of samples laid end to end: mask_NxT is their segment ids, positions restart per sample
 
   @nn.compact
   def __call__(self, tokens_NxT, positions_NxT, mask_NxT):
@@ -187,7 +189,7 @@ class Transformer(nn.Module):
                     in_axes=(nn.broadcast,) * 2, length=c.layers,
                     unroll=c.layers if self.mode in _UNROLLED[c.layer_unroll] else 1,
                     metadata_params={nn.PARTITION_NAME: "layers"})
-    x_MxD, kv_stacked = stack(c, self.mode, name="layers")(x_MxD, positions_NxT, mask_NxT)
+    x_MxD, kv_stacked = stack(c, self.mode, self.packed, name="layers")(x_MxD, positions_NxT, mask_NxT)
     h_NxTxD = RMSNorm(c.rms_eps, dt, name="final_norm")(x_MxD).reshape(n, t, c.hidden)
     if c.tie_embeddings:
       head_DxV = table_VxD.T
@@ -240,8 +242,8 @@ def param_axes(mcfg: ModelConfig) -> Params:
   return flax.core.unfreeze(nn.get_partition_spec(abstract)["params"])
 
 
-def _apply(mcfg, params, mode, tokens, positions, mask):
-  return Transformer(mcfg, mode).apply({"params": params}, tokens, positions, mask)
+def _apply(mcfg, params, mode, tokens, positions, mask, packed=False):
+  return Transformer(mcfg, mode, packed).apply({"params": params}, tokens, positions, mask)
 
 
 def forward(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_NxT: jax.Array,
@@ -260,9 +262,10 @@ def logprob_chunk(mcfg: ModelConfig) -> int:
 
 
 def hidden_states(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_NxT: jax.Array,
-                  mask_NxT: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(final-normed hidden [N, T, D], LM-head weight [D, V]): for value heads and `logprobs_from_hidden`."""
-  h_NxTxD, head_DxV, _ = _apply(mcfg, params, "train", tokens_NxT, positions_NxT, mask_NxT)
+                  mask_NxT: jax.Array, packed: bool = False) -> tuple[jax.Array, jax.Array]:
+  """(final-normed hidden [N, T, D], LM-head weight [D, V]): for value heads and `logprobs_from_hidden`. `packed`:
+  mask_NxT holds one segment id per sample of a packed row (0 = pad), positions restart per sample."""
+  h_NxTxD, head_DxV, _ = _apply(mcfg, params, "train", tokens_NxT, positions_NxT, mask_NxT, packed)
   return h_NxTxD, head_DxV
 
 
@@ -338,7 +341,7 @@ def completion_logprobs(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array
 
 def token_logprobs(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_NxT: jax.Array,
                    mask_NxT: jax.Array, temperature: float | jax.Array = 1.0,
-                   chunk: int | None = None) -> tuple[jax.Array, jax.Array]:
+                   chunk: int | None = None, packed: bool = False) -> tuple[jax.Array, jax.Array]:
   """(logp_NxT, entropy_NxT) of softmax(logits / temperature), aligned to the token they predict.
 
   logp[:, t] = log p(tokens[:, t] | tokens[:, <t]) and entropy[:, t] is the entropy of that same distribution;
@@ -346,7 +349,7 @@ def token_logprobs(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, pos
   positions at a time under `jax.checkpoint`, so neither the forward nor the backward pass holds it whole.
   chunk=None picks ~2^21 logits per row per chunk (whole sequence for small vocabularies); results are identical.
   """
-  h_NxTxD, head_DxV = hidden_states(mcfg, params, tokens_NxT, positions_NxT, mask_NxT)
+  h_NxTxD, head_DxV = hidden_states(mcfg, params, tokens_NxT, positions_NxT, mask_NxT, packed)
   return logprobs_from_hidden(mcfg, h_NxTxD, head_DxV, tokens_NxT, temperature, chunk)
 
 

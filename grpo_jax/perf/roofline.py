@@ -21,6 +21,7 @@ import numpy as np
 from grpo_jax.model import attention
 from grpo_jax.rollout import decode_layout
 from grpo_jax.model import model as model_lib
+from grpo_jax.rl import packing
 from grpo_jax.rl import state as state_lib
 from grpo_jax.rl import row_chunks
 from grpo_jax.rollout import engine
@@ -99,6 +100,25 @@ def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
               tokens=int(lengths_N.sum()))
 
 
+def packed_rows(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None = None) -> tuple[int, int]:
+  """(packed rows, pack_len) rl.packing's passes run over for these completion lengths (None: every row at L) and
+  prompts counted at their full P: first-fit decreasing of the N samples into rows of pack_len, in NumPy, as the step
+  plans each device's rows (the model packs all rows together: per device, each pays at most a few rows more, and the
+  micro-batch granularity `rl.pack_rows` rounds a device's rows up)."""
+  rl = config.rl
+  N, P, L = rl.prompts_per_step * rl.G, config.task.prompt_len, config.sampling.max_new_tokens
+  C = packing.pack_len(config, P + L)
+  lens = np.full(N, L) if lengths_N is None else np.minimum(np.asarray(lengths_N), L)
+  fill: list[int] = []
+  for n in sorted((P + lens).tolist(), reverse=True):
+    row = next((i for i, f in enumerate(fill) if f + n <= C), None)
+    if row is None:
+      fill.append(n)
+    else:
+      fill[row] += n
+  return len(fill), C
+
+
 def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu",
                    lengths_N: np.ndarray | None = None) -> dict[str, float]:
   """Global FLOPs of one step, by phase: 2·params per token forward, 6·params per token forward+backward.
@@ -107,7 +127,8 @@ def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu",
   path `model.attention` runs on `plat` (attention.choose / attention.pairs: the causal blocks of splash and
   blockwise, the full T×T of the einsum path); decode attends over the whole cache (P+L slots) at every step. The
   reference forward is absent at β = 0 (no reference model). `lengths_N`: the decode's work for these completion
-  lengths (decode_work) instead of every row to L.
+  lengths (decode_work) instead of every row to L; with rl.packing the reference, old-log-prob, policy and remat
+  passes run `packed_rows` rows of pack_len for them instead of N rows of T.
   """
   mcfg = model_lib.ModelConfig.from_config(config.model)
   rl = config.rl
@@ -120,6 +141,10 @@ def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu",
   chunk_rows = N // rl.rollout_chunks
   # One forward over all N×T tokens, in the row groups it runs in (rollout chunks, or update minibatches).
   fwd_seq = lambda n: 2 * pm * N * T + attn_pair * N * pairs(n, T)
+  if rl.packing:
+    R, C = packed_rows(config, lengths_N)
+    path = lambda n: attention.choose(mcfg.attention, n, C, mcfg.heads, mcfg.dtype, plat, packed=True)
+    fwd_seq = lambda n: 2 * pm * R * C + attn_pair * R * attention.pairs(path(n), C)
   w = decode_work(config, lengths_N)
   pre = w["prefill_rows"]
   out = {
@@ -165,13 +190,19 @@ def hbm_bytes(config: ml_collections.ConfigDict, mesh: dict[str, int],
       # the decode weights every step; the KV the computed rows read (static: the whole cache, every step)
       "rollout decode": w["steps"] * decode_weights + kv_pos * w["kv_read"] / (N / rows),
   }
+  passes, upd = rl.rollout_chunks, rl.mu * rl.minibatches  # passes over the weights: forwards, updates
+  if rl.packing:  # one pass per packed micro-batch: the rows a device needs over its rows per micro-batch
+    rows_dev = math.ceil(packed_rows(config, lengths_N)[0] / dp)
+    passes = math.ceil(rows_dev / packing.microbatch_rows(config, math.ceil(N / dp)))
+    upd = rl.mu * rl.minibatches * math.ceil(
+        rows_dev / rl.minibatches / packing.microbatch_rows(config, math.ceil(N / dp / rl.minibatches)))
   if state_lib.uses_reference(config):
-    out["reference forward"] = weights * rl.rollout_chunks  # one pass over the weights per chunk of rows
-  out["policy fwd+bwd"] = rl.mu * rl.minibatches * 3 * weights + 7 * shard
+    out["reference forward"] = weights * passes  # one pass over the weights per chunk of rows / micro-batch
+  out["policy fwd+bwd"] = upd * 3 * weights + 7 * shard
   if mcfg.dtype == "bfloat16":
-    out["old log-probs forward"] = weights * rl.rollout_chunks
+    out["old log-probs forward"] = weights * passes
   if mcfg.remat == "full":
-    out["remat recompute"] = rl.mu * rl.minibatches * weights
+    out["remat recompute"] = upd * weights
   return out
 
 

@@ -20,6 +20,8 @@ def parser(doc: str, models: Sequence[str], dtypes: Sequence[str], mesh_default:
                   "rows in this many chunks")
   ap.add_argument("--engine", default="static", choices=["static", "continuous"], help="sampling.engine")
   ap.add_argument("--slots", type=int, default=0, help="sampling.slots (continuous; 0 = rows / rollout chunks)")
+  ap.add_argument("--packing", action="store_true", help="rl.packing: padding-free packed training passes")
+  ap.add_argument("--pack-rows", type=int, default=0, help="rl.pack_rows (0 = an eighth of a device's rows)")
   ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/config/presets.py); β = 0 ones keep no reference")
   ap.add_argument("--lora-rank", type=int, default=0, help="LoRA on all projections, alpha = 2·rank (0 = full FT)")
   ap.add_argument("--lora-base-dtype", default="float32", choices=["float32", "bfloat16"],
@@ -32,4 +34,4 @@ def workload_kwargs(a: argparse.Namespace) -> dict[str, Any]:
   """memory_plan.workload_config's keyword arguments from the parsed flags (mesh apart: each tool reads its own)."""
   return dict(model=a.model, prompts=a.prompts, G=a.G, prompt_len=a.prompt_len, L=a.L, dtype=a.dtype, remat=a.remat,
               minibatches=a.minibatches, algo=a.algo, rollout_chunks=a.rollout_chunks, engine=a.engine, slots=a.slots,
-              lora_rank=a.lora_rank, lora_base_dtype=a.lora_base_dtype)
+              lora_rank=a.lora_rank, lora_base_dtype=a.lora_base_dtype, packing=a.packing, pack_rows=a.pack_rows)

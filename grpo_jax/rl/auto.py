@@ -3,7 +3,7 @@ the config with every `auto` replaced by its choice (and why), before the step i
 
 A chooser sees the config, the mesh's axis sizes and the device memory, and may ask the memory planner
 (memory_plan.plan, bytes per device) and a time model of its own. Registered here: `sampling.slots` (the continuous
-engine's slot count; an integer knob, so its auto value is 0). Other knobs register with `register(Knob(...))`
+engine's slot count; an integer knob, so its auto value is 0) and `rl.pack_len` (rl.packing's row length; 0). Other knobs register with `register(Knob(...))`
 from their own module. A step built from an unresolved config (tests) runs each knob's documented default.
 """
 import dataclasses
@@ -14,6 +14,7 @@ import ml_collections
 from absl import logging
 
 from grpo_jax.rl import memory_plan
+from grpo_jax.rl import packing
 
 AUTO = "auto"
 
@@ -117,3 +118,29 @@ def choose_slots(config, ctx: Context, candidates: list[int]) -> tuple[int, str]
 register(Knob("sampling.slots", slot_candidates, choose_slots, auto=0,
               applies=lambda c: c.sampling.get("engine", "static") == "continuous"))
 
+
+
+# ------------------------------------------------------------------------------------------ rl.pack_len
+
+
+def pack_len_candidates(config, ctx: Context) -> list[int]:
+  """packing.default_pack_len(P + L) (P + L rounded up to the 128-token tiles the attention kernels pad to), then
+  P + L itself: attention per packed row grows with pack_len², so nothing longer is offered."""
+  del ctx
+  T = config.task.prompt_len + config.sampling.max_new_tokens
+  return sorted({packing.default_pack_len(T), T}, reverse=True)
+
+
+def choose_pack_len(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
+  """The longest candidate whose step fits the device memory (more room per row for the next sample)."""
+  for n in candidates:
+    c = ml_collections.ConfigDict(config.to_dict())
+    c.rl.pack_len = n
+    total = memory_plan.plan(c, ctx.mesh, ctx.platform, hbm_bytes=ctx.hbm_bytes).total_bytes
+    if ctx.hbm_bytes is None or total <= ctx.hbm_bytes:
+      limit = "no memory limit" if ctx.hbm_bytes is None else f"{total / 2**30:.2f} of {ctx.hbm_bytes / 2**30:.1f} GiB"
+      return n, f"P + L = {config.task.prompt_len + config.sampling.max_new_tokens} to the 128 tile; {limit}"
+  return candidates[-1], "no pack_len fits the device memory; the shortest, P + L"
+
+
+register(Knob("rl.pack_len", pack_len_candidates, choose_pack_len, auto=0, applies=lambda c: bool(c.rl.packing)))

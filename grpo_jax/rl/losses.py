@@ -224,7 +224,8 @@ def value_loss(values_NxL: jax.Array, old_values_NxL: jax.Array, returns_NxL: ja
   """PPO clipped value loss ½·max((V − R)², (V_old + clip(V − V_old, ±clip) − R)²), aggregated with `agg`.
 
   The clipped term stops the critic from moving far from the values the advantages were computed with.
-  aux: value_clip_frac = fraction of valid tokens where the clipped error is the larger (strictly).
+  aux: value_clip_frac = fraction of valid tokens where V moved past the clip range and the clipped error is the
+  larger (strictly).
   """
   v_NxL = _clean(values_NxL, mask_NxL)
   old_NxL = _clean(old_values_NxL, mask_NxL)
@@ -233,5 +234,8 @@ def value_loss(values_NxL: jax.Array, old_values_NxL: jax.Array, returns_NxL: ja
   err_NxL = jnp.square(v_NxL - ret_NxL)
   err_clipped_NxL = jnp.square(v_clipped_NxL - ret_NxL)
   loss = aggregate(0.5 * jnp.maximum(err_NxL, err_clipped_NxL), mask_NxL, agg, norm_len=norm_len)
-  clip_frac = _token_mean((err_clipped_NxL > err_NxL).astype(jnp.float32), mask_NxL)
+  # Where V moved past the clip range (elsewhere v_clipped equals v exactly and a rounding-level difference of the
+  # two squared errors would decide the count).
+  hit_NxL = (jnp.abs(v_NxL - old_NxL) > clip) & (err_clipped_NxL > err_NxL)
+  clip_frac = _token_mean(hit_NxL.astype(jnp.float32), mask_NxL)
   return loss, {"value_clip_frac": lax.stop_gradient(clip_frac)}

@@ -31,6 +31,7 @@ from grpo_jax.model import model as model_lib
 from grpo_jax.model import model_presets
 from grpo_jax.perf import workload_flags
 from grpo_jax.config import presets
+from grpo_jax.rl import packing
 from grpo_jax.rl import row_chunks
 from grpo_jax.rl import state as state_lib
 from grpo_jax.infra import sharding
@@ -66,7 +67,8 @@ def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_l
                     mesh: dict[str, int] | None = None, dtype: str = "bfloat16", remat: str = "full",
                     minibatches: int = 1, mu: int = 1, algo: str = "grpo",
                     rollout_chunks: int = 1, engine: str = "static", slots: int = 0, lora_rank: int = 0,
-                    lora_base_dtype: str = "float32") -> ml_collections.ConfigDict:
+                    lora_base_dtype: str = "float32", packing: bool = False,
+                    pack_rows: int = 0) -> ml_collections.ConfigDict:
   """The peers' GRPO workload (β=0.04 unless the preset `algo` says otherwise, μ=1, lr 1e-5, T=1) on a named model
   shape: what `aot` compiles. lora_rank > 0: LoRA on all seven projections, alpha = 2·rank."""
   if model not in PRESETS:
@@ -75,7 +77,8 @@ def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_l
   c.model.update(PRESETS[model], max_len=prompt_len + L, dtype=dtype, remat=remat)
   c.sampling.update(temperature=1.0, max_new_tokens=L, engine=engine, slots=slots)
   c.task.prompt_len = prompt_len
-  c.rl.update(G=G, prompts_per_step=prompts, mu=mu, minibatches=minibatches, rollout_chunks=rollout_chunks)
+  c.rl.update(G=G, prompts_per_step=prompts, mu=mu, minibatches=minibatches, rollout_chunks=rollout_chunks,
+               packing=packing, pack_rows=pack_rows)
   if presets.PRESETS[algo]["rl.beta"] > 0:
     c.rl.beta = 0.04
   c.optim.update(lr=1e-5, grad_clip=1.0)
@@ -163,7 +166,7 @@ def attention_bytes(path: str, rows: int, t: int, h: int, k: int, dh: int, cb: i
   (q/k/v/o/dO in [blocks, ...] layout, the dq/dk/dv accumulators, transposed copies) and ~6 in the forward, plus a
   few fp32 block×block score tiles; splash on TPU keeps its fp32 softmax residuals (max, logsumexp) lane-replicated
   as [rows, h, t, 128] and q/k/v/o/dO copies in the head-major layout it needs; cuDNN keeps a logsumexp and the
-  same copies."""
+  same copies; pallas_gpu (packed rows on GPU) is modelled as cuDNN with K/V repeated to the query heads."""
   if path in ("xla", "dot_product"):
     return rows * h * t * t * (2 * 4 if backward else 4 + cb)
   if path == "blockwise":
@@ -175,6 +178,8 @@ def attention_bytes(path: str, rows: int, t: int, h: int, k: int, dh: int, cb: i
     return rows * tp * ((3 if backward else 2) * h * 128 * 4 + (4 if backward else 2) * (h + k) * dh * cb)
   if path == "cudnn":
     return rows * t * (h * 4 + (4 if backward else 2) * (h + k) * dh * cb)
+  if path == "pallas_gpu":  # as cuDNN, with K and V repeated to the h query heads (not read off a compile)
+    return rows * -(-t // 128) * 128 * (h * 4 + (4 if backward else 2) * 3 * h * dh * cb)
   raise ValueError(f"attention path {path!r}: use one of {list(attention.IMPLEMENTATIONS[1:])}.")
 
 
@@ -200,7 +205,6 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   h_dev, k_dev = H // tp if H % tp == 0 else H, K // tp if K % tp == 0 else K
   f_dev, v_dev = F // tp if F % tp == 0 else F, V // tp if V % tp == 0 else V
   plat = plat or attention.platform()
-  path = lambda n, t: attention.choose(mcfg.attention, n, t, H, mcfg.dtype, plat)
   chunks = rl.rollout_chunks
   rows = math.ceil(N / dp)                       # rollout rows on one device
   n_kept = rl.prompts_per_step * rl.G            # rows after dynamic sampling: scored and trained
@@ -208,7 +212,14 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   c_rows = math.ceil(N / chunks / dp)            # rows of one rollout chunk on one device (sampling)
   s_rows = math.ceil(n_kept / chunks / dp)       # ... and of one chunk of the scoring forwards
   mb_rows = math.ceil(n_kept / rl.minibatches / dp)   # training rows on one device, one minibatch
-  tok = mb_rows * T
+  Ts, Lh, packed = T, L, bool(rl.packing)  # the scoring/training row length, and the positions the LM head scores
+  if packed:
+    # rl.packing: those passes run one packed micro-batch of pack_rows rows of pack_len at a time (whatever the
+    # lengths), not the rollout chunk or the minibatch; the LM head scores every packed position.
+    Ts = Lh = packing.pack_len(config, T)
+    s_rows, mb_rows = packing.microbatch_rows(config, kept_rows), packing.microbatch_rows(config, mb_rows)
+  path = lambda n, t: attention.choose(mcfg.attention, n, t, H, mcfg.dtype, plat, packed=packed and t == Ts)
+  tok = mb_rows * Ts
 
   p_dev, n_params = param_bytes_per_device(mcfg, mesh)
   # The [D, V] LM head is the one weight XLA:TPU holds whole (measured, docs/scale.md): FSDP splits its D dim, so
@@ -256,36 +267,40 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   # The reference and (bf16) old-log-prob forwards: one rollout chunk of rows, one layer at a time, no gradient.
   score = {}
   if state_lib.uses_reference(config) or mcfg.dtype == "bfloat16":
-    s_tok = s_rows * T
+    s_tok = s_rows * Ts
     score = {
         "forward layer": s_tok * (3 * D + (h_dev + 2 * k_dev) * Dh + 2 * f_dev) * cb
-                         + attention_bytes(path(n_kept // chunks, T), s_rows, T, h_dev, k_dev, Dh, cb, False),
+                         + attention_bytes(path(n_kept // chunks, Ts), s_rows, Ts, h_dev, k_dev, Dh, cb, False),
         "layer input": s_tok * D * cb,
-        "logits chunk": 2 * s_rows * chunk * v_dev * 4 + s_rows * L * D * 4,
+        "logits chunk": 2 * s_rows * chunk * v_dev * 4 + s_rows * Lh * D * 4,
         "lm head, gathered": head_gathered,
         "rollout outputs": carried,
     }
 
-  train_path = path(n_kept // rl.minibatches, T)
+  train_path = path(n_kept // rl.minibatches, Ts)
   if mcfg.remat == "full":
     saved = nl * tok * D * cb  # only each layer's input survives the forward pass
   elif mcfg.remat == "dots":
     saved = nl * tok * (3 * D + (h_dev + 2 * k_dev) * Dh + 2 * f_dev) * cb
   else:  # everything, including the attention's own saved arrays (the einsum path's T×T scores)
     saved = nl * (tok * (5 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb
-                  + attention_bytes(train_path, mb_rows, T, h_dev, k_dev, Dh, cb, backward=False))
+                  + attention_bytes(train_path, mb_rows, Ts, h_dev, k_dev, Dh, cb, backward=False))
   # Backward of one layer: its recomputed activations, their gradients, and the attention's backward working set.
   layer = (tok * (4 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb
-           + attention_bytes(train_path, mb_rows, T, h_dev, k_dev, Dh, cb, backward=True))
+           + attention_bytes(train_path, mb_rows, Ts, h_dev, k_dev, Dh, cb, backward=True))
   update = {
       "gradients": trained,
       "saved activations (remat=%s)" % mcfg.remat: saved,
       "layer backward": layer,
-      "logits chunk": 3 * mb_rows * chunk * v_dev * 4 + mb_rows * L * D * 4,
+      "logits chunk": 3 * mb_rows * chunk * v_dev * 4 + mb_rows * Lh * D * 4,
       "lm head, gathered": head_gathered,
       "lm head gradient, unreduced": head_grad,
       "rollout outputs": carried,
   }
+  if packed:  # the while_loop carries the summed gradient next to the micro-batch's; the plan's two index arrays
+    separate = rl.algo in presets.CRITIC_ALGOS and config.ppo.critic == "separate"
+    update["gradient accumulator"] = p_dev * (2 if separate else 1)
+    update["packing plan"] = 2 * math.ceil(n_kept / rl.minibatches / dp) * Ts * 4
   if rl.algo in presets.CRITIC_ALGOS and config.ppo.critic == "separate":
     update["critic gradients"] = trained
   return Plan(resident, rollout, update, n_params, score)

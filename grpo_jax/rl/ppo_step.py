@@ -51,17 +51,23 @@ def critic_model(state: dict, critic_params: dict) -> dict:
 
 
 def values_and_logprobs(mcfg, mode, policy_params, critic_params, seq, P_len: int, temperature: float,
-                        want_logp: bool = True):
+                        want_logp: bool = True, packed: bool = False):
   """V(s_t) for the state that predicts completion token t, plus the policy's log-probs and entropies.
 
-  With a value head the trunk is run once for both; a separate critic runs its own trunk.
+  With a value head the trunk is run once for both; a separate critic runs its own trunk. A `packed` seq
+  (rl/packing.py) gives all three at every position, aligned to the token they score (column 0: 0).
   """
   tokens_NxT, positions_NxT, mask_NxT = seq
-  h_pol, head_DxV = model_lib.hidden_states(mcfg, policy_params, tokens_NxT, positions_NxT, mask_NxT)
+  h_pol, head_DxV = model_lib.hidden_states(mcfg, policy_params, tokens_NxT, positions_NxT, mask_NxT, packed)
   h_val = h_pol if mode == "head" else model_lib.hidden_states(
-      mcfg, critic_params["body"], tokens_NxT, positions_NxT, mask_NxT)[0]
+      mcfg, critic_params["body"], tokens_NxT, positions_NxT, mask_NxT, packed)[0]
   vh = critic_params["v_head"]
   v_NxT = jnp.einsum("ntd,d->nt", h_val.astype(jnp.float32), vh["kernel"]) + vh["bias"]
+  if packed:
+    v_NxT = jnp.pad(v_NxT[:, :-1], ((0, 0), (1, 0)))  # column t-1's state scores token t, as below
+    if not want_logp:
+      return v_NxT, None, None
+    return (v_NxT,) + model_lib.logprobs_from_hidden(mcfg, h_pol, head_DxV, tokens_NxT, temperature)
   # Column t-1's hidden state predicts token t: shift exactly like the log-probs.
   v_NxL = v_NxT[:, P_len - 1:-1]
   if not want_logp:
@@ -79,14 +85,12 @@ def critic(config, mcfg: model_lib.ModelConfig) -> state_lib.Critic:
                           opt=update_lib.make_optimizer(config.optim, lr=config.ppo.critic_lr))
 
 
-def make_loss_fn(config, mcfg, P_len: int) -> Callable:
-  """((policy params, critic params), minibatch) -> (clipped surrogate + vf_coef · clipped value loss, aux)."""
-  rl, ppo, temp, L = config.rl, config.ppo, config.sampling.temperature, config.sampling.max_new_tokens
+def make_objective(config) -> Callable:
+  """((v_NxL, logp_NxL, ent_NxL), minibatch) -> (clipped surrogate + vf_coef · clipped value loss, aux)."""
+  rl, ppo, L = config.rl, config.ppo, config.sampling.max_new_tokens
 
-  def loss_fn(both, mb):
-    policy_params, critic_params = both  # the policy's and the critic's full params (critic_model)
-    v_NxL, logp_NxL, ent_NxL = values_and_logprobs(mcfg, ppo.critic, policy_params, critic_params, mb["seq"], P_len,
-                                                   temp)
+  def objective(out, mb):
+    v_NxL, logp_NxL, ent_NxL = out
     pl, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], None, mb["adv_NxL"], mb["mask_NxL"],
                                eps_low=rl.eps_low, eps_high=rl.eps_high, beta=0.0, agg=rl.loss_agg, norm_len=L,
                                ratio_level=rl.ratio_level, dual_clip=rl.dual_clip)
@@ -94,7 +98,14 @@ def make_loss_fn(config, mcfg, P_len: int) -> Callable:
                                agg=rl.loss_agg, norm_len=L)
     m = dict(m, **vm, value_loss=vl, entropy=rl_step.masked_mean(ent_NxL, mb["mask_NxL"]))
     return pl + ppo.vf_coef * vl, m
-  return loss_fn
+  return objective
+
+
+def make_forward(config, mcfg, P_len: int) -> Callable:
+  """((policy params, critic params), seq, packed) -> (values, log-probs, entropies)."""
+  mode, temp = config.ppo.critic, config.sampling.temperature
+  return lambda both, seq, packed: values_and_logprobs(mcfg, mode, both[0], both[1], seq, P_len, temp,
+                                                       packed=packed)
 
 
 def advantages_and_returns(config, ro: rollout_lib.Rollout, old_v_NxL) -> tuple[jax.Array, jax.Array]:
@@ -137,19 +148,21 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
     ro = rollout_fn(state_lib.model_params(state), rl_step.reference_params(config, state), batch, k_roll)
     # The critic's forward over the rollout, on the update's training length, in the rollout's row chunks.
     old_v_NxL = rollout_lib.forwards_by_length(
-        config, lambda *seq: values_and_logprobs(mcfg, config.ppo.critic, state_lib.model_params(state),
-                                                 critic_model(state, state["critic_params"]), seq, P_len, temp,
-                                                 want_logp=False)[0], ro.bucket, ro.seq, P_len)
+        config, lambda seq, packed: values_and_logprobs(mcfg, config.ppo.critic, state_lib.model_params(state),
+                                                        critic_model(state, state["critic_params"]), seq, P_len,
+                                                        temp, want_logp=False, packed=packed)[0],
+        ro.bucket, ro.seq, P_len)
     old_v_NxL = jax.lax.stop_gradient(old_v_NxL) * ro.mask_NxL
     adv_NxL, returns_NxL = advantages_and_returns(config, ro, old_v_NxL)
     data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=ro.mask_NxL,
                 old_v_NxL=old_v_NxL, returns_NxL=returns_NxL)
     carry = ((state["params"], state["critic_params"]), (state["opt_state"], state["critic_opt_state"]))
-    loss_fn = make_loss_fn(config, mcfg, P_len)
+    fwd = make_forward(config, mcfg, P_len)
+    forward = lambda ps, seq, packed: fwd((state_lib.model_params(state, ps[0]), critic_model(state, ps[1])), seq,
+                                          packed)
+    update = rl_step.make_train_update(config, forward, make_objective(config), opts, P_len)
     ((params, critic_params), (opt_state, critic_opt)), um = rl_step.train_by_length(
-        config, update_lib.make_update(lambda ps, mb: loss_fn((state_lib.model_params(state, ps[0]),
-                                                               critic_model(state, ps[1])), mb), opts),
-        carry, data, k_upd, ro.bucket, P_len)
+        config, update, carry, data, k_upd, ro.bucket, P_len)
     updated = dict(params=params, opt_state=opt_state, critic_params=critic_params, critic_opt_state=critic_opt,
                    rng=rng)
     return rl_step.finish_step(config, state, updated, ro, adv_NxL, um)

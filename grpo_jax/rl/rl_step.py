@@ -14,6 +14,7 @@ from grpo_jax.rl import advantages
 from grpo_jax.config import config_lib
 from grpo_jax.rl import length_stats
 from grpo_jax.rl import losses
+from grpo_jax.rl import packing
 from grpo_jax.model import model as model_lib
 from grpo_jax.config import presets
 from grpo_jax.rl import reward_spec
@@ -122,18 +123,40 @@ def policy_loss_kwargs(config) -> dict:
               ratio_level=rl.ratio_level, dual_clip=rl.dual_clip, kl_clamp=rl.kl_clamp)
 
 
-def make_loss_fn(config, mcfg, P: int) -> Callable:
-  """(params, minibatch) -> (loss, aux) for prompts of static length P."""
-  temp, kwargs = config.sampling.temperature, policy_loss_kwargs(config)
+def make_objective(config) -> Callable:
+  """((logp_NxL, ent_NxL), minibatch) -> (loss, aux): the clipped objective on the policy's log-probs."""
+  kwargs = policy_loss_kwargs(config)
 
-  def loss_fn(params, mb):
-    logp_NxL, ent_NxL = rollout_lib.completion_logprobs(mcfg, params, mb["seq"], P, temp)
+  def objective(out, mb):
+    logp_NxL, ent_NxL = out
     # No reference (β = 0, or all of a vmapped sweep's β are 0: vmapped_runs.init_states): no KL term at all.
     kw = kwargs if mb.get("ref_logp_NxL") is not None else dict(kwargs, beta=0.0)
     loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb.get("ref_logp_NxL"), mb["adv_NxL"], mb["mask_NxL"],
                                  **kw)
     return loss, dict(m, entropy=masked_mean(ent_NxL, mb["mask_NxL"]))
-  return loss_fn
+  return objective
+
+
+def make_forward(config, mcfg, P: int) -> Callable:
+  """((params,), seq, packed) -> (logp, entropy): the policy pass (packed: per position, rl/packing.py)."""
+  temp = config.sampling.temperature
+  return lambda ps, seq, packed: rollout_lib.completion_logprobs(mcfg, ps[0], seq, P, temp, packed)
+
+
+def make_loss_fn(config, mcfg, P: int) -> Callable:
+  """(params, minibatch) -> (loss, aux) for prompts of static length P (the padded pass)."""
+  objective, forward = make_objective(config), make_forward(config, mcfg, P)
+  return lambda params, mb: objective(forward((params,), mb["seq"], False), mb)
+
+
+def make_train_update(config, forward: Callable, objective: Callable, opts, P: int) -> Callable:
+  """minibatch_scan's update for a family: objective(forward(params, seq, packed), mb). Padded: one value_and_grad
+  over the minibatch; rl.packing: gradients summed over its packed micro-batches (packing.value_and_grad)."""
+  loss_fn = lambda ps, mb: objective(forward(ps, mb["seq"], False), mb)
+  vg = None
+  if config.rl.packing:
+    vg = packing.value_and_grad(config, lambda ps, s: forward(ps, s, True), objective, P)
+  return update_lib.make_update(loss_fn, opts, vg)
 
 
 def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.Array]:
@@ -188,8 +211,11 @@ def finish_step(config, state: state_lib.State, updated: dict, ro: rollout_lib.R
 def train_by_length(config, update, carry, data: dict, rng, bucket, P: int):
   """update.minibatch_scan on `data` cut to the bucket's completion length, one lax.switch branch per length (each
   compiles a forward+backward). The loss normalisers that are constants (Dr.GRPO's, DAPO's overlong penalty) read
-  sampling.max_new_tokens, never the bucket: the cut drops only masked positions, so the loss is the same."""
+  sampling.max_new_tokens, never the bucket: the cut drops only masked positions, so the loss is the same. Under
+  rl.packing there are no length buckets: the update's packed micro-batches follow the real tokens."""
   rl = config.rl
+  if rl.packing:
+    return update_lib.minibatch_scan(update, carry, data, rng, mu=rl.mu, minibatches=rl.minibatches)
 
   def at(Lb, carry, data, rng):
     return update_lib.minibatch_scan(update, carry, update_lib.cut(data, P, Lb), rng, mu=rl.mu,
@@ -242,7 +268,6 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
 
   def step(state, batch):
     P = batch["prompt_NxP"].shape[1]
-    loss_fn = make_loss_fn(config, mcfg, P)
     rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
     ro = rollout_fn(state_lib.model_params(state), reference_params(config, state), batch, k_roll)
     adv_NxL = compute_advantages(config, ro)
@@ -251,7 +276,9 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
       data["ref_logp_NxL"] = ro.ref_logp_NxL
 
     # the optimizer sees `params` only: with LoRA the adapters, the base entering as a constant
-    update = update_lib.make_update(lambda ps, mb: loss_fn(state_lib.model_params(state, ps[0]), mb), (opt,))
+    fwd = make_forward(config, mcfg, P)
+    forward = lambda ps, seq, packed: fwd((state_lib.model_params(state, ps[0]),), seq, packed)
+    update = make_train_update(config, forward, make_objective(config), (opt,), P)
     with jax.named_scope("update"):
       ((params,), (opt_state,)), um = train_by_length(
           config, update, ((state["params"],), (state["opt_state"],)), data, k_upd, ro.bucket, P)

@@ -10,6 +10,7 @@ from grpo_jax.infra import sharding
 from grpo_jax.model import model as model_lib
 from grpo_jax.rl import advantages
 from grpo_jax.rl import memory_plan
+from grpo_jax.rl import packing
 from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.rl import reward_spec
 from grpo_jax.rl import row_chunks
@@ -33,9 +34,12 @@ def full_sequence(prompt_NxP, pmask_NxP, tokens_NxL, mask_NxL):
   return tokens_NxT, positions_NxT, mask_NxT
 
 
-def completion_logprobs(mcfg, params, seq, P: int, temperature: float):
-  """log π(o_t | q, o_<t) and entropies for the completion columns only (the LM head skips prompt positions)."""
+def completion_logprobs(mcfg, params, seq, P: int, temperature: float, packed: bool = False):
+  """log π(o_t | q, o_<t) and entropies for the completion columns only (the LM head skips prompt positions); a
+  `packed` seq (packing.packed_seq) gets them at every position, aligned to the token they score (packing.unpack)."""
   tokens_NxT, positions_NxT, mask_NxT = seq
+  if packed:
+    return model_lib.token_logprobs(mcfg, params, tokens_NxT, positions_NxT, mask_NxT, temperature, packed=True)
   return model_lib.completion_logprobs(mcfg, params, tokens_NxT, positions_NxT, mask_NxT, P, temperature)
 
 
@@ -149,16 +153,16 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
     # row chunk; reduced over vmapped runs). The forwards below, and the update, run on that many completion tokens.
     bucket = update_lib.bucket_index(rows["lengths_N"], sizes)
 
-    def forwards(*seq_chunk):
+    def forwards(seq_chunk, packed):
       # bf16 sampler and training forward differ by rounding; ρ must start at exactly 1 for μ=1 on-policy, so under
-      # bf16 the old log-probs are recomputed in training numerics.
+      # bf16 the old log-probs are recomputed in training numerics (packed as the policy pass is, under packing).
       out = {}
       if ref_params is not None:
         with jax.named_scope("reference"):  # phase names the roofline attributes collectives by (hlo_collectives)
-          out["ref"] = completion_logprobs(mcfg, ref_params, seq_chunk, P, temp)[0]
+          out["ref"] = completion_logprobs(mcfg, ref_params, seq_chunk, P, temp, packed)[0]
       if bf16:
         with jax.named_scope("old_logprobs"):
-          out["old"] = completion_logprobs(mcfg, params, seq_chunk, P, temp)[0]
+          out["old"] = completion_logprobs(mcfg, params, seq_chunk, P, temp, packed)[0]
       return out
 
     need = ref_params is not None or bf16
@@ -186,13 +190,18 @@ def train_lengths(config) -> tuple[int, ...]:
 
 
 def forwards_by_length(config, fn: Callable, bucket, seq, P: int):
-  """fn(*seq_chunk) -> a pytree of [rows, Lb] per-completion-token arrays, run on `seq` cut to the update's training
-  length (train_lengths(config)[bucket], one lax.switch branch per length) in rl.rollout_chunks row chunks
-  (map_row_chunks), zero-padded back to [N, L]: the positions cut off are past every completion (mask 0)."""
+  """fn(seq_chunk, packed=False) -> a pytree of [rows, Lb] per-completion-token arrays, run on `seq` cut to the
+  update's training length (train_lengths(config)[bucket], one lax.switch branch per length) in rl.rollout_chunks
+  row chunks (map_row_chunks), zero-padded back to [N, L]: the positions cut off are past every completion (mask 0).
+  Under rl.packing, fn(packed_seq, packed=True) gives per-position outputs over packed micro-batches instead
+  (packing.forwards; the micro-batch bounds the activations, so rollout_chunks does not apply), the same [N, L]."""
   L = seq[0].shape[1] - P
+  if config.rl.packing:
+    return packing.forwards(config, lambda s: fn(s, True), seq, P)
 
   def at(Lb, seq):
-    out = row_chunks.map_row_chunks(fn, int(config.rl.rollout_chunks), *update_lib.cut(dict(seq=seq), P, Lb)["seq"])
+    out = row_chunks.map_row_chunks(lambda *s: fn(s, False), int(config.rl.rollout_chunks),
+                         *update_lib.cut(dict(seq=seq), P, Lb)["seq"])
     return jax.tree.map(lambda v: jnp.pad(v, ((0, 0), (0, L - Lb))), out)
   return update_lib.by_length(bucket, train_lengths(config), at, seq)
 

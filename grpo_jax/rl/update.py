@@ -66,14 +66,16 @@ def finite_select(new: Any, old: Any, *values: jax.Array) -> tuple[Any, jax.Arra
 
 
 def gradient_step(loss_fn: Callable, opts: Sequence[Optimizer], params: tuple, opt_states: tuple,
-                  batch: Any) -> tuple[tuple, tuple, dict[str, jax.Array]]:
+                  batch: Any, value_and_grad: Callable | None = None) -> tuple[tuple, tuple, dict[str, jax.Array]]:
   """One update of one or more parameter sets, each with its own optimizer (PPO: policy and critic).
 
-  `loss_fn(params, batch) -> (loss, aux)`. A non-finite loss, gradient or optimizer update in ANY set skips the
+  `loss_fn(params, batch) -> (loss, aux)`; `value_and_grad(params, batch) -> ((loss, aux), grads)` replaces
+  jax.value_and_grad(loss_fn) (rl.packing: gradients summed over packed micro-batches). A non-finite loss, gradient or optimizer update in ANY set skips the
   whole update (params and optimizer states stay as they were) and is counted. Metrics (aux plus loss, grad_norm,
   update_norm, lr, nonfinite) describe the first set, the policy.
   """
-  (loss, aux), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, batch)
+  vg = value_and_grad or jax.value_and_grad(loss_fn, has_aux=True)
+  (loss, aux), grads = vg(params, batch)
   lr = opts[0].lr(opt_states[0])
   new_params, new_opts, norms = [], [], []
   for opt, g, s, p in zip(opts, grads, opt_states, params):
@@ -88,10 +90,11 @@ def gradient_step(loss_fn: Callable, opts: Sequence[Optimizer], params: tuple, o
   return params, opt_states, m
 
 
-def make_update(loss_fn: Callable, opts: Sequence[Optimizer]) -> Callable[[Any, Any], tuple[Any, dict]]:
+def make_update(loss_fn: Callable, opts: Sequence[Optimizer],
+                value_and_grad: Callable | None = None) -> Callable[[Any, Any], tuple[Any, dict]]:
   """`gradient_step` as minibatch_scan's update: the carry is (params tuple, optimizer states tuple)."""
   def update(carry, mb):
-    params, opt_states, m = gradient_step(loss_fn, opts, *carry, mb)
+    params, opt_states, m = gradient_step(loss_fn, opts, *carry, mb, value_and_grad)
     return (params, opt_states), m
   return update
 
@@ -120,7 +123,7 @@ def minibatch_scan(update: Callable[[Any, Any], tuple[Any, dict]], carry: Any, d
 
 # Per-update metrics reported as train/<key>: the mean over the step's updates, except the ratio's extremes.
 _REPORTED = ("loss", "grad_norm", "update_norm", "lr", "clip_frac_low", "clip_frac_high", "clip_frac_dual",
-             "kl_clamp_frac", "ratio_mean", "ratio_max", "ratio_min", "entropy", "value_loss", "tokens")
+             "kl_clamp_frac", "ratio_mean", "ratio_max", "ratio_min", "entropy", "value_loss", "tokens", "pack_rows")
 
 
 def step_metrics(um: dict[str, jax.Array], params: Any, reward_ok: jax.Array | None = None) -> dict[str, jax.Array]:
@@ -155,12 +158,16 @@ def train_lengths(L: int, n: int) -> tuple[int, ...]:
 def bucket_index(lengths_N: jax.Array, sizes: Sequence[int]) -> jax.Array:
   """Index into `sizes` of the shortest length covering the longest completion. Under studies/vmapped_runs.py's vmap the index is
   the max over the runs: a per-run (batched) index would turn `lax.switch` into a select that runs every branch."""
-  idx = jnp.sum(jnp.asarray(sizes[:-1], jnp.int32) < jnp.max(lengths_N).astype(jnp.int32))
+  return max_over_runs(jnp.sum(jnp.asarray(sizes[:-1], jnp.int32) < jnp.max(lengths_N).astype(jnp.int32)))
+
+
+def max_over_runs(x: jax.Array) -> jax.Array:
+  """`x` reduced (max) over seeds.py's runs vmap, so a length bucket or loop trip count stays unbatched; one run's
+  own `x` outside it."""
   try:
-    idx = jax.lax.pmax(idx, RUNS_AXIS)
-  except NameError:  # not under the runs vmap: one run's own index
-    pass
-  return idx
+    return jax.lax.pmax(x, RUNS_AXIS)
+  except NameError:  # not under the runs vmap
+    return x
 
 
 def by_length(idx: jax.Array, sizes: Sequence[int], fn: Callable, *operands: Any) -> Any:

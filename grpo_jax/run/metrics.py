@@ -59,7 +59,9 @@ METRICS: dict[str, str] = {
     'train/decode_admit_wait': ('continuous engine: mean decode steps a row waited in the queue for a slot '
                                 '(0 when sampling.slots = rows)'),
     'train/train_len': 'completion tokens the update trained on: the shortest of rl.train_buckets static lengths '
-                       'covering the longest completion',
+                       'covering the longest completion (rl.packing: computed, not used by the packed passes)',
+    'train/pack_rows': 'rl.packing: packed rows of rl.pack_len tokens one update ran over, all devices (micro-batches '
+                       'run x rows each; mean over minibatch updates)',
     'train/grad_norm': 'global L2 norm of the gradient before clipping (mean over minibatch updates)',
     'train/update_norm': 'global L2 norm of the optimizer update (mean over minibatch updates)',
     'train/param_norm': 'global L2 norm of the trained params after the step (the adapters under LoRA)',

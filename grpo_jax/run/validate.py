@@ -26,7 +26,7 @@ KL_IN = ("loss", "reward")
 LOSS_AGG = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
-ATTENTION = ("auto", "xla", "blockwise", "splash", "cudnn", "dot_product")  # = attention.IMPLEMENTATIONS
+ATTENTION = ("auto", "xla", "blockwise", "splash", "cudnn", "dot_product", "pallas_gpu")  # = attention.IMPLEMENTATIONS
 LANGUAGES = ("a", "b", "mixed")
 ENGINES = ("static", "continuous")  # sampling.engine: sampling.sample / rollout/engine.py
 JOBS = ("grpo", "sft", "pretrain", "r1_pipeline", "export")  # grpo runs every rl.algo, ppo included
@@ -73,6 +73,19 @@ def _task(c, offers: str, lacks: str):
   name, ok = c.task.name, registry.names(offers)
   if name not in ok:
     _fail("task.name", f"{'unknown task' if name not in registry.TASKS else lacks} {name!r}; choose one of {ok}.")
+
+
+def validate_packing(c, total: int) -> None:
+  """rl.packing's keys: a packed row must hold the longest sample (P + L tokens)."""
+  if not isinstance(c.rl.packing, bool):
+    _fail("rl.packing", f"must be True or False, got {c.rl.packing!r}.")
+  for k in ("rl.pack_len", "rl.pack_rows"):
+    v = _get(c, k)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+      _fail(k, f"must be an integer >= 0 (0 = the planner's), got {v!r}.")
+  if 0 < c.rl.pack_len < total:
+    _fail("rl.pack_len", f"{c.rl.pack_len} < task.prompt_len + sampling.max_new_tokens = {total}: a packed row must "
+          f"hold the longest sample; set rl.pack_len >= {total} or 0 (the planner's).")
 
 
 def _get(c, key):
@@ -220,6 +233,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   if total > c.model.max_len:
     _fail("sampling.max_new_tokens", f"task.prompt_len + sampling.max_new_tokens = {total} exceeds "
           f"model.max_len={c.model.max_len}; shorten them or raise model.max_len.")
+  validate_packing(c, total)
   if c.rl.process_weight > 0 and "process" not in [n for n, _ in c.rewards]:
     _fail("rl.process_weight", "is > 0 but config.rewards has no 'process' term; add ('process', w) or set 0.")
   for i, entry in enumerate(c.rewards):

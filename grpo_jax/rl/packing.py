@@ -1,0 +1,237 @@
+"""Padding-free training passes (rl.packing): each sample's prompt + completion, without its pads, laid end to end in
+rows of `pack_len` tokens, with one segment id per sample and positions that restart per sample (RoPE sees the
+padded path's positions). The reference, old-log-prob, critic and policy passes run over packed micro-batches of
+`rows` rows per device in a `while_loop` whose trip count is the number of micro-batches this step needs, so their
+cost follows the real tokens, not the longest row.
+
+Layout: the pass's N rows are seen as [D, N/D] (D = the batch's device shards: a row-sharded array's own rows),
+each device packs its own rows (first-fit decreasing), and the trip count is the maximum over devices (and over
+vmapped runs). A pass's outputs come back as the padded path's [N, L] arrays (0 past each completion), so every loss,
+estimator and metric downstream is the padded path's code. The policy gradient is summed over micro-batches in the
+loop carry: each micro-batch's loss is the whole minibatch's loss restricted to its samples (rows outside it masked),
+with every normaliser over the whole minibatch (`microbatch_weights`), so the sum is the minibatch's loss.
+"""
+import math
+from typing import Any, Callable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+from grpo_jax.infra import sharding
+from grpo_jax.rl import update as update_lib
+
+# How a micro-batch's aux metric combines into the minibatch's (every key the policy/PPO objectives return):
+# token means (over the micro-batch's tokens) are weighted by its share of the minibatch's tokens; aggregated
+# losses scale as the loss does; the ratio's extremes take the max / min over the micro-batches that have tokens.
+TOKEN_MEANS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "kl_clamp_frac", "entropy",
+               "value_clip_frac")
+LIKE_LOSS = ("surrogate", "value_loss")
+EXTREMES = {"ratio_max": jnp.maximum, "ratio_min": jnp.minimum}
+
+
+def default_pack_len(T: int) -> int:
+  """The planner's pack_len for rows of T = P + L tokens: T rounded up to the 128-token tiles the TPU/GPU attention
+  kernels and the CPU blockwise path pad to anyway (the round-up is free room for more samples); T itself below
+  128. Attention per packed row grows with pack_len², so it stays near T."""
+  return T if T < 128 else -(-T // 128) * 128
+
+
+def pack_len(config, T: int) -> int:
+  """rl.pack_len, or (0, a config the auto planner has not resolved: rl/auto.py) default_pack_len(T). Must hold the
+  longest sample: ≥ T = P + L (run/validate.py checks)."""
+  n = int(config.rl.pack_len) or default_pack_len(T)
+  if n < T:
+    raise ValueError(f"config.rl.pack_len={n} < task.prompt_len + sampling.max_new_tokens = {T}: a packed row must "
+                     f"hold the longest sample; set rl.pack_len >= {T} or 0 (the planner's).")
+  return n
+
+
+def batch_shards(n: int) -> int:
+  """Devices the batch axis of an [n, ...] pass is split over under the current mesh (1 when it does not divide)."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
+    return 1
+  d = math.prod(mesh.shape[a] for a in sharding.BATCH_AXES if a in mesh.shape)
+  return d if n % d == 0 else 1
+
+
+def microbatch_rows(config, n_local: int) -> int:
+  """Packed rows per device per micro-batch: rl.pack_rows, or (0) an eighth of the device's rows of the pass (the
+  cost granularity: a step pays at most one micro-batch of slack)."""
+  r = int(config.rl.pack_rows) or -(-n_local // 8)
+  return max(1, min(r, n_local))
+
+
+class Plan(NamedTuple):
+  """Where each of a device's Nl samples sits in its Nl packed rows of C columns (per device: leading axis D)."""
+  src_DxRxC: jax.Array    # flat index into the device's [Nl·T] tokens of the token at (row, column); -1 = pad
+  seg_DxRxC: jax.Array    # segment id (local sample + 1), 0 = pad
+  row_DxN: jax.Array      # each sample's packed row
+  first_DxN: jax.Array    # the packed column of its completion token 0
+  len_DxN: jax.Array      # its completion tokens
+  trips: jax.Array        # micro-batches needed: max over devices (and vmapped runs) of ceil(rows used / rows)
+  rows: int               # packed rows per device per micro-batch
+  C: int                  # pack_len
+
+
+def _first_fit(len_N: jax.Array, C: int) -> tuple[jax.Array, jax.Array]:
+  """(row_N, offset_N): first-fit decreasing of samples of len_N ≤ C tokens into N rows of C (O(N²), tiny)."""
+  n = len_N.shape[0]
+  order = jnp.argsort(-len_N)
+
+  def place(fill_R, i):
+    row = jnp.argmax(fill_R + len_N[i] <= C)  # the first row it fits in (one always does: N rows, ≤ N samples)
+    return fill_R.at[row].add(len_N[i]), (row, fill_R[row])
+
+  _, (row_o, off_o) = jax.lax.scan(place, jnp.zeros((n,), jnp.int32), order)
+  inv = jnp.argsort(order)
+  return row_o[inv].astype(jnp.int32), off_o[inv].astype(jnp.int32)
+
+
+def plan(config, seq, P: int) -> Plan:
+  """Pack `seq` = (tokens_NxT, positions_NxT, mask_NxT) (left-padded prompt of P columns + completion, each
+  sample's real tokens contiguous, as rollout.full_sequence builds them) device by device."""
+  mask_NxT = seq[2]
+  n, T = mask_NxT.shape
+  C = pack_len(config, T)
+  D = batch_shards(n)
+  m_DxNxT = (mask_NxT > 0).reshape(D, n // D, T)
+  rows = microbatch_rows(config, n // D)
+  n_alloc = -(-(n // D) // rows) * rows  # whole micro-batches of rows (a slice past the end would be clamped)
+
+  def one_device(m_NxT):
+    nl = m_NxT.shape[0]
+    real_N = m_NxT.sum(1).astype(jnp.int32)
+    start_N = jnp.argmax(m_NxT, axis=1).astype(jnp.int32)  # the first real token (the prompt's, left-padded)
+    row_N, off_N = _first_fit(real_N, C)
+    j_T = jnp.arange(T, dtype=jnp.int32)
+    dst_NxT = row_N[:, None] * C + off_N[:, None] + j_T[None] - start_N[:, None]
+    dst_NxT = jnp.where(m_NxT, dst_NxT, n_alloc * C)  # pads go out of bounds: dropped
+    src_NxT = jnp.arange(nl, dtype=jnp.int32)[:, None] * T + j_T[None]
+    src = jnp.full((n_alloc * C,), -1, jnp.int32).at[dst_NxT].set(src_NxT, mode="drop")
+    seg = jnp.zeros((n_alloc * C,), jnp.int32).at[dst_NxT].set(
+        jnp.broadcast_to(jnp.arange(1, nl + 1, dtype=jnp.int32)[:, None], (nl, T)), mode="drop")
+    used = jnp.max(jnp.where(real_N > 0, row_N, -1)) + 1
+    return (src.reshape(n_alloc, C), seg.reshape(n_alloc, C), row_N, off_N + P - start_N,
+            m_NxT[:, P:].sum(1).astype(jnp.int32), used)
+
+  src, seg, row, first, lens, used_D = jax.vmap(one_device)(m_DxNxT)
+  trips = update_lib.max_over_runs(-(-jnp.max(used_D) // rows))
+  return Plan(src, seg, row, first, lens, trips, rows, C)
+
+
+def packed_seq(p: Plan, seq, c) -> tuple:
+  """Micro-batch c's (tokens, positions, segment ids), [D·rows, C], each device's rows from its own samples."""
+  D, nl = p.row_DxN.shape
+  src_DxRxC = jax.lax.dynamic_slice_in_dim(p.src_DxRxC, c * p.rows, p.rows, axis=1)
+  seg_DxRxC = jax.lax.dynamic_slice_in_dim(p.seg_DxRxC, c * p.rows, p.rows, axis=1)
+  flat = lambda x: x.reshape(D, -1)
+  gather = jax.vmap(lambda x, s: jnp.where(s >= 0, jnp.take(x, jnp.maximum(s, 0)), 0))
+  tok, pos = (gather(flat(x), src_DxRxC) for x in seq[:2])
+  out = (tok, pos, seg_DxRxC)
+  return tuple(sharding.constrain_batch(x.reshape(D * p.rows, p.C)) for x in out)
+
+
+def in_microbatch(p: Plan, c) -> jax.Array:
+  """[N] bool: the samples micro-batch c holds."""
+  lo = c * p.rows
+  return ((p.row_DxN >= lo) & (p.row_DxN < lo + p.rows)).reshape(-1)
+
+
+def unpack(p: Plan, out_RxC: Any, c, L: int) -> Any:
+  """Per-token outputs of micro-batch c aligned to the token they score (column q scores packed token q) → the
+  padded layout [N, L] (completion token t of sample i), 0 for samples outside the micro-batch and past each
+  completion."""
+  D, nl = p.row_DxN.shape
+  t_L = jnp.arange(L, dtype=jnp.int32)
+  idx_DxNxL = (p.row_DxN - c * p.rows)[..., None] * p.C + p.first_DxN[..., None] + t_L
+  ok_DxNxL = (t_L < p.len_DxN[..., None]) & in_microbatch(p, c).reshape(D, nl)[..., None]
+
+  def one(x_RxC):
+    x_DxM = x_RxC.reshape(D, -1)
+    g = jax.vmap(lambda x, i: jnp.take(x, jnp.clip(i, 0, x.shape[0] - 1)))(x_DxM, idx_DxNxL)
+    return sharding.constrain_batch(jnp.where(ok_DxNxL, g, 0).reshape(D * nl, L).astype(x_RxC.dtype))
+  return jax.tree.map(one, out_RxC)
+
+
+def forwards(config, fn: Callable, seq, P: int) -> Any:
+  """fn(packed_seq) -> a pytree of [D·rows, C] per-position outputs (aligned to the token they score), run over
+  packed micro-batches in a while_loop (trip count = those needed), returned as [N, L] arrays (rollout's reference,
+  old-log-prob and critic forwards)."""
+  n, T = seq[0].shape
+  L = T - P
+  p = plan(config, seq, P)
+  shapes = jax.eval_shape(fn, packed_seq(p, seq, 0))
+  init = jax.tree.map(lambda s: sharding.constrain_batch(jnp.zeros((n, L), s.dtype)), shapes)
+
+  def body(carry):
+    c, acc = carry
+    out = unpack(p, fn(packed_seq(p, seq, c)), c, L)
+    return c + 1, jax.tree.map(jnp.add, acc, out)  # each sample is in exactly one micro-batch: a sum places it
+  return jax.lax.while_loop(lambda carry: carry[0] < p.trips, body, (jnp.int32(0), init))[1]
+
+
+def microbatch_weights(agg: str, mask_NxL: jax.Array, in_mb_N: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(token share w, loss scale) of a micro-batch. Its loss is the minibatch's objective with the other samples
+  masked out: a row-mean mode (seq_mean_token_mean, Dr.GRPO's seq_mean_token_sum_norm) still divides by every
+  row of the minibatch and by each row's own length or the constant, so the micro-batches' losses sum to the
+  minibatch's as they are; token_mean divided by the micro-batch's tokens, so its loss scales by their share of the
+  minibatch's. Token-mean metrics always weigh by that share."""
+  n_all = jnp.sum(mask_NxL > 0)
+  w = jnp.sum((mask_NxL > 0) & in_mb_N[:, None]) / jnp.maximum(n_all, 1)
+  return w, (w if agg == "token_mean" else jnp.ones_like(w))
+
+
+def combine(acc: dict, aux: dict, w: jax.Array, scale: jax.Array) -> dict:
+  """Adds micro-batch metrics `aux` into the running minibatch metrics `acc` (TOKEN_MEANS, LIKE_LOSS, EXTREMES)."""
+  out = {}
+  for k, v in aux.items():
+    if k in EXTREMES:
+      out[k] = jnp.where(w > 0, EXTREMES[k](acc[k], v), acc[k])
+    elif k in TOKEN_MEANS or k in LIKE_LOSS:
+      out[k] = acc[k] + v * (w if k in TOKEN_MEANS else scale)
+    else:
+      raise ValueError(f"packing.combine: metric {k!r} has no rule for summing over packed micro-batches; add it to "
+                       "packing.TOKEN_MEANS, LIKE_LOSS or EXTREMES.")
+  return out
+
+
+def _acc_init(aux_shapes: dict) -> dict:
+  start = {"ratio_max": -jnp.inf, "ratio_min": jnp.inf}
+  return {k: jnp.full(s.shape, start.get(k, 0.0), s.dtype) for k, s in aux_shapes.items()}
+
+
+def value_and_grad(config, forward: Callable, objective: Callable, P: int) -> Callable:
+  """update.gradient_step's `value_and_grad` for packed passes: (params, mb) -> ((loss, aux), grads), the gradient
+  summed over the minibatch's packed micro-batches in a while_loop carry (value_and_grad inside the body).
+
+  forward(params, packed_seq) -> per-position outputs; objective(outputs as [N, L], mb) -> (loss, aux): the padded
+  path's objective, called with mb['mask_NxL'] restricted to the micro-batch's samples."""
+  agg = config.rl.loss_agg
+
+  def vg(params, mb):
+    seq, mask_NxL = mb["seq"], mb["mask_NxL"]
+    L = mask_NxL.shape[1]
+    p = plan(config, seq, P)
+
+    def loss_c(params, c):
+      in_N = in_microbatch(p, c)
+      w, scale = microbatch_weights(agg, mask_NxL, in_N)
+      out = unpack(p, forward(params, packed_seq(p, seq, c)), c, L)
+      loss, aux = objective(out, dict(mb, mask_NxL=mask_NxL * in_N[:, None]))
+      return loss * scale, (aux, w, scale)
+
+    grad_c = jax.value_and_grad(loss_c, has_aux=True)
+    (_, (aux0, _, _)) = jax.eval_shape(loss_c, params, 0)
+
+    def body(carry):
+      c, loss, acc, g_sum = carry
+      (l, (aux, w, scale)), g = grad_c(params, c)
+      return c + 1, loss + l, combine(acc, aux, w, scale), jax.tree.map(jnp.add, g_sum, g)
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    init = (jnp.int32(0), jnp.float32(0.0), _acc_init(aux0), zeros)
+    _, loss, aux, grads = jax.lax.while_loop(lambda carry: carry[0] < p.trips, body, init)
+    aux = {k: jnp.where(jnp.isfinite(v), v, 0.0) if k in EXTREMES else v for k, v in aux.items()}
+    return (loss, dict(aux, pack_rows=(p.trips * p.rows * p.row_DxN.shape[0]).astype(jnp.float32))), grads
+  return vg

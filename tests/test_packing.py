@@ -1,0 +1,381 @@
+"""rl.packing: the padding-free packed passes give the padded path's losses, metrics and gradients (every
+aggregation mode, every algorithm family, KL estimators, PPO's critic), the full step's params, on 1 device and on 8
+simulated FSDP devices, with no recompile while the length mix changes; attention over segments on every path."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import conftest  # tests/conftest.py: requires
+from grpo_jax.config import config_lib, presets
+from grpo_jax.infra import sharding
+from grpo_jax.infra.errors import ConfigError
+from grpo_jax.model import attention as A
+from grpo_jax.model import model as model_lib
+from grpo_jax.rl import families, packing, ppo_step, rl_step
+from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.run import validate
+from grpo_jax.tasks import digits
+
+TINY = dict(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=2, G=4, L=7)
+P = 5
+# Completion lengths: one ending at its first token, two never ending (L), the rest in between; prompt lengths 1..5.
+LENS = np.array([1, 7, 3, 5, 2, 7, 4, 6])
+PLENS = np.array([5, 1, 3, 2, 4, 5, 1, 3])
+
+
+def _config(algo: str, **over):
+  c = presets.apply(digits.bench_config(**TINY), algo)
+  return config_lib.override(c, {"task.prompt_len": P, **over})
+
+
+def _minibatch(c, mcfg, params, critic=False):
+  """A hand-built minibatch: prompts of different lengths (left padded), completions ending at the first token or
+  never, old log-probs off the policy (ratios clip on both sides), per-token advantages (REINFORCE++-style)."""
+  rng = np.random.default_rng(0)
+  n, L = len(LENS), c.sampling.max_new_tokens
+  pmask = (np.arange(P)[None] >= P - PLENS[:, None]).astype(np.int32)
+  mask = (np.arange(L)[None] < LENS[:, None]).astype(np.float32)
+  prompt = rng.integers(1, 64, (n, P)) * pmask
+  tokens = rng.integers(1, 64, (n, L)) * mask.astype(np.int64)
+  seq = rollout_lib.full_sequence(jnp.asarray(prompt, jnp.int32), jnp.asarray(pmask), jnp.asarray(tokens, jnp.int32),
+                                  jnp.asarray(mask))
+  logp = rollout_lib.completion_logprobs(mcfg, params, seq, P, c.sampling.temperature)[0]
+  noise = lambda s: jnp.asarray(rng.normal(0, s, (n, L)), jnp.float32) * mask
+  mb = dict(seq=seq, mask_NxL=jnp.asarray(mask), old_logp_NxL=(logp + noise(0.3)) * mask,
+            adv_NxL=(noise(1.0) + 0.5) * mask, ref_logp_NxL=(logp + noise(0.5)) * mask)
+  if critic:
+    mb.update(old_v_NxL=noise(1.0), returns_NxL=noise(1.0))
+  return mb
+
+
+def _rel(a, b):
+  return float(np.abs(np.float64(a) - b) / max(abs(float(b)), 1e-6))
+
+
+def _compare(c, forward, objective, params, mb, rows):
+  c = config_lib.override(c, {"rl.packing": True, "rl.pack_rows": rows})
+  padded = jax.jit(jax.value_and_grad(lambda ps: objective(forward(ps, mb["seq"], False), mb), has_aux=True))
+  packed = jax.jit(lambda ps: packing.value_and_grad(c, lambda ps, s: forward(ps, s, True), objective, P)(ps, mb))
+  (l1, a1), g1 = padded(params)
+  (l2, a2), g2 = packed(params)
+  assert _rel(l2, l1) <= 1e-5, (l2, l1)
+  for k in a1:
+    assert abs(float(a2[k]) - float(a1[k])) <= 1e-5 * max(abs(float(a1[k])), 1e-2), (k, a2[k], a1[k])
+  diff = np.sqrt(sum(np.sum((np.float64(x) - y) ** 2) for x, y in zip(jax.tree.leaves(g2), jax.tree.leaves(g1))))
+  norm = np.sqrt(sum(np.sum(np.float64(x) ** 2) for x in jax.tree.leaves(g1)))
+  assert norm > 0 and diff / norm <= 1e-5, (diff, norm)
+  return a1, a2
+
+
+@pytest.mark.parametrize("algo,over", [
+    ("grpo", {}),                                       # seq_mean_token_mean, k3 in the loss
+    ("grpo", {"rl.kl_estimator": "k2"}),
+    ("dr_grpo", {"rl.beta": 0.04, "rl.kl_estimator": "k1"}),  # seq_mean_token_sum_norm (Dr.GRPO's constant)
+    ("dapo", {}),                                       # token_mean, clip-higher
+    ("gspo", {}),                                       # sequence-level ratio
+    ("rloo", {}),
+    ("reinforce_pp", {}),                               # per-token advantages, token_mean
+])
+def test_packed_policy_pass_equals_padded(algo, over):
+  """Loss, every metric (entropy, clip fractions by side, ratio extremes, KL, k3 clamp) and the gradient of the
+  packed pass in 1-row micro-batches (DAPO: 3-row ones) equal the padded pass (fp32, rel 1e-5, gradient norm-relative
+  1e-5)."""
+  c = _config(algo, **over)
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  params = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
+  mb = _minibatch(c, mcfg, params)
+  forward, objective = rl_step.make_forward(c, mcfg, P), rl_step.make_objective(c)
+  a1, _ = _compare(c, forward, objective, (params,), mb, rows=1 if algo != "dapo" else 3)
+  assert a1["clip_frac_low"] > 0 and a1["clip_frac_high"] > 0 or algo == "gspo"  # the clip metrics are exercised
+
+
+@pytest.mark.parametrize("mode", ["head", "separate"])
+def test_packed_ppo_pass_equals_padded(mode):
+  """PPO with a critic (value head on the policy trunk, or a separate value network): surrogate + value loss and
+  both parameter sets' gradients."""
+  c = _config("ppo", **{"ppo.critic": mode})
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  params = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
+  critic = ppo_step.init_critic(mcfg, mode, jax.random.PRNGKey(1), params)
+  critic = dict(critic, v_head={"kernel": jnp.full((mcfg.hidden,), 0.3), "bias": jnp.asarray(0.1)})
+  mb = _minibatch(c, mcfg, params, critic=True)
+  a1, _ = _compare(c, ppo_step.make_forward(c, mcfg, P), ppo_step.make_objective(c), (params, critic), mb, rows=2)
+  assert a1["value_clip_frac"] > 0
+
+
+def test_packed_forwards_and_plan():
+  """The reference forward packed equals the padded one on every completion token (0 elsewhere); the plan packs
+  the 8 samples (59 real tokens) into 6 rows of 12, each segment's positions restarting at 0."""
+  c = config_lib.override(_config("grpo"), {"rl.packing": True, "rl.pack_rows": 2})
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  params = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
+  mb = _minibatch(c, mcfg, params)
+  want = rollout_lib.completion_logprobs(mcfg, params, mb["seq"], P, 1.0)[0] * mb["mask_NxL"]
+  got = jax.jit(lambda: packing.forwards(
+      c, lambda s: rollout_lib.completion_logprobs(mcfg, params, s, P, 1.0, True)[0], mb["seq"], P))()
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  p = packing.plan(c, mb["seq"], P)
+  # first-fit decreasing of 12, 9, 8, 7, 6, 6, 6, 5 tokens into rows of 12: 6 rows (≥ 59/12), 2 a micro-batch
+  assert int(np.sum(PLENS + LENS)) == 59 and p.C == 12 and int(p.trips) == 3
+  assert sorted(np.asarray(p.row_DxN[0]).tolist()) == [0, 1, 2, 3, 3, 4, 4, 5]  # the 5 joins the 7
+  tok, pos, seg = (np.asarray(x) for x in packing.packed_seq(p, mb["seq"], 0))
+  for r in range(tok.shape[0]):
+    for s in set(seg[r]) - {0}:
+      np.testing.assert_array_equal(pos[r][seg[r] == s], np.arange(np.sum(seg[r] == s)))
+
+
+def _attn_inputs(t=24, n=2, h=4, kv=2, d=8):
+  rng = np.random.default_rng(1)
+  q, k, v = (jnp.asarray(rng.standard_normal((n, t, x, d)), jnp.float32) for x in (h, kv, kv))
+  seg = np.zeros((n, t), np.int32)
+  seg[0, :9], seg[0, 9:20] = 1, 2       # two samples, then pad
+  seg[1, :5], seg[1, 5:6], seg[1, 6:] = 3, 4, 5  # a one-token segment
+  return q, k, v, jnp.asarray(seg)
+
+
+@pytest.mark.parametrize("path", ["xla", "blockwise", "splash", "dot_product", "pallas_gpu"])
+def test_attention_over_segments_equals_each_sample_alone(path):
+  """Each segment of a packed row attends only to itself: every path equals the einsum over that sample alone."""
+  q, k, v, seg = _attn_inputs()
+  f = {"xla": A.einsum, "blockwise": lambda *a: A.blockwise(*a, block=8), "dot_product": A.dot_product,
+       "splash": lambda *a: A.splash(*a, interpret=True), "pallas_gpu": lambda *a: A.pallas_gpu(*a, interpret=True)}
+  got = np.asarray(jax.jit(f[path])(q, k, v, seg))
+  s = np.asarray(seg)
+  for r in range(2):
+    for sid in set(s[r]) - {0}:
+      cols = np.where(s[r] == sid)[0]
+      sl = lambda x: x[r:r + 1, cols]
+      want = np.asarray(A.einsum(sl(q), sl(k), sl(v), jnp.ones((1, len(cols)), jnp.int32)))[0]
+      np.testing.assert_allclose(got[r, cols], want, rtol=2e-5, atol=2e-5, err_msg=f"{path} row {r} seg {sid}")
+  assert A.choose("cudnn", 2, 24, 4, jnp.bfloat16, packed=True) == "pallas_gpu"
+  assert A.choose("auto", 2, 24, 4, jnp.bfloat16, plat="gpu", packed=True) == "pallas_gpu"
+
+
+def test_pack_len_below_prompt_plus_completion_is_a_config_error():
+  c = config_lib.override(digits.bench_config(**TINY), {"rl.packing": True, "rl.pack_len": 10})
+  with pytest.raises(ConfigError, match=r"config.rl.pack_len: 10 < task.prompt_len \+ sampling.max_new_tokens"):
+    validate.validate_rl(c, num_devices=1)
+  validate.validate_rl(config_lib.override(c, {"rl.pack_len": c.task.prompt_len + c.sampling.max_new_tokens}), 1)
+
+
+# ------------------------------------------------------------------------------------------- the full step
+
+
+class _ManyEos:
+  """digits' tokenizer with most ids as EOS: a random model's completions end early, at lengths that vary."""
+  def __init__(self, vocab):
+    self.eos_ids, self.eos_id, self.pad_id = tuple(range(2, vocab, 3)), 2, 0
+
+
+def _run(algo: str, over: dict, n_steps: int = 3):
+  c = config_lib.override(presets.apply(digits.bench_config(**dict(TINY, prompts=4, L=12)), algo),
+                          {"optim.lr": 1e-3, **over})
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  step = families.make_step(c, mesh, mcfg, spec, _ManyEos(c.model.vocab_size))
+  state = families.for_config(c).init(c, mesh, mcfg, seed=0)
+  keys = iter(jax.random.split(jax.random.PRNGKey(7), len(jax.tree.leaves(state["params"]))))
+  state = dict(state, params=jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape),
+                                          state["params"]))
+  ms, ps = [], []
+  for b in list(digits.make_batches(c.rl.prompts_per_step, n_steps, seed=1)):
+    b["answer_ids_NxA"][:, 1:] = -1
+    state, m = step(state, b)
+    ms.append(jax.device_get(m))
+    ps.append(jax.device_get(state["params"]))
+  return dict(metrics=ms, params=ps, step=step)
+
+
+STEP_KEYS = ("train/loss", "train/grad_norm", "train/kl", "train/entropy", "train/clip_frac_low",
+             "train/clip_frac_high", "train/ratio_mean", "train/reward_mean", "train/adv_std")
+
+
+@pytest.mark.parametrize("algo,over", [("grpo", {"rl.mu": 2, "rl.minibatches": 2}), ("ppo", {})])
+def test_full_step_packed_equals_padded_buckets_without_recompiles(algo, over):
+  """Three steps whose length mixes differ: the packed step (μ = 2 × 2 minibatches: packed after each epoch's
+  shuffle; PPO with its critic forward packed too) gives the padded step's samples, metrics (rel 1e-5) and
+  params (within 2e-5, test_rl_step's bound for AdamW on rounding-level gradients), traced once."""
+  pad = _run(algo, over)  # full length (test_rl_step: the length buckets equal it)
+  pk = _run(algo, {"rl.packing": True, "rl.pack_rows": 2, **over})
+  assert pk["step"].traces() == 1
+  lens = [float(m["train/completion_len_mean"]) for m in pk["metrics"]]
+  assert len(set(lens)) == 3, lens
+  rows = [float(m["train/pack_rows"]) for m in pk["metrics"]]
+  assert max(rows) < 16 and len(set(rows)) > 1, rows  # fewer rows than the padded 16, following the lengths
+  for m1, m2 in zip(pad["metrics"], pk["metrics"]):
+    np.testing.assert_array_equal(m1["samples/tokens_NxL"], m2["samples/tokens_NxL"])
+    for k in STEP_KEYS + (("train/value_loss",) if algo == "ppo" else ()):
+      if k in m1:
+        np.testing.assert_allclose(m2[k], m1[k], rtol=1e-5, atol=1e-7, err_msg=k)
+  for p1, p2 in zip(pad["params"], pk["params"]):
+    for a, b in zip(jax.tree.leaves(p1), jax.tree.leaves(p2)):
+      np.testing.assert_allclose(b, a, rtol=0, atol=2e-5)
+
+
+SHARDED = textwrap.dedent(r"""
+  import json, sys
+  import jax, numpy as np
+  from grpo_jax.config import config_lib
+  from grpo_jax.infra import sharding
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rl import families, rl_step
+  from grpo_jax.run.train import device_batch
+  from grpo_jax.tasks import digits
+
+  class ManyEos:
+    def __init__(self, vocab):
+      self.eos_ids, self.eos_id, self.pad_id = tuple(range(2, vocab, 3)), 2, 0
+
+  def run(n_dev, packing):
+    c = digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
+    c = config_lib.override(c, {"optim.lr": 1e-3, "rl.packing": packing, "rl.pack_rows": 1,
+                                "mesh.data": 1, "mesh.fsdp": n_dev, "mesh.tensor": 1})
+    mesh = sharding.make_mesh(c.mesh, jax.devices()[:n_dev])
+    mcfg = model_lib.ModelConfig.from_config(c.model)
+    spec = digits.reward_spec(c.model.vocab_size)
+    step = families.make_step(c, mesh, mcfg, spec, ManyEos(c.model.vocab_size))
+    state = rl_step.init(c, mesh, mcfg, seed=0)
+    out = []
+    for b in digits.make_batches(c.rl.prompts_per_step, 2, seed=1):
+      b["answer_ids_NxA"][:, 1:] = -1
+      state, m = step(state, device_batch(mesh, b))
+      out.append({k: float(m[k]) for k in ("train/loss", "train/grad_norm", "train/kl", "train/entropy",
+                                            "train/pack_rows") if k in m})
+    p = [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))]
+    return dict(metrics=out, params=p, traces=step.traces())
+
+  print("RESULT " + json.dumps({"pad1": run(1, False), "pk8": run(8, True)}))
+""")
+
+
+def test_packed_step_on_8_fsdp_devices_equals_one_device_padded():
+  """8 simulated FSDP devices, each packing its own 2 rows (1-row micro-batches, the trip count the max over
+  devices), against the padded step on 1 device: losses and metrics rel 1e-5, params within 2e-5."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
+             XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
+  out = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True, env=env, timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  res = json.loads(out.stdout.split("RESULT ", 1)[1])
+  pad, pk = res["pad1"], res["pk8"]
+  assert pk["traces"] == 1
+  for m1, m2 in zip(pad["metrics"], pk["metrics"]):
+    for k in m1:
+      np.testing.assert_allclose(m2[k], m1[k], rtol=1e-5, atol=1e-7, err_msg=k)
+    assert m2["train/pack_rows"] <= 16
+  for a, b in zip(pad["params"], pk["params"]):
+    np.testing.assert_allclose(b, a, rtol=0, atol=2e-5)
+
+
+# Lowers the packed policy pass (rl.packing's value_and_grad: plan, while_loop over micro-batches, forward+backward
+# inside) of the GRPO objective for a v5e:2x2 slice (4 chips, FSDP), model.attention=auto; prints the splash kernels.
+_TPU_PACKED = r"""
+import json, re, jax, jax.numpy as jnp
+from jax.experimental import topologies
+from grpo_jax.config import config_lib
+from grpo_jax.infra import sharding
+from grpo_jax.model import model as M
+from grpo_jax.rl import packing, rl_step
+from grpo_jax.tasks import digits
+devices = list(topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices)
+mesh = sharding.make_mesh(dict(data=1, fsdp=-1, tensor=1), devices)
+c = digits.bench_config(hidden=256, layers=1, heads=4, kv=2, inter=512, vocab=512, prompts=2, G=4, L=184)
+c = config_lib.override(c, {"task.prompt_len": 16, "rl.packing": True, "model.dtype": "bfloat16"})
+mcfg = M.ModelConfig.from_config(c.model)
+abstract = jax.eval_shape(lambda: M.init_params(mcfg, jax.random.PRNGKey(0)))
+shardings = sharding.tree_shardings(mesh, M.param_axes(mcfg))
+params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+row = lambda t, dt: jax.ShapeDtypeStruct((8, t), dt, sharding=sharding.batch_sharding(mesh, 2))
+mb = dict(seq=(row(200, jnp.int32),) * 3, mask_NxL=row(184, jnp.float32), old_logp_NxL=row(184, jnp.float32),
+          adv_NxL=row(184, jnp.float32), ref_logp_NxL=row(184, jnp.float32))
+vg = packing.value_and_grad(c, lambda ps, s: rl_step.make_forward(c, mcfg, 16)(ps, s, True), rl_step.make_objective(c), 16)
+with sharding.mesh_context(mesh):
+  text = jax.jit(lambda p, mb: vg((p,), mb)).lower(params, mb).as_text()
+calls = [l for l in text.splitlines() if "tpu_custom_call" in l]
+print(json.dumps(dict(kernels=sorted({n for l in calls for n in re.findall(r"splash_mha_[a-z_]+", l)}),
+                      whiles=text.count("stablehlo.while"))))
+"""
+
+
+@conftest.requires("libtpu", "libtpu is not importable: pip install libtpu==0.0.42.1 (the version jax 0.10.2 pins)")
+def test_tpu_lowering_of_the_packed_policy_pass_uses_splash_with_segment_ids():
+  """On a TPU target the packed policy pass lowers to splash's segmented kernels (forward, dq, dkv: the packed
+  rows' segment ids) inside the micro-batch while_loop."""
+  out = subprocess.run([sys.executable, "-c", _TPU_PACKED], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(sys.path)))
+  assert out.returncode == 0, out.stderr[-3000:]
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  assert {"splash_mha_fwd_segmented_residuals", "splash_mha_dq_segmented_no_residuals",
+          "splash_mha_dkv_segmented_no_residuals"} <= set(r["kernels"]), r
+  assert r["whiles"] >= 1, r
+
+
+def test_roofline_and_memory_plan_model_the_packed_passes():
+  """roofline: the packed passes cost their first-fit rows of pack_len (all rows at L: the padded cost);
+  memory_plan: one packed micro-batch per pass plus the loop's gradient accumulator; rl/auto.py resolves
+  pack_len = 0 to P + L rounded up to 128."""
+  from grpo_jax.perf import aot
+  from grpo_jax.perf import roofline as roofline_lib
+  from grpo_jax.rl import memory_plan
+  c = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=48, dtype="float32", remat="none")
+  pk = config_lib.override(c, {"rl.packing": True, "rl.pack_rows": 1})
+  twelve = np.full(8, 12)
+  assert roofline_lib.packed_rows(pk, twelve) == (4, 64)  # 8 samples of 16 + 12 tokens: two a row of 64
+  pm = aot.matmul_params(model_lib.ModelConfig.from_config(c.model))
+  attn = 4 * 2 * 4 * 16
+  f = aot.analytic_flops(pk, plat="cpu", lengths_N=twelve)
+  assert f["reference forward"] == 2 * pm * 4 * 64 + attn * 4 * 64 * 64
+  assert f["policy fwd+bwd"] == 3 * f["reference forward"]
+  assert aot.analytic_flops(pk, plat="cpu")["reference forward"] == aot.analytic_flops(c, plat="cpu")[
+      "reference forward"]
+  mesh = dict(data=1, fsdp=1, tensor=1)
+  p0, p1 = memory_plan.plan(c, mesh, plat="cpu"), memory_plan.plan(pk, mesh, plat="cpu")
+  assert p1.update["gradient accumulator"] == p1.update["gradients"]
+  assert p1.update["layer backward"] * 8 == p0.update["layer backward"]  # 1 packed row of 64 against 8 rows of 64
+  from grpo_jax.rl import auto
+  big = config_lib.override(pk, {"sampling.max_new_tokens": 184})  # T = 200
+  resolved, why = auto.resolve(big, auto.Context(mesh, None))
+  assert resolved.rl.pack_len == 256 and "rl.pack_len" in why, why
+  assert auto.resolve(c, auto.Context(mesh, None))[0].rl.pack_len == 0  # packing off: left alone
+
+
+def _whiles(jaxpr):
+  """(while equations, those whose predicate is batched: a vector, not a scalar)."""
+  n, batched = 0, 0
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "while":
+      n += 1
+      batched += eqn.params["cond_jaxpr"].jaxpr.outvars[0].aval.shape != ()
+    for v in eqn.params.values():
+      for sub in (v if isinstance(v, (tuple, list)) else (v,)):
+        inner = getattr(sub, "jaxpr", None)
+        if inner is not None:
+          a, b = _whiles(getattr(inner, "jaxpr", inner))
+          n, batched = n + a, batched + b
+  return n, batched
+
+
+def test_trip_count_is_reduced_over_vmapped_runs():
+  """Under seeds.py's runs vmap the micro-batch count is the max over runs, so the packed loops keep an unbatched
+  trip count (a batched one runs every run's body until all are done, under selects)."""
+  from grpo_jax.rl import update as update_lib
+  from grpo_jax.studies import vmapped_runs as seeds_lib
+  c = config_lib.override(digits.bench_config(**dict(TINY, L=12, prompts=4)), {"rl.packing": True})
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  step = rl_step.build_step(c, mcfg, spec, _ManyEos(c.model.vocab_size))
+  states = jax.eval_shape(lambda: seeds_lib.init_states(c, mcfg, [0, 1]))
+  batch = next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1))
+  named = jax.make_jaxpr(jax.vmap(step, in_axes=(0, None), axis_name=update_lib.RUNS_AXIS))(states, batch)
+  n, batched = _whiles(named.jaxpr)
+  assert n >= 2 and batched == 0, (n, batched)  # reference forward and update loops (and the plan's none)
+  toy = lambda n: jax.lax.while_loop(lambda c: c < n, lambda c: c + 1, 0)  # the check tells them apart
+  assert _whiles(jax.make_jaxpr(jax.vmap(toy))(jnp.arange(3)).jaxpr) == (1, 1)
+  assert _whiles(jax.make_jaxpr(jax.vmap(lambda n: toy(jax.lax.pmax(n, "r")), axis_name="r"))(jnp.arange(3)).jaxpr)[1] == 0
