@@ -70,14 +70,13 @@ def test_same_samples_as_static_for_any_slot_count(params, G, slots):
     assert int(ro.decode_steps) > lengths.max() - 1 and float(stats.admit_wait) > 0
 
 
-@pytest.mark.parametrize("kind", ["greedy", "top_k", "top_p", "temperature"])
+@pytest.mark.parametrize("kind", ["greedy", "top_k", "top_p"])
 def test_truncated_sampling_and_first_token_eos(params, kind):
   """Greedy with the first token's argmax as EOS for row 0 (it ends at its first token); top-k, top-p and a
   temperature other than 1 through the same draw."""
   prompt, pm = prompts(B, seed=3)
   G = 4
-  kw = dict(greedy=dict(greedy=True), top_k=dict(top_k=5), top_p=dict(top_p=0.7),
-            temperature=dict(temperature=1.7))[kind]
+  kw = dict(greedy=dict(greedy=True), top_k=dict(top_k=5, temperature=1.7), top_p=dict(top_p=0.7))[kind]
   probe = S.SamplingConfig(max_new_tokens=2, eos_id=63, **kw)
   u = S.uniforms(jax.random.PRNGKey(2), L, B * G)
   first = np.asarray(reference(params, prompt, pm, G, probe, u[:2]).tokens_NxL)[0, 0]
@@ -355,7 +354,7 @@ def test_evaluation_generate_with_the_continuous_engine_equals_static():
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("slots,levels", [(0, 4), (8, 2), (2, 1)])
+@pytest.mark.parametrize("slots,levels", [(0, 4), (2, 2)])
 def test_numpy_schedule_replays_the_engine(params, slots, levels):
   """engine.simulate (what the roofline models decode with) gives the jitted engine's decode steps and row-steps
   for the lengths it produced."""
