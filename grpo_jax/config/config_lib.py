@@ -65,7 +65,10 @@ def base_config() -> ml_collections.ConfigDict:
       exit_chunk=16,  # early exit: decode steps between checks that every row is done; 0 = always max_new_tokens
       # Rollout engine: static = the reference batch decode (sampling.sample: every row of a row chunk decodes until
       # its longest ends); continuous = rollout/engine.py (one prefill per prompt, S slots refilled from a row
-      # queue, compaction to power-of-two slot counts, KV read up to the live rows' length). Same samples.
+      # queue, compaction to power-of-two slot counts, KV read up to the live rows' length). Same samples (up to a
+      # draw at a CDF boundary flipped by reduction-order rounding: docs/performance.md). static stays the default:
+      # the continuous engine compiles ~2.5x longer (bench-small shape) and its time where every row runs to L has
+      # not been measured against the static engine yet.
       engine="static",
       # continuous: decode slots S (rows queue for them); 0 = auto: the most, up to rows / rl.rollout_chunks, that
       # fit the device (rl/auto.py; a step built without it: rows / rl.rollout_chunks)
