@@ -25,7 +25,7 @@ re-check (mistake_frac = verify_frac = 0). Room: 1,024 new tokens per completion
 
 Measured 2026-12-01 (docs/r1.md, "The aha task"; 2-core CPU under load 15-17 from other jobs): the base's 600
 pre-training steps took 1,339 s, and the premise does NOT hold on it yet: of its held-out samples, direct answers
-are right 15.3% of the time, step-by-step ones 7.5% (only 22% of their steps are right additions). Not yet any
+are right 15.3% of the time, step-by-step ones 7.5% (only 21.5% of their steps are right additions). Not yet any
 R1-Zero result, nor the 3-seed one; `small` is a plumbing check (tests/test_aha.py runs a shrunk copy of it).
 """
 import os

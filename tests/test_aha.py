@@ -168,9 +168,10 @@ def test_verification_terms_and_premise():
   assert r1_rewards.corrected(texts, None, {}) == [0.0, 0.0, 1.0, 0.0, 0.0]
   assert {"verified", "corrected"} <= set(r1_rewards.TRACKED)
   # premise: 3 worked (2 right), 2 direct (0 right); the last text writes no step
+  # steps written: 3 + 4 (one re-check) + 4 (a wrong one, then its re-check) = 11, of which 10 are right
   m = heldout.premise(texts, np.asarray([1, 1, 0, 0, 0]))
   assert m == {"stepwise_rate_sampled": 0.6, "accuracy_brief_sampled": 0.0,
-               "accuracy_stepwise_sampled": pytest.approx(2 / 3)}
+               "accuracy_stepwise_sampled": pytest.approx(2 / 3), "step_right_rate_sampled": pytest.approx(10 / 11)}
   assert np.isnan(heldout.premise(texts[:1], np.asarray([1]))["accuracy_brief_sampled"])
 
 

@@ -91,7 +91,9 @@ def test_heldout_metrics_match_hand_computed(evaluator):
       "completion_len_mean_sampled": np.mean([len(_ids(tok, t, ys[q])) for q in range(4) for t in SAMPLED[q]]),
       # The aha premise, last-number rule: RIGHT / WRONG write steps (q0 x2, q2 x2, q3's WRONG: 5 of 8, right 3),
       # the "so {y}" samples answer directly (3, all right).
-      "stepwise_rate_sampled": 5 / 8, "accuracy_brief_sampled": 1.0, "accuracy_stepwise_sampled": 3 / 5}
+      "stepwise_rate_sampled": 5 / 8, "accuracy_brief_sampled": 1.0, "accuracy_stepwise_sampled": 3 / 5,
+      # their steps: "add 1 + 1 = 2" (right) and "so the answer is {y}" (no equation) each, 10 steps, 5 right
+      "step_right_rate_sampled": 5 / 10}
   assert list(m) == list(want)  # report.json's key order
   for k, v in want.items():
     np.testing.assert_allclose(m[k], v, rtol=1e-6, err_msg=k)

@@ -48,14 +48,19 @@ def last_number_rule(ro: evaluation.Rollouts) -> tuple[np.ndarray, list[int | No
 
 def premise(texts: list[str], right_N: np.ndarray) -> dict[str, float]:
   """The aha premise on sampled completions: how often the model works step by step (writes at least one step,
-  cot.steps_written), and the accuracy of its direct vs its step-by-step answers (NaN for a kind never written).
-  R1-Zero can only select longer reasoning that the base already writes and that is more often right."""
-  stepwise_N = np.asarray([cot.steps_written(t) > 0 for t in texts], bool)
+  cot.steps_written), the accuracy of its direct vs its step-by-step answers, and the fraction of the written steps
+  that are right equations (cot.score_step; NaN for a kind never written). R1-Zero can only select longer reasoning
+  that the base already writes and that is more often right."""
+  steps = [cot.split_steps(cot.think_body(t)) for t in texts]
+  stepwise_N = np.asarray([len(x) > 0 for x in steps], bool)
   right_N = np.asarray(right_N, np.float32)
+  step_ok = [cot.score_step(x) for row in steps for x in row]
+
   def acc(sel):
     return float(right_N[sel].mean()) if sel.any() else float("nan")
   return {"stepwise_rate_sampled": float(stepwise_N.mean()), "accuracy_brief_sampled": acc(~stepwise_N),
-          "accuracy_stepwise_sampled": acc(stepwise_N)}
+          "accuracy_stepwise_sampled": acc(stepwise_N),
+          "step_right_rate_sampled": float(np.mean(step_ok)) if step_ok else float("nan")}
 
 
 def make_evaluator(config) -> evaluation.Evaluator:
