@@ -106,12 +106,24 @@ def main(argv) -> None:
 def _unknown_key(argv, error: Exception) -> str:
   """The --config.<key> override that names a missing key (ml_collections says only the last part)."""
   missing = str(error).strip("\"'")
+  if isinstance(error, KeyError) and error.args:
+    missing = str(error.args[0]).strip("\"'")
   for arg in argv:
     if arg.startswith("--config."):
       key = arg[len("--"):].split("=", 1)[0]
       if missing and (key.split(".")[-1] == missing or f".{missing}." in f".{key}."):
         return key
   return f"config.<...>.{missing}"
+
+
+def _config_file_error(text: str) -> str:
+  """The line a config file's get_config raised, without the traceback config_flags pastes into its message."""
+  last = text.strip().splitlines()[-1].strip()
+  kind, _, why = last.partition(": ")
+  if kind.endswith("ConfigError"):  # e.g. an unknown `:arg` variant (config_lib.parse_arg)
+    return f"Config error: --config: {why}"
+  return (f"Error: --config: {why or last}; pass --config=configs/<exp>.py[:arg] naming an existing config file "
+          "whose get_config(arg) runs.")
 
 
 def _parse_flags(argv):
@@ -121,9 +133,11 @@ def _parse_flags(argv):
   except Exception as e:  # pylint: disable=broad-except
     if "--verbose" in argv:
       traceback.print_exc()
-    if isinstance(e, AttributeError):
+    if isinstance(e, (AttributeError, KeyError)):  # ml_collections: a missing field, or a missing group
       msg = (f"Config error: {_unknown_key(argv, e)}: no such key; check the spelling against "
              "grpo_jax/config/config_lib.py (or the experiment's configs/*.py).")
+    elif isinstance(e, flags.Error) and "Traceback (most recent call last)" in str(e):
+      msg = _config_file_error(str(e))
     elif isinstance(e, flags.Error):
       msg = f"Error: {errors.one_line(str(e))}; see --helpfull for the flags."
     else:

@@ -36,6 +36,14 @@ def paths(tmp_path_factory):
   (root / "hf_badjson").mkdir()
   (root / "hf_badjson" / "config.json").write_text("{not json")
   (root / "hf_badjson" / "model.safetensors").write_bytes(b"\0" * 8)
+  # GSM8K-format data dirs: none of the layouts; a test split smaller than eval.size; a question too long
+  from tests import hf_dirs
+  (root / "gsm8k_none").mkdir()
+  (root / "gsm8k_none" / "notes.txt").write_text("no data here")
+  hf_dirs.gsm8k_jsonl(str(root / "gsm8k_small_test"), n_train=8, n_test=2)
+  hf_dirs.gsm8k_jsonl(str(root / "gsm8k_long"), n_train=8, n_test=4)
+  with open(root / "gsm8k_long" / "train.jsonl", "a") as f:
+    f.write(json.dumps({"question": "How many apples? " * 80, "answer": "1 + 1 = 2\n#### 2"}) + "\n")
   return root
 
 
@@ -93,6 +101,13 @@ CASES = [
     ("grpo", {"train.allow_config_change": "rl.GG"}, "config.train.allow_config_change: 'rl.GG'"),
     ("grpo", {"train.rerun_stages": "r1_zero"}, "config.train.rerun_stages: 'r1_zero'"),
     ("grpo", {"train.rerun_stages": "rl"}, "is the run in --workdir itself"),
+    ("grpo", {"sft.batch": 0}, "config.sft.batch"),  # the job's SFT stage: its keys are checked before anything
+    ("grpo", {"sft.steps": -5}, "config.sft.steps"),  # not "no SFT stage"
+    ("grpo", {"sft.lr": -1.0}, "config.sft.lr"),
+    ("grpo", {"sft.loss_on": "some"}, "config.sft.loss_on"),
+    ("grpo", {"train.sample_every": -1}, "config.train.sample_every"),
+    ("grpo", {"task.overlong_prompts": "cut"}, "config.task.overlong_prompts"),
+    ("grpo", {"task.prompt_len": 8}, "config.task.prompt_len: 20000 of the 20000 train prompts are longer"),
     ("sft", {"sft.steps": 0}, "config.sft.steps"),
     ("sft", {"sft.loss_on": "some"}, "config.sft.loss_on"),
     ("sft", {"sft.batch": 0}, "config.sft.batch"),
@@ -104,6 +119,10 @@ CASES = [
     ("grpo", {"task.tokenizer": "hf:/nonexistent_hf_dir"}, "/nonexistent_hf_dir"),
     ("grpo", {"task.tokenizer": "init_from"}, "task.tokenizer='init_from' needs train.init_from=hf:"),
     ("grpo", {"task.data_dir": "{p}/a_file"}, "config.task.data_dir"),
+    ("grpo", {"task.tokenizer": "{p}/a_file"}, "is not a sentencepiece model"),
+    ("gsm8k", {"task.data_dir": "{p}/gsm8k_none"}, "has no train.jsonl, no train parquet"),
+    ("gsm8k", {"task.data_dir": "{p}/gsm8k_small_test"}, "config.eval.size: 4 exceeds the 2 usable examples"),
+    ("gsm8k", {"task.data_dir": "{p}/gsm8k_long"}, "config.task.prompt_len: 1 of the 9 train prompts are longer"),
     ("grpo", {"train.init_from": "/nonexistent/params"}, "config.train.init_from=/nonexistent/params does not exist"),
     ("grpo", {"train.init_from": "{p}/a_file"}, "is a file"),
     ("grpo", {"train.init_from": "hf:/nonexistent_hf_dir"}, "is not a directory"),
@@ -121,8 +140,8 @@ CASES = [
 
 
 def _config(kind: str, overrides: dict, p: str):
-  from configs import grpo_arith, r1_pipeline
-  c = r1_pipeline.get_config("small") if kind == "r1" else grpo_arith.get_config("runlocal")
+  from configs import grpo_arith, gsm8k, r1_pipeline
+  c = {"r1": r1_pipeline, "gsm8k": gsm8k}.get(kind, grpo_arith).get_config("small")
   if kind == "sft":
     c.job = "sft"
   for key, value in overrides.items():
@@ -148,6 +167,18 @@ def test_input_error_is_one_line_exit_2_and_writes_nothing(kind, overrides, need
   assert len(lines) == 1 and needle.replace("{p}", p) in lines[0], err[-3000:]
   assert "Traceback" not in err
   assert not os.path.exists(tmp_path / "run")  # validation runs before the lock creates the workdir
+
+
+def test_optional_package_missing_is_one_line_before_anything(monkeypatch, tmp_path, capsys):
+  """log.wandb_project without wandb installed: one line naming the key before the workdir exists (was an
+  ImportError after the whole SFT stage). find_spec is made to miss so the case holds where wandb is installed."""
+  from grpo_jax.run import preflight
+  real = preflight.importlib.util.find_spec
+  monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a))
+  code = main.execute(_config("grpo", {"log.wandb_project": "proj"}, str(tmp_path)), str(tmp_path / "run"))
+  err = capsys.readouterr().err
+  assert code == errors.EXIT_INPUT and "Config error: config.log.wandb_project: needs the wandb package" in err, err
+  assert not os.path.exists(tmp_path / "run")
 
 
 def test_case_count():

@@ -72,8 +72,9 @@ def check(key: str, path: str, model_cfg) -> "model_lib.ModelConfig":  # noqa: F
   if bad:
     raise config_lib.ConfigError(
         f"config.{key}=hf:{path}: config.model disagrees with its config.json in {len(bad)} field(s): "
-        f"{'; '.join(bad)}. Leave the model fields unset to take them from the checkpoint (configs/gsm8k.py:"
-        "model=checkpoint), or pick the preset of this checkpoint (grpo_jax/model/model_presets.py).")
+        f"{'; '.join(bad)}. Leave the model fields unset to take them from the checkpoint (add model=checkpoint to "
+        "the config's other args, e.g. configs/gsm8k.py:small,model=checkpoint), or pick the preset of this "
+        "checkpoint (grpo_jax/model/model_presets.py).")
   return hf_mcfg
 
 
