@@ -36,6 +36,20 @@ def paths(tmp_path_factory):
   (root / "hf_badjson").mkdir()
   (root / "hf_badjson" / "config.json").write_text("{not json")
   (root / "hf_badjson" / "model.safetensors").write_bytes(b"\0" * 8)
+  # params checkpoints: a run dir, one training-state step, a params checkpoint of another model; .bin-only HF dir
+  (root / "a_run" / "checkpoints").mkdir(parents=True)
+  (root / "a_step" / "state").mkdir(parents=True)
+  import jax
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  from configs import grpo_arith
+  c = grpo_arith.get_config("small")
+  c.model.hidden = 32
+  params_ckpt.save_params(str(root / "other_params"), model_lib.init_params(
+      model_lib.ModelConfig.from_config(c.model), jax.random.PRNGKey(0)))
+  (root / "hf_bin").mkdir()
+  (root / "hf_bin" / "config.json").write_text((root / "hf_noweights" / "config.json").read_text())
+  (root / "hf_bin" / "pytorch_model.bin").write_bytes(b"\0" * 8)
   # GSM8K-format data dirs: none of the layouts; a test split smaller than eval.size; a question too long
   from tests import hf_dirs
   (root / "gsm8k_none").mkdir()
@@ -128,6 +142,10 @@ CASES = [
     ("grpo", {"train.init_from": "hf:/nonexistent_hf_dir"}, "is not a directory"),
     ("grpo", {"train.init_from": "hf:{p}/hf_empty"}, "config.json is missing"),
     ("grpo", {"train.init_from": "hf:{p}/hf_noweights"}, "no *.safetensors"),
+    ("grpo", {"train.init_from": "hf:{p}/hf_bin"}, "holds PyTorch .bin/.pt weights only"),
+    ("grpo", {"train.init_from": "{p}/a_run"}, "is a run directory, not a params checkpoint"),
+    ("grpo", {"train.init_from": "{p}/a_step"}, "is one step of a run's training checkpoints"),
+    ("grpo", {"train.init_from": "{p}/other_params"}, "the checkpoint holds a different model (14 params of another shape, e.g. ['embed']['embedding'] (512, 32)"),
     ("grpo", {"train.init_from": "hf:{p}/hf_partial"}, "lacks vocab_size, hidden_size"),
     ("grpo", {"train.init_from": "hf:{p}/hf_gpt2"}, "model_type='gpt2'"),
     ("grpo", {"train.init_from": "hf:{p}/hf_badjson"}, "hf_badjson/config.json"),

@@ -68,11 +68,8 @@ def check_init_from(key: str, value: str, mcfg=None) -> None:
       raise errors.InputError(f"config.{key}={value}: {cfg} is missing; a Hugging Face checkpoint directory holds "
                               "config.json and *.safetensors.")
     if not glob.glob(os.path.join(d, "*.safetensors")):
-      if glob.glob(os.path.join(d, "*.bin")) or glob.glob(os.path.join(d, "*.pt")) or glob.glob(os.path.join(d, "*.pth")):
-        raise errors.InputError(f"config.{key}={value}: {d} holds PyTorch .bin/.pt weights only; write them as "
-                                "safetensors (transformers: AutoModelForCausalLM.from_pretrained(DIR)"
-                                ".save_pretrained(OUT, safe_serialization=True)) and point init_from at OUT.")
-      raise errors.InputError(f"config.{key}={value}: no *.safetensors files in {d}; download the weights too.")
+      from grpo_jax.hf import hf_io  # pylint: disable=g-import-not-at-top
+      raise errors.InputError(f"config.{key}={value}: {hf_io.no_weights_message(d)}")
     with errors.input_errors(f"config.{key}={value}: {cfg}"):
       with open(cfg, encoding="utf-8") as f:
         hf = json.load(f)
