@@ -165,3 +165,14 @@ def test_legacy_sft_params_done_only_with_last_step(tmp_path):
   assert not stages.is_done(st) and stages.plan([st], c, str(tmp_path)) == {"sft": "resume"}
   stages.mark_done(st)
   assert stages.is_done(st) and stages.plan([st], c, str(tmp_path)) == {"sft": "skip"}
+
+
+def test_added_task_key_at_its_default_keeps_older_records_resumable():
+  """task.overlong_prompts (added with the prompt-length check) at its default 'error' is what older runs did: a
+  record without it equals one with it (same view, same fingerprint); another value is a change."""
+  c = _cfg()
+  old = {k: v for k, v in run_config.view(c, "rl").items()}
+  assert "task.overlong_prompts" not in old
+  assert run_config.diff(old, run_config.view(c, "rl")) == []
+  c.task.overlong_prompts = "drop"
+  assert run_config.diff(old, run_config.view(c, "rl")) == ["task.overlong_prompts"]

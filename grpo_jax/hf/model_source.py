@@ -90,7 +90,23 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
           f"(configs/gsm8k.py:model=<name>, one of {model_presets.names()[:-1]}).")
     return config
   key, path = src
+  if config.model.get("yield_to_checkpoint", False):
+    return _take_checkpoint(config, path)
   hf_mcfg = check(key, path, config.model)
   if not unset:
     return config
   return config_lib.override(config, {f"model.{k}": getattr(hf_mcfg, k) for k in unset})
+
+
+def _take_checkpoint(config, path: str):
+  """model.yield_to_checkpoint: every checkpoint field from the checkpoint (max_len kept where it is lower: it only
+  bounds prompt + completion), and its own tokenizer when it ships one and the config names none."""
+  import os  # pylint: disable=g-import-not-at-top
+  from grpo_jax.hf import hf_io  # pylint: disable=g-import-not-at-top
+  hf_mcfg = hf_io.check_checkpoint(path)
+  values = {f"model.{k}": getattr(hf_mcfg, k) for k in model_presets.CHECKPOINT_FIELDS}
+  if config.model.get("max_len") and config.model.max_len < hf_mcfg.max_len:
+    values["model.max_len"] = config.model.max_len
+  if not config.task.get("tokenizer", "") and os.path.isfile(os.path.join(path, "tokenizer.json")):
+    values["task.tokenizer"] = "init_from"
+  return config_lib.override(config, values)
