@@ -8,6 +8,7 @@ before the run started. `--verbose` adds tracebacks and the libraries' INFO logs
 import logging as std_logging
 import os
 import sys
+import threading
 import traceback
 
 from absl import app
@@ -23,9 +24,13 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "Show tracebacks with error lines
 
 
 class _QuietLibraries(std_logging.Filter):
-  """Library records (orbax, tfds, jax, …) below WARNING are dropped, and the rest lose their tracebacks and extra
-  lines: an async write error that orbax logs from each of its threads becomes one line each. grpo_jax's own
-  records pass untouched."""
+  """Library records (orbax, tfds, jax, asyncio, …) below WARNING are dropped, and the rest lose their tracebacks
+  and extra lines and are shown once: an async write error that orbax logs from each of its threads (or asyncio's
+  "Event loop is closed" from each of its tasks) becomes one line. grpo_jax's own records pass untouched."""
+
+  def __init__(self):
+    super().__init__()
+    self.seen: set[tuple[str, str]] = set()
 
   def filter(self, record) -> bool:
     if f"{os.sep}grpo_jax{os.sep}" in record.pathname:
@@ -39,12 +44,35 @@ class _QuietLibraries(std_logging.Filter):
     msg = record.getMessage()
     if "\n" in msg:
       record.msg, record.args = msg.splitlines()[0][:500] + " [...; --verbose for the rest]", None
+    key = (record.name, record.getMessage()[:200])
+    if key in self.seen:
+      return False
+    self.seen.add(key)
     return True
 
 
+def _one_line_hook(what: str, shown: set):
+  """A thread's (or an unraisable) exception as one line, once per kind: library threads (orbax's async writers)
+  that fail after a handled failure would otherwise print a traceback each."""
+  def hook(args) -> None:
+    exc = getattr(args, "exc_value", None)
+    line = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+    if line not in shown:
+      shown.add(line)
+      print(f"warning: {what}: {line} [--verbose for the traceback]", file=sys.stderr)
+  return hook
+
+
 def setup_logging(verbose: bool) -> None:
-  if not verbose:
-    std_logging.getLogger("absl").addFilter(_QuietLibraries())
+  if verbose:
+    return
+  quiet = _QuietLibraries()
+  std_logging.getLogger("absl").addFilter(quiet)
+  for handler in std_logging.getLogger().handlers:  # records of other loggers (asyncio, orbax's own) reach these
+    handler.addFilter(quiet)
+  shown: set[str] = set()
+  threading.excepthook = _one_line_hook("a library thread failed", shown)
+  sys.unraisablehook = _one_line_hook("an exception was ignored during cleanup", shown)
 
 
 def execute(config, workdir: str, verbose: bool = False) -> int:

@@ -265,6 +265,9 @@ CLI_CASES = [
     (["--config=configs/grpo_arith.py", "--nosuchflag"], "nosuchflag"),
     ([], "Error: --config is required"),
     (["--config=configs/grpo_arith.py", "stray"], "unexpected argument 'stray'"),
+    # a group that does not exist names the key (it blamed the config file); an unknown :arg is its one line
+    (["--config=configs/grpo_arith.py", "--config.foo.bar=1"], "Config error: config.foo.bar: no such key"),
+    (["--config=configs/grpo_arith.py:bogus"], "Config error: --config: config arg 'bogus' is unknown; accepted:"),
 ]
 
 
