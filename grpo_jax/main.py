@@ -33,6 +33,12 @@ class _QuietLibraries(std_logging.Filter):
     self.seen: set[tuple[str, str]] = set()
 
   def filter(self, record) -> bool:
+    verdict = getattr(record, "_grpo_jax_shown", None)  # the same record through the logger and its handlers
+    if verdict is None:
+      verdict = record._grpo_jax_shown = self._judge(record)  # pylint: disable=protected-access
+    return verdict
+
+  def _judge(self, record) -> bool:
     if f"{os.sep}grpo_jax{os.sep}" in record.pathname:
       return True
     if record.levelno < std_logging.WARNING:

@@ -279,3 +279,35 @@ def test_cli_flag_errors_are_one_line(tmp_path):
     assert out.returncode == 2, (args, out.stderr[-2000:])
     assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, (args, out.stderr[-2000:])
   assert not os.path.exists(tmp_path / "run")
+
+
+def test_library_noise_is_one_line_once(capsys):
+  """Without --verbose: an asyncio/orbax-style record with a traceback, logged from many tasks, is one line without
+  the traceback; a library thread's exception and an unraisable one during cleanup are one line each, once."""
+  import logging as std_logging
+  import threading
+  root = std_logging.getLogger()
+  handler = std_logging.StreamHandler(sys.stderr)
+  root.addHandler(handler)
+  hooks = (threading.excepthook, sys.unraisablehook)
+  try:
+    main.setup_logging(verbose=False)
+    for _ in range(5):
+      try:
+        raise RuntimeError("Event loop is closed")
+      except RuntimeError:
+        std_logging.getLogger("asyncio").error("Task exception was never retrieved", exc_info=True)
+    for _ in range(3):
+      t = threading.Thread(target=lambda: (_ for _ in ()).throw(RuntimeError("Event loop is closed")))
+      t.start()
+      t.join()
+  finally:
+    threading.excepthook, sys.unraisablehook = hooks
+    root.removeHandler(handler)
+    for h in root.handlers + [handler]:
+      h.filters.clear()
+    std_logging.getLogger("absl").filters.clear()
+  err = capsys.readouterr().err
+  assert "Traceback" not in err, err
+  assert err.count("Task exception was never retrieved") == 1, err
+  assert err.count("a library thread failed: RuntimeError: Event loop is closed") == 1, err
