@@ -9,6 +9,7 @@ resolve again (a no-op on a resolved config) for callers that hand them a config
 from __future__ import annotations
 
 import math
+import os
 
 import ml_collections
 
@@ -101,8 +102,6 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def _take_checkpoint(config, path: str):
   """model.yield_to_checkpoint: every checkpoint field from the checkpoint (max_len kept where it is lower: it only
   bounds prompt + completion), and its own tokenizer when it ships one and the config names none."""
-  import os  # pylint: disable=g-import-not-at-top
-  from grpo_jax.hf import hf_io  # pylint: disable=g-import-not-at-top
   hf_mcfg = hf_io.check_checkpoint(path)
   values = {f"model.{k}": getattr(hf_mcfg, k) for k in model_presets.CHECKPOINT_FIELDS}
   if config.model.get("max_len") and config.model.max_len < hf_mcfg.max_len:

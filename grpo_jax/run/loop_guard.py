@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import errors
+from grpo_jax.run import metrics
 from grpo_jax.run import run_config
 from grpo_jax.infra import signals
 from grpo_jax.run import stages
@@ -48,7 +49,6 @@ class LoopGuard:
     self.last_step = self._start = start
     if not start:
       return []
-    from grpo_jax.run import metrics  # pylint: disable=g-import-not-at-top
     metrics.warn_missing(self.workdir, start, self.log_every)
     old = ckpt.restored_config
     changed = run_config.check(old, self.view, self.allow, where=f"checkpoint {os.path.join(self.ckpt_dir, str(start))}",

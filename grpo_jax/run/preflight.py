@@ -68,7 +68,6 @@ def check_init_from(key: str, value: str, mcfg=None) -> None:
       raise errors.InputError(f"config.{key}={value}: {cfg} is missing; a Hugging Face checkpoint directory holds "
                               "config.json and *.safetensors.")
     if not glob.glob(os.path.join(d, "*.safetensors")):
-      from grpo_jax.hf import hf_io  # pylint: disable=g-import-not-at-top
       raise errors.InputError(f"config.{key}={value}: {hf_io.no_weights_message(d)}")
     with errors.input_errors(f"config.{key}={value}: {cfg}"):
       with open(cfg, encoding="utf-8") as f:

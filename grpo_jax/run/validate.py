@@ -5,6 +5,7 @@ from typing import Any
 from grpo_jax.rl import advantages
 from grpo_jax.config import presets
 from grpo_jax.infra.errors import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch; exit 2)
+from grpo_jax.tasks import data
 from grpo_jax.tasks import registry
 from grpo_jax.hf import model_source
 from grpo_jax.infra import sharding
@@ -349,7 +350,6 @@ def validate_groups(c) -> None:
     _fail("log.tensorboard", f"must be True or False, got {c.log.tensorboard!r}.")
   if not isinstance(c.log.wandb_project, str):
     _fail("log.wandb_project", f"must be a project name or '' (off), got {c.log.wandb_project!r}.")
-  from grpo_jax.tasks import data  # pylint: disable=g-import-not-at-top
   _choice(c, "task.overlong_prompts", data.OVERLONG)
   for k in ("task.prompt_len", "task.train_size", "task.test_size"):
     _positive_int(c, k)
