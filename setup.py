@@ -13,6 +13,9 @@ INSTALL_REQUIRES = [
     # tensorflow-datasets imports it to prepare a dataset (DatasetBuilder.code_path) but does not declare it: without
     # it, preparing gsm8k in a fresh venv fails with ModuleNotFoundError.
     "importlib_resources==7.1.0",
+    # GSM8K as the Hugging Face hub serves it (parquet, tasks/gsm8k.py). tensorflow-datasets pulls it in today; it is
+    # imported directly, so it is pinned here.
+    "pyarrow==26.0.1",
     "sentencepiece==0.2.3",
     "ml-collections==1.1.0",
     "absl-py==2.5.1",

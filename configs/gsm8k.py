@@ -17,8 +17,9 @@ Args (`configs/gsm8k.py:<arg>,...`):
 - `prompt=r1_zero` (default): DeepSeek-R1's R1-Zero template, completions in `<think>…</think> <answer>…</answer>`;
   `prompt=chat`: the tokenizer's own chat template (system: "Please reason step by step, and put your final answer
   within \\boxed{}.", then the question as the user turn), for -Instruct checkpoints.
-- `small`: 2 GRPO steps on a tiny slice (model defaults to `tiny`); `small,model=checkpoint` runs a small HF
-  checkpoint the same way (tests/test_hf_cli.py).
+- `small`: 2 GRPO steps on a tiny slice (model defaults to `tiny`, which yields to a checkpoint: with
+  `--config.train.init_from=hf:DIR` the model is the checkpoint's, and its tokenizer when DIR has one;
+  `small,model=checkpoint` says so explicitly; tests/test_hf_cli_llama.py, tests/test_hf_cli_qwen.py).
 
 Pieces: tokenizer = the checkpoint's own (`task.tokenizer=init_from`: tokenizer.json through `tokenizers`, EOS ids
 from generation_config.json too); data = `task.data_dir` with GSM8K's train.jsonl/test.jsonl (the
@@ -51,7 +52,7 @@ def get_config(arg: str | None = None):
   c.job = "grpo"
   c.model.update(dtype="bfloat16", remat="dots")
   if model == "tiny":
-    c.model.update(TINY)
+    c.model.update(TINY, yield_to_checkpoint=not a.model)  # `:small` alone: a default an hf: init_from replaces
   else:
     model_presets.apply(c.model, model)
   c.task.update(name="gsm8k", language="a", prompt_len=320, data_dir="", test_size=1319,

@@ -8,6 +8,7 @@ before the run started. `--verbose` adds tracebacks and the libraries' INFO logs
 import logging as std_logging
 import os
 import sys
+import threading
 import traceback
 
 from absl import app
@@ -23,11 +24,21 @@ _VERBOSE = flags.DEFINE_bool("verbose", False, "Show tracebacks with error lines
 
 
 class _QuietLibraries(std_logging.Filter):
-  """Library records (orbax, tfds, jax, …) below WARNING are dropped, and the rest lose their tracebacks and extra
-  lines: an async write error that orbax logs from each of its threads becomes one line each. grpo_jax's own
-  records pass untouched."""
+  """Library records (orbax, tfds, jax, asyncio, …) below WARNING are dropped, and the rest lose their tracebacks
+  and extra lines and are shown once: an async write error that orbax logs from each of its threads (or asyncio's
+  "Event loop is closed" from each of its tasks) becomes one line. grpo_jax's own records pass untouched."""
+
+  def __init__(self):
+    super().__init__()
+    self.seen: set[tuple[str, str]] = set()
 
   def filter(self, record) -> bool:
+    verdict = getattr(record, "_grpo_jax_shown", None)  # the same record through the logger and its handlers
+    if verdict is None:
+      verdict = record._grpo_jax_shown = self._judge(record)  # pylint: disable=protected-access
+    return verdict
+
+  def _judge(self, record) -> bool:
     if f"{os.sep}grpo_jax{os.sep}" in record.pathname:
       return True
     if record.levelno < std_logging.WARNING:
@@ -39,12 +50,35 @@ class _QuietLibraries(std_logging.Filter):
     msg = record.getMessage()
     if "\n" in msg:
       record.msg, record.args = msg.splitlines()[0][:500] + " [...; --verbose for the rest]", None
+    key = (record.name, record.getMessage()[:200])
+    if key in self.seen:
+      return False
+    self.seen.add(key)
     return True
 
 
+def _one_line_hook(what: str, shown: set):
+  """A thread's (or an unraisable) exception as one line, once per kind: library threads (orbax's async writers)
+  that fail after a handled failure would otherwise print a traceback each."""
+  def hook(args) -> None:
+    exc = getattr(args, "exc_value", None)
+    line = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
+    if line not in shown:
+      shown.add(line)
+      print(f"warning: {what}: {line} [--verbose for the traceback]", file=sys.stderr)
+  return hook
+
+
 def setup_logging(verbose: bool) -> None:
-  if not verbose:
-    std_logging.getLogger("absl").addFilter(_QuietLibraries())
+  if verbose:
+    return
+  quiet = _QuietLibraries()
+  std_logging.getLogger("absl").addFilter(quiet)
+  for handler in std_logging.getLogger().handlers:  # records of other loggers (asyncio, orbax's own) reach these
+    handler.addFilter(quiet)
+  shown: set[str] = set()
+  threading.excepthook = _one_line_hook("a library thread failed", shown)
+  sys.unraisablehook = _one_line_hook("an exception was ignored during cleanup", shown)
 
 
 def execute(config, workdir: str, verbose: bool = False) -> int:
@@ -106,12 +140,24 @@ def main(argv) -> None:
 def _unknown_key(argv, error: Exception) -> str:
   """The --config.<key> override that names a missing key (ml_collections says only the last part)."""
   missing = str(error).strip("\"'")
+  if isinstance(error, KeyError) and error.args:
+    missing = str(error.args[0]).strip("\"'")
   for arg in argv:
     if arg.startswith("--config."):
       key = arg[len("--"):].split("=", 1)[0]
       if missing and (key.split(".")[-1] == missing or f".{missing}." in f".{key}."):
         return key
   return f"config.<...>.{missing}"
+
+
+def _config_file_error(text: str) -> str:
+  """The line a config file's get_config raised, without the traceback config_flags pastes into its message."""
+  last = text.strip().splitlines()[-1].strip()
+  kind, _, why = last.partition(": ")
+  if kind.endswith("ConfigError"):  # e.g. an unknown `:arg` variant (config_lib.parse_arg)
+    return f"Config error: --config: {why}"
+  return (f"Error: --config: {why or last}; pass --config=configs/<exp>.py[:arg] naming an existing config file "
+          "whose get_config(arg) runs.")
 
 
 def _parse_flags(argv):
@@ -121,9 +167,11 @@ def _parse_flags(argv):
   except Exception as e:  # pylint: disable=broad-except
     if "--verbose" in argv:
       traceback.print_exc()
-    if isinstance(e, AttributeError):
+    if isinstance(e, (AttributeError, KeyError)):  # ml_collections: a missing field, or a missing group
       msg = (f"Config error: {_unknown_key(argv, e)}: no such key; check the spelling against "
              "grpo_jax/config/config_lib.py (or the experiment's configs/*.py).")
+    elif isinstance(e, flags.Error) and "Traceback (most recent call last)" in str(e):
+      msg = _config_file_error(str(e))
     elif isinstance(e, flags.Error):
       msg = f"Error: {errors.one_line(str(e))}; see --helpfull for the flags."
     else:

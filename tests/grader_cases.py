@@ -127,4 +127,14 @@ CASES = [
     ("<think>9 * 8 = 72</think> <answer></answer>", "72", False, True),
     ("<think></think> <answer>71</answer>", "72", False, True),
     ("9 * 8 = 72 so after giving 8 away she has 64.", "72", False, False),
+    # --- added with the numeric normalisation (issue 30), labelled by hand: thousands grouped by spaces, thin spaces
+    # or {,}, and an explicit final-answer phrase followed by other numbers
+    (tagged("37 230", "3 * 12 410 = 37 230"), "37230", True, True),
+    (tagged("\\boxed{37\\,230}"), "37230", True, True),
+    (tagged("37{,}230"), "37230", True, True),
+    ("<think>3 * 12410</think> <answer>37\u2009230 boxes</answer>", "37230", True, True),
+    ("The answer is 37230. I used 34 boxes.", "37230", True, False),
+    ("So the final answer is 72. It took me 3 steps to check.", "72", True, False),
+    ("The answer is 71. Then 72 is what 9 * 8 gives.", "72", False, False),
+    (tagged("37 23"), "3723", False, True),
 ]

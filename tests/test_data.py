@@ -102,6 +102,34 @@ def test_prompt_too_long_names_the_key(cfgs, tok):
     data.make_task({"name": "sudoku"})
 
 
+def test_overlong_prompts_error_drop_or_truncate_counted(cfgs, tok):
+  """task.overlong_prompts over the whole split: 'error' names the count and the length that fits; 'drop' leaves
+  out exactly the prompts longer than prompt_len (never sampled); 'truncate' keeps every example, each prompt cut
+  to bos + its last prompt_len - 1 tokens."""
+  c = cfgs["countdown"]
+  lengths = data.prompt_lengths(c, tok, "train")
+  ex = data.load_examples(c, "train")
+  assert len(lengths) == len(ex) == 120
+  cut = int(np.median(lengths))
+  over = int((lengths > cut).sum())
+  assert 0 < over < 120 and data.overlong_count(c, tok, "train", cut) == (over, 120)
+  with pytest.raises(ValueError, match=rf"task.prompt_len: {over} of the 120 train prompts are longer than "
+                                       rf"task.prompt_len={cut} tokens \(longest {lengths.max()}"):
+    data.fit_prompts(c, tok, "train", ex, cut)
+  kept = data.fit_prompts(dict(c, overlong_prompts="drop"), tok, "train", ex, cut)
+  assert [e["index"] for e in kept] == [e["index"] for e, n in zip(ex, lengths) if n <= cut]
+  batches = data.rl_batches(dict(c, overlong_prompts="drop"), tok, "train", 8, seed=0, start_step=0, prompt_len=cut)
+  seen = {int(i) for _ in range(30) for i in next(batches)["index_N"]}
+  assert seen <= {e["index"] for e in kept} and len(seen) > 8
+  assert data.fit_prompts(dict(c, overlong_prompts="truncate"), tok, "train", ex, cut) == ex
+  b = data.rl_batch(data.make_task(c), ex, np.zeros(120, np.int32), tok, cut, truncate=True)
+  task = data.make_task(c)
+  for row, m, e in zip(b["prompt_NxP"], b["prompt_mask_NxP"], ex):
+    ids = data.prompts.prompt_ids(task, e, "a", tok)
+    want = ids if len(ids) <= cut else ids[:1] + ids[len(ids) - cut + 1:]
+    assert row[m > 0].tolist() == want
+
+
 def test_eval_set_fixed_held_out(cfgs, tok):
   e1 = data.eval_set(cfgs["countdown"], tok, 10, P)
   e2 = data.eval_set(cfgs["countdown"], tok, 10, P)

@@ -51,3 +51,37 @@ def test_cli_prints_one_line_and_exits_2(tmp_path):
                      env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
   assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
   assert r.stderr.startswith("Error: ") and "config.json is missing" in r.stderr
+
+
+def test_reexport_into_a_stale_sharded_export_replaces_it_whole(tmp_path):
+  """OUT_DIR holds an older export in shards + index (other weights): the new export replaces the directory whole
+  (no old shard, no old index), and hf_io and a plain safetensors read both get the new weights. A non-empty
+  directory that is not an export is refused before anything is written."""
+  import jax
+  import numpy as np
+  from grpo_jax.hf import hf_io, hf_save
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  run = tmp_path / "run"
+  run.mkdir()
+  c = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
+  c.model.update(hidden=32, layers=1, heads=2, kv_heads=1, inter=64)
+  (run / "config.json").write_text(c.to_json_best_effort())
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  new, old = (model_lib.init_params(mcfg, jax.random.PRNGKey(k)) for k in (1, 2))
+  params_ckpt.save_params(str(run / "params"), new)
+  out = tmp_path / "out"
+  hf_save.save_hf(str(out), mcfg, old, max_shard_bytes=40_000)  # the stale export: several shards and an index
+  assert os.path.exists(out / "model.safetensors.index.json") and len(list(out.glob("*.safetensors"))) > 1
+  export.export(str(run), str(out))
+  assert sorted(os.listdir(out)) == ["config.json", "model.safetensors"]
+  got = hf_io.load_params(str(out), mcfg)
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(new)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  assert not [n for n in os.listdir(tmp_path) if "export-tmp" in n]  # the staging directory was moved in
+  other = tmp_path / "notes"
+  other.mkdir()
+  (other / "todo.txt").write_text("mine")
+  with pytest.raises(config_lib.ConfigError, match="is not empty and is not an earlier export"):
+    export.export(str(run), str(other))
+  assert os.listdir(other) == ["todo.txt"]

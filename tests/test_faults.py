@@ -68,6 +68,14 @@ def _state(workdir, step=None):
   return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(restored)}
 
 
+def _params(path):
+  """A params checkpoint (checkpoint.save_params: the stage's final policy) as numpy, keyed by path."""
+  import jax
+  import orbax.checkpoint as ocp
+  restored = ocp.StandardCheckpointer().restore(path)
+  return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_leaves_with_path(restored)}
+
+
 def _assert_same_state(a, b):
   assert a.keys() == b.keys()
   for k in a:
@@ -238,7 +246,8 @@ def test_sigint_during_sft_then_rerun_equals_uninterrupted(sft_reference, tmp_pa
   assert "SIGINT received" in out and "Preempted:" in out and "Traceback" not in out
   stopped = max(r["step"] for r in _rows(sft))
   assert 2 <= stopped < SFT_JOB["sft.steps"], "the signal came too late to test anything"
-  assert not os.path.exists(os.path.join(sft, "params")) and not os.path.exists(os.path.join(sft, "stage.json"))
+  assert not os.path.exists(os.path.join(sft, "params"))
+  assert json.load(open(os.path.join(sft, "stage.json")))["done"] is False  # the running record: resumable
   assert not os.path.exists(os.path.join(wd, "checkpoints"))  # the RL stage never started
   assert not any("orbax-checkpoint-tmp" in n for n in os.listdir(os.path.join(sft, "checkpoints")))
   code, out = _run(SFT_JOB, wd)
@@ -256,6 +265,61 @@ def test_changed_sft_stage_is_refused_or_redone(sft_reference, tmp_path):
   lines = [l for l in out.splitlines() if l.startswith("Error:")]
   assert code == 2 and len(lines) == 1, out[-3000:]
   assert "finished stage sft" in lines[0] and "sft.steps (10 → 12)" in lines[0] and "rerun_stages=sft" in lines[0]
+  assert _snapshot(wd) == before
+
+
+# `main` with SIGKILL at a chosen point of the SFT stage, after its params are written: in its final evaluation
+# (no eval rows yet, no record) or where the record would be written (params and eval rows on disk, no record).
+_KILL_SCRIPT = r'''
+import os, signal, sys
+from grpo_jax import main
+from grpo_jax.run import evaluation, stages
+at = os.environ["KILL_AT"]
+def kill(*a, **k):
+  os.kill(os.getpid(), signal.SIGKILL)
+if at == "sft_eval":
+  evaluation.Evaluator.__call__ = kill  # SFT's final evaluation is the first evaluation of the job
+else:
+  real = stages.mark_done
+  stages.mark_done = lambda st, **kw: kill() if st.name == "sft" else real(st, **kw)
+sys.argv = ARGV
+main._entry()
+'''
+
+
+@pytest.mark.parametrize("at", ["sft_eval", "sft_record"])
+def test_kill9_between_sft_params_and_record_resumes_equal(sft_reference, tmp_path, at):
+  """kill -9 after sft/params but before sft/stage.json says done: the rerun resumes the stage (its record says
+  running, never "finished before records"), rewrites its params and final eval rows, then runs RL; every row and
+  both states equal an uninterrupted run's."""
+  wd = str(tmp_path / "run")
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, KILL_AT=at, **_ENV)
+  script = f"ARGV = {_argv(SFT_JOB, wd)[3:]!r}\nARGV.insert(0, 'main')\n" + _KILL_SCRIPT
+  p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+  sft = os.path.join(wd, "sft")
+  assert p.returncode == -signal.SIGKILL, (p.stdout + p.stderr)[-3000:]
+  assert os.path.isdir(os.path.join(sft, "params"))
+  assert json.load(open(os.path.join(sft, "stage.json")))["done"] is False
+  assert not os.path.exists(os.path.join(wd, "checkpoints"))
+  code, out = _run(SFT_JOB, wd)
+  assert code == 0, out[-3000:]
+  assert "finished before stage configs were recorded" not in out and "plan: sft: resume" in out
+  assert json.load(open(os.path.join(sft, "stage.json")))["done"] is True
+  for a, b in ((sft, os.path.join(sft_reference, "sft")), (wd, sft_reference)):
+    _assert_same_state(_state(a), _state(b))
+    assert _deterministic(_rows(a)) == _deterministic(_rows(b))
+  _assert_same_state(_params(os.path.join(sft, "params")), _params(os.path.join(sft_reference, "sft", "params")))
+
+
+def test_rejected_value_with_allow_config_change_leaves_the_workdir_unchanged(sft_reference, tmp_path):
+  """A value that validation refuses, passed as an allowed change of a finished stage: exit 2, one line naming the
+  key, and not a byte of the workdir written (config.json and sft/stage.json included)."""
+  wd = _copy_run(sft_reference, str(tmp_path / "run"))
+  before = _snapshot(wd)
+  code, out = _run({**SFT_JOB, "sft.batch": 0}, wd, extra=["--config.train.allow_config_change=sft.batch"])
+  lines = [l for l in out.splitlines() if "error:" in l.lower()]
+  assert code == 2 and len(lines) == 1 and "config.sft.batch" in lines[0], out[-3000:]
+  assert "Traceback" not in out
   assert _snapshot(wd) == before
 
 

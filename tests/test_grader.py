@@ -3,10 +3,13 @@ tests/grader_cases.py (written before the grader was changed), with math-verify 
 
 Measured when the cases were written, on the previous grader (accuracy required the exact tag format, EOS right
 after </answer>): its reward agreed with the `correct` label on 78/107 cases (74/107 with tags as single tokens)
-and rewarded 40/69 right answers. Now: 107/107 for both the accuracy and the format term. math-verify end to end
+and rewarded 40/69 right answers. Then: 107/107 for both the accuracy and the format term. math-verify end to end
 (its own extraction from the whole completion) agrees with the label on 75/107 (it reads numbers out of <think>
 and ignores <answer>); math-verify comparing the answer our grader extracts agrees with ours on 106/107 (below).
-`python tests/test_grader.py` prints these counts.
+Eight cases added with the numeric normalisation (thousands grouped by spaces, thin spaces or {,}; an explicit
+final-answer phrase before other numbers): the grader before it got 109/115 right against the labels (the 6 new
+right answers graded 0), after it 115/115 (format 115/115 both); math-verify end to end 79/115, on our extracted
+answer 112/115 (the thin-space cases, KNOWN_DIFFERENCES). `PYTHONPATH=. python tests/test_grader.py` prints them.
 """
 import json
 import os
@@ -22,7 +25,10 @@ from tests import grader_cases  # noqa: E402
 
 CASES = grader_cases.CASES
 # Where math-verify, judging the answer string our grader extracted, decides otherwise, and why ours stands.
-KNOWN_DIFFERENCES = {"\\$72": "an escaped dollar sign is a currency mark to us; math-verify's LaTeX parser fails on it"}
+KNOWN_DIFFERENCES = {"\\$72": "an escaped dollar sign is a currency mark to us; math-verify's LaTeX parser fails on it",
+                     # thin spaces as thousands separators (SI): math-verify reads the number before the space
+                     "\\boxed{37\\,230}": "LaTeX's \\, groups thousands for us; math-verify reads 37",
+                     "37\u2009230 boxes": "a thin space groups thousands for us; math-verify reads 37"}
 
 
 def build_tokenizer(path, tags: bool) -> hf_tokenizer.HFTokenizer:

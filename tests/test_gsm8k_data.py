@@ -57,3 +57,26 @@ def test_bad_jsonl_lines_are_one_line_errors(tmp_path, line, needle):
   with pytest.raises(ValueError) as e:
     gsm8k.load_split("test", str(tmp_path))
   assert needle in str(e.value) and "test.jsonl" in str(e.value) and "\n" not in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("layout", ["{split}.parquet", "{split}-00000-of-00001.parquet",
+                                    "main/{split}-00000-of-00001.parquet"])
+def test_parquet_as_the_hub_serves_it(tmp_path, layout):
+  """GSM8K as parquet (the Hugging Face hub's files, question/answer columns; shards in name order): the same
+  examples as the JSONL copy. A file without the columns is one line naming it."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  src = hf_dirs.gsm8k_jsonl(str(tmp_path / "src"), n_train=5, n_test=2)
+  d = tmp_path / "pq"
+  for split in ("train", "test"):
+    rows = [json.loads(l) for l in open(os.path.join(src, f"{split}.jsonl"))]
+    path = d / layout.format(split=split)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(pa.table({"question": [r["question"] for r in rows], "answer": [r["answer"] for r in rows]}), path)
+    assert gsm8k.load_split(split, str(d)) == gsm8k.load_split(split, src)
+  bad = tmp_path / "bad"
+  bad.mkdir()
+  pq.write_table(pa.table({"q": ["x"]}), bad / "test.parquet")
+  with pytest.raises(ValueError) as e:
+    gsm8k.load_split("test", str(bad))
+  assert "test.parquet" in str(e.value) and "'question' and 'answer'" in str(e.value) and "\n" not in str(e.value)

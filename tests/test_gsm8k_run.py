@@ -69,8 +69,20 @@ def run(tmp_path_factory):
     all_rows = [json.loads(l) for l in f]
   rows = [r for r in all_rows if "train/reward_mean" in r]
   eval_rows = [r for r in all_rows if "eval/accuracy" in r]
+  with open(f"{workdir}/samples.jsonl") as f:
+    samples = [json.loads(l) for l in f]
   return dict(config=config, params=params, mcfg=mcfg, hf_dir=hf_dir, calls=calls, rows=rows,
-              eval_rows=eval_rows, verified=verified)
+              eval_rows=eval_rows, verified=verified, samples=samples)
+
+
+def test_samples_hold_the_prompt_and_the_reference_answer(run):
+  """samples.jsonl: each logged completion with the question it answered and that question's reference answer
+  (the mock's question i has answer i + 3)."""
+  assert run["samples"] and all(s["step"] == 2 for s in run["samples"])
+  for s in run["samples"]:
+    i = int(re.search(r"Tom has (\d+) apples", s["prompt"]).group(1))
+    assert s["reference"] == str(i + 3), s
+    assert s["prompt"].rstrip().endswith("Assistant:"), s["prompt"][-80:]
 
 
 def test_two_steps_logged_with_reward_metrics(run):

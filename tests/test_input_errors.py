@@ -36,6 +36,28 @@ def paths(tmp_path_factory):
   (root / "hf_badjson").mkdir()
   (root / "hf_badjson" / "config.json").write_text("{not json")
   (root / "hf_badjson" / "model.safetensors").write_bytes(b"\0" * 8)
+  # params checkpoints: a run dir, one training-state step, a params checkpoint of another model; .bin-only HF dir
+  (root / "a_run" / "checkpoints").mkdir(parents=True)
+  (root / "a_step" / "state").mkdir(parents=True)
+  import jax
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  from configs import grpo_arith
+  c = grpo_arith.get_config("small")
+  c.model.hidden = 32
+  params_ckpt.save_params(str(root / "other_params"), model_lib.init_params(
+      model_lib.ModelConfig.from_config(c.model), jax.random.PRNGKey(0)))
+  (root / "hf_bin").mkdir()
+  (root / "hf_bin" / "config.json").write_text((root / "hf_noweights" / "config.json").read_text())
+  (root / "hf_bin" / "pytorch_model.bin").write_bytes(b"\0" * 8)
+  # GSM8K-format data dirs: none of the layouts; a test split smaller than eval.size; a question too long
+  from tests import hf_dirs
+  (root / "gsm8k_none").mkdir()
+  (root / "gsm8k_none" / "notes.txt").write_text("no data here")
+  hf_dirs.gsm8k_jsonl(str(root / "gsm8k_small_test"), n_train=8, n_test=2)
+  hf_dirs.gsm8k_jsonl(str(root / "gsm8k_long"), n_train=8, n_test=4)
+  with open(root / "gsm8k_long" / "train.jsonl", "a") as f:
+    f.write(json.dumps({"question": "How many apples? " * 80, "answer": "1 + 1 = 2\n#### 2"}) + "\n")
   return root
 
 
@@ -93,6 +115,13 @@ CASES = [
     ("grpo", {"train.allow_config_change": "rl.GG"}, "config.train.allow_config_change: 'rl.GG'"),
     ("grpo", {"train.rerun_stages": "r1_zero"}, "config.train.rerun_stages: 'r1_zero'"),
     ("grpo", {"train.rerun_stages": "rl"}, "is the run in --workdir itself"),
+    ("grpo", {"sft.batch": 0}, "config.sft.batch"),  # the job's SFT stage: its keys are checked before anything
+    ("grpo", {"sft.steps": -5}, "config.sft.steps"),  # not "no SFT stage"
+    ("grpo", {"sft.lr": -1.0}, "config.sft.lr"),
+    ("grpo", {"sft.loss_on": "some"}, "config.sft.loss_on"),
+    ("grpo", {"train.sample_every": -1}, "config.train.sample_every"),
+    ("grpo", {"task.overlong_prompts": "cut"}, "config.task.overlong_prompts"),
+    ("grpo", {"task.prompt_len": 8}, "config.task.prompt_len: 20000 of the 20000 train prompts are longer"),
     ("sft", {"sft.steps": 0}, "config.sft.steps"),
     ("sft", {"sft.loss_on": "some"}, "config.sft.loss_on"),
     ("sft", {"sft.batch": 0}, "config.sft.batch"),
@@ -104,11 +133,19 @@ CASES = [
     ("grpo", {"task.tokenizer": "hf:/nonexistent_hf_dir"}, "/nonexistent_hf_dir"),
     ("grpo", {"task.tokenizer": "init_from"}, "task.tokenizer='init_from' needs train.init_from=hf:"),
     ("grpo", {"task.data_dir": "{p}/a_file"}, "config.task.data_dir"),
+    ("grpo", {"task.tokenizer": "{p}/a_file"}, "is not a sentencepiece model"),
+    ("gsm8k", {"task.data_dir": "{p}/gsm8k_none"}, "has no train.jsonl, no train parquet"),
+    ("gsm8k", {"task.data_dir": "{p}/gsm8k_small_test"}, "config.eval.size: 4 exceeds the 2 usable examples"),
+    ("gsm8k", {"task.data_dir": "{p}/gsm8k_long"}, "config.task.prompt_len: 1 of the 9 train prompts are longer"),
     ("grpo", {"train.init_from": "/nonexistent/params"}, "config.train.init_from=/nonexistent/params does not exist"),
     ("grpo", {"train.init_from": "{p}/a_file"}, "is a file"),
     ("grpo", {"train.init_from": "hf:/nonexistent_hf_dir"}, "is not a directory"),
     ("grpo", {"train.init_from": "hf:{p}/hf_empty"}, "config.json is missing"),
     ("grpo", {"train.init_from": "hf:{p}/hf_noweights"}, "no *.safetensors"),
+    ("grpo", {"train.init_from": "hf:{p}/hf_bin"}, "holds PyTorch .bin/.pt weights only"),
+    ("grpo", {"train.init_from": "{p}/a_run"}, "is a run directory, not a params checkpoint"),
+    ("grpo", {"train.init_from": "{p}/a_step"}, "is one step of a run's training checkpoints"),
+    ("grpo", {"train.init_from": "{p}/other_params"}, "the checkpoint holds a different model (14 params of another shape, e.g. ['embed']['embedding'] (512, 32)"),
     ("grpo", {"train.init_from": "hf:{p}/hf_partial"}, "lacks vocab_size, hidden_size"),
     ("grpo", {"train.init_from": "hf:{p}/hf_gpt2"}, "model_type='gpt2'"),
     ("grpo", {"train.init_from": "hf:{p}/hf_badjson"}, "hf_badjson/config.json"),
@@ -121,8 +158,8 @@ CASES = [
 
 
 def _config(kind: str, overrides: dict, p: str):
-  from configs import grpo_arith, r1_pipeline
-  c = r1_pipeline.get_config("small") if kind == "r1" else grpo_arith.get_config("runlocal")
+  from configs import grpo_arith, gsm8k, r1_pipeline
+  c = {"r1": r1_pipeline, "gsm8k": gsm8k}.get(kind, grpo_arith).get_config("small")
   if kind == "sft":
     c.job = "sft"
   for key, value in overrides.items():
@@ -148,6 +185,18 @@ def test_input_error_is_one_line_exit_2_and_writes_nothing(kind, overrides, need
   assert len(lines) == 1 and needle.replace("{p}", p) in lines[0], err[-3000:]
   assert "Traceback" not in err
   assert not os.path.exists(tmp_path / "run")  # validation runs before the lock creates the workdir
+
+
+def test_optional_package_missing_is_one_line_before_anything(monkeypatch, tmp_path, capsys):
+  """log.wandb_project without wandb installed: one line naming the key before the workdir exists (was an
+  ImportError after the whole SFT stage). find_spec is made to miss so the case holds where wandb is installed."""
+  from grpo_jax.run import preflight
+  real = preflight.importlib.util.find_spec
+  monkeypatch.setattr(preflight.importlib.util, "find_spec", lambda n, *a: None if n == "wandb" else real(n, *a))
+  code = main.execute(_config("grpo", {"log.wandb_project": "proj"}, str(tmp_path)), str(tmp_path / "run"))
+  err = capsys.readouterr().err
+  assert code == errors.EXIT_INPUT and "Config error: config.log.wandb_project: needs the wandb package" in err, err
+  assert not os.path.exists(tmp_path / "run")
 
 
 def test_case_count():
@@ -216,6 +265,9 @@ CLI_CASES = [
     (["--config=configs/grpo_arith.py", "--nosuchflag"], "nosuchflag"),
     ([], "Error: --config is required"),
     (["--config=configs/grpo_arith.py", "stray"], "unexpected argument 'stray'"),
+    # a group that does not exist names the key (it blamed the config file); an unknown :arg is its one line
+    (["--config=configs/grpo_arith.py", "--config.foo.bar=1"], "Config error: config.foo.bar: no such key"),
+    (["--config=configs/grpo_arith.py:bogus"], "Config error: --config: config arg 'bogus' is unknown; accepted:"),
 ]
 
 
@@ -227,3 +279,35 @@ def test_cli_flag_errors_are_one_line(tmp_path):
     assert out.returncode == 2, (args, out.stderr[-2000:])
     assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, (args, out.stderr[-2000:])
   assert not os.path.exists(tmp_path / "run")
+
+
+def test_library_noise_is_one_line_once(capsys):
+  """Without --verbose: an asyncio/orbax-style record with a traceback, logged from many tasks, is one line without
+  the traceback; a library thread's exception and an unraisable one during cleanup are one line each, once."""
+  import logging as std_logging
+  import threading
+  root = std_logging.getLogger()
+  handler = std_logging.StreamHandler(sys.stderr)
+  root.addHandler(handler)
+  hooks = (threading.excepthook, sys.unraisablehook)
+  try:
+    main.setup_logging(verbose=False)
+    for _ in range(5):
+      try:
+        raise RuntimeError("Event loop is closed")
+      except RuntimeError:
+        std_logging.getLogger("asyncio").error("Task exception was never retrieved", exc_info=True)
+    for _ in range(3):
+      t = threading.Thread(target=lambda: (_ for _ in ()).throw(RuntimeError("Event loop is closed")))
+      t.start()
+      t.join()
+  finally:
+    threading.excepthook, sys.unraisablehook = hooks
+    root.removeHandler(handler)
+    for h in root.handlers + [handler]:
+      h.filters.clear()
+    std_logging.getLogger("absl").filters.clear()
+  err = capsys.readouterr().err
+  assert "Traceback" not in err, err
+  assert err.count("Task exception was never retrieved") == 1, err
+  assert err.count("a library thread failed: RuntimeError: Event loop is closed") == 1, err

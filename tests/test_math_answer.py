@@ -28,12 +28,23 @@ CASES = [
     ("", "72", False), ("seventy-two", "72", False), ("007", "7", True), ("x = 5", "5", True),
     ("\\text{5 cm}", "5", True), ("5 \\text{ cm}", "5", True), ("1.5", "\\frac{3}{2}", True),
     ("\\left(\\frac{1}{4}\\right)", "0.25", True), ("10/0", "72", False),
+    # thousands grouped by a space, a thin space (U+2009, LaTeX \\,), a no-break space or {,}; a 2-digit group is
+    # two numbers, not thousands
+    ("37 230", "37230", True), ("1 234 567", "1234567", True), ("37\u2009230", "37230", True),
+    ("37\u202f230", "37230", True), ("\\boxed{37\\,230}", "37230", True), ("\\boxed{37{,}230}", "37230", True),
+    ("$37\\,230.50$", "37230.5", True), ("37 23", "3723", False), ("37 230", "37", False),
 ]
 # Where math-verify (0.9.0) gives the other answer, and why we keep ours:
 KNOWN_DIFFERENCES = {
     # math-verify parses LaTeX only inside $…$ or \boxed; the test wraps LaTeX-looking answers in $…$, but a
     # \text{} holding the whole answer stays text to it, while we drop the unit words.
     "\\text{5 cm}": "units inside \\text{} are stripped by us; math-verify finds no number",
+    # math-verify reads `\,` and thin / narrow no-break spaces as a separator between two numbers; in an answer they
+    # are the SI thousands separator (a human grader reads 37 230).
+    "37\u2009230": "a thin space groups thousands for us; math-verify reads 37",
+    "37\u202f230": "a narrow no-break space groups thousands for us; math-verify reads 37",
+    "\\boxed{37\\,230}": "LaTeX's thin space \\, groups thousands for us; math-verify reads 37",
+    "$37\\,230.50$": "LaTeX's thin space \\, groups thousands for us; math-verify reads 37",
 }
 
 
@@ -64,6 +75,13 @@ def test_math_verify_agrees_except_where_documented():
     ("Total: 1,234.5 miles, i.e. 3/4 of it", "3/4"),
     ("no number here", None),
     ("\\boxed{unclosed 5", "5"),                                         # an unbalanced box falls back to numbers
+    ("The answer is 37230. I used 34 boxes.", "37230"),                # an explicit answer beats numbers after it
+    ("so the final answer: $1,200 (for 3 weeks)", "1,200"),
+    ("Answer = -4; check: 2 - 6 = -4 and 9", "-4"),
+    ("the answer is 5, no wait, the answer is 6. Done in 2 steps", "6"),  # the last phrase
+    ("9 * 8 = 72\n#### 72 (over 3 days)", "72"),                       # GSM8K's marker
+    ("so 37\u2009230 people came", "37\u2009230"),                     # a thin-space group read whole
+    ("I have 3 100 dollar bills", "100"),                               # a plain space in prose does not group
 ])
 def test_extract_answer(text, want):
   assert ma.extract_answer(text) == want

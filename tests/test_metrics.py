@@ -252,3 +252,22 @@ def test_docs_metrics_table_matches_code():
   path = os.path.join(os.path.dirname(__file__), "..", "docs", "metrics.md")
   with open(path) as f:
     assert metrics_lib.markdown_table() in f.read(), "regenerate docs/metrics.md (command at its top)"
+
+
+def test_resume_states_lost_rows_in_one_warning(tmp_path, caplog):
+  """Rows a resume cannot rebuild (metrics.jsonl deleted or cut before the resumed step, a torn row): one warning
+  naming the missing logged steps; none when every logged step has its row."""
+  with metrics_lib.MetricWriter(str(tmp_path), use_tensorboard=False, progress=False) as w:
+    for step in range(2, 13, 2):
+      w.write(step, {'train/loss': float(step)})
+  assert metrics_lib.warn_missing(str(tmp_path), 12, 2) == []
+  path = tmp_path / 'metrics.jsonl'
+  lines = path.read_text().splitlines()
+  path.write_text('\n'.join(lines[3:5]) + '\n' + lines[5][:10] + '\n')  # rows 2-6 gone, row 12 torn
+  with caplog.at_level('WARNING'):
+    gone = metrics_lib.warn_missing(str(tmp_path), 12, 2)
+  assert gone == [2, 4, 6, 12]
+  warned = [r.getMessage() for r in caplog.records if 'cannot be rebuilt' in r.getMessage()]
+  assert len(warned) == 1 and 'steps 2-6, 12' in warned[0] and 'resumed step 12' in warned[0], warned
+  os.remove(path)
+  assert metrics_lib.warn_missing(str(tmp_path), 12, 4) == [4, 8, 12]

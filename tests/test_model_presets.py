@@ -126,3 +126,29 @@ def test_run_rl_takes_unset_model_fields_from_an_hf_checkpoint(tmp_path):
   saved = ocp.StandardCheckpointer().restore(str(tmp_path / "run" / "checkpoints" / "1" / ckpt_lib._STATE))  # pylint: disable=protected-access
   for a, b in zip(jax.tree.leaves(saved["ref_params"]), jax.tree.leaves(params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_small_gsm8k_takes_the_checkpoints_shape(tmp_path):
+  """configs/gsm8k.py:small with train.init_from=hf:DIR: the model is the checkpoint's (its tiny default yields),
+  max_len stays the config's lower bound, the checkpoint's tokenizer is used when it ships one; with an explicit
+  model=<preset> a checkpoint of another shape is still one error naming the fields; without init_from the tiny
+  model stays."""
+  import jax
+  from grpo_jax.hf import hf_save
+  small = config_lib.load_config(os.path.join(REPO, "configs", "gsm8k.py"), "small")
+  assert model_source.resolve(small).model.hidden == 32  # no checkpoint: the tiny default
+  shape = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=96, head_dim=0, vocab_size=512, max_len=2048,
+               rope_theta=5e5, qkv_bias=False, tie_embeddings=False, rms_eps=1e-5, **model_presets.NO_SCALING)
+  mcfg = model_lib.ModelConfig(**shape)
+  hf_save.save_hf(str(tmp_path), mcfg, model_lib.init_params(mcfg, jax.random.PRNGKey(0)), model_type="llama")
+  c = config_lib.override(small, {"train.init_from": f"hf:{tmp_path}"})
+  got = model_source.resolve(c)
+  for k, v in shape.items():
+    assert got.model[k] == {"max_len": 384, "head_dim": 16}.get(k, v), k  # 16 = hidden // heads
+  assert got.task.tokenizer == ""  # no tokenizer.json in DIR: the shipped one
+  (tmp_path / "tokenizer.json").write_text("{}")
+  assert model_source.resolve(c).task.tokenizer == "init_from"
+  pinned = config_lib.override(config_lib.load_config(os.path.join(REPO, "configs", "gsm8k.py"), "small,model=tiny"),
+                               {"train.init_from": f"hf:{tmp_path}"})
+  with pytest.raises(config_lib.ConfigError, match=r"disagrees with its config.json in \d+ field\(s\): model.hidden=32"):
+    model_source.resolve(pinned)

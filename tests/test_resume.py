@@ -79,7 +79,8 @@ def uninterrupted(tmp_path_factory):
 
 # SIGTERM alone is the first half of the SIGTERM-then-SIGINT case (same preemption path, same assertions), so it has
 # no case of its own: every signal still starts the preemption path once, and the second-signal case covers both.
-@pytest.mark.parametrize("sig,second", [(signal.SIGKILL, None), (signal.SIGINT, None),
+# SIGINT first is test_faults' Ctrl-C during SFT; SIGHUP (a closed terminal) takes the same path.
+@pytest.mark.parametrize("sig,second", [(signal.SIGKILL, None), (signal.SIGHUP, None),
                                         (signal.SIGTERM, signal.SIGINT)])
 def test_killed_run_resumes_exactly(uninterrupted, tmp_path, sig, second):
   wd = str(tmp_path)
@@ -90,7 +91,7 @@ def test_killed_run_resumes_exactly(uninterrupted, tmp_path, sig, second):
     time.sleep(0.1)
     p.send_signal(second)
   out, _ = p.communicate(timeout=120)
-  if sig in (signal.SIGTERM, signal.SIGINT):
+  if sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
     # Preemption (Ctrl-C too): finish the step, save, exit 0, one line saying how to resume.
     assert p.returncode == 0, out[-3000:]
     assert f"{sig.name} received" in out and "Preempted:" in out and "Traceback" not in out

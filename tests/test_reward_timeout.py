@@ -46,7 +46,11 @@ def test_timed_out_calls_are_abandoned_and_capped():
       _, status, _ = term.host(*_rows(), {})
     # Beyond MAX_HUNG stuck calls the term fails even with a fallback: threads must not pile up for ever.
     assert int(status) == reward_spec.TIMEOUT and term.hung_calls() == rewards.PythonTerm.MAX_HUNG
-    assert "still running" in term.error_message(int(status))
+    msg = term.error_message(int(status))
+    assert "still running" in msg
+    # the fallback is set already: the advice is about the hanging calls, not "set config.rl.reward_fallback"
+    assert "reward_fallback=0.0 is set but does not cover calls that keep hanging" in msg
+    assert "set config.rl.reward_fallback to a float" not in msg
   finally:
     gate.set()
     term.close()

@@ -117,7 +117,8 @@ def test_plan_skips_same_refuses_changed_and_reruns_on_request(tmp_path):
   st3 = _stage(tmp_path, "sft", c3)
   assert stages.plan([st3], c3, str(tmp_path)) == {"sft": "rerun"}
   stages.prepare(st3, "rerun", str(tmp_path))
-  assert not os.path.exists(st3.directory)
+  # the old directory moved aside; the new one holds only the running record (written before the stage writes)
+  assert os.listdir(st3.directory) == [stages.RECORD] and stages.read_record(st3.directory)["done"] is False
   (moved,) = os.listdir(tmp_path / stages.REPLACED)
   assert moved.startswith("sft-") and os.path.exists(tmp_path / stages.REPLACED / moved / stages.RECORD)
   c3.train.rerun_stages = "nope"
@@ -158,3 +159,20 @@ def test_legacy_sft_params_done_only_with_last_step(tmp_path):
   os.makedirs(step_dir)
   open(os.path.join(step_dir, "commit_success.txt"), "w").close()
   assert stages.is_done(st) and stages.plan([st], c, str(tmp_path)) == {"sft": "skip"}
+  # The same outputs under a running record (written by every stage before its first output) are a stage killed
+  # between its params and its done record: resumed, never skipped as "finished before records".
+  stages.mark_running(st)
+  assert not stages.is_done(st) and stages.plan([st], c, str(tmp_path)) == {"sft": "resume"}
+  stages.mark_done(st)
+  assert stages.is_done(st) and stages.plan([st], c, str(tmp_path)) == {"sft": "skip"}
+
+
+def test_added_task_key_at_its_default_keeps_older_records_resumable():
+  """task.overlong_prompts (added with the prompt-length check) at its default 'error' is what older runs did: a
+  record without it equals one with it (same view, same fingerprint); another value is a change."""
+  c = _cfg()
+  old = {k: v for k, v in run_config.view(c, "rl").items()}
+  assert "task.overlong_prompts" not in old
+  assert run_config.diff(old, run_config.view(c, "rl")) == []
+  c.task.overlong_prompts = "drop"
+  assert run_config.diff(old, run_config.view(c, "rl")) == ["task.overlong_prompts"]

@@ -1,4 +1,4 @@
-"""SIGTERM and SIGINT request a graceful stop; repeated signals are absorbed; processes agree on the stop step."""
+"""SIGTERM, SIGINT and SIGHUP request a graceful stop; repeated signals are absorbed; processes agree on the stop step."""
 import os
 import signal
 import socket
@@ -12,7 +12,7 @@ from grpo_jax.infra import signals
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
 def test_signal_sets_the_flag_and_handlers_are_restored(sig):
   before = signal.getsignal(sig)
   with signals.GracefulStop() as stop:

@@ -246,6 +246,17 @@ def test_sweep_text_is_typed_and_bad_input_is_one_line():
     sweep.make_runs(c, sweep_points.named("a b", {}) + sweep_points.named("a_b", {}), 1, "/tmp/x")
 
 
+def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path):
+  """A point whose value validation refuses (its SFT stage's batch 0, valid as sweep text): one line naming the run
+  and the key; not the sweep directory, sweep.json or any run directory is written (every point is preflighted
+  before the sweep writes)."""
+  c = config_lib.override(_config_small(), {"sft.steps": 2})
+  with pytest.raises(errors.ConfigError) as e:
+    sweep.run(c, str(tmp_path / "sw"), sweep_text="sft.batch=4,0", log=lambda s: None)
+  assert "sweep run batch=0: config.sft.batch" in str(e.value), str(e.value)
+  assert not os.path.exists(tmp_path / "sw")
+
+
 def test_get_sweep_in_the_config_file(tmp_path):
   path = tmp_path / "exp.py"
   path.write_text("from configs import grpo_arith\n"

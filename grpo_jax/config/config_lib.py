@@ -47,13 +47,19 @@ def base_config() -> ml_collections.ConfigDict:
       # (rslora: alpha / sqrt(rank)); targets by PEFT's names; the frozen base held in base_dtype. With β > 0 the
       # reference is the base itself (no reference copy); the SFT stage trains adapters only under sft.lora.
       lora=dict(rank=0, alpha=16.0, targets=("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                             "down_proj"), rslora=False, base_dtype="float32")))
+                                             "down_proj"), rslora=False, base_dtype="float32"),
+      # True: the shape set here is a default for runs without a checkpoint; with train.init_from=hf:<dir> every
+      # checkpoint field comes from it instead (model_source.resolve; configs/gsm8k.py:small)
+      yield_to_checkpoint=False))
 
   c.task = ml_collections.ConfigDict(dict(
       name="arith", max_digits=2, ops="+-", num_numbers=4, max_number=20, max_target=100,
       language="a", prompt_len=24, data_dir="", train_size=20_000, test_size=500,
       tokenizer="",  # "" = the shipped sentencepiece model; "hf:<dir>", a .model path, or "init_from"
-      prompt_format="r1_zero"))  # or "chat": the tokenizer's chat template (tasks/prompts.py)
+      prompt_format="r1_zero",  # or "chat": the tokenizer's chat template (tasks/prompts.py)
+      # prompts longer than prompt_len (checked over every split before the run): "error" (one line naming the
+      # count and the length that fits) | "drop" (skipped, counted in the log) | "truncate" (bos + the last tokens)
+      overlong_prompts="error"))
 
   c.sampling = ml_collections.ConfigDict(dict(
       temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=48,

@@ -124,6 +124,7 @@ def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32",
     raise config_lib.ConfigError(f"export.format={format!r}: use one of {FORMATS}.")
   if os.path.abspath(out_dir) == os.path.abspath(run_dir):
     raise config_lib.ConfigError(f"export.out_dir={out_dir} is the run directory; pick a new directory.")
+  replace = check_out_dir(out_dir)
   config = run_config(run_dir)
   mcfg = model_lib.ModelConfig.from_config(config.model)
   if format == "peft":
@@ -132,7 +133,9 @@ def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32",
                                    "export.format=merged.")
     (_, adapters), got_step = restore_params(run_dir, mcfg, step, config, want_adapters=True)
     src = _source_dir(config)
-    files = peft_export.save_peft(out_dir, mcfg, adapters, base_model=src or "")
+    staged = _staging(out_dir)  # written whole beside OUT_DIR, then moved in: never a mix
+    files = peft_export.save_peft(staged, mcfg, adapters, base_model=src or "")
+    _move_in(staged, out_dir, replace)
     return {"step": got_step, "model_type": "peft-lora", "dtype": "float32", "files": files,
             "tokenizer": "none (an adapter directory: the base's tokenizer applies)"}
   src = _source_dir(config)
@@ -142,6 +145,7 @@ def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32",
     raise config_lib.ConfigError("export.model_type='qwen2' needs q/k/v biases (model.qkv_bias); this model has "
                                  "none: use export.model_type=llama.")
   params, got_step = restore_params(run_dir, mcfg, step, config)
+  final, out_dir = out_dir, _staging(out_dir)  # written whole beside OUT_DIR, then moved in: never a mix
   hf_save.save_hf(out_dir, mcfg, params, model_type=model_type, dtype=dtype, base_config=base)
   spec = tok_lib.spec_for_config(config)
   tok_dir = None
@@ -157,8 +161,61 @@ def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32",
   elif tok_dir:
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
       json.dump(_generation_config(tok_lib.load(spec)), f, indent=2)
-  return {"step": got_step, "model_type": model_type, "dtype": dtype, "files": sorted(os.listdir(out_dir)),
+  files = sorted(os.listdir(out_dir))
+  _move_in(out_dir, final, replace)
+  return {"step": got_step, "model_type": model_type, "dtype": dtype, "files": files,
           "tokenizer": tok_dir or "shipped sentencepiece (no HF tokenizer files written)"}
+
+
+def _is_export(d: str) -> bool:
+  """A Hugging Face checkpoint directory (an earlier export): config.json with a model_type, and nothing but
+  checkpoint and tokenizer files."""
+  try:
+    names = os.listdir(d)
+    if "adapter_config.json" in names:  # an earlier PEFT adapter export
+      ok = isinstance(hf_io.read_json(os.path.join(d, "adapter_config.json"), "adapter_config.json"), dict)
+    else:
+      ok = isinstance(hf_io.read_json(os.path.join(d, "config.json")).get("model_type"), str)
+  except (OSError, ValueError):
+    return False
+  known = {"config.json", "generation_config.json", "model.safetensors.index.json", "adapter_config.json",
+           "README.md", *TOKENIZER_FILES}
+  return ok and all(n in known or n.endswith(".safetensors") for n in names)
+
+
+def check_out_dir(out_dir: str) -> bool:
+  """True when OUT_DIR holds an earlier export, which the new one replaces whole; a directory of anything else
+  that is not empty is refused (before anything is read or written)."""
+  if not os.path.exists(out_dir):
+    return False
+  if not os.path.isdir(out_dir):
+    raise config_lib.ConfigError(f"export.out_dir={out_dir} is a file; pass a directory path.")
+  if not os.listdir(out_dir):
+    return False
+  if _is_export(out_dir):
+    return True
+  raise config_lib.ConfigError(f"export.out_dir={out_dir} is not empty and is not an earlier export (files other "
+                               "than a Hugging Face checkpoint's); pick a new or empty directory.")
+
+
+def _staging(out_dir: str) -> str:
+  d = f"{os.path.abspath(out_dir).rstrip(os.sep)}.export-tmp-{os.getpid()}"
+  if os.path.exists(d):
+    shutil.rmtree(d)
+  return d
+
+
+def _move_in(staged: str, out_dir: str, replace: bool) -> None:
+  """The staged export becomes OUT_DIR: a rename; an earlier export is renamed aside first, then deleted, so
+  OUT_DIR is at every moment the old export, absent, or the new one."""
+  old = f"{staged}.old"
+  if replace:
+    os.replace(out_dir, old)
+  elif os.path.isdir(out_dir):
+    os.rmdir(out_dir)  # empty (check_out_dir)
+  os.replace(staged, out_dir)
+  if replace:
+    shutil.rmtree(old)
 
 
 def run_job(config, workdir: str) -> dict:

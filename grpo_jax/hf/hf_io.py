@@ -157,6 +157,15 @@ def hf_config(mcfg: model_lib.ModelConfig, model_type: str = "qwen2", base: dict
 # ------------------------------------------------------------------------------------------------------ tensors
 
 
+def no_weights_message(path: str) -> str:
+  """Why a directory without *.safetensors cannot be loaded: PyTorch-only weights need converting, else none."""
+  if any(f.endswith((".bin", ".pt", ".pth")) for f in os.listdir(path)):
+    return (f"{path}: holds PyTorch .bin/.pt weights only, no *.safetensors; write them as safetensors "
+            "(transformers: AutoModelForCausalLM.from_pretrained(DIR).save_pretrained(OUT, safe_serialization=True)) "
+            "and point init_from at hf:OUT.")
+  return f"{path}: no *.safetensors files; download the weights too (config.json alone is not a checkpoint)."
+
+
 def tensor_index(path: str) -> dict[str, st.TensorInfo]:
   """{tensor name: where it is} over the checkpoint's safetensors files, every header checked."""
   index = os.path.join(path, "model.safetensors.index.json")
@@ -170,8 +179,7 @@ def tensor_index(path: str) -> dict[str, st.TensorInfo]:
   else:
     weight_map, files = None, sorted(f for f in os.listdir(path) if f.endswith(".safetensors"))
   if not files:
-    raise CheckpointError(f"{path}: no *.safetensors files; download the weights too (config.json alone is not a "
-                          "checkpoint).")
+    raise CheckpointError(no_weights_message(path))
   out: dict[str, st.TensorInfo] = {}
   for name in files:
     file = os.path.join(path, name)

@@ -64,6 +64,9 @@ def save_hf(path: str, mcfg: model_lib.ModelConfig, params: Any, *, model_type: 
     size += nbytes
   shards.append(cur)
   os.makedirs(path, exist_ok=True)
+  for name in os.listdir(path):  # an earlier save's weights: a stale shard or index would be read with ours
+    if name.endswith(".safetensors") or name == "model.safetensors.index.json":
+      os.remove(os.path.join(path, name))
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(cfg, f, indent=2)
   meta = {"format": "pt"}  # transformers refuses safetensors files without this tag

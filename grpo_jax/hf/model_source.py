@@ -9,6 +9,7 @@ resolve again (a no-op on a resolved config) for callers that hand them a config
 from __future__ import annotations
 
 import math
+import os
 
 import ml_collections
 
@@ -72,8 +73,9 @@ def check(key: str, path: str, model_cfg) -> "model_lib.ModelConfig":  # noqa: F
   if bad:
     raise config_lib.ConfigError(
         f"config.{key}=hf:{path}: config.model disagrees with its config.json in {len(bad)} field(s): "
-        f"{'; '.join(bad)}. Leave the model fields unset to take them from the checkpoint (configs/gsm8k.py:"
-        "model=checkpoint), or pick the preset of this checkpoint (grpo_jax/model/model_presets.py).")
+        f"{'; '.join(bad)}. Leave the model fields unset to take them from the checkpoint (add model=checkpoint to "
+        "the config's other args, e.g. configs/gsm8k.py:small,model=checkpoint), or pick the preset of this "
+        "checkpoint (grpo_jax/model/model_presets.py).")
   return hf_mcfg
 
 
@@ -89,7 +91,21 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
           f"(configs/gsm8k.py:model=<name>, one of {model_presets.names()[:-1]}).")
     return config
   key, path = src
+  if config.model.get("yield_to_checkpoint", False):
+    return _take_checkpoint(config, path)
   hf_mcfg = check(key, path, config.model)
   if not unset:
     return config
   return config_lib.override(config, {f"model.{k}": getattr(hf_mcfg, k) for k in unset})
+
+
+def _take_checkpoint(config, path: str):
+  """model.yield_to_checkpoint: every checkpoint field from the checkpoint (max_len kept where it is lower: it only
+  bounds prompt + completion), and its own tokenizer when it ships one and the config names none."""
+  hf_mcfg = hf_io.check_checkpoint(path)
+  values = {f"model.{k}": getattr(hf_mcfg, k) for k in model_presets.CHECKPOINT_FIELDS}
+  if config.model.get("max_len") and config.model.max_len < hf_mcfg.max_len:
+    values["model.max_len"] = config.model.max_len
+  if not config.task.get("tokenizer", "") and os.path.isfile(os.path.join(path, "tokenizer.json")):
+    values["task.tokenizer"] = "init_from"
+  return config_lib.override(config, values)

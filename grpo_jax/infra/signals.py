@@ -1,4 +1,7 @@
-"""SIGTERM and SIGINT: finish the current step, save, exit 0 — agreed across processes.
+"""SIGTERM, SIGINT and SIGHUP: finish the current step, save, exit 0 — agreed across processes.
+
+SIGHUP is what a closed terminal or a dropped ssh session sends: without a handler it killed the run like SIGKILL
+(steps since the last checkpoint lost, the workdir lock left behind).
 
 `GracefulStop` is installed once for a whole command (main.py) or, when a loop runs without one (a test, a
 notebook), by the loop itself (`GracefulStop.ensure()`). The first signal only sets a flag; loops ask
@@ -21,7 +24,7 @@ from absl import logging
 
 from grpo_jax.infra import errors
 
-_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_SIGNALS = (signal.SIGTERM, signal.SIGINT) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
 _active: GracefulStop | None = None
 
 

@@ -71,7 +71,9 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
   mesh, mcfg = sharding.make_mesh(config.mesh), model_lib.ModelConfig.from_config(config.model)
   params = params_ckpt.load_params(params_path, state_lib.abstract_params(mesh, mcfg))
   task = data_lib.make_task(config.task)
-  examples = data_lib.load_examples(config.task, "train")
+  examples = data_lib.fit_prompts(config.task, tok, "train", data_lib.load_examples(config.task, "train"),
+                                  config.task.prompt_len)
+  truncate = config.task.overlong_prompts == "truncate"
   pick = base.rng_for("rejection_prompts", config.seed).permutation(len(examples))[:rj.prompts]
   chosen = [examples[i] for i in pick]
   langs = _prompt_languages(config, len(chosen))
@@ -86,7 +88,7 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
     exs, lg = chosen[c0:c0 + per_chunk], langs[c0:c0 + per_chunk]
     pad = per_chunk - len(exs)  # fixed shapes: the last chunk repeats its first prompt, extra rows are dropped
     exs_p, lg_p = exs + [exs[0]] * pad, np.concatenate([lg, np.repeat(lg[:1], pad)])
-    b = data_lib.rl_batch(task, exs_p, lg_p, tok, config.task.prompt_len)
+    b = data_lib.rl_batch(task, exs_p, lg_p, tok, config.task.prompt_len, truncate=truncate)
     rep = {k: np.repeat(v, rj.n, axis=0) for k, v in b.items()}
     fields = {k: v for k, v in rep.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
     tokens, mask, _, acc, fmt = evaluation.to_host(gen(params, rep["prompt_NxP"], rep["prompt_mask_NxP"], fields,

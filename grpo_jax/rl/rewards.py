@@ -185,10 +185,15 @@ class PythonTerm:
     return fn
 
   def error_message(self, status: int) -> str:
-    what = reward_spec.STATUS_TEXT.get(status, status)
-    return (f"reward term '{self.name}' ({getattr(self.fn, '__name__', self.fn)}) {what}: "
-            f"{self.last_error}. Fix the function, or set config.rl.reward_fallback to a float to replace bad "
-            "scores per sample (counted in train/reward_fallbacks).")
+    if self.fallback is None:
+      fix = ("Fix the function, or set config.rl.reward_fallback to a float to replace bad scores per sample "
+             "(counted in train/reward_fallbacks).")
+    else:  # the fallback is set: it covers single bad calls, not calls that keep hanging
+      fix = (f"config.rl.reward_fallback={self.fallback} is set but does not cover calls that keep hanging (at most "
+             f"{self.MAX_HUNG} may run at once); make the function return within config.rl.reward_timeout_s, or "
+             "raise that timeout.")
+    return (f"reward term '{self.name}' ({getattr(self.fn, '__name__', self.fn)}) {reward_spec.STATUS_TEXT.get(status, status)}: "
+            f"{self.last_error}. {fix}")
 
 
 def build(rewards_cfg: Sequence[tuple[str, float]], ctx: reward_spec.Context,

@@ -205,6 +205,11 @@ def finish_step(config, state: state_lib.State, updated: dict, ro: rollout_lib.R
   n_show = config.train.num_samples_logged
   m.update({"reward_status": ro.status, "samples/tokens_NxL": ro.tokens_NxL[:n_show],
             "samples/mask_NxL": ro.mask_NxL[:n_show], "samples/r_N": ro.r_N[:n_show]})
+  if ro.seq is not None:  # samples.jsonl shows each sample's prompt and the example's reference answer
+    P = ro.seq[0].shape[1] - ro.tokens_NxL.shape[1]
+    m.update({"samples/prompt_NxP": ro.seq[0][:n_show, :P], "samples/prompt_mask_NxP": ro.seq[2][:n_show, :P]})
+  if ro.index_N is not None:
+    m["samples/index_N"] = ro.index_N[:n_show]
   return new_state, m
 
 

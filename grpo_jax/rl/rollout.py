@@ -65,6 +65,7 @@ class Rollout(NamedTuple):
   decode_row_steps: jax.Array | None = None  # row-steps the decode computed (every row chunk's or slot's, summed)
   decode_slot_util: jax.Array | None = None  # generated tokens / row-steps (engine.slot_util), over all sampled rows
   decode_admit_wait: jax.Array | None = None  # continuous engine: mean decode steps a row queued for a slot
+  index_N: jax.Array | None = None  # each row's example index (the batch's index_N): samples.jsonl's reference
 
 
 def for_rollout(config, mcfg: model_lib.ModelConfig, params: Any) -> decode_layout.Decode:
@@ -137,7 +138,8 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
     # Everything with one row per sample; dynamic sampling keeps some groups' rows.
     rows = dict(prompt_NxP=b["prompt_NxP"], pmask_NxP=b["prompt_mask_NxP"], tokens_NxL=tokens_NxL,
                 mask_NxL=ro.mask_NxL.astype(jnp.float32), lengths_N=ro.lengths_N, truncated_N=ro.truncated_N,
-                r_N=r_N, per_term=per_term, terms_NxK=terms_NxK, steps=steps, old_logp_NxL=ro.logp_NxL)
+                r_N=r_N, per_term=per_term, terms_NxK=terms_NxK, steps=steps, old_logp_NxL=ro.logp_NxL,
+                index_N=b.get("index_N"))
     ds_kept = None
     if rl.dynamic_sampling:
       # DAPO: the batch holds oversample×B prompts; keep B groups whose normalised reward varies, fixed shape.
@@ -177,7 +179,7 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
                    old_logp_NxL=jax.lax.stop_gradient(old_logp_NxL) * mask_NxL, ref_logp_NxL=ref_logp_NxL,
                    status=status, fallbacks=fallbacks, ds_kept=ds_kept, bucket=bucket,
                    decode_steps=decode_steps, decode_row_steps=row_steps, decode_slot_util=slot_util,
-                   decode_admit_wait=admit_wait)
+                   decode_admit_wait=admit_wait, index_N=rows["index_N"])
 
   return rollout_fn
 

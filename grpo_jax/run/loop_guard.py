@@ -3,7 +3,8 @@
     guard = LoopGuard(config, workdir, "rl")          # refuses a changed config BEFORE anything is written
     ckpt = guard.checkpointer(config)                 # stores the run-config view with every checkpoint
     ... restore / create the state, make the MetricWriter ...
-    guard.resumed(ckpt, start, writer)                # records accepted config changes (metrics + config.<step>.json)
+    guard.resumed(ckpt, start, writer)                # records accepted config changes (metrics + config.<step>.json);
+                                                      # warns once when metrics rows before `start` are gone
     with guard.running():
       for step in range(start, steps):
         if guard.should_stop(): break                 # SIGTERM/SIGINT on any process → every process stops here
@@ -20,6 +21,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import errors
+from grpo_jax.run import metrics
 from grpo_jax.run import run_config
 from grpo_jax.infra import signals
 from grpo_jax.run import stages
@@ -33,6 +35,7 @@ class LoopGuard:
     self.workdir = workdir
     self.ckpt_dir = os.path.join(workdir, "checkpoints")
     self.steps = config.train.steps if kind == "rl" else config.sft.steps
+    self.log_every = config.train.log_every
     self.stop: signals.GracefulStop | None = None
     self.last_step = self._start = 0
     stages.check_resume(self.ckpt_dir, self.view, self.allow, workdir_hint=workdir)
@@ -46,6 +49,7 @@ class LoopGuard:
     self.last_step = self._start = start
     if not start:
       return []
+    metrics.warn_missing(self.workdir, start, self.log_every)
     old = ckpt.restored_config
     changed = run_config.check(old, self.view, self.allow, where=f"checkpoint {os.path.join(self.ckpt_dir, str(start))}",
                                workdir_hint=self.workdir)

@@ -168,6 +168,35 @@ def read_metrics(workdir: str) -> list[dict[str, Any]]:
           for row in _read_rows(os.path.join(workdir, 'metrics.jsonl'))]
 
 
+def missing_steps(workdir: str, upto: int, log_every: int) -> list[int]:
+  """Logged steps (multiples of log_every, up to `upto`) with no row in metrics.jsonl: a deleted file, a torn row."""
+  have = {r.get('step') for r in _read_rows(os.path.join(workdir, 'metrics.jsonl'))}
+  return [k for k in range(log_every, upto + 1, log_every) if k not in have]
+
+
+def warn_missing(workdir: str, upto: int, log_every: int) -> list[int]:
+  """One warning when a resumed run's earlier rows are gone: they come from steps run before the checkpoint, so
+  only rerunning those steps could rebuild them (the resume keeps training; its rows from `upto` on are complete)."""
+  gone = missing_steps(workdir, upto, log_every) if jax.process_index() == 0 else []
+  if gone:
+    logging.warning('%s: the rows of %d logged steps up to the resumed step %d are missing (steps %s; the file was '
+                    'deleted, cut or torn) and cannot be rebuilt without rerunning those steps; the run continues '
+                    'and logs from step %d on (a new --workdir gives a complete record).',
+                    os.path.join(workdir, 'metrics.jsonl'), len(gone), upto, _ranges(gone, log_every), upto + 1)
+  return gone
+
+
+def _ranges(steps: Sequence[int], gap: int) -> str:
+  """[1, 2, 3, 7] (gap 1) -> '1-3, 7'."""
+  out: list[list[int]] = []
+  for k in steps:
+    if out and k - out[-1][1] == gap:
+      out[-1][1] = k
+    else:
+      out.append([k, k])
+  return ', '.join(str(a) if a == b else f'{a}-{b}' for a, b in out)
+
+
 def _truncate_jsonl(path: str, keep_up_to: int | None) -> None:
   """Atomically drops rows with step > keep_up_to (all rows if None): a resumed run re-logs those steps."""
   if not os.path.exists(path):
@@ -297,16 +326,21 @@ class MetricWriter:
     shown = [f'{k.split("/", 1)[1]}={values[k]:.4g}' for k in PROGRESS_KEYS if k in values]
     print(' | '.join(parts + ([' '.join(shown)] if shown else [])), file=sys.stderr, flush=True)
 
-  def log_samples(self, step: int, texts: Sequence[str], rewards: Sequence[float], *, n_print: int = 2) -> None:
-    """Appends (step, index, reward, text) rows to samples.jsonl and prints the first `n_print`."""
-    if len(texts) != len(rewards):
-      raise ValueError(f'log_samples got {len(texts)} texts and {len(rewards)} rewards; pass one reward per text')
+  def log_samples(self, step: int, texts: Sequence[str], rewards: Sequence[float], *, n_print: int = 2,
+                  prompts: Sequence[str] | None = None, references: Sequence[str] | None = None) -> None:
+    """Appends (step, index, reward, text[, prompt, reference]) rows to samples.jsonl and prints the first
+    `n_print`. `prompts` / `references`: each sample's prompt text and its example's reference answer."""
+    extra = {'prompt': prompts, 'reference': references}
+    for name, values in (('rewards', rewards), *extra.items()):
+      if values is not None and len(values) != len(texts):
+        raise ValueError(f'log_samples got {len(texts)} texts and {len(values)} {name}; pass one per text')
     if not self._active:
       return
     with open(self.samples_path, 'a', encoding='utf-8') as f:
       for i, (text, reward) in enumerate(zip(texts, rewards)):
-        f.write(json.dumps({'step': int(step), 'index': i, 'reward': _to_json_scalar('reward', reward),
-                            'text': text}, ensure_ascii=False) + '\n')
+        row = {'step': int(step), 'index': i, 'reward': _to_json_scalar('reward', reward), 'text': text}
+        row.update({k: v[i] for k, v in extra.items() if v is not None})
+        f.write(json.dumps(row, ensure_ascii=False) + '\n')
     for i, (text, reward) in enumerate(zip(texts[:n_print], rewards[:n_print])):
       shown = text if len(text) <= 400 else text[:400] + ' …'
       print(f'[sample step={step} #{i} reward={float(reward):.3g}] {shown}', file=sys.stderr, flush=True)

@@ -8,8 +8,13 @@ ValueErrors are input errors by construction (errors.input_errors).
 from __future__ import annotations
 
 import glob
+import importlib.util
 import json
 import os
+
+import jax
+import orbax.checkpoint as ocp
+from absl import logging
 
 from grpo_jax.infra import errors
 from grpo_jax.run import validate
@@ -48,8 +53,9 @@ def check_workdir(workdir: str) -> None:
     raise errors.InputError(f"--workdir={workdir}: {parent} is not writable; pass a directory you can write to.")
 
 
-def check_init_from(key: str, value: str) -> None:
-  """`hf:<dir>` must hold config.json and safetensors; anything else must be a params checkpoint directory."""
+def check_init_from(key: str, value: str, mcfg=None) -> None:
+  """`hf:<dir>` must hold config.json and safetensors; anything else must be a params checkpoint directory (not a
+  run or a training-state checkpoint) whose shapes are `mcfg`'s, when given."""
   if not value:
     return
   if value.startswith("hf:"):
@@ -62,7 +68,7 @@ def check_init_from(key: str, value: str) -> None:
       raise errors.InputError(f"config.{key}={value}: {cfg} is missing; a Hugging Face checkpoint directory holds "
                               "config.json and *.safetensors.")
     if not glob.glob(os.path.join(d, "*.safetensors")):
-      raise errors.InputError(f"config.{key}={value}: no *.safetensors files in {d}; download the weights too.")
+      raise errors.InputError(f"config.{key}={value}: {hf_io.no_weights_message(d)}")
     with errors.input_errors(f"config.{key}={value}: {cfg}"):
       with open(cfg, encoding="utf-8") as f:
         hf = json.load(f)
@@ -76,6 +82,36 @@ def check_init_from(key: str, value: str) -> None:
   if not os.path.isdir(value):
     raise errors.InputError(f"config.{key}={value} is a file; a params checkpoint is a directory (e.g. "
                             "DIR/sft/params), and a Hugging Face checkpoint is given as hf:<dir>.")
+  hint = ("init_from takes a params checkpoint (DIR/sft/params, DIR/<stage>/params), or hf:<dir> of an export "
+          "(python -m grpo_jax.export RUN_DIR OUT_DIR)")
+  if os.path.isdir(os.path.join(value, "checkpoints")):
+    raise errors.InputError(f"config.{key}={value} is a run directory, not a params checkpoint; {hint}.")
+  if os.path.isdir(os.path.join(value, "state")):
+    raise errors.InputError(f"config.{key}={value} is one step of a run's training checkpoints (params, optimizer "
+                            f"state, rng), not a params checkpoint; {hint}.")
+  if mcfg is not None:
+    check_params_shapes(key, value, mcfg)
+
+
+def check_params_shapes(key: str, path: str, mcfg) -> None:
+  """A params checkpoint's stored shapes (orbax metadata: nothing restored) against the configured model's."""
+  try:
+    meta = ocp.StandardCheckpointer().metadata(os.path.abspath(path))
+  except Exception as e:  # pylint: disable=broad-except  (orbax: not a checkpoint, unreadable metadata)
+    raise errors.InputError(f"config.{key}={path} is not a readable params checkpoint ({type(e).__name__}: "
+                            f"{errors.one_line(str(e))[:200]}); point it at DIR/sft/params or DIR/<stage>/params "
+                            "of a finished run.") from None
+  stored = {jax.tree_util.keystr(p): tuple(m.shape) for p, m in
+            jax.tree_util.tree_leaves_with_path(getattr(meta, "item_metadata", meta)) if hasattr(m, "shape")}
+  want = {jax.tree_util.keystr(p): tuple(x.shape) for p, x in
+          jax.tree_util.tree_leaves_with_path(model_lib.param_shapes(mcfg))}
+  missing = sorted(set(want) - set(stored))
+  bad = [f"{k} {stored[k]} (the config's model: {want[k]})" for k in sorted(want) if k in stored and stored[k] != want[k]]
+  if missing or bad:
+    what = (f"{len(bad)} params of another shape, e.g. {bad[0]}" if bad else
+            f"no {missing[0]} ({len(missing)} params of the config's model missing)")
+    raise errors.ConfigError(f"config.{key}={path}: the checkpoint holds a different model ({what}); set config.model "
+                             "to the shape it was trained with, or point init_from at a checkpoint of this model.")
 
 
 def check_rewards(config, tokenizer) -> None:
@@ -86,9 +122,45 @@ def check_rewards(config, tokenizer) -> None:
                                "(Python terms: train.python_reward_fns).")
 
 
+def check_packages(config) -> None:
+  """Optional packages the config asks for are importable (else the run would fail after its first stage)."""
+  wanted = [("log.wandb_project", "wandb", bool(config.log.wandb_project), "set log.wandb_project=''"),
+            ("log.tensorboard", "tensorboardX", bool(config.log.tensorboard), "set log.tensorboard=False")]
+  for key, module, used, off in wanted:
+    if used and importlib.util.find_spec(module) is None:
+      raise errors.ConfigError(f"config.{key}: needs the {module} package, which is not installed; pip install "
+                               f"{module}, or {off}.")
+
+
+def check_data(config, tokenizer) -> None:
+  """The task's splits as the run will read them: every prompt against task.prompt_len (task.overlong_prompts), and
+  enough usable test examples for each evaluation. Reads (and on first use builds) the splits; writes no workdir."""
+  if config.job not in ("grpo", "sft", "r1_pipeline"):
+    return  # pretrain encodes no prompts
+  splits = ("test",) if config.job == "sft" else ("train", "test")
+  t, usable = config.task, {}
+  for split in splits:
+    with errors.input_errors(f"config.task.data_dir={t.data_dir!r}" if t.data_dir else "config.task"):
+      examples = data_lib.load_examples(t, split)
+    try:
+      usable[split] = len(data_lib.fit_prompts(t, tokenizer, split, examples, t.prompt_len))
+    except ValueError as e:
+      raise errors.ConfigError(f"config.{errors.one_line(str(e))}") from None
+    if usable[split] < len(examples):
+      logging.warning("task.overlong_prompts=drop: %d of the %d %s prompts are longer than task.prompt_len=%d "
+                      "tokens and are skipped.", len(examples) - usable[split], len(examples), split, t.prompt_len)
+  sizes = [("eval.size", config.eval.size)]
+  if config.job == "r1_pipeline":
+    sizes.append(("r1.report.size", config.r1.report.size))
+  for key, n in sizes:
+    if n > usable["test"]:
+      where = f" in {t.data_dir}" if t.data_dir else ""
+      raise errors.ConfigError(f"config.{key}: {n} exceeds the {usable['test']} usable examples of the test "
+                               f"split{where}; set {key}={usable['test']} or lower (a multiple of its batch).")
+
+
 def check(config, workdir: str) -> None:
   """All of it, in the order a user fixes things; raises the first problem as one line."""
-  import jax  # pylint: disable=g-import-not-at-top
   check_workdir(workdir)
   check_job(config)
   validate.validate_model(config)
@@ -103,11 +175,17 @@ def check(config, workdir: str) -> None:
   with errors.input_errors("config.task.tokenizer"):
     tokenizer = tok_lib.for_config(config)
   n = jax.device_count()
+  validate.validate_groups(config)
+  check_packages(config)
   if config.job == "grpo":
     validate.validate_rl(config, n, tokenizer)
     check_rewards(config, tokenizer)
+    if config.sft.steps > 0 and not config.train.init_from:  # the SFT stage runs first: its keys are checked too
+      validate.validate_sft(config, n, tokenizer)
   elif config.job in ("sft", "pretrain"):
     validate.validate_sft(config, n, tokenizer)
   # job=r1_pipeline: the r1 keys and every stage's derived config are jobs.check's (r1/ is reached from jobs.py only).
-  check_init_from("train.init_from", config.train.init_from)
-  check_init_from("sft.init_from", config.sft.init_from)
+  mcfg = model_lib.ModelConfig.from_config(config.model)
+  check_init_from("train.init_from", config.train.init_from, mcfg)
+  check_init_from("sft.init_from", config.sft.init_from, mcfg)
+  check_data(config, tokenizer)

@@ -42,7 +42,7 @@ _OPTIMIZER_KIND_KEYS = ("name", "type", "optimizer", "kind")
 
 # Keys added to the base config after records were first written, with the default that reproduces what runs did
 # before them: a record without the key equals one with this value (an older run resumes unchanged).
-ADDED_KEYS = {"run_seed": -1}
+ADDED_KEYS = {"run_seed": -1, "task.overlong_prompts": "error", "model.yield_to_checkpoint": False}
 
 
 def flatten(config: Any) -> dict[str, Any]:

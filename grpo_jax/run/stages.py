@@ -13,8 +13,13 @@ compares every stage of the job with what is on disk:
   nothing                      → start
 
 A stage's view includes `stage.upstream` = the name and fingerprint of the stage it starts from, so a stage built
-on an upstream that changed is flagged as changed too. Stages finished before records existed (a `DONE` marker, or
-`sft/params` with its last checkpoint) count as done, with a warning that their config is unknown.
+on an upstream that changed is flagged as changed too.
+
+The record is written twice: `{done: false}` by `prepare`, before the stage writes anything, and `{done: true}` once
+its outputs (params, final evaluation rows, data) are on disk. A kill anywhere in between leaves a running record,
+so the stage resumes (from its last checkpoint: a loop that had reached its last step only rewrites its outputs).
+Only a directory with NO record at all can be a stage finished before records existed (a `DONE` marker, or
+`sft/params` with its last checkpoint): those count as done, with a warning that their config is unknown.
 """
 from __future__ import annotations
 
@@ -68,6 +73,9 @@ def is_done(stage: Stage) -> bool:
 
 
 def _legacy_done(stage: Stage) -> bool:
+  """Done by the rules before records: only where no record exists (every stage since writes one first)."""
+  if os.path.exists(os.path.join(stage.directory, RECORD)):
+    return False
   if os.path.exists(os.path.join(stage.directory, LEGACY_DONE)):
     return True
   if stage.legacy_outputs and all(os.path.exists(os.path.join(stage.directory, p)) for p in stage.legacy_outputs):
@@ -81,25 +89,34 @@ def newest_step(directory: str) -> int:
   return steps[-1] if steps else 0
 
 
-def mark_done(stage: Stage, **extra: Any) -> None:
-  """Written by process 0 after the stage's final outputs exist."""
+def _write_record(stage: Stage, done: bool, **extra: Any) -> None:
   import jax  # pylint: disable=g-import-not-at-top
   if jax.process_index() != 0:
     return
   os.makedirs(stage.directory, exist_ok=True)
+  when = "finished" if done else "started"
   run_config.write_json_atomic(os.path.join(stage.directory, RECORD), {
-      "stage": stage.name, "done": True, "steps": stage.steps, "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+      "stage": stage.name, "done": done, "steps": stage.steps, when: time.strftime("%Y-%m-%dT%H:%M:%S%z"),
       "config": stage.view, **extra})
 
 
+def mark_running(stage: Stage) -> None:
+  """Written by process 0 before the stage writes anything: a kill from here on leaves a resumable stage."""
+  _write_record(stage, False)
+
+
+def mark_done(stage: Stage, **extra: Any) -> None:
+  """Written by process 0 after the stage's final outputs exist (the one step that finishes a stage)."""
+  _write_record(stage, True, **extra)
+
+
 def reopen(stage: Stage) -> None:
-  """A done stage continues (allowed changes): its record goes; its checkpoints carry the config from here on."""
+  """A done stage continues (allowed changes): a pre-record `DONE` marker goes; `prepare` then replaces the done
+  record by a running one (never deleted: a stage without a record would look older than records)."""
   import jax  # pylint: disable=g-import-not-at-top
-  if jax.process_index() == 0:
-    for name in (RECORD, LEGACY_DONE):
-      path = os.path.join(stage.directory, name)
-      if os.path.exists(path):
-        os.remove(path)
+  path = os.path.join(stage.directory, LEGACY_DONE)
+  if jax.process_index() == 0 and os.path.exists(path):
+    os.remove(path)
 
 
 def move_aside(stage: Stage, workdir: str) -> str:
@@ -173,11 +190,13 @@ def plan(stages: Sequence[Stage], config, workdir: str) -> dict[str, str]:
 
 
 def prepare(stage: Stage, action: str, workdir: str) -> None:
-  """Applies a plan entry before the stage runs (process 0 moves or removes; everyone waits)."""
+  """Applies a plan entry before the stage runs (process 0 moves or removes, then writes the running record;
+  everyone waits)."""
   if action == "rerun":
     move_aside(stage, workdir)
   elif action == "continue":
     reopen(stage)
+  mark_running(stage)
   _sync(f"grpo_jax.run.stages.prepare.{stage.name}")
 
 

@@ -219,7 +219,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
         traces = program.step.traces()
       samples = None
       if tr.sample_every and done % tr.sample_every == 0:
-        samples = jax.device_get({k: m[k] for k in ("samples/tokens_NxL", "samples/mask_NxL", "samples/r_N")})
+        samples = jax.device_get({k: v for k, v in m.items() if k.startswith("samples/")})
       for i, run in enumerate(runs):
         if run.failed:
           continue
@@ -234,7 +234,8 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
           sm = program.of(samples, i)
           texts = [tokenizer.decode(t[mk > 0].tolist()) for t, mk in zip(sm["samples/tokens_NxL"],
                                                                            sm["samples/mask_NxL"])]
-          run.writer.log_samples(done, texts, [float(r) for r in sm["samples/r_N"]], n_print=2 if S == 1 else 0)
+          run.writer.log_samples(done, texts, [float(r) for r in sm["samples/r_N"]], n_print=2 if S == 1 else 0,
+                                 **data_lib.sample_context(c0.task, tokenizer, "train", sm))
         bad_in_row[i] = bad_in_row[i] + 1 if row["train/nonfinite_updates"] > 0 else 0
         if bad_in_row[i] >= rl.max_nonfinite_in_row:
           run.ckpt.maybe_save(done, program.state_of(state, i), {"step": done}, force=True)

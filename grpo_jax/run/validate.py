@@ -5,6 +5,7 @@ from typing import Any
 from grpo_jax.rl import advantages
 from grpo_jax.config import presets
 from grpo_jax.infra.errors import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch; exit 2)
+from grpo_jax.tasks import data
 from grpo_jax.tasks import registry
 from grpo_jax.hf import model_source
 from grpo_jax.infra import sharding
@@ -333,6 +334,25 @@ def validate_tokenizer(c, tokenizer) -> None:
     prompts.check(c.task.get("prompt_format", "r1_zero"), tokenizer)
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
+
+
+def validate_groups(c) -> None:
+  """Keys every job reads, whatever it runs: the counts of sft/train/log and the task's data policy (a negative
+  sft.steps must not silently mean "no SFT stage")."""
+  v = c.sft.steps
+  if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+    _fail("sft.steps", f"must be an integer >= 0 (0 = no SFT stage), got {v!r}.")
+  for k in ("train.plot_every", "train.sample_every", "train.num_samples_logged"):
+    v = _get(c, k)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+      _fail(k, f"must be an integer >= 0 (0 = off), got {v!r}.")
+  if not isinstance(c.log.tensorboard, bool):
+    _fail("log.tensorboard", f"must be True or False, got {c.log.tensorboard!r}.")
+  if not isinstance(c.log.wandb_project, str):
+    _fail("log.wandb_project", f"must be a project name or '' (off), got {c.log.wandb_project!r}.")
+  _choice(c, "task.overlong_prompts", data.OVERLONG)
+  for k in ("task.prompt_len", "task.train_size", "task.test_size"):
+    _positive_int(c, k)
 
 
 def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:

@@ -15,7 +15,11 @@ import numpy as np
 from grpo_jax.tasks import base, cot, prompts, registry, tokenizer as tokenizer_lib
 
 _DEFAULTS = {"language": "a", "data_dir": None, "split_seed": 0, "train_size": 10_000, "test_size": 500,
-             "prompt_format": "r1_zero"}
+             "prompt_format": "r1_zero", "overlong_prompts": "error"}
+OVERLONG = ("error", "drop", "truncate")  # task.overlong_prompts
+# Prompt lengths of a whole split, by what determines them: preflight, the RL batches and the eval set of one
+# process (and every stage of an R1 pipeline) measure a split once.
+_LENGTHS: dict[tuple, np.ndarray] = {}
 
 
 def _get(cfg: Any, key: str):
@@ -44,6 +48,66 @@ def load_examples(task_cfg: Any, split: str) -> list[dict]:
       train_size=int(_get(task_cfg, "train_size")), test_size=int(_get(task_cfg, "test_size")))
 
 
+def _split_languages(task_cfg) -> tuple[str, ...]:
+  """The languages a split's prompts can be asked in (both under 'mixed')."""
+  lang = _get(task_cfg, "language")
+  return tuple(base.LANGUAGES) if lang == "mixed" else (lang,)
+
+
+def prompt_lengths(task_cfg, tok, split: str, examples: list[dict] | None = None) -> np.ndarray:
+  """Token length of every prompt of `split` in index order: the longest over the languages it can be asked in."""
+  task = make_task(task_cfg)
+  key = (repr(task), split, *(str(_get(task_cfg, k)) for k in ("data_dir", "split_seed", "train_size", "test_size",
+                                                                "prompt_format")), _split_languages(task_cfg), id(tok))
+  if key not in _LENGTHS:
+    examples = load_examples(task_cfg, split) if examples is None else examples
+    fmt = _get(task_cfg, "prompt_format")
+    _LENGTHS[key] = np.asarray([max(len(prompts.prompt_ids(task, ex, lang, tok, fmt))
+                                    for lang in _split_languages(task_cfg)) for ex in examples], np.int64)
+  return _LENGTHS[key]
+
+
+def fit_prompts(task_cfg, tok, split: str, examples: list[dict], prompt_len: int) -> list[dict]:
+  """`examples` under task.overlong_prompts: all of them ('error' raises one line naming the count and the length
+  that fits; 'truncate' keeps them for encode_prompts to cut), or those that fit ('drop')."""
+  lengths = prompt_lengths(task_cfg, tok, split, examples)
+  over = np.flatnonzero(lengths > prompt_len)
+  policy = _get(task_cfg, "overlong_prompts")
+  if not len(over) or policy == "truncate":
+    return examples
+  if policy == "drop":
+    return [ex for ex, n in zip(examples, lengths) if n <= prompt_len]
+  raise ValueError(f"task.prompt_len: {len(over)} of the {len(lengths)} {split} prompts are longer than "
+                   f"task.prompt_len={prompt_len} tokens (longest {int(lengths.max())}, example "
+                   f"{examples[int(over[0])]['index']} first); set task.prompt_len={int(lengths.max())}, or "
+                   "task.overlong_prompts=drop (skip them, counted) or =truncate (keep bos and the last tokens).")
+
+
+def overlong_count(task_cfg, tok, split: str, prompt_len: int) -> tuple[int, int]:
+  """(prompts longer than prompt_len, prompts) of a split."""
+  lengths = prompt_lengths(task_cfg, tok, split)
+  return int((lengths > prompt_len).sum()), len(lengths)
+
+
+_BY_INDEX: dict[tuple, dict[int, dict]] = {}
+
+
+def sample_context(task_cfg, tok, split: str, samples: dict) -> dict[str, list[str]]:
+  """samples.jsonl's context of the logged samples (the step's `samples/*` on the host): each one's prompt as text
+  and its example's reference answer (the task's answer_text), where the step reports them."""
+  out = {}
+  if "samples/prompt_NxP" in samples:
+    out["prompts"] = [tok.decode(p[mk > 0].tolist()) for p, mk in zip(samples["samples/prompt_NxP"],
+                                                                      samples["samples/prompt_mask_NxP"])]
+  if "samples/index_N" in samples:
+    task = make_task(task_cfg)
+    key = (repr(task), split, str(_get(task_cfg, "data_dir")), str(_get(task_cfg, "split_seed")))
+    if key not in _BY_INDEX:
+      _BY_INDEX[key] = {ex["index"]: ex for ex in load_examples(task_cfg, split)}
+    out["references"] = [task.answer_text(_BY_INDEX[key][int(i)]) for i in samples["samples/index_N"]]
+  return out
+
+
 def _languages(task_cfg, n: int, seed: int, step: int) -> np.ndarray:
   lang = _get(task_cfg, "language")
   if lang == "mixed":
@@ -65,12 +129,14 @@ def _order(n_examples: int, seed: int, step: int, batch: int) -> np.ndarray:
 
 
 def encode_prompts(task, examples, languages_N, tok, prompt_len: int,
-                   prompt_format: str = "r1_zero") -> tuple[np.ndarray, np.ndarray]:
+                   prompt_format: str = "r1_zero", truncate: bool = False) -> tuple[np.ndarray, np.ndarray]:
   n = len(examples)
   prompt = np.full((n, prompt_len), tok.pad_id, np.int32)
   mask = np.zeros((n, prompt_len), np.int32)
   for i, (ex, lang) in enumerate(zip(examples, languages_N)):
     ids = prompts.prompt_ids(task, ex, base.LANGUAGES[int(lang)], tok, prompt_format)
+    if len(ids) > prompt_len and truncate:  # task.overlong_prompts=truncate: bos, then the prompt's end (the
+      ids = ids[:1] + ids[len(ids) - prompt_len + 1:]  # question's last words and the answer cue)
     if len(ids) > prompt_len:
       raise ValueError(f"task.prompt_len={prompt_len} is too short for a {len(ids)}-token prompt (example "
                        f"{ex['index']}); set task.prompt_len >= {len(ids)} or make the task smaller")
@@ -79,10 +145,11 @@ def encode_prompts(task, examples, languages_N, tok, prompt_len: int,
   return prompt, mask
 
 
-def rl_batch(task, examples, languages_N, tok, prompt_len, prompt_format: str = "r1_zero") -> dict[str, np.ndarray]:
+def rl_batch(task, examples, languages_N, tok, prompt_len, prompt_format: str = "r1_zero",
+             truncate: bool = False) -> dict[str, np.ndarray]:
   """Prompts (left-padded to prompt_len, in `prompt_format`: tasks/prompts.py) and the task's fields of
   `examples`, asked in `languages_N`."""
-  prompt, mask = encode_prompts(task, examples, languages_N, tok, prompt_len, prompt_format)
+  prompt, mask = encode_prompts(task, examples, languages_N, tok, prompt_len, prompt_format, truncate)
   out = {"prompt_NxP": prompt, "prompt_mask_NxP": mask, "language_N": languages_N,
          "index_N": np.asarray([ex["index"] for ex in examples], np.int32)}
   out.update(task.batch_fields(examples))
@@ -95,25 +162,28 @@ def rl_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_prompts
   if batch_prompts < 1:
     raise ValueError(f"batch_prompts={batch_prompts} must be >= 1")
   task = make_task(task_cfg)
-  examples = load_examples(task_cfg, split)
+  examples = fit_prompts(task_cfg, tok, split, load_examples(task_cfg, split), prompt_len)
+  truncate = _get(task_cfg, "overlong_prompts") == "truncate"
   step = start_step
   while True:
     chosen = [examples[i] for i in _order(len(examples), seed, step, batch_prompts)]
     yield rl_batch(task, chosen, _languages(task_cfg, batch_prompts, seed, step), tok, prompt_len,
-                   _get(task_cfg, "prompt_format"))
+                   _get(task_cfg, "prompt_format"), truncate)
     step += 1
 
 
 def eval_set(task_cfg, tok: tokenizer_lib.Tokenizer, n: int, prompt_len: int) -> dict[str, np.ndarray]:
   """The first n held-out (test split) examples, same fields as an RL batch; language 'mixed' alternates a/b."""
   task = make_task(task_cfg)
-  examples = load_examples(task_cfg, "test")
+  examples = fit_prompts(task_cfg, tok, "test", load_examples(task_cfg, "test"), prompt_len)
   if n > len(examples):
-    raise ValueError(f"eval n={n} exceeds task.test_size={len(examples)}; lower n or raise task.test_size")
+    raise ValueError(f"eval.size: {n} exceeds the {len(examples)} usable examples of the test split; lower "
+                     "eval.size (or raise task.test_size for a generated task)")
   examples = examples[:n]
   lang = _get(task_cfg, "language")
   langs = (np.arange(n) % 2 if lang == "mixed" else np.full(n, base.LANGUAGES.index(lang))).astype(np.int32)
-  return rl_batch(task, examples, langs, tok, prompt_len, _get(task_cfg, "prompt_format"))
+  return rl_batch(task, examples, langs, tok, prompt_len, _get(task_cfg, "prompt_format"),
+                  _get(task_cfg, "overlong_prompts") == "truncate")
 
 
 def sft_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_size: int, seed: int, start_step: int,

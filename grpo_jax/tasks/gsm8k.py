@@ -1,8 +1,10 @@
 """GSM8K: read from a local TFDS data dir or from JSONL copies, fed to the prompt pipeline, graded in Python.
 
 Data: `task.data_dir` holding `train.jsonl` / `test.jsonl` (the openai/grade-school-math files: one
-{"question", "answer"} object a line) is read directly; otherwise it is a TFDS data dir with `gsm8k` prepared
-(`python -m grpo_jax.tasks.gsm8k --data_dir=DIR` prepares it where the internet is reachable). The final answer is
+{"question", "answer"} object a line), or parquet files with those two columns as the Hugging Face hub serves
+GSM8K (`<split>.parquet`, `<split>-*.parquet`, or the hub's `main/<split>-*.parquet`), is read directly; otherwise
+it must be a TFDS data dir with `gsm8k` prepared (`python -m grpo_jax.tasks.gsm8k --data_dir=DIR` prepares it
+where the internet is reachable). A directory with none of these is one error naming what it looked for. The final answer is
 the text after '####' in the reference solution (commas removed).
 
 Grading (`grade_text`, one function for the training rewards and held-out evaluation) is what a careful human
@@ -18,6 +20,7 @@ grader does, with format and accuracy as two separate reward terms:
 from __future__ import annotations
 
 import dataclasses
+import glob
 import json
 import os
 import re
@@ -25,6 +28,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from grpo_jax.infra import errors
 from grpo_jax.tasks import math_answer, tokenizer as tokenizer_lib
 
 # DeepSeek-R1's R1-Zero template (the paper's Table 1), for every tokenizer: GSM8K questions are English text.
@@ -121,14 +125,63 @@ def read_jsonl(path: str) -> list[dict]:
   return out
 
 
+def parquet_paths(split: str, data_dir: str | None) -> list[str]:
+  """The split's parquet files in `data_dir` (the hub's layouts), in name order: shards in order."""
+  if not data_dir:
+    return []
+  for pattern in (f"{split}.parquet", f"{split}-*.parquet", os.path.join("main", f"{split}-*.parquet")):
+    found = sorted(glob.glob(os.path.join(data_dir, pattern)))
+    if found:
+      return found
+  return []
+
+
+def read_parquet(paths: Sequence[str]) -> list[dict]:
+  """Examples from parquet files with 'question' and 'answer' columns (pyarrow: a tensorflow-datasets dependency)."""
+  import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top
+  out = []
+  for path in paths:
+    try:
+      table = pq.read_table(path, columns=["question", "answer"])
+    except Exception as e:  # pylint: disable=broad-except  (pyarrow: ArrowInvalid, KeyError for a missing column)
+      raise ValueError(f"task.data_dir: {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}; a GSM8K "
+                       "parquet file has 'question' and 'answer' (ending in '#### <final answer>') columns.") from None
+    for n, (q, a) in enumerate(zip(table.column("question").to_pylist(), table.column("answer").to_pylist()), 1):
+      try:
+        out.append(_example(len(out), q, a))
+      except ValueError as e:
+        raise ValueError(f"task.data_dir: {path} row {n}: {e}") from None
+  if not out:
+    raise ValueError(f"task.data_dir: {', '.join(paths)} hold no examples.")
+  return out
+
+
+def _tfds_prepared(data_dir: str) -> bool:
+  return os.path.isdir(os.path.join(data_dir, "gsm8k"))
+
+
 def load_split(split: str, data_dir: str | None = None) -> list[dict]:
-  """Examples {index, question, solution, final} in record order: a local JSONL copy, else TFDS."""
+  """Examples {index, question, solution, final} in record order: a local JSONL or parquet copy, else TFDS."""
   path = jsonl_path(split, data_dir)
   if path is not None:
     return read_jsonl(path)
+  parquet = parquet_paths(split, data_dir)
+  if parquet:
+    return read_parquet(parquet)
+  if data_dir and not _tfds_prepared(data_dir):
+    raise ValueError(f"task.data_dir={data_dir} has no {split}.jsonl, no {split} parquet ({split}.parquet, "
+                     f"{split}-*.parquet, main/{split}-*.parquet) and no prepared TFDS gsm8k/; put GSM8K's files "
+                     "there, or prepare it with python -m grpo_jax.tasks.gsm8k --data_dir=DIR (needs the internet)")
   import tensorflow_datasets as tfds
   import tensorflow_datasets.text.gsm8k  # noqa: F401  (the old-style builder registers only when imported)
-  source = tfds.data_source("gsm8k", split=split, data_dir=data_dir or None, download=False)
+  try:
+    source = tfds.data_source("gsm8k", split=split, data_dir=data_dir or None, download=False)
+  except Exception as e:  # pylint: disable=broad-except  (tfds raises assertion and not-found errors of its own)
+    where = data_dir or "the default TFDS data dir"
+    raise ValueError(f"task.data_dir: TFDS gsm8k {split} split cannot be read from {where} "
+                     f"({type(e).__name__}: {errors.one_line(str(e))[:200]}); set task.data_dir to a directory with GSM8K's "
+                     "train.jsonl/test.jsonl or parquet files, or one where python -m grpo_jax.tasks.gsm8k "
+                     "--data_dir=DIR prepared it") from None
   return [_example(i, source[i]["question"], source[i]["answer"]) for i in range(len(source))]
 
 

@@ -6,8 +6,11 @@ answers here are numbers or small arithmetic expressions, which an exact-rationa
 Python AST covers; tests/test_math_answer.py checks both agree on a table of cases (and says where they differ).
 
 Extraction: the body of the last `<answer>…</answer>` if there is one, else the last `\\boxed{…}`, else (when the
-caller allows it: a completion that ended) the last number in the text. Normalisation: `\\boxed{}`, `$`, `\\$`,
-`\\(…\\)`/`\\[…\\]`, markdown `**…**`, `\\%`/`%`, thousands separators, `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`),
+caller allows it: a completion that ended) the number after the last explicit final-answer phrase ("the answer is",
+"final answer:", "answer =", GSM8K's "####"), numbers written after it notwithstanding, else the last number in the
+text. Normalisation: `\\boxed{}`, `$`, `\\$`, `\\(…\\)`/`\\[…\\]`, markdown `**…**`, `\\%`/`%`, thousands
+grouped by commas, spaces, thin / no-break spaces (U+2009, U+202F, U+00A0, LaTeX `\\,`) or `{,}` (1-3 digits, then
+groups of exactly 3), `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`),
 `\\cdot`/`\\times`, `^`, `\\left`/`\\right`, spacing commands, trailing '.', and words/units are stripped. Values are
 exact `Fraction`s, so 0.5 == 1/2 == \\frac{1}{2} == 50%.
 """
@@ -22,6 +25,14 @@ _MAX_BITS = 4096         # no answer needs a power beyond 2**4096
 _MAX_LEN = 200           # longer "answers" are prose, not an expression
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+(?:\.\d+)?)?|-?\.\d+")  # a simple a/b counts as one
 _THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d])")
+# Thousands grouped by a space, a thin or no-break space, LaTeX's `\,` / `\ ` / `\thinspace` or `{,}`: '37 230'.
+_GROUP_SEP = r"(?: |\u2009|\u202f|\u00a0|\\,|\\ |\\thinspace\s?|\{,\})"
+_SPACED = re.compile(rf"(?<![\d.,])(\d{{1,3}}(?:{_GROUP_SEP}\d{{3}})+)(?![\d])")
+# In running text only the unambiguous separators group (not a plain space: '3 100-dollar bills').
+_NUMBER_GROUPED = re.compile(r"-?\d{1,3}(?:(?:\u2009|\u202f|\u00a0|\{,\})\d{3})+(?![\d])(?:\.\d+)?")
+# An explicit final-answer phrase, then its number: "The answer is 37230. I used 34 boxes." -> 37230.
+_PHRASE = re.compile(r"(?:####|\b(?:the\s+)?(?:final\s+)?answer\s*(?:is|was|would\s+be|will\s+be|:|=)?)\s*[:=]?"
+                     r"\s*(?:\\?\$\s*)?(?=[-\d.])", re.I)
 
 
 def _balanced(text: str, start: int) -> tuple[str, int] | None:
@@ -47,10 +58,30 @@ def last_boxed(text: str) -> str | None:
   return found
 
 
+def _numbers(text: str) -> list[tuple[int, str]]:
+  """(start, number) of every number (or a/b) in the text, a thin-space / `{,}`-grouped one read whole."""
+  grouped = [(m.start(), m.group(0)) for m in _NUMBER_GROUPED.finditer(text)]
+  covered = [(a, a + len(g)) for a, g in grouped]
+  plain = [(m.start(), m.group(0).rstrip(",")) for m in _NUMBER.finditer(text)
+           if not any(a <= m.start() < b for a, b in covered)]
+  return sorted(grouped + plain)
+
+
 def last_number(text: str) -> str | None:
   """The last number (or a/b) in the text, thousands separators allowed: 'so she pays $1,200.' -> '1,200'."""
-  nums = [m.group(0).rstrip(",") for m in _NUMBER.finditer(text)]
-  return nums[-1] if nums else None
+  nums = _numbers(text)
+  return nums[-1][1] if nums else None
+
+
+def phrase_answer(text: str) -> str | None:
+  """The number right after the last explicit final-answer phrase ('the answer is 12', 'Final answer: $1,200'),
+  whatever numbers follow it; None without such a phrase."""
+  found = None
+  for m in _PHRASE.finditer(text):
+    nums = _numbers(text[m.end():])
+    if nums and nums[0][0] == 0:
+      found = nums[0][1]
+  return found
 
 
 def extract_answer(text: str, last_number_ok: bool = True) -> str | None:
@@ -62,7 +93,10 @@ def extract_answer(text: str, last_number_ok: bool = True) -> str | None:
   boxed = last_boxed(text)
   if boxed is not None:
     return boxed.strip()
-  return last_number(text) if last_number_ok else None
+  if not last_number_ok:
+    return None
+  phrased = phrase_answer(text)
+  return phrased if phrased is not None else last_number(text)
 
 
 def _replace_fracs(s: str) -> str:
@@ -91,6 +125,7 @@ def normalize(answer: str) -> tuple[str, bool]:
   if boxed is not None:
     s = boxed
   s = re.sub(r"^\*\*(.*)\*\*$|^__(.*)__$", lambda m: m.group(1) or m.group(2) or "", s)  # markdown bold
+  s = _SPACED.sub(lambda m: re.sub(r"\D", "", m.group(1)), s)  # '37 230', '37\,230', '37{,}230' -> 37230
   s = re.sub(r"\\[()\[\]]", " ", s)           # \( \) \[ \] math delimiters
   s = re.sub(r"\\text\{([^{}]*)\}", r" \1 ", s)
   s = re.sub(r"\\(?:left|right|displaystyle|,|!|;|:|quad|qquad)", " ", s)

@@ -19,8 +19,13 @@ PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
 class Tokenizer:
   """Thin wrapper so the rest of the code sees ints and numpy arrays, not sentencepiece objects."""
 
-  def __init__(self, model_proto: bytes):
-    self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+  def __init__(self, model_proto: bytes, path: str = "the model"):
+    try:
+      self.sp = spm.SentencePieceProcessor(model_proto=model_proto)
+    except RuntimeError:  # sentencepiece's parse error is a multi-line C++ message
+      raise ValueError(f"{path} is not a sentencepiece model (it does not parse); pass a .model file written by "
+                       "sentencepiece (python -m grpo_jax.tasks.build_tokenizer), hf:<dir> for a Hugging Face "
+                       "tokenizer.json, or '' for the shipped one") from None
     self.vocab_size = self.sp.get_piece_size()
     self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
     self.eos_ids = (EOS_ID,)  # the ids that end a completion (an HF tokenizer may have several)
@@ -50,8 +55,11 @@ class Tokenizer:
 
 @functools.lru_cache(maxsize=4)
 def _load_cached(path: str) -> Tokenizer:
+  if os.path.isdir(path):
+    raise ValueError(f"{path} is a directory; a sentencepiece tokenizer is a .model file (a Hugging Face "
+                     "tokenizer directory is given as hf:<dir>)")
   with open(path, "rb") as f:
-    return Tokenizer(f.read())
+    return Tokenizer(f.read(), path)
 
 
 def load(path: str | None = None) -> Tokenizer:
