@@ -14,7 +14,6 @@ from typing import Any
 import jax
 import numpy as np
 
-from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import params_ckpt
 from grpo_jax.run import evaluation
 from grpo_jax.model import model as model_lib

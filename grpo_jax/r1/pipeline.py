@@ -15,7 +15,6 @@ from typing import Sequence
 
 from absl import logging
 
-from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import params_ckpt
 from grpo_jax.infra import errors
 from grpo_jax.model import model as model_lib

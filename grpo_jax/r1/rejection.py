@@ -9,7 +9,6 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import params_ckpt
 from grpo_jax.config import config_lib
 from grpo_jax.run import evaluation

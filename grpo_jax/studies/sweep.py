@@ -24,7 +24,6 @@ import dataclasses
 import datetime
 import importlib.util
 import inspect
-import json
 import os
 import shlex
 import sys

@@ -17,7 +17,6 @@ import tempfile
 import jax
 import numpy as np
 
-from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import params_ckpt
 from grpo_jax.config import config_lib
 from grpo_jax.model import model as model_lib
