@@ -25,13 +25,13 @@ import ml_collections
 from grpo_jax.model import attention
 from grpo_jax.config import config_lib
 from grpo_jax.rollout import decode_layout
-from grpo_jax.rollout import engine as engine_lib
 from grpo_jax.model import lora
 from grpo_jax.model import model as model_lib
 from grpo_jax.model import model_presets
 from grpo_jax.perf import workload_flags
 from grpo_jax.config import presets
 from grpo_jax.rl import packing
+from grpo_jax.rl import plan_terms
 from grpo_jax.rl import row_chunks
 from grpo_jax.rl import state as state_lib
 from grpo_jax.infra import sharding
@@ -48,7 +48,7 @@ PRESETS["tiny"] = dict(hidden=64, layers=2, heads=4, kv_heads=2, inter=128, voca
 PRESETS["small"] = dict(hidden=256, layers=2, heads=2, kv_heads=1, inter=512, vocab_size=1024,
                         tie_embeddings=True, rope_theta=1e4, qkv_bias=True, head_dim=0)
 
-_BYTES = {"float32": 4, "bfloat16": 2}
+_BYTES = plan_terms.BYTES
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -158,31 +158,6 @@ class Plan:
                 total_bytes=self.total_bytes, peak_phase=self.peak_phase)
 
 
-def attention_bytes(path: str, rows: int, t: int, h: int, k: int, dh: int, cb: int, backward: bool) -> int:
-  """Working set of one layer's training/prefill attention over `rows` rows of t positions on `path` (an
-  `attention.choose` result), per device. The einsum paths hold fp32 [rows, heads, t, t] scores (and, backward,
-  their gradient): quadratic. The O(T) paths hold per-token arrays whose count was read off compiled buffer
-  assignments (docs/scale.md): blockwise on XLA:CPU keeps ~16 fp32 [rows, t, (h+k)·dh] arrays live in the backward
-  (q/k/v/o/dO in [blocks, ...] layout, the dq/dk/dv accumulators, transposed copies) and ~6 in the forward, plus a
-  few fp32 block×block score tiles; splash on TPU keeps its fp32 softmax residuals (max, logsumexp) lane-replicated
-  as [rows, h, t, 128] and q/k/v/o/dO copies in the head-major layout it needs; cuDNN keeps a logsumexp and the
-  same copies; pallas_gpu (packed rows on GPU) is modelled as cuDNN with K/V repeated to the query heads."""
-  if path in ("xla", "dot_product"):
-    return rows * h * t * t * (2 * 4 if backward else 4 + cb)
-  if path == "blockwise":
-    b = min(attention.BLOCK, -(-t // 8) * 8)
-    tp = -(-t // b) * b
-    return rows * tp * (16 if backward else 6) * (h + k) * dh * 4 + 4 * rows * h * b * b * 4
-  if path == "splash":
-    tp = -(-t // 128) * 128
-    return rows * tp * ((3 if backward else 2) * h * 128 * 4 + (4 if backward else 2) * (h + k) * dh * cb)
-  if path == "cudnn":
-    return rows * t * (h * 4 + (4 if backward else 2) * (h + k) * dh * cb)
-  if path == "pallas_gpu":  # as cuDNN, with K and V repeated to the h query heads (not read off a compile)
-    return rows * -(-t // 128) * 128 * (h * 4 + (4 if backward else 2) * 3 * h * dh * cb)
-  raise ValueError(f"attention path {path!r}: use one of {list(attention.IMPLEMENTATIONS[1:])}.")
-
-
 def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | None = None, decode: Any = None,
          hbm_bytes: int | None = None) -> Plan:
   """Per-device memory of one `rl_step` (or PPO step) for `config` on a mesh of the given axis sizes; attention as
@@ -248,7 +223,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   # Sampling runs one chunk of rows at a time (rl.rollout_chunks). Prefill runs one layer at a time over P tokens:
   # activations plus that layer's attention.
   prefill = (c_rows * P * (3 * D + 2 * f_dev) * cb
-             + attention_bytes(path(N // chunks, P), c_rows, P, h_dev, k_dev, Dh, cb, backward=False))
+             + plan_terms.attention_bytes(path(N // chunks, P), c_rows, P, h_dev, k_dev, Dh, cb, backward=False))
   # Decode (decode_layout.rollout_bytes): one chunk's KV cache and step logits, and the weights the loop reads in the
   # rollout's decode layout, made once for all chunks (gathered: the whole model in the compute dtype on every chip;
   # fsdp: as split, plus the LM head gathered at every token).
@@ -259,7 +234,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   }
   if config.sampling.get("engine", "static") == "continuous":
     del rollout["kv cache"]
-    rollout.update(continuous_rollout_bytes(config, mcfg, mesh, decode, N // rl.G, P, L, path))
+    rollout.update(plan_terms.continuous_rollout_bytes(config, mcfg, mesh, decode, N // rl.G, P, L, path))
   # model.target_logprobs scores the L completion positions only, `logprob_chunk` positions at a time under
   # jax.checkpoint: one chunk of fp32 logits, its log-softmax (and in the update their gradient), plus the fp32
   # hidden states of the completion.
@@ -270,7 +245,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
     s_tok = s_rows * Ts
     score = {
         "forward layer": s_tok * (3 * D + (h_dev + 2 * k_dev) * Dh + 2 * f_dev) * cb
-                         + attention_bytes(path(n_kept // chunks, Ts), s_rows, Ts, h_dev, k_dev, Dh, cb, False),
+                         + plan_terms.attention_bytes(path(n_kept // chunks, Ts), s_rows, Ts, h_dev, k_dev, Dh, cb, False),
         "layer input": s_tok * D * cb,
         "logits chunk": 2 * s_rows * chunk * v_dev * 4 + s_rows * Lh * D * 4,
         "lm head, gathered": head_gathered,
@@ -284,10 +259,10 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
     saved = nl * tok * (3 * D + (h_dev + 2 * k_dev) * Dh + 2 * f_dev) * cb
   else:  # everything, including the attention's own saved arrays (the einsum path's T×T scores)
     saved = nl * (tok * (5 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb
-                  + attention_bytes(train_path, mb_rows, Ts, h_dev, k_dev, Dh, cb, backward=False))
+                  + plan_terms.attention_bytes(train_path, mb_rows, Ts, h_dev, k_dev, Dh, cb, backward=False))
   # Backward of one layer: its recomputed activations, their gradients, and the attention's backward working set.
   layer = (tok * (4 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb
-           + attention_bytes(train_path, mb_rows, Ts, h_dev, k_dev, Dh, cb, backward=True))
+           + plan_terms.attention_bytes(train_path, mb_rows, Ts, h_dev, k_dev, Dh, cb, backward=True))
   update = {
       "gradients": trained,
       "saved activations (remat=%s)" % mcfg.remat: saved,
@@ -340,29 +315,6 @@ def choose_decode(config, mesh: dict[str, int], hbm_bytes: int | None,
   return decode_layout.Layout("fsdp"), (f"no decode layout fits {gib(hbm_bytes)} per device "
                                         f"({', '.join(tried) or 'no tp degree'}); decoding in the training layout, "
                                         "which all-gathers every weight at every token")
-
-
-def continuous_rollout_bytes(config, mcfg, mesh: dict[str, int], decode, n_prompts: int, P: int, L: int,
-                             path) -> dict[str, int]:
-  """rollout/engine.py's decode: the prompts' KV once ([B, P], not B·G), the S slots' completion KV ([S, Lc]), one
-  prefill over the B prompts; replaces the static engine's per-chunk [rows, P + L] cache and prefill."""
-  n = n_prompts * config.rl.G
-  s = row_chunks.slots_for(config, n)
-  lc = -(-L // min(engine_lib.KV_BLOCK, L)) * min(engine_lib.KV_BLOCK, L)
-  dp, tp = mesh["data"] * mesh["fsdp"], mesh["tensor"]
-  cb = _BYTES[mcfg.dtype]
-  out = decode_layout.rollout_bytes(mcfg, mesh, decode, s, lc)  # the slots' KV and logits, the decode weights
-  slot_kv = out.pop("kv cache")
-  k_dev = mcfg.kv_heads // tp if mcfg.kv_heads % tp == 0 else mcfg.kv_heads
-  b_dev = math.ceil(n_prompts / dp)
-  f_dev = mcfg.inter // tp if mcfg.inter % tp == 0 else mcfg.inter
-  h_dev = mcfg.heads // tp if mcfg.heads % tp == 0 else mcfg.heads
-  return dict(out, **{
-      "slot kv cache (S x L)": slot_kv,
-      "prompt kv cache (B x P)": 2 * mcfg.layers * b_dev * k_dev * mcfg.head_dim * P * cb,
-      "prefill layer": (b_dev * P * (3 * mcfg.hidden + 2 * f_dev) * cb
-                        + attention_bytes(path(n_prompts, P), b_dev, P, h_dev, k_dev, mcfg.head_dim, cb,
-                                          backward=False))})
 
 
 def format_plan(p: Plan, hbm_bytes: int | None = None) -> str:
