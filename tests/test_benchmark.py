@@ -298,10 +298,10 @@ def test_tail_bench_variants_check_their_keys():
     with pytest.raises(SystemExit, match=msg):
       tail_bench.variants(argparse.Namespace(**dict(vars(a), **bad)))
   has = {k: k.split(".")[1] in c[k.split(".")[0]] for k in ("sampling.engine", "rl.packing")}
-  for key, flag in (("sampling.engine", "engine"), ("rl.packing", "packing")):
-    b = argparse.Namespace(**dict(vars(a), config_override=[], **{flag: "x,y"}))
+  for key, flag, vals in (("sampling.engine", "engine", ("static", "continuous")), ("rl.packing", "packing", ("off", "on"))):
+    b = argparse.Namespace(**dict(vars(a), config_override=[], **{flag: ",".join(vals)}))
     if has[key]:  # the engine / packing work has landed: two variants, labelled by the value
-      assert [v for v, _ in tail_bench.variants(b)] == [f"{key.split('.')[1]}=x", f"{key.split('.')[1]}=y"]
+      assert [v for v, _ in tail_bench.variants(b)] == [f"{key.split('.')[1]}={x}" for x in vals]
     else:
       with pytest.raises(SystemExit, match=f"{key}: this tree's config has no such key .*leave --{flag} out"):
         tail_bench.variants(b)

@@ -33,7 +33,7 @@ def test_second_holder_is_refused_then_lock_is_free_again(tmp_path):
 def test_lock_of_a_killed_process_is_stale_and_taken_over(tmp_path):
   """kill -9 leaves the lock file; the kernel dropped its flock, so the next run takes it and says whose it was."""
   d = str(tmp_path / "run")
-  script = ("import sys, time; sys.path.insert(0, %r); from grpo_jax import workdir_lock; "
+  script = ("import sys, time; sys.path.insert(0, %r); from grpo_jax.infra import workdir_lock; "
             "workdir_lock.WorkdirLock(%r).acquire_local(); print('held', flush=True); time.sleep(60)") % (ROOT, d)
   p = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
   try:
