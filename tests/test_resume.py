@@ -66,6 +66,19 @@ def _wait_for_step(proc, workdir, step, timeout=120):
   raise AssertionError("timed out waiting for the run to reach step %d" % step)
 
 
+def _wait_for_committed_checkpoint(proc, workdir, step, timeout=120):
+  # Orbax writes into a temporary directory and renames it to the bare step number when the save commits.
+  ck = os.path.join(workdir, "checkpoints")
+  t0 = time.time()
+  while time.time() - t0 < timeout:
+    if os.path.isdir(ck) and any(n.isdigit() and int(n) >= step for n in os.listdir(ck)):
+      return
+    if proc.poll() is not None:
+      raise AssertionError(f"run ended early:\n{proc.stdout.read()[-3000:]}")
+    time.sleep(0.05)
+  raise AssertionError("timed out waiting for a committed checkpoint at step >= %d" % step)
+
+
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
   _XLA_CACHE.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("xla_cache")),
@@ -86,6 +99,9 @@ def test_killed_run_resumes_exactly(uninterrupted, tmp_path, sig, second):
   wd = str(tmp_path)
   p = _start(wd)
   _wait_for_step(p, wd, 3)
+  # The step-2 save is asynchronous: on a loaded machine it can still be in flight when step 3's row lands, and a
+  # SIGKILL then leaves no committed checkpoint (a fresh start, correctly, but not the resume this test is about).
+  _wait_for_committed_checkpoint(p, wd, 2)
   p.send_signal(sig)
   if second is not None:  # a second signal while the run finishes its step and saves: absorbed, no torn save
     time.sleep(0.1)
