@@ -172,6 +172,9 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   if bad:
     raise ValueError(bad + ".")
   rl = config.rl
+  if min(rl.minibatches, rl.rollout_chunks) < 1:
+    raise ValueError(f"rl.minibatches={rl.minibatches}, rl.rollout_chunks={rl.rollout_chunks}: 0 (auto) plans once "
+                     "resolved (auto.resolve chooses it with this planner).")
   B, P, L = rl.prompts_per_step, config.task.prompt_len, config.sampling.max_new_tokens
   T, N = P + L, rl.prompts_per_step * rl.G * (rl.oversample if rl.dynamic_sampling else 1)
   dp, tp = mesh["data"] * mesh["fsdp"], mesh["tensor"]
@@ -344,19 +347,24 @@ def main(argv=None) -> int:
     if any(v < 1 for v in mesh.values()):
       raise ValueError(f"--mesh={a.mesh}: the planner needs explicit sizes (no -1).")
     c = workload_config(mesh=mesh, **workload_flags.workload_kwargs(a))
-    row_chunks.check_chunks(a.rollout_chunks, a.prompts * a.G)
     hbm = int(a.hbm_gib * GiB) if a.hbm_gib else None
+    from grpo_jax.rl import auto  # here: auto imports this module (its choosers plan with it)
+    # the `auto` knobs (--minibatches/--rollout-chunks auto, --slots 0, ...) resolve against the chip's memory
+    c, chosen = auto.resolve(c, auto.Context(mesh, hbm, a.platform))
+    row_chunks.check_chunks(c.rl.rollout_chunks, a.prompts * a.G)
     # sampling.decode_layout=auto resolves against the chip's memory
     p = plan(c, mesh, plat=a.platform, hbm_bytes=hbm)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2
   if a.json:
-    print(json.dumps(dict(p.as_dict(), mesh=mesh, model=a.model, hbm_bytes=hbm)))
+    print(json.dumps(dict(p.as_dict(), mesh=mesh, model=a.model, hbm_bytes=hbm, auto=chosen)))
   else:
     print(f"{a.model}  mesh {mesh}  {a.prompts} prompts x G {a.G}, {a.prompt_len}+{a.L} tokens, {a.dtype}, "
           f"remat={a.remat}, params {p.params / 1e9:.3f}B")
     print(format_plan(p, hbm))
+    for key, why in chosen.items():
+      print(f"auto {key} = {why}")
   return 0
 
 
