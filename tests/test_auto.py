@@ -238,3 +238,34 @@ def test_aot_and_the_planner_cli_resolve(capsys):
   assert "auto rl.minibatches = 1 (no device memory limit known: the fewest)" in capsys.readouterr().out
   assert memory_plan.main(flags + ["--mesh", "data=1,fsdp=1,tensor=1", "--hbm-gib", "1"]) == 2
   assert "error: config.rl.rollout_chunks, rl.minibatches: auto (0) finds no split" in capsys.readouterr().err
+
+
+def test_the_word_auto_on_the_command_line_is_zero_for_the_integer_knobs():
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from grpo_jax import main
+  from grpo_jax.config import sweep_points
+  zero = {k for key, knob in auto.REGISTRY.items() if knob.auto == 0 for k in (key,) + knob.joint}
+  assert set(config_lib.AUTO_ZERO) == zero
+  assert main._auto_flag("--config.rl.minibatches=auto") == "--config.rl.minibatches=0"  # pylint: disable=protected-access
+  assert main._auto_flag("--config.rl.G=auto") == "--config.rl.G=auto"  # pylint: disable=protected-access
+  assert sweep_points.parse("rl.rollout_chunks=auto,2", config_lib.base_config())[0].overrides == (
+      ("rl.rollout_chunks", 0),)
+  # through the CLI: the words parse, and validation (which takes 0 as auto) then names the one bad key
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  r = subprocess.run([sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_arith.py:small",
+                      "--workdir=/nonexistent/never-written", "--config.rl.minibatches=auto",
+                      "--config.rl.rollout_chunks=auto", "--config.rl.mu=0"], cwd=repo, capture_output=True,
+                     text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+  assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("Config error: config.rl.mu:"), r.stderr
+
+
+def test_slots_resolve_after_the_chunks_that_bound_them():
+  """The registry's order: sampling.slots' candidates divide the rows by the rollout chunks chosen first."""
+  assert list(auto.REGISTRY)[:2] == ["rl.rollout_chunks", "sampling.slots"]
+  c = _tiny(**{"sampling.engine": "continuous"})
+  free, _ = auto.resolve(c, auto.Context(MESH1, None, "cpu"))
+  assert (free.rl.rollout_chunks, free.sampling.slots) == (1, 16)
+  tight, chosen = auto.resolve(c, auto.Context(MESH1, 8_000_000, "cpu"))
+  assert tight.rl.rollout_chunks == 2 and tight.sampling.slots <= 16 // 2, chosen
