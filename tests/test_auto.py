@@ -11,6 +11,7 @@ from grpo_jax.config import config_lib
 from grpo_jax.perf import aot
 from grpo_jax.rl import auto
 from grpo_jax.rl import families
+from grpo_jax.perf import plan_cli
 from grpo_jax.rl import memory_plan
 from grpo_jax.run import validate
 from grpo_jax.studies import vmapped_runs
@@ -231,12 +232,12 @@ def test_aot_and_the_planner_cli_resolve(capsys):
   assert got != (1, 1) and fit(got) <= 16 * 2**30 < fit((1, 1)), got
   assert r["auto"]["rl.minibatches"].startswith(f"{got[1]} (planned "), r["auto"]
   # the planner CLI: against --hbm-gib, and with no limit (1, said so)
-  assert memory_plan.main(flags + ["--mesh", "data=1,fsdp=1,tensor=1", "--platform", "tpu", "--hbm-gib", "16"]) == 0
+  assert plan_cli.main(flags + ["--mesh", "data=1,fsdp=1,tensor=1", "--platform", "tpu", "--hbm-gib", "16"]) == 0
   p = json.loads(capsys.readouterr().out)
   assert p["total_bytes"] == fit(got) and p["auto"] == r["auto"]
-  assert memory_plan.main(flags[:-1] + ["--mesh", "data=1,fsdp=1,tensor=1"]) == 0
+  assert plan_cli.main(flags[:-1] + ["--mesh", "data=1,fsdp=1,tensor=1"]) == 0
   assert "auto rl.minibatches = 1 (no device memory limit known: the fewest)" in capsys.readouterr().out
-  assert memory_plan.main(flags + ["--mesh", "data=1,fsdp=1,tensor=1", "--hbm-gib", "1"]) == 2
+  assert plan_cli.main(flags + ["--mesh", "data=1,fsdp=1,tensor=1", "--hbm-gib", "1"]) == 2
   assert "error: config.rl.rollout_chunks, rl.minibatches: auto (0) finds no split" in capsys.readouterr().err
 
 
