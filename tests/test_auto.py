@@ -25,8 +25,8 @@ AUTO = {"rl.rollout_chunks": 0, "rl.minibatches": 0}
 PARAM_BYTES = 107072 * 4
 RESIDENT = 4 * PARAM_BYTES + 4 * (2 * 16 + 4) * 4  # policy, reference, Adam m and v; the batch
 CARRIED = 16 * 48 * 4 * 6 + 16 * 64 * 4 * 3  # the rollout outputs every phase holds
-# per training row of a minibatch: saved activations 2 layers × (64·(5D + 8·16 + 4F)·4 + 4·64²·(4+4)), one layer's
-# backward 64·(4D + 8·16 + 4F)·4 + 4·64²·8, the logits chunk 3·48·512·4 + 48·D·4
+# per training row of a minibatch: saved activations 2 layers × (64·(5D + 8·16 + 4F)·4 + 4·64²·(4+4)), one
+# layer's backward 64·(4D + 8·16 + 4F)·4 + 4·64²·8, the logits chunk 3·48·512·4 + 48·D·4
 UPDATE_PER_ROW = 2 * (64 * 960 * 4 + 4 * 64 * 64 * 8) + (64 * 896 * 4 + 4 * 64 * 64 * 8) + (3 * 48 * 2048 + 48 * 256)
 # per scored row of a rollout chunk (the reference forward): one layer 64·(3D + 8·16 + 2F)·4 + 4·64²·8, its input
 # 64·D·4, the logits chunk 2·48·512·4 + 48·D·4
@@ -249,8 +249,9 @@ def test_the_word_auto_on_the_command_line_is_zero_for_the_integer_knobs():
   from grpo_jax.config import sweep_points
   zero = {k for key, knob in auto.REGISTRY.items() if knob.auto == 0 for k in (key,) + knob.joint}
   assert set(config_lib.AUTO_ZERO) == zero
-  assert main._auto_flag("--config.rl.minibatches=auto") == "--config.rl.minibatches=0"  # pylint: disable=protected-access
-  assert main._auto_flag("--config.rl.G=auto") == "--config.rl.G=auto"  # pylint: disable=protected-access
+  flag = main._auto_flag  # pylint: disable=protected-access
+  assert flag("--config.rl.minibatches=auto") == "--config.rl.minibatches=0"
+  assert flag("--config.rl.G=auto") == "--config.rl.G=auto"
   assert sweep_points.parse("rl.rollout_chunks=auto,2", config_lib.base_config())[0].overrides == (
       ("rl.rollout_chunks", 0),)
   # through the CLI: the words parse, and validation (which takes 0 as auto) then names the one bad key

@@ -272,7 +272,8 @@ def format_report(r: dict[str, Any]) -> str:
   lines += [f"auto {key} = {why}" for key, why in r.get("auto", {}).items()]
   if "lengths" in r:
     w = r["lengths"]
-    lines.append(f"rollout modelled for completion lengths {w.get('spec', 'as given')} (mean {w['mean']:.0f}, max {w['max']}): "
+    lines.append(f"rollout modelled for completion lengths {w.get('spec', 'as given')} (mean {w['mean']:.0f}, "
+                 f"max {w['max']}): "
                  f"{w['steps']} decode steps, {w['row_steps']} row-steps, slot util "
                  f"{w['tokens'] / (w['row_steps'] + r['prompts'] * r['G']):.2f}, {w['kv_read']:.3g} KV positions "
                  "read")

@@ -116,7 +116,7 @@ def _with(config, updates: dict) -> ml_collections.ConfigDict:
   return c
 
 
-# ------------------------------------------------------------------------------------------ rl.rollout_chunks × rl.minibatches
+# ------------------------------------------------------------------------------ rl.rollout_chunks × rl.minibatches
 # First in the registry: the slot candidates below divide the rows by rl.rollout_chunks.
 
 SPLIT_KEYS = ("rl.rollout_chunks", "rl.minibatches")
