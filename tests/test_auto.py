@@ -271,3 +271,17 @@ def test_slots_resolve_after_the_chunks_that_bound_them():
   assert (free.rl.rollout_chunks, free.sampling.slots) == (1, 16)
   tight, chosen = auto.resolve(c, auto.Context(MESH1, 8_000_000, "cpu"))
   assert tight.rl.rollout_chunks == 2 and tight.sampling.slots <= 16 // 2, chosen
+
+
+def test_nothing_fits_stops_the_job_before_anything_is_written(monkeypatch, tmp_path):
+  """preflight (and the R1 stages' config checks) run the choice once: a device that no split fits is one config
+  line before config.json is written, not an error after it."""
+  from grpo_jax.rollout import decode_layout
+  from grpo_jax.run import jobs
+  from configs import r1_pipeline  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [1 << 16])  # a 64 KiB device (the tiny steps plan ~0.8 MiB)
+  for c in (_arith(), config_lib.override(r1_pipeline.get_config("small"), {**AUTO, "rl.G": 2,
+                                                                           "rl.prompts_per_step": 2})):
+    with pytest.raises(validate.ConfigError, match="^config.rl.rollout_chunks, rl.minibatches: auto \\(0\\) finds no"):
+      jobs.run(c, str(tmp_path / c.job))
+    assert not (tmp_path / c.job).exists()

@@ -56,7 +56,8 @@ def _get(config, key: str):
   return node
 
 
-def resolve(config: ml_collections.ConfigDict, ctx: Context) -> tuple[ml_collections.ConfigDict, dict[str, str]]:
+def resolve(config: ml_collections.ConfigDict, ctx: Context,
+            log: bool = True) -> tuple[ml_collections.ConfigDict, dict[str, str]]:
   """A copy of `config` with every registered knob at its auto value chosen; -> (config, {key: 'value (why)'})."""
   out = ml_collections.ConfigDict(config.to_dict())
   chosen = {}
@@ -76,7 +77,8 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context) -> tuple[ml_collect
         _get(out, section)[name] = p
         chosen[k] = f"{p} ({why})"
         picked.append(f"{k} = {p}")
-    logging.info("auto %s (%s)", ", ".join(picked), why)
+    if log:
+      logging.info("auto %s (%s)", ", ".join(picked), why)
   return out, chosen
 
 
@@ -84,6 +86,13 @@ def resolve_here(config: ml_collections.ConfigDict, mesh, lanes: int = 1) -> ml_
   """`resolve` for a step that runs on this process's devices over `mesh`; `lanes` vmapped runs share each
   device's memory (vmap stacks every array of the step once per run)."""
   return resolve(config, Context(dict(mesh.shape), decode_layout.device_memory_bytes() // lanes))[0]
+
+
+def check_choosable(config, mesh: dict[str, int]) -> None:
+  """The input checks' part (preflight, the R1 stages' configs): a knob that cannot choose (nothing fits this
+  process's devices) raises its ConfigError before anything is written; the choice itself is made again, and
+  logged, where the step is built."""
+  resolve(config, Context(mesh, decode_layout.device_memory_bytes()), log=False)
 
 
 def check_resolved(config) -> None:
