@@ -155,6 +155,17 @@ def _capture(monkeypatch, module, name="make_step"):
   return seen
 
 
+def _squeeze(monkeypatch, config, lanes: int = 1) -> tuple[int, int]:
+  """Makes this process's device one byte too small for `config` in one chunk and one minibatch; -> the
+  (chunks, minibatches) the chooser picks there for `lanes` vmapped runs sharing it (not (1, 1))."""
+  from grpo_jax.rollout import decode_layout
+  hbm = memory_plan.plan(config_lib.override(config, dict.fromkeys(auto.SPLIT_KEYS, 1)), MESH1).total_bytes - 1
+  monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [hbm])
+  out, _ = auto.resolve(config, auto.Context(MESH1, hbm // lanes))
+  assert (out.rl.rollout_chunks, out.rl.minibatches) != (1, 1)
+  return out.rl.rollout_chunks, out.rl.minibatches
+
+
 def _arith():
   from configs import grpo_arith  # pylint: disable=g-import-not-at-top
   return config_lib.override(grpo_arith.get_config("small"), {
@@ -166,34 +177,40 @@ def _arith():
 
 def test_the_main_job_resolves_before_building_the_step(monkeypatch, tmp_path):
   from grpo_jax.run import jobs
+  want = _squeeze(monkeypatch, _arith())
   seen = _capture(monkeypatch, families)
   with pytest.raises(_Built):
     jobs.run(_arith(), str(tmp_path / "run"))
-  assert seen == [(1, 1)]  # this host's memory per device holds the tiny step in one pass
+  assert seen == [want]
   assert json.load(open(tmp_path / "run" / "config.json"))["rl"]["minibatches"] == 0  # the run records `auto`
 
 
 def test_an_r1_rl_stage_resolves(monkeypatch, tmp_path):
   from configs import r1_pipeline  # pylint: disable=g-import-not-at-top
   from grpo_jax.r1 import pipeline
+  from grpo_jax.r1 import stage_config
   c = r1_pipeline.get_config("small")
   c.model.update(hidden=16, layers=1, heads=2, kv_heads=1, inter=32, max_len=96)
   c.task.train_size = 256
   c.rl.update(G=2, prompts_per_step=2, minibatches=0, rollout_chunks=0)
   c.eval.update(size=4, batch=4, n_samples=2, pass_k=(1, 2))
+  want = _squeeze(monkeypatch, stage_config.for_stage(c, "r1_zero"))
   seen = _capture(monkeypatch, families)
   with pytest.raises(_Built):
     pipeline._run_rl(c, str(tmp_path), "r1_zero", None)  # pylint: disable=protected-access
-  assert seen == [(1, 1)]
+  assert seen == [want]
 
 
 def test_vmapped_sweep_lanes_resolve(monkeypatch, tmp_path):
+  """Two lanes in one program share each device: they are planned against half its memory."""
   from grpo_jax.studies import sweep_vmap
+  want = _squeeze(monkeypatch, _arith(), lanes=2)
+  assert want != _squeeze(monkeypatch, _arith())  # the halving matters here
   seen = _capture(monkeypatch, vmapped_runs, "make_steps")
   lanes = [config_lib.override(_arith(), {"optim.lr": lr}) for lr in (1e-2, 3e-2)]
   with pytest.raises(_Built):
     sweep_vmap.run_group(lanes, [str(tmp_path / "a"), str(tmp_path / "b")], log=lambda line: None)
-  assert seen == [(1, 1)]
+  assert seen == [want]
 
 
 def test_ablation_tables_resolve(monkeypatch):
@@ -208,15 +225,18 @@ def test_ablation_tables_resolve(monkeypatch):
   cfg.run = config_lib.override(cfg.run, AUTO)
   monkeypatch.setattr(train_table, "start_params", lambda cfg, mcfg: None)
   c = train_table.build_config(cfg, {})
+  want = [_squeeze(monkeypatch, c, lanes=2)]
   with pytest.raises(_Built):
     train_table.make_runs(cfg, c, digits.toy_reward_spec(c.rewards, c.model.vocab_size), [0, 1])
   # the R1-stage table (g)
   cfg = config_lib.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                                             "ablations", "gdpo.py"), "small")
   cfg.run = config_lib.override(cfg.run, AUTO)
+  variant = r1_table.variants(cfg)[0]
+  want.append(_squeeze(monkeypatch, r1_table.build_config(cfg, dict(cfg.variants)[variant]), lanes=2))
   with pytest.raises(_Built):
-    r1_table.run_cell(cfg, r1_table.variants(cfg)[0], [0, 1])
-  assert seen == [(1, 1), (1, 1)]
+    r1_table.run_cell(cfg, variant, [0, 1])
+  assert seen == want
 
 
 def test_aot_and_the_planner_cli_resolve(capsys):
