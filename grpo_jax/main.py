@@ -15,6 +15,7 @@ from absl import app
 from absl import flags
 from absl import logging
 from ml_collections import config_flags
+from grpo_jax.config import config_lib
 from grpo_jax.infra import errors
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/<exp>.py[:arg]).",
@@ -161,8 +162,17 @@ def _config_file_error(text: str) -> str:
           "whose get_config(arg) runs.")
 
 
+def _auto_flag(arg: str) -> str:
+  key, eq, value = arg.partition("=")
+  if not (eq and key.startswith("--config.")):
+    return arg
+  return f"{key}={config_lib.auto_text(key[len('--config.'):], value)}"
+
+
 def _parse_flags(argv):
-  """absl's flag parsing with every failure (missing or broken config file, unknown key, bad value) as one line."""
+  """absl's flag parsing with every failure (missing or broken config file, unknown key, bad value) as one line.
+  `--config.<key>=auto` for an integer knob whose auto value is 0 (config_lib.AUTO_ZERO) passes as 0."""
+  argv = [_auto_flag(arg) for arg in argv]
   try:
     return flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except

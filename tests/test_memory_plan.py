@@ -5,6 +5,7 @@ import jax
 import pytest
 
 from grpo_jax.rollout import decode_layout
+from grpo_jax.perf import plan_cli
 from grpo_jax.rl import memory_plan
 
 ONE = dict(data=1, fsdp=1, tensor=1)
@@ -50,15 +51,15 @@ def test_plan_components_follow_the_mesh_and_remat():
 
 
 def test_cli_json_and_errors(capsys):
-  assert memory_plan.main(["--model=qwen2.5-7b", "--mesh", "data=1,fsdp=16,tensor=1", "--hbm-gib", "16",
+  assert plan_cli.main(["--model=qwen2.5-7b", "--mesh", "data=1,fsdp=16,tensor=1", "--hbm-gib", "16",
                            "--json"]) == 0
   r = json.loads(capsys.readouterr().out)
   assert r["mesh"] == dict(data=1, fsdp=16, tensor=1) and r["params"] == 7_615_616_512
   assert r["total_bytes"] == r["resident_bytes"] + r["temp_bytes"]
   assert r["resident"]["policy"] == pytest.approx(4 * 7_615_616_512 / 16, rel=0.01)
-  assert memory_plan.main(["--mesh", "data=1,fsdp=x"]) == 2
+  assert plan_cli.main(["--mesh", "data=1,fsdp=x"]) == 2
   assert "--mesh: bad entry 'fsdp=x'" in capsys.readouterr().err
-  assert memory_plan.main(["--mesh", "fsdp=-1"]) == 2
+  assert plan_cli.main(["--mesh", "fsdp=-1"]) == 2
   assert "explicit sizes" in capsys.readouterr().err
 
 

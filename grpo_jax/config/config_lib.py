@@ -108,9 +108,13 @@ def base_config() -> ml_collections.ConfigDict:
       dynamic_sampling=False,
       overlong_frac=0.0,         # DAPO soft overlong punishment over the last frac·max_new_tokens tokens; 0 = off
       # --- budget and robustness (not set by presets) ---
-      mu=1, minibatches=1,
+      mu=1,
+      minibatches=1,             # optimizer updates per epoch, each over rows / minibatches rows
       rollout_chunks=1,          # sample, and run the reference/old-log-prob forwards, over this many chunks of rows
                                  # in turn (one graph): the KV cache and those activations are one chunk's
+      # minibatches / rollout_chunks = 0: auto (rl/auto.py), the fewest that the planner fits in the device's
+      # memory, fewest chunks first (each decodes its rows in its own L steps), then fewest minibatches; 1 without a
+      # known limit; one config line when none fits. More minibatches change the training (more, smaller updates).
       # The update trains on the shortest of train_buckets static completion lengths (L, L/2, ...; update.py's
       # train_lengths) covering the batch's longest completion, chosen in-graph: each compiles a forward+backward.
       train_buckets=1,
@@ -201,6 +205,16 @@ def run_seed(config) -> int:
   """The seed of a run's params init and rollout rng: `run_seed`, or `seed` when it is -1 (the default)."""
   rs = int(config.get("run_seed", -1))
   return int(config.seed) if rs < 0 else rs
+
+
+# The integer knobs whose `auto` (rl/auto.py) is the value 0: on the command line (`--config.<key>=auto`,
+# `--sweep="<key>=auto,4"`) the word means 0 (tests/test_auto.py checks this list against auto.REGISTRY).
+AUTO_ZERO = ("rl.rollout_chunks", "rl.minibatches", "sampling.slots", "rl.pack_len")
+
+
+def auto_text(key: str, text: str) -> str:
+  """A command-line value for `key`: 'auto' is '0' for the keys of AUTO_ZERO; anything else unchanged."""
+  return "0" if text == "auto" and key in AUTO_ZERO else text
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:

@@ -154,6 +154,7 @@ def _declared(config: ml_collections.ConfigDict, key: str) -> Any:
 
 def _typed(key: str, text: str, old: Any) -> Any:
   """`text` as the declared type of `old` (before config_lib.override, which refuses a str for a float key)."""
+  text = config_lib.auto_text(key, text)
   if isinstance(old, (tuple, list)):
     raise config_lib.ConfigError(f"--sweep: {key} is a tuple; tuple values cannot be listed on the command line "
                                  "(commas separate values): declare the axis in the config file's get_sweep(h).")

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from grpo_jax.rl import auto
 from grpo_jax.rollout import decode_layout
 from grpo_jax.perf import hlo_collectives
 from grpo_jax.rl import memory_plan
@@ -192,18 +193,23 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   cfg.task.test_size = max(cfg.task.test_size, cfg.eval.size)
   validate.validate_rl(cfg, n_dev)
   hbm = int(chip.hbm_gib * GiB)
+  cfg, chosen = auto.resolve(cfg, auto.Context(mesh_shape, hbm, "tpu"))  # the `auto` knobs, for the target chip
   layout, why = memory_plan.choose_decode(cfg, mesh_shape, hbm, plat="tpu")
   p = memory_plan.plan(cfg, mesh_shape, plat="tpu", decode=layout)
   rl = cfg.rl
   r = dict(topology=topology, n_devices=n_dev, mesh=mesh_shape, params=p.params, prompts=rl.prompts_per_step,
            G=rl.G, prompt_len=cfg.task.prompt_len, L=cfg.sampling.max_new_tokens, dtype=cfg.model.dtype,
-           remat=cfg.model.remat, decode_layout=str(layout), decode_layout_why=why,
+           remat=cfg.model.remat, decode_layout=str(layout), decode_layout_why=why, auto=chosen,
+           minibatches=rl.minibatches, rollout_chunks=rl.rollout_chunks,
            lora=(dict(rank=cfg.model.lora.rank, targets=list(cfg.model.lora.targets),
                       base_dtype=cfg.model.lora.base_dtype) if cfg.model.lora.rank else None),
            resident=dict(p.resident),
            roofline=roofline(cfg, mesh_shape, chip, layout, lengths_N=lengths_N), chip=dataclasses.asdict(chip),
            plan=dict(total_bytes=p.total_bytes, resident_bytes=p.resident_bytes, temp_bytes=p.temp_bytes,
                      peak_phase=p.peak_phase, fits=p.total_bytes <= hbm, headroom_frac=1 - p.total_bytes / hbm))
+  if lengths_N is not None:  # the decode work of those lengths under the resolved config's chunks and slots
+    r["lengths"] = dict(mean=float(lengths_N.mean()), max=int(lengths_N.max()),
+                        **roofline_lib.decode_work(cfg, lengths_N))
   if not compile:
     # No program to read: the decode phase's collectives by its layout (the other phases' are not modelled).
     ici = roofline_lib.analytic_decode_ici(cfg, mesh_shape, topology, layout)
@@ -263,9 +269,11 @@ def format_report(r: dict[str, Any]) -> str:
         f"XLA's cost_analysis FLOPs (scan bodies counted once): "
         f"{r['xla_cost_flops_per_device'] * r['n_devices'] / 1e12:.2f} TFLOP"]
   lines.append(f"decode layout: {r['decode_layout']} ({r['decode_layout_why']})")
+  lines += [f"auto {key} = {why}" for key, why in r.get("auto", {}).items()]
   if "lengths" in r:
     w = r["lengths"]
-    lines.append(f"rollout modelled for completion lengths {w['spec']} (mean {w['mean']:.0f}, max {w['max']}): "
+    lines.append(f"rollout modelled for completion lengths {w.get('spec', 'as given')} (mean {w['mean']:.0f}, "
+                 f"max {w['max']}): "
                  f"{w['steps']} decode steps, {w['row_steps']} row-steps, slot util "
                  f"{w['tokens'] / (w['row_steps'] + r['prompts'] * r['G']):.2f}, {w['kv_read']:.3g} KV positions "
                  "read")
@@ -316,8 +324,7 @@ def main(argv=None) -> int:
     lengths = stated_lengths(a.lengths, a.prompts * a.G, a.L) if a.lengths else None
     r = check(cfg, a.topology, mesh, compile=not a.no_compile, lengths_N=lengths)
     if lengths is not None:
-      r["lengths"] = dict(spec=a.lengths, mean=float(lengths.mean()), max=int(lengths.max()),
-                          **roofline_lib.decode_work(cfg, lengths))
+      r["lengths"]["spec"] = a.lengths
   except (ValueError, RuntimeError) as e:
     print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
     return 2

@@ -15,9 +15,10 @@ def parser(doc: str, models: Sequence[str], dtypes: Sequence[str], mesh_default:
   ap.add_argument("--L", type=int, default=512)
   ap.add_argument("--dtype", default="bfloat16", choices=list(dtypes))
   ap.add_argument("--remat", default="full", choices=["none", "full", "dots"])
-  ap.add_argument("--minibatches", type=int, default=1)
-  ap.add_argument("--rollout-chunks", type=int, default=1, help="rl.rollout_chunks: sample and score the rollout's "
-                  "rows in this many chunks")
+  ap.add_argument("--minibatches", type=count_or_auto, default=1, help="rl.minibatches, or auto: the fewest that fit "
+                  "--hbm-gib (the chip's HBM for aot)")
+  ap.add_argument("--rollout-chunks", type=count_or_auto, default=1, help="rl.rollout_chunks: sample and score the "
+                  "rollout's rows in this many chunks; auto: the fewest that fit")
   ap.add_argument("--engine", default="static", choices=["static", "continuous"], help="sampling.engine")
   ap.add_argument("--slots", type=int, default=0, help="sampling.slots (continuous; 0 = rows / rollout chunks)")
   ap.add_argument("--packing", action="store_true", help="rl.packing: padding-free packed training passes")
@@ -28,6 +29,15 @@ def parser(doc: str, models: Sequence[str], dtypes: Sequence[str], mesh_default:
                   help="model.lora.base_dtype: the frozen base as the state holds it")
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")
   return ap
+
+
+def count_or_auto(text: str) -> int:
+  """A positive count, or 'auto' (0: the config's auto value, chosen by rl/auto.py)."""
+  if text == "auto":
+    return 0
+  if not text.isdigit() or int(text) < 1:
+    raise argparse.ArgumentTypeError(f"{text!r}: a positive integer or auto")
+  return int(text)
 
 
 def workload_kwargs(a: argparse.Namespace) -> dict[str, Any]:

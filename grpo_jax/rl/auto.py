@@ -2,9 +2,11 @@
 the config with every `auto` replaced by its choice (and why), before the step is built.
 
 A chooser sees the config, the mesh's axis sizes and the device memory, and may ask the memory planner
-(memory_plan.plan, bytes per device) and a time model of its own. Registered here: `sampling.slots` (the continuous
-engine's slot count; an integer knob, so its auto value is 0) and `rl.pack_len` (rl.packing's row length; 0). Other knobs register with `register(Knob(...))`
-from their own module. A step built from an unresolved config (tests) runs each knob's documented default.
+(memory_plan.plan, bytes per device) and a time model of its own. Registered here, in the order they resolve:
+`rl.rollout_chunks` with `rl.minibatches` (chosen jointly; integer knobs, so their auto value is 0), `sampling.slots`
+(the continuous engine's slot count; 0) and `rl.pack_len` (rl.packing's row length; 0). Other knobs register with
+`register(Knob(...))` from their own module. A step built from an unresolved config (tests) runs each knob's
+documented default; a `required` knob has none, and the step builders refuse it (`check_resolved`).
 """
 import dataclasses
 import math
@@ -13,8 +15,10 @@ from typing import Any, Callable
 import ml_collections
 from absl import logging
 
+from grpo_jax.infra.errors import ConfigError
 from grpo_jax.rl import memory_plan
 from grpo_jax.rl import packing
+from grpo_jax.rollout import decode_layout
 
 AUTO = "auto"
 
@@ -33,6 +37,8 @@ class Knob:
   choose: Callable[[Any, Context, list], tuple[Any, str]]  # (value, why) among them
   auto: Any = AUTO  # the value that asks for a choice ("auto", or 0 for an integer knob such as sampling.slots)
   applies: Callable[[Any], bool] = lambda config: True  # False: the knob means nothing for this config, left as is
+  joint: tuple[str, ...] = ()  # more keys chosen with `key`: candidates and choices are then tuples, one per key
+  required: bool = False  # no default for a step built unresolved: the step builders refuse its auto value
 
 
 REGISTRY: dict[str, Knob] = {}
@@ -50,23 +56,120 @@ def _get(config, key: str):
   return node
 
 
-def resolve(config: ml_collections.ConfigDict, ctx: Context) -> tuple[ml_collections.ConfigDict, dict[str, str]]:
+def resolve(config: ml_collections.ConfigDict, ctx: Context,
+            log: bool = True) -> tuple[ml_collections.ConfigDict, dict[str, str]]:
   """A copy of `config` with every registered knob at its auto value chosen; -> (config, {key: 'value (why)'})."""
   out = ml_collections.ConfigDict(config.to_dict())
   chosen = {}
   for key, knob in REGISTRY.items():
+    keys = (key,) + knob.joint
     try:
-      value = _get(out, key)
+      values = [_get(out, k) for k in keys]
     except (KeyError, AttributeError):
       continue
-    if value != knob.auto or not knob.applies(out):
+    if knob.auto not in values or not knob.applies(out):
       continue
     pick, why = knob.choose(out, ctx, knob.candidates(out, ctx))
-    section, name = key.rsplit(".", 1)
-    _get(out, section)[name] = pick
-    chosen[key] = f"{pick} ({why})"
-    logging.info("auto %s = %s", key, chosen[key])
+    picked = []
+    for k, value, p in zip(keys, values, pick if knob.joint else (pick,)):
+      if value == knob.auto:
+        section, name = k.rsplit(".", 1)
+        _get(out, section)[name] = p
+        chosen[k] = f"{p} ({why})"
+        picked.append(f"{k} = {p}")
+    if log:
+      logging.info("auto %s (%s)", ", ".join(picked), why)
   return out, chosen
+
+
+def resolve_here(config: ml_collections.ConfigDict, mesh, lanes: int = 1) -> ml_collections.ConfigDict:
+  """`resolve` for a step that runs on this process's devices over `mesh`; `lanes` vmapped runs share each
+  device's memory (vmap stacks every array of the step once per run)."""
+  return resolve(config, Context(dict(mesh.shape), decode_layout.device_memory_bytes() // lanes))[0]
+
+
+def check_choosable(config, mesh: dict[str, int]) -> None:
+  """The input checks' part (preflight, the R1 stages' configs): a knob that cannot choose (nothing fits this
+  process's devices) raises its ConfigError before anything is written; the choice itself is made again, and
+  logged, where the step is built."""
+  resolve(config, Context(mesh, decode_layout.device_memory_bytes()), log=False)
+
+
+def check_resolved(config) -> None:
+  """What the step builders call: a `required` knob still at its auto value means a path skipped `resolve`."""
+  for key, knob in REGISTRY.items():
+    for k in ((key,) + knob.joint) if knob.required else ():
+      if _get(config, k) == knob.auto:
+        raise RuntimeError(f"config.{k}={knob.auto!r} (auto) reached the step builder unresolved: resolve the config "
+                           "first (auto.resolve / auto.resolve_here), as every entry path does.")
+
+
+def size(nbytes: int) -> str:
+  return f"{nbytes / 2**30:.2f} GiB" if nbytes >= 2**30 else f"{nbytes / 2**20:.2f} MiB"
+
+
+def _planned(config, ctx: Context) -> tuple[memory_plan.Plan, bool, str]:
+  """(the planner's bytes per device for `config`, whether they fit ctx's memory, 'X of Y' or 'no memory limit'):
+  every chooser's fit test (no margin on top of the planner's figure)."""
+  p = memory_plan.plan(config, ctx.mesh, ctx.platform, hbm_bytes=ctx.hbm_bytes)
+  if ctx.hbm_bytes is None:
+    return p, True, "no memory limit"
+  return p, p.total_bytes <= ctx.hbm_bytes, f"{size(p.total_bytes)} of {size(ctx.hbm_bytes)}"
+
+
+def _with(config, updates: dict) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict(config.to_dict())
+  for k, v in updates.items():
+    section, name = k.rsplit(".", 1)
+    _get(c, section)[name] = v
+  return c
+
+
+# ------------------------------------------------------------------------------ rl.rollout_chunks × rl.minibatches
+# First in the registry: the slot candidates below divide the rows by rl.rollout_chunks.
+
+SPLIT_KEYS = ("rl.rollout_chunks", "rl.minibatches")
+
+
+def split_counts(config, ctx: Context) -> list[int]:
+  """The counts that cut prompts_per_step*G rows into equal parts of a multiple of the mesh's row split
+  (data × fsdp; validate.py's rule for both knobs): the divisors of rows / split, smallest first."""
+  per = config.rl.prompts_per_step * config.rl.G // (ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1))
+  return [d for d in range(1, per + 1) if per % d == 0]
+
+
+def split_candidates(config, ctx: Context) -> list[tuple[int, int]]:
+  """(rollout_chunks, minibatches) pairs, the auto ones over split_counts, in order of cost: fewest rollout chunks
+  first (each chunk decodes its rows in its own sequence of L steps: c chunks ≈ c× the decode's steps and weight
+  reads), then fewest minibatches (each one more forward+backward pass over the weights). The two shrink different
+  phases (chunks the rollout and scoring forwards, minibatches the update), so the first pair that fits is also the
+  fewest of each."""
+  counts = split_counts(config, ctx)
+  chunks, mbs = (counts if int(_get(config, k)) == 0 else [int(_get(config, k))] for k in SPLIT_KEYS)
+  return [(c, m) for c in chunks for m in mbs]
+
+
+def choose_split(config, ctx: Context, candidates: list[tuple[int, int]]) -> tuple[tuple[int, int], str]:
+  """The first candidate whose planned bytes per device fit ctx's memory; without a limit the first (1 where auto).
+  Nothing fits: a ConfigError (exit 2) naming the keys and what to change, not a pick that would not run."""
+  if ctx.hbm_bytes is None:
+    return candidates[0], "no device memory limit known: the fewest"
+  over = ""
+  for c, m in candidates:
+    p, fits, text = _planned(_with(config, dict(zip(SPLIT_KEYS, (c, m)))), ctx)
+    if fits:
+      return (c, m), f"planned {text} per device{over}"
+    over = over or f"; {c} chunk(s) x {m} minibatch(es) would plan {size(p.total_bytes)}"
+  auto_keys = [k for k in SPLIT_KEYS if int(_get(config, k)) == 0]
+  fix = "lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, set model.remat=full, or add devices (mesh.fsdp)"
+  if "rl.rollout_chunks" not in auto_keys and p.peak_phase != "update":
+    fix = f"set rl.rollout_chunks=0 (auto) too (the {p.peak_phase} phase peaks), or " + fix
+  raise ConfigError(f"config.{', '.join(auto_keys)}: auto (0) finds no split that fits {size(ctx.hbm_bytes)} per "
+                    f"device (the most, rl.rollout_chunks={c} x rl.minibatches={m}, still plans {size(p.total_bytes)}, "
+                    f"peak in {p.peak_phase}); {fix}.")
+
+
+register(Knob(SPLIT_KEYS[0], split_candidates, choose_split, auto=0, joint=SPLIT_KEYS[1:], required=True))
 
 
 # ------------------------------------------------------------------------------------------ sampling.slots
@@ -104,12 +207,8 @@ def choose_slots(config, ctx: Context, candidates: list[int]) -> tuple[int, str]
   if not candidates:
     raise ValueError(f"sampling.slots=auto: no slot count divides the {n} rows over mesh data*fsdp; set it.")
   for s in candidates:
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.sampling.slots = s
-    c.sampling.engine = "continuous"
-    total = memory_plan.plan(c, ctx.mesh, ctx.platform, hbm_bytes=ctx.hbm_bytes).total_bytes
-    if ctx.hbm_bytes is None or total <= ctx.hbm_bytes:
-      limit = "no memory limit" if ctx.hbm_bytes is None else f"{total / 2**30:.2f} of {ctx.hbm_bytes / 2**30:.1f} GiB"
+    _, fits, limit = _planned(_with(config, {"sampling.slots": s, "sampling.engine": "continuous"}), ctx)
+    if fits:
       return s, f"{limit}; at most {worst_case_steps(n, s, L)} decode steps"
   s = candidates[-1]
   return s, f"no slot count fits the device memory; the fewest, {s}"
@@ -134,11 +233,8 @@ def pack_len_candidates(config, ctx: Context) -> list[int]:
 def choose_pack_len(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
   """The longest candidate whose step fits the device memory (more room per row for the next sample)."""
   for n in candidates:
-    c = ml_collections.ConfigDict(config.to_dict())
-    c.rl.pack_len = n
-    total = memory_plan.plan(c, ctx.mesh, ctx.platform, hbm_bytes=ctx.hbm_bytes).total_bytes
-    if ctx.hbm_bytes is None or total <= ctx.hbm_bytes:
-      limit = "no memory limit" if ctx.hbm_bytes is None else f"{total / 2**30:.2f} of {ctx.hbm_bytes / 2**30:.1f} GiB"
+    _, fits, limit = _planned(_with(config, {"rl.pack_len": n}), ctx)
+    if fits:
       return n, f"P + L = {config.task.prompt_len + config.sampling.max_new_tokens} to the 128 tile; {limit}"
   return candidates[-1], "no pack_len fits the device memory; the shortest, P + L"
 

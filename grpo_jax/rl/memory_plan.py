@@ -7,16 +7,15 @@ only when β > 0, Adam's two moments, a critic for PPO) is resident; the step's 
 (one chunk of rows, no gradient) or in the update (gradients, activations saved under the remat policy for one
 minibatch, one layer's recomputed working set with its attention, one chunk of logits). Attention is costed for
 the path `model.attention` takes on the target backend (`attention.choose`): O(T) for splash, blockwise and cuDNN,
-T×T scores only for the einsum path. `aot.py` checks it against XLA's own figures (docs/scale.md).
+T×T scores only for the einsum path. `aot.py` checks it against XLA's own figures (docs/scale.md). The command
+line (perf/plan_cli.py):
 
   python -m grpo_jax.memory_plan --model=qwen2.5-1.5b --mesh data=1,fsdp=64,tensor=1 --prompts 16 --G 8 \
       --prompt-len 256 --L 512 --hbm-gib 16
 """
 import dataclasses
 import functools
-import json
 import math
-import sys
 from typing import Any
 
 import jax
@@ -28,11 +27,9 @@ from grpo_jax.rollout import decode_layout
 from grpo_jax.model import lora
 from grpo_jax.model import model as model_lib
 from grpo_jax.model import model_presets
-from grpo_jax.perf import workload_flags
 from grpo_jax.config import presets
 from grpo_jax.rl import packing
 from grpo_jax.rl import plan_terms
-from grpo_jax.rl import row_chunks
 from grpo_jax.rl import state as state_lib
 from grpo_jax.infra import sharding
 
@@ -172,6 +169,9 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   if bad:
     raise ValueError(bad + ".")
   rl = config.rl
+  if min(rl.minibatches, rl.rollout_chunks) < 1:
+    raise ValueError(f"rl.minibatches={rl.minibatches}, rl.rollout_chunks={rl.rollout_chunks}: 0 (auto) plans once "
+                     "resolved (auto.resolve chooses it with this planner).")
   B, P, L = rl.prompts_per_step, config.task.prompt_len, config.sampling.max_new_tokens
   T, N = P + L, rl.prompts_per_step * rl.G * (rl.oversample if rl.dynamic_sampling else 1)
   dp, tp = mesh["data"] * mesh["fsdp"], mesh["tensor"]
@@ -330,35 +330,3 @@ def format_plan(p: Plan, hbm_bytes: int | None = None) -> str:
     out.append(f"{'':<9} {'HBM %.0f GiB: %s' % (hbm_bytes / GiB, fits):<30} "
                f"{100 * (1 - p.total_bytes / hbm_bytes):>10.1f}% free")
   return "\n".join(out)
-
-
-def main(argv=None) -> int:
-  ap = workload_flags.parser(__doc__, sorted(PRESETS), sorted(_BYTES), "data=1,fsdp=16,tensor=1",
-                            "data=..,fsdp=..,tensor=.. (explicit sizes)")
-  ap.add_argument("--platform", default="tpu", choices=["tpu", "gpu", "cpu"],
-                  help="the backend whose attention path model.attention='auto' picks (attention.choose)")
-  ap.add_argument("--hbm-gib", type=float, default=0.0, help="chip memory to compare against (0 = none)")
-  a = ap.parse_args(argv)
-  try:
-    mesh = parse_mesh(a.mesh)
-    if any(v < 1 for v in mesh.values()):
-      raise ValueError(f"--mesh={a.mesh}: the planner needs explicit sizes (no -1).")
-    c = workload_config(mesh=mesh, **workload_flags.workload_kwargs(a))
-    row_chunks.check_chunks(a.rollout_chunks, a.prompts * a.G)
-    hbm = int(a.hbm_gib * GiB) if a.hbm_gib else None
-    # sampling.decode_layout=auto resolves against the chip's memory
-    p = plan(c, mesh, plat=a.platform, hbm_bytes=hbm)
-  except ValueError as e:
-    print(f"error: {e}", file=sys.stderr)
-    return 2
-  if a.json:
-    print(json.dumps(dict(p.as_dict(), mesh=mesh, model=a.model, hbm_bytes=hbm)))
-  else:
-    print(f"{a.model}  mesh {mesh}  {a.prompts} prompts x G {a.G}, {a.prompt_len}+{a.L} tokens, {a.dtype}, "
-          f"remat={a.remat}, params {p.params / 1e9:.3f}B")
-    print(format_plan(p, hbm))
-  return 0
-
-
-if __name__ == "__main__":
-  sys.exit(main())

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from grpo_jax.rl import advantages
+from grpo_jax.rl import auto
 from grpo_jax.rl import losses
 from grpo_jax.model import lora
 from grpo_jax.model import model as model_lib
@@ -138,6 +139,7 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
                tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
   """The pure, un-jitted `(state, batch) -> (state, metrics)` of PPO with a critic."""
   rl_step.check_preset(config)
+  auto.check_resolved(config)  # rl.minibatches / rl.rollout_chunks = 0 (auto) have no default
   rollout_fn = rollout_lib.make_rollout_fn(config, mcfg, spec, tokenizer)
   opts = (optimizer(config), critic(config, mcfg).opt)
   temp = config.sampling.temperature

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.rl import advantages
+from grpo_jax.rl import auto
 from grpo_jax.config import config_lib
 from grpo_jax.rl import length_stats
 from grpo_jax.rl import losses
@@ -268,6 +269,7 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
                tokenizer) -> Callable[[dict, dict], tuple[dict, dict]]:
   """The pure, un-jitted `(state, batch) -> (state, metrics)`: jit it (families.make_step) or vmap it (seeds)."""
   check_preset(config)
+  auto.check_resolved(config)  # rl.minibatches / rl.rollout_chunks = 0 (auto) have no default
   rollout_fn = rollout_lib.make_rollout_fn(config, mcfg, spec, tokenizer)
   opt = optimizer(config)
 

@@ -17,6 +17,7 @@ import orbax.checkpoint as ocp
 from absl import logging
 
 from grpo_jax.infra import errors
+from grpo_jax.rl import auto
 from grpo_jax.run import validate
 from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.run import train
@@ -179,6 +180,7 @@ def check(config, workdir: str) -> None:
   check_packages(config)
   if config.job == "grpo":
     validate.validate_rl(config, n, tokenizer)
+    auto.check_choosable(config, validate.validate_mesh(config, n))
     check_rewards(config, tokenizer)
     if config.sft.steps > 0 and not config.train.init_from:  # the SFT stage runs first: its keys are checked too
       validate.validate_sft(config, n, tokenizer)

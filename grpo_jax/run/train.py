@@ -27,7 +27,6 @@ from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.rl import reward_spec
 from grpo_jax.rl import sft_step
 from grpo_jax.infra import sharding
-from grpo_jax.rollout import decode_layout
 from grpo_jax.rl import state as state_lib
 from grpo_jax.run import validate
 from grpo_jax.tasks import data as data_lib
@@ -283,7 +282,7 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   guard = loop_guard.LoopGuard(config, workdir, "rl", record)  # a changed config is refused before any write
   tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_rl)
   # every `auto` knob (rl/auto.py) chosen for this mesh and device memory, before the step is built
-  config, _ = auto.resolve(config, auto.Context(dict(mesh.shape), decode_layout.device_memory_bytes()))
+  config = auto.resolve_here(config, mesh)
   spec = reward_terms(config, tokenizer, python_fns)
   family = families.for_config(config)
   step_fn = families.make_step(config, mesh, mcfg, spec, tokenizer, family=family)

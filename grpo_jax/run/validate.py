@@ -174,7 +174,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   _choice(c, "rl.kl_in", KL_IN)
   _choice(c, "rl.loss_agg", LOSS_AGG)
   _choice(c, "ppo.critic", CRITICS)
-  for k in ("rl.G", "rl.prompts_per_step", "rl.mu", "rl.minibatches", "sampling.max_new_tokens",
+  for k in ("rl.G", "rl.prompts_per_step", "rl.mu", "sampling.max_new_tokens",
             "task.prompt_len", "train.steps", "train.log_every", "train.eval_every", "train.ckpt_every",
             "train.keep_checkpoints", "eval.size", "eval.batch", "eval.n_samples", "rl.oversample",
             "rl.max_nonfinite_in_row", "rl.train_buckets"):
@@ -218,16 +218,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   if (c.rl.prompts_per_step * c.rl.G) % data_par or rows % data_par:
     _fail("rl.prompts_per_step", f"prompts_per_step*G={c.rl.prompts_per_step * c.rl.G} rows must be divisible by "
           f"mesh data*fsdp={data_par}; change prompts_per_step or the mesh.")
-  n_rows = c.rl.prompts_per_step * c.rl.G
-  if n_rows % c.rl.minibatches:
-    _fail("rl.minibatches", f"{c.rl.minibatches} must divide prompts_per_step*G={n_rows}.")
-  if (n_rows // c.rl.minibatches) % data_par:
-    _fail("rl.minibatches", f"minibatch size {n_rows // c.rl.minibatches} must be divisible by mesh "
-          f"data*fsdp={data_par}; use fewer minibatches.")
-  _positive_int(c, "rl.rollout_chunks")
-  if n_rows % c.rl.rollout_chunks or (n_rows // c.rl.rollout_chunks) % data_par:
-    _fail("rl.rollout_chunks", f"{c.rl.rollout_chunks} must split prompts_per_step*G={n_rows} rollout rows into "
-          f"equal chunks divisible by mesh data*fsdp={data_par}; use a divisor of {n_rows // data_par}.")
+  validate_row_splits(c, c.rl.prompts_per_step * c.rl.G, data_par)
   validate_engine(c, rows, data_par)
   validate_eval(c, data_par)
   total = c.task.prompt_len + c.sampling.max_new_tokens
@@ -243,6 +234,25 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
       _fail(f"rewards[{i}]", f"must be a (name, weight) pair, got {entry!r}.")
   if tokenizer is not None:
     validate_tokenizer(c, tokenizer)
+
+
+def validate_row_splits(c, n_rows: int, data_par: int) -> None:
+  """rl.minibatches / rl.rollout_chunks: 0 (auto: rl/auto.py picks the fewest that fit the device), or a count
+  that cuts the rows into equal parts, each divisible by the mesh's row split."""
+  for k in ("rl.minibatches", "rl.rollout_chunks"):
+    v = _get(c, k)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+      _fail(k, f"must be a positive integer, or 0 (auto: the fewest that fit the device), got {v!r}.")
+  m, chunks = c.rl.minibatches, c.rl.rollout_chunks
+  if m and n_rows % m:
+    _fail("rl.minibatches", f"{m} must divide prompts_per_step*G={n_rows}; use a divisor of {n_rows // data_par}, "
+          "or 0 (auto).")
+  if m and (n_rows // m) % data_par:
+    _fail("rl.minibatches", f"minibatch size {n_rows // m} must be divisible by mesh data*fsdp={data_par}; use "
+          "fewer minibatches, or 0 (auto).")
+  if chunks and (n_rows % chunks or (n_rows // chunks) % data_par):
+    _fail("rl.rollout_chunks", f"{chunks} must split prompts_per_step*G={n_rows} rollout rows into equal chunks "
+          f"divisible by mesh data*fsdp={data_par}; use a divisor of {n_rows // data_par}, or 0 (auto).")
 
 
 def validate_decode_layout(c, mesh: dict[str, int]) -> None:

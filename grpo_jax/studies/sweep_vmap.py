@@ -26,6 +26,7 @@ import jax
 from absl import logging
 
 from grpo_jax.infra import params_ckpt
+from grpo_jax.rl import auto
 from grpo_jax.config import config_lib
 from grpo_jax.infra import errors
 from grpo_jax.rl import families
@@ -137,13 +138,15 @@ def run_group(configs: Sequence[Any], workdirs: Sequence[str], *, compiler_optio
 
 
 def _run_lanes(lanes: list[Lane], info: dict, compiler_options, log) -> None:
-  c0 = lanes[0].config
-  tokenizer = tok_lib.for_config(c0)
+  tokenizer = tok_lib.for_config(lanes[0].config)
+  mesh = sharding.make_mesh(lanes[0].config.mesh)
   for lane in lanes:
     validate.validate_rl(lane.config, jax.device_count(), tokenizer)
     guard = loop_guard.LoopGuard(lane.config, lane.workdir, "rl", lane.stage.view)
+    # the `auto` knobs as train.run_rl chooses them, for the lanes sharing each device's memory
+    lane.config = auto.resolve_here(lane.config, mesh, lanes=len(lanes))
     lane.run = train.Run(lane.config, lane.workdir, guard, guard.checkpointer(lane.config))
-  mesh = sharding.make_mesh(c0.mesh)
+  c0 = lanes[0].config
   mcfg = model_lib.ModelConfig.from_config(c0.model)
   abstract, shard = families.for_config(c0).state_spec(c0, mesh, mcfg)
   if mcfg.lora is not None:  # one frozen base for every lane: its identity goes with the checkpoints of each lane

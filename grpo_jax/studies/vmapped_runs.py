@@ -24,6 +24,7 @@ import ml_collections
 import numpy as np
 
 from grpo_jax.model import lora as lora_lib
+from grpo_jax.rl import auto
 from grpo_jax.rl import families
 from grpo_jax.model import model as model_lib
 from grpo_jax.infra import sharding
@@ -194,6 +195,7 @@ def make_vmapped_step(config, mesh, build: Callable[[Any], Callable],
 
 def make_steps(config, mesh, mcfg, spec, tokenizer, compiler_options: dict | None = None) -> Callable:
   """The config's RL family (families.for_config) vmapped over runs."""
+  auto.check_resolved(config)  # here too: build_step runs only when the vmapped step is first traced
   family = families.for_config(config)
   return make_vmapped_step(config, mesh, lambda c: family.build_step(c, mcfg, spec_weights(spec, c), tokenizer),
                            compiler_options)

@@ -1,0 +1,307 @@
+"""rl/auto.py's rl.rollout_chunks × rl.minibatches knob (0 = auto): the fewest counts whose planned bytes fit the
+device, the one-line error when none do, the step builders' refusal of an unresolved config, and every entry path
+that builds a step resolving it (the main job, R1 stages, vmapped sweep lanes, the ablation tables, aot, the
+planner CLI)."""
+import json
+import logging
+
+import pytest
+
+from grpo_jax.config import config_lib
+from grpo_jax.perf import aot
+from grpo_jax.rl import auto
+from grpo_jax.rl import families
+from grpo_jax.perf import plan_cli
+from grpo_jax.rl import memory_plan
+from grpo_jax.run import validate
+from grpo_jax.studies import vmapped_runs
+
+MESH1 = dict(data=1, fsdp=1, tensor=1)
+AUTO = {"rl.rollout_chunks": 0, "rl.minibatches": 0}
+
+# Hand-computed planner figures (memory_plan.plan's formulas) for the `tiny` preset (hidden D=64, 2 layers, 4 heads of
+# 16, 2 KV heads, inter F=128, vocab 512, tied), fp32, remat=none, 4 prompts × G 4 = 16 rows of P 16 + L 48 = T 64
+# tokens on one CPU device (the einsum attention path: fp32 [rows, heads, T, T] scores).
+PARAM_BYTES = 107072 * 4
+RESIDENT = 4 * PARAM_BYTES + 4 * (2 * 16 + 4) * 4  # policy, reference, Adam m and v; the batch
+CARRIED = 16 * 48 * 4 * 6 + 16 * 64 * 4 * 3  # the rollout outputs every phase holds
+# per training row of a minibatch: saved activations 2 layers × (64·(5D + 8·16 + 4F)·4 + 4·64²·(4+4)), one
+# layer's backward 64·(4D + 8·16 + 4F)·4 + 4·64²·8, the logits chunk 3·48·512·4 + 48·D·4
+UPDATE_PER_ROW = 2 * (64 * 960 * 4 + 4 * 64 * 64 * 8) + (64 * 896 * 4 + 4 * 64 * 64 * 8) + (3 * 48 * 2048 + 48 * 256)
+# per scored row of a rollout chunk (the reference forward): one layer 64·(3D + 8·16 + 2F)·4 + 4·64²·8, its input
+# 64·D·4, the logits chunk 2·48·512·4 + 48·D·4
+SCORE_PER_ROW = (64 * 576 * 4 + 4 * 64 * 64 * 8) + 64 * 256 + (2 * 48 * 2048 + 48 * 256)
+
+
+def hand_total(chunks: int, minibatches: int) -> int:
+  update = PARAM_BYTES + CARRIED + UPDATE_PER_ROW * 16 // minibatches  # + the gradients
+  return RESIDENT + max(CARRIED + SCORE_PER_ROW * 16 // chunks, update)  # the rollout phase peaks lower here
+
+
+def _tiny(**over):
+  c = memory_plan.workload_config("tiny", 4, 4, 16, 48, MESH1, dtype="float32", remat="none")
+  return config_lib.override(c, {**AUTO, **over})
+
+
+def test_the_planner_figures_the_chooser_reads_are_the_hand_computed_ones():
+  for c, m in [(1, 1), (1, 2), (1, 4), (2, 4), (16, 16)]:
+    p = memory_plan.plan(config_lib.override(_tiny(), {"rl.rollout_chunks": c, "rl.minibatches": m}), MESH1, "cpu")
+    assert sum(p.rollout.values()) < sum(p.score.values())
+    assert p.total_bytes == hand_total(c, m), (c, m, p.as_dict())
+  assert hand_total(1, 1) == 24_913_728 and hand_total(1, 2) == 13_543_232 and hand_total(1, 4) == 9_805_376
+
+
+@pytest.mark.parametrize("budget,want", [
+    (30_000_000, (1, 1)),  # everything fits in one pass: 24.9 MB
+    (14_000_000, (1, 2)),  # one minibatch plans 24.9 MB; two 13.5 MB
+    (10_000_000, (1, 4)),  # two plan 13.5 MB; four 9.8 MB (the scoring forward now peaks)
+    (8_000_000, (2, 4)),   # one chunk's scoring forward alone is 9.8 MB: two chunks, four minibatches, 7.9 MB
+])
+def test_the_fewest_chunks_then_minibatches_that_fit(budget, want, caplog):
+  ctx = auto.Context(MESH1, budget, "cpu")
+  assert auto.split_candidates(_tiny(), ctx)[:6] == [(1, 1), (1, 2), (1, 4), (1, 8), (1, 16), (2, 1)]
+  with caplog.at_level(logging.INFO):
+    out, chosen = auto.resolve(_tiny(), ctx)
+  assert (out.rl.rollout_chunks, out.rl.minibatches) == want
+  assert hand_total(*want) <= budget
+  fewer = [(c, m) for c in (1, 2, 4, 8, 16) for m in (1, 2, 4, 8, 16) if (c, m) < want]
+  assert all(hand_total(c, m) > budget for c, m in fewer)
+  why = f"planned {hand_total(*want) / 2**20:.2f} MiB of {budget / 2**20:.2f} MiB per device"
+  assert chosen["rl.minibatches"] == f"{want[1]} ({why}" + (")" if want == (1, 1) else
+                                                           f"; 1 chunk(s) x 1 minibatch(es) would plan 23.76 MiB)")
+  line = f"auto rl.rollout_chunks = {want[0]}, rl.minibatches = {want[1]} ({why}"
+  assert any(r.getMessage().startswith(line) for r in caplog.records), [r.getMessage() for r in caplog.records]
+
+
+def test_nothing_fits_is_one_config_line_naming_the_keys():
+  with pytest.raises(validate.ConfigError) as e:  # 16 chunks × 16 minibatches still plan 3.6 MB
+    auto.resolve(_tiny(), auto.Context(MESH1, 3_000_000, "cpu"))
+  msg = str(e.value)
+  assert msg.startswith("config.rl.rollout_chunks, rl.minibatches: auto (0) finds no split that fits 2.86 MiB"), msg
+  assert "rl.rollout_chunks=16 x rl.minibatches=16, still plans 3.43 MiB" in msg and "\n" not in msg
+  # only minibatches auto, the scoring forward of one chunk too big: the fix names rl.rollout_chunks
+  with pytest.raises(validate.ConfigError, match=r"^config.rl.minibatches: auto .* set rl.rollout_chunks=0 \(auto\) "
+                     "too \\(the score phase peaks\\)"):
+    auto.resolve(_tiny(**{"rl.rollout_chunks": 1}), auto.Context(MESH1, 8_000_000, "cpu"))
+  fixed, chosen = auto.resolve(_tiny(**{"rl.rollout_chunks": 2}), auto.Context(MESH1, 8_000_000, "cpu"))
+  assert (fixed.rl.rollout_chunks, fixed.rl.minibatches) == (2, 4) and set(chosen) == {"rl.minibatches"}
+
+
+def test_no_memory_limit_picks_one_and_says_so():
+  out, chosen = auto.resolve(_tiny(), auto.Context(MESH1, None))
+  assert (out.rl.rollout_chunks, out.rl.minibatches) == (1, 1)
+  assert chosen["rl.minibatches"] == "1 (no device memory limit known: the fewest)"
+  out, _ = auto.resolve(_tiny(**{"rl.minibatches": 4}), auto.Context(MESH1, None))
+  assert (out.rl.rollout_chunks, out.rl.minibatches) == (1, 4)
+
+
+def test_candidates_are_the_divisors_the_mesh_split_allows():
+  c = _tiny()  # 16 rows over data × fsdp = 4: 4 rows a device, so 1, 2 or 4 parts
+  assert auto.split_counts(c, auto.Context(dict(data=1, fsdp=4, tensor=1), None)) == [1, 2, 4]
+  assert auto.split_counts(config_lib.override(c, {"rl.prompts_per_step": 3}),
+                           auto.Context(dict(data=2, fsdp=1, tensor=1), None)) == [1, 2, 3, 6]
+
+
+def _validated(**over):
+  c = config_lib.base_config()
+  c.mesh.update(data=1, fsdp=2, tensor=1)
+  c.eval.update(batch=2 * c.eval.n_samples, size=2 * c.eval.n_samples)
+  validate.validate_rl(config_lib.override(c, over), num_devices=2)
+
+
+def test_validation_takes_zero_as_auto_and_refuses_bad_counts():
+  _validated(**AUTO)  # 64 rows over 2 devices
+  for key in AUTO:
+    for bad, needle in [(-1, "must be a positive integer, or 0 (auto"), (3, "or 0 (auto)"),
+                        (64, "divisible by mesh data*fsdp=2")]:
+      with pytest.raises(validate.ConfigError) as e:
+        _validated(**{key: bad})
+      assert str(e.value).startswith(f"config.{key}:") and needle in str(e.value), str(e.value)
+
+
+def test_step_builders_refuse_an_unresolved_auto():
+  from grpo_jax.infra import sharding
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.tasks import digits
+  import jax
+  c = config_lib.override(digits.bench_config(vocab=64, hidden=32, layers=1, heads=2, kv=1, inter=64, prompts=2, G=2,
+                                              L=4), {"rl.minibatches": 0})
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  for cfg in (c, config_lib.override(c, {"rl.minibatches": 1, "rl.rollout_chunks": 0})):
+    key = "rl.minibatches" if cfg.rl.minibatches == 0 else "rl.rollout_chunks"
+    with pytest.raises(RuntimeError, match=f"config.{key}=0 \\(auto\\) reached the step builder unresolved"):
+      families.make_step(cfg, mesh, mcfg, spec, spec.ctx.tokenizer)
+    with pytest.raises(RuntimeError, match=f"config.{key}=0"):
+      vmapped_runs.make_steps(cfg, mesh, mcfg, spec, spec.ctx.tokenizer)
+  from grpo_jax.config import presets
+  from grpo_jax.rl import ppo_step
+  with pytest.raises(RuntimeError, match="config.rl.minibatches=0"):
+    ppo_step.build_step(presets.apply(c, "ppo"), mcfg, spec, spec.ctx.tokenizer)
+
+
+class _Built(Exception):
+  """Raised by a patched step builder once it has seen the config it was handed."""
+
+
+def _capture(monkeypatch, module, name="make_step"):
+  seen = []
+
+  def fake(config, *a, **k):
+    seen.append((config.rl.rollout_chunks, config.rl.minibatches))
+    raise _Built()
+  monkeypatch.setattr(module, name, fake)
+  return seen
+
+
+def _squeeze(monkeypatch, config, lanes: int = 1) -> tuple[int, int]:
+  """Makes this process's device one byte too small for `config` in one chunk and one minibatch; -> the
+  (chunks, minibatches) the chooser picks there for `lanes` vmapped runs sharing it (not (1, 1))."""
+  from grpo_jax.rollout import decode_layout
+  hbm = memory_plan.plan(config_lib.override(config, dict.fromkeys(auto.SPLIT_KEYS, 1)), MESH1).total_bytes - 1
+  monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [hbm])
+  out, _ = auto.resolve(config, auto.Context(MESH1, hbm // lanes))
+  assert (out.rl.rollout_chunks, out.rl.minibatches) != (1, 1)
+  return out.rl.rollout_chunks, out.rl.minibatches
+
+
+def _arith():
+  from configs import grpo_arith  # pylint: disable=g-import-not-at-top
+  return config_lib.override(grpo_arith.get_config("small"), {
+      "model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads": 1, "model.inter": 64,
+      "model.max_len": 64, "sft.steps": 0, "rl.G": 4, "rl.prompts_per_step": 2, "sampling.max_new_tokens": 8,
+      "eval.size": 4, "eval.batch": 4, "eval.n_samples": 2, "eval.pass_k": (1, 2), "log.tensorboard": False,
+      "train.steps": 2, "train.plot_every": 0, "train.sample_every": 0, **AUTO})
+
+
+def test_the_main_job_resolves_before_building_the_step(monkeypatch, tmp_path):
+  from grpo_jax.run import jobs
+  want = _squeeze(monkeypatch, _arith())
+  seen = _capture(monkeypatch, families)
+  with pytest.raises(_Built):
+    jobs.run(_arith(), str(tmp_path / "run"))
+  assert seen == [want]
+  assert json.load(open(tmp_path / "run" / "config.json"))["rl"]["minibatches"] == 0  # the run records `auto`
+
+
+def test_an_r1_rl_stage_resolves(monkeypatch, tmp_path):
+  from configs import r1_pipeline  # pylint: disable=g-import-not-at-top
+  from grpo_jax.r1 import pipeline
+  from grpo_jax.r1 import stage_config
+  c = r1_pipeline.get_config("small")
+  c.model.update(hidden=16, layers=1, heads=2, kv_heads=1, inter=32, max_len=96)
+  c.task.train_size = 256
+  c.rl.update(G=2, prompts_per_step=2, minibatches=0, rollout_chunks=0)
+  c.eval.update(size=4, batch=4, n_samples=2, pass_k=(1, 2))
+  want = _squeeze(monkeypatch, stage_config.for_stage(c, "r1_zero"))
+  seen = _capture(monkeypatch, families)
+  with pytest.raises(_Built):
+    pipeline._run_rl(c, str(tmp_path), "r1_zero", None)  # pylint: disable=protected-access
+  assert seen == [want]
+
+
+def test_vmapped_sweep_lanes_resolve(monkeypatch, tmp_path):
+  """Two lanes in one program share each device: they are planned against half its memory."""
+  from grpo_jax.studies import sweep_vmap
+  want = _squeeze(monkeypatch, _arith(), lanes=2)
+  assert want != _squeeze(monkeypatch, _arith())  # the halving matters here
+  seen = _capture(monkeypatch, vmapped_runs, "make_steps")
+  lanes = [config_lib.override(_arith(), {"optim.lr": lr}) for lr in (1e-2, 3e-2)]
+  with pytest.raises(_Built):
+    sweep_vmap.run_group(lanes, [str(tmp_path / "a"), str(tmp_path / "b")], log=lambda line: None)
+  assert seen == [want]
+
+
+def test_ablation_tables_resolve(monkeypatch):
+  import os  # pylint: disable=g-import-not-at-top
+  from grpo_jax.config import presets
+  from grpo_jax.studies.ablations import r1_table
+  from grpo_jax.studies.ablations import train_table
+  from grpo_jax.tasks import digits
+  seen = _capture(monkeypatch, vmapped_runs, "make_steps")
+  # the training tables (d, e, f), from a random init (the shared pre-trained base is not under test here)
+  cfg = train_table.table_config("small", (("grpo", presets.overrides("grpo")),))
+  cfg.run = config_lib.override(cfg.run, AUTO)
+  monkeypatch.setattr(train_table, "start_params", lambda cfg, mcfg: None)
+  c = train_table.build_config(cfg, {})
+  want = [_squeeze(monkeypatch, c, lanes=2)]
+  with pytest.raises(_Built):
+    train_table.make_runs(cfg, c, digits.toy_reward_spec(c.rewards, c.model.vocab_size), [0, 1])
+  # the R1-stage table (g)
+  cfg = config_lib.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                                            "ablations", "gdpo.py"), "small")
+  cfg.run = config_lib.override(cfg.run, AUTO)
+  variant = r1_table.variants(cfg)[0]
+  want.append(_squeeze(monkeypatch, r1_table.build_config(cfg, dict(cfg.variants)[variant]), lanes=2))
+  with pytest.raises(_Built):
+    r1_table.run_cell(cfg, variant, [0, 1])
+  assert seen == want
+
+
+def test_aot_and_the_planner_cli_resolve(capsys):
+  # aot (no compile): the chip's 16 GiB takes the 0.5B step (remat=dots, 64 × G 8, 320 + 512 tokens) only with
+  # more minibatches; the report says which and why
+  flags = ["--model=qwen2.5-0.5b", "--prompts", "64", "--G", "8", "--prompt-len", "320", "--L", "512", "--remat",
+           "dots", "--minibatches", "auto", "--rollout-chunks", "auto", "--json"]
+  assert aot.main(flags + ["--topology=v5e:1x1", "--mesh", "data=1,fsdp=1,tensor=1", "--no-compile"]) == 0
+  r = json.loads(capsys.readouterr().out)
+  c = memory_plan.workload_config("qwen2.5-0.5b", 64, 8, 320, 512, MESH1, remat="dots")
+  fit = lambda cm: memory_plan.plan(config_lib.override(c, dict(zip(auto.SPLIT_KEYS, cm))), MESH1, "tpu").total_bytes
+  got = (r["rollout_chunks"], r["minibatches"])
+  assert got != (1, 1) and fit(got) <= 16 * 2**30 < fit((1, 1)), got
+  assert r["auto"]["rl.minibatches"].startswith(f"{got[1]} (planned "), r["auto"]
+  # the planner CLI: against --hbm-gib, and with no limit (1, said so)
+  assert plan_cli.main(flags + ["--mesh", "data=1,fsdp=1,tensor=1", "--platform", "tpu", "--hbm-gib", "16"]) == 0
+  p = json.loads(capsys.readouterr().out)
+  assert p["total_bytes"] == fit(got) and p["auto"] == r["auto"]
+  assert plan_cli.main(flags[:-1] + ["--mesh", "data=1,fsdp=1,tensor=1"]) == 0
+  assert "auto rl.minibatches = 1 (no device memory limit known: the fewest)" in capsys.readouterr().out
+  assert plan_cli.main(flags + ["--mesh", "data=1,fsdp=1,tensor=1", "--hbm-gib", "1"]) == 2
+  assert "error: config.rl.rollout_chunks, rl.minibatches: auto (0) finds no split" in capsys.readouterr().err
+
+
+def test_the_word_auto_on_the_command_line_is_zero_for_the_integer_knobs():
+  import os  # pylint: disable=g-import-not-at-top
+  import subprocess  # pylint: disable=g-import-not-at-top
+  import sys  # pylint: disable=g-import-not-at-top
+  from grpo_jax import main
+  from grpo_jax.config import sweep_points
+  zero = {k for key, knob in auto.REGISTRY.items() if knob.auto == 0 for k in (key,) + knob.joint}
+  assert set(config_lib.AUTO_ZERO) == zero
+  flag = main._auto_flag  # pylint: disable=protected-access
+  assert flag("--config.rl.minibatches=auto") == "--config.rl.minibatches=0"
+  assert flag("--config.rl.G=auto") == "--config.rl.G=auto"
+  assert sweep_points.parse("rl.rollout_chunks=auto,2", config_lib.base_config())[0].overrides == (
+      ("rl.rollout_chunks", 0),)
+  # through the CLI: the words parse, and validation (which takes 0 as auto) then names the one bad key
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  r = subprocess.run([sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_arith.py:small",
+                      "--workdir=/nonexistent/never-written", "--config.rl.minibatches=auto",
+                      "--config.rl.rollout_chunks=auto", "--config.rl.mu=0"], cwd=repo, capture_output=True,
+                     text=True, env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=300)
+  assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("Config error: config.rl.mu:"), r.stderr
+
+
+def test_slots_resolve_after_the_chunks_that_bound_them():
+  """The registry's order: sampling.slots' candidates divide the rows by the rollout chunks chosen first."""
+  assert list(auto.REGISTRY)[:2] == ["rl.rollout_chunks", "sampling.slots"]
+  c = _tiny(**{"sampling.engine": "continuous"})
+  free, _ = auto.resolve(c, auto.Context(MESH1, None, "cpu"))
+  assert (free.rl.rollout_chunks, free.sampling.slots) == (1, 16)
+  tight, chosen = auto.resolve(c, auto.Context(MESH1, 8_000_000, "cpu"))
+  assert tight.rl.rollout_chunks == 2 and tight.sampling.slots <= 16 // 2, chosen
+
+
+def test_nothing_fits_stops_the_job_before_anything_is_written(monkeypatch, tmp_path):
+  """preflight (and the R1 stages' config checks) run the choice once: a device that no split fits is one config
+  line before config.json is written, not an error after it."""
+  from grpo_jax.rollout import decode_layout
+  from grpo_jax.run import jobs
+  from configs import r1_pipeline  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [1 << 16])  # a 64 KiB device (the tiny steps plan ~0.8 MiB)
+  for c in (_arith(), config_lib.override(r1_pipeline.get_config("small"), {**AUTO, "rl.G": 2,
+                                                                           "rl.prompts_per_step": 2})):
+    with pytest.raises(validate.ConfigError, match="^config.rl.rollout_chunks, rl.minibatches: auto \\(0\\) finds no"):
+      jobs.run(c, str(tmp_path / c.job))
+    assert not (tmp_path / c.job).exists()
