@@ -316,6 +316,7 @@ def main(argv=None) -> int:
     lengths = stated_lengths(a.lengths, a.prompts * a.G, a.L) if a.lengths else None
     r = check(cfg, a.topology, mesh, compile=not a.no_compile, lengths_N=lengths)
     if lengths is not None:
+      cfg.mesh.update(r["mesh"])  # the resolved mesh: the continuous engine schedules per device
       r["lengths"] = dict(spec=a.lengths, mean=float(lengths.mean()), max=int(lengths.max()),
                           **roofline_lib.decode_work(cfg, lengths))
   except (ValueError, RuntimeError) as e:
