@@ -134,6 +134,10 @@ def test_hlo_collectives_count_loops_async_pairs_and_groups():
   assert (ar.count, ar.groups, ar.phase) == (1, ((0, 1), (2, 3)), "update")
   assert ar.moved_bytes == 2 * 4 * 32 * 4 / 2  # reduce-scatter + all-gather
   assert hlo_collectives.in_loop(colls.values(), "rollout decode") == [ag]
+  # per iteration of its outermost loop (what a loop with a data-dependent trip count costs per step)
+  assert (ag.loop, ag.per_iteration, ar.loop, ar.per_iteration) == ("body.1", 1, "", 0)
+  assert hlo_collectives.per_iteration_of_busiest_loop(colls.values(), "rollout decode") == [ag]
+  assert hlo_collectives.per_iteration_of_busiest_loop(colls.values(), "update") == []
   # The mesh spelling of replica groups: mesh['a'=2,'b'=2] {'b'} varies b (devices row-major).
   assert hlo_collectives.replica_groups("replica_groups=mesh['a'=2,'b'=2] {'b'}") == ((0, 1), (2, 3))
   assert hlo_collectives.replica_groups("replica_groups=[2,2]<=[2,2]T(1,0)") == ((0, 2), (1, 3))
