@@ -488,6 +488,12 @@ def test_roofline_decode_work_for_stated_lengths():
   assert w == dict(steps=sim["steps"], row_steps=sim["row_steps"], kv_read=sim["kv_read"] + sim["row_steps"] * 4,
                    prefill_rows=2, tokens=20)
   assert sim["steps"] == 9 and sim["row_steps"] < 26  # 4 slots, then 2 once two rows are left
+  # on 2 devices each schedules its own rows in 2 slots: rows 0, 1 (lengths 3, 10) and rows 2, 3 (2, 5). After 2
+  # steps rows 2 and 0 have ended, each device has 1 live row and compacts to 1 slot; row 1 needs 7 steps more
+  c2 = config_lib.override(cc, {"mesh.fsdp": 2})
+  sim2 = E.simulate(lengths, 4, (4, 2), 10, 10, split=2)
+  assert roofline.decode_work(c2, lengths)["row_steps"] == sim2["row_steps"] == 2 * 4 + 7 * 2
+  assert sim2["steps"] == 9
   flops = roofline.analytic_flops(cc, "cpu", lengths)
   assert flops["rollout decode"] < roofline.analytic_flops(c, "cpu", lengths)["rollout decode"]
 
