@@ -134,6 +134,10 @@ def test_hlo_collectives_count_loops_async_pairs_and_groups():
   assert (ar.count, ar.groups, ar.phase) == (1, ((0, 1), (2, 3)), "update")
   assert ar.moved_bytes == 2 * 4 * 32 * 4 / 2  # reduce-scatter + all-gather
   assert hlo_collectives.in_loop(colls.values(), "rollout decode") == [ag]
+  # per iteration of its outermost loop (what a loop with a data-dependent trip count costs per step)
+  assert (ag.loop, ag.per_iteration, ar.loop, ar.per_iteration) == ("body.1", 1, "", 0)
+  assert hlo_collectives.per_iteration_of_busiest_loop(colls.values(), "rollout decode") == [ag]
+  assert hlo_collectives.per_iteration_of_busiest_loop(colls.values(), "update") == []
   # The mesh spelling of replica groups: mesh['a'=2,'b'=2] {'b'} varies b (devices row-major).
   assert hlo_collectives.replica_groups("replica_groups=mesh['a'=2,'b'=2] {'b'}") == ((0, 1), (2, 3))
   assert hlo_collectives.replica_groups("replica_groups=[2,2]<=[2,2]T(1,0)") == ((0, 2), (1, 3))
@@ -331,6 +335,45 @@ def test_tpu_decode_loop_collectives_per_layout():
   # all-gather of the f32[4, 512] logits; plus tiny all-reduces XLA adds itself (bookkeeping, under 1 KiB).
   assert tp["decode_collectives_per_token"] == {"all-reduce": 2 * layers + 1, "all-gather": 1}, tp
   assert tp["decode_xla_collectives_per_token"]["bytes"] < 1024, tp
+
+
+# Compiles a 2-layer RL step with the continuous engine for a v5e:2x2 slice (4 chips, FSDP: each chip decodes its
+# own 4 of the 16 rows in its own 4 slots, compaction to 8 and 4 slots) in the default decode layout and in the
+# training layout; prints each report's per-decode-step collective counts (aot.check: per iteration of a
+# compaction phase's loop, whose trip count is data-dependent). Cheap to compile: β = 0, fp32, no remat.
+_CONTINUOUS_DECODE = """
+import json
+from grpo_jax.perf import aot
+from grpo_jax.rl import memory_plan
+devices = aot.tpu_devices("v5e:2x2")
+out = {}
+for knob in ("auto", "fsdp"):
+  cfg = memory_plan.workload_config("tiny", prompts=4, G=4, prompt_len=16, L=8, dtype="float32", remat="none",
+                                    algo="dr_grpo", engine="continuous", slots=16)
+  cfg.model.layers = 2
+  cfg.sampling.update(decode_layout=knob, compaction=3)
+  r = aot.check(cfg, "v5e:2x2", dict(data=1, fsdp=4, tensor=1), devices)
+  out[knob] = {k: r[k] for k in ("decode_layout", "decode_collectives_per_token", "decode_weight_collectives_per_token",
+                                 "decode_xla_collectives_per_token", "decode_ici_bytes_per_token", "compile_seconds")}
+print(json.dumps(out))
+"""
+
+
+@NEEDS_LIBTPU
+def test_tpu_continuous_engine_decode_moves_no_weight_and_no_row():
+  """The TPU compiler's program of the continuous engine's RL step: in the default (gathered) decode layout a decode
+  step moves no weight, and no row either (rows stay on their device: only scalar all-reduces of the phase
+  predicates and the live maximum, a few bytes per step); the training layout's per-token weight all-gathers are
+  found in the same loops (so the count sees them)."""
+  out = subprocess.run([sys.executable, "-c", _CONTINUOUS_DECODE], cwd=REPO, capture_output=True, text=True,
+                       timeout=900, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  r = json.loads(out.stdout.strip().splitlines()[-1])
+  auto, fsdp = r["auto"], r["fsdp"]
+  assert auto["decode_layout"] == "gathered" and auto["decode_weight_collectives_per_token"] == 0, auto
+  assert set(auto["decode_collectives_per_token"]) <= {"all-reduce"}, auto
+  assert auto["decode_ici_bytes_per_token"] < 256, auto
+  assert fsdp["decode_layout"] == "fsdp" and fsdp["decode_weight_collectives_per_token"] >= 2 * 7, fsdp
 
 
 def test_weight_collectives_tell_weights_from_activations():

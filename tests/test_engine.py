@@ -2,10 +2,6 @@
 log-probs from the same uniforms for every slot count, left-padded prompts, several EOS ids, rows ending at their
 first token or never, G in {1, 4}, temperature / top-k / top-p / greedy; by teacher forcing where rounding could
 flip a draw; on 8 simulated devices; under vmap; and that the schedule computes about as many rows as are alive."""
-import json
-import os
-import subprocess
-import sys
 
 import jax
 import jax.numpy as jnp
@@ -16,7 +12,7 @@ from grpo_jax.model import live_attention
 from grpo_jax.model import model as M
 from grpo_jax.rollout import engine as E
 from grpo_jax.rollout import sampling as S
-from tests.test_sampling import MCFG, random_params
+from tests.test_sampling import MCFG, on_8_devices, random_params
 
 B, P, L = 4, 6, 20
 static = jax.jit(S.sample, static_argnums=(0, 5))
@@ -194,14 +190,23 @@ sys.path.insert(0, sys.argv[1])
 from tests.test_sampling import MCFG, random_params
 from tests.test_engine import prompts
 from grpo_jax.model import model as M
+from grpo_jax.perf import hlo_collectives
 from grpo_jax.rollout import decode_layout, engine as E, sampling as S
 params = random_params(MCFG, 0)
 prompt, pm = prompts(8, seed=4)
-G, L = 4, 12
-scfg = S.SamplingConfig(temperature=1.3, top_k=20, max_new_tokens=L, eos_id=(3, 5, 7, 9, 11), pad_id=0)
-u = S.uniforms(jax.random.PRNGKey(5), L, 8 * G)
-one = jax.jit(S.sample, static_argnums=(0, 5))(MCFG, params, np.repeat(prompt, G, 0), np.repeat(pm, G, 0), None,
-                                               scfg, u_LxN=u)
+L = 12
+eos = (3, 5, 7, 9, 11)
+# top-k: XLA's TopK is not split by rows (it all-gathers the [S, V] logits, as in the static engine), so the
+# locality runs sample untruncated, the RL rollout's default
+topk = S.SamplingConfig(temperature=1.3, top_k=20, max_new_tokens=L, eos_id=eos, pad_id=0)
+plain = S.SamplingConfig(temperature=1.3, max_new_tokens=L, eos_id=eos, pad_id=0)
+u = S.uniforms(jax.random.PRNGKey(5), L, 32)
+refs = {}
+for key, b, G, scfg in (("topk", 8, 4, topk), ("plain", 8, 4, plain), ("spans", 4, 8, topk)):
+  one = jax.jit(S.sample, static_argnums=(0, 5))(MCFG, params, np.repeat(prompt[:b], G, 0), np.repeat(pm[:b], G, 0),
+                                                 None, scfg, u_LxN=u)
+  refs[key] = dict(tokens=np.asarray(one.tokens_NxL).tolist(), logp=np.asarray(one.logp_NxL).tolist(),
+                   lengths=np.asarray(one.lengths_N).tolist())
 from grpo_jax.infra import sharding
 mesh = Mesh(np.asarray(jax.devices()).reshape(1, 8, 1), ("data", "fsdp", "tensor"))
 rules = sharding.LOGICAL_RULES
@@ -209,42 +214,109 @@ out = {}
 with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
   shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
   p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
+  u_sh = jax.device_put(u, shard(P(None, "batch")))
   # the training layout (weights all-gathered per token), then the decode layouts: gathered, and tensor-parallel
-  # over 2 of the 8 fsdp chips (rows over the other 4)
-  for name, slots, layout in (("fsdp/32", 32, None), ("fsdp/16", 16, None), ("gathered/16", 16, "gathered"),
-                              ("tp2/16", 16, "tp")):
-    def run(params, pr, m, u, slots=slots, layout=layout):
+  # over 2 of the 8 fsdp chips (rows over the other 4); "spans": 4 prompts x G8, a group's rows on 2 devices
+  for name, ref, slots, layout in (("fsdp/32", "topk", 32, None), ("fsdp/16", "topk", 16, None),
+                                   ("gathered/16", "topk", 16, "gathered"), ("tp2/16", "topk", 16, "tp"),
+                                   ("spans/8", "spans", 8, "gathered"), ("local/16", "plain", 16, "gathered")):
+    b, G, scfg = {"topk": (8, 4, topk), "plain": (8, 4, plain), "spans": (4, 8, topk)}[ref]
+    def run(params, pr, m, u, slots=slots, layout=layout, G=G, scfg=scfg):
       lay = None if layout is None else decode_layout.prepare(MCFG, params, decode_layout.Layout(
           layout, 2 if layout == "tp" else 1))
       return E.sample_groups(MCFG, params, pr, m, G, scfg, u_LxN=u, slots=slots, split=8, kv_block=4,
                              decode=lay)
-    ro, _ = jax.jit(run)(p_sh, prompt, pm, jax.device_put(u, shard(P(None, "batch"))))
-    out[name] = dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
+    args = (p_sh, prompt[:b], pm[:b], u_sh)
+    compiled = jax.jit(run).lower(*args).compile()
+    ro, _ = compiled(*args)
+    out[name] = dict(ref=ref, tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
                      shard_rows=ro.tokens_NxL.addressable_shards[0].data.shape[0])
-print(json.dumps(dict(one_tokens=np.asarray(one.tokens_NxL).tolist(), one_logp=np.asarray(one.logp_NxL).tolist(),
-                      lengths=np.asarray(one.lengths_N).tolist(), runs=out)))
+    if name == "local/16":
+      # every collective of the decode (the loops and the admission / compaction between them): kind, result arrays
+      # per device, where
+      colls = [c for c in hlo_collectives.collectives(compiled.as_text()) if c.phase == "rollout decode"]
+      out[name]["collectives"] = [(c.kind, c.shapes, c.op_name[-60:]) for c in colls]
+print(json.dumps(dict(refs=refs, runs=out)))
 """
 
 
-def test_fsdp_over_8_devices_matches_one_device_static():
-  """8 simulated devices, FSDP: 32 and 16 slots in the training layout, 16 with the gathered and the tensor-parallel
-  (decode_tp=2) decode layouts: the one-device static engine's tokens and log-probs."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, XLA_FLAGS=os.environ["XLA_FLAGS"] + " --xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", _SHARDED, root], env=env, capture_output=True, text=True,
-                       timeout=300, cwd=root)
-  assert out.returncode == 0, out.stderr[-3000:]
-  res = json.loads(out.stdout.strip().splitlines()[-1])
-  assert min(res["lengths"]) < 12 == max(res["lengths"]), res["lengths"]
-  assert sorted(res["runs"]) == ["fsdp/16", "fsdp/32", "gathered/16", "tp2/16"]
-  for slots, r in res["runs"].items():
-    assert r["shard_rows"] == 4, slots  # 32 rows over fsdp=8
-    np.testing.assert_array_equal(r["tokens"], res["one_tokens"])
-    np.testing.assert_allclose(r["logp"], res["one_logp"], rtol=0, atol=1e-5)
+def test_fsdp_over_8_devices_matches_one_device_static_and_keeps_rows_on_their_device():
+  """8 simulated devices, FSDP, each device queueing and compacting its own 4 rows: 32 and 16 slots in the training
+  layout, 16 with the gathered and the tensor-parallel (decode_tp=2) decode layouts, 4 prompts × G8 (a group spans
+  two devices): the one-device static engine's tokens and log-probs. In the default (gathered) decode layout the
+  compiled decode moves no row between devices: its only collectives are all-reduces of scalars (the phase
+  predicates, the live maximum the KV block loop runs to, the admission count). The global engine this replaced
+  all-gathered prompt KV, logits, slot state and new K/V there. (In the training layout the decode step's own
+  weight traffic adds the weights' all-gathers and the split embedding table's lookup: the model's, not the
+  schedule's.)"""
+  res = on_8_devices(_SHARDED, timeout=600)
+  for key in ("topk", "plain", "spans"):
+    assert min(res["refs"][key]["lengths"]) < 12 == max(res["refs"][key]["lengths"]), key
+  assert len(res["runs"]) == 6
+  for name, r in res["runs"].items():
+    assert r["shard_rows"] == 4, name  # 32 rows over fsdp=8
+    ref = res["refs"][r["ref"]]
+    np.testing.assert_array_equal(r["tokens"], ref["tokens"], err_msg=name)
+    np.testing.assert_allclose(r["logp"], ref["logp"], rtol=0, atol=1e-5, err_msg=name)
+  colls = res["runs"]["local/16"]["collectives"]
+  assert colls, colls  # the predicates' reductions are there: the scan found the decode
+  for kind, shapes, _ in colls:
+    assert kind == "all-reduce" and all(dims == [] for _, dims in shapes), colls
 
 
 # ------------------------------------------------------------------------------------------- in the RL step
+
+
+_RL_STEP_8 = r"""
+import json, sys
+import jax, numpy as np
+sys.path.insert(0, sys.argv[1])
+from grpo_jax.infra import sharding
+from grpo_jax.model import model as model_lib
+from grpo_jax.rl import families, rl_step
+from grpo_jax.run.train import device_batch
+from grpo_jax.tasks import digits
+from tests.test_rl_step import _ManyEos
+out = {}
+for prompts, G, slots in ((8, 4, 16), (4, 4, 8)):  # 4 rows per device (one group each); 2 rows (half a group)
+  for eng in ("static", "continuous"):
+    c = digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=prompts, G=G, L=8)
+    c.optim.lr = 1e-3
+    c.train.num_samples_logged = prompts * G  # every row in samples/
+    c.mesh.update(data=2, fsdp=4, tensor=1)
+    c.sampling.update(engine=eng, slots=slots if eng == "continuous" else 0, compaction=2)
+    mesh = sharding.make_mesh(c.mesh, jax.devices())
+    mcfg = model_lib.ModelConfig.from_config(c.model)
+    spec = digits.reward_spec(c.model.vocab_size)
+    tok = _ManyEos(c.model.vocab_size)
+    step = families.make_step(c, mesh, mcfg, spec, tok)
+    state = rl_step.init(c, mesh, mcfg, seed=0)
+    batch = device_batch(mesh, next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1)))
+    state, m = step(state, batch)
+    m = jax.device_get(m)
+    out[f"{prompts}x{G}/{eng}"] = dict(
+        tokens=np.asarray(m["samples/tokens_NxL"]).tolist(), lengths=np.asarray(m["samples/mask_NxL"]).sum(1).tolist(),
+        util=float(m["train/decode_slot_util"]),
+        entropy=float(m["train/entropy"]),
+        params=[np.asarray(x).ravel().tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))])
+print(json.dumps(out))
+"""
+
+
+def test_rl_step_on_8_devices_with_the_continuous_engine_equals_the_static_one():
+  """One RL step (rollout, rewards, reference, AdamW update) on a data=2 × fsdp=4 mesh, each device's rows decoded
+  in its own slots: the static engine's samples and, after the update, its params within the sharded-step tolerance
+  (tests/test_sharding.py: 2e-5 = 0.02·lr), with a device's rows one group (8 prompts × G4) or half of one (4 × G4);
+  rows end early (26 EOS ids) so the slots refill."""
+  r = on_8_devices(_RL_STEP_8, timeout=600)
+  for shape in ("8x4", "4x4"):
+    st, co = r[f"{shape}/static"], r[f"{shape}/continuous"]
+    assert co["tokens"] == st["tokens"], shape
+    assert co["lengths"] == st["lengths"] and len(set(st["lengths"])) > 1, shape  # rows of different lengths
+    assert co["util"] > st["util"], (shape, co["util"], st["util"])
+    assert abs(co["entropy"] - st["entropy"]) < 1e-5, shape
+    for a, b in zip(co["params"], st["params"]):
+      np.testing.assert_allclose(a, b, rtol=0, atol=2e-5, err_msg=shape)
 
 
 def test_goldens_hold_with_the_continuous_engine(monkeypatch):
@@ -364,18 +436,36 @@ def test_evaluation_generate_with_the_continuous_engine_equals_static():
     np.testing.assert_array_equal(a, b)
 
 
-@pytest.mark.parametrize("slots,levels", [(0, 4), (2, 2)])
-def test_numpy_schedule_replays_the_engine(params, slots, levels):
+@pytest.mark.parametrize("slots,levels,split", [(0, 4, 1), (2, 2, 1), (8, 3, 2), (8, 2, 8)])
+def test_numpy_schedule_replays_the_engine(params, slots, levels, split):
   """engine.simulate (what the roofline models decode with) gives the jitted engine's decode steps and row-steps
-  for the lengths it produced."""
+  for the lengths it produced, with one queue or with `split` per-device queues (run here on one device: the
+  schedule is the same program a mesh partitions); split = 8 puts 2 rows of a 4-row group on each device (the
+  prompt table copies each device its group's prompt). Samples are the static engine's either way."""
   prompt, pm = prompts(B, seed=6)
   G = 4
   scfg = S.SamplingConfig(max_new_tokens=L, eos_id=tuple(range(1, 12)))
   u = S.uniforms(jax.random.PRNGKey(9), L, B * G)
-  ro, stats = continuous(params, prompt, pm, G, scfg, u, slots=slots, levels=levels, kv_block=4)
-  sim = E.simulate(np.asarray(ro.lengths_N), slots or B * G, E.compaction_sizes(slots or B * G, levels), 4, L)
+  ro, stats = continuous(params, prompt, pm, G, scfg, u, slots=slots, levels=levels, kv_block=4, split=split)
+  assert_same(ro, reference(params, prompt, pm, G, scfg, u))
+  sizes = E.compaction_sizes(slots or B * G, levels, split)
+  sim = E.simulate(np.asarray(ro.lengths_N), slots or B * G, sizes, 4, L, split)
   assert (sim["steps"], sim["row_steps"]) == (int(ro.decode_steps), int(stats.row_steps))
   assert sim["tokens"] == int(np.sum(ro.lengths_N))
+  if split > 1:  # per-device queues are a different schedule from one queue over all rows
+    one = E.simulate(np.asarray(ro.lengths_N), slots, E.compaction_sizes(slots, levels), 4, L)
+    assert one != sim, (one, sim)
+
+
+def test_per_device_schedule_by_hand():
+  """engine.simulate's per-device queues on lengths worked out by hand: 2 devices × 2 slots, rows 0-3 on device 0
+  (lengths 1, 1, 1, 1) and rows 4-7 on device 1 (5, 1, 1, 1). Device 0's rows end at their first token (rows
+  0, 1 from the prefill, 2, 3 after one step); device 1's row 4 holds a slot from the start for its 5 tokens while its other slot runs rows 5, 6,
+  7. The loop runs until the slowest device is done: 4 decode steps (row 4's tokens 2..5), 4 slots each step."""
+  sim = E.simulate(np.array([1, 1, 1, 1, 5, 1, 1, 1]), 4, (4,), 64, 8, split=2)
+  assert sim == dict(steps=4, row_steps=16, kv_read=16 * 64, tokens=12)
+  # one queue over all 4 slots: rows 0-3 take them first, row 4 gets one a step later and ends after 5 steps
+  assert E.simulate(np.array([1, 1, 1, 1, 5, 1, 1, 1]), 4, (4,), 64, 8)["steps"] == 5
 
 
 def test_roofline_decode_work_for_stated_lengths():
@@ -398,6 +488,12 @@ def test_roofline_decode_work_for_stated_lengths():
   assert w == dict(steps=sim["steps"], row_steps=sim["row_steps"], kv_read=sim["kv_read"] + sim["row_steps"] * 4,
                    prefill_rows=2, tokens=20)
   assert sim["steps"] == 9 and sim["row_steps"] < 26  # 4 slots, then 2 once two rows are left
+  # on 2 devices each schedules its own rows in 2 slots: rows 0, 1 (lengths 3, 10) and rows 2, 3 (2, 5). After 2
+  # steps rows 2 and 0 have ended, each device has 1 live row and compacts to 1 slot; row 1 needs 7 steps more
+  c2 = config_lib.override(cc, {"mesh.fsdp": 2})
+  sim2 = E.simulate(lengths, 4, (4, 2), 10, 10, split=2)
+  assert roofline.decode_work(c2, lengths)["row_steps"] == sim2["row_steps"] == 2 * 4 + 7 * 2
+  assert sim2["steps"] == 9
   flops = roofline.analytic_flops(cc, "cpu", lengths)
   assert flops["rollout decode"] < roofline.analytic_flops(c, "cpu", lengths)["rollout decode"]
 

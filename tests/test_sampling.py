@@ -278,14 +278,20 @@ print(json.dumps(dict(
 """
 
 
-def test_batch_sharded_over_8_devices_matches_one_device():
+def on_8_devices(script: str, timeout: int = 300) -> dict:
+  """Runs `script` (argv[1] = the repo root) in a subprocess with 8 simulated CPU devices; the JSON its last line
+  prints."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, XLA_FLAGS=os.environ["XLA_FLAGS"] + " --xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", _SHARDED, root], env=env, capture_output=True, text=True,
-                       timeout=300, cwd=root)
+  out = subprocess.run([sys.executable, "-c", script, root], env=env, capture_output=True, text=True,
+                       timeout=timeout, cwd=root)
   assert out.returncode == 0, out.stderr[-3000:]
-  res = json.loads(out.stdout.strip().splitlines()[-1])
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_batch_sharded_over_8_devices_matches_one_device():
+  res = on_8_devices(_SHARDED)
   assert res["shard_rows"] == 2  # 8 rows over data=4: really sharded
   assert res["param_shards"] == 2  # heads split over tensor=2
   np.testing.assert_array_equal(res["many_tokens"], res["one_tokens"])

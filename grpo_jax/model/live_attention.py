@@ -18,7 +18,8 @@ _MASKED = -0.7 * float(np.finfo(np.float32).max)  # stays finite after subtracti
 
 
 class LiveKV(NamedTuple):
-  """One layer's KV as the engine holds it; `group_N` maps a slot's row to its prompt."""
+  """One layer's KV as the engine holds it; `group_N` maps a slot's row to its prompt (an index local to the
+  slot's device block of prompts when split > 1)."""
   pk_BxKxDxP: jax.Array
   pv_BxKxPxD: jax.Array
   pok_BxP: jax.Array  # prompt mask (0 = left pad)
@@ -28,13 +29,27 @@ class LiveKV(NamedTuple):
   clen_N: jax.Array  # completion keys each row sees (its own new token included)
   live_len: jax.Array  # max of clen_N over the live rows (traced): blocks at or past it are not read
   block: int  # completion keys per block (static)
+  split: int = 1  # the rows' device blocks: block d of group_N indexes only block d of the prompts (take_local)
+
+
+def take_local(x_Bx: jax.Array, idx_N: jax.Array, split: int = 1) -> jax.Array:
+  """x_Bx[idx_N] where block d of the `split` row blocks of idx_N indexes only block d of x_Bx (its indices are
+  local to that block): a gather batched over the blocks, which XLA's SPMD partitioner keeps on each device, where
+  one take over the whole batch would all-gather x_Bx."""
+  if split == 1:
+    return jnp.take(x_Bx, idx_N, axis=0)
+  x_DxBd = x_Bx.reshape((split, x_Bx.shape[0] // split) + x_Bx.shape[1:])
+  out = jax.vmap(lambda x, i: jnp.take(x, i, axis=0))(x_DxBd, idx_N.reshape(split, -1))
+  return out.reshape((idx_N.shape[0],) + x_Bx.shape[1:])
 
 
 def write(kv: LiveKV, k_NxKxD: jax.Array, v_NxKxD: jax.Array, t_N: jax.Array) -> LiveKV:
-  """Each row's new K/V into its own completion position t_N (a scatter: rows are at different positions)."""
-  rows = jnp.arange(k_NxKxD.shape[0])
-  ck = kv.ck_NxKxDxL.at[rows, :, :, t_N].set(k_NxKxD.astype(kv.ck_NxKxDxL.dtype))
-  cv = kv.cv_NxKxLxD.at[rows, :, t_N, :].set(v_NxKxD.astype(kv.cv_NxKxLxD.dtype))
+  """Each row's new K/V into its own completion position t_N (rows are at different positions): a scatter batched
+  over the rows, which XLA's SPMD partitioner keeps on each row's device (indexed by an iota of rows instead, it
+  all-gathers the indices and the new K/V)."""
+  put = jax.vmap(lambda c, x, t, axis: jax.lax.dynamic_update_index_in_dim(c, x, t, axis), (0, 0, 0, None))
+  ck = put(kv.ck_NxKxDxL, k_NxKxD.astype(kv.ck_NxKxDxL.dtype), t_N, 2)
+  cv = put(kv.cv_NxKxLxD, v_NxKxD.astype(kv.cv_NxKxLxD.dtype), t_N, 1)
   return kv._replace(ck_NxKxDxL=ck, cv_NxKxLxD=cv)
 
 
@@ -61,8 +76,8 @@ def attend(q_NxHxD: jax.Array, kv: LiveKV) -> jax.Array:
   carry = (jnp.full((n, k, g), _MASKED, jnp.float32), jnp.zeros((n, k, g), jnp.float32),
            jnp.zeros((n, k, g, d), jnp.float32))
   # the group's prompt KV gathered per row: read per row and step as the static cache is, but stored once
-  carry = partial(carry, jnp.take(kv.pk_BxKxDxP, kv.group_N, axis=0), jnp.take(kv.pv_BxKxPxD, kv.group_N, axis=0),
-                  jnp.take(kv.pok_BxP, kv.group_N, axis=0) > 0)
+  take = lambda x: take_local(x, kv.group_N, kv.split)
+  carry = partial(carry, take(kv.pk_BxKxDxP), take(kv.pv_BxKxPxD), take(kv.pok_BxP) > 0)
   b, lc = kv.block, kv.ck_NxKxDxL.shape[-1]
 
   def block(j, carry):

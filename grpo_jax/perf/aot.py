@@ -225,24 +225,32 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   # The decode loop's collectives per generated token: its body runs once per token after the first, in each rollout
   # chunk (the once-per-chunk reshards into the decode view run `rollout_chunks` times: not per token).
   steps = max(cfg.sampling.max_new_tokens - 1, 1) * cfg.rl.rollout_chunks
-  decode_loop = hlo_collectives.in_loop(colls, "rollout decode", min_count=max(steps, 2))
+  if cfg.sampling.get("engine", "static") == "continuous":
+    # its decode loops (one per compaction phase) run a data-dependent number of steps: per token = per iteration
+    # of a phase's loop (each is the same decode step at another slot count)
+    decode_loop = hlo_collectives.per_iteration_of_busiest_loop(colls, "rollout decode")
+    per = lambda cs: sum(c.per_iteration for c in cs)
+  else:
+    decode_loop = hlo_collectives.in_loop(colls, "rollout decode", min_count=max(steps, 2))
+    per = lambda cs: sum(c.count for c in cs) / steps
   # Collectives XLA adds on its own (no JAX op in their metadata: bookkeeping values of a few bytes) are reported
   # apart from the layout's per-token budget.
   per_token: dict[str, float] = {}
   for c in decode_loop:
     if c.op_name:
-      per_token[c.kind] = per_token.get(c.kind, 0) + c.count / steps
+      per_token[c.kind] = per_token.get(c.kind, 0) + per([c])
   xla_own = [c for c in decode_loop if not c.op_name]
   mcfg = model_lib.ModelConfig.from_config(cfg.model)
   weights = decode_layout.weight_collectives(decode_loop, mcfg, mesh_shape, layout)
+  bytes_of = lambda cs, size: sum(per([c]) * size(c) for c in cs)
   r.update(device_kind=devices[0].device_kind, compile_seconds=compile_s, memory=mem, ici_source="compiled program",
            xla_cost_flops_per_device=float(cost.get("flops", -1)) if cost else -1.0,
            roofline=roofline(cfg, mesh_shape, chip, layout, ici, lengths_N), decode_collectives_per_token=per_token,
-           decode_weight_collectives_per_token=sum(c.count for c in weights) / steps,
-           decode_xla_collectives_per_token=dict(count=sum(c.count for c in xla_own) / steps,
-                                                 bytes=sum(c.count * c.result_bytes for c in xla_own) / steps),
+           decode_weight_collectives_per_token=per(weights),
+           decode_xla_collectives_per_token=dict(count=per(xla_own),
+                                                 bytes=bytes_of(xla_own, lambda c: c.result_bytes)),
            decode_collective_budget=decode_layout.per_token_budget(mcfg, mesh_shape, layout),
-           decode_ici_bytes_per_token=sum(c.count * c.moved_bytes for c in decode_loop) / steps)
+           decode_ici_bytes_per_token=bytes_of(decode_loop, lambda c: c.moved_bytes))
   r["plan"]["vs_xla"] = p.total_bytes / (mem["argument_bytes"] + mem["temp_bytes"])
   return r
 

@@ -43,6 +43,8 @@ class Collective:
   count: int                     # executions per run of the program (product of enclosing trip counts)
   op_name: str                   # the JAX name stack from its metadata
   phase: str
+  loop: str = ""                 # the outermost while body it runs in ("" = none)
+  per_iteration: int = 0         # executions per iteration of that loop (0 = not in a loop)
 
   @property
   def group_size(self) -> int:
@@ -252,6 +254,7 @@ def collectives(text: str) -> list[Collective]:
   by_name = {i.name: i for instrs in comps.values() for i in instrs}
   count: dict[str, int] = {entry: 1}
   loop_name: dict[str, str] = {entry: ""}
+  root: dict[str, str] = {entry: ""}  # the outermost while body a computation runs in
   order = [entry]
   seen = {entry}
   while order:  # computations reachable from the entry, with their multiplicity (a DAG: sum over callers)
@@ -266,6 +269,7 @@ def collectives(text: str) -> list[Collective]:
         count[callee] = count.get(callee, 0) + mult
         op = re.search(r'op_name="([^"]*)"', ins.attrs)
         loop_name[callee] = (op.group(1) if (is_body and op) else "") or loop_name.get(c, "")
+        root.setdefault(callee, root[c] or (callee if is_body else ""))
         if callee not in seen:
           seen.add(callee)
           order.append(callee)
@@ -289,7 +293,8 @@ def collectives(text: str) -> list[Collective]:
       op_name = op.group(1) if op else ""
       out.append(Collective(kind=kind, name=ins.name, computation=c, shapes=arrs, result_bytes=nbytes(arrs),
                             groups=replica_groups(ins.attrs) or everyone, count=count[c], op_name=op_name,
-                            phase=phase_of(op_name) or phase_of(loop_name.get(c, "")) or "other"))
+                            phase=phase_of(op_name) or phase_of(loop_name.get(c, "")) or "other",
+                            loop=root.get(c, ""), per_iteration=count[c] // count[root[c]] if root.get(c) else 0))
   return out
 
 
@@ -297,6 +302,17 @@ def in_loop(colls: Iterable[Collective], phase: str, min_count: int = 2) -> list
   """The collectives of `phase` that run inside a loop (at least `min_count` times per run): e.g. the decode loop's
   per-token collectives."""
   return [c for c in colls if c.phase == phase and c.count >= min_count]
+
+
+def per_iteration_of_busiest_loop(colls: Iterable[Collective], phase: str) -> list[Collective]:
+  """The collectives of the outermost loop of `phase` that runs the most per iteration (each counted per iteration
+  in `per_iteration`): what one step of a loop with a data-dependent trip count costs, e.g. one decode step of the
+  continuous engine (a `while` per compaction phase, each the same step at another slot count)."""
+  loops: dict[str, list[Collective]] = {}
+  for c in colls:
+    if c.phase == phase and c.loop:
+      loops.setdefault(c.loop, []).append(c)
+  return max(loops.values(), key=lambda cs: sum(c.per_iteration for c in cs), default=[])
 
 
 def summary(colls: Iterable[Collective]) -> dict[str, dict[str, float]]:

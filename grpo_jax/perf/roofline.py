@@ -80,7 +80,8 @@ def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
   """The rollout's work for given completion lengths (None: every row runs to L, the static bound): decode steps,
   row-steps computed, (row, KV position) pairs read and rows prefilled, for `sampling.engine`. Static: each row
   chunk runs to its longest row (rounded up to sampling.exit_chunk) and reads the whole P + L cache per step;
-  continuous: engine.simulate's schedule, the prompt KV plus the completion blocks below the live maximum."""
+  continuous: engine.simulate's per-device schedule on config.mesh's data × fsdp, the prompt KV plus the completion
+  blocks below the live maximum."""
   rl, sc = config.rl, config.sampling
   N, P, L = rl.prompts_per_step * rl.G, config.task.prompt_len, sc.max_new_tokens
   if lengths_N is None:
@@ -88,8 +89,10 @@ def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
   lengths_N = np.minimum(np.asarray(lengths_N), L)
   if sc.get("engine", "static") == "continuous":
     slots = row_chunks.slots_for(config, N)
-    sim = engine.simulate(lengths_N, slots, engine.compaction_sizes(slots, int(sc.compaction), 1),
-                          min(engine.KV_BLOCK, L), L)
+    # each device schedules its own rows (engine.sample_groups); an unresolved mesh (fsdp=-1) counts as one device
+    split = config.mesh.data * config.mesh.fsdp if min(config.mesh.data, config.mesh.fsdp) > 0 else 1
+    sim = engine.simulate(lengths_N, slots, engine.compaction_sizes(slots, int(sc.compaction), split),
+                          min(engine.KV_BLOCK, L), L, split)
     return dict(steps=sim["steps"], row_steps=sim["row_steps"], kv_read=sim["kv_read"] + sim["row_steps"] * P,
                 prefill_rows=N // rl.G, tokens=sim["tokens"])
   c, chunks = int(sc.exit_chunk), int(rl.rollout_chunks)

@@ -47,11 +47,13 @@ def continuous_rollout_bytes(config, mcfg, mesh: dict[str, int], decode, n_promp
   slot_kv = out.pop("kv cache")
   k_dev = mcfg.kv_heads // tp if mcfg.kv_heads % tp == 0 else mcfg.kv_heads
   b_dev = math.ceil(n_prompts / dp)
+  # each device's block of the prompt table (engine.prompt_table: more than B/D when a group spans devices)
+  t_dev = engine_lib.prompt_table(n_prompts, config.rl.G, dp)[0].shape[1] if n % dp == 0 else b_dev
   f_dev = mcfg.inter // tp if mcfg.inter % tp == 0 else mcfg.inter
   h_dev = mcfg.heads // tp if mcfg.heads % tp == 0 else mcfg.heads
   return dict(out, **{
       "slot kv cache (S x L)": slot_kv,
-      "prompt kv cache (B x P)": 2 * mcfg.layers * b_dev * k_dev * mcfg.head_dim * P * cb,
+      "prompt kv cache (B x P)": 2 * mcfg.layers * t_dev * k_dev * mcfg.head_dim * P * cb,
       "prefill layer": (b_dev * P * (3 * mcfg.hidden + 2 * f_dev) * cb
                         + attention_bytes(path(n_prompts, P), b_dev, P, h_dev, k_dev, mcfg.head_dim, cb,
                                           backward=False))})

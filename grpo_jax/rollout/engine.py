@@ -4,18 +4,25 @@ that follows the live rows.
 Inside the jitted step, static shapes:
   * one prefill per prompt: the B distinct prompts are prefilled once, their KV held once ([B, P]) and read by the
     G rows of the group (live_attention.py says why this layout rather than a paged pool);
-  * S slots (`sampling.slots`) decode the N = B·G rows, queued in row order; a finished row's slot takes the next
-    row at the next step, which starts from its prompt's prefill logits and shared KV;
-  * compaction: the decode runs in phases of power-of-two slot counts S, S/2, S/4, … (`compaction_sizes`), one
-    `while_loop` each with its own decode step; once the queue is empty and the live rows fit the next size, they
-    are gathered into it (KV included) and the decode goes on with that many rows;
-  * the completion KV is read in blocks only up to the live rows' longest completion (live_attention.attend).
-Row n's token at completion position t is drawn with the uniform u[t, n] (sampling.uniforms) from the same
-untruncated softmax(logits / temperature), so no schedule changes what is sampled beyond reduction-order rounding.
-
-Rows are gathered across the whole batch (a global argsort under GSPMD), not per device: on a sharded mesh the
-compaction moves rows between devices. A vmapped run (studies/vmapped_runs.py) works as is: each phase's batched
-predicate runs until every run has left it, and a run that has left keeps its state.
+  * rows stay on their device: with the mesh's row split D (data × fsdp, `batch_split`), device d owns rows
+    [d·N/D, (d+1)·N/D) (the batch sharding's blocks) and S/D of the S slots (`sampling.slots`); each device queues
+    its own rows in row order and a finished row's slot takes the device's next row at the next step, starting from
+    its prompt's prefill logits and shared KV. When G divides N/D a device's rows are exactly its own B/D prompts'
+    groups; otherwise each device gets a copy of the prompts its rows touch, once (`prompt_table`);
+  * compaction: the decode runs in phases of slot counts S, S/2, S/4, … (`compaction_sizes`, each a multiple of D),
+    one `while_loop` each with its own decode step; once every device's queue is empty and its live rows fit its
+    share of the next size, each device gathers them into that share (an argsort along its own slots only);
+  * the phase predicates reduce over the devices (a phase lasts until the slowest device is done with it), and the
+    completion KV is read in blocks up to the live rows' longest completion over all devices (live_attention.attend).
+Every per-device operation is written batched over a leading [D, ...] axis (admission cumsums, compaction argsorts,
+the output scatters, the gathers of prompt KV / logits / uniforms by group: live_attention.take_local), which XLA's
+SPMD partitioner keeps on each device: in the default decode layout the compiled decode's only collectives are
+scalar all-reduces (tests/test_engine.py), except with top-k / top-p sampling, whose `lax.top_k` XLA:CPU partitions
+by all-gathering the slots' logits (sampling.draw, as in the static engine). With D = 1 it is one queue over all rows. Row n's token at completion
+position t is drawn with the uniform u[t, n] (sampling.uniforms) from the same untruncated softmax(logits /
+temperature), so no schedule changes what is sampled beyond reduction-order rounding. A vmapped run
+(studies/vmapped_runs.py) works as is: each phase's batched predicate runs until every run has left it, and a run
+that has left keeps its state.
 """
 import functools
 from typing import Any, NamedTuple
@@ -41,7 +48,8 @@ class Stats(NamedTuple):
 
 
 class _Slots(NamedTuple):
-  row_S: jax.Array  # int32 row in the slot; N = empty
+  """Slot state, flat [S] in device-block order: slots [d·S/D, (d+1)·S/D) are device d's (D = the row split)."""
+  row_S: jax.Array  # int32 row in the slot, local to its device (0 .. N/D - 1); N/D = empty
   t_S: jax.Array  # int32 completion position of the slot's last emitted token
   tok_S: jax.Array  # int32 that token (the next decode step's input)
   live_S: jax.Array  # bool: the slot's row has not ended
@@ -51,11 +59,11 @@ class _Slots(NamedTuple):
 
 class _Loop(NamedTuple):
   slots: _Slots
-  tokens_NxL: jax.Array
-  logp_NxL: jax.Array
-  mask_NxL: jax.Array
-  trunc_N: jax.Array
-  next_row: jax.Array  # queue head
+  tokens_DxNdxL: jax.Array  # the outputs per device block: row n = d·N/D + r is [d, r]
+  logp_DxNdxL: jax.Array
+  mask_DxNdxL: jax.Array
+  trunc_DxNd: jax.Array
+  next_D: jax.Array  # each device's queue head (a local row)
   steps: jax.Array  # decode steps run
   row_steps: jax.Array
   waited: jax.Array  # sum over admitted rows of the steps they waited
@@ -69,6 +77,18 @@ def compaction_sizes(slots: int, levels: int, split: int = 1) -> tuple[int, ...]
   return tuple(sizes)
 
 
+def prompt_table(b: int, G: int, split: int) -> tuple[np.ndarray, np.ndarray]:
+  """(table_DxBd, first_D): the prompts each device's rows use. Device d holds rows [d·N/D, (d+1)·N/D) (the batch
+  sharding's contiguous blocks); when G divides N/D they are exactly its own B/D prompts (the table is arange(B):
+  nothing moves); otherwise (a group spans devices, or a device's rows are part of one group) each device gets a
+  copy of the Bd prompts its rows touch, gathered once before the decode loop."""
+  n = b * G
+  nd = n // split
+  first_D = np.arange(split) * nd // G
+  bd = int(np.max(((np.arange(split) + 1) * nd - 1) // G - first_D + 1))
+  return np.minimum(first_D[:, None] + np.arange(bd), b - 1).astype(np.int32), first_D.astype(np.int32)
+
+
 def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Array, prompt_mask_BxP: jax.Array,
                   G: int, scfg: sampling.SamplingConfig, *, u_LxN: jax.Array, slots: int = 0, levels: int = 4,
                   split: int = 1, decode: decode_layout.Decode | None = None, kv_block: int = KV_BLOCK,
@@ -77,25 +97,33 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
   orders them): the same Rollout `sampling.sample` gives for the tiled batch and the same uniforms.
 
   slots: 0 = N (every row has a slot from the start); levels: compaction sizes (1 = none); split: the mesh's batch
-  split, which every size must be a multiple of; kv_block: completion keys per block read. force_NxL: teacher
-  forcing (tests): these tokens are emitted instead of drawn and scored under the engine's own logits."""
+  split D: each device queues, admits and compacts its own N/D rows in its own S/D slots (every size is a multiple
+  of D); kv_block: completion keys per block read. force_NxL: teacher forcing (tests): these tokens are emitted
+  instead of drawn and scored under the engine's own logits."""
   b, p = prompt_BxP.shape
   n, L = b * G, scfg.max_new_tokens
   s0 = slots or n
   if not 1 <= s0 <= n:
     raise ValueError(f"sampling.slots={slots}: must be in [1, rows={n}] (0 = rows).")
+  if n % split or s0 % split:
+    raise ValueError(f"sampling.slots={s0} and rows={n} must both be multiples of the mesh's row split "
+                     f"data*fsdp={split} (each device decodes its own rows in its own slots).")
   if p + L > mcfg.max_len:
     raise ValueError(f"prompt length {p} + sampling.max_new_tokens {L} > model.max_len {mcfg.max_len}; "
                      "raise model.max_len or shorten prompts/completions.")
   if u_LxN.shape != (L, n):
     raise ValueError(f"u_LxN {u_LxN.shape}: need [max_new_tokens, rows] = {(L, n)}.")
-  sizes = compaction_sizes(s0, levels, split)
+  D, nd = split, n // split
+  sizes = compaction_sizes(s0, levels, D)
   blk = min(kv_block, L)
   lc = -(-L // blk) * blk
   rows = lambda x: nn.with_logical_constraint(x, ("batch",) + (None,) * (x.ndim - 1))
+  dev = lambda x: x.reshape((D, x.shape[0] // D) + x.shape[1:])  # [S, ...] -> [D, S/D, ...]: device blocks
+  flat = lambda x: x.reshape((-1,) + x.shape[2:])
+  per_dev = jax.vmap  # an op on each device's block alone (a batched op over D: no rows cross devices)
+  table_DxBd, first_D = prompt_table(b, G, D)
   pmask_BxP = prompt_mask_BxP.astype(jnp.int32)
   pos_BxP = jnp.maximum(jnp.cumsum(pmask_BxP, axis=1) - 1, 0)
-  plen_B = jnp.sum(pmask_BxP, axis=1)
   # one prefill per prompt: a [B, P] cache, held once (not G times)
   logits0_BxV, pcache = decode_lib.prefill(mcfg, params, prompt_BxP.astype(jnp.int32), pos_BxP, pmask_BxP,
                                            decode_lib.init_cache(mcfg, b, p))
@@ -104,79 +132,110 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
   dm = decode.mcfg
   is_eos = lambda tok: functools.reduce(jnp.logical_or, [tok == e for e in scfg.eos_ids])
 
+  def group_of(row_S: jax.Array) -> jax.Array:
+    """A slot's prompt, as an index into its device's block of the prompt table."""
+    dev_S = np.arange(row_S.shape[0]) // (row_S.shape[0] // D)
+    return (dev_S * nd + jnp.minimum(row_S, nd - 1)) // G - first_D[dev_S]
+
   def admit(lp: _Loop, logits_SxV: jax.Array) -> tuple[_Loop, jax.Array]:
-    """Free slots take the next queued rows, in slot order; their logits are their prompt's prefill logits."""
+    """Free slots take their device's next queued rows, in slot order; their logits are their prompt's prefill
+    logits."""
     sl = lp.slots
-    free_S = ~sl.live_S
-    new_S = lp.next_row + jnp.cumsum(free_S.astype(jnp.int32)) - 1
-    take_S = free_S & (new_S < n)
-    row_S = jnp.where(take_S, new_S, jnp.where(free_S, n, sl.row_S))
-    logits_SxV = jnp.where(take_S[:, None], jnp.take(logits0_BxV, jnp.minimum(new_S, n - 1) // G, axis=0),
-                           logits_SxV)
-    took = jnp.sum(take_S.astype(jnp.int32))
+    free_DxSd = dev(~sl.live_S)
+    new_DxSd = lp.next_D[:, None] + jnp.cumsum(free_DxSd.astype(jnp.int32), axis=1) - 1
+    take_DxSd = free_DxSd & (new_DxSd < nd)
+    take_S, new_S = flat(take_DxSd), flat(new_DxSd)
+    row_S = jnp.where(take_S, new_S, jnp.where(flat(free_DxSd), nd, sl.row_S))
+    logits_SxV = jnp.where(take_S[:, None], live_attention.take_local(logits0_BdxV, group_of(new_S), D), logits_SxV)
+    took_D = jnp.sum(take_DxSd.astype(jnp.int32), axis=1)
     sl = sl._replace(row_S=row_S, t_S=jnp.where(take_S, 0, sl.t_S), live_S=sl.live_S | take_S)
-    return lp._replace(slots=sl, next_row=lp.next_row + took, waited=lp.waited + took * lp.steps), logits_SxV
+    return lp._replace(slots=sl, next_D=lp.next_D + took_D, waited=lp.waited + jnp.sum(took_D) * lp.steps), logits_SxV
 
   def emit(lp: _Loop, logits_SxV: jax.Array) -> _Loop:
-    """Each live slot draws its row's token at its position and writes it into the [N, L] outputs."""
+    """Each live slot draws its row's token at its position and writes it into its device's block of the outputs."""
     sl = lp.slots
-    u_S = u_LxN[jnp.minimum(sl.t_S, L - 1), jnp.minimum(sl.row_S, n - 1)]
-    tok_S, logp_S = sampling.draw(logits_SxV, u_S, scfg)
-    if force_NxL is not None:
-      tok_S = force_NxL[jnp.minimum(sl.row_S, n - 1), jnp.minimum(sl.t_S, L - 1)]
+    r_DxSd, t_DxSd = dev(jnp.minimum(sl.row_S, nd - 1)), dev(jnp.minimum(sl.t_S, L - 1))
+    at = lambda x_DxNdxL: flat(per_dev(lambda x, r, t: x[r, t])(x_DxNdxL, r_DxSd, t_DxSd))
+    tok_S, logp_S = sampling.draw(logits_SxV, at(u_DxNdxL), scfg)
+    if force_DxNdxL is not None:
+      tok_S = at(force_DxNdxL)
       logp_S = sampling.token_logp(logits_SxV, tok_S, scfg.temperature)
-    r_S = jnp.where(sl.live_S, sl.row_S, n)  # n: dropped by the scatters
+    r_S = jnp.where(sl.live_S, sl.row_S, nd)  # nd: dropped by the scatters
     end_S = sl.live_S & (is_eos(tok_S) | (sl.t_S == L - 1))
+    put = per_dev(lambda x, r, t, v: x.at[r, t].set(v, mode="drop"))
+    r_DxSd, t_DxSd = dev(r_S), dev(sl.t_S)
+    trunc_D = per_dev(lambda x, r: x.at[r].set(True, mode="drop"))(
+        lp.trunc_DxNd, dev(jnp.where(end_S & ~is_eos(tok_S), sl.row_S, nd)))
     return lp._replace(
         slots=sl._replace(tok_S=tok_S, live_S=sl.live_S & ~end_S),
-        tokens_NxL=lp.tokens_NxL.at[r_S, sl.t_S].set(tok_S, mode="drop"),
-        logp_NxL=lp.logp_NxL.at[r_S, sl.t_S].set(logp_S, mode="drop"),
-        mask_NxL=lp.mask_NxL.at[r_S, sl.t_S].set(1, mode="drop"),
-        trunc_N=lp.trunc_N.at[jnp.where(end_S & ~is_eos(tok_S), sl.row_S, n)].set(True, mode="drop"))
+        tokens_DxNdxL=put(lp.tokens_DxNdxL, r_DxSd, t_DxSd, dev(tok_S)),
+        logp_DxNdxL=put(lp.logp_DxNdxL, r_DxSd, t_DxSd, dev(logp_S)),
+        mask_DxNdxL=put(lp.mask_DxNdxL, r_DxSd, t_DxSd, jnp.ones_like(r_DxSd)), trunc_DxNd=trunc_D)
 
   def step(lp: _Loop) -> _Loop:
     """Decode every slot's last token (its K/V into its own position t), advance, refill, emit."""
     sl = lp.slots
-    group_S = jnp.minimum(sl.row_S, n - 1) // G
+    group_S = group_of(sl.row_S)
     clen_S = sl.t_S + 1
-    live_len = jnp.max(jnp.where(sl.live_S, clen_S, 0))
-    live = tuple(live_attention.LiveKV(pcache["k"][l], pcache["v"][l], pmask_BxP, group_S, sl.ck[l], sl.cv[l],
-                                       clen_S, live_len, blk) for l in range(dm.layers))
-    logits_SxV, kvs = decode_lib.decode_step_live(dm, decode.weights, sl.tok_S, plen_B[group_S] + sl.t_S, live,
-                                                  sl.t_S)
+    live_len = jnp.max(jnp.where(sl.live_S, clen_S, 0))  # over every device: the KV block loop is one program
+    live = tuple(live_attention.LiveKV(pk[l], pv[l], pmask_BdxP, group_S, sl.ck[l], sl.cv[l], clen_S, live_len, blk,
+                                       D) for l in range(dm.layers))
+    pos_S = live_attention.take_local(plen_Bd, group_S, D) + sl.t_S
+    logits_SxV, kvs = decode_lib.decode_step_live(dm, decode.weights, sl.tok_S, pos_S, live, sl.t_S)
     sl = sl._replace(t_S=jnp.where(sl.live_S, sl.t_S + 1, sl.t_S), ck=tuple(rows(kv.ck_NxKxDxL) for kv in kvs),
                      cv=tuple(rows(kv.cv_NxKxLxD) for kv in kvs))
     lp = lp._replace(slots=sl, steps=lp.steps + 1, row_steps=lp.row_steps + sl.row_S.shape[0])
     return emit(*admit(lp, rows(logits_SxV)))
 
   def compact(lp: _Loop, size: int) -> _Loop:
-    """The live slots, in slot order, gathered into the first `size` (the queue is empty and they fit)."""
-    keep = jnp.argsort((~lp.slots.live_S).astype(jnp.int32), stable=True)[:size]
-    return lp._replace(slots=jax.tree.map(lambda x: rows(jnp.take(x, keep, axis=0)), lp.slots))
+    """Each device's live slots, in slot order, gathered into its first size/D (the queues are empty and they fit):
+    an argsort along each device's own slots, a gather batched over the devices."""
+    keep_DxK = jnp.argsort(dev(~lp.slots.live_S).astype(jnp.int32), axis=1, stable=True)[:, :size // D]
+    return lp._replace(slots=jax.tree.map(lambda x: rows(live_attention.take_local(x, flat(keep_DxK), D)),
+                                          lp.slots))
 
+  # [D, N/D, ...] device blocks, block d on device d (D = 1: the rows split as [N, ...] is)
+  on_dev = lambda x: nn.with_logical_constraint(x, (("batch", None) if D > 1 else (None, "batch"))
+                                                + (None,) * (x.ndim - 2))
+  blocks = lambda x: on_dev(x.reshape((D, nd) + x.shape[1:]))
+  u_DxNdxL = blocks(u_LxN.T)
+  force_DxNdxL = None if force_NxL is None else blocks(force_NxL)
+  # the prompts' state as each device's block of the prompt table (prompt_table: as it is when G divides N/D)
+  aligned = np.array_equal(table_DxBd.reshape(-1), np.arange(b))
+
+  def by_table(x, axes=None):
+    x = x if aligned else jnp.take(x, table_DxBd.reshape(-1), axis=0)
+    return nn.with_logical_constraint(x, axes or ("batch",) + (None,) * (x.ndim - 1))
+  logits0_BdxV, pmask_BdxP = by_table(logits0_BxV), by_table(pmask_BxP)
+  plen_Bd = jnp.sum(pmask_BdxP, axis=1)
   with decode.view():
     pcache = decode.expand_cache(pcache)
+    axes = decode_lib.cache_axes()
+    pk = tuple(by_table(x, axes["k"]) for x in pcache["k"])
+    pv = tuple(by_table(x, axes["v"]) for x in pcache["v"])
     cache = decode_lib.init_cache(dm, s0, lc)
-    sl = _Slots(row_S=jnp.full((s0,), n, jnp.int32), t_S=jnp.zeros((s0,), jnp.int32),
+    sl = _Slots(row_S=jnp.full((s0,), nd, jnp.int32), t_S=jnp.zeros((s0,), jnp.int32),
                 tok_S=jnp.zeros((s0,), jnp.int32), live_S=jnp.zeros((s0,), bool),
                 ck=tuple(map(rows, cache["k"])), cv=tuple(map(rows, cache["v"])))
-    lp = _Loop(slots=sl, tokens_NxL=rows(jnp.full((n, L), scfg.pad_id, jnp.int32)),
-               logp_NxL=rows(jnp.zeros((n, L), jnp.float32)), mask_NxL=rows(jnp.zeros((n, L), jnp.int32)),
-               trunc_N=jnp.zeros((n,), bool), next_row=jnp.int32(0), steps=jnp.int32(0), row_steps=jnp.int32(0),
-               waited=jnp.int32(0))
+    lp = _Loop(slots=sl, tokens_DxNdxL=on_dev(jnp.full((D, nd, L), scfg.pad_id, jnp.int32)),
+               logp_DxNdxL=on_dev(jnp.zeros((D, nd, L), jnp.float32)),
+               mask_DxNdxL=on_dev(jnp.zeros((D, nd, L), jnp.int32)), trunc_DxNd=on_dev(jnp.zeros((D, nd), bool)),
+               next_D=jnp.zeros((D,), jnp.int32), steps=jnp.int32(0), row_steps=jnp.int32(0), waited=jnp.int32(0))
     lp = emit(*admit(lp, jnp.zeros((s0, logits0_BxV.shape[-1]), jnp.float32)))
     for k, size in enumerate(sizes):
       if k:
         lp = compact(lp, size)
-      nxt = sizes[k + 1] if k + 1 < len(sizes) else 0
+      nxt = (sizes[k + 1] if k + 1 < len(sizes) else 0) // D
 
-      def more(lp, nxt=nxt):  # rows queued, or more live than the next size holds (the last size: any live)
-        return (lp.next_row < n) | (jnp.sum(lp.slots.live_S.astype(jnp.int32)) > nxt)
+      def more(lp, nxt=nxt):  # any device with rows queued, or more live than its share of the next size holds
+        live_D = jnp.sum(dev(lp.slots.live_S).astype(jnp.int32), axis=1)  # (the last size: any live)
+        return jnp.any((lp.next_D < nd) | (live_D > nxt))
 
       lp = jax.lax.while_loop(more, step, lp)
-  mask_NxL = rows(lp.mask_NxL)
-  ro = sampling.Rollout(tokens_NxL=rows(lp.tokens_NxL), mask_NxL=mask_NxL, lengths_N=jnp.sum(mask_NxL, axis=1),
-                        logp_NxL=rows(lp.logp_NxL), truncated_N=lp.trunc_N, decode_steps=lp.steps)
+  mask_NxL = rows(flat(lp.mask_DxNdxL))
+  ro = sampling.Rollout(tokens_NxL=rows(flat(lp.tokens_DxNdxL)), mask_NxL=mask_NxL,
+                        lengths_N=jnp.sum(mask_NxL, axis=1), logp_NxL=rows(flat(lp.logp_DxNdxL)),
+                        truncated_N=flat(lp.trunc_DxNd), decode_steps=lp.steps)
   return ro, Stats(row_steps=lp.row_steps, admit_wait=lp.waited.astype(jnp.float32) / n)
 
 
@@ -194,35 +253,39 @@ def slot_util(lengths_N: jax.Array, row_steps: jax.Array) -> jax.Array:
   return jnp.sum(lengths_N).astype(jnp.float32) / (row_steps + n).astype(jnp.float32)
 
 
-def simulate(lengths_N: np.ndarray, slots: int, sizes: tuple[int, ...], block: int, max_new: int) -> dict[str, int]:
+def simulate(lengths_N: np.ndarray, slots: int, sizes: tuple[int, ...], block: int, max_new: int,
+             split: int = 1) -> dict[str, int]:
   """The engine's schedule replayed in NumPy for given completion lengths (the roofline's decode terms, `aot
   --no-compile --lengths ...`): decode steps, row-steps computed and completion KV positions read (every computed
-  slot reads the blocks below the live maximum). Mirrors `sample_groups`: admission in slot order at the step after
-  a row ends, compaction once the queue is empty and the live rows fit the next size."""
+  slot reads the blocks below the live maximum over all devices). Mirrors `sample_groups`: each of the `split`
+  devices admits its own rows (row block d) into its own slots in slot order at the step after a row ends, and
+  compacts once its queue is empty and its live rows fit its share of the next size; a phase lasts until the
+  slowest device is done with it."""
   n = len(lengths_N)
-  lengths_N = np.minimum(np.asarray(lengths_N, np.int64), max_new)
-  row, t, live = np.full(slots, n), np.zeros(slots, np.int64), np.zeros(slots, bool)
-  nxt, steps, row_steps, kv_read = 0, 0, 0, 0
+  d, nd, sd = split, n // split, slots // split
+  len_DxNd = np.minimum(np.asarray(lengths_N, np.int64), max_new).reshape(d, nd)
+  row, t, live = np.full((d, sd), nd), np.zeros((d, sd), np.int64), np.zeros((d, sd), bool)
+  nxt, steps, row_steps, kv_read = np.zeros(d, np.int64), 0, 0, 0
 
   def admit_emit(row, t, live, nxt):
     free = ~live
-    new = nxt + np.cumsum(free) - 1
-    take = free & (new < n)
-    row = np.where(take, new, np.where(free, n, row))
+    new = nxt[:, None] + np.cumsum(free, axis=1) - 1
+    take = free & (new < nd)
+    row = np.where(take, new, np.where(free, nd, row))
     t, live = np.where(take, 0, t), live | take
-    ends = live & (t == lengths_N[np.minimum(row, n - 1)] - 1)
-    return row, t, live & ~ends, nxt + int(take.sum())
+    ends = live & (t == np.take_along_axis(len_DxNd, np.minimum(row, nd - 1), axis=1) - 1)
+    return row, t, live & ~ends, nxt + take.sum(axis=1)
 
   row, t, live, nxt = admit_emit(row, t, live, nxt)
   for k, size in enumerate(sizes):
     if k:
-      keep = np.argsort(~live, kind="stable")[:size]
-      row, t, live = row[keep], t[keep], live[keep]
-    nxt_size = sizes[k + 1] if k + 1 < len(sizes) else 0
-    while nxt < n or live.sum() > nxt_size:
+      keep = np.argsort(~live, axis=1, kind="stable")[:, :size // d]
+      row, t, live = (np.take_along_axis(x, keep, axis=1) for x in (row, t, live))
+    nxt_size = (sizes[k + 1] if k + 1 < len(sizes) else 0) // d
+    while (nxt < nd).any() or (live.sum(axis=1) > nxt_size).any():
       live_len = int(np.max(np.where(live, t + 1, 0)))
-      steps, row_steps = steps + 1, row_steps + len(row)
-      kv_read += len(row) * (-(-live_len // block) * block)
+      steps, row_steps = steps + 1, row_steps + row.size
+      kv_read += row.size * (-(-live_len // block) * block)
       t = np.where(live, t + 1, t)
       row, t, live, nxt = admit_emit(row, t, live, nxt)
-  return dict(steps=steps, row_steps=row_steps, kv_read=kv_read, tokens=int(lengths_N.sum()))
+  return dict(steps=steps, row_steps=row_steps, kv_read=kv_read, tokens=int(len_DxNd.sum()))
