@@ -46,6 +46,8 @@ PRESETS["small"] = dict(hidden=256, layers=2, heads=2, kv_heads=1, inter=512, vo
                         tie_embeddings=True, rope_theta=1e4, qkv_bias=True, head_dim=0)
 
 _BYTES = plan_terms.BYTES
+# The rollout / score phases' copy of the update's saved activations on TPU (plan(): XLA allocates them early).
+HELD_EARLY = "update's saved inputs, early"
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -260,6 +262,12 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   else:  # everything, including the attention's own saved arrays (the einsum path's T×T scores)
     saved = nl * (tok * (5 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb
                   + plan_terms.attention_bytes(train_path, mb_rows, Ts, h_dev, k_dev, Dh, cb, backward=False))
+  if plat == "tpu":
+    # XLA:TPU schedules the update's saved-activation stack (an AllocateBuffer without operands) before the
+    # rollout's decode loop and holds it through the scoring forwards: it adds to those phases' peaks too (Qwen2.5-7B
+    # LoRA on v5e:2x4: bf16[28,20480,3584], 3.8 GiB live at the decode peak; docs/scale.md).
+    for phase in (rollout, score) if score else (rollout,):
+      phase[HELD_EARLY] = saved
   # Backward of one layer: its recomputed activations, their gradients, and the attention's backward working set.
   layer = (tok * (4 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb
            + plan_terms.attention_bytes(train_path, mb_rows, Ts, h_dev, k_dev, Dh, cb, backward=True))
