@@ -200,3 +200,31 @@ def test_attention_terms_follow_the_path_chunks_and_beta():
 def _override(c, values):
   from grpo_jax.config import config_lib
   return config_lib.override(c, values)
+
+
+def test_tpu_rollout_terms_against_the_7b_lora_compiles():
+  # XLA:TPU (libtpu 0.0.42.1) buffer assignments of the LoRA rl_step, Qwen2.5-7B rank 64 with a bf16 base on v5e:2x4
+  # (fsdp 8), 8 prompts × G8, 512+2048, decode tp=2 (docs/scale.md, 2026-12-01). One minibatch: 17297593856 bytes
+  # per device, the peak inside the decode loop with the update's remat-saved inputs bf16[28,20480,3584] (3.83 GiB)
+  # already allocated (the planner had the phases apart: 13.93 GiB, 0.81×). Four minibatches: 15176342016 bytes,
+  # the peak where the decode starts, with the prefill's gathered bf16[3584,152064] head live; the saved inputs
+  # are allocated inside the update loop. Update only from new compiles.
+  c = memory_plan.workload_config("qwen2.5-7b", prompts=8, G=8, prompt_len=512, L=2048, lora_rank=64,
+                                  lora_base_dtype="bfloat16")
+  mesh, tp2 = dict(data=1, fsdp=8, tensor=1), decode_layout.Layout("tp", 2)
+  p = memory_plan.plan(c, mesh, plat="tpu", decode=tp2)
+  held = 28 * (64 * 2560 // 8) * 3584 * 2
+  assert p.rollout[memory_plan.HELD_EARLY] == p.score[memory_plan.HELD_EARLY] == held
+  assert p.update["saved activations (remat=full)"] == held
+  assert p.rollout[memory_plan.PREFILL_HEAD] == 3584 * 152064 * 2
+  assert p.peak_phase == "rollout"
+  assert abs(p.total_bytes / 17297593856 - 1) < 0.05, p.as_dict()
+  p4 = memory_plan.plan(_override(c, {"rl.minibatches": 4}), mesh, plat="tpu", decode=tp2)
+  assert memory_plan.HELD_EARLY not in p4.rollout and p4.peak_phase == "rollout"
+  assert abs(p4.total_bytes / 15176342016 - 1) < 0.10, p4.as_dict()
+  # Planned on TPU only (the XLA:CPU check above holds within 15% without it); the gathered layout's copy is the
+  # head the prefill uses.
+  cpu = memory_plan.plan(c, mesh, plat="cpu", decode=tp2)
+  assert memory_plan.HELD_EARLY not in cpu.rollout and memory_plan.HELD_EARLY not in cpu.score
+  g = memory_plan.plan(c, mesh, plat="tpu", decode=decode_layout.Layout("gathered"))
+  assert memory_plan.PREFILL_HEAD not in g.rollout

@@ -46,6 +46,9 @@ PRESETS["small"] = dict(hidden=256, layers=2, heads=2, kv_heads=1, inter=512, vo
                         tie_embeddings=True, rope_theta=1e4, qkv_bias=True, head_dim=0)
 
 _BYTES = plan_terms.BYTES
+# The rollout / score phases' copy of the update's saved activations on TPU (plan(): XLA allocates them early).
+HELD_EARLY = "update's saved inputs, early"
+PREFILL_HEAD = "lm head, gathered (prefill)"
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -230,6 +233,10 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   rollout = {
       **decode_layout.rollout_bytes(mcfg, mesh, decode, N // chunks, T),
       "prefill layer": prefill,
+      # The prefill scores its last position with the training-layout head, gathered whole: the tp layout's
+      # vocab-split copy is another buffer (the fsdp layout's per-token gather and the gathered copy are the same
+      # head; measured on the 7B v5e:2x4 compile, docs/scale.md).
+      **({PREFILL_HEAD: head_gathered} if decode.kind == "tp" else {}),
       "rollout outputs": rows * L * 4 * 3 + carried,  # + the uniforms, tokens and log-probs of all sampled rows
   }
   if config.sampling.get("engine", "static") == "continuous":
@@ -260,6 +267,13 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   else:  # everything, including the attention's own saved arrays (the einsum path's T×T scores)
     saved = nl * (tok * (5 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb
                   + plan_terms.attention_bytes(train_path, mb_rows, Ts, h_dev, k_dev, Dh, cb, backward=False))
+  if plat == "tpu" and rl.mu * rl.minibatches == 1 and not packed:
+    # One update pass: XLA drops the trip-count-1 update loops, and XLA:TPU then schedules their saved-activation
+    # stack (an AllocateBuffer without operands) before the rollout's decode loop, holding it through the scoring
+    # forwards (Qwen2.5-7B LoRA on v5e:2x4: bf16[28,20480,3584], 3.8 GiB live at the decode peak; with 4
+    # minibatches it is allocated inside the update loop; docs/scale.md).
+    for phase in (rollout, score) if score else (rollout,):
+      phase[HELD_EARLY] = saved
   # Backward of one layer: its recomputed activations, their gradients, and the attention's backward working set.
   layer = (tok * (4 * D + (h_dev + 2 * k_dev) * Dh + 4 * f_dev) * cb
            + plan_terms.attention_bytes(train_path, mb_rows, Ts, h_dev, k_dev, Dh, cb, backward=True))
