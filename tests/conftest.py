@@ -81,13 +81,14 @@ _owned_cache_dir = []
 
 
 def pytest_configure(config):
-  del config
   import tempfile
 
   import jax  # pylint: disable=unused-import  # before the variables below: this process keeps its own settings
   if not os.environ.get(_CACHE_ENV):
     os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="grpo_jax_test_xla_cache_")
     _owned_cache_dir.append(os.environ[_CACHE_ENV])
+  if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+    return  # the xdist controller: its workers inherit its environment before they import JAX, so leave JAX's out
   os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ[_CACHE_ENV], JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
 
