@@ -71,11 +71,13 @@ def private_compilation_cache(directory: str):
 
 
 # One persistent XLA compilation cache for every subprocess the suite starts (`python -m grpo_jax.main` runs, the
-# multi-device scripts), shared by the xdist workers: runs of the same tiny configs in different modules compile
-# each program once. Only the subprocesses read it (JAX reads these variables when it is imported, and this
-# process imported it first), so in-process tests compile as before. A cached executable is the same compiled code,
+# multi-device scripts), shared by the xdist workers: a program that several runs start (a module's reruns and
+# resumed runs, the same tiny config in another module) compiles once per session. Only the subprocesses read it
+# (JAX reads these variables when it is imported, and this process imported it first), so in-process tests compile
+# as before (test_memory_plan needs a real compile for its XLA dump). A cached executable is the same compiled code,
 # so runs compared with each other stay bitwise equal; recompile checks count traces (sharding.count_traces), which
-# a cache hit does not skip. Programs with host callbacks (Python reward terms) are never cached by JAX.
+# a cache hit does not skip. Programs with host callbacks (Python reward terms) are never cached by JAX. JAX writes
+# entries without a lock: a run reading one while another run writes it gets a warning and compiles it itself.
 _CACHE_ENV = "GRPO_JAX_TEST_XLA_CACHE"  # set by the controlling pytest process; its xdist workers inherit it
 _owned_cache_dir = []
 
