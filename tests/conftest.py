@@ -70,6 +70,38 @@ def private_compilation_cache(directory: str):
       jax.config.update(k, v)
 
 
+# One persistent XLA compilation cache for every subprocess the suite starts (`python -m grpo_jax.main` runs, the
+# multi-device scripts), shared by the xdist workers: a program that several runs start (a module's reruns and
+# resumed runs, the same tiny config in another module) compiles once per session. Only the subprocesses read it
+# (JAX reads these variables when it is imported, and this process imported it first), so in-process tests compile
+# as before (test_memory_plan needs a real compile for its XLA dump). A cached executable is the same compiled code,
+# so runs compared with each other stay bitwise equal; recompile checks count traces (sharding.count_traces), which
+# a cache hit does not skip. Programs with host callbacks (Python reward terms) are never cached by JAX. JAX writes
+# entries without a lock: a run reading one while another run writes it gets a warning and compiles it itself.
+_CACHE_ENV = "GRPO_JAX_TEST_XLA_CACHE"  # set by the controlling pytest process; its xdist workers inherit it
+_owned_cache_dir = []
+
+
+def pytest_configure(config):
+  import tempfile
+
+  import jax  # pylint: disable=unused-import  # before the variables below: this process keeps its own settings
+  if not os.environ.get(_CACHE_ENV):
+    os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="grpo_jax_test_xla_cache_")
+    _owned_cache_dir.append(os.environ[_CACHE_ENV])
+  if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+    return  # the xdist controller: its workers inherit its environment before they import JAX, so leave JAX's out
+  os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ[_CACHE_ENV], JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
+                    JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+
+
+def pytest_unconfigure(config):
+  del config
+  import shutil
+  for d in _owned_cache_dir:
+    shutil.rmtree(d, ignore_errors=True)
+
+
 # The slowest modules, slowest first (per-module CPU seconds, user+sys with subprocesses, one module at a time under
 # `-p no:xdist`, 2026-12-01: engine 113 (load ~14, before 2 of its 29 cases were dropped), faults 76, resume 66,
 # rl_step 53, multihost_cli 47, aot 45, ..., memory_plan 10).

@@ -1,10 +1,11 @@
 """Fault injection through the real CLI (`python -m grpo_jax.main`): signals during a stage, two runs on one
 workdir, flipped bytes in a checkpoint, a changed config on resume, a Python reward that hangs.
 
-Runs are tiny and share one persistent compilation cache, so after the first run of each kind the programs load
-instead of compiling. The RL runs start from a Hugging Face directory whose EOS row is scaled (as in
-test_multihost_cli.py): completions end at varying lengths, the overlong penalty turns that into rewards that differ
-within groups, and every update moves the params, so "equal to an uninterrupted run" is a real check.
+Runs are tiny and share the suite's persistent compilation cache (tests/conftest.py), so after the first run of
+each kind the programs load instead of compiling. The RL runs start from a Hugging Face directory whose EOS row is
+scaled (as in test_multihost_cli.py): completions end at varying lengths, the overlong penalty turns that into
+rewards that differ within groups, and every update moves the params, so "equal to an uninterrupted run" is a real
+check.
 """
 import json
 import os
@@ -26,7 +27,6 @@ TINY = {"model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads
 SFT_JOB = {**TINY, "sft.steps": 10, "train.steps": 2, "train.eval_every": 2}
 RL_JOB = {**TINY, "sft.steps": 0, "train.steps": 6, "train.eval_every": 6, "train.keep_checkpoints": 5,
           "rl.G": 4, "rl.overlong_frac": 1.0, "optim.lr": 1e-2}
-_ENV = {}
 
 
 def _argv(overrides, workdir, extra=()):
@@ -35,7 +35,7 @@ def _argv(overrides, workdir, extra=()):
 
 
 def _start(overrides, workdir, extra=()):
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", PYTHONPATH=ROOT, **_ENV)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", PYTHONPATH=ROOT)
   return subprocess.Popen(_argv(overrides, workdir, extra), cwd=ROOT, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True)
 
@@ -101,14 +101,6 @@ def _snapshot(d):
       p = os.path.join(root, f)
       out.append((os.path.relpath(p, d), os.path.getsize(p), os.stat(p).st_mtime_ns))
   return sorted(out)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def xla_cache(tmp_path_factory):
-  _ENV.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("xla_cache")),
-              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
-  yield
-  _ENV.clear()
 
 
 @pytest.fixture(scope="module")
@@ -293,7 +285,7 @@ def test_kill9_between_sft_params_and_record_resumes_equal(sft_reference, tmp_pa
   running, never "finished before records"), rewrites its params and final eval rows, then runs RL; every row and
   both states equal an uninterrupted run's."""
   wd = str(tmp_path / "run")
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, KILL_AT=at, **_ENV)
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, KILL_AT=at)
   script = f"ARGV = {_argv(SFT_JOB, wd)[3:]!r}\nARGV.insert(0, 'main')\n" + _KILL_SCRIPT
   p = subprocess.run([sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
   sft = os.path.join(wd, "sft")
@@ -351,7 +343,7 @@ main._exit(main.execute(c, os.environ["HANG_WORKDIR"]))  # as the CLI exits: os.
 def test_hanging_reward_exits_within_the_timeout(tmp_path):
   marker = str(tmp_path / "called")
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=ROOT, HANG_MARKER=marker,
-             HANG_WORKDIR=str(tmp_path / "run"), **_ENV)
+             HANG_WORKDIR=str(tmp_path / "run"))
   script = f"TINY = {TINY!r}\n" + _HANG_SCRIPT
   p = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                        stderr=subprocess.STDOUT, text=True)

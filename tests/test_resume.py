@@ -22,13 +22,11 @@ ARGS = ["--config=configs/grpo_arith.py:runlocal", "--config.sft.steps=0", "--co
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-_XLA_CACHE = {}  # one persistent compilation cache for this module's runs (set by the `uninterrupted` fixture)
-
-
 def _start(workdir, extra=()):
-  # Identical programs in every run: the cached executables are the same compiled code, so results stay bitwise
-  # equal, and the killed and resumed runs skip ~20 s of compiling each.
-  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **_XLA_CACHE)
+  # Identical programs in every run, compiled once into the suite's persistent cache (tests/conftest.py): the cached
+  # executables are the same compiled code, so results stay bitwise equal, and the killed and resumed runs skip
+  # ~20 s of compiling each.
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
   return subprocess.Popen([sys.executable, "-m", "grpo_jax.main", f"--workdir={workdir}", *ARGS, *extra],
                           cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -81,8 +79,6 @@ def _wait_for_committed_checkpoint(proc, workdir, step, timeout=120):
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-  _XLA_CACHE.update(JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("xla_cache")),
-                    JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0", JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
   wd = str(tmp_path_factory.mktemp("full"))
   p = _start(wd)
   out, _ = p.communicate(timeout=300)
