@@ -357,4 +357,6 @@ def test_hanging_reward_exits_within_the_timeout(tmp_path):
   last = out.strip().splitlines()[-1]
   assert last.startswith("Run stopped: reward term 'hang' (hang) timed out") and "reward_timeout_s=2.0" in last
   called = float(open(marker).read())
-  assert ended - called < 2.0 + 8.0, ended - called
+  # 2 s of timeout, then the stop path (checkpoint, plots, exit): a few seconds on a quiet machine, ~35 s at load 15
+  # on 2 cores. The bound still separates "stops after its timeout" from "hangs" (the reward sleeps forever).
+  assert ended - called < 2.0 + 45.0, ended - called
