@@ -41,9 +41,11 @@ def test_sums_examples_question_and_knobs():
 
 
 def test_sum_steps_hand_example():
-  assert cot.solution(EX, "a") == ("<think> add 3 + 8 = 11 ; add 11 + 5 = 16 ; add 16 + 9 = 25 ; </think> "
+  # Each step after the operands still to add: the next step's operand is the first of them (a local copy).
+  assert cot.solution(EX, "a") == ("<think> 5 9 : add 3 + 8 = 11 ; 9 : add 11 + 5 = 16 ; add 16 + 9 = 25 ; </think> "
                                    "<answer> 25 </answer>")
-  assert cot.solution(EX, "b", tagged=False) == "plim 3 + 8 = 11 ; plim 11 + 5 = 16 ; plim 16 + 9 = 25 ; zu ta ansor ez 25"
+  assert cot.solution(EX, "b", tagged=False) == ("5 9 : plim 3 + 8 = 11 ; 9 : plim 11 + 5 = 16 ; plim 16 + 9 = 25 ; "
+                                                 "zu ta ansor ez 25")
   assert cot.brief(EX, "a") == "<think> </think> <answer> 25 </answer>"
   assert cot.brief(EX, "a", tagged=False) == "so the answer is 25"
   assert all(cot.score_step(s) for s in cot.split_steps(cot.think_body(cot.solution(EX, "a"))))
