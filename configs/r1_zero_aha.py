@@ -43,8 +43,9 @@ def get_config(arg: str | None = None):
   c.sampling.update(max_new_tokens=NEW_TOKENS, exit_chunk=16)
   c.model.max_len = c.task.prompt_len + NEW_TOKENS
   c.rl.update(G=8, prompts_per_step=8, train_buckets=5)
-  c.r1.pretrain.update(steps=600, batch=32, template_frac=1.0, tag_frac=0.5, mix_frac=0.0, noise_frac=0.0,
-                       cot_frac=0.25, mistake_frac=0.2, verify_frac=0.2, seq_len=176)
+  # seq_len: the longest document (191 tokens: tagged, with both re-checks), not model.max_len.
+  c.r1.pretrain.update(steps=1200, batch=32, template_frac=1.0, tag_frac=0.5, mix_frac=0.0, noise_frac=0.0,
+                       cot_frac=0.5, mistake_frac=0.2, verify_frac=0.2, seq_len=192)
   c.r1.zero.steps = 150
   # Held-out accuracy along the way (greedy, small): the aha picture needs it per step, not only at the ends.
   c.train.update(eval_every=10)
