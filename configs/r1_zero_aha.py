@@ -6,15 +6,16 @@ Args: `small`, `control`, `noverify`, `algo=<preset>` (those of configs/r1_pipel
   python -m grpo_jax.main --config=configs/r1_zero_aha.py:small --workdir=/tmp/aha_small   # 70 s of CPU (5 min wall at load 17)
 
 Task `sums` (tasks/sums.py): six operands in 1..9. Answering directly asks the model to add six numbers in one
-pass; the worked solution is a running total, one two-operand addition a step (~70 tokens against ~10).
+pass; the worked solution is a running total, one two-operand addition a step, each written after the operands
+still to add (`5 3 3 1 : add 8 + 6 = 14 ; 3 3 1 : add 14 + 5 = 19 ; ...`, ~93 tokens against ~10).
 
 The base's pre-training mix, fixed before any RL run (r1.pretrain; the length that pure selection can reach follows
 from it): every document is a chat transcript with the R1-Zero prompt (template_frac 1), half of them tagged
-(tag_frac 0.5). 25% of documents work step by step (cot_frac; 5 steps, ~70 tokens), the other 75% answer directly
-(~10 tokens). Of the step-by-step ones, 20% write one wrong intermediate total, `wait , recheck` and the corrected
-step (mistake_frac), and 20% re-check a right step and find nothing to fix (verify_frac; ~15 tokens each). No
-language mixing or forbidden words. The R1-Zero reward is format + accuracy only (r1.zero.rewards): nothing about
-length or verification; verification / correction rates, p90 length and the within-group length-accuracy
+(tag_frac 0.5). 50% of documents work step by step (cot_frac; 5 steps), the other 50% answer directly (~10 tokens).
+Of the step-by-step ones, 20% write one wrong intermediate total, `wait , recheck` and the corrected step
+(mistake_frac), and 20% re-check a right step and find nothing to fix (verify_frac; ~18 tokens each); 1,200 steps x
+32. No language mixing or forbidden words. The R1-Zero reward is format + accuracy only (r1.zero.rewards): nothing
+about length or verification; verification / correction rates, p90 length and the within-group length-accuracy
 correlation are logged at weight 0 (docs/metrics.md) and drawn in DIR/plots/r1_zero_aha.png.
 
 `control`: the same run from a base pre-trained on the same documents with every step-by-step one replaced by its
@@ -23,10 +24,13 @@ re-check (mistake_frac = verify_frac = 0). Room: 1,024 new tokens per completion
 (sampling.exit_chunk) and the update trains on the shortest of 5 length buckets covering the batch
 (rl.train_buckets), so the cost follows what the model writes.
 
-Measured 2026-12-01 (docs/r1.md, "The aha task"; 2-core CPU under load 15-17 from other jobs): the base's 600
-pre-training steps took 1,339 s, and the premise does NOT hold on it yet: of its held-out samples, direct answers
-are right 15.3% of the time, step-by-step ones 7.5% (only 21.5% of their steps are right additions). Not yet any
-R1-Zero result, nor the 3-seed one; `small` is a plumbing check (tests/test_aha.py runs a shrunk copy of it).
+Measured 2026-12-01 (docs/r1.md, "The aha task"; 2-core CPU under load 9-17 from other jobs), the base alone
+(`'--config.r1.stages=("base",)'`) and `python -m grpo_jax.r1.step_errors --workdir=DIR`: 1,200 pre-training steps
+at 0.9-2.1 s a step (2,396 s with the held-out report). The premise holds, narrowly: of its held-out samples (256
+prompts x 4), the step-by-step ones (49%) are right 25.9% of the time, the direct ones 20.3% (+0.056 +- 0.052, one
+seed); greedy 48.4% (last number). 26% of the written sums are still wrong. The first solution format (no operand
+list), cot_frac 0.25 or 600 steps did not hold it (docs/r1.md has the four bases).
+No R1-Zero result yet, nor the 3-seed one; `small` is a plumbing check (tests/test_aha.py runs a shrunk copy of it).
 """
 import os
 
@@ -43,8 +47,9 @@ def get_config(arg: str | None = None):
   c.sampling.update(max_new_tokens=NEW_TOKENS, exit_chunk=16)
   c.model.max_len = c.task.prompt_len + NEW_TOKENS
   c.rl.update(G=8, prompts_per_step=8, train_buckets=5)
-  c.r1.pretrain.update(steps=600, batch=32, template_frac=1.0, tag_frac=0.5, mix_frac=0.0, noise_frac=0.0,
-                       cot_frac=0.25, mistake_frac=0.2, verify_frac=0.2, seq_len=176)
+  # seq_len: the longest document (191 tokens: tagged, with both re-checks), not model.max_len.
+  c.r1.pretrain.update(steps=1200, batch=32, template_frac=1.0, tag_frac=0.5, mix_frac=0.0, noise_frac=0.0,
+                       cot_frac=0.5, mistake_frac=0.2, verify_frac=0.2, seq_len=192)
   c.r1.zero.steps = 150
   # Held-out accuracy along the way (greedy, small): the aha picture needs it per step, not only at the ends.
   c.train.update(eval_every=10)

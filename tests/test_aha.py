@@ -9,7 +9,7 @@ import pytest
 
 from grpo_jax.config import config_lib
 from grpo_jax.infra import errors
-from grpo_jax.r1 import corpus, heldout, stage_config
+from grpo_jax.r1 import corpus, heldout, stage_config, step_errors
 from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.rl import length_stats
 from grpo_jax.tasks import base, cot, registry, verify_jax, verify_py
@@ -41,9 +41,11 @@ def test_sums_examples_question_and_knobs():
 
 
 def test_sum_steps_hand_example():
-  assert cot.solution(EX, "a") == ("<think> add 3 + 8 = 11 ; add 11 + 5 = 16 ; add 16 + 9 = 25 ; </think> "
+  # Each step after the operands still to add: the next step's operand is the first of them (a local copy).
+  assert cot.solution(EX, "a") == ("<think> 5 9 : add 3 + 8 = 11 ; 9 : add 11 + 5 = 16 ; add 16 + 9 = 25 ; </think> "
                                    "<answer> 25 </answer>")
-  assert cot.solution(EX, "b", tagged=False) == "plim 3 + 8 = 11 ; plim 11 + 5 = 16 ; plim 16 + 9 = 25 ; zu ta ansor ez 25"
+  assert cot.solution(EX, "b", tagged=False) == ("5 9 : plim 3 + 8 = 11 ; 9 : plim 11 + 5 = 16 ; plim 16 + 9 = 25 ; "
+                                                 "zu ta ansor ez 25")
   assert cot.brief(EX, "a") == "<think> </think> <answer> 25 </answer>"
   assert cot.brief(EX, "a", tagged=False) == "so the answer is 25"
   assert all(cot.score_step(s) for s in cot.split_steps(cot.think_body(cot.solution(EX, "a"))))
@@ -175,6 +177,26 @@ def test_verification_terms_and_premise():
   assert np.isnan(heldout.premise(texts[:1], np.asarray([1]))["accuracy_brief_sampled"])
 
 
+def test_step_errors_hand_example():
+  """Which part of a running-total step is wrong: copy (first operand != previous total), operand (second != the
+  question's next), sum; a re-check replaces the step before it; the total follows what was written."""
+  texts = [cot.solution(EX, "a"),                                                 # right: 3 steps
+           "<think> add 3 + 8 = 11 ; add 11 + 6 = 17 ; add 17 + 9 = 26 ; </think> <answer> 26 </answer>",  # operand
+           "add 3 + 8 = 12 ; add 12 + 5 = 17 ; add 16 + 9 = 25 ; so the answer is 25",  # sum at 1, copy at 3
+           cot.solution(EX, "a", mistake=True, verify=True),                       # caught mistake: right
+           "add 3 + 8 = 11 ; wait , recheck add 3 + 8 = 12 ; add 12 + 5 = 17 ;",    # a re-check that breaks it
+           cot.brief(EX, "a")]                                                    # no steps
+  got = step_errors.step_errors(texts, [EX["terms"]] * len(texts))
+  assert got["stepwise"] == 5 and got["steps"] == 3 + 3 + 3 + 3 + 2
+  assert got["chains_right"] == 2
+  assert got["operand_wrong"] == pytest.approx(1 / 14)
+  assert got["copy_wrong"] == pytest.approx(1 / 14)
+  assert got["sum_wrong"] == pytest.approx(2 / 14)  # texts 3 and 5, at step 1
+  assert got["by_step"] == {1: {"n": 5, "copy": 0, "operand": 0, "sum": 2},
+                            2: {"n": 5, "copy": 0, "operand": 1, "sum": 0},
+                            3: {"n": 4, "copy": 1, "operand": 0, "sum": 0}}
+
+
 # ------------------------------------------------------------------------------------------------ config
 def _flat(d, prefix=""):
   out = {}
@@ -190,7 +212,7 @@ def test_aha_config_and_control():
   assert c.sampling.exit_chunk > 0 and c.rl.train_buckets > 1
   assert c.r1.stages == ("base", "r1_zero")
   assert dict(c.r1.zero.rewards) == {"format": 1.0, "accuracy": 1.0}  # nothing about length or verification
-  assert 0 < c.r1.pretrain.cot_frac < 0.5 and c.r1.pretrain.verify_frac > 0 and c.r1.pretrain.mistake_frac > 0
+  assert 0 < c.r1.pretrain.cot_frac <= 0.5 and c.r1.pretrain.verify_frac > 0 and c.r1.pretrain.mistake_frac > 0
   ctl = config_lib.load_config(CONFIG, "control")
   assert ctl.r1.pretrain.cot_frac == 0.0
   nv = config_lib.load_config(CONFIG, "noverify")

@@ -37,6 +37,7 @@ class Step:
   op: str
   b: int
   c: int
+  note: str = ""  # written before the word (sum_steps: the operands still to add), part of the step's free words
 
 
 def _w(word: str, language: str) -> str:
@@ -97,10 +98,14 @@ def countdown_steps(ex: dict) -> list[Step]:
 
 
 def sum_steps(terms) -> list[Step]:
-  """A running total, one operand a step: each step is one two-operand addition (tasks/sums.py)."""
+  """A running total, one operand a step: each step is one two-operand addition (tasks/sums.py), written after the
+  operands still to add (`5 3 1 : add 14 + 6 = 20`). The list makes each step's operand a local copy (the first
+  number of the previous step's list) instead of a look-up of the k-th operand in the question, which a 2-layer
+  base got wrong 91% of the time at the last step (docs/r1.md, "The aha task")."""
   steps, acc = [], int(terms[0])
-  for t in terms[1:]:
-    steps.append(Step("add", acc, "+", int(t), acc + int(t)))
+  for k, t in enumerate(terms[1:], start=2):
+    rest = "".join(f"{int(x)} " for x in terms[k:])
+    steps.append(Step("add", acc, "+", int(t), acc + int(t), f"{rest}: " if rest else ""))
     acc += int(t)
   return steps
 
@@ -119,7 +124,7 @@ def _answer(ex: dict) -> str:
 
 def _render(step: Step, language: str, c: int | None = None, prefix: str = "") -> str:
   c = step.c if c is None else c
-  return f"{prefix}{_w(step.word, language)} {step.a} {step.op} {step.b} = {c} ;"
+  return f"{prefix}{step.note}{_w(step.word, language)} {step.a} {step.op} {step.b} = {c} ;"
 
 
 def solution(ex: dict, language: str, mistake: bool = False, tagged: bool = True, verify: bool = False) -> str:
