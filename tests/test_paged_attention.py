@@ -25,10 +25,10 @@ def params():
   return random_params(MCFG, 0)
 
 
-@pytest.mark.parametrize("G,slots,page", [(4, 0, 4), (4, 8, 2), (1, 2, 8), (1, 0, 16)])
+@pytest.mark.parametrize("G,slots,page", [(4, 0, 4), (4, 8, 2), (1, 2, 8)])
 def test_paged_engine_gives_the_static_engines_samples(params, G, slots, page):
   """S = N and N/2 (G = 4: 16 rows), G = 1; prompts with 0..5 left pads of P = 6, so page sizes 2 and 4 leave
-  partial prompt pages of every fill (copied per slot) and 8, 16 hold the whole prompt in its partial page; rows end
+  partial prompt pages of every fill (copied per slot) and 8 holds the whole prompt in its partial page; rows end
   at EOS ids early, others run to L."""
   prompt, pm = prompts(B)
   scfg = S.SamplingConfig(max_new_tokens=L, eos_id=(3, 7, 11), exit_chunk=4)
@@ -38,9 +38,10 @@ def test_paged_engine_gives_the_static_engines_samples(params, G, slots, page):
   assert lengths.min() < L and lengths.max() == L, lengths
   ro, stats = continuous(params, prompt, pm, G, scfg, u, slots=slots, attention="paged", page_size=page)
   assert_same(ro, ref)
-  plain, pstats = continuous(params, prompt, pm, G, scfg, u, slots=slots, kv_block=4)
-  # the same schedule as the plain layout (admission, refill): only where the KV lives differs
-  assert (int(ro.decode_steps), int(stats.row_steps)) == (int(plain.decode_steps), int(pstats.row_steps))
+  # the plain layout's schedule (admission, refill, compaction; engine.simulate replays it): only the KV store differs
+  n = B * G
+  sim = E.simulate(lengths, slots or n, E.compaction_sizes(slots or n, 4), 4, L)
+  assert (int(ro.decode_steps), int(stats.row_steps)) == (sim["steps"], sim["row_steps"])
 
 
 def test_paged_engine_with_compaction_and_teacher_forcing(params):
@@ -83,7 +84,7 @@ def test_store_holds_prompts_unpadded_from_position_zero():
     assert set(tbl[s, plen[g] // z:]) <= set(range(own, own + geo.own))  # completion pages: the slot's own
 
 
-@pytest.mark.parametrize("kh,h", [(2, 4), (1, 4), (2, 2)])
+@pytest.mark.parametrize("kh,h", [(2, 4), (1, 2)])
 def test_reference_equals_the_tpu_kernels_own_reference(kh, h):
   """paged_attention.reference on random pages, page tables and kv_lens (GQA, one query per sequence) =
   ragged_paged_attention's ref_ragged_paged_attention (eager), sm_scale = 1/sqrt(head_dim)."""
