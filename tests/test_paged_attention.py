@@ -258,3 +258,19 @@ def test_tpu_lowering_puts_the_ragged_paged_kernel_in_the_decode_loop():
   r = json.loads(out.stdout.strip().splitlines()[-1])
   assert r["kernel_calls"] >= 2 and r["in_loop"] == r["kernel_calls"], r  # 2 layers; none outside a loop
   assert r["whiles"] >= 2, r
+
+
+def test_goldens_hold_with_the_paged_store(monkeypatch):
+  """The GRPO golden run (3 steps) with the continuous engine, 8 slots for 16 rows and decode_attention=paged
+  (rl/rollout.py passes the key through engine.attention_kwargs): the pinned numbers."""
+  from tests import test_goldens as tg
+  base = tg._config
+
+  def paged_config(algo):
+    c = base(algo)
+    c.sampling.update(engine="continuous", slots=8, compaction=2, decode_attention="paged", page_size=4)
+    return c
+  monkeypatch.setattr(tg, "_config", paged_config)
+  got = tg._run("grpo")
+  for k, w in tg.GOLDEN["grpo"].items():
+    np.testing.assert_allclose([row[k] for row in got], w, rtol=tg.RTOL, atol=tg.ATOL, err_msg=k)
