@@ -110,7 +110,7 @@ from tests.test_sampling import MCFG, random_params
 from tests.test_engine import prompts
 from grpo_jax.infra import sharding
 from grpo_jax.model import model as M
-from grpo_jax.rollout import engine as E, sampling as S
+from grpo_jax.rollout import decode_layout, engine as E, sampling as S
 params = random_params(MCFG, 0)
 prompt, pm = prompts(8, seed=4)
 G, L = 4, 12
@@ -124,13 +124,16 @@ out = {}
 with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
   shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
   p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
-  for slots in (32, 16):
-    run = lambda params, pr, m, u, slots=slots: E.sample_groups(MCFG, params, pr, m, G, scfg, u_LxN=u, slots=slots,
-                                                                levels=2, split=8, attention="paged", page_size=4)
+  # the training layout, and the tensor-parallel decode layout (decode_tp=2: rows over 4 devices)
+  for name, slots, layout in (("fsdp/16", 16, None), ("tp2/16", 16, "tp")):
+    def run(params, pr, m, u, slots=slots, layout=layout):
+      lay = None if layout is None else decode_layout.prepare(MCFG, params, decode_layout.Layout(layout, 2))
+      return E.sample_groups(MCFG, params, pr, m, G, scfg, u_LxN=u, slots=slots, levels=2, split=8, decode=lay,
+                             attention="paged", page_size=4)
     low = jax.jit(run).lower(p_sh, prompt, pm, jax.device_put(u, shard(P(None, "batch"))))
     ro, _ = low.compile()(p_sh, prompt, pm, jax.device_put(u, shard(P(None, "batch"))))
-    out[slots] = dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
-                      shard_map="shard_map" in low.as_text() or "manual" in low.as_text())
+    out[name] = dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
+                     shard_map="shard_map" in low.as_text() or "manual" in low.as_text())
 print(json.dumps(dict(one_tokens=np.asarray(one.tokens_NxL).tolist(), one_logp=np.asarray(one.logp_NxL).tolist(),
                       lengths=np.asarray(one.lengths_N).tolist(), runs=out)))
 """
@@ -138,7 +141,8 @@ print(json.dumps(dict(one_tokens=np.asarray(one.tokens_NxL).tolist(), one_logp=n
 
 def test_paged_engine_per_shard_on_8_devices_matches_one_device_static():
   """8 simulated devices, FSDP: each device's pool holds its slots' pages (the pool ops in shard_map, page indices
-  local to the shard); 32 and 16 slots (and compaction to 16 / 8): the one-device static engine's samples."""
+  local to the shard); 16 slots for 32 rows (refill, then compaction to 8), in the training layout and the
+  tensor-parallel decode layout (rows over 4 of the 8 devices): the one-device static engine's samples."""
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, XLA_FLAGS=os.environ["XLA_FLAGS"] + " --xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu")
@@ -147,7 +151,7 @@ def test_paged_engine_per_shard_on_8_devices_matches_one_device_static():
   assert out.returncode == 0, out.stderr[-3000:]
   res = json.loads(out.stdout.strip().splitlines()[-1])
   assert min(res["lengths"]) < 12 == max(res["lengths"]), res["lengths"]
-  assert sorted(res["runs"]) == ["16", "32"]
+  assert sorted(res["runs"]) == ["fsdp/16", "tp2/16"]
   for slots, r in res["runs"].items():
     assert r["shard_map"], slots
     np.testing.assert_array_equal(r["tokens"], res["one_tokens"])
