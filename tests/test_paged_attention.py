@@ -278,3 +278,19 @@ def test_goldens_hold_with_the_paged_store(monkeypatch):
   got = tg._run("grpo")
   for k, w in tg.GOLDEN["grpo"].items():
     np.testing.assert_allclose([row[k] for row in got], w, rtol=tg.RTOL, atol=tg.ATOL, err_msg=k)
+
+
+def test_memory_plan_models_the_paged_store():
+  """plan_terms: with the paged store the rollout holds each slot's ceil((Z - 1 + L) / Z) pages and every prompt's
+  full pages on every device, by hand for 1.5B, 16 prompts x G16, 512 + 8192, fsdp=8, 64 slots, Z = 16."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.rl import memory_plan
+  mesh = dict(data=1, fsdp=8, tensor=1)
+  c = memory_plan.workload_config("qwen2.5-1.5b", 16, 16, 512, 8192, mesh, engine="continuous", slots=64)
+  paged = config_lib.override(c, {"sampling.decode_attention": "tpu_ragged", "sampling.page_size": 16})
+  r = memory_plan.plan(paged, mesh, "tpu").rollout
+  kv_token = 2 * 28 * 2 * 128 * 2  # K and V, 28 layers, 2 KV heads of 128, bf16
+  assert r["slot kv pages (S x own pages)"] == 64 // 8 * 513 * 16 * kv_token  # ceil((15 + 8192) / 16) = 513 pages
+  assert r["prompt kv pages (all B prompts per device)"] == 16 * 512 * kv_token
+  plain = memory_plan.plan(c, mesh, "tpu").rollout
+  assert plain["prompt kv cache (B x P)"] == 2 * 512 * kv_token and "slot kv pages (S x own pages)" not in plain
