@@ -60,6 +60,19 @@ def test_paged_engine_with_compaction_and_teacher_forcing(params):
   assert_same(forced, ref)
 
 
+def test_paged_engine_under_vmap(params):
+  """Vmapped runs (studies/vmapped_runs.py's form) over the paged store: each run equals its own static rollout."""
+  prompt, pm = prompts(B, seed=2)
+  G = 2
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=(3, 7, 11, 13, 17))
+  us = jnp.stack([S.uniforms(jax.random.PRNGKey(s), L, B * G) for s in (0, 1)])
+  f = jax.jit(jax.vmap(lambda u: E.sample_groups(MCFG, params, prompt, pm, G, scfg, u_LxN=u, slots=4, levels=2,
+                                                 attention="paged", page_size=4)))
+  ros, _ = f(us)
+  for r in range(2):
+    assert_same(jax.tree.map(lambda x: x[r], ros), reference(params, prompt, pm, G, scfg, us[r]))
+
+
 def test_store_holds_prompts_unpadded_from_position_zero():
   """prompt_pages + init_pool + admit + table: reading a slot's first plen positions through its page table gives
   its prompt's K and V without the left pads, in order (NumPy), for every pad count and a prompt of full pages."""
