@@ -86,7 +86,7 @@ def base_config() -> ml_collections.ConfigDict:
       # attention kernel; auto = tpu_ragged on a TPU when the kernel supports the shape (head_dim 128), else plain
       # (rl/auto.py logs the choice)
       decode_attention="auto",
-      page_size=16))  # paged / tpu_ragged: tokens per KV page (the TPU kernel: 8 or 16)
+      page_size=16))  # paged / tpu_ragged: tokens per KV page (the TPU kernel: 8, 16 or 32)
 
   # rl.algo names the algorithm; presets.PRESETS[algo] holds every setting that defines it (the keys marked
   # "preset"). The defaults below are the grpo preset's (tests/test_presets.py checks they agree). Switch algorithm

@@ -33,7 +33,8 @@ from grpo_jax.model import attention
 BACKENDS = ("plain", "paged", "tpu_ragged")  # plain: live_attention.py; paged / tpu_ragged: this module
 CHOICES = ("auto",) + BACKENDS  # sampling.decode_attention
 TPU_HEAD_DIM = 128  # head_dim the TPU kernel compiles for (libtpu 0.0.42.1: 128 compiles, 64 does not)
-TPU_PAGE_SIZES = (8, 16)  # page sizes the TPU kernel was compiled with here
+# page sizes the kernel compiled with here (libtpu 0.0.42.1, v5e:2x2, head_dim 128: 8, 16 and 32 in fp32, 16 in bf16)
+TPU_PAGE_SIZES = (8, 16, 32)
 _MASKED = -0.7 * float(np.finfo(np.float32).max)  # the kernel's own mask value (finite: no NaN at kv_len 0)
 
 

@@ -241,20 +241,6 @@ def _called(ins: Instruction) -> list[tuple[str, bool]]:
   return out
 
 
-def in_loops(text: str) -> tuple[dict[str, list[Instruction]], set[str]]:
-  """(the module's computations, the names of those that run inside a `while` body: each body and everything it
-  calls): where a kernel's custom call sits, e.g. the decode loop's attention kernel."""
-  comps, _ = parse(text)
-  inside, todo = set(), [c for instrs in comps.values() for i in instrs for c, body in _called(i) if body]
-  while todo:
-    c = todo.pop()
-    if c in inside or c not in comps:
-      continue
-    inside.add(c)
-    todo += [callee for i in comps[c] for callee, _ in _called(i)]
-  return comps, inside
-
-
 def phase_of(op_name: str) -> str:
   for scope, phase in PHASES:
     if re.search(rf"(^|/){scope}(/|$)", op_name):
