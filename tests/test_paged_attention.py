@@ -338,3 +338,17 @@ def test_memory_plan_models_the_paged_store():
   assert r["prompt kv pages (all B prompts per device)"] == 16 * 512 * kv_token
   plain = memory_plan.plan(c, mesh, "tpu").rollout
   assert plain["prompt kv cache (B x P)"] == 2 * 512 * kv_token and "slot kv pages (S x own pages)" not in plain
+
+
+def test_cli_refuses_tpu_ragged_below_head_dim_128_with_one_line_exit_2(tmp_path):
+  """The CLI path: grpo_arith:small (head_dim 16) with decode_attention=tpu_ragged exits 2 with one line naming the
+  key, before anything is written or compiled."""
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_arith.py:small",
+                        f"--workdir={tmp_path / 'run'}", "--config.sampling.engine=continuous",
+                        "--config.sampling.decode_attention=tpu_ragged"], cwd=root, capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert len(out.stderr.strip().splitlines()) == 1, out.stderr[-2000:]
+  assert "config.model.head_dim=" in out.stderr and "needs head_dim 128" in out.stderr, out.stderr
+  assert not os.path.exists(tmp_path / "run")
