@@ -8,8 +8,9 @@ it does not write KV. So the layout is vLLM's:
   * per layer and per row shard (the devices the slots are split over), one page pool `pool_RxQxZxCxD`
     (R shards, Q pages per shard, Z tokens per page, C = 2K interleaved K/V heads, D head_dim);
   * each prompt stored unpadded from position 0 (the prefill's left padding removed when its KV is paged): its full
-    pages once per shard, shared by the page tables of its G rows (every shard holds every prompt's pages, since the
-    queue may give any row to any slot); its last partial page copied into a slot's first own page when the slot
+    pages once per shard, shared by the page tables of its G rows (every shard holds every prompt's pages: the
+    engine keeps rows on their device, so a shard's rows read only their prompt-table block, engine.prompt_table,
+    but the pool is not yet cut to it); its last partial page copied into a slot's first own page when the slot
     admits one of its rows (copy-on-write of the partial block, as vLLM's prefix sharing does);
   * each slot owns O = ceil((Z - 1 + L) / Z) pages, enough for a partial prompt page plus L completion tokens, so
     the pool cannot run out and admission never waits for pages;
