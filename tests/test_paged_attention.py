@@ -18,7 +18,8 @@ import conftest  # tests/conftest.py: requires
 from grpo_jax.model import paged_attention as PA
 from grpo_jax.rollout import engine as E
 from grpo_jax.rollout import sampling as S
-from tests.test_engine import B, L, MCFG, assert_same, continuous, prompts, random_params, reference
+from tests.test_engine import (B, L, MCFG, assert_goldens_with, assert_same, continuous, prompts, random_params,
+                               reference)
 
 
 @pytest.fixture(scope="module")
@@ -311,17 +312,7 @@ def test_tpu_lowering_puts_the_ragged_paged_kernel_in_the_decode_loop(tmp_path):
 def test_goldens_hold_with_the_paged_store(monkeypatch):
   """The GRPO golden run (3 steps) with the continuous engine, 8 slots for 16 rows and decode_attention=paged
   (rl/rollout.py passes the key through engine.attention_kwargs): the pinned numbers."""
-  from tests import test_goldens as tg
-  base = tg._config
-
-  def paged_config(algo):
-    c = base(algo)
-    c.sampling.update(engine="continuous", slots=8, compaction=2, decode_attention="paged", page_size=4)
-    return c
-  monkeypatch.setattr(tg, "_config", paged_config)
-  got = tg._run("grpo")
-  for k, w in tg.GOLDEN["grpo"].items():
-    np.testing.assert_allclose([row[k] for row in got], w, rtol=tg.RTOL, atol=tg.ATOL, err_msg=k)
+  assert_goldens_with(monkeypatch, engine="continuous", slots=8, compaction=2, decode_attention="paged", page_size=4)
 
 
 def test_memory_plan_models_the_paged_store():
