@@ -108,7 +108,8 @@ def pytest_unconfigure(config):
 # pytest.ini's --no-loadscope-reorder keeps xdist's queue in collection order, and this hook starts these modules
 # first: by default xdist queues the modules with the MOST tests first, which puts the long subprocess modules (1 to
 # 3 tests each) at the end, where the last of them runs while the other worker sits idle.
-SLOWEST_FIRST = ("test_engine", "test_faults", "test_resume", "test_rl_step", "test_multihost_cli", "test_aot", "test_sweep",
+SLOWEST_FIRST = ("test_engine", "test_faults", "test_resume", "test_rl_step", "test_paged_attention",
+                 "test_multihost_cli", "test_aot", "test_sweep",
                  "test_pipeline", "test_multihost", "test_seeds", "test_sharding", "test_attention", "test_ppo",
                  "test_model", "test_long_context", "test_ablation_tables", "test_hf_cli_llama", "test_hf_cli_qwen",
                  "test_sampling", "test_hf_load_memory", "test_hf_io", "test_algorithm_steps", "test_gdpo_table",

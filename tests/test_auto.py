@@ -284,8 +284,9 @@ def test_the_word_auto_on_the_command_line_is_zero_for_the_integer_knobs():
 
 
 def test_slots_resolve_after_the_chunks_that_bound_them():
-  """The registry's order: sampling.slots' candidates divide the rows by the rollout chunks chosen first."""
-  assert list(auto.REGISTRY)[:2] == ["rl.rollout_chunks", "sampling.slots"]
+  """The registry's order: the KV store first (every memory plan after it depends on it), then sampling.slots'
+  candidates divide the rows by the rollout chunks chosen before them."""
+  assert list(auto.REGISTRY)[:3] == ["sampling.decode_attention", "rl.rollout_chunks", "sampling.slots"]
   c = _tiny(**{"sampling.engine": "continuous"})
   free, _ = auto.resolve(c, auto.Context(MESH1, None, "cpu"))
   assert (free.rl.rollout_chunks, free.sampling.slots) == (1, 16)

@@ -323,14 +323,19 @@ def test_goldens_hold_with_the_continuous_engine(monkeypatch):
   """The GRPO golden run (3 steps: rollout, rewards, μ=2 × 2 minibatch updates) with the continuous engine and
   8 slots for its 16 rows gives the pinned numbers: same samples, so the same updates (params within the goldens'
   tolerance)."""
+  assert_goldens_with(monkeypatch, engine="continuous", slots=8, compaction=2)
+
+
+def assert_goldens_with(monkeypatch, **sampling):
+  """The GRPO golden run with these sampling.* keys set gives the pinned numbers."""
   from tests import test_goldens as tg
   base = tg._config
 
-  def continuous_config(algo):
+  def config(algo):
     c = base(algo)
-    c.sampling.update(engine="continuous", slots=8, compaction=2)
+    c.sampling.update(sampling)
     return c
-  monkeypatch.setattr(tg, "_config", continuous_config)
+  monkeypatch.setattr(tg, "_config", config)
   got = tg._run("grpo")
   for k, w in tg.GOLDEN["grpo"].items():
     np.testing.assert_allclose([row[k] for row in got], w, rtol=tg.RTOL, atol=tg.ATOL, err_msg=k)

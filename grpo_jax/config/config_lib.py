@@ -79,7 +79,14 @@ def base_config() -> ml_collections.ConfigDict:
       # continuous: decode slots S (rows queue for them); 0 = auto: the most, up to rows / rl.rollout_chunks, that
       # fit the device (rl/auto.py; a step built without it: rows / rl.rollout_chunks)
       slots=0,
-      compaction=4))  # continuous: slot counts S, S/2, ... (at most this many; 1 = no compaction)
+      compaction=4,  # continuous: slot counts S, S/2, ... (at most this many; 1 = no compaction)
+      # continuous: the decode attention's KV layout and kernel (model/paged_attention.py). plain = a [B, P] prompt
+      # buffer + [S, L] slot buffers (live_attention.py); paged = a page pool (shared prompt pages, each slot's own
+      # pages) attended in plain JAX, the reference of tpu_ragged = the same pool read by JAX's TPU ragged paged
+      # attention kernel; auto = tpu_ragged on a TPU when the kernel supports the shape (head_dim 128), else plain
+      # (rl/auto.py logs the choice)
+      decode_attention="auto",
+      page_size=16))  # paged / tpu_ragged: tokens per KV page (the TPU kernel: 8, 16 or 32)
 
   # rl.algo names the algorithm; presets.PRESETS[algo] holds every setting that defines it (the keys marked
   # "preset"). The defaults below are the grpo preset's (tests/test_presets.py checks they agree). Switch algorithm

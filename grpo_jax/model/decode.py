@@ -14,6 +14,7 @@ from jax.sharding import PartitionSpec
 
 from grpo_jax.model import live_attention
 from grpo_jax.model import lora
+from grpo_jax.model import paged_attention
 from grpo_jax.model.model import Block, ModelConfig, Params, RMSNorm, _apply, _head
 
 Cache = dict[str, jax.Array]
@@ -94,11 +95,13 @@ def decode_step(mcfg: ModelConfig, params: Params, token_N: jax.Array, position_
 
 
 def decode_step_live(mcfg: ModelConfig, weights: DecodeWeights, token_N: jax.Array, position_N: jax.Array,
-                     live: tuple[live_attention.LiveKV, ...], t_N: jax.Array):
+                     live: tuple[live_attention.LiveKV | paged_attention.PagedKV, ...], t_N: jax.Array):
   """The continuous engine's step: row n's token goes into its own completion position t_N[n] of its slot; it
-  attends to its prompt's shared KV and its own completion KV (live_attention.py). -> (logits, updated LiveKVs)."""
+  attends to its prompt's shared KV and its own completion KV: live_attention.py's layout, or paged_attention.py's
+  store (PagedKVs, which carry the write positions themselves). -> (logits, updated LiveKVs / PagedKVs)."""
+  mode = "decode_paged" if isinstance(live[0], paged_attention.PagedKV) else "decode_live"
   layer = lambda l, blk, lp, x, pos: blk.apply({"params": lp}, x, pos, None, live[l], t_N)
-  return _layers(mcfg, weights, token_N, position_N, "decode_live", layer)
+  return _layers(mcfg, weights, token_N, position_N, mode, layer)
 
 
 def _layers(mcfg: ModelConfig, w: DecodeWeights, token_N, position_N, mode: str, layer):

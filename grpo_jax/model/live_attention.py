@@ -1,11 +1,15 @@
 """Decode attention over live KV only, for the continuous rollout engine (rollout/engine.py).
 
-Layout (why not a paged pool): each prompt's KV is stored once, [B, P] (its G rows read it), and each slot's
-completion KV in its own [S, Lc] buffer written from position 0. Every shape is static (no page tables to build or
-free inside the loop, nothing to run out of: a slot always has room for a whole row), left-padded prompts keep the
+Layout (`sampling.decode_attention=plain`, the CPU/GPU default): each prompt's KV is stored once, [B, P] (its G
+rows read it), and each slot's completion KV in its own [S, Lc] buffer written from position 0. Every shape is
+static (no page tables, nothing to run out of: a slot always has room for a whole row), left-padded prompts keep the
 prefill's layout (the prompt mask says which keys are real) and GQA stays a 5-D einsum with no repeated K/V. The
 two attention partials, prompt and completion, are merged by their log-sum-exp; the completion partial reads only
 the blocks below the live rows' longest completion, so the KV read follows what the live rows have written.
+Why a paged pool is not the default here: without a kernel that reads pages in place, paged_attention's plain-JAX
+reference gathers every page of each slot's table per step (all of P + L), where this reads completion blocks only
+up to the live length; the paged store (paged_attention.py) is what JAX's TPU ragged paged
+attention kernel reads, so it is the layout there (`tpu_ragged`, chosen by `auto` on a TPU).
 """
 import math
 from typing import NamedTuple

@@ -35,6 +35,7 @@ import jax.numpy as jnp
 
 from grpo_jax.model import attention
 from grpo_jax.model import live_attention
+from grpo_jax.model import paged_attention
 from grpo_jax.model.model_config import UNROLL_MAX_LAYERS, ModelConfig  # noqa: F401  (UNROLL_MAX_LAYERS: re-exported)
 
 Params = Any
@@ -107,7 +108,8 @@ class Table(nn.Module):
 class Block(nn.Module):
   """One pre-norm layer. mode: 'train' (no cache), 'prefill' (also returns this layer's K/V in cache layout),
   'decode' (T=1; writes K/V into this layer's cache at slot `index` and attends to the cache), 'decode_live' (T=1;
-  the continuous engine's shared-prompt / per-slot KV, live_attention.py)."""
+  the continuous engine's shared-prompt / per-slot KV, live_attention.py), 'decode_paged' (T=1; the same engine's
+  paged store, paged_attention.py)."""
   cfg: ModelConfig
   mode: str
   packed: bool = False  # mask_NxT holds several segments per row (attention.choose)
@@ -147,6 +149,9 @@ class Block(nn.Module):
     elif self.mode == "decode_live":  # continuous engine: cache_kv is a live_attention.LiveKV, index the rows' t_N
       kv_out = live_attention.write(cache_kv, k[:, 0], v[:, 0], index)
       o = live_attention.attend(q[:, 0], kv_out)[:, None]
+    elif self.mode == "decode_paged":  # continuous engine over pages: cache_kv is a paged_attention.PagedKV
+      o, kv_out = paged_attention.write_attend(q[:, 0], k[:, 0], v[:, 0], cache_kv)
+      o = o[:, None]
     else:
       o = attention.attend(c.attention, q, k, v, mask_NxT, packed=self.packed)
       if self.mode == "prefill":

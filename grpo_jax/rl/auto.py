@@ -3,6 +3,7 @@ the config with every `auto` replaced by its choice (and why), before the step i
 
 A chooser sees the config, the mesh's axis sizes and the device memory, and may ask the memory planner
 (memory_plan.plan, bytes per device) and a time model of its own. Registered here, in the order they resolve:
+`sampling.decode_attention` (the continuous engine's KV store and kernel: the others' memory plans depend on it),
 `rl.rollout_chunks` with `rl.minibatches` (chosen jointly; integer knobs, so their auto value is 0), `sampling.slots`
 (the continuous engine's slot count; 0) and `rl.pack_len` (rl.packing's row length; 0). Other knobs register with
 `register(Knob(...))` from their own module. A step built from an unresolved config (tests) runs each knob's
@@ -12,10 +13,13 @@ import dataclasses
 import math
 from typing import Any, Callable
 
+import jax
 import ml_collections
 from absl import logging
 
 from grpo_jax.infra.errors import ConfigError
+from grpo_jax.model import model_config
+from grpo_jax.model import paged_attention
 from grpo_jax.rl import memory_plan
 from grpo_jax.rl import packing
 from grpo_jax.rollout import decode_layout
@@ -123,6 +127,23 @@ def _with(config, updates: dict) -> ml_collections.ConfigDict:
     section, name = k.rsplit(".", 1)
     _get(c, section)[name] = v
   return c
+
+
+# ------------------------------------------------------------------------------------------ sampling.decode_attention
+
+
+def choose_attention(config, ctx: Context, candidates: list[str]) -> tuple[str, str]:
+  """The TPU ragged paged attention kernel on a TPU when it supports the model's shape, else the plain-JAX live
+  attention (paged_attention.choose; the fallback and its reason are logged by `resolve`). Registered first: the
+  memory plans of the knobs after it depend on the KV store it picks."""
+  del candidates
+  m = model_config.ModelConfig.from_config(config.model)
+  return paged_attention.choose(m.head_dim, m.kv_heads, config.sampling.page_size, m.dtype,
+                                ctx.platform or jax.default_backend())
+
+
+register(Knob("sampling.decode_attention", lambda c, ctx: ["tpu_ragged", "plain"], choose_attention,
+              applies=lambda c: c.sampling.get("engine", "static") == "continuous"))
 
 
 # ------------------------------------------------------------------------------ rl.rollout_chunks × rl.minibatches

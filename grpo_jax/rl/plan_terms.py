@@ -37,23 +37,31 @@ def attention_bytes(path: str, rows: int, t: int, h: int, k: int, dh: int, cb: i
 def continuous_rollout_bytes(config, mcfg, mesh: dict[str, int], decode, n_prompts: int, P: int, L: int,
                              path) -> dict[str, int]:
   """rollout/engine.py's decode: the prompts' KV once ([B, P], not B·G), the S slots' completion KV ([S, Lc]), one
-  prefill over the B prompts; replaces the static engine's per-chunk [rows, P + L] cache and prefill."""
+  prefill over the B prompts; replaces the static engine's per-chunk [rows, P + L] cache and prefill. With the
+  paged store (sampling.decode_attention paged / tpu_ragged) its pages instead."""
   n = n_prompts * config.rl.G
   s = row_chunks.slots_for(config, n)
   lc = -(-L // min(engine_lib.KV_BLOCK, L)) * min(engine_lib.KV_BLOCK, L)
   dp, tp = mesh["data"] * mesh["fsdp"], mesh["tensor"]
   cb = BYTES[mcfg.dtype]
-  out = decode_layout.rollout_bytes(mcfg, mesh, decode, s, lc)  # the slots' KV and logits, the decode weights
-  slot_kv = out.pop("kv cache")
   k_dev = mcfg.kv_heads // tp if mcfg.kv_heads % tp == 0 else mcfg.kv_heads
   b_dev = math.ceil(n_prompts / dp)
   # each device's block of the prompt table (engine.prompt_table: more than B/D when a group spans devices)
   t_dev = engine_lib.prompt_table(n_prompts, config.rl.G, dp)[0].shape[1] if n % dp == 0 else b_dev
   f_dev = mcfg.inter // tp if mcfg.inter % tp == 0 else mcfg.inter
   h_dev = mcfg.heads // tp if mcfg.heads % tp == 0 else mcfg.heads
-  return dict(out, **{
-      "slot kv cache (S x L)": slot_kv,
-      "prompt kv cache (B x P)": 2 * mcfg.layers * t_dev * k_dev * mcfg.head_dim * P * cb,
+  prompt_kv = lambda prompts, tokens: 2 * mcfg.layers * prompts * k_dev * mcfg.head_dim * tokens * cb
+  if config.sampling.get("decode_attention", "auto") in ("paged", "tpu_ragged"):
+    # model/paged_attention.py: each slot's own pages (ceil((Z - 1 + L) / Z) of Z tokens), and every prompt's full
+    # pages on every device (the pool holds them all, though a device's rows read only its prompt-table block)
+    z = int(config.sampling.page_size)
+    out = decode_layout.rollout_bytes(mcfg, mesh, decode, s, -(-(z - 1 + L) // z) * z)
+    kv = {"slot kv pages (S x own pages)": out.pop("kv cache"),
+          "prompt kv pages (all B prompts per device)": prompt_kv(n_prompts, P // z * z)}
+  else:
+    out = decode_layout.rollout_bytes(mcfg, mesh, decode, s, lc)  # the slots' KV and logits, the decode weights
+    kv = {"slot kv cache (S x L)": out.pop("kv cache"), "prompt kv cache (B x P)": prompt_kv(t_dev, P)}
+  return dict(out, **kv, **{
       "prefill layer": (b_dev * P * (3 * mcfg.hidden + 2 * f_dev) * cb
                         + attention_bytes(path(n_prompts, P), b_dev, P, h_dev, k_dev, mcfg.head_dim, cb,
                                           backward=False))})

@@ -112,7 +112,8 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
       # (sampling.slots=0: N / rollout_chunks, the KV of as many rows as one static chunk holds)
       ro, stats = engine_lib.sample_groups(mcfg, params, batch["prompt_NxP"], batch["prompt_mask_NxP"], G, scfg,
                                            u_LxN=u_NxL.T, slots=row_chunks.slots_for(config, n_all), levels=levels,
-                                           split=engine_lib.batch_split(), decode=decode)
+                                           split=engine_lib.batch_split(), decode=decode,
+                                           **engine_lib.attention_kwargs(config, mcfg))
       decode_steps, row_steps, admit_wait = ro.decode_steps, stats.row_steps, stats.admit_wait
     else:
       def sample_rows(p, m, u):

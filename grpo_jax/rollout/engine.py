@@ -13,7 +13,12 @@ Inside the jitted step, static shapes:
     one `while_loop` each with its own decode step; once every device's queue is empty and its live rows fit its
     share of the next size, each device gathers them into that share (an argsort along its own slots only);
   * the phase predicates reduce over the devices (a phase lasts until the slowest device is done with it), and the
-    completion KV is read in blocks up to the live rows' longest completion over all devices (live_attention.attend).
+    completion KV is read in blocks up to the live rows' longest completion over all devices (live_attention.attend);
+  * or, with `attention` = 'paged' | 'tpu_ragged' (`sampling.decode_attention`), the KV lives in
+    paged_attention.py's page pool instead (prompt pages shared by the group, each slot's own pages), the layout
+    the TPU ragged paged attention kernel reads; the per-device schedule and the samples are the same. Every shard's
+    pool still holds every prompt's full pages (paged_attention.py), though a device's rows now read only its own
+    block of the prompt table.
 Every per-device operation is written batched over a leading [D, ...] axis (admission cumsums, compaction argsorts,
 the output scatters, the gathers of prompt KV / logits / uniforms by group: live_attention.take_local), which XLA's
 SPMD partitioner keeps on each device: in the default decode layout the compiled decode's only collectives are
@@ -35,6 +40,7 @@ import numpy as np
 from grpo_jax.model import decode as decode_lib
 from grpo_jax.model import live_attention
 from grpo_jax.model import model as model_lib
+from grpo_jax.model import paged_attention
 from grpo_jax.rollout import decode_layout
 from grpo_jax.rollout import sampling
 
@@ -53,7 +59,7 @@ class _Slots(NamedTuple):
   t_S: jax.Array  # int32 completion position of the slot's last emitted token
   tok_S: jax.Array  # int32 that token (the next decode step's input)
   live_S: jax.Array  # bool: the slot's row has not ended
-  ck: tuple  # per layer [S, K, Dh, Lc]
+  ck: tuple  # per layer [S, K, Dh, Lc] (empty with the paged store)
   cv: tuple  # per layer [S, K, Lc, Dh]
 
 
@@ -67,6 +73,7 @@ class _Loop(NamedTuple):
   steps: jax.Array  # decode steps run
   row_steps: jax.Array
   waited: jax.Array  # sum over admitted rows of the steps they waited
+  pools: tuple = ()  # paged store: per layer paged_attention's pool_RxQxZxCxD (empty with the plain layout)
 
 
 def compaction_sizes(slots: int, levels: int, split: int = 1) -> tuple[int, ...]:
@@ -92,14 +99,17 @@ def prompt_table(b: int, G: int, split: int) -> tuple[np.ndarray, np.ndarray]:
 def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Array, prompt_mask_BxP: jax.Array,
                   G: int, scfg: sampling.SamplingConfig, *, u_LxN: jax.Array, slots: int = 0, levels: int = 4,
                   split: int = 1, decode: decode_layout.Decode | None = None, kv_block: int = KV_BLOCK,
-                  force_NxL: jax.Array | None = None) -> tuple[sampling.Rollout, Stats]:
+                  force_NxL: jax.Array | None = None, attention: str = "plain",
+                  page_size: int = 16) -> tuple[sampling.Rollout, Stats]:
   """G completions of each of the B left-padded prompts (row n belongs to prompt n // G, as rollout.tile_batch
   orders them): the same Rollout `sampling.sample` gives for the tiled batch and the same uniforms.
 
   slots: 0 = N (every row has a slot from the start); levels: compaction sizes (1 = none); split: the mesh's batch
   split D: each device queues, admits and compacts its own N/D rows in its own S/D slots (every size is a multiple
   of D); kv_block: completion keys per block read. force_NxL: teacher forcing (tests): these tokens are emitted
-  instead of drawn and scored under the engine's own logits."""
+  instead of drawn and scored under the engine's own logits. attention: 'plain' (live_attention.py's layout) |
+  'paged' | 'tpu_ragged' (paged_attention.py's store of page_size-token pages, attended in plain JAX or by the TPU
+  kernel)."""
   b, p = prompt_BxP.shape
   n, L = b * G, scfg.max_new_tokens
   s0 = slots or n
@@ -111,6 +121,9 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
   if p + L > mcfg.max_len:
     raise ValueError(f"prompt length {p} + sampling.max_new_tokens {L} > model.max_len {mcfg.max_len}; "
                      "raise model.max_len or shorten prompts/completions.")
+  if attention not in paged_attention.BACKENDS:
+    raise ValueError(f"sampling.decode_attention={attention!r}: the engine runs one of {paged_attention.BACKENDS}.")
+  paged = attention != "plain"
   if u_LxN.shape != (L, n):
     raise ValueError(f"u_LxN {u_LxN.shape}: need [max_new_tokens, rows] = {(L, n)}.")
   D, nd = split, n // split
@@ -132,14 +145,14 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
   dm = decode.mcfg
   is_eos = lambda tok: functools.reduce(jnp.logical_or, [tok == e for e in scfg.eos_ids])
 
-  def group_of(row_S: jax.Array) -> jax.Array:
-    """A slot's prompt, as an index into its device's block of the prompt table."""
+  def group_of(row_S: jax.Array, local: bool = True) -> jax.Array:
+    """A slot's prompt, as an index into its device's block of the prompt table (local) or into the B prompts."""
     dev_S = np.arange(row_S.shape[0]) // (row_S.shape[0] // D)
-    return (dev_S * nd + jnp.minimum(row_S, nd - 1)) // G - first_D[dev_S]
+    return (dev_S * nd + jnp.minimum(row_S, nd - 1)) // G - (first_D[dev_S] if local else 0)
 
-  def admit(lp: _Loop, logits_SxV: jax.Array) -> tuple[_Loop, jax.Array]:
+  def admit(lp: _Loop, logits_SxV: jax.Array, geo) -> tuple[_Loop, jax.Array]:
     """Free slots take their device's next queued rows, in slot order; their logits are their prompt's prefill
-    logits."""
+    logits (and, paged, their first own page a copy of the prompt's partial page)."""
     sl = lp.slots
     free_DxSd = dev(~sl.live_S)
     new_DxSd = lp.next_D[:, None] + jnp.cumsum(free_DxSd.astype(jnp.int32), axis=1) - 1
@@ -148,6 +161,9 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     row_S = jnp.where(take_S, new_S, jnp.where(flat(free_DxSd), nd, sl.row_S))
     logits_SxV = jnp.where(take_S[:, None], live_attention.take_local(logits0_BdxV, group_of(new_S), D), logits_SxV)
     took_D = jnp.sum(take_DxSd.astype(jnp.int32), axis=1)
+    if paged:
+      lp = lp._replace(pools=tuple(paged_attention.admit(geo, pool, take_S, group_of(new_S, local=False), part)
+                                   for pool, part in zip(lp.pools, partial)))
     sl = sl._replace(row_S=row_S, t_S=jnp.where(take_S, 0, sl.t_S), live_S=sl.live_S | take_S)
     return lp._replace(slots=sl, next_D=lp.next_D + took_D, waited=lp.waited + jnp.sum(took_D) * lp.steps), logits_SxV
 
@@ -172,27 +188,40 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
         logp_DxNdxL=put(lp.logp_DxNdxL, r_DxSd, t_DxSd, dev(logp_S)),
         mask_DxNdxL=put(lp.mask_DxNdxL, r_DxSd, t_DxSd, jnp.ones_like(r_DxSd)), trunc_DxNd=trunc_D)
 
-  def step(lp: _Loop) -> _Loop:
+  def step(lp: _Loop, geo) -> _Loop:
     """Decode every slot's last token (its K/V into its own position t), advance, refill, emit."""
     sl = lp.slots
     group_S = group_of(sl.row_S)
-    clen_S = sl.t_S + 1
-    live_len = jnp.max(jnp.where(sl.live_S, clen_S, 0))  # over every device: the KV block loop is one program
-    live = tuple(live_attention.LiveKV(pk[l], pv[l], pmask_BdxP, group_S, sl.ck[l], sl.cv[l], clen_S, live_len, blk,
-                                       D) for l in range(dm.layers))
+    if not paged:
+      clen_S = sl.t_S + 1
+      live_len = jnp.max(jnp.where(sl.live_S, clen_S, 0))  # over every device: the KV block loop is one program
+      live = tuple(live_attention.LiveKV(pk[l], pv[l], pmask_BdxP, group_S, sl.ck[l], sl.cv[l], clen_S, live_len,
+                                         blk, D) for l in range(dm.layers))
     pos_S = live_attention.take_local(plen_Bd, group_S, D) + sl.t_S
+    if paged:  # the page table follows from each slot's prompt: rebuilt per step, nothing to allocate or free
+      tbl_SxM = paged_attention.table(geo, group_of(sl.row_S, local=False), plen_B)
+      live = tuple(paged_attention.PagedKV(pool, tbl_SxM, pos_S, attention) for pool in lp.pools)
     logits_SxV, kvs = decode_lib.decode_step_live(dm, decode.weights, sl.tok_S, pos_S, live, sl.t_S)
-    sl = sl._replace(t_S=jnp.where(sl.live_S, sl.t_S + 1, sl.t_S), ck=tuple(rows(kv.ck_NxKxDxL) for kv in kvs),
-                     cv=tuple(rows(kv.cv_NxKxLxD) for kv in kvs))
+    sl = sl._replace(t_S=jnp.where(sl.live_S, sl.t_S + 1, sl.t_S))
+    if paged:
+      lp = lp._replace(pools=tuple(kv.pool_RxQxZxCxD for kv in kvs))
+    else:
+      sl = sl._replace(ck=tuple(rows(kv.ck_NxKxDxL) for kv in kvs), cv=tuple(rows(kv.cv_NxKxLxD) for kv in kvs))
     lp = lp._replace(slots=sl, steps=lp.steps + 1, row_steps=lp.row_steps + sl.row_S.shape[0])
-    return emit(*admit(lp, rows(logits_SxV)))
+    return emit(*admit(lp, rows(logits_SxV), geo))
 
-  def compact(lp: _Loop, size: int) -> _Loop:
+  def compact(lp: _Loop, size: int, geo):
     """Each device's live slots, in slot order, gathered into its first size/D (the queues are empty and they fit):
-    an argsort along each device's own slots, a gather batched over the devices."""
+    an argsort along each device's own slots, a gather batched over the devices; paged, their own pages move with
+    them. -> (loop state, the store's geometry at the new size)."""
+    sd = lp.slots.live_S.shape[0] // D
     keep_DxK = jnp.argsort(dev(~lp.slots.live_S).astype(jnp.int32), axis=1, stable=True)[:, :size // D]
-    return lp._replace(slots=jax.tree.map(lambda x: rows(live_attention.take_local(x, flat(keep_DxK), D)),
-                                          lp.slots))
+    lp = lp._replace(slots=jax.tree.map(lambda x: rows(live_attention.take_local(x, flat(keep_DxK), D)),
+                                        lp.slots))
+    if paged:  # the pool's compaction takes global slot indices
+      moved = [paged_attention.compact(geo, pool, flat(keep_DxK + sd * jnp.arange(D)[:, None])) for pool in lp.pools]
+      geo, lp = moved[0][0], lp._replace(pools=tuple(pool for _, pool in moved))
+    return lp, geo
 
   # [D, N/D, ...] device blocks, block d on device d (D = 1: the rows split as [N, ...] is)
   on_dev = lambda x: nn.with_logical_constraint(x, (("batch", None) if D > 1 else (None, "batch"))
@@ -213,30 +242,49 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     axes = decode_lib.cache_axes()
     pk = tuple(by_table(x, axes["k"]) for x in pcache["k"])
     pv = tuple(by_table(x, axes["v"]) for x in pcache["v"])
-    cache = decode_lib.init_cache(dm, s0, lc)
+    geo, partial, pools = None, (), ()
+    if paged:  # the prompts' KV paged (unpadded), the slots' own pages zeroed; no [S, Lc] buffers
+      plen_B = jnp.sum(pmask_BxP, axis=1)
+      geo = paged_attention.geometry(b, p, L, s0, paged_attention.shards(s0, dm.heads, dm.kv_heads), page_size)
+      pages = [paged_attention.prompt_pages(geo, pcache["k"][l], pcache["v"][l], plen_B) for l in range(dm.layers)]
+      partial = tuple(pp for _, pp in pages)
+      pools = tuple(paged_attention.init_pool(geo, full) for full, _ in pages)
+      cache = {"k": (), "v": ()}
+    else:
+      cache = decode_lib.init_cache(dm, s0, lc)
     sl = _Slots(row_S=jnp.full((s0,), nd, jnp.int32), t_S=jnp.zeros((s0,), jnp.int32),
                 tok_S=jnp.zeros((s0,), jnp.int32), live_S=jnp.zeros((s0,), bool),
                 ck=tuple(map(rows, cache["k"])), cv=tuple(map(rows, cache["v"])))
     lp = _Loop(slots=sl, tokens_DxNdxL=on_dev(jnp.full((D, nd, L), scfg.pad_id, jnp.int32)),
                logp_DxNdxL=on_dev(jnp.zeros((D, nd, L), jnp.float32)),
                mask_DxNdxL=on_dev(jnp.zeros((D, nd, L), jnp.int32)), trunc_DxNd=on_dev(jnp.zeros((D, nd), bool)),
-               next_D=jnp.zeros((D,), jnp.int32), steps=jnp.int32(0), row_steps=jnp.int32(0), waited=jnp.int32(0))
-    lp = emit(*admit(lp, jnp.zeros((s0, logits0_BxV.shape[-1]), jnp.float32)))
+               next_D=jnp.zeros((D,), jnp.int32), steps=jnp.int32(0), row_steps=jnp.int32(0), waited=jnp.int32(0),
+               pools=pools)
+    lp = emit(*admit(lp, jnp.zeros((s0, logits0_BxV.shape[-1]), jnp.float32), geo))
     for k, size in enumerate(sizes):
       if k:
-        lp = compact(lp, size)
+        lp, geo = compact(lp, size, geo)
       nxt = (sizes[k + 1] if k + 1 < len(sizes) else 0) // D
 
       def more(lp, nxt=nxt):  # any device with rows queued, or more live than its share of the next size holds
         live_D = jnp.sum(dev(lp.slots.live_S).astype(jnp.int32), axis=1)  # (the last size: any live)
         return jnp.any((lp.next_D < nd) | (live_D > nxt))
 
-      lp = jax.lax.while_loop(more, step, lp)
+      lp = jax.lax.while_loop(more, functools.partial(step, geo=geo), lp)
   mask_NxL = rows(flat(lp.mask_DxNdxL))
   ro = sampling.Rollout(tokens_NxL=rows(flat(lp.tokens_DxNdxL)), mask_NxL=mask_NxL,
                         lengths_N=jnp.sum(mask_NxL, axis=1), logp_NxL=rows(flat(lp.logp_DxNdxL)),
                         truncated_N=flat(lp.trunc_DxNd), decode_steps=lp.steps)
   return ro, Stats(row_steps=lp.row_steps, admit_wait=lp.waited.astype(jnp.float32) / n)
+
+
+def attention_kwargs(config, mcfg: model_lib.ModelConfig) -> dict[str, Any]:
+  """sample_groups' `attention` and `page_size` from sampling.decode_attention / page_size; `auto` left unresolved
+  by rl/auto.py is chosen here for JAX's default backend (paged_attention.choose)."""
+  attn, page = config.sampling.get("decode_attention", "auto"), int(config.sampling.get("page_size", 16))
+  if attn == "auto":
+    attn, _ = paged_attention.choose(mcfg.head_dim, mcfg.kv_heads, page, mcfg.dtype, jax.default_backend())
+  return dict(attention=attn, page_size=page)
 
 
 def batch_split() -> int:

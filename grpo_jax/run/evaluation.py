@@ -78,7 +78,7 @@ def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids:
       u_LxN = sampling.uniforms(rng, scfg.max_new_tokens, prompt_NxP.shape[0])
       ro, _ = engine.sample_groups(mcfg, params, prompt_NxP[::group], pmask_NxP[::group], group, scfg, u_LxN=u_LxN,
                                    levels=int(config.sampling.compaction), split=engine.batch_split(),
-                                   decode=decode)
+                                   decode=decode, **engine.attention_kwargs(config, mcfg))
     else:
       ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg, decode=decode)
     if not in_graph:

@@ -11,6 +11,7 @@ from grpo_jax.hf import model_source
 from grpo_jax.infra import sharding
 from grpo_jax.rollout import decode_layout
 from grpo_jax.model import model_config
+from grpo_jax.model import paged_attention
 from grpo_jax.tasks import prompts
 
 # Advantage estimators (advantages.ESTIMATORS, plus PPO's GAE) by what they need.
@@ -283,6 +284,18 @@ def validate_engine(c, rows: int, data_par: int) -> None:
           "share of the slots); use a multiple of it, or 0.")
   if not isinstance(levels, int) or levels < 1:
     _fail("sampling.compaction", f"must be an integer >= 1 (slot counts S, S/2, ...; 1 = none), got {levels!r}.")
+  attn = c.sampling.get("decode_attention", "auto")
+  _choice(c, "sampling.decode_attention", paged_attention.CHOICES)
+  _positive_int(c, "sampling.page_size")
+  if attn in ("paged", "tpu_ragged") and c.sampling.engine != "continuous":
+    _fail("sampling.decode_attention", f"{attn!r} is the continuous engine's paged KV store; set "
+          "sampling.engine='continuous', or decode_attention='auto'.")
+  if attn == "tpu_ragged":  # the kernel's shape limits, before anything is compiled (auto falls back instead)
+    m = model_config.ModelConfig.from_config(c.model)
+    bad = paged_attention.tpu_unsupported(m.head_dim, m.kv_heads, c.sampling.page_size, m.dtype)
+    if bad:
+      raise ConfigError(f"config.{bad}; set sampling.decode_attention='auto' (the plain-JAX path where the kernel "
+                        "does not fit) or 'plain'.")
 
 
 def validate_algorithm(c) -> None:
