@@ -40,7 +40,7 @@ def requires(modname: str, reason: str):
 
   def deco(fn):
     if importlib.util.find_spec(modname) is not None:
-      return fn
+      return _one_libtpu_process(fn) if modname == "libtpu" else fn
     if os.environ.get("CI") != "true":
       return pytest.mark.skip(reason=reason)(fn)
 
@@ -50,6 +50,24 @@ def requires(modname: str, reason: str):
       pytest.fail(f"{modname} is missing under CI=true (the test extra installs it): {reason}")
     return missing
   return deco
+
+
+def _one_libtpu_process(fn):
+  """libtpu allows one process on the machine at a time (a second fails on /tmp/libtpu_lockfile), and the libtpu
+  tests live in several modules that two xdist workers run side by side: each holds one file lock while it runs."""
+  import fcntl
+  import functools
+  import tempfile
+
+  @functools.wraps(fn)
+  def locked(*args, **kwargs):
+    with open(os.path.join(tempfile.gettempdir(), "grpo_jax_tests_libtpu.lock"), "w") as f:
+      fcntl.flock(f, fcntl.LOCK_EX)
+      try:
+        return fn(*args, **kwargs)
+      finally:
+        fcntl.flock(f, fcntl.LOCK_UN)
+  return locked
 
 
 @contextlib.contextmanager

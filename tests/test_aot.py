@@ -223,8 +223,8 @@ NEEDS_LIBTPU = conftest.requires("libtpu", "libtpu is not importable: pip instal
 
 @NEEDS_LIBTPU
 def test_tpu_compile_report_in_subprocess():
-  # libtpu allows one process at a time: its users are this module's tests (one xdist worker under --dist
-  # loadscope), each in its own process.
+  # libtpu allows one process at a time: every libtpu test (this module, test_packing, test_paged_attention; two
+  # xdist workers) holds conftest's file lock while it runs.
   cmd = [sys.executable, "-m", "grpo_jax.perf.aot", "--model=small", "--topology=v5e:2x2", "--prompts=2", "--G=4",
          "--prompt-len=128", "--L=128", "--json"]
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
