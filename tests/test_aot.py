@@ -278,14 +278,19 @@ print(json.dumps(out))
 """
 
 
+def _last_json_line_of(script: str, timeout: int) -> dict:
+  """Runs a libtpu script in its own process (libtpu: one process at a time) and parses its last stdout line."""
+  out = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 @NEEDS_LIBTPU
 def test_tpu_lowering_of_training_contains_the_splash_kernels():
   """On a TPU target, model.attention=auto lowers the training forward+backward to splash's Pallas kernels (forward,
   dq and dkv, with segment ids for the padding) inside shard_map; the einsum path has no kernel call."""
-  out = subprocess.run([sys.executable, "-c", _SPLASH_LOWERING], cwd=REPO, capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert out.returncode == 0, out.stderr[-3000:]
-  r = json.loads(out.stdout.strip().splitlines()[-1])
+  r = _last_json_line_of(_SPLASH_LOWERING, timeout=600)
   kernels = {"splash_mha_fwd_segmented_residuals", "splash_mha_dq_segmented_no_residuals",
              "splash_mha_dkv_segmented_no_residuals"}
   assert kernels <= set(r["auto"]), r
@@ -320,10 +325,7 @@ def test_tpu_decode_loop_collectives_per_layout():
   """In the TPU compiler's program, the decode loop of the default layout moves no weight and runs no collective at
   all (tensor=1); tensor-parallel decode stays within 2 all-reduces per layer plus the embedding's all-reduce and
   the logits' all-gather, and moves no weight (weights told apart from activations by shape)."""
-  out = subprocess.run([sys.executable, "-c", _DECODE_COLLECTIVES], cwd=REPO, capture_output=True, text=True,
-                       timeout=600, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert out.returncode == 0, out.stderr[-3000:]
-  r = json.loads(out.stdout.strip().splitlines()[-1])
+  r = _last_json_line_of(_DECODE_COLLECTIVES, timeout=600)
   auto, tp = r["auto"], r["tp"]
   assert auto["decode_layout"] == "gathered" and auto["decode_weight_collectives_per_token"] == 0, auto
   assert auto["decode_collective_budget"] == {} and auto["decode_collectives_per_token"] == {}, auto
@@ -365,10 +367,7 @@ def test_tpu_continuous_engine_decode_moves_no_weight_and_no_row():
   step moves no weight, and no row either (rows stay on their device: only scalar all-reduces of the phase
   predicates and the live maximum, a few bytes per step); the training layout's per-token weight all-gathers are
   found in the same loops (so the count sees them)."""
-  out = subprocess.run([sys.executable, "-c", _CONTINUOUS_DECODE], cwd=REPO, capture_output=True, text=True,
-                       timeout=900, env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert out.returncode == 0, out.stderr[-3000:]
-  r = json.loads(out.stdout.strip().splitlines()[-1])
+  r = _last_json_line_of(_CONTINUOUS_DECODE, timeout=900)
   auto, fsdp = r["auto"], r["fsdp"]
   assert auto["decode_layout"] == "gathered" and auto["decode_weight_collectives_per_token"] == 0, auto
   assert set(auto["decode_collectives_per_token"]) <= {"all-reduce"}, auto
