@@ -52,6 +52,9 @@ def bench_config(a):
                    tie_embeddings=m.tie_embeddings)
     c.sampling.exit_chunk = a.exit_chunk
     c.rl.train_buckets = a.train_buckets
+  for key, value in getattr(a, "overrides", {}).items():  # main's --engine / --packing / --config-override
+    import tail_bench  # benchmarks/ (the script's directory); it imports this module
+    tail_bench.set_key(c, key, value)
   return c
 
 
@@ -453,6 +456,15 @@ def main():
     return tail_bench.main(a)
   if a.model_dir and (a.early_exit or a.scaling):
     raise SystemExit("--model-dir times the step on the checkpoint; run --early-exit / --scaling without it.")
+  # Outside the tail workload there is one run of ours: --engine / --packing take one value each, and with
+  # --config-override they set the config of that run (e.g. the no-slowdown check: --engine continuous at bench-tiny).
+  (label, a.overrides), *more = tail_bench.variants(a)
+  if more:
+    raise SystemExit("--engine / --packing take one value each outside --workload tail (one run of ours); "
+                     "give e.g. --engine continuous.")
+  if a.overrides and not a.no_perf:
+    print(f"overrides {a.overrides}: the FLOP/s part programs (profile_parts.py) build the default config; skipped")
+    a.no_perf = True
   print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} at start", flush=True)
   if a.early_exit:
     lines, res = early_exit_bench(a, max(3, a.steps))
@@ -504,7 +516,7 @@ def main():
     for line in scaling(a, a.scaling):
       print(line)
   line = (f"RESULT s_per_step={ours['median']:.4f} compile_s={ours['compile_s']:.2f} completions={a.prompts * a.G} "
-          f"L={a.L} recompiles={ours['recompiles']}")
+          f"L={a.L} recompiles={ours['recompiles']} ours={label.replace(',', '+')}")
   if a.model_dir:
     line += (f" completion_len={ours['completion_lens'].mean():.2f} exit_chunk={a.exit_chunk} "
              f"train_buckets={a.train_buckets} same_weights={int(same)}")

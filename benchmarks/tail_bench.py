@@ -277,6 +277,12 @@ def main(a) -> list[TailOurs]:
                f"rollout_speedup_vs_{name}={p[name + '_rollout_s'] / b['rollout']:.2f}")
     if f"{name}_len_mean" in p:
       line += f" {name}_completion_len={p[name + '_len_mean']:.2f}"
+    for o in ours[1:]:  # each further variant of ours against the same peer figures
+      r, k = res[o.label], o.label.replace(",", "_").replace("=", "_")
+      if f"{name}_s_per_step" in p:
+        line += f" {k}_speedup_vs_{name}={p[name + '_s_per_step'] / r['median']:.2f}"
+      if f"{name}_rollout_s" in p:
+        line += f" {k}_rollout_speedup_vs_{name}={p[name + '_rollout_s'] / r['rollout']:.2f}"
   print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} at end")
   print(line)
   return ours
