@@ -8,7 +8,9 @@ samples at temperature 1 with up to L new tokens; TRL, tunix and ours run the fu
 reward 1 if the count reached "<b>"), vLLM (`LLM.generate`, the engine TRL, verl and OpenRLHF roll out with) the
 rollout only. Ours, per batch: the RL step's own rollout (rollout.make_rollout_fn: sampling + reward, no reference)
 as a separate program on the step's params with PRNGKey(batch index), then the step; "post-rollout" = step − rollout
-(reference log-probs, advantages, update).
+(reference log-probs, advantages, update). vLLM runs as a server process (vllm_rollout_bench.py --serve) that
+generates each batch right after our variants have run it, so every pair of rollouts is seconds apart; TRL and
+tunix (whole steps in their own processes) run between the two halves of our batches.
 
 Variants of ours run interleaved in the same process: `--engine static,continuous` (sampling.engine) and `--packing
 off,on` (rl.packing), each only where this tree's config has the key; `--config-override key=value` (repeatable) for
@@ -16,8 +18,11 @@ any other key. The first variant is the one the peers are compared with.
 """
 import copy
 import itertools
+import json
 import os
+import re
 import statistics
+import subprocess
 import sys
 import time
 
@@ -180,10 +185,53 @@ def check_checkpoint(a) -> None:
                      f"({tail_prompts.word(a.L)}); make it with make_tail_checkpoint.py --L {a.L} (or lower --L).")
 
 
-def _round_robin(ours: list[TailOurs], k: int) -> None:
+class VllmServer:
+  """vllm_rollout_bench.py --serve in its venv: vLLM's `generate` on batch k when asked, so that its rollouts
+  interleave with ours batch by batch. Idle between batches it sleeps on stdin (~1% of a core: measured)."""
+
+  def __init__(self, python: str, a):
+    cmd = [python, os.path.join(grpo_step.PEERS, "vllm_rollout_bench.py"), "--serve", "--workload=tail",
+           f"--model-dir={a.model_dir}"] + [f"--{k}={getattr(a, k)}" for k in grpo_step.FLAGS if k != "steps"]
+    cmd.append(f"--steps={a.steps + 1}")  # batches 0..steps: 0 warms up, as ours compiles on it
+    print("+", " ".join(cmd), flush=True)
+    self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, bufsize=1)
+    self.log: list[str] = []
+    self._until("READY")
+    self.times: dict[int, float] = {}
+
+  def _until(self, prefix: str) -> str:
+    for line in self.proc.stdout:
+      if line.startswith(prefix):
+        return line
+      self.log.append(line)
+    raise SystemExit("vLLM peer ended early; its last output:\n" + "".join(self.log[-40:]))
+
+  def batch(self, k: int) -> float:
+    self.proc.stdin.write(f"{k}\n")
+    self.proc.stdin.flush()
+    rec = json.loads(self._until("BATCH ")[len("BATCH "):])
+    self.times[k] = rec["seconds"]
+    return rec["seconds"]
+
+  def finish(self) -> dict[str, float] | None:
+    out, _ = self.proc.communicate("quit\n", timeout=600)
+    lines = out.splitlines()
+    print("\n".join(ln for ln in lines if ln.startswith("vllm ")), flush=True)
+    line = next((ln for ln in lines if ln.startswith("RESULT vllm_rollout_s=")), None)
+    if line is None:
+      print("".join(self.log[-40:]) + out[-3000:], file=sys.stderr)
+      return None
+    return {k: float(v) for k, v in re.findall(r"(\w+)=([-0-9.e]+|nan)\b", line)}
+
+
+def _round_robin(ours: list[TailOurs], k: int, vllm: VllmServer | None = None) -> None:
+  """k more batches: each of our variants, then (with `vllm`) vLLM on the same batch, before the next batch."""
   for _ in range(k):
     for o in ours:
       o.run(1)
+    if vllm is not None:
+      vllm.batch(ours[0].batch_index - 1)
 
 
 def peer_line(name: str, p: dict) -> str:
@@ -215,7 +263,12 @@ def main(a) -> list[TailOurs]:
     ours.append(TailOurs(v, label, over))
     print(f"grpo_jax[{label}] {over or ''} compile+first step {ours[-1].compile_s:.1f}s", flush=True)
   first = max(1, a.steps // 2)
-  _round_robin(ours, first)
+  # vLLM's rollouts interleave with ours batch by batch (this machine's speed drifts by tens of percent over
+  # minutes); it warms up on batch 0, which ours compiled on.
+  vllm = VllmServer(a.vs_vllm, a) if a.vs_vllm else None
+  if vllm is not None:
+    vllm.batch(0)
+  _round_robin(ours, first, vllm)
   peers = {}
   tail = ("--workload=tail",)
   # The peers leave their first step out (compile / warm-up) as ours leaves batch 0: one step more, so that every side
@@ -223,11 +276,12 @@ def main(a) -> list[TailOurs]:
   pa = copy.copy(a)
   pa.steps = a.steps + 1
   for flag, script, key, name in ((a.vs_trl, "trl_grpo_bench.py", "trl_s_per_step", "trl"),
-                                  (a.vs_tunix, "tunix_grpo_bench.py", "tunix_s_per_step", "tunix"),
-                                  (a.vs_vllm, "vllm_rollout_bench.py", "vllm_rollout_s", "vllm")):
+                                  (a.vs_tunix, "tunix_grpo_bench.py", "tunix_s_per_step", "tunix")):
     if flag:
       peers[name] = grpo_step.run_peer(flag, script, pa, key, tail)
-  _round_robin(ours, max(1, a.steps - first))
+  _round_robin(ours, max(1, a.steps - first), vllm)
+  if vllm is not None:
+    peers["vllm"] = vllm.finish()
   res = {o.label: o.summary() for o in ours}
   base = ours[0].label
   for o in ours:
@@ -245,6 +299,13 @@ def main(a) -> list[TailOurs]:
           f"{'yes' if same_lens else 'NO'}")
   for name, p in peers.items():
     print(peer_line(name, p) if p is not None else f"{name}: no RESULT line (its output is above)")
+  totals = {}
+  if vllm is not None and peers.get("vllm") is not None:
+    # the same batches 1..steps, each vLLM rollout run right after ours on that batch
+    totals = {o.label: (sum(o.roll_t), sum(vllm.times[k] for k in range(1, len(o.roll_t) + 1))) for o in ours}
+    print("rollout seconds summed over batches 1.." + str(a.steps) + ", vLLM interleaved batch by batch: " + "; ".join(
+        f"ours[{lab}] {t:.2f} vs vLLM {v:.2f} ({v / t:.2f}x)" for lab, (t, v) in totals.items())
+        + f"; per batch vLLM {[round(vllm.times[k], 3) for k in sorted(vllm.times)]}")
   fp = {"grpo_jax": res[base]["fingerprint"]}
   fp.update({n: p.get(n + "_fingerprint") for n, p in peers.items() if p is not None and n != "vllm"})
   same = all(v is not None and abs(v - fp["grpo_jax"]) <= 1e-4 for v in fp.values())
@@ -283,6 +344,9 @@ def main(a) -> list[TailOurs]:
         line += f" {k}_speedup_vs_{name}={p[name + '_s_per_step'] / r['median']:.2f}"
       if f"{name}_rollout_s" in p:
         line += f" {k}_rollout_speedup_vs_{name}={p[name + '_rollout_s'] / r['rollout']:.2f}"
+  for lab, (t, v) in totals.items():
+    k = lab.replace(",", "_").replace("=", "_")
+    line += f" {k}_rollout_total_s={t:.3f} {k}_vllm_rollout_total_s={v:.3f} {k}_rollout_total_speedup_vs_vllm={v / t:.2f}"
   print(f"load average {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f} at end")
   print(line)
   return ours

@@ -10,12 +10,19 @@ next token after stop_prompts.CHECK_PROMPT give the fingerprint grpo_step.py com
 
   VLLM_CPU_KVCACHE_SPACE=4 python vllm_rollout_bench.py --model-dir DIR --workload tail --prompts 8 --G 8 --L 512
 
+`--serve` (what tail_bench.py uses): after loading and the fingerprint it prints `READY`, then generates one batch
+per stdin line (the batch index s: rows [s·prompts, (s+1)·prompts)), answering each with a `BATCH {json}` line, so
+the caller can interleave its own rollouts with vLLM's batch by batch (on a noisy machine, minutes apart is not a
+comparison); `quit` prints the summary and RESULT lines over the batches in the order asked (the first one asked
+warms up and is not counted).
+
 The engine spawns worker processes: the entry is guarded by `if __name__ == "__main__":`.
 """
 import argparse
 import json
 import os
 import statistics
+import sys
 import time
 
 
@@ -27,6 +34,7 @@ def main():
   ap.add_argument("--model-dir", required=True, help="the shared checkpoint (make_tail_checkpoint.py)")
   ap.add_argument("--workload", default="tail", choices=["stop", "tail"])
   ap.add_argument("--kv-cache-gib", default="4", help="VLLM_CPU_KVCACHE_SPACE")
+  ap.add_argument("--serve", action="store_true", help="batches on request from stdin (see the docstring)")
   args = ap.parse_args()
   os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", args.kv_cache_gib)
   os.environ.update(HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
@@ -55,7 +63,8 @@ def main():
   params = SamplingParams(n=args.G, temperature=1.0, top_p=1.0, top_k=-1, max_tokens=args.L, stop_token_ids=[eos],
                           logprobs=0)
   times, lens, rewards = [], [], []
-  for s in range(args.steps):
+
+  def run(s: int) -> None:
     batch = rows[s * args.prompts:(s + 1) * args.prompts]
     prompts = [TokensPrompt(prompt_token_ids=x) for x in ids[s * args.prompts:(s + 1) * args.prompts]]
     t0 = time.perf_counter()
@@ -70,6 +79,20 @@ def main():
         body = [x for x in t if x != eos]
         rewards.append(float(r["answer"] in tok.decode(body, skip_special_tokens=True)))
     lens.append(step_lens)
+
+  if args.serve:
+    print("READY", flush=True)
+    for line in sys.stdin:
+      if line.strip() == "quit":
+        break
+      s = int(line)
+      if not 0 <= s < args.steps:
+        raise SystemExit(f"--serve: batch {s} outside the {args.steps} batches of --steps {args.steps}.")
+      run(s)
+      print("BATCH " + json.dumps(dict(batch=s, seconds=times[-1], lens=lens[-1])), flush=True)
+  else:
+    for s in range(args.steps):
+      run(s)
   print(f"vllm {vllm.__version__} max_model_len {max_len} rows/step "
         f"{args.prompts * args.G}; generate s per step {[round(t, 3) for t in times]}; mean completion len per step "
         f"{[round(statistics.mean(x), 2) for x in lens]}; reward_mean {statistics.mean(rewards):.3f}")
