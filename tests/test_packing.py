@@ -320,7 +320,7 @@ def test_tpu_lowering_of_the_packed_policy_pass_uses_splash_with_segment_ids():
 def test_roofline_and_memory_plan_model_the_packed_passes():
   """roofline: the packed passes cost their first-fit rows of pack_len (all rows at L: the padded cost);
   memory_plan: one packed micro-batch per pass plus the loop's gradient accumulator; rl/auto.py resolves
-  pack_len = 0 to P + L rounded up to 128."""
+  pack_len = 0 to P + L rounded up to 128 (TPU; on the CPU below 384 tokens, P + L)."""
   from grpo_jax.perf import aot
   from grpo_jax.perf import roofline as roofline_lib
   from grpo_jax.rl import memory_plan
@@ -341,8 +341,11 @@ def test_roofline_and_memory_plan_model_the_packed_passes():
   assert p1.update["layer backward"] * 8 == p0.update["layer backward"]  # 1 packed row of 64 against 8 rows of 64
   from grpo_jax.rl import auto
   big = config_lib.override(pk, {"sampling.max_new_tokens": 184})  # T = 200
-  resolved, why = auto.resolve(big, auto.Context(mesh, None))
+  resolved, why = auto.resolve(big, auto.Context(mesh, None, platform="tpu"))
   assert resolved.rl.pack_len == 256 and "rl.pack_len" in why, why
+  # on the CPU's einsum path (T < 384) a round-up is only more columns to compute: P + L itself
+  assert auto.resolve(big, auto.Context(mesh, None, platform="cpu"))[0].rl.pack_len == 200
+  assert packing.default_pack_len(200, "cpu") == 200 and packing.default_pack_len(400, "cpu") == 512
   assert auto.resolve(c, auto.Context(mesh, None))[0].rl.pack_len == 0  # packing off: left alone
 
 

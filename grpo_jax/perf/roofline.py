@@ -103,14 +103,15 @@ def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
               tokens=int(lengths_N.sum()))
 
 
-def packed_rows(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None = None) -> tuple[int, int]:
+def packed_rows(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None = None,
+                plat: str | None = None) -> tuple[int, int]:
   """(packed rows, pack_len) rl.packing's passes run over for these completion lengths (None: every row at L) and
   prompts counted at their full P: first-fit decreasing of the N samples into rows of pack_len, in NumPy, as the step
   plans each device's rows (the model packs all rows together: per device, each pays at most a few rows more, and the
   micro-batch granularity `rl.pack_rows` rounds a device's rows up)."""
   rl = config.rl
   N, P, L = rl.prompts_per_step * rl.G, config.task.prompt_len, config.sampling.max_new_tokens
-  C = packing.pack_len(config, P + L)
+  C = packing.pack_len(config, P + L, plat)
   lens = np.full(N, L) if lengths_N is None else np.minimum(np.asarray(lengths_N), L)
   fill: list[int] = []
   for n in sorted((P + lens).tolist(), reverse=True):
@@ -145,7 +146,7 @@ def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu",
   # One forward over all N×T tokens, in the row groups it runs in (rollout chunks, or update minibatches).
   fwd_seq = lambda n: 2 * pm * N * T + attn_pair * N * pairs(n, T)
   if rl.packing:
-    R, C = packed_rows(config, lengths_N)
+    R, C = packed_rows(config, lengths_N, plat)
     path = lambda n: attention.choose(mcfg.attention, n, C, mcfg.heads, mcfg.dtype, plat, packed=True)
     fwd_seq = lambda n: 2 * pm * R * C + attn_pair * R * attention.pairs(path(n), C)
   w = decode_work(config, lengths_N)

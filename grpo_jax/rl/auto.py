@@ -244,11 +244,11 @@ register(Knob("sampling.slots", slot_candidates, choose_slots, auto=0,
 
 
 def pack_len_candidates(config, ctx: Context) -> list[int]:
-  """packing.default_pack_len(P + L) (P + L rounded up to the 128-token tiles the attention kernels pad to), then
-  P + L itself: attention per packed row grows with pack_len², so nothing longer is offered."""
-  del ctx
+  """packing.default_pack_len(P + L) for the context's backend (P + L rounded up to the 128-token tiles the
+  attention kernels pad to; P + L itself on the CPU's einsum path), then P + L itself: attention per packed row
+  grows with pack_len², so nothing longer is offered."""
   T = config.task.prompt_len + config.sampling.max_new_tokens
-  return sorted({packing.default_pack_len(T), T}, reverse=True)
+  return sorted({packing.default_pack_len(T, ctx.platform), T}, reverse=True)
 
 
 def choose_pack_len(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
@@ -256,7 +256,8 @@ def choose_pack_len(config, ctx: Context, candidates: list[int]) -> tuple[int, s
   for n in candidates:
     _, fits, limit = _planned(_with(config, {"rl.pack_len": n}), ctx)
     if fits:
-      return n, f"P + L = {config.task.prompt_len + config.sampling.max_new_tokens} to the 128 tile; {limit}"
+      T = config.task.prompt_len + config.sampling.max_new_tokens
+      return n, (f"P + L = {T} to the 128 tile" if n > T else f"P + L = {T}") + f"; {limit}"
   return candidates[-1], "no pack_len fits the device memory; the shortest, P + L"
 
 

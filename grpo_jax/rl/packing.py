@@ -18,6 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.infra import sharding
+from grpo_jax.model import attention
 from grpo_jax.rl import update as update_lib
 
 # How a micro-batch's aux metric combines into the minibatch's (every key the policy/PPO objectives return):
@@ -29,17 +30,22 @@ LIKE_LOSS = ("surrogate", "value_loss")
 EXTREMES = {"ratio_max": jnp.maximum, "ratio_min": jnp.minimum}
 
 
-def default_pack_len(T: int) -> int:
-  """The planner's pack_len for rows of T = P + L tokens: T rounded up to the 128-token tiles the TPU/GPU attention
-  kernels and the CPU blockwise path pad to anyway (the round-up is free room for more samples); T itself below
-  128. Attention per packed row grows with pack_len², so it stays near T."""
-  return T if T < 128 else -(-T // 128) * 128
+def default_pack_len(T: int, plat: str | None = None) -> int:
+  """The planner's pack_len for rows of T = P + L tokens on backend `plat` (default: the traced program's): T
+  rounded up to the 128-token tiles the TPU/GPU attention kernels and the CPU blockwise path pad to anyway (the
+  round-up is free room for more samples); T itself below 128, and on the CPU below attention.CPU_BLOCKWISE_MIN_T,
+  where the einsum path computes every column of a row, so a round-up is work for nothing (bench-small, every row
+  at L: rows of 256 for samples of 138 tokens made the step 1.74× the padded one's). Attention per packed row grows
+  with pack_len², so it stays near T."""
+  if T < 128 or ((plat or attention.platform()) == "cpu" and T < attention.CPU_BLOCKWISE_MIN_T):
+    return T
+  return -(-T // 128) * 128
 
 
-def pack_len(config, T: int) -> int:
-  """rl.pack_len, or (0, a config the auto planner has not resolved: rl/auto.py) default_pack_len(T). Must hold the
-  longest sample: ≥ T = P + L (run/validate.py checks)."""
-  n = int(config.rl.pack_len) or default_pack_len(T)
+def pack_len(config, T: int, plat: str | None = None) -> int:
+  """rl.pack_len, or (0, a config the auto planner has not resolved: rl/auto.py) default_pack_len(T, plat). Must
+  hold the longest sample: ≥ T = P + L (run/validate.py checks)."""
+  n = int(config.rl.pack_len) or default_pack_len(T, plat)
   if n < T:
     raise ValueError(f"config.rl.pack_len={n} < task.prompt_len + sampling.max_new_tokens = {T}: a packed row must "
                      f"hold the longest sample; set rl.pack_len >= {T} or 0 (the planner's).")
