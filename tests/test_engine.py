@@ -236,11 +236,30 @@ with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
       # per device, where
       colls = [c for c in hlo_collectives.collectives(compiled.as_text()) if c.phase == "rollout decode"]
       out[name]["collectives"] = [(c.kind, c.shapes, c.op_name[-60:]) for c in colls]
-print(json.dumps(dict(refs=refs, runs=out)))
+  # test_paged_engine_per_shard_on_8_devices_matches_one_device_static: the paged store over the same mesh, params
+  # and uniforms against the same one-device reference ("plain"), in the training and the tensor-parallel layouts
+  paged = {}
+  for name, slots, layout in (("fsdp/16", 16, None), ("tp2/16", 16, "tp")):
+    def run(params, pr, m, u, slots=slots, layout=layout):
+      lay = None if layout is None else decode_layout.prepare(MCFG, params, decode_layout.Layout(layout, 2))
+      return E.sample_groups(MCFG, params, pr, m, 4, plain, u_LxN=u, slots=slots, levels=2, split=8, decode=lay,
+                             attention="paged", page_size=4)
+    low = jax.jit(run).lower(p_sh, prompt, pm, u_sh)
+    ro, _ = low.compile()(p_sh, prompt, pm, u_sh)
+    paged[name] = dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
+                       shard_map="shard_map" in low.as_text() or "manual" in low.as_text())
+print(json.dumps(dict(refs=refs, runs=out, paged=paged)))
 """
 
 
-def test_fsdp_over_8_devices_matches_one_device_static_and_keeps_rows_on_their_device():
+@pytest.fixture(scope="module")
+def sharded():
+  """One 8-device subprocess for the engine's and the paged store's sharded runs: they share the set-up (params,
+  prompts, uniforms, mesh) and the one-device reference samples, which each test's own subprocess made again."""
+  return on_8_devices(_SHARDED, timeout=600)
+
+
+def test_fsdp_over_8_devices_matches_one_device_static_and_keeps_rows_on_their_device(sharded):
   """8 simulated devices, FSDP, each device queueing and compacting its own 4 rows: 32 and 16 slots in the training
   layout, 16 with the gathered and the tensor-parallel (decode_tp=2) decode layouts, 4 prompts × G8 (a group spans
   two devices): the one-device static engine's tokens and log-probs. In the default (gathered) decode layout the
@@ -249,7 +268,7 @@ def test_fsdp_over_8_devices_matches_one_device_static_and_keeps_rows_on_their_d
   all-gathered prompt KV, logits, slot state and new K/V there. (In the training layout the decode step's own
   weight traffic adds the weights' all-gathers and the split embedding table's lookup: the model's, not the
   schedule's.)"""
-  res = on_8_devices(_SHARDED, timeout=600)
+  res = sharded
   for key in ("topk", "plain", "spans"):
     assert min(res["refs"][key]["lengths"]) < 12 == max(res["refs"][key]["lengths"]), key
   assert len(res["runs"]) == 6
@@ -262,6 +281,20 @@ def test_fsdp_over_8_devices_matches_one_device_static_and_keeps_rows_on_their_d
   assert colls, colls  # the predicates' reductions are there: the scan found the decode
   for kind, shapes, _ in colls:
     assert kind == "all-reduce" and all(dims == [] for _, dims in shapes), colls
+
+
+def test_paged_engine_per_shard_on_8_devices_matches_one_device_static(sharded):
+  """(The paged store's, tests/test_paged_attention.py; here to share the 8-device run.) 8 simulated devices, FSDP:
+  each device's pool holds its slots' pages (the pool ops in shard_map, page indices local to the shard); 16 slots
+  for 32 rows (refill, then compaction to 8), in the training layout and the tensor-parallel decode layout (rows
+  over 4 of the 8 devices): the one-device static engine's samples."""
+  ref = sharded["refs"]["plain"]
+  assert min(ref["lengths"]) < 12 == max(ref["lengths"]), ref["lengths"]
+  assert sorted(sharded["paged"]) == ["fsdp/16", "tp2/16"]
+  for name, r in sharded["paged"].items():
+    assert r["shard_map"], name
+    np.testing.assert_array_equal(r["tokens"], ref["tokens"], err_msg=name)
+    np.testing.assert_allclose(r["logp"], ref["logp"], rtol=0, atol=1e-5, err_msg=name)
 
 
 # ------------------------------------------------------------------------------------------- in the RL step

@@ -1,9 +1,9 @@
 """The continuous engine's paged KV store (model/paged_attention.py): the whole engine over pages gives the static
 engine's samples (left pads, G 1/4, several EOS, S = N and N/2, page sizes that cut prompts at every offset), on one
-device and per shard on 8 simulated devices; its plain-JAX attention equals the TPU kernel's own eager reference;
-the store holds each prompt unpadded from position 0; the config key's errors and `auto`; and, through libtpu, the
-TPU kernel's custom call inside the decode while loop of a TPU lowering."""
-import json
+device and per shard on 8 simulated devices (that test is in tests/test_engine.py, sharing its 8-device run); its
+plain-JAX attention equals the TPU kernel's own eager reference; the store holds each prompt unpadded from position
+0; the config key's errors and `auto`; and, through libtpu, the TPU kernel's custom call inside the decode while
+loop of a TPU lowering."""
 import os
 import re
 import subprocess
@@ -114,63 +114,6 @@ def test_reference_equals_the_tpu_kernels_own_reference(kh, h):
   want = rpa.ref_ragged_paged_attention(q, pages, kv_len, tbl, jnp.arange(s + 1, dtype=jnp.int32),
                                         jnp.array([s], jnp.int32), sm_scale=1 / np.sqrt(d))
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=2e-6)
-
-
-_SHARDED = r"""
-import json, sys
-import flax.linen as nn, jax, numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
-sys.path.insert(0, sys.argv[1])
-from tests.test_sampling import MCFG, random_params
-from tests.test_engine import prompts
-from grpo_jax.infra import sharding
-from grpo_jax.model import model as M
-from grpo_jax.rollout import decode_layout, engine as E, sampling as S
-params = random_params(MCFG, 0)
-prompt, pm = prompts(8, seed=4)
-G, L = 4, 12
-scfg = S.SamplingConfig(temperature=1.3, max_new_tokens=L, eos_id=(3, 5, 7, 9, 11))
-u = S.uniforms(jax.random.PRNGKey(5), L, 8 * G)
-one = jax.jit(S.sample, static_argnums=(0, 5))(MCFG, params, np.repeat(prompt, G, 0), np.repeat(pm, G, 0), None,
-                                               scfg, u_LxN=u)
-mesh = Mesh(np.asarray(jax.devices()).reshape(1, 8, 1), ("data", "fsdp", "tensor"))
-rules = sharding.LOGICAL_RULES
-out = {}
-with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-  shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
-  p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
-  # the training layout, and the tensor-parallel decode layout (decode_tp=2: rows over 4 devices)
-  for name, slots, layout in (("fsdp/16", 16, None), ("tp2/16", 16, "tp")):
-    def run(params, pr, m, u, slots=slots, layout=layout):
-      lay = None if layout is None else decode_layout.prepare(MCFG, params, decode_layout.Layout(layout, 2))
-      return E.sample_groups(MCFG, params, pr, m, G, scfg, u_LxN=u, slots=slots, levels=2, split=8, decode=lay,
-                             attention="paged", page_size=4)
-    low = jax.jit(run).lower(p_sh, prompt, pm, jax.device_put(u, shard(P(None, "batch"))))
-    ro, _ = low.compile()(p_sh, prompt, pm, jax.device_put(u, shard(P(None, "batch"))))
-    out[name] = dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
-                     shard_map="shard_map" in low.as_text() or "manual" in low.as_text())
-print(json.dumps(dict(one_tokens=np.asarray(one.tokens_NxL).tolist(), one_logp=np.asarray(one.logp_NxL).tolist(),
-                      lengths=np.asarray(one.lengths_N).tolist(), runs=out)))
-"""
-
-
-def test_paged_engine_per_shard_on_8_devices_matches_one_device_static():
-  """8 simulated devices, FSDP: each device's pool holds its slots' pages (the pool ops in shard_map, page indices
-  local to the shard); 16 slots for 32 rows (refill, then compaction to 8), in the training layout and the
-  tensor-parallel decode layout (rows over 4 of the 8 devices): the one-device static engine's samples."""
-  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-  env = dict(os.environ, XLA_FLAGS=os.environ["XLA_FLAGS"] + " --xla_force_host_platform_device_count=8",
-             JAX_PLATFORMS="cpu")
-  out = subprocess.run([sys.executable, "-c", _SHARDED, root], env=env, capture_output=True, text=True,
-                       timeout=300, cwd=root)
-  assert out.returncode == 0, out.stderr[-3000:]
-  res = json.loads(out.stdout.strip().splitlines()[-1])
-  assert min(res["lengths"]) < 12 == max(res["lengths"]), res["lengths"]
-  assert sorted(res["runs"]) == ["fsdp/16", "tp2/16"]
-  for slots, r in res["runs"].items():
-    assert r["shard_map"], slots
-    np.testing.assert_array_equal(r["tokens"], res["one_tokens"])
-    np.testing.assert_allclose(r["logp"], res["one_logp"], rtol=0, atol=1e-5)
 
 
 # --------------------------------------------------------------------------------------------- config
