@@ -1,6 +1,6 @@
 """Checksums and non-finite counts of every leaf of a (sharded) state, computed on the devices.
 
-One jitted pass per leaf returns two uint32 words and one count: nothing but those scalars reaches
+One jitted pass over the state returns two uint32 words and one count per leaf: nothing but those scalars reaches
 the host, so a 7B state is never copied to check it. The checksum of a leaf is
 
     (Σ_i fmix32(w_i ^ fmix32(2·i + 1)),  Σ_i fmix32(w_i ^ fmix32(2·i + 2)))   mod 2^32
@@ -76,10 +76,9 @@ def _leaf_summary(x):
   return jnp.stack([a, b]), n.astype(jnp.int32)
 
 
-# Jitted per leaf, not per tree: the SFT state, the RL state (policy, reference, Adam moments) and the params share
-# leaf shapes, so each shape is traced and compiled once per process (one program per tree traced every leaf again
-# for each new tree: ~1 s of a tiny CLI run's checkpoint saves).
-_summary = jax.jit(_leaf_summary)
+@jax.jit
+def _summaries(leaves):
+  return [_leaf_summary(x) for x in leaves]
 
 
 def summarize(tree: Any) -> dict[str, tuple[str, int]]:
@@ -87,7 +86,7 @@ def summarize(tree: Any) -> dict[str, tuple[str, int]]:
   flat = [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(x, "dtype")]
   if not flat:
     return {}
-  out = jax.device_get([_summary(x) for _, x in flat])  # all dispatched before the first wait
+  out = jax.device_get(_summaries([x for _, x in flat]))
   return {jax.tree_util.keystr(p): (f"{int(ab[0]):08x}{int(ab[1]):08x}", int(bad))
           for (p, _), (ab, bad) in zip(flat, out)}
 
