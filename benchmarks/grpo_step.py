@@ -301,6 +301,11 @@ def run_peer(python: str, script: str, a, key: str, extra: tuple[str, ...] = ())
     return None
   if a.model_dir:  # its own summary lines: steps, completion lengths and rewards per step
     print("\n".join(ln for ln in out.stdout.splitlines() if not ln.startswith(("RESULT", "{"))), flush=True)
+  return result_values(line)
+
+
+def result_values(line: str) -> dict[str, float]:
+  """The numeric key=value fields of a peer's RESULT line."""
   return {k: float(v) for k, v in re.findall(r"(\w+)=([-0-9.e]+|nan)\b", line)}
 
 

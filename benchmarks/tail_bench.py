@@ -20,7 +20,6 @@ import copy
 import itertools
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -222,7 +221,7 @@ class VllmServer:
     if line is None:
       print("".join(self.log[-40:]) + out[-3000:], file=sys.stderr)
       return None
-    return {k: float(v) for k, v in re.findall(r"(\w+)=([-0-9.e]+|nan)\b", line)}
+    return grpo_step.result_values(line)
 
 
 def _round_robin(ours: list[TailOurs], k: int, vllm: VllmServer | None = None) -> None:
