@@ -71,31 +71,30 @@ def _one_libtpu_process(fn):
 
 
 @contextlib.contextmanager
-def private_compilation_cache(directory: str):
-  """A persistent XLA compilation cache in `directory` for the enclosed code, every entry cached, JAX's settings
-  restored after: fixtures that rebuild identical jit objects compile each program once (test time only)."""
+def no_compilation_cache():
+  """The enclosed compiles bypass the suite's persistent cache (a compile that must really run: its cache key leaves
+  out xla_dump_to, so a hit would write no dump). JAX reads the cache settings once per process: reset around it."""
   import jax
-  keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
-          "jax_persistent_cache_min_entry_size_bytes")
-  saved = {k: getattr(jax.config, k) for k in keys}
-  jax.config.update("jax_compilation_cache_dir", str(directory))
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
-  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+  from jax.experimental.compilation_cache import compilation_cache
+  compilation_cache.reset_cache()
+  jax.config.update("jax_enable_compilation_cache", False)
   try:
     yield
   finally:
-    for k, v in saved.items():
-      jax.config.update(k, v)
+    jax.config.update("jax_enable_compilation_cache", True)
+    compilation_cache.reset_cache()  # the next compile opens the suite's cache again
 
 
-# One persistent XLA compilation cache for every subprocess the suite starts (`python -m grpo_jax.main` runs, the
-# multi-device scripts), shared by the xdist workers: a program that several runs start (a module's reruns and
-# resumed runs, the same tiny config in another module) compiles once per session. Only the subprocesses read it
-# (JAX reads these variables when it is imported, and this process imported it first), so in-process tests compile
-# as before (test_memory_plan needs a real compile for its XLA dump). A cached executable is the same compiled code,
-# so runs compared with each other stay bitwise equal; recompile checks count traces (sharding.count_traces), which
-# a cache hit does not skip. Programs with host callbacks (Python reward terms) are never cached by JAX. JAX writes
-# entries without a lock: a run reading one while another run writes it gets a warning and compiles it itself.
+# One persistent XLA compilation cache for the whole session: every subprocess the suite starts (`python -m
+# grpo_jax.main` runs, the multi-device scripts) and the xdist workers' own in-process compiles share it, so a program
+# that several runs or tests build (a module's reruns and resumed runs, fixtures that rebuild identical jit objects,
+# the same tiny config in another module) compiles once per session. Subprocesses read it from the environment (JAX
+# reads these variables when it is imported); the workers set it through jax.config, before their first compile. A
+# cached executable is the same compiled code, so runs compared with each other stay bitwise equal; recompile checks
+# count traces (sharding.count_traces), which a cache hit does not skip; a compile with its own options (test_memory_
+# plan's XLA dump) has its own cache key, so it still compiles. Programs with host callbacks (Python reward terms) are
+# never cached by JAX. JAX writes entries without a lock: a run reading one while another run writes it gets a
+# warning and compiles it itself.
 _CACHE_ENV = "GRPO_JAX_TEST_XLA_CACHE"  # set by the controlling pytest process; its xdist workers inherit it
 _owned_cache_dir = []
 
@@ -103,7 +102,7 @@ _owned_cache_dir = []
 def pytest_configure(config):
   import tempfile
 
-  import jax  # pylint: disable=unused-import  # before the variables below: this process keeps its own settings
+  import jax  # before the variables below: they are for the subprocesses; this process is set through jax.config
   if not os.environ.get(_CACHE_ENV):
     os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="grpo_jax_test_xla_cache_")
     _owned_cache_dir.append(os.environ[_CACHE_ENV])
@@ -111,6 +110,9 @@ def pytest_configure(config):
     return  # the xdist controller: its workers inherit its environment before they import JAX, so leave JAX's out
   os.environ.update(JAX_COMPILATION_CACHE_DIR=os.environ[_CACHE_ENV], JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0",
                     JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES="0")
+  jax.config.update("jax_compilation_cache_dir", os.environ[_CACHE_ENV])
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+  jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
 
 
 def pytest_unconfigure(config):
@@ -120,18 +122,19 @@ def pytest_unconfigure(config):
     shutil.rmtree(d, ignore_errors=True)
 
 
-# The slowest modules, slowest first (per-module CPU seconds, user+sys with subprocesses, one module at a time under
-# `-p no:xdist`, 2026-12-01: engine 113 (load ~14, before 2 of its 29 cases were dropped), faults 76, resume 66,
-# rl_step 53, multihost_cli 47, aot 45, ..., memory_plan 10).
+# The slowest modules, slowest first (per-module seconds of the whole suite, `-n 2` on the 2-core machine, junit
+# times, 2026-12-02: engine 156, faults 121, aot 106 (its TPU compiles), packing 88, lora 72, resume 68, paged 61, ...).
 # pytest.ini's --no-loadscope-reorder keeps xdist's queue in collection order, and this hook starts these modules
 # first: by default xdist queues the modules with the MOST tests first, which puts the long subprocess modules (1 to
-# 3 tests each) at the end, where the last of them runs while the other worker sits idle.
-SLOWEST_FIRST = ("test_engine", "test_faults", "test_resume", "test_rl_step", "test_paged_attention",
-                 "test_multihost_cli", "test_aot", "test_sweep",
-                 "test_pipeline", "test_multihost", "test_seeds", "test_sharding", "test_attention", "test_ppo",
-                 "test_model", "test_long_context", "test_ablation_tables", "test_hf_cli_llama", "test_hf_cli_qwen",
-                 "test_sampling", "test_hf_load_memory", "test_hf_io", "test_algorithm_steps", "test_gdpo_table",
-                 "test_numerics", "test_kl_estimators", "test_gsm8k_run", "test_goldens", "test_memory_plan")
+# 3 tests each) at the end, where the last of them runs while the other worker sits idle. The libtpu modules (aot,
+# paged_attention, packing) are apart in the queue: one libtpu process at a time, so two of them side by side wait.
+SLOWEST_FIRST = ("test_engine", "test_faults", "test_aot", "test_packing", "test_lora", "test_resume",
+                 "test_paged_attention", "test_rl_step", "test_sweep", "test_ppo", "test_pipeline", "test_attention",
+                 "test_seeds", "test_sharding", "test_multihost_cli", "test_model", "test_sampling", "test_aha",
+                 "test_verifiers", "test_ablation_tables", "test_multihost", "test_long_context", "test_hf_cli_qwen",
+                 "test_benchmark", "test_hf_load_memory", "test_algorithm_steps", "test_gdpo_table", "test_lora_io",
+                 "test_hf_cli_llama", "test_advantages", "test_kl_estimators", "test_gsm8k_run", "test_goldens",
+                 "test_memory_plan")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -172,7 +172,7 @@ def _arith():
       "model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads": 1, "model.inter": 64,
       "model.max_len": 64, "sft.steps": 0, "rl.G": 4, "rl.prompts_per_step": 2, "sampling.max_new_tokens": 8,
       "eval.size": 4, "eval.batch": 4, "eval.n_samples": 2, "eval.pass_k": (1, 2), "log.tensorboard": False,
-      "train.steps": 2, "train.plot_every": 0, "train.sample_every": 0, **AUTO})
+      "log.plots": False, "train.steps": 2, "train.plot_every": 0, "train.sample_every": 0, **AUTO})
 
 
 def test_the_main_job_resolves_before_building_the_step(monkeypatch, tmp_path):

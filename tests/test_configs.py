@@ -189,6 +189,7 @@ def test_override_sets_dotted_keys_on_a_copy_with_declared_types():
     ("rl.beta", "0.1", "config.rl.beta: override value '0.1' (str) is not a float"),
     ("rl.algo", 3, "config.rl.algo: override value 3 (int) is not a str"),
     ("rl.dynamic_sampling", 1, "is not a bool"),
+    ("log.plots", 1, "is not a bool"),
     ("eval.pass_k", 4, "is not a tuple"),
 ])
 def test_override_rejects_unknown_keys_and_wrong_types_in_one_line(key, value, needle):

@@ -23,7 +23,8 @@ L = 8
 TINY = {"model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads": 1, "model.inter": 64,
         "sampling.max_new_tokens": L, "rl.G": 2, "rl.prompts_per_step": 2, "sft.batch": 4, "train.ckpt_every": 2,
         "train.plot_every": 0, "train.sample_every": 0, "eval.size": 8, "eval.batch": 8, "eval.n_samples": 2,
-        "eval.pass_k": "(1,2)", "task.train_size": 64, "task.test_size": 16, "log.tensorboard": False}
+        "eval.pass_k": "(1,2)", "task.train_size": 64, "task.test_size": 16, "log.tensorboard": False,
+        "log.plots": False}
 SFT_JOB = {**TINY, "sft.steps": 10, "train.steps": 2, "train.eval_every": 2}
 RL_JOB = {**TINY, "sft.steps": 0, "train.steps": 6, "train.eval_every": 6, "train.keep_checkpoints": 5,
           "rl.G": 4, "rl.overlong_frac": 1.0, "optim.lr": 1e-2}
@@ -134,6 +135,7 @@ def rl_reference(hf_init, tmp_path_factory):
   # The params move in every step after step 2 (where the resumed runs below restart): equal params are a check.
   assert len(train) == 6 and all(r["train/update_norm"] > 1e-4 for r in train if r["step"] > 2), train
   assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2", "4", "6"]
+  assert not os.path.exists(os.path.join(wd, "plots"))  # log.plots=False: none drawn, not even at the end
   return wd
 
 
@@ -204,7 +206,13 @@ def test_second_run_on_a_workdir_exits_2_and_the_first_finishes_untouched(rl_ref
   wd = str(tmp_path / "run")
   first = _start(hf_init, wd)
   _wait_for(lambda: any("train/loss" in r for r in _rows(wd)), first, what="the first run's first step")
-  code, out = _run({**hf_init, "seed": 7}, wd)
+  # Paused while the second run starts: a tiny run can otherwise finish (and free the workdir) before the second
+  # one reaches its lock check. A stopped process still holds its lock, as a busy one does.
+  os.kill(first.pid, signal.SIGSTOP)
+  try:
+    code, out = _run({**hf_init, "seed": 7}, wd)
+  finally:
+    os.kill(first.pid, signal.SIGCONT)
   lines = [l for l in out.splitlines() if l.startswith("Error:")]
   assert code == 2 and len(lines) == 1 and f"in use by another run (pid {first.pid}" in lines[0], out[-3000:]
   out_first, _ = first.communicate(timeout=300)

@@ -59,6 +59,7 @@ def run(tmp_path_factory):
   workdir = str(tmp_path_factory.mktemp("run"))
   with config.unlocked():
     config.train.init_from = f"hf:{hf_dir}"
+    config.log.plots = False
   registry.TASKS["gsm8k"] = dataclasses.replace(spec, host_verifier=recording_verifier)
   try:
     with tfds.testing.mock_data(as_data_source_fn=_fake_source):

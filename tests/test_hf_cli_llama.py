@@ -25,7 +25,7 @@ def run(tmp_path_factory):
   # 1, and the KL to the reference then gives step 2 a gradient: the export must carry trained params.
   r = hf_dirs.run_cli(["--config=configs/gsm8k.py:small,model=checkpoint", f"--workdir={work}",
                        f"--config.train.init_from=hf:{src}", f"--config.task.data_dir={data}",
-                       "--config.optim.weight_decay=0.1"])
+                       "--config.optim.weight_decay=0.1", "--config.log.plots=False"])
   assert r.returncode == 0, r.stderr[-4000:]
   e = hf_dirs.run_cli([work, out], module="grpo_jax.hf.export")
   assert e.returncode == 0, e.stderr[-4000:]

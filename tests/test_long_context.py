@@ -14,7 +14,8 @@ def test_r1_zero_long_runs_through_the_cli(tmp_path):
   RL steps decode in 2 row chunks and train on what they decoded."""
   wd = str(tmp_path / "r1")
   over = {"sampling.max_new_tokens": 64, "model.max_len": 112, "model.attention": "blockwise",
-          "r1.pretrain.steps": 1, "r1.zero.steps": 2, "train.ckpt_every": 2}
+          "r1.pretrain.steps": 1, "r1.zero.steps": 2, "train.ckpt_every": 2,
+          "log.plots": False}
   cmd = ([sys.executable, "-m", "grpo_jax.main", "--config=configs/r1_zero.py:long", f"--workdir={wd}"]
          + [f"--config.{k}={v}" for k, v in over.items()])
   out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=900,

@@ -50,7 +50,8 @@ def _config(hf_dir):
       "sft.steps": 0, "train.steps": 2, "train.ckpt_every": 2, "train.eval_every": 2, "train.plot_every": 0,
       "train.sample_every": 0, "eval.size": 16, "eval.batch": 16, "eval.n_samples": 1, "eval.pass_k": (1,),
       "sampling.max_new_tokens": 12, "task.train_size": 64, "task.test_size": 32, "log.tensorboard": False,
-      "model.lora.rank": 4, "model.lora.alpha": 8.0, "optim.lr": 2e-2, "train.init_from": f"hf:{hf_dir}"})
+      "log.plots": False, "model.lora.rank": 4, "model.lora.alpha": 8.0, "optim.lr": 2e-2,
+      "train.init_from": f"hf:{hf_dir}"})
 
 
 @pytest.fixture(scope="module")

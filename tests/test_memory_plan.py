@@ -4,6 +4,8 @@ import json
 import jax
 import pytest
 
+import conftest  # tests/conftest.py: no_compilation_cache
+
 from grpo_jax.rollout import decode_layout
 from grpo_jax.perf import plan_cli
 from grpo_jax.rl import memory_plan
@@ -70,7 +72,9 @@ def cpu_compiled(tmp_path_factory):
   cfg = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=48, mesh=ONE, dtype="float32",
                                     remat="none")
   dump = str(tmp_path_factory.mktemp("xla_dump"))
-  compiled, _ = aot.compile_step(cfg, jax.devices()[:1], ONE, compiler_options={"xla_dump_to": dump})
+  # Not from the suite's compilation cache: its key leaves out xla_dump_to, and a cache hit writes no dump.
+  with conftest.no_compilation_cache():
+    compiled, _ = aot.compile_step(cfg, jax.devices()[:1], ONE, compiler_options={"xla_dump_to": dump})
   return cfg, aot.memory_report(compiled, None), dump
 
 

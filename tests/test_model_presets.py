@@ -116,7 +116,7 @@ def test_run_rl_takes_unset_model_fields_from_an_hf_checkpoint(tmp_path):
   c = config_lib.override(c, {
       "train.init_from": f"hf:{tmp_path / 'hf'}", "task.prompt_len": 48, "task.train_size": 64, "task.test_size": 16, "rl.G": 2, "rl.prompts_per_step": 2, "sampling.max_new_tokens": 4,
       "train.steps": 1, "train.eval_every": 1, "train.plot_every": 0, "train.sample_every": 0, "eval.size": 2,
-      "eval.batch": 2, "eval.n_samples": 1, "eval.pass_k": (1,), "log.tensorboard": False})
+      "eval.batch": 2, "eval.n_samples": 1, "eval.pass_k": (1,), "log.tensorboard": False, "log.plots": False})
   result = train.run_rl(c, str(tmp_path / "run"))
   assert "eval/accuracy" in result
   assert ckpt_lib.all_committed_steps(tmp_path / "run" / "checkpoints") == [1]

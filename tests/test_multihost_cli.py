@@ -29,7 +29,7 @@ OVERRIDES = dict(**{"sft.steps": 0, "model.hidden": 32, "model.layers": 1, "mode
                     "rl.overlong_frac": 1.0, "optim.lr": 1e-2, "train.steps": 2, "train.eval_every": 2,
                     "train.ckpt_every": 2, "train.plot_every": 0, "train.sample_every": 2, "eval.size": 8,
                     "eval.batch": 8, "eval.n_samples": 2, "task.train_size": 64, "task.test_size": 8,
-                    "mesh.data": 2, "mesh.fsdp": 2, "log.tensorboard": False})
+                    "mesh.data": 2, "mesh.fsdp": 2, "log.tensorboard": False, "log.plots": False})
 
 
 def _config(data_dir: str, hf_dir: str):

@@ -35,6 +35,7 @@ def _tiny(workdir_steps=5):
   c.train.update(steps=workdir_steps, eval_every=100, ckpt_every=100, plot_every=0, sample_every=0)
   c.eval.update(size=4, batch=4, n_samples=2, pass_k=(1,))
   c.log.tensorboard = False
+  c.log.plots = False
   c.mesh.update(data=1, fsdp=1, tensor=1)
   return c
 

@@ -7,7 +7,6 @@ import ml_collections
 import numpy as np
 import pytest
 
-import conftest  # tests/conftest.py: private_compilation_cache
 
 from grpo_jax.run import evaluation
 from grpo_jax.r1 import corpus
@@ -207,15 +206,6 @@ class _Killed(RuntimeError):
   pass
 
 
-@pytest.fixture(scope="module")
-def xla_cache(tmp_path_factory):
-  """Stages build identical SFT steps and generate functions as new jit objects; a compilation cache private to
-  these fixtures lets each be compiled once (test time only: the pipeline itself does not depend on it). The RL
-  step calls Python reward terms through host callbacks, which JAX never caches: each RL stage compiles it."""
-  with conftest.private_compilation_cache(tmp_path_factory.mktemp("xla_cache")):
-    yield
-
-
 def _run_counting(c, wd, tok, kill_at=None):
   """run_pipeline with every _run_stage call recorded; raises _Killed on entering `kill_at`."""
   real_stage = pipeline._run_stage
@@ -247,7 +237,7 @@ def _snapshot(wd: str) -> tuple[list[str], str]:
 # One tiny pipeline, killed twice and resumed twice. Each run is its own fixture (about a third of the compiles
 # each: every RL stage compiles its step) and records what it left before the next run adds to the directory.
 @pytest.fixture(scope="module")
-def killed_pipeline(tmp_path_factory, tok, xla_cache):
+def killed_pipeline(tmp_path_factory, tok):
   """Run 1: base, R1-Zero and the cold start run; the run is killed on entering stage 2 (r1_2_grpo)."""
   wd = str(tmp_path_factory.mktemp("r1"))
   c = _tiny_config()

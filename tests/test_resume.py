@@ -18,7 +18,8 @@ import pytest
 ARGS = ["--config=configs/grpo_arith.py:runlocal", "--config.sft.steps=0", "--config.train.steps=6",
         "--config.train.ckpt_every=2", "--config.train.eval_every=3", "--config.train.plot_every=0",
         "--config.eval.size=32", "--config.eval.n_samples=2", "--config.sampling.max_new_tokens=16",
-        "--config.task.train_size=64", "--config.task.test_size=64", "--config.log.tensorboard=False"]
+        "--config.task.train_size=64", "--config.task.test_size=64", "--config.log.tensorboard=False",
+        "--config.log.plots=False"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

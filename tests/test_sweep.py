@@ -4,8 +4,8 @@ launcher accepts.
 
 Runs are real (sweep.run, jobs.run = python -m grpo_jax.main's path) on a tiny arith config. The reward is a test
 term (the fraction of even token ids in a completion) so that a random policy's rewards vary and every run's
-updates are non-zero. The module's runs share a private XLA compilation cache (the resumed sweep and `main`'s
-continuation reuse compiled programs); per-run plots are skipped (not under test).
+updates are non-zero. The module's runs share the suite's XLA compilation cache (tests/conftest.py: the resumed sweep
+and `main`'s continuation reuse compiled programs); per-run plots are off (log.plots=False: not under test).
 """
 import csv
 import json
@@ -21,7 +21,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 import pytest
 
-import conftest  # tests/conftest.py: private_compilation_cache
 
 from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.config import config_lib
@@ -32,7 +31,6 @@ from grpo_jax.config import sweep_points
 from grpo_jax.run import jobs
 from grpo_jax.run import metrics as metrics_lib
 from grpo_jax.model import model as model_lib
-from grpo_jax.run import plots
 from grpo_jax.rl import rewards
 from grpo_jax.rl import reward_spec
 from grpo_jax.infra import sharding
@@ -47,7 +45,7 @@ TINY = {"model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads
         "model.max_len": 64, "sft.steps": 0, "rl.G": 4, "rl.prompts_per_step": 2, "sampling.max_new_tokens": 8,
         "train.steps": 3, "train.eval_every": 3, "train.ckpt_every": 10, "train.plot_every": 0,
         "train.sample_every": 0, "eval.size": 4, "eval.batch": 4, "eval.n_samples": 2, "eval.pass_k": (1, 2),
-        "log.tensorboard": False, "rewards": (("even", 1.0),)}
+        "log.tensorboard": False, "log.plots": False, "rewards": (("even", 1.0),)}
 # vmapped vs separate programs: XLA fuses and orders reductions differently, fp32 (seeds.py's own test: 1e-5).
 RTOL, ATOL = 1e-4, 1e-5
 P_ATOL = 1e-4  # params: 1% of one Adam step at the smallest lr (Adam turns a rounding-level gradient into ±lr)
@@ -65,10 +63,8 @@ def _config():
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory):
-  with conftest.private_compilation_cache(tmp_path_factory.mktemp("xla_cache")), pytest.MonkeyPatch.context() as mp:
+  with pytest.MonkeyPatch.context() as mp:
     mp.setitem(rewards.REGISTRY, "even", lambda ctx: _even_fraction)
-    # Each run's DIR/plots/*.png (matplotlib, ~1 s a figure) is not under test here and would dominate its time.
-    mp.setattr(plots, "write_plots", lambda workdir, *a, **k: [])
     yield tmp_path_factory.mktemp("sweep")
 
 

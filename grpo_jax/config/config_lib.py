@@ -161,7 +161,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict(dict(
       size=500, batch=100, n_samples=4, pass_k=(1, 4)))
 
-  c.log = ml_collections.ConfigDict(dict(tensorboard=True, wandb_project=""))
+  # plots: DIR/plots/*.png every train.plot_every steps and at the end of a run; False draws none (matplotlib is
+  # never imported; `python -m grpo_jax.plots DIR` draws them from metrics.jsonl afterwards).
+  c.log = ml_collections.ConfigDict(dict(tensorboard=True, wandb_project="", plots=True))
 
   # job=export: the run in --workdir -> a Hugging Face directory (grpo_jax/hf/export.py).
   c.export = ml_collections.ConfigDict(dict(

@@ -76,9 +76,15 @@ def _leaf_summary(x):
   return jnp.stack([a, b]), n.astype(jnp.int32)
 
 
+# Traced once per leaf type (shape, dtype, sharding), not once per leaf: a state holds the params' shapes four times
+# (policy, reference, Adam's two moments), and tracing each leaf anew was most of a tiny run's checkpoint time. Still
+# one program per tree, so every process of a multi-process job runs the same single program.
+_leaf_summary_traced_once = jax.jit(_leaf_summary)
+
+
 @jax.jit
 def _summaries(leaves):
-  return [_leaf_summary(x) for x in leaves]
+  return [_leaf_summary_traced_once(x) for x in leaves]
 
 
 def summarize(tree: Any) -> dict[str, tuple[str, int]]:

@@ -2,7 +2,8 @@
 
 Uses matplotlib's object API with the Agg canvas (no pyplot global state, no display needed). Each PNG is written
 to a temporary file and renamed, so a reader never sees half a PNG. matplotlib is imported on the first plot: a run
-that never plots (train.plot_every=0, every test subprocess) does not pay its import.
+that never plots (log.plots=False, as the test suite's runs) does not pay its import. train.plot_every=0 still
+draws the plots once, at the end of the run.
 """
 
 from __future__ import annotations

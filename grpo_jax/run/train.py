@@ -249,7 +249,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
       for i, run in enumerate(runs):
         if run.failed:
           continue
-        if tr.plot_every and done % tr.plot_every == 0:
+        if run.config.log.plots and tr.plot_every and done % tr.plot_every == 0:
           plots.write_plots(run.workdir)
         run.ckpt.maybe_save(done, program.state_of(state, i), {"step": done}, force=done == steps)
       if log:
@@ -262,7 +262,8 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
   for run in runs:
     run.ckpt.close()
     run.writer.close()
-    plots.write_plots(run.workdir)
+    if run.config.log.plots:
+      plots.write_plots(run.workdir)
   if reward_error:
     raise rewards_lib.PythonTermError(reward_error)
   if done < steps and not all(run.failed for run in runs):
@@ -353,5 +354,6 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
     result, _ = evaluator(state_lib.model_params(state), jax.random.PRNGKey(config.seed + 1))
     writer.write(steps, result)
   writer.close()
-  plots.write_plots(workdir)
+  if config.log.plots:
+    plots.write_plots(workdir)
   return result

@@ -369,8 +369,9 @@ def validate_groups(c) -> None:
     v = _get(c, k)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
       _fail(k, f"must be an integer >= 0 (0 = off), got {v!r}.")
-  if not isinstance(c.log.tensorboard, bool):
-    _fail("log.tensorboard", f"must be True or False, got {c.log.tensorboard!r}.")
+  for k in ("log.tensorboard", "log.plots"):
+    if not isinstance(_get(c, k), bool):
+      _fail(k, f"must be True or False, got {_get(c, k)!r}.")
   if not isinstance(c.log.wandb_project, str):
     _fail("log.wandb_project", f"must be a project name or '' (off), got {c.log.wandb_project!r}.")
   _choice(c, "task.overlong_prompts", data.OVERLONG)
