@@ -102,19 +102,20 @@ def markdown(table: dict[str, stats.Summary], n: int, control: dict[str, stats.S
 
 
 def plot(dirs: Sequence[str], control_dirs: Sequence[str], path: str) -> None:
-  """Every seed's curve of each PLOTTED series (runs solid, control dashed)."""
+  """Every seed's curve of each PLOTTED series (one colour per seed; runs solid, control dashed)."""
   fig = Figure(figsize=(3.4 * len(PLOTTED), 3.0))
   for i, name in enumerate(PLOTTED):
     ax = fig.add_subplot(1, len(PLOTTED), i + 1)
-    for group, style, color in ((dirs, "-", "C0"), (control_dirs, "--", "C3")):
-      for d in group:
+    for group, style, tag in ((dirs, "-", ""), (control_dirs, "--", " control")):
+      for j, d in enumerate(group):
         rows = metrics_lib.read_metrics(layout.stage_dir(d, "r1_zero"))
         pts = [(r["step"], r[name]) for r in rows if name in r]
         if pts:
-          ax.plot(*zip(*pts), style, color=color, lw=1.0, alpha=0.8)
-    ax.set_title(name.split("/", 1)[-1] + (" (solid: runs, dashed: control)" if i == 0 and control_dirs else ""),
-                 fontsize=7)
+          ax.plot(*zip(*pts), style, color=f"C{j}", lw=1.0, alpha=0.8, label=os.path.basename(d) + tag)
+    ax.set_title(name, fontsize=8)
     ax.set_xlabel("R1-Zero step", fontsize=8)
+    if i == 0 and (dirs or control_dirs):
+      ax.legend(fontsize=6)
   fig.tight_layout()
   report._save(fig, path)  # pylint: disable=protected-access
 
