@@ -37,10 +37,10 @@ prompts x 4), the step-by-step ones (49%) are right 25.9% of the time, the direc
 seed); greedy 48.4% (last number). 26% of the written sums are still wrong. The first solution format (no operand
 list), cot_frac 0.25 or 600 steps did not hold it (docs/r1.md has the four bases).
 R1-Zero from that base (2026-12-02, RL seeds over the one base via r1.base_from, 150 steps, 443 s a seed unpaused):
-NO aha. Training completion length falls 39.1 -> 12.7 tokens (ratio 0.324 +- 0.045, seeds 0-1; seed 2 and the
-control did not finish by the deadline), the verification rate 0.14 -> 0.007, samples that write a step 49% -> 3%;
-format 0.69 -> 1.00 and training accuracy 0.18 -> 0.36; held-out greedy R1-Zero - base: verifier +0.09 / +0.26,
-last-number rule -0.18 / -0.01. Why: under R1-Zero's reward (format + tagged accuracy) the base's step-by-step
+NO aha. Over 3 seeds (mean +- 95% CI): training completion length 38.9 -> 12.9 tokens (ratio 0.331 +- 0.028), the
+verification rate 0.143 -> 0.009, samples that write a step 49% -> 3%; format 0.69 -> 1.00 and training accuracy
+0.17 -> 0.38; held-out greedy R1-Zero - base: verifier +0.199 +- 0.228, last-number rule -0.074 +- 0.228 (neither
+resolved). The control did not finish by the deadline. Why: under R1-Zero's reward (format + tagged accuracy) the base's step-by-step
 samples score less than its direct ones (format 0.395 vs 0.500, tagged accuracy 0.105 vs 0.097: 0.50 vs 0.60), the
 premise held under the last-number rule only. docs/r1.md has the table and what would be needed.
 `small` is a plumbing check (tests/test_aha.py runs a shrunk copy of it).
