@@ -4,6 +4,12 @@ Args: `small`, `control`, `noverify`, `algo=<preset>` (those of configs/r1_pipel
   python -m grpo_jax.main --config=configs/r1_zero_aha.py --workdir=/tmp/aha
   python -m grpo_jax.main --config=configs/r1_zero_aha.py:control --workdir=/tmp/aha_control
   python -m grpo_jax.main --config=configs/r1_zero_aha.py:small --workdir=/tmp/aha_small   # 70 s of CPU (5 min wall at load 17)
+  # RL seeds over ONE fixed base (r1.base_from: every run copies BASE_DIR's finished base; base variance not sampled):
+  python -m grpo_jax.main --config=configs/r1_zero_aha.py --workdir=BASE_DIR '--config.r1.stages=("base",)'
+  python -m grpo_jax.sweep --config=configs/r1_zero_aha.py --workdir=DIR --seeds=3 --mode=serial \
+      --config.r1.base_from=BASE_DIR                                 # -> DIR/aha_seeds.md, DIR/plots/aha_seeds.png
+  (the same two with :control and CONTROL_BASE_DIR), then
+  python -m grpo_jax.r1.aha_seeds --runs=DIR --control=DIR_CONTROL   # the table with the control
 
 Task `sums` (tasks/sums.py): six operands in 1..9. Answering directly asks the model to add six numbers in one
 pass; the worked solution is a running total, one two-operand addition a step, each written after the operands
@@ -30,7 +36,14 @@ at 0.9-2.1 s a step (2,396 s with the held-out report). The premise holds, narro
 prompts x 4), the step-by-step ones (49%) are right 25.9% of the time, the direct ones 20.3% (+0.056 +- 0.052, one
 seed); greedy 48.4% (last number). 26% of the written sums are still wrong. The first solution format (no operand
 list), cot_frac 0.25 or 600 steps did not hold it (docs/r1.md has the four bases).
-No R1-Zero result yet, nor the 3-seed one; `small` is a plumbing check (tests/test_aha.py runs a shrunk copy of it).
+R1-Zero from that base (2026-12-02, RL seeds over the one base via r1.base_from, 150 steps, 443 s a seed unpaused):
+NO aha. Over 3 seeds (mean +- 95% CI): training completion length 38.9 -> 12.9 tokens (ratio 0.331 +- 0.028), the
+verification rate 0.143 -> 0.009, samples that write a step 49% -> 3%; format 0.69 -> 1.00 and training accuracy
+0.17 -> 0.38; held-out greedy R1-Zero - base: verifier +0.199 +- 0.228, last-number rule -0.074 +- 0.228 (neither
+resolved). The control did not finish by the deadline. Why: under R1-Zero's reward (format + tagged accuracy) the base's step-by-step
+samples score less than its direct ones (format 0.395 vs 0.500, tagged accuracy 0.105 vs 0.097: 0.50 vs 0.60), the
+premise held under the last-number rule only. docs/r1.md has the table and what would be needed.
+`small` is a plumbing check (tests/test_aha.py runs a shrunk copy of it).
 """
 import os
 

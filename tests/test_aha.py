@@ -175,6 +175,11 @@ def test_verification_terms_and_premise():
   assert m == {"stepwise_rate_sampled": 0.6, "accuracy_brief_sampled": 0.0,
                "accuracy_stepwise_sampled": pytest.approx(2 / 3), "step_right_rate_sampled": pytest.approx(10 / 11)}
   assert np.isnan(heldout.premise(texts[:1], np.asarray([1]))["accuracy_brief_sampled"])
+  # the reward's view of the same split: tagged accuracy and format per kind (worked rows 0-2, direct rows 3-4)
+  m = heldout.premise(texts, np.asarray([1, 1, 0, 0, 0]), tagged_N=np.asarray([1, 0, 0, 1, 0]),
+                      format_N=np.asarray([1, 0, 1, 1, 1]))
+  assert m["accuracy_tagged_stepwise_sampled"] == pytest.approx(1 / 3) and m["accuracy_tagged_brief_sampled"] == 0.5
+  assert m["format_stepwise_sampled"] == pytest.approx(2 / 3) and m["format_brief_sampled"] == 1.0
 
 
 def test_step_errors_hand_example():
@@ -232,12 +237,7 @@ def test_pretrain_seq_len_is_checked():
 
 
 # ------------------------------------------------------------------------------------------------ end to end
-def test_small_aha_run_logs_the_aha_statistics(tmp_path):
-  """configs/r1_zero_aha.py:small, shrunk further: base + R1-Zero run and every aha statistic reaches metrics.jsonl,
-  the base's held-out premise readings reach report.json, and the aha plot is drawn."""
-  import json
-  from grpo_jax.r1 import pipeline
-  from grpo_jax.run import metrics as metrics_lib
+def _tiny_config():
   c = config_lib.load_config(CONFIG, "small")
   c.model.update(hidden=16, layers=1, heads=2, kv_heads=1, inter=32)
   c.task.train_size = 256
@@ -246,7 +246,24 @@ def test_small_aha_run_logs_the_aha_statistics(tmp_path):
   c.train.update(eval_every=1, ckpt_every=2)
   c.r1.report.update(size=8, batch=8, n_samples=2, pass_k=(1, 2))  # rejection.n (unused here) must fit a batch
   c.eval.update(size=4, batch=4)
-  pipeline.run_pipeline(c, str(tmp_path))
+  return c
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+  """configs/r1_zero_aha.py:small, shrunk further: base + R1-Zero + report (main's path), once for the tests below."""
+  from grpo_jax.run import jobs
+  d = str(tmp_path_factory.mktemp("aha_small"))
+  jobs.run(_tiny_config(), d)
+  return d
+
+
+def test_small_aha_run_logs_the_aha_statistics(small_run):
+  """Every aha statistic reaches metrics.jsonl, the base's held-out premise readings reach report.json, and the aha
+  plot is drawn."""
+  import json
+  from grpo_jax.run import metrics as metrics_lib
+  tmp_path = small_run
   rows = metrics_lib.read_metrics(os.path.join(tmp_path, "r1_zero"))
   train = [r for r in rows if "train/loss" in r]
   assert [r["step"] for r in train] == [1, 2]
@@ -259,3 +276,102 @@ def test_small_aha_run_logs_the_aha_statistics(tmp_path):
   for stage in ("base", "r1_zero"):
     assert 0.0 <= report[stage]["stepwise_rate_sampled"] <= 1.0
   assert os.path.getsize(os.path.join(tmp_path, "plots", "r1_zero_aha.png")) > 1000
+
+
+def test_rl_seeds_over_one_base(small_run, tmp_path):
+  """r1.base_from: a run copies another run's finished base instead of pre-training one (RL seeds over one base).
+  The copy holds the same params, records the source's view (so R1-Zero's upstream names that base), is refused
+  when the source was pre-trained on a different mix, and R1-Zero from it follows its own run_seed."""
+  import json
+  from grpo_jax.infra import params_ckpt, sharding
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.r1 import pipeline
+  from grpo_jax.rl import state as state_lib
+  from grpo_jax.run import jobs
+  from grpo_jax.run import stages as stages_lib
+  src, a = small_run, str(tmp_path / "a")
+  rc = _tiny_config()
+  rc.update(run_seed=1)
+  rc.r1.base_from = src
+  jobs.run(rc, a)  # main's (and the sweep's) path
+  abstract = state_lib.abstract_params(sharding.make_mesh(rc.mesh), model_lib.ModelConfig.from_config(rc.model))
+  load = lambda d: jax.tree.leaves(params_ckpt.load_params(os.path.join(d, "base", "params"), abstract))
+  for x, y in zip(load(src), load(a)):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  src_rec, rec = stages_lib.read_record(os.path.join(src, "base")), stages_lib.read_record(os.path.join(a, "base"))
+  assert rec["done"] and rec["config"] == src_rec["config"] and rec["copied_from"] == os.path.join(src, "base")
+  assert not os.path.exists(os.path.join(a, "base", "checkpoints"))  # copied, not pre-trained again
+  # the held-out report would sample the same model with the same seed: its cached result comes along
+  assert json.load(open(os.path.join(a, "base", "heldout.json"))) == json.load(open(os.path.join(src, "base",
+                                                                                                 "heldout.json")))
+  up = stages_lib.read_record(os.path.join(a, "r1_zero"))["config"]["stage.upstream"]
+  assert up == stages_lib.read_record(os.path.join(src, "r1_zero"))["config"]["stage.upstream"]
+  # one base (the same step-0 greedy eval), two RL seeds (run_seed 1 here, the default 0 there) sample differently
+  rows = {d: [json.loads(line) for line in open(os.path.join(d, "r1_zero", "metrics.jsonl"))] for d in (src, a)}
+  at = lambda d, step, k: next(r[k] for r in rows[d] if r["step"] == step and k in r)
+  for k in ("eval/accuracy", "eval/completion_len_mean"):
+    assert at(src, 0, k) == at(a, 0, k)
+  sampled = lambda d: (at(d, 1, "train/completion_len_mean"), at(d, 1, "train/entropy"))
+  assert sampled(src) != sampled(a)
+  # a rerun skips the copied base; a base from another mix, or no base at all, is a one-line config error
+  assert stages_lib.plan(pipeline.stage_list(rc, a), rc, a)["base"] == "skip"
+  bad = _tiny_config()
+  bad.r1.base_from, bad.r1.pretrain.cot_frac = src, 0.0
+  with pytest.raises(errors.ConfigError, match=r"r1.base_from.*r1.pretrain.cot_frac"):
+    pipeline.stage_list(bad, str(tmp_path / "c"))
+  bad.r1.base_from = str(tmp_path / "nothing")
+  with pytest.raises(errors.ConfigError, match="r1.base_from.*no base stage record"):
+    pipeline.stage_list(bad, str(tmp_path / "c"))
+
+
+# ------------------------------------------------------------------------------------------------ aha over seeds
+def test_welch_against_scipy():
+  from scipy import stats as sps
+  from grpo_jax.studies import stats
+  a, b = [1.9, 2.4, 2.2], [1.0, 1.1, 0.7, 1.3]
+  d, hw = stats.welch(stats.summarize(a), stats.summarize(b))
+  va, vb = np.var(a, ddof=1) / 3, np.var(b, ddof=1) / 4
+  df = (va + vb) ** 2 / (va ** 2 / 2 + vb ** 2 / 3)
+  assert d == pytest.approx(np.mean(a) - np.mean(b))
+  assert hw == pytest.approx(sps.t.ppf(0.975, df) * np.sqrt(va + vb), rel=1e-6)
+  assert np.isnan(stats.welch(stats.summarize([1.0]), stats.summarize(b))[1])
+
+
+def _fake_run(d, lengths, verified, acc_base, acc_zero):
+  import json
+  os.makedirs(os.path.join(d, "r1_zero"))
+  with open(os.path.join(d, "r1_zero", "metrics.jsonl"), "w") as f:
+    for i, (n, v) in enumerate(zip(lengths, verified)):
+      f.write(json.dumps({"step": i + 1, "train/completion_len_mean": n, "train/reward/verified": v}) + "\n")
+  with open(os.path.join(d, "report.json"), "w") as f:
+    json.dump({"base": {"accuracy_last_number": acc_base}, "r1_zero": {"accuracy_last_number": acc_zero}}, f)
+
+
+def test_aha_seeds_table_hand_computed(tmp_path):
+  """Start / end = mean of the first / last tenth (20 steps: 2 each), the length ratio, the paired held-out change,
+  the control's Welch difference, and the per-seed plot."""
+  from grpo_jax.r1 import aha_seeds
+  from grpo_jax.studies import stats
+  runs, ctl = tmp_path / "runs", tmp_path / "ctl"
+  ramp = lambda a, b: list(np.linspace(a, b, 20))
+  for i, (lo, hi) in enumerate(((40, 80), (50, 90), (30, 90))):
+    _fake_run(str(runs / f"seed={i}"), ramp(lo, hi), ramp(0.1, 0.3), 0.2, 0.25 + 0.01 * i)
+  for i, (lo, hi) in enumerate(((10, 11), (10, 12), (11, 11))):
+    _fake_run(str(ctl / f"seed={i}"), ramp(lo, hi), [0.0] * 20, 0.1, 0.1)
+  os.makedirs(runs / "not_a_run")
+  dirs = aha_seeds.run_dirs(str(runs))
+  assert [os.path.basename(d) for d in dirs] == ["seed=0", "seed=1", "seed=2"]
+  r = aha_seeds.per_run(dirs[0])
+  lens = ramp(40, 80)
+  assert r["train/completion_len_mean@start"] == pytest.approx(np.mean(lens[:2]))
+  assert r["train/completion_len_mean@end"] == pytest.approx(np.mean(lens[-2:]))
+  assert r["length_ratio"] == pytest.approx(np.mean(lens[-2:]) / np.mean(lens[:2]))
+  assert r["accuracy_last_number@change"] == pytest.approx(0.05)
+  md = aha_seeds.write(str(runs), dirs, aha_seeds.run_dirs(str(ctl)))
+  ratios = [np.mean(ramp(a, b)[-2:]) / np.mean(ramp(a, b)[:2]) for a, b in ((40, 80), (50, 90), (30, 90))]
+  c_ratios = [np.mean(ramp(a, b)[-2:]) / np.mean(ramp(a, b)[:2]) for a, b in ((10, 11), (10, 12), (11, 11))]
+  d, hw = stats.welch(stats.summarize(ratios), stats.summarize(c_ratios))
+  assert f"runs − control: {d:+.3f} ± {hw:.3f}" in md and ("**resolved**" in md) == (abs(d) > hw)
+  assert stats.summarize([0.05, 0.06, 0.07]).fmt(3) in md  # the paired held-out change row
+  assert os.path.getsize(runs / "plots" / "aha_seeds.png") > 1000
+  assert aha_seeds.main(["--runs", str(tmp_path / "ctl" / "seed=0")]) == 2  # a run, not a sweep directory

@@ -188,6 +188,9 @@ def base_config() -> ml_collections.ConfigDict:
                     verify_frac=0.0,    # worked documents that re-check a right step and find nothing to fix
                     seq_len=0),         # pre-training row length; 0 = model.max_len (long-context RL configs
                                         # pre-train on rows no longer than their documents)
+      # A finished run's --workdir (or its base/ directory) whose base this run copies instead of pre-training one:
+      # RL seeds over one fixed base (r1/shared_base.py; its pre-training config must equal this run's).
+      base_from="",
       # 200 steps: at 100 the format took most of them and R1-Zero did not resolve above the base (docs/r1.md).
       zero=dict(steps=200, rewards=(("format", 1.0), ("accuracy", 1.0))),
       cold_start=dict(examples=256, steps=40, batch=32, lr=1e-3, warmup_steps=10, mistake_frac=0.1),

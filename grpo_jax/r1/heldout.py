@@ -45,21 +45,29 @@ def last_number_rule(ro: evaluation.Rollouts) -> tuple[np.ndarray, list[int | No
   return ok, last
 
 
-def premise(texts: list[str], right_N: np.ndarray) -> dict[str, float]:
+def premise(texts: list[str], right_N: np.ndarray, tagged_N: np.ndarray | None = None,
+            format_N: np.ndarray | None = None) -> dict[str, float]:
   """The aha premise on sampled completions: how often the model works step by step (writes at least one step,
   cot.steps_written), the accuracy of its direct vs its step-by-step answers, and the fraction of the written steps
   that are right equations (cot.score_step; NaN for a kind never written). R1-Zero can only select longer reasoning
-  that the base already writes and that is more often right."""
+  that the base already writes and that is more often right. With `tagged_N` / `format_N` (the verifier's accuracy
+  and format per completion) the same split of what R1-Zero's reward (format + accuracy) sees: the last-number rule
+  can favour step-by-step answers while the reward does not (an untagged worked answer scores 0)."""
   steps = [cot.split_steps(cot.think_body(t)) for t in texts]
   stepwise_N = np.asarray([len(x) > 0 for x in steps], bool)
   right_N = np.asarray(right_N, np.float32)
   step_ok = [cot.score_step(x) for row in steps for x in row]
 
-  def acc(sel):
-    return float(right_N[sel].mean()) if sel.any() else float("nan")
-  return {"stepwise_rate_sampled": float(stepwise_N.mean()), "accuracy_brief_sampled": acc(~stepwise_N),
-          "accuracy_stepwise_sampled": acc(stepwise_N),
-          "step_right_rate_sampled": float(np.mean(step_ok)) if step_ok else float("nan")}
+  def acc(v_N, sel):
+    return float(v_N[sel].mean()) if sel.any() else float("nan")
+  out = {"stepwise_rate_sampled": float(stepwise_N.mean()), "accuracy_brief_sampled": acc(right_N, ~stepwise_N),
+         "accuracy_stepwise_sampled": acc(right_N, stepwise_N),
+         "step_right_rate_sampled": float(np.mean(step_ok)) if step_ok else float("nan")}
+  for name, v_N in (("accuracy_tagged", tagged_N), ("format", format_N)):
+    if v_N is not None:
+      v_N = np.asarray(v_N, np.float32)
+      out.update({f"{name}_brief_sampled": acc(v_N, ~stepwise_N), f"{name}_stepwise_sampled": acc(v_N, stepwise_N)})
+  return out
 
 
 def make_evaluator(config) -> evaluation.Evaluator:
@@ -90,7 +98,7 @@ def heldout_metrics(ev: evaluation.Evaluator, params, seed: int) -> tuple[dict[s
   # greedy completions, and sampled rollouts are what the RL stages' rewards see.
   m["forbidden_rate_sampled"] = float(1 - s.readings["harmless"].mean())
   m["completion_len_mean_sampled"] = float(s.lengths_N.astype(np.float32).mean())
-  m.update(premise(s.texts, last_number_rule(s)[0]))
+  m.update(premise(s.texts, last_number_rule(s)[0], s.accuracy_N, s.format_N))
   return m, g.texts[:4]
 
 

@@ -29,6 +29,7 @@ from grpo_jax.r1 import layout
 from grpo_jax.r1 import rejection
 from grpo_jax.r1 import report
 from grpo_jax.r1 import rewards as r1_rewards
+from grpo_jax.r1 import shared_base
 from grpo_jax.r1 import stage_config
 from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import tokenizer_factory as tok_lib
@@ -46,15 +47,19 @@ _KEEP = {"base": ("r1.pretrain", "r1.forbidden"), "r1_zero": ("r1.forbidden",),
 
 
 def stage_list(config, workdir: str, names: Sequence[str] | None = None) -> list[stages_lib.Stage]:
-  """The stages (all of layout.STAGES, or `names`) with the config view each records."""
+  """The stages (all of layout.STAGES, or `names`) with the config view each records. With r1.base_from the base
+  is a copy of that run's (r1/shared_base.py): it records the source's view and has no loop of its own."""
   built: dict[str, stages_lib.Stage] = {}
+  src = shared_base.source_dir(config)
   for name in layout.STAGES:
     kind = "sft" if name in _SFT else "rl" if name in _RL_INIT else "sample"
     ups = _UPSTREAM[name]
     extra = {"stage.upstream": ",".join(stages_lib.upstream(built[u]) for u in ups)} if ups else {}
     view = run_config.view(stage_config.for_stage(config, name), kind, keep=_KEEP[name], extra=extra)
-    built[name] = stages_lib.Stage(name, layout.stage_dir(workdir, name), view,
-                                   steps=stage_config.expected_steps(config, name))
+    steps = stage_config.expected_steps(config, name)
+    if name == "base" and src:
+      view, steps = shared_base.view(config, src, view), None
+    built[name] = stages_lib.Stage(name, layout.stage_dir(workdir, name), view, steps=steps)
   return [built[n] for n in (layout.STAGES if names is None else names)]
 
 
@@ -81,7 +86,9 @@ def _run_rl(config, workdir: str, stage: str, record: dict) -> None:
 
 def _run_stage(config, workdir: str, stage: str) -> None:
   record = stage_list(config, workdir, [stage])[0].view
-  if stage in _SFT:
+  if stage == "base" and shared_base.source_dir(config):
+    shared_base.copy(config, shared_base.source_dir(config), layout.stage_dir(workdir, stage))
+  elif stage in _SFT:
     init, loss_on = _SFT[stage]
     c = stage_config.for_stage(config, stage)
     train.run_sft(c, layout.stage_dir(workdir, stage), loss_on=loss_on,
@@ -132,6 +139,7 @@ def run_pipeline(config, workdir: str, stages: Sequence[str] | None = None,
       logging.warning("stage %s stopped before step %d; rerun the same command to resume it.", st.name, st.steps)
       return {}
     seconds = time.perf_counter() - t0
-    stages_lib.mark_done(st, seconds=round(seconds, 1))
+    src = shared_base.source_dir(config) if st.name == "base" else ""
+    stages_lib.mark_done(st, seconds=round(seconds, 1), **({"copied_from": src} if src else {}))
     layout.log_event(workdir, st.name, f"done {seconds:.1f}s")
   return report.write_report(config, workdir) if report_md else {}

@@ -133,3 +133,16 @@ def resolvable_difference(summaries: Sequence[Summary], level: float = 0.95) -> 
   n = min(s.n for s in ok)
   s2 = float(np.median([s.std ** 2 for s in ok]))
   return t_quantile(0.5 + level / 2.0, 2 * (n - 1)) * math.sqrt(2.0 * s2 / n)
+
+
+def welch(a: Summary, b: Summary, level: float = 0.95) -> tuple[float, float]:
+  """(a.mean − b.mean, its CI half-width) for two independent groups of runs: Welch's t with the
+  Welch–Satterthwaite degrees of freedom (nan half-width when either group has fewer than 2 runs)."""
+  d = a.mean - b.mean
+  if a.n < 2 or b.n < 2:
+    return d, float("nan")
+  va, vb = a.std ** 2 / a.n, b.std ** 2 / b.n
+  if va + vb == 0:
+    return d, 0.0
+  df = (va + vb) ** 2 / (va ** 2 / (a.n - 1) + vb ** 2 / (b.n - 1))
+  return d, t_quantile(0.5 + level / 2.0, df) * math.sqrt(va + vb)

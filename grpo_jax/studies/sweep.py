@@ -45,6 +45,7 @@ from grpo_jax.run import preflight
 from grpo_jax.infra import signals
 from grpo_jax.infra import workdir_lock
 from grpo_jax import main as main_lib
+from grpo_jax.r1 import aha_seeds
 from grpo_jax.r1 import seeds_report
 
 MODES = ("auto", "vmap", "serial", "print", "report")
@@ -203,6 +204,8 @@ def write_report(workdir: str, runs: Sequence[Run], metrics: Sequence[str], *, t
     # The R1 pipeline's own table: every stage × metric over seeds, and its verdicts (r1/seeds_report.py).
     for p, dirs in points.items():
       seeds_report.write(workdir, dirs, header=header, name="r1_seeds" if len(points) == 1 else f"r1_seeds_{p}")
+    if len(points) == 1:  # R1-Zero's length / verification / accuracy start -> end over the seeds (r1/aha_seeds.py)
+      aha_seeds.write(workdir, next(iter(points.values())), header=header)
   return md
 
 
