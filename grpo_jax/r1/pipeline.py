@@ -86,8 +86,9 @@ def _run_rl(config, workdir: str, stage: str, record: dict) -> None:
 
 def _run_stage(config, workdir: str, stage: str) -> None:
   record = stage_list(config, workdir, [stage])[0].view
-  if stage == "base" and shared_base.source_dir(config):
-    shared_base.copy(config, shared_base.source_dir(config), layout.stage_dir(workdir, stage))
+  src = shared_base.source_dir(config) if stage == "base" else ""
+  if src:
+    shared_base.copy(config, src, layout.stage_dir(workdir, stage))
   elif stage in _SFT:
     init, loss_on = _SFT[stage]
     c = stage_config.for_stage(config, stage)
