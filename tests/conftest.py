@@ -40,7 +40,7 @@ def requires(modname: str, reason: str):
 
   def deco(fn):
     if importlib.util.find_spec(modname) is not None:
-      return _one_libtpu_process(fn) if modname == "libtpu" else fn
+      return fn
     if os.environ.get("CI") != "true":
       return pytest.mark.skip(reason=reason)(fn)
 
@@ -50,24 +50,6 @@ def requires(modname: str, reason: str):
       pytest.fail(f"{modname} is missing under CI=true (the test extra installs it): {reason}")
     return missing
   return deco
-
-
-def _one_libtpu_process(fn):
-  """libtpu allows one process on the machine at a time (a second fails on /tmp/libtpu_lockfile), and the libtpu
-  tests live in several modules that two xdist workers run side by side: each holds one file lock while it runs."""
-  import fcntl
-  import functools
-  import tempfile
-
-  @functools.wraps(fn)
-  def locked(*args, **kwargs):
-    with open(os.path.join(tempfile.gettempdir(), "grpo_jax_tests_libtpu.lock"), "w") as f:
-      fcntl.flock(f, fcntl.LOCK_EX)
-      try:
-        return fn(*args, **kwargs)
-      finally:
-        fcntl.flock(f, fcntl.LOCK_UN)
-  return locked
 
 
 @contextlib.contextmanager
@@ -103,6 +85,11 @@ def pytest_configure(config):
   import tempfile
 
   import jax  # before the variables below: they are for the subprocesses; this process is set through jax.config
+  # The libtpu tests compile for a topology description; no TPU chip is opened. libtpu still takes
+  # /tmp/libtpu_lockfile per process, so without this a second libtpu test process, or ANY job on the machine that
+  # loaded libtpu (a JAX process started without JAX_PLATFORMS=cpu), fails them with "Internal error when accessing
+  # libtpu multi-process lockfile". Set before the xdist workers and subprocesses start: they inherit it.
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   if not os.environ.get(_CACHE_ENV):
     os.environ[_CACHE_ENV] = tempfile.mkdtemp(prefix="grpo_jax_test_xla_cache_")
     _owned_cache_dir.append(os.environ[_CACHE_ENV])
@@ -126,8 +113,7 @@ def pytest_unconfigure(config):
 # times, 2026-12-02: engine 156, faults 121, aot 106 (its TPU compiles), packing 88, lora 72, resume 68, paged 61, ...).
 # pytest.ini's --no-loadscope-reorder keeps xdist's queue in collection order, and this hook starts these modules
 # first: by default xdist queues the modules with the MOST tests first, which puts the long subprocess modules (1 to
-# 3 tests each) at the end, where the last of them runs while the other worker sits idle. The libtpu modules (aot,
-# paged_attention, packing) are apart in the queue: one libtpu process at a time, so two of them side by side wait.
+# 3 tests each) at the end, where the last of them runs while the other worker sits idle.
 SLOWEST_FIRST = ("test_engine", "test_faults", "test_aot", "test_packing", "test_lora", "test_resume",
                  "test_paged_attention", "test_rl_step", "test_sweep", "test_ppo", "test_pipeline", "test_attention",
                  "test_seeds", "test_sharding", "test_multihost_cli", "test_model", "test_sampling", "test_aha",

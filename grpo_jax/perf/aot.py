@@ -57,8 +57,13 @@ def tpu_devices(topology: str) -> list:
   try:
     return list(topologies.get_topology_desc(platform="tpu", topology_name=topology).devices)
   except Exception as e:  # libtpu's own errors are long C++ traces; say what to do
-    raise RuntimeError(f"--topology={topology!r}: libtpu could not describe it ({str(e).splitlines()[0]}). "
-                       "Is libtpu installed (pip install libtpu==0.0.42.1) and no other process using it?") from e
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if "lockfile" in first:  # another process on this machine loaded libtpu (any JAX process without JAX_PLATFORMS=cpu)
+      raise RuntimeError(f"--topology={topology!r}: another process holds libtpu ({first}). Compiling for a topology "
+                         "uses no TPU chip, so rerun with ALLOW_MULTIPLE_LIBTPU_LOAD=1, or stop the other process "
+                         "(start CPU jobs with JAX_PLATFORMS=cpu so that they never load libtpu).") from e
+    raise RuntimeError(f"--topology={topology!r}: libtpu could not describe it ({first}). Is libtpu installed "
+                       "(pip install libtpu==0.0.42.1)?") from e
 
 
 def default_mesh(n_devices: int) -> dict[str, int]:
