@@ -86,9 +86,10 @@ def execute(config, workdir: str, verbose: bool = False) -> int:
   """Runs the job; returns the exit status, printing one line for every known failure (errors.classify)."""
   # Here, not at the top: a flag or config-file error exits before jax and orbax load (importing jobs: 7 s at load 18
   # on 2 cores; main alone 0.6 s).
-  from grpo_jax.run import jobs  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import evaluation, jobs  # pylint: disable=g-import-not-at-top
   try:
-    jobs.run(config, workdir)
+    with evaluation.shared_programs():  # the stages' evaluation programs, traced once per job
+      jobs.run(config, workdir)
     return errors.EXIT_OK
   except KeyboardInterrupt:
     logging.flush()

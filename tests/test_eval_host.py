@@ -112,3 +112,22 @@ def test_evaluation_decodes_with_the_training_early_exit(evaluator, monkeypatch)
     c = config_lib.override(ev.cfg, {"sampling.exit_chunk": chunk})
     evaluation.Evaluator(c, model_lib.ModelConfig.from_config(c.model), tok, ev.mesh, ev.arrays)
   assert [(s.greedy, s.exit_chunk) for s in seen] == [(True, 4), (False, 4), (True, 0), (False, 0)]
+
+
+def test_one_job_shares_its_generate_programs_across_stages(evaluator):
+  """Inside `evaluation.shared_programs` (one CLI job) a second Evaluator on the same settings, as a later stage
+  builds, reuses the first one's jitted programs (traced once); a changed eval setting or config gets its own, and
+  outside a job every Evaluator builds its own."""
+  ev, tok = evaluator
+  mcfg = model_lib.ModelConfig.from_config(ev.cfg.model)
+  make = lambda c: evaluation.Evaluator(c, mcfg, tok, ev.mesh, ev.arrays)
+  other = config_lib.override(ev.cfg, {"sampling.temperature": 0.5})
+  with evaluation.shared_programs():
+    a, b, c = make(ev.cfg), make(ev.cfg), make(other)
+    assert a.greedy is b.greedy and a.sampled is b.sampled
+    assert a.greedy is not a.sampled
+    assert c.sampled is not a.sampled  # the temperature is part of the sampled program
+    assert c.greedy is not a.greedy    # the config differs (its JSON is part of the key)
+    assert len(evaluation._GENERATE_CACHE[-1]) == 4  # pylint: disable=protected-access
+  assert not evaluation._GENERATE_CACHE  # pylint: disable=protected-access
+  assert make(ev.cfg).greedy is not make(ev.cfg).greedy

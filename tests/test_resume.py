@@ -19,7 +19,11 @@ ARGS = ["--config=configs/grpo_arith.py:runlocal", "--config.sft.steps=0", "--co
         "--config.train.ckpt_every=2", "--config.train.eval_every=3", "--config.train.plot_every=0",
         "--config.eval.size=32", "--config.eval.n_samples=2", "--config.sampling.max_new_tokens=16",
         "--config.task.train_size=64", "--config.task.test_size=64", "--config.log.tensorboard=False",
-        "--config.log.plots=False"]
+        "--config.log.plots=False",
+        # A one-layer 32-wide model: what is resumed (params, Adam, the data and RNG position) is the same at any
+        # width, and a run costs ~20% less than at the config's 2 x 64.
+        "--config.model.hidden=32", "--config.model.layers=1", "--config.model.heads=2", "--config.model.kv_heads=1",
+        "--config.model.inter=64"]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

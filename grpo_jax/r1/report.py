@@ -5,17 +5,21 @@ from __future__ import annotations
 import json
 import os
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
-from matplotlib.figure import Figure
 
 from grpo_jax.run import metrics as metrics_lib
 from grpo_jax.r1 import heldout
 from grpo_jax.r1 import layout
 
+if TYPE_CHECKING:  # matplotlib is imported on the first plot: every R1 CLI run imports this module (r1/pipeline.py)
+  from matplotlib.figure import Figure  # and its import was ~0.5 s of a tiny run's start, plots or not
+
 
 # --------------------------------------------------------------------------------------------------------- plots
 def _save(fig: Figure, path: str) -> None:
+  from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   os.makedirs(os.path.dirname(path), exist_ok=True)
   FigureCanvasAgg(fig)
   fig.savefig(path + ".tmp.png", dpi=90)
@@ -24,6 +28,7 @@ def _save(fig: Figure, path: str) -> None:
 
 def plot_comparison(results: dict, keys: tuple[str, ...], path: str) -> None:
   stages = [s for s in layout.MODELS if s in results]
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top,redefined-outer-name
   fig = Figure(figsize=(max(8, 1.6 * len(keys)), 4.2))
   ax = fig.add_subplot(1, 1, 1)
   w = 0.8 / max(len(stages), 1)
@@ -44,6 +49,7 @@ def plot_curves(workdir: str, stage: str, names: tuple[str, ...], path: str) -> 
   if not os.path.exists(os.path.join(mpath, "metrics.jsonl")):
     return False
   rows = metrics_lib.read_metrics(mpath)
+  from matplotlib.figure import Figure  # pylint: disable=g-import-not-at-top,redefined-outer-name
   fig = Figure(figsize=(3.2 * len(names), 3.0))
   for i, name in enumerate(names):
     ax = fig.add_subplot(1, len(names), i + 1)

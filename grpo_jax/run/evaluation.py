@@ -7,6 +7,7 @@ computes the same metrics. `Evaluator.rollouts` hands the gathered, graded rows 
 report: the last-number rule, language consistency, forbidden words), through the same chunking, sampling and gather.
 """
 import collections
+import contextlib
 import math
 from typing import Callable, NamedTuple
 
@@ -61,8 +62,45 @@ def cons_at_k(answers: list, correct: list[bool], k: int) -> float:
   return float(any(c for a, c in votes if a == winner))
 
 
+# make_generate's programs within one job (`shared_programs`), by everything they read. A job's stages build their
+# Evaluators anew (SFT's at its end, RL's at its first eval, every R1 stage its own) on the same model, mesh and
+# eval settings: the same program, which JAX traces and lowers again per jax.jit object (~0.5 s each for a tiny
+# model, more at scale). Only inside a job: the job's process state that tracing also reads (the platform, the
+# device memory the decode layout is planned for) is fixed there; outside one, each call builds its own program.
+_GENERATE_CACHE: list[collections.OrderedDict] = []
+_GENERATE_CACHE_SIZE = 8  # a sweep's points with their own sampling settings add entries; the oldest go
+
+
+@contextlib.contextmanager
+def shared_programs():
+  """make_generate returns one program per distinct argument set while this is open (main.execute: one CLI job)."""
+  _GENERATE_CACHE.append(collections.OrderedDict())
+  try:
+    yield
+  finally:
+    _GENERATE_CACHE.pop()
+
+
 def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids: dict,
                   in_graph: bool = True, config=None, group: int = 1) -> Callable:
+  """make_generate_uncached's program; inside `shared_programs` the same one for the same arguments (the config
+  compared by its JSON)."""
+  if not _GENERATE_CACHE:
+    return make_generate_uncached(mcfg, scfg, mesh, task, tag_ids, in_graph, config, group)
+  cache = _GENERATE_CACHE[-1]
+  key = (mcfg, scfg, mesh, task, tuple(sorted(tag_ids.items())), in_graph, group,
+         None if config is None else config.to_json(sort_keys=True))
+  if key in cache:
+    cache.move_to_end(key)
+    return cache[key]
+  run = cache[key] = make_generate_uncached(mcfg, scfg, mesh, task, tag_ids, in_graph, config, group)
+  while len(cache) > _GENERATE_CACHE_SIZE:
+    cache.popitem(last=False)
+  return run
+
+
+def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids: dict,
+                           in_graph: bool = True, config=None, group: int = 1) -> Callable:
   """Jitted (params, prompts, fields, rng) -> (tokens_NxL, mask_NxL, lengths_N[, accuracy_N, format_N]); the
   last two only with `in_graph` (a task verified on the host gets its rows back unscored).
 
