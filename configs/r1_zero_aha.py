@@ -16,13 +16,14 @@ pass; the worked solution is a running total, one two-operand addition a step, e
 still to add (`5 3 3 1 : add 8 + 6 = 14 ; 3 3 1 : add 14 + 5 = 19 ; ...`, ~93 tokens against ~10).
 
 The base's pre-training mix, fixed before any RL run (r1.pretrain; the length that pure selection can reach follows
-from it): every document is a chat transcript with the R1-Zero prompt (template_frac 1), half of them tagged
-(tag_frac 0.5). 50% of documents work step by step (cot_frac; 5 steps), the other 50% answer directly (~10 tokens).
-Of the step-by-step ones, 20% write one wrong intermediate total, `wait , recheck` and the corrected step
-(mistake_frac), and 20% re-check a right step and find nothing to fix (verify_frac; ~18 tokens each); 1,200 steps x
-32. No language mixing or forbidden words. The R1-Zero reward is format + accuracy only (r1.zero.rewards): nothing
-about length or verification; verification / correction rates, p90 length and the within-group length-accuracy
-correlation are logged at weight 0 (docs/metrics.md) and drawn in DIR/plots/r1_zero_aha.png.
+from it): every document is a chat transcript with the R1-Zero prompt (template_frac 1), every one tagged
+(tag_frac 1, so the format does not separate the two kinds). 50% of documents work step by step (cot_frac; 5 steps),
+the other 50% answer directly (~10 tokens). Of the step-by-step ones, 20% write one wrong intermediate total,
+`wait , recheck` and the corrected step (mistake_frac), and 20% re-check a right step and find nothing to fix
+(verify_frac; ~18 tokens each); 1,600 steps x 32. No language mixing or forbidden words. The R1-Zero reward is
+format + accuracy only (r1.zero.rewards): nothing about length or verification; verification / correction rates,
+p90 length and the within-group length-accuracy correlation are logged at weight 0 (docs/metrics.md) and drawn in
+DIR/plots/r1_zero_aha.png.
 
 `control`: the same run from a base pre-trained on the same documents with every step-by-step one replaced by its
 direct answer (cot_frac 0): what RL selects rather than invents. `noverify`: step-by-step documents without any
@@ -30,19 +31,17 @@ re-check (mistake_frac = verify_frac = 0). Room: 1,024 new tokens per completion
 (sampling.exit_chunk) and the update trains on the shortest of 5 length buckets covering the batch
 (rl.train_buckets), so the cost follows what the model writes.
 
-Measured 2026-12-01 (docs/r1.md, "The aha task"; 2-core CPU under load 9-17 from other jobs), the base alone
-(`'--config.r1.stages=("base",)'`) and `python -m grpo_jax.r1.step_errors --workdir=DIR`: 1,200 pre-training steps
-at 0.9-2.1 s a step (2,396 s with the held-out report). The premise holds, narrowly: of its held-out samples (256
-prompts x 4), the step-by-step ones (49%) are right 25.9% of the time, the direct ones 20.3% (+0.056 +- 0.052, one
-seed); greedy 48.4% (last number). 26% of the written sums are still wrong. The first solution format (no operand
-list), cot_frac 0.25 or 600 steps did not hold it (docs/r1.md has the four bases).
-R1-Zero from that base (2026-12-02, RL seeds over the one base via r1.base_from, 150 steps, 443 s a seed unpaused):
-NO aha. Over 3 seeds (mean +- 95% CI): training completion length 38.9 -> 12.9 tokens (ratio 0.331 +- 0.028), the
-verification rate 0.143 -> 0.009, samples that write a step 49% -> 3%; format 0.69 -> 1.00 and training accuracy
-0.17 -> 0.38; held-out greedy R1-Zero - base: verifier +0.199 +- 0.228, last-number rule -0.074 +- 0.228 (neither
-resolved). The control (one seed only: length 10.2 -> 22.1, no verification) has no interval. Why: under
-R1-Zero's reward (format + tagged accuracy) the base's step-by-step samples score less than its direct ones (format 0.395 vs 0.500, tagged accuracy 0.105 vs 0.097: 0.50 vs 0.60), the
-premise held under the last-number rule only. docs/r1.md has the table and what would be needed.
+Measured 2026-12-03 (docs/r1.md, "The aha task"; 2-core CPU shared with test-suite runs, load 4-9): the base alone
+(`'--config.r1.stages=("base",)'`), 1,600 steps, 1,424 s with its held-out report. The premise FAILS: with the format
+~1 on both kinds (1.000 direct, 0.994 step by step), the base's direct samples are right 36.6%, its step-by-step ones
+28.2% (256 prompts x 4), and 53% of its written sums are wrong (`python -m grpo_jax.r1.step_errors --workdir=DIR`).
+R1-Zero over 3 RL seeds from that base (150 steps, 362-1,452 s a seed by load), mean +- 95% CI: NO aha. Training
+completion length 39.7 -> 14.8 tokens (ratio 0.373 +- 0.027), verification rate 0.098 -> 0.014, samples that write
+a step 50% -> 4%; held-out greedy accuracy R1-Zero - base +0.275 +- 0.114 (resolved, by the direct answer). The
+control (3 seeds; its base right 83.2% greedy): length 11.0 -> 11.1 (ratio 1.01 +- 0.015); runs - control length
+ratio -0.632 +- 0.022. On this task the direct answer is learnable, so longer reasoning has nothing to win.
+Earlier attempt (tag_frac 0.5, 1,200 steps): the same outcome (ratio 0.331 +- 0.028) because step-by-step samples
+held the format less often (0.395 vs 0.500). docs/r1.md has the tables and what would be needed.
 `small` is a plumbing check (tests/test_aha.py runs a shrunk copy of it).
 """
 import os
@@ -61,7 +60,7 @@ def get_config(arg: str | None = None):
   c.model.max_len = c.task.prompt_len + NEW_TOKENS
   c.rl.update(G=8, prompts_per_step=8, train_buckets=5)
   # seq_len: the longest document (191 tokens: tagged, with both re-checks), not model.max_len.
-  c.r1.pretrain.update(steps=1200, batch=32, template_frac=1.0, tag_frac=0.5, mix_frac=0.0, noise_frac=0.0,
+  c.r1.pretrain.update(steps=1600, batch=32, template_frac=1.0, tag_frac=1.0, mix_frac=0.0, noise_frac=0.0,
                        cot_frac=0.5, mistake_frac=0.2, verify_frac=0.2, seq_len=192)
   c.r1.zero.steps = 150
   # Held-out accuracy along the way (greedy, small): the aha picture needs it per step, not only at the ends.
