@@ -49,6 +49,31 @@ def test_a_split_is_read_once_per_process(cfgs, monkeypatch, tmp_path):
     tfds_builders.load_split(data.make_task(cfgs["arith"]), "train", 0, 120, 30, str(tmp_path))
 
 
+_BUILD_ONE = """
+import json, sys
+from grpo_jax.tasks import data, tfds_builders
+task = data.make_task(dict(name="arith", max_digits=2, language="mixed", train_size=3000, test_size=30))
+exs = tfds_builders.load_split(task, "train", 0, 3000, 30, sys.argv[1])
+print(json.dumps([len(exs), exs[0]["index"], exs[-1]["index"], exs[7]["answer"]]))
+"""
+
+
+def test_two_processes_building_one_dataset_both_get_it(tmp_path):
+  """Two runs started together on an empty data dir (a parallel sweep): both get the whole split, generated once
+  under tfds_builders' per-dataset lock (unlocked, the second's final rename failed with FileExistsError)."""
+  import os
+  import subprocess
+  import sys
+  env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(sys.path))
+  procs = [subprocess.Popen([sys.executable, "-c", _BUILD_ONE, str(tmp_path)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
+  outs = [p.communicate(timeout=240) for p in procs]
+  for p, (out, err) in zip(procs, outs):
+    assert p.returncode == 0, err[-3000:]
+  first, second = (o.strip().splitlines()[-1] for o, _ in outs)
+  assert first == second and first.startswith("[3000, 0, 2999,")
+
+
 @pytest.mark.parametrize("name", ["arith", "countdown"])
 def test_rl_batch_shapes_padding_and_fields(cfgs, tok, name):
   cfg = cfgs[name]

@@ -7,6 +7,7 @@ A process reads each split from disk once (load_split keeps what it read).
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import json
 import os
 
@@ -105,8 +106,14 @@ def load_split(task: base.Task, split: str, seed: int, train_size: int, test_siz
   key = (data_dir, config.name, split)
   if key not in _READ:
     tfds.disable_progress_bar()
-    source = tfds.data_source(_BUILDERS[task.name], data_dir=data_dir, split=split, download=True,
-                              builder_kwargs={"config": config, "file_format": "array_record"})
+    # One builder per dataset at a time across processes: two runs started together on an empty data_dir (a
+    # parallel sweep, two pipelines) both generated the split, and the second one's final rename failed with
+    # FileExistsError. Under the lock the second finds the first's finished copy and only reads it.
+    os.makedirs(data_dir, exist_ok=True)
+    with open(os.path.join(data_dir, f".{config.name}.lock"), "w") as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      source = tfds.data_source(_BUILDERS[task.name], data_dir=data_dir, split=split, download=True,
+                                builder_kwargs={"config": config, "file_format": "array_record"})
     examples = [_decode(r) for r in source.__getitems__(list(range(len(source))))]
     _READ[key] = tuple(sorted(examples, key=lambda ex: ex["index"]))
   return [dict(ex) for ex in _READ[key]]  # the caller's own dicts (their values are ints, strings and tuples)
