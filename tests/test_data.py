@@ -1,4 +1,8 @@
 """TFDS build/read-back, RL/SFT/eval batches (shapes, left padding, determinism, resume), GSM8K under mock data."""
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 import tensorflow_datasets as tfds
@@ -61,9 +65,6 @@ print(json.dumps([len(exs), exs[0]["index"], exs[-1]["index"], exs[7]["answer"]]
 def test_two_processes_building_one_dataset_both_get_it(tmp_path):
   """Two runs started together on an empty data dir (a parallel sweep): both get the whole split, generated once
   under tfds_builders' per-dataset lock (unlocked, the second's final rename failed with FileExistsError)."""
-  import os
-  import subprocess
-  import sys
   env = dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(sys.path))
   procs = [subprocess.Popen([sys.executable, "-c", _BUILD_ONE, str(tmp_path)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=env) for _ in range(2)]
