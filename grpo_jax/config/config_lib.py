@@ -126,8 +126,9 @@ def base_config() -> ml_collections.ConfigDict:
       # train_lengths) covering the batch's longest completion, chosen in-graph: each compiles a forward+backward.
       train_buckets=1,
       # Padding-free training passes (rl/packing.py): samples laid end to end in rows of pack_len tokens (0 = the
-      # planner's: P + L rounded up to 128), pack_rows packed rows per device per micro-batch (0 = 1/8 of the pass's
-      # rows), the reference/old-log-prob/critic/policy passes over as many micro-batches as the real tokens need.
+      # planner's: P + L rounded up to 128), pack_rows packed rows per device per micro-batch (0 = the planner's: on
+      # the CPU the fewest rows of 512 tokens, else 1/8 of the pass's rows), the reference/old-log-prob/critic/policy
+      # passes over as many micro-batches as the real tokens need.
       packing=False, pack_len=0, pack_rows=0,
       process_weight=0.0,        # weight of process (step) advantages; 0 = outcome only
       oversample=2,              # dynamic sampling draws oversample × prompts_per_step prompts, keeps prompts_per_step
@@ -221,7 +222,7 @@ def run_seed(config) -> int:
 
 # The integer knobs whose `auto` (rl/auto.py) is the value 0: on the command line (`--config.<key>=auto`,
 # `--sweep="<key>=auto,4"`) the word means 0 (tests/test_auto.py checks this list against auto.REGISTRY).
-AUTO_ZERO = ("rl.rollout_chunks", "rl.minibatches", "sampling.slots", "rl.pack_len")
+AUTO_ZERO = ("rl.rollout_chunks", "rl.minibatches", "sampling.slots", "rl.pack_len", "rl.pack_rows")
 
 
 def auto_text(key: str, text: str) -> str:
