@@ -79,7 +79,10 @@ def base_config() -> ml_collections.ConfigDict:
       # continuous: decode slots S (rows queue for them); 0 = auto: the most, up to rows / rl.rollout_chunks, that
       # fit the device (rl/auto.py; a step built without it: rows / rl.rollout_chunks)
       slots=0,
-      compaction=4,  # continuous: slot counts S, S/2, ... (at most this many; 1 = no compaction)
+      # continuous: slot counts S, S/2, ... (at most this many; 1 = no compaction). 8 halves 128 slots down to one (a
+      # row that runs on alone after its batch has ended decodes at one slot, not 8): bench-tail's rollout took 0.84x
+      # the time of 4 sizes (64/32/16/8) over batches 1-3, 0.70x on the batch with one such row (docs/performance.md)
+      compaction=8,
       # continuous: the decode attention's KV layout and kernel (model/paged_attention.py). plain = a [B, P] prompt
       # buffer + [S, L] slot buffers (live_attention.py); paged = a page pool (shared prompt pages, each slot's own
       # pages) attended in plain JAX, the reference of tpu_ragged = the same pool read by JAX's TPU ragged paged
