@@ -111,6 +111,27 @@ def test_blockwise_under_vmap_and_bf16():
   assert 1e-4 < err < 5e-2, err  # bf16 really used, and still close
 
 
+def test_blockwise_skips_key_blocks_before_the_segments_of_a_query_block():
+  """first_key_block: a query block starts at the block of its earliest real query's segment start (packed rows:
+  near the diagonal), a block of pads only gets no key block, the minimum is over rows, and an id that appears in two
+  runs starts at its first. The skipped blocks are fully masked: blockwise still equals the einsum path there."""
+  seg = np.zeros((2, 64), np.int32)  # blocks of 16
+  seg[0, :20], seg[0, 20:40], seg[0, 40:48] = 1, 2, 3   # row 0: three samples, then pads (block 3: pad only)
+  seg[1, 36:60] = 5                                      # row 1: pads, one sample in blocks 2-3
+  assert A.first_key_block(jnp.asarray(seg), 16).tolist() == [0, 0, 1, 2]
+  assert A.first_key_block(jnp.asarray(seg[:1]), 16).tolist() == [0, 0, 1, 4]  # block 3: no real query
+  split = seg.copy()
+  split[0, 50:60] = 1  # id 1 again after id 3: visible to its first run's keys
+  assert A.first_key_block(jnp.asarray(split[:1]), 16).tolist() == [0, 0, 1, 0]
+  rng = np.random.default_rng(0)
+  q, k, v = (jnp.asarray(rng.standard_normal((2, 64, h, DH)), jnp.float32) for h in (4, 2, 2))
+  for m in (seg, split):
+    real = m > 0
+    want = np.asarray(A.einsum(q, k, v, jnp.asarray(m)))
+    got = np.asarray(A.blockwise(q, k, v, jnp.asarray(m), block=16))
+    assert np.abs(got - want)[real].max() <= 1e-5
+
+
 def test_auto_rule(monkeypatch):
   f32 = jnp.float32
   assert A.platform() == "cpu"

@@ -353,6 +353,27 @@ def test_roofline_and_memory_plan_model_the_packed_passes():
   assert auto.resolve(c, auto.Context(mesh, None))[0].rl.pack_len == 0  # packing off: left alone
 
 
+def test_pack_rows_default_and_auto_knob():
+  """rl.pack_rows = 0: on the CPU the fewest packed rows of CPU_MICROBATCH_TOKENS tokens, elsewhere an eighth of a
+  device's rows; rl/auto.py resolves it to that when the memory plan fits and halves it when it does not."""
+  from grpo_jax.rl import auto
+  from grpo_jax.rl import memory_plan
+  assert packing.default_pack_rows(64, 640, "cpu") == 1 and packing.default_pack_rows(64, 138, "cpu") == 4
+  assert packing.default_pack_rows(64, 640, "tpu") == 8 and packing.default_pack_rows(2, 138, "cpu") == 2
+  c = config_lib.override(digits.bench_config(**dict(TINY, L=500, prompts=8)), {"rl.packing": True})  # T = 510
+  mesh = dict(data=1, fsdp=1, tensor=1)
+  assert auto.resolve(c, auto.Context(mesh, None, platform="cpu"))[0].rl.pack_rows == 1
+  n = c.rl.prompts_per_step * c.rl.G
+  on_tpu = lambda hbm: auto.resolve(c, auto.Context(mesh, hbm, platform="tpu"))[0].rl.pack_rows
+  assert on_tpu(None) == -(-n // 8) > 1
+  c = config_lib.override(c, {"rl.pack_len": 512})
+  fit = lambda r: memory_plan.plan(config_lib.override(c, {"rl.pack_rows": r}), mesh, "tpu").total_bytes
+  assert fit(1) < fit(on_tpu(None))
+  r = on_tpu(fit(1))  # the default's micro-batch does not fit: fewer rows, one that does
+  assert r < on_tpu(None) and fit(r) <= fit(1)
+  assert auto.resolve(config_lib.override(c, {"rl.packing": False}), auto.Context(mesh, None))[0].rl.pack_rows == 0
+
+
 def _whiles(jaxpr):
   """(while equations, those whose predicate is batched: a vector, not a scalar)."""
   n, batched = 0, 0

@@ -79,7 +79,10 @@ def base_config() -> ml_collections.ConfigDict:
       # continuous: decode slots S (rows queue for them); 0 = auto: the most, up to rows / rl.rollout_chunks, that
       # fit the device (rl/auto.py; a step built without it: rows / rl.rollout_chunks)
       slots=0,
-      compaction=4,  # continuous: slot counts S, S/2, ... (at most this many; 1 = no compaction)
+      # continuous: slot counts S, S/2, ... (at most this many; 1 = no compaction). 8 halves 128 slots down to one (a
+      # row that runs on alone after its batch has ended decodes at one slot, not 8): bench-tail's rollout took 0.84x
+      # the time of 4 sizes (64/32/16/8) over batches 1-3, 0.70x on the batch with one such row (docs/performance.md)
+      compaction=8,
       # continuous: the decode attention's KV layout and kernel (model/paged_attention.py). plain = a [B, P] prompt
       # buffer + [S, L] slot buffers (live_attention.py); paged = a page pool (shared prompt pages, each slot's own
       # pages) attended in plain JAX, the reference of tpu_ragged = the same pool read by JAX's TPU ragged paged
@@ -126,8 +129,9 @@ def base_config() -> ml_collections.ConfigDict:
       # train_lengths) covering the batch's longest completion, chosen in-graph: each compiles a forward+backward.
       train_buckets=1,
       # Padding-free training passes (rl/packing.py): samples laid end to end in rows of pack_len tokens (0 = the
-      # planner's: P + L rounded up to 128), pack_rows packed rows per device per micro-batch (0 = 1/8 of the pass's
-      # rows), the reference/old-log-prob/critic/policy passes over as many micro-batches as the real tokens need.
+      # planner's: P + L rounded up to 128), pack_rows packed rows per device per micro-batch (0 = the planner's: on
+      # the CPU the fewest rows of 512 tokens, else 1/8 of the pass's rows), the reference/old-log-prob/critic/policy
+      # passes over as many micro-batches as the real tokens need.
       packing=False, pack_len=0, pack_rows=0,
       process_weight=0.0,        # weight of process (step) advantages; 0 = outcome only
       oversample=2,              # dynamic sampling draws oversample × prompts_per_step prompts, keeps prompts_per_step
@@ -221,7 +225,7 @@ def run_seed(config) -> int:
 
 # The integer knobs whose `auto` (rl/auto.py) is the value 0: on the command line (`--config.<key>=auto`,
 # `--sweep="<key>=auto,4"`) the word means 0 (tests/test_auto.py checks this list against auto.REGISTRY).
-AUTO_ZERO = ("rl.rollout_chunks", "rl.minibatches", "sampling.slots", "rl.pack_len")
+AUTO_ZERO = ("rl.rollout_chunks", "rl.minibatches", "sampling.slots", "rl.pack_len", "rl.pack_rows")
 
 
 def auto_text(key: str, text: str) -> str:

@@ -220,10 +220,33 @@ def blockwise(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT, block: int = BLOCK) -> 
   q_BxNxKxQxD = pad(q_NxTxHxD).reshape(n, nb, b, kv, g, d).transpose(1, 0, 3, 4, 2, 5).reshape(nb, n, kv, g * b, d)
   k_BxNxKxSxD = pad(k_NxTxKxD).reshape(n, nb, b, kv, d).transpose(1, 0, 3, 2, 4)
   v_BxNxKxSxD = pad(v_NxTxKxD).reshape(n, nb, b, kv, d).transpose(1, 0, 3, 2, 4)
-  seg_BxNxS = pad(mask_NxT.astype(jnp.int32)).reshape(n, nb, b).transpose(1, 0, 2)
-  o_BxNxKxQxD = _flash(q_BxNxKxQxD, k_BxNxKxSxD, v_BxNxKxSxD, seg_BxNxS, 1.0 / math.sqrt(d))
+  seg_NxT = pad(mask_NxT.astype(jnp.int32))
+  seg_BxNxS = seg_NxT.reshape(n, nb, b).transpose(1, 0, 2)
+  lo_B = first_key_block(seg_NxT, b)
+  o_BxNxKxQxD = _flash(q_BxNxKxQxD, k_BxNxKxSxD, v_BxNxKxSxD, seg_BxNxS, lo_B, 1.0 / math.sqrt(d))
   o = o_BxNxKxQxD.reshape(nb, n, kv, g, b, d).transpose(1, 0, 4, 2, 3, 5).reshape(n, tp, h, d)
   return o[:, :t]
+
+
+def first_key_block(seg_NxT: jax.Array, b: int) -> jax.Array:
+  """[T / b] int32: for each query block, the first key block any of its real (non-pad) queries can see, over all
+  rows: the block of the first position of the query's segment. Key blocks before it are all masked for the block,
+  so both passes skip them as they skip the blocks above the diagonal; a block without real queries gets its own
+  index + 1 (no key block). Packed rows (rl.packing) hold many short segments: most blocks then start near the
+  diagonal instead of at 0. A segment's first position is the least position holding its id (found by a stable
+  sort, so an id need not be contiguous)."""
+  n, t = seg_NxT.shape
+  order_NxT = jnp.argsort(seg_NxT, axis=1, stable=True)
+  sorted_NxT = jnp.take_along_axis(seg_NxT, order_NxT, axis=1)
+  j_T = jnp.arange(t, dtype=jnp.int32)
+  new_NxT = jnp.concatenate([jnp.ones((n, 1), bool), sorted_NxT[:, 1:] != sorted_NxT[:, :-1]], axis=1)
+  head_NxT = jax.lax.cummax(jnp.where(new_NxT, j_T, 0), axis=1)  # index (in sorted order) of the id's first entry
+  first_sorted_NxT = jnp.take_along_axis(order_NxT, head_NxT, axis=1)  # its position: the least (stable sort)
+  first_NxT = jnp.zeros_like(seg_NxT).at[jnp.arange(n)[:, None], order_NxT].set(first_sorted_NxT)
+  nb = t // b
+  own_T = jnp.repeat(jnp.arange(1, nb + 1, dtype=jnp.int32), b)  # no real query: past the block's own index
+  blk_NxT = jnp.where(seg_NxT > 0, first_NxT // b, own_T[None])
+  return jnp.min(blk_NxT.reshape(n, nb, b), axis=(0, 2)).astype(jnp.int32)
 
 
 def _allowed(i, j, seg_BxNxS, g: int):
@@ -242,7 +265,7 @@ def _scores(q_NxKxQxD, k_NxKxSxD, scale):
   return jnp.einsum("nkqd,nksd->nkqs", q_NxKxQxD, k_NxKxSxD, preferred_element_type=jnp.float32) * scale
 
 
-def _flash_fwd_blocks(q_b, k_b, v_b, ok_b, scale):
+def _flash_fwd_blocks(q_b, k_b, v_b, ok_b, lo_b, scale):
   nb, n, kv, gq, d = q_b.shape
   g = gq // ok_b.shape[-1]
 
@@ -261,27 +284,28 @@ def _flash_fwd_blocks(q_b, k_b, v_b, ok_b, scale):
 
     init = (jnp.full((n, kv, gq), _MASKED, jnp.float32), jnp.zeros((n, kv, gq), jnp.float32),
             jnp.zeros((n, kv, gq, d), jnp.float32))
-    m, l, acc = jax.lax.fori_loop(0, i + 1, kv_block, init)  # key blocks above the diagonal are never touched
+    # key blocks above the diagonal, and those before every segment of the block's queries, are never touched
+    m, l, acc = jax.lax.fori_loop(lo_b[i], i + 1, kv_block, init)
     safe = jnp.where(l > 0, l, 1.0)
     return (acc / safe[..., None]).astype(q_b.dtype), jnp.where(l > 0, m + jnp.log(safe), 0.0)
 
   return jax.lax.map(q_block, (jnp.arange(nb), q_b))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4,))
-def _flash(q_b, k_b, v_b, ok_b, scale):
-  return _flash_fwd_blocks(q_b, k_b, v_b, ok_b, scale)[0]
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def _flash(q_b, k_b, v_b, ok_b, lo_b, scale):
+  return _flash_fwd_blocks(q_b, k_b, v_b, ok_b, lo_b, scale)[0]
 
 
-def _flash_fwd(q_b, k_b, v_b, ok_b, scale):
-  o_b, lse_b = _flash_fwd_blocks(q_b, k_b, v_b, ok_b, scale)
-  return o_b, (q_b, k_b, v_b, ok_b, o_b, lse_b)
+def _flash_fwd(q_b, k_b, v_b, ok_b, lo_b, scale):
+  o_b, lse_b = _flash_fwd_blocks(q_b, k_b, v_b, ok_b, lo_b, scale)
+  return o_b, (q_b, k_b, v_b, ok_b, lo_b, o_b, lse_b)
 
 
 def _flash_bwd(scale, res, do_b):
   """FlashAttention-2's backward: per query block, recompute p = exp(s − lse) block by block; dq is summed in the
   loop, dk/dv are added into [nb, ...] fp32 accumulators at their key block (in place)."""
-  q_b, k_b, v_b, ok_b, o_b, lse_b = res
+  q_b, k_b, v_b, ok_b, lo_b, o_b, lse_b = res
   g = q_b.shape[3] // ok_b.shape[-1]
   delta_b = jnp.sum(do_b.astype(jnp.float32) * o_b.astype(jnp.float32), -1)  # rowsum(dO ∘ O)
 
@@ -299,12 +323,12 @@ def _flash_bwd(scale, res, do_b):
       dk_j = jnp.einsum("nkqs,nkqd->nksd", ds.astype(q.dtype), q, preferred_element_type=jnp.float32)
       return dq, dk.at[j].add(dk_j), dv.at[j].add(dv_j)
 
-    dq, dk, dv = jax.lax.fori_loop(0, i + 1, kv_block, (jnp.zeros(q.shape, jnp.float32),) + carry)
+    dq, dk, dv = jax.lax.fori_loop(lo_b[i], i + 1, kv_block, (jnp.zeros(q.shape, jnp.float32),) + carry)
     return (dk, dv), dq.astype(q_b.dtype)
 
   init = (jnp.zeros(k_b.shape, jnp.float32), jnp.zeros(v_b.shape, jnp.float32))
   (dk, dv), dq = jax.lax.scan(q_block, init, (jnp.arange(q_b.shape[0]), q_b, do_b, lse_b, delta_b))
-  return dq, dk.astype(k_b.dtype), dv.astype(v_b.dtype), None
+  return dq, dk.astype(k_b.dtype), dv.astype(v_b.dtype), None, None
 
 
 _flash.defvjp(_flash_fwd, _flash_bwd)

@@ -196,10 +196,11 @@ def hbm_bytes(config: ml_collections.ConfigDict, mesh: dict[str, int],
   }
   passes, upd = rl.rollout_chunks, rl.mu * rl.minibatches  # passes over the weights: forwards, updates
   if rl.packing:  # one pass per packed micro-batch: the rows a device needs over its rows per micro-batch
-    rows_dev = math.ceil(packed_rows(config, lengths_N)[0] / dp)
-    passes = math.ceil(rows_dev / packing.microbatch_rows(config, math.ceil(N / dp)))
+    R, C = packed_rows(config, lengths_N)
+    rows_dev = math.ceil(R / dp)
+    passes = math.ceil(rows_dev / packing.microbatch_rows(config, math.ceil(N / dp), C))
     upd = rl.mu * rl.minibatches * math.ceil(
-        rows_dev / rl.minibatches / packing.microbatch_rows(config, math.ceil(N / dp / rl.minibatches)))
+        rows_dev / rl.minibatches / packing.microbatch_rows(config, math.ceil(N / dp / rl.minibatches), C))
   if state_lib.uses_reference(config):
     out["reference forward"] = weights * passes  # one pass over the weights per chunk of rows / micro-batch
   out["policy fwd+bwd"] = upd * 3 * weights + 7 * shard

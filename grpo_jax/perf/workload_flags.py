@@ -22,7 +22,8 @@ def parser(doc: str, models: Sequence[str], dtypes: Sequence[str], mesh_default:
   ap.add_argument("--engine", default="static", choices=["static", "continuous"], help="sampling.engine")
   ap.add_argument("--slots", type=int, default=0, help="sampling.slots (continuous; 0 = rows / rollout chunks)")
   ap.add_argument("--packing", action="store_true", help="rl.packing: padding-free packed training passes")
-  ap.add_argument("--pack-rows", type=int, default=0, help="rl.pack_rows (0 = an eighth of a device's rows)")
+  ap.add_argument("--pack-rows", type=int, default=0, help="rl.pack_rows (0 = the planner's: on the CPU the fewest rows of "
+                  "512 tokens, else an eighth of a device's rows)")
   ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/config/presets.py); β = 0 ones keep no reference")
   ap.add_argument("--lora-rank", type=int, default=0, help="LoRA on all projections, alpha = 2·rank (0 = full FT)")
   ap.add_argument("--lora-base-dtype", default="float32", choices=["float32", "bfloat16"],

@@ -5,7 +5,8 @@ A chooser sees the config, the mesh's axis sizes and the device memory, and may 
 (memory_plan.plan, bytes per device) and a time model of its own. Registered here, in the order they resolve:
 `sampling.decode_attention` (the continuous engine's KV store and kernel: the others' memory plans depend on it),
 `rl.rollout_chunks` with `rl.minibatches` (chosen jointly; integer knobs, so their auto value is 0), `sampling.slots`
-(the continuous engine's slot count; 0) and `rl.pack_len` (rl.packing's row length; 0). Other knobs register with
+(the continuous engine's slot count; 0), `rl.pack_len` (rl.packing's row length; 0) and `rl.pack_rows` (its
+packed rows per micro-batch; 0). Other knobs register with
 `register(Knob(...))` from their own module. A step built from an unresolved config (tests) runs each knob's
 documented default; a `required` knob has none, and the step builders refuse it (`check_resolved`).
 """
@@ -262,3 +263,37 @@ def choose_pack_len(config, ctx: Context, candidates: list[int]) -> tuple[int, s
 
 
 register(Knob("rl.pack_len", pack_len_candidates, choose_pack_len, auto=0, applies=lambda c: bool(c.rl.packing)))
+
+
+# ------------------------------------------------------------------------------------------ rl.pack_rows
+
+
+def _pass_rows(config, ctx: Context) -> tuple[int, int]:
+  """(a device's rows of the packed scoring passes, pack_len): the rows the micro-batches are cut from."""
+  split = ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1)
+  T = config.task.prompt_len + config.sampling.max_new_tokens
+  return -(-config.rl.prompts_per_step * config.rl.G // split), packing.pack_len(config, T, ctx.platform)
+
+
+def pack_rows_candidates(config, ctx: Context) -> list[int]:
+  """packing.default_pack_rows for this backend (the CPU: the fewest rows of CPU_MICROBATCH_TOKENS tokens; else an
+  eighth of a device's rows), then halves down to 1: fewer rows per micro-batch hold fewer activations."""
+  n_local, C = _pass_rows(config, ctx)
+  r, out = packing.default_pack_rows(n_local, C, ctx.platform), []
+  while r >= 1:
+    out.append(r)
+    r //= 2
+  return out
+
+
+def choose_pack_rows(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
+  """The first candidate (the backend's default) whose step fits the device memory, else fewer rows."""
+  n_local, C = _pass_rows(config, ctx)
+  for r in candidates:
+    _, fits, limit = _planned(_with(config, {"rl.pack_rows": r}), ctx)
+    if fits:
+      return r, f"{r * C} tokens per micro-batch of {n_local} rows' passes; {limit}"
+  return candidates[-1], "no micro-batch fits the device memory; the fewest rows, 1"
+
+
+register(Knob("rl.pack_rows", pack_rows_candidates, choose_pack_rows, auto=0, applies=lambda c: bool(c.rl.packing)))

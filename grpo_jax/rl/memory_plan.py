@@ -195,7 +195,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
     # rl.packing: those passes run one packed micro-batch of pack_rows rows of pack_len at a time (whatever the
     # lengths), not the rollout chunk or the minibatch; the LM head scores every packed position.
     Ts = Lh = packing.pack_len(config, T, plat)
-    s_rows, mb_rows = packing.microbatch_rows(config, kept_rows), packing.microbatch_rows(config, mb_rows)
+    s_rows, mb_rows = (packing.microbatch_rows(config, r, Ts, plat) for r in (kept_rows, mb_rows))
   path = lambda n, t: attention.choose(mcfg.attention, n, t, H, mcfg.dtype, plat, packed=packed and t == Ts)
   tok = mb_rows * Ts
 

@@ -61,10 +61,31 @@ def batch_shards(n: int) -> int:
   return d if n % d == 0 else 1
 
 
-def microbatch_rows(config, n_local: int) -> int:
-  """Packed rows per device per micro-batch: rl.pack_rows, or (0) an eighth of the device's rows of the pass (the
-  cost granularity: a step pays at most one micro-batch of slack)."""
-  r = int(config.rl.pack_rows) or -(-n_local // 8)
+# rl.pack_rows = 0 on the CPU: the fewest packed rows per micro-batch that hold this many tokens. A step pays about
+# half a micro-batch of pad rows (the last one is partly empty), and on the CPU a pass is compute-bound at any
+# micro-batch size: per micro-batch it re-reads the weights (and, in the policy pass, adds their gradient into the
+# loop carry), a few ms at the bench-small shape against ~240 ms of compute for 640 tokens. On bench-tail (64 samples,
+# ~5.4k real tokens, rows of 640) the reference + update took 0.65x the time of 8-row micro-batches with 1 row
+# (0.66x with 2, 0.72x with 4; docs/performance.md, "bench-tail").
+CPU_MICROBATCH_TOKENS = 512
+
+
+def default_pack_rows(n_local: int, C: int, plat: str | None = None) -> int:
+  """The planner's rows per device per micro-batch for a pass over n_local rows packed into rows of C tokens: on the
+  CPU the fewest rows of at least CPU_MICROBATCH_TOKENS tokens (the slack the step pays is that small); elsewhere an
+  eighth of the device's rows, so that the weight reads (and FSDP gathers) of each micro-batch stay small against
+  its compute (not measured on an accelerator)."""
+  if (plat or attention.platform()) == "cpu":
+    r = -(-CPU_MICROBATCH_TOKENS // C)
+  else:
+    r = -(-n_local // 8)
+  return max(1, min(r, n_local))
+
+
+def microbatch_rows(config, n_local: int, C: int, plat: str | None = None) -> int:
+  """Packed rows per device per micro-batch: rl.pack_rows, or (0, a config the auto planner has not resolved)
+  default_pack_rows(n_local, C, plat); never more than the device's rows of the pass."""
+  r = int(config.rl.pack_rows) or default_pack_rows(n_local, C, plat)
   return max(1, min(r, n_local))
 
 
@@ -102,7 +123,7 @@ def plan(config, seq, P: int) -> Plan:
   C = pack_len(config, T)
   D = batch_shards(n)
   m_DxNxT = (mask_NxT > 0).reshape(D, n // D, T)
-  rows = microbatch_rows(config, n // D)
+  rows = microbatch_rows(config, n // D, C)
   n_alloc = -(-(n // D) // rows) * rows  # whole micro-batches of rows (a slice past the end would be clamped)
 
   def one_device(m_NxT):

@@ -273,7 +273,7 @@ def validate_engine(c, rows: int, data_par: int) -> None:
   """sampling.engine / slots / compaction (rollout/engine.py): a known engine, slots that fit the rows and the
   mesh's row split (every compaction size is a multiple of it: engine.compaction_sizes)."""
   _choice(c, "sampling.engine", ENGINES)
-  slots, levels = c.sampling.get("slots", 0), c.sampling.get("compaction", 4)
+  slots, levels = c.sampling.get("slots", 0), c.sampling.get("compaction", 8)
   if not isinstance(slots, int) or slots < 0:
     _fail("sampling.slots", f"must be an integer >= 0 (0 = auto: rl/auto.py's choice), got {slots!r}.")
   if slots > rows:
