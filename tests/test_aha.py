@@ -390,6 +390,8 @@ def test_aha_seeds_table_hand_computed(tmp_path):
   assert r["train/completion_len_mean@start"] == pytest.approx(np.mean(lens[:2]))
   assert r["train/completion_len_mean@end"] == pytest.approx(np.mean(lens[-2:]))
   assert r["length_ratio"] == pytest.approx(np.mean(lens[-2:]) / np.mean(lens[:2]))
+  assert r["train/completion_len_mean@step1"] == 40.0  # the ramp's first value, step 1
+  assert r["length_ratio_step1"] == pytest.approx(np.mean(lens[-2:]) / 40.0)
   assert r["accuracy_last_number@change"] == pytest.approx(0.05)
   md = aha_seeds.write(str(runs), dirs, aha_seeds.run_dirs(str(ctl)))
   ratios = [np.mean(ramp(a, b)[-2:]) / np.mean(ramp(a, b)[:2]) for a, b in ((40, 80), (50, 90), (30, 90))]
