@@ -55,8 +55,7 @@ def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, small=False, control=False, noverify=False, algo="grpo")
   c = config_lib.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "r1_zero.py"),
                              f"algo={args.algo}")
-  c.task.update(name="sums", num_numbers=4, max_number=99, language="a", prompt_len=56, test_size=500)
-  c.task.min_number = 10  # every operand two-digit: a key of task `sums` only (tasks/sums.py), not of the base config
+  c.task.update(name="sums", num_numbers=4, min_number=10, max_number=99, language="a", prompt_len=56, test_size=500)
   c.sampling.update(max_new_tokens=NEW_TOKENS, exit_chunk=16)
   c.model.max_len = c.task.prompt_len + NEW_TOKENS
   c.rl.update(G=8, prompts_per_step=8, train_buckets=5)
