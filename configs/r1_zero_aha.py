@@ -3,7 +3,7 @@ Args: `small`, `control`, `noverify`, `algo=<preset>` (those of configs/r1_pipel
 
   python -m grpo_jax.main --config=configs/r1_zero_aha.py --workdir=/tmp/aha
   python -m grpo_jax.main --config=configs/r1_zero_aha.py:control --workdir=/tmp/aha_control
-  python -m grpo_jax.main --config=configs/r1_zero_aha.py:small --workdir=/tmp/aha_small   # 70 s of CPU (5 min wall at load 17)
+  python -m grpo_jax.main --config=configs/r1_zero_aha.py:small --workdir=/tmp/aha_small   # 70 s of CPU on the one-digit task (not re-timed)
   # RL seeds over ONE fixed base (r1.base_from: every run copies BASE_DIR's finished base; base variance not sampled):
   python -m grpo_jax.main --config=configs/r1_zero_aha.py --workdir=BASE_DIR '--config.r1.stages=("base",)'
   python -m grpo_jax.sweep --config=configs/r1_zero_aha.py --workdir=DIR --seeds=3 --mode=serial \
