@@ -40,6 +40,30 @@ def test_sums_examples_question_and_knobs():
       registry.get_task("sums", **bad)
 
 
+def test_sums_two_digit_operands():
+  """task.min_number: every operand in [min_number, max_number]; the default 1 draws exactly what the task drew before
+  the knob existed (rng.integers(1, max_number + 1)), so earlier configs' examples are unchanged."""
+  task = registry.get_task("sums", num_numbers=4, max_number=99, min_number=10)
+  exs = [task.generate(base.rng_for("sums2", i)) for i in range(2000)]
+  terms = {t for ex in exs for t in ex["terms"]}
+  assert min(terms) == 10 and max(terms) == 99 and len(terms) == 90
+  assert all(ex["answer"] == sum(ex["terms"]) for ex in exs)
+  old = registry.get_task("sums", num_numbers=6, max_number=9)
+  for i in range(20):
+    want = tuple(int(x) for x in base.rng_for("sums1", i).integers(1, 10, size=6))
+    assert old.generate(base.rng_for("sums1", i))["terms"] == want
+  for bad in ({"min_number": 0}, {"min_number": 100}):
+    with pytest.raises(ValueError, match="task.min_number"):
+      registry.get_task("sums", num_numbers=4, max_number=99, **bad)
+  # the worked solution of 37 + 48 + 21 + 95, by hand: running totals 85, 106, 201
+  ex = {"terms": (37, 48, 21, 95), "answer": 201}
+  assert cot.solution(ex, "a") == ("<think> 21 95 : add 37 + 48 = 85 ; 95 : add 85 + 21 = 106 ; add 106 + 95 = 201 ; "
+                                   "</think> <answer> 201 </answer>")
+  wrong_carry = "<think> 21 95 : add 37 + 48 = 75 ; 95 : add 75 + 21 = 96 ; add 96 + 95 = 191 ; </think>"
+  got = step_errors.step_errors([cot.solution(ex, "a"), wrong_carry], [ex["terms"]] * 2)
+  assert got["chains_right"] == 1 and got["sum_wrong"] == pytest.approx(1 / 6)  # the dropped carry, then right
+
+
 def test_sum_steps_hand_example():
   # Each step after the operands still to add: the next step's operand is the first of them (a local copy).
   assert cot.solution(EX, "a") == ("<think> 5 9 : add 3 + 8 = 11 ; 9 : add 11 + 5 = 16 ; add 16 + 9 = 25 ; </think> "
@@ -366,6 +390,8 @@ def test_aha_seeds_table_hand_computed(tmp_path):
   assert r["train/completion_len_mean@start"] == pytest.approx(np.mean(lens[:2]))
   assert r["train/completion_len_mean@end"] == pytest.approx(np.mean(lens[-2:]))
   assert r["length_ratio"] == pytest.approx(np.mean(lens[-2:]) / np.mean(lens[:2]))
+  assert r["train/completion_len_mean@step1"] == 40.0  # the ramp's first value, step 1
+  assert r["length_ratio_step1"] == pytest.approx(np.mean(lens[-2:]) / 40.0)
   assert r["accuracy_last_number@change"] == pytest.approx(0.05)
   md = aha_seeds.write(str(runs), dirs, aha_seeds.run_dirs(str(ctl)))
   ratios = [np.mean(ramp(a, b)[-2:]) / np.mean(ramp(a, b)[:2]) for a, b in ((40, 80), (50, 90), (30, 90))]

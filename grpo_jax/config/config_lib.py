@@ -54,6 +54,7 @@ def base_config() -> ml_collections.ConfigDict:
 
   c.task = ml_collections.ConfigDict(dict(
       name="arith", max_digits=2, ops="+-", num_numbers=4, max_number=20, max_target=100,
+      min_number=1,  # sums: the smallest operand (10 with max_number 99: every operand two-digit)
       language="a", prompt_len=24, data_dir="", train_size=20_000, test_size=500,
       tokenizer="",  # "" = the shipped sentencepiece model; "hf:<dir>", a .model path, or "init_from"
       prompt_format="r1_zero",  # or "chat": the tokenizer's chat template (tasks/prompts.py)

@@ -5,8 +5,9 @@ mean ± 95% CI over the runs of a sweep, and the length growth against a control
   python -m grpo_jax.r1.aha_seeds --runs=DIR --control=DIR_CONTROL                      # + the control comparison
 
 Per run: the mean of R1-Zero's first and last tenth of steps (report._first_last) of the training samples' length
-and verification / correction rates and of the greedy held-out accuracy along the way; the report's held-out
-accuracy of R1-Zero minus its base (the same seed's two models: a paired interval). Against the control: the
+and verification / correction rates and of the greedy held-out accuracy along the way; the length at step 1 (the
+base's own samples: end over it is the growth from the base when the length moves within the first tenth); the
+report's held-out accuracy of R1-Zero minus its base (the same seed's two models: a paired interval). Against the control: the
 difference of the two groups' mean length ratios, Welch's interval (independent runs).
 """
 from __future__ import annotations
@@ -53,6 +54,11 @@ def per_run(workdir: str) -> dict[str, float]:
       out[name + "@start"], out[name + "@end"] = fl
   if LEN + "@start" in out:
     out["length_ratio"] = out[LEN + "@end"] / out[LEN + "@start"]
+    # Step 1's samples are the base's own (drawn before the first update): where the length starts when it moves
+    # within the first tenth, whose mean (the start above) already holds part of the growth.
+    first = next(r[LEN] for r in metrics_lib.read_metrics(layout.stage_dir(workdir, "r1_zero")) if LEN in r)
+    out[LEN + "@step1"] = float(first)
+    out["length_ratio_step1"] = out[LEN + "@end"] / first
   with open(os.path.join(workdir, "report.json"), encoding="utf-8") as f:
     rep = json.load(f)
   for k in HELDOUT:
@@ -88,6 +94,8 @@ def markdown(table: dict[str, stats.Summary], n: int, control: dict[str, stats.S
     row(f"`{name}` start", name + "@start")
     row(f"`{name}` end", name + "@end")
   row("length ratio end / start", "length_ratio")
+  row(f"`{LEN}` at step 1 (the base's own samples)", LEN + "@step1")
+  row("length ratio end / step 1", "length_ratio_step1")
   for k in HELDOUT:
     row(f"held-out `{k}`: base", k + "@base")
     row(f"held-out `{k}`: R1-Zero", k + "@r1_zero")

@@ -1,4 +1,4 @@
-"""Multi-operand sums: `t1 + t2 + ... + tn` with n = num_numbers operands in [1, max_number].
+"""Multi-operand sums: `t1 + t2 + ... + tn` with n = num_numbers operands in [min_number, max_number].
 
 The task where longer reasoning pays for a small model (docs/r1.md, "The aha task"): writing the answer directly asks
 one forward pass to add n numbers, while the worked solution (cot.sum_steps: a running total, one operand a step)
@@ -24,15 +24,19 @@ class Sums(base.Task):
   name: str = "sums"
   num_numbers: int = 6
   max_number: int = 9
+  min_number: int = 1  # 10 with max_number 99: every operand two-digit (configs/r1_zero_aha.py)
 
   def __post_init__(self):
     if not 2 <= self.num_numbers <= MAX_TERMS:
       raise ValueError(f"task.num_numbers={self.num_numbers} must be in [2, {MAX_TERMS}] for task sums")
     if not 1 <= self.max_number <= MAX_TERM:
       raise ValueError(f"task.max_number={self.max_number} must be in [1, {MAX_TERM}] for task sums")
+    if not 1 <= self.min_number <= self.max_number:
+      raise ValueError(f"task.min_number={self.min_number} must be in [1, task.max_number={self.max_number}] for task "
+                       "sums")
 
   def generate(self, rng: np.random.Generator) -> dict:
-    terms = tuple(int(x) for x in rng.integers(1, self.max_number + 1, size=self.num_numbers))
+    terms = tuple(int(x) for x in rng.integers(self.min_number, self.max_number + 1, size=self.num_numbers))
     return {"terms": terms, "answer": sum(terms)}
 
   def key(self, ex: dict) -> str:
