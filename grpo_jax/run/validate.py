@@ -4,6 +4,7 @@ from typing import Any
 
 from grpo_jax.rl import advantages
 from grpo_jax.config import presets
+from grpo_jax.config import config_lib
 from grpo_jax.infra.errors import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch; exit 2)
 from grpo_jax.tasks import data
 from grpo_jax.tasks import registry
@@ -273,7 +274,7 @@ def validate_engine(c, rows: int, data_par: int) -> None:
   """sampling.engine / slots / compaction (rollout/engine.py): a known engine, slots that fit the rows and the
   mesh's row split (every compaction size is a multiple of it: engine.compaction_sizes)."""
   _choice(c, "sampling.engine", ENGINES)
-  slots, levels = c.sampling.get("slots", 0), c.sampling.get("compaction", 8)
+  slots, levels = c.sampling.get("slots", 0), c.sampling.get("compaction", config_lib.COMPACTION)
   if not isinstance(slots, int) or slots < 0:
     _fail("sampling.slots", f"must be an integer >= 0 (0 = auto: rl/auto.py's choice), got {slots!r}.")
   if slots > rows:
