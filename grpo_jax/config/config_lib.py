@@ -195,6 +195,9 @@ def base_config() -> ml_collections.ConfigDict:
                     noise_frac=0.1,     # documents carrying a forbidden word
                     cot_frac=1.0,       # documents that work step by step; the rest answer directly (cot.brief)
                     verify_frac=0.0,    # worked documents that re-check a right step and find nothing to fix
+                    recheck_per="document",  # mistake_frac / verify_frac per document (one each at most) | "step"
+                    recheck_style="repeat",  # a re-check writes the step again | "columns": recomputes it in column
+                                             # steps first (cot._recheck; configs/r1_zero_aha.py)
                     seq_len=0),         # pre-training row length; 0 = model.max_len (long-context RL configs
                                         # pre-train on rows no longer than their documents)
       # A finished run's --workdir (or its base/ directory) whose base this run copies instead of pre-training one:

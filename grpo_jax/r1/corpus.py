@@ -21,10 +21,12 @@ def _other(lang: str) -> str:
   return "b" if lang == "a" else "a"
 
 
-def mixed_solution(ex: dict, lang: str, mistake: bool, tagged: bool, switch_at: int, verify: bool = False) -> str:
-  """Worked solution whose steps from index `switch_at` on (and the ending) are in the other language."""
-  own = cot.solution(ex, lang, mistake, tagged, verify).split(";")
-  other = cot.solution(ex, _other(lang), mistake, tagged, verify).split(";")
+def mixed_solution(ex: dict, lang: str, mistake: bool, tagged: bool, switch_at: int, verify: bool = False,
+                   **kw) -> str:
+  """Worked solution whose steps from index `switch_at` on (and the ending) are in the other language; `kw` are
+  cot.solution's re-check arguments (recheck, marks)."""
+  own = cot.solution(ex, lang, mistake, tagged, verify, **kw).split(";")
+  other = cot.solution(ex, _other(lang), mistake, tagged, verify, **kw).split(";")
   return ";".join(own[:switch_at] + other[switch_at:])
 
 
@@ -42,7 +44,8 @@ def pretrain_document(task, ex: dict, lang: str, rng: np.random.Generator, p) ->
   prompt + a solution that uses the tags with probability tag_frac. A solution works step by step with probability
   cot_frac, else answers directly (cot.brief); a worked one may switch language mid-solution (mix_frac), carry an
   err-recheck-correct step (mistake_frac), a re-check that finds nothing to fix (verify_frac), or a forbidden word
-  (noise_frac): the raw web text that R1's later stages clean up.
+  (noise_frac): the raw web text that R1's later stages clean up. recheck_per "document": at most one of each per
+  document; "step": each step drawn on its own. recheck_style: how a re-check is written (cot._recheck).
   """
   template = rng.random() < p.template_frac
   tagged = template and rng.random() < p.tag_frac
@@ -50,11 +53,20 @@ def pretrain_document(task, ex: dict, lang: str, rng: np.random.Generator, p) ->
   if p.cot_frac < 1.0 and rng.random() >= p.cot_frac:
     body = cot.brief(ex, lang, tagged)
     return (base.prompt(task, ex, lang), body) if template else ("", task.question(ex, lang) + " " + body)
-  mistake = bool(rng.random() < p.mistake_frac)
-  verify = p.verify_frac > 0 and bool(rng.random() < p.verify_frac)
-  n_parts = len(cot.solution(ex, lang, mistake, tagged, verify).split(";"))
+  kw = {"recheck": p.get("recheck_style", "repeat")}
+  if p.get("recheck_per", "document") == "step":
+    # Every step on its own: a mistake (then its re-check) with mistake_frac, else a re-check of the right step
+    # with verify_frac, so a chain can re-check any number of its steps and RL can select re-checks per step.
+    u = rng.random(len(cot.solution(ex, lang).split(";")) - 1)
+    kw["marks"] = ["mistake" if x < p.mistake_frac else "verify" if x < p.mistake_frac + p.verify_frac else ""
+                   for x in u]
+    mistake = verify = False
+  else:
+    mistake = bool(rng.random() < p.mistake_frac)
+    verify = p.verify_frac > 0 and bool(rng.random() < p.verify_frac)
+  n_parts = len(cot.solution(ex, lang, mistake, tagged, verify, **kw).split(";"))
   switch = int(rng.integers(1, n_parts)) if rng.random() < p.mix_frac else n_parts
-  body = mixed_solution(ex, lang, mistake, tagged, switch, verify)
+  body = mixed_solution(ex, lang, mistake, tagged, switch, verify, **kw)
   if rng.random() < p.noise_frac and n_parts > 2:
     body = insert_word(body, str(rng.choice(list(p.forbidden))), int(rng.integers(1, n_parts - 1)))
   if template:

@@ -14,6 +14,7 @@ from grpo_jax.rl import auto
 from grpo_jax.run import validate as validate_lib
 from grpo_jax.r1 import layout
 from grpo_jax.r1 import rewards as r1_rewards
+from grpo_jax.tasks import cot
 from grpo_jax.tasks import registry as task_registry
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 
@@ -24,8 +25,8 @@ _POSITIVE = ("pretrain.steps", "pretrain.batch", "zero.steps", "cold_start.examp
              "cold_start.batch", "grpo.steps", "rejection.prompts", "rejection.n", "rejection.keep_per_prompt",
              "sft2.steps", "sft2.batch", "final.steps")
 _PROBS = ("pretrain.template_frac", "pretrain.tag_frac", "pretrain.mix_frac", "pretrain.mistake_frac",
-          "pretrain.noise_frac", "pretrain.cot_frac", "pretrain.verify_frac", "cold_start.mistake_frac", "rejection.general_frac",
-          "rejection.general_noise_frac")
+          "pretrain.noise_frac", "pretrain.cot_frac", "pretrain.verify_frac", "cold_start.mistake_frac",
+          "rejection.general_frac", "rejection.general_noise_frac")
 
 
 def derive(config, updates: dict[str, Any]) -> ml_collections.ConfigDict:
@@ -102,6 +103,14 @@ def validate(config, stages) -> None:
   if r1.pretrain.seq_len > config.model.max_len:
     validate_lib.fail("r1.pretrain.seq_len", f"={r1.pretrain.seq_len} exceeds model.max_len={config.model.max_len}; "
                       "lower it or raise model.max_len.")
+  if r1.pretrain.get("recheck_per", "document") not in ("document", "step"):
+    validate_lib.fail("r1.pretrain.recheck_per", f"must be 'document' or 'step', got {r1.pretrain.recheck_per!r}.")
+  if r1.pretrain.get("recheck_style", "repeat") not in cot.RECHECK_STYLES:
+    validate_lib.fail("r1.pretrain.recheck_style", f"must be one of {cot.RECHECK_STYLES}, got "
+                      f"{r1.pretrain.recheck_style!r}.")
+  if r1.pretrain.get("recheck_per", "document") == "step" and r1.pretrain.mistake_frac + r1.pretrain.verify_frac > 1:
+    validate_lib.fail("r1.pretrain.verify_frac", "with recheck_per 'step', mistake_frac + verify_frac is a per-step "
+                      f"probability and must be <= 1; got {r1.pretrain.mistake_frac} + {r1.pretrain.verify_frac}.")
   if r1.rejection.general_frac >= 1:
     validate_lib.fail("r1.rejection.general_frac", "must be < 1: the SFT set needs some rejection-sampled reasoning.")
   if config.task.name not in task_registry.names("worked_solutions"):

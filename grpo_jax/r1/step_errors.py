@@ -20,18 +20,13 @@ MAX_K = 16  # steps counted per text
 
 
 def step_errors(texts: list[str], terms: list[tuple[int, ...]]) -> dict:
-  """Error rates of the steps of each text against its operands `terms`. A re-check step replaces the step before it
-  (a caught mistake counts as fixed); the running total follows what was written, so one wrong step is counted
-  once. `chains_right`: step-by-step texts whose every step is right and that write exactly len(terms) - 1."""
+  """Error rates of the steps of each text against its operands `terms`. A re-check's re-written step replaces the
+  step it checks and its column steps are not counted (`cot.final_steps`; a caught mistake counts as fixed); the
+  running total follows what was written, so one wrong step is counted once. `chains_right`: step-by-step texts whose every step is right and that write exactly len(terms) - 1."""
   n_RxK = np.zeros((len(KINDS) + 1, MAX_K), np.int64)  # row 0: steps seen at index k; rows 1..3: KINDS' errors
   stepwise = chains = 0
   for text, ts in zip(texts, terms):
-    steps = []
-    for s in cot.split_steps(cot.think_body(text)):
-      if steps and any(p in s for p in cot.RECHECK.values()):
-        steps[-1] = s  # a re-check re-does the step before it: the step as finally written counts
-      else:
-        steps.append(s)
+    steps = cot.final_steps(text)
     if not steps:
       continue
     stepwise += 1

@@ -127,23 +127,63 @@ def _render(step: Step, language: str, c: int | None = None, prefix: str = "") -
   return f"{prefix}{step.note}{_w(step.word, language)} {step.a} {step.op} {step.b} = {c} ;"
 
 
-def solution(ex: dict, language: str, mistake: bool = False, tagged: bool = True, verify: bool = False) -> str:
-  """Worked solution. `mistake` writes one step wrong, then the re-check phrase and the corrected step; `verify`
-  re-checks one right step and finds nothing to fix (the re-check phrase and the same step again)."""
+RECHECK_STYLES = ("repeat", "columns")
+MARKS = ("", "mistake", "verify")
+
+
+def _recheck(step: Step, language: str, style: str) -> str:
+  """The re-check of `step`: the phrase, then (style "columns") the step recomputed in column steps
+  (`arith_steps` without its closing equation), then the step written again with its right result. "repeat" writes
+  the step again only, so the re-check copies what it checks; "columns" recomputes it from the digits, a different
+  and easier computation for a small model than the two-digit addition in one pass, so its result can catch the
+  model's own errors (docs/r1.md, "The aha task")."""
+  if style not in RECHECK_STYLES:
+    raise ValueError(f"recheck style {style!r} is unknown; use one of {RECHECK_STYLES}")
+  parts = []
+  if style == "columns":
+    if step.op not in "+-*":
+      raise ValueError(f"a '{step.op}' step has no column recomputation; use recheck style 'repeat' for this task")
+    parts = [_render(s, language) for s in arith_steps(step.a, step.op, step.b)[:-1]]
+  parts.append(_render(step, language))
+  parts[0] = f"{RECHECK[language]} {parts[0]}"
+  return " ".join(parts)
+
+
+def solution(ex: dict, language: str, mistake: bool = False, tagged: bool = True, verify: bool = False,
+             recheck: str = "repeat", marks: Sequence[str] | None = None) -> str:
+  """Worked solution. `mistake` writes one step wrong, then the re-check and the corrected step; `verify` re-checks
+  one right step and finds nothing to fix (the step drawn from `ex`, one each). `marks` instead marks every step:
+  "" (as is), "mistake" or "verify" (one per step; then `mistake`/`verify` must be False). `recheck` is the
+  re-check's style (`_recheck`)."""
   if language not in base.LANGUAGES:
     raise ValueError(f"language={language!r} is unknown; use one of {base.LANGUAGES}")
   steps = _steps_for(ex)
-  parts = [_render(s, language) for s in steps]
-  if mistake:
+  if marks is None:
+    marks = [""] * len(steps)
+    if mistake:
+      rng = base.rng_for("mistake", sorted((k, str(v)) for k, v in ex.items()))
+      k = int(rng.integers(len(steps)))
+      marks[k] = "mistake"
+      delta = int(rng.choice([-2, -1, 1, 2, 10]))
+    if verify:
+      # Its own draw, so a document with both re-checks a step other than the mistaken one as often as not.
+      k = int(base.rng_for("verify", sorted((key, str(v)) for key, v in ex.items())).integers(len(steps)))
+      marks[k] = "both" if marks[k] == "mistake" else "verify"
+  else:
+    if mistake or verify or len(marks) != len(steps) or any(m not in MARKS for m in marks):
+      raise ValueError(f"marks={tuple(marks)!r} must give one of {MARKS} for each of the {len(steps)} steps, "
+                       "with mistake=verify=False")
     rng = base.rng_for("mistake", sorted((k, str(v)) for k, v in ex.items()))
-    k = int(rng.integers(len(steps)))
     delta = int(rng.choice([-2, -1, 1, 2, 10]))
-    parts[k] = " ".join([_render(steps[k], language, c=steps[k].c + delta),
-                         _render(steps[k], language, prefix=RECHECK[language] + " ")])
-  if verify:
-    # Its own draw, so a document with both re-checks a step other than the mistaken one as often as not.
-    k = int(base.rng_for("verify", sorted((key, str(v)) for key, v in ex.items())).integers(len(steps)))
-    parts[k] = " ".join([parts[k], _render(steps[k], language, prefix=RECHECK[language] + " ")])
+  parts = []
+  for step, mark in zip(steps, marks):
+    if mark in ("mistake", "both"):
+      part = " ".join([_render(step, language, c=step.c + delta), _recheck(step, language, recheck)])
+    else:
+      part = _render(step, language)
+    if mark in ("verify", "both"):
+      part = " ".join([part, _recheck(step, language, recheck)])
+    parts.append(part)
   return _finish(ex, language, " ".join(parts), tagged)
 
 
@@ -220,16 +260,49 @@ def steps_written(text: str) -> int:
   return len(split_steps(think_body(text)))
 
 
+MAX_RECHECK_STEPS = 12  # a re-check's column steps before the re-written step (`_recheck`: at most 7 for sums)
+
+
+def _operands(step_text: str):
+  m = STEP_RE.fullmatch(step_text)
+  return m.groups()[:3] if m else None
+
+
+def _rewritten(steps: list[str], i: int) -> int:
+  """Index of the step that re-writes steps[i - 1] in the re-check opened at steps[i]: the first of steps[i:]
+  (within MAX_RECHECK_STEPS) with the same `A op B`; i itself for style "repeat"; -1 if none does."""
+  want = _operands(steps[i - 1])
+  for j in range(i, min(len(steps), i + MAX_RECHECK_STEPS + 1)):
+    if want is not None and _operands(steps[j]) == want:
+      return j
+  return -1
+
+
+def final_steps(text: str) -> list[str]:
+  """The steps as finally written: a re-check's column steps are dropped and its re-written step replaces the step
+  it checks (when the re-check re-writes none, its first step does, as a "repeat" re-check's would)."""
+  steps, out, i = split_steps(think_body(text)), [], 0
+  while i < len(steps):
+    if out and _RECHECK_RE.search(steps[i]):
+      j = _rewritten(steps, i) if i > 0 else -1
+      out[-1] = steps[j if j >= 0 else i]
+      i = (j if j >= 0 else i) + 1
+    else:
+      out.append(steps[i])
+      i += 1
+  return out
+
+
 def recheck_stats(text: str) -> tuple[int, int]:
-  """(re-check phrases, those whose step re-does the previous step's `A op B` and fixes a wrong result)."""
+  """(re-check phrases, those whose re-check re-writes the step before it (`_rewritten`) and turns its wrong result
+  into the right one)."""
   steps = split_steps(think_body(text))
   phrases = len(_RECHECK_RE.findall(think_body(text)))
   fixed = 0
   for i in range(1, len(steps)):
     if _RECHECK_RE.search(steps[i]) is None:
       continue
-    prev, cur = STEP_RE.fullmatch(steps[i - 1]), STEP_RE.fullmatch(steps[i])
-    if prev and cur and prev.groups()[:3] == cur.groups()[:3] and not score_step(steps[i - 1]) \
-        and score_step(steps[i]):
+    j = _rewritten(steps, i)
+    if j >= 0 and not score_step(steps[i - 1]) and score_step(steps[j]):
       fixed += 1
   return phrases, fixed
