@@ -80,7 +80,7 @@ def get_config(arg: str | None = None):
   if args.small:
     c.task.update(num_numbers=4, test_size=64)
     c.sampling.max_new_tokens = 128
-    c.model.update(hidden=32, inter=64, max_len=c.task.prompt_len + 128)
+    c.model.update(hidden=32, inter=64, max_len=SEQ_LEN)  # the pre-training rows still hold the longest document
     c.rl.update(G=4, prompts_per_step=4, train_buckets=2)
     c.r1.pretrain.update(steps=40, batch=16)
     c.r1.zero.steps = 4

@@ -88,6 +88,72 @@ def test_verify_and_mistake_steps():
   assert cot.steps_written(cot.brief(EX, "a")) == 0 and cot.steps_written(cot.solution(EX, "a")) == 3
 
 
+def test_column_recheck_hand_example():
+  """recheck 'columns': the phrase, the step recomputed digit by digit (cot.arith_steps' column steps), then the step
+  written again with its right result; marks re-check any number of steps; final_steps / recheck_stats / step_errors
+  read the re-written step in place of the one it checks."""
+  ex = {"terms": (37, 48, 21, 95), "answer": 201}
+  m = cot.solution(ex, "a", recheck="columns", marks=["mistake", "verify", ""])
+  delta = int(base.rng_for("mistake", sorted((k, str(v)) for k, v in ex.items())).choice([-2, -1, 1, 2, 10]))
+  assert m == (f"<think> 21 95 : add 37 + 48 = {85 + delta} ; wait , recheck add 7 + 8 = 15 ; add 3 + 4 = 7 ; "
+               "carry 7 + 1 = 8 ; 21 95 : add 37 + 48 = 85 ; 95 : add 85 + 21 = 106 ; wait , recheck add 5 + 1 = 6 ; "
+               "add 8 + 2 = 10 ; 95 : add 85 + 21 = 106 ; add 106 + 95 = 201 ; </think> <answer> 201 </answer>")
+  assert cot.recheck_stats(m) == (2, 1)  # two re-checks, one of them fixes a wrong step
+  assert [s.strip() for s in cot.final_steps(m)] == ["21 95 : add 37 + 48 = 85", "95 : add 85 + 21 = 106",
+                                                     "add 106 + 95 = 201"]
+  # every step written is an equation the step rule scores, the mistaken one excepted
+  assert [cot.score_step(s) for s in cot.split_steps(cot.think_body(m))] == [0] + [1] * 9
+  # the 3-digit running total's columns, in language b
+  b = cot.solution(ex, "b", recheck="columns", marks=["", "", "verify"])
+  assert ("hup , revok plim 6 + 5 = 11 ; plim 0 + 9 = 9 ; vek 9 + 1 = 10 ; plim 1 + 0 = 1 ; vek 1 + 1 = 2 ; "
+          "plim 106 + 95 = 201 ;") in b
+  assert cot.recheck_stats(b) == (1, 0)
+  # the old "repeat" style with marks: the step written again right after the phrase
+  r = cot.solution(ex, "a", marks=["", "mistake", ""])
+  assert cot.recheck_stats(r) == (1, 1) and len(cot.split_steps(cot.think_body(r))) == 4
+  got = step_errors.step_errors([m, b, r], [ex["terms"]] * 3)
+  assert got["chains_right"] == 3 and got["steps"] == 9 and got["sum_wrong"] == 0
+  # a column re-check that "fixes" a right step into a wrong one counts against the chain, not as a fix
+  broken = ("<think> 21 95 : add 37 + 48 = 85 ; wait , recheck add 7 + 8 = 14 ; add 3 + 4 = 7 ; carry 7 + 1 = 8 ; "
+            "21 95 : add 37 + 48 = 84 ; 95 : add 84 + 21 = 105 ; add 105 + 95 = 200 ; </think>")
+  assert cot.recheck_stats(broken) == (1, 0)
+  got = step_errors.step_errors([broken], [ex["terms"]])
+  assert got["chains_right"] == 0 and got["steps"] == 3 and got["sum_wrong"] == pytest.approx(1 / 3)
+  for bad in (dict(marks=["", ""]), dict(marks=["oops", "", ""]), dict(marks=["", "", ""], mistake=True)):
+    with pytest.raises(ValueError, match="marks"):
+      cot.solution(ex, "a", **bad)
+  with pytest.raises(ValueError, match="recheck style"):
+    cot.solution(ex, "a", recheck="twice", verify=True)
+  cd = {"steps": ((8, "/", 2, 4),), "solution": "4", "answer": 4}
+  with pytest.raises(ValueError, match="repeat"):
+    cot.solution(cd, "a", recheck="columns", verify=True)
+
+
+def test_per_step_recheck_mix():
+  """recheck_per 'step': every step is a mistake (then re-checked) with mistake_frac, else re-checked right with
+  verify_frac, independently; the direct answers (cot_frac) are drawn before and do not change, so a control base
+  (cot_frac 0) has the same documents whatever the re-check knobs say."""
+  task = registry.get_task("sums", num_numbers=4, min_number=10, max_number=99)
+  exs = [dict(task.generate(base.rng_for("mixs", i)), index=i) for i in range(1500)]
+  p = _knobs(cot_frac=0.5, mistake_frac=0.15, verify_frac=0.25, recheck_per="step", recheck_style="columns")
+  docs = [corpus.pretrain_document(task, ex, "a", np.random.default_rng(i), p)[1] for i, ex in enumerate(exs)]
+  worked = np.asarray([cot.steps_written(d) > 0 for d in docs])
+  stats = np.asarray([cot.recheck_stats(d) for d in docs])
+  n_steps = 3 * worked.sum()
+  assert abs(worked.mean() - 0.5) < 0.04
+  assert abs(stats[worked, 0].sum() / n_steps - 0.4) < 0.03   # re-checked steps
+  assert abs(stats[worked, 1].sum() / n_steps - 0.15) < 0.02  # of which caught mistakes
+  assert (stats[worked, 0] >= 2).mean() > 0.2                 # chains that re-check several steps
+  assert all([s.strip() for s in cot.final_steps(d)] == [s.strip() for s in cot.final_steps(cot.solution(ex, "a"))]
+             for d, ex, w in zip(docs, exs, worked) if w)      # every re-check ends on the right step
+  for style in ("repeat", "columns"):
+    for per in ("document", "step"):
+      q = _knobs(cot_frac=0.0, mistake_frac=0.15, verify_frac=0.25, recheck_per=per, recheck_style=style)
+      assert [corpus.pretrain_document(task, ex, "a", np.random.default_rng(i), q) for i, ex in
+              enumerate(exs[:200])] == [corpus.pretrain_document(task, ex, "a", np.random.default_rng(i),
+                                                                 _knobs(cot_frac=0.0)) for i, ex in enumerate(exs[:200])]
+
+
 def test_sums_verifiers_jax_equals_python(tok):
   task = registry.get_task("sums", num_numbers=6)
   exs = [dict(task.generate(base.rng_for("v", i)), index=i) for i in range(48)]
@@ -196,14 +262,19 @@ def test_verification_terms_and_premise():
   # premise: 3 worked (2 right), 2 direct (0 right); the last text writes no step
   # steps written: 3 + 4 (one re-check) + 4 (a wrong one, then its re-check) = 11, of which 10 are right
   m = heldout.premise(texts, np.asarray([1, 1, 0, 0, 0]))
+  # re-checked among the worked: rows 1 and 2 (right 1 of 2); not: row 0 (right); "wait , recheck" alone is no step
   assert m == {"stepwise_rate_sampled": 0.6, "accuracy_brief_sampled": 0.0,
-               "accuracy_stepwise_sampled": pytest.approx(2 / 3), "step_right_rate_sampled": pytest.approx(10 / 11)}
+               "accuracy_stepwise_sampled": pytest.approx(2 / 3), "step_right_rate_sampled": pytest.approx(10 / 11),
+               "verified_rate_sampled": pytest.approx(2 / 3), "accuracy_verified_sampled": 0.5,
+               "accuracy_unverified_sampled": 1.0}
   assert np.isnan(heldout.premise(texts[:1], np.asarray([1]))["accuracy_brief_sampled"])
   # the reward's view of the same split: tagged accuracy and format per kind (worked rows 0-2, direct rows 3-4)
   m = heldout.premise(texts, np.asarray([1, 1, 0, 0, 0]), tagged_N=np.asarray([1, 0, 0, 1, 0]),
                       format_N=np.asarray([1, 0, 1, 1, 1]))
   assert m["accuracy_tagged_stepwise_sampled"] == pytest.approx(1 / 3) and m["accuracy_tagged_brief_sampled"] == 0.5
   assert m["format_stepwise_sampled"] == pytest.approx(2 / 3) and m["format_brief_sampled"] == 1.0
+  assert m["accuracy_tagged_verified_sampled"] == 0.0 and m["accuracy_tagged_unverified_sampled"] == 1.0
+  assert m["format_verified_sampled"] == 0.5
 
 
 def test_step_errors_hand_example():
@@ -251,6 +322,13 @@ def test_aha_config_and_control():
   assert {k for k in flat if flat[k] != flat_ctl[k]} == {"r1.pretrain.cot_frac"}
   stage_config.validate(c, c.r1.stages)
   stage_config.validate(config_lib.load_config(CONFIG, "small"), c.r1.stages)
+  assert c.r1.pretrain.recheck_per == "step" and c.r1.pretrain.recheck_style == "columns"
+  for key, bad, match in (("recheck_per", "chain", "recheck_per"), ("recheck_style", "twice", "recheck_style"),
+                          ("verify_frac", 0.9, "per-step probability")):
+    b = config_lib.load_config(CONFIG)
+    b.r1.pretrain[key] = bad
+    with pytest.raises(errors.ConfigError, match=match):
+      stage_config.validate(b, b.r1.stages)
 
 
 def test_pretrain_seq_len_is_checked():
@@ -393,7 +471,14 @@ def test_aha_seeds_table_hand_computed(tmp_path):
   assert r["train/completion_len_mean@step1"] == 40.0  # the ramp's first value, step 1
   assert r["length_ratio_step1"] == pytest.approx(np.mean(lens[-2:]) / 40.0)
   assert r["accuracy_last_number@change"] == pytest.approx(0.05)
+  assert r["train/completion_len_mean@rise"] == pytest.approx(np.mean(lens[-2:]) - np.mean(lens[:2]))
   md = aha_seeds.write(str(runs), dirs, aha_seeds.run_dirs(str(ctl)))
+  rises = [np.mean(ramp(a, b)[-2:]) - np.mean(ramp(a, b)[:2]) for a, b in ((40, 80), (50, 90), (30, 90))]
+  assert f"`train/completion_len_mean` end − start (paired) | {stats.summarize(rises).fmt(3)}" in md
+  s1 = [np.mean(ramp(a, b)[-2:]) / a for a, b in ((40, 80), (50, 90), (30, 90))]
+  c_s1 = [np.mean(ramp(a, b)[-2:]) / a for a, b in ((10, 11), (10, 12), (11, 11))]
+  d1, hw1 = stats.welch(stats.summarize(s1), stats.summarize(c_s1))
+  assert f"end / step 1, runs − control: {d1:+.3f} ± {hw1:.3f}" in md
   ratios = [np.mean(ramp(a, b)[-2:]) / np.mean(ramp(a, b)[:2]) for a, b in ((40, 80), (50, 90), (30, 90))]
   c_ratios = [np.mean(ramp(a, b)[-2:]) / np.mean(ramp(a, b)[:2]) for a, b in ((10, 11), (10, 12), (11, 11))]
   d, hw = stats.welch(stats.summarize(ratios), stats.summarize(c_ratios))

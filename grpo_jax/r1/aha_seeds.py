@@ -27,11 +27,11 @@ from grpo_jax.studies import stats
 
 LEN = "train/completion_len_mean"
 # The per-step series whose first -> last tenth is tabulated, in table order.
-SERIES = (LEN, "train/completion_len_p90", "train/reward/verified", "train/reward/corrected",
+SERIES = (LEN, "train/completion_len_p90", "train/reward/verified", "train/reward/recheck", "train/reward/corrected",
           "train/reward/accuracy", "train/reward/format", "train/len_acc_corr", "eval/accuracy")
 # Held-out (report.json) metrics: R1-Zero minus base, paired per seed.
 HELDOUT = ("accuracy_last_number", "accuracy_tagged", "completion_len_mean", "completion_len_mean_sampled",
-           "stepwise_rate_sampled")
+           "stepwise_rate_sampled", "verified_rate_sampled")
 PLOTTED = (LEN, "eval/accuracy", "train/reward/verified")
 
 
@@ -52,6 +52,7 @@ def per_run(workdir: str) -> dict[str, float]:
     fl = report._first_last(workdir, "r1_zero", name)  # pylint: disable=protected-access
     if fl:
       out[name + "@start"], out[name + "@end"] = fl
+      out[name + "@rise"] = fl[1] - fl[0]  # paired: this seed's own start and end
   if LEN + "@start" in out:
     out["length_ratio"] = out[LEN + "@end"] / out[LEN + "@start"]
     # Step 1's samples are the base's own (drawn before the first update): where the length starts when it moves
@@ -93,6 +94,7 @@ def markdown(table: dict[str, stats.Summary], n: int, control: dict[str, stats.S
   for name in SERIES:
     row(f"`{name}` start", name + "@start")
     row(f"`{name}` end", name + "@end")
+    row(f"`{name}` end − start (paired)", name + "@rise")
   row("length ratio end / start", "length_ratio")
   row(f"`{LEN}` at step 1 (the base's own samples)", LEN + "@step1")
   row("length ratio end / step 1", "length_ratio_step1")
@@ -100,12 +102,13 @@ def markdown(table: dict[str, stats.Summary], n: int, control: dict[str, stats.S
     row(f"held-out `{k}`: base", k + "@base")
     row(f"held-out `{k}`: R1-Zero", k + "@r1_zero")
     row(f"held-out `{k}`: R1-Zero − base (paired)", k + "@change")
-  if control and "length_ratio" in table and "length_ratio" in control:
-    d, hw = against_control(table, control)
-    lines += ["", f"Length ratio, runs − control: {d:+.3f} ± {hw:.3f} (Welch 95%) -> "
-              + ("**resolved**" if math.isfinite(hw) and abs(d) > hw else "**not resolved**")
-              + (" (the runs' length grows more than the control's)" if d > 0 else
-                 " (the runs' length does not grow more than the control's)") + "."]
+  for key, label in (("length_ratio", "Length ratio end / start"), ("length_ratio_step1", "Length ratio end / step 1")):
+    if control and key in table and key in control:
+      d, hw = against_control(table, control, key)
+      lines += ["", f"{label}, runs − control: {d:+.3f} ± {hw:.3f} (Welch 95%) -> "
+                + ("**resolved**" if math.isfinite(hw) and abs(d) > hw else "**not resolved**")
+                + (" (the runs' length grows more than the control's)" if d > 0 else
+                   " (the runs' length does not grow more than the control's)") + "."]
   return "\n".join(lines) + "\n"
 
 

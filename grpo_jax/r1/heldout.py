@@ -52,9 +52,12 @@ def premise(texts: list[str], right_N: np.ndarray, tagged_N: np.ndarray | None =
   that are right equations (cot.score_step; NaN for a kind never written). R1-Zero can only select longer reasoning
   that the base already writes and that is more often right. With `tagged_N` / `format_N` (the verifier's accuracy
   and format per completion) the same split of what R1-Zero's reward (format + accuracy) sees: the last-number rule
-  can favour step-by-step answers while the reward does not (an untagged worked answer scores 0)."""
+  can favour step-by-step answers while the reward does not (an untagged worked answer scores 0). Among the
+  step-by-step ones, those that re-check a step (`verified`) against those that do not: a re-check can only be
+  selected if it pays."""
   steps = [cot.split_steps(cot.think_body(t)) for t in texts]
   stepwise_N = np.asarray([len(x) > 0 for x in steps], bool)
+  verified_N = stepwise_N & np.asarray([cot.recheck_stats(t)[0] > 0 for t in texts], bool)
   right_N = np.asarray(right_N, np.float32)
   step_ok = [cot.score_step(x) for row in steps for x in row]
 
@@ -62,11 +65,16 @@ def premise(texts: list[str], right_N: np.ndarray, tagged_N: np.ndarray | None =
     return float(v_N[sel].mean()) if sel.any() else float("nan")
   out = {"stepwise_rate_sampled": float(stepwise_N.mean()), "accuracy_brief_sampled": acc(right_N, ~stepwise_N),
          "accuracy_stepwise_sampled": acc(right_N, stepwise_N),
-         "step_right_rate_sampled": float(np.mean(step_ok)) if step_ok else float("nan")}
+         "step_right_rate_sampled": float(np.mean(step_ok)) if step_ok else float("nan"),
+         "verified_rate_sampled": acc(verified_N.astype(np.float32), stepwise_N),
+         "accuracy_verified_sampled": acc(right_N, verified_N),
+         "accuracy_unverified_sampled": acc(right_N, stepwise_N & ~verified_N)}
   for name, v_N in (("accuracy_tagged", tagged_N), ("format", format_N)):
     if v_N is not None:
       v_N = np.asarray(v_N, np.float32)
-      out.update({f"{name}_brief_sampled": acc(v_N, ~stepwise_N), f"{name}_stepwise_sampled": acc(v_N, stepwise_N)})
+      out.update({f"{name}_brief_sampled": acc(v_N, ~stepwise_N), f"{name}_stepwise_sampled": acc(v_N, stepwise_N),
+                  f"{name}_verified_sampled": acc(v_N, verified_N),
+                  f"{name}_unverified_sampled": acc(v_N, stepwise_N & ~verified_N)})
   return out
 
 

@@ -111,7 +111,8 @@ def write_report(config, workdir: str) -> dict:
       (f"cons@{n}_last_number", f"cons@{n}_tagged", "language_consistency_sampled", "completion_len_mean_sampled",
        "stepwise_rate_sampled", "accuracy_brief_sampled", "accuracy_stepwise_sampled", "step_right_rate_sampled",
        "accuracy_tagged_brief_sampled", "accuracy_tagged_stepwise_sampled", "format_brief_sampled",
-       "format_stepwise_sampled")
+       "format_stepwise_sampled", "verified_rate_sampled", "accuracy_verified_sampled", "accuracy_unverified_sampled",
+       "accuracy_tagged_verified_sampled", "accuracy_tagged_unverified_sampled")
   stages = [s for s in layout.MODELS if s in results]
   plots_dir = os.path.join(workdir, "plots")
   plot_comparison(results, ("accuracy_last_number", "accuracy_tagged", f"pass@{max(rep.pass_k)}_last_number",
