@@ -119,6 +119,10 @@ def test_column_recheck_hand_example():
   assert cot.recheck_stats(broken) == (1, 0)
   got = step_errors.step_errors([broken], [ex["terms"]])
   assert got["chains_right"] == 0 and got["steps"] == 3 and got["sum_wrong"] == pytest.approx(1 / 3)
+  # re-check reliability: m fixes 1 of 2 re-checks, b finds nothing, r fixes, broken breaks a right step
+  rel = step_errors.recheck_reliability([m, b, r, broken])
+  assert rel == {"first_steps": 12, "first_right_rate": 10 / 12, "rechecks": 5, "rechecks_rewriting": 5,
+                 "rewritten_right_rate": 4 / 5, "checked_wrong": 2, "fixed": 2, "broken": 1}
   for bad in (dict(marks=["", ""]), dict(marks=["oops", "", ""]), dict(marks=["", "", ""], mistake=True)):
     with pytest.raises(ValueError, match="marks"):
       cot.solution(ex, "a", **bad)

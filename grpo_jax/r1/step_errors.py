@@ -4,7 +4,8 @@ total (copy), its second the question's next operand (look-up), its result their
   python -m grpo_jax.r1.step_errors --workdir=DIR [--stage=base] [--seed=123]
 
 Samples the held-out report's prompts (r1.report's sizes, temperature sampling) from DIR/<stage>/params and prints
-one JSON line. `heldout.premise` says THAT step-by-step answers lose; this says which part of a step does.
+one JSON line. `heldout.premise` says THAT step-by-step answers lose; this says which part of a step does, and
+(`recheck`) whether the model's own re-checks end right more often than its first-written steps.
 """
 from __future__ import annotations
 
@@ -50,6 +51,38 @@ def step_errors(texts: list[str], terms: list[tuple[int, ...]]) -> dict:
                       for k in range(1, MAX_K) if n_RxK[0, k]}}
 
 
+def recheck_reliability(texts: list[str]) -> dict:
+  """Whether a re-check can pay: of the steps written first (not inside a re-check), how many are right; of the
+  re-checks that re-write their step (cot.final_steps' rule), how many end right, how many check a wrong step, and
+  how many of those they fix. A re-check pays when its re-written step is right more often than a first-written
+  one, and re-checks that break a right step are rarer than fixes."""
+  first = first_right = checks = rewritten = rewritten_right = checked_wrong = fixed = broken = 0
+  for text in texts:
+    steps = cot.split_steps(cot.think_body(text))
+    i = 0
+    while i < len(steps):
+      if i > 0 and any(p in steps[i] for p in cot.RECHECK.values()):
+        checks += 1
+        j = cot._rewritten(steps, i)  # pylint: disable=protected-access
+        if j >= 0:
+          was, now = cot.score_step(steps[i - 1]), cot.score_step(steps[j])
+          rewritten += 1
+          rewritten_right += now
+          checked_wrong += not was
+          fixed += now and not was
+          broken += was and not now
+          i = j + 1
+          continue
+      else:
+        first += 1
+        first_right += cot.score_step(steps[i])
+      i += 1
+  rate = lambda a, b: a / b if b else float("nan")
+  return {"first_steps": first, "first_right_rate": rate(first_right, first), "rechecks": checks,
+          "rechecks_rewriting": rewritten, "rewritten_right_rate": rate(rewritten_right, rewritten),
+          "checked_wrong": checked_wrong, "fixed": fixed, "broken": broken}
+
+
 def main(argv: list[str]) -> None:
   import argparse
 
@@ -80,7 +113,8 @@ def main(argv: list[str]) -> None:
   params = params_ckpt.load_params(layout.params_path(args.workdir, args.stage), state_lib.abstract_params(
       ev.mesh, model_lib.ModelConfig.from_config(config.model)))
   s = ev.rollouts(params, jax.random.PRNGKey(args.seed), sampled=True)
-  print(json.dumps(step_errors(s.texts, [exs[i // c.eval.n_samples]["terms"] for i in range(len(s.texts))])))
+  out = step_errors(s.texts, [exs[i // c.eval.n_samples]["terms"] for i in range(len(s.texts))])
+  print(json.dumps(dict(out, recheck=recheck_reliability(s.texts))))
 
 
 if __name__ == "__main__":
