@@ -326,7 +326,7 @@ def test_aha_config_and_control():
   assert {k for k in flat if flat[k] != flat_ctl[k]} == {"r1.pretrain.cot_frac"}
   stage_config.validate(c, c.r1.stages)
   stage_config.validate(config_lib.load_config(CONFIG, "small"), c.r1.stages)
-  assert c.r1.pretrain.recheck_per == "step" and c.r1.pretrain.recheck_style == "columns"
+  assert c.r1.pretrain.recheck_per == "step" and c.r1.pretrain.recheck_style == "places"
   for key, bad, match in (("recheck_per", "chain", "recheck_per"), ("recheck_style", "twice", "recheck_style"),
                           ("verify_frac", 0.9, "per-step probability")):
     b = config_lib.load_config(CONFIG)

@@ -93,6 +93,16 @@ def arith_steps(a: int, op: str, b: int) -> list[Step]:
   return steps
 
 
+def place_steps(a: int, b: int) -> list[Step]:
+  """`a + b` by place value: the ones, the rest (a // 10 + b // 10), then the two put together (`rest * 10 + ones`),
+  whose result is the sum itself. Each step is a small addition (a digit to a digit, a number to a digit or
+  two), and the last one's result is the whole sum, so a re-check ends on it (37 + 48: 7 + 8 = 15 ; 3 + 4 = 7 ;
+  70 + 15 = 85)."""
+  ones, rest = a % 10 + b % 10, a // 10 + b // 10
+  return [Step("add", a % 10, "+", b % 10, ones), Step("add", a // 10, "+", b // 10, rest),
+          Step("combine", rest * 10, "+", ones, a + b)]
+
+
 def countdown_steps(ex: dict) -> list[Step]:
   return [Step("combine", a, op, b, c) for a, op, b, c in ex["steps"]]
 
@@ -127,7 +137,7 @@ def _render(step: Step, language: str, c: int | None = None, prefix: str = "") -
   return f"{prefix}{step.note}{_w(step.word, language)} {step.a} {step.op} {step.b} = {c} ;"
 
 
-RECHECK_STYLES = ("repeat", "columns")
+RECHECK_STYLES = ("repeat", "columns", "places")
 MARKS = ("", "mistake", "verify")
 
 
@@ -144,6 +154,11 @@ def _recheck(step: Step, language: str, style: str) -> str:
     if step.op not in "+-*":
       raise ValueError(f"a '{step.op}' step has no column recomputation; use recheck style 'repeat' for this task")
     parts = [_render(s, language) for s in arith_steps(step.a, step.op, step.b)[:-1]]
+  elif style == "places":
+    if step.op != "+":
+      raise ValueError(f"a '{step.op}' step has no place-value recomputation; use recheck style 'repeat' or "
+                       "'columns' for this task")
+    parts = [_render(s, language) for s in place_steps(step.a, step.b)]
   parts.append(_render(step, language))
   parts[0] = f"{RECHECK[language]} {parts[0]}"
   return " ".join(parts)
