@@ -88,6 +88,10 @@ def test_verify_and_mistake_steps():
   assert cot.steps_written(cot.brief(EX, "a")) == 0 and cot.steps_written(cot.solution(EX, "a")) == 3
 
 
+def _render_a(step):
+  return f"{step.word} {step.a} {step.op} {step.b} = {step.c} "
+
+
 def test_column_recheck_hand_example():
   """recheck 'columns': the phrase, the step recomputed digit by digit (cot.arith_steps' column steps), then the step
   written again with its right result; marks re-check any number of steps; final_steps / recheck_stats / step_errors
@@ -96,18 +100,25 @@ def test_column_recheck_hand_example():
   m = cot.solution(ex, "a", recheck="columns", marks=["mistake", "verify", ""])
   delta = int(base.rng_for("mistake", sorted((k, str(v)) for k, v in ex.items())).choice([-2, -1, 1, 2, 10]))
   assert m == (f"<think> 21 95 : add 37 + 48 = {85 + delta} ; wait , recheck add 7 + 8 = 15 ; add 3 + 4 = 7 ; "
-               "carry 7 + 1 = 8 ; 21 95 : add 37 + 48 = 85 ; 95 : add 85 + 21 = 106 ; wait , recheck add 5 + 1 = 6 ; "
-               "add 8 + 2 = 10 ; 95 : add 85 + 21 = 106 ; add 106 + 95 = 201 ; </think> <answer> 201 </answer>")
+               "carry 7 + 1 = 8 ; combine 80 + 5 = 85 ; 21 95 : add 37 + 48 = 85 ; 95 : add 85 + 21 = 106 ; "
+               "wait , recheck add 5 + 1 = 6 ; add 8 + 2 = 10 ; combine 100 + 6 = 106 ; 95 : add 85 + 21 = 106 ; "
+               "add 106 + 95 = 201 ; </think> <answer> 201 </answer>")
   assert cot.recheck_stats(m) == (2, 1)  # two re-checks, one of them fixes a wrong step
   assert [s.strip() for s in cot.final_steps(m)] == ["21 95 : add 37 + 48 = 85", "95 : add 85 + 21 = 106",
                                                      "add 106 + 95 = 201"]
   # every step written is an equation the step rule scores, the mistaken one excepted
-  assert [cot.score_step(s) for s in cot.split_steps(cot.think_body(m))] == [0] + [1] * 9
+  assert [cot.score_step(s) for s in cot.split_steps(cot.think_body(m))] == [0] + [1] * 11
   # the 3-digit running total's columns, in language b
   b = cot.solution(ex, "b", recheck="columns", marks=["", "", "verify"])
   assert ("hup , revok plim 6 + 5 = 11 ; plim 0 + 9 = 9 ; vek 9 + 1 = 10 ; plim 1 + 0 = 1 ; vek 1 + 1 = 2 ; "
-          "plim 106 + 95 = 201 ;") in b
+          "kresh 20 + 0 = 20 ; kresh 200 + 1 = 201 ; plim 106 + 95 = 201 ;") in b
   assert cot.recheck_stats(b) == (1, 0)
+  for x in range(0, 400, 3):
+    for y in range(0, 100):
+      got = cot.column_steps(x, y)
+      assert got[-1].c == x + y and all(cot.score_step(_render_a(st)) for st in got)
+      assert all(st.a < 10 and st.b < 10 for st in got if st.word == "add")  # one-digit additions
+      assert all(st.a % 10 == 0 and st.b < 10 for st in got if st.word == "combine")  # concatenations
   # the old "repeat" style with marks: the step written again right after the phrase
   r = cot.solution(ex, "a", marks=["", "mistake", ""])
   assert cot.recheck_stats(r) == (1, 1) and len(cot.split_steps(cot.think_body(r))) == 4
@@ -326,7 +337,7 @@ def test_aha_config_and_control():
   assert {k for k in flat if flat[k] != flat_ctl[k]} == {"r1.pretrain.cot_frac"}
   stage_config.validate(c, c.r1.stages)
   stage_config.validate(config_lib.load_config(CONFIG, "small"), c.r1.stages)
-  assert c.r1.pretrain.recheck_per == "step" and c.r1.pretrain.recheck_style == "places"
+  assert c.r1.pretrain.recheck_per == "step" and c.r1.pretrain.recheck_style == "columns"
   for key, bad, match in (("recheck_per", "chain", "recheck_per"), ("recheck_style", "twice", "recheck_style"),
                           ("verify_frac", 0.9, "per-step probability")):
     b = config_lib.load_config(CONFIG)

@@ -93,14 +93,22 @@ def arith_steps(a: int, op: str, b: int) -> list[Step]:
   return steps
 
 
-def place_steps(a: int, b: int) -> list[Step]:
-  """`a + b` by place value: the ones, the rest (a // 10 + b // 10), then the two put together (`rest * 10 + ones`),
-  whose result is the sum itself. Each step is a small addition (a digit to a digit, a number to a digit or
-  two), and the last one's result is the whole sum, so a re-check ends on it (37 + 48: 7 + 8 = 15 ; 3 + 4 = 7 ;
-  70 + 15 = 85)."""
-  ones, rest = a % 10 + b % 10, a // 10 + b // 10
-  return [Step("add", a % 10, "+", b % 10, ones), Step("add", a // 10, "+", b // 10, rest),
-          Step("combine", rest * 10, "+", ones, a + b)]
+def column_steps(a: int, b: int) -> list[Step]:
+  """`a + b` (a, b >= 0) in columns, ones first (arith_steps' `add` / `carry` steps without its closing equation),
+  then the column results put together, most significant first, one `combine` step a column
+  (`combine value * 10 + digit`), so the last step's result is the whole sum. Every step is a one-digit addition or
+  a concatenation (37 + 48: add 7 + 8 = 15 ; add 3 + 4 = 7 ; carry 7 + 1 = 8 ; combine 80 + 5 = 85); a re-check
+  ends on a copy of that result, not on a composition of digits scattered over the columns."""
+  steps = arith_steps(a, "+", b)[:-1]
+  finals, carry = [], 0  # each column's result, carry included
+  for i in range(max(len(str(a)), len(str(b)))):
+    finals.append(a // 10**i % 10 + b // 10**i % 10 + carry)
+    carry = finals[-1] // 10
+  value = finals[-1]
+  for f in reversed(finals[:-1]):
+    steps.append(Step("combine", value * 10, "+", f % 10, value * 10 + f % 10))
+    value = value * 10 + f % 10
+  return steps
 
 
 def countdown_steps(ex: dict) -> list[Step]:
@@ -137,28 +145,23 @@ def _render(step: Step, language: str, c: int | None = None, prefix: str = "") -
   return f"{prefix}{step.note}{_w(step.word, language)} {step.a} {step.op} {step.b} = {c} ;"
 
 
-RECHECK_STYLES = ("repeat", "columns", "places")
+RECHECK_STYLES = ("repeat", "columns")
 MARKS = ("", "mistake", "verify")
 
 
 def _recheck(step: Step, language: str, style: str) -> str:
-  """The re-check of `step`: the phrase, then (style "columns") the step recomputed in column steps
-  (`arith_steps` without its closing equation), then the step written again with its right result. "repeat" writes
-  the step again only, so the re-check copies what it checks; "columns" recomputes it from the digits, a different
-  and easier computation for a small model than the two-digit addition in one pass, so its result can catch the
-  model's own errors (docs/r1.md, "The aha task")."""
+  """The re-check of `step`: the phrase, then (style "columns") the step recomputed in columns and put together
+  (`column_steps`), then the step written again with its right result. "repeat" writes the step again only, so the
+  re-check copies what it checks; "columns" recomputes it from the digits (one-digit additions and concatenations,
+  easier for a small model than a two-digit addition in one pass), so its result can catch the model's own errors
+  (docs/r1.md, "The aha task")."""
   if style not in RECHECK_STYLES:
     raise ValueError(f"recheck style {style!r} is unknown; use one of {RECHECK_STYLES}")
   parts = []
   if style == "columns":
-    if step.op not in "+-*":
-      raise ValueError(f"a '{step.op}' step has no column recomputation; use recheck style 'repeat' for this task")
-    parts = [_render(s, language) for s in arith_steps(step.a, step.op, step.b)[:-1]]
-  elif style == "places":
     if step.op != "+":
-      raise ValueError(f"a '{step.op}' step has no place-value recomputation; use recheck style 'repeat' or "
-                       "'columns' for this task")
-    parts = [_render(s, language) for s in place_steps(step.a, step.b)]
+      raise ValueError(f"a '{step.op}' step has no column recomputation; use recheck style 'repeat' for this task")
+    parts = [_render(s, language) for s in column_steps(step.a, step.b)]
   parts.append(_render(step, language))
   parts[0] = f"{RECHECK[language]} {parts[0]}"
   return " ".join(parts)
