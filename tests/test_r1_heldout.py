@@ -94,10 +94,14 @@ def test_heldout_metrics_match_hand_computed(evaluator):
       "stepwise_rate_sampled": 5 / 8, "accuracy_brief_sampled": 1.0, "accuracy_stepwise_sampled": 3 / 5,
       # their steps: "add 1 + 1 = 2" (right) and "so the answer is {y}" (no equation) each, 10 steps, 5 right
       "step_right_rate_sampled": 5 / 10,
+      # no sample re-checks: none of the worked ones is verified (NaN accuracy), all 5 are unverified (3 right)
+      "verified_rate_sampled": 0.0, "accuracy_verified_sampled": np.nan, "accuracy_unverified_sampled": 3 / 5,
       # the same split under the verifier (what R1-Zero's reward sees): the 5 worked samples are tagged (format 1),
       # 3 of them right (RIGHT); the 3 direct "so {y}" ones are untagged (format 0, tagged accuracy 0)
-      "accuracy_tagged_brief_sampled": 0.0, "accuracy_tagged_stepwise_sampled": 3 / 5, "format_brief_sampled": 0.0,
-      "format_stepwise_sampled": 1.0}
+      "accuracy_tagged_brief_sampled": 0.0, "accuracy_tagged_stepwise_sampled": 3 / 5,
+      "accuracy_tagged_verified_sampled": np.nan, "accuracy_tagged_unverified_sampled": 3 / 5,
+      "format_brief_sampled": 0.0, "format_stepwise_sampled": 1.0, "format_verified_sampled": np.nan,
+      "format_unverified_sampled": 1.0}
   assert list(m) == list(want)  # report.json's key order
   for k, v in want.items():
     np.testing.assert_allclose(m[k], v, rtol=1e-6, err_msg=k)
