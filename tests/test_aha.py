@@ -132,8 +132,13 @@ def test_column_recheck_hand_example():
   assert got["chains_right"] == 0 and got["steps"] == 3 and got["sum_wrong"] == pytest.approx(1 / 3)
   # re-check reliability: m fixes 1 of 2 re-checks, b finds nothing, r fixes, broken breaks a right step
   rel = step_errors.recheck_reliability([m, b, r, broken])
+  checks = rel.pop("check_steps")
   assert rel == {"first_steps": 12, "first_right_rate": 10 / 12, "rechecks": 5, "rechecks_rewriting": 5,
                  "rewritten_right_rate": 4 / 5, "checked_wrong": 2, "fixed": 2, "broken": 1}
+  # m: add x4, carry, combine x2; b (language b's plim / vek / kresh count as add / carry / combine): 3, 2, 2;
+  # broken: add x2 (7 + 8 = 14 wrong), carry; r ("repeat") has none
+  assert checks == {"add": {"n": 9, "right_rate": 8 / 9}, "carry": {"n": 4, "right_rate": 1.0},
+                    "combine": {"n": 4, "right_rate": 1.0}}
   for bad in (dict(marks=["", ""]), dict(marks=["oops", "", ""]), dict(marks=["", "", ""], mistake=True)):
     with pytest.raises(ValueError, match="marks"):
       cot.solution(ex, "a", **bad)

@@ -17,6 +17,8 @@ import numpy as np
 from grpo_jax.tasks import cot
 
 KINDS = ("copy", "operand", "sum")
+_PHRASE_WORDS = {w for p in cot.RECHECK.values() for w in p.split()}
+_TO_A = dict(zip(cot.WORDS_B, cot.WORDS_A))
 MAX_K = 16  # steps counted per text
 
 
@@ -57,6 +59,7 @@ def recheck_reliability(texts: list[str]) -> dict:
   how many of those they fix. A re-check pays when its re-written step is right more often than a first-written
   one, and re-checks that break a right step are rarer than fixes."""
   first = first_right = checks = rewritten = rewritten_right = checked_wrong = fixed = broken = 0
+  by_word: dict[str, list[int]] = {}  # the re-checks' own steps (column additions, carries, combines): [n, right]
   for text in texts:
     steps = cot.split_steps(cot.think_body(text))
     i = 0
@@ -65,6 +68,12 @@ def recheck_reliability(texts: list[str]) -> dict:
         checks += 1
         j = cot._rewritten(steps, i)  # pylint: disable=protected-access
         if j >= 0:
+          for inner in steps[i:j]:
+            words = [w for w in cot.STEP_WORD_RE.findall(inner) if w not in _PHRASE_WORDS]
+            word = words[-1] if words else ""
+            n_ok = by_word.setdefault(_TO_A.get(word, word), [0, 0])  # language b's words under language a's
+            n_ok[0] += 1
+            n_ok[1] += cot.score_step(inner)
           was, now = cot.score_step(steps[i - 1]), cot.score_step(steps[j])
           rewritten += 1
           rewritten_right += now
@@ -80,7 +89,8 @@ def recheck_reliability(texts: list[str]) -> dict:
   rate = lambda a, b: a / b if b else float("nan")
   return {"first_steps": first, "first_right_rate": rate(first_right, first), "rechecks": checks,
           "rechecks_rewriting": rewritten, "rewritten_right_rate": rate(rewritten_right, rewritten),
-          "checked_wrong": checked_wrong, "fixed": fixed, "broken": broken}
+          "checked_wrong": checked_wrong, "fixed": fixed, "broken": broken,
+          "check_steps": {w: {"n": n, "right_rate": ok / n} for w, (n, ok) in sorted(by_word.items())}}
 
 
 def main(argv: list[str]) -> None:

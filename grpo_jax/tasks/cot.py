@@ -26,6 +26,7 @@ RECHECK = {"a": "wait , recheck", "b": "hup , revok"}
 MAX_DIGITS = 9
 
 STEP_RE = re.compile(r"(?:.*[^0-9])?([0-9]+) *([-+*/]) *([0-9]+) *= *(?:(-) *)?([0-9]+) *", re.S)
+STEP_WORD_RE = re.compile(r"[a-z]+")  # a step's words (its last one names its kind: add, carry, combine, ...)
 _RECHECK_RE = re.compile("|".join(re.escape(p) for p in RECHECK.values()))
 _TAG_RE = re.compile(r"</?(?:think|answer)>")
 
