@@ -31,8 +31,8 @@ SERIES = (LEN, "train/completion_len_p90", "train/reward/verified", "train/rewar
           "train/reward/accuracy", "train/reward/format", "train/len_acc_corr", "eval/accuracy")
 # Held-out (report.json) metrics: R1-Zero minus base, paired per seed.
 HELDOUT = ("accuracy_last_number", "accuracy_tagged", "completion_len_mean", "completion_len_mean_sampled",
-           "stepwise_rate_sampled", "verified_rate_sampled")
-PLOTTED = (LEN, "eval/accuracy", "train/reward/verified")
+           "stepwise_rate_sampled", "verified_rate_sampled", "recheck_per_completion")
+PLOTTED = (LEN, "eval/accuracy", "train/reward/verified", "train/reward/recheck")
 
 
 def run_dirs(sweep_dir: str) -> list[str]:
