@@ -3,7 +3,7 @@ Args: `small`, `control`, `noverify`, `algo=<preset>` (those of configs/r1_pipel
 
   python -m grpo_jax.main --config=configs/r1_zero_aha.py --workdir=/tmp/aha
   python -m grpo_jax.main --config=configs/r1_zero_aha.py:control --workdir=/tmp/aha_control
-  python -m grpo_jax.main --config=configs/r1_zero_aha.py:small --workdir=/tmp/aha_small   # 70 s of CPU on the one-digit task (not re-timed)
+  python -m grpo_jax.main --config=configs/r1_zero_aha.py:small --workdir=/tmp/aha_small   # 35 s (2026-12-05)
   # RL seeds over ONE fixed base (r1.base_from: every run copies BASE_DIR's finished base; base variance not sampled):
   python -m grpo_jax.main --config=configs/r1_zero_aha.py --workdir=BASE_DIR '--config.r1.stages=("base",)'
   python -m grpo_jax.sweep --config=configs/r1_zero_aha.py --workdir=DIR --seeds=3 --mode=serial \
@@ -19,11 +19,16 @@ running total, one two-operand addition a step, each written after the operands 
 The base's pre-training mix, fixed before any RL run (r1.pretrain; the length that pure selection can reach follows
 from it): every document is a chat transcript with the R1-Zero prompt (template_frac 1), every one tagged
 (tag_frac 1, so the format does not separate the two kinds). 50% of documents work step by step (cot_frac; 3 steps),
-the other 50% answer directly. Of the step-by-step ones, 20% write one wrong intermediate total, `wait , recheck`
-and the corrected step (mistake_frac), and 20% re-check a right step and find nothing to fix (verify_frac);
-1,600 steps x 32 at lr 1e-3. No language mixing or forbidden words. The R1-Zero reward is format + accuracy only
-(r1.zero.rewards): nothing about length or verification; verification / correction rates, p90 length and the
-within-group length-accuracy correlation are logged at weight 0 (docs/metrics.md) and drawn in
+the other 50% answer directly. In a step-by-step one every step is drawn on its own (recheck_per "step"): 15% are
+written with a wrong running total, then `wait , recheck` and the correction (mistake_frac), 15% are re-checked and
+found right (verify_frac), the rest stand. A re-check (recheck_style "columns", cot.column_steps) recomputes the step
+in columns (one-digit additions and carries), puts the columns together (`combine` steps, whose last result is the
+sum) and writes the step again with that result:
+`add 37 + 48 = 84 ; wait , recheck add 7 + 8 = 15 ; add 3 + 4 = 7 ; carry 7 + 1 = 8 ; combine 80 + 5 = 85 ;
+add 37 + 48 = 85 ;`, so it can catch the model's own errors. 1,600 steps x 32 at lr 1e-3, rows of 400 tokens (the
+longest document). No language mixing or forbidden words. The R1-Zero reward is format + accuracy only
+(r1.zero.rewards): nothing about length or verification; verification / correction rates, re-checks per completion,
+p90 length and the within-group length-accuracy correlation are logged at weight 0 (docs/metrics.md) and drawn in
 DIR/plots/r1_zero_aha.png.
 
 `control`: the same run from a base pre-trained on the same documents with every step-by-step one replaced by its
@@ -32,21 +37,20 @@ re-check (mistake_frac = verify_frac = 0). Room: 1,024 new tokens per completion
 (sampling.exit_chunk) and the update trains on the shortest of 5 length buckets covering the batch
 (rl.train_buckets), so the cost follows what the model writes.
 
-Measured 2026-12-04 (docs/r1.md, "The aha task"; 2-core CPU shared with other engineers' suites and benchmarks,
-load 3-10). The base alone (`'--config.r1.stages=("base",)'`): 2,555 s for 1,600 steps (median 0.75 s a step),
-the control's base 1,617 s, each plus its held-out report. The premise HOLDS: with the format ~1 on both kinds
-(0.992 direct, 0.968 step by step), the base's direct samples are right 2.3%, its step-by-step ones 31.3%
-(+0.291 +- 0.041; 256 prompts x 4); 34% of its written sums are wrong (`python -m grpo_jax.r1.step_errors
---workdir=DIR`), 122 of 479 chains right end to end. At lr 3e-3 (the pipeline's) this mix's loss stalled at ~0.62.
-R1-Zero over 3 RL seeds from that base (150 steps, 450-548 s a seed), mean +- 95% CI: held-out samples that write a
-step 0.52 -> 1.00 within ~10 steps; training completion length 37.7 -> 67.9 tokens from step 1 (the base's own
-samples; ratio 1.81 +- 0.26; the first-tenth ratio 1.05 +- 0.11, the growth being over inside the first tenth);
-held-out greedy accuracy R1-Zero - base +0.495 +- 0.053 (resolved); verification rate 0.228 -> 0.091 (FALLS),
-corrections 0.030 -> 0.006. The control (3 seeds, 208-308 s each; its base right 5.5% greedy): length 12.0 -> 12.0,
-accuracy flat. Runs - control, ratio to step 1: +0.81 +- 0.26 (Welch; first-tenth ratio +0.121 +- 0.104). So the
-length grows by selection of the written chain, which is what is right; verification does not rise.
-Earlier design (six operands in 1..9, lr 3e-3; four attempts): no aha, R1-Zero selected the direct answer (length
-ratio 0.373 +- 0.027) because the direct answer was learnable. docs/r1.md has the tables.
+Measured 2026-12-05 on the 2-core CPU (docs/r1.md, "The aha task"). The base alone
+(`'--config.r1.stages=("base",)'`): 690 s for its 1,600 steps, 12 min with its held-out report. Its premise: direct
+samples right 2.9%, step-by-step ones 23.5% (+0.206 +- 0.039; 256 prompts x 4; format ~1 on both); its re-checks
+pay (`python -m grpo_jax.r1.step_errors --workdir=DIR`): a re-checked step ends right 0.745 of the time against
+0.508 for a first-written one (fixes 158 of 223 wrong steps, breaks 47 of 217 right ones). R1-Zero over 3 RL seeds
+from that base (150 steps, 631-754 s a seed), mean +- 95% CI, start / end = first / last tenth: training length
+114 -> 239 tokens (ratio **2.12 +- 0.53**; 3.33 +- 0.34 x step 1, the base's own samples); completions that
+re-check 0.56 -> 0.99 (paired +0.435 +- 0.22), re-checks per completion 0.80 -> 2.35 of 3 steps (+1.55 +- 0.29),
+corrections 0.20 -> 0.45; held-out greedy accuracy 0.250 -> 0.910 (**+0.660 +- 0.10**), re-checking every step
+(2.98 a completion, 289 tokens). Against the control (3 seeds, 12 tokens throughout, ~5%): length ratio
++1.18 +- 0.50 (first tenth) and +2.33 +- 0.34 (step 1), both resolved (Welch).
+Earlier mixes (docs/r1.md): re-checks that write the step again (2026-12-04: length grew with the chain only,
+verification fell 0.228 -> 0.091) and columns without `combine` (one seed: verification rose, then fell back);
+before those, six one-digit operands (no aha: the direct answer was learnable).
 `small` is a plumbing check (tests/test_aha.py runs a shrunk copy of it).
 """
 import os
