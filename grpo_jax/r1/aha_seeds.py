@@ -7,8 +7,8 @@ mean ± 95% CI over the runs of a sweep, and the length growth against a control
 Per run: the mean of R1-Zero's first and last tenth of steps (report._first_last) of the training samples' length
 and verification / correction rates and of the greedy held-out accuracy along the way; the length at step 1 (the
 base's own samples: end over it is the growth from the base when the length moves within the first tenth); the
-report's held-out accuracy of R1-Zero minus its base (the same seed's two models: a paired interval). Against the control: the
-difference of the two groups' mean length ratios, Welch's interval (independent runs).
+report's held-out accuracy of R1-Zero minus its base (the same seed's two models: a paired interval). Against the
+control: the difference of the two groups' mean length ratios, Welch's interval (independent runs).
 """
 from __future__ import annotations
 

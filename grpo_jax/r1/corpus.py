@@ -57,7 +57,7 @@ def pretrain_document(task, ex: dict, lang: str, rng: np.random.Generator, p) ->
   if p.get("recheck_per", "document") == "step":
     # Every step on its own: a mistake (then its re-check) with mistake_frac, else a re-check of the right step
     # with verify_frac, so a chain can re-check any number of its steps and RL can select re-checks per step.
-    u = rng.random(len(cot.solution(ex, lang).split(";")) - 1)
+    u = rng.random(cot.steps_written(cot.solution(ex, lang)))
     kw["marks"] = ["mistake" if x < p.mistake_frac else "verify" if x < p.mistake_frac + p.verify_frac else ""
                    for x in u]
     mistake = verify = False

@@ -103,12 +103,13 @@ def validate(config, stages) -> None:
   if r1.pretrain.seq_len > config.model.max_len:
     validate_lib.fail("r1.pretrain.seq_len", f"={r1.pretrain.seq_len} exceeds model.max_len={config.model.max_len}; "
                       "lower it or raise model.max_len.")
-  if r1.pretrain.get("recheck_per", "document") not in ("document", "step"):
-    validate_lib.fail("r1.pretrain.recheck_per", f"must be 'document' or 'step', got {r1.pretrain.recheck_per!r}.")
-  if r1.pretrain.get("recheck_style", "repeat") not in cot.RECHECK_STYLES:
-    validate_lib.fail("r1.pretrain.recheck_style", f"must be one of {cot.RECHECK_STYLES}, got "
-                      f"{r1.pretrain.recheck_style!r}.")
-  if r1.pretrain.get("recheck_per", "document") == "step" and r1.pretrain.mistake_frac + r1.pretrain.verify_frac > 1:
+  # .get: a run config written before the knobs existed (its documents were "document" / "repeat")
+  per, style = r1.pretrain.get("recheck_per", "document"), r1.pretrain.get("recheck_style", "repeat")
+  if per not in ("document", "step"):
+    validate_lib.fail("r1.pretrain.recheck_per", f"must be 'document' or 'step', got {per!r}.")
+  if style not in cot.RECHECK_STYLES:
+    validate_lib.fail("r1.pretrain.recheck_style", f"must be one of {cot.RECHECK_STYLES}, got {style!r}.")
+  if per == "step" and r1.pretrain.mistake_frac + r1.pretrain.verify_frac > 1:
     validate_lib.fail("r1.pretrain.verify_frac", "with recheck_per 'step', mistake_frac + verify_frac is a per-step "
                       f"probability and must be <= 1; got {r1.pretrain.mistake_frac} + {r1.pretrain.verify_frac}.")
   if r1.rejection.general_frac >= 1:

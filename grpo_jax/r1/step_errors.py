@@ -25,7 +25,8 @@ MAX_K = 16  # steps counted per text
 def step_errors(texts: list[str], terms: list[tuple[int, ...]]) -> dict:
   """Error rates of the steps of each text against its operands `terms`. A re-check's re-written step replaces the
   step it checks and its column steps are not counted (`cot.final_steps`; a caught mistake counts as fixed); the
-  running total follows what was written, so one wrong step is counted once. `chains_right`: step-by-step texts whose every step is right and that write exactly len(terms) - 1."""
+  running total follows what was written, so one wrong step is counted once. `chains_right`: step-by-step texts
+  whose every step is right and that write exactly len(terms) - 1."""
   n_RxK = np.zeros((len(KINDS) + 1, MAX_K), np.int64)  # row 0: steps seen at index k; rows 1..3: KINDS' errors
   stepwise = chains = 0
   for text, ts in zip(texts, terms):
@@ -55,37 +56,33 @@ def step_errors(texts: list[str], terms: list[tuple[int, ...]]) -> dict:
 
 def recheck_reliability(texts: list[str]) -> dict:
   """Whether a re-check can pay: of the steps written first (not inside a re-check), how many are right; of the
-  re-checks that re-write their step (cot.final_steps' rule), how many end right, how many check a wrong step, and
+  re-checks that re-write their step (cot.spans), how many end right, how many check a wrong step, and
   how many of those they fix. A re-check pays when its re-written step is right more often than a first-written
   one, and re-checks that break a right step are rarer than fixes."""
   first = first_right = checks = rewritten = rewritten_right = checked_wrong = fixed = broken = 0
   by_word: dict[str, list[int]] = {}  # the re-checks' own steps (column additions, carries, combines): [n, right]
   for text in texts:
     steps = cot.split_steps(cot.think_body(text))
-    i = 0
-    while i < len(steps):
-      if i > 0 and any(p in steps[i] for p in cot.RECHECK.values()):
-        checks += 1
-        j = cot._rewritten(steps, i)  # pylint: disable=protected-access
-        if j >= 0:
-          for inner in steps[i:j]:
-            words = [w for w in cot.STEP_WORD_RE.findall(inner) if w not in _PHRASE_WORDS]
-            word = words[-1] if words else ""
-            n_ok = by_word.setdefault(_TO_A.get(word, word), [0, 0])  # language b's words under language a's
-            n_ok[0] += 1
-            n_ok[1] += cot.score_step(inner)
-          was, now = cot.score_step(steps[i - 1]), cot.score_step(steps[j])
-          rewritten += 1
-          rewritten_right += now
-          checked_wrong += not was
-          fixed += now and not was
-          broken += was and not now
-          i = j + 1
-          continue
-      else:
+    for i, j in cot.spans(steps):
+      if j is None:
         first += 1
         first_right += cot.score_step(steps[i])
-      i += 1
+        continue
+      checks += 1
+      if j < 0:
+        continue
+      for inner in steps[i:j]:
+        words = [w for w in cot.STEP_WORD_RE.findall(inner) if w not in _PHRASE_WORDS]
+        word = words[-1] if words else ""
+        n_ok = by_word.setdefault(_TO_A.get(word, word), [0, 0])  # language b's words under language a's
+        n_ok[0] += 1
+        n_ok[1] += cot.score_step(inner)
+      was, now = cot.score_step(steps[i - 1]), cot.score_step(steps[j])
+      rewritten += 1
+      rewritten_right += now
+      checked_wrong += not was
+      fixed += now and not was
+      broken += was and not now
   rate = lambda a, b: a / b if b else float("nan")
   return {"first_steps": first, "first_right_rate": rate(first_right, first), "rechecks": checks,
           "rechecks_rewriting": rewritten, "rewritten_right_rate": rate(rewritten_right, rewritten),

@@ -297,18 +297,31 @@ def _rewritten(steps: list[str], i: int) -> int:
   return -1
 
 
+def spans(steps: list[str]) -> list[tuple[int, int | None]]:
+  """The steps as written, in order: (i, None) for steps[i] written once; (i, j) for a re-check opened at steps[i]
+  (i >= 1; it checks steps[i - 1]) whose re-written step is steps[j] (`_rewritten`; -1 if it re-writes none, and
+  then steps[i] alone belongs to it); the column steps between i and j are the re-check's own."""
+  out, i = [], 0
+  while i < len(steps):
+    if i > 0 and _RECHECK_RE.search(steps[i]):
+      j = _rewritten(steps, i)
+      out.append((i, j))
+      i = max(i, j) + 1
+    else:
+      out.append((i, None))
+      i += 1
+  return out
+
+
 def final_steps(text: str) -> list[str]:
   """The steps as finally written: a re-check's column steps are dropped and its re-written step replaces the step
   it checks (when the re-check re-writes none, its first step does, as a "repeat" re-check's would)."""
-  steps, out, i = split_steps(think_body(text)), [], 0
-  while i < len(steps):
-    if out and _RECHECK_RE.search(steps[i]):
-      j = _rewritten(steps, i) if i > 0 else -1
-      out[-1] = steps[j if j >= 0 else i]
-      i = (j if j >= 0 else i) + 1
-    else:
+  steps, out = split_steps(think_body(text)), []
+  for i, j in spans(steps):
+    if j is None:
       out.append(steps[i])
-      i += 1
+    else:
+      out[-1] = steps[j if j >= 0 else i]
   return out
 
 
@@ -317,11 +330,6 @@ def recheck_stats(text: str) -> tuple[int, int]:
   into the right one)."""
   steps = split_steps(think_body(text))
   phrases = len(_RECHECK_RE.findall(think_body(text)))
-  fixed = 0
-  for i in range(1, len(steps)):
-    if _RECHECK_RE.search(steps[i]) is None:
-      continue
-    j = _rewritten(steps, i)
-    if j >= 0 and not score_step(steps[i - 1]) and score_step(steps[j]):
-      fixed += 1
+  fixed = sum(1 for i, j in spans(steps) if j is not None and j >= 0 and not score_step(steps[i - 1])
+              and score_step(steps[j]))
   return phrases, fixed
