@@ -142,7 +142,18 @@ def base_config() -> ml_collections.ConfigDict:
       oversample=2,              # dynamic sampling draws oversample × prompts_per_step prompts, keeps prompts_per_step
       max_nonfinite_in_row=3,
       reward_fallback="",        # "" = raise on bad Python reward output; else a float used per bad sample
-      reward_timeout_s=60.0))
+      reward_timeout_s=60.0,
+      # --- partial rollouts (rollout/carry.py, docs/algorithms.md): rows that outlive a step, in the train state ---
+      # True: a table of (1 + max_staleness) · prompts_per_step groups decodes across steps in the continuous
+      # engine's slots; a step decodes rollout_budget steps (and on until prompts_per_step groups are complete),
+      # trains on the oldest complete groups and carries the rest. False: today's synchronous step, exactly.
+      partial_rollouts=False,
+      # The table's depth in batches beyond the one trained (the first step takes (1 + k) batches of prompts), and
+      # the staleness bound: tokens drawn more than k updates before the update that trains them are masked out of
+      # the loss and counted (train/stale_masked_frac). 0 = synchronous samples through the carry.
+      max_staleness=1,
+      rollout_budget=0,          # decode steps per step; 0 = auto: the trained rows' average length x rows / slots
+      carry_kv="keep"))          # KV across an update: keep (written by older weights) | recompute (re-prefilled)
 
   c.ppo = ml_collections.ConfigDict(dict(
       critic="separate", gamma=1.0, lam=0.95, value_clip=0.2, vf_coef=0.5, critic_lr=1e-4))

@@ -16,6 +16,7 @@ from grpo_jax.config import config_lib
 from grpo_jax.rl import length_stats
 from grpo_jax.rl import losses
 from grpo_jax.rl import packing
+from grpo_jax.rl import partial
 from grpo_jax.model import model as model_lib
 from grpo_jax.config import presets
 from grpo_jax.rl import reward_spec
@@ -238,8 +239,9 @@ def optimizer(config) -> update_lib.Optimizer:
 
 def layout(config, mcfg: model_lib.ModelConfig) -> state_lib.Layout:
   """Policy, frozen reference (only when β > 0: state.uses_reference; with LoRA none: the base is the reference),
-  AdamW state."""
-  return state_lib.Layout(optimizer(config), ref=state_lib.uses_reference(config))
+  AdamW state; with rl.partial_rollouts the rollout carry."""
+  return state_lib.Layout(optimizer(config), ref=state_lib.uses_reference(config),
+                          carry=rollout_lib.carry_spec(config))
 
 
 def reference_params(config, state: dict):
@@ -273,12 +275,23 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
   rollout_fn = rollout_lib.make_rollout_fn(config, mcfg, spec, tokenizer)
   opt = optimizer(config)
 
+  carried = bool(config.rl.get("partial_rollouts", False))
+
   def step(state, batch):
     P = batch["prompt_NxP"].shape[1]
     rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
-    ro = rollout_fn(state_lib.model_params(state), reference_params(config, state), batch, k_roll)
+    policy, ref = state_lib.model_params(state), reference_params(config, state)
+    extra, pm = {}, {}
+    if carried:  # partial rollouts: the rows come from (and the rest go back to) the carry in the state
+      ro, extra["carry"] = rollout_fn(policy, ref, batch, k_roll, carry=state["carry"], version=state["step"])
+    else:
+      ro = rollout_fn(policy, ref, batch, k_roll)
     adv_NxL = compute_advantages(config, ro)
-    data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=ro.mask_NxL)
+    mask_NxL = ro.mask_NxL
+    if carried:
+      mask_NxL, lag_NxL = partial.train_mask(ro, state["step"], int(config.rl.max_staleness))
+      pm = partial.metrics(ro, lag_NxL, mask_NxL)
+    data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=mask_NxL)
     if ro.ref_logp_NxL is not None:
       data["ref_logp_NxL"] = ro.ref_logp_NxL
 
@@ -289,6 +302,8 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
     with jax.named_scope("update"):
       ((params,), (opt_state,)), um = train_by_length(
           config, update, ((state["params"],), (state["opt_state"],)), data, k_upd, ro.bucket, P)
-    return finish_step(config, state, dict(params=params, opt_state=opt_state, rng=rng), ro, adv_NxL, um)
+    new_state, m = finish_step(config, state, dict(params=params, opt_state=opt_state, rng=rng, **extra), ro,
+                               adv_NxL, um)
+    return new_state, {**m, **pm}
 
   return step

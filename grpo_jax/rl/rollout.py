@@ -16,9 +16,12 @@ from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.rl import reward_spec
 from grpo_jax.rl import row_chunks
 from grpo_jax.rl import update as update_lib
+from grpo_jax.rollout import carry as carry_lib
 from grpo_jax.rollout import decode_layout
 from grpo_jax.rollout import engine as engine_lib
 from grpo_jax.rollout import sampling
+from grpo_jax.tasks import data as data_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
 
 PROMPT_KEYS = ("prompt_NxP", "prompt_mask_NxP")
 
@@ -67,6 +70,9 @@ class Rollout(NamedTuple):
   decode_slot_util: jax.Array | None = None  # generated tokens / row-steps (engine.slot_util), over all sampled rows
   decode_admit_wait: jax.Array | None = None  # continuous engine: mean decode steps a row queued for a slot
   index_N: jax.Array | None = None  # each row's example index (the batch's index_N): samples.jsonl's reference
+  behav_logp_NxL: jax.Array | None = None  # the behaviour policy's log-probs as the sampler recorded them (μ)
+  version_NxL: jax.Array | None = None  # partial rollouts: the policy version (state step) that drew each token
+  carry_stats: dict | None = None  # partial rollouts: what the carry's schedule did this step (carry.Out)
 
 
 def for_rollout(config, mcfg: model_lib.ModelConfig, params: Any) -> decode_layout.Decode:
@@ -90,7 +96,8 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
   rl, G, temp = config.rl, config.rl.G, config.sampling.temperature
   chunks = int(rl.rollout_chunks)
   scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=getattr(tokenizer, "eos_ids", tokenizer.eos_id), pad_id=tokenizer.pad_id)
-  bf16 = mcfg.dtype == "bfloat16"
+  # π_old needs its own forward unless the sampler's log-probs are the pre-update weights' in training numerics
+  proximal = mcfg.dtype == "bfloat16" or bool(rl.get("partial_rollouts", False))
   overlong_cache = round(rl.overlong_frac * scfg.max_new_tokens)  # a length: static
   # Each term's weight (the order of terms_NxK); the overlong penalty, when on, is the last term, weight 1.
   term_w_K = jnp.asarray(spec.weights + ((1.0,) if overlong_cache > 0 else ()), jnp.float32)
@@ -98,17 +105,31 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
   engine = config.sampling.get("engine", "static")
   levels = int(config.sampling.get("compaction", config_lib.COMPACTION))
 
-  def rollout_fn(params, ref_params, batch, rng) -> Rollout:
+  cspec = carry_spec(config)
+  budget = int(rl.get("rollout_budget", 0)) or None
+
+  def rollout_fn(params, ref_params, batch, rng, carry=None, version=None) -> Rollout | tuple[Rollout, Any]:
+    """The Rollout; with partial rollouts (rl.partial_rollouts) also the new carry: (Rollout, carry)."""
     k_sample, k_ds = jax.random.split(rng)
-    b = tile_batch(batch, G)
-    n_all, P = b["prompt_NxP"].shape
-    row_chunks.check_chunks(chunks, n_all // (rl.oversample if rl.dynamic_sampling else 1))  # the kept rows are chunked too
-    u_NxL = sampling.uniforms(k_sample, scfg.max_new_tokens, n_all).T
     # The weights in their decode layout (decode_layout.py), once per rollout, outside the chunk loop: every chunk
     # decodes with this one copy.
     decode = for_rollout(config, mcfg, params)
+    carried = None
+    if cspec is not None:
+      # the carry admits this step's prompts, decodes its budget and hands back B complete groups (carry.py)
+      spec_here = cspec._replace(D=engine_lib.batch_split())
+      carry, carried = carry_lib.advance(mcfg, params, carry, batch, version, k_sample, scfg, spec_here,
+                                         budget=budget, kv=rl.carry_kv, decode=decode)
+      batch = carried.fields
+    b = tile_batch(batch, G)
+    n_all, P = b["prompt_NxP"].shape
+    row_chunks.check_chunks(chunks, n_all // (rl.oversample if rl.dynamic_sampling else 1))  # the kept rows are chunked too
 
-    if engine == "continuous":
+    if carried is not None:
+      ro = carried.rollout
+      decode_steps, row_steps, admit_wait = ro.decode_steps, carried.row_steps, None
+    elif engine == "continuous":
+      u_NxL = sampling.uniforms(k_sample, scfg.max_new_tokens, n_all).T
       # one prefill per prompt (the untiled batch), S slots over the N rows; rl.rollout_chunks bounds the slots
       # (sampling.slots=0: N / rollout_chunks, the KV of as many rows as one static chunk holds)
       ro, stats = engine_lib.sample_groups(mcfg, params, batch["prompt_NxP"], batch["prompt_mask_NxP"], G, scfg,
@@ -117,6 +138,8 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
                                            **engine_lib.attention_kwargs(config, mcfg))
       decode_steps, row_steps, admit_wait = ro.decode_steps, stats.row_steps, stats.admit_wait
     else:
+      u_NxL = sampling.uniforms(k_sample, scfg.max_new_tokens, n_all).T
+
       def sample_rows(p, m, u):
         s = sampling.sample(mcfg, params, p, m, None, scfg, u_LxN=u.T, decode=decode)
         # one count per row, so map_row_chunks can stack the chunks' counts like any row-wise output
@@ -126,7 +149,10 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
       # each chunk's decode exits early on its own once its rows are done: the rollout ran the slowest chunk's steps
       decode_steps = jnp.max(ro.decode_steps)
       row_steps, admit_wait = jnp.sum(ro.decode_steps), None  # each row computed its chunk's steps
-    slot_util = engine_lib.slot_util(ro.lengths_N, row_steps)
+    if carried is None:
+      slot_util = engine_lib.slot_util(ro.lengths_N, row_steps)
+    else:  # the tokens this step drew (not the ones it trains) over its row-steps, as engine.slot_util counts them
+      slot_util = carried.new_tokens.astype(jnp.float32) / (row_steps + carried.admitted_rows).astype(jnp.float32)
     tokens_NxL = sharding.constrain_batch(ro.tokens_NxL)
     fields = {k: v for k, v in b.items() if k not in PROMPT_KEYS}
     r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields)
@@ -141,7 +167,7 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
     rows = dict(prompt_NxP=b["prompt_NxP"], pmask_NxP=b["prompt_mask_NxP"], tokens_NxL=tokens_NxL,
                 mask_NxL=ro.mask_NxL.astype(jnp.float32), lengths_N=ro.lengths_N, truncated_N=ro.truncated_N,
                 r_N=r_N, per_term=per_term, terms_NxK=terms_NxK, steps=steps, old_logp_NxL=ro.logp_NxL,
-                index_N=b.get("index_N"))
+                index_N=b.get("index_N"), version_NxL=None if carried is None else carried.ver_NxL)
     ds_kept = None
     if rl.dynamic_sampling:
       # DAPO: the batch holds oversample×B prompts; keep B groups whose normalised reward varies, fixed shape.
@@ -160,30 +186,49 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
     def forwards(seq_chunk, packed):
       # bf16 sampler and training forward differ by rounding; ρ must start at exactly 1 for μ=1 on-policy, so under
       # bf16 the old log-probs are recomputed in training numerics (packed as the policy pass is, under packing).
+      # Carried tokens were drawn by older weights (and over older KV): π_old is the pre-update weights' forward.
       out = {}
       if ref_params is not None:
         with jax.named_scope("reference"):  # phase names the roofline attributes collectives by (hlo_collectives)
           out["ref"] = completion_logprobs(mcfg, ref_params, seq_chunk, P, temp, packed)[0]
-      if bf16:
+      if proximal:
         with jax.named_scope("old_logprobs"):
           out["old"] = completion_logprobs(mcfg, params, seq_chunk, P, temp, packed)[0]
       return out
 
-    need = ref_params is not None or bf16
+    need = ref_params is not None or proximal
     lp = forwards_by_length(config, forwards, bucket, seq, P) if need else {}
     old_logp_NxL = lp.get("old", rows["old_logp_NxL"])
     ref_logp_NxL = None
     if ref_params is not None:
       ref_logp_NxL = jax.lax.stop_gradient(lp["ref"]) * mask_NxL
-    return Rollout(seq=seq, tokens_NxL=rows["tokens_NxL"], mask_NxL=mask_NxL, lengths_N=rows["lengths_N"],
+    ro_out = Rollout(seq=seq, tokens_NxL=rows["tokens_NxL"], mask_NxL=mask_NxL, lengths_N=rows["lengths_N"],
                    truncated_N=rows["truncated_N"], r_N=rows["r_N"], per_term=rows["per_term"], steps=rows["steps"],
                    terms_NxK=rows["terms_NxK"], term_w_K=term_w_K,
                    old_logp_NxL=jax.lax.stop_gradient(old_logp_NxL) * mask_NxL, ref_logp_NxL=ref_logp_NxL,
                    status=status, fallbacks=fallbacks, ds_kept=ds_kept, bucket=bucket,
                    decode_steps=decode_steps, decode_row_steps=row_steps, decode_slot_util=slot_util,
-                   decode_admit_wait=admit_wait, index_N=rows["index_N"])
+                   decode_admit_wait=admit_wait, index_N=rows["index_N"],
+                   behav_logp_NxL=jax.lax.stop_gradient(rows["old_logp_NxL"]) * mask_NxL,
+                   version_NxL=rows["version_NxL"],
+                   carry_stats=None if carried is None else carried._replace(rollout=None, ver_NxL=None,
+                                                                             fields=None))
+    return ro_out if carried is None else (ro_out, carry)
 
   return rollout_fn
+
+
+def carry_spec(config) -> carry_lib.Spec | None:
+  """The rollout carry's shapes for a config with rl.partial_rollouts (None without): the batch's fields as the
+  task's data gives them (or carry.batch_fields' override), the row split of the config's mesh on this process's
+  devices (state.on_mesh sets a given mesh's)."""
+  if not config.rl.get("partial_rollouts", False):
+    return None
+  fields = carry_lib.fields_override()
+  if fields is None:
+    fields = data_lib.prompt_fields(config.task, tok_lib.for_config(config), int(config.task.prompt_len))
+  shape = sharding.mesh_shape(config.mesh, jax.device_count())
+  return carry_lib.spec_for(config, fields, shape["data"] * shape["fsdp"])
 
 
 

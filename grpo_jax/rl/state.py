@@ -20,6 +20,7 @@ from grpo_jax.model import lora as lora_lib
 from grpo_jax.model import model as model_lib
 from grpo_jax.infra import sharding
 from grpo_jax.rl import update as update_lib
+from grpo_jax.rollout import carry as carry_lib
 
 State = dict[str, Any]
 
@@ -44,6 +45,15 @@ class Layout(NamedTuple):
   opt: update_lib.Optimizer
   ref: bool = True                # a frozen reference copy of the initial params (ref_params)
   critic: Critic | None = None
+  carry: carry_lib.Spec | None = None  # rl.partial_rollouts: the rollout carry's shapes (state["carry"])
+
+
+def on_mesh(layout: Layout, mesh: Mesh) -> Layout:
+  """The layout with the carry's row split set to the mesh's (data × fsdp): each device keeps its own rows."""
+  if layout.carry is None:
+    return layout
+  split = dict(mesh.shape).get("data", 1) * dict(mesh.shape).get("fsdp", 1)
+  return layout._replace(carry=layout.carry._replace(D=split))
 
 
 def abstract_params(mesh: Mesh, mcfg: model_lib.ModelConfig) -> Any:
@@ -83,6 +93,7 @@ def _opt_state_shardings(tx, abstract_opt_state, param_shardings, mesh):
 
 def spec(mesh: Mesh, mcfg: model_lib.ModelConfig, layout: Layout) -> tuple[State, State]:
   """(abstract state, shardings) without allocating anything."""
+  layout = on_mesh(layout, mesh)
   abstract_params, param_sh = _params_spec(mesh, mcfg)
   abstract_train, train_sh = _trainable_spec(mesh, mcfg)
   tx = layout.opt.tx
@@ -104,6 +115,13 @@ def spec(mesh: Mesh, mcfg: model_lib.ModelConfig, layout: Layout) -> tuple[State
     c_opt = jax.eval_shape(c_tx.init, c_params)
     abstract.update(critic_params=c_params, critic_opt_state=c_opt)
     shard.update(critic_params=c_sh, critic_opt_state=_opt_state_shardings(c_tx, c_opt, c_sh, mesh))
+  if layout.carry is not None:
+    bad = carry_lib.check(layout.carry)
+    if bad:
+      raise config_lib.ConfigError(bad)
+    abstract["carry"] = jax.eval_shape(lambda: carry_lib.init(layout.carry, mcfg))
+    shard["carry"] = sharding.tree_shardings(mesh, carry_lib.axes(layout.carry, mcfg.layers))
+    sharding.check_divisible(mesh, abstract["carry"], shard["carry"], "the rollout carry")
   return abstract, shard
 
 
@@ -140,13 +158,15 @@ def initial(layout: Layout, params: Any, k_critic: jax.Array, k_run: jax.Array,
     if layout.critic is not None:
       cp = layout.critic.init(k_critic, base)
       st.update(critic_params=cp, critic_opt_state=layout.critic.opt.tx.init(cp))
-    return st
-  st = dict(params=params, opt_state=layout.opt.tx.init(params), step=jnp.zeros((), jnp.int32), rng=k_run)
-  if layout.ref:
-    st["ref_params"] = params
-  if layout.critic is not None:
-    cp = layout.critic.init(k_critic, params)
-    st.update(critic_params=cp, critic_opt_state=layout.critic.opt.tx.init(cp))
+  else:
+    st = dict(params=params, opt_state=layout.opt.tx.init(params), step=jnp.zeros((), jnp.int32), rng=k_run)
+    if layout.ref:
+      st["ref_params"] = params
+    if layout.critic is not None:
+      cp = layout.critic.init(k_critic, params)
+      st.update(critic_params=cp, critic_opt_state=layout.critic.opt.tx.init(cp))
+  if layout.carry is not None:  # the rollout carry: empty (the first step fills it)
+    st["carry"] = carry_lib.init(layout.carry, mcfg)
   return st
 
 
@@ -156,6 +176,7 @@ def create(mesh: Mesh, mcfg: model_lib.ModelConfig, layout: Layout, seed: int, p
   `params` (already in the params' shardings, e.g. a loaded checkpoint) replace the seed's random init; the
   reference and, for PPO's separate value network, the critic's trunk start from them too.
   """
+  layout = on_mesh(layout, mesh)
   _, shard = spec(mesh, mcfg, layout)
 
   def init(seed, params):

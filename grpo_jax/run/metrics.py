@@ -58,6 +58,17 @@ METRICS: dict[str, str] = {
                                'that produced a token (each row\'s first token counted as its prefill\'s row-step)'),
     'train/decode_admit_wait': ('continuous engine: mean decode steps a row waited in the queue for a slot '
                                 '(0 when sampling.slots = rows)'),
+    # --- partial rollouts (rl.partial_rollouts: rollout/carry.py, rl/partial.py) ---
+    'train/version_lag_mean': ('partial rollouts: updates between the weights that drew a trained token and the '
+                               'update training it, mean over the trained rows\' tokens (0 = on-policy)'),
+    'train/version_lag_max': 'partial rollouts: the largest such lag of the step',
+    'train/stale_masked_frac': ('partial rollouts: share of the trained rows\' tokens older than rl.max_staleness '
+                                'updates, masked out of the loss'),
+    'train/carried_rows': ('partial rollouts: rows left in the carry after the step (in a slot, queued, or ended '
+                           'and waiting for their group)'),
+    'train/ready_groups': 'partial rollouts: complete groups left waiting for a later step (the ready buffer)',
+    'train/rollout_budget': 'partial rollouts: the decode steps the step ran at least (rl.rollout_budget or auto)',
+    'train/decode_tokens': 'partial rollouts: tokens the step drew (not the ones it trained)',
     'train/train_len': 'completion tokens the update trained on: the shortest of rl.train_buckets static lengths '
                        'covering the longest completion (rl.packing: computed, not used by the packed passes)',
     'train/pack_rows': 'rl.packing: packed rows of rl.pack_len tokens one update ran over, all devices (micro-batches '
@@ -84,6 +95,7 @@ METRICS: dict[str, str] = {
     # --- perf/: wall-clock, the only non-deterministic metrics ---
     'perf/step_time_s': 'wall time of the jitted step, seconds (includes compilation on the first step)',
     'perf/tokens_per_s': 'completion tokens generated per second of step time',
+    'perf/decode_tokens_per_s': 'partial rollouts: tokens the step drew per second of step time',
     'perf/compile_time_s': 'wall time of the first (compiling) step after start or resume, seconds',
     'perf/eval_time_s': 'wall time of one evaluation, seconds',
     # --- config_change/: a resume that took changed config values (train.allow_config_change) ---

@@ -25,6 +25,7 @@ from grpo_jax.hf import model_source
 from grpo_jax.run import plots
 from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.rl import reward_spec
+from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.rl import sft_step
 from grpo_jax.infra import sharding
 from grpo_jax.rl import state as state_lib
@@ -33,6 +34,7 @@ from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import registry as task_registry
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 from grpo_jax.hf import hf_io
+from grpo_jax.rollout import carry as carry_lib
 
 
 class NonFiniteError(errors.RunStopped):
@@ -172,7 +174,13 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
                                           progress=S == 1)
     run.guard.resumed(run.ckpt, start, run.writer)
   n_prompts = rl.prompts_per_step * (rl.oversample if rl.dynamic_sampling else 1)
-  batches = data_lib.rl_batches(c0.task, tokenizer, "train", n_prompts, c0.seed, start, c0.task.prompt_len)
+  stream = lambda k: data_lib.rl_batches(c0.task, tokenizer, "train", n_prompts, c0.seed, k, c0.task.prompt_len)
+  cspec = rollout_lib.carry_spec(c0)
+  if cspec is None:
+    batches = stream(start)
+  else:  # partial rollouts: the first step fills the carry's table, later ones bring B prompts (carry.host_stream)
+    cspec = state_lib.on_mesh(state_lib.Layout(None, carry=cspec), mesh).carry
+    batches = carry_lib.host_stream(stream, cspec, start)
   # Held-out eval verifies in-graph or on the host (the task's host_verifier in tasks/registry.py).
   eval_set = data_lib.eval_set(c0.task, tokenizer, c0.eval.size, c0.task.prompt_len)
   evaluators: dict[str, evaluation.Evaluator] = {}  # by sampling settings (a swept temperature changes them)
@@ -225,6 +233,8 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
         row = {k: float(program.of(v, i)) for k, v in scalars.items()}
         n_tok = row["train/completion_len_mean"] * rl.prompts_per_step * rl.G
         row.update({"perf/step_time_s": dt, "perf/tokens_per_s": n_tok / dt})
+        if "train/decode_tokens" in row:  # partial rollouts: what the step drew, not what it trained
+          row["perf/decode_tokens_per_s"] = row["train/decode_tokens"] / dt
         if step == start:
           row["perf/compile_time_s"] = dt
         if done % tr.log_every == 0 or done == steps:

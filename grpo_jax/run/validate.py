@@ -221,7 +221,9 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
     _fail("rl.prompts_per_step", f"prompts_per_step*G={c.rl.prompts_per_step * c.rl.G} rows must be divisible by "
           f"mesh data*fsdp={data_par}; change prompts_per_step or the mesh.")
   validate_row_splits(c, c.rl.prompts_per_step * c.rl.G, data_par)
-  validate_engine(c, rows, data_par)
+  validate_partial(c, data_par)
+  # the carry's slots serve the whole table of (1 + max_staleness) batches of rows
+  validate_engine(c, rows * (1 + c.rl.max_staleness if c.rl.get("partial_rollouts", False) else 1), data_par)
   validate_eval(c, data_par)
   total = c.task.prompt_len + c.sampling.max_new_tokens
   if total > c.model.max_len:
@@ -297,6 +299,38 @@ def validate_engine(c, rows: int, data_par: int) -> None:
     if bad:
       raise ConfigError(f"config.{bad}; set sampling.decode_attention='auto' (the plain-JAX path where the kernel "
                         "does not fit) or 'plain'.")
+
+
+def validate_partial(c, data_par: int) -> None:
+  """rl.partial_rollouts and its knobs (rollout/carry.py): what the carry needs, and what it cannot run with."""
+  rl = c.rl
+  for k in ("rl.max_staleness", "rl.rollout_budget"):
+    v = _get(c, k)
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+      what = ("updates a trained token may lag; 0 = synchronous" if k == "rl.max_staleness"
+              else "decode steps per step, >= 1, or 0 = auto")
+      _fail(k, f"must be an integer >= 0 ({what}), got {v!r}.")
+  _choice(c, "rl.carry_kv", ("keep", "recompute"))
+  if not rl.partial_rollouts:
+    return
+  if c.sampling.engine != "continuous":
+    _fail("rl.partial_rollouts", "carries rows in the continuous engine's slots; set sampling.engine='continuous' "
+          f"(it is {c.sampling.engine!r}).")
+  if rl.algo in presets.CRITIC_ALGOS:
+    _fail("rl.partial_rollouts", f"is not supported with algo={rl.algo!r} (PPO's critic): use a critic-free preset "
+          "(grpo, dr_grpo, rloo, ...) or set rl.partial_rollouts=False.")
+  if rl.dynamic_sampling:
+    _fail("rl.partial_rollouts", "with rl.dynamic_sampling: DAPO's oversampling keeps B of oversample·B groups per "
+          "step, the carry trains the B oldest complete ones; set one of them off.")
+  if c.sampling.get("decode_attention", "auto") in ("paged", "tpu_ragged"):
+    _fail("sampling.decode_attention", "the rollout carry keeps its KV in the plain layout (a [groups, P] prompt "
+          "buffer + one [slots, L] buffer per slot); set decode_attention='plain' or 'auto'.")
+  if c.sampling.decode_layout == "tp":
+    _fail("sampling.decode_layout", "'tp' repeats KV heads per decode group, which the carry's KV (kept in the "
+          "state between steps) does not; use 'gathered', 'fsdp' or 'auto'.")
+  if rl.prompts_per_step % data_par:
+    _fail("rl.prompts_per_step", f"{rl.prompts_per_step} must be divisible by mesh data*fsdp={data_par} with "
+          "rl.partial_rollouts (each device trains whole groups of its own).")
 
 
 def validate_algorithm(c) -> None:

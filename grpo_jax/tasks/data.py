@@ -186,6 +186,23 @@ def eval_set(task_cfg, tok: tokenizer_lib.Tokenizer, n: int, prompt_len: int) ->
                   _get(task_cfg, "overlong_prompts") == "truncate")
 
 
+_FIELDS: dict[tuple, dict[str, tuple]] = {}
+
+
+def prompt_fields(task_cfg, tok: tokenizer_lib.Tokenizer, prompt_len: int) -> dict[str, tuple]:
+  """name -> (per-prompt shape, dtype name) of every field of an RL batch: what a state that holds prompts across
+  steps allocates (rollout/carry.py). Read off one held-out example's batch, once per task config."""
+  key = (repr(sorted(_task_items(task_cfg))), prompt_len, getattr(tok, "vocab_size", None), type(tok).__name__)
+  if key not in _FIELDS:
+    b = eval_set(task_cfg, tok, 1, prompt_len)
+    _FIELDS[key] = {k: (tuple(v.shape[1:]), v.dtype.name) for k, v in b.items()}
+  return dict(_FIELDS[key])
+
+
+def _task_items(task_cfg) -> list:
+  return list(task_cfg.items()) if hasattr(task_cfg, "items") else list(vars(task_cfg).items())
+
+
 def sft_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_size: int, seed: int, start_step: int,
                 seq_len: int, mode: str = "completion", mistake_rate: float = 0.0) -> Iterator[dict[str, np.ndarray]]:
   """SFT sequences, right-padded. mode='completion': bos + prompt + tagged CoT solution + eos, loss on the

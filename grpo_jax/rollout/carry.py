@@ -1,0 +1,517 @@
+"""Partial rollouts (`rl.partial_rollouts`): rows that outlive an RL step, carried in the train state.
+
+Why: the synchronous step decodes until its longest row has ended while most slots idle. Here a step decodes a
+budget, trains on the groups that are complete and carries the rest — tokens, the behaviour log-probs the sampler
+recorded, each token's policy version, their slots' KV — to the next step inside the state. No weight moves
+anywhere: the sampler is the trainer.
+
+One call of `advance` (static shapes; per device block d of the D = data × fsdp row split, as engine.py):
+  1. admit: the step's prompts enter the free positions of a table of Q = (1 + rl.max_staleness) · B groups. The
+     first step fills the table (Q prompts, `host_batch`); every later step admits the B prompts whose groups the
+     step before trained. A new group is prefilled once; its G rows queue with their first token drawn from the
+     prefill logits.
+  2. KV across an update (`rl.carry_kv`): 'keep' decodes on over the KV older weights wrote (SkyRL's default);
+     'recompute' first re-prefills every group's prompt and every live slot's completion so far with the current
+     weights (NeMo-RL's option).
+  3. decode: S slots take queued rows, oldest group first. The loop runs at least `budget` decode steps, and on
+     until every device has B/D complete groups (all G rows ended: group normalisation needs whole groups).
+  4. select: each device's B/D oldest complete groups are the step's N = B·G rows (they stay on their device);
+     their positions are freed for the next step's prompts. Complete groups beyond those wait (the ready buffer).
+Staleness is bounded by construction: a group waits in the table behind at most Q/B - 1 = max_staleness batches,
+so with the table's oldest-first schedule its tokens are at most max_staleness updates old unless a straggler row
+is overtaken by younger groups; the step masks tokens older than that (rl/partial.py) and counts them.
+With max_staleness 0 the table holds B groups and every step decodes its own batch to the end: the synchronous
+continuous engine's samples (tests/test_carry.py). A token drawn at step s has version s (the state's step); its
+uniform is fixed when its group is admitted, so no schedule changes what a row samples beyond the weights and KV.
+"""
+import contextlib
+import contextvars
+import functools
+from typing import Any, NamedTuple
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.sharding import PartitionSpec
+
+from grpo_jax.model import decode as decode_lib
+from grpo_jax.model import live_attention
+from grpo_jax.model import model as model_lib
+from grpo_jax.rollout import decode_layout
+from grpo_jax.rollout import engine
+from grpo_jax.rollout import sampling
+
+KV_MODES = ("keep", "recompute")
+_EMA = 0.8  # the budget's length average: weight of the past (a few steps' memory; lengths drift during RL)
+
+
+class Spec(NamedTuple):
+  """The carry's static shapes. fields: (name, per-prompt shape, dtype) of the batch's verifier fields."""
+  B: int  # groups trained per step (rl.prompts_per_step)
+  G: int
+  Q: int  # group table: (1 + rl.max_staleness) · B
+  P: int  # prompt length
+  L: int  # completion length (sampling.max_new_tokens)
+  S: int  # decode slots
+  D: int  # the row split (data × fsdp): every count below is a multiple of it
+  blk: int  # completion keys per KV block read (engine.KV_BLOCK)
+  fields: tuple
+
+  @property
+  def R(self) -> int:
+    return self.Q * self.G
+
+  @property
+  def lc(self) -> int:
+    return -(-self.L // self.blk) * self.blk
+
+
+class Carry(NamedTuple):
+  """The in-flight state. Leading axes Q (groups), R = Q·G (rows, row p·G + g of group p) and S (slots) are split
+  into D device blocks; indices stored in it (row_S, next_D, order) are local to the device block."""
+  prompt_QxP: jax.Array  # int32
+  pmask_QxP: jax.Array  # int32
+  fields: dict  # name -> [Q, ...] the group's verifier fields
+  age_Q: jax.Array  # int32 admission serial (smaller = older); -1 = a free position
+  pk: tuple  # per layer [Q, K, Dh, P]: the group's prompt KV (decode layout dtype)
+  pv: tuple  # per layer [Q, K, P, Dh]
+  tokens_RxL: jax.Array  # int32, pad after the end
+  logp_RxL: jax.Array  # float32: the behaviour log-prob the sampler recorded (0 where nothing was drawn)
+  ver_RxL: jax.Array  # int32: the policy version (state step) whose weights drew the token
+  mask_RxL: jax.Array  # int32: 1 where a token was drawn
+  u_RxL: jax.Array  # float32: the row's uniforms, fixed at admission
+  done_R: jax.Array  # bool: the row has ended (EOS or L tokens)
+  trunc_R: jax.Array  # bool: ended at L without EOS
+  next_D: jax.Array  # int32 per device: rows of its age order that have had a slot (a prefix of it)
+  row_S: jax.Array  # int32 local row in the slot (R/D = none)
+  t_S: jax.Array  # int32 completion position of the slot's last drawn token
+  tok_S: jax.Array  # int32 that token (the next decode step's input)
+  live_S: jax.Array  # bool
+  ck: tuple  # per layer [S, K, Dh, lc]
+  cv: tuple  # per layer [S, K, lc, Dh]
+  serial: jax.Array  # int32: groups admitted so far
+  len_ema: jax.Array  # float32: average completion length of trained rows (0 = none seen yet): the auto budget
+
+
+class Out(NamedTuple):
+  """One step's trained rows (N = B·G, device blocks) and what the schedule did."""
+  rollout: sampling.Rollout
+  ver_NxL: jax.Array
+  fields: dict  # name -> [B, ...] (prompt_NxP / prompt_mask_NxP among them): tile G times for the rows
+  steps: jax.Array  # decode steps this call
+  row_steps: jax.Array  # slot-steps computed
+  new_tokens: jax.Array  # tokens drawn this call (the admitted rows' first tokens, drawn from the prefill, included)
+  admitted_rows: jax.Array  # rows admitted this call (their first token counts as their prefill's row-step)
+  carried_rows: jax.Array  # rows left in flight or queued after the selection
+  ready_groups: jax.Array  # complete groups left waiting after the selection
+  budget: jax.Array
+
+
+_FIELDS = contextvars.ContextVar("carry_batch_fields", default=None)
+
+
+@contextlib.contextmanager
+def batch_fields(fields: dict[str, tuple]):
+  """Within: the carry's batch fields are `fields` (name -> (per-prompt shape, dtype)) instead of the task data's:
+  for a step compiled on abstract batches of its own (perf/aot.py)."""
+  token = _FIELDS.set(dict(fields))
+  try:
+    yield
+  finally:
+    _FIELDS.reset(token)
+
+
+def fields_override() -> dict[str, tuple] | None:
+  return _FIELDS.get()
+
+
+def spec_for(config, fields: dict[str, tuple], split: int) -> Spec:
+  """The carry of a config; fields: the batch's fields, name -> (per-prompt shape, dtype name)."""
+  rl = config.rl
+  B, G, L = int(rl.prompts_per_step), int(rl.G), int(config.sampling.max_new_tokens)
+  S = int(config.sampling.slots) or B * G
+  keys = sorted(k for k in fields if k not in ("prompt_NxP", "prompt_mask_NxP"))
+  return Spec(B=B, G=G, Q=(1 + int(rl.max_staleness)) * B, P=int(config.task.prompt_len), L=L, S=S, D=split,
+              blk=min(engine.KV_BLOCK, L), fields=tuple((k, tuple(fields[k][0]), str(fields[k][1])) for k in keys))
+
+
+def check(spec: Spec) -> str | None:
+  """Why the carry cannot run this shape (None: it can)."""
+  if spec.B % spec.D or spec.S % spec.D:
+    return (f"rl.prompts_per_step={spec.B} and sampling.slots={spec.S} must be multiples of the mesh's row split "
+            f"data*fsdp={spec.D} with rl.partial_rollouts (each device trains whole groups of its own)")
+  if not 1 <= spec.S <= spec.R:
+    return f"sampling.slots={spec.S}: must be in [1, table rows {spec.R}] with rl.partial_rollouts"
+  return None
+
+
+def _rows(x):
+  return nn.with_logical_constraint(x, ("batch",) + (None,) * (x.ndim - 1))
+
+
+def _cache(x, name: str):
+  return nn.with_logical_constraint(x, tuple(decode_lib.cache_axes()[name]))
+
+
+def axes(spec: Spec, layers: int) -> Carry:
+  """Logical axes of every leaf (the state's shardings: rows over the batch split, KV as the decode cache)."""
+  row = lambda nd: PartitionSpec("batch", *(None,) * (nd - 1))
+  ck, cv = decode_lib.cache_axes()["k"], decode_lib.cache_axes()["v"]
+  return Carry(prompt_QxP=row(2), pmask_QxP=row(2),
+               fields={k: row(1 + len(shape)) for k, shape, _ in spec.fields}, age_Q=row(1),
+               pk=(ck,) * layers, pv=(cv,) * layers, tokens_RxL=row(2), logp_RxL=row(2), ver_RxL=row(2),
+               mask_RxL=row(2), u_RxL=row(2), done_R=row(1), trunc_R=row(1), next_D=PartitionSpec(None),
+               row_S=row(1), t_S=row(1), tok_S=row(1), live_S=row(1), ck=(ck,) * layers, cv=(cv,) * layers,
+               serial=PartitionSpec(), len_ema=PartitionSpec())
+
+
+def init(spec: Spec, mcfg: model_lib.ModelConfig) -> Carry:
+  """An empty carry: every table position free, every slot empty (pure: jit it with the state's shardings)."""
+  Q, R, S, P, L, D = spec.Q, spec.R, spec.S, spec.P, spec.L, spec.D
+  K, Dh, dt = mcfg.kv_heads, mcfg.head_dim, mcfg.compute_dtype
+  z = lambda shape, dtype=jnp.int32: jnp.zeros(shape, dtype)
+  return Carry(
+      prompt_QxP=z((Q, P)), pmask_QxP=z((Q, P)),
+      fields={k: z((Q,) + tuple(shape), jnp.dtype(dtype)) for k, shape, dtype in spec.fields},
+      age_Q=jnp.full((Q,), -1, jnp.int32),
+      pk=tuple(z((Q, K, Dh, P), dt) for _ in range(mcfg.layers)),
+      pv=tuple(z((Q, K, P, Dh), dt) for _ in range(mcfg.layers)),
+      tokens_RxL=z((R, L)), logp_RxL=z((R, L), jnp.float32), ver_RxL=z((R, L)), mask_RxL=z((R, L)),
+      u_RxL=z((R, L), jnp.float32), done_R=z((R,), bool), trunc_R=z((R,), bool), next_D=z((D,)),
+      row_S=jnp.full((S,), R // D, jnp.int32), t_S=z((S,)), tok_S=z((S,)), live_S=z((S,), bool),
+      ck=tuple(z((S, K, Dh, spec.lc), dt) for _ in range(mcfg.layers)),
+      cv=tuple(z((S, K, spec.lc, Dh), dt) for _ in range(mcfg.layers)),
+      serial=jnp.int32(0), len_ema=jnp.float32(0))
+
+
+def auto_budget(spec: Spec, len_ema: jax.Array) -> jax.Array:
+  """Decode steps that draw one step's worth of tokens at full slots: N rows × the average length / S slots. Before
+  any row has been trained: L (the first step decodes like the synchronous engine)."""
+  n = spec.B * spec.G
+  per = jnp.where(len_ema > 0, jnp.ceil(len_ema * n / spec.S), spec.L)
+  return jnp.clip(per, 1, spec.L).astype(jnp.int32)
+
+
+def host_batch(batches: list[dict], spec: Spec) -> dict:
+  """The step's input from the prompt stream: the first step takes Q = (1 + max_staleness) · B prompts (the
+  batches' concatenation, in stream order), a later step the B prompts of one batch, placed where each device
+  admits them (rows d·Q/D + j for device d's j-th of its B/D: the device block it decodes them in). The other rows
+  are never read (they repeat the batch)."""
+  if len(batches) == spec.Q // spec.B:
+    return {k: np.concatenate([b[k] for b in batches]) for k in batches[0]}
+  if len(batches) != 1:
+    raise ValueError(f"host_batch: {len(batches)} batches; the first step takes {spec.Q // spec.B}, later ones 1.")
+  (b,), qd, bd = batches, spec.Q // spec.D, spec.B // spec.D
+  idx = np.zeros(spec.Q, np.int64)
+  for d in range(spec.D):
+    idx[d * qd: (d + 1) * qd] = d * bd + np.arange(qd) % bd
+  return {k: v[idx] for k, v in b.items()}
+
+
+def stream_batches(spec: Spec, step: int) -> tuple[int, int]:
+  """(first stream batch, count) the carry's step `step` reads: 0 and Q/B at step 0, then one batch at step + Q/B - 1."""
+  k = spec.Q // spec.B
+  return (0, k) if step == 0 else (step + k - 1, 1)
+
+
+def host_stream(batches_from, spec: Spec, start: int):
+  """The steps' inputs from `start` on, out of the prompt stream (`batches_from(k)`: the stream's batches from
+  batch k on, each of B prompts): host_batch of the batches stream_batches names."""
+  first, count = stream_batches(spec, start)
+  it = batches_from(first)
+  if count > 1:
+    yield host_batch([next(it) for _ in range(count)], spec)
+  for b in it:
+    yield host_batch([b], spec)
+
+
+def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict, version: jax.Array,
+            rng: jax.Array, scfg: sampling.SamplingConfig, spec: Spec, *, budget: jax.Array | None = None,
+            kv: str = "keep", decode: decode_layout.Decode | None = None) -> tuple[Carry, Out]:
+  """One step of the schedule above: admit `batch` ([Q, ...] as host_batch lays it out), decode, select the B
+  oldest complete groups. `version`: the policy version of `params` (the state's step). `budget`: None = auto."""
+  if kv not in KV_MODES:
+    raise ValueError(f"rl.carry_kv={kv!r}: one of {KV_MODES}.")
+  bad = check(spec)
+  if bad:
+    raise ValueError(bad)
+  if batch["prompt_NxP"].shape != (spec.Q, spec.P):
+    raise ValueError(f"the carry's batch has prompts {batch['prompt_NxP'].shape}; need [Q, P] = {(spec.Q, spec.P)} "
+                     "(carry.host_batch lays the prompt stream out).")
+  B, G, Q, R, S, L, D = spec.B, spec.G, spec.Q, spec.R, spec.S, spec.L, spec.D
+  Qd, Rd, Sd, Bd = Q // D, R // D, S // D, B // D
+  if decode is None:
+    decode = decode_layout.prepare(mcfg, params, decode_layout.Layout("fsdp"))
+  dm = decode.mcfg
+  dev = lambda x: x.reshape((D, x.shape[0] // D) + x.shape[1:])
+  flat = lambda x: x.reshape((-1,) + x.shape[2:])
+  is_eos = lambda tok: functools.reduce(jnp.logical_or, [tok == e for e in scfg.eos_ids])
+  version = jnp.asarray(version, jnp.int32)
+  budget = auto_budget(spec, carry.len_ema) if budget is None else jnp.asarray(budget, jnp.int32)
+  c = carry
+
+  # ---- 1. admit: device d's new prompts are batch rows d·Q/D + j, j < its free count (host_batch's layout)
+  free_DxQd = dev(c.age_Q < 0)
+  f_D = jnp.sum(free_DxQd.astype(jnp.int32), axis=1)
+  rank_DxQd = jnp.cumsum(free_DxQd.astype(jnp.int32), axis=1) - 1
+  src_DxQd = jnp.where(free_DxQd, rank_DxQd, 0)  # the batch row within the device's block
+  new_Q = flat(free_DxQd)
+  src_Q = flat(src_DxQd + Qd * jnp.arange(D)[:, None])  # the global batch row (blocks stay on their device)
+  # stream order: device d's j-th new prompt is the stream's d·f + j (the first step: rows in order)
+  age_new_Q = c.serial + flat(jnp.arange(D)[:, None] * f_D[:, None] + rank_DxQd)
+  serial = c.serial + jnp.sum(f_D)
+  take = lambda x: _rows(jnp.take(x, src_Q, axis=0))
+  sel_new = lambda new, old: jnp.where(new_Q.reshape((-1,) + (1,) * (old.ndim - 1)), new, old)
+  prompt_QxP = sel_new(take(batch["prompt_NxP"].astype(jnp.int32)), c.prompt_QxP)
+  pmask_QxP = sel_new(take(batch["prompt_mask_NxP"].astype(jnp.int32)), c.pmask_QxP)
+  fields = {k: sel_new(take(batch[k]), v) for k, v in c.fields.items()}
+  age_Q = jnp.where(new_Q, age_new_Q, c.age_Q)
+  pos_QxP = jnp.maximum(jnp.cumsum(pmask_QxP, axis=1) - 1, 0)
+  plen_Q = jnp.sum(pmask_QxP, axis=1)
+
+  # prefill: in 'recompute' every group (the new weights), else the new ones (their positions hold the rest as is)
+  logits_QxV, pcache = decode_lib.prefill(mcfg, params, prompt_QxP, pos_QxP, pmask_QxP,
+                                          decode_lib.init_cache(mcfg, Q, spec.P))
+  pcache = decode.expand_cache(pcache)
+  keep_Q = ~new_Q if kv == "keep" else jnp.zeros_like(new_Q)
+  kv_sel = lambda new, old: _cache(jnp.where(keep_Q[:, None, None, None], old, new.astype(old.dtype)), "k")
+  pk = tuple(kv_sel(n, o) for n, o in zip(pcache["k"], c.pk))
+  pv = tuple(_cache(jnp.where(keep_Q[:, None, None, None], o, n.astype(o.dtype)), "v")
+             for n, o in zip(pcache["v"], c.pv))
+
+  # the new groups' rows: uniforms fixed now (column src·G + g of the step's draw: with max_staleness 0 the
+  # synchronous engine's), the first token drawn from the prefill logits
+  new_R = jnp.repeat(new_Q, G)
+  col_R = jnp.repeat(src_Q, G) * G + jnp.tile(jnp.arange(G, dtype=jnp.int32), Q)
+  u_RxL = jnp.where(new_R[:, None], _rows(jnp.take(sampling.uniforms(rng, L, Q * G).T, col_R, axis=0)), c.u_RxL)
+  tok0_R, lp0_R = sampling.draw(jnp.repeat(logits_QxV, G, axis=0), u_RxL[:, 0], scfg)
+  end0_R = is_eos(tok0_R) | (L == 1)
+  first = lambda v0, rest: jnp.concatenate([v0[:, None], jnp.broadcast_to(rest, (R, L - 1))], axis=1)
+  row_new = lambda new, old: _rows(jnp.where(new_R[:, None], new, old))
+  tokens_RxL = row_new(first(tok0_R, jnp.int32(scfg.pad_id)), c.tokens_RxL)
+  logp_RxL = row_new(first(lp0_R, jnp.float32(0)), c.logp_RxL)
+  ver_RxL = row_new(first(jnp.broadcast_to(version, (R,)), jnp.int32(0)), c.ver_RxL)
+  mask_RxL = row_new(first(jnp.ones((R,), jnp.int32), jnp.int32(0)), c.mask_RxL)
+  done_R = jnp.where(new_R, end0_R, c.done_R)
+  trunc_R = jnp.where(new_R, end0_R & ~is_eos(tok0_R), c.trunc_R)
+
+  # the age order of each device's groups (free last): rows that have had a slot are a prefix of it (old groups
+  # were queued first; trained groups were fully started; new groups are the youngest)
+  order_DxQd = jnp.argsort(jnp.where(dev(age_Q) < 0, jnp.iinfo(jnp.int32).max, dev(age_Q)), axis=1, stable=True)
+  rank_of_DxQd = jnp.argsort(order_DxQd, axis=1)  # the inverse permutation
+  started_rank_R = flat(jnp.repeat(rank_of_DxQd, G, axis=1) * G + jnp.tile(jnp.arange(G), (D, Qd)))
+  queued_D = jnp.sum(dev(age_Q >= 0).astype(jnp.int32), axis=1) * G  # rows of the order that exist
+
+  # ---- 2. KV across the update: 'recompute' rebuilds the live slots' completion KV with the current weights
+  ck, cv = c.ck, c.cv
+  if kv == "recompute":
+    ck, cv = _recompute_slots(mcfg, params, prompt_QxP, pmask_QxP, tokens_RxL, c, spec, decode)
+
+  class Loop(NamedTuple):
+    tokens_RxL: jax.Array
+    logp_RxL: jax.Array
+    ver_RxL: jax.Array
+    mask_RxL: jax.Array
+    done_R: jax.Array
+    trunc_R: jax.Array
+    next_D: jax.Array
+    row_S: jax.Array
+    t_S: jax.Array
+    tok_S: jax.Array
+    live_S: jax.Array
+    ck: tuple
+    cv: tuple
+    steps: jax.Array
+    new_tokens: jax.Array
+
+  def complete_DxQd(lp: Loop) -> jax.Array:
+    """Groups whose G rows have all had a slot and ended."""
+    ok_R = lp.done_R & (started_rank_R < jnp.repeat(lp.next_D, Rd))
+    return jnp.all(dev(ok_R).reshape(D, Qd, G), axis=2) & dev(age_Q >= 0)
+
+  def admit(lp: Loop) -> Loop:
+    """Free slots take their device's next queued rows in age order, with the first token drawn at admission."""
+    free_DxSd = dev(~lp.live_S)
+    k_DxSd = lp.next_D[:, None] + jnp.cumsum(free_DxSd.astype(jnp.int32), axis=1) - 1
+    take_DxSd = free_DxSd & (k_DxSd < queued_D[:, None])
+    k_DxSd = jnp.minimum(k_DxSd, Rd - 1)
+    grp_DxSd = jnp.take_along_axis(order_DxQd, k_DxSd // G, axis=1)
+    new_DxSd = grp_DxSd * G + k_DxSd % G
+    take_S, new_S = flat(take_DxSd), flat(new_DxSd)
+    row_S = jnp.where(take_S, new_S, jnp.where(flat(free_DxSd), Rd, lp.row_S))
+    at = lambda x_R: flat(jax.vmap(lambda x, r: x[r])(dev(x_R), dev(jnp.minimum(row_S, Rd - 1))))
+    return lp._replace(row_S=row_S, t_S=jnp.where(take_S, 0, lp.t_S),
+                       tok_S=jnp.where(take_S, at(lp.tokens_RxL[:, 0]), lp.tok_S),
+                       live_S=lp.live_S | (take_S & ~at(lp.done_R)),
+                       next_D=lp.next_D + jnp.sum(take_DxSd.astype(jnp.int32), axis=1))
+
+  def step(lp: Loop) -> Loop:
+    """Decode every slot's last token into its own position t, then each live slot draws its row's next token."""
+    group_S = jnp.minimum(lp.row_S, Rd - 1) // G  # local to the device's block of the table
+    clen_S = lp.t_S + 1
+    live_len = jnp.max(jnp.where(lp.live_S, clen_S, 0))
+    kvs = tuple(live_attention.LiveKV(pk[l], pv[l], pmask_QxP, group_S, lp.ck[l], lp.cv[l], clen_S, live_len,
+                                      spec.blk, D) for l in range(dm.layers))
+    pos_S = live_attention.take_local(plen_Q, group_S, D) + lp.t_S
+    logits_SxV, kvs = decode_lib.decode_step_live(dm, decode.weights, lp.tok_S, pos_S, kvs, lp.t_S)
+    t_S = jnp.where(lp.live_S, lp.t_S + 1, lp.t_S)
+    r_DxSd, t_DxSd = dev(jnp.minimum(lp.row_S, Rd - 1)), dev(jnp.minimum(t_S, L - 1))
+    u_S = flat(jax.vmap(lambda u, r, t: u[r, t])(dev(u_RxL), r_DxSd, t_DxSd))
+    tok_S, lp_S = sampling.draw(_rows(logits_SxV), u_S, scfg)
+    end_S = lp.live_S & (is_eos(tok_S) | (t_S == L - 1))
+    r_DxSd = dev(jnp.where(lp.live_S, lp.row_S, Rd))  # Rd: dropped by the scatters
+    put = lambda x, v: flat(jax.vmap(lambda x, r, t, v: x.at[r, t].set(v, mode="drop"))(dev(x), r_DxSd, t_DxSd,
+                                                                                         dev(v)))
+    mark = lambda x, v: flat(jax.vmap(lambda x, r, v: x.at[r].set(v, mode="drop"))(
+        dev(x), dev(jnp.where(end_S, lp.row_S, Rd)), dev(v)))
+    lp = lp._replace(
+        tokens_RxL=_rows(put(lp.tokens_RxL, tok_S)), logp_RxL=_rows(put(lp.logp_RxL, lp_S)),
+        ver_RxL=_rows(put(lp.ver_RxL, jnp.broadcast_to(version, tok_S.shape))),
+        mask_RxL=_rows(put(lp.mask_RxL, jnp.ones_like(tok_S))),
+        done_R=mark(lp.done_R, jnp.ones_like(end_S)), trunc_R=mark(lp.trunc_R, ~is_eos(tok_S)),
+        t_S=t_S, tok_S=tok_S, live_S=lp.live_S & ~end_S,
+        ck=tuple(_cache(kv.ck_NxKxDxL, "k") for kv in kvs), cv=tuple(_cache(kv.cv_NxKxLxD, "v") for kv in kvs),
+        steps=lp.steps + 1, new_tokens=lp.new_tokens + jnp.sum(lp.live_S.astype(jnp.int32)))
+    return admit(lp)
+
+  def more(lp: Loop) -> jax.Array:
+    work = jnp.any(lp.live_S) | jnp.any(lp.next_D < queued_D)
+    short = jnp.any(jnp.sum(complete_DxQd(lp).astype(jnp.int32), axis=1) < Bd)
+    return work & ((lp.steps < budget) | short)
+
+  with decode.view():
+    lp = Loop(tokens_RxL, logp_RxL, ver_RxL, mask_RxL, done_R, trunc_R, c.next_D, c.row_S, c.t_S, c.tok_S,
+              c.live_S, ck, cv, jnp.int32(0), jnp.sum(new_R.astype(jnp.int32)))
+    lp = jax.lax.while_loop(more, step, admit(lp))
+
+  # ---- 4. select each device's B/D oldest complete groups
+  done_DxQd = complete_DxQd(lp)
+  key_DxQd = jnp.where(done_DxQd, dev(age_Q), jnp.iinfo(jnp.int32).max)
+  sel_DxBd = jnp.argsort(key_DxQd, axis=1, stable=True)[:, :Bd]
+  rows_DxBdG = (sel_DxBd[:, :, None] * G + jnp.arange(G)).reshape(D, Bd * G)
+  pick = lambda x_R, idx: flat(jax.vmap(lambda x, i: jnp.take(x, i, axis=0))(dev(x_R), idx))
+  mask_NxL = _rows(pick(lp.mask_RxL, rows_DxBdG))
+  ro = sampling.Rollout(tokens_NxL=_rows(pick(lp.tokens_RxL, rows_DxBdG)), mask_NxL=mask_NxL,
+                        lengths_N=jnp.sum(mask_NxL, axis=1), logp_NxL=_rows(pick(lp.logp_RxL, rows_DxBdG)),
+                        truncated_N=pick(lp.trunc_R, rows_DxBdG), decode_steps=lp.steps)
+  out_fields = {k: pick(v, sel_DxBd) for k, v in fields.items()}
+  out_fields.update(prompt_NxP=pick(prompt_QxP, sel_DxBd), prompt_mask_NxP=pick(pmask_QxP, sel_DxBd))
+  freed_DxQd = jnp.zeros((D, Qd), bool).at[jnp.arange(D)[:, None], sel_DxBd].set(True)
+  age_Q = jnp.where(flat(freed_DxQd), -1, age_Q)
+  mean_len = jnp.mean(ro.lengths_N.astype(jnp.float32))
+  new = Carry(prompt_QxP=prompt_QxP, pmask_QxP=pmask_QxP, fields=fields, age_Q=age_Q, pk=pk, pv=pv,
+              tokens_RxL=lp.tokens_RxL, logp_RxL=lp.logp_RxL, ver_RxL=lp.ver_RxL, mask_RxL=lp.mask_RxL,
+              u_RxL=u_RxL, done_R=lp.done_R, trunc_R=lp.trunc_R, next_D=lp.next_D - Bd * G, row_S=lp.row_S,
+              t_S=lp.t_S, tok_S=lp.tok_S, live_S=lp.live_S, ck=lp.ck, cv=lp.cv, serial=serial,
+              len_ema=jnp.where(c.len_ema > 0, _EMA * c.len_ema + (1 - _EMA) * mean_len, mean_len))
+  in_table = jnp.sum((age_Q >= 0).astype(jnp.int32)) * G
+  left_done = jnp.sum((done_DxQd & ~freed_DxQd).astype(jnp.int32))
+  out = Out(rollout=ro, ver_NxL=_rows(pick(lp.ver_RxL, rows_DxBdG)), fields=out_fields, steps=lp.steps,
+            row_steps=lp.steps * S, new_tokens=lp.new_tokens, admitted_rows=jnp.sum(new_R.astype(jnp.int32)),
+            carried_rows=in_table - left_done * G, ready_groups=left_done, budget=budget)
+  return new, out
+
+
+def _recompute_slots(mcfg, params, prompt_QxP, pmask_QxP, tokens_RxL, c: Carry, spec: Spec, decode):
+  """The live slots' completion KV (positions below t) rebuilt by one forward over prompt + completion so far with
+  the current weights: what 'recompute' pays (S × (P + L) positions) for decoding on exactly the new policy."""
+  D, G, P, L = spec.D, spec.G, spec.P, spec.L
+  Rd = spec.R // D
+  row_S = jnp.minimum(c.row_S, Rd - 1)
+  group_S = row_S // G
+  take_q = lambda x: live_attention.take_local(x, group_S, D)
+  tok_SxL = live_attention.take_local(tokens_RxL, row_S, D)
+  keep_SxL = (jnp.arange(L)[None] < c.t_S[:, None]) & c.live_S[:, None]
+  seq_SxT = jnp.concatenate([take_q(prompt_QxP), tok_SxL], axis=1)
+  mask_SxT = jnp.concatenate([take_q(pmask_QxP), keep_SxL.astype(jnp.int32)], axis=1)
+  pos_SxT = jnp.maximum(jnp.cumsum(mask_SxT, axis=1) - 1, 0)
+  _, _, (k_LxSxKxDxT, v_LxSxKxTxD) = model_lib._apply(mcfg, params, "prefill", seq_SxT, pos_SxT, mask_SxT)
+  cache = decode.expand_cache({"k": tuple(k_LxSxKxDxT[l] for l in range(mcfg.layers)),
+                               "v": tuple(v_LxSxKxTxD[l] for l in range(mcfg.layers))})
+  pad = spec.lc - L
+  ck = tuple(_cache(jnp.pad(k[..., P:], ((0, 0),) * 3 + ((0, pad),)).astype(o.dtype), "k")
+             for k, o in zip(cache["k"], c.ck))
+  cv = tuple(_cache(jnp.pad(v[:, :, P:], ((0, 0), (0, 0), (0, pad), (0, 0))).astype(o.dtype), "v")
+             for v, o in zip(cache["v"], c.cv))
+  return ck, cv
+
+
+def simulate(lengths: np.ndarray, B: int, G: int, max_staleness: int, slots: int, budget: int, max_new: int,
+             block: int) -> dict[str, Any]:
+  """The carry's schedule replayed in NumPy for a stream of completion lengths (row i of the stream: group i // G),
+  over as many steps as the stream feeds: decode steps, slot-steps, completion KV positions read (every computed
+  slot reads the blocks below the live maximum, as the engine's block loop), trained tokens and the version lag of
+  every trained token. Mirrors `advance` with D = 1, budget fixed (0 = auto from the trained lengths)."""
+  lengths = np.minimum(np.asarray(lengths, np.int64), max_new)
+  Q = (1 + max_staleness) * B
+  n_groups = len(lengths) // G
+  age = np.full(Q, -1)
+  row_len = np.zeros((Q, G), np.int64)
+  drawn = np.zeros((Q, G), np.int64)  # tokens drawn so far
+  ver = [[[] for _ in range(G)] for _ in range(Q)]
+  slot_row = np.full(slots, -1)
+  nxt_group, serial, version, ema = 0, 0, 0, 0.0
+  queue: list[tuple[int, int]] = []  # (position, g) in age order, not yet slotted
+  totals = dict(steps=0, row_steps=0, kv_read=0, trained_tokens=0, drawn_tokens=0)
+  lags: list[int] = []
+  steps_per_iter: list[int] = []
+  while True:
+    free = [p for p in range(Q) if age[p] < 0]
+    if nxt_group + len(free) > n_groups:
+      break
+    for p in free:  # admit (the first token drawn now)
+      age[p], serial = serial, serial + 1
+      row_len[p] = lengths[nxt_group * G:(nxt_group + 1) * G]
+      drawn[p] = 1
+      for g in range(G):
+        ver[p][g] = [version]
+      queue.extend((p, g) for g in range(G))
+      nxt_group += 1
+    totals["drawn_tokens"] += len(free) * G
+    bud = budget or int(np.clip(np.ceil(ema * B * G / slots) if ema > 0 else max_new, 1, max_new))
+
+    def admit():
+      for s in range(slots):
+        if slot_row[s] < 0 and queue:
+          p, g = queue.pop(0)
+          slot_row[s] = p * G + g if drawn[p, g] < row_len[p, g] else -1
+
+    def complete():
+      slotted = {int(r) for r in slot_row if r >= 0}
+      waiting = {p * G + g for p, g in queue}
+      return [p for p in range(Q) if age[p] >= 0 and all(drawn[p, g] >= row_len[p, g] and p * G + g not in waiting
+                                                         and p * G + g not in slotted for g in range(G))]
+    admit()
+    steps = 0
+    while (any(r >= 0 for r in slot_row) or queue) and (steps < bud or len(complete()) < B):
+      live = [int(r) for r in slot_row if r >= 0]
+      live_len = max(drawn[r // G, r % G] for r in live) if live else 0
+      steps += 1
+      totals["row_steps"] += slots
+      totals["kv_read"] += slots * (-(-live_len // block) * block)
+      for s in range(slots):
+        r = slot_row[s]
+        if r >= 0:
+          p, g = divmod(int(r), G)
+          drawn[p, g] += 1
+          ver[p][g].append(version)
+          totals["drawn_tokens"] += 1
+          if drawn[p, g] >= row_len[p, g]:
+            slot_row[s] = -1
+      admit()
+    totals["steps"] += steps
+    steps_per_iter.append(steps)
+    done = sorted(complete(), key=lambda p: age[p])[:B]
+    if len(done) < B:
+      break
+    for p in done:
+      for g in range(G):
+        lags.extend(version - v for v in ver[p][g])
+        totals["trained_tokens"] += int(row_len[p, g])
+      age[p] = -1
+    ema = np.mean(row_len[done]) if ema == 0 else _EMA * ema + (1 - _EMA) * np.mean(row_len[done])
+    version += 1
+  lags_arr = np.asarray(lags, np.int64)
+  return dict(totals, iterations=version, lag_mean=float(lags_arr.mean()) if lags else 0.0,
+              lag_max=int(lags_arr.max()) if lags else 0, steps_per_iter=steps_per_iter)
