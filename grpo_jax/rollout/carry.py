@@ -439,79 +439,81 @@ def _recompute_slots(mcfg, params, prompt_QxP, pmask_QxP, tokens_RxL, c: Carry, 
 
 def simulate(lengths: np.ndarray, B: int, G: int, max_staleness: int, slots: int, budget: int, max_new: int,
              block: int) -> dict[str, Any]:
-  """The carry's schedule replayed in NumPy for a stream of completion lengths (row i of the stream: group i // G),
-  over as many steps as the stream feeds: decode steps, slot-steps, completion KV positions read (every computed
-  slot reads the blocks below the live maximum, as the engine's block loop), trained tokens and the version lag of
-  every trained token. Mirrors `advance` with D = 1, budget fixed (0 = auto from the trained lengths)."""
-  lengths = np.minimum(np.asarray(lengths, np.int64), max_new)
+  """The carry's schedule replayed in NumPy (D = 1) for a stream of completion lengths (row i of the stream: group
+  i // G, row i % G), over as many steps as the stream feeds: `advance`'s admission, slot queue, loop condition and
+  selection, with the lengths in place of the sampled EOS. budget 0 = auto (carry.auto_budget on the trained
+  lengths). Returns totals (decode steps, slot-steps, completion KV positions read — every computed slot reads the
+  blocks below the live maximum, as the block loop does —, tokens drawn and trained), every trained token's version
+  lag, and per step the decode steps and the stream groups trained (oldest first)."""
   Q = (1 + max_staleness) * B
-  n_groups = len(lengths) // G
-  age = np.full(Q, -1)
-  row_len = np.zeros((Q, G), np.int64)
-  drawn = np.zeros((Q, G), np.int64)  # tokens drawn so far
-  ver = [[[] for _ in range(G)] for _ in range(Q)]
-  slot_row = np.full(slots, -1)
-  nxt_group, serial, version, ema = 0, 0, 0, 0.0
-  queue: list[tuple[int, int]] = []  # (position, g) in age order, not yet slotted
-  totals = dict(steps=0, row_steps=0, kv_read=0, trained_tokens=0, drawn_tokens=0)
-  lags: list[int] = []
-  steps_per_iter: list[int] = []
+  R = Q * G
+  len_R = np.zeros(R, np.int64)
+  drawn_R = np.zeros(R, np.int64)
+  ver_RxL = np.zeros((R, max_new), np.int64)
+  age_Q, gid_Q = np.full(Q, -1), np.full(Q, -1)
+  row_S, live_S = np.full(slots, -1), np.zeros(slots, bool)
+  stream = np.minimum(np.asarray(lengths, np.int64), max_new).reshape(-1, G)
+  n_groups, fed, serial, version, ema, nxt = len(stream), 0, 0, 0, 0.0, 0
+  tot = dict(steps=0, row_steps=0, kv_read=0, drawn_tokens=0, trained_tokens=0)
+  lags, steps_per_step, trained = [], [], []
   while True:
-    free = [p for p in range(Q) if age[p] < 0]
-    if nxt_group + len(free) > n_groups:
+    free = np.flatnonzero(age_Q < 0)
+    if fed + len(free) > n_groups:
       break
-    for p in free:  # admit (the first token drawn now)
-      age[p], serial = serial, serial + 1
-      row_len[p] = lengths[nxt_group * G:(nxt_group + 1) * G]
-      drawn[p] = 1
-      for g in range(G):
-        ver[p][g] = [version]
-      queue.extend((p, g) for g in range(G))
-      nxt_group += 1
-    totals["drawn_tokens"] += len(free) * G
+    for j, p in enumerate(free):  # admit: stream order; the first token drawn from the prefill
+      age_Q[p], gid_Q[p] = serial + j, fed + j
+      rows = p * G + np.arange(G)
+      len_R[rows], drawn_R[rows], ver_RxL[rows, 0] = stream[fed + j], 1, version
+    serial, fed = serial + len(free), fed + len(free)
+    tot["drawn_tokens"] += len(free) * G
+    order_Q = np.argsort(np.where(age_Q < 0, np.iinfo(np.int64).max, age_Q), kind="stable")
+    rank_R = (np.argsort(order_Q, kind="stable")[:, None] * G + np.arange(G)).reshape(-1)
+    n_rows = int((age_Q >= 0).sum()) * G
     bud = budget or int(np.clip(np.ceil(ema * B * G / slots) if ema > 0 else max_new, 1, max_new))
 
-    def admit():
-      for s in range(slots):
-        if slot_row[s] < 0 and queue:
-          p, g = queue.pop(0)
-          slot_row[s] = p * G + g if drawn[p, g] < row_len[p, g] else -1
+    def admit(nxt):
+      free_S = ~live_S
+      k_S = nxt + np.cumsum(free_S) - 1
+      take_S = free_S & (k_S < n_rows)
+      new_S = order_Q[np.minimum(k_S, R - 1) // G] * G + np.minimum(k_S, R - 1) % G
+      row_S[:] = np.where(take_S, new_S, np.where(free_S, -1, row_S))
+      live_S[:] = live_S | (take_S & (drawn_R[np.maximum(row_S, 0)] < len_R[np.maximum(row_S, 0)]))
+      return nxt + int(take_S.sum())
 
-    def complete():
-      slotted = {int(r) for r in slot_row if r >= 0}
-      waiting = {p * G + g for p, g in queue}
-      return [p for p in range(Q) if age[p] >= 0 and all(drawn[p, g] >= row_len[p, g] and p * G + g not in waiting
-                                                         and p * G + g not in slotted for g in range(G))]
-    admit()
+    def complete(nxt):
+      ok_R = (drawn_R >= len_R) & (rank_R < nxt)
+      return np.all(ok_R.reshape(Q, G), axis=1) & (age_Q >= 0)
+
+    nxt = admit(nxt)
     steps = 0
-    while (any(r >= 0 for r in slot_row) or queue) and (steps < bud or len(complete()) < B):
-      live = [int(r) for r in slot_row if r >= 0]
-      live_len = max(drawn[r // G, r % G] for r in live) if live else 0
+    while (live_S.any() or nxt < n_rows) and (steps < bud or complete(nxt).sum() < B):
+      live_rows = row_S[live_S]
+      live_len = int(drawn_R[live_rows].max()) if len(live_rows) else 0
       steps += 1
-      totals["row_steps"] += slots
-      totals["kv_read"] += slots * (-(-live_len // block) * block)
-      for s in range(slots):
-        r = slot_row[s]
-        if r >= 0:
-          p, g = divmod(int(r), G)
-          drawn[p, g] += 1
-          ver[p][g].append(version)
-          totals["drawn_tokens"] += 1
-          if drawn[p, g] >= row_len[p, g]:
-            slot_row[s] = -1
-      admit()
-    totals["steps"] += steps
-    steps_per_iter.append(steps)
-    done = sorted(complete(), key=lambda p: age[p])[:B]
-    if len(done) < B:
+      tot["row_steps"] += slots
+      tot["kv_read"] += slots * (-(-live_len // block) * block)
+      ver_RxL[live_rows, drawn_R[live_rows]] = version
+      drawn_R[live_rows] += 1
+      tot["drawn_tokens"] += len(live_rows)
+      live_S[:] = live_S & (drawn_R[np.maximum(row_S, 0)] < len_R[np.maximum(row_S, 0)])
+      nxt = admit(nxt)
+    tot["steps"] += steps
+    steps_per_step.append(steps)
+    done_Q = complete(nxt)
+    sel = np.argsort(np.where(done_Q, age_Q, np.iinfo(np.int64).max), kind="stable")[:B]
+    if done_Q.sum() < B:
       break
-    for p in done:
-      for g in range(G):
-        lags.extend(version - v for v in ver[p][g])
-        totals["trained_tokens"] += int(row_len[p, g])
-      age[p] = -1
-    ema = np.mean(row_len[done]) if ema == 0 else _EMA * ema + (1 - _EMA) * np.mean(row_len[done])
+    rows = (sel[:, None] * G + np.arange(G)).reshape(-1)
+    for r in rows:
+      lags.extend(version - ver_RxL[r, :len_R[r]])
+    tot["trained_tokens"] += int(len_R[rows].sum())
+    trained.append(gid_Q[sel].tolist())
+    mean = float(len_R[rows].mean())
+    ema = mean if ema == 0 else _EMA * ema + (1 - _EMA) * mean
+    age_Q[sel] = -1
+    nxt -= B * G
     version += 1
-  lags_arr = np.asarray(lags, np.int64)
-  return dict(totals, iterations=version, lag_mean=float(lags_arr.mean()) if lags else 0.0,
-              lag_max=int(lags_arr.max()) if lags else 0, steps_per_iter=steps_per_iter)
+  lag = np.asarray(lags, np.int64)
+  return dict(tot, updates=version, lag_mean=float(lag.mean()) if len(lag) else 0.0,
+              lag_max=int(lag.max()) if len(lag) else 0, lag_hist=np.bincount(lag) if len(lag) else np.zeros(1, int),
+              steps_per_step=steps_per_step, trained=trained)

@@ -1,0 +1,250 @@
+"""Partial rollouts (rl.partial_rollouts, rollout/carry.py): the carry's schedule worked by hand, the JAX carry against
+its NumPy replay, today's samples and updates with max_staleness 0, the staleness mask, KV recompute, and the step
+with the carry (no retrace, LoRA, bad input)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.config import config_lib
+from grpo_jax.infra import sharding
+from grpo_jax.model import model as model_lib
+from grpo_jax.rl import families
+from grpo_jax.rl import partial
+from grpo_jax.rl import rl_step
+from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.rollout import carry as carry_lib
+from grpo_jax.rollout import decode_layout
+from grpo_jax.rollout import sampling
+from grpo_jax.run import validate
+from grpo_jax.tasks import digits
+
+TINY = dict(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
+# the digits workload's batch fields, plus each prompt's position in the stream (which groups a step trained)
+FIELDS = {"answer_ids_NxA": ((4,), "int32"), "gid_N": ((), "int32")}
+
+
+def _config(**rl):
+  c = digits.bench_config(**TINY)
+  c.optim.lr = 1e-3  # one update visibly moves the random model
+  c.sampling.update(engine="continuous", compaction=1)
+  c.rl.update(**rl)
+  return c
+
+
+def _stream(c, n: int, seed: int = 1) -> list[dict]:
+  """n batches of prompts with single-digit answers (a random 64-token model hits them sometimes: groups have
+  reward variance), each prompt numbered in stream order."""
+  out = []
+  for i, b in enumerate(digits.make_batches(c.rl.prompts_per_step, n, seed=seed)):
+    b["answer_ids_NxA"][:, 1:] = -1
+    b["gid_N"] = (i * c.rl.prompts_per_step + np.arange(c.rl.prompts_per_step)).astype(np.int32)
+    out.append(b)
+  return out
+
+
+def _run(c, n: int, lora: bool = False):
+  """n steps of the config's GRPO step from seed 0; (metrics per step, final state, step)."""
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  with carry_lib.batch_fields(FIELDS):
+    step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+    state = rl_step.init(c, mesh, mcfg, seed=0)
+    cspec = rollout_lib.carry_spec(c)
+  batches = _stream(c, n + (cspec.Q // cspec.B if cspec else 0))
+  it = iter(batches) if cspec is None else carry_lib.host_stream(lambda k: iter(batches[k:]), cspec, 0)
+  ms = []
+  for _ in range(n):
+    state, m = step(state, next(it))
+    ms.append(jax.device_get(m))
+  return ms, state, step
+
+
+# ------------------------------------------------------------------------------------------ the schedule
+
+
+def test_schedule_worked_by_hand():
+  """B=1, G=2, max_staleness 1 (a table of 2 groups), 2 slots, budget 1, stream lengths g0 [3, 1], g1 [2, 2],
+  g2 [1, 1], g3 [2, 1]. Step 0 admits g0, g1; slots take g0's rows (g0r1 ends at its first token); after one decode
+  step g0r0 has 2 of 3 tokens and g1r0 took the free slot; the budget is spent but no group is complete, so the step
+  decodes on: g0r0 and g1r0 end, g1r1 takes a slot; g0 is complete -> trained (2 decode steps, lags 0). Step 1 admits
+  g2 (both rows end at their first token); g1r1 ends in one step; g1 and g2 are complete, g1 (older) is trained,
+  g2 waits (lags: g1's tokens drawn at version 0, except g1r1's second token: [1, 1, 1, 0]). Step 2 admits g3 and
+  trains g2 from the ready buffer (lags [1, 1]); the stream then cannot feed step 3."""
+  r = carry_lib.simulate(np.array([3, 1, 2, 2, 1, 1, 2, 1]), B=1, G=2, max_staleness=1, slots=2, budget=1,
+                         max_new=4, block=64)
+  assert r["trained"] == [[0], [1], [2]]
+  assert r["steps_per_step"] == [2, 1, 1]
+  assert r["updates"] == 3
+  assert r["trained_tokens"] == 4 + 4 + 2
+  assert r["drawn_tokens"] == (4 + 3) + (2 + 1) + (2 + 1)  # first tokens at admission + the decode steps'
+  assert r["row_steps"] == 2 * 4
+  assert r["lag_max"] == 1 and r["lag_mean"] == pytest.approx(5 / 10)  # [0, 0, 0, 0], [1, 1, 1, 0], [1, 1]
+
+
+def test_staleness_zero_simulates_the_synchronous_schedule():
+  """max_staleness 0: the table holds B groups, each step decodes them to the end (no budget cut, no carry)."""
+  lengths = np.random.default_rng(0).integers(1, 9, size=4 * 2 * 5)
+  r = carry_lib.simulate(lengths, B=4, G=2, max_staleness=0, slots=8, budget=1, max_new=8, block=64)
+  assert r["trained"] == [[4 * i + j for j in range(4)] for i in range(5)]
+  assert r["lag_max"] == 0
+  assert r["steps_per_step"] == [int(l.max()) - 1 for l in lengths.reshape(5, 8)]
+
+
+def test_train_mask_by_hand():
+  """Tokens lagging more than max_staleness updates leave the loss mask (not the completion mask); lags count only
+  drawn tokens."""
+  class Ro:  # the two fields train_mask reads
+    mask_NxL = jnp.array([[1., 1., 1., 0.], [1., 1., 0., 0.]])
+    version_NxL = jnp.array([[3, 4, 5, 0], [5, 5, 0, 0]], jnp.int32)
+  loss_mask, lag = partial.train_mask(Ro, jnp.int32(5), 1)
+  np.testing.assert_array_equal(np.asarray(lag), [[2, 1, 0, 0], [0, 0, 0, 0]])
+  np.testing.assert_array_equal(np.asarray(loss_mask), [[0., 1., 1., 0.], [1., 1., 0., 0.]])
+
+
+# --------------------------------------------------------------------------------- the JAX carry itself
+
+
+@pytest.fixture(scope="module")
+def carried():
+  """5 carry steps (max_staleness 1, 8 slots for 16 rows a step, budget 3) with fixed weights: what advance did."""
+  c = _config(partial_rollouts=True, max_staleness=1)
+  c.sampling.slots = 8
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  params = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
+  spec = carry_lib.spec_for(c, FIELDS, 1)
+  scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=digits.Tokenizer(64).eos_id, pad_id=0)
+  adv = jax.jit(lambda carry, batch, v, rng: carry_lib.advance(mcfg, params, carry, batch, v, rng, scfg, spec,
+                                                               budget=3))
+  carry = carry_lib.init(spec, mcfg)
+  batches = _stream(c, 8)
+  outs = []
+  for v, b in enumerate(carry_lib.host_stream(lambda k: iter(batches[k:]), spec, 0)):
+    if v == 5:
+      break
+    carry, out = adv(carry, b, v, jax.random.PRNGKey(100 + v))
+    outs.append(jax.device_get(out))
+  return dict(c=c, spec=spec, carry=jax.device_get(carry), outs=outs, params=params, mcfg=mcfg)
+
+
+def test_advance_matches_its_numpy_replay(carried):
+  """The JAX carry's schedule (which groups each step trains, its decode steps, every trained token's version)
+  equals carry.simulate fed the lengths the model sampled."""
+  spec, outs, carry = carried["spec"], carried["outs"], carried["carry"]
+  L, G = spec.L, spec.G
+  lengths = {}
+  for o in outs:
+    for gi, gid in enumerate(o.fields["gid_N"]):
+      lengths[int(gid)] = o.rollout.lengths_N[gi * G:(gi + 1) * G]
+  for p in np.flatnonzero(carry.age_Q >= 0):  # groups still in the table: ended rows' lengths, else L (live on)
+    rows = p * G + np.arange(G)
+    lengths[int(carry.fields["gid_N"][p])] = np.where(carry.done_R[rows], carry.mask_RxL[rows].sum(1), L)
+  # the groups admitted in 5 steps (Q, then B a step): the replay runs exactly those 5 steps
+  stream = np.concatenate([lengths[g] for g in range(len(lengths))])
+  r = carry_lib.simulate(stream, B=spec.B, G=G, max_staleness=1, slots=spec.S, budget=3, max_new=L, block=spec.blk)
+  assert r["updates"] == 5
+  assert [list(map(int, o.fields["gid_N"])) for o in outs] == r["trained"]
+  assert [int(o.steps) for o in outs] == r["steps_per_step"]
+  lags = np.concatenate([(v - o.ver_NxL)[o.rollout.mask_NxL > 0] for v, o in enumerate(outs)])
+  np.testing.assert_array_equal(np.bincount(lags), r["lag_hist"])
+  assert lags.max() >= 1  # rows really were carried across steps
+
+
+def test_trained_rows_are_complete_and_recorded(carried):
+  """Every trained row ended (EOS or L tokens), its tokens are drawn left to right with nothing after the end, and
+  the recorded behaviour log-prob is a log-prob (<= 0) of each drawn token; 8 slots stay full while rows queue."""
+  eos = digits.Tokenizer(64).eos_id
+  for o in carried["outs"]:
+    ro = o.rollout
+    m = ro.mask_NxL
+    assert np.all(np.diff(m, axis=1) <= 0) and np.all(m[:, 0] == 1)
+    last = ro.tokens_NxL[np.arange(len(m)), ro.lengths_N - 1]
+    np.testing.assert_array_equal(ro.truncated_N, last != eos)
+    assert np.all((ro.lengths_N == carried["spec"].L) | (last == eos))
+    assert np.all(ro.logp_NxL[m > 0] <= 0) and np.all(ro.logp_NxL[m == 0] == 0)
+    assert o.new_tokens <= o.row_steps + o.admitted_rows
+
+
+def test_recompute_rebuilds_the_kept_kv(carried):
+  """'recompute' re-prefills the live slots' completions; with the weights that wrote them it gives the KV 'keep'
+  holds (below each live slot's position), up to the prefill/decode paths' rounding."""
+  c, spec, mcfg, carry = carried["c"], carried["spec"], carried["mcfg"], carried["carry"]
+  carry = jax.tree.map(jnp.asarray, carry)
+  decode = decode_layout.prepare(mcfg, carried["params"], decode_layout.Layout("fsdp"))
+  ck, cv = carry_lib._recompute_slots(mcfg, carried["params"], carry.prompt_QxP, carry.pmask_QxP, carry.tokens_RxL,
+                                      carry, spec, decode)
+  live = np.asarray(carry.live_S)
+  assert live.any()
+  for s in np.flatnonzero(live):
+    t = int(carry.t_S[s])
+    for l in range(mcfg.layers):
+      np.testing.assert_allclose(np.asarray(ck[l][s, ..., :t]), np.asarray(carry.ck[l][s, ..., :t]), atol=2e-5)
+      np.testing.assert_allclose(np.asarray(cv[l][s, :, :t]), np.asarray(carry.cv[l][s, :, :t]), atol=2e-5)
+
+
+# ------------------------------------------------------------------------------------------- the step
+
+
+@pytest.fixture(scope="module")
+def sync_and_carry0():
+  """Three steps of today's synchronous step and of the carry with max_staleness 0 (and an unlimited budget)."""
+  a = _run(_config(), 3)
+  b = _run(_config(partial_rollouts=True, max_staleness=0, rollout_budget=10_000), 3)
+  return a, b
+
+
+def test_staleness_zero_gives_todays_samples_and_updates(sync_and_carry0):
+  (ma, sa, _), (mb, sb, _) = sync_and_carry0
+  for x, y in zip(ma, mb):
+    np.testing.assert_array_equal(x["samples/tokens_NxL"], y["samples/tokens_NxL"])
+    for k in ("train/reward_mean", "train/reward_std", "train/completion_len_mean", "train/completion_len_max",
+              "train/frac_zero_std_groups"):
+      assert x[k] == y[k], k
+    assert y["train/version_lag_max"] == 0 and y["train/carried_rows"] == 0 and y["train/ready_groups"] == 0
+    assert x["train/reward_std"] > 0  # the update had a signal to follow
+  # π_old: the sampler's log-probs (sync) vs the pre-update forward (carry): equal up to fp32 rounding, so the
+  # updates are too (the existing tolerance of the engines' equivalence)
+  for p, q in zip(jax.tree.leaves(sa["params"]), jax.tree.leaves(sb["params"])):
+    np.testing.assert_allclose(np.asarray(p), np.asarray(q), rtol=1e-4, atol=1e-6)
+
+
+def test_carry_step_compiles_once_and_carries(sync_and_carry0):
+  ms, state, step = _run(_config(partial_rollouts=True, max_staleness=1), 4)
+  assert step.traces() == 1
+  assert int(state["step"]) == 4
+  assert max(m["train/version_lag_max"] for m in ms) >= 1  # carried tokens were trained a step later
+  assert all(m["train/carried_rows"] > 0 for m in ms)
+  assert all(abs(m["train/ratio_mean"] - 1.0) < 1e-5 for m in ms)  # π_old is the pre-update weights' forward
+  assert all(np.isfinite(m["train/loss"]) for m in ms)
+
+
+def test_carry_with_lora():
+  c = _config(partial_rollouts=True, max_staleness=1)
+  c.model.lora.rank = 4
+  ms, state, step = _run(c, 2)
+  assert "base" in state and "carry" in state
+  assert all(np.isfinite(m["train/loss"]) and m["train/grad_norm"] > 0 for m in ms)
+
+
+@pytest.mark.parametrize("key,value,needle", [
+    ("rl.rollout_budget", -1, "rl.rollout_budget"),
+    ("rl.max_staleness", -2, "rl.max_staleness"),
+    ("rl.carry_kv", "reuse", "rl.carry_kv"),
+    ("sampling.engine", "static", "sampling.engine='continuous'"),
+    ("rl.dynamic_sampling", True, "rl.dynamic_sampling"),
+    ("sampling.decode_attention", "paged", "sampling.decode_attention"),
+])
+def test_bad_carry_settings_are_one_line(key, value, needle):
+  c = config_lib.load_config("configs/grpo_arith.py", "small")
+  c = config_lib.override(c, {"sampling.engine": "continuous", "rl.partial_rollouts": True, key: value})
+  with pytest.raises(config_lib.ConfigError) as e:
+    validate.validate_rl(c, 1)
+  assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_ppo_with_the_carry_is_refused():
+  c = config_lib.load_config("configs/grpo_arith.py", "small,algo=ppo")
+  c = config_lib.override(c, {"sampling.engine": "continuous", "rl.partial_rollouts": True})
+  with pytest.raises(config_lib.ConfigError, match="rl.partial_rollouts.*PPO"):
+    validate.validate_rl(c, 1)
