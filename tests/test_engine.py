@@ -164,12 +164,19 @@ def test_vmapped_runs_each_get_their_own_samples(params):
   G = 2
   scfg = S.SamplingConfig(max_new_tokens=L, eos_id=(3, 7, 11, 13, 17))
   us = jnp.stack([S.uniforms(jax.random.PRNGKey(s), L, B * G) for s in (0, 1, 2)])
-  f = jax.jit(jax.vmap(lambda u: E.sample_groups(MCFG, params, prompt, pm, G, scfg, u_LxN=u, slots=4, levels=2,
-                                                 kv_block=4)))
-  ros, _ = f(us)
+  refs = [reference(params, prompt, pm, G, scfg, us[r]) for r in range(3)]
+  # Free draws agree but where float32 rounding moves a CDF boundary (it flips 1 of these 480 tokens on some CPUs:
+  # Intel Xeon, 2026-12-05): the schedule and the scores are checked exactly by teacher forcing each run's
+  # reference tokens, which fixes every row's length (and so the schedule under vmap) as the reference's.
+  f = jax.jit(jax.vmap(lambda u, t: E.sample_groups(MCFG, params, prompt, pm, G, scfg, u_LxN=u, slots=4, levels=2,
+                                                    kv_block=4, force_NxL=t)))
+  ros, _ = f(us, jnp.stack([r.tokens_NxL for r in refs]))
   for r in range(3):
-    one = reference(params, prompt, pm, G, scfg, us[r])
-    assert_same(jax.tree.map(lambda x: x[r], ros), one)
+    assert_same(jax.tree.map(lambda x: x[r], ros), refs[r])
+  free, _ = jax.jit(jax.vmap(lambda u: E.sample_groups(MCFG, params, prompt, pm, G, scfg, u_LxN=u, slots=4,
+                                                       levels=2, kv_block=4)))(us)
+  same = np.asarray(free.tokens_NxL) == np.stack([np.asarray(r.tokens_NxL) for r in refs])
+  assert same.mean() > 0.99, same.mean()
 
 
 def test_bad_slot_count_is_refused(params):
