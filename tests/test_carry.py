@@ -43,9 +43,11 @@ def _stream(c, n: int, seed: int = 1) -> list[dict]:
   return out
 
 
-def _run(c, n: int, lora: bool = False):
-  """n steps of the config's GRPO step from seed 0; (metrics per step, final state, step)."""
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+def _run(c, n: int, mesh_shape=(1, 1, 1)):
+  """n steps of the config's GRPO step from seed 0 on a data × fsdp × tensor mesh; (metrics per step, final state,
+  step)."""
+  c.mesh.update(data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2])
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(mesh_shape))])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(c.model.vocab_size)
   with carry_lib.batch_fields(FIELDS):
@@ -54,9 +56,10 @@ def _run(c, n: int, lora: bool = False):
     cspec = rollout_lib.carry_spec(c)
   batches = _stream(c, n + (cspec.Q // cspec.B if cspec else 0))
   it = iter(batches) if cspec is None else carry_lib.host_stream(lambda k: iter(batches[k:]), cspec, 0)
+  from grpo_jax.run.train import device_batch
   ms = []
   for _ in range(n):
-    state, m = step(state, next(it))
+    state, m = step(state, device_batch(mesh, next(it)))
     ms.append(jax.device_get(m))
   return ms, state, step
 
@@ -106,33 +109,46 @@ def test_train_mask_by_hand():
 # --------------------------------------------------------------------------------- the JAX carry itself
 
 
-@pytest.fixture(scope="module")
-def carried():
-  """5 carry steps (max_staleness 1, 8 slots for 16 rows a step, budget 3) with fixed weights: what advance did."""
-  c = _config(partial_rollouts=True, max_staleness=1)
-  c.sampling.slots = 8
+def _advance_steps(c, n: int, mesh=None, budget: int = 3):
+  """n carry steps (advance alone, fixed weights, budget 3) on `mesh` (None: one device): the outputs, the final
+  carry, and what built them."""
   mcfg = model_lib.ModelConfig.from_config(c.model)
   params = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
-  spec = carry_lib.spec_for(c, FIELDS, 1)
+  split = 1 if mesh is None else dict(mesh.shape)["data"] * dict(mesh.shape)["fsdp"]
+  spec = carry_lib.spec_for(c, FIELDS, split)
   scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=digits.Tokenizer(64).eos_id, pad_id=0)
-  adv = jax.jit(lambda carry, batch, v, rng: carry_lib.advance(mcfg, params, carry, batch, v, rng, scfg, spec,
-                                                               budget=3))
-  carry = carry_lib.init(spec, mcfg)
-  batches = _stream(c, 8)
+  batches = _stream(c, n + spec.Q // spec.B)
   outs = []
-  for v, b in enumerate(carry_lib.host_stream(lambda k: iter(batches[k:]), spec, 0)):
-    if v == 5:
-      break
-    carry, out = adv(carry, b, v, jax.random.PRNGKey(100 + v))
-    outs.append(jax.device_get(out))
-  return dict(c=c, spec=spec, carry=jax.device_get(carry), outs=outs, params=params, mcfg=mcfg)
+  with sharding.mesh_context(mesh) if mesh is not None else _nothing():
+    adv = jax.jit(lambda carry, batch, v, rng: carry_lib.advance(mcfg, params, carry, batch, v, rng, scfg, spec,
+                                                                 budget=budget))
+    init = jax.jit(lambda: carry_lib.init(spec, mcfg),
+                   out_shardings=None if mesh is None else sharding.tree_shardings(mesh, carry_lib.axes(spec, 2)))
+    carry = init()
+    for v, b in enumerate(carry_lib.host_stream(lambda k: iter(batches[k:]), spec, 0)):
+      if v == n:
+        break
+      if mesh is not None:
+        from grpo_jax.run.train import device_batch
+        b = device_batch(mesh, b)
+      carry, out = adv(carry, b, v, jax.random.PRNGKey(100 + v))
+      outs.append(jax.device_get(out))
+  return dict(c=c, spec=spec, carry=jax.device_get(carry), outs=outs, params=params, mcfg=mcfg, budget=budget)
 
 
-def test_advance_matches_its_numpy_replay(carried):
-  """The JAX carry's schedule (which groups each step trains, its decode steps, every trained token's version)
-  equals carry.simulate fed the lengths the model sampled."""
-  spec, outs, carry = carried["spec"], carried["outs"], carried["carry"]
-  L, G = spec.L, spec.G
+class _nothing:
+  def __enter__(self):
+    return None
+
+  def __exit__(self, *a):
+    return False
+
+
+def _replay(run: dict) -> tuple[dict, dict]:
+  """(the JAX carry's schedule, carry.simulate's on the lengths the model sampled): groups trained per step, decode
+  steps per step, the histogram of the trained tokens' version lags."""
+  spec, outs, carry = run["spec"], run["outs"], run["carry"]
+  L, G, D = spec.L, spec.G, spec.D
   lengths = {}
   for o in outs:
     for gi, gid in enumerate(o.fields["gid_N"]):
@@ -140,15 +156,31 @@ def test_advance_matches_its_numpy_replay(carried):
   for p in np.flatnonzero(carry.age_Q >= 0):  # groups still in the table: ended rows' lengths, else L (live on)
     rows = p * G + np.arange(G)
     lengths[int(carry.fields["gid_N"][p])] = np.where(carry.done_R[rows], carry.mask_RxL[rows].sum(1), L)
-  # the groups admitted in 5 steps (Q, then B a step): the replay runs exactly those 5 steps
+  # the groups admitted in n steps (Q, then B a step): the replay runs exactly those n steps
   stream = np.concatenate([lengths[g] for g in range(len(lengths))])
-  r = carry_lib.simulate(stream, B=spec.B, G=G, max_staleness=1, slots=spec.S, budget=3, max_new=L, block=spec.blk)
-  assert r["updates"] == 5
-  assert [list(map(int, o.fields["gid_N"])) for o in outs] == r["trained"]
-  assert [int(o.steps) for o in outs] == r["steps_per_step"]
+  r = carry_lib.simulate(stream, B=spec.B, G=G, max_staleness=spec.Q // spec.B - 1, slots=spec.S,
+                         budget=run["budget"], max_new=L, block=spec.blk, split=D)
   lags = np.concatenate([(v - o.ver_NxL)[o.rollout.mask_NxL > 0] for v, o in enumerate(outs)])
-  np.testing.assert_array_equal(np.bincount(lags), r["lag_hist"])
-  assert lags.max() >= 1  # rows really were carried across steps
+  jx = dict(trained=[list(map(int, o.fields["gid_N"])) for o in outs], steps=[int(o.steps) for o in outs],
+            lag_hist=np.bincount(lags).tolist(), updates=len(outs))
+  return jx, dict(trained=r["trained"], steps=r["steps_per_step"], lag_hist=r["lag_hist"].tolist(),
+                  updates=r["updates"])
+
+
+@pytest.fixture(scope="module")
+def carried():
+  """5 carry steps (max_staleness 1, 8 slots for 16 rows a step, budget 3) with fixed weights: what advance did."""
+  c = _config(partial_rollouts=True, max_staleness=1)
+  c.sampling.slots = 8
+  return _advance_steps(c, 5)
+
+
+def test_advance_matches_its_numpy_replay(carried):
+  """The JAX carry's schedule (which groups each step trains, its decode steps, every trained token's version)
+  equals carry.simulate fed the lengths the model sampled."""
+  jx, r = _replay(carried)
+  assert jx == r
+  assert len(jx["lag_hist"]) > 1  # rows really were carried across steps
 
 
 def test_trained_rows_are_complete_and_recorded(carried):
@@ -248,3 +280,107 @@ def test_ppo_with_the_carry_is_refused():
   c = config_lib.override(c, {"sampling.engine": "continuous", "rl.partial_rollouts": True})
   with pytest.raises(config_lib.ConfigError, match="rl.partial_rollouts.*PPO"):
     validate.validate_rl(c, 1)
+
+
+# ------------------------------------------------------------------------------------- 8 simulated devices
+
+_SHARDED = r"""
+import json, sys
+import jax, numpy as np
+sys.path.insert(0, sys.argv[1])
+from tests import test_carry as T
+from grpo_jax.infra import sharding
+shape = tuple(int(x) for x in sys.argv[2].split(","))
+
+def config(**rl):
+  c = T.digits.bench_config(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=8, G=2, L=10)
+  c.optim.lr = 1e-3
+  c.sampling.update(engine="continuous", compaction=1)
+  c.rl.update(**rl)
+  return c
+
+# the step with max_staleness 0 (the synchronous samples, through the carry)
+ms, _, _ = T._run(config(partial_rollouts=True, max_staleness=0), 2, shape)
+# the step with max_staleness 1: where the carry's buffers live
+_, state, _ = T._run(config(partial_rollouts=True, max_staleness=1, rollout_budget=4), 1, shape)
+ck = state["carry"].ck[0]
+out = dict(tokens=[m["samples/tokens_NxL"].tolist() for m in ms],
+           metrics=[{k: float(m[k]) for k in ("train/reward_mean", "train/completion_len_mean")} for m in ms],
+           ck_local=list(ck.addressable_shards[0].data.shape),
+           rows_local=list(state["carry"].tokens_RxL.addressable_shards[0].data.shape))
+# advance alone, max_staleness 1, 4 steps: its schedule against the NumPy replay on as many devices
+c = config(partial_rollouts=True, max_staleness=1)
+c.mesh.update(data=shape[0], fsdp=shape[1], tensor=shape[2])
+mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
+jx, r = T._replay(T._advance_steps(c, 4, mesh))
+out.update(jx=jx, replay=r)
+print("JSON" + json.dumps(out))
+"""
+
+
+def _sharded(shape: str) -> dict:
+  import json, os, subprocess, sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
+  out = subprocess.run([sys.executable, "-c", _SHARDED, root, shape], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=root)
+  assert out.returncode == 0, out.stderr[-4000:]
+  return json.loads(out.stdout.split("JSON", 1)[1])
+
+
+@pytest.fixture(scope="module")
+def one_device():
+  return _sharded("1,1,1")
+
+
+@pytest.mark.parametrize("shape,split,heads", [("8,1,1", 8, 2), ("2,2,2", 4, 1)])
+def test_carry_on_8_devices(one_device, shape, split, heads):
+  """Each device keeps its own groups: its share of the table's rows, slots and KV (KV heads over tensor) stay on
+  it across steps, its queue admits and its selection trains its own groups — the schedule equals the NumPy
+  replay on as many devices —, and with max_staleness 0 the run equals one device's."""
+  ref, r = one_device, _sharded(shape)
+  assert r["tokens"] == ref["tokens"] and r["metrics"] == ref["metrics"]
+  assert r["rows_local"][0] == 32 // split, r  # R = Q·G = 16·2 rows over data × fsdp
+  assert r["ck_local"][:2] == [16 // split, heads], r  # S = B·G = 16 slots; KV heads over tensor
+  assert r["jx"] == r["replay"], (r["jx"], r["replay"])
+  assert ref["jx"] == ref["replay"]
+  assert r["jx"]["trained"] != ref["jx"]["trained"]  # per-device queues: another schedule than one device's
+
+
+# ------------------------------------------------------------------------------------------- kill -9, resume
+
+CARRY_ARGS = ["--config.sampling.engine=continuous", "--config.rl.partial_rollouts=True", "--config.rl.max_staleness=1",
+              "--config.rl.rollout_budget=6"]
+
+
+@pytest.fixture(scope="module")
+def carry_run(tmp_path_factory):
+  """An uninterrupted CLI run with the carry (tests/test_resume.py's tiny config)."""
+  from tests import test_resume as tr
+  full = str(tmp_path_factory.mktemp("carry_full"))
+  p = tr._start(full, CARRY_ARGS)
+  out, _ = p.communicate(timeout=300)
+  assert p.returncode == 0, out[-3000:]
+  return full
+
+
+def test_killed_carry_run_resumes_exactly(carry_run, tmp_path):
+  """SIGKILL mid-run (after the step-2 checkpoint), restart: the carry's in-flight rows come back with the state, so
+  metrics rows and final params equal an uninterrupted run's, bit for bit."""
+  from tests import test_resume as tr
+  rows = tr._rows(carry_run)
+  assert max(r.get("train/version_lag_max", 0) for r in rows) >= 1  # rows were carried across steps
+  cut = str(tmp_path)
+  p = tr._start(cut, CARRY_ARGS)
+  tr._wait_for_step(p, cut, 3)
+  tr._wait_for_committed_checkpoint(p, cut, 2)
+  p.kill()
+  p.communicate(timeout=60)
+  p = tr._start(cut, CARRY_ARGS)
+  out, _ = p.communicate(timeout=300)
+  assert p.returncode == 0, out[-3000:]
+  assert "Resumed from" in out
+  assert tr._deterministic(tr._rows(cut)) == tr._deterministic(rows)
+  for a, b in zip(tr._final_params(cut), tr._final_params(carry_run)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

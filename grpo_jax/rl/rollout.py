@@ -227,7 +227,9 @@ def carry_spec(config) -> carry_lib.Spec | None:
   fields = carry_lib.fields_override()
   if fields is None:
     fields = data_lib.prompt_fields(config.task, tok_lib.for_config(config), int(config.task.prompt_len))
-  shape = sharding.mesh_shape(config.mesh, jax.device_count())
+  shape = {a: int(config.mesh[a]) for a in sharding.MESH_AXES}
+  if -1 in shape.values():  # an axis over the remaining devices: this process's
+    shape = sharding.mesh_shape(config.mesh, jax.device_count())
   return carry_lib.spec_for(config, fields, shape["data"] * shape["fsdp"])
 
 

@@ -438,80 +438,93 @@ def _recompute_slots(mcfg, params, prompt_QxP, pmask_QxP, tokens_RxL, c: Carry, 
 
 
 def simulate(lengths: np.ndarray, B: int, G: int, max_staleness: int, slots: int, budget: int, max_new: int,
-             block: int) -> dict[str, Any]:
-  """The carry's schedule replayed in NumPy (D = 1) for a stream of completion lengths (row i of the stream: group
-  i // G, row i % G), over as many steps as the stream feeds: `advance`'s admission, slot queue, loop condition and
-  selection, with the lengths in place of the sampled EOS. budget 0 = auto (carry.auto_budget on the trained
+             block: int, split: int = 1) -> dict[str, Any]:
+  """The carry's schedule replayed in NumPy for a stream of completion lengths (row i of the stream: group i // G,
+  row i % G), over as many steps as the stream feeds: `advance`'s admission, slot queues, loop condition and
+  selection with the lengths in place of the sampled EOS, on `split` devices (device d's table, slots and queue
+  are its own; it admits the stream's groups d·f + j of each step's f per device, as host_batch lays them out;
+  the loop runs until every device has its B/D complete groups). budget 0 = auto (auto_budget on the trained
   lengths). Returns totals (decode steps, slot-steps, completion KV positions read — every computed slot reads the
-  blocks below the live maximum, as the block loop does —, tokens drawn and trained), every trained token's version
-  lag, and per step the decode steps and the stream groups trained (oldest first)."""
+  blocks below the live maximum over all devices, as the block loop does —, tokens drawn and trained), the version
+  lags of the trained tokens, and per step its decode steps and the stream groups it trained (device blocks in
+  order, oldest first in each)."""
+  D = split
   Q = (1 + max_staleness) * B
-  R = Q * G
-  len_R = np.zeros(R, np.int64)
-  drawn_R = np.zeros(R, np.int64)
-  ver_RxL = np.zeros((R, max_new), np.int64)
-  age_Q, gid_Q = np.full(Q, -1), np.full(Q, -1)
-  row_S, live_S = np.full(slots, -1), np.zeros(slots, bool)
+  Qd, Bd, Sd = Q // D, B // D, slots // D
+  Rd = Qd * G
+  big = np.iinfo(np.int64).max
+  len_DxR, drawn_DxR = np.zeros((D, Rd), np.int64), np.zeros((D, Rd), np.int64)
+  ver_DxRxL = np.zeros((D, Rd, max_new), np.int64)
+  age_DxQ, gid_DxQ = np.full((D, Qd), -1), np.full((D, Qd), -1)
+  row_DxS, live_DxS = np.full((D, Sd), -1), np.zeros((D, Sd), bool)
+  nxt_D = np.zeros(D, np.int64)
   stream = np.minimum(np.asarray(lengths, np.int64), max_new).reshape(-1, G)
-  n_groups, fed, serial, version, ema, nxt = len(stream), 0, 0, 0, 0.0, 0
+  fed, serial, version, ema = 0, 0, 0, 0.0
   tot = dict(steps=0, row_steps=0, kv_read=0, drawn_tokens=0, trained_tokens=0)
   lags, steps_per_step, trained = [], [], []
   while True:
-    free = np.flatnonzero(age_Q < 0)
-    if fed + len(free) > n_groups:
+    f = int((age_DxQ[0] < 0).sum())  # every device frees as many as it trained
+    if fed + D * f > len(stream):
       break
-    for j, p in enumerate(free):  # admit: stream order; the first token drawn from the prefill
-      age_Q[p], gid_Q[p] = serial + j, fed + j
-      rows = p * G + np.arange(G)
-      len_R[rows], drawn_R[rows], ver_RxL[rows, 0] = stream[fed + j], 1, version
-    serial, fed = serial + len(free), fed + len(free)
-    tot["drawn_tokens"] += len(free) * G
-    order_Q = np.argsort(np.where(age_Q < 0, np.iinfo(np.int64).max, age_Q), kind="stable")
-    rank_R = (np.argsort(order_Q, kind="stable")[:, None] * G + np.arange(G)).reshape(-1)
-    n_rows = int((age_Q >= 0).sum()) * G
+    for d in range(D):  # admit device d's f prompts: the stream's fed + d·f + j, in stream order
+      for j, p in enumerate(np.flatnonzero(age_DxQ[d] < 0)):
+        g = fed + d * f + j
+        age_DxQ[d, p], gid_DxQ[d, p] = serial + d * f + j, g
+        rows = p * G + np.arange(G)
+        len_DxR[d, rows], drawn_DxR[d, rows], ver_DxRxL[d, rows, 0] = stream[g], 1, version
+    serial, fed = serial + D * f, fed + D * f
+    tot["drawn_tokens"] += D * f * G
+    order_DxQ = np.argsort(np.where(age_DxQ < 0, big, age_DxQ), axis=1, kind="stable")
+    rank_DxR = (np.argsort(order_DxQ, axis=1, kind="stable")[:, :, None] * G + np.arange(G)).reshape(D, Rd)
+    n_rows_D = (age_DxQ >= 0).sum(1) * G
     bud = budget or int(np.clip(np.ceil(ema * B * G / slots) if ema > 0 else max_new, 1, max_new))
+    at = lambda x_DxR, r_DxS: np.take_along_axis(x_DxR, np.maximum(r_DxS, 0), axis=1)
 
-    def admit(nxt):
-      free_S = ~live_S
-      k_S = nxt + np.cumsum(free_S) - 1
-      take_S = free_S & (k_S < n_rows)
-      new_S = order_Q[np.minimum(k_S, R - 1) // G] * G + np.minimum(k_S, R - 1) % G
-      row_S[:] = np.where(take_S, new_S, np.where(free_S, -1, row_S))
-      live_S[:] = live_S | (take_S & (drawn_R[np.maximum(row_S, 0)] < len_R[np.maximum(row_S, 0)]))
-      return nxt + int(take_S.sum())
+    def admit():
+      free = ~live_DxS
+      k = nxt_D[:, None] + np.cumsum(free, axis=1) - 1
+      take = free & (k < n_rows_D[:, None])
+      kc = np.minimum(k, Rd - 1)
+      new = np.take_along_axis(order_DxQ, kc // G, axis=1) * G + kc % G
+      row_DxS[:] = np.where(take, new, np.where(free, -1, row_DxS))
+      live_DxS[:] = live_DxS | (take & (at(drawn_DxR, row_DxS) < at(len_DxR, row_DxS)))
+      nxt_D[:] = nxt_D + take.sum(axis=1)
 
-    def complete(nxt):
-      ok_R = (drawn_R >= len_R) & (rank_R < nxt)
-      return np.all(ok_R.reshape(Q, G), axis=1) & (age_Q >= 0)
+    def complete():
+      ok = (drawn_DxR >= len_DxR) & (rank_DxR < nxt_D[:, None])
+      return np.all(ok.reshape(D, Qd, G), axis=2) & (age_DxQ >= 0)
 
-    nxt = admit(nxt)
+    admit()
     steps = 0
-    while (live_S.any() or nxt < n_rows) and (steps < bud or complete(nxt).sum() < B):
-      live_rows = row_S[live_S]
-      live_len = int(drawn_R[live_rows].max()) if len(live_rows) else 0
+    while ((live_DxS.any() or (nxt_D < n_rows_D).any())
+           and (steps < bud or (complete().sum(axis=1) < Bd).any())):
+      live_len = int(at(drawn_DxR, row_DxS)[live_DxS].max()) if live_DxS.any() else 0
       steps += 1
       tot["row_steps"] += slots
       tot["kv_read"] += slots * (-(-live_len // block) * block)
-      ver_RxL[live_rows, drawn_R[live_rows]] = version
-      drawn_R[live_rows] += 1
-      tot["drawn_tokens"] += len(live_rows)
-      live_S[:] = live_S & (drawn_R[np.maximum(row_S, 0)] < len_R[np.maximum(row_S, 0)])
-      nxt = admit(nxt)
+      for d in range(D):
+        r = row_DxS[d][live_DxS[d]]
+        ver_DxRxL[d, r, drawn_DxR[d, r]] = version
+        drawn_DxR[d, r] += 1
+        tot["drawn_tokens"] += len(r)
+      live_DxS[:] = live_DxS & (at(drawn_DxR, row_DxS) < at(len_DxR, row_DxS))
+      admit()
     tot["steps"] += steps
     steps_per_step.append(steps)
-    done_Q = complete(nxt)
-    sel = np.argsort(np.where(done_Q, age_Q, np.iinfo(np.int64).max), kind="stable")[:B]
-    if done_Q.sum() < B:
+    done = complete()
+    if (done.sum(axis=1) < Bd).any():
       break
-    rows = (sel[:, None] * G + np.arange(G)).reshape(-1)
-    for r in rows:
-      lags.extend(version - ver_RxL[r, :len_R[r]])
-    tot["trained_tokens"] += int(len_R[rows].sum())
-    trained.append(gid_Q[sel].tolist())
-    mean = float(len_R[rows].mean())
-    ema = mean if ema == 0 else _EMA * ema + (1 - _EMA) * mean
-    age_Q[sel] = -1
-    nxt -= B * G
+    sel_DxB = np.argsort(np.where(done, age_DxQ, big), axis=1, kind="stable")[:, :Bd]
+    trained.append([int(x) for x in np.take_along_axis(gid_DxQ, sel_DxB, axis=1).reshape(-1)])
+    lens = []
+    for d in range(D):
+      for r in (sel_DxB[d][:, None] * G + np.arange(G)).reshape(-1):
+        lags.extend(version - ver_DxRxL[d, r, :len_DxR[d, r]])
+        lens.append(int(len_DxR[d, r]))
+      age_DxQ[d, sel_DxB[d]] = -1
+    tot["trained_tokens"] += sum(lens)
+    ema = float(np.mean(lens)) if ema == 0 else _EMA * ema + (1 - _EMA) * float(np.mean(lens))
+    nxt_D -= Bd * G
     version += 1
   lag = np.asarray(lags, np.int64)
   return dict(tot, updates=version, lag_mean=float(lag.mean()) if len(lag) else 0.0,
