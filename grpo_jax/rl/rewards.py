@@ -28,24 +28,29 @@ def register(name: str):
   return deco
 
 
+# The in-graph terms read the token tables of the run's tokenizer (verify_jax.tables_for: the shipped one's, or the
+# `tools` tokenizer's with its marker pieces); a tokenizer they cannot be built for keeps the old arguments.
 @register("format")
 def _make_format(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
-  return lambda tokens, mask, batch, ctx: reward_spec.outcome(
-      verify_jax.format_reward(tokens, mask, ctx.tokenizer.tag_ids))
+  tables = verify_jax.tables_for(ctx.tokenizer)
+  tables = ctx.tokenizer.tag_ids if tables is None else tables
+  return lambda tokens, mask, batch, ctx: reward_spec.outcome(verify_jax.format_reward(tokens, mask, tables))
 
 
 @register("accuracy")
 def _make_accuracy(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
+  tables = verify_jax.tables_for(ctx.tokenizer)
   return lambda tokens, mask, batch, ctx: reward_spec.outcome(registry.accuracy_reward(ctx.task, tokens, mask,
-                                                                                       batch))
+                                                                                       batch, tables))
 
 
 @register("process")
 def _make_process(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
   """Rule-checked chain-of-thought steps: outcome = fraction of right steps; per-step scores for process GRPO."""
+  tables = verify_jax.tables_for(ctx.tokenizer)
 
   def fn(tokens, mask, batch, ctx):
-    s_r, s_end, s_valid = verify_jax.step_rewards(ctx.task, tokens, mask, batch, ctx.max_steps)
+    s_r, s_end, s_valid = verify_jax.step_rewards(ctx.task, tokens, mask, batch, ctx.max_steps, tables)
     n = jnp.maximum(s_valid.sum(-1), 1)
     return reward_spec.outcome((s_r * s_valid).sum(-1) / n, (s_r, s_end, s_valid))
   return fn
