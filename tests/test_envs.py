@@ -27,7 +27,8 @@ from grpo_jax.model import model as model_lib
 from grpo_jax.r1 import corpus
 from grpo_jax.rl import losses
 from grpo_jax.rl import obs_mask
-from grpo_jax.tasks import base, cot, registry as task_registry, tokenizer as tokenizer_lib, verify_jax, verify_py
+from grpo_jax.tasks import base, cot, prompts, registry as task_registry, tokenizer as tokenizer_lib, verify_jax
+from grpo_jax.tasks import verify_py
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = tokenizer_lib.load_tools()
@@ -389,7 +390,8 @@ def qwen_dir(tmp_path_factory):
 def test_qwen_format_equals_transformers_apply_chat_template(qwen_dir):
   """Prompt with tools, then the model's call, the observation, the model's answer: the same text, character for
   character, as transformers renders for the conversation (hf_dirs.QWEN25_CHAT_TEMPLATE is Qwen2.5-Instruct's
-  tokenizer_config.json template; the same text as openvinotoolkit's Qwen2.5 sample copies from it)."""
+  tokenizer_config.json template; checked identical, 2026-12-05, to the copy a public OpenVINO GenAI sample script
+  embeds as Qwen2.5-3B-Instruct's tokenizer_config.json template)."""
   transformers = pytest.importorskip("transformers")
   from grpo_jax.tasks import hf_tokenizer
   ref = transformers.AutoTokenizer.from_pretrained(qwen_dir)
@@ -399,7 +401,7 @@ def test_qwen_format_equals_transformers_apply_chat_template(qwen_dir):
   ex = dict(EX, language="a")
   prompt = env.reset(ex)
   system = "The assistant first thinks"
-  msgs = [{"role": "system", "content": ref_system()}, {"role": "user", "content": SUMS.question(ex, "a")}]
+  msgs = [{"role": "system", "content": prompts.R1_SYSTEM}, {"role": "user", "content": SUMS.question(ex, "a")}]
   tools = [calculator.Calculator.tool.schema()]
   assert prompt == ref.apply_chat_template(msgs, tools=tools, tokenize=False, add_generation_prompt=True)
   assert system in prompt and '"name": "calculator"' in prompt
@@ -425,11 +427,6 @@ def test_qwen_format_equals_transformers_apply_chat_template(qwen_dir):
   assert "not JSON" in qwen.parse("<tool_call>\n{oops}\n</tool_call>", [calculator.Calculator.tool]).error
   assert "unknown tool" in qwen.parse(qwen.call_text(sandbox.PythonSandbox.tool, "1"),
                                       [calculator.Calculator.tool]).error
-
-
-def ref_system():
-  from grpo_jax.tasks import prompts
-  return prompts.R1_SYSTEM
 
 
 # ------------------------------------------------------------------------------------------- corpus and config
