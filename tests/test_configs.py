@@ -27,7 +27,8 @@ MAIN_ARGS = {"grpo_arith.py": (["", "small"] + [f"algo={a}" for a in presets.nam
                                + ["algo=rloo,small", "lora=True", "small,lora=True"]),
              "gsm8k.py": ["", "small", "model=qwen2.5-math-1.5b", "small,model=checkpoint,prompt=chat", "algo=dapo"],
              "r1_pipeline.py": ["", "small", "algo=gdpo"], "r1_zero.py": ["", "small", "long"],
-             "r1_zero_aha.py": ["", "small", "control", "noverify", "small,control"]}
+             "r1_zero_aha.py": ["", "small", "control", "noverify", "small,control"],
+             "tools_calc.py": ["", "small", "control", "small,control"]}
 ABLATIONS = ("algorithms.py", "length_bias.py", "reward_design.py", "kl_estimators.py", "baselines.py", "memory.py",
              "gdpo.py")
 

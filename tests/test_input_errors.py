@@ -128,6 +128,12 @@ CASES = [
     ("r1", {"r1.stages": ("nope",)}, "config.r1.stages"),
     ("r1", {"r1.rejection.general_frac": 1.0}, "config.r1.rejection.general_frac"),
     ("r1", {"r1.zero.rewards": (("nosuch", 1.0),)}, "config.r1.zero.rewards"),
+    # multi-turn tools (configs/tools_calc.py:small; docs/tools.md)
+    ("tools", {"tools.env": "no_such_module_x:Env"}, "config.tools.env='no_such_module_x:Env': module"),
+    ("tools", {"tools.stop_markers": ("</calc>",)}, "config.tools.stop_markers: '</calc>' is not one token"),
+    ("tools", {"tools.max_turns": 0}, "config.tools.max_turns: must be an integer >= 1"),
+    ("tools", {"r1.stages": ("base", "r1_zero")}, "config.tools.env: 'calculator': multi-turn rollouts are not wired"),
+    ("tools", {"r1.pretrain.mistake_frac": 0.2}, "config.r1.pretrain.tool_frac"),
     # paths and files
     ("grpo", {"task.tokenizer": "/nonexistent/tok.model"}, "/nonexistent/tok.model"),
     ("grpo", {"task.tokenizer": "hf:/nonexistent_hf_dir"}, "/nonexistent_hf_dir"),
@@ -158,8 +164,8 @@ CASES = [
 
 
 def _config(kind: str, overrides: dict, p: str):
-  from configs import grpo_arith, gsm8k, r1_pipeline
-  c = {"r1": r1_pipeline, "gsm8k": gsm8k}.get(kind, grpo_arith).get_config("small")
+  from configs import grpo_arith, gsm8k, r1_pipeline, tools_calc
+  c = {"r1": r1_pipeline, "gsm8k": gsm8k, "tools": tools_calc}.get(kind, grpo_arith).get_config("small")
   if kind == "sft":
     c.job = "sft"
   for key, value in overrides.items():

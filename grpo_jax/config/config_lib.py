@@ -161,6 +161,23 @@ def base_config() -> ml_collections.ConfigDict:
   # (name, weight) pairs; names from grpo_jax.rl.rewards.REGISTRY.
   c.rewards = (("accuracy", 1.0), ("format", 0.2))
 
+  # Multi-turn rollouts with tools (grpo_jax/envs, docs/tools.md): a row that emits a stop marker pauses, the
+  # environment answers, its observation is appended (not trained on) and the row resumes. env '' = single-turn.
+  c.tools = ml_collections.ConfigDict(dict(
+      # '' | a built-in (calculator | python: envs/registry.py) | 'module:attr' of an environment class or factory
+      env="",
+      # how calls and observations are written (envs/formats.py): plain (the synthetic tasks; task.tokenizer='tools'
+      # has its markers as pieces) | qwen (Qwen2.5-Instruct's <tool_call> JSON and <tool_response> turn)
+      format="plain",
+      stop_markers=("</tool_call>",),  # a row pauses when it emits one; each one token of the run's tokenizer
+      max_turns=4,            # environment calls a row may make; its next stop marker ends it
+      max_obs_tokens=32,      # observation tokens appended per call (the callback's static width); longer: cut, counted
+      timeout_s=10.0,         # seconds one environment step may take; slower: abandoned, the row's fallback (counted)
+      fallback_reward=0.0,    # the reward of a row whose step raised, timed out or returned the wrong type (it ends)
+      workers=8,              # environment steps run at once (threads) in one host call
+      # tools.env='python': each call's limits (envs/sandbox.py): wall seconds, address space, file size, output
+      sandbox=dict(time_s=2.0, memory_mb=512, file_mb=1, output_chars=512)))
+
   c.optim = ml_collections.ConfigDict(dict(
       lr=1e-5, warmup_steps=0, b1=0.9, b2=0.99, weight_decay=0.0, grad_clip=1.0))
 
@@ -209,6 +226,9 @@ def base_config() -> ml_collections.ConfigDict:
                     recheck_per="document",  # mistake_frac / verify_frac per document (one each at most) | "step"
                     recheck_style="repeat",  # a re-check writes the step again | "columns": recomputes it in column
                                              # steps first (cot._recheck; configs/r1_zero_aha.py)
+                    # worked steps that call the calculator first (a tools.format call + its observation:
+                    # r1/corpus.py), each on its own; 0 = none (configs/tools_calc.py)
+                    tool_frac=0.0,
                     seq_len=0),         # pre-training row length; 0 = model.max_len (long-context RL configs
                                         # pre-train on rows no longer than their documents)
       # A finished run's --workdir (or its base/ directory) whose base this run copies instead of pre-training one:

@@ -11,6 +11,8 @@ from typing import Callable, Iterator, Sequence
 import ml_collections
 import numpy as np
 
+from grpo_jax.envs import calculator
+from grpo_jax.envs import formats
 from grpo_jax.tasks import base, cot
 from grpo_jax.tasks import data as data_lib
 
@@ -37,6 +39,17 @@ def insert_word(text: str, word: str, at: int) -> str:
   return ";".join(parts)
 
 
+def calculator_calls(ex: dict, rng: np.random.Generator, frac: float, fmt: str = "plain") -> list[str]:
+  """Per step of `ex`'s worked solution, with probability `frac`: a calculator call on the step's `A op B` in
+  tools.format `fmt` followed by the calculator's own observation (envs/calculator.py), else ''."""
+  f, tool, steps = formats.get(fmt), calculator.Calculator.tool, cot.steps_of(ex)
+  out = []
+  for step, u in zip(steps, rng.random(len(steps))):
+    expr = f"{step.a} {step.op} {step.b}"
+    out.append(f.call_text(tool, expr) + f.observation(calculator.result_text(expr)[0]) if u < frac else "")
+  return out
+
+
 def pretrain_document(task, ex: dict, lang: str, rng: np.random.Generator, p) -> tuple[str, str]:
   """(head, tail) text of one pre-training document; head is the R1-Zero prompt for web-like chat transcripts.
 
@@ -45,7 +58,9 @@ def pretrain_document(task, ex: dict, lang: str, rng: np.random.Generator, p) ->
   cot_frac, else answers directly (cot.brief); a worked one may switch language mid-solution (mix_frac), carry an
   err-recheck-correct step (mistake_frac), a re-check that finds nothing to fix (verify_frac), or a forbidden word
   (noise_frac): the raw web text that R1's later stages clean up. recheck_per "document": at most one of each per
-  document; "step": each step drawn on its own. recheck_style: how a re-check is written (cot._recheck).
+  document; "step": each step drawn on its own. recheck_style: how a re-check is written (cot._recheck). tool_frac:
+  each step of a worked one calls the calculator first (`calculator_calls`, in p.tool_format), so a base learns to
+  call it sometimes (configs/tools_calc.py).
   """
   template = rng.random() < p.template_frac
   tagged = template and rng.random() < p.tag_frac
@@ -64,6 +79,8 @@ def pretrain_document(task, ex: dict, lang: str, rng: np.random.Generator, p) ->
   else:
     mistake = bool(rng.random() < p.mistake_frac)
     verify = p.verify_frac > 0 and bool(rng.random() < p.verify_frac)
+  if p.get("tool_frac", 0.0) > 0:  # drawn only then, so tool_frac = 0 keeps every earlier document as it was
+    kw["calls"] = calculator_calls(ex, rng, p.tool_frac, p.get("tool_format", "plain"))
   n_parts = len(cot.solution(ex, lang, mistake, tagged, verify, **kw).split(";"))
   switch = int(rng.integers(1, n_parts)) if rng.random() < p.mix_frac else n_parts
   body = mixed_solution(ex, lang, mistake, tagged, switch, verify, **kw)
@@ -104,7 +121,8 @@ def _epoch_order(n: int, seed: int, step: int, batch: int, what: str) -> np.ndar
 def pretrain_batches(config, tok, examples: list[dict]) -> Batches:
   """The base's pre-training documents, drawn afresh for every (seed, step, row)."""
   task = data_lib.make_task(config.task)
-  p = ml_collections.ConfigDict(dict(config.r1.pretrain.to_dict(), forbidden=tuple(config.r1.forbidden)))
+  p = ml_collections.ConfigDict(dict(config.r1.pretrain.to_dict(), forbidden=tuple(config.r1.forbidden),
+                                     tool_format=config.tools.format if "tools" in config else "plain"))
   batch = p.batch
 
   def gen(start: int):

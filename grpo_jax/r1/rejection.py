@@ -21,6 +21,7 @@ from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.tasks import base, cot
 from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import tokenizer_factory as tok_lib
+from grpo_jax.tasks import verify_jax
 
 
 def select_samples(reward_N: np.ndarray, correct_N: np.ndarray, formatted_N: np.ndarray,
@@ -78,7 +79,8 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
   langs = _prompt_languages(config, len(chosen))
   scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=getattr(tok, "eos_ids", tok.eos_id), pad_id=tok.pad_id,
                                              temperature=rj.temperature, top_k=0, top_p=1.0)
-  gen = evaluation.make_generate(mcfg, scfg, mesh, config.task.name, tok.tag_ids, config=config)
+  gen = evaluation.make_generate(mcfg, scfg, mesh, config.task.name, tok.tag_ids, config=config,
+                                 tables=verify_jax.tables_for(tok))
   fns = r1_rewards.config_fns(config)
   per_chunk = config.r1.report.batch // rj.n  # one generate batch holds r1.report.batch rows
   records, n_samples, n_correct = [], 0, 0

@@ -25,7 +25,8 @@ _POSITIVE = ("pretrain.steps", "pretrain.batch", "zero.steps", "cold_start.examp
              "cold_start.batch", "grpo.steps", "rejection.prompts", "rejection.n", "rejection.keep_per_prompt",
              "sft2.steps", "sft2.batch", "final.steps")
 _PROBS = ("pretrain.template_frac", "pretrain.tag_frac", "pretrain.mix_frac", "pretrain.mistake_frac",
-          "pretrain.noise_frac", "pretrain.cot_frac", "pretrain.verify_frac", "cold_start.mistake_frac",
+          "pretrain.noise_frac", "pretrain.cot_frac", "pretrain.verify_frac", "pretrain.tool_frac",
+          "cold_start.mistake_frac",
           "rejection.general_frac", "rejection.general_noise_frac")
 
 
@@ -112,6 +113,13 @@ def validate(config, stages) -> None:
   if per == "step" and r1.pretrain.mistake_frac + r1.pretrain.verify_frac > 1:
     validate_lib.fail("r1.pretrain.verify_frac", "with recheck_per 'step', mistake_frac + verify_frac is a per-step "
                       f"probability and must be <= 1; got {r1.pretrain.mistake_frac} + {r1.pretrain.verify_frac}.")
+  if r1.pretrain.tool_frac > 0 and (r1.pretrain.mistake_frac > 0 or r1.pretrain.verify_frac > 0):
+    validate_lib.fail("r1.pretrain.tool_frac", "a step written with a calculator call is written right once: it "
+                      "cannot also carry a mistake or a re-check; set r1.pretrain.mistake_frac = verify_frac = 0, or "
+                      "tool_frac = 0.")
+  if r1.pretrain.tool_frac > 0 and config.tools.format != "plain":
+    validate_lib.fail("tools.format", f"{config.tools.format!r}: pre-training documents write calculator calls in "
+                      "the plain format only (r1.pretrain.tool_frac > 0); set tools.format='plain'.")
   if r1.rejection.general_frac >= 1:
     validate_lib.fail("r1.rejection.general_frac", "must be < 1: the SFT set needs some rejection-sampled reasoning.")
   if config.task.name not in task_registry.names("worked_solutions"):

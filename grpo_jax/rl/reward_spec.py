@@ -7,10 +7,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-# Status codes a Python term reports through the callback (0 = ok).
-OK, RAISED, NONFINITE, WRONG_LENGTH, WRONG_TYPE, TIMEOUT = range(6)
-STATUS_TEXT = {RAISED: "raised an exception", NONFINITE: "returned NaN/inf", WRONG_LENGTH: "returned the wrong length",
-               WRONG_TYPE: "returned the wrong type", TIMEOUT: "timed out"}
+from grpo_jax.infra import host_calls
+
+# Status codes a Python term reports through the callback (0 = ok): infra/host_calls.py's, which the environments'
+# per-row statuses (envs/batch.py) share.
+OK, RAISED, NONFINITE, WRONG_LENGTH, WRONG_TYPE, TIMEOUT = (host_calls.OK, host_calls.RAISED, host_calls.NONFINITE,
+                                                            host_calls.WRONG_LENGTH, host_calls.WRONG_TYPE,
+                                                            host_calls.TIMEOUT)
+STATUS_TEXT = host_calls.STATUS_TEXT
 
 
 class TermOutput(NamedTuple):

@@ -5,7 +5,6 @@ A term maps a rollout to outcome scores `r_N` and optionally step scores (`step_
 donated): they return a status, the step skips its update in-graph, and the host raises afterwards naming the term.
 """
 import math
-import queue
 import threading
 from typing import Callable, Sequence
 
@@ -14,6 +13,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.infra import errors
+from grpo_jax.infra import host_calls
 from grpo_jax.rl import reward_spec
 from grpo_jax.tasks import registry
 from grpo_jax.tasks import verify_jax
@@ -28,24 +28,29 @@ def register(name: str):
   return deco
 
 
+# The in-graph terms read the token tables of the run's tokenizer (verify_jax.tables_for: the shipped one's, or the
+# `tools` tokenizer's with its marker pieces); a tokenizer they cannot be built for keeps the old arguments.
 @register("format")
 def _make_format(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
-  return lambda tokens, mask, batch, ctx: reward_spec.outcome(
-      verify_jax.format_reward(tokens, mask, ctx.tokenizer.tag_ids))
+  tables = verify_jax.tables_for(ctx.tokenizer)
+  tables = ctx.tokenizer.tag_ids if tables is None else tables
+  return lambda tokens, mask, batch, ctx: reward_spec.outcome(verify_jax.format_reward(tokens, mask, tables))
 
 
 @register("accuracy")
 def _make_accuracy(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
+  tables = verify_jax.tables_for(ctx.tokenizer)
   return lambda tokens, mask, batch, ctx: reward_spec.outcome(registry.accuracy_reward(ctx.task, tokens, mask,
-                                                                                       batch))
+                                                                                       batch, tables))
 
 
 @register("process")
 def _make_process(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
   """Rule-checked chain-of-thought steps: outcome = fraction of right steps; per-step scores for process GRPO."""
+  tables = verify_jax.tables_for(ctx.tokenizer)
 
   def fn(tokens, mask, batch, ctx):
-    s_r, s_end, s_valid = verify_jax.step_rewards(ctx.task, tokens, mask, batch, ctx.max_steps)
+    s_r, s_end, s_valid = verify_jax.step_rewards(ctx.task, tokens, mask, batch, ctx.max_steps, tables)
     n = jnp.maximum(s_valid.sum(-1), 1)
     return reward_spec.outcome((s_r * s_valid).sum(-1) / n, (s_r, s_end, s_valid))
   return fn
@@ -55,41 +60,6 @@ def _make_process(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
 
 class PythonTermError(errors.RunStopped):
   """Raised on the host after a step whose Python reward term failed (the state was left unchanged)."""
-
-
-class _Worker:
-  """One daemon thread that runs reward calls. A call that times out is abandoned with its thread: a daemon thread
-  never keeps the process alive (ThreadPoolExecutor threads are joined at exit, so one hung call would hang the
-  exit), and later calls go to a fresh worker instead of queueing behind the hung one."""
-
-  def __init__(self, name: str):
-    self._jobs: queue.Queue = queue.Queue()
-    self.thread = threading.Thread(target=self._loop, name=name, daemon=True)
-    self.thread.start()
-
-  def _loop(self) -> None:
-    while True:
-      job = self._jobs.get()
-      if job is None:
-        return
-      fn, args, box, done = job
-      try:
-        box.append((True, fn(*args)))
-      except BaseException as e:  # pylint: disable=broad-except  # reported as the term's status, never raised
-        box.append((False, e))
-      done.set()
-
-  def call(self, fn, args, timeout_s: float):
-    """(finished, ok, value): finished False = timed out (the worker is now stuck and must be replaced)."""
-    box, done = [], threading.Event()
-    self._jobs.put((fn, args, box, done))
-    if not done.wait(timeout_s):
-      return False, False, None
-    ok, value = box[0]
-    return True, ok, value
-
-  def stop(self) -> None:
-    self._jobs.put(None)
 
 
 class PythonTerm:
@@ -105,17 +75,16 @@ class PythonTerm:
     self.name, self.fn, self.tokenizer = name, fn, tokenizer
     self.fallback, self.timeout_s = fallback, timeout_s
     self.last_error = ""
-    self._worker = _Worker(f"reward-{name}")
-    self._hung: list[threading.Thread] = []
+    # One worker thread (host_calls: a call that times out is abandoned with its daemon thread, counted while it runs).
+    self._workers = host_calls.Workers(f"reward-{name}")
     self._lock = threading.Lock()
 
   def close(self) -> None:
     """Stops the idle worker; hung ones are daemon threads and die with the process."""
-    self._worker.stop()
+    self._workers.close()
 
   def hung_calls(self) -> int:
-    self._hung = [t for t in self._hung if t.is_alive()]
-    return len(self._hung)
+    return self._workers.hung()
 
   def _texts(self, tokens_NxL, mask_NxL):
     ids = [row[m > 0].tolist() for row, m in zip(tokens_NxL, mask_NxL)]
@@ -135,12 +104,10 @@ class PythonTerm:
         return self._fail(reward_spec.TIMEOUT, f"{self.MAX_HUNG} earlier calls timed out "
                           f"(reward_timeout_s={self.timeout_s}s) "
                           "and are still running", zeros, fallback_ok=False)
-      finished, ok, out = self._worker.call(self.fn, (texts, ids, batch_np), self.timeout_s)
-      if not finished:
-        self._hung.append(self._worker.thread)
-        self._worker = _Worker(f"reward-{self.name}")
+      status, out = self._workers.run(self.fn, [(texts, ids, batch_np)], self.timeout_s)[0]
+      if status == reward_spec.TIMEOUT:
         return self._fail(reward_spec.TIMEOUT, f"did not return within reward_timeout_s={self.timeout_s}s", zeros)
-      if not ok:
+      if status == reward_spec.RAISED:
         return self._fail(reward_spec.RAISED, f"{type(out).__name__}: {out}", zeros)
     except Exception as e:  # pylint: disable=broad-except
       return self._fail(reward_spec.RAISED, f"{type(e).__name__}: {e}", zeros)

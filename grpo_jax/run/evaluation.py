@@ -82,32 +82,33 @@ def shared_programs():
 
 
 def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids: dict,
-                  in_graph: bool = True, config=None, group: int = 1) -> Callable:
+                  in_graph: bool = True, config=None, group: int = 1, tables=None) -> Callable:
   """make_generate_uncached's program; inside `shared_programs` the same one for the same arguments (the config
   compared by its JSON)."""
   if not _GENERATE_CACHE:
-    return make_generate_uncached(mcfg, scfg, mesh, task, tag_ids, in_graph, config, group)
+    return make_generate_uncached(mcfg, scfg, mesh, task, tag_ids, in_graph, config, group, tables)
   cache = _GENERATE_CACHE[-1]
   key = (mcfg, scfg, mesh, task, tuple(sorted(tag_ids.items())), in_graph, group,
-         None if config is None else config.to_json(sort_keys=True))
+         None if config is None else config.to_json(sort_keys=True), id(tables))
   if key in cache:
     cache.move_to_end(key)
     return cache[key]
-  run = cache[key] = make_generate_uncached(mcfg, scfg, mesh, task, tag_ids, in_graph, config, group)
+  run = cache[key] = make_generate_uncached(mcfg, scfg, mesh, task, tag_ids, in_graph, config, group, tables)
   while len(cache) > _GENERATE_CACHE_SIZE:
     cache.popitem(last=False)
   return run
 
 
 def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids: dict,
-                           in_graph: bool = True, config=None, group: int = 1) -> Callable:
+                           in_graph: bool = True, config=None, group: int = 1, tables=None) -> Callable:
   """Jitted (params, prompts, fields, rng) -> (tokens_NxL, mask_NxL, lengths_N[, accuracy_N, format_N]); the
   last two only with `in_graph` (a task verified on the host gets its rows back unscored).
 
   `config`: the run's config; its `sampling.decode_layout` puts the weights into the decode layout once per call,
   before the decode loop, as the RL step's rollout does (rollout.for_rollout: no weight all-gather per token
   under FSDP). None decodes in the params' own layout. `group`: rows come in runs of `group` copies of one prompt
-  (eval.n_samples); the continuous engine (config.sampling.engine) prefills each prompt once for its run."""
+  (eval.n_samples); the continuous engine (config.sampling.engine) prefills each prompt once for its run.
+  `tables`: the tokenizer's verify_jax.tables_for (None: the shipped tokenizer's, checked against `tag_ids`)."""
   continuous = config is not None and config.sampling.get("engine", "static") == "continuous"
 
   def gen(params, prompt_NxP, pmask_NxP, fields, rng):
@@ -121,8 +122,8 @@ def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str,
       ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg, decode=decode)
     if not in_graph:
       return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N
-    acc = registry.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields)
-    fmt = verify_jax.format_reward(ro.tokens_NxL, ro.mask_NxL, tag_ids)
+    acc = registry.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields, tables)
+    fmt = verify_jax.format_reward(ro.tokens_NxL, ro.mask_NxL, tag_ids if tables is None else tables)
     return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N, acc, fmt
 
   jitted = jax.jit(gen)
@@ -199,6 +200,7 @@ class Evaluator:
     self.readings = default_readings(self.task) if readings is None else dict(readings)
     # Generate decodes in the run's decode layout; a task verified on the host gets its rows back unscored.
     host = {"config": config} if host_verifier is None else {"in_graph": False, "config": config}
+    host["tables"] = verify_jax.tables_for(tokenizer)  # the `tools` tokenizer's marker pieces are text
     self.arrays = eval_arrays
     self.batch = config.eval.batch
     n = eval_arrays["prompt_NxP"].shape[0]

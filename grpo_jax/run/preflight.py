@@ -177,6 +177,7 @@ def check(config, workdir: str) -> None:
     tokenizer = tok_lib.for_config(config)
   n = jax.device_count()
   validate.validate_groups(config)
+  validate.validate_tools(config, tokenizer)
   check_packages(config)
   if config.job == "grpo":
     validate.validate_rl(config, n, tokenizer)

@@ -42,7 +42,11 @@ _OPTIMIZER_KIND_KEYS = ("name", "type", "optimizer", "kind")
 
 # Keys added to the base config after records were first written, with the default that reproduces what runs did
 # before them: a record without the key equals one with this value (an older run resumes unchanged).
-ADDED_KEYS = {"run_seed": -1, "task.overlong_prompts": "error", "model.yield_to_checkpoint": False}
+ADDED_KEYS = {"run_seed": -1, "task.overlong_prompts": "error", "model.yield_to_checkpoint": False,
+              "r1.pretrain.tool_frac": 0.0, "tools.env": "", "tools.format": "plain",
+              "tools.stop_markers": ["</tool_call>"], "tools.max_turns": 4, "tools.max_obs_tokens": 32,
+              "tools.timeout_s": 10.0, "tools.fallback_reward": 0.0, "tools.workers": 8, "tools.sandbox.time_s": 2.0,
+              "tools.sandbox.memory_mb": 512, "tools.sandbox.file_mb": 1, "tools.sandbox.output_chars": 512}
 
 
 def flatten(config: Any) -> dict[str, Any]:

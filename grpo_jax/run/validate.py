@@ -14,6 +14,9 @@ from grpo_jax.rollout import decode_layout
 from grpo_jax.model import model_config
 from grpo_jax.model import paged_attention
 from grpo_jax.tasks import prompts
+from grpo_jax.envs import batch as env_batch
+from grpo_jax.envs import formats as env_formats
+from grpo_jax.envs import registry as env_registry
 
 # Advantage estimators (advantages.ESTIMATORS, plus PPO's GAE) by what they need.
 ADVANTAGES = tuple(advantages.ESTIMATORS) + ("gae",)
@@ -238,6 +241,44 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
       _fail(f"rewards[{i}]", f"must be a (name, weight) pair, got {entry!r}.")
   if tokenizer is not None:
     validate_tokenizer(c, tokenizer)
+  if c.get("tools") is not None and c.tools.env:
+    _fail("tools.env", f"{c.tools.env!r}: multi-turn rollouts are not wired into the RL step yet (the continuous "
+          "engine's environment calls, docs/tools.md 'What remains'); set tools.env='' for a single-turn run, or "
+          "r1.stages=('base',) to pre-train the tool-using base alone.")
+
+
+def validate_tools(c, tokenizer=None) -> None:
+  """The `tools` group, checked whenever a config uses it (tools.env set, or r1.pretrain.tool_frac > 0): the
+  environment imports and builds, each stop marker is one token of the tokenizer, the limits are positive."""
+  t = c.get("tools")
+  if t is None or not (t.env or c.r1.pretrain.get("tool_frac", 0.0) > 0):
+    return
+  _choice(c, "tools.format", tuple(env_formats.FORMATS))
+  v = t.max_turns
+  if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+    _fail("tools.max_turns", f"must be an integer >= 1 (environment calls a row may make), got {v!r}; set 1 or "
+          "more, or tools.env='' for single-turn rollouts.")
+  for k in ("tools.max_obs_tokens", "tools.workers", "tools.sandbox.memory_mb", "tools.sandbox.file_mb",
+            "tools.sandbox.output_chars"):
+    _positive_int(c, k)
+  for k in ("tools.timeout_s", "tools.sandbox.time_s"):
+    _nonneg(c, k)
+    if _get(c, k) == 0:
+      _fail(k, "must be > 0 (seconds a call may take).")
+  fb = t.fallback_reward
+  if isinstance(fb, bool) or not isinstance(fb, (int, float)) or not math.isfinite(fb):
+    _fail("tools.fallback_reward", f"must be a finite number (the reward of a row whose step failed), got {fb!r}.")
+  if tokenizer is None:
+    return
+  if t.format == "qwen" and not getattr(tokenizer, "chat_template", None):
+    _fail("tools.format", "'qwen' renders prompts with the tokenizer's chat template, and this tokenizer has none; "
+          "use an instruct checkpoint's tokenizer (task.tokenizer=init_from) or tools.format='plain'.")
+  try:
+    env_formats.stop_ids(tokenizer, t.stop_markers)
+    if t.env:
+      env_registry.make(t.env, env_batch.context(c, tokenizer))
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
 
 
 def validate_row_splits(c, n_rows: int, data_par: int) -> None:

@@ -129,7 +129,8 @@ def sum_steps(terms) -> list[Step]:
   return steps
 
 
-def _steps_for(ex: dict) -> list[Step]:
+def steps_of(ex: dict) -> list[Step]:
+  """The steps of `ex`'s worked solution, in order (countdown's, sums' running total, or arith's columns)."""
   if "steps" in ex:
     return countdown_steps(ex)
   if "terms" in ex:
@@ -141,9 +142,10 @@ def _answer(ex: dict) -> str:
   return ex["solution"] if "solution" in ex else str(ex["answer"])
 
 
-def _render(step: Step, language: str, c: int | None = None, prefix: str = "") -> str:
+def _render(step: Step, language: str, c: int | None = None, prefix: str = "", call: str = "") -> str:
+  """`call`: text written after the step's note and before its word (a calculator call and its observation)."""
   c = step.c if c is None else c
-  return f"{prefix}{step.note}{_w(step.word, language)} {step.a} {step.op} {step.b} = {c} ;"
+  return f"{prefix}{step.note}{call + ' ' if call else ''}{_w(step.word, language)} {step.a} {step.op} {step.b} = {c} ;"
 
 
 RECHECK_STYLES = ("repeat", "columns")
@@ -169,14 +171,18 @@ def _recheck(step: Step, language: str, style: str) -> str:
 
 
 def solution(ex: dict, language: str, mistake: bool = False, tagged: bool = True, verify: bool = False,
-             recheck: str = "repeat", marks: Sequence[str] | None = None) -> str:
+             recheck: str = "repeat", marks: Sequence[str] | None = None, calls: Sequence[str] | None = None) -> str:
   """Worked solution. `mistake` writes one step wrong, then the re-check and the corrected step; `verify` re-checks
   one right step and finds nothing to fix (the step drawn from `ex`, one each). `marks` instead marks every step:
   "" (as is), "mistake" or "verify" (one per step; then `mistake`/`verify` must be False). `recheck` is the
-  re-check's style (`_recheck`)."""
+  re-check's style (`_recheck`). `calls`: per step, text written before its word ("" = none): a tool call and its
+  observation (r1/corpus.py), in steps written as they are (no mistake or re-check on them)."""
   if language not in base.LANGUAGES:
     raise ValueError(f"language={language!r} is unknown; use one of {base.LANGUAGES}")
-  steps = _steps_for(ex)
+  steps = steps_of(ex)
+  calls = [""] * len(steps) if calls is None else list(calls)
+  if len(calls) != len(steps):
+    raise ValueError(f"calls has {len(calls)} entries for the {len(steps)} steps")
   if marks is None:
     marks = [""] * len(steps)
     if mistake:
@@ -195,11 +201,14 @@ def solution(ex: dict, language: str, mistake: bool = False, tagged: bool = True
     rng = base.rng_for("mistake", sorted((k, str(v)) for k, v in ex.items()))
     delta = int(rng.choice([-2, -1, 1, 2, 10]))
   parts = []
-  for step, mark in zip(steps, marks):
+  for step, mark, call in zip(steps, marks, calls):
+    if call and mark:
+      raise ValueError(f"step {step} has both a call and a {mark!r} mark; a step written with a tool call is written "
+                       "right once")
     if mark in ("mistake", "both"):
       part = " ".join([_render(step, language, c=step.c + delta), _recheck(step, language, recheck)])
     else:
-      part = _render(step, language)
+      part = _render(step, language, call=call)
     if mark in ("verify", "both"):
       part = " ".join([part, _recheck(step, language, recheck)])
     parts.append(part)

@@ -141,8 +141,10 @@ class HFTokenizer:
     is part of a multi-byte character decodes alone to U+FFFD: token tables see it as non-digit, non-space text."""
     return [self.decode([i]) for i in range(self.vocab_size)]
 
-  def apply_chat_template(self, messages: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
-    """The prompt text transformers' apply_chat_template(tokenize=False) renders, for instruct checkpoints."""
+  def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True,
+                          tools: list[dict] | None = None) -> str:
+    """The prompt text transformers' apply_chat_template(tokenize=False, tools=...) renders, for instruct
+    checkpoints. `tools`: JSON function schemas (envs/formats.Tool.schema), as transformers passes them."""
     if not self.chat_template:
       raise ValueError(f"task.tokenizer: {self.directory}/tokenizer_config.json has no chat_template; use a "
                        "plain prompt (base models) or an instruct checkpoint's tokenizer.")
@@ -156,7 +158,7 @@ class HFTokenizer:
     tmpl = env.from_string(self.chat_template)
     tokens = {"bos_token": self.tk.id_to_token(self.bos_id), "eos_token": self.tk.id_to_token(self.eos_id),
               **self.special_tokens}
-    return tmpl.render(messages=messages, add_generation_prompt=add_generation_prompt, **tokens)
+    return tmpl.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **tokens)
 
 
 def _chat_template(directory: str, tcfg: dict) -> str | None:

@@ -3,6 +3,12 @@
 Tags are user-defined symbols, so `<think>` in text always encodes to its single tag id; a completion that spells
 the same characters from other pieces is not a tag. Normalization is off (identity, no dummy prefix, spaces kept),
 so decode(encode(text)) == text for the ASCII task text. Control ids: pad=0, bos=1, eos=2, unk=3.
+
+The shipped model has no tool-call markers (`<tool_call>` encodes to 8 pieces). `task.tokenizer='tools'` selects
+`load_tools()`: the same model with TOOL_MARKERS appended as user-defined pieces (ids 512-515), every other id and
+every other text's encoding unchanged (tests/test_envs.py), so a marker is one token a row can stop on, and a
+user-defined piece splits the text around it, so an observation tokenised alone joins a transcript exactly as the
+whole text would tokenise (docs/tools.md).
 """
 from __future__ import annotations
 
@@ -14,6 +20,9 @@ import sentencepiece as spm
 ASSET = os.path.join(os.path.dirname(__file__), "assets", "tokenizer.model")
 TAGS = ("<think>", "</think>", "<answer>", "</answer>")
 PAD_ID, BOS_ID, EOS_ID, UNK_ID = 0, 1, 2, 3
+# Qwen2.5's spelling of a tool call and its response (envs/formats.py); `tools` names the shipped model with them.
+TOOL_MARKERS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+TOOLS_SPEC = "tools"
 
 
 class Tokenizer:
@@ -60,6 +69,27 @@ def _load_cached(path: str) -> Tokenizer:
                      "tokenizer directory is given as hf:<dir>)")
   with open(path, "rb") as f:
     return Tokenizer(f.read(), path)
+
+
+def with_pieces(model_proto: bytes, pieces) -> bytes:
+  """`model_proto` with `pieces` appended as user-defined symbols (new ids after the last; existing ids kept)."""
+  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=g-import-not-at-top  (protobuf: only here)
+  m = sentencepiece_model_pb2.ModelProto()
+  m.ParseFromString(model_proto)
+  have = {p.piece for p in m.pieces}
+  for text in pieces:
+    if text in have:
+      raise ValueError(f"piece {text!r} is already in the model")
+    p = m.pieces.add()
+    p.piece, p.score, p.type = text, 0.0, sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+  return m.SerializeToString()
+
+
+@functools.lru_cache(maxsize=1)
+def load_tools() -> Tokenizer:
+  """The shipped tokenizer with TOOL_MARKERS as single pieces (vocab 516): `task.tokenizer='tools'`."""
+  with open(ASSET, "rb") as f:
+    return Tokenizer(with_pieces(f.read(), TOOL_MARKERS), f"{ASSET} + tool markers")
 
 
 def load(path: str | None = None) -> Tokenizer:

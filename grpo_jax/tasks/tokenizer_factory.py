@@ -12,8 +12,11 @@ def is_hf(path: str | None) -> bool:
 
 
 def load(path: str | None = None):
-  """The shipped tokenizer, a sentencepiece model file at `path` (tokenizer.py), or a HF tokenizer.json ('hf:<dir>'
-  or a path ending in .json; hf_tokenizer.py, same interface)."""
+  """The shipped tokenizer, 'tools' (the shipped one with the tool-call markers as pieces 512-515: tokenizer.py),
+  a sentencepiece model file at `path`, or a HF tokenizer.json ('hf:<dir>' or a path ending in .json;
+  hf_tokenizer.py, same interface)."""
+  if path == tokenizer.TOOLS_SPEC:
+    return tokenizer.load_tools()
   if is_hf(path):
     return hf_tokenizer.load(path[3:] if path.startswith("hf:") else path)
   return tokenizer.load(path)

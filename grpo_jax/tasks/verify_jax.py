@@ -66,6 +66,26 @@ def default_tables() -> TokenTables:
   return token_tables(tokenizer_lib.load())
 
 
+_TABLES: dict[int, tuple] = {}  # id(tokenizer) -> (tokenizer, its TokenTables): built once per tokenizer object
+
+
+def tables_for(tok) -> TokenTables | None:
+  """The tables of the tokenizer a run samples with: the shipped tokenizer's (`default_tables`) when `tok` has its
+  vocabulary size and tag ids; built from `tok`'s pieces otherwise (task.tokenizer='tools': pieces 512-515 are the
+  tool-call markers, text like any other piece, not ids outside the vocabulary); None for a tokenizer without the
+  four tag tokens or piece texts (the caller keeps its old argument, which says what is wrong)."""
+  d = default_tables()
+  tags = getattr(tok, "tag_ids", None) or {}
+  if tok is None or (getattr(tok, "vocab_size", None) == d.is_space_V.shape[0]
+                     and tuple(tags.get(t) for t in tokenizer_lib.TAGS) == d.tags):
+    return d
+  if not hasattr(tok, "piece_texts") or any(t not in tags for t in tokenizer_lib.TAGS):
+    return None
+  if id(tok) not in _TABLES:
+    _TABLES[id(tok)] = (tok, token_tables(tok))  # the tokenizer kept alive, so its id is not reused
+  return _TABLES[id(tok)][1]
+
+
 def _as_tables(tables) -> TokenTables:
   """TokenTables, or None / a tag_ids dict (name -> id) meaning the shipped tokenizer's tables."""
   if isinstance(tables, TokenTables):

@@ -1,0 +1,1 @@
+"""Environments for multi-turn rollouts with tools (docs/tools.md)."""

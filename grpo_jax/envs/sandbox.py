@@ -1,0 +1,258 @@
+"""The Python sandbox environment (`tools.env='python'`): runs a tool call's code in a child process with limits.
+
+Each call is a fresh interpreter (`python -I -S`: no user site, no site-packages, no environment variables read),
+started with an empty environment, in a fresh temporary directory (its cwd) that is deleted afterwards. Its output
+is what the code prints, or the value of its last expression (as an interactive interpreter shows it), or the last
+line of its error; at most `output_chars` characters.
+
+What is enforced, and how (tests/test_envs.py checks each with ~1 s limits):
+- Time: the parent kills the child's process group (SIGKILL) `time_s` seconds after starting it. Inside the child,
+  RLIMIT_CPU and an alarm (both int(time_s) + 2 s; the alarm's handler and the signal functions removed before the
+  code runs) end it too if the parent itself has died.
+- Memory: RLIMIT_AS = `memory_mb` (an allocation beyond it raises MemoryError). File size: RLIMIT_FSIZE = `file_mb`
+  (output included). No core dumps.
+- No file writes outside its temporary directory: an audit hook (PEP 578; it cannot be removed once added) refuses
+  every `open` for writing, create, remove, rename, mkdir, chmod, chown, truncate, utime and link whose path does not
+  resolve inside the directory, and any such call given a `dir_fd`; `os.open` / `posix.open` (whose audit event does
+  not carry `dir_fd`), `mkfifo` and `mknod` (no audit event) are deleted before the code runs. Reading files is
+  allowed (the standard library must import).
+- No network, no processes: the hook refuses every `socket.*` event (socket creation, connect, bind, getaddrinfo,
+  ... raised from C, so `_socket` directly is covered), process creation and signalling (`os.system`, `os.exec*`,
+  `os.posix_spawn`, `os.spawn*`, `os.fork`, `subprocess.Popen`, `os.kill`), `os.chdir`, `ctypes` (its import and
+  every `ctypes.*` event), and the import of `socket`, `ssl`, `subprocess`, `multiprocessing`, `_posixsubprocess`,
+  `ctypes`, `gc`, `signal`, `sqlite3` and a few others (urllib and http stay importable: without `socket` they
+  cannot connect); the child also gets no environment (no proxy variables).
+
+What is NOT guaranteed: audit hooks are not a security boundary (PEP 578 says so): code that corrupts the
+interpreter's memory, or reaches a function the hook does not see, gets past them, and there is no OS-level network
+or file-system isolation (no namespace, seccomp or Landlock). It is a guard against a policy model's accidents
+(loops, huge allocations, writing files, calling out), not a jail for adversarial code: for that, run the tool in a
+container, gVisor or nsjail (a `module:attr` environment can). The child runs as the same user as the trainer.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import NamedTuple
+
+from grpo_jax.envs import base
+from grpo_jax.envs import formats
+
+
+@dataclasses.dataclass(frozen=True)
+class Limits:
+  time_s: float = 2.0
+  memory_mb: int = 512
+  file_mb: int = 1
+  output_chars: int = 512
+
+
+class Result(NamedTuple):
+  output: str          # what the code printed (or its last expression's value), at most output_chars
+  error: str           # the last line of its error ('' if none); 'timed out after Xs' when killed
+  timed_out: bool
+
+
+# The child's start: limits, then the audit hook, then the code. Runs under `python -I -S -c`, argv = [work dir,
+# code file, time_s, memory bytes, file bytes]. Nothing here may be reached by the code after it starts (the hook
+# and the deleted functions close what this text opened).
+_BOOT = r'''
+import sys, posix, resource, _signal
+work, code_path = sys.argv[1], sys.argv[2]
+time_s, mem, fsize = float(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5])
+with open(code_path, encoding="utf-8") as f:
+    source = f.read()
+
+def limit(res, value):
+    hard = resource.getrlimit(res)[1]
+    value = value if hard == resource.RLIM_INFINITY else min(value, hard)
+    resource.setrlimit(res, (value, value))
+
+limit(resource.RLIMIT_CPU, int(time_s) + 2)
+limit(resource.RLIMIT_AS, mem)
+limit(resource.RLIMIT_FSIZE, fsize)
+limit(resource.RLIMIT_CORE, 0)
+_signal.alarm(int(time_s) + 2)
+posix.chdir(work)
+import ast
+MODULES = frozenset({"socket", "_socket", "ssl", "_ssl", "subprocess", "_posixsubprocess", "multiprocessing",
+                     "_multiprocessing", "ctypes", "_ctypes", "gc", "signal", "pty", "asyncio", "selectors", "select",
+                     "fcntl", "mmap", "resource", "_tkinter", "faulthandler", "tracemalloc", "_xxsubinterpreters",
+                     "_interpreters", "sqlite3", "_sqlite3", "dbm", "_dbm", "_gdbm", "shelve", "ftplib",
+                     "smtplib", "poplib", "imaplib", "telnetlib", "nntplib", "webbrowser"})
+def install(sys=sys, work=work, MODULES=MODULES, isinstance=isinstance, any=any, str=str, bytes=bytes, int=int,
+            bool=bool, PermissionError=PermissionError, ImportError=ImportError):
+    blocked = ("socket.", "ctypes.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+               "os.fork", "os.forkpty", "os.kill", "os.killpg", "os.chdir", "os.chroot", "os.startfile",
+               "os.putenv", "os.unsetenv", "os.symlink", "pty.", "resource.setrlimit", "resource.prlimit",
+               "sys.remote_exec", "webbrowser.", "urllib.Request", "http.client.", "ftplib.", "smtplib.",
+               "poplib.", "imaplib.", "telnetlib.", "nntplib.", "signal.", "sqlite3.", "dbm.")
+    paths = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.chmod": (0,), "os.chown": (0,),
+             "os.truncate": (0,), "os.utime": (0,), "os.chflags": (0,), "os.lchflags": (0,), "os.setxattr": (0,),
+             "os.removexattr": (0,), "os.rename": (0, 1), "os.link": (0, 1), "shutil.copyfile": (1,),
+             "shutil.copymode": (1,), "shutil.copystat": (1,), "shutil.copytree": (1,), "shutil.rmtree": (0,),
+             "shutil.move": (1,), "shutil.make_archive": (0,), "shutil.unpack_archive": (1,)}
+    write_flags = 0o1 | 0o2 | 0o100 | 0o1000 | 0o2000  # O_WRONLY O_RDWR O_CREAT O_TRUNC O_APPEND
+
+    def inside(p):
+        # Lexical: no symlink or hard link can be made (both refused), and the directory starts empty, so the
+        # resolved path is the normalised one. Only str methods: nothing the code can patch.
+        if isinstance(p, int) and not isinstance(p, bool):
+            return True  # an open descriptor, checked when it was opened
+        if isinstance(p, bytes):
+            p = p.decode("utf-8", "replace")
+        if not isinstance(p, str):
+            p = str(p)
+        if not p.startswith("/"):
+            p = work + "/" + p
+        parts = []
+        for part in p.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if parts:
+                    parts.pop()
+            else:
+                parts.append(part)
+        p = "/" + "/".join(parts)
+        return p == work or p.startswith(work + "/")
+
+    def hook(event, args):
+        if event == "import" and args[0].partition(".")[0] in MODULES:
+            raise ImportError(f"import of {args[0]} is not allowed in the sandbox")
+        if event.startswith(blocked):
+            raise PermissionError(f"{event} is not allowed in the sandbox")
+        if event == "open":
+            path, mode, flags = args
+            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
+                isinstance(flags, int) and flags & write_flags)
+            if writes and not inside(path):
+                raise PermissionError(f"writing {path!r} is not allowed: only files in the working directory")
+        elif event in paths:
+            if any(isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in args[2:]):
+                raise PermissionError(f"{event} with dir_fd is not allowed in the sandbox")
+            for i in paths[event]:
+                if not inside(args[i]):
+                    raise PermissionError(f"{event} of {args[i]!r} is not allowed: only files in the working "
+                                          "directory")
+
+    sys.addaudithook(hook)
+
+os = __import__("os")
+for mod in (os, posix):
+    for name in ("open", "mkfifo", "mknod", "fork", "forkpty", "system", "execv", "execve", "kill", "killpg",
+                 "posix_spawn", "posix_spawnp", "chdir", "fchdir", "chroot", "symlink", "link", "setuid", "setgid"):
+        if hasattr(mod, name):
+            delattr(mod, name)
+for name in ("alarm", "setitimer", "signal", "pthread_kill", "pthread_sigmask", "sigwait", "siginterrupt",
+             "set_wakeup_fd", "raise_signal"):
+    if hasattr(_signal, name):
+        delattr(_signal, name)
+for name in ("setrlimit", "prlimit"):
+    if hasattr(resource, name):
+        delattr(resource, name)
+sys.modules.pop("resource", None)
+preloaded = sorted(MODULES & set(sys.modules))
+if preloaded:  # already imported: `import` of them raises no event any more, so the hook could not refuse them
+    sys.stderr.write(f"SandboxError: {preloaded} were imported before the hook\n")
+    posix._exit(3)
+exit_now, flush_out, flush_err, stderr = posix._exit, sys.stdout.flush, sys.stderr.flush, sys.stderr
+install()
+del install, limit, resource, _signal, posix, f, code_path, preloaded, mod, name
+
+
+def run(source):
+    tree = ast.parse(source, "<tool>", "exec")
+    last = tree.body.pop() if tree.body and isinstance(tree.body[-1], ast.Expr) else None
+    scope = {"__name__": "__main__", "__builtins__": __builtins__}
+    exec(compile(tree, "<tool>", "exec"), scope)
+    if last is not None:
+        value = eval(compile(ast.Expression(last.value), "<tool>", "eval"), scope)
+        if value is not None:
+            print(repr(value))
+
+
+code = 0
+try:
+    run(source)
+except SystemExit as e:
+    code = 0 if e.code in (None, 0) else 1
+except BaseException as e:
+    text = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+    print(text.splitlines()[0], file=stderr)
+    code = 1
+flush_out()
+flush_err()
+exit_now(code)
+'''
+
+
+def _read(path: str, limit: int) -> str:
+  with open(path, "rb") as f:
+    return f.read(limit).decode("utf-8", errors="replace")
+
+
+def run(code: str, limits: Limits = Limits()) -> Result:
+  """`code` in a fresh limited child process (module docstring); never raises for what the code does."""
+  root = tempfile.mkdtemp(prefix="grpo_sandbox_")
+  try:
+    work = os.path.join(root, "work")
+    os.mkdir(work)
+    code_path, out_path, err_path = (os.path.join(root, n) for n in ("code.py", "stdout", "stderr"))
+    with open(code_path, "w", encoding="utf-8") as f:
+      f.write(code)
+    args = [sys.executable, "-I", "-S", "-c", _BOOT, os.path.realpath(work), code_path, str(limits.time_s),
+            str(limits.memory_mb << 20), str(limits.file_mb << 20)]
+    with open(out_path, "wb") as out, open(err_path, "wb") as err:
+      # start_new_session: the child leads its own process group, so the kill below takes anything it started.
+      proc = subprocess.Popen(args, cwd=work, env={}, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                              start_new_session=True, close_fds=True)
+      try:
+        proc.wait(timeout=limits.time_s)
+        timed_out = False
+      except subprocess.TimeoutExpired:
+        timed_out = True
+        try:
+          os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+        proc.wait()
+    # A child the kernel killed for its limits (SIGXCPU, SIGALRM, SIGKILL) ran out of time too.
+    timed_out = timed_out or proc.returncode in (-signal.SIGXCPU, -signal.SIGALRM, -signal.SIGKILL)
+    output = _read(out_path, 4 * limits.output_chars).strip()[:limits.output_chars]
+    lines = _read(err_path, 1 << 16).strip().splitlines()
+    error = lines[-1][:limits.output_chars] if lines else ""
+    if timed_out:
+      error = f"timed out after {limits.time_s:g}s"
+    elif proc.returncode and not error:
+      error = f"exited with status {proc.returncode}"
+    return Result(output, error, timed_out)
+  finally:
+    shutil.rmtree(root, ignore_errors=True)
+
+
+class PythonSandbox(base.ToolEnv):
+  """`python` tool: the code of the call, run by `run` with the limits of `tools.sandbox`."""
+  tool = formats.Tool("python", "Run Python code (standard library only; no network; files only in a scratch "
+                      "directory) and return what it prints, or the value of its last expression.", "code",
+                      "the Python code to run")
+
+  def __init__(self, ctx: base.EnvContext):
+    super().__init__(ctx)
+    opts = dict(ctx.options.get("sandbox", {}) or {})
+    self.limits = Limits(**{k: opts[k] for k in ("time_s", "memory_mb", "file_mb", "output_chars") if k in opts})
+
+  def run(self, state: base.EnvState, value: str) -> tuple[str, dict]:
+    del state
+    res = run(value, self.limits)
+    if res.timed_out:
+      return f"error: {res.error}", {"error": res.error, "timeout": True}
+    if res.error:
+      text = f"{res.output}\n{res.error}" if res.output else res.error
+      return text[:self.limits.output_chars], {"error": res.error}
+    return res.output, {}
