@@ -24,6 +24,7 @@ update alone (policy forward+backward and reference forward, timed as separate p
 peak measured in this run; decode tokens/s; on a GPU/TPU, MFU and the decode HBM-bandwidth fraction.
 """
 import argparse
+import itertools
 import os
 import re
 import statistics
@@ -131,14 +132,24 @@ class Ours:
       from grpo_jax.tasks import hf_tokenizer
       tokenizer, params = hf_tokenizer.load(a.model_dir), hf_io.load_params(a.model_dir, self.mcfg)
       n = a.steps + 2  # compile step + both halves
+      if c.rl.get("partial_rollouts", False):  # the carry's first step takes max_staleness batches more
+        n += int(c.rl.max_staleness)
       self.batches = stop_batches(tokenizer, a.prompts, n, self.rows(a.prompts * n))
       self.fingerprint = check_fingerprint(self.mcfg, params, tokenizer)
     else:
       tokenizer, params = digits.Tokenizer(a.vocab), None
       self.batches = digits.make_batches(a.prompts, 10_000)
     self.config, self.mesh, self.tokenizer, self.spec = c, mesh, tokenizer, digits.reward_spec(a.vocab)
-    self.step = families.make_step(c, mesh, self.mcfg, self.spec, tokenizer)
-    self.state = rl_step.init(c, mesh, self.mcfg, seed=0, params=params)
+    from grpo_jax.rl import rollout as rollout_lib
+    from grpo_jax.rollout import carry as carry_lib
+    with carry_lib.batch_fields(digits.BATCH_FIELDS):  # rl.partial_rollouts: what the carry holds per prompt
+      self.step = families.make_step(c, mesh, self.mcfg, self.spec, tokenizer)
+      self.state = rl_step.init(c, mesh, self.mcfg, seed=0, params=params)
+      self.carry = rollout_lib.carry_spec(c)
+    if self.carry is not None:  # the first step fills the carry's table (carry.host_stream): Q/B batches
+      listed = list(itertools.islice(self.batches, 10_000 if not a.model_dir else None))
+      self.batches = carry_lib.host_stream(lambda k: iter(listed[k:]), self.carry, 0)
+    self.lags = []
     self.p0 = jax.device_get(self.state["params"])
     self.times, self.rewards, self.prompt_lens, self.completion_lens = [], [], [], []
     self.decode_steps, self.train_lens, self.grad_norms, self.skipped = [], [], [], []
@@ -161,6 +172,8 @@ class Ours:
     self.train_lens.append(int(m["train/train_len"]))
     self.grad_norms.append(float(m["train/grad_norm"]))
     self.skipped.append(int(m["train/skipped_updates"]))
+    if "train/version_lag_mean" in m:
+      self.lags.append((float(m["train/version_lag_mean"]), int(m["train/version_lag_max"])))
     return dt
 
   def run(self, k: int) -> list[float]:

@@ -42,6 +42,8 @@ def add_flags(ap) -> None:
   ap.add_argument("--engine", default="", help="tail: sampling.engine values to run, comma-separated "
                                                "(e.g. static,continuous); needs the key in this tree's config")
   ap.add_argument("--packing", default="", help="tail: rl.packing values to run, comma-separated (e.g. off,on)")
+  ap.add_argument("--partial", default="", help="tail: rl.partial_rollouts values to run, comma-separated (e.g. "
+                                                "off,on; on needs --engine continuous)")
   ap.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",
                   help="tail: set a config key (e.g. rl.rollout_chunks=2) in every variant of ours; repeatable")
 
@@ -86,7 +88,9 @@ def variants(a) -> list[tuple[str, dict]]:
     k, v = kv.split("=", 1)
     common[k] = _parse_value(v)
   axes = [[(key, v) for v in vals.split(",")] for key, vals in (("sampling.engine", a.engine),
-                                                                  ("rl.packing", a.packing)) if vals]
+                                                                  ("rl.packing", a.packing),
+                                                                  ("rl.partial_rollouts", getattr(a, "partial", "")))
+          if vals]
   out = []
   for combo in itertools.product(*axes):
     over = dict(common, **{k: _parse_value(v) for k, v in combo})
@@ -105,6 +109,7 @@ class TailOurs(grpo_step.Ours):
   def __init__(self, a, label: str, overrides: dict):
     self.label, self.overrides = label, overrides
     self.roll_t, self.roll_lens, self.roll_steps, self.engine_util, self.rollout_traces = [], [], [], [], 0
+    self.drawn = []  # tokens each timed rollout drew (partial rollouts: not the ones its step trains)
     self.rollout = None
     self.batch_index = 0
     super().__init__(a)
@@ -121,19 +126,28 @@ class TailOurs(grpo_step.Ours):
   def _rollout_program(self):
     """The RL step's rollout (sampling under the config's engine + reward) without the reference: jitted alone."""
     import jax
+    import jax.numpy as jnp
     from grpo_jax.infra import sharding
     from grpo_jax.rl import rollout as rollout_lib
-    fn = rollout_lib.make_rollout_fn(self.config, self.mcfg, self.spec, self.tokenizer)
+    from grpo_jax.rollout import carry as carry_lib
+    with carry_lib.batch_fields(grpo_step.digits.BATCH_FIELDS):
+      fn = rollout_lib.make_rollout_fn(self.config, self.mcfg, self.spec, self.tokenizer)
 
-    def traced(params, batch, rng):
+    def traced(params, carry, version, batch, rng):
       self.rollout_traces += 1  # runs once per trace
-      ro = fn(params, None, batch, rng)
-      return ro.lengths_N, ro.decode_steps, ro.decode_slot_util  # generated tokens / row-steps (engine.slot_util)
+      if carry is None:
+        ro = fn(params, None, batch, rng)
+        drawn = jnp.sum(ro.lengths_N)
+      else:  # partial rollouts: the step's rollout on the state's carry (the step then runs it again, for real)
+        ro, _ = fn(params, None, batch, rng, carry=carry, version=version)
+        drawn = ro.carry_stats.new_tokens
+      # generated tokens / row-steps (engine.slot_util), and the tokens this rollout drew
+      return ro.lengths_N, ro.decode_steps, ro.decode_slot_util, drawn
     jitted = jax.jit(traced)
 
     def run(params, batch, rng):
       with sharding.mesh_context(self.mesh):
-        return jitted(params, batch, rng)
+        return jitted(params, self.state.get("carry"), self.state["step"], batch, rng)
     return run
 
   def _one(self) -> float:
@@ -144,12 +158,13 @@ class TailOurs(grpo_step.Ours):
     rng = jax.random.PRNGKey(self.batch_index)  # the same uniforms for every variant at this batch
     self.batch_index += 1
     t0 = time.perf_counter()
-    lengths_N, steps, util = jax.block_until_ready(self.rollout(self.state["params"], batch, rng))
+    lengths_N, steps, util, drawn = jax.block_until_ready(self.rollout(self.state["params"], batch, rng))
     if self.batch_index > 1:  # the first batch compiles
       self.roll_t.append(time.perf_counter() - t0)
       self.roll_lens.append(np.asarray(lengths_N))
       self.roll_steps.append(int(steps))
       self.engine_util.append(float(util))
+      self.drawn.append(int(drawn))
     return self._step(batch)
 
   def summary(self) -> dict:
@@ -158,9 +173,12 @@ class TailOurs(grpo_step.Ours):
       raise SystemExit(f"benchmark error: the rollout program was traced {self.rollout_traces} times.")
     lens = np.concatenate(self.roll_lens)
     post = [s - r for s, r in zip(self.times, self.roll_t)]
+    trained = sum(int(x.sum()) for x in self.roll_lens)  # the rows each step trains (its rollout's)
     return dict(res, rollout=statistics.median(self.roll_t), post=statistics.median(post),
                 rollout_lens=lens, util=float(np.mean(self.engine_util)),
-                roll_steps=self.roll_steps)
+                roll_steps=self.roll_steps, decode_tps=sum(self.drawn) / sum(self.roll_t),
+                trained_tps=trained / sum(self.times),
+                lags=self.lags[1:])
 
 
 def log_softmax_fingerprint(o: grpo_step.Ours) -> float:
@@ -290,9 +308,13 @@ def main(a) -> list[TailOurs]:
           f"{[round(t, 3) for t in o.roll_t]}; completion lengths {tail_prompts.describe(r['rollout_lens'].tolist())}"
           f"; decode steps {r['roll_steps']} of {a.L - 1}; slot utilisation {r['util']:.3f}; "
           f"trained on {r['train_lens']} of {a.L} tokens; reward {r['reward_timed']:.3f}; recompiles "
-          f"{r['recompiles']}", flush=True)
+          f"{r['recompiles']}; decode {r['decode_tps']:.0f} tokens/s (drawn / rollout time), trained "
+          f"{r['trained_tps']:.0f} tokens/s of step time"
+          + (f"; version lag per step (mean, max) {r['lags']}" if r["lags"] else ""), flush=True)
   # Every variant's rollout program sampled batch k from PRNGKey(k): the engines must give the same samples.
-  same_lens = all(np.array_equal(x, y) for o in ours[1:] for x, y in zip(ours[0].roll_lens, o.roll_lens))
+  # (partial rollouts train other rows at each step: left out)
+  same_lens = all(np.array_equal(x, y) for o in ours[1:] if o.carry is None
+                  for x, y in zip(ours[0].roll_lens, o.roll_lens))
   if len(ours) > 1:
     print(f"same completion lengths in every variant's rollouts (same prompts and uniforms): "
           f"{'yes' if same_lens else 'NO'}")
@@ -318,14 +340,17 @@ def main(a) -> list[TailOurs]:
   line = (f"RESULT s_per_step={b['median']:.4f} rollout_s={b['rollout']:.4f} post_rollout_s={b['post']:.4f} "
           f"slot_util={b['util']:.3f} decode_steps={statistics.median(b['roll_steps']):.0f} "
           f"completion_len={b['rollout_lens'].mean():.2f} compile_s={b['compile_s']:.2f} recompiles={b['recompiles']} "
-          f"completions={a.prompts * a.G} L={a.L} workload=tail same_weights={int(same)}")
+          f"completions={a.prompts * a.G} L={a.L} workload=tail same_weights={int(same)} "
+          f"decode_tps={b['decode_tps']:.0f} trained_tps={b['trained_tps']:.0f}")
   if len(ours) > 1:
     line += f" same_lengths={int(same_lens)}"
   for o in ours[1:]:
     r, k = res[o.label], o.label.replace(",", "_").replace("=", "_")
     line += (f" {k}_s_per_step={r['median']:.4f} {k}_rollout_s={r['rollout']:.4f} {k}_post_rollout_s="
              f"{r['post']:.4f} {k}_slot_util={r['util']:.3f} {k}_rollout_ratio={r['rollout'] / b['rollout']:.3f} "
-             f"{k}_post_rollout_ratio={r['post'] / b['post']:.3f}")
+             f"{k}_post_rollout_ratio={r['post'] / b['post']:.3f} {k}_decode_tps={r['decode_tps']:.0f} "
+             f"{k}_decode_tps_ratio={r['decode_tps'] / b['decode_tps']:.3f} {k}_trained_tps={r['trained_tps']:.0f} "
+             f"{k}_trained_tps_ratio={r['trained_tps'] / b['trained_tps']:.3f}")
   for name, p in peers.items():
     if p is None:
       continue

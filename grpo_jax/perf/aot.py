@@ -289,7 +289,10 @@ def format_report(r: dict[str, Any]) -> str:
                  f"max {w['max']}): "
                  f"{w['steps']} decode steps, {w['row_steps']} row-steps, slot util "
                  f"{w['tokens'] / (w['row_steps'] + r['prompts'] * r['G']):.2f}, {w['kv_read']:.3g} KV positions "
-                 "read")
+                 f"read, {w['tokens']:.0f} tokens trained per step; decode "
+                 f"{1e6 * r['roofline']['seconds']['rollout decode'] / w['tokens']:.2f} us per trained token"
+                 + (f"; carry: {w['drawn']:.0f} tokens drawn per step, version lag mean {w['lag_mean']:.2f} max "
+                    f"{w['lag_max']} over {w['updates']} steps" if "drawn" in w else ""))
   if "decode_collectives_per_token" in r:
     pt = r["decode_collectives_per_token"]
     counts = ", ".join(f"{n:g} {k}" for k, n in sorted(pt.items())) or "none"
@@ -320,6 +323,9 @@ def main(argv=None) -> int:
   ap.add_argument("--lengths", default="", metavar="lognormal:MEDIAN:SIGMA",
                   help="completion lengths the rollout's roofline terms assume (seed 0, capped at --L); "
                        "default: every row runs to L")
+  ap.add_argument("--stream-batches", type=int, default=1, help="with --lengths: draw this many batches of them "
+                  "(the rollout terms are averaged per step: the carry of --partial-rollouts over the stream, every "
+                  "other engine batch by batch)")
   ap.add_argument("--no-compile", action="store_true", help="memory_plan + roofline only (no libtpu needed)")
   ap.add_argument("--buffers", default="", metavar="DUMP_DIR",
                   help="only summarise the buffer assignment XLA dumped to DUMP_DIR (no compile)")
@@ -334,7 +340,7 @@ def main(argv=None) -> int:
     mesh = memory_plan.parse_mesh(a.mesh) if a.mesh else None
     cfg = memory_plan.workload_config(mesh=None, **workload_flags.workload_kwargs(a))
     cfg.sampling.update(decode_layout=a.decode_layout, decode_tp=a.decode_tp)
-    lengths = stated_lengths(a.lengths, a.prompts * a.G, a.L) if a.lengths else None
+    lengths = stated_lengths(a.lengths, a.prompts * a.G * a.stream_batches, a.L) if a.lengths else None
     r = check(cfg, a.topology, mesh, compile=not a.no_compile, lengths_N=lengths)
     if lengths is not None:
       r["lengths"]["spec"] = a.lengths

@@ -24,6 +24,7 @@ from grpo_jax.model import model as model_lib
 from grpo_jax.rl import packing
 from grpo_jax.rl import state as state_lib
 from grpo_jax.rl import row_chunks
+from grpo_jax.rollout import carry as carry_lib
 from grpo_jax.rollout import engine
 
 HOP_SECONDS = 1e-6  # ICI latency per hop ("How to Scale Your Model", TPUs chapter: "typically around 1us")
@@ -87,10 +88,23 @@ def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
   if lengths_N is None:
     return dict(steps=L, row_steps=N * L, kv_read=N * L * (P + L), prefill_rows=N, tokens=N * L)
   lengths_N = np.minimum(np.asarray(lengths_N), L)
+  split = config.mesh.data * config.mesh.fsdp if min(config.mesh.data, config.mesh.fsdp) > 0 else 1
+  if rl.get("partial_rollouts", False):
+    # the carry over the stream of lengths (several batches of N): per step (update), averaged
+    Q = (1 + int(rl.max_staleness)) * rl.prompts_per_step
+    slots = int(sc.get("slots", 0)) or N
+    sim = carry_lib.simulate(lengths_N, rl.prompts_per_step, rl.G, int(rl.max_staleness), slots,
+                             int(rl.rollout_budget), L, min(engine.KV_BLOCK, L), split)
+    u = max(sim["updates"], 1)
+    return dict(steps=sim["steps"] / u, row_steps=sim["row_steps"] / u, kv_read=(sim["kv_read"] + sim["row_steps"] * P) / u,
+                prefill_rows=Q, tokens=sim["trained_tokens"] / u, drawn=sim["drawn_tokens"] / u, updates=sim["updates"],
+                lag_mean=sim["lag_mean"], lag_max=sim["lag_max"])
+  if len(lengths_N) > N:  # a stream of batches: each decoded to its end, per step averaged
+    parts = [decode_work(config, lengths_N[i:i + N]) for i in range(0, len(lengths_N) - N + 1, N)]
+    return {k: float(np.mean([p[k] for p in parts])) for k in parts[0]}
   if sc.get("engine", "static") == "continuous":
     slots = row_chunks.slots_for(config, N)
     # each device schedules its own rows (engine.sample_groups); an unresolved mesh (fsdp=-1) counts as one device
-    split = config.mesh.data * config.mesh.fsdp if min(config.mesh.data, config.mesh.fsdp) > 0 else 1
     sim = engine.simulate(lengths_N, slots, engine.compaction_sizes(slots, int(sc.compaction), split),
                           min(engine.KV_BLOCK, L), L, split)
     return dict(steps=sim["steps"], row_steps=sim["row_steps"], kv_read=sim["kv_read"] + sim["row_steps"] * P,
@@ -158,8 +172,9 @@ def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu",
   if state_lib.uses_reference(config):
     out["reference forward"] = fwd_seq(chunk_rows)
   out["policy fwd+bwd"] = 3 * fwd_seq(N // rl.minibatches) * rl.mu
-  if mcfg.dtype == "bfloat16":
-    out["old log-probs forward"] = fwd_seq(chunk_rows)  # rl_step recomputes them in training numerics under bf16
+  if mcfg.dtype == "bfloat16" or rl.get("partial_rollouts", False):
+    # recomputed in training numerics under bf16; the pre-update weights' (π_old) for carried tokens
+    out["old log-probs forward"] = fwd_seq(chunk_rows)
   if mcfg.remat == "full":
     out["remat recompute"] = fwd_seq(N // rl.minibatches) * rl.mu
   return out
@@ -204,7 +219,7 @@ def hbm_bytes(config: ml_collections.ConfigDict, mesh: dict[str, int],
   if state_lib.uses_reference(config):
     out["reference forward"] = weights * passes  # one pass over the weights per chunk of rows / micro-batch
   out["policy fwd+bwd"] = upd * 3 * weights + 7 * shard
-  if mcfg.dtype == "bfloat16":
+  if mcfg.dtype == "bfloat16" or rl.get("partial_rollouts", False):
     out["old log-probs forward"] = weights * passes
   if mcfg.remat == "full":
     out["remat recompute"] = upd * weights

@@ -24,6 +24,11 @@ def parser(doc: str, models: Sequence[str], dtypes: Sequence[str], mesh_default:
   ap.add_argument("--packing", action="store_true", help="rl.packing: padding-free packed training passes")
   ap.add_argument("--pack-rows", type=int, default=0, help="rl.pack_rows (0 = the planner's: on the CPU the fewest rows of "
                   "512 tokens, else an eighth of a device's rows)")
+  ap.add_argument("--partial-rollouts", action="store_true", help="rl.partial_rollouts: the rollout carry "
+                  "(needs --engine continuous)")
+  ap.add_argument("--max-staleness", type=int, default=1, help="rl.max_staleness (with --partial-rollouts)")
+  ap.add_argument("--rollout-budget", type=int, default=0, help="rl.rollout_budget (with --partial-rollouts; 0 = "
+                  "auto)")
   ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/config/presets.py); β = 0 ones keep no reference")
   ap.add_argument("--lora-rank", type=int, default=0, help="LoRA on all projections, alpha = 2·rank (0 = full FT)")
   ap.add_argument("--lora-base-dtype", default="float32", choices=["float32", "bfloat16"],
@@ -45,4 +50,5 @@ def workload_kwargs(a: argparse.Namespace) -> dict[str, Any]:
   """memory_plan.workload_config's keyword arguments from the parsed flags (mesh apart: each tool reads its own)."""
   return dict(model=a.model, prompts=a.prompts, G=a.G, prompt_len=a.prompt_len, L=a.L, dtype=a.dtype, remat=a.remat,
               minibatches=a.minibatches, algo=a.algo, rollout_chunks=a.rollout_chunks, engine=a.engine, slots=a.slots,
-              lora_rank=a.lora_rank, lora_base_dtype=a.lora_base_dtype, packing=a.packing, pack_rows=a.pack_rows)
+              lora_rank=a.lora_rank, lora_base_dtype=a.lora_base_dtype, packing=a.packing, pack_rows=a.pack_rows,
+              partial_rollouts=a.partial_rollouts, max_staleness=a.max_staleness, rollout_budget=a.rollout_budget)

@@ -68,7 +68,8 @@ def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_l
                     minibatches: int = 1, mu: int = 1, algo: str = "grpo",
                     rollout_chunks: int = 1, engine: str = "static", slots: int = 0, lora_rank: int = 0,
                     lora_base_dtype: str = "float32", packing: bool = False,
-                    pack_rows: int = 0) -> ml_collections.ConfigDict:
+                    pack_rows: int = 0, partial_rollouts: bool = False, max_staleness: int = 1,
+                    rollout_budget: int = 0) -> ml_collections.ConfigDict:
   """The peers' GRPO workload (β=0.04 unless the preset `algo` says otherwise, μ=1, lr 1e-5, T=1) on a named model
   shape: what `aot` compiles. lora_rank > 0: LoRA on all seven projections, alpha = 2·rank."""
   if model not in PRESETS:
@@ -78,7 +79,8 @@ def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_l
   c.sampling.update(temperature=1.0, max_new_tokens=L, engine=engine, slots=slots)
   c.task.prompt_len = prompt_len
   c.rl.update(G=G, prompts_per_step=prompts, mu=mu, minibatches=minibatches, rollout_chunks=rollout_chunks,
-               packing=packing, pack_rows=pack_rows)
+               packing=packing, pack_rows=pack_rows, partial_rollouts=partial_rollouts, max_staleness=max_staleness,
+               rollout_budget=rollout_budget)
   if presets.PRESETS[algo]["rl.beta"] > 0:
     c.rl.beta = 0.04
   c.optim.update(lr=1e-5, grad_clip=1.0)
@@ -242,13 +244,19 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   if config.sampling.get("engine", "static") == "continuous":
     del rollout["kv cache"]
     rollout.update(plan_terms.continuous_rollout_bytes(config, mcfg, mesh, decode, N // rl.G, P, L, path))
+  partial = bool(rl.get("partial_rollouts", False))
+  if partial:  # the slots' and prompts' KV live in the state across steps (rollout/carry.py): resident, not temp
+    resident.update(plan_terms.carry_bytes(config, mcfg, mesh))
+    for k in ("slot kv cache (S x L)", "prompt kv cache (B x P)"):
+      rollout.pop(k, None)
   # model.target_logprobs scores the L completion positions only, `logprob_chunk` positions at a time under
   # jax.checkpoint: one chunk of fp32 logits, its log-softmax (and in the update their gradient), plus the fp32
   # hidden states of the completion.
   chunk = min(model_lib.logprob_chunk(mcfg), L)
-  # The reference and (bf16) old-log-prob forwards: one rollout chunk of rows, one layer at a time, no gradient.
+  # The reference and old-log-prob forwards (bf16; partial rollouts: the carried tokens' π_old): one rollout chunk
+  # of rows, one layer at a time, no gradient.
   score = {}
-  if state_lib.uses_reference(config) or mcfg.dtype == "bfloat16":
+  if state_lib.uses_reference(config) or mcfg.dtype == "bfloat16" or partial:
     s_tok = s_rows * Ts
     score = {
         "forward layer": s_tok * (3 * D + (h_dev + 2 * k_dev) * Dh + 2 * f_dev) * cb

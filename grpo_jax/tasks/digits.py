@@ -47,6 +47,9 @@ class Tokenizer:
 # ------------------------------------------------------------------------------------------------ benchmark
 
 
+BATCH_FIELDS = {"answer_ids_NxA": ((4,), "int32")}  # make_batches' fields besides the prompts: (shape, dtype) a prompt
+
+
 def make_batches(prompts: int, steps: int, seed: int = 0):
   """`steps` batches of `prompts` prompts, left-padded to BENCH_PROMPT_LEN; answer digit ids padded with -1."""
   rng = np.random.default_rng(seed)
