@@ -78,6 +78,15 @@ BAD = [
     ("eval.batch", 250, "config.eval.batch"),
     ("eval.size", 1000, "config.eval.size"),
     ("eval.pass_k", (1, 8), "config.eval.pass_k"),
+    ("rl.rollout_correction", "vtrace", "config.rl.rollout_correction: unknown value 'vtrace'"),
+    ("rl.is_cap", 0.0, "config.rl.is_cap: must be a finite number > 0"),
+    ("rl.is_cap", float("inf"), "config.rl.is_cap: must be a finite number > 0"),
+    ("rl.mis_lo", 2.5, "config.rl.mis_lo: 2.5 and rl.mis_hi=2.0 must satisfy rl.mis_lo < 1 < rl.mis_hi"),
+    ("rl.mis_lo", -0.5, "config.rl.mis_lo: must be a finite number >= 0"),
+    ("rl.icepop_hi", 0.8, "config.rl.icepop_lo: 0.5 and rl.icepop_hi=0.8 must satisfy"),
+    ("rl.seq_mask_lo", 1.0, "config.rl.seq_mask_lo: 1.0 and rl.seq_mask_hi=1.001 must satisfy"),
+    ("rl.is_veto", 1.5, "config.rl.is_veto: must be in [0, 1)"),
+    ("sampling.dtype", "float16", "config.sampling.dtype: unknown value 'float16'"),
 ]
 
 

@@ -94,7 +94,12 @@ def base_config() -> ml_collections.ConfigDict:
       # attention kernel; auto = tpu_ragged on a TPU when the kernel supports the shape (head_dim 128), else plain
       # (rl/auto.py logs the choice)
       decode_attention="auto",
-      page_size=16))  # paged / tpu_ragged: tokens per KV page (the TPU kernel: 8, 16 or 32)
+      page_size=16,  # paged / tpu_ragged: tokens per KV page (the TPU kernel: 8, 16 or 32)
+      # The sampler's compute dtype: '' = model.dtype; 'bfloat16' beside a float32 trainer injects the mismatch an
+      # inference engine brings (the behaviour policy μ differs from the trainer's π by rounding): the old log-probs
+      # are then a forward in training numerics and rl.rollout_correction can measure and correct it
+      # (rl/correction.py). Held-out evaluation keeps model.dtype.
+      dtype=""))
 
   # rl.algo names the algorithm; presets.PRESETS[algo] holds every setting that defines it (the keys marked
   # "preset"). The defaults below are the grpo preset's (tests/test_presets.py checks they agree). Switch algorithm
@@ -122,6 +127,16 @@ def base_config() -> ml_collections.ConfigDict:
       # --- preset: DAPO's sampling and shaping ---
       dynamic_sampling=False,
       overlong_frac=0.0,         # DAPO soft overlong punishment over the last frac·max_new_tokens tokens; 0 = off
+      # --- rollout correction (rl/correction.py; not set by presets): the importance weight ρ = π_prox/μ between
+      # this step's pre-update weights in training numerics and the sampler's recorded log-probs, built once per
+      # step: none | tis (w = min(ρ, is_cap)) | mis (w = ρ on [mis_lo, mis_hi], tokens outside masked) | icepop (the
+      # same on [icepop_lo, icepop_hi]) | seq_mask (rows whose geometric-mean ρ is outside [seq_mask_lo,
+      # seq_mask_hi], or with a token of ρ < is_veto, masked whole). Defaults are each source's (docs/algorithms.md).
+      rollout_correction="none",
+      is_cap=2.0,                # tis: Yao et al. 2025's C
+      mis_lo=0.0, mis_hi=2.0,    # mis: Liu, Li et al. 2025 mask ρ > 2 (lo 0: one-sided)
+      icepop_lo=0.5, icepop_hi=5.0,  # icepop: Ring-1T's [α, β]
+      seq_mask_lo=1 / 1.001, seq_mask_hi=1.001, is_veto=1e-4,  # seq_mask: verl's geo_rs (veto 0 = off)
       # --- budget and robustness (not set by presets) ---
       mu=1,
       minibatches=1,             # optimizer updates per epoch, each over rows / minibatches rows

@@ -181,8 +181,15 @@ def gspo_token_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: 
 def policy_loss(logp_NxL: jax.Array, old_logp_NxL: jax.Array, ref_logp_NxL: Optional[jax.Array],
                 adv_NxL: jax.Array, mask_NxL: jax.Array, *, eps_low, eps_high, beta,
                 kl_estimator: str = "k3", agg: str = "seq_mean_token_mean", norm_len: Optional[float] = None,
-                ratio_level: str = "token", dual_clip=0.0, kl_clamp=0.0) -> Tuple[jax.Array, Dict[str, jax.Array]]:
-  """loss = −aggregate(surrogate − β·kl_est): DeepSeekMath's GRPO objective with the KL inside the token sum.
+                ratio_level: str = "token", dual_clip=0.0, kl_clamp=0.0,
+                is_w_NxL: Optional[jax.Array] = None) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """loss = −aggregate(w·surrogate − β·kl_est): DeepSeekMath's GRPO objective with the KL inside the token sum.
+
+  is_w_NxL: the rollout correction's per-token importance weight w = f(π_prox/μ) (rl/correction.py; None = 1), a
+  constant of the update (stop-gradient): it multiplies each token's surrogate only, as AReaL's decoupled objective
+  and verl's rollout correction apply it. The KL term is not weighted: it regularises π towards π_ref on the tokens
+  the update trains (tokens a correction rejects are already out of mask_NxL), and a weight would scale that
+  regulariser token by token with the sampler's rounding noise.
 
   ratio_level 'token' is the PPO/GRPO per-token ratio; 'sequence' is GSPO-token (sequence-level ratio and clip).
   dual_clip (> 1, 0 = off) bounds a negative advantage's loss; kl_clamp (> 0, 0 = off) caps k3's value. The
@@ -201,6 +208,8 @@ def policy_loss(logp_NxL: jax.Array, old_logp_NxL: jax.Array, ref_logp_NxL: Opti
   objective = clipped_surrogate if ratio_level == "token" else gspo_token_objective
   surr_NxL, metrics = objective(logp_NxL, old_logp_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high,
                                 dual_clip=dual_clip)
+  if is_w_NxL is not None:
+    surr_NxL = surr_NxL * _clean(lax.stop_gradient(is_w_NxL), mask_NxL)
   per_token_NxL = surr_NxL
   metrics = dict(metrics, surrogate=aggregate(surr_NxL, mask_NxL, agg, norm_len=norm_len))
   if ref_logp_NxL is not None:

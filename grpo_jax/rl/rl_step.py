@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from grpo_jax.rl import advantages
 from grpo_jax.rl import auto
 from grpo_jax.config import config_lib
+from grpo_jax.rl import correction
 from grpo_jax.rl import length_stats
 from grpo_jax.rl import losses
 from grpo_jax.rl import packing
@@ -133,7 +134,7 @@ def make_objective(config) -> Callable:
     # No reference (β = 0, or all of a vmapped sweep's β are 0: vmapped_runs.init_states): no KL term at all.
     kw = kwargs if mb.get("ref_logp_NxL") is not None else dict(kwargs, beta=0.0)
     loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb.get("ref_logp_NxL"), mb["adv_NxL"], mb["mask_NxL"],
-                                 **kw)
+                                 is_w_NxL=mb.get("is_w_NxL"), **kw)
     return loss, dict(m, entropy=masked_mean(ent_NxL, mb["mask_NxL"]))
   return objective
 
@@ -197,12 +198,27 @@ def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.A
   return m
 
 
-def finish_step(config, state: state_lib.State, updated: dict, ro: rollout_lib.Rollout, adv_NxL, um: dict):
+def training_data(config, ro: rollout_lib.Rollout, adv_NxL) -> tuple[dict, dict]:
+  """The update's per-row data (minibatch_scan slices it) and the rollout correction's statistics: the correction
+  (rl/correction.py) is built here, once per step, from π_prox and μ, which the update never changes: its weight
+  rides in the data as `is_w_NxL` and the tokens it rejects leave `mask_NxL`."""
+  corr = correction.build(config, ro.old_logp_NxL, ro.behav_logp_NxL, ro.mask_NxL)
+  data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=corr.mask_NxL)
+  if corr.is_w_NxL is not None:
+    data["is_w_NxL"] = corr.is_w_NxL
+  if ro.ref_logp_NxL is not None:
+    data["ref_logp_NxL"] = ro.ref_logp_NxL
+  return data, corr.metrics
+
+
+def finish_step(config, state: state_lib.State, updated: dict, ro: rollout_lib.Rollout, adv_NxL, um: dict,
+                extra: dict | None = None):
   """The RL families' tail: the new state, unless a Python reward failed (then the whole state stays as it was and
-  the host raises after the step), and the step's metrics."""
+  the host raises after the step), and the step's metrics (`extra`: more of them, e.g. the correction's)."""
   reward_ok = jnp.all(ro.status == reward_spec.OK)
   new_state = update_lib.select(reward_ok, dict(state, **updated, step=state["step"] + 1), state)
-  m = {**rollout_metrics(config, ro, adv_NxL), **update_lib.step_metrics(um, new_state["params"], reward_ok)}
+  m = {**rollout_metrics(config, ro, adv_NxL), **update_lib.step_metrics(um, new_state["params"], reward_ok),
+       **(extra or {})}
   n_show = config.train.num_samples_logged
   m.update({"reward_status": ro.status, "samples/tokens_NxL": ro.tokens_NxL[:n_show],
             "samples/mask_NxL": ro.mask_NxL[:n_show], "samples/r_N": ro.r_N[:n_show]})
@@ -278,9 +294,7 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
     rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
     ro = rollout_fn(state_lib.model_params(state), reference_params(config, state), batch, k_roll)
     adv_NxL = compute_advantages(config, ro)
-    data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=ro.mask_NxL)
-    if ro.ref_logp_NxL is not None:
-      data["ref_logp_NxL"] = ro.ref_logp_NxL
+    data, corr_metrics = training_data(config, ro, adv_NxL)
 
     # the optimizer sees `params` only: with LoRA the adapters, the base entering as a constant
     fwd = make_forward(config, mcfg, P)
@@ -289,6 +303,7 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
     with jax.named_scope("update"):
       ((params,), (opt_state,)), um = train_by_length(
           config, update, ((state["params"],), (state["opt_state"],)), data, k_upd, ro.bucket, P)
-    return finish_step(config, state, dict(params=params, opt_state=opt_state, rng=rng), ro, adv_NxL, um)
+    return finish_step(config, state, dict(params=params, opt_state=opt_state, rng=rng), ro, adv_NxL, um,
+                       corr_metrics)
 
   return step

@@ -72,6 +72,14 @@ METRICS: dict[str, str] = {
     'train/lr': 'learning rate of the updates of this step (mean; warm-up included)',
     'train/value_loss': 'critic (value) loss, PPO only',
     'train/dynamic_sampling_kept': 'prompts kept by dynamic sampling (groups with non-zero reward variance)',
+    'train/is_weight_mean': ('rollout correction (rl/correction.py; logged when the old log-probs are a forward, '
+                             'correction.needs_proximal): mean weight w = f(pi_prox/mu) over the kept tokens (1 '
+                             'under rl.rollout_correction=none)'),
+    'train/is_weight_max': 'rollout correction: largest weight w over the kept tokens',
+    'train/is_masked_frac': ('rollout correction: fraction of completion tokens it removed from the loss (mis, '
+                             'icepop: by token; seq_mask: whole rows)'),
+    'train/mismatch_kl': ('k3 estimate of KL(mu || pi_prox), token mean: the behaviour policy (the sampler\'s '
+                          'recorded log-probs) against this step\'s pre-update weights in training numerics'),
     'train/reward_fallbacks': 'Python reward calls that timed out or failed and got the fallback score',
     # --- eval/: held-out prompts ---
     'eval/accuracy': 'greedy-decoding accuracy',

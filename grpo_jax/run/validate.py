@@ -3,6 +3,7 @@ import math
 from typing import Any
 
 from grpo_jax.rl import advantages
+from grpo_jax.rl import correction
 from grpo_jax.config import presets
 from grpo_jax.config import config_lib
 from grpo_jax.infra.errors import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch; exit 2)
@@ -204,6 +205,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   if c.rl.std_ddof not in (0, 1):
     _fail("rl.std_ddof", f"must be 0 (population std) or 1 (sample std), got {c.rl.std_ddof!r}.")
   validate_algorithm(c)
+  validate_correction(c)
   if c.rl.dynamic_sampling and c.rl.oversample < 2:
     _fail("rl.oversample", "dynamic sampling needs rl.oversample >= 2 (sample more groups than it keeps).")
   if c.rl.eps_low >= 1:
@@ -297,6 +299,38 @@ def validate_engine(c, rows: int, data_par: int) -> None:
     if bad:
       raise ConfigError(f"config.{bad}; set sampling.decode_attention='auto' (the plain-JAX path where the kernel "
                         "does not fit) or 'plain'.")
+
+
+def _finite_positive(c, key, what: str) -> float:
+  v = _get(c, key)
+  if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+    _fail(key, f"must be a finite number > 0 ({what}), got {v!r}.")
+  return v
+
+
+def validate_correction(c) -> None:
+  """rl.rollout_correction and its thresholds (rl/correction.py), sampling.dtype: every threshold is checked,
+  whichever kind is chosen, so a bad value cannot wait for the day its kind is switched on."""
+  _choice(c, "rl.rollout_correction", correction.KINDS)
+  _choice(c, "sampling.dtype", ("",) + DTYPES)
+  if c.sampling.dtype == "float32" and c.model.attention == "cudnn":
+    _fail("sampling.dtype", "'float32' with model.attention='cudnn' (cuDNN attention has no float32 kernel); set "
+          "sampling.dtype='' or model.attention=auto.")
+  _finite_positive(c, "rl.is_cap", "tis truncates the weight at it: w = min(rho, is_cap)")
+  windows = (("mis", "the window of rho that mis keeps"), ("icepop", "IcePop's [alpha, beta]"),
+             ("seq_mask", "the window of the geometric-mean rho that seq_mask keeps"))
+  for name, what in windows:
+    lo_key, hi_key = f"rl.{name}_lo", f"rl.{name}_hi"
+    lo, hi = _get(c, lo_key), _get(c, hi_key)
+    if not isinstance(lo, (int, float)) or isinstance(lo, bool) or not math.isfinite(lo) or lo < 0:
+      _fail(lo_key, f"must be a finite number >= 0 (the lower end of {what}), got {lo!r}.")
+    _finite_positive(c, hi_key, f"the upper end of {what}")
+    if not lo < 1 < hi:
+      _fail(lo_key, f"{lo} and {hi_key}={hi} must satisfy {lo_key} < 1 < {hi_key} ({what}; a window without "
+            "rho = 1 would drop every on-policy token); put them in that order around 1.")
+  v = c.rl.is_veto
+  if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1:
+    _fail("rl.is_veto", f"must be in [0, 1) (seq_mask drops a row with a token of rho below it; 0 = off), got {v!r}.")
 
 
 def validate_algorithm(c) -> None:
