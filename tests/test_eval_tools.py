@@ -77,3 +77,29 @@ def test_sigmoid_fit_over_seeds_gives_cis_that_cover_the_truth():
   assert abs(out.B.mean - B) <= out.B.half_width + 0.05 and abs(out.C_mid.mean - C_mid) <= out.C_mid.half_width + 5.0
   with pytest.raises(ValueError, match="needs at least 3"):
     scaling_fit.fit([1.0, 2.0], [0.1, 0.2])
+
+
+def test_training_tables_appendix_fits_sigmoid_and_entropy():
+  """train_table.appendix on cells with known curves: the sigmoid's A and the entropy fit's a, b come back, and the
+  entropy change correlates with −Cov by construction."""
+  import ml_collections
+  from grpo_jax.studies.ablations import train_table
+  x = list(range(1, 101))
+  R = [scaling_fit.sigmoid(np.asarray(x, float), 0.8, 2.0, 30.0, 0.1).tolist() for _ in range(3)]
+  H = [np.linspace(2.0, 0.5, 100).tolist() for _ in range(3)]
+  cov = [(-np.diff(np.asarray(h)) * 7).tolist() + [0.0] for h in H]  # ΔH_t = −Cov_t / 7 exactly
+  R_e = [(0.9 - 0.1 * np.exp(np.asarray(h))).tolist() for h in H]  # R = −0.1·e^H + 0.9
+  cells = {"v": {"curves": {"train accuracy reward": {"x": x, "y": R}, "policy entropy": {"x": x, "y": H},
+                            "Cov(log pi, A)": {"x": x, "y": cov}}},
+           "w": {"curves": {"train accuracy reward": {"x": x, "y": R_e}, "policy entropy": {"x": x, "y": H},
+                            "Cov(log pi, A)": {"x": x, "y": cov}}}}
+  md = train_table.appendix(ml_collections.ConfigDict(dict(fits=("sigmoid", "entropy"))), cells)
+  sig, ent = md.split("### Reward")
+  cell = lambda part, name, i: float(next(l for l in part.splitlines() if l.startswith(f"| {name} |")).split(
+      " | ")[i].split(" ")[0].strip("| "))
+  # R0 is the first step's reward (0.1008, not the curve's 0.1), so A and B come back to ~1e-3
+  assert cell(sig, "v", 1) == pytest.approx(0.8, abs=2e-3) and cell(sig, "v", 2) == pytest.approx(2.0, abs=0.02)
+  # a, b of R = −0.1·e^H + 0.9, and corr(ΔH, −Cov) = 1
+  assert (cell(ent, "w", 1), cell(ent, "w", 2), cell(ent, "w", 3)) == (
+      pytest.approx(0.1, abs=1e-6), pytest.approx(0.9, abs=1e-6), pytest.approx(1.0, abs=1e-9))
+  assert train_table.appendix(ml_collections.ConfigDict(), cells) == ""

@@ -8,7 +8,8 @@ is whatever a run counts (steps, tokens, FLOPs); B and A do not depend on its un
 
 The fit: for fixed (log C_mid, log B) the model is linear in A, so A has a closed-form least-squares value (profiled
 out); the remaining two parameters are found by a grid over log C_mid (inside the compute range, plus a decade either
-side) × log B (0.1 … 10), then Nelder–Mead from the best grid points. Robust to the start, no gradients, ~ms per curve.
+side) × log B (0.1 … 10), then Nelder–Mead from the best grid points, inside that box (a fit on its edge means the
+curve is no sigmoid over the compute measured). Robust to the start, no gradients, ~ms per curve.
 Per seed one fit; `fit_seeds` gives mean ± 95% CI (Student t, studies/stats.py) of A, B, C_mid over the seeds.
 """
 import dataclasses
@@ -18,6 +19,9 @@ from typing import Sequence
 import numpy as np
 
 from grpo_jax.studies import stats
+
+
+B_RANGE = (0.1, 10.0)  # the exponents searched (ScaleRL's fits lie in ~0.5-3)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,13 +91,17 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None) -> Sigm
                      "at least 3.")
   R0 = float(R[np.argmin(C)]) if R0 is None else float(R0)
   logC = np.log(C)
-  lo, hi = logC.min() - math.log(10), logC.max() + math.log(10)
-  sse = lambda x: _profile(logC, R, R0, x[0], x[1])[0]
-  grid = [(lc, lb) for lc in np.linspace(lo, hi, 41) for lb in np.linspace(math.log(0.1), math.log(10.0), 25)]
-  scores = np.array([sse(g) for g in grid])
+  # the search box: C_mid within a decade of the measured compute, B in [0.1, 10]. A curve that is not a sigmoid
+  # there (flat, falling) ends on the box's edge instead of running off to C_mid = 1e29: say so when reading it
+  low = np.array([logC.min() - math.log(10), math.log(B_RANGE[0])])
+  high = np.array([logC.max() + math.log(10), math.log(B_RANGE[1])])
+  box = lambda x: np.clip(x, low, high)
+  sse = lambda x: _profile(logC, R, R0, *box(x))[0] + float(np.sum((x - box(x)) ** 2))
+  grid = [(lc, lb) for lc in np.linspace(low[0], high[0], 41) for lb in np.linspace(low[1], high[1], 25)]
+  scores = np.array([sse(np.array(g)) for g in grid])
   best = None
   for i in np.argsort(scores)[:3]:  # a few starts: the surface has flat directions when the curve saturates
-    x = _nelder_mead(sse, np.array(grid[i]), np.array([0.3, 0.2]))
+    x = box(_nelder_mead(sse, np.array(grid[i]), np.array([0.3, 0.2])))
     if best is None or sse(x) < sse(best):
       best = x
   err, A = _profile(logC, R, R0, best[0], best[1])
