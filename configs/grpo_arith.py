@@ -17,7 +17,8 @@ Measured over 3 seeds (2026-12-01, commit 90fdc62, group std ddof=1; the 2-core 
   the GRPO gain +17.4 / +22.6 / +10.2 points (paired: +16.7 ± 15.5); pass@4 68.2% -> 81.1%, cons@4 48.8% -> 66.0%
   (means). (The earlier single seed-0 run, 2026-11-29, ddof=0: 61.4% -> 79.0%.)
 Args: `small` (tiny, a minute; `runlocal` is an alias), `algo=<name>`: a preset of grpo_jax/config/presets.py (grpo |
-dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | gspo | ppo | gdpo | gdpo_dapo), applied whole;
+dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | gspo | ppo | gdpo | gdpo_dapo | cispo |
+sapo | lite_ppo), applied whole;
 `grid=True`: get_sweep's β × lr grid (only `python -m grpo_jax.sweep` reads it; the config is the same);
 `lora=True`: LoRA RL (docs/lora.md) on the same full-weight SFT stage: rank 16, alpha 32 (scale 2) on all seven
 projections, lr 1e-3; the frozen base is the reference.

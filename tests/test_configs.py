@@ -30,7 +30,7 @@ MAIN_ARGS = {"grpo_arith.py": (["", "small"] + [f"algo={a}" for a in presets.nam
              "r1_zero_aha.py": ["", "small", "control", "noverify", "small,control"],
              "tools_calc.py": ["", "small", "control", "small,control"]}
 ABLATIONS = ("algorithms.py", "length_bias.py", "reward_design.py", "kl_estimators.py", "baselines.py", "memory.py",
-             "gdpo.py")
+             "gdpo.py", "entropy.py", "objectives.py", "lite_ppo_grid.py")
 
 
 def _load(rel: str, arg: str = ""):

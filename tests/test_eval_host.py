@@ -66,7 +66,10 @@ def test_metrics_match_hand_computed(evaluator):
   lengths = [len(completion(tok, GREEDY[i])) for i in range(6)]
   want = {"eval/accuracy": 5 / 6, "eval/format_rate": 5 / 6, "eval/completion_len_mean": np.mean(lengths),
           "eval/accuracy_sampled": c_Q.sum() / 18, "eval/pass@1": np.mean(c_Q / 3),
-          "eval/pass@3": 6 / 6, "eval/cons@3": 4 / 6}
+          "eval/pass@3": 6 / 6, "eval/cons@3": 4 / 6,
+          # greedy i1 is the one wrong answer
+          "eval/completion_len_correct": np.mean([lengths[i] for i in (0, 2, 3, 4, 5)]),
+          "eval/completion_len_incorrect": lengths[1]}
   assert set(m) == set(want)
   for k, v in want.items():
     np.testing.assert_allclose(m[k], v, rtol=1e-6, err_msg=k)

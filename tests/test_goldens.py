@@ -1,7 +1,8 @@
 """Goldens: three updates of each algorithm family from a fixed seed, pinned per step.
 
-GRPO (rl_step, μ=2 × 2 minibatches), PPO (ppo_step, separate critic, 2 minibatches) and SFT (sft_step, linear
-warm-up) on tiny self-contained configs: their own tokenizer, reward and batches, so a change elsewhere (tasks,
+GRPO (rl_step, μ=2 × 2 minibatches), PPO (ppo_step, separate critic, 2 minibatches), SFT (sft_step, linear
+warm-up), and the CISPO, SAPO and Lite PPO presets (rl_step with their own objective, clip range, aggregation and
+advantage; μ=2 × 2 minibatches, so the ratio leaves 1) on tiny self-contained configs: their own tokenizer, reward and batches, so a change elsewhere (tasks,
 benchmark workload) cannot move them. Pinned: loss and gradient norm (the step's metrics), the optimizer update
 (the step's `train/update_norm` where it reports one, and the norm of the params' change), the params' norm and sum
 after the step, KL / reward / length for RL, value loss and the critic's sum for PPO.
@@ -59,12 +60,22 @@ def _low_ids(tokens_NxL, mask_NxL, batch, ctx):
 
 
 
+# Presets pinned with their own settings (objective, clip range, aggregation, β): only the budget is set here.
+PRESET_FAMILIES = ("cispo", "sapo", "lite_ppo")
+
+
 def _config(algo: str):
   c = presets.apply(config_lib.base_config(), algo)
   c.model.update(vocab_size=V, hidden=32, layers=1, heads=4, kv_heads=2, inter=64, max_len=P + L + 4,
                  tie_embeddings=True, qkv_bias=True, dtype="float32", remat="none")
   c.sampling.update(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=L)
   c.task.prompt_len = P
+  c.optim.update(lr=1e-3, warmup_steps=0, b1=0.9, b2=0.99, weight_decay=0.0, grad_clip=1.0)
+  c.mesh.update(data=1, fsdp=1, tensor=1)
+  c.train.num_samples_logged = 1
+  if algo in PRESET_FAMILIES:
+    c.rl.update(G=G, prompts_per_step=B, mu=2, minibatches=2)
+    return c
   # The preset's settings (group std with ddof=1), with the others these goldens were first recorded under pinned
   # (PPO: its KL stays k1 in the per-token reward, as the ppo preset has it).
   c.rl.update(G=G, prompts_per_step=B, eps_low=0.2, eps_high=0.2, std_eps=1e-4,
@@ -110,11 +121,11 @@ def _norm(leaves) -> float:
 
 def _run(family: str) -> list[dict[str, float]]:
   """STEPS steps of one family from seed 0: the pinned numbers per step."""
-  c = _config("ppo" if family == "ppo" else "grpo")
+  c = _config(family if family in PRESET_FAMILIES else "ppo" if family == "ppo" else "grpo")
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = reward_spec.RewardSpec(("low",), (1.0,), (_low_ids,), {}, reward_spec.Context("golden", _Tok()))
-  module = {"grpo": rl_step, "ppo": ppo_step, "sft": sft_step}[family]
+  module = {"ppo": ppo_step, "sft": sft_step}.get(family, rl_step)
   args = () if family == "sft" else (spec, spec.ctx.tokenizer)
   state = module.init(c, mesh, mcfg, seed=0)
   step = families.make_step(c, mesh, mcfg, *args, family=module)
@@ -127,8 +138,10 @@ def _run(family: str) -> list[dict[str, float]]:
            "delta_norm": _norm([a - b for a, b in zip(params, prev)]), "param_norm": _norm(params),
            "param_sum": sum(float(np.sum(x)) for x in params)}
     if family != "sft":
-      row.update(update_norm=m["train/update_norm"], kl=m["train/kl"], reward_mean=m["train/reward_mean"],
+      row.update(update_norm=m["train/update_norm"], reward_mean=m["train/reward_mean"],
                  completion_len_mean=m["train/completion_len_mean"])
+      if "train/kl" in m:  # β > 0
+        row["kl"] = m["train/kl"]
     if family == "ppo":
       row.update(value_loss=m["train/value_loss"], critic_sum=sum(float(np.sum(x)) for x in
                                                                   _host(state["critic_params"])))
@@ -170,10 +183,41 @@ GOLDEN = {
         'param_norm': [10.00584, 10.00397, 10.00116],
         'param_sum': [99.8655, 99.6348, 99.09993],
     },
+    # Recorded 2026-12-05 (the cispo, sapo and lite_ppo presets, μ=2 × 2 minibatches, their own settings).
+    'cispo': {
+        'loss': [-0.09834291, -0.1299916, -0.1740635],
+        'grad_norm': [0.8207757, 0.9634176, 0.8754951],
+        'delta_norm': [0.2802748, 0.2001411, 0.1738469],
+        'param_norm': [10.01726, 10.0374, 10.05589],
+        'param_sum': [100.1572, 100.4562, 100.7623],
+        'update_norm': [0.07703188, 0.05264743, 0.04515713],
+        'reward_mean': [0.46875, 0.4460565, 0.428125],
+        'completion_len_mean': [7.5625, 6.875, 6.75],
+    },
+    'sapo': {
+        'loss': [-0.05795257, -0.0467742, -0.04543478],
+        'grad_norm': [1.160438, 0.9168148, 1.198229],
+        'delta_norm': [0.2771735, 0.1993364, 0.1743826],
+        'param_norm': [10.01778, 10.03685, 10.05412],
+        'param_sum': [100.4413, 100.5953, 100.6717],
+        'update_norm': [0.07662254, 0.05244771, 0.04528075],
+        'reward_mean': [0.46875, 0.4642857, 0.4125],
+        'completion_len_mean': [7.5625, 7.1875, 6.75],
+    },
+    'lite_ppo': {
+        'loss': [-0.1408581, -0.07643768, -0.1814303],
+        'grad_norm': [0.7785138, 0.7646832, 0.8045647],
+        'delta_norm': [0.2800296, 0.2004814, 0.1754491],
+        'param_norm': [10.0195, 10.0392, 10.05884],
+        'param_sum': [100.5713, 100.6763, 100.8192],
+        'update_norm': [0.07806106, 0.05216358, 0.04519991],
+        'reward_mean': [0.46875, 0.4642857, 0.4203125],
+        'completion_len_mean': [7.5625, 7.1875, 6.75],
+    },
 }
 
 
-@pytest.fixture(scope="module", params=["grpo", "ppo", "sft"])
+@pytest.fixture(scope="module", params=["grpo", "ppo", "sft", *PRESET_FAMILIES])
 def family_run(request):
   return request.param, _run(request.param)
 
@@ -200,7 +244,7 @@ def test_updates_really_move(family_run):
     else:
       assert row["delta_norm"] > 1e-4, (family, t, row)
   if family != "sft":
-    assert got[-1]["kl"] > 0 and any(0 < r["reward_mean"] < 1 for r in got)
+    assert got[-1].get("kl", 1.0) > 0 and any(0 < r["reward_mean"] < 1 for r in got)
 
 
 def _literal(rows: list[dict[str, float]]) -> str:
@@ -211,6 +255,6 @@ def _literal(rows: list[dict[str, float]]) -> str:
 
 if __name__ == "__main__":
   print("GOLDEN = {")
-  for fam in ("grpo", "ppo", "sft"):
+  for fam in ("grpo", "ppo", "sft", *PRESET_FAMILIES):
     print(f"    {fam!r}: {_literal(_run(fam))},")
   print("}")

@@ -74,6 +74,7 @@ CASES = [
     ("grpo", {"rl.beta": float("nan")}, "config.rl.beta"),
     ("grpo", {"rl.std_ddof": 2}, "config.rl.std_ddof"),
     ("grpo", {"rl.mu": 0}, "config.rl.mu"),
+    ("grpo", {"rl.rollout_correction": "mis", "rl.mis_lo": 3.0}, "config.rl.mis_lo: 3.0 and rl.mis_hi=2.0"),
     ("grpo", {"rl.minibatches": 3}, "config.rl.minibatches"),
     ("grpo", {"rl.reward_fallback": "zero"}, "config.rl.reward_fallback"),
     ("grpo", {"rl.process_weight": 0.5}, "config.rl.process_weight"),

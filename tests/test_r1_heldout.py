@@ -118,6 +118,10 @@ def test_in_loop_eval_reads_language_consistency(config, evaluator):
   m, _ = ev(None, jax.random.PRNGKey(0))
   want = {"eval/accuracy": 1 / 4, "eval/format_rate": 2 / 4, "eval/language_consistency": 3.5 / 4,
           "eval/accuracy_sampled": 3 / 8, "eval/pass@1": 3 / 8, "eval/pass@2": 2 / 4, "eval/cons@2": 2 / 4}
-  assert set(m) == set(want) | {"eval/completion_len_mean"}
+  assert set(m) == set(want) | {"eval/completion_len_mean", "eval/completion_len_correct",
+                                 "eval/completion_len_incorrect"}
   for k, v in want.items():
     np.testing.assert_allclose(m[k], v, rtol=1e-6, err_msg=k)
+  # one right answer of four: the split's weighted mean is the mean
+  np.testing.assert_allclose((m["eval/completion_len_correct"] + 3 * m["eval/completion_len_incorrect"]) / 4,
+                             m["eval/completion_len_mean"], rtol=1e-6)

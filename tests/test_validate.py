@@ -78,6 +78,26 @@ BAD = [
     ("eval.batch", 250, "config.eval.batch"),
     ("eval.size", 1000, "config.eval.size"),
     ("eval.pass_k", (1, 8), "config.eval.pass_k"),
+    ("rl.rollout_correction", "vtrace", "config.rl.rollout_correction: unknown value 'vtrace'"),
+    ("rl.is_cap", 0.0, "config.rl.is_cap: must be a finite number > 0"),
+    ("rl.is_cap", float("inf"), "config.rl.is_cap: must be a finite number > 0"),
+    ("rl.mis_lo", 2.5, "config.rl.mis_lo: 2.5 and rl.mis_hi=2.0 must satisfy rl.mis_lo < 1 < rl.mis_hi"),
+    ("rl.mis_lo", -0.5, "config.rl.mis_lo: must be a finite number >= 0"),
+    ("rl.icepop_hi", 0.8, "config.rl.icepop_lo: 0.5 and rl.icepop_hi=0.8 must satisfy"),
+    ("rl.seq_mask_lo", 1.0, "config.rl.seq_mask_lo: 1.0 and rl.seq_mask_hi=1.001 must satisfy"),
+    ("rl.is_veto", 1.5, "config.rl.is_veto: must be in [0, 1)"),
+    ("sampling.dtype", "float16", "config.sampling.dtype: unknown value 'float16'"),
+    ("rl.objective", "trpo", "config.rl.objective: unknown value 'trpo'"),
+    ("rl.sapo_tau_pos", 0.0, "config.rl.sapo_tau_pos: must be a finite number > 0"),
+    ("rl.sapo_tau_neg", -1.0, "config.rl.sapo_tau_neg: must be a finite number > 0"),
+    ("rl.token_select", "top_k", "config.rl.token_select: unknown value 'top_k'"),
+    ("rl.select_frac", 0.0, "config.rl.select_frac: must be a fraction in (0, 1]"),
+    ("rl.select_frac", 1.2, "config.rl.select_frac: must be a fraction in (0, 1]"),
+    ("rl.clip_cov_ratio", 0.0, "config.rl.clip_cov_ratio: must be a fraction in (0, 1]"),
+    ("rl.kl_cov_ratio", 2.0, "config.rl.kl_cov_ratio: must be a fraction in (0, 1]"),
+    ("rl.clip_cov_lb", 5.0, "config.rl.clip_cov_lb: 5.0 and rl.clip_cov_ub=5.0 must be finite with"),
+    ("rl.kl_cov_coef", -1.0, "config.rl.kl_cov_coef"),
+    ("rl.eps_low", 1.01, "config.rl.eps_low: must be <= 1"),
 ]
 
 
@@ -145,6 +165,12 @@ def test_per_term_needs_an_outcome_group_advantage_and_no_kl_in_reward(over, nee
   with pytest.raises(validate.ConfigError, match=needle):
     validate.validate_rl(c, num_devices=1)
   validate.validate_rl(config_lib.override(c, {"rl.beta": 0.0, "rl.advantage": "grpo"}), num_devices=1)
+
+
+def test_objective_other_than_clip_needs_the_token_ratio():
+  c = config_lib.override(presets.apply(_cfg(), "cispo"), {"rl.ratio_level": "sequence"})
+  with pytest.raises(validate.ConfigError, match="config.rl.ratio_level: 'sequence'"):
+    validate.validate_rl(c, num_devices=1)
 
 
 def test_good_config_passes():

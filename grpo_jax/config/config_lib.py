@@ -94,7 +94,12 @@ def base_config() -> ml_collections.ConfigDict:
       # attention kernel; auto = tpu_ragged on a TPU when the kernel supports the shape (head_dim 128), else plain
       # (rl/auto.py logs the choice)
       decode_attention="auto",
-      page_size=16))  # paged / tpu_ragged: tokens per KV page (the TPU kernel: 8, 16 or 32)
+      page_size=16,  # paged / tpu_ragged: tokens per KV page (the TPU kernel: 8, 16 or 32)
+      # The sampler's compute dtype: '' = model.dtype; 'bfloat16' beside a float32 trainer injects the mismatch an
+      # inference engine brings (the behaviour policy μ differs from the trainer's π by rounding): the old log-probs
+      # are then a forward in training numerics and rl.rollout_correction can measure and correct it
+      # (rl/correction.py). Held-out evaluation keeps model.dtype.
+      dtype=""))
 
   # rl.algo names the algorithm; presets.PRESETS[algo] holds every setting that defines it (the keys marked
   # "preset"). The defaults below are the grpo preset's (tests/test_presets.py checks they agree). Switch algorithm
@@ -105,7 +110,8 @@ def base_config() -> ml_collections.ConfigDict:
       preset="grpo",             # written by presets.apply; must equal algo
       G=8, prompts_per_step=8,
       # --- preset: the advantage ---
-      advantage="grpo",          # estimator: grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline | gae
+      advantage="grpo",          # estimator: grpo | dr_grpo | rloo | reinforce_pp | reinforce_pp_baseline |
+                                 # group_mean_batch_std (Lite PPO) | gae
       reward_norm="sum",         # sum: normalise the weighted sum of reward terms; per_term: GDPO (each term, then
                                  # the weighted sum, then the batch std)
       # Group std with ddof=1 (torch.std, as TRL, verl and OpenRLHF compute it) and eps added to the std (TRL 1e-4,
@@ -116,12 +122,33 @@ def base_config() -> ml_collections.ConfigDict:
       ratio_level="token",       # token: PPO/GRPO ratio per token; sequence: GSPO's length-normalised sequence ratio
       eps_low=0.2, eps_high=0.2,  # clip range [1 - eps_low, 1 + eps_high] of the ratio
       dual_clip=3.0,             # c > 1: for A < 0 the objective is at least c·A (bounded loss); 0 = off
+      # per-token objective (losses.policy_loss): clip = PPO's clipped surrogate (GSPO's under ratio_level
+      # 'sequence'); cispo = REINFORCE with the IS weight clipped to [1 - eps_low, 1 + eps_high] under a
+      # stop-gradient (MiniMax-M1); sapo = a smooth gate (4/tau)·sigmoid(tau·(ratio - 1)) in place of the clip,
+      # tau = sapo_tau_pos for A > 0, sapo_tau_neg otherwise (Gao et al. 2025)
+      objective="clip", sapo_tau_pos=1.0, sapo_tau_neg=1.05,
       # --- preset: the KL to the reference ---
       beta=0.04, kl_estimator="k3", kl_in="loss",
       kl_clamp=10.0,             # k3 values above this are clamped (no KL gradient there); 0 = off
       # --- preset: DAPO's sampling and shaping ---
       dynamic_sampling=False,
       overlong_frac=0.0,         # DAPO soft overlong punishment over the last frac·max_new_tokens tokens; 0 = off
+      # --- rollout correction (rl/correction.py; not set by presets): the importance weight ρ = π_prox/μ between
+      # this step's pre-update weights in training numerics and the sampler's recorded log-probs, built once per
+      # step: none | tis (w = min(ρ, is_cap)) | mis (w = ρ on [mis_lo, mis_hi], tokens outside masked) | icepop (the
+      # same on [icepop_lo, icepop_hi]) | seq_mask (rows whose geometric-mean ρ is outside [seq_mask_lo,
+      # seq_mask_hi], or with a token of ρ < is_veto, masked whole). Defaults are each source's (docs/algorithms.md).
+      rollout_correction="none",
+      is_cap=2.0,                # tis: Yao et al. 2025's C
+      mis_lo=0.0, mis_hi=2.0,    # mis: Liu, Li et al. 2025 mask ρ > 2 (lo 0: one-sided)
+      icepop_lo=0.5, icepop_hi=5.0,  # icepop: Ring-1T's [α, β]
+      seq_mask_lo=1 / 1.001, seq_mask_hi=1.001, is_veto=1e-4,  # seq_mask: verl's geo_rs (veto 0 = off)
+      # --- which tokens carry the policy gradient (rl/token_select.py; not set by presets, any objective): all |
+      # top_entropy (the select_frac of highest entropy, arXiv 2506.01939) | clip_cov (clip_cov_ratio of the tokens
+      # with clip_cov_lb < cov < clip_cov_ub, at random, get none) | kl_cov (the kl_cov_ratio of largest cov get
+      # kl_cov_coef·|log ratio|): cov = (log pi - mean)(A - mean), arXiv 2505.22617 as verl defines them ---
+      token_select="all", select_frac=0.2, clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0,
+      kl_cov_ratio=2e-4, kl_cov_coef=1.0,
       # --- budget and robustness (not set by presets) ---
       mu=1,
       minibatches=1,             # optimizer updates per epoch, each over rows / minibatches rows

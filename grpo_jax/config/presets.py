@@ -24,9 +24,9 @@ from grpo_jax.config import config_lib
 
 # The keys a preset sets. rl.* keys: every preset sets all of them; ppo.* keys: the ppo preset (others do not read
 # them) sets them to the base config's defaults, so they too are the same whichever preset came before.
-RL_SETTINGS = ("rl.advantage", "rl.reward_norm", "rl.std_ddof", "rl.std_eps", "rl.loss_agg", "rl.ratio_level",
-               "rl.eps_low", "rl.eps_high", "rl.dual_clip", "rl.beta", "rl.kl_estimator", "rl.kl_in", "rl.kl_clamp",
-               "rl.dynamic_sampling", "rl.overlong_frac")
+RL_SETTINGS = ("rl.advantage", "rl.reward_norm", "rl.std_ddof", "rl.std_eps", "rl.loss_agg", "rl.objective",
+               "rl.ratio_level", "rl.eps_low", "rl.eps_high", "rl.dual_clip", "rl.sapo_tau_pos", "rl.sapo_tau_neg",
+               "rl.beta", "rl.kl_estimator", "rl.kl_in", "rl.kl_clamp", "rl.dynamic_sampling", "rl.overlong_frac")
 PPO_SETTINGS = ("ppo.gamma", "ppo.lam", "ppo.value_clip", "ppo.vf_coef")
 SETTINGS = RL_SETTINGS + PPO_SETTINGS
 
@@ -37,9 +37,9 @@ _GUARDS = {"rl.dual_clip": 3.0, "rl.kl_clamp": 10.0}
 
 GRPO = {
     "rl.advantage": "grpo", "rl.reward_norm": "sum", "rl.std_ddof": 1, "rl.std_eps": 1e-4,
-    "rl.loss_agg": "seq_mean_token_mean", "rl.ratio_level": "token", "rl.eps_low": 0.2, "rl.eps_high": 0.2,
-    "rl.beta": 0.04, "rl.kl_estimator": "k3", "rl.kl_in": "loss", "rl.dynamic_sampling": False,
-    "rl.overlong_frac": 0.0, **_GUARDS,
+    "rl.loss_agg": "seq_mean_token_mean", "rl.objective": "clip", "rl.ratio_level": "token", "rl.eps_low": 0.2,
+    "rl.eps_high": 0.2, "rl.sapo_tau_pos": 1.0, "rl.sapo_tau_neg": 1.05, "rl.beta": 0.04, "rl.kl_estimator": "k3",
+    "rl.kl_in": "loss", "rl.dynamic_sampling": False, "rl.overlong_frac": 0.0, **_GUARDS,
 }
 DAPO = {**GRPO, "rl.loss_agg": "token_mean", "rl.eps_high": 0.28, "rl.beta": 0.0, "rl.dynamic_sampling": True,
         "rl.overlong_frac": 0.2}
@@ -72,6 +72,17 @@ PRESETS: dict[str, dict[str, Any]] = {
     # `gdpo` changes only that in GRPO; `gdpo_dapo` does it in DAPO.
     "gdpo": {**GRPO, "rl.reward_norm": "per_term"},
     "gdpo_dapo": {**DAPO, "rl.reward_norm": "per_term"},
+    # CISPO (MiniMax-M1, arXiv 2506.13585): REINFORCE on every token with the IS weight clipped under a
+    # stop-gradient; no lower bound (the paper sets ε_low^IS large: 1 here, a weight ≥ 0), upper weight 4 (ScaleRL,
+    # arXiv 2510.13786; the paper does not state its ε_high^IS), token-level aggregation (1/Σ|o_i|), no KL.
+    "cispo": {**GRPO, "rl.objective": "cispo", "rl.loss_agg": "token_mean", "rl.eps_low": 1.0, "rl.eps_high": 3.0,
+              "rl.beta": 0.0},
+    # SAPO (Gao et al. 2025, arXiv 2511.20347): the smooth gate (4/τ)σ(τ(ρ−1)) in place of the clip, τ_pos 1.0,
+    # τ_neg 1.05, (1/G)Σ_i 1/|y_i| aggregation, group-normalised advantages, no KL term in its objective.
+    "sapo": {**GRPO, "rl.objective": "sapo", "rl.beta": 0.0},
+    # Lite PPO (Liu et al. 2025, arXiv 2508.08221, "Tricks or Traps?"): group-mean, batch-std advantages and
+    # token-level aggregation over the vanilla PPO clip (0.2, no clip-higher), no KL.
+    "lite_ppo": {**GRPO, "rl.advantage": "group_mean_batch_std", "rl.loss_agg": "token_mean", "rl.beta": 0.0},
 }
 # The presets whose family trains a critic (ppo_step); every other runs in the GRPO family (rl_step). families.for_config
 # maps rl.algo to its family by this; the planner, validation and the resume check read it too. Here, not in
@@ -117,12 +128,23 @@ def _fmt(v: Any) -> str:
   return str(v)
 
 
+# Settings read only under one value of another (shown as "·" in the table elsewhere): SAPO's temperatures.
+_READ_ONLY_WITH = {"rl.sapo_tau_pos": ("rl.objective", "sapo"), "rl.sapo_tau_neg": ("rl.objective", "sapo")}
+
+
+def _read(preset: dict, key: str) -> bool:
+  if key not in preset:
+    return False
+  on, value = _READ_ONLY_WITH.get(key, (None, None))
+  return on is None or preset.get(on) == value
+
+
 def markdown_table() -> str:
   """Every preset's settings, one column per preset (docs/algorithms.md embeds this table verbatim)."""
   cols = list(PRESETS)
   lines = ["| setting | " + " | ".join(f"`{c}`" for c in cols) + " |", "|---|" + "---|" * len(cols)]
   for key in SETTINGS:
-    cells = [_fmt(PRESETS[c][key]) if key in PRESETS[c] else "·" for c in cols]
+    cells = [_fmt(PRESETS[c][key]) if _read(PRESETS[c], key) else "·" for c in cols]
     lines.append(f"| `{key}` | " + " | ".join(cells) + " |")
   return "\n".join(lines) + "\n"
 

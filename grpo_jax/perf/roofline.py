@@ -19,6 +19,7 @@ import ml_collections
 import numpy as np
 
 from grpo_jax.model import attention
+from grpo_jax.rl import correction
 from grpo_jax.rollout import decode_layout
 from grpo_jax.model import model as model_lib
 from grpo_jax.rl import packing
@@ -172,9 +173,8 @@ def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu",
   if state_lib.uses_reference(config):
     out["reference forward"] = fwd_seq(chunk_rows)
   out["policy fwd+bwd"] = 3 * fwd_seq(N // rl.minibatches) * rl.mu
-  if mcfg.dtype == "bfloat16" or rl.get("partial_rollouts", False):
-    # recomputed in training numerics under bf16; the pre-update weights' (π_old) for carried tokens
-    out["old log-probs forward"] = fwd_seq(chunk_rows)
+  if correction.needs_proximal(config):
+    out["old log-probs forward"] = fwd_seq(chunk_rows)  # π_prox recomputed in training numerics (rl/correction.py)
   if mcfg.remat == "full":
     out["remat recompute"] = fwd_seq(N // rl.minibatches) * rl.mu
   return out
@@ -219,7 +219,7 @@ def hbm_bytes(config: ml_collections.ConfigDict, mesh: dict[str, int],
   if state_lib.uses_reference(config):
     out["reference forward"] = weights * passes  # one pass over the weights per chunk of rows / micro-batch
   out["policy fwd+bwd"] = upd * 3 * weights + 7 * shard
-  if mcfg.dtype == "bfloat16" or rl.get("partial_rollouts", False):
+  if correction.needs_proximal(config):
     out["old log-probs forward"] = weights * passes
   if mcfg.remat == "full":
     out["remat recompute"] = upd * weights

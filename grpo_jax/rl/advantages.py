@@ -60,6 +60,21 @@ def rloo(r_BxG: jax.Array) -> jax.Array:
   return r_BxG - loo_mean_BxG
 
 
+def group_mean_batch_std(r_BxG: jax.Array, *, std_eps=1e-4, ddof: int = 1) -> jax.Array:
+  """Lite PPO (Liu et al. 2025, arXiv 2508.08221): (r − group mean) / (std of the batch's B·G rewards + eps). The
+  group mean keeps each prompt's baseline; the batch std, one scale for all prompts, does not re-weight prompts by
+  their own spread (GRPO's group std divides a nearly-solved prompt's small differences by a small std). A constant
+  group gets exactly 0 (its centred rewards are 0); a constant batch, 0 everywhere."""
+  _check_ndim("r_BxG", r_BxG, 2)
+  n = r_BxG.size
+  if n - ddof <= 0:
+    raise ValueError(f"ddof={ddof} needs more than {ddof} rewards in the batch, got {n}; use ddof=0.")
+  r_BxG = r_BxG.astype(jnp.float32)
+  centered_BxG = r_BxG - jnp.mean(r_BxG, axis=1, keepdims=True)
+  std = jnp.sqrt(jnp.sum(jnp.square(r_BxG - jnp.mean(r_BxG))) / (n - ddof))
+  return centered_BxG / (std + std_eps)
+
+
 def _last_valid_token(mask_NxL: jax.Array) -> jax.Array:
   """One-hot of each row's last valid token (all zero for an empty row); works for any mask pattern."""
   valid_NxL = mask_NxL > 0
@@ -275,6 +290,11 @@ def register(name: str, *, per_token: bool = False, kl_in_advantage: bool = Fals
 @register("grpo")  # GSPO's preset uses it too: its sequence-level ratio is a loss choice (rl.ratio_level)
 def _grpo(r_BxG, ctx):
   return grpo(r_BxG, std_eps=ctx.rl.std_eps, ddof=ctx.rl.std_ddof)
+
+
+@register("group_mean_batch_std")  # Lite PPO's
+def _group_mean_batch_std(r_BxG, ctx):
+  return group_mean_batch_std(r_BxG, std_eps=ctx.rl.std_eps, ddof=ctx.rl.std_ddof)
 
 
 @register("dr_grpo")

@@ -1,7 +1,7 @@
 """Length statistics of a rollout: the R1-Zero "aha" picture (does reasoning grow, and does it pay within a group?).
 
 Pure functions on arrays; rl_step.rollout_metrics logs them every step (train/completion_len_p90,
-train/len_acc_corr, train/len_acc_corr_frac).
+train/len_acc_corr, train/len_acc_corr_frac, train/completion_len_correct / _incorrect).
 """
 from __future__ import annotations
 
@@ -29,3 +29,12 @@ def within_group_corr(x_BxG: jax.Array, y_BxG: jax.Array) -> tuple[jax.Array, ja
   corr_B = jnp.where(ok_B, jnp.sum(x * y, axis=1) / jnp.where(ok_B, den_B, 1.0), 0.0)
   n_ok = ok_B.sum()
   return corr_B.sum() / jnp.maximum(n_ok, 1), n_ok / ok_B.shape[0]
+
+
+def split_by(lengths_N: jax.Array, right_N: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """(mean length of the right completions, of the wrong ones); 0 for a side with none. Whether RL lengthens the
+  answers it rewards, or only the failures grow (truncated rambling), is not visible in the overall mean."""
+  len_N = lengths_N.astype(jnp.float32)
+  right_N = right_N.astype(bool)
+  mean = lambda sel: jnp.sum(jnp.where(sel, len_N, 0.0)) / jnp.maximum(jnp.sum(sel), 1)
+  return mean(right_N), mean(~right_N)

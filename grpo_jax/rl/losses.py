@@ -10,7 +10,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from grpo_jax.rl import token_select as token_select_lib
+
 AGG_MODES = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+OBJECTIVES = ("clip", "cispo", "sapo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 RATIO_LEVELS = ("token", "sequence")
 
@@ -178,11 +181,89 @@ def gspo_token_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: 
   return obj_NxL, _clip_stats(lax.stop_gradient(s_NxL), a_NxL, mask_NxL, eps_low, eps_high, dual_clip)
 
 
+def cispo_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: jax.Array, *,
+                    eps_low, eps_high) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """CISPO (MiniMax-M1, arXiv 2506.13585, Eq. 4-5; verl compute_policy_loss_cispo): J_t = sg(r̂_t)·A_t·log π_t with
+  r̂ = clip(ρ, 1 − eps_low, 1 + eps_high). The stop-gradient weight is clipped, not the update: every token keeps
+  its REINFORCE gradient sg(r̂)·A·∇log π, also where ρ left the range (PPO's clip zeroes those, the low-probability
+  "reflective" tokens among them). Written as sg(r̂)·A·exp(log π − sg(log π)): the same gradient, and the value
+  sg(r̂)·A a surrogate can be compared with. aux: clip_frac_low / clip_frac_high = tokens whose weight was clipped
+  (ρ < 1 − eps_low, ρ > 1 + eps_high; either sign of A), clip_frac_dual 0, the ratio's mean/max/min."""
+  valid_NxL = _valid(mask_NxL)
+  lp_NxL = _clean(logp_NxL, mask_NxL)
+  ratio_NxL = jnp.exp(lp_NxL - _clean(old_logp_NxL, mask_NxL))
+  r_hat_NxL = lax.stop_gradient(jnp.clip(ratio_NxL, 1.0 - eps_low, 1.0 + eps_high))
+  a_NxL = _clean(adv_NxL, mask_NxL)
+  obj_NxL = jnp.where(valid_NxL, r_hat_NxL * a_NxL * jnp.exp(lp_NxL - lax.stop_gradient(lp_NxL)), 0.0)
+  ratio = lax.stop_gradient(ratio_NxL)
+  aux = {"clip_frac_low": _token_mean((ratio < 1.0 - eps_low).astype(jnp.float32), mask_NxL),
+         "clip_frac_high": _token_mean((ratio > 1.0 + eps_high).astype(jnp.float32), mask_NxL),
+         "clip_frac_dual": jnp.zeros((), jnp.float32),
+         "ratio_mean": _token_mean(ratio, mask_NxL), "ratio_max": _masked_max(ratio, mask_NxL),
+         "ratio_min": _masked_min(ratio, mask_NxL)}
+  return obj_NxL, aux
+
+
+def sapo_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: jax.Array, *,
+                   tau_pos, tau_neg) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """SAPO (Gao et al. 2025, arXiv 2511.20347, Eq. 5-6 and 10-12): the hard clip replaced by a smooth gate,
+  J_t = f(ρ_t)·A_t with f(ρ) = (4/τ)·σ(τ(ρ − 1)), τ = tau_pos where A > 0, tau_neg elsewhere (1.0 / 1.05: negative
+  advantages' gate closes faster). Its gradient is w·ρ·A·∇log π with the gate weight w = 4σ(τ(ρ−1))(1 − σ(τ(ρ−1))):
+  1 on-policy (ρ = 1), decaying smoothly as ρ leaves 1 instead of dropping to 0 at 1 ± ε. aux: gate_mean (mean w),
+  gated_frac (tokens with w < 1/2: the gate has more than halved their gradient), the ratio's mean/max/min."""
+  valid_NxL = _valid(mask_NxL)
+  ratio_NxL = jnp.exp(_clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL))
+  a_NxL = _clean(adv_NxL, mask_NxL)
+  tau_NxL = jnp.where(a_NxL > 0, tau_pos, tau_neg)
+  gate_NxL = jax.nn.sigmoid(tau_NxL * (ratio_NxL - 1.0))
+  obj_NxL = jnp.where(valid_NxL, (4.0 / tau_NxL) * gate_NxL * a_NxL, 0.0)
+  g = lax.stop_gradient(gate_NxL)
+  w_NxL = 4.0 * g * (1.0 - g)
+  ratio = lax.stop_gradient(ratio_NxL)
+  aux = {"gate_mean": _token_mean(w_NxL, mask_NxL),
+         "gated_frac": _token_mean((w_NxL < 0.5).astype(jnp.float32), mask_NxL),
+         "ratio_mean": _token_mean(ratio, mask_NxL), "ratio_max": _masked_max(ratio, mask_NxL),
+         "ratio_min": _masked_min(ratio, mask_NxL)}
+  return obj_NxL, aux
+
+
+def _objective(name: str, logp_NxL, old_logp_NxL, adv_NxL, mask_NxL, *, ratio_level, eps_low, eps_high, dual_clip,
+               tau_pos, tau_neg):
+  """(per-token objective, aux, tokens whose gradient it already cuts (PPO's clip; None for the others))."""
+  if name == "cispo":
+    return (*cispo_objective(logp_NxL, old_logp_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high), None)
+  if name == "sapo":
+    return (*sapo_objective(logp_NxL, old_logp_NxL, adv_NxL, mask_NxL, tau_pos=tau_pos, tau_neg=tau_neg), None)
+  objective = clipped_surrogate if ratio_level == "token" else gspo_token_objective
+  surr_NxL, aux = objective(logp_NxL, old_logp_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high,
+                            dual_clip=dual_clip)
+  ratio_NxL = jnp.exp(lax.stop_gradient(_clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL)))
+  a_NxL = _clean(adv_NxL, mask_NxL)
+  clipped_NxL = (((ratio_NxL > 1.0 + eps_high) & (a_NxL > 0)) | ((ratio_NxL < 1.0 - eps_low) & (a_NxL < 0))
+                 | ((dual_clip > 1) & (ratio_NxL > dual_clip) & (a_NxL < 0)))
+  return surr_NxL, aux, clipped_NxL
+
+
 def policy_loss(logp_NxL: jax.Array, old_logp_NxL: jax.Array, ref_logp_NxL: Optional[jax.Array],
                 adv_NxL: jax.Array, mask_NxL: jax.Array, *, eps_low, eps_high, beta,
                 kl_estimator: str = "k3", agg: str = "seq_mean_token_mean", norm_len: Optional[float] = None,
-                ratio_level: str = "token", dual_clip=0.0, kl_clamp=0.0) -> Tuple[jax.Array, Dict[str, jax.Array]]:
-  """loss = −aggregate(surrogate − β·kl_est): DeepSeekMath's GRPO objective with the KL inside the token sum.
+                ratio_level: str = "token", dual_clip=0.0, kl_clamp=0.0,
+                is_w_NxL: Optional[jax.Array] = None, objective: str = "clip", tau_pos=1.0, tau_neg=1.05,
+                token_select: str = "all", select_cfg=None, ent_NxL: Optional[jax.Array] = None,
+                select_u_NxL: Optional[jax.Array] = None) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """loss = −aggregate(w·surrogate − β·kl_est): DeepSeekMath's GRPO objective with the KL inside the token sum.
+
+  is_w_NxL: the rollout correction's per-token importance weight w = f(π_prox/μ) (rl/correction.py; None = 1), a
+  constant of the update (stop-gradient): it multiplies each token's surrogate only, as AReaL's decoupled objective
+  and verl's rollout correction apply it. The KL term is not weighted: it regularises π towards π_ref on the tokens
+  the update trains (tokens a correction rejects are already out of mask_NxL), and a weight would scale that
+  regulariser token by token with the sampler's rounding noise.
+
+  objective: 'clip' (PPO's clipped surrogate; GSPO-token under ratio_level='sequence'), 'cispo' (cispo_objective:
+  the clip range is the IS weight's) or 'sapo' (sapo_objective, temperatures tau_pos / tau_neg; the clip range and
+  dual clip are not read). token_select (token_select.py, parameters in `select_cfg`, the rl config group): which
+  tokens keep their policy gradient, from the current policy's entropies `ent_NxL` and the covariance term;
+  Clip-Cov's uniforms `select_u_NxL`.
 
   ratio_level 'token' is the PPO/GRPO per-token ratio; 'sequence' is GSPO-token (sequence-level ratio and clip).
   dual_clip (> 1, 0 = off) bounds a negative advantage's loss; kl_clamp (> 0, 0 = off) caps k3's value. The
@@ -198,9 +279,21 @@ def policy_loss(logp_NxL: jax.Array, old_logp_NxL: jax.Array, ref_logp_NxL: Opti
     raise ValueError(f"kl_estimator={kl_estimator!r} is not one of {KL_ESTIMATORS}; set rl.kl_estimator.")
   if ref_logp_NxL is None and not (isinstance(beta, (int, float)) and beta == 0):
     raise ValueError(f"policy_loss: ref_logp_NxL is None but beta={beta}; pass reference log-probs or beta=0.")
-  objective = clipped_surrogate if ratio_level == "token" else gspo_token_objective
-  surr_NxL, metrics = objective(logp_NxL, old_logp_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high,
-                                dual_clip=dual_clip)
+  if objective not in OBJECTIVES:
+    raise ValueError(f"objective={objective!r} is not one of {OBJECTIVES}; set rl.objective.")
+  surr_NxL, metrics, clipped_NxL = _objective(objective, logp_NxL, old_logp_NxL, adv_NxL, mask_NxL,
+                                              ratio_level=ratio_level, eps_low=eps_low, eps_high=eps_high,
+                                              dual_clip=dual_clip, tau_pos=tau_pos, tau_neg=tau_neg)
+  if is_w_NxL is not None:
+    surr_NxL = surr_NxL * _clean(lax.stop_gradient(is_w_NxL), mask_NxL)
+  if token_select != "all":
+    sel = token_select_lib.choose(token_select, select_cfg, logp_NxL=_clean(logp_NxL, mask_NxL),
+                              adv_NxL=_clean(adv_NxL, mask_NxL), mask_NxL=mask_NxL, ent_NxL=ent_NxL,
+                              clipped_NxL=clipped_NxL, u_NxL=select_u_NxL)
+    # KL-Cov: −coef·|log π − log π_old| on its tokens (the gradient flows through log π)
+    abs_kl_NxL = jnp.abs(_clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL))
+    surr_NxL = surr_NxL * sel.pg_NxL - select_cfg.kl_cov_coef * sel.kl_NxL * abs_kl_NxL
+    metrics = dict(metrics, **sel.metrics)
   per_token_NxL = surr_NxL
   metrics = dict(metrics, surrogate=aggregate(surr_NxL, mask_NxL, agg, norm_len=norm_len))
   if ref_logp_NxL is not None:

@@ -22,6 +22,7 @@ import jax
 import ml_collections
 
 from grpo_jax.model import attention
+from grpo_jax.rl import correction
 from grpo_jax.config import config_lib
 from grpo_jax.rollout import decode_layout
 from grpo_jax.model import lora
@@ -253,10 +254,10 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   # jax.checkpoint: one chunk of fp32 logits, its log-softmax (and in the update their gradient), plus the fp32
   # hidden states of the completion.
   chunk = min(model_lib.logprob_chunk(mcfg), L)
-  # The reference and old-log-prob forwards (bf16; partial rollouts: the carried tokens' π_old): one rollout chunk
-  # of rows, one layer at a time, no gradient.
+  # The reference and (correction.needs_proximal) old-log-prob forwards: one rollout chunk of rows, one layer at a
+  # time, no gradient.
   score = {}
-  if state_lib.uses_reference(config) or mcfg.dtype == "bfloat16" or partial:
+  if state_lib.uses_reference(config) or correction.needs_proximal(config):
     s_tok = s_rows * Ts
     score = {
         "forward layer": s_tok * (3 * D + (h_dev + 2 * k_dev) * Dh + 2 * f_dev) * cb

@@ -25,7 +25,7 @@ from grpo_jax.rl import update as update_lib
 # token means (over the micro-batch's tokens) are weighted by its share of the minibatch's tokens; aggregated
 # losses scale as the loss does; the ratio's extremes take the max / min over the micro-batches that have tokens.
 TOKEN_MEANS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "kl_clamp_frac", "entropy",
-               "value_clip_frac")
+               "value_clip_frac", "gate_mean", "gated_frac")
 LIKE_LOSS = ("surrogate", "value_loss")
 EXTREMES = {"ratio_max": jnp.maximum, "ratio_min": jnp.minimum}
 

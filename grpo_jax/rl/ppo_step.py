@@ -89,12 +89,14 @@ def critic(config, mcfg: model_lib.ModelConfig) -> state_lib.Critic:
 def make_objective(config) -> Callable:
   """((v_NxL, logp_NxL, ent_NxL), minibatch) -> (clipped surrogate + vf_coef · clipped value loss, aux)."""
   rl, ppo, L = config.rl, config.ppo, config.sampling.max_new_tokens
+  # the GRPO family's policy-loss settings (objective, token selection, clip range); the KL is in PPO's reward
+  policy_kw = dict(rl_step.policy_loss_kwargs(config), beta=0.0)
 
   def objective(out, mb):
     v_NxL, logp_NxL, ent_NxL = out
     pl, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], None, mb["adv_NxL"], mb["mask_NxL"],
-                               eps_low=rl.eps_low, eps_high=rl.eps_high, beta=0.0, agg=rl.loss_agg, norm_len=L,
-                               ratio_level=rl.ratio_level, dual_clip=rl.dual_clip)
+                               is_w_NxL=mb.get("is_w_NxL"), ent_NxL=ent_NxL, select_u_NxL=mb.get("select_u_NxL"),
+                               **policy_kw)
     vl, vm = losses.value_loss(v_NxL, mb["old_v_NxL"], mb["returns_NxL"], mb["mask_NxL"], clip=ppo.value_clip,
                                agg=rl.loss_agg, norm_len=L)
     m = dict(m, **vm, value_loss=vl, entropy=rl_step.masked_mean(ent_NxL, mb["mask_NxL"]))
@@ -156,8 +158,10 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
         ro.bucket, ro.seq, P_len)
     old_v_NxL = jax.lax.stop_gradient(old_v_NxL) * ro.mask_NxL
     adv_NxL, returns_NxL = advantages_and_returns(config, ro, old_v_NxL)
-    data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=ro.mask_NxL,
-                old_v_NxL=old_v_NxL, returns_NxL=returns_NxL)
+    # the rollout correction's weight and mask (rl_step.training_data); the reference log-probs are not read here
+    data, corr_metrics = rl_step.training_data(config, ro, adv_NxL, k_upd)
+    data.pop("ref_logp_NxL", None)
+    data.update(old_v_NxL=old_v_NxL, returns_NxL=returns_NxL)
     carry = ((state["params"], state["critic_params"]), (state["opt_state"], state["critic_opt_state"]))
     fwd = make_forward(config, mcfg, P_len)
     forward = lambda ps, seq, packed: fwd((state_lib.model_params(state, ps[0]), critic_model(state, ps[1])), seq,
@@ -167,6 +171,6 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
         config, update, carry, data, k_upd, ro.bucket, P_len)
     updated = dict(params=params, opt_state=opt_state, critic_params=critic_params, critic_opt_state=critic_opt,
                    rng=rng)
-    return rl_step.finish_step(config, state, updated, ro, adv_NxL, um)
+    return rl_step.finish_step(config, state, updated, ro, adv_NxL, um, corr_metrics)
 
   return step

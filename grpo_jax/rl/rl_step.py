@@ -13,6 +13,7 @@ import jax.numpy as jnp
 from grpo_jax.rl import advantages
 from grpo_jax.rl import auto
 from grpo_jax.config import config_lib
+from grpo_jax.rl import correction
 from grpo_jax.rl import length_stats
 from grpo_jax.rl import losses
 from grpo_jax.rl import packing
@@ -22,6 +23,7 @@ from grpo_jax.config import presets
 from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.rl import state as state_lib
+from grpo_jax.rl import token_select
 from grpo_jax.rl import update as update_lib
 
 
@@ -119,10 +121,13 @@ def policy_loss_kwargs(config) -> dict:
   """losses.policy_loss's settings for this config. ratio_level 'sequence' is GSPO-token (sequence-level ratio
   exp(mean_t log ρ), clipped with its own small ε); a KL folded into the reward leaves none in the loss."""
   rl = config.rl
-  no_kl_in_loss = advantages.ESTIMATORS[rl.advantage].kl_in_advantage or rl.kl_in == "reward"
+  est = advantages.ESTIMATORS.get(rl.advantage)  # (PPO's GAE is not one: its KL is in the reward)
+  no_kl_in_loss = (est is not None and est.kl_in_advantage) or rl.kl_in == "reward"
   return dict(eps_low=rl.eps_low, eps_high=rl.eps_high, beta=0.0 if no_kl_in_loss else rl.beta,
               kl_estimator=rl.kl_estimator, agg=rl.loss_agg, norm_len=config.sampling.max_new_tokens,
-              ratio_level=rl.ratio_level, dual_clip=rl.dual_clip, kl_clamp=rl.kl_clamp)
+              ratio_level=rl.ratio_level, dual_clip=rl.dual_clip, kl_clamp=rl.kl_clamp,
+              objective=rl.get("objective", "clip"), tau_pos=rl.get("sapo_tau_pos", 1.0),
+              tau_neg=rl.get("sapo_tau_neg", 1.05), token_select=rl.get("token_select", "all"), select_cfg=rl)
 
 
 def make_objective(config) -> Callable:
@@ -134,6 +139,7 @@ def make_objective(config) -> Callable:
     # No reference (β = 0, or all of a vmapped sweep's β are 0: vmapped_runs.init_states): no KL term at all.
     kw = kwargs if mb.get("ref_logp_NxL") is not None else dict(kwargs, beta=0.0)
     loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb.get("ref_logp_NxL"), mb["adv_NxL"], mb["mask_NxL"],
+                                 is_w_NxL=mb.get("is_w_NxL"), ent_NxL=ent_NxL, select_u_NxL=mb.get("select_u_NxL"),
                                  **kw)
     return loss, dict(m, entropy=masked_mean(ent_NxL, mb["mask_NxL"]))
   return objective
@@ -184,11 +190,17 @@ def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.A
   decode = {"train/decode_row_steps": ro.decode_row_steps, "train/decode_slot_util": ro.decode_slot_util,
             "train/decode_admit_wait": ro.decode_admit_wait}
   m.update({k: v for k, v in decode.items() if v is not None})
+  # Cov(log π_old, A) over the completion tokens: the entropy mechanism's driver (rl/token_select.py), per step
+  m["train/cov_logp_adv"] = jnp.sum(token_select.covariance(ro.old_logp_NxL, adv_NxL, mask > 0)) / jnp.maximum(
+      jnp.sum(mask > 0), 1)
   if ro.ref_logp_NxL is not None:  # β = 0 has no reference model: no train/kl
     m["train/kl"] = masked_mean(losses.kl_k3(ro.old_logp_NxL, ro.ref_logp_NxL), mask)
   for name, r in ro.per_term.items():
     m[f"train/reward/{name}"] = r.mean()
   if "accuracy" in ro.per_term:  # does a longer completion win inside its group? (the selection R1-Zero relies on)
+    right_N = ro.per_term["accuracy"] > 0.5
+    m["train/completion_len_correct"], m["train/completion_len_incorrect"] = length_stats.split_by(
+        ro.lengths_N, right_N)
     m["train/len_acc_corr"], m["train/len_acc_corr_frac"] = length_stats.within_group_corr(
         ro.lengths_N.reshape(-1, G), ro.per_term["accuracy"].reshape(-1, G))
   for name, share in term_shares(config, ro).items():
@@ -198,12 +210,36 @@ def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.A
   return m
 
 
-def finish_step(config, state: state_lib.State, updated: dict, ro: rollout_lib.Rollout, adv_NxL, um: dict):
+def training_data(config, ro: rollout_lib.Rollout, adv_NxL, key: jax.Array,
+                  version: jax.Array | None = None) -> tuple[dict, dict]:
+  """The update's per-row data (minibatch_scan slices it) and its statistics. Partial rollouts: tokens older than
+  rl.max_staleness updates (`version`: the state's step) leave the loss mask first (rl/partial.py). The rollout
+  correction (rl/correction.py) is built here, once per step, from π_prox and μ, which the update never changes: its
+  weight rides in the data as `is_w_NxL` and the tokens it rejects leave `mask_NxL`. Clip-Cov (rl.token_select) gets
+  its one uniform per token here, from `key` (the update's key, folded: no other config's draws move)."""
+  mask_NxL, metrics = ro.mask_NxL, {}
+  if ro.version_NxL is not None:
+    mask_NxL, lag_NxL = partial.train_mask(ro, version, int(config.rl.max_staleness))
+    metrics = partial.metrics(ro, lag_NxL, mask_NxL)
+  corr = correction.build(config, ro.old_logp_NxL, ro.behav_logp_NxL, mask_NxL)
+  data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=corr.mask_NxL)
+  if corr.is_w_NxL is not None:
+    data["is_w_NxL"] = corr.is_w_NxL
+  if ro.ref_logp_NxL is not None:
+    data["ref_logp_NxL"] = ro.ref_logp_NxL
+  if config.rl.get("token_select", "all") == "clip_cov":
+    data["select_u_NxL"] = jax.random.uniform(jax.random.fold_in(key, 1), ro.mask_NxL.shape)
+  return data, {**metrics, **corr.metrics}
+
+
+def finish_step(config, state: state_lib.State, updated: dict, ro: rollout_lib.Rollout, adv_NxL, um: dict,
+                extra: dict | None = None):
   """The RL families' tail: the new state, unless a Python reward failed (then the whole state stays as it was and
-  the host raises after the step), and the step's metrics."""
+  the host raises after the step), and the step's metrics (`extra`: more of them, e.g. the correction's)."""
   reward_ok = jnp.all(ro.status == reward_spec.OK)
   new_state = update_lib.select(reward_ok, dict(state, **updated, step=state["step"] + 1), state)
-  m = {**rollout_metrics(config, ro, adv_NxL), **update_lib.step_metrics(um, new_state["params"], reward_ok)}
+  m = {**rollout_metrics(config, ro, adv_NxL), **update_lib.step_metrics(um, new_state["params"], reward_ok),
+       **(extra or {})}
   n_show = config.train.num_samples_logged
   m.update({"reward_status": ro.status, "samples/tokens_NxL": ro.tokens_NxL[:n_show],
             "samples/mask_NxL": ro.mask_NxL[:n_show], "samples/r_N": ro.r_N[:n_show]})
@@ -281,19 +317,13 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
     P = batch["prompt_NxP"].shape[1]
     rng, k_roll, k_upd = jax.random.split(state["rng"], 3)
     policy, ref = state_lib.model_params(state), reference_params(config, state)
-    extra, pm = {}, {}
+    extra = {}
     if carried:  # partial rollouts: the rows come from (and the rest go back to) the carry in the state
       ro, extra["carry"] = rollout_fn(policy, ref, batch, k_roll, carry=state["carry"], version=state["step"])
     else:
       ro = rollout_fn(policy, ref, batch, k_roll)
     adv_NxL = compute_advantages(config, ro)
-    mask_NxL = ro.mask_NxL
-    if carried:
-      mask_NxL, lag_NxL = partial.train_mask(ro, state["step"], int(config.rl.max_staleness))
-      pm = partial.metrics(ro, lag_NxL, mask_NxL)
-    data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=mask_NxL)
-    if ro.ref_logp_NxL is not None:
-      data["ref_logp_NxL"] = ro.ref_logp_NxL
+    data, data_metrics = training_data(config, ro, adv_NxL, k_upd, version=state["step"])
 
     # the optimizer sees `params` only: with LoRA the adapters, the base entering as a constant
     fwd = make_forward(config, mcfg, P)
@@ -302,8 +332,7 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
     with jax.named_scope("update"):
       ((params,), (opt_state,)), um = train_by_length(
           config, update, ((state["params"],), (state["opt_state"],)), data, k_upd, ro.bucket, P)
-    new_state, m = finish_step(config, state, dict(params=params, opt_state=opt_state, rng=rng, **extra), ro,
-                               adv_NxL, um)
-    return new_state, {**m, **pm}
+    return finish_step(config, state, dict(params=params, opt_state=opt_state, rng=rng, **extra), ro, adv_NxL, um,
+                       data_metrics)
 
   return step

@@ -1,5 +1,6 @@
 """The rollout half of the RL step: sample G completions per prompt, score them, and the reference and old-log-prob
 forwards on the training length (`Rollout`). The GRPO step (rl_step.py) and PPO (ppo_step.py) both start here."""
+import dataclasses
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -10,6 +11,7 @@ from grpo_jax.config import config_lib
 from grpo_jax.infra import sharding
 from grpo_jax.model import model as model_lib
 from grpo_jax.rl import advantages
+from grpo_jax.rl import correction
 from grpo_jax.rl import memory_plan
 from grpo_jax.rl import packing
 from grpo_jax.rl import rewards as rewards_lib
@@ -59,7 +61,8 @@ class Rollout(NamedTuple):
   terms_NxK: jax.Array      # the K reward terms (unweighted; DAPO's overlong penalty last when on), per sample
   term_w_K: jax.Array       # their weights (the overlong penalty's is 1)
   steps: tuple | None       # process scores (step_r_NxS, step_end_NxS, step_valid_NxS), or None
-  old_logp_NxL: jax.Array   # the rollout policy's log-probs (stop-gradient, 0 on padding)
+  old_logp_NxL: jax.Array   # π_prox: the pre-update weights' log-probs in training numerics (stop-gradient, 0 on
+                            # padding): a forward when correction.needs_proximal, else behav_logp_NxL itself
   ref_logp_NxL: jax.Array | None  # the reference's; None when β = 0 (no reference model: uses_reference)
   status: jax.Array         # one per reward term: reward_spec.OK unless its Python call failed
   fallbacks: jax.Array      # samples a Python term replaced by its fallback score
@@ -70,9 +73,18 @@ class Rollout(NamedTuple):
   decode_slot_util: jax.Array | None = None  # generated tokens / row-steps (engine.slot_util), over all sampled rows
   decode_admit_wait: jax.Array | None = None  # continuous engine: mean decode steps a row queued for a slot
   index_N: jax.Array | None = None  # each row's example index (the batch's index_N): samples.jsonl's reference
-  behav_logp_NxL: jax.Array | None = None  # the behaviour policy's log-probs as the sampler recorded them (μ)
+  behav_logp_NxL: jax.Array | None = None  # μ: the sampler's log-probs as recorded at sampling time (never
+                                           # recomputed; stop-gradient, 0 on padding)
   version_NxL: jax.Array | None = None  # partial rollouts: the policy version (state step) that drew each token
-  carry_stats: dict | None = None  # partial rollouts: what the carry's schedule did this step (carry.Out)
+  carry_stats: Any = None  # partial rollouts: what the carry's schedule did this step (carry.Out, arrays only)
+
+
+def sampler_model(config, mcfg: model_lib.ModelConfig) -> model_lib.ModelConfig:
+  """The model as the rollout's sampler runs it: in sampling.dtype ('' = the model's own). Params stay float32; only
+  the compute dtype of the prefill and decode changes (a bf16 sampler beside an fp32 trainer: the mismatch an
+  inference engine brings, correction.needs_proximal)."""
+  dtype = correction.sampler_dtype(config)
+  return mcfg if dtype == mcfg.dtype else dataclasses.replace(mcfg, dtype=dtype)
 
 
 def for_rollout(config, mcfg: model_lib.ModelConfig, params: Any) -> decode_layout.Decode:
@@ -90,14 +102,14 @@ def for_rollout(config, mcfg: model_lib.ModelConfig, params: Any) -> decode_layo
 def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Callable[..., Rollout]:
   """(params, ref_params or None, batch, rng) -> Rollout: sample G completions per prompt, score them, log-probs.
 
-  Sampling, and then the reference and (bf16) old-log-prob forwards, run over `rl.rollout_chunks` chunks of rows
+  Sampling, and then the reference and (correction.needs_proximal) old-log-prob forwards, run over `rl.rollout_chunks` chunks of rows
   (map_row_chunks), so the KV cache and the forwards' activations are those of one chunk. Each row's uniforms are
   drawn for all rows at once, so chunking does not change the samples."""
   rl, G, temp = config.rl, config.rl.G, config.sampling.temperature
   chunks = int(rl.rollout_chunks)
   scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=getattr(tokenizer, "eos_ids", tokenizer.eos_id), pad_id=tokenizer.pad_id)
-  # π_old needs its own forward unless the sampler's log-probs are the pre-update weights' in training numerics
-  proximal = mcfg.dtype == "bfloat16" or bool(rl.get("partial_rollouts", False))
+  proximal = correction.needs_proximal(config)  # else π_prox = μ: no old-log-prob forward (exact on-policy mode)
+  smcfg = sampler_model(config, mcfg)
   overlong_cache = round(rl.overlong_frac * scfg.max_new_tokens)  # a length: static
   # Each term's weight (the order of terms_NxK); the overlong penalty, when on, is the last term, weight 1.
   term_w_K = jnp.asarray(spec.weights + ((1.0,) if overlong_cache > 0 else ()), jnp.float32)
@@ -113,12 +125,12 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
     k_sample, k_ds = jax.random.split(rng)
     # The weights in their decode layout (decode_layout.py), once per rollout, outside the chunk loop: every chunk
     # decodes with this one copy.
-    decode = for_rollout(config, mcfg, params)
+    decode = for_rollout(config, smcfg, params)
     carried = None
     if cspec is not None:
       # the carry admits this step's prompts, decodes its budget and hands back B complete groups (carry.py)
       spec_here = cspec._replace(D=engine_lib.batch_split())
-      carry, carried = carry_lib.advance(mcfg, params, carry, batch, version, k_sample, scfg, spec_here,
+      carry, carried = carry_lib.advance(smcfg, params, carry, batch, version, k_sample, scfg, spec_here,
                                          budget=budget, kv=rl.carry_kv, decode=decode)
       batch = carried.fields
     b = tile_batch(batch, G)
@@ -132,16 +144,16 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
       u_NxL = sampling.uniforms(k_sample, scfg.max_new_tokens, n_all).T
       # one prefill per prompt (the untiled batch), S slots over the N rows; rl.rollout_chunks bounds the slots
       # (sampling.slots=0: N / rollout_chunks, the KV of as many rows as one static chunk holds)
-      ro, stats = engine_lib.sample_groups(mcfg, params, batch["prompt_NxP"], batch["prompt_mask_NxP"], G, scfg,
+      ro, stats = engine_lib.sample_groups(smcfg, params, batch["prompt_NxP"], batch["prompt_mask_NxP"], G, scfg,
                                            u_LxN=u_NxL.T, slots=row_chunks.slots_for(config, n_all), levels=levels,
                                            split=engine_lib.batch_split(), decode=decode,
-                                           **engine_lib.attention_kwargs(config, mcfg))
+                                           **engine_lib.attention_kwargs(config, smcfg))
       decode_steps, row_steps, admit_wait = ro.decode_steps, stats.row_steps, stats.admit_wait
     else:
       u_NxL = sampling.uniforms(k_sample, scfg.max_new_tokens, n_all).T
 
       def sample_rows(p, m, u):
-        s = sampling.sample(mcfg, params, p, m, None, scfg, u_LxN=u.T, decode=decode)
+        s = sampling.sample(smcfg, params, p, m, None, scfg, u_LxN=u.T, decode=decode)
         # one count per row, so map_row_chunks can stack the chunks' counts like any row-wise output
         return s._replace(decode_steps=jnp.broadcast_to(s.decode_steps, s.lengths_N.shape))
 
@@ -166,7 +178,7 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
     # Everything with one row per sample; dynamic sampling keeps some groups' rows.
     rows = dict(prompt_NxP=b["prompt_NxP"], pmask_NxP=b["prompt_mask_NxP"], tokens_NxL=tokens_NxL,
                 mask_NxL=ro.mask_NxL.astype(jnp.float32), lengths_N=ro.lengths_N, truncated_N=ro.truncated_N,
-                r_N=r_N, per_term=per_term, terms_NxK=terms_NxK, steps=steps, old_logp_NxL=ro.logp_NxL,
+                r_N=r_N, per_term=per_term, terms_NxK=terms_NxK, steps=steps, behav_logp_NxL=ro.logp_NxL,
                 index_N=b.get("index_N"), version_NxL=None if carried is None else carried.ver_NxL)
     ds_kept = None
     if rl.dynamic_sampling:
@@ -184,9 +196,10 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
     bucket = update_lib.bucket_index(rows["lengths_N"], sizes)
 
     def forwards(seq_chunk, packed):
-      # bf16 sampler and training forward differ by rounding; ρ must start at exactly 1 for μ=1 on-policy, so under
-      # bf16 the old log-probs are recomputed in training numerics (packed as the policy pass is, under packing).
-      # Carried tokens were drawn by older weights (and over older KV): π_old is the pre-update weights' forward.
+      # π_prox (correction.needs_proximal): a bf16 sampler and training forward differ by rounding, and ρ must
+      # start at exactly 1 for μ=1 on-policy, so the old log-probs are recomputed in training numerics (packed as
+      # the policy pass is, under packing); a correction measures ρ = π_prox/μ against this forward. Carried
+      # tokens (partial rollouts) were drawn by older weights over older KV: π_prox is the pre-update weights'.
       out = {}
       if ref_params is not None:
         with jax.named_scope("reference"):  # phase names the roofline attributes collectives by (hlo_collectives)
@@ -198,21 +211,22 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
 
     need = ref_params is not None or proximal
     lp = forwards_by_length(config, forwards, bucket, seq, P) if need else {}
-    old_logp_NxL = lp.get("old", rows["old_logp_NxL"])
+    behav_logp_NxL = jax.lax.stop_gradient(rows["behav_logp_NxL"]) * mask_NxL
+    # exact on-policy mode: every token was sampled by these weights in these numerics, so μ serves as π_prox
+    old_logp_NxL = jax.lax.stop_gradient(lp["old"]) * mask_NxL if proximal else behav_logp_NxL
     ref_logp_NxL = None
     if ref_params is not None:
       ref_logp_NxL = jax.lax.stop_gradient(lp["ref"]) * mask_NxL
     ro_out = Rollout(seq=seq, tokens_NxL=rows["tokens_NxL"], mask_NxL=mask_NxL, lengths_N=rows["lengths_N"],
-                   truncated_N=rows["truncated_N"], r_N=rows["r_N"], per_term=rows["per_term"], steps=rows["steps"],
-                   terms_NxK=rows["terms_NxK"], term_w_K=term_w_K,
-                   old_logp_NxL=jax.lax.stop_gradient(old_logp_NxL) * mask_NxL, ref_logp_NxL=ref_logp_NxL,
-                   status=status, fallbacks=fallbacks, ds_kept=ds_kept, bucket=bucket,
-                   decode_steps=decode_steps, decode_row_steps=row_steps, decode_slot_util=slot_util,
-                   decode_admit_wait=admit_wait, index_N=rows["index_N"],
-                   behav_logp_NxL=jax.lax.stop_gradient(rows["old_logp_NxL"]) * mask_NxL,
-                   version_NxL=rows["version_NxL"],
-                   carry_stats=None if carried is None else carried._replace(rollout=None, ver_NxL=None,
-                                                                             fields=None))
+                     truncated_N=rows["truncated_N"], r_N=rows["r_N"], per_term=rows["per_term"], steps=rows["steps"],
+                     terms_NxK=rows["terms_NxK"], term_w_K=term_w_K,
+                     old_logp_NxL=old_logp_NxL, ref_logp_NxL=ref_logp_NxL,
+                     status=status, fallbacks=fallbacks, ds_kept=ds_kept, bucket=bucket,
+                     decode_steps=decode_steps, decode_row_steps=row_steps, decode_slot_util=slot_util,
+                     decode_admit_wait=admit_wait, index_N=rows["index_N"], behav_logp_NxL=behav_logp_NxL,
+                     version_NxL=rows["version_NxL"],
+                     carry_stats=None if carried is None else carried._replace(rollout=None, ver_NxL=None,
+                                                                               fields=None))
     return ro_out if carried is None else (ro_out, carry)
 
   return rollout_fn
@@ -230,7 +244,8 @@ def carry_spec(config) -> carry_lib.Spec | None:
   shape = {a: int(config.mesh[a]) for a in sharding.MESH_AXES}
   if -1 in shape.values():  # an axis over the remaining devices: this process's
     shape = sharding.mesh_shape(config.mesh, jax.device_count())
-  return carry_lib.spec_for(config, fields, shape["data"] * shape["fsdp"])
+  # the KV the sampler writes: in its own dtype (sampling.dtype)
+  return carry_lib.spec_for(config, fields, shape["data"] * shape["fsdp"], correction.sampler_dtype(config))
 
 
 

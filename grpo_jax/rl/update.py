@@ -123,7 +123,8 @@ def minibatch_scan(update: Callable[[Any, Any], tuple[Any, dict]], carry: Any, d
 
 # Per-update metrics reported as train/<key>: the mean over the step's updates, except the ratio's extremes.
 _REPORTED = ("loss", "grad_norm", "update_norm", "lr", "clip_frac_low", "clip_frac_high", "clip_frac_dual",
-             "kl_clamp_frac", "ratio_mean", "ratio_max", "ratio_min", "entropy", "value_loss", "tokens", "pack_rows")
+             "kl_clamp_frac", "ratio_mean", "ratio_max", "ratio_min", "entropy", "value_loss", "tokens", "pack_rows",
+             "gate_mean", "gated_frac", "select_frac", "select_entropy", "select_cov")
 
 
 def step_metrics(um: dict[str, jax.Array], params: Any, reward_ok: jax.Array | None = None) -> dict[str, jax.Array]:

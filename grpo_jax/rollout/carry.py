@@ -57,6 +57,7 @@ class Spec(NamedTuple):
   D: int  # the row split (data × fsdp): every count below is a multiple of it
   blk: int  # completion keys per KV block read (engine.KV_BLOCK)
   fields: tuple
+  kv_dtype: str = "float32"  # the sampler's compute dtype: what its KV is written in
 
   @property
   def R(self) -> int:
@@ -126,14 +127,16 @@ def fields_override() -> dict[str, tuple] | None:
   return _FIELDS.get()
 
 
-def spec_for(config, fields: dict[str, tuple], split: int) -> Spec:
-  """The carry of a config; fields: the batch's fields, name -> (per-prompt shape, dtype name)."""
+def spec_for(config, fields: dict[str, tuple], split: int, kv_dtype: str = "") -> Spec:
+  """The carry of a config; fields: the batch's fields, name -> (per-prompt shape, dtype name); kv_dtype: the
+  sampler's compute dtype ('' = the model's)."""
   rl = config.rl
   B, G, L = int(rl.prompts_per_step), int(rl.G), int(config.sampling.max_new_tokens)
   S = int(config.sampling.slots) or B * G
   keys = sorted(k for k in fields if k not in ("prompt_NxP", "prompt_mask_NxP"))
   return Spec(B=B, G=G, Q=(1 + int(rl.max_staleness)) * B, P=int(config.task.prompt_len), L=L, S=S, D=split,
-              blk=min(engine.KV_BLOCK, L), fields=tuple((k, tuple(fields[k][0]), str(fields[k][1])) for k in keys))
+              blk=min(engine.KV_BLOCK, L), fields=tuple((k, tuple(fields[k][0]), str(fields[k][1])) for k in keys),
+              kv_dtype=kv_dtype or config.model.dtype)
 
 
 def check(spec: Spec) -> str | None:
@@ -169,7 +172,7 @@ def axes(spec: Spec, layers: int) -> Carry:
 def init(spec: Spec, mcfg: model_lib.ModelConfig) -> Carry:
   """An empty carry: every table position free, every slot empty (pure: jit it with the state's shardings)."""
   Q, R, S, P, L, D = spec.Q, spec.R, spec.S, spec.P, spec.L, spec.D
-  K, Dh, dt = mcfg.kv_heads, mcfg.head_dim, mcfg.compute_dtype
+  K, Dh, dt = mcfg.kv_heads, mcfg.head_dim, jnp.dtype(spec.kv_dtype)
   z = lambda shape, dtype=jnp.int32: jnp.zeros(shape, dtype)
   return Carry(
       prompt_QxP=z((Q, P)), pmask_QxP=z((Q, P)),

@@ -38,6 +38,16 @@ def pass_at_k(n: int, c: int, k: int) -> float:
   return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
+def pass_at_k_curve(ok_QxN: np.ndarray, ks) -> dict[int, float]:
+  """Mean over prompts of the unbiased pass@k for each k (every k ≤ n = samples per prompt), from one matrix of
+  per-sample correctness (Q prompts × n samples, as one sampled generate call with eval.n_samples returns them):
+  what a pass@k curve up to k = n (e.g. 256) is read from."""
+  ok_QxN = np.asarray(ok_QxN) > 0.5
+  n = ok_QxN.shape[1]
+  c_Q = ok_QxN.sum(1)
+  return {int(k): float(np.mean([pass_at_k(n, int(c), int(k)) for c in c_Q])) for k in ks}
+
+
 def answer_span(ids, tag_ids: dict) -> tuple[int, ...] | None:
   """Token ids between the first <answer> and the next </answer> tag token (None if there is no such pair)."""
   ids = list(ids)
@@ -168,7 +178,7 @@ def to_host(out) -> list[np.ndarray]:
 def group_metrics(ok_N: np.ndarray, answers_N: list, n: int, pass_k) -> dict[str, float]:
   """pass@k for each k and cons@n over prompt-major groups of n samples (`ok_N` > 0.5: a right sample)."""
   ok_QxN = np.asarray(ok_N).reshape(-1, n)
-  m = {f"pass@{k}": float(np.mean([pass_at_k(n, int(c), k) for c in ok_QxN.sum(-1)])) for k in pass_k}
+  m = {f"pass@{k}": v for k, v in pass_at_k_curve(ok_QxN, pass_k).items()}
   ans_QxN = [answers_N[i * n:(i + 1) * n] for i in range(ok_QxN.shape[0])]
   m[f"cons@{n}"] = float(np.mean([cons_at_k(a, list(c > 0.5), n) for a, c in zip(ans_QxN, ok_QxN)]))
   return m
@@ -248,8 +258,11 @@ class Evaluator:
 
   def __call__(self, params, rng, with_samples: bool = True) -> tuple[dict[str, float], list[str]]:
     g = self.rollouts(params, rng)
+    right = g.accuracy_N > 0.5
+    side_len = lambda sel: float(g.lengths_N[sel].mean()) if sel.any() else 0.0
     m = {"eval/accuracy": float(g.accuracy_N.mean()), "eval/format_rate": float(g.format_N.mean()),
-         "eval/completion_len_mean": float(g.lengths_N.mean())}
+         "eval/completion_len_mean": float(g.lengths_N.mean()),
+         "eval/completion_len_correct": side_len(right), "eval/completion_len_incorrect": side_len(~right)}
     m.update({f"eval/{name}": float(v.mean()) for name, v in g.readings.items()})
     texts = [self.tok.decode(t[mk > 0].tolist()) for t, mk in zip(g.tokens_NxL[:3], g.mask_NxL[:3])]
     if with_samples:

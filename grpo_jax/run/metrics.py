@@ -49,6 +49,18 @@ METRICS: dict[str, str] = {
                            'the groups where both vary (0 if none; rl/length_stats.py)'),
     'train/len_acc_corr_frac': 'fraction of groups where length and accuracy both vary (those train/len_acc_corr '
                                'averages)',
+    'train/completion_len_correct': ('mean length of the completions the accuracy term scores right (> 0.5); 0 if '
+                                     'none (tasks with an accuracy term)'),
+    'train/completion_len_incorrect': 'mean length of the completions scored wrong; 0 if none',
+    'train/cov_logp_adv': ('Cov(log pi_old, A) over the completion tokens (population covariance): by the entropy '
+                           'mechanism (arXiv 2505.22617) the entropy falls by about this much per step'),
+    'train/gate_mean': ('rl.objective=sapo: token-mean gate weight 4s(1-s), s = sigmoid(tau(ratio - 1)): 1 on-policy, '
+                        'smaller as the ratio leaves 1'),
+    'train/gated_frac': 'rl.objective=sapo: fraction of tokens whose gate weight is below 1/2',
+    'train/select_frac': ('rl.token_select: fraction of completion tokens the rule picked (kept by top_entropy, '
+                          'cut by clip_cov, KL-penalised by kl_cov)'),
+    'train/select_entropy': 'rl.token_select: mean entropy of the picked tokens',
+    'train/select_cov': 'rl.token_select: mean covariance term (log pi - mean)(A - mean) of the picked tokens',
     'train/truncation_rate': 'fraction of completions with no EOS within max_new_tokens',
     'train/decode_steps': 'decode steps the rollout ran: max_new_tokens - 1 unless every row ended early '
                           '(sampling.exit_chunk early exit; with rollout chunks the slowest chunk\'s)',
@@ -83,6 +95,14 @@ METRICS: dict[str, str] = {
     'train/lr': 'learning rate of the updates of this step (mean; warm-up included)',
     'train/value_loss': 'critic (value) loss, PPO only',
     'train/dynamic_sampling_kept': 'prompts kept by dynamic sampling (groups with non-zero reward variance)',
+    'train/is_weight_mean': ('rollout correction (rl/correction.py; logged when the old log-probs are a forward, '
+                             'correction.needs_proximal): mean weight w = f(pi_prox/mu) over the kept tokens (1 '
+                             'under rl.rollout_correction=none)'),
+    'train/is_weight_max': 'rollout correction: largest weight w over the kept tokens',
+    'train/is_masked_frac': ('rollout correction: fraction of completion tokens it removed from the loss (mis, '
+                             'icepop: by token; seq_mask: whole rows)'),
+    'train/mismatch_kl': ('k3 estimate of KL(mu || pi_prox), token mean: the behaviour policy (the sampler\'s '
+                          'recorded log-probs) against this step\'s pre-update weights in training numerics'),
     'train/reward_fallbacks': 'Python reward calls that timed out or failed and got the fallback score',
     # --- eval/: held-out prompts ---
     'eval/accuracy': 'greedy-decoding accuracy',
@@ -92,6 +112,8 @@ METRICS: dict[str, str] = {
     'eval/cons@<k>': 'majority-vote (self-consistency) accuracy over k sampled completions',
     'eval/language_consistency': 'fraction of reasoning written in the prompt\'s language (language mixing)',
     'eval/completion_len_mean': 'mean greedy completion length in tokens',
+    'eval/completion_len_correct': 'mean greedy completion length of the right answers (0 if none)',
+    'eval/completion_len_incorrect': 'mean greedy completion length of the wrong answers (0 if none)',
     # --- perf/: wall-clock, the only non-deterministic metrics ---
     'perf/step_time_s': 'wall time of the jitted step, seconds (includes compilation on the first step)',
     'perf/tokens_per_s': 'completion tokens generated per second of step time',

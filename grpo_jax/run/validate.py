@@ -3,6 +3,9 @@ import math
 from typing import Any
 
 from grpo_jax.rl import advantages
+from grpo_jax.rl import correction
+from grpo_jax.rl import losses
+from grpo_jax.rl import token_select
 from grpo_jax.config import presets
 from grpo_jax.config import config_lib
 from grpo_jax.infra.errors import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch; exit 2)
@@ -207,10 +210,13 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   if c.rl.std_ddof not in (0, 1):
     _fail("rl.std_ddof", f"must be 0 (population std) or 1 (sample std), got {c.rl.std_ddof!r}.")
   validate_algorithm(c)
+  validate_correction(c)
+  validate_objective(c)
   if c.rl.dynamic_sampling and c.rl.oversample < 2:
     _fail("rl.oversample", "dynamic sampling needs rl.oversample >= 2 (sample more groups than it keeps).")
-  if c.rl.eps_low >= 1:
-    _fail("rl.eps_low", f"must be < 1 (the ratio is clipped at 1 - eps_low), got {c.rl.eps_low}.")
+  if c.rl.eps_low > 1:
+    _fail("rl.eps_low", f"must be <= 1 (the ratio is clipped at 1 - eps_low >= 0; 1 = no lower bound, as CISPO "
+          f"sets it), got {c.rl.eps_low}.")
   if c.rl.reward_fallback not in ("",):
     try:
       float(c.rl.reward_fallback)
@@ -372,6 +378,64 @@ def validate_partial(c, data_par: int) -> None:
   if rl.prompts_per_step % data_par:
     _fail("rl.prompts_per_step", f"{rl.prompts_per_step} must be divisible by mesh data*fsdp={data_par} with "
           "rl.partial_rollouts (each device trains whole groups of its own).")
+
+
+def _finite_positive(c, key, what: str) -> float:
+  v = _get(c, key)
+  if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
+    _fail(key, f"must be a finite number > 0 ({what}), got {v!r}.")
+  return v
+
+
+def validate_correction(c) -> None:
+  """rl.rollout_correction and its thresholds (rl/correction.py), sampling.dtype: every threshold is checked,
+  whichever kind is chosen, so a bad value cannot wait for the day its kind is switched on."""
+  _choice(c, "rl.rollout_correction", correction.KINDS)
+  _choice(c, "sampling.dtype", ("",) + DTYPES)
+  if c.sampling.dtype == "float32" and c.model.attention == "cudnn":
+    _fail("sampling.dtype", "'float32' with model.attention='cudnn' (cuDNN attention has no float32 kernel); set "
+          "sampling.dtype='' or model.attention=auto.")
+  _finite_positive(c, "rl.is_cap", "tis truncates the weight at it: w = min(rho, is_cap)")
+  windows = (("mis", "the window of rho that mis keeps"), ("icepop", "IcePop's [alpha, beta]"),
+             ("seq_mask", "the window of the geometric-mean rho that seq_mask keeps"))
+  for name, what in windows:
+    lo_key, hi_key = f"rl.{name}_lo", f"rl.{name}_hi"
+    lo, hi = _get(c, lo_key), _get(c, hi_key)
+    if not isinstance(lo, (int, float)) or isinstance(lo, bool) or not math.isfinite(lo) or lo < 0:
+      _fail(lo_key, f"must be a finite number >= 0 (the lower end of {what}), got {lo!r}.")
+    _finite_positive(c, hi_key, f"the upper end of {what}")
+    if not lo < 1 < hi:
+      _fail(lo_key, f"{lo} and {hi_key}={hi} must satisfy {lo_key} < 1 < {hi_key} ({what}; a window without "
+            "rho = 1 would drop every on-policy token); put them in that order around 1.")
+  v = c.rl.is_veto
+  if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1:
+    _fail("rl.is_veto", f"must be in [0, 1) (seq_mask drops a row with a token of rho below it; 0 = off), got {v!r}.")
+
+
+def validate_objective(c) -> None:
+  """rl.objective and its temperatures, rl.token_select and its parameters (losses.py, rl/token_select.py)."""
+  _choice(c, "rl.objective", losses.OBJECTIVES)
+  if c.rl.objective != "clip" and c.rl.ratio_level != "token":
+    _fail("rl.ratio_level", f"'{c.rl.ratio_level}' (GSPO's sequence ratio) is an option of the 'clip' objective, not "
+          f"of rl.objective='{c.rl.objective}'; set rl.ratio_level='token'.")
+  for k in ("rl.sapo_tau_pos", "rl.sapo_tau_neg"):
+    _finite_positive(c, k, "the SAPO gate's temperature: (4/tau)·sigmoid(tau·(ratio - 1))")
+  _choice(c, "rl.token_select", token_select.KINDS)
+  for k, what in (("rl.select_frac", "the share of tokens top_entropy keeps"),
+                  ("rl.clip_cov_ratio", "the share of tokens Clip-Cov cuts"),
+                  ("rl.kl_cov_ratio", "the share of tokens KL-Cov penalises")):
+    v = _get(c, k)
+    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 1:
+      _fail(k, f"must be a fraction in (0, 1] ({what}), got {v!r}.")
+  lb, ub = c.rl.clip_cov_lb, c.rl.clip_cov_ub
+  if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (lb, ub)) \
+      or not lb < ub:
+    _fail("rl.clip_cov_lb", f"{lb!r} and rl.clip_cov_ub={ub!r} must be finite with rl.clip_cov_lb < rl.clip_cov_ub "
+          "(Clip-Cov's covariance range); put them in order.")
+  _nonneg(c, "rl.kl_cov_coef")
+  if c.rl.token_select != "all" and c.rl.packing:
+    _fail("rl.token_select", f"'{c.rl.token_select}' ranks the tokens of the whole minibatch, but rl.packing hands "
+          "the objective one packed micro-batch at a time; set rl.packing=False or rl.token_select='all'.")
 
 
 def validate_algorithm(c) -> None:

@@ -14,6 +14,8 @@ from grpo_jax.config import config_lib
 from grpo_jax.rl import auto
 from grpo_jax.model import model as model_lib
 from grpo_jax.config import presets
+from grpo_jax.studies import scaling_fit
+from grpo_jax.studies import stats
 from grpo_jax.studies import vmapped_runs as seeds_lib
 from grpo_jax.infra import sharding
 from grpo_jax.run import validate
@@ -84,13 +86,15 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   prompts, G = c.rl.prompts_per_step, c.rl.G
   data = digits.toy_batches(prompts, seed=12345)  # the same prompts for every seed and variant
   S = len(seeds)
-  reward, len_right, len_wrong, eval_x = [], [], [], [0]
+  reward, len_right, len_wrong, eval_x, entropy, cov = [], [], [], [0], [], []
   acc, acc_train = [np.asarray(evaluate(states["params"]))], [np.asarray(evaluate_train(states["params"]))]
   for t in range(cfg.steps):
     batch = next(data)
     states, m = step(states, batch)
     sm = seeds_lib.host_scalars(m)
     reward.append(sm["train/reward/acc"] if "train/reward/acc" in sm else sm["train/reward_mean"])
+    entropy.append(sm["train/entropy"])
+    cov.append(sm["train/cov_logp_adv"])
     lens_SxN = np.asarray(m["samples/mask_NxL"]).sum(-1)
     right_SxN = np.asarray(m["samples/tokens_NxL"])[:, :, 0] == np.repeat(batch["answer_N"], G)[None, :]
     len_right.append([lens_SxN[s][right_SxN[s]].mean() if right_SxN[s].any() else np.nan for s in range(S)])
@@ -99,8 +103,8 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
       eval_x.append(t + 1)
       acc.append(np.asarray(evaluate(states["params"])))
       acc_train.append(np.asarray(evaluate_train(states["params"])))
-  reward, len_right, len_wrong, acc, acc_train = map(lambda a: np.asarray(a, np.float64).T,
-                                                     (reward, len_right, len_wrong, acc, acc_train))
+  reward, len_right, len_wrong, acc, acc_train, entropy, cov = map(
+      lambda a: np.asarray(a, np.float64).T, (reward, len_right, len_wrong, acc, acc_train, entropy, cov))
   tail = slice(int(cfg.steps * 0.8), None)
   x = list(range(1, cfg.steps + 1))
   return {
@@ -111,6 +115,8 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
           "len_right_last20%": np.nanmean(len_right[:, tail], 1).tolist(),
           "len_wrong_last20%": np.nanmean(len_wrong[:, tail], 1).tolist(),
           "len_wrong-right_last20%": np.nanmean(len_wrong[:, tail] - len_right[:, tail], 1).tolist(),
+          "entropy_last20%": entropy[:, tail].mean(1).tolist(),
+          "cov_logp_adv_mean": cov.mean(1).tolist(),
       },
       "curves": {
           "train accuracy reward": {"x": x, "y": reward.tolist()},
@@ -118,6 +124,8 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
           "greedy accuracy on the training prompts": {"x": eval_x, "y": acc_train.tolist()},
           "length of right answers": {"x": x, "y": np.nan_to_num(len_right, nan=0.0).tolist()},
           "length of wrong answers": {"x": x, "y": np.nan_to_num(len_wrong, nan=0.0).tolist()},
+          "policy entropy": {"x": x, "y": entropy.tolist()},
+          "Cov(log pi, A)": {"x": x, "y": cov.tolist()},
       },
   }
 
@@ -127,3 +135,42 @@ def start_params(cfg, mcfg):
   if int(cfg.get("base_steps", 0)) <= 0:
     return None
   return toy.base_params(mcfg, cfg.run.sampling.max_new_tokens, int(cfg.base_steps), float(cfg.p_correct))
+
+
+def appendix(cfg, cells: dict) -> str:
+  """Per variant, from the seeds' curves (what cfg.fits names): 'sigmoid': ScaleRL's R(C) = R0 + (A − R0)/(1 +
+  (C_mid/C)^B) fitted to the train accuracy reward against steps, R0 the first step's (studies/scaling_fit.py);
+  'entropy': R = −a·e^H + b (Cui et al. 2025) by least squares of the reward on e^H over the steps, and the
+  correlation of the entropy change H_{t+1} − H_t with −Cov(log π, A)_t (the covariance identity's sign). Each
+  as mean ± 95% CI over seeds."""
+  fits = tuple(cfg.get("fits", ()))
+  if not fits:
+    return ""
+  lines = []
+  if "sigmoid" in fits:
+    lines += ["### ScaleRL sigmoid of the train accuracy reward against steps", "",
+              "| variant | A | B | C_mid (steps) | rmse |", "|---|---|---|---|---|"]
+    for name, cell in cells.items():
+      curve = cell["curves"]["train accuracy reward"]
+      out = scaling_fit.fit_seeds(curve["x"], curve["y"])
+      rmse = stats.summarize([f.rmse for f in out.fits])
+      lines.append(f"| {name} | {out.A.fmt()} | {out.B.fmt()} | {out.C_mid.fmt()} | {rmse.fmt()} |")
+    lines.append("")
+  if "entropy" in fits:
+    lines += ["### Reward against entropy, R = −a·e^H + b, and the covariance identity", "",
+              "| variant | a | b | corr(ΔH, −Cov) |", "|---|---|---|---|"]
+    for name, cell in cells.items():
+      R_S = np.asarray(cell["curves"]["train accuracy reward"]["y"], np.float64)
+      H_S = np.asarray(cell["curves"]["policy entropy"]["y"], np.float64)
+      C_S = np.asarray(cell["curves"]["Cov(log pi, A)"]["y"], np.float64)
+      a_, b_, r_ = [], [], []
+      for R, H, C in zip(R_S, H_S, C_S):
+        slope, icpt = np.polyfit(np.exp(H), R, 1)
+        a_.append(-slope)
+        b_.append(icpt)
+        dH = np.diff(H)
+        r_.append(float(np.corrcoef(dH, -C[:-1])[0, 1]) if dH.std() > 0 and C.std() > 0 else float("nan"))
+      lines.append(f"| {name} | {stats.summarize(a_).fmt()} | {stats.summarize(b_).fmt()} | "
+                   f"{stats.summarize(r_).fmt()} |")
+    lines.append("")
+  return "\n".join(lines)

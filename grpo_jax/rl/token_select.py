@@ -1,0 +1,101 @@
+"""Which tokens carry the policy gradient (rl.token_select), usable with any objective (losses.policy_loss).
+
+Each rule reads batch statistics of the minibatch the objective sees (its valid tokens): the entropies of the
+current policy, or the covariance term of the entropy mechanism,
+    cov_t = (log π_t − mean log π) · (A_t − mean A)        (means over the valid tokens; stop-gradient)
+whose batch mean is Cov(log π, A): for a softmax policy under policy gradient, the entropy changes by about
+−Cov(log π, A) per step (Cui et al. 2025, arXiv 2505.22617), so tokens of large positive cov_t are those that
+collapse the entropy.
+
+  all          every token (the objective as it is).
+  top_entropy  policy gradient on the tokens whose entropy is among the top `rl.select_frac` of the minibatch's
+               (ceil(frac · n) highest; ties at the threshold kept), the rest none; normalisers unchanged (Wang et
+               al. 2025, arXiv 2506.01939, "Beyond the 80/20 rule": frac 0.2).
+  clip_cov     Clip-Cov: of the tokens with clip_cov_lb < cov_t < clip_cov_ub not already clipped by the objective,
+               max(floor(clip_cov_ratio · n), 1) chosen uniformly at random get no policy gradient (value and
+               gradient 0). verl compute_policy_loss_clip_cov: ratio 2e-4, bounds (1, 5).
+  kl_cov       KL-Cov: the max(floor(kl_cov_ratio · n), 1) tokens of largest cov_t get a penalty
+               kl_cov_coef · |log π − log π_old| (value and gradient). verl compute_policy_loss_kl_cov: ratio 2e-4,
+               coefficient 1. verl's KL-Cov uses the unclipped surrogate ρA on every token; here the penalty is
+               added to the chosen objective (rl.objective; PPO's clip by default), so it composes with any.
+Clip-Cov's random choice reads one uniform per token (`u_NxL`), drawn once per step from the update's key. The
+rules need the whole minibatch, so rl.packing (whose objective sees one micro-batch at a time) refuses them
+(run/validate.py).
+"""
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+
+KINDS = ("all", "top_entropy", "clip_cov", "kl_cov")
+
+
+class Selection(NamedTuple):
+  """pg_NxL: 1 where a token keeps its policy gradient; kl_NxL: 1 where KL-Cov's penalty applies; metrics."""
+  pg_NxL: jax.Array
+  kl_NxL: jax.Array
+  metrics: dict
+
+
+def _masked_mean(x_NxL: jax.Array, valid_NxL: jax.Array) -> jax.Array:
+  return jnp.sum(jnp.where(valid_NxL, x_NxL, 0.0)) / jnp.maximum(jnp.sum(valid_NxL), 1)
+
+
+def covariance(logp_NxL: jax.Array, adv_NxL: jax.Array, valid_NxL: jax.Array) -> jax.Array:
+  """cov_t = (log π_t − mean log π)(A_t − mean A) over the valid tokens, 0 elsewhere, stop-gradient. Its mean over
+  the valid tokens is the (population) covariance Cov(log π, A)."""
+  lp_NxL = jax.lax.stop_gradient(jnp.where(valid_NxL, logp_NxL, 0.0))
+  a_NxL = jax.lax.stop_gradient(jnp.where(valid_NxL, adv_NxL, 0.0))
+  cov_NxL = (lp_NxL - _masked_mean(lp_NxL, valid_NxL)) * (a_NxL - _masked_mean(a_NxL, valid_NxL))
+  return jnp.where(valid_NxL, cov_NxL, 0.0)
+
+
+def kth_largest(x_NxL: jax.Array, where_NxL: jax.Array, k: jax.Array) -> jax.Array:
+  """The k-th largest of x over `where` (k traced, ≥ 1); −inf when fewer than k entries qualify."""
+  flat = jnp.sort(jnp.where(where_NxL, x_NxL, -jnp.inf).reshape(-1))[::-1]
+  return jnp.take(flat, jnp.clip(k - 1, 0, flat.shape[0] - 1))
+
+
+def _count(ratio, n: jax.Array, ceil: bool = False) -> jax.Array:
+  """max(floor (or ceil) of ratio · n, 1), as an int32 (ratio may be traced)."""
+  x = ratio * n.astype(jnp.float32)
+  return jnp.maximum((jnp.ceil(x) if ceil else jnp.floor(x)).astype(jnp.int32), 1)
+
+
+def choose(kind: str, rl, *, logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: jax.Array,
+           ent_NxL: jax.Array | None = None, clipped_NxL: jax.Array | None = None,
+           u_NxL: jax.Array | None = None) -> Selection:
+  """The selection of rule `kind` with the parameters of the config group `rl` (select_frac, clip_cov_ratio,
+  clip_cov_lb, clip_cov_ub, kl_cov_ratio). `clipped_NxL`: tokens whose gradient the objective already cuts
+  (Clip-Cov skips them); `u_NxL`: Clip-Cov's uniforms. metrics: select_frac (tokens the rule picked: kept by
+  top_entropy, cut by clip_cov, penalised by kl_cov), select_entropy (their mean entropy), select_cov (their mean
+  cov_t)."""
+  if kind not in KINDS:
+    raise ValueError(f"rl.token_select={kind!r} is not one of {KINDS}; set it to one of them.")
+  valid_NxL = mask_NxL > 0
+  ones = jnp.ones_like(mask_NxL, jnp.float32)
+  if kind == "all":
+    return Selection(ones, jnp.zeros_like(ones), {})
+  n = jnp.sum(valid_NxL)
+  cov_NxL = covariance(logp_NxL, adv_NxL, valid_NxL)
+  if kind == "top_entropy":
+    ent_NxL = jax.lax.stop_gradient(ent_NxL)
+    picked_NxL = valid_NxL & (ent_NxL >= kth_largest(ent_NxL, valid_NxL, _count(rl.select_frac, n, ceil=True)))
+    pg_NxL, kl_NxL = picked_NxL.astype(jnp.float32), jnp.zeros_like(ones)
+  elif kind == "clip_cov":
+    eligible_NxL = valid_NxL & (cov_NxL > rl.clip_cov_lb) & (cov_NxL < rl.clip_cov_ub)
+    if clipped_NxL is not None:
+      eligible_NxL = eligible_NxL & ~clipped_NxL
+    neg_u_NxL = -u_NxL  # the k smallest uniforms among the eligible tokens: a uniformly random k-subset
+    picked_NxL = eligible_NxL & (neg_u_NxL >= kth_largest(neg_u_NxL, eligible_NxL, _count(rl.clip_cov_ratio, n)))
+    pg_NxL, kl_NxL = (~picked_NxL).astype(jnp.float32), jnp.zeros_like(ones)
+  else:
+    picked_NxL = valid_NxL & (cov_NxL >= kth_largest(cov_NxL, valid_NxL, _count(rl.kl_cov_ratio, n)))
+    pg_NxL, kl_NxL = ones, picked_NxL.astype(jnp.float32)
+  picked_f = picked_NxL.astype(jnp.float32)
+  n_picked = jnp.maximum(jnp.sum(picked_f), 1.0)
+  metrics = {"select_frac": jnp.sum(picked_f) / jnp.maximum(n, 1),
+             "select_cov": jnp.sum(picked_f * cov_NxL) / n_picked}
+  if ent_NxL is not None:
+    metrics["select_entropy"] = jnp.sum(picked_f * jax.lax.stop_gradient(jnp.where(valid_NxL, ent_NxL, 0.0))) / n_picked
+  return Selection(pg_NxL, kl_NxL, metrics)

@@ -1,0 +1,123 @@
+"""ScaleRL's compute–performance sigmoid, fitted without SciPy, with CIs over seeds.
+
+    R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B)         (Khatri et al. 2025, arXiv 2510.13786, Eq. 1)
+
+A is the asymptotic reward, B the scaling exponent (how steeply the curve rises in log C), C_mid the compute at which
+half of the gain A − R0 is reached, R0 the reward at the start (fixed, not fitted: the first evaluation). Compute C
+is whatever a run counts (steps, tokens, FLOPs); B and A do not depend on its unit, C_mid scales with it.
+
+The fit: for fixed (log C_mid, log B) the model is linear in A, so A has a closed-form least-squares value (profiled
+out); the remaining two parameters are found by a grid over log C_mid (inside the compute range, plus a decade either
+side) × log B (0.1 … 10), then Nelder–Mead from the best grid points, inside that box (a fit on its edge means the
+curve is no sigmoid over the compute measured). Robust to the start, no gradients, ~ms per curve.
+Per seed one fit; `fit_seeds` gives mean ± 95% CI (Student t, studies/stats.py) of A, B, C_mid over the seeds.
+"""
+import dataclasses
+import math
+from typing import Sequence
+
+import numpy as np
+
+from grpo_jax.studies import stats
+
+
+B_RANGE = (0.1, 10.0)  # the exponents searched (ScaleRL's fits lie in ~0.5-3)
+
+
+@dataclasses.dataclass(frozen=True)
+class SigmoidFit:
+  A: float
+  B: float
+  C_mid: float
+  R0: float
+  rmse: float  # root mean squared residual of the fit
+
+  def predict(self, C) -> np.ndarray:
+    return sigmoid(np.asarray(C, np.float64), self.A, self.B, self.C_mid, self.R0)
+
+
+def sigmoid(C: np.ndarray, A: float, B: float, C_mid: float, R0: float) -> np.ndarray:
+  """R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B), computed as R0 + (A − R0)·σ(B·(log C − log C_mid))."""
+  z = B * (np.log(C) - math.log(C_mid))
+  return R0 + (A - R0) / (1.0 + np.exp(-np.clip(z, -700, 700)))
+
+
+def _profile(logC: np.ndarray, R: np.ndarray, R0: float, log_cmid: float, log_b: float) -> tuple[float, float]:
+  """(sum of squared residuals, A) with A at its least-squares value for this (C_mid, B)."""
+  s = 1.0 / (1.0 + np.exp(-np.clip(math.exp(log_b) * (logC - log_cmid), -700, 700)))
+  den = float(np.dot(s, s))
+  gain = float(np.dot(s, R - R0)) / den if den > 0 else 0.0
+  res = R - R0 - gain * s
+  return float(np.dot(res, res)), R0 + gain
+
+
+def _nelder_mead(f, x0: np.ndarray, step: np.ndarray, iters: int = 400, tol: float = 1e-12) -> np.ndarray:
+  """Minimise f from x0 (standard coefficients: reflection 1, expansion 2, contraction ½, shrink ½)."""
+  pts = [x0] + [x0 + np.eye(len(x0))[i] * step[i] for i in range(len(x0))]
+  vals = [f(p) for p in pts]
+  for _ in range(iters):
+    order = np.argsort(vals)
+    pts, vals = [pts[i] for i in order], [vals[i] for i in order]
+    if abs(vals[-1] - vals[0]) <= tol * (abs(vals[0]) + tol):
+      break
+    centroid = np.mean(pts[:-1], axis=0)
+    xr = centroid + (centroid - pts[-1])
+    fr = f(xr)
+    if fr < vals[0]:
+      xe = centroid + 2.0 * (centroid - pts[-1])
+      fe = f(xe)
+      pts[-1], vals[-1] = (xe, fe) if fe < fr else (xr, fr)
+    elif fr < vals[-2]:
+      pts[-1], vals[-1] = xr, fr
+    else:
+      xc = centroid + 0.5 * (pts[-1] - centroid)
+      fc = f(xc)
+      if fc < vals[-1]:
+        pts[-1], vals[-1] = xc, fc
+      else:
+        pts = [pts[0] + 0.5 * (p - pts[0]) for p in pts]
+        vals = [f(p) for p in pts]
+  return pts[int(np.argmin(vals))]
+
+
+def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None) -> SigmoidFit:
+  """Least-squares fit of the sigmoid to points (C_i, R_i), C_i > 0. R0: the starting reward (default: R at the
+  smallest C)."""
+  C, R = np.asarray(C, np.float64), np.asarray(R, np.float64)
+  ok = np.isfinite(C) & np.isfinite(R) & (C > 0)
+  C, R = C[ok], R[ok]
+  if C.size < 3:
+    raise ValueError(f"scaling_fit.fit: {C.size} usable points (C > 0, finite); a sigmoid with A, B, C_mid needs "
+                     "at least 3.")
+  R0 = float(R[np.argmin(C)]) if R0 is None else float(R0)
+  logC = np.log(C)
+  # the search box: C_mid within a decade of the measured compute, B in [0.1, 10]. A curve that is not a sigmoid
+  # there (flat, falling) ends on the box's edge instead of running off to C_mid = 1e29: say so when reading it
+  low = np.array([logC.min() - math.log(10), math.log(B_RANGE[0])])
+  high = np.array([logC.max() + math.log(10), math.log(B_RANGE[1])])
+  box = lambda x: np.clip(x, low, high)
+  sse = lambda x: _profile(logC, R, R0, *box(x))[0] + float(np.sum((x - box(x)) ** 2))
+  grid = [(lc, lb) for lc in np.linspace(low[0], high[0], 41) for lb in np.linspace(low[1], high[1], 25)]
+  scores = np.array([sse(np.array(g)) for g in grid])
+  best = None
+  for i in np.argsort(scores)[:3]:  # a few starts: the surface has flat directions when the curve saturates
+    x = box(_nelder_mead(sse, np.array(grid[i]), np.array([0.3, 0.2])))
+    if best is None or sse(x) < sse(best):
+      best = x
+  err, A = _profile(logC, R, R0, best[0], best[1])
+  return SigmoidFit(A=A, B=math.exp(best[1]), C_mid=math.exp(best[0]), R0=R0, rmse=math.sqrt(err / C.size))
+
+
+@dataclasses.dataclass(frozen=True)
+class SeedFits:
+  fits: tuple[SigmoidFit, ...]
+  A: stats.Summary
+  B: stats.Summary
+  C_mid: stats.Summary
+
+
+def fit_seeds(C: Sequence[float], R_SxT: Sequence[Sequence[float]], R0: float | None = None) -> SeedFits:
+  """One fit per seed's curve R_SxT[s] over the common compute points C: A, B, C_mid as mean ± 95% CI."""
+  fits = tuple(fit(C, r, R0) for r in R_SxT)
+  return SeedFits(fits, stats.summarize([f.A for f in fits]), stats.summarize([f.B for f in fits]),
+                  stats.summarize([f.C_mid for f in fits]))

@@ -1,0 +1,105 @@
+"""What ablations evaluate with: unbiased pass@k against brute force, the length split by correctness, and the ScaleRL
+sigmoid fitter on synthetic curves of known (A, B, C_mid)."""
+import itertools
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.rl import length_stats
+from grpo_jax.run import evaluation
+from grpo_jax.studies import scaling_fit
+
+
+def brute_pass_at_k(ok: list[bool], k: int) -> float:
+  """The fraction of all k-subsets of the n samples that contain a right one: what pass@k estimates unbiasedly."""
+  subsets = list(itertools.combinations(range(len(ok)), k))
+  return sum(any(ok[i] for i in s) for s in subsets) / len(subsets)
+
+
+def test_pass_at_k_equals_brute_force_on_small_n():
+  for n in range(1, 8):
+    for c in range(n + 1):
+      ok = [True] * c + [False] * (n - c)
+      for k in range(1, n + 1):
+        assert evaluation.pass_at_k(n, c, k) == pytest.approx(brute_pass_at_k(ok, k), abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_curve_to_256_samples():
+  """n = 256 samples per prompt (one sampled generate call with eval.n_samples = 256): exact at the ends, monotone in
+  k, and against brute force over random subsets for a large k."""
+  rng = np.random.default_rng(0)
+  p_Q = np.array([0.0, 0.01, 0.2, 1.0])
+  ok_QxN = rng.random((4, 256)) < p_Q[:, None]
+  ks = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+  curve = evaluation.pass_at_k_curve(ok_QxN, ks)
+  c_Q = ok_QxN.sum(1)
+  assert curve[1] == pytest.approx(np.mean(c_Q / 256))
+  assert curve[256] == pytest.approx(np.mean(c_Q > 0))
+  vals = [curve[k] for k in ks]
+  assert all(a <= b + 1e-12 for a, b in zip(vals, vals[1:]))
+  # prompt 1 (few right samples), k = 64: Monte Carlo over subsets agrees with the estimator
+  ok = ok_QxN[1]
+  draws = np.array([ok[rng.choice(256, 64, replace=False)].any() for _ in range(4000)])
+  assert evaluation.pass_at_k(256, int(ok.sum()), 64) == pytest.approx(draws.mean(), abs=0.03)
+  with pytest.raises(ValueError, match="exceeds eval.n_samples"):
+    evaluation.pass_at_k(4, 1, 8)
+
+
+def test_lengths_split_by_correctness():
+  right, wrong = length_stats.split_by(jnp.array([3, 5, 10, 2]), jnp.array([1.0, 0.0, 1.0, 0.0]) > 0.5)
+  assert float(right) == 6.5 and float(wrong) == 3.5
+  right, wrong = length_stats.split_by(jnp.array([3, 5]), jnp.array([False, False]))
+  assert float(right) == 0.0 and float(wrong) == 4.0
+
+
+@pytest.mark.parametrize("A,B,C_mid,R0", [(0.8, 1.5, 300.0, 0.1), (0.55, 0.7, 40.0, 0.3), (0.95, 3.0, 2000.0, 0.0)])
+def test_sigmoid_fit_recovers_known_parameters(A, B, C_mid, R0):
+  C = np.geomspace(C_mid / 30, C_mid * 30, 25)
+  exact = scaling_fit.sigmoid(C, A, B, C_mid, R0)
+  f = scaling_fit.fit(C, exact, R0=R0)
+  assert (f.A, f.B, f.C_mid) == (pytest.approx(A, rel=1e-3), pytest.approx(B, rel=1e-3),
+                                  pytest.approx(C_mid, rel=1e-3))
+  # with noise (±0.01 reward) the parameters come back within a few percent
+  rng = np.random.default_rng(1)
+  f = scaling_fit.fit(C, exact + rng.normal(size=C.shape) * 0.01, R0=R0)
+  assert abs(f.A - A) < 0.03 and abs(np.log(f.B / B)) < 0.25 and abs(np.log(f.C_mid / C_mid)) < 0.25
+  assert f.rmse < 0.02
+
+
+def test_sigmoid_fit_over_seeds_gives_cis_that_cover_the_truth():
+  rng = np.random.default_rng(2)
+  A, B, C_mid, R0 = 0.7, 1.2, 100.0, 0.2
+  C = np.geomspace(5, 3000, 20)
+  curves = [scaling_fit.sigmoid(C, A, B, C_mid, R0) + rng.normal(size=C.shape) * 0.015 for _ in range(5)]
+  out = scaling_fit.fit_seeds(C, curves, R0=R0)
+  assert out.A.n == 5 and abs(out.A.mean - A) <= out.A.half_width + 1e-3
+  assert abs(out.B.mean - B) <= out.B.half_width + 0.05 and abs(out.C_mid.mean - C_mid) <= out.C_mid.half_width + 5.0
+  with pytest.raises(ValueError, match="needs at least 3"):
+    scaling_fit.fit([1.0, 2.0], [0.1, 0.2])
+
+
+def test_training_tables_appendix_fits_sigmoid_and_entropy():
+  """train_table.appendix on cells with known curves: the sigmoid's A and the entropy fit's a, b come back, and the
+  entropy change correlates with −Cov by construction."""
+  import ml_collections
+  from grpo_jax.studies.ablations import train_table
+  x = list(range(1, 101))
+  R = [scaling_fit.sigmoid(np.asarray(x, float), 0.8, 2.0, 30.0, 0.1).tolist() for _ in range(3)]
+  H = [np.linspace(2.0, 0.5, 100).tolist() for _ in range(3)]
+  cov = [(-np.diff(np.asarray(h)) * 7).tolist() + [0.0] for h in H]  # ΔH_t = −Cov_t / 7 exactly
+  R_e = [(0.9 - 0.1 * np.exp(np.asarray(h))).tolist() for h in H]  # R = −0.1·e^H + 0.9
+  cells = {"v": {"curves": {"train accuracy reward": {"x": x, "y": R}, "policy entropy": {"x": x, "y": H},
+                            "Cov(log pi, A)": {"x": x, "y": cov}}},
+           "w": {"curves": {"train accuracy reward": {"x": x, "y": R_e}, "policy entropy": {"x": x, "y": H},
+                            "Cov(log pi, A)": {"x": x, "y": cov}}}}
+  md = train_table.appendix(ml_collections.ConfigDict(dict(fits=("sigmoid", "entropy"))), cells)
+  sig, ent = md.split("### Reward")
+  cell = lambda part, name, i: float(next(l for l in part.splitlines() if l.startswith(f"| {name} |")).split(
+      " | ")[i].split(" ")[0].strip("| "))
+  # R0 is the first step's reward (0.1008, not the curve's 0.1), so A and B come back to ~1e-3
+  assert cell(sig, "v", 1) == pytest.approx(0.8, abs=2e-3) and cell(sig, "v", 2) == pytest.approx(2.0, abs=0.02)
+  # a, b of R = −0.1·e^H + 0.9, and corr(ΔH, −Cov) = 1
+  assert (cell(ent, "w", 1), cell(ent, "w", 2), cell(ent, "w", 3)) == (
+      pytest.approx(0.1, abs=1e-6), pytest.approx(0.9, abs=1e-6), pytest.approx(1.0, abs=1e-9))
+  assert train_table.appendix(ml_collections.ConfigDict(), cells) == ""

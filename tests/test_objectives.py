@@ -1,0 +1,265 @@
+"""The 2025-26 objectives (CISPO, SAPO), Lite PPO's advantage and the token selections (top-entropy, Clip-Cov,
+KL-Cov) against hand-computed and independent NumPy values, gradients included (the tricks are in them)."""
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+import pytest
+
+from grpo_jax.config import config_lib
+from grpo_jax.config import presets
+from grpo_jax.rl import advantages
+from grpo_jax.rl import losses
+from grpo_jax.rl import token_select
+
+SEL = ml_collections.ConfigDict(dict(select_frac=0.2, clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0,
+                                     kl_cov_ratio=2e-4, kl_cov_coef=1.0))
+
+
+def _grad(f, x):
+  return np.asarray(jax.grad(f)(jnp.asarray(x, jnp.float32)), np.float64)
+
+
+# ------------------------------------------------------------------------------------------------ CISPO
+
+
+def test_cispo_values_and_stop_gradient_weight():
+  """ρ = [0.5, 1.1, 3, 6] with A = [1, −1, 2, −1], range [1 − 1, 1 + 3] = [0, 4] (the cispo preset's): the weights
+  are [0.5, 1.1, 3, 4] (only ρ = 6 clipped); the loss −(1/n)Σ r̂·A; its gradient −r̂·A/n on EVERY token: the clipped
+  one keeps a gradient (PPO's clip would give it none)."""
+  rho = np.array([[0.5, 1.1, 3.0, 6.0]])
+  a = np.array([[1.0, -1.0, 2.0, -1.0]])
+  old = np.full((1, 4), -2.0)
+  lp = old + np.log(rho)
+  f = lambda x: losses.policy_loss(x, jnp.asarray(old, jnp.float32), None, jnp.asarray(a, jnp.float32),
+                                   jnp.ones((1, 4)), eps_low=1.0, eps_high=3.0, beta=0.0, agg="token_mean",
+                                   objective="cispo")[0]
+  r_hat = np.array([0.5, 1.1, 3.0, 4.0])
+  assert float(f(jnp.asarray(lp, jnp.float32))) == pytest.approx(-np.sum(r_hat * a) / 4, rel=1e-5)
+  np.testing.assert_allclose(_grad(f, lp), -(r_hat * a) / 4, rtol=1e-5)
+  _, aux = losses.cispo_objective(jnp.asarray(lp, jnp.float32), jnp.asarray(old, jnp.float32),
+                                  jnp.asarray(a, jnp.float32), jnp.ones((1, 4)), eps_low=1.0, eps_high=3.0)
+  assert float(aux["clip_frac_high"]) == 0.25 and float(aux["clip_frac_low"]) == 0.0
+  # against PPO's clip at the same range: the ρ = 6, A < 0 token... and with ε 0.2 PPO zeroes ρ = 3 (A > 0) too
+  ppo = lambda x: losses.policy_loss(x, jnp.asarray(old, jnp.float32), None, jnp.asarray(a, jnp.float32),
+                                     jnp.ones((1, 4)), eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean")[0]
+  assert _grad(ppo, lp)[0, 2] == 0.0 and _grad(f, lp)[0, 2] != 0.0
+
+
+def test_cispo_matches_numpy_gradient_by_finite_differences():
+  """The gradient sg(r̂)·A·∇log π, checked against finite differences of the REINFORCE surrogate with r̂ frozen."""
+  rng = np.random.default_rng(3)
+  N, L = 3, 5
+  mask = (np.arange(L)[None] < np.array([5, 2, 4])[:, None]).astype(np.float32)
+  old = rng.uniform(-3, 0, (N, L))
+  lp = old + rng.normal(size=(N, L)) * 0.8
+  a = rng.normal(size=(N, L))
+  r_hat = np.clip(np.exp(lp - old), 1 - 0.2, 1 + 0.28)
+  f = lambda x: losses.policy_loss(x, jnp.asarray(old, jnp.float32), None, jnp.asarray(a, jnp.float32),
+                                   jnp.asarray(mask), eps_low=0.2, eps_high=0.28, beta=0.0,
+                                   agg="seq_mean_token_mean", objective="cispo")[0]
+  n_i = mask.sum(1, keepdims=True)
+  want = -(r_hat * a * mask) / (n_i * N)  # d/dlogp of −(1/N)Σ_i (1/|o_i|)Σ_t r̂·A·logp
+  np.testing.assert_allclose(_grad(f, lp), want, rtol=2e-5, atol=1e-7)
+
+
+# ------------------------------------------------------------------------------------------------ SAPO
+
+
+def np_sapo(rho, a, tau_pos, tau_neg):
+  tau = np.where(a > 0, tau_pos, tau_neg)
+  s = 1 / (1 + np.exp(-tau * (rho - 1)))
+  return (4 / tau) * s * a, 4 * s * (1 - s) * rho * a, 4 * s * (1 - s)
+
+
+def test_sapo_gate_values_and_gradient():
+  """f(ρ) = (4/τ)σ(τ(ρ−1)), τ = 1 (A > 0) / 1.05 (A ≤ 0); d(f·A)/dlog π = 4σ(1−σ)·ρ·A: A itself at ρ = 1 (the
+  gate is 1 on-policy), smaller but never 0 away from it (PPO's clip: exactly 0 past 1 ± ε)."""
+  rho = np.array([[1.0, 1.0, 1.5, 0.4, 4.0, 2.0]])
+  a = np.array([[1.0, -2.0, 1.0, -1.0, 1.0, 0.0]])
+  old = np.full((1, 6), -1.5)
+  lp = old + np.log(rho)
+  f = lambda x: losses.policy_loss(x, jnp.asarray(old, jnp.float32), None, jnp.asarray(a, jnp.float32),
+                                   jnp.ones((1, 6)), eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean",
+                                   objective="sapo", tau_pos=1.0, tau_neg=1.05)[0]
+  val, grad, w = np_sapo(rho, a, 1.0, 1.05)
+  assert float(f(jnp.asarray(lp, jnp.float32))) == pytest.approx(-val.sum() / 6, rel=1e-5)
+  np.testing.assert_allclose(_grad(f, lp), -grad / 6, rtol=1e-5, atol=1e-8)
+  np.testing.assert_allclose(_grad(f, lp)[0, :2], -a[0, :2] / 6, rtol=1e-6)  # on-policy: plain A
+  assert np.all(_grad(f, lp)[0, 2:5] != 0)
+  # hand values of the gate at ρ = 1.5, τ = 1: σ(0.5) = 0.62246, f = 4·0.62246 = 2.4898, w = 4·0.62246·0.37754 = 0.9400
+  assert val[0, 2] == pytest.approx(2.4898, abs=1e-4) and w[0, 2] == pytest.approx(0.9400, abs=1e-4)
+  _, aux = losses.sapo_objective(jnp.asarray(lp, jnp.float32), jnp.asarray(old, jnp.float32),
+                                 jnp.asarray(a, jnp.float32), jnp.ones((1, 6)), tau_pos=1.0, tau_neg=1.05)
+  assert float(aux["gate_mean"]) == pytest.approx(w.mean(), rel=1e-5)
+  assert float(aux["gated_frac"]) == pytest.approx(np.mean(w < 0.5))
+
+
+def test_sapo_negative_temperature_closes_faster():
+  """For the same |ρ − 1| the gate weight under τ_neg > τ_pos is smaller: negative advantages are damped more."""
+  for rho in (1.5, 3.0):
+    _, _, w_pos = np_sapo(np.array([rho]), np.array([1.0]), 1.0, 1.05)
+    _, _, w_neg = np_sapo(np.array([rho]), np.array([-1.0]), 1.0, 1.05)
+    assert w_neg[0] < w_pos[0]
+
+
+# ------------------------------------------------------------------------------------------------ Lite PPO
+
+
+def test_group_mean_batch_std_matches_numpy():
+  r = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
+  got = np.asarray(advantages.group_mean_batch_std(jnp.asarray(r), std_eps=1e-4, ddof=1))
+  want = (r - r.mean(1, keepdims=True)) / (np.std(r, ddof=1) + 1e-4)
+  np.testing.assert_allclose(got, want, rtol=1e-6)
+  assert np.all(got[1] == 0)  # a constant group carries no signal
+  # unlike GRPO, one scale for the batch: the two varied groups' advantages share the denominator
+  grpo = np.asarray(advantages.grpo(jnp.asarray(r), std_eps=1e-4, ddof=1))
+  assert not np.allclose(grpo[0] / got[0], grpo[2][[2, 0, 1, 3]] / got[2][[2, 0, 1, 3]])
+  assert np.all(np.asarray(advantages.group_mean_batch_std(jnp.ones((2, 3)))) == 0)
+
+
+# ------------------------------------------------------------------------------------------------ token selection
+
+
+def test_covariance_is_the_population_covariance():
+  rng = np.random.default_rng(4)
+  lp, a = rng.normal(size=(4, 6)), rng.normal(size=(4, 6))
+  mask = (np.arange(6)[None] < np.array([6, 3, 0, 5])[:, None])
+  cov = np.asarray(token_select.covariance(jnp.asarray(lp), jnp.asarray(a), jnp.asarray(mask)))
+  assert cov[~mask].sum() == 0
+  assert cov.sum() / mask.sum() == pytest.approx(np.cov(lp[mask], a[mask], bias=True)[0, 1], rel=1e-5)
+
+
+def test_top_entropy_keeps_the_top_fraction_and_only_their_gradient():
+  """10 valid tokens, frac 0.2: the 2 of highest entropy keep their gradient; the normaliser is still 10 tokens."""
+  ent = np.array([[0.1, 2.0, 0.3, 0.4, 0.5], [1.5, 0.2, 0.05, 0.9, 0.0], [9.0, 9.0, 9.0, 9.0, 9.0]])
+  mask = np.array([[1, 1, 1, 1, 1], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]], np.float32)
+  a = np.ones((3, 5))
+  lp = np.full((3, 5), -1.0)
+  f = lambda x: losses.policy_loss(x, jnp.asarray(lp, jnp.float32), None, jnp.asarray(a, jnp.float32),
+                                   jnp.asarray(mask), eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean",
+                                   token_select="top_entropy", select_cfg=SEL,
+                                   ent_NxL=jnp.asarray(ent, jnp.float32))[0]
+  g = _grad(f, lp)
+  want = np.zeros((3, 5))
+  want[0, 1] = want[1, 0] = -1.0 / 10  # entropies 2.0 and 1.5: the top 2 of 10
+  np.testing.assert_allclose(g, want, rtol=1e-6)
+  loss, m = jax.jit(f)(jnp.asarray(lp, jnp.float32)), losses.policy_loss(
+      jnp.asarray(lp, jnp.float32), jnp.asarray(lp, jnp.float32), None, jnp.asarray(a, jnp.float32),
+      jnp.asarray(mask), eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean", token_select="top_entropy",
+      select_cfg=SEL, ent_NxL=jnp.asarray(ent, jnp.float32))[1]
+  assert float(loss) == pytest.approx(-2 / 10)
+  assert float(m["select_frac"]) == pytest.approx(0.2) and float(m["select_entropy"]) == pytest.approx(1.75)
+
+
+def test_top_entropy_frac_one_keeps_everything():
+  rng = np.random.default_rng(5)
+  ent, valid = jnp.asarray(rng.random((3, 4))), jnp.ones((3, 4))
+  sel = token_select.choose("top_entropy", ml_collections.ConfigDict(dict(SEL, select_frac=1.0)),
+                            logp_NxL=jnp.zeros((3, 4)), adv_NxL=jnp.zeros((3, 4)), mask_NxL=valid, ent_NxL=ent)
+  assert np.all(np.asarray(sel.pg_NxL) == 1)
+
+
+def _cov_case():
+  """Advantages and log-probs whose covariance terms are known: mean A = 0, mean log π = −2 over the 8 tokens."""
+  a = np.array([[3.0, -3.0, 1.0, -1.0], [2.0, -2.0, 0.5, -0.5]])
+  lp = np.array([[-1.0, -3.0, -1.5, -2.5], [-0.5, -3.5, -2.0, -2.0]])
+  # cov = (lp + 2)·a: [3, 3, 0.5, 0.5; 3, 3, 0, 0]
+  return a, lp, np.ones((2, 4), np.float32)
+
+
+def test_clip_cov_cuts_a_random_eligible_token():
+  """cov = [3, 3, .5, .5; 3, 3, 0, 0]: eligible (1 < cov < 5) are the four 3's; ratio 0.2 of 8 tokens → 1 cut, the
+  eligible token of the smallest uniform. Its gradient is 0, the others' are PPO's (ρ = 1: −A/n)."""
+  a, lp, mask = _cov_case()
+  cov = np.asarray(token_select.covariance(jnp.asarray(lp), jnp.asarray(a), jnp.asarray(mask) > 0))
+  np.testing.assert_allclose(cov, [[3, 3, 0.5, 0.5], [3, 3, 0, 0]], atol=1e-6)
+  u = np.array([[0.9, 0.5, 0.01, 0.02], [0.3, 0.7, 0.03, 0.04]])  # among the 3's the smallest u is (1, 0)
+  cfg = ml_collections.ConfigDict(dict(SEL, clip_cov_ratio=0.2))
+  f = lambda x: losses.policy_loss(x, jnp.asarray(lp, jnp.float32), None, jnp.asarray(a, jnp.float32),
+                                   jnp.asarray(mask), eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean",
+                                   token_select="clip_cov", select_cfg=cfg, ent_NxL=jnp.zeros((2, 4)),
+                                   select_u_NxL=jnp.asarray(u, jnp.float32))[0]
+  want = -a / 8
+  want[1, 0] = 0.0
+  np.testing.assert_allclose(_grad(f, lp), want, rtol=1e-6)
+  # a token the clip already cuts is not eligible: make (1, 0) clipped (ρ = 1.5 > 1.2 with A > 0); then (1, 1)
+  sel = token_select.choose("clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
+                            mask_NxL=jnp.asarray(mask), u_NxL=jnp.asarray(u),
+                            clipped_NxL=jnp.asarray(np.eye(2, 4, k=0)[::-1] > 0))
+  assert np.asarray(sel.pg_NxL)[1, 1] == 0 and np.asarray(sel.pg_NxL).sum() == 7
+
+
+def test_kl_cov_penalises_the_largest_covariance():
+  """kl_cov_ratio 0.25 of 8 tokens → the 2 largest cov (ties at the threshold too) get
+  coef·|log π − log π_old|; gradient of that penalty: coef·sign(log ρ)/n, added to PPO's."""
+  a, lp, mask = _cov_case()
+  a = a.copy()
+  a[0, 1] = -2.9  # break a tie among the largest covariance terms
+  old = lp - np.array([[0.1, -0.1, 0.1, 0.1], [0.05, -0.05, 0.0, 0.0]])
+  cfg = ml_collections.ConfigDict(dict(SEL, kl_cov_ratio=0.25, kl_cov_coef=0.5))
+  f = lambda x, sel="kl_cov": losses.policy_loss(
+      x, jnp.asarray(old, jnp.float32), None, jnp.asarray(a, jnp.float32), jnp.asarray(mask), eps_low=10.0,
+      eps_high=10.0, beta=0.0, agg="token_mean", token_select=sel, select_cfg=cfg, ent_NxL=jnp.zeros((2, 4)))[0]
+  lpj = jnp.asarray(lp, jnp.float32)
+  cov = np.asarray(token_select.covariance(lpj, jnp.asarray(a), jnp.asarray(mask) > 0))
+  picked = cov >= np.sort(cov.ravel())[::-1][1]
+  assert 2 <= picked.sum() < 8
+  diff = _grad(f, lp) - _grad(lambda x: f(x, "all"), lp)
+  np.testing.assert_allclose(diff, np.where(picked, 0.5 * np.sign(lp - old) / 8, 0.0), rtol=1e-5, atol=1e-8)
+  assert float(f(lpj)) - float(f(lpj, "all")) == pytest.approx(0.5 * np.sum(np.abs(lp - old)[picked]) / 8,
+                                                                  rel=1e-5)
+
+
+def test_selection_counts_match_numpy_on_random_batches():
+  rng = np.random.default_rng(6)
+  N, L = 6, 7
+  mask = (np.arange(L)[None] < rng.integers(1, L + 1, N)[:, None])
+  ent, lp, a = rng.random((N, L)), rng.uniform(-4, 0, (N, L)), rng.normal(size=(N, L)) * 3
+  n = mask.sum()
+  for frac in (0.1, 0.2, 0.5):
+    sel = token_select.choose("top_entropy", ml_collections.ConfigDict(dict(SEL, select_frac=frac)),
+                              logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a), mask_NxL=jnp.asarray(mask),
+                              ent_NxL=jnp.asarray(ent))
+    k = max(int(np.ceil(frac * n)), 1)
+    thr = np.sort(ent[mask])[::-1][k - 1]
+    np.testing.assert_array_equal(np.asarray(sel.pg_NxL) > 0, mask & (ent >= thr))
+
+
+# ------------------------------------------------------------------------------------------------ presets
+
+
+@pytest.mark.parametrize("name,key,want", [("cispo", "rl.objective", "cispo"), ("sapo", "rl.sapo_tau_neg", 1.05),
+                                           ("lite_ppo", "rl.advantage", "group_mean_batch_std")])
+def test_new_presets(name, key, want):
+  c = presets.apply(config_lib.base_config(), name)
+  assert c.rl[key.split(".")[1]] == want and c.rl.algo == name
+
+
+@pytest.mark.parametrize("kind", ["top_entropy", "clip_cov", "kl_cov"])
+def test_token_selection_in_the_step(kind):
+  """One GRPO step of TINY with each rule: the current policy's entropies reach the objective, Clip-Cov's uniforms
+  ride in the data, the statistics are logged, and a bad combination (packing) is refused before compiling."""
+  import jax as jax_
+  from grpo_jax.infra import sharding
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rl import families
+  from grpo_jax.rl import rl_step
+  from grpo_jax.run import validate
+  from grpo_jax.tasks import digits
+  from tests.test_rl_step import TINY, _batches
+  c = config_lib.override(digits.bench_config(**TINY), {
+      "rl.token_select": kind, "optim.lr": 1e-3, "rl.clip_cov_lb": -5.0, "rl.clip_cov_ub": 5.0,
+      "rl.clip_cov_ratio": 0.1, "rl.kl_cov_ratio": 0.1})
+  with pytest.raises(validate.ConfigError, match="rl.token_select"):
+    validate.validate_rl(config_lib.override(c, {"rl.packing": True}), num_devices=1)
+  mesh = sharding.make_mesh(c.mesh, jax_.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+  _, m = step(rl_step.init(c, mesh, mcfg, seed=0), _batches(c, 1)[0])
+  m = jax_.device_get(m)
+  n = int(round(m["train/completion_len_mean"] * 16))  # 4 prompts × G 4 rows
+  want = {"top_entropy": np.ceil(0.2 * n) / n, "clip_cov": np.floor(0.1 * n) / n, "kl_cov": np.floor(0.1 * n) / n}
+  assert m["train/select_frac"] == pytest.approx(want[kind], abs=1.5 / n), (m["train/select_frac"], n)
+  assert m["train/select_entropy"] > 0 and np.isfinite(m["train/loss"]) and "train/cov_logp_adv" in m
