@@ -86,7 +86,9 @@ def execute(config, workdir: str, verbose: bool = False) -> int:
   """Runs the job; returns the exit status, printing one line for every known failure (errors.classify)."""
   # Here, not at the top: a flag or config-file error exits before jax and orbax load (importing jobs: 7 s at load 18
   # on 2 cores; main alone 0.6 s).
+  from grpo_jax import cli  # pylint: disable=g-import-not-at-top
   from grpo_jax.run import evaluation, jobs  # pylint: disable=g-import-not-at-top
+  cli.compilation_cache()  # a rerun, a resume or the next seed loads its programs from disk (cli.py)
   try:
     with evaluation.shared_programs():  # the stages' evaluation programs, traced once per job
       jobs.run(config, workdir)

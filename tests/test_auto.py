@@ -306,3 +306,17 @@ def test_nothing_fits_stops_the_job_before_anything_is_written(monkeypatch, tmp_
     with pytest.raises(validate.ConfigError, match="^config.rl.rollout_chunks, rl.minibatches: auto \\(0\\) finds no"):
       jobs.run(c, str(tmp_path / c.job))
     assert not (tmp_path / c.job).exists()
+
+
+def test_compaction_only_where_completions_are_long():
+  """sampling.compaction=0 (auto): 8 sizes from max_new_tokens 256 (a tail long enough to pay for the decode step
+  each size compiles), none below; explicit values kept; a static engine leaves it (a step reads the unresolved 8)."""
+  ctx = auto.Context(MESH1, None)
+  cont = lambda **o: config_lib.override(config_lib.base_config(), {"sampling.engine": "continuous", **o})
+  for L, want in ((48, 1), (255, 1), (256, config_lib.COMPACTION), (1024, config_lib.COMPACTION)):
+    c = cont(**{"sampling.max_new_tokens": L, "model.max_len": L + 32})
+    got, chosen = auto.resolve(c, ctx, log=False)
+    assert got.sampling.compaction == want and chosen["sampling.compaction"].startswith(f"{want} (max_new_tokens {L}")
+  assert auto.resolve(cont(**{"sampling.compaction": 4}), ctx, log=False)[0].sampling.compaction == 4
+  static = auto.resolve(config_lib.override(config_lib.base_config(), {"sampling.engine": "static"}), ctx, log=False)[0]
+  assert static.sampling.compaction == 0 and config_lib.setting(static, "sampling.compaction") == config_lib.COMPACTION

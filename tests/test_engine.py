@@ -408,7 +408,7 @@ def test_dynamic_sampling_rollout_equals_the_static_engines():
     (dict(slots=65), "config.sampling.slots: 65 exceeds the 64 rollout rows"),
     (dict(slots=12), "config.sampling.slots: 12 must be divisible by mesh data\\*fsdp=8"),
     (dict(slots=-1), "config.sampling.slots: must be an integer >= 0"),
-    (dict(compaction=0), "config.sampling.compaction: must be an integer >= 1"),
+    (dict(compaction=-1), "config.sampling.compaction: must be an integer >= 1 .* or 0 \\(auto\\)"),
 ])
 def test_bad_engine_config_is_one_config_error(over, msg):
   """Checked on plain values by validate_rl (exit 2 before anything compiles)."""

@@ -26,10 +26,10 @@ from grpo_jax.infra.errors import ConfigError  # noqa: E402  (a bad config value
 R1_STAGES = ("base", "r1_zero", "r1_1_cold_start", "r1_2_grpo", "r1_3_rejection", "r1_4_sft", "r1_5_final")
 
 
-# sampling.compaction's default, also where a config lacks the key (rl/rollout.py, run/validate.py). 8 halves 128
-# slots down to one (a row that runs on alone after its batch has ended decodes at one slot, not 8): bench-tail's
-# rollout took 0.84x the time of 4 sizes (64/32/16/8) over batches 1-3, 0.70x on the batch with one such row
-# (docs/performance.md).
+# sampling.compaction where compaction pays (rl/auto.py's choice for long completions) and what a step built from an
+# unresolved config runs. 8 halves 128 slots down to one (a row that runs on alone after its batch has ended decodes
+# at one slot, not 8): bench-tail's rollout took 0.84x the time of 4 sizes (64/32/16/8) over batches 1-3, 0.70x on
+# the batch with one such row (docs/performance.md).
 COMPACTION = 8
 
 
@@ -87,7 +87,9 @@ def base_config() -> ml_collections.ConfigDict:
       # continuous: decode slots S (rows queue for them); 0 = auto: the most, up to rows / rl.rollout_chunks, that
       # fit the device (rl/auto.py; a step built without it: rows / rl.rollout_chunks)
       slots=0,
-      compaction=COMPACTION,  # continuous: slot counts S, S/2, ... (at most this many; 1 = no compaction)
+      # continuous: slot counts S, S/2, ... (at most this many; 1 = no compaction). 0 = auto (rl/auto.py): each
+      # size compiles one more decode step, so compaction only where completions are long enough for a tail
+      compaction=0,
       # continuous: the decode attention's KV layout and kernel (model/paged_attention.py). plain = a [B, P] prompt
       # buffer + [S, L] slot buffers (live_attention.py); paged = a page pool (shared prompt pages, each slot's own
       # pages) attended in plain JAX, the reference of tpu_ragged = the same pool read by JAX's TPU ragged paged
@@ -291,12 +293,30 @@ def run_seed(config) -> int:
 
 # The integer knobs whose `auto` (rl/auto.py) is the value 0: on the command line (`--config.<key>=auto`,
 # `--sweep="<key>=auto,4"`) the word means 0 (tests/test_auto.py checks this list against auto.REGISTRY).
-AUTO_ZERO = ("rl.rollout_chunks", "rl.minibatches", "sampling.slots", "rl.pack_len", "rl.pack_rows")
+AUTO_ZERO = ("rl.rollout_chunks", "rl.minibatches", "sampling.slots", "rl.pack_len", "rl.pack_rows",
+             "sampling.compaction")
+
+# What an `auto` knob means in a step built from a config rl/auto.py has not resolved (tests that build steps
+# directly): the reference path. Every command resolves them first (auto.resolve), so a run never reads these.
+UNRESOLVED = {"sampling.compaction": COMPACTION}
 
 
 def auto_text(key: str, text: str) -> str:
   """A command-line value for `key`: 'auto' is '0' for the keys of AUTO_ZERO; anything else unchanged."""
   return "0" if text == "auto" and key in AUTO_ZERO else text
+
+
+def _auto_value(key: str):
+  return 0 if key in AUTO_ZERO else "auto"
+
+
+def setting(config, key: str):
+  """`config.<key>` as a step runs it: the resolved (or explicitly set) value, or UNRESOLVED[key] while it is still
+  at its auto value."""
+  node = config
+  for part in key.split("."):
+    node = node.get(part, _auto_value(key)) if hasattr(node, "get") else node[part]
+  return UNRESOLVED[key] if node == _auto_value(key) else node
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:

@@ -18,6 +18,7 @@ import jax
 import ml_collections
 import numpy as np
 
+from grpo_jax.config import config_lib
 from grpo_jax.model import attention
 from grpo_jax.rl import correction
 from grpo_jax.rollout import decode_layout
@@ -106,8 +107,9 @@ def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
   if sc.get("engine", "static") == "continuous":
     slots = row_chunks.slots_for(config, N)
     # each device schedules its own rows (engine.sample_groups); an unresolved mesh (fsdp=-1) counts as one device
-    sim = engine.simulate(lengths_N, slots, engine.compaction_sizes(slots, int(sc.compaction), split),
-                          min(engine.KV_BLOCK, L), L, split)
+    levels = int(config_lib.setting(config, "sampling.compaction"))
+    sim = engine.simulate(lengths_N, slots, engine.compaction_sizes(slots, levels, split), min(engine.KV_BLOCK, L), L,
+                          split)
     return dict(steps=sim["steps"], row_steps=sim["row_steps"], kv_read=sim["kv_read"] + sim["row_steps"] * P,
                 prefill_rows=N // rl.G, tokens=sim["tokens"])
   c, chunks = int(sc.exit_chunk), int(rl.rollout_chunks)

@@ -5,7 +5,7 @@ A chooser sees the config, the mesh's axis sizes and the device memory, and may 
 (memory_plan.plan, bytes per device) and a time model of its own. Registered here, in the order they resolve:
 `sampling.decode_attention` (the continuous engine's KV store and kernel: the others' memory plans depend on it),
 `rl.rollout_chunks` with `rl.minibatches` (chosen jointly; integer knobs, so their auto value is 0), `sampling.slots`
-(the continuous engine's slot count; 0), `rl.pack_len` (rl.packing's row length; 0) and `rl.pack_rows` (its
+(the continuous engine's slot count; 0), `sampling.compaction` (its slot counts S, S/2, ...; 0), `rl.pack_len` (rl.packing's row length; 0) and `rl.pack_rows` (its
 packed rows per micro-batch; 0). Other knobs register with
 `register(Knob(...))` from their own module. A step built from an unresolved config (tests) runs each knob's
 documented default; a `required` knob has none, and the step builders refuse it (`check_resolved`).
@@ -18,6 +18,7 @@ import jax
 import ml_collections
 from absl import logging
 
+from grpo_jax.config import config_lib
 from grpo_jax.infra.errors import ConfigError
 from grpo_jax.model import model_config
 from grpo_jax.model import paged_attention
@@ -237,6 +238,31 @@ def choose_slots(config, ctx: Context, candidates: list[int]) -> tuple[int, str]
 
 
 register(Knob("sampling.slots", slot_candidates, choose_slots, auto=0,
+              applies=lambda c: c.sampling.get("engine", "static") == "continuous"))
+
+
+# ------------------------------------------------------------------------------------------ sampling.compaction
+
+# Completions at least this long can end in a tail that compaction pays for; below it, every compaction size is a
+# decode step compiled for nothing. bench-tail (L = 512, lognormal lengths) ran its rollout in 0.84x the time with 8
+# sizes instead of 4, and engine.simulate (bench-tail's per-step costs) puts no compaction at about 3x the decode time
+# of 8 sizes; each size costs one more decode step to compile: 1.5-2 CPU-s at configs/grpo_arith.py:small's shape
+# (benchmarks/compile_cost.py, docs/performance.md), so a rollout of 72 tokens and 6 steps never wins it back.
+LONG_COMPLETIONS = 256
+
+
+def choose_compaction(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
+  """config_lib.COMPACTION sizes for completions of LONG_COMPLETIONS tokens or more, else one (no compaction)."""
+  del ctx
+  L = config.sampling.max_new_tokens
+  if L >= LONG_COMPLETIONS:
+    return candidates[0], (f"max_new_tokens {L} >= {LONG_COMPLETIONS}: a long tail decodes on ever fewer slots "
+                           "(bench-tail: 0.84x the rollout of 4 sizes)")
+  return candidates[-1], (f"max_new_tokens {L} < {LONG_COMPLETIONS}: too short a tail to pay for the decode step "
+                          "each compaction size compiles")
+
+
+register(Knob("sampling.compaction", lambda c, ctx: [config_lib.COMPACTION, 1], choose_compaction, auto=0,
               applies=lambda c: c.sampling.get("engine", "static") == "continuous"))
 
 

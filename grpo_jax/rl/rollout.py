@@ -115,7 +115,7 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
   term_w_K = jnp.asarray(spec.weights + ((1.0,) if overlong_cache > 0 else ()), jnp.float32)
   sizes = train_lengths(config)
   engine = config.sampling.get("engine", "static")
-  levels = int(config.sampling.get("compaction", config_lib.COMPACTION))
+  levels = int(config_lib.setting(config, "sampling.compaction"))
 
   cspec = carry_spec(config)
   budget = int(rl.get("rollout_budget", 0)) or None

@@ -11,7 +11,10 @@ Inside the jitted step, static shapes:
     groups; otherwise each device gets a copy of the prompts its rows touch, once (`prompt_table`);
   * compaction: the decode runs in phases of slot counts S, S/2, S/4, … (`compaction_sizes`, each a multiple of D),
     one `while_loop` each with its own decode step; once every device's queue is empty and its live rows fit its
-    share of the next size, each device gathers them into that share (an argsort along its own slots only);
+    share of the next size, each device gathers them into that share (an argsort along its own slots only). Each
+    size is its own compiled decode step (its kernels' shapes are the slot count's): 1.5-2 CPU-s of XLA:CPU compile
+    each at configs/grpo_arith.py:small's shape, whatever the layer count (identical layers share their kernels,
+    slot counts cannot), so `sampling.compaction=0` (auto, rl/auto.py) compacts only where completions are long;
   * the phase predicates reduce over the devices (a phase lasts until the slowest device is done with it), and the
     completion KV is read in blocks up to the live rows' longest completion over all devices (live_attention.attend);
   * or, with `attention` = 'paged' | 'tpu_ragged' (`sampling.decode_attention`), the KV lives in

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
+from grpo_jax.config import config_lib
 from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.rollout import engine
@@ -125,9 +126,10 @@ def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str,
     decode = None if config is None else rollout_lib.for_rollout(config, mcfg, params)
     if continuous:  # the static engine's uniforms (sampling.uniforms(rng, ...)): the same samples
       u_LxN = sampling.uniforms(rng, scfg.max_new_tokens, prompt_NxP.shape[0])
+      levels = int(config_lib.setting(config, "sampling.compaction"))
       ro, _ = engine.sample_groups(mcfg, params, prompt_NxP[::group], pmask_NxP[::group], group, scfg, u_LxN=u_LxN,
-                                   levels=int(config.sampling.compaction), split=engine.batch_split(),
-                                   decode=decode, **engine.attention_kwargs(config, mcfg))
+                                   levels=levels, split=engine.batch_split(), decode=decode,
+                                   **engine.attention_kwargs(config, mcfg))
     else:
       ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg, decode=decode)
     if not in_graph:

@@ -323,7 +323,7 @@ def validate_engine(c, rows: int, data_par: int) -> None:
   """sampling.engine / slots / compaction (rollout/engine.py): a known engine, slots that fit the rows and the
   mesh's row split (every compaction size is a multiple of it: engine.compaction_sizes)."""
   _choice(c, "sampling.engine", ENGINES)
-  slots, levels = c.sampling.get("slots", 0), c.sampling.get("compaction", config_lib.COMPACTION)
+  slots, levels = c.sampling.get("slots", 0), c.sampling.get("compaction", 0)
   if not isinstance(slots, int) or slots < 0:
     _fail("sampling.slots", f"must be an integer >= 0 (0 = auto: rl/auto.py's choice), got {slots!r}.")
   if slots > rows:
@@ -332,8 +332,9 @@ def validate_engine(c, rows: int, data_par: int) -> None:
   if slots % data_par:
     _fail("sampling.slots", f"{slots} must be divisible by mesh data*fsdp={data_par} (each device decodes its "
           "share of the slots); use a multiple of it, or 0.")
-  if not isinstance(levels, int) or levels < 1:
-    _fail("sampling.compaction", f"must be an integer >= 1 (slot counts S, S/2, ...; 1 = none), got {levels!r}.")
+  if not isinstance(levels, int) or isinstance(levels, bool) or levels < 0:
+    _fail("sampling.compaction", f"must be an integer >= 1 (slot counts S, S/2, ...; 1 = none) or 0 (auto), got "
+          f"{levels!r}.")
   attn = c.sampling.get("decode_attention", "auto")
   _choice(c, "sampling.decode_attention", paged_attention.CHOICES)
   _positive_int(c, "sampling.page_size")

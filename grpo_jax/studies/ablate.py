@@ -23,6 +23,7 @@ import time
 from types import ModuleType
 from typing import Callable
 
+from grpo_jax import cli
 from grpo_jax.studies import report
 
 
@@ -121,6 +122,7 @@ def main(argv) -> None:
   if flags.FLAGS.workdir is None:
     sys.exit("--workdir is required: the directory for cells/, table.md, table.csv and plots.")
   command = "python -m grpo_jax.ablate " + " ".join(a for a in sys.argv[1:])
+  cli.compilation_cache()  # cells that share a program compile it once (cli.py)
   try:
     md = run(flags.FLAGS.config, flags.FLAGS.workdir, command)
   except ValueError as e:

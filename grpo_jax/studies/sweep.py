@@ -44,6 +44,7 @@ from grpo_jax.hf import model_source
 from grpo_jax.run import preflight
 from grpo_jax.infra import signals
 from grpo_jax.infra import workdir_lock
+from grpo_jax import cli
 from grpo_jax import main as main_lib
 from grpo_jax.r1 import aha_seeds
 from grpo_jax.r1 import seeds_report
@@ -317,6 +318,7 @@ def main(argv) -> None:
     print("Error: --config is required, e.g. --config=configs/grpo_arith.py:small.", file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
   main_lib.setup_logging(flags.FLAGS.verbose)
+  cli.compilation_cache()  # the runs of a point and the points that share a program compile it once (cli.py)
   command = "python -m grpo_jax.sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:])
   fs = flags.FLAGS
   try:

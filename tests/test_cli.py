@@ -1,0 +1,57 @@
+"""grpo_jax/cli.py: what the commands share. The persistent compilation cache: where it lives, how it is turned off,
+that a caller's (the suite's) setting wins, and that a command's second compile of a program loads it from disk."""
+import os
+import subprocess
+import sys
+
+from grpo_jax import cli
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_cache_dir_default_env_and_off(monkeypatch, tmp_path):
+  monkeypatch.delenv(cli.CACHE_ENV, raising=False)
+  monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+  assert cli.cache_dir() == os.path.join(str(tmp_path), "grpo_jax", "xla")
+  monkeypatch.delenv("XDG_CACHE_HOME")
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+  assert cli.cache_dir() == os.path.join(str(tmp_path / "home"), ".cache", "grpo_jax", "xla")
+  monkeypatch.setenv(cli.CACHE_ENV, str(tmp_path / "mine"))
+  assert cli.cache_dir() == str(tmp_path / "mine")
+  for off in ("off", "OFF", "0", "false", ""):
+    monkeypatch.setenv(cli.CACHE_ENV, off)
+    assert cli.cache_dir() is None
+
+
+# A fresh process (JAX reads the cache settings once): cli.compilation_cache() with the suite's own cache variable
+# removed, one program compiled twice through two jit objects; the second is a cache hit (JAX's cache-hit counter).
+_SCRIPT = r"""
+import jax, jax.numpy as jnp
+from jax._src import monitoring
+from grpo_jax import cli
+hits = []
+monitoring.register_event_listener(lambda name, **kw: hits.append(name) if name.endswith("cache_hits") else None)
+d = cli.compilation_cache()
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)  # a toy program: store it anyway
+f = lambda x: jnp.sin(x) @ x.T
+jax.jit(f).lower(jnp.ones((8, 8))).compile()
+jax.jit(lambda x: f(x)).lower(jnp.ones((8, 8))).compile()
+print("DIR", d, "HITS", len(hits))
+"""
+
+
+def _run(env_extra: dict) -> str:
+  env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE") and k != cli.CACHE_ENV}
+  env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", **env_extra)
+  out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=120)
+  assert out.returncode == 0, out.stderr[-2000:]
+  return out.stdout.strip().splitlines()[-1]
+
+
+def test_a_command_compiles_a_program_once(tmp_path):
+  cache = tmp_path / "xla"
+  assert _run({cli.CACHE_ENV: str(cache)}) == f"DIR {cache} HITS 1"
+  assert os.listdir(cache)  # the entry is on disk for the next command
+  assert _run({cli.CACHE_ENV: "off"}) == "DIR None HITS 0"
+  theirs = tmp_path / "theirs"  # JAX's own variable (the suite sets one per session) is left as it is
+  assert _run({"JAX_COMPILATION_CACHE_DIR": str(theirs), cli.CACHE_ENV: str(cache)}) == f"DIR {theirs} HITS 1"
