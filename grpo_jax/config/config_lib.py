@@ -182,7 +182,10 @@ def base_config() -> ml_collections.ConfigDict:
       # the loss and counted (train/stale_masked_frac). 0 = synchronous samples through the carry.
       max_staleness=1,
       rollout_budget=0,          # decode steps per step; 0 = auto: the trained rows' average length x rows / slots
-      carry_kv="keep"))          # KV across an update: keep (written by older weights) | recompute (re-prefilled)
+      carry_kv="keep",           # KV across an update: keep (written by older weights) | recompute (re-prefilled)
+      # each device's slots read the completion KV in this many groups, each up to its own longest row (slots sorted
+      # longest first each step): a carried long row costs its group, not every slot; 0 = auto, the most up to 8
+      carry_kv_groups=0))
 
   c.ppo = ml_collections.ConfigDict(dict(
       critic="separate", gamma=1.0, lam=0.95, value_clip=0.2, vf_coef=0.5, critic_lr=1e-4))

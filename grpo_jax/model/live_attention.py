@@ -59,7 +59,24 @@ def write(kv: LiveKV, k_NxKxD: jax.Array, v_NxKxD: jax.Array, t_N: jax.Array) ->
 
 def attend(q_NxHxD: jax.Array, kv: LiveKV) -> jax.Array:
   """One query per row: online softmax over the row's prompt KV, then its completion KV block by block (a while
-  loop up to live_len when there is more than one block)."""
+  loop up to live_len when there is more than one block). A live_len of M > 1 entries splits each device's rows
+  into M groups of consecutive rows, each reading the completion blocks below its own longest row (the rollout
+  carry sorts its slots by length so that long rows share groups: rollout/carry.py)."""
+  lens = jnp.asarray(kv.live_len)
+  if lens.ndim == 0 or lens.shape[0] == 1:
+    return _attend(q_NxHxD, kv._replace(live_len=lens.reshape(())))
+  m, d, n = lens.shape[0], kv.split, q_NxHxD.shape[0]
+  c = n // d // m
+  outs = []
+  for g in range(m):  # group g: rows [g·c, (g+1)·c) of every device's block, still on their device
+    sel = lambda x: x.reshape((d, n // d) + x.shape[1:])[:, g * c:(g + 1) * c].reshape((d * c,) + x.shape[1:])
+    sub = kv._replace(group_N=sel(kv.group_N), ck_NxKxDxL=sel(kv.ck_NxKxDxL), cv_NxKxLxD=sel(kv.cv_NxKxLxD),
+                      clen_N=sel(kv.clen_N), live_len=lens[g])
+    outs.append(_attend(sel(q_NxHxD), sub).reshape((d, c) + q_NxHxD.shape[1:]))
+  return jnp.concatenate(outs, axis=1).reshape(q_NxHxD.shape)
+
+
+def _attend(q_NxHxD: jax.Array, kv: LiveKV) -> jax.Array:
   n, h, d = q_NxHxD.shape
   k = kv.pk_BxKxDxP.shape[1]
   scale = 1.0 / math.sqrt(d)

@@ -288,11 +288,12 @@ def format_report(r: dict[str, Any]) -> str:
     lines.append(f"rollout modelled for completion lengths {w.get('spec', 'as given')} (mean {w['mean']:.0f}, "
                  f"max {w['max']}): "
                  f"{w['steps']} decode steps, {w['row_steps']} row-steps, slot util "
-                 f"{w['tokens'] / (w['row_steps'] + r['prompts'] * r['G']):.2f}, {w['kv_read']:.3g} KV positions "
-                 f"read, {w['tokens']:.0f} tokens trained per step; decode "
+                 f"{w.get('drawn', w['tokens']) / (w['row_steps'] + r['prompts'] * r['G']):.2f}, "
+                 f"{w['kv_read']:.3g} KV positions read, {w['tokens']:.0f} tokens trained per step; decode "
                  f"{1e6 * r['roofline']['seconds']['rollout decode'] / w['tokens']:.2f} us per trained token"
                  + (f"; carry: {w['drawn']:.0f} tokens drawn per step, version lag mean {w['lag_mean']:.2f} max "
-                    f"{w['lag_max']} over {w['updates']} steps" if "drawn" in w else ""))
+                    f"{w['lag_max']} ({100 * w['stale_frac']:.2f}% of tokens past rl.max_staleness, masked) over "
+                    f"{w['updates']} steps" if "drawn" in w else ""))
   if "decode_collectives_per_token" in r:
     pt = r["decode_collectives_per_token"]
     counts = ", ".join(f"{n:g} {k}" for k, n in sorted(pt.items())) or "none"

@@ -96,11 +96,13 @@ def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
     Q = (1 + int(rl.max_staleness)) * rl.prompts_per_step
     slots = int(sc.get("slots", 0)) or N
     sim = carry_lib.simulate(lengths_N, rl.prompts_per_step, rl.G, int(rl.max_staleness), slots,
-                             int(rl.rollout_budget), L, min(engine.KV_BLOCK, L), split)
+                             int(rl.rollout_budget), L, min(engine.KV_BLOCK, L), split,
+                             carry_lib.kv_groups(int(rl.get("carry_kv_groups", 0)), slots, split))
     u = max(sim["updates"], 1)
     return dict(steps=sim["steps"] / u, row_steps=sim["row_steps"] / u, kv_read=(sim["kv_read"] + sim["row_steps"] * P) / u,
-                prefill_rows=Q, tokens=sim["trained_tokens"] / u, drawn=sim["drawn_tokens"] / u, updates=sim["updates"],
-                lag_mean=sim["lag_mean"], lag_max=sim["lag_max"])
+                prefill_rows=Q, tokens=(sim["trained_tokens"] - sim["stale_tokens"]) / u, drawn=sim["drawn_tokens"] / u,
+                updates=sim["updates"], lag_mean=sim["lag_mean"], lag_max=sim["lag_max"],
+                stale_frac=sim["stale_tokens"] / max(sim["trained_tokens"], 1))
   if len(lengths_N) > N:  # a stream of batches: each decoded to its end, per step averaged
     parts = [decode_work(config, lengths_N[i:i + N]) for i in range(0, len(lengths_N) - N + 1, N)]
     return {k: float(np.mean([p[k] for p in parts])) for k in parts[0]}

@@ -13,13 +13,16 @@ One call of `advance` (static shapes; per device block d of the D = data × fsdp
   2. KV across an update (`rl.carry_kv`): 'keep' decodes on over the KV older weights wrote (SkyRL's default);
      'recompute' first re-prefills every group's prompt and every live slot's completion so far with the current
      weights (NeMo-RL's option).
-  3. decode: S slots take queued rows, oldest group first. The loop runs at least `budget` decode steps, and on
-     until every device has B/D complete groups (all G rows ended: group normalisation needs whole groups).
+  3. decode: S slots take queued rows, oldest group first (carried rows' slots sorted longest first, so the KV
+     read groups of live_attention follow the rows). The loop runs at least `budget` decode steps, and on until every
+     device has B/D complete groups (all G rows ended: group normalisation needs whole groups) and every due group
+     (below) is complete.
   4. select: each device's B/D oldest complete groups are the step's N = B·G rows (they stay on their device);
      their positions are freed for the next step's prompts. Complete groups beyond those wait (the ready buffer).
-Staleness is bounded by construction: a group waits in the table behind at most Q/B - 1 = max_staleness batches,
-so with the table's oldest-first schedule its tokens are at most max_staleness updates old unless a straggler row
-is overtaken by younger groups; the step masks tokens older than that (rl/partial.py) and counts them.
+Staleness is bounded by construction: a group admitted max_staleness updates ago is due, and the step decodes on
+until its due groups are complete, so it trains them (they are the oldest): no trained token is older than
+max_staleness updates. (At most B groups are due at once: B are admitted a step, B trained.) The loss still masks
+tokens past the bound and counts them (rl/partial.py): a resume with a lowered max_staleness meets older ones.
 With max_staleness 0 the table holds B groups and every step decodes its own batch to the end: the synchronous
 continuous engine's samples (tests/test_carry.py). A token drawn at step s has version s (the state's step); its
 uniform is fixed when its group is admitted, so no schedule changes what a row samples beyond the weights and KV.
@@ -58,6 +61,7 @@ class Spec(NamedTuple):
   blk: int  # completion keys per KV block read (engine.KV_BLOCK)
   fields: tuple
   kv_dtype: str = "float32"  # the sampler's compute dtype: what its KV is written in
+  kv_groups: int = 1  # each device's slots read the completion KV in this many groups (rl.carry_kv_groups)
 
   @property
   def R(self) -> int:
@@ -127,6 +131,15 @@ def fields_override() -> dict[str, tuple] | None:
   return _FIELDS.get()
 
 
+def kv_groups(setting: int, slots: int, split: int) -> int:
+  """rl.carry_kv_groups, or for 0 (auto) the most groups up to 8 that divide each device's slots: a carried long row
+  then makes only its group read its length, not every slot (the KV read follows the rows, docs/scale.md)."""
+  if setting:
+    return setting
+  per = slots // max(split, 1)
+  return max(g for g in (1, 2, 4, 8) if per % g == 0)
+
+
 def spec_for(config, fields: dict[str, tuple], split: int, kv_dtype: str = "") -> Spec:
   """The carry of a config; fields: the batch's fields, name -> (per-prompt shape, dtype name); kv_dtype: the
   sampler's compute dtype ('' = the model's)."""
@@ -136,7 +149,8 @@ def spec_for(config, fields: dict[str, tuple], split: int, kv_dtype: str = "") -
   keys = sorted(k for k in fields if k not in ("prompt_NxP", "prompt_mask_NxP"))
   return Spec(B=B, G=G, Q=(1 + int(rl.max_staleness)) * B, P=int(config.task.prompt_len), L=L, S=S, D=split,
               blk=min(engine.KV_BLOCK, L), fields=tuple((k, tuple(fields[k][0]), str(fields[k][1])) for k in keys),
-              kv_dtype=kv_dtype or config.model.dtype)
+              kv_dtype=kv_dtype or config.model.dtype,
+              kv_groups=kv_groups(int(rl.get("carry_kv_groups", 0)), S, split))
 
 
 def check(spec: Spec) -> str | None:
@@ -146,6 +160,9 @@ def check(spec: Spec) -> str | None:
             f"data*fsdp={spec.D} with rl.partial_rollouts (each device trains whole groups of its own)")
   if not 1 <= spec.S <= spec.R:
     return f"sampling.slots={spec.S}: must be in [1, table rows {spec.R}] with rl.partial_rollouts"
+  if spec.kv_groups < 1 or (spec.S // spec.D) % spec.kv_groups:
+    return (f"rl.carry_kv_groups={spec.kv_groups}: must divide each device's {spec.S // spec.D} slots (0 = auto: "
+            "the most up to 8 that do)")
   return None
 
 
@@ -311,6 +328,14 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
   if kv == "recompute":
     ck, cv = _recompute_slots(mcfg, params, prompt_QxP, pmask_QxP, tokens_RxL, c, spec, decode)
 
+  # the carried rows' slots first, longest first, on each device (one gather of the slots' KV a step): rows that
+  # live on share KV read groups, and the rows admitted this step (short) fill the groups after them
+  perm_S = flat(jnp.argsort(-dev(jnp.where(c.live_S, c.t_S, -1)), axis=1, stable=True))  # local to each device
+  move = lambda x: live_attention.take_local(x, perm_S, D)
+  c = c._replace(row_S=move(c.row_S), t_S=move(c.t_S), tok_S=move(c.tok_S), live_S=move(c.live_S))
+  ck = tuple(_cache(move(x), "k") for x in ck)
+  cv = tuple(_cache(move(x), "v") for x in cv)
+
   class Loop(NamedTuple):
     tokens_RxL: jax.Array
     logp_RxL: jax.Array
@@ -353,7 +378,8 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
     """Decode every slot's last token into its own position t, then each live slot draws its row's next token."""
     group_S = jnp.minimum(lp.row_S, Rd - 1) // G  # local to the device's block of the table
     clen_S = lp.t_S + 1
-    live_len = jnp.max(jnp.where(lp.live_S, clen_S, 0))
+    # each group of consecutive slots reads the completion blocks below its own longest live row (live_attention)
+    live_len = jnp.max(jnp.where(lp.live_S, clen_S, 0).reshape(D, spec.kv_groups, -1), axis=(0, 2))
     kvs = tuple(live_attention.LiveKV(pk[l], pv[l], pmask_QxP, group_S, lp.ck[l], lp.cv[l], clen_S, live_len,
                                       spec.blk, D) for l in range(dm.layers))
     pos_S = live_attention.take_local(plen_Q, group_S, D) + lp.t_S
@@ -378,9 +404,14 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
         steps=lp.steps + 1, new_tokens=lp.new_tokens + jnp.sum(lp.live_S.astype(jnp.int32)))
     return admit(lp)
 
+  # groups admitted max_staleness or more updates ago are due: they train this step (oldest first), so no token
+  # the update trains is older than the bound (a row's first token carries its group's admission version)
+  due_DxQd = dev((age_Q >= 0) & (ver_RxL[::G, 0] <= version - (Q // B - 1)))
+
   def more(lp: Loop) -> jax.Array:
     work = jnp.any(lp.live_S) | jnp.any(lp.next_D < queued_D)
-    short = jnp.any(jnp.sum(complete_DxQd(lp).astype(jnp.int32), axis=1) < Bd)
+    done_DxQd = complete_DxQd(lp)
+    short = jnp.any(jnp.sum(done_DxQd.astype(jnp.int32), axis=1) < Bd) | jnp.any(due_DxQd & ~done_DxQd)
     return work & ((lp.steps < budget) | short)
 
   with decode.view():
@@ -441,7 +472,7 @@ def _recompute_slots(mcfg, params, prompt_QxP, pmask_QxP, tokens_RxL, c: Carry, 
 
 
 def simulate(lengths: np.ndarray, B: int, G: int, max_staleness: int, slots: int, budget: int, max_new: int,
-             block: int, split: int = 1) -> dict[str, Any]:
+             block: int, split: int = 1, kv_groups: int = 1) -> dict[str, Any]:
   """The carry's schedule replayed in NumPy for a stream of completion lengths (row i of the stream: group i // G,
   row i % G), over as many steps as the stream feeds: `advance`'s admission, slot queues, loop condition and
   selection with the lengths in place of the sampled EOS, on `split` devices (device d's table, slots and queue
@@ -497,14 +528,17 @@ def simulate(lengths: np.ndarray, B: int, G: int, max_staleness: int, slots: int
       ok = (drawn_DxR >= len_DxR) & (rank_DxR < nxt_D[:, None])
       return np.all(ok.reshape(D, Qd, G), axis=2) & (age_DxQ >= 0)
 
+    order_DxS = np.argsort(-np.where(live_DxS, at(drawn_DxR, row_DxS), -1), axis=1, kind="stable")
+    row_DxS[:], live_DxS[:] = np.take_along_axis(row_DxS, order_DxS, 1), np.take_along_axis(live_DxS, order_DxS, 1)
     admit()
+    due = (age_DxQ >= 0) & (ver_DxRxL[:, ::G, 0] <= version - max_staleness)
     steps = 0
     while ((live_DxS.any() or (nxt_D < n_rows_D).any())
-           and (steps < bud or (complete().sum(axis=1) < Bd).any())):
-      live_len = int(at(drawn_DxR, row_DxS)[live_DxS].max()) if live_DxS.any() else 0
+           and (steps < bud or (complete().sum(axis=1) < Bd).any() or (due & ~complete()).any())):
+      live_G = np.where(live_DxS, at(drawn_DxR, row_DxS), 0).reshape(D, kv_groups, -1).max(axis=(0, 2))
       steps += 1
       tot["row_steps"] += slots
-      tot["kv_read"] += slots * (-(-live_len // block) * block)
+      tot["kv_read"] += int((-(-live_G // block) * block).sum()) * (slots // kv_groups)
       for d in range(D):
         r = row_DxS[d][live_DxS[d]]
         ver_DxRxL[d, r, drawn_DxR[d, r]] = version
@@ -530,6 +564,7 @@ def simulate(lengths: np.ndarray, B: int, G: int, max_staleness: int, slots: int
     nxt_D -= Bd * G
     version += 1
   lag = np.asarray(lags, np.int64)
+  tot["stale_tokens"] = int((lag > max_staleness).sum())  # masked out of the loss (rl/partial.py)
   return dict(tot, updates=version, lag_mean=float(lag.mean()) if len(lag) else 0.0,
               lag_max=int(lag.max()) if len(lag) else 0, lag_hist=np.bincount(lag) if len(lag) else np.zeros(1, int),
               steps_per_step=steps_per_step, trained=trained)

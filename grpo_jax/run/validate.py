@@ -352,11 +352,11 @@ def validate_engine(c, rows: int, data_par: int) -> None:
 def validate_partial(c, data_par: int) -> None:
   """rl.partial_rollouts and its knobs (rollout/carry.py): what the carry needs, and what it cannot run with."""
   rl = c.rl
-  for k in ("rl.max_staleness", "rl.rollout_budget"):
+  for k, what in (("rl.max_staleness", "updates a trained token may lag; 0 = synchronous"),
+                  ("rl.rollout_budget", "decode steps per step, >= 1, or 0 = auto"),
+                  ("rl.carry_kv_groups", "groups of slots reading the KV, >= 1, or 0 = auto")):
     v = _get(c, k)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
-      what = ("updates a trained token may lag; 0 = synchronous" if k == "rl.max_staleness"
-              else "decode steps per step, >= 1, or 0 = auto")
       _fail(k, f"must be an integer >= 0 ({what}), got {v!r}.")
   _choice(c, "rl.carry_kv", ("keep", "recompute"))
   if not rl.partial_rollouts:
