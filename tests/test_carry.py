@@ -384,3 +384,42 @@ def test_killed_carry_run_resumes_exactly(carry_run, tmp_path):
   assert tr._deterministic(tr._rows(cut)) == tr._deterministic(rows)
   for a, b in zip(tr._final_params(cut), tr._final_params(carry_run)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+# --------------------------------------------------------------------------------------------- vmapped seeds
+
+
+def test_vmapped_seeds_each_carry_their_own_rows():
+  """Two seeds in one vmapped program (studies/vmapped_runs.py), each with its own carry: every run equals its own
+  separate run — samples, schedule metrics, and params up to the vmapped program's rounding."""
+  from grpo_jax.studies import vmapped_runs
+  c = _config(partial_rollouts=True, max_staleness=1, rollout_budget=4)
+  c.mesh.update(data=1, fsdp=1, tensor=1)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  with carry_lib.batch_fields(FIELDS):
+    states = vmapped_runs.init_states(c, mcfg, [0, 1])
+    vstep = vmapped_runs.make_steps(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+    one = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+    cspec = rollout_lib.carry_spec(c)
+  batches = _stream(c, 5)
+  stream = lambda: carry_lib.host_stream(lambda k: iter(batches[k:]), cspec, 0)
+  keys = ("train/reward_mean", "train/completion_len_mean", "train/version_lag_mean", "train/carried_rows",
+          "train/decode_steps")
+  vm = []
+  with carry_lib.batch_fields(FIELDS):  # the vmapped step builds each run's step when it traces
+    for b in list(stream())[:3]:
+      states, m = vstep(states, b)
+      vm.append(jax.device_get(m))
+  for i in range(2):
+    with carry_lib.batch_fields(FIELDS):
+      st = rl_step.init(c, mesh, mcfg, seed=i)
+    for s, b in enumerate(list(stream())[:3]):
+      st, m = one(st, b)
+      m = jax.device_get(m)
+      for k in keys:
+        assert float(m[k]) == pytest.approx(float(vm[s][k][i]), abs=1e-6), (i, s, k)
+      np.testing.assert_array_equal(m["samples/tokens_NxL"], vm[s]["samples/tokens_NxL"][i])
+    for a, v in zip(jax.tree.leaves(jax.device_get(st["params"])), jax.tree.leaves(jax.device_get(states["params"]))):
+      np.testing.assert_allclose(a, v[i], rtol=1e-4, atol=1e-5)
