@@ -423,3 +423,39 @@ def test_vmapped_seeds_each_carry_their_own_rows():
       np.testing.assert_array_equal(m["samples/tokens_NxL"], vm[s]["samples/tokens_NxL"][i])
     for a, v in zip(jax.tree.leaves(jax.device_get(st["params"])), jax.tree.leaves(jax.device_get(states["params"]))):
       np.testing.assert_allclose(a, v[i], rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------------- planner and roofline
+
+
+def test_planner_holds_the_carry_resident_by_hand():
+  """The carry's bytes per device (rollout/carry.py's buffers) are resident in the plan, and the slots' and prompts'
+  KV leave the rollout's temporaries."""
+  from grpo_jax.rl import memory_plan
+  c = memory_plan.workload_config("tiny", prompts=4, G=4, prompt_len=16, L=64, dtype="float32", engine="continuous",
+                                  partial_rollouts=True, max_staleness=1)
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  mesh = dict(data=2, fsdp=1, tensor=1)
+  p = memory_plan.plan(c, mesh, plat="cpu")
+  Q, R, S = 8, 32, 16  # (1 + 1)·4 groups, their 4 rows each, B·G slots; over 2 devices
+  kv = lambda rows, tokens: 2 * mcfg.layers * (rows // 2) * mcfg.kv_heads * mcfg.head_dim * tokens * 4
+  assert p.resident["carry rows (tokens, log-probs, versions, masks, uniforms: R x L)"] == R // 2 * 64 * 20
+  assert p.resident["carry prompts and their KV (Q x P)"] == Q // 2 * 16 * 8 + kv(Q, 16)
+  assert p.resident["carry slot kv (S x L)"] == kv(S, 64)
+  assert "slot kv cache (S x L)" not in p.rollout and "prompt kv cache (B x P)" not in p.rollout
+
+
+def test_roofline_decode_work_replays_the_carry():
+  """roofline.decode_work with partial rollouts: the carry's schedule over a stream of lengths, per update; with
+  max_staleness 0 every step trains its own batch (lag 0, the stream's tokens), like the synchronous engine."""
+  from grpo_jax.perf import roofline
+  from grpo_jax.rl import memory_plan
+  lengths = np.random.default_rng(0).integers(1, 65, size=4 * 4 * 6)
+  for k in (0, 1):
+    c = memory_plan.workload_config("tiny", prompts=4, G=4, prompt_len=16, L=64, engine="continuous",
+                                    partial_rollouts=True, max_staleness=k, mesh=dict(data=1, fsdp=1, tensor=1))
+    w = roofline.decode_work(c, lengths)
+    sim = carry_lib.simulate(lengths, 4, 4, k, 16, 0, 64, 64, 1, carry_lib.kv_groups(0, 16, 1))
+    assert w["steps"] == sim["steps"] / sim["updates"] and w["lag_max"] == sim["lag_max"] <= k
+    if k == 0:
+      assert w["tokens"] == lengths.sum() / 6 and sim["updates"] == 6

@@ -30,6 +30,7 @@ import ml_collections
 import numpy as np
 
 from grpo_jax.rl import auto
+from grpo_jax.rollout import carry as carry_lib
 from grpo_jax.rollout import decode_layout
 from grpo_jax.perf import hlo_collectives
 from grpo_jax.rl import memory_plan
@@ -77,6 +78,8 @@ def default_mesh(n_devices: int) -> dict[str, int]:
 def abstract_batch(config: ml_collections.ConfigDict, mesh) -> dict[str, jax.ShapeDtypeStruct]:
   """The RL batch as sharded ShapeDtypeStructs (rows over data×fsdp when they divide, else replicated)."""
   B, P = config.rl.prompts_per_step, config.task.prompt_len
+  if config.rl.get("partial_rollouts", False):  # the carry's step input: [Q, P] (carry.host_batch)
+    B *= 1 + int(config.rl.max_staleness)
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   shapes = {"prompt_NxP": (B, P), "prompt_mask_NxP": (B, P), "answer_ids_NxA": (B, 4)}
   sh = lambda nd: sharding.batch_sharding(mesh, nd) if B % dp == 0 else sharding.replicated(mesh)
@@ -96,11 +99,12 @@ def compile_step(config: ml_collections.ConfigDict, devices: list, mesh_shape: d
   mcfg = model_lib.ModelConfig.from_config(config.model)
   spec = digits.reward_spec(mcfg.vocab_size)
   family = families.for_config(config)
-  step = families.make_step(config, mesh, mcfg, spec, spec.ctx.tokenizer, family=family)
-  st = state_lib.with_shardings(*family.state_spec(config, mesh, mcfg))
-  t0 = time.perf_counter()
-  with decode_layout.device_memory(hbm_bytes or decode_layout.device_memory_bytes()):
-    lowered = step.lower(st, abstract_batch(config, mesh))
+  with carry_lib.batch_fields(digits.BATCH_FIELDS):  # rl.partial_rollouts: the workload's fields in the carry
+    step = families.make_step(config, mesh, mcfg, spec, spec.ctx.tokenizer, family=family)
+    st = state_lib.with_shardings(*family.state_spec(config, mesh, mcfg))
+    t0 = time.perf_counter()
+    with decode_layout.device_memory(hbm_bytes or decode_layout.device_memory_bytes()):
+      lowered = step.lower(st, abstract_batch(config, mesh))
   compiled = lowered.compile(compiler_options=compiler_options)
   return compiled, time.perf_counter() - t0
 
