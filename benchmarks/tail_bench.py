@@ -44,6 +44,9 @@ def add_flags(ap) -> None:
   ap.add_argument("--packing", default="", help="tail: rl.packing values to run, comma-separated (e.g. off,on)")
   ap.add_argument("--partial", default="", help="tail: rl.partial_rollouts values to run, comma-separated (e.g. "
                                                 "off,on; on needs --engine continuous)")
+  ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[;KEY=VALUE...]",
+                  help="tail: one more variant of ours with these keys set (after the --engine/--packing/--partial "
+                       "ones), e.g. 'carry2:rl.partial_rollouts=true;rl.max_staleness=2'; repeatable")
   ap.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",
                   help="tail: set a config key (e.g. rl.rollout_chunks=2) in every variant of ours; repeatable")
 
@@ -95,6 +98,15 @@ def variants(a) -> list[tuple[str, dict]]:
   for combo in itertools.product(*axes):
     over = dict(common, **{k: _parse_value(v) for k, v in combo})
     label = ",".join(f"{k.split('.')[-1]}={v}" for k, v in combo) or "default"
+    out.append((label, over))
+  for spec in getattr(a, "variant", []):
+    label, _, kvs = spec.partition(":")
+    over = dict(common)
+    for kv in filter(None, kvs.split(";")):
+      if "=" not in kv:
+        raise SystemExit(f"--variant {spec}: expected LABEL:KEY=VALUE[;KEY=VALUE...].")
+      k, v = kv.split("=", 1)
+      over[k] = _parse_value(v)
     out.append((label, over))
   probe = grpo_step.bench_config(a)
   for _, over in out:

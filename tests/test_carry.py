@@ -159,7 +159,7 @@ def _replay(run: dict) -> tuple[dict, dict]:
   # the groups admitted in n steps (Q, then B a step): the replay runs exactly those n steps
   stream = np.concatenate([lengths[g] for g in range(len(lengths))])
   r = carry_lib.simulate(stream, B=spec.B, G=G, max_staleness=spec.Q // spec.B - 1, slots=spec.S,
-                         budget=run["budget"], max_new=L, block=spec.blk, split=D)
+                         budget=run["budget"], max_new=L, block=spec.blk, split=D, wait=spec.wait)
   lags = np.concatenate([(v - o.ver_NxL)[o.rollout.mask_NxL > 0] for v, o in enumerate(outs)])
   jx = dict(trained=[list(map(int, o.fields["gid_N"])) for o in outs], steps=[int(o.steps) for o in outs],
             lag_hist=np.bincount(lags).tolist(), updates=len(outs))
@@ -167,20 +167,23 @@ def _replay(run: dict) -> tuple[dict, dict]:
                   updates=r["updates"])
 
 
-@pytest.fixture(scope="module")
-def carried():
-  """5 carry steps (max_staleness 1, 8 slots for 16 rows a step, budget 3) with fixed weights: what advance did."""
-  c = _config(partial_rollouts=True, max_staleness=1)
+@pytest.fixture(scope="module", params=["wait", "mask"])
+def carried(request):
+  """5 carry steps (max_staleness 1, 8 slots for 16 rows a step, budget 3) with fixed weights: what advance did,
+  under either staleness policy."""
+  c = _config(partial_rollouts=True, max_staleness=1, staleness_policy=request.param)
   c.sampling.slots = 8
   return _advance_steps(c, 5)
 
 
 def test_advance_matches_its_numpy_replay(carried):
   """The JAX carry's schedule (which groups each step trains, its decode steps, every trained token's version)
-  equals carry.simulate fed the lengths the model sampled."""
+  equals carry.simulate fed the lengths the model sampled; under 'wait' no trained token is past the bound."""
   jx, r = _replay(carried)
   assert jx == r
   assert len(jx["lag_hist"]) > 1  # rows really were carried across steps
+  if carried["spec"].wait:
+    assert len(jx["lag_hist"]) <= 2  # lags 0 and 1 only (max_staleness 1)
 
 
 def test_trained_rows_are_complete_and_recorded(carried):

@@ -183,6 +183,9 @@ def base_config() -> ml_collections.ConfigDict:
       max_staleness=1,
       rollout_budget=0,          # decode steps per step; 0 = auto: the trained rows' average length x rows / slots
       carry_kv="keep",           # KV across an update: keep (written by older weights) | recompute (re-prefilled)
+      # tokens older than max_staleness: wait (decode on until the groups admitted max_staleness updates ago are
+      # complete: none is ever trained) | mask (never wait: mask them out of the loss, counted)
+      staleness_policy="wait",
       # each device's slots read the completion KV in this many groups, each up to its own longest row (slots sorted
       # longest first each step): a carried long row costs its group, not every slot; 0 = auto, the most up to 8
       carry_kv_groups=0))

@@ -70,13 +70,16 @@ def attend(q_NxHxD: jax.Array, kv: LiveKV) -> jax.Array:
   outs = []
   for g in range(m):  # group g: rows [g·c, (g+1)·c) of every device's block, still on their device
     sel = lambda x: x.reshape((d, n // d) + x.shape[1:])[:, g * c:(g + 1) * c].reshape((d * c,) + x.shape[1:])
-    sub = kv._replace(group_N=sel(kv.group_N), ck_NxKxDxL=sel(kv.ck_NxKxDxL), cv_NxKxLxD=sel(kv.cv_NxKxLxD),
-                      clen_N=sel(kv.clen_N), live_len=lens[g])
-    outs.append(_attend(sel(q_NxHxD), sub).reshape((d, c) + q_NxHxD.shape[1:]))
+    # the group's rows of the completion KV are sliced block by block inside the loop (a slice taken here would copy
+    # the group's whole [c, Lc] buffer every step)
+    sub = kv._replace(group_N=sel(kv.group_N), clen_N=sel(kv.clen_N), live_len=lens[g])
+    outs.append(_attend(sel(q_NxHxD), sub, (g * c, c)).reshape((d, c) + q_NxHxD.shape[1:]))
   return jnp.concatenate(outs, axis=1).reshape(q_NxHxD.shape)
 
 
-def _attend(q_NxHxD: jax.Array, kv: LiveKV) -> jax.Array:
+def _attend(q_NxHxD: jax.Array, kv: LiveKV, rows: tuple[int, int] | None = None) -> jax.Array:
+  """attend for the rows q_NxHxD holds; rows = (start, count): they are rows [start, start + count) of each of the
+  kv.split device blocks of the completion KV (kv.ck / kv.cv hold all rows), else all of them."""
   n, h, d = q_NxHxD.shape
   k = kv.pk_BxKxDxP.shape[1]
   scale = 1.0 / math.sqrt(d)
@@ -100,14 +103,28 @@ def _attend(q_NxHxD: jax.Array, kv: LiveKV) -> jax.Array:
   take = lambda x: take_local(x, kv.group_N, kv.split)
   carry = partial(carry, take(kv.pk_BxKxDxP), take(kv.pv_BxKxPxD), take(kv.pok_BxP) > 0)
   b, lc = kv.block, kv.ck_NxKxDxL.shape[-1]
+  ds = kv.split
+
+  def read(x, axis: int, start, size: int):
+    """x[rows, ..., start:start + size along `axis`]: one slice of the rows' block (the rows of every device)."""
+    if rows is None:
+      return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
+    x = x.reshape((ds, x.shape[0] // ds) + x.shape[1:])
+    at = [0] * x.ndim
+    at[1], at[axis + 1] = rows[0], start
+    sizes = list(x.shape)
+    sizes[1], sizes[axis + 1] = rows[1], size
+    out = jax.lax.dynamic_slice(x, at, sizes)
+    return out.reshape((ds * rows[1],) + out.shape[2:])
 
   def block(j, carry):
-    ck = jax.lax.dynamic_slice_in_dim(kv.ck_NxKxDxL, j * b, b, axis=3)
-    cv = jax.lax.dynamic_slice_in_dim(kv.cv_NxKxLxD, j * b, b, axis=2)
+    ck = read(kv.ck_NxKxDxL, 3, j * b, b)
+    cv = read(kv.cv_NxKxLxD, 2, j * b, b)
     return partial(carry, ck, cv, (j * b + jnp.arange(b))[None] < kv.clen_N[:, None])
 
   if b >= lc:
-    carry = partial(carry, kv.ck_NxKxDxL, kv.cv_NxKxLxD, jnp.arange(lc)[None] < kv.clen_N[:, None])
+    carry = partial(carry, read(kv.ck_NxKxDxL, 3, 0, lc), read(kv.cv_NxKxLxD, 2, 0, lc),
+                    jnp.arange(lc)[None] < kv.clen_N[:, None])
   else:
     carry = jax.lax.fori_loop(0, (kv.live_len + b - 1) // b, block, carry)
   _, l_NxKxG, acc_NxKxGxD = carry

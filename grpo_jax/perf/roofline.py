@@ -97,7 +97,8 @@ def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
     slots = int(sc.get("slots", 0)) or N
     sim = carry_lib.simulate(lengths_N, rl.prompts_per_step, rl.G, int(rl.max_staleness), slots,
                              int(rl.rollout_budget), L, min(engine.KV_BLOCK, L), split,
-                             carry_lib.kv_groups(int(rl.get("carry_kv_groups", 0)), slots, split))
+                             carry_lib.kv_groups(int(rl.get("carry_kv_groups", 0)), slots, split),
+                             rl.get("staleness_policy", "wait") == "wait")
     u = max(sim["updates"], 1)
     return dict(steps=sim["steps"] / u, row_steps=sim["row_steps"] / u, kv_read=(sim["kv_read"] + sim["row_steps"] * P) / u,
                 prefill_rows=Q, tokens=(sim["trained_tokens"] - sim["stale_tokens"]) / u, drawn=sim["drawn_tokens"] / u,

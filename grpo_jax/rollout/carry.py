@@ -19,10 +19,12 @@ One call of `advance` (static shapes; per device block d of the D = data × fsdp
      (below) is complete.
   4. select: each device's B/D oldest complete groups are the step's N = B·G rows (they stay on their device);
      their positions are freed for the next step's prompts. Complete groups beyond those wait (the ready buffer).
-Staleness is bounded by construction: a group admitted max_staleness updates ago is due, and the step decodes on
-until its due groups are complete, so it trains them (they are the oldest): no trained token is older than
-max_staleness updates. (At most B groups are due at once: B are admitted a step, B trained.) The loss still masks
-tokens past the bound and counts them (rl/partial.py): a resume with a lowered max_staleness meets older ones.
+Staleness (rl.staleness_policy): 'wait' bounds it by construction — a group admitted max_staleness updates ago is
+due, and the step decodes on until its due groups are complete, so it trains them (they are the oldest): no trained
+token is older than max_staleness updates (at most B groups are due at once: B are admitted a step, B trained);
+the price is waiting for a row longer than (1 + max_staleness) budgets. 'mask' never waits for them: the loss masks
+the tokens past the bound and counts them (rl/partial.py), as it does under 'wait' after a resume that lowered the
+bound.
 With max_staleness 0 the table holds B groups and every step decodes its own batch to the end: the synchronous
 continuous engine's samples (tests/test_carry.py). A token drawn at step s has version s (the state's step); its
 uniform is fixed when its group is admitted, so no schedule changes what a row samples beyond the weights and KV.
@@ -46,6 +48,7 @@ from grpo_jax.rollout import engine
 from grpo_jax.rollout import sampling
 
 KV_MODES = ("keep", "recompute")
+STALE_POLICIES = ("wait", "mask")  # rl.staleness_policy
 _EMA = 0.8  # the budget's length average: weight of the past (a few steps' memory; lengths drift during RL)
 
 
@@ -62,6 +65,7 @@ class Spec(NamedTuple):
   fields: tuple
   kv_dtype: str = "float32"  # the sampler's compute dtype: what its KV is written in
   kv_groups: int = 1  # each device's slots read the completion KV in this many groups (rl.carry_kv_groups)
+  wait: bool = True  # rl.staleness_policy 'wait': decode on until the due groups are complete ('mask': never)
 
   @property
   def R(self) -> int:
@@ -150,7 +154,8 @@ def spec_for(config, fields: dict[str, tuple], split: int, kv_dtype: str = "") -
   return Spec(B=B, G=G, Q=(1 + int(rl.max_staleness)) * B, P=int(config.task.prompt_len), L=L, S=S, D=split,
               blk=min(engine.KV_BLOCK, L), fields=tuple((k, tuple(fields[k][0]), str(fields[k][1])) for k in keys),
               kv_dtype=kv_dtype or config.model.dtype,
-              kv_groups=kv_groups(int(rl.get("carry_kv_groups", 0)), S, split))
+              kv_groups=kv_groups(int(rl.get("carry_kv_groups", 0)), S, split),
+              wait=rl.get("staleness_policy", "wait") == "wait")
 
 
 def check(spec: Spec) -> str | None:
@@ -411,7 +416,9 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
   def more(lp: Loop) -> jax.Array:
     work = jnp.any(lp.live_S) | jnp.any(lp.next_D < queued_D)
     done_DxQd = complete_DxQd(lp)
-    short = jnp.any(jnp.sum(done_DxQd.astype(jnp.int32), axis=1) < Bd) | jnp.any(due_DxQd & ~done_DxQd)
+    short = jnp.any(jnp.sum(done_DxQd.astype(jnp.int32), axis=1) < Bd)
+    if spec.wait:
+      short = short | jnp.any(due_DxQd & ~done_DxQd)
     return work & ((lp.steps < budget) | short)
 
   with decode.view():
@@ -472,7 +479,7 @@ def _recompute_slots(mcfg, params, prompt_QxP, pmask_QxP, tokens_RxL, c: Carry, 
 
 
 def simulate(lengths: np.ndarray, B: int, G: int, max_staleness: int, slots: int, budget: int, max_new: int,
-             block: int, split: int = 1, kv_groups: int = 1) -> dict[str, Any]:
+             block: int, split: int = 1, kv_groups: int = 1, wait: bool = True) -> dict[str, Any]:
   """The carry's schedule replayed in NumPy for a stream of completion lengths (row i of the stream: group i // G,
   row i % G), over as many steps as the stream feeds: `advance`'s admission, slot queues, loop condition and
   selection with the lengths in place of the sampled EOS, on `split` devices (device d's table, slots and queue
@@ -534,7 +541,7 @@ def simulate(lengths: np.ndarray, B: int, G: int, max_staleness: int, slots: int
     due = (age_DxQ >= 0) & (ver_DxRxL[:, ::G, 0] <= version - max_staleness)
     steps = 0
     while ((live_DxS.any() or (nxt_D < n_rows_D).any())
-           and (steps < bud or (complete().sum(axis=1) < Bd).any() or (due & ~complete()).any())):
+           and (steps < bud or (complete().sum(axis=1) < Bd).any() or (wait and (due & ~complete()).any()))):
       live_G = np.where(live_DxS, at(drawn_DxR, row_DxS), 0).reshape(D, kv_groups, -1).max(axis=(0, 2))
       steps += 1
       tot["row_steps"] += slots

@@ -359,6 +359,7 @@ def validate_partial(c, data_par: int) -> None:
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
       _fail(k, f"must be an integer >= 0 ({what}), got {v!r}.")
   _choice(c, "rl.carry_kv", ("keep", "recompute"))
+  _choice(c, "rl.staleness_policy", ("wait", "mask"))
   if not rl.partial_rollouts:
     return
   if c.sampling.engine != "continuous":
