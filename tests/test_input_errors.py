@@ -157,6 +157,16 @@ CASES = [
     ("grpo", {"train.init_from": "hf:{p}/hf_gpt2"}, "model_type='gpt2'"),
     ("grpo", {"train.init_from": "hf:{p}/hf_badjson"}, "hf_badjson/config.json"),
     ("sft", {"sft.init_from": "/nonexistent/params"}, "config.sft.init_from"),
+    # partial rollouts (rl.partial_rollouts, rollout/carry.py)
+    ("grpo", {"sampling.engine": "continuous", "rl.partial_rollouts": True, "rl.rollout_budget": -1},
+     "config.rl.rollout_budget: must be an integer >= 0"),
+    ("grpo", {"sampling.engine": "continuous", "rl.partial_rollouts": True, "rl.max_staleness": -1},
+     "config.rl.max_staleness: must be an integer >= 0"),
+    ("grpo", {"rl.partial_rollouts": True}, "set sampling.engine='continuous'"),
+    ("grpo", {"sampling.engine": "continuous", "rl.partial_rollouts": True, "rl.dynamic_sampling": True},
+     "with rl.dynamic_sampling"),
+    ("grpo", {"sampling.engine": "continuous", "rl.partial_rollouts": True, "rl.staleness_policy": "drop"},
+     "config.rl.staleness_policy: unknown value 'drop'"),
     # work directories
     ("grpo", {"@workdir": "{p}/a_file"}, "is a file, not a directory"),
     ("grpo", {"@workdir": "{p}/a_file/run"}, "cannot be created"),
