@@ -111,6 +111,15 @@ def classify(e: BaseException) -> tuple[int, str] | None:
   return None
 
 
+def root_cause(e: BaseException, limit: int = 300) -> str:
+  """`Type: first line` of the innermost cause of `e`: a library's wrapper ("Encountered error while reading array
+  index ... See full TensorStore details") hides what went wrong ("OUT_OF_RANGE: ... not valid for value of size")."""
+  while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
+    e = e.__cause__ if e.__cause__ is not None else e.__context__
+  text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+  return f"{type(e).__name__}: {text[:limit]}"
+
+
 def one_line(text: str) -> str:
   """Messages are one line by contract; a stray newline from a library message is folded."""
   return " ".join(part.strip() for part in text.strip().splitlines() if part.strip())
