@@ -16,6 +16,7 @@ from ml_collections import config_flags
 from grpo_jax.config import config_lib
 from grpo_jax.infra import console
 from grpo_jax.infra import errors
+from grpo_jax.infra import signals
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/<exp>.py[:arg]).",
                                           lock_config=True)
@@ -48,6 +49,8 @@ def execute(config, workdir: str, verbose: bool = False) -> int:
     logging.flush()
     if verbose:
       traceback.print_exc()
+    elif code != errors.EXIT_OK:
+      console.silence_libraries()  # the error line is the last one: library threads failing after it print nothing
     print(line, file=sys.stderr, flush=True)
     return code
 
@@ -82,7 +85,9 @@ def main(argv) -> None:
     print("Error: --config is required, e.g. --config=configs/grpo_arith.py:runlocal.", file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
   setup_logging(_VERBOSE.value)
-  _exit(execute(config, _WORKDIR.value or "", _VERBOSE.value))
+  code = execute(config, _WORKDIR.value or "", _VERBOSE.value)
+  signals.ignore_from_now()
+  _exit(code)
 
 
 def _unknown_key(argv, error: Exception) -> str:

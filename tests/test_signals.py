@@ -75,3 +75,12 @@ def test_processes_agree_on_the_stop_step(tmp_path):
   assert "received again" in outs[1]
   assert "were signalled: stopping here too" in outs[0]
   assert sorted(os.listdir(tmp_path / "ck")) == ["4"]
+
+
+def test_preempted_line_says_what_was_saved():
+  """A loop stopped before its first step saved nothing: its line must not say 'its state is saved' (the chaos
+  harness met it in an R1 stage signalled as it started)."""
+  from grpo_jax.infra import errors
+  assert "before the first step in D; nothing was trained there yet" in str(errors.Preempted("D", 0))
+  assert "after step 4 in D; its state is saved" in str(errors.Preempted("D", 4))
+  assert "before stage x; finished stages are kept" in str(errors.Preempted("before stage x"))

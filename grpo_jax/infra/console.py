@@ -10,11 +10,11 @@ extras bring it for the TPU compile checks), JAX asks libtpu for a TPU on every 
 libtpu prints five lines of errors ("Failed to find host bounds for accelerator type", "INVALID_ARGUMENT: ...
 unexpected worker hostname", a source-location trace) before falling back to the CPU: output that reads like a
 failure where nothing is wrong (and a second such process trips libtpu's lock file). When no platform is requested
-(JAX_PLATFORMS, JAX_FORCE_TPU_INIT and TPU_ACCELERATOR_TYPE unset) and no accelerator is attached (no Google TPU on the PCI bus, no
-/dev/accel* or /dev/vfio devices, no NVIDIA or AMD GPU device node), JAX_PLATFORMS defaults to `cpu`: the platform
-JAX would have ended on, without the TPU probe. Any attached accelerator, or an explicit request, leaves JAX's own
-choice untouched. (The TPU compiler on a CPU machine, perf/aot.py, loads libtpu through a topology, not a backend:
-unaffected.)
+(JAX_PLATFORMS, JAX_FORCE_TPU_INIT and TPU_ACCELERATOR_TYPE unset) and no accelerator is attached (no Google TPU on
+the PCI bus, no /dev/accel* or /dev/vfio devices, no NVIDIA or AMD GPU device node), JAX_PLATFORMS defaults to `cpu`:
+the platform JAX would have ended on, without the TPU probe. Any attached accelerator, or an explicit request,
+leaves JAX's own choice untouched. (The TPU compiler on a CPU machine, perf/aot.py, loads libtpu through a topology,
+not a backend: unaffected.)
 """
 from __future__ import annotations
 
@@ -53,6 +53,15 @@ def default_platform(environ=os.environ, root: str = "/") -> str | None:
   return "cpu"
 
 
+_silenced = threading.Event()
+
+
+def silence_libraries() -> None:
+  """From now on library records and library thread exceptions print nothing: the command is about to print its last
+  line and exit (orbax's writer threads, failing after a full disk, logged around and after the one error line)."""
+  _silenced.set()
+
+
 class QuietLibraries(std_logging.Filter):
   """Library records below WARNING are dropped; the rest lose their tracebacks and extra lines and are shown once.
   grpo_jax's own records pass untouched."""
@@ -70,7 +79,7 @@ class QuietLibraries(std_logging.Filter):
   def _judge(self, record) -> bool:
     if f"{os.sep}grpo_jax{os.sep}" in record.pathname:
       return True
-    if record.levelno < std_logging.WARNING:
+    if record.levelno < std_logging.WARNING or _silenced.is_set():
       return False
     if "Using custom data configuration" in str(record.msg):  # tfds says this on every load of a generated task
       return False
@@ -90,6 +99,8 @@ def _one_line_hook(what: str, shown: set):
   """A thread's (or an unraisable) exception as one line, once per kind: library threads (orbax's async writers)
   that fail after a handled failure would otherwise print a traceback each."""
   def hook(args) -> None:
+    if _silenced.is_set():
+      return
     exc = getattr(args, "exc_value", None)
     line = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
     if line not in shown:
@@ -99,6 +110,7 @@ def _one_line_hook(what: str, shown: set):
 
 
 def setup_logging(verbose: bool) -> None:
+  _silenced.clear()
   if verbose:
     return
   import absl.logging  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import  (its handler: below)

@@ -44,8 +44,12 @@ class Preempted(Exception):
   exit_code = EXIT_OK
 
   def __init__(self, where: str, step: int | None = None):
-    what = (f"after step {step} in {where}; its state is saved" if step is not None
-            else f"{where}; finished stages are kept")
+    if step is None:
+      what = f"{where}; finished stages are kept"
+    elif step == 0:  # a fresh loop stopped before its first step: it had nothing to save (and saved nothing)
+      what = f"before the first step in {where}; nothing was trained there yet"
+    else:
+      what = f"after step {step} in {where}; its state is saved"
     super().__init__(f"stopped by a signal {what}. Rerun the same command to resume.")
     self.step, self.where = step, where
 
