@@ -1,10 +1,12 @@
 """The chaos harness (benchmarks/chaos.py) in the suite: a short seeded schedule (SIGTERM then SIGINT 0.1 s later
-inside a step; SIGHUP inside an evaluation, then the newest checkpoint truncated; SIGKILL at a random moment) runs real `python -m grpo_jax.main` processes, each resuming the last one's work, and ends bit-identical to an
-uninterrupted run: every state leaf, metrics row (perf/* aside) and sample row. The harness's checks of each exit
-are the promises of docs/reliability.md: exit 0 after a signal with `Preempted:`, its `received` warning (`received
-again` for the second signal) and no torn save left; SIGKILL's -9; the damaged step moved to checkpoints/corrupt/.
-(A full disk is in the long schedule; tests/test_input_errors.py fails a CLI write through a file-size limit.) The same harness reports the differences of a planted resume bug. And an
-export of a run whose newest checkpoint is damaged names (and writes) the step it really read.
+inside a step; SIGHUP inside an evaluation, then the newest checkpoint truncated; SIGKILL at a random moment) runs
+real `python -m grpo_jax.main` processes, each resuming the last one's work, and ends bit-identical to an
+uninterrupted run: every state leaf, metrics row (perf/* aside) and sample row. The harness checks each exit against
+docs/reliability.md's promises: exit 0 after a signal with `Preempted:`, its `received` warning (`received again`
+for the second signal) and no torn save left; SIGKILL's -9; the damaged step moved to checkpoints/corrupt/. (A full
+disk is in the long schedule; tests/test_input_errors.py fails a CLI write through a file-size limit.) The same
+harness reports the differences of a planted resume bug. And an export of a run whose newest checkpoint is damaged
+names (and writes) the step it really read.
 
 The long schedule (36 faults over every scenario) is an on-demand command: docs/reliability.md.
 """
@@ -76,8 +78,7 @@ def test_short_schedule_ends_bit_identical(reference, env, tmp_path):
   assert report.landed == len(faults), log
   counts = {k: sum(c.get(k, 0) for c in report.compared.values()) for k in ("state/params leaves", "metrics rows")}
   assert counts["state/params leaves"] >= 60 and counts["metrics rows"] >= 7, report.compared
-  (_, _, damaged), = [x for x in report.faults if x[0].damage]
-  assert damaged.startswith("checkpoints/") and "truncated" in damaged, damaged  # then set aside: report.ok
+  assert len(report.damages) == 1 and "truncated" in report.damages[0], report.damages  # then set aside: report.ok
 
 
 def test_a_planted_resume_bug_is_reported(reference, env, tmp_path):

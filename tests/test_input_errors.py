@@ -149,6 +149,7 @@ CASES = [
     ("grpo", {"rl.reward_fallback": "nan"}, "config.rl.reward_fallback: must be '' (stop on a failure) or a finite"),
     ("grpo", {"rl.reward_fallback": "inf"}, "config.rl.reward_fallback"),
     ("grpo", {"model.rope_theta": float("inf")}, "config.model.rope_theta"),
+    ("grpo", {"model.rope_scaling_factor": float("nan")}, "config.model.rope_scaling_factor"),
     ("grpo", {"optim.lr": float("nan")}, "config.optim.lr: must be a finite learning rate"),
     ("r1", {"r1.pretrain.lr": 0.0}, "config.sft.lr: is 0: nothing would train; set a positive learning rate (stage "
                                     "base takes sft.steps/batch/lr/warmup_steps from r1.pretrain)"),

@@ -161,6 +161,11 @@ def validate_model(c) -> None:
   if mc.attention == "cudnn" and mc.dtype != "bfloat16":
     _fail("model.attention", f"'cudnn' needs model.dtype='bfloat16' (cuDNN flash attention has no {mc.dtype} "
           "kernel); set model.dtype=bfloat16 or model.attention=auto.")
+  if "rope_scaling_factor" in mc:
+    _nonneg(c, "model.rope_scaling_factor")
+  if mc.get("rope_scaling_factor", 0):
+    for k in ("model.rope_low_freq_factor", "model.rope_high_freq_factor", "model.rope_original_max_len"):
+      positive_finite(c, k)
   if mc.get("rope_scaling_factor", 0) and not mc.rope_high_freq_factor > mc.rope_low_freq_factor:
     _fail("model.rope_high_freq_factor", f"must exceed model.rope_low_freq_factor ({mc.rope_high_freq_factor} <= "
           f"{mc.rope_low_freq_factor}) when llama3 RoPE scaling is on (model.rope_scaling_factor > 0).")
