@@ -380,10 +380,10 @@ def damage(workdir: str, kind: str, rng: random.Random, damaged: set[tuple[str, 
   rerun resumes); returns what it did."""
   dirs = (_live_checkpoint_dirs(workdir) if live_only else
           sorted(glob.glob(os.path.join(workdir, "**", "checkpoints"), recursive=True)))
-  candidates = [d for d in dirs
-                if len([s for s in committed_steps(d) if (d, s) not in damaged]) >= 2]
+  candidates = [d for d in dirs if committed_steps(d) and (d, committed_steps(d)[-1]) not in damaged
+                and len([s for s in committed_steps(d) if (d, s) not in damaged]) >= 2]
   if not candidates:
-    return "none: no live checkpoint directory with 2 undamaged steps"
+    return "none: no live checkpoint directory whose newest step and one more are undamaged"
   d = rng.choice(candidates)
   step = committed_steps(d)[-1]
   state = os.path.join(d, str(step), "state")

@@ -383,6 +383,35 @@ def test_cpu_default_platform_only_without_an_accelerator(tmp_path):
     assert console.default_platform(env, str(root)) is None and env == {}, name
 
 
+def test_an_error_line_is_the_last_line(capsys):
+  """Once the error line is decided, library records and library thread exceptions print nothing (orbax's writers,
+  failing on a full disk, logged around and after it); the next setup_logging (a new command) clears that."""
+  import logging as std_logging
+  import threading
+  from grpo_jax.infra import console
+  root = std_logging.getLogger()
+  handler = std_logging.StreamHandler(sys.stderr)
+  root.addHandler(handler)
+  hooks = (threading.excepthook, sys.unraisablehook)
+  try:
+    main.setup_logging(verbose=False)
+    console.silence_libraries()
+    std_logging.getLogger("orbax").error("Failed to write metadata")
+    t = threading.Thread(target=lambda: (_ for _ in ()).throw(RuntimeError("Event loop is closed")))
+    t.start()
+    t.join()
+    assert capsys.readouterr().err == ""
+    main.setup_logging(verbose=False)
+    std_logging.getLogger("orbax").error("Failed to write metadata")
+    assert "Failed to write metadata" in capsys.readouterr().err
+  finally:
+    threading.excepthook, sys.unraisablehook = hooks
+    root.removeHandler(handler)
+    for h in root.handlers + [handler]:
+      h.filters.clear()
+    std_logging.getLogger("absl").filters.clear()
+
+
 NEEDS_LIBTPU = conftest.requires("libtpu", "libtpu is not installed: a CPU run is quiet without it anyway")
 
 
