@@ -1,13 +1,14 @@
 """A run's params -> a Hugging Face directory that transformers loads and generates from.
 
   python -m grpo_jax.export RUN_DIR OUT_DIR [--step N] [--dtype float32|bfloat16] [--model_type qwen2|llama]
-      [--format merged|peft]
+      [--format merged|peft|base] [--verbose]
   python -m grpo_jax.main --config=<the run's config> --workdir=RUN_DIR --config.job=export \\
       --config.export.out_dir=OUT_DIR     # the same, as a job (the export.* keys)
 
 The model is what RUN_DIR/config.json (the run's resolved config) describes; the params come from the newest (or the
 given) committed checkpoint in RUN_DIR/checkpoints, falling back to older ones if the newest does not restore, or
-from RUN_DIR/params (an SFT run's final params) when there are no checkpoints. OUT_DIR gets config.json (the source
+from RUN_DIR/params (an SFT run's final params) when there are no checkpoints; the summary and the line it prints
+name the step and checkpoint really read, and the newer ones passed over with why. OUT_DIR gets config.json (the source
 checkpoint's, with our architecture fields, when the run started from hf:<dir>), safetensors, the tokenizer's files
 (tokenizer.json, tokenizer_config.json, special_tokens_map.json, chat_template.jinja, ...) and
 generation_config.json (the source's, else written from the tokenizer's bos/eos/pad ids). A run on the shipped
@@ -17,7 +18,9 @@ Params are restored to host memory (the CPU backend): 4 bytes per parameter, the
 
 A LoRA run (model.lora.rank > 0) checkpoints adapters only: its base is read again from the source its checkpoint
 names (checked against the recorded checksum), and `format` picks `merged` (the HF checkpoint above, W + scale·A·B)
-or `peft` (OUT_DIR = adapter_config.json + adapter_model.safetensors with PEFT key names: peft_export.py).
+or `peft` (OUT_DIR = adapter_config.json + adapter_model.safetensors with PEFT key names: peft_export.py), or
+`base` (its frozen base as an HF checkpoint: what a PEFT directory needs when the base is not an hf: checkpoint,
+whose adapter_config.json can name no base; the PEFT export's summary says so, with the command).
 """
 from __future__ import annotations
 
