@@ -45,8 +45,9 @@ def add_flags(ap) -> None:
   ap.add_argument("--partial", default="", help="tail: rl.partial_rollouts values to run, comma-separated (e.g. "
                                                 "off,on; on needs --engine continuous)")
   ap.add_argument("--variant", action="append", default=[], metavar="LABEL:KEY=VALUE[;KEY=VALUE...]",
-                  help="tail: one more variant of ours with these keys set (after the --engine/--packing/--partial "
-                       "ones), e.g. 'carry2:rl.partial_rollouts=true;rl.max_staleness=2'; repeatable")
+                  help="tail: one more variant of ours: the first variant's keys and these (after the "
+                       "--engine/--packing/--partial ones), e.g. 'carry2:rl.partial_rollouts=true;rl.max_staleness=2'; "
+                       "repeatable")
   ap.add_argument("--config-override", action="append", default=[], metavar="KEY=VALUE",
                   help="tail: set a config key (e.g. rl.rollout_chunks=2) in every variant of ours; repeatable")
 
@@ -99,9 +100,9 @@ def variants(a) -> list[tuple[str, dict]]:
     over = dict(common, **{k: _parse_value(v) for k, v in combo})
     label = ",".join(f"{k.split('.')[-1]}={v}" for k, v in combo) or "default"
     out.append((label, over))
-  for spec in getattr(a, "variant", []):
+  for spec in getattr(a, "variant", []):  # on top of the first variant's keys
     label, _, kvs = spec.partition(":")
-    over = dict(common)
+    over = dict(out[0][1])
     for kv in filter(None, kvs.split(";")):
       if "=" not in kv:
         raise SystemExit(f"--variant {spec}: expected LABEL:KEY=VALUE[;KEY=VALUE...].")

@@ -5,10 +5,8 @@ Exit status (errors.py): 0 finished, or stopped by SIGTERM/SIGINT with its state
 full or read-only); 3 the run stopped itself (one line: non-finite steps, a failing Python reward); 130 Ctrl-C
 before the run started. `--verbose` adds tracebacks and the libraries' INFO logs.
 """
-import logging as std_logging
 import os
 import sys
-import threading
 import traceback
 
 from absl import app
@@ -16,7 +14,9 @@ from absl import flags
 from absl import logging
 from ml_collections import config_flags
 from grpo_jax.config import config_lib
+from grpo_jax.infra import console
 from grpo_jax.infra import errors
+from grpo_jax.infra import signals
 
 _CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/<exp>.py[:arg]).",
                                           lock_config=True)
@@ -24,72 +24,18 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Directory for config.json, metr
 _VERBOSE = flags.DEFINE_bool("verbose", False, "Show tracebacks with error lines, and the libraries' INFO logs.")
 
 
-class _QuietLibraries(std_logging.Filter):
-  """Library records (orbax, tfds, jax, asyncio, …) below WARNING are dropped, and the rest lose their tracebacks
-  and extra lines and are shown once: an async write error that orbax logs from each of its threads (or asyncio's
-  "Event loop is closed" from each of its tasks) becomes one line. grpo_jax's own records pass untouched."""
-
-  def __init__(self):
-    super().__init__()
-    self.seen: set[tuple[str, str]] = set()
-
-  def filter(self, record) -> bool:
-    verdict = getattr(record, "_grpo_jax_shown", None)  # the same record through the logger and its handlers
-    if verdict is None:
-      verdict = record._grpo_jax_shown = self._judge(record)  # pylint: disable=protected-access
-    return verdict
-
-  def _judge(self, record) -> bool:
-    if f"{os.sep}grpo_jax{os.sep}" in record.pathname:
-      return True
-    if record.levelno < std_logging.WARNING:
-      return False
-    if "Using custom data configuration" in str(record.msg):  # tfds says this on every load of a generated task
-      return False
-    if record.exc_info or record.exc_text:
-      record.exc_info, record.exc_text = None, None
-    msg = record.getMessage()
-    if "\n" in msg:
-      record.msg, record.args = msg.splitlines()[0][:500] + " [...; --verbose for the rest]", None
-    key = (record.name, record.getMessage()[:200])
-    if key in self.seen:
-      return False
-    self.seen.add(key)
-    return True
-
-
-def _one_line_hook(what: str, shown: set):
-  """A thread's (or an unraisable) exception as one line, once per kind: library threads (orbax's async writers)
-  that fail after a handled failure would otherwise print a traceback each."""
-  def hook(args) -> None:
-    exc = getattr(args, "exc_value", None)
-    line = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"
-    if line not in shown:
-      shown.add(line)
-      print(f"warning: {what}: {line} [--verbose for the traceback]", file=sys.stderr)
-  return hook
-
-
-def setup_logging(verbose: bool) -> None:
-  if verbose:
-    return
-  quiet = _QuietLibraries()
-  std_logging.getLogger("absl").addFilter(quiet)
-  for handler in std_logging.getLogger().handlers:  # records of other loggers (asyncio, orbax's own) reach these
-    handler.addFilter(quiet)
-  shown: set[str] = set()
-  threading.excepthook = _one_line_hook("a library thread failed", shown)
-  sys.unraisablehook = _one_line_hook("an exception was ignored during cleanup", shown)
+# The libraries' records cut to one line each (also the export and sweep CLIs'): infra/console.py.
+setup_logging = console.setup_logging
 
 
 def execute(config, workdir: str, verbose: bool = False) -> int:
   """Runs the job; returns the exit status, printing one line for every known failure (errors.classify)."""
-  # Here, not at the top: a flag or config-file error exits before jax and orbax load (importing jobs: 7 s at load 18
-  # on 2 cores; main alone 0.6 s).
   from grpo_jax import cli  # pylint: disable=g-import-not-at-top
-  from grpo_jax.run import evaluation, jobs  # pylint: disable=g-import-not-at-top
   cli.compilation_cache()  # a rerun, a resume or the next seed loads its programs from disk (cli.py)
   try:
+    # Here, not at the top: a flag or config-file error exits before jax and orbax load (importing jobs: 7 s at load
+    # 18 on 2 cores; main alone 0.6 s); inside the try: Ctrl-C during those seconds is the one line below.
+    from grpo_jax.run import evaluation, jobs  # pylint: disable=g-import-not-at-top
     with evaluation.shared_programs():  # the stages' evaluation programs, traced once per job
       jobs.run(config, workdir)
     return errors.EXIT_OK
@@ -105,6 +51,8 @@ def execute(config, workdir: str, verbose: bool = False) -> int:
     logging.flush()
     if verbose:
       traceback.print_exc()
+    elif code != errors.EXIT_OK:
+      console.silence_libraries()  # the error line is the last one: library threads failing after it print nothing
     print(line, file=sys.stderr, flush=True)
     return code
 
@@ -139,7 +87,9 @@ def main(argv) -> None:
     print("Error: --config is required, e.g. --config=configs/grpo_arith.py:runlocal.", file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
   setup_logging(_VERBOSE.value)
-  _exit(execute(config, _WORKDIR.value or "", _VERBOSE.value))
+  code = execute(config, _WORKDIR.value or "", _VERBOSE.value)
+  signals.ignore_from_now()
+  _exit(code)
 
 
 def _unknown_key(argv, error: Exception) -> str:

@@ -114,7 +114,7 @@ def pytest_unconfigure(config):
 # pytest.ini's --no-loadscope-reorder keeps xdist's queue in collection order, and this hook starts these modules
 # first: by default xdist queues the modules with the MOST tests first, which puts the long subprocess modules (1 to
 # 3 tests each) at the end, where the last of them runs while the other worker sits idle.
-SLOWEST_FIRST = ("test_engine", "test_faults", "test_aot", "test_packing", "test_carry", "test_lora", "test_resume",
+SLOWEST_FIRST = ("test_engine", "test_faults", "test_aot", "test_packing", "test_carry", "test_lora", "test_chaos",
                  "test_paged_attention", "test_rl_step", "test_sweep", "test_ppo", "test_pipeline", "test_attention",
                  "test_seeds", "test_sharding", "test_multihost_cli", "test_model", "test_sampling", "test_aha",
                  "test_verifiers", "test_ablation_tables", "test_multihost", "test_long_context", "test_hf_cli_qwen",

@@ -182,7 +182,7 @@ def ours_vs_transformers(run_dir: str, out_dir: str, prompt_ids: list[int], new_
   from grpo_jax.tasks import hf_tokenizer
   config = export.run_config(run_dir)
   mcfg = model_lib.ModelConfig.from_config(config.model)
-  params, _ = export.restore_params(run_dir, mcfg)
+  params = export.restore_params(run_dir, mcfg).params
   hf = transformers.AutoModelForCausalLM.from_pretrained(out_dir, dtype=torch.float32).eval()
   tok = hf_tokenizer.HFTokenizer(out_dir)
   gen = transformers.GenerationConfig.from_pretrained(out_dir)

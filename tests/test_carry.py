@@ -1,6 +1,8 @@
 """Partial rollouts (rl.partial_rollouts, rollout/carry.py): the carry's schedule worked by hand, the JAX carry against
 its NumPy replay, today's samples and updates with max_staleness 0, the staleness mask, KV recompute, and the step
 with the carry (no retrace, LoRA, bad input)."""
+import os
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -353,40 +355,30 @@ def test_carry_on_8_devices(one_device, shape, split, heads):
 
 # ------------------------------------------------------------------------------------------- kill -9, resume
 
-CARRY_ARGS = ["--config.sampling.engine=continuous", "--config.rl.partial_rollouts=True", "--config.rl.max_staleness=1",
-              "--config.rl.rollout_budget=6"]
-
 
 @pytest.fixture(scope="module")
-def carry_run(tmp_path_factory):
-  """An uninterrupted CLI run with the carry (tests/test_resume.py's tiny config)."""
-  from tests import test_resume as tr
-  full = str(tmp_path_factory.mktemp("carry_full"))
-  p = tr._start(full, CARRY_ARGS)
-  out, _ = p.communicate(timeout=300)
-  assert p.returncode == 0, out[-3000:]
-  return full
+def chaos_partial(tmp_path_factory):
+  import sys
+  sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks"))
+  import chaos
+  env = chaos.child_env(str(tmp_path_factory.mktemp("xla_cache")))
+  ref = chaos.reference(chaos.SCENARIOS["partial"], str(tmp_path_factory.mktemp("carry") / "reference"), env)
+  return chaos, env, ref
 
 
-def test_killed_carry_run_resumes_exactly(carry_run, tmp_path):
-  """SIGKILL mid-run (after the step-2 checkpoint), restart: the carry's in-flight rows come back with the state, so
-  metrics rows and final params equal an uninterrupted run's, bit for bit."""
-  from tests import test_resume as tr
-  rows = tr._rows(carry_run)
-  assert max(r.get("train/version_lag_max", 0) for r in rows) >= 1  # rows were carried across steps
-  cut = str(tmp_path)
-  p = tr._start(cut, CARRY_ARGS)
-  tr._wait_for_step(p, cut, 3)
-  tr._wait_for_committed_checkpoint(p, cut, 2)
-  p.kill()
-  p.communicate(timeout=60)
-  p = tr._start(cut, CARRY_ARGS)
-  out, _ = p.communicate(timeout=300)
-  assert p.returncode == 0, out[-3000:]
-  assert "Resumed from" in out
-  assert tr._deterministic(tr._rows(cut)) == tr._deterministic(rows)
-  for a, b in zip(tr._final_params(cut), tr._final_params(carry_run)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+def test_killed_carry_run_resumes_exactly(chaos_partial, tmp_path):
+  """SIGKILL inside a step, then SIGTERM at a save, each resumed (benchmarks/chaos.py's partial-rollouts scenario):
+  the carry's in-flight rows come back with the state, so every state leaf (the carry's among them), metrics row and
+  sample row equals the uninterrupted run's, which carried rows (version lags of 1)."""
+  chaos, env, ref = chaos_partial
+  rows = [r for r in chaos._jsonl(os.path.join(ref, "metrics.jsonl"), True) if "train/version_lag_max" in r]
+  assert max(r["train/version_lag_max"] for r in rows) >= 1
+  faults = [chaos.Fault("partial", "SIGKILL", chaos.STEP.kind, 2, 0.5),
+            chaos.Fault("partial", "SIGTERM", chaos.SAVE.kind, 1, 0.2)]
+  report = chaos.run_schedule(faults, str(tmp_path), references={"partial": ref}, log=lambda line: None,
+                              use_tmpfs=False)
+  assert report.landed >= 1 and report.compared["partial"]
+  assert report.ok, (report.problems, report.differences)
 
 
 # --------------------------------------------------------------------------------------------- vmapped seeds

@@ -13,6 +13,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from grpo_jax.infra import checkpoint
+from grpo_jax.infra import errors
 from grpo_jax.infra import params_ckpt
 
 
@@ -199,10 +200,17 @@ def test_explicit_missing_step_raises(tmp_path, states):
 def test_restore_params_only_reads_params_subtree(tmp_path, states):
   _save_steps(tmp_path, states, [1, 2], async_save=False)
   abstract_params = abstract_of(states[1].params)
-  _assert_bit_identical(params_ckpt.restore_params_only(tmp_path, abstract_params), states[2].params)
-  _assert_bit_identical(params_ckpt.restore_params_only(tmp_path, abstract_params, step=1), states[1].params)
+  got = params_ckpt.restore_params_only(tmp_path, abstract_params)
+  assert (got.step, got.skipped) == (2, ())
+  _assert_bit_identical(got.params, states[2].params)
+  _assert_bit_identical(params_ckpt.restore_params_only(tmp_path, abstract_params, step=1).params, states[1].params)
   _truncate_data(str(tmp_path / '2'))
-  _assert_bit_identical(params_ckpt.restore_params_only(tmp_path, abstract_params), states[1].params)
+  got = params_ckpt.restore_params_only(tmp_path, abstract_params)
+  # the step it says is the step it read: the damaged newest is passed over, and named with why
+  assert got.step == 1 and [s for s, _ in got.skipped] == [2], got.skipped
+  _assert_bit_identical(got.params, states[1].params)
+  with pytest.raises(errors.InputError, match=r'checkpoint step 2 in .* is damaged'):
+    params_ckpt.restore_params_only(tmp_path, abstract_params, step=2)
 
 
 def test_save_and_load_params(tmp_path, states):
@@ -242,6 +250,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 pid, port, directory = int(sys.argv[1]), sys.argv[2], sys.argv[3]
 jax.distributed.initialize(coordinator_address=f'127.0.0.1:{port}', num_processes=2, process_id=pid)
 from grpo_jax.infra import checkpoint
+from grpo_jax.infra import errors
 from grpo_jax.infra import params_ckpt
 abstract_of = lambda tree: jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), tree)
 mesh = jax.make_mesh((4,), ('data',), devices=jax.devices())

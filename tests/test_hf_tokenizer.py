@@ -259,3 +259,48 @@ def test_math_rewards_on_hf_tokenizer(dirs, name):
   assert gsm8k.grade(ids[0] + [tok.eos_id, tok.pad_id][:1], "8", tok) == (1.0, 1.0, "8")
   untagged = tok.encode("so it is 8")
   assert gsm8k.grade(untagged, "8", tok)[0] == 0.0 and gsm8k.grade(untagged + [tok.eos_id], "8", tok)[0] == 1.0
+
+
+def test_tokenizer_checked_against_the_model(dirs, tmp_path):
+  """A tokenizer that is not the model's: far fewer tokens than embedding rows (Llama-3's 128,256 under Qwen2.5's
+  151,936, here 2,000 rows), the model's eos / bos ids not the tokenizer's, a chat template whose special tokens the
+  tokenizer lacks. The model's own (12 spare rows, its eos) passes. preflight: one line naming both; the override
+  key runs it with a warning."""
+  import ml_collections
+  from grpo_jax.infra import errors
+  from grpo_jax.run import preflight
+  import shutil
+  qwen = shutil.copytree(dirs["qwen"], tmp_path / "qwen")
+  own = hf_tokenizer.HFTokenizer(str(qwen))
+  eot = own.tk.token_to_id("<|endoftext|>")
+  with open(qwen / "config.json", "w") as f:
+    json.dump({"vocab_size": own.num_tokens + 12, "eos_token_id": eot, "bos_token_id": eot}, f)
+  assert hf_tokenizer.model_mismatches(own, str(qwen), chat=True) == []
+  llama = hf_dirs.train_tokenizer(hf_dirs.LLAMA_SPECIALS, split=hf_dirs.LLAMA3_SPLIT, nfc=False)
+  n = llama.get_vocab_size()
+  d = str(tmp_path / "llama_in_qwen")
+  hf_dirs.write_tokenizer(d, llama, {"bos_token": "<|begin_of_text|>", "eos_token": "<|end_of_text|>",
+                                     "chat_template": CHAT})
+  with open(os.path.join(d, "config.json"), "w") as f:  # Qwen-shaped: its eos/bos ids are beyond this tokenizer
+    json.dump({"vocab_size": n + 2000, "eos_token_id": n + 5, "bos_token_id": n + 4}, f)
+  tok = hf_tokenizer.HFTokenizer(d)
+  problems = hf_tokenizer.model_mismatches(tok, d, chat=True)
+  assert len(problems) == 4, problems
+  assert f"{n + 2000:,} rows but the tokenizer has {n:,} tokens" in problems[0]
+  assert f"ends with token id {n + 5}" in problems[1] and "'<|end_of_text|>'" in problems[1]
+  assert f"bos_token_id is {n + 4}" in problems[2] and "<|im_start|>" in problems[3]
+  # a few hundred spare rows (Qwen2.5: 271) are a model's own padding, not a mismatch
+  with open(os.path.join(d, "config.json"), "w") as f:
+    json.dump({"vocab_size": n + 271}, f)
+  assert hf_tokenizer.model_mismatches(tok, d) == []
+  with open(os.path.join(d, "config.json"), "w") as f:
+    json.dump({"vocab_size": n + 2000, "eos_token_id": n + 5}, f)
+  c = ml_collections.ConfigDict({"job": "grpo", "train": {"init_from": f"hf:{d}"}, "sft": {"steps": 0},
+                                 "task": {"prompt_format": "r1_zero", "allow_tokenizer_mismatch": False}})
+  with pytest.raises(errors.ConfigError) as e:
+    preflight.check_tokenizer_model(c, tok)
+  line = str(e.value)
+  assert "\n" not in line and line.startswith("config.task.tokenizer: the tokenizer ") and d in line, line
+  assert "task.allow_tokenizer_mismatch=True" in line and "rows no token reaches" in line, line
+  c.task.allow_tokenizer_mismatch = True
+  preflight.check_tokenizer_model(c, tok)  # the rare real case: allowed, with a warning

@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+import conftest  # tests/conftest.py: requires
+
 from grpo_jax.infra import errors
 from grpo_jax import main
 from grpo_jax.infra import workdir_lock
@@ -43,15 +45,39 @@ def paths(tmp_path_factory):
   from grpo_jax.infra import params_ckpt
   from grpo_jax.model import model as model_lib
   from configs import grpo_arith
+  from tests import hf_dirs
   c = grpo_arith.get_config("small")
   c.model.hidden = 32
   params_ckpt.save_params(str(root / "other_params"), model_lib.init_params(
       model_lib.ModelConfig.from_config(c.model), jax.random.PRNGKey(0)))
+  # a training-state tree (DIR/checkpoints/<n>/state) given as init_from, and the checkpoints dir holding it
+  params = model_lib.init_params(model_lib.ModelConfig.from_config(grpo_arith.get_config("small").model),
+                                 jax.random.PRNGKey(0))
+  params_ckpt.save_params(str(root / "a_run2" / "checkpoints" / "3" / "state"),
+                          {"params": params, "opt_state": {"mu": params}, "step": 3})
+  # HF dirs (random tiny Qwen2-shaped weights, ours saved as HF): one without tokenizer files (its vocab is not the
+  # shipped tokenizer's), one holding a Llama-3-style tokenizer under a config with 2,000 more embedding rows and
+  # another eos id
+  from grpo_jax.hf import hf_save
+  import dataclasses
+  mcfg = model_lib.ModelConfig.from_config(grpo_arith.get_config("small").model)
+
+  def hf_dir(name, vocab, **cfg):
+    m = dataclasses.replace(mcfg, vocab_size=vocab, max_len=512)
+    hf_save.save_hf(str(root / name), m, model_lib.init_params(m, jax.random.PRNGKey(0)), model_type="qwen2")
+    path = root / name / "config.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **cfg}))
+
+  hf_dir("hf_notok", 600)
+  llama_tok = hf_dirs.train_tokenizer(hf_dirs.LLAMA_SPECIALS, split=hf_dirs.LLAMA3_SPLIT, nfc=False)
+  n = llama_tok.get_vocab_size()
+  hf_dir("hf_llama_in_qwen", n + 2000, eos_token_id=n + 1500, bos_token_id=n + 1499)
+  hf_dirs.write_tokenizer(str(root / "hf_llama_in_qwen"), llama_tok, {"bos_token": "<|begin_of_text|>",
+                                                                       "eos_token": "<|end_of_text|>"})
   (root / "hf_bin").mkdir()
   (root / "hf_bin" / "config.json").write_text((root / "hf_noweights" / "config.json").read_text())
   (root / "hf_bin" / "pytorch_model.bin").write_bytes(b"\0" * 8)
   # GSM8K-format data dirs: none of the layouts; a test split smaller than eval.size; a question too long
-  from tests import hf_dirs
   (root / "gsm8k_none").mkdir()
   (root / "gsm8k_none" / "notes.txt").write_text("no data here")
   hf_dirs.gsm8k_jsonl(str(root / "gsm8k_small_test"), n_train=8, n_test=2)
@@ -119,6 +145,16 @@ CASES = [
     ("grpo", {"sft.batch": 0}, "config.sft.batch"),  # the job's SFT stage: its keys are checked before anything
     ("grpo", {"sft.steps": -5}, "config.sft.steps"),  # not "no SFT stage"
     ("grpo", {"sft.lr": -1.0}, "config.sft.lr"),
+    # one rule per kind: every learning rate finite and > 0, every fallback finite, every scale finite
+    ("grpo", {"sft.lr": 0.0}, "config.sft.lr: is 0: nothing would train"),
+    ("grpo", {"rl.reward_fallback": "nan"}, "config.rl.reward_fallback: must be '' (stop on a failure) or a finite"),
+    ("grpo", {"rl.reward_fallback": "inf"}, "config.rl.reward_fallback"),
+    ("grpo", {"model.rope_theta": float("inf")}, "config.model.rope_theta"),
+    ("grpo", {"model.rope_scaling_factor": float("nan")}, "config.model.rope_scaling_factor"),
+    ("grpo", {"optim.lr": float("nan")}, "config.optim.lr: must be a finite learning rate"),
+    ("r1", {"r1.pretrain.lr": 0.0}, "config.sft.lr: is 0: nothing would train; set a positive learning rate (stage "
+                                    "base takes sft.steps/batch/lr/warmup_steps from r1.pretrain)"),
+    ("r1", {"r1.final.lr": float("nan")}, "config.r1.final.lr: must be a finite learning rate > 0 (or 0 = optim.lr)"),
     ("grpo", {"sft.loss_on": "some"}, "config.sft.loss_on"),
     ("grpo", {"train.sample_every": -1}, "config.train.sample_every"),
     ("grpo", {"task.overlong_prompts": "cut"}, "config.task.overlong_prompts"),
@@ -152,6 +188,15 @@ CASES = [
     ("grpo", {"train.init_from": "hf:{p}/hf_bin"}, "holds PyTorch .bin/.pt weights only"),
     ("grpo", {"train.init_from": "{p}/a_run"}, "is a run directory, not a params checkpoint"),
     ("grpo", {"train.init_from": "{p}/a_step"}, "is one step of a run's training checkpoints"),
+    ("grpo", {"train.init_from": "{p}/a_run2/checkpoints/3/state"}, "is a training-state tree (params, optimizer "
+                                                                    "state, step, rng"),
+    ("grpo", {"train.init_from": "{p}/a_run2/checkpoints"}, "is a run's checkpoints directory"),
+    ("gsm8k", {"train.init_from": "hf:{p}/hf_notok"}, "hf_notok, whose own tokenizer cannot be read: {p}/hf_notok "
+                                                       "has no tokenizer.json (nor any other tokenizer file)"),
+    ("gsm8k", {"train.init_from": "hf:{p}/hf_notok", "task.tokenizer": "init_from"},
+     "{p}/hf_notok has no tokenizer.json (nor any other tokenizer file)"),
+    ("gsm8k", {"train.init_from": "hf:{p}/hf_llama_in_qwen", "task.tokenizer": "init_from"},
+     "does not look like the model's"),
     ("grpo", {"train.init_from": "{p}/other_params"}, "the checkpoint holds a different model (14 params of another shape, e.g. ['embed']['embedding'] (512, 32)"),
     ("grpo", {"train.init_from": "hf:{p}/hf_partial"}, "lacks vocab_size, hidden_size"),
     ("grpo", {"train.init_from": "hf:{p}/hf_gpt2"}, "model_type='gpt2'"),
@@ -328,3 +373,76 @@ def test_library_noise_is_one_line_once(capsys):
   assert "Traceback" not in err, err
   assert err.count("Task exception was never retrieved") == 1, err
   assert err.count("a library thread failed: RuntimeError: Event loop is closed") == 1, err
+
+
+def test_cpu_default_platform_only_without_an_accelerator(tmp_path):
+  """grpo_jax sets JAX_PLATFORMS=cpu only when nothing is requested and no accelerator is attached (infra/
+  console.py): a Google TPU on the PCI bus, an accel/vfio device, a GPU device node, or an explicit request leave
+  JAX's choice alone."""
+  from grpo_jax.infra import console
+  bare = tmp_path / "bare"
+  (bare / "sys/bus/pci/devices/0000:00:04.0").mkdir(parents=True)
+  (bare / "sys/bus/pci/devices/0000:00:04.0/vendor").write_text("0x1af4\n")  # virtio: not an accelerator
+  (bare / "dev").mkdir()
+  env = {}
+  assert console.default_platform(env, str(bare)) == "cpu" and env == {"JAX_PLATFORMS": "cpu"}
+  for requested in ({"JAX_PLATFORMS": ""}, {"JAX_PLATFORMS": "tpu"}, {"JAX_FORCE_TPU_INIT": "1"},
+                    {"TPU_ACCELERATOR_TYPE": "v5p-8"}):
+    env = dict(requested)
+    assert console.default_platform(env, str(bare)) is None and env == requested
+  for name, make in (("tpu", lambda r: (r / "sys/bus/pci/devices/0000:00:05.0").mkdir(parents=True) or
+                      (r / "sys/bus/pci/devices/0000:00:05.0/vendor").write_text("0x1ae0\n")),
+                     ("accel", lambda r: (r / "dev").mkdir(parents=True) or (r / "dev/accel0").write_text("")),
+                     ("nvidia", lambda r: (r / "dev").mkdir(parents=True) or (r / "dev/nvidiactl").write_text(""))):
+    root = tmp_path / name
+    make(root)
+    env = {}
+    assert console.default_platform(env, str(root)) is None and env == {}, name
+
+
+def test_an_error_line_is_the_last_line(capsys):
+  """Once the error line is decided, library records and library thread exceptions print nothing (orbax's writers,
+  failing on a full disk, logged around and after it); the next setup_logging (a new command) clears that."""
+  import logging as std_logging
+  import threading
+  from grpo_jax.infra import console
+  root = std_logging.getLogger()
+  handler = std_logging.StreamHandler(sys.stderr)
+  root.addHandler(handler)
+  hooks = (threading.excepthook, sys.unraisablehook)
+  try:
+    main.setup_logging(verbose=False)
+    console.silence_libraries()
+    std_logging.getLogger("orbax").error("Failed to write metadata")
+    t = threading.Thread(target=lambda: (_ for _ in ()).throw(RuntimeError("Event loop is closed")))
+    t.start()
+    t.join()
+    assert capsys.readouterr().err == ""
+    main.setup_logging(verbose=False)
+    std_logging.getLogger("orbax").error("Failed to write metadata")
+    assert "Failed to write metadata" in capsys.readouterr().err
+  finally:
+    threading.excepthook, sys.unraisablehook = hooks
+    root.removeHandler(handler)
+    for h in root.handlers + [handler]:
+      h.filters.clear()
+    std_logging.getLogger("absl").filters.clear()
+
+
+NEEDS_LIBTPU = conftest.requires("libtpu", "libtpu is not installed: a CPU run is quiet without it anyway")
+
+
+@NEEDS_LIBTPU
+def test_a_cpu_cli_run_prints_no_libtpu_errors(tmp_path):
+  """With libtpu installed and no JAX_PLATFORMS set, a CLI run that starts JAX's backend (preflight counts the
+  devices) printed five lines of libtpu errors before its own; on a machine without an accelerator it prints only
+  its own line now."""
+  from grpo_jax.infra import console
+  env = {k: v for k, v in os.environ.items() if k not in ("JAX_PLATFORMS", "JAX_FORCE_TPU_INIT", "TPU_ACCELERATOR_TYPE")}
+  out = subprocess.run([sys.executable, "-m", "grpo_jax.main", f"--workdir={tmp_path / 'run'}",
+                        "--config=configs/grpo_arith.py:small", "--config.mesh.data=64"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120, env=dict(env, PYTHONPATH=ROOT))
+  assert out.returncode == 2 and "config.mesh" in out.stderr, out.stderr[-3000:]
+  if not console.accelerator_present():  # CI and this machine; with an accelerator JAX's own choice stands
+    assert out.stderr.strip().splitlines() == [out.stderr.strip()], out.stderr
+    assert "TPU" not in out.stderr and "libtpu" not in out.stderr, out.stderr

@@ -71,7 +71,8 @@ def lora_run(tmp_path_factory):
 def _ours(run_dir, hf_dir, config):
   """Our LoRA forward on the run's last checkpoint: the base from hf_dir, the checkpoint's adapters."""
   mcfg = model_lib.ModelConfig.from_config(config.model)
-  (base, adapters), step = export_lib.restore_params(run_dir, mcfg, 0, config, want_adapters=True)
+  got = export_lib.restore_params(run_dir, mcfg, 0, config, want_adapters=True)
+  (base, adapters), step = got.params, got.step
   logits = model_lib.forward(mcfg, lora.combine(base, adapters), TOKENS.astype(np.int32), POS.astype(np.int32),
                              MASK.astype(np.int32))
   return np.asarray(logits), step, adapters
@@ -124,3 +125,38 @@ def test_resume_onto_another_base_is_refused_in_one_line(lora_run):
   assert "\n" not in msg and "checksum" in msg and "train.init_from" in msg, msg
   with pytest.raises(config_lib.ConfigError, match="checksum"):
     export_lib.export(lora_run["run_dir"], str(lora_run["root"] / "merged2"))
+
+
+def test_peft_export_of_a_params_checkpoint_base_says_how_to_export_the_base(tmp_path):
+  """A LoRA run whose base is a params checkpoint (the main job's DIR/sft/params), not hf:<dir>: its PEFT export
+  cannot name a base (base_model_name_or_path null) and its summary says to export the base, with the command;
+  `--format=base` writes that base (checked against the checkpoint's identity), and PEFT on it gives the merged
+  export's logits."""
+  c = config_lib.override(_config(""), {"train.init_from": str(tmp_path / "sft" / "params")})
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  base = model_lib.init_params(mcfg, jax.random.PRNGKey(3))
+  from grpo_jax.infra import params_ckpt
+  params_ckpt.save_params(c.train.init_from, base)
+  adapters = lora.init_adapters(mcfg, jax.random.PRNGKey(4))
+  adapters = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(5), x.shape), adapters)
+  run = tmp_path / "run"
+  ck = checkpoint.Checkpointer(str(run / "checkpoints"), save_every=2, keep=3, async_save=False)
+  ck.set_frozen(c.train.init_from, lora.hold_base(mcfg, base))
+  ck.maybe_save(2, {"params": adapters, "base": lora.hold_base(mcfg, base)}, {"step": 2})
+  ck.close()
+  (run / "config.json").write_text(c.to_json())
+  summary = export_lib.export(str(run), str(tmp_path / "peft"), format="peft")
+  assert "not a Hugging Face checkpoint" in summary["base"] and c.train.init_from in summary["base"]
+  assert f"python -m grpo_jax.export {run} BASE_DIR --format=base --step 2" in summary["base"], summary["base"]
+  assert json.load(open(tmp_path / "peft" / "adapter_config.json"))["base_model_name_or_path"] is None
+  assert "; base: the adapters were trained on" in export_lib.describe(summary, str(tmp_path / "peft"))
+  got = export_lib.export(str(run), str(tmp_path / "base"), format="base")
+  assert got["step"] == 2 and got["source"].startswith("the frozen base of ")
+  for a, b in zip(jax.tree.leaves(hf_io.load_params(str(tmp_path / "base"), mcfg)), jax.tree.leaves(base)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  export_lib.export(str(run), str(tmp_path / "merged"))
+  real = MASK > 0
+  base_model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base")).float().eval()
+  with_adapters = peft.PeftModel.from_pretrained(base_model, str(tmp_path / "peft")).eval()
+  merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).float().eval()
+  np.testing.assert_allclose(_hf_logits(with_adapters)[real], _hf_logits(merged)[real], atol=1e-5, rtol=0)

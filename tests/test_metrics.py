@@ -271,3 +271,38 @@ def test_resume_states_lost_rows_in_one_warning(tmp_path, caplog):
   assert len(warned) == 1 and 'steps 2-6, 12' in warned[0] and 'resumed step 12' in warned[0], warned
   os.remove(path)
   assert metrics_lib.warn_missing(str(tmp_path), 12, 4) == [4, 8, 12]
+
+
+def test_unreadable_rows_are_skipped_and_counted_never_raised(tmp_path, caplog):
+  """metrics.jsonl with a non-UTF-8 line, a torn line, a JSON line that is not a row and a row without an integer
+  step: every reader (read_metrics, a resuming MetricWriter) skips them with one warning counting them."""
+  with _writer(tmp_path, progress=False) as w:
+    for step in (1, 2, 3):
+      w.write(step, {'train/loss': float(step)})
+  path = tmp_path / 'metrics.jsonl'
+  good = path.read_bytes().splitlines(keepends=True)
+  path.write_bytes(good[0] + b'{"step": 9, "train/loss": "\xff\xfe"}\n' + good[1] + b'{"step": 4, "tr\n'
+                   + b'[1, 2]\n{"step": "5"}\n' + good[2])
+  with caplog.at_level('WARNING'):
+    rows = metrics_lib.read_metrics(str(tmp_path))
+  assert [r['step'] for r in rows] == [1, 2, 3]
+  warned = [r.getMessage() for r in caplog.records if 'unreadable line' in r.getMessage()]
+  assert len(warned) == 1 and 'skipped 4 unreadable line(s)' in warned[0] and 'line(s) 2, 4-6' in warned[0], warned
+  with _writer(tmp_path, resume_step=2, progress=False) as w:  # a resume reads, drops rows after 2, appends
+    w.write(3, {'train/loss': 30.0})
+  assert [(r['step'], r['train/loss']) for r in _rows(tmp_path)] == [(1, 1.0), (2, 2.0), (3, 30.0)]
+
+
+def test_a_deleted_live_metrics_file_is_recreated_with_a_warning(tmp_path, caplog):
+  """metrics.jsonl deleted while the run writes it: the next write recreates it (warning), later rows are there,
+  and a second write of the same step (the eval after the train row) still merges into one whole row."""
+  with _writer(tmp_path, progress=False) as w:
+    w.write(1, {'train/loss': 1.0})
+    w.write(2, {'train/loss': 2.0})
+    os.remove(tmp_path / 'metrics.jsonl')
+    with caplog.at_level('WARNING'):
+      w.write(2, {'eval/accuracy': 0.5})
+      w.write(3, {'train/loss': 3.0})
+  assert _rows(tmp_path) == [{'step': 2, 'eval/accuracy': 0.5, 'train/loss': 2.0}, {'step': 3, 'train/loss': 3.0}]
+  warned = [r.getMessage() for r in caplog.records if 'was deleted or replaced' in r.getMessage()]
+  assert len(warned) == 1 and 'from step 2 on' in warned[0], warned

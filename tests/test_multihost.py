@@ -132,7 +132,7 @@ def test_checkpoint_written_collectively(runs):
   abstract = jax.eval_shape(lambda: _nested(p2))
   sharding = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), abstract)
-  restored = params_ckpt.restore_params_only(str(ckdir), abstract, step=2)
+  restored = params_ckpt.restore_params_only(str(ckdir), abstract, step=2).params
   got = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(restored)[0]}
   for k in p2:
     np.testing.assert_array_equal(got[k], p2[k], err_msg=k)

@@ -92,7 +92,7 @@ def _params(d, mcfg):
   dev = jax.sharding.SingleDeviceSharding(jax.devices()[0])
   abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=dev),
                           jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0))))
-  return params_ckpt.restore_params_only(str(d / "checkpoints"), abstract, step=2)
+  return params_ckpt.restore_params_only(str(d / "checkpoints"), abstract, step=2).params
 
 
 def test_both_processes_ran_the_job(runs):

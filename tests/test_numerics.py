@@ -43,8 +43,10 @@ def _tiny(workdir_steps=5):
 def test_nonfinite_updates_are_skipped_then_the_run_stops_saved(tmp_path, nan_term):
   c = _tiny()
   c.rewards = ((nan_term, 1.0),)
-  with pytest.raises(train.NonFiniteError, match="max_nonfinite_in_row"):
+  with pytest.raises(train.NonFiniteError, match="max_nonfinite_in_row") as e:
     train.run_rl(c, str(tmp_path))
+  # the advice names what was non-finite (the reward), not the learning rate
+  assert "rewards were non-finite (train/reward" in str(e.value) and "optim.lr" not in str(e.value), e.value
   from grpo_jax.run import metrics as metrics_lib
   rows = [r for r in metrics_lib.read_metrics(str(tmp_path)) if "train/nonfinite_updates" in r]
   assert [r["step"] for r in rows] == [1, 2]

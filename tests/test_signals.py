@@ -75,3 +75,27 @@ def test_processes_agree_on_the_stop_step(tmp_path):
   assert "received again" in outs[1]
   assert "were signalled: stopping here too" in outs[0]
   assert sorted(os.listdir(tmp_path / "ck")) == ["4"]
+
+
+def test_preempted_line_says_what_was_saved():
+  """A loop stopped before its first step saved nothing: its line must not say 'its state is saved' (the chaos
+  harness met it in an R1 stage signalled as it started)."""
+  from grpo_jax.infra import errors
+  assert "before the first step in D; nothing was trained there yet" in str(errors.Preempted("D", 0))
+  assert "after step 4 in D; its state is saved" in str(errors.Preempted("D", 4))
+  assert "before stage x; finished stages are kept" in str(errors.Preempted("before stage x"))
+
+
+def test_signals_after_the_command_are_ignored():
+  """main and the sweep CLI, once the command is over: a late signal (a second Ctrl-C while the interpreter exits)
+  is ignored instead of raising KeyboardInterrupt into the exit."""
+  import signal as signal_lib
+  from grpo_jax.infra import signals
+  names = [s for s in (signal_lib.SIGTERM, signal_lib.SIGINT, getattr(signal_lib, "SIGHUP", None)) if s is not None]
+  prev = {s: signal_lib.getsignal(s) for s in names}
+  try:
+    signals.ignore_from_now()
+    assert all(signal_lib.getsignal(s) == signal_lib.SIG_IGN for s in names)
+  finally:
+    for s, h in prev.items():
+      signal_lib.signal(s, h)

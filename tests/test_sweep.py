@@ -374,3 +374,41 @@ def test_r1_run_whose_stages_are_done_is_finished_only_with_its_report(tmp_path,
   assert sweep.check([run]) == {"seed=0": False} and not sweep.finished(run)
   (tmp_path / "report.json").write_text("{}")
   assert sweep.check([run]) == {"seed=0": True} and sweep.finished(run)
+
+
+def test_runs_restored_at_different_steps_go_back_to_a_common_step():
+  """A group whose runs restored at different steps (one stopped later, or whose newest checkpoint was damaged)
+  continues from the newest step all of them have, as ONE program: sub-groups of fewer runs round differently, so the
+  sweep ended a few ulps away from an uninterrupted one (benchmarks/chaos.py found it). A run that lacks the step,
+  or whose copy of it does not restore, stays in its sub-group."""
+  import types
+  from grpo_jax.studies import sweep_vmap
+
+  class Ckpt:
+    def __init__(self, steps, bad=()):
+      self.steps, self.bad, self.asked = steps, bad, []
+
+    def all_steps(self):
+      return self.steps
+
+    def restore(self, step, abstract):
+      self.asked.append(step)
+      if step in self.bad:
+        raise errors.InputError(f"checkpoint step {step} is damaged")
+      return {"step": step}, {"step": step}
+
+  def lanes(*specs):
+    return [types.SimpleNamespace(workdir=f"/w/run{i}", start=start, run=types.SimpleNamespace(ckpt=Ckpt(steps, bad)))
+            for i, (start, steps, bad) in enumerate(specs)]
+
+  group = lanes((4, [2, 4], ()), (5, [2, 4, 5], ()), (5, [4, 5], ()))
+  states, lines = {lane.workdir: {"step": lane.start} for lane in group}, []
+  sweep_vmap.restore_together(group, states, None, lines.append)
+  assert [lane.start for lane in group] == [4, 4, 4] and [states[f"/w/run{i}"]["step"] for i in range(3)] == [4] * 3
+  assert [lane.run.ckpt.asked for lane in group] == [[], [4], [4]] and len(lines) == 2 and "back from step 5" in lines[0]
+  for specs in (((4, [4], ()), (6, [2, 6], ())),           # the run ahead has no step 4: sub-groups
+                ((0, [], ()), (2, [2], ())),                # a run with no checkpoint at all
+                ((4, [4], ()), (6, [4, 6], (4,)))):          # its step 4 does not restore
+    group = lanes(*specs)
+    sweep_vmap.restore_together(group, {lane.workdir: None for lane in group}, None, lines.append)
+    assert [lane.start for lane in group] == [s[0] for s in specs], specs

@@ -64,6 +64,10 @@ def base_config() -> ml_collections.ConfigDict:
       min_number=1,  # sums: the smallest operand (10 with max_number 99: every operand two-digit)
       language="a", prompt_len=24, data_dir="", train_size=20_000, test_size=500,
       tokenizer="",  # "" = the shipped sentencepiece model; "hf:<dir>", a .model path, or "init_from"
+      # A Hugging Face tokenizer is checked against the HF model it runs with (size, eos/bos ids, the chat template's
+      # tokens: preflight.check_tokenizer_model); True runs a pairing that fails the check (a warning instead), for
+      # the rare tokenizer that is meant to differ from the model's own.
+      allow_tokenizer_mismatch=False,
       prompt_format="r1_zero",  # or "chat": the tokenizer's chat template (tasks/prompts.py)
       # prompts longer than prompt_len (checked over every split before the run): "error" (one line naming the
       # count and the length that fits) | "drop" (skipped, counted in the log) | "truncate" (bos + the last tokens)
@@ -243,7 +247,9 @@ def base_config() -> ml_collections.ConfigDict:
       step=0,            # the checkpoint step to export; 0 = the newest
       dtype="float32",   # of the written safetensors: float32 (lossless) | bfloat16 (half the size)
       model_type="",     # qwen2 | llama; "" = the source checkpoint's, else qwen2 with q/k/v biases, llama without
-      format="merged"))  # a LoRA run: merged (HF checkpoint, W + scale·A·B) | peft (a PEFT adapter directory)
+      # a LoRA run: merged (HF checkpoint, W + scale·A·B) | peft (a PEFT adapter directory) | base (its frozen
+      # base as an HF checkpoint: what a PEFT directory of a non-hf: base needs beside it)
+      format="merged"))
 
   # R1-Zero and R1's five stages (job r1_pipeline; grpo_jax/r1, docs/r1.md): each stage's knobs and reward mix.
   c.r1 = ml_collections.ConfigDict(dict(

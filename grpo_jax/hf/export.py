@@ -1,13 +1,14 @@
 """A run's params -> a Hugging Face directory that transformers loads and generates from.
 
   python -m grpo_jax.export RUN_DIR OUT_DIR [--step N] [--dtype float32|bfloat16] [--model_type qwen2|llama]
-      [--format merged|peft]
+      [--format merged|peft|base] [--verbose]
   python -m grpo_jax.main --config=<the run's config> --workdir=RUN_DIR --config.job=export \\
       --config.export.out_dir=OUT_DIR     # the same, as a job (the export.* keys)
 
 The model is what RUN_DIR/config.json (the run's resolved config) describes; the params come from the newest (or the
 given) committed checkpoint in RUN_DIR/checkpoints, falling back to older ones if the newest does not restore, or
-from RUN_DIR/params (an SFT run's final params) when there are no checkpoints. OUT_DIR gets config.json (the source
+from RUN_DIR/params (an SFT run's final params) when there are no checkpoints; the summary and the line it prints
+name the step and checkpoint really read, and the newer ones passed over with why. OUT_DIR gets config.json (the source
 checkpoint's, with our architecture fields, when the run started from hf:<dir>), safetensors, the tokenizer's files
 (tokenizer.json, tokenizer_config.json, special_tokens_map.json, chat_template.jinja, ...) and
 generation_config.json (the source's, else written from the tokenizer's bos/eos/pad ids). A run on the shipped
@@ -17,7 +18,9 @@ Params are restored to host memory (the CPU backend): 4 bytes per parameter, the
 
 A LoRA run (model.lora.rank > 0) checkpoints adapters only: its base is read again from the source its checkpoint
 names (checked against the recorded checksum), and `format` picks `merged` (the HF checkpoint above, W + scale·A·B)
-or `peft` (OUT_DIR = adapter_config.json + adapter_model.safetensors with PEFT key names: peft_export.py).
+or `peft` (OUT_DIR = adapter_config.json + adapter_model.safetensors with PEFT key names: peft_export.py), or
+`base` (its frozen base as an HF checkpoint: what a PEFT directory needs when the base is not an hf: checkpoint,
+whose adapter_config.json can name no base; the PEFT export's summary says so, with the command).
 """
 from __future__ import annotations
 
@@ -25,6 +28,7 @@ import json
 import os
 import shutil
 import sys
+from typing import Any, NamedTuple
 
 import jax
 import ml_collections
@@ -34,6 +38,8 @@ from grpo_jax.hf import hf_io
 from grpo_jax.hf import hf_save
 from grpo_jax.hf import peft_export
 from grpo_jax.infra import checkpoint as ckpt_lib
+from grpo_jax.infra import console
+from grpo_jax.infra import errors
 from grpo_jax.infra import params_ckpt
 from grpo_jax.model import lora as lora_lib
 from grpo_jax.model import model as model_lib
@@ -41,7 +47,7 @@ from grpo_jax.hf import model_source
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 from grpo_jax.tasks import hf_tokenizer
 
-FORMATS = ("merged", "peft")
+FORMATS = ("merged", "peft", "base")  # base: a LoRA run's frozen base, e.g. for its PEFT adapters (_base_hint)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
 
@@ -60,9 +66,23 @@ def _host_sharding():
   return jax.sharding.SingleDeviceSharding(jax.devices("cpu")[0])
 
 
-def restore_params(run_dir: str, mcfg, step: int = 0, config=None, want_adapters: bool = False):
-  """(params on the host, the step they are from; 0 for RUN_DIR/params). A LoRA run's checkpoint: the merged
-  params, or with want_adapters (base, adapters)."""
+class Source(NamedTuple):
+  """What an export read: the params, the step they are from (0 = RUN_DIR/params), where, and the newer steps it
+  passed over because they did not restore (step, why). Every label an export prints or writes comes from here."""
+  params: Any
+  step: int
+  path: str
+  skipped: tuple[tuple[int, str], ...] = ()
+
+  def describe(self) -> str:
+    fell = "; ".join(f"step {s} unusable ({why[:160]})" for s, why in self.skipped)
+    return self.path + (f" (fell back: {fell})" if fell else "")
+
+
+def restore_params(run_dir: str, mcfg, step: int = 0, config=None, want_adapters: bool = False) -> Source:
+  """The params an export writes, on the host: a LoRA run's merged params, or with want_adapters (base, adapters).
+  From the given checkpoint step, else the newest that restores (damaged ones passed over, named in `skipped`),
+  else RUN_DIR/params (an SFT run's final params; step 0)."""
   sh = _host_sharding()
   abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                           model_lib.param_shapes(mcfg))
@@ -76,30 +96,25 @@ def restore_params(run_dir: str, mcfg, step: int = 0, config=None, want_adapters
       abstract = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sh),
                               lora_lib.adapter_shapes(mcfg))
     try:
-      params = params_ckpt.restore_params_only(ckpt_dir, abstract, step or None)
+      got = params_ckpt.restore_params_only(ckpt_dir, abstract, step or None)
     except ValueError as e:
-      raise config_lib.ConfigError(f"{ckpt_dir}: {str(e).splitlines()[0]}") from None
-    got = step or _restored_step(ckpt_dir, steps)
+      raise errors.InputError(f"{ckpt_dir}: {errors.one_line(str(e))}") from None
+    where = os.path.join(ckpt_dir, str(got.step))
     if mcfg.lora is None:
-      return params, got
-    meta = ckpt_lib.read_meta(ckpt_dir, got)
+      return Source(got.params, got.step, where, got.skipped)
+    meta = ckpt_lib.read_meta(ckpt_dir, got.step)
     base = peft_export.load_base(peft_export.base_source(config, meta), mcfg, sh)
-    peft_export.check_base(base, meta, f"{ckpt_dir}/{got}")
-    return ((base, params) if want_adapters else lora_lib.merged(mcfg, lora_lib.combine(base, params))), got
+    peft_export.check_base(base, meta, where)
+    params = (base, got.params) if want_adapters else lora_lib.merged(mcfg, lora_lib.combine(base, got.params))
+    return Source(params, got.step, where, got.skipped)
   if want_adapters:
     raise config_lib.ConfigError(f"export.format='peft': {run_dir} has no LoRA checkpoints (its params/ are a full "
                                  "model); use export.format=merged.")
   params_dir = os.path.join(run_dir, "params")
   if os.path.isdir(params_dir):
-    return params_ckpt.load_params(params_dir, abstract), 0
+    return Source(params_ckpt.load_params(params_dir, abstract), 0, params_dir)
   raise config_lib.ConfigError(f"{run_dir} has no checkpoints/ and no params/; nothing to export (did the run save "
                                "a checkpoint? train.ckpt_every sets how often).")
-
-
-def _restored_step(ckpt_dir: str, steps: list[int]) -> int:
-  """The newest committed step (restore_params_only falls back past damaged ones with a warning)."""
-  committed = [s for s in steps if os.path.exists(os.path.join(ckpt_dir, str(s), "commit_success.txt"))]
-  return (committed or steps)[-1]
 
 
 def _source_dir(config) -> str | None:
@@ -115,7 +130,8 @@ def _generation_config(tok) -> dict:
 
 def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32", model_type: str = "",
            format: str = "merged") -> dict:  # pylint: disable=redefined-builtin
-  """Writes OUT_DIR; returns a summary {step, model_type, dtype, files}."""
+  """Writes OUT_DIR; returns a summary {step, source, model_type, dtype, files, tokenizer[, base]}: `step` and
+  `source` are what was really read (after any fallback past a damaged checkpoint)."""
   if dtype not in ("float32", "bfloat16"):
     raise config_lib.ConfigError(f"export.dtype={dtype!r}: use 'float32' or 'bfloat16'.")
   if model_type not in ("", *hf_io.SUPPORTED):
@@ -127,24 +143,25 @@ def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32",
   replace = check_out_dir(out_dir)
   config = run_config(run_dir)
   mcfg = model_lib.ModelConfig.from_config(config.model)
-  if format == "peft":
-    if mcfg.lora is None:
-      raise config_lib.ConfigError(f"export.format='peft': {run_dir} trained no adapters (model.lora.rank=0); use "
-                                   "export.format=merged.")
-    (_, adapters), got_step = restore_params(run_dir, mcfg, step, config, want_adapters=True)
-    src = _source_dir(config)
-    staged = _staging(out_dir)  # written whole beside OUT_DIR, then moved in: never a mix
-    files = peft_export.save_peft(staged, mcfg, adapters, base_model=src or "")
-    _move_in(staged, out_dir, replace)
-    return {"step": got_step, "model_type": "peft-lora", "dtype": "float32", "files": files,
-            "tokenizer": "none (an adapter directory: the base's tokenizer applies)"}
+  if format in ("peft", "base") and mcfg.lora is None:
+    raise config_lib.ConfigError(f"export.format={format!r}: {run_dir} trained no adapters (model.lora.rank=0); use "
+                                 "export.format=merged.")
   src = _source_dir(config)
+  if format == "peft":
+    got = restore_params(run_dir, mcfg, step, config, want_adapters=True)
+    staged = _staging(out_dir)  # written whole beside OUT_DIR, then moved in: never a mix
+    files = peft_export.save_peft(staged, mcfg, got.params[1], base_model=src or "")
+    _move_in(staged, out_dir, replace)
+    return {"step": got.step, "source": got.describe(), "model_type": "peft-lora", "dtype": "float32",
+            "files": files, "tokenizer": "none (an adapter directory: the base's tokenizer applies)",
+            "base": src or _base_hint(run_dir, config, got)}
   base = hf_io.read_json(os.path.join(src, "config.json")) if src else None
   model_type = model_type or (base or {}).get("model_type") or ("qwen2" if mcfg.qkv_bias else "llama")
   if model_type == "qwen2" and not mcfg.qkv_bias:
     raise config_lib.ConfigError("export.model_type='qwen2' needs q/k/v biases (model.qkv_bias); this model has "
                                  "none: use export.model_type=llama.")
-  params, got_step = restore_params(run_dir, mcfg, step, config)
+  got = restore_params(run_dir, mcfg, step, config, want_adapters=format == "base")
+  params = got.params[0] if format == "base" else got.params
   final, out_dir = out_dir, _staging(out_dir)  # written whole beside OUT_DIR, then moved in: never a mix
   hf_save.save_hf(out_dir, mcfg, params, model_type=model_type, dtype=dtype, base_config=base)
   spec = tok_lib.spec_for_config(config)
@@ -163,8 +180,20 @@ def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32",
       json.dump(_generation_config(tok_lib.load(spec)), f, indent=2)
   files = sorted(os.listdir(out_dir))
   _move_in(out_dir, final, replace)
-  return {"step": got_step, "model_type": model_type, "dtype": dtype, "files": files,
+  return {"step": got.step, "source": (f"the frozen base of {got.describe()}" if format == "base" else
+                                       got.describe()),
+          "model_type": model_type, "dtype": dtype, "files": files,
           "tokenizer": tok_dir or "shipped sentencepiece (no HF tokenizer files written)"}
+
+
+def _base_hint(run_dir: str, config, got: Source) -> str:
+  """A PEFT adapter of a base that is not a Hugging Face checkpoint (a params checkpoint such as DIR/sft/params, or
+  the seed's random init): adapter_config.json cannot name it (base_model_name_or_path stays null), so the summary
+  says how to export the base the adapters were trained on."""
+  source = peft_export.base_source(config, ckpt_lib.read_meta(os.path.join(run_dir, "checkpoints"), got.step))
+  return (f"the adapters were trained on {source}, which is not a Hugging Face checkpoint, so adapter_config.json "
+          f"names no base: export the base too (python -m grpo_jax.export {run_dir} BASE_DIR --format=base --step "
+          f"{got.step}) and load PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE_DIR), OUT_DIR)")
 
 
 def _is_export(d: str) -> bool:
@@ -230,8 +259,15 @@ def run_job(config, workdir: str) -> dict:
                                  "there (set --config.export.out_dir=DIR).")
   summary = export(workdir, e.out_dir, step=int(e.step), dtype=e.dtype, model_type=e.model_type,
                    format=e.get("format", "merged"))
-  print(f"exported {workdir} step {summary['step']} -> {e.out_dir}: {', '.join(summary['files'])}")
+  print(describe(summary, e.out_dir))
   return summary
+
+
+def describe(summary: dict, out_dir: str) -> str:
+  """The one line an export ends with: the step and checkpoint really read (after any fallback)."""
+  line = (f"exported step {summary['step']} from {summary['source']} ({summary['model_type']}, {summary['dtype']}) "
+          f"-> {out_dir}: {', '.join(summary['files'])}; tokenizer: {summary['tokenizer']}")
+  return line + (f"; base: {summary['base']}" if summary.get("base") else "")
 
 
 def main(argv=None) -> int:
@@ -243,15 +279,19 @@ def main(argv=None) -> int:
   ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   ap.add_argument("--model_type", default="", choices=("", *hf_io.SUPPORTED))
   ap.add_argument("--format", default="merged", choices=FORMATS,
-                  help="a LoRA run: merged HF checkpoint, or a PEFT adapter directory")
+                  help="a LoRA run: merged HF checkpoint, a PEFT adapter directory, or its frozen base")
+  ap.add_argument("--verbose", action="store_true", help="tracebacks and the libraries' full logs")
   a = ap.parse_args(argv)
+  console.setup_logging(a.verbose)  # a damaged checkpoint's read errors: one line each, not orbax's tracebacks
   try:
     s = export(a.run_dir, a.out_dir, step=a.step, dtype=a.dtype, model_type=a.model_type, format=a.format)
-  except config_lib.ConfigError as e:
-    print(f"Error: {e}", file=sys.stderr)
-    return 2
-  print(f"exported {a.run_dir} step {s['step']} ({s['model_type']}, {s['dtype']}) -> {a.out_dir}: "
-        f"{', '.join(s['files'])}; tokenizer: {s['tokenizer']}")
+  except Exception as e:  # pylint: disable=broad-except
+    verdict = errors.classify(e)
+    if verdict is None:
+      raise  # a bug: the traceback is the report
+    print(f"Error: {errors.one_line(str(e))}" if isinstance(e, errors.InputError) else verdict[1], file=sys.stderr)
+    return verdict[0]
+  print(describe(s, a.out_dir))
   return 0
 
 

@@ -328,7 +328,7 @@ class Checkpointer:
         restored = self._manager.restore(candidate, args=args)
         why = self._verify(candidate, restored[_STATE], restored[_META])
       except Exception as e:  # pylint: disable=broad-except  # any read error means "this step is unusable"
-        why = f'{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ""}'
+        why = errors.root_cause(e)
       if why:
         logging.warning('checkpoint step %d in %s is unusable (%s); falling back to an older step', candidate,
                         self.directory, why)

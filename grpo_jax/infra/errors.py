@@ -44,8 +44,12 @@ class Preempted(Exception):
   exit_code = EXIT_OK
 
   def __init__(self, where: str, step: int | None = None):
-    what = (f"after step {step} in {where}; its state is saved" if step is not None
-            else f"{where}; finished stages are kept")
+    if step is None:
+      what = f"{where}; finished stages are kept"
+    elif step == 0:  # a fresh loop stopped before its first step: it had nothing to save (and saved nothing)
+      what = f"before the first step in {where}; nothing was trained there yet"
+    else:
+      what = f"after step {step} in {where}; its state is saved"
     super().__init__(f"stopped by a signal {what}. Rerun the same command to resume.")
     self.step, self.where = step, where
 
@@ -109,6 +113,15 @@ def classify(e: BaseException) -> tuple[int, str] | None:
   if se is not None:
     return se.exit_code, f"{se.label}: {se}"
   return None
+
+
+def root_cause(e: BaseException, limit: int = 300) -> str:
+  """`Type: first line` of the innermost cause of `e`: a library's wrapper ("Encountered error while reading array
+  index ... See full TensorStore details") hides what went wrong ("OUT_OF_RANGE: ... not valid for value of size")."""
+  while e.__cause__ is not None or (e.__context__ is not None and not e.__suppress_context__):
+    e = e.__cause__ if e.__cause__ is not None else e.__context__
+  text = str(e).strip().splitlines()[0] if str(e).strip() else ""
+  return f"{type(e).__name__}: {text[:limit]}"
 
 
 def one_line(text: str) -> str:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import orbax.checkpoint as ocp
@@ -32,8 +32,18 @@ def _verify_params(params: Any, stored: dict | None, where: str) -> str | None:
   return f'non-finite values in {integrity.describe(bad)}' if bad else None
 
 
-def restore_params_only(directory: str | os.PathLike, abstract_params: Any, step: int | None = None) -> Any:
-  """The `params` subtree of another run's state checkpoint: how a pipeline stage starts from the previous one."""
+class Restored(NamedTuple):
+  """What `restore_params_only` read: the params, the step they really come from, and the newer steps it passed
+  over (step, why): a caller that names a step names this one."""
+  params: Any
+  step: int
+  skipped: tuple[tuple[int, str], ...] = ()
+
+
+def restore_params_only(directory: str | os.PathLike, abstract_params: Any, step: int | None = None) -> Restored:
+  """The `params` subtree of another run's state checkpoint (how a pipeline stage starts from the previous one, how
+  an export reads a run): the given step, or the newest that restores and verifies, passing over damaged ones with a
+  warning. Reads only: nothing is moved (the run's own resume sets damaged steps aside)."""
   _check_abstract(abstract_params, 'abstract_params')
   root = _path(directory)
   steps, partial = _step_dirs(root)
@@ -41,21 +51,24 @@ def restore_params_only(directory: str | os.PathLike, abstract_params: Any, step
     logging.warning('checkpoint step %d in %s has no %s (partial write); skipping it', step_, root, _COMMIT_MARKER)
   if step is not None and step not in steps:
     raise ValueError(f'step={step} is not a committed checkpoint in {root}; available: {steps}')
-  candidates = [step] if step is not None else list(reversed(steps))
-  for candidate in candidates:
+  skipped = []
+  for candidate in ([step] if step is not None else list(reversed(steps))):
     try:
       params = _partial_restore(root / str(candidate) / _STATE, {'params': abstract_params})['params']
       why = _verify_params(params, (read_meta(root, candidate) or {}).get('integrity'), str(root))
-      if why:
-        raise ValueError(why)
-      return params
-    except Exception as e:  # pylint: disable=broad-except
-      if step is not None:
-        raise
-      logging.warning('params of checkpoint step %d in %s are unusable (%s: %s); trying an older step',
-                      candidate, root, type(e).__name__, str(e).splitlines()[0][:300] if str(e) else '')
-  raise errors.InputError(f'no restorable checkpoint with params in {root} (steps found: {steps}); point the '
-                          'stage\'s init checkpoint at a finished run\'s checkpoint directory')
+    except Exception as e:  # pylint: disable=broad-except  # any read error means "this step is unusable"
+      why = errors.root_cause(e)
+    if not why:
+      return Restored(params, candidate, tuple(skipped))
+    if step is not None:
+      raise errors.InputError(f'checkpoint step {step} in {root} is damaged ({why}); pick another step '
+                              f'(available: {steps}) or leave the step unset for the newest that restores.')
+    logging.warning('params of checkpoint step %d in %s are unusable (%s); trying an older step', candidate, root,
+                    why)
+    skipped.append((candidate, why))
+  raise errors.InputError(f'no restorable checkpoint with params in {root} (steps found: {steps}, every one '
+                          'damaged or unreadable); point the stage\'s init checkpoint at a finished run\'s checkpoint '
+                          'directory')
 
 
 def _sidecar(path: epath.Path) -> epath.Path:

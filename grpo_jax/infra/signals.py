@@ -94,6 +94,14 @@ class GracefulStop:
         yield stop
 
 
+def ignore_from_now() -> None:
+  """The command is over (its saves on disk, its lock released): a signal could now only turn a clean exit into a
+  traceback (a second Ctrl-C while the interpreter shuts down), so the rest of the exit ignores them."""
+  if threading.current_thread() is threading.main_thread():
+    for sig in _SIGNALS:
+      signal.signal(sig, signal.SIG_IGN)
+
+
 def active() -> GracefulStop | None:
   return _active
 

@@ -80,7 +80,7 @@ def _run_rl(config, workdir: str, stage: str, record: dict) -> None:
     return  # defence in depth (a stop by a signal raises errors.Preempted): run_pipeline sees the missing step
   # run_rl force-saves its last step; the stage's final params are that step's policy.
   abstract = state_lib.abstract_params(sharding.make_mesh(c.mesh), model_lib.ModelConfig.from_config(c.model))
-  params = params_ckpt.restore_params_only(os.path.join(wd, "checkpoints"), abstract, step=c.train.steps)
+  params = params_ckpt.restore_params_only(os.path.join(wd, "checkpoints"), abstract, step=c.train.steps).params
   params_ckpt.save_params(layout.params_path(workdir, stage), params)
 
 

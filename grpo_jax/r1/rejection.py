@@ -9,6 +9,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
+from grpo_jax.infra import errors
 from grpo_jax.infra import params_ckpt
 from grpo_jax.config import config_lib
 from grpo_jax.run import evaluation
@@ -110,8 +111,9 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
                         "completion_ids": list(comps[k]), "text": texts[k], "reward": float(reward[k])})
   n_reason = len(records)
   if n_reason == 0:
-    raise RuntimeError("rejection sampling kept no sample (no verified-correct, well-formed completion); train "
-                       "stage 2 longer (r1.grpo.steps) or sample more (r1.rejection.n)")
+    # a known outcome of the configured run, not a bug: one line, exit 3, stages 1-2 kept (a rerun resumes here)
+    raise errors.RunStopped("rejection sampling kept no sample (no verified-correct, well-formed completion); train "
+                            "stage 2 longer (r1.grpo.steps) or sample more (r1.rejection.n)")
   n_general = int(round(n_reason * rj.general_frac / (1 - rj.general_frac)))
   records += _general_records(config, task, tok, examples, n_general)
   corpus.write_records(out_path, records)  # the stage counts as done only once the whole file exists

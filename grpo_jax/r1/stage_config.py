@@ -95,9 +95,8 @@ def validate(config, stages) -> None:
     validate_lib.positive_int(config, "r1." + k)
   for k in _PROBS:
     validate_lib.prob(config, "r1." + k)
-  if not (isinstance(r1.final.lr, (int, float)) and r1.final.lr >= 0):
-    validate_lib.fail("r1.final.lr", f"must be >= 0 (0 = optim.lr), got {r1.final.lr!r}.")
-  if not (isinstance(r1.final.beta, (int, float)) and (r1.final.beta >= 0 or r1.final.beta == -1)):
+  validate_lib.learning_rate(config, "r1.final.lr", inherit="optim.lr")
+  if not (validate_lib.finite(r1.final.beta) and (r1.final.beta >= 0 or r1.final.beta == -1)):
     validate_lib.fail("r1.final.beta", f"must be >= 0, or -1 for rl.beta; got {r1.final.beta!r}.")
   if not (isinstance(r1.pretrain.seq_len, int) and r1.pretrain.seq_len >= 0):
     validate_lib.fail("r1.pretrain.seq_len", f"must be an int >= 0 (0 = model.max_len), got {r1.pretrain.seq_len!r}.")
@@ -146,8 +145,7 @@ def validate(config, stages) -> None:
   if rows % data_par:
     validate_lib.fail("r1.rejection.n", f"a rejection-sampling batch holds r1.report.batch // n * n = {rows} rows, "
                       f"which mesh data*fsdp={data_par} must divide; pick n dividing r1.report.batch.")
-  if not (isinstance(r1.rejection.temperature, (int, float)) and r1.rejection.temperature > 0):
-    validate_lib.fail("r1.rejection.temperature", f"must be > 0, got {r1.rejection.temperature!r}.")
+  validate_lib.positive_finite(config, "r1.rejection.temperature")
   for stage in stages:
     if stage not in SFT_STAGES and stage not in RL_STAGES:
       continue

@@ -181,18 +181,28 @@ def _from_json_scalar(value: Any) -> Any:
 
 
 def _read_rows(path: str) -> list[dict[str, Any]]:
-  """Rows of a .jsonl file; a torn last line (crash mid-write) is dropped with a warning."""
-  rows = []
+  """Rows of a .jsonl file, read tolerantly: a line that is not UTF-8, not JSON (a torn write), not an object or
+  without an integer `step` is skipped, and the skipped lines are counted in one warning. Nothing a file holds
+  raises here: callers read before they change any record."""
+  rows, bad = [], []
   if not os.path.exists(path):
     return rows
-  with open(path, encoding='utf-8') as f:
-    for lineno, line in enumerate(f, 1):
-      if not line.strip():
+  with open(path, 'rb') as f:
+    for lineno, raw in enumerate(f, 1):
+      if not raw.strip():
         continue
       try:
-        rows.append(json.loads(line))
-      except json.JSONDecodeError:
-        logging.warning('%s:%d is not valid JSON (torn write?); dropping it', path, lineno)
+        row = json.loads(raw.decode('utf-8'))
+      except (UnicodeDecodeError, ValueError):
+        bad.append(lineno)
+        continue
+      if not isinstance(row, dict) or not isinstance(row.get('step'), int) or isinstance(row.get('step'), bool):
+        bad.append(lineno)
+        continue
+      rows.append(row)
+  if bad:
+    logging.warning('%s: skipped %d unreadable line(s) (not UTF-8, not a JSON object with an integer step: a torn '
+                    'write or an edit), line(s) %s', path, len(bad), _ranges(bad, 1))
   return rows
 
 
@@ -326,6 +336,7 @@ class MetricWriter:
     if self._last_step is not None and step < self._last_step:
       raise ValueError(f'step={step} is before the last logged step {self._last_step}; log steps in order '
                        '(a resumed run passes resume_step= to MetricWriter)')
+    self._reopen_if_gone()
     if step == self._last_step:  # rewrite the last line in place: one row per step
       values = {**{k: v for k, v in self._last_row.items() if k != 'step'}, **values}
       self._file.truncate(self._last_offset)
@@ -344,6 +355,23 @@ class MetricWriter:
       self._wandb.log(new, step=step)
     if self.progress:
       self._print_progress(step, new)
+
+  def _reopen_if_gone(self) -> None:
+    """metrics.jsonl deleted (or moved away) while the run writes it: rows written to the open file would go to a
+    file nobody can see. It is recreated, with a warning, and holds the rows from here on (the step being written
+    included, whole)."""
+    try:
+      same = os.path.samestat(os.stat(self.path), os.fstat(self._file.fileno()))
+    except FileNotFoundError:
+      same = False
+    if same:
+      return
+    self._file.close()
+    self._file = open(self.path, 'ab')  # pylint: disable=consider-using-with
+    self._last_offset = self._file.tell()
+    logging.warning('%s was deleted or replaced while the run was writing it; writing a new one from step %s on '
+                    '(rows of earlier steps are in the old file or gone; rerunning those steps is the only way to '
+                    'rebuild them).', self.path, self._last_step if self._last_step is not None else 'the next')
 
   def _print_progress(self, step: int, values: Mapping[str, float]) -> None:
     now = time.perf_counter()

@@ -23,8 +23,10 @@ from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.run import train
 from grpo_jax.model import model as model_lib
 from grpo_jax.tasks import data as data_lib
+from grpo_jax.tasks import hf_tokenizer
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 from grpo_jax.hf import hf_io
+from grpo_jax.hf import model_source
 
 JOB_HELP = "grpo (every rl.algo, PPO included: job=grpo rl.algo=ppo), sft, pretrain, r1_pipeline or export"
 
@@ -90,6 +92,9 @@ def check_init_from(key: str, value: str, mcfg=None) -> None:
   if os.path.isdir(os.path.join(value, "state")):
     raise errors.InputError(f"config.{key}={value} is one step of a run's training checkpoints (params, optimizer "
                             f"state, rng), not a params checkpoint; {hint}.")
+  if any(n.isdigit() and os.path.isdir(os.path.join(value, n, "state")) for n in os.listdir(value)):
+    raise errors.InputError(f"config.{key}={value} is a run's checkpoints directory (one training state per step), "
+                            f"not a params checkpoint; {hint}.")
   if mcfg is not None:
     check_params_shapes(key, value, mcfg)
 
@@ -104,6 +109,11 @@ def check_params_shapes(key: str, path: str, mcfg) -> None:
                             "of a finished run.") from None
   stored = {jax.tree_util.keystr(p): tuple(m.shape) for p, m in
             jax.tree_util.tree_leaves_with_path(getattr(meta, "item_metadata", meta)) if hasattr(m, "shape")}
+  if any(k.startswith(("['params']", "['opt_state']")) for k in stored):
+    raise errors.InputError(f"config.{key}={path} is a training-state tree (params, optimizer state, step, rng: "
+                            "DIR/checkpoints/<n>/state of a run), not a params checkpoint, and not another model; "
+                            "pass DIR/sft/params or DIR/<stage>/params of a finished stage, or export that step "
+                            "(python -m grpo_jax.export DIR OUT --step <n>) and pass hf:OUT.")
   want = {jax.tree_util.keystr(p): tuple(x.shape) for p, x in
           jax.tree_util.tree_leaves_with_path(model_lib.param_shapes(mcfg))}
   missing = sorted(set(want) - set(stored))
@@ -113,6 +123,28 @@ def check_params_shapes(key: str, path: str, mcfg) -> None:
             f"no {missing[0]} ({len(missing)} params of the config's model missing)")
     raise errors.ConfigError(f"config.{key}={path}: the checkpoint holds a different model ({what}); set config.model "
                              "to the shape it was trained with, or point init_from at a checkpoint of this model.")
+
+
+def check_tokenizer_model(config, tokenizer) -> None:
+  """A Hugging Face tokenizer against the Hugging Face model it runs with (train.init_from / sft.init_from=hf:<dir>,
+  else the config.json beside tokenizer.json): hf_tokenizer.model_mismatches. One line naming both, unless
+  task.allow_tokenizer_mismatch says the pairing is meant (then a warning)."""
+  if not isinstance(tokenizer, hf_tokenizer.HFTokenizer):
+    return
+  src = model_source.source(config)
+  model_dir = src[1] if src else tokenizer.directory
+  if not os.path.isfile(os.path.join(model_dir, "config.json")):
+    return
+  problems = hf_tokenizer.model_mismatches(tokenizer, model_dir, chat=config.task.get("prompt_format") == "chat")
+  if not problems:
+    return
+  msg = (f"config.task.tokenizer: the tokenizer {tokenizer.file} does not look like the model's ({model_dir}): "
+         f"{'; '.join(problems)}. Use the model's own tokenizer (task.tokenizer=init_from), or set "
+         "task.allow_tokenizer_mismatch=True if this pairing is meant.")
+  if config.task.get("allow_tokenizer_mismatch", False):
+    logging.warning("%s (allowed by task.allow_tokenizer_mismatch)", msg)
+    return
+  raise errors.ConfigError(msg)
 
 
 def check_rewards(config, tokenizer) -> None:
@@ -175,6 +207,7 @@ def check(config, workdir: str) -> None:
                              "there on first use).")
   with errors.input_errors("config.task.tokenizer"):
     tokenizer = tok_lib.for_config(config)
+  check_tokenizer_model(config, tokenizer)
   n = jax.device_count()
   validate.validate_groups(config)
   validate.validate_tools(config, tokenizer)

@@ -152,9 +152,17 @@ def reward_terms(config, tokenizer, python_fns: dict | None = None) -> reward_sp
                            rl.reward_timeout_s)
 
 
-def _nonfinite(bad_in_row: int, done: int) -> str:
+def _nonfinite(bad_in_row: int, done: int, row: dict[str, float]) -> str:
+  """The stop line; its advice follows what was non-finite: the rewards (then the learning rate is not the cause),
+  or the loss/gradient with finite rewards."""
+  bad_rewards = sorted(k for k, v in row.items() if k.partition("/")[2].startswith("reward") and not np.isfinite(v))
+  if bad_rewards:
+    fix = (f"the rewards were non-finite ({', '.join(bad_rewards[:3])}): fix the reward terms' output (a Python term's "
+           "rl.reward_fallback must be a finite number)")
+  else:
+    fix = "the rewards were finite, the loss or gradient was not: lower optim.lr"
   return (f"{bad_in_row} steps in a row had a non-finite loss or gradient (updates skipped); the last good state is "
-          f"saved at step {done}. Lower optim.lr or check rewards (config.rl.max_nonfinite_in_row sets the limit).")
+          f"saved at step {done}. Likely cause: {fix} (config.rl.max_nonfinite_in_row sets the limit).")
 
 
 def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg, tokenizer, spec,
@@ -249,7 +257,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
         if bad_in_row[i] >= rl.max_nonfinite_in_row:
           run.ckpt.maybe_save(done, program.state_of(state, i), {"step": done}, force=True)
           run.ckpt.wait()
-          run.failed = _nonfinite(int(bad_in_row[i]), done)
+          run.failed = _nonfinite(int(bad_in_row[i]), done, row)
           if log:
             log(f"{os.path.basename(run.workdir)} stopped: {run.failed}")
       if all(run.failed for run in runs):

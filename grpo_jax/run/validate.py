@@ -1,5 +1,6 @@
 """Config validation before anything compiles: each failure is ONE line naming the key and the fix."""
 import math
+import os
 from typing import Any
 
 from grpo_jax.rl import advantages
@@ -10,6 +11,7 @@ from grpo_jax.config import presets
 from grpo_jax.config import config_lib
 from grpo_jax.infra.errors import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch; exit 2)
 from grpo_jax.tasks import data
+from grpo_jax.tasks import hf_tokenizer
 from grpo_jax.tasks import registry
 from grpo_jax.hf import model_source
 from grpo_jax.infra import sharding
@@ -72,8 +74,46 @@ def _choice(c, key, choices):
     _fail(key, f"unknown value {v!r}; choose one of {list(choices)}.")
 
 
-# fail, positive_int and prob are public (the R1 pipeline checks its own keys with them); the checks here use the
-# short private names.
+def finite(v) -> bool:
+  """A real number (not a bool), finite."""
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+# One rule per kind of key: a key is checked for what it means, wherever a job reads it.
+def learning_rate(c, key, inherit: str = "") -> None:
+  """A learning rate: finite and > 0 (0 trains nothing, and would be accepted only to waste the run); with
+  `inherit`, 0 means "that key's value" and is allowed."""
+  v = _get(c, key)
+  if finite(v) and (v > 0 or (inherit and v == 0)):
+    return
+  if finite(v) and v == 0:
+    _fail(key, "is 0: nothing would train; set a positive learning rate.")
+  _fail(key, f"must be a finite learning rate > 0{f' (or 0 = {inherit})' if inherit else ''}, got {v!r}.")
+
+
+def fallback(c, key) -> None:
+  """A value used in place of a failed computation: '' (off: the failure stops the run) or a finite number (a
+  non-finite one would be the failure it replaces, passed on to the update)."""
+  v = _get(c, key)
+  if v == "":
+    return
+  try:
+    x = float(v)
+  except (TypeError, ValueError):
+    x = None
+  if x is None or isinstance(v, bool) or not math.isfinite(x):
+    _fail(key, f"must be '' (stop on a failure) or a finite number used in its place, got {v!r}.")
+
+
+def positive_finite(c, key) -> None:
+  """A scale or threshold that must be > 0 (an eps, a temperature, a base frequency): finite as well."""
+  v = _get(c, key)
+  if not (finite(v) and v > 0):
+    _fail(key, f"must be a finite number > 0, got {v!r}.")
+
+
+# fail, positive_int, prob and the rules above are public (the R1 pipeline checks its own keys with them); the
+# checks here use the short private names.
 _fail, _positive_int, _prob = fail, positive_int, prob
 
 
@@ -119,14 +159,19 @@ def validate_model(c) -> None:
           "set head_dim explicitly.")
   if mc.head_dim < 0 or (mc.head_dim % 2 if mc.head_dim else (mc.hidden // mc.heads) % 2):
     _fail("model.head_dim", "must be even (RoPE rotates pairs of dimensions).")
-  if not (isinstance(mc.rope_theta, (int, float)) and mc.rope_theta > 0):
-    _fail("model.rope_theta", f"must be > 0, got {mc.rope_theta!r}.")
+  positive_finite(c, "model.rope_theta")
+  positive_finite(c, "model.rms_eps")
   _choice(c, "model.dtype", DTYPES)
   _choice(c, "model.remat", REMAT)
   _choice(c, "model.attention", ATTENTION)
   if mc.attention == "cudnn" and mc.dtype != "bfloat16":
     _fail("model.attention", f"'cudnn' needs model.dtype='bfloat16' (cuDNN flash attention has no {mc.dtype} "
           "kernel); set model.dtype=bfloat16 or model.attention=auto.")
+  if "rope_scaling_factor" in mc:
+    _nonneg(c, "model.rope_scaling_factor")
+  if mc.get("rope_scaling_factor", 0):
+    for k in ("model.rope_low_freq_factor", "model.rope_high_freq_factor", "model.rope_original_max_len"):
+      positive_finite(c, k)
   if mc.get("rope_scaling_factor", 0) and not mc.rope_high_freq_factor > mc.rope_low_freq_factor:
     _fail("model.rope_high_freq_factor", f"must exceed model.rope_low_freq_factor ({mc.rope_high_freq_factor} <= "
           f"{mc.rope_low_freq_factor}) when llama3 RoPE scaling is on (model.rope_scaling_factor > 0).")
@@ -188,16 +233,18 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
             "rl.max_nonfinite_in_row", "rl.train_buckets"):
     _positive_int(c, k)
   for k in ("rl.eps_low", "rl.eps_high", "rl.beta", "rl.std_eps", "rl.dual_clip", "rl.kl_clamp",
-            "optim.lr", "optim.weight_decay", "optim.grad_clip", "sampling.temperature", "rl.process_weight",
-            "rl.reward_timeout_s", "optim.warmup_steps", "sampling.exit_chunk"):
+            "optim.weight_decay", "optim.grad_clip", "sampling.temperature", "rl.process_weight",
+            "rl.reward_timeout_s", "optim.warmup_steps", "sampling.exit_chunk", "ppo.value_clip", "ppo.vf_coef"):
     _nonneg(c, k)
+  learning_rate(c, "optim.lr")
+  if c.rl.algo in presets.CRITIC_ALGOS:
+    learning_rate(c, "ppo.critic_lr")
+  fallback(c, "rl.reward_fallback")
   if c.rl.reward_timeout_s == 0:
     _fail("rl.reward_timeout_s", "must be > 0: the seconds a Python reward call may take before the step fails "
           "(or uses rl.reward_fallback).")
   if c.sampling.temperature == 0:
     _fail("sampling.temperature", "must be > 0 for RL (π = softmax(logits / temperature)); use greedy only in eval.")
-  if c.optim.lr == 0:
-    _fail("optim.lr", "is 0: nothing would train; set a positive learning rate.")
   _prob(c, "sampling.top_p", low_open=True)
   _prob(c, "rl.overlong_frac")
   _prob(c, "optim.b1")
@@ -217,11 +264,6 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   if c.rl.eps_low > 1:
     _fail("rl.eps_low", f"must be <= 1 (the ratio is clipped at 1 - eps_low >= 0; 1 = no lower bound, as CISPO "
           f"sets it), got {c.rl.eps_low}.")
-  if c.rl.reward_fallback not in ("",):
-    try:
-      float(c.rl.reward_fallback)
-    except (TypeError, ValueError):
-      _fail("rl.reward_fallback", f"must be '' (raise on bad reward output) or a number, got {c.rl.reward_fallback!r}.")
   mesh = validate_mesh(c, num_devices)
   validate_decode_layout(c, mesh)
   rows = c.rl.prompts_per_step * c.rl.G * (c.rl.oversample if c.rl.dynamic_sampling else 1)
@@ -490,8 +532,13 @@ def validate_tokenizer(c, tokenizer) -> None:
   if tokenizer.vocab_size != c.model.vocab_size:
     init = c.train.get("init_from", "") or c.sft.get("init_from", "")
     if init.startswith("hf:") and c.task.get("tokenizer", "") != "init_from":
-      fix = (f"the model comes from {init}: use its own tokenizer, task.tokenizer=init_from (task.tokenizer is "
-             f"{c.task.get('tokenizer', '')!r})")
+      if os.path.isfile(os.path.join(init[3:], "tokenizer.json")):
+        fix = (f"the model comes from {init}: use its own tokenizer, task.tokenizer=init_from (task.tokenizer is "
+               f"{c.task.get('tokenizer', '')!r})")
+      else:
+        fix = (f"the model comes from {init}, whose own tokenizer cannot be read: "
+               f"{hf_tokenizer.missing_tokenizer_json(init[3:])}; add it, or set task.tokenizer=hf:<a directory "
+               "holding this model's tokenizer.json>")
     else:
       fix = f"set model.vocab_size={tokenizer.vocab_size} (or use the matching tokenizer)"
     _fail("model.vocab_size", f"is {c.model.vocab_size} but the tokenizer has {tokenizer.vocab_size} pieces; {fix}.")
@@ -526,7 +573,8 @@ def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:
   _task(c, "worked_solutions", "no reference solutions to train on for")
   for k in ("sft.steps", "sft.batch", "task.prompt_len"):
     _positive_int(c, k)
-  _nonneg(c, "sft.lr")
+  learning_rate(c, "sft.lr")
+  _nonneg(c, "sft.warmup_steps")
   _choice(c, "sft.loss_on", ("completion", "all"))
   _prob(c, "sft.mistake_frac")
   mesh = validate_mesh(c, num_devices)

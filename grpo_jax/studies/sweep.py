@@ -329,10 +329,12 @@ def main(argv) -> None:
     verdict = errors.classify(e)
     if verdict is None:
       raise
+    signals.ignore_from_now()
     code, line = verdict
     print(line, file=sys.stderr, flush=True)
     main_lib._exit(code)  # pylint: disable=protected-access
     return
+  signals.ignore_from_now()  # the sweep is over: a late signal must not turn its exit into a traceback
   print(out["report"])
   if out["failed"]:
     print(f"Stopped: {len(out['failed'])} run(s) stopped themselves: "

@@ -158,19 +158,43 @@ def _run_lanes(lanes: list[Lane], info: dict, compiler_options, log) -> None:
                                  params=_load_params(source, mcfg, shard, mesh) if source else None)["base"]
     for lane in lanes:
       lane.run.ckpt.set_frozen(state_lib.base_source(source, config_lib.run_seed(c0)), base)
-  restored: dict[int, list[tuple[Lane, Any]]] = {}
+  states = {}
   for lane in lanes:
-    state = None
+    states[lane.workdir] = None
     if lane.run.ckpt.latest_step() is not None:
-      state, meta = lane.run.ckpt.restore(None, state_lib.with_shardings(abstract, shard))
+      states[lane.workdir], meta = lane.run.ckpt.restore(None, state_lib.with_shardings(abstract, shard))
       lane.start = int(meta["step"])
       logging.info("Resumed %s at step %d.", lane.workdir, lane.start)
-    restored.setdefault(lane.start, []).append((lane, state))
+  restore_together(lanes, states, state_lib.with_shardings(abstract, shard), log)
+  restored: dict[int, list[tuple[Lane, Any]]] = {}
+  for lane in lanes:
+    restored.setdefault(lane.start, []).append((lane, states[lane.workdir]))
   for start in sorted(restored):  # runs saved at different steps continue in sub-groups, one after another
     sub = restored[start]
     if len(restored) > 1:
       log(f"[sweep] {len(sub)} run(s) resume at step {start}")
     _train(sub, start, mesh, mcfg, shard, tokenizer, info, compiler_options, log)
+
+
+def restore_together(lanes: list[Lane], states: dict, abstract, log) -> None:
+  """Runs restored at different steps (one stopped later, or one whose newest checkpoint was damaged) go back to the
+  newest step all of them have, so the group stays ONE program of S runs: a vmapped program over fewer runs orders
+  its reductions differently, so sub-groups would end a few ulps away from the uninterrupted sweep. A run ahead
+  recomputes its steps since then (the same program on the same inputs: the same values). Where some run has no
+  such step, the runs continue in sub-groups by start step."""
+  common = min(lane.start for lane in lanes)
+  ahead = [lane for lane in lanes if lane.start > common]
+  if not common or not ahead or any(common not in lane.run.ckpt.all_steps() for lane in ahead):
+    return
+  for lane in ahead:
+    try:
+      state, _ = lane.run.ckpt.restore(common, abstract)
+    except errors.InputError as e:  # that step is damaged: sub-groups, as before
+      logging.warning("%s: step %d does not restore (%s); its run continues in a sub-group", lane.workdir, common, e)
+      continue
+    log(f"[sweep] {os.path.basename(lane.workdir)}: back from step {lane.start} to step {common}, the newest step "
+        "every run of its group has (the group continues as one program)")
+    lane.start, states[lane.workdir] = common, state
 
 
 def _start_states(sub, start, mesh, mcfg, shard, hp) -> dict:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from typing import Any, Sequence
 
 
@@ -48,9 +49,24 @@ def _read_json(path: str) -> dict:
     return json.load(f)
 
 
+# Tokenizer files other than tokenizer.json that a Hugging Face directory may hold (transformers converts them).
+OTHER_TOKENIZER_FILES = ("tokenizer.model", "vocab.json", "merges.txt", "tokenizer_config.json")
+
+
+def missing_tokenizer_json(directory: str) -> str:
+  """What to say about a directory without tokenizer.json: the file is named, and what the directory has instead."""
+  have = [n for n in OTHER_TOKENIZER_FILES if os.path.isfile(os.path.join(directory, n))]
+  return (f"{directory} has no tokenizer.json (" + (f"it has {', '.join(have)}: transformers' "
+          f"AutoTokenizer.from_pretrained(dir).save_pretrained(dir) writes tokenizer.json from them)" if have else
+          "nor any other tokenizer file)"))
+
+
 def resolve(path: str) -> tuple[str, str]:
   """(directory, tokenizer.json file) for a directory or a tokenizer.json path."""
   if os.path.isdir(path):
+    if not os.path.isfile(os.path.join(path, "tokenizer.json")):
+      raise ValueError(f"task.tokenizer: {missing_tokenizer_json(path)}; the HF tokenizer is read from "
+                       "tokenizer.json: add it, or point task.tokenizer at a directory that has it.")
     path = os.path.join(path, "tokenizer.json")
   if not os.path.isfile(path):
     raise ValueError(f"task.tokenizer: {path} does not exist; point it at a HF model dir holding tokenizer.json "
@@ -159,6 +175,49 @@ class HFTokenizer:
     tokens = {"bos_token": self.tk.id_to_token(self.bos_id), "eos_token": self.tk.id_to_token(self.eos_id),
               **self.special_tokens}
     return tmpl.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **tokens)
+
+
+# A model's own tokenizer leaves at most a few hundred embedding rows without a token (Qwen2.5: 151,936 rows for
+# 151,665 tokens; DeepSeek-V3: 465; OLMo: 74): more than this is a smaller model family's tokenizer (Llama-3's
+# 128,256 tokens under Qwen2.5's 151,936 rows).
+SPARE_ROWS, SPARE_FRAC = 1024, 0.01
+_CHAT_SPECIAL = re.compile(r"<\|[^|<>\s]{1,48}\|>")  # <|im_start|>, <|eot_id|>, <|start_header_id|>, ...
+
+
+def _ids(value) -> list[int]:
+  values = value if isinstance(value, list) else [value]
+  return [v for v in values if isinstance(v, int) and not isinstance(v, bool)]
+
+
+def model_mismatches(tok: HFTokenizer, model_dir: str, chat: bool = False) -> list[str]:
+  """How `tok` is not the tokenizer of the Hugging Face model in `model_dir` ([] = nothing found): an embedding
+  with far more rows than the tokenizer has tokens, end-of-sequence ids of config.json / generation_config.json
+  that the tokenizer does not end with, a bos id that differs from the tokenizer's bos token, and (chat) special
+  tokens the chat template writes that are not single tokens of the tokenizer."""
+  cfg = _read_json(os.path.join(model_dir, "config.json"))
+  gen = _read_json(os.path.join(model_dir, "generation_config.json"))
+  out = []
+  rows = cfg.get("vocab_size")
+  if isinstance(rows, int) and rows - tok.num_tokens > max(SPARE_ROWS, SPARE_FRAC * rows):
+    out.append(f"the model's embedding has {rows:,} rows but the tokenizer has {tok.num_tokens:,} tokens "
+               f"({rows - tok.num_tokens:,} rows no token reaches; a model's own tokenizer leaves at most a few "
+               "hundred)")
+  name = lambda i: repr(tok.tk.id_to_token(i)) if 0 <= i < tok.num_tokens else "no token"
+  model_eos = list(dict.fromkeys(_ids(cfg.get("eos_token_id")) + _ids(gen.get("eos_token_id"))))
+  if model_eos and not set(model_eos) & set(tok.eos_ids):
+    out.append(f"the model ends with token id {'/'.join(map(str, model_eos))} (config.json / generation_config.json "
+               f"eos_token_id: {', '.join(name(i) for i in model_eos)}) but the tokenizer's eos is "
+               f"{'/'.join(map(str, tok.eos_ids))} ({', '.join(name(i) for i in tok.eos_ids)})")
+  bos = _ids(cfg.get("bos_token_id")) or _ids(gen.get("bos_token_id"))
+  if bos and "bos_token" in tok.special_tokens and bos[0] != tok.bos_id:
+    out.append(f"the model's bos_token_id is {bos[0]} ({name(bos[0])}) but the tokenizer's bos token is "
+               f"{tok.bos_id} ({name(tok.bos_id)})")
+  if chat and tok.chat_template:
+    unknown = sorted({t for t in _CHAT_SPECIAL.findall(tok.chat_template) if tok.tk.token_to_id(t) is None})
+    if unknown:
+      out.append(f"the chat template writes {', '.join(unknown[:4])}, which the tokenizer does not have as tokens "
+                 "(they would be split into pieces the model never saw)")
+  return out
 
 
 def _chat_template(directory: str, tcfg: dict) -> str | None:
