@@ -306,7 +306,7 @@ def run_seed(config) -> int:
 # The integer knobs whose `auto` (rl/auto.py) is the value 0: on the command line (`--config.<key>=auto`,
 # `--sweep="<key>=auto,4"`) the word means 0 (tests/test_auto.py checks this list against auto.REGISTRY).
 AUTO_ZERO = ("rl.rollout_chunks", "rl.minibatches", "sampling.slots", "rl.pack_len", "rl.pack_rows",
-             "sampling.compaction")
+             "sampling.compaction", "rl.carry_kv_groups")
 
 # What an `auto` knob means in a step built from a config rl/auto.py has not resolved (tests that build steps
 # directly): the reference path. Every command resolves them first (auto.resolve), so a run never reads these.

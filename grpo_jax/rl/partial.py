@@ -3,7 +3,25 @@ staleness bound — and the metrics of the carry's schedule."""
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.rl import auto
 from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.rollout import carry as carry_lib
+
+
+def _slots_per_device(config, ctx: auto.Context) -> int:
+  rl = config.rl
+  slots = int(config.sampling.get("slots", 0)) or rl.prompts_per_step * rl.G
+  return max(slots // max(ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1), 1), 1)
+
+
+# rl.carry_kv_groups: how many groups of a device's slots read the completion KV, each to its own longest row
+auto.register(auto.Knob(
+    "rl.carry_kv_groups", auto=0, applies=lambda c: bool(c.rl.get("partial_rollouts", False)),
+    candidates=lambda c, ctx: [g for g in (1, 2, 4, 8) if _slots_per_device(c, ctx) % g == 0],
+    choose=lambda c, ctx, cands: (
+        carry_lib.kv_groups(0, _slots_per_device(c, ctx), 1, ctx.platform or jax.default_backend()),
+        f"{ctx.platform or jax.default_backend()}: one group on the CPU (a group's loop costs more than the KV it "
+        "skips), else the most up to 8 dividing a device's slots")))
 
 
 def train_mask(ro: rollout_lib.Rollout, version: jax.Array, max_staleness: int) -> tuple[jax.Array, jax.Array]:
