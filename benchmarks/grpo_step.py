@@ -149,7 +149,7 @@ class Ours:
     if self.carry is not None:  # the first step fills the carry's table (carry.host_stream): Q/B batches
       listed = list(itertools.islice(self.batches, 10_000 if not a.model_dir else None))
       self.batches = carry_lib.host_stream(lambda k: iter(listed[k:]), self.carry, 0)
-    self.lags = []
+    self.lags, self.mismatch = [], []
     self.p0 = jax.device_get(self.state["params"])
     self.times, self.rewards, self.prompt_lens, self.completion_lens = [], [], [], []
     self.decode_steps, self.train_lens, self.grad_norms, self.skipped = [], [], [], []
@@ -174,6 +174,8 @@ class Ours:
     self.skipped.append(int(m["train/skipped_updates"]))
     if "train/version_lag_mean" in m:
       self.lags.append((float(m["train/version_lag_mean"]), int(m["train/version_lag_max"])))
+    if "train/mismatch_kl" in m:  # rollout correction on: k3 of the behaviour against the pre-update log-probs
+      self.mismatch.append(float(m["train/mismatch_kl"]))
     return dt
 
   def run(self, k: int) -> list[float]:

@@ -191,7 +191,7 @@ class TailOurs(grpo_step.Ours):
                 rollout_lens=lens, util=float(np.mean(self.engine_util)),
                 roll_steps=self.roll_steps, decode_tps=sum(self.drawn) / sum(self.roll_t),
                 trained_tps=trained / sum(self.times),
-                lags=self.lags[1:])
+                lags=self.lags[1:], mismatch=self.mismatch[1:])
 
 
 def log_softmax_fingerprint(o: grpo_step.Ours) -> float:
@@ -323,7 +323,9 @@ def main(a) -> list[TailOurs]:
           f"trained on {r['train_lens']} of {a.L} tokens; reward {r['reward_timed']:.3f}; recompiles "
           f"{r['recompiles']}; decode {r['decode_tps']:.0f} tokens/s (drawn / rollout time), trained "
           f"{r['trained_tps']:.0f} tokens/s of step time"
-          + (f"; version lag per step (mean, max) {r['lags']}" if r["lags"] else ""), flush=True)
+          + (f"; version lag per step (mean, max) {r['lags']}" if r["lags"] else "")
+          + (f"; mismatch_kl per step {[float(f'{x:.3g}') for x in r['mismatch']]}" if r["mismatch"] else ""),
+          flush=True)
   # Every variant's rollout program sampled batch k from PRNGKey(k): the engines must give the same samples.
   # (partial rollouts train other rows at each step: left out)
   same_lens = all(np.array_equal(x, y) for o in ours[1:] if o.carry is None
