@@ -174,7 +174,7 @@ def _auto_flag(arg: str) -> str:
 
 def _parse_flags(argv):
   """absl's flag parsing with every failure (missing or broken config file, unknown key, bad value) as one line.
-  `--config.<key>=auto` for an integer knob whose auto value is 0 (config_lib.AUTO_ZERO) passes as 0."""
+  `--config.<key>=auto` for an integer knob passes as its auto number (config_lib.AUTO_INT: 0, or -1)."""
   argv = [_auto_flag(arg) for arg in argv]
   try:
     return flags.FLAGS(argv)

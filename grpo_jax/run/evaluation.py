@@ -109,7 +109,7 @@ def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str,
   before the decode loop, as the RL step's rollout does (rollout.for_rollout: no weight all-gather per token
   under FSDP). None decodes in the params' own layout. `group`: rows come in runs of `group` copies of one prompt
   (eval.n_samples); the continuous engine (config.sampling.engine) prefills each prompt once for its run."""
-  continuous = config is not None and config.sampling.get("engine", "static") == "continuous"
+  continuous = config is not None and config_lib.setting(config, "sampling.engine") == "continuous"
 
   def gen(params, prompt_NxP, pmask_NxP, fields, rng):
     decode = None if config is None else rollout_lib.for_rollout(config, mcfg, params)

@@ -15,7 +15,6 @@ from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import params_ckpt
 from grpo_jax.infra import errors
 from grpo_jax.run import evaluation
-from grpo_jax.rl import auto
 from grpo_jax.rl import families
 from grpo_jax.run import loop_guard
 from grpo_jax.run import metrics as metrics_lib
@@ -282,8 +281,9 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   config = model_source.resolve(config)  # model fields a config leaves to the hf: checkpoint (a no-op if resolved)
   guard = loop_guard.LoopGuard(config, workdir, "rl", record)  # a changed config is refused before any write
   tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_rl)
-  # every `auto` knob (rl/auto.py) chosen for this mesh and device memory, before the step is built
-  config = auto.resolve_here(config, mesh)
+  # every `auto` knob (rl/auto.py) chosen for this mesh and device memory, before the step is built (on resume: the
+  # values the run recorded), and recorded with every checkpoint
+  config = guard.resolve(config, mesh)
   spec = reward_terms(config, tokenizer, python_fns)
   family = families.for_config(config)
   step_fn = families.make_step(config, mesh, mcfg, spec, tokenizer, family=family)

@@ -26,7 +26,6 @@ import jax
 from absl import logging
 
 from grpo_jax.infra import params_ckpt
-from grpo_jax.rl import auto
 from grpo_jax.config import config_lib
 from grpo_jax.infra import errors
 from grpo_jax.rl import families
@@ -144,7 +143,7 @@ def _run_lanes(lanes: list[Lane], info: dict, compiler_options, log) -> None:
     validate.validate_rl(lane.config, jax.device_count(), tokenizer)
     guard = loop_guard.LoopGuard(lane.config, lane.workdir, "rl", lane.stage.view)
     # the `auto` knobs as train.run_rl chooses them, for the lanes sharing each device's memory
-    lane.config = auto.resolve_here(lane.config, mesh, lanes=len(lanes))
+    lane.config = guard.resolve(lane.config, mesh, lanes=len(lanes))
     lane.run = train.Run(lane.config, lane.workdir, guard, guard.checkpointer(lane.config))
   c0 = lanes[0].config
   mcfg = model_lib.ModelConfig.from_config(c0.model)

@@ -98,7 +98,7 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   c = build_config(cfg, dict(cfg.variants)[variant])
   tok = tok_lib.for_config(c)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  c = auto.resolve_here(c, mesh, lanes=len(seeds))  # the `auto` knobs, for the seeds sharing the device
+  c, _ = auto.resolve_here(c, mesh, lanes=len(seeds))  # the `auto` knobs, for the seeds sharing the device
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = rewards_lib.build(c.rewards, reward_spec.Context(c.task.name, tok),
                            {**train.python_reward_fns(c, tok), **r1_rewards.config_fns(c)}, None, c.rl.reward_timeout_s)

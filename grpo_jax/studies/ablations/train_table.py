@@ -68,7 +68,7 @@ def make_runs(cfg, c, spec, seeds: list[int]):
   """(mcfg, stacked states, vmapped step) for S runs of config `c` from the shared start (its family's state: PPO's
   has the critic)."""
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  c = auto.resolve_here(c, mesh, lanes=len(seeds))  # the `auto` knobs, for the seeds sharing the device
+  c, _ = auto.resolve_here(c, mesh, lanes=len(seeds))  # the `auto` knobs, for the seeds sharing the device
   mcfg = model_lib.ModelConfig.from_config(c.model)
   opts = seeds_lib.FAST_COMPILE if cfg.fast_compile else None
   states = seeds_lib.init_states(c, mcfg, seeds, params=start_params(cfg, mcfg))
