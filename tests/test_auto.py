@@ -266,14 +266,14 @@ def test_the_word_auto_on_the_command_line_is_the_integer_knobs_auto_value():
   import os  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  from grpo_jax import main
+  from grpo_jax import cli
   from grpo_jax.config import sweep_points
   registered = [k for knob in auto.REGISTRY.values() for k in knob.keys()]
   assert sorted(registered) == sorted(config_lib.AUTO_KEYS)  # every knob's auto value declared once, in config_lib
   base = config_lib.base_config()
   for k in registered:  # ... and every knob asks for a choice in the base config, but the mesh-free split's
     assert auto._get(base, k) == config_lib.auto_value(k) or k in ("rl.rollout_chunks", "rl.minibatches"), k
-  flag = main._auto_flag  # pylint: disable=protected-access
+  flag = cli.auto_flag
   assert flag("--config.rl.minibatches=auto") == "--config.rl.minibatches=0"
   assert flag("--config.sampling.exit_chunk=auto") == "--config.sampling.exit_chunk=-1"
   assert flag("--config.sampling.engine=auto") == "--config.sampling.engine=auto"

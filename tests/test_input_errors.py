@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from grpo_jax.infra import errors
+from grpo_jax import cli
 from grpo_jax import main
 from grpo_jax.infra import workdir_lock
 
@@ -291,7 +292,7 @@ def test_library_noise_is_one_line_once(capsys):
   root.addHandler(handler)
   hooks = (threading.excepthook, sys.unraisablehook)
   try:
-    main.setup_logging(verbose=False)
+    cli.setup_logging(verbose=False)
     for _ in range(5):
       try:
         raise RuntimeError("Event loop is closed")

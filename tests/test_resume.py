@@ -54,7 +54,7 @@ def _final_params(workdir):
   from grpo_jax.infra import checkpoint
   ck = os.path.join(workdir, "checkpoints")
   step = max(int(d) for d in os.listdir(ck) if d.isdigit())
-  restored = ocp.StandardCheckpointer().restore(os.path.join(ck, str(step), checkpoint._STATE))
+  restored = ocp.StandardCheckpointer().restore(os.path.join(ck, str(step), checkpoint.STATE))
   return jax.tree.leaves(restored["params"])
 
 

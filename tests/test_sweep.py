@@ -35,6 +35,7 @@ from grpo_jax.rl import rewards
 from grpo_jax.rl import reward_spec
 from grpo_jax.infra import sharding
 from grpo_jax.studies import sweep
+from grpo_jax.studies import sweep_vmap
 from grpo_jax.run import train
 from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import tokenizer_factory as tok_lib
@@ -71,7 +72,7 @@ def env(tmp_path_factory):
 def _params(workdir):
   ck = os.path.join(workdir, "checkpoints")
   step = max(int(d) for d in os.listdir(ck) if d.isdigit())
-  restored = ocp.StandardCheckpointer().restore(os.path.join(ck, str(step), ckpt_lib._STATE))  # pylint: disable=protected-access
+  restored = ocp.StandardCheckpointer().restore(os.path.join(ck, str(step), ckpt_lib.STATE))
   return step, jax.tree.leaves(restored["params"])
 
 
@@ -374,3 +375,22 @@ def test_r1_run_whose_stages_are_done_is_finished_only_with_its_report(tmp_path,
   assert sweep.check([run]) == {"seed=0": False} and not sweep.finished(run)
   (tmp_path / "report.json").write_text("{}")
   assert sweep.check([run]) == {"seed=0": True} and sweep.finished(run)
+
+
+def test_one_run_and_a_group_of_one_write_the_same_rows_and_checkpoints(env, tmp_path):
+  """`python -m grpo_jax.main`'s path (jobs.run) and the vmapped sweep's (sweep_vmap.run_group) share one set-up
+  (jobs.run_group → train.train_group): the same config as one run and as a group of one writes the same metrics
+  rows (perf/* aside) and the same checkpoints, bit for bit, and records the same `auto` resolution."""
+  c = config_lib.override(_config(), {"train.ckpt_every": 2})
+  one, group = str(tmp_path / "one"), str(tmp_path / "group")
+  jobs.run(c, one)
+  info = sweep_vmap.run_group([c], [group], log=lambda _: None)
+  assert info["failed"] == {} and info["traces"] == [1]
+  assert _rows(one) == _rows(group) and len(_rows(one)) == 4  # eval at 0, steps 1..3 (eval at 3 merged)
+  for step in (2, 3):
+    a = ocp.StandardCheckpointer().restore(os.path.join(one, "checkpoints", str(step), ckpt_lib.STATE))
+    b = ocp.StandardCheckpointer().restore(os.path.join(group, "checkpoints", str(step), ckpt_lib.STATE))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  with open(os.path.join(one, "auto.json")) as f1, open(os.path.join(group, "auto.json")) as f2:
+    assert json.load(f1) == json.load(f2)
