@@ -125,13 +125,13 @@ def run(config, workdir: str) -> None:
   if config.job == "export":  # reads the run in workdir and writes elsewhere: no lock, no stages, no config.json
     export.run_job(config, workdir)
     return
-  # Model fields left to the hf: checkpoint are filled in (and set ones checked) before anything else, so the checks,
-  # the stage records and DIR/config.json see the real model.
-  if config.job == "grpo":  # a group of one run
+  if config.job == "grpo":  # a group of one run (run_group: the same checks, plan and stages as below)
     failed = run_group([config], [workdir])["failed"]
     if failed:
       raise train.NonFiniteError(next(iter(failed.values())))
     return
+  # Model fields left to the hf: checkpoint are filled in (and set ones checked) before anything else, so the checks,
+  # the stage records and DIR/config.json see the real model.
   config = model_source.resolve(config)
   check(config, workdir)
   todo = stage_list(config, workdir)
