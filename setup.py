@@ -29,10 +29,15 @@ INSTALL_REQUIRES = [
 
 HF = ["torch==2.13.0", "transformers==5.24.0", "tokenizers==0.23.3"]  # HF checkpoints and tokenizer.json
 TPU = ["libtpu==0.0.42.1"]  # the TPU compiler on a CPU machine (grpo_jax.perf.aot); the version jax[tpu]==0.10.2 pins
+# NVIDIA GPUs (CUDA 12, Linux x86-64): what jax[cuda12]==0.10.2 pins, named (PyPI, 2026-12-05): the CUDA plugin and
+# its PJRT runtime at jax's version; the plugin's `with-cuda` extra brings the CUDA libraries (cuBLAS, cuDNN 9.8+,
+# NCCL, ... as nvidia-*-cu12 wheels at the plugin's lower bounds). benchmarks/device_check.sh is the first run.
+GPU = ["jax[cuda12]==0.10.2", "jax-cuda12-plugin[with-cuda]==0.10.2", "jax-cuda12-pjrt==0.10.2"]
 
 EXTRAS = {
     "hf": HF,
     "tpu": TPU,
+    "gpu": GPU,
     # The tests compare our logits with transformers' (and a PEFT-loaded LoRA adapter's) and compile one step for a
     # TPU topology.
     "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "math-verify==0.9.0", "peft==0.21.2"] + HF + TPU,

@@ -51,7 +51,7 @@ def main(argv=None) -> int:
                                         for k, _, v in (s.partition("=") for s in a.set)})
   config = model_source.resolve(config)
   tokenizer, mesh, mcfg = train.setup_common(config, "/tmp/compile_cost_unused", validate.validate_rl)
-  config = auto.resolve_here(config, mesh)
+  config, _ = auto.resolve_here(config, mesh)
   spec = train.reward_terms(config, tokenizer)
   family = families.for_config(config)
   step = families.make_step(config, mesh, mcfg, spec, tokenizer, family=family)

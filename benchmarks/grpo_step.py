@@ -51,8 +51,10 @@ def bench_config(a):
     m = hf_io.read_config(a.model_dir)  # the fields bench_config does not set from the shape flags
     c.model.update(head_dim=m.head_dim, rope_theta=m.rope_theta, rms_eps=m.rms_eps, qkv_bias=m.qkv_bias,
                    tie_embeddings=m.tie_embeddings)
-    c.sampling.exit_chunk = a.exit_chunk
-    c.rl.train_buckets = a.train_buckets
+    if a.exit_chunk is not None:  # else the config's auto (-1): the shipped default
+      c.sampling.exit_chunk = a.exit_chunk
+    if a.train_buckets is not None:
+      c.rl.train_buckets = a.train_buckets
   for key, value in getattr(a, "overrides", {}).items():  # main's --engine / --packing / --config-override
     import tail_bench  # benchmarks/ (the script's directory); it imports this module
     tail_bench.set_key(c, key, value)
@@ -118,6 +120,7 @@ class Ours:
   def __init__(self, a):
     import jax
     from grpo_jax.model import model as model_lib
+    from grpo_jax.rl import auto
     from grpo_jax.rl import families
     from grpo_jax.rl import rl_step
     from grpo_jax.infra import sharding
@@ -126,6 +129,11 @@ class Ours:
     c = self.make_config(a)
     validate.validate_rl(c, jax.device_count())
     mesh = sharding.make_mesh(c.mesh)
+    # the shipped defaults: every `auto` knob resolved as `python -m grpo_jax.main` resolves it (rl/auto.py)
+    c, chosen = auto.resolve_here(c, mesh, log=False)
+    self.resolved = {k: v.split(" (")[0] for k, v in chosen.items()}
+    print("grpo_jax auto: " + (", ".join(f"{k}={v}" for k, v in sorted(self.resolved.items())) or "nothing to resolve"),
+          flush=True)
     self.mcfg = model_lib.ModelConfig.from_config(c.model)
     if a.model_dir:  # the shared checkpoint: its weights, its tokenizer (EOS, pad), the shared prompts in order
       from grpo_jax.hf import hf_io
@@ -229,6 +237,7 @@ def early_exit_programs(a, tokenizer, train_buckets: int):
   c = bench_config(a)
   c.rl.train_buckets = train_buckets
   c.sampling.exit_chunk = a.exit_chunk
+  c.sampling.engine, c.rl.packing = "static", "off"  # the padded early-exit path this mode measures
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   step = families.make_step(c, mesh, mcfg, digits.reward_spec(a.vocab), tokenizer)
@@ -385,8 +394,8 @@ def perf_report(a, ours: dict) -> list[str]:
            f"matmul_peak {peak / 1e9:.1f} GFLOP/s = best fp32 of: numpy 2048^3 {pk_all['numpy_square'] / 1e9:.1f}, "
            f"XLA 2048^3 {pk_all['xla_square'] / 1e9:.1f}, XLA model-shaped [{n * (L + 10)},{a.hidden}]x"
            f"[{a.hidden},{max(a.inter, a.hidden)}] {pk_all['xla_model_shape'] / 1e9:.1f}",
-           f"parts (separate programs, s): rollout {pt['rollout']:.4f} reference {pt['reference']:.4f} "
-           f"update {pt['update']:.4f}",
+           f"parts (separate programs of the reference path: static engine, padded passes; s): rollout "
+           f"{pt['rollout']:.4f} reference {pt['reference']:.4f} update {pt['update']:.4f}",
            f"step {step_fps / 1e9:.1f} GFLOP/s = {step_fps / peak:.0%} of peak; "
            f"update {upd_fps / 1e9:.1f} GFLOP/s = {upd_fps / peak:.0%} of peak; "
            f"decode {n * L / pt['rollout']:.0f} tokens/s"]
@@ -466,11 +475,16 @@ def main():
   ap.add_argument("--early-exit", action="store_true",
                   help="only the early-exit measurement: rollout and update of a batch that ends by L/4 against the "
                        "same step with every row running to L (prints both ratios)")
-  ap.add_argument("--train-buckets", type=int, default=3, help="rl.train_buckets of the --early-exit/--model-dir step")
-  ap.add_argument("--exit-chunk", type=int, default=16, help="sampling.exit_chunk of the --early-exit/--model-dir step")
+  ap.add_argument("--train-buckets", type=int, default=None,
+                  help="rl.train_buckets of the --early-exit (default 3) / --model-dir (default: auto) step")
+  ap.add_argument("--exit-chunk", type=int, default=None,
+                  help="sampling.exit_chunk of the --early-exit (default 16) / --model-dir (default: auto) step")
   import tail_bench  # benchmarks/ (the script's directory); it imports this module
   tail_bench.add_flags(ap)
   a = ap.parse_args()
+  if a.early_exit:
+    a.train_buckets = 3 if a.train_buckets is None else a.train_buckets
+    a.exit_chunk = 16 if a.exit_chunk is None else a.exit_chunk
   shape_from_checkpoint(a)
   if a.workload == "tail":
     return tail_bench.main(a)
@@ -512,8 +526,9 @@ def main():
     # perf_report's part programs are a random model decoding to L: not this workload.
     from grpo_jax.rl import rollout as rollout_lib
     lens = ours["completion_lens"].reshape(len(ours["times"]), -1)
-    print(f"grpo_jax on {a.model_dir}: exit_chunk {a.exit_chunk}, train lengths "
-          f"{rollout_lib.train_lengths(bench_config(a))} (train_buckets {a.train_buckets}); per timed step: mean "
+    oc = o.config
+    print(f"grpo_jax on {a.model_dir}: exit_chunk {oc.sampling.exit_chunk}, train lengths "
+          f"{rollout_lib.train_lengths(oc)} (train_buckets {oc.rl.train_buckets}); per timed step: mean "
           f"completion len {[round(float(x), 2) for x in lens.mean(1)]} longest {lens.max(1).tolist()} decode steps "
           f"{ours['decode_steps']} of {a.L - 1} trained on {ours['train_lens']} of {a.L} tokens")
     summary = [f"grpo_jax {ours['completion_lens'].mean():.2f} (reward {ours['reward_timed']:.3f})"]
@@ -536,10 +551,11 @@ def main():
     for line in scaling(a, a.scaling):
       print(line)
   line = (f"RESULT s_per_step={ours['median']:.4f} compile_s={ours['compile_s']:.2f} completions={a.prompts * a.G} "
-          f"L={a.L} recompiles={ours['recompiles']} ours={label.replace(',', '+')}")
+          f"L={a.L} recompiles={ours['recompiles']} ours={label.replace(',', '+')} "
+          f"engine={o.config.sampling.engine} packing={o.config.rl.packing}")
   if a.model_dir:
-    line += (f" completion_len={ours['completion_lens'].mean():.2f} exit_chunk={a.exit_chunk} "
-             f"train_buckets={a.train_buckets} same_weights={int(same)}")
+    line += (f" completion_len={ours['completion_lens'].mean():.2f} exit_chunk={o.config.sampling.exit_chunk} "
+             f"train_buckets={o.config.rl.train_buckets} same_weights={int(same)}")
   elif not a.no_perf:
     line += (f" step_gflops={ours['step_fps'] / 1e9:.1f} update_gflops={ours['update_fps'] / 1e9:.1f} "
              f"matmul_peak_gflops={ours['peak'] / 1e9:.1f} decode_tok_s={a.prompts * a.G * a.L / ours['parts']['rollout']:.0f}")

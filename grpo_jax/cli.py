@@ -1,4 +1,6 @@
-"""What the commands on the package's top floor share (`python -m grpo_jax.main`, `.sweep`, `.ablate`).
+"""What the commands on the package's top floor share (`python -m grpo_jax.main`, `.sweep`, `.ablate`): the flags
+`--config` / `--workdir` / `--verbose` and their one-line errors (`define_flags`, `parse_flags`, `config_value`),
+quiet library logging (`setup_logging`), the exit path (`finish`) and the persistent compilation cache.
 
 The persistent compilation cache: a command compiles each program once per machine, not once per run. A rerun, a
 resume, every seed of a serial sweep and every stage that builds the same program load the compiled executable from
@@ -11,6 +13,16 @@ programs with host callbacks (Python reward terms) never are (JAX skips them), a
 CACHE_MAX_BYTES, least recently used first.
 """
 import os
+import sys
+import traceback
+
+from absl import flags
+from absl import logging
+from ml_collections import config_flags
+
+from grpo_jax.config import config_lib
+from grpo_jax.infra import console
+from grpo_jax.infra import errors
 
 CACHE_ENV = "GRPO_JAX_XLA_CACHE"
 CACHE_OFF = ("off", "0", "false", "none", "")
@@ -44,3 +56,104 @@ def compilation_cache() -> str | None:
   jax.config.update("jax_compilation_cache_dir", d)
   jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
   return d
+
+
+# ---------------------------------------------------------------------------------------------- flags, exits
+
+
+def define_flags() -> None:
+  """--config (an experiment config file, locked after parsing), --workdir, --verbose: the flags every run command
+  takes (defined once per process)."""
+  if "config" in flags.FLAGS:
+    return
+  config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/<exp>.py[:arg]).", lock_config=True)
+  flags.DEFINE_string("workdir", None, "Directory for config.json, metrics.jsonl, checkpoints, plots.")
+  flags.DEFINE_bool("verbose", False, "Show tracebacks with error lines, and the libraries' INFO logs.")
+
+
+def config_value(example: str = "configs/grpo_arith.py:runlocal"):
+  """The parsed --config; a config file that failed to load or a missing --config is one line and exit 2."""
+  try:
+    config = flags.FLAGS["config"].value
+    if config is not None:
+      config.get("job")  # a config file that failed to load raises on first use, here
+  except Exception as e:  # pylint: disable=broad-except
+    if flags.FLAGS.verbose:
+      traceback.print_exc()
+    print(f"Error: --config: {errors.one_line(str(e))[:600]}; pass --config=configs/<exp>.py[:arg] naming an "
+          "existing config file whose get_config(arg) runs.", file=sys.stderr)
+    sys.exit(errors.EXIT_INPUT)
+  if config is None:
+    print(f"Error: --config is required, e.g. --config={example}.", file=sys.stderr)
+    sys.exit(errors.EXIT_INPUT)
+  return config
+
+
+# The libraries' records cut to one line each, and silenced before a command's last line: infra/console.py.
+setup_logging = console.setup_logging
+
+
+def finish(code: int) -> None:
+  """Error exits skip interpreter shutdown: orbax's and hung reward threads would print or wait there. Everything
+  of ours is on disk by now (saves are waited for before RunStopped is raised; the lock is released)."""
+  if code in (errors.EXIT_INPUT, errors.EXIT_STOPPED):
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)  # pylint: disable=protected-access
+  sys.exit(code)
+
+
+def _unknown_key(argv, error: Exception) -> str:
+  """The --config.<key> override that names a missing key (ml_collections says only the last part)."""
+  missing = str(error).strip("\"'")
+  if isinstance(error, KeyError) and error.args:
+    missing = str(error.args[0]).strip("\"'")
+  for arg in argv:
+    if arg.startswith("--config."):
+      key = arg[len("--"):].split("=", 1)[0]
+      if missing and (key.split(".")[-1] == missing or f".{missing}." in f".{key}."):
+        return key
+  return f"config.<...>.{missing}"
+
+
+def _config_file_error(text: str) -> str:
+  """The line a config file's get_config raised, without the traceback config_flags pastes into its message."""
+  last = text.strip().splitlines()[-1].strip()
+  kind, _, why = last.partition(": ")
+  if kind.endswith("ConfigError"):  # e.g. an unknown `:arg` variant (config_lib.parse_arg)
+    return f"Config error: --config: {why}"
+  return (f"Error: --config: {why or last}; pass --config=configs/<exp>.py[:arg] naming an existing config file "
+          "whose get_config(arg) runs.")
+
+
+def auto_flag(arg: str) -> str:
+  key, eq, value = arg.partition("=")
+  if not (eq and key.startswith("--config.")):
+    return arg
+  return f"{key}={config_lib.auto_text(key[len('--config.'):], value)}"
+
+
+def parse_flags(argv):
+  """absl's flag parsing with every failure (missing or broken config file, unknown key, bad value) as one line.
+  `--config.<key>=auto` for an integer knob passes as its auto number (config_lib.AUTO_INT: 0, or -1)."""
+  argv = [auto_flag(arg) for arg in argv]
+  try:
+    return flags.FLAGS(argv)
+  except Exception as e:  # pylint: disable=broad-except
+    if "--verbose" in argv:
+      traceback.print_exc()
+    if isinstance(e, (AttributeError, KeyError)):  # ml_collections: a missing field, or a missing group
+      msg = (f"Config error: {_unknown_key(argv, e)}: no such key; check the spelling against "
+             "grpo_jax/config/config_lib.py (or the experiment's configs/*.py).")
+    elif isinstance(e, flags.Error) and "Traceback (most recent call last)" in str(e):
+      msg = _config_file_error(str(e))
+    elif isinstance(e, flags.Error):
+      msg = f"Error: {errors.one_line(str(e))}; see --helpfull for the flags."
+    else:
+      msg = (f"Error: --config: {errors.one_line(str(e))}; pass --config=configs/<exp>.py[:arg] naming an existing "
+             "config file whose get_config(arg) runs.")
+    print(msg, file=sys.stderr)
+    sys.exit(errors.EXIT_INPUT)
+
+

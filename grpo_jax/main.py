@@ -3,39 +3,29 @@
 Exit status (errors.py): 0 finished, or stopped by SIGTERM/SIGINT with its state saved (rerun to resume); 1 a bug
 (traceback); 2 an input error (one line: config value, path, file, workdir in use, changed config on resume, disk
 full or read-only); 3 the run stopped itself (one line: non-finite steps, a failing Python reward); 130 Ctrl-C
-before the run started. `--verbose` adds tracebacks and the libraries' INFO logs.
+before the run started. `--verbose` adds tracebacks and the libraries' INFO logs. The flags, their errors, the
+logging and the exit path are grpo_jax/cli.py's (shared with `python -m grpo_jax.sweep`).
 """
-import os
 import sys
-import traceback
 
 from absl import app
 from absl import flags
 from absl import logging
-from ml_collections import config_flags
-from grpo_jax.config import config_lib
+from grpo_jax import cli
 from grpo_jax.infra import console
 from grpo_jax.infra import errors
 from grpo_jax.infra import signals
 
-_CONFIG = config_flags.DEFINE_config_file("config", None, "Experiment config file (configs/<exp>.py[:arg]).",
-                                          lock_config=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Directory for config.json, metrics.jsonl, checkpoints, plots.")
-_VERBOSE = flags.DEFINE_bool("verbose", False, "Show tracebacks with error lines, and the libraries' INFO logs.")
-
-
-# The libraries' records cut to one line each (also the export and sweep CLIs'): infra/console.py.
-setup_logging = console.setup_logging
+cli.define_flags()
 
 
 def execute(config, workdir: str, verbose: bool = False) -> int:
   """Runs the job; returns the exit status, printing one line for every known failure (errors.classify)."""
-  from grpo_jax import cli  # pylint: disable=g-import-not-at-top
-  cli.compilation_cache()  # a rerun, a resume or the next seed loads its programs from disk (cli.py)
   try:
     # Here, not at the top: a flag or config-file error exits before jax and orbax load (importing jobs: 7 s at load
     # 18 on 2 cores; main alone 0.6 s); inside the try: Ctrl-C during those seconds is the one line below.
     from grpo_jax.run import evaluation, jobs  # pylint: disable=g-import-not-at-top
+    cli.compilation_cache()  # a rerun, a resume or the next seed loads its programs from disk (cli.py)
     with evaluation.shared_programs():  # the stages' evaluation programs, traced once per job
       jobs.run(config, workdir)
     return errors.EXIT_OK
@@ -50,6 +40,7 @@ def execute(config, workdir: str, verbose: bool = False) -> int:
     code, line = verdict
     logging.flush()
     if verbose:
+      import traceback  # pylint: disable=g-import-not-at-top
       traceback.print_exc()
     elif code != errors.EXIT_OK:
       console.silence_libraries()  # the error line is the last one: library threads failing after it print nothing
@@ -57,96 +48,20 @@ def execute(config, workdir: str, verbose: bool = False) -> int:
     return code
 
 
-def _exit(code: int) -> None:
-  """Error exits skip interpreter shutdown: orbax's and hung reward threads would print or wait there. Everything
-  of ours is on disk by now (saves are waited for before RunStopped is raised; the lock is released)."""
-  if code in (errors.EXIT_INPUT, errors.EXIT_STOPPED):
-    logging.flush()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)  # pylint: disable=protected-access
-  sys.exit(code)
-
-
 def main(argv) -> None:
   if len(argv) > 1:
     print(f"Error: unexpected argument {argv[1]!r}; flags are --config, --workdir, --config.<key>=<value>, --verbose.",
           file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
-  try:
-    config = _CONFIG.value
-    if config is not None:
-      config.get("job")  # a config file that failed to load raises on first use, here
-  except Exception as e:  # pylint: disable=broad-except
-    if _VERBOSE.value:
-      traceback.print_exc()
-    print(f"Error: --config: {errors.one_line(str(e))[:600]}; pass --config=configs/<exp>.py[:arg] naming an "
-          "existing config file whose get_config(arg) runs.", file=sys.stderr)
-    sys.exit(errors.EXIT_INPUT)
-  if config is None:
-    print("Error: --config is required, e.g. --config=configs/grpo_arith.py:runlocal.", file=sys.stderr)
-    sys.exit(errors.EXIT_INPUT)
-  setup_logging(_VERBOSE.value)
-  code = execute(config, _WORKDIR.value or "", _VERBOSE.value)
-  signals.ignore_from_now()
-  _exit(code)
-
-
-def _unknown_key(argv, error: Exception) -> str:
-  """The --config.<key> override that names a missing key (ml_collections says only the last part)."""
-  missing = str(error).strip("\"'")
-  if isinstance(error, KeyError) and error.args:
-    missing = str(error.args[0]).strip("\"'")
-  for arg in argv:
-    if arg.startswith("--config."):
-      key = arg[len("--"):].split("=", 1)[0]
-      if missing and (key.split(".")[-1] == missing or f".{missing}." in f".{key}."):
-        return key
-  return f"config.<...>.{missing}"
-
-
-def _config_file_error(text: str) -> str:
-  """The line a config file's get_config raised, without the traceback config_flags pastes into its message."""
-  last = text.strip().splitlines()[-1].strip()
-  kind, _, why = last.partition(": ")
-  if kind.endswith("ConfigError"):  # e.g. an unknown `:arg` variant (config_lib.parse_arg)
-    return f"Config error: --config: {why}"
-  return (f"Error: --config: {why or last}; pass --config=configs/<exp>.py[:arg] naming an existing config file "
-          "whose get_config(arg) runs.")
-
-
-def _auto_flag(arg: str) -> str:
-  key, eq, value = arg.partition("=")
-  if not (eq and key.startswith("--config.")):
-    return arg
-  return f"{key}={config_lib.auto_text(key[len('--config.'):], value)}"
-
-
-def _parse_flags(argv):
-  """absl's flag parsing with every failure (missing or broken config file, unknown key, bad value) as one line.
-  `--config.<key>=auto` for an integer knob whose auto value is 0 (config_lib.AUTO_ZERO) passes as 0."""
-  argv = [_auto_flag(arg) for arg in argv]
-  try:
-    return flags.FLAGS(argv)
-  except Exception as e:  # pylint: disable=broad-except
-    if "--verbose" in argv:
-      traceback.print_exc()
-    if isinstance(e, (AttributeError, KeyError)):  # ml_collections: a missing field, or a missing group
-      msg = (f"Config error: {_unknown_key(argv, e)}: no such key; check the spelling against "
-             "grpo_jax/config/config_lib.py (or the experiment's configs/*.py).")
-    elif isinstance(e, flags.Error) and "Traceback (most recent call last)" in str(e):
-      msg = _config_file_error(str(e))
-    elif isinstance(e, flags.Error):
-      msg = f"Error: {errors.one_line(str(e))}; see --helpfull for the flags."
-    else:
-      msg = (f"Error: --config: {errors.one_line(str(e))}; pass --config=configs/<exp>.py[:arg] naming an existing "
-             "config file whose get_config(arg) runs.")
-    print(msg, file=sys.stderr)
-    sys.exit(errors.EXIT_INPUT)
+  config = cli.config_value()
+  cli.setup_logging(flags.FLAGS.verbose)
+  code = execute(config, flags.FLAGS.workdir or "", flags.FLAGS.verbose)
+  signals.ignore_from_now()  # a signal after the command's end interrupts nothing
+  cli.finish(code)
 
 
 def _entry():
-  app.run(main, flags_parser=_parse_flags)
+  app.run(main, flags_parser=cli.parse_flags)
 
 
 if __name__ == "__main__":

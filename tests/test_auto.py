@@ -84,7 +84,8 @@ def test_nothing_fits_is_one_config_line_naming_the_keys():
                      "too \\(the score phase peaks\\)"):
     auto.resolve(_tiny(**{"rl.rollout_chunks": 1}), auto.Context(MESH1, 8_000_000, "cpu"))
   fixed, chosen = auto.resolve(_tiny(**{"rl.rollout_chunks": 2}), auto.Context(MESH1, 8_000_000, "cpu"))
-  assert (fixed.rl.rollout_chunks, fixed.rl.minibatches) == (2, 4) and set(chosen) == {"rl.minibatches"}
+  assert (fixed.rl.rollout_chunks, fixed.rl.minibatches) == (2, 4)
+  assert "rl.minibatches" in chosen and "rl.rollout_chunks" not in chosen  # the set one is left as it is
 
 
 def test_no_memory_limit_picks_one_and_says_so():
@@ -261,16 +262,21 @@ def test_aot_and_the_planner_cli_resolve(capsys):
   assert "error: config.rl.rollout_chunks, rl.minibatches: auto (0) finds no split" in capsys.readouterr().err
 
 
-def test_the_word_auto_on_the_command_line_is_zero_for_the_integer_knobs():
+def test_the_word_auto_on_the_command_line_is_the_integer_knobs_auto_value():
   import os  # pylint: disable=g-import-not-at-top
   import subprocess  # pylint: disable=g-import-not-at-top
   import sys  # pylint: disable=g-import-not-at-top
-  from grpo_jax import main
+  from grpo_jax import cli
   from grpo_jax.config import sweep_points
-  zero = {k for key, knob in auto.REGISTRY.items() if knob.auto == 0 for k in (key,) + knob.joint}
-  assert set(config_lib.AUTO_ZERO) == zero
-  flag = main._auto_flag  # pylint: disable=protected-access
+  registered = [k for knob in auto.REGISTRY.values() for k in knob.keys()]
+  assert sorted(registered) == sorted(config_lib.AUTO_KEYS)  # every knob's auto value declared once, in config_lib
+  base = config_lib.base_config()
+  for k in registered:  # ... and every knob asks for a choice in the base config, but the mesh-free split's
+    assert auto._get(base, k) == config_lib.auto_value(k) or k in ("rl.rollout_chunks", "rl.minibatches"), k
+  flag = cli.auto_flag
   assert flag("--config.rl.minibatches=auto") == "--config.rl.minibatches=0"
+  assert flag("--config.sampling.exit_chunk=auto") == "--config.sampling.exit_chunk=-1"
+  assert flag("--config.sampling.engine=auto") == "--config.sampling.engine=auto"
   assert flag("--config.rl.G=auto") == "--config.rl.G=auto"
   assert sweep_points.parse("rl.rollout_chunks=auto,2", config_lib.base_config())[0].overrides == (
       ("rl.rollout_chunks", 0),)
@@ -284,9 +290,13 @@ def test_the_word_auto_on_the_command_line_is_zero_for_the_integer_knobs():
 
 
 def test_slots_resolve_after_the_chunks_that_bound_them():
-  """The registry's order: the KV store first (every memory plan after it depends on it), then sampling.slots'
-  candidates divide the rows by the rollout chunks chosen before them."""
-  assert list(auto.REGISTRY)[:3] == ["sampling.decode_attention", "rl.rollout_chunks", "sampling.slots"]
+  """The registry's order: the path (engine, packing, their lengths) first, then the KV store (every memory plan
+  after it depends on it), then sampling.slots' candidates divide the rows by the rollout chunks chosen before them;
+  the decode layout last (its plan costs every other choice)."""
+  assert list(auto.REGISTRY) == ["sampling.engine", "rl.packing", "rl.train_buckets", "sampling.exit_chunk",
+                                 "sampling.decode_attention", "rl.rollout_chunks", "sampling.slots",
+                                 "sampling.compaction", "rl.pack_len", "rl.pack_rows", "sampling.decode_layout",
+                                 "rl.carry_kv_groups"]  # (rl/partial.py registers it, after its slots)
   c = _tiny(**{"sampling.engine": "continuous"})
   free, _ = auto.resolve(c, auto.Context(MESH1, None, "cpu"))
   assert (free.rl.rollout_chunks, free.sampling.slots) == (1, 16)
@@ -320,3 +330,149 @@ def test_compaction_only_where_completions_are_long():
   assert auto.resolve(cont(**{"sampling.compaction": 4}), ctx, log=False)[0].sampling.compaction == 4
   static = auto.resolve(config_lib.override(config_lib.base_config(), {"sampling.engine": "static"}), ctx, log=False)[0]
   assert static.sampling.compaction == 0 and config_lib.setting(static, "sampling.compaction") == config_lib.COMPACTION
+
+
+def _resolve_cpu(c):
+  return auto.resolve(c, auto.Context(MESH1, None, "cpu"), log=False)
+
+
+def test_the_path_rules():
+  """sampling.engine / rl.packing / rl.train_buckets / sampling.exit_chunk (rl/auto.py's rules, docs/performance.md):
+  continuous from 256 new tokens, for partial rollouts or a continuous-only key; packing from 20 RL steps or a packing
+  key; buckets 1 under packing, 2 for a long padded run on long completions; exit chunks that divide L."""
+  def run(**over):
+    return _resolve_cpu(config_lib.override(config_lib.base_config(), {"model.max_len": 2100, **over}))[0]
+  r = run(**{"sampling.max_new_tokens": 255, "train.steps": 19})
+  assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets, r.sampling.exit_chunk) == ("static", "off", 1, 15)
+  r = run(**{"sampling.max_new_tokens": 256, "train.steps": 20})
+  assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets, r.sampling.compaction) == ("continuous", "on", 1, 8)
+  r = run(**{"sampling.max_new_tokens": 512, "rl.packing": False})  # explicit off: the padded passes' buckets
+  assert (r.rl.packing, r.rl.train_buckets) == ("off", 2)
+  assert run(**{"sampling.slots": 16}).sampling.engine == "continuous"
+  assert run(**{"sampling.decode_attention": "paged"}).sampling.engine == "continuous"
+  assert run(**{"train.steps": 2, "rl.pack_rows": 2}).rl.packing == "on"
+  assert run(**{"sampling.engine": "static", "sampling.max_new_tokens": 1024}).sampling.engine == "static"  # set
+  with_partial = config_lib.base_config()
+  with_partial.rl.partial_rollouts = True  # the carry (issue #39): continuous whatever L
+  assert _resolve_cpu(with_partial)[0].sampling.engine == "continuous"
+  from grpo_jax.rollout import sampling
+  assert [sampling.default_exit_chunk(L) for L in (12, 16, 20, 48, 72, 97, 100, 512)] == [16, 16, 20, 16, 18, 16, 20,
+                                                                                            16]
+  for L in range(17, 300):  # a divisor of L nearest 16 in [8, 32], else 16
+    c = sampling.default_exit_chunk(L)
+    assert c == 16 or (L % c == 0 and 8 <= c <= 32 and all(L % d for d in range(8, 33) if abs(d - 16) < abs(c - 16)))
+
+
+def _table_rows() -> dict[str, list[str]]:
+  import os  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  with open(os.path.join(root, "docs", "performance.md"), encoding="utf-8") as f:
+    text = f.read()
+  section = text.split("## What `auto` resolves to, and why")[1].split("\n## ")[0]
+  rows = {}
+  for line in section.splitlines():
+    cells = [x.strip() for x in line.strip().strip("|").split("|")]
+    if len(cells) == 10 and (cells[0].startswith("`configs/") or cells[0].startswith("bench-")):
+      rows[re.sub(r" \(.*\)", "", cells[0].replace("`", ""))] = cells[1:8]
+  return rows
+
+
+def test_the_docs_table_is_what_auto_resolves_for_every_shipped_config():
+  """docs/performance.md's table, row by row, against auto.resolve on one CPU device (R1 configs: each RL stage's
+  config), and every shipped config file has its rows."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import os  # pylint: disable=g-import-not-at-top
+  from grpo_jax.r1 import stage_config
+  from grpo_jax.tasks import digits
+  rows = _table_rows()
+  seen_files = set()
+  for name, want in rows.items():
+    if name.startswith("bench-"):
+      c = digits.bench_config(L=int(want[0]))
+    else:
+      spec, _, stage = name.partition(" ")
+      path, _, arg = spec.partition(":")
+      seen_files.add(path)
+      c = config_lib.load_config(path, arg or None)
+      if stage:
+        c = stage_config.for_stage(c, stage)
+    r = _resolve_cpu(c)[0]
+    got = [str(r.sampling.max_new_tokens), str(r.train.steps), r.sampling.engine, r.rl.packing,
+           str(r.rl.train_buckets), str(r.sampling.exit_chunk),
+           str(r.sampling.compaction) if r.sampling.engine == "continuous" else "-"]
+    assert got == want, (name, got, want)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  shipped = {os.path.relpath(p, root) for p in glob.glob(os.path.join(root, "configs", "*.py"))}
+  assert shipped == seen_files, shipped ^ seen_files
+
+
+def test_the_traced_step_reads_resolved_values_and_plans_nothing(monkeypatch):
+  """The decode layout (and every other knob) is chosen by resolve, before tracing: tracing the whole step with the
+  planner patched to fail works; decode_layout.from_config reads the resolved values (an unresolved config: no
+  planner, gathered without an fsdp split, the training layout with one)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from grpo_jax.infra import sharding
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rl import state as state_lib
+  from grpo_jax.rollout import decode_layout
+  from grpo_jax.tasks import digits
+  c = digits.bench_config(vocab=64, hidden=32, layers=1, heads=2, kv=1, inter=64, prompts=2, G=2, L=4)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  c, chosen = auto.resolve_here(c, mesh, log=False)
+  assert c.sampling.decode_layout == "gathered" and "sampling.decode_layout" in chosen
+
+  def planned(*args, **kwargs):
+    raise AssertionError("the memory planner ran while the step was traced")
+  monkeypatch.setattr(memory_plan, "choose_decode", planned)
+  monkeypatch.setattr(memory_plan, "plan", planned)
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+  step.lower(state_lib.with_shardings(*families.for_config(c).state_spec(c, mesh, mcfg)), aot.abstract_batch(c, mesh))
+  m = model_lib.ModelConfig.from_config(config_lib.override(config_lib.base_config(), {}).model)
+  fsdp4 = dict(data=1, fsdp=4, tensor=1)
+  sc = lambda kind, tp=0: config_lib.override(config_lib.base_config(), {"sampling.decode_layout": kind,
+                                                                       "sampling.decode_tp": tp}).sampling
+  assert decode_layout.from_config(m, sc("tp", 2), fsdp4) == decode_layout.Layout("tp", 2)
+  assert decode_layout.from_config(m, sc("tp"), fsdp4) == decode_layout.Layout("tp", decode_layout.tp_degrees(
+      m, fsdp4)[0])
+  assert decode_layout.from_config(m, sc("auto"), fsdp4) == decode_layout.Layout("fsdp")
+  assert decode_layout.from_config(m, sc("auto"), MESH1) == decode_layout.Layout("gathered")
+
+
+def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
+  """A run records what `auto` resolved (DIR/auto.json, `resolved.<key>` in each checkpoint's config); a resume
+  takes the recorded values even where today's rule picks otherwise (and says so); an explicit value other than
+  the recorded one is a config change, refused naming the key; the recorded value set explicitly is not."""
+  import jax  # pylint: disable=g-import-not-at-top
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from grpo_jax.infra import checkpoint as ckpt_lib
+  from grpo_jax.infra import errors
+  from grpo_jax.infra import sharding
+  from grpo_jax.run import loop_guard
+  c = config_lib.override(config_lib.base_config(), {"train.steps": 30, "sampling.max_new_tokens": 40})
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  guard = loop_guard.LoopGuard(c, str(tmp_path), "rl")
+  first = guard.resolve(c, mesh)
+  assert (first.rl.packing, first.sampling.exit_chunk) == ("on", 20) and guard.view["resolved.rl.packing"] == "on"
+  with open(tmp_path / "auto.json") as f:
+    assert json.load(f)["rl.packing"].startswith("on (train.steps 30 >= 20")
+  # the run's checkpoint, as if an older rule had chosen the padded passes and exit chunks of 8
+  view = dict(guard.view, **{"resolved.rl.packing": "off", "resolved.sampling.exit_chunk": 8})
+  ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), save_every=1, keep=1, run_config=view)
+  ck.maybe_save(1, {"x": np.zeros(2, np.float32)}, {"step": 1}, force=True)
+  ck.close()
+  again = loop_guard.LoopGuard(c, str(tmp_path), "rl")
+  with caplog.at_level(logging.INFO):
+    resumed = again.resolve(c, mesh)
+  assert (resumed.rl.packing, resumed.sampling.exit_chunk) == ("off", 8)
+  assert resumed.rl.pack_len == 0  # packing's own knobs do not apply to the recorded padded passes
+  lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto rl.packing")]
+  assert lines == ["auto rl.packing = off (recorded with this run: a resume runs the program it started with; "
+                   "today's rule picks on (train.steps 30 >= 20: padding-free passes (bench-tiny 1.10x, bench-small "
+                   "1.07-1.20x, bench-tail's reference + update 3x faster than padded)))"], lines
+  assert again.view["resolved.rl.packing"] == "off"  # recorded again with the next checkpoints
+  with pytest.raises(errors.InputError, match=r"rl.packing \('off' → 'on'\).*allow_config_change=rl.packing"):
+    loop_guard.LoopGuard(config_lib.override(c, {"rl.packing": True}), str(tmp_path), "rl")
+  loop_guard.LoopGuard(config_lib.override(c, {"rl.packing": False, "sampling.exit_chunk": 8}), str(tmp_path), "rl")

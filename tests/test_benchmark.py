@@ -162,10 +162,11 @@ def test_stop_batches_are_the_shared_prompts_as_digit_ids(stop_checkpoint):
 
 def test_grpo_step_model_dir_runs_on_the_checkpoint(stop_checkpoint):
   """--model-dir: the shape comes from the checkpoint, the state starts from its weights, and a timed step ends
-  its decode early (exit_chunk 4 of L = 16) and trains on the shortest length, with one compile."""
+  its decode early (exit_chunk 4 of L = 16) and trains on the shortest length (the padded passes, set: auto would
+  pack at the bench config's 20 steps), with one compile."""
   a = argparse.Namespace(model_dir=stop_checkpoint["dir"], hidden=None, layers=None, heads=None, kv=None, inter=None,
                          vocab=None, prompts=2, G=4, L=16, steps=1, dtype="float32", remat="none",
-                         attention="auto", exit_chunk=4, train_buckets=2)
+                         attention="auto", exit_chunk=4, train_buckets=2, overrides={"rl.packing": "off"})
   grpo_step.shape_from_checkpoint(a)
   assert {k: getattr(a, k) for k in TINY_SHAPE} == TINY_SHAPE
   o = grpo_step.Ours(a)

@@ -344,7 +344,8 @@ c.sft.steps = 0
 c.train.update(steps=2, eval_every=2)
 c.rewards = (("accuracy", 1.0), ("hang", 1.0))
 c.rl.reward_timeout_s = 2.0
-main._exit(main.execute(c, os.environ["HANG_WORKDIR"]))  # as the CLI exits: os._exit for status 2 and 3
+from grpo_jax import cli
+cli.finish(main.execute(c, os.environ["HANG_WORKDIR"]))  # as the CLI exits: os._exit for status 2 and 3
 '''
 
 

@@ -15,6 +15,7 @@ import pytest
 import conftest  # tests/conftest.py: requires
 
 from grpo_jax.infra import errors
+from grpo_jax import cli
 from grpo_jax import main
 from grpo_jax.infra import workdir_lock
 
@@ -207,7 +208,7 @@ CASES = [
      "config.rl.rollout_budget: must be an integer >= 0"),
     ("grpo", {"sampling.engine": "continuous", "rl.partial_rollouts": True, "rl.max_staleness": -1},
      "config.rl.max_staleness: must be an integer >= 0"),
-    ("grpo", {"rl.partial_rollouts": True}, "set sampling.engine='continuous'"),
+    ("grpo", {"sampling.engine": "static", "rl.partial_rollouts": True}, "set sampling.engine='continuous'"),
     ("grpo", {"sampling.engine": "continuous", "rl.partial_rollouts": True, "rl.dynamic_sampling": True},
      "with rl.dynamic_sampling"),
     ("grpo", {"sampling.engine": "continuous", "rl.partial_rollouts": True, "rl.staleness_policy": "drop"},
@@ -353,7 +354,7 @@ def test_library_noise_is_one_line_once(capsys):
   root.addHandler(handler)
   hooks = (threading.excepthook, sys.unraisablehook)
   try:
-    main.setup_logging(verbose=False)
+    cli.setup_logging(verbose=False)
     for _ in range(5):
       try:
         raise RuntimeError("Event loop is closed")
@@ -411,14 +412,14 @@ def test_an_error_line_is_the_last_line(capsys):
   root.addHandler(handler)
   hooks = (threading.excepthook, sys.unraisablehook)
   try:
-    main.setup_logging(verbose=False)
+    cli.setup_logging(verbose=False)
     console.silence_libraries()
     std_logging.getLogger("orbax").error("Failed to write metadata")
     t = threading.Thread(target=lambda: (_ for _ in ()).throw(RuntimeError("Event loop is closed")))
     t.start()
     t.join()
     assert capsys.readouterr().err == ""
-    main.setup_logging(verbose=False)
+    cli.setup_logging(verbose=False)
     std_logging.getLogger("orbax").error("Failed to write metadata")
     assert "Failed to write metadata" in capsys.readouterr().err
   finally:

@@ -303,3 +303,47 @@ def test_doc_paths_exist():
       if not os.path.exists(os.path.join(ROOT, path)):
         missing.append(f"{os.path.relpath(doc, ROOT)}: {path}")
   assert not missing, "paths in the docs that are not in the tree: " + "; ".join(missing)
+
+
+def private_reaches(paths, known: dict[str, str]) -> list[str]:
+  """`alias._name` uses and `from grpo_jax.x import _name` imports of another grpo_jax module's private (one
+  leading underscore) names: a module's `_names` are its own."""
+  out = []
+  for path in paths:
+    with open(path, encoding="utf-8") as f:
+      tree = ast.parse(f.read(), path)
+    alias = {}
+    where = lambda n: f"{os.path.relpath(path, ROOT)}:{n.lineno}"  # noqa: E731
+    for n in ast.walk(tree):
+      if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("grpo_jax") and not n.level:
+        for a in n.names:
+          if f"{n.module}.{a.name}" in known:
+            alias[a.asname or a.name] = f"{n.module}.{a.name}"
+          elif a.name.startswith("_") and not a.name.startswith("__"):
+            out.append(f"{where(n)} from {n.module} import {a.name}")
+      elif isinstance(n, ast.Import):
+        alias.update({a.asname: a.name for a in n.names if a.asname and a.name in known})
+    for n in ast.walk(tree):
+      if (isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id in alias
+          and n.attr.startswith("_") and not n.attr.startswith("__") and known[alias[n.value.id]] != path):
+        out.append(f"{where(n)} {n.value.id}.{n.attr} ({alias[n.value.id]})")
+  return out
+
+
+def test_no_module_reaches_into_another_modules_private_names():
+  """The package's modules (and the benchmarks and configs built on it) use each other's public names only; tests
+  may look inside."""
+  paths = []
+  for top in ("grpo_jax", "benchmarks", "configs", "launch"):
+    for d, _, files in os.walk(os.path.join(ROOT, top)):
+      paths += [os.path.join(d, f) for f in files if f.endswith(".py")]
+  bad = private_reaches(sorted(paths), modules())
+  assert not bad, "private names used from another module: " + "; ".join(bad)
+
+
+def test_private_reach_reader_sees_both_forms(toy_pkg):
+  d = toy_pkg({"a.py": "_X = 1\ndef _f():\n  pass\n", "b.py": "from grpo_jax import a as a_lib\na_lib._f()\n",
+               "c.py": "from grpo_jax.a import _X\n", "d.py": "from grpo_jax import a\na.__doc__\n"})
+  known = modules(d)
+  got = private_reaches([known[f"grpo_jax.{m}"] for m in "bcd"], known)
+  assert [x.split(" ", 1)[1] for x in got] == ["a_lib._f (grpo_jax.a)", "from grpo_jax.a import _X"]

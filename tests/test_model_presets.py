@@ -123,7 +123,7 @@ def test_run_rl_takes_unset_model_fields_from_an_hf_checkpoint(tmp_path):
   record = ckpt_lib.read_meta(tmp_path / "run" / "checkpoints", 1)["config"]  # the run config the step was made by
   assert (record["model.hidden"], record["model.layers"], record["model.max_len"], record["model.qkv_bias"]) == (
       32, 1, 96, True)
-  saved = ocp.StandardCheckpointer().restore(str(tmp_path / "run" / "checkpoints" / "1" / ckpt_lib._STATE))  # pylint: disable=protected-access
+  saved = ocp.StandardCheckpointer().restore(str(tmp_path / "run" / "checkpoints" / "1" / ckpt_lib.STATE))
   for a, b in zip(jax.tree.leaves(saved["ref_params"]), jax.tree.leaves(params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 

@@ -158,6 +158,32 @@ def test_attention_over_segments_equals_each_sample_alone(path):
   assert A.choose("auto", 2, 24, 4, jnp.bfloat16, plat="gpu", packed=True) == "pallas_gpu"
 
 
+@pytest.mark.skipif(jax.default_backend() != "gpu",
+                    reason="the Pallas GPU kernel (Triton) needs an NVIDIA GPU and this machine has none (run with "
+                    "JAX_PLATFORMS=cuda on one: benchmarks/device_check.sh); its logic runs in interpret mode above")
+def test_pallas_gpu_kernel_on_gpu_equals_each_sample_alone():
+  """The compiled kernel (not interpret mode) on packed bf16 rows of head_dim 64, values and gradients, against the
+  einsum over each sample alone on the same bf16-rounded inputs in fp32."""
+  q, k, v, seg = (x.astype(jnp.bfloat16) if x.dtype == jnp.float32 else x for x in _attn_inputs(t=200, d=64))
+  f = jax.jit(lambda q, k, v: A.pallas_gpu(q, k, v, seg))
+  got = np.asarray(f(q, k, v), np.float32)
+  up = lambda x: x.astype(jnp.float32)
+  s = np.asarray(seg)
+  for r in range(2):
+    for sid in set(s[r]) - {0}:
+      cols = np.where(s[r] == sid)[0]
+      sl = lambda x: up(x[r:r + 1, cols])
+      want = np.asarray(A.einsum(sl(q), sl(k), sl(v), jnp.ones((1, len(cols)), jnp.int32)))[0]
+      np.testing.assert_allclose(got[r, cols], want, rtol=0, atol=3e-2, err_msg=f"row {r} seg {sid}")
+  w = jnp.asarray(np.random.default_rng(2).standard_normal(q.shape), jnp.float32) * (seg > 0)[:, :, None, None]
+  loss = lambda fn: lambda q, k, v: jnp.vdot(fn(q, k, v).astype(jnp.float32), w)
+  got_g = jax.jit(jax.grad(loss(lambda q, k, v: A.pallas_gpu(q, k, v, seg)), argnums=(0, 1, 2)))(q, k, v)
+  want_g = jax.grad(loss(lambda q, k, v: A.einsum(q, k, v, seg)), argnums=(0, 1, 2))(up(q), up(k), up(v))
+  for a, b in zip(got_g, want_g):
+    scale = np.abs(np.asarray(b)).max()
+    assert np.abs(np.asarray(a, np.float32) - np.asarray(b)).max() <= 3e-2 * scale
+
+
 def test_pack_len_below_prompt_plus_completion_is_a_config_error():
   c = config_lib.override(digits.bench_config(**TINY), {"rl.packing": True, "rl.pack_len": 10})
   with pytest.raises(ConfigError, match=r"config.rl.pack_len: 10 < task.prompt_len \+ sampling.max_new_tokens"):

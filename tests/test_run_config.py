@@ -176,3 +176,27 @@ def test_added_task_key_at_its_default_keeps_older_records_resumable():
   assert run_config.diff(old, run_config.view(c, "rl")) == []
   c.task.overlong_prompts = "drop"
   assert run_config.diff(old, run_config.view(c, "rl")) == ["task.overlong_prompts"]
+
+
+def test_auto_knobs_compare_by_what_the_run_resolved():
+  """An `auto` key in the new view matches whatever the record ran with (its `resolved.<key>`, or the value a run
+  from before the key became auto set): the resume reuses it. An explicit value is compared with the resolved one."""
+  c = config_lib.base_config()
+  new = run_config.view(c, "rl")
+  assert new["sampling.engine"] == "auto" and new["rl.packing"] == "auto" and new["sampling.exit_chunk"] == -1
+  resolved = run_config.with_resolved(new, {"sampling.engine": "static", "rl.packing": "on", "rl.G": 4})
+  assert resolved["resolved.sampling.engine"] == "static" and "resolved.rl.G" not in resolved  # not a knob
+  assert run_config.diff(resolved, new) == []
+  split = {"rl.rollout_chunks": 1, "rl.minibatches": 1}  # set in the base config: what the run ran with too
+  assert run_config.recorded_settings(resolved) == {"sampling.engine": "static", "rl.packing": "on", **split}
+  older = dict(new, **{"sampling.engine": "static", "rl.packing": False, "sampling.exit_chunk": 16,
+                       "rl.train_buckets": 1})  # a record from before these keys were auto
+  assert run_config.diff(older, new) == []
+  assert run_config.recorded_settings(older) == {"sampling.engine": "static", "rl.packing": "off",
+                                                 "sampling.exit_chunk": 16, "rl.train_buckets": 1, **split}
+  explicit = lambda **kv: dict(new, **kv)
+  assert run_config.diff(resolved, explicit(**{"rl.packing": True})) == []  # True is 'on': what it resolved
+  assert run_config.diff(resolved, explicit(**{"rl.packing": "off"})) == ["rl.packing"]
+  assert run_config.diff(older, explicit(**{"sampling.engine": "continuous"})) == ["sampling.engine"]
+  assert "sampling.engine ('static' → 'continuous')" in run_config.describe(
+      ["sampling.engine"], resolved, explicit(**{"sampling.engine": "continuous"}))

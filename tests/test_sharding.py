@@ -34,6 +34,10 @@ SCRIPT = textwrap.dedent(r"""
     devs = jax.devices()[:int(np.prod(mesh_shape))]
     c.mesh.update(data=mesh_shape[0], fsdp=mesh_shape[1], tensor=mesh_shape[2])
     mesh = sharding.make_mesh(c.mesh, devs)
+    # the decode layout resolved before tracing, as every command does (rl/auto.py); the padded static path pinned
+    from grpo_jax.rl import auto
+    c.sampling.engine, c.rl.packing = "static", "off"
+    c, _ = auto.resolve_here(c, mesh, log=False)
     mcfg = model_lib.ModelConfig.from_config(c.model)
     spec = digits.reward_spec(c.model.vocab_size)
     step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)

@@ -35,6 +35,7 @@ from grpo_jax.rl import rewards
 from grpo_jax.rl import reward_spec
 from grpo_jax.infra import sharding
 from grpo_jax.studies import sweep
+from grpo_jax.studies import sweep_vmap
 from grpo_jax.run import train
 from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import tokenizer_factory as tok_lib
@@ -71,7 +72,7 @@ def env(tmp_path_factory):
 def _params(workdir):
   ck = os.path.join(workdir, "checkpoints")
   step = max(int(d) for d in os.listdir(ck) if d.isdigit())
-  restored = ocp.StandardCheckpointer().restore(os.path.join(ck, str(step), ckpt_lib._STATE))  # pylint: disable=protected-access
+  restored = ocp.StandardCheckpointer().restore(os.path.join(ck, str(step), ckpt_lib.STATE))
   return step, jax.tree.leaves(restored["params"])
 
 
@@ -382,7 +383,6 @@ def test_runs_restored_at_different_steps_go_back_to_a_common_step():
   sweep ended a few ulps away from an uninterrupted one (benchmarks/chaos.py found it). A run that lacks the step,
   or whose copy of it does not restore, stays in its sub-group."""
   import types
-  from grpo_jax.studies import sweep_vmap
 
   class Ckpt:
     def __init__(self, steps, bad=()):
@@ -397,18 +397,38 @@ def test_runs_restored_at_different_steps_go_back_to_a_common_step():
         raise errors.InputError(f"checkpoint step {step} is damaged")
       return {"step": step}, {"step": step}
 
-  def lanes(*specs):
-    return [types.SimpleNamespace(workdir=f"/w/run{i}", start=start, run=types.SimpleNamespace(ckpt=Ckpt(steps, bad)))
-            for i, (start, steps, bad) in enumerate(specs)]
+  def group(*specs):
+    runs = [types.SimpleNamespace(workdir=f"/w/run{i}", ckpt=Ckpt(steps, bad))
+            for i, (_, steps, bad) in enumerate(specs)]
+    return runs, [start for start, _, _ in specs]
 
-  group = lanes((4, [2, 4], ()), (5, [2, 4, 5], ()), (5, [4, 5], ()))
-  states, lines = {lane.workdir: {"step": lane.start} for lane in group}, []
-  sweep_vmap.restore_together(group, states, None, lines.append)
-  assert [lane.start for lane in group] == [4, 4, 4] and [states[f"/w/run{i}"]["step"] for i in range(3)] == [4] * 3
-  assert [lane.run.ckpt.asked for lane in group] == [[], [4], [4]] and len(lines) == 2 and "back from step 5" in lines[0]
+  runs, starts = group((4, [2, 4], ()), (5, [2, 4, 5], ()), (5, [4, 5], ()))
+  states, lines = [{"step": s} for s in starts], []
+  train.restore_together(runs, starts, states, None, lines.append)
+  assert starts == [4, 4, 4] and [st["step"] for st in states] == [4] * 3
+  assert [r.ckpt.asked for r in runs] == [[], [4], [4]] and len(lines) == 2 and "back from step 5" in lines[0]
   for specs in (((4, [4], ()), (6, [2, 6], ())),           # the run ahead has no step 4: sub-groups
                 ((0, [], ()), (2, [2], ())),                # a run with no checkpoint at all
                 ((4, [4], ()), (6, [4, 6], (4,)))):          # its step 4 does not restore
-    group = lanes(*specs)
-    sweep_vmap.restore_together(group, {lane.workdir: None for lane in group}, None, lines.append)
-    assert [lane.start for lane in group] == [s[0] for s in specs], specs
+    runs, starts = group(*specs)
+    train.restore_together(runs, starts, [None] * len(runs), None, lines.append)
+    assert starts == [s[0] for s in specs], specs
+
+
+def test_one_run_and_a_group_of_one_write_the_same_rows_and_checkpoints(env, tmp_path):
+  """`python -m grpo_jax.main`'s path (jobs.run) and the vmapped sweep's (sweep_vmap.run_group) share one set-up
+  (jobs.run_group → train.train_group): the same config as one run and as a group of one writes the same metrics
+  rows (perf/* aside) and the same checkpoints, bit for bit, and records the same `auto` resolution."""
+  c = config_lib.override(_config(), {"train.ckpt_every": 2})
+  one, group = str(tmp_path / "one"), str(tmp_path / "group")
+  jobs.run(c, one)
+  info = sweep_vmap.run_group([c], [group], log=lambda _: None)
+  assert info["failed"] == {} and info["traces"] == [1]
+  assert _rows(one) == _rows(group) and len(_rows(one)) == 4  # eval at 0, steps 1..3 (eval at 3 merged)
+  for step in (2, 3):
+    a = ocp.StandardCheckpointer().restore(os.path.join(one, "checkpoints", str(step), ckpt_lib.STATE))
+    b = ocp.StandardCheckpointer().restore(os.path.join(group, "checkpoints", str(step), ckpt_lib.STATE))
+    for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b), strict=True):
+      np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  with open(os.path.join(one, "auto.json")) as f1, open(os.path.join(group, "auto.json")) as f2:
+    assert json.load(f1) == json.load(f2)

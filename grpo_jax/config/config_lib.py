@@ -80,14 +80,17 @@ def base_config() -> ml_collections.ConfigDict:
       # tensor-parallel over decode_tp fsdp devices, else the training layout (weights all-gathered every token).
       decode_layout="auto",
       decode_tp=0,  # fsdp devices per tensor-parallel decode group (layout tp / auto); 0 = smallest that fits
-      exit_chunk=16,  # early exit: decode steps between checks that every row is done; 0 = always max_new_tokens
+      # early exit: decode steps between checks that every row is done; 0 = always max_new_tokens; -1 = auto
+      # (sampling.default_exit_chunk: the divisor of max_new_tokens nearest 16, so no remainder chunk compiles)
+      exit_chunk=-1,
       # Rollout engine: static = the reference batch decode (sampling.sample: every row of a row chunk decodes until
       # its longest ends); continuous = rollout/engine.py (one prefill per prompt, S slots refilled from a row
       # queue, compaction to power-of-two slot counts, KV read up to the live rows' length). Same samples (up to a
-      # draw at a CDF boundary flipped by reduction-order rounding: docs/performance.md). static stays the default:
-      # the continuous engine compiles ~2.5x longer (bench-small shape) and its time where every row runs to L has
-      # not been measured against the static engine yet.
-      engine="static",
+      # draw at a CDF boundary flipped by reduction-order rounding: docs/performance.md). auto (rl/auto.py):
+      # continuous for completions of 256 tokens or more (bench-tail, L = 512: 0.35x the static rollout), static
+      # below (bench-small, every row to 128: the same step time; a 64-wide model at L = 72: 1.29x slower rollout),
+      # continuous wherever a continuous-only key is set (slots, compaction, paged decode attention)
+      engine="auto",
       # continuous: decode slots S (rows queue for them); 0 = auto: the most, up to rows / rl.rollout_chunks, that
       # fit the device (rl/auto.py; a step built without it: rows / rl.rollout_chunks)
       slots=0,
@@ -165,12 +168,16 @@ def base_config() -> ml_collections.ConfigDict:
       # known limit; one config line when none fits. More minibatches change the training (more, smaller updates).
       # The update trains on the shortest of train_buckets static completion lengths (L, L/2, ...; update.py's
       # train_lengths) covering the batch's longest completion, chosen in-graph: each compiles a forward+backward.
-      train_buckets=1,
+      # 0 = auto (rl/auto.py): 1 under packing (the packed passes follow the real tokens), else 2 for long runs
+      # with completions of 256 tokens or more, else 1.
+      train_buckets=0,
       # Padding-free training passes (rl/packing.py): samples laid end to end in rows of pack_len tokens (0 = the
       # planner's: P + L rounded up to 128), pack_rows packed rows per device per micro-batch (0 = the planner's: on
       # the CPU the fewest rows of 512 tokens, else 1/8 of the pass's rows), the reference/old-log-prob/critic/policy
-      # passes over as many micro-batches as the real tokens need.
-      packing=False, pack_len=0, pack_rows=0,
+      # passes over as many micro-batches as the real tokens need. packing: 'on' | 'off' (True / False accepted) |
+      # 'auto' (rl/auto.py): on for runs of 20 RL steps or more (a faster step in every workload measured:
+      # bench-tiny, bench-small, bench-tail), off below, where its extra compile (+20% of the step's) is not won back.
+      packing="auto", pack_len=0, pack_rows=0,
       process_weight=0.0,        # weight of process (step) advantages; 0 = outcome only
       oversample=2,              # dynamic sampling draws oversample × prompts_per_step prompts, keeps prompts_per_step
       max_nonfinite_in_row=3,
@@ -303,32 +310,55 @@ def run_seed(config) -> int:
   return int(config.seed) if rs < 0 else rs
 
 
-# The integer knobs whose `auto` (rl/auto.py) is the value 0: on the command line (`--config.<key>=auto`,
-# `--sweep="<key>=auto,4"`) the word means 0 (tests/test_auto.py checks this list against auto.REGISTRY).
-AUTO_ZERO = ("rl.rollout_chunks", "rl.minibatches", "sampling.slots", "rl.pack_len", "rl.pack_rows",
-             "sampling.compaction", "rl.carry_kv_groups")
+# The integer knobs whose `auto` (rl/auto.py) is a number (0, or -1 where 0 means something): on the command line
+# (`--config.<key>=auto`, `--sweep="<key>=auto,4"`) the word means that number (tests/test_auto.py checks this table
+# against auto.REGISTRY). Every other knob's auto value is the string 'auto'.
+AUTO_INT = {"rl.rollout_chunks": 0, "rl.minibatches": 0, "sampling.slots": 0, "rl.pack_len": 0, "rl.pack_rows": 0,
+            "sampling.compaction": 0, "rl.train_buckets": 0, "sampling.exit_chunk": -1, "sampling.decode_tp": 0,
+            "rl.carry_kv_groups": 0}
+AUTO_STR = ("sampling.engine", "rl.packing", "sampling.decode_attention", "sampling.decode_layout")
+AUTO_KEYS = tuple(AUTO_INT) + AUTO_STR  # every key rl/auto.py resolves (run/run_config.py records them)
 
 # What an `auto` knob means in a step built from a config rl/auto.py has not resolved (tests that build steps
 # directly): the reference path. Every command resolves them first (auto.resolve), so a run never reads these.
-UNRESOLVED = {"sampling.compaction": COMPACTION}
+# (sampling.exit_chunk's is sampling.default_exit_chunk's rule itself: it needs no device to decide.)
+UNRESOLVED = {"sampling.engine": "static", "rl.packing": "off", "rl.train_buckets": 1,
+              "sampling.compaction": COMPACTION}
+
+SWITCH_KEYS = ("rl.packing",)  # on / off / auto knobs
+SWITCH = {True: "on", False: "off", "true": "on", "false": "off", "on": "on", "off": "off", "1": "on", "0": "off",
+          "auto": "auto"}  # a switch knob's values (rl.packing): True / False are accepted as on / off
 
 
 def auto_text(key: str, text: str) -> str:
-  """A command-line value for `key`: 'auto' is '0' for the keys of AUTO_ZERO; anything else unchanged."""
-  return "0" if text == "auto" and key in AUTO_ZERO else text
+  """A command-line value for `key`: 'auto' is AUTO_INT's number for an integer knob; anything else unchanged."""
+  return str(AUTO_INT[key]) if text == "auto" and key in AUTO_INT else text
 
 
-def _auto_value(key: str):
-  return 0 if key in AUTO_ZERO else "auto"
+def auto_value(key: str):
+  """The value that asks rl/auto.py to choose `key`."""
+  return AUTO_INT.get(key, "auto")
+
+
+def switch(value) -> str | None:
+  """'on' | 'off' | 'auto' for a switch knob's value (True / False / 'True' / 'on' / ...); None: not a switch value."""
+  return SWITCH.get(value.lower() if isinstance(value, str) else value) if isinstance(value, (str, bool)) else None
 
 
 def setting(config, key: str):
   """`config.<key>` as a step runs it: the resolved (or explicitly set) value, or UNRESOLVED[key] while it is still
-  at its auto value."""
+  at its auto value (or absent: a config from before the key)."""
   node = config
   for part in key.split("."):
-    node = node.get(part, _auto_value(key)) if hasattr(node, "get") else node[part]
-  return UNRESOLVED[key] if node == _auto_value(key) else node
+    node = node.get(part, auto_value(key)) if hasattr(node, "get") else node[part]
+  if key in SWITCH_KEYS:
+    node = switch(node)
+  return UNRESOLVED[key] if node == auto_value(key) else node
+
+
+def packing_on(config) -> bool:
+  """rl.packing as a step runs it (resolved, set, or the unresolved 'off')."""
+  return setting(config, "rl.packing") == "on"
 
 
 def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
@@ -380,6 +410,8 @@ def _typed(key: str, old: Any, new: Any) -> Any:
   if isinstance(old, numbers.Real):
     return float(new) if isinstance(new, numbers.Real) and not isinstance(new, (bool, np.bool_)) else bad("a float")
   if isinstance(old, str):
+    if isinstance(new, (bool, np.bool_)) and key in SWITCH_KEYS:
+      return switch(bool(new))  # a switch knob (rl.packing): True / False mean 'on' / 'off'
     return new if isinstance(new, str) else bad("a str")
   if isinstance(old, (tuple, list)):
     def as_tuple(x):

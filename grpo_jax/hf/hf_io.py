@@ -33,9 +33,9 @@ from grpo_jax.model import model as model_lib
 from grpo_jax.hf import safetensors_io as st
 
 SUPPORTED = ("qwen2", "llama")
-_LINEAR = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
+LINEAR = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj", "o": "self_attn.o_proj",
            "gate": "mlp.gate_proj", "up": "mlp.up_proj", "down": "mlp.down_proj"}
-_NORMS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
+NORMS = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm"}
 _IGNORED = ("rotary_emb.inv_freq",)  # buffers old exports saved; recomputed from the config
 _MAX_LISTED = 3  # problems spelled out in the one-line error; the rest are counted
 
@@ -207,16 +207,16 @@ def expected_tensors(mcfg: model_lib.ModelConfig) -> dict[str, tuple[int, ...]]:
   n = {"q": mcfg.heads, "k": mcfg.kv_heads, "v": mcfg.kv_heads}
   for i in range(mcfg.layers):
     pre = f"model.layers.{i}."
-    for hf_name in _NORMS.values():
+    for hf_name in NORMS.values():
       out[pre + hf_name + ".weight"] = (d,)
     for name, heads in n.items():
-      out[pre + _LINEAR[name] + ".weight"] = (heads * hd, d)
+      out[pre + LINEAR[name] + ".weight"] = (heads * hd, d)
       if mcfg.qkv_bias:
-        out[pre + _LINEAR[name] + ".bias"] = (heads * hd,)
-    out[pre + _LINEAR["o"] + ".weight"] = (d, mcfg.heads * hd)
-    out[pre + _LINEAR["gate"] + ".weight"] = (f, d)
-    out[pre + _LINEAR["up"] + ".weight"] = (f, d)
-    out[pre + _LINEAR["down"] + ".weight"] = (d, f)
+        out[pre + LINEAR[name] + ".bias"] = (heads * hd,)
+    out[pre + LINEAR["o"] + ".weight"] = (d, mcfg.heads * hd)
+    out[pre + LINEAR["gate"] + ".weight"] = (f, d)
+    out[pre + LINEAR["up"] + ".weight"] = (f, d)
+    out[pre + LINEAR["down"] + ".weight"] = (d, f)
   return out
 
 
@@ -275,7 +275,7 @@ def _leaf_sources(key: tuple[str, ...], mcfg) -> tuple[Callable[[int], str], boo
   """(HF name of layer i's tensor, stacked over layers?, transposed?) for one of our leaves."""
   if key[0] == "layers":
     name, kind = key[1], key[2]
-    hf = (_NORMS[name] + ".weight") if name in _NORMS else (_LINEAR[name] + "." + ("bias" if kind == "bias"
+    hf = (NORMS[name] + ".weight") if name in NORMS else (LINEAR[name] + "." + ("bias" if kind == "bias"
                                                                                    else "weight"))
     return (lambda i: f"model.layers.{i}.{hf}"), True, kind == "kernel"
   fixed = {("embed", "embedding"): ("model.embed_tokens.weight", False),
@@ -300,7 +300,7 @@ def _aligned_empty(shape: tuple[int, ...]) -> np.ndarray:
   return raw[off:off + n * 4].view(np.float32).reshape(shape)
 
 
-def _key(path) -> tuple[str, ...]:
+def path_key(path) -> tuple[str, ...]:
   return tuple(getattr(p, "key", getattr(p, "name", str(p))) for p in path)
 
 
@@ -336,7 +336,7 @@ def load_params(path: str, mcfg: model_lib.ModelConfig, shardings: Any = None,
     raise ValueError(f"shardings has {len(shard_leaves)} leaves, the params {len(flat)}; pass the params' tree.")
   out = []
   for (p, leaf), sharding in zip(flat, shard_leaves):
-    name_of, stacked, transposed = _leaf_sources(_key(p), mcfg)
+    name_of, stacked, transposed = _leaf_sources(path_key(p), mcfg)
     buf = _aligned_empty(leaf.shape)
     for i in range(mcfg.layers if stacked else 1):
       _fill(buf[i] if stacked else buf, st.read(infos[name_of(i)]), transposed)

@@ -10,7 +10,7 @@ import jax
 import numpy as np
 
 from grpo_jax.hf import safetensors_io as st
-from grpo_jax.hf.hf_io import _LINEAR, _NORMS, _key, expected_tensors, hf_config
+from grpo_jax.hf.hf_io import LINEAR, NORMS, path_key, expected_tensors, hf_config
 from grpo_jax.model import model as model_lib
 
 def _hf_tensor(name: str, mcfg, host: Callable[[tuple, int | None], np.ndarray]) -> np.ndarray:
@@ -25,10 +25,10 @@ def _hf_tensor(name: str, mcfg, host: Callable[[tuple, int | None], np.ndarray])
   i, module = int(parts[2]), ".".join(parts[3:-1])
   if name.endswith("o_proj.bias"):
     return np.zeros((mcfg.hidden,), np.float32)
-  for ours, hf in _NORMS.items():
+  for ours, hf in NORMS.items():
     if module == hf:
       return host(("layers", ours, "scale"), i)
-  ours = next(k for k, v in _LINEAR.items() if v == module)
+  ours = next(k for k, v in LINEAR.items() if v == module)
   if parts[-1] == "bias":
     return host(("layers", ours, "bias"), i).reshape(-1)
   w = host(("layers", ours, "kernel"), i)
@@ -44,7 +44,7 @@ def save_hf(path: str, mcfg: model_lib.ModelConfig, params: Any, *, model_type: 
     raise ValueError(f"dtype={dtype!r}: use 'float32' or 'bfloat16'.")
   cfg = hf_config(mcfg, model_type, base_config)
   cfg["torch_dtype"] = dtype
-  leaves = {_key(p): x for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+  leaves = {path_key(p): x for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
 
   def host(key, layer):  # one leaf, or one layer of it, on the host
     x = leaves[key] if layer is None else leaves[key][layer]

@@ -19,7 +19,7 @@ import numpy as np
 from grpo_jax.config import config_lib
 from grpo_jax.hf import hf_io
 from grpo_jax.hf import safetensors_io as st
-from grpo_jax.hf.hf_io import _LINEAR
+from grpo_jax.hf.hf_io import LINEAR
 from grpo_jax.infra import integrity
 from grpo_jax.infra import params_ckpt
 from grpo_jax.model import lora as lora_lib
@@ -29,7 +29,7 @@ from grpo_jax.rl import state as state_lib
 
 def peft_key(layer: int, module: str, which: str) -> str:
   """PEFT's saved name of one adapter matrix ('A' or 'B') of our module `module` in layer `layer`."""
-  return f"base_model.model.model.layers.{layer}.{_LINEAR[module]}.lora_{which}.weight"
+  return f"base_model.model.model.layers.{layer}.{LINEAR[module]}.lora_{which}.weight"
 
 
 def peft_tensors(adapters: Any) -> dict[str, np.ndarray]:

@@ -29,22 +29,22 @@ from etils import epath
 from grpo_jax.infra import errors
 from grpo_jax.infra import integrity
 
-_STATE = 'state'
+STATE = 'state'
 _META = 'meta'
 # A LoRA state's frozen base (rl/state.py): never saved, rebuilt by the caller; the checkpoint records its identity
 # (source and checksum) and a resume onto another base is refused (`Checkpointer.set_frozen`).
 FROZEN = 'base'
-_COMMIT_MARKER = 'commit_success.txt'  # orbax writes it into every finished step dir (rename and commit-file modes)
+COMMIT_MARKER = 'commit_success.txt'  # orbax writes it into every finished step dir (rename and commit-file modes)
 CORRUPT_SUBDIR = 'corrupt'
 
 
-def _path(directory: str | os.PathLike) -> epath.Path:
+def as_path(directory: str | os.PathLike) -> epath.Path:
   """Orbax wants absolute paths; gs:// and other URIs pass through."""
   text = os.fspath(directory)
   return epath.Path(text if '://' in text else os.path.abspath(text))
 
 
-def _check_abstract(tree: Any, what: str) -> None:
+def check_abstract(tree: Any, what: str) -> None:
   for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
     sharding = getattr(leaf, 'sharding', None)
     if sharding is None or isinstance(getattr(sharding, 'mesh', None), jax.sharding.AbstractMesh):
@@ -68,26 +68,26 @@ def _jsonable_meta(step: int, meta: Mapping[str, Any] | None) -> dict[str, Any]:
   return out
 
 
-def _step_dirs(directory: epath.Path) -> tuple[list[int], list[int]]:
+def step_dirs(directory: epath.Path) -> tuple[list[int], list[int]]:
   """(committed, uncommitted) step numbers, oldest first; uncommitted dirs are partial writes."""
   committed, uncommitted = [], []
   if directory.exists():
     for child in directory.iterdir():
       if child.name.isdigit() and child.is_dir():
-        (committed if (child / _COMMIT_MARKER).exists() else uncommitted).append(int(child.name))
+        (committed if (child / COMMIT_MARKER).exists() else uncommitted).append(int(child.name))
   return sorted(committed), sorted(uncommitted)
 
 
 def _committed_steps(directory: epath.Path) -> list[int]:
-  return _step_dirs(directory)[0]
+  return step_dirs(directory)[0]
 
 
 def all_committed_steps(directory: str | os.PathLike) -> list[int]:
   """Committed step numbers in a checkpoint directory, oldest first ([] if it does not exist)."""
-  return _committed_steps(_path(directory))
+  return _committed_steps(as_path(directory))
 
 
-def _read_json(path: epath.Path) -> dict | None:
+def read_json(path: epath.Path) -> dict | None:
   try:
     value = json.loads(path.read_text())
     return value if isinstance(value, dict) else None
@@ -97,12 +97,12 @@ def _read_json(path: epath.Path) -> dict | None:
 
 def read_meta(directory: str | os.PathLike, step: int) -> dict | None:
   """A committed step's JSON metadata without restoring anything (None if unreadable)."""
-  return _read_json(_path(directory) / str(step) / _META / 'metadata')
+  return read_json(as_path(directory) / str(step) / _META / 'metadata')
 
 
 def newest_meta(directory: str | os.PathLike) -> tuple[int, dict] | None:
   """(step, meta) of the newest committed step whose metadata reads: what a resume will compare its config with."""
-  for step in reversed(_committed_steps(_path(directory))):
+  for step in reversed(_committed_steps(as_path(directory))):
     meta = read_meta(directory, step)
     if meta is not None:
       return step, meta
@@ -147,21 +147,21 @@ class Checkpointer:
       raise errors.ConfigError(f'config.train.ckpt_every: save_every={save_every} must be >= 1')
     if keep < 1:
       raise errors.ConfigError(f'config.train.keep_checkpoints: keep={keep} must be >= 1')
-    self.directory = _path(directory)
+    self.directory = as_path(directory)
     self.save_every = save_every
     self.keep = keep
     self.run_config = dict(run_config) if run_config is not None else None
     self.restored_config: dict | None = None  # the run config stored with the step `restore` returned
     self._frozen: tuple[Any, dict[str, str]] | None = None  # (the live frozen base, its identity): set_frozen
     self._manager = None
-    _, partial = _step_dirs(self.directory)
+    _, partial = step_dirs(self.directory)
     if jax.process_count() > 1:  # all processes list before process 0 moves anything, so they agree on `partial`
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
       multihost_utils.sync_global_devices('grpo_jax.infra.checkpoint.listed')
     if partial:  # a save that crashed before its commit (commit-file mode on GCS): orbax would list and keep it
       for step in partial:
         logging.warning('checkpoint step %d in %s has no %s (partial write); moving it aside', step,
-                        self.directory, _COMMIT_MARKER)
+                        self.directory, COMMIT_MARKER)
       self._quarantine(partial)
     self._manager = ocp.CheckpointManager(
         self.directory,
@@ -221,7 +221,7 @@ class Checkpointer:
       full_meta[FROZEN] = self._frozen[1]
     self._manager.save(
         step,
-        args=ocp.args.Composite(**{_STATE: ocp.args.StandardSave(state),
+        args=ocp.args.Composite(**{STATE: ocp.args.StandardSave(state),
                                    _META: ocp.args.JsonSave(_jsonable_meta(step, full_meta))}),
         force=True)
     return True
@@ -274,7 +274,7 @@ class Checkpointer:
   def _check_structure(self, step: int, abstract_state: Any) -> None:
     """InputError if `step` was saved from a differently shaped state (a changed config, not damage)."""
     try:
-      tree = ocp.PyTreeCheckpointHandler().metadata(self.directory / str(step) / _STATE).tree
+      tree = ocp.PyTreeCheckpointHandler().metadata(self.directory / str(step) / STATE).tree
     except Exception:  # pylint: disable=broad-except  # unreadable metadata is damage: restore() falls back
       return
     why = _structure_mismatch(tree, abstract_state)
@@ -300,24 +300,24 @@ class Checkpointer:
     if isinstance(abstract_state, Mapping) and FROZEN in abstract_state:
       state, meta = self.restore(step, self._unfrozen(abstract_state))
       return {**state, FROZEN: self._frozen[0]}, meta
-    _check_abstract(abstract_state, 'abstract_state')
+    check_abstract(abstract_state, 'abstract_state')
     self.wait()
-    args = ocp.args.Composite(**{_STATE: ocp.args.StandardRestore(abstract_state), _META: ocp.args.JsonRestore()})
+    args = ocp.args.Composite(**{STATE: ocp.args.StandardRestore(abstract_state), _META: ocp.args.JsonRestore()})
     if step is not None:
       if step not in _committed_steps(self.directory):
         raise ValueError(f'step={step} is not a committed checkpoint in {self.directory}; '
                          f'available: {_committed_steps(self.directory)}')
       self._check_structure(step, abstract_state)
       restored = self._manager.restore(step, args=args)
-      why = self._verify(step, restored[_STATE], restored[_META])
+      why = self._verify(step, restored[STATE], restored[_META])
       if why:
         raise errors.InputError(f'checkpoint step {step} in {self.directory} is damaged ({why}); restore an older '
                                 'step (step=None falls back automatically)')
-      return restored[_STATE], self._split_meta(restored[_META])
-    steps, partial = _step_dirs(self.directory)
+      return restored[STATE], self._split_meta(restored[_META])
+    steps, partial = step_dirs(self.directory)
     for step_ in partial:
       logging.warning('checkpoint step %d in %s has no %s (partial write); skipping it', step_, self.directory,
-                      _COMMIT_MARKER)
+                      COMMIT_MARKER)
     if not steps and not partial:
       raise ValueError(f'no checkpoint in {self.directory}; check latest_step() is not None before restoring, '
                        'or start a fresh run with a new --workdir')
@@ -326,7 +326,7 @@ class Checkpointer:
       self._check_structure(candidate, abstract_state)
       try:
         restored = self._manager.restore(candidate, args=args)
-        why = self._verify(candidate, restored[_STATE], restored[_META])
+        why = self._verify(candidate, restored[STATE], restored[_META])
       except Exception as e:  # pylint: disable=broad-except  # any read error means "this step is unusable"
         why = errors.root_cause(e)
       if why:
@@ -336,7 +336,7 @@ class Checkpointer:
         continue
       if bad or partial:
         self._quarantine(bad + partial)
-      return restored[_STATE], self._split_meta(restored[_META])
+      return restored[STATE], self._split_meta(restored[_META])
     raise errors.InputError(
         f'no restorable checkpoint in {self.directory}: steps {steps + partial} all failed to load or verify (see the '
         f'warnings above); move them away (e.g. into {self.directory / CORRUPT_SUBDIR}) to restart from scratch, or '

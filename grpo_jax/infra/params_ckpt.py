@@ -13,7 +13,7 @@ from etils import epath
 
 from grpo_jax.infra import errors
 from grpo_jax.infra import integrity
-from grpo_jax.infra.checkpoint import _COMMIT_MARKER, _STATE, _check_abstract, _path, _read_json, _step_dirs, read_meta
+from grpo_jax.infra.checkpoint import COMMIT_MARKER, STATE, check_abstract, as_path, read_json, step_dirs, read_meta
 
 def _partial_restore(path: epath.Path, abstract: Any) -> Any:
   """Restores only the leaves named in `abstract` from a pytree checkpoint at `path`."""
@@ -44,17 +44,17 @@ def restore_params_only(directory: str | os.PathLike, abstract_params: Any, step
   """The `params` subtree of another run's state checkpoint (how a pipeline stage starts from the previous one, how
   an export reads a run): the given step, or the newest that restores and verifies, passing over damaged ones with a
   warning. Reads only: nothing is moved (the run's own resume sets damaged steps aside)."""
-  _check_abstract(abstract_params, 'abstract_params')
-  root = _path(directory)
-  steps, partial = _step_dirs(root)
+  check_abstract(abstract_params, 'abstract_params')
+  root = as_path(directory)
+  steps, partial = step_dirs(root)
   for step_ in partial:
-    logging.warning('checkpoint step %d in %s has no %s (partial write); skipping it', step_, root, _COMMIT_MARKER)
+    logging.warning('checkpoint step %d in %s has no %s (partial write); skipping it', step_, root, COMMIT_MARKER)
   if step is not None and step not in steps:
     raise ValueError(f'step={step} is not a committed checkpoint in {root}; available: {steps}')
   skipped = []
   for candidate in ([step] if step is not None else list(reversed(steps))):
     try:
-      params = _partial_restore(root / str(candidate) / _STATE, {'params': abstract_params})['params']
+      params = _partial_restore(root / str(candidate) / STATE, {'params': abstract_params})['params']
       why = _verify_params(params, (read_meta(root, candidate) or {}).get('integrity'), str(root))
     except Exception as e:  # pylint: disable=broad-except  # any read error means "this step is unusable"
       why = errors.root_cause(e)
@@ -83,7 +83,7 @@ def save_params(directory: str | os.PathLike, params: Any) -> None:
   if bad:
     raise errors.RunStopped(f'the final params have non-finite values in {integrity.describe(bad)}; not writing '
                             f'{directory}')
-  path = _path(directory)
+  path = as_path(directory)
   with ocp.StandardCheckpointer() as ckptr:
     ckptr.save(path, params, force=True)
     ckptr.wait_until_finished()
@@ -95,8 +95,8 @@ def save_params(directory: str | os.PathLike, params: Any) -> None:
 
 def load_params(directory: str | os.PathLike, abstract_params: Any) -> Any:
   """Reads a `save_params` checkpoint into `abstract_params`' shardings, verifying its checksums if recorded."""
-  _check_abstract(abstract_params, 'abstract_params')
-  path = _path(directory)
+  check_abstract(abstract_params, 'abstract_params')
+  path = as_path(directory)
   if not path.exists():
     raise errors.InputError(f'params checkpoint {path} does not exist; write it with checkpoint.save_params or fix '
                             'the path (train.init_from / sft.init_from)')
@@ -107,7 +107,7 @@ def load_params(directory: str | os.PathLike, abstract_params: Any) -> Any:
       raise errors.InputError(f'params checkpoint {path} cannot be read ({type(e).__name__}: '
                               f'{errors.one_line(str(e))[:300]}); rewrite it (rerun the stage that wrote it) or '
                               'point init_from elsewhere') from e
-  why = _verify_params(params, _read_json(_sidecar(path)), str(path))
+  why = _verify_params(params, read_json(_sidecar(path)), str(path))
   if why:
     raise errors.InputError(f'params checkpoint {path} is damaged ({why}); rerun the stage that wrote it '
                             '(--config.train.rerun_stages=<stage>) or point init_from elsewhere')

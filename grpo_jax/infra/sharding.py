@@ -117,13 +117,14 @@ def count_traces(fn: Callable) -> Callable:
   return traced
 
 
-def jit_step(step: Callable, mesh: Mesh, state_shardings: Any) -> Callable:
+def jit_step(step: Callable, mesh: Mesh, state_shardings: Any, compiler_options: dict | None = None) -> Callable:
   """jit `(state, batch) -> (state, metrics)` with the state donated and pinned to `state_shardings` (the layout it
   came in with: no resharding, no retrace on the next call); metrics come back replicated. Calls and `.lower` run
   inside `mesh_context`, so the logical constraints in the model and sampler resolve against this mesh.
   `.traces()` counts the traces (1 = compiled once)."""
   counted = count_traces(step)
-  jitted = jax.jit(counted, donate_argnums=(0,), out_shardings=(state_shardings, replicated(mesh)))
+  jitted = jax.jit(counted, donate_argnums=(0,), out_shardings=(state_shardings, replicated(mesh)),
+                   compiler_options=compiler_options)
 
   def run(state, batch):
     with mesh_context(mesh):

@@ -361,7 +361,7 @@ def splash(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT, interpret: bool = False) -
     kernel = sa.make_splash_mha(mask, block_sizes=sizes, head_shards=1, q_seq_shards=1, interpret=interpret)
     return jax.vmap(lambda q, k, v, s: kernel(q, k, v, segment_ids=sa.SegmentIds(s, s)))(q, k, v, seg)
 
-  batch_axes, head_axes = _manual_axes(n, h, kv)
+  batch_axes, head_axes = manual_axes(n, h, kv)
   if batch_axes or head_axes:
     qkv_spec, seg_spec = P(batch_axes or None, head_axes or None), P(batch_axes or None)
     local = jax.shard_map(local, in_specs=(qkv_spec,) * 3 + (seg_spec,), out_specs=qkv_spec, check_vma=False)
@@ -369,7 +369,7 @@ def splash(q_NxTxHxD, k_NxTxKxD, v_NxTxKxD, mask_NxT, interpret: bool = False) -
   return jnp.where(mask_NxT[:, :, None, None] > 0, o_NxTxHxD, 0).astype(q_NxTxHxD.dtype)
 
 
-def _manual_axes(n: int, h: int, kv: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def manual_axes(n: int, h: int, kv: int) -> tuple[tuple[str, ...], tuple[str, ...]]:
   """Mesh axes (size > 1) that the logical 'batch' and 'heads' map to under the current rules, each kept only when
   it divides what it splits (else that dimension stays whole on every device: correct, just redundant)."""
   mesh = jax.sharding.get_abstract_mesh()

@@ -15,7 +15,7 @@ from jax.sharding import PartitionSpec
 from grpo_jax.model import live_attention
 from grpo_jax.model import lora
 from grpo_jax.model import paged_attention
-from grpo_jax.model.model import Block, ModelConfig, Params, RMSNorm, _apply, _head
+from grpo_jax.model.model import Block, ModelConfig, Params, RMSNorm, apply_stack, head_logits
 
 Cache = dict[str, jax.Array]
 
@@ -42,13 +42,13 @@ def prefill(mcfg: ModelConfig, params: Params, tokens_NxP: jax.Array, positions_
     raise ValueError(f"cache length {cache['k'][0].shape[-1]} < prompt length {p}; "
                      "make init_cache(length=...) at least P + new tokens.")
   with jax.named_scope("prefill"):  # the phase name the roofline attributes collectives by (hlo_collectives.py)
-    h_NxPxD, head_DxV, (k_LxNxKxDxP, v_LxNxKxPxD) = _apply(mcfg, params, "prefill", tokens_NxP, positions_NxP,
+    h_NxPxD, head_DxV, (k_LxNxKxDxP, v_LxNxKxPxD) = apply_stack(mcfg, params, "prefill", tokens_NxP, positions_NxP,
                                                             mask_NxP)
     cache = {"k": tuple(jax.lax.dynamic_update_slice(c, k_LxNxKxDxP[l].astype(c.dtype), (0, 0, 0, 0))
                         for l, c in enumerate(cache["k"])),
              "v": tuple(jax.lax.dynamic_update_slice(c, v_LxNxKxPxD[l].astype(c.dtype), (0, 0, 0, 0))
                         for l, c in enumerate(cache["v"]))}
-    return _head(mcfg, h_NxPxD[:, -1], head_DxV), cache
+    return head_logits(mcfg, h_NxPxD[:, -1], head_DxV), cache
 
 
 class DecodeWeights(NamedTuple):
@@ -115,4 +115,4 @@ def _layers(mcfg: ModelConfig, w: DecodeWeights, token_N, position_N, mode: str,
     kvs.append(kv)
   h_NxD = RMSNorm(mcfg.rms_eps, dt).apply({"params": w.final_norm}, x_NxD)
   head_DxV = w.embed_VxD.T if w.head_DxV is None else w.head_DxV
-  return _head(mcfg, h_NxD, head_DxV), tuple(kvs)
+  return head_logits(mcfg, h_NxD, head_DxV), tuple(kvs)

@@ -206,7 +206,7 @@ class Transformer(nn.Module):
 # ------------------------------------------------------------------------------------------ functional API
 
 
-def _head(mcfg: ModelConfig, h_XxD: jax.Array, head_DxV: jax.Array) -> jax.Array:
+def head_logits(mcfg: ModelConfig, h_XxD: jax.Array, head_DxV: jax.Array) -> jax.Array:
   """Logits in float32 (accumulated in fp32 even under bf16 compute: log-prob ratios are sensitive)."""
   dt = mcfg.compute_dtype
   logits = jnp.einsum("...d,dv->...v", h_XxD.astype(dt), head_DxV.astype(dt), preferred_element_type=jnp.float32)
@@ -254,15 +254,15 @@ def _param_axes(mcfg: ModelConfig) -> Params:
   return flax.core.unfreeze(nn.get_partition_spec(abstract)["params"])
 
 
-def _apply(mcfg, params, mode, tokens, positions, mask, packed=False):
+def apply_stack(mcfg, params, mode, tokens, positions, mask, packed=False):
   return Transformer(mcfg, mode, packed).apply({"params": params}, tokens, positions, mask)
 
 
 def forward(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, positions_NxT: jax.Array,
             mask_NxT: jax.Array) -> jax.Array:
   """Logits [N, T, V] in float32; attention is causal and ignores keys where mask == 0 (left padding)."""
-  h_NxTxD, head_DxV, _ = _apply(mcfg, params, "train", tokens_NxT, positions_NxT, mask_NxT)
-  return _head(mcfg, h_NxTxD, head_DxV)
+  h_NxTxD, head_DxV, _ = apply_stack(mcfg, params, "train", tokens_NxT, positions_NxT, mask_NxT)
+  return head_logits(mcfg, h_NxTxD, head_DxV)
 
 
 REMAT_MIN_LOGITS = 1 << 25  # 128 MiB of fp32 logits: below this `target_logprobs` does not rematerialise the head
@@ -277,7 +277,7 @@ def hidden_states(mcfg: ModelConfig, params: Params, tokens_NxT: jax.Array, posi
                   mask_NxT: jax.Array, packed: bool = False) -> tuple[jax.Array, jax.Array]:
   """(final-normed hidden [N, T, D], LM-head weight [D, V]): for value heads and `logprobs_from_hidden`. `packed`:
   mask_NxT holds one segment id per sample of a packed row (0 = pad), positions restart per sample."""
-  h_NxTxD, head_DxV, _ = _apply(mcfg, params, "train", tokens_NxT, positions_NxT, mask_NxT, packed)
+  h_NxTxD, head_DxV, _ = apply_stack(mcfg, params, "train", tokens_NxT, positions_NxT, mask_NxT, packed)
   return h_NxTxD, head_DxV
 
 
@@ -302,7 +302,7 @@ def target_logprobs(mcfg: ModelConfig, h_NxLxD: jax.Array, head_DxV: jax.Array, 
 
   def one_chunk(h_NxCxD, next_NxC):
     h_NxCxD = nn.with_logical_constraint(h_NxCxD, ("batch", None, None))
-    logits_NxCxV = _head(mcfg, h_NxCxD, head_DxV) * inv_temp
+    logits_NxCxV = head_logits(mcfg, h_NxCxD, head_DxV) * inv_temp
     logp_NxCxV = jax.nn.log_softmax(logits_NxCxV, axis=-1)
     # A one-hot contraction rather than take_along_axis: its backward is a multiply, not a scatter (slow on CPU).
     onehot_NxCxV = jax.nn.one_hot(next_NxC, logp_NxCxV.shape[-1], dtype=logp_NxCxV.dtype)

@@ -202,7 +202,7 @@ def constrain(pool: jax.Array) -> jax.Array:
 
 def shards(slots: int, heads: int, kv_heads: int) -> int:
   """Row shards of the pool: the devices the context mesh's batch axes split the slots over (1 without a mesh)."""
-  batch, _ = attention._manual_axes(slots, heads, kv_heads)
+  batch, _ = attention.manual_axes(slots, heads, kv_heads)
   mesh = jax.sharding.get_abstract_mesh()
   return math.prod(mesh.shape[a] for a in batch) if batch else 1
 
@@ -213,7 +213,7 @@ def _per_shard(fn, pool, per_slot: tuple, replicated: tuple, pool_out: bool):
   r = pool.shape[0]
   if r == 1:
     return fn(pool, *per_slot, *replicated)
-  batch, _ = attention._manual_axes(r, 1, 1)
+  batch, _ = attention.manual_axes(r, 1, 1)
   rows = PartitionSpec(batch)
   out_specs = rows if pool_out else (rows, rows)
   return jax.shard_map(fn, in_specs=(rows,) + (rows,) * len(per_slot) + (PartitionSpec(),) * len(replicated),

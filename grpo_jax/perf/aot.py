@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from grpo_jax.config import config_lib
 from grpo_jax.rl import auto
 from grpo_jax.rollout import carry as carry_lib
 from grpo_jax.rollout import decode_layout
@@ -234,7 +235,7 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   # The decode loop's collectives per generated token: its body runs once per token after the first, in each rollout
   # chunk (the once-per-chunk reshards into the decode view run `rollout_chunks` times: not per token).
   steps = max(cfg.sampling.max_new_tokens - 1, 1) * cfg.rl.rollout_chunks
-  if cfg.sampling.get("engine", "static") == "continuous":
+  if config_lib.setting(cfg, "sampling.engine") == "continuous":
     # its decode loops (one per compaction phase) run a data-dependent number of steps: per token = per iteration
     # of a phase's loop (each is the same decode step at another slot count)
     decode_loop = hlo_collectives.per_iteration_of_busiest_loop(colls, "rollout decode")

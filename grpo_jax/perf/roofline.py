@@ -28,6 +28,7 @@ from grpo_jax.rl import state as state_lib
 from grpo_jax.rl import row_chunks
 from grpo_jax.rollout import carry as carry_lib
 from grpo_jax.rollout import engine
+from grpo_jax.rollout import sampling
 
 HOP_SECONDS = 1e-6  # ICI latency per hop ("How to Scale Your Model", TPUs chapter: "typically around 1us")
 
@@ -107,7 +108,7 @@ def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
   if len(lengths_N) > N:  # a stream of batches: each decoded to its end, per step averaged
     parts = [decode_work(config, lengths_N[i:i + N]) for i in range(0, len(lengths_N) - N + 1, N)]
     return {k: float(np.mean([p[k] for p in parts])) for k in parts[0]}
-  if sc.get("engine", "static") == "continuous":
+  if config_lib.setting(config, "sampling.engine") == "continuous":
     slots = row_chunks.slots_for(config, N)
     # each device schedules its own rows (engine.sample_groups); an unresolved mesh (fsdp=-1) counts as one device
     levels = int(config_lib.setting(config, "sampling.compaction"))
@@ -115,7 +116,7 @@ def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
                           split)
     return dict(steps=sim["steps"], row_steps=sim["row_steps"], kv_read=sim["kv_read"] + sim["row_steps"] * P,
                 prefill_rows=N // rl.G, tokens=sim["tokens"])
-  c, chunks = int(sc.exit_chunk), int(rl.rollout_chunks)
+  c, chunks = sampling.SamplingConfig.from_config(sc, eos_id=0, pad_id=0).exit_chunk, int(rl.rollout_chunks)
   steps_c = [L - 1 if not c else min(L - 1, -(-(int(lengths_N[i::chunks].max()) - 1) // c) * c)
              for i in range(chunks)]
   row_steps = sum(s * (N // chunks) for s in steps_c)
@@ -165,7 +166,7 @@ def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu",
   chunk_rows = N // rl.rollout_chunks
   # One forward over all N×T tokens, in the row groups it runs in (rollout chunks, or update minibatches).
   fwd_seq = lambda n: 2 * pm * N * T + attn_pair * N * pairs(n, T)
-  if rl.packing:
+  if config_lib.packing_on(config):
     R, C = packed_rows(config, lengths_N, plat)
     path = lambda n: attention.choose(mcfg.attention, n, C, mcfg.heads, mcfg.dtype, plat, packed=True)
     fwd_seq = lambda n: 2 * pm * R * C + attn_pair * R * attention.pairs(path(n), C)
@@ -215,7 +216,7 @@ def hbm_bytes(config: ml_collections.ConfigDict, mesh: dict[str, int],
       "rollout decode": w["steps"] * decode_weights + kv_pos * w["kv_read"] / (N / rows),
   }
   passes, upd = rl.rollout_chunks, rl.mu * rl.minibatches  # passes over the weights: forwards, updates
-  if rl.packing:  # one pass per packed micro-batch: the rows a device needs over its rows per micro-batch
+  if config_lib.packing_on(config):  # one pass per packed micro-batch: the rows a device needs over its rows per micro-batch
     R, C = packed_rows(config, lengths_N)
     rows_dev = math.ceil(R / dp)
     passes = math.ceil(rows_dev / packing.microbatch_rows(config, math.ceil(N / dp), C))

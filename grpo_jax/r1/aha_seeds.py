@@ -4,7 +4,7 @@ mean ± 95% CI over the runs of a sweep, and the length growth against a control
   python -m grpo_jax.sweep --config=configs/r1_zero_aha.py --workdir=DIR --seeds=3 ...   # writes DIR/aha_seeds.md
   python -m grpo_jax.r1.aha_seeds --runs=DIR --control=DIR_CONTROL                      # + the control comparison
 
-Per run: the mean of R1-Zero's first and last tenth of steps (report._first_last) of the training samples' length
+Per run: the mean of R1-Zero's first and last tenth of steps (report.first_last) of the training samples' length
 and verification / correction rates and of the greedy held-out accuracy along the way; the length at step 1 (the
 base's own samples: end over it is the growth from the base when the length moves within the first tenth); the
 report's held-out accuracy of R1-Zero minus its base (the same seed's two models: a paired interval). Against the
@@ -49,7 +49,7 @@ def per_run(workdir: str) -> dict[str, float]:
   """One run's start, end (and length ratio) of every SERIES, and R1-Zero − base of every HELDOUT metric."""
   out: dict[str, float] = {}
   for name in SERIES:
-    fl = report._first_last(workdir, "r1_zero", name)  # pylint: disable=protected-access
+    fl = report.first_last(workdir, "r1_zero", name)
     if fl:
       out[name + "@start"], out[name + "@end"] = fl
       out[name + "@rise"] = fl[1] - fl[0]  # paired: this seed's own start and end
@@ -128,7 +128,7 @@ def plot(dirs: Sequence[str], control_dirs: Sequence[str], path: str) -> None:
     if i == 0 and (dirs or control_dirs):
       ax.legend(fontsize=6)
   fig.tight_layout()
-  report._save(fig, path)  # pylint: disable=protected-access
+  report.save_figure(fig, path)
 
 
 def write(workdir: str, dirs: Sequence[str], control_dirs: Sequence[str] = (), header: str = "") -> str:

@@ -17,7 +17,7 @@ if TYPE_CHECKING:  # matplotlib is imported on the first plot: every R1 CLI run 
 
 
 # --------------------------------------------------------------------------------------------------------- plots
-def _save(fig: Figure, path: str) -> None:
+def save_figure(fig: Figure, path: str) -> None:
   from matplotlib.backends.backend_agg import FigureCanvasAgg  # pylint: disable=g-import-not-at-top
   os.makedirs(os.path.dirname(path), exist_ok=True)
   FigureCanvasAgg(fig)
@@ -39,7 +39,7 @@ def plot_comparison(results: dict, keys: tuple[str, ...], path: str) -> None:
   ax.set_title("Held-out: base vs R1-Zero vs R1 stages")
   ax.legend(fontsize=7, ncol=3)
   fig.tight_layout()
-  _save(fig, path)
+  save_figure(fig, path)
 
 
 def plot_curves(workdir: str, stage: str, names: tuple[str, ...], path: str) -> bool:
@@ -59,7 +59,7 @@ def plot_curves(workdir: str, stage: str, names: tuple[str, ...], path: str) -> 
     ax.set_xlabel("step", fontsize=8)
   fig.suptitle(f"{stage}: every RL step", fontsize=9)
   fig.tight_layout()
-  _save(fig, path)
+  save_figure(fig, path)
   return True
 
 
@@ -71,7 +71,7 @@ AHA = ("train/completion_len_mean", "train/completion_len_p90", "eval/accuracy",
        "train/reward/format", "train/reward/accuracy", "train/reward/language")
 
 
-def _first_last(workdir: str, stage: str, name: str) -> tuple[float, float] | None:
+def first_last(workdir: str, stage: str, name: str) -> tuple[float, float] | None:
   d = layout.stage_dir(workdir, stage)
   if not os.path.exists(os.path.join(d, "metrics.jsonl")):
     return None
@@ -136,7 +136,7 @@ def write_report(config, workdir: str) -> dict:
   lines += ["", "## Verdict", ""] + [f"- {v}" for v in verdict(results)]
   lines += ["", "## R1-Zero during training (mean of the first vs last tenth of steps)", ""]
   for name in AHA:
-    fl = _first_last(workdir, "r1_zero", name)
+    fl = first_last(workdir, "r1_zero", name)
     if fl:
       lines.append(f"- `{name}`: {fl[0]:.3f} -> {fl[1]:.3f}")
   rj = layout.rejection_stats(workdir)

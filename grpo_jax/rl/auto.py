@@ -1,17 +1,31 @@
 """The one planner for `auto` config values: each knob registers its candidates and a chooser; `resolve` returns
-the config with every `auto` replaced by its choice (and why), before the step is built.
+the config with every `auto` replaced by its choice (and why), once, before anything is traced: the traced step
+only reads resolved values (config_lib.setting gives the reference path's value to a step built from an unresolved
+config, as tests build them).
 
-A chooser sees the config, the mesh's axis sizes and the device memory, and may ask the memory planner
-(memory_plan.plan, bytes per device) and a time model of its own. Registered here, in the order they resolve:
-`sampling.decode_attention` (the continuous engine's KV store and kernel: the others' memory plans depend on it),
-`rl.rollout_chunks` with `rl.minibatches` (chosen jointly; integer knobs, so their auto value is 0), `sampling.slots`
-(the continuous engine's slot count; 0), `sampling.compaction` (its slot counts S, S/2, ...; 0), `rl.pack_len` (rl.packing's row length; 0) and `rl.pack_rows` (its
-packed rows per micro-batch; 0). Other knobs register with
-`register(Knob(...))` from their own module. A step built from an unresolved config (tests) runs each knob's
-documented default; a `required` knob has none, and the step builders refuse it (`check_resolved`).
+A chooser sees the config, the mesh's axis sizes, the device memory and the platform, and may ask the memory planner
+(memory_plan.plan, bytes per device) and a time model of its own. Registered here, in the order they resolve (a
+later knob's plan sees the earlier choices):
+  sampling.engine       static | continuous, by completion length and continuous-only keys (the rule below)
+  rl.packing            on for runs of LONG_RUN_STEPS steps or more, off for shorter ones
+  rl.train_buckets      1 under packing; the padded passes' static lengths otherwise (0 = auto)
+  sampling.exit_chunk   the divisor of max_new_tokens nearest 16 (sampling.default_exit_chunk; -1 = auto)
+  sampling.decode_attention   the continuous engine's KV store and kernel
+  rl.rollout_chunks × rl.minibatches   the fewest that fit (chosen jointly; 0 = auto; `required`)
+  sampling.slots        the continuous engine's slot count (0)
+  sampling.compaction   its slot counts S, S/2, ... only for long completions (0)
+  rl.pack_len, rl.pack_rows   rl.packing's row length and rows per micro-batch (0)
+  sampling.decode_layout × decode_tp   where the weights live while the rollout decodes (memory_plan.choose_decode)
+Each logs one line, `auto <key> = <value> (<why>)`, or `<key> = <value> (set)` where the config names it. The rules
+and the measurements behind them: docs/performance.md ("What `auto` resolves to"). A run records what was resolved
+(run/loop_guard.py: `resolved.<key>` in every checkpoint's config view, and DIR/auto.json); a resume reuses the
+recorded values (`recorded=`), so it runs the program it started with even where today's rule would choose
+otherwise (logged). A `required` knob has no unresolved default: the step builders refuse it (`check_resolved`).
 """
 import dataclasses
+import json
 import math
+import os
 from typing import Any, Callable
 
 import jax
@@ -25,6 +39,7 @@ from grpo_jax.model import paged_attention
 from grpo_jax.rl import memory_plan
 from grpo_jax.rl import packing
 from grpo_jax.rollout import decode_layout
+from grpo_jax.rollout import sampling
 
 AUTO = "auto"
 
@@ -41,16 +56,30 @@ class Knob:
   key: str  # dotted config key, e.g. "sampling.slots"
   candidates: Callable[[Any, Context], list]  # the values it may take, for this config and mesh
   choose: Callable[[Any, Context, list], tuple[Any, str]]  # (value, why) among them
-  auto: Any = AUTO  # the value that asks for a choice ("auto", or 0 for an integer knob such as sampling.slots)
   applies: Callable[[Any], bool] = lambda config: True  # False: the knob means nothing for this config, left as is
   joint: tuple[str, ...] = ()  # more keys chosen with `key`: candidates and choices are then tuples, one per key
   required: bool = False  # no default for a step built unresolved: the step builders refuse its auto value
+  # whether the config asks for a choice; default: any of the keys at its auto value (config_lib.auto_value). A
+  # knob with its own test writes every key of its pick (a None in a joint pick leaves that key as it is).
+  pending: Callable[[Any], bool] | None = None
+  warn: Callable[[Any], bool] = lambda pick: False  # log the choice as a warning (a slow fallback)
+
+  def keys(self) -> tuple[str, ...]:
+    return (self.key,) + self.joint
+
+  def asks(self, config) -> bool:
+    if self.pending is not None:
+      return self.pending(config)
+    return any(_get(config, k) == config_lib.auto_value(k) for k in self.keys())
 
 
 REGISTRY: dict[str, Knob] = {}
 
 
 def register(knob: Knob) -> Knob:
+  missing = [k for k in knob.keys() if k not in config_lib.AUTO_KEYS]
+  if missing:
+    raise ValueError(f"auto knob {missing}: declare its auto value in config_lib (AUTO_INT / AUTO_STR).")
   REGISTRY[knob.key] = knob
   return knob
 
@@ -62,36 +91,59 @@ def _get(config, key: str):
   return node
 
 
-def resolve(config: ml_collections.ConfigDict, ctx: Context,
-            log: bool = True) -> tuple[ml_collections.ConfigDict, dict[str, str]]:
-  """A copy of `config` with every registered knob at its auto value chosen; -> (config, {key: 'value (why)'})."""
+def _set(config, key: str, value) -> None:
+  section, name = key.rsplit(".", 1)
+  _get(config, section)[name] = value
+
+
+def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
+            recorded: dict[str, Any] | None = None) -> tuple[ml_collections.ConfigDict, dict[str, str]]:
+  """A copy of `config` with every registered knob that asks for a choice resolved; -> (config, {key: 'value
+  (why)'} of the keys resolved). `recorded`: {key: value} a run resolved before (its checkpoint's record): a knob
+  whose keys are all there takes them instead of choosing again."""
   out = ml_collections.ConfigDict(config.to_dict())
   chosen = {}
+  recorded = recorded or {}
   for key, knob in REGISTRY.items():
-    keys = (key,) + knob.joint
+    keys = knob.keys()
     try:
       values = [_get(out, k) for k in keys]
     except (KeyError, AttributeError):
       continue
-    if knob.auto not in values or not knob.applies(out):
+    if not knob.applies(out):
       continue
-    pick, why = knob.choose(out, ctx, knob.candidates(out, ctx))
+    if not knob.asks(out):
+      if log:
+        logging.info("%s (set)", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)))
+      continue
+    if all(k in recorded for k in keys):
+      pick = tuple(recorded[k] for k in keys) if knob.joint else recorded[key]
+      why = "recorded with this run: a resume runs the program it started with"
+      try:
+        today, today_why = knob.choose(out, ctx, knob.candidates(out, ctx))
+        if today != pick:
+          why += f"; today's rule picks {today} ({today_why})"
+      except (ConfigError, ValueError) as e:
+        why += f"; today's rule finds nothing ({e})"
+    else:
+      pick, why = knob.choose(out, ctx, knob.candidates(out, ctx))
     picked = []
     for k, value, p in zip(keys, values, pick if knob.joint else (pick,)):
-      if value == knob.auto:
-        section, name = k.rsplit(".", 1)
-        _get(out, section)[name] = p
+      if p is not None and (knob.pending is not None or value == config_lib.auto_value(k)):
+        _set(out, k, p)
         chosen[k] = f"{p} ({why})"
         picked.append(f"{k} = {p}")
-    if log:
-      logging.info("auto %s (%s)", ", ".join(picked), why)
+    if log and picked:
+      (logging.warning if knob.warn(pick) else logging.info)("auto %s (%s)", ", ".join(picked), why)
   return out, chosen
 
 
-def resolve_here(config: ml_collections.ConfigDict, mesh, lanes: int = 1) -> ml_collections.ConfigDict:
+def resolve_here(config: ml_collections.ConfigDict, mesh, lanes: int = 1, recorded: dict[str, Any] | None = None,
+                 log: bool = True) -> tuple[ml_collections.ConfigDict, dict[str, str]]:
   """`resolve` for a step that runs on this process's devices over `mesh`; `lanes` vmapped runs share each
   device's memory (vmap stacks every array of the step once per run)."""
-  return resolve(config, Context(dict(mesh.shape), decode_layout.device_memory_bytes() // lanes))[0]
+  return resolve(config, Context(dict(mesh.shape), decode_layout.device_memory_bytes() // lanes), log=log,
+                 recorded=recorded)
 
 
 def check_choosable(config, mesh: dict[str, int]) -> None:
@@ -104,10 +156,33 @@ def check_choosable(config, mesh: dict[str, int]) -> None:
 def check_resolved(config) -> None:
   """What the step builders call: a `required` knob still at its auto value means a path skipped `resolve`."""
   for key, knob in REGISTRY.items():
-    for k in ((key,) + knob.joint) if knob.required else ():
-      if _get(config, k) == knob.auto:
-        raise RuntimeError(f"config.{k}={knob.auto!r} (auto) reached the step builder unresolved: resolve the config "
-                           "first (auto.resolve / auto.resolve_here), as every entry path does.")
+    for k in knob.keys() if knob.required else ():
+      if _get(config, k) == config_lib.auto_value(k):
+        raise RuntimeError(f"config.{k}={config_lib.auto_value(k)!r} (auto) reached the step builder unresolved: "
+                           "resolve the config first (auto.resolve / auto.resolve_here), as every entry path does.")
+
+
+def resolved_values(config) -> dict[str, Any]:
+  """{key: value} of every registered knob's keys in a resolved config (what a run records)."""
+  out = {}
+  for knob in REGISTRY.values():
+    for k in knob.keys():
+      try:
+        out[k] = _get(config, k)
+      except (KeyError, AttributeError):
+        pass
+  return out
+
+
+def write_record(workdir: str, chosen: dict[str, str]) -> None:
+  """DIR/auto.json: what `auto` resolved for this run and why (process 0; the checkpoints hold the values)."""
+  if jax.process_index() == 0 and chosen:
+    os.makedirs(workdir, exist_ok=True)
+    tmp = os.path.join(workdir, f"auto.json.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+      json.dump(dict(sorted(chosen.items())), f, indent=2)
+      f.write("\n")
+    os.replace(tmp, os.path.join(workdir, "auto.json"))
 
 
 def size(nbytes: int) -> str:
@@ -131,6 +206,96 @@ def _with(config, updates: dict) -> ml_collections.ConfigDict:
   return c
 
 
+# ---------------------------------------------------------------------------- sampling.engine, rl.packing, ...
+# The path a step takes. The measurements behind these rules (docs/performance.md, "What `auto` resolves to"), all
+# same-invocation ratios on the 2-core CPU:
+#   continuous engine   bench-tail (L = 512, long-tailed lengths): rollout 0.35x the static engine's, whole step
+#                       4.06x TRL with packing against 1.13x as shipped before; bench-small (L = 128, every row to
+#                       L): the same step time (4.87 vs 4.77 s); a 64-wide 2-layer model at L = 72: rollout 1.29x the
+#                       static engine's (its per-step bookkeeping weighs on a tiny model; 2026-12-05, loaded
+#                       machine). Compile: like the static decode with one slot count (12.5 vs 11.8 CPU-s).
+#   packing             bench-tiny 2.95x TRL packed vs 2.68x padded; bench-small 0.83-0.94x the padded step;
+#                       bench-tail's reference + update 0.33x. Compile: +20% of the RL step's (3.7 vs 3.1 CPU-s, the
+#                       suite's flags, :small).
+LONG_COMPLETIONS = 256  # tokens: where a rollout's length tail pays for the continuous engine and its compaction
+LONG_RUN_STEPS = 20  # RL steps: a shorter run (smoke runs, :small variants) does not win back a costlier compile
+
+
+def _continuous(config) -> bool:
+  return config_lib.setting(config, "sampling.engine") == "continuous"
+
+
+def choose_engine(config, ctx: Context, candidates: list[str]) -> tuple[str, str]:
+  """continuous where rows carry over steps (rl.partial_rollouts), where a continuous-only key is set, or for
+  completions of LONG_COMPLETIONS tokens or more; else static."""
+  del ctx, candidates
+  s = config.sampling
+  if config.rl.get("partial_rollouts", 0):
+    return "continuous", "rl.partial_rollouts: rows carry over steps in the engine's slots"
+  forced = [k for k in ("sampling.slots", "sampling.compaction") if _get(config, k) != config_lib.auto_value(k)]
+  forced += ["sampling.decode_attention"] if s.get("decode_attention", AUTO) in ("paged", "tpu_ragged") else []
+  if forced:
+    return "continuous", f"{', '.join(forced)} set: keys of the continuous engine"
+  L = s.max_new_tokens
+  if L >= LONG_COMPLETIONS:
+    return "continuous", (f"max_new_tokens {L} >= {LONG_COMPLETIONS}: decode work follows the live rows "
+                          "(bench-tail: 0.35x the static rollout)")
+  return "static", (f"max_new_tokens {L} < {LONG_COMPLETIONS}: no tail to gain on, and the static decode's step is "
+                    "as fast or faster there (bench-small, every row to L: the same; a 64-wide model: 1.29x faster)")
+
+
+register(Knob("sampling.engine", lambda c, ctx: ["continuous", "static"], choose_engine))
+
+
+def choose_packing(config, ctx: Context, candidates: list[str]) -> tuple[str, str]:
+  """on for runs of LONG_RUN_STEPS RL steps or more (or where a packing key is set), off for shorter ones."""
+  del ctx, candidates
+  if config.rl.get("token_select", "all") != "all":
+    return "off", (f"rl.token_select={config.rl.token_select!r} ranks the whole minibatch's tokens; the packed "
+                   "passes hand the objective one micro-batch at a time")
+  set_keys = [k for k in ("rl.pack_len", "rl.pack_rows") if _get(config, k)]
+  if set_keys:
+    return "on", f"{', '.join(set_keys)} set: keys of the packed passes"
+  steps = config.train.steps
+  if steps >= LONG_RUN_STEPS:
+    return "on", (f"train.steps {steps} >= {LONG_RUN_STEPS}: padding-free passes (bench-tiny 1.10x, bench-small "
+                  "1.07-1.20x, bench-tail's reference + update 3x faster than padded)")
+  return "off", (f"train.steps {steps} < {LONG_RUN_STEPS}: the packed passes' extra compile (+20% of the step's) "
+                 "outweighs what so few steps save")
+
+
+register(Knob("rl.packing", lambda c, ctx: ["on", "off"], choose_packing))
+
+
+def choose_buckets(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
+  """1 under packing (unused: the packed passes follow the real tokens); 2 for the padded passes of a long run on
+  long completions (bench-tail's padded rows ran `--train-buckets 2`); else 1 (each more length compiles one more
+  forward + backward)."""
+  del ctx, candidates
+  if config_lib.packing_on(config):
+    return 1, "rl.packing: the packed passes follow the real tokens"
+  L, steps = config.sampling.max_new_tokens, config.train.steps
+  if L >= LONG_COMPLETIONS and steps >= LONG_RUN_STEPS:
+    return 2, f"padded passes, max_new_tokens {L}: rows that end by L/2 train on L/2"
+  return 1, "padded passes: each more training length compiles one more forward + backward"
+
+
+register(Knob("rl.train_buckets", lambda c, ctx: [1, 2], choose_buckets))
+
+
+def choose_exit_chunk(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
+  del ctx, candidates
+  L = config.sampling.max_new_tokens
+  c = sampling.default_exit_chunk(L)
+  if L <= 16:
+    return c, f"max_new_tokens {L} <= 16: one scan"
+  return c, (f"divides max_new_tokens {L}: no remainder chunk to compile" if L % c == 0
+             else f"no divisor of max_new_tokens {L} in [8, 32]: the measured default")
+
+
+register(Knob("sampling.exit_chunk", lambda c, ctx: [16], choose_exit_chunk))
+
+
 # ------------------------------------------------------------------------------------------ sampling.decode_attention
 
 
@@ -145,7 +310,7 @@ def choose_attention(config, ctx: Context, candidates: list[str]) -> tuple[str, 
 
 
 register(Knob("sampling.decode_attention", lambda c, ctx: ["tpu_ragged", "plain"], choose_attention,
-              applies=lambda c: c.sampling.get("engine", "static") == "continuous"))
+              applies=_continuous))
 
 
 # ------------------------------------------------------------------------------ rl.rollout_chunks × rl.minibatches
@@ -192,7 +357,7 @@ def choose_split(config, ctx: Context, candidates: list[tuple[int, int]]) -> tup
                     f"peak in {p.peak_phase}); {fix}.")
 
 
-register(Knob(SPLIT_KEYS[0], split_candidates, choose_split, auto=0, joint=SPLIT_KEYS[1:], required=True))
+register(Knob(SPLIT_KEYS[0], split_candidates, choose_split, joint=SPLIT_KEYS[1:], required=True))
 
 
 # ------------------------------------------------------------------------------------------ sampling.slots
@@ -237,18 +402,16 @@ def choose_slots(config, ctx: Context, candidates: list[int]) -> tuple[int, str]
   return s, f"no slot count fits the device memory; the fewest, {s}"
 
 
-register(Knob("sampling.slots", slot_candidates, choose_slots, auto=0,
-              applies=lambda c: c.sampling.get("engine", "static") == "continuous"))
+register(Knob("sampling.slots", slot_candidates, choose_slots, applies=_continuous))
 
 
 # ------------------------------------------------------------------------------------------ sampling.compaction
 
-# Completions at least this long can end in a tail that compaction pays for; below it, every compaction size is a
-# decode step compiled for nothing. bench-tail (L = 512, lognormal lengths) ran its rollout in 0.84x the time with 8
-# sizes instead of 4, and engine.simulate (bench-tail's per-step costs) puts no compaction at about 3x the decode time
-# of 8 sizes; each size costs one more decode step to compile: 1.5-2 CPU-s at configs/grpo_arith.py:small's shape
-# (benchmarks/compile_cost.py, docs/performance.md), so a rollout of 72 tokens and 6 steps never wins it back.
-LONG_COMPLETIONS = 256
+# Completions of LONG_COMPLETIONS tokens or more can end in a tail that compaction pays for; below it, every
+# compaction size is a decode step compiled for nothing. bench-tail (L = 512, lognormal lengths) ran its rollout in
+# 0.84x the time with 8 sizes instead of 4, and engine.simulate (bench-tail's per-step costs) puts no compaction at
+# about 3x the decode time of 8 sizes; each size costs one more decode step to compile: 1.5-2 CPU-s at
+# configs/grpo_arith.py:small's shape (benchmarks/compile_cost.py, docs/performance.md).
 
 
 def choose_compaction(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
@@ -262,8 +425,8 @@ def choose_compaction(config, ctx: Context, candidates: list[int]) -> tuple[int,
                           "each compaction size compiles")
 
 
-register(Knob("sampling.compaction", lambda c, ctx: [config_lib.COMPACTION, 1], choose_compaction, auto=0,
-              applies=lambda c: c.sampling.get("engine", "static") == "continuous"))
+register(Knob("sampling.compaction", lambda c, ctx: [config_lib.COMPACTION, 1], choose_compaction,
+              applies=_continuous))
 
 
 
@@ -288,7 +451,7 @@ def choose_pack_len(config, ctx: Context, candidates: list[int]) -> tuple[int, s
   return candidates[-1], "no pack_len fits the device memory; the shortest, P + L"
 
 
-register(Knob("rl.pack_len", pack_len_candidates, choose_pack_len, auto=0, applies=lambda c: bool(c.rl.packing)))
+register(Knob("rl.pack_len", pack_len_candidates, choose_pack_len, applies=config_lib.packing_on))
 
 
 # ------------------------------------------------------------------------------------------ rl.pack_rows
@@ -322,4 +485,21 @@ def choose_pack_rows(config, ctx: Context, candidates: list[int]) -> tuple[int, 
   return candidates[-1], "no micro-batch fits the device memory; the fewest rows, 1"
 
 
-register(Knob("rl.pack_rows", pack_rows_candidates, choose_pack_rows, auto=0, applies=lambda c: bool(c.rl.packing)))
+register(Knob("rl.pack_rows", pack_rows_candidates, choose_pack_rows, applies=config_lib.packing_on))
+
+
+# ------------------------------------------------------------------------------------ sampling.decode_layout
+
+
+def choose_layout(config, ctx: Context, candidates: list) -> tuple[tuple[str, int | None], str]:
+  """memory_plan.choose_decode with every other knob resolved (its plan costs them): gathered when it fits, else the
+  smallest tensor-parallel degree that fits, else the training layout (a warning: every weight all-gathered at every
+  token); an explicit `tp` is checked the same way. -> ((layout, decode_tp or None = left as set), why)."""
+  del candidates
+  layout, why = memory_plan.choose_decode(config, ctx.mesh, ctx.hbm_bytes, ctx.platform)
+  return (layout.kind, layout.tp if layout.kind == "tp" else None), why
+
+
+register(Knob("sampling.decode_layout", lambda c, ctx: [], choose_layout, joint=("sampling.decode_tp",),
+              pending=lambda c: c.sampling.decode_layout in ("auto", "tp"),
+              warn=lambda pick: pick[0] == "fsdp"))

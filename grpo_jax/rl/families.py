@@ -34,9 +34,10 @@ def for_config(config) -> ModuleType:
   raise ValueError(f"config.rl.algo={algo!r} is not one of {algos()}; pick one, or add a preset (presets.py).")
 
 
-def make_step(config, mesh, mcfg, *args, family: ModuleType | None = None):
+def make_step(config, mesh, mcfg, *args, family: ModuleType | None = None, compiler_options: dict | None = None):
   """The family's step (`for_config`'s unless `family` is given, e.g. sft_step), jitted with the state donated and
-  pinned to the family's state shardings (sharding.jit_step)."""
+  pinned to the family's state shardings (sharding.jit_step); `compiler_options` go to XLA for this program."""
   family = family or for_config(config)
-  return sharding.jit_step(family.build_step(config, mcfg, *args), mesh, family.state_spec(config, mesh, mcfg)[1])
+  return sharding.jit_step(family.build_step(config, mcfg, *args), mesh, family.state_spec(config, mesh, mcfg)[1],
+                           compiler_options)
 

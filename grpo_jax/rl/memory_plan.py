@@ -68,7 +68,7 @@ def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_l
                     mesh: dict[str, int] | None = None, dtype: str = "bfloat16", remat: str = "full",
                     minibatches: int = 1, mu: int = 1, algo: str = "grpo",
                     rollout_chunks: int = 1, engine: str = "static", slots: int = 0, lora_rank: int = 0,
-                    lora_base_dtype: str = "float32", packing: bool = False,
+                    lora_base_dtype: str = "float32", packing: bool | str = False,
                     pack_rows: int = 0, partial_rollouts: bool = False, max_staleness: int = 1,
                     rollout_budget: int = 0) -> ml_collections.ConfigDict:
   """The peers' GRPO workload (β=0.04 unless the preset `algo` says otherwise, μ=1, lr 1e-5, T=1) on a named model
@@ -80,8 +80,8 @@ def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_l
   c.sampling.update(temperature=1.0, max_new_tokens=L, engine=engine, slots=slots)
   c.task.prompt_len = prompt_len
   c.rl.update(G=G, prompts_per_step=prompts, mu=mu, minibatches=minibatches, rollout_chunks=rollout_chunks,
-               packing=packing, pack_rows=pack_rows, partial_rollouts=partial_rollouts, max_staleness=max_staleness,
-               rollout_budget=rollout_budget)
+               packing=config_lib.switch(packing), pack_rows=pack_rows, partial_rollouts=partial_rollouts,
+               max_staleness=max_staleness, rollout_budget=rollout_budget)
   if presets.PRESETS[algo]["rl.beta"] > 0:
     c.rl.beta = 0.04
   c.optim.update(lr=1e-5, grad_clip=1.0)
@@ -193,7 +193,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   c_rows = math.ceil(N / chunks / dp)            # rows of one rollout chunk on one device (sampling)
   s_rows = math.ceil(n_kept / chunks / dp)       # ... and of one chunk of the scoring forwards
   mb_rows = math.ceil(n_kept / rl.minibatches / dp)   # training rows on one device, one minibatch
-  Ts, Lh, packed = T, L, bool(rl.packing)  # the scoring/training row length, and the positions the LM head scores
+  Ts, Lh, packed = T, L, config_lib.packing_on(config)  # the scoring/training row length, and the positions the LM head scores
   if packed:
     # rl.packing: those passes run one packed micro-batch of pack_rows rows of pack_len at a time (whatever the
     # lengths), not the rollout chunk or the minibatch; the LM head scores every packed position.
@@ -242,7 +242,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
       **({PREFILL_HEAD: head_gathered} if decode.kind == "tp" else {}),
       "rollout outputs": rows * L * 4 * 3 + carried,  # + the uniforms, tokens and log-probs of all sampled rows
   }
-  if config.sampling.get("engine", "static") == "continuous":
+  if config_lib.setting(config, "sampling.engine") == "continuous":
     del rollout["kv cache"]
     rollout.update(plan_terms.continuous_rollout_bytes(config, mcfg, mesh, decode, N // rl.G, P, L, path))
   partial = bool(rl.get("partial_rollouts", False))

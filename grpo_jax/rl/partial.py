@@ -16,7 +16,7 @@ def _slots_per_device(config, ctx: auto.Context) -> int:
 
 # rl.carry_kv_groups: how many groups of a device's slots read the completion KV, each to its own longest row
 auto.register(auto.Knob(
-    "rl.carry_kv_groups", auto=0, applies=lambda c: bool(c.rl.get("partial_rollouts", False)),
+    "rl.carry_kv_groups", applies=lambda c: bool(c.rl.get("partial_rollouts", False)),
     candidates=lambda c, ctx: [g for g in (1, 2, 4, 8) if _slots_per_device(c, ctx) % g == 0],
     choose=lambda c, ctx, cands: (
         carry_lib.kv_groups(0, _slots_per_device(c, ctx), 1, ctx.platform or jax.default_backend()),

@@ -162,7 +162,7 @@ def make_train_update(config, forward: Callable, objective: Callable, opts, P: i
   over the minibatch; rl.packing: gradients summed over its packed micro-batches (packing.value_and_grad)."""
   loss_fn = lambda ps, mb: objective(forward(ps, mb["seq"], False), mb)
   vg = None
-  if config.rl.packing:
+  if config_lib.packing_on(config):
     vg = packing.value_and_grad(config, lambda ps, s: forward(ps, s, True), objective, P)
   return update_lib.make_update(loss_fn, opts, vg)
 
@@ -257,7 +257,7 @@ def train_by_length(config, update, carry, data: dict, rng, bucket, P: int):
   sampling.max_new_tokens, never the bucket: the cut drops only masked positions, so the loss is the same. Under
   rl.packing there are no length buckets: the update's packed micro-batches follow the real tokens."""
   rl = config.rl
-  if rl.packing:
+  if config_lib.packing_on(config):
     return update_lib.minibatch_scan(update, carry, data, rng, mu=rl.mu, minibatches=rl.minibatches)
 
   def at(Lb, carry, data, rng):

@@ -5,14 +5,12 @@ from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
-from absl import logging
 
 from grpo_jax.config import config_lib
 from grpo_jax.infra import sharding
 from grpo_jax.model import model as model_lib
 from grpo_jax.rl import advantages
 from grpo_jax.rl import correction
-from grpo_jax.rl import memory_plan
 from grpo_jax.rl import packing
 from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.rl import reward_spec
@@ -88,14 +86,11 @@ def sampler_model(config, mcfg: model_lib.ModelConfig) -> model_lib.ModelConfig:
 
 
 def for_rollout(config, mcfg: model_lib.ModelConfig, params: Any) -> decode_layout.Decode:
-  """The rollout's decode weights, in the layout `config.sampling.decode_layout` resolves to on the context mesh.
-  Call it once per rollout, outside any loop over rollout chunks: the layout step moves every weight."""
+  """The rollout's decode weights, in the layout `config.sampling.decode_layout` names on the context mesh (chosen
+  before tracing by rl/auto.py; nothing is planned here). Call it once per rollout, outside any loop over rollout
+  chunks: the layout step moves every weight."""
   mesh = decode_layout.context_mesh()
-  if not mesh:
-    return decode_layout.prepare(mcfg, params, decode_layout.Layout("gathered"))
-  layout, why = memory_plan.choose_decode(config, mesh, decode_layout.device_memory_bytes())
-  log = logging.warning if layout.kind == "fsdp" and config.sampling.decode_layout == "auto" else logging.info
-  log("decode layout: %s (%s)", layout, why)
+  layout = decode_layout.from_config(mcfg, config.sampling, mesh) if mesh else decode_layout.Layout("gathered")
   return decode_layout.prepare(mcfg, params, layout)
 
 
@@ -114,7 +109,7 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
   # Each term's weight (the order of terms_NxK); the overlong penalty, when on, is the last term, weight 1.
   term_w_K = jnp.asarray(spec.weights + ((1.0,) if overlong_cache > 0 else ()), jnp.float32)
   sizes = train_lengths(config)
-  engine = config.sampling.get("engine", "static")
+  engine = config_lib.setting(config, "sampling.engine")
   levels = int(config_lib.setting(config, "sampling.compaction"))
 
   cspec = carry_spec(config)
@@ -252,7 +247,7 @@ def carry_spec(config) -> carry_lib.Spec | None:
 
 def train_lengths(config) -> tuple[int, ...]:
   """The update's static completion lengths (update.train_lengths: rl.train_buckets of them, the longest L)."""
-  return update_lib.train_lengths(config.sampling.max_new_tokens, config.rl.train_buckets)
+  return update_lib.train_lengths(config.sampling.max_new_tokens, config_lib.setting(config, "rl.train_buckets"))
 
 
 def forwards_by_length(config, fn: Callable, bucket, seq, P: int):
@@ -262,7 +257,7 @@ def forwards_by_length(config, fn: Callable, bucket, seq, P: int):
   Under rl.packing, fn(packed_seq, packed=True) gives per-position outputs over packed micro-batches instead
   (packing.forwards; the micro-batch bounds the activations, so rollout_chunks does not apply), the same [N, L]."""
   L = seq[0].shape[1] - P
-  if config.rl.packing:
+  if config_lib.packing_on(config):
     return packing.forwards(config, lambda s: fn(s, True), seq, P)
 
   def at(Lb, seq):

@@ -471,7 +471,7 @@ def _recompute_slots(mcfg, params, prompt_QxP, pmask_QxP, tokens_RxL, c: Carry, 
   seq_SxT = jnp.concatenate([take_q(prompt_QxP), tok_SxL], axis=1)
   mask_SxT = jnp.concatenate([take_q(pmask_QxP), keep_SxL.astype(jnp.int32)], axis=1)
   pos_SxT = jnp.maximum(jnp.cumsum(mask_SxT, axis=1) - 1, 0)
-  _, _, (k_LxSxKxDxT, v_LxSxKxTxD) = model_lib._apply(mcfg, params, "prefill", seq_SxT, pos_SxT, mask_SxT)
+  _, _, (k_LxSxKxDxT, v_LxSxKxTxD) = model_lib.apply_stack(mcfg, params, "prefill", seq_SxT, pos_SxT, mask_SxT)
   cache = decode.expand_cache({"k": tuple(k_LxSxKxDxT[l] for l in range(mcfg.layers)),
                                "v": tuple(v_LxSxKxTxD[l] for l in range(mcfg.layers))})
   pad = spec.lc - L

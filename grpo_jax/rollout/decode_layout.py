@@ -19,8 +19,9 @@ before the loop (`sampling.decode_layout`):
 
 `auto` (the default) takes `gathered` when the planner says the step fits the device's memory with it, else the
 smallest `tp` degree that fits, else `fsdp` (memory_plan.choose_decode: the choice needs the planner, which costs
-each layout with this module), and logs its choice (rl/rollout.py's for_rollout). The layout changes no result: the same
-tokens and log-probs as one device, within the usual reduction-order rounding.
+each layout with this module), chosen and logged with the other `auto` knobs before the step is traced (rl/auto.py);
+the traced rollout reads the resolved value (`from_config`). The layout changes no result: the same tokens and
+log-probs as one device, within the usual reduction-order rounding.
 """
 import contextlib
 import dataclasses
@@ -98,6 +99,18 @@ def check(mcfg: model_lib.ModelConfig, mesh: dict[str, int], layout: Layout) -> 
 def tp_degrees(mcfg: model_lib.ModelConfig, mesh: dict[str, int]) -> list[int]:
   """Every valid decode_tp for this model and mesh, smallest first."""
   return [d for d in range(2, mesh.get("fsdp", 1) + 1) if check(mcfg, mesh, Layout("tp", d)) is None]
+
+
+def from_config(mcfg: model_lib.ModelConfig, sampling_cfg, mesh: dict[str, int]) -> Layout:
+  """The layout `sampling.decode_layout` / `decode_tp` name (resolved by rl/auto.py before the step is traced). A
+  step built from an unresolved config gets no planner: `auto` is gathered where the mesh has no fsdp split (what the
+  planner picks there too) and the training layout otherwise; `tp` with degree 0 the smallest valid degree."""
+  kind, tp = sampling_cfg.get("decode_layout", "auto"), int(sampling_cfg.get("decode_tp", 0))
+  if kind == "auto":
+    return Layout("gathered") if mesh.get("fsdp", 1) == 1 else Layout("fsdp")
+  if kind == "tp":
+    return Layout("tp", tp or (tp_degrees(mcfg, mesh) or [1])[0])
+  return Layout(kind)
 
 
 def _axes(rule) -> tuple[str, ...]:

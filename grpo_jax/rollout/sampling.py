@@ -62,11 +62,23 @@ class SamplingConfig:
     """From the `sampling` ConfigDict (temperature, top_k, top_p, max_new_tokens, exit_chunk); ids come from the
     tokenizer; `overrides` replace fields (e.g. evaluation's untruncated top_k=0, top_p=1.0)."""
     t = cfg["temperature"]
+    L, chunk = int(cfg["max_new_tokens"]), int(cfg.get("exit_chunk", -1))
     scfg = cls(temperature=t if isinstance(t, jax.core.Tracer) else float(t), top_k=int(cfg["top_k"]),
-               top_p=float(cfg["top_p"]), max_new_tokens=int(cfg["max_new_tokens"]), greedy=greedy,
-               exit_chunk=int(cfg.get("exit_chunk", cls.exit_chunk)),
+               top_p=float(cfg["top_p"]), max_new_tokens=L, greedy=greedy,
+               exit_chunk=default_exit_chunk(L) if chunk == -1 else chunk,
                eos_id=int(eos_id) if isinstance(eos_id, int) else tuple(eos_id), pad_id=int(pad_id))
     return dataclasses.replace(scfg, **overrides) if overrides else scfg
+
+
+def default_exit_chunk(max_new_tokens: int) -> int:
+  """`sampling.exit_chunk=-1` (auto; rl/auto.py logs it): the divisor of max_new_tokens in [8, 32] nearest 16 (the
+  smaller of two), else 16. A chunk that divides L leaves no remainder chunk, whose scan (`_decode`) is a second
+  decode body to compile; 16 is the measured default (a finished batch wastes at most 15 steps, one all-reduce per
+  check). L <= 16: one scan of L steps, as 16 gives."""
+  if max_new_tokens <= 16:
+    return 16
+  divisors = [d for d in range(8, 33) if max_new_tokens % d == 0]
+  return min(divisors, key=lambda d: (abs(d - 16), d)) if divisors else 16
 
 
 class Rollout(NamedTuple):

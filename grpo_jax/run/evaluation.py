@@ -120,7 +120,7 @@ def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str,
   under FSDP). None decodes in the params' own layout. `group`: rows come in runs of `group` copies of one prompt
   (eval.n_samples); the continuous engine (config.sampling.engine) prefills each prompt once for its run.
   `tables`: the tokenizer's verify_jax.tables_for (None: the shipped tokenizer's, checked against `tag_ids`)."""
-  continuous = config is not None and config.sampling.get("engine", "static") == "continuous"
+  continuous = config is not None and config_lib.setting(config, "sampling.engine") == "continuous"
 
   def gen(params, prompt_NxP, pmask_NxP, fields, rng):
     decode = None if config is None else rollout_lib.for_rollout(config, mcfg, params)

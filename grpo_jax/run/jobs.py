@@ -4,11 +4,17 @@
   2. the workdir lock (workdir_lock.py) and the signal handlers (signals.py)
   3. the plan: every stage compared with its record / newest checkpoint config, nothing written (stages.py)
   4. DIR/config.json, then the stages; a stage is marked done only when it finished
+
+job=grpo runs through `run_group`, for one run or a group of S runs whose programs agree (a vmapped sweep group,
+studies/sweep_vmap.py): the same checks, plan and stages for each run, the RL stages trained together by
+train.train_group (one set-up for one run or S).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+from typing import Any, Callable, Sequence
 
 from absl import logging
 
@@ -46,21 +52,54 @@ def grpo_stages(config, workdir: str) -> list[stages_lib.Stage]:
   return out
 
 
-def _run_grpo(config, workdir: str, todo: list[stages_lib.Stage], actions: dict[str, str]) -> None:
-  init_from = config.train.init_from
-  for st in todo:
-    if st.name == "sft":
-      init_from = os.path.join(st.directory, "params")
-    if actions[st.name] == "skip":
-      logging.info("stage %s: finished earlier with this config; skipped.", st.name)
-      continue
-    signals.check_stop(f"before stage {st.name} of {workdir}")
-    stages_lib.prepare(st, actions[st.name], workdir)
-    if st.name == "sft":
-      train.run_sft(config, st.directory, record=st.view)
-    else:
-      train.run_rl(config, workdir, init_from=init_from, record=st.view)
-    stages_lib.mark_done(st)
+def run_group(configs: Sequence[Any], workdirs: Sequence[str], *, compiler_options: dict | None = None,
+              log: Callable[[str], None] | None = None) -> dict[str, Any]:
+  """job=grpo for one run or S runs (their programs agree: sweep_vmap.signature): every run checked (nothing
+  written on a bad input), the runs' locks taken, every stage planned, then per run DIR/config.json and its SFT
+  stage, and the unfinished RL stages trained together (train.train_group). -> {'traces': [...], 'failed':
+  {workdir: why}}. Raises errors.Preempted on a stop signal (everything saved), RunStopped for a failing Python
+  reward; a run that stopped itself (non-finite steps) is in 'failed', its stage not marked done."""
+  configs = [model_source.resolve(c) for c in configs]
+  todos = []
+  for config, wd in zip(configs, workdirs):
+    check(config, wd)
+    todos.append(grpo_stages(config, wd))
+    stages_lib.allow_set(config)  # both flags are checked here, before the locks create the workdirs
+    stages_lib.rerun_set(config, todos[-1])
+  info: dict[str, Any] = {"traces": [], "failed": {}}
+  with contextlib.ExitStack() as stack:
+    for wd in workdirs:
+      stack.enter_context(workdir_lock.WorkdirLock(wd))
+    stack.enter_context(signals.GracefulStop.ensure())
+    plans = [stages_lib.plan(todo, config, wd) for config, todo, wd in zip(configs, todos, workdirs)]
+    members, rl_stages = [], []
+    for config, todo, actions, wd in zip(configs, todos, plans, workdirs):
+      of = f" of {wd}" if len(workdirs) > 1 else ""
+      logging.info("plan%s: %s", of, stages_lib.describe_plan(actions))
+      _write_config(config, wd)
+      init_from = config.train.init_from
+      for st in todo:
+        if st.name == "sft":
+          init_from = os.path.join(st.directory, "params")
+        if actions[st.name] == "skip":
+          logging.info("stage %s%s: finished earlier with this config; skipped.", st.name, of)
+          continue
+        signals.check_stop(f"before stage {st.name} of {wd}")
+        stages_lib.prepare(st, actions[st.name], wd)
+        if st.name == "sft":
+          train.run_sft(config, st.directory, record=st.view)
+          stages_lib.mark_done(st)
+        else:
+          members.append(train.Member(config, wd, init_from, st.view))
+          rl_stages.append(st)
+    if members:
+      runs, info["traces"] = train.train_group(members, compiler_options=compiler_options, log=log)
+      for run, st in zip(runs, rl_stages):
+        if run.failed:
+          info["failed"][run.workdir] = run.failed
+        else:
+          stages_lib.mark_done(st)
+  return info
 
 
 def stage_list(config, workdir: str) -> list[stages_lib.Stage]:
@@ -86,6 +125,11 @@ def run(config, workdir: str) -> None:
   if config.job == "export":  # reads the run in workdir and writes elsewhere: no lock, no stages, no config.json
     export.run_job(config, workdir)
     return
+  if config.job == "grpo":  # a group of one run (run_group: the same checks, plan and stages as below)
+    failed = run_group([config], [workdir])["failed"]
+    if failed:
+      raise train.NonFiniteError(next(iter(failed.values())))
+    return
   # Model fields left to the hf: checkpoint are filled in (and set ones checked) before anything else, so the checks,
   # the stage records and DIR/config.json see the real model.
   config = model_source.resolve(config)
@@ -97,9 +141,7 @@ def run(config, workdir: str) -> None:
     actions = stages_lib.plan(todo, config, workdir)
     logging.info("plan: %s", stages_lib.describe_plan(actions))
     _write_config(config, workdir)
-    if config.job == "grpo":
-      _run_grpo(config, workdir, todo, actions)
-    elif config.job in ("sft", "pretrain"):
+    if config.job in ("sft", "pretrain"):
       st = todo[0]
       if actions[st.name] == "skip":
         logging.info("the run finished earlier with this config; nothing to do.")

@@ -1,7 +1,9 @@
 """The reliability side of train.py's loops, in one object so that the loops stay about training.
 
     guard = LoopGuard(config, workdir, "rl")          # refuses a changed config BEFORE anything is written
-    ckpt = guard.checkpointer(config)                 # stores the run-config view with every checkpoint
+    config = guard.resolve(config, mesh)              # `auto` knobs: the recorded values on resume, else chosen
+    ckpt = guard.checkpointer(config)                 # stores the run-config view (and the resolution) with every
+                                                      # checkpoint
     ... restore / create the state, make the MetricWriter ...
     guard.resumed(ckpt, start, writer)                # records accepted config changes (metrics + config.<step>.json);
                                                       # warns once when metrics rows before `start` are gone
@@ -20,6 +22,7 @@ import os
 from typing import Any, Callable, Iterator, Mapping
 
 from grpo_jax.infra import checkpoint as ckpt_lib
+from grpo_jax.rl import auto
 from grpo_jax.infra import errors
 from grpo_jax.run import metrics
 from grpo_jax.run import run_config
@@ -39,6 +42,17 @@ class LoopGuard:
     self.stop: signals.GracefulStop | None = None
     self.last_step = self._start = 0
     stages.check_resume(self.ckpt_dir, self.view, self.allow, workdir_hint=workdir)
+    newest = ckpt_lib.newest_meta(self.ckpt_dir)
+    # what a run resolved its `auto` knobs to (or set them to): a resume runs the same program (run_config.py)
+    self.recorded = run_config.recorded_settings(newest[1].get("config") if newest else None)
+
+  def resolve(self, config, mesh, lanes: int = 1):
+    """`config` with its `auto` knobs resolved for this process's devices (rl/auto.py; the recorded values on
+    resume), recorded in the view every checkpoint stores and in DIR/auto.json."""
+    config, chosen = auto.resolve_here(config, mesh, lanes=lanes, recorded=self.recorded)
+    self.view = run_config.with_resolved(self.view, auto.resolved_values(config))
+    auto.write_record(self.workdir, chosen)
+    return config
 
   def checkpointer(self, config) -> ckpt_lib.Checkpointer:
     return ckpt_lib.Checkpointer(self.ckpt_dir, save_every=config.train.ckpt_every,

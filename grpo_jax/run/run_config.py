@@ -13,6 +13,11 @@ cadence). On resume the new view is diffed against the checkpoint's:
     config in `config.<step>.json` next to the checkpoints (the first change also writes `config.0.json`, the
     config the run started with).
 
+`auto` knobs (rl/auto.py, config_lib.AUTO_KEYS) are recorded as resolved: `resolved.<key>` entries in the view
+stored with each checkpoint (`with_resolved`). On resume a key at its auto value takes the recorded value (the run's
+resolved one, or the value an older run set explicitly: `recorded_settings`), so the diff does not count it as a
+change; an explicit value is compared with what the run resolved.
+
 Checkpoints written before configs were stored resume with a warning.
 """
 from __future__ import annotations
@@ -24,12 +29,15 @@ from typing import Any, Iterable, Mapping
 
 from absl import logging
 
+from grpo_jax.config import config_lib
 from grpo_jax.config import presets
 from grpo_jax.infra import errors
 
 # Keys that never block a resume: they change how often the run logs or saves, not what it computes.
 BOOKKEEPING = ("log.", "train.log_every", "train.plot_every", "train.sample_every", "train.num_samples_logged",
-               "train.ckpt_every", "train.keep_checkpoints", "train.allow_config_change", "train.rerun_stages")
+               "train.ckpt_every", "train.keep_checkpoints", "train.allow_config_change", "train.rerun_stages",
+               "resolved.")  # resolved.<key>: what `auto` chose, compared through the key itself (diff)
+RESOLVED = "resolved."
 
 # Keys a kind of run does not read (dropped from its view). `r1.*` is kept per stage through `keep`.
 _DROP = {
@@ -89,11 +97,53 @@ def fingerprint(v: Mapping[str, Any]) -> str:
   return hashlib.sha256(json.dumps(v, sort_keys=True).encode()).hexdigest()[:16]
 
 
+def with_resolved(view: Mapping[str, Any], resolved: Mapping[str, Any]) -> dict[str, Any]:
+  """`view` plus `resolved.<key>` for each auto knob the view leaves at auto, with its resolved value."""
+  out = dict(view)
+  for k, v in resolved.items():
+    if k in config_lib.AUTO_KEYS and k in view and _is_auto(k, view[k]):
+      out[RESOLVED + k] = v
+  return out
+
+
+def recorded_settings(view: Mapping[str, Any] | None) -> dict[str, Any]:
+  """{auto key: the value a recorded run ran with}: its resolved value, or the value it set (a run from before a
+  key became `auto` set it explicitly). What `auto.resolve(recorded=...)` reuses on resume."""
+  view = view or {}
+  out = {}
+  for k in config_lib.AUTO_KEYS:
+    if RESOLVED + k in view:
+      out[k] = view[RESOLVED + k]
+    elif k in view and not _is_auto(k, view[k]):
+      out[k] = view[k]
+    if k in out and k in config_lib.SWITCH_KEYS:
+      out[k] = config_lib.switch(out[k])  # an older record's False is 'off'
+  return out
+
+
+def _is_auto(key: str, value: Any) -> bool:
+  if key in config_lib.SWITCH_KEYS:
+    return config_lib.switch(value) == "auto"
+  return value == config_lib.auto_value(key)
+
+
 def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-  """Keys whose values differ (present in one only included), sorted; bookkeeping keys ignored."""
+  """Keys whose values differ (present in one only included), sorted; bookkeeping keys ignored. An `auto` knob at
+  its auto value in `new` matches whatever `old` ran with (the resume reuses it: recorded_settings); an explicit
+  value is compared with what `old` resolved."""
   keys = set(old) | set(new)
   get = lambda d, k: d.get(k, ADDED_KEYS.get(k, "<absent>"))
-  return sorted(k for k in keys if not _matches(k, BOOKKEEPING) and get(old, k) != get(new, k))
+
+  def differs(k: str) -> bool:
+    if k in config_lib.AUTO_KEYS and k in new:
+      if _is_auto(k, new[k]):
+        return False
+      was = old.get(RESOLVED + k, get(old, k))
+      if k in config_lib.SWITCH_KEYS:
+        return config_lib.switch(was) != config_lib.switch(new[k])
+      return was != new[k]
+    return get(old, k) != get(new, k)
+  return sorted(k for k in keys if not _matches(k, BOOKKEEPING) and differs(k))
 
 
 def _zero(x) -> bool:
@@ -144,7 +194,8 @@ def describe(keys: Iterable[str], old: Mapping[str, Any], new: Mapping[str, Any]
   def one(k):
     if k == "stage.upstream":  # "<stage>:<fingerprint>": the fingerprints mean nothing to a reader
       return f"stage.upstream (stage {str(new.get(k, old.get(k, '?'))).split(':')[0]} it starts from changed)"
-    return f"{k} ({_short(old.get(k, '<absent>'))} → {_short(new.get(k, '<absent>'))})"
+    was = old.get(RESOLVED + k, old.get(k, "<absent>"))  # an auto knob: what the run resolved it to
+    return f"{k} ({_short(was)} → {_short(new.get(k, '<absent>'))})"
   return ", ".join(one(k) for k in keys)
 
 

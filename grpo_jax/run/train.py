@@ -4,7 +4,7 @@ import dataclasses
 import json
 import os
 import time
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -35,6 +35,7 @@ from grpo_jax.tasks import registry as task_registry
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 from grpo_jax.hf import hf_io
 from grpo_jax.rollout import carry as carry_lib
+from grpo_jax.studies import vmapped_runs
 
 
 class NonFiniteError(errors.RunStopped):
@@ -77,11 +78,13 @@ def load_hf_params(path: str, mcfg, shardings):
 
 
 def _steps(guard: loop_guard.LoopGuard, mesh, batches, start: int, steps: int):
-  """(step, device batch, start time) for steps start..steps-1, until a stop signal (checked before each step)."""
+  """(step, host batch, device batch, start time) for steps start..steps-1, until a stop signal (checked before each
+  step)."""
   for step in range(start, steps):
     if guard.should_stop():
       return
-    yield step, device_batch(mesh, next(batches)), time.perf_counter()
+    batch = next(batches)
+    yield step, batch, device_batch(mesh, batch), time.perf_counter()
 
 
 def init_or_restore(config, mesh, mcfg, family, ckpt: ckpt_lib.Checkpointer, init_from: str):
@@ -166,12 +169,18 @@ def _nonfinite(bad_in_row: int, done: int, row: dict[str, float]) -> str:
 
 
 def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg, tokenizer, spec,
-            log: Callable[[str], None] | None = None) -> int | None:
+            log: Callable[[str], None] | None = None, batches: Iterator[dict] | None = None,
+            evaluate: Callable[[int, Any], None] | None = None,
+            observe: Callable[[int, dict, dict], None] | None = None) -> int | None:
   """THE RL loop, for one run or `program.runs` vmapped runs trained on the same batches (their configs agree but
   in vmapped_runs.TRACEABLE knobs and the run seed): each run logs, samples, evaluates, plots and checkpoints into
   its own directory on the cadences of `train.*`. A run with `rl.max_nonfinite_in_row` non-finite steps in a row
-  is saved and stopped (`run.failed`) while the others go on (the loop ends when none is left). A failing Python reward term stops every run, saved;
-  raises PythonTermError. A stop signal saves every run; raises errors.Preempted. `log`: a line per step (S > 1).
+  is saved and stopped (`run.failed`) while the others go on (the loop ends when none is left). A failing Python
+  reward term stops every run, saved; raises PythonTermError. A stop signal saves every run; raises
+  errors.Preempted. `log`: a line per step (S > 1). What a study measures comes in through three hooks (the
+  ablation tables): `batches` (host batches from step `start`; default: the task's training batches),
+  `evaluate(step, state)` in place of the held-out evaluation, on its cadence (step 0 of a fresh run, every
+  `train.eval_every`, the last step), and `observe(step, host batch, metrics)` after every step.
   Returns the step's trace count after its first call (vmapped_runs' steps count them) or None."""
   c0, S = runs[0].config, program.runs
   rl, tr, steps = c0.rl, c0.train, c0.train.steps
@@ -182,24 +191,29 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
                                           progress=S == 1)
     run.guard.resumed(run.ckpt, start, run.writer)
   n_prompts = rl.prompts_per_step * (rl.oversample if rl.dynamic_sampling else 1)
-  stream = lambda k: data_lib.rl_batches(c0.task, tokenizer, "train", n_prompts, c0.seed, k, c0.task.prompt_len)
-  cspec = rollout_lib.carry_spec(c0)
-  if cspec is None:
-    batches = stream(start)
-  else:  # partial rollouts: the first step fills the carry's table, later ones bring B prompts (carry.host_stream)
-    cspec = state_lib.on_mesh(state_lib.Layout(None, carry=cspec), mesh).carry
-    batches = carry_lib.host_stream(stream, cspec, start)
-  # Held-out eval verifies in-graph or on the host (the task's host_verifier in tasks/registry.py).
-  eval_set = data_lib.eval_set(c0.task, tokenizer, c0.eval.size, c0.task.prompt_len)
+  if batches is None:
+    stream = lambda k: data_lib.rl_batches(c0.task, tokenizer, "train", n_prompts, c0.seed, k, c0.task.prompt_len)
+    cspec = rollout_lib.carry_spec(c0)
+    if cspec is None:
+      batches = stream(start)
+    else:  # partial rollouts: the first step fills the carry's table, later ones bring B prompts (carry.host_stream)
+      cspec = state_lib.on_mesh(state_lib.Layout(None, carry=cspec), mesh).carry
+      batches = carry_lib.host_stream(stream, cspec, start)
   evaluators: dict[str, evaluation.Evaluator] = {}  # by sampling settings (a swept temperature changes them)
+  eval_set = []
 
-  def evaluate(step):
+  def held_out(step):
+    if evaluate is not None:
+      evaluate(step, state)
+      return
+    if not eval_set:  # held-out eval verifies in-graph or on the host (the task's host_verifier, tasks/registry.py)
+      eval_set.append(data_lib.eval_set(c0.task, tokenizer, c0.eval.size, c0.task.prompt_len))
     for i, run in enumerate(runs):
       if run.failed:
         continue
       key = json.dumps(run.config.sampling.to_dict(), sort_keys=True)
       if key not in evaluators:
-        evaluators[key] = evaluation.Evaluator(run.config, mcfg, tokenizer, mesh, eval_set)
+        evaluators[key] = evaluation.Evaluator(run.config, mcfg, tokenizer, mesh, eval_set[0])
       t0 = time.perf_counter()
       policy = state_lib.model_params(program.state_of(state, i))  # with LoRA: the run's adapters on the base
       run.last_eval, texts = evaluators[key](policy, jax.random.PRNGKey(run.config.seed + 1))
@@ -207,15 +221,17 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
       logging.info("step %d eval %s (%s) | %r", step, run.last_eval, run.workdir, texts[:1])
 
   if start == 0:
-    evaluate(0)
+    held_out(0)
   bad_in_row = np.zeros(S, np.int64)
   done, traces, reward_error = start, None, ""
   with contextlib.ExitStack() as running:
     for run in runs:  # one GracefulStop (the command's or the first guard's) shared by every run's guard
       running.enter_context(run.guard.running())
     running.callback(spec.close)  # Python reward workers stop however the loop ends
-    for step, batch, t0 in _steps(runs[0].guard, mesh, batches, start, steps):
+    for step, host_batch, batch, t0 in _steps(runs[0].guard, mesh, batches, start, steps):
       state, m = program.step(state, batch)
+      if observe is not None:
+        observe(step, host_batch, m)
       status = np.asarray(jax.device_get(m["reward_status"]))  # [S ×] terms
       bad = [i for i in range(S) if (program.of(status, i) != reward_spec.OK).any()]
       if bad:
@@ -263,7 +279,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
       if all(run.failed for run in runs):
         break
       if done % tr.eval_every == 0 or done == steps:
-        evaluate(done)
+        held_out(done)
       for i, run in enumerate(runs):
         if run.failed:
           continue
@@ -290,29 +306,141 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
   return traces
 
 
+@dataclasses.dataclass
+class Member:
+  """One run of a group to train (train_group): its config, directory, where its policy starts (`train.init_from`
+  or a stage's params; '' = the seed's init) and the run-config view its checkpoints record (None: its own)."""
+  config: Any
+  workdir: str
+  init_from: str = ""
+  record: dict | None = None
+
+
 def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict | None = None,
            record: dict | None = None) -> dict[str, float]:
-  """GRPO-family (or PPO) training; returns the last eval metrics. Resumes automatically from `workdir`.
-
-  `record`: the run-config view stored with each checkpoint (default: run_config.view(config, 'rl')). Raises
-  errors.Preempted when SIGTERM/SIGINT stopped it before `train.steps` (its state saved).
-  """
+  """GRPO-family (or PPO) training of one run: a group of one (train_group); returns the last eval metrics. Resumes
+  automatically from `workdir`. `record`: the run-config view stored with each checkpoint (default:
+  run_config.view(config, 'rl')). Raises errors.Preempted when SIGTERM/SIGINT stopped it before `train.steps` (its
+  state saved), NonFiniteError when it stopped itself."""
   config = model_source.resolve(config)  # model fields a config leaves to the hf: checkpoint (a no-op if resolved)
-  guard = loop_guard.LoopGuard(config, workdir, "rl", record)  # a changed config is refused before any write
-  tokenizer, mesh, mcfg = setup_common(config, workdir, validate.validate_rl)
-  # every `auto` knob (rl/auto.py) chosen for this mesh and device memory, before the step is built
-  config = auto.resolve_here(config, mesh)
-  spec = reward_terms(config, tokenizer, python_fns)
-  family = families.for_config(config)
-  step_fn = families.make_step(config, mesh, mcfg, spec, tokenizer, family=family)
-  init_from = config.train.init_from if init_from is None else init_from
-  ckpt = guard.checkpointer(config)
-  state, start = init_or_restore(config, mesh, mcfg, family, ckpt, init_from)
-  run = Run(config, workdir, guard, ckpt)
-  rl_loop(Program(step_fn), [run], state, start, mesh=mesh, mcfg=mcfg, tokenizer=tokenizer, spec=spec)
+  member = Member(config, workdir, config.train.init_from if init_from is None else init_from, record)
+  (run,), _ = train_group([member], python_fns=python_fns)
   if run.failed:
     raise NonFiniteError(run.failed)
   return run.last_eval
+
+
+def train_group(members: Sequence[Member], *, python_fns: dict | None = None, compiler_options: dict | None = None,
+                log: Callable[[str], None] | None = None) -> tuple[list[Run], list[int | None]]:
+  """THE set-up of RL training, for one run (`python -m grpo_jax.main`, an R1 stage: the family's sharded step) or
+  S runs whose programs agree (a vmapped sweep group: vmapped_runs.make_steps, their traceable knobs per run), each
+  in its own directory, then rl_loop: every member's changed config refused before anything is written
+  (LoopGuard), the config validated, the `auto` knobs resolved once for the S runs sharing each device (on resume:
+  what the runs recorded; the runs must agree), the reward terms, each run's state restored from its newest
+  checkpoint or initialised (from its `init_from`), runs saved at different steps continued in sub-groups by step.
+  -> (the Runs: `failed`, `last_eval`; the step's trace counts per sub-group)."""
+  S = len(members)
+  guards = [loop_guard.LoopGuard(m.config, m.workdir, "rl", m.record) for m in members]  # before any write
+  tokenizer, mesh, mcfg = setup_common(members[0].config, members[0].workdir, validate.validate_rl)
+  for m in members[1:]:
+    validate.validate_rl(m.config, jax.device_count(), tokenizer)
+    os.makedirs(m.workdir, exist_ok=True)
+  # every `auto` knob (rl/auto.py) chosen for this mesh and device memory before the step is built, recorded with
+  # every checkpoint; on resume the values the run recorded
+  configs = [g.resolve(m.config, mesh, lanes=S) for g, m in zip(guards, members)]
+  picked = [auto.resolved_values(c) for c in configs]
+  if any(p != picked[0] for p in picked[1:]):
+    differ = sorted(k for p in picked[1:] for k in p if p[k] != picked[0].get(k))
+    raise errors.InputError(f"the runs of one program resolved {', '.join(differ)} differently (runs recorded under "
+                            "other `auto` choices): set the keys explicitly, or run them with --mode=serial.")
+  spec = reward_terms(configs[0], tokenizer, python_fns)
+  runs = [Run(c, m.workdir, g, g.checkpointer(c)) for c, m, g in zip(configs, members, guards)]
+  family = families.for_config(configs[0])
+  traces = []
+  if S == 1:
+    step = families.make_step(configs[0], mesh, mcfg, spec, tokenizer, family=family,
+                              compiler_options=compiler_options)
+    state, start = init_or_restore(configs[0], mesh, mcfg, family, runs[0].ckpt, members[0].init_from)
+    traces.append(rl_loop(Program(step), runs, state, start, mesh=mesh, mcfg=mcfg, tokenizer=tokenizer, spec=spec,
+                          log=log))
+    return runs, traces
+  abstract, shard = family.state_spec(configs[0], mesh, mcfg)
+  base = None
+  if mcfg.lora is not None:  # one frozen base for every run: its identity goes with the checkpoints of each run
+    source = members[0].init_from
+    if any(m.init_from != source for m in members):
+      raise errors.InputError("model.lora: the runs of a vmapped sweep share one frozen base; give them one "
+                              "train.init_from, or run them with --mode=serial.")
+    c0 = configs[0]
+    base = vmapped_runs.init_states(c0, mcfg, [config_lib.run_seed(c0)],
+                                    params=_init_params(source, mesh, mcfg) if source else None)["base"]
+    for run in runs:
+      run.ckpt.set_frozen(state_lib.base_source(source, config_lib.run_seed(c0)), base)
+  starts, states_at = [0] * S, [None] * S
+  for i, run in enumerate(runs):
+    if run.ckpt.latest_step() is not None:
+      states_at[i], meta = run.ckpt.restore(None, state_lib.with_shardings(abstract, shard))
+      starts[i] = int(meta["step"])
+      logging.info("Resumed %s at step %d.", run.workdir, starts[i])
+  restore_together(runs, starts, states_at, state_lib.with_shardings(abstract, shard), log)
+  by_start: dict[int, list[tuple[int, Any]]] = {}
+  for i, (start, state) in enumerate(zip(starts, states_at)):
+    by_start.setdefault(start, []).append((i, state))
+  for start in sorted(by_start):  # runs saved at different steps continue in sub-groups, one after another
+    sub = by_start[start]
+    if len(by_start) > 1 and log:
+      log(f"{len(sub)} run(s) resume at step {start}")
+    idx = [i for i, _ in sub]
+    hp = vmapped_runs.varying([configs[i] for i in idx])
+    states = _stacked_start([(members[i], st) for i, st in sub], configs[idx[0]], start, mesh, mcfg, hp)
+    step = vmapped_runs.make_steps(configs[idx[0]], mesh, mcfg, spec, tokenizer, compiler_options)
+    program = Program(step, len(idx), vmapped_runs.run_state)
+    traces.append(rl_loop(program, [runs[i] for i in idx], states, start, mesh=mesh, mcfg=mcfg,
+                          tokenizer=tokenizer, spec=spec, log=log))
+  return runs, traces
+
+
+def restore_together(runs: Sequence[Run], starts: list[int], states: list, abstract,
+                     log: Callable[[str], None] | None) -> None:
+  """Runs of one group restored at different steps (one stopped later, or one whose newest checkpoint was damaged)
+  go back to the newest step all of them have, so the group stays ONE program of S runs: a vmapped program over
+  fewer runs orders its reductions differently, so sub-groups would end a few ulps away from the uninterrupted sweep
+  (benchmarks/chaos.py found it). A run ahead recomputes its steps since then (the same program on the same inputs:
+  the same values). Where some run has no such step, or its copy does not restore, the runs continue in sub-groups
+  by start step. Updates `starts` and `states` in place."""
+  common = min(starts)
+  ahead = [i for i, s in enumerate(starts) if s > common]
+  if not common or not ahead or any(common not in runs[i].ckpt.all_steps() for i in ahead):
+    return
+  for i in ahead:
+    try:
+      state, _ = runs[i].ckpt.restore(common, abstract)
+    except errors.InputError as e:  # that step is damaged: sub-groups, as before
+      logging.warning("%s: step %d does not restore (%s); its run continues in a sub-group", runs[i].workdir, common,
+                      e)
+      continue
+    if log:
+      log(f"{os.path.basename(runs[i].workdir)}: back from step {starts[i]} to step {common}, the newest step every "
+          "run of its group has (the group continues as one program)")
+    starts[i], states[i] = common, state
+
+
+def _stacked_start(sub: list[tuple[Member, Any]], config, start: int, mesh, mcfg, hp: dict) -> dict:
+  """The stacked state a sub-group of runs continues from: their restored states (a LoRA base, the same object in
+  every restored run, unstacked), or at step 0 their initial states (each from its init_from, or its seed)."""
+  if start > 0:
+    stacked = vmapped_runs.stack([{k: v for k, v in st.items() if k != "base"} for _, st in sub])
+    if "base" in sub[0][1]:
+      stacked["base"] = sub[0][1]["base"]
+    return vmapped_runs.with_hparams(stacked, {k: v for k, v in hp.items() if k not in vmapped_runs.OPT_KEYS})
+  seeds = [config_lib.run_seed(m.config) for m, _ in sub]
+  inits = {m.init_from for m, _ in sub}
+  params = run_params = None
+  if len(inits) == 1 and next(iter(inits)):
+    params = _init_params(next(iter(inits)), mesh, mcfg)
+  elif any(inits):
+    run_params = [_init_params(m.init_from, mesh, mcfg) for m, _ in sub]
+  return vmapped_runs.init_states(config, mcfg, seeds, params=params, run_params=run_params, hparams=hp)
 
 
 def final_params(mcfg, state) -> dict:
@@ -350,7 +478,7 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
     batches = batches(start)
   done = start
   with guard.running():
-    for step, batch, t0 in _steps(guard, mesh, batches, start, steps):
+    for step, _, batch, t0 in _steps(guard, mesh, batches, start, steps):
       state, m = step_fn(state, batch)
       done = step + 1
       if done % config.train.log_every == 0 or done == steps:

@@ -39,7 +39,7 @@ DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
 ATTENTION = ("auto", "xla", "blockwise", "splash", "cudnn", "dot_product", "pallas_gpu")  # = attention.IMPLEMENTATIONS
 LANGUAGES = ("a", "b", "mixed")
-ENGINES = ("static", "continuous")  # sampling.engine: sampling.sample / rollout/engine.py
+ENGINES = ("auto", "static", "continuous")  # sampling.engine: rl/auto.py's choice / sampling.sample / rollout/engine.py
 JOBS = ("grpo", "sft", "pretrain", "r1_pipeline", "export")  # grpo runs every rl.algo, ppo included
 CRITICS = ("separate", "head")
 LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")  # = model_config.LORA_TARGETS
@@ -126,8 +126,8 @@ def _task(c, offers: str, lacks: str):
 
 def validate_packing(c, total: int) -> None:
   """rl.packing's keys: a packed row must hold the longest sample (P + L tokens)."""
-  if not isinstance(c.rl.packing, bool):
-    _fail("rl.packing", f"must be True or False, got {c.rl.packing!r}.")
+  if config_lib.switch(c.rl.packing) is None:
+    _fail("rl.packing", f"must be 'on', 'off' (True / False) or 'auto', got {c.rl.packing!r}.")
   for k in ("rl.pack_len", "rl.pack_rows"):
     v = _get(c, k)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
@@ -230,11 +230,17 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   for k in ("rl.G", "rl.prompts_per_step", "rl.mu", "sampling.max_new_tokens",
             "task.prompt_len", "train.steps", "train.log_every", "train.eval_every", "train.ckpt_every",
             "train.keep_checkpoints", "eval.size", "eval.batch", "eval.n_samples", "rl.oversample",
-            "rl.max_nonfinite_in_row", "rl.train_buckets"):
+            "rl.max_nonfinite_in_row"):
     _positive_int(c, k)
+  tb, chunk = c.rl.train_buckets, c.sampling.exit_chunk
+  if not isinstance(tb, int) or isinstance(tb, bool) or tb < 0:
+    _fail("rl.train_buckets", f"must be an integer >= 1 (static training lengths L, L/2, ...) or 0 (auto), got {tb!r}.")
+  if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < -1:
+    _fail("sampling.exit_chunk", f"must be an integer >= 0 (decode steps between early-exit checks; 0 = none) or -1 "
+          f"(auto), got {chunk!r}.")
   for k in ("rl.eps_low", "rl.eps_high", "rl.beta", "rl.std_eps", "rl.dual_clip", "rl.kl_clamp",
             "optim.weight_decay", "optim.grad_clip", "sampling.temperature", "rl.process_weight",
-            "rl.reward_timeout_s", "optim.warmup_steps", "sampling.exit_chunk", "ppo.value_clip", "ppo.vf_coef"):
+            "rl.reward_timeout_s", "optim.warmup_steps", "ppo.value_clip", "ppo.vf_coef"):
     _nonneg(c, k)
   learning_rate(c, "optim.lr")
   if c.rl.algo in presets.CRITIC_ALGOS:
@@ -380,9 +386,9 @@ def validate_engine(c, rows: int, data_par: int) -> None:
   attn = c.sampling.get("decode_attention", "auto")
   _choice(c, "sampling.decode_attention", paged_attention.CHOICES)
   _positive_int(c, "sampling.page_size")
-  if attn in ("paged", "tpu_ragged") and c.sampling.engine != "continuous":
+  if attn in ("paged", "tpu_ragged") and c.sampling.engine == "static":
     _fail("sampling.decode_attention", f"{attn!r} is the continuous engine's paged KV store; set "
-          "sampling.engine='continuous', or decode_attention='auto'.")
+          "sampling.engine='continuous' (or 'auto', which then picks it), or decode_attention='auto'.")
   if attn == "tpu_ragged":  # the kernel's shape limits, before anything is compiled (auto falls back instead)
     m = model_config.ModelConfig.from_config(c.model)
     bad = paged_attention.tpu_unsupported(m.head_dim, m.kv_heads, c.sampling.page_size, m.dtype)
@@ -404,9 +410,9 @@ def validate_partial(c, data_par: int) -> None:
   _choice(c, "rl.staleness_policy", ("wait", "mask"))
   if not rl.partial_rollouts:
     return
-  if c.sampling.engine != "continuous":
+  if c.sampling.engine not in ("continuous", "auto"):  # auto resolves to continuous under partial rollouts
     _fail("rl.partial_rollouts", "carries rows in the continuous engine's slots; set sampling.engine='continuous' "
-          f"(it is {c.sampling.engine!r}).")
+          f"or 'auto' (it is {c.sampling.engine!r}).")
   if rl.algo in presets.CRITIC_ALGOS:
     _fail("rl.partial_rollouts", f"is not supported with algo={rl.algo!r} (PPO's critic): use a critic-free preset "
           "(grpo, dr_grpo, rloo, ...) or set rl.partial_rollouts=False.")
@@ -477,9 +483,9 @@ def validate_objective(c) -> None:
     _fail("rl.clip_cov_lb", f"{lb!r} and rl.clip_cov_ub={ub!r} must be finite with rl.clip_cov_lb < rl.clip_cov_ub "
           "(Clip-Cov's covariance range); put them in order.")
   _nonneg(c, "rl.kl_cov_coef")
-  if c.rl.token_select != "all" and c.rl.packing:
+  if c.rl.token_select != "all" and config_lib.switch(c.rl.packing) == "on":
     _fail("rl.token_select", f"'{c.rl.token_select}' ranks the tokens of the whole minibatch, but rl.packing hands "
-          "the objective one packed micro-batch at a time; set rl.packing=False or rl.token_select='all'.")
+          "the objective one packed micro-batch at a time; set rl.packing='off' (or 'auto') or rl.token_select='all'.")
 
 
 def validate_algorithm(c) -> None:

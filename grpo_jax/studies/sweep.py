@@ -45,7 +45,6 @@ from grpo_jax.run import preflight
 from grpo_jax.infra import signals
 from grpo_jax.infra import workdir_lock
 from grpo_jax import cli
-from grpo_jax import main as main_lib
 from grpo_jax.r1 import aha_seeds
 from grpo_jax.r1 import seeds_report
 
@@ -313,11 +312,8 @@ def main(argv) -> None:
   if len(argv) > 1:
     print(f"Error: unexpected argument {argv[1]!r}; see --helpfull.", file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
-  config = main_lib._CONFIG.value  # pylint: disable=protected-access
-  if config is None:
-    print("Error: --config is required, e.g. --config=configs/grpo_arith.py:small.", file=sys.stderr)
-    sys.exit(errors.EXIT_INPUT)
-  main_lib.setup_logging(flags.FLAGS.verbose)
+  config = cli.config_value("configs/grpo_arith.py:small")
+  cli.setup_logging(flags.FLAGS.verbose)
   cli.compilation_cache()  # the runs of a point and the points that share a program compile it once (cli.py)
   command = "python -m grpo_jax.sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:])
   fs = flags.FLAGS
@@ -332,19 +328,19 @@ def main(argv) -> None:
     signals.ignore_from_now()
     code, line = verdict
     print(line, file=sys.stderr, flush=True)
-    main_lib._exit(code)  # pylint: disable=protected-access
+    cli.finish(code)
     return
   signals.ignore_from_now()  # the sweep is over: a late signal must not turn its exit into a traceback
   print(out["report"])
   if out["failed"]:
     print(f"Stopped: {len(out['failed'])} run(s) stopped themselves: "
           + "; ".join(f"{k}: {v}" for k, v in out["failed"].items()), file=sys.stderr, flush=True)
-    main_lib._exit(errors.EXIT_STOPPED)  # pylint: disable=protected-access
+    cli.finish(errors.EXIT_STOPPED)
 
 
 def _define_flags() -> None:
   from absl import flags  # pylint: disable=g-import-not-at-top
-  # --config, --workdir and --verbose are main's flags.
+  cli.define_flags()  # --config, --workdir, --verbose: main's
   flags.DEFINE_string("sweep", "", "Axes 'key=v1,v2 key2=...' (crossed); default: the config file's get_sweep(h).")
   flags.DEFINE_integer("seeds", 1, "Runs per point (run_seed = seed + 0..N-1).")
   flags.DEFINE_enum("mode", "auto", list(MODES), "auto | vmap | serial | print | report.")
@@ -357,4 +353,4 @@ def _define_flags() -> None:
 if __name__ == "__main__":
   from absl import app  # pylint: disable=g-import-not-at-top
   _define_flags()
-  app.run(main, flags_parser=main_lib._parse_flags)  # pylint: disable=protected-access
+  app.run(main, flags_parser=cli.parse_flags)

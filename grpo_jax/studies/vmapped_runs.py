@@ -40,6 +40,20 @@ REWARD_WEIGHTS = "rewards"
 TRACEABLE = tuple(OPT_KEYS) + CONFIG_KEYS + (REWARD_WEIGHTS,)
 
 
+def varying(configs: Sequence[Any]) -> dict[str, list]:
+  """The traceable keys whose values differ between the runs: {key: one value per run} (TRACEABLE)."""
+  out = {}
+  for key in TRACEABLE:
+    if key == REWARD_WEIGHTS:
+      vals = [tuple(float(w) for _, w in c.rewards) for c in configs]
+    else:
+      group, name = key.split(".")
+      vals = [float(c[group][name]) for c in configs]
+    if len(set(vals)) > 1:
+      out[key] = vals
+  return out
+
+
 def init_states(config, mcfg: model_lib.ModelConfig, seeds: Sequence[int], *,
                 init_seeds: Sequence[int] | None = None, params: Any = None, run_params: Sequence[Any] | None = None,
                 hparams: dict[str, Sequence[Any]] | None = None) -> dict:

@@ -117,23 +117,26 @@ def make_measure(mcfg: model_lib.ModelConfig, max_new_tokens: int, prompts: dict
 def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   c = train_table.build_config(cfg, dict(cfg.variants)[variant])
   spec = digits.toy_reward_spec(c.rewards, c.model.vocab_size)
-  mcfg, states, step = train_table.make_runs(cfg, c, spec, seeds)
+  c, mesh, mcfg, states, program = train_table.make_runs(cfg, c, spec, seeds)
   gen = digits.toy_batches(cfg.measure_prompts, seed=777)
   probe = next(gen)
   probe = {k: np.repeat(v, cfg.measure_samples, 0) for k, v in probe.items()}
   measure = make_measure(mcfg, c.sampling.max_new_tokens, probe)
-  data = digits.toy_batches(c.rl.prompts_per_step, seed=12345)
   S = len(seeds)
   # The reference is the starting policy; β = 0 runs keep none in their state, so the measurement keeps its own copy.
   ref_params = jax.tree.map(jnp.copy, states["params"])
   xs, rows = [], []
-  for t in range(cfg.steps):
-    states, _ = step(states, next(data))
-    if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
-      keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray([1000 * s + t for s in seeds]))
-      st = jax.device_get(measure(states["params"], ref_params, keys))
-      xs.append(t + 1)
-      rows.append([summarize({k: v[s] for k, v in st.items()}) for s in range(S)])
+
+  def evaluate(step, states):  # every eval_every steps and the last (not step 0: the policy is the reference there)
+    if step == 0:
+      return
+    keys = jax.vmap(jax.random.PRNGKey)(jnp.asarray([1000 * s + step - 1 for s in seeds]))
+    st = jax.device_get(measure(states["params"], ref_params, keys))
+    xs.append(step)
+    rows.append([summarize({k: v[s] for k, v in st.items()}) for s in range(S)])
+
+  train_table.train_seeds(c, mesh, mcfg, states, program, spec, spec.ctx.tokenizer,
+                          batches=digits.toy_batches(c.rl.prompts_per_step, seed=12345), evaluate=evaluate)
   names = list(rows[-1][0])
   scalars = {m: [rows[-1][s][m] for s in range(S)] for m in names}
   curves = {f"{m} vs step": {"x": xs, "y": [[r[s][m] for r in rows] for s in range(S)]}

@@ -19,11 +19,11 @@ import numpy as np
 
 from grpo_jax.infra import params_ckpt
 from grpo_jax.config import config_lib
-from grpo_jax.rl import auto
 from grpo_jax.model import model as model_lib
 from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.rl import reward_spec
 from grpo_jax.studies import vmapped_runs as seeds_lib
+from grpo_jax.studies.ablations import train_table
 from grpo_jax.infra import sharding
 from grpo_jax.rl import state as state_lib
 from grpo_jax.run import train
@@ -53,7 +53,7 @@ def build_config(cfg, overrides):
   c = config_lib.override(stage_config.for_stage(cfg.run, cfg.stage), overrides)
   c.rewards = tuple((n, w) for n, w in c.rewards if w != 0)
   validate.validate_rl(c, 1, tok_lib.for_config(c))
-  return c
+  return train_table.table_run(c, c.train.steps, cfg.eval_every)
 
 
 def _fingerprint(config) -> str:
@@ -97,23 +97,20 @@ def start_params(cfg, mcfg):
 def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   c = build_config(cfg, dict(cfg.variants)[variant])
   tok = tok_lib.for_config(c)
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  c = auto.resolve_here(c, mesh, lanes=len(seeds))  # the `auto` knobs, for the seeds sharing the device
-  mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = rewards_lib.build(c.rewards, reward_spec.Context(c.task.name, tok),
                            {**train.python_reward_fns(c, tok), **r1_rewards.config_fns(c)}, None, c.rl.reward_timeout_s)
-  states = seeds_lib.init_states(c, mcfg, seeds, params=start_params(cfg, mcfg),
-                                 init_seeds=[cfg.run.seed] * len(seeds))
-  step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok, seeds_lib.FAST_COMPILE if cfg.fast_compile else None)
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  # every seed from one init (the stage's start), their rollouts differ
+  c, mesh, mcfg, states, program = train_table.make_runs(cfg, c, spec, seeds, tok, start_params(cfg, mcfg),
+                                                         init_seeds=[cfg.run.seed] * len(seeds))
   n_prompts = c.rl.prompts_per_step * (c.rl.oversample if c.rl.dynamic_sampling else 1)
-  data = data_lib.rl_batches(c.task, tok, "train", n_prompts, c.seed, 0, c.task.prompt_len)  # shared by all seeds
   ev = evaluator(c)
   terms = [n for n, w in c.rewards if w != 0]
   train_curves = {n: [] for n in terms}
   zero_std, eval_x = [], []
   held = {name: [] for name, _ in HELDOUT + (("language", None),)}
 
-  def evaluate(t):
+  def evaluate(t, states):  # step 0, every eval_every steps, the last step
     eval_x.append(t)
     per_seed = [ev.rollouts(seeds_lib.unstack(states["params"], s), jax.random.PRNGKey(0))  # greedy: the key is unused
                 for s in range(len(seeds))]
@@ -121,18 +118,15 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
       held[name].append([float(getattr(g, field).mean()) for g in per_seed])
     held["language"].append([float(g.readings["language"].mean()) for g in per_seed])
 
-  evaluate(0)
-  for t in range(c.train.steps):
-    states, m = step(states, next(data))
-    status = np.asarray(m["reward_status"])
-    if (status != reward_spec.OK).any():
-      raise rewards_lib.PythonTermError(f"table g, {variant!r}: a Python reward term failed at step {t}.")
+  def observe(t, batch, m):  # (a failing Python reward term stops rl_loop itself)
     sm = seeds_lib.host_scalars(m)
     for n in terms:
       train_curves[n].append(sm[f"train/reward/{n}"])
     zero_std.append(sm["train/frac_zero_std_groups"])
-    if (t + 1) % cfg.eval_every == 0 or t + 1 == c.train.steps:
-      evaluate(t + 1)
+
+  data = data_lib.rl_batches(c.task, tok, "train", n_prompts, c.seed, 0, c.task.prompt_len)  # shared by all seeds
+  train_table.train_seeds(c, mesh, mcfg, states, program, spec, tok, batches=data, evaluate=evaluate,
+                          observe=observe)
   as_sxt = lambda rows: np.asarray(rows, np.float64).T  # [steps][seeds] -> seeds × steps
   tail = slice(int(c.train.steps * 0.8), None)
   x = list(range(1, c.train.steps + 1))

@@ -5,7 +5,14 @@ run config (config_lib.base_config's keys); a variant is `(name, overrides)`, do
 config_lib.override: an algorithm is its whole preset, `presets.overrides("dr_grpo")`, to which single keys can be
 added (`{**presets.overrides("grpo"), "rl.loss_agg": "token_mean"}`); the toy's reward terms are `rewards`.
 Recorded per seed: train reward, greedy held-out accuracy, mean length of right and of wrong completions.
+
+Every table trains its S seeds through train.rl_loop, the one RL loop (`train_seeds`): its hooks feed the table's
+batches, run its measurement on the loop's evaluation cadence and hand it each step's metrics.
 """
+import os
+import tempfile
+from typing import Any, Callable, Iterator
+
 import jax
 import ml_collections
 import numpy as np
@@ -14,13 +21,15 @@ from grpo_jax.config import config_lib
 from grpo_jax.rl import auto
 from grpo_jax.model import model as model_lib
 from grpo_jax.config import presets
-from grpo_jax.studies import scaling_fit
-from grpo_jax.studies import stats
+from grpo_jax.run import loop_guard
+from grpo_jax.run import train
 from grpo_jax.studies import vmapped_runs as seeds_lib
 from grpo_jax.infra import sharding
 from grpo_jax.run import validate
 from grpo_jax.studies.ablations import toy
 from grpo_jax.tasks import digits
+from grpo_jax.studies import scaling_fit
+from grpo_jax.studies import stats
 
 TITLE = "Training ablation"
 CLAIM = ""
@@ -42,6 +51,8 @@ def table_config(arg: str | None, variants: tuple) -> ml_collections.ConfigDict:
   c.run.optim.lr = 1e-3
   c.run.ppo.critic_lr = 1e-3
   c.run.rewards = (("acc", 1.0),)  # toy terms: digits.TOY_TERMS
+  # the padded passes the tables were measured with (8-token completions: nothing for packing to take away)
+  c.run.rl.packing = "off"
   c.variants = variants
   if small:
     c.seeds = 3
@@ -55,54 +66,84 @@ def variants(cfg) -> list[str]:
 
 
 def build_config(cfg, overrides) -> ml_collections.ConfigDict:
-  """The run config of one variant: `cfg.run` with the variant's overrides (and what follows from them). A variant
-  that sets rl.algo without its preset, or algorithm settings that cannot work together, stops here."""
+  """The run config of one variant: `cfg.run` with the variant's overrides (and what follows from them), run for the
+  table's steps with its measurement every `eval_every` (train_seeds). A variant that sets rl.algo without its
+  preset, or algorithm settings that cannot work together, stops here."""
   c = config_lib.override(cfg.run, overrides)
   bad_preset = presets.check(c)
   if bad_preset:
     raise config_lib.ConfigError(bad_preset)
   validate.validate_algorithm(c)
   c.train.num_samples_logged = c.rl.prompts_per_step * c.rl.G  # every row: lengths of right vs wrong answers
+  return table_run(c, cfg.get("steps", c.train.steps), cfg.get("eval_every", c.train.eval_every))
+
+
+def table_run(c, steps: int, eval_every: int) -> ml_collections.ConfigDict:
+  """`c` as a table trains it in rl_loop: `steps` steps, its measurement every `eval_every`, one checkpoint at the
+  end of each (scratch) run, nothing drawn or sampled."""
+  c = ml_collections.ConfigDict(c.to_dict())
+  c.train.update(steps=steps, eval_every=eval_every, ckpt_every=steps, keep_checkpoints=1, plot_every=0,
+                 sample_every=0)
+  c.log.update(tensorboard=False, plots=False)
   return c
 
 
-def make_runs(cfg, c, spec, seeds: list[int]):
-  """(mcfg, stacked states, vmapped step) for S runs of config `c` from the shared start (its family's state: PPO's
-  has the critic)."""
+def make_runs(cfg, c, spec, seeds: list[int], tokenizer=None, params: Any = "base", init_seeds=None):
+  """(resolved config, mesh, mcfg, stacked states, vmapped Program) for S seeds of config `c`, from the shared start
+  (`params`; 'base': start_params(cfg), the toy's pre-trained base) in the family's state (PPO's has the critic)."""
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  c = auto.resolve_here(c, mesh, lanes=len(seeds))  # the `auto` knobs, for the seeds sharing the device
+  c, _ = auto.resolve_here(c, mesh, lanes=len(seeds), log=False)  # the `auto` knobs, for the seeds sharing the device
   mcfg = model_lib.ModelConfig.from_config(c.model)
   opts = seeds_lib.FAST_COMPILE if cfg.fast_compile else None
-  states = seeds_lib.init_states(c, mcfg, seeds, params=start_params(cfg, mcfg))
-  return mcfg, states, seeds_lib.make_steps(c, mesh, mcfg, spec, spec.ctx.tokenizer, opts)
+  if isinstance(params, str) and params == "base":
+    params = start_params(cfg, mcfg)
+  states = seeds_lib.init_states(c, mcfg, seeds, params=params, init_seeds=init_seeds)
+  step = seeds_lib.make_steps(c, mesh, mcfg, spec, tokenizer or spec.ctx.tokenizer, opts)
+  return c, mesh, mcfg, states, train.Program(step, len(seeds), seeds_lib.run_state)
+
+
+def train_seeds(c, mesh, mcfg, states, program: train.Program, spec, tokenizer, *, batches: Iterator[dict],
+                evaluate: Callable[[int, Any], None] | None = None,
+                observe: Callable[[int, dict, dict], None] | None = None) -> None:
+  """The S seeds trained through train.rl_loop with the table's hooks, each run in a scratch directory removed
+  afterwards (the table keeps what its hooks record); `evaluate(step, states)`, `observe(step, batch, metrics)`."""
+  with tempfile.TemporaryDirectory(prefix="grpo_jax_table_") as d:
+    runs = []
+    for i in range(program.runs):
+      wd = os.path.join(d, f"run{i}")
+      guard = loop_guard.LoopGuard(c, wd, "rl")
+      runs.append(train.Run(c, wd, guard, guard.checkpointer(c)))
+    train.rl_loop(program, runs, states, 0, mesh=mesh, mcfg=mcfg, tokenizer=tokenizer, spec=spec, batches=batches,
+                  evaluate=evaluate, observe=observe)
 
 
 def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   c = build_config(cfg, dict(cfg.variants)[variant])
   spec = digits.toy_reward_spec(c.rewards, c.model.vocab_size)
-  mcfg, states, step = make_runs(cfg, c, spec, seeds)
-  evaluate = toy.make_eval(mcfg, c.sampling.max_new_tokens)
+  c, mesh, mcfg, states, program = make_runs(cfg, c, spec, seeds)
+  evaluate_heldout = toy.make_eval(mcfg, c.sampling.max_new_tokens)
   evaluate_train = toy.make_eval(mcfg, c.sampling.max_new_tokens, digits.train_set())
-  prompts, G = c.rl.prompts_per_step, c.rl.G
-  data = digits.toy_batches(prompts, seed=12345)  # the same prompts for every seed and variant
-  S = len(seeds)
-  reward, len_right, len_wrong, eval_x, entropy, cov = [], [], [], [0], [], []
-  acc, acc_train = [np.asarray(evaluate(states["params"]))], [np.asarray(evaluate_train(states["params"]))]
-  for t in range(cfg.steps):
-    batch = next(data)
-    states, m = step(states, batch)
+  G, S = c.rl.G, len(seeds)
+  reward, len_right, len_wrong, eval_x, acc, acc_train, entropy, cov = [], [], [], [], [], [], [], []
+
+  def observe(t, batch, m):
     sm = seeds_lib.host_scalars(m)
     reward.append(sm["train/reward/acc"] if "train/reward/acc" in sm else sm["train/reward_mean"])
-    entropy.append(sm["train/entropy"])
-    cov.append(sm["train/cov_logp_adv"])
     lens_SxN = np.asarray(m["samples/mask_NxL"]).sum(-1)
     right_SxN = np.asarray(m["samples/tokens_NxL"])[:, :, 0] == np.repeat(batch["answer_N"], G)[None, :]
     len_right.append([lens_SxN[s][right_SxN[s]].mean() if right_SxN[s].any() else np.nan for s in range(S)])
     len_wrong.append([lens_SxN[s][~right_SxN[s]].mean() if (~right_SxN[s]).any() else np.nan for s in range(S)])
-    if (t + 1) % cfg.eval_every == 0 or t + 1 == cfg.steps:
-      eval_x.append(t + 1)
-      acc.append(np.asarray(evaluate(states["params"])))
-      acc_train.append(np.asarray(evaluate_train(states["params"])))
+    entropy.append(sm["train/entropy"])
+    cov.append(sm["train/cov_logp_adv"])
+
+  def evaluate(t, states):  # step 0, every eval_every steps, the last step
+    eval_x.append(t)
+    acc.append(np.asarray(evaluate_heldout(states["params"])))
+    acc_train.append(np.asarray(evaluate_train(states["params"])))
+
+  # the same prompts for every seed and variant
+  train_seeds(c, mesh, mcfg, states, program, spec, spec.ctx.tokenizer,
+              batches=digits.toy_batches(c.rl.prompts_per_step, seed=12345), evaluate=evaluate, observe=observe)
   reward, len_right, len_wrong, acc, acc_train, entropy, cov = map(
       lambda a: np.asarray(a, np.float64).T, (reward, len_right, len_wrong, acc, acc_train, entropy, cov))
   tail = slice(int(cfg.steps * 0.8), None)
