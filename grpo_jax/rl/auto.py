@@ -304,6 +304,8 @@ def choose_attention(config, ctx: Context, candidates: list[str]) -> tuple[str, 
   attention (paged_attention.choose; the fallback and its reason are logged by `resolve`). Registered first: the
   memory plans of the knobs after it depend on the KV store it picks."""
   del candidates
+  if config.rl.get("partial_rollouts", False):
+    return "plain", "rl.partial_rollouts: the rollout carry keeps its KV in the plain layout between steps"
   m = model_config.ModelConfig.from_config(config.model)
   return paged_attention.choose(m.head_dim, m.kv_heads, config.sampling.page_size, m.dtype,
                                 ctx.platform or jax.default_backend())
