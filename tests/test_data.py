@@ -119,6 +119,24 @@ def test_rl_determinism_resume_and_epochs(cfgs, tok):
   assert 0.3 < langs.mean() < 0.7  # 'mixed'
 
 
+def test_train_indices_repeat_one_example(cfgs, tok):
+  """task.train_indices: one index -> every prompt of every batch is that example (one-shot RLVR); two -> only
+  those, each once per epoch; the test split is untouched; a bad index names the key."""
+  cfg = dict(cfgs["arith"], language="a")
+  full = data.rl_batches(cfg, tok, "train", 4, seed=5, start_step=0, prompt_len=P)
+  want = data.load_examples(cfg, "train")[7]
+  one = data.rl_batches(dict(cfg, train_indices=(7,)), tok, "train", 4, seed=5, start_step=0, prompt_len=P)
+  for b in [next(one) for _ in range(3)]:
+    assert (b["index_N"] == 7).all() and (b["answer_N"] == want["answer"]).all()
+    assert (b["prompt_NxP"] == b["prompt_NxP"][:1]).all()
+  assert len(set(next(full)["index_N"].tolist())) > 1
+  two = data.rl_batches(dict(cfg, train_indices=(7, 11)), tok, "train", 2, seed=5, start_step=0, prompt_len=P)
+  assert all(sorted(next(two)["index_N"].tolist()) == [7, 11] for _ in range(4))  # 2 examples, 2 per batch
+  assert data.eval_set(dict(cfg, train_indices=(7,)), tok, 4, P)["index_N"].tolist() == [0, 1, 2, 3]
+  with pytest.raises(ValueError, match="task.train_indices"):
+    next(data.rl_batches(dict(cfg, train_indices=(120,)), tok, "train", 2, seed=5, start_step=0, prompt_len=P))
+
+
 def test_prompt_too_long_names_the_key(cfgs, tok):
   with pytest.raises(ValueError, match="task.prompt_len"):
     next(data.rl_batches(cfgs["countdown"], tok, "train", 2, seed=0, start_step=0, prompt_len=10))

@@ -78,6 +78,40 @@ def test_reference_stays_frozen(three_steps):
     np.testing.assert_array_equal(a, b)
 
 
+def test_prorl_reference_reset():
+  """rl.ref_reset_every=2: after update 1 the reference is still the start and the optimizer has one update in it;
+  after update 2 the reference IS the updated policy and the optimizer state is a fresh init (moments 0, counts 0)
+  with the learning rate kept; update 3 samples from a policy equal to its reference, so its KL is 0 (as step 1's)."""
+  c = config_lib.override(digits.bench_config(**TINY), {"rl.ref_reset_every": 2, "optim.lr": 1e-3})
+  validate.validate_rl(c, num_devices=1)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.reward_spec(c.model.vocab_size)
+  step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+  state = rl_step.init(c, mesh, mcfg, seed=0)
+  p0 = jax.device_get(state["params"])
+  resets, kls, states = [], [], []
+  for b in _batches(c):
+    state, m = step(state, b)
+    resets.append(float(m["train/ref_reset"]))
+    kls.append(float(m["train/kl"]))
+    states.append(jax.device_get(state))
+  assert resets == [0.0, 1.0, 0.0]
+  leaves = lambda t: jax.tree.leaves(t)
+  for a, b in zip(leaves(states[0]["ref_params"]), leaves(p0)):
+    np.testing.assert_array_equal(a, b)
+  for a, b in zip(leaves(states[1]["ref_params"]), leaves(states[1]["params"])):
+    np.testing.assert_array_equal(a, b)
+  assert max(np.abs(a - b).max() for a, b in zip(leaves(states[1]["params"]), leaves(p0))) > 0
+  opt1, opt2 = states[0]["opt_state"], states[1]["opt_state"]
+  fresh = jax.device_get(rl_step.optimizer(c).tx.init(state["params"]))
+  for a, b in zip(leaves(opt2), leaves(fresh)):  # every moment and count as a fresh init ...
+    np.testing.assert_array_equal(a, b)
+  assert int(opt1.count) == 1 and max(np.abs(x).max() for x in leaves(opt1.inner_state)) > 0
+  assert float(opt2.hyperparams["learning_rate"]) == pytest.approx(1e-3)  # ... the learning rate kept
+  assert abs(kls[0]) < 1e-9 and abs(kls[2]) < 1e-9 and kls[1] > 1e-6, kls
+
+
 def test_golden_first_step(three_steps):
   """Fixed seed → known metrics. Update these numbers only for an intended change of sampling, init or loss
   (run this test, read the new values, and say in the commit why they moved)."""

@@ -100,7 +100,32 @@ BAD = [
     ("rl.clip_cov_lb", 5.0, "config.rl.clip_cov_lb: 5.0 and rl.clip_cov_ub=5.0 must be finite with"),
     ("rl.kl_cov_coef", -1.0, "config.rl.kl_cov_coef"),
     ("rl.eps_low", 1.01, "config.rl.eps_low: must be <= 1"),
+    ("rl.ref_reset_every", -1, "config.rl.ref_reset_every: must be an integer >= 0"),
+    ("rl.random_reward_rate", 1.5, "config.rl.random_reward_rate: must be a probability in [0, 1]"),
 ]
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"rl.beta": 0.0}, "rl.beta = 0 keeps no reference to reset"),
+    ({"model.lora.rank": 4}, "the reference is the frozen base itself"),
+])
+def test_reference_reset_needs_a_reference_copy(over, needle):
+  c = config_lib.override(_cfg(), {"rl.ref_reset_every": 10, **over})
+  with pytest.raises(validate.ConfigError, match="config.rl.ref_reset_every: is 10 but") as e:
+    validate.validate_rl(c, num_devices=1, tokenizer=_Tok())
+  assert needle in str(e.value)
+  validate.validate_rl(config_lib.override(_cfg(), {"rl.ref_reset_every": 10}), num_devices=1, tokenizer=_Tok())
+
+
+@pytest.mark.parametrize("idx", [(3, 3), (-1,), (20_000,), (1.0,)])
+def test_train_indices_must_be_distinct_train_examples(idx):
+  c = _cfg()
+  c.task.train_indices = idx
+  with pytest.raises(validate.ConfigError, match=r"config.task.train_indices: .*distinct integers in \[0, "
+                                                 r"task.train_size=20000\)"):
+    validate.validate_groups(c)
+  c.task.train_indices = (0, 19_999)
+  validate.validate_groups(c)
 
 
 @pytest.mark.parametrize("key,value,needle", BAD, ids=[f"{k}={v}" for k, v, _ in BAD])

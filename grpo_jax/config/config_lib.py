@@ -63,6 +63,10 @@ def base_config() -> ml_collections.ConfigDict:
       name="arith", max_digits=2, ops="+-", num_numbers=4, max_number=20, max_target=100,
       min_number=1,  # sums: the smallest operand (10 with max_number 99: every operand two-digit)
       language="a", prompt_len=24, data_dir="", train_size=20_000, test_size=500,
+      # the RL batches draw from these train-split examples only, uniformly (data.rl_batches; the toy's pairs:
+      # digits.toy_batches); one index = one-shot RLVR (arXiv 2504.20571: the batch is that problem repeated);
+      # () = the whole split
+      train_indices=(),
       tokenizer="",  # "" = the shipped sentencepiece model; "hf:<dir>", a .model path, or "init_from"
       # A Hugging Face tokenizer is checked against the HF model it runs with (size, eos/bos ids, the chat template's
       # tokens: preflight.check_tokenizer_model); True runs a pairing that fails the check (a warning instead), for
@@ -158,6 +162,11 @@ def base_config() -> ml_collections.ConfigDict:
       # kl_cov_coef·|log ratio|): cov = (log pi - mean)(A - mean), arXiv 2505.22617 as verl defines them ---
       token_select="all", select_frac=0.2, clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0,
       kl_cov_ratio=2e-4, kl_cov_coef=1.0,
+      # ProRL's reference reset (arXiv 2505.24864; rl_step.reference_reset; not set by presets): every this many
+      # updates the reference becomes the current policy and the policy's optimizer state starts afresh (its lr
+      # kept), so the KL anchors at the policy reached; 0 = off (the reference stays the starting policy). Needs a
+      # reference (rl.beta > 0) that is a copy (not LoRA's frozen base).
+      ref_reset_every=0,
       # --- budget and robustness (not set by presets) ---
       mu=1,
       minibatches=1,             # optimizer updates per epoch, each over rows / minibatches rows
@@ -182,6 +191,9 @@ def base_config() -> ml_collections.ConfigDict:
       oversample=2,              # dynamic sampling draws oversample × prompts_per_step prompts, keeps prompts_per_step
       max_nonfinite_in_row=3,
       reward_fallback="",        # "" = raise on bad Python reward output; else a float used per bad sample
+      # the `random` reward term's rate: 1 with this probability per sample, from a hash of the sample and the
+      # step's salt (reward_spec.random_reward; spurious rewards, arXiv 2506.10947 use 0.5)
+      random_reward_rate=0.5,
       reward_timeout_s=60.0,
       # --- partial rollouts (rollout/carry.py, docs/algorithms.md): rows that outlive a step, in the train state ---
       # True: a table of (1 + max_staleness) · prompts_per_step groups decodes across steps in the continuous

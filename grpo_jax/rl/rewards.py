@@ -56,6 +56,30 @@ def _make_process(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
   return fn
 
 
+@register("random")
+def _make_random(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
+  """Bernoulli(rl.random_reward_rate) per sample, whatever it says (reward_spec.random_reward)."""
+  del ctx
+  return reward_spec.random_reward
+
+
+@register("incorrect")
+def _make_incorrect(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
+  """1 for a well-formed answer that is wrong (format OK, the answer parses, and it is not the reference), else 0:
+  spurious rewards' "incorrect" reward (Shao et al. 2025, arXiv 2506.10947, which rewards one wrong label; here
+  every wrong answer), the opposite of `accuracy` on the answers that parse."""
+  if ctx.task not in verify_jax.INTEGER_ANSWER + ("countdown",):
+    raise errors.ConfigError(f"config.rewards: the 'incorrect' term parses answers in-graph, which task "
+                             f"{ctx.task!r} does not; use it with {list(verify_jax.INTEGER_ANSWER + ('countdown',))}.")
+  tables = verify_jax.tables_for(ctx.tokenizer)
+
+  def fn(tokens, mask, batch, ctx):
+    ok_N, _ = verify_jax.answer_value(ctx.task, tokens, mask, batch, tables)
+    right_N = registry.accuracy_reward(ctx.task, tokens, mask, batch, tables) > 0.5
+    return reward_spec.outcome(ok_N & ~right_N)
+  return fn
+
+
 # ----------------------------------------------------------------------------------------------- Python terms
 
 class PythonTermError(errors.RunStopped):

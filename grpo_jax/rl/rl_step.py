@@ -232,14 +232,35 @@ def training_data(config, ro: rollout_lib.Rollout, adv_NxL, key: jax.Array,
   return data, {**metrics, **corr.metrics}
 
 
+def reference_reset(config, state: state_lib.State, updated: dict) -> tuple[dict, dict]:
+  """ProRL's reference reset (Liu et al. 2025, arXiv 2505.24864, "hard-reset the reference policy to a recent
+  snapshot of the online policy, and reinitialise the optimizer states"): after every rl.ref_reset_every-th update
+  the reference becomes the policy just updated and the policy's optimizer state starts afresh (moments and counts
+  zero, so a warm-up restarts; its learning rate, a per-run hyper-parameter under vmapped runs, kept), so the KL
+  anchors at the policy reached, not at the start. In-graph on the step counter: a resumed run resets where the
+  uninterrupted one did. -> (`updated` with the reset applied, {'train/ref_reset': 1 on a reset step})."""
+  every = int(config.rl.get("ref_reset_every", 0))
+  if every <= 0:
+    return updated, {}
+  reset = (state["step"] + 1) % every == 0
+  params, opt_state = updated["params"], updated["opt_state"]
+  fresh = optimizer(config).tx.init(params)._replace(hyperparams=opt_state.hyperparams)
+  out = dict(updated, ref_params=update_lib.select(reset, params, state["ref_params"]),
+             opt_state=update_lib.select(reset, fresh, opt_state))
+  return out, {"train/ref_reset": reset.astype(jnp.float32)}
+
+
 def finish_step(config, state: state_lib.State, updated: dict, ro: rollout_lib.Rollout, adv_NxL, um: dict,
                 extra: dict | None = None):
-  """The RL families' tail: the new state, unless a Python reward failed (then the whole state stays as it was and
-  the host raises after the step), and the step's metrics (`extra`: more of them, e.g. the correction's)."""
+  """The RL families' tail: the reference reset when rl.ref_reset_every says so, then the new state, unless a Python
+  reward failed (then the whole state stays as it was and the host raises after the step), and the step's metrics
+  (`extra`: more of them, e.g. the correction's)."""
   reward_ok = jnp.all(ro.status == reward_spec.OK)
+  updated, reset_m = reference_reset(config, state, updated)
   new_state = update_lib.select(reward_ok, dict(state, **updated, step=state["step"] + 1), state)
+  reset_m = {k: v * reward_ok for k, v in reset_m.items()}  # a skipped step resets nothing
   m = {**rollout_metrics(config, ro, adv_NxL), **update_lib.step_metrics(um, new_state["params"], reward_ok),
-       **(extra or {})}
+       **reset_m, **(extra or {})}
   n_show = config.train.num_samples_logged
   m.update({"reward_status": ro.status, "samples/tokens_NxL": ro.tokens_NxL[:n_show],
             "samples/mask_NxL": ro.mask_NxL[:n_show], "samples/r_N": ro.r_N[:n_show]})

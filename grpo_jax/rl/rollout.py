@@ -162,6 +162,8 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
       slot_util = carried.new_tokens.astype(jnp.float32) / (row_steps + carried.admitted_rows).astype(jnp.float32)
     tokens_NxL = sharding.constrain_batch(ro.tokens_NxL)
     fields = {k: v for k, v in b.items() if k not in PROMPT_KEYS}
+    # each row's key for the terms that draw a reproducible coin per sample (reward_spec.random_reward)
+    fields[reward_spec.SAMPLE_KEY] = sharding.constrain_batch(reward_spec.sample_keys(rng, n_all))
     r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields)
     terms_NxK = [per_term[n] for n in spec.names]
     if overlong_cache > 0:

@@ -39,6 +39,8 @@ METRICS: dict[str, str] = {
     'train/ratio_mean': 'token-mean importance ratio pi/pi_old (1 for the first of mu updates)',
     'train/ratio_max': 'largest importance ratio pi/pi_old over the step',
     'train/ratio_min': 'smallest importance ratio pi/pi_old over the step',
+    'train/ref_reset': ('rl.ref_reset_every > 0: 1 on a step after which the reference became the current policy '
+                        'and the optimizer state started afresh (ProRL), else 0'),
     'train/kl': ('k3 estimate of KL(pi || pi_ref), token mean, at the rollout policy; absent at beta = 0 '
                  '(no reference model)'),
     'train/entropy': 'token-mean entropy of pi (softmax(logits / temperature)) on the sampled completions',

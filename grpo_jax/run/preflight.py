@@ -20,6 +20,7 @@ from grpo_jax.infra import errors
 from grpo_jax.rl import auto
 from grpo_jax.run import validate
 from grpo_jax.rl import rewards as rewards_lib
+from grpo_jax.rl import reward_spec
 from grpo_jax.run import train
 from grpo_jax.model import model as model_lib
 from grpo_jax.tasks import data as data_lib
@@ -148,11 +149,16 @@ def check_tokenizer_model(config, tokenizer) -> None:
 
 
 def check_rewards(config, tokenizer) -> None:
-  known = set(rewards_lib.REGISTRY) | set(train.python_reward_fns(config, tokenizer))
+  """Every term is known, and every in-graph term can be built for this task and tokenizer (its maker refuses a
+  task it cannot score, e.g. `incorrect` without an in-graph answer parser)."""
+  py = train.python_reward_fns(config, tokenizer)
+  known = set(rewards_lib.REGISTRY) | set(py)
   for i, entry in enumerate(config.rewards):
     if isinstance(entry, (tuple, list)) and len(entry) == 2 and entry[0] not in known:
       raise errors.ConfigError(f"config.rewards[{i}]: unknown reward term {entry[0]!r}; choose from {sorted(known)} "
                                "(Python terms: train.python_reward_fns).")
+    if isinstance(entry, (tuple, list)) and len(entry) == 2 and entry[0] not in py:
+      rewards_lib.REGISTRY[entry[0]](reward_spec.Context(config.task.name, tokenizer))
 
 
 def check_packages(config) -> None:

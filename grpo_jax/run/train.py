@@ -150,7 +150,8 @@ def reward_terms(config, tokenizer, python_fns: dict | None = None) -> reward_sp
   """The config's reward terms; Python terms from the task (python_reward_fns) and `python_fns`."""
   rl = config.rl
   fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
-  return rewards_lib.build(config.rewards, reward_spec.Context(config.task.name, tokenizer),
+  return rewards_lib.build(config.rewards, reward_spec.Context(config.task.name, tokenizer,
+                                                             random_rate=float(rl.get("random_reward_rate", 0.5))),
                            {**python_reward_fns(config, tokenizer), **(python_fns or {})}, fallback,
                            rl.reward_timeout_s)
 

@@ -253,6 +253,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
     _fail("sampling.temperature", "must be > 0 for RL (π = softmax(logits / temperature)); use greedy only in eval.")
   _prob(c, "sampling.top_p", low_open=True)
   _prob(c, "rl.overlong_frac")
+  _prob(c, "rl.random_reward_rate")
   _prob(c, "optim.b1")
   _prob(c, "optim.b2")
   _prob(c, "ppo.lam")
@@ -265,6 +266,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   validate_algorithm(c)
   validate_correction(c)
   validate_objective(c)
+  validate_ref_reset(c)
   if c.rl.dynamic_sampling and c.rl.oversample < 2:
     _fail("rl.oversample", "dynamic sampling needs rl.oversample >= 2 (sample more groups than it keeps).")
   if c.rl.eps_low > 1:
@@ -488,6 +490,21 @@ def validate_objective(c) -> None:
           "the objective one packed micro-batch at a time; set rl.packing='off' (or 'auto') or rl.token_select='all'.")
 
 
+def validate_ref_reset(c) -> None:
+  """rl.ref_reset_every (rl_step.reference_reset): an integer >= 0; on, it needs a reference copy to reset."""
+  v = c.rl.get("ref_reset_every", 0)
+  if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+    _fail("rl.ref_reset_every", f"must be an integer >= 0 (updates between reference resets; 0 = off), got {v!r}.")
+  if v == 0:
+    return
+  if finite(c.rl.beta) and c.rl.beta == 0:
+    _fail("rl.ref_reset_every", f"is {v} but rl.beta = 0 keeps no reference to reset; set rl.beta > 0 (ProRL's KL "
+          "to a reset reference) or rl.ref_reset_every=0.")
+  if c.model.lora.rank > 0:
+    _fail("rl.ref_reset_every", f"is {v} but under LoRA (model.lora.rank={c.model.lora.rank}) the reference is the "
+          "frozen base itself, which cannot move; set rl.ref_reset_every=0 or train all weights.")
+
+
 def validate_algorithm(c) -> None:
   """The algorithm settings (presets.SETTINGS) fit together: each check names the setting that cannot work."""
   rl = c.rl
@@ -572,6 +589,11 @@ def validate_groups(c) -> None:
   _choice(c, "task.overlong_prompts", data.OVERLONG)
   for k in ("task.prompt_len", "task.train_size", "task.test_size"):
     _positive_int(c, k)
+  idx = tuple(c.task.get("train_indices", ()))
+  if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < c.task.train_size for i in idx) \
+      or len(set(idx)) != len(idx):
+    _fail("task.train_indices", f"{idx!r}: give distinct integers in [0, task.train_size={c.task.train_size}) "
+          "(the train-split examples the RL batches draw from; () = all of them).")
 
 
 def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 from grpo_jax.tasks import base, cot, prompts, registry, tokenizer as tokenizer_lib
 
 _DEFAULTS = {"language": "a", "data_dir": None, "split_seed": 0, "train_size": 10_000, "test_size": 500,
-             "prompt_format": "r1_zero", "overlong_prompts": "error"}
+             "prompt_format": "r1_zero", "overlong_prompts": "error", "train_indices": ()}
 OVERLONG = ("error", "drop", "truncate")  # task.overlong_prompts
 # Prompt lengths of a whole split, by what determines them: preflight, the RL batches and the eval set of one
 # process (and every stage of an R1 pipeline) measure a split once.
@@ -162,7 +162,10 @@ def rl_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_prompts
   if batch_prompts < 1:
     raise ValueError(f"batch_prompts={batch_prompts} must be >= 1")
   task = make_task(task_cfg)
-  examples = fit_prompts(task_cfg, tok, split, load_examples(task_cfg, split), prompt_len)
+  examples = load_examples(task_cfg, split)
+  if split == "train" and len(_get(task_cfg, "train_indices")):
+    examples = train_subset(examples, _get(task_cfg, "train_indices"))
+  examples = fit_prompts(task_cfg, tok, split, examples, prompt_len)
   truncate = _get(task_cfg, "overlong_prompts") == "truncate"
   step = start_step
   while True:
@@ -170,6 +173,16 @@ def rl_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_prompts
     yield rl_batch(task, chosen, _languages(task_cfg, batch_prompts, seed, step), tok, prompt_len,
                    _get(task_cfg, "prompt_format"), truncate)
     step += 1
+
+
+def train_subset(examples: list[dict], indices) -> list[dict]:
+  """task.train_indices: those examples of the train split, in the order given (a batch then draws them by the usual
+  per-epoch permutation; one index: every prompt of every batch is that example)."""
+  bad = [i for i in indices if not (isinstance(i, int) and 0 <= i < len(examples))]
+  if bad or len(set(indices)) != len(indices):
+    raise ValueError(f"task.train_indices={tuple(indices)!r}: give distinct indices of the train split's "
+                     f"{len(examples)} examples (task.train_size), each in [0, {len(examples)}).")
+  return [examples[i] for i in indices]
 
 
 def eval_set(task_cfg, tok: tokenizer_lib.Tokenizer, n: int, prompt_len: int) -> dict[str, np.ndarray]:

@@ -11,7 +11,8 @@ be benchmarked, and a tiny one learns the toy in minutes. Its batches are built 
 - Toy (`toy_batches`, `held_out_set`, `train_set`, `base_documents`, `toy_reward_spec`): a, b ≤ 4, so the answer
   is one digit token; training prompts have even a, held-out prompts odd a. Reward terms, all in-graph: `acc` (the
   first completion token is the answer), `fmt` (the completion is exactly digit, EOS), `proc` (two rule-checked
-  steps: a digit first, EOS second; per-step scores for process advantages). Used by the training ablations.
+  steps: a digit first, EOS second; per-step scores for process advantages), and the spurious rewards `incorrect`
+  (a wrong digit answer) and `random` (reward_spec.random_reward). Used by the training ablations.
 """
 import jax.numpy as jnp
 import numpy as np
@@ -128,9 +129,24 @@ def toy_encode(a: np.ndarray, b: np.ndarray) -> dict:
   return {"prompt_NxP": prompt, "prompt_mask_NxP": np.ones_like(prompt), "answer_N": (DIGIT0 + a + b).astype(np.int32)}
 
 
-def toy_batches(n: int, seed: int):
-  """Endless batches of n training prompts: even a (0, 2, 4), so the held-out pairs (odd a) never occur."""
+def toy_batches(n: int, seed: int, indices=()):
+  """Endless batches of n training prompts: even a (0, 2, 4), so the held-out pairs (odd a) never occur.
+  `indices` (task.train_indices): only those pairs of train_set(), drawn uniformly (one index: the batch is that
+  prompt n times, one-shot RLVR); () = every training pair."""
   rng = np.random.default_rng(seed)
+  if len(indices):
+    pairs = train_set()
+    bad = [i for i in indices if not 0 <= int(i) < len(pairs["answer_N"])]
+    if bad or len(set(indices)) != len(indices):
+      raise config_lib.ConfigError(f"config.task.train_indices={tuple(indices)!r}: the toy has "
+                                   f"{len(pairs['answer_N'])} training pairs; give distinct indices in [0, "
+                                   f"{len(pairs['answer_N'])}).")
+    a_all = pairs["prompt_NxP"][:, 2] - DIGIT0
+    b_all = pairs["prompt_NxP"][:, 4] - DIGIT0
+    idx = np.asarray(indices, np.int64)
+    while True:
+      pick = idx[rng.integers(0, len(idx), n)]
+      yield toy_encode(a_all[pick], b_all[pick])
   while True:
     a = rng.integers(0, 5, n)
     b = rng.integers(0, 5, n)
@@ -190,14 +206,22 @@ def _proc(tokens_NxL, mask_NxL, batch, ctx):
   return spec_lib.outcome(s_r.mean(-1), (s_r, s_end, s_valid))
 
 
-TOY_TERMS = {"acc": _acc, "fmt": _fmt, "proc": _proc}
+def _incorrect(tokens_NxL, mask_NxL, batch, ctx):
+  """A digit answer that is wrong (spurious rewards' "incorrect" reward on the toy: `acc`'s opposite among the
+  completions that answer with a digit)."""
+  answered = _is_digit(tokens_NxL[:, 0]) & (mask_NxL[:, 0] > 0)
+  return spec_lib.outcome(answered & (tokens_NxL[:, 0] != batch["answer_N"]))
 
 
-def toy_reward_spec(terms, vocab: int) -> spec_lib.RewardSpec:
-  """A weighted sum of toy terms, `terms` = ((name, weight), ...) as in config.rewards."""
+TOY_TERMS = {"acc": _acc, "fmt": _fmt, "proc": _proc, "incorrect": _incorrect, "random": spec_lib.random_reward}
+
+
+def toy_reward_spec(terms, vocab: int, random_rate: float = 0.5) -> spec_lib.RewardSpec:
+  """A weighted sum of toy terms, `terms` = ((name, weight), ...) as in config.rewards; `random_rate`: the
+  `random` term's (rl.random_reward_rate)."""
   names = tuple(n for n, _ in terms)
   unknown = [n for n in names if n not in TOY_TERMS]
   if unknown:
     raise ValueError(f"config.rewards: toy terms {unknown} are unknown; choose from {sorted(TOY_TERMS)}.")
   return spec_lib.RewardSpec(names, tuple(float(w) for _, w in terms), tuple(TOY_TERMS[n] for n in names), {},
-                            spec_lib.Context(TASK, Tokenizer(vocab)))
+                            spec_lib.Context(TASK, Tokenizer(vocab), random_rate=float(random_rate)))

@@ -119,7 +119,7 @@ def train_seeds(c, mesh, mcfg, states, program: train.Program, spec, tokenizer, 
 
 def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   c = build_config(cfg, dict(cfg.variants)[variant])
-  spec = digits.toy_reward_spec(c.rewards, c.model.vocab_size)
+  spec = digits.toy_reward_spec(c.rewards, c.model.vocab_size, c.rl.random_reward_rate)
   c, mesh, mcfg, states, program = make_runs(cfg, c, spec, seeds)
   evaluate_heldout = toy.make_eval(mcfg, c.sampling.max_new_tokens)
   evaluate_train = toy.make_eval(mcfg, c.sampling.max_new_tokens, digits.train_set())
@@ -143,7 +143,8 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
 
   # the same prompts for every seed and variant
   train_seeds(c, mesh, mcfg, states, program, spec, spec.ctx.tokenizer,
-              batches=digits.toy_batches(c.rl.prompts_per_step, seed=12345), evaluate=evaluate, observe=observe)
+              batches=digits.toy_batches(c.rl.prompts_per_step, seed=12345, indices=c.task.train_indices),
+              evaluate=evaluate, observe=observe)
   reward, len_right, len_wrong, acc, acc_train, entropy, cov = map(
       lambda a: np.asarray(a, np.float64).T, (reward, len_right, len_wrong, acc, acc_train, entropy, cov))
   tail = slice(int(cfg.steps * 0.8), None)
