@@ -1,4 +1,6 @@
 """The training tables' toy base model and cells, and table c's compiled-memory column, at tiny sizes."""
+import os
+
 import jax
 import ml_collections
 import numpy as np
@@ -79,3 +81,85 @@ def test_compiled_memory_counts_the_state_and_batch():
     np.testing.assert_allclose(s["xla_args_MB"][0], state_mb + batch_mb, rtol=1e-6, err_msg=a)
     assert s["xla_temp_MB"][0] > 0
   assert out["ppo_separate"]["xla_args_MB"][0] > out["grpo"]["xla_args_MB"][0]
+
+
+# ----------------------------------------------------------------- tables h, k, l (task_table) and i, j, m configs
+
+TABLE_CONFIGS = ("entropy", "objectives", "lite_ppo_grid", "reasoning_boundary", "spurious_rewards", "one_shot")
+
+
+@pytest.mark.parametrize("name", TABLE_CONFIGS)
+def test_table_configs_load_and_every_variant_validates(name):
+  """Both sizes of each new table load, and every variant's run config passes the run's validation (a bad key or
+  value would stop the table only at its cell)."""
+  import os
+  from grpo_jax.studies import ablate
+  path = os.path.join(os.path.dirname(__file__), "..", "configs", "ablations", f"{name}.py")
+  for arg in (None, "small"):
+    cfg = config_lib.load_config(path, arg)
+    table = ablate.load_table(cfg)
+    assert cfg.seeds == (5 if arg is None else cfg.seeds) and len(table.variants(cfg)) >= 2
+    for _, overrides in cfg.variants:
+      table.build_config(cfg, overrides)
+
+
+def test_crossover_and_curve_by_hand():
+  from grpo_jax.studies.ablations import task_table
+  ks = [1, 2, 4, 8]
+  # RL ahead at k = 1, 2; tied at 4; the base ahead from 8: the crossover is 8
+  assert task_table.crossover_k(np.array([.5, .6, .7, .8]), np.array([.2, .4, .7, .9]), ks) == 8
+  # RL ahead, dips below, ahead again, then the base ahead at the end: from the last k RL is not behind + 1
+  assert task_table.crossover_k(np.array([.5, .3, .8, .8]), np.array([.2, .4, .7, .9]), ks) == 8
+  assert task_table.crossover_k(np.array([.5, .4, .6, .8]), np.array([.2, .5, .7, .9]), ks) == 2
+  assert np.isnan(task_table.crossover_k(np.array([.5, .6, .9, 1.]), np.array([.2, .4, .7, 1.]), ks))  # tie at n
+  assert np.isnan(task_table.crossover_k(np.array([.1, .6, .9, .9]), np.array([.2, .4, .7, 1.]), ks))  # RL behind
+  # two prompts, n = 4 samples: 1 and 0 right. pass@1 = (1/4 + 0)/2; pass@2 = (1 − C(3,2)/C(4,2))/2 = 1/4
+  np.testing.assert_allclose(task_table.curve(np.array([1, 0]), 4, [1, 2, 4]), [0.125, 0.25, 0.5])
+
+
+def test_one_shot_random_reward_toy_cell_runs(tiny_cfg):
+  """Table l's data option and table k's random term through train_table on the toy: every batch is the one pair
+  (its sampled accuracy is the reward curve), the coin's rate is the configured one."""
+  cfg = ml_collections.ConfigDict(tiny_cfg.to_dict())
+  cfg.variants = (("one-shot random", {**presets.overrides("grpo"), "task.train_indices": (7,),
+                                       "rewards": (("random", 1.0), ("acc", 0.0)), "rl.random_reward_rate": 0.25}),)
+  cell = train_table.run_cell(cfg, "one-shot random", [0, 1])
+  assert np.asarray(cell["curves"]["train accuracy reward"]["y"]).shape == (2, 2)
+
+
+def test_saturation_readings_by_hand():
+  """Table l's readings: the first step (1-based) whose training accuracy reaches cfg.saturation, the held-out
+  accuracy at the first evaluation from that step on, its change to the end; nan without saturation."""
+  from grpo_jax.studies.ablations import task_table
+  cfg = ml_collections.ConfigDict({"saturation": 1.0})
+  acc = np.array([[.5, .9, 1., .8, 1.], [.5, .5, .5, .5, .5]])
+  held = np.array([[.1, .2, .4], [.1, .1, .1]])  # evaluations at steps 0, 3, 5
+  out = task_table._saturation(cfg, acc, held, [0, 3, 5])
+  assert out["saturation_step"][0] == 3 and out["heldout_at_saturation"][0] == .2
+  np.testing.assert_allclose(out["heldout_after_saturation"][0], .4 - .2)
+  assert all(np.isnan(out[k][1]) for k in out)
+
+
+def test_task_table_cell_runs_end_to_end(tmp_path, monkeypatch):
+  """One cell of the generated-task tables at a tiny size, through train.rl_loop: the SFT start (cached under the
+  temp dir), a one-shot variant trained on the `random` reward with the true one measured at weight 0 and ProRL's
+  reset every 2 updates, greedy held-out accuracy and pass@k curves of the base and the trained policy."""
+  import tempfile
+  from grpo_jax.studies.ablations import task_table
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+  overrides = {**presets.overrides("grpo"), "task.train_indices": (3,), "rl.ref_reset_every": 2,
+               "rewards": (("random", 1.0), ("accuracy", 0.0)), "rl.random_reward_rate": 0.5}
+  cfg = task_table.table_config("small", (("one-shot random, reset", overrides),), passk_n=4)
+  cfg.steps, cfg.eval_every, cfg.passk_prompts, cfg.passk_chunk, cfg.saturation = 3, 2, 2, 2, 1.0
+  cell = task_table.run_cell(cfg, "one-shot random, reset", [0, 1])
+  s, curves = cell["scalars"], cell["curves"]
+  assert s["ref_resets"] == [1.0, 1.0]  # after update 2 of 3, in each seed
+  assert curves["held-out greedy accuracy"]["x"] == [0, 2, 3]
+  rand = np.asarray(curves["train reward: random"]["y"])
+  assert rand.shape == (2, 3) and set(np.unique(rand * 8).tolist()) <= set(range(9))  # 2 prompts × G=4 coins
+  assert 0 < rand.mean() < 1
+  for name in ("pass@k of the base (step 0)", "pass@k after RL"):
+    y = np.asarray(curves[name]["y"])
+    assert curves[name]["x"] == [1, 2, 3, 4] and y.shape == (2, 4) and (np.diff(y, axis=1) >= -1e-12).all()
+  assert {"pass@1_base", "pass@4", "pass@4_gain", "crossover_k", "saturation_step"} <= set(s)
+  assert any(d.startswith("grpo_jax_task_start_") for d in os.listdir(tmp_path))

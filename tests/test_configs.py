@@ -18,6 +18,7 @@ import pytest
 
 from grpo_jax.config import config_lib
 from grpo_jax.config import presets
+from grpo_jax.studies.ablations import task_table
 from grpo_jax.studies.ablations import train_table
 from grpo_jax.tasks import digits
 
@@ -30,7 +31,8 @@ MAIN_ARGS = {"grpo_arith.py": (["", "small"] + [f"algo={a}" for a in presets.nam
              "r1_zero_aha.py": ["", "small", "control", "noverify", "small,control"],
              "tools_calc.py": ["", "small", "control", "small,control"]}
 ABLATIONS = ("algorithms.py", "length_bias.py", "reward_design.py", "kl_estimators.py", "baselines.py", "memory.py",
-             "gdpo.py", "entropy.py", "objectives.py", "lite_ppo_grid.py")
+             "gdpo.py", "entropy.py", "objectives.py", "lite_ppo_grid.py", "reasoning_boundary.py",
+             "spurious_rewards.py", "one_shot.py")
 
 
 def _load(rel: str, arg: str = ""):
@@ -72,7 +74,9 @@ def resolve_all() -> dict:
       entry = {}
       if "run" in cfg:
         entry["harness"] = {k: v for k, v in _flat(cfg).items() if k.split(".")[0] not in ("run", "variants")}
-        entry["variants"] = {name: _diff(train_table.build_config(cfg, over)) for name, over in cfg.variants}
+        # the generated-task tables' runs as their module builds them (the others' pins predate this: train_table's)
+        build = task_table.build_config if cfg.table == "task_table" else train_table.build_config
+        entry["variants"] = {name: _diff(build(cfg, over)) for name, over in cfg.variants}
         entry["variant_order"] = [name for name, _ in cfg.variants]
       else:
         entry["harness"] = _flat(cfg)

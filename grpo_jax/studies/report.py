@@ -94,6 +94,7 @@ def write_plots(workdir: str, cells: Cells) -> list[str]:
     fig = Figure(figsize=(6, 4), dpi=100)
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(111)
+    xlabel, xscale = "step", "linear"  # a curve may name its x axis (`xlabel`) and scale (`xscale`: pass@k's k)
     for v, c in cells.items():
       if m not in c.get("curves", {}):
         continue
@@ -101,8 +102,10 @@ def write_plots(workdir: str, cells: Cells) -> list[str]:
       mean, hw = stats.band(np.asarray(c["curves"][m]["y"], np.float64))
       (line,) = ax.plot(x, mean, label=v)
       ax.fill_between(x, mean - hw, mean + hw, color=line.get_color(), alpha=0.2, linewidth=0)
+      xlabel, xscale = c["curves"][m].get("xlabel", xlabel), c["curves"][m].get("xscale", xscale)
     ax.set_title(m)
-    ax.set_xlabel("step")
+    ax.set_xlabel(xlabel)
+    ax.set_xscale(xscale)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
