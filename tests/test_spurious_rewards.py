@@ -123,3 +123,30 @@ def test_toy_one_shot_batches():
   assert set(seen.tolist()) == {int(pairs["answer_N"][1]), int(pairs["answer_N"][9])}
   with pytest.raises(config_lib.ConfigError, match="config.task.train_indices"):
     next(digits.toy_batches(8, seed=0, indices=(15,)))
+
+
+def test_random_term_through_the_rollout_is_the_hash_of_each_row_and_replays():
+  """In the RL rollout each row's `random` score is sample_uniform(its completion, sample_keys(the rollout rng)) <
+  rate, exactly; the same rng replays the same scores (a resumed step), another rng draws others."""
+  from grpo_jax.infra import sharding
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rl import auto
+  from grpo_jax.rl import rl_step
+  from grpo_jax.rl import rollout as rollout_lib
+  c = digits.bench_config(hidden=32, layers=1, heads=2, kv=1, inter=64, vocab=64, prompts=8, G=8, L=6)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  c, _ = auto.resolve_here(c, mesh, log=False)
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = digits.toy_reward_spec((("random", 1.0),), c.model.vocab_size, random_rate=0.25)
+  rollout_fn = jax.jit(rollout_lib.make_rollout_fn(c, mcfg, spec, spec.ctx.tokenizer))
+  state = rl_step.init(c, mesh, mcfg, seed=0)
+  batch = next(iter(digits.make_batches(c.rl.prompts_per_step, 1, seed=1)))
+  ref = rl_step.reference_params(c, state)
+  r1, r2 = (rollout_fn(state["params"], ref, batch, jax.random.PRNGKey(k)) for k in (7, 8))
+  for ro, k in ((r1, 7), (r2, 8)):
+    u = reward_spec.sample_uniform(ro.tokens_NxL, ro.mask_NxL, reward_spec.sample_keys(jax.random.PRNGKey(k), 64))
+    np.testing.assert_array_equal(np.asarray(ro.per_term["random"]), np.asarray(u < 0.25, np.float32))
+  again = rollout_fn(state["params"], ref, batch, jax.random.PRNGKey(7))
+  np.testing.assert_array_equal(np.asarray(again.r_N), np.asarray(r1.r_N))
+  assert (np.asarray(r1.r_N) != np.asarray(r2.r_N)).any()
+  assert 0 < float(np.asarray(r1.r_N).mean()) < 0.6  # 64 coins at 0.25: 0 or > 0.6 has probability < 1e-6

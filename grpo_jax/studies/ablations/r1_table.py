@@ -97,8 +97,9 @@ def start_params(cfg, mcfg):
 def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   c = build_config(cfg, dict(cfg.variants)[variant])
   tok = tok_lib.for_config(c)
-  spec = rewards_lib.build(c.rewards, reward_spec.Context(c.task.name, tok),
-                           {**train.python_reward_fns(c, tok), **r1_rewards.config_fns(c)}, None, c.rl.reward_timeout_s)
+  ctx = reward_spec.Context(c.task.name, tok, random_rate=float(c.rl.random_reward_rate))
+  spec = rewards_lib.build(c.rewards, ctx, {**train.python_reward_fns(c, tok), **r1_rewards.config_fns(c)}, None,
+                           c.rl.reward_timeout_s)
   mcfg = model_lib.ModelConfig.from_config(c.model)
   # every seed from one init (the stage's start), their rollouts differ
   c, mesh, mcfg, states, program = train_table.make_runs(cfg, c, spec, seeds, tok, start_params(cfg, mcfg),
