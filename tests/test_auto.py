@@ -4,6 +4,7 @@ that builds a step resolving it (the main job, R1 stages, vmapped sweep lanes, t
 planner CLI)."""
 import json
 import logging
+import os
 
 import pytest
 
@@ -473,6 +474,15 @@ def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
                    "today's rule picks on (train.steps 30 >= 20: padding-free passes (bench-tiny 1.10x, bench-small "
                    "1.07-1.20x, bench-tail's reference + update 3x faster than padded)))"], lines
   assert again.view["resolved.rl.packing"] == "off"  # recorded again with the next checkpoints
+  with open(tmp_path / "auto.json") as f:
+    record = f.read()
+  assert json.loads(record)["rl.packing"].startswith("off (recorded with this run")  # the values it runs now
+  loop_guard.LoopGuard(c, str(tmp_path), "rl").resolve(c, mesh)  # the same values again: the file is kept as it is
+  with open(tmp_path / "auto.json") as f:
+    assert f.read() == record
+  os.remove(tmp_path / "auto.json")
+  loop_guard.LoopGuard(c, str(tmp_path), "rl").resolve(c, mesh)  # a lost record is written again
+  assert json.load(open(tmp_path / "auto.json"))["rl.packing"].startswith("off (")
   with pytest.raises(errors.InputError, match=r"rl.packing \('off' → 'on'\).*allow_config_change=rl.packing"):
     loop_guard.LoopGuard(config_lib.override(c, {"rl.packing": True}), str(tmp_path), "rl")
   loop_guard.LoopGuard(config_lib.override(c, {"rl.packing": False, "sampling.exit_chunk": 8}), str(tmp_path), "rl")

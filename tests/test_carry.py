@@ -454,3 +454,27 @@ def test_roofline_decode_work_replays_the_carry():
     assert w["steps"] == sim["steps"] / sim["updates"] and w["lag_max"] == sim["lag_max"] <= k
     if k == 0:
       assert w["tokens"] == lengths.sum() / 6 and sim["updates"] == 6
+
+
+def test_grouped_kv_read_equals_one_group():
+  """live_attention.attend with the rows in M groups of any order (each reading the blocks below its own longest
+  row) gives one group's outputs: the groups change what is read, not the result. Two device blocks, rows at
+  lengths from 1 to 37 in a block of 8-key blocks."""
+  from grpo_jax.model import live_attention as la
+  rng = np.random.default_rng(0)
+  n, h, k, dh, b, p, lc, d = 16, 4, 2, 8, 3, 5, 40, 2
+  f = lambda *s: jnp.asarray(rng.standard_normal(s).astype(np.float32))
+  clen = jnp.asarray(rng.integers(1, 38, n).astype(np.int32))
+  kv = la.LiveKV(f(b, k, dh, p), f(b, k, p, dh), jnp.ones((b, p), jnp.int32),
+                 jnp.asarray(rng.integers(0, b, n).astype(np.int32)) % (b // 1), f(n, k, dh, lc), f(n, k, lc, dh), clen,
+                 jnp.max(clen), 8, 1)
+  q = f(n, h, dh)
+  one = la.attend(q, kv)
+  for m in (2, 4):
+    order = jnp.asarray(np.concatenate([rng.permutation(n // d) for _ in range(d)]).astype(np.int32))
+    lens = jnp.max(jnp.take_along_axis(clen.reshape(d, -1), order.reshape(d, -1), 1).reshape(d, m, -1), axis=(0, 2))
+    kv_d = kv._replace(split=d, pk_BxKxDxP=jnp.concatenate([kv.pk_BxKxDxP] * d), pv_BxKxPxD=jnp.concatenate(
+        [kv.pv_BxKxPxD] * d), pok_BxP=jnp.concatenate([kv.pok_BxP] * d))
+    got = la.attend(q, kv_d._replace(live_len=lens, order_N=order))
+    np.testing.assert_allclose(np.asarray(got), np.asarray(la.attend(q, kv_d)), rtol=1e-5, atol=1e-5)
+  np.testing.assert_allclose(np.asarray(la.attend(q, kv._replace(split=1))), np.asarray(one), rtol=0, atol=0)

@@ -214,7 +214,9 @@ def test_token_logprobs_match_numpy_and_chunking_is_exact(monkeypatch, remat_min
     np.testing.assert_allclose(np.asarray(got[1]), want_ent, atol=1e-5)
   np.testing.assert_allclose(np.asarray(chunked[0]), np.asarray(whole[0]), atol=1e-6)
   for a, b in zip(jax.tree.leaves(g_whole), jax.tree.leaves(g_chunk)):
-    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5, rtol=1e-4)
+    # float32 sums in another order: the error scales with the leaf's largest entries (~30 here), not each entry's
+    scale = float(np.abs(np.asarray(a)).max())
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-6 * scale, rtol=1e-4)
 
 
 def test_completion_logprobs_equal_the_sliced_full_logprobs():

@@ -34,6 +34,9 @@ class LiveKV(NamedTuple):
   live_len: jax.Array  # max of clen_N over the live rows (traced): blocks at or past it are not read
   block: int  # completion keys per block (static)
   split: int = 1  # the rows' device blocks: block d of group_N indexes only block d of the prompts (take_local)
+  # with live_len of M > 1 entries: each device block's rows in the order its groups take them (indices local to
+  # the block; group g = entries [g·c, (g+1)·c)), longest first; None = the rows' own order
+  order_N: jax.Array | None = None
 
 
 def take_local(x_Bx: jax.Array, idx_N: jax.Array, split: int = 1) -> jax.Array:
@@ -60,26 +63,32 @@ def write(kv: LiveKV, k_NxKxD: jax.Array, v_NxKxD: jax.Array, t_N: jax.Array) ->
 def attend(q_NxHxD: jax.Array, kv: LiveKV) -> jax.Array:
   """One query per row: online softmax over the row's prompt KV, then its completion KV block by block (a while
   loop up to live_len when there is more than one block). A live_len of M > 1 entries splits each device's rows
-  into M groups of consecutive rows, each reading the completion blocks below its own longest row (the rollout
-  carry sorts its slots by length so that long rows share groups: rollout/carry.py)."""
+  into M groups (kv.order_N: the rollout carry orders them by length every step, rollout/carry.py), each reading
+  the completion blocks below its own longest row: the KV read follows the rows, not the longest one. A group's
+  rows are gathered block by block from the whole buffer (nothing moves), its outputs scattered back."""
   lens = jnp.asarray(kv.live_len)
   if lens.ndim == 0 or lens.shape[0] == 1:
-    return _attend(q_NxHxD, kv._replace(live_len=lens.reshape(())))
+    return _attend(q_NxHxD, kv._replace(live_len=lens.reshape(()), order_N=None))
   m, d, n = lens.shape[0], kv.split, q_NxHxD.shape[0]
-  c = n // d // m
-  outs = []
-  for g in range(m):  # group g: rows [g·c, (g+1)·c) of every device's block, still on their device
-    sel = lambda x: x.reshape((d, n // d) + x.shape[1:])[:, g * c:(g + 1) * c].reshape((d * c,) + x.shape[1:])
-    # the group's rows of the completion KV are sliced block by block inside the loop (a slice taken here would copy
-    # the group's whole [c, Lc] buffer every step)
-    sub = kv._replace(group_N=sel(kv.group_N), clen_N=sel(kv.clen_N), live_len=lens[g])
-    outs.append(_attend(sel(q_NxHxD), sub, (g * c, c)).reshape((d, c) + q_NxHxD.shape[1:]))
-  return jnp.concatenate(outs, axis=1).reshape(q_NxHxD.shape)
+  nd = n // d
+  c = nd // m
+  order_DxNd = (jnp.broadcast_to(jnp.arange(nd, dtype=jnp.int32), (d, nd)) if kv.order_N is None
+                else kv.order_N.reshape(d, nd))
+  per_dev = lambda x: x.reshape((d, nd) + x.shape[1:])
+  out_DxNdxHxD = jnp.zeros((d, nd) + q_NxHxD.shape[1:], q_NxHxD.dtype)
+  for g in range(m):  # group g: entries [g·c, (g+1)·c) of every device's order, still on their device
+    idx_DxC = order_DxNd[:, g * c:(g + 1) * c]
+    sel = lambda x: jax.vmap(lambda xd, i: jnp.take(xd, i, axis=0))(per_dev(x), idx_DxC).reshape(
+        (d * c,) + x.shape[1:])
+    sub = kv._replace(group_N=sel(kv.group_N), clen_N=sel(kv.clen_N), live_len=lens[g], order_N=None)
+    o = _attend(sel(q_NxHxD), sub, idx_DxC).reshape((d, c) + q_NxHxD.shape[1:])
+    out_DxNdxHxD = jax.vmap(lambda acc, i, v: acc.at[i].set(v))(out_DxNdxHxD, idx_DxC, o)
+  return out_DxNdxHxD.reshape(q_NxHxD.shape)
 
 
-def _attend(q_NxHxD: jax.Array, kv: LiveKV, rows: tuple[int, int] | None = None) -> jax.Array:
-  """attend for the rows q_NxHxD holds; rows = (start, count): they are rows [start, start + count) of each of the
-  kv.split device blocks of the completion KV (kv.ck / kv.cv hold all rows), else all of them."""
+def _attend(q_NxHxD: jax.Array, kv: LiveKV, rows_DxC: jax.Array | None = None) -> jax.Array:
+  """attend for the rows q_NxHxD holds: rows_DxC[d] of device block d of the completion KV (kv.ck / kv.cv hold all
+  rows; each block read gathers just those rows' window), else all of them."""
   n, h, d = q_NxHxD.shape
   k = kv.pk_BxKxDxP.shape[1]
   scale = 1.0 / math.sqrt(d)
@@ -106,16 +115,19 @@ def _attend(q_NxHxD: jax.Array, kv: LiveKV, rows: tuple[int, int] | None = None)
   ds = kv.split
 
   def read(x, axis: int, start, size: int):
-    """x[rows, ..., start:start + size along `axis`]: one slice of the rows' block (the rows of every device)."""
-    if rows is None:
+    """x[rows, ..., start:start + size along `axis`]: the rows' window of one block (the rows of every device)."""
+    if rows_DxC is None:
       return jax.lax.dynamic_slice_in_dim(x, start, size, axis=axis)
-    x = x.reshape((ds, x.shape[0] // ds) + x.shape[1:])
-    at = [0] * x.ndim
-    at[1], at[axis + 1] = rows[0], start
     sizes = list(x.shape)
-    sizes[1], sizes[axis + 1] = rows[1], size
-    out = jax.lax.dynamic_slice(x, at, sizes)
-    return out.reshape((ds * rows[1],) + out.shape[2:])
+    sizes[0], sizes[axis] = 1, size
+
+    def one(x_dev, r):  # one row's window: with the rows batched, a gather of exactly these windows
+      at = [jnp.int32(0)] * x.ndim
+      at[0], at[axis] = r, start
+      return jax.lax.dynamic_slice(x_dev, at, sizes)[0]
+    x_dev = x.reshape((ds, x.shape[0] // ds) + x.shape[1:])
+    out = jax.vmap(lambda xd, rr: jax.vmap(lambda r: one(xd, r))(rr))(x_dev, rows_DxC)
+    return out.reshape((-1,) + out.shape[2:])
 
   def block(j, carry):
     ck = read(kv.ck_NxKxDxL, 3, j * b, b)

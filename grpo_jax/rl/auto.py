@@ -117,7 +117,9 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
         logging.info("%s (set)", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)))
       continue
     if all(k in recorded for k in keys):
-      pick = tuple(recorded[k] for k in keys) if knob.joint else recorded[key]
+      # a joint key the record holds at the value it has now was left as set (None), as the first run chose it
+      pick = (tuple(None if i and recorded[k] == v else recorded[k] for i, (k, v) in enumerate(zip(keys, values)))
+              if knob.joint else recorded[key])
       why = "recorded with this run: a resume runs the program it started with"
       try:
         today, today_why = knob.choose(out, ctx, knob.candidates(out, ctx))
@@ -174,15 +176,30 @@ def resolved_values(config) -> dict[str, Any]:
   return out
 
 
-def write_record(workdir: str, chosen: dict[str, str]) -> None:
-  """DIR/auto.json: what `auto` resolved for this run and why (process 0; the checkpoints hold the values)."""
-  if jax.process_index() == 0 and chosen:
-    os.makedirs(workdir, exist_ok=True)
-    tmp = os.path.join(workdir, f"auto.json.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-      json.dump(dict(sorted(chosen.items())), f, indent=2)
-      f.write("\n")
-    os.replace(tmp, os.path.join(workdir, "auto.json"))
+def write_record(workdir: str, chosen: dict[str, str], *, resumed: bool = False) -> None:
+  """DIR/auto.json: what `auto` resolved for this run and why (process 0; the checkpoints hold the values).
+  A resume that resolved the values the file already holds keeps the file (only the 'why' would change, and the
+  run's directory would differ from an uninterrupted run's); otherwise the file says what this process runs."""
+  path = os.path.join(workdir, "auto.json")
+  if jax.process_index() != 0 or not chosen:
+    return
+  if resumed and _recorded_values(path) == {k: v.split(" (", 1)[0] for k, v in chosen.items()}:
+    return
+  os.makedirs(workdir, exist_ok=True)
+  tmp = os.path.join(workdir, f"auto.json.tmp-{os.getpid()}")
+  with open(tmp, "w", encoding="utf-8") as f:
+    json.dump(dict(sorted(chosen.items())), f, indent=2)
+    f.write("\n")
+  os.replace(tmp, path)
+
+
+def _recorded_values(path: str) -> dict[str, str] | None:
+  """{key: value} of an auto.json (None where it is missing or unreadable: it is written again)."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return {k: str(v).split(" (", 1)[0] for k, v in json.load(f).items()}
+  except (OSError, ValueError, AttributeError):
+    return None
 
 
 def size(nbytes: int) -> str:

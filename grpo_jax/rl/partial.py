@@ -18,10 +18,8 @@ def _slots_per_device(config, ctx: auto.Context) -> int:
 auto.register(auto.Knob(
     "rl.carry_kv_groups", applies=lambda c: bool(c.rl.get("partial_rollouts", False)),
     candidates=lambda c, ctx: [g for g in (1, 2, 4, 8) if _slots_per_device(c, ctx) % g == 0],
-    choose=lambda c, ctx, cands: (
-        carry_lib.kv_groups(0, _slots_per_device(c, ctx), 1, ctx.platform or jax.default_backend()),
-        f"{ctx.platform or jax.default_backend()}: one group on the CPU (a group's loop costs more than the KV it "
-        "skips), else the most up to 8 dividing a device's slots")))
+    choose=lambda c, ctx, cands: (carry_lib.kv_groups(0, _slots_per_device(c, ctx), 1),
+                                  "the most up to 8 dividing a device's slots: a long row costs its group's KV read")))
 
 
 def train_mask(ro: rollout_lib.Rollout, version: jax.Array, max_staleness: int) -> tuple[jax.Array, jax.Array]:

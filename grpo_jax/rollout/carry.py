@@ -13,10 +13,10 @@ One call of `advance` (static shapes; per device block d of the D = data × fsdp
   2. KV across an update (`rl.carry_kv`): 'keep' decodes on over the KV older weights wrote (SkyRL's default);
      'recompute' first re-prefills every group's prompt and every live slot's completion so far with the current
      weights (NeMo-RL's option).
-  3. decode: S slots take queued rows, oldest group first (carried rows' slots sorted longest first, so the KV
-     read groups of live_attention follow the rows). The loop runs at least `budget` decode steps, and on until every
-     device has B/D complete groups (all G rows ended: group normalisation needs whole groups) and every due group
-     (below) is complete.
+  3. decode: S slots take queued rows, oldest group first (every step the slots are grouped by length, each group
+     reading the KV below its own longest row: live_attention). The loop runs at least `budget` decode steps, and on
+     until every device has B/D complete groups (all G rows ended: group normalisation needs whole groups) and, under
+     rl.staleness_policy 'wait', every due group (below) is complete.
   4. select: each device's B/D oldest complete groups are the step's N = B·G rows (they stay on their device);
      their positions are freed for the next step's prompts. Complete groups beyond those wait (the ready buffer).
 Staleness (rl.staleness_policy): 'wait' bounds it by construction — a group admitted max_staleness updates ago is
@@ -135,22 +135,19 @@ def fields_override() -> dict[str, tuple] | None:
   return _FIELDS.get()
 
 
-def kv_groups(setting: int, slots: int, split: int, plat: str = "tpu") -> int:
-  """rl.carry_kv_groups, or for 0 (auto) on an accelerator the most groups up to 8 that divide each device's slots: a
-  carried long row then makes only its group read its length, not every slot (the KV read follows the rows,
-  docs/scale.md). On the CPU one group: each group's block loop costs its own small ops, which cost more there than
-  the KV they skip (tail_small's shape, 64 slots to 256 tokens: 20.1 ms a step with 1 group, 23.9 with 8)."""
+def kv_groups(setting: int, slots: int, split: int) -> int:
+  """rl.carry_kv_groups, or for 0 (auto) the most groups up to 8 that divide each device's slots: a carried long row
+  then makes only its group read its length, not every slot (bench-tail on the CPU, 128 slots: the rollout's
+  decode 5,248 tokens/s with 8 groups against 3,406 with one; docs/performance.md)."""
   if setting:
     return setting
-  if plat == "cpu":
-    return 1
   per = slots // max(split, 1)
   return max(g for g in (1, 2, 4, 8) if per % g == 0)
 
 
-def spec_for(config, fields: dict[str, tuple], split: int, kv_dtype: str = "", plat: str | None = None) -> Spec:
+def spec_for(config, fields: dict[str, tuple], split: int, kv_dtype: str = "") -> Spec:
   """The carry of a config; fields: the batch's fields, name -> (per-prompt shape, dtype name); kv_dtype: the
-  sampler's compute dtype ('' = the model's); plat: the platform the step runs on (None: JAX's default backend)."""
+  sampler's compute dtype ('' = the model's)."""
   rl = config.rl
   B, G, L = int(rl.prompts_per_step), int(rl.G), int(config.sampling.max_new_tokens)
   S = int(config.sampling.slots) or B * G
@@ -158,7 +155,7 @@ def spec_for(config, fields: dict[str, tuple], split: int, kv_dtype: str = "", p
   return Spec(B=B, G=G, Q=(1 + int(rl.max_staleness)) * B, P=int(config.task.prompt_len), L=L, S=S, D=split,
               blk=min(engine.KV_BLOCK, L), fields=tuple((k, tuple(fields[k][0]), str(fields[k][1])) for k in keys),
               kv_dtype=kv_dtype or config.model.dtype,
-              kv_groups=kv_groups(int(rl.get("carry_kv_groups", 0)), S, split, plat or jax.default_backend()),
+              kv_groups=kv_groups(int(rl.get("carry_kv_groups", 0)), S, split),
               wait=rl.get("staleness_policy", "wait") == "wait")
 
 
@@ -337,14 +334,6 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
   if kv == "recompute":
     ck, cv = _recompute_slots(mcfg, params, prompt_QxP, pmask_QxP, tokens_RxL, c, spec, decode)
 
-  # the carried rows' slots first, longest first, on each device (one gather of the slots' KV a step): rows that
-  # live on share KV read groups, and the rows admitted this step (short) fill the groups after them
-  perm_S = flat(jnp.argsort(-dev(jnp.where(c.live_S, c.t_S, -1)), axis=1, stable=True))  # local to each device
-  move = lambda x: live_attention.take_local(x, perm_S, D)
-  c = c._replace(row_S=move(c.row_S), t_S=move(c.t_S), tok_S=move(c.tok_S), live_S=move(c.live_S))
-  ck = tuple(_cache(move(x), "k") for x in ck)
-  cv = tuple(_cache(move(x), "v") for x in cv)
-
   class Loop(NamedTuple):
     tokens_RxL: jax.Array
     logp_RxL: jax.Array
@@ -387,10 +376,13 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
     """Decode every slot's last token into its own position t, then each live slot draws its row's next token."""
     group_S = jnp.minimum(lp.row_S, Rd - 1) // G  # local to the device's block of the table
     clen_S = lp.t_S + 1
-    # each group of consecutive slots reads the completion blocks below its own longest live row (live_attention)
-    live_len = jnp.max(jnp.where(lp.live_S, clen_S, 0).reshape(D, spec.kv_groups, -1), axis=(0, 2))
+    # the slots in groups by length, longest first, each group reading the completion blocks below its own longest
+    # live row (live_attention.attend): a carried long row costs its group, not every slot
+    len_DxSd = dev(jnp.where(lp.live_S, clen_S, 0))
+    order_DxSd = jnp.argsort(-len_DxSd, axis=1, stable=True)
+    live_len = jnp.max(jnp.take_along_axis(len_DxSd, order_DxSd, axis=1).reshape(D, spec.kv_groups, -1), axis=(0, 2))
     kvs = tuple(live_attention.LiveKV(pk[l], pv[l], pmask_QxP, group_S, lp.ck[l], lp.cv[l], clen_S, live_len,
-                                      spec.blk, D) for l in range(dm.layers))
+                                      spec.blk, D, flat(order_DxSd)) for l in range(dm.layers))
     pos_S = live_attention.take_local(plen_Q, group_S, D) + lp.t_S
     logits_SxV, kvs = decode_lib.decode_step_live(dm, decode.weights, lp.tok_S, pos_S, kvs, lp.t_S)
     t_S = jnp.where(lp.live_S, lp.t_S + 1, lp.t_S)
@@ -539,14 +531,13 @@ def simulate(lengths: np.ndarray, B: int, G: int, max_staleness: int, slots: int
       ok = (drawn_DxR >= len_DxR) & (rank_DxR < nxt_D[:, None])
       return np.all(ok.reshape(D, Qd, G), axis=2) & (age_DxQ >= 0)
 
-    order_DxS = np.argsort(-np.where(live_DxS, at(drawn_DxR, row_DxS), -1), axis=1, kind="stable")
-    row_DxS[:], live_DxS[:] = np.take_along_axis(row_DxS, order_DxS, 1), np.take_along_axis(live_DxS, order_DxS, 1)
     admit()
     due = (age_DxQ >= 0) & (ver_DxRxL[:, ::G, 0] <= version - max_staleness)
     steps = 0
     while ((live_DxS.any() or (nxt_D < n_rows_D).any())
            and (steps < bud or (complete().sum(axis=1) < Bd).any() or (wait and (due & ~complete()).any()))):
-      live_G = np.where(live_DxS, at(drawn_DxR, row_DxS), 0).reshape(D, kv_groups, -1).max(axis=(0, 2))
+      len_DxS = -np.sort(-np.where(live_DxS, at(drawn_DxR, row_DxS), 0), axis=1)  # longest first, per device
+      live_G = len_DxS.reshape(D, kv_groups, -1).max(axis=(0, 2))
       steps += 1
       tot["row_steps"] += slots
       tot["kv_read"] += int((-(-live_G // block) * block).sum()) * (slots // kv_groups)

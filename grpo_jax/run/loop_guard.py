@@ -51,7 +51,7 @@ class LoopGuard:
     resume), recorded in the view every checkpoint stores and in DIR/auto.json."""
     config, chosen = auto.resolve_here(config, mesh, lanes=lanes, recorded=self.recorded)
     self.view = run_config.with_resolved(self.view, auto.resolved_values(config))
-    auto.write_record(self.workdir, chosen)
+    auto.write_record(self.workdir, chosen, resumed=bool(self.recorded))
     return config
 
   def checkpointer(self, config) -> ckpt_lib.Checkpointer:
