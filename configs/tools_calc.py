@@ -35,12 +35,13 @@ def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, small=False, control=False, algo="grpo")
   c = config_lib.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "r1_zero_aha.py"),
                              f"algo={args.algo}")
-  c.r1.stages = ("base",)
+  c.r1.stages = ("base", "r1_zero")
   c.task.tokenizer = "tools"
   c.model.vocab_size = 516
   c.sampling.max_new_tokens = NEW_TOKENS
   c.model.max_len = c.task.prompt_len + NEW_TOKENS
   c.rl.train_buckets = 2
+  c.sampling.engine = "continuous"  # rows pause for the calculator in the continuous engine's slots
   c.r1.pretrain.update(cot_frac=0.5, mistake_frac=0.0, verify_frac=0.0, recheck_per="document",
                        recheck_style="repeat", tool_frac=0.3, seq_len=SEQ_LEN)
   c.tools.update(env="calculator", format="plain", stop_markers=("</tool_call>",), max_turns=4, max_obs_tokens=32)
@@ -56,4 +57,5 @@ def get_config(arg: str | None = None):
     c.r1.report.update(size=8, batch=8, n_samples=2, pass_k=(1, 2))
   if args.control:
     c.r1.pretrain.tool_frac = 0.0
+    c.tools.env = ""  # the no-tool control: single-turn rollouts
   return c
