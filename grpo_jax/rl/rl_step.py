@@ -211,11 +211,11 @@ def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.A
   if ro.ds_kept is not None:
     m["train/dynamic_sampling_kept"] = ro.ds_kept
   if ro.tool_rows is not None:
-    m.update(tool_metrics(ro, "train/"))
+    m.update({f"train/{k}": v for k, v in tool_metrics(ro).items()})
   return m
 
 
-def tool_metrics(ro: rollout_lib.Rollout, prefix: str) -> dict[str, jax.Array]:
+def tool_metrics(ro: rollout_lib.Rollout) -> dict[str, jax.Array]:
   """Multi-turn rows (tools.env): envs/transcript.py's summary in the graph (tool calls, turns, observation vs
   generated tokens, accuracy with and without a call), the environment's counted events, and observations cut to
   the room (over every sampled row)."""
@@ -225,7 +225,7 @@ def tool_metrics(ro: rollout_lib.Rollout, prefix: str) -> dict[str, jax.Array]:
                              ev_NxE[:, env_batch.FALLBACK], xp=jnp)
   m["tool_turn_limits"] = jnp.sum(ev_NxE[:, env_batch.TURN_LIMIT]).astype(jnp.float32)
   m["tool_obs_truncated"] = ro.env_counts_K[env_batch.COUNTS.index("truncated")].astype(jnp.float32)
-  return {prefix + k: v for k, v in m.items()}
+  return m
 
 
 def training_data(config, ro: rollout_lib.Rollout, adv_NxL, key: jax.Array,
