@@ -367,3 +367,35 @@ def test_killed_inside_an_environment_call_resumes_exactly(uninterrupted, tmp_pa
   assert any(r.get("train/tool_calls_mean", 0) > 0 for r in _rows(full))
   for a, b in zip(_final_params(wd), _final_params(full)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_tools_seeds_report_pairs_runs_with_the_control(tmp_path):
+  """r1/tools_seeds.py on hand-made runs: first / last tenth of the tool-call rate (NaN steps left out), eval at
+  step 0 and the end, and the tools − control difference of the held-out accuracy per seed, mean ± t-interval."""
+  from grpo_jax.r1 import tools_seeds
+  from grpo_jax.studies import stats
+
+  def run(d, rate, acc_end, held):
+    os.makedirs(os.path.join(d, "r1_zero"))
+    with open(os.path.join(d, "r1_zero", "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"step": 0, "eval/accuracy": 0.1, "eval/tool_call_rate": 0.2}) + "\n")
+      for s in range(1, 21):
+        f.write(json.dumps({"step": s, "train/tool_call_rate": rate(s),
+                            "train/accuracy_with_tool": "nan" if s == 1 else 0.5}) + "\n")
+      f.write(json.dumps({"step": 20, "eval/accuracy": acc_end, "eval/tool_call_rate": 0.9}) + "\n")
+    with open(os.path.join(d, "report.json"), "w") as f:
+      json.dump({"base": {"accuracy_last_number": 0.1}, "r1_zero": {"accuracy_last_number": held}}, f)
+    return d
+  tools = [run(str(tmp_path / f"t{k}"), lambda s: s / 20, 0.5 + 0.1 * k, 0.6 + 0.1 * k) for k in range(3)]
+  ctl = [run(str(tmp_path / f"c{k}"), lambda s: 0.0, 0.3, 0.4 + 0.05 * k) for k in range(3)]
+  md = tools_seeds.write(str(tmp_path), tools, ctl)
+  r = tools_seeds.per_run(tools[0])
+  assert r["train/tool_call_rate@start"] == pytest.approx((1 / 20 + 2 / 20) / 2)  # the first tenth: 2 of 20 steps
+  assert r["train/tool_call_rate@end"] == pytest.approx((19 / 20 + 1) / 2)
+  assert r["train/accuracy_with_tool@start"] == 0.5  # step 1's NaN left out
+  assert r["eval/accuracy@base"] == 0.1 and r["eval/accuracy@end"] == 0.5
+  d = tools_seeds.paired([tools_seeds.per_run(x) for x in tools], [tools_seeds.per_run(x) for x in ctl])
+  want = stats.summarize([0.6 - 0.4, 0.7 - 0.45, 0.8 - 0.5])
+  assert d["accuracy_last_number@r1_zero"].mean == pytest.approx(want.mean)
+  assert d["accuracy_last_number@r1_zero"].half_width == pytest.approx(want.half_width)
+  assert "| `accuracy_last_number@r1_zero` |" in md and os.path.exists(tmp_path / "plots" / "tools_seeds.png")
