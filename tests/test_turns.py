@@ -224,14 +224,18 @@ def test_sampled_rows_are_the_policys_draws_over_the_transcript(params, attentio
 
 def test_vmapped_runs_each_get_their_own_environment_calls(params):
   """Two runs under vmap (the callback's sequential vmap: each run calls the host with its own rows): each equals
-  the run alone."""
+  the run alone, and the host gets exactly the paused rows the two runs alone pass it (vmap turns the boundary's
+  cond into a select that runs both branches: a run not at a boundary must pass no row)."""
   us = jnp.stack([S.uniforms(jax.random.PRNGKey(k), L, 4 * G) for k in (3, 4)])
   prompt, pm = prompts(4, seed=1)
-  tools = make_tools(Toy(), chunk=3, stops=SAMPLED_STOPS)
+  env = Toy()
+  tools = make_tools(env, chunk=3, stops=SAMPLED_STOPS)
   fields = {"answer_N": jnp.arange(4, dtype=jnp.int32)}
   run = lambda u: E.sample_groups(MCFG, params, prompt, pm, G, SAMPLED, u_LxN=u, kv_block=4, slots=4, levels=2,
                                   tools=tools, env_fields=fields)
   ro_v, st_v = jax.jit(jax.vmap(run))(us)
+  sent = lambda: sum(n for _, n, _ in env.seen)
+  sent_vmapped, env.seen[:] = sent(), []
   for k in range(2):
     ro, st = jax.jit(run)(us[k])
     np.testing.assert_array_equal(np.asarray(ro_v.tokens_NxL[k]), np.asarray(ro.tokens_NxL))
@@ -239,6 +243,7 @@ def test_vmapped_runs_each_get_their_own_environment_calls(params):
     np.testing.assert_allclose(np.asarray(ro_v.logp_NxL[k]), np.asarray(ro.logp_NxL), atol=1e-5, rtol=0)
     assert np.asarray(st.env.obs_NxL).sum() > 0
   assert not np.array_equal(np.asarray(ro_v.tokens_NxL[0]), np.asarray(ro_v.tokens_NxL[1]))
+  assert sent_vmapped == sent() > 0
 
 
 _SHARDED = r"""

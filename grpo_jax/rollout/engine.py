@@ -234,17 +234,22 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
         logp_DxNdxL=put(lp.logp_DxNdxL, r_DxSd, t_DxSd, dev(logp_S)),
         mask_DxNdxL=put(lp.mask_DxNdxL, r_DxSd, t_DxSd, jnp.ones_like(r_DxSd)), trunc_DxNd=trunc_D, env=env)
 
-  def boundary(lp: _Loop) -> _Loop:
+  def boundary(lp: _Loop, running: jax.Array) -> _Loop:
     """Every tools.chunk decode steps, or when every live row is paused: if any row is paused, one host call for
     all of them (per device: turns.call), then each paused row ends (done, turn limit, fallback, or a call that
     failed as a whole), or resumes with its observation to feed (or with nothing, if there is none)."""
     sl, ts = lp.slots, lp.slots.turn
     waiting = jnp.any(ts.paused_S)
     due = (lp.steps % tools.chunk == 0) | ~jnp.any(sl.live_S & ~ts.paused_S)
-    return jax.lax.cond(waiting & due, call_env, lambda lp: lp, lp)
+    go = waiting & due & running
+    return jax.lax.cond(go, lambda lp: call_env(lp, go), lambda lp: lp, lp)
 
-  def call_env(lp: _Loop) -> _Loop:
+  def call_env(lp: _Loop, go: jax.Array) -> _Loop:
+    """(`go` is True here. Under vmap cond runs both branches, and the phase's while_loop runs its body for a run
+    that has left the phase too (its state is kept, not the body's): `go` keeps such a run, and a run that is not at
+    a boundary, from passing any row to the host; its call returns at once and its outputs are not taken.)"""
     sl, ts, env = lp.slots, lp.slots.turn, lp.env
+    ts = ts._replace(paused_S=ts.paused_S & go)
     r_DxSd = dev(jnp.minimum(sl.row_S, nd - 1))
     row_of = lambda x_DxNdxL: rows(flat(per_dev(lambda x, r: x[r])(x_DxNdxL, r_DxSd)))
     group_S = group_of(sl.row_S)
@@ -270,8 +275,10 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
         status=jnp.maximum(env.status, out.status), counts_K=env.counts_K + out.counts_K, calls=env.calls + 1)
     return lp._replace(slots=sl._replace(live_S=sl.live_S & ~end_S, turn=ts), env=env)
 
-  def step(lp: _Loop, geo) -> _Loop:
-    """Decode every slot's last token (its K/V into its own position t), advance, refill, emit."""
+  def step(lp: _Loop, geo, more=None) -> _Loop:
+    """Decode every slot's last token (its K/V into its own position t), advance, refill, emit (with `tools`, then
+    the boundary; `more`: the phase's predicate, True in the body unless a vmapped run has left the phase)."""
+    running = None if tools is None else more(lp)
     sl = lp.slots
     group_S = group_of(sl.row_S)
     if not paged:
@@ -292,7 +299,7 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
       sl = sl._replace(ck=tuple(rows(kv.ck_NxKxDxL) for kv in kvs), cv=tuple(rows(kv.cv_NxKxLxD) for kv in kvs))
     lp = lp._replace(slots=sl, steps=lp.steps + 1, row_steps=lp.row_steps + sl.row_S.shape[0])
     lp = emit(*admit(lp, rows(logits_SxV), geo))
-    return lp if tools is None else boundary(lp)
+    return lp if tools is None else boundary(lp, running)
 
   def compact(lp: _Loop, size: int, geo):
     """Each device's live slots, in slot order, gathered into its first size/D (the queues are empty and they fit):
@@ -357,7 +364,7 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
         live_D = jnp.sum(dev(lp.slots.live_S).astype(jnp.int32), axis=1)  # (the last size: any live)
         return jnp.any((lp.next_D < nd) | (live_D > nxt))
 
-      lp = jax.lax.while_loop(more, functools.partial(step, geo=geo), lp)
+      lp = jax.lax.while_loop(more, functools.partial(step, geo=geo, more=more), lp)
   mask_NxL = rows(flat(lp.mask_DxNdxL))
   ro = sampling.Rollout(tokens_NxL=rows(flat(lp.tokens_DxNdxL)), mask_NxL=mask_NxL,
                         lengths_N=jnp.sum(mask_NxL, axis=1), logp_NxL=rows(flat(lp.logp_DxNdxL)),
