@@ -200,6 +200,22 @@ def test_samples_show_the_interleaved_transcript(setup, stepped, tmp_path):
     assert "".join(p["text"] for p in r["transcript"]) == r["text"]
 
 
+def test_packed_passes_equal_the_padded_ones(setup, stepped):
+  """rl.packing: the packed training passes (packed by the attention mask, which keeps the observations; the loss
+  on the loss mask, which leaves them out) give the padded step's first update: its loss, entropy, KL, gradient
+  norm and params."""
+  _, mesh, mcfg, spec = setup
+  _, _, ms, first = stepped
+  c = tools_config(**{"rl.packing": True})
+  step = families.make_step(c, mesh, mcfg, spec, TOK)
+  state, m = step(rl_step.init(c, mesh, mcfg, seed=0), train.device_batch(mesh, next(batches(c))))
+  m = jax.device_get(m)
+  for k in ("train/loss", "train/entropy", "train/kl", "train/grad_norm", "train/tool_calls_mean"):
+    np.testing.assert_allclose(float(m[k]), float(ms[0][k]), rtol=1e-5, atol=1e-6, err_msg=k)
+  for a, b in zip(jax.tree.leaves(jax.device_get(state["params"])), jax.tree.leaves(first)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5)
+
+
 def test_vmapped_seeds_equal_their_single_runs(setup, stepped):
   """studies/vmapped_runs.py: two seeds in one vmapped program (the callback runs once per run with its own rows):
   run 0 (seed 0) equals the single run of seed 0 after its first step (params and tool readings), and the two runs
