@@ -415,3 +415,45 @@ def test_tools_seeds_report_pairs_runs_with_the_control(tmp_path):
   assert d["accuracy_last_number@r1_zero"].mean == pytest.approx(want.mean)
   assert d["accuracy_last_number@r1_zero"].half_width == pytest.approx(want.half_width)
   assert "| `accuracy_last_number@r1_zero` |" in md and os.path.exists(tmp_path / "plots" / "tools_seeds.png")
+
+
+_RL_8 = r"""
+import json, sys
+import jax, numpy as np
+sys.path.insert(0, sys.argv[1])
+from tests import test_tools_rl as T
+from grpo_jax.infra import sharding
+from grpo_jax.model import model as model_lib
+from grpo_jax.rl import families, rl_step
+from grpo_jax.run import train
+out = {}
+for name, shape in (("one", (1, 1, 1)), ("2x2x2", (2, 2, 2))):
+  c = T.tools_config(**{"mesh.data": shape[0], "mesh.fsdp": shape[1], "mesh.tensor": shape[2], "model.heads": 4,
+                        "model.kv_heads": 2})
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = train.reward_terms(c, T.TOK)
+  step = families.make_step(c, mesh, mcfg, spec, T.TOK)
+  state, m = step(rl_step.init(c, mesh, mcfg, seed=0), train.device_batch(mesh, next(T.batches(c))))
+  m = jax.device_get(m)
+  out[name] = dict(m={k: float(m[k]) for k in ("train/loss", "train/tool_calls_mean", "train/obs_tokens_mean",
+                                              "train/reward/env", "train/entropy")},
+                   tokens=np.asarray(m["samples/tokens_NxL"]).tolist(), obs=np.asarray(m["samples/obs_NxL"]).tolist(),
+                   params=[np.asarray(x).ravel().tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))])
+  spec.close()
+print(json.dumps(out))
+"""
+
+
+def test_rl_step_on_8_devices_equals_one_device():
+  """The RL step with the environment on a data 2 × fsdp 2 × tensor 2 mesh (each device's rows call the host from
+  that device): the one-device step's samples, observations and tool readings, and its params after the update
+  within the sharded-step tolerance (tests/test_sharding.py)."""
+  from tests.test_engine import on_8_devices
+  r = on_8_devices(_RL_8, timeout=600)
+  one, sh = r["one"], r["2x2x2"]
+  assert sh["tokens"] == one["tokens"] and sh["obs"] == one["obs"] and np.asarray(one["obs"]).sum() > 0
+  for k, v in one["m"].items():
+    np.testing.assert_allclose(sh["m"][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+  for a, b in zip(sh["params"], one["params"]):
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5)
