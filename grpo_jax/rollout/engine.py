@@ -40,6 +40,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax.infra import host_calls
 from grpo_jax.model import decode as decode_lib
 from grpo_jax.model import live_attention
 from grpo_jax.model import model as model_lib
@@ -249,15 +250,13 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     that has left the phase too (its state is kept, not the body's): `go` keeps such a run, and a run that is not at
     a boundary, from passing any row to the host; its call returns at once and its outputs are not taken.)"""
     sl, ts, env = lp.slots, lp.slots.turn, lp.env
-    ts = ts._replace(paused_S=ts.paused_S & go)
+    act_S = ts.paused_S & go
     r_DxSd = dev(jnp.minimum(sl.row_S, nd - 1))
     row_of = lambda x_DxNdxL: rows(flat(per_dev(lambda x, r: x[r])(x_DxNdxL, r_DxSd)))
     group_S = group_of(sl.row_S)
     fields_S = {k: rows(live_attention.take_local(v, group_S, D)) for k, v in fields_Bd.items()}
-    out = turns.call(tools.call, row_of(lp.tokens_DxNdxL), row_of(env.obs_DxNdxL), sl.t_S + 1, ts.paused_S,
-                     fields_S)
-    act_S = ts.paused_S
-    ok = out.status == 0
+    out = turns.call(tools.call, row_of(lp.tokens_DxNdxL), row_of(env.obs_DxNdxL), sl.t_S + 1, act_S, fields_S)
+    ok = out.status == host_calls.OK
     n_obs_S = jnp.where(act_S & ok, jnp.minimum(out.obs_len_R, L - 1 - sl.t_S), 0)
     # done with an observation: it fills the row to L (envs/batch.py), which ends it at L - 1 as always
     end_S = act_S & (out.done_R | ~ok) & (n_obs_S == 0)
