@@ -16,10 +16,18 @@ calculator's own observation, and then the step copies its value:
 No mistakes or re-checks (a step written with a call is written right once). `control`: the same documents with
 every call left out (tool_frac 0; each document draws from its own generator, so nothing else moves).
 
-The RL stage (R1-Zero with tools.env='calculator': a row pauses on `</tool_call>`, the calculator's observation is
-appended, untrained, and the row resumes) runs once the continuous engine calls environments (docs/tools.md, "What
-remains"): until then r1.stages is ('base',), and adding 'r1_zero' is refused at validation (exit 2). The tools
-group below is what that stage will use.
+The RL stage (R1-Zero, format + accuracy, 150 steps of 8 prompts x G8): tools.env='calculator' in the continuous
+engine: a row pauses on `</tool_call>`, the calculator's observation is fed into it (attended to, not trained on),
+and the row resumes (docs/tools.md). `control` also sets tools.env='': single-turn rollouts. The acceptance
+experiment (issue #43; docs/tools.md, "The experiment"): RL seeds over one base per arm, paired by seed:
+
+  python -m grpo_jax.main --config=configs/tools_calc.py --workdir=BASE '--config.r1.stages=("base",)'
+  python -m grpo_jax.sweep --config=configs/tools_calc.py --workdir=DIR --seeds=3 --mode=serial \
+      --config.r1.base_from=BASE
+  python -m grpo_jax.main --config=configs/tools_calc.py:control --workdir=BASE_C '--config.r1.stages=("base",)'
+  python -m grpo_jax.sweep --config=configs/tools_calc.py:control --workdir=DIR_C --seeds=3 --mode=serial \
+      --config.r1.base_from=BASE_C
+  python -m grpo_jax.r1.tools_seeds --runs=DIR --control=DIR_C     # DIR/tools_seeds.md, DIR/plots/tools_seeds.png
 """
 import os
 
@@ -35,12 +43,13 @@ def get_config(arg: str | None = None):
   args = config_lib.parse_arg(arg, small=False, control=False, algo="grpo")
   c = config_lib.load_config(os.path.join(os.path.dirname(os.path.abspath(__file__)), "r1_zero_aha.py"),
                              f"algo={args.algo}")
-  c.r1.stages = ("base",)
+  c.r1.stages = ("base", "r1_zero")
   c.task.tokenizer = "tools"
   c.model.vocab_size = 516
   c.sampling.max_new_tokens = NEW_TOKENS
   c.model.max_len = c.task.prompt_len + NEW_TOKENS
   c.rl.train_buckets = 2
+  c.sampling.engine = "continuous"  # rows pause for the calculator in the continuous engine's slots
   c.r1.pretrain.update(cot_frac=0.5, mistake_frac=0.0, verify_frac=0.0, recheck_per="document",
                        recheck_style="repeat", tool_frac=0.3, seq_len=SEQ_LEN)
   c.tools.update(env="calculator", format="plain", stop_markers=("</tool_call>",), max_turns=4, max_obs_tokens=32)
@@ -56,4 +65,5 @@ def get_config(arg: str | None = None):
     c.r1.report.update(size=8, batch=8, n_samples=2, pass_k=(1, 2))
   if args.control:
     c.r1.pretrain.tool_frac = 0.0
+    c.tools.env = ""  # the no-tool control: single-turn rollouts
   return c

@@ -479,15 +479,16 @@ def test_tool_documents_pass_the_verifiers_with_the_tools_tokenizer():
   assert s_py[2].sum() == 3 and s_py[0].sum() == 3
 
 
-def test_tools_calc_validates_and_refuses_the_rl_stage_until_wired():
+def test_tools_calc_validates_with_its_rl_stage():
   from grpo_jax.infra import errors
   from grpo_jax.run import validate
   c = _pretrain_config()
   validate.validate_tools(c, TOOLS)
-  c2 = config_lib.override(c, {"r1.stages": ("base", "r1_zero")})
   from grpo_jax.r1 import stage_config
-  with pytest.raises(errors.ConfigError, match="config.tools.env: 'calculator': multi-turn rollouts are not wired"):
-    stage_config.validate(c2, c2.r1.stages)
+  assert c.r1.stages == ("base", "r1_zero")
+  stage_config.validate(c, c.r1.stages)  # the RL stage runs the calculator in the continuous engine
+  with pytest.raises(errors.ConfigError, match="config.tools.env: 'calculator': rows pause for the environment in"):
+    stage_config.validate(config_lib.override(c, {"sampling.engine": "static"}), c.r1.stages)
   with pytest.raises(errors.ConfigError, match="config.r1.pretrain.tool_frac"):
     stage_config.validate(config_lib.override(c, {"r1.pretrain.mistake_frac": 0.1}), ("base",))
   with pytest.raises(errors.ConfigError, match="config.tools.format: 'qwen' renders prompts"):

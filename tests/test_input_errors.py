@@ -174,7 +174,7 @@ CASES = [
     ("tools", {"tools.env": "no_such_module_x:Env"}, "config.tools.env='no_such_module_x:Env': module"),
     ("tools", {"tools.stop_markers": ("</calc>",)}, "config.tools.stop_markers: '</calc>' is not one token"),
     ("tools", {"tools.max_turns": 0}, "config.tools.max_turns: must be an integer >= 1"),
-    ("tools", {"r1.stages": ("base", "r1_zero")}, "config.tools.env: 'calculator': multi-turn rollouts are not wired"),
+    ("tools", {"sampling.engine": "static"}, "config.tools.env: 'calculator': rows pause for the environment"),
     ("tools", {"r1.pretrain.mistake_frac": 0.2}, "config.r1.pretrain.tool_frac"),
     # paths and files
     ("grpo", {"task.tokenizer": "/nonexistent/tok.model"}, "/nonexistent/tok.model"),

@@ -233,6 +233,9 @@ def base_config() -> ml_collections.ConfigDict:
       timeout_s=10.0,         # seconds one environment step may take; slower: abandoned, the row's fallback (counted)
       fallback_reward=0.0,    # the reward of a row whose step raised, timed out or returned the wrong type (it ends)
       workers=8,              # environment steps run at once (threads) in one host call
+      # decode steps between environment calls (rollout/turns.py): a paused row waits at most this long for its
+      # observation (less when every live row is paused); each boundary with a paused row is one host round trip
+      chunk=8,
       # tools.env='python': each call's limits (envs/sandbox.py): wall seconds, address space, file size, output
       sandbox=dict(time_s=2.0, memory_mb=512, file_mb=1, output_chars=512)))
 

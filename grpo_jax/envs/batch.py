@@ -139,6 +139,9 @@ class EnvBatch:
     self._workers = host_calls.Workers(f"env-{name}", workers)
     self._states: collections.OrderedDict[bytes, base.EnvState] = collections.OrderedDict()
     self._lock = threading.Lock()
+    # Under a mesh every device calls `host` with its own rows (rollout/turns.py), from the runtime's threads, at
+    # once: one call at a time (the worker pool and last_error are shared)
+    self._call_lock = threading.Lock()
 
   # ------------------------------------------------------------------------------------------ state cache
   def _get_state(self, key: bytes):
@@ -188,7 +191,11 @@ class EnvBatch:
     return ids[:room], True
 
   def host(self, tokens_RxL, obs_RxL, len_R, active_R, fields) -> EnvOut:
-    """The engine's call (module docstring). Never raises."""
+    """The engine's call (module docstring). Never raises. One at a time (devices call at once)."""
+    with self._call_lock:
+      return self._host(tokens_RxL, obs_RxL, len_R, active_R, fields)
+
+  def _host(self, tokens_RxL, obs_RxL, len_R, active_R, fields) -> EnvOut:
     tokens_RxL, obs_RxL = np.asarray(tokens_RxL), np.asarray(obs_RxL)
     len_R, active_R = np.asarray(len_R), np.asarray(active_R).astype(bool)
     r_count, length = tokens_RxL.shape

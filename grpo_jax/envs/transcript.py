@@ -1,6 +1,7 @@
-"""Host-side readings of multi-turn rows, from what the engine's output holds: tokens, the completion mask and the
-observation mask (1 where a token was appended from an observation), plus optional per-row counts of the
-environment's events (envs/batch.py's event_R, summed over a row's calls by the engine).
+"""Readings of multi-turn rows, from what the engine's output holds: tokens, the completion mask and the observation
+mask (1 where a token was appended from an observation), plus optional per-row counts of the environment's events
+(envs/batch.py's event_R, summed over a row's calls by the engine). `readings` and `summary` run on the host
+(NumPy) or, given xp=jax.numpy, in the RL step's graph (its train/ metrics): one definition for both.
 
 Per row: tool calls (stop markers among the model's own tokens), turns (the model's stretches between observations),
 observation and generated tokens; over the batch: the metric values of docs/tools.md (`summary`). `transcript`
@@ -8,7 +9,7 @@ splits a row into its model and tool parts for samples.jsonl.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -26,43 +27,49 @@ def row_parts(tokens_L, mask_L, obs_L) -> list[tuple[str, np.ndarray]]:
   return [(k, np.asarray(ids, np.int32)) for k, ids in parts]
 
 
-def readings(tokens_NxL, mask_NxL, obs_NxL, stop_ids: Sequence[int]) -> dict[str, np.ndarray]:
-  """Per-row counts: calls_N, turns_N, obs_tokens_N, gen_tokens_N (int64)."""
-  tokens_NxL, mask_NxL, obs_NxL = (np.asarray(x) for x in (tokens_NxL, mask_NxL, obs_NxL))
+def readings(tokens_NxL, mask_NxL, obs_NxL, stop_ids: Sequence[int], xp=np) -> dict[str, Any]:
+  """Per-row counts: calls_N, turns_N, obs_tokens_N, gen_tokens_N (int64 with NumPy; int32 with xp=jax.numpy, in
+  the RL step's graph)."""
+  tokens_NxL, mask_NxL, obs_NxL = (xp.asarray(x) for x in (tokens_NxL, mask_NxL, obs_NxL))
   valid = mask_NxL > 0
   obs = valid & (obs_NxL > 0)
   gen = valid & ~obs
-  calls = (gen & np.isin(tokens_NxL, np.asarray(stop_ids))).sum(-1)
+  calls = (gen & xp.isin(tokens_NxL, xp.asarray(stop_ids))).sum(-1)
   # a turn starts at a generated token that is the row's first or follows an observation token
-  prev_obs = np.concatenate([np.ones_like(obs[:, :1]), obs[:, :-1]], axis=1)
+  prev_obs = xp.concatenate([xp.ones_like(obs[:, :1]), obs[:, :-1]], axis=1)
   turns = (gen & prev_obs).sum(-1)
-  return {"calls_N": calls.astype(np.int64), "turns_N": turns.astype(np.int64),
-          "obs_tokens_N": obs.sum(-1).astype(np.int64), "gen_tokens_N": gen.sum(-1).astype(np.int64)}
+  ints = np.int64 if xp is np else xp.int32
+  return {"calls_N": calls.astype(ints), "turns_N": turns.astype(ints),
+          "obs_tokens_N": obs.sum(-1).astype(ints), "gen_tokens_N": gen.sum(-1).astype(ints)}
 
 
-def _mean(x: np.ndarray) -> float:
-  return float(x.mean()) if x.size else float("nan")
+def _mean(x, xp, where=None):
+  """Mean of x (over `where`); NaN when nothing is counted."""
+  x = xp.asarray(x, xp.float32 if xp is not np else np.float64)
+  w = xp.ones_like(x) if where is None else xp.asarray(where).astype(x.dtype)
+  n = w.sum()
+  return xp.where(n > 0, (x * w).sum() / xp.maximum(n, 1), xp.nan)
 
 
-def summary(r: dict[str, np.ndarray], correct_N=None, tool_errors_N=None, tool_timeouts_N=None,
-            fallbacks_N=None) -> dict[str, float]:
-  """The batch's tool readings (names without their `train/` or `eval/` prefix; docs/tools.md lists them).
-  `correct_N`: 1 where the row's answer is right; accuracy with / without a tool call is NaN where no row is in
-  that group. The event counts are the engine's per-row sums of envs/batch.py's event codes."""
-  calls = r["calls_N"]
-  out = {"tool_calls_mean": _mean(calls), "tool_call_rate": _mean((calls > 0).astype(float)),
-         "turns_mean": _mean(r["turns_N"]), "obs_tokens_mean": _mean(r["obs_tokens_N"]),
-         "gen_tokens_mean": _mean(r["gen_tokens_N"])}
-  total = r["obs_tokens_N"].sum() + r["gen_tokens_N"].sum()
-  out["obs_token_frac"] = float(r["obs_tokens_N"].sum() / total) if total else 0.0
+def summary(r: dict[str, Any], correct_N=None, tool_errors_N=None, tool_timeouts_N=None,
+            fallbacks_N=None, xp=np) -> dict[str, Any]:
+  """The batch's tool readings (names without their `train/` or `eval/` prefix; docs/tools.md lists them): floats
+  with NumPy, scalars in the graph with xp=jax.numpy (the RL step's metrics). `correct_N`: 1 where the row's answer
+  is right; accuracy with / without a tool call is NaN where no row is in that group. The event counts are the
+  engine's per-row sums of envs/batch.py's event codes."""
+  calls = xp.asarray(r["calls_N"])
+  out = {"tool_calls_mean": _mean(calls, xp), "tool_call_rate": _mean(calls > 0, xp),
+         "turns_mean": _mean(r["turns_N"], xp), "obs_tokens_mean": _mean(r["obs_tokens_N"], xp),
+         "gen_tokens_mean": _mean(r["gen_tokens_N"], xp)}
+  n_obs, n_gen = xp.asarray(r["obs_tokens_N"]).sum(), xp.asarray(r["gen_tokens_N"]).sum()
+  out["obs_token_frac"] = xp.where(n_obs + n_gen > 0, n_obs / xp.maximum(n_obs + n_gen, 1), 0.0)
   if correct_N is not None:
-    c = np.asarray(correct_N, np.float64)
-    out["accuracy_with_tool"] = _mean(c[calls > 0])
-    out["accuracy_without_tool"] = _mean(c[calls == 0])
+    out["accuracy_with_tool"] = _mean(correct_N, xp, calls > 0)
+    out["accuracy_without_tool"] = _mean(correct_N, xp, calls == 0)
   for name, x in (("tool_errors", tool_errors_N), ("tool_timeouts", tool_timeouts_N), ("tool_fallbacks", fallbacks_N)):
     if x is not None:
-      out[name] = float(np.asarray(x).sum())
-  return out
+      out[name] = xp.asarray(x).sum().astype(xp.float32 if xp is not np else np.float64)
+  return {k: float(v) for k, v in out.items()} if xp is np else out
 
 
 def transcript(tokens_L, mask_L, obs_L, tok) -> list[dict[str, str]]:

@@ -243,12 +243,14 @@ def _continuous(config) -> bool:
 
 
 def choose_engine(config, ctx: Context, candidates: list[str]) -> tuple[str, str]:
-  """continuous where rows carry over steps (rl.partial_rollouts), where a continuous-only key is set, or for
-  completions of LONG_COMPLETIONS tokens or more; else static."""
+  """continuous where rows carry over steps (rl.partial_rollouts) or pause for an environment (tools.env), where a
+  continuous-only key is set, or for completions of LONG_COMPLETIONS tokens or more; else static."""
   del ctx, candidates
   s = config.sampling
   if config.rl.get("partial_rollouts", 0):
     return "continuous", "rl.partial_rollouts: rows carry over steps in the engine's slots"
+  if config.get("tools") is not None and config.tools.get("env", ""):
+    return "continuous", f"tools.env={config.tools.env!r}: rows pause for the environment in the engine's slots"
   forced = [k for k in ("sampling.slots", "sampling.compaction") if _get(config, k) != config_lib.auto_value(k)]
   forced += ["sampling.decode_attention"] if s.get("decode_attention", AUTO) in ("paged", "tpu_ragged") else []
   if forced:

@@ -98,8 +98,14 @@ class RewardSpec(NamedTuple):
   fns: tuple[InGraphFn, ...]
   python_terms: dict[str, Any]   # name -> rewards.PythonTerm (its host side: close, error_message)
   ctx: Context
+  # the run's environment (envs/batch.py's EnvBatch, tools.env) or None: the other host calls the step makes (the
+  # rollout's), kept here with the reward terms' so the host loop closes them and reports their failures alike
+  env: Any = None
 
   def close(self) -> None:
-    """Stops the Python terms' worker threads (hung calls are daemon threads: they never block the exit)."""
+    """Stops the Python terms' and the environment's worker threads (hung calls are daemon threads: they never
+    block the exit)."""
     for term in self.python_terms.values():
       term.close()
+    if self.env is not None:
+      self.env.close()

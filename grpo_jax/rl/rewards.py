@@ -80,6 +80,24 @@ def _make_incorrect(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
   return fn
 
 
+ENV_FIELDS = ("env_step_r_NxS", "env_step_end_NxS", "env_step_valid_NxS")  # what the rollout adds to the batch
+
+
+@register("env")
+def _make_env(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
+  """The environment's rewards (tools.env): outcome = the sum of a row's step rewards; each step (an answered stop
+  marker, at its position) is a process-reward step, so rl.process_weight gives step-level advantages over turns.
+  The rollout puts them into the batch (rollout/turns.py step_scores); without an environment there are none."""
+  del ctx
+
+  def fn(tokens, mask, batch, ctx):
+    if ENV_FIELDS[0] not in batch:
+      raise ValueError("reward term 'env' reads the environment's rewards: set tools.env (docs/tools.md).")
+    s_r, s_end, s_valid = (batch[k] for k in ENV_FIELDS)
+    return reward_spec.outcome(jnp.sum(jnp.where(s_valid, s_r, 0.0), axis=-1), (s_r, s_end, s_valid))
+  return fn
+
+
 # ----------------------------------------------------------------------------------------------- Python terms
 
 class PythonTermError(errors.RunStopped):
@@ -220,7 +238,10 @@ def compute(spec: reward_spec.RewardSpec, tokens_NxL, mask_NxL,
     statuses.append(out.status)
     fallbacks.append(out.fallbacks)
     if out.steps is not None:
+      # terms with steps (process, env) keep their own steps side by side: their layouts differ (S, where they
+      # end), and process_advantages normalises every valid step of a group together
       s_r, s_end, s_valid = out.steps
-      steps = (w * s_r, s_end, s_valid) if steps is None else (steps[0] + w * s_r, s_end, s_valid)
+      steps = (w * s_r, s_end, s_valid) if steps is None else tuple(
+          jnp.concatenate([a, b], axis=1) for a, b in zip(steps, (w * s_r, s_end, s_valid)))
   status_vec = jnp.stack(statuses)
   return r_N, per_term, status_vec, jnp.sum(jnp.stack(fallbacks)), steps

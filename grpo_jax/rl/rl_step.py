@@ -10,6 +10,9 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+from grpo_jax.envs import batch as env_batch
+from grpo_jax.envs import transcript as transcript_lib
+from grpo_jax.infra import host_calls
 from grpo_jax.rl import advantages
 from grpo_jax.rl import auto
 from grpo_jax.config import config_lib
@@ -207,6 +210,21 @@ def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.A
     m[f"train/adv_share/{name}"] = share
   if ro.ds_kept is not None:
     m["train/dynamic_sampling_kept"] = ro.ds_kept
+  if ro.tool_rows is not None:
+    m.update({f"train/{k}": v for k, v in tool_metrics(ro).items()})
+  return m
+
+
+def tool_metrics(ro: rollout_lib.Rollout) -> dict[str, jax.Array]:
+  """Multi-turn rows (tools.env): envs/transcript.py's summary in the graph (tool calls, turns, observation vs
+  generated tokens, accuracy with and without a call), the environment's counted events, and observations cut to
+  the room (over every sampled row)."""
+  r, ev_NxE = ro.tool_rows, ro.tool_rows["events_NxE"]
+  correct_N = (ro.per_term["accuracy"] > 0.5) if "accuracy" in ro.per_term else None
+  m = transcript_lib.summary(r, correct_N, ev_NxE[:, env_batch.TOOL_ERROR], ev_NxE[:, env_batch.TOOL_TIMEOUT],
+                             ev_NxE[:, env_batch.FALLBACK], xp=jnp)
+  m["tool_turn_limits"] = jnp.sum(ev_NxE[:, env_batch.TURN_LIMIT]).astype(jnp.float32)
+  m["tool_obs_truncated"] = ro.env_counts_K[env_batch.COUNTS.index("truncated")].astype(jnp.float32)
   return m
 
 
@@ -256,6 +274,8 @@ def finish_step(config, state: state_lib.State, updated: dict, ro: rollout_lib.R
   reward failed (then the whole state stays as it was and the host raises after the step), and the step's metrics
   (`extra`: more of them, e.g. the correction's)."""
   reward_ok = jnp.all(ro.status == reward_spec.OK)
+  if ro.env_status is not None:  # an environment call that failed as a whole: the same skip (host raises after)
+    reward_ok = reward_ok & (ro.env_status == host_calls.OK)
   updated, reset_m = reference_reset(config, state, updated)
   new_state = update_lib.select(reward_ok, dict(state, **updated, step=state["step"] + 1), state)
   reset_m = {k: v * reward_ok for k, v in reset_m.items()}  # a skipped step resets nothing
@@ -264,6 +284,9 @@ def finish_step(config, state: state_lib.State, updated: dict, ro: rollout_lib.R
   n_show = config.train.num_samples_logged
   m.update({"reward_status": ro.status, "samples/tokens_NxL": ro.tokens_NxL[:n_show],
             "samples/mask_NxL": ro.mask_NxL[:n_show], "samples/r_N": ro.r_N[:n_show]})
+  if ro.obs_NxL is not None:  # the whole transcript (the loss mask leaves the observations out) and which are tools'
+    m.update({"env_status": ro.env_status, "samples/obs_NxL": ro.obs_NxL[:n_show],
+              "samples/mask_NxL": ro.seq[2][:n_show, -ro.tokens_NxL.shape[1]:]})
   if ro.seq is not None:  # samples.jsonl shows each sample's prompt and the example's reference answer
     P = ro.seq[0].shape[1] - ro.tokens_NxL.shape[1]
     m.update({"samples/prompt_NxP": ro.seq[0][:n_show, :P], "samples/prompt_mask_NxP": ro.seq[2][:n_show, :P]})

@@ -7,10 +7,12 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.config import config_lib
+from grpo_jax.envs import transcript as transcript_lib
 from grpo_jax.infra import sharding
 from grpo_jax.model import model as model_lib
 from grpo_jax.rl import advantages
 from grpo_jax.rl import correction
+from grpo_jax.rl import obs_mask
 from grpo_jax.rl import packing
 from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.rl import reward_spec
@@ -20,6 +22,7 @@ from grpo_jax.rollout import carry as carry_lib
 from grpo_jax.rollout import decode_layout
 from grpo_jax.rollout import engine as engine_lib
 from grpo_jax.rollout import sampling
+from grpo_jax.rollout import turns
 from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 
@@ -51,8 +54,9 @@ class Rollout(NamedTuple):
   """One iteration's samples, scores and log-probs. Rows N = B·G (row i in group i // G); L completion tokens."""
   seq: tuple                # (tokens_NxT, positions_NxT, mask_NxT): prompt + completion, the training forward's input
   tokens_NxL: jax.Array
-  mask_NxL: jax.Array       # float32: 1 up to and including EOS
-  lengths_N: jax.Array
+  mask_NxL: jax.Array       # float32: 1 up to and including EOS; with an environment, the loss mask: 0 on the
+                            # observation tokens too (obs_mask.train_mask: seq's mask, for attention, keeps them)
+  lengths_N: jax.Array      # the tokens mask_NxL counts (with an environment: the model's own)
   truncated_N: jax.Array
   r_N: jax.Array            # the weighted reward
   per_term: dict            # name -> unweighted r_N of each reward term
@@ -75,6 +79,13 @@ class Rollout(NamedTuple):
                                            # recomputed; stop-gradient, 0 on padding)
   version_NxL: jax.Array | None = None  # partial rollouts: the policy version (state step) that drew each token
   carry_stats: Any = None  # partial rollouts: what the carry's schedule did this step (carry.Out, arrays only)
+  # multi-turn rows (tools.env): 1 where a token was fed from an observation; the readings of envs/transcript.py
+  # (calls_N, turns_N, obs_tokens_N, gen_tokens_N) and each row's event counts (envs/batch.py EVENTS); whether an
+  # environment call failed as a whole (host_calls status: the step keeps its state) and the calls' COUNTS
+  obs_NxL: jax.Array | None = None
+  tool_rows: dict | None = None
+  env_status: jax.Array | None = None
+  env_counts_K: jax.Array | None = None
 
 
 def sampler_model(config, mcfg: model_lib.ModelConfig) -> model_lib.ModelConfig:
@@ -114,6 +125,10 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
 
   cspec = carry_spec(config)
   budget = int(rl.get("rollout_budget", 0)) or None
+  tools = None if spec.env is None else turns.tools_for(config, spec.env)
+  if tools is not None and (engine != "continuous" or cspec is not None):
+    raise config_lib.ConfigError("config.tools.env: multi-turn rows run in the continuous engine without the "
+                                 "partial-rollout carry (sampling.engine='continuous', rl.partial_rollouts=False).")
 
   def rollout_fn(params, ref_params, batch, rng, carry=None, version=None) -> Rollout | tuple[Rollout, Any]:
     """The Rollout; with partial rollouts (rl.partial_rollouts) also the new carry: (Rollout, carry)."""
@@ -139,10 +154,12 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
       u_NxL = sampling.uniforms(k_sample, scfg.max_new_tokens, n_all).T
       # one prefill per prompt (the untiled batch), S slots over the N rows; rl.rollout_chunks bounds the slots
       # (sampling.slots=0: N / rollout_chunks, the KV of as many rows as one static chunk holds)
+      env_kw = {} if tools is None else dict(  # the environment reads each row's prompt's host fields
+          tools=tools, env_fields={k: v for k, v in batch.items() if k not in PROMPT_KEYS})
       ro, stats = engine_lib.sample_groups(smcfg, params, batch["prompt_NxP"], batch["prompt_mask_NxP"], G, scfg,
                                            u_LxN=u_NxL.T, slots=row_chunks.slots_for(config, n_all), levels=levels,
                                            split=engine_lib.batch_split(), decode=decode,
-                                           **engine_lib.attention_kwargs(config, smcfg))
+                                           **engine_lib.attention_kwargs(config, smcfg), **env_kw)
       decode_steps, row_steps, admit_wait = ro.decode_steps, stats.row_steps, stats.admit_wait
     else:
       u_NxL = sampling.uniforms(k_sample, scfg.max_new_tokens, n_all).T
@@ -162,8 +179,13 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
       slot_util = carried.new_tokens.astype(jnp.float32) / (row_steps + carried.admitted_rows).astype(jnp.float32)
     tokens_NxL = sharding.constrain_batch(ro.tokens_NxL)
     fields = {k: v for k, v in b.items() if k not in PROMPT_KEYS}
+    env = None if tools is None else stats.env
+    if env is not None:  # the environment's per-turn rewards, for the 'env' reward term (rewards.py)
+      fields.update(zip(rewards_lib.ENV_FIELDS, turns.step_scores(env.reward_NxL, env.step_NxL,
+                                                                   int(config.tools.max_turns) + 1)))
     # each row's key for the terms that draw a reproducible coin per sample (reward_spec.random_reward)
     fields[reward_spec.SAMPLE_KEY] = sharding.constrain_batch(reward_spec.sample_keys(rng, n_all))
+    # the verifiers read the whole transcript (the observations too)
     r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields)
     terms_NxK = [per_term[n] for n in spec.names]
     if overlong_cache > 0:
@@ -177,6 +199,14 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
                 mask_NxL=ro.mask_NxL.astype(jnp.float32), lengths_N=ro.lengths_N, truncated_N=ro.truncated_N,
                 r_N=r_N, per_term=per_term, terms_NxK=terms_NxK, steps=steps, behav_logp_NxL=ro.logp_NxL,
                 index_N=b.get("index_N"), version_NxL=None if carried is None else carried.ver_NxL)
+    if env is not None:
+      # the loss mask leaves the observation tokens out (the loss, KL, entropy, advantages and length statistics
+      # read it); the attention mask (seq's) and the training length keep them
+      rows.update(seq_mask_NxL=rows["mask_NxL"], span_N=ro.lengths_N, obs_NxL=env.obs_NxL,
+                  mask_NxL=obs_mask.train_mask(rows["mask_NxL"], env.obs_NxL.astype(jnp.float32)),
+                  tool_rows=dict(transcript_lib.readings(tokens_NxL, ro.mask_NxL, env.obs_NxL, tools.stop_ids,
+                                                         xp=jnp), events_NxE=env.events_NxE))
+      rows["lengths_N"] = rows["tool_rows"]["gen_tokens_N"]
     ds_kept = None
     if rl.dynamic_sampling:
       # DAPO: the batch holds oversample×B prompts; keep B groups whose normalised reward varies, fixed shape.
@@ -187,10 +217,10 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
       rows = jax.tree.map(lambda x: sharding.constrain_batch(jnp.take(x, keep_N, axis=0)), rows)
 
     mask_NxL = rows["mask_NxL"]
-    seq = full_sequence(rows["prompt_NxP"], rows["pmask_NxP"], rows["tokens_NxL"], mask_NxL)
+    seq = full_sequence(rows["prompt_NxP"], rows["pmask_NxP"], rows["tokens_NxL"], rows.get("seq_mask_NxL", mask_NxL))
     # The training length: the shortest bucket covering the longest completion of ALL rows (the same for every
     # row chunk; reduced over vmapped runs). The forwards below, and the update, run on that many completion tokens.
-    bucket = update_lib.bucket_index(rows["lengths_N"], sizes)
+    bucket = update_lib.bucket_index(rows.get("span_N", rows["lengths_N"]), sizes)
 
     def forwards(seq_chunk, packed):
       # π_prox (correction.needs_proximal): a bf16 sampler and training forward differ by rounding, and ρ must
@@ -221,7 +251,9 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
                      status=status, fallbacks=fallbacks, ds_kept=ds_kept, bucket=bucket,
                      decode_steps=decode_steps, decode_row_steps=row_steps, decode_slot_util=slot_util,
                      decode_admit_wait=admit_wait, index_N=rows["index_N"], behav_logp_NxL=behav_logp_NxL,
-                     version_NxL=rows["version_NxL"],
+                     version_NxL=rows["version_NxL"], obs_NxL=rows.get("obs_NxL"), tool_rows=rows.get("tool_rows"),
+                     env_status=None if env is None else env.status,
+                     env_counts_K=None if env is None else env.counts_K,
                      carry_stats=None if carried is None else carried._replace(rollout=None, ver_NxL=None,
                                                                                fields=None))
     return ro_out if carried is None else (ro_out, carry)

@@ -40,20 +40,24 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from grpo_jax.infra import host_calls
 from grpo_jax.model import decode as decode_lib
 from grpo_jax.model import live_attention
 from grpo_jax.model import model as model_lib
 from grpo_jax.model import paged_attention
 from grpo_jax.rollout import decode_layout
 from grpo_jax.rollout import sampling
+from grpo_jax.rollout import turns
 
 KV_BLOCK = 64  # completion keys per block read (the unit in which the KV read follows the live rows)
 
 
 class Stats(NamedTuple):
-  """What the schedule cost (metrics: decode_slot_util, decode_row_steps, decode_admit_wait)."""
+  """What the schedule cost (metrics: decode_slot_util, decode_row_steps, decode_admit_wait), and with an
+  environment what it did (turns.Result: the observation mask, its rewards and events)."""
   row_steps: jax.Array  # int32: slot-steps computed by the decode loop (the slot count of each step, summed)
   admit_wait: jax.Array  # float32: mean decode steps a row waited in the queue before it got a slot
+  env: Any = None  # turns.Result with `tools`; None without
 
 
 class _Slots(NamedTuple):
@@ -64,6 +68,7 @@ class _Slots(NamedTuple):
   live_S: jax.Array  # bool: the slot's row has not ended
   ck: tuple  # per layer [S, K, Dh, Lc] (empty with the paged store)
   cv: tuple  # per layer [S, K, Lc, Dh]
+  turn: Any = ()  # multi-turn rows (tools): turns.Slots; () without an environment
 
 
 class _Loop(NamedTuple):
@@ -77,6 +82,7 @@ class _Loop(NamedTuple):
   row_steps: jax.Array
   waited: jax.Array  # sum over admitted rows of the steps they waited
   pools: tuple = ()  # paged store: per layer paged_attention's pool_RxQxZxCxD (empty with the plain layout)
+  env: Any = ()  # multi-turn rows (tools): turns.Rows; () without an environment
 
 
 def compaction_sizes(slots: int, levels: int, split: int = 1) -> tuple[int, ...]:
@@ -103,7 +109,8 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
                   G: int, scfg: sampling.SamplingConfig, *, u_LxN: jax.Array, slots: int = 0, levels: int = 4,
                   split: int = 1, decode: decode_layout.Decode | None = None, kv_block: int = KV_BLOCK,
                   force_NxL: jax.Array | None = None, attention: str = "plain",
-                  page_size: int = 16) -> tuple[sampling.Rollout, Stats]:
+                  page_size: int = 16, tools: turns.Tools | None = None,
+                  env_fields: dict[str, jax.Array] | None = None) -> tuple[sampling.Rollout, Stats]:
   """G completions of each of the B left-padded prompts (row n belongs to prompt n // G, as rollout.tile_batch
   orders them): the same Rollout `sampling.sample` gives for the tiled batch and the same uniforms.
 
@@ -112,7 +119,10 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
   of D); kv_block: completion keys per block read. force_NxL: teacher forcing (tests): these tokens are emitted
   instead of drawn and scored under the engine's own logits. attention: 'plain' (live_attention.py's layout) |
   'paged' | 'tpu_ragged' (paged_attention.py's store of page_size-token pages, attended in plain JAX or by the TPU
-  kernel)."""
+  kernel). tools: multi-turn rows (rollout/turns.py): a row pauses on a stop id, the paused rows go to
+  `tools.call` once per chunk boundary with their prompt's `env_fields` ({name: [B, ...]}), and the observation
+  is fed into the row; the Rollout's mask covers the observation tokens too (Stats.env.obs_NxL marks them, their
+  log-probs are 0). Without `tools` the program is the single-turn one, unchanged."""
   b, p = prompt_BxP.shape
   n, L = b * G, scfg.max_new_tokens
   s0 = slots or n
@@ -147,6 +157,9 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     decode = decode_layout.prepare(mcfg, params, decode_layout.Layout("fsdp"))
   dm = decode.mcfg
   is_eos = lambda tok: functools.reduce(jnp.logical_or, [tok == e for e in scfg.eos_ids])
+  if tools is not None:
+    env_fields = dict(env_fields or {})
+    O = tools.max_obs
 
   def group_of(row_S: jax.Array, local: bool = True) -> jax.Array:
     """A slot's prompt, as an index into its device's block of the prompt table (local) or into the B prompts."""
@@ -168,6 +181,10 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
       lp = lp._replace(pools=tuple(paged_attention.admit(geo, pool, take_S, group_of(new_S, local=False), part)
                                    for pool, part in zip(lp.pools, partial)))
     sl = sl._replace(row_S=row_S, t_S=jnp.where(take_S, 0, sl.t_S), live_S=sl.live_S | take_S)
+    if tools is not None:  # a new row starts unpaused, with nothing to feed
+      ts = sl.turn
+      sl = sl._replace(turn=ts._replace(paused_S=ts.paused_S & ~take_S, flen_S=jnp.where(take_S, 0, ts.flen_S),
+                                        fpos_S=jnp.where(take_S, 0, ts.fpos_S)))
     return lp._replace(slots=sl, next_D=lp.next_D + took_D, waited=lp.waited + jnp.sum(took_D) * lp.steps), logits_SxV
 
   def emit(lp: _Loop, logits_SxV: jax.Array) -> _Loop:
@@ -179,6 +196,8 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     if force_DxNdxL is not None:
       tok_S = at(force_DxNdxL)
       logp_S = sampling.token_logp(logits_SxV, tok_S, scfg.temperature)
+    if tools is not None:
+      return emit_turns(lp, tok_S, logp_S)
     r_S = jnp.where(sl.live_S, sl.row_S, nd)  # nd: dropped by the scatters
     end_S = sl.live_S & (is_eos(tok_S) | (sl.t_S == L - 1))
     put = per_dev(lambda x, r, t, v: x.at[r, t].set(v, mode="drop"))
@@ -191,8 +210,74 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
         logp_DxNdxL=put(lp.logp_DxNdxL, r_DxSd, t_DxSd, dev(logp_S)),
         mask_DxNdxL=put(lp.mask_DxNdxL, r_DxSd, t_DxSd, jnp.ones_like(r_DxSd)), trunc_DxNd=trunc_D)
 
-  def step(lp: _Loop, geo) -> _Loop:
-    """Decode every slot's last token (its K/V into its own position t), advance, refill, emit."""
+  def emit_turns(lp: _Loop, tok_S: jax.Array, logp_S: jax.Array) -> _Loop:
+    """emit with an environment: a paused slot emits nothing (and keeps its last token, the stop id, whose K/V the
+    next decode steps rewrite unchanged); a fed slot emits its next observation token (log-prob 0, obs 1, never an
+    end or a pause); a sampled stop id pauses the row unless it is the row's last position."""
+    sl, ts = lp.slots, lp.slots.turn
+    go_S = sl.live_S & ~ts.paused_S
+    fed_S = ts.fpos_S < ts.flen_S
+    fed_tok_S = jnp.take_along_axis(ts.fbuf_SxO, jnp.minimum(ts.fpos_S, O - 1)[:, None], axis=1)[:, 0]
+    tok_S = jnp.where(fed_S, fed_tok_S, tok_S)
+    logp_S = jnp.where(fed_S, 0.0, logp_S)
+    eos_S = is_eos(tok_S) & ~fed_S
+    end_S = go_S & (eos_S | (sl.t_S == L - 1))
+    pause_S = go_S & ~fed_S & ~end_S & turns.is_any(tok_S, tools.stop_ids)
+    put = per_dev(lambda x, r, t, v: x.at[r, t].set(v, mode="drop"))
+    r_DxSd, t_DxSd = dev(jnp.where(go_S, sl.row_S, nd)), dev(sl.t_S)
+    trunc_D = per_dev(lambda x, r: x.at[r].set(True, mode="drop"))(
+        lp.trunc_DxNd, dev(jnp.where(end_S & ~eos_S, sl.row_S, nd)))
+    ts = ts._replace(paused_S=ts.paused_S | pause_S, fpos_S=ts.fpos_S + (go_S & fed_S).astype(jnp.int32))
+    env = lp.env._replace(obs_DxNdxL=put(lp.env.obs_DxNdxL, r_DxSd, t_DxSd, dev(fed_S.astype(jnp.int32))))
+    return lp._replace(
+        slots=sl._replace(tok_S=jnp.where(go_S, tok_S, sl.tok_S), live_S=sl.live_S & ~end_S, turn=ts),
+        tokens_DxNdxL=put(lp.tokens_DxNdxL, r_DxSd, t_DxSd, dev(tok_S)),
+        logp_DxNdxL=put(lp.logp_DxNdxL, r_DxSd, t_DxSd, dev(logp_S)),
+        mask_DxNdxL=put(lp.mask_DxNdxL, r_DxSd, t_DxSd, jnp.ones_like(r_DxSd)), trunc_DxNd=trunc_D, env=env)
+
+  def boundary(lp: _Loop, running: jax.Array) -> _Loop:
+    """Every tools.chunk decode steps, or when every live row is paused: if any row is paused, one host call for
+    all of them (per device: turns.call), then each paused row ends (done, turn limit, fallback, or a call that
+    failed as a whole), or resumes with its observation to feed (or with nothing, if there is none)."""
+    sl, ts = lp.slots, lp.slots.turn
+    waiting = jnp.any(ts.paused_S)
+    due = (lp.steps % tools.chunk == 0) | ~jnp.any(sl.live_S & ~ts.paused_S)
+    go = waiting & due & running
+    return jax.lax.cond(go, lambda lp: call_env(lp, go), lambda lp: lp, lp)
+
+  def call_env(lp: _Loop, go: jax.Array) -> _Loop:
+    """(`go` is True here. Under vmap cond runs both branches, and the phase's while_loop runs its body for a run
+    that has left the phase too (its state is kept, not the body's): `go` keeps such a run, and a run that is not at
+    a boundary, from passing any row to the host; its call returns at once and its outputs are not taken.)"""
+    sl, ts, env = lp.slots, lp.slots.turn, lp.env
+    act_S = ts.paused_S & go
+    r_DxSd = dev(jnp.minimum(sl.row_S, nd - 1))
+    row_of = lambda x_DxNdxL: rows(flat(per_dev(lambda x, r: x[r])(x_DxNdxL, r_DxSd)))
+    group_S = group_of(sl.row_S)
+    fields_S = {k: rows(live_attention.take_local(v, group_S, D)) for k, v in fields_Bd.items()}
+    out = turns.call(tools.call, row_of(lp.tokens_DxNdxL), row_of(env.obs_DxNdxL), sl.t_S + 1, act_S, fields_S)
+    ok = out.status == host_calls.OK
+    n_obs_S = jnp.where(act_S & ok, jnp.minimum(out.obs_len_R, L - 1 - sl.t_S), 0)
+    # done with an observation: it fills the row to L (envs/batch.py), which ends it at L - 1 as always
+    end_S = act_S & (out.done_R | ~ok) & (n_obs_S == 0)
+    ts = ts._replace(paused_S=ts.paused_S & ~act_S, fpos_S=jnp.where(act_S, 0, ts.fpos_S),
+                     flen_S=jnp.where(act_S, n_obs_S, ts.flen_S),
+                     fbuf_SxO=jnp.where(act_S[:, None], out.obs_RxO, ts.fbuf_SxO))
+    add = per_dev(lambda x, r, t, v: x.at[r, t].add(v, mode="drop"))
+    r_DxSd, t_DxSd = dev(jnp.where(act_S, sl.row_S, nd)), dev(sl.t_S)
+    event_SxE = jax.nn.one_hot(out.event_R, turns.EVENTS, dtype=jnp.int32)
+    env = env._replace(
+        reward_DxNdxL=add(env.reward_DxNdxL, r_DxSd, t_DxSd, dev(jnp.where(act_S & ok, out.reward_R, 0.0))),
+        step_DxNdxL=add(env.step_DxNdxL, r_DxSd, t_DxSd, dev(act_S.astype(jnp.int32))),
+        events_DxNdxE=per_dev(lambda x, r, v: x.at[r].add(v, mode="drop"))(env.events_DxNdxE, r_DxSd,
+                                                                           dev(event_SxE)),
+        status=jnp.maximum(env.status, out.status), counts_K=env.counts_K + out.counts_K, calls=env.calls + 1)
+    return lp._replace(slots=sl._replace(live_S=sl.live_S & ~end_S, turn=ts), env=env)
+
+  def step(lp: _Loop, geo, more=None) -> _Loop:
+    """Decode every slot's last token (its K/V into its own position t), advance, refill, emit (with `tools`, then
+    the boundary; `more`: the phase's predicate, True in the body unless a vmapped run has left the phase)."""
+    running = None if tools is None else more(lp)
     sl = lp.slots
     group_S = group_of(sl.row_S)
     if not paged:
@@ -205,13 +290,15 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
       tbl_SxM = paged_attention.table(geo, group_of(sl.row_S, local=False), plen_B)
       live = tuple(paged_attention.PagedKV(pool, tbl_SxM, pos_S, attention) for pool in lp.pools)
     logits_SxV, kvs = decode_lib.decode_step_live(dm, decode.weights, sl.tok_S, pos_S, live, sl.t_S)
-    sl = sl._replace(t_S=jnp.where(sl.live_S, sl.t_S + 1, sl.t_S))
+    going_S = sl.live_S if tools is None else sl.live_S & ~sl.turn.paused_S  # a paused row stays where it is
+    sl = sl._replace(t_S=jnp.where(going_S, sl.t_S + 1, sl.t_S))
     if paged:
       lp = lp._replace(pools=tuple(kv.pool_RxQxZxCxD for kv in kvs))
     else:
       sl = sl._replace(ck=tuple(rows(kv.ck_NxKxDxL) for kv in kvs), cv=tuple(rows(kv.cv_NxKxLxD) for kv in kvs))
     lp = lp._replace(slots=sl, steps=lp.steps + 1, row_steps=lp.row_steps + sl.row_S.shape[0])
-    return emit(*admit(lp, rows(logits_SxV), geo))
+    lp = emit(*admit(lp, rows(logits_SxV), geo))
+    return lp if tools is None else boundary(lp, running)
 
   def compact(lp: _Loop, size: int, geo):
     """Each device's live slots, in slot order, gathered into its first size/D (the queues are empty and they fit):
@@ -239,6 +326,7 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     x = x if aligned else jnp.take(x, table_DxBd.reshape(-1), axis=0)
     return nn.with_logical_constraint(x, axes or ("batch",) + (None,) * (x.ndim - 1))
   logits0_BdxV, pmask_BdxP = by_table(logits0_BxV), by_table(pmask_BxP)
+  fields_Bd = {} if tools is None else {k: by_table(jnp.asarray(v)) for k, v in env_fields.items()}
   plen_Bd = jnp.sum(pmask_BdxP, axis=1)
   with decode.view():
     pcache = decode.expand_cache(pcache)
@@ -257,12 +345,14 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
       cache = decode_lib.init_cache(dm, s0, lc)
     sl = _Slots(row_S=jnp.full((s0,), nd, jnp.int32), t_S=jnp.zeros((s0,), jnp.int32),
                 tok_S=jnp.zeros((s0,), jnp.int32), live_S=jnp.zeros((s0,), bool),
-                ck=tuple(map(rows, cache["k"])), cv=tuple(map(rows, cache["v"])))
+                ck=tuple(map(rows, cache["k"])), cv=tuple(map(rows, cache["v"])),
+                turn=() if tools is None else jax.tree.map(rows, turns.init_slots(s0, O)))
     lp = _Loop(slots=sl, tokens_DxNdxL=on_dev(jnp.full((D, nd, L), scfg.pad_id, jnp.int32)),
                logp_DxNdxL=on_dev(jnp.zeros((D, nd, L), jnp.float32)),
                mask_DxNdxL=on_dev(jnp.zeros((D, nd, L), jnp.int32)), trunc_DxNd=on_dev(jnp.zeros((D, nd), bool)),
                next_D=jnp.zeros((D,), jnp.int32), steps=jnp.int32(0), row_steps=jnp.int32(0), waited=jnp.int32(0),
-               pools=pools)
+               pools=pools, env=() if tools is None else jax.tree.map(
+                   lambda x: on_dev(x) if x.ndim == 3 else x, turns.init_rows(D, nd, L)))
     lp = emit(*admit(lp, jnp.zeros((s0, logits0_BxV.shape[-1]), jnp.float32), geo))
     for k, size in enumerate(sizes):
       if k:
@@ -273,12 +363,18 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
         live_D = jnp.sum(dev(lp.slots.live_S).astype(jnp.int32), axis=1)  # (the last size: any live)
         return jnp.any((lp.next_D < nd) | (live_D > nxt))
 
-      lp = jax.lax.while_loop(more, functools.partial(step, geo=geo), lp)
+      lp = jax.lax.while_loop(more, functools.partial(step, geo=geo, more=more), lp)
   mask_NxL = rows(flat(lp.mask_DxNdxL))
   ro = sampling.Rollout(tokens_NxL=rows(flat(lp.tokens_DxNdxL)), mask_NxL=mask_NxL,
                         lengths_N=jnp.sum(mask_NxL, axis=1), logp_NxL=rows(flat(lp.logp_DxNdxL)),
                         truncated_N=flat(lp.trunc_DxNd), decode_steps=lp.steps)
-  return ro, Stats(row_steps=lp.row_steps, admit_wait=lp.waited.astype(jnp.float32) / n)
+  stats = Stats(row_steps=lp.row_steps, admit_wait=lp.waited.astype(jnp.float32) / n)
+  if tools is not None:
+    e = lp.env
+    stats = stats._replace(env=turns.Result(
+        obs_NxL=rows(flat(e.obs_DxNdxL)), reward_NxL=rows(flat(e.reward_DxNdxL)), step_NxL=rows(flat(e.step_DxNdxL)),
+        events_NxE=rows(flat(e.events_DxNdxE)), status=e.status, counts_K=e.counts_K, calls=e.calls))
+  return ro, stats
 
 
 def attention_kwargs(config, mcfg: model_lib.ModelConfig) -> dict[str, Any]:

@@ -16,10 +16,13 @@ import numpy as np
 from jax.experimental import multihost_utils
 
 from grpo_jax.config import config_lib
+from grpo_jax.envs import batch as env_batch
+from grpo_jax.envs import transcript
 from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.rollout import engine
 from grpo_jax.rollout import sampling
+from grpo_jax.rollout import turns
 from grpo_jax.infra import sharding
 from grpo_jax.tasks import cot
 from grpo_jax.tasks import registry
@@ -93,25 +96,25 @@ def shared_programs():
 
 
 def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids: dict,
-                  in_graph: bool = True, config=None, group: int = 1, tables=None) -> Callable:
+                  in_graph: bool = True, config=None, group: int = 1, tables=None, env=None) -> Callable:
   """make_generate_uncached's program; inside `shared_programs` the same one for the same arguments (the config
   compared by its JSON)."""
   if not _GENERATE_CACHE:
-    return make_generate_uncached(mcfg, scfg, mesh, task, tag_ids, in_graph, config, group, tables)
+    return make_generate_uncached(mcfg, scfg, mesh, task, tag_ids, in_graph, config, group, tables, env)
   cache = _GENERATE_CACHE[-1]
   key = (mcfg, scfg, mesh, task, tuple(sorted(tag_ids.items())), in_graph, group,
-         None if config is None else config.to_json(sort_keys=True), id(tables))
+         None if config is None else config.to_json(sort_keys=True), id(tables), id(env))
   if key in cache:
     cache.move_to_end(key)
     return cache[key]
-  run = cache[key] = make_generate_uncached(mcfg, scfg, mesh, task, tag_ids, in_graph, config, group, tables)
+  run = cache[key] = make_generate_uncached(mcfg, scfg, mesh, task, tag_ids, in_graph, config, group, tables, env)
   while len(cache) > _GENERATE_CACHE_SIZE:
     cache.popitem(last=False)
   return run
 
 
 def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids: dict,
-                           in_graph: bool = True, config=None, group: int = 1, tables=None) -> Callable:
+                           in_graph: bool = True, config=None, group: int = 1, tables=None, env=None) -> Callable:
   """Jitted (params, prompts, fields, rng) -> (tokens_NxL, mask_NxL, lengths_N[, accuracy_N, format_N]); the
   last two only with `in_graph` (a task verified on the host gets its rows back unscored).
 
@@ -119,24 +122,33 @@ def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str,
   before the decode loop, as the RL step's rollout does (rollout.for_rollout: no weight all-gather per token
   under FSDP). None decodes in the params' own layout. `group`: rows come in runs of `group` copies of one prompt
   (eval.n_samples); the continuous engine (config.sampling.engine) prefills each prompt once for its run.
-  `tables`: the tokenizer's verify_jax.tables_for (None: the shipped tokenizer's, checked against `tag_ids`)."""
+  `tables`: the tokenizer's verify_jax.tables_for (None: the shipped tokenizer's, checked against `tag_ids`).
+  `env`: the run's EnvBatch (tools.env, the continuous engine): rows call it as in the RL step, and the outputs end
+  with the observation mask obs_NxL; their mask covers the observations (the verifiers read the transcript)."""
   continuous = config is not None and config_lib.setting(config, "sampling.engine") == "continuous"
+  if env is not None and not continuous:
+    raise ValueError("evaluation with tools.env runs the continuous engine (sampling.engine='continuous').")
+  tools = None if env is None else turns.tools_for(config, env)
 
   def gen(params, prompt_NxP, pmask_NxP, fields, rng):
     decode = None if config is None else rollout_lib.for_rollout(config, mcfg, params)
     if continuous:  # the static engine's uniforms (sampling.uniforms(rng, ...)): the same samples
       u_LxN = sampling.uniforms(rng, scfg.max_new_tokens, prompt_NxP.shape[0])
       levels = int(config_lib.setting(config, "sampling.compaction"))
-      ro, _ = engine.sample_groups(mcfg, params, prompt_NxP[::group], pmask_NxP[::group], group, scfg, u_LxN=u_LxN,
-                                   levels=levels, split=engine.batch_split(), decode=decode,
-                                   **engine.attention_kwargs(config, mcfg))
+      env_kw = {} if tools is None else dict(tools=tools, env_fields={k: v[::group] for k, v in fields.items()})
+      ro, stats = engine.sample_groups(mcfg, params, prompt_NxP[::group], pmask_NxP[::group], group, scfg,
+                                       u_LxN=u_LxN, levels=levels, split=engine.batch_split(), decode=decode,
+                                       **engine.attention_kwargs(config, mcfg), **env_kw)
     else:
       ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg, decode=decode)
+    obs, lengths_N = (), ro.lengths_N
+    if tools is not None:  # lengths count the model's own tokens, as the RL step's do
+      obs, lengths_N = (stats.env.obs_NxL,), ro.lengths_N - stats.env.obs_NxL.sum(axis=1)
     if not in_graph:
-      return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N
+      return (ro.tokens_NxL, ro.mask_NxL, lengths_N) + obs
     acc = registry.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields, tables)
     fmt = verify_jax.format_reward(ro.tokens_NxL, ro.mask_NxL, tag_ids if tables is None else tables)
-    return ro.tokens_NxL, ro.mask_NxL, ro.lengths_N, acc, fmt
+    return (ro.tokens_NxL, ro.mask_NxL, lengths_N, acc, fmt) + obs
 
   jitted = jax.jit(gen)
 
@@ -197,6 +209,7 @@ class Rollouts(NamedTuple):
   fields: dict[str, np.ndarray]   # the eval set's host fields (answer_N, language_N, ...), repeated like the rows
   texts: list[str] | None         # completions decoded without EOS; None when the Evaluator has no readings
   readings: dict[str, np.ndarray]  # per-row value of each reading
+  obs_NxL: np.ndarray | None = None  # tools.env: 1 where a token was fed from an observation (mask_NxL covers it)
 
 
 class Evaluator:
@@ -205,6 +218,10 @@ class Evaluator:
   def __init__(self, config, mcfg, tokenizer, mesh, eval_arrays: dict, task: str | None = None,
                host_verifier: HostVerifier | None = None, readings: dict[str, Reading] | None = None):
     self.cfg, self.tok, self.mesh = config, tokenizer, mesh
+    # tools.env: held-out rows call the environment as the RL step's do (with the continuous engine)
+    self.env = None
+    if config.get("tools") is not None and config.tools.env and config.sampling.get("engine") == "continuous":
+      self.env = env_batch.build(config, tokenizer)
     self.task = task or config.task.name
     if host_verifier is None and registry.get(self.task).host_verifier is not None:
       host_verifier = registry.get(self.task).host_verifier(tokenizer)
@@ -213,6 +230,7 @@ class Evaluator:
     # Generate decodes in the run's decode layout; a task verified on the host gets its rows back unscored.
     host = {"config": config} if host_verifier is None else {"in_graph": False, "config": config}
     host["tables"] = verify_jax.tables_for(tokenizer)  # the `tools` tokenizer's marker pieces are text
+    host["env"] = self.env
     self.arrays = eval_arrays
     self.batch = config.eval.batch
     n = eval_arrays["prompt_NxP"].shape[0]
@@ -241,22 +259,24 @@ class Evaluator:
     for i, chunk in enumerate(self._chunks(repeat)):
       fields = {k: v for k, v in chunk.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
       out = to_host(fn(params, chunk["prompt_NxP"], chunk["prompt_mask_NxP"], fields, jax.random.fold_in(rng, i)))
+      obs = out.pop() if self.env is not None else None
       if self.host_verifier is not None:
         acc, fmt, ans = self.host_verifier(out[0], out[1], fields)  # fields: this chunk's host rows, same order
         out += [acc, fmt]
         answers += list(ans)
       else:
         answers += [answer_span(t[mk > 0], self.tok.tag_ids) for t, mk in zip(out[0], out[1])]
-      outs.append(out)
+      outs.append(out + ([] if obs is None else [obs]))
       chunk_fields.append(fields)
-    tokens, mask, lengths, acc, fmt = [np.concatenate(x) for x in zip(*outs)]
+    tokens, mask, lengths, acc, fmt, *obs = [np.concatenate(x) for x in zip(*outs)]
+    obs = obs[0] if obs else None
     fields = {k: np.concatenate([f[k] for f in chunk_fields]) for k in chunk_fields[0]}
     texts, readings = None, {}
     if self.readings:
       comps = completions(tokens, mask, getattr(self.tok, "eos_ids", self.tok.eos_id))
       texts = [self.tok.decode(c) for c in comps]
       readings = {name: np.asarray(f(texts, comps, fields), np.float32) for name, f in self.readings.items()}
-    return Rollouts(tokens, mask, lengths, acc, fmt, answers, fields, texts, readings)
+    return Rollouts(tokens, mask, lengths, acc, fmt, answers, fields, texts, readings, obs)
 
   def __call__(self, params, rng, with_samples: bool = True) -> tuple[dict[str, float], list[str]]:
     g = self.rollouts(params, rng)
@@ -266,6 +286,9 @@ class Evaluator:
          "eval/completion_len_mean": float(g.lengths_N.mean()),
          "eval/completion_len_correct": side_len(right), "eval/completion_len_incorrect": side_len(~right)}
     m.update({f"eval/{name}": float(v.mean()) for name, v in g.readings.items()})
+    if g.obs_NxL is not None:  # tool calls, turns, observation tokens, accuracy with and without a call
+      r = transcript.readings(g.tokens_NxL, g.mask_NxL, g.obs_NxL, self.env.stop_ids)
+      m.update({f"eval/{k}": v for k, v in transcript.summary(r, right).items()})
     texts = [self.tok.decode(t[mk > 0].tolist()) for t, mk in zip(g.tokens_NxL[:3], g.mask_NxL[:3])]
     if with_samples:
       n = self.cfg.eval.n_samples

@@ -106,6 +106,22 @@ METRICS: dict[str, str] = {
     'train/mismatch_kl': ('k3 estimate of KL(mu || pi_prox), token mean: the behaviour policy (the sampler\'s '
                           'recorded log-probs) against this step\'s pre-update weights in training numerics'),
     'train/reward_fallbacks': 'Python reward calls that timed out or failed and got the fallback score',
+    # multi-turn rows (tools.env, docs/tools.md; envs/transcript.py summary): over the trained rows
+    'train/tool_calls_mean': 'tools: stop markers (tool calls) the model wrote per completion',
+    'train/tool_call_rate': 'tools: fraction of completions with at least one tool call',
+    'train/turns_mean': "tools: the model's stretches of writing per completion (1 + the observations it got)",
+    'train/obs_tokens_mean': "tools: observation tokens per completion (in the transcript, not trained on)",
+    'train/gen_tokens_mean': "tools: the model's own tokens per completion (what completion_len_mean counts too)",
+    'train/obs_token_frac': 'tools: observation tokens / all completion tokens',
+    'train/accuracy_with_tool': "tools: accuracy term > 0.5 among completions with a tool call (NaN if none called)",
+    'train/accuracy_without_tool': 'tools: accuracy term > 0.5 among completions without one (NaN if all called)',
+    'train/tool_errors': "tools: calls whose tool reported an error (info['error']: a malformed call, code that "
+                         'raised); the row goes on',
+    'train/tool_timeouts': "tools: calls whose tool hit its own limit (info['timeout']); the row goes on",
+    'train/tool_fallbacks': ('tools: environment steps that raised, outlived tools.timeout_s or returned the wrong '
+                             'type: the row ended with tools.fallback_reward'),
+    'train/tool_turn_limits': 'tools: rows ended at a stop marker past tools.max_turns (the environment not called)',
+    'train/tool_obs_truncated': 'tools: observations cut to the room left in the row (over every sampled row)',
     # --- eval/: held-out prompts ---
     'eval/accuracy': 'greedy-decoding accuracy',
     'eval/accuracy_sampled': 'accuracy of sampled completions (mean over n_samples per prompt)',
@@ -116,6 +132,14 @@ METRICS: dict[str, str] = {
     'eval/completion_len_mean': 'mean greedy completion length in tokens',
     'eval/completion_len_correct': 'mean greedy completion length of the right answers (0 if none)',
     'eval/completion_len_incorrect': 'mean greedy completion length of the wrong answers (0 if none)',
+    'eval/tool_calls_mean': 'tools: tool calls per greedy completion (the environment answers them as in training)',
+    'eval/tool_call_rate': 'tools: fraction of greedy completions with at least one tool call',
+    'eval/turns_mean': "tools: the model's stretches of writing per greedy completion",
+    'eval/obs_tokens_mean': 'tools: observation tokens per greedy completion',
+    'eval/gen_tokens_mean': "tools: the model's own tokens per greedy completion",
+    'eval/obs_token_frac': 'tools: observation tokens / all greedy completion tokens',
+    'eval/accuracy_with_tool': 'tools: greedy accuracy among completions with a tool call (NaN if none called)',
+    'eval/accuracy_without_tool': 'tools: greedy accuracy among completions without one (NaN if all called)',
     # --- perf/: wall-clock, the only non-deterministic metrics ---
     'perf/step_time_s': 'wall time of the jitted step, seconds (includes compilation on the first step)',
     'perf/tokens_per_s': 'completion tokens generated per second of step time',
@@ -391,10 +415,12 @@ class MetricWriter:
     print(' | '.join(parts + ([' '.join(shown)] if shown else [])), file=sys.stderr, flush=True)
 
   def log_samples(self, step: int, texts: Sequence[str], rewards: Sequence[float], *, n_print: int = 2,
-                  prompts: Sequence[str] | None = None, references: Sequence[str] | None = None) -> None:
-    """Appends (step, index, reward, text[, prompt, reference]) rows to samples.jsonl and prints the first
-    `n_print`. `prompts` / `references`: each sample's prompt text and its example's reference answer."""
-    extra = {'prompt': prompts, 'reference': references}
+                  prompts: Sequence[str] | None = None, references: Sequence[str] | None = None,
+                  transcripts: Sequence[list] | None = None) -> None:
+    """Appends (step, index, reward, text[, prompt, reference, transcript]) rows to samples.jsonl and prints the
+    first `n_print`. `prompts` / `references`: each sample's prompt text and its example's reference answer;
+    `transcripts`: a multi-turn sample's [{'role': 'model' | 'tool', 'text': ...}, ...] (envs/transcript.py)."""
+    extra = {'prompt': prompts, 'reference': references, 'transcript': transcripts}
     for name, values in (('rewards', rewards), *extra.items()):
       if values is not None and len(values) != len(texts):
         raise ValueError(f'log_samples got {len(texts)} texts and {len(values)} {name}; pass one per text')

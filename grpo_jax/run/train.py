@@ -11,6 +11,8 @@ import numpy as np
 from absl import logging
 
 from grpo_jax.config import config_lib
+from grpo_jax.envs import batch as env_batch
+from grpo_jax.envs import transcript as transcript_lib
 from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import params_ckpt
 from grpo_jax.infra import errors
@@ -38,6 +40,10 @@ from grpo_jax.rollout import carry as carry_lib
 from grpo_jax.studies import vmapped_runs
 
 
+# A step's status outputs, read by the host loop (not metrics): the reward terms' and the environment's
+HOST_STATUS = ("reward_status", "env_status")
+
+
 class NonFiniteError(errors.RunStopped):
   """Too many non-finite steps in a row; the last good state is saved."""
 
@@ -52,7 +58,7 @@ def device_batch(mesh, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
 
 def _host_scalars(m: dict) -> dict[str, float]:
   return {k: float(v) for k, v in jax.device_get(m).items()
-          if not k.startswith("samples/") and k != "reward_status"}
+          if not k.startswith("samples/") and k not in HOST_STATUS}
 
 
 def python_reward_fns(config, tokenizer=None) -> dict[str, reward_spec.PyRewardFn]:
@@ -150,10 +156,24 @@ def reward_terms(config, tokenizer, python_fns: dict | None = None) -> reward_sp
   """The config's reward terms; Python terms from the task (python_reward_fns) and `python_fns`."""
   rl = config.rl
   fallback = float(rl.reward_fallback) if rl.reward_fallback != "" else None
-  return rewards_lib.build(config.rewards, reward_spec.Context(config.task.name, tokenizer,
+  spec = rewards_lib.build(config.rewards, reward_spec.Context(config.task.name, tokenizer,
                                                              random_rate=float(rl.get("random_reward_rate", 0.5))),
                            {**python_reward_fns(config, tokenizer), **(python_fns or {})}, fallback,
                            rl.reward_timeout_s)
+  if config.get("tools") is not None and config.tools.env:  # the rollout's environment (docs/tools.md)
+    spec = spec._replace(env=env_batch.build(config, tokenizer))
+  return spec
+
+
+def step_error(spec: reward_spec.RewardSpec, reward_status: np.ndarray, env_status) -> str:
+  """Why a step kept its old state: the first failing Python reward term's message, else the environment's
+  (EnvBatch.error_message); '' when both are OK."""
+  s = np.asarray(reward_status)
+  if (s != reward_spec.OK).any():
+    return spec.python_terms[spec.names[int(np.argmax(s != reward_spec.OK))]].error_message(int(s.max()))
+  if env_status is not None and int(np.max(env_status)) != reward_spec.OK:
+    return spec.env.error_message(int(np.max(env_status)))
+  return ""
 
 
 def _nonfinite(bad_in_row: int, done: int, row: dict[str, float]) -> str:
@@ -234,17 +254,19 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
       if observe is not None:
         observe(step, host_batch, m)
       status = np.asarray(jax.device_get(m["reward_status"]))  # [S ×] terms
-      bad = [i for i in range(S) if (program.of(status, i) != reward_spec.OK).any()]
+      env_status = np.asarray(jax.device_get(m["env_status"])) if "env_status" in m else None  # [S]
+      bad = [i for i in range(S) if step_error(spec, program.of(status, i),
+                                                None if env_status is None else program.of(env_status, i))]
       if bad:
-        s = program.of(status, bad[0])
-        reward_error = spec.python_terms[spec.names[int(np.argmax(s != reward_spec.OK))]].error_message(int(s.max()))
+        reward_error = step_error(spec, program.of(status, bad[0]),
+                                  None if env_status is None else program.of(env_status, bad[0]))
         reward_error = reward_error if S == 1 else f"{runs[bad[0]].workdir}: {reward_error}"
         for i, run in enumerate(runs):
           if not run.failed:
             run.ckpt.maybe_save(step, program.state_of(state, i), {"step": step}, force=True)
         break
       scalars = {k: np.asarray(v) for k, v in jax.device_get(m).items()
-                 if not k.startswith("samples/") and k != "reward_status"}
+                 if not k.startswith("samples/") and k not in HOST_STATUS}
       dt = time.perf_counter() - t0
       done = step + 1
       if step == start and hasattr(program.step, "traces"):
@@ -268,8 +290,12 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
           sm = program.of(samples, i)
           texts = [tokenizer.decode(t[mk > 0].tolist()) for t, mk in zip(sm["samples/tokens_NxL"],
                                                                            sm["samples/mask_NxL"])]
+          turns = None  # multi-turn rows: the interleaved model / tool parts
+          if "samples/obs_NxL" in sm:
+            turns = [transcript_lib.transcript(t, mk, o, tokenizer) for t, mk, o in zip(
+                sm["samples/tokens_NxL"], sm["samples/mask_NxL"], sm["samples/obs_NxL"])]
           run.writer.log_samples(done, texts, [float(r) for r in sm["samples/r_N"]], n_print=2 if S == 1 else 0,
-                                 **data_lib.sample_context(c0.task, tokenizer, "train", sm))
+                                 transcripts=turns, **data_lib.sample_context(c0.task, tokenizer, "train", sm))
         bad_in_row[i] = bad_in_row[i] + 1 if row["train/nonfinite_updates"] > 0 else 0
         if bad_in_row[i] >= rl.max_nonfinite_in_row:
           run.ckpt.maybe_save(done, program.state_of(state, i), {"step": done}, force=True)

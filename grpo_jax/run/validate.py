@@ -289,18 +289,37 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
     _fail("sampling.max_new_tokens", f"task.prompt_len + sampling.max_new_tokens = {total} exceeds "
           f"model.max_len={c.model.max_len}; shorten them or raise model.max_len.")
   validate_packing(c, total)
-  if c.rl.process_weight > 0 and "process" not in [n for n, _ in c.rewards]:
-    _fail("rl.process_weight", "is > 0 but config.rewards has no 'process' term; add ('process', w) or set 0.")
+  if c.rl.process_weight > 0 and not {"process", "env"} & {n for n, _ in c.rewards}:
+    _fail("rl.process_weight", "is > 0 but config.rewards has no term with steps ('process', or 'env' with "
+          "tools.env); add ('process', w) or set 0.")
   for i, entry in enumerate(c.rewards):
     if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str)
             and isinstance(entry[1], (int, float))):
       _fail(f"rewards[{i}]", f"must be a (name, weight) pair, got {entry!r}.")
   if tokenizer is not None:
     validate_tokenizer(c, tokenizer)
-  if c.get("tools") is not None and c.tools.env:
-    _fail("tools.env", f"{c.tools.env!r}: multi-turn rollouts are not wired into the RL step yet (the continuous "
-          "engine's environment calls, docs/tools.md 'What remains'); set tools.env='' for a single-turn run, or "
-          "r1.stages=('base',) to pre-train the tool-using base alone.")
+  validate_tools_rl(c)
+
+
+def validate_tools_rl(c) -> None:
+  """An RL step with an environment (tools.env): the continuous engine, no partial-rollout carry (a follow-up:
+  docs/tools.md), the plain format (the qwen format's RL prompts are not rendered with the tools yet); the 'env'
+  reward term only with one."""
+  env = c.get("tools") is not None and c.tools.env
+  if not env:
+    if "env" in [n for n, _ in c.rewards]:
+      _fail("rewards", "names the 'env' term (the environment's rewards) but tools.env is ''; set tools.env or "
+            "drop ('env', w).")
+    return
+  if c.sampling.engine not in ("continuous", "auto"):  # auto picks continuous for it (rl/auto.py)
+    _fail("tools.env", f"{c.tools.env!r}: rows pause for the environment in the continuous engine's slots; set "
+          f"sampling.engine='continuous' (it is {c.sampling.engine!r}).")
+  if c.rl.get("partial_rollouts", False):
+    _fail("tools.env", "multi-turn rows are not carried across steps yet (rl.partial_rollouts); set "
+          "rl.partial_rollouts=False or tools.env=''.")
+  if c.tools.format != "plain":
+    _fail("tools.format", f"{c.tools.format!r}: RL prompts are the task's R1-Zero prompts, not yet the chat "
+          "template rendered with the tools; use tools.format='plain' for RL.")
 
 
 def validate_tools(c, tokenizer=None) -> None:
@@ -314,8 +333,8 @@ def validate_tools(c, tokenizer=None) -> None:
   if not isinstance(v, int) or isinstance(v, bool) or v < 1:
     _fail("tools.max_turns", f"must be an integer >= 1 (environment calls a row may make), got {v!r}; set 1 or "
           "more, or tools.env='' for single-turn rollouts.")
-  for k in ("tools.max_obs_tokens", "tools.workers", "tools.sandbox.memory_mb", "tools.sandbox.file_mb",
-            "tools.sandbox.output_chars"):
+  for k in ("tools.max_obs_tokens", "tools.workers", "tools.chunk", "tools.sandbox.memory_mb",
+            "tools.sandbox.file_mb", "tools.sandbox.output_chars"):
     _positive_int(c, k)
   for k in ("tools.timeout_s", "tools.sandbox.time_s"):
     _nonneg(c, k)

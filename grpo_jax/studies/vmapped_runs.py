@@ -228,6 +228,6 @@ def host_scalars(metrics: dict) -> dict[str, np.ndarray]:
   out = {}
   for k, v in jax.device_get(metrics).items():
     v = np.asarray(v)
-    if v.ndim == 1 and not k.startswith("samples/") and k != "reward_status":
+    if v.ndim == 1 and not k.startswith("samples/") and k not in ("reward_status", "env_status"):
       out[k] = v
   return out

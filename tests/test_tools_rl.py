@@ -1,0 +1,459 @@
+"""Multi-turn RL with tools through the real RL step (docs/tools.md): observation tokens get no gradient from the
+step's loss, the environment's rewards reach the reward terms and the process path, the step compiles once whatever
+the number of turns, a failed environment call keeps the state and names the environment, vmapped seeds, LoRA, a
+run killed inside an environment call resumes exactly, and bad `tools` settings are one-line refusals.
+
+The model is a random tiny one on the `tools` tokenizer; the environment is tests/tool_envs.py's Echo, and the stop
+markers are `</tool_call>` plus 15 ordinary pieces, so a random model's rows call it often."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.config import config_lib
+from grpo_jax.envs import batch as env_batch
+from grpo_jax.infra import host_calls
+from grpo_jax.infra import sharding
+from grpo_jax.model import model as model_lib
+from grpo_jax.rl import families
+from grpo_jax.rl import rl_step
+from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.run import train
+from grpo_jax.run import validate
+from grpo_jax.tasks import data as data_lib
+from grpo_jax.tasks import tokenizer as tokenizer_lib
+from grpo_jax.tasks import tokenizer_factory as tok_lib
+from tests import tool_envs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOK = tokenizer_lib.load_tools()
+L = 24
+
+
+def markers(n=15):
+  """`</tool_call>` and n ordinary single pieces (the random model emits each about 1/516 of the time)."""
+  out = ["</tool_call>"]
+  for i in range(100, 500):
+    text = TOK.decode([i])
+    if text.strip() and TOK.encode(text) == [i] and len(out) <= n:
+      out.append(text)
+  return tuple(out)
+
+
+MARKERS = markers()
+
+
+def tools_config(**over):
+  c = config_lib.load_config(os.path.join(ROOT, "configs", "tools_calc.py"), "small")
+  c.model.update(hidden=32, inter=64, layers=1, heads=2, kv_heads=1, max_len=c.task.prompt_len + L)
+  c.sampling.update(max_new_tokens=L, compaction=2)
+  c.rl.update(G=4, prompts_per_step=2, minibatches=1, rollout_chunks=1, process_weight=0.5, beta=0.04)
+  c.optim.lr = 1e-2
+  c.rewards = (("accuracy", 1.0), ("env", 0.5))
+  c.tools.update(env="tests.tool_envs:Echo", stop_markers=MARKERS, max_turns=3, max_obs_tokens=8, timeout_s=5.0,
+                 chunk=4)
+  c.train.num_samples_logged = 8
+  return config_lib.override(c, over) if over else c
+
+
+def batches(c, start=0):
+  return data_lib.rl_batches(c.task, TOK, "train", c.rl.prompts_per_step, c.seed, start, c.task.prompt_len)
+
+
+@pytest.fixture(scope="module")
+def setup():
+  c = tools_config()
+  validate.validate_rl(c, 1, TOK)
+  validate.validate_tools(c, TOK)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = train.reward_terms(c, TOK)
+  yield c, mesh, mcfg, spec
+  spec.close()
+
+
+@pytest.fixture(scope="module")
+def rollout(setup):
+  c, mesh, mcfg, spec = setup
+  state = rl_step.init(c, mesh, mcfg, seed=0)
+  fn = jax.jit(rollout_lib.make_rollout_fn(c, mcfg, spec, TOK))
+  batch = next(batches(c))
+  with sharding.mesh_context(mesh):
+    ro = fn(state["params"], state["ref_params"], batch, jax.random.PRNGKey(1))
+  return state, batch, ro
+
+
+def test_rollout_masks_rewards_and_steps(setup, rollout):
+  """The Rollout's loss mask leaves the observations out and its attention mask (seq) keeps them; lengths count the
+  model's tokens; the 'env' term is the number of answered calls (reward 1 each); its steps end at those stop
+  markers, after the process term's."""
+  c, _, _, _ = setup
+  _, batch, ro = rollout
+  obs = np.asarray(ro.obs_NxL)
+  P = batch["prompt_NxP"].shape[1]
+  full = np.asarray(ro.seq[2])[:, P:]
+  train_mask = np.asarray(ro.mask_NxL)
+  assert obs.sum() > 0 and (obs * full).sum() == obs.sum()
+  np.testing.assert_array_equal(train_mask, full * (1 - obs))
+  np.testing.assert_array_equal(np.asarray(ro.lengths_N), train_mask.sum(1))
+  assert np.all(np.asarray(ro.behav_logp_NxL)[obs > 0] == 0) and np.all(np.asarray(ro.ref_logp_NxL)[obs > 0] == 0)
+  stop_ids = set(env_batch_ids(c))
+  tok = np.asarray(ro.tokens_NxL)
+  stops = [[t for t in range(L) if full[n, t] and not obs[n, t] and tok[n, t] in stop_ids and t < L - 1]
+           for n in range(tok.shape[0])]
+  calls = np.asarray([len(s[:c.tools.max_turns]) for s in stops], np.float32)  # answered calls, reward 1 each
+  np.testing.assert_array_equal(np.asarray(ro.per_term["env"]), calls)
+  s_r, s_end, s_valid = (np.asarray(x) for x in ro.steps)
+  env_cols = slice(s_r.shape[1] - (c.tools.max_turns + 1), None)  # the env term's steps come after the process term's
+  for n, st in enumerate(stops):
+    want = st[:c.tools.max_turns + 1]
+    assert s_end[n, env_cols][s_valid[n, env_cols]].tolist() == want, n
+    # each answered call's step reward, weighted by the term's weight: 1 × 0.5 (the one past the limit: 0)
+    assert s_r[n, env_cols][s_valid[n, env_cols]].tolist() == [0.5] * min(len(st), c.tools.max_turns) + [0.0] * (
+        len(want) - min(len(st), c.tools.max_turns)), n
+
+
+def env_batch_ids(c):
+  from grpo_jax.envs import formats
+  return formats.stop_ids(TOK, c.tools.stop_markers)
+
+
+def test_observation_tokens_get_no_gradient_through_the_step_loss(setup, rollout):
+  """The step's own pieces (compute_advantages, training_data, make_forward, make_objective): the loss's gradient
+  with respect to each position's log-prob and entropy (the only functions of the logits that predict that token)
+  is exactly 0 wherever the token is an observation's, and not 0 at the model's tokens."""
+  c, _, mcfg, _ = setup
+  state, batch, ro = rollout
+  adv = rl_step.compute_advantages(c, ro)
+  data, _ = rl_step.training_data(c, ro, adv, jax.random.PRNGKey(2))
+  obs = np.asarray(ro.obs_NxL)
+  assert np.all(np.asarray(data["mask_NxL"])[obs > 0] == 0)
+  P = batch["prompt_NxP"].shape[1]
+  out = rl_step.make_forward(c, mcfg, P)((state["params"],), data["seq"], False)
+  objective = rl_step.make_objective(c)
+  g_logp, g_ent = jax.grad(lambda o: objective(o, data)[0])(out)
+  g_logp, g_ent = np.asarray(g_logp), np.asarray(g_ent)
+  assert np.all(g_logp[obs > 0] == 0) and np.all(g_ent[obs > 0] == 0)
+  model = (np.asarray(data["mask_NxL"]) > 0)
+  assert np.count_nonzero(g_logp[model]) > model.sum() // 2
+  # and the loss itself does not see them: moving the observations' log-probs moves nothing
+  moved = (out[0] + jnp.asarray(obs) * 3.0, out[1] - jnp.asarray(obs))
+  assert float(objective(moved, data)[0]) == float(objective(out, data)[0])
+
+
+@pytest.fixture(scope="module")
+def stepped(setup):
+  """Three steps of the jitted RL step on three batches."""
+  c, mesh, mcfg, spec = setup
+  step = families.make_step(c, mesh, mcfg, spec, TOK)
+  state = rl_step.init(c, mesh, mcfg, seed=0)
+  it = batches(c)
+  ms, first = [], None
+  for _ in range(3):
+    state, m = step(state, train.device_batch(mesh, next(it)))
+    ms.append(jax.device_get(m))
+    first = jax.device_get(state["params"]) if first is None else first
+  return step, state, ms, first
+
+
+def test_one_compile_across_steps_with_different_numbers_of_turns(stepped):
+  """0 recompiles: three steps whose rows make different numbers of calls and turns run the program traced once;
+  each step's tool readings are logged (and its environment status is OK)."""
+  step, _, ms, _ = stepped
+  assert step.traces() == 1
+  calls = [float(m["train/tool_calls_mean"]) for m in ms]
+  turns = [float(m["train/turns_mean"]) for m in ms]
+  assert len(set(calls)) > 1 and min(calls) > 0, calls
+  assert len(set(turns)) > 1, turns
+  for m in ms:
+    assert int(m["env_status"]) == host_calls.OK and float(m["train/skipped_updates"]) == 0
+    assert float(m["train/obs_tokens_mean"]) > 0 and 0 < float(m["train/obs_token_frac"]) < 1
+    assert float(m["train/gen_tokens_mean"]) == float(m["train/completion_len_mean"])
+    # reward 1 per answered call: at most the calls (one at the last position, or past the turn limit, gets 0)
+    assert 0 < float(m["train/reward/env"]) <= float(m["train/tool_calls_mean"])
+
+
+def test_samples_show_the_interleaved_transcript(setup, stepped, tmp_path):
+  """samples.jsonl's rows of a multi-turn step carry the transcript: model and tool parts in order, whose texts
+  join to the sample's text."""
+  c, _, _, _ = setup
+  _, _, ms, _ = stepped
+  from grpo_jax.envs import transcript
+  from grpo_jax.run import metrics as metrics_lib
+  sm = {k: v for k, v in ms[0].items() if k.startswith("samples/")}
+  w = metrics_lib.MetricWriter(str(tmp_path), use_tensorboard=False)
+  texts = [TOK.decode(t[mk > 0].tolist()) for t, mk in zip(sm["samples/tokens_NxL"], sm["samples/mask_NxL"])]
+  turns = [transcript.transcript(t, mk, o, TOK) for t, mk, o in zip(sm["samples/tokens_NxL"], sm["samples/mask_NxL"],
+                                                                     sm["samples/obs_NxL"])]
+  w.log_samples(1, texts, [float(r) for r in sm["samples/r_N"]], n_print=0, transcripts=turns)
+  w.close()
+  rows = [json.loads(l) for l in open(tmp_path / "samples.jsonl")]
+  assert any(any(p["role"] == "tool" for p in r["transcript"]) for r in rows)
+  for r in rows:
+    assert "".join(p["text"] for p in r["transcript"]) == r["text"]
+
+
+def test_packed_passes_equal_the_padded_ones(setup, stepped):
+  """rl.packing: the packed training passes (packed by the attention mask, which keeps the observations; the loss
+  on the loss mask, which leaves them out) give the padded step's first update: its loss, entropy, KL, gradient
+  norm and params."""
+  _, mesh, mcfg, spec = setup
+  _, _, ms, first = stepped
+  c = tools_config(**{"rl.packing": True})
+  step = families.make_step(c, mesh, mcfg, spec, TOK)
+  state, m = step(rl_step.init(c, mesh, mcfg, seed=0), train.device_batch(mesh, next(batches(c))))
+  m = jax.device_get(m)
+  for k in ("train/loss", "train/entropy", "train/kl", "train/grad_norm", "train/tool_calls_mean"):
+    np.testing.assert_allclose(float(m[k]), float(ms[0][k]), rtol=1e-5, atol=1e-6, err_msg=k)
+  for a, b in zip(jax.tree.leaves(jax.device_get(state["params"])), jax.tree.leaves(first)):
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5)
+
+
+def test_vmapped_seeds_equal_their_single_runs(setup, stepped):
+  """studies/vmapped_runs.py: two seeds in one vmapped program (the callback runs once per run with its own rows):
+  run 0 (seed 0) equals the single run of seed 0 after its first step (params and tool readings), and the two runs
+  differ."""
+  from grpo_jax.studies import vmapped_runs as seeds_lib
+  c, mesh, mcfg, spec = setup
+  _, _, ms, first = stepped  # the single run: seed 0, the first batch
+  states = seeds_lib.init_states(c, mcfg, [0, 1])
+  step = seeds_lib.make_steps(c, mesh, mcfg, spec, TOK)
+  states, m = step(states, next(batches(c)))
+  sm, m1 = seeds_lib.host_scalars(m), ms[0]
+  for a, w in zip(jax.tree.leaves(seeds_lib.run_state(jax.device_get(states), 0)["params"]),
+                  jax.tree.leaves(first)):
+    np.testing.assert_allclose(a, w, atol=1e-5, rtol=1e-5)
+  for k in ("train/tool_calls_mean", "train/obs_tokens_mean", "train/reward/env", "train/loss"):
+    np.testing.assert_allclose(sm[k][0], float(m1[k]), atol=1e-5, rtol=1e-5, err_msg=k)
+  assert sm["train/obs_tokens_mean"][0] > 0 and (sm["train/tool_calls_mean"][0] != sm["train/tool_calls_mean"][1]
+                                                 or sm["train/loss"][0] != sm["train/loss"][1])
+  assert np.asarray(m["env_status"]).tolist() == [host_calls.OK] * 2
+
+
+def test_lora_step_trains_the_adapters_on_the_models_tokens_only(setup):
+  """model.lora: the step runs with the environment (observations fed, the calls OK); only the adapters move, the
+  frozen base (the reference) does not."""
+  _, mesh, _, spec = setup
+  c = tools_config(**{"model.lora.rank": 4, "model.lora.alpha": 8.0})
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  step = families.make_step(c, mesh, mcfg, spec, TOK)
+  state = rl_step.init(c, mesh, mcfg, seed=0)
+  base = jax.device_get(state["base"])
+  adapters = jax.device_get(state["params"])
+  state, m = step(state, train.device_batch(mesh, next(batches(c))))
+  assert float(m["train/obs_tokens_mean"]) > 0 and int(m["env_status"]) == host_calls.OK
+  for a, b in zip(jax.tree.leaves(base), jax.tree.leaves(jax.device_get(state["base"]))):
+    np.testing.assert_array_equal(a, b)
+  moved = sum(float(np.abs(a - b).max()) for a, b in zip(jax.tree.leaves(adapters),
+                                                           jax.tree.leaves(jax.device_get(state["params"]))))
+  assert moved > 0
+
+
+def test_a_failed_environment_call_keeps_the_state_and_names_the_environment(setup, stepped):
+  """A call that cannot run as a whole (tools.timeout_s passed by EnvBatch.MAX_HUNG abandoned steps still running):
+  the step keeps its old state (params, step), reports env_status TIMEOUT, counts the rows' fallbacks, and the host
+  error is EnvBatch.error_message (as a Python reward term's failure is)."""
+  c, mesh, mcfg, spec = setup
+  step, state, _, _ = stepped
+  env = spec.env
+  tool_envs.MODE["sleep_s"] = 1.0
+  old_timeout, env.timeout_s = env.timeout_s, 0.05
+  try:
+    # four steps abandoned before the RL step starts: its first boundary with a paused row fails as a whole
+    tok = np.zeros((4, L), np.int32)
+    tok[:, 0] = env.stop_ids[0]
+    out = env.host(tok, np.zeros_like(tok), np.ones(4, np.int32), np.ones(4, bool), {})
+    assert int(out.counts_K[env_batch.COUNTS.index("fallbacks")]) == 4 and np.all(out.status_R == host_calls.TIMEOUT)
+    before = jax.device_get(state["params"])
+    step_before = int(state["step"])
+    state2, m = step(state, train.device_batch(mesh, next(batches(c, start=5))))
+    m = jax.device_get(m)
+  finally:
+    tool_envs.MODE["sleep_s"] = 0.0
+    env.timeout_s = old_timeout
+  assert int(m["env_status"]) == host_calls.TIMEOUT
+  assert int(state2["step"]) == step_before
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(state2["params"]))):
+    np.testing.assert_array_equal(a, b)
+  msg = train.step_error(spec, m["reward_status"], m["env_status"])
+  assert msg == env.error_message(host_calls.TIMEOUT) and "tests.tool_envs:Echo" in msg and "\n" not in msg
+  time.sleep(1.2)  # the abandoned steps finish: the next tests' calls run again
+
+
+# ------------------------------------------------------------------------------------ bad input, resume (CLI)
+
+@pytest.mark.parametrize("over,key,why", [
+    ({"sampling.engine": "static"}, "tools.env", "continuous engine"),
+    ({"rl.partial_rollouts": True}, "tools.env", "not carried across steps"),
+    ({"tools.format": "qwen"}, "tools.format", "RL prompts"),
+    ({"tools.env": ""}, "rewards", "'env' term"),
+    ({"tools.chunk": 0}, "tools.chunk", ""),
+    ({"tools.max_turns": 0}, "tools.max_turns", ">= 1"),
+    ({"tools.stop_markers": ("</tool_call>", "</nope>")}, "tools.stop_markers", "not one token"),
+    ({"tools.env": "no_such_module:Env"}, "tools.env", "cannot be imported"),
+])
+def test_bad_tools_settings_are_one_line_refusals(over, key, why):
+  """Each refusal is one line naming the key and the fix, raised by validation (before anything is written)."""
+  c = tools_config(**over)
+  with pytest.raises(config_lib.ConfigError) as e:
+    validate.validate_rl(c, 1, TOK)
+    validate.validate_tools(c, TOK)
+  msg = str(e.value)
+  assert msg.startswith(f"config.{key}") and why in msg and "\n" not in msg, msg
+
+
+def _cli(workdir, extra=(), env=None):
+  args = ["--config=configs/grpo_arith.py:runlocal", "--config.sft.steps=0", "--config.train.steps=4",
+          "--config.train.ckpt_every=1", "--config.train.eval_every=4", "--config.train.plot_every=0",
+          "--config.eval.size=8", "--config.eval.batch=8", "--config.eval.n_samples=1", "--config.eval.pass_k=(1,)",
+          "--config.sampling.max_new_tokens=16", "--config.task.train_size=64", "--config.task.test_size=64",
+          "--config.log.tensorboard=False", "--config.log.plots=False", "--config.model.hidden=32",
+          "--config.model.layers=1", "--config.model.heads=2", "--config.model.kv_heads=1", "--config.model.inter=64",
+          "--config.task.tokenizer=tools", "--config.model.vocab_size=516", "--config.sampling.engine=continuous",
+          "--config.tools.env=tests.tool_envs:Echo", f"--config.tools.stop_markers={MARKERS!r}",
+          "--config.tools.max_obs_tokens=8", *extra]
+  return subprocess.Popen([sys.executable, "-m", "grpo_jax.main", f"--workdir={workdir}", *args], cwd=ROOT,
+                          env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **(env or {})),
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _rows(workdir):
+  path = os.path.join(workdir, "metrics.jsonl")
+  return [json.loads(l) for l in open(path)] if os.path.exists(path) else []
+
+
+def _final_params(workdir):
+  import orbax.checkpoint as ocp
+  from grpo_jax.infra import checkpoint
+  ck = os.path.join(workdir, "checkpoints")
+  step = max(int(d) for d in os.listdir(ck) if d.isdigit())
+  return jax.tree.leaves(ocp.StandardCheckpointer().restore(os.path.join(ck, str(step), checkpoint.STATE))["params"])
+
+
+def test_cli_refuses_a_static_engine_with_an_environment_before_writing(tmp_path):
+  wd = str(tmp_path / "run")
+  p = _cli(wd, ["--config.sampling.engine=static"])
+  out, _ = p.communicate(timeout=120)
+  assert p.returncode == 2, out[-2000:]
+  assert "config.tools.env" in out and "sampling.engine='continuous'" in out and not os.path.exists(wd)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  full = str(tmp_path_factory.mktemp("full"))
+  p = _cli(full)
+  out, _ = p.communicate(timeout=300)
+  assert p.returncode == 0, out[-3000:]
+  return full
+
+
+def test_killed_inside_an_environment_call_resumes_exactly(uninterrupted, tmp_path):
+  """A run SIGKILLed while a step waits in an environment call (after its step-2 checkpoint committed) resumes from
+  its last checkpoint and ends with the uninterrupted run's metrics and params, bit for bit."""
+  full = uninterrupted
+  wd, gate = str(tmp_path / "killed"), str(tmp_path / "gate")
+  p = _cli(wd, env={tool_envs.GATE: gate})
+  t0 = time.time()
+  ck = os.path.join(wd, "checkpoints")
+  while not (os.path.isdir(ck) and any(n.isdigit() and int(n) >= 2 for n in os.listdir(ck))):
+    assert p.poll() is None and time.time() - t0 < 200, p.stdout.read()[-3000:] if p.poll() is not None else "slow"
+    time.sleep(0.05)
+  open(gate, "w").close()  # the next environment call holds the step there
+  while not os.path.exists(gate + ".in_call"):
+    assert p.poll() is None and time.time() - t0 < 200, "no environment call after step 2"
+    time.sleep(0.05)
+  p.send_signal(signal.SIGKILL)
+  p.communicate(timeout=60)
+  os.remove(gate)
+  saved = max(int(n) for n in os.listdir(ck) if n.isdigit())
+  assert 2 <= saved < 4
+  p = _cli(wd)
+  out, _ = p.communicate(timeout=300)
+  assert p.returncode == 0, out[-3000:]
+  assert f"at step {saved}" in out and "Resumed from" in out
+  strip = lambda rows: [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+  assert strip(_rows(wd)) == strip(_rows(full))
+  assert any(r.get("train/tool_calls_mean", 0) > 0 for r in _rows(full))
+  for a, b in zip(_final_params(wd), _final_params(full)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_tools_seeds_report_pairs_runs_with_the_control(tmp_path):
+  """r1/tools_seeds.py on hand-made runs: first / last tenth of the tool-call rate (NaN steps left out), eval at
+  step 0 and the end, and the tools − control difference of the held-out accuracy per seed, mean ± t-interval."""
+  from grpo_jax.r1 import tools_seeds
+  from grpo_jax.studies import stats
+
+  def run(d, rate, acc_end, held):
+    os.makedirs(os.path.join(d, "r1_zero"))
+    with open(os.path.join(d, "r1_zero", "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"step": 0, "eval/accuracy": 0.1, "eval/tool_call_rate": 0.2}) + "\n")
+      for s in range(1, 21):
+        f.write(json.dumps({"step": s, "train/tool_call_rate": rate(s),
+                            "train/accuracy_with_tool": "nan" if s == 1 else 0.5}) + "\n")
+      f.write(json.dumps({"step": 20, "eval/accuracy": acc_end, "eval/tool_call_rate": 0.9}) + "\n")
+    with open(os.path.join(d, "report.json"), "w") as f:
+      json.dump({"base": {"accuracy_last_number": 0.1}, "r1_zero": {"accuracy_last_number": held}}, f)
+    return d
+  tools = [run(str(tmp_path / f"t{k}"), lambda s: s / 20, 0.5 + 0.1 * k, 0.6 + 0.1 * k) for k in range(3)]
+  ctl = [run(str(tmp_path / f"c{k}"), lambda s: 0.0, 0.3, 0.4 + 0.05 * k) for k in range(3)]
+  md = tools_seeds.write(str(tmp_path), tools, ctl)
+  r = tools_seeds.per_run(tools[0])
+  assert r["train/tool_call_rate@start"] == pytest.approx((1 / 20 + 2 / 20) / 2)  # the first tenth: 2 of 20 steps
+  assert r["train/tool_call_rate@end"] == pytest.approx((19 / 20 + 1) / 2)
+  assert r["train/accuracy_with_tool@start"] == 0.5  # step 1's NaN left out
+  assert r["eval/accuracy@base"] == 0.1 and r["eval/accuracy@end"] == 0.5
+  d = tools_seeds.paired([tools_seeds.per_run(x) for x in tools], [tools_seeds.per_run(x) for x in ctl])
+  want = stats.summarize([0.6 - 0.4, 0.7 - 0.45, 0.8 - 0.5])
+  assert d["accuracy_last_number@r1_zero"].mean == pytest.approx(want.mean)
+  assert d["accuracy_last_number@r1_zero"].half_width == pytest.approx(want.half_width)
+  assert "| `accuracy_last_number@r1_zero` |" in md and os.path.exists(tmp_path / "plots" / "tools_seeds.png")
+
+
+_RL_8 = r"""
+import json, sys
+import jax, numpy as np
+sys.path.insert(0, sys.argv[1])
+from tests import test_tools_rl as T
+from grpo_jax.infra import sharding
+from grpo_jax.model import model as model_lib
+from grpo_jax.rl import families, rl_step
+from grpo_jax.run import train
+out = {}
+for name, shape in (("one", (1, 1, 1)), ("2x2x2", (2, 2, 2))):
+  c = T.tools_config(**{"mesh.data": shape[0], "mesh.fsdp": shape[1], "mesh.tensor": shape[2], "model.heads": 4,
+                        "model.kv_heads": 2})
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  spec = train.reward_terms(c, T.TOK)
+  step = families.make_step(c, mesh, mcfg, spec, T.TOK)
+  state, m = step(rl_step.init(c, mesh, mcfg, seed=0), train.device_batch(mesh, next(T.batches(c))))
+  m = jax.device_get(m)
+  out[name] = dict(m={k: float(m[k]) for k in ("train/loss", "train/tool_calls_mean", "train/obs_tokens_mean",
+                                              "train/reward/env", "train/entropy")},
+                   tokens=np.asarray(m["samples/tokens_NxL"]).tolist(), obs=np.asarray(m["samples/obs_NxL"]).tolist(),
+                   params=[np.asarray(x).ravel().tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))])
+  spec.close()
+print(json.dumps(out))
+"""
+
+
+def test_rl_step_on_8_devices_equals_one_device():
+  """The RL step with the environment on a data 2 × fsdp 2 × tensor 2 mesh (each device's rows call the host from
+  that device): the one-device step's samples, observations and tool readings, and its params after the update
+  within the sharded-step tolerance (tests/test_sharding.py)."""
+  from tests.test_engine import on_8_devices
+  r = on_8_devices(_RL_8, timeout=600)
+  one, sh = r["one"], r["2x2x2"]
+  assert sh["tokens"] == one["tokens"] and sh["obs"] == one["obs"] and np.asarray(one["obs"]).sum() > 0
+  for k, v in one["m"].items():
+    np.testing.assert_allclose(sh["m"][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+  for a, b in zip(sh["params"], one["params"]):
+    np.testing.assert_allclose(a, b, rtol=0, atol=2e-5)

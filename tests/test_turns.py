@@ -1,0 +1,300 @@
+"""Multi-turn rows in the continuous engine (rollout/turns.py, docs/tools.md): a row pauses on a stop id, the paused
+rows go to the environment once per chunk boundary, the observation is fed into the row teacher-forced, and the row
+samples on. Checked against hand-written outcomes (forced rows: a call, `done`, the turn limit, a stop at the last
+position, an observation cut to the room), against a teacher-forced single pass over each sampled transcript (the
+sampled tokens are the policy's draws from the same uniforms, the log-probs its log-probs, the observations what the
+environment answers for that turn), in the paged store, under vmap, and on 8 simulated devices (each device calls
+the environment with its own rows, copies over `tensor` do not call it again)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.envs import base as env_base
+from grpo_jax.envs import batch as env_batch
+from grpo_jax.model import model as M
+from grpo_jax.rollout import engine as E
+from grpo_jax.rollout import sampling as S
+from grpo_jax.rollout import turns
+from tests.test_sampling import MCFG, random_params
+from tests.test_engine import on_8_devices
+
+B, P, G, L = 3, 6, 2, 16
+EOS, STOPS, DONE_ID, O = 63, (60, 61), 50, 4
+
+
+class CharTok:
+  """id i <-> chr(i + 32): the environment's texts are the row's ids, one character each."""
+  pad_id = 0
+
+  @staticmethod
+  def encode(text):
+    return [ord(c) - 32 for c in text]
+
+  @staticmethod
+  def decode(ids):
+    return "".join(chr(int(i) + 32) for i in ids)
+
+
+def answer(turn_ids) -> tuple[list[int] | None, float, bool]:
+  """The toy environment as a function of a turn's ids: a turn that starts with DONE_ID ends the row (reward 2);
+  any other gets [40, 41 × (len % 3 + 1), 42] (reward 0.5)."""
+  if turn_ids[0] == DONE_ID:
+    return None, 2.0, True
+  return [40] + [41] * (len(turn_ids) % 3 + 1) + [42], 0.5, False
+
+
+class Toy(env_base.Env):
+  stateful = False
+
+  def __init__(self):
+    self.seen = []  # (rows in the call, active rows): what each host call got
+
+  def reset(self, example):
+    return ""
+
+  def step(self, state, action_text):
+    ids, reward, done = answer(CharTok.encode(action_text))
+    return (None if ids is None else CharTok.decode(ids)), reward, done, {}
+
+
+def make_tools(env, chunk=3, max_turns=2, stops=STOPS):
+  eb = env_batch.EnvBatch(env, CharTok(), stop_ids=stops, max_obs_tokens=O, max_turns=max_turns, timeout_s=10.0)
+  host = eb.host
+
+  def recording_host(tokens, obs, n, active, fields):
+    env.seen.append((len(active), int(np.sum(active)), np.asarray(fields["answer_N"])[np.asarray(active)].tolist()))
+    return host(tokens, obs, n, active, fields)
+  eb.host = recording_host
+  return turns.Tools(call=eb.callback, stop_ids=stops, max_obs=O, chunk=chunk)
+
+
+@pytest.fixture(scope="module")
+def params():
+  return random_params(MCFG, 0)
+
+
+def prompts(b=B, seed=0):
+  rng = np.random.default_rng(seed)
+  pm = (np.arange(P)[None] >= np.array([0, 2, 5, 1, 3, 0])[:b, None]).astype(np.int32)
+  return rng.integers(1, 60, (b, P)).astype(np.int32) * pm, pm
+
+
+def teacher_forced(params, prompt_NxP, pm_NxP, tokens_NxL, mask_NxL, temperature):
+  """(logp_NxL, logits_NxLxV) of one forward over prompt + transcript: logits[:, t] predicts completion token t."""
+  tok = np.concatenate([prompt_NxP, tokens_NxL], 1)
+  mask = np.concatenate([pm_NxP, mask_NxL], 1)
+  pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
+  logits = np.asarray(M.forward(MCFG, params, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(mask)))[:, P - 1:-1]
+  logp = np.asarray(jax.nn.log_softmax(logits / temperature, axis=-1))
+  return np.take_along_axis(logp, tokens_NxL[..., None], -1)[..., 0], logits
+
+
+def replay(tokens_L, n, stops, max_turns=2):
+  """The observation mask and answered stop positions the contract gives a row whose model tokens are tokens_L[:n]
+  (the observations in it re-derived from the toy environment): (obs_L, stops answered, whether it checks out)."""
+  obs, answered, start, t, turn = np.zeros(len(tokens_L), np.int32), [], 0, 0, 0
+  while t < n:
+    if tokens_L[t] in stops and t < len(tokens_L) - 1:
+      turn += 1
+      answered.append(t)
+      if turn > max_turns:
+        return obs, answered, t == n - 1
+      ids, _, done = answer(list(tokens_L[start:t + 1]))
+      if done:
+        return obs, answered, t == n - 1
+      ids = ids[:min(O, len(tokens_L) - t - 1)]
+      if list(tokens_L[t + 1:t + 1 + len(ids)]) != ids:
+        return obs, answered, False
+      obs[t + 1:t + 1 + len(ids)] = 1
+      t = start = t + 1 + len(ids)
+      continue
+    t += 1
+  return obs, answered, True
+
+
+# --------------------------------------------------------------------------------------------- forced rows
+
+def test_forced_rows_pause_call_feed_end_and_truncate(params):
+  """Six rows with planted stop ids (teacher forcing; observations are fed over the forced ids), 4 slots for the 6
+  rows (a queue, then compaction), max_turns 2: row 0 calls once, then ends at EOS; row 1's turn starts with
+  DONE_ID: the environment ends it, not truncated; row 2 calls twice and its third stop id is past the turn limit:
+  ended, the environment's step not run; row 3 stops at the last position: it ends there, truncated, no call; row
+  4 never stops; row 5 stops 3 before the end: its 5-token observation is cut to the 2 positions left and the row
+  ends at L, truncated. Each expected row is written out by hand from the toy environment's rule (`answer`)."""
+  x = 7  # forced filler (fed over where an observation goes)
+  f = np.full((B * G, L), x, np.int32)
+  f[0, :8] = [1, 2, 60, x, x, x, 3, EOS]
+  f[1, :2] = [DONE_ID, 61]
+  f[2, :13] = [60, x, x, x, x, 5, 6, 61, x, x, x, 8, 60]
+  f[3, L - 1] = 60
+  f[5, L - 3] = 61
+  want = [  # (tokens, observation mask) of each row, as long as the row
+      ([1, 2, 60, 40, 41, 42, 3, EOS], [0, 0, 0, 1, 1, 1, 0, 0]),  # turn of 3 ids: one 41
+      ([DONE_ID, 61], [0, 0]),
+      ([60, 40, 41, 41, 42, 5, 6, 61, 40, 41, 42, 8, 60],  # turn of 1: two 41s; then a turn of 3: one 41
+       [0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0]),
+      ([x] * (L - 1) + [60], [0] * L),
+      ([x] * L, [0] * L),
+      ([x] * (L - 3) + [61, 40, 41], [0] * (L - 2) + [1, 1]),  # turn of 14 -> [40, 41, 41, 41, 42], cut to 2
+  ]
+  prompt, pm = prompts()
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=(EOS,))
+  env = Toy()
+  tools = make_tools(env)
+  u = S.uniforms(jax.random.PRNGKey(0), L, B * G)
+  fields = {"answer_N": jnp.arange(B, dtype=jnp.int32) + 100}
+  ro, st = jax.jit(lambda pr, m, u, fo, fl: E.sample_groups(MCFG, params, pr, m, G, scfg, u_LxN=u, slots=4, levels=2,
+                                                            force_NxL=fo, tools=tools, env_fields=fl))(
+      prompt, pm, u, f, fields)
+  tok, mask, obs = (np.asarray(x) for x in (ro.tokens_NxL, ro.mask_NxL, st.env.obs_NxL))
+  for n, (t, o) in enumerate(want):
+    assert mask[n].sum() == len(t), n
+    np.testing.assert_array_equal(tok[n, :len(t)], t, err_msg=str(n))
+    np.testing.assert_array_equal(obs[n, :len(t)], o, err_msg=str(n))
+  assert np.asarray(ro.truncated_N).tolist() == [False, False, False, True, True, True]
+  assert obs[mask == 0].sum() == 0
+  # the observations' log-probs are 0; the model's tokens are scored as a teacher-forced pass scores them
+  lp = np.asarray(ro.logp_NxL)
+  assert np.all(lp[obs > 0] == 0)
+  tf, _ = teacher_forced(params, np.repeat(prompt, G, 0), np.repeat(pm, G, 0), tok, mask, 1.0)
+  model = (mask > 0) & (obs == 0)
+  np.testing.assert_allclose(lp[model], tf[model], atol=2e-5, rtol=0)
+  # rewards and steps at the answered stop ids; events per row; the truncated observation counted
+  rew, step, ev = (np.asarray(x) for x in (st.env.reward_NxL, st.env.step_NxL, st.env.events_NxE))
+  want_rew = {(0, 2): 0.5, (1, 1): 2.0, (2, 0): 0.5, (2, 7): 0.5, (2, 12): 0.0, (5, L - 3): 0.5}
+  assert {(int(n), int(t)) for n, t in zip(*np.nonzero(step))} == set(want_rew)
+  for (n, t), r in want_rew.items():
+    assert rew[n, t] == r, (n, t)
+  assert rew.sum() == sum(want_rew.values())
+  want_ev = np.zeros_like(ev)
+  want_ev[0, env_batch.CALL] = want_ev[1, env_batch.ENDED] = want_ev[5, env_batch.CALL] = 1
+  want_ev[2, env_batch.CALL], want_ev[2, env_batch.TURN_LIMIT] = 2, 1
+  np.testing.assert_array_equal(ev, want_ev)
+  assert np.asarray(st.env.counts_K).tolist() == [5, 0, 0, 0, 1]  # calls, errors, timeouts, fallbacks, truncated
+  assert int(st.env.status) == 0
+  # every host call got the slots of the phase (one device: 4, then 2 after compaction), the paused rows with
+  # their prompt's field
+  assert {r for r, _, _ in env.seen} <= {4, 2}
+  assert sorted(a for _, _, ans in env.seen for a in ans) == [100, 100, 101, 101, 101, 102]
+
+
+# ------------------------------------------------------------------------------------------- sampled rows
+
+SAMPLED = S.SamplingConfig(max_new_tokens=L, eos_id=(EOS,), temperature=2.0)  # varied rows from the random model
+SAMPLED_STOPS = (7, 14, 23, 41, 58, 60)  # ids the random model samples often: rows pause again and again
+SAMPLED_STOPS_SEEN = 8  # observation tokens the sampled batch gets at least (it does at this seed: not vacuous)
+
+
+def sampled_rows(params, u, **kw):
+  prompt, pm = prompts(4, seed=1)
+  env = Toy()
+  tools = make_tools(env, chunk=3, stops=SAMPLED_STOPS)
+  fields = {"answer_N": jnp.arange(4, dtype=jnp.int32)}
+  ro, st = jax.jit(lambda pr, m, u, fl: E.sample_groups(MCFG, params, pr, m, G, SAMPLED, u_LxN=u, kv_block=4,
+                                                        tools=tools, env_fields=fl, **kw))(prompt, pm, u, fields)
+  return prompt, pm, ro, st, env
+
+
+@pytest.mark.parametrize("attention,slots,levels", [("plain", 0, 1), ("plain", 4, 3), ("paged", 4, 2)])
+def test_sampled_rows_are_the_policys_draws_over_the_transcript(params, attention, slots, levels):
+  """Sampled rows (one slot per row; 4 slots for 8 rows with 3 compaction sizes; the paged store): every model
+  token is what sampling.draw gives from a single teacher-forced forward over the row's whole transcript (prompt,
+  its own tokens, the observations) with the same uniform u[t, n], its log-prob is that forward's; every
+  observation is what the environment answers for the turn before it; observations have log-prob 0."""
+  u = S.uniforms(jax.random.PRNGKey(3), L, 4 * G)
+  prompt, pm, ro, st, env = sampled_rows(params, u, slots=slots, levels=levels, attention=attention, page_size=4)
+  tok, mask, obs, lp = (np.asarray(x) for x in (ro.tokens_NxL, ro.mask_NxL, st.env.obs_NxL, ro.logp_NxL))
+  assert obs.sum() >= SAMPLED_STOPS_SEEN and len(env.seen) > 1  # rows paused, over several boundaries
+  tf_logp, logits = teacher_forced(params, np.repeat(prompt, G, 0), np.repeat(pm, G, 0), tok, mask, 2.0)
+  model = (mask > 0) & (obs == 0)
+  np.testing.assert_allclose(lp[model], tf_logp[model], atol=2e-5, rtol=0)
+  assert np.all(lp[obs > 0] == 0)
+  uu = np.asarray(u)
+  for n in range(tok.shape[0]):
+    k = int(mask[n].sum())
+    want_obs, answered, ok = replay(tok[n], k, SAMPLED_STOPS)
+    assert ok, n
+    np.testing.assert_array_equal(obs[n], want_obs, err_msg=str(n))
+    assert np.asarray(st.env.step_NxL)[n].nonzero()[0].tolist() == answered, n
+    for t in np.nonzero(model[n])[0]:
+      drawn, _ = S.draw(jnp.asarray(logits[n, t][None]), jnp.asarray(uu[t, n][None]), SAMPLED)
+      assert int(drawn[0]) == tok[n, t], (n, t)
+
+
+def test_vmapped_runs_each_get_their_own_environment_calls(params):
+  """Two runs under vmap (the callback's sequential vmap: each run calls the host with its own rows): each equals
+  the run alone, and the host gets exactly the paused rows the two runs alone pass it (vmap turns the boundary's
+  cond into a select that runs both branches: a run not at a boundary must pass no row)."""
+  us = jnp.stack([S.uniforms(jax.random.PRNGKey(k), L, 4 * G) for k in (3, 4)])
+  prompt, pm = prompts(4, seed=1)
+  env = Toy()
+  tools = make_tools(env, chunk=3, stops=SAMPLED_STOPS)
+  fields = {"answer_N": jnp.arange(4, dtype=jnp.int32)}
+  run = lambda u: E.sample_groups(MCFG, params, prompt, pm, G, SAMPLED, u_LxN=u, kv_block=4, slots=4, levels=2,
+                                  tools=tools, env_fields=fields)
+  ro_v, st_v = jax.jit(jax.vmap(run))(us)
+  sent = lambda: sum(n for _, n, _ in env.seen)
+  sent_vmapped, env.seen[:] = sent(), []
+  for k in range(2):
+    ro, st = jax.jit(run)(us[k])
+    np.testing.assert_array_equal(np.asarray(ro_v.tokens_NxL[k]), np.asarray(ro.tokens_NxL))
+    np.testing.assert_array_equal(np.asarray(st_v.env.obs_NxL[k]), np.asarray(st.env.obs_NxL))
+    np.testing.assert_allclose(np.asarray(ro_v.logp_NxL[k]), np.asarray(ro.logp_NxL), atol=1e-5, rtol=0)
+    assert np.asarray(st.env.obs_NxL).sum() > 0
+  assert not np.array_equal(np.asarray(ro_v.tokens_NxL[0]), np.asarray(ro_v.tokens_NxL[1]))
+  assert sent_vmapped == sent() > 0
+
+
+_SHARDED = r"""
+import json, sys
+import jax, jax.numpy as jnp, numpy as np
+import flax.linen as nn
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+sys.path.insert(0, sys.argv[1])
+from tests.test_sampling import MCFG, random_params
+from tests import test_turns as T
+from grpo_jax.model import model as M
+from grpo_jax.infra import sharding
+from grpo_jax.rollout import engine as E, sampling as S
+params = random_params(MCFG, 0)
+prompt, pm = T.prompts(4, seed=1)
+u = S.uniforms(jax.random.PRNGKey(3), T.L, 4 * T.G)
+fields = {"answer_N": jnp.arange(4, dtype=jnp.int32)}
+out = {}
+for name, shape, slots in (("one", None, 8), ("2x2x2", (2, 2, 2), 4)):
+  env = T.Toy()
+  tools = T.make_tools(env, chunk=3, stops=T.SAMPLED_STOPS)
+  run = lambda p, pr, m, u, fl: E.sample_groups(MCFG, p, pr, m, T.G, T.SAMPLED, u_LxN=u, kv_block=4, slots=slots,
+                                                levels=2, split=1 if shape is None else shape[0] * shape[1],
+                                                tools=tools, env_fields=fl)
+  if shape is None:
+    ro, st = jax.jit(run)(params, prompt, pm, u, fields)
+  else:
+    mesh = Mesh(np.asarray(jax.devices()).reshape(shape), ("data", "fsdp", "tensor"))
+    rules = sharding.LOGICAL_RULES
+    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+      shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
+      p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
+      ro, st = jax.jit(run)(p_sh, prompt, pm, jax.device_put(u, shard(P(None, "batch"))), fields)
+  out[name] = dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
+                   obs=np.asarray(st.env.obs_NxL).tolist(), reward=np.asarray(st.env.reward_NxL).tolist(),
+                   seen=env.seen)
+print(json.dumps(out))
+"""
+
+
+def test_8_devices_each_call_with_their_own_rows():
+  """A data=2 x fsdp=2 x tensor=2 mesh (8 simulated devices): the 4 row shards each queue their own 2 rows in their
+  own slot, and at a boundary each device calls the host with its own slot only (R = 1 of the 4 slots); the tensor
+  copies of a shard pass no rows (only one copy runs the environment), and every copy gets the same observations:
+  the tokens, log-probs, observations and rewards of the one-device run."""
+  r = on_8_devices(_SHARDED, timeout=600)
+  one, sh = r["one"], r["2x2x2"]
+  assert one["tokens"] == sh["tokens"] and one["obs"] == sh["obs"] and one["reward"] == sh["reward"]
+  np.testing.assert_allclose(sh["logp"], one["logp"], atol=1e-5, rtol=0)
+  assert np.asarray(one["obs"]).sum() >= SAMPLED_STOPS_SEEN
+  assert {rows for rows, _, _ in sh["seen"]} == {1}  # each device's own slot, never the whole batch
+  calls_with_rows = [ans for _, active, ans in sh["seen"] if active]
+  assert sorted(a for ans in calls_with_rows for a in ans) == sorted(
+      a for _, active, ans in one["seen"] if active for a in ans)  # each paused row sent once, not once per copy

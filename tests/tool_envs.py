@@ -1,0 +1,33 @@
+"""Environments the tests name by `tools.env='tests.tool_envs:<name>'` (importable from the repository root, as a
+user's `module:attr` environment is): deterministic in the turn's text, so a resumed run equals an uninterrupted one."""
+import os
+import time
+
+from grpo_jax.envs import base as env_base
+
+# Test switches, read at every step: `sleep_s` holds each step that long (a failing or slow tool).
+MODE = {"sleep_s": 0.0}
+# A file the resume test creates while a run trains: the next step writes `<it>.in_call` and sleeps there, so a
+# kill lands inside an environment call.
+GATE = "GRPO_TEST_ENV_GATE"
+
+
+class Echo(env_base.Env):
+  """Any turn gets the observation ' <tool_response> k </tool_response>', k = the turn's length in characters
+  mod 10, and reward 1: a random model's rows call it whenever they emit one of the stop markers."""
+  stateful = False
+
+  def __init__(self, ctx: env_base.EnvContext):
+    self.ctx = ctx
+
+  def reset(self, example):
+    return ""
+
+  def step(self, state, action_text):
+    if MODE["sleep_s"]:
+      time.sleep(MODE["sleep_s"])
+    gate = os.environ.get(GATE, "")
+    if gate and os.path.exists(gate):
+      open(gate + ".in_call", "w").close()
+      time.sleep(30)
+    return self.ctx.format.observation(str(len(action_text) % 10)), 1.0, False, {}
