@@ -339,14 +339,18 @@ def _resolve_cpu(c):
 
 def test_the_path_rules():
   """sampling.engine / rl.packing / rl.train_buckets / sampling.exit_chunk (rl/auto.py's rules, docs/performance.md):
-  continuous from 256 new tokens, for partial rollouts or a continuous-only key; packing from 20 RL steps or a packing
-  key; buckets 1 under packing, 2 for a long padded run on long completions; exit chunks that divide L."""
+  continuous from 256 new tokens, for partial rollouts or a continuous-only key; packing from 20 RL steps on 256 new
+  tokens or more, or a packing key; buckets 1 under packing, 2 for a long padded run on long completions; exit
+  chunks that divide L."""
   def run(**over):
     return _resolve_cpu(config_lib.override(config_lib.base_config(), {"model.max_len": 2100, **over}))[0]
   r = run(**{"sampling.max_new_tokens": 255, "train.steps": 19})
   assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets, r.sampling.exit_chunk) == ("static", "off", 1, 15)
   r = run(**{"sampling.max_new_tokens": 256, "train.steps": 20})
   assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets, r.sampling.compaction) == ("continuous", "on", 1, 8)
+  r = run(**{"sampling.max_new_tokens": 255, "train.steps": 1000})  # short completions: padded, however long the run
+  assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets) == ("static", "off", 1)
+  assert run(**{"sampling.max_new_tokens": 256, "train.steps": 19}).rl.packing == "off"
   r = run(**{"sampling.max_new_tokens": 512, "rl.packing": False})  # explicit off: the padded passes' buckets
   assert (r.rl.packing, r.rl.train_buckets) == ("off", 2)
   assert run(**{"sampling.slots": 16}).sampling.engine == "continuous"
@@ -452,13 +456,14 @@ def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
   from grpo_jax.infra import errors
   from grpo_jax.infra import sharding
   from grpo_jax.run import loop_guard
-  c = config_lib.override(config_lib.base_config(), {"train.steps": 30, "sampling.max_new_tokens": 40})
+  c = config_lib.override(config_lib.base_config(), {"train.steps": 30, "sampling.max_new_tokens": 260,
+                                                     "model.max_len": 512})
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   guard = loop_guard.LoopGuard(c, str(tmp_path), "rl")
   first = guard.resolve(c, mesh)
-  assert (first.rl.packing, first.sampling.exit_chunk) == ("on", 20) and guard.view["resolved.rl.packing"] == "on"
+  assert (first.rl.packing, first.sampling.exit_chunk) == ("on", 13) and guard.view["resolved.rl.packing"] == "on"
   with open(tmp_path / "auto.json") as f:
-    assert json.load(f)["rl.packing"].startswith("on (train.steps 30 >= 20")
+    assert json.load(f)["rl.packing"].startswith("on (train.steps 30 >= 20, max_new_tokens 260 >= 256")
   # the run's checkpoint, as if an older rule had chosen the padded passes and exit chunks of 8
   view = dict(guard.view, **{"resolved.rl.packing": "off", "resolved.sampling.exit_chunk": 8})
   ck = ckpt_lib.Checkpointer(str(tmp_path / "checkpoints"), save_every=1, keep=1, run_config=view)
@@ -471,8 +476,8 @@ def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
   assert resumed.rl.pack_len == 0  # packing's own knobs do not apply to the recorded padded passes
   lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto rl.packing")]
   assert lines == ["auto rl.packing = off (recorded with this run: a resume runs the program it started with; "
-                   "today's rule picks on (train.steps 30 >= 20: padding-free passes (bench-tiny 1.10x, bench-small "
-                   "1.07-1.20x, bench-tail's reference + update 3x faster than padded)))"], lines
+                   "today's rule picks on (train.steps 30 >= 20, max_new_tokens 260 >= 256: padding-free passes "
+                   "(bench-tail's reference + update 3x faster than padded)))"], lines
   assert again.view["resolved.rl.packing"] == "off"  # recorded again with the next checkpoints
   with open(tmp_path / "auto.json") as f:
     record = f.read()

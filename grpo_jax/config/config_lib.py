@@ -184,8 +184,9 @@ def base_config() -> ml_collections.ConfigDict:
       # planner's: P + L rounded up to 128), pack_rows packed rows per device per micro-batch (0 = the planner's: on
       # the CPU the fewest rows of 512 tokens, else 1/8 of the pass's rows), the reference/old-log-prob/critic/policy
       # passes over as many micro-batches as the real tokens need. packing: 'on' | 'off' (True / False accepted) |
-      # 'auto' (rl/auto.py): on for runs of 20 RL steps or more (a faster step in every workload measured:
-      # bench-tiny, bench-small, bench-tail), off below, where its extra compile (+20% of the step's) is not won back.
+      # 'auto' (rl/auto.py): on for runs of 20 RL steps or more on completions of 256 tokens or more (bench-tail's
+      # reference + update 3x faster), off for short completions (bench-tiny 0.88x, the main job 0.94x the padded
+      # step's speed) and short runs (its extra compile, +20% of the step's, is not won back).
       packing="auto", pack_len=0, pack_rows=0,
       process_weight=0.0,        # weight of process (step) advantages; 0 = outcome only
       oversample=2,              # dynamic sampling draws oversample × prompts_per_step prompts, keeps prompts_per_step

@@ -7,7 +7,7 @@ A chooser sees the config, the mesh's axis sizes, the device memory and the plat
 (memory_plan.plan, bytes per device) and a time model of its own. Registered here, in the order they resolve (a
 later knob's plan sees the earlier choices):
   sampling.engine       static | continuous, by completion length and continuous-only keys (the rule below)
-  rl.packing            on for runs of LONG_RUN_STEPS steps or more, off for shorter ones
+  rl.packing            on for runs of LONG_RUN_STEPS steps or more on LONG_COMPLETIONS tokens or more, else off
   rl.train_buckets      1 under packing; the padded passes' static lengths otherwise (0 = auto)
   sampling.exit_chunk   the divisor of max_new_tokens nearest 16 (sampling.default_exit_chunk; -1 = auto)
   sampling.decode_attention   the continuous engine's KV store and kernel
@@ -231,9 +231,12 @@ def _with(config, updates: dict) -> ml_collections.ConfigDict:
 #                       L): the same step time (4.87 vs 4.77 s); a 64-wide 2-layer model at L = 72: rollout 1.29x the
 #                       static engine's (its per-step bookkeeping weighs on a tiny model; 2026-12-05, loaded
 #                       machine). Compile: like the static decode with one slot count (12.5 vs 11.8 CPU-s).
-#   packing             bench-tiny 2.95x TRL packed vs 2.68x padded; bench-small 0.83-0.94x the padded step;
-#                       bench-tail's reference + update 0.33x. Compile: +20% of the RL step's (3.7 vs 3.1 CPU-s, the
-#                       suite's flags, :small).
+#   packing             pays where the lengths have a tail: bench-tail's reference + update 0.33x the padded
+#                       passes'. Where completions are short it does not: 2026-12-05 on this kind of machine, quiet,
+#                       alternated, packed against padded: bench-tiny (L 64) 0.89x the padded step's speed, the main
+#                       job's RL step (L 72, completions ~48 tokens) 0.94x, bench-small (L 128) 0.98-1.04x (an
+#                       earlier machine measured bench-tiny 1.10x). Compile: +20% of the RL step's (3.7 vs 3.1
+#                       CPU-s, the suite's flags, :small).
 LONG_COMPLETIONS = 256  # tokens: where a rollout's length tail pays for the continuous engine and its compaction
 LONG_RUN_STEPS = 20  # RL steps: a shorter run (smoke runs, :small variants) does not win back a costlier compile
 
@@ -267,7 +270,8 @@ register(Knob("sampling.engine", lambda c, ctx: ["continuous", "static"], choose
 
 
 def choose_packing(config, ctx: Context, candidates: list[str]) -> tuple[str, str]:
-  """on for runs of LONG_RUN_STEPS RL steps or more (or where a packing key is set), off for shorter ones."""
+  """on for runs of LONG_RUN_STEPS RL steps or more on completions of LONG_COMPLETIONS tokens or more (or where a
+  packing key is set); off for shorter runs or completions."""
   del ctx, candidates
   if config.rl.get("token_select", "all") != "all":
     return "off", (f"rl.token_select={config.rl.token_select!r} ranks the whole minibatch's tokens; the packed "
@@ -275,10 +279,13 @@ def choose_packing(config, ctx: Context, candidates: list[str]) -> tuple[str, st
   set_keys = [k for k in ("rl.pack_len", "rl.pack_rows") if _get(config, k)]
   if set_keys:
     return "on", f"{', '.join(set_keys)} set: keys of the packed passes"
-  steps = config.train.steps
+  L, steps = config.sampling.max_new_tokens, config.train.steps
+  if L < LONG_COMPLETIONS:
+    return "off", (f"max_new_tokens {L} < {LONG_COMPLETIONS}: too short a tail for packing to pay (bench-tiny 0.89x, "
+                   "the main job's RL step 0.94x, bench-small 1.0x the padded step)")
   if steps >= LONG_RUN_STEPS:
-    return "on", (f"train.steps {steps} >= {LONG_RUN_STEPS}: padding-free passes (bench-tiny 1.10x, bench-small "
-                  "1.07-1.20x, bench-tail's reference + update 3x faster than padded)")
+    return "on", (f"train.steps {steps} >= {LONG_RUN_STEPS}, max_new_tokens {L} >= {LONG_COMPLETIONS}: padding-free "
+                  "passes (bench-tail's reference + update 3x faster than padded)")
   return "off", (f"train.steps {steps} < {LONG_RUN_STEPS}: the packed passes' extra compile (+20% of the step's) "
                  "outweighs what so few steps save")
 
