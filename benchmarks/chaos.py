@@ -9,8 +9,8 @@ A schedule is a seeded list of faults. Each fault names a scenario (a `python -m
 entry of SCENARIOS), an action (SIGKILL, SIGTERM, SIGINT, SIGHUP, SIGTERM then SIGINT 0.1 s later, or `disk_full`:
 the disk fills under the live run), a moment of the scenario (a random time after the start, inside a step, an
 evaluation, a checkpoint save, at a stage boundary: the n-th time this process reaches it, plus a random delay), and
-optionally damage done to the newest checkpoint after the process ended (truncated data file, flipped bytes, a
-deleted data file, a broken state/_METADATA; it waits for a later fault where a stage that will resume has two
+optionally damage done to the newest checkpoint after the process ended (its data files truncated, bytes flipped
+in each, the files deleted, a broken state/_METADATA; it waits for a later fault where a stage that will resume has two
 undamaged steps). The harness starts the scenario's command in its chaos directory, acts at the moment, waits for
 the exit and checks it is one the project promises (0 after a signal, with `Preempted:`, its `received` warning and
 no torn save; SIGKILL's -9; 130 or death by the signal before the handlers exist; for a full disk one `Error:` line
@@ -395,21 +395,26 @@ def damage(workdir: str, kind: str, rng: random.Random, damaged: set[tuple[str, 
     with open(os.path.join(state, "_METADATA"), "wb") as f:
       f.write(b'{"tree_metadata": {"broken')
     what = "state/_METADATA overwritten"
+  # every data file of the step: which one holds the arrays depends on the tree (a LoRA run's largest file is a
+  # B-tree node the merged manifest also holds, so damaging it alone leaves a readable step and nothing to detect)
   elif kind == "truncate":
-    os.truncate(data[-1], os.path.getsize(data[-1]) // 2)
-    what = f"{os.path.basename(data[-1])} truncated to half"
+    for f in data:
+      os.truncate(f, os.path.getsize(f) // 2)
+    what = f"{len(data)} data files truncated to half"
   elif kind == "flip":
-    size = os.path.getsize(data[-1])
-    with open(data[-1], "r+b") as f:
-      for off in sorted(rng.sample(range(size), min(64, size))):
-        f.seek(off)
-        b = f.read(1)
-        f.seek(off)
-        f.write(bytes([b[0] ^ 0xFF]))
-    what = f"64 bytes of {os.path.basename(data[-1])} flipped"
-  elif kind == "delete_shard":  # the largest, as above: it holds params (an export, reading params only, needs it)
-    os.remove(data[-1])
-    what = f"shard {os.path.basename(data[-1])} deleted"
+    for f in data:
+      size = os.path.getsize(f)
+      with open(f, "r+b") as fh:
+        for off in sorted(rng.sample(range(size), min(64, size))):
+          fh.seek(off)
+          b = fh.read(1)
+          fh.seek(off)
+          fh.write(bytes([b[0] ^ 0xFF]))
+    what = f"64 bytes flipped in each of {len(data)} data files"
+  elif kind == "delete_shard":  # every shard: one of them holds the params (an export, reading params only, needs it)
+    for f in data:
+      os.remove(f)
+    what = f"{len(data)} data shards deleted"
   else:
     raise ValueError(f"damage kind {kind!r}: use one of {DAMAGES}")
   damaged.add((d, step))
