@@ -390,13 +390,15 @@ def damage(workdir: str, kind: str, rng: random.Random, damaged: set[tuple[str, 
   d = rng.choice(candidates)
   step = committed_steps(d)[-1]
   state = os.path.join(d, str(step), "state")
-  data = sorted(glob.glob(os.path.join(state, "ocdbt.process_0", "d", "*")), key=os.path.getsize)
+  # the process's data files and the merged ones (a small tree's arrays are read from state/d, a copy)
+  data = sorted(glob.glob(os.path.join(state, "ocdbt.process_0", "d", "*")) + glob.glob(os.path.join(state, "d", "*")),
+                key=os.path.getsize)
   if kind == "metadata":
     with open(os.path.join(state, "_METADATA"), "wb") as f:
       f.write(b'{"tree_metadata": {"broken')
     what = "state/_METADATA overwritten"
-  # every data file of the step: which one holds the arrays depends on the tree (a LoRA run's largest file is a
-  # B-tree node the merged manifest also holds, so damaging it alone leaves a readable step and nothing to detect)
+  # every data file of the step: which ones hold the arrays depends on the tree (a LoRA step's are read from the
+  # merged state/d, so damaging the process's largest file alone left a readable step and nothing to detect)
   elif kind == "truncate":
     for f in data:
       os.truncate(f, os.path.getsize(f) // 2)
