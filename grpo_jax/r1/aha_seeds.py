@@ -16,7 +16,7 @@ import json
 import math
 import os
 import sys
-from typing import Sequence
+from typing import Callable, Sequence
 
 from matplotlib.figure import Figure
 
@@ -155,12 +155,18 @@ def write(workdir: str, dirs: Sequence[str], control_dirs: Sequence[str] = (), h
   return md
 
 
-def main(argv: Sequence[str]) -> int:
+def report_main(argv: Sequence[str], *, prog: str, description: str, runs_help: str, control_help: str,
+                write_fn: Callable[..., str]) -> int:
+  """The seeds reports' command (this module's, r1/tools_seeds.py's): --runs [--control] -> write_fn's markdown."""
   import argparse  # pylint: disable=g-import-not-at-top
-  ap = argparse.ArgumentParser(prog="python -m grpo_jax.r1.aha_seeds", description=__doc__.split("\n\n")[0])
-  ap.add_argument("--runs", required=True, help="the sweep directory of the R1-Zero runs (writes its aha_seeds.*)")
-  ap.add_argument("--control", default="", help="the sweep directory of the control's runs")
+  ap = argparse.ArgumentParser(prog=prog, description=description)
+  ap.add_argument("--runs", required=True, help=runs_help)
+  ap.add_argument("--control", default="", help=control_help)
   a = ap.parse_args(argv)
+  for flag, d in (("--runs", a.runs), ("--control", a.control)):
+    if d and not os.path.isdir(d):
+      print(f"Error: {flag}={d} is not a directory; give a sweep's workdir.", file=sys.stderr)
+      return 2
   dirs = run_dirs(a.runs)
   if not dirs:
     print(f"Error: --runs={a.runs} holds no finished R1-Zero run (a subdirectory with report.json).", file=sys.stderr)
@@ -169,8 +175,14 @@ def main(argv: Sequence[str]) -> int:
   if a.control and not ctl:
     print(f"Error: --control={a.control} holds no finished R1-Zero run.", file=sys.stderr)
     return 2
-  print(write(a.runs, dirs, ctl, header=f"Runs: `{a.runs}`" + (f"; control: `{a.control}`" if ctl else "")))
+  print(write_fn(a.runs, dirs, ctl, header=f"Runs: `{a.runs}`" + (f"; control: `{a.control}`" if ctl else "")))
   return 0
+
+
+def main(argv: Sequence[str]) -> int:
+  return report_main(argv, prog="python -m grpo_jax.r1.aha_seeds", description=__doc__.split("\n\n")[0],
+                     runs_help="the sweep directory of the R1-Zero runs (writes its aha_seeds.*)",
+                     control_help="the sweep directory of the control's runs", write_fn=write)
 
 
 if __name__ == "__main__":

@@ -161,21 +161,9 @@ def write(workdir: str, dirs: Sequence[str], control_dirs: Sequence[str] = (), h
 
 
 def main(argv: Sequence[str]) -> int:
-  import argparse  # pylint: disable=g-import-not-at-top
-  ap = argparse.ArgumentParser(prog="python -m grpo_jax.r1.tools_seeds", description=__doc__.split("\n\n")[0])
-  ap.add_argument("--runs", required=True, help="the sweep directory of the tool runs (writes its tools_seeds.*)")
-  ap.add_argument("--control", default="", help="the sweep directory of the no-tool control's runs")
-  a = ap.parse_args(argv)
-  dirs = aha_seeds.run_dirs(a.runs)
-  if not dirs:
-    print(f"Error: --runs={a.runs} holds no finished R1-Zero run (a subdirectory with report.json).", file=sys.stderr)
-    return 2
-  ctl = aha_seeds.run_dirs(a.control) if a.control else []
-  if a.control and not ctl:
-    print(f"Error: --control={a.control} holds no finished R1-Zero run.", file=sys.stderr)
-    return 2
-  print(write(a.runs, dirs, ctl, header=f"Runs: `{a.runs}`" + (f"; control: `{a.control}`" if ctl else "")))
-  return 0
+  return aha_seeds.report_main(argv, prog="python -m grpo_jax.r1.tools_seeds", description=__doc__.split("\n\n")[0],
+                               runs_help="the sweep directory of the tool runs (writes its tools_seeds.*)",
+                               control_help="the sweep directory of the no-tool control's runs", write_fn=write)
 
 
 if __name__ == "__main__":
