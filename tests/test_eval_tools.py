@@ -79,6 +79,28 @@ def test_sigmoid_fit_over_seeds_gives_cis_that_cover_the_truth():
     scaling_fit.fit([1.0, 2.0], [0.1, 0.2])
 
 
+def test_sigmoid_fit_bounds_a_by_the_rewards_ceiling_and_flags_edge_fits():
+  """A curve still rising linearly at the last point: unbounded, A runs far past any reachable accuracy; with A_max
+  = 1 it stops at 1, is the bounded least-squares optimum (no A ≤ 1 on a finer grid does better), and is flagged.
+  A real sigmoid inside the box is neither moved by the bound nor flagged."""
+  C = np.arange(1.0, 101.0)
+  R = 0.1 + 0.004 * C  # 0.1 -> 0.5, no sign of saturating
+  free = scaling_fit.fit(C, R)
+  assert free.A > 1.0 and free.edge
+  bounded = scaling_fit.fit(C, R, A_max=1.0)
+  assert bounded.A == pytest.approx(1.0) and bounded.edge
+  # bounded optimum: for its (B, C_mid), the SSE over A in [R0, 1] is smallest at A = 1 (the quadratic's vertex is
+  # above 1), checked by brute force against the numpy model
+  sse = lambda A: float(np.sum((scaling_fit.sigmoid(C, A, bounded.B, bounded.C_mid, bounded.R0) - R) ** 2))
+  assert all(sse(1.0) <= sse(a) + 1e-12 for a in np.linspace(bounded.R0, 1.0, 201))
+  assert bounded.rmse >= free.rmse - 1e-12  # a bound cannot fit better than no bound
+  Cs = np.geomspace(10, 3000, 25)
+  inside = scaling_fit.fit(Cs, scaling_fit.sigmoid(Cs, 0.8, 1.5, 300.0, 0.1), R0=0.1, A_max=1.0)
+  assert inside.A == pytest.approx(0.8, rel=1e-3) and not inside.edge
+  with pytest.raises(ValueError, match="A_max=0.05 is not above"):
+    scaling_fit.fit(C, R, A_max=0.05)
+
+
 def test_training_tables_appendix_fits_sigmoid_and_entropy():
   """train_table.appendix on cells with known curves: the sigmoid's A and the entropy fit's a, b come back, and the
   entropy change correlates with −Cov by construction."""
@@ -99,6 +121,7 @@ def test_training_tables_appendix_fits_sigmoid_and_entropy():
       " | ")[i].split(" ")[0].strip("| "))
   # R0 is the first step's reward (0.1008, not the curve's 0.1), so A and B come back to ~1e-3
   assert cell(sig, "v", 1) == pytest.approx(0.8, abs=2e-3) and cell(sig, "v", 2) == pytest.approx(2.0, abs=0.02)
+  assert "| 0 of 3 |" in next(l for l in sig.splitlines() if l.startswith("| v |"))  # a sigmoid inside the box
   # a, b of R = −0.1·e^H + 0.9, and corr(ΔH, −Cov) = 1
   assert (cell(ent, "w", 1), cell(ent, "w", 2), cell(ent, "w", 3)) == (
       pytest.approx(0.1, abs=1e-6), pytest.approx(0.9, abs=1e-6), pytest.approx(1.0, abs=1e-9))

@@ -9,7 +9,10 @@ is whatever a run counts (steps, tokens, FLOPs); B and A do not depend on its un
 The fit: for fixed (log C_mid, log B) the model is linear in A, so A has a closed-form least-squares value (profiled
 out); the remaining two parameters are found by a grid over log C_mid (inside the compute range, plus a decade either
 side) × log B (0.1 … 10), then Nelder–Mead from the best grid points, inside that box (a fit on its edge means the
-curve is no sigmoid over the compute measured). Robust to the start, no gradients, ~ms per curve.
+curve is no sigmoid over the compute measured: `SigmoidFit.edge`). A bounded reward bounds A (`A_max`, e.g. 1 for an
+accuracy: ScaleRL's A is a pass rate): the SSE is quadratic in A, so the bounded optimum is the clipped one. A curve
+still rising linearly at the last point otherwise "fits" an A far above any reachable reward (A = 27 for an accuracy
+was seen); with the bound it stops at A_max and is flagged. Robust to the start, no gradients, ~ms per curve.
 Per seed one fit; `fit_seeds` gives mean ± 95% CI (Student t, studies/stats.py) of A, B, C_mid over the seeds.
 """
 import dataclasses
@@ -31,6 +34,9 @@ class SigmoidFit:
   C_mid: float
   R0: float
   rmse: float  # root mean squared residual of the fit
+  # C_mid or B on the search box's edge, or A at A_max: the curve is no sigmoid with an asymptote inside the
+  # compute measured, and A, B, C_mid describe the box, not the run
+  edge: bool = False
 
   def predict(self, C) -> np.ndarray:
     return sigmoid(np.asarray(C, np.float64), self.A, self.B, self.C_mid, self.R0)
@@ -42,11 +48,13 @@ def sigmoid(C: np.ndarray, A: float, B: float, C_mid: float, R0: float) -> np.nd
   return R0 + (A - R0) / (1.0 + np.exp(-np.clip(z, -700, 700)))
 
 
-def _profile(logC: np.ndarray, R: np.ndarray, R0: float, log_cmid: float, log_b: float) -> tuple[float, float]:
-  """(sum of squared residuals, A) with A at its least-squares value for this (C_mid, B)."""
+def _profile(logC: np.ndarray, R: np.ndarray, R0: float, log_cmid: float, log_b: float,
+             A_max: float = math.inf) -> tuple[float, float]:
+  """(sum of squared residuals, A) with A at its least-squares value for this (C_mid, B), at most A_max (the SSE is
+  a convex quadratic in A, so the bounded least-squares A is the clipped one)."""
   s = 1.0 / (1.0 + np.exp(-np.clip(math.exp(log_b) * (logC - log_cmid), -700, 700)))
   den = float(np.dot(s, s))
-  gain = float(np.dot(s, R - R0)) / den if den > 0 else 0.0
+  gain = min(float(np.dot(s, R - R0)) / den if den > 0 else 0.0, A_max - R0)
   res = R - R0 - gain * s
   return float(np.dot(res, res)), R0 + gain
 
@@ -80,9 +88,9 @@ def _nelder_mead(f, x0: np.ndarray, step: np.ndarray, iters: int = 400, tol: flo
   return pts[int(np.argmin(vals))]
 
 
-def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None) -> SigmoidFit:
+def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: float | None = None) -> SigmoidFit:
   """Least-squares fit of the sigmoid to points (C_i, R_i), C_i > 0. R0: the starting reward (default: R at the
-  smallest C)."""
+  smallest C). A_max: the reward's ceiling (None: unbounded); it must exceed R0."""
   C, R = np.asarray(C, np.float64), np.asarray(R, np.float64)
   ok = np.isfinite(C) & np.isfinite(R) & (C > 0)
   C, R = C[ok], R[ok]
@@ -90,13 +98,17 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None) -> Sigm
     raise ValueError(f"scaling_fit.fit: {C.size} usable points (C > 0, finite); a sigmoid with A, B, C_mid needs "
                      "at least 3.")
   R0 = float(R[np.argmin(C)]) if R0 is None else float(R0)
+  a_max = math.inf if A_max is None else float(A_max)
+  if not a_max > R0:
+    raise ValueError(f"scaling_fit.fit: A_max={A_max} is not above the starting reward R0={R0}; pass the reward's "
+                     "ceiling (1 for an accuracy) or None.")
   logC = np.log(C)
   # the search box: C_mid within a decade of the measured compute, B in [0.1, 10]. A curve that is not a sigmoid
   # there (flat, falling) ends on the box's edge instead of running off to C_mid = 1e29: say so when reading it
   low = np.array([logC.min() - math.log(10), math.log(B_RANGE[0])])
   high = np.array([logC.max() + math.log(10), math.log(B_RANGE[1])])
   box = lambda x: np.clip(x, low, high)
-  sse = lambda x: _profile(logC, R, R0, *box(x))[0] + float(np.sum((x - box(x)) ** 2))
+  sse = lambda x: _profile(logC, R, R0, *box(x), a_max)[0] + float(np.sum((x - box(x)) ** 2))
   grid = [(lc, lb) for lc in np.linspace(low[0], high[0], 41) for lb in np.linspace(low[1], high[1], 25)]
   scores = np.array([sse(np.array(g)) for g in grid])
   best = None
@@ -104,8 +116,11 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None) -> Sigm
     x = box(_nelder_mead(sse, np.array(grid[i]), np.array([0.3, 0.2])))
     if best is None or sse(x) < sse(best):
       best = x
-  err, A = _profile(logC, R, R0, best[0], best[1])
-  return SigmoidFit(A=A, B=math.exp(best[1]), C_mid=math.exp(best[0]), R0=R0, rmse=math.sqrt(err / C.size))
+  err, A = _profile(logC, R, R0, best[0], best[1], a_max)
+  tol = 1e-3  # in log units: Nelder–Mead stops near, not on, a bound
+  edge = bool(np.any(best <= low + tol) or np.any(best >= high - tol) or A >= a_max - 1e-9)
+  return SigmoidFit(A=A, B=math.exp(best[1]), C_mid=math.exp(best[0]), R0=R0, rmse=math.sqrt(err / C.size),
+                    edge=edge)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -116,8 +131,10 @@ class SeedFits:
   C_mid: stats.Summary
 
 
-def fit_seeds(C: Sequence[float], R_SxT: Sequence[Sequence[float]], R0: float | None = None) -> SeedFits:
-  """One fit per seed's curve R_SxT[s] over the common compute points C: A, B, C_mid as mean ± 95% CI."""
-  fits = tuple(fit(C, r, R0) for r in R_SxT)
+def fit_seeds(C: Sequence[float], R_SxT: Sequence[Sequence[float]], R0: float | None = None,
+              A_max: float | None = None) -> SeedFits:
+  """One fit per seed's curve R_SxT[s] over the common compute points C: A, B, C_mid as mean ± 95% CI (read them
+  with the count of fits on an edge: `sum(f.edge for f in fits)`)."""
+  fits = tuple(fit(C, r, R0, A_max) for r in R_SxT)
   return SeedFits(fits, stats.summarize([f.A for f in fits]), stats.summarize([f.B for f in fits]),
                   stats.summarize([f.C_mid for f in fits]))
