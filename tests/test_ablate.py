@@ -1,6 +1,7 @@
 """The ablation harness: t-quantiles and CI math against hard-coded values, table files, resume without recomputing."""
 import csv
 import math
+import os
 
 import ml_collections
 import numpy as np
@@ -132,3 +133,30 @@ def test_bad_cell_shape_is_named(tmp_path):
 def test_single_run_cells_say_exact():
   md = report.markdown({"x": {"scalars": {"bytes": [10.0]}}}, title="t", claim="c")
   assert "| x | 10 |" in md and "exact" in md
+
+
+def test_rows_that_can_only_be_identical_are_refused_before_running(tmp_path):
+  """Variants that differ only in a clip range (or SAPO's temperatures) while every update is on-policy (μ 1, one
+  minibatch: ρ ≡ 1) are refused, naming the rows and the fix; with μ 2 the same variants are accepted; and every
+  shipped ablation table passes the check."""
+  import glob
+  from grpo_jax.config import config_lib
+  from grpo_jax.config import presets
+  from grpo_jax.studies.ablations import train_table
+  g = presets.overrides("grpo")
+  cfg = train_table.table_config("small", (("clip", g), ("clip-higher", {**g, "rl.eps_high": 0.28})))
+  with pytest.raises(ValueError, match=r"'clip' and 'clip-higher' differ only in rl.eps_high.*rl.mu=2"):
+    ablate.run(cfg, str(tmp_path / "t"), table=train_table)
+  assert not os.path.exists(tmp_path / "t")  # refused before anything is written
+  sapo = presets.overrides("sapo")
+  cfg = train_table.table_config("small", (("a", sapo), ("b", {**sapo, "rl.sapo_tau_neg": 2.0})))
+  with pytest.raises(ValueError, match="rl.sapo_tau_neg"):
+    ablate.check_variants(cfg, train_table)
+  for mu in ({"rl.mu": 2}, {"rl.minibatches": 2}):
+    cfg = train_table.table_config("small", (("clip", {**g, **mu}), ("clip-higher", {**g, **mu, "rl.eps_high": 0.28})))
+    ablate.check_variants(cfg, train_table)
+  shipped = sorted(glob.glob(os.path.join(os.path.dirname(__file__), "..", "configs", "ablations", "*.py")))
+  assert len(shipped) >= 13
+  for path in shipped:
+    cfg = config_lib.load_config(path)
+    ablate.check_variants(cfg, ablate.load_table(cfg))

@@ -23,6 +23,8 @@ import time
 from types import ModuleType
 from typing import Callable
 
+import ml_collections
+
 from grpo_jax import cli
 from grpo_jax.studies import report
 
@@ -85,12 +87,48 @@ def run_cells(cfg, workdir: str, table: ModuleType, log: Callable[[str], None] =
   return cells
 
 
+# Settings that act only through the importance ratio ρ = π/π_old: the clip range (and CISPO's weight range), the
+# dual clip, SAPO's gate temperatures.
+RATIO_ONLY = ("rl.eps_low", "rl.eps_high", "rl.dual_clip", "rl.sapo_tau_pos", "rl.sapo_tau_neg")
+
+
+def _flat(c, prefix: str = "") -> dict:
+  out = {}
+  for k, v in c.items():
+    if isinstance(v, ml_collections.ConfigDict):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[prefix + k] = v
+  return out
+
+
+def check_variants(cfg, table: ModuleType) -> None:
+  """Two rows that can only come out identical are refused before anything runs: variants whose run configs differ
+  only in RATIO_ONLY settings while every update is on-policy (rl.mu 1, one minibatch: ρ ≡ 1, so no clip or gate
+  ever acts). Table i and m's first runs (2026-12-05) measured exactly that: clip-higher rows equal to clip 0.2."""
+  if not hasattr(table, "build_config") or "variants" not in cfg:
+    return
+  flat = {name: _flat(table.build_config(cfg, overrides)) for name, overrides in cfg.variants}
+  names = list(flat)
+  for i, a in enumerate(names):
+    for b in names[i + 1:]:
+      diff = sorted(k for k in flat[a].keys() | flat[b].keys() if flat[a].get(k) != flat[b].get(k))
+      on_policy = all(int(flat[n].get("rl.mu", 1)) == 1 and int(flat[n].get("rl.minibatches", 1)) in (0, 1)
+                      and not flat[n].get("rl.partial_rollouts", False) for n in (a, b))
+      if diff and set(diff) <= set(RATIO_ONLY) and on_policy:
+        raise ValueError(f"variants {a!r} and {b!r} differ only in {', '.join(diff)}, which act through the ratio "
+                         "π/π_old, but every update is on-policy (rl.mu 1, one minibatch: the ratio is 1), so the two "
+                         "rows would be identical; set rl.mu=2 or rl.minibatches=2 in the table's run (as "
+                         "configs/ablations/objectives.py does).")
+
+
 def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
         log: Callable[[str], None] = print) -> str:
   """Runs the table and writes table.md / table.csv / plots; returns the markdown."""
   table = table or load_table(cfg)
   if int(cfg.seeds) < 1:
     raise ValueError(f"config.seeds={cfg.seeds}: need at least 1 (5 or more for a useful interval).")
+  check_variants(cfg, table)
   t0 = time.perf_counter()
   cells = run_cells(cfg, workdir, table, log)
   columns = tuple(cfg.columns) if "columns" in cfg else ()
