@@ -441,6 +441,15 @@ def test_rl_seeds_over_one_base(small_run, tmp_path):
   bad.r1.base_from, bad.r1.pretrain.cot_frac = src, 0.0
   with pytest.raises(errors.ConfigError, match=r"r1.base_from.*r1.pretrain.cot_frac"):
     pipeline.stage_list(bad, str(tmp_path / "c"))
+  # what only the base's sampling and report read may differ (pre-training is teacher-forced): the copy is taken,
+  # but the held-out report is not (it would sample differently), so this run's report samples the base itself
+  other = _tiny_config()
+  other.r1.base_from, other.sampling.engine = src, "static" if rc.sampling.engine != "static" else "continuous"
+  pipeline.stage_list(other, str(tmp_path / "d"))  # accepted
+  from grpo_jax.r1 import shared_base
+  shared_base.copy(other, os.path.join(src, "base"), str(tmp_path / "d" / "base"))
+  assert os.path.exists(tmp_path / "d" / "base" / "params")
+  assert not os.path.exists(tmp_path / "d" / "base" / "heldout.json")
   bad.r1.base_from = str(tmp_path / "nothing")
   with pytest.raises(errors.ConfigError, match="r1.base_from.*no base stage record"):
     pipeline.stage_list(bad, str(tmp_path / "c"))

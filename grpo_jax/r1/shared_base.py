@@ -3,8 +3,8 @@
 RL seeds over one base: `python -m grpo_jax.sweep --seeds N --config.r1.base_from=SRC` gives every run the same
 pre-trained model (SRC/base), so the runs differ in their RL rollouts only (run_seed) and the base's own variance is
 not sampled. The copy is checked, not trusted: SRC's base record must be finished and its config view (what the
-base was trained with) must equal this run's, apart from `run_seed` (the RL seed) and keys SRC's code did not have
-yet. The copied stage records SRC's view, so every downstream stage's `stage.upstream` names the base it really
+base was trained with) must equal this run's, apart from `run_seed` (the RL seed), the sampling / evaluation keys
+that only the base's report reads (`_FREE_PREFIXES`) and keys SRC's code did not have yet. The copied stage records SRC's view, so every downstream stage's `stage.upstream` names the base it really
 starts from, and `copied_from` in DIR/base/stage.json says where it came from.
 """
 from __future__ import annotations
@@ -18,8 +18,13 @@ from grpo_jax.run import stages as stages_lib
 from grpo_jax.run import validate as validate_lib
 
 KEY = "r1.base_from"
-# Keys that may differ between SRC's base and this run's: the RL seed (a base stage never reads it).
+# Keys that may differ between SRC's base and this run's: the RL seed (a base stage never reads it), and what only
+# the base's sampling and held-out report read (pre-training is teacher-forced: its params do not depend on them).
+# Where those differ, heldout.json is not copied (_same_heldout) and this run's report samples the base itself; the
+# copied metrics.jsonl keeps SRC's pre-training evaluations. So one base serves runs that differ in the RL engine
+# (e.g. `sampling.engine=static` against `auto`: docs/performance.md's before/after of the aha config).
 _FREE = ("run_seed",)
+_FREE_PREFIXES = ("sampling.", "eval.", "r1.report.", "resolved.sampling.")
 # Copied besides the params: the params' checksums and the pre-training loss curve; heldout.json too when the held-out
 # report would be the same (_same_heldout), so the report does not sample the same model again per seed.
 _FILES = ("params.integrity.json", "metrics.jsonl")
@@ -47,7 +52,8 @@ def view(config, src: str, own: dict) -> dict:
   """SRC's recorded base view, after checking it against `own` (this run's base view)."""
   rec = stages_lib.read_record(src) or {}
   theirs = rec.get("config") or {}
-  differ = [k for k in run_config.diff(theirs, own) if k not in _FREE and k in theirs]
+  differ = [k for k in run_config.diff(theirs, own)
+            if k not in _FREE and not k.startswith(_FREE_PREFIXES) and k in theirs]
   if differ:
     show = ", ".join(f"{k} ({theirs.get(k)!r} there, {own.get(k, '<absent>')!r} here)" for k in differ[:6])
     validate_lib.fail(KEY, f"the base in {src} was trained with a different config: {show}; point it at a base "
