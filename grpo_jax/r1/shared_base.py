@@ -4,8 +4,9 @@ RL seeds over one base: `python -m grpo_jax.sweep --seeds N --config.r1.base_fro
 pre-trained model (SRC/base), so the runs differ in their RL rollouts only (run_seed) and the base's own variance is
 not sampled. The copy is checked, not trusted: SRC's base record must be finished and its config view (what the
 base was trained with) must equal this run's, apart from `run_seed` (the RL seed), the sampling / evaluation keys
-that only the base's report reads (`_FREE_PREFIXES`) and keys SRC's code did not have yet. The copied stage records SRC's view, so every downstream stage's `stage.upstream` names the base it really
-starts from, and `copied_from` in DIR/base/stage.json says where it came from.
+that only the base's report reads (`_FREE_PREFIXES`) and keys SRC's code did not have yet. The copied stage records
+SRC's view, so every downstream stage's `stage.upstream` names the base it really starts from, and `copied_from` in
+DIR/base/stage.json says where it came from.
 """
 from __future__ import annotations
 

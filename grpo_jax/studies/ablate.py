@@ -23,9 +23,8 @@ import time
 from types import ModuleType
 from typing import Callable
 
-import ml_collections
-
 from grpo_jax import cli
+from grpo_jax.run import run_config
 from grpo_jax.studies import report
 
 
@@ -92,23 +91,13 @@ def run_cells(cfg, workdir: str, table: ModuleType, log: Callable[[str], None] =
 RATIO_ONLY = ("rl.eps_low", "rl.eps_high", "rl.dual_clip", "rl.sapo_tau_pos", "rl.sapo_tau_neg")
 
 
-def _flat(c, prefix: str = "") -> dict:
-  out = {}
-  for k, v in c.items():
-    if isinstance(v, ml_collections.ConfigDict):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[prefix + k] = v
-  return out
-
-
 def check_variants(cfg, table: ModuleType) -> None:
   """Two rows that can only come out identical are refused before anything runs: variants whose run configs differ
   only in RATIO_ONLY settings while every update is on-policy (rl.mu 1, one minibatch: ρ ≡ 1, so no clip or gate
   ever acts). Table i and m's first runs (2026-12-05) measured exactly that: clip-higher rows equal to clip 0.2."""
   if not hasattr(table, "build_config") or "variants" not in cfg:
     return
-  flat = {name: _flat(table.build_config(cfg, overrides)) for name, overrides in cfg.variants}
+  flat = {name: run_config.flatten(table.build_config(cfg, overrides)) for name, overrides in cfg.variants}
   names = list(flat)
   for i, a in enumerate(names):
     for b in names[i + 1:]:
