@@ -9,7 +9,7 @@ import pytest
 
 from grpo_jax.config import config_lib
 from grpo_jax.infra import errors
-from grpo_jax.r1 import corpus, heldout, stage_config, step_errors
+from grpo_jax.r1 import corpus, heldout, shared_base, stage_config, step_errors
 from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.rl import length_stats
 from grpo_jax.tasks import base, cot, registry, verify_jax, verify_py
@@ -446,7 +446,6 @@ def test_rl_seeds_over_one_base(small_run, tmp_path):
   other = _tiny_config()
   other.r1.base_from, other.sampling.engine = src, "static" if rc.sampling.engine != "static" else "continuous"
   pipeline.stage_list(other, str(tmp_path / "d"))  # accepted
-  from grpo_jax.r1 import shared_base
   shared_base.copy(other, os.path.join(src, "base"), str(tmp_path / "d" / "base"))
   assert os.path.exists(tmp_path / "d" / "base" / "params")
   assert not os.path.exists(tmp_path / "d" / "base" / "heldout.json")
