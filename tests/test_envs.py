@@ -275,23 +275,33 @@ class _Scripted(env_base.Env):
       return ("x", 0.0, False)
     if kind == "final":
       return env_base.StepResult(None, 2.5, True, {})
+    if kind == "reward_big":  # finite in Python, inf in the step's float32
+      return env_base.StepResult("x", 1e39, False, {})
+    if kind == "reward_huge_int":  # float() raises OverflowError
+      return env_base.StepResult("x", 10 ** 400, False, {})
+    if kind == "obs_surrogate":  # a str the tokenizer cannot encode
+      return env_base.StepResult(" <tool_response> \ud800 </tool_response>", 0.0, False, {})
     return env_base.StepResult(" <tool_response> ok </tool_response>", 0.5, False, {})
 
 
 def test_env_failures_are_counted_fallbacks_never_a_crash():
   eb = _batch(_Scripted(), timeout_s=0.3, fallback_reward=-1.0, workers=8)
-  kinds = ["raise", "hang", "obs_int", "reward_str", "reward_nan", "done_str", "three", "final", "ok"]
+  # one row's bad output is that row's fallback, never the whole call's failure (a reward beyond float32, an int
+  # too large for a float and an observation the tokenizer refuses used to fail the call: the run stopped, exit 3,
+  # or took an inf reward silently)
+  kinds = ["raise", "hang", "obs_int", "reward_str", "reward_nan", "done_str", "three", "reward_big",
+           "reward_huge_int", "obs_surrogate", "final", "ok"]
   tokens, obs, lens = _rows([[(f"<tool_call> {k} </tool_call>", 0)] for k in kinds])
   t0 = time.monotonic()
   out = eb.host(tokens, obs, lens, np.ones(len(kinds), bool), {})
   assert time.monotonic() - t0 < 2.0
   S = host_calls
   assert out.status_R.tolist() == [S.RAISED, S.TIMEOUT, S.WRONG_TYPE, S.WRONG_TYPE, S.NONFINITE, S.WRONG_TYPE,
-                                   S.WRONG_TYPE, S.OK, S.OK]
-  assert out.event_R.tolist()[:7] == [env_batch.FALLBACK] * 7 and out.event_R[7] == env_batch.ENDED
-  assert out.done_R.tolist() == [True] * 8 + [False]
-  np.testing.assert_array_equal(out.reward_R, [-1.0] * 7 + [2.5, 0.5])
-  assert int(out.status) == S.OK and out.counts_K[env_batch.COUNTS.index("fallbacks")] == 7
+                                   S.WRONG_TYPE, S.NONFINITE, S.NONFINITE, S.WRONG_TYPE, S.OK, S.OK]
+  assert out.event_R.tolist()[:10] == [env_batch.FALLBACK] * 10 and out.event_R[10] == env_batch.ENDED
+  assert out.done_R.tolist() == [True] * 11 + [False]
+  np.testing.assert_array_equal(out.reward_R, [-1.0] * 10 + [2.5, 0.5])
+  assert int(out.status) == S.OK and out.counts_K[env_batch.COUNTS.index("fallbacks")] == 10
   assert eb.last_error  # what the last fallback was, for the log
   eb.close()
 

@@ -260,6 +260,22 @@ def test_reward_fallback_is_counted():
   assert int(status) == reward_spec.OK and int(fb) == 3 and "ZeroDivisionError" in term.last_error
 
 
+@pytest.mark.parametrize("out,status", [
+    ([1e39, 0.0, 0.0], reward_spec.NONFINITE),        # finite in Python, inf in float32: was taken as inf
+    ([10 ** 400, 0.0, 0.0], reward_spec.NONFINITE),   # float() raises OverflowError: crossed the callback
+    (np.array(1.0), reward_spec.WRONG_TYPE),          # len() of a 0-d array raises: crossed the callback
+    ({0: 1.0, 1: 1.0, 2: 1.0}, reward_spec.WRONG_TYPE),  # a dict was read as its keys (0, 1, 2)
+])
+def test_python_reward_outputs_the_step_cannot_hold_are_named_never_raised(out, status):
+  term = rewards.PythonTerm("bad", lambda t, i, b: out, digits.Tokenizer(8))
+  r, st, fb = term.host(np.ones((3, 2), np.int32), np.ones((3, 2), np.int32), {})
+  assert int(st) == status and int(fb) == 0 and np.all(r == 0) and "\n" not in term.last_error
+  assert len(term.last_error) < 200
+  term = rewards.PythonTerm("bad", lambda t, i, b: out, digits.Tokenizer(8), fallback=-1.0)
+  r, st, fb = term.host(np.ones((3, 2), np.int32), np.ones((3, 2), np.int32), {})
+  assert int(st) == reward_spec.OK and np.all(np.isfinite(r)) and int(fb) >= 1
+
+
 def test_hanging_python_reward_times_out():
   import time
 

@@ -39,7 +39,6 @@ from __future__ import annotations
 import collections
 import copy
 import hashlib
-import math
 import numbers
 import threading
 from typing import Any, NamedTuple, Sequence
@@ -106,14 +105,16 @@ def check_result(res) -> tuple[tuple | None, int, str]:
   if obs is not None and not isinstance(obs, str):
     return None, host_calls.WRONG_TYPE, f"observation is {type(obs).__name__}, expected str or None"
   if isinstance(reward, (bool, np.bool_)) or not isinstance(reward, numbers.Real):
-    return None, host_calls.WRONG_TYPE, f"reward is {type(reward).__name__} ({reward!r}), expected a float"
-  if not math.isfinite(float(reward)):
-    return None, host_calls.NONFINITE, f"reward is {reward}"
+    return None, host_calls.WRONG_TYPE, (f"reward is {type(reward).__name__} ({host_calls.short(reward)}), expected "
+                                         "a float")
+  value = host_calls.finite_f32(reward)  # NaN, inf, or beyond float32 (1e39 would be inf in the step)
+  if value is None:
+    return None, host_calls.NONFINITE, f"reward is {host_calls.short(reward)} (not a finite float32)"
   if not isinstance(done, (bool, np.bool_)):
     return None, host_calls.WRONG_TYPE, f"done is {type(done).__name__} ({done!r}), expected a bool"
   if info is not None and not isinstance(info, dict):
     return None, host_calls.WRONG_TYPE, f"info is {type(info).__name__}, expected a dict"
-  return (obs, float(reward), bool(done), info or {}), host_calls.OK, ""
+  return (obs, value, bool(done), info or {}), host_calls.OK, ""
 
 
 class EnvBatch:
@@ -224,6 +225,13 @@ class EnvBatch:
         if status == host_calls.OK:
           res, state = value
           checked, status, why = check_result(res)
+          if status == host_calls.OK and checked[0] and not checked[2]:
+            try:  # the observation's ids (a str the tokenizer refuses, e.g. a lone surrogate, is this row's fault)
+              obs_ids = self.tok.encode(checked[0])
+            except Exception as e:  # pylint: disable=broad-except
+              status, why = host_calls.WRONG_TYPE, f"observation cannot be tokenized ({type(e).__name__}: {e})"
+          else:
+            obs_ids = []
         else:
           why = (f"did not return within tools.timeout_s={self.timeout_s}s" if status == host_calls.TIMEOUT
                  else f"raised {type(value).__name__}: {value}")
@@ -234,8 +242,7 @@ class EnvBatch:
           continue
         obs_text, reward, done, info = checked
         counts["calls"] += 1
-        ids, cut = self._cut(self.tok.encode(obs_text) if obs_text and not done else [],
-                             min(self.max_obs_tokens, length - n))
+        ids, cut = self._cut(obs_ids, min(self.max_obs_tokens, length - n))
         counts["truncated"] += int(cut)
         out.obs_RxO[r, :len(ids)] = ids
         out.obs_len_R[r], out.reward_R[r] = len(ids), reward
@@ -267,9 +274,13 @@ class EnvBatch:
                                      vmap_method="sequential"))
 
   def error_message(self, status: int) -> str:
+    if status == host_calls.TIMEOUT:
+      fix = (f"Make its step return within tools.timeout_s (stuck steps are abandoned, at most {self.MAX_HUNG} at "
+             "once), or raise tools.timeout_s.")
+    else:  # the runner itself failed (not one row's step: those are counted fallbacks)
+      fix = "This is a bug in the environment runner (envs/batch.py); rerun with --verbose and report it."
     return (f"environment '{self.name}' ({type(self.env).__name__}) {host_calls.STATUS_TEXT.get(status, status)}: "
-            f"{self.last_error}. Make its step return within tools.timeout_s (stuck steps are abandoned, at most "
-            f"{self.MAX_HUNG} at once), or raise tools.timeout_s.")
+            f"{self.last_error}. {fix}")
 
   def close(self) -> None:
     self._workers.close()

@@ -13,15 +13,34 @@ all paused rows of a chunk boundary: one call per row, `Workers.size` at a time)
 from __future__ import annotations
 
 import queue
+import reprlib
 import threading
 import time
 from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
 
 # Status codes a host call reports (0 = ok). The reward terms' codes (rl/reward_spec.py re-exports them) and the
 # environments' per-row codes (envs/batch.py) are these.
 OK, RAISED, NONFINITE, WRONG_LENGTH, WRONG_TYPE, TIMEOUT = range(6)
 STATUS_TEXT = {RAISED: "raised an exception", NONFINITE: "returned NaN/inf", WRONG_LENGTH: "returned the wrong length",
                WRONG_TYPE: "returned the wrong type", TIMEOUT: "timed out"}
+
+
+def finite_f32(v) -> float | None:
+  """A real number as the float the step will hold (float32), or None when that is not finite: NaN, inf, or a value
+  beyond float32's range (1e39 would become inf in the step; an int too large for a float cannot be converted)."""
+  try:
+    f = float(v)
+  except (OverflowError, TypeError, ValueError):
+    return None
+  with np.errstate(over="ignore"):
+    return f if np.isfinite(np.float32(f)) else None
+
+
+def short(v) -> str:
+  """repr(v), cut to a line's worth (a huge int or a long list in an error message)."""
+  return reprlib.repr(v)
 
 
 class Worker:

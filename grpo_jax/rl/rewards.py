@@ -4,6 +4,7 @@ A term maps a rollout to outcome scores `r_N` and optionally step scores (`step_
 `step_valid_NxS`). Python terms never let an exception cross the callback (undefined behaviour, and the state is
 donated): they return a status, the step skips its update in-graph, and the host raises afterwards naming the term.
 """
+import collections.abc
 import math
 import threading
 from typing import Callable, Sequence
@@ -153,25 +154,41 @@ class PythonTerm:
         return self._fail(reward_spec.RAISED, f"{type(out).__name__}: {out}", zeros)
     except Exception as e:  # pylint: disable=broad-except
       return self._fail(reward_spec.RAISED, f"{type(e).__name__}: {e}", zeros)
-    if isinstance(out, (str, bytes)) or not hasattr(out, "__len__"):
+    try:
+      return self._scores(out, n, zeros)
+    except Exception as e:  # pylint: disable=broad-except  # an output whose len / iteration raises
+      return self._fail(reward_spec.WRONG_TYPE, f"returned {type(out).__name__}, whose scores cannot be read "
+                        f"({type(e).__name__}: {e})", zeros)
+
+  def _scores(self, out, n: int, zeros):
+    """The function's output checked: n real numbers, each finite in float32 (what the step holds)."""
+    try:
+      count = len(out)
+    except TypeError:  # no __len__, or a 0-d array's len()
+      count = None
+    if count is None or isinstance(out, (str, bytes, collections.abc.Mapping, collections.abc.Set)):
+      # a dict would be read as its keys, a set in no order
       return self._fail(reward_spec.WRONG_TYPE, f"returned {type(out).__name__}, expected a sequence of {n} floats",
                         zeros)
-    if len(out) != n:
-      return self._fail(reward_spec.WRONG_LENGTH, f"returned {len(out)} scores for {n} completions", zeros)
+    if count != n:
+      return self._fail(reward_spec.WRONG_LENGTH, f"returned {count} scores for {n} completions", zeros)
     scores = np.zeros((n,), np.float32)
     bad = np.zeros((n,), bool)
     for i, v in enumerate(out):
       if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
         if self.fallback is None:
-          return self._fail(reward_spec.WRONG_TYPE, f"score {i} is {type(v).__name__} ({v!r}), expected a float", zeros)
+          return self._fail(reward_spec.WRONG_TYPE, f"score {i} is {type(v).__name__} ({host_calls.short(v)}), "
+                            "expected a float", zeros)
         bad[i] = True
         continue
-      if not math.isfinite(float(v)):
+      f = host_calls.finite_f32(v)
+      if f is None:  # NaN, inf, or beyond float32 (1e39 would be inf in the step)
         if self.fallback is None:
-          return self._fail(reward_spec.NONFINITE, f"score {i} is {v}", zeros)
+          return self._fail(reward_spec.NONFINITE, f"score {i} is {host_calls.short(v)} (not a finite float32)",
+                            zeros)
         bad[i] = True
         continue
-      scores[i] = float(v)
+      scores[i] = f
     scores[bad] = self.fallback if self.fallback is not None else 0.0
     return scores, np.int32(reward_spec.OK), np.int32(bad.sum())
 
