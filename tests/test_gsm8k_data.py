@@ -50,10 +50,18 @@ def test_jsonl_copies_are_read_in_order(tmp_path):
 
 @pytest.mark.parametrize("line,needle", [("{not json", "line 2: Expecting property name"),
                                          (json.dumps({"question": "q"}), "line 2: missing key 'answer'"),
-                                         (json.dumps({"question": "q", "answer": "no marker"}), "'####'")])
+                                         (json.dumps({"question": "q", "answer": "no marker"}), "'####'"),
+                                         # were read as the question 'None', the final answer '1'}' or '', or
+                                         # crashed a batch mid-run (a traceback during a checkpoint's commit)
+                                         (json.dumps({"question": None, "answer": "#### 1"}), "'question' is NoneType"),
+                                         (json.dumps({"question": "q", "answer": {"a": "#### 1"}}), "'answer' is dict"),
+                                         (json.dumps({"question": "q", "answer": "x ####"}), "nothing after"),
+                                         (json.dumps({"question": "q", "answer": "#### " + "1" * 30}), "24 ASCII"),
+                                         (b'\xff{"question": "q", "answer": "#### 2"}', "line 2: not UTF-8")])
 def test_bad_jsonl_lines_are_one_line_errors(tmp_path, line, needle):
-  with open(tmp_path / "test.jsonl", "w") as f:
-    f.write(json.dumps({"question": "q", "answer": "#### 1"}) + "\n" + line + "\n")
+  with open(tmp_path / "test.jsonl", "wb") as f:
+    f.write((json.dumps({"question": "q", "answer": "#### 1"}) + "\n").encode()
+            + (line if isinstance(line, bytes) else line.encode()) + b"\n")
   with pytest.raises(ValueError) as e:
     gsm8k.load_split("test", str(tmp_path))
   assert needle in str(e.value) and "test.jsonl" in str(e.value) and "\n" not in str(e.value), str(e.value)

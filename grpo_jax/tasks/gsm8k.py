@@ -45,7 +45,12 @@ PROMPT_FORMATS = ("r1_zero", "chat")  # the ids batch_fields stores in prompt_fo
 def final_answer(solution: str) -> str:
   if "####" not in solution:
     raise ValueError("GSM8K answer has no '####' final-answer marker; is task.data_dir a real gsm8k dir?")
-  return solution.split("####")[-1].strip().replace(",", "")
+  final = solution.split("####")[-1].strip().replace(",", "")
+  if not final:  # every completion would be graded against ''
+    raise ValueError("GSM8K answer has nothing after its '####' final-answer marker")
+  if len(final) > ANSWER_CHARS or not final.isascii():  # the batch holds it as ANSWER_CHARS ASCII codes
+    raise ValueError(f"GSM8K final answer {final[:40]!r} is not at most {ANSWER_CHARS} ASCII characters")
+  return final
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,13 +96,24 @@ def decode_answer(chars_A) -> str:
   return "".join(chr(int(c)) for c in chars_A if c)
 
 
-def _text(x) -> str:
-  return x.decode() if isinstance(x, bytes) else str(x)
+def _text(x, name: str) -> str:
+  """A record's field as text: a str, or UTF-8 bytes (TFDS, parquet); anything else (null, a number, an object)
+  is refused rather than turned into its repr."""
+  if isinstance(x, bytes):
+    try:
+      x = x.decode()
+    except UnicodeDecodeError as e:
+      raise ValueError(f"'{name}' is not UTF-8 ({e.reason} at byte {e.start})") from None
+  if not isinstance(x, str):
+    raise ValueError(f"'{name}' is {type(x).__name__} ({str(x)[:40]}), expected a string")
+  if not x.strip():
+    raise ValueError(f"'{name}' is empty")
+  return x
 
 
 def _example(i: int, question, solution) -> dict:
-  sol = _text(solution)
-  return {"index": i, "question": _text(question), "solution": sol, "final": final_answer(sol)}
+  sol = _text(solution, "answer")
+  return {"index": i, "question": _text(question, "question"), "solution": sol, "final": final_answer(sol)}
 
 
 def jsonl_path(split: str, data_dir: str | None) -> str | None:
@@ -109,8 +125,13 @@ def jsonl_path(split: str, data_dir: str | None) -> str | None:
 def read_jsonl(path: str) -> list[dict]:
   """Examples {index, question, solution, final} from a JSONL file of {"question", "answer"} objects."""
   out = []
-  with open(path, encoding="utf-8") as f:
-    for n, line in enumerate(f, 1):
+  with open(path, "rb") as f:
+    for n, raw in enumerate(f, 1):
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise ValueError(f"task.data_dir: {path} line {n}: not UTF-8 ({e.reason} at byte {e.start} of the line); "
+                         "save the file as UTF-8.") from None
       if not line.strip():
         continue
       try:
