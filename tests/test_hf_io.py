@@ -212,6 +212,10 @@ BAD = {
     "missing_shard": (_drop_a_shard, ["model-00002-of-00008.safetensors is missing (listed in "
                                       "model.safetensors.index.json)"]),
     "no_config": (lambda p: os.remove(os.path.join(p, "config.json")), ["config.json is missing"]),
+    # bool("false") is True: the model was tied and lm_head.weight dropped without a word
+    "tie_as_string": (lambda p: edit_config(p, lambda c: c.update(tie_word_embeddings="false")),
+                      ["tie_word_embeddings='false': expected true or false"]),
+    "hidden_null": (lambda p: edit_config(p, lambda c: c.update(hidden_size=None)), ["hidden_size is null"]),
     "no_weights": (lambda p: os.remove(os.path.join(p, "model.safetensors")), ["no *.safetensors files"]),
     "not_a_dir": (lambda p: None, ["is not a directory"]),
 }
@@ -238,6 +242,19 @@ def test_bad_checkpoints_are_one_line_config_errors_naming_file_and_tensor(case,
   assert "\n" not in msg and all(n in msg for n in needles), msg
   if case not in ("not_a_dir",):
     assert target in msg or "model.safetensors" in msg, msg  # names the file
+
+
+def test_nonfinite_weights_are_refused_at_load_naming_the_tensor(tmp_path):
+  """A NaN in a checkpoint used to load and train: non-finite steps, then a stop advising a lower learning rate."""
+  tiny_checkpoint(tmp_path / "hf")
+
+  def nan(a):
+    a["model.layers.1.mlp.up_proj.weight"][3, 4] = np.nan
+  rewrite(str(tmp_path / "hf"), nan)
+  with pytest.raises(config_lib.ConfigError) as e:
+    hf_io.load_hf(str(tmp_path / "hf"))
+  msg = str(e.value)
+  assert "model.layers.1.mlp.up_proj.weight holds 1 NaN/inf" in msg and "\n" not in msg, msg
 
 
 def test_every_disagreeing_model_field_is_listed(tmp_path):

@@ -75,14 +75,38 @@ def config_from_hf(hf: dict, *, dtype: str = "float32", remat: str = "none",
   def bad(msg: str):
     raise CheckpointError(f"{source}: {msg}")
 
+  def flag(key: str, default: bool = False) -> bool:
+    """A true/false field; a string such as "false" is refused (bool("false") is True: it would tie, or drop a
+    tensor, silently)."""
+    v = hf.get(key, default)
+    if v is None:
+      return default
+    if not isinstance(v, (bool, np.bool_)):
+      bad(f"{key}={v!r}: expected true or false.")
+    return bool(v)
+
+  def num(key: str, cast, default=None, d: dict | None = None):
+    """A numeric field (null or absent: `default`), named when it is not a number."""
+    v = (hf if d is None else d).get(key)
+    if v is None:
+      if default is None:
+        bad(f"{key} is null; expected a number.")
+      return default
+    try:
+      if isinstance(v, bool):
+        raise TypeError
+      return cast(v)
+    except (TypeError, ValueError, OverflowError):
+      bad(f"{key}={v!r}: expected {'an integer' if cast is int else 'a number'}.")
+
   mt = hf.get("model_type")
   if mt not in SUPPORTED:
     bad(f"model_type={mt!r} is not supported; use a Qwen2/Qwen2.5 ('qwen2') or Llama-3 ('llama') checkpoint.")
   if hf.get("hidden_act", "silu") != "silu":
     bad(f"hidden_act={hf['hidden_act']!r}: only 'silu' (SwiGLU) is implemented.")
-  if hf.get("use_sliding_window", False):
+  if flag("use_sliding_window"):
     bad("use_sliding_window=true: sliding-window attention is not implemented; use a checkpoint without it.")
-  if hf.get("mlp_bias", False):
+  if flag("mlp_bias"):
     bad("mlp_bias=true: MLP biases are not implemented.")
   if hf.get("pretraining_tp", 1) not in (1, None):
     bad(f"pretraining_tp={hf['pretraining_tp']}: only 1 is implemented.")
@@ -90,7 +114,13 @@ def config_from_hf(hf: dict, *, dtype: str = "float32", remat: str = "none",
                          "intermediate_size") if k not in hf]
   if missing:
     bad(f"lacks {', '.join(missing)}; is this a causal LM's config.json?")
-  theta, scaling = _rope(hf)
+  try:
+    theta, scaling = _rope(hf)
+  except (TypeError, ValueError, OverflowError):
+    bad(f"rope_theta={hf.get('rope_theta', (hf.get('rope_parameters') or {}).get('rope_theta'))!r}: expected a "
+        "number.")
+  if not isinstance(scaling, dict):
+    bad(f"rope_scaling={scaling!r}: expected an object or null.")
   rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
   kw = {}
   if rope_type == "llama3":
@@ -98,21 +128,22 @@ def config_from_hf(hf: dict, *, dtype: str = "float32", remat: str = "none",
     lacking = [k for k in need if k not in scaling]
     if lacking:
       bad(f"rope_scaling (rope_type 'llama3') lacks {', '.join(lacking)}; llama3 scaling needs {', '.join(need)}.")
-    kw = dict(rope_scaling_factor=float(scaling["factor"]), rope_low_freq_factor=float(scaling["low_freq_factor"]),
-              rope_high_freq_factor=float(scaling["high_freq_factor"]),
-              rope_original_max_len=int(scaling["original_max_position_embeddings"]))
+    kw = dict(rope_scaling_factor=num("factor", float, d=scaling),
+              rope_low_freq_factor=num("low_freq_factor", float, d=scaling),
+              rope_high_freq_factor=num("high_freq_factor", float, d=scaling),
+              rope_original_max_len=num("original_max_position_embeddings", int, d=scaling))
   elif rope_type not in (None, "default"):
     bad(f"rope scaling type {rope_type!r} is not implemented; only 'default' and 'llama3' are.")
-  heads = int(hf["num_attention_heads"])
+  heads = num("num_attention_heads", int)
+  fields = dict(
+      vocab_size=num("vocab_size", int), hidden=num("hidden_size", int), layers=num("num_hidden_layers", int),
+      heads=heads, kv_heads=num("num_key_value_heads", int, heads) or heads, head_dim=num("head_dim", int, 0),
+      inter=num("intermediate_size", int), rope_theta=theta,
+      qkv_bias=True if mt == "qwen2" else flag("attention_bias"), tie_embeddings=flag("tie_word_embeddings"),
+      max_len=num("max_position_embeddings", int, 0) or (32768 if mt == "qwen2" else 2048),
+      rms_eps=num("rms_norm_eps", float, 1e-6))
   try:
-    return model_lib.ModelConfig(
-        vocab_size=int(hf["vocab_size"]), hidden=int(hf["hidden_size"]), layers=int(hf["num_hidden_layers"]),
-        heads=heads, kv_heads=int(hf.get("num_key_value_heads") or heads), head_dim=int(hf.get("head_dim") or 0),
-        inter=int(hf["intermediate_size"]), rope_theta=theta,
-        qkv_bias=True if mt == "qwen2" else bool(hf.get("attention_bias", False)),
-        tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-        max_len=int(hf.get("max_position_embeddings") or (32768 if mt == "qwen2" else 2048)),
-        dtype=dtype, rms_eps=float(hf.get("rms_norm_eps", 1e-6)), remat=remat, **kw)
+    return model_lib.ModelConfig(dtype=dtype, remat=remat, **fields, **kw)
   except (TypeError, ValueError) as e:
     bad(f"{str(e).splitlines()[0]}")
 
@@ -339,7 +370,14 @@ def load_params(path: str, mcfg: model_lib.ModelConfig, shardings: Any = None,
     name_of, stacked, transposed = _leaf_sources(path_key(p), mcfg)
     buf = _aligned_empty(leaf.shape)
     for i in range(mcfg.layers if stacked else 1):
-      _fill(buf[i] if stacked else buf, st.read(infos[name_of(i)]), transposed)
+      slot = buf[i] if stacked else buf
+      _fill(slot, st.read(infos[name_of(i)]), transposed)
+      # NaN / inf weights would train as non-finite steps whose stop advises a lower learning rate; a sum is one
+      # pass without a leaf-sized temporary, and is non-finite exactly when a value is (float64: no overflow)
+      if not np.isfinite(np.sum(slot, dtype=np.float64)):
+        info = infos[name_of(i)]
+        raise CheckpointError(f"{info.file}: tensor {info.name} holds {int(np.sum(~np.isfinite(slot)))} NaN/inf "
+                              "value(s); the checkpoint is damaged: re-download it or export it again.")
     if sharding is None:
       arr = jax.device_put(buf)  # the CPU backend adopts an aligned host buffer as the device buffer: no copy
     else:
