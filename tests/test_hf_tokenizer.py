@@ -137,6 +137,18 @@ def test_bad_directories_raise_one_line_errors(dirs):
   q = hf_tokenizer.HFTokenizer(write_dir(root / "no_chat", plain, {"eos_token": "<|endoftext|>"}))
   with pytest.raises(ValueError, match="no chat_template"):
     q.apply_chat_template([{"role": "user", "content": "hi"}])
+  # damaged files: were a bare tokenizers Exception / AttributeError (traceback, exit 1) or a JSON error naming no file
+  for name, damage, needle in (("truncated", lambda d: open(os.path.join(d, "tokenizer.json"), "r+b").truncate(500),
+                                "tokenizer.json cannot be read"),
+                               ("bad_config", lambda d: open(os.path.join(d, "tokenizer_config.json"), "w").write("{"),
+                                "tokenizer_config.json is not valid JSON"),
+                               ("map_list", lambda d: open(os.path.join(d, "special_tokens_map.json"), "w").write("[]"),
+                                "special_tokens_map.json holds a JSON list")):
+    d = write_dir(root / name, plain, {"eos_token": "<|endoftext|>"})
+    damage(d)
+    with pytest.raises(ValueError) as e:
+      hf_tokenizer.HFTokenizer(d)
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
 def _records(n):

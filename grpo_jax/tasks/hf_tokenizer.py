@@ -43,10 +43,18 @@ def _token_text(v: Any) -> str | None:
 
 
 def _read_json(path: str) -> dict:
+  """A JSON object file next to tokenizer.json ({} when absent); a damaged one is one line naming it."""
   if not os.path.exists(path):
     return {}
-  with open(path) as f:
-    return json.load(f)
+  try:
+    with open(path, encoding="utf-8") as f:
+      out = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise ValueError(f"task.tokenizer: {path} is not valid JSON ({e}); re-download it or fix it.") from None
+  if not isinstance(out, dict):
+    raise ValueError(f"task.tokenizer: {path} holds a JSON {type(out).__name__}, expected an object; re-download it "
+                     "or fix it.")
+  return out
 
 
 # Tokenizer files other than tokenizer.json that a Hugging Face directory may hold (transformers converts them).
@@ -84,7 +92,11 @@ class HFTokenizer:
       raise ValueError("task.tokenizer: a HF tokenizer.json needs the `tokenizers` package; "
                        "pip install 'grpo_jax[hf]' (or tokenizers==0.23.3).") from e
     self.directory, self.file = resolve(path)
-    self.tk = tokenizers.Tokenizer.from_file(self.file)
+    try:
+      self.tk = tokenizers.Tokenizer.from_file(self.file)
+    except Exception as e:  # pylint: disable=broad-except  (tokenizers raises a bare Exception for a damaged file)
+      raise ValueError(f"task.tokenizer: {self.file} cannot be read ({str(e).splitlines()[0] if str(e) else type(e).__name__}); "
+                       "it is damaged or not a tokenizers file: re-download it.") from None
     self.num_tokens = self.tk.get_vocab_size(with_added_tokens=True)
     tcfg = _read_json(os.path.join(self.directory, "tokenizer_config.json"))
     smap = _read_json(os.path.join(self.directory, "special_tokens_map.json"))
