@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 
+from grpo_jax.infra import errors
 from grpo_jax.run import evaluation
 from grpo_jax.r1 import corpus
 from grpo_jax.r1 import layout
@@ -185,6 +186,18 @@ def _check_rejection_records(path, tok, config, n_prompts):
     assert tok.decode(r["prompt_ids"]).endswith(" :")
   assert len(general) == round(n_prompts * 0.25 / 0.75)
   assert all(r["prompt_ids"] == [] and "<think>" not in r["text"] for r in general)
+
+
+def test_damaged_rejection_data_is_one_line_naming_the_redo(tmp_path):
+  """data.jsonl torn or edited: was a JSONDecodeError traceback (exit 1) when stage 4 read it."""
+  path = str(tmp_path / "data.jsonl")
+  corpus.write_records(path, [{"prompt_ids": [1], "completion_ids": [2, 3], "kind": "reasoning"}] * 3)
+  assert len(corpus.read_records(path)) == 3
+  os.truncate(path, os.path.getsize(path) - 10)
+  with pytest.raises(errors.InputError) as e:
+    corpus.read_records(path)
+  msg = str(e.value)
+  assert "line 3 is damaged" in msg and "rerun_stages=r1_3_rejection" in msg and "\n" not in msg, msg
 
 
 def test_rejection_sampling_keeps_only_verified(tmp_path, tok, monkeypatch):

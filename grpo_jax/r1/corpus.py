@@ -13,6 +13,7 @@ import numpy as np
 
 from grpo_jax.envs import calculator
 from grpo_jax.envs import formats
+from grpo_jax.infra import errors
 from grpo_jax.tasks import base, cot
 from grpo_jax.tasks import data as data_lib
 
@@ -181,5 +182,21 @@ def write_records(path: str, records: list[dict]) -> None:
 
 
 def read_records(path: str) -> list[dict]:
-  with open(path) as f:
-    return [json.loads(line) for line in f if line.strip()]
+  """The records write_records wrote; a damaged file (edited, or torn by the storage) is one line naming it and
+  the line, and how to write it again, not a JSON traceback."""
+  out = []
+  with open(path, "rb") as f:
+    for n, raw in enumerate(f, 1):
+      try:
+        line = raw.decode("utf-8")
+        if not line.strip():
+          continue
+        rec = json.loads(line)
+        if not isinstance(rec, dict) or not all(k in rec for k in ("prompt_ids", "completion_ids", "kind")):
+          raise ValueError("not a record with prompt_ids, completion_ids and kind")
+      except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+        raise errors.InputError(
+            f"{path} line {n} is damaged ({errors.one_line(str(e))[:120]}); write it again with "
+            "--config.train.rerun_stages=r1_3_rejection (the old directory is kept under replaced/).") from None
+      out.append(rec)
+  return out
