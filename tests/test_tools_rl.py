@@ -296,6 +296,7 @@ def test_a_failed_environment_call_keeps_the_state_and_names_the_environment(set
     ({"tools.env": ""}, "rewards", "'env' term"),
     ({"tools.chunk": 0}, "tools.chunk", ""),
     ({"tools.max_turns": 0}, "tools.max_turns", ">= 1"),
+    ({"tools.workers": 100_000}, "tools.workers", "at most 1024"),  # one thread each: was the OS's thread limit
     ({"tools.stop_markers": ("</tool_call>", "</nope>")}, "tools.stop_markers", "not one token"),
     ({"tools.env": "no_such_module:Env"}, "tools.env", "cannot be imported"),
 ])

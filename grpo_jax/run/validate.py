@@ -322,6 +322,9 @@ def validate_tools_rl(c) -> None:
           "template rendered with the tools; use tools.format='plain' for RL.")
 
 
+MAX_TOOL_WORKERS = 1024
+
+
 def validate_tools(c, tokenizer=None) -> None:
   """The `tools` group, checked whenever a config uses it (tools.env set, or r1.pretrain.tool_frac > 0): the
   environment imports and builds, each stop marker is one token of the tokenizer, the limits are positive."""
@@ -336,6 +339,9 @@ def validate_tools(c, tokenizer=None) -> None:
   for k in ("tools.max_obs_tokens", "tools.workers", "tools.chunk", "tools.sandbox.memory_mb",
             "tools.sandbox.file_mb", "tools.sandbox.output_chars"):
     _positive_int(c, k)
+  if t.workers > MAX_TOOL_WORKERS:  # one thread each, started with the run: 100,000 hit the OS's thread limit
+    _fail("tools.workers", f"{t.workers} threads is more than {MAX_TOOL_WORKERS}; steps beyond a call's paused rows "
+          f"never run at once anyway: set at most {MAX_TOOL_WORKERS}.")
   for k in ("tools.timeout_s", "tools.sandbox.time_s"):
     _nonneg(c, k)
     if _get(c, k) == 0:
