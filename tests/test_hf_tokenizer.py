@@ -149,6 +149,11 @@ def test_bad_directories_raise_one_line_errors(dirs):
     with pytest.raises(ValueError) as e:
       hf_tokenizer.HFTokenizer(d)
     assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+  q = hf_tokenizer.HFTokenizer(write_dir(root / "bad_template", plain, {"eos_token": "<|endoftext|>",
+                                                                       "chat_template": "{% if %}"}))
+  with pytest.raises(ValueError) as e:  # was jinja's TemplateSyntaxError traceback (exit 1) with prompt=chat
+    q.apply_chat_template([{"role": "user", "content": "hi"}])
+  assert "chat_template of" in str(e.value) and "TemplateSyntaxError" in str(e.value) and "\n" not in str(e.value)
 
 
 def _records(n):

@@ -183,10 +183,16 @@ class HFTokenizer:
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     env.filters["tojson"] = _tojson
-    tmpl = env.from_string(self.chat_template)
     tokens = {"bos_token": self.tk.id_to_token(self.bos_id), "eos_token": self.tk.id_to_token(self.eos_id),
               **self.special_tokens}
-    return tmpl.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **tokens)
+    try:
+      tmpl = env.from_string(self.chat_template)
+      return tmpl.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **tokens)
+    except jinja2.TemplateError as e:  # a damaged or edited template: one line naming it, not jinja's traceback
+      line = f" line {e.lineno}" if getattr(e, "lineno", None) else ""
+      raise ValueError(f"task.tokenizer: the chat_template of {self.directory} cannot be rendered{line} "
+                       f"({type(e).__name__}: {errors_one_line(str(e))}); fix tokenizer_config.json's chat_template "
+                       "(or chat_template.jinja), or use a plain prompt.") from None
 
 
 # A model's own tokenizer leaves at most a few hundred embedding rows without a token (Qwen2.5: 151,936 rows for
@@ -250,6 +256,10 @@ def _chat_template(directory: str, tcfg: dict) -> str | None:
 def _tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
   """transformers' `tojson` (jinja2's own escapes HTML characters, which would change the rendered prompt)."""
   return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def errors_one_line(text: str) -> str:
+  return " ".join(part.strip() for part in text.strip().splitlines() if part.strip())[:200]
 
 
 def _raise_exception(message: str):
