@@ -126,6 +126,21 @@ def test_plan_skips_same_refuses_changed_and_reruns_on_request(tmp_path):
     stages.plan([st3], c3, str(tmp_path))
 
 
+def test_another_jobs_finished_stage_is_named_and_the_diff_kept_short(tmp_path):
+  """job=sft on a finished GRPO run's directory: was a ~4,000-character line calling the record 'the finished
+  stage sft' and listing all ~80 keys; now the record's own kind, the structural keys first, the rest counted."""
+  rl = stages.Stage("sft", str(tmp_path / "run"), run_config.view(_cfg(), "rl"), steps=4)
+  stages.mark_done(rl)
+  c = _cfg()
+  c.job = "sft"
+  sft = stages.Stage("sft", str(tmp_path / "run"), run_config.view(c, "sft"), steps=4)
+  with pytest.raises(errors.InputError) as e:
+    stages.plan([sft], _cfg(), str(tmp_path))
+  msg = str(e.value)
+  assert "the finished rl stage of another job" in msg and "stage.kind ('rl' → 'sft')" in msg, msg
+  assert "more key(s)" in msg and len(msg) < 1500 and "\n" not in msg, msg
+
+
 def test_changed_upstream_shows_downstream(tmp_path):
   """A stage built on another records the other's fingerprint: continuing the upstream flags the downstream."""
   c = _cfg(sft=dict(steps=4))

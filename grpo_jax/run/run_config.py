@@ -199,6 +199,9 @@ def describe(keys: Iterable[str], old: Mapping[str, Any], new: Mapping[str, Any]
   return ", ".join(one(k) for k in keys)
 
 
+MAX_DESCRIBED = 12  # changed keys spelled out in a refusal of a structural change
+
+
 def check(old: Mapping[str, Any] | None, new: Mapping[str, Any], allow: set[str], *, where: str,
           workdir_hint: str, hint: str = "") -> list[str]:
   """Changed keys accepted for this resume ([] = identical); raises one InputError line otherwise.
@@ -214,8 +217,12 @@ def check(old: Mapping[str, Any] | None, new: Mapping[str, Any], allow: set[str]
     return []
   hard = structural(changed, old, new)
   if hard:
+    # the structural keys first; past a few, the rest only counted (another job's run differs in ~80 keys)
+    shown = list(hard) + [k for k in changed if k not in hard][:max(0, MAX_DESCRIBED - len(hard))]
+    more = len(changed) - len(shown)
     raise errors.InputError(
-        f"the config differs from the one that wrote {where} in {describe(changed, old, new)}; "
+        f"the config differs from the one that wrote {where} in {describe(shown, old, new)}"
+        f"{f' and {more} more key(s)' if more else ''}; "
         f"{', '.join(hard)} change{'s' if len(hard) == 1 else ''} the saved state's structure, so this run cannot "
         f"continue with {'it' if len(hard) == 1 else 'them'}: restore the old value{'s' if len(hard) > 1 else ''}"
         f"{hint} or use a new --workdir (not {workdir_hint}).")

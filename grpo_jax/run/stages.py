@@ -173,8 +173,11 @@ def plan(stages: Sequence[Stage], config, workdir: str) -> dict[str, str]:
       continue
     rec = read_record(st.directory)
     if rec and rec.get("done"):
+      kind = (rec.get("config") or {}).get("stage.kind")  # another job's stage in the same directory: say so
+      label = (f"stage {st.name}" if kind in (None, st.view.get("stage.kind")) else
+               f"{kind} stage of another job")
       changed = run_config.check(rec.get("config"), st.view, allow,
-                                 where=f"the finished stage {st.name} ({os.path.join(st.directory, RECORD)})",
+                                 where=f"the finished {label} ({os.path.join(st.directory, RECORD)})",
                                  workdir_hint=workdir, hint=redo_hint)
       actions[st.name] = "continue" if changed else "skip"
       continue
