@@ -350,6 +350,30 @@ def test_stateful_environment_state_is_kept_and_replayed_when_lost():
   assert _Counter.steps == 3 + 4
 
 
+class _Locked(_Counter):
+  """Its state holds a lock: deepcopy refuses it."""
+
+  def step(self, state, action_text):
+    state.memo["lock"] = threading.Lock()
+    return super().step(state, action_text)
+
+
+def test_a_state_that_cannot_be_copied_is_replayed_not_a_failed_call():
+  """Was the whole call's failure (TypeError: cannot pickle '_thread.lock' object): the run stopped, exit 3."""
+  _Counter.steps = 0
+  eb = _batch(_Locked(), max_turns=4, max_obs_tokens=16)
+  fields = {"answer_N": np.array([7], np.int32)}
+  row = [("<tool_call> a </tool_call>", 0)]
+  for turn in (1, 2):
+    tokens, obs, lens = _rows([row])
+    out = eb.host(tokens, obs, lens, np.array([True]), fields)
+    assert int(out.status) == host_calls.OK and out.status_R[0] == host_calls.OK
+    text = TOOLS.decode(out.obs_RxO[0, :out.obs_len_R[0]])
+    assert text == f" <tool_response> {turn} 7 </tool_response>"  # the replay rebuilt turn 1's state
+    row = row + [(text, 1), (" <tool_call> b </tool_call>", 0)]
+  assert _Locked.steps == 1 + 2
+
+
 def test_callback_in_jit_and_vmap_gives_the_host_arrays():
   eb = _batch()
   tokens, obs, lens = _rows([[("<tool_call> 37 + 48 </tool_call>", 0)], [("<tool_call> 2 * 21 </tool_call>", 0)]])

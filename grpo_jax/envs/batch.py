@@ -43,6 +43,7 @@ import numbers
 import threading
 from typing import Any, NamedTuple, Sequence
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -139,6 +140,7 @@ class EnvBatch:
     self.last_error = ""
     self._workers = host_calls.Workers(f"env-{name}", workers)
     self._states: collections.OrderedDict[bytes, base.EnvState] = collections.OrderedDict()
+    self._uncopyable = False  # a state deepcopy refused once (warned; states are replayed instead)
     self._lock = threading.Lock()
     # Under a mesh every device calls `host` with its own rows (rollout/turns.py), from the runtime's threads, at
     # once: one call at a time (the worker pool and last_error are shared)
@@ -153,7 +155,17 @@ class EnvBatch:
     return copy.deepcopy(st)
 
   def _put_state(self, key: bytes, state) -> None:
-    st = copy.deepcopy(state)
+    try:
+      st = copy.deepcopy(state)
+    except Exception as e:  # pylint: disable=broad-except  (a lock, a file, a process in the state)
+      # not kept: the row's next call rebuilds it by replaying its turns (correct, slower); said once
+      if not self._uncopyable:
+        self._uncopyable = True
+        logging.warning("environment '%s': its state cannot be copied (%s: %s), so it is not kept between calls; "
+                        "each call replays the row's earlier turns instead. Keep plain data in EnvState, or set "
+                        "stateful = False if the state carries nothing.", self.name, type(e).__name__,
+                        str(e).splitlines()[0] if str(e) else "")
+      return
     with self._lock:
       self._states[key] = st
       self._states.move_to_end(key)
