@@ -241,7 +241,8 @@ class EnvBatch:
             try:  # the observation's ids (a str the tokenizer refuses, e.g. a lone surrogate, is this row's fault)
               obs_ids = self.tok.encode(checked[0])
             except Exception as e:  # pylint: disable=broad-except
-              status, why = host_calls.WRONG_TYPE, f"observation cannot be tokenized ({type(e).__name__}: {e})"
+              status, why = host_calls.WRONG_TYPE, ("observation cannot be tokenized "
+                                                   f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
           else:
             obs_ids = []
         else:
