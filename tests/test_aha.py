@@ -1,6 +1,7 @@
 """Issue #29's pieces: the `sums` task and its verifiers, the worked / verified / direct solutions, the aha
 pre-training mix, the length statistics (against NumPy), the verification terms, the premise reading, the config."""
 import os
+import shutil
 
 import jax
 import ml_collections
@@ -451,6 +452,12 @@ def test_rl_seeds_over_one_base(small_run, tmp_path):
   assert not os.path.exists(tmp_path / "d" / "base" / "heldout.json")
   bad.r1.base_from = str(tmp_path / "nothing")
   with pytest.raises(errors.ConfigError, match="r1.base_from.*no base stage record"):
+    pipeline.stage_list(bad, str(tmp_path / "c"))
+  # a finished base record whose params were deleted: was a FileNotFoundError traceback from the copy
+  os.makedirs(tmp_path / "noparams" / "base")
+  shutil.copy(os.path.join(src, "base", stages_lib.RECORD), tmp_path / "noparams" / "base")
+  bad.r1.base_from = str(tmp_path / "noparams")
+  with pytest.raises(errors.ConfigError, match="r1.base_from.*has no params/"):
     pipeline.stage_list(bad, str(tmp_path / "c"))
 
 

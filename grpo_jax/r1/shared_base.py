@@ -43,6 +43,9 @@ def source_dir(config) -> str:
     if rec and rec.get("stage") == "base":
       if not rec.get("done"):
         validate_lib.fail(KEY, f"the base stage in {d} is not finished; finish it first or drop {KEY}.")
+      if not os.path.isdir(os.path.join(d, "params")):  # was a FileNotFoundError traceback from the copy
+        validate_lib.fail(KEY, f"the finished base stage in {d} has no params/ (deleted or moved); redo it there "
+                          f"(--config.train.rerun_stages=base in that run) or drop {KEY}.")
       return os.path.abspath(d)
   validate_lib.fail(KEY, f"{src!r} holds no base stage record (base/stage.json); give the --workdir of a run whose "
                     "base stage finished, or drop the key to pre-train the base here.")
