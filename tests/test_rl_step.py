@@ -276,6 +276,23 @@ def test_python_reward_outputs_the_step_cannot_hold_are_named_never_raised(out, 
   assert int(st) == reward_spec.OK and np.all(np.isfinite(r)) and int(fb) >= 1
 
 
+def test_counted_fallbacks_say_why_in_the_log_once(monkeypatch):
+  """A fallback score was counted (train/reward_fallbacks) but its reason was logged nowhere."""
+  import types
+  from grpo_jax.run import train
+  term = rewards.PythonTerm("bad", lambda t, i, b: [1.0, float("nan"), "x"], digits.Tokenizer(8), fallback=-1.0)
+  spec = types.SimpleNamespace(python_terms={"bad": term}, env=None)
+  logged = []
+  monkeypatch.setattr(train.logging, "warning", lambda msg, *a: logged.append(msg % a))
+  seen = set()
+  for _ in range(3):
+    term.host(np.ones((3, 2), np.int32), np.ones((3, 2), np.int32), {})
+    train.log_fallbacks(spec, {"train/reward_fallbacks": np.float32(2)}, seen)
+  assert len(logged) == 1 and "train/reward_fallbacks" in logged[0] and "reward term 'bad': score 2 is str" in logged[0]
+  train.log_fallbacks(spec, {"train/reward_fallbacks": np.float32(0)}, set())
+  assert len(logged) == 1  # no fallback this step: nothing said
+
+
 def test_hanging_python_reward_times_out():
   import time
 

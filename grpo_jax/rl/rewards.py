@@ -176,16 +176,18 @@ class PythonTerm:
     bad = np.zeros((n,), bool)
     for i, v in enumerate(out):
       if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)):
+        why = f"score {i} is {type(v).__name__} ({host_calls.short(v)}), expected a float"
         if self.fallback is None:
-          return self._fail(reward_spec.WRONG_TYPE, f"score {i} is {type(v).__name__} ({host_calls.short(v)}), "
-                            "expected a float", zeros)
+          return self._fail(reward_spec.WRONG_TYPE, why, zeros)
+        self.last_error = why  # replaced by the fallback: said in the log (train.log_fallbacks)
         bad[i] = True
         continue
       f = host_calls.finite_f32(v)
       if f is None:  # NaN, inf, or beyond float32 (1e39 would be inf in the step)
+        why = f"score {i} is {host_calls.short(v)} (not a finite float32)"
         if self.fallback is None:
-          return self._fail(reward_spec.NONFINITE, f"score {i} is {host_calls.short(v)} (not a finite float32)",
-                            zeros)
+          return self._fail(reward_spec.NONFINITE, why, zeros)
+        self.last_error = why
         bad[i] = True
         continue
       scores[i] = f

@@ -3,6 +3,7 @@ import contextlib
 import dataclasses
 import json
 import os
+import re
 import time
 from typing import Any, Callable, Iterator, NamedTuple, Sequence
 
@@ -176,6 +177,28 @@ def step_error(spec: reward_spec.RewardSpec, reward_status: np.ndarray, env_stat
   return ""
 
 
+MAX_FALLBACK_REASONS = 8  # distinct fallback reasons logged per run (the metrics count every fallback)
+
+
+def log_fallbacks(spec: reward_spec.RewardSpec, scalars: dict, seen: set) -> None:
+  """A step's counted fallbacks (train/reward_fallbacks, train/tool_fallbacks) say why in the log: each distinct
+  reason once (the row / score index left out), at most MAX_FALLBACK_REASONS; the metrics count every one."""
+  reasons = []
+  if np.any(np.asarray(scalars.get("train/reward_fallbacks", 0)) > 0):
+    reasons += [("reward_fallbacks", f"reward term '{n}': {t.last_error}") for n, t in spec.python_terms.items()
+                if t.last_error]
+  env = getattr(spec, "env", None)
+  if np.any(np.asarray(scalars.get("train/tool_fallbacks", 0)) > 0) and env is not None and env.last_error:
+    reasons.append(("tool_fallbacks", f"environment '{env.name}': {env.last_error}"))
+  for metric, why in reasons:
+    key = re.sub(r"\b(row|score) \d+", r"\1 N", why)
+    if key in seen or len(seen) >= MAX_FALLBACK_REASONS:
+      continue
+    seen.add(key)
+    more = " (further reasons are not logged)" if len(seen) == MAX_FALLBACK_REASONS else ""
+    logging.warning("fallback counted in train/%s: %s%s", metric, why, more)
+
+
 def _nonfinite(bad_in_row: int, done: int, row: dict[str, float]) -> str:
   """The stop line; its advice follows what was non-finite: the rewards (then the learning rate is not the cause),
   or the loss/gradient with finite rewards."""
@@ -245,6 +268,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
     held_out(0)
   bad_in_row = np.zeros(S, np.int64)
   done, traces, reward_error = start, None, ""
+  fallback_reasons: set[str] = set()
   with contextlib.ExitStack() as running:
     for run in runs:  # one GracefulStop (the command's or the first guard's) shared by every run's guard
       running.enter_context(run.guard.running())
@@ -267,6 +291,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
         break
       scalars = {k: np.asarray(v) for k, v in jax.device_get(m).items()
                  if not k.startswith("samples/") and k not in HOST_STATUS}
+      log_fallbacks(spec, scalars, fallback_reasons)
       dt = time.perf_counter() - t0
       done = step + 1
       if step == start and hasattr(program.step, "traces"):
