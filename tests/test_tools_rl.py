@@ -287,6 +287,32 @@ def test_a_failed_environment_call_keeps_the_state_and_names_the_environment(set
   time.sleep(1.2)  # the abandoned steps finish: the next tests' calls run again
 
 
+def test_evaluation_counts_the_environments_failures(setup, monkeypatch):
+  """Held-out rows call the environment as the RL step's do; its fallbacks and a call that failed as a whole were
+  neither counted nor logged there (no eval/tool_fallbacks: a failing tool lowered eval accuracy silently). The
+  rollouts are made by hand (the generate plumbing runs in the CLI tests' evaluations)."""
+  from grpo_jax.run import evaluation
+  c, mesh, mcfg, spec = setup
+  ev = evaluation.Evaluator(c, mcfg, TOK, mesh, data_lib.eval_set(c.task, TOK, 8, c.task.prompt_len))
+  n, e = 4, len(env_batch.EVENTS)
+  tokens = np.zeros((n, L), np.int32)
+  tokens[:, 0] = TOK.encode("</tool_call>")[0]
+  events = np.zeros((n, e), np.int32)
+  events[0, env_batch.FALLBACK] = events[1, env_batch.TOOL_ERROR] = 1
+  logged = []
+  monkeypatch.setattr(evaluation.logging, "warning", lambda msg, *a: logged.append(msg % a))
+  for status in (host_calls.OK, host_calls.TIMEOUT):
+    g = evaluation.Rollouts(tokens, np.ones_like(tokens), np.ones(n), np.zeros(n), np.zeros(n), [None] * n, {},
+                            None, {}, np.zeros_like(tokens), events, status)
+    monkeypatch.setattr(ev, "rollouts", lambda *a, **k: g)
+    ev.env.last_error = "row 0: raised RuntimeError: tool down"
+    m, _ = ev(None, jax.random.PRNGKey(0), with_samples=False)
+    assert (m["eval/tool_fallbacks"], m["eval/tool_errors"], m["eval/tool_timeouts"]) == (1.0, 1.0, 0.0)
+    assert m["eval/tool_call_failed"] == float(status != host_calls.OK)
+  assert len(logged) == 2 and "tool down" in logged[0] and "timed out" in logged[1], logged
+  ev.env.close()
+
+
 # ------------------------------------------------------------------------------------ bad input, resume (CLI)
 
 @pytest.mark.parametrize("over,key,why", [

@@ -11,7 +11,9 @@ import contextlib
 import math
 from typing import Callable, NamedTuple
 
+from absl import logging
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 
@@ -23,6 +25,7 @@ from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.rollout import engine
 from grpo_jax.rollout import sampling
 from grpo_jax.rollout import turns
+from grpo_jax.infra import host_calls
 from grpo_jax.infra import sharding
 from grpo_jax.tasks import cot
 from grpo_jax.tasks import registry
@@ -143,7 +146,10 @@ def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str,
       ro = sampling.sample(mcfg, params, sharding.constrain_batch(prompt_NxP), pmask_NxP, rng, scfg, decode=decode)
     obs, lengths_N = (), ro.lengths_N
     if tools is not None:  # lengths count the model's own tokens, as the RL step's do
-      obs, lengths_N = (stats.env.obs_NxL,), ro.lengths_N - stats.env.obs_NxL.sum(axis=1)
+      # the environment's per-row events and the calls' worst status (per row: the outputs are gathered by rows)
+      status_N = jnp.full(ro.lengths_N.shape, stats.env.status, jnp.int32)
+      obs = (stats.env.events_NxE, status_N, stats.env.obs_NxL)
+      lengths_N = ro.lengths_N - stats.env.obs_NxL.sum(axis=1)
     if not in_graph:
       return (ro.tokens_NxL, ro.mask_NxL, lengths_N) + obs
     acc = registry.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields, tables)
@@ -210,6 +216,8 @@ class Rollouts(NamedTuple):
   texts: list[str] | None         # completions decoded without EOS; None when the Evaluator has no readings
   readings: dict[str, np.ndarray]  # per-row value of each reading
   obs_NxL: np.ndarray | None = None  # tools.env: 1 where a token was fed from an observation (mask_NxL covers it)
+  events_NxE: np.ndarray | None = None  # tools.env: per row, its calls' envs/batch.py event counts
+  env_status: int | None = None  # tools.env: the calls' worst status (host_calls.OK unless a call failed whole)
 
 
 class Evaluator:
@@ -259,24 +267,25 @@ class Evaluator:
     for i, chunk in enumerate(self._chunks(repeat)):
       fields = {k: v for k, v in chunk.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
       out = to_host(fn(params, chunk["prompt_NxP"], chunk["prompt_mask_NxP"], fields, jax.random.fold_in(rng, i)))
-      obs = out.pop() if self.env is not None else None
+      obs = [out.pop(), out.pop(), out.pop()] if self.env is not None else None  # obs, status, events
       if self.host_verifier is not None:
         acc, fmt, ans = self.host_verifier(out[0], out[1], fields)  # fields: this chunk's host rows, same order
         out += [acc, fmt]
         answers += list(ans)
       else:
         answers += [answer_span(t[mk > 0], self.tok.tag_ids) for t, mk in zip(out[0], out[1])]
-      outs.append(out + ([] if obs is None else [obs]))
+      outs.append(out + ([] if obs is None else obs))
       chunk_fields.append(fields)
     tokens, mask, lengths, acc, fmt, *obs = [np.concatenate(x) for x in zip(*outs)]
-    obs = obs[0] if obs else None
+    obs, env_status, events = obs if obs else (None, None, None)
     fields = {k: np.concatenate([f[k] for f in chunk_fields]) for k in chunk_fields[0]}
     texts, readings = None, {}
     if self.readings:
       comps = completions(tokens, mask, getattr(self.tok, "eos_ids", self.tok.eos_id))
       texts = [self.tok.decode(c) for c in comps]
       readings = {name: np.asarray(f(texts, comps, fields), np.float32) for name, f in self.readings.items()}
-    return Rollouts(tokens, mask, lengths, acc, fmt, answers, fields, texts, readings, obs)
+    return Rollouts(tokens, mask, lengths, acc, fmt, answers, fields, texts, readings, obs, events,
+                    None if env_status is None else int(env_status.max()))
 
   def __call__(self, params, rng, with_samples: bool = True) -> tuple[dict[str, float], list[str]]:
     g = self.rollouts(params, rng)
@@ -288,7 +297,16 @@ class Evaluator:
     m.update({f"eval/{name}": float(v.mean()) for name, v in g.readings.items()})
     if g.obs_NxL is not None:  # tool calls, turns, observation tokens, accuracy with and without a call
       r = transcript.readings(g.tokens_NxL, g.mask_NxL, g.obs_NxL, self.env.stop_ids)
-      m.update({f"eval/{k}": v for k, v in transcript.summary(r, right).items()})
+      ev = g.events_NxE  # the environment's failures are counted as in training (they were not before)
+      m.update({f"eval/{k}": v for k, v in transcript.summary(
+          r, right, ev[:, env_batch.TOOL_ERROR], ev[:, env_batch.TOOL_TIMEOUT], ev[:, env_batch.FALLBACK]).items()})
+      m["eval/tool_call_failed"] = float(g.env_status != host_calls.OK)
+      if g.env_status != host_calls.OK:  # rows that waited for it ended: this evaluation is not the model's alone
+        logging.warning("evaluation: %s (eval/tool_call_failed=1: the rows that waited for it ended there)",
+                        self.env.error_message(g.env_status))
+      elif ev[:, env_batch.FALLBACK].sum() and self.env.last_error:
+        logging.warning("evaluation: %d environment step(s) fell back (eval/tool_fallbacks), e.g. %s",
+                        int(ev[:, env_batch.FALLBACK].sum()), self.env.last_error)
     texts = [self.tok.decode(t[mk > 0].tolist()) for t, mk in zip(g.tokens_NxL[:3], g.mask_NxL[:3])]
     if with_samples:
       n = self.cfg.eval.n_samples

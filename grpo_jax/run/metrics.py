@@ -140,6 +140,12 @@ METRICS: dict[str, str] = {
     'eval/obs_token_frac': 'tools: observation tokens / all greedy completion tokens',
     'eval/accuracy_with_tool': 'tools: greedy accuracy among completions with a tool call (NaN if none called)',
     'eval/accuracy_without_tool': 'tools: greedy accuracy among completions without one (NaN if all called)',
+    'eval/tool_errors': "tools: greedy completions' calls whose tool reported an error (as train/tool_errors)",
+    'eval/tool_timeouts': "tools: greedy completions' calls whose tool hit its own limit (as train/tool_timeouts)",
+    'eval/tool_fallbacks': ("tools: greedy completions' environment steps that raised, timed out or returned the wrong "
+                            'type (as train/tool_fallbacks; the reason is logged)'),
+    'eval/tool_call_failed': ('tools: 1 when an environment call of the evaluation failed as a whole (EnvBatch.MAX_HUNG '
+                              'steps stuck): the rows waiting for it ended there (logged)'),
     # --- perf/: wall-clock, the only non-deterministic metrics ---
     'perf/step_time_s': 'wall time of the jitted step, seconds (includes compilation on the first step)',
     'perf/tokens_per_s': 'completion tokens generated per second of step time',
