@@ -103,7 +103,9 @@ def test_stage_rewards_tracks_every_term():
     ("r1.grpo.rewards", (("accuracy", 1.0), ("kindness", 1.0)), "config.r1.grpo.rewards: unknown term 'kindness'"),
     ("r1.rejection.temperature", 0.0, "config.r1.rejection.temperature"),
     ("r1.pretrain.lr", -1.0, r"config.sft.lr: .* \(stage base takes sft.* from r1.pretrain\)\.$"),
-    ("r1.final.steps", 0, "config.r1.final.steps: must be a positive integer")])
+    ("r1.final.steps", 0, "config.r1.final.steps: must be a positive integer"),
+    # rejection sampling ran without the environment: unanswered tool calls in the SFT set
+    ("tools.env", "calculator", "config.tools.env: 'calculator': rejection sampling")])
 def test_bad_r1_config_fails_before_any_stage(tmp_path, key, value, match):
   """Every stage's config is checked up front: a bad value that only a late stage (or the report) reads fails before
   the first stage runs, with the key the user set."""

@@ -119,6 +119,12 @@ def validate(config, stages) -> None:
   if r1.pretrain.tool_frac > 0 and config.tools.format != "plain":
     validate_lib.fail("tools.format", f"{config.tools.format!r}: pre-training documents write calculator calls in "
                       "the plain format only (r1.pretrain.tool_frac > 0); set tools.format='plain'.")
+  if config.get("tools") is not None and config.tools.env and "r1_3_rejection" in tuple(r1.stages):
+    # its sampler does not run the environment: rows would write tool calls that nobody answers, and the SFT set
+    # would hold them (the RL stages and the report run it)
+    validate_lib.fail("tools.env", f"{config.tools.env!r}: rejection sampling (r1_3_rejection) does not run the "
+                      "environment yet; drop r1_3_rejection (and r1_4_sft, r1_5_final after it) from r1.stages, or "
+                      "set tools.env=''.")
   if r1.rejection.general_frac >= 1:
     validate_lib.fail("r1.rejection.general_frac", "must be < 1: the SFT set needs some rejection-sampled reasoning.")
   if config.task.name not in task_registry.names("worked_solutions"):
