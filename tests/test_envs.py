@@ -421,6 +421,15 @@ def qwen_dir(tmp_path_factory):
   return str(d)
 
 
+def test_an_eos_stop_marker_is_named_as_such(qwen_dir):
+  """'<|im_end|>' (an EOS id: rows end on it, the environment is never called) was refused as 'not one token'."""
+  from grpo_jax.tasks import tokenizer_factory
+  tok = tokenizer_factory.load(f"hf:{qwen_dir}")
+  assert formats.stop_ids(tok, ("</tool_call>",)) == (tok.encode("</tool_call>")[0],)
+  with pytest.raises(ValueError, match="'<\\|im_end\\|>' is the tokenizer's end-of-sequence token"):
+    formats.stop_ids(tok, ("<|im_end|>",))
+
+
 def test_qwen_format_equals_transformers_apply_chat_template(qwen_dir):
   """Prompt with tools, then the model's call, the observation, the model's answer: the same text, character for
   character, as transformers renders for the conversation (hf_dirs.QWEN25_CHAT_TEMPLATE is Qwen2.5-Instruct's

@@ -191,6 +191,10 @@ def stop_ids(tok, markers: Sequence[str]) -> tuple[int, ...]:
     if not isinstance(m, str) or not m:
       raise ValueError(f"tools.stop_markers: {m!r} is not a non-empty string.")
     ids = tok.encode(m)
+    eos = set(getattr(tok, "eos_ids", ())) | {getattr(tok, "eos_id", -1)}
+    if len(ids) == 1 and ids[0] in eos:  # EOS is checked first: rows end there, the environment is never called
+      raise ValueError(f"tools.stop_markers: {m!r} is the tokenizer's end-of-sequence token (id {ids[0]}); a row ends "
+                       "on it instead of pausing: use the tool-call closing marker, e.g. ('</tool_call>',).")
     if len(ids) != 1 or ids[0] == getattr(tok, "unk_id", -1) or tok.decode(ids) != m:
       pieces = [tok.decode([i]) for i in ids]
       raise ValueError(f"tools.stop_markers: {m!r} is not one token of this tokenizer (it encodes to {len(ids)}: "
