@@ -459,6 +459,10 @@ def test_rl_seeds_over_one_base(small_run, tmp_path):
   bad.r1.base_from = str(tmp_path / "noparams")
   with pytest.raises(errors.ConfigError, match="r1.base_from.*has no params/"):
     pipeline.stage_list(bad, str(tmp_path / "c"))
+  # its own base: a rerun of the base moved it aside, then found nothing finished to copy (after writing)
+  bad.r1.base_from = src
+  with pytest.raises(errors.ConfigError, match="r1.base_from: names this run's own base"):
+    pipeline.stage_list(bad, src)
 
 
 # ------------------------------------------------------------------------------------------------ aha over seeds

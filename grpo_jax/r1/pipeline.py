@@ -19,6 +19,7 @@ from grpo_jax.infra import params_ckpt
 from grpo_jax.infra import errors
 from grpo_jax.model import model as model_lib
 from grpo_jax.run import run_config
+from grpo_jax.run import validate as validate_lib
 from grpo_jax.infra import sharding
 from grpo_jax.infra import signals
 from grpo_jax.run import stages as stages_lib
@@ -51,6 +52,9 @@ def stage_list(config, workdir: str, names: Sequence[str] | None = None) -> list
   is a copy of that run's (r1/shared_base.py): it records the source's view and has no loop of its own."""
   built: dict[str, stages_lib.Stage] = {}
   src = shared_base.source_dir(config)
+  if src and os.path.realpath(src) == os.path.realpath(layout.stage_dir(workdir, "base")):
+    # copying a base onto itself: a rerun moved it aside first, then found no finished base to copy
+    validate_lib.fail(shared_base.KEY, f"names this run's own base ({src}); give another run's --workdir, or drop it.")
   for name in layout.STAGES:
     kind = "sft" if name in _SFT else "rl" if name in _RL_INIT else "sample"
     ups = _UPSTREAM[name]
