@@ -463,6 +463,20 @@ def test_rl_seeds_over_one_base(small_run, tmp_path):
   bad.r1.base_from = src
   with pytest.raises(errors.ConfigError, match="r1.base_from: names this run's own base"):
     pipeline.stage_list(bad, src)
+  # a damaged source: was reported later as this run's own damaged base, with advice to rerun it (copying it again)
+  shutil.copytree(os.path.join(src, "base"), tmp_path / "dmg" / "base")
+  data = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path / "dmg" / "base" / "params") for f in fs
+          if os.sep + "d" + os.sep in os.path.join(r, f)]
+  for f in data:
+    raw = bytearray(open(f, "rb").read())
+    for i in range(0, len(raw), max(1, len(raw) // 64)):
+      raw[i] ^= 0xFF
+    open(f, "wb").write(raw)
+  dmg = _tiny_config()
+  dmg.update(run_seed=1)
+  dmg.r1.base_from = str(tmp_path / "dmg")
+  with pytest.raises(errors.InputError, match="r1.base_from: the base copied from .*dmg/base is unusable"):
+    pipeline._run_stage(dmg, str(tmp_path / "e"), "base")  # pylint: disable=protected-access
 
 
 # ------------------------------------------------------------------------------------------------ aha over seeds

@@ -93,6 +93,16 @@ def _run_stage(config, workdir: str, stage: str) -> None:
   src = shared_base.source_dir(config) if stage == "base" else ""
   if src:
     shared_base.copy(config, src, layout.stage_dir(workdir, stage))
+    # checked now, naming the source: a damaged copy was reported later as this run's own base, with advice to
+    # rerun it (which copies the same damage again)
+    c = stage_config.for_stage(config, stage)
+    abstract = state_lib.abstract_params(sharding.make_mesh(c.mesh), model_lib.ModelConfig.from_config(c.model))
+    try:
+      params_ckpt.load_params(layout.params_path(workdir, stage), abstract)
+    except errors.InputError as e:
+      why = str(e).split("; ")[0]  # the reason without load_params' advice (rerunning here copies it again)
+      raise errors.InputError(f"{shared_base.KEY}: the base copied from {src} is unusable ({why}); redo that run's "
+                              f"base (--config.train.rerun_stages=base there) or drop {shared_base.KEY}.") from None
   elif stage in _SFT:
     init, loss_on = _SFT[stage]
     c = stage_config.for_stage(config, stage)
