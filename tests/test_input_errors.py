@@ -154,6 +154,7 @@ CASES = [
     ("grpo", {"sft.lr": 0.0}, "config.sft.lr: is 0: nothing would train"),
     ("grpo", {"rl.reward_fallback": "nan"}, "config.rl.reward_fallback: must be '' (stop on a failure) or a finite"),
     ("grpo", {"rl.reward_fallback": "inf"}, "config.rl.reward_fallback"),
+    ("grpo", {"rl.reward_fallback": "1e39"}, "config.rl.reward_fallback"),  # finite, but inf in the step's float32
     ("grpo", {"model.rope_theta": float("inf")}, "config.model.rope_theta"),
     ("grpo", {"model.rope_scaling_factor": float("nan")}, "config.model.rope_scaling_factor"),
     ("grpo", {"optim.lr": float("nan")}, "config.optim.lr: must be a finite learning rate"),

@@ -323,6 +323,7 @@ def test_evaluation_counts_the_environments_failures(setup, monkeypatch):
     ({"tools.chunk": 0}, "tools.chunk", ""),
     ({"tools.max_turns": 0}, "tools.max_turns", ">= 1"),
     ({"tools.workers": 100_000}, "tools.workers", "at most 1024"),  # one thread each: was the OS's thread limit
+    ({"tools.fallback_reward": 1e39}, "tools.fallback_reward", "float32"),  # was an inf reward for a fallback row
     ({"tools.stop_markers": ("</tool_call>", "</nope>")}, "tools.stop_markers", "not one token"),
     ({"tools.env": "no_such_module:Env"}, "tools.env", "cannot be imported"),
 ])

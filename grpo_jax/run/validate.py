@@ -3,6 +3,7 @@ import math
 import os
 from typing import Any
 
+from grpo_jax.infra import host_calls
 from grpo_jax.rl import advantages
 from grpo_jax.rl import correction
 from grpo_jax.rl import losses
@@ -97,12 +98,10 @@ def fallback(c, key) -> None:
   v = _get(c, key)
   if v == "":
     return
-  try:
-    x = float(v)
-  except (TypeError, ValueError):
-    x = None
-  if x is None or isinstance(v, bool) or not math.isfinite(x):
-    _fail(key, f"must be '' (stop on a failure) or a finite number used in its place, got {v!r}.")
+  x = host_calls.finite_f32(v)  # finite in float32, as the step holds it (1e39 would be inf there)
+  if x is None or isinstance(v, bool):
+    _fail(key, f"must be '' (stop on a failure) or a finite number used in its place (float32: |x| < 3.4e38), got "
+          f"{v!r}.")
 
 
 def positive_finite(c, key) -> None:
@@ -347,8 +346,9 @@ def validate_tools(c, tokenizer=None) -> None:
     if _get(c, k) == 0:
       _fail(k, "must be > 0 (seconds a call may take).")
   fb = t.fallback_reward
-  if isinstance(fb, bool) or not isinstance(fb, (int, float)) or not math.isfinite(fb):
-    _fail("tools.fallback_reward", f"must be a finite number (the reward of a row whose step failed), got {fb!r}.")
+  if isinstance(fb, bool) or not isinstance(fb, (int, float)) or host_calls.finite_f32(fb) is None:
+    _fail("tools.fallback_reward", f"must be a finite number (the reward of a row whose step failed; float32: "
+          f"|x| < 3.4e38), got {fb!r}.")
   if tokenizer is None:
     return
   if t.format == "qwen" and not getattr(tokenizer, "chat_template", None):
