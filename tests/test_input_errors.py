@@ -158,6 +158,7 @@ CASES = [
     ("grpo", {"model.rope_theta": float("inf")}, "config.model.rope_theta"),
     ("grpo", {"model.rope_scaling_factor": float("nan")}, "config.model.rope_scaling_factor"),
     ("grpo", {"optim.lr": float("nan")}, "config.optim.lr: must be a finite learning rate"),
+    ("grpo", {"optim.lr": 1e39}, "config.optim.lr: must be a finite learning rate"),  # inf in float32
     ("r1", {"r1.pretrain.lr": 0.0}, "config.sft.lr: is 0: nothing would train; set a positive learning rate (stage "
                                     "base takes sft.steps/batch/lr/warmup_steps from r1.pretrain)"),
     ("r1", {"r1.final.lr": float("nan")}, "config.r1.final.lr: must be a finite learning rate > 0 (or 0 = optim.lr)"),

@@ -76,8 +76,8 @@ def _choice(c, key, choices):
 
 
 def finite(v) -> bool:
-  """A real number (not a bool), finite."""
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+  """A real number (not a bool), finite, also in float32 (the step holds it so: 1e39 would be inf there)."""
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and host_calls.finite_f32(v) is not None
 
 
 # One rule per kind of key: a key is checked for what it means, wherever a job reads it.
