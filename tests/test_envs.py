@@ -306,6 +306,24 @@ def test_env_failures_are_counted_fallbacks_never_a_crash():
   eb.close()
 
 
+def test_an_observation_returned_with_done_is_said_not_dropped_silently(monkeypatch):
+  """done=True ends the row at its marker, so an observation returned with it cannot be appended: it was dropped
+  without a word; now one warning says so (once)."""
+
+  class Final(_Scripted):
+    def step(self, state, action_text):
+      return env_base.StepResult(" <tool_response> well done </tool_response>", 1.0, True, {})
+  said = []
+  monkeypatch.setattr(env_batch.logging, "warning", lambda msg, *a: said.append(msg % a))
+  eb = _batch(Final())
+  tokens, obs, lens = _rows([[("<tool_call> 1 </tool_call>", 0)]] * 2)
+  for _ in range(2):
+    out = eb.host(tokens, obs, lens, np.ones(2, bool), {})
+    assert out.done_R.all() and (out.obs_len_R == 0).all() and (out.reward_R == 1.0).all()
+  assert len(said) == 1 and "done=True" in said[0] and "well done" in said[0]
+  eb.close()
+
+
 def test_calls_that_keep_hanging_fail_the_call_as_a_whole():
   eb = _batch(_Scripted(), timeout_s=0.1, workers=1)
   tokens, obs, lens = _rows([[("<tool_call> hang </tool_call>", 0)]])

@@ -141,6 +141,7 @@ class EnvBatch:
     self._workers = host_calls.Workers(f"env-{name}", workers)
     self._states: collections.OrderedDict[bytes, base.EnvState] = collections.OrderedDict()
     self._uncopyable = False  # a state deepcopy refused once (warned; states are replayed instead)
+    self._dropped_final = False  # an observation returned with done=True (warned once: it is not appended)
     self._lock = threading.Lock()
     # Under a mesh every device calls `host` with its own rows (rollout/turns.py), from the runtime's threads, at
     # once: one call at a time (the worker pool and last_error are shared)
@@ -254,6 +255,11 @@ class EnvBatch:
           counts["fallbacks"] += 1
           continue
         obs_text, reward, done, info = checked
+        if done and obs_text and not self._dropped_final:  # the row ends at its marker: nothing can follow it
+          self._dropped_final = True
+          logging.warning("environment '%s' returned an observation with done=True (%r); the row ends at its stop "
+                          "marker, so such observations are not appended (return it with done=False, then end the "
+                          "row at the next call). Said once.", self.name, obs_text[:80])
         counts["calls"] += 1
         ids, cut = self._cut(obs_ids, min(self.max_obs_tokens, length - n))
         counts["truncated"] += int(cut)
