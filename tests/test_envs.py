@@ -324,6 +324,20 @@ def test_an_observation_returned_with_done_is_said_not_dropped_silently(monkeypa
   eb.close()
 
 
+def test_rewards_no_term_reads_are_said_to_go_unused(monkeypatch):
+  """An environment's rewards without an ('env', w) term were discarded without a word (train.reward_terms sets
+  rewards_read)."""
+  said = []
+  monkeypatch.setattr(env_batch.logging, "warning", lambda msg, *a: said.append(msg % a))
+  eb = _batch(_Scripted())
+  eb.rewards_read = False
+  tokens, obs, lens = _rows([[("<tool_call> ok </tool_call>", 0)]])
+  for _ in range(2):
+    assert eb.host(tokens, obs, lens, np.ones(1, bool), {}).reward_R[0] == 0.5
+  assert len(said) == 1 and "no ('env', w) term" in said[0]
+  eb.close()
+
+
 def test_calls_that_keep_hanging_fail_the_call_as_a_whole():
   eb = _batch(_Scripted(), timeout_s=0.1, workers=1)
   tokens, obs, lens = _rows([[("<tool_call> hang </tool_call>", 0)]])

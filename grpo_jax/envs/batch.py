@@ -142,6 +142,9 @@ class EnvBatch:
     self._states: collections.OrderedDict[bytes, base.EnvState] = collections.OrderedDict()
     self._uncopyable = False  # a state deepcopy refused once (warned; states are replayed instead)
     self._dropped_final = False  # an observation returned with done=True (warned once: it is not appended)
+    # False where no reward term reads the environment's rewards (config.rewards without 'env': train.reward_terms);
+    # a non-zero reward is then said to go unused, once
+    self.rewards_read = True
     self._lock = threading.Lock()
     # Under a mesh every device calls `host` with its own rows (rollout/turns.py), from the runtime's threads, at
     # once: one call at a time (the worker pool and last_error are shared)
@@ -260,6 +263,11 @@ class EnvBatch:
           logging.warning("environment '%s' returned an observation with done=True (%r); the row ends at its stop "
                           "marker, so such observations are not appended (return it with done=False, then end the "
                           "row at the next call). Said once.", self.name, obs_text[:80])
+        if reward and not self.rewards_read:
+          self.rewards_read = True  # said once
+          logging.warning("environment '%s' returned a reward (%s) but config.rewards has no ('env', w) term, so its "
+                          "rewards are not used; add ('env', 1.0) to config.rewards to train on them.", self.name,
+                          reward)
         counts["calls"] += 1
         ids, cut = self._cut(obs_ids, min(self.max_obs_tokens, length - n))
         counts["truncated"] += int(cut)

@@ -162,7 +162,9 @@ def reward_terms(config, tokenizer, python_fns: dict | None = None) -> reward_sp
                            {**python_reward_fns(config, tokenizer), **(python_fns or {})}, fallback,
                            rl.reward_timeout_s)
   if config.get("tools") is not None and config.tools.env:  # the rollout's environment (docs/tools.md)
-    spec = spec._replace(env=env_batch.build(config, tokenizer))
+    env = env_batch.build(config, tokenizer)
+    env.rewards_read = "env" in [name for name, _ in config.rewards]  # else its rewards are said to go unused
+    spec = spec._replace(env=env)
   return spec
 
 
