@@ -502,6 +502,9 @@ def test_qwen_format_equals_transformers_apply_chat_template(qwen_dir):
   assert "not JSON" in qwen.parse("<tool_call>\n{oops}\n</tool_call>", [calculator.Calculator.tool]).error
   assert "unknown tool" in qwen.parse(qwen.call_text(sandbox.PythonSandbox.tool, "1"),
                                       [calculator.Calculator.tool]).error
+  # nested past the JSON parser's recursion limit: was a RecursionError (the row's step fell back, ending it)
+  assert "nested too deeply" in qwen.parse("<tool_call>\n" + "[" * 100_000 + "\n</tool_call>",
+                                           [calculator.Calculator.tool]).error
 
 
 # ------------------------------------------------------------------------------------------- corpus and config
