@@ -53,6 +53,19 @@ def test_a_split_is_read_once_per_process(cfgs, monkeypatch, tmp_path):
     tfds_builders.load_split(data.make_task(cfgs["arith"]), "train", 0, 120, 30, str(tmp_path))
 
 
+def test_a_damaged_generated_split_is_one_line_naming_what_to_delete(tmp_path):
+  """A generated split cut or edited on disk was an array_record RuntimeError (or protobuf ParseError) traceback."""
+  task = data.make_task(dict(name="arith", max_digits=2, language="mixed", train_size=20, test_size=10))
+  tfds_builders.load_split(task, "test", 0, 20, 10, str(tmp_path))
+  (rec,) = [os.path.join(r, f) for r, _, fs in os.walk(tmp_path) for f in fs if "test.array_record" in f]
+  os.truncate(rec, 2000)
+  tfds_builders._READ.clear()  # pylint: disable=protected-access  (a fresh process reads the disk)
+  with pytest.raises(ValueError) as e:
+    tfds_builders.load_split(task, "test", 0, 20, 10, str(tmp_path))
+  msg = str(e.value)
+  assert "cannot be read" in msg and "delete that directory" in msg and "\n" not in msg, msg
+
+
 _BUILD_ONE = """
 import json, sys
 from grpo_jax.tasks import data, tfds_builders

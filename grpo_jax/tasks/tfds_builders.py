@@ -110,10 +110,20 @@ def load_split(task: base.Task, split: str, seed: int, train_size: int, test_siz
     # parallel sweep, two pipelines) both generated the split, and the second one's final rename failed with
     # FileExistsError. Under the lock the second finds the first's finished copy and only reads it.
     os.makedirs(data_dir, exist_ok=True)
-    with open(os.path.join(data_dir, f".{config.name}.lock"), "w") as lock:
-      fcntl.flock(lock, fcntl.LOCK_EX)
-      source = tfds.data_source(_BUILDERS[task.name], data_dir=data_dir, split=split, download=True,
-                                builder_kwargs={"config": config, "file_format": "array_record"})
-    examples = [_decode(r) for r in source.__getitems__(list(range(len(source))))]
+    where = os.path.join(data_dir, _BUILDERS[task.name], config.name)
+    cached = os.path.isdir(where)  # read back, not generated now: a failure is the copy's damage
+    try:
+      with open(os.path.join(data_dir, f".{config.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        source = tfds.data_source(_BUILDERS[task.name], data_dir=data_dir, split=split, download=True,
+                                  builder_kwargs={"config": config, "file_format": "array_record"})
+      examples = [_decode(r) for r in source.__getitems__(list(range(len(source))))]
+    except Exception as e:  # pylint: disable=broad-except  (array_record / protobuf / json errors of a damaged copy)
+      if not cached or isinstance(e, OSError):  # a generation failure (a bug), or storage (errors.py's one line)
+        raise
+      # generated data, cached: a damaged copy (truncated, edited) is one line saying what to delete, never deleted here
+      raise ValueError(f"task.data_dir: the generated {task.name} {split} split in {where} cannot be read "
+                       f"({type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}); delete that directory "
+                       "and it is generated again on the next run.") from None
     _READ[key] = tuple(sorted(examples, key=lambda ex: ex["index"]))
   return [dict(ex) for ex in _READ[key]]  # the caller's own dicts (their values are ints, strings and tuples)
