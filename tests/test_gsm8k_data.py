@@ -28,6 +28,15 @@ with mock.patch.object(tfds.download.DownloadManager, "download_and_extract", la
   gsm8k.prepare({str(tmp_path / 'tfds')!r})
 for split in ("train", "test"):
   print(split, sorted(ex["final"] for ex in gsm8k.load_split(split, {str(tmp_path / 'tfds')!r})))
+# a damaged prepared copy: was an array_record RuntimeError traceback
+(rec,) = [os.path.join(r, f) for r, _, fs in os.walk({str(tmp_path / 'tfds')!r}) for f in fs if "test.array_record" in f]
+os.truncate(rec, 2000)
+try:
+  gsm8k.load_split("test", {str(tmp_path / 'tfds')!r})
+except ValueError as e:
+  assert "cannot be read" in str(e) and "\\n" not in str(e), str(e)
+else:
+  raise AssertionError("a damaged split was read")
 """
   r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
                      env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))

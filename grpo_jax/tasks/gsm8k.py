@@ -203,7 +203,14 @@ def load_split(split: str, data_dir: str | None = None) -> list[dict]:
                      f"({type(e).__name__}: {errors.one_line(str(e))[:200]}); set task.data_dir to a directory with GSM8K's "
                      "train.jsonl/test.jsonl or parquet files, or one where python -m grpo_jax.tasks.gsm8k "
                      "--data_dir=DIR prepared it") from None
-  return [_example(i, source[i]["question"], source[i]["answer"]) for i in range(len(source))]
+  try:
+    return [_example(i, source[i]["question"], source[i]["answer"]) for i in range(len(source))]
+  except ValueError:
+    raise
+  except Exception as e:  # pylint: disable=broad-except  (array_record errors of a damaged prepared copy)
+    raise ValueError(f"task.data_dir: the prepared TFDS gsm8k {split} split in {data_dir or 'the default TFDS data dir'} "
+                     f"cannot be read ({type(e).__name__}: {errors.one_line(str(e))[:160]}); delete its gsm8k/ and "
+                     "prepare it again (python -m grpo_jax.tasks.gsm8k --data_dir=DIR), or use the JSONL files.") from None
 
 
 def load_examples(task, split: str, *, data_dir: str | None = None, **sizes) -> list[dict]:
