@@ -212,6 +212,10 @@ BAD = {
     "missing_shard": (_drop_a_shard, ["model-00002-of-00008.safetensors is missing (listed in "
                                       "model.safetensors.index.json)"]),
     "no_config": (lambda p: os.remove(os.path.join(p, "config.json")), ["config.json is missing"]),
+    # a cache snapshot's link to a blob that never arrived: was said to be "listed in model.safetensors.index.json"
+    "broken_link": (lambda p: (os.remove(os.path.join(p, "model.safetensors")),
+                               os.symlink(os.path.join(p, "gone"), os.path.join(p, "model.safetensors"))),
+                    ["model.safetensors is missing (a link whose target is gone"]),
     # bool("false") is True: the model was tied and lm_head.weight dropped without a word
     "tie_as_string": (lambda p: edit_config(p, lambda c: c.update(tie_word_embeddings="false")),
                       ["tie_word_embeddings='false': expected true or false"]),

@@ -215,7 +215,9 @@ def tensor_index(path: str) -> dict[str, st.TensorInfo]:
   for name in files:
     file = os.path.join(path, name)
     if not os.path.isfile(file):
-      raise CheckpointError(f"{file} is missing (listed in model.safetensors.index.json); download every shard.")
+      why = ("listed in model.safetensors.index.json" if weight_map is not None else
+             "a link whose target is gone, e.g. a partly downloaded Hugging Face cache")
+      raise CheckpointError(f"{file} is missing ({why}); download every shard.")
     try:
       out.update(st.read_header(file))
     except st.FormatError as e:
