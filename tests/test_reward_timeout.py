@@ -60,6 +60,11 @@ def test_timeout_must_be_positive():
   for bad in (0, -1.0, float("nan"), float("inf"), "2"):
     with pytest.raises(errors.ConfigError, match="config.rl.reward_timeout_s"):
       rewards.PythonTerm("x", lambda *a: [], digits.Tokenizer(8), timeout_s=bad)
+  # finite but past threading.TIMEOUT_MAX: every call failed with OverflowError (the run stopped naming the term)
+  term = rewards.PythonTerm("x", lambda t, i, b: [1.0] * len(t), digits.Tokenizer(8), timeout_s=1e39)
+  r, status, _ = term.host(np.ones((2, 2), np.int32), np.ones((2, 2), np.int32), {})
+  assert int(status) == reward_spec.OK and r.tolist() == [1.0, 1.0], term.last_error
+  term.close()
 
 
 _HANG_SCRIPT = r'''

@@ -101,6 +101,8 @@ class Workers:
     """fn(*args) for each args, in waves of `size` concurrent calls; each call may take `timeout_s` seconds from the
     start of its wave. Never raises for what fn does."""
     out: list[Outcome] = []
+    # a longer wait is no wait at all to threading (OverflowError: a 1e10 s timeout failed every call)
+    timeout_s = min(float(timeout_s), threading.TIMEOUT_MAX)
     for start in range(0, len(args_list), self.size):
       wave = args_list[start:start + self.size]
       jobs = [self._workers[i].submit(fn, args) for i, args in enumerate(wave)]
