@@ -322,6 +322,7 @@ def validate_tools_rl(c) -> None:
 
 
 MAX_TOOL_WORKERS = 1024
+MAX_SANDBOX_S = 86_400
 
 
 def validate_tools(c, tokenizer=None) -> None:
@@ -345,6 +346,9 @@ def validate_tools(c, tokenizer=None) -> None:
     _nonneg(c, k)
     if _get(c, k) == 0:
       _fail(k, "must be > 0 (seconds a call may take).")
+  if t.sandbox.time_s > MAX_SANDBOX_S:  # the child's alarm and CPU limit take a C int: every call failed past it
+    _fail("tools.sandbox.time_s", f"{t.sandbox.time_s:g} s is more than {MAX_SANDBOX_S} (a day per tool call); set "
+          "at most that.")
   fb = t.fallback_reward
   if isinstance(fb, bool) or not isinstance(fb, (int, float)) or host_calls.finite_f32(fb) is None:
     _fail("tools.fallback_reward", f"must be a finite number (the reward of a row whose step failed; float32: "
