@@ -349,6 +349,10 @@ def validate_tools(c, tokenizer=None) -> None:
   if t.sandbox.time_s > MAX_SANDBOX_S:  # the child's alarm and CPU limit take a C int: every call failed past it
     _fail("tools.sandbox.time_s", f"{t.sandbox.time_s:g} s is more than {MAX_SANDBOX_S} (a day per tool call); set "
           "at most that.")
+  for k, most in (("memory_mb", 1 << 20), ("file_mb", 1 << 20), ("output_chars", 1_000_000)):
+    # past these the child's rlimits overflow a C long, or the read buffer fails: every call's observation an error
+    if t.sandbox[k] > most:
+      _fail(f"tools.sandbox.{k}", f"{t.sandbox[k]} is more than {most}; set at most that.")
   fb = t.fallback_reward
   if isinstance(fb, bool) or not isinstance(fb, (int, float)) or host_calls.finite_f32(fb) is None:
     _fail("tools.fallback_reward", f"must be a finite number (the reward of a row whose step failed; float32: "
