@@ -327,7 +327,7 @@ def test_evaluation_counts_the_environments_failures(setup, monkeypatch):
     # the child's alarm takes a C int: every call's observation was "error: OverflowError ..."
     ({"tools.sandbox.time_s": 1e12}, "tools.sandbox.time_s", "a day per tool call"),
     ({"tools.sandbox.memory_mb": 10 ** 13}, "tools.sandbox.memory_mb", "at most"),  # RLIMIT_AS overflowed a C long
-    ({"tools.max_obs_tokens": 10 ** 9}, "tools.max_obs_tokens", "sampling.max_new_tokens"),  # [slots, O] buffers
+    ({"tools.max_obs_tokens": 10 ** 9}, "tools.max_obs_tokens", "model.max_len"),  # [slots, O] buffers
     ({"tools.stop_markers": ("</tool_call>", "</nope>")}, "tools.stop_markers", "not one token"),
     ({"tools.env": "no_such_module:Env"}, "tools.env", "cannot be imported"),
 ])

@@ -349,9 +349,9 @@ def validate_tools(c, tokenizer=None) -> None:
   if t.sandbox.time_s > MAX_SANDBOX_S:  # the child's alarm and CPU limit take a C int: every call failed past it
     _fail("tools.sandbox.time_s", f"{t.sandbox.time_s:g} s is more than {MAX_SANDBOX_S} (a day per tool call); set "
           "at most that.")
-  if t.max_obs_tokens > c.sampling.max_new_tokens:  # buffers [slots, O]: 10**9 was an allocation failure (traceback)
-    _fail("tools.max_obs_tokens", f"{t.max_obs_tokens} is more than sampling.max_new_tokens="
-          f"{c.sampling.max_new_tokens} (an observation is cut to the room left in the completion); set at most that.")
+  if t.max_obs_tokens > c.model.max_len:  # buffers [slots, O]: 10**9 was an allocation failure (traceback)
+    _fail("tools.max_obs_tokens", f"{t.max_obs_tokens} is more than model.max_len={c.model.max_len} (an "
+          "observation is cut to the room left in the completion anyway); set at most that.")
   for k, most in (("memory_mb", 1 << 20), ("file_mb", 1 << 20), ("output_chars", 1_000_000)):
     # past these the child's rlimits overflow a C long, or the read buffer fails: every call's observation an error
     if t.sandbox[k] > most:
