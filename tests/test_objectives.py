@@ -116,6 +116,8 @@ def test_group_mean_batch_std_matches_numpy():
   grpo = np.asarray(advantages.grpo(jnp.asarray(r), std_eps=1e-4, ddof=1))
   assert not np.allclose(grpo[0] / got[0], grpo[2][[2, 0, 1, 3]] / got[2][[2, 0, 1, 3]])
   assert np.all(np.asarray(advantages.group_mean_batch_std(jnp.ones((2, 3)))) == 0)
+  # exactly 0 also where the group mean rounds (0.1 × 3 in float32 centred to −2e-8 before the fix), as under grpo
+  assert np.all(np.asarray(advantages.group_mean_batch_std(jnp.asarray([[0.1] * 3, [0.0, 1.0, 0.3]])))[0] == 0)
 
 
 # ------------------------------------------------------------------------------------------------ token selection
@@ -191,7 +193,7 @@ def test_clip_cov_cuts_a_random_eligible_token():
 
 
 def test_kl_cov_penalises_the_largest_covariance():
-  """kl_cov_ratio 0.25 of 8 tokens → the 2 largest cov (ties at the threshold too) get
+  """kl_cov_ratio 0.25 of 8 tokens → the 2 largest cov get
   coef·|log π − log π_old|; gradient of that penalty: coef·sign(log ρ)/n, added to PPO's."""
   a, lp, mask = _cov_case()
   a = a.copy()
@@ -209,6 +211,17 @@ def test_kl_cov_penalises_the_largest_covariance():
   np.testing.assert_allclose(diff, np.where(picked, 0.5 * np.sign(lp - old) / 8, 0.0), rtol=1e-5, atol=1e-8)
   assert float(f(lpj)) - float(f(lpj, "all")) == pytest.approx(0.5 * np.sum(np.abs(lp - old)[picked]) / 8,
                                                                   rel=1e-5)
+
+
+def test_kl_cov_penalises_exactly_k_tokens_under_ties():
+  """Every advantage equal (a minibatch of constant groups): cov_t ≡ 0 ties everywhere, and KL-Cov still penalises
+  max(floor(ratio·n), 1) tokens, as verl's topk (a threshold test picked all 10 here)."""
+  mask = np.ones((2, 5), np.float32)
+  for a in (np.zeros((2, 5)), np.full((2, 5), 0.7)):
+    sel = token_select.choose("kl_cov", ml_collections.ConfigDict(dict(SEL, kl_cov_ratio=0.2)),
+                              logp_NxL=jnp.asarray(-np.arange(10.0).reshape(2, 5)), adv_NxL=jnp.asarray(a),
+                              mask_NxL=jnp.asarray(mask))
+    assert np.asarray(sel.kl_NxL).sum() == 2 and np.all(np.asarray(sel.pg_NxL) == 1)
 
 
 def test_selection_counts_match_numpy_on_random_batches():
