@@ -564,7 +564,7 @@ def validate_eval(c, data_par: int, group: str = "eval") -> None:
     _fail(f"{group}.batch", f"{e.batch} must be a multiple of {group}.n_samples={e.n_samples} (prompts are "
           "repeated n_samples times inside one eval batch).")
   for k in e.pass_k:
-    if not (isinstance(k, int) and 1 <= k <= e.n_samples):
+    if not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= e.n_samples):
       _fail(f"{group}.pass_k", f"entry {k!r} must be an integer in [1, {group}.n_samples={e.n_samples}].")
   if e.size > c.task.test_size:
     _fail(f"{group}.size", f"{e.size} exceeds task.test_size={c.task.test_size}; lower it or raise test_size.")
