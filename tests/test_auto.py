@@ -351,6 +351,8 @@ def test_the_path_rules():
   r = run(**{"sampling.max_new_tokens": 255, "train.steps": 1000})  # short completions: padded, however long the run
   assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets) == ("static", "off", 1)
   assert run(**{"sampling.max_new_tokens": 256, "train.steps": 19}).rl.packing == "off"
+  # any spelling validation takes as auto (config_lib.switch) is resolved, not run as if set (it ran padded)
+  assert run(**{"sampling.max_new_tokens": 256, "train.steps": 20, "rl.packing": "AUTO"}).rl.packing == "on"
   r = run(**{"sampling.max_new_tokens": 512, "rl.packing": False})  # explicit off: the padded passes' buckets
   assert (r.rl.packing, r.rl.train_buckets) == ("off", 2)
   assert run(**{"sampling.slots": 16}).sampling.engine == "continuous"

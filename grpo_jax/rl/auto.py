@@ -70,7 +70,7 @@ class Knob:
   def asks(self, config) -> bool:
     if self.pending is not None:
       return self.pending(config)
-    return any(_get(config, k) == config_lib.auto_value(k) for k in self.keys())
+    return any(is_auto(k, _get(config, k)) for k in self.keys())
 
 
 REGISTRY: dict[str, Knob] = {}
@@ -82,6 +82,14 @@ def register(knob: Knob) -> Knob:
     raise ValueError(f"auto knob {missing}: declare its auto value in config_lib (AUTO_INT / AUTO_STR).")
   REGISTRY[knob.key] = knob
   return knob
+
+
+def is_auto(key: str, value) -> bool:
+  """`value` asks for `key`'s choice: its auto value, for a switch knob (rl.packing) in any spelling validation
+  takes ('auto', 'AUTO', ...; config_lib.switch), as run_config reads a record."""
+  if key in config_lib.SWITCH_KEYS:
+    return config_lib.switch(value) == "auto"
+  return value == config_lib.auto_value(key)
 
 
 def _get(config, key: str):
@@ -131,7 +139,7 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
       pick, why = knob.choose(out, ctx, knob.candidates(out, ctx))
     picked = []
     for k, value, p in zip(keys, values, pick if knob.joint else (pick,)):
-      if p is not None and (knob.pending is not None or value == config_lib.auto_value(k)):
+      if p is not None and (knob.pending is not None or is_auto(k, value)):
         _set(out, k, p)
         chosen[k] = f"{p} ({why})"
         picked.append(f"{k} = {p}")
@@ -159,7 +167,7 @@ def check_resolved(config) -> None:
   """What the step builders call: a `required` knob still at its auto value means a path skipped `resolve`."""
   for key, knob in REGISTRY.items():
     for k in knob.keys() if knob.required else ():
-      if _get(config, k) == config_lib.auto_value(k):
+      if is_auto(k, _get(config, k)):
         raise RuntimeError(f"config.{k}={config_lib.auto_value(k)!r} (auto) reached the step builder unresolved: "
                            "resolve the config first (auto.resolve / auto.resolve_here), as every entry path does.")
 
