@@ -81,6 +81,7 @@ BAD = [
     ("eval.size", 1000, "config.eval.size"),
     ("eval.pass_k", (1, 8), "config.eval.pass_k"),
     ("eval.pass_k", (True,), "config.eval.pass_k: entry True must be an integer"),
+    ("sampling.decode_layout", "tp", "config.sampling.decode_layout: 'tp' splits the weights over mesh.fsdp=1"),
     ("rl.rollout_correction", "vtrace", "config.rl.rollout_correction: unknown value 'vtrace'"),
     ("rl.is_cap", 0.0, "config.rl.is_cap: must be a finite number > 0"),
     ("rl.is_cap", float("inf"), "config.rl.is_cap: must be a finite number > 0"),

@@ -131,7 +131,9 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
       why = "recorded with this run: a resume runs the program it started with"
       try:
         today, today_why = knob.choose(out, ctx, knob.candidates(out, ctx))
-        if today != pick:
+        # what each runs with: a joint pick's None is the key's value as set
+        runs = lambda p: tuple(v if x is None else x for x, v in zip(p, values)) if knob.joint else p
+        if runs(today) != runs(pick):
           why += f"; today's rule picks {today} ({today_why})"
       except (ConfigError, ValueError) as e:
         why += f"; today's rule finds nothing ({e})"
@@ -530,7 +532,9 @@ register(Knob("rl.pack_rows", pack_rows_candidates, choose_pack_rows, applies=co
 def choose_layout(config, ctx: Context, candidates: list) -> tuple[tuple[str, int | None], str]:
   """memory_plan.choose_decode with every other knob resolved (its plan costs them): gathered when it fits, else the
   smallest tensor-parallel degree that fits, else the training layout (a warning: every weight all-gathered at every
-  token); an explicit `tp` is checked the same way. -> ((layout, decode_tp or None = left as set), why)."""
+  token); an explicit `tp` stays tp: the smallest degree that fits for decode_tp 0, the largest where none does (a
+  set layout is never replaced: the first run and a resume, which reads the set value, run the same). ->
+  ((layout, decode_tp or None = left as set), why)."""
   del candidates
   layout, why = memory_plan.choose_decode(config, ctx.mesh, ctx.hbm_bytes, ctx.platform)
   return (layout.kind, layout.tp if layout.kind == "tp" else None), why

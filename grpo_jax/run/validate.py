@@ -386,6 +386,11 @@ def validate_decode_layout(c, mesh: dict[str, int]) -> None:
     bad = decode_layout.check(model_config.ModelConfig.from_config(c.model), mesh, decode_layout.Layout("tp", tp))
     if bad:
       raise ConfigError(f"config.{bad}; or set sampling.decode_tp=0 (the smallest that fits).")
+  if c.sampling.decode_layout == "tp" and not tp and not decode_layout.tp_degrees(
+      model_config.ModelConfig.from_config(c.model), mesh):
+    _fail("sampling.decode_layout", f"'tp' splits the weights over mesh.fsdp={mesh.get('fsdp', 1)} devices, but no "
+          "degree >= 2 divides it and the model's heads; set 'gathered' (the weights whole on every device), "
+          "'fsdp' or 'auto'.")
 
 
 def validate_engine(c, rows: int, data_par: int) -> None:
