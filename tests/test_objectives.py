@@ -266,6 +266,8 @@ def test_token_selection_in_the_step(kind):
       "rl.clip_cov_ratio": 0.1, "rl.kl_cov_ratio": 0.1})
   with pytest.raises(validate.ConfigError, match="rl.token_select"):
     validate.validate_rl(config_lib.override(c, {"rl.packing": True}), num_devices=1)
+  with pytest.raises(validate.ConfigError, match="rl.token_select.*a resume keeps it"):  # packing a resume recorded
+    rl_step.make_train_update(config_lib.override(c, {"rl.packing": "on"}), None, None, None, 0)
   mesh = sharding.make_mesh(c.mesh, jax_.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(c.model.vocab_size)
