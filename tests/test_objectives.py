@@ -192,6 +192,21 @@ def test_clip_cov_cuts_a_random_eligible_token():
   assert np.asarray(sel.pg_NxL)[1, 1] == 0 and np.asarray(sel.pg_NxL).sum() == 7
 
 
+def test_clip_cov_skips_what_gspo_clips_by_its_sequence_ratio():
+  """Under GSPO (ratio_level='sequence') the tokens the objective already cuts are decided by the answer's ratio s_i:
+  log-ratios [+0.01, −0.01] give s = 1, inside GSPO's range, so no token is clipped and Clip-Cov (every eligible token
+  at ratio 1) cuts both; the token ratio 1.01 > 1 + 4e-4 marked the first clipped and it kept its gradient."""
+  old = np.array([[-1.0, -2.0], [-1.5, -0.5]])
+  lp = old + np.array([[0.01, -0.01], [0.0, 0.0]])
+  a = np.array([[1.0, 1.0], [-1.0, -1.0]])
+  cfg = ml_collections.ConfigDict(dict(SEL, clip_cov_ratio=1.0, clip_cov_lb=-1e9, clip_cov_ub=1e9))
+  f = lambda x: losses.policy_loss(x, jnp.asarray(old, jnp.float32), None, jnp.asarray(a, jnp.float32),
+                                   jnp.ones((2, 2)), eps_low=3e-4, eps_high=4e-4, beta=0.0, ratio_level="sequence",
+                                   token_select="clip_cov", select_cfg=cfg, ent_NxL=jnp.zeros((2, 2)),
+                                   select_u_NxL=jnp.asarray([[0.1, 0.2], [0.3, 0.4]], jnp.float32))[0]
+  np.testing.assert_array_equal(_grad(f, lp), np.zeros((2, 2)))
+
+
 def test_kl_cov_penalises_the_largest_covariance():
   """kl_cov_ratio 0.25 of 8 tokens → the 2 largest cov get
   coef·|log π − log π_old|; gradient of that penalty: coef·sign(log ρ)/n, added to PPO's."""

@@ -237,7 +237,10 @@ def _objective(name: str, logp_NxL, old_logp_NxL, adv_NxL, mask_NxL, *, ratio_le
   objective = clipped_surrogate if ratio_level == "token" else gspo_token_objective
   surr_NxL, aux = objective(logp_NxL, old_logp_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high,
                             dual_clip=dual_clip)
-  ratio_NxL = jnp.exp(lax.stop_gradient(_clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL)))
+  # the ratio the clip reads: GSPO's is the answer's s_i on each of its tokens, not the token's own
+  log_ratio_NxL = (jnp.broadcast_to(_sequence_log_ratio(logp_NxL, old_logp_NxL, mask_NxL)[:, None], logp_NxL.shape)
+                   if ratio_level == "sequence" else _clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL))
+  ratio_NxL = jnp.exp(lax.stop_gradient(log_ratio_NxL))
   a_NxL = _clean(adv_NxL, mask_NxL)
   clipped_NxL = (((ratio_NxL > 1.0 + eps_high) & (a_NxL > 0)) | ((ratio_NxL < 1.0 - eps_low) & (a_NxL < 0))
                  | ((dual_clip > 1) & (ratio_NxL > dual_clip) & (a_NxL < 0)))
