@@ -448,6 +448,19 @@ def test_the_traced_step_reads_resolved_values_and_plans_nothing(monkeypatch):
   assert decode_layout.from_config(m, sc("auto"), MESH1) == decode_layout.Layout("gathered")
 
 
+def test_a_recorded_value_that_no_longer_fits_is_one_config_line():
+  """A resume reuses the slots it recorded (32 of 32 rows); with prompts_per_step halved through
+  train.allow_config_change they exceed the rows: train.check_recorded names the key and the fix (it was a traceback
+  in the engine, exit 1)."""
+  from grpo_jax.infra import errors  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import train  # pylint: disable=g-import-not-at-top
+  c = config_lib.override(_arith(), {"sampling.engine": "continuous", "sampling.slots": 32, "rl.prompts_per_step": 4})
+  train.check_recorded(c, {})  # a fresh run: the rules chose, nothing to check again
+  with pytest.raises(errors.ConfigError,
+                     match=r"config.sampling.slots: 32 exceeds the 16 .*on resume: sampling.slots is the value"):
+    train.check_recorded(c, {"sampling.slots": 32})
+
+
 def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
   """A run records what `auto` resolved (DIR/auto.json, `resolved.<key>` in each checkpoint's config); a resume
   takes the recorded values even where today's rule picks otherwise (and says so); an explicit value other than
