@@ -457,7 +457,7 @@ def test_a_recorded_value_that_no_longer_fits_is_one_config_line():
   c = config_lib.override(_arith(), {"sampling.engine": "continuous", "sampling.slots": 32, "rl.prompts_per_step": 4})
   train.check_recorded(c, {})  # a fresh run: the rules chose, nothing to check again
   with pytest.raises(errors.ConfigError,
-                     match=r"config.sampling.slots: 32 exceeds the 16 .*on resume: sampling.slots is the value"):
+                     match=r"config.sampling.slots: 32 exceeds the 16 .*on resume: sampling.slots=32, the value"):
     train.check_recorded(c, {"sampling.slots": 32})
 
 

@@ -367,9 +367,12 @@ def check_recorded(config, recorded: dict, tokenizer=None) -> None:
     validate.validate_rl(config, jax.device_count(), tokenizer)
   except errors.ConfigError as e:
     key = str(e).split(":", 1)[0].removeprefix("config.")
-    raise errors.ConfigError(f"{e} (on resume: {key} is the value this run resolved when it started, which a "
-                             f"resume reuses; set it explicitly with train.allow_config_change={key}, or use a new "
-                             "--workdir)") from None
+    # the recorded key the error names (its own key, or the one it conflicts with: rl.packing beside token_select)
+    keys = [k for k in sorted(recorded) if k == key] or [k for k in sorted(recorded) if k in str(e)]
+    was = "".join(f": {k}={recorded[k]}" for k in keys[:1]) + (", the value this run started with and a resume "
+                                                                "reuses" if keys else "")
+    raise errors.ConfigError(f"{e} (on resume{was}; set it explicitly with train.allow_config_change="
+                             f"{keys[0] if keys else '<key>'}, or use a new --workdir)") from None
 
 
 def train_group(members: Sequence[Member], *, python_fns: dict | None = None, compiler_options: dict | None = None,
