@@ -337,8 +337,8 @@ register(Knob("sampling.exit_chunk", lambda c, ctx: [16], choose_exit_chunk))
 
 def choose_attention(config, ctx: Context, candidates: list[str]) -> tuple[str, str]:
   """The TPU ragged paged attention kernel on a TPU when it supports the model's shape, else the plain-JAX live
-  attention (paged_attention.choose; the fallback and its reason are logged by `resolve`). Registered first: the
-  memory plans of the knobs after it depend on the KV store it picks."""
+  attention (paged_attention.choose; the fallback and its reason are logged by `resolve`). Registered before the
+  memory-planned knobs: their plans depend on the KV store it picks."""
   del candidates
   if config.rl.get("partial_rollouts", False):
     return "plain", "rl.partial_rollouts: the rollout carry keeps its KV in the plain layout between steps"
@@ -352,7 +352,7 @@ register(Knob("sampling.decode_attention", lambda c, ctx: ["tpu_ragged", "plain"
 
 
 # ------------------------------------------------------------------------------ rl.rollout_chunks × rl.minibatches
-# First in the registry: the slot candidates below divide the rows by rl.rollout_chunks.
+# Registered before sampling.slots: its candidates divide the rows by rl.rollout_chunks.
 
 SPLIT_KEYS = ("rl.rollout_chunks", "rl.minibatches")
 
