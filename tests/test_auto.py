@@ -333,6 +333,34 @@ def test_compaction_only_where_completions_are_long():
   assert static.sampling.compaction == 0 and config_lib.setting(static, "sampling.compaction") == config_lib.COMPACTION
 
 
+def test_a_set_key_the_resolved_path_does_not_use_is_logged(caplog):
+  """A key set for the other path is said to have no effect, not dropped silently: slots / compaction under an
+  explicit static engine and pack keys under explicit padded passes as warnings; train buckets (a config's choice
+  for the padded passes) beside its "(set)" line when packing is on. Keys the path uses say nothing more."""
+  ctx = auto.Context(MESH1, None, "cpu")
+  base = config_lib.base_config()
+  cases = [({"sampling.engine": "static", "sampling.slots": 8}, logging.WARNING,
+            "sampling.slots = 8 (set): no effect with sampling.engine = static"),
+           ({"sampling.engine": "static", "sampling.compaction": 2}, logging.WARNING,
+            "sampling.compaction = 2 (set): no effect with sampling.engine = static"),
+           ({"rl.packing": "off", "rl.pack_len": 128}, logging.WARNING,
+            "rl.pack_len = 128 (set): no effect with rl.packing = off"),
+           ({"rl.packing": "on", "rl.train_buckets": 3}, logging.INFO,
+            "rl.train_buckets = 3 (set): no effect with rl.packing = on")]
+  for over, level, line in cases:
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+      auto.resolve(config_lib.override(base, over), ctx)
+    hits = [r for r in caplog.records if r.getMessage().startswith(line)]
+    assert len(hits) == 1 and hits[0].levelno == level, [r.getMessage() for r in caplog.records]
+  for over in ({"sampling.engine": "continuous", "sampling.slots": 8}, {"rl.packing": "off", "rl.train_buckets": 3},
+               {"rl.packing": "on", "rl.pack_len": 128}):
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+      auto.resolve(config_lib.override(base, over), ctx)
+    assert not any("no effect" in r.getMessage() for r in caplog.records), over
+
+
 def _resolve_cpu(c):
   return auto.resolve(c, auto.Context(MESH1, None, "cpu"), log=False)
 

@@ -63,6 +63,10 @@ class Knob:
   # knob with its own test writes every key of its pick (a None in a joint pick leaves that key as it is).
   pending: Callable[[Any], bool] | None = None
   warn: Callable[[Any], bool] = lambda pick: False  # log the choice as a warning (a slow fallback)
+  # why a set value means nothing under the keys resolved before it (None: it is used). Logged, not silently
+  # dropped: a warning where the knob does not apply (only an explicit choice of the other key gets there), else
+  # beside its "(set)" line (a config's value for the other path, e.g. train buckets for the padded passes)
+  unused: Callable[[Any], str | None] = lambda config: None
 
   def keys(self) -> tuple[str, ...]:
     return (self.key,) + self.joint
@@ -119,10 +123,15 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
     except (KeyError, AttributeError):
       continue
     if not knob.applies(out):
+      if log and not knob.asks(out) and knob.unused(out):
+        logging.warning("%s (set): no effect %s", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)),
+                        knob.unused(out))
       continue
     if not knob.asks(out):
       if log:
-        logging.info("%s (set)", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)))
+        unused = knob.unused(out)
+        logging.info("%s (set)%s", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)),
+                     f": no effect {unused}" if unused else "")
       continue
     if all(k in recorded for k in keys):
       # a joint key the record holds at the value it has now was left as set (None), as the first run chose it
@@ -316,7 +325,9 @@ def choose_buckets(config, ctx: Context, candidates: list[int]) -> tuple[int, st
   return 1, "padded passes: each more training length compiles one more forward + backward"
 
 
-register(Knob("rl.train_buckets", lambda c, ctx: [1, 2], choose_buckets))
+register(Knob("rl.train_buckets", lambda c, ctx: [1, 2], choose_buckets,
+              unused=lambda c: ("with rl.packing = on: the packed passes follow the real tokens (it applies to the "
+                                "padded passes)") if config_lib.packing_on(c) else None))
 
 
 def choose_exit_chunk(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
@@ -440,7 +451,10 @@ def choose_slots(config, ctx: Context, candidates: list[int]) -> tuple[int, str]
   return s, f"no slot count fits the device memory; the fewest, {s}"
 
 
-register(Knob("sampling.slots", slot_candidates, choose_slots, applies=_continuous))
+_STATIC = lambda c: None if _continuous(c) else (
+    "with sampling.engine = static: the static decoder has no slots; set sampling.engine=continuous (or auto) to use it")
+
+register(Knob("sampling.slots", slot_candidates, choose_slots, applies=_continuous, unused=_STATIC))
 
 
 # ------------------------------------------------------------------------------------------ sampling.compaction
@@ -464,11 +478,15 @@ def choose_compaction(config, ctx: Context, candidates: list[int]) -> tuple[int,
 
 
 register(Knob("sampling.compaction", lambda c, ctx: [config_lib.COMPACTION, 1], choose_compaction,
-              applies=_continuous))
+              applies=_continuous, unused=_STATIC))
 
 
 
 # ------------------------------------------------------------------------------------------ rl.pack_len
+
+
+_PADDED = lambda c: None if config_lib.packing_on(c) else (
+    "with rl.packing = off: a key of the packed passes; set rl.packing=on (or auto) to use it")
 
 
 def pack_len_candidates(config, ctx: Context) -> list[int]:
@@ -489,7 +507,7 @@ def choose_pack_len(config, ctx: Context, candidates: list[int]) -> tuple[int, s
   return candidates[-1], "no pack_len fits the device memory; the shortest, P + L"
 
 
-register(Knob("rl.pack_len", pack_len_candidates, choose_pack_len, applies=config_lib.packing_on))
+register(Knob("rl.pack_len", pack_len_candidates, choose_pack_len, applies=config_lib.packing_on, unused=_PADDED))
 
 
 # ------------------------------------------------------------------------------------------ rl.pack_rows
@@ -523,7 +541,7 @@ def choose_pack_rows(config, ctx: Context, candidates: list[int]) -> tuple[int, 
   return candidates[-1], "no micro-batch fits the device memory; the fewest rows, 1"
 
 
-register(Knob("rl.pack_rows", pack_rows_candidates, choose_pack_rows, applies=config_lib.packing_on))
+register(Knob("rl.pack_rows", pack_rows_candidates, choose_pack_rows, applies=config_lib.packing_on, unused=_PADDED))
 
 
 # ------------------------------------------------------------------------------------ sampling.decode_layout
