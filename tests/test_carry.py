@@ -295,12 +295,16 @@ def test_carry_with_lora():
     ("sampling.engine", "static", "sampling.engine='continuous'"),
     ("rl.dynamic_sampling", True, "rl.dynamic_sampling"),
     ("sampling.decode_attention", "paged", "sampling.decode_attention"),
+    ("rl.carry_kv_groups", 3, "config.rl.carry_kv_groups: 3 must divide each device's 32 slots"),  # auto slots: 32
 ])
 def test_bad_carry_settings_are_one_line(key, value, needle):
+  """Refused by the input checks (preflight: validate_rl, then auto.check_choosable on the resolved config)."""
+  from grpo_jax.rl import auto
   c = config_lib.load_config("configs/grpo_arith.py", "small")
   c = config_lib.override(c, {"sampling.engine": "continuous", "rl.partial_rollouts": True, key: value})
   with pytest.raises(config_lib.ConfigError) as e:
     validate.validate_rl(c, 1)
+    auto.check_choosable(c, validate.validate_mesh(c, 1))
   assert needle in str(e.value) and "\n" not in str(e.value)
 
 

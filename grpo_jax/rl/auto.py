@@ -63,6 +63,9 @@ class Knob:
   # knob with its own test writes every key of its pick (a None in a joint pick leaves that key as it is).
   pending: Callable[[Any], bool] | None = None
   warn: Callable[[Any], bool] = lambda pick: False  # log the choice as a warning (a slow fallback)
+  # a value the config sets, checked against the resolved config (check_choosable: before anything is written);
+  # raises ConfigError
+  check: Callable[[Any, Context], None] | None = None
 
   def keys(self) -> tuple[str, ...]:
     return (self.key,) + self.joint
@@ -151,8 +154,12 @@ def resolve_here(config: ml_collections.ConfigDict, mesh, lanes: int = 1, record
 def check_choosable(config, mesh: dict[str, int]) -> None:
   """The input checks' part (preflight, the R1 stages' configs): a knob that cannot choose (nothing fits this
   process's devices) raises its ConfigError before anything is written; the choice itself is made again, and
-  logged, where the step is built."""
-  resolve(config, Context(mesh, decode_layout.device_memory_bytes()), log=False)
+  logged, where the step is built. So does a set value that does not fit the resolved config (Knob.check)."""
+  ctx = Context(mesh, decode_layout.device_memory_bytes())
+  resolved, _ = resolve(config, ctx, log=False)
+  for knob in REGISTRY.values():
+    if knob.check is not None and knob.applies(resolved):
+      knob.check(resolved, ctx)
 
 
 def check_resolved(config) -> None:

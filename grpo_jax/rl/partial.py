@@ -14,12 +14,21 @@ def _slots_per_device(config, ctx: auto.Context) -> int:
   return max(slots // max(ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1), 1), 1)
 
 
+def _check_kv_groups(c, ctx: auto.Context) -> None:
+  """A set rl.carry_kv_groups must divide each device's slots (carry.check), known once sampling.slots is resolved."""
+  g, per = int(c.rl.carry_kv_groups), _slots_per_device(c, ctx)
+  if g and per % g:
+    raise auto.ConfigError(f"config.rl.carry_kv_groups: {g} must divide each device's {per} slots (sampling.slots "
+                           f"over mesh data*fsdp); set a divisor of {per}, or 0 (auto: the most up to 8 that do).")
+
+
 # rl.carry_kv_groups: how many groups of a device's slots read the completion KV, each to its own longest row
 auto.register(auto.Knob(
     "rl.carry_kv_groups", applies=lambda c: bool(c.rl.get("partial_rollouts", False)),
     candidates=lambda c, ctx: [g for g in (1, 2, 4, 8) if _slots_per_device(c, ctx) % g == 0],
     choose=lambda c, ctx, cands: (carry_lib.kv_groups(0, _slots_per_device(c, ctx), 1),
-                                  "the most up to 8 dividing a device's slots: a long row costs its group's KV read")))
+                                  "the most up to 8 dividing a device's slots: a long row costs its group's KV read"),
+    check=_check_kv_groups))
 
 
 def train_mask(ro: rollout_lib.Rollout, version: jax.Array, max_staleness: int) -> tuple[jax.Array, jax.Array]:
