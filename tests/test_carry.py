@@ -296,6 +296,8 @@ def test_carry_with_lora():
     ("rl.dynamic_sampling", True, "rl.dynamic_sampling"),
     ("sampling.decode_attention", "paged", "sampling.decode_attention"),
     ("rl.carry_kv_groups", 3, "config.rl.carry_kv_groups: 3 must divide each device's 32 slots"),  # auto slots: 32
+    ("rl.rollout_budget", 2 ** 31, "config.rl.rollout_budget: 2147483648 is past 2**31 - 1"),  # was an OverflowError
+    ("rl.max_staleness", 10 ** 7, "config.rl.max_staleness: the rollout carry's table"),  # was an OOM at the state
 ])
 def test_bad_carry_settings_are_one_line(key, value, needle):
   """Refused by the input checks (preflight: validate_rl, then auto.check_choosable on the resolved config)."""

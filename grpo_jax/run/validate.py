@@ -427,6 +427,8 @@ def validate_partial(c, data_par: int) -> None:
     v = _get(c, k)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
       _fail(k, f"must be an integer >= 0 ({what}), got {v!r}.")
+    if v >= 2 ** 31:  # the carry counts in int32
+      _fail(k, f"{v} is past 2**31 - 1 ({what}); set a smaller value.")
   _choice(c, "rl.carry_kv", ("keep", "recompute"))
   _choice(c, "rl.staleness_policy", ("wait", "mask"))
   if not rl.partial_rollouts:
