@@ -310,6 +310,22 @@ def test_bad_carry_settings_are_one_line(key, value, needle):
   assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+def test_carry_knobs_without_the_carry_are_logged(caplog):
+  """A carry knob set while rl.partial_rollouts is off changes nothing: validation says so (a warning naming it),
+  rather than dropping it silently."""
+  import logging
+  c = config_lib.load_config("configs/grpo_arith.py", "small")
+  c = config_lib.override(c, {"rl.max_staleness": 3, "rl.carry_kv": "recompute"})
+  with caplog.at_level(logging.WARNING):
+    validate.validate_rl(c, 1)
+  assert any(r.getMessage().startswith("rl.max_staleness=3, rl.carry_kv='recompute': no effect with "
+                                       "rl.partial_rollouts=False") for r in caplog.records)
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    validate.validate_rl(config_lib.load_config("configs/grpo_arith.py", "small"), 1)
+  assert not any("partial_rollouts" in r.getMessage() for r in caplog.records)
+
+
 def test_ppo_with_the_carry_is_refused():
   c = config_lib.load_config("configs/grpo_arith.py", "small,algo=ppo")
   c = config_lib.override(c, {"sampling.engine": "continuous", "rl.partial_rollouts": True})
