@@ -311,8 +311,8 @@ def test_bad_carry_settings_are_one_line(key, value, needle):
 
 
 def test_carry_knobs_without_the_carry_are_logged(caplog):
-  """A carry knob set while rl.partial_rollouts is off changes nothing: validation says so (a warning naming it),
-  rather than dropping it silently."""
+  """A carry knob set while rl.partial_rollouts is off changes nothing, nor does sampling.compaction with it on:
+  validation says so (a warning naming it), rather than dropping it silently."""
   import logging
   c = config_lib.load_config("configs/grpo_arith.py", "small")
   c = config_lib.override(c, {"rl.max_staleness": 3, "rl.carry_kv": "recompute"})
@@ -324,6 +324,13 @@ def test_carry_knobs_without_the_carry_are_logged(caplog):
   with caplog.at_level(logging.WARNING):
     validate.validate_rl(config_lib.load_config("configs/grpo_arith.py", "small"), 1)
   assert not any("partial_rollouts" in r.getMessage() for r in caplog.records)
+  # the other way round: the continuous engine's compaction means nothing to the carry's fixed slots
+  c = config_lib.override(config_lib.load_config("configs/grpo_arith.py", "small"),
+                          {"rl.partial_rollouts": True, "sampling.compaction": 4})
+  with caplog.at_level(logging.WARNING):
+    validate.validate_rl(c, 1)
+  assert any(r.getMessage().startswith("sampling.compaction=4: no effect with rl.partial_rollouts")
+             for r in caplog.records)
 
 
 def test_ppo_with_the_carry_is_refused():

@@ -461,7 +461,8 @@ def choose_compaction(config, ctx: Context, candidates: list[int]) -> tuple[int,
 
 
 register(Knob("sampling.compaction", lambda c, ctx: [config_lib.COMPACTION, 1], choose_compaction,
-              applies=_continuous))
+              # the rollout carry (rl.partial_rollouts) decodes on its own fixed slots: no compaction to choose
+              applies=lambda c: _continuous(c) and not c.rl.get("partial_rollouts", False)))
 
 
 

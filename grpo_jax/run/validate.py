@@ -443,6 +443,9 @@ def validate_partial(c, data_par: int) -> None:
       logging.warning("%s: no effect with rl.partial_rollouts=False (the synchronous step carries no rows); set "
                       "rl.partial_rollouts=True to use %s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
     return
+  if c.sampling.get("compaction", 0) not in (0, 1):
+    logging.warning("sampling.compaction=%r: no effect with rl.partial_rollouts (the carry decodes on its fixed "
+                    "sampling.slots, never fewer); set it to 0 or 1.", c.sampling.compaction)
   if c.sampling.engine not in ("continuous", "auto"):  # auto resolves to continuous under partial rollouts
     _fail("rl.partial_rollouts", "carries rows in the continuous engine's slots; set sampling.engine='continuous' "
           f"or 'auto' (it is {c.sampling.engine!r}).")
