@@ -67,6 +67,9 @@ class Knob:
   # dropped: a warning where the knob does not apply (only an explicit choice of the other key gets there), else
   # beside its "(set)" line (a config's value for the other path, e.g. train buckets for the padded passes)
   unused: Callable[[Any], str | None] = lambda config: None
+  # a value the config sets, checked against the resolved config (check_choosable: before anything is written);
+  # raises ConfigError
+  check: Callable[[Any, Context], None] | None = None
 
   def keys(self) -> tuple[str, ...]:
     return (self.key,) + self.joint
@@ -170,8 +173,12 @@ def resolve_here(config: ml_collections.ConfigDict, mesh, lanes: int = 1, record
 def check_choosable(config, mesh: dict[str, int]) -> None:
   """The input checks' part (preflight, the R1 stages' configs): a knob that cannot choose (nothing fits this
   process's devices) raises its ConfigError before anything is written; the choice itself is made again, and
-  logged, where the step is built."""
-  resolve(config, Context(mesh, decode_layout.device_memory_bytes()), log=False)
+  logged, where the step is built. So does a set value that does not fit the resolved config (Knob.check)."""
+  ctx = Context(mesh, decode_layout.device_memory_bytes())
+  resolved, _ = resolve(config, ctx, log=False)
+  for knob in REGISTRY.values():
+    if knob.check is not None and knob.applies(resolved):
+      knob.check(resolved, ctx)
 
 
 def check_resolved(config) -> None:
@@ -478,7 +485,8 @@ def choose_compaction(config, ctx: Context, candidates: list[int]) -> tuple[int,
 
 
 register(Knob("sampling.compaction", lambda c, ctx: [config_lib.COMPACTION, 1], choose_compaction,
-              applies=_continuous, unused=_STATIC))
+              # the rollout carry (rl.partial_rollouts) decodes on its own fixed slots: no compaction to choose
+              applies=lambda c: _continuous(c) and not c.rl.get("partial_rollouts", False), unused=_STATIC))
 
 
 

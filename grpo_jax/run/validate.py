@@ -3,6 +3,8 @@ import math
 import os
 from typing import Any
 
+from absl import logging
+
 from grpo_jax.rl import advantages
 from grpo_jax.rl import correction
 from grpo_jax.rl import losses
@@ -423,6 +425,9 @@ def validate_engine(c, rows: int, data_par: int) -> None:
                         "does not fit) or 'plain'.")
 
 
+CARRY_KNOBS = ("max_staleness", "rollout_budget", "carry_kv", "staleness_policy", "carry_kv_groups")  # rl.*
+
+
 def validate_partial(c, data_par: int) -> None:
   """rl.partial_rollouts and its knobs (rollout/carry.py): what the carry needs, and what it cannot run with."""
   rl = c.rl
@@ -432,10 +437,20 @@ def validate_partial(c, data_par: int) -> None:
     v = _get(c, k)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
       _fail(k, f"must be an integer >= 0 ({what}), got {v!r}.")
+    if v >= 2 ** 31:  # the carry counts in int32
+      _fail(k, f"{v} is past 2**31 - 1 ({what}); set a smaller value.")
   _choice(c, "rl.carry_kv", ("keep", "recompute"))
   _choice(c, "rl.staleness_policy", ("wait", "mask"))
-  if not rl.partial_rollouts:
+  if not rl.partial_rollouts:  # the carry's knobs mean nothing to the synchronous step: said, not silently dropped
+    base = config_lib.base_config().rl
+    unused = [f"rl.{k}={rl[k]!r}" for k in CARRY_KNOBS if rl.get(k, base[k]) != base[k]]
+    if unused:
+      logging.warning("%s: no effect with rl.partial_rollouts=False (the synchronous step carries no rows); set "
+                      "rl.partial_rollouts=True to use %s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
     return
+  if c.sampling.get("compaction", 0) not in (0, 1):
+    logging.warning("sampling.compaction=%r: no effect with rl.partial_rollouts (the carry decodes on its fixed "
+                    "sampling.slots, never fewer); set it to 0 or 1.", c.sampling.compaction)
   if c.sampling.engine not in ("continuous", "auto"):  # auto resolves to continuous under partial rollouts
     _fail("rl.partial_rollouts", "carries rows in the continuous engine's slots; set sampling.engine='continuous' "
           f"or 'auto' (it is {c.sampling.engine!r}).")
