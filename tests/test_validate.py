@@ -94,6 +94,11 @@ BAD = [
     ("rl.objective", "trpo", "config.rl.objective: unknown value 'trpo'"),
     ("rl.sapo_tau_pos", 0.0, "config.rl.sapo_tau_pos: must be a finite number > 0"),
     ("rl.sapo_tau_neg", -1.0, "config.rl.sapo_tau_neg: must be a finite number > 0"),
+    # finite in Python, not in the step's float32: 4/tau = inf, a learning rate of inf, a window end of inf
+    ("rl.sapo_tau_pos", 1e-39, "config.rl.sapo_tau_pos: must be a finite number > 0 in float32"),
+    ("optim.lr", 1e39, "config.optim.lr"),
+    ("rl.mis_hi", 1e39, "config.rl.mis_hi: must be a finite number > 0 in float32"),
+    ("rl.kl_cov_coef", 1e39, "config.rl.kl_cov_coef"),
     ("rl.token_select", "top_k", "config.rl.token_select: unknown value 'top_k'"),
     ("rl.select_frac", 0.0, "config.rl.select_frac: must be a fraction in (0, 1]"),
     ("rl.select_frac", 1.2, "config.rl.select_frac: must be a fraction in (0, 1]"),

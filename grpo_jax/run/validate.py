@@ -59,8 +59,8 @@ def positive_int(c, key):
 
 def _nonneg(c, key):
   v = _get(c, key)
-  if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-    _fail(key, f"must be a finite number >= 0, got {v!r}.")
+  if not finite(v) or v < 0:
+    _fail(key, f"must be a finite number >= 0 (in float32, the step's precision), got {v!r}.")
 
 
 def prob(c, key, low_open=False):
@@ -76,9 +76,16 @@ def _choice(c, key, choices):
     _fail(key, f"unknown value {v!r}; choose one of {list(choices)}.")
 
 
+# The step computes in float32 (bfloat16 shares its exponent range): a number finite in Python but past float32's
+# largest is inf there, and a positive one below its smallest normal is 0 there (XLA flushes subnormals), so a key
+# that must be finite, or > 0, is checked in float32's range.
+F32_MAX = 3.4028234663852886e38
+F32_TINY = 1.1754943508222875e-38
+
+
 def finite(v) -> bool:
-  """A real number (not a bool), finite."""
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+  """A real number (not a bool), finite in float32."""
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) <= F32_MAX
 
 
 # One rule per kind of key: a key is checked for what it means, wherever a job reads it.
@@ -103,15 +110,15 @@ def fallback(c, key) -> None:
     x = float(v)
   except (TypeError, ValueError):
     x = None
-  if x is None or isinstance(v, bool) or not math.isfinite(x):
+  if x is None or isinstance(v, bool) or not finite(x):
     _fail(key, f"must be '' (stop on a failure) or a finite number used in its place, got {v!r}.")
 
 
 def positive_finite(c, key) -> None:
   """A scale or threshold that must be > 0 (an eps, a temperature, a base frequency): finite as well."""
   v = _get(c, key)
-  if not (finite(v) and v > 0):
-    _fail(key, f"must be a finite number > 0, got {v!r}.")
+  if not (finite(v) and v >= F32_TINY):
+    _fail(key, f"must be a finite number > 0 in float32 (the step's precision), got {v!r}.")
 
 
 # fail, positive_int, prob and the rules above are public (the R1 pipeline checks its own keys with them); the
@@ -193,7 +200,7 @@ def validate_lora(c) -> None:
     # its stages hand full params to each other (r1/pipeline.py reads the params of a stage checkpoint as the model)
     _fail("model.lora.rank", f"{lc.rank}: LoRA runs the grpo, sft and pretrain jobs; job=r1_pipeline hands full "
           "params between its stages: set model.lora.rank=0 there.")
-  if not (isinstance(lc.alpha, (int, float)) and math.isfinite(lc.alpha) and lc.alpha > 0):
+  if not (finite(lc.alpha) and lc.alpha >= F32_TINY):
     _fail("model.lora.alpha", f"must be > 0 (scale = alpha / rank), got {lc.alpha!r}.")
   bad = [t for t in lc.targets if t not in LORA_TARGETS]
   if bad or not lc.targets or len(set(lc.targets)) != len(lc.targets):
@@ -343,7 +350,7 @@ def validate_tools(c, tokenizer=None) -> None:
     if _get(c, k) == 0:
       _fail(k, "must be > 0 (seconds a call may take).")
   fb = t.fallback_reward
-  if isinstance(fb, bool) or not isinstance(fb, (int, float)) or not math.isfinite(fb):
+  if not finite(fb):
     _fail("tools.fallback_reward", f"must be a finite number (the reward of a row whose step failed), got {fb!r}.")
   if tokenizer is None:
     return
@@ -473,8 +480,8 @@ def validate_partial(c, data_par: int) -> None:
 
 def _finite_positive(c, key, what: str) -> float:
   v = _get(c, key)
-  if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-    _fail(key, f"must be a finite number > 0 ({what}), got {v!r}.")
+  if not (finite(v) and v >= F32_TINY):
+    _fail(key, f"must be a finite number > 0 in float32, the step's precision ({what}), got {v!r}.")
   return v
 
 
@@ -492,7 +499,7 @@ def validate_correction(c) -> None:
   for name, what in windows:
     lo_key, hi_key = f"rl.{name}_lo", f"rl.{name}_hi"
     lo, hi = _get(c, lo_key), _get(c, hi_key)
-    if not isinstance(lo, (int, float)) or isinstance(lo, bool) or not math.isfinite(lo) or lo < 0:
+    if not finite(lo) or lo < 0:
       _fail(lo_key, f"must be a finite number >= 0 (the lower end of {what}), got {lo!r}.")
     _finite_positive(c, hi_key, f"the upper end of {what}")
     if not lo < 1 < hi:
@@ -519,8 +526,7 @@ def validate_objective(c) -> None:
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 1:
       _fail(k, f"must be a fraction in (0, 1] ({what}), got {v!r}.")
   lb, ub = c.rl.clip_cov_lb, c.rl.clip_cov_ub
-  if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (lb, ub)) \
-      or not lb < ub:
+  if not all(finite(v) for v in (lb, ub)) or not lb < ub:
     _fail("rl.clip_cov_lb", f"{lb!r} and rl.clip_cov_ub={ub!r} must be finite with rl.clip_cov_lb < rl.clip_cov_ub "
           "(Clip-Cov's covariance range); put them in order.")
   _nonneg(c, "rl.kl_cov_coef")
