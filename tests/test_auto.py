@@ -333,6 +333,34 @@ def test_compaction_only_where_completions_are_long():
   assert static.sampling.compaction == 0 and config_lib.setting(static, "sampling.compaction") == config_lib.COMPACTION
 
 
+def test_a_set_key_the_resolved_path_does_not_use_is_logged(caplog):
+  """A key set for the other path is said to have no effect, not dropped silently: slots / compaction under an
+  explicit static engine and pack keys under explicit padded passes as warnings; train buckets (a config's choice
+  for the padded passes) beside its "(set)" line when packing is on. Keys the path uses say nothing more."""
+  ctx = auto.Context(MESH1, None, "cpu")
+  base = config_lib.base_config()
+  cases = [({"sampling.engine": "static", "sampling.slots": 8}, logging.WARNING,
+            "sampling.slots = 8 (set): no effect with sampling.engine = static"),
+           ({"sampling.engine": "static", "sampling.compaction": 2}, logging.WARNING,
+            "sampling.compaction = 2 (set): no effect with sampling.engine = static"),
+           ({"rl.packing": "off", "rl.pack_len": 128}, logging.WARNING,
+            "rl.pack_len = 128 (set): no effect with rl.packing = off"),
+           ({"rl.packing": "on", "rl.train_buckets": 3}, logging.INFO,
+            "rl.train_buckets = 3 (set): no effect with rl.packing = on")]
+  for over, level, line in cases:
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+      auto.resolve(config_lib.override(base, over), ctx)
+    hits = [r for r in caplog.records if r.getMessage().startswith(line)]
+    assert len(hits) == 1 and hits[0].levelno == level, [r.getMessage() for r in caplog.records]
+  for over in ({"sampling.engine": "continuous", "sampling.slots": 8}, {"rl.packing": "off", "rl.train_buckets": 3},
+               {"rl.packing": "on", "rl.pack_len": 128}):
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+      auto.resolve(config_lib.override(base, over), ctx)
+    assert not any("no effect" in r.getMessage() for r in caplog.records), over
+
+
 def _resolve_cpu(c):
   return auto.resolve(c, auto.Context(MESH1, None, "cpu"), log=False)
 
@@ -351,6 +379,8 @@ def test_the_path_rules():
   r = run(**{"sampling.max_new_tokens": 255, "train.steps": 1000})  # short completions: padded, however long the run
   assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets) == ("static", "off", 1)
   assert run(**{"sampling.max_new_tokens": 256, "train.steps": 19}).rl.packing == "off"
+  # any spelling validation takes as auto (config_lib.switch) is resolved, not run as if set (it ran padded)
+  assert run(**{"sampling.max_new_tokens": 256, "train.steps": 20, "rl.packing": "AUTO"}).rl.packing == "on"
   r = run(**{"sampling.max_new_tokens": 512, "rl.packing": False})  # explicit off: the padded passes' buckets
   assert (r.rl.packing, r.rl.train_buckets) == ("off", 2)
   assert run(**{"sampling.slots": 16}).sampling.engine == "continuous"
@@ -444,6 +474,19 @@ def test_the_traced_step_reads_resolved_values_and_plans_nothing(monkeypatch):
       m, fsdp4)[0])
   assert decode_layout.from_config(m, sc("auto"), fsdp4) == decode_layout.Layout("fsdp")
   assert decode_layout.from_config(m, sc("auto"), MESH1) == decode_layout.Layout("gathered")
+
+
+def test_a_recorded_value_that_no_longer_fits_is_one_config_line():
+  """A resume reuses the slots it recorded (32 of 32 rows); with prompts_per_step halved through
+  train.allow_config_change they exceed the rows: train.check_recorded names the key and the fix (it was a traceback
+  in the engine, exit 1)."""
+  from grpo_jax.infra import errors  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import train  # pylint: disable=g-import-not-at-top
+  c = config_lib.override(_arith(), {"sampling.engine": "continuous", "sampling.slots": 32, "rl.prompts_per_step": 4})
+  train.check_recorded(c, {})  # a fresh run: the rules chose, nothing to check again
+  with pytest.raises(errors.ConfigError,
+                     match=r"config.sampling.slots: 32 exceeds the 16 .*on resume: sampling.slots=32, the value"):
+    train.check_recorded(c, {"sampling.slots": 32})
 
 
 def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):

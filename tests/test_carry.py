@@ -88,6 +88,30 @@ def test_schedule_worked_by_hand():
   assert r["lag_max"] == 1 and r["lag_mean"] == pytest.approx(5 / 10)  # [0, 0, 0, 0], [1, 1, 1, 0], [1, 1]
 
 
+def test_wait_never_trains_past_the_bound():
+  """'wait' bounds the staleness by construction: B=1, G=1, max_staleness 2, 3 slots, budget 1, lengths g0..g5
+  [4, 1, 4, 2, 4, 1]. Step 0 trains g1; at step 1 the young g3 (admitted at version 1) is complete before g0 and g2
+  (version 0): trained ahead of them, both would be due at step 2 with one trained, g2 at lag 3 (what 'mask' does:
+  its stale tokens masked). 'wait' trains the oldest versions first: g0 at step 1 (one more decode step), g2 at 2.
+  Then random long-tailed streams on 1-2 devices: no trained token past the bound under 'wait'."""
+  run = lambda wait: carry_lib.simulate(np.array([4, 1, 4, 2, 4, 1]), B=1, G=1, max_staleness=2, slots=3,
+                                        budget=1, max_new=4, block=64, wait=wait)
+  r = run(True)
+  assert r["trained"] == [[1], [0], [2], [3]] and r["steps_per_step"] == [1, 2, 1, 1]
+  assert r["lag_max"] == 2 and r["stale_tokens"] == 0
+  r = run(False)
+  assert r["trained"] == [[1], [3], [0], [2]] and r["lag_max"] == 3 and r["stale_tokens"] == 2
+  rng = np.random.default_rng(0)
+  for _ in range(60):
+    D, k, G, L = int(rng.integers(1, 3)), int(rng.integers(1, 4)), int(rng.integers(1, 4)), int(rng.choice([4, 16]))
+    B = D * int(rng.integers(1, 3))
+    S = D * int(rng.integers(1, (1 + k) * B * G // D + 1))
+    lengths = np.where(rng.random(((1 + k) * B + 8 * B) * G) < 0.2, L, rng.geometric(0.4, ((1 + k) * B + 8 * B) * G))
+    r = carry_lib.simulate(lengths, B=B, G=G, max_staleness=k, slots=S, budget=int(rng.integers(1, 3)), max_new=L,
+                           block=16, split=D)
+    assert r["lag_max"] <= k and r["updates"] == 9
+
+
 def test_staleness_zero_simulates_the_synchronous_schedule():
   """max_staleness 0: the table holds B groups, each step decodes them to the end (no budget cut, no carry)."""
   lengths = np.random.default_rng(0).integers(1, 9, size=4 * 2 * 5)
@@ -271,13 +295,42 @@ def test_carry_with_lora():
     ("sampling.engine", "static", "sampling.engine='continuous'"),
     ("rl.dynamic_sampling", True, "rl.dynamic_sampling"),
     ("sampling.decode_attention", "paged", "sampling.decode_attention"),
+    ("rl.carry_kv_groups", 3, "config.rl.carry_kv_groups: 3 must divide each device's 32 slots"),  # auto slots: 32
+    ("rl.rollout_budget", 2 ** 31, "config.rl.rollout_budget: 2147483648 is past 2**31 - 1"),  # was an OverflowError
+    ("rl.max_staleness", 10 ** 7, "config.rl.max_staleness: the rollout carry's table"),  # was an OOM at the state
 ])
 def test_bad_carry_settings_are_one_line(key, value, needle):
+  """Refused by the input checks (preflight: validate_rl, then auto.check_choosable on the resolved config)."""
+  from grpo_jax.rl import auto
   c = config_lib.load_config("configs/grpo_arith.py", "small")
   c = config_lib.override(c, {"sampling.engine": "continuous", "rl.partial_rollouts": True, key: value})
   with pytest.raises(config_lib.ConfigError) as e:
     validate.validate_rl(c, 1)
+    auto.check_choosable(c, validate.validate_mesh(c, 1))
   assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_carry_knobs_without_the_carry_are_logged(caplog):
+  """A carry knob set while rl.partial_rollouts is off changes nothing, nor does sampling.compaction with it on:
+  validation says so (a warning naming it), rather than dropping it silently."""
+  import logging
+  c = config_lib.load_config("configs/grpo_arith.py", "small")
+  c = config_lib.override(c, {"rl.max_staleness": 3, "rl.carry_kv": "recompute"})
+  with caplog.at_level(logging.WARNING):
+    validate.validate_rl(c, 1)
+  assert any(r.getMessage().startswith("rl.max_staleness=3, rl.carry_kv='recompute': no effect with "
+                                       "rl.partial_rollouts=False") for r in caplog.records)
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    validate.validate_rl(config_lib.load_config("configs/grpo_arith.py", "small"), 1)
+  assert not any("partial_rollouts" in r.getMessage() for r in caplog.records)
+  # the other way round: the continuous engine's compaction means nothing to the carry's fixed slots
+  c = config_lib.override(config_lib.load_config("configs/grpo_arith.py", "small"),
+                          {"rl.partial_rollouts": True, "sampling.compaction": 4})
+  with caplog.at_level(logging.WARNING):
+    validate.validate_rl(c, 1)
+  assert any(r.getMessage().startswith("sampling.compaction=4: no effect with rl.partial_rollouts")
+             for r in caplog.records)
 
 
 def test_ppo_with_the_carry_is_refused():

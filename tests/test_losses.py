@@ -157,6 +157,32 @@ def test_ratio_one_gives_advantage():
   assert float(aux["clip_frac_low"]) == 0.0 and float(aux["clip_frac_high"]) == 0.0
 
 
+@pytest.mark.parametrize("objective,ratio_level", [("clip", "token"), ("clip", "sequence"), ("cispo", "token"),
+                                                   ("sapo", "token")])
+def test_a_log_ratio_past_float32_gives_a_finite_loss_and_gradient(objective, ratio_level):
+  """A token with log ρ = ±100 (ρ = inf / 0 in float32) in a group of equal rewards (A = 0) and beside A ≠ 0:
+  the loss and its gradient stay finite (ρ·A with ρ = inf and A = 0 was a NaN, and SAPO's gate gradient σ'·ρ one
+  for any A), and equal the loss with that token's log-ratio held at ±MAX_LOG_RATIO, where it gets no gradient
+  (but CISPO's, whose weight is clipped, not its gradient)."""
+  old = jnp.zeros((2, 4), jnp.float32)
+  lp = jnp.asarray([[100.0, -0.1, 0.2, 0.0], [-100.0, 0.05, 100.0, 0.3]], jnp.float32)
+  held = jnp.clip(lp, -losses.MAX_LOG_RATIO, losses.MAX_LOG_RATIO)
+  a = jnp.asarray([[0.0, 0.0, 0.0, 0.0], [-1.0, 1.0, 0.5, -0.5]], jnp.float32)
+  m = jnp.ones((2, 4), jnp.float32)
+  f = lambda x: losses.policy_loss(x, old, None, a, m, eps_low=0.2, eps_high=0.28, beta=0.0, objective=objective,
+                                   ratio_level=ratio_level)[0]
+  loss, g = jax.value_and_grad(f)(lp)
+  assert np.isfinite(float(loss)) and np.all(np.isfinite(np.asarray(g)))
+  assert float(loss) == pytest.approx(float(f(held)), rel=1e-6)
+  if ratio_level == "token":
+    out = np.abs(np.asarray(lp)) > losses.MAX_LOG_RATIO
+    if objective == "cispo":  # its clipped weight is a constant: every token keeps sg(r̂)·A·∇log π
+      np.testing.assert_allclose(np.asarray(g), np.asarray(jax.grad(f)(held)), rtol=1e-6)
+    else:
+      assert np.all(np.asarray(g)[out] == 0.0)
+      np.testing.assert_allclose(np.asarray(g)[~out], np.asarray(jax.grad(f)(held))[~out], rtol=1e-6)
+
+
 def test_surrogate_ignores_padding_garbage():
   m = jnp.array([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
   junk = jnp.array([[-0.1, -0.2, jnp.nan], [jnp.inf, -jnp.inf, 1e30]])

@@ -146,6 +146,10 @@ def test_decode_layouts_in_the_plan():
   # Nothing fits: the training layout, said so.
   layout, why = memory_plan.choose_decode(c, mesh, 1)
   assert layout.kind == "fsdp" and "no decode layout fits" in why
+  c.sampling.decode_layout = "tp"  # set: stays tp (the largest degree: 4 of 12 heads), as a resume reading it runs
+  layout, why = memory_plan.choose_decode(c, mesh, 1)
+  assert layout == decode_layout.Layout("tp", 4) and "sampling.decode_layout=tp (set)" in why
+  c.sampling.decode_layout = "auto"
   with pytest.raises(ValueError, match="sampling.decode_tp=3: must be >= 2 and divide mesh.fsdp=8"):
     memory_plan.plan(c, mesh, decode=decode_layout.Layout("tp", 3))
 

@@ -116,6 +116,8 @@ def test_group_mean_batch_std_matches_numpy():
   grpo = np.asarray(advantages.grpo(jnp.asarray(r), std_eps=1e-4, ddof=1))
   assert not np.allclose(grpo[0] / got[0], grpo[2][[2, 0, 1, 3]] / got[2][[2, 0, 1, 3]])
   assert np.all(np.asarray(advantages.group_mean_batch_std(jnp.ones((2, 3)))) == 0)
+  # exactly 0 also where the group mean rounds (0.1 × 3 in float32 centred to −2e-8 before the fix), as under grpo
+  assert np.all(np.asarray(advantages.group_mean_batch_std(jnp.asarray([[0.1] * 3, [0.0, 1.0, 0.3]])))[0] == 0)
 
 
 # ------------------------------------------------------------------------------------------------ token selection
@@ -190,8 +192,23 @@ def test_clip_cov_cuts_a_random_eligible_token():
   assert np.asarray(sel.pg_NxL)[1, 1] == 0 and np.asarray(sel.pg_NxL).sum() == 7
 
 
+def test_clip_cov_skips_what_gspo_clips_by_its_sequence_ratio():
+  """Under GSPO (ratio_level='sequence') the tokens the objective already cuts are decided by the answer's ratio s_i:
+  log-ratios [+0.01, −0.01] give s = 1, inside GSPO's range, so no token is clipped and Clip-Cov (every eligible token
+  at ratio 1) cuts both; the token ratio 1.01 > 1 + 4e-4 marked the first clipped and it kept its gradient."""
+  old = np.array([[-1.0, -2.0], [-1.5, -0.5]])
+  lp = old + np.array([[0.01, -0.01], [0.0, 0.0]])
+  a = np.array([[1.0, 1.0], [-1.0, -1.0]])
+  cfg = ml_collections.ConfigDict(dict(SEL, clip_cov_ratio=1.0, clip_cov_lb=-1e9, clip_cov_ub=1e9))
+  f = lambda x: losses.policy_loss(x, jnp.asarray(old, jnp.float32), None, jnp.asarray(a, jnp.float32),
+                                   jnp.ones((2, 2)), eps_low=3e-4, eps_high=4e-4, beta=0.0, ratio_level="sequence",
+                                   token_select="clip_cov", select_cfg=cfg, ent_NxL=jnp.zeros((2, 2)),
+                                   select_u_NxL=jnp.asarray([[0.1, 0.2], [0.3, 0.4]], jnp.float32))[0]
+  np.testing.assert_array_equal(_grad(f, lp), np.zeros((2, 2)))
+
+
 def test_kl_cov_penalises_the_largest_covariance():
-  """kl_cov_ratio 0.25 of 8 tokens → the 2 largest cov (ties at the threshold too) get
+  """kl_cov_ratio 0.25 of 8 tokens → the 2 largest cov get
   coef·|log π − log π_old|; gradient of that penalty: coef·sign(log ρ)/n, added to PPO's."""
   a, lp, mask = _cov_case()
   a = a.copy()
@@ -209,6 +226,17 @@ def test_kl_cov_penalises_the_largest_covariance():
   np.testing.assert_allclose(diff, np.where(picked, 0.5 * np.sign(lp - old) / 8, 0.0), rtol=1e-5, atol=1e-8)
   assert float(f(lpj)) - float(f(lpj, "all")) == pytest.approx(0.5 * np.sum(np.abs(lp - old)[picked]) / 8,
                                                                   rel=1e-5)
+
+
+def test_kl_cov_penalises_exactly_k_tokens_under_ties():
+  """Every advantage equal (a minibatch of constant groups): cov_t ≡ 0 ties everywhere, and KL-Cov still penalises
+  max(floor(ratio·n), 1) tokens, as verl's topk (a threshold test picked all 10 here)."""
+  mask = np.ones((2, 5), np.float32)
+  for a in (np.zeros((2, 5)), np.full((2, 5), 0.7)):
+    sel = token_select.choose("kl_cov", ml_collections.ConfigDict(dict(SEL, kl_cov_ratio=0.2)),
+                              logp_NxL=jnp.asarray(-np.arange(10.0).reshape(2, 5)), adv_NxL=jnp.asarray(a),
+                              mask_NxL=jnp.asarray(mask))
+    assert np.asarray(sel.kl_NxL).sum() == 2 and np.all(np.asarray(sel.pg_NxL) == 1)
 
 
 def test_selection_counts_match_numpy_on_random_batches():
@@ -253,6 +281,8 @@ def test_token_selection_in_the_step(kind):
       "rl.clip_cov_ratio": 0.1, "rl.kl_cov_ratio": 0.1})
   with pytest.raises(validate.ConfigError, match="rl.token_select"):
     validate.validate_rl(config_lib.override(c, {"rl.packing": True}), num_devices=1)
+  with pytest.raises(validate.ConfigError, match="rl.token_select.*a resume keeps it"):  # packing a resume recorded
+    rl_step.make_train_update(config_lib.override(c, {"rl.packing": "on"}), None, None, None, 0)
   mesh = sharding.make_mesh(c.mesh, jax_.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(c.model.vocab_size)

@@ -40,10 +40,14 @@ def test_view_drops_what_a_kind_does_not_read_and_bookkeeping():
     ({"rl": {"beta": 0.02}}, []),          # 0.04 -> 0.02: both > 0, same reference
     ({"rl": {"algo": "rloo"}}, []),        # same state tree
     ({"optim": {"lr": 3e-4, "grad_clip": 0.0}}, []),
+    ({"rl": {"partial_rollouts": True}}, ["rl.partial_rollouts"]),  # the carry joins the state
+    ({"rl": {"max_staleness": 2, "carry_kv": "recompute"}}, []),  # no carry in the state
+    ({"rl": {"partial_rollouts": True, "max_staleness": 2, "carry_kv": "recompute"}, "sampling": {"slots": 16},
+      "_old": {"rl": {"partial_rollouts": True}}}, ["rl.max_staleness", "sampling.slots"]),  # the carry's shapes
 ])
 def test_structural_keys(changes, hard):
-  old = run_config.view(_cfg(), "rl")
-  c = _cfg(**{g: v for g, v in changes.items() if g != "job"})
+  old = run_config.view(_cfg(**changes.get("_old", {})), "rl")
+  c = _cfg(**{g: v for g, v in changes.items() if g not in ("job", "_old")})
   if "job" in changes:
     c.job = changes["job"]
   new = run_config.view(c, "rl")

@@ -64,7 +64,7 @@ def group_mean_batch_std(r_BxG: jax.Array, *, std_eps=1e-4, ddof: int = 1) -> ja
   """Lite PPO (Liu et al. 2025, arXiv 2508.08221): (r − group mean) / (std of the batch's B·G rewards + eps). The
   group mean keeps each prompt's baseline; the batch std, one scale for all prompts, does not re-weight prompts by
   their own spread (GRPO's group std divides a nearly-solved prompt's small differences by a small std). A constant
-  group gets exactly 0 (its centred rewards are 0); a constant batch, 0 everywhere."""
+  group gets exactly 0 (as under `grpo`); a constant batch, 0 everywhere."""
   _check_ndim("r_BxG", r_BxG, 2)
   n = r_BxG.size
   if n - ddof <= 0:
@@ -72,7 +72,8 @@ def group_mean_batch_std(r_BxG: jax.Array, *, std_eps=1e-4, ddof: int = 1) -> ja
   r_BxG = r_BxG.astype(jnp.float32)
   centered_BxG = r_BxG - jnp.mean(r_BxG, axis=1, keepdims=True)
   std = jnp.sqrt(jnp.sum(jnp.square(r_BxG - jnp.mean(r_BxG))) / (n - ddof))
-  return centered_BxG / (std + std_eps)
+  # a constant group's centred rewards are 0 only up to the mean's rounding (0.1 × 3 in float32: −2e-8): set exactly
+  return jnp.where(group_is_constant(r_BxG)[:, None], 0.0, centered_BxG / (std + std_eps))
 
 
 def _last_valid_token(mask_NxL: jax.Array) -> jax.Array:

@@ -63,6 +63,13 @@ class Knob:
   # knob with its own test writes every key of its pick (a None in a joint pick leaves that key as it is).
   pending: Callable[[Any], bool] | None = None
   warn: Callable[[Any], bool] = lambda pick: False  # log the choice as a warning (a slow fallback)
+  # why a set value means nothing under the keys resolved before it (None: it is used). Logged, not silently
+  # dropped: a warning where the knob does not apply (only an explicit choice of the other key gets there), else
+  # beside its "(set)" line (a config's value for the other path, e.g. train buckets for the padded passes)
+  unused: Callable[[Any], str | None] = lambda config: None
+  # a value the config sets, checked against the resolved config (check_choosable: before anything is written);
+  # raises ConfigError
+  check: Callable[[Any, Context], None] | None = None
 
   def keys(self) -> tuple[str, ...]:
     return (self.key,) + self.joint
@@ -70,7 +77,7 @@ class Knob:
   def asks(self, config) -> bool:
     if self.pending is not None:
       return self.pending(config)
-    return any(_get(config, k) == config_lib.auto_value(k) for k in self.keys())
+    return any(is_auto(k, _get(config, k)) for k in self.keys())
 
 
 REGISTRY: dict[str, Knob] = {}
@@ -82,6 +89,14 @@ def register(knob: Knob) -> Knob:
     raise ValueError(f"auto knob {missing}: declare its auto value in config_lib (AUTO_INT / AUTO_STR).")
   REGISTRY[knob.key] = knob
   return knob
+
+
+def is_auto(key: str, value) -> bool:
+  """`value` asks for `key`'s choice: its auto value, for a switch knob (rl.packing) in any spelling validation
+  takes ('auto', 'AUTO', ...; config_lib.switch), as run_config reads a record."""
+  if key in config_lib.SWITCH_KEYS:
+    return config_lib.switch(value) == "auto"
+  return value == config_lib.auto_value(key)
 
 
 def _get(config, key: str):
@@ -111,10 +126,15 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
     except (KeyError, AttributeError):
       continue
     if not knob.applies(out):
+      if log and not knob.asks(out) and knob.unused(out):
+        logging.warning("%s (set): no effect %s", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)),
+                        knob.unused(out))
       continue
     if not knob.asks(out):
       if log:
-        logging.info("%s (set)", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)))
+        unused = knob.unused(out)
+        logging.info("%s (set)%s", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)),
+                     f": no effect {unused}" if unused else "")
       continue
     if all(k in recorded for k in keys):
       # a joint key the record holds at the value it has now was left as set (None), as the first run chose it
@@ -123,7 +143,9 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
       why = "recorded with this run: a resume runs the program it started with"
       try:
         today, today_why = knob.choose(out, ctx, knob.candidates(out, ctx))
-        if today != pick:
+        # what each runs with: a joint pick's None is the key's value as set
+        runs = lambda p: tuple(v if x is None else x for x, v in zip(p, values)) if knob.joint else p
+        if runs(today) != runs(pick):
           why += f"; today's rule picks {today} ({today_why})"
       except (ConfigError, ValueError) as e:
         why += f"; today's rule finds nothing ({e})"
@@ -131,7 +153,7 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
       pick, why = knob.choose(out, ctx, knob.candidates(out, ctx))
     picked = []
     for k, value, p in zip(keys, values, pick if knob.joint else (pick,)):
-      if p is not None and (knob.pending is not None or value == config_lib.auto_value(k)):
+      if p is not None and (knob.pending is not None or is_auto(k, value)):
         _set(out, k, p)
         chosen[k] = f"{p} ({why})"
         picked.append(f"{k} = {p}")
@@ -151,15 +173,19 @@ def resolve_here(config: ml_collections.ConfigDict, mesh, lanes: int = 1, record
 def check_choosable(config, mesh: dict[str, int]) -> None:
   """The input checks' part (preflight, the R1 stages' configs): a knob that cannot choose (nothing fits this
   process's devices) raises its ConfigError before anything is written; the choice itself is made again, and
-  logged, where the step is built."""
-  resolve(config, Context(mesh, decode_layout.device_memory_bytes()), log=False)
+  logged, where the step is built. So does a set value that does not fit the resolved config (Knob.check)."""
+  ctx = Context(mesh, decode_layout.device_memory_bytes())
+  resolved, _ = resolve(config, ctx, log=False)
+  for knob in REGISTRY.values():
+    if knob.check is not None and knob.applies(resolved):
+      knob.check(resolved, ctx)
 
 
 def check_resolved(config) -> None:
   """What the step builders call: a `required` knob still at its auto value means a path skipped `resolve`."""
   for key, knob in REGISTRY.items():
     for k in knob.keys() if knob.required else ():
-      if _get(config, k) == config_lib.auto_value(k):
+      if is_auto(k, _get(config, k)):
         raise RuntimeError(f"config.{k}={config_lib.auto_value(k)!r} (auto) reached the step builder unresolved: "
                            "resolve the config first (auto.resolve / auto.resolve_here), as every entry path does.")
 
@@ -306,7 +332,9 @@ def choose_buckets(config, ctx: Context, candidates: list[int]) -> tuple[int, st
   return 1, "padded passes: each more training length compiles one more forward + backward"
 
 
-register(Knob("rl.train_buckets", lambda c, ctx: [1, 2], choose_buckets))
+register(Knob("rl.train_buckets", lambda c, ctx: [1, 2], choose_buckets,
+              unused=lambda c: ("with rl.packing = on: the packed passes follow the real tokens (it applies to the "
+                                "padded passes)") if config_lib.packing_on(c) else None))
 
 
 def choose_exit_chunk(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
@@ -327,8 +355,8 @@ register(Knob("sampling.exit_chunk", lambda c, ctx: [16], choose_exit_chunk))
 
 def choose_attention(config, ctx: Context, candidates: list[str]) -> tuple[str, str]:
   """The TPU ragged paged attention kernel on a TPU when it supports the model's shape, else the plain-JAX live
-  attention (paged_attention.choose; the fallback and its reason are logged by `resolve`). Registered first: the
-  memory plans of the knobs after it depend on the KV store it picks."""
+  attention (paged_attention.choose; the fallback and its reason are logged by `resolve`). Registered before the
+  memory-planned knobs: their plans depend on the KV store it picks."""
   del candidates
   if config.rl.get("partial_rollouts", False):
     return "plain", "rl.partial_rollouts: the rollout carry keeps its KV in the plain layout between steps"
@@ -342,7 +370,7 @@ register(Knob("sampling.decode_attention", lambda c, ctx: ["tpu_ragged", "plain"
 
 
 # ------------------------------------------------------------------------------ rl.rollout_chunks × rl.minibatches
-# First in the registry: the slot candidates below divide the rows by rl.rollout_chunks.
+# Registered before sampling.slots: its candidates divide the rows by rl.rollout_chunks.
 
 SPLIT_KEYS = ("rl.rollout_chunks", "rl.minibatches")
 
@@ -430,7 +458,10 @@ def choose_slots(config, ctx: Context, candidates: list[int]) -> tuple[int, str]
   return s, f"no slot count fits the device memory; the fewest, {s}"
 
 
-register(Knob("sampling.slots", slot_candidates, choose_slots, applies=_continuous))
+_STATIC = lambda c: None if _continuous(c) else (
+    "with sampling.engine = static: the static decoder has no slots; set sampling.engine=continuous (or auto) to use it")
+
+register(Knob("sampling.slots", slot_candidates, choose_slots, applies=_continuous, unused=_STATIC))
 
 
 # ------------------------------------------------------------------------------------------ sampling.compaction
@@ -454,11 +485,16 @@ def choose_compaction(config, ctx: Context, candidates: list[int]) -> tuple[int,
 
 
 register(Knob("sampling.compaction", lambda c, ctx: [config_lib.COMPACTION, 1], choose_compaction,
-              applies=_continuous))
+              # the rollout carry (rl.partial_rollouts) decodes on its own fixed slots: no compaction to choose
+              applies=lambda c: _continuous(c) and not c.rl.get("partial_rollouts", False), unused=_STATIC))
 
 
 
 # ------------------------------------------------------------------------------------------ rl.pack_len
+
+
+_PADDED = lambda c: None if config_lib.packing_on(c) else (
+    "with rl.packing = off: a key of the packed passes; set rl.packing=on (or auto) to use it")
 
 
 def pack_len_candidates(config, ctx: Context) -> list[int]:
@@ -479,7 +515,7 @@ def choose_pack_len(config, ctx: Context, candidates: list[int]) -> tuple[int, s
   return candidates[-1], "no pack_len fits the device memory; the shortest, P + L"
 
 
-register(Knob("rl.pack_len", pack_len_candidates, choose_pack_len, applies=config_lib.packing_on))
+register(Knob("rl.pack_len", pack_len_candidates, choose_pack_len, applies=config_lib.packing_on, unused=_PADDED))
 
 
 # ------------------------------------------------------------------------------------------ rl.pack_rows
@@ -513,7 +549,7 @@ def choose_pack_rows(config, ctx: Context, candidates: list[int]) -> tuple[int, 
   return candidates[-1], "no micro-batch fits the device memory; the fewest rows, 1"
 
 
-register(Knob("rl.pack_rows", pack_rows_candidates, choose_pack_rows, applies=config_lib.packing_on))
+register(Knob("rl.pack_rows", pack_rows_candidates, choose_pack_rows, applies=config_lib.packing_on, unused=_PADDED))
 
 
 # ------------------------------------------------------------------------------------ sampling.decode_layout
@@ -522,7 +558,9 @@ register(Knob("rl.pack_rows", pack_rows_candidates, choose_pack_rows, applies=co
 def choose_layout(config, ctx: Context, candidates: list) -> tuple[tuple[str, int | None], str]:
   """memory_plan.choose_decode with every other knob resolved (its plan costs them): gathered when it fits, else the
   smallest tensor-parallel degree that fits, else the training layout (a warning: every weight all-gathered at every
-  token); an explicit `tp` is checked the same way. -> ((layout, decode_tp or None = left as set), why)."""
+  token); an explicit `tp` stays tp: the smallest degree that fits for decode_tp 0, the largest where none does (a
+  set layout is never replaced: the first run and a resume, which reads the set value, run the same). ->
+  ((layout, decode_tp or None = left as set), why)."""
   del candidates
   layout, why = memory_plan.choose_decode(config, ctx.mesh, ctx.hbm_bytes, ctx.platform)
   return (layout.kind, layout.tp if layout.kind == "tp" else None), why

@@ -25,6 +25,13 @@ RATIO_LEVELS = ("token", "sequence")
 # only keeps exp finite when the clamp is off.
 K3_MAX_LOG_RATIO = 20.0
 
+# The policy ratio's log is clamped to ±20 before exp, as verl's core_algos clamps its log-ratio: a token whose
+# log-ratio passes ~88 makes ρ = inf in float32, and then ρ·A with A = 0 (a group of equal rewards) or SAPO's gate
+# gradient σ'·ρ a NaN, for which the non-finite guard skips the whole update. No clip range, gate or correction bound
+# comes near e^20 ≈ 4.9e8; past it a token's ratio is held there and gets no gradient (with A < 0 and no dual clip,
+# PPO's term would be ρ·A, far outside any trust region).
+MAX_LOG_RATIO = 20.0
+
 
 # ---------------------------------------------------------------- KL estimators
 # All three take the per-token log-probs of the sampled token under π (logp) and π_ref (logp_ref). For tokens
@@ -156,16 +163,22 @@ def clipped_surrogate(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: jax
   aux: clip_frac_low, clip_frac_high, clip_frac_dual (see _clip_stats), ratio_mean, ratio_max, ratio_min over valid
   tokens.
   """
-  log_ratio_NxL = _clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL)
-  ratio_NxL = jnp.exp(log_ratio_NxL)
+  ratio_NxL = jnp.exp(_log_ratio(logp_NxL, old_logp_NxL, mask_NxL))
   a_NxL = _clean(adv_NxL, mask_NxL)
   obj_NxL = jnp.where(_valid(mask_NxL), _clipped(ratio_NxL, a_NxL, eps_low, eps_high, dual_clip), 0.0)
   return obj_NxL, _clip_stats(lax.stop_gradient(ratio_NxL), a_NxL, mask_NxL, eps_low, eps_high, dual_clip)
 
 
+def _log_ratio(logp_NxL: jax.Array, old_logp_NxL: jax.Array, mask_NxL: jax.Array) -> jax.Array:
+  """log ρ = log π − log π_old on valid tokens (0 on padding), clamped to ±MAX_LOG_RATIO."""
+  diff_NxL = _clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL)
+  return jnp.clip(diff_NxL, -MAX_LOG_RATIO, MAX_LOG_RATIO)
+
+
 def _sequence_log_ratio(logp_NxL: jax.Array, old_logp_NxL: jax.Array, mask_NxL: jax.Array) -> jax.Array:
   diff_NxL = _clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL)
-  return jnp.sum(diff_NxL, axis=1) / jnp.maximum(jnp.sum(_valid(mask_NxL), axis=1), 1)
+  log_s_N = jnp.sum(diff_NxL, axis=1) / jnp.maximum(jnp.sum(_valid(mask_NxL), axis=1), 1)
+  return jnp.clip(log_s_N, -MAX_LOG_RATIO, MAX_LOG_RATIO)
 
 
 def gspo_token_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: jax.Array, *,
@@ -191,7 +204,7 @@ def cispo_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: jax.A
   (ρ < 1 − eps_low, ρ > 1 + eps_high; either sign of A), clip_frac_dual 0, the ratio's mean/max/min."""
   valid_NxL = _valid(mask_NxL)
   lp_NxL = _clean(logp_NxL, mask_NxL)
-  ratio_NxL = jnp.exp(lp_NxL - _clean(old_logp_NxL, mask_NxL))
+  ratio_NxL = jnp.exp(_log_ratio(logp_NxL, old_logp_NxL, mask_NxL))
   r_hat_NxL = lax.stop_gradient(jnp.clip(ratio_NxL, 1.0 - eps_low, 1.0 + eps_high))
   a_NxL = _clean(adv_NxL, mask_NxL)
   obj_NxL = jnp.where(valid_NxL, r_hat_NxL * a_NxL * jnp.exp(lp_NxL - lax.stop_gradient(lp_NxL)), 0.0)
@@ -212,7 +225,7 @@ def sapo_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: jax.Ar
   1 on-policy (ρ = 1), decaying smoothly as ρ leaves 1 instead of dropping to 0 at 1 ± ε. aux: gate_mean (mean w),
   gated_frac (tokens with w < 1/2: the gate has more than halved their gradient), the ratio's mean/max/min."""
   valid_NxL = _valid(mask_NxL)
-  ratio_NxL = jnp.exp(_clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL))
+  ratio_NxL = jnp.exp(_log_ratio(logp_NxL, old_logp_NxL, mask_NxL))
   a_NxL = _clean(adv_NxL, mask_NxL)
   tau_NxL = jnp.where(a_NxL > 0, tau_pos, tau_neg)
   gate_NxL = jax.nn.sigmoid(tau_NxL * (ratio_NxL - 1.0))
@@ -237,7 +250,10 @@ def _objective(name: str, logp_NxL, old_logp_NxL, adv_NxL, mask_NxL, *, ratio_le
   objective = clipped_surrogate if ratio_level == "token" else gspo_token_objective
   surr_NxL, aux = objective(logp_NxL, old_logp_NxL, adv_NxL, mask_NxL, eps_low=eps_low, eps_high=eps_high,
                             dual_clip=dual_clip)
-  ratio_NxL = jnp.exp(lax.stop_gradient(_clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL)))
+  # the ratio the clip reads: GSPO's is the answer's s_i on each of its tokens, not the token's own
+  log_ratio_NxL = (jnp.broadcast_to(_sequence_log_ratio(logp_NxL, old_logp_NxL, mask_NxL)[:, None], logp_NxL.shape)
+                   if ratio_level == "sequence" else _log_ratio(logp_NxL, old_logp_NxL, mask_NxL))
+  ratio_NxL = jnp.exp(lax.stop_gradient(log_ratio_NxL))
   a_NxL = _clean(adv_NxL, mask_NxL)
   clipped_NxL = (((ratio_NxL > 1.0 + eps_high) & (a_NxL > 0)) | ((ratio_NxL < 1.0 - eps_low) & (a_NxL < 0))
                  | ((dual_clip > 1) & (ratio_NxL > dual_clip) & (a_NxL < 0)))

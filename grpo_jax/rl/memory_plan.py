@@ -319,7 +319,7 @@ def choose_decode(config, mesh: dict[str, int], hbm_bytes: int | None,
 
   if knob == "fsdp":
     return decode_layout.Layout("fsdp"), "sampling.decode_layout=fsdp"
-  if knob == "gathered" or mesh.get("fsdp", 1) == 1:
+  if knob == "gathered" or (knob == "auto" and mesh.get("fsdp", 1) == 1):
     why = "sampling.decode_layout=gathered" if knob == "gathered" else "mesh.fsdp=1: the weights are whole already"
     return decode_layout.Layout("gathered"), why
   candidates = [tp] if tp else decode_layout.tp_degrees(mcfg, mesh)
@@ -335,6 +335,9 @@ def choose_decode(config, mesh: dict[str, int], hbm_bytes: int | None,
       limit = gib(hbm_bytes) if hbm_bytes else "no limit"
       return layout, f"the planner puts the step at {gib(need)} per device of {limit}"
     tried.append(f"{layout}: {gib(need)}")
+  if knob == "tp" and layouts:  # set: kept, as a set gathered or fsdp is (validation refuses a tp with no degree)
+    return layouts[-1], (f"sampling.decode_layout=tp (set): no degree fits {gib(hbm_bytes)} per device "
+                         f"({', '.join(tried)}); the largest, the least per device")
   return decode_layout.Layout("fsdp"), (f"no decode layout fits {gib(hbm_bytes)} per device "
                                         f"({', '.join(tried) or 'no tp degree'}); decoding in the training layout, "
                                         "which all-gathers every weight at every token")

@@ -166,6 +166,12 @@ def make_train_update(config, forward: Callable, objective: Callable, opts, P: i
   loss_fn = lambda ps, mb: objective(forward(ps, mb["seq"], False), mb)
   vg = None
   if config_lib.packing_on(config):
+    if config.rl.get("token_select", "all") != "all":  # validation refuses it set; here: packing a resume recorded
+      raise auto.ConfigError(
+          f"config.rl.token_select: '{config.rl.token_select}' ranks the whole minibatch's tokens, but this run's "
+          "rl.packing is on (set, or resolved when the run started: a resume keeps it), whose objective sees one "
+          "micro-batch at a time; set rl.token_select='all', or rl.packing=off (on a resume with "
+          "train.allow_config_change=rl.packing).")
     vg = packing.value_and_grad(config, lambda ps, s: forward(ps, s, True), objective, P)
   return update_lib.make_update(loss_fn, opts, vg)
 

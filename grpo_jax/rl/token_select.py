@@ -14,7 +14,8 @@ collapse the entropy.
   clip_cov     Clip-Cov: of the tokens with clip_cov_lb < cov_t < clip_cov_ub not already clipped by the objective,
                max(floor(clip_cov_ratio · n), 1) chosen uniformly at random get no policy gradient (value and
                gradient 0). verl compute_policy_loss_clip_cov: ratio 2e-4, bounds (1, 5).
-  kl_cov       KL-Cov: the max(floor(kl_cov_ratio · n), 1) tokens of largest cov_t get a penalty
+  kl_cov       KL-Cov: the max(floor(kl_cov_ratio · n), 1) tokens of largest cov_t (exactly that many: ties broken
+               by position, as verl's topk) get a penalty
                kl_cov_coef · |log π − log π_old| (value and gradient). verl compute_policy_loss_kl_cov: ratio 2e-4,
                coefficient 1. verl's KL-Cov uses the unclipped surrogate ρA on every token; here the penalty is
                added to the chosen objective (rl.objective; PPO's clip by default), so it composes with any.
@@ -56,6 +57,14 @@ def kth_largest(x_NxL: jax.Array, where_NxL: jax.Array, k: jax.Array) -> jax.Arr
   return jnp.take(flat, jnp.clip(k - 1, 0, flat.shape[0] - 1))
 
 
+def rank_desc(x_NxL: jax.Array, where_NxL: jax.Array) -> jax.Array:
+  """Each entry's place (0 = largest) in a stable descending sort of x over `where` (the rest after): equal values
+  rank by position, so `rank < k` is exactly k entries when at least k qualify."""
+  flat = jnp.where(where_NxL, x_NxL, -jnp.inf).reshape(-1)
+  order = jnp.argsort(-flat, stable=True)
+  return jnp.zeros_like(order).at[order].set(jnp.arange(flat.shape[0], dtype=order.dtype)).reshape(x_NxL.shape)
+
+
 def _count(ratio, n: jax.Array, ceil: bool = False) -> jax.Array:
   """max(floor (or ceil) of ratio · n, 1), as an int32 (ratio may be traced)."""
   x = ratio * n.astype(jnp.float32)
@@ -90,7 +99,9 @@ def choose(kind: str, rl, *, logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: 
     picked_NxL = eligible_NxL & (neg_u_NxL >= kth_largest(neg_u_NxL, eligible_NxL, _count(rl.clip_cov_ratio, n)))
     pg_NxL, kl_NxL = (~picked_NxL).astype(jnp.float32), jnp.zeros_like(ones)
   else:
-    picked_NxL = valid_NxL & (cov_NxL >= kth_largest(cov_NxL, valid_NxL, _count(rl.kl_cov_ratio, n)))
+    # exactly k tokens, as verl's torch.topk: ties at the threshold broken by position (a threshold test would
+    # penalise every tied token, e.g. all of them where every advantage is equal and cov_t ≡ 0)
+    picked_NxL = valid_NxL & (rank_desc(cov_NxL, valid_NxL) < _count(rl.kl_cov_ratio, n))
     pg_NxL, kl_NxL = ones, picked_NxL.astype(jnp.float32)
   picked_f = picked_NxL.astype(jnp.float32)
   n_picked = jnp.maximum(jnp.sum(picked_f), 1.0)

@@ -16,15 +16,17 @@ One call of `advance` (static shapes; per device block d of the D = data × fsdp
   3. decode: S slots take queued rows, oldest group first (every step the slots are grouped by length, each group
      reading the KV below its own longest row: live_attention). The loop runs at least `budget` decode steps, and on
      until every device has B/D complete groups (all G rows ended: group normalisation needs whole groups) and, under
-     rl.staleness_policy 'wait', every due group (below) is complete.
+     rl.staleness_policy 'wait', they are its oldest (below).
   4. select: each device's B/D oldest complete groups are the step's N = B·G rows (they stay on their device);
      their positions are freed for the next step's prompts. Complete groups beyond those wait (the ready buffer).
-Staleness (rl.staleness_policy): 'wait' bounds it by construction — a group admitted max_staleness updates ago is
-due, and the step decodes on until its due groups are complete, so it trains them (they are the oldest): no trained
-token is older than max_staleness updates (at most B groups are due at once: B are admitted a step, B trained);
-the price is waiting for a row longer than (1 + max_staleness) budgets. 'mask' never waits for them: the loss masks
-the tokens past the bound and counts them (rl/partial.py), as it does under 'wait' after a resume that lowered the
-bound.
+Staleness (rl.staleness_policy): 'wait' bounds it by construction — the table holds the admissions of
+1 + max_staleness steps, so a group admitted at version a must train by step a + max_staleness, and a younger group
+trained ahead of an older one would leave more groups due at a later step than it trains. So each device trains the
+groups of its oldest admission versions (earliest deadline first): the step decodes on until every group of a version
+older than its B/D-th oldest group's is complete and B/D groups of versions up to that one are: no trained token is
+older than max_staleness updates; the price is waiting for a row longer than (1 + max_staleness) budgets. 'mask'
+never waits: a younger complete group may train first, and the loss masks the tokens past the bound and counts them
+(rl/partial.py).
 With max_staleness 0 the table holds B groups and every step decodes its own batch to the end: the synchronous
 continuous engine's samples (tests/test_carry.py). A token drawn at step s has version s (the state's step); its
 uniform is fixed when its group is admitted, so no schedule changes what a row samples beyond the weights and KV.
@@ -65,7 +67,7 @@ class Spec(NamedTuple):
   fields: tuple
   kv_dtype: str = "float32"  # the sampler's compute dtype: what its KV is written in
   kv_groups: int = 1  # each device's slots read the completion KV in this many groups (rl.carry_kv_groups)
-  wait: bool = True  # rl.staleness_policy 'wait': decode on until the due groups are complete ('mask': never)
+  wait: bool = True  # rl.staleness_policy 'wait': decode on until the oldest admission versions' groups are complete
 
   @property
   def R(self) -> int:
@@ -405,16 +407,21 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
         steps=lp.steps + 1, new_tokens=lp.new_tokens + jnp.sum(lp.live_S.astype(jnp.int32)))
     return admit(lp)
 
-  # groups admitted max_staleness or more updates ago are due: they train this step (oldest first), so no token
-  # the update trains is older than the bound (a row's first token carries its group's admission version)
-  due_DxQd = dev((age_Q >= 0) & (ver_RxL[::G, 0] <= version - (Q // B - 1)))
+  # 'wait': each device trains its B/D groups from its oldest admission versions (earliest deadline first; a row's
+  # first token carries its group's admission version): every group of a version older than the B/D-th oldest
+  # group's, and B/D complete ones of versions up to it. The table holds (1 + max_staleness) steps' admissions, so
+  # a younger group trained ahead of an older one would leave more than B/D groups due at a later step
+  # (tests/test_carry.py::test_wait_never_trains_past_the_bound)
+  ver_DxQd = dev(jnp.where(age_Q >= 0, ver_RxL[::G, 0], jnp.iinfo(jnp.int32).max))
+  cut_Dx1 = jnp.sort(ver_DxQd, axis=1)[:, Bd - 1:Bd]
 
   def more(lp: Loop) -> jax.Array:
     work = jnp.any(lp.live_S) | jnp.any(lp.next_D < queued_D)
     done_DxQd = complete_DxQd(lp)
     short = jnp.any(jnp.sum(done_DxQd.astype(jnp.int32), axis=1) < Bd)
     if spec.wait:
-      short = short | jnp.any(due_DxQd & ~done_DxQd)
+      short = (short | jnp.any((ver_DxQd < cut_Dx1) & ~done_DxQd)
+               | jnp.any(jnp.sum((done_DxQd & (ver_DxQd <= cut_Dx1)).astype(jnp.int32), axis=1) < Bd))
     return work & ((lp.steps < budget) | short)
 
   with decode.view():
@@ -532,10 +539,16 @@ def simulate(lengths: np.ndarray, B: int, G: int, max_staleness: int, slots: int
       return np.all(ok.reshape(D, Qd, G), axis=2) & (age_DxQ >= 0)
 
     admit()
-    due = (age_DxQ >= 0) & (ver_DxRxL[:, ::G, 0] <= version - max_staleness)
+    ver_DxQ = np.where(age_DxQ >= 0, ver_DxRxL[:, ::G, 0], big)  # 'wait': the oldest admission versions train
+    cut = np.sort(ver_DxQ, axis=1)[:, Bd - 1:Bd]
+
+    def short():
+      done = complete()
+      return ((done.sum(axis=1) < Bd).any()
+              or (wait and (((ver_DxQ < cut) & ~done).any() or ((done & (ver_DxQ <= cut)).sum(axis=1) < Bd).any())))
+
     steps = 0
-    while ((live_DxS.any() or (nxt_D < n_rows_D).any())
-           and (steps < bud or (complete().sum(axis=1) < Bd).any() or (wait and (due & ~complete()).any()))):
+    while (live_DxS.any() or (nxt_D < n_rows_D).any()) and (steps < bud or short()):
       len_DxS = -np.sort(-np.where(live_DxS, at(drawn_DxR, row_DxS), 0), axis=1)  # longest first, per device
       live_G = len_DxS.reshape(D, kv_groups, -1).max(axis=(0, 2))
       steps += 1

@@ -47,6 +47,9 @@ _DROP = {
 }
 
 _OPTIMIZER_KIND_KEYS = ("name", "type", "optimizer", "kind")
+# The rollout carry's shapes (rl.partial_rollouts: rollout/carry.py's Spec) are part of the state tree.
+_CARRY_SHAPE_KEYS = ("rl.max_staleness", "rl.prompts_per_step", "rl.G", "sampling.slots", "sampling.max_new_tokens",
+                     "task.prompt_len")
 
 # Keys added to the base config after records were first written, with the default that reproduces what runs did
 # before them: a record without the key equals one with this value (an older run resumes unchanged).
@@ -158,7 +161,9 @@ def structural(keys: Iterable[str], old: Mapping[str, Any], new: Mapping[str, An
     if (k.startswith("model.") or k in ("job", "stage.kind", "ppo.critic")
         or (k == "rl.algo" and (o in presets.CRITIC_ALGOS) != (n in presets.CRITIC_ALGOS))
         or (k == "rl.beta" and _zero(o) != _zero(n))
-        or (k.startswith("optim.") and k.split(".")[-1] in _OPTIMIZER_KIND_KEYS)):
+        or (k.startswith("optim.") and k.split(".")[-1] in _OPTIMIZER_KIND_KEYS)
+        or (k == "rl.partial_rollouts" and bool(o) != bool(n))
+        or (k in _CARRY_SHAPE_KEYS and old.get("rl.partial_rollouts") and new.get("rl.partial_rollouts"))):
       out.append(k)
   return out
 

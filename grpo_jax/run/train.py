@@ -384,6 +384,24 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   return run.last_eval
 
 
+def check_recorded(config, recorded: dict, tokenizer=None) -> None:
+  """A resumed run's resolved config validated again: a value it recorded (rl/auto.py, reused on resume) may not fit
+  a change train.allow_config_change let through (slots above fewer rows): one line naming the key, not a traceback
+  inside the step."""
+  if not recorded:
+    return
+  try:
+    validate.validate_rl(config, jax.device_count(), tokenizer)
+  except errors.ConfigError as e:
+    key = str(e).split(":", 1)[0].removeprefix("config.")
+    # the recorded key the error names (its own key, or the one it conflicts with: rl.packing beside token_select)
+    keys = [k for k in sorted(recorded) if k == key] or [k for k in sorted(recorded) if k in str(e)]
+    was = "".join(f": {k}={recorded[k]}" for k in keys[:1]) + (", the value this run started with and a resume "
+                                                                "reuses" if keys else "")
+    raise errors.ConfigError(f"{e} (on resume{was}; set it explicitly with train.allow_config_change="
+                             f"{keys[0] if keys else '<key>'}, or use a new --workdir)") from None
+
+
 def train_group(members: Sequence[Member], *, python_fns: dict | None = None, compiler_options: dict | None = None,
                 log: Callable[[str], None] | None = None) -> tuple[list[Run], list[int | None]]:
   """THE set-up of RL training, for one run (`python -m grpo_jax.main`, an R1 stage: the family's sharded step) or
@@ -402,6 +420,8 @@ def train_group(members: Sequence[Member], *, python_fns: dict | None = None, co
   # every `auto` knob (rl/auto.py) chosen for this mesh and device memory before the step is built, recorded with
   # every checkpoint; on resume the values the run recorded
   configs = [g.resolve(m.config, mesh, lanes=S) for g, m in zip(guards, members)]
+  for c, g in zip(configs, guards):
+    check_recorded(c, g.recorded, tokenizer)
   picked = [auto.resolved_values(c) for c in configs]
   if any(p != picked[0] for p in picked[1:]):
     differ = sorted(k for p in picked[1:] for k in p if p[k] != picked[0].get(k))

@@ -3,6 +3,8 @@ import math
 import os
 from typing import Any
 
+from absl import logging
+
 from grpo_jax.infra import host_calls
 from grpo_jax.rl import advantages
 from grpo_jax.rl import correction
@@ -58,8 +60,8 @@ def positive_int(c, key):
 
 def _nonneg(c, key):
   v = _get(c, key)
-  if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v < 0:
-    _fail(key, f"must be a finite number >= 0, got {v!r}.")
+  if not finite(v) or v < 0:
+    _fail(key, f"must be a finite number >= 0 (in float32, the step's precision), got {v!r}.")
 
 
 def prob(c, key, low_open=False):
@@ -75,9 +77,16 @@ def _choice(c, key, choices):
     _fail(key, f"unknown value {v!r}; choose one of {list(choices)}.")
 
 
+# The step computes in float32 (bfloat16 shares its exponent range): a number finite in Python but past float32's
+# largest is inf there, and a positive one below its smallest normal is 0 there (XLA flushes subnormals), so a key
+# that must be finite, or > 0, is checked in float32's range.
+F32_MAX = 3.4028234663852886e38
+F32_TINY = 1.1754943508222875e-38
+
+
 def finite(v) -> bool:
-  """A real number (not a bool), finite, also in float32 (the step holds it so: 1e39 would be inf there)."""
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and host_calls.finite_f32(v) is not None
+  """A real number (not a bool), finite in float32."""
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) <= F32_MAX
 
 
 # One rule per kind of key: a key is checked for what it means, wherever a job reads it.
@@ -107,8 +116,8 @@ def fallback(c, key) -> None:
 def positive_finite(c, key) -> None:
   """A scale or threshold that must be > 0 (an eps, a temperature, a base frequency): finite as well."""
   v = _get(c, key)
-  if not (finite(v) and v > 0):
-    _fail(key, f"must be a finite number > 0, got {v!r}.")
+  if not (finite(v) and v >= F32_TINY):
+    _fail(key, f"must be a finite number > 0 in float32 (the step's precision), got {v!r}.")
 
 
 # fail, positive_int, prob and the rules above are public (the R1 pipeline checks its own keys with them); the
@@ -190,7 +199,7 @@ def validate_lora(c) -> None:
     # its stages hand full params to each other (r1/pipeline.py reads the params of a stage checkpoint as the model)
     _fail("model.lora.rank", f"{lc.rank}: LoRA runs the grpo, sft and pretrain jobs; job=r1_pipeline hands full "
           "params between its stages: set model.lora.rank=0 there.")
-  if not (isinstance(lc.alpha, (int, float)) and math.isfinite(lc.alpha) and lc.alpha > 0):
+  if not (finite(lc.alpha) and lc.alpha >= F32_TINY):
     _fail("model.lora.alpha", f"must be > 0 (scale = alpha / rank), got {lc.alpha!r}.")
   bad = [t for t in lc.targets if t not in LORA_TARGETS]
   if bad or not lc.targets or len(set(lc.targets)) != len(lc.targets):
@@ -403,6 +412,11 @@ def validate_decode_layout(c, mesh: dict[str, int]) -> None:
     bad = decode_layout.check(model_config.ModelConfig.from_config(c.model), mesh, decode_layout.Layout("tp", tp))
     if bad:
       raise ConfigError(f"config.{bad}; or set sampling.decode_tp=0 (the smallest that fits).")
+  if c.sampling.decode_layout == "tp" and not tp and not decode_layout.tp_degrees(
+      model_config.ModelConfig.from_config(c.model), mesh):
+    _fail("sampling.decode_layout", f"'tp' splits the weights over mesh.fsdp={mesh.get('fsdp', 1)} devices, but no "
+          "degree >= 2 divides it and the model's heads; set 'gathered' (the weights whole on every device), "
+          "'fsdp' or 'auto'.")
 
 
 def validate_engine(c, rows: int, data_par: int) -> None:
@@ -435,6 +449,9 @@ def validate_engine(c, rows: int, data_par: int) -> None:
                         "does not fit) or 'plain'.")
 
 
+CARRY_KNOBS = ("max_staleness", "rollout_budget", "carry_kv", "staleness_policy", "carry_kv_groups")  # rl.*
+
+
 def validate_partial(c, data_par: int) -> None:
   """rl.partial_rollouts and its knobs (rollout/carry.py): what the carry needs, and what it cannot run with."""
   rl = c.rl
@@ -444,10 +461,20 @@ def validate_partial(c, data_par: int) -> None:
     v = _get(c, k)
     if not isinstance(v, int) or isinstance(v, bool) or v < 0:
       _fail(k, f"must be an integer >= 0 ({what}), got {v!r}.")
+    if v >= 2 ** 31:  # the carry counts in int32
+      _fail(k, f"{v} is past 2**31 - 1 ({what}); set a smaller value.")
   _choice(c, "rl.carry_kv", ("keep", "recompute"))
   _choice(c, "rl.staleness_policy", ("wait", "mask"))
-  if not rl.partial_rollouts:
+  if not rl.partial_rollouts:  # the carry's knobs mean nothing to the synchronous step: said, not silently dropped
+    base = config_lib.base_config().rl
+    unused = [f"rl.{k}={rl[k]!r}" for k in CARRY_KNOBS if rl.get(k, base[k]) != base[k]]
+    if unused:
+      logging.warning("%s: no effect with rl.partial_rollouts=False (the synchronous step carries no rows); set "
+                      "rl.partial_rollouts=True to use %s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
     return
+  if c.sampling.get("compaction", 0) not in (0, 1):
+    logging.warning("sampling.compaction=%r: no effect with rl.partial_rollouts (the carry decodes on its fixed "
+                    "sampling.slots, never fewer); set it to 0 or 1.", c.sampling.compaction)
   if c.sampling.engine not in ("continuous", "auto"):  # auto resolves to continuous under partial rollouts
     _fail("rl.partial_rollouts", "carries rows in the continuous engine's slots; set sampling.engine='continuous' "
           f"or 'auto' (it is {c.sampling.engine!r}).")
@@ -470,8 +497,8 @@ def validate_partial(c, data_par: int) -> None:
 
 def _finite_positive(c, key, what: str) -> float:
   v = _get(c, key)
-  if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or v <= 0:
-    _fail(key, f"must be a finite number > 0 ({what}), got {v!r}.")
+  if not (finite(v) and v >= F32_TINY):
+    _fail(key, f"must be a finite number > 0 in float32, the step's precision ({what}), got {v!r}.")
   return v
 
 
@@ -489,7 +516,7 @@ def validate_correction(c) -> None:
   for name, what in windows:
     lo_key, hi_key = f"rl.{name}_lo", f"rl.{name}_hi"
     lo, hi = _get(c, lo_key), _get(c, hi_key)
-    if not isinstance(lo, (int, float)) or isinstance(lo, bool) or not math.isfinite(lo) or lo < 0:
+    if not finite(lo) or lo < 0:
       _fail(lo_key, f"must be a finite number >= 0 (the lower end of {what}), got {lo!r}.")
     _finite_positive(c, hi_key, f"the upper end of {what}")
     if not lo < 1 < hi:
@@ -516,8 +543,7 @@ def validate_objective(c) -> None:
     if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 1:
       _fail(k, f"must be a fraction in (0, 1] ({what}), got {v!r}.")
   lb, ub = c.rl.clip_cov_lb, c.rl.clip_cov_ub
-  if not all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (lb, ub)) \
-      or not lb < ub:
+  if not all(finite(v) for v in (lb, ub)) or not lb < ub:
     _fail("rl.clip_cov_lb", f"{lb!r} and rl.clip_cov_ub={ub!r} must be finite with rl.clip_cov_lb < rl.clip_cov_ub "
           "(Clip-Cov's covariance range); put them in order.")
   _nonneg(c, "rl.kl_cov_coef")
@@ -581,7 +607,7 @@ def validate_eval(c, data_par: int, group: str = "eval") -> None:
     _fail(f"{group}.batch", f"{e.batch} must be a multiple of {group}.n_samples={e.n_samples} (prompts are "
           "repeated n_samples times inside one eval batch).")
   for k in e.pass_k:
-    if not (isinstance(k, int) and 1 <= k <= e.n_samples):
+    if not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= e.n_samples):
       _fail(f"{group}.pass_k", f"entry {k!r} must be an integer in [1, {group}.n_samples={e.n_samples}].")
   if e.size > c.task.test_size:
     _fail(f"{group}.size", f"{e.size} exceeds task.test_size={c.task.test_size}; lower it or raise test_size.")
