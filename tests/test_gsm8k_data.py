@@ -55,6 +55,11 @@ def test_jsonl_copies_are_read_in_order(tmp_path):
   with open(os.path.join(d, "train.jsonl"), "a") as f:
     f.write(json.dumps({"question": "x", "answer": "12,000 + 1\n#### 12,001"}) + "\n\n")
   assert gsm8k.load_split("train", d)[-1]["final"] == "12001"
+  with open(os.path.join(d, "train.jsonl"), "rb") as f:  # saved with a UTF-8 byte-order mark: the same examples
+    data = f.read()
+  with open(os.path.join(d, "train.jsonl"), "wb") as f:
+    f.write(b"\xef\xbb\xbf" + data)
+  assert gsm8k.load_split("train", d)[0]["question"] == hf_dirs.QUESTIONS[0]
 
 
 @pytest.mark.parametrize("line,needle", [("{not json", "line 2: Expecting property name"),

@@ -128,7 +128,7 @@ def read_jsonl(path: str) -> list[dict]:
   with open(path, "rb") as f:
     for n, raw in enumerate(f, 1):
       try:
-        line = raw.decode("utf-8")
+        line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a byte-order mark (Windows editors) is not data
       except UnicodeDecodeError as e:
         raise ValueError(f"task.data_dir: {path} line {n}: not UTF-8 ({e.reason} at byte {e.start} of the line); "
                          "save the file as UTF-8.") from None
