@@ -221,3 +221,19 @@ def test_cli_bad_config_is_one_line(tmp_path):
     assert out.returncode != 0
     assert needle in out.stderr
     assert "Traceback" not in out.stderr, out.stderr[-2000:]
+
+
+def test_tool_keys_without_a_tool_run_are_logged(caplog):
+  """tools.* set where no environment runs (tools.env '' and no tool data) change nothing: a warning names them,
+  rather than dropping them silently; the base config's tools group says nothing."""
+  import logging
+  c = config_lib.override(_cfg(), {"tools.workers": 3, "tools.sandbox.time_s": 5.0})
+  with caplog.at_level(logging.WARNING):
+    validate.validate_tools(c)
+  lines = [r.getMessage() for r in caplog.records if "no effect with tools.env=''" in r.getMessage()]
+  assert len(lines) == 1 and sorted(lines[0].split(": no effect")[0].split(", ")) == [
+      "tools.sandbox.time_s=5.0", "tools.workers=3"], lines
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    validate.validate_tools(_cfg())
+  assert not any("tools." in r.getMessage() for r in caplog.records)

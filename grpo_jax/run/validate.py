@@ -330,6 +330,18 @@ def validate_tools_rl(c) -> None:
           "template rendered with the tools; use tools.format='plain' for RL.")
 
 
+def _changed(d: dict, base: dict, prefix: str) -> list[str]:
+  """'key=value' for each leaf of `d` that differs from `base` (a group of the base config), dotted from `prefix`."""
+  out = []
+  for k, v in d.items():
+    b = base.get(k)
+    if isinstance(v, dict) and isinstance(b, dict):
+      out += _changed(v, b, f"{prefix}.{k}")
+    elif v != b:
+      out.append(f"{prefix}.{k}={v!r}")
+  return out
+
+
 MAX_TOOL_WORKERS = 1024
 MAX_SANDBOX_S = 86_400
 
@@ -339,6 +351,11 @@ def validate_tools(c, tokenizer=None) -> None:
   environment imports and builds, each stop marker is one token of the tokenizer, the limits are positive."""
   t = c.get("tools")
   if t is None or not (t.env or c.r1.pretrain.get("tool_frac", 0.0) > 0):
+    if t is not None:  # set for a tool run, meaning nothing without one: said, not silently dropped
+      unused = _changed(t.to_dict(), config_lib.base_config().tools.to_dict(), "tools")
+      if unused:
+        logging.warning("%s: no effect with tools.env='' (single-turn rollouts, no tool data); set tools.env to use "
+                        "%s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
     return
   _choice(c, "tools.format", tuple(env_formats.FORMATS))
   v = t.max_turns
