@@ -310,6 +310,28 @@ def test_bad_carry_settings_are_one_line(key, value, needle):
   assert needle in str(e.value) and "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("saved_split,refused", [(1, False), (8, True)])
+def test_resume_on_another_row_split_is_one_line(tmp_path, saved_split, refused):
+  """The carry's rows are device blocks over mesh data*fsdp with block-local indices: a checkpoint written over 1
+  device resumed over 8 (or the reverse) was refused through the recorded rl.carry_kv_groups, or as a changed
+  "model, critic, optimizer or reference", never naming the devices; now one line naming config.mesh."""
+  from grpo_jax.infra import checkpoint, errors
+  from grpo_jax.run import loop_guard
+  c = config_lib.load_config("configs/grpo_arith.py", "small")
+  c = config_lib.override(c, {"sampling.engine": "continuous", "rl.partial_rollouts": True})
+  with checkpoint.Checkpointer(tmp_path / "checkpoints", save_every=1, keep=2, async_save=False) as ck:
+    ck.maybe_save(1, {"carry": {"next_D": jnp.zeros((saved_split,), jnp.int32)}}, {"step": 1})
+  guard = loop_guard.LoopGuard(c, str(tmp_path), "rl")
+  mesh = sharding.make_mesh(c.mesh)  # this process: 1 CPU device
+  if not refused:
+    guard._check_carry_split(c, mesh)
+    return
+  with pytest.raises(errors.InputError) as e:
+    guard._check_carry_split(c, mesh)
+  msg = str(e.value)
+  assert "split over 8 device block(s)" in msg and "over 1:" in msg and "config.mesh" in msg and "\n" not in msg
+
+
 def test_carry_knobs_without_the_carry_are_logged(caplog):
   """A carry knob set while rl.partial_rollouts is off changes nothing, nor does sampling.compaction with it on:
   validation says so (a warning naming it), rather than dropping it silently."""

@@ -117,6 +117,20 @@ def _leaf_name(path) -> str:
   return '.'.join(parts)
 
 
+def saved_shape(directory: str | os.PathLike, step: int, name: str) -> tuple[int, ...] | None:
+  """The shape leaf `name` (e.g. 'carry.next_D') of `step`'s state was saved with; None: no such leaf, or the
+  metadata does not read (restore() then reports or falls back)."""
+  try:
+    tree = ocp.PyTreeCheckpointHandler().metadata(as_path(directory) / str(step) / STATE).tree
+  except Exception:  # pylint: disable=broad-except  # unreadable metadata is damage: restore() falls back
+    return None
+  for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]:
+    if (getattr(leaf, 'name', None) or _leaf_name(path)) == name:
+      shape = getattr(leaf, 'shape', None)
+      return None if shape is None else tuple(shape)
+  return None
+
+
 def _structure_mismatch(saved_tree: Any, abstract_state: Any) -> str | None:
   """First difference between a step's saved leaves (orbax metadata) and the state the config builds, or None."""
   saved = {}

@@ -36,6 +36,7 @@ class LoopGuard:
     self.view = dict(record) if record is not None else run_config.view(config, kind)
     self.allow = stages.allow_set(config)
     self.workdir = workdir
+    self.kind = kind
     self.ckpt_dir = os.path.join(workdir, "checkpoints")
     self.steps = config.train.steps if kind == "rl" else config.sft.steps
     self.log_every = config.train.log_every
@@ -49,10 +50,27 @@ class LoopGuard:
   def resolve(self, config, mesh, lanes: int = 1):
     """`config` with its `auto` knobs resolved for this process's devices (rl/auto.py; the recorded values on
     resume), recorded in the view every checkpoint stores and in DIR/auto.json."""
+    self._check_carry_split(config, mesh)
     config, chosen = auto.resolve_here(config, mesh, lanes=lanes, recorded=self.recorded)
     self.view = run_config.with_resolved(self.view, auto.resolved_values(config))
     auto.write_record(self.workdir, chosen, resumed=bool(self.recorded))
     return config
+
+  def _check_carry_split(self, config, mesh) -> None:
+    """A partial-rollout carry's rows and slots are split in device blocks over mesh data*fsdp, and the indices it
+    stores are local to a block: a resume over another split would reshuffle (drop or duplicate) in-flight rows, and
+    was refused through a recorded auto knob or a shape, neither naming the devices. Refused here in one line."""
+    if self.kind != "rl" or not config.rl.get("partial_rollouts", False):
+      return
+    newest = ckpt_lib.newest_meta(self.ckpt_dir)
+    saved = ckpt_lib.saved_shape(self.ckpt_dir, newest[0], "carry.next_D") if newest else None
+    split = int(mesh.shape.get("data", 1)) * int(mesh.shape.get("fsdp", 1))
+    if saved and saved[0] != split:
+      raise errors.InputError(
+          f"checkpoint step {newest[0]} in {self.ckpt_dir} holds a partial-rollout carry whose in-flight rows are "
+          f"split over {saved[0]} device block(s) (mesh data*fsdp), this run splits them over {split}: resume it "
+          f"with a mesh whose data*fsdp is {saved[0]} (config.mesh; other devices in mesh.tensor), or use a new "
+          "--workdir.")
 
   def checkpointer(self, config) -> ckpt_lib.Checkpointer:
     return ckpt_lib.Checkpointer(self.ckpt_dir, save_every=config.train.ckpt_every,
