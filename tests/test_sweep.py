@@ -241,6 +241,11 @@ def test_sweep_text_is_typed_and_bad_input_is_one_line():
     assert "\n" not in str(e.value)
   with pytest.raises(errors.ConfigError, match="share the directory"):
     sweep.make_runs(c, sweep_points.named("a b", {}) + sweep_points.named("a_b", {}), 1, "/tmp/x")
+  # --metrics: a bad aggregate or no metric is a one-line config error (exit 2), not a traceback
+  for m, msg in [("train/loss@median", "@median"), ("@tail", "names no metric")]:
+    with pytest.raises(errors.ConfigError, match=msg) as e:
+      sweep.run(c, "/tmp/x_never_written", sweep_text="rl.beta=0.1", metrics=[m], log=lambda _: None)
+    assert "\n" not in str(e.value) and not os.path.exists("/tmp/x_never_written")
 
 
 def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path):
