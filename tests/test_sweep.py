@@ -278,6 +278,11 @@ def test_get_sweep_in_the_config_file(tmp_path):
   grid = sweep.load_points(os.path.join(REPO, "configs/grpo_arith.py:small,grid=True"), c)
   assert len(grid) == 9 and grid[4].dict == {"rl.beta": 0.04, "optim.lr": 1e-4}
   assert len(sweep.groups(sweep.make_runs(c, grid, 3, "/tmp/x"))) == 1  # one vmapped program for 27 runs
+  # get_sweep returning one point (not a list of them), or nothing: one config-error line, not a TypeError
+  for body in ("h.sweep('rl.beta', [0.1])[0]", "[]", "None"):
+    path.write_text(f"def get_sweep(h):\n  return {body}\n")
+    with pytest.raises(errors.ConfigError, match="non-empty list of points"):
+      sweep.load_points(str(path), c)
 
 
 def test_print_mode_writes_launch_commands_the_launcher_accepts(env):

@@ -82,7 +82,8 @@ def load_points(config_file: str, config, sweep_text: str = "") -> list[sweep_po
   arg = config_file.split(":", 1)[1] if ":" in config_file else None
   fn = module.get_sweep
   points = fn(sweep_points, arg) if len(inspect.signature(fn).parameters) > 1 else fn(sweep_points)
-  if not points or not all(isinstance(p, sweep_points.Point) for p in points):
+  if (not isinstance(points, (list, tuple)) or not points
+      or not all(isinstance(p, sweep_points.Point) for p in points)):
     raise errors.ConfigError(f"{config_file}: get_sweep(h) must return a non-empty list of points built with h.sweep, "
                              "h.product, h.zip or h.named.")
   return list(points)
