@@ -257,6 +257,10 @@ def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path)
     sweep.run(c, str(tmp_path / "sw"), sweep_text="sft.batch=4,0", log=lambda s: None)
   assert "sweep run batch=0: config.sft.batch" in str(e.value), str(e.value)
   assert not os.path.exists(tmp_path / "sw")
+  # --mode=vmap for runs that cannot share a program (job=sft): refused before the lock and sweep.json are written
+  with pytest.raises(errors.ConfigError, match="--mode=vmap") as e:
+    sweep.run(config_lib.override(c, {"job": "sft"}), str(tmp_path / "sw"), seeds=2, mode="vmap", log=lambda s: None)
+  assert "\n" not in str(e.value) and not os.path.exists(tmp_path / "sw")
 
 
 def test_get_sweep_in_the_config_file(tmp_path):

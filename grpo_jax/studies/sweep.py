@@ -245,16 +245,16 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
   preflight.check_workdir(workdir)
   done = check(runs)
   import jax  # pylint: disable=g-import-not-at-top
+  plan = [(group, decide(group, mode, jax.device_count())) for group in groups(runs)]  # refusals before any write
   with workdir_lock.WorkdirLock(workdir), signals.GracefulStop() as stop:
     _write_plan(workdir, runs, command, seeds, mode)
-    for group in groups(runs):
+    for group, how in plan:
       todo = [r for r in group if not done[r.name]]
       for r in group:
         if done[r.name]:
           log(f"[sweep] {r.name}: finished earlier with this config; skipped.")
       if not todo:
         continue
-      how = decide(group, mode, jax.device_count())
       entry = {"mode": how, "runs": [r.name for r in todo], "traces": [], "seconds": 0.0}
       summary["groups"].append(entry)
       t0 = time.perf_counter()
