@@ -226,6 +226,16 @@ def test_shape_axes_and_beta_zero_run_serially():
   assert sweep.decide(gs[0], "auto", 8) == "serial"  # several devices: each run uses them all, one after another
   one = sweep.make_runs(c, sweep_points.parse("rl.G=2,4", c), 1, "/tmp/x")
   assert [sweep.decide(g, "auto", 1) for g in sweep.groups(one)] == ["serial", "serial"]
+  # LoRA with an SFT stage: every run freezes its own SFT'd base, a vmapped group shares one: serial in auto,
+  # refused (one line) in vmap; with one train.init_from they share it
+  lora = sweep.make_runs(config_lib.override(c, {"model.lora.rank": 4, "sft.steps": 2}), sweep_points.base(), 2, "/tmp/x")
+  assert len(sweep.groups(lora)) == 1 and sweep.decide(lora, "auto", 1) == "serial"
+  with pytest.raises(errors.ConfigError, match="own frozen base") as e:
+    sweep.decide(lora, "vmap", 1)
+  assert "\n" not in str(e.value)
+  shared = sweep.make_runs(config_lib.override(c, {"model.lora.rank": 4, "sft.steps": 2, "train.init_from": "/p"}),
+                           sweep_points.base(), 2, "/tmp/x")
+  assert sweep.decide(shared, "auto", 1) == "vmap"
 
 
 def test_sweep_text_is_typed_and_bad_input_is_one_line():

@@ -126,6 +126,13 @@ def groups(runs: Sequence[Run]) -> list[list[Run]]:
   return list(out.values())
 
 
+def _own_lora_base(config) -> bool:
+  """LoRA runs with an SFT stage (sft.steps > 0, no train.init_from) each freeze their own SFT'd params as the base;
+  a vmapped group shares one frozen base (train.train_group refuses them, after every SFT stage has run)."""
+  lora = config.model.get("lora")
+  return bool(lora is not None and lora.rank > 0 and not config.train.init_from and config.sft.steps > 0)
+
+
 def decide(group: Sequence[Run], mode: str, n_devices: int) -> str:
   """'vmap' or 'serial' for a group of runs."""
   grpo = group[0].config.job == "grpo"
@@ -135,8 +142,13 @@ def decide(group: Sequence[Run], mode: str, n_devices: int) -> str:
     if not grpo:
       raise errors.ConfigError(f"--mode=vmap: config.job={group[0].config.job!r} runs are not vmapped (only job=grpo "
                                "runs share one program); use --mode=auto or serial.")
+    if len(group) > 1 and _own_lora_base(group[0].config):
+      raise errors.ConfigError("--mode=vmap: model.lora with an SFT stage (sft.steps > 0, no train.init_from) gives "
+                               "every run its own frozen base, and a vmapped group shares one; set train.init_from "
+                               "to one params directory, or use --mode=auto or serial.")
     return "vmap"
-  return "vmap" if grpo and len(group) > 1 and n_devices == 1 else "serial"
+  own_base = _own_lora_base(group[0].config)
+  return "vmap" if grpo and len(group) > 1 and n_devices == 1 and not own_base else "serial"
 
 
 def _stage_list(config, workdir: str):
