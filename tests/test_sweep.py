@@ -233,6 +233,12 @@ def test_shape_axes_and_beta_zero_run_serially():
   with pytest.raises(errors.ConfigError, match="own frozen base") as e:
     sweep.decide(lora, "vmap", 1)
   assert "\n" not in str(e.value)
+  # ... and without an SFT stage, a random init per run_seed (--seeds): serial too; one run_seed (an lr axis) shares
+  seeds = sweep.make_runs(config_lib.override(c, {"model.lora.rank": 4, "sft.steps": 0}), sweep_points.base(), 2, "/tmp/x")
+  assert sweep.decide(seeds, "auto", 1) == "serial"
+  lrs = sweep.make_runs(config_lib.override(c, {"model.lora.rank": 4, "sft.steps": 0}),
+                        sweep_points.parse("optim.lr=1e-3,2e-3", c), 1, "/tmp/x")
+  assert sweep.decide(lrs, "auto", 1) == "vmap"
   shared = sweep.make_runs(config_lib.override(c, {"model.lora.rank": 4, "sft.steps": 2, "train.init_from": "/p"}),
                            sweep_points.base(), 2, "/tmp/x")
   assert sweep.decide(shared, "auto", 1) == "vmap"

@@ -126,11 +126,15 @@ def groups(runs: Sequence[Run]) -> list[list[Run]]:
   return list(out.values())
 
 
-def _own_lora_base(config) -> bool:
-  """LoRA runs with an SFT stage (sft.steps > 0, no train.init_from) each freeze their own SFT'd params as the base;
-  a vmapped group shares one frozen base (train.train_group refuses them, after every SFT stage has run)."""
-  lora = config.model.get("lora")
-  return bool(lora is not None and lora.rank > 0 and not config.train.init_from and config.sft.steps > 0)
+def _own_lora_base(group: Sequence[Run]) -> bool:
+  """LoRA runs without train.init_from whose frozen bases differ: each run's own SFT stage's params (sft.steps > 0),
+  or a random init from its own run_seed (--seeds). A vmapped group shares one frozen base (train.train_group and
+  vmapped_runs.init_states refuse them)."""
+  c = group[0].config
+  lora = c.model.get("lora")
+  if lora is None or not lora.rank > 0 or c.train.init_from:
+    return False
+  return c.sft.steps > 0 or len({config_lib.run_seed(r.config) for r in group}) > 1
 
 
 def decide(group: Sequence[Run], mode: str, n_devices: int) -> str:
@@ -142,12 +146,12 @@ def decide(group: Sequence[Run], mode: str, n_devices: int) -> str:
     if not grpo:
       raise errors.ConfigError(f"--mode=vmap: config.job={group[0].config.job!r} runs are not vmapped (only job=grpo "
                                "runs share one program); use --mode=auto or serial.")
-    if len(group) > 1 and _own_lora_base(group[0].config):
-      raise errors.ConfigError("--mode=vmap: model.lora with an SFT stage (sft.steps > 0, no train.init_from) gives "
-                               "every run its own frozen base, and a vmapped group shares one; set train.init_from "
-                               "to one params directory, or use --mode=auto or serial.")
+    if len(group) > 1 and _own_lora_base(group):
+      raise errors.ConfigError("--mode=vmap: model.lora without train.init_from gives every run its own frozen base "
+                               "(its SFT stage's params, or an init from its run_seed), and a vmapped group shares "
+                               "one; set train.init_from to one params directory, or use --mode=auto or serial.")
     return "vmap"
-  own_base = _own_lora_base(group[0].config)
+  own_base = _own_lora_base(group)
   return "vmap" if grpo and len(group) > 1 and n_devices == 1 and not own_base else "serial"
 
 
