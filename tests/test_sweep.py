@@ -226,6 +226,22 @@ def test_shape_axes_and_beta_zero_run_serially():
   assert sweep.decide(gs[0], "auto", 8) == "serial"  # several devices: each run uses them all, one after another
   one = sweep.make_runs(c, sweep_points.parse("rl.G=2,4", c), 1, "/tmp/x")
   assert [sweep.decide(g, "auto", 1) for g in sweep.groups(one)] == ["serial", "serial"]
+  # LoRA with an SFT stage: every run freezes its own SFT'd base, a vmapped group shares one: serial in auto,
+  # refused (one line) in vmap; with one train.init_from they share it
+  lora = sweep.make_runs(config_lib.override(c, {"model.lora.rank": 4, "sft.steps": 2}), sweep_points.base(), 2, "/tmp/x")
+  assert len(sweep.groups(lora)) == 1 and sweep.decide(lora, "auto", 1) == "serial"
+  with pytest.raises(errors.ConfigError, match="own frozen base") as e:
+    sweep.decide(lora, "vmap", 1)
+  assert "\n" not in str(e.value)
+  # ... and without an SFT stage, a random init per run_seed (--seeds): serial too; one run_seed (an lr axis) shares
+  seeds = sweep.make_runs(config_lib.override(c, {"model.lora.rank": 4, "sft.steps": 0}), sweep_points.base(), 2, "/tmp/x")
+  assert sweep.decide(seeds, "auto", 1) == "serial"
+  lrs = sweep.make_runs(config_lib.override(c, {"model.lora.rank": 4, "sft.steps": 0}),
+                        sweep_points.parse("optim.lr=1e-3,2e-3", c), 1, "/tmp/x")
+  assert sweep.decide(lrs, "auto", 1) == "vmap"
+  shared = sweep.make_runs(config_lib.override(c, {"model.lora.rank": 4, "sft.steps": 2, "train.init_from": "/p"}),
+                           sweep_points.base(), 2, "/tmp/x")
+  assert sweep.decide(shared, "auto", 1) == "vmap"
 
 
 def test_sweep_text_is_typed_and_bad_input_is_one_line():
@@ -241,6 +257,11 @@ def test_sweep_text_is_typed_and_bad_input_is_one_line():
     assert "\n" not in str(e.value)
   with pytest.raises(errors.ConfigError, match="share the directory"):
     sweep.make_runs(c, sweep_points.named("a b", {}) + sweep_points.named("a_b", {}), 1, "/tmp/x")
+  # --metrics: a bad aggregate or no metric is a one-line config error (exit 2), not a traceback
+  for m, msg in [("train/loss@median", "@median"), ("@tail", "names no metric")]:
+    with pytest.raises(errors.ConfigError, match=msg) as e:
+      sweep.run(c, "/tmp/x_never_written", sweep_text="rl.beta=0.1", metrics=[m], log=lambda _: None)
+    assert "\n" not in str(e.value) and not os.path.exists("/tmp/x_never_written")
 
 
 def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path):
@@ -252,6 +273,10 @@ def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path)
     sweep.run(c, str(tmp_path / "sw"), sweep_text="sft.batch=4,0", log=lambda s: None)
   assert "sweep run batch=0: config.sft.batch" in str(e.value), str(e.value)
   assert not os.path.exists(tmp_path / "sw")
+  # --mode=vmap for runs that cannot share a program (job=sft): refused before the lock and sweep.json are written
+  with pytest.raises(errors.ConfigError, match="--mode=vmap") as e:
+    sweep.run(config_lib.override(c, {"job": "sft"}), str(tmp_path / "sw"), seeds=2, mode="vmap", log=lambda s: None)
+  assert "\n" not in str(e.value) and not os.path.exists(tmp_path / "sw")
 
 
 def test_get_sweep_in_the_config_file(tmp_path):
@@ -273,6 +298,11 @@ def test_get_sweep_in_the_config_file(tmp_path):
   grid = sweep.load_points(os.path.join(REPO, "configs/grpo_arith.py:small,grid=True"), c)
   assert len(grid) == 9 and grid[4].dict == {"rl.beta": 0.04, "optim.lr": 1e-4}
   assert len(sweep.groups(sweep.make_runs(c, grid, 3, "/tmp/x"))) == 1  # one vmapped program for 27 runs
+  # get_sweep returning one point (not a list of them), or nothing: one config-error line, not a TypeError
+  for body in ("h.sweep('rl.beta', [0.1])[0]", "[]", "None"):
+    path.write_text(f"def get_sweep(h):\n  return {body}\n")
+    with pytest.raises(errors.ConfigError, match="non-empty list of points"):
+      sweep.load_points(str(path), c)
 
 
 def test_print_mode_writes_launch_commands_the_launcher_accepts(env):

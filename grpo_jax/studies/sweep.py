@@ -82,7 +82,8 @@ def load_points(config_file: str, config, sweep_text: str = "") -> list[sweep_po
   arg = config_file.split(":", 1)[1] if ":" in config_file else None
   fn = module.get_sweep
   points = fn(sweep_points, arg) if len(inspect.signature(fn).parameters) > 1 else fn(sweep_points)
-  if not points or not all(isinstance(p, sweep_points.Point) for p in points):
+  if (not isinstance(points, (list, tuple)) or not points
+      or not all(isinstance(p, sweep_points.Point) for p in points)):
     raise errors.ConfigError(f"{config_file}: get_sweep(h) must return a non-empty list of points built with h.sweep, "
                              "h.product, h.zip or h.named.")
   return list(points)
@@ -125,6 +126,17 @@ def groups(runs: Sequence[Run]) -> list[list[Run]]:
   return list(out.values())
 
 
+def _own_lora_base(group: Sequence[Run]) -> bool:
+  """LoRA runs without train.init_from whose frozen bases differ: each run's own SFT stage's params (sft.steps > 0),
+  or a random init from its own run_seed (--seeds). A vmapped group shares one frozen base (train.train_group and
+  vmapped_runs.init_states refuse them)."""
+  c = group[0].config
+  lora = c.model.get("lora")
+  if lora is None or not lora.rank > 0 or c.train.init_from:
+    return False
+  return c.sft.steps > 0 or len({config_lib.run_seed(r.config) for r in group}) > 1
+
+
 def decide(group: Sequence[Run], mode: str, n_devices: int) -> str:
   """'vmap' or 'serial' for a group of runs."""
   grpo = group[0].config.job == "grpo"
@@ -134,8 +146,13 @@ def decide(group: Sequence[Run], mode: str, n_devices: int) -> str:
     if not grpo:
       raise errors.ConfigError(f"--mode=vmap: config.job={group[0].config.job!r} runs are not vmapped (only job=grpo "
                                "runs share one program); use --mode=auto or serial.")
+    if len(group) > 1 and _own_lora_base(group):
+      raise errors.ConfigError("--mode=vmap: model.lora without train.init_from gives every run its own frozen base "
+                               "(its SFT stage's params, or an init from its run_seed), and a vmapped group shares "
+                               "one; set train.init_from to one params directory, or use --mode=auto or serial.")
     return "vmap"
-  return "vmap" if grpo and len(group) > 1 and n_devices == 1 else "serial"
+  own_base = _own_lora_base(group)
+  return "vmap" if grpo and len(group) > 1 and n_devices == 1 and not own_base else "serial"
 
 
 def _stage_list(config, workdir: str):
@@ -244,16 +261,16 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
   preflight.check_workdir(workdir)
   done = check(runs)
   import jax  # pylint: disable=g-import-not-at-top
+  plan = [(group, decide(group, mode, jax.device_count())) for group in groups(runs)]  # refusals before any write
   with workdir_lock.WorkdirLock(workdir), signals.GracefulStop() as stop:
     _write_plan(workdir, runs, command, seeds, mode)
-    for group in groups(runs):
+    for group, how in plan:
       todo = [r for r in group if not done[r.name]]
       for r in group:
         if done[r.name]:
           log(f"[sweep] {r.name}: finished earlier with this config; skipped.")
       if not todo:
         continue
-      how = decide(group, mode, jax.device_count())
       entry = {"mode": how, "runs": [r.name for r in todo], "traces": [], "seconds": 0.0}
       summary["groups"].append(entry)
       t0 = time.perf_counter()

@@ -21,6 +21,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from grpo_jax.infra import errors
 from grpo_jax.run import metrics as metrics_lib
 from grpo_jax.studies import report
 
@@ -37,10 +38,10 @@ def parse(name: str) -> tuple[str, str, str]:
   metric, _, agg = rest.partition("@")
   agg = agg or "last"
   if agg not in AGGREGATES:
-    raise ValueError(f"--metrics: {name!r}: aggregate @{agg} is unknown; use one of "
+    raise errors.ConfigError(f"--metrics: {name!r}: aggregate @{agg} is unknown; use one of "
                      f"{', '.join('@' + a for a in AGGREGATES)}.")
   if not metric:
-    raise ValueError(f"--metrics: {name!r} names no metric; e.g. eval/accuracy or train/reward_mean@tail.")
+    raise errors.ConfigError(f"--metrics: {name!r} names no metric; e.g. eval/accuracy or train/reward_mean@tail.")
   return sub, metric, agg
 
 
