@@ -166,7 +166,9 @@ def make_train_update(config, forward: Callable, objective: Callable, opts, P: i
   loss_fn = lambda ps, mb: objective(forward(ps, mb["seq"], False), mb)
   vg = None
   if config_lib.packing_on(config):
-    if config.rl.get("token_select", "all") != "all":  # validation refuses it set; here: packing a resume recorded
+    # validation refuses the pair, on a resume too (train.check_recorded re-validates the recorded packing); here: a
+    # step built from a config no command validated (studies, benchmarks, tests) fails in one line, not in packing
+    if config.rl.get("token_select", "all") != "all":
       raise auto.ConfigError(
           f"config.rl.token_select: '{config.rl.token_select}' ranks the whole minibatch's tokens, but this run's "
           "rl.packing is on (set, or resolved when the run started: a resume keeps it), whose objective sees one "

@@ -1,5 +1,4 @@
 """Config validation before anything compiles: each failure is ONE line naming the key and the fix."""
-import math
 import os
 from typing import Any
 
@@ -78,15 +77,14 @@ def _choice(c, key, choices):
 
 
 # The step computes in float32 (bfloat16 shares its exponent range): a number finite in Python but past float32's
-# largest is inf there, and a positive one below its smallest normal is 0 there (XLA flushes subnormals), so a key
-# that must be finite, or > 0, is checked in float32's range.
-F32_MAX = 3.4028234663852886e38
+# largest is inf there (host_calls.finite_f32), and a positive one below its smallest normal is 0 there (XLA flushes
+# subnormals), so a key that must be finite, or > 0, is checked in float32's range.
 F32_TINY = 1.1754943508222875e-38
 
 
 def finite(v) -> bool:
-  """A real number (not a bool), finite in float32."""
-  return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and abs(v) <= F32_MAX
+  """A real number (not a bool), finite in float32 (10**400, which math.isfinite cannot take, is not)."""
+  return isinstance(v, (int, float)) and not isinstance(v, bool) and host_calls.finite_f32(v) is not None
 
 
 # One rule per kind of key: a key is checked for what it means, wherever a job reads it.
@@ -383,7 +381,7 @@ def validate_tools(c, tokenizer=None) -> None:
     if t.sandbox[k] > most:
       _fail(f"tools.sandbox.{k}", f"{t.sandbox[k]} is more than {most}; set at most that.")
   fb = t.fallback_reward
-  if isinstance(fb, bool) or not isinstance(fb, (int, float)) or host_calls.finite_f32(fb) is None:
+  if not finite(fb):
     _fail("tools.fallback_reward", f"must be a finite number (the reward of a row whose step failed; float32: "
           f"|x| < 3.4e38), got {fb!r}.")
   if tokenizer is None:
