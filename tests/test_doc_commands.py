@@ -1,9 +1,10 @@
 """The command lines README.md and docs/*.md quote stay valid: every `python -m grpo_jax.<x>`, `python
-benchmarks/<x>.py`, `python launch/<x>.py` and `bash benchmarks/<x>.sh` names a module or file of the tree, every
-`--flag` is one that entry point defines, every `configs/<x>.py[:arg]` loads with that arg, and every
-`--config.<key>` is a key of the config it names (of config_lib.base_config where the doc writes a placeholder such
-as `configs/<exp>.py`). Nothing runs: argparse parsers are captured at parse_args, absl flags read from the source.
-docs/ablations/*/table.md are generated outputs and not read."""
+benchmarks/<x>.py`, `python launch/<x>.py` and `[bash] benchmarks/<x>.sh` / `launch/<x>.sh` names a module or file
+of the tree, every `--flag` is one that entry point defines, every `configs/<x>.py[:arg]` loads with that arg, and
+every `--config.<key>` is a key of the config it names (of config_lib.base_config where the doc writes a placeholder
+such as `configs/<exp>.py`). Nothing runs: argparse parsers are captured at parse_args, absl flags read from the
+source, shell scripts' flags from their `--flag)` case labels. docs/ablations/*/table.md are generated outputs and
+not read."""
 import argparse
 import ast
 import importlib
@@ -18,7 +19,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 ENTRY = re.compile(r"python[\d.]*\s+-m\s+(grpo_jax(?:\.\w+)+)|python[\d.]*\s+((?:benchmarks|launch)/[\w/]+\.py)"
-                   r"|bash\s+((?:benchmarks|launch)/[\w/]+\.sh)")
+                   r"|(?<![\w/])((?:benchmarks|launch)/[\w/]+\.sh)")
 # A command ends at a closing backtick, a shell comment, a separator, or where the next command starts.
 END = re.compile(r"`|\s#(?:\s|$)|;|&&|\s\|\s|\)(?:\s|$)")
 FLAG = re.compile(r"(?<![\w/.-])--([\w.-]+)(?:[= ](?!-)('[^']*'|\"[^\"]*\"|[^\s\]\[]+))?")
@@ -142,10 +143,12 @@ def test_reader_on_a_hand_case():
   text = ("Run `python -m grpo_jax.main --config=configs/a.py:small --workdir=D` then\n"
           "    python benchmarks/b.py --x 1 \\\n      --y=2  # comment --z\n"
           "    (cd T && python -m grpo_jax.sweep --seeds=3) | tee; python launch/c.py --n 2 -- \\\n"
-          "      python -m grpo_jax.main\n")
+          "      python -m grpo_jax.main\n"
+          "`--launch=\"launch/tpu_vm.sh --name s-{i} ...\"`, then `bash benchmarks/d.sh --cpu`\n")
   got = [(line, entry, [f for f, _ in FLAG.findall(rest)]) for line, entry, rest in commands(text)]
   assert got == [(1, "grpo_jax.main", ["config", "workdir"]), (2, "benchmarks/b.py", ["x", "y"]),
-                 (4, "grpo_jax.sweep", ["seeds"]), (4, "launch/c.py", ["n"]), (4, "grpo_jax.main", [])]
+                 (4, "grpo_jax.sweep", ["seeds"]), (4, "launch/c.py", ["n"]), (4, "grpo_jax.main", []),
+                 (6, "launch/tpu_vm.sh", ["name"]), (6, "benchmarks/d.sh", ["cpu"])]
   assert FLAG.findall(" --x 1 [--y-z=2] '--config.a.b=(\"c\",)' --no-perf --n") == [
       ("x", "1"), ("y-z", "2"), ("config.a.b", '("c",)\''), ("no-perf", ""), ("n", "")]
 
