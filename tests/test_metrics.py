@@ -246,6 +246,20 @@ def test_plots_are_nonempty_pngs_and_tolerate_missing_metrics(tmp_path):
   assert plots.write_plots(str(tmp_path)) == written
 
 
+
+def test_plots_cli_refuses_anything_but_a_run_directory(tmp_path, monkeypatch, capsys):
+  """`python -m grpo_jax.plots --helpfull` made ./--helpfull/plots/overview.png; bare, it was an IndexError."""
+  monkeypatch.chdir(tmp_path)
+  for argv in ([], ['--helpfull'], ['a', 'b'], [str(tmp_path / 'nope')], [str(tmp_path)]):
+    assert plots.main(argv) == 2, argv
+    assert 'usage' in capsys.readouterr().err or argv[0].startswith(str(tmp_path))
+  assert os.listdir(tmp_path) == []  # nothing was created
+  assert plots.main(['--help']) == 0
+  with _writer(tmp_path) as w:
+    w.write(1, {'train/reward_mean': 0.5})
+  assert plots.main([str(tmp_path)]) == 0
+  assert 'reward' in capsys.readouterr().out
+
 def test_docs_metrics_table_matches_code():
   import os
   from grpo_jax.run import metrics as metrics_lib

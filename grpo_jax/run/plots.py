@@ -102,7 +102,21 @@ def write_plots(workdir: str) -> dict[str, str]:
   return written
 
 
-if __name__ == '__main__':
-  # python -m grpo_jax.plots WORKDIR  (re-plot a finished or running run)
-  for panel, png in write_plots(sys.argv[1]).items():
+def main(argv: list[str]) -> int:
+  """python -m grpo_jax.plots WORKDIR: re-plot a finished or running run. Anything but one run directory with a
+  metrics.jsonl is refused (exit 2) before a directory is made: a flag or a typo must not become a workdir."""
+  usage = 'usage: python -m grpo_jax.plots WORKDIR  (a run directory holding metrics.jsonl)'
+  if len(argv) != 1 or argv[0].startswith('-'):
+    print(usage if argv[:1] in ([], ['-h'], ['--help']) else f'{usage}; got {" ".join(argv)!r}', file=sys.stderr)
+    return 0 if argv[:1] in (['-h'], ['--help']) else 2
+  if not os.path.isfile(os.path.join(argv[0], 'metrics.jsonl')):
+    print(f'{argv[0]!r} holds no metrics.jsonl: pass the --workdir of a run (grpo_jax.main writes it there).',
+          file=sys.stderr)
+    return 2
+  for panel, png in write_plots(argv[0]).items():
     print(panel, png)
+  return 0
+
+
+if __name__ == '__main__':
+  sys.exit(main(sys.argv[1:]))
