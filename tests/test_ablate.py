@@ -160,3 +160,12 @@ def test_rows_that_can_only_be_identical_are_refused_before_running(tmp_path):
   for path in shipped:
     cfg = config_lib.load_config(path)
     ablate.check_variants(cfg, ablate.load_table(cfg))
+
+
+def test_command_line_errors_are_named():
+  """A stray argument was ignored, a missing --config was a traceback, a missing --workdir exited 1, not 2."""
+  cfg = ml_collections.ConfigDict({"table": "x"})
+  assert ablate.usage_error(["ablate", "x"], cfg, "/tmp/w") == "unexpected argument 'x'; see --helpfull."
+  assert ablate.usage_error(["ablate"], None, "/tmp/w").startswith("--config is required")
+  assert ablate.usage_error(["ablate"], cfg, "").startswith("--workdir is required")
+  assert ablate.usage_error(["ablate"], cfg, "/tmp/w") == ""

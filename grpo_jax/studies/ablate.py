@@ -24,6 +24,7 @@ from types import ModuleType
 from typing import Callable
 
 from grpo_jax import cli
+from grpo_jax.infra import errors
 from grpo_jax.run import run_config
 from grpo_jax.studies import report
 
@@ -143,11 +144,23 @@ def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
   return md
 
 
+def usage_error(argv, config, workdir) -> str:
+  """What is wrong with the command line, or ''."""
+  if len(argv) > 1:
+    return f"unexpected argument {argv[1]!r}; see --helpfull."
+  if config is None:
+    return "--config is required, e.g. --config=configs/ablations/algorithms.py:small."
+  if not workdir:
+    return "--workdir is required: the directory for cells/, table.md, table.csv and plots."
+  return ""
+
+
 def main(argv) -> None:
   from absl import flags
-  del argv
-  if flags.FLAGS.workdir is None:
-    sys.exit("--workdir is required: the directory for cells/, table.md, table.csv and plots.")
+  problem = usage_error(argv, flags.FLAGS.config, flags.FLAGS.workdir)
+  if problem:  # exit 2 (errors.EXIT_INPUT), as grpo_jax.main and grpo_jax.sweep, before anything is written
+    print(f"Error: {problem}", file=sys.stderr)
+    sys.exit(errors.EXIT_INPUT)
   command = "python -m grpo_jax.ablate " + " ".join(a for a in sys.argv[1:])
   cli.compilation_cache()  # cells that share a program compile it once (cli.py)
   try:
