@@ -254,6 +254,34 @@ def test_selection_counts_match_numpy_on_random_batches():
     np.testing.assert_array_equal(np.asarray(sel.pg_NxL) > 0, mask & (ent >= thr))
 
 
+def test_selection_counts_are_exact_where_ratio_times_n_is_an_integer():
+  """float32(0.3)·50 = 15.000001 kept 16 tokens (ceil) where 0.3 of 50 is 15, and float32(0.65)·180 = 116.99999
+  penalised 116 where it is 117. The counts against exact decimal arithmetic (fractions.Fraction) for every n up to
+  3000 and the ratios a config is likely to name, ceil (top_entropy) and floor (Clip-Cov, KL-Cov)."""
+  import fractions
+  import math
+  ns = jnp.arange(1, 3001)
+  for ratio in (0.3, 0.15, 0.6, 0.65, 0.33, 1e-3, 2e-4, 1e-5, 0.2, 0.7, 1.0):
+    exact = fractions.Fraction(str(ratio))
+    for ceil in (True, False):
+      got = np.asarray(jax.jit(jax.vmap(lambda n: token_select._count(ratio, n, ceil)))(ns))
+      want = [max(math.ceil(exact * n) if ceil else math.floor(exact * n), 1) for n in range(1, 3001)]
+      np.testing.assert_array_equal(got, want, err_msg=f"ratio={ratio} ceil={ceil}")
+  # the whole rule: 50 valid tokens of distinct entropies, select_frac 0.3 → exactly the 15 highest
+  ent = jnp.arange(50, dtype=jnp.float32).reshape(5, 10)
+  sel = token_select.choose("top_entropy", ml_collections.ConfigDict(dict(SEL, select_frac=0.3)),
+                            logp_NxL=jnp.zeros((5, 10)), adv_NxL=jnp.zeros((5, 10)), mask_NxL=jnp.ones((5, 10)),
+                            ent_NxL=ent)
+  np.testing.assert_array_equal(np.asarray(sel.pg_NxL).reshape(-1), np.arange(50) >= 35)
+  assert float(sel.metrics["select_frac"]) == pytest.approx(0.3)
+  assert float(sel.metrics["select_entropy"]) == pytest.approx(np.arange(35, 50).mean())
+  # KL-Cov: 0.65 of 180 tokens is 117
+  cov_a = jnp.asarray(np.random.default_rng(9).normal(size=(12, 15)), jnp.float32)
+  sel = token_select.choose("kl_cov", ml_collections.ConfigDict(dict(SEL, kl_cov_ratio=0.65)),
+                            logp_NxL=cov_a, adv_NxL=cov_a, mask_NxL=jnp.ones((12, 15)))
+  assert int(np.asarray(sel.kl_NxL).sum()) == 117
+
+
 # ------------------------------------------------------------------------------------------------ presets
 
 
