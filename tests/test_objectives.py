@@ -259,14 +259,14 @@ def test_selection_counts_are_exact_where_ratio_times_n_is_an_integer():
   penalised 116 where it is 117. The counts against exact decimal arithmetic (fractions.Fraction) for every n up to
   3000 and the ratios a config is likely to name, ceil (top_entropy) and floor (Clip-Cov, KL-Cov)."""
   import fractions
-  import math
-  ns = jnp.arange(1, 3001)
-  for ratio in (0.3, 0.15, 0.6, 0.65, 0.33, 1e-3, 2e-4, 1e-5, 0.2, 0.7, 1.0):
-    exact = fractions.Fraction(str(ratio))
-    for ceil in (True, False):
-      got = np.asarray(jax.jit(jax.vmap(lambda n: token_select._count(ratio, n, ceil)))(ns))
-      want = [max(math.ceil(exact * n) if ceil else math.floor(exact * n), 1) for n in range(1, 3001)]
-      np.testing.assert_array_equal(got, want, err_msg=f"ratio={ratio} ceil={ceil}")
+  cases = [(r, c) for r in (0.3, 0.15, 0.6, 0.65, 0.33, 1e-3, 2e-4, 1e-5, 0.2, 0.7, 1.0) for c in (True, False)]
+  got_CxN = np.asarray(jax.jit(lambda n: jnp.stack([token_select._count(r, n, c) for r, c in cases]))(
+      jnp.arange(1, 3001)))
+  n = np.arange(1, 3001, dtype=np.int64)
+  for (ratio, ceil), got in zip(cases, got_CxN):
+    p, q = fractions.Fraction(str(ratio)).as_integer_ratio()  # exact: NumPy int64 n·p never overflows here
+    want = np.maximum(-(-n * p // q) if ceil else n * p // q, 1)
+    np.testing.assert_array_equal(got, want, err_msg=f"ratio={ratio} ceil={ceil}")
   # the whole rule: 50 valid tokens of distinct entropies, select_frac 0.3 → exactly the 15 highest
   ent = jnp.arange(50, dtype=jnp.float32).reshape(5, 10)
   sel = token_select.choose("top_entropy", ml_collections.ConfigDict(dict(SEL, select_frac=0.3)),
