@@ -46,6 +46,23 @@ def test_pass_at_k_curve_to_256_samples():
     evaluation.pass_at_k(4, 1, 8)
 
 
+def test_pass_at_k_refuses_counts_outside_the_samples_and_k_zero():
+  """c > n returned 1.0, c < 0 returned −0.5 (pass_at_k(5, −1, 2)) and k = 0 returned 0.0: each a number no
+  sampling can give, from a count that was computed wrong upstream. n < k is refused as before; k = n and the ends
+  c = 0, c = n at n = 256 are exact."""
+  for n, c, k in [(5, 6, 2), (5, -1, 2), (5, 2, 0), (256, 257, 256)]:
+    with pytest.raises(ValueError, match="0 <= c <= n"):
+      evaluation.pass_at_k(n, c, k)
+  assert evaluation.pass_at_k(256, 0, 256) == 0.0 and evaluation.pass_at_k(256, 256, 1) == 1.0
+  assert evaluation.pass_at_k(256, 1, 256) == 1.0  # k = n: every subset is the whole set
+  # k = 255 of 256 with one right sample: 1 − C(255, 255)/C(256, 255) = 1 − 1/256 (hand-computed)
+  assert evaluation.pass_at_k(256, 1, 255) == 1 - 1 / 256
+  # float64 from exact integers at n = 256: against the product form 1 − Π_{i=n−c+1}^{n} (1 − k/i) in NumPy
+  for c, k in [(3, 100), (50, 128), (200, 17)]:
+    prod = 1 - np.prod(1 - k / np.arange(256 - c + 1, 257, dtype=np.float64))
+    assert evaluation.pass_at_k(256, c, k) == pytest.approx(prod, rel=1e-12, abs=1e-15)
+
+
 def test_lengths_split_by_correctness():
   right, wrong = length_stats.split_by(jnp.array([3, 5, 10, 2]), jnp.array([1.0, 0.0, 1.0, 0.0]) > 0.5)
   assert float(right) == 6.5 and float(wrong) == 3.5
