@@ -118,6 +118,26 @@ def test_sigmoid_fit_bounds_a_by_the_rewards_ceiling_and_flags_edge_fits():
     scaling_fit.fit(C, R, A_max=0.05)
 
 
+def test_sigmoid_fit_flags_falling_and_flat_curves_instead_of_fitting_them():
+  """A falling curve (ScaleRL's sigmoid from R0 = 0.6 down to 0.1) fitted A = 0.10, B = 1.53, C_mid = 303 with no
+  flag, and a flat curve with ±0.01 noise fitted a step of B = 6.8 at C_mid = 13 (its first point happened to be
+  low), unflagged: both confident numbers for curves with no rise. Now A ≥ R0, and a fit with no rise or one within
+  3 rmse of the noise is flagged, saying why. Real sigmoids with the same noise are not flagged."""
+  C = np.geomspace(10, 1e4, 30)
+  falling = scaling_fit.fit(C, scaling_fit.sigmoid(C, 0.1, 1.5, 300.0, 0.6))
+  assert falling.A == falling.R0 and falling.edge and "A at R0: no rise (flat or falling)" in falling.flags
+  rng = np.random.default_rng(0)
+  for seed in range(5):
+    noise = np.random.default_rng(seed).normal(size=C.size) * 0.01
+    flat = scaling_fit.fit(C, 0.3 + noise, A_max=1.0)
+    assert flat.edge and flat.flags, (seed, flat)  # a step at either end: the noise criterion or B at 10
+    rising = scaling_fit.fit(C, scaling_fit.sigmoid(C, 0.8, 1.5, 300.0, 0.1) + noise, A_max=1.0)
+    assert not rising.edge and rising.flags == () and abs(rising.A - 0.8) < 0.03, (seed, rising)
+  # already at its asymptote from the second point on: the rise is before any measurement, B and C_mid unmeasured
+  at_top = scaling_fit.fit(C, np.r_[0.1, np.full(C.size - 1, 0.8) + rng.normal(size=C.size - 1) * 0.005], A_max=1.0)
+  assert at_top.edge and at_top.A == pytest.approx(0.8, abs=0.01)
+
+
 def test_training_tables_appendix_fits_sigmoid_and_entropy():
   """train_table.appendix on cells with known curves: the sigmoid's A and the entropy fit's a, b come back, and the
   entropy change correlates with −Cov by construction."""

@@ -201,8 +201,9 @@ def appendix(cfg, cells: dict) -> str:
       edges = sum(f.edge for f in out.fits)
       lines.append(f"| {name} | {out.A.fmt()} | {out.B.fmt()} | {out.C_mid.fmt()} | {rmse.fmt()} | "
                    f"{edges} of {len(out.fits)} |")
-    lines += ["", "A seed's fit on an edge (C_mid or B at the search box's bound, or A at 1) has no asymptote "
-              "inside the steps measured: its A, B, C_mid describe the box, not the run."]
+    lines += ["", "A seed's fit on an edge (C_mid or B at the search box's bound, A at 1, A at R0: a flat or falling "
+              "curve, or a gain A − R0 within 3 rmse of the noise) has no resolved rise to an asymptote inside the "
+              "steps measured: its A, B, C_mid describe the box, not the run."]
     lines.append("")
   if "entropy" in fits:
     lines += ["### Reward against entropy, R = −a·e^H + b, and the covariance identity", "",
