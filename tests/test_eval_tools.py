@@ -2,6 +2,7 @@
 sigmoid fitter on synthetic curves of known (A, B, C_mid)."""
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from grpo_jax.rl import length_stats
 from grpo_jax.run import evaluation
 from grpo_jax.studies import scaling_fit
+from grpo_jax.studies import stats
 
 
 def brute_pass_at_k(ok: list[bool], k: int) -> float:
@@ -67,7 +69,23 @@ def test_lengths_split_by_correctness():
   right, wrong = length_stats.split_by(jnp.array([3, 5, 10, 2]), jnp.array([1.0, 0.0, 1.0, 0.0]) > 0.5)
   assert float(right) == 6.5 and float(wrong) == 3.5
   right, wrong = length_stats.split_by(jnp.array([3, 5]), jnp.array([False, False]))
-  assert float(right) == 0.0 and float(wrong) == 4.0
+  assert np.isnan(float(right)) and float(wrong) == 4.0
+
+
+def test_length_split_of_an_all_right_step_is_nan_not_zero():
+  """An all-right batch has no wrong completion: its `incorrect` length was 0, which a mean over steps (or seeds)
+  averaged in as a measured length — two steps of wrong lengths 10 and none read 5. NaN is skipped by
+  studies/stats.summarize and np.nanmean, giving 10. Under jit too, and with float lengths."""
+  split = jax.jit(length_stats.split_by)
+  steps = [split(jnp.array([10, 10, 4]), jnp.array([False, False, True])),
+           split(jnp.array([7, 9, 2]), jnp.array([True, True, True]))]
+  wrong = [float(w) for _, w in steps]
+  assert wrong[0] == 10.0 and np.isnan(wrong[1])
+  assert np.nanmean(wrong) == 10.0 and stats.summarize(wrong).mean == 10.0 and stats.summarize(wrong).n == 1
+  right = [float(r) for r, _ in steps]
+  assert right == [4.0, 6.0]
+  r, w = split(jnp.array([1.5, 2.5]), jnp.array([True, True]))
+  assert float(r) == 2.0 and np.isnan(float(w))
 
 
 @pytest.mark.parametrize("A,B,C_mid,R0", [(0.8, 1.5, 300.0, 0.1), (0.55, 0.7, 40.0, 0.3), (0.95, 3.0, 2000.0, 0.0)])

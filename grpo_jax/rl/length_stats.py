@@ -32,9 +32,12 @@ def within_group_corr(x_BxG: jax.Array, y_BxG: jax.Array) -> tuple[jax.Array, ja
 
 
 def split_by(lengths_N: jax.Array, right_N: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """(mean length of the right completions, of the wrong ones); 0 for a side with none. Whether RL lengthens the
-  answers it rewards, or only the failures grow (truncated rambling), is not visible in the overall mean."""
+  """(mean length of the right completions, of the wrong ones); NaN for a side with none (an all-right or all-wrong
+  batch): no length was measured there, and a 0 would be averaged in as one by a mean over steps or seeds
+  (studies/stats.summarize drops NaN). Whether RL lengthens the answers it rewards, or only the failures grow
+  (truncated rambling), is not visible in the overall mean."""
   len_N = lengths_N.astype(jnp.float32)
   right_N = right_N.astype(bool)
-  mean = lambda sel: jnp.sum(jnp.where(sel, len_N, 0.0)) / jnp.maximum(jnp.sum(sel), 1)
+  mean = lambda sel: jnp.where(jnp.any(sel), jnp.sum(jnp.where(sel, len_N, 0.0)) / jnp.maximum(jnp.sum(sel), 1),
+                               jnp.nan)
   return mean(right_N), mean(~right_N)

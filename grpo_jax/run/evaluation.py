@@ -292,7 +292,7 @@ class Evaluator:
   def __call__(self, params, rng, with_samples: bool = True) -> tuple[dict[str, float], list[str]]:
     g = self.rollouts(params, rng)
     right = g.accuracy_N > 0.5
-    side_len = lambda sel: float(g.lengths_N[sel].mean()) if sel.any() else 0.0
+    side_len = lambda sel: float(g.lengths_N[sel].mean()) if sel.any() else float("nan")  # none: no length
     m = {"eval/accuracy": float(g.accuracy_N.mean()), "eval/format_rate": float(g.format_N.mean()),
          "eval/completion_len_mean": float(g.lengths_N.mean()),
          "eval/completion_len_correct": side_len(right), "eval/completion_len_incorrect": side_len(~right)}

@@ -51,9 +51,9 @@ METRICS: dict[str, str] = {
                            'the groups where both vary (0 if none; rl/length_stats.py)'),
     'train/len_acc_corr_frac': 'fraction of groups where length and accuracy both vary (those train/len_acc_corr '
                                'averages)',
-    'train/completion_len_correct': ('mean length of the completions the accuracy term scores right (> 0.5); 0 if '
-                                     'none (tasks with an accuracy term)'),
-    'train/completion_len_incorrect': 'mean length of the completions scored wrong; 0 if none',
+    'train/completion_len_correct': ('mean length of the completions the accuracy term scores right (> 0.5); NaN '
+                                     'if none (tasks with an accuracy term)'),
+    'train/completion_len_incorrect': 'mean length of the completions scored wrong; NaN if none',
     'train/cov_logp_adv': ('Cov(log pi_old, A) over the completion tokens (population covariance): by the entropy '
                            'mechanism (arXiv 2505.22617) the entropy falls by about this much per step'),
     'train/gate_mean': ('rl.objective=sapo: token-mean gate weight 4s(1-s), s = sigmoid(tau(ratio - 1)): 1 on-policy, '
@@ -130,8 +130,8 @@ METRICS: dict[str, str] = {
     'eval/cons@<k>': 'majority-vote (self-consistency) accuracy over k sampled completions',
     'eval/language_consistency': 'fraction of reasoning written in the prompt\'s language (language mixing)',
     'eval/completion_len_mean': 'mean greedy completion length in tokens',
-    'eval/completion_len_correct': 'mean greedy completion length of the right answers (0 if none)',
-    'eval/completion_len_incorrect': 'mean greedy completion length of the wrong answers (0 if none)',
+    'eval/completion_len_correct': 'mean greedy completion length of the right answers (NaN if none)',
+    'eval/completion_len_incorrect': 'mean greedy completion length of the wrong answers (NaN if none)',
     'eval/tool_calls_mean': 'tools: tool calls per greedy completion (the environment answers them as in training)',
     'eval/tool_call_rate': 'tools: fraction of greedy completions with at least one tool call',
     'eval/turns_mean': "tools: the model's stretches of writing per greedy completion",
