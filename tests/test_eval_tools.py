@@ -181,3 +181,27 @@ def test_training_tables_appendix_fits_sigmoid_and_entropy():
   assert (cell(ent, "w", 1), cell(ent, "w", 2), cell(ent, "w", 3)) == (
       pytest.approx(0.1, abs=1e-6), pytest.approx(0.9, abs=1e-6), pytest.approx(1.0, abs=1e-9))
   assert train_table.appendix(ml_collections.ConfigDict(), cells) == ""
+
+
+def test_entropy_fit_is_nan_where_the_entropy_did_not_move():
+  """R = −a·e^H + b by least squares of R on e^H: hand case H = (0, ln 2, ln 3), R = 0.9 − 0.1·(1, 2, 3) gives a = 0.1,
+  b = 0.9; random noisy curves against NumPy's polyfit. A constant H (polyfit: a = −0.044) or one varying only in
+  its 7th digit (polyfit: a = 4.5e5) has no a: nan, which stats.summarize drops and the appendix counts."""
+  a, b = scaling_fit.entropy_fit(np.log([1.0, 2.0, 3.0]), [0.8, 0.7, 0.6])
+  assert (a, b) == (pytest.approx(0.1, abs=1e-12), pytest.approx(0.9, abs=1e-12))
+  rng = np.random.default_rng(3)
+  H = np.sort(rng.uniform(0.2, 2.0, 40))[::-1]
+  R = 0.95 - 0.2 * np.exp(H) + rng.normal(size=40) * 0.01
+  slope, icpt = np.polyfit(np.exp(H), R, 1)
+  assert scaling_fit.entropy_fit(H, R) == (pytest.approx(-slope, rel=1e-9), pytest.approx(icpt, rel=1e-9))
+  R6 = [0.1, 0.2, 0.3, 0.35, 0.4, 0.42]
+  for flat in (np.full(6, 1.2), np.array([1.2] * 5 + [1.2000001])):
+    assert all(np.isnan(scaling_fit.entropy_fit(flat, R6)))
+  import ml_collections
+  from grpo_jax.studies.ablations import train_table
+  x = list(range(6))
+  curves = lambda H: {"train accuracy reward": {"x": x, "y": [R6, R6]}, "policy entropy": {"x": x, "y": H},
+                      "Cov(log pi, A)": {"x": x, "y": [[0.1] * 6, [0.2, 0.1, 0.3, 0.1, 0.2, 0.1]]}}
+  md = train_table.appendix(ml_collections.ConfigDict(dict(fits=("entropy",))),
+                            {"v": {"curves": curves([np.full(6, 1.2).tolist(), np.linspace(1.5, 1.0, 6).tolist()])}})
+  assert next(l for l in md.splitlines() if l.startswith("| v |")).endswith("| 1 of 2 |")

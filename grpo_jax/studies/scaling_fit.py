@@ -140,6 +140,20 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: 
                     flags=flags)
 
 
+def entropy_fit(H: Sequence[float], R: Sequence[float]) -> tuple[float, float]:
+  """(a, b) of R = −a·e^H + b (Cui et al. 2025, arXiv 2505.22617) by least squares of R on e^H; (nan, nan) when e^H
+  does not vary beyond float32 resolution (a policy whose logged entropy did not move): np.polyfit then returned
+  a confident a of either sign (−0.044 for a constant H, 4.5e5 for H varying in its 7th digit)."""
+  x, y = np.exp(np.asarray(H, np.float64)), np.asarray(R, np.float64)
+  ok = np.isfinite(x) & np.isfinite(y)
+  x, y = x[ok], y[ok]
+  if x.size < 2 or np.ptp(x) <= 8 * float(np.finfo(np.float32).eps) * float(np.max(np.abs(x))):
+    return float("nan"), float("nan")
+  xc = x - x.mean()
+  slope = float(np.dot(xc, y - y.mean()) / np.dot(xc, xc))
+  return -slope, float(y.mean() - slope * x.mean())
+
+
 @dataclasses.dataclass(frozen=True)
 class SeedFits:
   fits: tuple[SigmoidFit, ...]
