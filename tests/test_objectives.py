@@ -321,3 +321,37 @@ def test_token_selection_in_the_step(kind):
   want = {"top_entropy": np.ceil(0.2 * n) / n, "clip_cov": np.floor(0.1 * n) / n, "kl_cov": np.floor(0.1 * n) / n}
   assert m["train/select_frac"] == pytest.approx(want[kind], abs=1.5 / n), (m["train/select_frac"], n)
   assert m["train/select_entropy"] > 0 and np.isfinite(m["train/loss"]) and "train/cov_logp_adv" in m
+
+
+def test_step_entropy_is_the_token_mean_of_the_softmax_entropy_from_logits():
+  """train/entropy against NumPy from the same logits: each token's −Σ p log p of softmax(logits / T) through the
+  model's own head code (target_logprobs with the logits as hidden states and an identity head), then the mean over
+  the valid tokens of the minibatch — the token mean (verl's actor/entropy), which weighs a long answer by its
+  length; the per-answer mean (each row's token mean, averaged over rows) differs on uneven rows and is not what is
+  logged. Padding, and a row with no valid token, add nothing."""
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rl import rl_step
+  rng = np.random.default_rng(11)
+  N, L, V, T = 4, 6, 10, 0.7
+  logits = rng.normal(size=(N, L, V)) * 3
+  logits[0, 0, 0] = 60.0  # one near-deterministic token: entropy ≈ 0, no NaN from exp underflow
+  lengths = np.array([6, 2, 0, 4])
+  mask = (np.arange(L)[None] < lengths[:, None]).astype(np.float32)
+  z = logits / T
+  logp = z - z.max(-1, keepdims=True) - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True))
+  ent_np = -(np.exp(logp) * logp).sum(-1)
+  mcfg = model_lib.ModelConfig(vocab_size=V, hidden=V, layers=1, heads=1, kv_heads=1, inter=4, max_len=8)
+  targets = rng.integers(0, V, (N, L))
+  lp, ent = model_lib.target_logprobs(mcfg, jnp.asarray(logits, jnp.float32), jnp.eye(V, dtype=jnp.float32),
+                                      jnp.asarray(targets), T)
+  np.testing.assert_allclose(np.asarray(ent), ent_np, rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(np.asarray(lp), np.take_along_axis(logp, targets[..., None], -1)[..., 0], rtol=2e-5,
+                             atol=2e-5)
+  c = config_lib.override(presets.apply(config_lib.base_config(), "grpo"), {"rl.beta": 0.0})
+  objective = rl_step.make_objective(c)
+  mb = {"old_logp_NxL": lp, "adv_NxL": jnp.asarray(rng.normal(size=(N, L)), jnp.float32), "mask_NxL": mask}
+  _, m = objective((lp, ent), mb)
+  token_mean = ent_np[mask > 0].mean()
+  seq_mean = np.mean([ent_np[i, :n].mean() for i, n in enumerate(lengths) if n])
+  assert float(m["entropy"]) == pytest.approx(token_mean, rel=1e-5)
+  assert abs(token_mean - seq_mean) > 1e-3  # the two conventions differ here, so the test tells them apart

@@ -43,7 +43,9 @@ METRICS: dict[str, str] = {
                         'and the optimizer state started afresh (ProRL), else 0'),
     'train/kl': ('k3 estimate of KL(pi || pi_ref), token mean, at the rollout policy; absent at beta = 0 '
                  '(no reference model)'),
-    'train/entropy': 'token-mean entropy of pi (softmax(logits / temperature)) on the sampled completions',
+    'train/entropy': ('token-mean entropy of pi (softmax(logits / temperature)) on the sampled completions (the '
+                      'token mean of each minibatch, averaged over the updates of the step: a long answer weighs by '
+                      'its length, not as one answer)'),
     'train/completion_len_mean': 'mean completion length in tokens (up to and including EOS)',
     'train/completion_len_max': 'longest completion in tokens',
     'train/completion_len_p90': '90th percentile of the completion lengths in tokens (linear interpolation)',
