@@ -355,3 +355,64 @@ def test_step_entropy_is_the_token_mean_of_the_softmax_entropy_from_logits():
   seq_mean = np.mean([ent_np[i, :n].mean() for i, n in enumerate(lengths) if n])
   assert float(m["entropy"]) == pytest.approx(token_mean, rel=1e-5)
   assert abs(token_mean - seq_mean) > 1e-3  # the two conventions differ here, so the test tells them apart
+
+
+def test_statistics_of_every_objective_and_selection_with_correction_weights_against_numpy():
+  """Every objective × token selection, with and without a correction's weights, on a batch with an empty row and
+  ragged rows (the mask a correction leaves): clip fractions (PPO: the strictly active clipped side; CISPO: the
+  weight clipped, either sign of A), SAPO's gate_mean and gated_frac, and the selection's select_frac /
+  select_entropy / select_cov, each against an independent NumPy version. The weights scale the surrogate only, so
+  no statistic may move with them; Clip-Cov must skip the tokens PPO's clip already cut."""
+  rng = np.random.default_rng(1)
+  N, L = 6, 9
+  mask = (np.arange(L)[None] < rng.integers(1, L + 1, N)[:, None]).astype(np.float32)
+  mask[2] = 0
+  lp = rng.uniform(-5, -0.01, (N, L)).astype(np.float32)
+  old = (lp + rng.normal(size=(N, L)) * 0.4).astype(np.float32)
+  adv = np.repeat(rng.normal(size=(N, 1)), L, 1).astype(np.float32)
+  ent = rng.uniform(0, 3, (N, L)).astype(np.float32)
+  u = rng.random((N, L)).astype(np.float32)
+  is_w = rng.uniform(0.5, 2, (N, L)).astype(np.float32)
+  v = mask > 0
+  n = v.sum()
+  cfg = ml_collections.ConfigDict(dict(SEL, select_frac=0.3, clip_cov_ratio=0.2, clip_cov_lb=-10.0,
+                                       clip_cov_ub=10.0, kl_cov_ratio=0.2))
+  rho = np.exp(np.clip(lp.astype(np.float64) - old, -20, 20))
+  cov = (lp - lp[v].mean()) * (adv - adv[v].mean())
+  checked = 0
+  for obj in ("clip", "cispo", "sapo"):
+    ref = {}
+    if obj == "clip":
+      low, high = (rho < 0.8) & (adv < 0), (rho > 1.28) & (adv > 0)
+      clipped = low | high
+      ref.update(clip_frac_low=low[v].mean(), clip_frac_high=high[v].mean())
+    elif obj == "cispo":
+      clipped = np.zeros_like(v)
+      ref.update(clip_frac_low=(rho < 0.8)[v].mean(), clip_frac_high=(rho > 1.28)[v].mean())
+    else:
+      clipped = np.zeros_like(v)
+      g = 1 / (1 + np.exp(-np.where(adv > 0, 1.0, 1.05) * (rho - 1)))
+      ref.update(gate_mean=(4 * g * (1 - g))[v].mean(), gated_frac=(4 * g * (1 - g) < 0.5)[v].mean())
+    for ts in token_select.KINDS:
+      picked = None
+      if ts == "top_entropy":  # ceil(0.3·n) highest entropies
+        picked = v & (ent >= np.sort(ent[v])[::-1][-(-3 * n // 10) - 1])
+      elif ts == "clip_cov":  # floor(0.2·n) eligible tokens of smallest uniform, PPO-clipped ones not eligible
+        elig = v & ~clipped
+        idx = np.argsort(np.where(elig, u, np.inf).ravel())[:2 * n // 10]
+        picked = np.isin(np.arange(v.size), idx).reshape(v.shape) & elig
+      elif ts == "kl_cov":  # floor(0.2·n) largest cov, ties by position
+        idx = np.argsort(-np.where(v, cov, -np.inf).ravel(), kind="stable")[:2 * n // 10]
+        picked = np.isin(np.arange(v.size), idx).reshape(v.shape)
+      want = dict(ref)
+      if picked is not None:
+        want.update(select_frac=picked.sum() / n, select_entropy=ent[picked].mean(), select_cov=cov[picked].mean())
+      for w in (None, is_w):
+        _, m = losses.policy_loss(jnp.asarray(lp), jnp.asarray(old), None, jnp.asarray(adv), jnp.asarray(mask),
+                                  eps_low=0.2, eps_high=0.28, beta=0.0, agg="token_mean", objective=obj,
+                                  token_select=ts, select_cfg=cfg, ent_NxL=jnp.asarray(ent),
+                                  select_u_NxL=jnp.asarray(u), is_w_NxL=None if w is None else jnp.asarray(w))
+        for k, x in want.items():
+          assert float(m[k]) == pytest.approx(x, rel=1e-5, abs=1e-6), (obj, ts, w is None, k)
+          checked += 1
+  assert checked > 100
