@@ -416,3 +416,25 @@ def test_statistics_of_every_objective_and_selection_with_correction_weights_aga
           assert float(m[k]) == pytest.approx(x, rel=1e-5, abs=1e-6), (obj, ts, w is None, k)
           checked += 1
   assert checked > 100
+
+
+def test_selection_means_are_nan_when_nothing_was_picked_and_the_step_skips_them():
+  """Clip-Cov with no eligible token (every cov_t outside (lb, ub)) picks none: select_entropy and select_cov were 0,
+  and the step's mean over its updates counted that 0 as a measured entropy (updates picking entropies 2.0 and none
+  read 1.0). Now NaN for the update, and update.step_metrics averages over the updates that picked any (2.0); NaN
+  only if none did. select_frac stays a fraction (0)."""
+  from grpo_jax.rl import update as update_lib
+  a, lp, mask = _cov_case()  # cov ∈ {3, 0.5, 0}: none inside (10, 20)
+  cfg = ml_collections.ConfigDict(dict(SEL, clip_cov_lb=10.0, clip_cov_ub=20.0, clip_cov_ratio=0.2))
+  sel = token_select.choose("clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
+                            mask_NxL=jnp.asarray(mask), ent_NxL=jnp.ones((2, 4)), u_NxL=jnp.full((2, 4), 0.5))
+  assert float(sel.metrics["select_frac"]) == 0.0
+  assert np.isnan(float(sel.metrics["select_entropy"])) and np.isnan(float(sel.metrics["select_cov"]))
+  assert np.all(np.asarray(sel.pg_NxL) == 1)  # nothing cut
+  um = {"select_entropy": jnp.asarray([2.0, jnp.nan]), "select_cov": jnp.asarray([0.5, jnp.nan]),
+        "select_frac": jnp.asarray([0.25, 0.0]), "nonfinite": jnp.zeros(2, jnp.int32)}
+  m = update_lib.step_metrics(um, {"w": jnp.ones(2)})
+  assert float(m["train/select_entropy"]) == 2.0 and float(m["train/select_cov"]) == 0.5
+  assert float(m["train/select_frac"]) == 0.125
+  none = update_lib.step_metrics(dict(um, select_entropy=jnp.full(2, jnp.nan)), {"w": jnp.ones(2)})
+  assert np.isnan(float(none["train/select_entropy"]))

@@ -96,7 +96,8 @@ def choose(kind: str, rl, *, logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: 
   clip_cov_lb, clip_cov_ub, kl_cov_ratio). `clipped_NxL`: tokens whose gradient the objective already cuts
   (Clip-Cov skips them); `u_NxL`: Clip-Cov's uniforms. metrics: select_frac (tokens the rule picked: kept by
   top_entropy, cut by clip_cov, penalised by kl_cov), select_entropy (their mean entropy), select_cov (their mean
-  cov_t)."""
+  cov_t; NaN when the rule picked no token, e.g. Clip-Cov with none eligible: no token was measured, and a 0 would
+  pass for one in the step's mean over its updates, which skips NaN)."""
   if kind not in KINDS:
     raise ValueError(f"rl.token_select={kind!r} is not one of {KINDS}; set it to one of them.")
   valid_NxL = mask_NxL > 0
@@ -122,9 +123,10 @@ def choose(kind: str, rl, *, logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: 
     picked_NxL = valid_NxL & (rank_desc(cov_NxL, valid_NxL) < _count(rl.kl_cov_ratio, n))
     pg_NxL, kl_NxL = ones, picked_NxL.astype(jnp.float32)
   picked_f = picked_NxL.astype(jnp.float32)
-  n_picked = jnp.maximum(jnp.sum(picked_f), 1.0)
-  metrics = {"select_frac": jnp.sum(picked_f) / jnp.maximum(n, 1),
-             "select_cov": jnp.sum(picked_f * cov_NxL) / n_picked}
+  n_picked = jnp.sum(picked_f)
+  mean_picked = lambda x_NxL: jnp.where(n_picked > 0, jnp.sum(picked_f * x_NxL) / jnp.maximum(n_picked, 1.0),
+                                       jnp.nan)
+  metrics = {"select_frac": n_picked / jnp.maximum(n, 1), "select_cov": mean_picked(cov_NxL)}
   if ent_NxL is not None:
-    metrics["select_entropy"] = jnp.sum(picked_f * jax.lax.stop_gradient(jnp.where(valid_NxL, ent_NxL, 0.0))) / n_picked
+    metrics["select_entropy"] = mean_picked(jax.lax.stop_gradient(jnp.where(valid_NxL, ent_NxL, 0.0)))
   return Selection(pg_NxL, kl_NxL, metrics)

@@ -63,8 +63,10 @@ METRICS: dict[str, str] = {
     'train/gated_frac': 'rl.objective=sapo: fraction of tokens whose gate weight is below 1/2',
     'train/select_frac': ('rl.token_select: fraction of completion tokens the rule picked (kept by top_entropy, '
                           'cut by clip_cov, KL-penalised by kl_cov)'),
-    'train/select_entropy': 'rl.token_select: mean entropy of the picked tokens',
-    'train/select_cov': 'rl.token_select: mean covariance term (log pi - mean)(A - mean) of the picked tokens',
+    'train/select_entropy': ('rl.token_select: mean entropy of the picked tokens, over the updates that picked any '
+                             '(NaN if none did)'),
+    'train/select_cov': ('rl.token_select: mean covariance term (log pi - mean)(A - mean) of the picked tokens, '
+                         'over the updates that picked any (NaN if none did)'),
     'train/truncation_rate': 'fraction of completions with no EOS within max_new_tokens',
     'train/decode_steps': 'decode steps the rollout ran: max_new_tokens - 1 unless every row ended early '
                           '(sampling.exit_chunk early exit; with rollout chunks the slowest chunk\'s)',
