@@ -114,6 +114,25 @@ def test_sigmoid_fit_over_seeds_gives_cis_that_cover_the_truth():
     scaling_fit.fit([1.0, 2.0], [0.1, 0.2])
 
 
+def test_seed_cis_leave_out_flagged_fits():
+  """3 seeds rising to A = 0.7 (B = 1.2) and 2 flat seeds: the flat seeds' fits are flagged (their B sits at the
+  box's 10 or describes noise), and averaging them in moved the mean B from 1.2 to several (old code: B over all 5
+  seeds). The summaries are over the 3 resolved seeds; every fit stays in `fits`; all flagged gives nan, n = 0.
+  The CI is Student t: t(0.975, 2) = 4.302653 (tables) times the sample std / √3, against NumPy."""
+  rng = np.random.default_rng(4)
+  C = np.geomspace(5, 3000, 20)
+  rising = [scaling_fit.sigmoid(C, 0.7, 1.2, 100.0, 0.2) + rng.normal(size=C.shape) * 0.01 for _ in range(3)]
+  flat = [0.2 + rng.normal(size=C.shape) * 0.01 for _ in range(2)]
+  out = scaling_fit.fit_seeds(C, rising + flat, A_max=1.0)
+  assert [f.edge for f in out.fits] == [False, False, False, True, True]
+  Bs = np.array([f.B for f in out.fits[:3]])
+  assert out.B.n == 3 and out.B.mean == pytest.approx(Bs.mean()) and abs(np.log(out.B.mean / 1.2)) < 0.15
+  assert out.B.half_width == pytest.approx(4.302653 * Bs.std(ddof=1) / np.sqrt(3), rel=1e-6)
+  assert abs(np.mean([f.B for f in out.fits]) - 1.2) > 0.5  # what the mean over all seeds would have said
+  none = scaling_fit.fit_seeds(C, flat, A_max=1.0)
+  assert none.A.n == 0 and np.isnan(none.A.mean) and len(none.fits) == 2
+
+
 def test_sigmoid_fit_bounds_a_by_the_rewards_ceiling_and_flags_edge_fits():
   """A curve still rising linearly at the last point: unbounded, A runs far past any reachable accuracy; with A_max
   = 1 it stops at 1, is the bounded least-squares optimum (no A ≤ 1 on a finer grid does better), and is flagged.

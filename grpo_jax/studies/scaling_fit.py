@@ -17,7 +17,8 @@ a falling curve fitted A < R0 with a confident B and C_mid and no flag), and a f
 NOISE_GAINS × rmse of nothing (a flat curve whose first point is low by noise fitted a step there) is flagged: the
 rise is not resolved, so B and C_mid are not measured. `SigmoidFit.flags` names why a fit is flagged. Robust to the
 start, no gradients, ~ms per curve.
-Per seed one fit; `fit_seeds` gives mean ± 95% CI (Student t, studies/stats.py) of A, B, C_mid over the seeds.
+Per seed one fit; `fit_seeds` gives mean ± 95% CI (Student t, studies/stats.py) of A, B, C_mid over the seeds whose
+fit is not flagged (a flagged fit's values are the box's: averaged in, B = 10 of a flat seed moved the mean B).
 """
 import dataclasses
 import math
@@ -156,16 +157,17 @@ def entropy_fit(H: Sequence[float], R: Sequence[float]) -> tuple[float, float]:
 
 @dataclasses.dataclass(frozen=True)
 class SeedFits:
-  fits: tuple[SigmoidFit, ...]
-  A: stats.Summary
+  fits: tuple[SigmoidFit, ...]  # every seed's, flagged ones included
+  A: stats.Summary              # over the unflagged fits only (n says how many; nan when none)
   B: stats.Summary
   C_mid: stats.Summary
 
 
 def fit_seeds(C: Sequence[float], R_SxT: Sequence[Sequence[float]], R0: float | None = None,
               A_max: float | None = None) -> SeedFits:
-  """One fit per seed's curve R_SxT[s] over the common compute points C: A, B, C_mid as mean ± 95% CI (read them
-  with the count of fits on an edge: `sum(f.edge for f in fits)`)."""
+  """One fit per seed's curve R_SxT[s] over the common compute points C: A, B, C_mid as mean ± 95% CI over the
+  seeds whose fit is not flagged (`sum(f.edge for f in fits)` are left out; their values describe the box)."""
   fits = tuple(fit(C, r, R0, A_max) for r in R_SxT)
-  return SeedFits(fits, stats.summarize([f.A for f in fits]), stats.summarize([f.B for f in fits]),
-                  stats.summarize([f.C_mid for f in fits]))
+  ok = [f for f in fits if not f.edge]
+  return SeedFits(fits, stats.summarize([f.A for f in ok]), stats.summarize([f.B for f in ok]),
+                  stats.summarize([f.C_mid for f in ok]))
