@@ -50,7 +50,7 @@ METRICS: dict[str, str] = {
     'train/completion_len_max': 'longest completion in tokens',
     'train/completion_len_p90': '90th percentile of the completion lengths in tokens (linear interpolation)',
     'train/len_acc_corr': ('within-group Pearson correlation of completion length and the accuracy term, mean over '
-                           'the groups where both vary (0 if none; rl/length_stats.py)'),
+                           'the groups where both vary (NaN if none; rl/length_stats.py)'),
     'train/len_acc_corr_frac': 'fraction of groups where length and accuracy both vary (those train/len_acc_corr '
                                'averages)',
     'train/completion_len_correct': ('mean length of the completions the accuracy term scores right (> 0.5); NaN '
