@@ -164,8 +164,9 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
           "train accuracy reward": {"x": x, "y": reward.tolist()},
           "held-out greedy accuracy": {"x": eval_x, "y": acc.tolist()},
           "greedy accuracy on the training prompts": {"x": eval_x, "y": acc_train.tolist()},
-          "length of right answers": {"x": x, "y": np.nan_to_num(len_right, nan=0.0).tolist()},
-          "length of wrong answers": {"x": x, "y": np.nan_to_num(len_wrong, nan=0.0).tolist()},
+          # NaN where a seed had no right (wrong) answer that step: the plot's band is over the seeds that had
+          "length of right answers": {"x": x, "y": len_right.tolist()},
+          "length of wrong answers": {"x": x, "y": len_wrong.tolist()},
           "policy entropy": {"x": x, "y": entropy.tolist()},
           "Cov(log pi, A)": {"x": x, "y": cov.tolist()},
       },
