@@ -47,6 +47,13 @@ def test_band_and_resolvable_difference():
   mean, hw = stats.band(y)
   np.testing.assert_allclose(mean, [2.0, 1.0])
   np.testing.assert_allclose(hw, [T975[2] * 2.0 / math.sqrt(3), 0.0], rtol=1e-7)
+  # a seed with nothing measured at a step (NaN: no right answer to take a length of) is left out of that column,
+  # not averaged in as 0 (train_table's length curves were nan_to_num'd: seeds 10 and none plotted 5)
+  mean, hw = stats.band(np.array([[10.0, np.nan, np.nan], [np.nan, 4.0, np.nan], [14.0, 6.0, np.nan]]))
+  np.testing.assert_allclose(mean[:2], [12.0, 5.0])
+  assert np.isnan(mean[2]) and hw[2] == 0.0
+  np.testing.assert_allclose(hw[:2], [T975[1] * np.std([10, 14], ddof=1) / math.sqrt(2),
+                                      T975[1] * np.std([4, 6], ddof=1) / math.sqrt(2)], rtol=1e-7)
   a, b = stats.summarize([1.0, 2.0, 3.0]), stats.summarize([5.0, 6.0, 7.0])
   # Equal variances s² = 1, n = 3: t_{0.975, 4}·√(2/3).
   assert stats.resolvable_difference([a, b]) == pytest.approx(T975[4] * math.sqrt(2 / 3), rel=1e-7)

@@ -271,7 +271,27 @@ def test_within_group_corr_against_numpy():
   corr, frac = length_stats.within_group_corr(np.asarray([[1, 2, 3, 4]]), np.asarray([[0, 0, 1, 1]]))
   assert float(corr) == pytest.approx(2 / np.sqrt(5)) and float(frac) == 1.0
   corr, frac = length_stats.within_group_corr(np.ones((2, 4)), np.zeros((2, 4)))
-  assert float(corr) == 0.0 and float(frac) == 0.0
+  assert np.isnan(float(corr)) and float(frac) == 0.0  # no group varies: nothing measured (was 0.0)
+
+
+def test_report_first_last_tenth_skips_steps_that_measured_no_correlation(tmp_path):
+  """train/len_acc_corr of a step where no group varies in both length and accuracy (early R1-Zero: groups all
+  wrong) was 0, and the R1 report's mean of the first tenth counted it: steps measuring 0.6 and nothing read 0.3.
+  NaN now (written "nan" in metrics.jsonl), skipped by report.first_last: 0.6; a tenth with nothing measured is
+  NaN, not 0."""
+  import json
+  from grpo_jax.r1 import report
+  d = tmp_path / "r1_zero"
+  d.mkdir()
+  corr, _ = length_stats.within_group_corr(np.ones((2, 4)), np.asarray([[0, 0, 1, 1], [0, 0, 0, 0]]))
+  none = float(corr)  # both groups constant in length: nothing measured
+  assert np.isnan(none)
+  vals = [0.6, none] + [0.2] * 16 + [none, none]  # 20 steps: tenths of 2
+  with open(d / "metrics.jsonl", "w") as f:
+    for i, v in enumerate(vals):
+      f.write(json.dumps({"step": i + 1, "train/len_acc_corr": "nan" if np.isnan(v) else v}) + "\n")
+  first, last = report.first_last(str(tmp_path), "r1_zero", "train/len_acc_corr")
+  assert first == pytest.approx(0.6) and np.isnan(last)
 
 
 def test_verification_terms_and_premise():

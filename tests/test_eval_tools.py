@@ -2,6 +2,7 @@
 sigmoid fitter on synthetic curves of known (A, B, C_mid)."""
 import itertools
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import pytest
 from grpo_jax.rl import length_stats
 from grpo_jax.run import evaluation
 from grpo_jax.studies import scaling_fit
+from grpo_jax.studies import stats
 
 
 def brute_pass_at_k(ok: list[bool], k: int) -> float:
@@ -46,11 +48,44 @@ def test_pass_at_k_curve_to_256_samples():
     evaluation.pass_at_k(4, 1, 8)
 
 
+def test_pass_at_k_refuses_counts_outside_the_samples_and_k_zero():
+  """c > n returned 1.0, c < 0 returned −0.5 (pass_at_k(5, −1, 2)) and k = 0 returned 0.0: each a number no
+  sampling can give, from a count that was computed wrong upstream. n < k is refused as before; k = n and the ends
+  c = 0, c = n at n = 256 are exact."""
+  for n, c, k in [(5, 6, 2), (5, -1, 2), (5, 2, 0), (256, 257, 256)]:
+    with pytest.raises(ValueError, match="0 <= c <= n"):
+      evaluation.pass_at_k(n, c, k)
+  assert evaluation.pass_at_k(256, 0, 256) == 0.0 and evaluation.pass_at_k(256, 256, 1) == 1.0
+  assert evaluation.pass_at_k(256, 1, 256) == 1.0  # k = n: every subset is the whole set
+  # k = 255 of 256 with one right sample: 1 − C(255, 255)/C(256, 255) = 1 − 1/256 (hand-computed)
+  assert evaluation.pass_at_k(256, 1, 255) == 1 - 1 / 256
+  # float64 from exact integers at n = 256: against the product form 1 − Π_{i=n−c+1}^{n} (1 − k/i) in NumPy
+  for c, k in [(3, 100), (50, 128), (200, 17)]:
+    prod = 1 - np.prod(1 - k / np.arange(256 - c + 1, 257, dtype=np.float64))
+    assert evaluation.pass_at_k(256, c, k) == pytest.approx(prod, rel=1e-12, abs=1e-15)
+
+
 def test_lengths_split_by_correctness():
   right, wrong = length_stats.split_by(jnp.array([3, 5, 10, 2]), jnp.array([1.0, 0.0, 1.0, 0.0]) > 0.5)
   assert float(right) == 6.5 and float(wrong) == 3.5
   right, wrong = length_stats.split_by(jnp.array([3, 5]), jnp.array([False, False]))
-  assert float(right) == 0.0 and float(wrong) == 4.0
+  assert np.isnan(float(right)) and float(wrong) == 4.0
+
+
+def test_length_split_of_an_all_right_step_is_nan_not_zero():
+  """An all-right batch has no wrong completion: its `incorrect` length was 0, which a mean over steps (or seeds)
+  averaged in as a measured length — two steps of wrong lengths 10 and none read 5. NaN is skipped by
+  studies/stats.summarize and np.nanmean, giving 10. Under jit too, and with float lengths."""
+  split = jax.jit(length_stats.split_by)
+  steps = [split(jnp.array([10, 10, 4]), jnp.array([False, False, True])),
+           split(jnp.array([7, 9, 2]), jnp.array([True, True, True]))]
+  wrong = [float(w) for _, w in steps]
+  assert wrong[0] == 10.0 and np.isnan(wrong[1])
+  assert np.nanmean(wrong) == 10.0 and stats.summarize(wrong).mean == 10.0 and stats.summarize(wrong).n == 1
+  right = [float(r) for r, _ in steps]
+  assert right == [4.0, 6.0]
+  r, w = split(jnp.array([1.5, 2.5]), jnp.array([True, True]))
+  assert float(r) == 2.0 and np.isnan(float(w))
 
 
 @pytest.mark.parametrize("A,B,C_mid,R0", [(0.8, 1.5, 300.0, 0.1), (0.55, 0.7, 40.0, 0.3), (0.95, 3.0, 2000.0, 0.0)])
@@ -79,6 +114,25 @@ def test_sigmoid_fit_over_seeds_gives_cis_that_cover_the_truth():
     scaling_fit.fit([1.0, 2.0], [0.1, 0.2])
 
 
+def test_seed_cis_leave_out_flagged_fits():
+  """3 seeds rising to A = 0.7 (B = 1.2) and 2 flat seeds: the flat seeds' fits are flagged (their B sits at the
+  box's 10 or describes noise), and averaging them in moved the mean B from 1.2 to several (old code: B over all 5
+  seeds). The summaries are over the 3 resolved seeds; every fit stays in `fits`; all flagged gives nan, n = 0.
+  The CI is Student t: t(0.975, 2) = 4.302653 (tables) times the sample std / √3, against NumPy."""
+  rng = np.random.default_rng(4)
+  C = np.geomspace(5, 3000, 20)
+  rising = [scaling_fit.sigmoid(C, 0.7, 1.2, 100.0, 0.2) + rng.normal(size=C.shape) * 0.01 for _ in range(3)]
+  flat = [0.2 + rng.normal(size=C.shape) * 0.01 for _ in range(2)]
+  out = scaling_fit.fit_seeds(C, rising + flat, A_max=1.0)
+  assert [f.edge for f in out.fits] == [False, False, False, True, True]
+  Bs = np.array([f.B for f in out.fits[:3]])
+  assert out.B.n == 3 and out.B.mean == pytest.approx(Bs.mean()) and abs(np.log(out.B.mean / 1.2)) < 0.15
+  assert out.B.half_width == pytest.approx(4.302653 * Bs.std(ddof=1) / np.sqrt(3), rel=1e-6)
+  assert abs(np.mean([f.B for f in out.fits]) - 1.2) > 0.5  # what the mean over all seeds would have said
+  none = scaling_fit.fit_seeds(C, flat, A_max=1.0)
+  assert none.A.n == 0 and np.isnan(none.A.mean) and len(none.fits) == 2
+
+
 def test_sigmoid_fit_bounds_a_by_the_rewards_ceiling_and_flags_edge_fits():
   """A curve still rising linearly at the last point: unbounded, A runs far past any reachable accuracy; with A_max
   = 1 it stops at 1, is the bounded least-squares optimum (no A ≤ 1 on a finer grid does better), and is flagged.
@@ -99,6 +153,26 @@ def test_sigmoid_fit_bounds_a_by_the_rewards_ceiling_and_flags_edge_fits():
   assert inside.A == pytest.approx(0.8, rel=1e-3) and not inside.edge
   with pytest.raises(ValueError, match="A_max=0.05 is not above"):
     scaling_fit.fit(C, R, A_max=0.05)
+
+
+def test_sigmoid_fit_flags_falling_and_flat_curves_instead_of_fitting_them():
+  """A falling curve (ScaleRL's sigmoid from R0 = 0.6 down to 0.1) fitted A = 0.10, B = 1.53, C_mid = 303 with no
+  flag, and a flat curve with ±0.01 noise fitted a step of B = 6.8 at C_mid = 13 (its first point happened to be
+  low), unflagged: both confident numbers for curves with no rise. Now A ≥ R0, and a fit with no rise or one within
+  3 rmse of the noise is flagged, saying why. Real sigmoids with the same noise are not flagged."""
+  C = np.geomspace(10, 1e4, 30)
+  falling = scaling_fit.fit(C, scaling_fit.sigmoid(C, 0.1, 1.5, 300.0, 0.6))
+  assert falling.A == falling.R0 and falling.edge and "A at R0: no rise (flat or falling)" in falling.flags
+  rng = np.random.default_rng(0)
+  for seed in range(5):
+    noise = np.random.default_rng(seed).normal(size=C.size) * 0.01
+    flat = scaling_fit.fit(C, 0.3 + noise, A_max=1.0)
+    assert flat.edge and flat.flags, (seed, flat)  # a step at either end: the noise criterion or B at 10
+    rising = scaling_fit.fit(C, scaling_fit.sigmoid(C, 0.8, 1.5, 300.0, 0.1) + noise, A_max=1.0)
+    assert not rising.edge and rising.flags == () and abs(rising.A - 0.8) < 0.03, (seed, rising)
+  # already at its asymptote from the second point on: the rise is before any measurement, B and C_mid unmeasured
+  at_top = scaling_fit.fit(C, np.r_[0.1, np.full(C.size - 1, 0.8) + rng.normal(size=C.size - 1) * 0.005], A_max=1.0)
+  assert at_top.edge and at_top.A == pytest.approx(0.8, abs=0.01)
 
 
 def test_training_tables_appendix_fits_sigmoid_and_entropy():
@@ -126,3 +200,27 @@ def test_training_tables_appendix_fits_sigmoid_and_entropy():
   assert (cell(ent, "w", 1), cell(ent, "w", 2), cell(ent, "w", 3)) == (
       pytest.approx(0.1, abs=1e-6), pytest.approx(0.9, abs=1e-6), pytest.approx(1.0, abs=1e-9))
   assert train_table.appendix(ml_collections.ConfigDict(), cells) == ""
+
+
+def test_entropy_fit_is_nan_where_the_entropy_did_not_move():
+  """R = −a·e^H + b by least squares of R on e^H: hand case H = (0, ln 2, ln 3), R = 0.9 − 0.1·(1, 2, 3) gives a = 0.1,
+  b = 0.9; random noisy curves against NumPy's polyfit. A constant H (polyfit: a = −0.044) or one varying only in
+  its 7th digit (polyfit: a = 4.5e5) has no a: nan, which stats.summarize drops and the appendix counts."""
+  a, b = scaling_fit.entropy_fit(np.log([1.0, 2.0, 3.0]), [0.8, 0.7, 0.6])
+  assert (a, b) == (pytest.approx(0.1, abs=1e-12), pytest.approx(0.9, abs=1e-12))
+  rng = np.random.default_rng(3)
+  H = np.sort(rng.uniform(0.2, 2.0, 40))[::-1]
+  R = 0.95 - 0.2 * np.exp(H) + rng.normal(size=40) * 0.01
+  slope, icpt = np.polyfit(np.exp(H), R, 1)
+  assert scaling_fit.entropy_fit(H, R) == (pytest.approx(-slope, rel=1e-9), pytest.approx(icpt, rel=1e-9))
+  R6 = [0.1, 0.2, 0.3, 0.35, 0.4, 0.42]
+  for flat in (np.full(6, 1.2), np.array([1.2] * 5 + [1.2000001])):
+    assert all(np.isnan(scaling_fit.entropy_fit(flat, R6)))
+  import ml_collections
+  from grpo_jax.studies.ablations import train_table
+  x = list(range(6))
+  curves = lambda H: {"train accuracy reward": {"x": x, "y": [R6, R6]}, "policy entropy": {"x": x, "y": H},
+                      "Cov(log pi, A)": {"x": x, "y": [[0.1] * 6, [0.2, 0.1, 0.3, 0.1, 0.2, 0.1]]}}
+  md = train_table.appendix(ml_collections.ConfigDict(dict(fits=("entropy",))),
+                            {"v": {"curves": curves([np.full(6, 1.2).tolist(), np.linspace(1.5, 1.0, 6).tolist()])}})
+  assert next(l for l in md.splitlines() if l.startswith("| v |")).endswith("| 1 of 2 |")

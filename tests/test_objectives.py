@@ -254,6 +254,34 @@ def test_selection_counts_match_numpy_on_random_batches():
     np.testing.assert_array_equal(np.asarray(sel.pg_NxL) > 0, mask & (ent >= thr))
 
 
+def test_selection_counts_are_exact_where_ratio_times_n_is_an_integer():
+  """float32(0.3)·50 = 15.000001 kept 16 tokens (ceil) where 0.3 of 50 is 15, and float32(0.65)·180 = 116.99999
+  penalised 116 where it is 117. The counts against exact decimal arithmetic (fractions.Fraction) for every n up to
+  3000 and the ratios a config is likely to name, ceil (top_entropy) and floor (Clip-Cov, KL-Cov)."""
+  import fractions
+  cases = [(r, c) for r in (0.3, 0.15, 0.6, 0.65, 0.33, 1e-3, 2e-4, 1e-5, 0.2, 0.7, 1.0) for c in (True, False)]
+  got_CxN = np.asarray(jax.jit(lambda n: jnp.stack([token_select._count(r, n, c) for r, c in cases]))(
+      jnp.arange(1, 3001)))
+  n = np.arange(1, 3001, dtype=np.int64)
+  for (ratio, ceil), got in zip(cases, got_CxN):
+    p, q = fractions.Fraction(str(ratio)).as_integer_ratio()  # exact: NumPy int64 n·p never overflows here
+    want = np.maximum(-(-n * p // q) if ceil else n * p // q, 1)
+    np.testing.assert_array_equal(got, want, err_msg=f"ratio={ratio} ceil={ceil}")
+  # the whole rule: 50 valid tokens of distinct entropies, select_frac 0.3 → exactly the 15 highest
+  ent = jnp.arange(50, dtype=jnp.float32).reshape(5, 10)
+  sel = token_select.choose("top_entropy", ml_collections.ConfigDict(dict(SEL, select_frac=0.3)),
+                            logp_NxL=jnp.zeros((5, 10)), adv_NxL=jnp.zeros((5, 10)), mask_NxL=jnp.ones((5, 10)),
+                            ent_NxL=ent)
+  np.testing.assert_array_equal(np.asarray(sel.pg_NxL).reshape(-1), np.arange(50) >= 35)
+  assert float(sel.metrics["select_frac"]) == pytest.approx(0.3)
+  assert float(sel.metrics["select_entropy"]) == pytest.approx(np.arange(35, 50).mean())
+  # KL-Cov: 0.65 of 180 tokens is 117
+  cov_a = jnp.asarray(np.random.default_rng(9).normal(size=(12, 15)), jnp.float32)
+  sel = token_select.choose("kl_cov", ml_collections.ConfigDict(dict(SEL, kl_cov_ratio=0.65)),
+                            logp_NxL=cov_a, adv_NxL=cov_a, mask_NxL=jnp.ones((12, 15)))
+  assert int(np.asarray(sel.kl_NxL).sum()) == 117
+
+
 # ------------------------------------------------------------------------------------------------ presets
 
 
@@ -293,3 +321,120 @@ def test_token_selection_in_the_step(kind):
   want = {"top_entropy": np.ceil(0.2 * n) / n, "clip_cov": np.floor(0.1 * n) / n, "kl_cov": np.floor(0.1 * n) / n}
   assert m["train/select_frac"] == pytest.approx(want[kind], abs=1.5 / n), (m["train/select_frac"], n)
   assert m["train/select_entropy"] > 0 and np.isfinite(m["train/loss"]) and "train/cov_logp_adv" in m
+
+
+def test_step_entropy_is_the_token_mean_of_the_softmax_entropy_from_logits():
+  """train/entropy against NumPy from the same logits: each token's −Σ p log p of softmax(logits / T) through the
+  model's own head code (target_logprobs with the logits as hidden states and an identity head), then the mean over
+  the valid tokens of the minibatch — the token mean (verl's actor/entropy), which weighs a long answer by its
+  length; the per-answer mean (each row's token mean, averaged over rows) differs on uneven rows and is not what is
+  logged. Padding, and a row with no valid token, add nothing."""
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rl import rl_step
+  rng = np.random.default_rng(11)
+  N, L, V, T = 4, 6, 10, 0.7
+  logits = rng.normal(size=(N, L, V)) * 3
+  logits[0, 0, 0] = 60.0  # one near-deterministic token: entropy ≈ 0, no NaN from exp underflow
+  lengths = np.array([6, 2, 0, 4])
+  mask = (np.arange(L)[None] < lengths[:, None]).astype(np.float32)
+  z = logits / T
+  logp = z - z.max(-1, keepdims=True) - np.log(np.exp(z - z.max(-1, keepdims=True)).sum(-1, keepdims=True))
+  ent_np = -(np.exp(logp) * logp).sum(-1)
+  mcfg = model_lib.ModelConfig(vocab_size=V, hidden=V, layers=1, heads=1, kv_heads=1, inter=4, max_len=8)
+  targets = rng.integers(0, V, (N, L))
+  lp, ent = model_lib.target_logprobs(mcfg, jnp.asarray(logits, jnp.float32), jnp.eye(V, dtype=jnp.float32),
+                                      jnp.asarray(targets), T)
+  np.testing.assert_allclose(np.asarray(ent), ent_np, rtol=2e-5, atol=2e-6)
+  np.testing.assert_allclose(np.asarray(lp), np.take_along_axis(logp, targets[..., None], -1)[..., 0], rtol=2e-5,
+                             atol=2e-5)
+  c = config_lib.override(presets.apply(config_lib.base_config(), "grpo"), {"rl.beta": 0.0})
+  objective = rl_step.make_objective(c)
+  mb = {"old_logp_NxL": lp, "adv_NxL": jnp.asarray(rng.normal(size=(N, L)), jnp.float32), "mask_NxL": mask}
+  _, m = objective((lp, ent), mb)
+  token_mean = ent_np[mask > 0].mean()
+  seq_mean = np.mean([ent_np[i, :n].mean() for i, n in enumerate(lengths) if n])
+  assert float(m["entropy"]) == pytest.approx(token_mean, rel=1e-5)
+  assert abs(token_mean - seq_mean) > 1e-3  # the two conventions differ here, so the test tells them apart
+
+
+def test_statistics_of_every_objective_and_selection_with_correction_weights_against_numpy():
+  """Every objective × token selection, with and without a correction's weights, on a batch with an empty row and
+  ragged rows (the mask a correction leaves): clip fractions (PPO: the strictly active clipped side; CISPO: the
+  weight clipped, either sign of A), SAPO's gate_mean and gated_frac, and the selection's select_frac /
+  select_entropy / select_cov, each against an independent NumPy version. The weights scale the surrogate only, so
+  no statistic may move with them; Clip-Cov must skip the tokens PPO's clip already cut."""
+  rng = np.random.default_rng(1)
+  N, L = 6, 9
+  mask = (np.arange(L)[None] < rng.integers(1, L + 1, N)[:, None]).astype(np.float32)
+  mask[2] = 0
+  lp = rng.uniform(-5, -0.01, (N, L)).astype(np.float32)
+  old = (lp + rng.normal(size=(N, L)) * 0.4).astype(np.float32)
+  adv = np.repeat(rng.normal(size=(N, 1)), L, 1).astype(np.float32)
+  ent = rng.uniform(0, 3, (N, L)).astype(np.float32)
+  u = rng.random((N, L)).astype(np.float32)
+  is_w = rng.uniform(0.5, 2, (N, L)).astype(np.float32)
+  v = mask > 0
+  n = v.sum()
+  cfg = ml_collections.ConfigDict(dict(SEL, select_frac=0.3, clip_cov_ratio=0.2, clip_cov_lb=-10.0,
+                                       clip_cov_ub=10.0, kl_cov_ratio=0.2))
+  rho = np.exp(np.clip(lp.astype(np.float64) - old, -20, 20))
+  cov = (lp - lp[v].mean()) * (adv - adv[v].mean())
+  checked = 0
+  for obj in ("clip", "cispo", "sapo"):
+    ref = {}
+    if obj == "clip":
+      low, high = (rho < 0.8) & (adv < 0), (rho > 1.28) & (adv > 0)
+      clipped = low | high
+      ref.update(clip_frac_low=low[v].mean(), clip_frac_high=high[v].mean())
+    elif obj == "cispo":
+      clipped = np.zeros_like(v)
+      ref.update(clip_frac_low=(rho < 0.8)[v].mean(), clip_frac_high=(rho > 1.28)[v].mean())
+    else:
+      clipped = np.zeros_like(v)
+      g = 1 / (1 + np.exp(-np.where(adv > 0, 1.0, 1.05) * (rho - 1)))
+      ref.update(gate_mean=(4 * g * (1 - g))[v].mean(), gated_frac=(4 * g * (1 - g) < 0.5)[v].mean())
+    for ts in token_select.KINDS:
+      picked = None
+      if ts == "top_entropy":  # ceil(0.3·n) highest entropies
+        picked = v & (ent >= np.sort(ent[v])[::-1][-(-3 * n // 10) - 1])
+      elif ts == "clip_cov":  # floor(0.2·n) eligible tokens of smallest uniform, PPO-clipped ones not eligible
+        elig = v & ~clipped
+        idx = np.argsort(np.where(elig, u, np.inf).ravel())[:2 * n // 10]
+        picked = np.isin(np.arange(v.size), idx).reshape(v.shape) & elig
+      elif ts == "kl_cov":  # floor(0.2·n) largest cov, ties by position
+        idx = np.argsort(-np.where(v, cov, -np.inf).ravel(), kind="stable")[:2 * n // 10]
+        picked = np.isin(np.arange(v.size), idx).reshape(v.shape)
+      want = dict(ref)
+      if picked is not None:
+        want.update(select_frac=picked.sum() / n, select_entropy=ent[picked].mean(), select_cov=cov[picked].mean())
+      for w in (None, is_w):
+        _, m = losses.policy_loss(jnp.asarray(lp), jnp.asarray(old), None, jnp.asarray(adv), jnp.asarray(mask),
+                                  eps_low=0.2, eps_high=0.28, beta=0.0, agg="token_mean", objective=obj,
+                                  token_select=ts, select_cfg=cfg, ent_NxL=jnp.asarray(ent),
+                                  select_u_NxL=jnp.asarray(u), is_w_NxL=None if w is None else jnp.asarray(w))
+        for k, x in want.items():
+          assert float(m[k]) == pytest.approx(x, rel=1e-5, abs=1e-6), (obj, ts, w is None, k)
+          checked += 1
+  assert checked > 100
+
+
+def test_selection_means_are_nan_when_nothing_was_picked_and_the_step_skips_them():
+  """Clip-Cov with no eligible token (every cov_t outside (lb, ub)) picks none: select_entropy and select_cov were 0,
+  and the step's mean over its updates counted that 0 as a measured entropy (updates picking entropies 2.0 and none
+  read 1.0). Now NaN for the update, and update.step_metrics averages over the updates that picked any (2.0); NaN
+  only if none did. select_frac stays a fraction (0)."""
+  from grpo_jax.rl import update as update_lib
+  a, lp, mask = _cov_case()  # cov ∈ {3, 0.5, 0}: none inside (10, 20)
+  cfg = ml_collections.ConfigDict(dict(SEL, clip_cov_lb=10.0, clip_cov_ub=20.0, clip_cov_ratio=0.2))
+  sel = token_select.choose("clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
+                            mask_NxL=jnp.asarray(mask), ent_NxL=jnp.ones((2, 4)), u_NxL=jnp.full((2, 4), 0.5))
+  assert float(sel.metrics["select_frac"]) == 0.0
+  assert np.isnan(float(sel.metrics["select_entropy"])) and np.isnan(float(sel.metrics["select_cov"]))
+  assert np.all(np.asarray(sel.pg_NxL) == 1)  # nothing cut
+  um = {"select_entropy": jnp.asarray([2.0, jnp.nan]), "select_cov": jnp.asarray([0.5, jnp.nan]),
+        "select_frac": jnp.asarray([0.25, 0.0]), "nonfinite": jnp.zeros(2, jnp.int32)}
+  m = update_lib.step_metrics(um, {"w": jnp.ones(2)})
+  assert float(m["train/select_entropy"]) == 2.0 and float(m["train/select_cov"]) == 0.5
+  assert float(m["train/select_frac"]) == 0.125
+  none = update_lib.step_metrics(dict(um, select_entropy=jnp.full(2, jnp.nan)), {"w": jnp.ones(2)})
+  assert np.isnan(float(none["train/select_entropy"]))

@@ -18,7 +18,7 @@ from grpo_jax.infra import sharding
 from grpo_jax.infra.errors import ConfigError
 from grpo_jax.model import attention as A
 from grpo_jax.model import model as model_lib
-from grpo_jax.rl import families, packing, ppo_step, rl_step
+from grpo_jax.rl import correction, families, packing, ppo_step, rl_step
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.run import validate
 from grpo_jax.tasks import digits
@@ -433,3 +433,28 @@ def test_trip_count_is_reduced_over_vmapped_runs():
   toy = lambda n: jax.lax.while_loop(lambda c: c < n, lambda c: c + 1, 0)  # the check tells them apart
   assert _whiles(jax.make_jaxpr(jax.vmap(toy))(jnp.arange(3)).jaxpr) == (1, 1)
   assert _whiles(jax.make_jaxpr(jax.vmap(lambda n: toy(jax.lax.pmax(n, "r")), axis_name="r"))(jnp.arange(3)).jaxpr)[1] == 0
+
+
+@pytest.mark.parametrize("algo", ["cispo", "sapo"])
+def test_packed_new_objectives_with_correction_weights_equal_padded(algo):
+  """CISPO and SAPO with a rollout correction's weights (rl/correction.py: stop-gradient w per token, the rejected
+  tokens out of the mask) in packed 1-row micro-batches: loss, gradient and each statistic (CISPO's clip fractions,
+  SAPO's gate_mean / gated_frac, entropy, ratio extremes) equal the padded pass, whose statistics are over the tokens
+  the correction kept. CISPO with PPO's 0.2 / 0.28 range, so its weight clips on both sides (its preset's 1 / 3 does
+  not on this batch). Lite PPO is the clip objective, covered by test_packed_policy_pass_equals_padded."""
+  over = {"cispo": {"rl.eps_low": 0.2, "rl.eps_high": 0.28}, "sapo": {}}[algo]
+  c = _config(algo, **{"rl.rollout_correction": "icepop", **over})
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  params = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
+  mb = _minibatch(c, mcfg, params)
+  rng = np.random.default_rng(5)
+  log_rho = jnp.asarray(rng.normal(0, 0.8, mb["mask_NxL"].shape), jnp.float32)
+  corr = correction.build(c, mb["old_logp_NxL"], mb["old_logp_NxL"] - log_rho, mb["mask_NxL"])
+  assert 0 < float(jnp.sum(mb["mask_NxL"] - corr.mask_NxL)) < float(jnp.sum(mb["mask_NxL"]))  # some rejected
+  mb = dict(mb, mask_NxL=corr.mask_NxL, is_w_NxL=corr.is_w_NxL)
+  forward, objective = rl_step.make_forward(c, mcfg, P), rl_step.make_objective(c)
+  a1, _ = _compare(c, forward, objective, (params,), mb, rows=1)
+  if algo == "cispo":
+    assert float(a1["clip_frac_low"]) > 0 and float(a1["clip_frac_high"]) > 0, a1
+  else:
+    assert 0 < float(a1["gate_mean"]) < 1 and "gated_frac" in a1, a1

@@ -387,3 +387,31 @@ def test_early_exit_under_vmap_runs_until_every_run_is_done(params, early_eos):
   want = np.where(trunc, L - 1, np.minimum(-(-lmax // 3) * 3, L - 1))  # each run stops at its own chunk boundary
   np.testing.assert_array_equal(np.asarray(ee.decode_steps), want)
   assert (want < L - 1).any()
+
+
+def test_copies_of_one_prompt_draw_independent_samples(params):
+  """pass@k's n samples per prompt are n copies of its row in one sampled call (evaluation.Evaluator, np.repeat):
+  each copy must be its own draw. 2048 copies of one prompt: the first token's frequencies match the model's
+  next-token distribution (chi-square over the tokens with ≥ 5 expected draws, well under its 0.999 quantile), two
+  neighbouring copies agree as often as independent draws do (Σ p², within 4 binomial standard errors), and a
+  second call from fold_in(rng, 1) (the next chunk's key) is not a replay of the first."""
+  n = 2048
+  scfg = S.SamplingConfig(temperature=4.0, max_new_tokens=1, eos_id=63, pad_id=0)  # a flat enough distribution
+  prompt, pmask = np.repeat(PROMPT[:1], n, 0), np.repeat(PMASK[:1], n, 0)
+  rng = jax.random.PRNGKey(3)
+  first = np.asarray(sample(MCFG, params, prompt, pmask, rng, scfg).tokens_NxL)[:, 0]
+  pos = np.maximum(np.cumsum(PMASK[:1], 1) - 1, 0)
+  p = np.exp(np_log_softmax(np.asarray(forward(MCFG, params, PROMPT[:1], pos, PMASK[:1]), np.float64)[0, -1] / 4.0))
+  expected = n * p
+  big = expected >= 5
+  obs = np.bincount(first, minlength=p.size)
+  chi2 = np.sum((obs[big] - expected[big]) ** 2 / expected[big]) + (
+      (obs[~big].sum() - expected[~big].sum()) ** 2 / max(expected[~big].sum(), 1e-9))
+  df = int(big.sum())  # the pooled rest adds one cell, the total's constraint takes one away
+  assert chi2 < df + 3.1 * np.sqrt(2 * df) + 10, (chi2, df)  # ~0.999 quantile, Wilson–Hilferty-free margin
+  same = np.mean(first[0::2] == first[1::2])
+  q = np.sum(p ** 2)
+  assert q < 0.5, q  # else agreement would not tell shared draws from independent ones
+  assert abs(same - q) < 4 * np.sqrt(q * (1 - q) / (n // 2)), (same, q)
+  again = np.asarray(sample(MCFG, params, prompt, pmask, jax.random.fold_in(rng, 1), scfg).tokens_NxL)[:, 0]
+  assert np.mean(again == first) < q + 4 * np.sqrt(q * (1 - q) / n)

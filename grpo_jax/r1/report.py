@@ -79,7 +79,11 @@ def first_last(workdir: str, stage: str, name: str) -> tuple[float, float] | Non
   if not vals:
     return None
   k = max(1, len(vals) // 10)  # mean of the first and last tenth: single RL steps are noisy
-  return float(np.mean(vals[:k])), float(np.mean(vals[-k:]))
+  # NaN is a step where the metric measured nothing (train/len_acc_corr with no group varying): skipped, not 0
+  def mean(v):
+    v = [x for x in v if not np.isnan(x)]
+    return float(np.mean(v)) if v else float("nan")
+  return mean(vals[:k]), mean(vals[-k:])
 
 
 def verdict(results: dict) -> list[str]:

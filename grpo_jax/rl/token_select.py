@@ -23,6 +23,7 @@ Clip-Cov's random choice reads one uniform per token (`u_NxL`), drawn once per s
 rules need the whole minibatch, so rl.packing (whose objective sees one micro-batch at a time) refuses them
 (run/validate.py).
 """
+import fractions
 from typing import NamedTuple
 
 import jax
@@ -65,9 +66,26 @@ def rank_desc(x_NxL: jax.Array, where_NxL: jax.Array) -> jax.Array:
   return jnp.zeros_like(order).at[order].set(jnp.arange(flat.shape[0], dtype=order.dtype)).reshape(x_NxL.shape)
 
 
+_EXACT_Q = 46340  # q·(p + 1) stays below 2^31 for p ≤ q ≤ this: _count's integer path cannot overflow int32
+
+
 def _count(ratio, n: jax.Array, ceil: bool = False) -> jax.Array:
-  """max(floor (or ceil) of ratio · n, 1), as an int32 (ratio may be traced)."""
+  """max(floor (or ceil) of ratio · n, 1), as an int32, for the decimal `ratio` the config names.
+
+  In float32, 0.3 · 50 is 15.000001 (ceil: 16 tokens, not 15) and 0.65 · 180 is 116.99999 (floor: 116, not 117):
+  the count was one off wherever ratio · n is an integer the float misses. A Python ratio is read as the fraction
+  p/q its shortest decimal spells (0.3 → 3/10) and counted in integers, exactly, when q ≤ 46340 (every ratio of
+  up to four decimals); finer ratios and a traced one use the float32 product, snapped to an integer within 2^-20
+  of it (float32's own error is under 2^-22 relative)."""
+  if isinstance(ratio, (int, float)) and not isinstance(ratio, bool):
+    p, q = fractions.Fraction(repr(float(ratio))).as_integer_ratio()
+    if q <= _EXACT_Q and p <= q:  # n·p/q = (n // q)·p + (n % q)·p/q, each part within int32
+      n = n.astype(jnp.int32)
+      whole, rest = (n // q) * p, (n % q) * p
+      return jnp.maximum(whole + ((rest + q - 1) // q if ceil else rest // q), 1)
   x = ratio * n.astype(jnp.float32)
+  r = jnp.round(x)
+  x = jnp.where(jnp.abs(x - r) <= jnp.maximum(x, 1.0) * 2.0 ** -20, r, x)
   return jnp.maximum((jnp.ceil(x) if ceil else jnp.floor(x)).astype(jnp.int32), 1)
 
 
@@ -78,7 +96,8 @@ def choose(kind: str, rl, *, logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: 
   clip_cov_lb, clip_cov_ub, kl_cov_ratio). `clipped_NxL`: tokens whose gradient the objective already cuts
   (Clip-Cov skips them); `u_NxL`: Clip-Cov's uniforms. metrics: select_frac (tokens the rule picked: kept by
   top_entropy, cut by clip_cov, penalised by kl_cov), select_entropy (their mean entropy), select_cov (their mean
-  cov_t)."""
+  cov_t; NaN when the rule picked no token, e.g. Clip-Cov with none eligible: no token was measured, and a 0 would
+  pass for one in the step's mean over its updates, which skips NaN)."""
   if kind not in KINDS:
     raise ValueError(f"rl.token_select={kind!r} is not one of {KINDS}; set it to one of them.")
   valid_NxL = mask_NxL > 0
@@ -104,9 +123,10 @@ def choose(kind: str, rl, *, logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: 
     picked_NxL = valid_NxL & (rank_desc(cov_NxL, valid_NxL) < _count(rl.kl_cov_ratio, n))
     pg_NxL, kl_NxL = ones, picked_NxL.astype(jnp.float32)
   picked_f = picked_NxL.astype(jnp.float32)
-  n_picked = jnp.maximum(jnp.sum(picked_f), 1.0)
-  metrics = {"select_frac": jnp.sum(picked_f) / jnp.maximum(n, 1),
-             "select_cov": jnp.sum(picked_f * cov_NxL) / n_picked}
+  n_picked = jnp.sum(picked_f)
+  mean_picked = lambda x_NxL: jnp.where(n_picked > 0, jnp.sum(picked_f * x_NxL) / jnp.maximum(n_picked, 1.0),
+                                       jnp.nan)
+  metrics = {"select_frac": n_picked / jnp.maximum(n, 1), "select_cov": mean_picked(cov_NxL)}
   if ent_NxL is not None:
-    metrics["select_entropy"] = jnp.sum(picked_f * jax.lax.stop_gradient(jnp.where(valid_NxL, ent_NxL, 0.0))) / n_picked
+    metrics["select_entropy"] = mean_picked(jax.lax.stop_gradient(jnp.where(valid_NxL, ent_NxL, 0.0)))
   return Selection(pg_NxL, kl_NxL, metrics)

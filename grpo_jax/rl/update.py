@@ -121,7 +121,9 @@ def minibatch_scan(update: Callable[[Any, Any], tuple[Any, dict]], carry: Any, d
   return carry, jax.tree.map(lambda x: x.reshape(-1), m)
 
 
-# Per-update metrics reported as train/<key>: the mean over the step's updates, except the ratio's extremes.
+# Per-update metrics reported as train/<key>: the mean over the step's updates, except the ratio's extremes, and
+# the means over picked tokens (NaN in an update that picked none), averaged over the updates that picked any.
+_NANMEAN = ("select_entropy", "select_cov")
 _REPORTED = ("loss", "grad_norm", "update_norm", "lr", "clip_frac_low", "clip_frac_high", "clip_frac_dual",
              "kl_clamp_frac", "ratio_mean", "ratio_max", "ratio_min", "entropy", "value_loss", "tokens", "pack_rows",
              "gate_mean", "gated_frac", "select_frac", "select_entropy", "select_cov")
@@ -133,7 +135,8 @@ def step_metrics(um: dict[str, jax.Array], params: Any, reward_ok: jax.Array | N
   m = {}
   for k in _REPORTED:
     if k in um:
-      reduce = jnp.max if k == "ratio_max" else jnp.min if k == "ratio_min" else jnp.mean
+      reduce = (jnp.max if k == "ratio_max" else jnp.min if k == "ratio_min" else jnp.nanmean if k in _NANMEAN
+                else jnp.mean)
       m[f"train/{k}"] = reduce(um[k])
   bad = jnp.sum(um["nonfinite"])
   m["train/nonfinite_updates"] = bad

@@ -40,6 +40,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
   """Unbiased estimator of pass@k from n samples with c correct (Chen et al. 2021): 1 − C(n−c, k)/C(n, k)."""
   if k > n:
     raise ValueError(f"eval.pass_k: k={k} exceeds eval.n_samples={n}; raise n_samples or lower k.")
+  if k < 1 or not 0 <= c <= n:  # c > n gave 1.0 and c < 0 a negative "probability"; pass@0 is no metric
+    raise ValueError(f"pass_at_k: need 1 <= k <= n and 0 <= c <= n right samples of n, got n={n}, c={c}, k={k}.")
   if n - c < k:
     return 1.0
   return 1.0 - math.comb(n - c, k) / math.comb(n, k)
@@ -290,7 +292,7 @@ class Evaluator:
   def __call__(self, params, rng, with_samples: bool = True) -> tuple[dict[str, float], list[str]]:
     g = self.rollouts(params, rng)
     right = g.accuracy_N > 0.5
-    side_len = lambda sel: float(g.lengths_N[sel].mean()) if sel.any() else 0.0
+    side_len = lambda sel: float(g.lengths_N[sel].mean()) if sel.any() else float("nan")  # none: no length
     m = {"eval/accuracy": float(g.accuracy_N.mean()), "eval/format_rate": float(g.format_N.mean()),
          "eval/completion_len_mean": float(g.lengths_N.mean()),
          "eval/completion_len_correct": side_len(right), "eval/completion_len_incorrect": side_len(~right)}

@@ -43,17 +43,19 @@ METRICS: dict[str, str] = {
                         'and the optimizer state started afresh (ProRL), else 0'),
     'train/kl': ('k3 estimate of KL(pi || pi_ref), token mean, at the rollout policy; absent at beta = 0 '
                  '(no reference model)'),
-    'train/entropy': 'token-mean entropy of pi (softmax(logits / temperature)) on the sampled completions',
+    'train/entropy': ('token-mean entropy of pi (softmax(logits / temperature)) on the sampled completions (the '
+                      'token mean of each minibatch, averaged over the updates of the step: a long answer weighs by '
+                      'its length, not as one answer)'),
     'train/completion_len_mean': 'mean completion length in tokens (up to and including EOS)',
     'train/completion_len_max': 'longest completion in tokens',
     'train/completion_len_p90': '90th percentile of the completion lengths in tokens (linear interpolation)',
     'train/len_acc_corr': ('within-group Pearson correlation of completion length and the accuracy term, mean over '
-                           'the groups where both vary (0 if none; rl/length_stats.py)'),
+                           'the groups where both vary (NaN if none; rl/length_stats.py)'),
     'train/len_acc_corr_frac': 'fraction of groups where length and accuracy both vary (those train/len_acc_corr '
                                'averages)',
-    'train/completion_len_correct': ('mean length of the completions the accuracy term scores right (> 0.5); 0 if '
-                                     'none (tasks with an accuracy term)'),
-    'train/completion_len_incorrect': 'mean length of the completions scored wrong; 0 if none',
+    'train/completion_len_correct': ('mean length of the completions the accuracy term scores right (> 0.5); NaN '
+                                     'if none (tasks with an accuracy term)'),
+    'train/completion_len_incorrect': 'mean length of the completions scored wrong; NaN if none',
     'train/cov_logp_adv': ('Cov(log pi_old, A) over the completion tokens (population covariance): by the entropy '
                            'mechanism (arXiv 2505.22617) the entropy falls by about this much per step'),
     'train/gate_mean': ('rl.objective=sapo: token-mean gate weight 4s(1-s), s = sigmoid(tau(ratio - 1)): 1 on-policy, '
@@ -61,8 +63,10 @@ METRICS: dict[str, str] = {
     'train/gated_frac': 'rl.objective=sapo: fraction of tokens whose gate weight is below 1/2',
     'train/select_frac': ('rl.token_select: fraction of completion tokens the rule picked (kept by top_entropy, '
                           'cut by clip_cov, KL-penalised by kl_cov)'),
-    'train/select_entropy': 'rl.token_select: mean entropy of the picked tokens',
-    'train/select_cov': 'rl.token_select: mean covariance term (log pi - mean)(A - mean) of the picked tokens',
+    'train/select_entropy': ('rl.token_select: mean entropy of the picked tokens, over the updates that picked any '
+                             '(NaN if none did)'),
+    'train/select_cov': ('rl.token_select: mean covariance term (log pi - mean)(A - mean) of the picked tokens, '
+                         'over the updates that picked any (NaN if none did)'),
     'train/truncation_rate': 'fraction of completions with no EOS within max_new_tokens',
     'train/decode_steps': 'decode steps the rollout ran: max_new_tokens - 1 unless every row ended early '
                           '(sampling.exit_chunk early exit; with rollout chunks the slowest chunk\'s)',
@@ -130,8 +134,8 @@ METRICS: dict[str, str] = {
     'eval/cons@<k>': 'majority-vote (self-consistency) accuracy over k sampled completions',
     'eval/language_consistency': 'fraction of reasoning written in the prompt\'s language (language mixing)',
     'eval/completion_len_mean': 'mean greedy completion length in tokens',
-    'eval/completion_len_correct': 'mean greedy completion length of the right answers (0 if none)',
-    'eval/completion_len_incorrect': 'mean greedy completion length of the wrong answers (0 if none)',
+    'eval/completion_len_correct': 'mean greedy completion length of the right answers (NaN if none)',
+    'eval/completion_len_incorrect': 'mean greedy completion length of the wrong answers (NaN if none)',
     'eval/tool_calls_mean': 'tools: tool calls per greedy completion (the environment answers them as in training)',
     'eval/tool_call_rate': 'tools: fraction of greedy completions with at least one tool call',
     'eval/turns_mean': "tools: the model's stretches of writing per greedy completion",

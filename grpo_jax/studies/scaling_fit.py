@@ -12,8 +12,13 @@ side) × log B (0.1 … 10), then Nelder–Mead from the best grid points, insid
 curve is no sigmoid over the compute measured: `SigmoidFit.edge`). A bounded reward bounds A (`A_max`, e.g. 1 for an
 accuracy: ScaleRL's A is a pass rate): the SSE is quadratic in A, so the bounded optimum is the clipped one. A curve
 still rising linearly at the last point otherwise "fits" an A far above any reachable reward (A = 27 for an accuracy
-was seen); with the bound it stops at A_max and is flagged. Robust to the start, no gradients, ~ms per curve.
-Per seed one fit; `fit_seeds` gives mean ± 95% CI (Student t, studies/stats.py) of A, B, C_mid over the seeds.
+was seen); with the bound it stops at A_max and is flagged. A is also bounded below by R0 (ScaleRL's curves rise:
+a falling curve fitted A < R0 with a confident B and C_mid and no flag), and a fit whose gain A − R0 is within
+NOISE_GAINS × rmse of nothing (a flat curve whose first point is low by noise fitted a step there) is flagged: the
+rise is not resolved, so B and C_mid are not measured. `SigmoidFit.flags` names why a fit is flagged. Robust to the
+start, no gradients, ~ms per curve.
+Per seed one fit; `fit_seeds` gives mean ± 95% CI (Student t, studies/stats.py) of A, B, C_mid over the seeds whose
+fit is not flagged (a flagged fit's values are the box's: averaged in, B = 10 of a flat seed moved the mean B).
 """
 import dataclasses
 import math
@@ -25,6 +30,10 @@ from grpo_jax.studies import stats
 
 
 B_RANGE = (0.1, 10.0)  # the exponents searched (ScaleRL's fits lie in ~0.5-3)
+# A gain A − R0 of at most this many rmse is no resolved rise: R0 is one measured point, so its own noise (≈ rmse)
+# alone moves the gain by about one rmse, and with the plateau's mean, a flat curve's gain stays under 3 rmse with
+# ~99.7% probability.
+NOISE_GAINS = 3.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,9 +43,11 @@ class SigmoidFit:
   C_mid: float
   R0: float
   rmse: float  # root mean squared residual of the fit
-  # C_mid or B on the search box's edge, or A at A_max: the curve is no sigmoid with an asymptote inside the
-  # compute measured, and A, B, C_mid describe the box, not the run
+  # C_mid or B on the search box's edge, A at A_max, A at R0 (a flat or falling curve) or a gain within the noise:
+  # the curve is no resolved sigmoid with an asymptote inside the compute measured, and A, B, C_mid describe the
+  # box, not the run (`flags` says which)
   edge: bool = False
+  flags: tuple[str, ...] = ()
 
   def predict(self, C) -> np.ndarray:
     return sigmoid(np.asarray(C, np.float64), self.A, self.B, self.C_mid, self.R0)
@@ -50,11 +61,11 @@ def sigmoid(C: np.ndarray, A: float, B: float, C_mid: float, R0: float) -> np.nd
 
 def _profile(logC: np.ndarray, R: np.ndarray, R0: float, log_cmid: float, log_b: float,
              A_max: float = math.inf) -> tuple[float, float]:
-  """(sum of squared residuals, A) with A at its least-squares value for this (C_mid, B), at most A_max (the SSE is
-  a convex quadratic in A, so the bounded least-squares A is the clipped one)."""
+  """(sum of squared residuals, A) with A at its least-squares value for this (C_mid, B) within [R0, A_max] (the
+  SSE is a convex quadratic in A, so the bounded least-squares A is the clipped one)."""
   s = 1.0 / (1.0 + np.exp(-np.clip(math.exp(log_b) * (logC - log_cmid), -700, 700)))
   den = float(np.dot(s, s))
-  gain = min(float(np.dot(s, R - R0)) / den if den > 0 else 0.0, A_max - R0)
+  gain = min(max(float(np.dot(s, R - R0)) / den if den > 0 else 0.0, 0.0), A_max - R0)
   res = R - R0 - gain * s
   return float(np.dot(res, res)), R0 + gain
 
@@ -118,23 +129,45 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: 
       best = x
   err, A = _profile(logC, R, R0, best[0], best[1], a_max)
   tol = 1e-3  # in log units: Nelder–Mead stops near, not on, a bound
-  edge = bool(np.any(best <= low + tol) or np.any(best >= high - tol) or A >= a_max - 1e-9)
-  return SigmoidFit(A=A, B=math.exp(best[1]), C_mid=math.exp(best[0]), R0=R0, rmse=math.sqrt(err / C.size),
-                    edge=edge)
+  rmse = math.sqrt(err / C.size)
+  flags = tuple(name for name, hit in (
+      ("C_mid on the box's edge", best[0] <= low[0] + tol or best[0] >= high[0] - tol),
+      ("B on the box's edge", best[1] <= low[1] + tol or best[1] >= high[1] - tol),
+      ("A at A_max", A >= a_max - 1e-9),
+      ("A at R0: no rise (flat or falling)", A <= R0 + 1e-12),
+      (f"gain A - R0 within {NOISE_GAINS:g} rmse: rise not resolved", R0 + 1e-12 < A <= R0 + NOISE_GAINS * rmse),
+  ) if hit)
+  return SigmoidFit(A=A, B=math.exp(best[1]), C_mid=math.exp(best[0]), R0=R0, rmse=rmse, edge=bool(flags),
+                    flags=flags)
+
+
+def entropy_fit(H: Sequence[float], R: Sequence[float]) -> tuple[float, float]:
+  """(a, b) of R = −a·e^H + b (Cui et al. 2025, arXiv 2505.22617) by least squares of R on e^H; (nan, nan) when e^H
+  does not vary beyond float32 resolution (a policy whose logged entropy did not move): np.polyfit then returned
+  a confident a of either sign (−0.044 for a constant H, 4.5e5 for H varying in its 7th digit)."""
+  x, y = np.exp(np.asarray(H, np.float64)), np.asarray(R, np.float64)
+  ok = np.isfinite(x) & np.isfinite(y)
+  x, y = x[ok], y[ok]
+  if x.size < 2 or np.ptp(x) <= 8 * float(np.finfo(np.float32).eps) * float(np.max(np.abs(x))):
+    return float("nan"), float("nan")
+  xc = x - x.mean()
+  slope = float(np.dot(xc, y - y.mean()) / np.dot(xc, xc))
+  return -slope, float(y.mean() - slope * x.mean())
 
 
 @dataclasses.dataclass(frozen=True)
 class SeedFits:
-  fits: tuple[SigmoidFit, ...]
-  A: stats.Summary
+  fits: tuple[SigmoidFit, ...]  # every seed's, flagged ones included
+  A: stats.Summary              # over the unflagged fits only (n says how many; nan when none)
   B: stats.Summary
   C_mid: stats.Summary
 
 
 def fit_seeds(C: Sequence[float], R_SxT: Sequence[Sequence[float]], R0: float | None = None,
               A_max: float | None = None) -> SeedFits:
-  """One fit per seed's curve R_SxT[s] over the common compute points C: A, B, C_mid as mean ± 95% CI (read them
-  with the count of fits on an edge: `sum(f.edge for f in fits)`)."""
+  """One fit per seed's curve R_SxT[s] over the common compute points C: A, B, C_mid as mean ± 95% CI over the
+  seeds whose fit is not flagged (`sum(f.edge for f in fits)` are left out; their values describe the box)."""
   fits = tuple(fit(C, r, R0, A_max) for r in R_SxT)
-  return SeedFits(fits, stats.summarize([f.A for f in fits]), stats.summarize([f.B for f in fits]),
-                  stats.summarize([f.C_mid for f in fits]))
+  ok = [f for f in fits if not f.edge]
+  return SeedFits(fits, stats.summarize([f.A for f in ok]), stats.summarize([f.B for f in ok]),
+                  stats.summarize([f.C_mid for f in ok]))

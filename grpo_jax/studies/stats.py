@@ -114,14 +114,17 @@ def summarize(values: Sequence[float], level: float = 0.95) -> Summary:
 
 
 def band(curves_SxT: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.ndarray]:
-  """Per-column mean and CI half-width of seeds × steps curves (the shaded band of a plot)."""
+  """Per-column mean and CI half-width of seeds × steps curves (the shaded band of a plot). A NaN is a seed that
+  measured nothing at that step (no right answer to take a length of): each column is over its finite seeds, as
+  `summarize` is (NaN with none, half-width 0 with one)."""
   c = np.asarray(curves_SxT, np.float64)
-  n = c.shape[0]
-  mean = c.mean(axis=0)
-  if n < 2:
-    return mean, np.zeros_like(mean)
-  t = t_quantile(0.5 + level / 2.0, n - 1)
-  return mean, t * c.std(axis=0, ddof=1) / math.sqrt(n)
+  ok = np.isfinite(c)
+  n_T = ok.sum(axis=0)
+  x = np.where(ok, c, 0.0)
+  mean = np.where(n_T > 0, x.sum(axis=0) / np.maximum(n_T, 1), np.nan)
+  var = np.where(ok, (c - mean) ** 2, 0.0).sum(axis=0) / np.maximum(n_T - 1, 1)
+  t_T = np.array([t_quantile(0.5 + level / 2.0, n - 1) if n >= 2 else 0.0 for n in n_T])
+  return mean, np.where(n_T >= 2, t_T * np.sqrt(var / np.maximum(n_T, 1)), 0.0)
 
 
 def resolvable_difference(summaries: Sequence[Summary], level: float = 0.95) -> float:
