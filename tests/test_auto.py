@@ -319,6 +319,28 @@ def test_nothing_fits_stops_the_job_before_anything_is_written(monkeypatch, tmp_
     assert not (tmp_path / c.job).exists()
 
 
+def test_a_set_split_that_does_not_fit_is_refused_as_auto_is(monkeypatch, tmp_path, caplog):
+  """rl.rollout_chunks / rl.minibatches set by hand are held to auto's rule: a split the planner puts over the
+  device is one config line naming the set keys and the value auto picks, before config.json is written (it passed
+  preflight and ran out of memory in the compile or the first step); a set split that fits passes; a config the
+  planner cannot cost is a warning, not a refusal."""
+  from grpo_jax.run import jobs
+  want = _squeeze(monkeypatch, _arith())  # the device is one byte short of the 1 x 1 split
+  one = config_lib.override(_arith(), dict.fromkeys(auto.SPLIT_KEYS, 1))
+  fix = ", ".join(f"{k}={v}" for k, v in zip(auto.SPLIT_KEYS, want) if v != 1)
+  with pytest.raises(validate.ConfigError, match=(r"^config.rl.rollout_chunks=1, rl.minibatches=1 \(set\): the step "
+                                                  rf"plans .* more than the device holds; set {fix} \(what auto")):
+    jobs.run(one, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+  fitting = config_lib.override(_arith(), dict(zip(auto.SPLIT_KEYS, want)))
+  mesh = validate.validate_mesh(fitting, 1)
+  auto.check_choosable(fitting, mesh)
+  monkeypatch.setattr(memory_plan, "plan", lambda *a, **k: (_ for _ in ()).throw(ValueError("no such shape")))
+  with caplog.at_level(logging.WARNING):
+    auto.check_choosable(config_lib.override(one, {"sampling.decode_layout": "gathered"}), mesh)
+  assert "the memory planner cannot cost this config (ValueError: no such shape)" in caplog.text
+
+
 def test_compaction_only_where_completions_are_long():
   """sampling.compaction=0 (auto): 8 sizes from max_new_tokens 256 (a tail long enough to pay for the decode step
   each size compiles), none below; explicit values kept; a static engine leaves it (a step reads the unresolved 8)."""
