@@ -11,6 +11,7 @@ import glob
 import importlib.util
 import json
 import os
+import time
 
 import jax
 import orbax.checkpoint as ocp
@@ -231,3 +232,16 @@ def check(config, workdir: str) -> None:
   check_init_from("train.init_from", config.train.init_from, mcfg)
   check_init_from("sft.init_from", config.sft.init_from, mcfg)
   check_data(config, tokenizer)
+  check_hf_weights(config)
+
+
+def check_hf_weights(config) -> None:
+  """The Hugging Face checkpoint the model loads from (model_source.source) holds finite weights: a NaN / inf tensor
+  is one line naming it and its file before the run writes DIR/config.json (load_params found it only after).
+  Last: it reads every weight once, the slowest check here."""
+  src = model_source.source(config)
+  if src is None or not os.path.isdir(src[1]):
+    return
+  t0 = time.monotonic()
+  hf_io.check_finite(src[1])
+  logging.info("%s=hf:%s: every weight finite (checked in %.1f s)", src[0], src[1], time.monotonic() - t0)
