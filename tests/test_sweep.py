@@ -335,6 +335,30 @@ def test_print_mode_writes_launch_commands_the_launcher_accepts(env):
     assert f"--workdir={env / 'print' / r.name}" in argv
 
 
+def test_print_mode_checks_every_point_as_its_run_would(tmp_path, capsys):
+  """--mode=print used to write launch.sh for points their runs refuse at start (rl.G=1, a negative lr): now every
+  point is checked as its run checks it (no compile), each bad point is one line, then one error; nothing written.
+  A launcher's runs are checked for the devices their mesh names, not this host's one CPU device."""
+  c = _config_small()
+  with pytest.raises(errors.ConfigError, match=r"^--mode=print: 3 of the 4 sweep point\(s\) have bad inputs"):
+    sweep.run(c, str(tmp_path / "sw"), config_file="configs/grpo_arith.py:small",
+              sweep_text="rl.G=1,4 optim.lr=-1,1e-3", mode="print", log=lambda s: None)
+  lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("Config error: sweep run ")]
+  assert [l.split(":")[1].strip() for l in lines] == ["sweep run G=1,lr=-1", "sweep run G=1,lr=0.001",
+                                                      "sweep run G=4,lr=-1"], lines
+  assert "config.rl.G" in lines[1] and "config.optim.lr" in lines[2]
+  assert not os.path.exists(tmp_path / "sw")
+  launch = "launch/tpu_vm.sh --name sweep-{i} --zone us-central2-b --accelerator v4-32 --dry-run"
+  pod = config_lib.override(c, {"mesh.data": 8})  # 8 prompts x G 4 = 32 rows: split over 8 devices
+  out = sweep.run(pod, str(tmp_path / "pod"), config_file="configs/grpo_arith.py:small", sweep_text="rl.beta=0,0.1",
+                  mode="print", launch=launch, log=lambda s: None)
+  assert len(out["report"].splitlines()) == 2
+  with pytest.raises(errors.ConfigError, match="1 of the 2 sweep point"):
+    sweep.run(pod, str(tmp_path / "pod2"), config_file="configs/grpo_arith.py:small",
+              sweep_text="rl.prompts_per_step=8,3", mode="print", launch=launch, log=lambda s: None)
+  assert "sweep run prompts_per_step=3" in capsys.readouterr().err
+
+
 def _config_small():
   from configs import grpo_arith  # pylint: disable=g-import-not-at-top
   return grpo_arith.get_config("small")

@@ -172,12 +172,13 @@ def resolve_here(config: ml_collections.ConfigDict, mesh, lanes: int = 1, record
                  recorded=recorded)
 
 
-def check_choosable(config, mesh: dict[str, int]) -> None:
+def check_choosable(config, mesh: dict[str, int], hbm_bytes: int | None = -1) -> None:
   """The input checks' part (preflight, the R1 stages' configs): a knob that cannot choose (nothing fits this
   process's devices) raises its ConfigError before anything is written; the choice itself is made again, and
   logged, where the step is built. So does a set value that does not fit the resolved config (Knob.check), and a
-  set memory knob whose step the planner puts over the device's memory (check_fits)."""
-  ctx = Context(mesh, decode_layout.device_memory_bytes())
+  set memory knob whose step the planner puts over the device's memory (check_fits). `hbm_bytes`: per device; -1
+  this process's; None unknown (a command checked to run elsewhere: the choosers and the fit go unchecked)."""
+  ctx = Context(mesh, decode_layout.device_memory_bytes() if hbm_bytes == -1 else hbm_bytes)
   resolved, _ = resolve(config, ctx, log=False)
   for knob in REGISTRY.values():
     if knob.check is not None and knob.applies(resolved):

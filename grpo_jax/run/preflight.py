@@ -215,13 +215,13 @@ def check(config, workdir: str) -> None:
   with errors.input_errors("config.task.tokenizer"):
     tokenizer = tok_lib.for_config(config)
   check_tokenizer_model(config, tokenizer)
-  n = jax.device_count()
+  n = validate.device_count()
   validate.validate_groups(config)
   validate.validate_tools(config, tokenizer)
   check_packages(config)
   if config.job == "grpo":
     validate.validate_rl(config, n, tokenizer)
-    auto.check_choosable(config, validate.validate_mesh(config, n))
+    auto.check_choosable(config, validate.validate_mesh(config, n), validate.device_memory())
     check_rewards(config, tokenizer)
     if config.sft.steps > 0 and not config.train.init_from:  # the SFT stage runs first: its keys are checked too
       validate.validate_sft(config, n, tokenizer)

@@ -14,16 +14,19 @@ unfinished ones, and refuses a directory that a different config wrote (run_conf
 Modes: `auto` trains each group of job-grpo runs whose compiled programs agree (sweep_vmap.signature: they differ
 only in seeds and the traceable knobs of vmapped_runs.TRACEABLE) as ONE vmapped program when one device is visible, and
 runs everything else one after another through `main`'s own path (jobs.run); `vmap` forces vmapping of every grpo
-group, `serial` never vmaps; `print` writes one launch command per run (DIR/launch.sh) and runs nothing; `report`
-only writes the report. The report, after every mode that runs: DIR/sweep.md, DIR/sweep.csv and DIR/plots/ (mean,
-std and 95% CI over each point's seeds, sweep_report.py). docs/sweeps.md has the details.
+group, `serial` never vmaps; `print` checks every point as its run would, then writes one launch command per run
+(DIR/launch.sh) and runs nothing; `report` only writes the report. The report, after every mode that runs:
+DIR/sweep.md, DIR/sweep.csv and DIR/plots/ (mean, std and 95% CI over each point's seeds, sweep_report.py).
+docs/sweeps.md has the details.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import importlib.util
 import inspect
+import math
 import os
 import shlex
 import sys
@@ -42,6 +45,7 @@ from grpo_jax.run import jobs
 from grpo_jax.run import stages
 from grpo_jax.hf import model_source
 from grpo_jax.run import preflight
+from grpo_jax.run import validate
 from grpo_jax.infra import signals
 from grpo_jax.infra import workdir_lock
 from grpo_jax import cli
@@ -169,19 +173,55 @@ def check(runs: Sequence[Run]) -> dict[str, bool]:
   """Every run's inputs (preflight) and its directory against its config (the stage plan), before anything is
   written: a bad value or a directory from a different config is one InputError line naming the run. Returns
   {run name: finished}."""
-  out = {}
+  return {r.name: check_run(r) for r in runs}
+
+
+def check_run(r: Run, plan: bool = True) -> bool:
+  """One run's checks (check's); -> whether it finished earlier. An input error names the run. plan=False: its
+  directory is not read (a printed command's object-store directory: the launched run plans it)."""
+  try:
+    c = model_source.resolve(r.config)
+    jobs.check(c, r.workdir)
+    todo = _stage_list(c, r.workdir)
+    stages.allow_set(c)
+    stages.rerun_set(c, todo)
+    if not plan:
+      return False
+    actions = stages.plan(todo, c, r.workdir)
+  except errors.InputError as e:
+    raise type(e)(f"sweep run {r.name}: {e}") from e
+  return all(a == "skip" for a in actions.values()) and _report_written(c, r.workdir)
+
+
+def check_printed(runs: Sequence[Run], launch: str, log: Callable[[str], None]) -> None:
+  """--mode=print: every point checked as its run will check it (check_run: no compile), before launch.sh is
+  written; each bad point is one `Config error: sweep run <name>: ...` line on stderr, then one ConfigError. A
+  launcher's runs go to other machines: they are checked for the devices their mesh names (this host's count where
+  an axis is -1) and for unknown memory (the fit is each launched run's own preflight, logged); an object-store
+  run directory (gs://...) is not read here (each launched run checks it against its config)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  devices = None
+  if launch != "local":
+    sizes = [int(runs[0].config.mesh[a]) for a in ("data", "fsdp", "tensor")] if runs else []
+    devices = math.prod(sizes) if sizes and all(n > 0 for n in sizes) else jax.device_count()
+    log(f"[sweep] checking the runs for {devices} device(s) (mesh {dict(runs[0].config.mesh) if runs else {}}) of "
+        "unknown memory: the memory fit is checked by each launched run")
+  bad: dict[str, str] = {}
   for r in runs:
+    if r.point in bad:
+      continue  # one line per point: its other seeds fail alike
     try:
-      c = model_source.resolve(r.config)
-      jobs.check(c, r.workdir)
-      todo = _stage_list(c, r.workdir)
-      stages.allow_set(c)
-      stages.rerun_set(c, todo)
-      actions = stages.plan(todo, c, r.workdir)
+      with contextlib.ExitStack() as stack:
+        if devices is not None:
+          stack.enter_context(validate.elsewhere(devices, None))
+        check_run(r, plan="://" not in r.workdir)
     except errors.InputError as e:
-      raise type(e)(f"sweep run {r.name}: {e}") from e
-    out[r.name] = all(a == "skip" for a in actions.values()) and _report_written(c, r.workdir)
-  return out
+      bad[r.point] = errors.one_line(str(e))
+      print(f"Config error: {bad[r.point]}", file=sys.stderr, flush=True)
+  if bad:
+    points = len({r.point for r in runs})
+    raise errors.ConfigError(f"--mode=print: {len(bad)} of the {points} sweep point(s) have bad inputs (one line each "
+                             "above); fix or drop them, then print again (nothing was written).")
 
 
 def _report_written(config, workdir: str) -> bool:
@@ -246,6 +286,7 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
     sweep_report.parse(m)
   summary: dict[str, Any] = {"runs": runs, "groups": [], "failed": {}}
   if mode == "print":
+    check_printed(runs, launch, log)
     cmds = launch_commands(runs, config_file, dict(base_overrides or {}), launch)
     if "://" not in workdir:
       os.makedirs(workdir, exist_ok=True)
