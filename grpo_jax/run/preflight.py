@@ -14,6 +14,7 @@ import os
 import time
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
@@ -199,6 +200,29 @@ def check_data(config, tokenizer) -> None:
                                f"split{where}; set {key}={usable['test']} or lower (a multiple of its batch).")
 
 
+def check_sft_lengths(config, tokenizer) -> None:
+  """The SFT stage's sequences (data.sft_batches: job=sft / pretrain, or the grpo job's SFT stage) fit
+  model.max_len: a longer one was a ValueError traceback at the stage's first batch, after the run's files were
+  written. The R1 pipeline's stages build their own corpora (r1/corpus.py)."""
+  if config.job in ("sft", "pretrain"):
+    mode = "all" if config.job == "pretrain" else config.sft.loss_on
+  elif config.job == "grpo" and config.sft.steps > 0 and not config.train.init_from:
+    mode = config.sft.loss_on
+  else:
+    return
+  if mode not in ("completion", "all"):
+    return  # validate_sft names it
+  lengths = data_lib.sft_lengths(config.task, tokenizer, "train", mode, config.sft.mistake_frac > 0)
+  limit = config.model.max_len
+  if len(lengths) and lengths.max() > limit:
+    over = np.flatnonzero(lengths > limit)
+    index = data_lib.load_examples(config.task, "train")[int(over[0])]["index"]
+    raise errors.ConfigError(
+        f"config.model.max_len: {limit} tokens are too few for the SFT stage: {len(over)} of its {len(lengths)} "
+        f"train sequences are longer (longest {int(lengths.max())}, example {index} first; bos + prompt + worked "
+        f"solution + eos); set model.max_len={int(lengths.max())} or more.")
+
+
 def check(config, workdir: str) -> None:
   """All of it, in the order a user fixes things; raises the first problem as one line."""
   check_workdir(workdir)
@@ -232,6 +256,7 @@ def check(config, workdir: str) -> None:
   check_init_from("train.init_from", config.train.init_from, mcfg)
   check_init_from("sft.init_from", config.sft.init_from, mcfg)
   check_data(config, tokenizer)
+  check_sft_lengths(config, tokenizer)
   check_hf_weights(config)
 
 
