@@ -511,6 +511,27 @@ def test_a_recorded_value_that_no_longer_fits_is_one_config_line():
     train.check_recorded(c, {"sampling.slots": 32})
 
 
+def test_a_recorded_value_that_no_longer_fits_is_refused_before_config_json_is_rewritten(monkeypatch, tmp_path):
+  """The same refusal through the job: it came from the RL set-up after DIR/config.json had been rewritten with the
+  refused config (the run's record of what it ran, lost); now from jobs.run_group once the plan accepts the resume,
+  before any write. A finished run recorded slots 8 (2 prompts x G 4); prompts_per_step 1 is allowed, the slots
+  are not."""
+  from grpo_jax.infra import errors  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import jobs, run_config, stages  # pylint: disable=g-import-not-at-top
+  wd = str(tmp_path / "run")
+  c = config_lib.override(_arith(), {"sampling.engine": "continuous", "train.ckpt_every": 1})
+  view = run_config.with_resolved(run_config.view(c, "rl"), {"sampling.slots": 8})
+  stages.mark_done(stages.Stage("rl", wd, view, steps=2, own_dir=False))
+  os.makedirs(os.path.join(wd, "checkpoints"))
+  (tmp_path / "run" / "config.json").write_text("the first run's")
+  from grpo_jax.infra import checkpoint  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": view}))  # what the run saved
+  c2 = config_lib.override(c, {"rl.prompts_per_step": 1, "train.allow_config_change": "rl.prompts_per_step"})
+  with pytest.raises(errors.ConfigError, match=r"config.sampling.slots: 8 exceeds the 4 .*on resume: sampling.slots=8"):
+    jobs.run(c2, wd)
+  assert (tmp_path / "run" / "config.json").read_text() == "the first run's"
+
+
 def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
   """A run records what `auto` resolved (DIR/auto.json, `resolved.<key>` in each checkpoint's config); a resume
   takes the recorded values even where today's rule picks otherwise (and says so); an explicit value other than

@@ -18,8 +18,10 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import errors
 from grpo_jax.rl import auto
+from grpo_jax.run import run_config
 from grpo_jax.run import validate
 from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.rl import reward_spec
@@ -126,6 +128,24 @@ def check_params_shapes(key: str, path: str, mcfg) -> None:
             f"no {missing[0]} ({len(missing)} params of the config's model missing)")
     raise errors.ConfigError(f"config.{key}={path}: the checkpoint holds a different model ({what}); set config.model "
                              "to the shape it was trained with, or point init_from at a checkpoint of this model.")
+
+
+def check_recorded_values(config, workdir: str) -> None:
+  """A resume reuses the `auto` values its newest checkpoint recorded (rl/auto.py): the config is validated with them
+  (train.check_recorded) once the stage plan has accepted the resume, before DIR/config.json is rewritten: a value
+  that no longer fits (sampling.slots above the rows of a changed prompts_per_step) was refused only after it had
+  been rewritten with the refused config. Reads only. `workdir`: the RL stage's directory (the grpo job's: --workdir
+  itself; an R1 RL stage's: its own)."""
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if "://" in workdir or not os.path.isdir(ckpt_dir):
+    return
+  newest = ckpt_lib.newest_meta(ckpt_dir)
+  recorded = run_config.recorded_settings(newest[1].get("config")) if newest else {}
+  if not recorded:
+    return
+  mesh = validate.validate_mesh(config, validate.device_count())
+  resolved, _ = auto.resolve(config, auto.Context(mesh, validate.device_memory()), log=False, recorded=recorded)
+  train.check_recorded(resolved, recorded, tok_lib.for_config(config))
 
 
 def check_tokenizer_model(config, tokenizer) -> None:
