@@ -359,6 +359,29 @@ def test_print_mode_checks_every_point_as_its_run_would(tmp_path, capsys):
   assert "sweep run prompts_per_step=3" in capsys.readouterr().err
 
 
+def test_a_set_split_that_fits_one_run_but_not_the_vmapped_lanes(env, monkeypatch, tmp_path):
+  """rl.rollout_chunks / minibatches set by hand pass each run's preflight against the whole device, but S vmapped
+  runs share it (train_group plans auto values for 1/S of it; set ones were not checked): --mode=vmap now refuses
+  the group before anything is written, --mode=auto runs it one run at a time (logged)."""
+  from grpo_jax.rl import auto, memory_plan  # pylint: disable=g-import-not-at-top
+  from grpo_jax.rollout import decode_layout  # pylint: disable=g-import-not-at-top
+  c = config_lib.override(_config_small(), {**TINY, "rl.rollout_chunks": 1, "rl.minibatches": 1})
+  one = memory_plan.plan(c, dict(data=1, fsdp=1, tensor=1)).total_bytes
+  monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [one + one // 4])  # one run fits, two lanes do not
+  with pytest.raises(errors.ConfigError, match=r"^--mode=vmap: the 2 runs .* 1/2 of each device's memory each: "
+                                               r"config.rl.rollout_chunks=1, rl.minibatches=1 \(set\)"):
+    sweep.run(c, str(tmp_path / "v"), seeds=2, mode="vmap", log=lambda s: None)
+  assert not (tmp_path / "v").exists()
+  ran, lines = [], []
+  monkeypatch.setattr(sweep.jobs, "run", lambda config, wd: ran.append(wd))
+  monkeypatch.setattr(sweep.sweep_vmap, "run_group", lambda *a, **k: pytest.fail("vmapped"))
+  sweep.run(c, str(tmp_path / "a"), seeds=2, mode="auto", log=lines.append)
+  assert len(ran) == 2 and any("do not fit one device as one vmapped program" in l for l in lines), lines
+  monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [3 * one])  # both fit: one program, no check refuses
+  assert sweep.lanes_misfit(sweep.make_runs(c, sweep.load_points("", c), 2, str(tmp_path / "b"))) is None
+  del auto
+
+
 def _config_small():
   from configs import grpo_arith  # pylint: disable=g-import-not-at-top
   return grpo_arith.get_config("small")

@@ -44,6 +44,7 @@ from grpo_jax.studies import sweep_vmap
 from grpo_jax.run import jobs
 from grpo_jax.run import stages
 from grpo_jax.hf import model_source
+from grpo_jax.rl import auto
 from grpo_jax.run import preflight
 from grpo_jax.run import validate
 from grpo_jax.infra import signals
@@ -139,6 +140,21 @@ def _own_lora_base(group: Sequence[Run]) -> bool:
   if lora is None or not lora.rank > 0 or c.train.init_from:
     return False
   return c.sft.steps > 0 or len({config_lib.run_seed(r.config) for r in group}) > 1
+
+
+def lanes_misfit(group: Sequence[Run]) -> str | None:
+  """Why the runs of `group` do not fit one device as one vmapped program (None: they do, or no memory figure): vmap
+  stacks every array once per run, so S runs get 1/S of each device's memory, as train_group plans their `auto`
+  values; a set memory knob (or nothing fitting) is checked against that share (auto.check_choosable). Reads only."""
+  hbm = validate.device_memory()
+  if len(group) < 2 or hbm is None:
+    return None
+  c = model_source.resolve(group[0].config)
+  try:
+    auto.check_choosable(c, validate.validate_mesh(c, validate.device_count()), hbm // len(group))
+  except errors.ConfigError as e:
+    return errors.one_line(str(e)).rstrip(".")
+  return None
 
 
 def decide(group: Sequence[Run], mode: str, n_devices: int) -> str:
@@ -303,6 +319,16 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
   done = check(runs)
   import jax  # pylint: disable=g-import-not-at-top
   plan = [(group, decide(group, mode, jax.device_count())) for group in groups(runs)]  # refusals before any write
+  for i, (group, how) in enumerate(plan):
+    why = lanes_misfit(group) if how == "vmap" else None
+    if why and mode == "vmap":
+      raise errors.ConfigError(f"--mode=vmap: the {len(group)} runs {group[0].name}, ... in one program get 1/"
+                               f"{len(group)} of each device's memory each: {why}; use --mode=auto or serial (one "
+                               "run at a time).")
+    if why:
+      log(f"[sweep] {len(group)} runs ({group[0].name}, ...) do not fit one device as one vmapped program ({why}); "
+          "running them one after another.")
+      plan[i] = (group, "serial")
   with workdir_lock.WorkdirLock(workdir), signals.GracefulStop() as stop:
     _write_plan(workdir, runs, command, seeds, mode)
     for group, how in plan:
