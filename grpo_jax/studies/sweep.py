@@ -212,24 +212,23 @@ def check_run(r: Run, plan: bool = True) -> bool:
 def check_printed(runs: Sequence[Run], launch: str, log: Callable[[str], None]) -> None:
   """--mode=print: every point checked as its run will check it (check_run: no compile), before launch.sh is
   written; each bad point is one `Config error: sweep run <name>: ...` line on stderr, then one ConfigError. A
-  launcher's runs go to other machines: they are checked for the devices their mesh names (this host's count where
-  an axis is -1) and for unknown memory (the fit is each launched run's own preflight, logged); an object-store
+  launcher's runs go to other machines: they are checked for the devices their mesh names (an axis at -1 counted
+  as 1: the fewest it runs on, never a false refusal of the mesh) and for unknown memory (the fit is each launched run's own preflight, logged); an object-store
   run directory (gs://...) is not read here (each launched run checks it against its config)."""
-  import jax  # pylint: disable=g-import-not-at-top
-  devices = None
+  def devices(c) -> int:  # the devices a launched run's mesh names; an axis at -1 (all the others) counted as 1
+    return math.prod(max(int(c.mesh[a]), 1) for a in ("data", "fsdp", "tensor"))
+
   if launch != "local":
-    sizes = [int(runs[0].config.mesh[a]) for a in ("data", "fsdp", "tensor")] if runs else []
-    devices = math.prod(sizes) if sizes and all(n > 0 for n in sizes) else jax.device_count()
-    log(f"[sweep] checking the runs for {devices} device(s) (mesh {dict(runs[0].config.mesh) if runs else {}}) of "
-        "unknown memory: the memory fit is checked by each launched run")
+    log("[sweep] checking the runs for the devices their mesh names, of unknown memory: the memory fit is checked by "
+        "each launched run")
   bad: dict[str, str] = {}
   for r in runs:
     if r.point in bad:
       continue  # one line per point: its other seeds fail alike
     try:
       with contextlib.ExitStack() as stack:
-        if devices is not None:
-          stack.enter_context(validate.elsewhere(devices, None))
+        if launch != "local":
+          stack.enter_context(validate.elsewhere(devices(r.config), None))
         check_run(r, plan="://" not in r.workdir)
     except errors.InputError as e:
       bad[r.point] = errors.one_line(str(e))
