@@ -84,6 +84,10 @@ def test_nothing_fits_is_one_config_line_naming_the_keys():
   with pytest.raises(validate.ConfigError, match=r"^config.rl.minibatches: auto .* set rl.rollout_chunks=0 \(auto\) "
                      "too \\(the score phase peaks\\)"):
     auto.resolve(_tiny(**{"rl.rollout_chunks": 1}), auto.Context(MESH1, 8_000_000, "cpu"))
+  # ... and only rollout_chunks auto with one minibatch set, the update too big: the fix names rl.minibatches
+  with pytest.raises(validate.ConfigError, match=r"^config.rl.rollout_chunks: auto .* set rl.minibatches=0 \(auto\) "
+                     "too \\(the update phase peaks\\)"):
+    auto.resolve(_tiny(**{"rl.minibatches": 1}), auto.Context(MESH1, 14_000_000, "cpu"))
   fixed, chosen = auto.resolve(_tiny(**{"rl.rollout_chunks": 2}), auto.Context(MESH1, 8_000_000, "cpu"))
   assert (fixed.rl.rollout_chunks, fixed.rl.minibatches) == (2, 4)
   assert "rl.minibatches" in chosen and "rl.rollout_chunks" not in chosen  # the set one is left as it is

@@ -456,6 +456,8 @@ def choose_split(config, ctx: Context, candidates: list[tuple[int, int]]) -> tup
   fix = "lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, set model.remat=full, or add devices (mesh.fsdp)"
   if "rl.rollout_chunks" not in auto_keys and p.peak_phase != "update":
     fix = f"set rl.rollout_chunks=0 (auto) too (the {p.peak_phase} phase peaks), or " + fix
+  if "rl.minibatches" not in auto_keys and p.peak_phase == "update":
+    fix = "set rl.minibatches=0 (auto) too (the update phase peaks), or " + fix
   raise ConfigError(f"config.{', '.join(auto_keys)}: auto (0) finds no split that fits {size(ctx.hbm_bytes)} per "
                     f"device (the most, rl.rollout_chunks={c} x rl.minibatches={m}, still plans {size(p.total_bytes)}, "
                     f"peak in {p.peak_phase}); {fix}.")
