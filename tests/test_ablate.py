@@ -148,7 +148,8 @@ def test_a_set_split_over_the_seeds_share_is_refused_before_the_first_cell(tmp_p
   g = {**presets.overrides("grpo"), "rl.mu": 2}
   cfg = train_table.table_config("small", (("mb2", {**g, "rl.minibatches": 2}), ("mb1", {**g, "rl.minibatches": 1})))
   one = train_table.build_config(cfg, dict(cfg.variants)["mb1"])
-  need = memory_plan.plan(config_lib.override(one, {"rl.rollout_chunks": 1}), dict(data=1, fsdp=1, tensor=1)).total_bytes
+  need = memory_plan.plan(config_lib.override(one, {"rl.rollout_chunks": 1}),
+                         dict(data=1, fsdp=1, tensor=1)).total_bytes
   monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [need * int(cfg.seeds) - 1])  # mb1's seeds: one byte short
   with pytest.raises(config_lib.ConfigError, match=r"^variant 'mb1': config.rl.rollout_chunks=1, rl.minibatches=1 "
                                                    r"\(set\): .* set rl.minibatches=2 .*"

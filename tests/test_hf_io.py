@@ -283,7 +283,8 @@ def test_nonfinite_weights_are_refused_before_the_workdir_is_written(tmp_path, c
     rewrite(src, damage)
     code = main.execute(c, str(tmp_path / "run"))
     line = capsys.readouterr().err.strip().splitlines()[-1]
-    assert code == 2 and line.startswith("Config error: ") and f"model.safetensors: tensor {name} holds 1 NaN/inf" in line, line
+    assert code == 2 and line.startswith("Config error: "), line
+    assert f"model.safetensors: tensor {name} holds 1 NaN/inf" in line, line
     assert not (tmp_path / "run").exists()
 
 

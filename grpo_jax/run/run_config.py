@@ -242,7 +242,8 @@ def check(old: Mapping[str, Any] | None, new: Mapping[str, Any], allow: set[str]
         f"the config differs from the one that wrote {where} in {describe(shown, old, new)}"
         f"{f' and {more} more key(s)' if more else ''}; "
         f"{', '.join(hard)} change{'s' if len(hard) == 1 else ''} the saved state's structure{lora}, so this run "
-        f"cannot continue with {'it' if len(hard) == 1 else 'them'}: restore the old value{'s' if len(hard) > 1 else ''}"
+        f"cannot continue with {'it' if len(hard) == 1 else 'them'}: "
+        f"restore the old value{'s' if len(hard) > 1 else ''}"
         f"{hint} or use a new --workdir (not {workdir_hint}){note}.")
   refused = [k for k in changed if not _allowed(k, allow)]
   if refused:

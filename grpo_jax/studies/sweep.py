@@ -213,8 +213,10 @@ def check_printed(runs: Sequence[Run], launch: str, log: Callable[[str], None]) 
   """--mode=print: every point checked as its run will check it (check_run: no compile), before launch.sh is
   written; each bad point is one `Config error: sweep run <name>: ...` line on stderr, then one ConfigError. A
   launcher's runs go to other machines: they are checked for the devices their mesh names (an axis at -1 counted
-  as 1: the fewest it runs on, never a false refusal of the mesh) and for unknown memory (the fit is each launched run's own preflight, logged); an object-store
-  run directory (gs://...) is not read here (each launched run checks it against its config)."""
+  as 1: the fewest it runs on, never a false refusal of the mesh) and for unknown memory (the fit is each launched
+  run's own preflight, logged); an object-store run directory (gs://...) is not read here (each launched run checks
+  it against its config)."""
+
   def devices(c) -> int:  # the devices a launched run's mesh names; an axis at -1 (all the others) counted as 1
     return math.prod(max(int(c.mesh[a]), 1) for a in ("data", "fsdp", "tensor"))
 
