@@ -264,7 +264,7 @@ def test_sweep_text_is_typed_and_bad_input_is_one_line():
     assert "\n" not in str(e.value) and not os.path.exists("/tmp/x_never_written")
 
 
-def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path):
+def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path, capsys):
   """A point whose value validation refuses (its SFT stage's batch 0, valid as sweep text): one line naming the run
   and the key; not the sweep directory, sweep.json or any run directory is written (every point is preflighted
   before the sweep writes)."""
@@ -272,6 +272,12 @@ def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path)
   with pytest.raises(errors.ConfigError) as e:
     sweep.run(c, str(tmp_path / "sw"), sweep_text="sft.batch=4,0", log=lambda s: None)
   assert "sweep run batch=0: config.sft.batch" in str(e.value), str(e.value)
+  assert not os.path.exists(tmp_path / "sw")
+  # two bad runs: each its own line, then one error (the first alone was reported)
+  with pytest.raises(errors.ConfigError, match=r"^2 of the 3 sweep runs have bad inputs"):
+    sweep.run(c, str(tmp_path / "sw"), sweep_text="sft.batch=4,0,-1", log=lambda s: None)
+  err = capsys.readouterr().err
+  assert "sweep run batch=0: config.sft.batch" in err and "sweep run batch=-1: config.sft.batch" in err, err
   assert not os.path.exists(tmp_path / "sw")
   # --mode=vmap for runs that cannot share a program (job=sft): refused before the lock and sweep.json are written
   with pytest.raises(errors.ConfigError, match="--mode=vmap") as e:

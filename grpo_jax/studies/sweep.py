@@ -187,9 +187,22 @@ def finished(run: Run) -> bool:
 
 def check(runs: Sequence[Run]) -> dict[str, bool]:
   """Every run's inputs (preflight) and its directory against its config (the stage plan), before anything is
-  written: a bad value or a directory from a different config is one InputError line naming the run. Returns
-  {run name: finished}."""
-  return {r.name: check_run(r) for r in runs}
+  written: a bad value or a directory from a different config is one InputError line naming the run; several bad
+  runs are one line each on stderr, then one error (as --mode=print reports them). Returns {run name: finished}."""
+  done, bad = {}, []
+  for r in runs:
+    try:
+      done[r.name] = check_run(r)
+    except errors.InputError as e:
+      bad.append(e)
+  if len(bad) == 1:
+    raise bad[0]
+  if bad:
+    for e in bad:
+      print(f"Config error: {errors.one_line(str(e))}", file=sys.stderr, flush=True)
+    raise errors.ConfigError(f"{len(bad)} of the {len(runs)} sweep runs have bad inputs (one line each above); fix "
+                             "or drop them (nothing was written).")
+  return done
 
 
 def check_run(r: Run, plan: bool = True) -> bool:
