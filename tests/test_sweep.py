@@ -362,6 +362,12 @@ def test_print_mode_checks_every_point_as_its_run_would(tmp_path, capsys):
   pod16 = config_lib.override(c, {"mesh.data": -1, "mesh.fsdp": 8})  # -1: all the pod's others, not this host's 1
   sweep.run(pod16, str(tmp_path / "pod16"), config_file="configs/grpo_arith.py:small", sweep_text="rl.beta=0,0.1",
             mode="print", launch=launch, log=lambda s: None)
+  # paths only the pod has: not refused here (logged), the launched run checks them
+  lines = []
+  sweep.run(config_lib.override(pod, {"train.init_from": "hf:/pod_only/Qwen"}), str(tmp_path / "pod3"),
+            config_file="configs/grpo_arith.py:small", sweep_text="rl.beta=0,0.1", mode="print", launch=launch,
+            log=lines.append)
+  assert any("train.init_from=hf:/pod_only/Qwen not on this host" in l for l in lines), lines
   with pytest.raises(errors.ConfigError, match="1 of the 2 sweep point"):
     sweep.run(pod, str(tmp_path / "pod2"), config_file="configs/grpo_arith.py:small",
               sweep_text="rl.prompts_per_step=8,3", mode="print", launch=launch, log=lambda s: None)

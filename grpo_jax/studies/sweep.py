@@ -228,7 +228,8 @@ def check_printed(runs: Sequence[Run], launch: str, log: Callable[[str], None]) 
   launcher's runs go to other machines: they are checked for the devices their mesh names (an axis at -1 counted
   as 1: the fewest it runs on, never a false refusal of the mesh) and for unknown memory (the fit is each launched
   run's own preflight, logged); an object-store run directory (gs://...) is not read here (each launched run checks
-  it against its config)."""
+  it against its config), and a run whose config names local paths this host lacks (the pod's /data/...) is left
+  to the launched run (logged), not refused for them."""
 
   def devices(c) -> int:  # the devices a launched run's mesh names; an axis at -1 (all the others) counted as 1
     return math.prod(max(int(c.mesh[a]), 1) for a in ("data", "fsdp", "tensor"))
@@ -240,6 +241,11 @@ def check_printed(runs: Sequence[Run], launch: str, log: Callable[[str], None]) 
   for r in runs:
     if r.point in bad:
       continue  # one line per point: its other seeds fail alike
+    absent = [] if launch == "local" else _absent_paths(r.config)
+    if absent:
+      log(f"[sweep] {r.name}: {', '.join(absent)} not on this host (the launched machines' paths): its inputs are "
+          "checked by the launched run only")
+      continue
     try:
       with contextlib.ExitStack() as stack:
         if launch != "local":
@@ -252,6 +258,21 @@ def check_printed(runs: Sequence[Run], launch: str, log: Callable[[str], None]) 
     points = len({r.point for r in runs})
     raise errors.ConfigError(f"--mode=print: {len(bad)} of the {points} sweep point(s) have bad inputs (one line each "
                              "above); fix or drop them, then print again (nothing was written).")
+
+
+PATH_KEYS = ("train.init_from", "sft.init_from", "task.tokenizer", "task.data_dir")
+
+
+def _absent_paths(config) -> list[str]:
+  """'key=value' of the local paths a run's config names (PATH_KEYS, hf: stripped) that this host does not have."""
+  out = []
+  for key in PATH_KEYS:
+    section, name = key.split(".")
+    value = str((config.get(section) or {}).get(name, "") or "")
+    path = value[3:] if value.startswith("hf:") else value
+    if path and path != "init_from" and "://" not in path and not os.path.exists(path):
+      out.append(f"{key}={value}")
+  return out
 
 
 def _report_written(config, workdir: str) -> bool:
