@@ -274,7 +274,8 @@ def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path,
   assert "sweep run batch=0: config.sft.batch" in str(e.value), str(e.value)
   assert not os.path.exists(tmp_path / "sw")
   # two bad runs: each its own line, then one error (the first alone was reported)
-  with pytest.raises(errors.ConfigError, match=r"^2 of the 3 sweep runs have bad inputs"):
+  with pytest.raises(errors.ConfigError, match=r"^2 of the 3 sweep runs have bad inputs .* the first: sweep run "
+                                               "batch=0: config.sft.batch"):
     sweep.run(c, str(tmp_path / "sw"), sweep_text="sft.batch=4,0,-1", log=lambda s: None)
   err = capsys.readouterr().err
   assert "sweep run batch=0: config.sft.batch" in err and "sweep run batch=-1: config.sft.batch" in err, err

@@ -200,8 +200,8 @@ def check(runs: Sequence[Run]) -> dict[str, bool]:
   if bad:
     for e in bad:
       print(f"Config error: {errors.one_line(str(e))}", file=sys.stderr, flush=True)
-    raise errors.ConfigError(f"{len(bad)} of the {len(runs)} sweep runs have bad inputs (one line each above); fix "
-                             "or drop them (nothing was written).")
+    raise type(bad[0])(f"{len(bad)} of the {len(runs)} sweep runs have bad inputs (one line each above; nothing was "
+                       f"written), the first: {errors.one_line(str(bad[0]))}")
   return done
 
 
