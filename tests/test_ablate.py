@@ -142,6 +142,32 @@ def test_single_run_cells_say_exact():
   assert "| x | 10 |" in md and "exact" in md
 
 
+def test_a_set_split_over_the_seeds_share_is_refused_before_the_first_cell(tmp_path, monkeypatch):
+  """A variant's S seeds share one device in one vmapped program: rl.minibatches set by hand was never checked
+  against 1/S of it (auto values are planned so): on this pretend-small device the old code ran the whole table
+  (on a real one: out of memory at that variant's compile, after the cells before it). Now one line naming the
+  variant, before anything is written."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.config import presets
+  from grpo_jax.rl import auto, memory_plan
+  from grpo_jax.rollout import decode_layout
+  from grpo_jax.studies.ablations import train_table
+  g = {**presets.overrides("grpo"), "rl.mu": 2}
+  cfg = train_table.table_config("small", (("mb2", {**g, "rl.minibatches": 2}), ("mb1", {**g, "rl.minibatches": 1})))
+  one = train_table.build_config(cfg, dict(cfg.variants)["mb1"])
+  need = memory_plan.plan(config_lib.override(one, {"rl.rollout_chunks": 1}),
+                         dict(data=1, fsdp=1, tensor=1)).total_bytes
+  monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [need * int(cfg.seeds) - 1])  # mb1's seeds: one byte short
+  with pytest.raises(config_lib.ConfigError, match=r"^variant 'mb1': config.rl.rollout_chunks=1, rl.minibatches=1 "
+                                                   r"\(set\): .* set rl.minibatches=2 .*"
+                                                   r"\(its \d+ seeds share one device: 1/\d+ of its memory each\)"):
+    ablate.run(cfg, str(tmp_path / "t"), table=train_table, log=lambda s: None)
+  assert not os.path.exists(tmp_path / "t")
+  monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [need * int(cfg.seeds)])
+  ablate.check_memory(cfg, train_table)  # fits exactly
+  del auto
+
+
 def test_rows_that_can_only_be_identical_are_refused_before_running(tmp_path):
   """Variants that differ only in a clip range (or SAPO's temperatures) while every update is on-policy (μ 1, one
   minibatch: ρ ≡ 1) are refused, naming the rows and the fix; with μ 2 the same variants are accepted; and every

@@ -84,6 +84,10 @@ def test_nothing_fits_is_one_config_line_naming_the_keys():
   with pytest.raises(validate.ConfigError, match=r"^config.rl.minibatches: auto .* set rl.rollout_chunks=0 \(auto\) "
                      "too \\(the score phase peaks\\)"):
     auto.resolve(_tiny(**{"rl.rollout_chunks": 1}), auto.Context(MESH1, 8_000_000, "cpu"))
+  # ... and only rollout_chunks auto with one minibatch set, the update too big: the fix names rl.minibatches
+  with pytest.raises(validate.ConfigError, match=r"^config.rl.rollout_chunks: auto .* set rl.minibatches=0 \(auto\) "
+                     "too \\(the update phase peaks\\)"):
+    auto.resolve(_tiny(**{"rl.minibatches": 1}), auto.Context(MESH1, 14_000_000, "cpu"))
   fixed, chosen = auto.resolve(_tiny(**{"rl.rollout_chunks": 2}), auto.Context(MESH1, 8_000_000, "cpu"))
   assert (fixed.rl.rollout_chunks, fixed.rl.minibatches) == (2, 4)
   assert "rl.minibatches" in chosen and "rl.rollout_chunks" not in chosen  # the set one is left as it is
@@ -319,6 +323,28 @@ def test_nothing_fits_stops_the_job_before_anything_is_written(monkeypatch, tmp_
     assert not (tmp_path / c.job).exists()
 
 
+def test_a_set_split_that_does_not_fit_is_refused_as_auto_is(monkeypatch, tmp_path, caplog):
+  """rl.rollout_chunks / rl.minibatches set by hand are held to auto's rule: a split the planner puts over the
+  device is one config line naming the set keys and the value auto picks, before config.json is written (it passed
+  preflight and ran out of memory in the compile or the first step); a set split that fits passes; a config the
+  planner cannot cost is a warning, not a refusal."""
+  from grpo_jax.run import jobs
+  want = _squeeze(monkeypatch, _arith())  # the device is one byte short of the 1 x 1 split
+  one = config_lib.override(_arith(), dict.fromkeys(auto.SPLIT_KEYS, 1))
+  fix = ", ".join(f"{k}={v}" for k, v in zip(auto.SPLIT_KEYS, want) if v != 1)
+  with pytest.raises(validate.ConfigError, match=(r"^config.rl.rollout_chunks=1, rl.minibatches=1 \(set\): the step "
+                                                  rf"plans .* more than the device holds; set {fix} \(what auto")):
+    jobs.run(one, str(tmp_path / "run"))
+  assert not (tmp_path / "run").exists()
+  fitting = config_lib.override(_arith(), dict(zip(auto.SPLIT_KEYS, want)))
+  mesh = validate.validate_mesh(fitting, 1)
+  auto.check_choosable(fitting, mesh)
+  monkeypatch.setattr(memory_plan, "plan", lambda *a, **k: (_ for _ in ()).throw(ValueError("no such shape")))
+  with caplog.at_level(logging.WARNING):
+    auto.check_choosable(config_lib.override(one, {"sampling.decode_layout": "gathered"}), mesh)
+  assert "the memory planner cannot cost this config (ValueError: no such shape)" in caplog.text
+
+
 def test_compaction_only_where_completions_are_long():
   """sampling.compaction=0 (auto): 8 sizes from max_new_tokens 256 (a tail long enough to pay for the decode step
   each size compiles), none below; explicit values kept; a static engine leaves it (a step reads the unresolved 8)."""
@@ -487,6 +513,27 @@ def test_a_recorded_value_that_no_longer_fits_is_one_config_line():
   with pytest.raises(errors.ConfigError,
                      match=r"config.sampling.slots: 32 exceeds the 16 .*on resume: sampling.slots=32, the value"):
     train.check_recorded(c, {"sampling.slots": 32})
+
+
+def test_a_recorded_value_that_no_longer_fits_is_refused_before_config_json_is_rewritten(monkeypatch, tmp_path):
+  """The same refusal through the job: it came from the RL set-up after DIR/config.json had been rewritten with the
+  refused config (the run's record of what it ran, lost); now from jobs.run_group once the plan accepts the resume,
+  before any write. A finished run recorded slots 8 (2 prompts x G 4); prompts_per_step 1 is allowed, the slots
+  are not."""
+  from grpo_jax.infra import errors  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import jobs, run_config, stages  # pylint: disable=g-import-not-at-top
+  wd = str(tmp_path / "run")
+  c = config_lib.override(_arith(), {"sampling.engine": "continuous", "train.ckpt_every": 1})
+  view = run_config.with_resolved(run_config.view(c, "rl"), {"sampling.slots": 8})
+  stages.mark_done(stages.Stage("rl", wd, view, steps=2, own_dir=False))
+  os.makedirs(os.path.join(wd, "checkpoints"))
+  (tmp_path / "run" / "config.json").write_text("the first run's")
+  from grpo_jax.infra import checkpoint  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": view}))  # what the run saved
+  c2 = config_lib.override(c, {"rl.prompts_per_step": 1, "train.allow_config_change": "rl.prompts_per_step"})
+  with pytest.raises(errors.ConfigError, match=r"config.sampling.slots: 8 exceeds the 4 .*on resume: sampling.slots=8"):
+    jobs.run(c2, wd)
+  assert (tmp_path / "run" / "config.json").read_text() == "the first run's"
 
 
 def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):

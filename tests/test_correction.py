@@ -33,6 +33,30 @@ def _build(kind, prox, behav, mask):
 # --------------------------------------------------------------------------------- the kinds, by hand
 
 
+@pytest.mark.parametrize("lo,hi", [(1 / 1.001, 1.001), (0.99, 1.01)])
+def test_the_windows_are_closed_at_each_bound_on_the_float32_grid(lo, hi):
+  """seq_mask's (and mis / icepop's) [lo, hi] compared in log space: a row whose float32 mean log ρ is log(bound)
+  as a float32 (nearest, from float64) is kept, one float32 step outside is masked. jnp.log(float32(lo)) put the
+  bound 27 steps inside at lo = 1/1.001 (a row at ρ_geo = lo masked) and 16 outside at hi = 1.001 (a row above hi
+  kept)."""
+  f32, up, down = np.float32, np.float32(np.inf), np.float32(-np.inf)
+  at_lo, at_hi = f32(np.log(np.float64(lo))), f32(np.log(np.float64(hi)))
+  rows = [at_lo, np.nextafter(at_lo, down), at_hi, np.nextafter(at_hi, up)]
+  want = [True, False, True, False]
+  # two valid tokens per row (x + x and its halving are exact: the mean is x itself), the rest padding
+  log_rho = jnp.asarray([[x, x, 0.0, 0.0] for x in rows], jnp.float32)
+  valid = jnp.asarray([[1, 1, 0, 0]] * 4, bool)
+  _, keep = correction.sequence_masked(log_rho, valid, lo, hi, 1e-4)
+  assert np.asarray(keep[:, 0]).tolist() == want
+  _, keep_tok = correction.masked(log_rho, lo, hi)
+  assert np.asarray(keep_tok[:, 0]).tolist() == want
+  # the veto is strict (ρ_t < veto): a token at log(veto) is not vetoed, one float32 step below is
+  at_v = f32(np.log(1e-4))
+  _, keep_v = correction.sequence_masked(jnp.asarray([[at_v, -at_v], [np.nextafter(at_v, down), -at_v]], jnp.float32),
+                                         jnp.ones((2, 2), bool), 1e-30, 1e30, 1e-4)
+  assert np.asarray(keep_v[:, 0]).tolist() == [True, False]
+
+
 # ρ per token; row 2 is padding past its first token (its ρ there is garbage that must not be read).
 RHO = np.array([[0.4, 1.0, 3.0, 6.0],
                 [1.0005, 0.9995, 1.0, 1.0],

@@ -261,6 +261,33 @@ def test_nonfinite_weights_are_refused_at_load_naming_the_tensor(tmp_path):
   assert "model.layers.1.mlp.up_proj.weight holds 1 NaN/inf" in msg and "\n" not in msg, msg
 
 
+def test_nonfinite_weights_are_refused_before_the_workdir_is_written(tmp_path, capsys, monkeypatch):
+  """The CLI's path: a NaN (or inf) in a bf16 transformers-written checkpoint was found by load_params after the run
+  had written config.json, auto.json, stage.json and checkpoints/; preflight now reads every weight first (in
+  pieces) and stops with one line naming the file and the tensor, and no workdir."""
+  from grpo_jax import main
+  from grpo_jax.run import preflight
+  from tests import hf_dirs
+  src = hf_dirs.qwen_instruct_dir(str(tmp_path / "hf"))
+  c = config_lib.override(config_lib.load_config(os.path.join(hf_dirs.REPO, "configs", "gsm8k.py"),
+                                                 "small,model=checkpoint,prompt=chat"),
+                          {"train.init_from": f"hf:{src}", "task.data_dir": hf_dirs.gsm8k_jsonl(str(tmp_path / "d"))})
+  preflight.check_hf_weights(c)  # finite: passes
+  with monkeypatch.context() as m:  # read once per process while the files are unchanged (a sweep's points)
+    m.setattr(st, "read_chunks", lambda info: pytest.fail("read again"))
+    preflight.check_hf_weights(c)
+  for name, value in (("model.layers.1.mlp.up_proj.weight", np.nan), ("model.embed_tokens.weight", np.inf)):
+    def damage(a, name=name, value=value):
+      a[name] = a[name].copy()
+      a[name][3, 4] = value
+    rewrite(src, damage)
+    code = main.execute(c, str(tmp_path / "run"))
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2 and line.startswith("Config error: "), line
+    assert f"model.safetensors: tensor {name} holds 1 NaN/inf" in line, line
+    assert not (tmp_path / "run").exists()
+
+
 def test_every_disagreeing_model_field_is_listed(tmp_path):
   tiny_checkpoint(tmp_path / "hf")
   c = config_lib.override(_config(f"hf:{tmp_path / 'hf'}"),

@@ -169,6 +169,10 @@ CASES = [
     ("sft", {"sft.steps": 0}, "config.sft.steps"),
     ("sft", {"sft.loss_on": "some"}, "config.sft.loss_on"),
     ("sft", {"sft.batch": 0}, "config.sft.batch"),
+    # an SFT sequence longer than model.max_len: was a ValueError traceback at the first batch, files written
+    ("sft", {"model.max_len": 64}, "config.model.max_len: 64 tokens are too few for the SFT stage: 20000 of its"),
+    ("grpo", {"model.max_len": 100, "task.prompt_len": 60, "sampling.max_new_tokens": 40},
+     "config.model.max_len: 100 tokens are too few for the SFT stage"),
     ("r1", {"r1.stages": ("nope",)}, "config.r1.stages"),
     ("r1", {"r1.rejection.general_frac": 1.0}, "config.r1.rejection.general_frac"),
     ("r1", {"r1.zero.rewards": (("nosuch", 1.0),)}, "config.r1.zero.rewards"),

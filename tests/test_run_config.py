@@ -165,6 +165,35 @@ def test_changed_upstream_shows_downstream(tmp_path):
     stages.plan([up2, down2], c2, str(tmp_path))
 
 
+def test_a_lora_change_after_a_full_weight_sft_stage_names_the_rl_checkpoint(tmp_path):
+  """model.lora.rank 2 → 4 after the grpo job's SFT stage (sft.lora off: full weights, no adapters): was refused at
+  the finished SFT stage with 'redo the stage with rerun_stages=sft', which does not help (the RL stage's adapters
+  have rank 2) and refused even before the RL stage had a checkpoint. Now the SFT stage is unchanged in what it reads;
+  a fresh RL stage starts from it, a recorded one is refused for its adapters' shapes, pointing a new run at
+  DIR/sft/params."""
+  def stages_for(rank):
+    c = _cfg(sft=dict(steps=4), model=dict(lora=dict(rank=rank)))
+    sft = _stage(tmp_path, "sft", c)
+    rl = stages.Stage("rl", str(tmp_path), run_config.view(c, "rl", extra={"stage.upstream": stages.upstream(sft)}),
+                      steps=4, own_dir=False)
+    return c, [sft, rl]
+  c, (sft, rl) = stages_for(2)
+  stages.mark_done(sft)
+  c4, todo4 = stages_for(4)
+  assert stages.plan(todo4, c4, str(tmp_path)) == {"sft": "skip", "rl": "start"}
+  stages.mark_done(rl)
+  with pytest.raises(errors.InputError) as e:
+    stages.plan(todo4, c4, str(tmp_path))
+  msg = str(e.value)
+  assert "finished stage rl" in msg and "model.lora.rank (2 → 4); model.lora.rank changes" in msg, msg
+  assert "the shapes of the LoRA adapters" in msg and "rerun_stages" not in msg and "stage.upstream" not in msg, msg
+  assert msg.endswith(f"--config.train.init_from={tmp_path / 'sft' / 'params'}."), msg
+  # under sft.lora the SFT stage trains adapters itself: a rank change is its own (redo it)
+  c8 = _cfg(sft=dict(steps=4, lora=True), model=dict(lora=dict(rank=8)))
+  with pytest.raises(errors.InputError, match=r"finished stage sft .*model.lora.rank \(2 → 8\).*rerun_stages=sft"):
+    stages.plan([_stage(tmp_path, "sft", c8)], c8, str(tmp_path))
+
+
 def test_legacy_sft_params_done_only_with_last_step(tmp_path):
   c = _cfg(sft=dict(steps=4))
   st = _stage(tmp_path, "sft", c, legacy_outputs=("params",))

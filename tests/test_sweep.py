@@ -264,7 +264,7 @@ def test_sweep_text_is_typed_and_bad_input_is_one_line():
     assert "\n" not in str(e.value) and not os.path.exists("/tmp/x_never_written")
 
 
-def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path):
+def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path, capsys):
   """A point whose value validation refuses (its SFT stage's batch 0, valid as sweep text): one line naming the run
   and the key; not the sweep directory, sweep.json or any run directory is written (every point is preflighted
   before the sweep writes)."""
@@ -272,6 +272,13 @@ def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path)
   with pytest.raises(errors.ConfigError) as e:
     sweep.run(c, str(tmp_path / "sw"), sweep_text="sft.batch=4,0", log=lambda s: None)
   assert "sweep run batch=0: config.sft.batch" in str(e.value), str(e.value)
+  assert not os.path.exists(tmp_path / "sw")
+  # two bad runs: each its own line, then one error (the first alone was reported)
+  with pytest.raises(errors.ConfigError, match=r"^2 of the 3 sweep runs have bad inputs .* the first: sweep run "
+                                               "batch=0: config.sft.batch"):
+    sweep.run(c, str(tmp_path / "sw"), sweep_text="sft.batch=4,0,-1", log=lambda s: None)
+  err = capsys.readouterr().err
+  assert "sweep run batch=0: config.sft.batch" in err and "sweep run batch=-1: config.sft.batch" in err, err
   assert not os.path.exists(tmp_path / "sw")
   # --mode=vmap for runs that cannot share a program (job=sft): refused before the lock and sweep.json are written
   with pytest.raises(errors.ConfigError, match="--mode=vmap") as e:
@@ -333,6 +340,62 @@ def test_print_mode_writes_launch_commands_the_launcher_accepts(env):
     parsed = config_lib.override(_config_small(), {k: _literal(v) for k, v in over.items()})
     assert parsed.rl.beta == r.config.rl.beta and parsed.run_seed == r.config.run_seed
     assert f"--workdir={env / 'print' / r.name}" in argv
+
+
+def test_print_mode_checks_every_point_as_its_run_would(tmp_path, capsys):
+  """--mode=print used to write launch.sh for points their runs refuse at start (rl.G=1, a negative lr): now every
+  point is checked as its run checks it (no compile), each bad point is one line, then one error; nothing written.
+  A launcher's runs are checked for the devices their mesh names, not this host's one CPU device."""
+  c = _config_small()
+  with pytest.raises(errors.ConfigError, match=r"^--mode=print: 3 of the 4 sweep point\(s\) have bad inputs"):
+    sweep.run(c, str(tmp_path / "sw"), config_file="configs/grpo_arith.py:small",
+              sweep_text="rl.G=1,4 optim.lr=-1,1e-3", mode="print", log=lambda s: None)
+  lines = [l for l in capsys.readouterr().err.splitlines() if l.startswith("Config error: sweep run ")]
+  assert [l.split(":")[1].strip() for l in lines] == ["sweep run G=1,lr=-1", "sweep run G=1,lr=0.001",
+                                                      "sweep run G=4,lr=-1"], lines
+  assert "config.rl.G" in lines[1] and "config.optim.lr" in lines[2]
+  assert not os.path.exists(tmp_path / "sw")
+  launch = "launch/tpu_vm.sh --name sweep-{i} --zone us-central2-b --accelerator v4-32 --dry-run"
+  pod = config_lib.override(c, {"mesh.data": 8})  # 8 prompts x G 4 = 32 rows: split over 8 devices
+  out = sweep.run(pod, str(tmp_path / "pod"), config_file="configs/grpo_arith.py:small", sweep_text="rl.beta=0,0.1",
+                  mode="print", launch=launch, log=lambda s: None)
+  assert len(out["report"].splitlines()) == 2
+  pod16 = config_lib.override(c, {"mesh.data": -1, "mesh.fsdp": 8})  # -1: all the pod's others, not this host's 1
+  sweep.run(pod16, str(tmp_path / "pod16"), config_file="configs/grpo_arith.py:small", sweep_text="rl.beta=0,0.1",
+            mode="print", launch=launch, log=lambda s: None)
+  # paths only the pod has: not refused here (logged), the launched run checks them
+  lines = []
+  sweep.run(config_lib.override(pod, {"train.init_from": "hf:/pod_only/Qwen"}), str(tmp_path / "pod3"),
+            config_file="configs/grpo_arith.py:small", sweep_text="rl.beta=0,0.1", mode="print", launch=launch,
+            log=lines.append)
+  assert any("train.init_from=hf:/pod_only/Qwen not on this host" in l for l in lines), lines
+  with pytest.raises(errors.ConfigError, match="1 of the 2 sweep point"):
+    sweep.run(pod, str(tmp_path / "pod2"), config_file="configs/grpo_arith.py:small",
+              sweep_text="rl.prompts_per_step=8,3", mode="print", launch=launch, log=lambda s: None)
+  assert "sweep run prompts_per_step=3" in capsys.readouterr().err
+
+
+def test_a_set_split_that_fits_one_run_but_not_the_vmapped_lanes(env, monkeypatch, tmp_path):
+  """rl.rollout_chunks / minibatches set by hand pass each run's preflight against the whole device, but S vmapped
+  runs share it (train_group plans auto values for 1/S of it; set ones were not checked): --mode=vmap now refuses
+  the group before anything is written, --mode=auto runs it one run at a time (logged)."""
+  from grpo_jax.rl import auto, memory_plan  # pylint: disable=g-import-not-at-top
+  from grpo_jax.rollout import decode_layout  # pylint: disable=g-import-not-at-top
+  c = config_lib.override(_config_small(), {**TINY, "rl.rollout_chunks": 1, "rl.minibatches": 1})
+  one = memory_plan.plan(c, dict(data=1, fsdp=1, tensor=1)).total_bytes
+  monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [one + one // 4])  # one run fits, two lanes do not
+  with pytest.raises(errors.ConfigError, match=r"^--mode=vmap: the 2 runs .* 1/2 of each device's memory each: "
+                                               r"config.rl.rollout_chunks=1, rl.minibatches=1 \(set\)"):
+    sweep.run(c, str(tmp_path / "v"), seeds=2, mode="vmap", log=lambda s: None)
+  assert not (tmp_path / "v").exists()
+  ran, lines = [], []
+  monkeypatch.setattr(sweep.jobs, "run", lambda config, wd: ran.append(wd))
+  monkeypatch.setattr(sweep.sweep_vmap, "run_group", lambda *a, **k: pytest.fail("vmapped"))
+  sweep.run(c, str(tmp_path / "a"), seeds=2, mode="auto", log=lines.append)
+  assert len(ran) == 2 and any("do not fit one device as one vmapped program" in l for l in lines), lines
+  monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [3 * one])  # both fit: one program, no check refuses
+  assert sweep.lanes_misfit(sweep.make_runs(c, sweep.load_points("", c), 2, str(tmp_path / "b"))) is None
+  del auto
 
 
 def _config_small():

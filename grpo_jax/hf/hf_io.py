@@ -354,6 +354,32 @@ def check_checkpoint(path: str) -> model_lib.ModelConfig:
   return mcfg
 
 
+def check_finite(path: str) -> None:
+  """Every tensor the model loads is finite, read in 64 MiB pieces (one piece in memory at a time): a NaN / inf
+  weight is a CheckpointError naming the file and the tensor before a run writes anything (load_params checks again
+  as it loads; it runs after the run's directory is set up). Reads the whole checkpoint once per process while its
+  files are unchanged (a sweep's points that share an init_from: once)."""
+  mcfg = read_config(path)
+  infos = tensor_index(path)
+  key = (os.path.abspath(path), tuple(sorted((f, os.stat(f).st_size, os.stat(f).st_mtime_ns)
+                                             for f in {i.file for i in infos.values()})))
+  if key in _FINITE:
+    return
+  for name in expected_tensors(mcfg):
+    info = infos.get(name)
+    if info is None:
+      continue  # check_tensors names it
+    bad = sum(int(np.sum(~np.isfinite(a))) for a in st.read_chunks(info)
+              if not np.isfinite(np.sum(a, dtype=np.float64)))
+    if bad:
+      raise CheckpointError(f"{info.file}: tensor {info.name} holds {bad} NaN/inf value(s); the checkpoint is "
+                            "damaged: re-download it or export it again.")
+  _FINITE.add(key)
+
+
+_FINITE: set[tuple] = set()  # checkpoints check_finite found finite: (directory, its files' sizes and mtimes)
+
+
 def load_params(path: str, mcfg: model_lib.ModelConfig, shardings: Any = None,
                 infos: dict[str, st.TensorInfo] | None = None) -> Any:
   """Our float32 params from the checkpoint at `path`, leaf by leaf into `shardings` (a pytree of

@@ -87,6 +87,18 @@ def read(info: TensorInfo) -> np.ndarray:
   return arr.reshape(info.shape)
 
 
+def read_chunks(info: TensorInfo, max_bytes: int = 64 << 20) -> Iterable[np.ndarray]:
+  """The tensor's values, flat, in pieces of at most `max_bytes` (a scan of a large tensor holds one piece)."""
+  step = max(max_bytes // info.dtype.itemsize, 1)
+  total = info.nbytes // info.dtype.itemsize
+  for start in range(0, total, step):
+    count = min(step, total - start)
+    arr = np.fromfile(info.file, dtype=info.dtype, count=count, offset=info.offset + start * info.dtype.itemsize)
+    if arr.size != count:
+      raise FormatError(f"{info.file}: truncated: tensor {info.name!r} could be read only partly.")
+    yield arr
+
+
 def write(path: str, specs: Iterable[tuple[str, tuple[int, ...], np.dtype]], produce: Callable[[str], np.ndarray],
           metadata: dict[str, str] | None = None) -> int:
   """Writes a file of the tensors `specs` (name, shape, dtype) in order, calling `produce(name)` for each tensor's

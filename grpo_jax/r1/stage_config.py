@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import jax
 import ml_collections
 
 from grpo_jax.rl import auto
@@ -142,7 +141,7 @@ def validate(config, stages) -> None:
   known = all(s in layout.STAGES for s in stages)
   if not stages or not known or list(stages) != sorted(stages, key=layout.STAGES.index):
     validate_lib.fail("r1.stages", f"{stages!r} must be stage names in pipeline order, from {layout.STAGES}.")
-  n_dev, tok = jax.device_count(), tok_lib.for_config(config)
+  n_dev, tok = validate_lib.device_count(), tok_lib.for_config(config)
   mesh = validate_lib.validate_mesh(config, n_dev)
   validate_lib.validate_eval(config, mesh["data"] * mesh["fsdp"], group="r1.report")
   if r1.rejection.n > r1.report.batch:
@@ -159,7 +158,7 @@ def validate(config, stages) -> None:
     try:
       check(for_stage(config, stage), n_dev, tok)
       if stage in RL_STAGES:  # rl.minibatches / rl.rollout_chunks = auto that nothing fits: now, not stages later
-        auto.check_choosable(for_stage(config, stage), mesh)
+        auto.check_choosable(for_stage(config, stage), mesh, validate_lib.device_memory())
     except validate_lib.ConfigError as e:
       taken = (f"sft.steps/batch/lr/warmup_steps from r1.{SFT_STAGES[stage]}" if stage in SFT_STAGES
                else f"train.steps and rewards from r1.{RL_STAGES[stage]}"

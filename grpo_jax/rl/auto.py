@@ -70,6 +70,8 @@ class Knob:
   # a value the config sets, checked against the resolved config (check_choosable: before anything is written);
   # raises ConfigError
   check: Callable[[Any, Context], None] | None = None
+  # the chooser picks by the planner's bytes: a set value is checked against the device's memory too (check_fits)
+  planned: bool = False
 
   def keys(self) -> tuple[str, ...]:
     return (self.key,) + self.joint
@@ -170,15 +172,61 @@ def resolve_here(config: ml_collections.ConfigDict, mesh, lanes: int = 1, record
                  recorded=recorded)
 
 
-def check_choosable(config, mesh: dict[str, int]) -> None:
+def check_choosable(config, mesh: dict[str, int], hbm_bytes: int | None = -1) -> None:
   """The input checks' part (preflight, the R1 stages' configs): a knob that cannot choose (nothing fits this
   process's devices) raises its ConfigError before anything is written; the choice itself is made again, and
-  logged, where the step is built. So does a set value that does not fit the resolved config (Knob.check)."""
-  ctx = Context(mesh, decode_layout.device_memory_bytes())
+  logged, where the step is built. So does a set value that does not fit the resolved config (Knob.check), and a
+  set memory knob whose step the planner puts over the device's memory (check_fits). `hbm_bytes`: per device; -1
+  this process's; None unknown (a command checked to run elsewhere: the choosers and the fit go unchecked)."""
+  ctx = Context(mesh, decode_layout.device_memory_bytes() if hbm_bytes == -1 else hbm_bytes)
   resolved, _ = resolve(config, ctx, log=False)
   for knob in REGISTRY.values():
     if knob.check is not None and knob.applies(resolved):
       knob.check(resolved, ctx)
+  check_fits(config, resolved, ctx)
+
+
+def set_memory_keys(config, resolved) -> list[str]:
+  """The keys of the planned knobs (Knob.planned) that `config` sets (not at their auto value) and that apply."""
+  out = []
+  for knob in REGISTRY.values():
+    try:
+      if knob.planned and knob.applies(resolved):
+        out += [k for k in knob.keys() if not is_auto(k, _get(config, k))]
+    except (KeyError, AttributeError):  # a config without the knob's section (as `resolve` skips it)
+      continue
+  return out
+
+
+def check_fits(config, resolved, ctx: Context) -> None:
+  """A set memory knob is held to the rule `auto` is held to: the planner's bytes per device for the resolved step
+  fit ctx's memory. Refused (ConfigError) naming the set keys and the values auto picks there; a warning where the
+  planner cannot cost the config. A config with no such key set is the choosers' (they refuse or log a fallback)."""
+  keys = set_memory_keys(config, resolved)
+  if ctx.hbm_bytes is None or not keys:
+    return
+  try:
+    p, fits, text = _planned(resolved, ctx)
+  except (ValueError, KeyError, NotImplementedError) as e:
+    logging.warning("%s (set): the memory planner cannot cost this config (%s: %s); whether it fits %s per device is "
+                    "not checked before the compile.", ", ".join(keys), type(e).__name__, e, size(ctx.hbm_bytes))
+    return
+  if fits:
+    return
+  named = ", ".join(f"{k}={_get(config, k)}" for k in keys)
+  try:
+    auto_cfg, _ = resolve(_with(config, {k: config_lib.auto_value(k) for k in keys}), ctx, log=False)
+    q, auto_fits, auto_text = _planned(auto_cfg, ctx)
+  except ConfigError as e:
+    auto_fits, auto_text = False, str(e).rstrip(".")
+  if auto_fits:
+    picks = ", ".join(f"{k}={_get(auto_cfg, k)}" for k in keys if _get(auto_cfg, k) != _get(config, k))
+    fix = f"set {picks} (what auto picks: planned {auto_text}), or set them to auto"
+  else:
+    fix = ("auto finds no value that fits either; lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, set "
+           "model.remat=full, or add devices (mesh.fsdp)")
+  raise ConfigError(f"config.{named} (set): the step plans {text} per device (peak in {p.peak_phase}), more than the "
+                    f"device holds; {fix}.")
 
 
 def check_resolved(config) -> None:
@@ -408,12 +456,14 @@ def choose_split(config, ctx: Context, candidates: list[tuple[int, int]]) -> tup
   fix = "lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, set model.remat=full, or add devices (mesh.fsdp)"
   if "rl.rollout_chunks" not in auto_keys and p.peak_phase != "update":
     fix = f"set rl.rollout_chunks=0 (auto) too (the {p.peak_phase} phase peaks), or " + fix
+  if "rl.minibatches" not in auto_keys and p.peak_phase == "update":
+    fix = "set rl.minibatches=0 (auto) too (the update phase peaks), or " + fix
   raise ConfigError(f"config.{', '.join(auto_keys)}: auto (0) finds no split that fits {size(ctx.hbm_bytes)} per "
                     f"device (the most, rl.rollout_chunks={c} x rl.minibatches={m}, still plans {size(p.total_bytes)}, "
                     f"peak in {p.peak_phase}); {fix}.")
 
 
-register(Knob(SPLIT_KEYS[0], split_candidates, choose_split, joint=SPLIT_KEYS[1:], required=True))
+register(Knob(SPLIT_KEYS[0], split_candidates, choose_split, joint=SPLIT_KEYS[1:], required=True, planned=True))
 
 
 # ------------------------------------------------------------------------------------------ sampling.slots
@@ -461,7 +511,7 @@ def choose_slots(config, ctx: Context, candidates: list[int]) -> tuple[int, str]
 _STATIC = lambda c: None if _continuous(c) else (
     "with sampling.engine = static: the static decoder has no slots; set sampling.engine=continuous (or auto) to use it")
 
-register(Knob("sampling.slots", slot_candidates, choose_slots, applies=_continuous, unused=_STATIC))
+register(Knob("sampling.slots", slot_candidates, choose_slots, applies=_continuous, unused=_STATIC, planned=True))
 
 
 # ------------------------------------------------------------------------------------------ sampling.compaction
@@ -515,7 +565,8 @@ def choose_pack_len(config, ctx: Context, candidates: list[int]) -> tuple[int, s
   return candidates[-1], "no pack_len fits the device memory; the shortest, P + L"
 
 
-register(Knob("rl.pack_len", pack_len_candidates, choose_pack_len, applies=config_lib.packing_on, unused=_PADDED))
+register(Knob("rl.pack_len", pack_len_candidates, choose_pack_len, applies=config_lib.packing_on, unused=_PADDED,
+              planned=True))
 
 
 # ------------------------------------------------------------------------------------------ rl.pack_rows
@@ -549,7 +600,8 @@ def choose_pack_rows(config, ctx: Context, candidates: list[int]) -> tuple[int, 
   return candidates[-1], "no micro-batch fits the device memory; the fewest rows, 1"
 
 
-register(Knob("rl.pack_rows", pack_rows_candidates, choose_pack_rows, applies=config_lib.packing_on, unused=_PADDED))
+register(Knob("rl.pack_rows", pack_rows_candidates, choose_pack_rows, applies=config_lib.packing_on,
+              unused=_PADDED, planned=True))
 
 
 # ------------------------------------------------------------------------------------ sampling.decode_layout
@@ -568,4 +620,4 @@ def choose_layout(config, ctx: Context, candidates: list) -> tuple[tuple[str, in
 
 register(Knob("sampling.decode_layout", lambda c, ctx: [], choose_layout, joint=("sampling.decode_tp",),
               pending=lambda c: c.sampling.decode_layout in ("auto", "tp"),
-              warn=lambda pick: pick[0] == "fsdp"))
+              warn=lambda pick: pick[0] == "fsdp", planned=True))

@@ -30,10 +30,12 @@ applied, over the tokens kept), train/is_masked_frac (completion tokens the corr
 (k3 = ρ − log ρ − 1, token mean: an unbiased estimate of KL(μ‖π_prox), the tokens being μ's samples; verl's
 rollout_corr k3_kl).
 """
+import math
 from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from grpo_jax.rl import losses
 
@@ -74,21 +76,39 @@ def truncated(log_rho_NxL: jax.Array, cap) -> tuple[jax.Array, jax.Array]:
   return w_NxL, jnp.ones_like(log_rho_NxL, bool)
 
 
+# The windows are closed, [lo, hi], and compared in log space on float32 log ρ. A bound is at log_bound(b): log(b)
+# taken on the host in float64 and rounded once to the nearest float32, the value a log ρ equal to log(b) has once
+# it is a float32 itself. So a row (or token) exactly at a bound is kept, one float32 step outside is masked, and the
+# veto (ρ_t < veto, strict) spares a token at it. jnp.log(b) rounded b to float32 first and took its log in float32:
+# near 1 that moves the bound by many steps (lo = 1/1.001: 27 float32 steps inside, masking rows at ρ_geo = lo;
+# hi = 1.001: 16 steps outside, keeping rows above hi). What is compared is the float32 log ρ (for seq_mask its
+# float32 row mean): its own rounding is the input's. A traced bound (none today: vmapped_runs.TRACEABLE) falls
+# back to jnp.log.
+
+
+def log_bound(b):
+  """float32 nearest log(b), from float64 (-inf for b <= 0, so lo = 0 / veto = 0 bound nothing); jnp.log if traced."""
+  if not isinstance(b, (int, float, np.floating)):
+    return jnp.log(b)
+  return np.float32(math.log(b)) if b > 0 else np.float32(-np.inf)
+
+
 def masked(log_rho_NxL: jax.Array, lo, hi) -> tuple[jax.Array, jax.Array]:
   """MIS / IcePop: (w = ρ where lo ≤ ρ ≤ hi else 0, that window as the kept tokens). lo = 0 keeps every ρ below
   hi (log 0 = −inf)."""
-  keep_NxL = (log_rho_NxL >= jnp.log(lo)) & (log_rho_NxL <= jnp.log(hi))
+  keep_NxL = (log_rho_NxL >= log_bound(lo)) & (log_rho_NxL <= log_bound(hi))
   return jnp.where(keep_NxL, jnp.exp(jnp.minimum(log_rho_NxL, _MAX_LOG_RHO)), 0.0), keep_NxL
 
 
 def sequence_masked(log_rho_NxL: jax.Array, valid_NxL: jax.Array, lo, hi,
                     veto) -> tuple[jax.Array, jax.Array]:
-  """Geometric-mean rejection with veto: (w = 1, rows with lo ≤ exp(mean_t log ρ_t) ≤ hi and no valid token with
-  ρ_t < veto kept whole). A row without tokens has ρ_geo = 1."""
+  """Geometric-mean rejection with veto: (w = 1, rows with lo ≤ exp(mean_t log ρ_t) ≤ hi — closed, on the float32
+  mean (log_bound above) — and no valid token with ρ_t < veto kept whole). A row without tokens
+  has ρ_geo = 1."""
   n_N = jnp.maximum(jnp.sum(valid_NxL, axis=1), 1)
   geo_log_N = jnp.sum(jnp.where(valid_NxL, log_rho_NxL, 0.0), axis=1) / n_N
-  vetoed_N = jnp.any(valid_NxL & (log_rho_NxL < jnp.log(veto)), axis=1)  # veto 0: log 0 = −inf, never
-  keep_N = (geo_log_N >= jnp.log(lo)) & (geo_log_N <= jnp.log(hi)) & ~vetoed_N
+  vetoed_N = jnp.any(valid_NxL & (log_rho_NxL < log_bound(veto)), axis=1)  # veto 0: log 0 = −inf, never
+  keep_N = (geo_log_N >= log_bound(lo)) & (geo_log_N <= log_bound(hi)) & ~vetoed_N
   return jnp.ones_like(log_rho_NxL), jnp.broadcast_to(keep_N[:, None], log_rho_NxL.shape)
 
 

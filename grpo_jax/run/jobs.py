@@ -72,6 +72,9 @@ def run_group(configs: Sequence[Any], workdirs: Sequence[str], *, compiler_optio
       stack.enter_context(workdir_lock.WorkdirLock(wd))
     stack.enter_context(signals.GracefulStop.ensure())
     plans = [stages_lib.plan(todo, config, wd) for config, todo, wd in zip(configs, todos, workdirs)]
+    for config, actions, wd in zip(configs, plans, workdirs):
+      if actions.get("rl") in ("resume", "continue"):
+        preflight.check_recorded_values(config, wd)  # before config.json is rewritten
     members, rl_stages = [], []
     for config, todo, actions, wd in zip(configs, todos, plans, workdirs):
       of = f" of {wd}" if len(workdirs) > 1 else ""
@@ -139,6 +142,9 @@ def run(config, workdir: str) -> None:
   stages_lib.rerun_set(config, todo)
   with workdir_lock.WorkdirLock(workdir), signals.GracefulStop():
     actions = stages_lib.plan(todo, config, workdir)
+    for st in todo:  # an R1 RL stage that resumes: its recorded `auto` values checked now, not stages later
+      if st.name in stage_config.RL_STAGES and actions[st.name] in ("resume", "continue"):
+        preflight.check_recorded_values(stage_config.for_stage(config, st.name), st.directory)
     logging.info("plan: %s", stages_lib.describe_plan(actions))
     _write_config(config, workdir)
     if config.job in ("sft", "pretrain"):

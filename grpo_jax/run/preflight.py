@@ -11,13 +11,17 @@ import glob
 import importlib.util
 import json
 import os
+import time
 
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import errors
 from grpo_jax.rl import auto
+from grpo_jax.run import run_config
 from grpo_jax.run import validate
 from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.rl import reward_spec
@@ -126,6 +130,24 @@ def check_params_shapes(key: str, path: str, mcfg) -> None:
                              "to the shape it was trained with, or point init_from at a checkpoint of this model.")
 
 
+def check_recorded_values(config, workdir: str) -> None:
+  """A resume reuses the `auto` values its newest checkpoint recorded (rl/auto.py): the config is validated with them
+  (train.check_recorded) once the stage plan has accepted the resume, before DIR/config.json is rewritten: a value
+  that no longer fits (sampling.slots above the rows of a changed prompts_per_step) was refused only after it had
+  been rewritten with the refused config. Reads only. `workdir`: the RL stage's directory (the grpo job's: --workdir
+  itself; an R1 RL stage's: its own)."""
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  if "://" in workdir or not os.path.isdir(ckpt_dir):
+    return
+  newest = ckpt_lib.newest_meta(ckpt_dir)
+  recorded = run_config.recorded_settings(newest[1].get("config")) if newest else {}
+  if not recorded:
+    return
+  mesh = validate.validate_mesh(config, validate.device_count())
+  resolved, _ = auto.resolve(config, auto.Context(mesh, validate.device_memory()), log=False, recorded=recorded)
+  train.check_recorded(resolved, recorded, tok_lib.for_config(config))
+
+
 def check_tokenizer_model(config, tokenizer) -> None:
   """A Hugging Face tokenizer against the Hugging Face model it runs with (train.init_from / sft.init_from=hf:<dir>,
   else the config.json beside tokenizer.json): hf_tokenizer.model_mismatches. One line naming both, unless
@@ -198,6 +220,29 @@ def check_data(config, tokenizer) -> None:
                                f"split{where}; set {key}={usable['test']} or lower (a multiple of its batch).")
 
 
+def check_sft_lengths(config, tokenizer) -> None:
+  """The SFT stage's sequences (data.sft_batches: job=sft / pretrain, or the grpo job's SFT stage) fit
+  model.max_len: a longer one was a ValueError traceback at the stage's first batch, after the run's files were
+  written. The R1 pipeline's stages build their own corpora (r1/corpus.py)."""
+  if config.job in ("sft", "pretrain"):
+    mode = "all" if config.job == "pretrain" else config.sft.loss_on
+  elif config.job == "grpo" and config.sft.steps > 0 and not config.train.init_from:
+    mode = config.sft.loss_on
+  else:
+    return
+  if mode not in ("completion", "all"):
+    return  # validate_sft names it
+  lengths = data_lib.sft_lengths(config.task, tokenizer, "train", mode, config.sft.mistake_frac > 0)
+  limit = config.model.max_len
+  if len(lengths) and lengths.max() > limit:
+    over = np.flatnonzero(lengths > limit)
+    index = data_lib.load_examples(config.task, "train")[int(over[0])]["index"]
+    raise errors.ConfigError(
+        f"config.model.max_len: {limit} tokens are too few for the SFT stage: {len(over)} of its {len(lengths)} "
+        f"train sequences are longer (longest {int(lengths.max())}, example {index} first; bos + prompt + worked "
+        f"solution + eos); set model.max_len={int(lengths.max())} or more.")
+
+
 def check(config, workdir: str) -> None:
   """All of it, in the order a user fixes things; raises the first problem as one line."""
   check_workdir(workdir)
@@ -214,13 +259,13 @@ def check(config, workdir: str) -> None:
   with errors.input_errors("config.task.tokenizer"):
     tokenizer = tok_lib.for_config(config)
   check_tokenizer_model(config, tokenizer)
-  n = jax.device_count()
+  n = validate.device_count()
   validate.validate_groups(config)
   validate.validate_tools(config, tokenizer)
   check_packages(config)
   if config.job == "grpo":
     validate.validate_rl(config, n, tokenizer)
-    auto.check_choosable(config, validate.validate_mesh(config, n))
+    auto.check_choosable(config, validate.validate_mesh(config, n), validate.device_memory())
     check_rewards(config, tokenizer)
     if config.sft.steps > 0 and not config.train.init_from:  # the SFT stage runs first: its keys are checked too
       validate.validate_sft(config, n, tokenizer)
@@ -231,3 +276,17 @@ def check(config, workdir: str) -> None:
   check_init_from("train.init_from", config.train.init_from, mcfg)
   check_init_from("sft.init_from", config.sft.init_from, mcfg)
   check_data(config, tokenizer)
+  check_sft_lengths(config, tokenizer)
+  check_hf_weights(config)
+
+
+def check_hf_weights(config) -> None:
+  """The Hugging Face checkpoint the model loads from (model_source.source) holds finite weights: a NaN / inf tensor
+  is one line naming it and its file before the run writes DIR/config.json (load_params found it only after).
+  Last: it reads every weight once, the slowest check here."""
+  src = model_source.source(config)
+  if src is None or not os.path.isdir(src[1]):
+    return
+  t0 = time.monotonic()
+  hf_io.check_finite(src[1])
+  logging.info("%s=hf:%s: every weight finite (checked in %.1f s)", src[0], src[1], time.monotonic() - t0)

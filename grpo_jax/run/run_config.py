@@ -130,11 +130,20 @@ def _is_auto(key: str, value: Any) -> bool:
   return value == config_lib.auto_value(key)
 
 
+def unread(view: Mapping[str, Any]) -> tuple[str, ...]:
+  """Key prefixes a stage's view holds that its run does not read: a full-weight SFT stage (sft.lora off) trains no
+  adapters, so model.lora.* (the RL stage's adapters) changing is no change of that stage (it was refused there, with
+  the advice to redo the SFT stage, which would not have let the RL stage continue either)."""
+  if view.get("stage.kind") == "sft" and not view.get("sft.lora", False):
+    return ("model.lora.",)
+  return ()
+
+
 def diff(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[str]:
-  """Keys whose values differ (present in one only included), sorted; bookkeeping keys ignored. An `auto` knob at
-  its auto value in `new` matches whatever `old` ran with (the resume reuses it: recorded_settings); an explicit
-  value is compared with what `old` resolved."""
-  keys = set(old) | set(new)
+  """Keys whose values differ (present in one only included), sorted; bookkeeping keys and the keys the stage does
+  not read (unread) ignored. An `auto` knob at its auto value in `new` matches whatever `old` ran with (the resume
+  reuses it: recorded_settings); an explicit value is compared with what `old` resolved."""
+  keys = {k for k in set(old) | set(new) if not k.startswith(unread(new))}
   get = lambda d, k: d.get(k, ADDED_KEYS.get(k, "<absent>"))
 
   def differs(k: str) -> bool:
@@ -208,8 +217,10 @@ MAX_DESCRIBED = 12  # changed keys spelled out in a refusal of a structural chan
 
 
 def check(old: Mapping[str, Any] | None, new: Mapping[str, Any], allow: set[str], *, where: str,
-          workdir_hint: str, hint: str = "") -> list[str]:
-  """Changed keys accepted for this resume ([] = identical); raises one InputError line otherwise.
+          workdir_hint: str, hint: str = "", note: str = "", incidental: Iterable[str] = ()) -> list[str]:
+  """Changed keys accepted for this resume ([] = identical); raises one InputError line otherwise. `hint`: one
+  more way out, among the others; `note`: what a new --workdir can reuse, after them; `incidental`: keys a refusal
+  of a structural change leaves unnamed (they changed through keys it names).
 
   `old` None means the stored record predates config records: resume with a warning.
   """
@@ -223,20 +234,23 @@ def check(old: Mapping[str, Any] | None, new: Mapping[str, Any], allow: set[str]
   hard = structural(changed, old, new)
   if hard:
     # the structural keys first; past a few, the rest only counted (another job's run differs in ~80 keys)
-    shown = list(hard) + [k for k in changed if k not in hard][:max(0, MAX_DESCRIBED - len(hard))]
-    more = len(changed) - len(shown)
+    rest = [k for k in changed if k not in hard and k not in set(incidental)]
+    shown = list(hard) + rest[:max(0, MAX_DESCRIBED - len(hard))]
+    more = len(rest) + len(hard) - len(shown)
+    lora = " (the shapes of the LoRA adapters it holds)" if any(k.startswith("model.lora.") for k in hard) else ""
     raise errors.InputError(
         f"the config differs from the one that wrote {where} in {describe(shown, old, new)}"
         f"{f' and {more} more key(s)' if more else ''}; "
-        f"{', '.join(hard)} change{'s' if len(hard) == 1 else ''} the saved state's structure, so this run cannot "
-        f"continue with {'it' if len(hard) == 1 else 'them'}: restore the old value{'s' if len(hard) > 1 else ''}"
-        f"{hint} or use a new --workdir (not {workdir_hint}).")
+        f"{', '.join(hard)} change{'s' if len(hard) == 1 else ''} the saved state's structure{lora}, so this run "
+        f"cannot continue with {'it' if len(hard) == 1 else 'them'}: "
+        f"restore the old value{'s' if len(hard) > 1 else ''}"
+        f"{hint} or use a new --workdir (not {workdir_hint}){note}.")
   refused = [k for k in changed if not _allowed(k, allow)]
   if refused:
     raise errors.InputError(
         f"the config differs from the one that wrote {where} in {describe(changed, old, new)}; to continue this "
         f"run with the new values pass --config.train.allow_config_change={','.join(changed)}, otherwise restore "
-        f"the old values{hint} or use a new --workdir (not {workdir_hint}).")
+        f"the old values{hint} or use a new --workdir (not {workdir_hint}){note}.")
   logging.warning("resuming %s with changed config keys (allowed by train.allow_config_change): %s", where,
                   describe(changed, old, new))
   return changed

@@ -150,14 +150,15 @@ def rerun_set(config, todo: Sequence[Stage]) -> set[str]:
   return out
 
 
-def check_resume(ckpt_dir: str, view: dict, allow: set[str], *, workdir_hint: str, hint: str = "") -> list[str]:
+def check_resume(ckpt_dir: str, view: dict, allow: set[str], *, workdir_hint: str, hint: str = "",
+                 note: str = "", incidental: Sequence[str] = ()) -> list[str]:
   """Diffs `view` against the newest checkpoint's stored config in `ckpt_dir` (nothing there: [])."""
   newest = ckpt_lib.newest_meta(ckpt_dir)
   if newest is None:
     return []
   step, meta = newest
   return run_config.check(meta.get("config"), view, allow, where=f"checkpoint {os.path.join(ckpt_dir, str(step))}",
-                          workdir_hint=workdir_hint, hint=hint)
+                          workdir_hint=workdir_hint, hint=hint, note=note, incidental=incidental)
 
 
 def plan(stages: Sequence[Stage], config, workdir: str) -> dict[str, str]:
@@ -165,9 +166,17 @@ def plan(stages: Sequence[Stage], config, workdir: str) -> dict[str, str]:
   allow = allow_set(config)
   rerun = rerun_set(config, stages)
   actions: dict[str, str] = {}
+  finished: list[Stage] = []  # the stages before `st` that are finished and unchanged: a new run can start from them
   for st in stages:
     redo_hint = (f", redo the stage with --config.train.rerun_stages={st.name} (its directory moves to "
                  f"{os.path.join(workdir, REPLACED)}/)" if st.own_dir else "")
+    note = (f"; to keep the finished {finished[-1].name} stage, start the new run from it with "
+            f"--config.train.init_from={os.path.join(finished[-1].directory, 'params')}"
+            if finished and finished[-1].name == "sft" else "")  # the grpo job's SFT stage (DIR/sft/params)
+    # stage.upstream fingerprints the upstream views whole: where every upstream is finished and unchanged in the keys
+    # it reads (run_config.unread), a structural refusal does not blame it (it differs in keys named for this stage)
+    ups = [u.split(":")[0] for u in str(st.view.get("stage.upstream", "")).split(",") if u]
+    incidental = ("stage.upstream",) if ups and set(ups) <= {f.name for f in finished} else ()
     if st.name in rerun:
       actions[st.name] = "rerun"
       continue
@@ -178,8 +187,10 @@ def plan(stages: Sequence[Stage], config, workdir: str) -> dict[str, str]:
                f"{kind} stage of another job")
       changed = run_config.check(rec.get("config"), st.view, allow,
                                  where=f"the finished {label} ({os.path.join(st.directory, RECORD)})",
-                                 workdir_hint=workdir, hint=redo_hint)
+                                 workdir_hint=workdir, hint=redo_hint, note=note, incidental=incidental)
       actions[st.name] = "continue" if changed else "skip"
+      if not changed:
+        finished.append(st)
       continue
     if _legacy_done(st):
       logging.warning("stage %s in %s finished before stage configs were recorded; skipping it without checking "
@@ -187,7 +198,7 @@ def plan(stages: Sequence[Stage], config, workdir: str) -> dict[str, str]:
       actions[st.name] = "skip"
       continue
     ckpt_dir = os.path.join(st.directory, "checkpoints")
-    check_resume(ckpt_dir, st.view, allow, workdir_hint=workdir, hint=redo_hint)
+    check_resume(ckpt_dir, st.view, allow, workdir_hint=workdir, hint=redo_hint, note=note, incidental=incidental)
     actions[st.name] = "resume" if ckpt_lib.all_committed_steps(ckpt_dir) else "start"
   return actions
 

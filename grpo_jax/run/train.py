@@ -391,7 +391,7 @@ def check_recorded(config, recorded: dict, tokenizer=None) -> None:
   if not recorded:
     return
   try:
-    validate.validate_rl(config, jax.device_count(), tokenizer)
+    validate.validate_rl(config, validate.device_count(), tokenizer)
   except errors.ConfigError as e:
     key = str(e).split(":", 1)[0].removeprefix("config.")
     # the recorded key the error names (its own key, or the one it conflicts with: rl.packing beside token_select)

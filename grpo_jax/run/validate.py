@@ -1,6 +1,7 @@
 """Config validation before anything compiles: each failure is ONE line naming the key and the fix."""
+import contextlib
 import os
-from typing import Any
+from typing import Any, Iterator
 
 from absl import logging
 
@@ -206,6 +207,33 @@ def validate_lora(c) -> None:
   if lc.rank > min(c.model.hidden, c.model.inter):
     _fail("model.lora.rank", f"{lc.rank} exceeds the projections' smallest dimension "
           f"(hidden={c.model.hidden}, inter={c.model.inter}); lower it.")
+
+
+# The devices the input checks check a job for: this process's, unless a command is checked to run elsewhere
+# (`sweep --mode=print` with a launcher): then (device count, bytes per device or None = unknown).
+_ELSEWHERE: list[tuple[int, int | None]] = []
+
+
+@contextlib.contextmanager
+def elsewhere(devices: int, hbm_bytes: int | None = None) -> Iterator[None]:
+  """The input checks inside are for a job that runs on `devices` devices of `hbm_bytes` each (None: unknown, so
+  the fit checks are the launched run's own preflight), not on this process's."""
+  _ELSEWHERE.append((int(devices), hbm_bytes))
+  try:
+    yield
+  finally:
+    _ELSEWHERE.pop()
+
+
+def device_count() -> int:
+  """The devices the input checks check a job for (elsewhere(), else this process's)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  return _ELSEWHERE[-1][0] if _ELSEWHERE else jax.device_count()
+
+
+def device_memory() -> int | None:
+  """Bytes per device the input checks plan against (elsewhere(): as given, maybe None = unknown)."""
+  return _ELSEWHERE[-1][1] if _ELSEWHERE else decode_layout.device_memory_bytes()
 
 
 def validate_mesh(c, num_devices: int) -> dict[str, int]:

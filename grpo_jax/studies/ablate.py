@@ -27,6 +27,8 @@ from grpo_jax import cli
 from grpo_jax.infra import errors
 from grpo_jax.run import run_config
 from grpo_jax.studies import report
+from grpo_jax.rl import auto
+from grpo_jax.run import validate
 
 
 def fingerprint(cfg) -> str:
@@ -112,6 +114,23 @@ def check_variants(cfg, table: ModuleType) -> None:
                          "configs/ablations/objectives.py does).")
 
 
+def check_memory(cfg, table: ModuleType) -> None:
+  """A variant's seeds train as ONE vmapped program on one device (train_table.make_runs), 1/S of its memory each,
+  as their `auto` values are planned there: a set memory knob (rl.minibatches, ...) over that share, or nothing
+  fitting it, is refused before the first cell runs (auto.check_choosable), not at the compile of that variant's
+  cell after the cells before it ran."""
+  if not hasattr(table, "build_config") or "variants" not in cfg:
+    return
+  hbm, lanes = validate.device_memory(), max(int(cfg.seeds), 1)
+  for name, overrides in cfg.variants:
+    c = table.build_config(cfg, overrides)
+    try:
+      auto.check_choosable(c, validate.validate_mesh(c, 1), None if hbm is None else hbm // lanes)
+    except validate.ConfigError as e:
+      raise validate.ConfigError(f"variant {name!r}: {str(e).rstrip('.')} (its {lanes} seeds share one device: 1/"
+                                 f"{lanes} of its memory each).") from None
+
+
 def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
         log: Callable[[str], None] = print) -> str:
   """Runs the table and writes table.md / table.csv / plots; returns the markdown."""
@@ -119,6 +138,7 @@ def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
   if int(cfg.seeds) < 1:
     raise ValueError(f"config.seeds={cfg.seeds}: need at least 1 (5 or more for a useful interval).")
   check_variants(cfg, table)
+  check_memory(cfg, table)
   t0 = time.perf_counter()
   cells = run_cells(cfg, workdir, table, log)
   columns = tuple(cfg.columns) if "columns" in cfg else ()

@@ -14,16 +14,19 @@ unfinished ones, and refuses a directory that a different config wrote (run_conf
 Modes: `auto` trains each group of job-grpo runs whose compiled programs agree (sweep_vmap.signature: they differ
 only in seeds and the traceable knobs of vmapped_runs.TRACEABLE) as ONE vmapped program when one device is visible, and
 runs everything else one after another through `main`'s own path (jobs.run); `vmap` forces vmapping of every grpo
-group, `serial` never vmaps; `print` writes one launch command per run (DIR/launch.sh) and runs nothing; `report`
-only writes the report. The report, after every mode that runs: DIR/sweep.md, DIR/sweep.csv and DIR/plots/ (mean,
-std and 95% CI over each point's seeds, sweep_report.py). docs/sweeps.md has the details.
+group, `serial` never vmaps; `print` checks every point as its run would, then writes one launch command per run
+(DIR/launch.sh) and runs nothing; `report` only writes the report. The report, after every mode that runs:
+DIR/sweep.md, DIR/sweep.csv and DIR/plots/ (mean, std and 95% CI over each point's seeds, sweep_report.py).
+docs/sweeps.md has the details.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import importlib.util
 import inspect
+import math
 import os
 import shlex
 import sys
@@ -41,7 +44,9 @@ from grpo_jax.studies import sweep_vmap
 from grpo_jax.run import jobs
 from grpo_jax.run import stages
 from grpo_jax.hf import model_source
+from grpo_jax.rl import auto
 from grpo_jax.run import preflight
+from grpo_jax.run import validate
 from grpo_jax.infra import signals
 from grpo_jax.infra import workdir_lock
 from grpo_jax import cli
@@ -137,6 +142,21 @@ def _own_lora_base(group: Sequence[Run]) -> bool:
   return c.sft.steps > 0 or len({config_lib.run_seed(r.config) for r in group}) > 1
 
 
+def lanes_misfit(group: Sequence[Run]) -> str | None:
+  """Why the runs of `group` do not fit one device as one vmapped program (None: they do, or no memory figure): vmap
+  stacks every array once per run, so S runs get 1/S of each device's memory, as train_group plans their `auto`
+  values; a set memory knob (or nothing fitting) is checked against that share (auto.check_choosable). Reads only."""
+  hbm = validate.device_memory()
+  if len(group) < 2 or hbm is None:
+    return None
+  c = model_source.resolve(group[0].config)
+  try:
+    auto.check_choosable(c, validate.validate_mesh(c, validate.device_count()), hbm // len(group))
+  except errors.ConfigError as e:
+    return errors.one_line(str(e)).rstrip(".")
+  return None
+
+
 def decide(group: Sequence[Run], mode: str, n_devices: int) -> str:
   """'vmap' or 'serial' for a group of runs."""
   grpo = group[0].config.job == "grpo"
@@ -167,20 +187,91 @@ def finished(run: Run) -> bool:
 
 def check(runs: Sequence[Run]) -> dict[str, bool]:
   """Every run's inputs (preflight) and its directory against its config (the stage plan), before anything is
-  written: a bad value or a directory from a different config is one InputError line naming the run. Returns
-  {run name: finished}."""
-  out = {}
+  written: a bad value or a directory from a different config is one InputError line naming the run; several bad
+  runs are one line each on stderr, then one error (as --mode=print reports them). Returns {run name: finished}."""
+  done, bad = {}, []
   for r in runs:
     try:
-      c = model_source.resolve(r.config)
-      jobs.check(c, r.workdir)
-      todo = _stage_list(c, r.workdir)
-      stages.allow_set(c)
-      stages.rerun_set(c, todo)
-      actions = stages.plan(todo, c, r.workdir)
+      done[r.name] = check_run(r)
     except errors.InputError as e:
-      raise type(e)(f"sweep run {r.name}: {e}") from e
-    out[r.name] = all(a == "skip" for a in actions.values()) and _report_written(c, r.workdir)
+      bad.append(e)
+  if len(bad) == 1:
+    raise bad[0]
+  if bad:
+    for e in bad:
+      print(f"Config error: {errors.one_line(str(e))}", file=sys.stderr, flush=True)
+    raise type(bad[0])(f"{len(bad)} of the {len(runs)} sweep runs have bad inputs (one line each above; nothing was "
+                       f"written), the first: {errors.one_line(str(bad[0]))}")
+  return done
+
+
+def check_run(r: Run, plan: bool = True) -> bool:
+  """One run's checks (check's); -> whether it finished earlier. An input error names the run. plan=False: its
+  directory is not read (a printed command's object-store directory: the launched run plans it)."""
+  try:
+    c = model_source.resolve(r.config)
+    jobs.check(c, r.workdir)
+    todo = _stage_list(c, r.workdir)
+    stages.allow_set(c)
+    stages.rerun_set(c, todo)
+    if not plan:
+      return False
+    actions = stages.plan(todo, c, r.workdir)
+  except errors.InputError as e:
+    raise type(e)(f"sweep run {r.name}: {e}") from e
+  return all(a == "skip" for a in actions.values()) and _report_written(c, r.workdir)
+
+
+def check_printed(runs: Sequence[Run], launch: str, log: Callable[[str], None]) -> None:
+  """--mode=print: every point checked as its run will check it (check_run: no compile), before launch.sh is
+  written; each bad point is one `Config error: sweep run <name>: ...` line on stderr, then one ConfigError. A
+  launcher's runs go to other machines: they are checked for the devices their mesh names (an axis at -1 counted
+  as 1: the fewest it runs on, never a false refusal of the mesh) and for unknown memory (the fit is each launched
+  run's own preflight, logged); an object-store run directory (gs://...) is not read here (each launched run checks
+  it against its config), and a run whose config names local paths this host lacks (the pod's /data/...) is left
+  to the launched run (logged), not refused for them."""
+
+  def devices(c) -> int:  # the devices a launched run's mesh names; an axis at -1 (all the others) counted as 1
+    return math.prod(max(int(c.mesh[a]), 1) for a in ("data", "fsdp", "tensor"))
+
+  if launch != "local":
+    log("[sweep] checking the runs for the devices their mesh names, of unknown memory: the memory fit is checked by "
+        "each launched run")
+  bad: dict[str, str] = {}
+  for r in runs:
+    if r.point in bad:
+      continue  # one line per point: its other seeds fail alike
+    absent = [] if launch == "local" else _absent_paths(r.config)
+    if absent:
+      log(f"[sweep] {r.name}: {', '.join(absent)} not on this host (the launched machines' paths): its inputs are "
+          "checked by the launched run only")
+      continue
+    try:
+      with contextlib.ExitStack() as stack:
+        if launch != "local":
+          stack.enter_context(validate.elsewhere(devices(r.config), None))
+        check_run(r, plan="://" not in r.workdir)
+    except errors.InputError as e:
+      bad[r.point] = errors.one_line(str(e))
+      print(f"Config error: {bad[r.point]}", file=sys.stderr, flush=True)
+  if bad:
+    points = len({r.point for r in runs})
+    raise errors.ConfigError(f"--mode=print: {len(bad)} of the {points} sweep point(s) have bad inputs (one line each "
+                             "above); fix or drop them, then print again (nothing was written).")
+
+
+PATH_KEYS = ("train.init_from", "sft.init_from", "task.tokenizer", "task.data_dir")
+
+
+def _absent_paths(config) -> list[str]:
+  """'key=value' of the local paths a run's config names (PATH_KEYS, hf: stripped) that this host does not have."""
+  out = []
+  for key in PATH_KEYS:
+    section, name = key.split(".")
+    value = str((config.get(section) or {}).get(name, "") or "")
+    path = value[3:] if value.startswith("hf:") else value
+    if path and path != "init_from" and "://" not in path and not os.path.exists(path):
+      out.append(f"{key}={value}")
   return out
 
 
@@ -246,6 +337,7 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
     sweep_report.parse(m)
   summary: dict[str, Any] = {"runs": runs, "groups": [], "failed": {}}
   if mode == "print":
+    check_printed(runs, launch, log)
     cmds = launch_commands(runs, config_file, dict(base_overrides or {}), launch)
     if "://" not in workdir:
       os.makedirs(workdir, exist_ok=True)
@@ -262,6 +354,16 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
   done = check(runs)
   import jax  # pylint: disable=g-import-not-at-top
   plan = [(group, decide(group, mode, jax.device_count())) for group in groups(runs)]  # refusals before any write
+  for i, (group, how) in enumerate(plan):
+    why = lanes_misfit(group) if how == "vmap" else None
+    if why and mode == "vmap":
+      raise errors.ConfigError(f"--mode=vmap: the {len(group)} runs {group[0].name}, ... in one program get 1/"
+                               f"{len(group)} of each device's memory each: {why}; use --mode=auto or serial (one "
+                               "run at a time).")
+    if why:
+      log(f"[sweep] {len(group)} runs ({group[0].name}, ...) do not fit one device as one vmapped program ({why}); "
+          "running them one after another.")
+      plan[i] = (group, "serial")
   with workdir_lock.WorkdirLock(workdir), signals.GracefulStop() as stop:
     _write_plan(workdir, runs, command, seeds, mode)
     for group, how in plan:

@@ -216,6 +216,31 @@ def _task_items(task_cfg) -> list:
   return list(task_cfg.items()) if hasattr(task_cfg, "items") else list(vars(task_cfg).items())
 
 
+def _sft_ids(task, ex: dict, lang: str, tok, mode: str, mistake: bool) -> tuple[list[int], list[int]]:
+  """(head, tail) of one SFT sequence (sft_batches' layout; the loss is on the tail)."""
+  if mode == "completion":
+    return ([tok.bos_id] + tok.encode(base.prompt(task, ex, lang)),
+            tok.encode(cot.solution(ex, lang, mistake=mistake)) + [tok.eos_id])
+  return [tok.bos_id], tok.encode(task.question(ex, lang) + " " + cot.solution(ex, lang, mistake, False)) + [tok.eos_id]
+
+
+_SFT_LENGTHS: dict[tuple, np.ndarray] = {}
+
+
+def sft_lengths(task_cfg, tok, split: str, mode: str = "completion", mistakes: bool = False) -> np.ndarray:
+  """Token length of every SFT sequence of `split` in index order (sft_batches' layout): the longest over the
+  languages it can be written in and, with `mistakes`, over the solution with and without one. What the SFT stage's
+  seq_len (model.max_len) must hold; read by preflight before anything is written (once per process and key)."""
+  task = make_task(task_cfg)
+  key = (repr(task), split, *(str(_get(task_cfg, k)) for k in ("data_dir", "split_seed", "train_size", "test_size")),
+         _split_languages(task_cfg), getattr(tok, "file", None) or id(tok), mode, mistakes)
+  if key not in _SFT_LENGTHS:
+    _SFT_LENGTHS[key] = np.asarray([max(sum(map(len, _sft_ids(task, ex, lang, tok, mode, m)))
+                                        for lang in _split_languages(task_cfg) for m in {False, mistakes})
+                                    for ex in load_examples(task_cfg, split)], np.int64)
+  return _SFT_LENGTHS[key]
+
+
 def sft_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_size: int, seed: int, start_step: int,
                 seq_len: int, mode: str = "completion", mistake_rate: float = 0.0) -> Iterator[dict[str, np.ndarray]]:
   """SFT sequences, right-padded. mode='completion': bos + prompt + tagged CoT solution + eos, loss on the
@@ -237,16 +262,9 @@ def sft_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_size: 
     loss = np.zeros((batch_size, seq_len), np.int32)
     mask = np.zeros((batch_size, seq_len), np.int32)
     for i, ex in enumerate(chosen):
-      lang = base.LANGUAGES[int(langs[i])]
-      if mode == "completion":
-        head = [tok.bos_id] + tok.encode(base.prompt(task, ex, lang))
-        tail = tok.encode(cot.solution(ex, lang, mistake=bool(mistakes[i]))) + [tok.eos_id]
-      else:
-        head = [tok.bos_id]
-        tail = tok.encode(task.question(ex, lang) + " " + cot.solution(ex, lang, bool(mistakes[i]), False))
-        tail += [tok.eos_id]
+      head, tail = _sft_ids(task, ex, base.LANGUAGES[int(langs[i])], tok, mode, bool(mistakes[i]))
       ids = head + tail
-      if len(ids) > seq_len:
+      if len(ids) > seq_len:  # preflight's check_data refuses such a split first (sft_lengths)
         raise ValueError(f"seq_len={seq_len} is too short for a {len(ids)}-token SFT sequence (example "
                          f"{ex['index']}); raise it to >= {len(ids)}")
       tokens[i, :len(ids)] = ids
