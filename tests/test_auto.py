@@ -14,6 +14,7 @@ from grpo_jax.rl import auto
 from grpo_jax.rl import families
 from grpo_jax.perf import plan_cli
 from grpo_jax.rl import memory_plan
+from grpo_jax.rl import update
 from grpo_jax.run import validate
 from grpo_jax.studies import vmapped_runs
 
@@ -386,6 +387,30 @@ def test_a_set_key_the_resolved_path_does_not_use_is_logged(caplog):
       auto.resolve(config_lib.override(base, over), ctx)
     assert not any("no effect" in r.getMessage() for r in caplog.records), over
 
+
+
+def test_a_set_value_the_step_cannot_take_as_set_is_logged_as_it_runs(caplog):
+  """More packed rows than a device holds and more train buckets than max_new_tokens has distinct halvings were cut
+  without a word (packing.microbatch_rows, update.train_lengths); now a warning beside the "(set)" line."""
+  ctx = auto.Context(MESH1, None, "cpu")  # _tiny: 4 prompts x G 4 = 16 rows on one device, L 48
+  cases = [({"rl.packing": "on", "rl.pack_rows": 32, "rl.minibatches": 1},
+            "rl.pack_rows = 32 (set): runs as 16: a device holds 16 rows"),
+           ({"rl.packing": "on", "rl.pack_rows": 8, "rl.minibatches": 4},
+            "rl.pack_rows = 8 (set): runs as 8 in the scoring passes, 4 in the update's (4 minibatches)"),
+           ({"rl.packing": "off", "rl.train_buckets": 8},
+            f"rl.train_buckets = 8 (set): runs as 7 training lengths {update.train_lengths(48, 8)}")]
+  for over, line in cases:
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+      auto.resolve(_tiny(**over), ctx)
+    hits = [r for r in caplog.records if r.getMessage().startswith(line)]
+    assert len(hits) == 1 and hits[0].levelno == logging.WARNING, [r.getMessage() for r in caplog.records]
+  for over in ({"rl.packing": "on", "rl.pack_rows": 16, "rl.minibatches": 1},
+               {"rl.packing": "off", "rl.train_buckets": 7}):
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+      auto.resolve(_tiny(**over), ctx)
+    assert not any("runs as" in r.getMessage() for r in caplog.records), over
 
 def _resolve_cpu(c):
   return auto.resolve(c, auto.Context(MESH1, None, "cpu"), log=False)

@@ -38,6 +38,7 @@ from grpo_jax.model import model_config
 from grpo_jax.model import paged_attention
 from grpo_jax.rl import memory_plan
 from grpo_jax.rl import packing
+from grpo_jax.rl import update as update_lib
 from grpo_jax.rollout import decode_layout
 from grpo_jax.rollout import sampling
 
@@ -72,6 +73,9 @@ class Knob:
   check: Callable[[Any, Context], None] | None = None
   # the chooser picks by the planner's bytes: a set value is checked against the device's memory too (check_fits)
   planned: bool = False
+  # how a set value runs where the step cannot take it as set (None: as set), e.g. more packed rows than a device
+  # holds: logged as a warning beside its "(set)" line, never silently cut
+  runs_as: Callable[[Any, Context], str | None] = lambda config, ctx: None
 
   def keys(self) -> tuple[str, ...]:
     return (self.key,) + self.joint
@@ -134,9 +138,10 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
       continue
     if not knob.asks(out):
       if log:
-        unused = knob.unused(out)
-        logging.info("%s (set)%s", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)),
-                     f": no effect {unused}" if unused else "")
+        unused, cut = knob.unused(out), knob.runs_as(out, ctx)
+        (logging.warning if cut else logging.info)(
+            "%s (set)%s", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)),
+            f": no effect {unused}" if unused else f": runs as {cut}" if cut else "")
       continue
     if all(k in recorded for k in keys):
       # a joint key the record holds at the value it has now was left as set (None), as the first run chose it
@@ -380,9 +385,21 @@ def choose_buckets(config, ctx: Context, candidates: list[int]) -> tuple[int, st
   return 1, "padded passes: each more training length compiles one more forward + backward"
 
 
+def buckets_run_as(config, ctx: Context) -> str | None:
+  """A set rl.train_buckets past the distinct lengths update.train_lengths makes of max_new_tokens."""
+  del ctx
+  n, L = int(config.rl.train_buckets), config.sampling.max_new_tokens
+  lengths = update_lib.train_lengths(L, n) if n >= 1 else ()
+  if 0 < len(lengths) < n:
+    return (f"{len(lengths)} training lengths {lengths}: max_new_tokens {L} halves to only {len(lengths)} distinct "
+            f"ones; set rl.train_buckets <= {len(lengths)}")
+  return None
+
+
 register(Knob("rl.train_buckets", lambda c, ctx: [1, 2], choose_buckets,
               unused=lambda c: ("with rl.packing = on: the packed passes follow the real tokens (it applies to the "
-                                "padded passes)") if config_lib.packing_on(c) else None))
+                                "padded passes)") if config_lib.packing_on(c) else None,
+              runs_as=buckets_run_as))
 
 
 def choose_exit_chunk(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
@@ -600,8 +617,22 @@ def choose_pack_rows(config, ctx: Context, candidates: list[int]) -> tuple[int, 
   return candidates[-1], "no micro-batch fits the device memory; the fewest rows, 1"
 
 
+def pack_rows_run_as(config, ctx: Context) -> str | None:
+  """A set rl.pack_rows past a device's rows of a pass: packing.microbatch_rows takes the device's rows instead
+  (the update's passes hold a minibatch's share of them)."""
+  r, (n_local, _) = int(config.rl.pack_rows), _pass_rows(config, ctx)
+  mb = config.rl.minibatches if isinstance(config.rl.minibatches, int) and config.rl.minibatches > 0 else 1
+  n_update = -(-n_local // mb)
+  if r <= n_update:
+    return None
+  where = (f"{min(r, n_local)} in the scoring passes, {n_update} in the update's ({mb} minibatches)"
+           if n_update < n_local else str(n_local))
+  return (f"{where}: a device holds {n_local} rows of the passes, a micro-batch at most that; set rl.pack_rows <= "
+          f"{n_update} or 0 (auto)")
+
+
 register(Knob("rl.pack_rows", pack_rows_candidates, choose_pack_rows, applies=config_lib.packing_on,
-              unused=_PADDED, planned=True))
+              unused=_PADDED, planned=True, runs_as=pack_rows_run_as))
 
 
 # ------------------------------------------------------------------------------------ sampling.decode_layout
