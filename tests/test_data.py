@@ -225,6 +225,20 @@ def test_sft_completion_batches(cfgs, tok):
     next(data.sft_batches(cfg, tok, "train", 2, seed=1, start_step=0, seq_len=20))
 
 
+
+def test_sft_drawn_is_what_the_sft_batches_draw(cfgs, tok):
+  """preflight checks model.max_len against the examples the SFT stage draws (data.sft_drawn), not the whole split
+  (tokenizing 20,000 examples was ~2 s of every run start): it must be exactly the examples sft_batches yields."""
+  cfg = cfgs["countdown"]
+  examples = data.load_examples(cfg, "train")
+  for steps, batch in ((3, 5), (2, len(examples))):  # part of an epoch; past one (every example)
+    it = data.sft_batches(cfg, tok, "train", batch, seed=3, start_step=0, seq_len=224)
+    seen = {int(i) for _ in range(steps) for i in next(it)["index_N"]}
+    drawn = data.sft_drawn(len(examples), 3, steps, batch)
+    assert seen == {examples[i]["index"] for i in drawn} and len(drawn) == len(set(drawn.tolist()))
+    lengths = data.sft_lengths(cfg, tok, "train", indices=drawn)
+    np.testing.assert_array_equal(lengths, data.sft_lengths(cfg, tok, "train")[drawn])
+
 def test_sft_all_tokens_for_pretraining(cfgs, tok):
   b = next(data.sft_batches(cfgs["arith"], tok, "train", 4, seed=0, start_step=2, seq_len=160, mode="all"))
   for r in range(4):

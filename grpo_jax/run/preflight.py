@@ -232,15 +232,17 @@ def check_sft_lengths(config, tokenizer) -> None:
     return
   if mode not in ("completion", "all"):
     return  # validate_sft names it
-  lengths = data_lib.sft_lengths(config.task, tokenizer, "train", mode, config.sft.mistake_frac > 0)
+  examples = data_lib.load_examples(config.task, "train")
+  drawn = data_lib.sft_drawn(len(examples), config.seed, config.sft.steps, config.sft.batch)
+  lengths = data_lib.sft_lengths(config.task, tokenizer, "train", mode, config.sft.mistake_frac > 0, drawn)
   limit = config.model.max_len
   if len(lengths) and lengths.max() > limit:
     over = np.flatnonzero(lengths > limit)
-    index = data_lib.load_examples(config.task, "train")[int(over[0])]["index"]
+    index = examples[int(drawn[over[0]])]["index"]
     raise errors.ConfigError(
-        f"config.model.max_len: {limit} tokens are too few for the SFT stage: {len(over)} of its {len(lengths)} "
-        f"train sequences are longer (longest {int(lengths.max())}, example {index} first; bos + prompt + worked "
-        f"solution + eos); set model.max_len={int(lengths.max())} or more.")
+        f"config.model.max_len: {limit} tokens are too few for the SFT stage: {len(over)} of the {len(lengths)} "
+        f"train sequences its {config.sft.steps} steps draw are longer (longest {int(lengths.max())}, example "
+        f"{index} first; bos + prompt + worked solution + eos); set model.max_len={int(lengths.max())} or more.")
 
 
 def check(config, workdir: str) -> None:

@@ -227,17 +227,30 @@ def _sft_ids(task, ex: dict, lang: str, tok, mode: str, mistake: bool) -> tuple[
 _SFT_LENGTHS: dict[tuple, np.ndarray] = {}
 
 
-def sft_lengths(task_cfg, tok, split: str, mode: str = "completion", mistakes: bool = False) -> np.ndarray:
-  """Token length of every SFT sequence of `split` in index order (sft_batches' layout): the longest over the
-  languages it can be written in and, with `mistakes`, over the solution with and without one. What the SFT stage's
-  seq_len (model.max_len) must hold; read by preflight before anything is written (once per process and key)."""
+def sft_drawn(n_examples: int, seed: int, steps: int, batch: int) -> np.ndarray:
+  """The example indices (ascending, each once) that `steps` SFT batches of `batch` from step 0 draw (sft_batches'
+  order): what the stage trains on, so what its sequence length must hold."""
+  if steps * batch >= n_examples:
+    return np.arange(n_examples)
+  return np.unique(np.concatenate([_order(n_examples, seed, t, batch) for t in range(steps)]))
+
+
+def sft_lengths(task_cfg, tok, split: str, mode: str = "completion", mistakes: bool = False,
+                indices: np.ndarray | None = None) -> np.ndarray:
+  """Token length of the SFT sequences of `split` at `indices` (default: all, in index order; sft_batches'
+  layout): the longest over the languages it can be written in and, with `mistakes`, over the solution with and
+  without one. What the SFT stage's seq_len (model.max_len) must hold; read by preflight before anything is written
+  (once per process and key). Tokenizing a 20,000-example split took ~2 s a run start, so preflight passes the
+  examples the stage draws (`sft_drawn`)."""
   task = make_task(task_cfg)
+  examples = load_examples(task_cfg, split)
+  idx = np.arange(len(examples)) if indices is None else np.asarray(indices, np.int64)
   key = (repr(task), split, *(str(_get(task_cfg, k)) for k in ("data_dir", "split_seed", "train_size", "test_size")),
-         _split_languages(task_cfg), getattr(tok, "file", None) or id(tok), mode, mistakes)
+         _split_languages(task_cfg), getattr(tok, "file", None) or id(tok), mode, mistakes, idx.tobytes())
   if key not in _SFT_LENGTHS:
-    _SFT_LENGTHS[key] = np.asarray([max(sum(map(len, _sft_ids(task, ex, lang, tok, mode, m)))
+    _SFT_LENGTHS[key] = np.asarray([max(sum(map(len, _sft_ids(task, examples[i], lang, tok, mode, m)))
                                         for lang in _split_languages(task_cfg) for m in {False, mistakes})
-                                    for ex in load_examples(task_cfg, split)], np.int64)
+                                    for i in idx], np.int64)
   return _SFT_LENGTHS[key]
 
 
