@@ -369,15 +369,21 @@ def check_finite(path: str) -> None:
     info = infos.get(name)
     if info is None:
       continue  # check_tensors names it
-    bad = sum(int(np.sum(~np.isfinite(a))) for a in st.read_chunks(info)
-              if not np.isfinite(np.sum(a, dtype=np.float64)))
-    if bad:
-      raise CheckpointError(f"{info.file}: tensor {info.name} holds {bad} NaN/inf value(s); the checkpoint is "
-                            "damaged: re-download it or export it again.")
+    _require_finite(info, *st.read_chunks(info))
   _FINITE.add(key)
 
 
 _FINITE: set[tuple] = set()  # checkpoints check_finite found finite: (directory, its files' sizes and mtimes)
+
+
+def _require_finite(info: st.TensorInfo, *pieces: np.ndarray) -> None:
+  """CheckpointError naming the tensor and its file if a piece of it holds NaN / inf. NaN / inf weights would train as
+  non-finite steps whose stop advises a lower learning rate; a sum is one pass without a piece-sized temporary, and
+  is non-finite exactly when a value is (float64: no overflow); the count only on the error path."""
+  bad = sum(int(np.sum(~np.isfinite(a))) for a in pieces if not np.isfinite(np.sum(a, dtype=np.float64)))
+  if bad:
+    raise CheckpointError(f"{info.file}: tensor {info.name} holds {bad} NaN/inf value(s); the checkpoint is "
+                          "damaged: re-download it or export it again.")
 
 
 def load_params(path: str, mcfg: model_lib.ModelConfig, shardings: Any = None,
@@ -400,12 +406,7 @@ def load_params(path: str, mcfg: model_lib.ModelConfig, shardings: Any = None,
     for i in range(mcfg.layers if stacked else 1):
       slot = buf[i] if stacked else buf
       _fill(slot, st.read(infos[name_of(i)]), transposed)
-      # NaN / inf weights would train as non-finite steps whose stop advises a lower learning rate; a sum is one
-      # pass without a leaf-sized temporary, and is non-finite exactly when a value is (float64: no overflow)
-      if not np.isfinite(np.sum(slot, dtype=np.float64)):
-        info = infos[name_of(i)]
-        raise CheckpointError(f"{info.file}: tensor {info.name} holds {int(np.sum(~np.isfinite(slot)))} NaN/inf "
-                              "value(s); the checkpoint is damaged: re-download it or export it again.")
+      _require_finite(infos[name_of(i)], slot)
     if sharding is None:
       arr = jax.device_put(buf)  # the CPU backend adopts an aligned host buffer as the device buffer: no copy
     else:

@@ -191,6 +191,11 @@ def check_choosable(config, mesh: dict[str, int], hbm_bytes: int | None = -1) ->
   check_fits(config, resolved, ctx)
 
 
+# what a step that fits no split needs: less of the batch, or less memory per token
+_LESS_MEMORY = ("lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, set model.remat=full, or add devices "
+                "(mesh.fsdp)")
+
+
 def set_memory_keys(config, resolved) -> list[str]:
   """The keys of the planned knobs (Knob.planned) that `config` sets (not at their auto value) and that apply."""
   out = []
@@ -228,8 +233,7 @@ def check_fits(config, resolved, ctx: Context) -> None:
     picks = ", ".join(f"{k}={_get(auto_cfg, k)}" for k in keys if _get(auto_cfg, k) != _get(config, k))
     fix = f"set {picks} (what auto picks: planned {auto_text}), or set them to auto"
   else:
-    fix = ("auto finds no value that fits either; lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, set "
-           "model.remat=full, or add devices (mesh.fsdp)")
+    fix = f"auto finds no value that fits either; {_LESS_MEMORY}"
   raise ConfigError(f"config.{named} (set): the step plans {text} per device (peak in {p.peak_phase}), more than the "
                     f"device holds; {fix}.")
 
@@ -470,7 +474,7 @@ def choose_split(config, ctx: Context, candidates: list[tuple[int, int]]) -> tup
       return (c, m), f"planned {text} per device{over}"
     over = over or f"; {c} chunk(s) x {m} minibatch(es) would plan {size(p.total_bytes)}"
   auto_keys = [k for k in SPLIT_KEYS if int(_get(config, k)) == 0]
-  fix = "lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, set model.remat=full, or add devices (mesh.fsdp)"
+  fix = _LESS_MEMORY
   if "rl.rollout_chunks" not in auto_keys and p.peak_phase != "update":
     fix = f"set rl.rollout_chunks=0 (auto) too (the {p.peak_phase} phase peaks), or " + fix
   if "rl.minibatches" not in auto_keys and p.peak_phase == "update":

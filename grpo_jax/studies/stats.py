@@ -123,7 +123,8 @@ def band(curves_SxT: np.ndarray, level: float = 0.95) -> tuple[np.ndarray, np.nd
   x = np.where(ok, c, 0.0)
   mean = np.where(n_T > 0, x.sum(axis=0) / np.maximum(n_T, 1), np.nan)
   var = np.where(ok, (c - mean) ** 2, 0.0).sum(axis=0) / np.maximum(n_T - 1, 1)
-  t_T = np.array([t_quantile(0.5 + level / 2.0, n - 1) if n >= 2 else 0.0 for n in n_T])
+  t_of = {n: t_quantile(0.5 + level / 2.0, n - 1) for n in set(n_T.tolist()) if n >= 2}  # one bisection per count
+  t_T = np.array([t_of.get(n, 0.0) for n in n_T.tolist()])
   return mean, np.where(n_T >= 2, t_T * np.sqrt(var / np.maximum(n_T, 1)), 0.0)
 
 

@@ -39,7 +39,7 @@ def parse(name: str) -> tuple[str, str, str]:
   agg = agg or "last"
   if agg not in AGGREGATES:
     raise errors.ConfigError(f"--metrics: {name!r}: aggregate @{agg} is unknown; use one of "
-                     f"{', '.join('@' + a for a in AGGREGATES)}.")
+                             f"{', '.join('@' + a for a in AGGREGATES)}.")
   if not metric:
     raise errors.ConfigError(f"--metrics: {name!r} names no metric; e.g. eval/accuracy or train/reward_mean@tail.")
   return sub, metric, agg

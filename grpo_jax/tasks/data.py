@@ -277,7 +277,7 @@ def sft_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_size: 
     for i, ex in enumerate(chosen):
       head, tail = _sft_ids(task, ex, base.LANGUAGES[int(langs[i])], tok, mode, bool(mistakes[i]))
       ids = head + tail
-      if len(ids) > seq_len:  # preflight's check_data refuses such a split first (sft_lengths)
+      if len(ids) > seq_len:  # preflight.check_sft_lengths refuses a drawn one first (sft_lengths)
         raise ValueError(f"seq_len={seq_len} is too short for a {len(ids)}-token SFT sequence (example "
                          f"{ex['index']}); raise it to >= {len(ids)}")
       tokens[i, :len(ids)] = ids
