@@ -199,71 +199,87 @@ from tests.test_engine import prompts
 from grpo_jax.model import model as M
 from grpo_jax.perf import hlo_collectives
 from grpo_jax.rollout import decode_layout, engine as E, sampling as S
-params = random_params(MCFG, 0)
-prompt, pm = prompts(8, seed=4)
-L = 12
-eos = (3, 5, 7, 9, 11)
-# top-k: XLA's TopK is not split by rows (it all-gathers the [S, V] logits, as in the static engine), so the
-# locality runs sample untruncated, the RL rollout's default
-topk = S.SamplingConfig(temperature=1.3, top_k=20, max_new_tokens=L, eos_id=eos, pad_id=0)
-plain = S.SamplingConfig(temperature=1.3, max_new_tokens=L, eos_id=eos, pad_id=0)
-u = S.uniforms(jax.random.PRNGKey(5), L, 32)
-refs = {}
-for key, b, G, scfg in (("topk", 8, 4, topk), ("plain", 8, 4, plain), ("spans", 4, 8, topk)):
-  one = jax.jit(S.sample, static_argnums=(0, 5))(MCFG, params, np.repeat(prompt[:b], G, 0), np.repeat(pm[:b], G, 0),
-                                                 None, scfg, u_LxN=u)
-  refs[key] = dict(tokens=np.asarray(one.tokens_NxL).tolist(), logp=np.asarray(one.logp_NxL).tolist(),
-                   lengths=np.asarray(one.lengths_N).tolist())
 from grpo_jax.infra import sharding
-mesh = Mesh(np.asarray(jax.devices()).reshape(1, 8, 1), ("data", "fsdp", "tensor"))
-rules = sharding.LOGICAL_RULES
-out = {}
-with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-  shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
-  p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
-  u_sh = jax.device_put(u, shard(P(None, "batch")))
-  # the training layout (weights all-gathered per token), then the decode layouts: gathered, and tensor-parallel
-  # over 2 of the 8 fsdp chips (rows over the other 4); "spans": 4 prompts x G8, a group's rows on 2 devices
-  for name, ref, slots, layout in (("fsdp/32", "topk", 32, None), ("fsdp/16", "topk", 16, None),
-                                   ("gathered/16", "topk", 16, "gathered"), ("tp2/16", "topk", 16, "tp"),
-                                   ("spans/8", "spans", 8, "gathered"), ("local/16", "plain", 16, "gathered")):
-    b, G, scfg = {"topk": (8, 4, topk), "plain": (8, 4, plain), "spans": (4, 8, topk)}[ref]
-    def run(params, pr, m, u, slots=slots, layout=layout, G=G, scfg=scfg):
-      lay = None if layout is None else decode_layout.prepare(MCFG, params, decode_layout.Layout(
-          layout, 2 if layout == "tp" else 1))
-      return E.sample_groups(MCFG, params, pr, m, G, scfg, u_LxN=u, slots=slots, split=8, kv_block=4,
-                             decode=lay)
-    args = (p_sh, prompt[:b], pm[:b], u_sh)
-    compiled = jax.jit(run).lower(*args).compile()
-    ro, _ = compiled(*args)
-    out[name] = dict(ref=ref, tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
-                     shard_rows=ro.tokens_NxL.addressable_shards[0].data.shape[0])
-    if name == "local/16":
-      # every collective of the decode (the loops and the admission / compaction between them): kind, result arrays
-      # per device, where
-      colls = [c for c in hlo_collectives.collectives(compiled.as_text()) if c.phase == "rollout decode"]
-      out[name]["collectives"] = [(c.kind, c.shapes, c.op_name[-60:]) for c in colls]
-  # test_paged_engine_per_shard_on_8_devices_matches_one_device_static: the paged store over the same mesh, params
-  # and uniforms against the same one-device reference ("plain"), in the training and the tensor-parallel layouts
-  paged = {}
-  for name, slots, layout in (("fsdp/16", 16, None), ("tp2/16", 16, "tp")):
-    def run(params, pr, m, u, slots=slots, layout=layout):
-      lay = None if layout is None else decode_layout.prepare(MCFG, params, decode_layout.Layout(layout, 2))
-      return E.sample_groups(MCFG, params, pr, m, 4, plain, u_LxN=u, slots=slots, levels=2, split=8, decode=lay,
-                             attention="paged", page_size=4)
-    low = jax.jit(run).lower(p_sh, prompt, pm, u_sh)
-    ro, _ = low.compile()(p_sh, prompt, pm, u_sh)
-    paged[name] = dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
-                       shard_map="shard_map" in low.as_text() or "manual" in low.as_text())
-print(json.dumps(dict(refs=refs, runs=out, paged=paged)))
+
+
+def sharded_runs():
+  params = random_params(MCFG, 0)
+  prompt, pm = prompts(8, seed=4)
+  L = 12
+  eos = (3, 5, 7, 9, 11)
+  # top-k: XLA's TopK is not split by rows (it all-gathers the [S, V] logits, as in the static engine), so the
+  # locality runs sample untruncated, the RL rollout's default
+  topk = S.SamplingConfig(temperature=1.3, top_k=20, max_new_tokens=L, eos_id=eos, pad_id=0)
+  plain = S.SamplingConfig(temperature=1.3, max_new_tokens=L, eos_id=eos, pad_id=0)
+  u = S.uniforms(jax.random.PRNGKey(5), L, 32)
+  refs = {}
+  for key, b, G, scfg in (("topk", 8, 4, topk), ("plain", 8, 4, plain), ("spans", 4, 8, topk)):
+    one = jax.jit(S.sample, static_argnums=(0, 5))(MCFG, params, np.repeat(prompt[:b], G, 0),
+                                                   np.repeat(pm[:b], G, 0), None, scfg, u_LxN=u)
+    refs[key] = dict(tokens=np.asarray(one.tokens_NxL).tolist(), logp=np.asarray(one.logp_NxL).tolist(),
+                     lengths=np.asarray(one.lengths_N).tolist())
+  mesh = Mesh(np.asarray(jax.devices()).reshape(1, 8, 1), ("data", "fsdp", "tensor"))
+  rules = sharding.LOGICAL_RULES
+  out = {}
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
+    p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
+    u_sh = jax.device_put(u, shard(P(None, "batch")))
+    # the training layout (weights all-gathered per token), then the decode layouts: gathered, and tensor-parallel
+    # over 2 of the 8 fsdp chips (rows over the other 4); "spans": 4 prompts x G8, a group's rows on 2 devices
+    for name, ref, slots, layout in (("fsdp/32", "topk", 32, None), ("fsdp/16", "topk", 16, None),
+                                     ("gathered/16", "topk", 16, "gathered"), ("tp2/16", "topk", 16, "tp"),
+                                     ("spans/8", "spans", 8, "gathered"), ("local/16", "plain", 16, "gathered")):
+      b, G, scfg = {"topk": (8, 4, topk), "plain": (8, 4, plain), "spans": (4, 8, topk)}[ref]
+      def run(params, pr, m, u, slots=slots, layout=layout, G=G, scfg=scfg):
+        lay = None if layout is None else decode_layout.prepare(MCFG, params, decode_layout.Layout(
+            layout, 2 if layout == "tp" else 1))
+        return E.sample_groups(MCFG, params, pr, m, G, scfg, u_LxN=u, slots=slots, split=8, kv_block=4,
+                               decode=lay)
+      args = (p_sh, prompt[:b], pm[:b], u_sh)
+      compiled = jax.jit(run).lower(*args).compile()
+      ro, _ = compiled(*args)
+      out[name] = dict(ref=ref, tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
+                       shard_rows=ro.tokens_NxL.addressable_shards[0].data.shape[0])
+      if name == "local/16":
+        # every collective of the decode (the loops and the admission / compaction between them): kind, result arrays
+        # per device, where
+        colls = [c for c in hlo_collectives.collectives(compiled.as_text()) if c.phase == "rollout decode"]
+        out[name]["collectives"] = [(c.kind, c.shapes, c.op_name[-60:]) for c in colls]
+    # test_paged_engine_per_shard_on_8_devices_matches_one_device_static: the paged store over the same mesh, params
+    # and uniforms against the same one-device reference ("plain"), in the training and the tensor-parallel layouts
+    paged = {}
+    for name, slots, layout in (("fsdp/16", 16, None), ("tp2/16", 16, "tp")):
+      def run(params, pr, m, u, slots=slots, layout=layout):
+        lay = None if layout is None else decode_layout.prepare(MCFG, params, decode_layout.Layout(layout, 2))
+        return E.sample_groups(MCFG, params, pr, m, 4, plain, u_LxN=u, slots=slots, levels=2, split=8, decode=lay,
+                               attention="paged", page_size=4)
+      low = jax.jit(run).lower(p_sh, prompt, pm, u_sh)
+      ro, _ = low.compile()(p_sh, prompt, pm, u_sh)
+      paged[name] = dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
+                         shard_map="shard_map" in low.as_text() or "manual" in low.as_text())
+  return dict(refs=refs, runs=out, paged=paged)
 """
 
 
 @pytest.fixture(scope="module")
-def sharded():
-  """One 8-device subprocess for the engine's and the paged store's sharded runs: they share the set-up (params,
-  prompts, uniforms, mesh) and the one-device reference samples, which each test's own subprocess made again."""
-  return on_8_devices(_SHARDED, timeout=600)
+def eight_devices():
+  """One 8-device subprocess for the engine's and the paged store's sharded runs (they share the set-up: params,
+  prompts, uniforms, mesh, and the one-device reference samples, which each test's own subprocess made again) and
+  for the RL steps of test_rl_step_on_8_devices_with_the_continuous_engine_equals_the_static_one (one process
+  start-up instead of two). Each part's result, or its traceback, is under its own key: a part that raised fails
+  its own tests only."""
+  return on_8_devices(_EIGHT_DEVICES, timeout=1200)
+
+
+def _part(res: dict, name: str) -> dict:
+  assert "error" not in res[name], res[name].get("error")
+  return res[name]
+
+
+@pytest.fixture(scope="module")
+def sharded(eight_devices):
+  return _part(eight_devices, "sharded")
 
 
 def test_fsdp_over_8_devices_matches_one_device_static_and_keeps_rows_on_their_device(sharded):
@@ -308,47 +324,58 @@ def test_paged_engine_per_shard_on_8_devices_matches_one_device_static(sharded):
 
 
 _RL_STEP_8 = r"""
-import json, sys
-import jax, numpy as np
-sys.path.insert(0, sys.argv[1])
-from grpo_jax.infra import sharding
-from grpo_jax.model import model as model_lib
-from grpo_jax.rl import families, rl_step
-from grpo_jax.run.train import device_batch
-from grpo_jax.tasks import digits
-from tests.test_rl_step import _ManyEos
-out = {}
-for prompts, G, slots in ((8, 4, 16), (4, 4, 8)):  # 4 rows per device (one group each); 2 rows (half a group)
-  for eng in ("static", "continuous"):
-    c = digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=prompts, G=G, L=8)
-    c.optim.lr = 1e-3
-    c.train.num_samples_logged = prompts * G  # every row in samples/
-    c.mesh.update(data=2, fsdp=4, tensor=1)
-    c.sampling.update(engine=eng, slots=slots if eng == "continuous" else 0, compaction=2)
-    mesh = sharding.make_mesh(c.mesh, jax.devices())
-    mcfg = model_lib.ModelConfig.from_config(c.model)
-    spec = digits.reward_spec(c.model.vocab_size)
-    tok = _ManyEos(c.model.vocab_size)
-    step = families.make_step(c, mesh, mcfg, spec, tok)
-    state = rl_step.init(c, mesh, mcfg, seed=0)
-    batch = device_batch(mesh, next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1)))
-    state, m = step(state, batch)
-    m = jax.device_get(m)
-    out[f"{prompts}x{G}/{eng}"] = dict(
-        tokens=np.asarray(m["samples/tokens_NxL"]).tolist(), lengths=np.asarray(m["samples/mask_NxL"]).sum(1).tolist(),
-        util=float(m["train/decode_slot_util"]),
-        entropy=float(m["train/entropy"]),
-        params=[np.asarray(x).ravel().tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))])
-print(json.dumps(out))
+def rl_steps():
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rl import families, rl_step
+  from grpo_jax.run.train import device_batch
+  from grpo_jax.tasks import digits
+  from tests.test_rl_step import _ManyEos
+  out = {}
+  for prompts, G, slots in ((8, 4, 16), (4, 4, 8)):  # 4 rows per device (one group each); 2 rows (half a group)
+    for eng in ("static", "continuous"):
+      c = digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=prompts, G=G, L=8)
+      c.optim.lr = 1e-3
+      c.train.num_samples_logged = prompts * G  # every row in samples/
+      c.mesh.update(data=2, fsdp=4, tensor=1)
+      c.sampling.update(engine=eng, slots=slots if eng == "continuous" else 0, compaction=2)
+      mesh = sharding.make_mesh(c.mesh, jax.devices())
+      mcfg = model_lib.ModelConfig.from_config(c.model)
+      spec = digits.reward_spec(c.model.vocab_size)
+      tok = _ManyEos(c.model.vocab_size)
+      step = families.make_step(c, mesh, mcfg, spec, tok)
+      state = rl_step.init(c, mesh, mcfg, seed=0)
+      batch = device_batch(mesh, next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1)))
+      state, m = step(state, batch)
+      m = jax.device_get(m)
+      out[f"{prompts}x{G}/{eng}"] = dict(
+          tokens=np.asarray(m["samples/tokens_NxL"]).tolist(),
+          lengths=np.asarray(m["samples/mask_NxL"]).sum(1).tolist(),
+          util=float(m["train/decode_slot_util"]),
+          entropy=float(m["train/entropy"]),
+          params=[np.asarray(x).ravel().tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))])
+  return out
+"""
+
+# The eight_devices fixture's script: the sharded engine runs (_SHARDED, a function), then the RL steps, each part
+# caught on its own.
+_EIGHT_DEVICES = _SHARDED + _RL_STEP_8 + r"""
+import traceback
+res = {}
+for name, part in (("sharded", sharded_runs), ("rl_steps", rl_steps)):
+  try:
+    res[name] = part()
+  except Exception:
+    res[name] = {"error": traceback.format_exc()[-3000:]}
+print(json.dumps(res))
 """
 
 
-def test_rl_step_on_8_devices_with_the_continuous_engine_equals_the_static_one():
+def test_rl_step_on_8_devices_with_the_continuous_engine_equals_the_static_one(eight_devices):
   """One RL step (rollout, rewards, reference, AdamW update) on a data=2 × fsdp=4 mesh, each device's rows decoded
   in its own slots: the static engine's samples and, after the update, its params within the sharded-step tolerance
   (tests/test_sharding.py: 2e-5 = 0.02·lr), with a device's rows one group (8 prompts × G4) or half of one (4 × G4);
   rows end early (26 EOS ids) so the slots refill."""
-  r = on_8_devices(_RL_STEP_8, timeout=600)
+  r = _part(eight_devices, "rl_steps")
   for shape in ("8x4", "4x4"):
     st, co = r[f"{shape}/static"], r[f"{shape}/continuous"]
     assert co["tokens"] == st["tokens"], shape
