@@ -266,28 +266,48 @@ def test_tpu_compile_report_in_subprocess():
   assert r["roofline"]["step_seconds"] > 0
 
 
-# Lowers the model's training forward+backward for a v5e:2x2 slice (4 chips, FSDP) with model.attention=auto and
-# =xla; prints the splash kernel names found in each lowering's custom calls.
-_SPLASH_LOWERING = """
-import json, re, jax, jax.numpy as jnp
+# The three libtpu compiles below run in ONE subprocess (the `tpu_programs` fixture): each part is a function of the
+# script, run in turn, its result (or its traceback) under its own key, so each test still asserts on its own part
+# alone; the parts share one Python + JAX + libtpu start-up instead of three.
+_TPU_HEAD = """
+import json, re, traceback, jax, jax.numpy as jnp
 from jax.experimental import topologies
+from grpo_jax.perf import aot
+from grpo_jax.rl import memory_plan
 from grpo_jax.model import model as M
 from grpo_jax.infra import sharding
-devices = list(topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices)
-mesh = sharding.make_mesh(dict(data=1, fsdp=-1, tensor=1), devices)
+"""
+
+# Lowers the model's training forward+backward for a v5e:2x2 slice (4 chips, FSDP) with model.attention=auto and
+# =xla; returns the splash kernel names found in each lowering's custom calls.
+_SPLASH_LOWERING = """
+def splash():
+  devices = list(topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices)
+  mesh = sharding.make_mesh(dict(data=1, fsdp=-1, tensor=1), devices)
+  out = {}
+  for attention in ("auto", "xla"):
+    mcfg = M.ModelConfig(vocab_size=512, hidden=256, layers=2, heads=4, kv_heads=2, inter=512, max_len=256,
+                         dtype="bfloat16", remat="full", attention=attention)
+    abstract = jax.eval_shape(lambda: M.init_params(mcfg, jax.random.PRNGKey(0)))
+    shardings = sharding.tree_shardings(mesh, M.param_axes(mcfg))
+    params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+    ids = jax.ShapeDtypeStruct((8, 200), jnp.int32, sharding=sharding.batch_sharding(mesh, 2))
+    loss = lambda p, t, pos, m: (M.token_logprobs(mcfg, p, t, pos, m)[0] * m).sum()
+    with sharding.mesh_context(mesh):
+      text = jax.jit(jax.grad(loss)).lower(params, ids, ids, ids).as_text()
+    calls = [l for l in text.splitlines() if "tpu_custom_call" in l]
+    out[attention] = sorted({n for l in calls for n in re.findall(r"splash_mha_[a-z_]+", l)}
+                            | {"calls=%d" % len(calls)})
+  return out
+"""
+
+_TPU_TAIL = """
 out = {}
-for attention in ("auto", "xla"):
-  mcfg = M.ModelConfig(vocab_size=512, hidden=256, layers=2, heads=4, kv_heads=2, inter=512, max_len=256,
-                       dtype="bfloat16", remat="full", attention=attention)
-  abstract = jax.eval_shape(lambda: M.init_params(mcfg, jax.random.PRNGKey(0)))
-  shardings = sharding.tree_shardings(mesh, M.param_axes(mcfg))
-  params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-  ids = jax.ShapeDtypeStruct((8, 200), jnp.int32, sharding=sharding.batch_sharding(mesh, 2))
-  loss = lambda p, t, pos, m: (M.token_logprobs(mcfg, p, t, pos, m)[0] * m).sum()
-  with sharding.mesh_context(mesh):
-    text = jax.jit(jax.grad(loss)).lower(params, ids, ids, ids).as_text()
-  calls = [l for l in text.splitlines() if "tpu_custom_call" in l]
-  out[attention] = sorted({n for l in calls for n in re.findall(r"splash_mha_[a-z_]+", l)} | {"calls=%d" % len(calls)})
+for name, part in (("splash", splash), ("decode_collectives", decode_collectives), ("continuous", continuous)):
+  try:
+    out[name] = part()
+  except Exception:
+    out[name] = {"error": traceback.format_exc()[-3000:]}
 print(json.dumps(out))
 """
 
@@ -300,11 +320,25 @@ def _last_json_line_of(script: str, timeout: int) -> dict:
   return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.fixture(scope="module")
+def tpu_programs():
+  """One libtpu subprocess for the splash lowering, the decode-collective and the continuous-engine compiles (each
+  test reads its own part; a part that raised carries its traceback, which fails that test alone)."""
+  return _last_json_line_of(_TPU_HEAD + _SPLASH_LOWERING + _DECODE_COLLECTIVES + _CONTINUOUS_DECODE + _TPU_TAIL,
+                            timeout=1500)
+
+
+def _part(programs: dict, name: str) -> dict:
+  r = programs[name]
+  assert "error" not in r, r.get("error")
+  return r
+
+
 @NEEDS_LIBTPU
-def test_tpu_lowering_of_training_contains_the_splash_kernels():
+def test_tpu_lowering_of_training_contains_the_splash_kernels(tpu_programs):
   """On a TPU target, model.attention=auto lowers the training forward+backward to splash's Pallas kernels (forward,
   dq and dkv, with segment ids for the padding) inside shard_map; the einsum path has no kernel call."""
-  r = _last_json_line_of(_SPLASH_LOWERING, timeout=600)
+  r = _part(tpu_programs, "splash")
   kernels = {"splash_mha_fwd_segmented_residuals", "splash_mha_dq_segmented_no_residuals",
              "splash_mha_dkv_segmented_no_residuals"}
   assert kernels <= set(r["auto"]), r
@@ -315,31 +349,29 @@ def test_tpu_lowering_of_training_contains_the_splash_kernels():
 # decode (decode_tp=2); prints each report's decode-loop collective counts. Kept cheap to compile: one layer, β = 0
 # (dr_grpo: no reference forward), fp32 (no recomputed old log-probs), no remat.
 _DECODE_COLLECTIVES = """
-import json
-from grpo_jax.perf import aot
-from grpo_jax.rl import memory_plan
-devices = aot.tpu_devices("v5e:2x2")
-out = {}
-for knob, tp in (("auto", 0), ("tp", 2)):
-  cfg = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=8, dtype="float32", remat="none",
-                                    algo="dr_grpo")
-  cfg.model.layers = 1
-  cfg.sampling.update(decode_layout=knob, decode_tp=tp)
-  r = aot.check(cfg, "v5e:2x2", dict(data=1, fsdp=4, tensor=1), devices)
-  out[knob] = {k: r[k] for k in ("decode_layout", "decode_collectives_per_token", "decode_collective_budget",
-                                 "decode_weight_collectives_per_token", "decode_xla_collectives_per_token",
-                                 "compile_seconds")}
-  out[knob]["ici_decode"] = r["roofline"]["ici"].get("rollout decode", {})
-print(json.dumps(out))
+def decode_collectives():
+  devices = aot.tpu_devices("v5e:2x2")
+  out = {}
+  for knob, tp in (("auto", 0), ("tp", 2)):
+    cfg = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=8, dtype="float32", remat="none",
+                                      algo="dr_grpo")
+    cfg.model.layers = 1
+    cfg.sampling.update(decode_layout=knob, decode_tp=tp)
+    r = aot.check(cfg, "v5e:2x2", dict(data=1, fsdp=4, tensor=1), devices)
+    out[knob] = {k: r[k] for k in ("decode_layout", "decode_collectives_per_token", "decode_collective_budget",
+                                   "decode_weight_collectives_per_token", "decode_xla_collectives_per_token",
+                                   "compile_seconds")}
+    out[knob]["ici_decode"] = r["roofline"]["ici"].get("rollout decode", {})
+  return out
 """
 
 
 @NEEDS_LIBTPU
-def test_tpu_decode_loop_collectives_per_layout():
+def test_tpu_decode_loop_collectives_per_layout(tpu_programs):
   """In the TPU compiler's program, the decode loop of the default layout moves no weight and runs no collective at
   all (tensor=1); tensor-parallel decode stays within 2 all-reduces per layer plus the embedding's all-reduce and
   the logits' all-gather, and moves no weight (weights told apart from activations by shape)."""
-  r = _last_json_line_of(_DECODE_COLLECTIVES, timeout=600)
+  r = _part(tpu_programs, "decode_collectives")
   auto, tp = r["auto"], r["tp"]
   assert auto["decode_layout"] == "gathered" and auto["decode_weight_collectives_per_token"] == 0, auto
   assert auto["decode_collective_budget"] == {} and auto["decode_collectives_per_token"] == {}, auto
@@ -359,30 +391,29 @@ def test_tpu_decode_loop_collectives_per_layout():
 # loop, whose trip count is data-dependent). Cheap to compile: β = 0, fp32, no remat, one compaction (two phases:
 # 42 s of libtpu compiling with three phases, 28 s with two, the same counts).
 _CONTINUOUS_DECODE = """
-import json
-from grpo_jax.perf import aot
-from grpo_jax.rl import memory_plan
-devices = aot.tpu_devices("v5e:2x2")
-out = {}
-for knob in ("auto", "fsdp"):
-  cfg = memory_plan.workload_config("tiny", prompts=4, G=4, prompt_len=16, L=8, dtype="float32", remat="none",
-                                    algo="dr_grpo", engine="continuous", slots=16)
-  cfg.model.layers = 2
-  cfg.sampling.update(decode_layout=knob, compaction=2)
-  r = aot.check(cfg, "v5e:2x2", dict(data=1, fsdp=4, tensor=1), devices)
-  out[knob] = {k: r[k] for k in ("decode_layout", "decode_collectives_per_token", "decode_weight_collectives_per_token",
-                                 "decode_xla_collectives_per_token", "decode_ici_bytes_per_token", "compile_seconds")}
-print(json.dumps(out))
+def continuous():
+  devices = aot.tpu_devices("v5e:2x2")
+  out = {}
+  for knob in ("auto", "fsdp"):
+    cfg = memory_plan.workload_config("tiny", prompts=4, G=4, prompt_len=16, L=8, dtype="float32", remat="none",
+                                      algo="dr_grpo", engine="continuous", slots=16)
+    cfg.model.layers = 2
+    cfg.sampling.update(decode_layout=knob, compaction=2)
+    r = aot.check(cfg, "v5e:2x2", dict(data=1, fsdp=4, tensor=1), devices)
+    out[knob] = {k: r[k] for k in ("decode_layout", "decode_collectives_per_token",
+                                   "decode_weight_collectives_per_token", "decode_xla_collectives_per_token",
+                                   "decode_ici_bytes_per_token", "compile_seconds")}
+  return out
 """
 
 
 @NEEDS_LIBTPU
-def test_tpu_continuous_engine_decode_moves_no_weight_and_no_row():
+def test_tpu_continuous_engine_decode_moves_no_weight_and_no_row(tpu_programs):
   """The TPU compiler's program of the continuous engine's RL step: in the default (gathered) decode layout a decode
   step moves no weight, and no row either (rows stay on their device: only scalar all-reduces of the phase
   predicates and the live maximum, a few bytes per step); the training layout's per-token weight all-gathers are
   found in the same loops (so the count sees them)."""
-  r = _last_json_line_of(_CONTINUOUS_DECODE, timeout=900)
+  r = _part(tpu_programs, "continuous")
   auto, fsdp = r["auto"], r["fsdp"]
   assert auto["decode_layout"] == "gathered" and auto["decode_weight_collectives_per_token"] == 0, auto
   assert set(auto["decode_collectives_per_token"]) <= {"all-reduce"}, auto
