@@ -42,8 +42,18 @@ PATHS = {
 }
 
 
+_VALUE_AND_GRADS = {}
+
+
 def value_and_grads(f, q, k, v, mask, w):
-  return jax.jit(jax.value_and_grad(lambda q, k, v: jnp.vdot(f(q, k, v, mask), w), argnums=(0, 1, 2)))(q, k, v)
+  """The value and (q, k, v) gradients of <f(q, k, v, mask), w>. One jitted program per path f, the mask and the
+  cotangent its arguments (not constants baked into it): the einsum reference and each path compile once per shape,
+  shared by the calls with another cotangent (w, then all ones) and by the paths of the same T (blockwise and
+  seq_lengths both compare against the einsum at T = 37)."""
+  if f not in _VALUE_AND_GRADS:
+    _VALUE_AND_GRADS[f] = jax.jit(jax.value_and_grad(lambda q, k, v, mask, w: jnp.vdot(f(q, k, v, mask), w),
+                                                     argnums=(0, 1, 2)))
+  return _VALUE_AND_GRADS[f](q, k, v, mask, w)
 
 
 @pytest.mark.parametrize("group", sorted(GROUPS))
