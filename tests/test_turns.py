@@ -80,12 +80,17 @@ def prompts(b=B, seed=0):
   return rng.integers(1, 60, (b, P)).astype(np.int32) * pm, pm
 
 
+# jitted: one compile per shape instead of one per op (the forward and sampling.draw ran op by op)
+_forward = jax.jit(M.forward, static_argnums=0)
+_draw = jax.jit(S.draw, static_argnums=2)
+
+
 def teacher_forced(params, prompt_NxP, pm_NxP, tokens_NxL, mask_NxL, temperature):
   """(logp_NxL, logits_NxLxV) of one forward over prompt + transcript: logits[:, t] predicts completion token t."""
   tok = np.concatenate([prompt_NxP, tokens_NxL], 1)
   mask = np.concatenate([pm_NxP, mask_NxL], 1)
   pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
-  logits = np.asarray(M.forward(MCFG, params, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(mask)))[:, P - 1:-1]
+  logits = np.asarray(_forward(MCFG, params, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(mask)))[:, P - 1:-1]
   logp = np.asarray(jax.nn.log_softmax(logits / temperature, axis=-1))
   return np.take_along_axis(logp, tokens_NxL[..., None], -1)[..., 0], logits
 
@@ -218,7 +223,7 @@ def test_sampled_rows_are_the_policys_draws_over_the_transcript(params, attentio
     np.testing.assert_array_equal(obs[n], want_obs, err_msg=str(n))
     assert np.asarray(st.env.step_NxL)[n].nonzero()[0].tolist() == answered, n
     for t in np.nonzero(model[n])[0]:
-      drawn, _ = S.draw(jnp.asarray(logits[n, t][None]), jnp.asarray(uu[t, n][None]), SAMPLED)
+      drawn, _ = _draw(jnp.asarray(logits[n, t][None]), jnp.asarray(uu[t, n][None]), SAMPLED)
       assert int(drawn[0]) == tok[n, t], (n, t)
 
 
