@@ -169,6 +169,9 @@ def _tiny_config():
   c.r1.sft2.update(sft)
   c.r1.final.steps = 2
   c.r1.report.update(size=4, batch=4, n_samples=2, pass_k=(1, 2))
+  # no per-stage plots or TensorBoard events (no test reads them; matplotlib drew ~10 PNGs per pipeline run): the
+  # report's own plots (DIR/plots/r1_*.png, which test_report_compares_every_model reads) are drawn regardless
+  c.log.update(plots=False, tensorboard=False)
   return c
 
 

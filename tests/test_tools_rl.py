@@ -136,9 +136,10 @@ def test_observation_tokens_get_no_gradient_through_the_step_loss(setup, rollout
   obs = np.asarray(ro.obs_NxL)
   assert np.all(np.asarray(data["mask_NxL"])[obs > 0] == 0)
   P = batch["prompt_NxP"].shape[1]
-  out = rl_step.make_forward(c, mcfg, P)((state["params"],), data["seq"], False)
-  objective = rl_step.make_objective(c)
-  g_logp, g_ent = jax.grad(lambda o: objective(o, data)[0])(out)
+  # jitted as the step jits them: one compile each instead of an eager compile per op
+  out = jax.jit(rl_step.make_forward(c, mcfg, P), static_argnums=2)((state["params"],), data["seq"], False)
+  objective = jax.jit(rl_step.make_objective(c))
+  g_logp, g_ent = jax.jit(jax.grad(lambda o, d: objective(o, d)[0]))(out, data)
   g_logp, g_ent = np.asarray(g_logp), np.asarray(g_ent)
   assert np.all(g_logp[obs > 0] == 0) and np.all(g_ent[obs > 0] == 0)
   model = (np.asarray(data["mask_NxL"]) > 0)

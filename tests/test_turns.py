@@ -80,12 +80,17 @@ def prompts(b=B, seed=0):
   return rng.integers(1, 60, (b, P)).astype(np.int32) * pm, pm
 
 
+# jitted: one compile per shape instead of one per op (the forward and sampling.draw ran op by op)
+_forward = jax.jit(M.forward, static_argnums=0)
+_draw = jax.jit(S.draw, static_argnums=2)
+
+
 def teacher_forced(params, prompt_NxP, pm_NxP, tokens_NxL, mask_NxL, temperature):
   """(logp_NxL, logits_NxLxV) of one forward over prompt + transcript: logits[:, t] predicts completion token t."""
   tok = np.concatenate([prompt_NxP, tokens_NxL], 1)
   mask = np.concatenate([pm_NxP, mask_NxL], 1)
   pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
-  logits = np.asarray(M.forward(MCFG, params, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(mask)))[:, P - 1:-1]
+  logits = np.asarray(_forward(MCFG, params, jnp.asarray(tok), jnp.asarray(pos), jnp.asarray(mask)))[:, P - 1:-1]
   logp = np.asarray(jax.nn.log_softmax(logits / temperature, axis=-1))
   return np.take_along_axis(logp, tokens_NxL[..., None], -1)[..., 0], logits
 
@@ -218,32 +223,49 @@ def test_sampled_rows_are_the_policys_draws_over_the_transcript(params, attentio
     np.testing.assert_array_equal(obs[n], want_obs, err_msg=str(n))
     assert np.asarray(st.env.step_NxL)[n].nonzero()[0].tolist() == answered, n
     for t in np.nonzero(model[n])[0]:
-      drawn, _ = S.draw(jnp.asarray(logits[n, t][None]), jnp.asarray(uu[t, n][None]), SAMPLED)
+      drawn, _ = _draw(jnp.asarray(logits[n, t][None]), jnp.asarray(uu[t, n][None]), SAMPLED)
       assert int(drawn[0]) == tok[n, t], (n, t)
 
 
-def test_vmapped_runs_each_get_their_own_environment_calls(params):
+def _sampled_run(params, env):
+  """The sampled batch of 4 prompts on one device (4 slots, 2 compaction sizes) as a function of its uniforms,
+  calling `env`."""
+  prompt, pm = prompts(4, seed=1)
+  tools = make_tools(env, chunk=3, stops=SAMPLED_STOPS)
+  fields = {"answer_N": jnp.arange(4, dtype=jnp.int32)}
+  return lambda u: E.sample_groups(MCFG, params, prompt, pm, G, SAMPLED, u_LxN=u, kv_block=4, slots=4, levels=2,
+                                   tools=tools, env_fields=fields)
+
+
+@pytest.fixture(scope="module")
+def alone(params):
+  """_sampled_run alone (one compiled program) on the uniforms of keys 3 and 4: per key (rollout, stats, the host
+  calls it made). The vmapped test's runs alone; key 3's is also the 8-device test's one-device run."""
+  env = Toy()
+  fn = jax.jit(_sampled_run(params, env))
+  out = []
+  for k in (3, 4):
+    ro, st = jax.block_until_ready(fn(S.uniforms(jax.random.PRNGKey(k), L, 4 * G)))  # its host calls all made
+    out.append((ro, st, list(env.seen)))
+    env.seen[:] = []
+  return out
+
+
+def test_vmapped_runs_each_get_their_own_environment_calls(params, alone):
   """Two runs under vmap (the callback's sequential vmap: each run calls the host with its own rows): each equals
   the run alone, and the host gets exactly the paused rows the two runs alone pass it (vmap turns the boundary's
   cond into a select that runs both branches: a run not at a boundary must pass no row)."""
   us = jnp.stack([S.uniforms(jax.random.PRNGKey(k), L, 4 * G) for k in (3, 4)])
-  prompt, pm = prompts(4, seed=1)
   env = Toy()
-  tools = make_tools(env, chunk=3, stops=SAMPLED_STOPS)
-  fields = {"answer_N": jnp.arange(4, dtype=jnp.int32)}
-  run = lambda u: E.sample_groups(MCFG, params, prompt, pm, G, SAMPLED, u_LxN=u, kv_block=4, slots=4, levels=2,
-                                  tools=tools, env_fields=fields)
-  ro_v, st_v = jax.jit(jax.vmap(run))(us)
-  sent = lambda: sum(n for _, n, _ in env.seen)
-  sent_vmapped, env.seen[:] = sent(), []
-  for k in range(2):
-    ro, st = jax.jit(run)(us[k])
+  ro_v, st_v = jax.block_until_ready(jax.jit(jax.vmap(_sampled_run(params, env)))(us))
+  sent = lambda seen: sum(n for _, n, _ in seen)
+  for k, (ro, st, _) in enumerate(alone):
     np.testing.assert_array_equal(np.asarray(ro_v.tokens_NxL[k]), np.asarray(ro.tokens_NxL))
     np.testing.assert_array_equal(np.asarray(st_v.env.obs_NxL[k]), np.asarray(st.env.obs_NxL))
     np.testing.assert_allclose(np.asarray(ro_v.logp_NxL[k]), np.asarray(ro.logp_NxL), atol=1e-5, rtol=0)
     assert np.asarray(st.env.obs_NxL).sum() > 0
   assert not np.array_equal(np.asarray(ro_v.tokens_NxL[0]), np.asarray(ro_v.tokens_NxL[1]))
-  assert sent_vmapped == sent() > 0
+  assert sent(env.seen) == sum(sent(seen) for _, _, seen in alone) > 0
 
 
 _SHARDED = r"""
@@ -261,36 +283,35 @@ params = random_params(MCFG, 0)
 prompt, pm = T.prompts(4, seed=1)
 u = S.uniforms(jax.random.PRNGKey(3), T.L, 4 * T.G)
 fields = {"answer_N": jnp.arange(4, dtype=jnp.int32)}
-out = {}
-for name, shape, slots in (("one", None, 8), ("2x2x2", (2, 2, 2), 4)):
-  env = T.Toy()
-  tools = T.make_tools(env, chunk=3, stops=T.SAMPLED_STOPS)
-  run = lambda p, pr, m, u, fl: E.sample_groups(MCFG, p, pr, m, T.G, T.SAMPLED, u_LxN=u, kv_block=4, slots=slots,
-                                                levels=2, split=1 if shape is None else shape[0] * shape[1],
-                                                tools=tools, env_fields=fl)
-  if shape is None:
-    ro, st = jax.jit(run)(params, prompt, pm, u, fields)
-  else:
-    mesh = Mesh(np.asarray(jax.devices()).reshape(shape), ("data", "fsdp", "tensor"))
-    rules = sharding.LOGICAL_RULES
-    with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-      shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
-      p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
-      ro, st = jax.jit(run)(p_sh, prompt, pm, jax.device_put(u, shard(P(None, "batch"))), fields)
-  out[name] = dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
-                   obs=np.asarray(st.env.obs_NxL).tolist(), reward=np.asarray(st.env.reward_NxL).tolist(),
-                   seen=env.seen)
+# only the sharded run: the one-device run is the test module's `alone` fixture, compiled in the test's process
+shape = (2, 2, 2)
+env = T.Toy()
+tools = T.make_tools(env, chunk=3, stops=T.SAMPLED_STOPS)
+run = lambda p, pr, m, u, fl: E.sample_groups(MCFG, p, pr, m, T.G, T.SAMPLED, u_LxN=u, kv_block=4, slots=4,
+                                              levels=2, split=shape[0] * shape[1], tools=tools, env_fields=fl)
+mesh = Mesh(np.asarray(jax.devices()).reshape(shape), ("data", "fsdp", "tensor"))
+rules = sharding.LOGICAL_RULES
+with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+  shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
+  p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
+  ro, st = jax.jit(run)(p_sh, prompt, pm, jax.device_put(u, shard(P(None, "batch"))), fields)
+out = {"2x2x2": dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
+                     obs=np.asarray(st.env.obs_NxL).tolist(), reward=np.asarray(st.env.reward_NxL).tolist(),
+                     seen=env.seen)}
 print(json.dumps(out))
 """
 
 
-def test_8_devices_each_call_with_their_own_rows():
+def test_8_devices_each_call_with_their_own_rows(alone):
   """A data=2 x fsdp=2 x tensor=2 mesh (8 simulated devices): the 4 row shards each queue their own 2 rows in their
   own slot, and at a boundary each device calls the host with its own slot only (R = 1 of the 4 slots); the tensor
   copies of a shard pass no rows (only one copy runs the environment), and every copy gets the same observations:
-  the tokens, log-probs, observations and rewards of the one-device run."""
-  r = on_8_devices(_SHARDED, timeout=600)
-  one, sh = r["one"], r["2x2x2"]
+  the tokens, log-probs, observations and rewards of the one-device run (the `alone` fixture's run on the same
+  params, prompts and uniforms, compiled in this process: the subprocess compiles only the sharded run)."""
+  ro, st, seen = alone[0]
+  one = dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
+             obs=np.asarray(st.env.obs_NxL).tolist(), reward=np.asarray(st.env.reward_NxL).tolist(), seen=seen)
+  sh = on_8_devices(_SHARDED, timeout=600)["2x2x2"]
   assert one["tokens"] == sh["tokens"] and one["obs"] == sh["obs"] and one["reward"] == sh["reward"]
   np.testing.assert_allclose(sh["logp"], one["logp"], atol=1e-5, rtol=0)
   assert np.asarray(one["obs"]).sum() >= SAMPLED_STOPS_SEEN
