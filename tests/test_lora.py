@@ -1,6 +1,7 @@
 """LoRA RL (model.lora): step 0 is the base exactly, only adapters train, the base is the reference, decode merges,
 every preset and PPO run, sharded equals unsharded, vmapped runs hold the base once, config errors are one line."""
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -53,7 +54,13 @@ def _batch(c, seed=1):
 
 
 def _nonzero_adapters(mcfg, key=3):
-  """Adapters with B != 0 (a trained-looking policy: the adapter term is not zero)."""
+  """Adapters with B != 0 (a trained-looking policy: the adapter term is not zero). One compiled program: op by op
+  the init and the per-leaf noise compiled ~40 tiny ones."""
+  return _nonzero_adapters_jit(mcfg, key)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _nonzero_adapters_jit(mcfg, key):
   ad = lora.init_adapters(mcfg, jax.random.PRNGKey(key))
   keys = iter(jax.random.split(jax.random.PRNGKey(key + 1), 64))
   return jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), ad)
@@ -93,8 +100,9 @@ def test_step0_logits_equal_the_base_exactly(runs):
   mcfg, s0 = r["mcfg"], r["s0"]
   tok = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 0, 64)
   pos, mask = jnp.broadcast_to(jnp.arange(9), (2, 9)), jnp.ones((2, 9), jnp.int32)
-  base = model_lib.forward(mcfg, s0["base"], tok, pos, mask)
-  policy = model_lib.forward(mcfg, state_lib.model_params(s0), tok, pos, mask)
+  forward = jax.jit(model_lib.forward, static_argnums=0)  # compiled, as the step runs it
+  base = forward(mcfg, s0["base"], tok, pos, mask)
+  policy = forward(mcfg, state_lib.model_params(s0), tok, pos, mask)
   np.testing.assert_array_equal(np.asarray(policy), np.asarray(base))
   # ... and the base is the full-fine-tuning run's initial params (same seed), so the whole first rollout agrees.
   for a, b in zip(jax.tree.leaves(s0["base"]), jax.tree.leaves(runs["full"]["s0"]["params"])):
