@@ -1,6 +1,7 @@
 """LoRA RL (model.lora): step 0 is the base exactly, only adapters train, the base is the reference, decode merges,
 every preset and PPO run, sharded equals unsharded, vmapped runs hold the base once, config errors are one line."""
 import dataclasses
+import functools
 import json
 import os
 import subprocess
@@ -53,7 +54,13 @@ def _batch(c, seed=1):
 
 
 def _nonzero_adapters(mcfg, key=3):
-  """Adapters with B != 0 (a trained-looking policy: the adapter term is not zero)."""
+  """Adapters with B != 0 (a trained-looking policy: the adapter term is not zero). One compiled program: op by op
+  the init and the per-leaf noise compiled ~40 tiny ones."""
+  return _nonzero_adapters_jit(mcfg, key)
+
+
+@functools.partial(jax.jit, static_argnums=(0, 1))
+def _nonzero_adapters_jit(mcfg, key):
   ad = lora.init_adapters(mcfg, jax.random.PRNGKey(key))
   keys = iter(jax.random.split(jax.random.PRNGKey(key + 1), 64))
   return jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), ad)
@@ -93,8 +100,9 @@ def test_step0_logits_equal_the_base_exactly(runs):
   mcfg, s0 = r["mcfg"], r["s0"]
   tok = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 0, 64)
   pos, mask = jnp.broadcast_to(jnp.arange(9), (2, 9)), jnp.ones((2, 9), jnp.int32)
-  base = model_lib.forward(mcfg, s0["base"], tok, pos, mask)
-  policy = model_lib.forward(mcfg, state_lib.model_params(s0), tok, pos, mask)
+  forward = jax.jit(model_lib.forward, static_argnums=0)  # compiled, as the step runs it
+  base = forward(mcfg, s0["base"], tok, pos, mask)
+  policy = forward(mcfg, state_lib.model_params(s0), tok, pos, mask)
   np.testing.assert_array_equal(np.asarray(policy), np.asarray(base))
   # ... and the base is the full-fine-tuning run's initial params (same seed), so the whole first rollout agrees.
   for a, b in zip(jax.tree.leaves(s0["base"]), jax.tree.leaves(runs["full"]["s0"]["params"])):
@@ -115,16 +123,14 @@ def test_only_adapters_train_and_the_base_stays(runs):
   assert moved > 0 and np.abs(np.asarray(s1["params"]["layers"]["q"]["lora_b"])).max() > 0
 
 
-def test_gradient_reaches_adapters_only():
+def test_gradient_reaches_adapters_only(runs):
   """d loss / d base through the policy forward is what the step never computes: the loss is a function of the
   adapters with the base a constant; the adapters' gradient is nonzero (B's, at B = 0, through A)."""
-  c = _config()
-  mesh, mcfg, _ = _setup(c)
-  st = rl_step.init(c, mesh, mcfg, seed=0)
+  mcfg, st = runs["lora"]["mcfg"], runs["lora"]["s0"]  # the initial LoRA state (rl_step.init, seed 0)
   tok = jax.random.randint(jax.random.PRNGKey(2), (2, 9), 0, 64)
   pos, mask = jnp.broadcast_to(jnp.arange(9), (2, 9)), jnp.ones((2, 9), jnp.int32)
   loss = lambda p: model_lib.token_logprobs(mcfg, state_lib.model_params(st, p), tok, pos, mask)[0].sum()
-  g = jax.grad(loss)(st["params"])
+  g = jax.jit(jax.grad(loss))(st["params"])  # compiled: op by op the backward took ~3x the CPU
   assert jax.tree.structure(g) == jax.tree.structure(st["params"])
   assert float(jnp.abs(g["layers"]["q"]["lora_b"]).max()) > 0
   assert float(jnp.abs(g["layers"]["q"]["lora_a"]).max()) == 0.0  # B = 0: no gradient reaches A yet
@@ -147,16 +153,19 @@ def test_merged_decode_logprobs_equal_the_unmerged_forward():
   policy = lora.combine(base, _nonzero_adapters(mcfg))
   scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=1, pad_id=0)
   b = _batch(c)
-  s = sampling.sample(mcfg, policy, jnp.asarray(b["prompt_NxP"]), jnp.asarray(b["prompt_mask_NxP"]),
-                      jax.random.PRNGKey(5), scfg)
+  # sample and the forward compiled (the step runs them so); op by op they took ~3x the CPU
+  sample = jax.jit(sampling.sample, static_argnums=(0, 5))
+  logprobs = jax.jit(rollout_lib.completion_logprobs, static_argnums=(0, 3, 4))
+  s = sample(mcfg, policy, jnp.asarray(b["prompt_NxP"]), jnp.asarray(b["prompt_mask_NxP"]), jax.random.PRNGKey(5),
+             scfg)
   seq = rollout_lib.full_sequence(jnp.asarray(b["prompt_NxP"]), jnp.asarray(b["prompt_mask_NxP"]), s.tokens_NxL,
                                   s.mask_NxL)
   P = b["prompt_NxP"].shape[1]
-  fwd_NxL, _ = rollout_lib.completion_logprobs(mcfg, policy, seq, P, 1.0)  # unmerged: x·W + scale·(x·A)·B
+  fwd_NxL, _ = logprobs(mcfg, policy, seq, P, 1.0)  # unmerged: x·W + scale·(x·A)·B
   mask = np.asarray(s.mask_NxL) > 0
   np.testing.assert_allclose(np.asarray(s.logp_NxL)[mask], np.asarray(fwd_NxL)[mask], atol=2e-5)
   # the adapters matter: the base's log-probs of the same tokens differ by far more than that
-  base_NxL, _ = rollout_lib.completion_logprobs(mcfg, base, seq, P, 1.0)
+  base_NxL, _ = logprobs(mcfg, base, seq, P, 1.0)
   assert np.abs(np.asarray(base_NxL)[mask] - np.asarray(fwd_NxL)[mask]).max() > 1e-2
   # decode's weights are the merged kernels: no adapter left in them
   w = decode.decode_weights(mcfg, policy)
@@ -284,36 +293,40 @@ SHARDED = textwrap.dedent(r"""
   from grpo_jax.run.train import device_batch
   from grpo_jax.tasks import digits
 
-  shape = tuple(int(x) for x in sys.argv[1].split(","))
-  c = digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=6)
-  c.optim.lr = 1e-3
-  c.model.lora.update(rank=4, alpha=8.0)
-  c.mesh.update(data=shape[0], fsdp=shape[1], tensor=shape[2])
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
-  mcfg = model_lib.ModelConfig.from_config(c.model)
-  spec = digits.reward_spec(c.model.vocab_size)
-  step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
-  state = rl_step.init(c, mesh, mcfg, seed=0)
-  specs = {"base_q": str(tuple(state["base"]["layers"]["q"]["kernel"].sharding.spec)),
-           "lora_a_q": str(tuple(state["params"]["layers"]["q"]["lora_a"].sharding.spec)),
-           "lora_b_q": str(tuple(state["params"]["layers"]["q"]["lora_b"].sharding.spec))}
-  b = next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1))
-  b["answer_ids_NxA"][:, 1:] = -1
-  state, m = step(state, device_batch(mesh, b))
-  params = [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))]
-  # a second step samples and trains through nonzero B (the first update moves B only: A gets no gradient at B = 0)
-  state, m = step(state, device_batch(mesh, b))
-  m = jax.device_get(m)
-  print("JSON" + json.dumps(dict(specs=specs, tokens=np.asarray(m["samples/tokens_NxL"]).tolist(),
-                                 entropy=float(m["train/entropy"]), grad_norm=float(m["train/grad_norm"]),
-                                 params=params)))
+  def run(shape):
+    c = digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=6)
+    c.optim.lr = 1e-3
+    c.model.lora.update(rank=4, alpha=8.0)
+    c.mesh.update(data=shape[0], fsdp=shape[1], tensor=shape[2])
+    mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
+    mcfg = model_lib.ModelConfig.from_config(c.model)
+    spec = digits.reward_spec(c.model.vocab_size)
+    step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+    state = rl_step.init(c, mesh, mcfg, seed=0)
+    specs = {"base_q": str(tuple(state["base"]["layers"]["q"]["kernel"].sharding.spec)),
+             "lora_a_q": str(tuple(state["params"]["layers"]["q"]["lora_a"].sharding.spec)),
+             "lora_b_q": str(tuple(state["params"]["layers"]["q"]["lora_b"].sharding.spec))}
+    b = next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1))
+    b["answer_ids_NxA"][:, 1:] = -1
+    state, m = step(state, device_batch(mesh, b))
+    params = [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))]
+    # a second step samples and trains through nonzero B (the first update moves B only: A gets no gradient at B = 0)
+    state, m = step(state, device_batch(mesh, b))
+    m = jax.device_get(m)
+    return dict(specs=specs, tokens=np.asarray(m["samples/tokens_NxL"]).tolist(),
+                entropy=float(m["train/entropy"]), grad_norm=float(m["train/grad_norm"]), params=params)
+
+  # every mesh shape of argv, each its own step on its own devices, in this one process (one JAX start-up)
+  print("JSON" + json.dumps({a: run(tuple(int(x) for x in a.split(","))) for a in sys.argv[1:]}))
 """)
 
 
-def _sharded_run(shape: str) -> dict:
+def _sharded_runs(*shapes: str) -> dict:
+  """SHARDED's results per mesh shape, all shapes in one subprocess of 8 simulated devices (the 1-device reference
+  runs there on devices[:1]: a mesh of one device, as in a 1-device process)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
-  out = subprocess.run([sys.executable, "-c", SHARDED, shape], capture_output=True, text=True, env=env, timeout=600)
+  out = subprocess.run([sys.executable, "-c", SHARDED, *shapes], capture_output=True, text=True, env=env, timeout=600)
   assert out.returncode == 0, out.stderr[-4000:]
   return json.loads(out.stdout.split("JSON", 1)[1])
 
@@ -322,7 +335,8 @@ def test_sharded_lora_step_matches_single_device():
   """A LoRA step on a (2, 2, 2) mesh equals the 1-device run within test_sharding's tolerances (params after one
   AdamW step; the second step's samples, entropy and gradient norm); the adapters follow the base kernel's logical
   axes (A its input axes, B its output axes)."""
-  ref, r = _sharded_run("1,1,1"), _sharded_run("2,2,2")
+  runs = _sharded_runs("1,1,1", "2,2,2")
+  ref, r = runs["1,1,1"], runs["2,2,2"]
   assert r["specs"]["base_q"] == "(None, 'fsdp', 'tensor', None)"
   assert r["specs"]["lora_a_q"] == "(None, 'fsdp', None)" and r["specs"]["lora_b_q"] == "(None, None, 'tensor', None)"
   assert r["tokens"] == ref["tokens"]

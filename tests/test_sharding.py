@@ -109,28 +109,33 @@ SCRIPT = textwrap.dedent(r"""
                 reward=float(m["train/reward_mean"]),
                 params=[np.asarray(x).ravel()[:64].tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))])
 
-  shape = tuple(int(x) for x in sys.argv[1].split(","))
-  print("JSON" + json.dumps(run(shape, int(sys.argv[2]), int(sys.argv[3]))))
+  # each case of argv ("shape:chunks:decode_tp") its own config, mesh, step and state, in this one process
+  out = {}
+  for case in sys.argv[1:]:
+    shape, chunks, decode_tp = case.split(":")
+    out[case] = run(tuple(int(x) for x in shape.split(",")), int(chunks), int(decode_tp))
+  print("JSON" + json.dumps(out))
 """)
 
+CASES = [("8,1,1", 1, 0), ("2,2,2", 2, 0), ("1,4,2", 2, 2)]
 
-def _run(shape: str, chunks: int = 1, decode_tp: int = 0) -> dict:
+
+@pytest.fixture(scope="module")
+def runs() -> dict:
+  """SCRIPT's results for the 1-device reference and every case of CASES, keyed "shape:chunks:decode_tp": one
+  subprocess of 8 simulated devices runs them all, one after another (one JAX start-up instead of four; the
+  reference's mesh is devices[:1], a one-device mesh as in a 1-device process)."""
+  cases = [f"{shape}:{chunks}:{tp}" for shape, chunks, tp in [("1,1,1", 1, 0)] + CASES]
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
-  out = subprocess.run([sys.executable, "-c", SCRIPT, shape, str(chunks), str(decode_tp)], capture_output=True,
-                       text=True, env=env, timeout=600)
+  out = subprocess.run([sys.executable, "-c", SCRIPT, *cases], capture_output=True, text=True, env=env, timeout=600)
   assert out.returncode == 0, out.stderr[-4000:]
   return json.loads(out.stdout.split("JSON", 1)[1])
 
 
-@pytest.fixture(scope="module")
-def single_device():
-  return _run("1,1,1")
-
-
-@pytest.mark.parametrize("shape,chunks,decode_tp", [("8,1,1", 1, 0), ("2,2,2", 2, 0), ("1,4,2", 2, 2)])
-def test_sharded_step_matches_single_device(single_device, shape, chunks, decode_tp):
-  ref, r = single_device, _run(shape, chunks, decode_tp)
+@pytest.mark.parametrize("shape,chunks,decode_tp", CASES)
+def test_sharded_step_matches_single_device(runs, shape, chunks, decode_tp):
+  ref, r = runs["1,1,1:1:0"], runs[f"{shape}:{chunks}:{decode_tp}"]
   sh = r["shard"]
   # The reference shares the policy's layout; pure data parallelism replicates params; FSDP/tensor split them.
   assert sh["ref_q_kernel"] == sh["q_kernel"] == "(None, 'fsdp', 'tensor', None)"
