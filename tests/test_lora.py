@@ -308,12 +308,28 @@ SHARDED = textwrap.dedent(r"""
              "lora_b_q": str(tuple(state["params"]["layers"]["q"]["lora_b"].sharding.spec))}
     b = next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1))
     b["answer_ids_NxA"][:, 1:] = -1
+    # B starts at the same nonzero values on every mesh (not LoRA's zeros): this batch's first loss is exactly 0 with
+    # a zero gradient in exact arithmetic (rho = 1, zero-sum advantages), so from B = 0 the only update is AdamW
+    # amplifying rounding residue (grad norm 7e-11 on one device, 0 on the mesh), which no tolerance can compare; a
+    # nonzero B gives both adapters real gradients from the first step
+    rng = np.random.default_rng(0)
+    layers = dict(state["params"]["layers"])
+    for n, v in sorted(layers.items()):
+      if isinstance(v, dict) and "lora_b" in v:
+        b0 = rng.normal(0.0, 0.05, v["lora_b"].shape).astype(np.float32)
+        layers[n] = dict(v, lora_b=jax.device_put(b0, v["lora_b"].sharding))
+    state = dict(state, params=dict(state["params"], layers=layers))
+    p0 = jax.device_get(state["params"])
     state, m = step(state, device_batch(mesh, b))
-    params = [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))]
-    # a second step samples and trains through nonzero B (the first update moves B only: A gets no gradient at B = 0)
-    state, m = step(state, device_batch(mesh, b))
+    state, m = step(state, device_batch(mesh, b))  # the second step samples from the first update's policy
     m = jax.device_get(m)
-    return dict(specs=specs, tokens=np.asarray(m["samples/tokens_NxL"]).tolist(),
+    p2 = jax.device_get(state["params"])
+    params = [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(p2)]
+    adapted = [n for n, v in p2["layers"].items() if isinstance(v, dict) and "lora_b" in v]
+    # the least any adapter leaf moved over the two updates: the params compared are trained ones, not the start
+    moved = {k: min(float(np.abs(np.asarray(p2["layers"][n][k]) - np.asarray(p0["layers"][n][k])).max())
+                    for n in adapted) for k in ("lora_a", "lora_b")}
+    return dict(specs=specs, tokens=np.asarray(m["samples/tokens_NxL"]).tolist(), moved=moved,
                 entropy=float(m["train/entropy"]), grad_norm=float(m["train/grad_norm"]), params=params)
 
   # every mesh shape of argv, each its own step on its own devices, in this one process (one JAX start-up)
@@ -332,8 +348,8 @@ def _sharded_runs(*shapes: str) -> dict:
 
 
 def test_sharded_lora_step_matches_single_device():
-  """A LoRA step on a (2, 2, 2) mesh equals the 1-device run within test_sharding's tolerances (params after one
-  AdamW step; the second step's samples, entropy and gradient norm); the adapters follow the base kernel's logical
+  """A LoRA step on a (2, 2, 2) mesh equals the 1-device run within test_sharding's tolerances (params after two
+  AdamW steps from a nonzero B, which move both adapters; the second step's samples, entropy and gradient norm); the adapters follow the base kernel's logical
   axes (A its input axes, B its output axes)."""
   runs = _sharded_runs("1,1,1", "2,2,2")
   ref, r = runs["1,1,1"], runs["2,2,2"]
@@ -342,5 +358,7 @@ def test_sharded_lora_step_matches_single_device():
   assert r["tokens"] == ref["tokens"]
   assert abs(r["entropy"] - ref["entropy"]) < 1e-5
   assert abs(r["grad_norm"] - ref["grad_norm"]) < 1e-4 * max(1.0, ref["grad_norm"])
+  # every adapter leaf moved by a visible fraction of lr on both meshes (so the comparison is of trained params)
+  assert min(ref["moved"].values()) > 0.5 * 1e-3 and min(r["moved"].values()) > 0.5 * 1e-3, (ref["moved"], r["moved"])
   for a, b in zip(r["params"], ref["params"]):
     assert max(abs(x - y) for x, y in zip(a, b)) < 2e-5
