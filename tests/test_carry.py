@@ -395,6 +395,7 @@ import jax, numpy as np
 sys.path.insert(0, sys.argv[1])
 from tests import test_carry as T
 from grpo_jax.infra import sharding
+shape = tuple(int(x) for x in sys.argv[2].split(","))
 
 def config(**rl):
   c = T.digits.bench_config(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=8, G=2, L=10)
@@ -403,54 +404,47 @@ def config(**rl):
   c.rl.update(**rl)
   return c
 
-def one_shape(shape):
-  # the step with max_staleness 0 (the synchronous samples, through the carry)
-  ms, _, _ = T._run(config(partial_rollouts=True, max_staleness=0), 2, shape)
-  # the step with max_staleness 1: where the carry's buffers live
-  _, state, _ = T._run(config(partial_rollouts=True, max_staleness=1, rollout_budget=4), 1, shape)
-  ck = state["carry"].ck[0]
-  out = dict(tokens=[m["samples/tokens_NxL"].tolist() for m in ms],
-             metrics=[{k: float(m[k]) for k in ("train/reward_mean", "train/completion_len_mean")} for m in ms],
-             ck_local=list(ck.addressable_shards[0].data.shape),
-             rows_local=list(state["carry"].tokens_RxL.addressable_shards[0].data.shape))
-  # advance alone, max_staleness 1, 4 steps: its schedule against the NumPy replay on as many devices
-  c = config(partial_rollouts=True, max_staleness=1)
-  c.mesh.update(data=shape[0], fsdp=shape[1], tensor=shape[2])
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
-  jx, r = T._replay(T._advance_steps(c, 4, mesh))
-  out.update(jx=jx, replay=r)
-  return out
-
-# every mesh shape of argv[2] (";"-separated) in this one process: one start and import for all of them
-print("JSON" + json.dumps({a: one_shape(tuple(int(x) for x in a.split(","))) for a in sys.argv[2].split(";")}))
+# the step with max_staleness 0 (the synchronous samples, through the carry)
+ms, _, _ = T._run(config(partial_rollouts=True, max_staleness=0), 2, shape)
+# the step with max_staleness 1: where the carry's buffers live
+_, state, _ = T._run(config(partial_rollouts=True, max_staleness=1, rollout_budget=4), 1, shape)
+ck = state["carry"].ck[0]
+out = dict(tokens=[m["samples/tokens_NxL"].tolist() for m in ms],
+           metrics=[{k: float(m[k]) for k in ("train/reward_mean", "train/completion_len_mean")} for m in ms],
+           ck_local=list(ck.addressable_shards[0].data.shape),
+           rows_local=list(state["carry"].tokens_RxL.addressable_shards[0].data.shape))
+# advance alone, max_staleness 1, 4 steps: its schedule against the NumPy replay on as many devices
+c = config(partial_rollouts=True, max_staleness=1)
+c.mesh.update(data=shape[0], fsdp=shape[1], tensor=shape[2])
+mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
+jx, r = T._replay(T._advance_steps(c, 4, mesh))
+out.update(jx=jx, replay=r)
+print("JSON" + json.dumps(out))
 """
 
 
-def _sharded(shapes: str) -> dict:
+def _sharded(shape: str) -> dict:
   import json, os, subprocess, sys
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
-  out = subprocess.run([sys.executable, "-c", _SHARDED, root, shapes], capture_output=True, text=True, env=env,
+  out = subprocess.run([sys.executable, "-c", _SHARDED, root, shape], capture_output=True, text=True, env=env,
                        timeout=600, cwd=root)
   assert out.returncode == 0, out.stderr[-4000:]
   return json.loads(out.stdout.split("JSON", 1)[1])
 
 
 @pytest.fixture(scope="module")
-def sharded():
-  """{mesh shape: its results}: one device's, and both 8-device topologies', from ONE subprocess with 8 simulated
-  devices (each shape runs on its own mesh of the first data·fsdp·tensor devices, as a process of its own did:
-  one process start instead of three)."""
-  return _sharded("1,1,1;8,1,1;2,2,2")
+def one_device():
+  return _sharded("1,1,1")
 
 
 @pytest.mark.parametrize("shape,split,heads", [("8,1,1", 8, 2), ("2,2,2", 4, 1)])
-def test_carry_on_8_devices(sharded, shape, split, heads):
+def test_carry_on_8_devices(one_device, shape, split, heads):
   """Each device keeps its own groups: its share of the table's rows, slots and KV (KV heads over tensor) stay on
   it across steps, its queue admits and its selection trains its own groups — the schedule equals the NumPy
   replay on as many devices —, and with max_staleness 0 the run equals one device's."""
-  ref, r = sharded["1,1,1"], sharded[shape]
+  ref, r = one_device, _sharded(shape)
   assert r["tokens"] == ref["tokens"] and r["metrics"] == ref["metrics"]
   assert r["rows_local"][0] == 32 // split, r  # R = Q·G = 16·2 rows over data × fsdp
   assert r["ck_local"][:2] == [16 // split, heads], r  # S = B·G = 16 slots; KV heads over tensor
