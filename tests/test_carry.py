@@ -406,13 +406,15 @@ def config(**rl):
 
 # the step with max_staleness 0 (the synchronous samples, through the carry)
 ms, _, _ = T._run(config(partial_rollouts=True, max_staleness=0), 2, shape)
-# the step with max_staleness 1: where the carry's buffers live
-_, state, _ = T._run(config(partial_rollouts=True, max_staleness=1, rollout_budget=4), 1, shape)
-ck = state["carry"].ck[0]
 out = dict(tokens=[m["samples/tokens_NxL"].tolist() for m in ms],
-           metrics=[{k: float(m[k]) for k in ("train/reward_mean", "train/completion_len_mean")} for m in ms],
-           ck_local=list(ck.addressable_shards[0].data.shape),
-           rows_local=list(state["carry"].tokens_RxL.addressable_shards[0].data.shape))
+           metrics=[{k: float(m[k]) for k in ("train/reward_mean", "train/completion_len_mean")} for m in ms])
+# the step with max_staleness 1: where the carry's buffers live (asserted for the 8-device meshes only: the
+# one-device reference's run would be a compiled step whose result no test reads)
+if shape != (1, 1, 1):
+  _, state, _ = T._run(config(partial_rollouts=True, max_staleness=1, rollout_budget=4), 1, shape)
+  ck = state["carry"].ck[0]
+  out.update(ck_local=list(ck.addressable_shards[0].data.shape),
+             rows_local=list(state["carry"].tokens_RxL.addressable_shards[0].data.shape))
 # advance alone, max_staleness 1, 4 steps: its schedule against the NumPy replay on as many devices
 c = config(partial_rollouts=True, max_staleness=1)
 c.mesh.update(data=shape[0], fsdp=shape[1], tensor=shape[2])
