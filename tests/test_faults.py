@@ -134,6 +134,10 @@ def rl_reference(hf_init, tmp_path_factory):
   train = [r for r in _rows(wd) if "train/update_norm" in r]
   # The params move in every step after step 2 (where the resumed runs below restart): equal params are a check.
   assert len(train) == 6 and all(r["train/update_norm"] > 1e-4 for r in train if r["step"] > 2), train
+  # ... and steps after it train on real gradients: steps 3 and 5 have reward variance (grad norm 5.9 and 16.9,
+  # 2026-12-06); steps 1-2 score every row alike (grad norm 0), 4 and 6 too (their KL term's gradient: 0.07, 5e-4)
+  assert sum(r["train/frac_zero_std_groups"] < 1 and r["train/grad_norm"] > 1e-3 for r in train if r["step"] > 2) >= 2, [
+      (r["step"], r["train/grad_norm"]) for r in train]
   assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2", "4", "6"]
   assert not os.path.exists(os.path.join(wd, "plots"))  # log.plots=False: none drawn, not even at the end
   return wd
