@@ -25,7 +25,12 @@ TINY = {"model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads
         "train.plot_every": 0, "train.sample_every": 0, "eval.size": 8, "eval.batch": 8, "eval.n_samples": 2,
         "eval.pass_k": "(1,2)", "task.train_size": 64, "task.test_size": 16, "log.tensorboard": False,
         "log.plots": False}
-SFT_JOB = {**TINY, "sft.steps": 10, "train.steps": 2, "train.eval_every": 2}
+# The RL stage after SFT adds the `random` term (Bernoulli per sample, replayed from the sample's hash): with
+# accuracy and format alone the SFT'd model scored every row alike, its 2 RL steps had a gradient of exactly 0, and
+# "the RL stage's state equals the uninterrupted run's" compared untrained params. G = 4: with G = 2 step 1's two
+# groups still drew equal rewards (grad norm 0).
+SFT_JOB = {**TINY, "sft.steps": 10, "train.steps": 2, "train.eval_every": 2, "rl.G": 4,
+           "rewards": '(("accuracy",1.0),("format",0.2),("random",1.0))'}
 RL_JOB = {**TINY, "sft.steps": 0, "train.steps": 6, "train.eval_every": 6, "train.keep_checkpoints": 5,
           "rl.G": 4, "rl.overlong_frac": 1.0, "optim.lr": 1e-2}
 
@@ -232,6 +237,10 @@ def sft_reference(tmp_path_factory):
   wd = str(tmp_path_factory.mktemp("sft_ref"))
   code, out = _run(SFT_JOB, wd)
   assert code == 0, out[-3000:]
+  # both stages train on real gradients: SFT's cross-entropy, and RL's on groups with reward variance
+  for d in (os.path.join(wd, "sft"), wd):
+    gn = [r["train/grad_norm"] for r in _rows(d) if "train/grad_norm" in r]
+    assert gn and min(gn) > 1e-3, (d, gn)
   return wd
 
 
