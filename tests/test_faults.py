@@ -25,7 +25,12 @@ TINY = {"model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads
         "train.plot_every": 0, "train.sample_every": 0, "eval.size": 8, "eval.batch": 8, "eval.n_samples": 2,
         "eval.pass_k": "(1,2)", "task.train_size": 64, "task.test_size": 16, "log.tensorboard": False,
         "log.plots": False}
-SFT_JOB = {**TINY, "sft.steps": 10, "train.steps": 2, "train.eval_every": 2}
+# The RL stage after SFT adds the `random` term (Bernoulli per sample, replayed from the sample's hash): with
+# accuracy and format alone the SFT'd model scored every row alike, its 2 RL steps had a gradient of exactly 0, and
+# "the RL stage's state equals the uninterrupted run's" compared untrained params. G = 4: with G = 2 step 1's two
+# groups still drew equal rewards (grad norm 0).
+SFT_JOB = {**TINY, "sft.steps": 10, "train.steps": 2, "train.eval_every": 2, "rl.G": 4,
+           "rewards": '(("accuracy",1.0),("format",0.2),("random",1.0))'}
 RL_JOB = {**TINY, "sft.steps": 0, "train.steps": 6, "train.eval_every": 6, "train.keep_checkpoints": 5,
           "rl.G": 4, "rl.overlong_frac": 1.0, "optim.lr": 1e-2}
 
@@ -134,6 +139,10 @@ def rl_reference(hf_init, tmp_path_factory):
   train = [r for r in _rows(wd) if "train/update_norm" in r]
   # The params move in every step after step 2 (where the resumed runs below restart): equal params are a check.
   assert len(train) == 6 and all(r["train/update_norm"] > 1e-4 for r in train if r["step"] > 2), train
+  # ... and steps after it train on real gradients: steps 3 and 5 have reward variance (grad norm 5.9 and 16.9,
+  # 2026-12-06); steps 1-2 score every row alike (grad norm 0), 4 and 6 too (their KL term's gradient: 0.07, 5e-4)
+  assert sum(r["train/frac_zero_std_groups"] < 1 and r["train/grad_norm"] > 1e-3 for r in train if r["step"] > 2) >= 2, [
+      (r["step"], r["train/grad_norm"]) for r in train]
   assert sorted(os.listdir(os.path.join(wd, "checkpoints"))) == ["2", "4", "6"]
   assert not os.path.exists(os.path.join(wd, "plots"))  # log.plots=False: none drawn, not even at the end
   return wd
@@ -228,6 +237,10 @@ def sft_reference(tmp_path_factory):
   wd = str(tmp_path_factory.mktemp("sft_ref"))
   code, out = _run(SFT_JOB, wd)
   assert code == 0, out[-3000:]
+  # both stages train on real gradients: SFT's cross-entropy, and RL's on groups with reward variance
+  for d in (os.path.join(wd, "sft"), wd):
+    gn = [r["train/grad_norm"] for r in _rows(d) if "train/grad_norm" in r]
+    assert gn and min(gn) > 1e-3, (d, gn)
   return wd
 
 
