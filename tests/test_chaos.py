@@ -42,7 +42,12 @@ def env(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory, env):
-  return chaos.reference(SCENARIO, str(tmp_path_factory.mktemp("chaos") / "reference"), env)
+  ref = chaos.reference(SCENARIO, str(tmp_path_factory.mktemp("chaos") / "reference"), env)
+  # every step of the run the resumes are compared with trains on a real gradient (chaos.GRPO's `random` reward
+  # term: groups with reward variance), so equal state after a resume means equal training, not untouched params
+  gn = [r["train/grad_norm"] for r in chaos._jsonl(os.path.join(ref, "metrics.jsonl"), True) if "train/grad_norm" in r]
+  assert len(gn) == 6 and min(gn) > 1e-3, gn
+  return ref
 
 
 def _schedule():
