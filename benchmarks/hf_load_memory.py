@@ -32,27 +32,23 @@ from grpo_jax.model import model_presets
 from grpo_jax.hf import safetensors_io
 
 
-def _no_hugepages() -> bool:
-  """Stops numpy advising huge pages for its large allocations (MADV_HUGEPAGE); returns the previous setting. Where
-  the kernel compacts memory for madvised huge pages (transparent_hugepage/defrag = madvise), faulting in the load's
-  2 GB cost 9-13 s of system time per load on the 2-core test machine, 0.9 s without the advice (2026-12-06); the
-  peak RSS measured the same (VmHWM 2,112,128 vs 2,112,100 kB)."""
-  multiarray = getattr(np, "_core", None) or np.core
-  previous = multiarray.multiarray._get_madvise_hugepage()
-  multiarray.multiarray._set_madvise_hugepage(False)
+def _madvise_hugepage(enabled: bool) -> bool:
+  """Sets whether numpy advises huge pages for its large allocations (MADV_HUGEPAGE); returns the previous setting.
+  Where the kernel compacts memory for madvised huge pages (transparent_hugepage/defrag = madvise), faulting in the
+  load's 2 GB cost 9-13 s of system time per load on the 2-core test machine, 0.9 s without the advice (2026-12-06);
+  the peak RSS measured the same (VmHWM 2,112,128 vs 2,112,100 kB)."""
+  multiarray = (getattr(np, "_core", None) or np.core).multiarray
+  previous = multiarray._get_madvise_hugepage()
+  multiarray._set_madvise_hugepage(enabled)
   return previous
 
 
-def _set_hugepages(enabled: bool) -> None:
-  (getattr(np, "_core", None) or np.core).multiarray._set_madvise_hugepage(enabled)
-
-
 def make_checkpoint(path: str, preset: str, layers: int | None = None, seed: int = 0) -> model_lib.ModelConfig:
-  previous = _no_hugepages()  # the per-tensor temporaries below: see _no_hugepages
+  previous = _madvise_hugepage(False)  # the per-tensor temporaries below: see _madvise_hugepage
   try:
     return _make_checkpoint(path, preset, layers, seed)
   finally:
-    _set_hugepages(previous)
+    _madvise_hugepage(previous)
 
 
 def _make_checkpoint(path: str, preset: str, layers: int | None, seed: int) -> model_lib.ModelConfig:
@@ -82,7 +78,7 @@ def status(field):
     if line.startswith(field + ":"):
       return int(line.split()[1]) * 1024
 import jax, numpy as np
-(getattr(np, "_core", None) or np.core).multiarray._set_madvise_hugepage(False)  # see _no_hugepages
+(getattr(np, "_core", None) or np.core).multiarray._set_madvise_hugepage(False)  # see _madvise_hugepage
 from grpo_jax.hf import hf_io
 after_imports = status("VmRSS")
 mcfg, params = hf_io.load_hf(sys.argv[1])

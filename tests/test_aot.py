@@ -8,6 +8,7 @@ import jax
 import pytest
 
 import conftest  # tests/conftest.py: requires
+from tests import script_parts
 
 from grpo_jax.perf import aot
 from grpo_jax.rollout import decode_layout
@@ -270,7 +271,7 @@ def test_tpu_compile_report_in_subprocess():
 # script, run in turn, its result (or its traceback) under its own key, so each test still asserts on its own part
 # alone; the parts share one Python + JAX + libtpu start-up instead of three.
 _TPU_HEAD = """
-import json, re, traceback, jax, jax.numpy as jnp
+import json, re, jax, jax.numpy as jnp
 from jax.experimental import topologies
 from grpo_jax.perf import aot
 from grpo_jax.rl import memory_plan
@@ -301,15 +302,8 @@ def splash():
   return out
 """
 
-_TPU_TAIL = """
-out = {}
-for name, part in (("splash", splash), ("decode_collectives", decode_collectives), ("continuous", continuous)):
-  try:
-    out[name] = part()
-  except Exception:
-    out[name] = {"error": traceback.format_exc()[-3000:]}
-print(json.dumps(out))
-"""
+_TPU_TAIL = script_parts.tail({"splash": "splash", "decode_collectives": "decode_collectives",
+                                "continuous": "continuous"})
 
 
 def _last_json_line_of(script: str, timeout: int) -> dict:
@@ -331,17 +325,11 @@ def tpu_programs():
                             timeout=1500)
 
 
-def _part(programs: dict, name: str) -> dict:
-  r = programs[name]
-  assert "error" not in r, r.get("error")
-  return r
-
-
 @NEEDS_LIBTPU
 def test_tpu_lowering_of_training_contains_the_splash_kernels(tpu_programs):
   """On a TPU target, model.attention=auto lowers the training forward+backward to splash's Pallas kernels (forward,
   dq and dkv, with segment ids for the padding) inside shard_map; the einsum path has no kernel call."""
-  r = _part(tpu_programs, "splash")
+  r = script_parts.part(tpu_programs, "splash")
   kernels = {"splash_mha_fwd_segmented_residuals", "splash_mha_dq_segmented_no_residuals",
              "splash_mha_dkv_segmented_no_residuals"}
   assert kernels <= set(r["auto"]), r
@@ -374,7 +362,7 @@ def test_tpu_decode_loop_collectives_per_layout(tpu_programs):
   """In the TPU compiler's program, the decode loop of the default layout moves no weight and runs no collective at
   all (tensor=1); tensor-parallel decode stays within 2 all-reduces per layer plus the embedding's all-reduce and
   the logits' all-gather, and moves no weight (weights told apart from activations by shape)."""
-  r = _part(tpu_programs, "decode_collectives")
+  r = script_parts.part(tpu_programs, "decode_collectives")
   auto, tp = r["auto"], r["tp"]
   assert auto["decode_layout"] == "gathered" and auto["decode_weight_collectives_per_token"] == 0, auto
   assert auto["decode_collective_budget"] == {} and auto["decode_collectives_per_token"] == {}, auto
@@ -416,7 +404,7 @@ def test_tpu_continuous_engine_decode_moves_no_weight_and_no_row(tpu_programs):
   step moves no weight, and no row either (rows stay on their device: only scalar all-reduces of the phase
   predicates and the live maximum, a few bytes per step); the training layout's per-token weight all-gathers are
   found in the same loops (so the count sees them)."""
-  r = _part(tpu_programs, "continuous")
+  r = script_parts.part(tpu_programs, "continuous")
   auto, fsdp = r["auto"], r["fsdp"]
   assert auto["decode_layout"] == "gathered" and auto["decode_weight_collectives_per_token"] == 0, auto
   assert set(auto["decode_collectives_per_token"]) <= {"all-reduce"}, auto

@@ -12,6 +12,7 @@ from grpo_jax.model import live_attention
 from grpo_jax.model import model as M
 from grpo_jax.rollout import engine as E
 from grpo_jax.rollout import sampling as S
+from tests import script_parts
 from tests.test_sampling import MCFG, on_8_devices, random_params
 
 B, P, L = 4, 6, 20
@@ -272,14 +273,9 @@ def eight_devices():
   return on_8_devices(_EIGHT_DEVICES, timeout=1200)
 
 
-def _part(res: dict, name: str) -> dict:
-  assert "error" not in res[name], res[name].get("error")
-  return res[name]
-
-
 @pytest.fixture(scope="module")
 def sharded(eight_devices):
-  return _part(eight_devices, "sharded")
+  return script_parts.part(eight_devices, "sharded")
 
 
 def test_fsdp_over_8_devices_matches_one_device_static_and_keeps_rows_on_their_device(sharded):
@@ -363,16 +359,7 @@ def rl_steps():
 
 # The eight_devices fixture's script: the sharded engine runs (_SHARDED, a function), then the RL steps, each part
 # caught on its own.
-_EIGHT_DEVICES = _SHARDED + _RL_STEP_8 + r"""
-import traceback
-res = {}
-for name, part in (("sharded", sharded_runs), ("rl_steps", rl_steps)):
-  try:
-    res[name] = part()
-  except Exception:
-    res[name] = {"error": traceback.format_exc()[-3000:]}
-print(json.dumps(res))
-"""
+_EIGHT_DEVICES = _SHARDED + _RL_STEP_8 + script_parts.tail({"sharded": "sharded_runs", "rl_steps": "rl_steps"})
 
 
 def test_rl_step_on_8_devices_with_the_continuous_engine_equals_the_static_one(eight_devices):
@@ -380,7 +367,7 @@ def test_rl_step_on_8_devices_with_the_continuous_engine_equals_the_static_one(e
   in its own slots: the static engine's samples and, after a real update (grad norm asserted), its params within 5e-6
   = 0.005·lr, with a device's rows one group (8 prompts × G4) or half of one (4 × G4);
   rows end early (26 EOS ids) so the slots refill."""
-  r = _part(eight_devices, "rl_steps")
+  r = script_parts.part(eight_devices, "rl_steps")
   for shape in ("8x4", "4x4"):
     st, co = r[f"{shape}/static"], r[f"{shape}/continuous"]
     assert co["tokens"] == st["tokens"], shape
