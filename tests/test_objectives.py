@@ -239,6 +239,21 @@ def test_kl_cov_penalises_exactly_k_tokens_under_ties():
     assert np.asarray(sel.kl_NxL).sum() == 2 and np.all(np.asarray(sel.pg_NxL) == 1)
 
 
+def test_clip_cov_cuts_exactly_k_tokens_when_uniforms_tie():
+  """float32 uniforms take 2^23 values, so on a large minibatch the k-th smallest eligible uniform is shared now and
+  then; a threshold test then cut k + 1 tokens. 0.25 of 8 tokens is 2: the uniforms 0.1 and the first 0.3 (ties by
+  position), not the second 0.3 too; with fewer eligible tokens than k, all of them."""
+  cfg = ml_collections.ConfigDict(dict(SEL, clip_cov_ratio=0.25, clip_cov_lb=-1e9, clip_cov_ub=1e9))
+  a, lp, mask = _cov_case()
+  u = jnp.asarray([[0.9, 0.3, 0.7, 0.1], [0.8, 0.3, 0.6, 0.5]])
+  sel = token_select.choose("clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
+                            mask_NxL=jnp.asarray(mask), u_NxL=u)
+  np.testing.assert_array_equal(np.asarray(sel.pg_NxL), [[1, 0, 1, 0], [1, 1, 1, 1]])
+  one = token_select.choose("clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
+                            mask_NxL=jnp.asarray(mask), u_NxL=u, clipped_NxL=u != 0.1)
+  assert float(one.metrics["select_frac"]) == 0.125 and np.asarray(one.pg_NxL)[0, 3] == 0
+
+
 def test_selection_counts_match_numpy_on_random_batches():
   rng = np.random.default_rng(6)
   N, L = 6, 7
