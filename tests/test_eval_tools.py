@@ -112,6 +112,9 @@ def test_sigmoid_fit_over_seeds_gives_cis_that_cover_the_truth():
   assert abs(out.B.mean - B) <= out.B.half_width + 0.05 and abs(out.C_mid.mean - C_mid) <= out.C_mid.half_width + 5.0
   with pytest.raises(ValueError, match="needs at least 3"):
     scaling_fit.fit([1.0, 2.0], [0.1, 0.2])
+  # enough points but only 2 computes: no sigmoid is determined (this fitted A = 7e9, B = 10 before it was refused)
+  with pytest.raises(ValueError, match="2 distinct compute values; A, B, C_mid need at least 3"):
+    scaling_fit.fit([1.0, 1.0, 2.0, 2.0], [0.1, 0.1, 0.8, 0.8])
 
 
 def test_seed_cis_leave_out_flagged_fits():
