@@ -483,8 +483,8 @@ def _np_objective(obj, lp, old, a, v, el, eh, dual):
     ("gspo", "clip_cov", "token_mean", 0.0)])
 def test_objective_selection_and_correction_weights_compose_against_numpy(obj, ts, agg, beta):
   """Loss and gradient w.r.t. log π of objective × token selection × a correction's weights w × aggregation, against
-  a NumPy version written from the papers: −agg(w·sel·J − kl_cov_coef·[KL-Cov]·|log ρ| − β·k3), with w and the
-  selection constants of the update (only J, the penalty and k3 carry the gradient). The batch has ragged rows, an
+  a NumPy version written from the papers: −agg(w·sel·J − kl_cov_coef·[KL-Cov]·|log ρ| − β·k3), with w and
+  the selection constants of the update (only J, the penalty and k3 carry the gradient). The batch has ragged rows, an
   empty row, a row of one token, NaN on padding, zero and negative advantages, and entropies tied at the cut."""
   rng = np.random.default_rng(12)
   N, L = 5, 6
@@ -516,7 +516,8 @@ def test_objective_selection_and_correction_weights_compose_against_numpy(obj, t
     J, dJ = J - 0.7 * pen * np.abs(lp - old), dJ - 0.7 * pen * np.sign(lp - old)
   d = ref - lp
   J, dJ = J - beta * (np.exp(d) - d - 1), dJ - beta * (1 - np.exp(d))
-  wt = {"token_mean": np.full((N, L), 1 / n), "seq_mean_token_mean": np.ones((N, L)) / np.maximum(lengths, 1)[:, None] / N,
+  wt = {"token_mean": np.full((N, L), 1 / n),
+        "seq_mean_token_mean": np.ones((N, L)) / np.maximum(lengths, 1)[:, None] / N,
         "seq_mean_token_sum_norm": np.full((N, L), 1 / (7.0 * N))}[agg] * v
   nan_pad = lambda x: jnp.asarray(np.where(v, x, np.nan), jnp.float32)
   f = lambda x: losses.policy_loss(

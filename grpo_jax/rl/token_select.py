@@ -13,7 +13,8 @@ collapse the entropy.
                al. 2025, arXiv 2506.01939, "Beyond the 80/20 rule": frac 0.2).
   clip_cov     Clip-Cov: of the tokens with clip_cov_lb < cov_t < clip_cov_ub not already clipped by the objective,
                max(floor(clip_cov_ratio · n), 1) chosen uniformly at random (exactly that many, or all eligible
-               when fewer) get no policy gradient (value and gradient 0). verl compute_policy_loss_clip_cov: ratio 2e-4, bounds (1, 5).
+               when fewer) get no policy gradient (value and gradient 0). verl compute_policy_loss_clip_cov:
+               ratio 2e-4, bounds (1, 5).
   kl_cov       KL-Cov: the max(floor(kl_cov_ratio · n), 1) tokens of largest cov_t (exactly that many: ties broken
                by position, as verl's topk) get a penalty
                kl_cov_coef · |log π − log π_old| (value and gradient). verl compute_policy_loss_kl_cov: ratio 2e-4,
