@@ -3,9 +3,9 @@
 Each rule reads batch statistics of the minibatch the objective sees (its valid tokens): the entropies of the
 current policy, or the covariance term of the entropy mechanism,
     cov_t = (log π_t − mean log π) · (A_t − mean A)        (means over the valid tokens; stop-gradient)
-whose batch mean is Cov(log π, A): for a softmax policy under policy gradient, the entropy changes by about
-−Cov(log π, A) per step (Cui et al. 2025, arXiv 2505.22617), so tokens of large positive cov_t are those that
-collapse the entropy.
+whose batch mean is Cov(log π, A): for a softmax policy the entropy changes by about −η·Cov(log π, A) per step of
+natural policy gradient, −η·Cov(log π, π·A) of the plain gradient (Cui et al. 2025, arXiv 2505.22617), so tokens
+of large positive cov_t are those that collapse the entropy.
 
   all          every token (the objective as it is).
   top_entropy  policy gradient on the tokens whose entropy is among the top `rl.select_frac` of the minibatch's
