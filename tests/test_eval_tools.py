@@ -1,6 +1,7 @@
 """What ablations evaluate with: unbiased pass@k against brute force, the length split by correctness, and the ScaleRL
 sigmoid fitter on synthetic curves of known (A, B, C_mid)."""
 import itertools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -203,6 +204,13 @@ def test_training_tables_appendix_fits_sigmoid_and_entropy():
   assert (cell(ent, "w", 1), cell(ent, "w", 2), cell(ent, "w", 3)) == (
       pytest.approx(0.1, abs=1e-6), pytest.approx(0.9, abs=1e-6), pytest.approx(1.0, abs=1e-9))
   assert train_table.appendix(ml_collections.ConfigDict(), cells) == ""
+  # Cov 0 on every step but the last (no group with signal before it): no correlation is measured, nan, and no
+  # NumPy "invalid value" warning (the guard read the whole curve, not the steps correlated)
+  flat = {"w": {"curves": dict(cells["w"]["curves"], **{"Cov(log pi, A)": {"x": x, "y": [[0.0] * 99 + [1.0]] * 3}})}}
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    md = train_table.appendix(ml_collections.ConfigDict(dict(fits=("entropy",))), flat)
+  assert "| w | 0.1" in md and md.count("nan") == 1, md
 
 
 def test_entropy_fit_is_nan_where_the_entropy_did_not_move():
