@@ -169,9 +169,9 @@ def test_a_set_split_over_the_seeds_share_is_refused_before_the_first_cell(tmp_p
 
 
 def test_rows_that_can_only_be_identical_are_refused_before_running(tmp_path):
-  """Variants that differ only in a clip range (or SAPO's temperatures) while every update is on-policy (μ 1, one
-  minibatch: ρ ≡ 1) are refused, naming the rows and the fix; with μ 2 the same variants are accepted; and every
-  shipped ablation table passes the check."""
+  """Variants that differ only in a clip range (or SAPO's temperatures, or the objective) while every update is
+  on-policy (μ 1, one minibatch: ρ ≡ 1) are refused, naming the rows and the fix; with μ 2 the same variants are
+  accepted; and every shipped ablation table passes the check."""
   import glob
   from grpo_jax.config import config_lib
   from grpo_jax.config import presets
@@ -185,6 +185,11 @@ def test_rows_that_can_only_be_identical_are_refused_before_running(tmp_path):
   cfg = train_table.table_config("small", (("a", sapo), ("b", {**sapo, "rl.sapo_tau_neg": 2.0})))
   with pytest.raises(ValueError, match="rl.sapo_tau_neg"):
     ablate.check_variants(cfg, train_table)
+  # the objective alone: clip, CISPO and SAPO (and GSPO's sequence ratio) all give A·∇log π at ρ = 1
+  for over in ({"rl.objective": "sapo"}, {"rl.objective": "cispo", "rl.eps_low": 1.0}, {"rl.ratio_level": "sequence"}):
+    cfg = train_table.table_config("small", (("grpo", g), ("other", {**g, **over})))
+    with pytest.raises(ValueError, match=f"differ only in {', '.join(sorted(over))}, which act through the ratio"):
+      ablate.check_variants(cfg, train_table)
   for mu in ({"rl.mu": 2}, {"rl.minibatches": 2}):
     cfg = train_table.table_config("small", (("clip", {**g, **mu}), ("clip-higher", {**g, **mu, "rl.eps_high": 0.28})))
     ablate.check_variants(cfg, train_table)

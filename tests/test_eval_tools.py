@@ -1,6 +1,7 @@
 """What ablations evaluate with: unbiased pass@k against brute force, the length split by correctness, and the ScaleRL
 sigmoid fitter on synthetic curves of known (A, B, C_mid)."""
 import itertools
+import warnings
 
 import jax
 import jax.numpy as jnp
@@ -112,6 +113,9 @@ def test_sigmoid_fit_over_seeds_gives_cis_that_cover_the_truth():
   assert abs(out.B.mean - B) <= out.B.half_width + 0.05 and abs(out.C_mid.mean - C_mid) <= out.C_mid.half_width + 5.0
   with pytest.raises(ValueError, match="needs at least 3"):
     scaling_fit.fit([1.0, 2.0], [0.1, 0.2])
+  # enough points but only 2 computes: no sigmoid is determined (this fitted A = 7e9, B = 10 before it was refused)
+  with pytest.raises(ValueError, match="2 distinct compute values; A, B, C_mid need at least 3"):
+    scaling_fit.fit([1.0, 1.0, 2.0, 2.0], [0.1, 0.1, 0.8, 0.8])
 
 
 def test_seed_cis_leave_out_flagged_fits():
@@ -200,6 +204,13 @@ def test_training_tables_appendix_fits_sigmoid_and_entropy():
   assert (cell(ent, "w", 1), cell(ent, "w", 2), cell(ent, "w", 3)) == (
       pytest.approx(0.1, abs=1e-6), pytest.approx(0.9, abs=1e-6), pytest.approx(1.0, abs=1e-9))
   assert train_table.appendix(ml_collections.ConfigDict(), cells) == ""
+  # Cov 0 on every step but the last (no group with signal before it): no correlation is measured, nan, and no
+  # NumPy "invalid value" warning (the guard read the whole curve, not the steps correlated)
+  flat = {"w": {"curves": dict(cells["w"]["curves"], **{"Cov(log pi, A)": {"x": x, "y": [[0.0] * 99 + [1.0]] * 3}})}}
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    md = train_table.appendix(ml_collections.ConfigDict(dict(fits=("entropy",))), flat)
+  assert "| w | 0.1" in md and md.count("nan") == 1, md
 
 
 def test_entropy_fit_is_nan_where_the_entropy_did_not_move():

@@ -239,6 +239,21 @@ def test_kl_cov_penalises_exactly_k_tokens_under_ties():
     assert np.asarray(sel.kl_NxL).sum() == 2 and np.all(np.asarray(sel.pg_NxL) == 1)
 
 
+def test_clip_cov_cuts_exactly_k_tokens_when_uniforms_tie():
+  """float32 uniforms take 2^23 values, so on a large minibatch the k-th smallest eligible uniform is shared now and
+  then; a threshold test then cut k + 1 tokens. 0.25 of 8 tokens is 2: the uniforms 0.1 and the first 0.3 (ties by
+  position), not the second 0.3 too; with fewer eligible tokens than k, all of them."""
+  cfg = ml_collections.ConfigDict(dict(SEL, clip_cov_ratio=0.25, clip_cov_lb=-1e9, clip_cov_ub=1e9))
+  a, lp, mask = _cov_case()
+  u = jnp.asarray([[0.9, 0.3, 0.7, 0.1], [0.8, 0.3, 0.6, 0.5]])
+  sel = token_select.choose("clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
+                            mask_NxL=jnp.asarray(mask), u_NxL=u)
+  np.testing.assert_array_equal(np.asarray(sel.pg_NxL), [[1, 0, 1, 0], [1, 1, 1, 1]])
+  one = token_select.choose("clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
+                            mask_NxL=jnp.asarray(mask), u_NxL=u, clipped_NxL=u != 0.1)
+  assert float(one.metrics["select_frac"]) == 0.125 and np.asarray(one.pg_NxL)[0, 3] == 0
+
+
 def test_selection_counts_match_numpy_on_random_batches():
   rng = np.random.default_rng(6)
   N, L = 6, 7
@@ -438,3 +453,78 @@ def test_selection_means_are_nan_when_nothing_was_picked_and_the_step_skips_them
   assert float(m["train/select_frac"]) == 0.125
   none = update_lib.step_metrics(dict(um, select_entropy=jnp.full(2, jnp.nan)), {"w": jnp.ones(2)})
   assert np.isnan(float(none["train/select_entropy"]))
+
+
+def _np_objective(obj, lp, old, a, v, el, eh, dual):
+  """(J, dJ/dlog π, tokens the objective's clip cuts) per token, float64, from the papers' formulas."""
+  rho = np.exp(lp - old)
+  if obj == "gspo":  # s_i = exp(mean_t log ρ) on every token of the answer; ∂s_{i,t}/∂log π_t = s_i
+    rho = np.repeat(np.exp(np.sum(np.where(v, lp - old, 0), 1) / np.maximum(v.sum(1), 1))[:, None], v.shape[1], 1)
+  if obj == "cispo":
+    r_hat = np.clip(rho, 1 - el, 1 + eh)
+    return r_hat * a, r_hat * a, np.zeros_like(v)
+  if obj == "sapo":
+    tau = np.where(a > 0, 1.0, 1.05)
+    s = 1 / (1 + np.exp(-tau * (rho - 1)))
+    return 4 / tau * s * a, 4 * s * (1 - s) * rho * a, np.zeros_like(v)
+  un, cl = rho * a, np.clip(rho, 1 - el, 1 + eh) * a
+  J, dJ = np.minimum(un, cl), np.where(un <= cl, rho * a, 0.0)
+  cut = ((rho > 1 + eh) & (a > 0)) | ((rho < 1 - el) & (a < 0))
+  if dual > 1:
+    d = (a < 0) & (dual * a > J)
+    J, dJ, cut = np.where(d, dual * a, J), np.where(d, 0.0, dJ), cut | ((a < 0) & (rho > dual))
+  return J, dJ, cut
+
+
+@pytest.mark.parametrize("obj,ts,agg,beta", [
+    ("clip", "kl_cov", "seq_mean_token_mean", 0.04), ("gspo", "top_entropy", "seq_mean_token_mean", 0.0),
+    ("cispo", "clip_cov", "token_mean", 0.0), ("sapo", "kl_cov", "token_mean", 0.0),
+    ("cispo", "top_entropy", "seq_mean_token_sum_norm", 0.0), ("sapo", "clip_cov", "seq_mean_token_sum_norm", 0.0),
+    ("gspo", "clip_cov", "token_mean", 0.0)])
+def test_objective_selection_and_correction_weights_compose_against_numpy(obj, ts, agg, beta):
+  """Loss and gradient w.r.t. log π of objective × token selection × a correction's weights w × aggregation, against
+  a NumPy version written from the papers: −agg(w·sel·J − kl_cov_coef·[KL-Cov]·|log ρ| − β·k3), with w and
+  the selection constants of the update (only J, the penalty and k3 carry the gradient). The batch has ragged rows, an
+  empty row, a row of one token, NaN on padding, zero and negative advantages, and entropies tied at the cut."""
+  rng = np.random.default_rng(12)
+  N, L = 5, 6
+  lengths = np.array([6, 1, 0, 4, 3])
+  v = np.arange(L)[None] < lengths[:, None]
+  old = rng.uniform(-3, -0.1, (N, L))
+  lp = old + rng.normal(size=(N, L)) * 0.3
+  ref = lp + rng.normal(size=(N, L)) * 0.4
+  a = np.repeat(np.array([[1.2], [-0.7], [0.5], [0.0], [-1.5]]), L, 1)
+  ent = np.round(rng.uniform(0, 1, (N, L)), 1)  # 0.0 … 1.0: ties
+  u, w = rng.random((N, L)), rng.uniform(0.3, 2.5, (N, L))
+  el, eh, dual = (3e-4, 4e-4, 0.0) if obj == "gspo" else (0.2, 0.28, 3.0)
+  cfg = ml_collections.ConfigDict(dict(SEL, select_frac=0.3, clip_cov_ratio=0.3, clip_cov_lb=-1.0, clip_cov_ub=5.0,
+                                       kl_cov_ratio=0.3, kl_cov_coef=0.7))
+  J, dJ, cut = _np_objective(obj, lp, old, a, v, el, eh, dual)
+  J, dJ = J * w, dJ * w
+  n = v.sum()
+  cov = np.where(v, (lp - lp[v].mean()) * (a - a[v].mean()), 0.0)
+  if ts == "top_entropy":  # ceil(0.3·14) = 5 highest entropies, ties at the 5th kept
+    keep = v & (ent >= np.sort(ent[v])[::-1][4])
+    J, dJ = J * keep, dJ * keep
+  elif ts == "clip_cov":  # floor(0.3·14) = 4 eligible tokens of smallest uniform get nothing
+    elig = v & (cov > -1.0) & (cov < 5.0) & ~cut
+    cut_t = np.isin(np.arange(N * L), np.argsort(np.where(elig, u, np.inf).ravel(), kind="stable")[:4])
+    cut_t = cut_t.reshape(N, L) & elig
+    J, dJ = J * ~cut_t, dJ * ~cut_t
+  else:  # the 4 largest cov (ties by position) get 0.7·|log ρ|
+    pen = np.isin(np.arange(N * L), np.argsort(-np.where(v, cov, -np.inf).ravel(), kind="stable")[:4]).reshape(N, L)
+    J, dJ = J - 0.7 * pen * np.abs(lp - old), dJ - 0.7 * pen * np.sign(lp - old)
+  d = ref - lp
+  J, dJ = J - beta * (np.exp(d) - d - 1), dJ - beta * (1 - np.exp(d))
+  wt = {"token_mean": np.full((N, L), 1 / n),
+        "seq_mean_token_mean": np.ones((N, L)) / np.maximum(lengths, 1)[:, None] / N,
+        "seq_mean_token_sum_norm": np.full((N, L), 1 / (7.0 * N))}[agg] * v
+  nan_pad = lambda x: jnp.asarray(np.where(v, x, np.nan), jnp.float32)
+  f = lambda x: losses.policy_loss(
+      x, nan_pad(old), nan_pad(ref), nan_pad(a), jnp.asarray(v, jnp.float32), eps_low=el, eps_high=eh, beta=beta,
+      agg=agg, norm_len=7.0, ratio_level="sequence" if obj == "gspo" else "token", dual_clip=dual, kl_clamp=10.0,
+      is_w_NxL=nan_pad(w), objective="clip" if obj == "gspo" else obj, token_select=ts, select_cfg=cfg,
+      ent_NxL=nan_pad(ent), select_u_NxL=nan_pad(u))[0]
+  loss, g = jax.value_and_grad(f)(nan_pad(lp))
+  assert float(loss) == pytest.approx(-np.sum(J * wt), rel=1e-5, abs=1e-7)
+  np.testing.assert_allclose(np.asarray(g), -dJ * wt, rtol=1e-4, atol=1e-7)

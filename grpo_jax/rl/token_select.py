@@ -3,17 +3,18 @@
 Each rule reads batch statistics of the minibatch the objective sees (its valid tokens): the entropies of the
 current policy, or the covariance term of the entropy mechanism,
     cov_t = (log π_t − mean log π) · (A_t − mean A)        (means over the valid tokens; stop-gradient)
-whose batch mean is Cov(log π, A): for a softmax policy under policy gradient, the entropy changes by about
-−Cov(log π, A) per step (Cui et al. 2025, arXiv 2505.22617), so tokens of large positive cov_t are those that
-collapse the entropy.
+whose batch mean is Cov(log π, A): for a softmax policy the entropy changes by about −η·Cov(log π, A) per step of
+natural policy gradient, −η·Cov(log π, π·A) of the plain gradient (Cui et al. 2025, arXiv 2505.22617), so tokens
+of large positive cov_t are those that collapse the entropy.
 
   all          every token (the objective as it is).
   top_entropy  policy gradient on the tokens whose entropy is among the top `rl.select_frac` of the minibatch's
                (ceil(frac · n) highest; ties at the threshold kept), the rest none; normalisers unchanged (Wang et
                al. 2025, arXiv 2506.01939, "Beyond the 80/20 rule": frac 0.2).
   clip_cov     Clip-Cov: of the tokens with clip_cov_lb < cov_t < clip_cov_ub not already clipped by the objective,
-               max(floor(clip_cov_ratio · n), 1) chosen uniformly at random get no policy gradient (value and
-               gradient 0). verl compute_policy_loss_clip_cov: ratio 2e-4, bounds (1, 5).
+               max(floor(clip_cov_ratio · n), 1) chosen uniformly at random (exactly that many, or all eligible
+               when fewer) get no policy gradient (value and gradient 0). verl compute_policy_loss_clip_cov:
+               ratio 2e-4, bounds (1, 5).
   kl_cov       KL-Cov: the max(floor(kl_cov_ratio · n), 1) tokens of largest cov_t (exactly that many: ties broken
                by position, as verl's topk) get a penalty
                kl_cov_coef · |log π − log π_old| (value and gradient). verl compute_policy_loss_kl_cov: ratio 2e-4,
@@ -114,8 +115,10 @@ def choose(kind: str, rl, *, logp_NxL: jax.Array, adv_NxL: jax.Array, mask_NxL: 
     eligible_NxL = valid_NxL & (cov_NxL > rl.clip_cov_lb) & (cov_NxL < rl.clip_cov_ub)
     if clipped_NxL is not None:
       eligible_NxL = eligible_NxL & ~clipped_NxL
-    neg_u_NxL = -u_NxL  # the k smallest uniforms among the eligible tokens: a uniformly random k-subset
-    picked_NxL = eligible_NxL & (neg_u_NxL >= kth_largest(neg_u_NxL, eligible_NxL, _count(rl.clip_cov_ratio, n)))
+    # the k smallest uniforms among the eligible tokens: a uniformly random k-subset. By rank, not by a threshold:
+    # float32 uniforms take 2^23 values, so among ~10^5 eligible tokens the k-th smallest is shared with another
+    # token about once in 80 steps, and a threshold test then cut k + 1 tokens (as verl's randperm: exactly k)
+    picked_NxL = eligible_NxL & (rank_desc(-u_NxL, eligible_NxL) < _count(rl.clip_cov_ratio, n))
     pg_NxL, kl_NxL = (~picked_NxL).astype(jnp.float32), jnp.zeros_like(ones)
   else:
     # exactly k tokens, as verl's torch.topk: ties at the threshold broken by position (a threshold test would

@@ -90,8 +90,10 @@ def run_cells(cfg, workdir: str, table: ModuleType, log: Callable[[str], None] =
 
 
 # Settings that act only through the importance ratio ρ = π/π_old: the clip range (and CISPO's weight range), the
-# dual clip, SAPO's gate temperatures.
-RATIO_ONLY = ("rl.eps_low", "rl.eps_high", "rl.dual_clip", "rl.sapo_tau_pos", "rl.sapo_tau_neg")
+# dual clip, SAPO's gate temperatures, and the objective itself (clip, CISPO and SAPO, token- or sequence-level ratio,
+# all have the gradient A·∇log π at ρ = 1: PPO's ρA, CISPO's r̂A, SAPO's 4σ(0)(1 − σ(0))·ρA).
+RATIO_ONLY = ("rl.eps_low", "rl.eps_high", "rl.dual_clip", "rl.sapo_tau_pos", "rl.sapo_tau_neg", "rl.objective",
+              "rl.ratio_level")
 
 
 def check_variants(cfg, table: ModuleType) -> None:

@@ -108,6 +108,9 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: 
   if C.size < 3:
     raise ValueError(f"scaling_fit.fit: {C.size} usable points (C > 0, finite); a sigmoid with A, B, C_mid needs "
                      "at least 3.")
+  if np.unique(C).size < 3:  # e.g. 4 points at 2 computes fitted A = 7e9, B = 10: a sigmoid is no curve there
+    raise ValueError(f"scaling_fit.fit: the {C.size} points lie at {np.unique(C).size} distinct compute values; "
+                     "A, B, C_mid need at least 3 (pass each evaluation's own compute, e.g. its step).")
   R0 = float(R[np.argmin(C)]) if R0 is None else float(R0)
   a_max = math.inf if A_max is None else float(A_max)
   if not a_max > R0:

@@ -220,7 +220,8 @@ def appendix(cfg, cells: dict) -> str:
         a_.append(a)
         b_.append(b)
         dH = np.diff(H)
-        r_.append(float(np.corrcoef(dH, -C[:-1])[0, 1]) if dH.std() > 0 and C.std() > 0 else float("nan"))
+        # the steps correlated are C[:-1]: a Cov of 0 until the last step (no signal before it) has no correlation
+        r_.append(float(np.corrcoef(dH, -C[:-1])[0, 1]) if dH.std() > 0 and C[:-1].std() > 0 else float("nan"))
       lines.append(f"| {name} | {stats.summarize(a_).fmt()} | {stats.summarize(b_).fmt()} | "
                    f"{stats.summarize(r_).fmt()} | {int(np.isfinite(a_).sum())} of {len(a_)} |")
     lines.append("")
