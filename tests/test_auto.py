@@ -606,3 +606,16 @@ def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
   with pytest.raises(errors.InputError, match=r"rl.packing \('off' → 'on'\).*allow_config_change=rl.packing"):
     loop_guard.LoopGuard(config_lib.override(c, {"rl.packing": True}), str(tmp_path), "rl")
   loop_guard.LoopGuard(config_lib.override(c, {"rl.packing": False, "sampling.exit_chunk": 8}), str(tmp_path), "rl")
+  # the run finishes: its stage record holds what it resolved (the checkpoints' `resolved.<key>`), so a rerun is
+  # judged as a resume is: the resolved values set explicitly are no change (they were refused as 'auto' → 'off'),
+  # another value is a change that names what the run ran with
+  from grpo_jax.run import run_config, stages  # pylint: disable=g-import-not-at-top
+  stage = lambda cfg: stages.Stage("rl", str(tmp_path), run_config.view(cfg, "rl"), steps=30, own_dir=False)
+  stages.mark_done(stage(c))
+  for same in ({}, {"rl.packing": False, "sampling.exit_chunk": 8}):
+    cfg = config_lib.override(c, same)
+    assert stages.plan([stage(cfg)], cfg, str(tmp_path)) == {"rl": "skip"}, same
+  cfg = config_lib.override(c, {"rl.packing": True})
+  with pytest.raises(errors.InputError, match=r"finished stage rl .* rl.packing \('off' → 'on'\)"):
+    stages.plan([stage(cfg)], cfg, str(tmp_path))
+
