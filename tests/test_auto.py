@@ -619,3 +619,24 @@ def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
   with pytest.raises(errors.InputError, match=r"finished stage rl .* rl.packing \('off' → 'on'\)"):
     stages.plan([stage(cfg)], cfg, str(tmp_path))
 
+
+def test_a_set_decode_layout_wins_and_is_logged_as_set(caplog):
+  """sampling.decode_layout='tp' asks for its degree only where decode_tp is auto: with both set it was logged and
+  recorded (DIR/auto.json) as auto's choice, never as "(set)"; with only the degree auto, only the degree is auto's.
+  On resume a set layout other than the recorded one (an allowed change) wins: it had been overwritten by the
+  recorded layout."""
+  fsdp4 = dict(data=1, fsdp=4, tensor=1)
+  ctx = auto.Context(fsdp4, None, "cpu")
+  c = lambda **o: config_lib.override(_tiny(**{"rl.rollout_chunks": 1, "rl.minibatches": 1}), o)
+  with caplog.at_level(logging.INFO):
+    out, chosen = auto.resolve(c(**{"sampling.decode_layout": "tp", "sampling.decode_tp": 2}), ctx)
+  assert (out.sampling.decode_layout, out.sampling.decode_tp) == ("tp", 2) and not chosen.keys() & {
+      "sampling.decode_layout", "sampling.decode_tp"}, chosen
+  assert "sampling.decode_layout = tp, sampling.decode_tp = 2 (set)" in [r.getMessage() for r in caplog.records]
+  out, chosen = auto.resolve(c(**{"sampling.decode_layout": "tp"}), ctx, log=False)
+  assert out.sampling.decode_tp == 2 and "sampling.decode_tp" in chosen and "sampling.decode_layout" not in chosen
+  recorded = {"sampling.decode_layout": "gathered", "sampling.decode_tp": 0}  # what an auto run resolved
+  out, _ = auto.resolve(c(**{"sampling.decode_layout": "tp"}), ctx, log=False, recorded=recorded)
+  assert (out.sampling.decode_layout, out.sampling.decode_tp) == ("tp", 2)
+  out, _ = auto.resolve(c(), ctx, log=False, recorded=recorded)  # at auto: the record's
+  assert (out.sampling.decode_layout, out.sampling.decode_tp) == ("gathered", 0)

@@ -60,8 +60,8 @@ class Knob:
   applies: Callable[[Any], bool] = lambda config: True  # False: the knob means nothing for this config, left as is
   joint: tuple[str, ...] = ()  # more keys chosen with `key`: candidates and choices are then tuples, one per key
   required: bool = False  # no default for a step built unresolved: the step builders refuse its auto value
-  # whether the config asks for a choice; default: any of the keys at its auto value (config_lib.auto_value). A
-  # knob with its own test writes every key of its pick (a None in a joint pick leaves that key as it is).
+  # whether the config asks for a choice; default: any of the keys at its auto value (config_lib.auto_value). Either
+  # way a key the config sets is never written (nor logged or recorded as auto's): a set value wins.
   pending: Callable[[Any], bool] | None = None
   warn: Callable[[Any], bool] = lambda pick: False  # log the choice as a warning (a slow fallback)
   # why a set value means nothing under the keys resolved before it (None: it is used). Logged, not silently
@@ -143,7 +143,9 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
             "%s (set)%s", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)),
             f": no effect {unused}" if unused else f": runs as {cut}" if cut else "")
       continue
-    if all(k in recorded for k in keys):
+    if all(k in recorded for k in keys) and all(is_auto(k, v) or recorded[k] == v for k, v in zip(keys, values)):
+      # (a joint key set to another value than the record's, a change train.allow_config_change let through: the
+      # record's choice was made beside the old value, so the knob chooses again, and the set value wins)
       # a joint key the record holds at the value it has now was left as set (None), as the first run chose it
       pick = (tuple(None if i and recorded[k] == v else recorded[k] for i, (k, v) in enumerate(zip(keys, values)))
               if knob.joint else recorded[key])
@@ -160,7 +162,7 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
       pick, why = knob.choose(out, ctx, knob.candidates(out, ctx))
     picked = []
     for k, value, p in zip(keys, values, pick if knob.joint else (pick,)):
-      if p is not None and (knob.pending is not None or is_auto(k, value)):
+      if p is not None and is_auto(k, value):
         _set(out, k, p)
         chosen[k] = f"{p} ({why})"
         picked.append(f"{k} = {p}")
@@ -654,5 +656,8 @@ def choose_layout(config, ctx: Context, candidates: list) -> tuple[tuple[str, in
 
 
 register(Knob("sampling.decode_layout", lambda c, ctx: [], choose_layout, joint=("sampling.decode_tp",),
-              pending=lambda c: c.sampling.decode_layout in ("auto", "tp"),
+              # a set `tp` asks for its degree only where decode_tp is auto (0); both set: "(set)", as any set knob
+              pending=lambda c: c.sampling.decode_layout == "auto" or (c.sampling.decode_layout == "tp"
+                                                                       and is_auto("sampling.decode_tp",
+                                                                                   c.sampling.decode_tp)),
               warn=lambda pick: pick[0] == "fsdp", planned=True))
