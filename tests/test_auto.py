@@ -640,3 +640,28 @@ def test_a_set_decode_layout_wins_and_is_logged_as_set(caplog):
   assert (out.sampling.decode_layout, out.sampling.decode_tp) == ("tp", 2)
   out, _ = auto.resolve(c(), ctx, log=False, recorded=recorded)  # at auto: the record's
   assert (out.sampling.decode_layout, out.sampling.decode_tp) == ("gathered", 0)
+
+
+def test_a_recorded_split_this_device_cannot_hold_is_refused_on_resume(monkeypatch, tmp_path):
+  """A resume reuses the split its run recorded; resumed on a device that cannot hold it (fewer or smaller devices
+  than the first run's) it was accepted and ran out of memory in the compile. Now one config line, before anything
+  is written, naming the recorded values and what auto picks here; following its advice resumes, and a recorded
+  split that fits is accepted."""
+  from grpo_jax.infra import checkpoint  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import preflight, run_config  # pylint: disable=g-import-not-at-top
+  c = _arith()
+  want = _squeeze(monkeypatch, c)  # this device is one byte short of the 1 x 1 split
+  os.makedirs(tmp_path / "checkpoints")
+  recorded = lambda split: run_config.with_resolved(run_config.view(c, "rl"), dict(zip(auto.SPLIT_KEYS, split)))
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": recorded((1, 1))}))  # a bigger device's
+  other = [k for k, v in zip(auto.SPLIT_KEYS, want) if v != 1]
+  advice = " ".join(f"--config.{k}={v}" for k, v in zip(auto.SPLIT_KEYS, want) if v != 1)
+  with pytest.raises(validate.ConfigError, match=(
+      r"^config.rl.rollout_chunks=1, rl.minibatches=1 \(recorded: .*\): the step plans .* more than the device holds; "
+      rf"resume with {advice} --config.train.allow_config_change={','.join(other)} \(what auto picks here")):
+    preflight.check_recorded_values(c, str(tmp_path))
+  preflight.check_recorded_values(config_lib.override(c, {**dict(zip(auto.SPLIT_KEYS, want)),
+                                                          "train.allow_config_change": ",".join(other)}),
+                                  str(tmp_path))
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": recorded(want)}))
+  preflight.check_recorded_values(c, str(tmp_path))

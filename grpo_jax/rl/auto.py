@@ -20,7 +20,7 @@ Each logs one line, `auto <key> = <value> (<why>)`, or `<key> = <value> (set)` w
 and the measurements behind them: docs/performance.md ("What `auto` resolves to"). A run records what was resolved
 (run/loop_guard.py: `resolved.<key>` in every checkpoint's config view, and DIR/auto.json); a resume reuses the
 recorded values (`recorded=`), so it runs the program it started with even where today's rule would choose
-otherwise (logged). A `required` knob has no unresolved default: the step builders refuse it (`check_resolved`).
+otherwise (logged), unless they no longer fit the device (check_recorded_fits: refused). A `required` knob has no unresolved default: the step builders refuse it (`check_resolved`).
 """
 import dataclasses
 import json
@@ -238,6 +238,35 @@ def check_fits(config, resolved, ctx: Context) -> None:
     fix = f"auto finds no value that fits either; {_LESS_MEMORY}"
   raise ConfigError(f"config.{named} (set): the step plans {text} per device (peak in {p.peak_phase}), more than the "
                     f"device holds; {fix}.")
+
+
+def check_recorded_fits(config, resolved, recorded: dict[str, Any], ctx: Context) -> None:
+  """A resume reuses the memory knobs its run recorded (Knob.planned, at auto in `config`); they are held to this
+  device's memory as set values are (check_fits): a run moved to fewer or smaller devices was resumed with a split
+  planned for the old ones and ran out of memory in the compile or the first step. Refused (ConfigError) naming the
+  recorded values and what auto picks here."""
+  keys = [k for knob in REGISTRY.values() if knob.planned and knob.applies(resolved) for k in knob.keys()
+          if k in recorded and is_auto(k, _get(config, k))]
+  if ctx.hbm_bytes is None or not keys:
+    return
+  try:
+    p, fits, text = _planned(resolved, ctx)
+  except (ValueError, KeyError, NotImplementedError):
+    return  # the planner cannot cost it: check_fits warns for set values; a recorded one ran before
+  if fits:
+    return
+  named = ", ".join(f"{k}={_get(resolved, k)}" for k in keys)
+  try:
+    today, _ = resolve(config, ctx, log=False)
+    other = [k for k in keys if _get(today, k) != _get(resolved, k)]
+    fix = (f"resume with {' '.join(f'--config.{k}={_get(today, k)}' for k in other)} "
+           f"--config.train.allow_config_change={','.join(other)} (what auto picks here; a change of the run's "
+           "program), or ")
+  except ConfigError:
+    fix = "auto finds no value that fits here either; "
+  raise ConfigError(f"config.{named} (recorded: this run's `auto` choice, which a resume reuses): the step plans {text} "
+                    f"per device here (peak in {p.peak_phase}), more than the device holds; {fix}resume on devices "
+                    "like the ones it started on.")
 
 
 def check_resolved(config) -> None:

@@ -144,8 +144,10 @@ def check_recorded_values(config, workdir: str) -> None:
   if not recorded:
     return
   mesh = validate.validate_mesh(config, validate.device_count())
-  resolved, _ = auto.resolve(config, auto.Context(mesh, validate.device_memory()), log=False, recorded=recorded)
+  ctx = auto.Context(mesh, validate.device_memory())
+  resolved, _ = auto.resolve(config, ctx, log=False, recorded=recorded)
   train.check_recorded(resolved, recorded, tok_lib.for_config(config))
+  auto.check_recorded_fits(config, resolved, recorded, ctx)  # another device count or size than the first run's
 
 
 def check_tokenizer_model(config, tokenizer) -> None:
