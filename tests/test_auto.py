@@ -244,6 +244,22 @@ def test_ablation_tables_resolve(monkeypatch):
   with pytest.raises(_Built):
     r1_table.run_cell(cfg, variant, [0, 1])
   assert seen == want
+  # the memory table (c) compiles its workload's step as a run resolves it (it compiled the unresolved reference
+  # path: the static engine whatever the workload's length)
+  from grpo_jax.studies.ablations import memory_table
+  compiled = []
+
+  def compile_step(config, *args, **kwargs):
+    compiled.append(config)
+    raise _Built()
+  monkeypatch.setattr(aot, "compile_step", compile_step)
+  cfg = config_lib.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                                            "ablations", "memory.py"), "small")
+  cfg.workload.L = auto.LONG_COMPLETIONS  # a workload long enough for the continuous engine
+  with pytest.raises(_Built):
+    memory_table.compile_step(cfg, config_lib.override(config_lib.base_config(), {
+        "model.layers": 1, "model.hidden": 32, "model.heads": 2, "model.kv_heads": 1, "model.inter": 64}))
+  assert (compiled[0].sampling.engine, compiled[0].sampling.compaction) == ("continuous", config_lib.COMPACTION)
 
 
 def test_aot_and_the_planner_cli_resolve(capsys):
