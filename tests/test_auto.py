@@ -681,3 +681,23 @@ def test_a_recorded_split_this_device_cannot_hold_is_refused_on_resume(monkeypat
                                   str(tmp_path))
   monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": recorded(want)}))
   preflight.check_recorded_values(c, str(tmp_path))
+
+
+def test_a_knob_that_did_not_apply_when_recorded_chooses_on_resume():
+  """A run records every knob's value, also one that did not apply (slots, compaction, decode attention: still at
+  auto under the static engine). A resume whose allowed change makes it apply (the continuous engine set) took those
+  auto values as the record's choice: slots 0, the unresolved 8 compaction sizes, the backend's attention, logged
+  as 'recorded'. Now they are chosen as a fresh run chooses them; what the record did choose is still reused."""
+  from grpo_jax.run import run_config  # pylint: disable=g-import-not-at-top
+  ctx = auto.Context(MESH1, None, "cpu")
+  first, _ = auto.resolve(_tiny(**{"rl.packing": "off"}), ctx, log=False)  # static engine (L 48)
+  assert first.sampling.engine == "static" and first.sampling.slots == 0
+  recorded = run_config.recorded_settings(run_config.with_resolved(run_config.view(_tiny(), "rl"),
+                                                                   auto.resolved_values(first)))
+  changed = _tiny(**{"sampling.engine": "continuous", "rl.packing": "off"})
+  fresh, _ = auto.resolve(changed, ctx, log=False)
+  resumed, chosen = auto.resolve(changed, ctx, log=False, recorded=recorded)
+  keys = ("sampling.slots", "sampling.compaction", "sampling.decode_attention")
+  assert [auto._get(resumed, k) for k in keys] == [auto._get(fresh, k) for k in keys] == [16, 1, "plain"]
+  assert not any("recorded" in chosen[k] for k in keys), chosen
+  assert resumed.sampling.exit_chunk == first.sampling.exit_chunk and "recorded" in chosen["sampling.exit_chunk"]

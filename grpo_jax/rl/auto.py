@@ -20,7 +20,8 @@ Each logs one line, `auto <key> = <value> (<why>)`, or `<key> = <value> (set)` w
 and the measurements behind them: docs/performance.md ("What `auto` resolves to"). A run records what was resolved
 (run/loop_guard.py: `resolved.<key>` in every checkpoint's config view, and DIR/auto.json); a resume reuses the
 recorded values (`recorded=`), so it runs the program it started with even where today's rule would choose
-otherwise (logged), unless they no longer fit the device (check_recorded_fits: refused). A `required` knob has no unresolved default: the step builders refuse it (`check_resolved`).
+otherwise (logged), unless they no longer fit the device (check_recorded_fits: refused). A `required` knob has no
+unresolved default: the step builders refuse it (`check_resolved`).
 """
 import dataclasses
 import json
@@ -143,12 +144,15 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
             "%s (set)%s", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)),
             f": no effect {unused}" if unused else f": runs as {cut}" if cut else "")
       continue
-    if all(k in recorded for k in keys) and all(is_auto(k, v) or recorded[k] == v for k, v in zip(keys, values)):
-      # (a joint key set to another value than the record's, a change train.allow_config_change let through: the
-      # record's choice was made beside the old value, so the knob chooses again, and the set value wins)
-      # a joint key the record holds at the value it has now was left as set (None), as the first run chose it
-      pick = (tuple(None if i and recorded[k] == v else recorded[k] for i, (k, v) in enumerate(zip(keys, values)))
-              if knob.joint else recorded[key])
+    # A record is reused where the run chose this knob: a recorded auto value means it did not apply then (slots
+    # under the static engine; an allowed change of the path makes it apply now), and a joint key set to another
+    # value than the record's (an allowed change) means the record's choice was made beside the old value: both
+    # choose again, as a fresh run would.
+    if (key in recorded and not is_auto(key, recorded[key])
+        and all(is_auto(k, v) or recorded.get(k, v) == v for k, v in zip(keys, values))):
+      # a joint key the record holds at the value it has now (or not at all) was left as set (None)
+      pick = (tuple(None if i and recorded.get(k, v) == v else recorded[k]
+                    for i, (k, v) in enumerate(zip(keys, values))) if knob.joint else recorded[key])
       why = "recorded with this run: a resume runs the program it started with"
       try:
         today, today_why = knob.choose(out, ctx, knob.candidates(out, ctx))
@@ -264,9 +268,9 @@ def check_recorded_fits(config, resolved, recorded: dict[str, Any], ctx: Context
            "program), or ")
   except ConfigError:
     fix = "auto finds no value that fits here either; "
-  raise ConfigError(f"config.{named} (recorded: this run's `auto` choice, which a resume reuses): the step plans {text} "
-                    f"per device here (peak in {p.peak_phase}), more than the device holds; {fix}resume on devices "
-                    "like the ones it started on.")
+  raise ConfigError(f"config.{named} (recorded: this run's `auto` choice, which a resume reuses): the step plans "
+                    f"{text} per device here (peak in {p.peak_phase}), more than the device holds; {fix}resume on "
+                    "devices like the ones it started on.")
 
 
 def check_resolved(config) -> None:
