@@ -16,8 +16,9 @@ later knob's plan sees the earlier choices):
   sampling.compaction   its slot counts S, S/2, ... only for long completions (0)
   rl.pack_len, rl.pack_rows   rl.packing's row length and rows per micro-batch (0)
   sampling.decode_layout × decode_tp   where the weights live while the rollout decodes (memory_plan.choose_decode)
-Each logs one line, `auto <key> = <value> (<why>)`, or `<key> = <value> (set)` where the config names it. The rules
-and the measurements behind them: docs/performance.md ("What `auto` resolves to"). A run records what was resolved
+Each that applies to the resolved path logs one line, `auto <key> = <value> (<why>)`, or `<key> = <value> (set)`
+where the config names it (a set key of a path not taken: a warning that it has no effect; the others, slots under
+the static engine, say nothing). The rules and the measurements behind them: docs/performance.md ("What `auto` resolves to"). A run records what was resolved
 (run/loop_guard.py: `resolved.<key>` in every checkpoint's config view, and DIR/auto.json); a resume reuses the
 recorded values (`recorded=`), so it runs the program it started with even where today's rule would choose
 otherwise (logged), unless they no longer fit the device (check_recorded_fits: refused). A `required` knob has no
