@@ -18,11 +18,11 @@ later knob's plan sees the earlier choices):
   sampling.decode_layout × decode_tp   where the weights live while the rollout decodes (memory_plan.choose_decode)
 Each that applies to the resolved path logs one line, `auto <key> = <value> (<why>)`, or `<key> = <value> (set)`
 where the config names it (a set key of a path not taken: a warning that it has no effect; the others, slots under
-the static engine, say nothing). The rules and the measurements behind them: docs/performance.md ("What `auto` resolves to"). A run records what was resolved
-(run/loop_guard.py: `resolved.<key>` in every checkpoint's config view, and DIR/auto.json); a resume reuses the
-recorded values (`recorded=`), so it runs the program it started with even where today's rule would choose
-otherwise (logged), unless they no longer fit the device (check_recorded_fits: refused). A `required` knob has no
-unresolved default: the step builders refuse it (`check_resolved`).
+the static engine, say nothing). The rules and the measurements behind them: docs/performance.md ("What `auto`
+resolves to"). A run records what was resolved (run/loop_guard.py: `resolved.<key>` in every checkpoint's config
+view, and DIR/auto.json); a resume reuses the recorded values (`recorded=`), so it runs the program it started with
+even where today's rule would choose otherwise (logged), unless they no longer fit the device (check_recorded_fits:
+refused). A `required` knob has no unresolved default: the step builders refuse it (`check_resolved`).
 """
 import dataclasses
 import json
