@@ -681,6 +681,9 @@ def test_a_recorded_split_this_device_cannot_hold_is_refused_on_resume(monkeypat
                                   str(tmp_path))
   monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": recorded(want)}))
   preflight.check_recorded_values(c, str(tmp_path))
+  # ... but not by two vmapped runs sharing the device (a sweep group resumed: each gets half of it)
+  with pytest.raises(validate.ConfigError, match=r"\(recorded: .* more than the device holds"):
+    preflight.check_recorded_values(c, str(tmp_path), lanes=2)
 
 
 def test_a_knob_that_did_not_apply_when_recorded_chooses_on_resume():
