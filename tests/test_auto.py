@@ -244,6 +244,22 @@ def test_ablation_tables_resolve(monkeypatch):
   with pytest.raises(_Built):
     r1_table.run_cell(cfg, variant, [0, 1])
   assert seen == want
+  # the memory table (c) compiles its workload's step as a run resolves it (it compiled the unresolved reference
+  # path: the static engine whatever the workload's length)
+  from grpo_jax.studies.ablations import memory_table
+  compiled = []
+
+  def compile_step(config, *args, **kwargs):
+    compiled.append(config)
+    raise _Built()
+  monkeypatch.setattr(aot, "compile_step", compile_step)
+  cfg = config_lib.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                                            "ablations", "memory.py"), "small")
+  cfg.workload.L = auto.LONG_COMPLETIONS  # a workload long enough for the continuous engine
+  with pytest.raises(_Built):
+    memory_table.compile_step(cfg, config_lib.override(config_lib.base_config(), {
+        "model.layers": 1, "model.hidden": 32, "model.heads": 2, "model.kv_heads": 1, "model.inter": 64}))
+  assert (compiled[0].sampling.engine, compiled[0].sampling.compaction) == ("continuous", config_lib.COMPACTION)
 
 
 def test_aot_and_the_planner_cli_resolve(capsys):
@@ -606,3 +622,85 @@ def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
   with pytest.raises(errors.InputError, match=r"rl.packing \('off' → 'on'\).*allow_config_change=rl.packing"):
     loop_guard.LoopGuard(config_lib.override(c, {"rl.packing": True}), str(tmp_path), "rl")
   loop_guard.LoopGuard(config_lib.override(c, {"rl.packing": False, "sampling.exit_chunk": 8}), str(tmp_path), "rl")
+  # the run finishes: its stage record holds what it resolved (the checkpoints' `resolved.<key>`), so a rerun is
+  # judged as a resume is: the resolved values set explicitly are no change (they were refused as 'auto' → 'off'),
+  # another value is a change that names what the run ran with
+  from grpo_jax.run import run_config, stages  # pylint: disable=g-import-not-at-top
+  stage = lambda cfg: stages.Stage("rl", str(tmp_path), run_config.view(cfg, "rl"), steps=30, own_dir=False)
+  stages.mark_done(stage(c))
+  for same in ({}, {"rl.packing": False, "sampling.exit_chunk": 8}):
+    cfg = config_lib.override(c, same)
+    assert stages.plan([stage(cfg)], cfg, str(tmp_path)) == {"rl": "skip"}, same
+  cfg = config_lib.override(c, {"rl.packing": True})
+  with pytest.raises(errors.InputError, match=r"finished stage rl .* rl.packing \('off' → 'on'\)"):
+    stages.plan([stage(cfg)], cfg, str(tmp_path))
+
+
+def test_a_set_decode_layout_wins_and_is_logged_as_set(caplog):
+  """sampling.decode_layout='tp' asks for its degree only where decode_tp is auto: with both set it was logged and
+  recorded (DIR/auto.json) as auto's choice, never as "(set)"; with only the degree auto, only the degree is auto's.
+  On resume a set layout other than the recorded one (an allowed change) wins: it had been overwritten by the
+  recorded layout."""
+  fsdp4 = dict(data=1, fsdp=4, tensor=1)
+  ctx = auto.Context(fsdp4, None, "cpu")
+  c = lambda **o: config_lib.override(_tiny(**{"rl.rollout_chunks": 1, "rl.minibatches": 1}), o)
+  with caplog.at_level(logging.INFO):
+    out, chosen = auto.resolve(c(**{"sampling.decode_layout": "tp", "sampling.decode_tp": 2}), ctx)
+  assert (out.sampling.decode_layout, out.sampling.decode_tp) == ("tp", 2) and not chosen.keys() & {
+      "sampling.decode_layout", "sampling.decode_tp"}, chosen
+  assert "sampling.decode_layout = tp, sampling.decode_tp = 2 (set)" in [r.getMessage() for r in caplog.records]
+  out, chosen = auto.resolve(c(**{"sampling.decode_layout": "tp"}), ctx, log=False)
+  assert out.sampling.decode_tp == 2 and "sampling.decode_tp" in chosen and "sampling.decode_layout" not in chosen
+  recorded = {"sampling.decode_layout": "gathered", "sampling.decode_tp": 0}  # what an auto run resolved
+  out, _ = auto.resolve(c(**{"sampling.decode_layout": "tp"}), ctx, log=False, recorded=recorded)
+  assert (out.sampling.decode_layout, out.sampling.decode_tp) == ("tp", 2)
+  out, _ = auto.resolve(c(), ctx, log=False, recorded=recorded)  # at auto: the record's
+  assert (out.sampling.decode_layout, out.sampling.decode_tp) == ("gathered", 0)
+
+
+def test_a_recorded_split_this_device_cannot_hold_is_refused_on_resume(monkeypatch, tmp_path):
+  """A resume reuses the split its run recorded; resumed on a device that cannot hold it (fewer or smaller devices
+  than the first run's) it was accepted and ran out of memory in the compile. Now one config line, before anything
+  is written, naming the recorded values and what auto picks here; following its advice resumes, and a recorded
+  split that fits is accepted."""
+  from grpo_jax.infra import checkpoint  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import preflight, run_config  # pylint: disable=g-import-not-at-top
+  c = _arith()
+  want = _squeeze(monkeypatch, c)  # this device is one byte short of the 1 x 1 split
+  os.makedirs(tmp_path / "checkpoints")
+  recorded = lambda split: run_config.with_resolved(run_config.view(c, "rl"), dict(zip(auto.SPLIT_KEYS, split)))
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": recorded((1, 1))}))  # a bigger device's
+  other = [k for k, v in zip(auto.SPLIT_KEYS, want) if v != 1]
+  advice = " ".join(f"--config.{k}={v}" for k, v in zip(auto.SPLIT_KEYS, want) if v != 1)
+  with pytest.raises(validate.ConfigError, match=(
+      r"^config.rl.rollout_chunks=1, rl.minibatches=1 \(recorded: .*\): the step plans .* more than the device holds; "
+      rf"resume with {advice} --config.train.allow_config_change={','.join(other)} \(what auto picks here")):
+    preflight.check_recorded_values(c, str(tmp_path))
+  preflight.check_recorded_values(config_lib.override(c, {**dict(zip(auto.SPLIT_KEYS, want)),
+                                                          "train.allow_config_change": ",".join(other)}),
+                                  str(tmp_path))
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": recorded(want)}))
+  preflight.check_recorded_values(c, str(tmp_path))
+  # ... but not by two vmapped runs sharing the device (a sweep group resumed: each gets half of it)
+  with pytest.raises(validate.ConfigError, match=r"\(recorded: .* more than the device holds"):
+    preflight.check_recorded_values(c, str(tmp_path), lanes=2)
+
+
+def test_a_knob_that_did_not_apply_when_recorded_chooses_on_resume():
+  """A run records every knob's value, also one that did not apply (slots, compaction, decode attention: still at
+  auto under the static engine). A resume whose allowed change makes it apply (the continuous engine set) took those
+  auto values as the record's choice: slots 0, the unresolved 8 compaction sizes, the backend's attention, logged
+  as 'recorded'. Now they are chosen as a fresh run chooses them; what the record did choose is still reused."""
+  from grpo_jax.run import run_config  # pylint: disable=g-import-not-at-top
+  ctx = auto.Context(MESH1, None, "cpu")
+  first, _ = auto.resolve(_tiny(**{"rl.packing": "off"}), ctx, log=False)  # static engine (L 48)
+  assert first.sampling.engine == "static" and first.sampling.slots == 0
+  recorded = run_config.recorded_settings(run_config.with_resolved(run_config.view(_tiny(), "rl"),
+                                                                   auto.resolved_values(first)))
+  changed = _tiny(**{"sampling.engine": "continuous", "rl.packing": "off"})
+  fresh, _ = auto.resolve(changed, ctx, log=False)
+  resumed, chosen = auto.resolve(changed, ctx, log=False, recorded=recorded)
+  keys = ("sampling.slots", "sampling.compaction", "sampling.decode_attention")
+  assert [auto._get(resumed, k) for k in keys] == [auto._get(fresh, k) for k in keys] == [16, 1, "plain"]
+  assert not any("recorded" in chosen[k] for k in keys), chosen
+  assert resumed.sampling.exit_chunk == first.sampling.exit_chunk and "recorded" in chosen["sampling.exit_chunk"]

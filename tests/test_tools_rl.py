@@ -314,6 +314,19 @@ def test_evaluation_counts_the_environments_failures(setup, monkeypatch):
   ev.env.close()
 
 
+def test_an_unresolved_auto_engine_evaluates_with_the_environment(setup):
+  """sampling.engine='auto' (validation takes it beside tools.env: auto picks the continuous engine) in a config no
+  command resolved — the R1 report's held-out evaluation (heldout.make_evaluator), an SFT stage's final one — is
+  resolved by the Evaluator as the RL run's is: it decoded on the static reference path, without the environment,
+  and scored a tool model's held-out rows with no tool calls."""
+  from grpo_jax.run import evaluation
+  c, mesh, mcfg, _ = setup
+  ev = evaluation.Evaluator(config_lib.override(c, {"sampling.engine": "auto"}), mcfg, TOK, mesh,
+                            data_lib.eval_set(c.task, TOK, 8, c.task.prompt_len))
+  assert ev.env is not None and ev.cfg.sampling.engine == "continuous"
+  ev.env.close()
+
+
 # ------------------------------------------------------------------------------------ bad input, resume (CLI)
 
 @pytest.mark.parametrize("over,key,why", [

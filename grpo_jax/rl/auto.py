@@ -16,11 +16,13 @@ later knob's plan sees the earlier choices):
   sampling.compaction   its slot counts S, S/2, ... only for long completions (0)
   rl.pack_len, rl.pack_rows   rl.packing's row length and rows per micro-batch (0)
   sampling.decode_layout × decode_tp   where the weights live while the rollout decodes (memory_plan.choose_decode)
-Each logs one line, `auto <key> = <value> (<why>)`, or `<key> = <value> (set)` where the config names it. The rules
-and the measurements behind them: docs/performance.md ("What `auto` resolves to"). A run records what was resolved
-(run/loop_guard.py: `resolved.<key>` in every checkpoint's config view, and DIR/auto.json); a resume reuses the
-recorded values (`recorded=`), so it runs the program it started with even where today's rule would choose
-otherwise (logged). A `required` knob has no unresolved default: the step builders refuse it (`check_resolved`).
+Each that applies to the resolved path logs one line, `auto <key> = <value> (<why>)`, or `<key> = <value> (set)`
+where the config names it (a set key of a path not taken: a warning that it has no effect; the others, slots under
+the static engine, say nothing). The rules and the measurements behind them: docs/performance.md ("What `auto`
+resolves to"). A run records what was resolved (run/loop_guard.py: `resolved.<key>` in every checkpoint's config
+view, and DIR/auto.json); a resume reuses the recorded values (`recorded=`), so it runs the program it started with
+even where today's rule would choose otherwise (logged), unless they no longer fit the device (check_recorded_fits:
+refused). A `required` knob has no unresolved default: the step builders refuse it (`check_resolved`).
 """
 import dataclasses
 import json
@@ -60,8 +62,8 @@ class Knob:
   applies: Callable[[Any], bool] = lambda config: True  # False: the knob means nothing for this config, left as is
   joint: tuple[str, ...] = ()  # more keys chosen with `key`: candidates and choices are then tuples, one per key
   required: bool = False  # no default for a step built unresolved: the step builders refuse its auto value
-  # whether the config asks for a choice; default: any of the keys at its auto value (config_lib.auto_value). A
-  # knob with its own test writes every key of its pick (a None in a joint pick leaves that key as it is).
+  # whether the config asks for a choice; default: any of the keys at its auto value (config_lib.auto_value). Either
+  # way a key the config sets is never written (nor logged or recorded as auto's): a set value wins.
   pending: Callable[[Any], bool] | None = None
   warn: Callable[[Any], bool] = lambda pick: False  # log the choice as a warning (a slow fallback)
   # why a set value means nothing under the keys resolved before it (None: it is used). Logged, not silently
@@ -143,10 +145,15 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
             "%s (set)%s", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)),
             f": no effect {unused}" if unused else f": runs as {cut}" if cut else "")
       continue
-    if all(k in recorded for k in keys):
-      # a joint key the record holds at the value it has now was left as set (None), as the first run chose it
-      pick = (tuple(None if i and recorded[k] == v else recorded[k] for i, (k, v) in enumerate(zip(keys, values)))
-              if knob.joint else recorded[key])
+    # A record is reused where the run chose this knob: a recorded auto value means it did not apply then (slots
+    # under the static engine; an allowed change of the path makes it apply now), and a joint key set to another
+    # value than the record's (an allowed change) means the record's choice was made beside the old value: both
+    # choose again, as a fresh run would.
+    if (key in recorded and not is_auto(key, recorded[key])
+        and all(is_auto(k, v) or recorded.get(k, v) == v for k, v in zip(keys, values))):
+      # a joint key the record holds at the value it has now (or not at all) was left as set (None)
+      pick = (tuple(None if i and recorded.get(k, v) == v else recorded[k]
+                    for i, (k, v) in enumerate(zip(keys, values))) if knob.joint else recorded[key])
       why = "recorded with this run: a resume runs the program it started with"
       try:
         today, today_why = knob.choose(out, ctx, knob.candidates(out, ctx))
@@ -160,7 +167,7 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
       pick, why = knob.choose(out, ctx, knob.candidates(out, ctx))
     picked = []
     for k, value, p in zip(keys, values, pick if knob.joint else (pick,)):
-      if p is not None and (knob.pending is not None or is_auto(k, value)):
+      if p is not None and is_auto(k, value):
         _set(out, k, p)
         chosen[k] = f"{p} ({why})"
         picked.append(f"{k} = {p}")
@@ -236,6 +243,35 @@ def check_fits(config, resolved, ctx: Context) -> None:
     fix = f"auto finds no value that fits either; {_LESS_MEMORY}"
   raise ConfigError(f"config.{named} (set): the step plans {text} per device (peak in {p.peak_phase}), more than the "
                     f"device holds; {fix}.")
+
+
+def check_recorded_fits(config, resolved, recorded: dict[str, Any], ctx: Context) -> None:
+  """A resume reuses the memory knobs its run recorded (Knob.planned, at auto in `config`); they are held to this
+  device's memory as set values are (check_fits): a run moved to fewer or smaller devices was resumed with a split
+  planned for the old ones and ran out of memory in the compile or the first step. Refused (ConfigError) naming the
+  recorded values and what auto picks here."""
+  keys = [k for knob in REGISTRY.values() if knob.planned and knob.applies(resolved) for k in knob.keys()
+          if k in recorded and is_auto(k, _get(config, k))]
+  if ctx.hbm_bytes is None or not keys:
+    return
+  try:
+    p, fits, text = _planned(resolved, ctx)
+  except (ValueError, KeyError, NotImplementedError):
+    return  # the planner cannot cost it: check_fits warns for set values; a recorded one ran before
+  if fits:
+    return
+  named = ", ".join(f"{k}={_get(resolved, k)}" for k in keys)
+  try:
+    today, _ = resolve(config, ctx, log=False)
+    other = [k for k in keys if _get(today, k) != _get(resolved, k)]
+    fix = (f"resume with {' '.join(f'--config.{k}={_get(today, k)}' for k in other)} "
+           f"--config.train.allow_config_change={','.join(other)} (what auto picks here; a change of the run's "
+           "program), or ")
+  except ConfigError:
+    fix = "auto finds no value that fits here either; "
+  raise ConfigError(f"config.{named} (recorded: this run's `auto` choice, which a resume reuses): the step plans "
+                    f"{text} per device here (peak in {p.peak_phase}), more than the device holds; {fix}resume on "
+                    "devices like the ones it started on.")
 
 
 def check_resolved(config) -> None:
@@ -654,5 +690,8 @@ def choose_layout(config, ctx: Context, candidates: list) -> tuple[tuple[str, in
 
 
 register(Knob("sampling.decode_layout", lambda c, ctx: [], choose_layout, joint=("sampling.decode_tp",),
-              pending=lambda c: c.sampling.decode_layout in ("auto", "tp"),
+              # a set `tp` asks for its degree only where decode_tp is auto (0); both set: "(set)", as any set knob
+              pending=lambda c: c.sampling.decode_layout == "auto" or (c.sampling.decode_layout == "tp"
+                                                                       and is_auto("sampling.decode_tp",
+                                                                                   c.sampling.decode_tp)),
               warn=lambda pick: pick[0] == "fsdp", planned=True))

@@ -20,6 +20,7 @@ from jax.experimental import multihost_utils
 from grpo_jax.config import config_lib
 from grpo_jax.envs import batch as env_batch
 from grpo_jax.envs import transcript
+from grpo_jax.rl import auto
 from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.rollout import engine
@@ -227,6 +228,11 @@ class Evaluator:
 
   def __init__(self, config, mcfg, tokenizer, mesh, eval_arrays: dict, task: str | None = None,
                host_verifier: HostVerifier | None = None, readings: dict[str, Reading] | None = None):
+    if auto.is_auto("sampling.engine", config.sampling.get("engine", auto.AUTO)):
+      # a config no command resolved (the R1 report's, an SFT stage's final evaluation): resolved here as the RL
+      # run's is (rl/auto.py), or its held-out rows would decode on the reference path (the static engine, and
+      # without tools.env's environment) whatever path the run's own rollouts and evaluations take
+      config, _ = auto.resolve_here(config, mesh, log=False)
     self.cfg, self.tok, self.mesh = config, tokenizer, mesh
     # tools.env: held-out rows call the environment as the RL step's do (with the continuous engine)
     self.env = None

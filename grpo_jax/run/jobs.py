@@ -72,9 +72,10 @@ def run_group(configs: Sequence[Any], workdirs: Sequence[str], *, compiler_optio
       stack.enter_context(workdir_lock.WorkdirLock(wd))
     stack.enter_context(signals.GracefulStop.ensure())
     plans = [stages_lib.plan(todo, config, wd) for config, todo, wd in zip(configs, todos, workdirs)]
+    lanes = sum(actions.get("rl") != "skip" for actions in plans)  # the runs train_group trains as one program
     for config, actions, wd in zip(configs, plans, workdirs):
       if actions.get("rl") in ("resume", "continue"):
-        preflight.check_recorded_values(config, wd)  # before config.json is rewritten
+        preflight.check_recorded_values(config, wd, lanes)  # before config.json is rewritten
     members, rl_stages = [], []
     for config, todo, actions, wd in zip(configs, todos, plans, workdirs):
       of = f" of {wd}" if len(workdirs) > 1 else ""

@@ -130,12 +130,13 @@ def check_params_shapes(key: str, path: str, mcfg) -> None:
                              "to the shape it was trained with, or point init_from at a checkpoint of this model.")
 
 
-def check_recorded_values(config, workdir: str) -> None:
+def check_recorded_values(config, workdir: str, lanes: int = 1) -> None:
   """A resume reuses the `auto` values its newest checkpoint recorded (rl/auto.py): the config is validated with them
   (train.check_recorded) once the stage plan has accepted the resume, before DIR/config.json is rewritten: a value
   that no longer fits (sampling.slots above the rows of a changed prompts_per_step) was refused only after it had
   been rewritten with the refused config. Reads only. `workdir`: the RL stage's directory (the grpo job's: --workdir
-  itself; an R1 RL stage's: its own)."""
+  itself; an R1 RL stage's: its own). `lanes`: the runs trained as one vmapped program, sharing each device (a sweep
+  group: train.train_group resolves them for 1/lanes of its memory)."""
   ckpt_dir = os.path.join(workdir, "checkpoints")
   if "://" in workdir or not os.path.isdir(ckpt_dir):
     return
@@ -144,8 +145,11 @@ def check_recorded_values(config, workdir: str) -> None:
   if not recorded:
     return
   mesh = validate.validate_mesh(config, validate.device_count())
-  resolved, _ = auto.resolve(config, auto.Context(mesh, validate.device_memory()), log=False, recorded=recorded)
+  hbm = validate.device_memory()
+  ctx = auto.Context(mesh, None if hbm is None else hbm // lanes)
+  resolved, _ = auto.resolve(config, ctx, log=False, recorded=recorded)
   train.check_recorded(resolved, recorded, tok_lib.for_config(config))
+  auto.check_recorded_fits(config, resolved, recorded, ctx)  # another device count or size than the first run's
 
 
 def check_tokenizer_model(config, tokenizer) -> None:

@@ -95,9 +95,19 @@ def _write_record(stage: Stage, done: bool, **extra: Any) -> None:
     return
   os.makedirs(stage.directory, exist_ok=True)
   when = "finished" if done else "started"
+  view = dict(stage.view, **_resolved(stage)) if done else stage.view
   run_config.write_json_atomic(os.path.join(stage.directory, RECORD), {
       "stage": stage.name, "done": done, "steps": stage.steps, when: time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-      "config": stage.view, **extra})
+      "config": view, **extra})
+
+
+def _resolved(stage: Stage) -> dict[str, Any]:
+  """`resolved.<key>`: what the stage's `auto` knobs ran with (its newest checkpoint's view, run/loop_guard.py). The
+  finished record holds them, so a rerun that sets a key to the value auto chose is no change, as on resume (the
+  plan's diff compared it with `auto` and refused it)."""
+  newest = ckpt_lib.newest_meta(os.path.join(stage.directory, "checkpoints"))
+  view = (newest[1].get("config") or {}) if newest else {}
+  return {k: v for k, v in view.items() if k.startswith(run_config.RESOLVED)}
 
 
 def mark_running(stage: Stage) -> None:

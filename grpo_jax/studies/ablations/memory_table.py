@@ -12,6 +12,7 @@ import numpy as np
 
 from grpo_jax.perf import aot
 from grpo_jax.config import config_lib
+from grpo_jax.rl import auto
 from grpo_jax.rl import families
 from grpo_jax.model import model as model_lib
 from grpo_jax.config import presets
@@ -59,4 +60,8 @@ def compile_step(cfg, c):
   c.task.prompt_len = cfg.workload.prompt_len
   c.sampling.max_new_tokens = cfg.workload.L
   c.model.max_len = cfg.workload.prompt_len + cfg.workload.L
-  return aot.compile_step(c, jax.devices()[:1], dict(c.mesh))[0]
+  devices = jax.devices()[:1]
+  # the `auto` knobs as a run of this workload resolves them (rl/auto.py): the step a run compiles, not the
+  # reference path an unresolved config builds
+  c, _ = auto.resolve_here(c, sharding.make_mesh(c.mesh, devices), log=False)
+  return aot.compile_step(c, devices, dict(c.mesh))[0]
