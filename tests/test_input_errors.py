@@ -169,6 +169,11 @@ CASES = [
     ("sft", {"sft.steps": 0}, "config.sft.steps"),
     ("sft", {"sft.loss_on": "some"}, "config.sft.loss_on"),
     ("sft", {"sft.batch": 0}, "config.sft.batch"),
+    # the AdamW keys an SFT job reads (it ran on with optim.b2 = 5: NaN losses, exit 0)
+    ("sft", {"optim.b2": 5.0}, "config.optim.b2"),
+    ("sft", {"optim.grad_clip": -1.0}, "config.optim.grad_clip"),
+    ("sft", {"optim.eps": float("nan")}, "config.optim.eps"),
+    ("grpo", {"optim.eps": 0.0}, "config.optim.eps"),
     # an SFT sequence longer than model.max_len: was a ValueError traceback at the first batch, files written
     ("sft", {"model.max_len": 64}, "config.model.max_len: 64 tokens are too few for the SFT stage: "),
     ("grpo", {"model.max_len": 100, "task.prompt_len": 60, "sampling.max_new_tokens": 40},

@@ -11,7 +11,7 @@ from grpo_jax.rl import update
 
 
 def _optim(**over):
-  return ml_collections.ConfigDict(dict(dict(lr=0.1, warmup_steps=0, b1=0.9, b2=0.99, weight_decay=0.0,
+  return ml_collections.ConfigDict(dict(dict(lr=0.1, warmup_steps=0, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.0,
                                              grad_clip=0.0), **over))
 
 

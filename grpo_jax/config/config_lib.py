@@ -241,7 +241,8 @@ def base_config() -> ml_collections.ConfigDict:
       sandbox=dict(time_s=2.0, memory_mb=512, file_mb=1, output_chars=512)))
 
   c.optim = ml_collections.ConfigDict(dict(
-      lr=1e-5, warmup_steps=0, b1=0.9, b2=0.99, weight_decay=0.0, grad_clip=1.0))
+      # eps: AdamW's ε in g/(√v + ε), optax's default (TRL adam_epsilon, verl optim eps)
+      lr=1e-5, warmup_steps=0, b1=0.9, b2=0.99, eps=1e-8, weight_decay=0.0, grad_clip=1.0))
 
   c.sft = ml_collections.ConfigDict(dict(
       steps=0, batch=32, lr=3e-3, warmup_steps=20, loss_on="completion", mistake_frac=0.0, init_from="",

@@ -46,7 +46,7 @@ def make_optimizer(optim_cfg, lr: float | None = None) -> Optimizer:
     return optax.chain(
         optax.clip_by_global_norm(optim_cfg.grad_clip) if optim_cfg.grad_clip > 0 else optax.identity(),
         optax.adamw(warmup_schedule(learning_rate, warm), b1=optim_cfg.b1, b2=optim_cfg.b2,
-                    weight_decay=optim_cfg.weight_decay))
+                    eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay))
 
   tx = optax.inject_hyperparams(adamw, hyperparam_dtype=jnp.float32)(
       learning_rate=optim_cfg.lr if lr is None else lr)

@@ -57,7 +57,8 @@ ADDED_KEYS = {"run_seed": -1, "task.overlong_prompts": "error", "model.yield_to_
               "r1.pretrain.tool_frac": 0.0, "tools.env": "", "tools.format": "plain",
               "tools.stop_markers": ["</tool_call>"], "tools.max_turns": 4, "tools.max_obs_tokens": 32,
               "tools.timeout_s": 10.0, "tools.fallback_reward": 0.0, "tools.workers": 8, "tools.sandbox.time_s": 2.0,
-              "tools.sandbox.memory_mb": 512, "tools.sandbox.file_mb": 1, "tools.sandbox.output_chars": 512, "tools.chunk": 8}
+              "tools.sandbox.memory_mb": 512, "tools.sandbox.file_mb": 1, "tools.sandbox.output_chars": 512, "tools.chunk": 8,
+              "optim.eps": 1e-8}
 
 
 def flatten(config: Any) -> dict[str, Any]:

@@ -273,7 +273,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
     _fail("sampling.exit_chunk", f"must be an integer >= 0 (decode steps between early-exit checks; 0 = none) or -1 "
           f"(auto), got {chunk!r}.")
   for k in ("rl.eps_low", "rl.eps_high", "rl.beta", "rl.std_eps", "rl.dual_clip", "rl.kl_clamp",
-            "optim.weight_decay", "optim.grad_clip", "sampling.temperature", "rl.process_weight",
+            "sampling.temperature", "rl.process_weight",
             "rl.reward_timeout_s", "optim.warmup_steps", "ppo.value_clip", "ppo.vf_coef"):
     _nonneg(c, k)
   learning_rate(c, "optim.lr")
@@ -288,8 +288,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   _prob(c, "sampling.top_p", low_open=True)
   _prob(c, "rl.overlong_frac")
   _prob(c, "rl.random_reward_rate")
-  _prob(c, "optim.b1")
-  _prob(c, "optim.b2")
+  validate_optim(c)
   _prob(c, "ppo.lam")
   _prob(c, "ppo.gamma")
   if not isinstance(c.sampling.top_k, int) or c.sampling.top_k < 0 or c.sampling.top_k > c.model.vocab_size:
@@ -701,8 +700,19 @@ def validate_groups(c) -> None:
           "(the train-split examples the RL batches draw from; () = all of them).")
 
 
+def validate_optim(c) -> None:
+  """The AdamW keys every training job reads (rl/update.py make_optimizer; the SFT stage uses them with sft.lr):
+  checked for an SFT job as for an RL one."""
+  _nonneg(c, "optim.weight_decay")
+  _nonneg(c, "optim.grad_clip")
+  _prob(c, "optim.b1")
+  _prob(c, "optim.b2")
+  _finite_positive(c, "optim.eps", "AdamW's epsilon in g / (sqrt(v) + eps)")
+
+
 def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:
   validate_model(c)
+  validate_optim(c)
   _task(c, "worked_solutions", "no reference solutions to train on for")
   for k in ("sft.steps", "sft.batch", "task.prompt_len"):
     _positive_int(c, k)
