@@ -136,14 +136,19 @@ def test_train_mask_by_hand():
 # --------------------------------------------------------------------------------- the JAX carry itself
 
 
-def _advance_steps(c, n: int, mesh=None, budget: int = 3):
-  """n carry steps (advance alone, fixed weights, budget 3) on `mesh` (None: one device): the outputs, the final
-  carry, and what built them."""
+# EOS = 13 of the 64 ids: the random model's rows end after 1 to 12 tokens (the one EOS id nearly always runs them
+# to L, which makes every schedule first in, first out: no younger group ever completes ahead of an older one)
+MANY_EOS = (digits.EOS,) + tuple(range(52, 64))
+
+
+def _advance_steps(c, n: int, mesh=None, budget: int = 3, eos=digits.EOS):
+  """n carry steps (advance alone, fixed weights, budget 3) on `mesh` (None: one device), rows ending at `eos` (an
+  id or ids): the outputs, the final carry, and what built them."""
   mcfg = model_lib.ModelConfig.from_config(c.model)
   params = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
   split = 1 if mesh is None else dict(mesh.shape)["data"] * dict(mesh.shape)["fsdp"]
   spec = carry_lib.spec_for(c, FIELDS, split)
-  scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=digits.Tokenizer(64).eos_id, pad_id=0)
+  scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=eos, pad_id=0)
   batches = _stream(c, n + spec.Q // spec.B)
   outs = []
   with sharding.mesh_context(mesh) if mesh is not None else _nothing():
@@ -160,7 +165,8 @@ def _advance_steps(c, n: int, mesh=None, budget: int = 3):
         b = device_batch(mesh, b)
       carry, out = adv(carry, b, v, jax.random.PRNGKey(100 + v))
       outs.append(jax.device_get(out))
-  return dict(c=c, spec=spec, carry=jax.device_get(carry), outs=outs, params=params, mcfg=mcfg, budget=budget)
+  return dict(c=c, spec=spec, carry=jax.device_get(carry), outs=outs, params=params, mcfg=mcfg, budget=budget,
+              eos=scfg.eos_ids)
 
 
 class _nothing:
@@ -171,9 +177,10 @@ class _nothing:
     return False
 
 
-def _replay(run: dict) -> tuple[dict, dict]:
+def _replay(run: dict, wait: bool | None = None) -> tuple[dict, dict]:
   """(the JAX carry's schedule, carry.simulate's on the lengths the model sampled): groups trained per step, decode
-  steps per step, the histogram of the trained tokens' version lags."""
+  steps per step, the histogram of the trained tokens' version lags. `wait`: the replay's staleness policy (None:
+  the run's)."""
   spec, outs, carry = run["spec"], run["outs"], run["carry"]
   L, G, D = spec.L, spec.G, spec.D
   lengths = {}
@@ -186,7 +193,8 @@ def _replay(run: dict) -> tuple[dict, dict]:
   # the groups admitted in n steps (Q, then B a step): the replay runs exactly those n steps
   stream = np.concatenate([lengths[g] for g in range(len(lengths))])
   r = carry_lib.simulate(stream, B=spec.B, G=G, max_staleness=spec.Q // spec.B - 1, slots=spec.S,
-                         budget=run["budget"], max_new=L, block=spec.blk, split=D, wait=spec.wait)
+                         budget=run["budget"], max_new=L, block=spec.blk, split=D,
+                         wait=spec.wait if wait is None else wait)
   lags = np.concatenate([(v - o.ver_NxL)[o.rollout.mask_NxL > 0] for v, o in enumerate(outs)])
   jx = dict(trained=[list(map(int, o.fields["gid_N"])) for o in outs], steps=[int(o.steps) for o in outs],
             lag_hist=np.bincount(lags).tolist(), updates=len(outs))
@@ -196,11 +204,11 @@ def _replay(run: dict) -> tuple[dict, dict]:
 
 @pytest.fixture(scope="module", params=["wait", "mask"])
 def carried(request):
-  """5 carry steps (max_staleness 1, 8 slots for 16 rows a step, budget 3) with fixed weights: what advance did,
-  under either staleness policy."""
+  """5 carry steps (max_staleness 1, 8 slots for 16 rows a step, budget 3) with fixed weights, rows of varied
+  lengths (MANY_EOS): what advance did, under either staleness policy."""
   c = _config(partial_rollouts=True, max_staleness=1, staleness_policy=request.param)
   c.sampling.slots = 8
-  return _advance_steps(c, 5)
+  return _advance_steps(c, 5, eos=MANY_EOS)
 
 
 def test_advance_matches_its_numpy_replay(carried):
@@ -209,6 +217,9 @@ def test_advance_matches_its_numpy_replay(carried):
   jx, r = _replay(carried)
   assert jx == r
   assert len(jx["lag_hist"]) > 1  # rows really were carried across steps
+  # the staleness rule decided the schedule: the other policy's replay of these lengths trains other groups (with
+  # rows that all end at L, first in first out, the JAX carry could drop 'wait' and this test still pass)
+  assert _replay(carried, wait=not carried["spec"].wait)[1]["trained"] != jx["trained"]
   if carried["spec"].wait:
     assert len(jx["lag_hist"]) <= 2  # lags 0 and 1 only (max_staleness 1)
 
@@ -216,16 +227,33 @@ def test_advance_matches_its_numpy_replay(carried):
 def test_trained_rows_are_complete_and_recorded(carried):
   """Every trained row ended (EOS or L tokens), its tokens are drawn left to right with nothing after the end, and
   the recorded behaviour log-prob is a log-prob (<= 0) of each drawn token; 8 slots stay full while rows queue."""
-  eos = digits.Tokenizer(64).eos_id
   for o in carried["outs"]:
     ro = o.rollout
     m = ro.mask_NxL
     assert np.all(np.diff(m, axis=1) <= 0) and np.all(m[:, 0] == 1)
-    last = ro.tokens_NxL[np.arange(len(m)), ro.lengths_N - 1]
-    np.testing.assert_array_equal(ro.truncated_N, last != eos)
-    assert np.all((ro.lengths_N == carried["spec"].L) | (last == eos))
+    last_eos = np.isin(ro.tokens_NxL[np.arange(len(m)), ro.lengths_N - 1], carried["eos"])
+    np.testing.assert_array_equal(ro.truncated_N, ~last_eos)
+    assert np.all((ro.lengths_N == carried["spec"].L) | last_eos)
     assert np.all(ro.logp_NxL[m > 0] <= 0) and np.all(ro.logp_NxL[m == 0] == 0)
     assert o.new_tokens <= o.row_steps + o.admitted_rows
+
+
+def test_every_group_drawn_trains_once_with_its_prompt(carried):
+  """Conservation: each group admitted is trained once, whole (B a step) or is still in the table, none lost or
+  trained twice; a trained group brings its own prompt and verifier fields; the rows left in the table are the
+  carried rows plus the ready groups'."""
+  spec, outs, carry = carried["spec"], carried["outs"], carried["carry"]
+  stream = _stream(carried["c"], len(outs) + spec.Q // spec.B)
+  prompt = np.concatenate([b["prompt_NxP"] for b in stream])
+  answer = np.concatenate([b["answer_ids_NxA"] for b in stream])
+  trained = [int(g) for o in outs for g in o.fields["gid_N"]]
+  left = sorted(int(g) for g in carry.fields["gid_N"][carry.age_Q >= 0])
+  assert len(trained) == len(outs) * spec.B == len(set(trained))
+  assert sorted(trained + left) == list(range(spec.Q + spec.B * (len(outs) - 1)))
+  for o in outs:
+    np.testing.assert_array_equal(o.fields["prompt_NxP"], prompt[o.fields["gid_N"]])
+    np.testing.assert_array_equal(o.fields["answer_ids_NxA"], answer[o.fields["gid_N"]])
+  assert int(outs[-1].carried_rows) + int(outs[-1].ready_groups) * spec.G == len(left) * spec.G
 
 
 def test_recompute_rebuilds_the_kept_kv(carried):
