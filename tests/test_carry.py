@@ -277,6 +277,37 @@ def test_recompute_rebuilds_the_kept_kv(carried):
       np.testing.assert_allclose(np.asarray(cv[l][s, :, :t]), np.asarray(carry.cv[l][s, :, :t]), atol=2e-5)
 
 
+@pytest.mark.parametrize("carried", ["wait"], indirect=True)  # the policy does not matter here: one compile
+def test_recompute_decodes_on_the_new_weights(carried):
+  """After the weights moved, 'recompute' draws every new token from the current policy, also in the rows carried
+  over the update: their tokens of this step score, under the training forward at the new weights, the log-prob
+  the sampler recorded (fp32 rounding). (The test above keeps the weights; a recompute that re-prefilled with the
+  old weights, or kept the old prompt KV, passes it. Under 'keep' these tokens differ by ~5e-3 here.)"""
+  c, spec, mcfg = carried["c"], carried["spec"], carried["mcfg"]
+  v = len(carried["outs"])  # the next step's version
+  params = jax.tree.map(lambda x, k: x + 0.05 * jnp.std(x) * jax.random.normal(k, x.shape), carried["params"],
+                        jax.tree.unflatten(jax.tree.structure(carried["params"]), list(
+                            jax.random.split(jax.random.PRNGKey(7), len(jax.tree.leaves(carried["params"]))))))
+  scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=carried["eos"], pad_id=0)
+  batch = carry_lib.host_batch([_stream(c, v + spec.Q // spec.B)[-1]], spec)
+
+  @jax.jit
+  def step_and_score(params, carry, batch):
+    _, out = carry_lib.advance(mcfg, params, carry, batch, v, jax.random.PRNGKey(100 + v), scfg, spec, budget=3,
+                               kv="recompute")
+    ro = out.rollout
+    seq = rollout_lib.full_sequence(jnp.repeat(out.fields["prompt_NxP"], spec.G, 0),
+                                    jnp.repeat(out.fields["prompt_mask_NxP"], spec.G, 0), ro.tokens_NxL, ro.mask_NxL)
+    return out, rollout_lib.completion_logprobs(mcfg, params, seq, spec.P, c.sampling.temperature)[0]
+  out, logp_NxL = jax.device_get(step_and_score(params, jax.tree.map(jnp.asarray, carried["carry"]), batch))
+  m, ver = out.rollout.mask_NxL > 0, out.ver_NxL
+  now_NxL = m & (ver == v) & np.any(m & (ver < v), axis=1, keepdims=True)  # this step's tokens of carried rows
+  assert now_NxL.sum() >= 8, now_NxL.sum()
+  gap = np.abs(logp_NxL - out.rollout.logp_NxL)
+  assert gap[now_NxL].max() < 5e-6 and gap[m & (ver == v)].max() < 5e-6, gap[now_NxL].max()
+  assert gap[m & (ver < v)].max() > 1e-3  # the older tokens were drawn by the old weights: the weights did move
+
+
 # ------------------------------------------------------------------------------------------- the step
 
 
