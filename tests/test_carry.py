@@ -383,6 +383,8 @@ def test_carry_with_lora():
     ("rl.dynamic_sampling", True, "rl.dynamic_sampling"),
     ("sampling.decode_attention", "paged", "sampling.decode_attention"),
     ("rl.carry_kv_groups", 3, "config.rl.carry_kv_groups: 3 must divide each device's 32 slots"),  # auto slots: 32
+    # the bound is the table's rows, 2 x 32 (it said "the 64 rollout rows (prompts_per_step*G, ...)": 32)
+    ("sampling.slots", 65, "65 exceeds the 64 rollout rows (the partial-rollout carry's table: (1 + rl.max_staleness)"),
     ("rl.rollout_budget", 2 ** 31, "config.rl.rollout_budget: 2147483648 is past 2**31 - 1"),  # was an OverflowError
     ("rl.max_staleness", 10 ** 7, "config.rl.max_staleness: the rollout carry's table"),  # was an OOM at the state
 ])
