@@ -124,13 +124,19 @@ def test_staleness_zero_simulates_the_synchronous_schedule():
 
 def test_train_mask_by_hand():
   """Tokens lagging more than max_staleness updates leave the loss mask (not the completion mask); lags count only
-  drawn tokens."""
-  class Ro:  # the two fields train_mask reads
+  drawn tokens; the step's staleness metrics over the 5 drawn tokens: lags [2, 1, 0] and [0, 0]."""
+  import types
+
+  class Ro:  # the fields train_mask and metrics read
     mask_NxL = jnp.array([[1., 1., 1., 0.], [1., 1., 0., 0.]])
     version_NxL = jnp.array([[3, 4, 5, 0], [5, 5, 0, 0]], jnp.int32)
+    carry_stats = types.SimpleNamespace(carried_rows=3, ready_groups=1, budget=4, new_tokens=9)
   loss_mask, lag = partial.train_mask(Ro, jnp.int32(5), 1)
   np.testing.assert_array_equal(np.asarray(lag), [[2, 1, 0, 0], [0, 0, 0, 0]])
   np.testing.assert_array_equal(np.asarray(loss_mask), [[0., 1., 1., 0.], [1., 1., 0., 0.]])
+  m = jax.device_get(partial.metrics(Ro, lag, loss_mask))
+  assert m["train/version_lag_mean"] == pytest.approx(3 / 5) and m["train/version_lag_max"] == 2
+  assert m["train/stale_masked_frac"] == pytest.approx(1 / 5)
 
 
 # --------------------------------------------------------------------------------- the JAX carry itself
