@@ -369,6 +369,12 @@ def test_carry_step_compiles_once_and_carries(carry1_step):
   assert all(m["train/carried_rows"] > 0 for m in ms)
   assert all(abs(m["train/ratio_mean"] - 1.0) < 1e-5 for m in ms)  # π_old is the pre-update weights' forward
   assert all(np.isfinite(m["train/loss"]) for m in ms)
+  # train/mismatch_kl (μ recorded by the sampler against π_prox, the pre-update forward): fp32 rounding (~1e-14)
+  # while every trained token was drawn by the weights training it — step 0, and step 1, after step 0's update of a
+  # zero gradient (no group had reward variance) —, and the lag's own mismatch (~5e-5) once carried tokens were
+  # drawn before an update that moved the weights (steps 2, 3)
+  kl = [float(m["train/mismatch_kl"]) for m in ms]
+  assert float(ms[0]["train/grad_norm"]) == 0 and max(kl[:2]) < 1e-10 and min(kl[2:]) > 1e-6, kl
 
 
 def test_carry_with_lora():
