@@ -556,7 +556,10 @@ def validate_correction(c) -> None:
   if c.sampling.dtype == "float32" and c.model.attention == "cudnn":
     _fail("sampling.dtype", "'float32' with model.attention='cudnn' (cuDNN attention has no float32 kernel); set "
           "sampling.dtype='' or model.attention=auto.")
-  _finite_positive(c, "rl.is_cap", "tis truncates the weight at it: w = min(rho, is_cap)")
+  cap = _finite_positive(c, "rl.is_cap", "tis truncates the weight at it: w = min(rho, is_cap)")
+  if cap < 1:  # as the windows below must hold rho = 1: a cap under it would scale every on-policy token down
+    _fail("rl.is_cap", f"{cap} is below 1: tis would weigh every on-policy token (rho = 1) by min(1, is_cap) = {cap}; "
+          "set it >= 1 (TIS's C is 2).")
   windows = (("mis", "the window of rho that mis keeps"), ("icepop", "IcePop's [alpha, beta]"),
              ("seq_mask", "the window of the geometric-mean rho that seq_mask keeps"))
   for name, what in windows:
