@@ -624,6 +624,23 @@ def test_planner_holds_the_carry_resident_by_hand():
   assert "slot kv cache (S x L)" not in p.rollout and "prompt kv cache (B x P)" not in p.rollout
 
 
+def test_auto_decode_layout_never_picks_tp_for_the_carry():
+  """sampling.decode_layout=auto on an fsdp mesh where the gathered weights do not fit picks a tensor-parallel
+  decode group, whose KV heads repeat per group where its degree exceeds them; the carry keeps its KV with the
+  model's heads (a set 'tp' is refused), so it crashed at trace time (a TypeError from live_attention's KV update,
+  after the preflight passed). With the carry the planner picks among the other layouts."""
+  from grpo_jax.rl import memory_plan
+  c = config_lib.override(config_lib.load_config("configs/grpo_arith.py", "small"), {
+      "sampling.engine": "continuous", "rl.prompts_per_step": 8, "rl.G": 2, "model.hidden": 2048,
+      "model.inter": 8192, "model.layers": 8, "model.heads": 16, "model.kv_heads": 8, "model.vocab_size": 512})
+  mesh = dict(data=1, fsdp=8, tensor=1)
+  need = lambda c, layout: memory_plan.plan(c, mesh, plat="cpu", decode=layout).total_bytes
+  hbm = (need(c, decode_layout.Layout("gathered")) + need(c, decode_layout.Layout("tp", 2))) // 2  # tp=2 fits only
+  assert memory_plan.choose_decode(c, mesh, hbm, "cpu")[0].kind == "tp"
+  carried = config_lib.override(c, {"rl.partial_rollouts": True})
+  assert memory_plan.choose_decode(carried, mesh, hbm, "cpu")[0].kind == "fsdp"
+
+
 def test_roofline_decode_work_replays_the_carry():
   """roofline.decode_work with partial rollouts: the carry's schedule over a stream of lengths, per update; with
   max_staleness 0 every step trains its own batch (lag 0, the stream's tokens), like the synchronous engine."""
