@@ -317,11 +317,27 @@ def test_recompute_decodes_on_the_new_weights(carried):
 # ------------------------------------------------------------------------------------------- the step
 
 
-@pytest.fixture(scope="module")
-def sync_and_carry0():
+# Beside GRPO: REINFORCE++ (a per-token KL in the reward, batch whitening: the advantages read the whole batch's
+# rows and the reference's log-probs), packed training passes, 3 prompts x G 3 (no power of two), and mu 2 over 3
+# minibatches (the ratio leaves 1: pi_old matters)
+_REINFORCE_PP = dict(algo="reinforce_pp", prompts=3, G=3, packing="on", mu=2, minibatches=3)
+
+
+@pytest.fixture(scope="module", params=["grpo", "reinforce_pp"])
+def sync_and_carry0(request):
   """Three steps of today's synchronous step and of the carry with max_staleness 0 (and an unlimited budget)."""
-  a = _run(_config(), 3)
-  b = _run(_config(partial_rollouts=True, max_staleness=0, rollout_budget=10_000), 3)
+  def config(**rl):
+    c = _config(**rl)
+    if request.param == "reinforce_pp":
+      from grpo_jax.config import presets
+      v = _REINFORCE_PP
+      c = config_lib.override(c, presets.overrides(v["algo"]))
+      c.rl.update(prompts_per_step=v["prompts"], G=v["G"], packing=v["packing"], mu=v["mu"],
+                  minibatches=v["minibatches"])
+    return c
+  seed = 1 if request.param == "grpo" else 2  # seed 2: every step's 3 groups have reward variance
+  a = _run(config(), 3, stream_seed=seed)
+  b = _run(config(partial_rollouts=True, max_staleness=0, rollout_budget=10_000), 3, stream_seed=seed)
   return a, b
 
 
