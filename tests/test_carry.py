@@ -124,26 +124,37 @@ def test_staleness_zero_simulates_the_synchronous_schedule():
 
 def test_train_mask_by_hand():
   """Tokens lagging more than max_staleness updates leave the loss mask (not the completion mask); lags count only
-  drawn tokens."""
-  class Ro:  # the two fields train_mask reads
+  drawn tokens; the step's staleness metrics over the 5 drawn tokens: lags [2, 1, 0] and [0, 0]."""
+  import types
+
+  class Ro:  # the fields train_mask and metrics read
     mask_NxL = jnp.array([[1., 1., 1., 0.], [1., 1., 0., 0.]])
     version_NxL = jnp.array([[3, 4, 5, 0], [5, 5, 0, 0]], jnp.int32)
+    carry_stats = types.SimpleNamespace(carried_rows=3, ready_groups=1, budget=4, new_tokens=9)
   loss_mask, lag = partial.train_mask(Ro, jnp.int32(5), 1)
   np.testing.assert_array_equal(np.asarray(lag), [[2, 1, 0, 0], [0, 0, 0, 0]])
   np.testing.assert_array_equal(np.asarray(loss_mask), [[0., 1., 1., 0.], [1., 1., 0., 0.]])
+  m = jax.device_get(partial.metrics(Ro, lag, loss_mask))
+  assert m["train/version_lag_mean"] == pytest.approx(3 / 5) and m["train/version_lag_max"] == 2
+  assert m["train/stale_masked_frac"] == pytest.approx(1 / 5)
 
 
 # --------------------------------------------------------------------------------- the JAX carry itself
 
 
-def _advance_steps(c, n: int, mesh=None, budget: int = 3):
-  """n carry steps (advance alone, fixed weights, budget 3) on `mesh` (None: one device): the outputs, the final
-  carry, and what built them."""
+# EOS = 13 of the 64 ids: the random model's rows end after 1 to 12 tokens (the one EOS id nearly always runs them
+# to L, which makes every schedule first in, first out: no younger group ever completes ahead of an older one)
+MANY_EOS = (digits.EOS,) + tuple(range(52, 64))
+
+
+def _advance_steps(c, n: int, mesh=None, budget: int = 3, eos=digits.EOS):
+  """n carry steps (advance alone, fixed weights, budget 3) on `mesh` (None: one device), rows ending at `eos` (an
+  id or ids): the outputs, the final carry, and what built them."""
   mcfg = model_lib.ModelConfig.from_config(c.model)
   params = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
   split = 1 if mesh is None else dict(mesh.shape)["data"] * dict(mesh.shape)["fsdp"]
   spec = carry_lib.spec_for(c, FIELDS, split)
-  scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=digits.Tokenizer(64).eos_id, pad_id=0)
+  scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=eos, pad_id=0)
   batches = _stream(c, n + spec.Q // spec.B)
   outs = []
   with sharding.mesh_context(mesh) if mesh is not None else _nothing():
@@ -160,7 +171,8 @@ def _advance_steps(c, n: int, mesh=None, budget: int = 3):
         b = device_batch(mesh, b)
       carry, out = adv(carry, b, v, jax.random.PRNGKey(100 + v))
       outs.append(jax.device_get(out))
-  return dict(c=c, spec=spec, carry=jax.device_get(carry), outs=outs, params=params, mcfg=mcfg, budget=budget)
+  return dict(c=c, spec=spec, carry=jax.device_get(carry), outs=outs, params=params, mcfg=mcfg, budget=budget,
+              eos=scfg.eos_ids)
 
 
 class _nothing:
@@ -171,9 +183,10 @@ class _nothing:
     return False
 
 
-def _replay(run: dict) -> tuple[dict, dict]:
+def _replay(run: dict, wait: bool | None = None) -> tuple[dict, dict]:
   """(the JAX carry's schedule, carry.simulate's on the lengths the model sampled): groups trained per step, decode
-  steps per step, the histogram of the trained tokens' version lags."""
+  steps per step, the histogram of the trained tokens' version lags. `wait`: the replay's staleness policy (None:
+  the run's)."""
   spec, outs, carry = run["spec"], run["outs"], run["carry"]
   L, G, D = spec.L, spec.G, spec.D
   lengths = {}
@@ -186,7 +199,8 @@ def _replay(run: dict) -> tuple[dict, dict]:
   # the groups admitted in n steps (Q, then B a step): the replay runs exactly those n steps
   stream = np.concatenate([lengths[g] for g in range(len(lengths))])
   r = carry_lib.simulate(stream, B=spec.B, G=G, max_staleness=spec.Q // spec.B - 1, slots=spec.S,
-                         budget=run["budget"], max_new=L, block=spec.blk, split=D, wait=spec.wait)
+                         budget=run["budget"], max_new=L, block=spec.blk, split=D,
+                         wait=spec.wait if wait is None else wait)
   lags = np.concatenate([(v - o.ver_NxL)[o.rollout.mask_NxL > 0] for v, o in enumerate(outs)])
   jx = dict(trained=[list(map(int, o.fields["gid_N"])) for o in outs], steps=[int(o.steps) for o in outs],
             lag_hist=np.bincount(lags).tolist(), updates=len(outs))
@@ -196,11 +210,11 @@ def _replay(run: dict) -> tuple[dict, dict]:
 
 @pytest.fixture(scope="module", params=["wait", "mask"])
 def carried(request):
-  """5 carry steps (max_staleness 1, 8 slots for 16 rows a step, budget 3) with fixed weights: what advance did,
-  under either staleness policy."""
+  """5 carry steps (max_staleness 1, 8 slots for 16 rows a step, budget 3) with fixed weights, rows of varied
+  lengths (MANY_EOS): what advance did, under either staleness policy."""
   c = _config(partial_rollouts=True, max_staleness=1, staleness_policy=request.param)
   c.sampling.slots = 8
-  return _advance_steps(c, 5)
+  return _advance_steps(c, 5, eos=MANY_EOS)
 
 
 def test_advance_matches_its_numpy_replay(carried):
@@ -209,6 +223,9 @@ def test_advance_matches_its_numpy_replay(carried):
   jx, r = _replay(carried)
   assert jx == r
   assert len(jx["lag_hist"]) > 1  # rows really were carried across steps
+  # the staleness rule decided the schedule: the other policy's replay of these lengths trains other groups (with
+  # rows that all end at L, first in first out, the JAX carry could drop 'wait' and this test still pass)
+  assert _replay(carried, wait=not carried["spec"].wait)[1]["trained"] != jx["trained"]
   if carried["spec"].wait:
     assert len(jx["lag_hist"]) <= 2  # lags 0 and 1 only (max_staleness 1)
 
@@ -216,16 +233,33 @@ def test_advance_matches_its_numpy_replay(carried):
 def test_trained_rows_are_complete_and_recorded(carried):
   """Every trained row ended (EOS or L tokens), its tokens are drawn left to right with nothing after the end, and
   the recorded behaviour log-prob is a log-prob (<= 0) of each drawn token; 8 slots stay full while rows queue."""
-  eos = digits.Tokenizer(64).eos_id
   for o in carried["outs"]:
     ro = o.rollout
     m = ro.mask_NxL
     assert np.all(np.diff(m, axis=1) <= 0) and np.all(m[:, 0] == 1)
-    last = ro.tokens_NxL[np.arange(len(m)), ro.lengths_N - 1]
-    np.testing.assert_array_equal(ro.truncated_N, last != eos)
-    assert np.all((ro.lengths_N == carried["spec"].L) | (last == eos))
+    last_eos = np.isin(ro.tokens_NxL[np.arange(len(m)), ro.lengths_N - 1], carried["eos"])
+    np.testing.assert_array_equal(ro.truncated_N, ~last_eos)
+    assert np.all((ro.lengths_N == carried["spec"].L) | last_eos)
     assert np.all(ro.logp_NxL[m > 0] <= 0) and np.all(ro.logp_NxL[m == 0] == 0)
     assert o.new_tokens <= o.row_steps + o.admitted_rows
+
+
+def test_every_group_drawn_trains_once_with_its_prompt(carried):
+  """Conservation: each group admitted is trained once, whole (B a step) or is still in the table, none lost or
+  trained twice; a trained group brings its own prompt and verifier fields; the rows left in the table are the
+  carried rows plus the ready groups'."""
+  spec, outs, carry = carried["spec"], carried["outs"], carried["carry"]
+  stream = _stream(carried["c"], len(outs) + spec.Q // spec.B)
+  prompt = np.concatenate([b["prompt_NxP"] for b in stream])
+  answer = np.concatenate([b["answer_ids_NxA"] for b in stream])
+  trained = [int(g) for o in outs for g in o.fields["gid_N"]]
+  left = sorted(int(g) for g in carry.fields["gid_N"][carry.age_Q >= 0])
+  assert len(trained) == len(outs) * spec.B == len(set(trained))
+  assert sorted(trained + left) == list(range(spec.Q + spec.B * (len(outs) - 1)))
+  for o in outs:
+    np.testing.assert_array_equal(o.fields["prompt_NxP"], prompt[o.fields["gid_N"]])
+    np.testing.assert_array_equal(o.fields["answer_ids_NxA"], answer[o.fields["gid_N"]])
+  assert int(outs[-1].carried_rows) + int(outs[-1].ready_groups) * spec.G == len(left) * spec.G
 
 
 def test_recompute_rebuilds_the_kept_kv(carried):
@@ -249,14 +283,61 @@ def test_recompute_rebuilds_the_kept_kv(carried):
       np.testing.assert_allclose(np.asarray(cv[l][s, :, :t]), np.asarray(carry.cv[l][s, :, :t]), atol=2e-5)
 
 
+@pytest.mark.parametrize("carried", ["wait"], indirect=True)  # the policy does not matter here: one compile
+def test_recompute_decodes_on_the_new_weights(carried):
+  """After the weights moved, 'recompute' draws every new token from the current policy, also in the rows carried
+  over the update: their tokens of this step score, under the training forward at the new weights, the log-prob
+  the sampler recorded (fp32 rounding). (The test above keeps the weights; a recompute that re-prefilled with the
+  old weights, or kept the old prompt KV, passes it. Under 'keep' these tokens differ by ~5e-3 here.)"""
+  c, spec, mcfg = carried["c"], carried["spec"], carried["mcfg"]
+  v = len(carried["outs"])  # the next step's version
+  params = jax.tree.map(lambda x, k: x + 0.05 * jnp.std(x) * jax.random.normal(k, x.shape), carried["params"],
+                        jax.tree.unflatten(jax.tree.structure(carried["params"]), list(
+                            jax.random.split(jax.random.PRNGKey(7), len(jax.tree.leaves(carried["params"]))))))
+  scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=carried["eos"], pad_id=0)
+  batch = carry_lib.host_batch([_stream(c, v + spec.Q // spec.B)[-1]], spec)
+
+  @jax.jit
+  def step_and_score(params, carry, batch):
+    _, out = carry_lib.advance(mcfg, params, carry, batch, v, jax.random.PRNGKey(100 + v), scfg, spec, budget=3,
+                               kv="recompute")
+    ro = out.rollout
+    seq = rollout_lib.full_sequence(jnp.repeat(out.fields["prompt_NxP"], spec.G, 0),
+                                    jnp.repeat(out.fields["prompt_mask_NxP"], spec.G, 0), ro.tokens_NxL, ro.mask_NxL)
+    return out, rollout_lib.completion_logprobs(mcfg, params, seq, spec.P, c.sampling.temperature)[0]
+  out, logp_NxL = jax.device_get(step_and_score(params, jax.tree.map(jnp.asarray, carried["carry"]), batch))
+  m, ver = out.rollout.mask_NxL > 0, out.ver_NxL
+  now_NxL = m & (ver == v) & np.any(m & (ver < v), axis=1, keepdims=True)  # this step's tokens of carried rows
+  assert now_NxL.sum() >= 8, now_NxL.sum()
+  gap = np.abs(logp_NxL - out.rollout.logp_NxL)
+  assert gap[now_NxL].max() < 5e-6 and gap[m & (ver == v)].max() < 5e-6, gap[now_NxL].max()
+  assert gap[m & (ver < v)].max() > 1e-3  # the older tokens were drawn by the old weights: the weights did move
+
+
 # ------------------------------------------------------------------------------------------- the step
 
 
-@pytest.fixture(scope="module")
-def sync_and_carry0():
+# Beside GRPO: REINFORCE++ (a per-token KL in the reward, batch whitening: the advantages read the whole batch's
+# rows and the reference's log-probs), packed training passes, 3 prompts x G 3 (no power of two), and mu 2 over 3
+# minibatches (the ratio leaves 1: pi_old matters)
+_REINFORCE_PP = dict(algo="reinforce_pp", prompts=3, G=3, packing="on", mu=2, minibatches=3)
+
+
+@pytest.fixture(scope="module", params=["grpo", "reinforce_pp"])
+def sync_and_carry0(request):
   """Three steps of today's synchronous step and of the carry with max_staleness 0 (and an unlimited budget)."""
-  a = _run(_config(), 3)
-  b = _run(_config(partial_rollouts=True, max_staleness=0, rollout_budget=10_000), 3)
+  def config(**rl):
+    c = _config(**rl)
+    if request.param == "reinforce_pp":
+      from grpo_jax.config import presets
+      v = _REINFORCE_PP
+      c = config_lib.override(c, presets.overrides(v["algo"]))
+      c.rl.update(prompts_per_step=v["prompts"], G=v["G"], packing=v["packing"], mu=v["mu"],
+                  minibatches=v["minibatches"])
+    return c
+  seed = 1 if request.param == "grpo" else 2  # seed 2: every step's 3 groups have reward variance
+  a = _run(config(), 3, stream_seed=seed)
+  b = _run(config(partial_rollouts=True, max_staleness=0, rollout_budget=10_000), 3, stream_seed=seed)
   return a, b
 
 
@@ -304,6 +385,12 @@ def test_carry_step_compiles_once_and_carries(carry1_step):
   assert all(m["train/carried_rows"] > 0 for m in ms)
   assert all(abs(m["train/ratio_mean"] - 1.0) < 1e-5 for m in ms)  # π_old is the pre-update weights' forward
   assert all(np.isfinite(m["train/loss"]) for m in ms)
+  # train/mismatch_kl (μ recorded by the sampler against π_prox, the pre-update forward): fp32 rounding (~1e-14)
+  # while every trained token was drawn by the weights training it — step 0, and step 1, after step 0's update of a
+  # zero gradient (no group had reward variance) —, and the lag's own mismatch (~5e-5) once carried tokens were
+  # drawn before an update that moved the weights (steps 2, 3)
+  kl = [float(m["train/mismatch_kl"]) for m in ms]
+  assert float(ms[0]["train/grad_norm"]) == 0 and max(kl[:2]) < 1e-10 and min(kl[2:]) > 1e-6, kl
 
 
 def test_carry_with_lora():
@@ -324,6 +411,8 @@ def test_carry_with_lora():
     ("rl.dynamic_sampling", True, "rl.dynamic_sampling"),
     ("sampling.decode_attention", "paged", "sampling.decode_attention"),
     ("rl.carry_kv_groups", 3, "config.rl.carry_kv_groups: 3 must divide each device's 32 slots"),  # auto slots: 32
+    # the bound is the table's rows, 2 x 32 (it said "the 64 rollout rows (prompts_per_step*G, ...)": 32)
+    ("sampling.slots", 65, "65 exceeds the 64 rollout rows (the partial-rollout carry's table: (1 + rl.max_staleness)"),
     ("rl.rollout_budget", 2 ** 31, "config.rl.rollout_budget: 2147483648 is past 2**31 - 1"),  # was an OverflowError
     ("rl.max_staleness", 10 ** 7, "config.rl.max_staleness: the rollout carry's table"),  # was an OOM at the state
 ])
@@ -549,6 +638,23 @@ def test_planner_holds_the_carry_resident_by_hand():
   assert p.resident["carry prompts and their KV (Q x P)"] == Q // 2 * 16 * 8 + kv(Q, 16)
   assert p.resident["carry slot kv (S x L)"] == kv(S, 64)
   assert "slot kv cache (S x L)" not in p.rollout and "prompt kv cache (B x P)" not in p.rollout
+
+
+def test_auto_decode_layout_never_picks_tp_for_the_carry():
+  """sampling.decode_layout=auto on an fsdp mesh where the gathered weights do not fit picks a tensor-parallel
+  decode group, whose KV heads repeat per group where its degree exceeds them; the carry keeps its KV with the
+  model's heads (a set 'tp' is refused), so it crashed at trace time (a TypeError from live_attention's KV update,
+  after the preflight passed). With the carry the planner picks among the other layouts."""
+  from grpo_jax.rl import memory_plan
+  c = config_lib.override(config_lib.load_config("configs/grpo_arith.py", "small"), {
+      "sampling.engine": "continuous", "rl.prompts_per_step": 8, "rl.G": 2, "model.hidden": 2048,
+      "model.inter": 8192, "model.layers": 8, "model.heads": 16, "model.kv_heads": 8, "model.vocab_size": 512})
+  mesh = dict(data=1, fsdp=8, tensor=1)
+  need = lambda c, layout: memory_plan.plan(c, mesh, plat="cpu", decode=layout).total_bytes
+  hbm = (need(c, decode_layout.Layout("gathered")) + need(c, decode_layout.Layout("tp", 2))) // 2  # tp=2 fits only
+  assert memory_plan.choose_decode(c, mesh, hbm, "cpu")[0].kind == "tp"
+  carried = config_lib.override(c, {"rl.partial_rollouts": True})
+  assert memory_plan.choose_decode(carried, mesh, hbm, "cpu")[0].kind == "fsdp"
 
 
 def test_roofline_decode_work_replays_the_carry():

@@ -44,6 +44,13 @@ def test_view_drops_what_a_kind_does_not_read_and_bookkeeping():
     ({"rl": {"max_staleness": 2, "carry_kv": "recompute"}}, []),  # no carry in the state
     ({"rl": {"partial_rollouts": True, "max_staleness": 2, "carry_kv": "recompute"}, "sampling": {"slots": 16},
       "_old": {"rl": {"partial_rollouts": True}}}, ["rl.max_staleness", "sampling.slots"]),  # the carry's shapes
+    # the carry's KV dtype: a bf16 sampler's (it was allowed, then every checkpoint failed its checksum as
+    # "unusable"); naming the model's own dtype changes nothing
+    ({"rl": {"partial_rollouts": True}, "sampling": {"dtype": "bfloat16"}, "_old": {"rl": {"partial_rollouts": True}}},
+     ["sampling.dtype"]),
+    ({"rl": {"partial_rollouts": True}, "sampling": {"dtype": "float32"}, "_old": {"rl": {"partial_rollouts": True}}},
+     []),
+    ({"sampling": {"dtype": "bfloat16"}}, []),  # no carry: the sampler's dtype is no leaf of the state
 ])
 def test_structural_keys(changes, hard):
   old = run_config.view(_cfg(**changes.get("_old", {})), "rl")

@@ -85,6 +85,7 @@ BAD = [
     ("rl.rollout_correction", "vtrace", "config.rl.rollout_correction: unknown value 'vtrace'"),
     ("rl.is_cap", 0.0, "config.rl.is_cap: must be a finite number > 0"),
     ("rl.is_cap", float("inf"), "config.rl.is_cap: must be a finite number > 0"),
+    ("rl.is_cap", 0.5, "config.rl.is_cap: 0.5 is below 1: tis would weigh every on-policy token"),
     ("rl.mis_lo", 2.5, "config.rl.mis_lo: 2.5 and rl.mis_hi=2.0 must satisfy rl.mis_lo < 1 < rl.mis_hi"),
     ("rl.mis_lo", -0.5, "config.rl.mis_lo: must be a finite number >= 0"),
     ("rl.icepop_hi", 0.8, "config.rl.icepop_lo: 0.5 and rl.icepop_hi=0.8 must satisfy"),

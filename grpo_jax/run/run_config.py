@@ -173,7 +173,10 @@ def structural(keys: Iterable[str], old: Mapping[str, Any], new: Mapping[str, An
         or (k == "rl.beta" and _zero(o) != _zero(n))
         or (k.startswith("optim.") and k.split(".")[-1] in _OPTIMIZER_KIND_KEYS)
         or (k == "rl.partial_rollouts" and bool(o) != bool(n))
-        or (k in _CARRY_SHAPE_KEYS and old.get("rl.partial_rollouts") and new.get("rl.partial_rollouts"))):
+        or (k in _CARRY_SHAPE_KEYS and old.get("rl.partial_rollouts") and new.get("rl.partial_rollouts"))
+        # the carry's KV is in the sampler's dtype ('' = the model's): another dtype, other leaves
+        or (k == "sampling.dtype" and old.get("rl.partial_rollouts") and new.get("rl.partial_rollouts")
+            and (o or old.get("model.dtype")) != (n or new.get("model.dtype")))):
       out.append(k)
   return out
 

@@ -314,8 +314,11 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
           f"mesh data*fsdp={data_par}; change prompts_per_step or the mesh.")
   validate_row_splits(c, c.rl.prompts_per_step * c.rl.G, data_par)
   validate_partial(c, data_par)
-  # the carry's slots serve the whole table of (1 + max_staleness) batches of rows
-  validate_engine(c, rows * (1 + c.rl.max_staleness if c.rl.get("partial_rollouts", False) else 1), data_par)
+  if c.rl.get("partial_rollouts", False):  # the carry's slots serve its whole table of (1 + max_staleness) batches
+    validate_engine(c, rows * (1 + c.rl.max_staleness), data_par,
+                    "the partial-rollout carry's table: (1 + rl.max_staleness)*prompts_per_step*G")
+  else:
+    validate_engine(c, rows, data_par)
   validate_eval(c, data_par)
   total = c.task.prompt_len + c.sampling.max_new_tokens
   if total > c.model.max_len:
@@ -461,16 +464,16 @@ def validate_decode_layout(c, mesh: dict[str, int]) -> None:
           "'fsdp' or 'auto'.")
 
 
-def validate_engine(c, rows: int, data_par: int) -> None:
-  """sampling.engine / slots / compaction (rollout/engine.py): a known engine, slots that fit the rows and the
-  mesh's row split (every compaction size is a multiple of it: engine.compaction_sizes)."""
+def validate_engine(c, rows: int, data_par: int,
+                    what: str = "prompts_per_step*G, times rl.oversample under dynamic sampling") -> None:
+  """sampling.engine / slots / compaction (rollout/engine.py): a known engine, slots that fit the rows (`what`: how
+  they are counted) and the mesh's row split (every compaction size is a multiple of it: engine.compaction_sizes)."""
   _choice(c, "sampling.engine", ENGINES)
   slots, levels = c.sampling.get("slots", 0), c.sampling.get("compaction", 0)
   if not isinstance(slots, int) or slots < 0:
     _fail("sampling.slots", f"must be an integer >= 0 (0 = auto: rl/auto.py's choice), got {slots!r}.")
   if slots > rows:
-    _fail("sampling.slots", f"{slots} exceeds the {rows} rollout rows (prompts_per_step*G, times rl.oversample "
-          "under dynamic sampling); use at most that, or 0.")
+    _fail("sampling.slots", f"{slots} exceeds the {rows} rollout rows ({what}); use at most that, or 0.")
   if slots % data_par:
     _fail("sampling.slots", f"{slots} must be divisible by mesh data*fsdp={data_par} (each device decodes its "
           "share of the slots); use a multiple of it, or 0.")
@@ -552,7 +555,10 @@ def validate_correction(c) -> None:
   if c.sampling.dtype == "float32" and c.model.attention == "cudnn":
     _fail("sampling.dtype", "'float32' with model.attention='cudnn' (cuDNN attention has no float32 kernel); set "
           "sampling.dtype='' or model.attention=auto.")
-  _finite_positive(c, "rl.is_cap", "tis truncates the weight at it: w = min(rho, is_cap)")
+  cap = _finite_positive(c, "rl.is_cap", "tis truncates the weight at it: w = min(rho, is_cap)")
+  if cap < 1:  # as the windows below must hold rho = 1: a cap under it would scale every on-policy token down
+    _fail("rl.is_cap", f"{cap} is below 1: tis would weigh every on-policy token (rho = 1) by min(1, is_cap) = {cap}; "
+          "set it >= 1 (TIS's C is 2).")
   windows = (("mis", "the window of rho that mis keeps"), ("icepop", "IcePop's [alpha, beta]"),
              ("seq_mask", "the window of the geometric-mean rho that seq_mask keeps"))
   for name, what in windows:
