@@ -140,6 +140,17 @@ CASES = [
     ("grpo", {"job": "nope"}, "config.job"),
     ("grpo", {"rewards": (("nosuch", 1.0),)}, "config.rewards[0]: unknown reward term 'nosuch'"),
     ("grpo", {"rewards": (("accuracy",),)}, "config.rewards[0]"),
+    # reward lists: a NaN weight stopped the run at step 1, () or all-0 weights trained nothing, a repeated term
+    # doubled its score under one metric, a malformed entry beside rl.process_weight / in r1.*.rewards was a traceback
+    ("grpo", {"rewards": (("accuracy", float("nan")),)}, "config.rewards[0]: must be a (name, weight) pair with a "
+                                                          "finite weight"),
+    ("grpo", {"rewards": (("accuracy", 1e39),)}, "config.rewards[0]"),  # inf in float32
+    ("grpo", {"rewards": ()}, "config.rewards: is (): every reward would be 0"),
+    ("grpo", {"rewards": (("accuracy", 0.0), ("format", 0))}, "config.rewards: is (('accuracy', 0.0), ('format', 0))"),
+    ("grpo", {"rewards": (("accuracy", 1.0), ("accuracy", 1.0))}, "config.rewards[1]: names 'accuracy' a second time"),
+    ("grpo", {"rl.process_weight": 0.5, "rewards": (("process",),)}, "config.rewards[0]"),
+    ("r1", {"r1.zero.rewards": (("format",),)}, "config.r1.zero.rewards[0]"),
+    ("r1", {"r1.final.rewards": ()}, "config.r1.final.rewards: is ()"),
     ("gsm8k", {"task.data_dir": "{p}/gsm8k_small_test", "rewards": (("incorrect", 1.0),)},
      "config.rewards: the 'incorrect' term parses answers in-graph"),
     ("grpo", {"task.train_indices": (5, 5)}, "config.task.train_indices: (5, 5): give distinct integers"),
