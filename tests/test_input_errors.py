@@ -121,6 +121,9 @@ CASES = [
     ("grpo", {"model.dtype": "float16"}, "config.model.dtype"),
     ("grpo", {"model.remat": "some"}, "config.model.remat"),
     ("grpo", {"model.vocab_size": 500}, "config.model.vocab_size"),
+    # sizes no host can trace: a MemoryError traceback from the memory planner (numpy's RoPE table of head_dim / 2)
+    ("grpo", {"model.hidden": 10**12}, "config.model: tracing its shapes for the memory plan ran out of host memory"),
+    ("grpo", {"model.head_dim": 10**12}, "check them for a typo"),
     ("grpo", {"model.attention": "flash"}, "model.attention"),
     ("grpo", {"model.layer_unroll": "some"}, "model.layer_unroll"),
     ("grpo", {"task.name": "sudoku"}, "task.name"),

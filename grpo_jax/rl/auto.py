@@ -184,11 +184,17 @@ def check_choosable(config, mesh: dict[str, int], hbm_bytes: int | None = -1) ->
   set memory knob whose step the planner puts over the device's memory (check_fits). `hbm_bytes`: per device; -1
   this process's; None unknown (a command checked to run elsewhere: the choosers and the fit go unchecked)."""
   ctx = Context(mesh, decode_layout.device_memory_bytes() if hbm_bytes == -1 else hbm_bytes)
-  resolved, _ = resolve(config, ctx, log=False)
-  for knob in REGISTRY.values():
-    if knob.check is not None and knob.applies(resolved):
-      knob.check(resolved, ctx)
-  check_fits(config, resolved, ctx)
+  try:
+    resolved, _ = resolve(config, ctx, log=False)
+    for knob in REGISTRY.values():
+      if knob.check is not None and knob.applies(resolved):
+        knob.check(resolved, ctx)
+    check_fits(config, resolved, ctx)
+  except MemoryError as e:  # the planner traces the model's shapes: a typo'd size (hidden=10**12) was a traceback
+    m = config.model
+    raise ConfigError(f"config.model: tracing its shapes for the memory plan ran out of host memory ({e}); "
+                      f"hidden={m.hidden}, head_dim={m.head_dim}, inter={m.inter}, layers={m.layers}, "
+                      f"vocab_size={m.vocab_size}: check them for a typo.") from None
 
 
 # what a step that fits no split needs: less of the batch, or less memory per token
