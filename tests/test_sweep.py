@@ -269,6 +269,15 @@ def test_sweep_text_is_typed_and_bad_input_is_one_line():
     assert "\n" not in str(e.value) and not os.path.exists("/tmp/x_never_written")
 
 
+@pytest.mark.parametrize("mode", ["report", "print"])
+def test_a_workdir_that_is_a_file_is_one_line_in_every_mode(mode, tmp_path):
+  """report and print write into --workdir too: a file there was a NotADirectoryError traceback (exit 1)."""
+  (tmp_path / "f").write_text("mine")
+  with pytest.raises(errors.InputError, match="is a file, not a directory"):
+    sweep.run(_config(), str(tmp_path / "f"), sweep_text="rl.beta=0.1", mode=mode, log=lambda _: None)
+  assert (tmp_path / "f").read_text() == "mine"
+
+
 def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path, capsys):
   """A point whose value validation refuses (its SFT stage's batch 0, valid as sweep text): one line naming the run
   and the key; not the sweep directory, sweep.json or any run directory is written (every point is preflighted
