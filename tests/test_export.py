@@ -45,12 +45,17 @@ def test_export_refuses_what_it_cannot_export(tmp_path):
     export.run_job(c, run)
 
 
-def test_cli_prints_one_line_and_exits_2(tmp_path):
+def test_cli_prints_one_line_and_exits_2(tmp_path, capsys):
   r = subprocess.run([sys.executable, "-m", "grpo_jax.hf.export", str(tmp_path / "none"), str(tmp_path / "out")],
                      capture_output=True, text=True, cwd=REPO, timeout=120,
                      env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
   assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
   assert r.stderr.startswith("Error: ") and "config.json is missing" in r.stderr
+  # a flag argparse refuses: one line naming it (was the usage block, then the error)
+  with pytest.raises(SystemExit) as e:
+    export.main([str(tmp_path / "none"), str(tmp_path / "out"), "--step=abc"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "argument --step: invalid int value: 'abc'" in err and err.count("\n") == 1, err
 
 
 def test_reexport_into_a_stale_sharded_export_replaces_it_whole(tmp_path):

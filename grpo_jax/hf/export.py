@@ -271,8 +271,7 @@ def describe(summary: dict, out_dir: str) -> str:
 
 
 def main(argv=None) -> int:
-  import argparse
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = errors.ArgParser(description=__doc__.splitlines()[0])
   ap.add_argument("run_dir")
   ap.add_argument("out_dir")
   ap.add_argument("--step", type=int, default=0, help="checkpoint step (0 = the newest)")
