@@ -134,6 +134,10 @@ CASES = [
     ("grpo", {"mesh.data": 0}, "config.mesh.data"),
     ("grpo", {"ppo.lam": 1.5}, "config.ppo.lam"),
     ("grpo", {"train.steps": 0}, "config.train.steps"),
+    # JAX keeps a seed's low 32 bits (2**32 ran seed 0's run, -7 ran 2**32 - 7's); 2**63 was an OverflowError late
+    ("grpo", {"seed": 2**32}, "config.seed: must be an integer in [0, 2**31), got 4294967296"),
+    ("grpo", {"seed": -7}, "config.seed"),
+    ("grpo", {"run_seed": 2**63}, "config.run_seed: must be an integer in [0, 2**31) or -1 (= seed)"),
     ("grpo", {"train.ckpt_every": 0}, "config.train.ckpt_every"),
     ("grpo", {"train.keep_checkpoints": 0}, "config.train.keep_checkpoints"),
     ("grpo", {"eval.batch": 250}, "eval.batch=250"),

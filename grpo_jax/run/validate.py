@@ -689,6 +689,9 @@ def validate_tokenizer(c, tokenizer) -> None:
     raise ConfigError(f"config.{e}") from None
 
 
+MAX_SEED = 2**31
+
+
 def validate_groups(c) -> None:
   """Keys every job reads, whatever it runs: the counts of sft/train/log and the task's data policy (a negative
   sft.steps must not silently mean "no SFT stage")."""
@@ -704,6 +707,12 @@ def validate_groups(c) -> None:
       _fail(k, f"must be True or False, got {_get(c, k)!r}.")
   if not isinstance(c.log.wandb_project, str):
     _fail("log.wandb_project", f"must be a project name or '' (off), got {c.log.wandb_project!r}.")
+  # JAX's PRNGKey keeps a seed's low 32 bits: seed 2**32 was seed 0's run, -7 was 2**32 - 7's; past 2**63 it raised
+  # OverflowError after config.json was written. The runs add small offsets (seed + 1, + 7), hence 2**31.
+  for k, unset in (("seed", None), ("run_seed", -1)):
+    v = c.get(k, unset)
+    if v != unset and not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_SEED):
+      _fail(k, f"must be an integer in [0, 2**31){' or -1 (= seed)' if unset == -1 else ''}, got {v!r}.")
   _choice(c, "task.overlong_prompts", data.OVERLONG)
   for k in ("task.prompt_len", "task.train_size", "task.test_size"):
     _positive_int(c, k)
