@@ -118,3 +118,21 @@ def test_an_edited_or_unreadable_config_json_is_one_line(tmp_path):
     with pytest.raises(errors.InputError, match=msg):
       export.export(run, str(tmp_path / "out"))
   assert not os.path.exists(tmp_path / "out")
+
+
+def test_an_export_error_line_is_the_last_line(monkeypatch, tmp_path, capsys):
+  """A run whose every checkpoint is damaged: orbax's event loop, closed at exit, printed 'an exception was ignored
+  during cleanup' after the one error line; export.main now silences the libraries before it prints."""
+  from grpo_jax.infra import console
+  from grpo_jax.infra import errors
+
+  def damaged(*_, **__):
+    raise errors.InputError("no restorable checkpoint with params in RUN/checkpoints")
+  monkeypatch.setattr(export, "export", damaged)
+  monkeypatch.setattr(console, "setup_logging", lambda verbose: None)
+  try:
+    assert export.main([str(tmp_path / "run"), str(tmp_path / "out")]) == 2
+    assert console._silenced.is_set()  # pylint: disable=protected-access
+  finally:
+    console._silenced.clear()  # pylint: disable=protected-access
+  assert capsys.readouterr().err == "Error: no restorable checkpoint with params in RUN/checkpoints\n"

@@ -315,6 +315,7 @@ def main(argv=None) -> int:
     verdict = errors.classify(e)
     if verdict is None:
       raise  # a bug: the traceback is the report
+    console.silence_libraries()  # the error line is the last one (orbax's event loop, closed at exit, printed after)
     print(f"Error: {errors.one_line(str(e))}" if isinstance(e, errors.InputError) else verdict[1], file=sys.stderr)
     return verdict[0]
   print(describe(s, a.out_dir))
