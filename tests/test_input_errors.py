@@ -92,6 +92,8 @@ def paths(tmp_path_factory):
 CASES = [
     # config values
     ("grpo", {"rl.G": 1}, "config.rl.G"),
+    # 10**12 rows: the split planner listed every number up to the rows, then planned every pair (no end in sight)
+    ("grpo", {"rl.G": 10**12}, "config.rl.rollout_chunks=1, rl.minibatches=1 (set): the step plans"),
     ("grpo", {"rl.prompts_per_step": -2}, "config.rl.prompts_per_step"),
     ("grpo", {"rl.algo": "grpoo"}, "config.rl.algo"),
     ("grpo", {"rl.kl_estimator": "k4"}, "config.rl.kl_estimator"),

@@ -454,7 +454,8 @@ def split_counts(config, ctx: Context) -> list[int]:
   """The counts that cut prompts_per_step*G rows into equal parts of a multiple of the mesh's row split
   (data × fsdp; validate.py's rule for both knobs): the divisors of rows / split, smallest first."""
   per = config.rl.prompts_per_step * config.rl.G // (ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1))
-  return [d for d in range(1, per + 1) if per % d == 0]
+  low = [d for d in range(1, math.isqrt(per) + 1) if per % d == 0]  # with per // d: sqrt(per) steps, not per
+  return sorted(set(low + [per // d for d in low]))
 
 
 def split_candidates(config, ctx: Context) -> list[tuple[int, int]]:
@@ -474,7 +475,10 @@ def choose_split(config, ctx: Context, candidates: list[tuple[int, int]]) -> tup
   if ctx.hbm_bytes is None:
     return candidates[0], "no device memory limit known: the fewest"
   over = ""
-  for c, m in candidates:
+  c, m = candidates[-1]
+  p, fits, text = _planned(_with(config, dict(zip(SPLIT_KEYS, (c, m)))), ctx)
+  # the most split plans the least: when it does not fit, none does (a typo'd rl.G=10**12 planned ~10**4 pairs)
+  for c, m in candidates if fits else ():
     p, fits, text = _planned(_with(config, dict(zip(SPLIT_KEYS, (c, m)))), ctx)
     if fits:
       return (c, m), f"planned {text} per device{over}"
