@@ -207,3 +207,16 @@ def test_command_line_errors_are_named():
   assert ablate.usage_error(["ablate"], None, "/tmp/w").startswith("--config is required")
   assert ablate.usage_error(["ablate"], cfg, "").startswith("--workdir is required")
   assert ablate.usage_error(["ablate"], cfg, "/tmp/w") == ""
+
+
+def test_a_config_file_that_does_not_load_is_one_line(tmp_path):
+  """The real CLI: a missing config file was absl's 45-line traceback (exit 1); now main's one line, exit 2."""
+  import subprocess
+  import sys
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, "-m", "grpo_jax.ablate", "--config=configs/ablations/nope.py",
+                        f"--workdir={tmp_path / 'w'}"], cwd=root, capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr[-2000:]
+  assert out.stderr.startswith("Error: --config:") and "configs/ablations/nope.py" in out.stderr
+  assert not os.path.exists(tmp_path / "w")

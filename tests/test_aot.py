@@ -187,6 +187,10 @@ def test_chip_table_and_bad_topology():
   assert aot.chip_of("v6e:2x2").bf16_tflops == 918
   with pytest.raises(ValueError, match="--topology='v9:2x2'"):
     aot.chip_of("v9:2x2")
+  # --lengths with a bad number said only "math domain error" / "could not convert string to float"
+  for spec in ("lognormal:-5:1", "lognormal:abc:1", "lognormal:100:-1", "lognormal:nan:1"):
+    with pytest.raises(ValueError, match=f"--lengths='{spec}': MEDIAN must be a number > 0"):
+      aot.stated_lengths(spec, 4, 64)
 
 
 def test_abstract_batch_shards_rows_when_they_divide():
@@ -232,6 +236,11 @@ def test_cli_without_compile(capsys):
   assert "GEN:AxB" in capsys.readouterr().err
   assert aot.main(["--topology=v5e:4x4", "--mesh", "data=3,fsdp=-1", "--no-compile"]) == 2
   assert "config.mesh" in capsys.readouterr().err
+  for args in (["--decode-tp", "-3"], ["--stream-batches", "0"], ["--G", "0"]):  # one line naming the flag
+    with pytest.raises(SystemExit) as e:
+      aot.main(["--no-compile", *args])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and f"argument {args[0]}" in err and len(err.strip().splitlines()) == 1, err
 
 
 NEEDS_LIBTPU = conftest.requires("libtpu", "libtpu is not importable: pip install libtpu==0.0.42.1 (the version jax "

@@ -107,6 +107,10 @@ def test_candidates_are_the_divisors_the_mesh_split_allows():
   assert auto.split_counts(c, auto.Context(dict(data=1, fsdp=4, tensor=1), None)) == [1, 2, 4]
   assert auto.split_counts(config_lib.override(c, {"rl.prompts_per_step": 3}),
                            auto.Context(dict(data=2, fsdp=1, tensor=1), None)) == [1, 2, 3, 6]
+  for ppg, G in ((9, 4), (25, 1), (7, 1), (720, 7)):  # against every number up to the rows: squares, primes
+    n = ppg * G
+    got = auto.split_counts(config_lib.override(c, {"rl.prompts_per_step": ppg, "rl.G": G}), auto.Context(MESH1, None))
+    assert got == [d for d in range(1, n + 1) if n % d == 0], (ppg, G)
 
 
 def _validated(**over):

@@ -480,3 +480,20 @@ def test_rotation_keeps_the_newest_known_good(tmp_path):
     ckpt.wait()
     assert ckpt.newest_good() == 2
     assert ckpt.all_steps() == [2, 4]
+
+
+def test_a_step_from_a_newer_version_is_refused_not_set_aside(tmp_path, states):
+  """A step whose checksums use an algorithm this version does not know (a newer grpo_jax wrote it) mismatched on
+  every leaf: it was moved to corrupt/ as damaged and the run went on from the step before. Now one InputError naming
+  the step and the fix; nothing is moved."""
+  _save_steps(tmp_path, states, [1, 2], async_save=False)
+  path = tmp_path / '2' / 'meta' / 'metadata'
+  meta = json.loads(path.read_text())
+  meta['integrity'] = {**meta['integrity'], 'algo': 'fmix64-sum-v2'}
+  path.write_text(json.dumps(meta))
+  with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
+    for step in (None, 2):
+      with pytest.raises(errors.InputError, match=r"step 2 .* written with checksums 'fmix64-sum-v2', which this "
+                                                  r"version does not know .* a newer grpo_jax wrote it"):
+        ckpt.restore(step, abstract_of(states[2]))
+  assert sorted(os.listdir(tmp_path)) == ['1', '2']

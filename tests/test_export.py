@@ -45,12 +45,17 @@ def test_export_refuses_what_it_cannot_export(tmp_path):
     export.run_job(c, run)
 
 
-def test_cli_prints_one_line_and_exits_2(tmp_path):
+def test_cli_prints_one_line_and_exits_2(tmp_path, capsys):
   r = subprocess.run([sys.executable, "-m", "grpo_jax.hf.export", str(tmp_path / "none"), str(tmp_path / "out")],
                      capture_output=True, text=True, cwd=REPO, timeout=120,
                      env=dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu"))
   assert r.returncode == 2 and r.stderr.strip().count("\n") == 0, r.stderr
   assert r.stderr.startswith("Error: ") and "config.json is missing" in r.stderr
+  # a flag argparse refuses: one line naming it (was the usage block, then the error)
+  with pytest.raises(SystemExit) as e:
+    export.main([str(tmp_path / "none"), str(tmp_path / "out"), "--step=abc"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "argument --step: invalid int value: 'abc'" in err and err.count("\n") == 1, err
 
 
 def test_reexport_into_a_stale_sharded_export_replaces_it_whole(tmp_path):
@@ -85,3 +90,49 @@ def test_reexport_into_a_stale_sharded_export_replaces_it_whole(tmp_path):
   with pytest.raises(config_lib.ConfigError, match="is not empty and is not an earlier export"):
     export.export(str(run), str(other))
   assert os.listdir(other) == ["todo.txt"]
+
+
+def test_an_edited_or_unreadable_config_json_is_one_line(tmp_path):
+  """RUN_DIR/config.json that is not JSON (or has no model) was a JSONDecodeError / AttributeError traceback; one
+  whose model keys were edited after the run made every checkpoint read as 'damaged or unreadable' (the shapes
+  differ), with advice about init checkpoints. Now each is one line naming the file (and the keys, against the
+  config stored with the newest checkpoint)."""
+  from grpo_jax.infra import errors
+  from grpo_jax.run import run_config
+  run = _run_dir(tmp_path, steps=(5,))
+  c = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
+  step = os.path.join(run, "checkpoints", "5")
+  os.makedirs(os.path.join(step, "meta"))
+  with open(os.path.join(step, "meta", "metadata"), "w") as f:
+    f.write(json.dumps({"step": 5, "config": run_config.view(c, "rl")}))
+  open(os.path.join(step, "commit_success.txt"), "w").close()
+  path = os.path.join(run, "config.json")
+  edited = json.loads(open(path).read())
+  edited["model"]["hidden"] = 32
+  open(path, "w").write(json.dumps(edited))
+  with pytest.raises(errors.InputError, match=r"config.json differs from the config stored with checkpoint 5 in "
+                                              r"model.hidden \(64 stored, 32 in config.json\): it was edited"):
+    export.export(run, str(tmp_path / "out"))
+  for text, msg in (("{not json", "does not read"), ("[1]", "holds no 'model' section"), ("{}", "no 'model'")):
+    open(path, "w").write(text)
+    with pytest.raises(errors.InputError, match=msg):
+      export.export(run, str(tmp_path / "out"))
+  assert not os.path.exists(tmp_path / "out")
+
+
+def test_an_export_error_line_is_the_last_line(monkeypatch, tmp_path, capsys):
+  """A run whose every checkpoint is damaged: orbax's event loop, closed at exit, printed 'an exception was ignored
+  during cleanup' after the one error line; export.main now silences the libraries before it prints."""
+  from grpo_jax.infra import console
+  from grpo_jax.infra import errors
+
+  def damaged(*_, **__):
+    raise errors.InputError("no restorable checkpoint with params in RUN/checkpoints")
+  monkeypatch.setattr(export, "export", damaged)
+  monkeypatch.setattr(console, "setup_logging", lambda verbose: None)
+  try:
+    assert export.main([str(tmp_path / "run"), str(tmp_path / "out")]) == 2
+    assert console._silenced.is_set()  # pylint: disable=protected-access
+  finally:
+    console._silenced.clear()  # pylint: disable=protected-access
+  assert capsys.readouterr().err == "Error: no restorable checkpoint with params in RUN/checkpoints\n"

@@ -92,6 +92,8 @@ def paths(tmp_path_factory):
 CASES = [
     # config values
     ("grpo", {"rl.G": 1}, "config.rl.G"),
+    # 10**12 rows: the split planner listed every number up to the rows, then planned every pair (no end in sight)
+    ("grpo", {"rl.G": 10**12}, "config.rl.rollout_chunks=1, rl.minibatches=1 (set): the step plans"),
     ("grpo", {"rl.prompts_per_step": -2}, "config.rl.prompts_per_step"),
     ("grpo", {"rl.algo": "grpoo"}, "config.rl.algo"),
     ("grpo", {"rl.kl_estimator": "k4"}, "config.rl.kl_estimator"),
@@ -121,6 +123,9 @@ CASES = [
     ("grpo", {"model.dtype": "float16"}, "config.model.dtype"),
     ("grpo", {"model.remat": "some"}, "config.model.remat"),
     ("grpo", {"model.vocab_size": 500}, "config.model.vocab_size"),
+    # sizes no host can trace: a MemoryError traceback from the memory planner (numpy's RoPE table of head_dim / 2)
+    ("grpo", {"model.hidden": 10**12}, "config.model: tracing its shapes for the memory plan ran out of host memory"),
+    ("grpo", {"model.head_dim": 10**12}, "check them for a typo"),
     ("grpo", {"model.attention": "flash"}, "model.attention"),
     ("grpo", {"model.layer_unroll": "some"}, "model.layer_unroll"),
     ("grpo", {"task.name": "sudoku"}, "task.name"),
@@ -131,6 +136,10 @@ CASES = [
     ("grpo", {"mesh.data": 0}, "config.mesh.data"),
     ("grpo", {"ppo.lam": 1.5}, "config.ppo.lam"),
     ("grpo", {"train.steps": 0}, "config.train.steps"),
+    # JAX keeps a seed's low 32 bits (2**32 ran seed 0's run, -7 ran 2**32 - 7's); 2**63 was an OverflowError late
+    ("grpo", {"seed": 2**32}, "config.seed: must be an integer in [0, 2**31), got 4294967296"),
+    ("grpo", {"seed": -7}, "config.seed"),
+    ("grpo", {"run_seed": 2**63}, "config.run_seed: must be an integer in [0, 2**31) or -1 (= seed)"),
     ("grpo", {"train.ckpt_every": 0}, "config.train.ckpt_every"),
     ("grpo", {"train.keep_checkpoints": 0}, "config.train.keep_checkpoints"),
     ("grpo", {"eval.batch": 250}, "eval.batch=250"),
@@ -140,6 +149,17 @@ CASES = [
     ("grpo", {"job": "nope"}, "config.job"),
     ("grpo", {"rewards": (("nosuch", 1.0),)}, "config.rewards[0]: unknown reward term 'nosuch'"),
     ("grpo", {"rewards": (("accuracy",),)}, "config.rewards[0]"),
+    # reward lists: a NaN weight stopped the run at step 1, () or all-0 weights trained nothing, a repeated term
+    # doubled its score under one metric, a malformed entry beside rl.process_weight / in r1.*.rewards was a traceback
+    ("grpo", {"rewards": (("accuracy", float("nan")),)}, "config.rewards[0]: must be a (name, weight) pair with a "
+                                                          "finite weight"),
+    ("grpo", {"rewards": (("accuracy", 1e39),)}, "config.rewards[0]"),  # inf in float32
+    ("grpo", {"rewards": ()}, "config.rewards: is (): every reward would be 0"),
+    ("grpo", {"rewards": (("accuracy", 0.0), ("format", 0))}, "config.rewards: is (('accuracy', 0.0), ('format', 0))"),
+    ("grpo", {"rewards": (("accuracy", 1.0), ("accuracy", 1.0))}, "config.rewards[1]: names 'accuracy' a second time"),
+    ("grpo", {"rl.process_weight": 0.5, "rewards": (("process",),)}, "config.rewards[0]"),
+    ("r1", {"r1.zero.rewards": (("format",),)}, "config.r1.zero.rewards[0]"),
+    ("r1", {"r1.final.rewards": ()}, "config.r1.final.rewards: is ()"),
     ("gsm8k", {"task.data_dir": "{p}/gsm8k_small_test", "rewards": (("incorrect", 1.0),)},
      "config.rewards: the 'incorrect' term parses answers in-graph"),
     ("grpo", {"task.train_indices": (5, 5)}, "config.task.train_indices: (5, 5): give distinct integers"),

@@ -63,6 +63,20 @@ def test_cli_json_and_errors(capsys):
   assert "--mesh: bad entry 'fsdp=x'" in capsys.readouterr().err
   assert plan_cli.main(["--mesh", "fsdp=-1"]) == 2
   assert "explicit sizes" in capsys.readouterr().err
+  # a count of 0 or below planned a step of nothing and exited 0; --hbm-gib inf was an OverflowError traceback;
+  # every usage error is one line naming the flag (it printed argparse's 15-line usage block above it)
+  for args, needle in [(["--prompts", "0"], "argument --prompts: '0': must be an integer >= 1"),
+                       (["--G", "-4"], "argument --G"), (["--L", "0"], "argument --L"),
+                       (["--prompt-len", "-1"], "argument --prompt-len"), (["--slots", "-3"], "argument --slots"),
+                       (["--max-staleness", "-1"], "argument --max-staleness"),
+                       (["--rollout-budget", "-5"], "argument --rollout-budget"),
+                       (["--pack-rows", "-1"], "argument --pack-rows"),
+                       (["--hbm-gib", "inf"], "argument --hbm-gib: 'inf': must be a finite number of GiB >= 0"),
+                       (["--hbm-gib", "-5"], "argument --hbm-gib"), (["--nosuch"], "unrecognized arguments")]:
+    with pytest.raises(SystemExit) as e:
+      plan_cli.main(args)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and needle in err and len(err.strip().splitlines()) == 1, (args, err)
 
 
 @pytest.fixture(scope="module")

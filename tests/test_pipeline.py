@@ -203,6 +203,11 @@ def test_damaged_rejection_data_is_one_line_naming_the_redo(tmp_path):
     corpus.read_records(path)
   msg = str(e.value)
   assert "line 3 is damaged" in msg and "rerun_stages=r1_3_rejection" in msg and "\n" not in msg, msg
+  for text in ("", "\n\n"):  # truncated to nothing: stage 4's epochs over no records were an IndexError traceback
+    open(path, "w").write(text)
+    with pytest.raises(errors.InputError, match="data.jsonl holds no records; write it again with --config.train."
+                                                "rerun_stages=r1_3_rejection"):
+      corpus.read_records(path)
 
 
 def test_rejection_sampling_keeps_only_verified(tmp_path, tok, monkeypatch):

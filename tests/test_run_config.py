@@ -78,6 +78,10 @@ def test_check_refuses_lists_keys_and_allows_explicitly(tmp_path):
     run_config.check(old, hard, {"model.hidden"}, where="X", workdir_hint="d")
   assert "allow_config_change" not in str(e.value)  # no flag can continue it
   assert run_config.check(None, new, set(), where="X", workdir_hint="d") == []  # old checkpoint: warning only
+  # a hand-edited record (a checkpoint's meta or stage.json) whose config is no mapping was an AttributeError
+  for damaged in ("garbage", [1, 2], {1: 2}):
+    with pytest.raises(errors.InputError, match=r"^checkpoint X/4 holds a damaged config record .* new --workdir"):
+      run_config.check(damaged, new, set(), where="checkpoint X/4", workdir_hint="d")
 
 
 def test_parse_allow_names_unknown_keys():
@@ -134,6 +138,10 @@ def test_plan_skips_same_refuses_changed_and_reruns_on_request(tmp_path):
   assert moved.startswith("sft-") and os.path.exists(tmp_path / stages.REPLACED / moved / stages.RECORD)
   c3.train.rerun_stages = "nope"
   with pytest.raises(errors.ConfigError, match="rerun_stages: 'nope'"):
+    stages.plan([st3], c3, str(tmp_path))
+  c3.train.rerun_stages = ""
+  stages.mark_done(st3, config="edited")  # a finished record whose config is no mapping: one line, not a traceback
+  with pytest.raises(errors.InputError, match=r"finished stage sft .* holds a damaged config record \(str 'edited'"):
     stages.plan([st3], c3, str(tmp_path))
 
 

@@ -269,6 +269,15 @@ def test_sweep_text_is_typed_and_bad_input_is_one_line():
     assert "\n" not in str(e.value) and not os.path.exists("/tmp/x_never_written")
 
 
+@pytest.mark.parametrize("mode", ["report", "print"])
+def test_a_workdir_that_is_a_file_is_one_line_in_every_mode(mode, tmp_path):
+  """report and print write into --workdir too: a file there was a NotADirectoryError traceback (exit 1)."""
+  (tmp_path / "f").write_text("mine")
+  with pytest.raises(errors.InputError, match="is a file, not a directory"):
+    sweep.run(_config(), str(tmp_path / "f"), sweep_text="rl.beta=0.1", mode=mode, log=lambda _: None)
+  assert (tmp_path / "f").read_text() == "mine"
+
+
 def test_a_point_with_a_refused_value_fails_before_anything_is_written(tmp_path, capsys):
   """A point whose value validation refuses (its SFT stage's batch 0, valid as sweep text): one line naming the run
   and the key; not the sweep directory, sweep.json or any run directory is written (every point is preflighted
@@ -429,7 +438,7 @@ def test_run_seed_at_its_default_keeps_older_run_records():
   assert config_lib.run_seed(c) == c.seed and config_lib.run_seed(config_lib.override(c, {"run_seed": 4})) == 4
 
 
-def test_report_reads_metrics_stages_and_report_json(tmp_path):
+def test_report_reads_metrics_stages_and_report_json(tmp_path, caplog):
   """sweep_report.collect on hand-written run directories: last / @tail / stage:metric from metrics.jsonl and an
   R1 pipeline's report.json (stage/metric), hand-computed."""
   from grpo_jax.studies import sweep_report  # pylint: disable=g-import-not-at-top
@@ -459,6 +468,12 @@ def test_report_reads_metrics_stages_and_report_json(tmp_path):
   assert float(row[5]) == pytest.approx(0.635310, rel=1e-4)
   with pytest.raises(ValueError, match="@median"):
     sweep_report.parse("train/loss@median")
+  # a name that matches nothing (a typo) was a column left out without a word; now a warning naming it
+  caplog.set_level("WARNING")
+  cells = sweep_report.collect({"p": dirs}, ["eval/accurracy", "eval/accuracy", "report/nope/*"])
+  assert list(cells["p"]["scalars"]) == ["eval/accuracy"]
+  said = [r.getMessage() for r in caplog.records if "matches no metric" in r.getMessage()]
+  assert len(said) == 2 and "'eval/accurracy'" in said[0] and "'report/nope/*'" in said[1], said
 
 
 def test_r1_run_whose_stages_are_done_is_finished_only_with_its_report(tmp_path, monkeypatch):

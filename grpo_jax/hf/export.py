@@ -57,8 +57,35 @@ def run_config(run_dir: str) -> ml_collections.ConfigDict:
   if not os.path.isfile(path):
     raise config_lib.ConfigError(f"{path} is missing; export reads a finished run's directory (the --workdir a "
                                  "run wrote, holding config.json and checkpoints/).")
-  with open(path, encoding="utf-8") as f:
-    return ml_collections.ConfigDict(json.load(f))
+  try:
+    with open(path, encoding="utf-8") as f:
+      d = json.load(f)
+  except (OSError, ValueError) as e:
+    raise errors.InputError(f"{path} does not read ({type(e).__name__}: {e}); export rebuilds the model from it: "
+                            "restore it (running the run's command again rewrites it).") from None
+  if not (isinstance(d, dict) and isinstance(d.get("model"), dict)):
+    raise errors.InputError(f"{path} holds no 'model' section; export rebuilds the model from it: restore it "
+                            "(running the run's command again rewrites it).")
+  _check_model_unedited(run_dir, path, d["model"])
+  return ml_collections.ConfigDict(d)
+
+
+def _check_model_unedited(run_dir: str, path: str, model: dict) -> None:
+  """config.json's model keys against the newest checkpoint's stored config: an edit made the checkpoints read as
+  'every one damaged or unreadable' (the shapes differ), with advice about init checkpoints."""
+  newest = ckpt_lib.newest_meta(os.path.join(run_dir, "checkpoints"))
+  stored = newest[1].get("config") if newest else None
+  if not isinstance(stored, dict):
+    return  # no checkpoint, or one written before configs were stored
+
+  def flat(prefix, node):
+    for k, v in node.items():
+      yield from flat(f"{prefix}.{k}", v) if isinstance(v, dict) else [(f"{prefix}.{k}", v)]
+  changed = [f"{k} ({stored[k]!r} stored, {v!r} in config.json)" for k, v in flat("model", model)
+             if k in stored and stored[k] != v]
+  if changed:
+    raise errors.InputError(f"{path} differs from the config stored with checkpoint {newest[0]} in "
+                            f"{', '.join(changed[:4])}: it was edited after the run; restore those values.")
 
 
 def _host_sharding():
@@ -271,8 +298,7 @@ def describe(summary: dict, out_dir: str) -> str:
 
 
 def main(argv=None) -> int:
-  import argparse
-  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap = errors.ArgParser(description=__doc__.splitlines()[0])
   ap.add_argument("run_dir")
   ap.add_argument("out_dir")
   ap.add_argument("--step", type=int, default=0, help="checkpoint step (0 = the newest)")
@@ -289,6 +315,7 @@ def main(argv=None) -> int:
     verdict = errors.classify(e)
     if verdict is None:
       raise  # a bug: the traceback is the report
+    console.silence_libraries()  # the error line is the last one (orbax's event loop, closed at exit, printed after)
     print(f"Error: {errors.one_line(str(e))}" if isinstance(e, errors.InputError) else verdict[1], file=sys.stderr)
     return verdict[0]
   print(describe(s, a.out_dir))

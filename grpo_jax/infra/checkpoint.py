@@ -298,6 +298,17 @@ class Checkpointer:
           'config changed since it was written (model, critic, optimizer or reference): restore that config, or '
           'use a new --workdir. Nothing was moved or deleted.')
 
+  def _check_format(self, step: int) -> None:
+    """InputError if `step` was written by a newer version (a checksum algorithm this one does not know): its
+    checksums would all mismatch and a good step would be set aside as damaged."""
+    stored = (read_meta(self.directory, step) or {}).get('integrity')
+    algo = stored.get('algo') if isinstance(stored, dict) else None
+    if isinstance(algo, str) and algo != integrity.ALGO:
+      raise errors.InputError(
+          f'checkpoint step {step} in {self.directory} was written with checksums {algo!r}, which this version '
+          f'does not know (it writes {integrity.ALGO!r}): a newer grpo_jax wrote it; resume with that version, or '
+          'use a new --workdir. Nothing was moved or deleted.')
+
   def _split_meta(self, meta: Mapping[str, Any]) -> dict[str, Any]:
     """The caller's meta; the stored run config goes to `self.restored_config` (None if the step predates it)."""
     meta = dict(meta)
@@ -322,6 +333,7 @@ class Checkpointer:
         raise ValueError(f'step={step} is not a committed checkpoint in {self.directory}; '
                          f'available: {_committed_steps(self.directory)}')
       self._check_structure(step, abstract_state)
+      self._check_format(step)
       restored = self._manager.restore(step, args=args)
       why = self._verify(step, restored[STATE], restored[_META])
       if why:
@@ -338,6 +350,7 @@ class Checkpointer:
     bad = []
     for candidate in reversed(steps):
       self._check_structure(candidate, abstract_state)
+      self._check_format(candidate)
       try:
         restored = self._manager.restore(candidate, args=args)
         why = self._verify(candidate, restored[STATE], restored[_META])

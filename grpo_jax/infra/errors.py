@@ -13,6 +13,7 @@ Every module raises into it; only the CLI (`main.py`) turns them into output:
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import errno
 import os
@@ -101,6 +102,27 @@ def storage_error(e: BaseException) -> InputError | None:
       return InputError(f"{_STORAGE_ERRNOS[code]}{where} ({os.strerror(code)}); free space, fix the "
                         "permissions, or point --workdir at a writable directory.")
   return None
+
+
+class ArgParser(argparse.ArgumentParser):
+  """argparse for the tools with positional flags (export, aot, memory_plan): a usage error is one line naming the
+  flag and exit 2, not the usage block (15 lines for aot) above it."""
+
+  def error(self, message: str):
+    self.exit(EXIT_INPUT, f"error: {one_line(message)}; see --help.\n")
+
+
+def int_at_least(low: int):
+  """An argparse type: an integer >= low (a count of 0 or below planned a step of nothing and exited 0)."""
+  def parse(text: str) -> int:
+    try:
+      value = int(text)
+    except ValueError:
+      value = None
+    if value is None or value < low:
+      raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= {low}")
+    return value
+  return parse
 
 
 def classify(e: BaseException) -> tuple[int, str] | None:

@@ -67,8 +67,8 @@ def restore_params_only(directory: str | os.PathLike, abstract_params: Any, step
                     why)
     skipped.append((candidate, why))
   raise errors.InputError(f'no restorable checkpoint with params in {root} (steps found: {steps}, every one '
-                          'damaged or unreadable); point the stage\'s init checkpoint at a finished run\'s checkpoint '
-                          'directory')
+                          'damaged or unreadable: the warnings above say why); restore them from a backup, or read '
+                          'another run\'s checkpoints')
 
 
 def _sidecar(path: epath.Path) -> epath.Path:

@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from grpo_jax.infra import errors
 from grpo_jax.config import config_lib
 from grpo_jax.rl import auto
 from grpo_jax.rollout import carry as carry_lib
@@ -180,7 +181,12 @@ def stated_lengths(spec: str, n: int, L: int) -> np.ndarray:
   parts = spec.split(":")
   if len(parts) != 3 or parts[0] != "lognormal":
     raise ValueError(f"--lengths={spec!r}: write lognormal:MEDIAN:SIGMA (e.g. lognormal:1500:0.654).")
-  median, sigma = float(parts[1]), float(parts[2])
+  try:
+    median, sigma = float(parts[1]), float(parts[2])
+  except ValueError:
+    median = sigma = math.nan
+  if not (math.isfinite(median) and median > 0 and math.isfinite(sigma) and sigma >= 0):
+    raise ValueError(f"--lengths={spec!r}: MEDIAN must be a number > 0 and SIGMA one >= 0 (e.g. lognormal:1500:0.654).")
   draw = np.random.default_rng(0).lognormal(math.log(median), sigma, n)
   return np.clip(np.rint(draw), 1, L).astype(np.int64)
 
@@ -325,11 +331,13 @@ def main(argv=None) -> int:
   ap.add_argument("--topology", default="v5e:4x4", help="e.g. v5e:2x2, v5e:4x4, v5e:8x8, v5p:2x2x2, v4:2x2x2")
   ap.add_argument("--decode-layout", default="auto", choices=list(decode_layout.KINDS),
                   help="sampling.decode_layout: where the weights live while the rollout decodes")
-  ap.add_argument("--decode-tp", type=int, default=0, help="sampling.decode_tp (0 = the smallest that fits)")
+  ap.add_argument("--decode-tp", type=errors.int_at_least(0), default=0,
+                  help="sampling.decode_tp (0 = the smallest that fits)")
   ap.add_argument("--lengths", default="", metavar="lognormal:MEDIAN:SIGMA",
                   help="completion lengths the rollout's roofline terms assume (seed 0, capped at --L); "
                        "default: every row runs to L")
-  ap.add_argument("--stream-batches", type=int, default=1, help="with --lengths: draw this many batches of them "
+  ap.add_argument("--stream-batches", type=errors.int_at_least(1), default=1,
+                  help="with --lengths: draw this many batches of them "
                   "(the rollout terms are averaged per step: the carry of --partial-rollouts over the stream, every "
                   "other engine batch by batch)")
   ap.add_argument("--no-compile", action="store_true", help="memory_plan + roofline only (no libtpu needed)")

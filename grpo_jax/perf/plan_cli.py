@@ -5,7 +5,9 @@ Apart from memory_plan.py because rl/auto.py, which it calls, plans with memory_
   python -m grpo_jax.memory_plan --model=qwen2.5-1.5b --mesh data=1,fsdp=64,tensor=1 --prompts 16 --G 8 \
       --prompt-len 256 --L 512 --hbm-gib 16 [--minibatches auto --rollout-chunks auto]
 """
+import argparse
 import json
+import math
 import sys
 
 from grpo_jax.perf import workload_flags
@@ -15,12 +17,23 @@ from grpo_jax.rl import plan_terms
 from grpo_jax.rl import row_chunks
 
 
+def gib(text: str) -> float:
+  """--hbm-gib: a finite size >= 0 (inf was an OverflowError traceback, a negative one a plan against nothing)."""
+  try:
+    value = float(text)
+  except ValueError:
+    value = math.nan
+  if not (math.isfinite(value) and value >= 0):
+    raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number of GiB >= 0 (0 = no limit)")
+  return value
+
+
 def main(argv=None) -> int:
   ap = workload_flags.parser(__doc__, sorted(memory_plan.PRESETS), sorted(plan_terms.BYTES),
                             "data=1,fsdp=16,tensor=1", "data=..,fsdp=..,tensor=.. (explicit sizes)")
   ap.add_argument("--platform", default="tpu", choices=["tpu", "gpu", "cpu"],
                   help="the backend whose attention path model.attention='auto' picks (attention.choose)")
-  ap.add_argument("--hbm-gib", type=float, default=0.0, help="chip memory to compare against (0 = none)")
+  ap.add_argument("--hbm-gib", type=gib, default=0.0, help="chip memory to compare against (0 = none)")
   a = ap.parse_args(argv)
   try:
     mesh = memory_plan.parse_mesh(a.mesh)

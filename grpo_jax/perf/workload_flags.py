@@ -3,16 +3,21 @@ arguments of memory_plan.workload_config (the peers' GRPO workload on a named mo
 import argparse
 from typing import Any, Sequence
 
+from grpo_jax.infra import errors
+
+
+POSITIVE, NONNEG = errors.int_at_least(1), errors.int_at_least(0)
+
 
 def parser(doc: str, models: Sequence[str], dtypes: Sequence[str], mesh_default: str,
            mesh_help: str) -> argparse.ArgumentParser:
-  ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+  ap = errors.ArgParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("--model", default="qwen2.5-0.5b", choices=list(models))
   ap.add_argument("--mesh", default=mesh_default, help=mesh_help)
-  ap.add_argument("--prompts", type=int, default=16)
-  ap.add_argument("--G", type=int, default=8)
-  ap.add_argument("--prompt-len", type=int, default=256)
-  ap.add_argument("--L", type=int, default=512)
+  ap.add_argument("--prompts", type=POSITIVE, default=16)
+  ap.add_argument("--G", type=POSITIVE, default=8)
+  ap.add_argument("--prompt-len", type=POSITIVE, default=256)
+  ap.add_argument("--L", type=POSITIVE, default=512)
   ap.add_argument("--dtype", default="bfloat16", choices=list(dtypes))
   ap.add_argument("--remat", default="full", choices=["none", "full", "dots"])
   ap.add_argument("--minibatches", type=count_or_auto, default=1, help="rl.minibatches, or auto: the fewest that fit "
@@ -20,17 +25,17 @@ def parser(doc: str, models: Sequence[str], dtypes: Sequence[str], mesh_default:
   ap.add_argument("--rollout-chunks", type=count_or_auto, default=1, help="rl.rollout_chunks: sample and score the "
                   "rollout's rows in this many chunks; auto: the fewest that fit")
   ap.add_argument("--engine", default="static", choices=["static", "continuous"], help="sampling.engine")
-  ap.add_argument("--slots", type=int, default=0, help="sampling.slots (continuous; 0 = rows / rollout chunks)")
+  ap.add_argument("--slots", type=NONNEG, default=0, help="sampling.slots (continuous; 0 = rows / rollout chunks)")
   ap.add_argument("--packing", action="store_true", help="rl.packing: padding-free packed training passes")
-  ap.add_argument("--pack-rows", type=int, default=0, help="rl.pack_rows (0 = the planner's: on the CPU the fewest rows of "
-                  "512 tokens, else an eighth of a device's rows)")
+  ap.add_argument("--pack-rows", type=NONNEG, default=0, help="rl.pack_rows (0 = the planner's: on the CPU the fewest rows "
+                  "of 512 tokens, else an eighth of a device's rows)")
   ap.add_argument("--partial-rollouts", action="store_true", help="rl.partial_rollouts: the rollout carry "
                   "(needs --engine continuous)")
-  ap.add_argument("--max-staleness", type=int, default=1, help="rl.max_staleness (with --partial-rollouts)")
-  ap.add_argument("--rollout-budget", type=int, default=0, help="rl.rollout_budget (with --partial-rollouts; 0 = "
+  ap.add_argument("--max-staleness", type=NONNEG, default=1, help="rl.max_staleness (with --partial-rollouts)")
+  ap.add_argument("--rollout-budget", type=NONNEG, default=0, help="rl.rollout_budget (with --partial-rollouts; 0 = "
                   "auto)")
   ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/config/presets.py); β = 0 ones keep no reference")
-  ap.add_argument("--lora-rank", type=int, default=0, help="LoRA on all projections, alpha = 2·rank (0 = full FT)")
+  ap.add_argument("--lora-rank", type=NONNEG, default=0, help="LoRA on all projections, alpha = 2·rank (0 = full FT)")
   ap.add_argument("--lora-base-dtype", default="float32", choices=["float32", "bfloat16"],
                   help="model.lora.base_dtype: the frozen base as the state holds it")
   ap.add_argument("--json", action="store_true", help="print one JSON object instead of the table")

@@ -199,4 +199,7 @@ def read_records(path: str) -> list[dict]:
             f"{path} line {n} is damaged ({errors.one_line(str(e))[:120]}); write it again with "
             "--config.train.rerun_stages=r1_3_rejection (the old directory is kept under replaced/).") from None
       out.append(rec)
+  if not out:  # truncated to nothing: stage 4's epochs over no records were an IndexError traceback
+    raise errors.InputError(f"{path} holds no records; write it again with "
+                            "--config.train.rerun_stages=r1_3_rejection (the old directory is kept under replaced/).")
   return out

@@ -130,6 +130,7 @@ def validate(config, stages) -> None:
     validate_lib.fail("task.name", "the R1 pipeline needs reference worked solutions; use one of "
                       f"{task_registry.names('worked_solutions')}.")
   for group in RL_STAGES.values():
+    validate_lib.reward_terms(f"r1.{group}.rewards", r1[group].rewards)
     for name, _ in r1[group].rewards:
       if name not in r1_rewards.KNOWN:
         validate_lib.fail(f"r1.{group}.rewards", f"unknown term {name!r}; choose from {sorted(r1_rewards.KNOWN)}.")

@@ -191,11 +191,17 @@ def check_choosable(config, mesh: dict[str, int], hbm_bytes: int | None = -1) ->
   set memory knob whose step the planner puts over the device's memory (check_fits). `hbm_bytes`: per device; -1
   this process's; None unknown (a command checked to run elsewhere: the choosers and the fit go unchecked)."""
   ctx = Context(mesh, decode_layout.device_memory_bytes() if hbm_bytes == -1 else hbm_bytes)
-  resolved, _ = resolve(config, ctx, log=False)
-  for knob in REGISTRY.values():
-    if knob.check is not None and knob.applies(resolved):
-      knob.check(resolved, ctx)
-  check_fits(config, resolved, ctx)
+  try:
+    resolved, _ = resolve(config, ctx, log=False)
+    for knob in REGISTRY.values():
+      if knob.check is not None and knob.applies(resolved):
+        knob.check(resolved, ctx)
+    check_fits(config, resolved, ctx)
+  except MemoryError as e:  # the planner traces the model's shapes: a typo'd size (hidden=10**12) was a traceback
+    m = config.model
+    raise ConfigError(f"config.model: tracing its shapes for the memory plan ran out of host memory ({e}); "
+                      f"hidden={m.hidden}, head_dim={m.head_dim}, inter={m.inter}, layers={m.layers}, "
+                      f"vocab_size={m.vocab_size}: check them for a typo.") from None
 
 
 # what a step that fits no split needs: less of the batch, or less memory per token
@@ -484,7 +490,8 @@ def split_counts(config, ctx: Context) -> list[int]:
   """The counts that cut prompts_per_step*G rows into equal parts of a multiple of the mesh's row split
   (data × fsdp; validate.py's rule for both knobs): the divisors of rows / split, smallest first."""
   per = config.rl.prompts_per_step * config.rl.G // (ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1))
-  return [d for d in range(1, per + 1) if per % d == 0]
+  low = [d for d in range(1, math.isqrt(per) + 1) if per % d == 0]  # with per // d: sqrt(per) steps, not per
+  return sorted(set(low + [per // d for d in low]))
 
 
 def split_candidates(config, ctx: Context) -> list[tuple[int, int]]:
@@ -504,7 +511,10 @@ def choose_split(config, ctx: Context, candidates: list[tuple[int, int]]) -> tup
   if ctx.hbm_bytes is None:
     return candidates[0], "no device memory limit known: the fewest"
   over = ""
-  for c, m in candidates:
+  c, m = candidates[-1]
+  p, fits, text = _planned(_with(config, dict(zip(SPLIT_KEYS, (c, m)))), ctx)
+  # the most split plans the least: when it does not fit, none does (a typo'd rl.G=10**12 planned ~10**4 pairs)
+  for c, m in candidates if fits else ():
     p, fits, text = _planned(_with(config, dict(zip(SPLIT_KEYS, (c, m)))), ctx)
     if fits:
       return (c, m), f"planned {text} per device{over}"

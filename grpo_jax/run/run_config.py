@@ -232,6 +232,10 @@ def check(old: Mapping[str, Any] | None, new: Mapping[str, Any], allow: set[str]
     logging.warning("%s has no stored run config (written by an older version); resuming without checking that "
                     "the config is unchanged.", where)
     return []
+  if not (isinstance(old, Mapping) and all(isinstance(k, str) for k in old)):  # a hand edit, not something we write
+    raise errors.InputError(f"{where} holds a damaged config record ({type(old).__name__} {_short(old)}, not the "
+                            "key -> value mapping this code writes); restore the file from a backup or use a new "
+                            f"--workdir (not {workdir_hint}).")
   changed = diff(old, new)
   if not changed:
     return []

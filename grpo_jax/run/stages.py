@@ -192,7 +192,8 @@ def plan(stages: Sequence[Stage], config, workdir: str) -> dict[str, str]:
       continue
     rec = read_record(st.directory)
     if rec and rec.get("done"):
-      kind = (rec.get("config") or {}).get("stage.kind")  # another job's stage in the same directory: say so
+      stored = rec.get("config")
+      kind = stored.get("stage.kind") if isinstance(stored, dict) else None  # another job's stage here: say so
       label = (f"stage {st.name}" if kind in (None, st.view.get("stage.kind")) else
                f"{kind} stage of another job")
       changed = run_config.check(rec.get("config"), st.view, allow,

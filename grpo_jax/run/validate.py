@@ -112,6 +112,22 @@ def fallback(c, key) -> None:
           f"{v!r}.")
 
 
+def reward_terms(key: str, terms) -> None:
+  """A reward list: (name, weight) pairs, each name once (a second entry doubled the score and its metric showed
+  one), each weight finite in float32 (a NaN weight made every reward NaN: the run stopped at step 1), and some
+  weight not 0 (else every reward is 0 and nothing trains)."""
+  seen = set()
+  for i, entry in enumerate(terms):
+    if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str) and finite(entry[1])):
+      _fail(f"{key}[{i}]", f"must be a (name, weight) pair with a finite weight (float32), got {entry!r}.")
+    if entry[0] in seen:
+      _fail(f"{key}[{i}]", f"names {entry[0]!r} a second time; give each term once, with the weights summed.")
+    seen.add(entry[0])
+  if not any(w != 0 for _, w in terms):
+    _fail(key, f"is {tuple(terms)!r}: every reward would be 0 and nothing would train; give at least one "
+          "(name, weight) term with a weight other than 0.")
+
+
 def positive_finite(c, key) -> None:
   """A scale or threshold that must be > 0 (an eps, a temperature, a base frequency): finite as well."""
   v = _get(c, key)
@@ -325,13 +341,10 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
     _fail("sampling.max_new_tokens", f"task.prompt_len + sampling.max_new_tokens = {total} exceeds "
           f"model.max_len={c.model.max_len}; shorten them or raise model.max_len.")
   validate_packing(c, total)
+  reward_terms("rewards", c.rewards)  # before the checks below unpack its entries
   if c.rl.process_weight > 0 and not {"process", "env"} & {n for n, _ in c.rewards}:
     _fail("rl.process_weight", "is > 0 but config.rewards has no term with steps ('process', or 'env' with "
           "tools.env); add ('process', w) or set 0.")
-  for i, entry in enumerate(c.rewards):
-    if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str)
-            and isinstance(entry[1], (int, float))):
-      _fail(f"rewards[{i}]", f"must be a (name, weight) pair, got {entry!r}.")
   if tokenizer is not None:
     validate_tokenizer(c, tokenizer)
   validate_tools_rl(c)
@@ -681,6 +694,9 @@ def validate_tokenizer(c, tokenizer) -> None:
     raise ConfigError(f"config.{e}") from None
 
 
+MAX_SEED = 2**31
+
+
 def validate_groups(c) -> None:
   """Keys every job reads, whatever it runs: the counts of sft/train/log and the task's data policy (a negative
   sft.steps must not silently mean "no SFT stage")."""
@@ -696,6 +712,12 @@ def validate_groups(c) -> None:
       _fail(k, f"must be True or False, got {_get(c, k)!r}.")
   if not isinstance(c.log.wandb_project, str):
     _fail("log.wandb_project", f"must be a project name or '' (off), got {c.log.wandb_project!r}.")
+  # JAX's PRNGKey keeps a seed's low 32 bits: seed 2**32 was seed 0's run, -7 was 2**32 - 7's; past 2**63 it raised
+  # OverflowError after config.json was written. The runs add small offsets (seed + 1, + 7), hence 2**31.
+  for k, unset in (("seed", None), ("run_seed", -1)):
+    v = c.get(k, unset)
+    if v != unset and not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_SEED):
+      _fail(k, f"must be an integer in [0, 2**31){' or -1 (= seed)' if unset == -1 else ''}, got {v!r}.")
   _choice(c, "task.overlong_prompts", data.OVERLONG)
   for k in ("task.prompt_len", "task.train_size", "task.test_size"):
     _positive_int(c, k)

@@ -179,14 +179,15 @@ def usage_error(argv, config, workdir) -> str:
 
 def main(argv) -> None:
   from absl import flags
-  problem = usage_error(argv, flags.FLAGS.config, flags.FLAGS.workdir)
+  config = cli.config_value("configs/ablations/algorithms.py:small")  # one line if its file failed to load
+  problem = usage_error(argv, config, flags.FLAGS.workdir)
   if problem:  # exit 2 (errors.EXIT_INPUT), as grpo_jax.main and grpo_jax.sweep, before anything is written
     print(f"Error: {problem}", file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
   command = "python -m grpo_jax.ablate " + " ".join(a for a in sys.argv[1:])
   cli.compilation_cache()  # cells that share a program compile it once (cli.py)
   try:
-    md = run(flags.FLAGS.config, flags.FLAGS.workdir, command)
+    md = run(config, flags.FLAGS.workdir, command)
   except ValueError as e:
     print(f"Config error: {e}", file=sys.stderr)
     sys.exit(2)
@@ -195,8 +196,5 @@ def main(argv) -> None:
 
 if __name__ == "__main__":
   from absl import app
-  from absl import flags
-  from ml_collections import config_flags
-  config_flags.DEFINE_config_file("config", None, "configs/ablations/<table>.py[:small]", lock_config=True)
-  flags.DEFINE_string("workdir", None, "Directory for cells/, table.md, table.csv and plots.")
-  app.run(main)
+  cli.define_flags()  # --config, --workdir, --verbose: main's
+  app.run(main, flags_parser=cli.parse_flags)  # a config file that fails to load: one line (was a traceback)

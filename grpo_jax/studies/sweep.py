@@ -336,6 +336,7 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
   for m in metrics:
     sweep_report.parse(m)
   summary: dict[str, Any] = {"runs": runs, "groups": [], "failed": {}}
+  preflight.check_workdir(workdir)  # print and report write into it too (a file there was a traceback)
   if mode == "print":
     check_printed(runs, launch, log)
     cmds = launch_commands(runs, config_file, dict(base_overrides or {}), launch)
@@ -350,7 +351,6 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
   if mode == "report":
     summary["report"] = write_report(workdir, runs, metrics, title=title, header=_header(command, runs, [], {}))
     return summary
-  preflight.check_workdir(workdir)
   done = check(runs)
   import jax  # pylint: disable=g-import-not-at-top
   plan = [(group, decide(group, mode, jax.device_count())) for group in groups(runs)]  # refusals before any write

@@ -20,6 +20,7 @@ import os
 from typing import Any, Sequence
 
 import numpy as np
+from absl import logging
 
 from grpo_jax.infra import errors
 from grpo_jax.run import metrics as metrics_lib
@@ -84,18 +85,21 @@ def collect(points: dict[str, list[str]], metrics: Sequence[str]) -> report.Cell
   specs = [parse(m) for m in metrics]
   cache: dict = {}
   cells: report.Cells = {}
+  matched: set[int] = set()  # specs that found a metric somewhere: a typo'd name was a column left out silently
   for point, dirs in points.items():
     scalars: dict[str, list[float]] = {}
     curves: dict[str, dict] = {}
-    for sub, pattern, agg in specs:
+    for i, (sub, pattern, agg) in enumerate(specs):
       if sub == "report":
         keys = sorted({k for d in dirs for k in _report_json(d, cache) if fnmatch.fnmatchcase(k, pattern)})
+        matched |= {i} if keys else set()
         for k in keys:
           vals = [_report_json(d, cache).get(k, float("nan")) for d in dirs]
           scalars[f"report/{k}"] = vals
         continue
       keys = sorted({k for d in dirs for r in _rows(d, sub, cache) for k in r
                      if k != "step" and fnmatch.fnmatchcase(k, pattern)})
+      matched |= {i} if keys else set()
       for k in keys:
         label = (f"{sub}:" if sub else "") + k + ("" if agg == "last" else f"@{agg}")
         series = [[(r["step"], r[k]) for r in _rows(d, sub, cache) if k in r and r[k] is not None] for d in dirs]
@@ -106,6 +110,11 @@ def collect(points: dict[str, list[str]], metrics: Sequence[str]) -> report.Cell
           by_step = [dict(s) for s in series]
           curves[curve] = {"x": steps, "y": [[float(b[x]) for x in steps] for b in by_step]}
     cells[point] = {"scalars": scalars, "curves": curves}
+  n_runs = sum(len(d) for d in points.values())
+  for i, name in enumerate(metrics):
+    if n_runs and i not in matched:
+      logging.warning("--metrics: %r matches no metric of the %d finished run(s); the report has no column for it "
+                      "(check the name against their metrics.jsonl / report.json).", name, n_runs)
   return cells
 
 
