@@ -528,3 +528,38 @@ def test_objective_selection_and_correction_weights_compose_against_numpy(obj, t
   loss, g = jax.value_and_grad(f)(nan_pad(lp))
   assert float(loss) == pytest.approx(-np.sum(J * wt), rel=1e-5, abs=1e-7)
   np.testing.assert_allclose(np.asarray(g), -dJ * wt, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.parametrize("mu,minibatches", [(1, 1), (2, 1), (1, 2)])
+def test_one_update_takes_the_ratio_against_the_current_params_exactly(mu, minibatches):
+  """With one update per step (μ = 1, one minibatch) π_old is the current params, so the objective's ratio is
+  exactly 1 (verl's dp_actor on-policy: old_log_prob = log_prob.detach()), not the recorded π_prox that equals it
+  only to rounding. Here the recorded log-probs are off by ±1e-6 (a sampler's or a second forward's rounding):
+  KL-Cov's coef·|log ρ| penalty then gave its chosen token a gradient of ±coef, as large as the policy
+  gradient's |A|. With μ or minibatches > 1 the later updates need the recorded π_prox, which every update reads."""
+  from grpo_jax.rl import rl_step
+  c = config_lib.base_config()
+  c.rl.update(mu=mu, minibatches=minibatches, token_select="kl_cov", kl_cov_ratio=0.1, kl_cov_coef=1.0, beta=0.0)
+  rng = np.random.default_rng(0)
+  logp_NxL = jnp.asarray(rng.uniform(-3.0, -0.1, (4, 6)), jnp.float32)
+  mask_NxL = jnp.asarray(np.arange(6)[None, :] < np.array([6, 4, 5, 2])[:, None], jnp.float32)
+  sign_NxL = rng.choice([-1.0, 1.0], logp_NxL.shape).astype(np.float32)
+  mb = dict(old_logp_NxL=logp_NxL + 1e-6 * sign_NxL, adv_NxL=jnp.asarray(rng.normal(size=(4, 6)), jnp.float32),
+            mask_NxL=mask_NxL, ref_logp_NxL=None)
+  ent_NxL = jnp.asarray(rng.uniform(0.1, 2.0, (4, 6)), jnp.float32)
+
+  def grad(coef):
+    cfg = config_lib.override(c, {"rl.kl_cov_coef": coef})
+    objective = rl_step.make_objective(cfg)
+    g, aux = jax.grad(lambda lp: objective((lp, ent_NxL), mb), has_aux=True)(logp_NxL)
+    return np.asarray(g), aux
+
+  g1, aux = grad(1.0)
+  g0, _ = grad(0.0)
+  assert float(aux["select_frac"]) > 0  # the penalty chose tokens
+  if mu * minibatches == 1:
+    np.testing.assert_array_equal(g1, g0)  # |log ρ| = 0 exactly: the penalty adds no gradient
+    assert float(aux["ratio_max"]) == 1.0 and float(aux["ratio_min"]) == 1.0
+  else:
+    # the recorded π_prox is read: the chosen tokens get ±coef / n_valid from the penalty
+    assert np.abs(g1 - g0).max() > 0.5 / float(mask_NxL.sum())

@@ -306,8 +306,11 @@ def policy_loss(logp_NxL: jax.Array, old_logp_NxL: jax.Array, ref_logp_NxL: Opti
     sel = token_select_lib.choose(token_select, select_cfg, logp_NxL=_clean(logp_NxL, mask_NxL),
                               adv_NxL=_clean(adv_NxL, mask_NxL), mask_NxL=mask_NxL, ent_NxL=ent_NxL,
                               clipped_NxL=clipped_NxL, u_NxL=select_u_NxL)
-    # KL-Cov: −coef·|log π − log π_old| on its tokens (the gradient flows through log π)
-    abs_kl_NxL = jnp.abs(_clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL))
+    # KL-Cov: −coef·|log π − log π_old| on its tokens (the gradient flows through log π). |d| as d·sign(d): the
+    # subgradient 0 at d = 0 that torch's abs has (verl's on-policy ratio is exactly 1); jnp.abs's is 1 there,
+    # which pushed every chosen token's log π down by coef on an on-policy update.
+    d_NxL = _clean(logp_NxL, mask_NxL) - _clean(old_logp_NxL, mask_NxL)
+    abs_kl_NxL = d_NxL * lax.stop_gradient(jnp.sign(d_NxL))
     surr_NxL = surr_NxL * sel.pg_NxL - select_cfg.kl_cov_coef * sel.kl_NxL * abs_kl_NxL
     metrics = dict(metrics, **sel.metrics)
   per_token_NxL = surr_NxL

@@ -94,9 +94,9 @@ def make_objective(config) -> Callable:
 
   def objective(out, mb):
     v_NxL, logp_NxL, ent_NxL = out
-    pl, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], None, mb["adv_NxL"], mb["mask_NxL"],
-                               is_w_NxL=mb.get("is_w_NxL"), ent_NxL=ent_NxL, select_u_NxL=mb.get("select_u_NxL"),
-                               **policy_kw)
+    pl, m = losses.policy_loss(logp_NxL, rl_step.old_logp(config, logp_NxL, mb), None, mb["adv_NxL"],
+                               mb["mask_NxL"], is_w_NxL=mb.get("is_w_NxL"), ent_NxL=ent_NxL,
+                               select_u_NxL=mb.get("select_u_NxL"), **policy_kw)
     vl, vm = losses.value_loss(v_NxL, mb["old_v_NxL"], mb["returns_NxL"], mb["mask_NxL"], clip=ppo.value_clip,
                                agg=rl.loss_agg, norm_len=L)
     m = dict(m, **vm, value_loss=vl, entropy=rl_step.masked_mean(ent_NxL, mb["mask_NxL"]))

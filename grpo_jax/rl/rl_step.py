@@ -133,6 +133,20 @@ def policy_loss_kwargs(config) -> dict:
               tau_neg=rl.get("sapo_tau_neg", 1.05), token_select=rl.get("token_select", "all"), select_cfg=rl)
 
 
+def one_update(config) -> bool:
+  """μ = 1 with one minibatch: the step's only update runs at the params π_prox was taken at."""
+  return config.rl.mu * config.rl.minibatches == 1
+
+
+def old_logp(config, logp_NxL: jax.Array, mb: dict) -> jax.Array:
+  """π_old of the ratio. With one update per step π_old IS the current params, so the ratio is taken against
+  stop_gradient(log π) itself, exactly 1, as verl's dp_actor does on-policy (old_log_prob = log_prob.detach()),
+  not against the recorded π_prox (a second forward, or the sampler's log-probs in exact mode) that equals it only
+  to rounding (~1e-7): a |log ρ| term (KL-Cov's penalty) then has gradient 0 there, not ±coef at random. The
+  recorded π_prox still sets the rollout correction's weights (rl/correction.py) and the later updates' ratios."""
+  return jax.lax.stop_gradient(logp_NxL) if one_update(config) else mb["old_logp_NxL"]
+
+
 def make_objective(config) -> Callable:
   """((logp_NxL, ent_NxL), minibatch) -> (loss, aux): the clipped objective on the policy's log-probs."""
   kwargs = policy_loss_kwargs(config)
@@ -141,9 +155,9 @@ def make_objective(config) -> Callable:
     logp_NxL, ent_NxL = out
     # No reference (β = 0, or all of a vmapped sweep's β are 0: vmapped_runs.init_states): no KL term at all.
     kw = kwargs if mb.get("ref_logp_NxL") is not None else dict(kwargs, beta=0.0)
-    loss, m = losses.policy_loss(logp_NxL, mb["old_logp_NxL"], mb.get("ref_logp_NxL"), mb["adv_NxL"], mb["mask_NxL"],
-                                 is_w_NxL=mb.get("is_w_NxL"), ent_NxL=ent_NxL, select_u_NxL=mb.get("select_u_NxL"),
-                                 **kw)
+    loss, m = losses.policy_loss(logp_NxL, old_logp(config, logp_NxL, mb), mb.get("ref_logp_NxL"), mb["adv_NxL"],
+                                 mb["mask_NxL"], is_w_NxL=mb.get("is_w_NxL"), ent_NxL=ent_NxL,
+                                 select_u_NxL=mb.get("select_u_NxL"), **kw)
     return loss, dict(m, entropy=masked_mean(ent_NxL, mb["mask_NxL"]))
   return objective
 
