@@ -28,7 +28,7 @@ PLACEHOLDER_KEYS = {"", "key"}  # `--config.key=value`, `--config.<point's overr
 # absl entry points: the files whose flags.DEFINE_* / config_flags.DEFINE_config_file calls define their flags.
 ABSL = {"grpo_jax.main": ("grpo_jax/main.py", "grpo_jax/cli.py"),
         "grpo_jax.studies.sweep": ("grpo_jax/studies/sweep.py", "grpo_jax/cli.py"),
-        "grpo_jax.studies.ablate": ("grpo_jax/studies/ablate.py",)}
+        "grpo_jax.studies.ablate": ("grpo_jax/studies/ablate.py", "grpo_jax/cli.py")}
 ABSL_BUILTIN = {"help", "helpfull", "helpshort", "flagfile", "logtostderr", "alsologtostderr", "verbosity", "v"}
 
 
