@@ -31,8 +31,10 @@ PLENS = np.array([5, 1, 3, 2, 4, 5, 1, 3])
 
 
 def _config(algo: str, **over):
+  """μ 2: the minibatches below stand for a later update of the step, whose ratio reads the recorded π_old (the
+  only update of a μ = 1 step takes it against its own policy pass: rl_step.old_logp)."""
   c = presets.apply(digits.bench_config(**TINY), algo)
-  return config_lib.override(c, {"task.prompt_len": P, **over})
+  return config_lib.override(c, {"task.prompt_len": P, "rl.mu": 2, **over})
 
 
 def _minibatch(c, mcfg, params, critic=False):
