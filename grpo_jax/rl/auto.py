@@ -510,15 +510,18 @@ def choose_split(config, ctx: Context, candidates: list[tuple[int, int]]) -> tup
   Nothing fits: a ConfigError (exit 2) naming the keys and what to change, not a pick that would not run."""
   if ctx.hbm_bytes is None:
     return candidates[0], "no device memory limit known: the fewest"
-  over = ""
-  c, m = candidates[-1]
-  p, fits, text = _planned(_with(config, dict(zip(SPLIT_KEYS, (c, m)))), ctx)
-  # the most split plans the least: when it does not fit, none does (a typo'd rl.G=10**12 planned ~10**4 pairs)
-  for c, m in candidates if fits else ():
-    p, fits, text = _planned(_with(config, dict(zip(SPLIT_KEYS, (c, m)))), ctx)
-    if fits:
-      return (c, m), f"planned {text} per device{over}"
-    over = over or f"; {c} chunk(s) x {m} minibatch(es) would plan {size(p.total_bytes)}"
+  plan = lambda cm: _planned(_with(config, dict(zip(SPLIT_KEYS, cm))), ctx)
+  # the most split plans the least: planned first, so when it does not fit, nothing else is planned (a typo'd
+  # rl.G=10**12 planned ~10**4 pairs)
+  (c, m), (p, fits, last_text) = candidates[-1], plan(candidates[-1])
+  if fits:
+    over = ""
+    for cm in candidates[:-1]:
+      q, q_fits, text = plan(cm)
+      if q_fits:
+        return cm, f"planned {text} per device{over}"
+      over = over or f"; {cm[0]} chunk(s) x {cm[1]} minibatch(es) would plan {size(q.total_bytes)}"
+    return (c, m), f"planned {last_text} per device{over}"
   auto_keys = [k for k in SPLIT_KEYS if int(_get(config, k)) == 0]
   fix = _LESS_MEMORY
   if "rl.rollout_chunks" not in auto_keys and p.peak_phase != "update":

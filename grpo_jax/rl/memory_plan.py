@@ -322,11 +322,10 @@ def choose_decode(config, mesh: dict[str, int], hbm_bytes: int | None,
   if knob == "gathered" or (knob == "auto" and mesh.get("fsdp", 1) == 1):
     why = "sampling.decode_layout=gathered" if knob == "gathered" else "mesh.fsdp=1: the weights are whole already"
     return decode_layout.Layout("gathered"), why
-  candidates = [tp] if tp else decode_layout.tp_degrees(mcfg, mesh)
-  if config.rl.get("partial_rollouts", False):
-    # the rollout carry keeps its KV in the state with the model's KV heads; 'tp' repeats them per decode group
-    # where its degree exceeds them (a set 'tp' is refused: validate_partial)
-    candidates = []
+  # the rollout carry keeps its KV in the state with the model's KV heads; 'tp' repeats them per decode group where
+  # its degree exceeds them (a set 'tp' is refused: validate_partial), so it has no tp candidates
+  carry = config.rl.get("partial_rollouts", False)
+  candidates = [] if carry else [tp] if tp else decode_layout.tp_degrees(mcfg, mesh)
   layouts = (([] if knob == "tp" else [decode_layout.Layout("gathered")])
              + [decode_layout.Layout("tp", d) for d in candidates])
   tried = []
