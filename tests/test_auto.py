@@ -513,6 +513,41 @@ def test_the_docs_table_is_what_auto_resolves_for_every_shipped_config():
   assert shipped == seen_files, shipped ^ seen_files
 
 
+def test_every_ablation_variant_resolves_to_the_short_completion_path():
+  """Every variant of every table in configs/ablations/ (both sizes), built by its table module and resolved as the
+  table's runs are (train_table.make_runs: one CPU device, its seeds sharing it): no knob fails to choose, none is
+  left at auto, and each takes the path the rules give its completions, all shorter than LONG_COMPLETIONS: the static
+  decoder, padded passes, one training length, exit chunks dividing L (the docs table above covers configs/*.py; the
+  tables were covered only by their first variant)."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from grpo_jax.infra import sharding
+  from grpo_jax.rollout import sampling
+  from grpo_jax.studies import ablate
+  from grpo_jax.studies.ablations import train_table
+  mesh = sharding.make_mesh(config_lib.base_config().mesh, jax.devices()[:1])
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  tables, cells = set(), 0
+  for path in sorted(glob.glob(os.path.join(root, "configs", "ablations", "*.py"))):
+    for arg in (None, "small"):
+      cfg = config_lib.load_config(path, arg)
+      if "variants" not in cfg:
+        continue
+      build = getattr(ablate.load_table(cfg), "build_config", train_table.build_config)  # kl_estimators: train_table's
+      for name, overrides in cfg.variants:
+        r, _ = auto.resolve_here(build(cfg, overrides), mesh, lanes=cfg.seeds, log=False)
+        auto.check_resolved(r)
+        L = r.sampling.max_new_tokens
+        assert L < auto.LONG_COMPLETIONS and [r.sampling.engine, r.rl.packing, r.rl.train_buckets,
+                                              r.sampling.exit_chunk] == ["static", "off", 1,
+                                                                         sampling.default_exit_chunk(L)], (path, name)
+        tables.add(os.path.basename(path))
+        cells += 1
+  # the bandit table has no RL run; the memory table compiles its workload as a run resolves it (test above)
+  assert tables == {os.path.basename(p) for p in glob.glob(os.path.join(root, "configs", "ablations", "*.py"))} - {
+      "baselines.py", "memory.py"} and cells == 92, (sorted(tables), cells)
+
+
 def test_the_traced_step_reads_resolved_values_and_plans_nothing(monkeypatch):
   """The decode layout (and every other knob) is chosen by resolve, before tracing: tracing the whole step with the
   planner patched to fail works; decode_layout.from_config reads the resolved values (an unresolved config: no
