@@ -410,15 +410,21 @@ def test_a_set_key_the_resolved_path_does_not_use_is_logged(caplog):
 
 
 def test_a_set_value_the_step_cannot_take_as_set_is_logged_as_it_runs(caplog):
-  """More packed rows than a device holds and more train buckets than max_new_tokens has distinct halvings were cut
-  without a word (packing.microbatch_rows, update.train_lengths); now a warning beside the "(set)" line."""
+  """More packed rows than a device holds, more train buckets than max_new_tokens has distinct halvings and more
+  compaction sizes than the slots halve to were cut without a word (packing.microbatch_rows, update.train_lengths,
+  engine.compaction_sizes); now a warning beside the "(set)" line."""
   ctx = auto.Context(MESH1, None, "cpu")  # _tiny: 4 prompts x G 4 = 16 rows on one device, L 48
   cases = [({"rl.packing": "on", "rl.pack_rows": 32, "rl.minibatches": 1},
             "rl.pack_rows = 32 (set): runs as 16: a device holds 16 rows"),
            ({"rl.packing": "on", "rl.pack_rows": 8, "rl.minibatches": 4},
             "rl.pack_rows = 8 (set): runs as 8 in the scoring passes, 4 in the update's (4 minibatches)"),
            ({"rl.packing": "off", "rl.train_buckets": 8},
-            f"rl.train_buckets = 8 (set): runs as 7 training lengths {update.train_lengths(48, 8)}")]
+            f"rl.train_buckets = 8 (set): runs as 7 training lengths {update.train_lengths(48, 8)}"),
+           # 12 slots halve to 12, 6, 3 (engine.compaction_sizes): 8 set counts ran as 3 without a word
+           ({"sampling.engine": "continuous", "sampling.slots": 12, "sampling.compaction": 8},
+            "sampling.compaction = 8 (set): runs as 3 slot counts (12, 6, 3)"),
+           ({"sampling.engine": "continuous", "sampling.compaction": 8},  # auto slots: 16, 8, 4, 2, 1
+            "sampling.compaction = 8 (set): runs as 5 slot counts (16, 8, 4, 2, 1)")]
   for over, line in cases:
     caplog.clear()
     with caplog.at_level(logging.INFO):
@@ -426,7 +432,8 @@ def test_a_set_value_the_step_cannot_take_as_set_is_logged_as_it_runs(caplog):
     hits = [r for r in caplog.records if r.getMessage().startswith(line)]
     assert len(hits) == 1 and hits[0].levelno == logging.WARNING, [r.getMessage() for r in caplog.records]
   for over in ({"rl.packing": "on", "rl.pack_rows": 16, "rl.minibatches": 1},
-               {"rl.packing": "off", "rl.train_buckets": 7}):
+               {"rl.packing": "off", "rl.train_buckets": 7},
+               {"sampling.engine": "continuous", "sampling.slots": 12, "sampling.compaction": 3}):
     caplog.clear()
     with caplog.at_level(logging.INFO):
       auto.resolve(_tiny(**over), ctx)
