@@ -531,7 +531,6 @@ def test_every_ablation_variant_resolves_to_the_short_completion_path():
   from grpo_jax.infra import sharding
   from grpo_jax.rollout import sampling
   from grpo_jax.studies import ablate
-  from grpo_jax.studies.ablations import train_table
   mesh = sharding.make_mesh(config_lib.base_config().mesh, jax.devices()[:1])
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   tables, cells = set(), 0
@@ -540,9 +539,8 @@ def test_every_ablation_variant_resolves_to_the_short_completion_path():
       cfg = config_lib.load_config(path, arg)
       if "variants" not in cfg:
         continue
-      build = getattr(ablate.load_table(cfg), "build_config", train_table.build_config)  # kl_estimators: train_table's
       for name, overrides in cfg.variants:
-        r, _ = auto.resolve_here(build(cfg, overrides), mesh, lanes=cfg.seeds, log=False)
+        r, _ = auto.resolve_here(ablate.load_table(cfg).build_config(cfg, overrides), mesh, lanes=cfg.seeds, log=False)
         auto.check_resolved(r)
         L = r.sampling.max_new_tokens
         assert L < auto.LONG_COMPLETIONS and [r.sampling.engine, r.rl.packing, r.rl.train_buckets,
