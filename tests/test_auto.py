@@ -616,9 +616,15 @@ def test_a_recorded_value_that_no_longer_fits_is_refused_before_config_json_is_r
   from grpo_jax.infra import checkpoint  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": view}))  # what the run saved
   c2 = config_lib.override(c, {"rl.prompts_per_step": 1, "train.allow_config_change": "rl.prompts_per_step"})
-  with pytest.raises(errors.ConfigError, match=r"config.sampling.slots: 8 exceeds the 4 .*on resume: sampling.slots=8"):
+  # ... naming the flags that resume with what auto picks for the 4 rows now (it said "set it explicitly", no value)
+  with pytest.raises(errors.ConfigError, match=r"config.sampling.slots: 8 exceeds the 4 .*on resume: sampling.slots=8, "
+                     r".*; resume with --config.sampling.slots=4 --config.train.allow_config_change="
+                     r"rl.prompts_per_step,sampling.slots \(what auto picks here"):
     jobs.run(c2, wd)
   assert (tmp_path / "run" / "config.json").read_text() == "the first run's"
+  from grpo_jax.run import preflight  # pylint: disable=g-import-not-at-top
+  preflight.check_recorded_values(config_lib.override(c2, {  # the advice followed: accepted
+      "sampling.slots": 4, "train.allow_config_change": "rl.prompts_per_step,sampling.slots"}), wd)
 
 
 def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):

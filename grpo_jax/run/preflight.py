@@ -148,7 +148,11 @@ def check_recorded_values(config, workdir: str, lanes: int = 1) -> None:
   hbm = validate.device_memory()
   ctx = auto.Context(mesh, None if hbm is None else hbm // lanes)
   resolved, _ = auto.resolve(config, ctx, log=False, recorded=recorded)
-  train.check_recorded(resolved, recorded, tok_lib.for_config(config))
+  try:  # what a fresh run picks here: the refusal names it as the way forward
+    today = auto.resolved_values(auto.resolve(config, ctx, log=False)[0])
+  except (errors.ConfigError, ValueError):
+    today = None
+  train.check_recorded(resolved, recorded, tok_lib.for_config(config), today)
   auto.check_recorded_fits(config, resolved, recorded, ctx)  # another device count or size than the first run's
 
 
