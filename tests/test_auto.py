@@ -186,14 +186,20 @@ def _arith():
       "log.plots": False, "train.steps": 2, "train.plot_every": 0, "train.sample_every": 0, **AUTO})
 
 
-def test_the_main_job_resolves_before_building_the_step(monkeypatch, tmp_path):
+def test_the_main_job_resolves_before_building_the_step(monkeypatch, tmp_path, caplog):
+  """... and logs each knob it chose exactly once (preflight's checks resolve silently), the keys DIR/auto.json
+  records."""
   from grpo_jax.run import jobs
   want = _squeeze(monkeypatch, _arith())
   seen = _capture(monkeypatch, families)
-  with pytest.raises(_Built):
+  with caplog.at_level(logging.INFO), pytest.raises(_Built):
     jobs.run(_arith(), str(tmp_path / "run"))
   assert seen == [want]
   assert json.load(open(tmp_path / "run" / "config.json"))["rl"]["minibatches"] == 0  # the run records `auto`
+  said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto ")]
+  keys = [k.split(" = ")[0] for line in said for k in line[len("auto "):].split(" (")[0].split(", ")]
+  assert sorted(keys) == sorted(json.load(open(tmp_path / "run" / "auto.json"))) and len(set(keys)) == len(keys), said
+  assert "rl.minibatches" in keys
 
 
 def test_an_r1_rl_stage_resolves(monkeypatch, tmp_path):
