@@ -633,6 +633,37 @@ def test_a_recorded_value_that_no_longer_fits_is_refused_before_config_json_is_r
       "sampling.slots": 4, "train.allow_config_change": "rl.prompts_per_step,sampling.slots"}), wd)
 
 
+def test_an_r1_stage_resume_whose_recorded_value_no_longer_fits_is_refused_naming_the_stage(monkeypatch, tmp_path):
+  """The same refusal for an R1 pipeline's RL stage (each RL stage resolves and records its own `auto` values, in its
+  own directory): before DIR/config.json is rewritten, naming the stage whose record it is (it did not)."""
+  from configs import r1_pipeline  # pylint: disable=g-import-not-at-top
+  from grpo_jax.infra import checkpoint, errors  # pylint: disable=g-import-not-at-top
+  from grpo_jax.r1 import pipeline  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import jobs, run_config, stages  # pylint: disable=g-import-not-at-top
+  c = r1_pipeline.get_config("small")
+  c.model.update(hidden=16, layers=1, heads=2, kv_heads=1, inter=32, max_len=96)
+  c.rl.update(G=2, prompts_per_step=4, minibatches=1, rollout_chunks=1)
+  c.sampling.engine = "continuous"
+  c.eval.update(size=4, batch=4, n_samples=2, pass_k=(1, 2))
+  c.r1.stages = ("base", "r1_zero")
+  wd = str(tmp_path / "run")
+  base, zero = pipeline.stage_list(c, wd, ["base", "r1_zero"])
+  stages.mark_done(base)  # the base finished; r1_zero saved step 3 with 8 slots (4 prompts x G 2)
+  stages.mark_running(zero)
+  os.makedirs(os.path.join(zero.directory, "checkpoints", "3"))
+  view = run_config.with_resolved(zero.view, {"sampling.slots": 8})
+  ours = lambda d: d.startswith(zero.directory)
+  newest, committed = checkpoint.newest_meta, checkpoint.all_committed_steps
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (3, {"config": view}) if ours(d) else newest(d))
+  monkeypatch.setattr(checkpoint, "all_committed_steps", lambda d: [3] if ours(d) else committed(d))
+  (tmp_path / "run" / "config.json").write_text("the first run's")
+  c2 = config_lib.override(c, {"rl.prompts_per_step": 2, "train.allow_config_change": "rl.prompts_per_step"})
+  with pytest.raises(errors.ConfigError, match=r"^config.sampling.slots: 8 exceeds the 4 .*on resume: sampling.slots=8.*"
+                     rf"--config.sampling.slots=4 .* \(stage r1_zero, {zero.directory}\)\.$"):
+    jobs.run(c2, wd)
+  assert (tmp_path / "run" / "config.json").read_text() == "the first run's"
+
+
 def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
   """A run records what `auto` resolved (DIR/auto.json, `resolved.<key>` in each checkpoint's config); a resume
   takes the recorded values even where today's rule picks otherwise (and says so); an explicit value other than
