@@ -664,6 +664,31 @@ def test_an_r1_stage_resume_whose_recorded_value_no_longer_fits_is_refused_namin
   assert (tmp_path / "run" / "config.json").read_text() == "the first run's"
 
 
+def test_a_group_whose_runs_recorded_other_choices_is_refused_before_anything_is_written(monkeypatch, tmp_path):
+  """Two runs of one vmapped program (a sweep group): one resumes with exit chunks of 8 recorded (an older rule), the
+  other starts fresh (16 for L 8). train_group refused them, but only after both config.json files were written (and
+  a new run's SFT stage had run); now jobs.run_group refuses before, naming each run's values."""
+  from grpo_jax.infra import checkpoint, errors  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import jobs, run_config, stages  # pylint: disable=g-import-not-at-top
+  c = _arith()
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  rl = jobs.grpo_stages(c, a)[-1]
+  stages.mark_running(rl)
+  os.makedirs(os.path.join(a, "checkpoints", "1"))
+  view = run_config.with_resolved(rl.view, {"sampling.exit_chunk": 8})
+  newest, committed = checkpoint.newest_meta, checkpoint.all_committed_steps
+  ours = lambda d: d.startswith(a + os.sep)
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (1, {"config": view}) if ours(d) else newest(d))
+  monkeypatch.setattr(checkpoint, "all_committed_steps", lambda d: [1] if ours(d) else committed(d))
+  (tmp_path / "a" / "config.json").write_text("the first run's")
+  with pytest.raises(errors.InputError) as e:
+    jobs.run_group([c, config_lib.override(c, {"optim.lr": 2 * c.optim.lr})], [a, b])
+  assert (tmp_path / "a" / "config.json").read_text() == "the first run's"
+  assert not (tmp_path / "b" / "config.json").exists()
+  assert str(e.value).startswith("the runs of one program resolved sampling.exit_chunk differently (a: "
+                                 "sampling.exit_chunk=8, b: sampling.exit_chunk=16; "), e.value
+
+
 def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
   """A run records what `auto` resolved (DIR/auto.json, `resolved.<key>` in each checkpoint's config); a resume
   takes the recorded values even where today's rule picks otherwise (and says so); an explicit value other than

@@ -77,6 +77,8 @@ def run_group(configs: Sequence[Any], workdirs: Sequence[str], *, compiler_optio
     for config, actions, wd in zip(configs, plans, workdirs):
       if actions.get("rl") in ("resume", "continue"):
         preflight.check_recorded_values(config, wd, lanes)  # before config.json is rewritten
+    training = [(c, wd) for c, actions, wd in zip(configs, plans, workdirs) if actions.get("rl") != "skip"]
+    preflight.check_group_resolves([c for c, _ in training], [wd for _, wd in training], lanes)  # one program
     members, rl_stages = [], []
     for config, todo, actions, wd in zip(configs, todos, plans, workdirs):
       of = f" of {wd}" if len(workdirs) > 1 else ""
