@@ -633,6 +633,23 @@ def test_a_recorded_value_that_no_longer_fits_is_refused_before_config_json_is_r
       "sampling.slots": 4, "train.allow_config_change": "rl.prompts_per_step,sampling.slots"}), wd)
 
 
+def test_a_resume_on_more_devices_than_recorded_is_refused_with_what_auto_picks_there(monkeypatch, tmp_path):
+  """A run recorded 4 slots on one device (mesh data=-1: the same config on any device count); resumed on 8 devices
+  (validate.elsewhere: the checks' device count) its slots no longer divide over mesh data*fsdp: one line naming the
+  recorded value, the devices' rule and the flags that resume with auto's pick there (8)."""
+  from grpo_jax.infra import checkpoint, errors  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import preflight, run_config  # pylint: disable=g-import-not-at-top
+  c = config_lib.override(_arith(), {"sampling.engine": "continuous"})  # 2 prompts x G 4 = 8 rows
+  os.makedirs(tmp_path / "checkpoints")
+  view = run_config.with_resolved(run_config.view(c, "rl"), {"sampling.slots": 4})
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": view}))
+  preflight.check_recorded_values(c, str(tmp_path))  # where it ran: accepted
+  with validate.elsewhere(8, None), pytest.raises(errors.ConfigError, match=(
+      r"^config.sampling.slots: 4 must be divisible by mesh data\*fsdp=8 .*\(on resume: sampling.slots=4, .*; "
+      r"resume with --config.sampling.slots=8 --config.train.allow_config_change=sampling.slots \(what auto picks")):
+    preflight.check_recorded_values(c, str(tmp_path))
+
+
 def test_an_r1_stage_resume_whose_recorded_value_no_longer_fits_is_refused_naming_the_stage(monkeypatch, tmp_path):
   """The same refusal for an R1 pipeline's RL stage (each RL stage resolves and records its own `auto` values, in its
   own directory): before DIR/config.json is rewritten, naming the stage whose record it is (it did not)."""
