@@ -23,16 +23,26 @@ set -uo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
 MODE=gpu OUT="${TMPDIR:-/tmp}/grpo_jax_device_check" WHEELS="" FETCH=""
+value() {  # value FLAG NEXT_ARG: a flag's directory argument, or one line and exit 2 where it is missing
+  if [[ -z "${2:-}" || "$2" == --* ]]; then
+    echo "device_check.sh: $1 needs a directory (e.g. $1 /tmp/device_check)" >&2
+    exit 2
+  fi
+}
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --cpu) MODE=cpu ;;
-    --out) OUT="$2"; shift ;;
-    --wheels) WHEELS="$2"; shift ;;
-    --fetch) FETCH="$2"; shift ;;
+    --out) value "$1" "${2:-}"; OUT="$2"; shift ;;
+    --wheels) value "$1" "${2:-}"; WHEELS="$2"; shift ;;
+    --fetch) value "$1" "${2:-}"; FETCH="$2"; shift ;;
     *) echo "device_check.sh: unknown argument $1 (--cpu, --out DIR, --wheels DIR, --fetch DIR)" >&2; exit 2 ;;
   esac
   shift
 done
+if [[ -n "$WHEELS" ]] && ! compgen -G "$WHEELS/*.whl" > /dev/null; then
+  echo "device_check.sh: --wheels $WHEELS: no *.whl there; fill it with --fetch $WHEELS on a machine with the package index" >&2
+  exit 2
+fi
 
 # The project's pins (setup.py) that a bare CUDA image of JAX, flax, optax and orbax lacks, with their own needs; promise
 # ships no wheel, so it is built here (pure Python). Python 3.12 wheels (the accelerator image's Python).
@@ -51,7 +61,8 @@ if [[ -n "$FETCH" ]]; then
   exit 0
 fi
 
-mkdir -p "$OUT"
+mkdir -p "$OUT" || exit 1
+OUT="$(cd "$OUT" && pwd)"  # the stages run from the repository root: a relative --out is the caller's
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

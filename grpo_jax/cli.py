@@ -6,7 +6,8 @@ The persistent compilation cache: a command compiles each program once per machi
 resume, every seed of a serial sweep and every stage that builds the same program load the compiled executable from
 disk (JAX's persistent cache: the key covers the program, the jax / XLA version, the XLA flags and the devices, so a
 hit is the same compiled code and runs stay bitwise equal). It lives in `$GRPO_JAX_XLA_CACHE` if set, else
-`$XDG_CACHE_HOME/grpo_jax/xla` (`~/.cache/grpo_jax/xla`); `GRPO_JAX_XLA_CACHE=off` turns it off. JAX's own
+`$XDG_CACHE_HOME/grpo_jax/xla` (`~/.cache/grpo_jax/xla`); `GRPO_JAX_XLA_CACHE=off` turns it off. A directory this process cannot
+write (a read-only home, a path under a file) turns it off with one warning naming it (`writable_dir`). JAX's own
 `JAX_COMPILATION_CACHE_DIR` (the test suite sets one per session) takes precedence, as does a cache directory a
 caller configured before. Programs whose compile took under a second are not stored (JAX's default threshold),
 programs with host callbacks (Python reward terms) never are (JAX skips them), and the directory is trimmed to
@@ -14,6 +15,7 @@ CACHE_MAX_BYTES, least recently used first.
 """
 import os
 import sys
+import tempfile
 import traceback
 
 from absl import flags
@@ -38,6 +40,21 @@ def cache_dir() -> str | None:
   return os.path.join(base, "grpo_jax", "xla")
 
 
+def writable_dir(d: str) -> bool:
+  """Whether `d` is (or can be made) a directory this process writes files into; if not, one warning naming it and
+  the fix: the command compiles without the persistent cache (a read-only home, a path under a file), as JAX would
+  only warn at every program it failed to store."""
+  try:
+    os.makedirs(d, exist_ok=True)
+    with tempfile.TemporaryFile(dir=d):
+      pass
+  except OSError as e:
+    logging.warning("persistent compilation cache off: %s is not a writable directory (%s); every program compiles "
+                    "anew. Set %s to a writable directory, or to 'off'.", d, e, CACHE_ENV)
+    return False
+  return True
+
+
 def compilation_cache() -> str | None:
   """Turns on JAX's persistent compilation cache for this process (before its first compile); returns the
   directory in use, or None when off. Leaves an already configured cache (JAX_COMPILATION_CACHE_DIR, or
@@ -47,12 +64,8 @@ def compilation_cache() -> str | None:
   if configured:
     return configured
   d = cache_dir()
-  if d is None:
+  if d is None or not writable_dir(d):
     return None
-  try:
-    os.makedirs(d, exist_ok=True)
-  except OSError:
-    return None  # a read-only home: compile as before
   jax.config.update("jax_compilation_cache_dir", d)
   jax.config.update("jax_compilation_cache_max_size", CACHE_MAX_BYTES)
   return d

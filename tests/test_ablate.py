@@ -165,6 +165,18 @@ def test_a_set_split_over_the_seeds_share_is_refused_before_the_first_cell(tmp_p
   assert not os.path.exists(tmp_path / "t")
   monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [need * int(cfg.seeds)])
   ablate.check_memory(cfg, train_table)  # fits exactly
+  # table a (kl_estimators) trains its seeds as the training tables do, but had no build_config: never checked
+  kl = config_lib.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
+                                           "ablations", "kl_estimators.py"), "small")
+  kl.run = config_lib.override(kl.run, {"rl.rollout_chunks": 1, "rl.minibatches": 1})
+  first = train_table.build_config(kl, kl.variants[0][1])  # what its cells train
+  monkeypatch.setattr(ablate, "run_cells", lambda *a, **k: pytest.fail("the cells ran: the memory was not checked"))
+  need = memory_plan.plan(first, dict(data=1, fsdp=1, tensor=1)).total_bytes
+  monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [need * int(kl.seeds) - 1])
+  with pytest.raises(config_lib.ConfigError, match=rf"^variant '{kl.variants[0][0]}': config.rl.rollout_chunks=1, "
+                                                   r"rl.minibatches=1 \(set\): "):
+    ablate.run(kl, str(tmp_path / "kl"), log=lambda s: None)  # its table module, as the command loads it
+  assert not os.path.exists(tmp_path / "kl")
   del auto
 
 

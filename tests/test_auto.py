@@ -186,14 +186,20 @@ def _arith():
       "log.plots": False, "train.steps": 2, "train.plot_every": 0, "train.sample_every": 0, **AUTO})
 
 
-def test_the_main_job_resolves_before_building_the_step(monkeypatch, tmp_path):
+def test_the_main_job_resolves_before_building_the_step(monkeypatch, tmp_path, caplog):
+  """... and logs each knob it chose exactly once (preflight's checks resolve silently), the keys DIR/auto.json
+  records."""
   from grpo_jax.run import jobs
   want = _squeeze(monkeypatch, _arith())
   seen = _capture(monkeypatch, families)
-  with pytest.raises(_Built):
+  with caplog.at_level(logging.INFO), pytest.raises(_Built):
     jobs.run(_arith(), str(tmp_path / "run"))
   assert seen == [want]
   assert json.load(open(tmp_path / "run" / "config.json"))["rl"]["minibatches"] == 0  # the run records `auto`
+  said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto ")]
+  keys = [k.split(" = ")[0] for line in said for k in line[len("auto "):].split(" (")[0].split(", ")]
+  assert sorted(keys) == sorted(json.load(open(tmp_path / "run" / "auto.json"))) and len(set(keys)) == len(keys), said
+  assert "rl.minibatches" in keys
 
 
 def test_an_r1_rl_stage_resolves(monkeypatch, tmp_path):
@@ -410,15 +416,21 @@ def test_a_set_key_the_resolved_path_does_not_use_is_logged(caplog):
 
 
 def test_a_set_value_the_step_cannot_take_as_set_is_logged_as_it_runs(caplog):
-  """More packed rows than a device holds and more train buckets than max_new_tokens has distinct halvings were cut
-  without a word (packing.microbatch_rows, update.train_lengths); now a warning beside the "(set)" line."""
+  """More packed rows than a device holds, more train buckets than max_new_tokens has distinct halvings and more
+  compaction sizes than the slots halve to were cut without a word (packing.microbatch_rows, update.train_lengths,
+  engine.compaction_sizes); now a warning beside the "(set)" line."""
   ctx = auto.Context(MESH1, None, "cpu")  # _tiny: 4 prompts x G 4 = 16 rows on one device, L 48
   cases = [({"rl.packing": "on", "rl.pack_rows": 32, "rl.minibatches": 1},
             "rl.pack_rows = 32 (set): runs as 16: a device holds 16 rows"),
            ({"rl.packing": "on", "rl.pack_rows": 8, "rl.minibatches": 4},
             "rl.pack_rows = 8 (set): runs as 8 in the scoring passes, 4 in the update's (4 minibatches)"),
            ({"rl.packing": "off", "rl.train_buckets": 8},
-            f"rl.train_buckets = 8 (set): runs as 7 training lengths {update.train_lengths(48, 8)}")]
+            f"rl.train_buckets = 8 (set): runs as 7 training lengths {update.train_lengths(48, 8)}"),
+           # 12 slots halve to 12, 6, 3 (engine.compaction_sizes): 8 set counts ran as 3 without a word
+           ({"sampling.engine": "continuous", "sampling.slots": 12, "sampling.compaction": 8},
+            "sampling.compaction = 8 (set): runs as 3 slot counts (12, 6, 3)"),
+           ({"sampling.engine": "continuous", "sampling.compaction": 8},  # auto slots: 16, 8, 4, 2, 1
+            "sampling.compaction = 8 (set): runs as 5 slot counts (16, 8, 4, 2, 1)")]
   for over, line in cases:
     caplog.clear()
     with caplog.at_level(logging.INFO):
@@ -426,7 +438,8 @@ def test_a_set_value_the_step_cannot_take_as_set_is_logged_as_it_runs(caplog):
     hits = [r for r in caplog.records if r.getMessage().startswith(line)]
     assert len(hits) == 1 and hits[0].levelno == logging.WARNING, [r.getMessage() for r in caplog.records]
   for over in ({"rl.packing": "on", "rl.pack_rows": 16, "rl.minibatches": 1},
-               {"rl.packing": "off", "rl.train_buckets": 7}):
+               {"rl.packing": "off", "rl.train_buckets": 7},
+               {"sampling.engine": "continuous", "sampling.slots": 12, "sampling.compaction": 3}):
     caplog.clear()
     with caplog.at_level(logging.INFO):
       auto.resolve(_tiny(**over), ctx)
@@ -513,6 +526,39 @@ def test_the_docs_table_is_what_auto_resolves_for_every_shipped_config():
   assert shipped == seen_files, shipped ^ seen_files
 
 
+def test_every_ablation_variant_resolves_to_the_short_completion_path():
+  """Every variant of every table in configs/ablations/ (both sizes), built by its table module and resolved as the
+  table's runs are (train_table.make_runs: one CPU device, its seeds sharing it): no knob fails to choose, none is
+  left at auto, and each takes the path the rules give its completions, all shorter than LONG_COMPLETIONS: the static
+  decoder, padded passes, one training length, exit chunks dividing L (the docs table above covers configs/*.py; the
+  tables were covered only by their first variant)."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import jax  # pylint: disable=g-import-not-at-top
+  from grpo_jax.infra import sharding
+  from grpo_jax.rollout import sampling
+  from grpo_jax.studies import ablate
+  mesh = sharding.make_mesh(config_lib.base_config().mesh, jax.devices()[:1])
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  tables, cells = set(), 0
+  for path in sorted(glob.glob(os.path.join(root, "configs", "ablations", "*.py"))):
+    for arg in (None, "small"):
+      cfg = config_lib.load_config(path, arg)
+      if "variants" not in cfg:
+        continue
+      for name, overrides in cfg.variants:
+        r, _ = auto.resolve_here(ablate.load_table(cfg).build_config(cfg, overrides), mesh, lanes=cfg.seeds, log=False)
+        auto.check_resolved(r)
+        L = r.sampling.max_new_tokens
+        assert L < auto.LONG_COMPLETIONS and [r.sampling.engine, r.rl.packing, r.rl.train_buckets,
+                                              r.sampling.exit_chunk] == ["static", "off", 1,
+                                                                         sampling.default_exit_chunk(L)], (path, name)
+        tables.add(os.path.basename(path))
+        cells += 1
+  # the bandit table has no RL run; the memory table compiles its workload as a run resolves it (test above)
+  assert tables == {os.path.basename(p) for p in glob.glob(os.path.join(root, "configs", "ablations", "*.py"))} - {
+      "baselines.py", "memory.py"} and cells == 92, (sorted(tables), cells)
+
+
 def test_the_traced_step_reads_resolved_values_and_plans_nothing(monkeypatch):
   """The decode layout (and every other knob) is chosen by resolve, before tracing: tracing the whole step with the
   planner patched to fail works; decode_layout.from_config reads the resolved values (an unresolved config: no
@@ -576,9 +622,88 @@ def test_a_recorded_value_that_no_longer_fits_is_refused_before_config_json_is_r
   from grpo_jax.infra import checkpoint  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": view}))  # what the run saved
   c2 = config_lib.override(c, {"rl.prompts_per_step": 1, "train.allow_config_change": "rl.prompts_per_step"})
-  with pytest.raises(errors.ConfigError, match=r"config.sampling.slots: 8 exceeds the 4 .*on resume: sampling.slots=8"):
+  # ... naming the flags that resume with what auto picks for the 4 rows now (it said "set it explicitly", no value)
+  with pytest.raises(errors.ConfigError, match=r"config.sampling.slots: 8 exceeds the 4 .*on resume: sampling.slots=8, "
+                     r".*; resume with --config.sampling.slots=4 --config.train.allow_config_change="
+                     r"rl.prompts_per_step,sampling.slots \(what auto picks here"):
     jobs.run(c2, wd)
   assert (tmp_path / "run" / "config.json").read_text() == "the first run's"
+  from grpo_jax.run import preflight  # pylint: disable=g-import-not-at-top
+  preflight.check_recorded_values(config_lib.override(c2, {  # the advice followed: accepted
+      "sampling.slots": 4, "train.allow_config_change": "rl.prompts_per_step,sampling.slots"}), wd)
+
+
+def test_a_resume_on_more_devices_than_recorded_is_refused_with_what_auto_picks_there(monkeypatch, tmp_path):
+  """A run recorded 4 slots on one device (mesh data=-1: the same config on any device count); resumed on 8 devices
+  (validate.elsewhere: the checks' device count) its slots no longer divide over mesh data*fsdp: one line naming the
+  recorded value, the devices' rule and the flags that resume with auto's pick there (8)."""
+  from grpo_jax.infra import checkpoint, errors  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import preflight, run_config  # pylint: disable=g-import-not-at-top
+  c = config_lib.override(_arith(), {"sampling.engine": "continuous"})  # 2 prompts x G 4 = 8 rows
+  os.makedirs(tmp_path / "checkpoints")
+  view = run_config.with_resolved(run_config.view(c, "rl"), {"sampling.slots": 4})
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": view}))
+  preflight.check_recorded_values(c, str(tmp_path))  # where it ran: accepted
+  with validate.elsewhere(8, None), pytest.raises(errors.ConfigError, match=(
+      r"^config.sampling.slots: 4 must be divisible by mesh data\*fsdp=8 .*\(on resume: sampling.slots=4, .*; "
+      r"resume with --config.sampling.slots=8 --config.train.allow_config_change=sampling.slots \(what auto picks")):
+    preflight.check_recorded_values(c, str(tmp_path))
+
+
+def test_an_r1_stage_resume_whose_recorded_value_no_longer_fits_is_refused_naming_the_stage(monkeypatch, tmp_path):
+  """The same refusal for an R1 pipeline's RL stage (each RL stage resolves and records its own `auto` values, in its
+  own directory): before DIR/config.json is rewritten, naming the stage whose record it is (it did not)."""
+  from configs import r1_pipeline  # pylint: disable=g-import-not-at-top
+  from grpo_jax.infra import checkpoint, errors  # pylint: disable=g-import-not-at-top
+  from grpo_jax.r1 import pipeline  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import jobs, run_config, stages  # pylint: disable=g-import-not-at-top
+  c = r1_pipeline.get_config("small")
+  c.model.update(hidden=16, layers=1, heads=2, kv_heads=1, inter=32, max_len=96)
+  c.rl.update(G=2, prompts_per_step=4, minibatches=1, rollout_chunks=1)
+  c.sampling.engine = "continuous"
+  c.eval.update(size=4, batch=4, n_samples=2, pass_k=(1, 2))
+  c.r1.stages = ("base", "r1_zero")
+  wd = str(tmp_path / "run")
+  base, zero = pipeline.stage_list(c, wd, ["base", "r1_zero"])
+  stages.mark_done(base)  # the base finished; r1_zero saved step 3 with 8 slots (4 prompts x G 2)
+  stages.mark_running(zero)
+  os.makedirs(os.path.join(zero.directory, "checkpoints", "3"))
+  view = run_config.with_resolved(zero.view, {"sampling.slots": 8})
+  ours = lambda d: d.startswith(zero.directory)
+  newest, committed = checkpoint.newest_meta, checkpoint.all_committed_steps
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (3, {"config": view}) if ours(d) else newest(d))
+  monkeypatch.setattr(checkpoint, "all_committed_steps", lambda d: [3] if ours(d) else committed(d))
+  (tmp_path / "run" / "config.json").write_text("the first run's")
+  c2 = config_lib.override(c, {"rl.prompts_per_step": 2, "train.allow_config_change": "rl.prompts_per_step"})
+  with pytest.raises(errors.ConfigError, match=r"^config.sampling.slots: 8 exceeds the 4 .*on resume: sampling.slots=8.*"
+                     rf"--config.sampling.slots=4 .* \(stage r1_zero, {zero.directory}\)\.$"):
+    jobs.run(c2, wd)
+  assert (tmp_path / "run" / "config.json").read_text() == "the first run's"
+
+
+def test_a_group_whose_runs_recorded_other_choices_is_refused_before_anything_is_written(monkeypatch, tmp_path):
+  """Two runs of one vmapped program (a sweep group): one resumes with exit chunks of 8 recorded (an older rule), the
+  other starts fresh (16 for L 8). train_group refused them, but only after both config.json files were written (and
+  a new run's SFT stage had run); now jobs.run_group refuses before, naming each run's values."""
+  from grpo_jax.infra import checkpoint, errors  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import jobs, run_config, stages  # pylint: disable=g-import-not-at-top
+  c = _arith()
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  rl = jobs.grpo_stages(c, a)[-1]
+  stages.mark_running(rl)
+  os.makedirs(os.path.join(a, "checkpoints", "1"))
+  view = run_config.with_resolved(rl.view, {"sampling.exit_chunk": 8})
+  newest, committed = checkpoint.newest_meta, checkpoint.all_committed_steps
+  ours = lambda d: d.startswith(a + os.sep)
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (1, {"config": view}) if ours(d) else newest(d))
+  monkeypatch.setattr(checkpoint, "all_committed_steps", lambda d: [1] if ours(d) else committed(d))
+  (tmp_path / "a" / "config.json").write_text("the first run's")
+  with pytest.raises(errors.InputError) as e:
+    jobs.run_group([c, config_lib.override(c, {"optim.lr": 2 * c.optim.lr})], [a, b])
+  assert (tmp_path / "a" / "config.json").read_text() == "the first run's"
+  assert not (tmp_path / "b" / "config.json").exists()
+  assert str(e.value).startswith("the runs of one program resolved sampling.exit_chunk differently (a: "
+                                 "sampling.exit_chunk=8, b: sampling.exit_chunk=16; "), e.value
 
 
 def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):

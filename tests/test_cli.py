@@ -1,5 +1,6 @@
 """grpo_jax/cli.py: what the commands share. The persistent compilation cache: where it lives, how it is turned off,
 that a caller's (the suite's) setting wins, and that a command's second compile of a program loads it from disk."""
+import logging
 import os
 import subprocess
 import sys
@@ -40,11 +41,13 @@ print("DIR", d, "HITS", len(hits))
 """
 
 
-def _run(env_extra: dict) -> str:
+def _run(env_extra: dict, stderr: list | None = None) -> str:
   env = {k: v for k, v in os.environ.items() if not k.startswith("JAX_COMPILATION_CACHE") and k != cli.CACHE_ENV}
   env.update(PYTHONPATH=ROOT, JAX_PLATFORMS="cpu", **env_extra)
   out = subprocess.run([sys.executable, "-c", _SCRIPT], env=env, capture_output=True, text=True, timeout=120)
   assert out.returncode == 0, out.stderr[-2000:]
+  if stderr is not None:
+    stderr.append(out.stderr)
   return out.stdout.strip().splitlines()[-1]
 
 
@@ -55,3 +58,27 @@ def test_a_command_compiles_a_program_once(tmp_path):
   assert _run({cli.CACHE_ENV: "off"}) == "DIR None HITS 0"
   theirs = tmp_path / "theirs"  # JAX's own variable (the suite sets one per session) is left as it is
   assert _run({"JAX_COMPILATION_CACHE_DIR": str(theirs), cli.CACHE_ENV: str(cache)}) == f"DIR {theirs} HITS 1"
+
+
+def test_a_cache_dir_that_cannot_be_written_compiles_without_it_and_says_so(tmp_path, monkeypatch, caplog):
+  """A cache path under a file (or a read-only home) was turned off without a word (`os.makedirs` failed: None); one
+  that exists but takes no files was handed to JAX, which warns at every program it fails to store. Now both compile
+  without the cache after one warning that names the directory and the variable to set."""
+  (tmp_path / "afile").write_text("")
+  bad, err = str(tmp_path / "afile" / "xla"), []
+  assert _run({cli.CACHE_ENV: bad}, err) == "DIR None HITS 0"
+  said = [l for l in err[0].splitlines() if "persistent compilation cache off" in l]
+  assert len(said) == 1 and f"{bad} is not a writable directory" in said[0] and cli.CACHE_ENV in said[0], err[0]
+  # a directory that exists but refuses files (the suite runs as root, which writes through permissions: the write
+  # itself is refused here)
+  (tmp_path / "ro").mkdir()
+
+  def refuse(*args, **kwargs):
+    raise PermissionError(13, "Permission denied")
+  with monkeypatch.context() as m:
+    m.setattr(cli.tempfile, "TemporaryFile", refuse)
+    with caplog.at_level(logging.WARNING):
+      assert not cli.writable_dir(str(tmp_path / "ro"))
+  assert [r.getMessage() for r in caplog.records if "Permission denied" in r.getMessage()], caplog.records
+  assert cli.writable_dir(str(tmp_path / "ro")) and cli.writable_dir(str(tmp_path / "new" / "xla"))
+  assert os.listdir(tmp_path / "ro") == []  # the probe leaves nothing behind

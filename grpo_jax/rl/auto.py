@@ -42,6 +42,7 @@ from grpo_jax.rl import memory_plan
 from grpo_jax.rl import packing
 from grpo_jax.rl import update as update_lib
 from grpo_jax.rollout import decode_layout
+from grpo_jax.rollout import engine
 from grpo_jax.rollout import sampling
 
 AUTO = "auto"
@@ -604,9 +605,22 @@ def choose_compaction(config, ctx: Context, candidates: list[int]) -> tuple[int,
                           "each compaction size compiles")
 
 
+def compaction_runs_as(config, ctx: Context) -> str | None:
+  """A set sampling.compaction past the slot counts engine.compaction_sizes makes of the (resolved) slots: each
+  halving must stay a multiple of the mesh's row split, so e.g. 24 slots give 4 counts, not 8."""
+  levels, split = int(config.sampling.compaction), ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1)
+  slots = int(config.sampling.slots) or _rows(config) // int(config.rl.rollout_chunks)
+  sizes = engine.compaction_sizes(slots, levels, split) if levels > 1 and slots > 0 else ()
+  if 0 < len(sizes) < levels:
+    return (f"{len(sizes)} slot counts {sizes}: sampling.slots {slots} halves to only {len(sizes)} multiple(s) of mesh "
+            f"data*fsdp={split}; set sampling.compaction <= {len(sizes)}")
+  return None
+
+
 register(Knob("sampling.compaction", lambda c, ctx: [config_lib.COMPACTION, 1], choose_compaction,
               # the rollout carry (rl.partial_rollouts) decodes on its own fixed slots: no compaction to choose
-              applies=lambda c: _continuous(c) and not c.rl.get("partial_rollouts", False), unused=_STATIC))
+              applies=lambda c: _continuous(c) and not c.rl.get("partial_rollouts", False), unused=_STATIC,
+              runs_as=compaction_runs_as))
 
 
 

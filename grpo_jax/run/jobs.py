@@ -18,6 +18,7 @@ from typing import Any, Callable, Sequence
 
 from absl import logging
 
+from grpo_jax.infra import errors
 from grpo_jax.run import run_config
 from grpo_jax.infra import signals
 from grpo_jax.run import stages as stages_lib
@@ -76,6 +77,8 @@ def run_group(configs: Sequence[Any], workdirs: Sequence[str], *, compiler_optio
     for config, actions, wd in zip(configs, plans, workdirs):
       if actions.get("rl") in ("resume", "continue"):
         preflight.check_recorded_values(config, wd, lanes)  # before config.json is rewritten
+    training = [(c, wd) for c, actions, wd in zip(configs, plans, workdirs) if actions.get("rl") != "skip"]
+    preflight.check_group_resolves([c for c, _ in training], [wd for _, wd in training], lanes)  # one program
     members, rl_stages = [], []
     for config, todo, actions, wd in zip(configs, todos, plans, workdirs):
       of = f" of {wd}" if len(workdirs) > 1 else ""
@@ -145,7 +148,10 @@ def run(config, workdir: str) -> None:
     actions = stages_lib.plan(todo, config, workdir)
     for st in todo:  # an R1 RL stage that resumes: its recorded `auto` values checked now, not stages later
       if st.name in stage_config.RL_STAGES and actions[st.name] in ("resume", "continue"):
-        preflight.check_recorded_values(stage_config.for_stage(config, st.name), st.directory)
+        try:
+          preflight.check_recorded_values(stage_config.for_stage(config, st.name), st.directory)
+        except errors.ConfigError as e:  # which stage's record (each RL stage resolved its own)
+          raise errors.ConfigError(f"{str(e).rstrip('.')} (stage {st.name}, {st.directory}).") from None
     logging.info("plan: %s", stages_lib.describe_plan(actions))
     _write_config(config, workdir)
     if config.job in ("sft", "pretrain"):

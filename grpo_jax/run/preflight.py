@@ -148,8 +148,35 @@ def check_recorded_values(config, workdir: str, lanes: int = 1) -> None:
   hbm = validate.device_memory()
   ctx = auto.Context(mesh, None if hbm is None else hbm // lanes)
   resolved, _ = auto.resolve(config, ctx, log=False, recorded=recorded)
-  train.check_recorded(resolved, recorded, tok_lib.for_config(config))
+  try:  # what a fresh run picks here: the refusal names it as the way forward
+    today = auto.resolved_values(auto.resolve(config, ctx, log=False)[0])
+  except (errors.ConfigError, ValueError):
+    today = None
+  train.check_recorded(resolved, recorded, tok_lib.for_config(config), today)
   auto.check_recorded_fits(config, resolved, recorded, ctx)  # another device count or size than the first run's
+
+
+def check_group_resolves(configs, workdirs, lanes: int) -> None:
+  """The runs of one vmapped program (a sweep group) resolve their `auto` knobs as train.train_group will (each its
+  recorded values on resume, 1/lanes of each device's memory) and must agree: runs recorded under other choices
+  (a group extended with new seeds after a rule or the device changed) were refused by train_group only after
+  config.json had been rewritten and the new runs' SFT stages had run. Reads only."""
+  if len(configs) < 2:
+    return
+  hbm = validate.device_memory()
+  ctx = auto.Context(validate.validate_mesh(configs[0], validate.device_count()), None if hbm is None else hbm // lanes)
+  picked = []
+  for config, wd in zip(configs, workdirs):
+    ckpt_dir = os.path.join(wd, "checkpoints")
+    newest = ckpt_lib.newest_meta(ckpt_dir) if "://" not in wd and os.path.isdir(ckpt_dir) else None
+    recorded = run_config.recorded_settings(newest[1].get("config")) if newest else {}
+    picked.append(auto.resolved_values(auto.resolve(config, ctx, log=False, recorded=recorded)[0]))
+  differ = sorted({k for p in picked[1:] for k in p if p[k] != picked[0].get(k)})
+  if differ:
+    runs = ", ".join(f"{os.path.basename(wd.rstrip('/'))}: " + ", ".join(f"{k}={p.get(k)}" for k in differ)
+                     for wd, p in zip(workdirs, picked))
+    raise errors.InputError(f"the runs of one program resolved {', '.join(differ)} differently ({runs}; runs recorded "
+                            "under other `auto` choices): set the keys explicitly, or run them with --mode=serial.")
 
 
 def check_tokenizer_model(config, tokenizer) -> None:

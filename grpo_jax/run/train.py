@@ -384,10 +384,11 @@ def run_rl(config, workdir: str, init_from: str | None = None, python_fns: dict 
   return run.last_eval
 
 
-def check_recorded(config, recorded: dict, tokenizer=None) -> None:
+def check_recorded(config, recorded: dict, tokenizer=None, today: dict | None = None) -> None:
   """A resumed run's resolved config validated again: a value it recorded (rl/auto.py, reused on resume) may not fit
-  a change train.allow_config_change let through (slots above fewer rows): one line naming the key, not a traceback
-  inside the step."""
+  a change train.allow_config_change let through (slots above fewer rows), or another device count: one line naming
+  the key, not a traceback inside the step. `today`: what auto picks for the config here ({key: value}); the line
+  then gives the flags that resume with it."""
   if not recorded:
     return
   try:
@@ -398,8 +399,15 @@ def check_recorded(config, recorded: dict, tokenizer=None) -> None:
     keys = [k for k in sorted(recorded) if k == key] or [k for k in sorted(recorded) if k in str(e)]
     was = "".join(f": {k}={recorded[k]}" for k in keys[:1]) + (", the value this run started with and a resume "
                                                                 "reuses" if keys else "")
-    raise errors.ConfigError(f"{e} (on resume{was}; set it explicitly with train.allow_config_change="
-                             f"{keys[0] if keys else '<key>'}, or use a new --workdir)") from None
+    k = keys[0] if keys else "<key>"
+    if keys and (today or {}).get(k, recorded[k]) != recorded[k]:
+      allow = ",".join(dict.fromkeys([a.strip() for a in str(config.train.get("allow_config_change", "")).split(",")
+                                      if a.strip()] + [k]))
+      fix = (f"resume with --config.{k}={today[k]} --config.train.allow_config_change={allow} (what auto picks here; "
+             "a change of the run's program)")
+    else:
+      fix = f"set it explicitly with train.allow_config_change={k}"
+    raise errors.ConfigError(f"{e} (on resume{was}; {fix}, or use a new --workdir)") from None
 
 
 def train_group(members: Sequence[Member], *, python_fns: dict | None = None, compiler_options: dict | None = None,

@@ -114,8 +114,13 @@ def make_measure(mcfg: model_lib.ModelConfig, max_new_tokens: int, prompts: dict
   return jax.jit(jax.vmap(measure))
 
 
+# the run config of a variant, as the training tables build it: ablate.check_variants and check_memory read it (without
+# it this table's seeds were never checked against their share of the device before its first cell)
+build_config = train_table.build_config
+
+
 def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
-  c = train_table.build_config(cfg, dict(cfg.variants)[variant])
+  c = build_config(cfg, dict(cfg.variants)[variant])
   spec = digits.toy_reward_spec(c.rewards, c.model.vocab_size)
   c, mesh, mcfg, states, program = train_table.make_runs(cfg, c, spec, seeds)
   gen = digits.toy_batches(cfg.measure_prompts, seed=777)
