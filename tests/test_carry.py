@@ -479,6 +479,15 @@ def test_ppo_with_the_carry_is_refused():
   c = config_lib.override(c, {"sampling.engine": "continuous", "rl.partial_rollouts": True})
   with pytest.raises(config_lib.ConfigError, match="rl.partial_rollouts.*PPO"):
     validate.validate_rl(c, 1)
+  # and by PPO's step itself, built without validation (studies, benchmarks, tests): its rollout was given no carry,
+  # and the step failed at its first call in carry.advance ("ValueError: None is not a valid value for jnp.array")
+  from grpo_jax.config import presets
+  c = config_lib.override(_carry1_config(), presets.overrides("ppo"))
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  spec = digits.reward_spec(c.model.vocab_size)
+  with carry_lib.batch_fields(FIELDS), pytest.raises(config_lib.ConfigError) as e:
+    families.make_step(c, mesh, model_lib.ModelConfig.from_config(c.model), spec, spec.ctx.tokenizer)
+  assert str(e.value).startswith("config.rl.partial_rollouts: not supported with algo='ppo'") and "\n" not in str(e.value)
 
 
 # ------------------------------------------------------------------------------------- 8 simulated devices
