@@ -593,16 +593,19 @@ def test_killed_carry_run_resumes_exactly(chaos_partial, tmp_path):
 
 
 def test_vmapped_seeds_each_carry_their_own_rows(carry1_step):
-  """Two seeds in one vmapped program (studies/vmapped_runs.py), each with its own carry: every run equals its own
-  separate run — samples, schedule metrics, and params up to the vmapped program's rounding."""
+  """Two seeds in one vmapped program (studies/vmapped_runs.py), each with its own carry and, as a sweep of
+  optim.lr trains them, its own learning rate: every run equals its own separate run — samples, schedule metrics,
+  and params up to the vmapped program's rounding."""
+  from grpo_jax.rl import update as update_lib
   from grpo_jax.run.train import device_batch
   from grpo_jax.studies import vmapped_runs
   c = _carry1_config()
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(c.model.vocab_size)
+  lrs = [c.optim.lr, 3 * c.optim.lr]  # in the optimizer state (vmapped_runs.OPT_KEYS): the same programs
   with carry_lib.batch_fields(FIELDS):
-    states = vmapped_runs.init_states(c, mcfg, [0, 1])
+    states = vmapped_runs.init_states(c, mcfg, [0, 1], hparams={"optim.lr": lrs})
     vstep = vmapped_runs.make_steps(c, mesh, mcfg, spec, spec.ctx.tokenizer)
     one = carry1_step  # families.make_step of this config on this mesh: the separate runs' step
     cspec = rollout_lib.carry_spec(c)
@@ -620,6 +623,8 @@ def test_vmapped_seeds_each_carry_their_own_rows(carry1_step):
   for i in range(2):
     with carry_lib.batch_fields(FIELDS):
       st = rl_step.init(c, mesh, mcfg, seed=i)
+    hp = st["opt_state"].hyperparams  # run i's learning rate, placed as init placed the config's
+    hp[update_lib.LR] = jax.device_put(jnp.asarray(lrs[i], hp[update_lib.LR].dtype), hp[update_lib.LR].sharding)
     for s, b in enumerate(list(stream())[:3]):
       st, m = one(st, device_batch(mesh, b))  # as _run feeds the shared step: the same input shardings, no retrace
       m = jax.device_get(m)
