@@ -202,6 +202,12 @@ def test_rows_that_can_only_be_identical_are_refused_before_running(tmp_path):
     cfg = train_table.table_config("small", (("grpo", g), ("other", {**g, **over})))
     with pytest.raises(ValueError, match=f"differ only in {', '.join(sorted(over))}, which act through the ratio"):
       ablate.check_variants(cfg, train_table)
+  # the rollout carry too: carried tokens lag μ, not π_old, which one update takes at the policy itself (ρ ≡ 1,
+  # train/ratio_mean exactly 1 in test_carry); the check let it through, the rows came out identical
+  carry = {"sampling.engine": "continuous", "rl.partial_rollouts": True}
+  cfg = train_table.table_config("small", (("clip", {**g, **carry}), ("clip-higher", {**g, **carry, "rl.eps_high": 0.28})))
+  with pytest.raises(ValueError, match="'clip' and 'clip-higher' differ only in rl.eps_high"):
+    ablate.check_variants(cfg, train_table)
   for mu in ({"rl.mu": 2}, {"rl.minibatches": 2}):
     cfg = train_table.table_config("small", (("clip", {**g, **mu}), ("clip-higher", {**g, **mu, "rl.eps_high": 0.28})))
     ablate.check_variants(cfg, train_table)

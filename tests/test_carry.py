@@ -463,13 +463,15 @@ def test_carry_knobs_without_the_carry_are_logged(caplog):
   with caplog.at_level(logging.WARNING):
     validate.validate_rl(config_lib.load_config("configs/grpo_arith.py", "small"), 1)
   assert not any("partial_rollouts" in r.getMessage() for r in caplog.records)
-  # the other way round: the continuous engine's compaction means nothing to the carry's fixed slots
+  # the other way round: the continuous engine's compaction means nothing to the carry's fixed slots — but the
+  # held-out evaluation (run/evaluation.py) still runs the continuous engine with it, which the line says (it said
+  # "no effect with rl.partial_rollouts" alone)
   c = config_lib.override(config_lib.load_config("configs/grpo_arith.py", "small"),
                           {"rl.partial_rollouts": True, "sampling.compaction": 4})
   with caplog.at_level(logging.WARNING):
     validate.validate_rl(c, 1)
-  assert any(r.getMessage().startswith("sampling.compaction=4: no effect with rl.partial_rollouts")
-             for r in caplog.records)
+  assert any(r.getMessage().startswith("sampling.compaction=4: no effect with rl.partial_rollouts on the training")
+             and "evaluation" in r.getMessage() for r in caplog.records)
 
 
 def test_ppo_with_the_carry_is_refused():
@@ -477,6 +479,15 @@ def test_ppo_with_the_carry_is_refused():
   c = config_lib.override(c, {"sampling.engine": "continuous", "rl.partial_rollouts": True})
   with pytest.raises(config_lib.ConfigError, match="rl.partial_rollouts.*PPO"):
     validate.validate_rl(c, 1)
+  # and by PPO's step itself, built without validation (studies, benchmarks, tests): its rollout was given no carry,
+  # and the step failed at its first call in carry.advance ("ValueError: None is not a valid value for jnp.array")
+  from grpo_jax.config import presets
+  c = config_lib.override(_carry1_config(), presets.overrides("ppo"))
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  spec = digits.reward_spec(c.model.vocab_size)
+  with carry_lib.batch_fields(FIELDS), pytest.raises(config_lib.ConfigError) as e:
+    families.make_step(c, mesh, model_lib.ModelConfig.from_config(c.model), spec, spec.ctx.tokenizer)
+  assert str(e.value).startswith("config.rl.partial_rollouts: not supported with algo='ppo'") and "\n" not in str(e.value)
 
 
 # ------------------------------------------------------------------------------------- 8 simulated devices
@@ -582,16 +593,19 @@ def test_killed_carry_run_resumes_exactly(chaos_partial, tmp_path):
 
 
 def test_vmapped_seeds_each_carry_their_own_rows(carry1_step):
-  """Two seeds in one vmapped program (studies/vmapped_runs.py), each with its own carry: every run equals its own
-  separate run — samples, schedule metrics, and params up to the vmapped program's rounding."""
+  """Two seeds in one vmapped program (studies/vmapped_runs.py), each with its own carry and, as a sweep of
+  optim.lr trains them, its own learning rate: every run equals its own separate run — samples, schedule metrics,
+  and params up to the vmapped program's rounding."""
+  from grpo_jax.rl import update as update_lib
   from grpo_jax.run.train import device_batch
   from grpo_jax.studies import vmapped_runs
   c = _carry1_config()
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(c.model.vocab_size)
+  lrs = [c.optim.lr, 3 * c.optim.lr]  # in the optimizer state (vmapped_runs.OPT_KEYS): the same programs
   with carry_lib.batch_fields(FIELDS):
-    states = vmapped_runs.init_states(c, mcfg, [0, 1])
+    states = vmapped_runs.init_states(c, mcfg, [0, 1], hparams={"optim.lr": lrs})
     vstep = vmapped_runs.make_steps(c, mesh, mcfg, spec, spec.ctx.tokenizer)
     one = carry1_step  # families.make_step of this config on this mesh: the separate runs' step
     cspec = rollout_lib.carry_spec(c)
@@ -609,6 +623,8 @@ def test_vmapped_seeds_each_carry_their_own_rows(carry1_step):
   for i in range(2):
     with carry_lib.batch_fields(FIELDS):
       st = rl_step.init(c, mesh, mcfg, seed=i)
+    hp = st["opt_state"].hyperparams  # run i's learning rate, placed as init placed the config's
+    hp[update_lib.LR] = jax.device_put(jnp.asarray(lrs[i], hp[update_lib.LR].dtype), hp[update_lib.LR].sharding)
     for s, b in enumerate(list(stream())[:3]):
       st, m = one(st, device_batch(mesh, b))  # as _run feeds the shared step: the same input shardings, no retrace
       m = jax.device_get(m)
@@ -638,6 +654,27 @@ def test_planner_holds_the_carry_resident_by_hand():
   assert p.resident["carry prompts and their KV (Q x P)"] == Q // 2 * 16 * 8 + kv(Q, 16)
   assert p.resident["carry slot kv (S x L)"] == kv(S, 64)
   assert "slot kv cache (S x L)" not in p.rollout and "prompt kv cache (B x P)" not in p.rollout
+
+
+@pytest.mark.parametrize("model_dtype,sampler_dtype", [("float32", ""), ("float32", "bfloat16"),
+                                                       ("bfloat16", "float32")])
+def test_planned_carry_bytes_are_the_state_carrys(model_dtype, sampler_dtype):
+  """The planner's carry terms against the carry the state allocates (abstract, nothing compiled): the KV exactly —
+  it is in the sampler's dtype, sampling.dtype (the plan used the model's: 1.79x the state's carry with a bf16
+  sampler over an fp32 model, 0.55x with an fp32 sampler over a bf16 model) —, the whole carry up to the small
+  per-group / per-slot leaves the plan leaves out (verifier fields, ages, slot indices: < 2% here)."""
+  from grpo_jax.rl import plan_terms
+  c = _carry1_config()
+  c.model.dtype, c.sampling.dtype = model_dtype, sampler_dtype
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  with carry_lib.batch_fields(FIELDS):
+    carry = rl_step.state_spec(c, mesh, mcfg)[0]["carry"]
+  nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+  plan = plan_terms.carry_bytes(c, mcfg, dict(data=1, fsdp=1, tensor=1))
+  assert plan["carry slot kv (S x L)"] == nbytes((carry.ck, carry.cv))
+  assert plan["carry prompts and their KV (Q x P)"] == nbytes((carry.pk, carry.pv, carry.prompt_QxP, carry.pmask_QxP))
+  assert sum(plan.values()) <= nbytes(carry) <= 1.02 * sum(plan.values())
 
 
 def test_auto_decode_layout_never_picks_tp_for_the_carry():

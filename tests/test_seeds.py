@@ -190,3 +190,33 @@ def test_every_traceable_knob_traces_in_every_preset(preset):
     out, m = jax.eval_shape(step.jitted, states, BATCHES[0])
   assert step.traces() == 1 and m["train/loss"].shape == (2,)
   assert jax.tree.structure(out) == jax.tree.structure(states)
+
+
+def test_a_python_reward_failing_in_one_run_leaves_every_run_at_its_step():
+  """A Python reward term that fails in one run of a vmapped group: the host stops the group and saves every run at
+  that step (run/train.py's rl_loop), so no run may have advanced. The other run took its update and was saved one
+  step ahead of its label: a resume trained it on the same batch twice (and a rollout carry admitted its prompts
+  twice). Now the step is skipped in every run, as in one run's failure."""
+  from grpo_jax.rl import rewards
+  c, mesh, mcfg, spec, tok = _setup()
+  calls = []
+
+  def second_call_raises(texts, ids, batch):  # 'sequential' under vmap: one call per run
+    calls.append(len(texts))
+    if len(calls) == 2:
+      raise RuntimeError("boom")
+    return [0.0] * len(texts)
+  term = rewards.PythonTerm("flaky", second_call_raises, tok)
+  spec = spec._replace(names=("digits", "flaky"), weights=(1.0, 1.0), fns=spec.fns + (term.in_graph(),),
+                       python_terms={"flaky": term})
+  c.rewards = (("digits", 1.0), ("flaky", 1.0))
+  states = seeds_lib.init_states(c, mcfg, [0, 1])
+  start = jax.device_get(states["params"])
+  step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
+  states, m = step(states, BATCHES[0])
+  term.close()
+  status = np.asarray(m["reward_status"])  # [runs, terms]
+  assert len(calls) == 2 and sorted(status[:, 1].tolist()) == [reward_spec.OK, reward_spec.RAISED], status
+  assert np.asarray(states["step"]).tolist() == [0, 0]
+  for a, b in zip(jax.tree.leaves(jax.device_get(states["params"])), jax.tree.leaves(start)):
+    np.testing.assert_array_equal(a, b)

@@ -71,13 +71,14 @@ def carry_bytes(config, mcfg, mesh: dict[str, int]) -> dict[str, int]:
   """rl.partial_rollouts: the rollout carry the state holds across steps, per device (rollout/carry.py): the table's
   (1 + max_staleness)·B groups' prompts and prompt KV, their rows' tokens / behaviour log-probs / versions / masks /
   uniforms (int32 or float32 each, [R, L]) and the S slots' completion KV — the continuous engine's slot and prompt
-  buffers, now resident."""
+  buffers, now resident. The KV is in the sampler's dtype (sampling.dtype, '' = the model's): what carry.init
+  allocates."""
   rl = config.rl
   L, P = config.sampling.max_new_tokens, config.task.prompt_len
   Q = (1 + int(rl.max_staleness)) * rl.prompts_per_step
   R, S = Q * rl.G, int(config.sampling.get("slots", 0)) or rl.prompts_per_step * rl.G
   dp, tp = mesh["data"] * mesh["fsdp"], mesh["tensor"]
-  cb = BYTES[mcfg.dtype]
+  cb = BYTES[config.sampling.get("dtype", "") or mcfg.dtype]
   k_dev = mcfg.kv_heads // tp if mcfg.kv_heads % tp == 0 else mcfg.kv_heads
   lc = -(-L // min(engine_lib.KV_BLOCK, L)) * min(engine_lib.KV_BLOCK, L)
   kv = lambda rows, tokens: 2 * mcfg.layers * math.ceil(rows / dp) * k_dev * mcfg.head_dim * tokens * cb

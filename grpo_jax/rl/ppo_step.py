@@ -142,6 +142,10 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
   """The pure, un-jitted `(state, batch) -> (state, metrics)` of PPO with a critic."""
   rl_step.check_preset(config)
   auto.check_resolved(config)  # rl.minibatches / rl.rollout_chunks = 0 (auto) have no default
+  if config.rl.get("partial_rollouts", False):  # validate_partial's refusal, for a step built without validation
+    raise auto.ConfigError(f"config.rl.partial_rollouts: not supported with algo={config.rl.algo!r} (PPO's critic: "
+                           "its values would need the carry's versions too); set rl.partial_rollouts=False or use a "
+                           "critic-free preset.")
   rollout_fn = rollout_lib.make_rollout_fn(config, mcfg, spec, tokenizer)
   opts = (optimizer(config), critic(config, mcfg).opt)
   temp = config.sampling.temperature

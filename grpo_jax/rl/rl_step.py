@@ -298,6 +298,10 @@ def finish_step(config, state: state_lib.State, updated: dict, ro: rollout_lib.R
   reward_ok = jnp.all(ro.status == reward_spec.OK)
   if ro.env_status is not None:  # an environment call that failed as a whole: the same skip (host raises after)
     reward_ok = reward_ok & (ro.env_status == host_calls.OK)
+  # vmapped runs (studies/vmapped_runs.py): one run's failure skips every run's step, as the host stops the whole
+  # group and saves each run at this step — a run that had advanced was saved one step ahead of its label, and
+  # resumed onto this step's batch again (its carry's prompts admitted twice)
+  reward_ok = update_lib.max_over_runs((~reward_ok).astype(jnp.int32)) == 0
   updated, reset_m = reference_reset(config, state, updated)
   new_state = update_lib.select(reward_ok, dict(state, **updated, step=state["step"] + 1), state)
   reset_m = {k: v * reward_ok for k, v in reset_m.items()}  # a skipped step resets nothing

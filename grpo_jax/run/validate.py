@@ -531,8 +531,9 @@ def validate_partial(c, data_par: int) -> None:
                       "rl.partial_rollouts=True to use %s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
     return
   if c.sampling.get("compaction", 0) not in (0, 1):
-    logging.warning("sampling.compaction=%r: no effect with rl.partial_rollouts (the carry decodes on its fixed "
-                    "sampling.slots, never fewer); set it to 0 or 1.", c.sampling.compaction)
+    logging.warning("sampling.compaction=%r: no effect with rl.partial_rollouts on the training rollout (the carry "
+                    "decodes on its fixed sampling.slots, never fewer); only the held-out evaluation's continuous "
+                    "engine compacts; set it to 0 or 1 unless that is meant.", c.sampling.compaction)
   if c.sampling.engine not in ("continuous", "auto"):  # auto resolves to continuous under partial rollouts
     _fail("rl.partial_rollouts", "carries rows in the continuous engine's slots; set sampling.engine='continuous' "
           f"or 'auto' (it is {c.sampling.engine!r}).")

@@ -107,8 +107,10 @@ def check_variants(cfg, table: ModuleType) -> None:
   for i, a in enumerate(names):
     for b in names[i + 1:]:
       diff = sorted(k for k in flat[a].keys() | flat[b].keys() if flat[a].get(k) != flat[b].get(k))
+      # partial rollouts (rl.partial_rollouts) do not make ρ leave 1: a carried token's lag is between μ and π_prox
+      # (the rollout correction's weight), and π_old of a single update is the policy itself (rl_step.old_logp)
       on_policy = all(int(flat[n].get("rl.mu", 1)) == 1 and int(flat[n].get("rl.minibatches", 1)) in (0, 1)
-                      and not flat[n].get("rl.partial_rollouts", False) for n in (a, b))
+                      for n in (a, b))
       if diff and set(diff) <= set(RATIO_ONLY) and on_policy:
         raise ValueError(f"variants {a!r} and {b!r} differ only in {', '.join(diff)}, which act through the ratio "
                          "π/π_old, but every update is on-policy (rl.mu 1, one minibatch: the ratio is 1), so the two "
