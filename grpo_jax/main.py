@@ -26,6 +26,7 @@ def execute(config, workdir: str, verbose: bool = False) -> int:
     # 18 on 2 cores; main alone 0.6 s); inside the try: Ctrl-C during those seconds is the one line below.
     from grpo_jax.run import evaluation, jobs  # pylint: disable=g-import-not-at-top
     cli.compilation_cache()  # a rerun, a resume or the next seed loads its programs from disk (cli.py)
+    cli.collect_less()  # again after the imports: what they made is frozen too (cli.py)
     with evaluation.shared_programs():  # the stages' evaluation programs, traced once per job
       jobs.run(config, workdir)
     return errors.EXIT_OK
@@ -61,6 +62,7 @@ def main(argv) -> None:
 
 
 def _entry():
+  cli.collect_less()  # from the start: importing jax and the package allocates as tracing does
   app.run(main, flags_parser=cli.parse_flags)
 
 

@@ -188,6 +188,7 @@ def main(argv) -> None:
     sys.exit(errors.EXIT_INPUT)
   command = "python -m grpo_jax.ablate " + " ".join(a for a in sys.argv[1:])
   cli.compilation_cache()  # cells that share a program compile it once (cli.py)
+  cli.collect_less()
   try:
     md = run(config, flags.FLAGS.workdir, command)
   except ValueError as e:

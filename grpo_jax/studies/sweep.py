@@ -434,6 +434,7 @@ def main(argv) -> None:
   config = cli.config_value("configs/grpo_arith.py:small")
   cli.setup_logging(flags.FLAGS.verbose)
   cli.compilation_cache()  # the runs of a point and the points that share a program compile it once (cli.py)
+  cli.collect_less()
   command = "python -m grpo_jax.sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:])
   fs = flags.FLAGS
   try:
