@@ -322,12 +322,28 @@ def test_slots_resolve_after_the_chunks_that_bound_them():
   assert list(auto.REGISTRY) == ["sampling.engine", "rl.packing", "rl.train_buckets", "sampling.exit_chunk",
                                  "sampling.decode_attention", "rl.rollout_chunks", "sampling.slots",
                                  "sampling.compaction", "rl.pack_len", "rl.pack_rows", "sampling.decode_layout",
-                                 "rl.carry_kv_groups"]  # (rl/partial.py registers it, after its slots)
+                                 "rl.carry_kv_groups"]  # after the slots it divides
   c = _tiny(**{"sampling.engine": "continuous"})
   free, _ = auto.resolve(c, auto.Context(MESH1, None, "cpu"))
   assert (free.rl.rollout_chunks, free.sampling.slots) == (1, 16)
   tight, chosen = auto.resolve(c, auto.Context(MESH1, 8_000_000, "cpu"))
   assert tight.rl.rollout_chunks == 2 and tight.sampling.slots <= 16 // 2, chosen
+
+
+def test_registry_is_complete_without_importing_any_step_module():
+  """Every auto knob is registered by rl/auto.py itself: a fresh copy of the module, executed on its own, holds all
+  of config_lib.AUTO_KEYS. rl.carry_kv_groups was registered by rl/partial.py, so auto.check_choosable in a process
+  that had not imported the step yet (validate.py and rl/auto.py alone) skipped its check."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("fresh_auto", auto.__file__)
+  fresh = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(fresh)
+  assert list(fresh.REGISTRY) == list(auto.REGISTRY)
+  assert sorted(k for knob in fresh.REGISTRY.values() for k in knob.keys()) == sorted(config_lib.AUTO_KEYS)
+  c = config_lib.override(config_lib.load_config("configs/grpo_arith.py", "small"),
+                          {"sampling.engine": "continuous", "rl.partial_rollouts": True, "rl.carry_kv_groups": 3})
+  with pytest.raises(config_lib.ConfigError, match="config.rl.carry_kv_groups: 3 must divide each device's 32 slots"):
+    fresh.check_choosable(c, MESH1, None)
 
 
 def test_nothing_fits_stops_the_job_before_anything_is_written(monkeypatch, tmp_path):

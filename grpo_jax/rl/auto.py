@@ -16,6 +16,7 @@ later knob's plan sees the earlier choices):
   sampling.compaction   its slot counts S, S/2, ... only for long completions (0)
   rl.pack_len, rl.pack_rows   rl.packing's row length and rows per micro-batch (0)
   sampling.decode_layout × decode_tp   where the weights live while the rollout decodes (memory_plan.choose_decode)
+  rl.carry_kv_groups    the rollout carry's KV read groups: the most up to 8 dividing a device's slots
 Each that applies to the resolved path logs one line, `auto <key> = <value> (<why>)`, or `<key> = <value> (set)`
 where the config names it (a set key of a path not taken: a warning that it has no effect; the others, slots under
 the static engine, say nothing). The rules and the measurements behind them: docs/performance.md ("What `auto`
@@ -40,7 +41,9 @@ from grpo_jax.model import model_config
 from grpo_jax.model import paged_attention
 from grpo_jax.rl import memory_plan
 from grpo_jax.rl import packing
+from grpo_jax.rl import plan_terms
 from grpo_jax.rl import update as update_lib
+from grpo_jax.rollout import carry as carry_lib
 from grpo_jax.rollout import decode_layout
 from grpo_jax.rollout import sampling
 
@@ -708,3 +711,40 @@ register(Knob("sampling.decode_layout", lambda c, ctx: [], choose_layout, joint=
                                                                        and is_auto("sampling.decode_tp",
                                                                                    c.sampling.decode_tp)),
               warn=lambda pick: pick[0] == "fsdp", planned=True))
+
+
+# ------------------------------------------------------------------------------------------ rl.carry_kv_groups
+# Registered here, not in rl/partial.py: a knob registered where its step's module is imported was missing from the
+# input checks (check_choosable) of any process that had not imported that module yet.
+
+
+def _slots_per_device(config, ctx: Context) -> int:
+  rl = config.rl
+  slots = int(config.sampling.get("slots", 0)) or rl.prompts_per_step * rl.G
+  return max(slots // max(ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1), 1), 1)
+
+
+def _check_carry(c, ctx: Context) -> None:
+  """What the resolved config must give the carry: a set rl.carry_kv_groups dividing each device's slots
+  (carry.check), and a table that fits the device's memory by itself (the state holds it: plan_terms.carry_bytes)."""
+  g, per = int(c.rl.carry_kv_groups), _slots_per_device(c, ctx)
+  if g and per % g:
+    raise ConfigError(f"config.rl.carry_kv_groups: {g} must divide each device's {per} slots (sampling.slots "
+                      f"over mesh data*fsdp); set a divisor of {per}, or 0 (auto: the most up to 8 that do).")
+  if ctx.hbm_bytes is None:
+    return
+  need = sum(plan_terms.carry_bytes(c, model_config.ModelConfig.from_config(c.model), ctx.mesh).values())
+  if need > ctx.hbm_bytes:
+    raise ConfigError(
+        f"config.rl.max_staleness: the rollout carry's table of (1 + {c.rl.max_staleness}) x {c.rl.prompts_per_step} "
+        f"groups alone needs {size(need)} per device, more than its {size(ctx.hbm_bytes)}; lower "
+        "rl.max_staleness (or rl.prompts_per_step, rl.G, sampling.max_new_tokens), or add devices (mesh.fsdp).")
+
+
+# rl.carry_kv_groups: how many groups of a device's slots read the completion KV, each to its own longest row
+register(Knob(
+    "rl.carry_kv_groups", applies=lambda c: bool(c.rl.get("partial_rollouts", False)),
+    candidates=lambda c, ctx: [g for g in (1, 2, 4, 8) if _slots_per_device(c, ctx) % g == 0],
+    choose=lambda c, ctx, cands: (carry_lib.kv_groups(0, _slots_per_device(c, ctx), 1),
+                                  "the most up to 8 dividing a device's slots: a long row costs its group's KV read"),
+    check=_check_carry))
