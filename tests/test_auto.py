@@ -706,6 +706,37 @@ def test_a_recorded_split_this_device_cannot_hold_is_refused_on_resume(monkeypat
     preflight.check_recorded_values(c, str(tmp_path), lanes=2)
 
 
+def test_a_recorded_tpu_kernel_is_refused_on_a_cpu_resume(monkeypatch, tmp_path):
+  """A run started on a TPU records sampling.decode_attention='tpu_ragged'; resumed on the CPU the record was reused
+  and the first trace raised Pallas's 'Only interpret mode is supported on CPU backend' traceback. Now one config
+  line before anything is written, naming the record and what auto picks here; its advice resumes; the record is
+  still reused on a TPU. A set 'tpu_ragged' on the CPU is one line too."""
+  from grpo_jax.infra import checkpoint  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import preflight, run_config  # pylint: disable=g-import-not-at-top
+  c = _arith()
+  c = config_lib.override(c, {"sampling.engine": "continuous", "model.hidden": 256, "model.heads": 2,
+                              "model.kv_heads": 1, "model.head_dim": 128})
+  os.makedirs(tmp_path / "checkpoints")
+  view = run_config.with_resolved(run_config.view(c, "rl"), {"sampling.decode_attention": "tpu_ragged"})
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": view}))
+  with pytest.raises(validate.ConfigError, match=(
+      r"^config.sampling.decode_attention='tpu_ragged' \(recorded: .*\): 'tpu_ragged' is JAX's TPU kernel, which "
+      r"cannot run on platform cpu; resume with --config.sampling.decode_attention=plain "
+      r"--config.train.allow_config_change=sampling.decode_attention \(what auto picks here")) as e:
+    preflight.check_recorded_values(c, str(tmp_path))
+  assert "\n" not in str(e.value)
+  preflight.check_recorded_values(config_lib.override(c, {"sampling.decode_attention": "plain",
+                                                          "train.allow_config_change": "sampling.decode_attention"}),
+                                  str(tmp_path))
+  recorded = run_config.recorded_settings(view)
+  tpu, chosen = auto.resolve(c, auto.Context(MESH1, None, "tpu"), log=False, recorded=recorded)
+  assert tpu.sampling.decode_attention == "tpu_ragged" and "recorded" in chosen["sampling.decode_attention"]
+  with pytest.raises(validate.ConfigError, match=r"^config.sampling.decode_attention='tpu_ragged' \(set\): .*"
+                     r"platform cpu; set sampling.decode_attention=auto"):
+    auto.resolve(config_lib.override(c, {"sampling.decode_attention": "tpu_ragged"}), auto.Context(MESH1, None,
+                                                                                                     "cpu"))
+
+
 def test_a_knob_that_did_not_apply_when_recorded_chooses_on_resume():
   """A run records every knob's value, also one that did not apply (slots, compaction, decode attention: still at
   auto under the static engine). A resume whose allowed change makes it apply (the continuous engine set) took those

@@ -23,7 +23,8 @@ the static engine, say nothing). The rules and the measurements behind them: doc
 resolves to"). A run records what was resolved (run/loop_guard.py: `resolved.<key>` in every checkpoint's config
 view, and DIR/auto.json); a resume reuses the recorded values (`recorded=`), so it runs the program it started with
 even where today's rule would choose otherwise (logged), unless they no longer fit the device (check_recorded_fits:
-refused). A `required` knob has no unresolved default: the step builders refuse it (`check_resolved`).
+refused) or cannot run on its platform (Knob.runs_on: the TPU kernel on a CPU, refused naming today's pick). A
+`required` knob has no unresolved default: the step builders refuse it (`check_resolved`).
 """
 import dataclasses
 import json
@@ -81,6 +82,10 @@ class Knob:
   # how a set value runs where the step cannot take it as set (None: as set), e.g. more packed rows than a device
   # holds: logged as a warning beside its "(set)" line, never silently cut
   runs_as: Callable[[Any, Context], str | None] = lambda config, ctx: None
+  # why a value (the pick: a tuple for a joint knob) cannot run on ctx's platform at all (None: it can), e.g. the TPU
+  # kernel on a CPU: a set value is refused, and so is a recorded one a resume would reuse (a run moved off the
+  # devices it started on), naming what auto picks here
+  runs_on: Callable[[Any, Context], str | None] = lambda value, ctx: None
 
   def keys(self) -> tuple[str, ...]:
     return (self.key,) + self.joint
@@ -142,6 +147,10 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
                         knob.unused(out))
       continue
     if not knob.asks(out):
+      bad = knob.runs_on(tuple(values) if knob.joint else values[0], ctx)
+      if bad:
+        raise ConfigError(f"config.{', '.join(f'{k}={v!r}' for k, v in zip(keys, values))} (set): {bad}; set "
+                          f"{' '.join(f'{k}=auto' for k in keys)} (or a value for this platform).")
       if log:
         unused, cut = knob.unused(out), knob.runs_as(out, ctx)
         (logging.warning if cut else logging.info)(
@@ -158,14 +167,24 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
       pick = (tuple(None if i and recorded.get(k, v) == v else recorded[k]
                     for i, (k, v) in enumerate(zip(keys, values))) if knob.joint else recorded[key])
       why = "recorded with this run: a resume runs the program it started with"
+      # what each runs with: a joint pick's None is the key's value as set
+      runs = lambda p: tuple(v if x is None else x for x, v in zip(p, values)) if knob.joint else p
       try:
         today, today_why = knob.choose(out, ctx, knob.candidates(out, ctx))
-        # what each runs with: a joint pick's None is the key's value as set
-        runs = lambda p: tuple(v if x is None else x for x, v in zip(p, values)) if knob.joint else p
         if runs(today) != runs(pick):
           why += f"; today's rule picks {today} ({today_why})"
       except (ConfigError, ValueError) as e:
-        why += f"; today's rule finds nothing ({e})"
+        today, why = None, why + f"; today's rule finds nothing ({e})"
+      bad = knob.runs_on(runs(pick), ctx)
+      if bad:  # the run moved to devices the recorded program cannot run on: refused as check_recorded_fits does
+        named = ", ".join(f"{k}={p!r}" for k, p in zip(keys, runs(pick) if knob.joint else (pick,)))
+        other = [(k, t) for k, t, p in zip(keys, runs(today) if knob.joint else (today,),
+                                            runs(pick) if knob.joint else (pick,)) if t != p] if today is not None else []
+        fix = (f"resume with {' '.join(f'--config.{k}={t}' for k, t in other)} --config.train.allow_config_change="
+               f"{','.join(k for k, _ in other)} (what auto picks here; a change of the run's program), or "
+               if other else "")
+        raise ConfigError(f"config.{named} (recorded: this run's `auto` choice, which a resume reuses): {bad}; "
+                          f"{fix}resume on devices like the ones it started on.")
     else:
       pick, why = knob.choose(out, ctx, knob.candidates(out, ctx))
     picked = []
@@ -480,7 +499,8 @@ def choose_attention(config, ctx: Context, candidates: list[str]) -> tuple[str, 
 
 
 register(Knob("sampling.decode_attention", lambda c, ctx: ["tpu_ragged", "plain"], choose_attention,
-              applies=_continuous))
+              applies=_continuous,
+              runs_on=lambda v, ctx: paged_attention.platform_unsupported(v, ctx.platform or jax.default_backend())))
 
 
 # ------------------------------------------------------------------------------ rl.rollout_chunks × rl.minibatches
