@@ -21,6 +21,7 @@ from absl import logging
 from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import errors
 from grpo_jax.rl import auto
+from grpo_jax.rl import memory_plan
 from grpo_jax.run import run_config
 from grpo_jax.run import validate
 from grpo_jax.rl import rewards as rewards_lib
@@ -275,8 +276,10 @@ def check(config, workdir: str) -> None:
     check_rewards(config, tokenizer)
     if config.sft.steps > 0 and not config.train.init_from:  # the SFT stage runs first: its keys are checked too
       validate.validate_sft(config, n, tokenizer)
+      memory_plan.check_sft_fits(config, validate.validate_mesh(config, n), validate.device_memory())
   elif config.job in ("sft", "pretrain"):
     validate.validate_sft(config, n, tokenizer)
+    memory_plan.check_sft_fits(config, validate.validate_mesh(config, n), validate.device_memory())
   # job=r1_pipeline: the r1 keys and every stage's derived config are jobs.check's (r1/ is reached from jobs.py only).
   mcfg = model_lib.ModelConfig.from_config(config.model)
   check_init_from("train.init_from", config.train.init_from, mcfg)
