@@ -163,6 +163,10 @@ CASES = [
     ("gsm8k", {"task.data_dir": "{p}/gsm8k_small_test", "rewards": (("incorrect", 1.0),)},
      "config.rewards: the 'incorrect' term parses answers in-graph"),
     ("grpo", {"task.train_indices": (5, 5)}, "config.task.train_indices: (5, 5): give distinct integers"),
+    # a split generated whole before the first step: 10**12 examples hung in the TFDS build (a few thousand a second)
+    ("grpo", {"task.train_size": 10**12}, "config.task.train_size: 1,000,000,000,000 examples would be generated "
+                                          "before the first step"),
+    ("sft", {"task.test_size": 10**8}, "config.task.test_size: 100,000,000 examples would be generated"),
     ("grpo", {"rl.ref_reset_every": 5, "rl.beta": 0.0}, "config.rl.ref_reset_every: is 5 but rl.beta = 0"),
     ("grpo", {"train.allow_config_change": "rl.GG"}, "config.train.allow_config_change: 'rl.GG'"),
     ("grpo", {"train.rerun_stages": "r1_zero"}, "config.train.rerun_stages: 'r1_zero'"),

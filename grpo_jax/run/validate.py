@@ -721,6 +721,11 @@ def validate_groups(c) -> None:
   _choice(c, "task.overlong_prompts", data.OVERLONG)
   for k in ("task.prompt_len", "task.train_size", "task.test_size"):
     _positive_int(c, k)
+  for k in ("task.train_size", "task.test_size"):
+    if registry.generated(c.task.name) and _get(c, k) > registry.MAX_GENERATED:
+      _fail(k, f"{_get(c, k):,} examples would be generated before the first step (a few thousand a second) and held "
+            f"in memory; set at most {registry.MAX_GENERATED:,} (a run draws train.steps × rl.prompts_per_step "
+            "prompts, the split repeating in epochs).")
   idx = tuple(c.task.get("train_indices", ()))
   if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < c.task.train_size for i in idx) \
       or len(set(idx)) != len(idx):
