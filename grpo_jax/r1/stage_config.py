@@ -152,7 +152,8 @@ def validate(config, stages) -> None:
   if rows % data_par:
     validate_lib.fail("r1.rejection.n", f"a rejection-sampling batch holds r1.report.batch // n * n = {rows} rows, "
                       f"which mesh data*fsdp={data_par} must divide; pick n dividing r1.report.batch.")
-  validate_lib.positive_finite(config, "r1.rejection.temperature")
+  validate_lib.positive_finite(config, "r1.rejection.temperature",
+                             "the rejection sampler's temperature: softmax(logits / temperature)")
   for stage in stages:
     if stage not in SFT_STAGES and stage not in RL_STAGES:
       continue

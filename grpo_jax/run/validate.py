@@ -128,11 +128,14 @@ def reward_terms(key: str, terms) -> None:
           "(name, weight) term with a weight other than 0.")
 
 
-def positive_finite(c, key) -> None:
-  """A scale or threshold that must be > 0 (an eps, a temperature, a base frequency): finite as well."""
+def positive_finite(c, key, what: str = "") -> float:
+  """A scale or threshold that must be > 0 (an eps, a temperature, a base frequency), finite as well, in float32's
+  range (F32_TINY); `what` says what the key does, in the message. -> the value."""
   v = _get(c, key)
   if not (finite(v) and v >= F32_TINY):
-    _fail(key, f"must be a finite number > 0 in float32 (the step's precision), got {v!r}.")
+    _fail(key, f"must be a finite number > 0 in float32 (the step's precision{f'; {what}' if what else ''}), got "
+          f"{v!r}.")
+  return v
 
 
 # fail, positive_int, prob and the rules above are public (the R1 pipeline checks its own keys with them); the
@@ -182,8 +185,8 @@ def validate_model(c) -> None:
           "set head_dim explicitly.")
   if mc.head_dim < 0 or (mc.head_dim % 2 if mc.head_dim else (mc.hidden // mc.heads) % 2):
     _fail("model.head_dim", "must be even (RoPE rotates pairs of dimensions).")
-  positive_finite(c, "model.rope_theta")
-  positive_finite(c, "model.rms_eps")
+  positive_finite(c, "model.rope_theta", "RoPE's base frequency")
+  positive_finite(c, "model.rms_eps", "RMSNorm's epsilon in x / sqrt(mean(x²) + eps)")
   _choice(c, "model.dtype", DTYPES)
   _choice(c, "model.remat", REMAT)
   _choice(c, "model.attention", ATTENTION)
@@ -553,13 +556,6 @@ def validate_partial(c, data_par: int) -> None:
           "rl.partial_rollouts (each device trains whole groups of its own).")
 
 
-def _finite_positive(c, key, what: str) -> float:
-  v = _get(c, key)
-  if not (finite(v) and v >= F32_TINY):
-    _fail(key, f"must be a finite number > 0 in float32, the step's precision ({what}), got {v!r}.")
-  return v
-
-
 def validate_correction(c) -> None:
   """rl.rollout_correction and its thresholds (rl/correction.py), sampling.dtype: every threshold is checked,
   whichever kind is chosen, so a bad value cannot wait for the day its kind is switched on."""
@@ -568,7 +564,7 @@ def validate_correction(c) -> None:
   if c.sampling.dtype == "float32" and c.model.attention == "cudnn":
     _fail("sampling.dtype", "'float32' with model.attention='cudnn' (cuDNN attention has no float32 kernel); set "
           "sampling.dtype='' or model.attention=auto.")
-  cap = _finite_positive(c, "rl.is_cap", "tis truncates the weight at it: w = min(rho, is_cap)")
+  cap = positive_finite(c, "rl.is_cap", "tis truncates the weight at it: w = min(rho, is_cap)")
   if cap < 1:  # as the windows below must hold rho = 1: a cap under it would scale every on-policy token down
     _fail("rl.is_cap", f"{cap} is below 1: tis would weigh every on-policy token (rho = 1) by min(1, is_cap) = {cap}; "
           "set it >= 1 (TIS's C is 2).")
@@ -579,7 +575,7 @@ def validate_correction(c) -> None:
     lo, hi = _get(c, lo_key), _get(c, hi_key)
     if not finite(lo) or lo < 0:
       _fail(lo_key, f"must be a finite number >= 0 (the lower end of {what}), got {lo!r}.")
-    _finite_positive(c, hi_key, f"the upper end of {what}")
+    positive_finite(c, hi_key, f"the upper end of {what}")
     if not lo < 1 < hi:
       _fail(lo_key, f"{lo} and {hi_key}={hi} must satisfy {lo_key} < 1 < {hi_key} ({what}; a window without "
             "rho = 1 would drop every on-policy token); put them in that order around 1.")
@@ -595,7 +591,7 @@ def validate_objective(c) -> None:
     _fail("rl.ratio_level", f"'{c.rl.ratio_level}' (GSPO's sequence ratio) is an option of the 'clip' objective, not "
           f"of rl.objective='{c.rl.objective}'; set rl.ratio_level='token'.")
   for k in ("rl.sapo_tau_pos", "rl.sapo_tau_neg"):
-    _finite_positive(c, k, "the SAPO gate's temperature: (4/tau)·sigmoid(tau·(ratio - 1))")
+    positive_finite(c, k, "the SAPO gate's temperature: (4/tau)·sigmoid(tau·(ratio - 1))")
   _choice(c, "rl.token_select", token_select.KINDS)
   for k, what in (("rl.select_frac", "the share of tokens top_entropy keeps"),
                   ("rl.clip_cov_ratio", "the share of tokens Clip-Cov cuts"),
@@ -740,7 +736,7 @@ def validate_optim(c) -> None:
   _nonneg(c, "optim.grad_clip")
   _prob(c, "optim.b1")
   _prob(c, "optim.b2")
-  _finite_positive(c, "optim.eps", "AdamW's epsilon in g / (sqrt(v) + eps)")
+  positive_finite(c, "optim.eps", "AdamW's epsilon in g / (sqrt(v) + eps)")
 
 
 def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:
