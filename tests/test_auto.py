@@ -9,6 +9,7 @@ import os
 import pytest
 
 from grpo_jax.config import config_lib
+from grpo_jax.infra import errors
 from grpo_jax.perf import aot
 from grpo_jax.rl import auto
 from grpo_jax.rl import families
@@ -735,6 +736,45 @@ def test_a_recorded_tpu_kernel_is_refused_on_a_cpu_resume(monkeypatch, tmp_path)
                      r"platform cpu; set sampling.decode_attention=auto"):
     auto.resolve(config_lib.override(c, {"sampling.decode_attention": "tpu_ragged"}), auto.Context(MESH1, None,
                                                                                                      "cpu"))
+
+
+def _fake_object_store(root):
+  """etils' epath mock: gs://<path> read from root/<path> (the checkpoint code's filesystem, no network)."""
+  from etils.epath import testing as epath_testing  # pylint: disable=g-import-not-at-top
+  loc = lambda p: os.path.join(str(root), os.fspath(p).split("://", 1)[1])
+  return epath_testing.mock_epath(exists=lambda fn, p: os.path.exists(loc(p)), isdir=lambda fn, p: os.path.isdir(loc(p)),
+                                  listdir=lambda fn, p: os.listdir(loc(p)),
+                                  open=lambda fn, p, *a, **k: open(loc(p), *a, **k))
+
+
+def test_resume_checks_read_object_store_paths_through_the_checkpoint_filesystem(tmp_path, caplog):
+  """preflight skipped the resume check (and the init_from checks) for any '://' path: a gs:// run that recorded
+  tpu_ragged resumed on a CPU passed preflight. They now read through epath, as the checkpoint code does (here a
+  fake gs:// over a local directory); a store this host cannot read is skipped with a warning naming why."""
+  from etils.epath import testing as epath_testing  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import preflight, run_config  # pylint: disable=g-import-not-at-top
+  c = config_lib.override(_arith(), {"sampling.engine": "continuous", "model.hidden": 256, "model.heads": 2,
+                                     "model.kv_heads": 1, "model.head_dim": 128})
+  step = tmp_path / "bucket" / "run" / "checkpoints" / "2"
+  os.makedirs(step / "meta")
+  (step / "commit_success.txt").write_text("")
+  view = run_config.with_resolved(run_config.view(c, "rl"), {"sampling.decode_attention": "tpu_ragged"})
+  (step / "meta" / "metadata").write_text(json.dumps({"step": 2, "config": view}))
+  with _fake_object_store(tmp_path):
+    with pytest.raises(validate.ConfigError, match=r"^config.sampling.decode_attention='tpu_ragged' \(recorded"):
+      preflight.check_recorded_values(c, "gs://bucket/run")
+    with pytest.raises(errors.InputError, match=r"^config.train.init_from=gs://bucket/run is a run directory"):
+      preflight.check_init_from("train.init_from", "gs://bucket/run")
+    with pytest.raises(errors.InputError, match=r"^config.train.init_from=gs://bucket/nothing does not exist"):
+      preflight.check_init_from("train.init_from", "gs://bucket/nothing")
+  def unreadable(fn, p):
+    raise ImportError("Please install gcsfs to access Google Storage")
+  caplog.set_level(logging.WARNING)
+  with epath_testing.mock_epath(exists=unreadable, isdir=unreadable):
+    preflight.check_recorded_values(c, "gs://bucket/run")
+    preflight.check_init_from("train.init_from", "gs://bucket/run")
+  warned = [r.getMessage() for r in caplog.records if "skipped: this host cannot read it" in r.getMessage()]
+  assert len(warned) == 2 and "ImportError: Please install gcsfs" in warned[0], warned
 
 
 def test_a_knob_that_did_not_apply_when_recorded_chooses_on_resume():
