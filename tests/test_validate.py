@@ -142,6 +142,23 @@ def test_positive_finite_is_one_rule_with_an_optional_reason():
   assert not hasattr(validate, "_finite_positive")
 
 
+def test_learning_rate_and_temperature_bounds(caplog):
+  """validate.MAX_LR = 1 and MAX_TEMPERATURE = 100 are inclusive: 1e30 ran (the model overwritten at the first
+  update, every sample uniform); a learning rate above WARN_LR = 0.1 runs with a warning naming the key."""
+  import logging
+  ok = lambda **o: validate.validate_rl(config_lib.override(_cfg(), o), num_devices=1, tokenizer=_Tok())
+  caplog.set_level(logging.WARNING)
+  ok(**{"optim.lr": 1.0, "sampling.temperature": 100.0})
+  assert any("config.optim.lr=1.0: far above" in r.getMessage() for r in caplog.records)
+  caplog.clear()
+  ok(**{"optim.lr": 0.1})
+  assert not any("far above" in r.getMessage() for r in caplog.records)
+  for over, needle in (({"optim.lr": 1.0000001}, "config.optim.lr: is 1.0000001: AdamW"),
+                       ({"sampling.temperature": 100.5}, "config.sampling.temperature: is 100.5:")):
+    with pytest.raises(validate.ConfigError, match=needle):
+      ok(**over)
+
+
 @pytest.mark.parametrize("idx", [(3, 3), (-1,), (20_000,), (1.0,)])
 def test_train_indices_must_be_distinct_train_examples(idx):
   c = _cfg()

@@ -154,6 +154,7 @@ def validate(config, stages) -> None:
                       f"which mesh data*fsdp={data_par} must divide; pick n dividing r1.report.batch.")
   validate_lib.positive_finite(config, "r1.rejection.temperature",
                              "the rejection sampler's temperature: softmax(logits / temperature)")
+  validate_lib.temperature(config, "r1.rejection.temperature")
   for stage in stages:
     if stage not in SFT_STAGES and stage not in RL_STAGES:
       continue

@@ -88,16 +88,38 @@ def finite(v) -> bool:
   return isinstance(v, (int, float)) and not isinstance(v, bool) and host_calls.finite_f32(v) is not None
 
 
+# Past these a value is a typo, not a setting (docs/reliability.md, "Bad input"): AdamW moves each weight by about
+# lr per update (lr·m/(√v + eps), |m/√v| ≲ 1) and a model's weights are O(0.01–1), so lr > 1 overwrites the model at
+# its first update (a learning rate above WARN_LR is allowed, with a warning); softmax(logits / T) past T = 100
+# divides logits of a few tens to fractions of one: every draw is all but uniform over the vocabulary.
+MAX_LR, WARN_LR = 1.0, 0.1
+MAX_TEMPERATURE = 100.0
+
+
 # One rule per kind of key: a key is checked for what it means, wherever a job reads it.
 def learning_rate(c, key, inherit: str = "") -> None:
-  """A learning rate: finite and > 0 (0 trains nothing, and would be accepted only to waste the run); with
-  `inherit`, 0 means "that key's value" and is allowed."""
+  """A learning rate: finite and > 0 (0 trains nothing, and would be accepted only to waste the run), at most
+  MAX_LR; with `inherit`, 0 means "that key's value" and is allowed."""
   v = _get(c, key)
+  if finite(v) and v > MAX_LR:
+    _fail(key, f"is {v!r}: AdamW moves every weight by about the learning rate per update, so past {MAX_LR:g} the "
+          "first update overwrites the model; set a learning rate <= 1 (fine-tuning: 1e-6 to 1e-4; a typo of 1e-5?).")
+  if finite(v) and v > WARN_LR:
+    logging.warning("config.%s=%r: far above language-model learning rates (1e-6 to 1e-3): AdamW moves every weight "
+                    "by about this much per update; check it is meant.", key, v)
   if finite(v) and (v > 0 or (inherit and v == 0)):
     return
   if finite(v) and v == 0:
     _fail(key, "is 0: nothing would train; set a positive learning rate.")
   _fail(key, f"must be a finite learning rate > 0{f' (or 0 = {inherit})' if inherit else ''}, got {v!r}.")
+
+
+def temperature(c, key) -> None:
+  """A sampling temperature past MAX_TEMPERATURE (its lower bound is the caller's: RL needs > 0)."""
+  v = _get(c, key)
+  if finite(v) and v > MAX_TEMPERATURE:
+    _fail(key, f"is {v!r}: sampling draws from softmax(logits / temperature), which past {MAX_TEMPERATURE:g} is all "
+          f"but uniform over the vocabulary; set at most {MAX_TEMPERATURE:g} (typical: 0.6 to 1.2).")
 
 
 def fallback(c, key) -> None:
@@ -304,6 +326,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
           "(or uses rl.reward_fallback).")
   if c.sampling.temperature == 0:
     _fail("sampling.temperature", "must be > 0 for RL (π = softmax(logits / temperature)); use greedy only in eval.")
+  temperature(c, "sampling.temperature")
   _prob(c, "sampling.top_p", low_open=True)
   _prob(c, "rl.overlong_frac")
   _prob(c, "rl.random_reward_rate")
