@@ -349,14 +349,17 @@ def test_registry_is_complete_without_importing_any_step_module():
 
 def test_nothing_fits_stops_the_job_before_anything_is_written(monkeypatch, tmp_path):
   """preflight (and the R1 stages' config checks) run the choice once: a device that no split fits is one config
-  line before config.json is written, not an error after it."""
+  line before config.json is written, not an error after it. The R1 pipeline's stages are checked in order: its
+  SFT stage (base) is refused first (memory_plan.check_sft_fits), then, without it, its first RL stage."""
   from grpo_jax.rollout import decode_layout
   from grpo_jax.run import jobs
   from configs import r1_pipeline  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [1 << 16])  # a 64 KiB device (the tiny steps plan ~0.8 MiB)
-  for c in (_arith(), config_lib.override(r1_pipeline.get_config("small"), {**AUTO, "rl.G": 2,
-                                                                           "rl.prompts_per_step": 2})):
-    with pytest.raises(validate.ConfigError, match="^config.rl.rollout_chunks, rl.minibatches: auto \\(0\\) finds no"):
+  r1 = config_lib.override(r1_pipeline.get_config("small"), {**AUTO, "rl.G": 2, "rl.prompts_per_step": 2})
+  split = "^config.rl.rollout_chunks, rl.minibatches: auto \\(0\\) finds no"
+  for c, needle in ((_arith(), split), (r1, r"^config.sft.batch: the SFT step .* \(stage base takes"),
+                    (config_lib.override(r1, {"r1.stages": ("r1_zero",)}), split)):
+    with pytest.raises(validate.ConfigError, match=needle):
       jobs.run(c, str(tmp_path / c.job))
     assert not (tmp_path / c.job).exists()
 
