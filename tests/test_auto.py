@@ -9,6 +9,7 @@ import os
 import pytest
 
 from grpo_jax.config import config_lib
+from grpo_jax.infra import errors
 from grpo_jax.perf import aot
 from grpo_jax.rl import auto
 from grpo_jax.rl import families
@@ -328,7 +329,7 @@ def test_slots_resolve_after_the_chunks_that_bound_them():
   assert list(auto.REGISTRY) == ["sampling.engine", "rl.packing", "rl.train_buckets", "sampling.exit_chunk",
                                  "sampling.decode_attention", "rl.rollout_chunks", "sampling.slots",
                                  "sampling.compaction", "rl.pack_len", "rl.pack_rows", "sampling.decode_layout",
-                                 "rl.carry_kv_groups"]  # (rl/partial.py registers it, after its slots)
+                                 "rl.carry_kv_groups"]  # after the slots it divides
   c = _tiny(**{"sampling.engine": "continuous"})
   free, _ = auto.resolve(c, auto.Context(MESH1, None, "cpu"))
   assert (free.rl.rollout_chunks, free.sampling.slots) == (1, 16)
@@ -336,16 +337,35 @@ def test_slots_resolve_after_the_chunks_that_bound_them():
   assert tight.rl.rollout_chunks == 2 and tight.sampling.slots <= 16 // 2, chosen
 
 
+def test_registry_is_complete_without_importing_any_step_module():
+  """Every auto knob is registered by rl/auto.py itself: a fresh copy of the module, executed on its own, holds all
+  of config_lib.AUTO_KEYS. rl.carry_kv_groups was registered by rl/partial.py, so auto.check_choosable in a process
+  that had not imported the step yet (validate.py and rl/auto.py alone) skipped its check."""
+  import importlib.util
+  spec = importlib.util.spec_from_file_location("fresh_auto", auto.__file__)
+  fresh = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(fresh)
+  assert list(fresh.REGISTRY) == list(auto.REGISTRY)
+  assert sorted(k for knob in fresh.REGISTRY.values() for k in knob.keys()) == sorted(config_lib.AUTO_KEYS)
+  c = config_lib.override(config_lib.load_config("configs/grpo_arith.py", "small"),
+                          {"sampling.engine": "continuous", "rl.partial_rollouts": True, "rl.carry_kv_groups": 3})
+  with pytest.raises(config_lib.ConfigError, match="config.rl.carry_kv_groups: 3 must divide each device's 32 slots"):
+    fresh.check_choosable(c, MESH1, None)
+
+
 def test_nothing_fits_stops_the_job_before_anything_is_written(monkeypatch, tmp_path):
   """preflight (and the R1 stages' config checks) run the choice once: a device that no split fits is one config
-  line before config.json is written, not an error after it."""
+  line before config.json is written, not an error after it. The R1 pipeline's stages are checked in order: its
+  SFT stage (base) is refused first (memory_plan.check_sft_fits), then, without it, its first RL stage."""
   from grpo_jax.rollout import decode_layout
   from grpo_jax.run import jobs
   from configs import r1_pipeline  # pylint: disable=g-import-not-at-top
   monkeypatch.setattr(decode_layout, "_HBM_OVERRIDE", [1 << 16])  # a 64 KiB device (the tiny steps plan ~0.8 MiB)
-  for c in (_arith(), config_lib.override(r1_pipeline.get_config("small"), {**AUTO, "rl.G": 2,
-                                                                           "rl.prompts_per_step": 2})):
-    with pytest.raises(validate.ConfigError, match="^config.rl.rollout_chunks, rl.minibatches: auto \\(0\\) finds no"):
+  r1 = config_lib.override(r1_pipeline.get_config("small"), {**AUTO, "rl.G": 2, "rl.prompts_per_step": 2})
+  split = "^config.rl.rollout_chunks, rl.minibatches: auto \\(0\\) finds no"
+  for c, needle in ((_arith(), split), (r1, r"^config.sft.batch: the SFT step .* \(stage base takes"),
+                    (config_lib.override(r1, {"r1.stages": ("r1_zero",)}), split)):
+    with pytest.raises(validate.ConfigError, match=needle):
       jobs.run(c, str(tmp_path / c.job))
     assert not (tmp_path / c.job).exists()
 
@@ -813,6 +833,76 @@ def test_a_recorded_split_this_device_cannot_hold_is_refused_on_resume(monkeypat
   # ... but not by two vmapped runs sharing the device (a sweep group resumed: each gets half of it)
   with pytest.raises(validate.ConfigError, match=r"\(recorded: .* more than the device holds"):
     preflight.check_recorded_values(c, str(tmp_path), lanes=2)
+
+
+def test_a_recorded_tpu_kernel_is_refused_on_a_cpu_resume(monkeypatch, tmp_path):
+  """A run started on a TPU records sampling.decode_attention='tpu_ragged'; resumed on the CPU the record was reused
+  and the first trace raised Pallas's 'Only interpret mode is supported on CPU backend' traceback. Now one config
+  line before anything is written, naming the record and what auto picks here; its advice resumes; the record is
+  still reused on a TPU. A set 'tpu_ragged' on the CPU is one line too."""
+  from grpo_jax.infra import checkpoint  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import preflight, run_config  # pylint: disable=g-import-not-at-top
+  c = _arith()
+  c = config_lib.override(c, {"sampling.engine": "continuous", "model.hidden": 256, "model.heads": 2,
+                              "model.kv_heads": 1, "model.head_dim": 128})
+  os.makedirs(tmp_path / "checkpoints")
+  view = run_config.with_resolved(run_config.view(c, "rl"), {"sampling.decode_attention": "tpu_ragged"})
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": view}))
+  with pytest.raises(validate.ConfigError, match=(
+      r"^config.sampling.decode_attention='tpu_ragged' \(recorded: .*\): 'tpu_ragged' is JAX's TPU kernel, which "
+      r"cannot run on platform cpu; resume with --config.sampling.decode_attention=plain "
+      r"--config.train.allow_config_change=sampling.decode_attention \(what auto picks here")) as e:
+    preflight.check_recorded_values(c, str(tmp_path))
+  assert "\n" not in str(e.value)
+  preflight.check_recorded_values(config_lib.override(c, {"sampling.decode_attention": "plain",
+                                                          "train.allow_config_change": "sampling.decode_attention"}),
+                                  str(tmp_path))
+  recorded = run_config.recorded_settings(view)
+  tpu, chosen = auto.resolve(c, auto.Context(MESH1, None, "tpu"), log=False, recorded=recorded)
+  assert tpu.sampling.decode_attention == "tpu_ragged" and "recorded" in chosen["sampling.decode_attention"]
+  with pytest.raises(validate.ConfigError, match=r"^config.sampling.decode_attention='tpu_ragged' \(set\): .*"
+                     r"platform cpu; set sampling.decode_attention=auto"):
+    auto.resolve(config_lib.override(c, {"sampling.decode_attention": "tpu_ragged"}), auto.Context(MESH1, None,
+                                                                                                     "cpu"))
+
+
+def _fake_object_store(root):
+  """etils' epath mock: gs://<path> read from root/<path> (the checkpoint code's filesystem, no network)."""
+  from etils.epath import testing as epath_testing  # pylint: disable=g-import-not-at-top
+  loc = lambda p: os.path.join(str(root), os.fspath(p).split("://", 1)[1])
+  return epath_testing.mock_epath(exists=lambda fn, p: os.path.exists(loc(p)), isdir=lambda fn, p: os.path.isdir(loc(p)),
+                                  listdir=lambda fn, p: os.listdir(loc(p)),
+                                  open=lambda fn, p, *a, **k: open(loc(p), *a, **k))
+
+
+def test_resume_checks_read_object_store_paths_through_the_checkpoint_filesystem(tmp_path, caplog):
+  """preflight skipped the resume check (and the init_from checks) for any '://' path: a gs:// run that recorded
+  tpu_ragged resumed on a CPU passed preflight. They now read through epath, as the checkpoint code does (here a
+  fake gs:// over a local directory); a store this host cannot read is skipped with a warning naming why."""
+  from etils.epath import testing as epath_testing  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import preflight, run_config  # pylint: disable=g-import-not-at-top
+  c = config_lib.override(_arith(), {"sampling.engine": "continuous", "model.hidden": 256, "model.heads": 2,
+                                     "model.kv_heads": 1, "model.head_dim": 128})
+  step = tmp_path / "bucket" / "run" / "checkpoints" / "2"
+  os.makedirs(step / "meta")
+  (step / "commit_success.txt").write_text("")
+  view = run_config.with_resolved(run_config.view(c, "rl"), {"sampling.decode_attention": "tpu_ragged"})
+  (step / "meta" / "metadata").write_text(json.dumps({"step": 2, "config": view}))
+  with _fake_object_store(tmp_path):
+    with pytest.raises(validate.ConfigError, match=r"^config.sampling.decode_attention='tpu_ragged' \(recorded"):
+      preflight.check_recorded_values(c, "gs://bucket/run")
+    with pytest.raises(errors.InputError, match=r"^config.train.init_from=gs://bucket/run is a run directory"):
+      preflight.check_init_from("train.init_from", "gs://bucket/run")
+    with pytest.raises(errors.InputError, match=r"^config.train.init_from=gs://bucket/nothing does not exist"):
+      preflight.check_init_from("train.init_from", "gs://bucket/nothing")
+  def unreadable(fn, p):
+    raise ImportError("Please install gcsfs to access Google Storage")
+  caplog.set_level(logging.WARNING)
+  with epath_testing.mock_epath(exists=unreadable, isdir=unreadable):
+    preflight.check_recorded_values(c, "gs://bucket/run")
+    preflight.check_init_from("train.init_from", "gs://bucket/run")
+  warned = [r.getMessage() for r in caplog.records if "skipped: this host cannot read it" in r.getMessage()]
+  assert len(warned) == 2 and "ImportError: Please install gcsfs" in warned[0], warned
 
 
 def test_a_knob_that_did_not_apply_when_recorded_chooses_on_resume():

@@ -157,6 +157,10 @@ def test_bad_newest_falls_back_with_warning(tmp_path, states, caplog, corrupt):
     # The bad step is moved aside, so the resumed run can save step 3 again and restore it.
     assert not (tmp_path / '3').exists()
     assert len(os.listdir(tmp_path / checkpoint.CORRUPT_SUBDIR)) == 1
+    # ... and counted (run/loop_guard.py writes them to metrics.jsonl): a partial write when the checkpointer
+    # opens, a damaged step when the restore falls back
+    partial = corrupt is _uncommitted
+    assert ckpt.skipped == {'ckpt/partial_skipped': int(partial), 'ckpt/unusable_skipped': int(not partial)}
     assert ckpt.latest_step() == 2
     assert ckpt.maybe_save(3, states[3])
     ckpt.wait()

@@ -163,6 +163,10 @@ CASES = [
     ("gsm8k", {"task.data_dir": "{p}/gsm8k_small_test", "rewards": (("incorrect", 1.0),)},
      "config.rewards: the 'incorrect' term parses answers in-graph"),
     ("grpo", {"task.train_indices": (5, 5)}, "config.task.train_indices: (5, 5): give distinct integers"),
+    # a split generated whole before the first step: 10**12 examples hung in the TFDS build (a few thousand a second)
+    ("grpo", {"task.train_size": 10**12}, "config.task.train_size: 1,000,000,000,000 examples would be generated "
+                                          "before the first step"),
+    ("sft", {"task.test_size": 10**8}, "config.task.test_size: 100,000,000 examples would be generated"),
     ("grpo", {"rl.ref_reset_every": 5, "rl.beta": 0.0}, "config.rl.ref_reset_every: is 5 but rl.beta = 0"),
     ("grpo", {"train.allow_config_change": "rl.GG"}, "config.train.allow_config_change: 'rl.GG'"),
     ("grpo", {"train.rerun_stages": "r1_zero"}, "config.train.rerun_stages: 'r1_zero'"),
@@ -179,6 +183,13 @@ CASES = [
     ("grpo", {"model.rope_scaling_factor": float("nan")}, "config.model.rope_scaling_factor"),
     ("grpo", {"optim.lr": float("nan")}, "config.optim.lr: must be a finite learning rate"),
     ("grpo", {"optim.lr": 1e39}, "config.optim.lr: must be a finite learning rate"),  # inf in float32
+    # finite but no setting (validate.MAX_LR, MAX_TEMPERATURE): they ran, the model overwritten / sampling uniform
+    ("grpo", {"optim.lr": 1e30}, "config.optim.lr: is 1e+30: AdamW moves every weight by about the learning rate"),
+    ("sft", {"sft.lr": 10.0}, "config.sft.lr: is 10.0: AdamW moves every weight"),
+    ("r1", {"r1.final.lr": 5.0}, "config.r1.final.lr: is 5.0: AdamW"),
+    ("grpo", {"sampling.temperature": 1e30}, "config.sampling.temperature: is 1e+30: sampling draws from "
+                                             "softmax(logits / temperature), which past 100 is all but uniform"),
+    ("r1", {"r1.rejection.temperature": 1000.0}, "config.r1.rejection.temperature: is 1000.0: sampling draws"),
     ("r1", {"r1.pretrain.lr": 0.0}, "config.sft.lr: is 0: nothing would train; set a positive learning rate (stage "
                                     "base takes sft.steps/batch/lr/warmup_steps from r1.pretrain)"),
     ("r1", {"r1.final.lr": float("nan")}, "config.r1.final.lr: must be a finite learning rate > 0 (or 0 = optim.lr)"),

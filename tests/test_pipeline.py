@@ -104,6 +104,9 @@ def test_stage_rewards_tracks_every_term():
     ("r1.rejection.temperature", 0.0, "config.r1.rejection.temperature"),
     ("r1.pretrain.lr", -1.0, r"config.sft.lr: .* \(stage base takes sft.* from r1.pretrain\)\.$"),
     ("r1.final.steps", 0, "config.r1.final.steps: must be a positive integer"),
+    # an SFT stage no device holds (memory_plan.check_sft_fits; it ran out of memory in the stage's first step)
+    ("r1.pretrain.batch", 2 ** 24, r"config.sft.batch: the SFT step of 16777216 rows .* more than the device's .* "
+     r"\(stage base takes sft.* from r1.pretrain\)\.$"),
     # rejection sampling ran without the environment: unanswered tool calls in the SFT set
     ("tools.env", "calculator", "config.tools.env: 'calculator': rejection sampling")])
 def test_bad_r1_config_fails_before_any_stage(tmp_path, key, value, match):

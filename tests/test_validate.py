@@ -125,6 +125,40 @@ def test_reference_reset_needs_a_reference_copy(over, needle):
   validate.validate_rl(config_lib.override(_cfg(), {"rl.ref_reset_every": 10}), num_devices=1, tokenizer=_Tok())
 
 
+def test_positive_finite_is_one_rule_with_an_optional_reason():
+  """validate.positive_finite is the one check of a scale that must be > 0 (it had a private twin,
+  _finite_positive, with its own message): finite and >= float32's smallest normal, the reason said when given;
+  it returns the value."""
+  c = config_lib.override(_cfg(), {"rl.is_cap": 1e-39})
+  with pytest.raises(validate.ConfigError) as e:
+    validate.positive_finite(c, "rl.is_cap", "tis truncates the weight at it")
+  assert str(e.value) == ("config.rl.is_cap: must be a finite number > 0 in float32 (the step's precision; tis "
+                          "truncates the weight at it), got 1e-39.")
+  c.model.rope_theta = float("nan")
+  with pytest.raises(validate.ConfigError) as e:
+    validate.positive_finite(c, "model.rope_theta")
+  assert str(e.value) == "config.model.rope_theta: must be a finite number > 0 in float32 (the step's precision), got nan."
+  assert validate.positive_finite(config_lib.override(c, {"rl.is_cap": 2.0}), "rl.is_cap") == 2.0
+  assert not hasattr(validate, "_finite_positive")
+
+
+def test_learning_rate_and_temperature_bounds(caplog):
+  """validate.MAX_LR = 1 and MAX_TEMPERATURE = 100 are inclusive: 1e30 ran (the model overwritten at the first
+  update, every sample uniform); a learning rate above WARN_LR = 0.1 runs with a warning naming the key."""
+  import logging
+  ok = lambda **o: validate.validate_rl(config_lib.override(_cfg(), o), num_devices=1, tokenizer=_Tok())
+  caplog.set_level(logging.WARNING)
+  ok(**{"optim.lr": 1.0, "sampling.temperature": 100.0})
+  assert any("config.optim.lr=1.0: far above" in r.getMessage() for r in caplog.records)
+  caplog.clear()
+  ok(**{"optim.lr": 0.1})
+  assert not any("far above" in r.getMessage() for r in caplog.records)
+  for over, needle in (({"optim.lr": 1.0000001}, "config.optim.lr: is 1.0000001: AdamW"),
+                       ({"sampling.temperature": 100.5}, "config.sampling.temperature: is 100.5:")):
+    with pytest.raises(validate.ConfigError, match=needle):
+      ok(**over)
+
+
 @pytest.mark.parametrize("idx", [(3, 3), (-1,), (20_000,), (1.0,)])
 def test_train_indices_must_be_distinct_train_examples(idx):
   c = _cfg()

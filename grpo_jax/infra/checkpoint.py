@@ -168,6 +168,9 @@ class Checkpointer:
     self.restored_config: dict | None = None  # the run config stored with the step `restore` returned
     self._frozen: tuple[Any, dict[str, str]] | None = None  # (the live frozen base, its identity): set_frozen
     self._manager = None
+    # the steps opening and restoring skipped and moved aside, by metric (run/loop_guard.py writes them to
+    # metrics.jsonl at the step the run goes on from): each fallback logged where it happens and counted
+    self.skipped = {'ckpt/partial_skipped': 0, 'ckpt/unusable_skipped': 0}
     _, partial = step_dirs(self.directory)
     if jax.process_count() > 1:  # all processes list before process 0 moves anything, so they agree on `partial`
       from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
@@ -177,6 +180,7 @@ class Checkpointer:
         logging.warning('checkpoint step %d in %s has no %s (partial write); moving it aside', step,
                         self.directory, COMMIT_MARKER)
       self._quarantine(partial)
+      self.skipped['ckpt/partial_skipped'] += len(partial)
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(
@@ -363,6 +367,8 @@ class Checkpointer:
         continue
       if bad or partial:
         self._quarantine(bad + partial)
+        self.skipped['ckpt/unusable_skipped'] += len(bad)
+        self.skipped['ckpt/partial_skipped'] += len(partial)
       return restored[STATE], self._split_meta(restored[_META])
     raise errors.InputError(
         f'no restorable checkpoint in {self.directory}: steps {steps + partial} all failed to load or verify (see the '

@@ -52,6 +52,14 @@ def tpu_unsupported(head_dim: int, kv_heads: int, page_size: int, dtype: str) ->
   return None
 
 
+def platform_unsupported(backend: str, platform: str) -> str | None:
+  """Why `backend` cannot run on `platform` (None: it can): the TPU kernel lowers only for a TPU (on the CPU, Pallas
+  raised 'Only interpret mode is supported' at the first trace)."""
+  if backend == "tpu_ragged" and platform != "tpu":
+    return f"'tpu_ragged' is JAX's TPU kernel, which cannot run on platform {platform}"
+  return None
+
+
 def choose(head_dim: int, kv_heads: int, page_size: int, dtype: str, platform: str) -> tuple[str, str]:
   """`auto`: the TPU kernel on a TPU when it supports the shape, else the plain live attention; -> (value, why)."""
   if platform != "tpu":

@@ -10,6 +10,7 @@ from typing import Any
 import ml_collections
 
 from grpo_jax.rl import auto
+from grpo_jax.rl import memory_plan
 from grpo_jax.run import validate as validate_lib
 from grpo_jax.r1 import layout
 from grpo_jax.r1 import rewards as r1_rewards
@@ -151,7 +152,9 @@ def validate(config, stages) -> None:
   if rows % data_par:
     validate_lib.fail("r1.rejection.n", f"a rejection-sampling batch holds r1.report.batch // n * n = {rows} rows, "
                       f"which mesh data*fsdp={data_par} must divide; pick n dividing r1.report.batch.")
-  validate_lib.positive_finite(config, "r1.rejection.temperature")
+  validate_lib.positive_finite(config, "r1.rejection.temperature",
+                             "the rejection sampler's temperature: softmax(logits / temperature)")
+  validate_lib.temperature(config, "r1.rejection.temperature")
   for stage in stages:
     if stage not in SFT_STAGES and stage not in RL_STAGES:
       continue
@@ -160,6 +163,8 @@ def validate(config, stages) -> None:
       check(for_stage(config, stage), n_dev, tok)
       if stage in RL_STAGES:  # rl.minibatches / rl.rollout_chunks = auto that nothing fits: now, not stages later
         auto.check_choosable(for_stage(config, stage), mesh, validate_lib.device_memory())
+      else:  # an SFT stage's batch that no device holds, as well
+        memory_plan.check_sft_fits(for_stage(config, stage), mesh, validate_lib.device_memory())
     except validate_lib.ConfigError as e:
       taken = (f"sft.steps/batch/lr/warmup_steps from r1.{SFT_STAGES[stage]}" if stage in SFT_STAGES
                else f"train.steps and rewards from r1.{RL_STAGES[stage]}"

@@ -16,13 +16,15 @@ later knob's plan sees the earlier choices):
   sampling.compaction   its slot counts S, S/2, ... only for long completions (0)
   rl.pack_len, rl.pack_rows   rl.packing's row length and rows per micro-batch (0)
   sampling.decode_layout × decode_tp   where the weights live while the rollout decodes (memory_plan.choose_decode)
+  rl.carry_kv_groups    the rollout carry's KV read groups: the most up to 8 dividing a device's slots
 Each that applies to the resolved path logs one line, `auto <key> = <value> (<why>)`, or `<key> = <value> (set)`
 where the config names it (a set key of a path not taken: a warning that it has no effect; the others, slots under
 the static engine, say nothing). The rules and the measurements behind them: docs/performance.md ("What `auto`
 resolves to"). A run records what was resolved (run/loop_guard.py: `resolved.<key>` in every checkpoint's config
 view, and DIR/auto.json); a resume reuses the recorded values (`recorded=`), so it runs the program it started with
 even where today's rule would choose otherwise (logged), unless they no longer fit the device (check_recorded_fits:
-refused). A `required` knob has no unresolved default: the step builders refuse it (`check_resolved`).
+refused) or cannot run on its platform (Knob.runs_on: the TPU kernel on a CPU, refused naming today's pick). A
+`required` knob has no unresolved default: the step builders refuse it (`check_resolved`).
 """
 import dataclasses
 import json
@@ -40,7 +42,9 @@ from grpo_jax.model import model_config
 from grpo_jax.model import paged_attention
 from grpo_jax.rl import memory_plan
 from grpo_jax.rl import packing
+from grpo_jax.rl import plan_terms
 from grpo_jax.rl import update as update_lib
+from grpo_jax.rollout import carry as carry_lib
 from grpo_jax.rollout import decode_layout
 from grpo_jax.rollout import engine
 from grpo_jax.rollout import sampling
@@ -79,6 +83,10 @@ class Knob:
   # how a set value runs where the step cannot take it as set (None: as set), e.g. more packed rows than a device
   # holds: logged as a warning beside its "(set)" line, never silently cut
   runs_as: Callable[[Any, Context], str | None] = lambda config, ctx: None
+  # why a value (the pick: a tuple for a joint knob) cannot run on ctx's platform at all (None: it can), e.g. the TPU
+  # kernel on a CPU: a set value is refused, and so is a recorded one a resume would reuse (a run moved off the
+  # devices it started on), naming what auto picks here
+  runs_on: Callable[[Any, Context], str | None] = lambda value, ctx: None
 
   def keys(self) -> tuple[str, ...]:
     return (self.key,) + self.joint
@@ -140,6 +148,10 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
                         knob.unused(out))
       continue
     if not knob.asks(out):
+      bad = knob.runs_on(tuple(values) if knob.joint else values[0], ctx)
+      if bad:
+        raise ConfigError(f"config.{', '.join(f'{k}={v!r}' for k, v in zip(keys, values))} (set): {bad}; set "
+                          f"{' '.join(f'{k}=auto' for k in keys)} (or a value for this platform).")
       if log:
         unused, cut = knob.unused(out), knob.runs_as(out, ctx)
         (logging.warning if cut else logging.info)(
@@ -156,14 +168,24 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
       pick = (tuple(None if i and recorded.get(k, v) == v else recorded[k]
                     for i, (k, v) in enumerate(zip(keys, values))) if knob.joint else recorded[key])
       why = "recorded with this run: a resume runs the program it started with"
+      # what each runs with: a joint pick's None is the key's value as set
+      runs = lambda p: tuple(v if x is None else x for x, v in zip(p, values)) if knob.joint else p
       try:
         today, today_why = knob.choose(out, ctx, knob.candidates(out, ctx))
-        # what each runs with: a joint pick's None is the key's value as set
-        runs = lambda p: tuple(v if x is None else x for x, v in zip(p, values)) if knob.joint else p
         if runs(today) != runs(pick):
           why += f"; today's rule picks {today} ({today_why})"
       except (ConfigError, ValueError) as e:
-        why += f"; today's rule finds nothing ({e})"
+        today, why = None, why + f"; today's rule finds nothing ({e})"
+      bad = knob.runs_on(runs(pick), ctx)
+      if bad:  # the run moved to devices the recorded program cannot run on: refused as check_recorded_fits does
+        named = ", ".join(f"{k}={p!r}" for k, p in zip(keys, runs(pick) if knob.joint else (pick,)))
+        other = [(k, t) for k, t, p in zip(keys, runs(today) if knob.joint else (today,),
+                                            runs(pick) if knob.joint else (pick,)) if t != p] if today is not None else []
+        fix = (f"resume with {' '.join(f'--config.{k}={t}' for k, t in other)} --config.train.allow_config_change="
+               f"{','.join(k for k, _ in other)} (what auto picks here; a change of the run's program), or "
+               if other else "")
+        raise ConfigError(f"config.{named} (recorded: this run's `auto` choice, which a resume reuses): {bad}; "
+                          f"{fix}resume on devices like the ones it started on.")
     else:
       pick, why = knob.choose(out, ctx, knob.candidates(out, ctx))
     picked = []
@@ -478,7 +500,8 @@ def choose_attention(config, ctx: Context, candidates: list[str]) -> tuple[str, 
 
 
 register(Knob("sampling.decode_attention", lambda c, ctx: ["tpu_ragged", "plain"], choose_attention,
-              applies=_continuous))
+              applies=_continuous,
+              runs_on=lambda v, ctx: paged_attention.platform_unsupported(v, ctx.platform or jax.default_backend())))
 
 
 # ------------------------------------------------------------------------------ rl.rollout_chunks × rl.minibatches
@@ -722,3 +745,40 @@ register(Knob("sampling.decode_layout", lambda c, ctx: [], choose_layout, joint=
                                                                        and is_auto("sampling.decode_tp",
                                                                                    c.sampling.decode_tp)),
               warn=lambda pick: pick[0] == "fsdp", planned=True))
+
+
+# ------------------------------------------------------------------------------------------ rl.carry_kv_groups
+# Registered here, not in rl/partial.py: a knob registered where its step's module is imported was missing from the
+# input checks (check_choosable) of any process that had not imported that module yet.
+
+
+def _slots_per_device(config, ctx: Context) -> int:
+  rl = config.rl
+  slots = int(config.sampling.get("slots", 0)) or rl.prompts_per_step * rl.G
+  return max(slots // max(ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1), 1), 1)
+
+
+def _check_carry(c, ctx: Context) -> None:
+  """What the resolved config must give the carry: a set rl.carry_kv_groups dividing each device's slots
+  (carry.check), and a table that fits the device's memory by itself (the state holds it: plan_terms.carry_bytes)."""
+  g, per = int(c.rl.carry_kv_groups), _slots_per_device(c, ctx)
+  if g and per % g:
+    raise ConfigError(f"config.rl.carry_kv_groups: {g} must divide each device's {per} slots (sampling.slots "
+                      f"over mesh data*fsdp); set a divisor of {per}, or 0 (auto: the most up to 8 that do).")
+  if ctx.hbm_bytes is None:
+    return
+  need = sum(plan_terms.carry_bytes(c, model_config.ModelConfig.from_config(c.model), ctx.mesh).values())
+  if need > ctx.hbm_bytes:
+    raise ConfigError(
+        f"config.rl.max_staleness: the rollout carry's table of (1 + {c.rl.max_staleness}) x {c.rl.prompts_per_step} "
+        f"groups alone needs {size(need)} per device, more than its {size(ctx.hbm_bytes)}; lower "
+        "rl.max_staleness (or rl.prompts_per_step, rl.G, sampling.max_new_tokens), or add devices (mesh.fsdp).")
+
+
+# rl.carry_kv_groups: how many groups of a device's slots read the completion KV, each to its own longest row
+register(Knob(
+    "rl.carry_kv_groups", applies=lambda c: bool(c.rl.get("partial_rollouts", False)),
+    candidates=lambda c, ctx: [g for g in (1, 2, 4, 8) if _slots_per_device(c, ctx) % g == 0],
+    choose=lambda c, ctx, cands: (carry_lib.kv_groups(0, _slots_per_device(c, ctx), 1),
+                                  "the most up to 8 dividing a device's slots: a long row costs its group's KV read"),
+    check=_check_carry))

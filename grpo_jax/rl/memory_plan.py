@@ -24,6 +24,7 @@ import ml_collections
 from grpo_jax.model import attention
 from grpo_jax.rl import correction
 from grpo_jax.config import config_lib
+from grpo_jax.infra.errors import ConfigError
 from grpo_jax.rollout import decode_layout
 from grpo_jax.model import lora
 from grpo_jax.model import model as model_lib
@@ -302,6 +303,47 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   if rl.algo in presets.CRITIC_ALGOS and config.ppo.critic == "separate":
     update["critic gradients"] = trained
   return Plan(resident, rollout, update, n_params, score)
+
+
+def plan_sft(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | None = None) -> Plan:
+  """Per-device memory of one SFT step (rl/sft_step.py: job=sft / pretrain, the grpo job's SFT stage): the RL
+  update's terms for sft.batch rows of model.max_len tokens (data.sft_batches pads to it), every position scored,
+  one pass; resident the trained params and AdamW's moments (no reference, no rollout). The full weights are
+  trained unless sft.lora (sft_step.model_config)."""
+  T = config.model.max_len
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.rl.update(prompts_per_step=config.sft.batch, G=1, mu=1, minibatches=1, rollout_chunks=1, beta=0.0,
+              dynamic_sampling=False, packing="off", partial_rollouts=False, algo="grpo",
+              rollout_correction="none")
+  c.sampling.update(engine="static", decode_layout="gathered", max_new_tokens=T - 1)
+  c.task.prompt_len = 1
+  if not config.sft.get("lora", False):
+    c.model.lora.rank = 0
+  p = plan(c, mesh, plat, decode=decode_layout.Layout("gathered"))
+  resident = {k: v for k, v in p.resident.items() if k != "batch"}
+  resident["batch"] = math.ceil(config.sft.batch / (mesh["data"] * mesh["fsdp"])) * T * 4 * 4
+  update = {k: v for k, v in p.update.items() if k != "rollout outputs"}
+  return Plan(resident, {}, update, p.params)
+
+
+def check_sft_fits(config, mesh: dict[str, int], hbm_bytes: int | None) -> None:
+  """The input checks' hold on the SFT step (job=sft / pretrain, the grpo job's and R1's SFT stages), as
+  auto.check_choosable's on the RL step: plan_sft's bytes per device within `hbm_bytes` (None: unknown, not
+  checked). A batch too large was an out-of-memory error in the compile or the first step, after the run's files
+  were written."""
+  if hbm_bytes is None:
+    return
+  try:
+    p = plan_sft(config, mesh)
+  except MemoryError as e:  # a typo'd size traced (hidden=10**12): as auto.check_choosable
+    raise ConfigError(f"config.model: tracing its shapes for the SFT memory plan ran out of host memory ({e}); check "
+                      "its sizes for a typo.") from None
+  if p.total_bytes > hbm_bytes:
+    gib = lambda b: f"{b / 2 ** 30:.2f} GiB"
+    raise ConfigError(
+        f"config.sft.batch: the SFT step of {config.sft.batch} rows of model.max_len={config.model.max_len} tokens "
+        f"plans {gib(p.total_bytes)} per device, more than the device's {gib(hbm_bytes)}; lower sft.batch or "
+        "model.max_len, set model.remat=full, or add devices (mesh.fsdp).")
 
 
 def choose_decode(config, mesh: dict[str, int], hbm_bytes: int | None,

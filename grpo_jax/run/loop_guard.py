@@ -5,7 +5,8 @@
     ckpt = guard.checkpointer(config)                 # stores the run-config view (and the resolution) with every
                                                       # checkpoint
     ... restore / create the state, make the MetricWriter ...
-    guard.resumed(ckpt, start, writer)                # records accepted config changes (metrics + config.<step>.json);
+    guard.resumed(ckpt, start, writer)                # records accepted config changes (metrics + config.<step>.json)
+                                                      # and the checkpoints the restore skipped (ckpt/*_skipped);
                                                       # warns once when metrics rows before `start` are gone
     with guard.running():
       for step in range(start, steps):
@@ -79,6 +80,9 @@ class LoopGuard:
   def resumed(self, ckpt: ckpt_lib.Checkpointer, start: int, writer) -> list[str]:
     """After a restore: the restored step's config (a fallback may have picked an older step) against ours."""
     self.last_step = self._start = start
+    skipped = {k: n for k, n in ckpt.skipped.items() if n}
+    if skipped:  # the restore's fallbacks (logged where they happened), counted at the step the run goes on from
+      writer.write(start, skipped)
     if not start:
       return []
     metrics.warn_missing(self.workdir, start, self.log_every)

@@ -156,6 +156,11 @@ METRICS: dict[str, str] = {
     'perf/decode_tokens_per_s': 'partial rollouts: tokens the step drew per second of step time',
     'perf/compile_time_s': 'wall time of the first (compiling) step after start or resume, seconds',
     'perf/eval_time_s': 'wall time of one evaluation, seconds',
+    # --- ckpt/: checkpoint steps the start or resume skipped (the fallbacks of infra/checkpoint.py) ---
+    'ckpt/unusable_skipped': ('checkpoint steps that failed to load or verify (the reason is logged), moved to '
+                              'checkpoints/corrupt; the run went on from an older step: this row'),
+    'ckpt/partial_skipped': ('checkpoint steps without a commit marker (a save that crashed) moved to '
+                             'checkpoints/corrupt at start or resume (logged)'),
     # --- config_change/: a resume that took changed config values (train.allow_config_change) ---
     'config_change/<key>': '1 at the step where a resumed run took a changed value of config key <key>; the new '
                            'config is in config.<step>.json next to the checkpoints',

@@ -21,6 +21,7 @@ from absl import logging
 from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import errors
 from grpo_jax.rl import auto
+from grpo_jax.rl import memory_plan
 from grpo_jax.run import run_config
 from grpo_jax.run import validate
 from grpo_jax.rl import rewards as rewards_lib
@@ -82,22 +83,26 @@ def check_init_from(key: str, value: str, mcfg=None) -> None:
         hf = json.load(f)
       hf_io.config_from_hf(hf)
     return
-  if "://" in value:
+  # through the checkpoint code's filesystem (epath): a gs:// checkpoint is checked as a local one, where readable
+  path = ckpt_lib.as_path(value)
+  kind = _read_remote(lambda: "dir" if path.is_dir() else "file" if path.exists() else "none", value,
+                      f"the checks of config.{key}", "the run reads it when it starts")
+  if kind is None:
     return
-  if not os.path.exists(value):
+  if kind == "none":
     raise errors.InputError(f"config.{key}={value} does not exist; point it at a params checkpoint (e.g. "
                             "DIR/sft/params of an earlier run) or hf:<dir> for a Hugging Face checkpoint.")
-  if not os.path.isdir(value):
+  if kind == "file":
     raise errors.InputError(f"config.{key}={value} is a file; a params checkpoint is a directory (e.g. "
                             "DIR/sft/params), and a Hugging Face checkpoint is given as hf:<dir>.")
   hint = ("init_from takes a params checkpoint (DIR/sft/params, DIR/<stage>/params), or hf:<dir> of an export "
           "(python -m grpo_jax.export RUN_DIR OUT_DIR)")
-  if os.path.isdir(os.path.join(value, "checkpoints")):
+  if (path / "checkpoints").is_dir():
     raise errors.InputError(f"config.{key}={value} is a run directory, not a params checkpoint; {hint}.")
-  if os.path.isdir(os.path.join(value, "state")):
+  if (path / "state").is_dir():
     raise errors.InputError(f"config.{key}={value} is one step of a run's training checkpoints (params, optimizer "
                             f"state, rng), not a params checkpoint; {hint}.")
-  if any(n.isdigit() and os.path.isdir(os.path.join(value, n, "state")) for n in os.listdir(value)):
+  if any(c.name.isdigit() and (c / "state").is_dir() for c in path.iterdir()):
     raise errors.InputError(f"config.{key}={value} is a run's checkpoints directory (one training state per step), "
                             f"not a params checkpoint; {hint}.")
   if mcfg is not None:
@@ -107,7 +112,7 @@ def check_init_from(key: str, value: str, mcfg=None) -> None:
 def check_params_shapes(key: str, path: str, mcfg) -> None:
   """A params checkpoint's stored shapes (orbax metadata: nothing restored) against the configured model's."""
   try:
-    meta = ocp.StandardCheckpointer().metadata(os.path.abspath(path))
+    meta = ocp.StandardCheckpointer().metadata(ckpt_lib.as_path(path))
   except Exception as e:  # pylint: disable=broad-except  (orbax: not a checkpoint, unreadable metadata)
     raise errors.InputError(f"config.{key}={path} is not a readable params checkpoint ({type(e).__name__}: "
                             f"{errors.one_line(str(e))[:200]}); point it at DIR/sft/params or DIR/<stage>/params "
@@ -130,6 +135,20 @@ def check_params_shapes(key: str, path: str, mcfg) -> None:
                              "to the shape it was trained with, or point init_from at a checkpoint of this model.")
 
 
+def _read_remote(read, path: str, what: str, later: str):
+  """read() through the checkpoint code's filesystem (etils epath: gs://, s3://, ... as local paths); where this
+  host cannot read an object store (no gcsfs, no credentials), `what` is skipped with a warning saying why and
+  what checks it `later` (-> None). A local path's errors propagate."""
+  try:
+    return read()
+  except Exception as e:  # pylint: disable=broad-except  (ImportError without gcsfs, auth or network errors)
+    if "://" not in path:
+      raise
+    logging.warning("preflight: %s for %s skipped: this host cannot read it (%s: %s); %s.", what, path,
+                    type(e).__name__, errors.one_line(str(e))[:200], later)
+    return None
+
+
 def check_recorded_values(config, workdir: str, lanes: int = 1) -> None:
   """A resume reuses the `auto` values its newest checkpoint recorded (rl/auto.py): the config is validated with them
   (train.check_recorded) once the stage plan has accepted the resume, before DIR/config.json is rewritten: a value
@@ -138,9 +157,8 @@ def check_recorded_values(config, workdir: str, lanes: int = 1) -> None:
   itself; an R1 RL stage's: its own). `lanes`: the runs trained as one vmapped program, sharing each device (a sweep
   group: train.train_group resolves them for 1/lanes of its memory)."""
   ckpt_dir = os.path.join(workdir, "checkpoints")
-  if "://" in workdir or not os.path.isdir(ckpt_dir):
-    return
-  newest = ckpt_lib.newest_meta(ckpt_dir)
+  newest = _read_remote(lambda: ckpt_lib.newest_meta(ckpt_dir), ckpt_dir, "the resume checks of its recorded "
+                        "`auto` values", "the run checks them where it restores")
   recorded = run_config.recorded_settings(newest[1].get("config")) if newest else {}
   if not recorded:
     return
@@ -302,8 +320,10 @@ def check(config, workdir: str) -> None:
     check_rewards(config, tokenizer)
     if config.sft.steps > 0 and not config.train.init_from:  # the SFT stage runs first: its keys are checked too
       validate.validate_sft(config, n, tokenizer)
+      memory_plan.check_sft_fits(config, validate.validate_mesh(config, n), validate.device_memory())
   elif config.job in ("sft", "pretrain"):
     validate.validate_sft(config, n, tokenizer)
+    memory_plan.check_sft_fits(config, validate.validate_mesh(config, n), validate.device_memory())
   # job=r1_pipeline: the r1 keys and every stage's derived config are jobs.check's (r1/ is reached from jobs.py only).
   mcfg = model_lib.ModelConfig.from_config(config.model)
   check_init_from("train.init_from", config.train.init_from, mcfg)

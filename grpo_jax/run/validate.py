@@ -88,16 +88,38 @@ def finite(v) -> bool:
   return isinstance(v, (int, float)) and not isinstance(v, bool) and host_calls.finite_f32(v) is not None
 
 
+# Past these a value is a typo, not a setting (docs/reliability.md, "Bad input"): AdamW moves each weight by about
+# lr per update (lr·m/(√v + eps), |m/√v| ≲ 1) and a model's weights are O(0.01–1), so lr > 1 overwrites the model at
+# its first update (a learning rate above WARN_LR is allowed, with a warning); softmax(logits / T) past T = 100
+# divides logits of a few tens to fractions of one: every draw is all but uniform over the vocabulary.
+MAX_LR, WARN_LR = 1.0, 0.1
+MAX_TEMPERATURE = 100.0
+
+
 # One rule per kind of key: a key is checked for what it means, wherever a job reads it.
 def learning_rate(c, key, inherit: str = "") -> None:
-  """A learning rate: finite and > 0 (0 trains nothing, and would be accepted only to waste the run); with
-  `inherit`, 0 means "that key's value" and is allowed."""
+  """A learning rate: finite and > 0 (0 trains nothing, and would be accepted only to waste the run), at most
+  MAX_LR; with `inherit`, 0 means "that key's value" and is allowed."""
   v = _get(c, key)
+  if finite(v) and v > MAX_LR:
+    _fail(key, f"is {v!r}: AdamW moves every weight by about the learning rate per update, so past {MAX_LR:g} the "
+          "first update overwrites the model; set a learning rate <= 1 (fine-tuning: 1e-6 to 1e-4; a typo of 1e-5?).")
+  if finite(v) and v > WARN_LR:
+    logging.warning("config.%s=%r: far above language-model learning rates (1e-6 to 1e-3): AdamW moves every weight "
+                    "by about this much per update; check it is meant.", key, v)
   if finite(v) and (v > 0 or (inherit and v == 0)):
     return
   if finite(v) and v == 0:
     _fail(key, "is 0: nothing would train; set a positive learning rate.")
   _fail(key, f"must be a finite learning rate > 0{f' (or 0 = {inherit})' if inherit else ''}, got {v!r}.")
+
+
+def temperature(c, key) -> None:
+  """A sampling temperature past MAX_TEMPERATURE (its lower bound is the caller's: RL needs > 0)."""
+  v = _get(c, key)
+  if finite(v) and v > MAX_TEMPERATURE:
+    _fail(key, f"is {v!r}: sampling draws from softmax(logits / temperature), which past {MAX_TEMPERATURE:g} is all "
+          f"but uniform over the vocabulary; set at most {MAX_TEMPERATURE:g} (typical: 0.6 to 1.2).")
 
 
 def fallback(c, key) -> None:
@@ -128,11 +150,14 @@ def reward_terms(key: str, terms) -> None:
           "(name, weight) term with a weight other than 0.")
 
 
-def positive_finite(c, key) -> None:
-  """A scale or threshold that must be > 0 (an eps, a temperature, a base frequency): finite as well."""
+def positive_finite(c, key, what: str = "") -> float:
+  """A scale or threshold that must be > 0 (an eps, a temperature, a base frequency), finite as well, in float32's
+  range (F32_TINY); `what` says what the key does, in the message. -> the value."""
   v = _get(c, key)
   if not (finite(v) and v >= F32_TINY):
-    _fail(key, f"must be a finite number > 0 in float32 (the step's precision), got {v!r}.")
+    _fail(key, f"must be a finite number > 0 in float32 (the step's precision{f'; {what}' if what else ''}), got "
+          f"{v!r}.")
+  return v
 
 
 # fail, positive_int, prob and the rules above are public (the R1 pipeline checks its own keys with them); the
@@ -182,8 +207,8 @@ def validate_model(c) -> None:
           "set head_dim explicitly.")
   if mc.head_dim < 0 or (mc.head_dim % 2 if mc.head_dim else (mc.hidden // mc.heads) % 2):
     _fail("model.head_dim", "must be even (RoPE rotates pairs of dimensions).")
-  positive_finite(c, "model.rope_theta")
-  positive_finite(c, "model.rms_eps")
+  positive_finite(c, "model.rope_theta", "RoPE's base frequency")
+  positive_finite(c, "model.rms_eps", "RMSNorm's epsilon in x / sqrt(mean(x²) + eps)")
   _choice(c, "model.dtype", DTYPES)
   _choice(c, "model.remat", REMAT)
   _choice(c, "model.attention", ATTENTION)
@@ -301,6 +326,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
           "(or uses rl.reward_fallback).")
   if c.sampling.temperature == 0:
     _fail("sampling.temperature", "must be > 0 for RL (π = softmax(logits / temperature)); use greedy only in eval.")
+  temperature(c, "sampling.temperature")
   _prob(c, "sampling.top_p", low_open=True)
   _prob(c, "rl.overlong_frac")
   _prob(c, "rl.random_reward_rate")
@@ -554,13 +580,6 @@ def validate_partial(c, data_par: int) -> None:
           "rl.partial_rollouts (each device trains whole groups of its own).")
 
 
-def _finite_positive(c, key, what: str) -> float:
-  v = _get(c, key)
-  if not (finite(v) and v >= F32_TINY):
-    _fail(key, f"must be a finite number > 0 in float32, the step's precision ({what}), got {v!r}.")
-  return v
-
-
 def validate_correction(c) -> None:
   """rl.rollout_correction and its thresholds (rl/correction.py), sampling.dtype: every threshold is checked,
   whichever kind is chosen, so a bad value cannot wait for the day its kind is switched on."""
@@ -569,7 +588,7 @@ def validate_correction(c) -> None:
   if c.sampling.dtype == "float32" and c.model.attention == "cudnn":
     _fail("sampling.dtype", "'float32' with model.attention='cudnn' (cuDNN attention has no float32 kernel); set "
           "sampling.dtype='' or model.attention=auto.")
-  cap = _finite_positive(c, "rl.is_cap", "tis truncates the weight at it: w = min(rho, is_cap)")
+  cap = positive_finite(c, "rl.is_cap", "tis truncates the weight at it: w = min(rho, is_cap)")
   if cap < 1:  # as the windows below must hold rho = 1: a cap under it would scale every on-policy token down
     _fail("rl.is_cap", f"{cap} is below 1: tis would weigh every on-policy token (rho = 1) by min(1, is_cap) = {cap}; "
           "set it >= 1 (TIS's C is 2).")
@@ -580,7 +599,7 @@ def validate_correction(c) -> None:
     lo, hi = _get(c, lo_key), _get(c, hi_key)
     if not finite(lo) or lo < 0:
       _fail(lo_key, f"must be a finite number >= 0 (the lower end of {what}), got {lo!r}.")
-    _finite_positive(c, hi_key, f"the upper end of {what}")
+    positive_finite(c, hi_key, f"the upper end of {what}")
     if not lo < 1 < hi:
       _fail(lo_key, f"{lo} and {hi_key}={hi} must satisfy {lo_key} < 1 < {hi_key} ({what}; a window without "
             "rho = 1 would drop every on-policy token); put them in that order around 1.")
@@ -596,7 +615,7 @@ def validate_objective(c) -> None:
     _fail("rl.ratio_level", f"'{c.rl.ratio_level}' (GSPO's sequence ratio) is an option of the 'clip' objective, not "
           f"of rl.objective='{c.rl.objective}'; set rl.ratio_level='token'.")
   for k in ("rl.sapo_tau_pos", "rl.sapo_tau_neg"):
-    _finite_positive(c, k, "the SAPO gate's temperature: (4/tau)·sigmoid(tau·(ratio - 1))")
+    positive_finite(c, k, "the SAPO gate's temperature: (4/tau)·sigmoid(tau·(ratio - 1))")
   _choice(c, "rl.token_select", token_select.KINDS)
   for k, what in (("rl.select_frac", "the share of tokens top_entropy keeps"),
                   ("rl.clip_cov_ratio", "the share of tokens Clip-Cov cuts"),
@@ -722,6 +741,11 @@ def validate_groups(c) -> None:
   _choice(c, "task.overlong_prompts", data.OVERLONG)
   for k in ("task.prompt_len", "task.train_size", "task.test_size"):
     _positive_int(c, k)
+  for k in ("task.train_size", "task.test_size"):
+    if registry.generated(c.task.name) and _get(c, k) > registry.MAX_GENERATED:
+      _fail(k, f"{_get(c, k):,} examples would be generated before the first step (a few thousand a second) and held "
+            f"in memory; set at most {registry.MAX_GENERATED:,} (a run draws train.steps × rl.prompts_per_step "
+            "prompts, the split repeating in epochs).")
   idx = tuple(c.task.get("train_indices", ()))
   if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < c.task.train_size for i in idx) \
       or len(set(idx)) != len(idx):
@@ -736,7 +760,7 @@ def validate_optim(c) -> None:
   _nonneg(c, "optim.grad_clip")
   _prob(c, "optim.b1")
   _prob(c, "optim.b2")
-  _finite_positive(c, "optim.eps", "AdamW's epsilon in g / (sqrt(v) + eps)")
+  positive_finite(c, "optim.eps", "AdamW's epsilon in g / (sqrt(v) + eps)")
 
 
 def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:

@@ -67,6 +67,17 @@ TASKS: dict[str, TaskSpec] = {
 }
 
 
+# Examples a generated task's split may hold: each split is generated whole, before the first step, and read into
+# memory (~2,000 countdown to ~5,000 arith examples a second on one CPU core: 10**7 is about an hour; 10**12 hung for
+# years). A run draws train.steps × rl.prompts_per_step prompts, the split repeating in epochs.
+MAX_GENERATED = 10_000_000
+
+
+def generated(name: str) -> bool:
+  """The task's splits are generated to task.train_size / test_size (a dataset task's own splits ignore them)."""
+  return name in TASKS and TASKS[name].load is _synthetic_examples
+
+
 def get(name: str) -> TaskSpec:
   if name not in TASKS:
     raise ValueError(f"task.name={name!r} is unknown; use one of {sorted(TASKS)}")
