@@ -18,7 +18,7 @@ with exit 2), damages, and goes on with the next fault: each fault's process res
 run that finishes before its fault's moment closes the round; the fault is tried on a fresh directory). A last
 run finishes the scenario; then every artifact is compared with the scenario's uninterrupted run (`artifacts`):
 every leaf of the newest checkpoint of every `checkpoints/` directory (whatever keys the state has) and its
-metadata, every params checkpoint, every metrics row (perf/* excluded), every sample row and the other JSON outputs
+metadata, every params checkpoint, every metrics row (perf/* and the restore's ckpt/* counts excluded), every sample row and the other JSON outputs
 (stage records without their timestamps, rejection data, reports). Every damaged step must have been detected:
 moved to `checkpoints/corrupt/`.
 
@@ -449,13 +449,18 @@ def _leaves(path: str) -> dict[str, np.ndarray]:
   return {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
+DROPPED_METRICS = ("perf/", "ckpt/")
+
+
 def _jsonl(path: str, drop_perf: bool) -> list[Any]:
   rows = []
   with open(path, encoding="utf-8", errors="replace") as f:
     for line in f:
       if line.strip():
         row = json.loads(line)
-        rows.append({k: v for k, v in row.items() if not (drop_perf and k.startswith("perf/"))}
+        # perf/* is wall time; ckpt/*_skipped counts the checkpoints a restore set aside, which only the faulted
+        # run has (its damage is the point; tests/test_faults.py checks the counts)
+        rows.append({k: v for k, v in row.items() if not (drop_perf and k.startswith(DROPPED_METRICS))}
                     if isinstance(row, dict) else row)
   return rows
 
