@@ -90,6 +90,15 @@ PRESETS: dict[str, dict[str, Any]] = {
 CRITIC_ALGOS = ("ppo",)
 
 
+def carry_refusal(algo: str) -> str | None:
+  """Why rl.partial_rollouts cannot run with `algo` (None: it can): said by validation and by PPO's step builder
+  (a step built without validation: studies, benchmarks) in the same words."""
+  if algo in CRITIC_ALGOS:
+    return (f"not supported with algo={algo!r} (PPO's critic: its values would need the carry's versions too); set "
+            "rl.partial_rollouts=False or use a critic-free preset (grpo, dr_grpo, rloo, ...).")
+  return None
+
+
 def names() -> tuple[str, ...]:
   return tuple(PRESETS)
 

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from grpo_jax.config import presets
 from grpo_jax.rl import advantages
 from grpo_jax.rl import auto
 from grpo_jax.rl import losses
@@ -142,10 +143,8 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
   """The pure, un-jitted `(state, batch) -> (state, metrics)` of PPO with a critic."""
   rl_step.check_preset(config)
   auto.check_resolved(config)  # rl.minibatches / rl.rollout_chunks = 0 (auto) have no default
-  if config.rl.get("partial_rollouts", False):  # validate_partial's refusal, for a step built without validation
-    raise auto.ConfigError(f"config.rl.partial_rollouts: not supported with algo={config.rl.algo!r} (PPO's critic: "
-                           "its values would need the carry's versions too); set rl.partial_rollouts=False or use a "
-                           "critic-free preset.")
+  if config.rl.get("partial_rollouts", False):  # validation's refusal, for a step built without validation
+    raise auto.ConfigError(f"config.rl.partial_rollouts: {presets.carry_refusal(config.rl.algo)}")
   rollout_fn = rollout_lib.make_rollout_fn(config, mcfg, spec, tokenizer)
   opts = (optimizer(config), critic(config, mcfg).opt)
   temp = config.sampling.temperature

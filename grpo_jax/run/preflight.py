@@ -149,6 +149,15 @@ def _read_remote(read, path: str, what: str, later: str):
     return None
 
 
+def _recorded(workdir: str) -> dict:
+  """The `auto` values the newest checkpoint of `workdir` recorded ({} for a fresh run), read through the checkpoint
+  code's filesystem (_read_remote: an object store this host cannot read is skipped with a warning)."""
+  ckpt_dir = os.path.join(workdir, "checkpoints")
+  newest = _read_remote(lambda: ckpt_lib.newest_meta(ckpt_dir), ckpt_dir, "the resume checks of its recorded "
+                        "`auto` values", "the run checks them where it restores")
+  return run_config.recorded_settings(newest[1].get("config")) if newest else {}
+
+
 def check_recorded_values(config, workdir: str, lanes: int = 1) -> None:
   """A resume reuses the `auto` values its newest checkpoint recorded (rl/auto.py): the config is validated with them
   (train.check_recorded) once the stage plan has accepted the resume, before DIR/config.json is rewritten: a value
@@ -156,10 +165,7 @@ def check_recorded_values(config, workdir: str, lanes: int = 1) -> None:
   been rewritten with the refused config. Reads only. `workdir`: the RL stage's directory (the grpo job's: --workdir
   itself; an R1 RL stage's: its own). `lanes`: the runs trained as one vmapped program, sharing each device (a sweep
   group: train.train_group resolves them for 1/lanes of its memory)."""
-  ckpt_dir = os.path.join(workdir, "checkpoints")
-  newest = _read_remote(lambda: ckpt_lib.newest_meta(ckpt_dir), ckpt_dir, "the resume checks of its recorded "
-                        "`auto` values", "the run checks them where it restores")
-  recorded = run_config.recorded_settings(newest[1].get("config")) if newest else {}
+  recorded = _recorded(workdir)
   if not recorded:
     return
   mesh = validate.validate_mesh(config, validate.device_count())
@@ -185,10 +191,7 @@ def check_group_resolves(configs, workdirs, lanes: int) -> None:
   ctx = auto.Context(validate.validate_mesh(configs[0], validate.device_count()), None if hbm is None else hbm // lanes)
   picked = []
   for config, wd in zip(configs, workdirs):
-    ckpt_dir = os.path.join(wd, "checkpoints")
-    newest = ckpt_lib.newest_meta(ckpt_dir) if "://" not in wd and os.path.isdir(ckpt_dir) else None
-    recorded = run_config.recorded_settings(newest[1].get("config")) if newest else {}
-    picked.append(auto.resolved_values(auto.resolve(config, ctx, log=False, recorded=recorded)[0]))
+    picked.append(auto.resolved_values(auto.resolve(config, ctx, log=False, recorded=_recorded(wd))[0]))
   differ = sorted({k for p in picked[1:] for k in p if p[k] != picked[0].get(k)})
   if differ:
     runs = ", ".join(f"{os.path.basename(wd.rstrip('/'))}: " + ", ".join(f"{k}={p.get(k)}" for k in differ)

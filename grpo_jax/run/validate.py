@@ -563,9 +563,8 @@ def validate_partial(c, data_par: int) -> None:
   if c.sampling.engine not in ("continuous", "auto"):  # auto resolves to continuous under partial rollouts
     _fail("rl.partial_rollouts", "carries rows in the continuous engine's slots; set sampling.engine='continuous' "
           f"or 'auto' (it is {c.sampling.engine!r}).")
-  if rl.algo in presets.CRITIC_ALGOS:
-    _fail("rl.partial_rollouts", f"is not supported with algo={rl.algo!r} (PPO's critic): use a critic-free preset "
-          "(grpo, dr_grpo, rloo, ...) or set rl.partial_rollouts=False.")
+  if presets.carry_refusal(rl.algo):
+    _fail("rl.partial_rollouts", presets.carry_refusal(rl.algo))
   if rl.dynamic_sampling:
     _fail("rl.partial_rollouts", "with rl.dynamic_sampling: DAPO's oversampling keeps B of oversample·B groups per "
           "step, the carry trains the B oldest complete ones; set one of them off.")
