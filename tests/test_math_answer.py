@@ -33,6 +33,12 @@ CASES = [
     ("37 230", "37230", True), ("1 234 567", "1234567", True), ("37\u2009230", "37230", True),
     ("37\u202f230", "37230", True), ("\\boxed{37\\,230}", "37230", True), ("\\boxed{37{,}230}", "37230", True),
     ("$37\\,230.50$", "37230.5", True), ("37 23", "3723", False), ("37 230", "37", False),
+    # a function or constant is not a unit: dropping it changed the value (\\sqrt{16} read as 16, 2\\pi as 2)
+    ("\\sqrt{16}", "16", False), ("sqrt(16)", "16", False), ("2\\pi", "2", False), ("\\ln{5}", "5", False),
+    ("log(100)", "100", False), ("\\frac{\\sqrt{3}}{2}", "1.5", False), ("\\lfloor 7/2 \\rfloor", "3.5", False),
+    ("\\sin(30)", "30", False),
+    # layout commands still typeset units and degrees
+    ("5\\mathrm{cm}", "5", True), ("\\textbf{5}", "5", True), ("30^\\circ", "30", True), ("15 min", "15", True),
 ]
 # Where math-verify (0.9.0) gives the other answer, and why we keep ours:
 KNOWN_DIFFERENCES = {

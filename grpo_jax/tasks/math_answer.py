@@ -11,8 +11,10 @@ caller allows it: a completion that ended) the number after the last explicit fi
 text. Normalisation: `\\boxed{}`, `$`, `\\$`, `\\(…\\)`/`\\[…\\]`, markdown `**…**`, `\\%`/`%`, thousands
 grouped by commas, spaces, thin / no-break spaces (U+2009, U+202F, U+00A0, LaTeX `\\,`) or `{,}` (1-3 digits, then
 groups of exactly 3), `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`),
-`\\cdot`/`\\times`, `^`, `\\left`/`\\right`, spacing commands, trailing '.', and words/units are stripped. Values are
-exact `Fraction`s, so 0.5 == 1/2 == \\frac{1}{2} == 50%.
+`\\cdot`/`\\times`, `^`, `\\left`/`\\right`, spacing commands, trailing '.', and words/units (`\\mathrm{cm}`,
+`^\\circ`) are stripped. A function or constant we do not evaluate (`\\sqrt`, `\\log`, `\\pi`, `sqrt(…)`, any LaTeX
+command that is not layout) makes the answer unparsable: dropping it as if it were a unit read `\\sqrt{16}` as 16.
+Values are exact `Fraction`s, so 0.5 == 1/2 == \\frac{1}{2} == 50%.
 """
 from __future__ import annotations
 
@@ -30,6 +32,15 @@ _GROUP_SEP = r"(?: |\u2009|\u202f|\u00a0|\\,|\\ |\\thinspace\s?|\{,\})"
 _SPACED = re.compile(rf"(?<![\d.,])(\d{{1,3}}(?:{_GROUP_SEP}\d{{3}})+)(?![\d])")
 # In running text only the unambiguous separators group (not a plain space: '3 100-dollar bills').
 _NUMBER_GROUPED = re.compile(r"-?\d{1,3}(?:(?:\u2009|\u202f|\u00a0|\{,\})\d{3})+(?![\d])(?:\.\d+)?")
+# LaTeX commands that only typeset (fonts, units, sizes, degrees): dropped. Any other command left after the
+# fractions and operators are rewritten changes the value (\sqrt, \log, \pi, \binom, \lfloor, \overline): unparsable.
+_LAYOUT_COMMANDS = {"text", "textrm", "textbf", "textit", "textnormal", "mathrm", "mathbf", "mathit", "mathsf",
+                    "mathtt", "rm", "bf", "it", "displaystyle", "textstyle", "big", "Big", "bigl", "bigr", "Bigl",
+                    "Bigr", "circ", "degree", "mbox", "hbox", "ensuremath", "quad", "qquad", "dollar", "dollars"}
+# The same functions and constants written as plain words: 'sqrt(16)', 'log 100', '2 pi'.
+_FUNCTION_WORD = re.compile(r"(?<![A-Za-z])(?:(?:sqrt|cbrt|log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|"
+                            r"arctan|sinh|cosh|tanh)\s*[(\d]|(?:abs|floor|ceil|round|gcd|lcm|min|max|choose)\s*\(|"
+                            r"pi\b)", re.I)
 # An explicit final-answer phrase, then its number: "The answer is 37230. I used 34 boxes." -> 37230.
 _PHRASE = re.compile(r"(?:####|\b(?:the\s+)?(?:final\s+)?answer\s*(?:is|was|would\s+be|will\s+be|:|=)?)\s*[:=]?"
                      r"\s*(?:\\?\$\s*)?(?=[-\d.])", re.I)
@@ -127,7 +138,9 @@ def normalize(answer: str) -> tuple[str, bool]:
   s = re.sub(r"^\*\*(.*)\*\*$|^__(.*)__$", lambda m: m.group(1) or m.group(2) or "", s)  # markdown bold
   s = _SPACED.sub(lambda m: re.sub(r"\D", "", m.group(1)), s)  # '37 230', '37\,230', '37{,}230' -> 37230
   s = re.sub(r"\\[()\[\]]", " ", s)           # \( \) \[ \] math delimiters
-  s = re.sub(r"\\text\{([^{}]*)\}", r" \1 ", s)
+  s = re.sub(r"\\(?:text|textrm|textbf|textit|textnormal|mathrm|mathbf|mathit|mathsf|mathtt|mbox|hbox)\s*"
+             r"\{([^{}]*)\}", r" \1 ", s)         # '5\mathrm{cm}', '\textbf{5}'
+  s = re.sub(r"\^\s*(?:\\circ|\{\s*\\circ\s*\})", " ", s)  # degrees: '30^\circ'
   s = re.sub(r"\\(?:left|right|displaystyle|,|!|;|:|quad|qquad)", " ", s)
   s = s.replace("\\$", " ").replace("$", " ").replace("\\%", "%")
   percent = "%" in s or bool(re.search(r"\bpercent\b", s))
@@ -136,7 +149,9 @@ def normalize(answer: str) -> tuple[str, bool]:
   s = _replace_fracs(s)
   s = re.sub(r"\\(?:cdot|times)", "*", s).replace("×", "*").replace("÷", "/").replace("−", "-")
   s = s.replace("\\div", "/").replace("^", "**").replace("{", "(").replace("}", ")")
-  s = re.sub(r"\\[A-Za-z]+", " ", s)           # any other LaTeX command (units like \mathrm, \circ)
+  if set(re.findall(r"\\([A-Za-z]+)", s)) - _LAYOUT_COMMANDS or _FUNCTION_WORD.search(s):
+    return "", percent  # \sqrt{16}, 2\pi, log(100): dropping the function would leave 16, 2, 100
+  s = re.sub(r"\\[A-Za-z]+", " ", s)           # the layout commands (units like \mathrm, \circ)
   s = re.sub(r"[A-Za-z_][A-Za-z_']*\.?", " ", s)  # words and units: '18 dollars', 'x = 5' keeps '= 5'
   if "=" in s:                                   # 'x = 5' / '3 + 4 = 7': the right-most side is the answer
     s = s.split("=")[-1]
