@@ -187,6 +187,32 @@ def test_overlong_prompts_error_drop_or_truncate_counted(cfgs, tok):
     assert row[m > 0].tolist() == want
 
 
+def test_dropping_overlong_prompts_of_train_indices_after_the_split_was_measured(cfgs, tok):
+  """preflight measures the whole train split first; the RL batches then fit task.train_indices' examples. The
+  lengths were cached by position in the split, so the subset was judged by the lengths of the split's first
+  examples: an overlong one was kept (the batch raised mid-run) and a fitting one dropped."""
+  c = dict(cfgs["countdown"], overlong_prompts="drop")
+  lengths = data.prompt_lengths(c, tok, "train")  # as preflight's fit_prompts of the whole split
+  cut = int(np.median(lengths))
+  longer, fit = np.flatnonzero(lengths > cut), np.flatnonzero(lengths <= cut)
+  # Overlong ones first, where the split's first examples may fit, and fitting ones after.
+  indices = tuple(int(i) for i in longer[-3:]) + tuple(int(i) for i in fit[-3:])
+  assert sorted(data.prompt_lengths(c, tok, "train", [{"index": i} for i in indices])) == sorted(lengths[list(indices)])
+  b = next(data.rl_batches(dict(c, train_indices=indices), tok, "train", 6, seed=0, start_step=0, prompt_len=cut))
+  assert set(b["index_N"].tolist()) == {int(i) for i in fit[-3:]}
+
+
+def test_dropping_every_prompt_is_one_line(cfgs, tok):
+  """overlong_prompts=drop with a prompt_len no prompt fits: batches had no examples to draw from (numpy's divide
+  by zero, then an IndexError); now one line naming the shortest prompt."""
+  c = dict(cfgs["countdown"], overlong_prompts="drop")
+  shortest = int(data.prompt_lengths(c, tok, "train").min())
+  with pytest.raises(ValueError, match=rf"task.overlong_prompts=drop: all 120 train prompts are longer than "
+                                       rf"task.prompt_len={shortest - 1} tokens \(shortest {shortest}\)"):
+    next(data.rl_batches(c, tok, "train", 4, seed=0, start_step=0, prompt_len=shortest - 1))
+  assert len(data.fit_prompts(c, tok, "train", data.load_examples(c, "train"), shortest)) >= 1
+
+
 def test_eval_set_fixed_held_out(cfgs, tok):
   e1 = data.eval_set(cfgs["countdown"], tok, 10, P)
   e2 = data.eval_set(cfgs["countdown"], tok, 10, P)

@@ -17,9 +17,9 @@ from grpo_jax.tasks import base, cot, prompts, registry, tokenizer as tokenizer_
 _DEFAULTS = {"language": "a", "data_dir": None, "split_seed": 0, "train_size": 10_000, "test_size": 500,
              "prompt_format": "r1_zero", "overlong_prompts": "error", "train_indices": ()}
 OVERLONG = ("error", "drop", "truncate")  # task.overlong_prompts
-# Prompt lengths of a whole split, by what determines them: preflight, the RL batches and the eval set of one
-# process (and every stage of an R1 pipeline) measure a split once.
-_LENGTHS: dict[tuple, np.ndarray] = {}
+# Prompt lengths of a split's examples by example index, under what determines them: preflight, the RL batches and
+# the eval set of one process (and every stage of an R1 pipeline) measure an example once.
+_LENGTHS: dict[tuple, dict[int, int]] = {}
 
 
 def _get(cfg: Any, key: str):
@@ -55,28 +55,35 @@ def _split_languages(task_cfg) -> tuple[str, ...]:
 
 
 def prompt_lengths(task_cfg, tok, split: str, examples: list[dict] | None = None) -> np.ndarray:
-  """Token length of every prompt of `split` in index order: the longest over the languages it can be asked in."""
+  """Token length of the prompt of each of `examples` (default: the whole split, in index order), the longest over
+  the languages it can be asked in. Cached by example index: `examples` may be any of the split's (train_indices),
+  in any order, before or after the whole split was measured."""
   task = make_task(task_cfg)
   key = (repr(task), split, *(str(_get(task_cfg, k)) for k in ("data_dir", "split_seed", "train_size", "test_size",
                                                                 "prompt_format")), _split_languages(task_cfg), id(tok))
-  if key not in _LENGTHS:
-    examples = load_examples(task_cfg, split) if examples is None else examples
-    fmt = _get(task_cfg, "prompt_format")
-    _LENGTHS[key] = np.asarray([max(len(prompts.prompt_ids(task, ex, lang, tok, fmt))
-                                    for lang in _split_languages(task_cfg)) for ex in examples], np.int64)
-  return _LENGTHS[key]
+  known = _LENGTHS.setdefault(key, {})
+  examples = load_examples(task_cfg, split) if examples is None else examples
+  fmt = _get(task_cfg, "prompt_format")
+  for ex in examples:
+    if ex["index"] not in known:
+      known[ex["index"]] = max(len(prompts.prompt_ids(task, ex, lang, tok, fmt)) for lang in _split_languages(task_cfg))
+  return np.asarray([known[ex["index"]] for ex in examples], np.int64)
 
 
 def fit_prompts(task_cfg, tok, split: str, examples: list[dict], prompt_len: int) -> list[dict]:
   """`examples` under task.overlong_prompts: all of them ('error' raises one line naming the count and the length
-  that fits; 'truncate' keeps them for encode_prompts to cut), or those that fit ('drop')."""
+  that fits; 'truncate' keeps them for encode_prompts to cut), or those that fit ('drop'; none is an error)."""
   lengths = prompt_lengths(task_cfg, tok, split, examples)
   over = np.flatnonzero(lengths > prompt_len)
   policy = _get(task_cfg, "overlong_prompts")
   if not len(over) or policy == "truncate":
     return examples
-  if policy == "drop":
+  if policy == "drop" and len(over) < len(lengths):
     return [ex for ex, n in zip(examples, lengths) if n <= prompt_len]
+  if policy == "drop":  # nothing left to draw batches from (the batch order divided by 0 examples)
+    raise ValueError(f"task.overlong_prompts=drop: all {len(lengths)} {split} prompts are longer than "
+                     f"task.prompt_len={prompt_len} tokens (shortest {int(lengths.min())}); set task.prompt_len >= "
+                     f"{int(lengths.min())}.")
   raise ValueError(f"task.prompt_len: {len(over)} of the {len(lengths)} {split} prompts are longer than "
                    f"task.prompt_len={prompt_len} tokens (longest {int(lengths.max())}, example "
                    f"{examples[int(over[0])]['index']} first); set task.prompt_len={int(lengths.max())}, or "
