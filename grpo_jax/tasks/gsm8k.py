@@ -5,7 +5,7 @@ Data: `task.data_dir` holding `train.jsonl` / `test.jsonl` (the openai/grade-sch
 GSM8K (`<split>.parquet`, `<split>-*.parquet`, or the hub's `main/<split>-*.parquet`), is read directly; otherwise
 it must be a TFDS data dir with `gsm8k` prepared (`python -m grpo_jax.tasks.gsm8k --data_dir=DIR` prepares it
 where the internet is reachable). A directory with none of these is one error naming what it looked for. The final answer is
-the text after '####' in the reference solution (commas removed).
+the text after '####' in the reference solution (commas removed); one that is not a number is refused at load.
 
 Grading (`grade_text`, one function for the training rewards and held-out evaluation) is what a careful human
 grader does, with format and accuracy as two separate reward terms:
@@ -50,6 +50,9 @@ def final_answer(solution: str) -> str:
     raise ValueError("GSM8K answer has nothing after its '####' final-answer marker")
   if len(final) > ANSWER_CHARS or not final.isascii():  # the batch holds it as ANSWER_CHARS ASCII codes
     raise ValueError(f"GSM8K final answer {final[:40]!r} is not at most {ANSWER_CHARS} ASCII characters")
+  if math_answer.parse_value(final) is None:  # math_accuracy compares values: no completion could match it
+    raise ValueError(f"GSM8K final answer {final!r} is not a number or arithmetic expression, so every completion "
+                     "would be graded wrong; the text after '####' must be the numeric answer")
   return final
 
 
