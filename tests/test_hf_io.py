@@ -187,6 +187,14 @@ def _drop_a_shard(path):
   os.remove(os.path.join(path, "model-00002-of-00008.safetensors"))
 
 
+def _stale_copy_beside(path):
+  """Shards without an index (every *.safetensors is read) and a stale file holding one of their tensors: the
+  later file's copy was loaded without a word."""
+  os.rename(os.path.join(path, "model.safetensors"), os.path.join(path, "model-00001-of-00001.safetensors"))
+  st.write(os.path.join(path, "old.safetensors"), [("model.norm.weight", (32,), np.float32)],
+           lambda name: np.full((32,), 7.0, np.float32), {"format": "pt"})
+
+
 # case -> (make the damage, substrings the one line must contain)
 BAD = {
     "k_proj_shape": (lambda p: rewrite(p, _k_proj), ["3 tensor problem(s)", "model.safetensors",
@@ -212,6 +220,8 @@ BAD = {
     "missing_shard": (_drop_a_shard, ["model-00002-of-00008.safetensors is missing (listed in "
                                       "model.safetensors.index.json)"]),
     "no_config": (lambda p: os.remove(os.path.join(p, "config.json")), ["config.json is missing"]),
+    "stale_copy": (_stale_copy_beside, ["tensor model.norm.weight is in both model-00001-of-00001.safetensors and "
+                                        "old.safetensors", "remove the stale files"]),
     # a cache snapshot's link to a blob that never arrived: was said to be "listed in model.safetensors.index.json"
     "broken_link": (lambda p: (os.remove(os.path.join(p, "model.safetensors")),
                                os.symlink(os.path.join(p, "gone"), os.path.join(p, "model.safetensors"))),
@@ -286,6 +296,28 @@ def test_nonfinite_weights_are_refused_before_the_workdir_is_written(tmp_path, c
     assert code == 2 and line.startswith("Config error: "), line
     assert f"model.safetensors: tensor {name} holds 1 NaN/inf" in line, line
     assert not (tmp_path / "run").exists()
+
+
+def test_a_tied_checkpoint_with_a_different_lm_head_is_refused(tmp_path):
+  """tie_word_embeddings=true and an lm_head.weight beside the embedding: an equal copy (some writers save both)
+  loads; a different one was ignored here while transformers 5 loads it as a separate head (other logits)."""
+  mcfg, params = tiny_checkpoint(tmp_path / "hf", tie_embeddings=True)
+  path = str(tmp_path / "hf")
+  rewrite(path, lambda a: a.update({"lm_head.weight": a["model.embed_tokens.weight"].copy()}))
+  _, loaded = hf_io.load_hf(path)
+  np.testing.assert_array_equal(np.asarray(loaded["embed"]["embedding"]), np.asarray(params["embed"]["embedding"]))
+  hf_io.check_finite(path)
+
+  def differ(a):
+    a["lm_head.weight"] = a["lm_head.weight"].copy()
+    a["lm_head.weight"][5, 3] += 1.0
+  rewrite(path, differ)
+  for check in (hf_io.load_hf, hf_io.check_finite):
+    with pytest.raises(CheckpointError) as e:
+      check(path)
+    msg = str(e.value)
+    assert "lm_head.weight differs from model.embed_tokens.weight" in msg and "tie_word_embeddings" in msg, msg
+    assert "\n" not in msg
 
 
 def test_every_disagreeing_model_field_is_listed(tmp_path):

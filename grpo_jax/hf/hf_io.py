@@ -219,9 +219,15 @@ def tensor_index(path: str) -> dict[str, st.TensorInfo]:
              "a link whose target is gone, e.g. a partly downloaded Hugging Face cache")
       raise CheckpointError(f"{file} is missing ({why}); download every shard.")
     try:
-      out.update(st.read_header(file))
+      header = st.read_header(file)
     except st.FormatError as e:
       raise CheckpointError(f"{e} Re-download the file.") from None
+    twice = sorted(set(header) & set(out))
+    if twice:  # read last-file-wins, a stale copy beside the shards replaced the real tensor without a word
+      raise CheckpointError(f"{path}: tensor {twice[0]} is in both {os.path.basename(out[twice[0]].file)} and {name}"
+                            f"{f' (and {len(twice) - 1} more)' if len(twice) > 1 else ''}; the directory mixes two "
+                            "checkpoints: remove the stale files.")
+    out.update(header)
   if weight_map is not None:
     absent = [k for k, f in weight_map.items() if k not in out or os.path.basename(out[k].file) != f]
     if absent:
@@ -354,6 +360,22 @@ def check_checkpoint(path: str) -> model_lib.ModelConfig:
   return mcfg
 
 
+def _check_tied_head(mcfg: model_lib.ModelConfig, infos: dict[str, st.TensorInfo]) -> None:
+  """A tied model's checkpoint that also holds lm_head.weight: it must equal the embedding. transformers 5 loads a
+  differing one as a separate head, so the model the directory means is not the tied one we would load."""
+  head, embed = infos.get("lm_head.weight"), infos.get("model.embed_tokens.weight")
+  if not mcfg.tie_embeddings or head is None or embed is None or head.shape != embed.shape:
+    return  # untied, no duplicate head, or check_tensors names the problem
+  total, step = int(np.prod(head.shape)), 1 << 24
+  for start in range(0, total, step):
+    a, b = (np.fromfile(i.file, i.dtype, min(step, total - start), offset=i.offset + start * i.dtype.itemsize)
+            for i in (head, embed))
+    if a.shape != b.shape or not np.array_equal(a.astype(np.float32), b.astype(np.float32)):
+      raise CheckpointError(f"{head.file}: tensor lm_head.weight differs from model.embed_tokens.weight, but "
+                            "config.json says tie_word_embeddings=true (transformers loads it as a separate head); "
+                            "set tie_word_embeddings=false if the head was trained apart, else drop lm_head.weight.")
+
+
 def check_finite(path: str) -> None:
   """Every tensor the model loads is finite, read in 64 MiB pieces (one piece in memory at a time): a NaN / inf
   weight is a CheckpointError naming the file and the tensor before a run writes anything (load_params checks again
@@ -370,6 +392,7 @@ def check_finite(path: str) -> None:
     if info is None:
       continue  # check_tensors names it
     _require_finite(info, *st.read_chunks(info))
+  _check_tied_head(mcfg, infos)
   _FINITE.add(key)
 
 
@@ -393,6 +416,7 @@ def load_params(path: str, mcfg: model_lib.ModelConfig, shardings: Any = None,
   infos = tensor_index(path) if infos is None else infos
   check_tensors(path, mcfg, infos)
   _check_o_bias(infos)
+  _check_tied_head(mcfg, infos)
   abstract = model_lib.param_shapes(mcfg)
   flat, treedef = jax.tree_util.tree_flatten_with_path(abstract)
   shard_leaves = [None] * len(flat) if shardings is None else jax.tree.leaves(
