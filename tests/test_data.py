@@ -213,6 +213,19 @@ def test_dropping_every_prompt_is_one_line(cfgs, tok):
   assert len(data.fit_prompts(c, tok, "train", data.load_examples(c, "train"), shortest)) >= 1
 
 
+def test_sample_references_follow_the_split_sizes(cfgs, tok):
+  """samples.jsonl's reference answers come from the examples of the config asked about: a generated train example
+  avoids the test split's keys, so under another test_size the same index is another example. The lookup was
+  cached without the sizes, so the second config of one process (a sweep over test_size) got the first's."""
+  a = dict(cfgs["arith"], max_digits=1, train_size=40, test_size=5)
+  b = dict(a, test_size=60)
+  ea, eb = data.load_examples(a, "train"), data.load_examples(b, "train")
+  i = next(i for i in range(40) if data.make_task(a).answer_text(ea[i]) != data.make_task(b).answer_text(eb[i]))
+  for c, exs in ((a, ea), (b, eb)):
+    got = data.sample_context(c, tok, "train", {"samples/index_N": np.asarray([i])})["references"]
+    assert got == [data.make_task(c).answer_text(exs[i])]
+
+
 def test_eval_set_fixed_held_out(cfgs, tok):
   e1 = data.eval_set(cfgs["countdown"], tok, 10, P)
   e2 = data.eval_set(cfgs["countdown"], tok, 10, P)

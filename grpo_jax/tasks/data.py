@@ -108,7 +108,9 @@ def sample_context(task_cfg, tok, split: str, samples: dict) -> dict[str, list[s
                                                                       samples["samples/prompt_mask_NxP"])]
   if "samples/index_N" in samples:
     task = make_task(task_cfg)
-    key = (repr(task), split, str(_get(task_cfg, "data_dir")), str(_get(task_cfg, "split_seed")))
+    # Everything the split's examples depend on: a generated train example avoids the test split's keys, so the
+    # same index is another example under another test_size (a sweep over it in one process).
+    key = (repr(task), split, *(str(_get(task_cfg, k)) for k in ("data_dir", "split_seed", "train_size", "test_size")))
     if key not in _BY_INDEX:
       _BY_INDEX[key] = {ex["index"]: ex for ex in load_examples(task_cfg, split)}
     out["references"] = [task.answer_text(_BY_INDEX[key][int(i)]) for i in samples["samples/index_N"]]
