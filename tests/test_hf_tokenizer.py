@@ -244,6 +244,21 @@ def test_chat_template_from_its_jinja_file(dirs, tmp_path):
   assert ours.count("<|im_start|>") == 5 and "You are Qwen" not in ours
 
 
+def test_a_template_writing_bos_token_renders_as_transformers_without_one(dirs, tmp_path):
+  """A tokenizer without a bos token (Qwen's) and a template that writes {{ bos_token }}: transformers renders ''
+  there; ours rendered its fallback bos (the pad, <|endoftext|>) into every chat prompt."""
+  transformers = pytest.importorskip("transformers")
+  tmpl = ("{{ bos_token }}{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+          "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+  d = write_dir(tmp_path / "bos", dirs["plain"], {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>",
+                                                  "bos_token": None, "chat_template": tmpl})
+  msgs = [{"role": "user", "content": "5 + 3?"}]
+  ours = hf_tokenizer.HFTokenizer(d).apply_chat_template(msgs)
+  assert ours == transformers.AutoTokenizer.from_pretrained(d).apply_chat_template(
+      msgs, tokenize=False, add_generation_prompt=True)
+  assert ours == "<|im_start|>user\n5 + 3?<|im_end|>\n<|im_start|>assistant\n"
+
+
 @pytest.mark.parametrize("name", ["qwen", "instruct"])
 def test_math_rewards_on_hf_tokenizer(dirs, name):
   tok = hf_tokenizer.HFTokenizer(dirs[name])

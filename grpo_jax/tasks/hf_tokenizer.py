@@ -183,8 +183,9 @@ class HFTokenizer:
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
     env.filters["tojson"] = _tojson
-    tokens = {"bos_token": self.tk.id_to_token(self.bos_id), "eos_token": self.tk.id_to_token(self.eos_id),
-              **self.special_tokens}
+    # The special tokens the files name, as transformers passes them: not our fallbacks (Qwen's bos is its pad),
+    # which a template writing {{ bos_token }} would render where transformers renders ''.
+    tokens = dict(self.special_tokens)
     try:
       tmpl = env.from_string(self.chat_template)
       return tmpl.render(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt, **tokens)
