@@ -295,6 +295,15 @@ def _gsm8k_records(n):
           for i in range(n)]
 
 
+def test_an_empty_split_is_one_line(tok):
+  """A prepared TFDS gsm8k split with no records loaded as [] (the JSONL and parquet readers refuse theirs), and the
+  first batch divided by zero examples: numpy warnings, then an IndexError."""
+  with tfds.testing.mock_data(as_data_source_fn=lambda self, split, **kwargs: []):
+    with pytest.raises(ValueError, match=r"^task.data_dir: the gsm8k train split in the default data dir has no "
+                                         r"examples;"):
+      next(data.rl_batches({"name": "gsm8k", "language": "a"}, tok, "train", 2, seed=0, start_step=0, prompt_len=256))
+
+
 def test_gsm8k_mock_flows_through(tok):
   def fake_source(self, split, **kwargs):
     del self, kwargs

@@ -42,10 +42,16 @@ def make_task(task_cfg: Any):
 
 
 def load_examples(task_cfg: Any, split: str) -> list[dict]:
+  """The split's examples in index order; an empty split is one line (batches of it divided by zero)."""
   task = make_task(task_cfg)
-  return registry.get(task.name).load(
+  examples = registry.get(task.name).load(
       task, split, data_dir=_get(task_cfg, "data_dir"), split_seed=int(_get(task_cfg, "split_seed")),
       train_size=int(_get(task_cfg, "train_size")), test_size=int(_get(task_cfg, "test_size")))
+  if not examples:
+    where = _get(task_cfg, "data_dir") or "the default data dir"
+    raise ValueError(f"task.data_dir: the {task.name} {split} split in {where} has no examples; point "
+                     "task.data_dir at a copy that has them (or prepare it again).")
+  return examples
 
 
 def _split_languages(task_cfg) -> tuple[str, ...]:
