@@ -12,7 +12,7 @@ text. Normalisation: `\\boxed{}`, `$`, `\\$`, `\\(…\\)`/`\\[…\\]`, markdown 
 grouped by commas, spaces, thin / no-break spaces (U+2009, U+202F, U+00A0, LaTeX `\\,`) or `{,}` (1-3 digits, then
 groups of exactly 3), `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`),
 `\\cdot`/`\\times`, `^`, `\\left`/`\\right`, spacing commands, trailing '.', and words/units (`\\mathrm{cm}`,
-`^\\circ`) are stripped. A function or constant we do not evaluate (`\\sqrt`, `\\log`, `\\pi`, `sqrt(…)`, any LaTeX
+`^\\circ`) are stripped; `1.5e3` is 1500. A function or constant we do not evaluate (`\\sqrt`, `\\log`, `\\pi`, `sqrt(…)`, any LaTeX
 command that is not layout) makes the answer unparsable: dropping it as if it were a unit read `\\sqrt{16}` as 16.
 Values are exact `Fraction`s, so 0.5 == 1/2 == \\frac{1}{2} == 50%.
 """
@@ -25,7 +25,8 @@ from fractions import Fraction
 _MAX_EXPONENT = 64       # 2**64 is fine; 10**10**10 would hang the host, so larger exponents fail to parse
 _MAX_BITS = 4096         # no answer needs a power beyond 2**4096
 _MAX_LEN = 200           # longer "answers" are prose, not an expression
-_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:/\d+(?:\.\d+)?)?|-?\.\d+")  # a simple a/b counts as one
+# A simple a/b counts as one; so does scientific notation ('1.5e3', not the 1.5 before its exponent).
+_NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:/\d+(?:\.\d+)?)?|-?\.\d+(?:[eE][-+]?\d+)?")
 _THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d])")
 # Thousands grouped by a space, a thin or no-break space, LaTeX's `\,` / `\ ` / `\thinspace` or `{,}`: '37 230'.
 _GROUP_SEP = r"(?: |\u2009|\u202f|\u00a0|\\,|\\ |\\thinspace\s?|\{,\})"
@@ -147,6 +148,8 @@ def normalize(answer: str) -> tuple[str, bool]:
   s = s.replace("%", " ")
   s = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), s)
   s = _replace_fracs(s)
+  # Scientific notation, before the 'e' goes as a word: '1.5e3' is 1500 (exponents beyond _MAX_EXPONENT: unparsable).
+  s = re.sub(r"(?<![\w.])(\d*\.?\d)[eE]([-+]?\d+)(?!\w|\.\d)", r"(\1*10**(\2))", s)
   s = re.sub(r"\\(?:cdot|times)", "*", s).replace("×", "*").replace("÷", "/").replace("−", "-")
   s = s.replace("\\div", "/").replace("^", "**").replace("{", "(").replace("}", ")")
   if set(re.findall(r"\\([A-Za-z]+)", s)) - _LAYOUT_COMMANDS or _FUNCTION_WORD.search(s):
