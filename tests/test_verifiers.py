@@ -249,6 +249,36 @@ def test_reference_solutions_solvable_by_both_verifiers(tok, fns):
   np.testing.assert_array_equal(verify_py.accuracy_reward("countdown", tokens, mask, batch, tok), np.ones(len(rows)))
 
 
+def test_hf_tokenizer_with_tag_tokens_no_unk_and_two_eos_ids(tmp_path):
+  """An HF tokenizer with the four tags as tokens (added last) and no unk token: unk_id -1 indexed the token
+  tables' last row, so verify_jax took '</answer>' for a control token and failed every well-formed completion
+  that verify_py passed. And a row that stopped at the tokenizer's other eos id (generation_config.json's
+  [<|im_end|>, <|endoftext|>]: the sampler stops at either) failed both as truncated."""
+  tokenizers = pytest.importorskip("tokenizers")
+  from grpo_jax.tasks import hf_tokenizer
+  from tests import hf_dirs
+  tk = hf_dirs.train_tokenizer(hf_dirs.QWEN_SPECIALS)
+  tk.add_tokens([tokenizers.AddedToken(t, special=False, normalized=False) for t in tokenizer_lib.TAGS])
+  eot, im_end = tk.token_to_id("<|endoftext|>"), tk.token_to_id("<|im_end|>")
+  d = str(tmp_path / "tok")
+  hf_dirs.write_tokenizer(d, tk, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None},
+                          generation={"eos_token_id": [im_end, eot]})
+  hf = hf_tokenizer.HFTokenizer(d)
+  assert hf.unk_id == -1 and hf.tag_ids["</answer>"] == hf.vocab_size - 1 and hf.eos_ids == (im_end, eot)
+  good = hf.encode("<think> 2 + 3 = 5 </think> <answer> 5 </answer>")
+  rows = [good + [im_end], good + [eot], good, hf.encode("<think> x </think> <answer> 4 </answer>") + [eot]]
+  tokens, mask = np.zeros((4, 40), np.int32), np.zeros((4, 40), np.int32)
+  for r, ids in enumerate(rows):
+    tokens[r, :len(ids)], mask[r, :len(ids)] = ids, 1
+  batch = {"answer_N": np.full(4, 5, np.int32)}
+  tables = verify_jax.tables_for(hf)
+  want_fmt, want_acc = [1, 1, 0, 1], [1, 1, 0, 0]
+  np.testing.assert_array_equal(verify_py.format_reward(tokens, mask, hf), want_fmt)
+  np.testing.assert_array_equal(np.asarray(verify_jax.format_reward(tokens, mask, tables)), want_fmt)
+  np.testing.assert_array_equal(verify_py.accuracy_reward("arith", tokens, mask, batch, hf), want_acc)
+  np.testing.assert_array_equal(np.asarray(registry.accuracy_reward("arith", tokens, mask, batch, tables)), want_acc)
+
+
 def test_vmap_over_leading_axis(tok):
   tables = verify_jax.token_tables(tok)
   tokens, mask = _text_rows(tok, [t for t, _ in FORMAT_CASES])

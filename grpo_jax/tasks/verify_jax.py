@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from grpo_jax.tasks import tokenizer as tokenizer_lib
+from grpo_jax.tasks import verify_py
 from grpo_jax.tasks.arith import INTEGER_ANSWER
 from grpo_jax.tasks.countdown import MAX_ABS, MAX_PAREN_DEPTH
 
@@ -33,7 +34,7 @@ class TokenTables(NamedTuple):
   is_space_V: np.ndarray  # bool: piece is whitespace only
   is_bad_V: np.ndarray    # bool: control / unknown token
   tags: tuple[int, int, int, int]
-  eos: int
+  eos: tuple[int, ...]    # every id that ends a completion (an HF instruct tokenizer's eos_ids)
 
 
 def _classes(text: str) -> list[int]:
@@ -56,9 +57,11 @@ def token_tables(tok: tokenizer_lib.Tokenizer | None = None) -> TokenTables:
     chars[i, :len(r)] = r
   is_space = np.asarray([bool(t) and set(t) == {" "} for t in texts])
   is_bad = np.zeros(len(texts), bool)
-  is_bad[[tok.pad_id, tok.bos_id, tok.unk_id]] = True
+  # An HF tokenizer without an unk token has unk_id -1, which as an index marked the LAST id (a tag token, where
+  # the tags were added last) as a control token.
+  is_bad[[i for i in (tok.pad_id, tok.bos_id, tok.unk_id) if 0 <= i < len(texts)]] = True
   tags = tuple(tok.tag_ids[t] for t in tokenizer_lib.TAGS)
-  return TokenTables(chars, is_space, is_bad, tags, tok.eos_id)
+  return TokenTables(chars, is_space, is_bad, tags, verify_py.eos_ids(tok))
 
 
 @functools.lru_cache(maxsize=1)
@@ -111,7 +114,7 @@ def _parse(tokens_NxL, mask_NxL, tables: TokenTables) -> _Parse:
   tok = tokens_NxL.astype(jnp.int32)
   valid = jnp.cumprod(mask_NxL.astype(jnp.int32) > 0, axis=1).astype(bool)
   pos = jnp.arange(length)[None, :]
-  is_eos = (tok == tables.eos) & valid
+  is_eos = jnp.isin(tok, jnp.asarray(tables.eos, jnp.int32)) & valid
   has_eos = is_eos.any(1)
   e = jnp.argmax(is_eos, 1)[:, None]
   before = valid & (pos < e)

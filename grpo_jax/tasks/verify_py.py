@@ -5,8 +5,8 @@ token ids (a tag is its tag token; `<think>` spelled from other pieces is just t
 
     <think> body1 </think> space* <answer> body3 </answer> EOS
 
-- the completion starts with the <think> token and its first EOS comes right after </answer> (nothing but EOS
-  after </answer>; a completion without EOS, i.e. truncated, fails);
+- the completion starts with the <think> token and its first EOS (any of the tokenizer's `eos_ids`) comes right
+  after </answer> (nothing but EOS after </answer>; a completion without EOS, i.e. truncated, fails);
 - each tag occurs exactly once before EOS, in that order, so bodies hold no tag tokens; bodies may be empty;
 - between </think> and <answer> only whitespace-only pieces are allowed;
 - no control or unknown token (pad, bos, unk, or an id outside the vocabulary) before EOS.
@@ -35,12 +35,17 @@ class _Vocab:
     self.texts = tok.piece_texts()
     self.size = tok.vocab_size
     self.tags = [tok.tag_ids[t] for t in tokenizer_lib.TAGS]
-    self.eos = tok.eos_id
+    self.eos = set(eos_ids(tok))
     self.bad = {tok.pad_id, tok.bos_id, tok.unk_id}
 
   def is_space(self, i: int) -> bool:
     t = self.texts[i]
     return bool(t) and set(t) == {" "}
+
+
+def eos_ids(tok) -> tuple[int, ...]:
+  """Every id that ends a completion: the sampler stops at any of them (an HF instruct tokenizer has several)."""
+  return tuple(int(i) for i in getattr(tok, "eos_ids", (tok.eos_id,)))
 
 
 _VOCABS: dict[int, _Vocab] = {}
@@ -69,9 +74,9 @@ def parse(ids: Sequence[int], mask=None, tok=None) -> tuple[tuple[int, int], tup
   """((think body start, end), (answer body start, end)) token spans if the format is OK, else None."""
   v = _vocab(tok)
   seq = completion(ids, mask)
-  if v.eos not in seq:
+  e = next((k for k, i in enumerate(seq) if i in v.eos), None)
+  if e is None:
     return None
-  e = seq.index(v.eos)
   seq = seq[:e]
   if any(i in v.bad or not 0 <= i < v.size for i in seq):
     return None
