@@ -116,6 +116,28 @@ def test_peft_loads_our_adapter_dir_and_its_logits_equal_ours(lora_run):
   np.testing.assert_allclose(merged.model.layers[1].self_attn.q_proj.weight.detach().numpy(), w_peft, atol=1e-6)
 
 
+def test_merged_export_of_a_bfloat16_base_keeps_the_adapter_delta():
+  """model.lora.base_dtype=bfloat16: the merged export's W + scale·A·B was rounded to bfloat16 (the base kernel's
+  dtype), which lost ~12% of a small adapter's effect on the logits; it is merged in float32 now and equals the
+  policy the run trained (bf16 base + float32 adapters)."""
+  import dataclasses
+  from grpo_jax.model.model_config import LoraConfig
+  plain = model_lib.ModelConfig(vocab_size=64, hidden=64, layers=2, heads=4, kv_heads=2, inter=128, max_len=64,
+                                qkv_bias=True, tie_embeddings=False)
+  mcfg = dataclasses.replace(plain, lora=LoraConfig(8, 16.0, base_dtype="bfloat16"))
+  base = lora.hold_base(mcfg, model_lib.init_params(plain, jax.random.PRNGKey(0)))
+  adapters = jax.tree.map(lambda x: x + 1e-3 * jax.random.normal(jax.random.PRNGKey(2), x.shape),
+                          lora.init_adapters(mcfg, jax.random.PRNGKey(1)))  # B ~ 1e-3: a few steps of training
+  tokens, pos, mask = (np.asarray(x, np.int32) for x in (TOKENS, POS, MASK))
+  f32 = lambda p: jax.tree.map(lambda x: x.astype(np.float32), p)
+  policy = np.asarray(model_lib.forward(mcfg, lora.combine(base, adapters), tokens, pos, mask))
+  effect = np.abs(policy - np.asarray(model_lib.forward(plain, f32(base), tokens, pos, mask))).max()
+  merged = export_lib.merged_policy(mcfg, base, adapters)
+  assert merged["layers"]["q"]["kernel"].dtype == np.float32 and "lora_a" not in merged["layers"]["q"]
+  err = np.abs(np.asarray(model_lib.forward(plain, f32(merged), tokens, pos, mask)) - policy).max()
+  assert effect > 5e-3 and err < 1e-3 * effect, (effect, err)
+
+
 def test_resume_onto_another_base_is_refused_in_one_line(lora_run):
   _save_qwen2(lora_run["hf_dir"], seed=1)  # the same path now holds another model
   c = config_lib.override(lora_run["config"], {"train.steps": 4})

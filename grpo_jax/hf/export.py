@@ -132,7 +132,7 @@ def restore_params(run_dir: str, mcfg, step: int = 0, config=None, want_adapters
     meta = ckpt_lib.read_meta(ckpt_dir, got.step)
     base = peft_export.load_base(peft_export.base_source(config, meta), mcfg, sh)
     peft_export.check_base(base, meta, where)
-    params = (base, got.params) if want_adapters else lora_lib.merged(mcfg, lora_lib.combine(base, got.params))
+    params = (base, got.params) if want_adapters else merged_policy(mcfg, base, got.params)
     return Source(params, got.step, where, got.skipped)
   if want_adapters:
     raise config_lib.ConfigError(f"export.format='peft': {run_dir} has no LoRA checkpoints (its params/ are a full "
@@ -142,6 +142,12 @@ def restore_params(run_dir: str, mcfg, step: int = 0, config=None, want_adapters
     return Source(params_ckpt.load_params(params_dir, abstract), 0, params_dir)
   raise config_lib.ConfigError(f"{run_dir} has no checkpoints/ and no params/; nothing to export (did the run save "
                                "a checkpoint? train.ckpt_every sets how often).")
+
+
+def merged_policy(mcfg, base: Any, adapters: Any) -> Any:
+  """A LoRA run's policy as one model: W + scale·A·B in float32, whatever dtype the base was held in (a bfloat16
+  base's merge rounded to bfloat16 lost much of a small adapter delta: the export was not the trained policy)."""
+  return lora_lib.merged(mcfg, lora_lib.combine(base, adapters), jax.numpy.float32)
 
 
 def _source_dir(config) -> str | None:

@@ -98,17 +98,19 @@ def is_adapted(params: Params) -> bool:
   return any(set(ADAPTER_KEYS) <= set(p) for p in params.get("layers", {}).values() if isinstance(p, dict))
 
 
-def merge_kernel(kernel: jax.Array, a: jax.Array, b: jax.Array, scale: float) -> jax.Array:
-  """W + scale·A·B of one (unstacked) kernel [in..., out...], summed in float32, returned in the kernel's dtype."""
+def merge_kernel(kernel: jax.Array, a: jax.Array, b: jax.Array, scale: float, dtype=None) -> jax.Array:
+  """W + scale·A·B of one (unstacked) kernel [in..., out...], summed in float32, returned in `dtype` (default: the
+  kernel's)."""
   delta = jnp.tensordot(a.astype(jnp.float32), b.astype(jnp.float32), axes=1)
-  return (kernel.astype(jnp.float32) + scale * delta).astype(kernel.dtype)
+  return (kernel.astype(jnp.float32) + scale * delta).astype(dtype or kernel.dtype)
 
 
-def merge_module(mcfg: ModelConfig, name: str, p: dict) -> dict:
-  """One module's params (one layer, or stacked) with its adapter merged into the kernel and dropped."""
+def merge_module(mcfg: ModelConfig, name: str, p: dict, dtype=None) -> dict:
+  """One module's params (one layer, or stacked) with its adapter merged into the kernel (in `dtype`, default the
+  kernel's) and dropped."""
   if "lora_a" not in p:
     return p
-  merge = lambda w, a, b: merge_kernel(w, a, b, _lora(mcfg).scale)
+  merge = lambda w, a, b: merge_kernel(w, a, b, _lora(mcfg).scale, dtype)
   kernel = jax.vmap(merge)(p["kernel"], p["lora_a"], p["lora_b"]) if _is_stacked(p, _n_in(name)) else merge(
       p["kernel"], p["lora_a"], p["lora_b"])
   return {k: v for k, v in p.items() if k not in ADAPTER_KEYS} | {"kernel": kernel}
@@ -119,11 +121,12 @@ def _is_stacked(p: dict, n_in: int) -> bool:
   return p["lora_a"].ndim == n_in + 2
 
 
-def merged(mcfg: ModelConfig, params: Params) -> Params:
-  """The base-shaped params of a policy (combine's output): every adapter folded into its kernel (export)."""
+def merged(mcfg: ModelConfig, params: Params, dtype=None) -> Params:
+  """The base-shaped params of a policy (combine's output): every adapter folded into its kernel. `dtype`: the
+  merged kernels' (export passes float32: a bfloat16 base's W + scale·A·B rounded to bfloat16 lost a small delta)."""
   if not is_adapted(params):
     return params
-  layers = {m: merge_module(mcfg, m, p) for m, p in params["layers"].items()}
+  layers = {m: merge_module(mcfg, m, p, dtype) for m, p in params["layers"].items()}
   return {**params, "layers": layers}
 
 
