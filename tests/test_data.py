@@ -226,6 +226,25 @@ def test_sample_references_follow_the_split_sizes(cfgs, tok):
     assert got == [data.make_task(c).answer_text(exs[i])]
 
 
+def test_preflight_says_how_many_prompts_are_skipped_or_cut(cfgs, tok, caplog):
+  """task.overlong_prompts=drop logged how many prompts it skips; =truncate cut prompts without a word."""
+  import logging
+  from grpo_jax.config import config_lib
+  from grpo_jax.run import preflight
+  c = config_lib.override(config_lib.load_config("configs/grpo_arith.py", "small"), {
+      "task.name": "countdown", "task.data_dir": cfgs["countdown"]["data_dir"], "task.train_size": 120,
+      "task.test_size": 30, "eval.size": 4})
+  lengths = data.prompt_lengths(c.task, tok, "train")
+  cut = int(np.median(lengths))
+  over = int((lengths > cut).sum())
+  for policy, verb in (("drop", "are skipped"), ("truncate", f"are cut to bos + their last {cut - 1} tokens")):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      preflight.check_data(config_lib.override(c, {"task.prompt_len": cut, "task.overlong_prompts": policy}), tok)
+    assert (f"task.overlong_prompts={policy}: {over} of the 120 train prompts are longer than task.prompt_len={cut} "
+            f"tokens and {verb}.") in caplog.text, caplog.text
+
+
 def test_eval_set_fixed_held_out(cfgs, tok):
   e1 = data.eval_set(cfgs["countdown"], tok, 10, P)
   e2 = data.eval_set(cfgs["countdown"], tok, 10, P)

@@ -262,6 +262,12 @@ def check_data(config, tokenizer) -> None:
     if usable[split] < len(examples):
       logging.warning("task.overlong_prompts=drop: %d of the %d %s prompts are longer than task.prompt_len=%d "
                       "tokens and are skipped.", len(examples) - usable[split], len(examples), split, t.prompt_len)
+    elif t.overlong_prompts == "truncate":  # cut, not skipped: said as drop's skips are
+      cut = int((data_lib.prompt_lengths(t, tokenizer, split, examples) > t.prompt_len).sum())
+      if cut:
+        logging.warning("task.overlong_prompts=truncate: %d of the %d %s prompts are longer than task.prompt_len=%d "
+                        "tokens and are cut to bos + their last %d tokens.", cut, len(examples), split, t.prompt_len,
+                        t.prompt_len - 1)
   sizes = [("eval.size", config.eval.size)]
   if config.job == "r1_pipeline":
     sizes.append(("r1.report.size", config.r1.report.size))
