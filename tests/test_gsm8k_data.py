@@ -72,7 +72,8 @@ def test_jsonl_copies_are_read_in_order(tmp_path):
                                          (json.dumps({"question": "q", "answer": "x ####"}), "nothing after"),
                                          (json.dumps({"question": "q", "answer": "#### " + "1" * 30}), "24 ASCII"),
                                          # a reference no value is read from: every completion graded 0, silently
-                                         (json.dumps({"question": "q", "answer": "#### five"}), "'five' is not a number"),
+                                         (json.dumps({"question": "q", "answer": "#### five"}),
+                                          "'five' is not a number"),
                                          (json.dumps({"question": "q", "answer": "#### \\sqrt{2}"}), "is not a number"),
                                          (b'\xff{"question": "q", "answer": "#### 2"}', "line 2: not UTF-8")])
 def test_bad_jsonl_lines_are_one_line_errors(tmp_path, line, needle):

@@ -12,9 +12,9 @@ text. Normalisation: `\\boxed{}`, `$`, `\\$`, `\\(…\\)`/`\\[…\\]`, markdown 
 grouped by commas, spaces, thin / no-break spaces (U+2009, U+202F, U+00A0, LaTeX `\\,`) or `{,}` (1-3 digits, then
 groups of exactly 3), `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`),
 `\\cdot`/`\\times`, `^`, `\\left`/`\\right`, spacing commands, trailing '.', and words/units (`\\mathrm{cm}`,
-`^\\circ`) are stripped; `1.5e3` is 1500. A function or constant we do not evaluate (`\\sqrt`, `\\log`, `\\pi`, `sqrt(…)`, any LaTeX
-command that is not layout) makes the answer unparsable: dropping it as if it were a unit read `\\sqrt{16}` as 16.
-Values are exact `Fraction`s, so 0.5 == 1/2 == \\frac{1}{2} == 50%.
+`^\\circ`) are stripped; `1.5e3` is 1500. A function or constant we do not evaluate (`\\sqrt`, `\\log`, `\\pi`,
+`sqrt(…)`, any LaTeX command that is not layout) makes the answer unparsable: dropping it as if it were a unit read
+`\\sqrt{16}` as 16. Values are exact `Fraction`s, so 0.5 == 1/2 == \\frac{1}{2} == 50%.
 """
 from __future__ import annotations
 
