@@ -138,6 +138,38 @@ def test_merged_export_of_a_bfloat16_base_keeps_the_adapter_delta():
   assert effect > 5e-3 and err < 1e-3 * effect, (effect, err)
 
 
+@pytest.mark.parametrize("kind,rank,targets,rslora", [
+    ("llama", 3, ("q_proj", "o_proj", "down_proj"), True),  # head_dim 12 != hidden / heads, GQA, rsLoRA scale
+    ("qwen2", 1, ("k_proj", "v_proj", "gate_proj", "up_proj"), False)])
+def test_peft_loads_adapters_of_any_rank_and_targets(tmp_path, kind, rank, targets, rslora):
+  """save_peft's layout for a subset of targets, rank 1, rsLoRA's alpha/sqrt(r) and an explicit head_dim (o's two
+  input axes, k/v's kv heads), against PEFT's own forward; the end-to-end test above covers the default targets."""
+  import dataclasses
+  from grpo_jax.hf import peft_export
+  from grpo_jax.model.model_config import LoraConfig
+  cls_cfg, cls = ((transformers.Qwen2Config, transformers.Qwen2ForCausalLM) if kind == "qwen2" else
+                  (transformers.LlamaConfig, transformers.LlamaForCausalLM))
+  torch.manual_seed(0)
+  hf = cls(cls_cfg(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, head_dim=12, max_position_embeddings=64, tie_word_embeddings=False)).float()
+  with torch.no_grad():
+    for name, p in hf.named_parameters():
+      p.copy_(1.0 + 0.1 * torch.randn_like(p) if "norm" in name else 0.3 * torch.randn_like(p))
+  hf.eval().save_pretrained(tmp_path / "base")
+  mcfg, base = hf_io.load_hf(str(tmp_path / "base"))
+  mcfg = dataclasses.replace(mcfg, lora=LoraConfig(rank, 7.0, targets, rslora))
+  adapters = jax.tree.map(lambda x: x + 0.2 * jax.random.normal(jax.random.PRNGKey(2), x.shape),
+                          lora.init_adapters(mcfg, jax.random.PRNGKey(1)))
+  ours = np.asarray(model_lib.forward(mcfg, lora.combine(base, adapters), TOKENS.astype(np.int32),
+                                      POS.astype(np.int32), MASK.astype(np.int32)))
+  peft_export.save_peft(str(tmp_path / "peft"), mcfg, adapters)
+  plain = _hf_logits(hf)  # before PEFT wraps hf (it injects the adapters in place)
+  got = _hf_logits(peft.PeftModel.from_pretrained(hf, str(tmp_path / "peft")).eval())
+  real = MASK > 0
+  np.testing.assert_allclose(got[real], ours[real], atol=5e-5, rtol=0)
+  assert np.abs(got[real] - plain[real]).max() > 0.1  # the adapters change the model
+
+
 def test_resume_onto_another_base_is_refused_in_one_line(lora_run):
   _save_qwen2(lora_run["hf_dir"], seed=1)  # the same path now holds another model
   c = config_lib.override(lora_run["config"], {"train.steps": 4})
