@@ -677,6 +677,23 @@ def test_planned_carry_bytes_are_the_state_carrys(model_dtype, sampler_dtype):
   assert sum(plan.values()) <= nbytes(carry) <= 1.02 * sum(plan.values())
 
 
+def test_planned_carry_bytes_hold_the_environments_rows():
+  """With an environment (tools.env) the carry also holds each row's observation mask, rewards, answered stops and
+  event counts, and each slot's turn state: the plan's two terms are exactly those leaves of the state's carry."""
+  from grpo_jax.rl import plan_terms
+  c = _carry1_config()
+  c.tools.update(env="calculator", max_obs_tokens=5)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  with carry_lib.batch_fields(FIELDS):
+    carry = rl_step.state_spec(c, mesh, mcfg)[0]["carry"]
+  nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+  plan = plan_terms.carry_bytes(c, mcfg, dict(data=1, fsdp=1, tensor=1))
+  assert plan["carry environment rows (observation mask, rewards, steps: R x L)"] == nbytes(carry.env) > 0
+  assert plan["carry turn state (S x observation)"] == nbytes(carry.turn) > 0
+  assert sum(plan.values()) <= nbytes(carry) <= 1.02 * sum(plan.values())
+
+
 def test_auto_decode_layout_never_picks_tp_for_the_carry():
   """sampling.decode_layout=auto on an fsdp mesh where the gathered weights do not fit picks a tensor-parallel
   decode group, whose KV heads repeat per group where its degree exceeds them; the carry keeps its KV with the

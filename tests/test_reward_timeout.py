@@ -51,6 +51,15 @@ def test_timed_out_calls_are_abandoned_and_capped():
     # the fallback is set already: the advice is about the hanging calls, not "set config.rl.reward_fallback"
     assert "reward_fallback=0.0 is set but does not cover calls that keep hanging" in msg
     assert "set config.rl.reward_fallback to a float" not in msg
+    # the stuck calls return: their threads end, and the term answers again (they were counted hung for ever: after
+    # MAX_HUNG timeouts in a run's life every later call failed as a whole, "still running")
+    gate.set()
+    deadline = time.monotonic() + 10
+    while term.hung_calls() and time.monotonic() < deadline:
+      time.sleep(0.01)
+    assert term.hung_calls() == 0
+    r, status, fb = term.host(*_rows(), {})
+    assert int(status) == reward_spec.OK and int(fb) == 0 and list(r) == [1.0, 1.0]
   finally:
     gate.set()
     term.close()

@@ -51,6 +51,15 @@ def test_view_drops_what_a_kind_does_not_read_and_bookkeeping():
     ({"rl": {"partial_rollouts": True}, "sampling": {"dtype": "float32"}, "_old": {"rl": {"partial_rollouts": True}}},
      []),
     ({"sampling": {"dtype": "bfloat16"}}, []),  # no carry: the sampler's dtype is no leaf of the state
+    # the carry's observation buffers (multi-turn rows): an environment added, or a wider observation, under the
+    # carry; without an environment the width is no leaf; without the carry neither key is
+    ({"rl": {"partial_rollouts": True}, "tools": {"env": "calculator"}, "_old": {"rl": {"partial_rollouts": True}}},
+     ["tools.env"]),
+    ({"rl": {"partial_rollouts": True}, "tools": {"env": "calculator", "max_obs_tokens": 16},
+      "_old": {"rl": {"partial_rollouts": True}, "tools": {"env": "calculator"}}}, ["tools.max_obs_tokens"]),
+    ({"rl": {"partial_rollouts": True}, "tools": {"max_obs_tokens": 16}, "_old": {"rl": {"partial_rollouts": True}}},
+     []),
+    ({"tools": {"env": "calculator"}}, []),
 ])
 def test_structural_keys(changes, hard):
   old = run_config.view(_cfg(**changes.get("_old", {})), "rl")

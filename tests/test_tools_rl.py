@@ -25,6 +25,7 @@ from grpo_jax.model import model as model_lib
 from grpo_jax.rl import families
 from grpo_jax.rl import rl_step
 from grpo_jax.rl import rollout as rollout_lib
+from grpo_jax.rollout import carry as carry_lib
 from grpo_jax.run import train
 from grpo_jax.run import validate
 from grpo_jax.tasks import data as data_lib
@@ -288,6 +289,67 @@ def test_a_failed_environment_call_keeps_the_state_and_names_the_environment(set
   time.sleep(1.2)  # the abandoned steps finish: the next tests' calls run again
 
 
+def test_partial_rollouts_carry_paused_rows_through_the_rl_step(setup, tmp_path):
+  """The rollout carry with an environment (rl.partial_rollouts, max_staleness 1, a budget of 4 decode steps):
+  three steps of ONE compiled RL step train rows that were carried across steps (version lag 1), with the
+  environment's calls, the observation tokens left out of the loss (the trained length counts the model's tokens
+  only) and the 'env' reward term; the state holds each slot's turn state, and a checkpoint of it restores to the
+  same next step. A call that fails as a whole then
+  keeps the whole state — the carry's rows, turn state and environment rows included — as the synchronous step
+  keeps its params."""
+  c, mesh, mcfg, spec = setup
+  c = config_lib.override(c, {"rl.partial_rollouts": True, "rl.max_staleness": 1, "rl.rollout_budget": 4,
+                              "rl.rollout_correction": "tis"})
+  validate.validate_rl(c, 1, TOK)
+  step = families.make_step(c, mesh, mcfg, spec, TOK)
+  state = rl_step.init(c, mesh, mcfg, seed=0)
+  assert state["carry"].turn.fbuf_SxO.shape == (c.rl.prompts_per_step * c.rl.G, c.tools.max_obs_tokens)
+  cspec = rollout_lib.carry_spec(c)
+  it = carry_lib.host_stream(lambda k: batches(c, start=k), cspec, 0)
+  ms = []
+  for _ in range(3):
+    state, m = step(state, train.device_batch(mesh, next(it)))
+    ms.append(jax.device_get(m))
+  assert step.traces() == 1 and int(state["step"]) == 3
+  assert max(float(m["train/version_lag_max"]) for m in ms) >= 1  # carried rows trained a step later
+  for m in ms:
+    assert int(m["env_status"]) == host_calls.OK and float(m["train/tool_calls_mean"]) > 0
+    assert float(m["train/obs_tokens_mean"]) > 0
+    assert float(m["train/gen_tokens_mean"]) == float(m["train/completion_len_mean"])
+    assert 0 < float(m["train/reward/env"]) <= float(m["train/tool_calls_mean"])
+    assert np.isfinite(float(m["train/loss"]))
+  assert np.any(np.asarray(state["carry"].live_S))  # rows in flight at the checkpoint below
+  # a checkpoint of the state holds the carried turns: the restored state's next step is the live state's, bit for bit
+  from grpo_jax.infra import checkpoint
+  with checkpoint.Checkpointer(tmp_path / "checkpoints", save_every=1, keep=1, async_save=False) as ck:
+    ck.maybe_save(3, state, {"step": 3})
+    restored, _ = ck.restore(3, jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
+                                             state))
+  batch = train.device_batch(mesh, next(it))
+  live, _ = step(state, batch)
+  again, _ = step(restored, batch)
+  for a, b in zip(jax.tree.leaves(jax.device_get(live)), jax.tree.leaves(jax.device_get(again))):
+    np.testing.assert_array_equal(a, b)
+  state = live
+  env = spec.env
+  tool_envs.MODE["sleep_s"] = 1.0
+  old_timeout, env.timeout_s = env.timeout_s, 0.05
+  try:  # four abandoned steps first: the step's first boundary with a paused row fails as a whole
+    tok = np.zeros((4, L), np.int32)
+    tok[:, 0] = env.stop_ids[0]
+    env.host(tok, np.zeros_like(tok), np.ones(4, np.int32), np.ones(4, bool), {})
+    before = jax.device_get(state)
+    state2, m = step(state, train.device_batch(mesh, next(it)))
+    m = jax.device_get(m)
+  finally:
+    tool_envs.MODE["sleep_s"] = 0.0
+    env.timeout_s = old_timeout
+  assert int(m["env_status"]) == host_calls.TIMEOUT
+  for a, b in zip(jax.tree.leaves(before), jax.tree.leaves(jax.device_get(state2))):
+    np.testing.assert_array_equal(a, b)
+  time.sleep(1.2)  # the abandoned steps finish: the next tests' calls run again
+
+
 def test_evaluation_counts_the_environments_failures(setup, monkeypatch):
   """Held-out rows call the environment as the RL step's do; its fallbacks and a call that failed as a whole were
   neither counted nor logged there (no eval/tool_fallbacks: a failing tool lowered eval accuracy silently). The
@@ -331,7 +393,6 @@ def test_an_unresolved_auto_engine_evaluates_with_the_environment(setup):
 
 @pytest.mark.parametrize("over,key,why", [
     ({"sampling.engine": "static"}, "tools.env", "continuous engine"),
-    ({"rl.partial_rollouts": True}, "tools.env", "not carried across steps"),
     ({"tools.format": "qwen"}, "tools.format", "RL prompts"),
     ({"tools.env": ""}, "rewards", "'env' term"),
     ({"tools.chunk": 0}, "tools.chunk", ""),

@@ -5,6 +5,8 @@ position, an observation cut to the room), against a teacher-forced single pass 
 sampled tokens are the policy's draws from the same uniforms, the log-probs its log-probs, the observations what the
 environment answers for that turn), in the paged store, under vmap, and on 8 simulated devices (each device calls
 the environment with its own rows, copies over `tensor` do not call it again)."""
+import contextlib
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 
 from grpo_jax.envs import base as env_base
 from grpo_jax.envs import batch as env_batch
+from grpo_jax.infra import sharding
 from grpo_jax.model import model as M
 from grpo_jax.rollout import engine as E
 from grpo_jax.rollout import sampling as S
@@ -319,3 +322,139 @@ def test_8_devices_each_call_with_their_own_rows(alone):
   calls_with_rows = [ans for _, active, ans in sh["seen"] if active]
   assert sorted(a for ans in calls_with_rows for a in ans) == sorted(
       a for _, active, ans in one["seen"] if active for a in ans)  # each paused row sent once, not once per copy
+
+
+# ------------------------------------------------------------------------ the rollout carry (partial rollouts)
+
+class FieldToy(Toy):
+  """Toy whose rewards also read the row's field (answer_N / 100 more): a row called with another prompt's fields
+  gets another reward."""
+
+  def step(self, state, action_text):
+    obs, reward, done, info = super().step(state, action_text)
+    return obs, reward + float(state.fields["answer_N"]) / 100, done, info
+
+
+def _carry_spec(staleness: int, slots: int) -> "carry_lib.Spec":
+  from grpo_jax.rollout import carry as carry_lib
+  return carry_lib.Spec(B=2, G=G, Q=(1 + staleness) * 2, P=P, L=L, S=slots, D=1, blk=4,
+                        fields=(("answer_N", (), "int32"),), kv_dtype=MCFG.dtype, obs=O)
+
+
+@pytest.mark.parametrize("kv", ["keep", "recompute"])
+def test_carried_rows_pause_across_steps_and_equal_the_engines_rows(params, kv):
+  """The rollout carry with an environment (max_staleness 1, 'mask', 3 slots for 8 rows, budget 2, chunk 5): rows
+  that pause, or are half-way through their observation, when a step ends are carried and go on in the next one;
+  with the weights held fixed a row's transcript depends only on its prompt and uniforms, so every trained row —
+  tokens, log-probs, observation mask, the environment's rewards (which read the row's prompt's field), answered
+  stops and events — equals the synchronous engine's row for the same prompt and uniform column. 'recompute' rebuilds the carried slots' KV
+  (observations included) from their tokens first."""
+  from grpo_jax.rollout import carry as carry_lib
+  spec = _carry_spec(1, 3)._replace(wait=False)
+  env = FieldToy()
+  tools = make_tools(env, chunk=5, stops=SAMPLED_STOPS)
+  (p1, m1), (p2, m2) = prompts(6, seed=2), prompts(6, seed=3)
+  prompt, pm = np.concatenate([p1, p2]), np.concatenate([m1, m2])
+  stream = [dict(prompt_NxP=prompt[i:i + 2], prompt_mask_NxP=pm[i:i + 2], answer_N=np.arange(i, i + 2, dtype=np.int32))
+            for i in range(0, 12, 2)]  # 6 batches of 2 prompts; answer_N: the prompt's stream index
+  adv = jax.jit(lambda c, b, v, rng: carry_lib.advance(MCFG, params, c, b, v, rng, SAMPLED, spec, budget=2, kv=kv,
+                                                       tools=tools))
+  ref = jax.jit(lambda pr, m, u, fl: E.sample_groups(MCFG, params, pr, m, G, SAMPLED, u_LxN=u, kv_block=4,
+                                                     tools=make_tools(FieldToy(), chunk=5, stops=SAMPLED_STOPS),
+                                                     env_fields=fl))
+  carry = carry_lib.init(spec, MCFG)
+  want, trained, carried_paused = {}, {}, 0
+  for v, b in enumerate(carry_lib.host_stream(lambda k: iter(stream[k:]), spec, 0)):
+    if v == 5:
+      break
+    rng = jax.random.PRNGKey(50 + v)
+    # the engine on the batch as laid out (Q prompts), on the step's uniforms: row src·G + g is the row that
+    # admitting batch row src draws (one device: the j-th free position takes batch row j)
+    ro, st = ref(b["prompt_NxP"], b["prompt_mask_NxP"], S.uniforms(rng, L, spec.Q * G), {"answer_N": b["answer_N"]})
+    new = np.flatnonzero(np.asarray(carry.age_Q) < 0)
+    for j, _ in enumerate(new):
+      i = int(b["answer_N"][j])
+      for g in range(G):
+        n = j * G + g
+        want[i, g] = dict(tok=np.asarray(ro.tokens_NxL[n]), lp=np.asarray(ro.logp_NxL[n]),
+                          obs=np.asarray(st.env.obs_NxL[n]), rew=np.asarray(st.env.reward_NxL[n]),
+                          step=np.asarray(st.env.step_NxL[n]), ev=np.asarray(st.env.events_NxE[n]))
+    carry, out = adv(carry, b, v, rng)
+    carried_paused += int(np.sum(np.asarray(carry.live_S) & (np.asarray(carry.turn.paused_S)
+                                                             | (carry.turn.fpos_S < carry.turn.flen_S))))
+    for r in range(spec.B * G):
+      trained[int(out.fields["answer_N"][r // G]), r % G] = dict(
+          tok=np.asarray(out.rollout.tokens_NxL[r]), lp=np.asarray(out.rollout.logp_NxL[r]),
+          obs=np.asarray(out.env.obs_NxL[r]), rew=np.asarray(out.env.reward_NxL[r]),
+          step=np.asarray(out.env.step_NxL[r]), ev=np.asarray(out.env.events_NxE[r]))
+  assert carried_paused > 0  # a step ended with a row paused or being fed: the carried-turn path ran
+  assert len(trained) == 5 * spec.B * G and sum(int(t["obs"].sum()) for t in trained.values()) >= SAMPLED_STOPS_SEEN
+  for key, got in trained.items():
+    w = want[key]
+    for k in ("tok", "obs", "rew", "step", "ev"):
+      np.testing.assert_array_equal(got[k], w[k], err_msg=f"{key} {k}")
+    np.testing.assert_allclose(got["lp"], w["lp"], atol=2e-5, rtol=0, err_msg=str(key))
+
+
+def carry_rows(params, spec, steps: int, mesh=None) -> dict:
+  """`steps` steps of the rollout carry with the Toy environment (budget 2, chunk 5, fixed weights) over a stream of
+  24 prompts in batches of spec.B, on `mesh` (None: one device, the spec's D device blocks all here): the trained
+  rows by (prompt, g) as lists, and the host calls' (slots passed, rows active)."""
+  from grpo_jax.rollout import carry as carry_lib
+  from grpo_jax.run.train import device_batch
+  env = FieldToy()
+  tools = make_tools(env, chunk=5, stops=SAMPLED_STOPS)
+  pp = [prompts(6, seed=s) for s in (2, 3, 4, 5)]
+  prompt, pm = np.concatenate([p for p, _ in pp]), np.concatenate([m for _, m in pp])
+  stream = [dict(prompt_NxP=prompt[i:i + spec.B], prompt_mask_NxP=pm[i:i + spec.B],
+                 answer_N=np.arange(i, i + spec.B, dtype=np.int32)) for i in range(0, len(prompt), spec.B)]
+  adv = jax.jit(lambda c, b, v, rng: carry_lib.advance(MCFG, params, c, b, v, rng, SAMPLED, spec, budget=2,
+                                                       tools=tools))
+  ctx = sharding.mesh_context(mesh) if mesh is not None else contextlib.nullcontext()
+  rows = {}
+  with ctx:
+    shard = None if mesh is None else sharding.tree_shardings(mesh, carry_lib.axes(spec, MCFG.layers))
+    carry = jax.jit(lambda: carry_lib.init(spec, MCFG), out_shardings=shard)()
+    for v, b in enumerate(carry_lib.host_stream(lambda k: iter(stream[k:]), spec, 0)):
+      if v == steps:
+        break
+      carry, out = adv(carry, b if mesh is None else device_batch(mesh, b), v, jax.random.PRNGKey(50 + v))
+      out = jax.device_get(out)
+      for r in range(spec.B * G):
+        rows[f"{int(out.fields['answer_N'][r // G])},{r % G}"] = dict(
+            tok=out.rollout.tokens_NxL[r].tolist(), lp=out.rollout.logp_NxL[r].tolist(),
+            obs=out.env.obs_NxL[r].tolist(), rew=out.env.reward_NxL[r].tolist(), step=out.env.step_NxL[r].tolist(),
+            ev=out.env.events_NxE[r].tolist())
+  return dict(rows=rows, seen=[(n, a) for n, a, _ in env.seen])
+
+
+_CARRY_SHARDED = r"""
+import json, sys
+import jax, numpy as np
+from jax.sharding import Mesh
+sys.path.insert(0, sys.argv[1])
+from tests.test_sampling import MCFG, random_params
+from tests import test_turns as T
+params = random_params(MCFG, 0)
+mesh = Mesh(np.asarray(jax.devices()).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+print(json.dumps(T.carry_rows(params, T._carry_spec(1, 4)._replace(B=4, Q=8, D=4, wait=False), 3, mesh=mesh)))
+"""
+
+
+def test_carry_on_8_devices_calls_with_each_devices_slots(params):
+  """The carry with an environment on data 2 × fsdp 2 × tensor 2 (8 simulated devices; 4 row blocks, one slot
+  each, max_staleness 1): every trained row — tokens, observations, rewards, answered stops, events, log-probs —
+  equals the same carry's on one device (its 4 device blocks side by side), and each host call passes one device's
+  slot: never the whole batch, never a tensor copy's."""
+  spec = _carry_spec(1, 4)._replace(B=4, Q=8, D=4, wait=False)
+  one = carry_rows(params, spec, 3)
+  sh = on_8_devices(_CARRY_SHARDED, timeout=600)
+  assert sorted(sh["rows"]) == sorted(one["rows"]) and len(one["rows"]) == 3 * spec.B * G
+  assert sum(sum(r["obs"]) for r in one["rows"].values()) >= SAMPLED_STOPS_SEEN
+  for key, want in one["rows"].items():
+    got = sh["rows"][key]
+    for k in ("tok", "obs", "rew", "step", "ev"):
+      assert got[k] == want[k], (key, k)
+    np.testing.assert_allclose(got["lp"], want["lp"], atol=1e-5, rtol=0, err_msg=key)
+  assert {n for n, _ in sh["seen"]} == {1} and {n for n, _ in one["seen"]} == {4}
+  assert sum(a for _, a in sh["seen"]) == sum(a for _, a in one["seen"]) > 0  # each paused row sent once

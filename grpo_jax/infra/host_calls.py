@@ -109,6 +109,9 @@ class Workers:
       deadline = time.monotonic() + timeout_s
       for i, (box, done) in enumerate(jobs):
         if not done.wait(max(0.0, deadline - time.monotonic())):
+          # the abandoned worker exits once its call returns (it waited for more jobs for ever, so it was counted
+          # hung for ever: after MAX_HUNG timeouts in a run's life, however long ago, every call failed as a whole)
+          self._workers[i].stop()
           self._hung.append(self._workers[i].thread)
           self._workers[i] = Worker(self.name)
           out.append(Outcome(TIMEOUT, None))

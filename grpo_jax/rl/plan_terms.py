@@ -6,6 +6,7 @@ from grpo_jax.model import attention
 from grpo_jax.rl import row_chunks
 from grpo_jax.rollout import decode_layout
 from grpo_jax.rollout import engine as engine_lib
+from grpo_jax.rollout import turns
 
 BYTES = {"float32": 4, "bfloat16": 2}
 
@@ -82,7 +83,13 @@ def carry_bytes(config, mcfg, mesh: dict[str, int]) -> dict[str, int]:
   k_dev = mcfg.kv_heads // tp if mcfg.kv_heads % tp == 0 else mcfg.kv_heads
   lc = -(-L // min(engine_lib.KV_BLOCK, L)) * min(engine_lib.KV_BLOCK, L)
   kv = lambda rows, tokens: 2 * mcfg.layers * math.ceil(rows / dp) * k_dev * mcfg.head_dim * tokens * cb
-  return {"carry rows (tokens, log-probs, versions, masks, uniforms: R x L)": math.ceil(R / dp) * L * 20,
-          "carry prompts and their KV (Q x P)": math.ceil(Q / dp) * P * 8 + kv(Q, P),
-          "carry slot kv (S x L)": kv(S, lc)}
+  out = {"carry rows (tokens, log-probs, versions, masks, uniforms: R x L)": math.ceil(R / dp) * L * 20,
+         "carry prompts and their KV (Q x P)": math.ceil(Q / dp) * P * 8 + kv(Q, P),
+         "carry slot kv (S x L)": kv(S, lc)}
+  tools = config.get("tools")
+  if tools is not None and tools.get("env"):  # multi-turn rows: what the environment did per row, each slot's turn
+    out["carry environment rows (observation mask, rewards, steps: R x L)"] = (
+        math.ceil(R / dp) * (L * 12 + 4 * turns.EVENTS))
+    out["carry turn state (S x observation)"] = math.ceil(S / dp) * (9 + 4 * int(tools.max_obs_tokens))
+  return out
 

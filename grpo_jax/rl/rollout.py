@@ -126,9 +126,9 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
   cspec = carry_spec(config)
   budget = int(rl.get("rollout_budget", 0)) or None
   tools = None if spec.env is None else turns.tools_for(config, spec.env)
-  if tools is not None and (engine != "continuous" or cspec is not None):
-    raise config_lib.ConfigError("config.tools.env: multi-turn rows run in the continuous engine without the "
-                                 "partial-rollout carry (sampling.engine='continuous', rl.partial_rollouts=False).")
+  if tools is not None and engine != "continuous":
+    raise config_lib.ConfigError("config.tools.env: multi-turn rows run in the continuous engine "
+                                 "(sampling.engine='continuous'; the rollout carry, rl.partial_rollouts, runs them too).")
 
   def rollout_fn(params, ref_params, batch, rng, carry=None, version=None) -> Rollout | tuple[Rollout, Any]:
     """The Rollout; with partial rollouts (rl.partial_rollouts) also the new carry: (Rollout, carry)."""
@@ -141,7 +141,7 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
       # the carry admits this step's prompts, decodes its budget and hands back B complete groups (carry.py)
       spec_here = cspec._replace(D=engine_lib.batch_split())
       carry, carried = carry_lib.advance(smcfg, params, carry, batch, version, k_sample, scfg, spec_here,
-                                         budget=budget, kv=rl.carry_kv, decode=decode)
+                                         budget=budget, kv=rl.carry_kv, decode=decode, tools=tools)
       batch = carried.fields
     b = tile_batch(batch, G)
     n_all, P = b["prompt_NxP"].shape
@@ -179,7 +179,7 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
       slot_util = carried.new_tokens.astype(jnp.float32) / (row_steps + carried.admitted_rows).astype(jnp.float32)
     tokens_NxL = sharding.constrain_batch(ro.tokens_NxL)
     fields = {k: v for k, v in b.items() if k not in PROMPT_KEYS}
-    env = None if tools is None else stats.env
+    env = None if tools is None else carried.env if carried is not None else stats.env
     if env is not None:  # the environment's per-turn rewards, for the 'env' reward term (rewards.py)
       fields.update(zip(rewards_lib.ENV_FIELDS, turns.step_scores(env.reward_NxL, env.step_NxL,
                                                                    int(config.tools.max_turns) + 1)))

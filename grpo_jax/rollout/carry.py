@@ -28,7 +28,9 @@ older than max_staleness updates; the price is waiting for a row longer than (1 
 never waits: a younger complete group may train first, and the loss masks the tokens past the bound and counts them
 (rl/partial.py).
 With max_staleness 0 the table holds B groups and every step decodes its own batch to the end: the synchronous
-continuous engine's samples (tests/test_carry.py). A token drawn at step s has version s (the state's step); its
+continuous engine's samples (tests/test_carry.py). Multi-turn rows (tools.env, `advance(tools=...)`) pause, call the environment and are
+fed its observation as in the engine (rollout/turns.py); a row paused or half-fed when a step ends is carried with
+its slot's turn state and its environment rows (Carry.turn, Carry.env; tests/test_turns.py). A token drawn at step s has version s (the state's step); its
 uniform is fixed when its group is admitted, so no schedule changes what a row samples beyond the weights and KV.
 """
 import contextlib
@@ -42,15 +44,18 @@ import jax.numpy as jnp
 import numpy as np
 from jax.sharding import PartitionSpec
 
+from grpo_jax.infra import host_calls
 from grpo_jax.model import decode as decode_lib
 from grpo_jax.model import live_attention
 from grpo_jax.model import model as model_lib
 from grpo_jax.rollout import decode_layout
 from grpo_jax.rollout import engine
 from grpo_jax.rollout import sampling
+from grpo_jax.rollout import turns
 
 KV_MODES = ("keep", "recompute")
 STALE_POLICIES = ("wait", "mask")  # rl.staleness_policy
+ENV_ROWS = ("obs_RxL", "reward_RxL", "step_RxL", "events_RxE")  # Carry.env's leaves (multi-turn rows)
 _EMA = 0.8  # the budget's length average: weight of the past (a few steps' memory; lengths drift during RL)
 
 
@@ -68,6 +73,7 @@ class Spec(NamedTuple):
   kv_dtype: str = "float32"  # the sampler's compute dtype: what its KV is written in
   kv_groups: int = 1  # each device's slots read the completion KV in this many groups (rl.carry_kv_groups)
   wait: bool = True  # rl.staleness_policy 'wait': decode on until the oldest admission versions' groups are complete
+  obs: int = 0  # multi-turn rows (tools.env): the observation's width O (tools.max_obs_tokens); 0 = no environment
 
   @property
   def R(self) -> int:
@@ -103,6 +109,11 @@ class Carry(NamedTuple):
   cv: tuple  # per layer [S, K, lc, Dh]
   serial: jax.Array  # int32: groups admitted so far
   len_ema: jax.Array  # float32: average completion length of trained rows (0 = none seen yet): the auto budget
+  # multi-turn rows (tools.env; () without): the slots' turn state (turns.Slots: paused, the observation being fed)
+  # and per row what the environment did (turns.Rows' obs / reward / step [R, L] and events [R, E]) — a row paused
+  # for the environment, or half-way through its observation, when a step ends is carried like any live row
+  turn: Any = ()
+  env: Any = ()
 
 
 class Out(NamedTuple):
@@ -117,6 +128,7 @@ class Out(NamedTuple):
   carried_rows: jax.Array  # rows left in flight or queued after the selection
   ready_groups: jax.Array  # complete groups left waiting after the selection
   budget: jax.Array
+  env: Any = None  # multi-turn rows: turns.Result of the trained rows (its calls, counts and status: this call's)
 
 
 _FIELDS = contextvars.ContextVar("carry_batch_fields", default=None)
@@ -158,7 +170,8 @@ def spec_for(config, fields: dict[str, tuple], split: int, kv_dtype: str = "") -
               blk=min(engine.KV_BLOCK, L), fields=tuple((k, tuple(fields[k][0]), str(fields[k][1])) for k in keys),
               kv_dtype=kv_dtype or config.model.dtype,
               kv_groups=kv_groups(int(rl.get("carry_kv_groups", 0)), S, split),
-              wait=rl.get("staleness_policy", "wait") == "wait")
+              wait=rl.get("staleness_policy", "wait") == "wait",
+              obs=int(config.tools.max_obs_tokens) if "tools" in config and config.tools.get("env") else 0)
 
 
 def check(spec: Spec) -> str | None:
@@ -191,7 +204,9 @@ def axes(spec: Spec, layers: int) -> Carry:
                pk=(ck,) * layers, pv=(cv,) * layers, tokens_RxL=row(2), logp_RxL=row(2), ver_RxL=row(2),
                mask_RxL=row(2), u_RxL=row(2), done_R=row(1), trunc_R=row(1), next_D=PartitionSpec(None),
                row_S=row(1), t_S=row(1), tok_S=row(1), live_S=row(1), ck=(ck,) * layers, cv=(cv,) * layers,
-               serial=PartitionSpec(), len_ema=PartitionSpec())
+               serial=PartitionSpec(), len_ema=PartitionSpec(),
+               turn=turns.Slots(row(1), row(1), row(1), row(2)) if spec.obs else (),
+               env={k: row(2) for k in ENV_ROWS} if spec.obs else ())
 
 
 def init(spec: Spec, mcfg: model_lib.ModelConfig) -> Carry:
@@ -210,7 +225,10 @@ def init(spec: Spec, mcfg: model_lib.ModelConfig) -> Carry:
       row_S=jnp.full((S,), R // D, jnp.int32), t_S=z((S,)), tok_S=z((S,)), live_S=z((S,), bool),
       ck=tuple(z((S, K, Dh, spec.lc), dt) for _ in range(mcfg.layers)),
       cv=tuple(z((S, K, spec.lc, Dh), dt) for _ in range(mcfg.layers)),
-      serial=jnp.int32(0), len_ema=jnp.float32(0))
+      serial=jnp.int32(0), len_ema=jnp.float32(0),
+      turn=turns.init_slots(S, spec.obs) if spec.obs else (),
+      env=dict(obs_RxL=z((R, L)), reward_RxL=z((R, L), jnp.float32), step_RxL=z((R, L)),
+               events_RxE=z((R, turns.EVENTS))) if spec.obs else ())
 
 
 def auto_budget(spec: Spec, len_ema: jax.Array) -> jax.Array:
@@ -256,11 +274,20 @@ def host_stream(batches_from, spec: Spec, start: int):
 
 def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict, version: jax.Array,
             rng: jax.Array, scfg: sampling.SamplingConfig, spec: Spec, *, budget: jax.Array | None = None,
-            kv: str = "keep", decode: decode_layout.Decode | None = None) -> tuple[Carry, Out]:
+            kv: str = "keep", decode: decode_layout.Decode | None = None,
+            tools: turns.Tools | None = None) -> tuple[Carry, Out]:
   """One step of the schedule above: admit `batch` ([Q, ...] as host_batch lays it out), decode, select the B
-  oldest complete groups. `version`: the policy version of `params` (the state's step). `budget`: None = auto."""
+  oldest complete groups. `version`: the policy version of `params` (the state's step). `budget`: None = auto.
+  tools: multi-turn rows as the continuous engine runs them (rollout/turns.py: a row pauses on a stop id, the paused
+  slots go to the environment once per chunk boundary with their group's verifier fields, the observation is fed in
+  teacher-forced); a row still paused, or being fed, when the step ends is carried with its turn state (Carry.turn)
+  and what the environment did so far (Carry.env). A chunk boundary counts this call's decode steps."""
   if kv not in KV_MODES:
     raise ValueError(f"rl.carry_kv={kv!r}: one of {KV_MODES}.")
+  if (tools is None) != (spec.obs == 0) or (tools is not None and tools.max_obs != spec.obs):
+    raise ValueError(f"carry.advance: the carry holds observations of width {spec.obs} (0: no environment), the "
+                     f"tools {None if tools is None else tools.max_obs}: build the Spec with spec_for(config) of the "
+                     "run's tools.")
   bad = check(spec)
   if bad:
     raise ValueError(bad)
@@ -323,6 +350,7 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
   mask_RxL = row_new(first(jnp.ones((R,), jnp.int32), jnp.int32(0)), c.mask_RxL)
   done_R = jnp.where(new_R, end0_R, c.done_R)
   trunc_R = jnp.where(new_R, end0_R & ~is_eos(tok0_R), c.trunc_R)
+  env_rows = c.env if tools is None else {k: row_new(jnp.zeros_like(v), v) for k, v in c.env.items()}
 
   # the age order of each device's groups (free last): rows that have had a slot are a prefix of it (old groups
   # were queued first; trained groups were fully started; new groups are the youngest)
@@ -352,6 +380,9 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
     cv: tuple
     steps: jax.Array
     new_tokens: jax.Array
+    turn: Any  # tools: turns.Slots, else ()
+    env: Any   # tools: Carry.env's rows, else ()
+    calls: Any  # tools: (status, counts_K, calls) of this call's host calls (turns.Rows'), else ()
 
   def complete_DxQd(lp: Loop) -> jax.Array:
     """Groups whose G rows have all had a slot and ended."""
@@ -369,10 +400,14 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
     take_S, new_S = flat(take_DxSd), flat(new_DxSd)
     row_S = jnp.where(take_S, new_S, jnp.where(flat(free_DxSd), Rd, lp.row_S))
     at = lambda x_R: flat(jax.vmap(lambda x, r: x[r])(dev(x_R), dev(jnp.minimum(row_S, Rd - 1))))
+    tok0_S, live0_S = at(lp.tokens_RxL[:, 0]), take_S & ~at(lp.done_R)
+    turn = lp.turn
+    if tools is not None:  # a row starts with nothing to feed, paused if its first token (drawn at admission) is a stop
+      turn = turn._replace(paused_S=jnp.where(take_S, live0_S & turns.is_any(tok0_S, tools.stop_ids), turn.paused_S),
+                           fpos_S=jnp.where(take_S, 0, turn.fpos_S), flen_S=jnp.where(take_S, 0, turn.flen_S))
     return lp._replace(row_S=row_S, t_S=jnp.where(take_S, 0, lp.t_S),
-                       tok_S=jnp.where(take_S, at(lp.tokens_RxL[:, 0]), lp.tok_S),
-                       live_S=lp.live_S | (take_S & ~at(lp.done_R)),
-                       next_D=lp.next_D + jnp.sum(take_DxSd.astype(jnp.int32), axis=1))
+                       tok_S=jnp.where(take_S, tok0_S, lp.tok_S), live_S=lp.live_S | live0_S,
+                       next_D=lp.next_D + jnp.sum(take_DxSd.astype(jnp.int32), axis=1), turn=turn)
 
   def step(lp: Loop) -> Loop:
     """Decode every slot's last token into its own position t, then each live slot draws its row's next token."""
@@ -387,25 +422,80 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
                                       spec.blk, D, flat(order_DxSd)) for l in range(dm.layers))
     pos_S = live_attention.take_local(plen_Q, group_S, D) + lp.t_S
     logits_SxV, kvs = decode_lib.decode_step_live(dm, decode.weights, lp.tok_S, pos_S, kvs, lp.t_S)
-    t_S = jnp.where(lp.live_S, lp.t_S + 1, lp.t_S)
+    # a paused slot stays where it is (its decode step rewrote its stop id's K/V at its own position, unchanged)
+    go_S = lp.live_S if tools is None else lp.live_S & ~lp.turn.paused_S
+    t_S = jnp.where(go_S, lp.t_S + 1, lp.t_S)
     r_DxSd, t_DxSd = dev(jnp.minimum(lp.row_S, Rd - 1)), dev(jnp.minimum(t_S, L - 1))
     u_S = flat(jax.vmap(lambda u, r, t: u[r, t])(dev(u_RxL), r_DxSd, t_DxSd))
     tok_S, lp_S = sampling.draw(_rows(logits_SxV), u_S, scfg)
-    end_S = lp.live_S & (is_eos(tok_S) | (t_S == L - 1))
-    r_DxSd = dev(jnp.where(lp.live_S, lp.row_S, Rd))  # Rd: dropped by the scatters
+    turn, env, fed_S = lp.turn, lp.env, jnp.zeros_like(go_S)
+    if tools is not None:  # a fed slot emits its observation's next token (log-prob 0, never an end or a pause)
+      fed_S = turn.fpos_S < turn.flen_S
+      fed_tok_S = jnp.take_along_axis(turn.fbuf_SxO, jnp.minimum(turn.fpos_S, spec.obs - 1)[:, None], axis=1)[:, 0]
+      tok_S, lp_S = jnp.where(fed_S, fed_tok_S, tok_S), jnp.where(fed_S, 0.0, lp_S)
+    eos_S = is_eos(tok_S) & ~fed_S
+    end_S = go_S & (eos_S | (t_S == L - 1))
+    r_DxSd = dev(jnp.where(go_S, lp.row_S, Rd))  # Rd: dropped by the scatters
     put = lambda x, v: flat(jax.vmap(lambda x, r, t, v: x.at[r, t].set(v, mode="drop"))(dev(x), r_DxSd, t_DxSd,
                                                                                          dev(v)))
     mark = lambda x, v: flat(jax.vmap(lambda x, r, v: x.at[r].set(v, mode="drop"))(
         dev(x), dev(jnp.where(end_S, lp.row_S, Rd)), dev(v)))
+    if tools is not None:  # a drawn stop id pauses the row unless it is the row's last position
+      pause_S = go_S & ~fed_S & ~end_S & turns.is_any(tok_S, tools.stop_ids)
+      turn = turn._replace(paused_S=turn.paused_S | pause_S, fpos_S=turn.fpos_S + (go_S & fed_S).astype(jnp.int32))
+      env = dict(env, obs_RxL=_rows(put(env["obs_RxL"], fed_S.astype(jnp.int32))))
     lp = lp._replace(
         tokens_RxL=_rows(put(lp.tokens_RxL, tok_S)), logp_RxL=_rows(put(lp.logp_RxL, lp_S)),
         ver_RxL=_rows(put(lp.ver_RxL, jnp.broadcast_to(version, tok_S.shape))),
         mask_RxL=_rows(put(lp.mask_RxL, jnp.ones_like(tok_S))),
-        done_R=mark(lp.done_R, jnp.ones_like(end_S)), trunc_R=mark(lp.trunc_R, ~is_eos(tok_S)),
-        t_S=t_S, tok_S=tok_S, live_S=lp.live_S & ~end_S,
+        done_R=mark(lp.done_R, jnp.ones_like(end_S)), trunc_R=mark(lp.trunc_R, ~eos_S),
+        t_S=t_S, tok_S=tok_S if tools is None else jnp.where(go_S, tok_S, lp.tok_S), live_S=lp.live_S & ~end_S,
         ck=tuple(_cache(kv.ck_NxKxDxL, "k") for kv in kvs), cv=tuple(_cache(kv.cv_NxKxLxD, "v") for kv in kvs),
-        steps=lp.steps + 1, new_tokens=lp.new_tokens + jnp.sum(lp.live_S.astype(jnp.int32)))
+        steps=lp.steps + 1, new_tokens=lp.new_tokens + jnp.sum(go_S.astype(jnp.int32)), turn=turn, env=env)
     return admit(lp)
+
+  def call_env(lp: Loop, go: jax.Array) -> Loop:
+    """The paused slots' one host call (turns.call: per device, its own slots) with their rows' transcripts and
+    their groups' fields; then each ends (done, turn limit, fallback, a call that failed as a whole) or resumes with
+    its observation to feed — as the engine's boundary (engine.py). `go`: as there, False keeps a vmapped run that
+    is not at a boundary from passing rows."""
+    turn, env = lp.turn, lp.env
+    act_S = turn.paused_S & go
+    row_S = jnp.minimum(lp.row_S, Rd - 1)
+    fields_S = {k: _rows(live_attention.take_local(v, row_S // G, D)) for k, v in fields.items()}
+    out = turns.call(tools.call, _rows(live_attention.take_local(lp.tokens_RxL, row_S, D)),
+                     _rows(live_attention.take_local(env["obs_RxL"], row_S, D)), lp.t_S + 1, act_S, fields_S)
+    ok = out.status == host_calls.OK
+    n_obs_S = jnp.where(act_S & ok, jnp.minimum(out.obs_len_R, L - 1 - lp.t_S), 0)
+    # done with an observation: it fills the row to L (envs/batch.py), which ends it at L - 1 as always
+    end_S = act_S & (out.done_R | ~ok) & (n_obs_S == 0)
+    turn = turn._replace(paused_S=turn.paused_S & ~act_S, fpos_S=jnp.where(act_S, 0, turn.fpos_S),
+                         flen_S=jnp.where(act_S, n_obs_S, turn.flen_S),
+                         fbuf_SxO=jnp.where(act_S[:, None], out.obs_RxO, turn.fbuf_SxO))
+    r_DxSd, t_DxSd = dev(jnp.where(act_S, lp.row_S, Rd)), dev(lp.t_S)
+    add = lambda x, v: flat(jax.vmap(lambda x, r, t, v: x.at[r, t].add(v, mode="drop"))(dev(x), r_DxSd, t_DxSd,
+                                                                                         dev(v)))
+    events_SxE = jax.nn.one_hot(out.event_R, turns.EVENTS, dtype=jnp.int32)
+    env = dict(env, reward_RxL=_rows(add(env["reward_RxL"], jnp.where(act_S & ok, out.reward_R, 0.0))),
+               step_RxL=_rows(add(env["step_RxL"], act_S.astype(jnp.int32))),
+               events_RxE=_rows(flat(jax.vmap(lambda x, r, v: x.at[r].add(v, mode="drop"))(
+                   dev(env["events_RxE"]), r_DxSd, dev(events_SxE)))))
+    done_R = flat(jax.vmap(lambda x, r: x.at[r].set(True, mode="drop"))(dev(lp.done_R),
+                                                                        dev(jnp.where(end_S, lp.row_S, Rd))))
+    status, counts_K, calls = lp.calls
+    return lp._replace(live_S=lp.live_S & ~end_S, done_R=done_R, turn=turn, env=env,
+                       calls=(jnp.maximum(status, out.status), counts_K + out.counts_K, calls + 1))
+
+  def step_turns(lp: Loop) -> Loop:
+    """step, then the chunk boundary (every tools.chunk decode steps, or when every live row is paused): one host
+    call if any row is paused. `running`: the loop's predicate before the step (False only in a vmapped run that
+    has left the loop, whose state is kept, not the body's)."""
+    running = more(lp)
+    lp = step(lp)
+    waiting = jnp.any(lp.turn.paused_S)
+    due = (lp.steps % tools.chunk == 0) | ~jnp.any(lp.live_S & ~lp.turn.paused_S)
+    go = waiting & due & running
+    return jax.lax.cond(go, lambda lp: call_env(lp, go), lambda lp: lp, lp)
 
   # 'wait': each device trains its B/D groups from its oldest admission versions (earliest deadline first; a row's
   # first token carries its group's admission version): every group of a version older than the B/D-th oldest
@@ -426,8 +516,10 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
 
   with decode.view():
     lp = Loop(tokens_RxL, logp_RxL, ver_RxL, mask_RxL, done_R, trunc_R, c.next_D, c.row_S, c.t_S, c.tok_S,
-              c.live_S, ck, cv, jnp.int32(0), jnp.sum(new_R.astype(jnp.int32)))
-    lp = jax.lax.while_loop(more, step, admit(lp))
+              c.live_S, ck, cv, jnp.int32(0), jnp.sum(new_R.astype(jnp.int32)), c.turn, env_rows,
+              () if tools is None else (jnp.int32(host_calls.OK), jnp.zeros((turns.COUNTS,), jnp.int32),
+                                        jnp.int32(0)))
+    lp = jax.lax.while_loop(more, step if tools is None else step_turns, admit(lp))
 
   # ---- 4. select each device's B/D oldest complete groups
   done_DxQd = complete_DxQd(lp)
@@ -448,12 +540,19 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
               tokens_RxL=lp.tokens_RxL, logp_RxL=lp.logp_RxL, ver_RxL=lp.ver_RxL, mask_RxL=lp.mask_RxL,
               u_RxL=u_RxL, done_R=lp.done_R, trunc_R=lp.trunc_R, next_D=lp.next_D - Bd * G, row_S=lp.row_S,
               t_S=lp.t_S, tok_S=lp.tok_S, live_S=lp.live_S, ck=lp.ck, cv=lp.cv, serial=serial,
-              len_ema=jnp.where(c.len_ema > 0, _EMA * c.len_ema + (1 - _EMA) * mean_len, mean_len))
+              len_ema=jnp.where(c.len_ema > 0, _EMA * c.len_ema + (1 - _EMA) * mean_len, mean_len),
+              turn=lp.turn, env=lp.env)
   in_table = jnp.sum((age_Q >= 0).astype(jnp.int32)) * G
   left_done = jnp.sum((done_DxQd & ~freed_DxQd).astype(jnp.int32))
   out = Out(rollout=ro, ver_NxL=_rows(pick(lp.ver_RxL, rows_DxBdG)), fields=out_fields, steps=lp.steps,
             row_steps=lp.steps * S, new_tokens=lp.new_tokens, admitted_rows=jnp.sum(new_R.astype(jnp.int32)),
             carried_rows=in_table - left_done * G, ready_groups=left_done, budget=budget)
+  if tools is not None:
+    e = lp.env
+    out = out._replace(env=turns.Result(
+        obs_NxL=_rows(pick(e["obs_RxL"], rows_DxBdG)), reward_NxL=_rows(pick(e["reward_RxL"], rows_DxBdG)),
+        step_NxL=_rows(pick(e["step_RxL"], rows_DxBdG)), events_NxE=_rows(pick(e["events_RxE"], rows_DxBdG)),
+        status=lp.calls[0], counts_K=lp.calls[1], calls=lp.calls[2]))
   return new, out
 
 

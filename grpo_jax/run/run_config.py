@@ -176,9 +176,19 @@ def structural(keys: Iterable[str], old: Mapping[str, Any], new: Mapping[str, An
         or (k in _CARRY_SHAPE_KEYS and old.get("rl.partial_rollouts") and new.get("rl.partial_rollouts"))
         # the carry's KV is in the sampler's dtype ('' = the model's): another dtype, other leaves
         or (k == "sampling.dtype" and old.get("rl.partial_rollouts") and new.get("rl.partial_rollouts")
-            and (o or old.get("model.dtype")) != (n or new.get("model.dtype")))):
+            and (o or old.get("model.dtype")) != (n or new.get("model.dtype")))
+        # the carry holds each slot's observation buffer when an environment runs (rollout/carry.py Spec.obs)
+        or (k in ("tools.env", "tools.max_obs_tokens") and old.get("rl.partial_rollouts")
+            and new.get("rl.partial_rollouts") and _carry_obs(old) != _carry_obs(new))):
       out.append(k)
   return out
+
+
+def _carry_obs(d: Mapping[str, Any]) -> int:
+  """The carry's observation width (carry.spec_for): tools.max_obs_tokens with an environment, else 0 (a view leaves
+  a key out at its ADDED_KEYS default)."""
+  get = lambda k: d.get(k, ADDED_KEYS.get(k))
+  return int(get("tools.max_obs_tokens") or 0) if get("tools.env") else 0
 
 
 def parse_allow(text: str, config_keys: Iterable[str]) -> set[str]:

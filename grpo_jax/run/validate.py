@@ -377,8 +377,8 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
 
 
 def validate_tools_rl(c) -> None:
-  """An RL step with an environment (tools.env): the continuous engine, no partial-rollout carry (a follow-up:
-  docs/tools.md), the plain format (the qwen format's RL prompts are not rendered with the tools yet); the 'env'
+  """An RL step with an environment (tools.env): the continuous engine (or the rollout carry, which runs it too), the
+  plain format (the qwen format's RL prompts are not rendered with the tools yet); the 'env'
   reward term only with one."""
   env = c.get("tools") is not None and c.tools.env
   if not env:
@@ -389,9 +389,6 @@ def validate_tools_rl(c) -> None:
   if c.sampling.engine not in ("continuous", "auto"):  # auto picks continuous for it (rl/auto.py)
     _fail("tools.env", f"{c.tools.env!r}: rows pause for the environment in the continuous engine's slots; set "
           f"sampling.engine='continuous' (it is {c.sampling.engine!r}).")
-  if c.rl.get("partial_rollouts", False):
-    _fail("tools.env", "multi-turn rows are not carried across steps yet (rl.partial_rollouts); set "
-          "rl.partial_rollouts=False or tools.env=''.")
   if c.tools.format != "plain":
     _fail("tools.format", f"{c.tools.format!r}: RL prompts are the task's R1-Zero prompts, not yet the chat "
           "template rendered with the tools; use tools.format='plain' for RL.")
