@@ -72,6 +72,16 @@ GRPO = ("grpo_jax.main", "--config=configs/grpo_arith.py:small", *TINY, "--confi
 SFT_RL = ("grpo_jax.main", "--config=configs/grpo_arith.py:small", *TINY, "--config.sft.steps=6",
           "--config.sft.batch=8", "--config.train.steps=4", "--config.train.ckpt_every=2",
           "--config.train.eval_every=2")
+# Partial rollouts with the calculator (docs/tools.md): the `tools` tokenizer, where `</tool_call>` and the 15 ordinary
+# single-token pieces below each stop a row (the random model emits each ~1/516 of the time: rows pause every few
+# tokens, and some are paused or half-fed when a step ends)
+TOOL_MARKERS = ("</tool_call>", "rim", "sor", " el", " ez", " it", "inks", "inku", "irst", " dan", " ansu", " aski",
+                " asks", " prim", " then", " ansor")
+TOOLS_PARTIAL = GRPO + ("--config.sampling.engine=continuous", "--config.rl.partial_rollouts=True",
+                        "--config.rl.max_staleness=1", "--config.rl.rollout_budget=6",
+                        "--config.rl.rollout_correction=tis", "--config.task.tokenizer=tools",
+                        "--config.model.vocab_size=516", "--config.tools.env=calculator",
+                        f"--config.tools.stop_markers={TOOL_MARKERS!r}", "--config.tools.max_obs_tokens=8")
 # R1's stages up to its second GRPO (rejection sampling needs a model that solves some problems: minutes of training).
 R1 = ("grpo_jax.main", "--config=configs/r1_pipeline.py:small", *TINY[:5], "--config.model.max_len=96",
       "--config.r1.stages=('base','r1_zero','r1_1_cold_start','r1_2_grpo')",
@@ -132,6 +142,8 @@ SCENARIOS = {s.name: s for s in (
                                 "--config.rl.max_staleness=1", "--config.rl.rollout_budget=6",
                                 "--config.rl.rollout_correction=tis"),
              (ANYTIME, STEP, EVAL, SAVE), "partial rollouts: in-flight rows, their KV and versions in the state"),
+    Scenario("tools_partial", TOOLS_PARTIAL, (ANYTIME, STEP, EVAL, SAVE),
+             "multi-turn rows in the carry: rows paused for the calculator, or half-fed, carried across steps"),
     Scenario("r1", R1, (STEP, SAVE, R1_BOUNDARY, ANYTIME), "the R1 pipeline's first four stages, 2-3 steps each"),
     Scenario("sweep", ("grpo_jax.sweep", *GRPO[1:], "--sweep=rl.beta=0.02,0.04"), (SWEEP_STEP, SAVE, SWEEP_BOUNDARY),
              "a 2-point sweep trained as one vmapped program"),
