@@ -396,10 +396,11 @@ def test_carried_rows_pause_across_steps_and_equal_the_engines_rows(params, kv):
     np.testing.assert_allclose(got["lp"], w["lp"], atol=2e-5, rtol=0, err_msg=str(key))
 
 
-def carry_rows(params, spec, steps: int, mesh=None) -> dict:
+def carry_rows(params, spec, steps: int, mesh=None, seeds: tuple[int, ...] = (50,)) -> dict:
   """`steps` steps of the rollout carry with the Toy environment (budget 2, chunk 5, fixed weights) over a stream of
-  24 prompts in batches of spec.B, on `mesh` (None: one device, the spec's D device blocks all here): the trained
-  rows by (prompt, g) as lists, and the host calls' (slots passed, rows active)."""
+  24 prompts in batches of spec.B, on `mesh` (None: one device, the spec's D device blocks all here), step v drawing
+  with key seed + v: one run per seed, several under vmap. The trained rows of each run by (prompt, g) as lists,
+  and the host calls' (slots passed, rows active)."""
   from grpo_jax.rollout import carry as carry_lib
   from grpo_jax.run.train import device_batch
   env = FieldToy()
@@ -408,24 +409,53 @@ def carry_rows(params, spec, steps: int, mesh=None) -> dict:
   prompt, pm = np.concatenate([p for p, _ in pp]), np.concatenate([m for _, m in pp])
   stream = [dict(prompt_NxP=prompt[i:i + spec.B], prompt_mask_NxP=pm[i:i + spec.B],
                  answer_N=np.arange(i, i + spec.B, dtype=np.int32)) for i in range(0, len(prompt), spec.B)]
-  adv = jax.jit(lambda c, b, v, rng: carry_lib.advance(MCFG, params, c, b, v, rng, SAMPLED, spec, budget=2,
-                                                       tools=tools))
+  adv = lambda c, b, v, rng: carry_lib.advance(MCFG, params, c, b, v, rng, SAMPLED, spec, budget=2, tools=tools)
+  init = lambda: carry_lib.init(spec, MCFG)
+  if len(seeds) > 1:
+    adv, init = jax.vmap(adv, in_axes=(0, None, None, 0)), lambda: jax.vmap(lambda _: carry_lib.init(spec, MCFG))(
+        jnp.arange(len(seeds)))
+  adv = jax.jit(adv)
   ctx = sharding.mesh_context(mesh) if mesh is not None else contextlib.nullcontext()
-  rows = {}
+  rows = [{} for _ in seeds]
   with ctx:
     shard = None if mesh is None else sharding.tree_shardings(mesh, carry_lib.axes(spec, MCFG.layers))
-    carry = jax.jit(lambda: carry_lib.init(spec, MCFG), out_shardings=shard)()
+    carry = jax.jit(init, out_shardings=shard)()
     for v, b in enumerate(carry_lib.host_stream(lambda k: iter(stream[k:]), spec, 0)):
       if v == steps:
         break
-      carry, out = adv(carry, b if mesh is None else device_batch(mesh, b), v, jax.random.PRNGKey(50 + v))
+      keys = [jax.random.PRNGKey(s + v) for s in seeds]
+      carry, out = adv(carry, b if mesh is None else device_batch(mesh, b), v,
+                       keys[0] if len(seeds) == 1 else jnp.stack(keys))
       out = jax.device_get(out)
-      for r in range(spec.B * G):
-        rows[f"{int(out.fields['answer_N'][r // G])},{r % G}"] = dict(
-            tok=out.rollout.tokens_NxL[r].tolist(), lp=out.rollout.logp_NxL[r].tolist(),
-            obs=out.env.obs_NxL[r].tolist(), rew=out.env.reward_NxL[r].tolist(), step=out.env.step_NxL[r].tolist(),
-            ev=out.env.events_NxE[r].tolist())
-  return dict(rows=rows, seen=[(n, a) for n, a, _ in env.seen])
+      for k in range(len(seeds)):
+        o = out if len(seeds) == 1 else jax.tree.map(lambda x: x[k], out)
+        for r in range(spec.B * G):
+          rows[k][f"{int(o.fields['answer_N'][r // G])},{r % G}"] = dict(
+              tok=o.rollout.tokens_NxL[r].tolist(), lp=o.rollout.logp_NxL[r].tolist(),
+              obs=o.env.obs_NxL[r].tolist(), rew=o.env.reward_NxL[r].tolist(), step=o.env.step_NxL[r].tolist(),
+              ev=o.env.events_NxE[r].tolist())
+  return dict(rows=rows if len(seeds) > 1 else rows[0], seen=[(n, a) for n, a, _ in env.seen])
+
+
+def _same_rows(got: dict, want: dict, atol: float) -> None:
+  assert sorted(got) == sorted(want)
+  for key, w in want.items():
+    for k in ("tok", "obs", "rew", "step", "ev"):
+      assert got[key][k] == w[k], (key, k)
+    np.testing.assert_allclose(got[key]["lp"], w["lp"], atol=atol, rtol=0, err_msg=key)
+
+
+def test_vmapped_carries_each_call_with_their_own_rows(params):
+  """Two carries with an environment under vmap (a sweep's or vmapped seeds' rollout; other uniforms per run): each
+  run trains exactly the rows it trains alone, and the host gets exactly the rows the runs alone pass it (vmap runs
+  the boundary's cond as a select: a run not at a boundary passes no row)."""
+  spec = _carry_spec(1, 3)._replace(wait=False)
+  alone = [carry_rows(params, spec, 3, seeds=(s,)) for s in (50, 80)]
+  both = carry_rows(params, spec, 3, seeds=(50, 80))
+  for k in range(2):
+    _same_rows(both["rows"][k], alone[k]["rows"], atol=1e-5)
+  assert both["rows"][0] != both["rows"][1]
+  assert sum(a for _, a in both["seen"]) == sum(a for run in alone for _, a in run["seen"]) > 0
 
 
 _CARRY_SHARDED = r"""
@@ -449,12 +479,7 @@ def test_carry_on_8_devices_calls_with_each_devices_slots(params):
   spec = _carry_spec(1, 4)._replace(B=4, Q=8, D=4, wait=False)
   one = carry_rows(params, spec, 3)
   sh = on_8_devices(_CARRY_SHARDED, timeout=600)
-  assert sorted(sh["rows"]) == sorted(one["rows"]) and len(one["rows"]) == 3 * spec.B * G
-  assert sum(sum(r["obs"]) for r in one["rows"].values()) >= SAMPLED_STOPS_SEEN
-  for key, want in one["rows"].items():
-    got = sh["rows"][key]
-    for k in ("tok", "obs", "rew", "step", "ev"):
-      assert got[k] == want[k], (key, k)
-    np.testing.assert_allclose(got["lp"], want["lp"], atol=1e-5, rtol=0, err_msg=key)
+  assert len(one["rows"]) == 3 * spec.B * G and sum(sum(r["obs"]) for r in one["rows"].values()) >= SAMPLED_STOPS_SEEN
+  _same_rows(sh["rows"], one["rows"], atol=1e-5)
   assert {n for n, _ in sh["seen"]} == {1} and {n for n, _ in one["seen"]} == {4}
   assert sum(a for _, a in sh["seen"]) == sum(a for _, a in one["seen"]) > 0  # each paused row sent once
