@@ -123,26 +123,44 @@ def test_sandbox_memory_limit():
 
 
 def test_sandbox_cannot_write_outside_its_directory(tmp_path):
+  """The last four got through: chmod and utime through a descriptor opened for reading (the hook let every
+  descriptor pass), and a fresh copy of posix from _imp.create_builtin, whose open (with a dir_fd) and mkfifo had
+  been deleted from the running one only."""
   target = tmp_path / "outside.txt"
   existing = tmp_path / "keep.txt"
   existing.write_text("keep")
+  os.chmod(existing, 0o644)
+  before = os.stat(existing)
+  posix_copy = "import _imp, sys, os\nposix = _imp.create_builtin(sys.modules['posix'].__spec__)\n"
   attempts = [f"open({str(target)!r}, 'w').write('x')", "open('../escape.txt', 'w').write('x')",
               f"import pathlib\npathlib.Path({str(target)!r}).write_text('x')",
               f"import os\nos.remove({str(existing)!r})", f"import os\nos.rename({str(existing)!r}, 'mine.txt')",
               f"import os\nos.makedirs({str(tmp_path / 'd')!r})",
               f"import os\nfd = os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT)",
               f"import shutil\nshutil.copyfile({str(existing)!r}, {str(target)!r})",
-              f"import os\nos.system('touch {target}')"]
+              f"import os\nos.system('touch {target}')",
+              f"import os\nf = open({str(existing)!r}, 'rb')\nos.chmod(f.fileno(), 0o600)",
+              f"import os\nf = open({str(existing)!r}, 'rb')\nos.utime(f.fileno(), (0, 0))",
+              posix_copy + f"d = posix.open({str(tmp_path)!r}, os.O_RDONLY)\n"
+              "posix.write(posix.open('outside.txt', os.O_WRONLY | os.O_CREAT, dir_fd=d), b'x')",
+              posix_copy + f"posix.mkfifo({str(target)!r})"]
   for code in attempts:
     res = sandbox.run(code, LIMITS)
     assert res.error and not res.timed_out, code
   assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"] and existing.read_text() == "keep"
+  after = os.stat(existing)
+  assert (after.st_mode, after.st_mtime_ns) == (before.st_mode, before.st_mtime_ns)
+  # the checks leave the code's own directory alone: chmod / utime through a descriptor of its own file
+  own = "open('a.txt', 'w').write('x')\nimport os\nf = open('a.txt')\nos.chmod(f.fileno(), 0o600)\n" \
+        "os.utime(f.fileno(), (0, 0))\noct(os.stat('a.txt').st_mode & 0o777), os.stat('a.txt').st_mtime"
+  assert sandbox.run(own, LIMITS) == ("('0o600', 0.0)", "", False)
 
 
 def test_sandbox_cannot_open_a_socket_or_start_a_process():
   for code in ("import socket\nsocket.socket()", "import _socket\n_socket.socket()",
                "import socket\nsocket.create_connection(('127.0.0.1', 9))", "import subprocess",
-               "import os\nos.fork()", "import ctypes", "import gc"):
+               "import os\nos.fork()", "import ctypes", "import gc",
+               "import _imp, importlib.machinery as m\n_imp.create_builtin(m.ModuleSpec('gc', None))"):
     res = sandbox.run(code, LIMITS)
     assert re.match(r"(ImportError|PermissionError|AttributeError): ", res.error), (code, res)
 

@@ -10,12 +10,15 @@ What is enforced, and how (tests/test_envs.py checks each with ~1 s limits):
   RLIMIT_CPU and an alarm (both int(time_s) + 2 s; the alarm's handler and the signal functions removed before the
   code runs) end it too if the parent itself has died.
 - Memory: RLIMIT_AS = `memory_mb` (an allocation beyond it raises MemoryError). File size: RLIMIT_FSIZE = `file_mb`
-  (output included). No core dumps.
+  per file (output included); the number of files is not limited, so a call can fill the disk with what it writes
+  in `time_s` until its directory is deleted. No core dumps.
 - No file writes outside its temporary directory: an audit hook (PEP 578; it cannot be removed once added) refuses
   every `open` for writing, create, remove, rename, mkdir, chmod, chown, truncate, utime and link whose path does not
-  resolve inside the directory, and any such call given a `dir_fd`; `os.open` / `posix.open` (whose audit event does
-  not carry `dir_fd`), `mkfifo` and `mknod` (no audit event) are deleted before the code runs. Reading files is
-  allowed (the standard library must import).
+  resolve inside the directory (given a descriptor, where /proc/self/fd says it points: chmod and utime work on one
+  opened for reading), and any such call given a `dir_fd`; `os.open` / `posix.open` (whose audit event does not
+  carry `dir_fd`), `mkfifo` and `mknod` (no audit event) are deleted before the code runs, and so is
+  `_imp.create_builtin` (a fresh copy of posix had them back), after every other importable built-in module is
+  imported. Reading files is allowed (the standard library must import).
 - No network, no processes: the hook refuses every `socket.*` event (socket creation, connect, bind, getaddrinfo,
   ... raised from C, so `_socket` directly is covered), process creation and signalling (`os.system`, `os.exec*`,
   `os.posix_spawn`, `os.spawn*`, `os.fork`, `subprocess.Popen`, `os.kill`), `os.chdir`, `ctypes` (its import and
@@ -86,7 +89,8 @@ MODULES = frozenset({"socket", "_socket", "ssl", "_ssl", "subprocess", "_posixsu
                      "_interpreters", "sqlite3", "_sqlite3", "dbm", "_dbm", "_gdbm", "shelve", "ftplib",
                      "smtplib", "poplib", "imaplib", "telnetlib", "nntplib", "webbrowser"})
 def install(sys=sys, work=work, MODULES=MODULES, isinstance=isinstance, any=any, str=str, bytes=bytes, int=int,
-            bool=bool, PermissionError=PermissionError, ImportError=ImportError):
+            bool=bool, PermissionError=PermissionError, ImportError=ImportError, OSError=OSError,
+            readlink=posix.readlink):
     blocked = ("socket.", "ctypes.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
                "os.fork", "os.forkpty", "os.kill", "os.killpg", "os.chdir", "os.chroot", "os.startfile",
                "os.putenv", "os.unsetenv", "os.symlink", "pty.", "resource.setrlimit", "resource.prlimit",
@@ -99,11 +103,20 @@ def install(sys=sys, work=work, MODULES=MODULES, isinstance=isinstance, any=any,
              "shutil.move": (1,), "shutil.make_archive": (0,), "shutil.unpack_archive": (1,)}
     write_flags = 0o1 | 0o2 | 0o100 | 0o1000 | 0o2000  # O_WRONLY O_RDWR O_CREAT O_TRUNC O_APPEND
 
-    def inside(p):
+    def inside(p, fd_ok=True):
         # Lexical: no symlink or hard link can be made (both refused), and the directory starts empty, so the
         # resolved path is the normalised one. Only str methods: nothing the code can patch.
         if isinstance(p, int) and not isinstance(p, bool):
-            return True  # an open descriptor, checked when it was opened
+            if fd_ok:  # open(fd, ...): writes through it need the access it was opened with, checked then
+                return True
+            # chmod / chown / utime / xattrs work on a descriptor opened for reading (any file outside): where
+            # it points (unknown: refused)
+            try:
+                p = readlink("/proc/self/fd/" + str(p))
+            except OSError:
+                return False
+            if not p.startswith("/"):  # a pipe or socket
+                return False
         if isinstance(p, bytes):
             p = p.decode("utf-8", "replace")
         if not isinstance(p, str):
@@ -137,7 +150,7 @@ def install(sys=sys, work=work, MODULES=MODULES, isinstance=isinstance, any=any,
             if any(isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in args[2:]):
                 raise PermissionError(f"{event} with dir_fd is not allowed in the sandbox")
             for i in paths[event]:
-                if not inside(args[i]):
+                if not inside(args[i], fd_ok=False):
                     raise PermissionError(f"{event} of {args[i]!r} is not allowed: only files in the working "
                                           "directory")
 
@@ -157,13 +170,20 @@ for name in ("setrlimit", "prlimit"):
     if hasattr(resource, name):
         delattr(resource, name)
 sys.modules.pop("resource", None)
+# A fresh copy of a built-in module (_imp.create_builtin: posix with open, mknod and mkfifo back; gc) raises no
+# audit event: every built-in the code may import is imported now, and the function is deleted.
+import _imp
+for name in sys.builtin_module_names:
+    if name not in sys.modules and name not in MODULES and name.lstrip("_") not in MODULES:
+        __import__(name)
+del _imp.create_builtin
 preloaded = sorted(MODULES & set(sys.modules))
 if preloaded:  # already imported: `import` of them raises no event any more, so the hook could not refuse them
     sys.stderr.write(f"SandboxError: {preloaded} were imported before the hook\n")
     posix._exit(3)
 exit_now, flush_out, flush_err, stderr = posix._exit, sys.stdout.flush, sys.stderr.flush, sys.stderr
 install()
-del install, limit, resource, _signal, posix, f, code_path, preloaded, mod, name
+del install, limit, resource, _signal, posix, f, code_path, preloaded, mod, name, _imp
 
 
 def run(source):
