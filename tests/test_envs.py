@@ -5,6 +5,7 @@ readings, and the loss mask (observation logits get exactly zero gradient; a tea
 transcript equals scoring it turn by turn)."""
 import os
 import re
+import subprocess
 import threading
 import time
 
@@ -157,6 +158,14 @@ def test_sandbox_cannot_write_outside_its_directory(tmp_path):
 
 
 def test_sandbox_cannot_open_a_socket_or_start_a_process():
+  """...or signal one: _signal.pidfd_send_signal (no audit event) killed any process of the trainer's user."""
+  victim = subprocess.Popen(["sleep", "30"])
+  try:
+    res = sandbox.run(f"import _signal, os\n_signal.pidfd_send_signal(os.pidfd_open({victim.pid}), 9)", LIMITS)
+    assert res.error.startswith("AttributeError: ") and victim.poll() is None, res
+  finally:
+    victim.kill()
+    victim.wait()
   for code in ("import socket\nsocket.socket()", "import _socket\n_socket.socket()",
                "import socket\nsocket.create_connection(('127.0.0.1', 9))", "import subprocess",
                "import os\nos.fork()", "import ctypes", "import gc",

@@ -21,7 +21,8 @@ What is enforced, and how (tests/test_envs.py checks each with ~1 s limits):
   imported. Reading files is allowed (the standard library must import).
 - No network, no processes: the hook refuses every `socket.*` event (socket creation, connect, bind, getaddrinfo,
   ... raised from C, so `_socket` directly is covered), process creation and signalling (`os.system`, `os.exec*`,
-  `os.posix_spawn`, `os.spawn*`, `os.fork`, `subprocess.Popen`, `os.kill`), `os.chdir`, `ctypes` (its import and
+  `os.posix_spawn`, `os.spawn*`, `os.fork`, `subprocess.Popen`, `os.kill`; `signal.pidfd_send_signal`, which raises
+  no event, is deleted), `os.chdir`, `ctypes` (its import and
   every `ctypes.*` event), and the import of `socket`, `ssl`, `subprocess`, `multiprocessing`, `_posixsubprocess`,
   `ctypes`, `gc`, `signal`, `sqlite3` and a few others (urllib and http stay importable: without `socket` they
   cannot connect); the child also gets no environment (no proxy variables).
@@ -163,7 +164,7 @@ for mod in (os, posix):
         if hasattr(mod, name):
             delattr(mod, name)
 for name in ("alarm", "setitimer", "signal", "pthread_kill", "pthread_sigmask", "sigwait", "siginterrupt",
-             "set_wakeup_fd", "raise_signal"):
+             "set_wakeup_fd", "raise_signal", "pidfd_send_signal"):  # the last: any process (no audit event)
     if hasattr(_signal, name):
         delattr(_signal, name)
 for name in ("setrlimit", "prlimit"):
