@@ -158,18 +158,25 @@ def test_sandbox_cannot_write_outside_its_directory(tmp_path):
 
 
 def test_sandbox_cannot_open_a_socket_or_start_a_process():
-  """...or signal one: _signal.pidfd_send_signal (no audit event) killed any process of the trainer's user."""
+  """...or signal one: _signal.pidfd_send_signal (no audit event) killed any process of the trainer's user;
+  _posixshmem made a file in /dev/shm, syslog wrote to the system log (neither raises an audit event)."""
   victim = subprocess.Popen(["sleep", "30"])
   try:
-    res = sandbox.run(f"import _signal, os\n_signal.pidfd_send_signal(os.pidfd_open({victim.pid}), 9)", LIMITS)
-    assert res.error.startswith("AttributeError: ") and victim.poll() is None, res
+    for code in (f"import _signal, os\n_signal.pidfd_send_signal(os.pidfd_open({victim.pid}), 9)",
+                 f"import os\nos.setpriority(os.PRIO_PROCESS, {victim.pid}, 19)",  # worked too
+                 f"import os\nos.sched_setaffinity({victim.pid}, {{0}})"):
+      res = sandbox.run(code, LIMITS)
+      assert res.error.startswith("AttributeError: ") and victim.poll() is None, res
+    assert os.getpriority(os.PRIO_PROCESS, victim.pid) == os.getpriority(os.PRIO_PROCESS, os.getpid())
   finally:
     victim.kill()
     victim.wait()
   for code in ("import socket\nsocket.socket()", "import _socket\n_socket.socket()",
                "import socket\nsocket.create_connection(('127.0.0.1', 9))", "import subprocess",
                "import os\nos.fork()", "import ctypes", "import gc",
-               "import _imp, importlib.machinery as m\n_imp.create_builtin(m.ModuleSpec('gc', None))"):
+               "import _imp, importlib.machinery as m\n_imp.create_builtin(m.ModuleSpec('gc', None))",
+               # these made a file in /dev/shm, wrote to the system log, and lowered the trainer's priority
+               "import _posixshmem", "import syslog"):
     res = sandbox.run(code, LIMITS)
     assert re.match(r"(ImportError|PermissionError|AttributeError): ", res.error), (code, res)
 

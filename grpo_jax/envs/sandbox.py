@@ -24,8 +24,9 @@ What is enforced, and how (tests/test_envs.py checks each with ~1 s limits):
   `os.posix_spawn`, `os.spawn*`, `os.fork`, `subprocess.Popen`, `os.kill`; `signal.pidfd_send_signal`, which raises
   no event, is deleted), `os.chdir`, `ctypes` (its import and
   every `ctypes.*` event), and the import of `socket`, `ssl`, `subprocess`, `multiprocessing`, `_posixsubprocess`,
-  `ctypes`, `gc`, `signal`, `sqlite3` and a few others (urllib and http stay importable: without `socket` they
-  cannot connect); the child also gets no environment (no proxy variables).
+  `ctypes`, `gc`, `signal`, `sqlite3`, `_posixshmem` (a file in /dev/shm), `syslog` and a few others (urllib and
+  http stay importable: without `socket` they cannot connect); `os.setpriority` and `os.sched_set*` (another
+  process's priority or CPUs) are deleted; the child also gets no environment (no proxy variables).
 
 What is NOT guaranteed: audit hooks are not a security boundary (PEP 578 says so): code that corrupts the
 interpreter's memory, or reaches a function the hook does not see, gets past them, and there is no OS-level network
@@ -88,7 +89,9 @@ MODULES = frozenset({"socket", "_socket", "ssl", "_ssl", "subprocess", "_posixsu
                      "_multiprocessing", "ctypes", "_ctypes", "gc", "signal", "pty", "asyncio", "selectors", "select",
                      "fcntl", "mmap", "resource", "_tkinter", "faulthandler", "tracemalloc", "_xxsubinterpreters",
                      "_interpreters", "sqlite3", "_sqlite3", "dbm", "_dbm", "_gdbm", "shelve", "ftplib",
-                     "smtplib", "poplib", "imaplib", "telnetlib", "nntplib", "webbrowser"})
+                     "smtplib", "poplib", "imaplib", "telnetlib", "nntplib", "webbrowser",
+                     # no audit events: a file in /dev/shm, the system log, NIS over the network, a sound device
+                     "_posixshmem", "syslog", "nis", "ossaudiodev"})
 def install(sys=sys, work=work, MODULES=MODULES, isinstance=isinstance, any=any, str=str, bytes=bytes, int=int,
             bool=bool, PermissionError=PermissionError, ImportError=ImportError, OSError=OSError,
             readlink=posix.readlink):
@@ -160,7 +163,9 @@ def install(sys=sys, work=work, MODULES=MODULES, isinstance=isinstance, any=any,
 os = __import__("os")
 for mod in (os, posix):
     for name in ("open", "mkfifo", "mknod", "fork", "forkpty", "system", "execv", "execve", "kill", "killpg",
-                 "posix_spawn", "posix_spawnp", "chdir", "fchdir", "chroot", "symlink", "link", "setuid", "setgid"):
+                 "posix_spawn", "posix_spawnp", "chdir", "fchdir", "chroot", "symlink", "link", "setuid", "setgid",
+                 # another process's priority or CPUs (the trainer's: it is the parent)
+                 "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam"):
         if hasattr(mod, name):
             delattr(mod, name)
 for name in ("alarm", "setitimer", "signal", "pthread_kill", "pthread_sigmask", "sigwait", "siginterrupt",
