@@ -395,6 +395,11 @@ def validate_tools_rl(c) -> None:
   if c.tools.format != "plain":
     _fail("tools.format", f"{c.tools.format!r}: RL prompts are the task's R1-Zero prompts, not yet the chat "
           "template rendered with the tools; use tools.format='plain' for RL.")
+  if c.tools.fallback_reward != 0 and "env" not in [n for n, _ in c.rewards]:
+    # a fallback step's reward is an environment reward: without the term it was dropped without a word
+    _fail("tools.fallback_reward", f"{c.tools.fallback_reward!r} reaches training only through the 'env' reward "
+          "term (the environment's rewards), which config.rewards does not name; add ('env', 1.0) to "
+          "config.rewards or set tools.fallback_reward=0.0.")
 
 
 def _changed(d: dict, base: dict, prefix: str) -> list[str]:
