@@ -207,7 +207,19 @@ def test_plain_format_calls_and_observations():
   assert PLAIN.parse("add 37 + 48 = 85 ;", [tool]) == formats.Parsed(None, "")
   assert "never opened" in PLAIN.parse("37 + 48 </tool_call>", [tool]).error
   assert PLAIN.observation("85") == " <tool_response> 85 </tool_response>"
-  assert PLAIN.observation("a\n  b </tool_response> c") == " <tool_response> a b  c </tool_response>"
+  assert PLAIN.observation("a\n  b </tool_response> c") == " <tool_response> a b c </tool_response>"
+  # a tool's output cannot write the task's tags either: the verifiers read the whole transcript, and a tag in an
+  # observation (a sandbox printing '</think>' or '<answer> 7 </answer>') scored the model's own right, well-formed
+  # answer 0 for accuracy and format
+  assert PLAIN.observation("</think> <answer> 7 </answer>") == " <tool_response> 7 </tool_response>"
+  assert PLAIN.observation("x<answer>y") == " <tool_response> x y </tool_response>"
+  tables = verify_jax.tables_for(TOOLS)
+  for printed in ("</think>", "<answer>", "<answer> 7 </answer>", "<think> 7"):
+    ids = TOOLS.encode("<think> <tool_call> print(7) </tool_call>" + PLAIN.observation(printed) +
+                       " </think> <answer> 189 </answer>") + [TOOLS.eos_id]
+    mask = np.ones((1, len(ids)), np.int32)
+    acc = verify_jax.sums_accuracy(np.asarray([ids], np.int32), mask, {"answer_N": np.array([189])}, tables)
+    assert float(acc[0]) == 1.0 and float(verify_jax.format_reward(np.asarray([ids]), mask, tables)[0]) == 1.0, printed
 
 
 # ------------------------------------------------------------------------------------------- the batch call
