@@ -57,7 +57,7 @@ from grpo_jax.infra import host_calls
 NONE, CALL, TOOL_ERROR, TOOL_TIMEOUT, ENDED, TURN_LIMIT, FALLBACK = range(7)
 EVENTS = {NONE: "not paused", CALL: "the tool answered", TOOL_ERROR: "the tool reported an error (info['error'])",
           TOOL_TIMEOUT: "the tool hit its own time limit (info['timeout'])",
-          ENDED: "the environment ended the row (done, no observation)", TURN_LIMIT: "past tools.max_turns: ended",
+          ENDED: "the environment ended the row (done: nothing appended)", TURN_LIMIT: "past tools.max_turns: ended",
           FALLBACK: "the step raised / timed out / returned the wrong type: ended with the fallback reward"}
 COUNTS = ("calls", "tool_errors", "tool_timeouts", "fallbacks", "truncated")
 
@@ -275,7 +275,7 @@ class EnvBatch:
         out.obs_len_R[r], out.reward_R[r] = len(ids), reward
         out.done_R[r] = done or length - n - len(ids) <= 0
         event = (TOOL_TIMEOUT if info.get("timeout") else TOOL_ERROR if info.get("error") else
-                 ENDED if done and obs_text is None else CALL)
+                 ENDED if done else CALL)  # done: nothing is appended, whatever the observation
         out.event_R[r] = event
         counts["tool_errors"] += int(event == TOOL_ERROR)
         counts["tool_timeouts"] += int(event == TOOL_TIMEOUT)
