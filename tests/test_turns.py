@@ -12,6 +12,7 @@ import pytest
 
 from grpo_jax.envs import base as env_base
 from grpo_jax.envs import batch as env_batch
+from grpo_jax.envs import transcript
 from grpo_jax.model import model as M
 from grpo_jax.rollout import engine as E
 from grpo_jax.rollout import sampling as S
@@ -182,6 +183,34 @@ def test_forced_rows_pause_call_feed_end_and_truncate(params):
   # their prompt's field
   assert {r for r, _, _ in env.seen} <= {4, 2}
   assert sorted(a for _, _, ans in env.seen for a in ans) == [100, 100, 101, 101, 101, 102]
+
+
+class Injecting(Toy):
+  """Every observation holds an EOS id and a stop id: [EOS, 60, 42]."""
+
+  def step(self, state, action_text):
+    return CharTok.decode([EOS, 60, 42]), 0.5, False, {}
+
+
+def test_an_observation_holding_eos_and_stop_ids_neither_ends_nor_pauses_the_row(params):
+  """A fed token is never an end or a pause (docs/tools.md: Qwen's observations hold its EOS, <|im_end|>): the row
+  takes [EOS, 60, 42] as its observation, samples on, calls once, and ends at its own EOS; the readings count one
+  call and two turns. Untested before (the toy's observations held neither)."""
+  x = 7
+  f = np.full((B * G, L), x, np.int32)
+  f[0, :8] = [1, 60, x, x, x, x, 3, EOS]
+  prompt, pm = prompts()
+  env = Injecting()
+  ro, st = jax.jit(lambda pr, m, u, fo, fl: E.sample_groups(
+      MCFG, params, pr, m, G, S.SamplingConfig(max_new_tokens=L, eos_id=(EOS,)), u_LxN=u, slots=4, levels=2,
+      force_NxL=fo, tools=make_tools(env), env_fields=fl))(
+          prompt, pm, S.uniforms(jax.random.PRNGKey(0), L, B * G), f, {"answer_N": jnp.arange(B, dtype=jnp.int32)})
+  tok, mask, obs = (np.asarray(a) for a in (ro.tokens_NxL, ro.mask_NxL, st.env.obs_NxL))
+  assert tok[0, :8].tolist() == [1, 60, EOS, 60, 42, x, 3, EOS] and mask[0].sum() == 8
+  assert obs[0].tolist() == [0, 0, 1, 1, 1] + [0] * (L - 5) and not bool(ro.truncated_N[0])
+  assert np.asarray(st.env.step_NxL)[0].nonzero()[0].tolist() == [1] and [a for _, n, a in env.seen if n] == [[0]]
+  r = transcript.readings(tok[:1], mask[:1], obs[:1], (60, 61))
+  assert (r["calls_N"][0], r["turns_N"][0], r["obs_tokens_N"][0]) == (1, 2, 3)
 
 
 # ------------------------------------------------------------------------------------------- sampled rows
