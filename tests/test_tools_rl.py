@@ -407,6 +407,9 @@ def test_an_unresolved_auto_engine_evaluates_with_the_environment(setup):
     # the child's alarm takes a C int: every call's observation was "error: OverflowError ..."
     ({"tools.sandbox.time_s": 1e12}, "tools.sandbox.time_s", "a day per tool call"),
     ({"tools.sandbox.memory_mb": 10 ** 13}, "tools.sandbox.memory_mb", "at most"),  # RLIMIT_AS overflowed a C long
+    # a looping call outlived tools.timeout_s: abandoned (the row's fallback, not 'timed out'); 4 at once stopped
+    # the run (exit 3)
+    ({"tools.env": "python", "tools.sandbox.time_s": 4.5}, "tools.sandbox.time_s", "below tools.timeout_s=5"),
     ({"tools.max_obs_tokens": 10 ** 9}, "tools.max_obs_tokens", "model.max_len"),  # [slots, O] buffers
     ({"tools.stop_markers": ("</tool_call>", "</nope>")}, "tools.stop_markers", "not one token"),
     ({"tools.env": "no_such_module:Env"}, "tools.env", "cannot be imported"),

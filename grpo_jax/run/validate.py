@@ -416,6 +416,7 @@ def _changed(d: dict, base: dict, prefix: str) -> list[str]:
 
 MAX_TOOL_WORKERS = 1024
 MAX_SANDBOX_S = 86_400
+SANDBOX_MARGIN_S = 1.0  # tools.timeout_s - tools.sandbox.time_s at least: a python call's start and clean-up
 
 
 def validate_tools(c, tokenizer=None) -> None:
@@ -447,6 +448,12 @@ def validate_tools(c, tokenizer=None) -> None:
   if t.sandbox.time_s > MAX_SANDBOX_S:  # the child's alarm and CPU limit take a C int: every call failed past it
     _fail("tools.sandbox.time_s", f"{t.sandbox.time_s:g} s is more than {MAX_SANDBOX_S} (a day per tool call); set "
           "at most that.")
+  if t.env == "python" and t.sandbox.time_s + SANDBOX_MARGIN_S > t.timeout_s:
+    # the sandbox kills a call at time_s and answers 'timed out' (the row goes on); a step still running at
+    # tools.timeout_s is abandoned instead: the row's fallback, and MAX_HUNG of them at once stopped the run
+    _fail("tools.sandbox.time_s", f"{t.sandbox.time_s:g} s leaves less than {SANDBOX_MARGIN_S:g} s (the child's start "
+          f"and clean-up) below tools.timeout_s={t.timeout_s:g}: a call that runs to its limit would be abandoned as "
+          "a failed step instead of answered 'timed out'; lower tools.sandbox.time_s or raise tools.timeout_s.")
   if t.max_obs_tokens > c.model.max_len:  # buffers [slots, O]: 10**9 was an allocation failure (traceback)
     _fail("tools.max_obs_tokens", f"{t.max_obs_tokens} is more than model.max_len={c.model.max_len} (an "
           "observation is cut to the room left in the completion anyway); set at most that.")
