@@ -108,6 +108,10 @@ def test_sandbox_runs_code_and_shows_the_last_value():
   assert sandbox.run("1 / 0", LIMITS) == ("", "ZeroDivisionError: division by zero", False)
   out = sandbox.run("open('here.txt', 'w').write('hi')\nprint(open('here.txt').read())", LIMITS)
   assert out == ("hi", "", False)  # its own directory is writable
+  # shutil, tempfile, zipfile and tarfile import (they read os.open when imported: with it deleted, each failed)
+  out = sandbox.run("import shutil, tempfile, zipfile, tarfile\nopen('a', 'w').write('hi')\nshutil.copyfile('a', 'b')\n"
+                    "zipfile.ZipFile('z.zip', 'w').write('b')\nzipfile.ZipFile('z.zip').read('b')", LIMITS)
+  assert out == ("b'hi'", "", False)
 
 
 def test_sandbox_cannot_run_past_its_limit():
@@ -148,6 +152,8 @@ def test_sandbox_cannot_write_outside_its_directory(tmp_path):
   for code in attempts:
     res = sandbox.run(code, LIMITS)
     assert res.error and not res.timed_out, code
+    if "shutil" in code:  # refused by the hook, not by a failed import
+      assert res.error.startswith("PermissionError: shutil.copyfile of"), res
   assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"] and existing.read_text() == "keep"
   after = os.stat(existing)
   assert (after.st_mode, after.st_mtime_ns) == (before.st_mode, before.st_mtime_ns)

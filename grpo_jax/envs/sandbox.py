@@ -16,7 +16,8 @@ What is enforced, and how (tests/test_envs.py checks each with ~1 s limits):
   every `open` for writing, create, remove, rename, mkdir, chmod, chown, truncate, utime and link whose path does not
   resolve inside the directory (given a descriptor, where /proc/self/fd says it points: chmod and utime work on one
   opened for reading), and any such call given a `dir_fd`; `os.open` / `posix.open` (whose audit event does not
-  carry `dir_fd`), `mkfifo` and `mknod` (no audit event) are deleted before the code runs, and so is
+  carry `dir_fd`) are replaced by a function that raises PermissionError (shutil, tempfile, zipfile and tarfile read
+  os.open when imported), `mkfifo` and `mknod` (no audit event) are deleted before the code runs, and so is
   `_imp.create_builtin` (a fresh copy of posix had them back), after every other importable built-in module is
   imported. Reading files is allowed (the standard library must import).
 - No network, no processes: the hook refuses every `socket.*` event (socket creation, connect, bind, getaddrinfo,
@@ -168,6 +169,14 @@ for mod in (os, posix):
                  "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam"):
         if hasattr(mod, name):
             delattr(mod, name)
+
+
+def open_refused(*args, **kwargs):
+    raise PermissionError("os.open is not allowed in the sandbox; use open()")
+
+
+# a stand-in, not a hole: shutil (and tempfile, zipfile, tarfile, which import it) reads os.open when imported
+os.open = posix.open = open_refused
 for name in ("alarm", "setitimer", "signal", "pthread_kill", "pthread_sigmask", "sigwait", "siginterrupt",
              "set_wakeup_fd", "raise_signal", "pidfd_send_signal"):  # the last: any process (no audit event)
     if hasattr(_signal, name):
