@@ -190,7 +190,10 @@ sys.modules.pop("resource", None)
 import _imp
 for name in sys.builtin_module_names:
     if name not in sys.modules and name not in MODULES and name.lstrip("_") not in MODULES:
-        __import__(name)
+        try:
+            __import__(name)
+        except ImportError:  # one this build cannot import: the code cannot either
+            pass
 del _imp.create_builtin
 preloaded = sorted(MODULES & set(sys.modules))
 if preloaded:  # already imported: `import` of them raises no event any more, so the hook could not refuse them
