@@ -286,8 +286,14 @@ def test_turn_without_a_call_ends_the_row_and_observations_fit_the_room():
   tokens, obs, lens = _rows([[("<think> </think> <answer> 5 </answer>", 0)],
                              [("<tool_call> 1 + 1 x </tool_call>", 0)]], L=64)
   out = eb.host(tokens, obs, lens, np.array([True, True]), {})
-  # row 0: a turn without a call: the calculator ends the row (done, nothing appended)
-  assert out.event_R[0] == env_batch.ENDED and out.done_R[0] and out.obs_len_R[0] == 0
+  # row 0: a turn without a call: the calculator ends the row (done): its observation is the EOS id alone, so the
+  # transcript ends '</answer> EOS' as a finished row's does (it ended without one: the verifiers scored the row 0,
+  # however right its answer)
+  assert out.event_R[0] == env_batch.ENDED and out.done_R[0] and out.obs_len_R[0] == 1
+  assert out.obs_RxO[0, 0] == TOOLS.eos_id and (out.obs_RxO[0, 1:] == TOOLS.pad_id).all()
+  ended = np.concatenate([tokens[0, :lens[0]], [TOOLS.eos_id]])[None]
+  tables = verify_jax.tables_for(TOOLS)
+  assert float(verify_jax.sums_accuracy(ended, np.ones_like(ended), {"answer_N": np.array([5])}, tables)[0]) == 1.0
   # row 1: an error observation longer than 12 tokens is cut, keeping its closing ' </tool_response>'
   full = TOOLS.encode(PLAIN.observation(calculator.result_text("1 + 1 x")[0]))
   assert len(full) > 12 and out.event_R[1] == env_batch.TOOL_ERROR and not out.done_R[1]
@@ -371,7 +377,8 @@ def test_an_observation_returned_with_done_is_said_not_dropped_silently(monkeypa
   tokens, obs, lens = _rows([[("<tool_call> 1 </tool_call>", 0)]] * 2)
   for _ in range(2):
     out = eb.host(tokens, obs, lens, np.ones(2, bool), {})
-    assert out.done_R.all() and (out.obs_len_R == 0).all() and (out.reward_R == 1.0).all()
+    assert out.done_R.all() and (out.obs_len_R == 1).all() and (out.obs_RxO[:, 0] == TOOLS.eos_id).all()
+    assert (out.reward_R == 1.0).all()
     # the environment ended the row, nothing appended: ENDED (was CALL, 'the tool answered', for any observation
     # but None, '' included)
     assert (out.event_R == env_batch.ENDED).all()

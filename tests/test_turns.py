@@ -26,7 +26,7 @@ EOS, STOPS, DONE_ID, O = 63, (60, 61), 50, 4
 
 class CharTok:
   """id i <-> chr(i + 32): the environment's texts are the row's ids, one character each."""
-  pad_id = 0
+  pad_id, eos_id = 0, EOS
 
   @staticmethod
   def encode(text):
@@ -107,8 +107,9 @@ def replay(tokens_L, n, stops, max_turns=2):
       if turn > max_turns:
         return obs, answered, t == n - 1
       ids, _, done = answer(list(tokens_L[start:t + 1]))
-      if done:
-        return obs, answered, t == n - 1
+      if done:  # the environment's EOS, fed, ends the row
+        obs[t + 1] = 1
+        return obs, answered, t + 1 == n - 1 and tokens_L[t + 1] == EOS
       ids = ids[:min(O, len(tokens_L) - t - 1)]
       if list(tokens_L[t + 1:t + 1 + len(ids)]) != ids:
         return obs, answered, False
@@ -124,10 +125,11 @@ def replay(tokens_L, n, stops, max_turns=2):
 def test_forced_rows_pause_call_feed_end_and_truncate(params):
   """Six rows with planted stop ids (teacher forcing; observations are fed over the forced ids), 4 slots for the 6
   rows (a queue, then compaction), max_turns 2: row 0 calls once, then ends at EOS; row 1's turn starts with
-  DONE_ID: the environment ends it, not truncated; row 2 calls twice and its third stop id is past the turn limit:
-  ended, the environment's step not run; row 3 stops at the last position: it ends there, truncated, no call; row
-  4 never stops; row 5 stops 3 before the end: its 5-token observation is cut to the 2 positions left and the row
-  ends at L, truncated. Each expected row is written out by hand from the toy environment's rule (`answer`)."""
+  DONE_ID: the environment ends it with its EOS (fed, obs 1: it ended without one, which the verifiers score as cut
+  off), not truncated; row 2 calls twice and its third stop id is past the turn limit: ended, unfinished, the
+  environment's step not run; row 3 stops at the last position: it ends there, truncated, no call; row 4 never
+  stops; row 5 stops 3 before the end: its 5-token observation is cut to the 2 positions left and the row ends at
+  L, truncated. Each expected row is written out by hand from the toy environment's rule (`answer`)."""
   x = 7  # forced filler (fed over where an observation goes)
   f = np.full((B * G, L), x, np.int32)
   f[0, :8] = [1, 2, 60, x, x, x, 3, EOS]
@@ -137,7 +139,7 @@ def test_forced_rows_pause_call_feed_end_and_truncate(params):
   f[5, L - 3] = 61
   want = [  # (tokens, observation mask) of each row, as long as the row
       ([1, 2, 60, 40, 41, 42, 3, EOS], [0, 0, 0, 1, 1, 1, 0, 0]),  # turn of 3 ids: one 41
-      ([DONE_ID, 61], [0, 0]),
+      ([DONE_ID, 61, EOS], [0, 0, 1]),  # the environment's done: its EOS fed, the row finished
       ([60, 40, 41, 41, 42, 5, 6, 61, 40, 41, 42, 8, 60],  # turn of 1: two 41s; then a turn of 3: one 41
        [0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0]),
       ([x] * (L - 1) + [60], [0] * L),
