@@ -412,6 +412,8 @@ def test_an_unresolved_auto_engine_evaluates_with_the_environment(setup):
     ({"tools.env": "python", "tools.sandbox.time_s": 4.5}, "tools.sandbox.time_s", "below tools.timeout_s=5"),
     ({"tools.max_obs_tokens": 10 ** 9}, "tools.max_obs_tokens", "model.max_len"),  # [slots, O] buffers
     ({"tools.stop_markers": ("</tool_call>", "</nope>")}, "tools.stop_markers", "not one token"),
+    # a tool environment whose call never pauses the row: every call went unanswered, without a word
+    ({"tools.env": "calculator", "tools.stop_markers": ("</answer>",)}, "tools.stop_markers", "lacks '</tool_call>'"),
     ({"tools.env": "no_such_module:Env"}, "tools.env", "cannot be imported"),
 ])
 def test_bad_tools_settings_are_one_line_refusals(over, key, why):

@@ -22,6 +22,7 @@ from grpo_jax.rollout import decode_layout
 from grpo_jax.model import model_config
 from grpo_jax.model import paged_attention
 from grpo_jax.tasks import prompts
+from grpo_jax.envs import base as env_base
 from grpo_jax.envs import batch as env_batch
 from grpo_jax.envs import formats as env_formats
 from grpo_jax.envs import registry as env_registry
@@ -472,10 +473,13 @@ def validate_tools(c, tokenizer=None) -> None:
           "use an instruct checkpoint's tokenizer (task.tokenizer=init_from) or tools.format='plain'.")
   try:
     env_formats.stop_ids(tokenizer, t.stop_markers)
-    if t.env:
-      env_registry.make(t.env, env_batch.context(c, tokenizer))
+    env = env_registry.make(t.env, env_batch.context(c, tokenizer)) if t.env else None
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
+  if isinstance(env, env_base.ToolEnv) and env_formats.CALL_CLOSE not in t.stop_markers:
+    # a row pauses only on a stop marker: without the call's closing one no call ever reached the tool
+    _fail("tools.stop_markers", f"{tuple(t.stop_markers)!r} lacks {env_formats.CALL_CLOSE!r}: rows pause only on "
+          f"a stop marker, so no tool call would reach {t.env!r}; add it, e.g. ('{env_formats.CALL_CLOSE}',).")
 
 
 def validate_row_splits(c, n_rows: int, data_par: int) -> None:
