@@ -106,6 +106,9 @@ def test_sandbox_runs_code_and_shows_the_last_value():
   assert sandbox.run("x = 3\nx * 24", LIMITS) == ("72", "", False)
   assert sandbox.run("import math\nmath.comb(10, 3)", LIMITS) == ("120", "", False)
   assert sandbox.run("1 / 0", LIMITS) == ("", "ZeroDivisionError: division by zero", False)
+  # the error is stderr's last line, also after 240 kB of warnings (the first 64 kB were read: 'warning:')
+  out = sandbox.run("import sys\nsys.stderr.write('warning: x\\n' * 20000)\n1 / 0", LIMITS)
+  assert out == ("", "ZeroDivisionError: division by zero", False)
   out = sandbox.run("open('here.txt', 'w').write('hi')\nprint(open('here.txt').read())", LIMITS)
   assert out == ("hi", "", False)  # its own directory is writable
   # shutil, tempfile, zipfile and tarfile import (they read os.open when imported: with it deleted, each failed)

@@ -230,8 +230,11 @@ exit_now(code)
 '''
 
 
-def _read(path: str, limit: int) -> str:
+def _read(path: str, limit: int, tail: bool = False) -> str:
+  """At most `limit` bytes of the file: its first, or (tail) its last."""
   with open(path, "rb") as f:
+    if tail:
+      f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
     return f.read(limit).decode("utf-8", errors="replace")
 
 
@@ -263,7 +266,7 @@ def run(code: str, limits: Limits = Limits()) -> Result:
     # A child the kernel killed for its limits (SIGXCPU, SIGALRM, SIGKILL) ran out of time too.
     timed_out = timed_out or proc.returncode in (-signal.SIGXCPU, -signal.SIGALRM, -signal.SIGKILL)
     output = _read(out_path, 4 * limits.output_chars).strip()[:limits.output_chars]
-    lines = _read(err_path, 1 << 16).strip().splitlines()
+    lines = _read(err_path, 1 << 16, tail=True).strip().splitlines()  # the error is the last line written
     error = lines[-1][:limits.output_chars] if lines else ""
     if timed_out:
       error = f"timed out after {limits.time_s:g}s"
