@@ -185,7 +185,7 @@ def test_sandbox_cannot_open_a_socket_or_start_a_process():
                "import os\nos.fork()", "import ctypes", "import gc",
                "import _imp, importlib.machinery as m\n_imp.create_builtin(m.ModuleSpec('gc', None))",
                # these made a file in /dev/shm, wrote to the system log, and lowered the trainer's priority
-               "import _posixshmem", "import syslog"):
+               "import _posixshmem", "import syslog", "import termios"):
     res = sandbox.run(code, LIMITS)
     assert re.match(r"(ImportError|PermissionError|AttributeError): ", res.error), (code, res)
 

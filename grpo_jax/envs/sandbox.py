@@ -25,7 +25,7 @@ What is enforced, and how (tests/test_envs.py checks each with ~1 s limits):
   `os.posix_spawn`, `os.spawn*`, `os.fork`, `subprocess.Popen`, `os.kill`; `signal.pidfd_send_signal`, which raises
   no event, is deleted), `os.chdir`, `ctypes` (its import and
   every `ctypes.*` event), and the import of `socket`, `ssl`, `subprocess`, `multiprocessing`, `_posixsubprocess`,
-  `ctypes`, `gc`, `signal`, `sqlite3`, `_posixshmem` (a file in /dev/shm), `syslog` and a few others (urllib and
+  `ctypes`, `gc`, `signal`, `sqlite3`, `_posixshmem` (a file in /dev/shm), `syslog`, `termios` (another terminal's settings) and a few others (urllib and
   http stay importable: without `socket` they cannot connect); `os.setpriority` and `os.sched_set*` (another
   process's priority or CPUs) are deleted; the child also gets no environment (no proxy variables).
 
@@ -91,8 +91,9 @@ MODULES = frozenset({"socket", "_socket", "ssl", "_ssl", "subprocess", "_posixsu
                      "fcntl", "mmap", "resource", "_tkinter", "faulthandler", "tracemalloc", "_xxsubinterpreters",
                      "_interpreters", "sqlite3", "_sqlite3", "dbm", "_dbm", "_gdbm", "shelve", "ftplib",
                      "smtplib", "poplib", "imaplib", "telnetlib", "nntplib", "webbrowser",
-                     # no audit events: a file in /dev/shm, the system log, NIS over the network, a sound device
-                     "_posixshmem", "syslog", "nis", "ossaudiodev"})
+                     # no audit events: a file in /dev/shm, the system log, NIS over the network, a sound device,
+                     # another terminal's settings (a tty device opened for reading)
+                     "_posixshmem", "syslog", "nis", "ossaudiodev", "termios", "tty"})
 def install(sys=sys, work=work, MODULES=MODULES, isinstance=isinstance, any=any, str=str, bytes=bytes, int=int,
             bool=bool, PermissionError=PermissionError, ImportError=ImportError, OSError=OSError,
             readlink=posix.readlink):
