@@ -402,8 +402,8 @@ def test_an_unresolved_auto_engine_evaluates_with_the_environment(setup):
     ({"tools.workers": 100_000}, "tools.workers", "at most 1024"),  # one thread each: was the OS's thread limit
     ({"tools.fallback_reward": 1e39}, "tools.fallback_reward", "float32"),  # was an inf reward for a fallback row
     # a fallback step's reward goes to the 'env' term only: without it, -1 was dropped without a word
-    ({"tools.fallback_reward": -1.0, "rewards": (("accuracy", 1.0),), "rl.process_weight": 0.0}, "tools.fallback_reward",
-     "('env', 1.0)"),
+    ({"tools.fallback_reward": -1.0, "rewards": (("accuracy", 1.0),), "rl.process_weight": 0.0},
+     "tools.fallback_reward", "('env', 1.0)"),
     # the child's alarm takes a C int: every call's observation was "error: OverflowError ..."
     ({"tools.sandbox.time_s": 1e12}, "tools.sandbox.time_s", "a day per tool call"),
     ({"tools.sandbox.memory_mb": 10 ** 13}, "tools.sandbox.memory_mb", "at most"),  # RLIMIT_AS overflowed a C long

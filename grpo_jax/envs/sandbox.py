@@ -23,11 +23,11 @@ What is enforced, and how (tests/test_envs.py checks each with ~1 s limits):
 - No network, no processes: the hook refuses every `socket.*` event (socket creation, connect, bind, getaddrinfo,
   ... raised from C, so `_socket` directly is covered), process creation and signalling (`os.system`, `os.exec*`,
   `os.posix_spawn`, `os.spawn*`, `os.fork`, `subprocess.Popen`, `os.kill`; `signal.pidfd_send_signal`, which raises
-  no event, is deleted), `os.chdir`, `ctypes` (its import and
-  every `ctypes.*` event), and the import of `socket`, `ssl`, `subprocess`, `multiprocessing`, `_posixsubprocess`,
-  `ctypes`, `gc`, `signal`, `sqlite3`, `_posixshmem` (a file in /dev/shm), `syslog`, `termios` (another terminal's settings) and a few others (urllib and
-  http stay importable: without `socket` they cannot connect); `os.setpriority` and `os.sched_set*` (another
-  process's priority or CPUs) are deleted; the child also gets no environment (no proxy variables).
+  no event, is deleted), `os.chdir`, `ctypes` (its import and every `ctypes.*` event), and the import of `socket`,
+  `ssl`, `subprocess`, `multiprocessing`, `_posixsubprocess`, `ctypes`, `gc`, `signal`, `sqlite3`, `_posixshmem` (a
+  file in /dev/shm), `syslog`, `termios` (another terminal's settings) and a few others (urllib and http stay
+  importable: without `socket` they cannot connect); `os.setpriority` and `os.sched_set*` (another process's
+  priority or CPUs) are deleted; the child also gets no environment (no proxy variables).
 
 What is NOT guaranteed: audit hooks are not a security boundary (PEP 578 says so): code that corrupts the
 interpreter's memory, or reaches a function the hook does not see, gets past them, and there is no OS-level network
