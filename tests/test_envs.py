@@ -382,8 +382,8 @@ def test_an_observation_returned_with_done_is_said_not_dropped_silently(monkeypa
     out = eb.host(tokens, obs, lens, np.ones(2, bool), {})
     assert out.done_R.all() and (out.obs_len_R == 1).all() and (out.obs_RxO[:, 0] == TOOLS.eos_id).all()
     assert (out.reward_R == 1.0).all()
-    # the environment ended the row, nothing appended: ENDED (was CALL, 'the tool answered', for any observation
-    # but None, '' included)
+    # the environment ended the row, its observation dropped (only the EOS id appended): ENDED (was CALL, 'the
+    # tool answered', for any observation but None, '' included)
     assert (out.event_R == env_batch.ENDED).all()
   assert len(said) == 1 and "done=True" in said[0] and "well done" in said[0]
   eb.close()
