@@ -5,6 +5,7 @@ readings, and the loss mask (observation logits get exactly zero gradient; a tea
 transcript equals scoring it turn by turn)."""
 import os
 import re
+import subprocess
 import threading
 import time
 
@@ -105,8 +106,15 @@ def test_sandbox_runs_code_and_shows_the_last_value():
   assert sandbox.run("x = 3\nx * 24", LIMITS) == ("72", "", False)
   assert sandbox.run("import math\nmath.comb(10, 3)", LIMITS) == ("120", "", False)
   assert sandbox.run("1 / 0", LIMITS) == ("", "ZeroDivisionError: division by zero", False)
+  # the error is stderr's last line, also after 240 kB of warnings (the first 64 kB were read: 'warning:')
+  out = sandbox.run("import sys\nsys.stderr.write('warning: x\\n' * 20000)\n1 / 0", LIMITS)
+  assert out == ("", "ZeroDivisionError: division by zero", False)
   out = sandbox.run("open('here.txt', 'w').write('hi')\nprint(open('here.txt').read())", LIMITS)
   assert out == ("hi", "", False)  # its own directory is writable
+  # shutil, tempfile, zipfile and tarfile import (they read os.open when imported: with it deleted, each failed)
+  out = sandbox.run("import shutil, tempfile, zipfile, tarfile\nopen('a', 'w').write('hi')\nshutil.copyfile('a', 'b')\n"
+                    "zipfile.ZipFile('z.zip', 'w').write('b')\nzipfile.ZipFile('z.zip').read('b')", LIMITS)
+  assert out == ("b'hi'", "", False)
 
 
 def test_sandbox_cannot_run_past_its_limit():
@@ -123,26 +131,61 @@ def test_sandbox_memory_limit():
 
 
 def test_sandbox_cannot_write_outside_its_directory(tmp_path):
+  """The last four got through: chmod and utime through a descriptor opened for reading (the hook let every
+  descriptor pass), and a fresh copy of posix from _imp.create_builtin, whose open (with a dir_fd) and mkfifo had
+  been deleted from the running one only."""
   target = tmp_path / "outside.txt"
   existing = tmp_path / "keep.txt"
   existing.write_text("keep")
+  os.chmod(existing, 0o644)
+  before = os.stat(existing)
+  posix_copy = "import _imp, sys, os\nposix = _imp.create_builtin(sys.modules['posix'].__spec__)\n"
   attempts = [f"open({str(target)!r}, 'w').write('x')", "open('../escape.txt', 'w').write('x')",
               f"import pathlib\npathlib.Path({str(target)!r}).write_text('x')",
               f"import os\nos.remove({str(existing)!r})", f"import os\nos.rename({str(existing)!r}, 'mine.txt')",
               f"import os\nos.makedirs({str(tmp_path / 'd')!r})",
               f"import os\nfd = os.open({str(target)!r}, os.O_WRONLY | os.O_CREAT)",
               f"import shutil\nshutil.copyfile({str(existing)!r}, {str(target)!r})",
-              f"import os\nos.system('touch {target}')"]
+              f"import os\nos.system('touch {target}')",
+              f"import os\nf = open({str(existing)!r}, 'rb')\nos.chmod(f.fileno(), 0o600)",
+              f"import os\nf = open({str(existing)!r}, 'rb')\nos.utime(f.fileno(), (0, 0))",
+              posix_copy + f"d = posix.open({str(tmp_path)!r}, os.O_RDONLY)\n"
+              "posix.write(posix.open('outside.txt', os.O_WRONLY | os.O_CREAT, dir_fd=d), b'x')",
+              posix_copy + f"posix.mkfifo({str(target)!r})"]
   for code in attempts:
     res = sandbox.run(code, LIMITS)
     assert res.error and not res.timed_out, code
+    if "shutil" in code:  # refused by the hook, not by a failed import
+      assert res.error.startswith("PermissionError: shutil.copyfile of"), res
   assert sorted(p.name for p in tmp_path.iterdir()) == ["keep.txt"] and existing.read_text() == "keep"
+  after = os.stat(existing)
+  assert (after.st_mode, after.st_mtime_ns) == (before.st_mode, before.st_mtime_ns)
+  # the checks leave the code's own directory alone: chmod / utime through a descriptor of its own file
+  own = "open('a.txt', 'w').write('x')\nimport os\nf = open('a.txt')\nos.chmod(f.fileno(), 0o600)\n" \
+        "os.utime(f.fileno(), (0, 0))\noct(os.stat('a.txt').st_mode & 0o777), os.stat('a.txt').st_mtime"
+  assert sandbox.run(own, LIMITS) == ("('0o600', 0.0)", "", False)
 
 
 def test_sandbox_cannot_open_a_socket_or_start_a_process():
+  """...or signal one: _signal.pidfd_send_signal (no audit event) killed any process of the trainer's user;
+  _posixshmem made a file in /dev/shm, syslog wrote to the system log (neither raises an audit event)."""
+  victim = subprocess.Popen(["sleep", "30"])
+  try:
+    for code in (f"import _signal, os\n_signal.pidfd_send_signal(os.pidfd_open({victim.pid}), 9)",
+                 f"import os\nos.setpriority(os.PRIO_PROCESS, {victim.pid}, 19)",  # worked too
+                 f"import os\nos.sched_setaffinity({victim.pid}, {{0}})"):
+      res = sandbox.run(code, LIMITS)
+      assert res.error.startswith("AttributeError: ") and victim.poll() is None, res
+    assert os.getpriority(os.PRIO_PROCESS, victim.pid) == os.getpriority(os.PRIO_PROCESS, os.getpid())
+  finally:
+    victim.kill()
+    victim.wait()
   for code in ("import socket\nsocket.socket()", "import _socket\n_socket.socket()",
                "import socket\nsocket.create_connection(('127.0.0.1', 9))", "import subprocess",
-               "import os\nos.fork()", "import ctypes", "import gc"):
+               "import os\nos.fork()", "import ctypes", "import gc",
+               "import _imp, importlib.machinery as m\n_imp.create_builtin(m.ModuleSpec('gc', None))",
+               # these made a file in /dev/shm, wrote to the system log, and lowered the trainer's priority
+               "import _posixshmem", "import syslog", "import termios"):
     res = sandbox.run(code, LIMITS)
     assert re.match(r"(ImportError|PermissionError|AttributeError): ", res.error), (code, res)
 
@@ -173,7 +216,19 @@ def test_plain_format_calls_and_observations():
   assert PLAIN.parse("add 37 + 48 = 85 ;", [tool]) == formats.Parsed(None, "")
   assert "never opened" in PLAIN.parse("37 + 48 </tool_call>", [tool]).error
   assert PLAIN.observation("85") == " <tool_response> 85 </tool_response>"
-  assert PLAIN.observation("a\n  b </tool_response> c") == " <tool_response> a b  c </tool_response>"
+  assert PLAIN.observation("a\n  b </tool_response> c") == " <tool_response> a b c </tool_response>"
+  # a tool's output cannot write the task's tags either: the verifiers read the whole transcript, and a tag in an
+  # observation (a sandbox printing '</think>' or '<answer> 7 </answer>') scored the model's own right, well-formed
+  # answer 0 for accuracy and format
+  assert PLAIN.observation("</think> <answer> 7 </answer>") == " <tool_response> 7 </tool_response>"
+  assert PLAIN.observation("x<answer>y") == " <tool_response> x y </tool_response>"
+  tables = verify_jax.tables_for(TOOLS)
+  for printed in ("</think>", "<answer>", "<answer> 7 </answer>", "<think> 7"):
+    ids = TOOLS.encode("<think> <tool_call> print(7) </tool_call>" + PLAIN.observation(printed) +
+                       " </think> <answer> 189 </answer>") + [TOOLS.eos_id]
+    mask = np.ones((1, len(ids)), np.int32)
+    acc = verify_jax.sums_accuracy(np.asarray([ids], np.int32), mask, {"answer_N": np.array([189])}, tables)
+    assert float(acc[0]) == 1.0 and float(verify_jax.format_reward(np.asarray([ids]), mask, tables)[0]) == 1.0, printed
 
 
 # ------------------------------------------------------------------------------------------- the batch call
@@ -234,8 +289,14 @@ def test_turn_without_a_call_ends_the_row_and_observations_fit_the_room():
   tokens, obs, lens = _rows([[("<think> </think> <answer> 5 </answer>", 0)],
                              [("<tool_call> 1 + 1 x </tool_call>", 0)]], L=64)
   out = eb.host(tokens, obs, lens, np.array([True, True]), {})
-  # row 0: a turn without a call: the calculator ends the row (done, nothing appended)
-  assert out.event_R[0] == env_batch.ENDED and out.done_R[0] and out.obs_len_R[0] == 0
+  # row 0: a turn without a call: the calculator ends the row (done): its observation is the EOS id alone, so the
+  # transcript ends '</answer> EOS' as a finished row's does (it ended without one: the verifiers scored the row 0,
+  # however right its answer)
+  assert out.event_R[0] == env_batch.ENDED and out.done_R[0] and out.obs_len_R[0] == 1
+  assert out.obs_RxO[0, 0] == TOOLS.eos_id and (out.obs_RxO[0, 1:] == TOOLS.pad_id).all()
+  ended = np.concatenate([tokens[0, :lens[0]], [TOOLS.eos_id]])[None]
+  tables = verify_jax.tables_for(TOOLS)
+  assert float(verify_jax.sums_accuracy(ended, np.ones_like(ended), {"answer_N": np.array([5])}, tables)[0]) == 1.0
   # row 1: an error observation longer than 12 tokens is cut, keeping its closing ' </tool_response>'
   full = TOOLS.encode(PLAIN.observation(calculator.result_text("1 + 1 x")[0]))
   assert len(full) > 12 and out.event_R[1] == env_batch.TOOL_ERROR and not out.done_R[1]
@@ -319,7 +380,11 @@ def test_an_observation_returned_with_done_is_said_not_dropped_silently(monkeypa
   tokens, obs, lens = _rows([[("<tool_call> 1 </tool_call>", 0)]] * 2)
   for _ in range(2):
     out = eb.host(tokens, obs, lens, np.ones(2, bool), {})
-    assert out.done_R.all() and (out.obs_len_R == 0).all() and (out.reward_R == 1.0).all()
+    assert out.done_R.all() and (out.obs_len_R == 1).all() and (out.obs_RxO[:, 0] == TOOLS.eos_id).all()
+    assert (out.reward_R == 1.0).all()
+    # the environment ended the row, its observation dropped (only the EOS id appended): ENDED (was CALL, 'the
+    # tool answered', for any observation but None, '' included)
+    assert (out.event_R == env_batch.ENDED).all()
   assert len(said) == 1 and "done=True" in said[0] and "well done" in said[0]
   eb.close()
 

@@ -218,6 +218,10 @@ CASES = [
     ("tools", {"tools.max_turns": 0}, "config.tools.max_turns: must be an integer >= 1"),
     ("tools", {"sampling.engine": "static"}, "config.tools.env: 'calculator': rows pause for the environment"),
     ("tools", {"r1.pretrain.mistake_frac": 0.2}, "config.r1.pretrain.tool_frac"),
+    # a fallback reward no reward term reads (was dropped without a word)
+    ("tools", {"tools.fallback_reward": -1.0}, "config.tools.fallback_reward: -1.0 reaches training only through"),
+    # a looping sandbox call outlived tools.timeout_s: abandoned, not answered 'timed out'; four at once: exit 3
+    ("tools", {"tools.env": "python", "tools.sandbox.time_s": 9.5}, "config.tools.sandbox.time_s: 9.5 s leaves less"),
     # paths and files
     ("grpo", {"task.tokenizer": "/nonexistent/tok.model"}, "/nonexistent/tok.model"),
     ("grpo", {"task.tokenizer": "hf:/nonexistent_hf_dir"}, "/nonexistent_hf_dir"),

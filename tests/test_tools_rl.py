@@ -150,6 +150,69 @@ def test_observation_tokens_get_no_gradient_through_the_step_loss(setup, rollout
   assert float(objective(moved, data)[0]) == float(objective(out, data)[0])
 
 
+def echo_obs_mask(c, tok_NxL, full_NxL):
+  """Each row's observation mask re-derived by hand from tests/tool_envs.py's Echo (' <tool_response> k
+  </tool_response>', k = the turn's length in characters mod 10, cut to the room keeping its closing piece): every
+  stop marker the model wrote before L − 1, up to tools.max_turns, must be followed by exactly that observation."""
+  from grpo_jax.envs import formats
+  stops, fmt, tail = set(env_batch_ids(c)), formats.get("plain"), TOK.encode(formats.get("plain").tail)
+  obs = np.zeros_like(tok_NxL)
+  for n in range(tok_NxL.shape[0]):
+    length, t, start, turn = int(full_NxL[n].sum()), 0, 0, 0
+    while t < length:
+      if tok_NxL[n, t] in stops and t < L - 1:
+        turn += 1
+        if turn > c.tools.max_turns:
+          assert t == length - 1, n  # the row ends on the marker past the limit
+          break
+        ids = TOK.encode(fmt.observation(str(len(TOK.decode(tok_NxL[n, start:t + 1])) % 10)))
+        room = min(c.tools.max_obs_tokens, L - t - 1)
+        if len(ids) > room:
+          ids = ids[:room - len(tail)] + tail if len(tail) < room else ids[:room]
+        assert tok_NxL[n, t + 1:t + 1 + len(ids)].tolist() == ids, n
+        obs[n, t + 1:t + 1 + len(ids)] = 1
+        t = start = t + 1 + len(ids)
+      else:
+        t += 1
+  return obs
+
+
+def test_step_loss_equals_numpy_over_the_models_tokens_only(setup, rollout):
+  """The step's objective with ratios away from 1 (μ = 2: π_old is the recorded π_prox; the policy's log-probs
+  moved by noise, so tokens clip on both sides) equals an independent NumPy GRPO loss (clipped ratio with dual
+  clip, k3 capped at kl_clamp, β, each row's mean over its own tokens) over the model's tokens of a mask rebuilt by
+  hand from the environment's rule: the engine's observation mask is that mask, the step's loss mask its
+  complement within the transcript, and each row's normaliser counts the model's tokens, not the transcript's."""
+  c, _, mcfg, _ = setup
+  state, batch, ro = rollout
+  c2 = tools_config(**{"rl.mu": 2})
+  P = batch["prompt_NxP"].shape[1]
+  full = np.asarray(ro.seq[2])[:, P:]
+  obs = echo_obs_mask(c2, np.asarray(ro.tokens_NxL), full)
+  assert obs.sum() > 0 and ((full - obs) > 0).sum(1).min() > 0
+  np.testing.assert_array_equal(np.asarray(ro.obs_NxL), obs)
+  own = (full > 0) & (obs == 0)
+  data, _ = rl_step.training_data(c2, ro, rl_step.compute_advantages(c2, ro), jax.random.PRNGKey(2))
+  np.testing.assert_array_equal(np.asarray(data["mask_NxL"]) > 0, own)
+  logp, ent = jax.jit(rl_step.make_forward(c2, mcfg, P), static_argnums=2)((state["params"],), data["seq"], False)
+  logp = logp + jnp.asarray(np.random.default_rng(0).normal(0.0, 0.3, logp.shape), jnp.float32)
+  loss = float(jax.jit(rl_step.make_objective(c2))((logp, ent), data)[0])
+  lp, old, ref, adv = (np.asarray(x, np.float64) for x in (logp, data["old_logp_NxL"], data["ref_logp_NxL"],
+                                                           data["adv_NxL"]))
+  rl = c2.rl
+  ratio = np.exp(lp - old)
+  surr = np.minimum(ratio * adv, np.clip(ratio, 1 - rl.eps_low, 1 + rl.eps_high) * adv)
+  surr = np.where(adv < 0, np.maximum(surr, rl.dual_clip * adv), surr)
+  assert ((ratio > 1 + rl.eps_high) & own).any() and ((ratio < 1 - rl.eps_low) & own).any()
+  k3 = np.minimum(np.exp(ref - lp) - (ref - lp) - 1, rl.kl_clamp)
+  per_token = np.where(own, surr - rl.beta * k3, 0.0)
+  want = -np.mean(per_token.sum(1) / own.sum(1))
+  assert rl.loss_agg == "seq_mean_token_mean" and rl.objective == "clip" and rl.ratio_level == "token"
+  np.testing.assert_allclose(loss, want, rtol=1e-5, atol=1e-6)
+  # the same over the whole transcript's tokens (the observations' ratio is exp(lp - 0)) differs: not vacuous
+  assert abs(-np.mean(np.where(full > 0, surr - rl.beta * k3, 0.0).sum(1) / full.sum(1)) - want) > 1e-3
+
+
 @pytest.fixture(scope="module")
 def stepped(setup):
   """Three steps of the jitted RL step on three batches."""
@@ -399,11 +462,19 @@ def test_an_unresolved_auto_engine_evaluates_with_the_environment(setup):
     ({"tools.max_turns": 0}, "tools.max_turns", ">= 1"),
     ({"tools.workers": 100_000}, "tools.workers", "at most 1024"),  # one thread each: was the OS's thread limit
     ({"tools.fallback_reward": 1e39}, "tools.fallback_reward", "float32"),  # was an inf reward for a fallback row
+    # a fallback step's reward goes to the 'env' term only: without it, -1 was dropped without a word
+    ({"tools.fallback_reward": -1.0, "rewards": (("accuracy", 1.0),), "rl.process_weight": 0.0},
+     "tools.fallback_reward", "('env', 1.0)"),
     # the child's alarm takes a C int: every call's observation was "error: OverflowError ..."
     ({"tools.sandbox.time_s": 1e12}, "tools.sandbox.time_s", "a day per tool call"),
     ({"tools.sandbox.memory_mb": 10 ** 13}, "tools.sandbox.memory_mb", "at most"),  # RLIMIT_AS overflowed a C long
+    # a looping call outlived tools.timeout_s: abandoned (the row's fallback, not 'timed out'); 4 at once stopped
+    # the run (exit 3)
+    ({"tools.env": "python", "tools.sandbox.time_s": 4.5}, "tools.sandbox.time_s", "below tools.timeout_s=5"),
     ({"tools.max_obs_tokens": 10 ** 9}, "tools.max_obs_tokens", "model.max_len"),  # [slots, O] buffers
     ({"tools.stop_markers": ("</tool_call>", "</nope>")}, "tools.stop_markers", "not one token"),
+    # a tool environment whose call never pauses the row: every call went unanswered, without a word
+    ({"tools.env": "calculator", "tools.stop_markers": ("</answer>",)}, "tools.stop_markers", "lacks '</tool_call>'"),
     ({"tools.env": "no_such_module:Env"}, "tools.env", "cannot be imported"),
 ])
 def test_bad_tools_settings_are_one_line_refusals(over, key, why):

@@ -14,6 +14,7 @@ import pytest
 
 from grpo_jax.envs import base as env_base
 from grpo_jax.envs import batch as env_batch
+from grpo_jax.envs import transcript
 from grpo_jax.infra import sharding
 from grpo_jax.model import model as M
 from grpo_jax.rollout import engine as E
@@ -28,7 +29,7 @@ EOS, STOPS, DONE_ID, O = 63, (60, 61), 50, 4
 
 class CharTok:
   """id i <-> chr(i + 32): the environment's texts are the row's ids, one character each."""
-  pad_id = 0
+  pad_id, eos_id = 0, EOS
 
   @staticmethod
   def encode(text):
@@ -109,8 +110,9 @@ def replay(tokens_L, n, stops, max_turns=2):
       if turn > max_turns:
         return obs, answered, t == n - 1
       ids, _, done = answer(list(tokens_L[start:t + 1]))
-      if done:
-        return obs, answered, t == n - 1
+      if done:  # the environment's EOS, fed, ends the row
+        obs[t + 1] = 1
+        return obs, answered, t + 1 == n - 1 and tokens_L[t + 1] == EOS
       ids = ids[:min(O, len(tokens_L) - t - 1)]
       if list(tokens_L[t + 1:t + 1 + len(ids)]) != ids:
         return obs, answered, False
@@ -126,10 +128,11 @@ def replay(tokens_L, n, stops, max_turns=2):
 def test_forced_rows_pause_call_feed_end_and_truncate(params):
   """Six rows with planted stop ids (teacher forcing; observations are fed over the forced ids), 4 slots for the 6
   rows (a queue, then compaction), max_turns 2: row 0 calls once, then ends at EOS; row 1's turn starts with
-  DONE_ID: the environment ends it, not truncated; row 2 calls twice and its third stop id is past the turn limit:
-  ended, the environment's step not run; row 3 stops at the last position: it ends there, truncated, no call; row
-  4 never stops; row 5 stops 3 before the end: its 5-token observation is cut to the 2 positions left and the row
-  ends at L, truncated. Each expected row is written out by hand from the toy environment's rule (`answer`)."""
+  DONE_ID: the environment ends it with its EOS (fed, obs 1: it ended without one, which the verifiers score as cut
+  off), not truncated; row 2 calls twice and its third stop id is past the turn limit: ended, unfinished, the
+  environment's step not run; row 3 stops at the last position: it ends there, truncated, no call; row 4 never
+  stops; row 5 stops 3 before the end: its 5-token observation is cut to the 2 positions left and the row ends at
+  L, truncated. Each expected row is written out by hand from the toy environment's rule (`answer`)."""
   x = 7  # forced filler (fed over where an observation goes)
   f = np.full((B * G, L), x, np.int32)
   f[0, :8] = [1, 2, 60, x, x, x, 3, EOS]
@@ -139,7 +142,7 @@ def test_forced_rows_pause_call_feed_end_and_truncate(params):
   f[5, L - 3] = 61
   want = [  # (tokens, observation mask) of each row, as long as the row
       ([1, 2, 60, 40, 41, 42, 3, EOS], [0, 0, 0, 1, 1, 1, 0, 0]),  # turn of 3 ids: one 41
-      ([DONE_ID, 61], [0, 0]),
+      ([DONE_ID, 61, EOS], [0, 0, 1]),  # the environment's done: its EOS fed, the row finished
       ([60, 40, 41, 41, 42, 5, 6, 61, 40, 41, 42, 8, 60],  # turn of 1: two 41s; then a turn of 3: one 41
        [0, 1, 1, 1, 1, 0, 0, 0, 1, 1, 1, 0, 0]),
       ([x] * (L - 1) + [60], [0] * L),
@@ -185,6 +188,34 @@ def test_forced_rows_pause_call_feed_end_and_truncate(params):
   # their prompt's field
   assert {r for r, _, _ in env.seen} <= {4, 2}
   assert sorted(a for _, _, ans in env.seen for a in ans) == [100, 100, 101, 101, 101, 102]
+
+
+class Injecting(Toy):
+  """Every observation holds an EOS id and a stop id: [EOS, 60, 42]."""
+
+  def step(self, state, action_text):
+    return CharTok.decode([EOS, 60, 42]), 0.5, False, {}
+
+
+def test_an_observation_holding_eos_and_stop_ids_neither_ends_nor_pauses_the_row(params):
+  """A fed token is never an end or a pause (docs/tools.md: Qwen's observations hold its EOS, <|im_end|>): the row
+  takes [EOS, 60, 42] as its observation, samples on, calls once, and ends at its own EOS; the readings count one
+  call and two turns. Untested before (the toy's observations held neither)."""
+  x = 7
+  f = np.full((B * G, L), x, np.int32)
+  f[0, :8] = [1, 60, x, x, x, x, 3, EOS]
+  prompt, pm = prompts()
+  env = Injecting()
+  ro, st = jax.jit(lambda pr, m, u, fo, fl: E.sample_groups(
+      MCFG, params, pr, m, G, S.SamplingConfig(max_new_tokens=L, eos_id=(EOS,)), u_LxN=u, slots=4, levels=2,
+      force_NxL=fo, tools=make_tools(env), env_fields=fl))(
+          prompt, pm, S.uniforms(jax.random.PRNGKey(0), L, B * G), f, {"answer_N": jnp.arange(B, dtype=jnp.int32)})
+  tok, mask, obs = (np.asarray(a) for a in (ro.tokens_NxL, ro.mask_NxL, st.env.obs_NxL))
+  assert tok[0, :8].tolist() == [1, 60, EOS, 60, 42, x, 3, EOS] and mask[0].sum() == 8
+  assert obs[0].tolist() == [0, 0, 1, 1, 1] + [0] * (L - 5) and not bool(ro.truncated_N[0])
+  assert np.asarray(st.env.step_NxL)[0].nonzero()[0].tolist() == [1] and [a for _, n, a in env.seen if n] == [[0]]
+  r = transcript.readings(tok[:1], mask[:1], obs[:1], (60, 61))
+  assert (r["calls_N"][0], r["turns_N"][0], r["obs_tokens_N"][0]) == (1, 2, 3)
 
 
 # ------------------------------------------------------------------------------------------- sampled rows

@@ -232,7 +232,8 @@ def base_config() -> ml_collections.ConfigDict:
       max_turns=4,            # environment calls a row may make; its next stop marker ends it
       max_obs_tokens=32,      # observation tokens appended per call (the callback's static width); longer: cut, counted
       timeout_s=10.0,         # seconds one environment step may take; slower: abandoned, the row's fallback (counted)
-      fallback_reward=0.0,    # the reward of a row whose step raised, timed out or returned the wrong type (it ends)
+      fallback_reward=0.0,    # the reward of a row whose step raised, timed out or returned the wrong type (it ends);
+                              # an environment reward: read by the ('env', w) term of config.rewards only
       workers=8,              # environment steps run at once (threads) in one host call
       # decode steps between environment calls (rollout/turns.py): a paused row waits at most this long for its
       # observation (less when every live row is paused); each boundary with a paused row is one host round trip

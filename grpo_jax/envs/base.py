@@ -12,7 +12,8 @@ since its last observation (the turn's text, the marker included). It returns:
   observation: the text appended to the row (the format's whole observation, markers included), or None (nothing
                appended);
   reward:      this step's reward (summed over the row's steps; 0 for a tool that only computes);
-  done:        the row ends here (no observation is appended, the row is finished as if it had emitted EOS);
+  done:        the row ends here: it is finished as if it had emitted EOS (the EOS id is appended, not trained on;
+               no observation is);
   info:        free-form; the runner reads `error` (the tool reported an error: a bad call, code that raised) and
                `timeout` (the tool hit its own time limit), which the metrics count.
 Anything else (an exception, another type, a call that outlives tools.timeout_s) is the runner's counted fallback.

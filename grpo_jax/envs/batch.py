@@ -15,8 +15,9 @@ Outputs (EnvOut):
   obs_RxO     int32    the observation's token ids, left-aligned, pad_id after obs_len_R
   obs_len_R   int32    how many of them to append: at most min(O, L - len_R); 0 when nothing is appended
   reward_R    float32  the environment's reward for this step (the fallback reward for a fallback row)
-  done_R      bool     the row ends after its marker: the environment said so, the turn limit, no room left
-                       after the observation, or a fallback
+  done_R      bool     the row ends: after its marker (the turn limit, a fallback), or after its observation (no
+                       room left after it; the environment's done, whose observation is the EOS id alone: the
+                       transcript ends as a finished row's does, so the verifiers score it)
   status_R    int32    OK, or why the row got the fallback (RAISED / TIMEOUT / WRONG_TYPE / NONFINITE: host_calls)
   event_R     int32    what happened (EVENTS): the readings of envs/transcript.py count these per row
   status      int32    OK, or the call as a whole did not run (TIMEOUT: MAX_HUNG abandoned calls still running;
@@ -57,7 +58,7 @@ from grpo_jax.infra import host_calls
 NONE, CALL, TOOL_ERROR, TOOL_TIMEOUT, ENDED, TURN_LIMIT, FALLBACK = range(7)
 EVENTS = {NONE: "not paused", CALL: "the tool answered", TOOL_ERROR: "the tool reported an error (info['error'])",
           TOOL_TIMEOUT: "the tool hit its own time limit (info['timeout'])",
-          ENDED: "the environment ended the row (done, no observation)", TURN_LIMIT: "past tools.max_turns: ended",
+          ENDED: "the environment ended the row (done: its EOS appended)", TURN_LIMIT: "past tools.max_turns: ended",
           FALLBACK: "the step raised / timed out / returned the wrong type: ended with the fallback reward"}
 COUNTS = ("calls", "tool_errors", "tool_timeouts", "fallbacks", "truncated")
 
@@ -137,6 +138,7 @@ class EnvBatch:
     self.timeout_s, self.fallback_reward = float(timeout_s), float(fallback_reward)
     self.stateful = bool(getattr(env, "stateful", True))
     self.tail_ids = tuple(tok.encode(tail)) if tail else ()
+    self.eos_id = int(tok.eos_id)  # a row the environment ends gets it as its observation (a finished transcript)
     self.last_error = ""
     self._workers = host_calls.Workers(f"env-{name}", workers)
     self._states: collections.OrderedDict[bytes, base.EnvState] = collections.OrderedDict()
@@ -258,11 +260,13 @@ class EnvBatch:
           counts["fallbacks"] += 1
           continue
         obs_text, reward, done, info = checked
+        if done:  # ended as if the model had written EOS: the verifiers score a transcript that ends with one
+          obs_ids = [self.eos_id]
         if done and obs_text and not self._dropped_final:  # the row ends at its marker: nothing can follow it
           self._dropped_final = True
-          logging.warning("environment '%s' returned an observation with done=True (%r); the row ends at its stop "
-                          "marker, so such observations are not appended (return it with done=False, then end the "
-                          "row at the next call). Said once.", self.name, obs_text[:80])
+          logging.warning("environment '%s' returned an observation with done=True (%r); the row ends after its "
+                          "stop marker (with the EOS id), so such observations are not appended (return it with "
+                          "done=False, then end the row at the next call). Said once.", self.name, obs_text[:80])
         if reward and not self.rewards_read:
           self.rewards_read = True  # said once
           logging.warning("environment '%s' returned a reward (%s) but config.rewards has no ('env', w) term, so its "
@@ -275,7 +279,7 @@ class EnvBatch:
         out.obs_len_R[r], out.reward_R[r] = len(ids), reward
         out.done_R[r] = done or length - n - len(ids) <= 0
         event = (TOOL_TIMEOUT if info.get("timeout") else TOOL_ERROR if info.get("error") else
-                 ENDED if done and obs_text is None else CALL)
+                 ENDED if done else CALL)  # done: only the EOS id is appended, whatever the observation
         out.event_R[r] = event
         counts["tool_errors"] += int(event == TOOL_ERROR)
         counts["tool_timeouts"] += int(event == TOOL_TIMEOUT)

@@ -3,7 +3,8 @@
 - `plain` (the shipped tokenizer's, for the synthetic tasks; `task.tokenizer='tools'` has the markers as pieces):
   the model writes `<tool_call> 37 + 48 </tool_call>`, the row pauses on `</tool_call>`, the observation
   ` <tool_response> 85 </tool_response>` is appended (whitespace runs in it collapsed to one space: the shipped
-  tokenizer has no newline), and the model continues. One argument per tool, written whole between the markers.
+  tokenizer has no newline; tool markers and the task's <think> / <answer> tags in the output removed), and the
+  model continues. One argument per tool, written whole between the markers.
 - `qwen` (Qwen2.5-Instruct's chat format, HF tokenizers): the prompt is the chat template rendered with
   `tools=[schema]`; the model writes `<tool_call>\\n{"name": ..., "arguments": {...}}\\n</tool_call>` and pauses on
   `</tool_call>`; the observation is what the template renders after that assistant turn for one `tool` message and
@@ -114,9 +115,13 @@ class Plain(Format):
     return Parsed(ToolCall(tools[0].name, {tools[0].arg: content.strip()}))
 
   def observation(self, content: str) -> str:
-    body = " ".join(str(content).split())
-    for m in tokenizer_lib.TOOL_MARKERS:  # the tool's output must not close (or open) a block itself
-      body = body.replace(m, "")
+    body = str(content)
+    # the tool's output must not close (or open) a block itself: a tool block, nor the task's think / answer
+    # blocks, whose tags the verifiers read in the whole transcript (a sandbox's print('<answer> 7 </answer>')
+    # would be scored as the model's answer)
+    for m in tokenizer_lib.TOOL_MARKERS + tokenizer_lib.TAGS:
+      body = body.replace(m, " ")
+    body = " ".join(body.split())
     return f" {RESPONSE_OPEN} {body} {RESPONSE_CLOSE}" if body else f" {RESPONSE_OPEN} {RESPONSE_CLOSE}"
 
   def prompt(self, task, example: dict, language: str, tok, tools: Sequence[Tool]) -> str:

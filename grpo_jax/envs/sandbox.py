@@ -10,18 +10,24 @@ What is enforced, and how (tests/test_envs.py checks each with ~1 s limits):
   RLIMIT_CPU and an alarm (both int(time_s) + 2 s; the alarm's handler and the signal functions removed before the
   code runs) end it too if the parent itself has died.
 - Memory: RLIMIT_AS = `memory_mb` (an allocation beyond it raises MemoryError). File size: RLIMIT_FSIZE = `file_mb`
-  (output included). No core dumps.
+  per file (output included); the number of files is not limited, so a call can fill the disk with what it writes
+  in `time_s` until its directory is deleted. No core dumps.
 - No file writes outside its temporary directory: an audit hook (PEP 578; it cannot be removed once added) refuses
   every `open` for writing, create, remove, rename, mkdir, chmod, chown, truncate, utime and link whose path does not
-  resolve inside the directory, and any such call given a `dir_fd`; `os.open` / `posix.open` (whose audit event does
-  not carry `dir_fd`), `mkfifo` and `mknod` (no audit event) are deleted before the code runs. Reading files is
-  allowed (the standard library must import).
+  resolve inside the directory (given a descriptor, where /proc/self/fd says it points: chmod and utime work on one
+  opened for reading), and any such call given a `dir_fd`; `os.open` / `posix.open` (whose audit event does not
+  carry `dir_fd`) are replaced by a function that raises PermissionError (shutil, tempfile, zipfile and tarfile read
+  os.open when imported), `mkfifo` and `mknod` (no audit event) are deleted before the code runs, and so is
+  `_imp.create_builtin` (a fresh copy of posix had them back), after every other importable built-in module is
+  imported. Reading files is allowed (the standard library must import).
 - No network, no processes: the hook refuses every `socket.*` event (socket creation, connect, bind, getaddrinfo,
   ... raised from C, so `_socket` directly is covered), process creation and signalling (`os.system`, `os.exec*`,
-  `os.posix_spawn`, `os.spawn*`, `os.fork`, `subprocess.Popen`, `os.kill`), `os.chdir`, `ctypes` (its import and
-  every `ctypes.*` event), and the import of `socket`, `ssl`, `subprocess`, `multiprocessing`, `_posixsubprocess`,
-  `ctypes`, `gc`, `signal`, `sqlite3` and a few others (urllib and http stay importable: without `socket` they
-  cannot connect); the child also gets no environment (no proxy variables).
+  `os.posix_spawn`, `os.spawn*`, `os.fork`, `subprocess.Popen`, `os.kill`; `signal.pidfd_send_signal`, which raises
+  no event, is deleted), `os.chdir`, `ctypes` (its import and every `ctypes.*` event), and the import of `socket`,
+  `ssl`, `subprocess`, `multiprocessing`, `_posixsubprocess`, `ctypes`, `gc`, `signal`, `sqlite3`, `_posixshmem` (a
+  file in /dev/shm), `syslog`, `termios` (another terminal's settings) and a few others (urllib and http stay
+  importable: without `socket` they cannot connect); `os.setpriority` and `os.sched_set*` (another process's
+  priority or CPUs) are deleted; the child also gets no environment (no proxy variables).
 
 What is NOT guaranteed: audit hooks are not a security boundary (PEP 578 says so): code that corrupts the
 interpreter's memory, or reaches a function the hook does not see, gets past them, and there is no OS-level network
@@ -84,9 +90,13 @@ MODULES = frozenset({"socket", "_socket", "ssl", "_ssl", "subprocess", "_posixsu
                      "_multiprocessing", "ctypes", "_ctypes", "gc", "signal", "pty", "asyncio", "selectors", "select",
                      "fcntl", "mmap", "resource", "_tkinter", "faulthandler", "tracemalloc", "_xxsubinterpreters",
                      "_interpreters", "sqlite3", "_sqlite3", "dbm", "_dbm", "_gdbm", "shelve", "ftplib",
-                     "smtplib", "poplib", "imaplib", "telnetlib", "nntplib", "webbrowser"})
+                     "smtplib", "poplib", "imaplib", "telnetlib", "nntplib", "webbrowser",
+                     # no audit events: a file in /dev/shm, the system log, NIS over the network, a sound device,
+                     # another terminal's settings (a tty device opened for reading)
+                     "_posixshmem", "syslog", "nis", "ossaudiodev", "termios", "tty"})
 def install(sys=sys, work=work, MODULES=MODULES, isinstance=isinstance, any=any, str=str, bytes=bytes, int=int,
-            bool=bool, PermissionError=PermissionError, ImportError=ImportError):
+            bool=bool, PermissionError=PermissionError, ImportError=ImportError, OSError=OSError,
+            readlink=posix.readlink):
     blocked = ("socket.", "ctypes.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
                "os.fork", "os.forkpty", "os.kill", "os.killpg", "os.chdir", "os.chroot", "os.startfile",
                "os.putenv", "os.unsetenv", "os.symlink", "pty.", "resource.setrlimit", "resource.prlimit",
@@ -99,11 +109,20 @@ def install(sys=sys, work=work, MODULES=MODULES, isinstance=isinstance, any=any,
              "shutil.move": (1,), "shutil.make_archive": (0,), "shutil.unpack_archive": (1,)}
     write_flags = 0o1 | 0o2 | 0o100 | 0o1000 | 0o2000  # O_WRONLY O_RDWR O_CREAT O_TRUNC O_APPEND
 
-    def inside(p):
+    def inside(p, fd_ok=True):
         # Lexical: no symlink or hard link can be made (both refused), and the directory starts empty, so the
         # resolved path is the normalised one. Only str methods: nothing the code can patch.
         if isinstance(p, int) and not isinstance(p, bool):
-            return True  # an open descriptor, checked when it was opened
+            if fd_ok:  # open(fd, ...): writes through it need the access it was opened with, checked then
+                return True
+            # chmod / chown / utime / xattrs work on a descriptor opened for reading (any file outside): where
+            # it points (unknown: refused)
+            try:
+                p = readlink("/proc/self/fd/" + str(p))
+            except OSError:
+                return False
+            if not p.startswith("/"):  # a pipe or socket
+                return False
         if isinstance(p, bytes):
             p = p.decode("utf-8", "replace")
         if not isinstance(p, str):
@@ -137,7 +156,7 @@ def install(sys=sys, work=work, MODULES=MODULES, isinstance=isinstance, any=any,
             if any(isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in args[2:]):
                 raise PermissionError(f"{event} with dir_fd is not allowed in the sandbox")
             for i in paths[event]:
-                if not inside(args[i]):
+                if not inside(args[i], fd_ok=False):
                     raise PermissionError(f"{event} of {args[i]!r} is not allowed: only files in the working "
                                           "directory")
 
@@ -146,24 +165,44 @@ def install(sys=sys, work=work, MODULES=MODULES, isinstance=isinstance, any=any,
 os = __import__("os")
 for mod in (os, posix):
     for name in ("open", "mkfifo", "mknod", "fork", "forkpty", "system", "execv", "execve", "kill", "killpg",
-                 "posix_spawn", "posix_spawnp", "chdir", "fchdir", "chroot", "symlink", "link", "setuid", "setgid"):
+                 "posix_spawn", "posix_spawnp", "chdir", "fchdir", "chroot", "symlink", "link", "setuid", "setgid",
+                 # another process's priority or CPUs (the trainer's: it is the parent)
+                 "setpriority", "sched_setaffinity", "sched_setscheduler", "sched_setparam"):
         if hasattr(mod, name):
             delattr(mod, name)
+
+
+def open_refused(*args, **kwargs):
+    raise PermissionError("os.open is not allowed in the sandbox; use open()")
+
+
+# a stand-in, not a hole: shutil (and tempfile, zipfile, tarfile, which import it) reads os.open when imported
+os.open = posix.open = open_refused
 for name in ("alarm", "setitimer", "signal", "pthread_kill", "pthread_sigmask", "sigwait", "siginterrupt",
-             "set_wakeup_fd", "raise_signal"):
+             "set_wakeup_fd", "raise_signal", "pidfd_send_signal"):  # the last: any process (no audit event)
     if hasattr(_signal, name):
         delattr(_signal, name)
 for name in ("setrlimit", "prlimit"):
     if hasattr(resource, name):
         delattr(resource, name)
 sys.modules.pop("resource", None)
+# A fresh copy of a built-in module (_imp.create_builtin: posix with open, mknod and mkfifo back; gc) raises no
+# audit event: every built-in the code may import is imported now, and the function is deleted.
+import _imp
+for name in sys.builtin_module_names:
+    if name not in sys.modules and name not in MODULES and name.lstrip("_") not in MODULES:
+        try:
+            __import__(name)
+        except ImportError:  # one this build cannot import: the code cannot either
+            pass
+del _imp.create_builtin
 preloaded = sorted(MODULES & set(sys.modules))
 if preloaded:  # already imported: `import` of them raises no event any more, so the hook could not refuse them
     sys.stderr.write(f"SandboxError: {preloaded} were imported before the hook\n")
     posix._exit(3)
 exit_now, flush_out, flush_err, stderr = posix._exit, sys.stdout.flush, sys.stderr.flush, sys.stderr
 install()
-del install, limit, resource, _signal, posix, f, code_path, preloaded, mod, name
+del install, limit, resource, _signal, posix, f, code_path, preloaded, mod, name, _imp
 
 
 def run(source):
@@ -192,8 +231,11 @@ exit_now(code)
 '''
 
 
-def _read(path: str, limit: int) -> str:
+def _read(path: str, limit: int, tail: bool = False) -> str:
+  """At most `limit` bytes of the file: its first, or (tail) its last."""
   with open(path, "rb") as f:
+    if tail:
+      f.seek(max(0, os.fstat(f.fileno()).st_size - limit))
     return f.read(limit).decode("utf-8", errors="replace")
 
 
@@ -225,7 +267,7 @@ def run(code: str, limits: Limits = Limits()) -> Result:
     # A child the kernel killed for its limits (SIGXCPU, SIGALRM, SIGKILL) ran out of time too.
     timed_out = timed_out or proc.returncode in (-signal.SIGXCPU, -signal.SIGALRM, -signal.SIGKILL)
     output = _read(out_path, 4 * limits.output_chars).strip()[:limits.output_chars]
-    lines = _read(err_path, 1 << 16).strip().splitlines()
+    lines = _read(err_path, 1 << 16, tail=True).strip().splitlines()  # the error is the last line written
     error = lines[-1][:limits.output_chars] if lines else ""
     if timed_out:
       error = f"timed out after {limits.time_s:g}s"

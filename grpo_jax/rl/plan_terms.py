@@ -90,6 +90,6 @@ def carry_bytes(config, mcfg, mesh: dict[str, int]) -> dict[str, int]:
   if tools is not None and tools.get("env"):  # multi-turn rows: what the environment did per row, each slot's turn
     out["carry environment rows (observation mask, rewards, steps: R x L)"] = (
         math.ceil(R / dp) * (L * 12 + 4 * turns.EVENTS))
-    out["carry turn state (S x observation)"] = math.ceil(S / dp) * (9 + 4 * int(tools.max_obs_tokens))
+    out["carry turn state (S x observation)"] = math.ceil(S / dp) * (10 + 4 * int(tools.max_obs_tokens))
   return out
 

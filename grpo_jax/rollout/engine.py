@@ -184,7 +184,7 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     if tools is not None:  # a new row starts unpaused, with nothing to feed
       ts = sl.turn
       sl = sl._replace(turn=ts._replace(paused_S=ts.paused_S & ~take_S, flen_S=jnp.where(take_S, 0, ts.flen_S),
-                                        fpos_S=jnp.where(take_S, 0, ts.fpos_S)))
+                                        fpos_S=jnp.where(take_S, 0, ts.fpos_S), fend_S=ts.fend_S & ~take_S))
     return lp._replace(slots=sl, next_D=lp.next_D + took_D, waited=lp.waited + jnp.sum(took_D) * lp.steps), logits_SxV
 
   def emit(lp: _Loop, logits_SxV: jax.Array) -> _Loop:
@@ -213,7 +213,8 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
   def emit_turns(lp: _Loop, tok_S: jax.Array, logp_S: jax.Array) -> _Loop:
     """emit with an environment: a paused slot emits nothing (and keeps its last token, the stop id, whose K/V the
     next decode steps rewrite unchanged); a fed slot emits its next observation token (log-prob 0, obs 1, never an
-    end or a pause); a sampled stop id pauses the row unless it is the row's last position."""
+    end or a pause, except the last token of an ending row's observation: the environment's EOS); a sampled stop id
+    pauses the row unless it is the row's last position."""
     sl, ts = lp.slots, lp.slots.turn
     go_S = sl.live_S & ~ts.paused_S
     fed_S = ts.fpos_S < ts.flen_S
@@ -221,12 +222,13 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     tok_S = jnp.where(fed_S, fed_tok_S, tok_S)
     logp_S = jnp.where(fed_S, 0.0, logp_S)
     eos_S = is_eos(tok_S) & ~fed_S
-    end_S = go_S & (eos_S | (sl.t_S == L - 1))
+    fin_S = fed_S & ts.fend_S & (ts.fpos_S + 1 == ts.flen_S)  # the environment ended the row: its EOS, fed
+    end_S = go_S & (eos_S | fin_S | (sl.t_S == L - 1))
     pause_S = go_S & ~fed_S & ~end_S & turns.is_any(tok_S, tools.stop_ids)
     put = per_dev(lambda x, r, t, v: x.at[r, t].set(v, mode="drop"))
     r_DxSd, t_DxSd = dev(jnp.where(go_S, sl.row_S, nd)), dev(sl.t_S)
     trunc_D = per_dev(lambda x, r: x.at[r].set(True, mode="drop"))(
-        lp.trunc_DxNd, dev(jnp.where(end_S & ~eos_S, sl.row_S, nd)))
+        lp.trunc_DxNd, dev(jnp.where(end_S & ~eos_S & ~(fin_S & is_eos(tok_S)), sl.row_S, nd)))
     ts = ts._replace(paused_S=ts.paused_S | pause_S, fpos_S=ts.fpos_S + (go_S & fed_S).astype(jnp.int32))
     env = lp.env._replace(obs_DxNdxL=put(lp.env.obs_DxNdxL, r_DxSd, t_DxSd, dev(fed_S.astype(jnp.int32))))
     return lp._replace(
@@ -258,11 +260,13 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     out = turns.call(tools.call, row_of(lp.tokens_DxNdxL), row_of(env.obs_DxNdxL), sl.t_S + 1, act_S, fields_S)
     ok = out.status == host_calls.OK
     n_obs_S = jnp.where(act_S & ok, jnp.minimum(out.obs_len_R, L - 1 - sl.t_S), 0)
-    # done with an observation: it fills the row to L (envs/batch.py), which ends it at L - 1 as always
+    # done with an observation (the environment's EOS, or one that fills the row: envs/batch.py): the row ends
+    # after feeding it
     end_S = act_S & (out.done_R | ~ok) & (n_obs_S == 0)
     ts = ts._replace(paused_S=ts.paused_S & ~act_S, fpos_S=jnp.where(act_S, 0, ts.fpos_S),
                      flen_S=jnp.where(act_S, n_obs_S, ts.flen_S),
-                     fbuf_SxO=jnp.where(act_S[:, None], out.obs_RxO, ts.fbuf_SxO))
+                     fbuf_SxO=jnp.where(act_S[:, None], out.obs_RxO, ts.fbuf_SxO),
+                     fend_S=jnp.where(act_S, out.done_R & (n_obs_S > 0), ts.fend_S))
     add = per_dev(lambda x, r, t, v: x.at[r, t].add(v, mode="drop"))
     r_DxSd, t_DxSd = dev(jnp.where(act_S, sl.row_S, nd)), dev(sl.t_S)
     event_SxE = jax.nn.one_hot(out.event_R, turns.EVENTS, dtype=jnp.int32)

@@ -9,8 +9,10 @@ sampled them: each goes through a decode step into the row's KV (the same kernel
 program), is written to the row's buffer with obs = 1 and a sampling log-prob of 0, and the row resumes sampling
 after the last one. So an observation costs decode steps like generated tokens do; a prefill of the observation
 (several positions at once) would save those steps at the price of a second compiled kernel per slot count: not
-done. A row the environment ends (`done`, the turn limit, a fallback) ends like EOS; the total length stays ≤ L
-(the environment never returns more than the room, and a row ends at position L - 1 as always).
+done. A row the environment ends with `done` is fed the EOS id as a one-token observation and ends after it
+(`fend_S`), so its transcript ends as a finished row's does (the verifiers need the EOS after `</answer>`); the turn
+limit and a fallback end the row at its marker, unfinished. The total length stays ≤ L (the environment never
+returns more than the room, and a row ends at position L - 1 as always).
 
 Under a mesh the call runs inside `shard_map` over every mesh axis (a callback in SPMD code runs per device only
 when all axes are manual: jax's callback lowering), rows split over the batch axes: each device calls the host
@@ -49,6 +51,7 @@ class Slots(NamedTuple):
   fpos_S: jax.Array    # int32: the next observation token to feed
   flen_S: jax.Array    # int32: observation tokens to feed (fpos_S < flen_S: the row is being fed)
   fbuf_SxO: jax.Array  # int32: the observation's tokens
+  fend_S: jax.Array    # bool: the row ends after its last observation token (the environment's done: its EOS)
 
 
 class Rows(NamedTuple):
@@ -75,7 +78,7 @@ class Result(NamedTuple):
 
 def init_slots(s: int, o: int) -> Slots:
   return Slots(paused_S=jnp.zeros((s,), bool), fpos_S=jnp.zeros((s,), jnp.int32), flen_S=jnp.zeros((s,), jnp.int32),
-               fbuf_SxO=jnp.zeros((s, o), jnp.int32))
+               fbuf_SxO=jnp.zeros((s, o), jnp.int32), fend_S=jnp.zeros((s,), bool))
 
 
 def init_rows(d: int, nd: int, L: int) -> Rows:

@@ -113,7 +113,7 @@ METRICS: dict[str, str] = {
     # multi-turn rows (tools.env, docs/tools.md; envs/transcript.py summary): over the trained rows
     'train/tool_calls_mean': 'tools: stop markers (tool calls) the model wrote per completion',
     'train/tool_call_rate': 'tools: fraction of completions with at least one tool call',
-    'train/turns_mean': "tools: the model's stretches of writing per completion (1 + the observations it got)",
+    'train/turns_mean': "tools: the model's stretches of writing per completion (between the observations it got)",
     'train/obs_tokens_mean': "tools: observation tokens per completion (in the transcript, not trained on)",
     'train/gen_tokens_mean': "tools: the model's own tokens per completion (what completion_len_mean counts too)",
     'train/obs_token_frac': 'tools: observation tokens / all completion tokens',

@@ -22,6 +22,7 @@ from grpo_jax.rollout import decode_layout
 from grpo_jax.model import model_config
 from grpo_jax.model import paged_attention
 from grpo_jax.tasks import prompts
+from grpo_jax.envs import base as env_base
 from grpo_jax.envs import batch as env_batch
 from grpo_jax.envs import formats as env_formats
 from grpo_jax.envs import registry as env_registry
@@ -392,6 +393,11 @@ def validate_tools_rl(c) -> None:
   if c.tools.format != "plain":
     _fail("tools.format", f"{c.tools.format!r}: RL prompts are the task's R1-Zero prompts, not yet the chat "
           "template rendered with the tools; use tools.format='plain' for RL.")
+  if c.tools.fallback_reward != 0 and "env" not in [n for n, _ in c.rewards]:
+    # a fallback step's reward is an environment reward: without the term it was dropped without a word
+    _fail("tools.fallback_reward", f"{c.tools.fallback_reward!r} reaches training only through the 'env' reward "
+          "term (the environment's rewards), which config.rewards does not name; add ('env', 1.0) to "
+          "config.rewards or set tools.fallback_reward=0.0.")
 
 
 def _changed(d: dict, base: dict, prefix: str) -> list[str]:
@@ -408,6 +414,7 @@ def _changed(d: dict, base: dict, prefix: str) -> list[str]:
 
 MAX_TOOL_WORKERS = 1024
 MAX_SANDBOX_S = 86_400
+SANDBOX_MARGIN_S = 1.0  # tools.timeout_s - tools.sandbox.time_s at least: a python call's start and clean-up
 
 
 def validate_tools(c, tokenizer=None) -> None:
@@ -439,6 +446,12 @@ def validate_tools(c, tokenizer=None) -> None:
   if t.sandbox.time_s > MAX_SANDBOX_S:  # the child's alarm and CPU limit take a C int: every call failed past it
     _fail("tools.sandbox.time_s", f"{t.sandbox.time_s:g} s is more than {MAX_SANDBOX_S} (a day per tool call); set "
           "at most that.")
+  if t.env == "python" and t.sandbox.time_s + SANDBOX_MARGIN_S > t.timeout_s:
+    # the sandbox kills a call at time_s and answers 'timed out' (the row goes on); a step still running at
+    # tools.timeout_s is abandoned instead: the row's fallback, and MAX_HUNG of them at once stopped the run
+    _fail("tools.sandbox.time_s", f"{t.sandbox.time_s:g} s leaves less than {SANDBOX_MARGIN_S:g} s (the child's start "
+          f"and clean-up) below tools.timeout_s={t.timeout_s:g}: a call that runs to its limit would be abandoned as "
+          "a failed step instead of answered 'timed out'; lower tools.sandbox.time_s or raise tools.timeout_s.")
   if t.max_obs_tokens > c.model.max_len:  # buffers [slots, O]: 10**9 was an allocation failure (traceback)
     _fail("tools.max_obs_tokens", f"{t.max_obs_tokens} is more than model.max_len={c.model.max_len} (an "
           "observation is cut to the room left in the completion anyway); set at most that.")
@@ -457,10 +470,13 @@ def validate_tools(c, tokenizer=None) -> None:
           "use an instruct checkpoint's tokenizer (task.tokenizer=init_from) or tools.format='plain'.")
   try:
     env_formats.stop_ids(tokenizer, t.stop_markers)
-    if t.env:
-      env_registry.make(t.env, env_batch.context(c, tokenizer))
+    env = env_registry.make(t.env, env_batch.context(c, tokenizer)) if t.env else None
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
+  if isinstance(env, env_base.ToolEnv) and env_formats.CALL_CLOSE not in t.stop_markers:
+    # a row pauses only on a stop marker: without the call's closing one no call ever reached the tool
+    _fail("tools.stop_markers", f"{tuple(t.stop_markers)!r} lacks {env_formats.CALL_CLOSE!r}: rows pause only on "
+          f"a stop marker, so no tool call would reach {t.env!r}; add it, e.g. ('{env_formats.CALL_CLOSE}',).")
 
 
 def validate_row_splits(c, n_rows: int, data_par: int) -> None:
