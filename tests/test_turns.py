@@ -359,10 +359,12 @@ def test_8_devices_each_call_with_their_own_rows(alone):
 
 class FieldToy(Toy):
   """Toy whose rewards also read the row's field (answer_N / 100 more): a row called with another prompt's fields
-  gets another reward."""
+  gets another reward; and which also ends every turn of a length divisible by 4 (done: the row is fed its EOS)."""
 
   def step(self, state, action_text):
     obs, reward, done, info = super().step(state, action_text)
+    if len(action_text) % 4 == 0:
+      obs, done = None, True
     return obs, reward + float(state.fields["answer_N"]) / 100, done, info
 
 
@@ -419,6 +421,9 @@ def test_carried_rows_pause_across_steps_and_equal_the_engines_rows(params, kv):
           obs=np.asarray(out.env.obs_NxL[r]), rew=np.asarray(out.env.reward_NxL[r]),
           step=np.asarray(out.env.step_NxL[r]), ev=np.asarray(out.env.events_NxE[r]))
   assert carried_paused > 0  # a step ended with a row paused or being fed: the carried-turn path ran
+  ended = sum(int(t["ev"][env_batch.ENDED]) for t in trained.values())
+  assert ended > 0 and all(t["tok"][int(t["obs"].nonzero()[0].max())] == EOS for t in trained.values()
+                           if t["ev"][env_batch.ENDED])  # the environment ended rows: each fed its EOS last
   assert len(trained) == 5 * spec.B * G and sum(int(t["obs"].sum()) for t in trained.values()) >= SAMPLED_STOPS_SEEN
   for key, got in trained.items():
     w = want[key]
