@@ -227,6 +227,24 @@ def test_rejection_sampling_keeps_only_verified(tmp_path, tok, monkeypatch):
   _check_rejection_records(tmp_path / "data.jsonl", tok, c, 6)
 
 
+def test_rejection_ranks_by_any_known_stage2_term(tmp_path, tok, monkeypatch):
+  """r1.grpo.rewards may weight brevity_correct (a KNOWN term, not a TRACKED one): stage 3 ranked by it with a
+  KeyError traceback after stages 0-2 had trained. Its score needs each row's `ended_N`, as in an RL step."""
+  c = _tiny_config()
+  c.r1.grpo.rewards = (("accuracy", 1.0), ("brevity_correct", 0.5))
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  import jax
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  params_ckpt.save_params(str(tmp_path / "params"), model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  monkeypatch.setattr(evaluation, "make_generate", _oracle_make_generate(tok))
+  rejection.rejection_sample(c, str(tmp_path / "params"), str(tmp_path / "data.jsonl"))
+  reasoning = [json.loads(l) for l in open(tmp_path / "data.jsonl") if '"reasoning"' in l]
+  assert len(reasoning) == 6
+  for r in reasoning:  # the oracle's right, well-formed sample: accuracy 1 + 0.5 * (1 - its length / 24 tokens)
+    assert r["reward"] == pytest.approx(1.0 + 0.5 * (1 - len(r["completion_ids"]) / c.sampling.max_new_tokens))
+
+
 # ---------------------------------------------------------------------------------- end to end, kill + resume
 class _Killed(RuntimeError):
   pass

@@ -97,7 +97,10 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
                                                        jax.random.fold_in(rng, c0)))
     comps = evaluation.completions(tokens, mask, getattr(tok, "eos_ids", tok.eos_id))
     texts = [tok.decode(c) for c in comps]
-    reward = r1_rewards.weighted_sum(r1_rewards.term_scores(texts, comps, fields, fns, acc, fmt),
+    # stage 2's reward mix, whichever KNOWN terms it weights (brevity_correct, untracked, was a KeyError here)
+    ended = mask.sum(1) > np.asarray([len(c) for c in comps])  # the row's EOS was stripped: it ended there
+    reward = r1_rewards.weighted_sum(r1_rewards.term_scores(texts, comps, dict(fields, ended_N=ended), fns, acc, fmt,
+                                                            [n for n, _ in config.r1.grpo.rewards]),
                                      config.r1.grpo.rewards)
     for q in range(len(exs)):
       rows = slice(q * rj.n, (q + 1) * rj.n)
