@@ -227,6 +227,18 @@ def test_rejection_sampling_keeps_only_verified(tmp_path, tok, monkeypatch):
   _check_rejection_records(tmp_path / "data.jsonl", tok, c, 6)
 
 
+def test_general_records_count_beyond_the_train_set(tok):
+  """r1.rejection.general_frac asks for more general records than there are train problems (a high keep_per_prompt):
+  one permutation gave only len(examples), stats.json still said the number asked for, and stage 4's mix was not
+  the configured one. Now epochs follow (the first unchanged, so earlier runs' records stay as they were)."""
+  c = _tiny_config()
+  task, examples = data_lib.make_task(c.task), data_lib.load_examples(c.task, "train")[:5]
+  five = rejection._general_records(c, task, tok, examples, 5)  # pylint: disable=protected-access
+  twelve = rejection._general_records(c, task, tok, examples, 12)  # pylint: disable=protected-access
+  assert len(twelve) == 12 and [r["index"] for r in twelve[:5]] == [r["index"] for r in five]
+  assert sorted(r["index"] for r in twelve[:10]) == sorted(2 * [ex["index"] for ex in examples])  # two epochs
+
+
 def test_rejection_ranks_by_any_known_stage2_term(tmp_path, tok, monkeypatch):
   """r1.grpo.rewards may weight brevity_correct (a KNOWN term, not a TRACKED one): stage 3 ranked by it with a
   KeyError traceback after stages 0-2 had trained. Its score needs each row's `ended_N`, as in an RL step."""

@@ -48,12 +48,17 @@ def _prompt_languages(config, n: int) -> np.ndarray:
 
 
 def _general_records(config, task, tok, examples: list[dict], n: int) -> list[dict]:
-  """`n` tag-free worked solutions of random train problems: stage 4's general (non-reasoning) text. Like the web
-  text it stands for, a `general_noise_frac` fraction carries a forbidden word before one of its steps: the
-  undesired behaviour that stage 4 passes on and stage 5's harmlessness term is there to remove."""
+  """`n` tag-free worked solutions of random train problems (an epoch over them, then the next): stage 4's general
+  (non-reasoning) text. Like the web text it stands for, a `general_noise_frac` fraction carries a forbidden word
+  before one of its steps: the undesired behaviour that stage 4 passes on and stage 5's harmlessness term is there
+  to remove."""
   out, rng = [], base.rng_for("general", config.seed)
   noise_rng = base.rng_for("general_noise", config.seed)
-  for j in rng.permutation(len(examples))[:n]:
+  order = rng.permutation(len(examples))
+  while examples and len(order) < n:  # n > the train set: one permutation fell short of n
+    more = base.rng_for("general", config.seed, len(order) // len(examples)).permutation(len(examples))
+    order = np.concatenate([order, more])
+  for j in order[:n]:
     ex = examples[int(j)]
     lang = base.LANGUAGES[int(rng.integers(2))] if config.task.language == "mixed" else config.task.language
     text = task.question(ex, lang) + " " + cot.solution(ex, lang, tagged=False)
