@@ -428,3 +428,41 @@ def test_signalled_stage_is_not_done_and_a_changed_finished_stage_is_refused(tmp
   with pytest.raises(errors.InputError, match=r"finished stage base .*sft.lr \(0.001 → 0.5\).*rerun_stages=base"):
     pipeline.run_pipeline(c, str(tmp_path))
   assert ran == []
+
+
+def test_stages_left_out_of_r1_stages_must_have_finished_with_this_config(tmp_path, monkeypatch):
+  """r1.stages may be a subset (configs/r1_zero.py), but a stage it runs reads its upstream stages' outputs: one that
+  never ran was a FileNotFoundError traceback (r1_4_sft, no data.jsonl) or load_params' advice to fix
+  train.init_from (r1_zero, no base); one finished with another config was trained on silently, its fingerprint
+  recorded as this config's. Both are refused before anything is written."""
+  from grpo_jax.run import jobs, validate
+  c = _tiny_config()
+  ran = []
+
+  def fake_stage(config, workdir, stage):
+    ran.append(stage)
+    d = os.path.join(workdir, stage, "checkpoints", "2")
+    os.makedirs(d)
+    open(os.path.join(d, "commit_success.txt"), "w").close()
+
+  monkeypatch.setattr(pipeline, "_run_stage", fake_stage)
+  wd = str(tmp_path)
+  for stages, up in ((("r1_4_sft",), "base"), (("r1_zero",), "base"), (("r1_3_rejection", "r1_4_sft"), "r1_2_grpo")):
+    with pytest.raises(validate.ConfigError, match=rf"config.r1.stages: .* runs {stages[0]}, which reads the outputs "
+                                                  rf"of {up}, but {wd}/{up} holds no finished {up}; add '{up}' to "
+                                                  r"r1.stages \(before it\)"):
+      pipeline.run_pipeline(c, wd, stages)
+  c.r1.stages = ("r1_zero",)
+  with pytest.raises(validate.ConfigError, match="config.r1.stages: .* holds no finished base"):
+    jobs.check(c, wd)  # the CLI's and the sweep's checks, before the lock and config.json
+  assert os.listdir(wd) == [] and ran == []
+  pipeline.run_pipeline(c, wd, ("base",), report_md=False)
+  c.r1.pretrain.lr = 0.5  # r1_zero has no record yet: nothing else compares the base it starts from
+  with pytest.raises(validate.ConfigError, match=r"runs r1_zero, which reads the outputs of base, and the base in "
+                                                 r".*finished with another config: .*sft.lr \(0.001 → 0.5\).*; add "
+                                                 r"'base' to r1.stages"):
+    pipeline.run_pipeline(c, wd, ("r1_zero",))
+  assert ran == ["base"]
+  c.r1.pretrain.lr = 1e-3
+  pipeline.run_pipeline(c, wd, ("r1_zero",), report_md=False)  # the base finished here with this config
+  assert ran == ["base", "r1_zero"]
