@@ -108,7 +108,12 @@ def test_stage_rewards_tracks_every_term():
     ("r1.pretrain.batch", 2 ** 24, r"config.sft.batch: the SFT step of 16777216 rows .* more than the device's .* "
      r"\(stage base takes sft.* from r1.pretrain\)\.$"),
     # rejection sampling ran without the environment: unanswered tool calls in the SFT set
-    ("tools.env", "calculator", "config.tools.env: 'calculator': rejection sampling")])
+    ("tools.env", "calculator", "config.tools.env: 'calculator': rejection sampling"),
+    # keys every stage's derived config overwrites: set, they were silently ignored (a base from a random init)
+    ("train.init_from", "hf:/some/model", r"config.train.init_from: is 'hf:/some/model', but job r1_pipeline does "
+     r"not read it \(the base is pre-trained here or copied with r1.base_from.*\); drop it.$"),
+    ("train.steps", 50, r"config.train.steps: is 50, .* \(each RL stage runs r1.zero / grpo / final.steps\)"),
+    ("sft.lr", 0.1, r"config.sft.lr: is 0.1, .* \(each SFT stage takes r1.pretrain / cold_start / sft2.lr\)")])
 def test_bad_r1_config_fails_before_any_stage(tmp_path, key, value, match):
   """Every stage's config is checked up front: a bad value that only a late stage (or the report) reads fails before
   the first stage runs, with the key the user set."""

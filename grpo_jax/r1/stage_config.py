@@ -9,8 +9,10 @@ from typing import Any
 
 import ml_collections
 
+from grpo_jax.config import config_lib
 from grpo_jax.rl import auto
 from grpo_jax.rl import memory_plan
+from grpo_jax.run import run_config
 from grpo_jax.run import validate as validate_lib
 from grpo_jax.r1 import layout
 from grpo_jax.r1 import rewards as r1_rewards
@@ -88,9 +90,31 @@ def for_heldout(config) -> ml_collections.ConfigDict:
                                       pass_k=tuple(rep.pass_k))})
 
 
+# The run-config keys for_stage overwrites in every stage it derives, and where each stage's value comes from: set in
+# the run config they changed nothing (train.init_from=hf:<dir> still pre-trained a base from a random init).
+_OVERWRITTEN = {"train.steps": "each RL stage runs r1.zero / grpo / final.steps",
+                "rewards": "each RL stage weights r1.zero / grpo / final.rewards",
+                **{f"sft.{k}": f"each SFT stage takes r1.pretrain / cold_start / sft2.{k}"
+                   for k in ("steps", "batch", "lr", "warmup_steps")},
+                "train.init_from": "the base is pre-trained here or copied with r1.base_from, and every later stage "
+                                   "starts from an earlier stage's params",
+                "sft.init_from": "the base is pre-trained here or copied with r1.base_from",
+                "sft.loss_on": "the base's loss is on every token, the other SFT stages' on the completion",
+                "sft.mistake_frac": "each SFT stage writes its own data: r1.pretrain / cold_start.mistake_frac"}
+
+
+def _unread_keys_at_default(config) -> None:
+  default = run_config.flatten(config_lib.base_config())
+  flat = run_config.flatten(config)
+  for key, instead in _OVERWRITTEN.items():
+    if flat.get(key) != default.get(key):
+      validate_lib.fail(key, f"is {flat.get(key)!r}, but job r1_pipeline does not read it ({instead}); drop it.")
+
+
 def validate(config, stages) -> None:
   """The `r1` keys, and the config of every stage in `stages`, checked before anything compiles."""
   r1 = config.r1
+  _unread_keys_at_default(config)
   for k in _POSITIVE:
     validate_lib.positive_int(config, "r1." + k)
   for k in _PROBS:
