@@ -73,8 +73,11 @@ def test_pack_loss_masks(tok):
   np.testing.assert_array_equal(b["tokens_NxT"], [[1, 7, 8, 9, 2, 0, 0], [1, 7, 9, 10, 2, 0, 0]])
   np.testing.assert_array_equal(b["loss_mask_NxT"], [[0, 0, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0, 0]])
   np.testing.assert_array_equal(b["positions_NxT"], [[0, 1, 2, 3, 4, 4, 4], [0, 1, 2, 3, 4, 4, 4]])
-  with pytest.raises(ValueError, match="max_len"):
+  # one line naming the key that set the length (was a ValueError traceback mid-stage)
+  with pytest.raises(errors.InputError, match=r"^config.model.max_len: 7 is too short for a 9-token SFT sequence"):
     corpus.pack([([7] * 6, [9], False)], tok, 7)
+  with pytest.raises(errors.InputError, match=r"^config.r1.pretrain.seq_len: 7 is too short"):
+    corpus.pack([([7] * 6, [9], False)], tok, 7, "r1.pretrain.seq_len")
 
 
 def test_select_samples_hand_case():
@@ -113,7 +116,10 @@ def test_stage_rewards_tracks_every_term():
     ("train.init_from", "hf:/some/model", r"config.train.init_from: is 'hf:/some/model', but job r1_pipeline does "
      r"not read it \(the base is pre-trained here or copied with r1.base_from.*\); drop it.$"),
     ("train.steps", 50, r"config.train.steps: is 50, .* \(each RL stage runs r1.zero / grpo / final.steps\)"),
-    ("sft.lr", 0.1, r"config.sft.lr: is 0.1, .* \(each SFT stage takes r1.pretrain / cold_start / sft2.lr\)")])
+    ("sft.lr", 0.1, r"config.sft.lr: is 0.1, .* \(each SFT stage takes r1.pretrain / cold_start / sft2.lr\)"),
+    # a cold-start sequence longer than model.max_len: a traceback at stage 1, after the base and R1-Zero trained
+    ("model.max_len", 72, r"config.model.max_len: 72 tokens are too few for the cold-start set \(stage "
+     r"r1_1_cold_start\): its longest sequence is 80 \(bos .*\); set model.max_len=80 or more")])
 def test_bad_r1_config_fails_before_any_stage(tmp_path, key, value, match):
   """Every stage's config is checked up front: a bad value that only a late stage (or the report) reads fails before
   the first stage runs, with the key the user set."""

@@ -14,9 +14,11 @@ from grpo_jax.rl import auto
 from grpo_jax.rl import memory_plan
 from grpo_jax.run import run_config
 from grpo_jax.run import validate as validate_lib
+from grpo_jax.r1 import corpus
 from grpo_jax.r1 import layout
 from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.tasks import cot
+from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import registry as task_registry
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 
@@ -111,6 +113,18 @@ def _unread_keys_at_default(config) -> None:
       validate_lib.fail(key, f"is {flat.get(key)!r}, but job r1_pipeline does not read it ({instead}); drop it.")
 
 
+def _cold_start_fits(config, tok) -> None:
+  """The cold-start set is fixed (its first r1.cold_start.examples train problems): a sequence longer than
+  model.max_len was a traceback at stage 1, after the base and R1-Zero had trained (and model.max_len cannot change
+  under finished stages)."""
+  seqs = corpus.cold_start_set(config, tok, data_lib.load_examples(config.task, "train"))
+  longest = max((corpus.packed_len(h, t) for h, t, _ in seqs), default=0)
+  if longest > config.model.max_len:
+    validate_lib.fail("model.max_len", f"{config.model.max_len} tokens are too few for the cold-start set (stage "
+                      f"r1_1_cold_start): its longest sequence is {longest} (bos + prompt + tagged worked solution + "
+                      f"eos); set model.max_len={longest} or more, or lower r1.cold_start.examples.")
+
+
 def validate(config, stages) -> None:
   """The `r1` keys, and the config of every stage in `stages`, checked before anything compiles."""
   r1 = config.r1
@@ -179,6 +193,8 @@ def validate(config, stages) -> None:
   validate_lib.positive_finite(config, "r1.rejection.temperature",
                              "the rejection sampler's temperature: softmax(logits / temperature)")
   validate_lib.temperature(config, "r1.rejection.temperature")
+  if "r1_1_cold_start" in stages:
+    _cold_start_fits(config, tok)
   for stage in stages:
     if stage not in SFT_STAGES and stage not in RL_STAGES:
       continue
