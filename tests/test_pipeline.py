@@ -136,8 +136,9 @@ def test_bad_r1_config_fails_before_any_stage(tmp_path, key, value, match):
 
 
 # ------------------------------------------------------------------------------- oracle sampler for rejection
-def _oracle_make_generate(tok):
-  """A stand-in sampler: per prompt, a mix of right/wrong/untagged/duplicate completions, scored by verify_py."""
+def _oracle_make_generate(tok, kinds=(0, 1, 2, 3)):
+  """A stand-in sampler: per prompt, a mix of right/wrong/untagged/duplicate completions (row i: kinds[i % 4]),
+  scored by verify_py."""
 
   def make_generate(mcfg, scfg, mesh, task, tag_ids, **_):
     def gen(params, prompt_NxP, pmask_NxP, fields, rng):
@@ -147,7 +148,7 @@ def _oracle_make_generate(tok):
       for i in range(n):
         ans = int(fields["answer_N"][i])
         lang = base.LANGUAGES[int(fields["language_N"][i])]
-        kind = i % 4
+        kind = kinds[i % 4]
         body = {"a": "so", "b": "zu"}[lang]
         text = [f"<think> {body} 1 + 1 = 2 ; </think> <answer> {ans} </answer>",       # right, well-formed
                 f"<think> {body} 1 + 1 = 2 ; </think> <answer> {ans + 1} </answer>",   # wrong
@@ -248,6 +249,21 @@ def test_general_records_count_beyond_the_train_set(tok):
   twelve = rejection._general_records(c, task, tok, examples, 12)  # pylint: disable=protected-access
   assert len(twelve) == 12 and [r["index"] for r in twelve[:5]] == [r["index"] for r in five]
   assert sorted(r["index"] for r in twelve[:10]) == sorted(2 * [ex["index"] for ex in examples])  # two epochs
+
+
+def test_rejection_that_keeps_nothing_stops_with_one_line_and_writes_nothing(tmp_path, tok, monkeypatch):
+  """Every sample wrong or untagged: a RunStopped line (exit 3) naming what to change, no data.jsonl, no stats.json
+  (stage 4 would have trained on an empty set)."""
+  c = _tiny_config()
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  import jax
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  params_ckpt.save_params(str(tmp_path / "params"), model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  monkeypatch.setattr(evaluation, "make_generate", _oracle_make_generate(tok, kinds=(1, 2, 1, 2)))
+  with pytest.raises(errors.RunStopped, match=r"rejection sampling kept no sample .*r1.grpo.steps.*r1.rejection.n"):
+    rejection.rejection_sample(c, str(tmp_path / "params"), str(tmp_path / "data.jsonl"))
+  assert sorted(os.listdir(tmp_path)) == ["params", "params.integrity.json"]
 
 
 def test_rejection_ranks_by_any_known_stage2_term(tmp_path, tok, monkeypatch):
