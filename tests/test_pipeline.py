@@ -493,3 +493,28 @@ def test_stages_left_out_of_r1_stages_must_have_finished_with_this_config(tmp_pa
   c.r1.pretrain.lr = 1e-3
   pipeline.run_pipeline(c, wd, ("r1_zero",), report_md=False)  # the base finished here with this config
   assert ran == ["base", "r1_zero"]
+
+
+def test_a_signal_during_a_stages_last_writes_marks_it_done_and_starts_no_next_stage(tmp_path, monkeypatch):
+  """SIGTERM after a stage's loop ended (its params save, rejection sampling, which has no loop): the stage finishes
+  and is marked done, and the next one does not start (Preempted 'before stage ...'); a rerun starts there."""
+  from grpo_jax.infra import signals
+  c = _tiny_config()
+  ran = []
+
+  def fake_stage(config, workdir, stage):
+    ran.append(stage)
+    d = os.path.join(workdir, stage, "checkpoints", "2")
+    os.makedirs(d)
+    open(os.path.join(d, "commit_success.txt"), "w").close()
+    if stage == "base":
+      signals.active().request()
+
+  monkeypatch.setattr(pipeline, "_run_stage", fake_stage)
+  with signals.GracefulStop():
+    with pytest.raises(errors.Preempted, match="before stage r1_zero of .*; finished stages are kept"):
+      pipeline.run_pipeline(c, str(tmp_path), ("base", "r1_zero"))
+  assert ran == ["base"] and layout.stage_done(str(tmp_path), "base")
+  assert not os.path.exists(tmp_path / "r1_zero")
+  pipeline.run_pipeline(c, str(tmp_path), ("base", "r1_zero"), report_md=False)
+  assert ran == ["base", "r1_zero"]
