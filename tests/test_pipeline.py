@@ -117,6 +117,8 @@ def test_stage_rewards_tracks_every_term():
      r"not read it \(the base is pre-trained here or copied with r1.base_from.*\); drop it.$"),
     ("train.steps", 50, r"config.train.steps: is 50, .* \(each RL stage runs r1.zero / grpo / final.steps\)"),
     ("sft.lr", 0.1, r"config.sft.lr: is 0.1, .* \(each SFT stage takes r1.pretrain / cold_start / sft2.lr\)"),
+    # the pre-training, cold-start and rejection text is in the R1-Zero template; RL stages asked in chat
+    ("task.prompt_format", "chat", "config.task.prompt_format: 'chat': the R1 pipeline's pre-training"),
     # a cold-start sequence longer than model.max_len: a traceback at stage 1, after the base and R1-Zero trained
     ("model.max_len", 72, r"config.model.max_len: 72 tokens are too few for the cold-start set \(stage "
      r"r1_1_cold_start\): its longest sequence is 80 \(bos .*\); set model.max_len=80 or more")])
@@ -249,6 +251,29 @@ def test_general_records_count_beyond_the_train_set(tok):
   twelve = rejection._general_records(c, task, tok, examples, 12)  # pylint: disable=protected-access
   assert len(twelve) == 12 and [r["index"] for r in twelve[:5]] == [r["index"] for r in five]
   assert sorted(r["index"] for r in twelve[:10]) == sorted(2 * [ex["index"] for ex in examples])  # two epochs
+
+
+def test_rejection_records_the_prompt_the_sampler_saw(tmp_path, tok, monkeypatch):
+  """task.overlong_prompts=truncate: a record's prompt was the whole prompt re-encoded, while its completion was
+  sampled after the kept end (bos + the last prompt_len - 1 tokens); stage 4 trained on a pair never sampled, and
+  a row that could outgrow model.max_len."""
+  from grpo_jax.tasks import prompts
+  c = _tiny_config()
+  c.task.update(prompt_len=20, overlong_prompts="truncate")
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  import jax
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  params_ckpt.save_params(str(tmp_path / "params"), model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  monkeypatch.setattr(evaluation, "make_generate", _oracle_make_generate(tok))
+  rejection.rejection_sample(c, str(tmp_path / "params"), str(tmp_path / "data.jsonl"))
+  task = data_lib.make_task(c.task)
+  examples = {ex["index"]: ex for ex in data_lib.load_examples(c.task, "train")}
+  reasoning = [json.loads(l) for l in open(tmp_path / "data.jsonl") if '"reasoning"' in l]
+  assert len(reasoning) == 6
+  for r in reasoning:
+    whole = prompts.prompt_ids(task, examples[r["index"]], r["language"], tok)
+    assert len(whole) > 20 and r["prompt_ids"] == whole[-19:]  # no bos: corpus.pack adds it
 
 
 def test_rejection_that_keeps_nothing_stops_with_one_line_and_writes_nothing(tmp_path, tok, monkeypatch):

@@ -71,6 +71,14 @@ def _general_records(config, task, tok, examples: list[dict], n: int) -> list[di
   return out
 
 
+def _sampled_prompt(b: dict[str, np.ndarray], q: int, bos: int) -> list[int]:
+  """Row q's prompt as the sampler saw it, without its bos (corpus.pack adds one): under task.overlong_prompts=
+  truncate the kept end of a long prompt; the prompt re-encoded whole was stage 4's, with a completion sampled
+  from the truncated one (and a row that could outgrow model.max_len)."""
+  ids = [int(t) for t, m in zip(b["prompt_NxP"][q], b["prompt_mask_NxP"][q]) if m]
+  return ids[1:] if ids and ids[0] == bos else ids
+
+
 def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float]:
   """Writes `out_path` (data.jsonl: reasoning, then general records) and stats.json beside it; returns the stats."""
   rj, tok = config.r1.rejection, tok_lib.for_config(config)
@@ -115,7 +123,7 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
       for i in select_samples(reward[rows], acc[rows], fmt[rows], comps[rows], rj.keep_per_prompt):
         k = q * rj.n + i
         records.append({"kind": "reasoning", "index": int(exs[q]["index"]), "language": lang,
-                        "prompt_ids": tok.encode(base.prompt(task, exs[q], lang)),
+                        "prompt_ids": _sampled_prompt(b, q, tok.bos_id),
                         "completion_ids": list(comps[k]), "text": texts[k], "reward": float(reward[k])})
   n_reason = len(records)
   if n_reason == 0:

@@ -165,6 +165,10 @@ def validate(config, stages) -> None:
                       "set tools.env=''.")
   if r1.rejection.general_frac >= 1:
     validate_lib.fail("r1.rejection.general_frac", "must be < 1: the SFT set needs some rejection-sampled reasoning.")
+  if config.task.get("prompt_format", "r1_zero") != "r1_zero":  # the RL stages asked in chat, the rest in R1-Zero
+    validate_lib.fail("task.prompt_format", f"{config.task.prompt_format!r}: the R1 pipeline's pre-training, "
+                      "cold-start and rejection-sampled text is written in the R1-Zero template; set it to "
+                      "'r1_zero'.")
   if config.task.name not in task_registry.names("worked_solutions"):
     validate_lib.fail("task.name", "the R1 pipeline needs reference worked solutions; use one of "
                       f"{task_registry.names('worked_solutions')}.")
