@@ -137,6 +137,18 @@ def test_bad_r1_config_fails_before_any_stage(tmp_path, key, value, match):
   assert os.listdir(tmp_path) == []
 
 
+def test_the_stages_run_are_the_ones_validated():
+  """run_pipeline(stages=...) (the r1_table study's base + cold start) is validated for the stages it runs: the
+  tools.env refusal read config.r1.stages instead, refusing runs without rejection sampling."""
+  from grpo_jax.r1 import stage_config
+  from grpo_jax.run import validate
+  c = _tiny_config()
+  c.tools.env = "calculator"  # c.r1.stages: all of them
+  stage_config.validate(c, ("base", "r1_zero"))
+  with pytest.raises(validate.ConfigError, match="config.tools.env: 'calculator': rejection sampling"):
+    stage_config.validate(c, ("base", "r1_3_rejection"))
+
+
 # ------------------------------------------------------------------------------- oracle sampler for rejection
 def _oracle_make_generate(tok, kinds=(0, 1, 2, 3)):
   """A stand-in sampler: per prompt, a mix of right/wrong/untagged/duplicate completions (row i: kinds[i % 4]),

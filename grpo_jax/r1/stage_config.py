@@ -157,7 +157,7 @@ def validate(config, stages) -> None:
   if r1.pretrain.tool_frac > 0 and config.tools.format != "plain":
     validate_lib.fail("tools.format", f"{config.tools.format!r}: pre-training documents write calculator calls in "
                       "the plain format only (r1.pretrain.tool_frac > 0); set tools.format='plain'.")
-  if config.get("tools") is not None and config.tools.env and "r1_3_rejection" in tuple(r1.stages):
+  if config.get("tools") is not None and config.tools.env and "r1_3_rejection" in tuple(stages):
     # its sampler does not run the environment: rows would write tool calls that nobody answers, and the SFT set
     # would hold them (the RL stages and the report run it)
     validate_lib.fail("tools.env", f"{config.tools.env!r}: rejection sampling (r1_3_rejection) does not run the "
