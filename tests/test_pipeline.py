@@ -555,3 +555,38 @@ def test_a_signal_during_a_stages_last_writes_marks_it_done_and_starts_no_next_s
   assert not os.path.exists(tmp_path / "r1_zero")
   pipeline.run_pipeline(c, str(tmp_path), ("base", "r1_zero"), report_md=False)
   assert ran == ["base", "r1_zero"]
+
+
+def test_a_stage_stopped_mid_loop_resumes_to_the_same_params(tmp_path, monkeypatch):
+  """SIGTERM inside the base's SFT loop (after step 1 of 2): the stage is saved, not done; the same command resumes
+  it from its checkpoint (the stage's recorded view against the checkpoint's) on the batches of steps 2.., and its
+  final params equal an uninterrupted run's bit for bit."""
+  import jax
+  from grpo_jax.infra import params_ckpt, sharding, signals
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rl import state as state_lib
+  from grpo_jax.run import train
+  c = _tiny_config()
+  real = train._steps  # pylint: disable=protected-access
+
+  def stop_after_first(guard, mesh, batches, start, steps):
+    for item in real(guard, mesh, batches, start, steps):
+      if item[0] == 0:  # step 1's batch is out: the check before step 2 stops the loop
+        signals.active().request()
+      yield item
+
+  straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
+  pipeline.run_pipeline(c, straight, ("base",), report_md=False)
+  monkeypatch.setattr(train, "_steps", stop_after_first)
+  with signals.GracefulStop(), pytest.raises(errors.Preempted, match="after step 1 in .*stopped/base"):
+    pipeline.run_pipeline(c, stopped, ("base",), report_md=False)
+  assert not layout.stage_done(stopped, "base") and layout.checkpointed_steps(os.path.join(stopped, "base")) == 1
+  monkeypatch.setattr(train, "_steps", real)
+  pipeline.run_pipeline(c, stopped, ("base",), report_md=False)
+  assert layout.stage_done(stopped, "base")
+  abstract = state_lib.abstract_params(sharding.make_mesh(c.mesh), model_lib.ModelConfig.from_config(c.model))
+  a, b = (jax.tree.leaves(params_ckpt.load_params(layout.params_path(d, "base"), abstract)) for d in (straight, stopped))
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  rows = [json.loads(l)["step"] for l in open(os.path.join(stopped, "base", "metrics.jsonl")) if "train/loss" in l]
+  assert rows == [1, 2]  # no step logged twice or lost
