@@ -119,6 +119,7 @@ def test_stage_rewards_tracks_every_term():
     ("sft.lr", 0.1, r"config.sft.lr: is 0.1, .* \(each SFT stage takes r1.pretrain / cold_start / sft2.lr\)"),
     # the pre-training, cold-start and rejection text is in the R1-Zero template; RL stages asked in chat
     ("task.prompt_format", "chat", "config.task.prompt_format: 'chat': the R1 pipeline's pre-training"),
+    ("r1.cold_start.examples", 300, "config.r1.cold_start.examples: 300 exceeds the 256 train examples"),
     # a cold-start sequence longer than model.max_len: a traceback at stage 1, after the base and R1-Zero trained
     ("model.max_len", 72, r"config.model.max_len: 72 tokens are too few for the cold-start set \(stage "
      r"r1_1_cold_start\): its longest sequence is 80 \(bos .*\); set model.max_len=80 or more")])

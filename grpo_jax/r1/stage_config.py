@@ -114,10 +114,14 @@ def _unread_keys_at_default(config) -> None:
 
 
 def _cold_start_fits(config, tok) -> None:
-  """The cold-start set is fixed (its first r1.cold_start.examples train problems): a sequence longer than
-  model.max_len was a traceback at stage 1, after the base and R1-Zero had trained (and model.max_len cannot change
-  under finished stages)."""
-  seqs = corpus.cold_start_set(config, tok, data_lib.load_examples(config.task, "train"))
+  """The cold-start set is fixed (its first r1.cold_start.examples train problems), so it is checked whole: more
+  examples than the split holds, or a sequence longer than model.max_len (a traceback at stage 1, after the base and
+  R1-Zero had trained; model.max_len cannot change under finished stages)."""
+  examples = data_lib.load_examples(config.task, "train")
+  if config.r1.cold_start.examples > len(examples):  # the set took the train split whole, silently smaller
+    validate_lib.fail("r1.cold_start.examples", f"{config.r1.cold_start.examples} exceeds the {len(examples)} train "
+                      "examples; lower it or raise task.train_size.")
+  seqs = corpus.cold_start_set(config, tok, examples)
   longest = max((corpus.packed_len(h, t) for h, t, _ in seqs), default=0)
   if longest > config.model.max_len:
     validate_lib.fail("model.max_len", f"{config.model.max_len} tokens are too few for the cold-start set (stage "
