@@ -212,6 +212,9 @@ CASES = [
     ("r1", {"r1.stages": ("nope",)}, "config.r1.stages"),
     ("r1", {"r1.rejection.general_frac": 1.0}, "config.r1.rejection.general_frac"),
     ("r1", {"r1.zero.rewards": (("nosuch", 1.0),)}, "config.r1.zero.rewards"),
+    # a subset of stages whose upstream never ran here: was a FileNotFoundError traceback (no data.jsonl)
+    ("r1", {"r1.stages": ("r1_4_sft",)}, "config.r1.stages: ('r1_4_sft',) runs r1_4_sft, which reads the outputs "
+                                         "of base, but "),
     # multi-turn tools (configs/tools_calc.py:small; docs/tools.md)
     ("tools", {"tools.env": "no_such_module_x:Env"}, "config.tools.env='no_such_module_x:Env': module"),
     ("tools", {"tools.stop_markers": ("</calc>",)}, "config.tools.stop_markers: '</calc>' is not one token"),

@@ -73,8 +73,11 @@ def test_pack_loss_masks(tok):
   np.testing.assert_array_equal(b["tokens_NxT"], [[1, 7, 8, 9, 2, 0, 0], [1, 7, 9, 10, 2, 0, 0]])
   np.testing.assert_array_equal(b["loss_mask_NxT"], [[0, 0, 0, 1, 1, 0, 0], [0, 1, 1, 1, 1, 0, 0]])
   np.testing.assert_array_equal(b["positions_NxT"], [[0, 1, 2, 3, 4, 4, 4], [0, 1, 2, 3, 4, 4, 4]])
-  with pytest.raises(ValueError, match="max_len"):
+  # one line naming the key that set the length (was a ValueError traceback mid-stage)
+  with pytest.raises(errors.InputError, match=r"^config.model.max_len: 7 is too short for a 9-token SFT sequence"):
     corpus.pack([([7] * 6, [9], False)], tok, 7)
+  with pytest.raises(errors.InputError, match=r"^config.r1.pretrain.seq_len: 7 is too short"):
+    corpus.pack([([7] * 6, [9], False)], tok, 7, "r1.pretrain.seq_len")
 
 
 def test_select_samples_hand_case():
@@ -108,7 +111,18 @@ def test_stage_rewards_tracks_every_term():
     ("r1.pretrain.batch", 2 ** 24, r"config.sft.batch: the SFT step of 16777216 rows .* more than the device's .* "
      r"\(stage base takes sft.* from r1.pretrain\)\.$"),
     # rejection sampling ran without the environment: unanswered tool calls in the SFT set
-    ("tools.env", "calculator", "config.tools.env: 'calculator': rejection sampling")])
+    ("tools.env", "calculator", "config.tools.env: 'calculator': rejection sampling"),
+    # keys every stage's derived config overwrites: set, they were silently ignored (a base from a random init)
+    ("train.init_from", "hf:/some/model", r"config.train.init_from: is 'hf:/some/model', but job r1_pipeline does "
+     r"not read it \(the base is pre-trained here or copied with r1.base_from.*\); drop it.$"),
+    ("train.steps", 50, r"config.train.steps: is 50, .* \(each RL stage runs r1.zero / grpo / final.steps\)"),
+    ("sft.lr", 0.1, r"config.sft.lr: is 0.1, .* \(each SFT stage takes r1.pretrain / cold_start / sft2.lr\)"),
+    # the pre-training, cold-start and rejection text is in the R1-Zero template; RL stages asked in chat
+    ("task.prompt_format", "chat", "config.task.prompt_format: 'chat': the R1 pipeline's pre-training"),
+    ("r1.cold_start.examples", 300, "config.r1.cold_start.examples: 300 exceeds the 256 train examples"),
+    # a cold-start sequence longer than model.max_len: a traceback at stage 1, after the base and R1-Zero trained
+    ("model.max_len", 72, r"config.model.max_len: 72 tokens are too few for the cold-start set \(stage "
+     r"r1_1_cold_start\): its longest sequence is 80 \(bos .*\); set model.max_len=80 or more")])
 def test_bad_r1_config_fails_before_any_stage(tmp_path, key, value, match):
   """Every stage's config is checked up front: a bad value that only a late stage (or the report) reads fails before
   the first stage runs, with the key the user set."""
@@ -124,9 +138,22 @@ def test_bad_r1_config_fails_before_any_stage(tmp_path, key, value, match):
   assert os.listdir(tmp_path) == []
 
 
+def test_the_stages_run_are_the_ones_validated():
+  """run_pipeline(stages=...) (the r1_table study's base + cold start) is validated for the stages it runs: the
+  tools.env refusal read config.r1.stages instead, refusing runs without rejection sampling."""
+  from grpo_jax.r1 import stage_config
+  from grpo_jax.run import validate
+  c = _tiny_config()
+  c.tools.env = "calculator"  # c.r1.stages: all of them
+  stage_config.validate(c, ("base", "r1_zero"))
+  with pytest.raises(validate.ConfigError, match="config.tools.env: 'calculator': rejection sampling"):
+    stage_config.validate(c, ("base", "r1_3_rejection"))
+
+
 # ------------------------------------------------------------------------------- oracle sampler for rejection
-def _oracle_make_generate(tok):
-  """A stand-in sampler: per prompt, a mix of right/wrong/untagged/duplicate completions, scored by verify_py."""
+def _oracle_make_generate(tok, kinds=(0, 1, 2, 3)):
+  """A stand-in sampler: per prompt, a mix of right/wrong/untagged/duplicate completions (row i: kinds[i % 4]),
+  scored by verify_py."""
 
   def make_generate(mcfg, scfg, mesh, task, tag_ids, **_):
     def gen(params, prompt_NxP, pmask_NxP, fields, rng):
@@ -136,7 +163,7 @@ def _oracle_make_generate(tok):
       for i in range(n):
         ans = int(fields["answer_N"][i])
         lang = base.LANGUAGES[int(fields["language_N"][i])]
-        kind = i % 4
+        kind = kinds[i % 4]
         body = {"a": "so", "b": "zu"}[lang]
         text = [f"<think> {body} 1 + 1 = 2 ; </think> <answer> {ans} </answer>",       # right, well-formed
                 f"<think> {body} 1 + 1 = 2 ; </think> <answer> {ans + 1} </answer>",   # wrong
@@ -225,6 +252,74 @@ def test_rejection_sampling_keeps_only_verified(tmp_path, tok, monkeypatch):
   stats = rejection.rejection_sample(c, str(tmp_path / "params"), str(tmp_path / "data.jsonl"))
   assert stats["kept_reasoning"] == 6 and stats["samples"] == 24 and stats["correct_frac"] == 0.5
   _check_rejection_records(tmp_path / "data.jsonl", tok, c, 6)
+
+
+def test_general_records_count_beyond_the_train_set(tok):
+  """r1.rejection.general_frac asks for more general records than there are train problems (a high keep_per_prompt):
+  one permutation gave only len(examples), stats.json still said the number asked for, and stage 4's mix was not
+  the configured one. Now epochs follow (the first unchanged, so earlier runs' records stay as they were)."""
+  c = _tiny_config()
+  task, examples = data_lib.make_task(c.task), data_lib.load_examples(c.task, "train")[:5]
+  five = rejection._general_records(c, task, tok, examples, 5)  # pylint: disable=protected-access
+  twelve = rejection._general_records(c, task, tok, examples, 12)  # pylint: disable=protected-access
+  assert len(twelve) == 12 and [r["index"] for r in twelve[:5]] == [r["index"] for r in five]
+  assert sorted(r["index"] for r in twelve[:10]) == sorted(2 * [ex["index"] for ex in examples])  # two epochs
+
+
+def test_rejection_records_the_prompt_the_sampler_saw(tmp_path, tok, monkeypatch):
+  """task.overlong_prompts=truncate: a record's prompt was the whole prompt re-encoded, while its completion was
+  sampled after the kept end (bos + the last prompt_len - 1 tokens); stage 4 trained on a pair never sampled, and
+  a row that could outgrow model.max_len."""
+  from grpo_jax.tasks import prompts
+  c = _tiny_config()
+  c.task.update(prompt_len=20, overlong_prompts="truncate")
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  import jax
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  params_ckpt.save_params(str(tmp_path / "params"), model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  monkeypatch.setattr(evaluation, "make_generate", _oracle_make_generate(tok))
+  rejection.rejection_sample(c, str(tmp_path / "params"), str(tmp_path / "data.jsonl"))
+  task = data_lib.make_task(c.task)
+  examples = {ex["index"]: ex for ex in data_lib.load_examples(c.task, "train")}
+  reasoning = [json.loads(l) for l in open(tmp_path / "data.jsonl") if '"reasoning"' in l]
+  assert len(reasoning) == 6
+  for r in reasoning:
+    whole = prompts.prompt_ids(task, examples[r["index"]], r["language"], tok)
+    assert len(whole) > 20 and r["prompt_ids"] == whole[-19:]  # no bos: corpus.pack adds it
+
+
+def test_rejection_that_keeps_nothing_stops_with_one_line_and_writes_nothing(tmp_path, tok, monkeypatch):
+  """Every sample wrong or untagged: a RunStopped line (exit 3) naming what to change, no data.jsonl, no stats.json
+  (stage 4 would have trained on an empty set)."""
+  c = _tiny_config()
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  import jax
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  params_ckpt.save_params(str(tmp_path / "params"), model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  monkeypatch.setattr(evaluation, "make_generate", _oracle_make_generate(tok, kinds=(1, 2, 1, 2)))
+  with pytest.raises(errors.RunStopped, match=r"rejection sampling kept no sample .*r1.grpo.steps.*r1.rejection.n"):
+    rejection.rejection_sample(c, str(tmp_path / "params"), str(tmp_path / "data.jsonl"))
+  assert sorted(os.listdir(tmp_path)) == ["params", "params.integrity.json"]
+
+
+def test_rejection_ranks_by_any_known_stage2_term(tmp_path, tok, monkeypatch):
+  """r1.grpo.rewards may weight brevity_correct (a KNOWN term, not a TRACKED one): stage 3 ranked by it with a
+  KeyError traceback after stages 0-2 had trained. Its score needs each row's `ended_N`, as in an RL step."""
+  c = _tiny_config()
+  c.r1.grpo.rewards = (("accuracy", 1.0), ("brevity_correct", 0.5))
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  import jax
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  params_ckpt.save_params(str(tmp_path / "params"), model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  monkeypatch.setattr(evaluation, "make_generate", _oracle_make_generate(tok))
+  rejection.rejection_sample(c, str(tmp_path / "params"), str(tmp_path / "data.jsonl"))
+  reasoning = [json.loads(l) for l in open(tmp_path / "data.jsonl") if '"reasoning"' in l]
+  assert len(reasoning) == 6
+  for r in reasoning:  # the oracle's right, well-formed sample: accuracy 1 + 0.5 * (1 - its length / 24 tokens)
+    assert r["reward"] == pytest.approx(1.0 + 0.5 * (1 - len(r["completion_ids"]) / c.sampling.max_new_tokens))
 
 
 # ---------------------------------------------------------------------------------- end to end, kill + resume
@@ -398,3 +493,101 @@ def test_signalled_stage_is_not_done_and_a_changed_finished_stage_is_refused(tmp
   with pytest.raises(errors.InputError, match=r"finished stage base .*sft.lr \(0.001 → 0.5\).*rerun_stages=base"):
     pipeline.run_pipeline(c, str(tmp_path))
   assert ran == []
+
+
+def test_stages_left_out_of_r1_stages_must_have_finished_with_this_config(tmp_path, monkeypatch):
+  """r1.stages may be a subset (configs/r1_zero.py), but a stage it runs reads its upstream stages' outputs: one that
+  never ran was a FileNotFoundError traceback (r1_4_sft, no data.jsonl) or load_params' advice to fix
+  train.init_from (r1_zero, no base); one finished with another config was trained on silently, its fingerprint
+  recorded as this config's. Both are refused before anything is written."""
+  from grpo_jax.run import jobs, validate
+  c = _tiny_config()
+  ran = []
+
+  def fake_stage(config, workdir, stage):
+    ran.append(stage)
+    d = os.path.join(workdir, stage, "checkpoints", "2")
+    os.makedirs(d)
+    open(os.path.join(d, "commit_success.txt"), "w").close()
+
+  monkeypatch.setattr(pipeline, "_run_stage", fake_stage)
+  wd = str(tmp_path)
+  for stages, up in ((("r1_4_sft",), "base"), (("r1_zero",), "base"), (("r1_3_rejection", "r1_4_sft"), "r1_2_grpo")):
+    with pytest.raises(validate.ConfigError, match=rf"config.r1.stages: .* runs {stages[0]}, which reads the outputs "
+                                                  rf"of {up}, but {wd}/{up} holds no finished {up}; add '{up}' to "
+                                                  r"r1.stages \(before it\)"):
+      pipeline.run_pipeline(c, wd, stages)
+  c.r1.stages = ("r1_zero",)
+  with pytest.raises(validate.ConfigError, match="config.r1.stages: .* holds no finished base"):
+    jobs.check(c, wd)  # the CLI's and the sweep's checks, before the lock and config.json
+  assert os.listdir(wd) == [] and ran == []
+  pipeline.run_pipeline(c, wd, ("base",), report_md=False)
+  c.r1.pretrain.lr = 0.5  # r1_zero has no record yet: nothing else compares the base it starts from
+  with pytest.raises(validate.ConfigError, match=r"runs r1_zero, which reads the outputs of base, and the base in "
+                                                 r".*finished with another config: .*sft.lr \(0.001 → 0.5\).*; add "
+                                                 r"'base' to r1.stages"):
+    pipeline.run_pipeline(c, wd, ("r1_zero",))
+  assert ran == ["base"]
+  c.r1.pretrain.lr = 1e-3
+  pipeline.run_pipeline(c, wd, ("r1_zero",), report_md=False)  # the base finished here with this config
+  assert ran == ["base", "r1_zero"]
+
+
+def test_a_signal_during_a_stages_last_writes_marks_it_done_and_starts_no_next_stage(tmp_path, monkeypatch):
+  """SIGTERM after a stage's loop ended (its params save, rejection sampling, which has no loop): the stage finishes
+  and is marked done, and the next one does not start (Preempted 'before stage ...'); a rerun starts there."""
+  from grpo_jax.infra import signals
+  c = _tiny_config()
+  ran = []
+
+  def fake_stage(config, workdir, stage):
+    ran.append(stage)
+    d = os.path.join(workdir, stage, "checkpoints", "2")
+    os.makedirs(d)
+    open(os.path.join(d, "commit_success.txt"), "w").close()
+    if stage == "base":
+      signals.active().request()
+
+  monkeypatch.setattr(pipeline, "_run_stage", fake_stage)
+  with signals.GracefulStop():
+    with pytest.raises(errors.Preempted, match="before stage r1_zero of .*; finished stages are kept"):
+      pipeline.run_pipeline(c, str(tmp_path), ("base", "r1_zero"))
+  assert ran == ["base"] and layout.stage_done(str(tmp_path), "base")
+  assert not os.path.exists(tmp_path / "r1_zero")
+  pipeline.run_pipeline(c, str(tmp_path), ("base", "r1_zero"), report_md=False)
+  assert ran == ["base", "r1_zero"]
+
+
+def test_a_stage_stopped_mid_loop_resumes_to_the_same_params(tmp_path, monkeypatch):
+  """SIGTERM inside the base's SFT loop (after step 1 of 2): the stage is saved, not done; the same command resumes
+  it from its checkpoint (the stage's recorded view against the checkpoint's) on the batches of steps 2.., and its
+  final params equal an uninterrupted run's bit for bit."""
+  import jax
+  from grpo_jax.infra import params_ckpt, sharding, signals
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rl import state as state_lib
+  from grpo_jax.run import train
+  c = _tiny_config()
+  real = train._steps  # pylint: disable=protected-access
+
+  def stop_after_first(guard, mesh, batches, start, steps):
+    for item in real(guard, mesh, batches, start, steps):
+      if item[0] == 0:  # step 1's batch is out: the check before step 2 stops the loop
+        signals.active().request()
+      yield item
+
+  straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
+  pipeline.run_pipeline(c, straight, ("base",), report_md=False)
+  monkeypatch.setattr(train, "_steps", stop_after_first)
+  with signals.GracefulStop(), pytest.raises(errors.Preempted, match="after step 1 in .*stopped/base"):
+    pipeline.run_pipeline(c, stopped, ("base",), report_md=False)
+  assert not layout.stage_done(stopped, "base") and layout.checkpointed_steps(os.path.join(stopped, "base")) == 1
+  monkeypatch.setattr(train, "_steps", real)
+  pipeline.run_pipeline(c, stopped, ("base",), report_md=False)
+  assert layout.stage_done(stopped, "base")
+  abstract = state_lib.abstract_params(sharding.make_mesh(c.mesh), model_lib.ModelConfig.from_config(c.model))
+  a, b = (jax.tree.leaves(params_ckpt.load_params(layout.params_path(d, "base"), abstract)) for d in (straight, stopped))
+  for x, y in zip(a, b):
+    np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
+  rows = [json.loads(l)["step"] for l in open(os.path.join(stopped, "base", "metrics.jsonl")) if "train/loss" in l]
+  assert rows == [1, 2]  # no step logged twice or lost

@@ -125,3 +125,44 @@ def test_in_loop_eval_reads_language_consistency(config, evaluator):
   # one right answer of four: the split's weighted mean is the mean
   np.testing.assert_allclose((m["eval/completion_len_correct"] + 3 * m["eval/completion_len_incorrect"]) / 4,
                              m["eval/completion_len_mean"], rtol=1e-6)
+
+
+def test_cached_heldout_is_redone_when_its_model_or_report_config_changed(config, evaluator, tmp_path, monkeypatch):
+  """DIR/<stage>/heldout.json was re-used whenever it existed: a stage continued to more steps
+  (train.allow_config_change) or a changed r1.report.size kept the old numbers under the new header."""
+  import json
+  import os
+  from grpo_jax.r1 import layout
+  from grpo_jax.run import stages
+  ev, _ = evaluator
+  wd, calls = str(tmp_path), []
+  monkeypatch.setattr(heldout, "make_evaluator", lambda c: ev)
+  monkeypatch.setattr(heldout.params_ckpt, "load_params", lambda path, abstract: None)
+  real = heldout.heldout_metrics
+  monkeypatch.setattr(heldout, "heldout_metrics", lambda *a: calls.append(1) or real(*a))
+  base = layout.stage_dir(wd, "base")
+  stages.mark_done(stages.Stage("base", base, {}))
+
+  def params_written(checksums):
+    with open(os.path.join(base, "params.integrity.json"), "w") as f:
+      f.write(checksums)
+
+  def evaluated(c) -> int:
+    n = len(calls)
+    results = heldout.evaluate_stages(c, wd)
+    assert list(results) == ["base"] and results["base"]["accuracy_last_number"] == 3 / 4
+    assert "cache_key" not in results["base"]  # report.json's rows hold metrics only
+    return len(calls) - n
+
+  params_written('{"checksums": "A"}')
+  assert evaluated(config) == 1
+  assert evaluated(config) == 0  # a restart re-uses the numbers
+  params_written('{"checksums": "B"}')  # the stage was continued (or redone): new params
+  assert evaluated(config) == 1 and evaluated(config) == 0
+  changed = config.copy_and_resolve_references()
+  changed.r1.report.pass_k = (1,)
+  assert evaluated(changed) == 1 and evaluated(changed) == 0
+  path = os.path.join(base, "heldout.json")
+  legacy = {k: v for k, v in json.load(open(path)).items() if k != "cache_key"}
+  json.dump(legacy, open(path, "w"))  # written before the key was stored: not known to be this model's
+  assert evaluated(changed) == 1

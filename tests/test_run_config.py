@@ -239,6 +239,37 @@ def test_legacy_sft_params_done_only_with_last_step(tmp_path):
   assert stages.is_done(st) and stages.plan([st], c, str(tmp_path)) == {"sft": "skip"}
 
 
+def test_a_stage_is_not_shortened_below_its_newest_checkpoint(tmp_path):
+  """sft.steps 4 -> 2 with train.allow_config_change: the loop had nothing to run and the stage was marked done at 2
+  steps holding step 4's params (an R1 RL stage took checkpoint 2's, or failed where it was gone). Refused, finished
+  or not; more steps, or a resume at exactly the last step, go on."""
+  def checkpoint(st, step):
+    d = os.path.join(st.directory, "checkpoints", str(step))
+    os.makedirs(d)
+    open(os.path.join(d, "commit_success.txt"), "w").close()
+
+  c4 = _cfg(sft=dict(steps=4))
+  st = _stage(tmp_path, "sft", c4)
+  checkpoint(st, 4)
+  stages.mark_running(st)
+  assert stages.plan([st], c4, str(tmp_path)) == {"sft": "resume"}  # killed after its last step, before its record
+  stages.mark_done(st)
+  c2 = _cfg(sft=dict(steps=2))
+  c2.train.allow_config_change = "sft.steps"
+  short = stages.Stage("sft", st.directory, run_config.view(c2, "sft"), steps=2)
+  for running in (False, True):
+    if running:
+      stages.mark_running(st)
+    with pytest.raises(errors.InputError, match=r"^stage sft has trained to step 4, past the 2 steps this config gives "
+                                                r"it, and a stage cannot be shortened; restore its step count, redo "
+                                                r"the stage with --config.train.rerun_stages=sft"):
+      stages.plan([short], c2, str(tmp_path))
+  c8 = _cfg(sft=dict(steps=8))
+  c8.train.allow_config_change = "sft.steps"
+  assert stages.plan([stages.Stage("sft", st.directory, run_config.view(c8, "sft"), steps=8)], c8,
+                     str(tmp_path)) == {"sft": "resume"}
+
+
 def test_added_task_key_at_its_default_keeps_older_records_resumable():
   """task.overlong_prompts (added with the prompt-length check) at its default 'error' is what older runs did: a
   record without it equals one with it (same view, same fingerprint); another value is a change."""

@@ -586,8 +586,8 @@ def test_tools_seeds_report_pairs_runs_with_the_control(tmp_path):
     with open(os.path.join(d, "report.json"), "w") as f:
       json.dump({"base": {"accuracy_last_number": 0.1}, "r1_zero": {"accuracy_last_number": held}}, f)
     return d
-  tools = [run(str(tmp_path / f"t{k}"), lambda s: s / 20, 0.5 + 0.1 * k, 0.6 + 0.1 * k) for k in range(3)]
-  ctl = [run(str(tmp_path / f"c{k}"), lambda s: 0.0, 0.3, 0.4 + 0.05 * k) for k in range(3)]
+  tools = [run(str(tmp_path / "tools" / f"seed={k}"), lambda s: s / 20, 0.5 + 0.1 * k, 0.6 + 0.1 * k) for k in range(3)]
+  ctl = [run(str(tmp_path / "ctl" / f"seed={k}"), lambda s: 0.0, 0.3, 0.4 + 0.05 * k) for k in range(3)]
   md = tools_seeds.write(str(tmp_path), tools, ctl)
   r = tools_seeds.per_run(tools[0])
   assert r["train/tool_call_rate@start"] == pytest.approx((1 / 20 + 2 / 20) / 2)  # the first tenth: 2 of 20 steps
@@ -599,6 +599,12 @@ def test_tools_seeds_report_pairs_runs_with_the_control(tmp_path):
   assert d["accuracy_last_number@r1_zero"].mean == pytest.approx(want.mean)
   assert d["accuracy_last_number@r1_zero"].half_width == pytest.approx(want.half_width)
   assert "| `accuracy_last_number@r1_zero` |" in md and os.path.exists(tmp_path / "plots" / "tools_seeds.png")
+  # seed 1 of the control did not finish: pairs are by name (seed=k), not position (t2 - c1 was "paired by seed")
+  md = tools_seeds.write(str(tmp_path), tools, [ctl[0], ctl[2]])
+  js = json.load(open(tmp_path / "tools_seeds.json"))["paired"]["accuracy_last_number@r1_zero"]
+  want = stats.summarize([0.6 - 0.4, 0.8 - 0.5])
+  assert js["n"] == 2 and js["mean"] == pytest.approx(want.mean) and js["half_width"] == pytest.approx(want.half_width)
+  assert "Paired: the 2 seeds both arms finished; without a partner: seed=1." in md
 
 
 _RL_8 = r"""

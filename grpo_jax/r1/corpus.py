@@ -92,16 +92,24 @@ def pretrain_document(task, ex: dict, lang: str, rng: np.random.Generator, p) ->
   return "", task.question(ex, lang) + " " + body
 
 
-def pack(seqs: Sequence[tuple[list[int], list[int], bool]], tok, seq_len: int) -> dict[str, np.ndarray]:
-  """Right-padded SFT batch from (head ids, tail ids, loss on head too); loss never on bos; eos ends each row."""
+def packed_len(head: Sequence[int], tail: Sequence[int]) -> int:
+  """A packed row's tokens: bos + head + tail + eos."""
+  return len(head) + len(tail) + 2
+
+
+def pack(seqs: Sequence[tuple[list[int], list[int], bool]], tok, seq_len: int,
+         key: str = "model.max_len") -> dict[str, np.ndarray]:
+  """Right-padded SFT batch from (head ids, tail ids, loss on head too); loss never on bos; eos ends each row.
+  `key`: the config key that sets seq_len, named when a sequence does not fit."""
   n = len(seqs)
   tokens = np.full((n, seq_len), tok.pad_id, np.int32)
   mask = np.zeros((n, seq_len), np.int32)
   loss = np.zeros((n, seq_len), np.int32)
   for i, (head, tail, loss_on_head) in enumerate(seqs):
     ids = [tok.bos_id] + list(head) + list(tail) + [tok.eos_id]
-    if len(ids) > seq_len:
-      raise ValueError(f"model.max_len={seq_len} is too short for a {len(ids)}-token SFT sequence; raise it")
+    if len(ids) > seq_len:  # a one-line input error (was a ValueError traceback mid-stage)
+      raise errors.InputError(f"config.{key}: {seq_len} is too short for a {len(ids)}-token SFT sequence "
+                              "(bos + text + eos); raise it")
     tokens[i, :len(ids)] = ids
     mask[i, :len(ids)] = 1
     loss[i, (1 if loss_on_head else 1 + len(head)):len(ids)] = 1
@@ -137,7 +145,7 @@ def pretrain_batches(config, tok, examples: list[dict]) -> Batches:
           lang = config.task.language
         head, tail = pretrain_document(task, examples[idx], lang, rng, p)
         seqs.append((tok.encode(head) if head else [], tok.encode(tail), True))
-      yield pack(seqs, tok, p.seq_len or config.model.max_len)
+      yield pack(seqs, tok, p.seq_len or config.model.max_len, "r1.pretrain.seq_len" if p.seq_len else "model.max_len")
       step += 1
   return gen
 
@@ -153,7 +161,7 @@ def _cycle(config, tok, seqs, batch: int, what: str) -> Batches:
   return gen
 
 
-def cold_start_batches(config, tok, examples: list[dict]) -> Batches:
+def cold_start_set(config, tok, examples: list[dict]) -> list[tuple[list[int], list[int], bool]]:
   """The small cold-start set: the first `examples` train problems, tagged, single-language, loss on completion."""
   task = data_lib.make_task(config.task)
   cs = config.r1.cold_start
@@ -163,7 +171,12 @@ def cold_start_batches(config, tok, examples: list[dict]) -> Batches:
     lang = base.LANGUAGES[int(rng.integers(2))] if config.task.language == "mixed" else config.task.language
     sol = cot.solution(ex, lang, mistake=bool(rng.random() < cs.mistake_frac))
     fixed.append((tok.encode(base.prompt(task, ex, lang)), tok.encode(sol), False))
-  return _cycle(config, tok, fixed, cs.batch, "cold_start_order")
+  return fixed
+
+
+def cold_start_batches(config, tok, examples: list[dict]) -> Batches:
+  """Epochs over `cold_start_set`."""
+  return _cycle(config, tok, cold_start_set(config, tok, examples), config.r1.cold_start.batch, "cold_start_order")
 
 
 def records_batches(config, tok, records: list[dict]) -> Batches:

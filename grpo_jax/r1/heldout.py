@@ -11,11 +11,14 @@ import os
 import re
 from typing import Any
 
+from absl import logging
 import jax
 import numpy as np
 
 from grpo_jax.infra import params_ckpt
 from grpo_jax.run import evaluation
+from grpo_jax.run import run_config
+from grpo_jax.run import stages
 from grpo_jax.model import model as model_lib
 from grpo_jax.infra import sharding
 from grpo_jax.rl import state as state_lib
@@ -110,16 +113,52 @@ def heldout_metrics(ev: evaluation.Evaluator, params, seed: int) -> tuple[dict[s
   return m, g.texts[:4]
 
 
+# The config keys the held-out numbers depend on (the seed, the report's sizes, the readings' forbidden words, the
+# sampler, the task, the model), besides the params themselves; r1/shared_base.py reads them too.
+HELDOUT_KEYS = ("seed", "r1.report.", "r1.forbidden", "sampling.", "task.", "model.", "eval.")
+_CACHE_KEY = "cache_key"
+
+
+def cache_key(config, stage_dir: str) -> str:
+  """What a cached heldout.json was computed from: the params' checksums (params.integrity.json) and HELDOUT_KEYS."""
+  flat = run_config.flatten(config)
+  keys = {k: v for k, v in flat.items() if any(k == p or (p.endswith(".") and k.startswith(p)) for p in HELDOUT_KEYS)}
+  try:
+    with open(os.path.join(stage_dir, "params.integrity.json"), encoding="utf-8") as f:
+      params_id = f.read()
+  except OSError:  # params written before checksums: the finished record's time stands for them
+    params_id = str((stages.read_record(stage_dir) or {}).get("finished", ""))
+  return run_config.fingerprint(dict(keys, params=params_id))
+
+
+def _cached(path: str, key: str) -> dict[str, Any] | None:
+  """heldout.json's metrics when they were computed for `key`; None (re-evaluate) for a stage continued or redone
+  since, a changed r1.report / sampling setting, or a file written before the key was stored."""
+  if not os.path.exists(path):
+    return None
+  try:
+    with open(path, encoding="utf-8") as f:
+      got = json.load(f)
+  except (OSError, ValueError):
+    got = None
+  if not isinstance(got, dict) or got.pop(_CACHE_KEY, None) != key:
+    logging.info("%s is not of this model and evaluation config; evaluating again", path)
+    return None
+  return got
+
+
 def evaluate_stages(config, workdir: str) -> dict[str, dict[str, Any]]:
-  """Each finished model's held-out metrics, cached in DIR/<stage>/heldout.json (a restart re-uses them)."""
+  """Each finished model's held-out metrics, cached in DIR/<stage>/heldout.json with the cache_key they were
+  computed for (a restart re-uses them; a continued stage or a changed report config evaluates again)."""
   results, ev = {}, None
   for stage in layout.MODELS:
     path = os.path.join(layout.stage_dir(workdir, stage), "heldout.json")
-    if os.path.exists(path):
-      with open(path) as f:
-        results[stage] = json.load(f)
-      continue
     if not layout.stage_done(workdir, stage):
+      continue
+    key = cache_key(config, layout.stage_dir(workdir, stage))
+    cached = _cached(path, key)
+    if cached is not None:
+      results[stage] = cached
       continue
     ev = ev or make_evaluator(config)
     params = params_ckpt.load_params(layout.params_path(workdir, stage),
@@ -127,6 +166,6 @@ def evaluate_stages(config, workdir: str) -> dict[str, dict[str, Any]]:
     m, texts = heldout_metrics(ev, params, config.seed + 7)
     results[stage] = dict(m, samples=texts)
     with open(path + ".tmp", "w") as f:
-      json.dump(results[stage], f, indent=2)
+      json.dump(dict(results[stage], **{_CACHE_KEY: key}), f, indent=2)
     os.replace(path + ".tmp", path)
   return results

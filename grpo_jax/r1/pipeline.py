@@ -67,6 +67,30 @@ def stage_list(config, workdir: str, names: Sequence[str] | None = None) -> list
   return [built[n] for n in (layout.STAGES if names is None else names)]
 
 
+def check_upstream(config, workdir: str, stages: Sequence[str]) -> None:
+  """r1.stages may leave out stages: the ones it runs must find every stage they read (`_UPSTREAM`) that it does
+  not run before them finished in `workdir`, with this config. Missing, that was a traceback in the stage (a
+  FileNotFoundError for r1_4_sft's data.jsonl); finished with another config, the stage trained on its outputs and
+  recorded this config's fingerprint for them. Reads only."""
+  names = tuple(stages)
+  for i, name in enumerate(names):
+    for up in _UPSTREAM[name]:
+      if up in names[:i]:
+        continue
+      st = stage_list(config, workdir, [up])[0]
+      why = f"{names!r} runs {name}, which reads the outputs of {up}"
+      if not stages_lib.is_done(st):
+        validate_lib.fail("r1.stages", f"{why}, but {st.directory} holds no finished {up}; add {up!r} to "
+                          "r1.stages (before it), or give the --workdir of a run where it finished.")
+      stored = (stages_lib.read_record(st.directory) or {}).get("config")
+      changed = run_config.diff(stored, st.view) if isinstance(stored, dict) else []  # None: a pre-record stage
+      if changed:
+        validate_lib.fail("r1.stages", f"{why}, and the {up} in {st.directory} finished with another config: "
+                          f"{run_config.describe(changed[:6], stored, st.view)}; add {up!r} to r1.stages (a changed "
+                          "finished stage is then refused, continued or redone as the train.* flags say), or set "
+                          "those keys back.")
+
+
 def _sft_batches(config, tok, workdir: str, stage: str) -> corpus.Batches:
   if stage == "r1_4_sft":
     return corpus.records_batches(config, tok, corpus.read_records(layout.rejection_data(workdir)))
@@ -131,6 +155,7 @@ def run_pipeline(config, workdir: str, stages: Sequence[str] | None = None,
   """
   stages = tuple(config.r1.stages) if stages is None else tuple(stages)
   stage_config.validate(config, stages)
+  check_upstream(config, workdir, stages)
   todo = stage_list(config, workdir, stages)
   actions = stages_lib.plan(todo, config, workdir) if actions is None else actions
   os.makedirs(workdir, exist_ok=True)

@@ -48,12 +48,17 @@ def _prompt_languages(config, n: int) -> np.ndarray:
 
 
 def _general_records(config, task, tok, examples: list[dict], n: int) -> list[dict]:
-  """`n` tag-free worked solutions of random train problems: stage 4's general (non-reasoning) text. Like the web
-  text it stands for, a `general_noise_frac` fraction carries a forbidden word before one of its steps: the
-  undesired behaviour that stage 4 passes on and stage 5's harmlessness term is there to remove."""
+  """`n` tag-free worked solutions of random train problems (an epoch over them, then the next): stage 4's general
+  (non-reasoning) text. Like the web text it stands for, a `general_noise_frac` fraction carries a forbidden word
+  before one of its steps: the undesired behaviour that stage 4 passes on and stage 5's harmlessness term is there
+  to remove."""
   out, rng = [], base.rng_for("general", config.seed)
   noise_rng = base.rng_for("general_noise", config.seed)
-  for j in rng.permutation(len(examples))[:n]:
+  order = rng.permutation(len(examples))
+  while examples and len(order) < n:  # n > the train set: one permutation fell short of n
+    more = base.rng_for("general", config.seed, len(order) // len(examples)).permutation(len(examples))
+    order = np.concatenate([order, more])
+  for j in order[:n]:
     ex = examples[int(j)]
     lang = base.LANGUAGES[int(rng.integers(2))] if config.task.language == "mixed" else config.task.language
     text = task.question(ex, lang) + " " + cot.solution(ex, lang, tagged=False)
@@ -64,6 +69,14 @@ def _general_records(config, task, tok, examples: list[dict], n: int) -> list[di
     out.append({"kind": "general", "index": int(ex["index"]), "language": lang, "prompt_ids": [],
                 "completion_ids": tok.encode(text), "text": text, "reward": 0.0})
   return out
+
+
+def _sampled_prompt(b: dict[str, np.ndarray], q: int, bos: int) -> list[int]:
+  """Row q's prompt as the sampler saw it, without its bos (corpus.pack adds one): under task.overlong_prompts=
+  truncate the kept end of a long prompt; the prompt re-encoded whole was stage 4's, with a completion sampled
+  from the truncated one (and a row that could outgrow model.max_len)."""
+  ids = [int(t) for t, m in zip(b["prompt_NxP"][q], b["prompt_mask_NxP"][q]) if m]
+  return ids[1:] if ids and ids[0] == bos else ids
 
 
 def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float]:
@@ -97,7 +110,10 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
                                                        jax.random.fold_in(rng, c0)))
     comps = evaluation.completions(tokens, mask, getattr(tok, "eos_ids", tok.eos_id))
     texts = [tok.decode(c) for c in comps]
-    reward = r1_rewards.weighted_sum(r1_rewards.term_scores(texts, comps, fields, fns, acc, fmt),
+    # stage 2's reward mix, whichever KNOWN terms it weights (brevity_correct, untracked, was a KeyError here)
+    ended = mask.sum(1) > np.asarray([len(c) for c in comps])  # the row's EOS was stripped: it ended there
+    reward = r1_rewards.weighted_sum(r1_rewards.term_scores(texts, comps, dict(fields, ended_N=ended), fns, acc, fmt,
+                                                            [n for n, _ in config.r1.grpo.rewards]),
                                      config.r1.grpo.rewards)
     for q in range(len(exs)):
       rows = slice(q * rj.n, (q + 1) * rj.n)
@@ -107,7 +123,7 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
       for i in select_samples(reward[rows], acc[rows], fmt[rows], comps[rows], rj.keep_per_prompt):
         k = q * rj.n + i
         records.append({"kind": "reasoning", "index": int(exs[q]["index"]), "language": lang,
-                        "prompt_ids": tok.encode(base.prompt(task, exs[q], lang)),
+                        "prompt_ids": _sampled_prompt(b, q, tok.bos_id),
                         "completion_ids": list(comps[k]), "text": texts[k], "reward": float(reward[k])})
   n_reason = len(records)
   if n_reason == 0:

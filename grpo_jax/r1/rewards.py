@@ -112,10 +112,12 @@ def stage_rewards(weighted: Sequence[tuple[str, float]]) -> tuple[tuple[str, flo
   return tuple((n, float(w)) for n, w in weighted) + tuple((n, 0.0) for n in TRACKED if n not in names)
 
 
-def term_scores(texts, ids, batch, fns: dict[str, reward_spec.PyRewardFn], acc_N, fmt_N) -> dict[str, np.ndarray]:
-  """Every TRACKED term for host-side completions (accuracy/format from the in-graph verifiers)."""
+def term_scores(texts, ids, batch, fns: dict[str, reward_spec.PyRewardFn], acc_N, fmt_N,
+                names: Sequence[str] = TRACKED) -> dict[str, np.ndarray]:
+  """The terms `names` (any of KNOWN) for host-side completions (accuracy/format from the in-graph verifiers).
+  `batch` holds `ended_N` (the row stopped at an EOS) as an RL step's does: `brevity_correct` verifies with it."""
   out = {"accuracy": np.asarray(acc_N, np.float32), "format": np.asarray(fmt_N, np.float32)}
-  for name in TRACKED:
+  for name in names:
     if name not in out:
       out[name] = np.asarray(fns[name](texts, ids, batch), np.float32)
   return out

@@ -14,6 +14,7 @@ import json
 import os
 import shutil
 
+from grpo_jax.r1 import heldout
 from grpo_jax.run import run_config
 from grpo_jax.run import stages as stages_lib
 from grpo_jax.run import validate as validate_lib
@@ -29,8 +30,6 @@ _FREE_PREFIXES = ("sampling.", "eval.", "r1.report.", "resolved.sampling.")
 # Copied besides the params: the params' checksums and the pre-training loss curve; heldout.json too when the held-out
 # report would be the same (_same_heldout), so the report does not sample the same model again per seed.
 _FILES = ("params.integrity.json", "metrics.jsonl")
-# What the base's held-out report reads (r1/heldout.py: config.seed + 7, r1.report sizes, sampling, task, model).
-_HELDOUT_KEYS = ("seed", "r1.report.", "sampling.", "task.", "model.", "eval.")
 
 
 def source_dir(config) -> str:
@@ -72,7 +71,7 @@ def _same_heldout(config, src: str) -> bool:
   with open(path, encoding="utf-8") as f:
     theirs = run_config.flatten(json.load(f))
   mine = run_config.flatten(config)
-  keys = [k for k in theirs if any(k == p or (p.endswith(".") and k.startswith(p)) for p in _HELDOUT_KEYS)]
+  keys = [k for k in theirs if any(k == p or (p.endswith(".") and k.startswith(p)) for p in heldout.HELDOUT_KEYS)]
   return all(theirs[k] == mine.get(k) for k in keys)
 
 

@@ -9,12 +9,16 @@ from typing import Any
 
 import ml_collections
 
+from grpo_jax.config import config_lib
 from grpo_jax.rl import auto
 from grpo_jax.rl import memory_plan
+from grpo_jax.run import run_config
 from grpo_jax.run import validate as validate_lib
+from grpo_jax.r1 import corpus
 from grpo_jax.r1 import layout
 from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.tasks import cot
+from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import registry as task_registry
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 
@@ -88,9 +92,47 @@ def for_heldout(config) -> ml_collections.ConfigDict:
                                       pass_k=tuple(rep.pass_k))})
 
 
+# The run-config keys for_stage overwrites in every stage it derives, and where each stage's value comes from: set in
+# the run config they changed nothing (train.init_from=hf:<dir> still pre-trained a base from a random init).
+_OVERWRITTEN = {"train.steps": "each RL stage runs r1.zero / grpo / final.steps",
+                "rewards": "each RL stage weights r1.zero / grpo / final.rewards",
+                **{f"sft.{k}": f"each SFT stage takes r1.pretrain / cold_start / sft2.{k}"
+                   for k in ("steps", "batch", "lr", "warmup_steps")},
+                "train.init_from": "the base is pre-trained here or copied with r1.base_from, and every later stage "
+                                   "starts from an earlier stage's params",
+                "sft.init_from": "the base is pre-trained here or copied with r1.base_from",
+                "sft.loss_on": "the base's loss is on every token, the other SFT stages' on the completion",
+                "sft.mistake_frac": "each SFT stage writes its own data: r1.pretrain / cold_start.mistake_frac"}
+
+
+def _unread_keys_at_default(config) -> None:
+  default = run_config.flatten(config_lib.base_config())
+  flat = run_config.flatten(config)
+  for key, instead in _OVERWRITTEN.items():
+    if flat.get(key) != default.get(key):
+      validate_lib.fail(key, f"is {flat.get(key)!r}, but job r1_pipeline does not read it ({instead}); drop it.")
+
+
+def _cold_start_fits(config, tok) -> None:
+  """The cold-start set is fixed (its first r1.cold_start.examples train problems), so it is checked whole: more
+  examples than the split holds, or a sequence longer than model.max_len (a traceback at stage 1, after the base and
+  R1-Zero had trained; model.max_len cannot change under finished stages)."""
+  examples = data_lib.load_examples(config.task, "train")
+  if config.r1.cold_start.examples > len(examples):  # the set took the train split whole, silently smaller
+    validate_lib.fail("r1.cold_start.examples", f"{config.r1.cold_start.examples} exceeds the {len(examples)} train "
+                      "examples; lower it or raise task.train_size.")
+  seqs = corpus.cold_start_set(config, tok, examples)
+  longest = max((corpus.packed_len(h, t) for h, t, _ in seqs), default=0)
+  if longest > config.model.max_len:
+    validate_lib.fail("model.max_len", f"{config.model.max_len} tokens are too few for the cold-start set (stage "
+                      f"r1_1_cold_start): its longest sequence is {longest} (bos + prompt + tagged worked solution + "
+                      f"eos); set model.max_len={longest} or more, or lower r1.cold_start.examples.")
+
+
 def validate(config, stages) -> None:
   """The `r1` keys, and the config of every stage in `stages`, checked before anything compiles."""
   r1 = config.r1
+  _unread_keys_at_default(config)
   for k in _POSITIVE:
     validate_lib.positive_int(config, "r1." + k)
   for k in _PROBS:
@@ -119,7 +161,7 @@ def validate(config, stages) -> None:
   if r1.pretrain.tool_frac > 0 and config.tools.format != "plain":
     validate_lib.fail("tools.format", f"{config.tools.format!r}: pre-training documents write calculator calls in "
                       "the plain format only (r1.pretrain.tool_frac > 0); set tools.format='plain'.")
-  if config.get("tools") is not None and config.tools.env and "r1_3_rejection" in tuple(r1.stages):
+  if config.get("tools") is not None and config.tools.env and "r1_3_rejection" in tuple(stages):
     # its sampler does not run the environment: rows would write tool calls that nobody answers, and the SFT set
     # would hold them (the RL stages and the report run it)
     validate_lib.fail("tools.env", f"{config.tools.env!r}: rejection sampling (r1_3_rejection) does not run the "
@@ -127,6 +169,10 @@ def validate(config, stages) -> None:
                       "set tools.env=''.")
   if r1.rejection.general_frac >= 1:
     validate_lib.fail("r1.rejection.general_frac", "must be < 1: the SFT set needs some rejection-sampled reasoning.")
+  if config.task.get("prompt_format", "r1_zero") != "r1_zero":  # the RL stages asked in chat, the rest in R1-Zero
+    validate_lib.fail("task.prompt_format", f"{config.task.prompt_format!r}: the R1 pipeline's pre-training, "
+                      "cold-start and rejection-sampled text is written in the R1-Zero template; set it to "
+                      "'r1_zero'.")
   if config.task.name not in task_registry.names("worked_solutions"):
     validate_lib.fail("task.name", "the R1 pipeline needs reference worked solutions; use one of "
                       f"{task_registry.names('worked_solutions')}.")
@@ -155,6 +201,8 @@ def validate(config, stages) -> None:
   validate_lib.positive_finite(config, "r1.rejection.temperature",
                              "the rejection sampler's temperature: softmax(logits / temperature)")
   validate_lib.temperature(config, "r1.rejection.temperature")
+  if "r1_1_cold_start" in stages:
+    _cold_start_fits(config, tok)
   for stage in stages:
     if stage not in SFT_STAGES and stage not in RL_STAGES:
       continue

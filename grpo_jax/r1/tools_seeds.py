@@ -10,8 +10,8 @@
 Per run: the first and last tenth of R1-Zero's steps (report._first_last) of the tool readings and the accuracy
 reward, the greedy held-out accuracy along the way (eval/*, with the environment answering as in training) at step
 0 (the base) and at the end, and the report's held-out accuracy (report.json, 256 prompts) of R1-Zero. Paired
-statistics: within a run (end − start: did GRPO raise the tool-call rate), and between the arms, run k of DIR minus
-run k of DIR_C (the same RL seed; sorted by name): mean ± Student-t 95% CI of the per-seed differences.
+statistics: within a run (end − start: did GRPO raise the tool-call rate), and between the arms, each run of DIR minus
+the run of DIR_C with the same name (the same RL seed: seed=k): mean ± Student-t 95% CI of the per-seed differences.
 """
 from __future__ import annotations
 
@@ -82,10 +82,22 @@ def per_run(workdir: str) -> dict[str, float]:
 
 
 def paired(runs: Sequence[dict[str, float]], control: Sequence[dict[str, float]]) -> dict[str, stats.Summary]:
-  """Run k minus control run k of each PAIRED statistic (as many pairs as both have)."""
-  n = min(len(runs), len(control))
-  return {k: stats.summarize([runs[i].get(k, math.nan) - control[i].get(k, math.nan) for i in range(n)])
+  """Run k minus control run k of each PAIRED statistic (pairs: `matched`)."""
+  if len(runs) != len(control):
+    raise ValueError(f"{len(runs)} runs against {len(control)} control runs: pair them with `matched`")
+  return {k: stats.summarize([r.get(k, math.nan) - c.get(k, math.nan) for r, c in zip(runs, control)])
           for k in PAIRED}
+
+
+def matched(dirs: Sequence[str], control_dirs: Sequence[str]) -> tuple[list[tuple[int, int]], list[str]]:
+  """(index in dirs, index in control_dirs) of the runs with the same directory name (a sweep names its runs by
+  seed: seed=k), and the names only one arm finished. By position, a seed missing from one arm paired every later
+  run with another seed's."""
+  name = lambda d: os.path.basename(os.path.normpath(d))
+  ctl = {name(d): j for j, d in enumerate(control_dirs)}
+  pairs = [(i, ctl[name(d)]) for i, d in enumerate(dirs) if name(d) in ctl]
+  alone = sorted({name(d) for d in dirs} ^ set(ctl))
+  return pairs, alone
 
 
 def markdown(table: dict[str, stats.Summary], n: int, control: dict[str, stats.Summary] | None,
@@ -112,7 +124,7 @@ def markdown(table: dict[str, stats.Summary], n: int, control: dict[str, stats.S
     row(f"report `{k}`: base", k + "@base")
     row(f"report `{k}`: R1-Zero", k + "@r1_zero")
   if diffs:
-    lines += ["", "Tools minus control, paired by seed (run k − control run k):", "",
+    lines += ["", "Tools minus control, paired by seed (each run minus the control run of the same name):", "",
               "| statistic | tools − control | resolved |", "|---|---|---|"]
     for k, s in diffs.items():
       if s.n:
@@ -145,7 +157,11 @@ def write(workdir: str, dirs: Sequence[str], control_dirs: Sequence[str] = (), h
   ctl = [per_run(d) for d in control_dirs]
   table = aha_seeds.summarize(runs)
   control = aha_seeds.summarize(ctl) if ctl else None
-  diffs = paired(runs, ctl) if ctl else None
+  pairs, alone = matched(dirs, control_dirs)
+  diffs = paired([runs[i] for i, _ in pairs], [ctl[j] for _, j in pairs]) if ctl else None
+  if ctl and alone:
+    header += (" " if header else "") + (f"Paired: the {len(pairs)} seeds both arms finished; without a partner: "
+                                         f"{', '.join(alone)}.")
   md = "# Tool use over seeds\n\n" + (header + "\n\n" if header else "") + markdown(table, len(runs), control, diffs,
                                                                                    len(ctl))
   with open(os.path.join(workdir, "tools_seeds.md"), "w", encoding="utf-8") as f:

@@ -119,11 +119,12 @@ def stage_list(config, workdir: str) -> list[stages_lib.Stage]:
 
 
 def check(config, workdir: str) -> None:
-  """Every input of the job, nothing written: preflight.check, then for job=r1_pipeline the r1 keys and every
-  stage's derived config (r1/stage_config.py)."""
+  """Every input of the job, nothing written: preflight.check, then for job=r1_pipeline the r1 keys, every
+  stage's derived config (r1/stage_config.py) and the finished stages that r1.stages reads but does not run."""
   preflight.check(config, workdir)
   if config.job == "r1_pipeline":
     stage_config.validate(config, tuple(config.r1.stages))
+    pipeline.check_upstream(config, workdir, tuple(config.r1.stages))  # stages r1.stages leaves out, finished here
 
 
 def run(config, workdir: str) -> None:

@@ -200,7 +200,9 @@ def plan(stages: Sequence[Stage], config, workdir: str) -> dict[str, str]:
                                  where=f"the finished {label} ({os.path.join(st.directory, RECORD)})",
                                  workdir_hint=workdir, hint=redo_hint, note=note, incidental=incidental)
       actions[st.name] = "continue" if changed else "skip"
-      if not changed:
+      if changed:
+        _check_not_shortened(st, redo_hint, workdir)
+      else:
         finished.append(st)
       continue
     if _legacy_done(st):
@@ -211,7 +213,20 @@ def plan(stages: Sequence[Stage], config, workdir: str) -> dict[str, str]:
     ckpt_dir = os.path.join(st.directory, "checkpoints")
     check_resume(ckpt_dir, st.view, allow, workdir_hint=workdir, hint=redo_hint, note=note, incidental=incidental)
     actions[st.name] = "resume" if ckpt_lib.all_committed_steps(ckpt_dir) else "start"
+    if actions[st.name] == "resume":
+      _check_not_shortened(st, redo_hint, workdir)
   return actions
+
+
+def _check_not_shortened(stage: Stage, redo_hint: str, workdir: str) -> None:
+  """An allowed change of a loop's step count to below its newest checkpoint: the loop had nothing to run, and the
+  stage was marked done at the smaller count with the later step's params (an R1 RL stage took an older
+  checkpoint's, or failed where it was gone)."""
+  newest = newest_step(stage.directory)
+  if stage.steps is not None and newest > stage.steps:
+    raise errors.InputError(
+        f"stage {stage.name} has trained to step {newest}, past the {stage.steps} steps this config gives it, and a "
+        f"stage cannot be shortened; restore its step count{redo_hint} or use a new --workdir (not {workdir}).")
 
 
 def prepare(stage: Stage, action: str, workdir: str) -> None:
