@@ -143,12 +143,29 @@ def _uncommitted(step_dir):
   os.remove(os.path.join(step_dir, 'commit_success.txt'))
 
 
-@pytest.mark.parametrize('corrupt', [_truncate_data, _garbage_metadata, _garbage_meta_json, _uncommitted])
+def _meta_names_another_step(step_dir):
+  """One flipped bit in the metadata JSON: '3' (0x33) becomes '7' (0x37). Still valid JSON, and the checksums cover
+  the state, not the JSON: step 3 restored as step 7 (data position and step count 4 steps ahead), silently."""
+  path = os.path.join(step_dir, 'meta', 'metadata')
+  with open(path, 'rb') as fh:
+    data = bytearray(fh.read())
+  at = data.index(b'"step": 3') + len(b'"step": ')
+  data[at] ^= 0x04
+  with open(path, 'wb') as fh:
+    fh.write(bytes(data))
+  assert json.loads(bytes(data))['step'] == 7
+
+
+@pytest.mark.parametrize('corrupt', [_truncate_data, _garbage_metadata, _garbage_meta_json, _uncommitted,
+                                     _meta_names_another_step])
 def test_bad_newest_falls_back_with_warning(tmp_path, states, caplog, corrupt):
   _save_steps(tmp_path, states, [1, 2, 3], async_save=False)
   corrupt(str(tmp_path / '3'))
   caplog.set_level(logging.WARNING)
   with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
+    if corrupt is _meta_names_another_step:  # named: refused, nothing moved
+      with pytest.raises(errors.InputError, match=r'step 3 .* is damaged \(its metadata says step 7, its directory 3'):
+        ckpt.restore(3, abstract_of(states[3]))
     restored, meta = ckpt.restore(None, abstract_of(states[3]))
     _assert_bit_identical(restored, states[2])
     assert meta == {'step': 2, 'data_pos': 20}
@@ -232,6 +249,8 @@ def test_bad_arguments_raise(tmp_path, states):
   with checkpoint.Checkpointer(tmp_path, save_every=1, keep=1, async_save=False) as ckpt:
     with pytest.raises(ValueError, match=r"meta\['fn'\] is not JSON"):
       ckpt.maybe_save(0, states[1], {'fn': print})
+    with pytest.raises(ValueError, match=r"meta\['step'\]=5 differs from the step saved, 0"):
+      ckpt.maybe_save(0, states[1], {'step': 5})
     assert ckpt.maybe_save(0, states[1], {'pos': np.int64(3), 'lr': jnp.float32(0.5)})
     no_sharding = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), states[1])
     with pytest.raises(ValueError, match=r'abstract_state.*has no concrete sharding'):

@@ -3,9 +3,9 @@
 Layout of `directory` (orbax's): `<step>/state` (the state pytree, `StandardSave`), `<step>/meta` (JSON dict with
 at least `step`, the data-iterator position; `config`, the run-config view that wrote it, see run_config.py; and
 `integrity`, a checksum per leaf computed on the devices, see integrity.py), `<step>/commit_success.txt` (orbax's
-commit marker). A step is used only if it restores, its checksums match and every value in it is finite; otherwise
-it is moved to `directory/corrupt/<step>-<unix time>` (so that orbax neither lists it nor refuses to save at its
-step again) and the previous step is tried. A step whose saved shapes differ from the state the config builds is
+commit marker). A step is used only if it restores, its metadata names its own step, its checksums match and
+every value in it is finite; otherwise it is moved to `directory/corrupt/<step>-<unix time>` (so that orbax neither
+lists it nor refuses to save at its step again) and the previous step is tried. A step whose saved shapes differ from the state the config builds is
 not damage: restoring it raises an InputError (the config changed) and moves nothing. A state with non-finite
 values is never saved (RunStopped), and rotation keeps the newest `keep` steps plus, always, the newest step known
 good (saved with checksums from a finite state). Temporary dirs of saves killed mid-way are removed on open.
@@ -65,6 +65,8 @@ def _jsonable_meta(step: int, meta: Mapping[str, Any] | None) -> dict[str, Any]:
       raise ValueError(f'meta[{key!r}] is not JSON-serializable ({e}); store ints, floats, strings, lists '
                        'or dicts') from None
     out[key] = value
+  if out['step'] != int(step):  # restore() refuses a step whose metadata names another one
+    raise ValueError(f"meta['step']={out['step']!r} differs from the step saved, {step}; leave it out (it is set)")
   return out
 
 
@@ -274,7 +276,11 @@ class Checkpointer:
         self._manager.delete(step)
 
   def _verify(self, step: int, state: Any, meta: Mapping[str, Any]) -> str | None:
-    """Why the restored `state` of `step` must not be used (None = fine): a checksum mismatch or a non-finite value."""
+    """Why the restored `state` of `step` must not be used (None = fine): metadata naming another step (the
+    checksums cover the state, not the JSON: a flipped digit there resumed with another data position and step
+    count, silently), a checksum mismatch or a non-finite value."""
+    if meta.get('step') != step:
+      return f'its metadata says step {meta.get("step")!r}, its directory {step}'
     summary = integrity.summarize(state)
     stored = meta.get('integrity')
     if stored is None:
