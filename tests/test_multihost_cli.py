@@ -132,3 +132,47 @@ def test_final_params_match_one_process(runs):
                                err_msg=jax.tree_util.keystr(path))
     moved = max(moved, float(np.abs(np.asarray(a) - np.asarray(init)).max()))
   assert moved > 5e-3  # the runs started from the HF params and moved away from them (lr 1e-2, 2 steps)
+
+
+FAILING_ALONE = """
+import sys
+from grpo_jax import cli, main
+from grpo_jax.infra import multihost
+from grpo_jax.run import jobs
+
+def run(config, workdir):  # the command's start (jobs.run), then process 1 meets a bug the others do not
+  multihost.maybe_initialize()
+  import jax
+  from jax.experimental import multihost_utils
+  multihost_utils.sync_global_devices("started")  # the processes have run collectives together (gloo is set up)
+  if jax.process_index() == 1:
+    raise RuntimeError("planted bug on process 1 only")
+  print("process 0 waits in a collective", flush=True)
+  multihost_utils.sync_global_devices("never reached by process 1")
+
+jobs.run = run
+cli.finish(main.execute(None, ""))
+"""
+
+
+def test_a_bug_on_one_process_exits_1_at_once(tmp_path):
+  """A traceback (exit 1) on one process of a multi-process job went through interpreter shutdown, where JAX's
+  exit handler waits in a shutdown barrier (300 s) for the other processes, themselves waiting in a collective for
+  the failed one: the job hung 5 minutes, then both aborted (SIGABRT, exit status -6, the 1 lost), and the launcher,
+  which acts on an exit, saw nothing until then. Now the failed process prints its traceback and exits 1 at once;
+  the other's collective then fails (gloo: connection closed by peer) and it exits 1 too, or the launcher stops it
+  (planted back: the launcher's 90 s timeout, both killed)."""
+  script = tmp_path / "fail_alone.py"
+  script.write_text(FAILING_ALONE)
+  log = io.StringIO()
+  t0 = time.perf_counter()
+  with pytest.MonkeyPatch.context() as mp:  # the launcher gives its children this process's environment
+    for k, v in dict(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", GRPO_JAX_XLA_CACHE="off").items():
+      mp.setenv(k, v)
+    rc = local_multiprocess.launch(2, script=str(script), devices_per_process=1, timeout_s=90, grace_s=1,
+                                   python=sys.executable, out=log)
+  out, took = log.getvalue(), time.perf_counter() - t0
+  assert rc == 1 and "[launch] p1 exited with 1" in out, out[-3000:]
+  assert "RuntimeError: planted bug on process 1 only" in out and "process 0 waits in a collective" in out, out
+  assert "[launch] p0 exited with 1" in out or "[launch] p0 exited with -15" in out, out[-3000:]
+  assert took < 60, took

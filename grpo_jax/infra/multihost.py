@@ -3,6 +3,12 @@
 On Cloud TPU pods `GRPO_JAX_DISTRIBUTED=1` alone is enough (JAX discovers the pod). On other clusters, or for the
 local multi-process launcher, also set `GRPO_JAX_COORDINATOR=host:port`, `GRPO_JAX_NUM_PROCESSES`,
 `GRPO_JAX_PROCESS_ID`.
+
+A process of such a job that fails alone must not leave through interpreter shutdown: JAX's exit handler waits in a
+shutdown barrier (300 s) for processes that are themselves stuck in a collective with the failed one, and then
+aborts both (SIGABRT, the failed process's exit status lost). `cli.finish` leaves with `os._exit` instead; the
+others are then stopped by JAX's heartbeat check (100 s: "Terminating process because the JAX distributed service
+detected fatal errors ... another task died"), or at once by launch/local_multiprocess.py.
 """
 import os
 
@@ -23,3 +29,8 @@ def maybe_initialize() -> bool:
   jax.distributed.initialize(**kwargs)
   _initialized = True
   return True
+
+
+def initialized() -> bool:
+  """Whether this process joined a multi-process job (maybe_initialize)."""
+  return _initialized
