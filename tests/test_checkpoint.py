@@ -281,7 +281,9 @@ sh, rep = NamedSharding(mesh, P('data')), NamedSharding(mesh, P())
 
 def state(s):  # every process builds the same global values; each holds only its own shards
   w = (np.arange(24, dtype=np.float32).reshape(8, 3) * s).astype(jnp.bfloat16)
-  return {'params': {'w': jax.make_array_from_callback(w.shape, sh, lambda i: w[i])},
+  v = np.arange(4096, dtype=np.float32).reshape(64, 64) * s  # shards big enough to live in data files (not inlined)
+  return {'params': {'w': jax.make_array_from_callback(w.shape, sh, lambda i: w[i]),
+                     'v': jax.make_array_from_callback(v.shape, sh, lambda i: v[i])},
           'step': jax.make_array_from_callback((), rep, lambda i: np.int32(s)),
           'rng': jax.jit(lambda: jax.random.key(s), out_shardings=rep)()}
 
@@ -308,6 +310,27 @@ with checkpoint.Checkpointer(directory, save_every=1, keep=3, async_save=True) a
   assert ckpt.latest_step() == 1 and ckpt.maybe_save(2, state(2))
   ckpt.wait()
   assert ckpt.restore(None, abstract_of(state(2)))[1]['step'] == 2
+  # Damage only what process 1 reads (OCDBT: a directory per writing process; each reads back its own shards):
+  # process 0 read step 3 and went on to verify it, process 1 to step 2, their collectives met and the job hung.
+  assert ckpt.maybe_save(3, state(3))
+  ckpt.wait()
+  multihost_utils.sync_global_devices('saved 3')
+  if pid == 0:
+    files = glob.glob(os.path.join(directory, '3', 'state', 'ocdbt.process_1', 'd', '*'))
+    assert files, os.listdir(os.path.join(directory, '3', 'state'))
+    for f in files:
+      open(f, 'wb').write(b'\0' * 8)
+  multihost_utils.sync_global_devices('corrupted 3')
+  try:
+    ckpt.restore(3, abstract_of(state(3)))
+    raise AssertionError('step 3 restored')
+  except errors.InputError as e:  # named, on both processes (process 1: why; process 0: that process 1 failed)
+    assert 'step 3' in str(e) and ('process(es) [1] could not read it' in str(e)) == (pid == 0), e
+  got = params_ckpt.restore_params_only(directory, abstract_of(state(3))['params'])
+  assert (got.step, [s for s, _ in got.skipped]) == (2, [3]), got
+  restored, meta = ckpt.restore(None, abstract_of(state(3)))
+  assert meta == {'step': 2} and int(restored['step']) == 2, meta
+  assert ckpt.skipped['ckpt/unusable_skipped'] == 2 and ckpt.latest_step() == 2
 print('OK', pid, flush=True)
 '''
 
