@@ -176,3 +176,38 @@ def test_a_bug_on_one_process_exits_1_at_once(tmp_path):
   assert "RuntimeError: planted bug on process 1 only" in out and "process 0 waits in a collective" in out, out
   assert "[launch] p0 exited with 1" in out or "[launch] p0 exited with -15" in out, out[-3000:]
   assert took < 60, took
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"GRPO_JAX_PROCESS_ID": "0"}, r"GRPO_JAX_NUM_PROCESSES=None: GRPO_JAX_COORDINATOR is set, so .* integer"),
+    ({"GRPO_JAX_NUM_PROCESSES": "two", "GRPO_JAX_PROCESS_ID": "0"}, r"GRPO_JAX_NUM_PROCESSES='two'"),
+    ({"GRPO_JAX_NUM_PROCESSES": "2", "GRPO_JAX_PROCESS_ID": "2"}, r"GRPO_JAX_PROCESS_ID=2 with GRPO_JAX_NUM_PROC"),
+    ({"GRPO_JAX_COORDINATOR": "12345", "GRPO_JAX_NUM_PROCESSES": "2", "GRPO_JAX_PROCESS_ID": "0"},
+     r"GRPO_JAX_COORDINATOR='12345': must be host:port"),
+    ({"GRPO_JAX_COORDINATOR": None}, r"GRPO_JAX_DISTRIBUTED=1: JAX found no cluster to join here \(coordinator_"),
+])
+def test_bad_launch_env_is_one_line_naming_the_variable(monkeypatch, env, match):
+  """A missing or malformed GRPO_JAX_* variable was a KeyError / ValueError traceback (exit 1) before anything ran;
+  now an InputError (exit 2, one line) naming it. Nothing joins a job: the checks come first, and JAX's own
+  initialize (with no coordinator: cluster detection, which finds nothing here) is stood in for."""
+  import jax
+  from grpo_jax.infra import errors, multihost
+
+  def initialize(**kwargs):
+    assert not kwargs, kwargs  # only reached with no coordinator, as on a pod
+    raise ValueError("coordinator_address should be defined.")  # what JAX 0.10 says off a cluster (measured)
+  monkeypatch.setattr(jax.distributed, "initialize", initialize)
+  monkeypatch.setattr(multihost, "_initialized", False)
+  for k in ("GRPO_JAX_NUM_PROCESSES", "GRPO_JAX_PROCESS_ID"):
+    monkeypatch.delenv(k, raising=False)
+  monkeypatch.setenv("GRPO_JAX_DISTRIBUTED", "1")
+  monkeypatch.setenv("GRPO_JAX_COORDINATOR", "127.0.0.1:1")
+  for k, v in env.items():
+    if v is None:
+      monkeypatch.delenv(k)
+    else:
+      monkeypatch.setenv(k, v)
+  with pytest.raises(errors.InputError, match=match) as e:
+    multihost.maybe_initialize()
+  assert errors.classify(e.value)[0] == errors.EXIT_INPUT and "\n" not in str(e.value)
+  assert not multihost.initialized()
