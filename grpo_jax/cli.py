@@ -117,10 +117,18 @@ def config_value(example: str = "configs/grpo_arith.py:runlocal"):
 setup_logging = console.setup_logging
 
 
+def distributed() -> bool:
+  """Whether this process is one of a jax.distributed job (infra/multihost.py); asked without importing jax."""
+  multihost = sys.modules.get("grpo_jax.infra.multihost")
+  return multihost is not None and multihost.initialized()
+
+
 def finish(code: int) -> None:
-  """Error exits skip interpreter shutdown: orbax's and hung reward threads would print or wait there. Everything
-  of ours is on disk by now (saves are waited for before RunStopped is raised; the lock is released)."""
-  if code in (errors.EXIT_INPUT, errors.EXIT_STOPPED):
+  """Error exits skip interpreter shutdown: orbax's and hung reward threads would print or wait there, and in a
+  multi-process job JAX's shutdown barrier would wait 300 s for the other processes, which wait in a collective for
+  this one (infra/multihost.py), then abort both. Everything of ours is on disk by now (saves are waited for before
+  RunStopped is raised; the lock is released)."""
+  if code in (errors.EXIT_INPUT, errors.EXIT_STOPPED) or (code != errors.EXIT_OK and distributed()):
     logging.flush()
     sys.stdout.flush()
     sys.stderr.flush()

@@ -37,6 +37,10 @@ def execute(config, workdir: str, verbose: bool = False) -> int:
   except Exception as e:  # pylint: disable=broad-except
     verdict = errors.classify(e)
     if verdict is None:
+      if cli.distributed():  # this process alone failed: the traceback, then exit 1 at once (cli.finish)
+        import traceback  # pylint: disable=g-import-not-at-top
+        traceback.print_exc()
+        return errors.EXIT_BUG
       raise  # a bug: the traceback is the report (exit 1)
     code, line = verdict
     logging.flush()

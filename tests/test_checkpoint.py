@@ -143,12 +143,29 @@ def _uncommitted(step_dir):
   os.remove(os.path.join(step_dir, 'commit_success.txt'))
 
 
-@pytest.mark.parametrize('corrupt', [_truncate_data, _garbage_metadata, _garbage_meta_json, _uncommitted])
+def _meta_names_another_step(step_dir):
+  """One flipped bit in the metadata JSON: '3' (0x33) becomes '7' (0x37). Still valid JSON, and the checksums cover
+  the state, not the JSON: step 3 restored as step 7 (data position and step count 4 steps ahead), silently."""
+  path = os.path.join(step_dir, 'meta', 'metadata')
+  with open(path, 'rb') as fh:
+    data = bytearray(fh.read())
+  at = data.index(b'"step": 3') + len(b'"step": ')
+  data[at] ^= 0x04
+  with open(path, 'wb') as fh:
+    fh.write(bytes(data))
+  assert json.loads(bytes(data))['step'] == 7
+
+
+@pytest.mark.parametrize('corrupt', [_truncate_data, _garbage_metadata, _garbage_meta_json, _uncommitted,
+                                     _meta_names_another_step])
 def test_bad_newest_falls_back_with_warning(tmp_path, states, caplog, corrupt):
   _save_steps(tmp_path, states, [1, 2, 3], async_save=False)
   corrupt(str(tmp_path / '3'))
   caplog.set_level(logging.WARNING)
   with checkpoint.Checkpointer(tmp_path, save_every=1, keep=5) as ckpt:
+    if corrupt is _meta_names_another_step:  # named: refused, nothing moved
+      with pytest.raises(errors.InputError, match=r'step 3 .* is damaged \(its metadata says step 7, its directory 3'):
+        ckpt.restore(3, abstract_of(states[3]))
     restored, meta = ckpt.restore(None, abstract_of(states[3]))
     _assert_bit_identical(restored, states[2])
     assert meta == {'step': 2, 'data_pos': 20}
@@ -232,6 +249,8 @@ def test_bad_arguments_raise(tmp_path, states):
   with checkpoint.Checkpointer(tmp_path, save_every=1, keep=1, async_save=False) as ckpt:
     with pytest.raises(ValueError, match=r"meta\['fn'\] is not JSON"):
       ckpt.maybe_save(0, states[1], {'fn': print})
+    with pytest.raises(ValueError, match=r"meta\['step'\]=5 differs from the step saved, 0"):
+      ckpt.maybe_save(0, states[1], {'step': 5})
     assert ckpt.maybe_save(0, states[1], {'pos': np.int64(3), 'lr': jnp.float32(0.5)})
     no_sharding = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), states[1])
     with pytest.raises(ValueError, match=r'abstract_state.*has no concrete sharding'):
@@ -262,7 +281,9 @@ sh, rep = NamedSharding(mesh, P('data')), NamedSharding(mesh, P())
 
 def state(s):  # every process builds the same global values; each holds only its own shards
   w = (np.arange(24, dtype=np.float32).reshape(8, 3) * s).astype(jnp.bfloat16)
-  return {'params': {'w': jax.make_array_from_callback(w.shape, sh, lambda i: w[i])},
+  v = np.arange(4096, dtype=np.float32).reshape(64, 64) * s  # shards big enough to live in data files (not inlined)
+  return {'params': {'w': jax.make_array_from_callback(w.shape, sh, lambda i: w[i]),
+                     'v': jax.make_array_from_callback(v.shape, sh, lambda i: v[i])},
           'step': jax.make_array_from_callback((), rep, lambda i: np.int32(s)),
           'rng': jax.jit(lambda: jax.random.key(s), out_shardings=rep)()}
 
@@ -289,6 +310,27 @@ with checkpoint.Checkpointer(directory, save_every=1, keep=3, async_save=True) a
   assert ckpt.latest_step() == 1 and ckpt.maybe_save(2, state(2))
   ckpt.wait()
   assert ckpt.restore(None, abstract_of(state(2)))[1]['step'] == 2
+  # Damage only what process 1 reads (OCDBT: a directory per writing process; each reads back its own shards):
+  # process 0 read step 3 and went on to verify it, process 1 to step 2, their collectives met and the job hung.
+  assert ckpt.maybe_save(3, state(3))
+  ckpt.wait()
+  multihost_utils.sync_global_devices('saved 3')
+  if pid == 0:
+    files = glob.glob(os.path.join(directory, '3', 'state', 'ocdbt.process_1', 'd', '*'))
+    assert files, os.listdir(os.path.join(directory, '3', 'state'))
+    for f in files:
+      open(f, 'wb').write(b'\0' * 8)
+  multihost_utils.sync_global_devices('corrupted 3')
+  try:
+    ckpt.restore(3, abstract_of(state(3)))
+    raise AssertionError('step 3 restored')
+  except errors.InputError as e:  # named, on both processes (process 1: why; process 0: that process 1 failed)
+    assert 'step 3' in str(e) and ('process(es) [1] could not read it' in str(e)) == (pid == 0), e
+  got = params_ckpt.restore_params_only(directory, abstract_of(state(3))['params'])
+  assert (got.step, [s for s, _ in got.skipped]) == (2, [3]), got
+  restored, meta = ckpt.restore(None, abstract_of(state(3)))
+  assert meta == {'step': 2} and int(restored['step']) == 2, meta
+  assert ckpt.skipped['ckpt/unusable_skipped'] == 2 and ckpt.latest_step() == 2
 print('OK', pid, flush=True)
 '''
 

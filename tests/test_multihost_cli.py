@@ -132,3 +132,82 @@ def test_final_params_match_one_process(runs):
                                err_msg=jax.tree_util.keystr(path))
     moved = max(moved, float(np.abs(np.asarray(a) - np.asarray(init)).max()))
   assert moved > 5e-3  # the runs started from the HF params and moved away from them (lr 1e-2, 2 steps)
+
+
+FAILING_ALONE = """
+import sys
+from grpo_jax import cli, main
+from grpo_jax.infra import multihost
+from grpo_jax.run import jobs
+
+def run(config, workdir):  # the command's start (jobs.run), then process 1 meets a bug the others do not
+  multihost.maybe_initialize()
+  import jax
+  from jax.experimental import multihost_utils
+  multihost_utils.sync_global_devices("started")  # the processes have run collectives together (gloo is set up)
+  if jax.process_index() == 1:
+    raise RuntimeError("planted bug on process 1 only")
+  print("process 0 waits in a collective", flush=True)
+  multihost_utils.sync_global_devices("never reached by process 1")
+
+jobs.run = run
+cli.finish(main.execute(None, ""))
+"""
+
+
+def test_a_bug_on_one_process_exits_1_at_once(tmp_path):
+  """A traceback (exit 1) on one process of a multi-process job went through interpreter shutdown, where JAX's
+  exit handler waits in a shutdown barrier (300 s) for the other processes, themselves waiting in a collective for
+  the failed one: the job hung 5 minutes, then both aborted (SIGABRT, exit status -6, the 1 lost), and the launcher,
+  which acts on an exit, saw nothing until then. Now the failed process prints its traceback and exits 1 at once;
+  the other's collective then fails (gloo: connection closed by peer) and it exits 1 too, or the launcher stops it
+  (planted back: the launcher's 90 s timeout, both killed)."""
+  script = tmp_path / "fail_alone.py"
+  script.write_text(FAILING_ALONE)
+  log = io.StringIO()
+  t0 = time.perf_counter()
+  with pytest.MonkeyPatch.context() as mp:  # the launcher gives its children this process's environment
+    for k, v in dict(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", GRPO_JAX_XLA_CACHE="off").items():
+      mp.setenv(k, v)
+    rc = local_multiprocess.launch(2, script=str(script), devices_per_process=1, timeout_s=90, grace_s=1,
+                                   python=sys.executable, out=log)
+  out, took = log.getvalue(), time.perf_counter() - t0
+  assert rc == 1 and "[launch] p1 exited with 1" in out, out[-3000:]
+  assert "RuntimeError: planted bug on process 1 only" in out and "process 0 waits in a collective" in out, out
+  assert "[launch] p0 exited with 1" in out or "[launch] p0 exited with -15" in out, out[-3000:]
+  assert took < 60, took
+
+
+@pytest.mark.parametrize("env,match", [
+    ({"GRPO_JAX_PROCESS_ID": "0"}, r"GRPO_JAX_NUM_PROCESSES=None: GRPO_JAX_COORDINATOR is set, so .* integer"),
+    ({"GRPO_JAX_NUM_PROCESSES": "two", "GRPO_JAX_PROCESS_ID": "0"}, r"GRPO_JAX_NUM_PROCESSES='two'"),
+    ({"GRPO_JAX_NUM_PROCESSES": "2", "GRPO_JAX_PROCESS_ID": "2"}, r"GRPO_JAX_PROCESS_ID=2 with GRPO_JAX_NUM_PROC"),
+    ({"GRPO_JAX_COORDINATOR": "12345", "GRPO_JAX_NUM_PROCESSES": "2", "GRPO_JAX_PROCESS_ID": "0"},
+     r"GRPO_JAX_COORDINATOR='12345': must be host:port"),
+    ({"GRPO_JAX_COORDINATOR": None}, r"GRPO_JAX_DISTRIBUTED=1: JAX found no cluster to join here \(coordinator_"),
+])
+def test_bad_launch_env_is_one_line_naming_the_variable(monkeypatch, env, match):
+  """A missing or malformed GRPO_JAX_* variable was a KeyError / ValueError traceback (exit 1) before anything ran;
+  now an InputError (exit 2, one line) naming it. Nothing joins a job: the checks come first, and JAX's own
+  initialize (with no coordinator: cluster detection, which finds nothing here) is stood in for."""
+  import jax
+  from grpo_jax.infra import errors, multihost
+
+  def initialize(**kwargs):
+    assert not kwargs, kwargs  # only reached with no coordinator, as on a pod
+    raise ValueError("coordinator_address should be defined.")  # what JAX 0.10 says off a cluster (measured)
+  monkeypatch.setattr(jax.distributed, "initialize", initialize)
+  monkeypatch.setattr(multihost, "_initialized", False)
+  for k in ("GRPO_JAX_NUM_PROCESSES", "GRPO_JAX_PROCESS_ID"):
+    monkeypatch.delenv(k, raising=False)
+  monkeypatch.setenv("GRPO_JAX_DISTRIBUTED", "1")
+  monkeypatch.setenv("GRPO_JAX_COORDINATOR", "127.0.0.1:1")
+  for k, v in env.items():
+    if v is None:
+      monkeypatch.delenv(k)
+    else:
+      monkeypatch.setenv(k, v)
+  with pytest.raises(errors.InputError, match=match) as e:
+    multihost.maybe_initialize()
+  assert errors.classify(e.value)[0] == errors.EXIT_INPUT and "\n" not in str(e.value)
+  assert not multihost.initialized()

@@ -3,22 +3,25 @@
 Layout of `directory` (orbax's): `<step>/state` (the state pytree, `StandardSave`), `<step>/meta` (JSON dict with
 at least `step`, the data-iterator position; `config`, the run-config view that wrote it, see run_config.py; and
 `integrity`, a checksum per leaf computed on the devices, see integrity.py), `<step>/commit_success.txt` (orbax's
-commit marker). A step is used only if it restores, its checksums match and every value in it is finite; otherwise
-it is moved to `directory/corrupt/<step>-<unix time>` (so that orbax neither lists it nor refuses to save at its
-step again) and the previous step is tried. A step whose saved shapes differ from the state the config builds is
-not damage: restoring it raises an InputError (the config changed) and moves nothing. A state with non-finite
-values is never saved (RunStopped), and rotation keeps the newest `keep` steps plus, always, the newest step known
-good (saved with checksums from a finite state). Temporary dirs of saves killed mid-way are removed on open.
+commit marker). A step is used only if it restores, its metadata names its own step, its checksums match and
+every value in it is finite; otherwise it is moved to `directory/corrupt/<step>-<unix time>` (so that orbax neither
+lists it nor refuses to save at its step again) and the previous step is tried. A step whose saved shapes differ
+from the state the config builds is not damage: restoring it raises an InputError (the config changed) and moves
+nothing. A state with non-finite values is never saved (RunStopped), and rotation keeps the newest `keep` steps
+plus, always, the newest step known good (saved with checksums from a finite state). Temporary dirs of saves killed
+mid-way are removed on open.
 
-Every function here must be called on all processes (orbax runs the collectives and lets one host write).
+Every function here must be called on all processes (orbax runs the collectives and lets one host write). A step
+one process cannot read (each reads only its own shards) is unusable on every process (`read_agreed`).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import jax
 import numpy as np
@@ -65,6 +68,8 @@ def _jsonable_meta(step: int, meta: Mapping[str, Any] | None) -> dict[str, Any]:
       raise ValueError(f'meta[{key!r}] is not JSON-serializable ({e}); store ints, floats, strings, lists '
                        'or dicts') from None
     out[key] = value
+  if out['step'] != int(step):  # restore() refuses a step whose metadata names another one
+    raise ValueError(f"meta['step']={out['step']!r} differs from the step saved, {step}; leave it out (it is set)")
   return out
 
 
@@ -107,6 +112,42 @@ def newest_meta(directory: str | os.PathLike) -> tuple[int, dict] | None:
     if meta is not None:
       return step, meta
   return None
+
+
+def agreed_failure(why: str | None) -> str | None:
+  """Why a step does not read on this process (None: it read), made the same on every process (a collective: call
+  it on every process at the same point)."""
+  if jax.process_count() == 1:
+    return why
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  failed = np.asarray(multihost_utils.process_allgather(np.int32(why is not None)))
+  if why is None and failed.any():
+    why = f'process(es) {np.nonzero(failed)[0].tolist()} could not read it (their warnings say why)'
+  return why
+
+
+def restore_barrier(checkpointer: Any) -> str:
+  """The barrier an orbax Checkpointer's restore ends with (a sync_global_devices: a collective), by its key prefix:
+  None for a synchronous checkpointer, '' for an asynchronous one (orbax 0.12; tests/test_checkpoint.py's
+  two-process test reads one of each way)."""
+  return ocp.multihost.unique_barrier_key('Checkpointer:restore',
+                                          prefix=getattr(checkpointer, '_barrier_sync_key_prefix', None))
+
+
+def read_agreed(read: Callable[[], Any], barrier: str) -> tuple[Any, str | None]:
+  """(read(), None), or (None, why) on every process when the read raised on any: each process reads only its own
+  shards, so one can fail (a damaged file only it reads) where the others succeed. They then waited in the barrier
+  orbax ends a restore with (`barrier`, restore_barrier), and went on to verify the step (collectives) while the
+  failed one tried an older step: its collectives met theirs, the job hung. The failed process joins that barrier,
+  then all learn why."""
+  try:
+    return read(), agreed_failure(None)
+  except Exception as e:  # pylint: disable=broad-except  # any read error means "this step is unusable"
+    why = errors.root_cause(e)
+    if jax.process_count() > 1:
+      from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+      multihost_utils.sync_global_devices(barrier)
+    return None, agreed_failure(why)
 
 
 def _leaf_name(path) -> str:
@@ -187,6 +228,7 @@ class Checkpointer:
             max_to_keep=None, save_interval_steps=1, enable_async_checkpointing=async_save, create=True,
             cleanup_tmp_directories=True),  # rotation is ours (_rotate): it must know which step is good
     )
+    self._restore_barrier = restore_barrier(getattr(self._manager, '_checkpointer', None))
 
   def set_frozen(self, source: str, base: Any) -> None:
     """The state's frozen entry (FROZEN: a LoRA run's base) that saves leave out and restores put back; `source`
@@ -274,7 +316,13 @@ class Checkpointer:
         self._manager.delete(step)
 
   def _verify(self, step: int, state: Any, meta: Mapping[str, Any]) -> str | None:
-    """Why the restored `state` of `step` must not be used (None = fine): a checksum mismatch or a non-finite value."""
+    """Why the restored `state` of `step` must not be used (None = fine): metadata naming another step (the
+    checksums cover the state, not the JSON: a flipped digit there resumed with another data position and step
+    count, silently), a checksum mismatch or a non-finite value."""
+    if not isinstance(meta, Mapping):
+      return f'its metadata is a {type(meta).__name__}, not a JSON object'
+    if meta.get('step') != step:
+      return f'its metadata says step {meta.get("step")!r}, its directory {step}'
     summary = integrity.summarize(state)
     stored = meta.get('integrity')
     if stored is None:
@@ -338,8 +386,8 @@ class Checkpointer:
                          f'available: {_committed_steps(self.directory)}')
       self._check_structure(step, abstract_state)
       self._check_format(step)
-      restored = self._manager.restore(step, args=args)
-      why = self._verify(step, restored[STATE], restored[_META])
+      restored, why = read_agreed(functools.partial(self._manager.restore, step, args=args), self._restore_barrier)
+      why = why or self._verify(step, restored[STATE], restored[_META])
       if why:
         raise errors.InputError(f'checkpoint step {step} in {self.directory} is damaged ({why}); restore an older '
                                 'step (step=None falls back automatically)')
@@ -355,11 +403,13 @@ class Checkpointer:
     for candidate in reversed(steps):
       self._check_structure(candidate, abstract_state)
       self._check_format(candidate)
-      try:
-        restored = self._manager.restore(candidate, args=args)
-        why = self._verify(candidate, restored[STATE], restored[_META])
-      except Exception as e:  # pylint: disable=broad-except  # any read error means "this step is unusable"
-        why = errors.root_cause(e)
+      restored, why = read_agreed(functools.partial(self._manager.restore, candidate, args=args),
+                                  self._restore_barrier)
+      if not why:
+        try:
+          why = self._verify(candidate, restored[STATE], restored[_META])
+        except Exception as e:  # pylint: disable=broad-except
+          why = errors.root_cause(e)
       if why:
         logging.warning('checkpoint step %d in %s is unusable (%s); falling back to an older step', candidate,
                         self.directory, why)

@@ -2,6 +2,7 @@
 the `params` subtree of another run's state checkpoint (`restore_params_only`: how a stage starts from the last)."""
 from __future__ import annotations
 
+import functools
 import json
 import os
 from typing import Any, NamedTuple
@@ -13,13 +14,17 @@ from etils import epath
 
 from grpo_jax.infra import errors
 from grpo_jax.infra import integrity
-from grpo_jax.infra.checkpoint import COMMIT_MARKER, STATE, check_abstract, as_path, read_json, step_dirs, read_meta
+from grpo_jax.infra.checkpoint import (COMMIT_MARKER, STATE, check_abstract, as_path, read_agreed, read_json,
+                                       read_meta, restore_barrier, step_dirs)
 
-def _partial_restore(path: epath.Path, abstract: Any) -> Any:
+def _partial_restore(ckptr: ocp.Checkpointer, path: epath.Path, abstract: Any) -> Any:
   """Restores only the leaves named in `abstract` from a pytree checkpoint at `path`."""
-  with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
-    return ckptr.restore(path, args=ocp.args.PyTreeRestore(
-        item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract), partial_restore=True))
+  return ckptr.restore(path, args=ocp.args.PyTreeRestore(
+      item=abstract, restore_args=ocp.checkpoint_utils.construct_restore_args(abstract), partial_restore=True))
+
+
+def _partial_params(ckptr: ocp.Checkpointer, path: epath.Path, abstract_params: Any) -> Any:
+  return _partial_restore(ckptr, path, {'params': abstract_params})['params']
 
 
 def _verify_params(params: Any, stored: dict | None, where: str) -> str | None:
@@ -52,20 +57,24 @@ def restore_params_only(directory: str | os.PathLike, abstract_params: Any, step
   if step is not None and step not in steps:
     raise ValueError(f'step={step} is not a committed checkpoint in {root}; available: {steps}')
   skipped = []
-  for candidate in ([step] if step is not None else list(reversed(steps))):
-    try:
-      params = _partial_restore(root / str(candidate) / STATE, {'params': abstract_params})['params']
-      why = _verify_params(params, (read_meta(root, candidate) or {}).get('integrity'), str(root))
-    except Exception as e:  # pylint: disable=broad-except  # any read error means "this step is unusable"
-      why = errors.root_cause(e)
-    if not why:
-      return Restored(params, candidate, tuple(skipped))
-    if step is not None:
-      raise errors.InputError(f'checkpoint step {step} in {root} is damaged ({why}); pick another step '
-                              f'(available: {steps}) or leave the step unset for the newest that restores.')
-    logging.warning('params of checkpoint step %d in %s are unusable (%s); trying an older step', candidate, root,
-                    why)
-    skipped.append((candidate, why))
+  with ocp.Checkpointer(ocp.PyTreeCheckpointHandler()) as ckptr:
+    for candidate in ([step] if step is not None else list(reversed(steps))):
+      # every process passes over the step if one could not read it (multi-process: checkpoint.read_agreed)
+      params, why = read_agreed(functools.partial(_partial_params, ckptr, root / str(candidate) / STATE,
+                                                  abstract_params), restore_barrier(ckptr))
+      if not why:
+        try:
+          why = _verify_params(params, (read_meta(root, candidate) or {}).get('integrity'), str(root))
+        except Exception as e:  # pylint: disable=broad-except
+          why = errors.root_cause(e)
+      if not why:
+        return Restored(params, candidate, tuple(skipped))
+      if step is not None:
+        raise errors.InputError(f'checkpoint step {step} in {root} is damaged ({why}); pick another step '
+                                f'(available: {steps}) or leave the step unset for the newest that restores.')
+      logging.warning('params of checkpoint step %d in %s are unusable (%s); trying an older step', candidate,
+                      root, why)
+      skipped.append((candidate, why))
   raise errors.InputError(f'no restorable checkpoint with params in {root} (steps found: {steps}, every one '
                           'damaged or unreadable: the warnings above say why); restore them from a backup, or read '
                           'another run\'s checkpoints')
