@@ -101,3 +101,16 @@ def test_ppo_in_chunks_with_early_exit_and_buckets_equals_full_length():
     for a, b in zip(jax.tree.leaves(s1[k]), jax.tree.leaves(s3[k])):
       np.testing.assert_allclose(b, a, rtol=0, atol=2e-5)
     assert l2(s3[k], s1[k]) < 1e-3 * l2(s1[k], p0[k]), (k, l2(s3[k], s1[k]), l2(s1[k], p0[k]))
+
+
+def test_ppo_outcome_reward_lands_on_last_valid_token_of_multi_turn_rows():
+  """The outcome reward sits on each row's LAST valid token, also when the mask has interior zeros (a multi-turn
+  row's observation tokens, tools.env). With γ = λ = 1, V = 0 and β = 0 every valid token's return is the outcome
+  (hand-computed); the old placement (mask.sum − 1) put it on an observation token (row 1: lost) or mid-row (row 2)."""
+  from types import SimpleNamespace as NS
+  import jax.numpy as jnp
+  cfg = NS(rl=NS(beta=0.0, kl_estimator="k1", kl_clamp=0.0), ppo=NS(gamma=1.0, lam=1.0))
+  mask = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 1, 1], [1, 1, 1, 0, 1, 1]], np.float32)
+  ro = NS(mask_NxL=jnp.asarray(mask), ref_logp_NxL=None, old_logp_NxL=None, r_N=jnp.asarray([2.0, 3.0, -1.0]))
+  _, returns = ppo_step.advantages_and_returns(cfg, ro, jnp.zeros(mask.shape, jnp.float32))
+  np.testing.assert_allclose(np.asarray(returns), mask * np.array([[2.0], [3.0], [-1.0]]), atol=1e-6)

@@ -76,7 +76,7 @@ def group_mean_batch_std(r_BxG: jax.Array, *, std_eps=1e-4, ddof: int = 1) -> ja
   return jnp.where(group_is_constant(r_BxG)[:, None], 0.0, centered_BxG / (std + std_eps))
 
 
-def _last_valid_token(mask_NxL: jax.Array) -> jax.Array:
+def last_valid_token(mask_NxL: jax.Array) -> jax.Array:
   """One-hot of each row's last valid token (all zero for an empty row); works for any mask pattern."""
   valid_NxL = mask_NxL > 0
   valid_at_or_after_NxL = lax.cumsum(valid_NxL.astype(jnp.int32), axis=1, reverse=True)
@@ -106,7 +106,7 @@ def reinforce_pp(r_N: jax.Array, kl_NxL: jax.Array, mask_NxL: jax.Array, *, beta
                      "must agree on N and L.")
   m_NxL = mask_NxL.astype(jnp.float32)
   kl_NxL = jnp.where(m_NxL > 0, lax.stop_gradient(kl_NxL).astype(jnp.float32), 0.0)
-  reward_NxL = -beta * kl_NxL + r_N.astype(jnp.float32)[:, None] * _last_valid_token(mask_NxL)
+  reward_NxL = -beta * kl_NxL + r_N.astype(jnp.float32)[:, None] * last_valid_token(mask_NxL)
   returns_NxL = lax.cumsum(reward_NxL, axis=1, reverse=True)
   return masked_whiten(returns_NxL, m_NxL, whiten_eps)
 

@@ -114,11 +114,12 @@ def make_forward(config, mcfg, P_len: int) -> Callable:
 
 def advantages_and_returns(config, ro: rollout_lib.Rollout, old_v_NxL) -> tuple[jax.Array, jax.Array]:
   """Per-token reward −β·KL(π_old, π_ref) (rl.kl_estimator: k1 in the ppo preset) plus the outcome at the last
-  token; GAE; advantages whitened over the batch's valid tokens."""
+  valid token; GAE; advantages whitened over the batch's valid tokens."""
   mask = ro.mask_NxL
   kl_NxL = jnp.zeros_like(mask) if ro.ref_logp_NxL is None else losses.kl_estimate(
       config.rl.kl_estimator, ro.old_logp_NxL, ro.ref_logp_NxL, k3_clamp=config.rl.kl_clamp) * mask
-  last_NxL = jax.nn.one_hot(jnp.maximum(mask.sum(-1).astype(jnp.int32) - 1, 0), mask.shape[1]) * mask
+  # the row's last valid token, for any mask: a multi-turn row's observation tokens are 0 inside it (tools.env)
+  last_NxL = advantages.last_valid_token(mask)
   rewards_NxL = -config.rl.beta * kl_NxL + ro.r_N[:, None] * last_NxL
   adv_NxL, returns_NxL = advantages.gae(rewards_NxL, old_v_NxL, mask, gamma=config.ppo.gamma, lam=config.ppo.lam)
   return advantages.masked_whiten(adv_NxL, mask, eps=1e-8), returns_NxL
