@@ -65,6 +65,9 @@ BAD = [
     ("sampling.decode_tp", 2, "config.sampling.decode_tp=2: must be >= 2 and divide mesh.fsdp=1"),
     ("optim.lr", 0.0, "config.optim.lr"),
     ("optim.b2", 1.2, "config.optim.b2"),
+    # b = 1 zeroes Adam's bias correction 1 - b^t: every update NaN, each skipped as non-finite
+    ("optim.b1", 1.0, "config.optim.b1: must be in [0, 1)"),
+    ("optim.b2", 1, "config.optim.b2: must be in [0, 1)"),
     ("model.kv_heads", 3, "config.model.kv_heads"),
     ("model.hidden", 0, "config.model.hidden"),
     ("model.dtype", "float16", "config.model.dtype"),

@@ -770,8 +770,11 @@ def validate_optim(c) -> None:
   checked for an SFT job as for an RL one."""
   _nonneg(c, "optim.weight_decay")
   _nonneg(c, "optim.grad_clip")
-  _prob(c, "optim.b1")
-  _prob(c, "optim.b2")
+  for k in ("optim.b1", "optim.b2"):
+    _prob(c, k)
+    if _get(c, k) == 1:  # Adam divides its moment by 1 - b^t = 0: every update NaN, so every one skipped
+      _fail(k, "must be in [0, 1): AdamW's bias correction divides by 1 - b^t, 0 at b = 1 (NaN updates); "
+            "use e.g. 0.9 (b1) or 0.99 (b2).")
   positive_finite(c, "optim.eps", "AdamW's epsilon in g / (sqrt(v) + eps)")
 
 
