@@ -99,6 +99,17 @@ def test_minibatch_scan_visits_every_row_once_per_epoch():
   np.testing.assert_array_equal(m1["rows"], np.arange(6.0))  # one on-policy update keeps the row order
 
 
+@pytest.mark.parametrize("mu, minibatches, match", [(1, 4, "rl.minibatches=4: must be a positive integer dividing "
+                                                     "the update's 6 rows"), (1, 0, "rl.minibatches=0"),
+                                                    (0, 1, "rl.mu=0: must be an integer >= 1")])
+def test_minibatch_scan_refuses_counts_that_do_not_cut_the_rows(mu, minibatches, match):
+  """A step built without validation: 4 minibatches of 6 rows was a reshape TypeError, 0 a ZeroDivisionError, and
+  μ = 0 ran no update at all, silently."""
+  with pytest.raises(ValueError, match=match):
+    update.minibatch_scan(lambda c, mb: (c, {}), jnp.float32(0), {"x_N": jnp.arange(6.0)}, jax.random.PRNGKey(0),
+                          mu=mu, minibatches=minibatches)
+
+
 def test_step_metrics_reduce_over_updates_and_count_skips():
   um = {"loss": jnp.asarray([1.0, 3.0]), "ratio_max": jnp.asarray([1.5, 1.2]), "ratio_min": jnp.asarray([0.5, 0.7]),
         "nonfinite": jnp.asarray([0, 1], jnp.int32), "surrogate": jnp.asarray([9.0, 9.0])}

@@ -2,6 +2,7 @@
 minibatches as `lax.scan`, and the update's metrics tail. Pure functions; rl_step, ppo_step and sft_step compose them.
 """
 import functools
+import numbers
 from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
@@ -108,6 +109,13 @@ def minibatch_scan(update: Callable[[Any, Any], tuple[Any, dict]], carry: Any, d
   gather would only cost time). Returns the final carry and each metric stacked over the μ·minibatches updates.
   """
   N = jax.tree.leaves(data)[0].shape[0]
+  # a step built without validation (studies, benchmarks) gets the config check's words, not a reshape TypeError
+  # (minibatches not dividing N) or a silent step with no update at all (mu = 0)
+  if not (isinstance(mu, numbers.Integral) and mu >= 1):
+    raise ValueError(f"rl.mu={mu!r}: must be an integer >= 1 (epochs over the batch per step).")
+  if not (isinstance(minibatches, numbers.Integral) and minibatches >= 1 and N % minibatches == 0):
+    raise ValueError(f"rl.minibatches={minibatches!r}: must be a positive integer dividing the update's {N} rows; "
+                     "use a divisor of them.")
 
   def one_minibatch(carry, rows):
     mb = jax.tree.map(lambda x: sharding.constrain_batch(jnp.take(x, rows, axis=0)), data)
