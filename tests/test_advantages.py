@@ -210,6 +210,17 @@ def test_gae_matches_numpy_ragged():
   np.testing.assert_allclose(np.asarray(ret), ret_np, rtol=1e-5, atol=1e-5)
 
 
+def test_gae_skips_interior_masked_tokens():
+  """A multi-turn row's observation tokens (mask 0 inside the row, tools.env) are skipped: each valid token
+  bootstraps from the NEXT VALID token's value, as verl's GAE with a response mask. Hand-computed, γ = 0.5, λ = 1:
+  row [1, 0, 0, 1] with rewards (0, ·, ·, 1), values (0.25, 9, 9, 0.5): A_3 = 1 − 0.5 = 0.5,
+  A_0 = 0 + 0.5·0.5 − 0.25 + 0.5·0.5 = 0.25 (the 9s of the masked tokens never enter)."""
+  a, ret = adv.gae(jnp.array([[0.0, 5.0, 5.0, 1.0]]), jnp.array([[0.25, 9.0, 9.0, 0.5]]),
+                   jnp.array([[1.0, 0.0, 0.0, 1.0]]), gamma=0.5, lam=1.0)
+  np.testing.assert_allclose(np.asarray(a), [[0.25, 0.0, 0.0, 0.5]], rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(ret), [[0.5, 0.0, 0.0, 1.0]], rtol=1e-6)
+
+
 # ---------------------------------------------------------------- process supervision
 
 
