@@ -2,8 +2,8 @@
 
 Policy, reference, reward (the task's verifiers) and a critic: either a separate value network (its own transformer,
 initialised from the policy, doubling trainable memory as the article says) or a scalar value head on the policy's
-own trunk. Per-token reward = −β·k1(π_old, π_ref) plus the outcome at the last token; GAE(γ, λ); advantages
-whitened over valid tokens; clipped surrogate; clipped value loss; the critic has its own optimizer state.
+own trunk. Per-token reward = −β·k1(π_old, π_ref) plus the outcome at the last valid token; GAE(γ, λ);
+advantages whitened over valid tokens; clipped surrogate; clipped value loss; the critic has its own optimizer state.
 """
 import functools
 from typing import Callable
