@@ -28,6 +28,12 @@ def test_t_quantile_other_levels_and_symmetry():
   assert stats.t_cdf(0.0, 7) == pytest.approx(0.5, abs=1e-12)
   with pytest.raises(ValueError, match="df"):
     stats.t_quantile(0.975, 0)
+  # Quantiles beyond the old fixed bisection bracket (±1e3, where it returned 1e3): one df is the Cauchy
+  # distribution, t_q = tan(π(q − 1/2)) exactly; two df have t_q = (2q − 1)·√(2 / (4q(1 − q))).
+  for q in (0.99999, 0.999999, 1e-6):
+    assert stats.t_quantile(q, 1) == pytest.approx(math.tan(math.pi * (q - 0.5)), rel=1e-9)
+  q = 1 - 1e-8
+  assert stats.t_quantile(q, 2) == pytest.approx((2 * q - 1) * math.sqrt(2 / (4 * q * (1 - q))), rel=1e-6)
 
 
 def test_summarize_by_hand():

@@ -264,6 +264,15 @@ def test_sweep_text_is_typed_and_bad_input_is_one_line():
     assert "\n" not in str(e.value)
   with pytest.raises(errors.ConfigError, match="share the directory"):
     sweep.make_runs(c, sweep_points.named("a b", {}) + sweep_points.named("a_b", {}), 1, "/tmp/x")
+  # Distinct values that %g writes alike were refused as sharing a directory ("give them distinct values": they
+  # were); that key's values are then written exactly, the others stay short. Equal values stay refused.
+  runs = sweep.make_runs(c, sweep_points.parse("optim.lr=1e-6,1.0000001e-6 rl.beta=0.1", c), 1, "/tmp/x")
+  assert [r.name for r in runs] == ["lr=1e-06,beta=0.1", "lr=1.0000001e-06,beta=0.1"]
+  assert [r.config.optim.lr for r in runs] == [1e-6, 1.0000001e-6]
+  assert sweep_points.names(sweep_points.sweep("rewards", [(("a", 0.5),), (("a", 0.50000001),)])) == [
+      "rewards=a:0.5", "rewards=a:0.50000001"]
+  with pytest.raises(errors.ConfigError, match="share the directory"):
+    sweep.make_runs(c, sweep_points.parse("rl.beta=0.1,0.10", c), 1, "/tmp/x")
   # --metrics: a bad aggregate or no metric is a one-line config error (exit 2), not a traceback
   for m, msg in [("train/loss@median", "@median"), ("@tail", "names no metric")]:
     with pytest.raises(errors.ConfigError, match=msg) as e:

@@ -105,15 +105,20 @@ def apply(config: ml_collections.ConfigDict, point: Point) -> ml_collections.Con
   return config_lib.override(config, expand(point.dict))
 
 
-def fmt(v: Any) -> str:
-  """A value as a point's name writes it: floats short (%g), tuples of (name, weight) as name:weight."""
+def fmt(v: Any, exact: bool = False) -> str:
+  """A value as a point's name writes it: floats short (%g; exact: the shortest repr that reads back the same
+  float), tuples of (name, weight) as name:weight."""
   if isinstance(v, bool):
     return str(v).lower()
   if isinstance(v, float):
-    return f"{v:g}" if math.isfinite(v) else str(v)
+    return (repr(v) if exact else f"{v:g}") if math.isfinite(v) else str(v)
   if isinstance(v, (tuple, list)):
-    return "+".join(":".join(fmt(x) for x in e) if isinstance(e, (tuple, list)) else fmt(e) for e in v)
+    return "+".join(":".join(fmt(x, exact) for x in e) if isinstance(e, (tuple, list)) else fmt(e, exact) for e in v)
   return str(v)
+
+
+def _hashable(v: Any) -> Any:
+  return tuple(_hashable(x) for x in v) if isinstance(v, (tuple, list)) else v
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=,+:@-]+")
@@ -127,16 +132,23 @@ def dirname(name: str) -> str:
 
 def names(points: Sequence[Point]) -> list[str]:
   """Each point's name: its given names and `key=value` parts joined by ','; a key is written by its last
-  component unless two swept keys share it."""
+  component unless two swept keys share it, and its values short (%g) unless that writes two of them alike
+  (lr=1e-6 and 1.0000001e-6: then every value of that key exactly)."""
   keys = {k for p in points for kind, k in p.parts if kind == "key"}
   last = {}
   for k in keys:
     last.setdefault(k.split(".")[-1], []).append(k)
   label = {k: (k.split(".")[-1] if len(last[k.split(".")[-1]]) == 1 else k) for k in keys}
+  exact = set()
+  for k in keys:
+    values = {_hashable(p.dict[k]) for p in points if ("key", k) in p.parts}
+    if len({fmt(v) for v in values}) < len(values):
+      exact.add(k)
   out = []
   for p in points:
     d = p.dict
-    out.append(",".join(text if kind == "name" else f"{label[text]}={fmt(d[text])}" for kind, text in p.parts))
+    out.append(",".join(text if kind == "name" else f"{label[text]}={fmt(d[text], text in exact)}"
+                        for kind, text in p.parts))
   return out
 
 
