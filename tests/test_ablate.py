@@ -135,6 +135,25 @@ def test_cells_from_another_config_are_refused(tmp_path):
     ablate.run(_cfg(seeds=3), str(tmp_path), table=FakeTable(), log=lambda s: None)
 
 
+def test_rows_sharing_a_cell_file_are_refused(tmp_path):
+  """'x y' and 'x_y' were both written to cells/x_y.json: the second row loaded the first's cell and showed its
+  numbers without running (and both did on every rerun)."""
+  class Clash(FakeTable):
+    def variants(self, cfg):
+      return ["x y", "x_y"]
+  for names in (["x y", "x_y"], ["a", "a"], ["Ab", "aB"]):
+    Clash.variants = lambda self, cfg, names=names: names
+    t = Clash()
+    with pytest.raises(ValueError, match="share the cell file"):
+      ablate.run(_cfg(), str(tmp_path / names[1]), table=t, log=lambda s: None)
+    assert t.calls == []
+  # a cell file whose recorded variant is another row's (a case-insensitive file system) is not loaded as this row
+  ablate.run(_cfg(), str(tmp_path / "ok"), table=FakeTable(), log=lambda s: None)
+  os.replace(tmp_path / "ok" / "cells" / "a.json", tmp_path / "ok" / "cells" / "b.json")
+  with pytest.raises(ValueError, match="holds the cell of variant 'a', not 'b'"):
+    ablate.run(_cfg(), str(tmp_path / "ok"), table=FakeTable(), log=lambda s: None)
+
+
 def test_bad_cell_shape_is_named(tmp_path):
   class Bad(FakeTable):
     def run_cell(self, cfg, variant, seeds):
