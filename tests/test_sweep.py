@@ -273,6 +273,8 @@ def test_sweep_text_is_typed_and_bad_input_is_one_line():
       "rewards=a:0.5", "rewards=a:0.50000001"]
   with pytest.raises(errors.ConfigError, match="share the directory"):
     sweep.make_runs(c, sweep_points.parse("rl.beta=0.1,0.10", c), 1, "/tmp/x")
+  with pytest.raises(errors.ConfigError, match="share the directory"):  # one directory on macOS's file system
+    sweep.make_runs(c, sweep_points.named("Big", {}) + sweep_points.named("big", {}), 1, "/tmp/x")
   # --metrics: a bad aggregate or no metric is a one-line config error (exit 2), not a traceback
   for m, msg in [("train/loss@median", "@median"), ("@tail", "names no metric")]:
     with pytest.raises(errors.ConfigError, match=msg) as e:

@@ -114,10 +114,10 @@ def make_runs(config, points: Sequence[sweep_points.Point], seeds: int, workdir:
       over = overrides if seed is None else {**overrides, "run_seed": seed}
       run_name = ",".join(x for x in (name, "" if seed is None else f"seed={seed}") if x) or "run"
       d = sweep_points.dirname(run_name)
-      if d in seen:
-        raise errors.ConfigError(f"sweep points {seen[d]!r} and {run_name!r} share the directory name {d!r}; give "
-                                 "them distinct names (h.named) or values.")
-      seen[d] = run_name
+      if d.lower() in seen:  # case ignored: one directory on a case-insensitive file system (macOS)
+        raise errors.ConfigError(f"sweep points {seen[d.lower()]!r} and {run_name!r} share the directory name {d!r}"
+                                 " (case ignored); give them distinct names (h.named) or values.")
+      seen[d.lower()] = run_name
       rc = c if seed is None else config_lib.override(c, {"run_seed": seed})
       runs.append(Run(d, name or "run", seed, over, declared, rc, os.path.join(workdir, d)))
   return runs
