@@ -162,6 +162,15 @@ def test_bad_cell_shape_is_named(tmp_path):
     ablate.run(_cfg(), str(tmp_path), table=Bad(), log=lambda s: None)
 
 
+def test_a_pipe_in_a_row_or_metric_name_keeps_the_table_shape():
+  """A row named 'a|b' (a sweep point h.named('a|b')) gave its markdown row one column too many."""
+  cells = {"a|b": {"scalars": {"x|y": [1.0, 3.0]}, "curves": {}}, "c": {"scalars": {"x|y": [2.0, 2.0]}, "curves": {}}}
+  md = report.markdown(cells, title="t", claim="")
+  table = [l for l in md.splitlines() if l.startswith("|")]
+  assert table[0] == "| variant | x\\|y |" and table[2].startswith("| a\\|b | 2 ± ")
+  assert {len(l.replace("\\|", "").split("|")) for l in table} == {4}
+
+
 def test_single_run_cells_say_exact():
   md = report.markdown({"x": {"scalars": {"bytes": [10.0]}}}, title="t", claim="c")
   assert "| x | 10 |" in md and "exact" in md
