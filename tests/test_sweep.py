@@ -489,6 +489,24 @@ def test_report_reads_metrics_stages_and_report_json(tmp_path, caplog):
   assert len(said) == 2 and "'eval/accurracy'" in said[0] and "'report/nope/*'" in said[1], said
 
 
+def test_report_key_columns_write_values_as_the_names_do(tmp_path, monkeypatch):
+  """sweep.csv's swept-key columns wrote lr=1e-6 and 1.0000001e-6 both as 1e-06 (the names now tell them apart)."""
+  c = _config()
+  runs = sweep.make_runs(c, sweep_points.parse("optim.lr=1e-6,1.0000001e-6 rl.beta=0.5", c), 1, str(tmp_path))
+  for r, acc in zip(runs, (0.25, 0.75)):
+    os.makedirs(r.workdir)
+    with open(os.path.join(r.workdir, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"step": 1, "eval/accuracy": acc}) + "\n")
+  monkeypatch.setattr(sweep, "finished", lambda r: True)
+  sweep.write_report(str(tmp_path), runs, ["eval/accuracy"], title="t", header="")
+  with open(tmp_path / "sweep.csv", newline="") as f:
+    rows = list(csv.DictReader(f))
+  assert [(r["point"], r["optim.lr"], r["rl.beta"], r["mean"]) for r in rows] == [
+      ("lr=1e-06,beta=0.5", "1e-06", "0.5", "0.25"), ("lr=1.0000001e-06,beta=0.5", "1.0000001e-06", "0.5", "0.75")]
+  with pytest.raises(errors.ConfigError, match="section"):  # a section as a swept value: one line, not a TypeError
+    sweep.make_runs(c, sweep_points.sweep("rl", [{"beta": 0.1}, {"beta": 0.2}]), 1, "/tmp/x")
+
+
 def test_r1_run_whose_stages_are_done_is_finished_only_with_its_report(tmp_path, monkeypatch):
   """A pipeline run stopped between its last stage and the held-out report must rerun (to write report.json, which
   the seed report reads), not be skipped as finished."""

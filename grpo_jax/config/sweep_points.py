@@ -118,7 +118,13 @@ def fmt(v: Any, exact: bool = False) -> str:
 
 
 def _hashable(v: Any) -> Any:
-  return tuple(_hashable(x) for x in v) if isinstance(v, (tuple, list)) else v
+  if isinstance(v, (tuple, list)):
+    return tuple(_hashable(x) for x in v)
+  try:
+    hash(v)
+  except TypeError:  # a dict (refused later by config_lib.override, one line)
+    return repr(v)
+  return v
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=,+:@-]+")
@@ -130,6 +136,15 @@ def dirname(name: str) -> str:
   return out or "point"
 
 
+def exact_keys(overrides: Sequence[dict[str, Any]]) -> set[str]:
+  """The keys some of whose distinct values `fmt` writes alike (1e-6 and 1.0000001e-6): written with exact=True."""
+  values: dict[str, set] = {}
+  for d in overrides:
+    for k, v in d.items():
+      values.setdefault(k, set()).add(_hashable(v))
+  return {k for k, vs in values.items() if len({fmt(v) for v in vs}) < len(vs)}
+
+
 def names(points: Sequence[Point]) -> list[str]:
   """Each point's name: its given names and `key=value` parts joined by ','; a key is written by its last
   component unless two swept keys share it, and its values short (%g) unless that writes two of them alike
@@ -139,11 +154,7 @@ def names(points: Sequence[Point]) -> list[str]:
   for k in keys:
     last.setdefault(k.split(".")[-1], []).append(k)
   label = {k: (k.split(".")[-1] if len(last[k.split(".")[-1]]) == 1 else k) for k in keys}
-  exact = set()
-  for k in keys:
-    values = {_hashable(p.dict[k]) for p in points if ("key", k) in p.parts}
-    if len({fmt(v) for v in values}) < len(values):
-      exact.add(k)
+  exact = exact_keys([{k: v for k, v in p.overrides if ("key", k) in p.parts} for p in points])
   out = []
   for p in points:
     d = p.dict

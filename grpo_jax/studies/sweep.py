@@ -300,9 +300,10 @@ def launch_commands(runs: Sequence[Run], config_file: str, base: dict[str, Any],
 def write_report(workdir: str, runs: Sequence[Run], metrics: Sequence[str], *, title: str, header: str) -> str:
   points: dict[str, list[str]] = {}
   keys: dict[str, dict] = {}
+  exact = sweep_points.exact_keys([r.keys for r in runs])  # as the points' names write them
   for r in runs:
     points.setdefault(r.point, [])
-    keys[r.point] = {k: sweep_points.fmt(v) for k, v in r.keys.items()}
+    keys[r.point] = {k: sweep_points.fmt(v, k in exact) for k, v in r.keys.items()}
     if finished(r):
       points[r.point].append(r.workdir)
   points = {p: d for p, d in points.items() if d}
