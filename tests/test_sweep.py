@@ -275,6 +275,11 @@ def test_sweep_text_is_typed_and_bad_input_is_one_line():
     sweep.make_runs(c, sweep_points.parse("rl.beta=0.1,0.10", c), 1, "/tmp/x")
   with pytest.raises(errors.ConfigError, match="share the directory"):  # one directory on macOS's file system
     sweep.make_runs(c, sweep_points.named("Big", {}) + sweep_points.named("big", {}), 1, "/tmp/x")
+  # a run directory named as one of the sweep's own files (its report's plots/, sweep.md, the lock) was written over
+  # by the report or stopped the sweep midway
+  for name in ("plots", "Sweep.md", "run.lock", "r1_seeds_a.json"):
+    with pytest.raises(errors.ConfigError, match="the sweep's own"):
+      sweep.make_runs(c, sweep_points.named(name, {}), 1, "/tmp/x")
   # --metrics: a bad aggregate or no metric is a one-line config error (exit 2), not a traceback
   for m, msg in [("train/loss@median", "@median"), ("@tail", "names no metric")]:
     with pytest.raises(errors.ConfigError, match=msg) as e:

@@ -94,6 +94,12 @@ def load_points(config_file: str, config, sweep_text: str = "") -> list[sweep_po
   return list(points)
 
 
+# What the sweep itself writes in its --workdir (the report, the plan, launch.sh, the lock, R1 seed tables): a
+# run directory so named was written over by the report, or stopped the sweep midway (a directory where a file goes).
+OWN_FILES = ("plots", "sweep.md", "sweep.csv", "sweep.json", "launch.sh", workdir_lock.LOCK_NAME)
+OWN_SUFFIXES = (".md", ".csv", ".json", ".sh", ".tmp", ".lock")
+
+
 def make_runs(config, points: Sequence[sweep_points.Point], seeds: int, workdir: str) -> list[Run]:
   """Every point × seed as a Run with its resolved config (one-line ConfigError on a bad override)."""
   if seeds < 1:
@@ -117,6 +123,10 @@ def make_runs(config, points: Sequence[sweep_points.Point], seeds: int, workdir:
       if d.lower() in seen:  # case ignored: one directory on a case-insensitive file system (macOS)
         raise errors.ConfigError(f"sweep points {seen[d.lower()]!r} and {run_name!r} share the directory name {d!r}"
                                  " (case ignored); give them distinct names (h.named) or values.")
+      if d.lower() in OWN_FILES or d.lower().endswith(OWN_SUFFIXES):
+        raise errors.ConfigError(f"sweep point {run_name!r}: its directory {d!r} would be one of the sweep's own "
+                                 f"files under --workdir ({', '.join(OWN_FILES)}, or a name ending in "
+                                 f"{', '.join(OWN_SUFFIXES)}); rename the point (h.named).")
       seen[d.lower()] = run_name
       rc = c if seed is None else config_lib.override(c, {"run_seed": seed})
       runs.append(Run(d, name or "run", seed, over, declared, rc, os.path.join(workdir, d)))
