@@ -512,6 +512,28 @@ def test_report_key_columns_write_values_as_the_names_do(tmp_path, monkeypatch):
     sweep.make_runs(c, sweep_points.sweep("rl", [{"beta": 0.1}, {"beta": 0.2}]), 1, "/tmp/x")
 
 
+def test_r1_seed_tables_of_points_with_a_slash_in_their_name(tmp_path, monkeypatch):
+  """An R1 sweep's per-point seed tables were DIR/r1_seeds_<point>.md: a point swept over a path
+  (train.init_from=/data/a) named a file in a directory that does not exist, and the report failed after training."""
+  from grpo_jax.r1 import seeds_report  # pylint: disable=g-import-not-at-top
+  c = config_lib.override(_config(), {"job": "r1_pipeline"})
+  runs = sweep.make_runs(c, sweep_points.sweep("train.init_from", ["/data/a", "/data/b"]), 1, str(tmp_path))
+  assert [r.name for r in runs] == ["init_from=_data_a", "init_from=_data_b"]
+  for r in runs:
+    os.makedirs(r.workdir)
+  written = []
+
+  def write(workdir, dirs, header="", name="r1_seeds"):
+    with open(os.path.join(workdir, name + ".md"), "w", encoding="utf-8") as f:  # as seeds_report.write does
+      f.write(" ".join(dirs))
+    written.append(name)
+  monkeypatch.setattr(sweep, "finished", lambda r: True)
+  monkeypatch.setattr(seeds_report, "write", write)
+  sweep.write_report(str(tmp_path), runs, ["report/*/accuracy_last_number"], title="t", header="")
+  assert written == ["r1_seeds_init_from=_data_a", "r1_seeds_init_from=_data_b"]
+  assert (tmp_path / "r1_seeds_init_from=_data_b.md").read_text() == runs[1].workdir
+
+
 def test_r1_run_whose_stages_are_done_is_finished_only_with_its_report(tmp_path, monkeypatch):
   """A pipeline run stopped between its last stage and the held-out report must rerun (to write report.json, which
   the seed report reads), not be skipped as finished."""

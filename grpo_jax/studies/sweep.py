@@ -322,7 +322,9 @@ def write_report(workdir: str, runs: Sequence[Run], metrics: Sequence[str], *, t
   if runs and runs[0].config.job == "r1_pipeline":
     # The R1 pipeline's own table: every stage × metric over seeds, and its verdicts (r1/seeds_report.py).
     for p, dirs in points.items():
-      seeds_report.write(workdir, dirs, header=header, name="r1_seeds" if len(points) == 1 else f"r1_seeds_{p}")
+      # the point's directory name: its name may hold a '/' (train.init_from=/data/base), which named no file
+      seeds_report.write(workdir, dirs, header=header,
+                         name="r1_seeds" if len(points) == 1 else f"r1_seeds_{sweep_points.dirname(p)}")
     if len(points) == 1:  # R1-Zero's length / verification / accuracy start -> end over the seeds (r1/aha_seeds.py)
       aha_seeds.write(workdir, next(iter(points.values())), header=header)
   return md
