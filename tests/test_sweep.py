@@ -287,6 +287,28 @@ def test_sweep_text_is_typed_and_bad_input_is_one_line():
     assert "\n" not in str(e.value) and not os.path.exists("/tmp/x_never_written")
 
 
+def test_sweep_grammar_edge_cases():
+  """A key in two axes, zip's lengths, product's order, one point, names of keys sharing a last component."""
+  c = _config()
+  h = sweep_points
+  for text in ("rl.beta=0.1 rl.beta=0.2", "rl.beta=0.1 optim.lr=0.1 rl.beta=0.3"):
+    with pytest.raises(errors.ConfigError, match="'rl.beta' is set by two axes"):
+      h.parse(text, c)
+  with pytest.raises(errors.ConfigError, match=r"\[1, 2\] points"):
+    h.zip([h.sweep("rl.beta", [0.1, 0.2]), h.sweep("optim.lr", [1e-3])])
+  with pytest.raises(errors.ConfigError, match="two axes"):
+    h.zip([h.sweep("rl.beta", [0.1]), h.named("x", {"rl.beta": 0.2})])
+  zipped = h.zip([h.sweep("rl.beta", [0.1, 0.2]), h.sweep("optim.lr", [1e-3, 2e-3])])
+  assert [p.dict for p in zipped] == [{"rl.beta": 0.1, "optim.lr": 1e-3}, {"rl.beta": 0.2, "optim.lr": 2e-3}]
+  grid = h.parse("rl.beta=0,0.1 optim.lr=1e-3,2e-3", c)  # the last axis varies fastest
+  assert h.names(grid) == ["beta=0,lr=0.001", "beta=0,lr=0.002", "beta=0.1,lr=0.001", "beta=0.1,lr=0.002"]
+  one = sweep.make_runs(c, h.parse("rl.beta=0.1", c), 1, "/tmp/x")
+  assert [(r.name, r.point, r.seed, r.config.rl.beta) for r in one] == [("beta=0.1", "beta=0.1", None, 0.1)]
+  assert h.names(h.product([h.sweep("rl.beta", [0.1]), h.sweep("optim.beta", [0.2])])) == [
+      "rl.beta=0.1,optim.beta=0.2"]  # a shared last component is written in full
+  assert [r.name for r in sweep.make_runs(c, h.base(), 2, "/tmp/x")] == ["seed=0", "seed=1"]
+
+
 @pytest.mark.parametrize("mode", ["report", "print"])
 def test_a_workdir_that_is_a_file_is_one_line_in_every_mode(mode, tmp_path):
   """report and print write into --workdir too: a file there was a NotADirectoryError traceback (exit 1)."""
