@@ -28,6 +28,12 @@ def test_t_quantile_other_levels_and_symmetry():
   assert stats.t_cdf(0.0, 7) == pytest.approx(0.5, abs=1e-12)
   with pytest.raises(ValueError, match="df"):
     stats.t_quantile(0.975, 0)
+  # Quantiles beyond the old fixed bisection bracket (±1e3, where it returned 1e3): one df is the Cauchy
+  # distribution, t_q = tan(π(q − 1/2)) exactly; two df have t_q = (2q − 1)·√(2 / (4q(1 − q))).
+  for q in (0.99999, 0.999999, 1e-6):
+    assert stats.t_quantile(q, 1) == pytest.approx(math.tan(math.pi * (q - 0.5)), rel=1e-9)
+  q = 1 - 1e-8
+  assert stats.t_quantile(q, 2) == pytest.approx((2 * q - 1) * math.sqrt(2 / (4 * q * (1 - q))), rel=1e-6)
 
 
 def test_summarize_by_hand():
@@ -129,12 +135,40 @@ def test_cells_from_another_config_are_refused(tmp_path):
     ablate.run(_cfg(seeds=3), str(tmp_path), table=FakeTable(), log=lambda s: None)
 
 
+def test_rows_sharing_a_cell_file_are_refused(tmp_path):
+  """'x y' and 'x_y' were both written to cells/x_y.json: the second row loaded the first's cell and showed its
+  numbers without running (and both did on every rerun)."""
+  class Clash(FakeTable):
+    def variants(self, cfg):
+      return ["x y", "x_y"]
+  for names in (["x y", "x_y"], ["a", "a"], ["Ab", "aB"]):
+    Clash.variants = lambda self, cfg, names=names: names
+    t = Clash()
+    with pytest.raises(ValueError, match="share the cell file"):
+      ablate.run(_cfg(), str(tmp_path / names[1]), table=t, log=lambda s: None)
+    assert t.calls == []
+  # a cell file whose recorded variant is another row's (a case-insensitive file system) is not loaded as this row
+  ablate.run(_cfg(), str(tmp_path / "ok"), table=FakeTable(), log=lambda s: None)
+  os.replace(tmp_path / "ok" / "cells" / "a.json", tmp_path / "ok" / "cells" / "b.json")
+  with pytest.raises(ValueError, match="holds the cell of variant 'a', not 'b'"):
+    ablate.run(_cfg(), str(tmp_path / "ok"), table=FakeTable(), log=lambda s: None)
+
+
 def test_bad_cell_shape_is_named(tmp_path):
   class Bad(FakeTable):
     def run_cell(self, cfg, variant, seeds):
       return {"scalars": {"acc": [1.0]}, "curves": {}}
   with pytest.raises(ValueError, match="'acc' has 1 values for 5 seeds"):
     ablate.run(_cfg(), str(tmp_path), table=Bad(), log=lambda s: None)
+
+
+def test_a_pipe_in_a_row_or_metric_name_keeps_the_table_shape():
+  """A row named 'a|b' (a sweep point h.named('a|b')) gave its markdown row one column too many."""
+  cells = {"a|b": {"scalars": {"x|y": [1.0, 3.0]}, "curves": {}}, "c": {"scalars": {"x|y": [2.0, 2.0]}, "curves": {}}}
+  md = report.markdown(cells, title="t", claim="")
+  table = [l for l in md.splitlines() if l.startswith("|")]
+  assert table[0] == "| variant | x\\|y |" and table[2].startswith("| a\\|b | 2 ± ")
+  assert {len(l.replace("\\|", "").split("|")) for l in table} == {4}
 
 
 def test_single_run_cells_say_exact():

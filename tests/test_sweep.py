@@ -264,11 +264,49 @@ def test_sweep_text_is_typed_and_bad_input_is_one_line():
     assert "\n" not in str(e.value)
   with pytest.raises(errors.ConfigError, match="share the directory"):
     sweep.make_runs(c, sweep_points.named("a b", {}) + sweep_points.named("a_b", {}), 1, "/tmp/x")
+  # Distinct values that %g writes alike were refused as sharing a directory ("give them distinct values": they
+  # were); that key's values are then written exactly, the others stay short. Equal values stay refused.
+  runs = sweep.make_runs(c, sweep_points.parse("optim.lr=1e-6,1.0000001e-6 rl.beta=0.1", c), 1, "/tmp/x")
+  assert [r.name for r in runs] == ["lr=1e-06,beta=0.1", "lr=1.0000001e-06,beta=0.1"]
+  assert [r.config.optim.lr for r in runs] == [1e-6, 1.0000001e-6]
+  assert sweep_points.names(sweep_points.sweep("rewards", [(("a", 0.5),), (("a", 0.50000001),)])) == [
+      "rewards=a:0.5", "rewards=a:0.50000001"]
+  with pytest.raises(errors.ConfigError, match="share the directory"):
+    sweep.make_runs(c, sweep_points.parse("rl.beta=0.1,0.10", c), 1, "/tmp/x")
+  with pytest.raises(errors.ConfigError, match="share the directory"):  # one directory on macOS's file system
+    sweep.make_runs(c, sweep_points.named("Big", {}) + sweep_points.named("big", {}), 1, "/tmp/x")
+  # a run directory named as one of the sweep's own files (its report's plots/, sweep.md, the lock) was written over
+  # by the report or stopped the sweep midway
+  for name in ("plots", "Sweep.md", "run.lock", "r1_seeds_a.json"):
+    with pytest.raises(errors.ConfigError, match="the sweep's own"):
+      sweep.make_runs(c, sweep_points.named(name, {}), 1, "/tmp/x")
   # --metrics: a bad aggregate or no metric is a one-line config error (exit 2), not a traceback
   for m, msg in [("train/loss@median", "@median"), ("@tail", "names no metric")]:
     with pytest.raises(errors.ConfigError, match=msg) as e:
       sweep.run(c, "/tmp/x_never_written", sweep_text="rl.beta=0.1", metrics=[m], log=lambda _: None)
     assert "\n" not in str(e.value) and not os.path.exists("/tmp/x_never_written")
+
+
+def test_sweep_grammar_edge_cases():
+  """A key in two axes, zip's lengths, product's order, one point, names of keys sharing a last component."""
+  c = _config()
+  h = sweep_points
+  for text in ("rl.beta=0.1 rl.beta=0.2", "rl.beta=0.1 optim.lr=0.1 rl.beta=0.3"):
+    with pytest.raises(errors.ConfigError, match="'rl.beta' is set by two axes"):
+      h.parse(text, c)
+  with pytest.raises(errors.ConfigError, match=r"\[1, 2\] points"):
+    h.zip([h.sweep("rl.beta", [0.1, 0.2]), h.sweep("optim.lr", [1e-3])])
+  with pytest.raises(errors.ConfigError, match="two axes"):
+    h.zip([h.sweep("rl.beta", [0.1]), h.named("x", {"rl.beta": 0.2})])
+  zipped = h.zip([h.sweep("rl.beta", [0.1, 0.2]), h.sweep("optim.lr", [1e-3, 2e-3])])
+  assert [p.dict for p in zipped] == [{"rl.beta": 0.1, "optim.lr": 1e-3}, {"rl.beta": 0.2, "optim.lr": 2e-3}]
+  grid = h.parse("rl.beta=0,0.1 optim.lr=1e-3,2e-3", c)  # the last axis varies fastest
+  assert h.names(grid) == ["beta=0,lr=0.001", "beta=0,lr=0.002", "beta=0.1,lr=0.001", "beta=0.1,lr=0.002"]
+  one = sweep.make_runs(c, h.parse("rl.beta=0.1", c), 1, "/tmp/x")
+  assert [(r.name, r.point, r.seed, r.config.rl.beta) for r in one] == [("beta=0.1", "beta=0.1", None, 0.1)]
+  assert h.names(h.product([h.sweep("rl.beta", [0.1]), h.sweep("optim.beta", [0.2])])) == [
+      "rl.beta=0.1,optim.beta=0.2"]  # a shared last component is written in full
+  assert [r.name for r in sweep.make_runs(c, h.base(), 2, "/tmp/x")] == ["seed=0", "seed=1"]
 
 
 @pytest.mark.parametrize("mode", ["report", "print"])
@@ -476,6 +514,46 @@ def test_report_reads_metrics_stages_and_report_json(tmp_path, caplog):
   assert list(cells["p"]["scalars"]) == ["eval/accuracy"]
   said = [r.getMessage() for r in caplog.records if "matches no metric" in r.getMessage()]
   assert len(said) == 2 and "'eval/accurracy'" in said[0] and "'report/nope/*'" in said[1], said
+
+
+def test_report_key_columns_write_values_as_the_names_do(tmp_path, monkeypatch):
+  """sweep.csv's swept-key columns wrote lr=1e-6 and 1.0000001e-6 both as 1e-06 (the names now tell them apart)."""
+  c = _config()
+  runs = sweep.make_runs(c, sweep_points.parse("optim.lr=1e-6,1.0000001e-6 rl.beta=0.5", c), 1, str(tmp_path))
+  for r, acc in zip(runs, (0.25, 0.75)):
+    os.makedirs(r.workdir)
+    with open(os.path.join(r.workdir, "metrics.jsonl"), "w") as f:
+      f.write(json.dumps({"step": 1, "eval/accuracy": acc}) + "\n")
+  monkeypatch.setattr(sweep, "finished", lambda r: True)
+  sweep.write_report(str(tmp_path), runs, ["eval/accuracy"], title="t", header="")
+  with open(tmp_path / "sweep.csv", newline="") as f:
+    rows = list(csv.DictReader(f))
+  assert [(r["point"], r["optim.lr"], r["rl.beta"], r["mean"]) for r in rows] == [
+      ("lr=1e-06,beta=0.5", "1e-06", "0.5", "0.25"), ("lr=1.0000001e-06,beta=0.5", "1.0000001e-06", "0.5", "0.75")]
+  with pytest.raises(errors.ConfigError, match="section"):  # a section as a swept value: one line, not a TypeError
+    sweep.make_runs(c, sweep_points.sweep("rl", [{"beta": 0.1}, {"beta": 0.2}]), 1, "/tmp/x")
+
+
+def test_r1_seed_tables_of_points_with_a_slash_in_their_name(tmp_path, monkeypatch):
+  """An R1 sweep's per-point seed tables were DIR/r1_seeds_<point>.md: a point swept over a path
+  (train.init_from=/data/a) named a file in a directory that does not exist, and the report failed after training."""
+  from grpo_jax.r1 import seeds_report  # pylint: disable=g-import-not-at-top
+  c = config_lib.override(_config(), {"job": "r1_pipeline"})
+  runs = sweep.make_runs(c, sweep_points.sweep("train.init_from", ["/data/a", "/data/b"]), 1, str(tmp_path))
+  assert [r.name for r in runs] == ["init_from=_data_a", "init_from=_data_b"]
+  for r in runs:
+    os.makedirs(r.workdir)
+  written = []
+
+  def write(workdir, dirs, header="", name="r1_seeds"):
+    with open(os.path.join(workdir, name + ".md"), "w", encoding="utf-8") as f:  # as seeds_report.write does
+      f.write(" ".join(dirs))
+    written.append(name)
+  monkeypatch.setattr(sweep, "finished", lambda r: True)
+  monkeypatch.setattr(seeds_report, "write", write)
+  sweep.write_report(str(tmp_path), runs, ["report/*/accuracy_last_number"], title="t", header="")
+  assert written == ["r1_seeds_init_from=_data_a", "r1_seeds_init_from=_data_b"]
+  assert (tmp_path / "r1_seeds_init_from=_data_b.md").read_text() == runs[1].workdir
 
 
 def test_r1_run_whose_stages_are_done_is_finished_only_with_its_report(tmp_path, monkeypatch):

@@ -105,15 +105,26 @@ def apply(config: ml_collections.ConfigDict, point: Point) -> ml_collections.Con
   return config_lib.override(config, expand(point.dict))
 
 
-def fmt(v: Any) -> str:
-  """A value as a point's name writes it: floats short (%g), tuples of (name, weight) as name:weight."""
+def fmt(v: Any, exact: bool = False) -> str:
+  """A value as a point's name writes it: floats short (%g; exact: the shortest repr that reads back the same
+  float), tuples of (name, weight) as name:weight."""
   if isinstance(v, bool):
     return str(v).lower()
   if isinstance(v, float):
-    return f"{v:g}" if math.isfinite(v) else str(v)
+    return (repr(v) if exact else f"{v:g}") if math.isfinite(v) else str(v)
   if isinstance(v, (tuple, list)):
-    return "+".join(":".join(fmt(x) for x in e) if isinstance(e, (tuple, list)) else fmt(e) for e in v)
+    return "+".join(":".join(fmt(x, exact) for x in e) if isinstance(e, (tuple, list)) else fmt(e, exact) for e in v)
   return str(v)
+
+
+def _hashable(v: Any) -> Any:
+  if isinstance(v, (tuple, list)):
+    return tuple(_hashable(x) for x in v)
+  try:
+    hash(v)
+  except TypeError:  # a dict (refused later by config_lib.override, one line)
+    return repr(v)
+  return v
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.=,+:@-]+")
@@ -125,18 +136,30 @@ def dirname(name: str) -> str:
   return out or "point"
 
 
+def exact_keys(overrides: Sequence[dict[str, Any]]) -> set[str]:
+  """The keys some of whose distinct values `fmt` writes alike (1e-6 and 1.0000001e-6): written with exact=True."""
+  values: dict[str, set] = {}
+  for d in overrides:
+    for k, v in d.items():
+      values.setdefault(k, set()).add(_hashable(v))
+  return {k for k, vs in values.items() if len({fmt(v) for v in vs}) < len(vs)}
+
+
 def names(points: Sequence[Point]) -> list[str]:
   """Each point's name: its given names and `key=value` parts joined by ','; a key is written by its last
-  component unless two swept keys share it."""
+  component unless two swept keys share it, and its values short (%g) unless that writes two of them alike
+  (lr=1e-6 and 1.0000001e-6: then every value of that key exactly)."""
   keys = {k for p in points for kind, k in p.parts if kind == "key"}
   last = {}
   for k in keys:
     last.setdefault(k.split(".")[-1], []).append(k)
   label = {k: (k.split(".")[-1] if len(last[k.split(".")[-1]]) == 1 else k) for k in keys}
+  exact = exact_keys([{k: v for k, v in p.overrides if ("key", k) in p.parts} for p in points])
   out = []
   for p in points:
     d = p.dict
-    out.append(",".join(text if kind == "name" else f"{label[text]}={fmt(d[text])}" for kind, text in p.parts))
+    out.append(",".join(text if kind == "name" else f"{label[text]}={fmt(d[text], text in exact)}"
+                        for kind, text in p.parts))
   return out
 
 

@@ -65,11 +65,23 @@ def run_cells(cfg, workdir: str, table: ModuleType, log: Callable[[str], None] =
   fp = fingerprint(cfg)
   seeds = list(range(cfg.seed0, cfg.seed0 + cfg.seeds)) if "seed0" in cfg else list(range(cfg.seeds))
   cells: dict[str, dict] = {}
-  for variant in table.variants(cfg):
+  variants = list(table.variants(cfg))
+  seen: dict[str, str] = {}  # cell file name (case ignored) -> its row
+  for variant in variants:  # one cell file per row: a shared one gave a row another's numbers, unrun
+    name = os.path.basename(_cell_path(workdir, variant))
+    if name.lower() in seen:
+      raise ValueError(f"variants {seen[name.lower()]!r} and {variant!r} share the cell file {name} (names are "
+                       "compared with other characters than letters, digits, '_', '.', '=' and '-' as '_', and case "
+                       "ignored); rename one.")
+    seen[name.lower()] = variant
+  for variant in variants:
     path = _cell_path(workdir, variant)
     if os.path.exists(path):
       with open(path) as f:
         saved = json.load(f)
+      if saved.get("variant", variant) != variant:
+        raise ValueError(f"--workdir={workdir}: {path} holds the cell of variant {saved['variant']!r}, not "
+                         f"{variant!r}; use a new --workdir or delete it.")
       if saved.get("fingerprint") != fp:
         raise ValueError(f"--workdir={workdir} holds cell {variant!r} from a different config; use a new "
                          f"--workdir or delete {path}.")

@@ -56,11 +56,11 @@ def markdown(cells: Cells, *, title: str, claim: str, header: str = "", columns:
   lines = [f"## {title}", ""] + ([f"**Claim.** {claim}", ""] if claim else [])
   if header:
     lines += [header, ""]
-  lines.append(f"| {row_label} | " + " | ".join(metrics) + " |")
+  lines.append(f"| {row_label} | " + " | ".join(map(_cell, metrics)) + " |")
   lines.append("|---|" + "---|" * len(metrics))
   for v in cells:
     row = [summ[v][m].fmt() if m in summ[v] else "" for m in metrics]
-    lines.append(f"| {v} | " + " | ".join(row) + " |")
+    lines.append(f"| {_cell(v)} | " + " | ".join(row) + " |")
   ns = sorted({s.n for d in summ.values() for s in d.values()})
   lines += ["", f"Cells: mean ± 95% CI half-width (Student t, n−1 df) over n = {', '.join(map(str, ns))} seeds."]
   res = []
@@ -78,6 +78,11 @@ def markdown(cells: Cells, *, title: str, claim: str, header: str = "", columns:
   if plots:
     lines += [""] + [f"![{p}]({p})" for p in plots]
   return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+  """A row or column name in a markdown table: a '|' in it (a point h.named('a|b')) split its row into columns."""
+  return text.replace("|", "\\|")
 
 
 def _slug(name: str) -> str:

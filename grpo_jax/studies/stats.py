@@ -56,12 +56,16 @@ def t_cdf(t: float, df: float) -> float:
 
 
 def t_quantile(q: float, df: float) -> float:
-  """Inverse of t_cdf by bisection (monotone, so 200 halvings reach machine precision)."""
+  """Inverse of t_cdf by bisection (monotone, so 200 halvings reach machine precision) in a bracket widened until
+  it holds the quantile (t_{0.99999, 1} is 31831: a fixed ±1e3 returned 1e3)."""
   if not 0.0 < q < 1.0:
     raise ValueError(f"t_quantile: q={q} must lie in (0, 1).")
   if df <= 0:
     raise ValueError(f"t_quantile: df={df} must be positive (need at least 2 seeds).")
-  lo, hi = -1e3, 1e3
+  hi = 1e3
+  while t_cdf(hi, df) < max(q, 1.0 - q) and hi < 1e300:
+    hi *= 1e3
+  lo = -hi
   for _ in range(200):
     mid = 0.5 * (lo + hi)
     if t_cdf(mid, df) < q:

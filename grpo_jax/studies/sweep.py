@@ -94,6 +94,12 @@ def load_points(config_file: str, config, sweep_text: str = "") -> list[sweep_po
   return list(points)
 
 
+# What the sweep itself writes in its --workdir (the report, the plan, launch.sh, the lock, R1 seed tables): a
+# run directory so named was written over by the report, or stopped the sweep midway (a directory where a file goes).
+OWN_FILES = ("plots", "sweep.md", "sweep.csv", "sweep.json", "launch.sh", workdir_lock.LOCK_NAME)
+OWN_SUFFIXES = (".md", ".csv", ".json", ".sh", ".tmp", ".lock")
+
+
 def make_runs(config, points: Sequence[sweep_points.Point], seeds: int, workdir: str) -> list[Run]:
   """Every point × seed as a Run with its resolved config (one-line ConfigError on a bad override)."""
   if seeds < 1:
@@ -114,10 +120,14 @@ def make_runs(config, points: Sequence[sweep_points.Point], seeds: int, workdir:
       over = overrides if seed is None else {**overrides, "run_seed": seed}
       run_name = ",".join(x for x in (name, "" if seed is None else f"seed={seed}") if x) or "run"
       d = sweep_points.dirname(run_name)
-      if d in seen:
-        raise errors.ConfigError(f"sweep points {seen[d]!r} and {run_name!r} share the directory name {d!r}; give "
-                                 "them distinct names (h.named) or values.")
-      seen[d] = run_name
+      if d.lower() in seen:  # case ignored: one directory on a case-insensitive file system (macOS)
+        raise errors.ConfigError(f"sweep points {seen[d.lower()]!r} and {run_name!r} share the directory name {d!r}"
+                                 " (case ignored); give them distinct names (h.named) or values.")
+      if d.lower() in OWN_FILES or d.lower().endswith(OWN_SUFFIXES):
+        raise errors.ConfigError(f"sweep point {run_name!r}: its directory {d!r} would be one of the sweep's own "
+                                 f"files under --workdir ({', '.join(OWN_FILES)}, or a name ending in "
+                                 f"{', '.join(OWN_SUFFIXES)}); rename the point (h.named).")
+      seen[d.lower()] = run_name
       rc = c if seed is None else config_lib.override(c, {"run_seed": seed})
       runs.append(Run(d, name or "run", seed, over, declared, rc, os.path.join(workdir, d)))
   return runs
@@ -300,9 +310,10 @@ def launch_commands(runs: Sequence[Run], config_file: str, base: dict[str, Any],
 def write_report(workdir: str, runs: Sequence[Run], metrics: Sequence[str], *, title: str, header: str) -> str:
   points: dict[str, list[str]] = {}
   keys: dict[str, dict] = {}
+  exact = sweep_points.exact_keys([r.keys for r in runs])  # as the points' names write them
   for r in runs:
     points.setdefault(r.point, [])
-    keys[r.point] = {k: sweep_points.fmt(v) for k, v in r.keys.items()}
+    keys[r.point] = {k: sweep_points.fmt(v, k in exact) for k, v in r.keys.items()}
     if finished(r):
       points[r.point].append(r.workdir)
   points = {p: d for p, d in points.items() if d}
@@ -311,7 +322,9 @@ def write_report(workdir: str, runs: Sequence[Run], metrics: Sequence[str], *, t
   if runs and runs[0].config.job == "r1_pipeline":
     # The R1 pipeline's own table: every stage × metric over seeds, and its verdicts (r1/seeds_report.py).
     for p, dirs in points.items():
-      seeds_report.write(workdir, dirs, header=header, name="r1_seeds" if len(points) == 1 else f"r1_seeds_{p}")
+      # the point's directory name: its name may hold a '/' (train.init_from=/data/base), which named no file
+      seeds_report.write(workdir, dirs, header=header,
+                         name="r1_seeds" if len(points) == 1 else f"r1_seeds_{sweep_points.dirname(p)}")
     if len(points) == 1:  # R1-Zero's length / verification / accuracy start -> end over the seeds (r1/aha_seeds.py)
       aha_seeds.write(workdir, next(iter(points.values())), header=header)
   return md
