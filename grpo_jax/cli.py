@@ -14,6 +14,7 @@ caller configured before. Programs whose compile took under a second are not sto
 programs with host callbacks (Python reward terms) never are (JAX skips them), and the directory is trimmed to
 CACHE_MAX_BYTES, least recently used first.
 """
+import difflib
 import os
 import sys
 import tempfile
@@ -136,17 +137,40 @@ def finish(code: int) -> None:
   sys.exit(code)
 
 
+def _declared(key: str) -> bool:
+  """Whether the dotted `key` names a value declared in config_lib.base_config (a section is not a value)."""
+  node = config_lib.base_config()
+  for part in key.split("."):
+    if not hasattr(node, "keys") or part not in node:
+      return False
+    node = node[part]
+  return True
+
+
+def _flat_keys(node, prefix: str = "") -> list[str]:
+  out = []
+  for k in node.keys():
+    if hasattr(node[k], "keys"):
+      out += _flat_keys(node[k], f"{prefix}{k}.")
+    else:
+      out.append(f"{prefix}{k}")
+  return out
+
+
 def _unknown_key(argv, error: Exception) -> str:
-  """The --config.<key> override that names a missing key (ml_collections says only the last part)."""
-  missing = str(error).strip("\"'")
-  if isinstance(error, KeyError) and error.args:
-    missing = str(error.args[0]).strip("\"'")
-  for arg in argv:
-    if arg.startswith("--config."):
-      key = arg[len("--"):].split("=", 1)[0]
-      if missing and (key.split(".")[-1] == missing or f".{missing}." in f".{key}."):
-        return key
-  return f"config.<...>.{missing}"
+  """'config.<key>: no such key' for the --config.<key> override that names a missing key, with the nearest
+  declared key when one is close. ml_collections says only the last part, quoted, and appends its own "Did you
+  mean" on a second line; the offending override is the first whose path base_config does not declare."""
+  inner = error.args[0] if error.args and isinstance(error.args[0], Exception) else error
+  missing = str(inner.args[0] if inner.args else inner).strip().splitlines()[0].strip("\"'")
+  keys = [arg[len("--config."):].split("=", 1)[0] for arg in argv if arg.startswith("--config.")]
+  unknown = [k for k in keys if not _declared(k)]
+  key = unknown[0] if unknown else f"<...>.{missing}"
+  close = difflib.get_close_matches(key, _flat_keys(config_lib.base_config()), n=1, cutoff=0.75)
+  if close and unknown:
+    return f"config.{key}: no such key; did you mean config.{close[0]}? (keys: grpo_jax/config/config_lib.py)."
+  return (f"config.{key}: no such key; check the spelling against grpo_jax/config/config_lib.py (or the "
+          "experiment's configs/*.py).")
 
 
 def _config_file_error(text: str) -> str:
@@ -176,8 +200,7 @@ def parse_flags(argv):
     if "--verbose" in argv:
       traceback.print_exc()
     if isinstance(e, (AttributeError, KeyError)):  # ml_collections: a missing field, or a missing group
-      msg = (f"Config error: {_unknown_key(argv, e)}: no such key; check the spelling against "
-             "grpo_jax/config/config_lib.py (or the experiment's configs/*.py).")
+      msg = f"Config error: {_unknown_key(argv, e)}"
     elif isinstance(e, flags.Error) and "Traceback (most recent call last)" in str(e):
       msg = _config_file_error(str(e))
     elif isinstance(e, flags.Error):

@@ -82,3 +82,26 @@ def test_a_cache_dir_that_cannot_be_written_compiles_without_it_and_says_so(tmp_
   assert [r.getMessage() for r in caplog.records if "Permission denied" in r.getMessage()], caplog.records
   assert cli.writable_dir(str(tmp_path / "ro")) and cli.writable_dir(str(tmp_path / "new" / "xla"))
   assert os.listdir(tmp_path / "ro") == []  # the probe leaves nothing behind
+
+
+def test_an_unknown_key_is_named_whole_with_the_nearest_declared_key():
+  """ml_collections' errors for a misspelt override (a last part quoted, its own 'Did you mean' on a second line; a
+  missing group; a part below a value) become one line naming the whole --config key, and the nearest key if any."""
+  from grpo_jax.config import config_lib
+  c = config_lib.base_config()
+  errors_of = {}
+  for key in ("rl.betta", "rll.beta", "rl.beta.x", "foo.bar"):
+    node = c
+    try:
+      for part in key.split("."):
+        node = getattr(node, part) if hasattr(node, "keys") else node[part]
+    except Exception as e:  # pylint: disable=broad-except
+      errors_of[key] = e
+  argv = ["main", "--config=configs/grpo_arith.py", "--config.rl.G=4"]
+  want = {"rl.betta": "config.rl.betta: no such key; did you mean config.rl.beta?",
+          "rll.beta": "config.rll.beta: no such key; did you mean config.rl.beta?",
+          "rl.beta.x": "config.rl.beta.x: no such key; did you mean config.rl.beta?",
+          "foo.bar": "config.foo.bar: no such key; check the spelling against grpo_jax/config/config_lib.py"}
+  for key, line in want.items():
+    got = cli._unknown_key(argv + [f"--config.{key}=1"], errors_of[key])  # pylint: disable=protected-access
+    assert got.startswith(line) and "\n" not in got, (key, got)
