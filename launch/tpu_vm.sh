@@ -43,6 +43,10 @@ done
 [[ -n "$NAME" ]] || die "--name is required (the TPU VM's name)"
 [[ -n "$ZONE" ]] || die "--zone is required (e.g. us-west4-a)"
 [[ -n "$WORKDIR" ]] || die "--workdir is required (a gs:// path, or a path on each worker)"
+# A relative path would land inside ~/$REMOTE_DIR on every worker, which the next launch's copy step deletes
+# (rm -rf): a resume would find no checkpoints and start over.
+[[ "$WORKDIR" == /* || "$WORKDIR" == *://* ]] || die "--workdir=$WORKDIR is relative: on the workers it would \
+land inside ~/$REMOTE_DIR, which the next launch deletes; pass a gs:// path or an absolute path"
 
 if [[ -z "$VERSION" ]]; then  # the TPU software image that matches each generation
   case "$ACCEL" in

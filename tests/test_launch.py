@@ -110,7 +110,7 @@ def test_tpu_vm_dry_run_pod_commands():
 def test_tpu_vm_requires_name_and_zone():
   r = _bash("tpu_vm.sh", "--zone", "z", "--workdir", "w", "--dry-run")
   assert r.returncode == 2 and "--name is required" in r.stderr
-  r = _bash("tpu_vm.sh", "--name", "n", "--zone", "z", "--workdir", "w", "--accelerator", "v9-8", "--dry-run")
+  r = _bash("tpu_vm.sh", "--name", "n", "--zone", "z", "--workdir", "/w", "--accelerator", "v9-8", "--dry-run")
   assert r.returncode == 2 and "--version is required" in r.stderr
 
 
@@ -144,3 +144,16 @@ def test_gpu_multinode_slurm_dry_run():
   assert "--output=gpu_logs/r2/node%t.log" in srun[0]
   r = _bash("gpu_multinode.sh", "--workdir", "x", "--dry-run")
   assert r.returncode == 2 and "choose --slurm or --hosts" in r.stderr
+
+
+def test_a_relative_workdir_is_refused_before_any_command():
+  """A relative --workdir would land inside the code's copy on every host (~/grpo_jax_src), which the next launch
+  deletes (tpu_vm: rm -rf; --hosts: rsync --delete): a resume would silently start over. gs:// and absolute pass."""
+  for script, where in (("tpu_vm.sh", ["--name", "n", "--zone", "z"]), ("gpu_multinode.sh", ["--hosts", "a,b"]),
+                        ("gpu_multinode.sh", ["--slurm"])):
+    r = _bash(script, *where, "--workdir", "runs/arith", "--dry-run")
+    assert r.returncode == 2 and r.stdout == "", (script, r.stdout)
+    assert r.stderr.startswith("error: --workdir=runs/arith is relative:") and len(r.stderr.splitlines()) == 1
+    for ok in ("gs://b/runs/arith", "/shared/runs/arith"):
+      r = _bash(script, *where, "--workdir", ok, "--dry-run")
+      assert r.returncode == 0 and f"--workdir={ok}" in r.stdout, (script, ok, r.stderr)
