@@ -190,10 +190,23 @@ def auto_flag(arg: str) -> str:
   return f"{key}={config_lib.auto_text(key[len('--config.'):], value)}"
 
 
+def auto_flags(argv) -> list[str]:
+  """Every `--config.<key>=auto` (auto_flag), and the form absl also takes, `--config.<key> auto`, as its number."""
+  out = []
+  for i, arg in enumerate(argv):
+    prev = argv[i - 1] if i else ""
+    if arg == "auto" and prev.startswith("--config.") and "=" not in prev:
+      out.append(config_lib.auto_text(prev[len("--config."):], arg))
+    else:
+      out.append(auto_flag(arg))
+  return out
+
+
 def parse_flags(argv):
   """absl's flag parsing with every failure (missing or broken config file, unknown key, bad value) as one line.
-  `--config.<key>=auto` for an integer knob passes as its auto number (config_lib.AUTO_INT: 0, or -1)."""
-  argv = [auto_flag(arg) for arg in argv]
+  `--config.<key>=auto` (or `--config.<key> auto`) for an integer knob passes as its auto number
+  (config_lib.AUTO_INT: 0, or -1)."""
+  argv = auto_flags(argv)
   try:
     return flags.FLAGS(argv)
   except Exception as e:  # pylint: disable=broad-except

@@ -105,3 +105,15 @@ def test_an_unknown_key_is_named_whole_with_the_nearest_declared_key():
   for key, line in want.items():
     got = cli._unknown_key(argv + [f"--config.{key}=1"], errors_of[key])  # pylint: disable=protected-access
     assert got.startswith(line) and "\n" not in got, (key, got)
+
+
+def test_auto_for_an_integer_knob_in_either_flag_form(monkeypatch):
+  """absl takes `--config.<key> value` as well as `--config.<key>=value`; `auto` for an integer knob is its number in
+  both (the space form reached absl as the word and failed: invalid literal for int()). Other words pass as they are."""
+  from absl import flags
+  seen = []
+  monkeypatch.setattr(flags, "FLAGS", lambda argv: seen.append(list(argv)) or argv[:1])
+  assert cli.parse_flags(["main", "--config.rl.minibatches", "auto", "--config.sampling.exit_chunk=auto",
+                          "--config.sampling.engine", "auto", "--config.rl.G", "4", "auto"]) == ["main"]
+  assert seen == [["main", "--config.rl.minibatches", "0", "--config.sampling.exit_chunk=-1",
+                   "--config.sampling.engine", "auto", "--config.rl.G", "4", "auto"]]
