@@ -190,6 +190,9 @@ def auto_flag(arg: str) -> str:
   return f"{key}={config_lib.auto_text(key[len('--config.'):], value)}"
 
 
+HELP_FLAGS = ("--help", "-help", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
 def auto_flags(argv) -> list[str]:
   """Every `--config.<key>=auto` (auto_flag), and the form absl also takes, `--config.<key> auto`, as its number."""
   out = []
@@ -209,6 +212,10 @@ def parse_flags(argv):
   argv = auto_flags(argv)
   try:
     return flags.FLAGS(argv)
+  except SystemExit as e:  # absl's --help / --helpfull print the usage and exit 1, which is a bug's status here
+    if e.code == 1 and any(a.split("=", 1)[0] in HELP_FLAGS for a in argv[1:]):
+      sys.exit(errors.EXIT_OK)
+    raise
   except Exception as e:  # pylint: disable=broad-except
     if "--verbose" in argv:
       traceback.print_exc()

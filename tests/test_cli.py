@@ -117,3 +117,25 @@ def test_auto_for_an_integer_knob_in_either_flag_form(monkeypatch):
                           "--config.sampling.engine", "auto", "--config.rl.G", "4", "auto"]) == ["main"]
   assert seen == [["main", "--config.rl.minibatches", "0", "--config.sampling.exit_chunk=-1",
                    "--config.sampling.engine", "auto", "--config.rl.G", "4", "auto"]]
+
+
+def test_help_exits_0_and_lists_the_flags():
+  """absl's --help exits 1 (this CLI's status for a bug) and listed no flag ("Try --helpfull"); now 0 with --config,
+  --workdir and --verbose listed. A real exit 1 from absl without a help flag stays 1."""
+  out = subprocess.run([sys.executable, "-m", "grpo_jax.main", "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert all(f in out.stdout for f in ("--config:", "--workdir:", "--[no]verbose:")), out.stdout
+
+
+def test_only_a_help_flag_turns_absls_exit_1_into_0(monkeypatch):
+  from absl import flags
+  import pytest  # pylint: disable=g-import-not-at-top
+
+  def exits_1(argv):
+    raise SystemExit(1)
+  monkeypatch.setattr(flags, "FLAGS", exits_1)
+  for argv, code in ((["main", "--helpfull"], 0), (["main", "-?"], 0), (["main", "--config.x=--help"], 1)):
+    with pytest.raises(SystemExit) as e:
+      cli.parse_flags(argv)
+    assert e.value.code == code, argv
