@@ -17,10 +17,11 @@ CONFIG="configs/grpo_arith.py" WORKDIR="" WORKERS="" MODULE="grpo_jax.main" REMO
 VENV="\$HOME/grpo_jax_venv" JAX_VERSION="0.10.2" LOG_DIR="tpu_logs"
 EXTRA=()
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit "${1:-0}"; }  # the header
 die() { echo "error: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
+  case "$1" in --name|--zone|--project|--accelerator|--version|--config|--workdir|--workers|--module) [[ $# -ge 2 ]] || die "$1 needs a value; see --help";; esac
   case "$1" in
     --name) NAME="$2"; shift 2;;
     --zone) ZONE="$2"; shift 2;;

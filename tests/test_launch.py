@@ -157,3 +157,22 @@ def test_a_relative_workdir_is_refused_before_any_command():
     for ok in ("gs://b/runs/arith", "/shared/runs/arith"):
       r = _bash(script, *where, "--workdir", ok, "--dry-run")
       assert r.returncode == 0 and f"--workdir={ok}" in r.stdout, (script, ok, r.stderr)
+
+
+def test_launchers_help_missing_values_and_bad_host_lists():
+  """--help prints the header comment only (it printed `set -euo pipefail` too); a flag without its value is one
+  line and exit 2 (was bash's '$2: unbound variable', exit 1); an empty or spaced --hosts entry is refused (it became
+  `ssh ''` and a process the job waited for forever); the coordinator of user@host hosts is the host alone."""
+  for script, last in (("tpu_vm.sh", "launch/tpu_vm.sh ... --delete"), ("gpu_multinode.sh", "add --dry-run")):
+    r = _bash(script, "--help")
+    assert r.returncode == 0 and r.stdout.startswith("Runs grpo_jax on") and "set -euo" not in r.stdout, r.stdout
+    assert r.stdout.rstrip().splitlines()[-1].lstrip().startswith(last), r.stdout
+    r = _bash(script, "--workdir")
+    assert r.returncode == 2 and r.stderr == "error: --workdir needs a value; see --help\n", r.stderr
+  for hosts, bad in (("a,,b", "''"), ("a, b", "' b'"), ("a:22", "'a:22'")):
+    r = _bash("gpu_multinode.sh", "--hosts", hosts, "--workdir", "/s/r", "--dry-run")
+    assert r.returncode == 2 and r.stdout == "" and f"host name {bad} is empty or has a space" in r.stderr, r.stderr
+  r = _bash("gpu_multinode.sh", "--hosts", "me@g1,me@g2,", "--workdir", "/s/r", "--dry-run")
+  runs = [c for c in _commands(r.stdout) if "GRPO_JAX_COORDINATOR=" in c]
+  assert r.returncode == 0 and len(runs) == 2 and all("GRPO_JAX_COORDINATOR=g1:12345" in c for c in runs), r.stdout
+  assert "GRPO_JAX_NUM_PROCESSES=2" in runs[0] and runs[0].startswith("ssh me@g1 ")
