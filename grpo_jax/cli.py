@@ -111,6 +111,15 @@ def config_value(example: str = "configs/grpo_arith.py:runlocal"):
   if config is None:
     print(f"Error: --config is required, e.g. --config={example}.", file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
+  table = example.startswith("configs/ablations/")  # `ablate` takes a table config (config.table), the others a run's
+  if table != ("table" in config and "job" not in config):
+    given = flags.FLAGS["config"].config_filename
+    fix = ("python -m grpo_jax.main (or .sweep) runs it; ablate takes a table, e.g. --config=" + example if table else
+           "run it with python -m grpo_jax.ablate --config=<it> --workdir=DIR; main and sweep take an experiment's "
+           f"config, e.g. --config={example}")
+    print(f"Error: --config={given} is {'an experiment' if table else 'an ablation table'} config; {fix}.",
+          file=sys.stderr)
+    sys.exit(errors.EXIT_INPUT)
   return config
 
 

@@ -139,3 +139,35 @@ def test_only_a_help_flag_turns_absls_exit_1_into_0(monkeypatch):
     with pytest.raises(SystemExit) as e:
       cli.parse_flags(argv)
     assert e.value.code == code, argv
+
+
+def test_ablate_refuses_an_experiment_config_and_takes_every_table(monkeypatch, capsys):
+  """config_value tells a table config (config.table: ablate's) from an experiment's (config.job: main's, sweep's)
+  and names the command that runs it; every shipped table passes ablate's check, with or without `variants`."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  from absl import flags
+  from grpo_jax.config import config_lib
+
+  class Flag:
+    def __init__(self, path):
+      self.config_filename, self.value = path, config_lib.load_config(path)
+
+  class Flags(dict):
+    verbose = False
+  tables = sorted(glob.glob(os.path.join(ROOT, "configs", "ablations", "*.py")))
+  assert len(tables) >= 10
+  for path in tables + [os.path.join(ROOT, "configs", "grpo_arith.py")]:
+    monkeypatch.setattr(flags, "FLAGS", Flags(config=Flag(path)))
+    if "ablations" in path:
+      assert cli.config_value("configs/ablations/algorithms.py:small") is flags.FLAGS["config"].value
+      with pytest.raises(SystemExit) as e:  # ... and refused by main
+        cli.config_value()
+    else:
+      assert cli.config_value() is flags.FLAGS["config"].value
+      with pytest.raises(SystemExit) as e:
+        cli.config_value("configs/ablations/algorithms.py:small")
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"Error: --config={path} is ") and len(err.splitlines()) == 1, err
+    assert ("ablate --config=<it>" in err) == ("ablations" in path), err
