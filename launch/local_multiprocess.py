@@ -3,7 +3,8 @@
 Each child gets `GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=127.0.0.1:PORT GRPO_JAX_NUM_PROCESSES=N
 GRPO_JAX_PROCESS_ID=i` (read by `grpo_jax/infra/multihost.py`); its output is streamed line by line, prefixed `[pI]`.
 The exit code is 0 only if every process exits 0; when one fails the others are stopped after `--grace-s` (they
-would otherwise wait forever in a collective).
+would otherwise wait forever in a collective). The children run in the repository root, so relative paths in their
+arguments (`--config=configs/...`, a relative `--workdir`) resolve there; `--script` is the caller's path.
 
   python launch/local_multiprocess.py -n 2 -m grpo_jax.main -- --config=configs/grpo_arith.py:small --workdir=/tmp/r
   python launch/local_multiprocess.py -n 2 --devices-per-process 4 --script my_check.py
@@ -62,6 +63,8 @@ def launch(n: int, module: str | None = None, script: str | None = None, args: S
   if (module is None) == (script is None):
     raise ValueError("launch: give exactly one of --module or --script.")
   port = port or free_port()
+  if script is not None:  # the children run in the repository root (cwd=REPO): the script is the caller's file
+    script = os.path.abspath(script)
   argv = child_argv(python, module, script, args)
   envs = [child_env(os.environ, port, n, i, devices_per_process) for i in range(n)]
   if dry_run:

@@ -77,6 +77,16 @@ def test_local_multiprocess_dry_run_prints_env_and_argv(monkeypatch):
                     "py -m grpo_jax.main --config=configs/x.py --workdir=/tmp/w")
 
 
+def test_local_multiprocess_script_is_the_callers_path(monkeypatch, tmp_path):
+  """The children run in the repository root; `--script check.py` from another directory named a file there (not
+  found) before the path was made absolute against the caller's directory."""
+  monkeypatch.chdir(tmp_path)
+  out = io.StringIO()
+  assert local_multiprocess.launch(1, script="check.py", args=["--x=1"], port=1, python="py", dry_run=True,
+                                   out=out) == 0
+  assert out.getvalue().rstrip().endswith(f" py {tmp_path / 'check.py'} --x=1"), out.getvalue()
+
+
 def test_local_multiprocess_cli_rejects_bad_arguments(capsys):
   assert local_multiprocess.main(["-n", "0", "--script", "x.py"]) == 2
   assert "--num-processes=0" in capsys.readouterr().err
