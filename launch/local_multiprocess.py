@@ -85,8 +85,10 @@ def launch(n: int, module: str | None = None, script: str | None = None, args: S
     pumps.append(t)
 
   start, failed_at, rc = time.monotonic(), None, 0
+  order: list[int] = []  # the processes in the order they were seen to fail
   while any(p.poll() is None for p in procs):
     codes = [p.poll() for p in procs]
+    order += [i for i, c in enumerate(codes) if c not in (None, 0) and i not in order]
     if failed_at is None and any(c not in (None, 0) for c in codes):
       failed_at = time.monotonic()
     late = failed_at is not None and time.monotonic() - failed_at > grace_s
@@ -111,7 +113,8 @@ def launch(n: int, module: str | None = None, script: str | None = None, args: S
   codes = [p.wait() for p in procs]
   for i, c in enumerate(codes):
     out.write(f"[launch] p{i} exited with {c}\n")
-  failed = [c for c in codes if c > 0]  # a real failure code beats the signals we sent the others
+  order += [i for i in range(len(codes)) if i not in order]
+  failed = [codes[i] for i in order if codes[i] > 0]  # the first to fail; a real failure code beats our signals
   return rc or (failed[0] if failed else (1 if any(codes) else 0))
 
 

@@ -64,6 +64,16 @@ def test_local_multiprocess_reports_a_failing_process(tmp_path):
   assert "stopping the remaining processes (a process failed)" in text
 
 
+def test_local_multiprocess_returns_the_first_failing_code_in_time(tmp_path):
+  """launch/README.md: the exit code is the first failing child's; it was the lowest index's (p0's later 5 here)."""
+  script = tmp_path / "fail2.py"
+  script.write_text("import os, sys, time\n"
+                    "if os.environ['GRPO_JAX_PROCESS_ID'] == '0':\n  time.sleep(1.5); sys.exit(5)\n"
+                    "sys.exit(3)\n")
+  out = io.StringIO()
+  assert local_multiprocess.launch(2, script=str(script), grace_s=10, timeout_s=30, out=out) == 3, out.getvalue()
+
+
 def test_local_multiprocess_dry_run_prints_env_and_argv(monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)  # the launcher appends to the caller's flags
   out = io.StringIO()
