@@ -14,6 +14,7 @@ caller configured before. Programs whose compile took under a second are not sto
 programs with host callbacks (Python reward terms) never are (JAX skips them), and the directory is trimmed to
 CACHE_MAX_BYTES, least recently used first.
 """
+import difflib
 import os
 import sys
 import tempfile
@@ -110,6 +111,15 @@ def config_value(example: str = "configs/grpo_arith.py:runlocal"):
   if config is None:
     print(f"Error: --config is required, e.g. --config={example}.", file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
+  table = example.startswith("configs/ablations/")  # `ablate` takes a table config (config.table), the others a run's
+  if table != ("table" in config and "job" not in config):
+    given = flags.FLAGS["config"].config_filename
+    fix = ("python -m grpo_jax.main (or .sweep) runs it; ablate takes a table, e.g. --config=" + example if table else
+           "run it with python -m grpo_jax.ablate --config=<it> --workdir=DIR; main and sweep take an experiment's "
+           f"config, e.g. --config={example}")
+    print(f"Error: --config={given} is {'an experiment' if table else 'an ablation table'} config; {fix}.",
+          file=sys.stderr)
+    sys.exit(errors.EXIT_INPUT)
   return config
 
 
@@ -136,17 +146,40 @@ def finish(code: int) -> None:
   sys.exit(code)
 
 
+def _declared(key: str) -> bool:
+  """Whether the dotted `key` names a value declared in config_lib.base_config (a section is not a value)."""
+  node = config_lib.base_config()
+  for part in key.split("."):
+    if not hasattr(node, "keys") or part not in node:
+      return False
+    node = node[part]
+  return True
+
+
+def _flat_keys(node, prefix: str = "") -> list[str]:
+  out = []
+  for k in node.keys():
+    if hasattr(node[k], "keys"):
+      out += _flat_keys(node[k], f"{prefix}{k}.")
+    else:
+      out.append(f"{prefix}{k}")
+  return out
+
+
 def _unknown_key(argv, error: Exception) -> str:
-  """The --config.<key> override that names a missing key (ml_collections says only the last part)."""
-  missing = str(error).strip("\"'")
-  if isinstance(error, KeyError) and error.args:
-    missing = str(error.args[0]).strip("\"'")
-  for arg in argv:
-    if arg.startswith("--config."):
-      key = arg[len("--"):].split("=", 1)[0]
-      if missing and (key.split(".")[-1] == missing or f".{missing}." in f".{key}."):
-        return key
-  return f"config.<...>.{missing}"
+  """'config.<key>: no such key' for the --config.<key> override that names a missing key, with the nearest
+  declared key when one is close. ml_collections says only the last part, quoted, and appends its own "Did you
+  mean" on a second line; the offending override is the first whose path base_config does not declare."""
+  inner = error.args[0] if error.args and isinstance(error.args[0], Exception) else error
+  missing = str(inner.args[0] if inner.args else inner).strip().splitlines()[0].strip("\"'")
+  keys = [arg[len("--config."):].split("=", 1)[0] for arg in argv if arg.startswith("--config.")]
+  unknown = [k for k in keys if not _declared(k)]
+  key = unknown[0] if unknown else f"<...>.{missing}"
+  close = difflib.get_close_matches(key, _flat_keys(config_lib.base_config()), n=1, cutoff=0.75)
+  if close and unknown:
+    return f"config.{key}: no such key; did you mean config.{close[0]}? (keys: grpo_jax/config/config_lib.py)."
+  return (f"config.{key}: no such key; check the spelling against grpo_jax/config/config_lib.py (or the "
+          "experiment's configs/*.py).")
 
 
 def _config_file_error(text: str) -> str:
@@ -166,18 +199,37 @@ def auto_flag(arg: str) -> str:
   return f"{key}={config_lib.auto_text(key[len('--config.'):], value)}"
 
 
+HELP_FLAGS = ("--help", "-help", "-?", "--helpshort", "--helpfull", "--helpxml")
+
+
+def auto_flags(argv) -> list[str]:
+  """Every `--config.<key>=auto` (auto_flag), and the form absl also takes, `--config.<key> auto`, as its number."""
+  out = []
+  for i, arg in enumerate(argv):
+    prev = argv[i - 1] if i else ""
+    if arg == "auto" and prev.startswith("--config.") and "=" not in prev:
+      out.append(config_lib.auto_text(prev[len("--config."):], arg))
+    else:
+      out.append(auto_flag(arg))
+  return out
+
+
 def parse_flags(argv):
   """absl's flag parsing with every failure (missing or broken config file, unknown key, bad value) as one line.
-  `--config.<key>=auto` for an integer knob passes as its auto number (config_lib.AUTO_INT: 0, or -1)."""
-  argv = [auto_flag(arg) for arg in argv]
+  `--config.<key>=auto` (or `--config.<key> auto`) for an integer knob passes as its auto number
+  (config_lib.AUTO_INT: 0, or -1)."""
+  argv = auto_flags(argv)
   try:
     return flags.FLAGS(argv)
+  except SystemExit as e:  # absl's --help / --helpfull print the usage and exit 1, which is a bug's status here
+    if e.code == 1 and any(a.split("=", 1)[0] in HELP_FLAGS for a in argv[1:]):
+      sys.exit(errors.EXIT_OK)
+    raise
   except Exception as e:  # pylint: disable=broad-except
     if "--verbose" in argv:
       traceback.print_exc()
     if isinstance(e, (AttributeError, KeyError)):  # ml_collections: a missing field, or a missing group
-      msg = (f"Config error: {_unknown_key(argv, e)}: no such key; check the spelling against "
-             "grpo_jax/config/config_lib.py (or the experiment's configs/*.py).")
+      msg = f"Config error: {_unknown_key(argv, e)}"
     elif isinstance(e, flags.Error) and "Traceback (most recent call last)" in str(e):
       msg = _config_file_error(str(e))
     elif isinstance(e, flags.Error):

@@ -17,6 +17,7 @@ from grpo_jax.infra import errors
 from grpo_jax.infra import signals
 
 cli.define_flags()
+flags.adopt_module_key_flags(cli)  # --help lists --config, --workdir, --verbose (not only "Try --helpfull")
 
 
 def execute(config, workdir: str, verbose: bool = False) -> int:

@@ -17,10 +17,11 @@ MODE="" HOSTS="" NODES=2 GPUS=8 PORT=12345 CONFIG="configs/grpo_arith.py" WORKDI
 REMOTE_DIR="grpo_jax_src" VENV="\$HOME/grpo_jax_venv" JAX_VERSION="0.10.2" LOG_DIR="gpu_logs" RUN_NAME="" DRY=0
 EXTRA=()
 
-usage() { sed -n '2,14p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit "${1:-0}"; }  # the header
 die() { echo "error: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
+  case "$1" in --hosts|--nodes|--gpus-per-node|--port|--config|--workdir|--module|--run-name) [[ $# -ge 2 ]] || die "$1 needs a value; see --help";; esac
   case "$1" in
     --slurm) MODE=slurm; shift;;
     --hosts) MODE=ssh; HOSTS="$2"; shift 2;;
@@ -39,6 +40,10 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$MODE" ]] || die "choose --slurm or --hosts h1,h2,..."
 [[ -n "$WORKDIR" ]] || die "--workdir is required (a path every node can write, e.g. on a shared filesystem)"
+# A relative path would resolve inside the code's copy on every node (ssh: ~/$REMOTE_DIR, which the next launch's
+# rsync --delete empties; slurm: the repository, not this directory): a resume would find no checkpoints.
+[[ "$WORKDIR" == /* || "$WORKDIR" == *://* ]] || die "--workdir=$WORKDIR is relative: on the nodes it would \
+resolve inside the code's copy (which the next --hosts launch deletes); pass an absolute path on a shared filesystem"
 RUN_NAME="${RUN_NAME:-$(basename "$WORKDIR")}"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 
@@ -71,7 +76,10 @@ fi
 IFS=',' read -r -a HOST_LIST <<< "$HOSTS"
 N="${#HOST_LIST[@]}"
 [[ "$N" -ge 1 ]] || die "--hosts needs at least one host name"
-COORD="${HOST_LIST[0]}:$PORT"
+for h in "${HOST_LIST[@]}"; do  # an empty or spaced name would be a process of the job that never starts (a hang)
+  [[ "$h" =~ ^[A-Za-z0-9_.@-]+$ ]] || die "--hosts=$HOSTS: host name '$h' is empty or has a space or colon; write [user@]h1,h2,..."
+done
+COORD="${HOST_LIST[0]#*@}:$PORT"  # the first host's name (ssh's user@ is not part of the address)
 
 SETUP="set -e; if [ ! -f $VENV/.grpo_jax_$JAX_VERSION ]; then python3 -m venv $VENV && \
 $VENV/bin/pip install -q 'jax[cuda12]==$JAX_VERSION' && touch $VENV/.grpo_jax_$JAX_VERSION; fi; \

@@ -3,7 +3,8 @@
 Each child gets `GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=127.0.0.1:PORT GRPO_JAX_NUM_PROCESSES=N
 GRPO_JAX_PROCESS_ID=i` (read by `grpo_jax/infra/multihost.py`); its output is streamed line by line, prefixed `[pI]`.
 The exit code is 0 only if every process exits 0; when one fails the others are stopped after `--grace-s` (they
-would otherwise wait forever in a collective).
+would otherwise wait forever in a collective). The children run in the repository root, so relative paths in their
+arguments (`--config=configs/...`, a relative `--workdir`) resolve there; `--script` is the caller's path.
 
   python launch/local_multiprocess.py -n 2 -m grpo_jax.main -- --config=configs/grpo_arith.py:small --workdir=/tmp/r
   python launch/local_multiprocess.py -n 2 --devices-per-process 4 --script my_check.py
@@ -62,6 +63,8 @@ def launch(n: int, module: str | None = None, script: str | None = None, args: S
   if (module is None) == (script is None):
     raise ValueError("launch: give exactly one of --module or --script.")
   port = port or free_port()
+  if script is not None:  # the children run in the repository root (cwd=REPO): the script is the caller's file
+    script = os.path.abspath(script)
   argv = child_argv(python, module, script, args)
   envs = [child_env(os.environ, port, n, i, devices_per_process) for i in range(n)]
   if dry_run:
@@ -82,8 +85,10 @@ def launch(n: int, module: str | None = None, script: str | None = None, args: S
     pumps.append(t)
 
   start, failed_at, rc = time.monotonic(), None, 0
+  order: list[int] = []  # the processes in the order they were seen to fail
   while any(p.poll() is None for p in procs):
     codes = [p.poll() for p in procs]
+    order += [i for i, c in enumerate(codes) if c not in (None, 0) and i not in order]
     if failed_at is None and any(c not in (None, 0) for c in codes):
       failed_at = time.monotonic()
     late = failed_at is not None and time.monotonic() - failed_at > grace_s
@@ -108,7 +113,8 @@ def launch(n: int, module: str | None = None, script: str | None = None, args: S
   codes = [p.wait() for p in procs]
   for i, c in enumerate(codes):
     out.write(f"[launch] p{i} exited with {c}\n")
-  failed = [c for c in codes if c > 0]  # a real failure code beats the signals we sent the others
+  order += [i for i in range(len(codes)) if i not in order]
+  failed = [codes[i] for i in order if codes[i] > 0]  # the first to fail; a real failure code beats our signals
   return rc or (failed[0] if failed else (1 if any(codes) else 0))
 
 

@@ -17,10 +17,11 @@ CONFIG="configs/grpo_arith.py" WORKDIR="" WORKERS="" MODULE="grpo_jax.main" REMO
 VENV="\$HOME/grpo_jax_venv" JAX_VERSION="0.10.2" LOG_DIR="tpu_logs"
 EXTRA=()
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit "${1:-0}"; }
+usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit "${1:-0}"; }  # the header
 die() { echo "error: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
+  case "$1" in --name|--zone|--project|--accelerator|--version|--config|--workdir|--workers|--module) [[ $# -ge 2 ]] || die "$1 needs a value; see --help";; esac
   case "$1" in
     --name) NAME="$2"; shift 2;;
     --zone) ZONE="$2"; shift 2;;
@@ -43,6 +44,10 @@ done
 [[ -n "$NAME" ]] || die "--name is required (the TPU VM's name)"
 [[ -n "$ZONE" ]] || die "--zone is required (e.g. us-west4-a)"
 [[ -n "$WORKDIR" ]] || die "--workdir is required (a gs:// path, or a path on each worker)"
+# A relative path would land inside ~/$REMOTE_DIR on every worker, which the next launch's copy step deletes
+# (rm -rf): a resume would find no checkpoints and start over.
+[[ "$WORKDIR" == /* || "$WORKDIR" == *://* ]] || die "--workdir=$WORKDIR is relative: on the workers it would \
+land inside ~/$REMOTE_DIR, which the next launch deletes; pass a gs:// path or an absolute path"
 
 if [[ -z "$VERSION" ]]; then  # the TPU software image that matches each generation
   case "$ACCEL" in

@@ -236,7 +236,8 @@ def test_cli_without_compile(capsys):
   assert "GEN:AxB" in capsys.readouterr().err
   assert aot.main(["--topology=v5e:4x4", "--mesh", "data=3,fsdp=-1", "--no-compile"]) == 2
   assert "config.mesh" in capsys.readouterr().err
-  for args in (["--decode-tp", "-3"], ["--stream-batches", "0"], ["--G", "0"]):  # one line naming the flag
+  # one line naming the flag; --stream-batches without --lengths changed nothing (it scales the --lengths draw)
+  for args in (["--decode-tp", "-3"], ["--stream-batches", "0"], ["--G", "0"], ["--stream-batches", "3"]):
     with pytest.raises(SystemExit) as e:
       aot.main(["--no-compile", *args])
     err = capsys.readouterr().err

@@ -82,3 +82,92 @@ def test_a_cache_dir_that_cannot_be_written_compiles_without_it_and_says_so(tmp_
   assert [r.getMessage() for r in caplog.records if "Permission denied" in r.getMessage()], caplog.records
   assert cli.writable_dir(str(tmp_path / "ro")) and cli.writable_dir(str(tmp_path / "new" / "xla"))
   assert os.listdir(tmp_path / "ro") == []  # the probe leaves nothing behind
+
+
+def test_an_unknown_key_is_named_whole_with_the_nearest_declared_key():
+  """ml_collections' errors for a misspelt override (a last part quoted, its own 'Did you mean' on a second line; a
+  missing group; a part below a value) become one line naming the whole --config key, and the nearest key if any."""
+  from grpo_jax.config import config_lib
+  c = config_lib.base_config()
+  errors_of = {}
+  for key in ("rl.betta", "rll.beta", "rl.beta.x", "foo.bar"):
+    node = c
+    try:
+      for part in key.split("."):
+        node = getattr(node, part) if hasattr(node, "keys") else node[part]
+    except Exception as e:  # pylint: disable=broad-except
+      errors_of[key] = e
+  argv = ["main", "--config=configs/grpo_arith.py", "--config.rl.G=4"]
+  want = {"rl.betta": "config.rl.betta: no such key; did you mean config.rl.beta?",
+          "rll.beta": "config.rll.beta: no such key; did you mean config.rl.beta?",
+          "rl.beta.x": "config.rl.beta.x: no such key; did you mean config.rl.beta?",
+          "foo.bar": "config.foo.bar: no such key; check the spelling against grpo_jax/config/config_lib.py"}
+  for key, line in want.items():
+    got = cli._unknown_key(argv + [f"--config.{key}=1"], errors_of[key])  # pylint: disable=protected-access
+    assert got.startswith(line) and "\n" not in got, (key, got)
+
+
+def test_auto_for_an_integer_knob_in_either_flag_form(monkeypatch):
+  """absl takes `--config.<key> value` as well as `--config.<key>=value`; `auto` for an integer knob is its number in
+  both (the space form reached absl as the word and failed: invalid literal for int()). Other words pass as they are."""
+  from absl import flags
+  seen = []
+  monkeypatch.setattr(flags, "FLAGS", lambda argv: seen.append(list(argv)) or argv[:1])
+  assert cli.parse_flags(["main", "--config.rl.minibatches", "auto", "--config.sampling.exit_chunk=auto",
+                          "--config.sampling.engine", "auto", "--config.rl.G", "4", "auto"]) == ["main"]
+  assert seen == [["main", "--config.rl.minibatches", "0", "--config.sampling.exit_chunk=-1",
+                   "--config.sampling.engine", "auto", "--config.rl.G", "4", "auto"]]
+
+
+def test_help_exits_0_and_lists_the_flags():
+  """absl's --help exits 1 (this CLI's status for a bug) and listed no flag ("Try --helpfull"); now 0 with --config,
+  --workdir and --verbose listed. A real exit 1 from absl without a help flag stays 1."""
+  out = subprocess.run([sys.executable, "-m", "grpo_jax.main", "--help"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert all(f in out.stdout for f in ("--config:", "--workdir:", "--[no]verbose:")), out.stdout
+
+
+def test_only_a_help_flag_turns_absls_exit_1_into_0(monkeypatch):
+  from absl import flags
+  import pytest  # pylint: disable=g-import-not-at-top
+
+  def exits_1(argv):
+    raise SystemExit(1)
+  monkeypatch.setattr(flags, "FLAGS", exits_1)
+  for argv, code in ((["main", "--helpfull"], 0), (["main", "-?"], 0), (["main", "--config.x=--help"], 1)):
+    with pytest.raises(SystemExit) as e:
+      cli.parse_flags(argv)
+    assert e.value.code == code, argv
+
+
+def test_ablate_refuses_an_experiment_config_and_takes_every_table(monkeypatch, capsys):
+  """config_value tells a table config (config.table: ablate's) from an experiment's (config.job: main's, sweep's)
+  and names the command that runs it; every shipped table passes ablate's check, with or without `variants`."""
+  import glob  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  from absl import flags
+  from grpo_jax.config import config_lib
+
+  class Flag:
+    def __init__(self, path):
+      self.config_filename, self.value = path, config_lib.load_config(path)
+
+  class Flags(dict):
+    verbose = False
+  tables = sorted(glob.glob(os.path.join(ROOT, "configs", "ablations", "*.py")))
+  assert len(tables) >= 10
+  for path in tables + [os.path.join(ROOT, "configs", "grpo_arith.py")]:
+    monkeypatch.setattr(flags, "FLAGS", Flags(config=Flag(path)))
+    if "ablations" in path:
+      assert cli.config_value("configs/ablations/algorithms.py:small") is flags.FLAGS["config"].value
+      with pytest.raises(SystemExit) as e:  # ... and refused by main
+        cli.config_value()
+    else:
+      assert cli.config_value() is flags.FLAGS["config"].value
+      with pytest.raises(SystemExit) as e:
+        cli.config_value("configs/ablations/algorithms.py:small")
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"Error: --config={path} is ") and len(err.splitlines()) == 1, err
+    assert ("ablate --config=<it>" in err) == ("ablations" in path), err

@@ -133,7 +133,10 @@ def test_parse_arg_types_and_the_small_alias():
 @pytest.mark.parametrize("arg,needle", [("smal", "'smal' is unknown; accepted: small, algo=<str>"),
                                         ("runlocal,G=3", "'G=3' is unknown"),
                                         ("algo", "needs a value: algo=<str>"),
-                                        ("small=maybe", "small is a flag")])
+                                        ("small=maybe", "small is a flag"),
+                                        # given twice: the first was dropped without a word (the last won)
+                                        ("algo=dapo,small,algo=rloo", "'algo=rloo': algo is already given ('algo=dapo')"),
+                                        ("runlocal,small=false", "small is already given ('runlocal')")])
 def test_parse_arg_rejects_bad_args_in_one_line(arg, needle):
   with pytest.raises(config_lib.ConfigError) as e:
     config_lib.parse_arg(arg, small=False, algo="grpo")

@@ -384,6 +384,12 @@ CLI_CASES = [
     # a group that does not exist names the key (it blamed the config file); an unknown :arg is its one line
     (["--config=configs/grpo_arith.py", "--config.foo.bar=1"], "Config error: config.foo.bar: no such key"),
     (["--config=configs/grpo_arith.py:bogus"], "Config error: --config: config arg 'bogus' is unknown; accepted:"),
+    # a typo near a declared key: ml_collections' own "Did you mean" made this two garbled lines naming 'betta' alone
+    (["--config=configs/grpo_arith.py", "--config.rl.G=4", "--config.rl.betta=0.1"],
+     "Config error: config.rl.betta: no such key; did you mean config.rl.beta?"),
+    # an ablation table's config given to main: it has no `job` (it was AttributeError "'job'", a traceback, exit 1)
+    (["--config=configs/ablations/gdpo.py:small"],
+     "Error: --config=configs/ablations/gdpo.py:small is an ablation table config; run it with python -m grpo_jax.ablate"),
 ]
 
 

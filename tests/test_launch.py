@@ -64,6 +64,16 @@ def test_local_multiprocess_reports_a_failing_process(tmp_path):
   assert "stopping the remaining processes (a process failed)" in text
 
 
+def test_local_multiprocess_returns_the_first_failing_code_in_time(tmp_path):
+  """launch/README.md: the exit code is the first failing child's; it was the lowest index's (p0's later 5 here)."""
+  script = tmp_path / "fail2.py"
+  script.write_text("import os, sys, time\n"
+                    "if os.environ['GRPO_JAX_PROCESS_ID'] == '0':\n  time.sleep(1.5); sys.exit(5)\n"
+                    "sys.exit(3)\n")
+  out = io.StringIO()
+  assert local_multiprocess.launch(2, script=str(script), grace_s=10, timeout_s=30, out=out) == 3, out.getvalue()
+
+
 def test_local_multiprocess_dry_run_prints_env_and_argv(monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)  # the launcher appends to the caller's flags
   out = io.StringIO()
@@ -75,6 +85,16 @@ def test_local_multiprocess_dry_run_prints_env_and_argv(monkeypatch):
     assert line == (f"+ GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=127.0.0.1:4321 GRPO_JAX_NUM_PROCESSES=3 "
                     f"GRPO_JAX_PROCESS_ID={i} XLA_FLAGS=--xla_force_host_platform_device_count=4 "
                     "py -m grpo_jax.main --config=configs/x.py --workdir=/tmp/w")
+
+
+def test_local_multiprocess_script_is_the_callers_path(monkeypatch, tmp_path):
+  """The children run in the repository root; `--script check.py` from another directory named a file there (not
+  found) before the path was made absolute against the caller's directory."""
+  monkeypatch.chdir(tmp_path)
+  out = io.StringIO()
+  assert local_multiprocess.launch(1, script="check.py", args=["--x=1"], port=1, python="py", dry_run=True,
+                                   out=out) == 0
+  assert out.getvalue().rstrip().endswith(f" py {tmp_path / 'check.py'} --x=1"), out.getvalue()
 
 
 def test_local_multiprocess_cli_rejects_bad_arguments(capsys):
@@ -110,7 +130,7 @@ def test_tpu_vm_dry_run_pod_commands():
 def test_tpu_vm_requires_name_and_zone():
   r = _bash("tpu_vm.sh", "--zone", "z", "--workdir", "w", "--dry-run")
   assert r.returncode == 2 and "--name is required" in r.stderr
-  r = _bash("tpu_vm.sh", "--name", "n", "--zone", "z", "--workdir", "w", "--accelerator", "v9-8", "--dry-run")
+  r = _bash("tpu_vm.sh", "--name", "n", "--zone", "z", "--workdir", "/w", "--accelerator", "v9-8", "--dry-run")
   assert r.returncode == 2 and "--version is required" in r.stderr
 
 
@@ -144,3 +164,35 @@ def test_gpu_multinode_slurm_dry_run():
   assert "--output=gpu_logs/r2/node%t.log" in srun[0]
   r = _bash("gpu_multinode.sh", "--workdir", "x", "--dry-run")
   assert r.returncode == 2 and "choose --slurm or --hosts" in r.stderr
+
+
+def test_a_relative_workdir_is_refused_before_any_command():
+  """A relative --workdir would land inside the code's copy on every host (~/grpo_jax_src), which the next launch
+  deletes (tpu_vm: rm -rf; --hosts: rsync --delete): a resume would silently start over. gs:// and absolute pass."""
+  for script, where in (("tpu_vm.sh", ["--name", "n", "--zone", "z"]), ("gpu_multinode.sh", ["--hosts", "a,b"]),
+                        ("gpu_multinode.sh", ["--slurm"])):
+    r = _bash(script, *where, "--workdir", "runs/arith", "--dry-run")
+    assert r.returncode == 2 and r.stdout == "", (script, r.stdout)
+    assert r.stderr.startswith("error: --workdir=runs/arith is relative:") and len(r.stderr.splitlines()) == 1
+    for ok in ("gs://b/runs/arith", "/shared/runs/arith"):
+      r = _bash(script, *where, "--workdir", ok, "--dry-run")
+      assert r.returncode == 0 and f"--workdir={ok}" in r.stdout, (script, ok, r.stderr)
+
+
+def test_launchers_help_missing_values_and_bad_host_lists():
+  """--help prints the header comment only (it printed `set -euo pipefail` too); a flag without its value is one
+  line and exit 2 (was bash's '$2: unbound variable', exit 1); an empty or spaced --hosts entry is refused (it became
+  `ssh ''` and a process the job waited for forever); the coordinator of user@host hosts is the host alone."""
+  for script, last in (("tpu_vm.sh", "launch/tpu_vm.sh ... --delete"), ("gpu_multinode.sh", "add --dry-run")):
+    r = _bash(script, "--help")
+    assert r.returncode == 0 and r.stdout.startswith("Runs grpo_jax on") and "set -euo" not in r.stdout, r.stdout
+    assert r.stdout.rstrip().splitlines()[-1].lstrip().startswith(last), r.stdout
+    r = _bash(script, "--workdir")
+    assert r.returncode == 2 and r.stderr == "error: --workdir needs a value; see --help\n", r.stderr
+  for hosts, bad in (("a,,b", "''"), ("a, b", "' b'"), ("a:22", "'a:22'")):
+    r = _bash("gpu_multinode.sh", "--hosts", hosts, "--workdir", "/s/r", "--dry-run")
+    assert r.returncode == 2 and r.stdout == "" and f"host name {bad} is empty or has a space" in r.stderr, r.stderr
+  r = _bash("gpu_multinode.sh", "--hosts", "me@g1,me@g2,", "--workdir", "/s/r", "--dry-run")
+  runs = [c for c in _commands(r.stdout) if "GRPO_JAX_COORDINATOR=" in c]
+  assert r.returncode == 0 and len(runs) == 2 and all("GRPO_JAX_COORDINATOR=g1:12345" in c for c in runs), r.stdout
+  assert "GRPO_JAX_NUM_PROCESSES=2" in runs[0] and runs[0].startswith("ssh me@g1 ")

@@ -383,19 +383,23 @@ def parse_arg(arg: str | None, **defaults: Any) -> ml_collections.ConfigDict:
   """A config file's `:arg` ("small,algo=rloo") as typed values; every name must be one of `defaults`.
 
   A bare name sets a bool to True; `key=value` converts value to the type of the default. `runlocal` means
-  `small`. Anything else raises ConfigError naming the arg and the accepted ones (a typo must not silently run
-  the full job)."""
+  `small`. Each arg at most once. Anything else raises ConfigError naming the arg and the accepted ones (a typo must
+  not silently run the full job)."""
   for k, v in defaults.items():
     if not isinstance(v, (bool, int, float, str)):
       raise TypeError(f"parse_arg default {k}={v!r}: use a bool, int, float or str (the type the arg converts to).")
   out = ml_collections.ConfigDict(defaults)
   accepted = ", ".join(k if isinstance(v, bool) else f"{k}=<{type(v).__name__}>" for k, v in defaults.items())
+  given: dict[str, str] = {}
   for item in filter(None, (a.strip() for a in (arg or "").split(","))):
     key, has_value, text = item.partition("=")
     if key in SMALL_ALIASES and "small" in defaults:
       key = "small"
     if key not in defaults:
       raise ConfigError(f"config arg {item!r} is unknown; accepted: {accepted or 'none'}.")
+    if key in given:  # the first would be dropped without a word (algo=dapo,algo=rloo ran rloo)
+      raise ConfigError(f"config arg {item!r}: {key} is already given ({given[key]!r}); give each arg once.")
+    given[key] = item
     default = defaults[key]
     if isinstance(default, bool):
       if has_value and text.lower() not in ("true", "false", "1", "0"):

@@ -344,6 +344,9 @@ def main(argv=None) -> int:
   ap.add_argument("--buffers", default="", metavar="DUMP_DIR",
                   help="only summarise the buffer assignment XLA dumped to DUMP_DIR (no compile)")
   a = ap.parse_args(argv)
+  if a.stream_batches != 1 and not a.lengths:  # it only scales the --lengths draw: alone it would change nothing
+    ap.error(f"argument --stream-batches={a.stream_batches}: it is how many batches of --lengths to draw; pass "
+             "--lengths lognormal:MEDIAN:SIGMA with it, or leave it out")
   try:
     if a.buffers:
       b = buffer_assignment_summary(a.buffers)
