@@ -656,6 +656,20 @@ def test_planner_holds_the_carry_resident_by_hand():
   assert "slot kv cache (S x L)" not in p.rollout and "prompt kv cache (B x P)" not in p.rollout
 
 
+def _nbytes(tree) -> int:
+  return sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
+
+
+def _state_carry_and_plan(c):
+  """(the carry the state of `c` allocates on one device, abstract; the planner's carry terms for it)."""
+  from grpo_jax.rl import plan_terms
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  with carry_lib.batch_fields(FIELDS):
+    carry = rl_step.state_spec(c, mesh, mcfg)[0]["carry"]
+  return carry, plan_terms.carry_bytes(c, mcfg, dict(data=1, fsdp=1, tensor=1))
+
+
 @pytest.mark.parametrize("model_dtype,sampler_dtype", [("float32", ""), ("float32", "bfloat16"),
                                                        ("bfloat16", "float32")])
 def test_planned_carry_bytes_are_the_state_carrys(model_dtype, sampler_dtype):
@@ -663,35 +677,23 @@ def test_planned_carry_bytes_are_the_state_carrys(model_dtype, sampler_dtype):
   it is in the sampler's dtype, sampling.dtype (the plan used the model's: 1.79x the state's carry with a bf16
   sampler over an fp32 model, 0.55x with an fp32 sampler over a bf16 model) —, the whole carry up to the small
   per-group / per-slot leaves the plan leaves out (verifier fields, ages, slot indices: < 2% here)."""
-  from grpo_jax.rl import plan_terms
   c = _carry1_config()
   c.model.dtype, c.sampling.dtype = model_dtype, sampler_dtype
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  mcfg = model_lib.ModelConfig.from_config(c.model)
-  with carry_lib.batch_fields(FIELDS):
-    carry = rl_step.state_spec(c, mesh, mcfg)[0]["carry"]
-  nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
-  plan = plan_terms.carry_bytes(c, mcfg, dict(data=1, fsdp=1, tensor=1))
-  assert plan["carry slot kv (S x L)"] == nbytes((carry.ck, carry.cv))
-  assert plan["carry prompts and their KV (Q x P)"] == nbytes((carry.pk, carry.pv, carry.prompt_QxP, carry.pmask_QxP))
-  assert sum(plan.values()) <= nbytes(carry) <= 1.02 * sum(plan.values())
+  carry, plan = _state_carry_and_plan(c)
+  assert plan["carry slot kv (S x L)"] == _nbytes((carry.ck, carry.cv))
+  assert plan["carry prompts and their KV (Q x P)"] == _nbytes((carry.pk, carry.pv, carry.prompt_QxP, carry.pmask_QxP))
+  assert sum(plan.values()) <= _nbytes(carry) <= 1.02 * sum(plan.values())
 
 
 def test_planned_carry_bytes_hold_the_environments_rows():
   """With an environment (tools.env) the carry also holds each row's observation mask, rewards, answered stops and
   event counts, and each slot's turn state: the plan's two terms are exactly those leaves of the state's carry."""
-  from grpo_jax.rl import plan_terms
   c = _carry1_config()
   c.tools.update(env="calculator", max_obs_tokens=5)
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  mcfg = model_lib.ModelConfig.from_config(c.model)
-  with carry_lib.batch_fields(FIELDS):
-    carry = rl_step.state_spec(c, mesh, mcfg)[0]["carry"]
-  nbytes = lambda tree: sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(tree))
-  plan = plan_terms.carry_bytes(c, mcfg, dict(data=1, fsdp=1, tensor=1))
-  assert plan["carry environment rows (observation mask, rewards, steps: R x L)"] == nbytes(carry.env) > 0
-  assert plan["carry turn state (S x observation)"] == nbytes(carry.turn) > 0
-  assert sum(plan.values()) <= nbytes(carry) <= 1.02 * sum(plan.values())
+  carry, plan = _state_carry_and_plan(c)
+  assert plan["carry environment rows (observation mask, rewards, steps: R x L)"] == _nbytes(carry.env) > 0
+  assert plan["carry turn state (S x observation)"] == _nbytes(carry.turn) > 0
+  assert sum(plan.values()) <= _nbytes(carry) <= 1.02 * sum(plan.values())
 
 
 def test_auto_decode_layout_never_picks_tp_for_the_carry():

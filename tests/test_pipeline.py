@@ -495,6 +495,21 @@ def test_signalled_stage_is_not_done_and_a_changed_finished_stage_is_refused(tmp
   assert ran == []
 
 
+def _fake_stage(ran: list, stop_after: str = ""):
+  """pipeline._run_stage's stand-in: records the stage, leaves a committed checkpoint 2 as a finished stage does,
+  and after `stop_after` requests a stop as a signal would."""
+  from grpo_jax.infra import signals
+
+  def fake_stage(config, workdir, stage):
+    ran.append(stage)
+    d = os.path.join(workdir, stage, "checkpoints", "2")
+    os.makedirs(d)
+    open(os.path.join(d, "commit_success.txt"), "w").close()
+    if stage == stop_after:
+      signals.active().request()
+  return fake_stage
+
+
 def test_stages_left_out_of_r1_stages_must_have_finished_with_this_config(tmp_path, monkeypatch):
   """r1.stages may be a subset (configs/r1_zero.py), but a stage it runs reads its upstream stages' outputs: one that
   never ran was a FileNotFoundError traceback (r1_4_sft, no data.jsonl) or load_params' advice to fix
@@ -503,14 +518,7 @@ def test_stages_left_out_of_r1_stages_must_have_finished_with_this_config(tmp_pa
   from grpo_jax.run import jobs, validate
   c = _tiny_config()
   ran = []
-
-  def fake_stage(config, workdir, stage):
-    ran.append(stage)
-    d = os.path.join(workdir, stage, "checkpoints", "2")
-    os.makedirs(d)
-    open(os.path.join(d, "commit_success.txt"), "w").close()
-
-  monkeypatch.setattr(pipeline, "_run_stage", fake_stage)
+  monkeypatch.setattr(pipeline, "_run_stage", _fake_stage(ran))
   wd = str(tmp_path)
   for stages, up in ((("r1_4_sft",), "base"), (("r1_zero",), "base"), (("r1_3_rejection", "r1_4_sft"), "r1_2_grpo")):
     with pytest.raises(validate.ConfigError, match=rf"config.r1.stages: .* runs {stages[0]}, which reads the outputs "
@@ -539,16 +547,7 @@ def test_a_signal_during_a_stages_last_writes_marks_it_done_and_starts_no_next_s
   from grpo_jax.infra import signals
   c = _tiny_config()
   ran = []
-
-  def fake_stage(config, workdir, stage):
-    ran.append(stage)
-    d = os.path.join(workdir, stage, "checkpoints", "2")
-    os.makedirs(d)
-    open(os.path.join(d, "commit_success.txt"), "w").close()
-    if stage == "base":
-      signals.active().request()
-
-  monkeypatch.setattr(pipeline, "_run_stage", fake_stage)
+  monkeypatch.setattr(pipeline, "_run_stage", _fake_stage(ran, stop_after="base"))
   with signals.GracefulStop():
     with pytest.raises(errors.Preempted, match="before stage r1_zero of .*; finished stages are kept"):
       pipeline.run_pipeline(c, str(tmp_path), ("base", "r1_zero"))

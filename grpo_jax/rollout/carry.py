@@ -429,29 +429,25 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
     r_DxSd, t_DxSd = dev(jnp.minimum(lp.row_S, Rd - 1)), dev(jnp.minimum(t_S, L - 1))
     u_S = flat(jax.vmap(lambda u, r, t: u[r, t])(dev(u_RxL), r_DxSd, t_DxSd))
     tok_S, lp_S = sampling.draw(_rows(logits_SxV), u_S, scfg)
-    turn, env, fed_S, fin_S = lp.turn, lp.env, jnp.zeros_like(go_S), jnp.zeros_like(go_S)
-    if tools is not None:  # a fed slot emits its observation's next token (log-prob 0, never an end or a pause,
-      # except the last token of a row the environment ended: its EOS)
-      fed_S = turn.fpos_S < turn.flen_S
-      fed_tok_S = jnp.take_along_axis(turn.fbuf_SxO, jnp.minimum(turn.fpos_S, spec.obs - 1)[:, None], axis=1)[:, 0]
-      tok_S, lp_S = jnp.where(fed_S, fed_tok_S, tok_S), jnp.where(fed_S, 0.0, lp_S)
-      fin_S = fed_S & turn.fend_S & (turn.fpos_S + 1 == turn.flen_S)
-    eos_S = is_eos(tok_S) & ~fed_S
-    end_S = go_S & (eos_S | fin_S | (t_S == L - 1))
+    turn, env = lp.turn, lp.env
+    if tools is None:
+      cut_S = ~is_eos(tok_S)  # an ending row ends truncated
+      end_S = go_S & (~cut_S | (t_S == L - 1))
+    else:  # the engine's turn rules (turns.emit): fed observation tokens, the fed EOS of a row the environment ended
+      tok_S, lp_S, fed_S, end_S, cut_S, turn = turns.emit(turn, go_S, tok_S, lp_S, t_S == L - 1, is_eos,
+                                                          tools.stop_ids)
     r_DxSd = dev(jnp.where(go_S, lp.row_S, Rd))  # Rd: dropped by the scatters
     put = lambda x, v: flat(jax.vmap(lambda x, r, t, v: x.at[r, t].set(v, mode="drop"))(dev(x), r_DxSd, t_DxSd,
                                                                                          dev(v)))
     mark = lambda x, v: flat(jax.vmap(lambda x, r, v: x.at[r].set(v, mode="drop"))(
         dev(x), dev(jnp.where(end_S, lp.row_S, Rd)), dev(v)))
-    if tools is not None:  # a drawn stop id pauses the row unless it is the row's last position
-      pause_S = go_S & ~fed_S & ~end_S & turns.is_any(tok_S, tools.stop_ids)
-      turn = turn._replace(paused_S=turn.paused_S | pause_S, fpos_S=turn.fpos_S + (go_S & fed_S).astype(jnp.int32))
+    if tools is not None:
       env = dict(env, obs_RxL=_rows(put(env["obs_RxL"], fed_S.astype(jnp.int32))))
     lp = lp._replace(
         tokens_RxL=_rows(put(lp.tokens_RxL, tok_S)), logp_RxL=_rows(put(lp.logp_RxL, lp_S)),
         ver_RxL=_rows(put(lp.ver_RxL, jnp.broadcast_to(version, tok_S.shape))),
         mask_RxL=_rows(put(lp.mask_RxL, jnp.ones_like(tok_S))),
-        done_R=mark(lp.done_R, jnp.ones_like(end_S)), trunc_R=mark(lp.trunc_R, ~eos_S & ~(fin_S & is_eos(tok_S))),
+        done_R=mark(lp.done_R, jnp.ones_like(end_S)), trunc_R=mark(lp.trunc_R, cut_S),
         t_S=t_S, tok_S=tok_S if tools is None else jnp.where(go_S, tok_S, lp.tok_S), live_S=lp.live_S & ~end_S,
         ck=tuple(_cache(kv.ck_NxKxDxL, "k") for kv in kvs), cv=tuple(_cache(kv.cv_NxKxLxD, "v") for kv in kvs),
         steps=lp.steps + 1, new_tokens=lp.new_tokens + jnp.sum(go_S.astype(jnp.int32)), turn=turn, env=env)
@@ -468,15 +464,7 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
     fields_S = {k: _rows(live_attention.take_local(v, row_S // G, D)) for k, v in fields.items()}
     out = turns.call(tools.call, _rows(live_attention.take_local(lp.tokens_RxL, row_S, D)),
                      _rows(live_attention.take_local(env["obs_RxL"], row_S, D)), lp.t_S + 1, act_S, fields_S)
-    ok = out.status == host_calls.OK
-    n_obs_S = jnp.where(act_S & ok, jnp.minimum(out.obs_len_R, L - 1 - lp.t_S), 0)
-    # done with an observation (the environment's EOS, or one that fills the row: envs/batch.py): the row ends after
-    # feeding it
-    end_S = act_S & (out.done_R | ~ok) & (n_obs_S == 0)
-    turn = turn._replace(paused_S=turn.paused_S & ~act_S, fpos_S=jnp.where(act_S, 0, turn.fpos_S),
-                         flen_S=jnp.where(act_S, n_obs_S, turn.flen_S),
-                         fbuf_SxO=jnp.where(act_S[:, None], out.obs_RxO, turn.fbuf_SxO),
-                         fend_S=jnp.where(act_S, out.done_R & (n_obs_S > 0), turn.fend_S))
+    turn, end_S, ok = turns.answer(turn, out, act_S, L - 1 - lp.t_S)
     r_DxSd, t_DxSd = dev(jnp.where(act_S, lp.row_S, Rd)), dev(lp.t_S)
     add = lambda x, v: flat(jax.vmap(lambda x, r, t, v: x.at[r, t].add(v, mode="drop"))(dev(x), r_DxSd, t_DxSd,
                                                                                          dev(v)))

@@ -40,7 +40,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from grpo_jax.infra import host_calls
 from grpo_jax.model import decode as decode_lib
 from grpo_jax.model import live_attention
 from grpo_jax.model import model as model_lib
@@ -215,21 +214,14 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     next decode steps rewrite unchanged); a fed slot emits its next observation token (log-prob 0, obs 1, never an
     end or a pause, except the last token of an ending row's observation: the environment's EOS); a sampled stop id
     pauses the row unless it is the row's last position."""
-    sl, ts = lp.slots, lp.slots.turn
-    go_S = sl.live_S & ~ts.paused_S
-    fed_S = ts.fpos_S < ts.flen_S
-    fed_tok_S = jnp.take_along_axis(ts.fbuf_SxO, jnp.minimum(ts.fpos_S, O - 1)[:, None], axis=1)[:, 0]
-    tok_S = jnp.where(fed_S, fed_tok_S, tok_S)
-    logp_S = jnp.where(fed_S, 0.0, logp_S)
-    eos_S = is_eos(tok_S) & ~fed_S
-    fin_S = fed_S & ts.fend_S & (ts.fpos_S + 1 == ts.flen_S)  # the environment ended the row: its EOS, fed
-    end_S = go_S & (eos_S | fin_S | (sl.t_S == L - 1))
-    pause_S = go_S & ~fed_S & ~end_S & turns.is_any(tok_S, tools.stop_ids)
+    sl = lp.slots
+    go_S = sl.live_S & ~sl.turn.paused_S
+    tok_S, logp_S, fed_S, end_S, cut_S, ts = turns.emit(sl.turn, go_S, tok_S, logp_S, sl.t_S == L - 1, is_eos,
+                                                         tools.stop_ids)
     put = per_dev(lambda x, r, t, v: x.at[r, t].set(v, mode="drop"))
     r_DxSd, t_DxSd = dev(jnp.where(go_S, sl.row_S, nd)), dev(sl.t_S)
     trunc_D = per_dev(lambda x, r: x.at[r].set(True, mode="drop"))(
-        lp.trunc_DxNd, dev(jnp.where(end_S & ~eos_S & ~(fin_S & is_eos(tok_S)), sl.row_S, nd)))
-    ts = ts._replace(paused_S=ts.paused_S | pause_S, fpos_S=ts.fpos_S + (go_S & fed_S).astype(jnp.int32))
+        lp.trunc_DxNd, dev(jnp.where(end_S & cut_S, sl.row_S, nd)))
     env = lp.env._replace(obs_DxNdxL=put(lp.env.obs_DxNdxL, r_DxSd, t_DxSd, dev(fed_S.astype(jnp.int32))))
     return lp._replace(
         slots=sl._replace(tok_S=jnp.where(go_S, tok_S, sl.tok_S), live_S=sl.live_S & ~end_S, turn=ts),
@@ -258,15 +250,7 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     group_S = group_of(sl.row_S)
     fields_S = {k: rows(live_attention.take_local(v, group_S, D)) for k, v in fields_Bd.items()}
     out = turns.call(tools.call, row_of(lp.tokens_DxNdxL), row_of(env.obs_DxNdxL), sl.t_S + 1, act_S, fields_S)
-    ok = out.status == host_calls.OK
-    n_obs_S = jnp.where(act_S & ok, jnp.minimum(out.obs_len_R, L - 1 - sl.t_S), 0)
-    # done with an observation (the environment's EOS, or one that fills the row: envs/batch.py): the row ends
-    # after feeding it
-    end_S = act_S & (out.done_R | ~ok) & (n_obs_S == 0)
-    ts = ts._replace(paused_S=ts.paused_S & ~act_S, fpos_S=jnp.where(act_S, 0, ts.fpos_S),
-                     flen_S=jnp.where(act_S, n_obs_S, ts.flen_S),
-                     fbuf_SxO=jnp.where(act_S[:, None], out.obs_RxO, ts.fbuf_SxO),
-                     fend_S=jnp.where(act_S, out.done_R & (n_obs_S > 0), ts.fend_S))
+    ts, end_S, ok = turns.answer(ts, out, act_S, L - 1 - sl.t_S)
     add = per_dev(lambda x, r, t, v: x.at[r, t].add(v, mode="drop"))
     r_DxSd, t_DxSd = dev(jnp.where(act_S, sl.row_S, nd)), dev(sl.t_S)
     event_SxE = jax.nn.one_hot(out.event_R, turns.EVENTS, dtype=jnp.int32)

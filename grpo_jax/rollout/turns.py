@@ -88,6 +88,41 @@ def init_rows(d: int, nd: int, L: int) -> Rows:
               counts_K=jnp.zeros((COUNTS,), jnp.int32), calls=jnp.int32(0))
 
 
+def emit(turn: Slots, go_S: jax.Array, tok_S: jax.Array, logp_S: jax.Array, last_S: jax.Array, is_eos: Callable,
+         stop_ids) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array, Slots]:
+  """The turn rules of one emitted token, for the engine's and the carry's decode loops alike: a fed slot emits its
+  observation's next token (log-prob 0, never an end or a pause, except the last token of a row the environment
+  ended: its EOS); a drawn EOS, that fed EOS or the row's last position (`last_S`) ends a slot that goes (`go_S`:
+  live and not paused); a drawn stop id pauses it unless it ends. -> (tok_S, logp_S, fed_S, end_S, cut_S: an ending
+  row ends truncated, turn)."""
+  fed_S = turn.fpos_S < turn.flen_S
+  fed_tok_S = jnp.take_along_axis(turn.fbuf_SxO, jnp.minimum(turn.fpos_S, turn.fbuf_SxO.shape[1] - 1)[:, None],
+                                  axis=1)[:, 0]
+  tok_S, logp_S = jnp.where(fed_S, fed_tok_S, tok_S), jnp.where(fed_S, 0.0, logp_S)
+  eos_S = is_eos(tok_S) & ~fed_S
+  fin_S = fed_S & turn.fend_S & (turn.fpos_S + 1 == turn.flen_S)  # the environment ended the row: its EOS, fed
+  end_S = go_S & (eos_S | fin_S | last_S)
+  pause_S = go_S & ~fed_S & ~end_S & is_any(tok_S, stop_ids)
+  turn = turn._replace(paused_S=turn.paused_S | pause_S, fpos_S=turn.fpos_S + (go_S & fed_S).astype(jnp.int32))
+  return tok_S, logp_S, fed_S, end_S, ~eos_S & ~(fin_S & is_eos(tok_S)), turn
+
+
+def answer(turn: Slots, out: env_batch.EnvOut, act_S: jax.Array, room_S: jax.Array) -> tuple[Slots, jax.Array,
+                                                                                              jax.Array]:
+  """A boundary's call taken into the slots that passed rows (`act_S`): each resumes with its observation to feed
+  (at most `room_S` tokens: the positions left before L - 1), or ends (done, the turn limit, a fallback, a call that
+  failed as a whole) with nothing to feed; done with an observation (the environment's EOS, or one that fills the
+  row: envs/batch.py) ends after feeding it. -> (turn, end_S, ok: the call as a whole ran)."""
+  ok = out.status == host_calls.OK
+  n_obs_S = jnp.where(act_S & ok, jnp.minimum(out.obs_len_R, room_S), 0)
+  end_S = act_S & (out.done_R | ~ok) & (n_obs_S == 0)
+  turn = turn._replace(paused_S=turn.paused_S & ~act_S, fpos_S=jnp.where(act_S, 0, turn.fpos_S),
+                       flen_S=jnp.where(act_S, n_obs_S, turn.flen_S),
+                       fbuf_SxO=jnp.where(act_S[:, None], out.obs_RxO, turn.fbuf_SxO),
+                       fend_S=jnp.where(act_S, out.done_R & (n_obs_S > 0), turn.fend_S))
+  return turn, end_S, ok
+
+
 def is_any(tok_S: jax.Array, ids) -> jax.Array:
   out = jnp.zeros(tok_S.shape, bool)
   for i in ids:
