@@ -11,7 +11,8 @@
   the generation prompt (`<|im_end|>\\n<|im_start|>user\\n<tool_response>\\n…\\n</tool_response><|im_end|>\\n
   <|im_start|>assistant\\n`), so prompt + turns + observations is, character for character, transformers'
   `apply_chat_template(messages, tools=...)` of the conversation (tests/test_envs.py). One call per turn: the row
-  pauses on the first `</tool_call>` (Qwen's parallel calls, several blocks in one turn, are not supported).
+  pauses on the first `</tool_call>` (Qwen's parallel calls, several blocks in one turn, are not supported). A
+  tool's output that holds a token's string (`<|im_end|>`, ...) is encoded as text (`Qwen.observation_ids`).
 
 Both observations begin and end at a marker or a special token that the tokenizer splits on, so an observation
 tokenised alone joins the transcript as the whole text would tokenise.
