@@ -496,8 +496,8 @@ def validate_qwen_prompts(c, tokenizer, env) -> None:
   bad = [x for x in tools if not isinstance(x, env_formats.Tool)]
   if not tools or bad:
     _fail("tools.env", f"{c.tools.env!r} offers {'no tools' if not tools else f'{type(bad[0]).__name__} as a tool'}; "
-          "tools.format='qwen' lists the environment's tools in the prompt: give it a `tool` (env.ToolEnv) or a "
-          "`tools` tuple of envs.formats.Tool, or use tools.format='plain'.")
+          "tools.format='qwen' lists the environment's tools in the prompt: give it a `tool` (envs.base.ToolEnv) "
+          "or a `tools` tuple of envs.formats.Tool, or use tools.format='plain'.")
   probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
   try:
     text = tokenizer.apply_chat_template(probe, add_generation_prompt=True, tools=[x.schema() for x in tools])
