@@ -55,7 +55,8 @@ LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,
                 r"\s*[\r\n]+|\s+(?!\S)|\s+")
 
 
-def train_tokenizer(specials, vocab_size=400, split=QWEN_SPLIT, nfc=True):
+def train_tokenizer(specials, vocab_size=400, split=QWEN_SPLIT, nfc=True, extra=()):
+  """A byte-level BPE trained on CORPUS (and `extra` texts), `specials` first."""
   import tokenizers
   from tokenizers import decoders, models, normalizers, pre_tokenizers, trainers
   tk = tokenizers.Tokenizer(models.BPE())
@@ -65,7 +66,7 @@ def train_tokenizer(specials, vocab_size=400, split=QWEN_SPLIT, nfc=True):
       pre_tokenizers.Split(tokenizers.Regex(split), behavior="isolated"),
       pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
   tk.decoder = decoders.ByteLevel()
-  tk.train_from_iterator(CORPUS, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
+  tk.train_from_iterator(CORPUS + list(extra), trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials,
                                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
   return tk
 

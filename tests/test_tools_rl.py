@@ -456,7 +456,8 @@ def test_an_unresolved_auto_engine_evaluates_with_the_environment(setup):
 
 @pytest.mark.parametrize("over,key,why", [
     ({"sampling.engine": "static"}, "tools.env", "continuous engine"),
-    ({"tools.format": "qwen"}, "tools.format", "RL prompts"),
+    # the qwen format renders prompts with the chat template: the shipped tokenizer has none (tests/test_tools_qwen.py)
+    ({"tools.format": "qwen"}, "tools.format", "chat template, and this tokenizer has none"),
     ({"tools.env": ""}, "rewards", "'env' term"),
     ({"tools.chunk": 0}, "tools.chunk", ""),
     ({"tools.max_turns": 0}, "tools.max_turns", ">= 1"),

@@ -4,6 +4,7 @@ import os
 import time
 
 from grpo_jax.envs import base as env_base
+from grpo_jax.envs import formats
 
 # Test switches, read at every step: `sleep_s` holds each step that long (a failing or slow tool).
 MODE = {"sleep_s": 0.0}
@@ -31,3 +32,16 @@ class Echo(env_base.Env):
       open(gate + ".in_call", "w").close()
       time.sleep(30)
     return self.ctx.format.observation(str(len(action_text) % 10)), 1.0, False, {}
+
+
+class QwenEcho(env_base.ToolEnv):
+  """Echo as a ToolEnv: its tool is listed in the qwen format's prompts, and any turn gets the format's observation
+  of k (as Echo's), or of MODE['content'] when set (a tool's output to inject), with reward 1."""
+  tool = formats.Tool("echo", "Echo the length of the call.", "text", "any text")
+
+  def step(self, state, action_text):
+    content = MODE.get("content") or str(len(action_text) % 10)
+    return env_base.StepResult(self.ctx.format.observation(content), 1.0, False, {})
+
+  def run(self, state, value):
+    return value, {}

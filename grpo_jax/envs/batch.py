@@ -128,7 +128,7 @@ class EnvBatch:
 
   def __init__(self, env, tok, *, stop_ids: Sequence[int], max_obs_tokens: int, max_turns: int,
                timeout_s: float, fallback_reward: float = 0.0, workers: int = 8, name: str = "env",
-               tail: str = ""):
+               tail: str = "", format: formats.Format | None = None):  # pylint: disable=redefined-builtin
     if max_turns < 1 or max_obs_tokens < 1 or not timeout_s > 0:
       raise ValueError(f"EnvBatch: max_turns={max_turns}, max_obs_tokens={max_obs_tokens} must be >= 1 and "
                        f"timeout_s={timeout_s} > 0")
@@ -137,7 +137,10 @@ class EnvBatch:
     self.max_obs_tokens, self.max_turns = int(max_obs_tokens), int(max_turns)
     self.timeout_s, self.fallback_reward = float(timeout_s), float(fallback_reward)
     self.stateful = bool(getattr(env, "stateful", True))
+    tail = format.tail if format is not None and not tail else tail
     self.tail_ids = tuple(tok.encode(tail)) if tail else ()
+    # an observation's text -> ids: the format's rule (qwen: a tool's output that holds a token's string is text)
+    self._obs_ids = (lambda text: format.observation_ids(text, tok)) if format is not None else tok.encode
     self.eos_id = int(tok.eos_id)  # a row the environment ends gets it as its observation (a finished transcript)
     self.last_error = ""
     self._workers = host_calls.Workers(f"env-{name}", workers)
@@ -245,7 +248,7 @@ class EnvBatch:
           checked, status, why = check_result(res)
           if status == host_calls.OK and checked[0] and not checked[2]:
             try:  # the observation's ids (a str the tokenizer refuses, e.g. a lone surrogate, is this row's fault)
-              obs_ids = self.tok.encode(checked[0])
+              obs_ids = self._obs_ids(checked[0])
             except Exception as e:  # pylint: disable=broad-except
               status, why = host_calls.WRONG_TYPE, ("observation cannot be tokenized "
                                                    f"({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})")
@@ -335,4 +338,16 @@ def build(config, tok) -> EnvBatch:
   ctx = context(config, tok)
   return EnvBatch(registry.make(t.env, ctx), tok, stop_ids=formats.stop_ids(tok, t.stop_markers),
                   max_obs_tokens=t.max_obs_tokens, max_turns=t.max_turns, timeout_s=t.timeout_s,
-                  fallback_reward=t.fallback_reward, workers=t.workers, name=t.env, tail=ctx.format.tail)
+                  fallback_reward=t.fallback_reward, workers=t.workers, name=t.env, format=ctx.format)
+
+
+def prompt_tools(config, tok, env=None) -> tuple[dict, ...]:
+  """The tool schemas a run's prompts list — its RL batches' and its held-out evaluation's alike: under
+  tools.format='qwen' those of its environment (`env`: the run's Env, else built here), rendered into the chat
+  template as transformers' apply_chat_template(tools=...) does; () otherwise (the task's own prompts)."""
+  t = config.get("tools")
+  if t is None or not t.env or t.format != "qwen":
+    return ()
+  if env is None:
+    env = registry.make(t.env, context(config, tok))
+  return tuple(tool.schema() for tool in formats.env_tools(env))

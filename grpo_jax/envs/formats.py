@@ -11,7 +11,8 @@
   the generation prompt (`<|im_end|>\\n<|im_start|>user\\n<tool_response>\\n…\\n</tool_response><|im_end|>\\n
   <|im_start|>assistant\\n`), so prompt + turns + observations is, character for character, transformers'
   `apply_chat_template(messages, tools=...)` of the conversation (tests/test_envs.py). One call per turn: the row
-  pauses on the first `</tool_call>` (Qwen's parallel calls, several blocks in one turn, are not supported).
+  pauses on the first `</tool_call>` (Qwen's parallel calls, several blocks in one turn, are not supported). A
+  tool's output that holds a token's string (`<|im_end|>`, ...) is encoded as text (`Qwen.observation_ids`).
 
 Both observations begin and end at a marker or a special token that the tokenizer splits on, so an observation
 tokenised alone joins the transcript as the whole text would tokenise.
@@ -97,6 +98,10 @@ class Format(abc.ABC):
   def prompt_ids(self, text: str, tok) -> list[int]:
     """The prompt's token ids (with the bos the format's prompts start with)."""
 
+  def observation_ids(self, text: str, tok) -> list[int]:
+    """The token ids an observation's text is appended as (EnvBatch)."""
+    return tok.encode(text)
+
 
 class Plain(Format):
   name = "plain"
@@ -134,7 +139,9 @@ class Plain(Format):
 
 class Qwen(Format):
   name = "qwen"
+  head = f"<|im_end|>\n<|im_start|>user\n{RESPONSE_OPEN}\n"
   tail = f"\n{RESPONSE_CLOSE}<|im_end|>\n<|im_start|>assistant\n"
+  control = ("<|im_start|>", "<|im_end|>")  # written as single tokens: the tokenizer must have them
 
   def call_text(self, tool: Tool, value: str) -> str:
     # The template writes '{"name": "' + name + '", "arguments": ' + tojson(arguments) + '}': json.dumps' spacing.
@@ -168,18 +175,38 @@ class Qwen(Format):
     return Parsed(ToolCall(tool.name, args))
 
   def observation(self, content: str) -> str:
-    return f"<|im_end|>\n<|im_start|>user\n{RESPONSE_OPEN}\n{content}{self.tail}"
+    return f"{self.head}{content}{self.tail}"
+
+  def observation_ids(self, text: str, tok) -> list[int]:
+    """The whole text's ids, unless the tool's output (between head and tail) holds an added token's string
+    (`<|im_end|>`, `<|im_start|>`, `</tool_call>`, ...): then that output is encoded as plain text
+    (tok.encode_text), so a tool cannot end its turn, open another, or speak as the assistant; the format's own
+    head and tail stay control tokens."""
+    as_text = getattr(tok, "encode_text", None)
+    if as_text is None or not (text.startswith(self.head) and text.endswith(self.tail)
+                               and len(text) >= len(self.head) + len(self.tail)):
+      return tok.encode(text)
+    content = text[len(self.head):len(text) - len(self.tail)]
+    plain = as_text(content)
+    if plain == tok.encode(content):  # no token strings in it: the whole text's ids, as the template's tokenise
+      return tok.encode(text)
+    return tok.encode(self.head) + plain + tok.encode(self.tail)
 
   def prompt(self, task, example: dict, language: str, tok, tools: Sequence[Tool]) -> str:
-    prompts.check("chat", tok)
-    return tok.apply_chat_template(prompts.messages(task, example, language), add_generation_prompt=True,
-                                   tools=[t.schema() for t in tools])
+    return prompts.chat_text(task, example, language, tok, [t.schema() for t in tools])
 
   def prompt_ids(self, text: str, tok) -> list[int]:
     return tok.encode(text)  # the template writes any bos itself (Qwen's has none)
 
 
 FORMATS: dict[str, Format] = {f.name: f for f in (Plain(), Qwen())}
+
+
+def env_tools(env) -> tuple:
+  """The tools an environment offers (a ToolEnv's `tool`, else its `tools` sequence of Tool): what the qwen
+  format's prompts list in the chat template's <tools> (validate_tools checks each is a Tool)."""
+  one = getattr(env, "tool", None)
+  return (one,) if one is not None else tuple(getattr(env, "tools", None) or ())
 
 
 def get(name: str) -> Format:

@@ -18,6 +18,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 
+from grpo_jax.envs import batch as env_batch
 from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import errors
 from grpo_jax.rl import auto
@@ -252,18 +253,20 @@ def check_data(config, tokenizer) -> None:
     return  # pretrain encodes no prompts
   splits = ("test",) if config.job == "sft" else ("train", "test")
   t, usable = config.task, {}
+  with errors.input_errors("config.tools.env"):
+    tools = env_batch.prompt_tools(config, tokenizer)  # tools.format='qwen': the prompts list the tools
   for split in splits:
     with errors.input_errors(f"config.task.data_dir={t.data_dir!r}" if t.data_dir else "config.task"):
       examples = data_lib.load_examples(t, split)
     try:
-      usable[split] = len(data_lib.fit_prompts(t, tokenizer, split, examples, t.prompt_len))
+      usable[split] = len(data_lib.fit_prompts(t, tokenizer, split, examples, t.prompt_len, tools))
     except ValueError as e:
       raise errors.ConfigError(f"config.{errors.one_line(str(e))}") from None
     if usable[split] < len(examples):
       logging.warning("task.overlong_prompts=drop: %d of the %d %s prompts are longer than task.prompt_len=%d "
                       "tokens and are skipped.", len(examples) - usable[split], len(examples), split, t.prompt_len)
     elif t.overlong_prompts == "truncate":  # cut, not skipped: said as drop's skips are
-      cut = int((data_lib.prompt_lengths(t, tokenizer, split, examples) > t.prompt_len).sum())
+      cut = int((data_lib.prompt_lengths(t, tokenizer, split, examples, tools) > t.prompt_len).sum())
       if cut:
         logging.warning("task.overlong_prompts=truncate: %d of the %d %s prompts are longer than task.prompt_len=%d "
                         "tokens and are cut to bos + their last %d tokens.", cut, len(examples), split, t.prompt_len,

@@ -214,6 +214,17 @@ def _nonfinite(bad_in_row: int, done: int, row: dict[str, float]) -> str:
           f"saved at step {done}. Likely cause: {fix} (config.rl.max_nonfinite_in_row sets the limit).")
 
 
+def prompt_sources(config, tokenizer, spec, n_prompts: int) -> tuple[Callable[[int], Iterator[dict]],
+                                                                       Callable[[], dict]]:
+  """(stream(k): the RL batches from step k, held_out(): the held-out set), rendered alike: under
+  tools.format='qwen' both list the environment's tools in the chat template (train/eval prompt parity)."""
+  env = getattr(spec, "env", None)
+  tools = env_batch.prompt_tools(config, tokenizer, None if env is None else env.env)
+  t = config.task
+  stream = lambda k: data_lib.rl_batches(t, tokenizer, "train", n_prompts, config.seed, k, t.prompt_len, tools)
+  return stream, lambda: data_lib.eval_set(t, tokenizer, config.eval.size, t.prompt_len, tools)
+
+
 def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg, tokenizer, spec,
             log: Callable[[str], None] | None = None, batches: Iterator[dict] | None = None,
             evaluate: Callable[[int, Any], None] | None = None,
@@ -237,8 +248,8 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
                                           progress=S == 1)
     run.guard.resumed(run.ckpt, start, run.writer)
   n_prompts = rl.prompts_per_step * (rl.oversample if rl.dynamic_sampling else 1)
+  stream, held_out_set = prompt_sources(c0, tokenizer, spec, n_prompts)
   if batches is None:
-    stream = lambda k: data_lib.rl_batches(c0.task, tokenizer, "train", n_prompts, c0.seed, k, c0.task.prompt_len)
     cspec = rollout_lib.carry_spec(c0)
     if cspec is None:
       batches = stream(start)
@@ -253,7 +264,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
       evaluate(step, state)
       return
     if not eval_set:  # held-out eval verifies in-graph or on the host (the task's host_verifier, tasks/registry.py)
-      eval_set.append(data_lib.eval_set(c0.task, tokenizer, c0.eval.size, c0.task.prompt_len))
+      eval_set.append(held_out_set())
     for i, run in enumerate(runs):
       if run.failed:
         continue
@@ -578,7 +589,8 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
   if evaluate_at_end and loss_on == "completion":
     evaluator = evaluation.Evaluator(config, mcfg, tokenizer, mesh,
                                      data_lib.eval_set(config.task, tokenizer, config.eval.size,
-                                                       config.task.prompt_len))
+                                                       config.task.prompt_len,
+                                                       env_batch.prompt_tools(config, tokenizer)))
     result, _ = evaluator(state_lib.model_params(state), jax.random.PRNGKey(config.seed + 1))
     writer.write(steps, result)
   writer.close()

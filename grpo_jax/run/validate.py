@@ -1,5 +1,6 @@
 """Config validation before anything compiles: each failure is ONE line naming the key and the fix."""
 import contextlib
+import json
 import os
 from typing import Any, Iterator
 
@@ -378,9 +379,8 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
 
 
 def validate_tools_rl(c) -> None:
-  """An RL step with an environment (tools.env): the continuous engine (or the rollout carry, which runs it too), the
-  plain format (the qwen format's RL prompts are not rendered with the tools yet); the 'env'
-  reward term only with one."""
+  """An RL step with an environment (tools.env): the continuous engine (or the rollout carry, which runs it too);
+  the 'env' reward term only with one."""
   env = c.get("tools") is not None and c.tools.env
   if not env:
     if "env" in [n for n, _ in c.rewards]:
@@ -390,9 +390,6 @@ def validate_tools_rl(c) -> None:
   if c.sampling.engine not in ("continuous", "auto"):  # auto picks continuous for it (rl/auto.py)
     _fail("tools.env", f"{c.tools.env!r}: rows pause for the environment in the continuous engine's slots; set "
           f"sampling.engine='continuous' (it is {c.sampling.engine!r}).")
-  if c.tools.format != "plain":
-    _fail("tools.format", f"{c.tools.format!r}: RL prompts are the task's R1-Zero prompts, not yet the chat "
-          "template rendered with the tools; use tools.format='plain' for RL.")
   if c.tools.fallback_reward != 0 and "env" not in [n for n, _ in c.rewards]:
     # a fallback step's reward is an environment reward: without the term it was dropped without a word
     _fail("tools.fallback_reward", f"{c.tools.fallback_reward!r} reaches training only through the 'env' reward "
@@ -473,10 +470,43 @@ def validate_tools(c, tokenizer=None) -> None:
     env = env_registry.make(t.env, env_batch.context(c, tokenizer)) if t.env else None
   except ValueError as e:
     raise ConfigError(f"config.{e}") from None
+  if t.format == "qwen" and env is not None:
+    validate_qwen_prompts(c, tokenizer, env)
   if isinstance(env, env_base.ToolEnv) and env_formats.CALL_CLOSE not in t.stop_markers:
     # a row pauses only on a stop marker: without the call's closing one no call ever reached the tool
     _fail("tools.stop_markers", f"{tuple(t.stop_markers)!r} lacks {env_formats.CALL_CLOSE!r}: rows pause only on "
           f"a stop marker, so no tool call would reach {t.env!r}; add it, e.g. ('{env_formats.CALL_CLOSE}',).")
+
+
+def validate_qwen_prompts(c, tokenizer, env) -> None:
+  """tools.format='qwen' with an environment: prompts (RL batches and held-out alike) are the chat template listing
+  the environment's tools, observations Qwen's tool-response turns: the prompt format is 'chat', the tokenizer has
+  the turn markers as single tokens, the environment offers tools, and the template renders them."""
+  fmt = c.task.get("prompt_format", "r1_zero")
+  if fmt != "chat":
+    _fail("task.prompt_format", f"{fmt!r}: tools.format='qwen' asks in the chat template, with the environment's "
+          "tools listed in it; set task.prompt_format='chat' (or tools.format='plain').")
+  for marker in env_formats.Qwen.control:
+    ids = tokenizer.encode(marker)
+    if len(ids) != 1:
+      _fail("tools.format", f"'qwen' writes {marker} as one control token (each observation's turn markers), but "
+            f"this tokenizer encodes it as {len(ids)} pieces; use a Qwen2/2.5 instruct tokenizer (task.tokenizer="
+            "init_from) or tools.format='plain'.")
+  tools = env_formats.env_tools(env)
+  bad = [x for x in tools if not isinstance(x, env_formats.Tool)]
+  if not tools or bad:
+    _fail("tools.env", f"{c.tools.env!r} offers {'no tools' if not tools else f'{type(bad[0]).__name__} as a tool'}; "
+          "tools.format='qwen' lists the environment's tools in the prompt: give it a `tool` (envs.base.ToolEnv) "
+          "or a `tools` tuple of envs.formats.Tool, or use tools.format='plain'.")
+  probe = [{"role": "system", "content": "s"}, {"role": "user", "content": "q"}]
+  try:
+    text = tokenizer.apply_chat_template(probe, add_generation_prompt=True, tools=[x.schema() for x in tools])
+  except ValueError as e:
+    raise ConfigError(f"config.{e}") from None
+  if f'"name": {json.dumps(tools[0].name)}' not in text:
+    _fail("tools.format", "'qwen' lists the environment's tools in the chat template, but this tokenizer's "
+          "template does not render `tools` (Qwen2.5-Instruct's does); use an instruct tokenizer whose template "
+          "has tools, or tools.format='plain'.")
 
 
 def validate_row_splits(c, n_rows: int, data_par: int) -> None:

@@ -8,7 +8,8 @@ Every batch is a pure function of (data, seed, step): example order is a per-epo
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Iterator
+import json
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -60,26 +61,31 @@ def _split_languages(task_cfg) -> tuple[str, ...]:
   return tuple(base.LANGUAGES) if lang == "mixed" else (lang,)
 
 
-def prompt_lengths(task_cfg, tok, split: str, examples: list[dict] | None = None) -> np.ndarray:
+def prompt_lengths(task_cfg, tok, split: str, examples: list[dict] | None = None,
+                   tools: Sequence[dict] = ()) -> np.ndarray:
   """Token length of the prompt of each of `examples` (default: the whole split, in index order), the longest over
-  the languages it can be asked in. Cached by example index: `examples` may be any of the split's (train_indices),
+  the languages it can be asked in; `tools`: the tool schemas the prompts list (tools.format='qwen':
+  envs/batch.py prompt_tools). Cached by example index: `examples` may be any of the split's (train_indices),
   in any order, before or after the whole split was measured."""
   task = make_task(task_cfg)
   key = (repr(task), split, *(str(_get(task_cfg, k)) for k in ("data_dir", "split_seed", "train_size", "test_size",
-                                                                "prompt_format")), _split_languages(task_cfg), id(tok))
+                                                                "prompt_format")), _split_languages(task_cfg), id(tok),
+         json.dumps(list(tools), sort_keys=True))
   known = _LENGTHS.setdefault(key, {})
   examples = load_examples(task_cfg, split) if examples is None else examples
   fmt = _get(task_cfg, "prompt_format")
   for ex in examples:
     if ex["index"] not in known:
-      known[ex["index"]] = max(len(prompts.prompt_ids(task, ex, lang, tok, fmt)) for lang in _split_languages(task_cfg))
+      known[ex["index"]] = max(len(prompts.prompt_ids(task, ex, lang, tok, fmt, tools))
+                               for lang in _split_languages(task_cfg))
   return np.asarray([known[ex["index"]] for ex in examples], np.int64)
 
 
-def fit_prompts(task_cfg, tok, split: str, examples: list[dict], prompt_len: int) -> list[dict]:
+def fit_prompts(task_cfg, tok, split: str, examples: list[dict], prompt_len: int,
+                tools: Sequence[dict] = ()) -> list[dict]:
   """`examples` under task.overlong_prompts: all of them ('error' raises one line naming the count and the length
   that fits; 'truncate' keeps them for encode_prompts to cut), or those that fit ('drop'; none is an error)."""
-  lengths = prompt_lengths(task_cfg, tok, split, examples)
+  lengths = prompt_lengths(task_cfg, tok, split, examples, tools)
   over = np.flatnonzero(lengths > prompt_len)
   policy = _get(task_cfg, "overlong_prompts")
   if not len(over) or policy == "truncate":
@@ -96,9 +102,9 @@ def fit_prompts(task_cfg, tok, split: str, examples: list[dict], prompt_len: int
                    "task.overlong_prompts=drop (skip them, counted) or =truncate (keep bos and the last tokens).")
 
 
-def overlong_count(task_cfg, tok, split: str, prompt_len: int) -> tuple[int, int]:
+def overlong_count(task_cfg, tok, split: str, prompt_len: int, tools: Sequence[dict] = ()) -> tuple[int, int]:
   """(prompts longer than prompt_len, prompts) of a split."""
-  lengths = prompt_lengths(task_cfg, tok, split)
+  lengths = prompt_lengths(task_cfg, tok, split, tools=tools)
   return int((lengths > prompt_len).sum()), len(lengths)
 
 
@@ -143,13 +149,13 @@ def _order(n_examples: int, seed: int, step: int, batch: int) -> np.ndarray:
   return out
 
 
-def encode_prompts(task, examples, languages_N, tok, prompt_len: int,
-                   prompt_format: str = "r1_zero", truncate: bool = False) -> tuple[np.ndarray, np.ndarray]:
+def encode_prompts(task, examples, languages_N, tok, prompt_len: int, prompt_format: str = "r1_zero",
+                   truncate: bool = False, tools: Sequence[dict] = ()) -> tuple[np.ndarray, np.ndarray]:
   n = len(examples)
   prompt = np.full((n, prompt_len), tok.pad_id, np.int32)
   mask = np.zeros((n, prompt_len), np.int32)
   for i, (ex, lang) in enumerate(zip(examples, languages_N)):
-    ids = prompts.prompt_ids(task, ex, base.LANGUAGES[int(lang)], tok, prompt_format)
+    ids = prompts.prompt_ids(task, ex, base.LANGUAGES[int(lang)], tok, prompt_format, tools)
     if len(ids) > prompt_len and truncate:  # task.overlong_prompts=truncate: bos, then the prompt's end (the
       ids = ids[:1] + ids[len(ids) - prompt_len + 1:]  # question's last words and the answer cue)
     if len(ids) > prompt_len:
@@ -161,10 +167,10 @@ def encode_prompts(task, examples, languages_N, tok, prompt_len: int,
 
 
 def rl_batch(task, examples, languages_N, tok, prompt_len, prompt_format: str = "r1_zero",
-             truncate: bool = False) -> dict[str, np.ndarray]:
-  """Prompts (left-padded to prompt_len, in `prompt_format`: tasks/prompts.py) and the task's fields of
-  `examples`, asked in `languages_N`."""
-  prompt, mask = encode_prompts(task, examples, languages_N, tok, prompt_len, prompt_format, truncate)
+             truncate: bool = False, tools: Sequence[dict] = ()) -> dict[str, np.ndarray]:
+  """Prompts (left-padded to prompt_len, in `prompt_format`: tasks/prompts.py, listing `tools`) and the task's
+  fields of `examples`, asked in `languages_N`."""
+  prompt, mask = encode_prompts(task, examples, languages_N, tok, prompt_len, prompt_format, truncate, tools)
   out = {"prompt_NxP": prompt, "prompt_mask_NxP": mask, "language_N": languages_N,
          "index_N": np.asarray([ex["index"] for ex in examples], np.int32)}
   out.update(task.batch_fields(examples))
@@ -172,21 +178,22 @@ def rl_batch(task, examples, languages_N, tok, prompt_len, prompt_format: str = 
 
 
 def rl_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_prompts: int, seed: int,
-               start_step: int, prompt_len: int) -> Iterator[dict[str, np.ndarray]]:
-  """Endless iterator; the batch yielded k-th is batch number start_step + k (a pure function of seed and it)."""
+               start_step: int, prompt_len: int, tools: Sequence[dict] = ()) -> Iterator[dict[str, np.ndarray]]:
+  """Endless iterator; the batch yielded k-th is batch number start_step + k (a pure function of seed and it).
+  `tools`: the tool schemas the prompts list (tools.format='qwen'; envs/batch.py prompt_tools)."""
   if batch_prompts < 1:
     raise ValueError(f"batch_prompts={batch_prompts} must be >= 1")
   task = make_task(task_cfg)
   examples = load_examples(task_cfg, split)
   if split == "train" and len(_get(task_cfg, "train_indices")):
     examples = train_subset(examples, _get(task_cfg, "train_indices"))
-  examples = fit_prompts(task_cfg, tok, split, examples, prompt_len)
+  examples = fit_prompts(task_cfg, tok, split, examples, prompt_len, tools)
   truncate = _get(task_cfg, "overlong_prompts") == "truncate"
   step = start_step
   while True:
     chosen = [examples[i] for i in _order(len(examples), seed, step, batch_prompts)]
     yield rl_batch(task, chosen, _languages(task_cfg, batch_prompts, seed, step), tok, prompt_len,
-                   _get(task_cfg, "prompt_format"), truncate)
+                   _get(task_cfg, "prompt_format"), truncate, tools)
     step += 1
 
 
@@ -200,10 +207,12 @@ def train_subset(examples: list[dict], indices) -> list[dict]:
   return [examples[i] for i in indices]
 
 
-def eval_set(task_cfg, tok: tokenizer_lib.Tokenizer, n: int, prompt_len: int) -> dict[str, np.ndarray]:
-  """The first n held-out (test split) examples, same fields as an RL batch; language 'mixed' alternates a/b."""
+def eval_set(task_cfg, tok: tokenizer_lib.Tokenizer, n: int, prompt_len: int,
+             tools: Sequence[dict] = ()) -> dict[str, np.ndarray]:
+  """The first n held-out (test split) examples, same fields as an RL batch (prompts listing `tools` as the RL
+  batches' do); language 'mixed' alternates a/b."""
   task = make_task(task_cfg)
-  examples = fit_prompts(task_cfg, tok, "test", load_examples(task_cfg, "test"), prompt_len)
+  examples = fit_prompts(task_cfg, tok, "test", load_examples(task_cfg, "test"), prompt_len, tools)
   if n > len(examples):
     raise ValueError(f"eval.size: {n} exceeds the {len(examples)} usable examples of the test split; lower "
                      "eval.size (or raise task.test_size for a generated task)")
@@ -211,7 +220,7 @@ def eval_set(task_cfg, tok: tokenizer_lib.Tokenizer, n: int, prompt_len: int) ->
   lang = _get(task_cfg, "language")
   langs = (np.arange(n) % 2 if lang == "mixed" else np.full(n, base.LANGUAGES.index(lang))).astype(np.int32)
   return rl_batch(task, examples, langs, tok, prompt_len, _get(task_cfg, "prompt_format"),
-                  _get(task_cfg, "overlong_prompts") == "truncate")
+                  _get(task_cfg, "overlong_prompts") == "truncate", tools)
 
 
 _FIELDS: dict[tuple, dict[str, tuple]] = {}

@@ -143,6 +143,7 @@ class HFTokenizer:
     self.tag_ids = {t: i for t in tokenizer_lib.TAGS if (i := self.tk.token_to_id(t)) is not None}
     self.chat_template = _chat_template(self.directory, tcfg)
     self._control = {self.pad_id, self.bos_id, *self.eos_ids}
+    self._plain = None  # encode_text's tokenizer (built on first use)
 
   def _check_id(self, i, key: str) -> int:
     if not isinstance(i, int) or not 0 <= i < self.num_tokens:
@@ -158,6 +159,17 @@ class HFTokenizer:
   def encode(self, text: str) -> list[int]:
     # No template specials: data.py adds bos itself, the sampler or data path eos.
     return self.tk.encode(text, add_special_tokens=False).ids
+
+  def encode_text(self, text: str) -> list[int]:
+    """`text` as plain text: an added token's string in it (`<|im_end|>`, `<tool_call>`, ...) is encoded as the
+    pieces of its characters, never as the token. What a tool's output is encoded with (formats.Qwen): a tool
+    printing '<|im_end|>' must not end the turn."""
+    if self._plain is None:
+      import tokenizers
+      spec = json.loads(self.tk.to_str())
+      spec["added_tokens"] = []  # the added vocabulary is what matches token strings in the text
+      self._plain = tokenizers.Tokenizer.from_str(json.dumps(spec))
+    return self._plain.encode(text, add_special_tokens=False).ids
 
   def decode(self, ids: Sequence[int]) -> str:
     """Decodes every id given, like the sentencepiece wrapper: pad/bos/eos and unknown ids decode to ''."""

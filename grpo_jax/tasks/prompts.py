@@ -7,6 +7,8 @@
 """
 from __future__ import annotations
 
+from typing import Sequence
+
 from grpo_jax.tasks import base
 
 FORMATS = ("r1_zero", "chat")
@@ -32,8 +34,20 @@ def messages(task, ex: dict, language: str) -> list[dict[str, str]]:
           {"role": "user", "content": task.question(ex, language)}]
 
 
-def prompt_ids(task, ex: dict, language: str, tok, prompt_format: str = "r1_zero") -> list[int]:
+def chat_text(task, ex: dict, language: str, tok, tools: Sequence[dict] = ()) -> str:
+  """The chat template's prompt text; `tools` (JSON function schemas) rendered into it as transformers'
+  apply_chat_template(tools=...) does (tools.format='qwen': envs/formats.py)."""
+  check("chat", tok)
+  return tok.apply_chat_template(messages(task, ex, language), add_generation_prompt=True, tools=list(tools) or None)
+
+
+def prompt_ids(task, ex: dict, language: str, tok, prompt_format: str = "r1_zero",
+               tools: Sequence[dict] = ()) -> list[int]:
+  """The prompt's ids. The task's text is encoded as transformers encodes a rendered template: a token's string in
+  a question becomes that token (datasets are trusted input; a tool's output is not: formats.Qwen.observation_ids)."""
   if prompt_format == "r1_zero":
+    if tools:
+      raise ValueError("tools.format='qwen' lists the tools in the chat template; set task.prompt_format='chat'.")
     return [tok.bos_id] + tok.encode(base.prompt(task, ex, language))
   check(prompt_format, tok)
-  return tok.encode(tok.apply_chat_template(messages(task, ex, language), add_generation_prompt=True))
+  return tok.encode(chat_text(task, ex, language, tok, tools))
