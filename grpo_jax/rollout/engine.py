@@ -118,10 +118,11 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
   of D); kv_block: completion keys per block read. force_NxL: teacher forcing (tests): these tokens are emitted
   instead of drawn and scored under the engine's own logits (a negative entry: drawn). attention: 'plain'
   (live_attention.py's layout) | 'paged' | 'tpu_ragged' (paged_attention.py's store of page_size-token pages,
-  attended in plain JAX or by the TPU kernel). tools: multi-turn rows (rollout/turns.py): a row pauses on a stop id, the paused rows go to
-  `tools.call` once per chunk boundary with their prompt's `env_fields` ({name: [B, ...]}), and the observation
-  is fed into the row; the Rollout's mask covers the observation tokens too (Stats.env.obs_NxL marks them, their
-  log-probs are 0). Without `tools` the program is the single-turn one, unchanged."""
+  attended in plain JAX or by the TPU kernel). tools: multi-turn rows (rollout/turns.py): a row pauses on a stop
+  id, the paused rows go to `tools.call` once per chunk boundary with their prompt's `env_fields` ({name: [B,
+  ...]}), and the observation is fed into the row; the Rollout's mask covers the observation tokens too
+  (Stats.env.obs_NxL marks them, their log-probs are 0). Without `tools` the program is the single-turn one,
+  unchanged."""
   b, p = prompt_BxP.shape
   n, L = b * G, scfg.max_new_tokens
   s0 = slots or n
