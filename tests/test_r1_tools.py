@@ -1,6 +1,8 @@
-"""R1 rejection sampling with an environment (docs/tools.md, follow-up 4): rows run in the continuous engine with the
-calculator answering, the verifiers read the transcript, kept rows' records hold the observations and an `obs_mask`
-that stage 4's SFT loss leaves out; the records are the same run after run; a bad combination is one line.
+"""R1 rejection sampling with an environment (docs/tools.md, follow-up 4): the pipeline's stage 3 runs with
+tools.env (it was refused), rows run in the continuous engine with the calculator answering, the verifiers read the
+transcript, kept rows' records hold the observations and an `obs_mask` that stage 4's SFT loss leaves out; the
+records are the same run after run; a bad combination is one line; records made without the environment are not
+reused with it.
 
 The model is a random tiny one on the `tools` tokenizer (tests/test_pipeline.py's tiny R1 config). Rows 0 and 2 of
 each prompt are teacher-forced (engine.sample_groups' force_NxL, wrapped in): the reference worked solution calling
@@ -8,6 +10,7 @@ the calculator at every step (row 0) or at its first (row 2), so that they are v
 are the random model's draws, pausing on ordinary pieces added as stop markers (the calculator ends such a turn: no
 call in it)."""
 import json
+import pathlib
 import re
 
 import jax
@@ -110,21 +113,28 @@ def _records(path):
 
 @pytest.fixture(scope="module")
 def sampled(tmp_path_factory):
-  """Rejection sampling with the calculator, run twice from the same seed (the second as a rerun of the stage)."""
+  """Rejection sampling with the calculator, run twice from the same seed: as the pipeline's stage 3 (stage 2
+  finished before it, as a stand-in: its params and its record) and again alone, as a rerun of the stage."""
+  from grpo_jax.r1 import layout
+  from grpo_jax.run import stages as stages_lib
   mp = pytest.MonkeyPatch()
   c = r1_tools_config()
   force, want = forced_rows(c)
   stops = ("</tool_call>",) + _ordinary_stops({int(t) for t in force.ravel() if t >= 0})
   c = r1_tools_config(stops)
   _patch_force(mp, force)
-  out = []
-  for run in range(2):
-    d = tmp_path_factory.mktemp(f"rej{run}")
-    _params(c, d / "params")
-    stats = rejection.rejection_sample(c, str(d / "params"), str(d / "data.jsonl"))
-    out.append((d, stats))
+  wd = str(tmp_path_factory.mktemp("run"))
+  grpo = pipeline.stage_list(c, wd, ["r1_2_grpo"])[0]
+  stages_lib.prepare(grpo, "start", wd)
+  _params(c, layout.params_path(wd, "r1_2_grpo"))
+  stages_lib.mark_done(grpo)
+  pipeline.run_pipeline(c, wd, ("r1_3_rejection",), report_md=False)  # refused with tools.env before
+  out = [(layout.stage_dir(wd, "r1_3_rejection"), json.load(open(layout.rejection_stats(wd))))]
+  d1 = tmp_path_factory.mktemp("rerun")
+  stats = rejection.rejection_sample(c, layout.params_path(wd, "r1_2_grpo"), str(d1 / "data.jsonl"))
+  out.append((d1, stats))
   mp.undo()
-  return c, want, out
+  return c, want, [(pathlib.Path(d), s) for d, s in out]
 
 
 def test_records_hold_the_transcript_and_the_engines_observation_mask(sampled):
