@@ -269,3 +269,20 @@ def test_records_made_without_the_environment_are_not_reused_with_it(tmp_path):
     stages_lib.plan(pipeline.stage_list(with_env, wd, ["r1_3_rejection"]), with_env, wd)
   views = [pipeline.stage_list(x, wd, ["r1_4_sft"])[0].view for x in (plain, with_env)]
   assert views[0]["stage.upstream"] != views[1]["stage.upstream"]
+
+
+def test_obs_mask_covers_the_completion_and_its_eos():
+  """A record's obs_mask by hand: the engine's mask over the row (the environment's EOS, fed as an observation when
+  its `done` ends the row, included: stage 4 does not train the model to end there), and 0 for an eos the row did
+  not write (corpus.pack appends one); pack's loss mask is its complement over the completion."""
+  eos = TOK.eos_id
+  rows = [([5, 6, 7, 8, eos], [1, 1, 1, 1, 1], [0, 0, 1, 1, 0]),  # the model wrote its eos
+          ([5, 6, 7, eos, 0], [1, 1, 1, 1, 0], [0, 0, 0, 1, 0]),  # the environment's done: its eos fed
+          ([5, 6, 7, 8, 9], [1, 1, 1, 1, 1], [0, 1, 0, 0, 0])]    # no eos (cut off at L)
+  comps = [[5, 6, 7, 8], [5, 6, 7], [5, 6, 7, 8, 9]]
+  want = [[0, 0, 1, 1, 0], [0, 0, 0, 1], [0, 1, 0, 0, 0, 0]]
+  for (t, m, o), comp, w in zip(rows, comps, want):
+    assert rejection._obs_mask(np.asarray(o), np.asarray(m), len(comp)) == w  # pylint: disable=protected-access
+  b = corpus.pack([([4], comps[1], False, want[1])], TOK, 8)
+  np.testing.assert_array_equal(b["tokens_NxT"], [[1, 4, 5, 6, 7, eos, 0, 0]])
+  np.testing.assert_array_equal(b["loss_mask_NxT"], [[0, 0, 1, 1, 1, 0, 0, 0]])
