@@ -129,12 +129,13 @@ def pytest_unconfigure(config):
 SLOWEST_FIRST = ("test_carry", "test_engine", "test_faults", "test_tools_rl", "test_packing", "test_aot", "test_chaos",
                  "test_lora", "test_sweep", "test_rl_step", "test_ablation_tables", "test_paged_attention",
                  "test_device_check", "test_pipeline", "test_objectives", "test_goldens", "test_correction",
-                 "test_aha", "test_multihost_cli", "test_attention", "test_model", "test_seeds", "test_sharding",
-                 "test_ppo", "test_long_context", "test_turns", "test_sampling", "test_advantages", "test_multihost",
-                 "test_hf_cli_qwen", "test_benchmark", "test_lora_io", "test_input_errors", "test_envs",
-                 "test_verifiers", "test_losses", "test_hf_load_memory", "test_algorithm_steps", "test_hf_cli_llama",
-                 "test_kl_estimators", "test_gdpo_table", "test_model_presets", "test_checkpoint", "test_hf_io",
-                 "test_auto", "test_spurious_rewards", "test_workdir_lock", "test_gsm8k_run", "test_numerics")
+                 "test_r1_tools", "test_aha", "test_multihost_cli", "test_attention", "test_model", "test_seeds",
+                 "test_sharding", "test_ppo", "test_long_context", "test_turns", "test_sampling", "test_advantages",
+                 "test_multihost", "test_hf_cli_qwen", "test_benchmark", "test_lora_io", "test_input_errors",
+                 "test_envs", "test_verifiers", "test_losses", "test_hf_load_memory", "test_algorithm_steps",
+                 "test_hf_cli_llama", "test_kl_estimators", "test_gdpo_table", "test_model_presets", "test_checkpoint",
+                 "test_hf_io", "test_auto", "test_spurious_rewards", "test_workdir_lock", "test_gsm8k_run",
+                 "test_numerics")
 
 
 def pytest_collection_modifyitems(config, items):

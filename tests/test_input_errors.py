@@ -220,6 +220,9 @@ CASES = [
     ("tools", {"tools.stop_markers": ("</calc>",)}, "config.tools.stop_markers: '</calc>' is not one token"),
     ("tools", {"tools.max_turns": 0}, "config.tools.max_turns: must be an integer >= 1"),
     ("tools", {"sampling.engine": "static"}, "config.tools.env: 'calculator': rows pause for the environment"),
+    # rejection sampling runs the environment in the continuous engine (before, tools.env with it was refused)
+    ("tools", {"r1.stages": ("r1_3_rejection",), "sampling.engine": "static"},
+     "config.sampling.engine: 'static': rejection sampling (r1_3_rejection) with tools.env='calculator'"),
     ("tools", {"r1.pretrain.mistake_frac": 0.2}, "config.r1.pretrain.tool_frac"),
     # a fallback reward no reward term reads (was dropped without a word)
     ("tools", {"tools.fallback_reward": -1.0}, "config.tools.fallback_reward: -1.0 reaches training only through"),

@@ -110,8 +110,6 @@ def test_stage_rewards_tracks_every_term():
     # an SFT stage no device holds (memory_plan.check_sft_fits; it ran out of memory in the stage's first step)
     ("r1.pretrain.batch", 2 ** 24, r"config.sft.batch: the SFT step of 16777216 rows .* more than the device's .* "
      r"\(stage base takes sft.* from r1.pretrain\)\.$"),
-    # rejection sampling ran without the environment: unanswered tool calls in the SFT set
-    ("tools.env", "calculator", "config.tools.env: 'calculator': rejection sampling"),
     # keys every stage's derived config overwrites: set, they were silently ignored (a base from a random init)
     ("train.init_from", "hf:/some/model", r"config.train.init_from: is 'hf:/some/model', but job r1_pipeline does "
      r"not read it \(the base is pre-trained here or copied with r1.base_from.*\); drop it.$"),
@@ -140,13 +138,13 @@ def test_bad_r1_config_fails_before_any_stage(tmp_path, key, value, match):
 
 def test_the_stages_run_are_the_ones_validated():
   """run_pipeline(stages=...) (the r1_table study's base + cold start) is validated for the stages it runs: the
-  tools.env refusal read config.r1.stages instead, refusing runs without rejection sampling."""
+  tools.env check of rejection sampling read config.r1.stages instead, refusing runs without rejection sampling."""
   from grpo_jax.r1 import stage_config
   from grpo_jax.run import validate
   c = _tiny_config()
-  c.tools.env = "calculator"  # c.r1.stages: all of them
-  stage_config.validate(c, ("base", "r1_zero"))
-  with pytest.raises(validate.ConfigError, match="config.tools.env: 'calculator': rejection sampling"):
+  c.tools.env, c.sampling.engine = "calculator", "static"  # c.r1.stages: all of them
+  stage_config.validate(c, ("base", "r1_1_cold_start"))
+  with pytest.raises(validate.ConfigError, match="config.sampling.engine: 'static': rejection sampling"):
     stage_config.validate(c, ("base", "r1_3_rejection"))
 
 

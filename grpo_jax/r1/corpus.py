@@ -97,15 +97,16 @@ def packed_len(head: Sequence[int], tail: Sequence[int]) -> int:
   return len(head) + len(tail) + 2
 
 
-def pack(seqs: Sequence[tuple[list[int], list[int], bool]], tok, seq_len: int,
-         key: str = "model.max_len") -> dict[str, np.ndarray]:
-  """Right-padded SFT batch from (head ids, tail ids, loss on head too); loss never on bos; eos ends each row.
-  `key`: the config key that sets seq_len, named when a sequence does not fit."""
+def pack(seqs: Sequence[tuple], tok, seq_len: int, key: str = "model.max_len") -> dict[str, np.ndarray]:
+  """Right-padded SFT batch from (head ids, tail ids, loss on head too[, tail_obs]); loss never on bos; eos ends each
+  row. `tail_obs` (len(tail) + 1 zeros and ones, the last for the eos): 1 marks an environment's observation token,
+  which the row holds (attended to) but the loss leaves out. `key`: the config key that sets seq_len, named when a
+  sequence does not fit."""
   n = len(seqs)
   tokens = np.full((n, seq_len), tok.pad_id, np.int32)
   mask = np.zeros((n, seq_len), np.int32)
   loss = np.zeros((n, seq_len), np.int32)
-  for i, (head, tail, loss_on_head) in enumerate(seqs):
+  for i, (head, tail, loss_on_head, *obs) in enumerate(seqs):
     ids = [tok.bos_id] + list(head) + list(tail) + [tok.eos_id]
     if len(ids) > seq_len:  # a one-line input error (was a ValueError traceback mid-stage)
       raise errors.InputError(f"config.{key}: {seq_len} is too short for a {len(ids)}-token SFT sequence "
@@ -113,6 +114,8 @@ def pack(seqs: Sequence[tuple[list[int], list[int], bool]], tok, seq_len: int,
     tokens[i, :len(ids)] = ids
     mask[i, :len(ids)] = 1
     loss[i, (1 if loss_on_head else 1 + len(head)):len(ids)] = 1
+    if obs and obs[0] is not None:
+      loss[i, 1 + len(head):len(ids)] *= 1 - np.asarray(obs[0], np.int32)
   positions = np.maximum(np.cumsum(mask, axis=1) - 1, 0).astype(np.int32)
   return {"tokens_NxT": tokens, "positions_NxT": positions, "mask_NxT": mask, "loss_mask_NxT": loss}
 
@@ -180,8 +183,9 @@ def cold_start_batches(config, tok, examples: list[dict]) -> Batches:
 
 
 def records_batches(config, tok, records: list[dict]) -> Batches:
-  """Stage 4's data: reasoning records (loss on the completion) and general text (loss on every token)."""
-  seqs = [(r["prompt_ids"], r["completion_ids"], r["kind"] == "general") for r in records]
+  """Stage 4's data: reasoning records (loss on the completion, less its observation tokens: `obs_mask`, written
+  when rejection sampling ran an environment) and general text (loss on every token)."""
+  seqs = [(r["prompt_ids"], r["completion_ids"], r["kind"] == "general", r.get("obs_mask")) for r in records]
   return _cycle(config, tok, seqs, config.r1.sft2.batch, "sft2_order")
 
 
@@ -192,6 +196,17 @@ def write_records(path: str, records: list[dict]) -> None:
     for r in records:
       f.write(json.dumps(r) + "\n")
   os.replace(tmp, path)
+
+
+def _check_obs_mask(rec: dict) -> None:
+  """A record's `obs_mask` (absent: a record sampled without an environment, every token trained): one 0 or 1 per
+  completion id and one for the eos that ends it, so that stage 4 never trains on a token the model did not write."""
+  obs = rec.get("obs_mask")
+  if obs is None:
+    return
+  if (not isinstance(obs, list) or not isinstance(rec["completion_ids"], list)
+      or len(obs) != len(rec["completion_ids"]) + 1 or any(v not in (0, 1) for v in obs)):
+    raise ValueError("obs_mask must hold a 0 or 1 per completion id and one for its eos")
 
 
 def read_records(path: str) -> list[dict]:
@@ -207,6 +222,7 @@ def read_records(path: str) -> list[dict]:
         rec = json.loads(line)
         if not isinstance(rec, dict) or not all(k in rec for k in ("prompt_ids", "completion_ids", "kind")):
           raise ValueError("not a record with prompt_ids, completion_ids and kind")
+        _check_obs_mask(rec)
       except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise errors.InputError(
             f"{path} line {n} is damaged ({errors.one_line(str(e))[:120]}); write it again with "

@@ -1,15 +1,24 @@
 """Stage 3, rejection sampling: N samples per train prompt from the stage-2 policy; the best verified ones, plus
-general (tag-free) task text, become stage 4's SFT set."""
+general (tag-free) task text, become stage 4's SFT set.
+
+With `tools.env` the rows run as the RL stages' do (docs/tools.md): the continuous engine pauses a row on a stop
+marker, the environment answers, the observation is fed in; the verifiers read the whole transcript. A kept row's
+record holds the transcript and `obs_mask` (1 per observation token, the environment's EOS included), which stage 4's
+loss leaves out (corpus.pack)."""
 from __future__ import annotations
 
 import json
 import os
 from typing import Sequence
 
+from absl import logging
 import jax
+import ml_collections
 import numpy as np
 
+from grpo_jax.envs import batch as env_batch
 from grpo_jax.infra import errors
+from grpo_jax.infra import host_calls
 from grpo_jax.infra import params_ckpt
 from grpo_jax.config import config_lib
 from grpo_jax.run import evaluation
@@ -79,52 +88,69 @@ def _sampled_prompt(b: dict[str, np.ndarray], q: int, bos: int) -> list[int]:
   return ids[1:] if ids and ids[0] == bos else ids
 
 
+def prompt_set(config, tok) -> tuple[list[dict], list[dict], np.ndarray]:
+  """(the train examples whose prompts fit, the `r1.rejection.prompts` of them sampled, their languages)."""
+  examples = data_lib.fit_prompts(config.task, tok, "train", data_lib.load_examples(config.task, "train"),
+                                  config.task.prompt_len)
+  pick = base.rng_for("rejection_prompts", config.seed).permutation(len(examples))[:config.r1.rejection.prompts]
+  chosen = [examples[i] for i in pick]
+  return examples, chosen, _prompt_languages(config, len(chosen))
+
+
+def uses_env(config) -> bool:
+  return config.get("tools") is not None and bool(config.tools.env)
+
+
+def sampler_config(config) -> ml_collections.ConfigDict:
+  """The config the sampler runs with: with tools.env, `sampling.engine` auto is the continuous engine (the RL
+  stages' choice, rl/auto.py; stage_config.validate refuses 'static'); without, the run config unchanged."""
+  if not uses_env(config) or config.sampling.get("engine", "auto") == "continuous":
+    return config
+  c = ml_collections.ConfigDict(config.to_dict())
+  c.sampling.engine = "continuous"
+  return c
+
+
+def _obs_mask(obs_L: np.ndarray, mask_L: np.ndarray, n_comp: int) -> list[int]:
+  """A kept row's `obs_mask` over its completion ids and the eos after them: the engine's observation mask over the
+  row's tokens, and 0 for an eos the row did not write (corpus.pack adds one; a verified row ends with one)."""
+  obs = [int(v) for v in obs_L[mask_L > 0]][:n_comp + 1]
+  return obs + [0] * (n_comp + 1 - len(obs))
+
+
+def _env_stats(env: env_batch.EnvBatch, events_NxE: np.ndarray, obs_NxL: np.ndarray) -> dict[str, int]:
+  """Per sampled row, what the environment did (summed): its answered calls, its failures, the rows it ended."""
+  if events_NxE[:, env_batch.FALLBACK].sum() and env.last_error:
+    logging.warning("rejection sampling: %d environment step(s) fell back (their rows ended unverified), e.g. %s",
+                    int(events_NxE[:, env_batch.FALLBACK].sum()), env.last_error)
+  return {"env_ended": int((events_NxE[:, env_batch.ENDED] > 0).sum()),
+          "tool_calls": int(events_NxE[:, env_batch.CALL].sum() + events_NxE[:, env_batch.TOOL_ERROR].sum()
+                            + events_NxE[:, env_batch.TOOL_TIMEOUT].sum()),
+          "tool_errors": int(events_NxE[:, env_batch.TOOL_ERROR].sum()),
+          "tool_timeouts": int(events_NxE[:, env_batch.TOOL_TIMEOUT].sum()),
+          "tool_fallbacks": int(events_NxE[:, env_batch.FALLBACK].sum()),
+          "tool_turn_limits": int(events_NxE[:, env_batch.TURN_LIMIT].sum()),
+          "obs_tokens": int(obs_NxL.sum())}
+
+
 def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float]:
   """Writes `out_path` (data.jsonl: reasoning, then general records) and stats.json beside it; returns the stats."""
   rj, tok = config.r1.rejection, tok_lib.for_config(config)
   mesh, mcfg = sharding.make_mesh(config.mesh), model_lib.ModelConfig.from_config(config.model)
   params = params_ckpt.load_params(params_path, state_lib.abstract_params(mesh, mcfg))
   task = data_lib.make_task(config.task)
-  examples = data_lib.fit_prompts(config.task, tok, "train", data_lib.load_examples(config.task, "train"),
-                                  config.task.prompt_len)
+  examples, chosen, langs = prompt_set(config, tok)
   truncate = config.task.overlong_prompts == "truncate"
-  pick = base.rng_for("rejection_prompts", config.seed).permutation(len(examples))[:rj.prompts]
-  chosen = [examples[i] for i in pick]
-  langs = _prompt_languages(config, len(chosen))
   scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=getattr(tok, "eos_ids", tok.eos_id), pad_id=tok.pad_id,
                                              temperature=rj.temperature, top_k=0, top_p=1.0)
-  gen = evaluation.make_generate(mcfg, scfg, mesh, config.task.name, tok.tag_ids, config=config,
-                                 tables=verify_jax.tables_for(tok))
-  fns = r1_rewards.config_fns(config)
-  per_chunk = config.r1.report.batch // rj.n  # one generate batch holds r1.report.batch rows
-  records, n_samples, n_correct = [], 0, 0
-  rng = jax.random.PRNGKey(config_lib.run_seed(config) + 3)  # sampling: the run's rng, not the data seed
-  for c0 in range(0, len(chosen), per_chunk):
-    exs, lg = chosen[c0:c0 + per_chunk], langs[c0:c0 + per_chunk]
-    pad = per_chunk - len(exs)  # fixed shapes: the last chunk repeats its first prompt, extra rows are dropped
-    exs_p, lg_p = exs + [exs[0]] * pad, np.concatenate([lg, np.repeat(lg[:1], pad)])
-    b = data_lib.rl_batch(task, exs_p, lg_p, tok, config.task.prompt_len, truncate=truncate)
-    rep = {k: np.repeat(v, rj.n, axis=0) for k, v in b.items()}
-    fields = {k: v for k, v in rep.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
-    tokens, mask, _, acc, fmt = evaluation.to_host(gen(params, rep["prompt_NxP"], rep["prompt_mask_NxP"], fields,
-                                                       jax.random.fold_in(rng, c0)))
-    comps = evaluation.completions(tokens, mask, getattr(tok, "eos_ids", tok.eos_id))
-    texts = [tok.decode(c) for c in comps]
-    # stage 2's reward mix, whichever KNOWN terms it weights (brevity_correct, untracked, was a KeyError here)
-    ended = mask.sum(1) > np.asarray([len(c) for c in comps])  # the row's EOS was stripped: it ended there
-    reward = r1_rewards.weighted_sum(r1_rewards.term_scores(texts, comps, dict(fields, ended_N=ended), fns, acc, fmt,
-                                                            [n for n, _ in config.r1.grpo.rewards]),
-                                     config.r1.grpo.rewards)
-    for q in range(len(exs)):
-      rows = slice(q * rj.n, (q + 1) * rj.n)
-      n_samples += rj.n
-      n_correct += int((acc[rows] > 0.5).sum())
-      lang = base.LANGUAGES[int(lg[q])]
-      for i in select_samples(reward[rows], acc[rows], fmt[rows], comps[rows], rj.keep_per_prompt):
-        k = q * rj.n + i
-        records.append({"kind": "reasoning", "index": int(exs[q]["index"]), "language": lang,
-                        "prompt_ids": _sampled_prompt(b, q, tok.bos_id),
-                        "completion_ids": list(comps[k]), "text": texts[k], "reward": float(reward[k])})
+  env = env_batch.build(config, tok) if uses_env(config) else None
+  try:
+    gen = evaluation.make_generate(mcfg, scfg, mesh, config.task.name, tok.tag_ids, config=sampler_config(config),
+                                   tables=verify_jax.tables_for(tok), env=env)
+    records, counts = _sample(config, task, tok, gen, params, chosen, langs, truncate, env)
+  finally:
+    if env is not None:
+      env.close()
   n_reason = len(records)
   if n_reason == 0:
     # a known outcome of the configured run, not a bug: one line, exit 3, stages 1-2 kept (a rerun resumes here)
@@ -133,8 +159,64 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
   n_general = int(round(n_reason * rj.general_frac / (1 - rj.general_frac)))
   records += _general_records(config, task, tok, examples, n_general)
   corpus.write_records(out_path, records)  # the stage counts as done only once the whole file exists
-  stats = {"prompts": len(chosen), "samples": n_samples, "correct_frac": n_correct / max(n_samples, 1),
-           "kept_reasoning": n_reason, "general": n_general}
+  n_samples = counts.pop("samples")
+  stats = {"prompts": len(chosen), "samples": n_samples, "correct_frac": counts.pop("correct") / max(n_samples, 1),
+           "kept_reasoning": n_reason, "general": n_general, "rejected": n_samples - n_reason, **counts}
   with open(os.path.join(os.path.dirname(out_path), "stats.json"), "w") as f:
     json.dump(stats, f, indent=2)
   return stats
+
+
+def _sample(config, task, tok, gen, params, chosen, langs, truncate, env) -> tuple[list[dict], dict[str, int]]:
+  """The kept reasoning records, and counts over every sampled row (samples, correct; with an environment
+  _env_stats' and how many kept rows hold an observation)."""
+  rj = config.r1.rejection
+  fns = r1_rewards.config_fns(config)
+  eos = getattr(tok, "eos_ids", tok.eos_id)
+  per_chunk = config.r1.report.batch // rj.n  # one generate batch holds r1.report.batch rows
+  records, counts = [], {"samples": 0, "correct": 0}
+  events, obs_all = [], []
+  rng = jax.random.PRNGKey(config_lib.run_seed(config) + 3)  # sampling: the run's rng, not the data seed
+  for c0 in range(0, len(chosen), per_chunk):
+    exs, lg = chosen[c0:c0 + per_chunk], langs[c0:c0 + per_chunk]
+    pad = per_chunk - len(exs)  # fixed shapes: the last chunk repeats its first prompt, extra rows are dropped
+    exs_p, lg_p = exs + [exs[0]] * pad, np.concatenate([lg, np.repeat(lg[:1], pad)])
+    b = data_lib.rl_batch(task, exs_p, lg_p, tok, config.task.prompt_len, truncate=truncate)
+    rep = {k: np.repeat(v, rj.n, axis=0) for k, v in b.items()}
+    fields = {k: v for k, v in rep.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
+    out = evaluation.to_host(gen(params, rep["prompt_NxP"], rep["prompt_mask_NxP"], fields,
+                                 jax.random.fold_in(rng, c0)))
+    tokens, mask, _, acc, fmt = out[:5]
+    obs = None
+    if env is not None:
+      ev, status, obs = out[5:]
+      if int(status.max()) != host_calls.OK:  # rows that waited for the call ended there: not the policy's samples
+        raise errors.RunStopped(f"rejection sampling: {env.error_message(int(status.max()))}")
+      real = len(exs) * rj.n  # the padding rows are dropped
+      events.append(ev[:real])
+      obs_all.append(obs[:real])
+    comps = evaluation.completions(tokens, mask, eos)
+    texts = [tok.decode(c) for c in comps]
+    # stage 2's reward mix, whichever KNOWN terms it weights (brevity_correct, untracked, was a KeyError here)
+    ended = mask.sum(1) > np.asarray([len(c) for c in comps])  # the row's EOS was stripped: it ended there
+    reward = r1_rewards.weighted_sum(r1_rewards.term_scores(texts, comps, dict(fields, ended_N=ended), fns, acc, fmt,
+                                                            [n for n, _ in config.r1.grpo.rewards]),
+                                     config.r1.grpo.rewards)
+    for q in range(len(exs)):
+      rows = slice(q * rj.n, (q + 1) * rj.n)
+      counts["samples"] += rj.n
+      counts["correct"] += int((acc[rows] > 0.5).sum())
+      lang = base.LANGUAGES[int(lg[q])]
+      for i in select_samples(reward[rows], acc[rows], fmt[rows], comps[rows], rj.keep_per_prompt):
+        k = q * rj.n + i
+        rec = {"kind": "reasoning", "index": int(exs[q]["index"]), "language": lang,
+               "prompt_ids": _sampled_prompt(b, q, tok.bos_id),
+               "completion_ids": list(comps[k]), "text": texts[k], "reward": float(reward[k])}
+        if obs is not None:  # the transcript's observation tokens: stage 4 attends to them, never trains on them
+          rec["obs_mask"] = _obs_mask(obs[k], mask[k], len(comps[k]))
+          counts["kept_with_observations"] = counts.get("kept_with_observations", 0) + int(sum(rec["obs_mask"]) > 0)
+        records.append(rec)
+  if env is not None:
+    counts.update(_env_stats(env, np.concatenate(events), np.concatenate(obs_all)))
+    counts.setdefault("kept_with_observations", 0)
+  return records, counts

@@ -129,6 +129,20 @@ def _cold_start_fits(config, tok) -> None:
                       f"eos); set model.max_len={longest} or more, or lower r1.cold_start.examples.")
 
 
+def _rejection_env(config) -> None:
+  """Rejection sampling with tools.env runs the environment as the RL stages do (r1/rejection.py): the continuous
+  engine (auto picks it), on the task's R1-Zero prompts (the plain format)."""
+  engine = config.sampling.get("engine", "auto")
+  if engine not in ("continuous", "auto"):
+    validate_lib.fail("sampling.engine", f"{engine!r}: rejection sampling (r1_3_rejection) with tools.env="
+                      f"{config.tools.env!r} pauses rows for the environment in the continuous engine's slots; set "
+                      "sampling.engine='continuous' (or auto), or tools.env=''.")
+  if config.tools.format != "plain":
+    validate_lib.fail("tools.format", f"{config.tools.format!r}: rejection sampling (r1_3_rejection) samples the "
+                      "task's R1-Zero prompts, not the chat template rendered with the tools; use "
+                      "tools.format='plain'.")
+
+
 def validate(config, stages) -> None:
   """The `r1` keys, and the config of every stage in `stages`, checked before anything compiles."""
   r1 = config.r1
@@ -162,11 +176,7 @@ def validate(config, stages) -> None:
     validate_lib.fail("tools.format", f"{config.tools.format!r}: pre-training documents write calculator calls in "
                       "the plain format only (r1.pretrain.tool_frac > 0); set tools.format='plain'.")
   if config.get("tools") is not None and config.tools.env and "r1_3_rejection" in tuple(stages):
-    # its sampler does not run the environment: rows would write tool calls that nobody answers, and the SFT set
-    # would hold them (the RL stages and the report run it)
-    validate_lib.fail("tools.env", f"{config.tools.env!r}: rejection sampling (r1_3_rejection) does not run the "
-                      "environment yet; drop r1_3_rejection (and r1_4_sft, r1_5_final after it) from r1.stages, or "
-                      "set tools.env=''.")
+    _rejection_env(config)
   if r1.rejection.general_frac >= 1:
     validate_lib.fail("r1.rejection.general_frac", "must be < 1: the SFT set needs some rejection-sampled reasoning.")
   if config.task.get("prompt_format", "r1_zero") != "r1_zero":  # the RL stages asked in chat, the rest in R1-Zero

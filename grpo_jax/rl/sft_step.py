@@ -16,9 +16,17 @@ from grpo_jax.rl import update as update_lib
 
 
 def sft_loss(mcfg, params, batch) -> tuple[jax.Array, dict]:
-  """Mean next-token NLL over `loss_mask_NxT` (completion tokens for SFT, all real tokens for pre-training)."""
-  logp_NxT, _ = model_lib.token_logprobs(mcfg, params, batch["tokens_NxT"], batch["positions_NxT"],
-                                         batch["mask_NxT"], 1.0)
+  """Mean next-token NLL over `loss_mask_NxT` (completion tokens for SFT, all real tokens for pre-training; an
+  environment's observation tokens carry 0: attended to, never trained on)."""
+  h_NxTxD, head_DxV = model_lib.hidden_states(mcfg, params, batch["tokens_NxT"], batch["positions_NxT"],
+                                              batch["mask_NxT"])
+  return head_loss(mcfg, h_NxTxD, head_DxV, batch)
+
+
+def head_loss(mcfg, h_NxTxD: jax.Array, head_DxV: jax.Array, batch) -> tuple[jax.Array, dict]:
+  """`sft_loss` from the final hidden states (model.token_logprobs' two halves): the logits at t-1 are
+  h[:, t-1] @ head, so a token with loss mask 0 gives its logits exactly 0 gradient (tests/test_r1_tools.py)."""
+  logp_NxT, _ = model_lib.logprobs_from_hidden(mcfg, h_NxTxD, head_DxV, batch["tokens_NxT"], 1.0)
   # logp_NxT[:, t] scores token t given < t, so column 0 (no context) never counts.
   w_NxT = batch["loss_mask_NxT"].astype(jnp.float32).at[:, 0].set(0.0)
   n = jnp.maximum(w_NxT.sum(), 1.0)

@@ -116,12 +116,13 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
   slots: 0 = N (every row has a slot from the start); levels: compaction sizes (1 = none); split: the mesh's batch
   split D: each device queues, admits and compacts its own N/D rows in its own S/D slots (every size is a multiple
   of D); kv_block: completion keys per block read. force_NxL: teacher forcing (tests): these tokens are emitted
-  instead of drawn and scored under the engine's own logits. attention: 'plain' (live_attention.py's layout) |
-  'paged' | 'tpu_ragged' (paged_attention.py's store of page_size-token pages, attended in plain JAX or by the TPU
-  kernel). tools: multi-turn rows (rollout/turns.py): a row pauses on a stop id, the paused rows go to
-  `tools.call` once per chunk boundary with their prompt's `env_fields` ({name: [B, ...]}), and the observation
-  is fed into the row; the Rollout's mask covers the observation tokens too (Stats.env.obs_NxL marks them, their
-  log-probs are 0). Without `tools` the program is the single-turn one, unchanged."""
+  instead of drawn and scored under the engine's own logits (a negative entry: drawn). attention: 'plain'
+  (live_attention.py's layout) | 'paged' | 'tpu_ragged' (paged_attention.py's store of page_size-token pages,
+  attended in plain JAX or by the TPU kernel). tools: multi-turn rows (rollout/turns.py): a row pauses on a stop
+  id, the paused rows go to `tools.call` once per chunk boundary with their prompt's `env_fields` ({name: [B,
+  ...]}), and the observation is fed into the row; the Rollout's mask covers the observation tokens too
+  (Stats.env.obs_NxL marks them, their log-probs are 0). Without `tools` the program is the single-turn one,
+  unchanged."""
   b, p = prompt_BxP.shape
   n, L = b * G, scfg.max_new_tokens
   s0 = slots or n
@@ -192,9 +193,10 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     r_DxSd, t_DxSd = dev(jnp.minimum(sl.row_S, nd - 1)), dev(jnp.minimum(sl.t_S, L - 1))
     at = lambda x_DxNdxL: flat(per_dev(lambda x, r, t: x[r, t])(x_DxNdxL, r_DxSd, t_DxSd))
     tok_S, logp_S = sampling.draw(logits_SxV, at(u_DxNdxL), scfg)
-    if force_DxNdxL is not None:
-      tok_S = at(force_DxNdxL)
-      logp_S = sampling.token_logp(logits_SxV, tok_S, scfg.temperature)
+    if force_DxNdxL is not None:  # a negative id: that position is drawn
+      f_S = at(force_DxNdxL)
+      tok_S = jnp.where(f_S >= 0, f_S, tok_S)
+      logp_S = jnp.where(f_S >= 0, sampling.token_logp(logits_SxV, tok_S, scfg.temperature), logp_S)
     if tools is not None:
       return emit_turns(lp, tok_S, logp_S)
     r_S = jnp.where(sl.live_S, sl.row_S, nd)  # nd: dropped by the scatters
