@@ -171,6 +171,19 @@ def test_a_pipe_in_a_row_or_metric_name_keeps_the_table_shape():
   assert {len(l.replace("\\|", "").split("|")) for l in table} == {4}
 
 
+def test_a_cell_over_fewer_seeds_than_it_ran_says_so():
+  """stats.summarize leaves non-finite seeds out (a seed with no wrong answer has no wrong-answer length): the cell
+  read 0.55 ± 0.64 for 2 of 3 seeds, like a row over 3. Now the count follows; full cells stay as they were."""
+  cells = {"a": {"scalars": {"acc": [0.5, 0.6, float("nan")], "len": [3.0, 4.0, 5.0]}},
+           "b": {"scalars": {"acc": [float("nan")] * 3, "len": [3.0, 3.0, 3.0]}}}
+  md = report.markdown(cells, title="t", claim="")
+  # t(0.975, 1) = 12.7062: 12.7062 · std(0.5, 0.6) / √2 = 0.635 (hand-computed)
+  assert "| a | 0.55 ± 0.64 (2 of 3 seeds) | 4 ± 2.5 |" in md, md
+  assert "| b | nan (0 of 3 seeds) | 3 ± 0 |" in md and "(k of n seeds)" in md
+  full = report.markdown({"a": {"scalars": {"len": [3.0, 4.0, 5.0]}}}, title="t", claim="")
+  assert "seeds)" not in full and "over n = 3 seeds." in full
+
+
 def test_single_run_cells_say_exact():
   md = report.markdown({"x": {"scalars": {"bytes": [10.0]}}}, title="t", claim="c")
   assert "| x | 10 |" in md and "exact" in md

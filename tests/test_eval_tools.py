@@ -111,11 +111,43 @@ def test_sigmoid_fit_over_seeds_gives_cis_that_cover_the_truth():
   out = scaling_fit.fit_seeds(C, curves, R0=R0)
   assert out.A.n == 5 and abs(out.A.mean - A) <= out.A.half_width + 1e-3
   assert abs(out.B.mean - B) <= out.B.half_width + 0.05 and abs(out.C_mid.mean - C_mid) <= out.C_mid.half_width + 5.0
-  with pytest.raises(ValueError, match="needs at least 3"):
+  with pytest.raises(ValueError, match="need at least 4"):
     scaling_fit.fit([1.0, 2.0], [0.1, 0.2])
   # enough points but only 2 computes: no sigmoid is determined (this fitted A = 7e9, B = 10 before it was refused)
-  with pytest.raises(ValueError, match="2 distinct compute values; A, B, C_mid need at least 3"):
+  with pytest.raises(ValueError, match="2 distinct compute values; R0, A, B, C_mid need at least 4"):
     scaling_fit.fit([1.0, 1.0, 2.0, 2.0], [0.1, 0.1, 0.8, 0.8])
+
+
+def test_sigmoid_fit_refuses_three_computes():
+  """R0 is the first point's reward, so 3 computes leave 2 points for A, B, C_mid: a family of sigmoids passes through
+  them. The fit returned one of them (B = 6.2, C_mid = 8.9 for (1, 10, 100) -> (0.1, 0.5, 0.7); B = 5.5, C_mid = 11
+  when the middle point moves to 0.3) with rmse < 1e-6 and no flag. Now refused, with R0 given too (3 points for 3
+  parameters leave no residual for the noise flag); 4 computes fit."""
+  for R0 in (None, 0.1):
+    with pytest.raises(ValueError, match="3 usable points .* need at least 4"):
+      scaling_fit.fit([1.0, 10.0, 100.0], [0.1, 0.5, 0.7], R0=R0)
+    with pytest.raises(ValueError, match="3 distinct compute values; R0, A, B, C_mid need at least 4"):
+      scaling_fit.fit([1.0, 10.0, 10.0, 100.0], [0.1, 0.5, 0.5, 0.7], R0=R0)
+  C = np.geomspace(1.0, 1000.0, 4)
+  f = scaling_fit.fit(C, scaling_fit.sigmoid(C, 0.8, 1.5, 30.0, 0.1))  # R0 = the first point's 0.104
+  assert abs(f.A - 0.8) < 0.01 and abs(np.log(f.B / 1.5)) < 0.05 and not f.edge
+
+
+def test_sigmoid_fit_flags_a_midpoint_outside_the_compute_measured():
+  """Points at C = 10..1000 of a sigmoid whose C_mid = 1e5 show only its foot, a power law: A and C_mid are not
+  separately measured there. The fit returned A = 0.16 (the truth: 0.8), C_mid = 6199, rmse 2.5e-5 and no flag, a
+  confident extrapolation that fit_seeds averaged in. Now flagged, as is a C_mid before the first point; C_mid inside
+  the points (once at 0.9 of the last compute) is not."""
+  C = np.geomspace(10.0, 1000.0, 20)
+  far = scaling_fit.fit(C, scaling_fit.sigmoid(C, 0.8, 1.0, 1e5, 0.1), A_max=1.0)
+  assert far.C_mid > C.max() and abs(far.A - 0.8) > 0.5  # the extrapolation: A is far from the truth
+  assert far.edge and "C_mid outside the compute measured" in far.flags, far
+  out = scaling_fit.fit_seeds(C, [scaling_fit.sigmoid(C, 0.8, 1.0, 1e5, 0.1)] * 2, A_max=1.0)
+  assert out.A.n == 0 and np.isnan(out.A.mean)
+  before = scaling_fit.fit(C, scaling_fit.sigmoid(C, 0.8, 1.5, 3.0, 0.1), R0=0.1, A_max=1.0)
+  assert before.C_mid < C.min() and "C_mid outside the compute measured" in before.flags, before
+  inside = scaling_fit.fit(C, scaling_fit.sigmoid(C, 0.8, 1.5, 900.0, 0.1), R0=0.1, A_max=1.0)
+  assert inside.flags == () and inside.C_mid == pytest.approx(900.0, rel=1e-3) and inside.A == pytest.approx(0.8, rel=1e-3)
 
 
 def test_seed_cis_leave_out_flagged_fits():

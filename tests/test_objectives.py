@@ -372,6 +372,36 @@ def test_step_entropy_is_the_token_mean_of_the_softmax_entropy_from_logits():
   assert abs(token_mean - seq_mean) > 1e-3  # the two conventions differ here, so the test tells them apart
 
 
+def test_an_update_without_loss_tokens_is_left_out_of_the_token_mean_metrics():
+  """Two minibatches of a step, the second with every token removed from the loss mask (the rollout correction's
+  sequence rejection or the staleness mask can do that): its entropy, ratio_mean and clip fractions were masked
+  means of nothing, 0, and train/entropy came out half the first update's (0.5 × 1.2 + 0.5 × 0: a policy collapsing
+  to determinism, on the plot). Now that update's token means are NaN and the step's are over the updates that had
+  tokens; a step with none reads NaN. The packed pass's micro-batch sum gives the same (packing.combine)."""
+  from grpo_jax.rl import packing
+  from grpo_jax.rl import rl_step
+  from grpo_jax.rl import update
+  c = config_lib.override(presets.apply(config_lib.base_config(), "grpo"), {"rl.beta": 0.0})
+  objective = rl_step.make_objective(c)
+  lp = jnp.full((2, 3), -1.0)
+  ent = jnp.asarray([[1.0, 1.4, 9.0], [1.2, 1.2, 9.0]])  # 9.0: padding, never read
+  full = jnp.asarray([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
+  mb = lambda mask: {"old_logp_NxL": lp, "adv_NxL": jnp.ones((2, 3)), "mask_NxL": mask}
+  updates = [objective((lp, ent), mb(m))[1] for m in (full, jnp.zeros((2, 3)))]
+  assert float(updates[0]["entropy"]) == pytest.approx(1.2) and np.isnan(float(updates[1]["entropy"]))
+  um = {k: jnp.stack([u[k] for u in updates]) for k in updates[0]}
+  m = update.step_metrics(dict(um, nonfinite=jnp.zeros(2, jnp.int32)), {"w": jnp.ones(2)})
+  assert float(m["train/entropy"]) == pytest.approx(1.2)  # was 0.6
+  assert float(m["train/ratio_mean"]) == pytest.approx(1.0) and float(m["train/clip_frac_low"]) == 0.0
+  none = update.step_metrics(dict(jax.tree.map(lambda x: x[1:], um), nonfinite=jnp.zeros(1, jnp.int32)), {})
+  assert np.isnan(float(none["train/entropy"])) and np.isnan(float(none["train/ratio_mean"]))
+  # packed: a micro-batch without tokens (weight 0, NaN metrics) adds nothing to the minibatch's sum
+  acc = {"entropy": jnp.float32(0.0), "surrogate": jnp.float32(0.0)}
+  acc = packing.combine(acc, {"entropy": jnp.float32(1.2), "surrogate": jnp.float32(0.5)}, jnp.float32(1.0), 1.0)
+  acc = packing.combine(acc, {"entropy": jnp.float32(jnp.nan), "surrogate": jnp.float32(0.0)}, jnp.float32(0.0), 1.0)
+  assert float(acc["entropy"]) == pytest.approx(1.2)
+
+
 def test_statistics_of_every_objective_and_selection_with_correction_weights_against_numpy():
   """Every objective × token selection, with and without a correction's weights, on a batch with an empty row and
   ragged rows (the mask a correction leaves): clip fractions (PPO: the strictly active clipped side; CISPO: the

@@ -98,6 +98,27 @@ def test_packed_policy_pass_equals_padded(algo, over):
   assert a1["clip_frac_low"] > 0 and a1["clip_frac_high"] > 0 or algo == "gspo"  # the clip metrics are exercised
 
 
+def test_packed_pass_with_rows_or_all_tokens_out_of_the_loss():
+  """The rollout correction (or the staleness mask) takes rows out of the loss mask: packed in 1-row micro-batches,
+  those rows' micro-batches have no token, their token-mean metrics are NaN (update.no_tokens_nan) and weigh 0, so
+  the packed metrics still equal the padded pass's. With every token out, both passes give NaN token means (not
+  0: an entropy of 0 reads as a collapsed policy) and a finite loss and gradient."""
+  c = _config("grpo")
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  params = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
+  mb = _minibatch(c, mcfg, params)
+  forward, objective = rl_step.make_forward(c, mcfg, P), rl_step.make_objective(c)
+  keep = jnp.asarray([0, 1, 0, 1, 1, 0, 0, 1], jnp.float32)[:, None]
+  _compare(c, forward, objective, (params,), dict(mb, mask_NxL=mb["mask_NxL"] * keep), rows=1)
+  none = dict(mb, mask_NxL=jnp.zeros_like(mb["mask_NxL"]))
+  cp = config_lib.override(c, {"rl.packing": True, "rl.pack_rows": 1})
+  for vg in (jax.value_and_grad(lambda ps: objective(forward(ps, none["seq"], False), none), has_aux=True),
+             lambda ps: packing.value_and_grad(cp, lambda ps, s: forward(ps, s, True), objective, P)(ps, none)):
+    (loss, aux), g = jax.jit(vg)((params,))
+    assert np.isnan(float(aux["entropy"])) and np.isnan(float(aux["ratio_mean"])), aux
+    assert np.isfinite(float(loss)) and all(np.isfinite(x).all() for x in jax.tree.leaves(g))
+
+
 @pytest.mark.parametrize("mode", ["head", "separate"])
 def test_packed_ppo_pass_equals_padded(mode):
   """PPO with a critic (value head on the policy trunk, or a separate value network): surrogate + value loss and

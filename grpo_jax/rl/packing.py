@@ -24,8 +24,7 @@ from grpo_jax.rl import update as update_lib
 # How a micro-batch's aux metric combines into the minibatch's (every key the policy/PPO objectives return):
 # token means (over the micro-batch's tokens) are weighted by its share of the minibatch's tokens; aggregated
 # losses scale as the loss does; the ratio's extremes take the max / min over the micro-batches that have tokens.
-TOKEN_MEANS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "kl_clamp_frac", "entropy",
-               "value_clip_frac", "gate_mean", "gated_frac")
+TOKEN_MEANS = update_lib.TOKEN_MEANS  # NaN in a micro-batch without tokens (update.no_tokens_nan): weight 0 here
 LIKE_LOSS = ("surrogate", "value_loss")
 EXTREMES = {"ratio_max": jnp.maximum, "ratio_min": jnp.minimum}
 
@@ -215,8 +214,10 @@ def combine(acc: dict, aux: dict, w: jax.Array, scale: jax.Array) -> dict:
   for k, v in aux.items():
     if k in EXTREMES:
       out[k] = jnp.where(w > 0, EXTREMES[k](acc[k], v), acc[k])
-    elif k in TOKEN_MEANS or k in LIKE_LOSS:
-      out[k] = acc[k] + v * (w if k in TOKEN_MEANS else scale)
+    elif k in TOKEN_MEANS:
+      out[k] = acc[k] + jnp.where(w > 0, v * w, 0.0)  # a micro-batch with no token adds nothing (its v is NaN)
+    elif k in LIKE_LOSS:
+      out[k] = acc[k] + v * scale
     else:
       raise ValueError(f"packing.combine: metric {k!r} has no rule for summing over packed micro-batches; add it to "
                        "packing.TOKEN_MEANS, LIKE_LOSS or EXTREMES.")
@@ -260,5 +261,6 @@ def value_and_grad(config, forward: Callable, objective: Callable, P: int) -> Ca
     init = (jnp.int32(0), jnp.float32(0.0), _acc_init(aux0), zeros)
     _, loss, aux, grads = jax.lax.while_loop(lambda carry: carry[0] < p.trips, body, init)
     aux = {k: jnp.where(jnp.isfinite(v), v, 0.0) if k in EXTREMES else v for k, v in aux.items()}
+    aux = update_lib.no_tokens_nan(aux, mask_NxL)  # no micro-batch had a token: NaN, as the padded pass's
     return (loss, dict(aux, pack_rows=(p.trips * p.rows * p.row_DxN.shape[0]).astype(jnp.float32))), grads
   return vg

@@ -100,7 +100,8 @@ def make_objective(config) -> Callable:
                                select_u_NxL=mb.get("select_u_NxL"), **policy_kw)
     vl, vm = losses.value_loss(v_NxL, mb["old_v_NxL"], mb["returns_NxL"], mb["mask_NxL"], clip=ppo.value_clip,
                                agg=rl.loss_agg, norm_len=L)
-    m = dict(m, **vm, value_loss=vl, entropy=rl_step.masked_mean(ent_NxL, mb["mask_NxL"]))
+    m = update_lib.no_tokens_nan(dict(m, **vm, value_loss=vl, entropy=rl_step.masked_mean(ent_NxL, mb["mask_NxL"])),
+                                 mb["mask_NxL"])
     return pl + ppo.vf_coef * vl, m
   return objective
 

@@ -158,7 +158,7 @@ def make_objective(config) -> Callable:
     loss, m = losses.policy_loss(logp_NxL, old_logp(config, logp_NxL, mb), mb.get("ref_logp_NxL"), mb["adv_NxL"],
                                  mb["mask_NxL"], is_w_NxL=mb.get("is_w_NxL"), ent_NxL=ent_NxL,
                                  select_u_NxL=mb.get("select_u_NxL"), **kw)
-    return loss, dict(m, entropy=masked_mean(ent_NxL, mb["mask_NxL"]))
+    return loss, update_lib.no_tokens_nan(dict(m, entropy=masked_mean(ent_NxL, mb["mask_NxL"])), mb["mask_NxL"])
   return objective
 
 

@@ -129,9 +129,15 @@ def minibatch_scan(update: Callable[[Any, Any], tuple[Any, dict]], carry: Any, d
   return carry, jax.tree.map(lambda x: x.reshape(-1), m)
 
 
+# Per-update metrics that are means over the minibatch's loss tokens: NaN in an update whose minibatch has none (the
+# rollout correction or the staleness mask can remove every token of one), where 0 read as a measurement (an entropy
+# of 0: a collapsed policy). packing.combine sums them over micro-batches by token share.
+TOKEN_MEANS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "kl_clamp_frac", "entropy",
+               "value_clip_frac", "gate_mean", "gated_frac")
 # Per-update metrics reported as train/<key>: the mean over the step's updates, except the ratio's extremes, and
-# the means over picked tokens (NaN in an update that picked none), averaged over the updates that picked any.
-_NANMEAN = ("select_entropy", "select_cov")
+# the means over tokens (NaN in an update that had none: TOKEN_MEANS, and the means over picked tokens), averaged
+# over the updates that had any.
+_NANMEAN = ("select_entropy", "select_cov") + TOKEN_MEANS
 _REPORTED = ("loss", "grad_norm", "update_norm", "lr", "clip_frac_low", "clip_frac_high", "clip_frac_dual",
              "kl_clamp_frac", "ratio_mean", "ratio_max", "ratio_min", "entropy", "value_loss", "tokens", "pack_rows",
              "gate_mean", "gated_frac", "select_frac", "select_entropy", "select_cov")
@@ -151,6 +157,12 @@ def step_metrics(um: dict[str, jax.Array], params: Any, reward_ok: jax.Array | N
   m["train/skipped_updates"] = bad if reward_ok is None else jnp.where(reward_ok, bad, jnp.size(um["nonfinite"]))
   m["train/param_norm"] = optax.tree.norm(params)
   return m
+
+
+def no_tokens_nan(aux: dict[str, jax.Array], mask_NxL: jax.Array) -> dict[str, jax.Array]:
+  """`aux` with its TOKEN_MEANS NaN when `mask_NxL` has no token (their masked means divided 0 by 1: 0)."""
+  empty = jnp.sum(mask_NxL > 0) == 0
+  return {k: jnp.where(empty, jnp.nan, v) if k in TOKEN_MEANS else v for k, v in aux.items()}
 
 
 # ---------------------------------------------------------------------------------- training-length buckets

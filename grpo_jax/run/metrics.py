@@ -45,7 +45,8 @@ METRICS: dict[str, str] = {
                  '(no reference model)'),
     'train/entropy': ('token-mean entropy of pi (softmax(logits / temperature)) on the sampled completions (the '
                       'token mean of each minibatch, averaged over the updates of the step: a long answer weighs by '
-                      'its length, not as one answer)'),
+                      'its length, not as one answer; an update whose minibatch has no loss token, e.g. every one '
+                      'rejected by the rollout correction, is left out, and a step with none reads nan)'),
     'train/completion_len_mean': 'mean completion length in tokens (up to and including EOS)',
     'train/completion_len_max': 'longest completion in tokens',
     'train/completion_len_p90': '90th percentile of the completion lengths in tokens (linear interpolation)',

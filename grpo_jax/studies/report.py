@@ -59,10 +59,13 @@ def markdown(cells: Cells, *, title: str, claim: str, header: str = "", columns:
   lines.append(f"| {row_label} | " + " | ".join(map(_cell, metrics)) + " |")
   lines.append("|---|" + "---|" * len(metrics))
   for v in cells:
-    row = [summ[v][m].fmt() if m in summ[v] else "" for m in metrics]
+    row = [_fmt(summ[v][m], len(cells[v]["scalars"][m])) if m in summ[v] else "" for m in metrics]
     lines.append(f"| {_cell(v)} | " + " | ".join(row) + " |")
   ns = sorted({s.n for d in summ.values() for s in d.values()})
-  lines += ["", f"Cells: mean ± 95% CI half-width (Student t, n−1 df) over n = {', '.join(map(str, ns))} seeds."]
+  lines += ["", f"Cells: mean ± 95% CI half-width (Student t, n−1 df) over n = {', '.join(map(str, ns))} seeds"
+            + ("; (k of n seeds): the other seeds measured nothing there (nan), e.g. no wrong answer to take a length "
+               "of." if any(s.n < len(cells[v]["scalars"][m]) for v, d in summ.items() for m, s in d.items())
+               else ".")]
   res = []
   for m in metrics:
     d = stats.resolvable_difference([summ[v][m] for v in cells if m in summ[v]])
@@ -78,6 +81,12 @@ def markdown(cells: Cells, *, title: str, claim: str, header: str = "", columns:
   if plots:
     lines += [""] + [f"![{p}]({p})" for p in plots]
   return "\n".join(lines) + "\n"
+
+
+def _fmt(s: stats.Summary, runs: int) -> str:
+  """A cell's mean ± CI; with the count of the seeds it is over when stats.summarize left non-finite ones out (a row
+  read 0.55 ± 0.64 for 2 of 3 seeds with nothing to tell it from the rows over 3)."""
+  return s.fmt() if s.n == runs else f"{s.fmt()} ({s.n} of {runs} seeds)"
 
 
 def _cell(text: str) -> str:

@@ -15,7 +15,9 @@ still rising linearly at the last point otherwise "fits" an A far above any reac
 was seen); with the bound it stops at A_max and is flagged. A is also bounded below by R0 (ScaleRL's curves rise:
 a falling curve fitted A < R0 with a confident B and C_mid and no flag), and a fit whose gain A − R0 is within
 NOISE_GAINS × rmse of nothing (a flat curve whose first point is low by noise fitted a step there) is flagged: the
-rise is not resolved, so B and C_mid are not measured. `SigmoidFit.flags` names why a fit is flagged. Robust to the
+rise is not resolved, so B and C_mid are not measured. So is a fit whose C_mid lies outside the compute measured: the
+points show one end of the sigmoid, and A (or B and C_mid) is extrapolated from it. `SigmoidFit.flags` names why a fit
+is flagged. At least 4 distinct compute values (R0 and A, B, C_mid), or the fit refuses. Robust to the
 start, no gradients, ~ms per curve.
 Per seed one fit; `fit_seeds` gives mean ± 95% CI (Student t, studies/stats.py) of A, B, C_mid over the seeds whose
 fit is not flagged (a flagged fit's values are the box's: averaged in, B = 10 of a flat seed moved the mean B).
@@ -34,6 +36,7 @@ B_RANGE = (0.1, 10.0)  # the exponents searched (ScaleRL's fits lie in ~0.5-3)
 # alone moves the gain by about one rmse, and with the plateau's mean, a flat curve's gain stays under 3 rmse with
 # ~99.7% probability.
 NOISE_GAINS = 3.0
+MIN_POINTS = 4  # distinct compute values: R0 and A, B, C_mid
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +46,8 @@ class SigmoidFit:
   C_mid: float
   R0: float
   rmse: float  # root mean squared residual of the fit
-  # C_mid or B on the search box's edge, A at A_max, A at R0 (a flat or falling curve) or a gain within the noise:
+  # C_mid or B on the search box's edge, C_mid outside the compute measured (half the rise unseen), A at A_max, A at
+  # R0 (a flat or falling curve) or a gain within the noise:
   # the curve is no resolved sigmoid with an asymptote inside the compute measured, and A, B, C_mid describe the
   # box, not the run (`flags` says which)
   edge: bool = False
@@ -105,12 +109,15 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: 
   C, R = np.asarray(C, np.float64), np.asarray(R, np.float64)
   ok = np.isfinite(C) & np.isfinite(R) & (C > 0)
   C, R = C[ok], R[ok]
-  if C.size < 3:
-    raise ValueError(f"scaling_fit.fit: {C.size} usable points (C > 0, finite); a sigmoid with A, B, C_mid needs "
-                     "at least 3.")
-  if np.unique(C).size < 3:  # e.g. 4 points at 2 computes fitted A = 7e9, B = 10: a sigmoid is no curve there
+  # R0 (one point's value) and A, B, C_mid: 4 numbers, so at least 4 computes. 3 left nothing to fit them by: any of
+  # a family of (B, C_mid) passed through the points, and the fit returned one (B = 6.2, C_mid = 8.9 for (1, 10, 100)
+  # -> (0.1, 0.5, 0.7)) with rmse 4e-7 and no flag, since the noise flag has no residual to read
+  if C.size < MIN_POINTS:
+    raise ValueError(f"scaling_fit.fit: {C.size} usable points (C > 0, finite); R0 and a sigmoid's A, B, C_mid need "
+                     f"at least {MIN_POINTS} (evaluate more often, e.g. a smaller eval_every).")
+  if np.unique(C).size < MIN_POINTS:  # e.g. 4 points at 2 computes fitted A = 7e9, B = 10: no curve there
     raise ValueError(f"scaling_fit.fit: the {C.size} points lie at {np.unique(C).size} distinct compute values; "
-                     "A, B, C_mid need at least 3 (pass each evaluation's own compute, e.g. its step).")
+                     f"R0, A, B, C_mid need at least {MIN_POINTS} (pass each evaluation's own compute, e.g. its step).")
   R0 = float(R[np.argmin(C)]) if R0 is None else float(R0)
   a_max = math.inf if A_max is None else float(A_max)
   if not a_max > R0:
@@ -136,6 +143,9 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: 
   flags = tuple(name for name, hit in (
       ("C_mid on the box's edge", best[0] <= low[0] + tol or best[0] >= high[0] - tol),
       ("B on the box's edge", best[1] <= low[1] + tol or best[1] >= high[1] - tol),
+      # half the rise lies outside the compute measured: the curve seen is one end of the sigmoid, whose A (or B and
+      # C_mid) the fit extrapolates (C_mid 1e5 of points at 10..1000 fitted A = 0.16 for 0.8, C_mid = 6199, no flag)
+      ("C_mid outside the compute measured", best[0] < logC.min() or best[0] > logC.max()),
       ("A at A_max", A >= a_max - 1e-9),
       ("A at R0: no rise (flat or falling)", A <= R0 + 1e-12),
       (f"gain A - R0 within {NOISE_GAINS:g} rmse: rise not resolved", R0 + 1e-12 < A <= R0 + NOISE_GAINS * rmse),

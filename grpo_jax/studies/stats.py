@@ -11,7 +11,8 @@ import numpy as np
 
 
 def _betacf(a: float, b: float, x: float) -> float:
-  """Continued fraction of the incomplete beta function (modified Lentz)."""
+  """Continued fraction of the incomplete beta function (modified Lentz), as Numerical Recipes' `betacf` (Press et
+  al., §6.4 "Incomplete Beta Function")."""
   tiny = 1e-300
   qab, qap, qam = a + b, a + 1.0, a - 1.0
   c, d = 1.0, 1.0 - qab * x / qap
@@ -50,6 +51,8 @@ def betainc(a: float, b: float, x: float) -> float:
 
 
 def t_cdf(t: float, df: float) -> float:
+  """Student t CDF through the incomplete beta: P(|T| > |t|) = I_x(df/2, 1/2), x = df/(df + t²) (Abramowitz &
+  Stegun 26.5.27)."""
   x = df / (df + t * t)
   tail = 0.5 * betainc(0.5 * df, 0.5, x)
   return 1.0 - tail if t >= 0 else tail
