@@ -243,6 +243,11 @@ BAD = {
     "sliding_layer_types": (lambda p: edit_config(p, lambda c: c.update(
         sliding_window=4, layer_types=["full_attention", "sliding_attention", "sliding_attention"])),
         ["layer_types=['sliding_attention']: only 'full_attention' layers are implemented"]),
+    # a GPTQ/AWQ/FP8 checkpoint's int weights and scales were reported as tensor problems to fix by re-downloading
+    "quantized": (lambda p: (edit_config(p, lambda c: c.update(quantization_config=dict(quant_method="gptq", bits=4))),
+                             rewrite(p, lambda a: a.update({"model.layers.0.mlp.up_proj.qweight": np.zeros(
+                                 (4, 64), np.int32)}))),
+                  ["quantization_config (quant_method 'gptq'): quantized checkpoints are not supported"]),
     # 0 was read as "as many as the query heads" (MHA) without a word
     "kv_heads_zero": (lambda p: edit_config(p, lambda c: c.update(num_key_value_heads=0)),
                       ["model.kv_heads=0: must be a positive integer"]),

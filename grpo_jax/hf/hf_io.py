@@ -120,6 +120,11 @@ def config_from_hf(hf: dict, *, dtype: str = "float32", remat: str = "none",
         "attention is not); use a checkpoint whose layers all attend fully.")
   if flag("mlp_bias"):
     bad("mlp_bias=true: MLP biases are not implemented.")
+  quant = hf.get("quantization_config")
+  if quant:  # its tensors (int weights, fp8, scales) were reported as damage to re-download
+    method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+    bad(f"quantization_config (quant_method {method!r}): quantized checkpoints are not supported; use the "
+        "unquantized (bfloat16/float16/float32) checkpoint of the model.")
   if hf.get("pretraining_tp", 1) not in (1, None):
     bad(f"pretraining_tp={hf['pretraining_tp']}: only 1 is implemented.")
   missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
