@@ -23,6 +23,9 @@ CASES = {
         rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                           original_max_position_embeddings=16))),
     "llama_bias_tied": ("llama", dict(num_key_value_heads=2, tie_word_embeddings=True, attention_bias=True)),
+    # MQA with a head_dim other than hidden // heads (16, not 8) and a small θ: Qwen2 reads head_dim too
+    "qwen2_mqa_head_dim16": ("qwen2", dict(num_key_value_heads=1, tie_word_embeddings=True, rope_theta=500.0,
+                                           head_dim=16)),
 }
 TOKENS = np.array([[0, 0, 0, 5, 9, 11, 3, 7, 1, 2], [4, 8, 2, 6, 1, 17, 5, 60, 33, 12]], np.int64)
 MASK = np.array([[0, 0, 0, 1, 1, 1, 1, 1, 1, 1], [1] * 10], np.int64)
