@@ -214,6 +214,10 @@ BAD = {
     "llama3_without_low_freq": (lambda p: edit_config(p, lambda c: c.update(rope_scaling=dict(
         rope_type="llama3", factor=8.0, high_freq_factor=4.0, original_max_position_embeddings=32))),
         ["config.json: rope_scaling (rope_type 'llama3') lacks low_freq_factor"]),
+    # a 0 low_freq_factor divided by zero silently (wavelengths of inf) where transformers raises
+    "llama3_low_freq_zero": (lambda p: edit_config(p, lambda c: c.update(rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=0.0, high_freq_factor=4.0,
+        original_max_position_embeddings=32))), ["0 < low_freq_factor < high_freq_factor"]),
     "rope_type_yarn": (lambda p: edit_config(p, lambda c: c.update(rope_scaling=dict(rope_type="yarn", factor=4.0))),
                        ["rope scaling type 'yarn' is not implemented"]),
     "sliding_window": (lambda p: edit_config(p, lambda c: c.update(use_sliding_window=True)),
