@@ -23,6 +23,9 @@ CASES = {
         rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                           original_max_position_embeddings=16))),
     "llama_bias_tied": ("llama", dict(num_key_value_heads=2, tie_word_embeddings=True, attention_bias=True)),
+    # MQA with a head_dim other than hidden // heads (16, not 8) and a small θ: Qwen2 reads head_dim too
+    "qwen2_mqa_head_dim16": ("qwen2", dict(num_key_value_heads=1, tie_word_embeddings=True, rope_theta=500.0,
+                                           head_dim=16)),
 }
 TOKENS = np.array([[0, 0, 0, 5, 9, 11, 3, 7, 1, 2], [4, 8, 2, 6, 1, 17, 5, 60, 33, 12]], np.int64)
 MASK = np.array([[0, 0, 0, 1, 1, 1, 1, 1, 1, 1], [1] * 10], np.int64)
@@ -211,6 +214,10 @@ BAD = {
     "llama3_without_low_freq": (lambda p: edit_config(p, lambda c: c.update(rope_scaling=dict(
         rope_type="llama3", factor=8.0, high_freq_factor=4.0, original_max_position_embeddings=32))),
         ["config.json: rope_scaling (rope_type 'llama3') lacks low_freq_factor"]),
+    # a 0 low_freq_factor divided by zero silently (wavelengths of inf) where transformers raises
+    "llama3_low_freq_zero": (lambda p: edit_config(p, lambda c: c.update(rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=0.0, high_freq_factor=4.0,
+        original_max_position_embeddings=32))), ["0 < low_freq_factor < high_freq_factor"]),
     "rope_type_yarn": (lambda p: edit_config(p, lambda c: c.update(rope_scaling=dict(rope_type="yarn", factor=4.0))),
                        ["rope scaling type 'yarn' is not implemented"]),
     "sliding_window": (lambda p: edit_config(p, lambda c: c.update(use_sliding_window=True)),
@@ -230,6 +237,27 @@ BAD = {
     "tie_as_string": (lambda p: edit_config(p, lambda c: c.update(tie_word_embeddings="false")),
                       ["tie_word_embeddings='false': expected true or false"]),
     "hidden_null": (lambda p: edit_config(p, lambda c: c.update(hidden_size=None)), ["hidden_size is null"]),
+    # θ 1e4 was loaded where transformers 5 reads the dict's 50 (and 4 the top level's): two models in one file
+    "rope_theta_twice": (lambda p: edit_config(p, lambda c: c.update(rope_theta=10000.0, rope_parameters=dict(
+        rope_type="default", rope_theta=50.0))),
+        ["rope_theta=10000.0 and rope_parameters.rope_theta=50.0 disagree", "keep one value"]),
+    # ignored without a word: only part of each head is rotated in a partial-RoPE model
+    "partial_rotary": (lambda p: edit_config(p, lambda c: c.update(partial_rotary_factor=0.5)),
+                       ["partial_rotary_factor=0.5: partial RoPE is not implemented"]),
+    "partial_rotary_in_dict": (lambda p: edit_config(p, lambda c: c.update(rope_scaling=dict(
+        rope_type="default", partial_rotary_factor=0.25))), ["partial_rotary_factor=0.25"]),
+    # sliding layers named per layer (transformers 5's layout) were loaded as full attention
+    "sliding_layer_types": (lambda p: edit_config(p, lambda c: c.update(
+        sliding_window=4, layer_types=["full_attention", "sliding_attention", "sliding_attention"])),
+        ["layer_types=['sliding_attention']: only 'full_attention' layers are implemented"]),
+    # a GPTQ/AWQ/FP8 checkpoint's int weights and scales were reported as tensor problems to fix by re-downloading
+    "quantized": (lambda p: (edit_config(p, lambda c: c.update(quantization_config=dict(quant_method="gptq", bits=4))),
+                             rewrite(p, lambda a: a.update({"model.layers.0.mlp.up_proj.qweight": np.zeros(
+                                 (4, 64), np.int32)}))),
+                  ["quantization_config (quant_method 'gptq'): quantized checkpoints are not supported"]),
+    # 0 was read as "as many as the query heads" (MHA) without a word
+    "kv_heads_zero": (lambda p: edit_config(p, lambda c: c.update(num_key_value_heads=0)),
+                      ["model.kv_heads=0: must be a positive integer"]),
     "no_weights": (lambda p: os.remove(os.path.join(p, "model.safetensors")), ["no *.safetensors files"]),
     "not_a_dir": (lambda p: None, ["is not a directory"]),
 }
@@ -318,6 +346,26 @@ def test_a_tied_checkpoint_with_a_different_lm_head_is_refused(tmp_path):
     msg = str(e.value)
     assert "lm_head.weight differs from model.embed_tokens.weight" in msg and "tie_word_embeddings" in msg, msg
     assert "\n" not in msg
+
+
+def test_rope_theta_is_read_where_transformers_reads_it(tmp_path):
+  """θ stated only inside the RoPE dict (rope_scaling or rope_parameters, without a top-level rope_theta) is the one
+  transformers reads (rope_scaling carrying θ was loaded with the default 1e4); stated twice, equal, it loads; a
+  config.json saved by transformers 5 (rope_parameters, layer_types of full_attention) loads with its own θ."""
+  path = tmp_path / "hf"
+  tiny_checkpoint(path)
+  base = json.loads((path / "config.json").read_text())
+  base.pop("rope_theta")
+  for extra in (dict(rope_scaling=dict(rope_type="default", rope_theta=50.0)),
+                dict(rope_parameters=dict(rope_type="default", rope_theta=50.0)),
+                dict(rope_theta=50.0, rope_parameters=dict(rope_type="default", rope_theta=50.0))):
+    (path / "config.json").write_text(json.dumps({**base, **extra}))
+    theirs = transformers.AutoConfig.from_pretrained(str(path)).rope_parameters["rope_theta"]
+    assert theirs == 50.0 and hf_io.read_config(str(path)).rope_theta == theirs, extra
+  make_hf("qwen2", dict(num_key_value_heads=2, rope_theta=1e6), seed=0).save_pretrained(tmp_path / "v5")
+  saved = json.loads((tmp_path / "v5" / "config.json").read_text())
+  assert "rope_theta" not in saved and saved["layer_types"] == ["full_attention"] * 2, saved
+  assert hf_io.read_config(str(tmp_path / "v5")).rope_theta == 1e6
 
 
 def test_every_disagreeing_model_field_is_listed(tmp_path):

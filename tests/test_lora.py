@@ -174,6 +174,50 @@ def test_merged_decode_logprobs_equal_the_unmerged_forward():
                              np.asarray(lora.merged(mcfg, policy)["layers"]["q"]["kernel"][1]), atol=1e-7)
 
 
+def test_decode_of_a_bfloat16_base_keeps_the_adapter_delta():
+  """model.lora.base_dtype=bfloat16 under float32 compute: the decode copy is W + scale·A·B rounded once to the
+  compute dtype, so a decode step's logits equal the unmerged training forward's. Merged into the bfloat16 kernel
+  (the base's dtype), the rounding lost up to half an ulp of W per weight: 0.07 of logits here, about half of what
+  a small adapter changes (the sampler's policy was not the trained one)."""
+  from tests.test_model import random_params  # O(1) weights: a bfloat16 ulp of W is not lost below the logits' noise
+  mcfg = model_lib.ModelConfig(vocab_size=64, hidden=32, layers=1, heads=4, kv_heads=2, inter=64, max_len=8,
+                               lora=LoraConfig(4, 8.0, base_dtype="bfloat16"))
+  base = lora.hold_base(mcfg, random_params(dataclasses.replace(mcfg, lora=None), 0))
+  assert base["layers"]["q"]["kernel"].dtype == jnp.bfloat16
+  policy = lora.combine(base, _nonzero_adapters(mcfg))
+  tokens = np.array([[5, 9, 11, 3, 7], [0, 0, 4, 8, 2]], np.int32)
+  mask = (tokens > 0).astype(np.int32)
+  pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
+
+  @jax.jit
+  def both(policy):
+    full = model_lib.forward(mcfg, policy, tokens, pos, mask)[:, -1]
+    cache = decode.init_cache(mcfg, 2, 5)
+    _, cache = decode.prefill(mcfg, policy, tokens[:, :4], pos[:, :4], mask[:, :4], cache)
+    return full, decode.decode_step(mcfg, policy, tokens[:, 4], pos[:, 4], cache, 4, mask)[0], \
+        model_lib.forward(mcfg, base, tokens, pos, mask)[:, -1]
+
+  full, step, base_logits = (np.asarray(x) for x in both(policy))
+  assert np.abs(full - base_logits).max() > 0.05  # the adapters move the logits
+  np.testing.assert_allclose(step, full, atol=1e-4)
+
+
+def test_a_stage_s_final_params_keep_the_adapter_delta_of_a_bfloat16_base():
+  """train.final_params (what a stage's `params` checkpoint holds, the next stage's start): the merged kernels are
+  float32 W + scale·A·B, the trained policy's; merged into the bfloat16 base kernel they lost the delta's low bits."""
+  from grpo_jax.run import train
+  mcfg = model_lib.ModelConfig(vocab_size=64, hidden=32, layers=1, heads=4, kv_heads=2, inter=64, max_len=8,
+                               lora=LoraConfig(4, 8.0, base_dtype="bfloat16"))
+  base = lora.hold_base(mcfg, model_lib.init_params(dataclasses.replace(mcfg, lora=None), jax.random.PRNGKey(0)))
+  adapters = jax.tree.map(lambda x: x * 0.01, _nonzero_adapters(mcfg))  # a delta of ~1e-4, W's bf16 ulp ~1e-4
+  out = train.final_params(mcfg, {"params": adapters, "base": base})
+  q = adapters["layers"]["q"]
+  want = (np.asarray(base["layers"]["q"]["kernel"], np.float64) + mcfg.lora.scale * np.einsum(
+      "ldr,lrhe->ldhe", np.asarray(q["lora_a"], np.float64), np.asarray(q["lora_b"], np.float64)))
+  np.testing.assert_allclose(np.asarray(out["layers"]["q"]["kernel"], np.float64), want, rtol=0, atol=1e-7)
+  assert out["layers"]["q"]["kernel"].dtype == jnp.float32 and "lora_a" not in out["layers"]["q"]
+
+
 @pytest.mark.parametrize("algo", presets.names())
 def test_every_preset_traces_with_lora(algo):
   """Each preset's step (PPO: its critic too) builds and traces on a LoRA state without reference params."""

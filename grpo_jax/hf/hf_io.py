@@ -61,12 +61,18 @@ def read_json(path: str, what: str = "config.json") -> dict:
   return out
 
 
-def _rope(hf: dict) -> tuple[float, dict]:
-  """(theta, scaling dict) from either the v4 (`rope_theta`, `rope_scaling`) or v5 (`rope_parameters`) layout."""
+def _rope(hf: dict) -> tuple[list[tuple[str, Any]], Any]:
+  """(every RoPE θ the file states, as (key, value), and the scaling dict) from the v4 (`rope_theta`,
+  `rope_scaling`) or v5 (`rope_parameters`) layout. transformers 5 takes the dict from rope_scaling, else
+  rope_parameters, and θ from that dict before the top-level rope_theta; transformers 4 reads only the top level:
+  where they disagree the file means two models, so the caller refuses it."""
   params = hf.get("rope_parameters") or {}
   scaling = hf.get("rope_scaling") or params
-  theta = hf.get("rope_theta", params.get("rope_theta", 10_000.0))
-  return float(theta), scaling
+  thetas = [("rope_theta", hf.get("rope_theta"))]
+  for key, d in (("rope_scaling", hf.get("rope_scaling")), ("rope_parameters", params)):
+    if isinstance(d, dict):
+      thetas.append((f"{key}.rope_theta", d.get("rope_theta")))
+  return [(k, v) for k, v in thetas if v is not None], scaling
 
 
 def config_from_hf(hf: dict, *, dtype: str = "float32", remat: str = "none",
@@ -106,21 +112,45 @@ def config_from_hf(hf: dict, *, dtype: str = "float32", remat: str = "none",
     bad(f"hidden_act={hf['hidden_act']!r}: only 'silu' (SwiGLU) is implemented.")
   if flag("use_sliding_window"):
     bad("use_sliding_window=true: sliding-window attention is not implemented; use a checkpoint without it.")
+  layer_types = hf.get("layer_types")
+  if layer_types is not None and (not isinstance(layer_types, list) or
+                                  any(t != "full_attention" for t in layer_types)):
+    other = sorted({str(t) for t in layer_types} - {"full_attention"}) if isinstance(layer_types, list) else []
+    bad(f"layer_types={other or layer_types!r}: only 'full_attention' layers are implemented (sliding-window "
+        "attention is not); use a checkpoint whose layers all attend fully.")
   if flag("mlp_bias"):
     bad("mlp_bias=true: MLP biases are not implemented.")
+  quant = hf.get("quantization_config")
+  if quant:  # its tensors (int weights, fp8, scales) were reported as damage to re-download
+    method = quant.get("quant_method", "?") if isinstance(quant, dict) else quant
+    bad(f"quantization_config (quant_method {method!r}): quantized checkpoints are not supported; use the "
+        "unquantized (bfloat16/float16/float32) checkpoint of the model.")
   if hf.get("pretraining_tp", 1) not in (1, None):
     bad(f"pretraining_tp={hf['pretraining_tp']}: only 1 is implemented.")
   missing = [k for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                          "intermediate_size") if k not in hf]
   if missing:
     bad(f"lacks {', '.join(missing)}; is this a causal LM's config.json?")
-  try:
-    theta, scaling = _rope(hf)
-  except (TypeError, ValueError, OverflowError):
-    bad(f"rope_theta={hf.get('rope_theta', (hf.get('rope_parameters') or {}).get('rope_theta'))!r}: expected a "
-        "number.")
+  stated, scaling = _rope(hf)
   if not isinstance(scaling, dict):
     bad(f"rope_scaling={scaling!r}: expected an object or null.")
+  values = []
+  for key, v in stated:
+    try:
+      if isinstance(v, bool):
+        raise TypeError
+      values.append(float(v))
+    except (TypeError, ValueError, OverflowError):
+      bad(f"{key}={v!r}: expected a number.")
+  if len(set(values)) > 1:
+    bad(f"{' and '.join(f'{k}={v!r}' for k, v in stated)} disagree (transformers 4 reads the top-level rope_theta, "
+        "5 the one in the RoPE dict); keep one value.")
+  theta = values[0] if values else 10_000.0
+  for d in (hf, scaling, hf.get("rope_parameters") or {}):
+    prf = d.get("partial_rotary_factor") if isinstance(d, dict) else None
+    if prf is not None and prf != 1:
+      bad(f"partial_rotary_factor={prf!r}: partial RoPE is not implemented (Qwen2/Llama rotate the whole head); "
+          "use a checkpoint without it.")
   rope_type = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
   kw = {}
   if rope_type == "llama3":
@@ -137,7 +167,7 @@ def config_from_hf(hf: dict, *, dtype: str = "float32", remat: str = "none",
   heads = num("num_attention_heads", int)
   fields = dict(
       vocab_size=num("vocab_size", int), hidden=num("hidden_size", int), layers=num("num_hidden_layers", int),
-      heads=heads, kv_heads=num("num_key_value_heads", int, heads) or heads, head_dim=num("head_dim", int, 0),
+      heads=heads, kv_heads=num("num_key_value_heads", int, heads), head_dim=num("head_dim", int, 0),
       inter=num("intermediate_size", int), rope_theta=theta,
       qkv_bias=True if mt == "qwen2" else flag("attention_bias"), tie_embeddings=flag("tie_word_embeddings"),
       max_len=num("max_position_embeddings", int, 0) or (32768 if mt == "qwen2" else 2048),

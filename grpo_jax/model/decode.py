@@ -65,13 +65,15 @@ def decode_weights(mcfg: ModelConfig, params: Params) -> DecodeWeights:
   """Per-layer weights sliced out of the stacked [layers, ...] params and cast, once per rollout, outside the decode
   loop: they enter the loop as invariant buffers, where slicing the stacked params inside it copies every weight at
   every token. Casting the table before the lookup gives the same values as casting the looked-up rows. LoRA
-  adapters are merged here (W + scale·A·B, one layer at a time): the decode loop pays no per-token adapter cost."""
+  adapters are merged here (W + scale·A·B, one layer at a time, rounded once to the compute dtype, not to a
+  bfloat16 base's: that rounding lost the adapter's delta, so the sampler decoded a policy nearer the base than the
+  one trained): the decode loop pays no per-token adapter cost."""
   dt = mcfg.compute_dtype
   cast = lambda path, x: x.astype(dt) if path[-1].key in ("kernel", "bias") else x
 
   def layer(l):
     p = jax.tree.map(lambda x: x[l], params["layers"])
-    p = {m: lora.merge_module(mcfg, m, v) for m, v in p.items()}
+    p = {m: lora.merge_module(mcfg, m, v, dt) for m, v in p.items()}
     return jax.tree_util.tree_map_with_path(cast, p)
   layers = tuple(layer(l) for l in range(mcfg.layers))
   head = None if mcfg.tie_embeddings else params["lm_head"]["kernel"].astype(dt)

@@ -123,10 +123,10 @@ class ModelConfig:
       raise ValueError(f"model.rope_theta={self.rope_theta}: must be > 0.")
     if self.rms_eps <= 0:
       raise ValueError(f"model.rms_eps={self.rms_eps}: must be > 0.")
-    if self.rope_scaling_factor < 0 or (self.rope_scaling_factor > 0 and
-                                        self.rope_high_freq_factor <= self.rope_low_freq_factor):
-      raise ValueError("model.rope_scaling_factor / rope_*_freq_factor: need factor >= 0 and "
-                       "high_freq_factor > low_freq_factor.")
+    if self.rope_scaling_factor < 0 or (self.rope_scaling_factor > 0 and not (
+        0 < self.rope_low_freq_factor < self.rope_high_freq_factor and self.rope_original_max_len > 0)):
+      raise ValueError("model.rope_scaling_factor / rope_*_freq_factor / rope_original_max_len: need factor >= 0 and, "
+                       "when it is > 0, 0 < low_freq_factor < high_freq_factor and original_max_len > 0.")
 
   @classmethod
   def from_config(cls, cfg: Any) -> "ModelConfig":

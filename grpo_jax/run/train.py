@@ -538,8 +538,9 @@ def _stacked_start(sub: list[tuple[Member, Any]], config, start: int, mesh, mcfg
 
 def final_params(mcfg, state) -> dict:
   """A stage's final policy as a params checkpoint holds it: the model params (with LoRA: adapters merged into
-  the base), so the next stage starts from a plain model."""
-  return lora_lib.merged(mcfg, state_lib.model_params(state))
+  the base in float32, whatever model.lora.base_dtype: merged into a bfloat16 kernel, a small delta was lost), so
+  the next stage starts from a plain model."""
+  return lora_lib.merged(mcfg, state_lib.model_params(state), jax.numpy.float32)
 
 
 def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str | None = None,
