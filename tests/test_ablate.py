@@ -171,6 +171,20 @@ def test_a_pipe_in_a_row_or_metric_name_keeps_the_table_shape():
   assert {len(l.replace("\\|", "").split("|")) for l in table} == {4}
 
 
+def test_curves_whose_names_reduce_alike_get_their_own_png(tmp_path):
+  """A curve's file name was its name with every other character made '_': `sft:eval/accuracy` and
+  `sft/eval/accuracy` (or two names differing in case, on macOS) wrote one PNG, the second over the first, and
+  the report linked it twice. A name no other shares keeps its plain file name (the docs link to those)."""
+  curve = lambda y: {"x": [0, 1], "y": [[y, y + 1.0], [y, y + 2.0]]}
+  names = ["sft:eval/accuracy", "sft/eval/accuracy", "Eval/Acc", "eval/acc", "train/reward"]
+  cells = {"a": {"scalars": {}, "curves": {m: curve(float(i)) for i, m in enumerate(names)}}}
+  pngs = report.write_plots(str(tmp_path), cells)
+  assert len(pngs) == len(set(p.lower() for p in pngs)) == 5
+  assert sorted(os.listdir(tmp_path)) == sorted(pngs) and pngs[-1] == "train_reward.png"
+  assert pngs[0].startswith("sft_eval_accuracy-") and pngs[1].startswith("sft_eval_accuracy-")
+  assert report.write_plots(str(tmp_path), cells) == pngs  # the same names on every write (a hash, not an order)
+
+
 def test_single_run_cells_say_exact():
   md = report.markdown({"x": {"scalars": {"bytes": [10.0]}}}, title="t", claim="c")
   assert "| x | 10 |" in md and "exact" in md
