@@ -174,6 +174,30 @@ def test_merged_decode_logprobs_equal_the_unmerged_forward():
                              np.asarray(lora.merged(mcfg, policy)["layers"]["q"]["kernel"][1]), atol=1e-7)
 
 
+def test_final_params_of_a_bfloat16_base_keep_the_adapter_delta():
+  """train.final_params (a LoRA SFT stage's DIR/sft/params, what the next stage starts from) merged W + scale·A·B
+  in float32 but returned it in the held kernel's dtype: with model.lora.base_dtype=bfloat16 a small trained delta
+  was rounded away (the export keeps float32). Against a NumPy float64 merge of the same bf16 base."""
+  from grpo_jax.run import train  # pylint: disable=import-outside-toplevel
+  c = _config()
+  c.model.lora.base_dtype = "bfloat16"
+  _, mcfg, _ = _setup(c)
+  base = lora.hold_base(mcfg, model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  adapters = jax.tree.map(lambda x: x * 0.05, _nonzero_adapters(mcfg))  # a delta below bf16's spacing of W
+  out = train.final_params(mcfg, {"params": adapters, "base": base})
+  scale = mcfg.lora.scale
+  assert len(adapters["layers"]) == 7
+  for m in adapters["layers"]:
+    w = np.asarray(base["layers"][m]["kernel"], np.float64)
+    a, b = (np.asarray(adapters["layers"][m][k], np.float64) for k in ("lora_a", "lora_b"))
+    want = w + scale * np.stack([np.tensordot(a[l], b[l], axes=1) for l in range(w.shape[0])])
+    got = out["layers"][m]["kernel"]
+    assert got.dtype == jnp.float32 and "lora_a" not in out["layers"][m], m
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0, atol=1e-6, err_msg=m)
+    assert np.abs(want - w).max() > 1e-4  # the delta is there to lose
+  assert {x.dtype for x in jax.tree.leaves(out)} == {jnp.dtype(jnp.float32)}  # the plain model's, as it loads them
+
+
 @pytest.mark.parametrize("algo", presets.names())
 def test_every_preset_traces_with_lora(algo):
   """Each preset's step (PPO: its critic too) builds and traces on a LoRA state without reference params."""
