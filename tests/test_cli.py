@@ -138,6 +138,7 @@ def test_a_comma_list_is_a_tuple_for_every_tuple_valued_key():
   either flag form, with or without parentheses); Python literals and string keys (train.rerun_stages) are as they
   were; a list of pairs (rewards) is refused with the literal syntax named."""
   import ast  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
   import pytest  # pylint: disable=g-import-not-at-top
   from grpo_jax.config import config_lib
   from grpo_jax.infra import errors
@@ -157,7 +158,8 @@ def test_a_comma_list_is_a_tuple_for_every_tuple_valued_key():
   assert r.returncode == 0, r.stderr
   assert ast.literal_eval(r.stdout.strip().splitlines()[-1]) == (
       ("base", "r1_zero"), ("q_proj", "v_proj"), ("</tool_call>", "</answer>"), (1, 8), (3,), "sft,r1_zero")
-  with pytest.raises(errors.ConfigError, match=r"""--config.rewards="\(\('accuracy', 1.0\), \('format', 0.2\)\)"\)\.$"""):
+  hint = re.escape("""--config.rewards="(('accuracy', 1.0), ('format', 0.2))").""") + "$"
+  with pytest.raises(errors.ConfigError, match=hint):
     validate.reward_terms("rewards", ("accuracy,format",))
 
 
