@@ -273,6 +273,9 @@ def test_command_line_errors_are_named():
   assert ablate.usage_error(["ablate"], None, "/tmp/w").startswith("--config is required")
   assert ablate.usage_error(["ablate"], cfg, "").startswith("--workdir is required")
   assert ablate.usage_error(["ablate"], cfg, "/tmp/w") == ""
+  # an object-store DIR wrote the table into a local directory gs:/b (the run's checks: preflight.check_workdir)
+  assert ablate.usage_error(["ablate"], cfg, "gs://b/t").startswith("--workdir=gs://b/t: an object-store workdir is "
+                                                                     "not supported")
 
 
 def test_a_config_file_that_does_not_load_is_one_line(tmp_path):
