@@ -2,11 +2,12 @@
 
 Intended real run (not run here: no accelerator, no weights, no internet on this machine):
 
-  python -m grpo_jax.main --config=configs/gsm8k.py --workdir=gs://BUCKET/gsm8k \\
+  python -m grpo_jax.main --config=configs/gsm8k.py --workdir=/mnt/BUCKET/gsm8k \\
       --config.train.init_from=hf:/data/Qwen2.5-Math-1.5B --config.task.data_dir=/data/gsm8k
-  python -m grpo_jax.export gs://BUCKET/gsm8k /data/Qwen2.5-Math-1.5B-gsm8k-grpo     # a HF dir to serve or push
+  python -m grpo_jax.export /mnt/BUCKET/gsm8k /data/Qwen2.5-Math-1.5B-gsm8k-grpo     # a HF dir to serve or push
   # an instruct model with its own chat template: configs/gsm8k.py:prompt=chat and an -Instruct init_from
-  # on a pod: launch/ runs the same command on every worker with GRPO_JAX_DISTRIBUTED=1
+  # on a pod: launch/ runs the same command on every worker with GRPO_JAX_DISTRIBUTED=1 (/mnt/BUCKET: the bucket
+  # mounted with gcsfuse on every worker; a gs:// workdir is refused, docs/reliability.md section 3)
 
 Args (`configs/gsm8k.py:<arg>,...`):
 - `model=checkpoint` (default): every model field (shape, RoPE θ and llama3 scaling, norm eps, tying, biases,

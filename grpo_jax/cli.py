@@ -192,23 +192,28 @@ def _config_file_error(text: str) -> str:
           "whose get_config(arg) runs.")
 
 
+def _value_text(key: str, text: str) -> str:
+  return config_lib.tuple_text(key, config_lib.auto_text(key, text))
+
+
 def auto_flag(arg: str) -> str:
   key, eq, value = arg.partition("=")
   if not (eq and key.startswith("--config.")):
     return arg
-  return f"{key}={config_lib.auto_text(key[len('--config.'):], value)}"
+  return f"{key}={_value_text(key[len('--config.'):], value)}"
 
 
 HELP_FLAGS = ("--help", "-help", "-?", "--helpshort", "--helpfull", "--helpxml")
 
 
 def auto_flags(argv) -> list[str]:
-  """Every `--config.<key>=auto` (auto_flag), and the form absl also takes, `--config.<key> auto`, as its number."""
+  """Every `--config.<key>=auto` (auto_flag), and the form absl also takes, `--config.<key> auto`, as its number;
+  a comma list for a tuple-valued key as its tuple (config_lib.tuple_text: `--config.r1.stages=base,r1_zero`)."""
   out = []
   for i, arg in enumerate(argv):
     prev = argv[i - 1] if i else ""
-    if arg == "auto" and prev.startswith("--config.") and "=" not in prev:
-      out.append(config_lib.auto_text(prev[len("--config."):], arg))
+    if prev.startswith("--config.") and "=" not in prev and not arg.startswith("-"):
+      out.append(_value_text(prev[len("--config."):], arg))
     else:
       out.append(auto_flag(arg))
   return out

@@ -40,9 +40,12 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$MODE" ]] || die "choose --slurm or --hosts h1,h2,..."
 [[ -n "$WORKDIR" ]] || die "--workdir is required (a path every node can write, e.g. on a shared filesystem)"
+# grpo_jax.main refuses an object-store workdir (its records are written with local file calls).
+[[ "$WORKDIR" != *://* ]] || die "--workdir=$WORKDIR: an object-store workdir is not supported (the run's records \
+are written with local file calls); pass an absolute path on a shared filesystem"
 # A relative path would resolve inside the code's copy on every node (ssh: ~/$REMOTE_DIR, which the next launch's
 # rsync --delete empties; slurm: the repository, not this directory): a resume would find no checkpoints.
-[[ "$WORKDIR" == /* || "$WORKDIR" == *://* ]] || die "--workdir=$WORKDIR is relative: on the nodes it would \
+[[ "$WORKDIR" == /* ]] || die "--workdir=$WORKDIR is relative: on the nodes it would \
 resolve inside the code's copy (which the next --hosts launch deletes); pass an absolute path on a shared filesystem"
 RUN_NAME="${RUN_NAME:-$(basename "$WORKDIR")}"
 REPO="$(cd "$(dirname "$0")/.." && pwd)"

@@ -7,7 +7,7 @@
 # then copy each worker's log back into ./tpu_logs/<name>/.
 #
 #   launch/tpu_vm.sh --name grpo-v5e16 --zone us-west4-a --accelerator v5litepod-16 --version v2-alpha-tpuv5-lite \
-#       --config configs/grpo_arith.py --workdir gs://my-bucket/runs/arith -- --config.train.steps=200
+#       --config configs/grpo_arith.py --workdir /mnt/my-bucket/runs/arith -- --config.train.steps=200
 #   launch/tpu_vm.sh ... --dry-run         # print the gcloud commands, run nothing
 #   launch/tpu_vm.sh ... --delete          # delete the TPU after the run
 set -euo pipefail
@@ -43,11 +43,14 @@ while [[ $# -gt 0 ]]; do
 done
 [[ -n "$NAME" ]] || die "--name is required (the TPU VM's name)"
 [[ -n "$ZONE" ]] || die "--zone is required (e.g. us-west4-a)"
-[[ -n "$WORKDIR" ]] || die "--workdir is required (a gs:// path, or a path on each worker)"
+[[ -n "$WORKDIR" ]] || die "--workdir is required (an absolute path every worker mounts)"
+# grpo_jax.main refuses an object-store workdir (its records are written with local file calls): before a TPU is made.
+[[ "$WORKDIR" != *://* ]] || die "--workdir=$WORKDIR: an object-store workdir is not supported (the run's records \
+are written with local file calls); pass an absolute path every worker mounts, e.g. the bucket mounted with gcsfuse"
 # A relative path would land inside ~/$REMOTE_DIR on every worker, which the next launch's copy step deletes
 # (rm -rf): a resume would find no checkpoints and start over.
-[[ "$WORKDIR" == /* || "$WORKDIR" == *://* ]] || die "--workdir=$WORKDIR is relative: on the workers it would \
-land inside ~/$REMOTE_DIR, which the next launch deletes; pass a gs:// path or an absolute path"
+[[ "$WORKDIR" == /* ]] || die "--workdir=$WORKDIR is relative: on the workers it would \
+land inside ~/$REMOTE_DIR, which the next launch deletes; pass an absolute path every worker mounts"
 
 if [[ -z "$VERSION" ]]; then  # the TPU software image that matches each generation
   case "$ACCEL" in

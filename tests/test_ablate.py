@@ -184,6 +184,20 @@ def test_a_cell_over_fewer_seeds_than_it_ran_says_so():
   assert "seeds)" not in full and "over n = 3 seeds." in full
 
 
+def test_curves_whose_names_reduce_alike_get_their_own_png(tmp_path):
+  """A curve's file name was its name with every other character made '_': `sft:eval/accuracy` and
+  `sft/eval/accuracy` (or two names differing in case, on macOS) wrote one PNG, the second over the first, and
+  the report linked it twice. A name no other shares keeps its plain file name (the docs link to those)."""
+  curve = lambda y: {"x": [0, 1], "y": [[y, y + 1.0], [y, y + 2.0]]}
+  names = ["sft:eval/accuracy", "sft/eval/accuracy", "Eval/Acc", "eval/acc", "train/reward"]
+  cells = {"a": {"scalars": {}, "curves": {m: curve(float(i)) for i, m in enumerate(names)}}}
+  pngs = report.write_plots(str(tmp_path), cells)
+  assert len(pngs) == len(set(p.lower() for p in pngs)) == 5
+  assert sorted(os.listdir(tmp_path)) == sorted(pngs) and pngs[-1] == "train_reward.png"
+  assert pngs[0].startswith("sft_eval_accuracy-") and pngs[1].startswith("sft_eval_accuracy-")
+  assert report.write_plots(str(tmp_path), cells) == pngs  # the same names on every write (a hash, not an order)
+
+
 def test_single_run_cells_say_exact():
   md = report.markdown({"x": {"scalars": {"bytes": [10.0]}}}, title="t", claim="c")
   assert "| x | 10 |" in md and "exact" in md
@@ -272,6 +286,9 @@ def test_command_line_errors_are_named():
   assert ablate.usage_error(["ablate"], None, "/tmp/w").startswith("--config is required")
   assert ablate.usage_error(["ablate"], cfg, "").startswith("--workdir is required")
   assert ablate.usage_error(["ablate"], cfg, "/tmp/w") == ""
+  # an object-store DIR wrote the table into a local directory gs:/b (the run's checks: preflight.check_workdir)
+  assert ablate.usage_error(["ablate"], cfg, "gs://b/t").startswith("--workdir=gs://b/t: an object-store workdir is "
+                                                                     "not supported")
 
 
 def test_a_config_file_that_does_not_load_is_one_line(tmp_path):

@@ -119,6 +119,50 @@ def test_auto_for_an_integer_knob_in_either_flag_form(monkeypatch):
                    "--config.sampling.engine", "auto", "--config.rl.G", "4", "auto"]]
 
 
+_PARSE = """
+import sys
+from absl import flags
+from grpo_jax import cli
+cli.define_flags()
+cli.parse_flags(["main", "--config=configs/r1_zero_aha.py", *sys.argv[1:]])
+c = flags.FLAGS.config
+print(repr((c.r1.stages, c.model.lora.targets, c.tools.stop_markers, c.eval.pass_k, c.task.train_indices,
+            c.train.rerun_stages)))
+"""
+
+
+def test_a_comma_list_is_a_tuple_for_every_tuple_valued_key():
+  """`--config.r1.stages=base,r1_zero` reached the config as ONE stage name ('base,r1_zero',) and validation refused
+  it without saying why, while `--config.eval.pass_k=1,4` was (1, 4): ml_collections reads a comma list of numbers
+  as a literal but a list of words as one string. Every key whose value is a flat tuple now takes the comma list (in
+  either flag form, with or without parentheses); Python literals and string keys (train.rerun_stages) are as they
+  were; a list of pairs (rewards) is refused with the literal syntax named."""
+  import ast  # pylint: disable=g-import-not-at-top
+  import re  # pylint: disable=g-import-not-at-top
+  import pytest  # pylint: disable=g-import-not-at-top
+  from grpo_jax.config import config_lib
+  from grpo_jax.infra import errors
+  from grpo_jax.run import validate
+  flat = config_lib._flat_tuple_keys()  # pylint: disable=protected-access
+  assert {"r1.stages", "model.lora.targets", "tools.stop_markers", "eval.pass_k", "task.train_indices",
+          "r1.forbidden", "r1.report.pass_k"} == flat
+  for key in flat:
+    assert ast.literal_eval(config_lib.tuple_text(key, "a,b")) == ("a", "b"), key
+  assert config_lib.tuple_text("train.rerun_stages", "sft,r1_zero") == "sft,r1_zero"  # a string key
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  args = ["--config.r1.stages=base,r1_zero", "--config.model.lora.targets", "(q_proj, v_proj)",
+          "--config.tools.stop_markers=('</tool_call>', '</answer>')", "--config.eval.pass_k=1,8",
+          "--config.task.train_indices=3,", "--config.train.rerun_stages=sft,r1_zero"]
+  r = subprocess.run([sys.executable, "-c", _PARSE, *args], cwd=repo, capture_output=True, text=True,
+                     env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
+  assert r.returncode == 0, r.stderr
+  assert ast.literal_eval(r.stdout.strip().splitlines()[-1]) == (
+      ("base", "r1_zero"), ("q_proj", "v_proj"), ("</tool_call>", "</answer>"), (1, 8), (3,), "sft,r1_zero")
+  hint = re.escape("""--config.rewards="(('accuracy', 1.0), ('format', 0.2))").""") + "$"
+  with pytest.raises(errors.ConfigError, match=hint):
+    validate.reward_terms("rewards", ("accuracy,format",))
+
+
 def test_help_exits_0_and_lists_the_flags():
   """absl's --help exits 1 (this CLI's status for a bug) and listed no flag ("Try --helpfull"); now 0 with --config,
   --workdir and --verbose listed. A real exit 1 from absl without a help flag stays 1."""

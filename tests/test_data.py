@@ -356,3 +356,34 @@ def test_gsm8k_mock_flows_through(tok):
   assert gsm8k.make_rewards(tok)["math_accuracy"]([tok.decode(i) for i in ids], ids, b) == [1.0, 1.0, 0.0, 1.0]
   with pytest.raises(ValueError, match="####"):
     gsm8k.final_answer("no marker")
+
+
+class _Repeat:
+  """A tokenizer writing every piece `k` times: its prompts are k times as long as `tok`'s."""
+
+  def __init__(self, tok, k):
+    self.tok, self.k = tok, k
+
+  def __getattr__(self, name):
+    return getattr(self.tok, name)
+
+  def encode(self, text):
+    return [i for i in self.tok.encode(text) for _ in range(self.k)]
+
+
+def test_length_caches_never_hand_one_tokenizer_another_ones_lengths(cfgs, tok, monkeypatch):
+  """The prompt and SFT length caches were keyed by id(tok): a tokenizer made after another was collected (the
+  tokenizer loaders' lru eviction) can get its id and read the other vocabulary's lengths. `id` is pinned here so
+  the reuse is certain; both caches must measure the second tokenizer afresh."""
+  monkeypatch.setattr(data, "id", lambda _: 7, raising=False)
+  c = cfgs["arith"]
+  first = _Repeat(tok, 1)
+  once = data.prompt_lengths(c, first, "train")
+  sft_once = data.sft_lengths(c, first, "train")
+  del first
+  twice = data.prompt_lengths(c, _Repeat(tok, 2), "train")
+  sft_twice = data.sft_lengths(c, _Repeat(tok, 2), "train")
+  # bos once, the question's pieces doubled
+  np.testing.assert_array_equal(twice, 2 * once - 1)
+  assert (sft_twice > sft_once).all()
+  np.testing.assert_array_equal(data.prompt_lengths(c, tok, "train"), once)  # the real one keeps its own entry

@@ -273,6 +273,9 @@ CASES = [
     ("grpo", {"@workdir": "{p}/a_file"}, "is a file, not a directory"),
     ("grpo", {"@workdir": "{p}/a_file/run"}, "cannot be created"),
     ("grpo", {"@workdir": ""}, "--workdir is required"),
+    # gs://: config.json, metrics.jsonl and the stage records went to a local directory gs:/..., the checkpoints to
+    # the bucket
+    ("grpo", {"@workdir": "gs://bucket/run"}, "--workdir=gs://bucket/run: an object-store workdir is not supported"),
 ]
 
 
@@ -304,6 +307,7 @@ def test_input_error_is_one_line_exit_2_and_writes_nothing(kind, overrides, need
   assert len(lines) == 1 and needle.replace("{p}", p) in lines[0], err[-3000:]
   assert "Traceback" not in err
   assert not os.path.exists(tmp_path / "run")  # validation runs before the lock creates the workdir
+  assert "://" not in workdir or not os.path.exists(os.path.abspath(workdir))  # gs://b/run was ./gs:/b/run
 
 
 def test_optional_package_missing_is_one_line_before_anything(monkeypatch, tmp_path, capsys):

@@ -106,7 +106,7 @@ def test_local_multiprocess_cli_rejects_bad_arguments(capsys):
 
 def test_tpu_vm_dry_run_pod_commands():
   r = _bash("tpu_vm.sh", "--name", "grpo-pod", "--zone", "us-central2-b", "--accelerator", "v4-32",
-            "--workdir", "gs://b/run1", "--config", "configs/grpo_arith.py", "--spot", "--delete", "--dry-run",
+            "--workdir", "/mnt/b/run1", "--config", "configs/grpo_arith.py", "--spot", "--delete", "--dry-run",
             "--", "--config.train.steps=7")
   assert r.returncode == 0, r.stderr
   cmds = _commands(r.stdout)
@@ -120,7 +120,7 @@ def test_tpu_vm_dry_run_pod_commands():
   train = [c for c in cmds if "grpo_jax.main" in c]
   assert len(train) == 1 and "--worker=all" in train[0]
   assert "GRPO_JAX_DISTRIBUTED=1" in train[0] and "--config=configs/grpo_arith.py" in train[0]
-  assert "--workdir=gs://b/run1 --config.train.steps=7" in train[0]
+  assert "--workdir=/mnt/b/run1 --config.train.steps=7" in train[0]
   # v4-32 = 16 chips = 4 hosts: one log per worker, then the delete.
   logs = [c for c in cmds if c.startswith(f"{gc} scp grpo-pod:grpo_logs/run.log")]
   assert [c.split("--worker=")[1] for c in logs] == ["0", "1", "2", "3"]
@@ -168,15 +168,19 @@ def test_gpu_multinode_slurm_dry_run():
 
 def test_a_relative_workdir_is_refused_before_any_command():
   """A relative --workdir would land inside the code's copy on every host (~/grpo_jax_src), which the next launch
-  deletes (tpu_vm: rm -rf; --hosts: rsync --delete): a resume would silently start over. gs:// and absolute pass."""
+  deletes (tpu_vm: rm -rf; --hosts: rsync --delete): a resume would silently start over. A gs:// one is refused as
+  grpo_jax.main refuses it (preflight.check_workdir), before a TPU or a node is used; an absolute path passes."""
   for script, where in (("tpu_vm.sh", ["--name", "n", "--zone", "z"]), ("gpu_multinode.sh", ["--hosts", "a,b"]),
                         ("gpu_multinode.sh", ["--slurm"])):
     r = _bash(script, *where, "--workdir", "runs/arith", "--dry-run")
     assert r.returncode == 2 and r.stdout == "", (script, r.stdout)
     assert r.stderr.startswith("error: --workdir=runs/arith is relative:") and len(r.stderr.splitlines()) == 1
-    for ok in ("gs://b/runs/arith", "/shared/runs/arith"):
-      r = _bash(script, *where, "--workdir", ok, "--dry-run")
-      assert r.returncode == 0 and f"--workdir={ok}" in r.stdout, (script, ok, r.stderr)
+    r = _bash(script, *where, "--workdir", "gs://b/runs/arith", "--dry-run")
+    assert r.returncode == 2 and r.stdout == "", (script, r.stdout)
+    assert r.stderr.startswith("error: --workdir=gs://b/runs/arith: an object-store workdir is not supported")
+    assert len(r.stderr.splitlines()) == 1, r.stderr
+    r = _bash(script, *where, "--workdir", "/shared/runs/arith", "--dry-run")
+    assert r.returncode == 0 and "--workdir=/shared/runs/arith" in r.stdout, (script, r.stderr)
 
 
 def test_launchers_help_missing_values_and_bad_host_lists():

@@ -202,20 +202,28 @@ def test_decode_of_a_bfloat16_base_keeps_the_adapter_delta():
   np.testing.assert_allclose(step, full, atol=1e-4)
 
 
-def test_a_stage_s_final_params_keep_the_adapter_delta_of_a_bfloat16_base():
-  """train.final_params (what a stage's `params` checkpoint holds, the next stage's start): the merged kernels are
-  float32 W + scale·A·B, the trained policy's; merged into the bfloat16 base kernel they lost the delta's low bits."""
-  from grpo_jax.run import train
-  mcfg = model_lib.ModelConfig(vocab_size=64, hidden=32, layers=1, heads=4, kv_heads=2, inter=64, max_len=8,
-                               lora=LoraConfig(4, 8.0, base_dtype="bfloat16"))
-  base = lora.hold_base(mcfg, model_lib.init_params(dataclasses.replace(mcfg, lora=None), jax.random.PRNGKey(0)))
-  adapters = jax.tree.map(lambda x: x * 0.01, _nonzero_adapters(mcfg))  # a delta of ~1e-4, W's bf16 ulp ~1e-4
+def test_final_params_of_a_bfloat16_base_keep_the_adapter_delta():
+  """train.final_params (a LoRA SFT stage's DIR/sft/params, what the next stage starts from) merged W + scale·A·B
+  in float32 but returned it in the held kernel's dtype: with model.lora.base_dtype=bfloat16 a small trained delta
+  was rounded away (the export keeps float32). Against a NumPy float64 merge of the same bf16 base."""
+  from grpo_jax.run import train  # pylint: disable=import-outside-toplevel
+  c = _config()
+  c.model.lora.base_dtype = "bfloat16"
+  _, mcfg, _ = _setup(c)
+  base = lora.hold_base(mcfg, model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  adapters = jax.tree.map(lambda x: x * 0.05, _nonzero_adapters(mcfg))  # a delta below bf16's spacing of W
   out = train.final_params(mcfg, {"params": adapters, "base": base})
-  q = adapters["layers"]["q"]
-  want = (np.asarray(base["layers"]["q"]["kernel"], np.float64) + mcfg.lora.scale * np.einsum(
-      "ldr,lrhe->ldhe", np.asarray(q["lora_a"], np.float64), np.asarray(q["lora_b"], np.float64)))
-  np.testing.assert_allclose(np.asarray(out["layers"]["q"]["kernel"], np.float64), want, rtol=0, atol=1e-7)
-  assert out["layers"]["q"]["kernel"].dtype == jnp.float32 and "lora_a" not in out["layers"]["q"]
+  scale = mcfg.lora.scale
+  assert len(adapters["layers"]) == 7
+  for m in adapters["layers"]:
+    w = np.asarray(base["layers"][m]["kernel"], np.float64)
+    a, b = (np.asarray(adapters["layers"][m][k], np.float64) for k in ("lora_a", "lora_b"))
+    want = w + scale * np.stack([np.tensordot(a[l], b[l], axes=1) for l in range(w.shape[0])])
+    got = out["layers"][m]["kernel"]
+    assert got.dtype == jnp.float32 and "lora_a" not in out["layers"][m], m
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0, atol=1e-6, err_msg=m)
+    assert np.abs(want - w).max() > 1e-4  # the delta is there to lose
+  assert {x.dtype for x in jax.tree.leaves(out)} == {jnp.dtype(jnp.float32)}  # the plain model's, as it loads them
 
 
 @pytest.mark.parametrize("algo", presets.names())

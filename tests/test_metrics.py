@@ -268,6 +268,64 @@ def test_docs_metrics_table_matches_code():
     assert metrics_lib.markdown_table() in f.read(), "regenerate docs/metrics.md (command at its top)"
 
 
+_KILL = """
+import os, signal, sys, types
+sys.modules['jax'] = types.SimpleNamespace(process_index=lambda: 0, device_get=lambda x: x)  # 0.1 s, not 2 s
+from grpo_jax.run import metrics
+
+wd, point = sys.argv[1:]
+w = metrics.MetricWriter(wd, use_tensorboard=False, progress=False)
+w.write(1, {'train/loss': 1.0})
+w.write(2, {'train/loss': 2.0})
+die = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)
+
+
+class File:  # the open metrics file, one of its calls replaced by a SIGKILL
+  def __init__(self, f):
+    self.f = f
+
+  def __getattr__(self, name):
+    return getattr(self.f, name)
+
+
+if point == 'pending':      # before the pending row is in place
+  os.replace = die
+elif point == 'truncate':   # pending written, old line not yet cut
+  w._file = File(w._file); w._file.truncate = die
+elif point == 'cut':        # old line cut, nothing written
+  w._file = File(w._file); w._file.write = die
+elif point == 'torn':       # old line cut, half of the merged one written
+  w._file = File(w._file)
+  w._file.write = lambda b: (w._file.f.write(b[:len(b) // 2]), w._file.f.flush(), die())
+elif point == 'unlink':     # merged line written, pending not yet removed
+  os.remove = die
+w.write(2, {'eval/accuracy': 0.5})
+"""
+
+
+def test_a_kill_at_any_point_of_a_merge_keeps_the_row(tmp_path):
+  """A second write for a step (eval after train, a resume's counts) rewrote the file's last line: truncate, then
+  write. A SIGKILL between the two lost the row, which only rerunning the step could rebuild. The merged row now
+  goes to metrics.jsonl.pending first: killed at each point of the merge (a real SIGKILL in a subprocess), every
+  reader sees step 2's row (the merged one once it is pending), and the next start writes it into the file."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  points = ('cut', 'torn', 'truncate', 'unlink', 'pending')
+  procs = {p: subprocess.Popen([sys.executable, '-c', _KILL, str(tmp_path / p), p], cwd=repo, text=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for p in points}
+  train, merged = {'step': 2, 'train/loss': 2.0}, {'step': 2, 'eval/accuracy': 0.5, 'train/loss': 2.0}
+  for point, proc in procs.items():
+    _, err = proc.communicate(timeout=120)
+    wd = str(tmp_path / point)
+    rows = metrics_lib.read_metrics(wd)
+    assert rows == [{'step': 1, 'train/loss': 1.0}, train if point == 'pending' else merged], (point, rows, err)
+    assert proc.returncode == -9, (point, err)  # killed where it was meant to be
+    with _writer(wd, resume_step=2, progress=False) as w:  # the next start: the row in the file, no pending file
+      assert _rows(wd) == rows and not glob.glob(os.path.join(wd, 'metrics.jsonl.*')), point
+      w.write(3, {'train/loss': 3.0})
+    assert [r['step'] for r in _rows(wd)] == [1, 2, 3], point
+
+
 def test_resume_states_lost_rows_in_one_warning(tmp_path, caplog):
   """Rows a resume cannot rebuild (metrics.jsonl deleted or cut before the resumed step, a torn row): one warning
   naming the missing logged steps; none when every logged step has its row."""

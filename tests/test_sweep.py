@@ -368,7 +368,11 @@ def test_get_sweep_in_the_config_file(tmp_path):
 
 def test_print_mode_writes_launch_commands_the_launcher_accepts(env):
   c = _config()
-  wd = "gs://bucket/sweeps/s1"
+  # an object-store DIR: its runs would write their records into a local directory gs:/... (preflight.check_workdir)
+  with pytest.raises(errors.InputError, match=r"^--workdir=gs://bucket/sweeps/s1: an object-store workdir is not"):
+    sweep.run(c, "gs://bucket/sweeps/s1", config_file="configs/grpo_arith.py:small", sweep_text="rl.beta=0.02,0.04",
+              mode="print")
+  wd = str(env / "pod")  # a path every host mounts
   launch = "launch/tpu_vm.sh --name sweep-{i} --zone us-central2-b --accelerator v4-32 --dry-run"
   out = sweep.run(c, wd, config_file="configs/grpo_arith.py:small", sweep_text="rl.beta=0.02,0.04", seeds=2,
                   mode="print", launch=launch, base_overrides={"train.steps": 7})

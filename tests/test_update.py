@@ -39,6 +39,30 @@ def test_optimizer_matches_plain_adamw_and_reports_its_warmup_lr():
   assert float(s.hyperparams[update.LR]) == pytest.approx(0.1)  # the lr lives in the state (vmappable per run)
 
 
+def test_weight_decay_reaches_weights_but_not_norm_scales_or_biases():
+  """optim.weight_decay > 0 shrank every leaf, norm scales (towards 0, not their init 1) and biases included;
+  standard practice (nanoGPT, Hugging Face Trainer) decays only the weights. With a zero gradient the Adam part
+  is 0, so one update is exactly -lr·wd·p on the decayed leaves and 0 elsewhere. The rule goes by leaf name, not
+  rank: stacked biases [L, heads, head_dim] have 3 axes."""
+  lr, wd = 0.1, 0.5
+  opt = update.make_optimizer(_optim(lr=lr, weight_decay=wd, grad_clip=1.0))
+  rng = np.random.default_rng(0)
+  leaf = lambda *shape: jnp.asarray(rng.normal(size=shape) + 1.0, jnp.float32)
+  params = {"embed": {"embedding": leaf(8, 4)}, "final_norm": {"scale": leaf(4)},
+            "layers": {"attn_norm": {"scale": leaf(2, 4)}, "q": {"kernel": leaf(2, 4, 2, 2), "bias": leaf(2, 2, 2),
+                                                                "lora_a": leaf(2, 4, 3), "lora_b": leaf(2, 3, 2, 2)}},
+            "value_head": {"kernel": leaf(4, 1), "bias": leaf(1)}}
+  u, _ = jax.jit(opt.tx.update)(jax.tree.map(jnp.zeros_like, params), opt.tx.init(params), params)  # one program
+  decayed = {"embedding", "kernel", "lora_a", "lora_b"}
+  for (path, x), got in zip(jax.tree_util.tree_leaves_with_path(params), jax.tree.leaves(u)):
+    want = -lr * wd * np.asarray(x) if path[-1].key in decayed else np.zeros(x.shape)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-6, atol=0, err_msg=jax.tree_util.keystr(path))
+  # weight_decay = 0 (the default): no mask node in the state, so its structure (goldens, checkpoints) is as it was
+  masked = lambda st: any(isinstance(x, optax.MaskedState)
+                          for x in jax.tree.leaves(st, is_leaf=lambda x: isinstance(x, optax.MaskedState)))
+  assert masked(opt.tx.init(params)) and not masked(update.make_optimizer(_optim()).tx.init(params))
+
+
 def _sqrt_loss(params, batch):
   """Finite at p = 0, but its gradient 1 / (2√p) is inf there."""
   return jnp.sum(jnp.sqrt(params[0])), {"aux_metric": jnp.float32(7.0)}

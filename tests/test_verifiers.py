@@ -300,3 +300,27 @@ def test_bad_task_name(tok):
     registry.accuracy_reward("sudoku", np.zeros((1, 4), np.int32), np.ones((1, 4), np.int32), {})
   with pytest.raises(ValueError, match="task="):
     verify_py.accuracy_reward("sudoku", np.asarray([[4, 5, 6, 7, 2]]), np.ones((1, 5)), {}, tok)
+
+
+class _Shouting:
+  """The shipped tokenizer with every piece decoding to upper case: same ids, other piece texts."""
+
+  def __init__(self, tok):
+    self.tok = tok
+
+  def __getattr__(self, name):
+    return getattr(self.tok, name)
+
+  def piece_texts(self):
+    return [t.upper() for t in self.tok.piece_texts()]
+
+
+def test_the_vocabulary_cache_never_hands_one_tokenizer_another_ones_pieces(tok, monkeypatch):
+  """verify_py cached each tokenizer's piece texts by id(tok): a tokenizer made after another was collected can get
+  its id and decode with the other's texts. `id` is pinned so the reuse is certain."""
+  monkeypatch.setattr(verify_py, "id", lambda _: 7, raising=False)
+  ids = tok.encode("<think> ok </think> <answer> abc </answer>") + [tok.eos_id]
+  first = _Shouting(tok)
+  assert verify_py.span_text(ids, verify_py.parse(ids, tok=first)[1], first).strip() == "ABC"
+  del first
+  assert verify_py.span_text(ids, verify_py.parse(ids, tok=tok)[1], tok).strip() == "abc"

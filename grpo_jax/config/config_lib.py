@@ -7,8 +7,10 @@ and sweeps are to.
 `parse_arg` reads a config file's `:arg`. They live in the package, not in configs/: config_flags loads config
 files by path, so code shared between them must be importable from any working directory.
 """
+import ast
 import copy
 import difflib
+import functools
 import importlib.util
 import numbers
 import os
@@ -351,6 +353,52 @@ SWITCH = {True: "on", False: "off", "true": "on", "false": "off", "on": "on", "o
 def auto_text(key: str, text: str) -> str:
   """A command-line value for `key`: 'auto' is AUTO_INT's number for an integer knob; anything else unchanged."""
   return str(AUTO_INT[key]) if text == "auto" and key in AUTO_INT else text
+
+
+@functools.lru_cache(maxsize=1)
+def _flat_tuple_keys() -> frozenset[str]:
+  """The keys whose base_config value is a tuple of plain values (names, numbers), not of pairs."""
+  out = set()
+  def walk(d, prefix):
+    for k, v in d.items():
+      if isinstance(v, ml_collections.ConfigDict):
+        walk(v, f"{prefix}{k}.")
+      elif isinstance(v, tuple) and not any(isinstance(x, (tuple, list)) for x in v):
+        out.add(prefix + k)
+  walk(base_config(), "")
+  return frozenset(out)
+
+
+def tuple_text(key: str, text: str) -> str:
+  """A command-line value for a tuple-valued key: an unquoted comma list (`base,r1_zero`, `(base, r1_zero)`) is
+  the tuple of its items, as `1,4` already was for numbers; ml_collections read a list of words as ONE string
+  (`('base,r1_zero',)`). Anything Python reads as a literal (`"('base', 'r1_zero')"`), and any other key, is
+  unchanged."""
+  if key not in _flat_tuple_keys() or "," not in text:
+    return text
+  try:
+    ast.literal_eval(text)
+    return text
+  except (ValueError, SyntaxError):
+    pass
+  body = text.strip()
+  if body[:1] + body[-1:] in ("()", "[]"):
+    body = body[1:-1]
+  items = [x.strip() for x in body.split(",")]
+  if items[-1] == "":  # a trailing comma, as Python allows
+    items.pop()
+  if not items or any(not x or set(x) & set("'\"()[]") for x in items):
+    return text  # not a plain list: ml_collections' own parse and error
+  return repr(tuple(_plain(x) for x in items))
+
+
+def _plain(item: str):
+  """One item of a comma list: a number or a bool as Python reads it, anything else the word itself."""
+  try:
+    value = ast.literal_eval(item)
+  except (ValueError, SyntaxError):
+    return item
+  return value if isinstance(value, (int, float, bool)) else item
 
 
 def auto_value(key: str):

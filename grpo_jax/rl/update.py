@@ -34,8 +34,19 @@ class Optimizer(NamedTuple):
     return warmup_schedule(opt_state.hyperparams[LR], self.warmup_steps)(opt_state.count)
 
 
+NO_DECAY = ("scale", "bias")  # the leaves weight decay leaves alone: norm scales and biases
+
+
+def decay_mask(params: Any) -> Any:
+  """True for the leaves weight decay shrinks: matmul kernels, the embedding table, the head and LoRA adapters
+  (nanoGPT's and Hugging Face Trainer's rule: every weight but biases and norm scales; embeddings decayed as both
+  do). Decaying a norm scale pulls it towards 0, not towards its init of 1."""
+  return jax.tree_util.tree_map_with_path(lambda path, _: getattr(path[-1], "key", None) not in NO_DECAY, params)
+
+
 def make_optimizer(optim_cfg, lr: float | None = None) -> Optimizer:
   """AdamW (+ global-norm clipping, + linear warm-up) from the `optim` config group; `lr` overrides optim.lr.
+  optim.weight_decay reaches the leaves `decay_mask` selects (no norm scale, no bias).
 
   The learning rate is a hyper-parameter IN the optimizer state (`opt_state.hyperparams['learning_rate']`), so a
   main run and a vmapped run with one learning rate per run (studies/vmapped_runs.py) have the same state structure: a sweep
@@ -47,7 +58,8 @@ def make_optimizer(optim_cfg, lr: float | None = None) -> Optimizer:
     return optax.chain(
         optax.clip_by_global_norm(optim_cfg.grad_clip) if optim_cfg.grad_clip > 0 else optax.identity(),
         optax.adamw(warmup_schedule(learning_rate, warm), b1=optim_cfg.b1, b2=optim_cfg.b2,
-                    eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay))
+                    eps=optim_cfg.eps, weight_decay=optim_cfg.weight_decay,
+                    mask=decay_mask if optim_cfg.weight_decay else None))  # None: the state has no mask node
 
   tx = optax.inject_hyperparams(adamw, hyperparam_dtype=jnp.float32)(
       learning_rate=optim_cfg.lr if lr is None else lr)

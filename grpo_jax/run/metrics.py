@@ -3,7 +3,10 @@
 metrics.jsonl format: one JSON object per logged step, `step` first, then metric names sorted; integers stay
 integers, everything else is a Python float; non-finite floats are written as the strings "nan", "inf", "-inf" so
 that the file is strict JSON (jq, pandas, browsers reject bare NaN). `read_metrics` turns them back into floats.
-Several `write` calls for the same step (train metrics, then eval metrics) merge into one row.
+Several `write` calls for the same step (train metrics, then eval metrics) merge into one row. The merge rewrites
+the file's last line; the merged row is first put in metrics.jsonl.pending (written whole, then renamed), so a kill
+between cutting the old line and writing the new one loses nothing: every reader takes the pending row in place of
+its step's line (`_read_rows`), and the next start writes it into the file and removes the pending file.
 """
 
 from __future__ import annotations
@@ -225,10 +228,10 @@ def _from_json_scalar(value: Any) -> Any:
 def _read_rows(path: str) -> list[dict[str, Any]]:
   """Rows of a .jsonl file, read tolerantly: a line that is not UTF-8, not JSON (a torn write), not an object or
   without an integer `step` is skipped, and the skipped lines are counted in one warning. Nothing a file holds
-  raises here: callers read before they change any record."""
+  raises here: callers read before they change any record. A pending merged row stands for its step (_with_pending)."""
   rows, bad = [], []
   if not os.path.exists(path):
-    return rows
+    return _with_pending(path, rows)
   with open(path, 'rb') as f:
     for lineno, raw in enumerate(f, 1):
       if not raw.strip():
@@ -245,7 +248,29 @@ def _read_rows(path: str) -> list[dict[str, Any]]:
   if bad:
     logging.warning('%s: skipped %d unreadable line(s) (not UTF-8, not a JSON object with an integer step: a torn '
                     'write or an edit), line(s) %s', path, len(bad), _ranges(bad, 1))
-  return rows
+  return _with_pending(path, rows)
+
+
+def _pending_path(path: str) -> str:
+  return path + '.pending'
+
+
+def _with_pending(path: str, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+  """`rows` with the pending merged row (MetricWriter.write) in place of its step's rows: after a kill during a
+  merge the file holds the old row, none, or a torn one, and the pending row is the step's whole row."""
+  try:
+    with open(_pending_path(path), 'rb') as f:
+      row = json.loads(f.read().decode('utf-8'))
+  except FileNotFoundError:
+    return rows
+  except (OSError, UnicodeDecodeError, ValueError):
+    row = None
+  if not isinstance(row, dict) or not isinstance(row.get('step'), int) or isinstance(row.get('step'), bool):
+    logging.warning('%s is unreadable (an edit?); ignored', _pending_path(path))
+    return rows
+  kept = [r for r in rows if r['step'] != row['step']]
+  at = next((i for i, r in enumerate(kept) if r['step'] > row['step']), len(kept))
+  return kept[:at] + [row] + kept[at:]
 
 
 def read_metrics(workdir: str) -> list[dict[str, Any]]:
@@ -284,8 +309,9 @@ def _ranges(steps: Sequence[int], gap: int) -> str:
 
 
 def _truncate_jsonl(path: str, keep_up_to: int | None) -> None:
-  """Atomically drops rows with step > keep_up_to (all rows if None): a resumed run re-logs those steps."""
-  if not os.path.exists(path):
+  """Atomically drops rows with step > keep_up_to (all rows if None): a resumed run re-logs those steps. A pending
+  merged row (MetricWriter.write) is written into the file first."""
+  if not os.path.exists(path) and not os.path.exists(_pending_path(path)):
     return
   rows = _read_rows(path)
   kept = [r for r in rows if keep_up_to is not None and isinstance(r.get('step'), int) and r['step'] <= keep_up_to]
@@ -300,6 +326,9 @@ def _truncate_jsonl(path: str, keep_up_to: int | None) -> None:
     f.flush()
     os.fsync(f.fileno())
   os.replace(tmp, path)
+  for done in (_pending_path(path), _pending_path(path) + '.tmp'):  # its row is in the file now (or dropped with
+    if os.path.exists(done):                                          # its step); a .tmp: a kill before the rename
+      os.remove(done)
 
 
 def _fmt_duration(seconds: float) -> str:
@@ -379,14 +408,23 @@ class MetricWriter:
       raise ValueError(f'step={step} is before the last logged step {self._last_step}; log steps in order '
                        '(a resumed run passes resume_step= to MetricWriter)')
     self._reopen_if_gone()
-    if step == self._last_step:  # rewrite the last line in place: one row per step
+    merge = step == self._last_step
+    if merge:  # rewrite the last line in place: one row per step
       values = {**{k: v for k, v in self._last_row.items() if k != 'step'}, **values}
+    row = {'step': step, **dict(sorted(values.items()))}
+    line = (json.dumps(row) + '\n').encode()
+    if merge:  # the merged row is safe in the pending file before the old line is cut
+      pending = _pending_path(self.path)
+      with open(pending + '.tmp', 'wb') as f:
+        f.write(line)
+      os.replace(pending + '.tmp', pending)
       self._file.truncate(self._last_offset)
     self._file.seek(0, os.SEEK_END)
     self._last_offset = self._file.tell()
-    row = {'step': step, **dict(sorted(values.items()))}
-    self._file.write((json.dumps(row) + '\n').encode())
+    self._file.write(line)
     self._file.flush()
+    if merge:
+      os.remove(_pending_path(self.path))
     self._last_step, self._last_row = step, row
     new = {k: float(_from_json_scalar(v)) for k, v in values.items() if k in metrics}
     if self._tb is not None:

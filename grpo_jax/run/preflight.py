@@ -44,12 +44,16 @@ def check_job(config) -> None:
 
 
 def check_workdir(workdir: str) -> None:
-  """The work directory can be created and written (object-store URIs are checked by their first write)."""
+  """The work directory is a local or mounted path that can be created and written. An object-store URI is refused:
+  only the checkpoints go through etils epath; config.json, metrics.jsonl, samples, plots and the stage records use
+  local file calls, which put `gs://b/run` in a local directory `gs:/b/run`, apart from the run's checkpoints."""
   if not workdir:
     raise errors.InputError("--workdir is required: the directory for config.json, metrics.jsonl, checkpoints and "
                             "plots.")
   if "://" in workdir:
-    return
+    raise errors.InputError(f"--workdir={workdir}: an object-store workdir is not supported (the run's records are "
+                            "written with local file calls); pass a local or mounted path, e.g. the bucket mounted "
+                            "with gcsfuse (docs/reliability.md).")
   path = os.path.abspath(workdir)
   if os.path.exists(path) and not os.path.isdir(path):
     raise errors.InputError(f"--workdir={workdir} is a file, not a directory; pass a directory path.")

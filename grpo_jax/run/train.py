@@ -538,9 +538,10 @@ def _stacked_start(sub: list[tuple[Member, Any]], config, start: int, mesh, mcfg
 
 def final_params(mcfg, state) -> dict:
   """A stage's final policy as a params checkpoint holds it: the model params (with LoRA: adapters merged into
-  the base in float32, whatever model.lora.base_dtype: merged into a bfloat16 kernel, a small delta was lost), so
-  the next stage starts from a plain model."""
-  return lora_lib.merged(mcfg, state_lib.model_params(state), jax.numpy.float32)
+  the base), so the next stage starts from a plain model. In the plain model's dtypes (float32): a bfloat16-held
+  base's merge kept in bfloat16 rounded a small adapter delta away (as the export once did)."""
+  params = lora_lib.merged(mcfg, state_lib.model_params(state), jax.numpy.float32)
+  return jax.tree.map(lambda x, s: x.astype(s.dtype), params, model_lib.param_shapes(mcfg))
 
 
 def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str | None = None,

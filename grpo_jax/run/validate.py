@@ -143,7 +143,8 @@ def reward_terms(key: str, terms) -> None:
   seen = set()
   for i, entry in enumerate(terms):
     if not (isinstance(entry, (tuple, list)) and len(entry) == 2 and isinstance(entry[0], str) and finite(entry[1])):
-      _fail(f"{key}[{i}]", f"must be a (name, weight) pair with a finite weight (float32), got {entry!r}.")
+      _fail(f"{key}[{i}]", f"must be a (name, weight) pair with a finite weight (float32), got {entry!r} (on the "
+            f"command line: --config.{key}=\"(('accuracy', 1.0), ('format', 0.2))\").")
     if entry[0] in seen:
       _fail(f"{key}[{i}]", f"names {entry[0]!r} a second time; give each term once, with the weights summed.")
     seen.add(entry[0])

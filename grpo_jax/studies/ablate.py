@@ -25,6 +25,7 @@ from typing import Callable
 
 from grpo_jax import cli
 from grpo_jax.infra import errors
+from grpo_jax.run import preflight
 from grpo_jax.run import run_config
 from grpo_jax.studies import report
 from grpo_jax.rl import auto
@@ -188,6 +189,10 @@ def usage_error(argv, config, workdir) -> str:
     return "--config is required, e.g. --config=configs/ablations/algorithms.py:small."
   if not workdir:
     return "--workdir is required: the directory for cells/, table.md, table.csv and plots."
+  try:
+    preflight.check_workdir(workdir)  # a gs:// one became a local directory gs:/...
+  except errors.InputError as e:
+    return str(e)
   return ""
 
 

@@ -1,6 +1,8 @@
 """Writes a study's table (an ablation table, a sweep report) as DIR/table.md, DIR/table.csv and DIR/<curve>.png
 (mean with a 95% CI band)."""
+import collections
 import csv
+import hashlib
 import math
 import os
 import re
@@ -95,7 +97,16 @@ def _cell(text: str) -> str:
 
 
 def _slug(name: str) -> str:
-  return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+  return re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") or "curve"
+
+
+def _file_names(names: Sequence[str]) -> dict[str, str]:
+  """name -> its PNG's file name: the slug, plus a hash of the name where two names share a slug (case ignored, as
+  on macOS): `train/reward:format` and `train/reward_format` drew over each other's file."""
+  slugs = {m: _slug(m) for m in names}
+  shared = collections.Counter(s.lower() for s in slugs.values())
+  return {m: (s if shared[s.lower()] == 1 else f"{s}-{hashlib.sha1(m.encode()).hexdigest()[:8]}") + ".png"
+          for m, s in slugs.items()}
 
 
 def write_plots(workdir: str, cells: Cells) -> list[str]:
@@ -104,6 +115,7 @@ def write_plots(workdir: str, cells: Cells) -> list[str]:
   for c in cells.values():
     names += [m for m in c.get("curves", {}) if m not in names]
   out = []
+  fnames = _file_names(names)
   for m in names:
     fig = Figure(figsize=(6, 4), dpi=100)
     FigureCanvasAgg(fig)
@@ -123,7 +135,7 @@ def write_plots(workdir: str, cells: Cells) -> list[str]:
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fname = _slug(m) + ".png"
+    fname = fnames[m]
     tmp = os.path.join(workdir, fname + ".tmp")
     fig.savefig(tmp, format="png")
     os.replace(tmp, os.path.join(workdir, fname))

@@ -215,17 +215,14 @@ def check(runs: Sequence[Run]) -> dict[str, bool]:
   return done
 
 
-def check_run(r: Run, plan: bool = True) -> bool:
-  """One run's checks (check's); -> whether it finished earlier. An input error names the run. plan=False: its
-  directory is not read (a printed command's object-store directory: the launched run plans it)."""
+def check_run(r: Run) -> bool:
+  """One run's checks (check's); -> whether it finished earlier. An input error names the run."""
   try:
     c = model_source.resolve(r.config)
     jobs.check(c, r.workdir)
     todo = _stage_list(c, r.workdir)
     stages.allow_set(c)
     stages.rerun_set(c, todo)
-    if not plan:
-      return False
     actions = stages.plan(todo, c, r.workdir)
   except errors.InputError as e:
     raise type(e)(f"sweep run {r.name}: {e}") from e
@@ -237,9 +234,8 @@ def check_printed(runs: Sequence[Run], launch: str, log: Callable[[str], None]) 
   written; each bad point is one `Config error: sweep run <name>: ...` line on stderr, then one ConfigError. A
   launcher's runs go to other machines: they are checked for the devices their mesh names (an axis at -1 counted
   as 1: the fewest it runs on, never a false refusal of the mesh) and for unknown memory (the fit is each launched
-  run's own preflight, logged); an object-store run directory (gs://...) is not read here (each launched run checks
-  it against its config), and a run whose config names local paths this host lacks (the pod's /data/...) is left
-  to the launched run (logged), not refused for them."""
+  run's own preflight, logged), and a run whose config names local paths this host lacks (the pod's /data/...) is
+  left to the launched run (logged), not refused for them."""
 
   def devices(c) -> int:  # the devices a launched run's mesh names; an axis at -1 (all the others) counted as 1
     return math.prod(max(int(c.mesh[a]), 1) for a in ("data", "fsdp", "tensor"))
@@ -260,7 +256,7 @@ def check_printed(runs: Sequence[Run], launch: str, log: Callable[[str], None]) 
       with contextlib.ExitStack() as stack:
         if launch != "local":
           stack.enter_context(validate.elsewhere(devices(r.config), None))
-        check_run(r, plan="://" not in r.workdir)
+        check_run(r)
     except errors.InputError as e:
       bad[r.point] = errors.one_line(str(e))
       print(f"Config error: {bad[r.point]}", file=sys.stderr, flush=True)
@@ -353,11 +349,10 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
   if mode == "print":
     check_printed(runs, launch, log)
     cmds = launch_commands(runs, config_file, dict(base_overrides or {}), launch)
-    if "://" not in workdir:
-      os.makedirs(workdir, exist_ok=True)
-      with open(os.path.join(workdir, "launch.sh"), "w", encoding="utf-8") as f:
-        f.write("#!/usr/bin/env bash\n# " + (command or "python -m grpo_jax.sweep --mode=print") + "\nset -e\n"
-                + "\n".join(cmds) + "\n")
+    os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "launch.sh"), "w", encoding="utf-8") as f:
+      f.write("#!/usr/bin/env bash\n# " + (command or "python -m grpo_jax.sweep --mode=print") + "\nset -e\n"
+              + "\n".join(cmds) + "\n")
     summary["report"] = "\n".join(cmds)
     return summary
   title = f"Sweep: {config_file or 'config'} ({len({r.point for r in runs})} points × {seeds} seed(s))"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import weakref
 from typing import Any, Iterator, Sequence
 
 import numpy as np
@@ -19,8 +20,10 @@ _DEFAULTS = {"language": "a", "data_dir": None, "split_seed": 0, "train_size": 1
              "prompt_format": "r1_zero", "overlong_prompts": "error", "train_indices": ()}
 OVERLONG = ("error", "drop", "truncate")  # task.overlong_prompts
 # Prompt lengths of a split's examples by example index, under what determines them: preflight, the RL batches and
-# the eval set of one process (and every stage of an R1 pipeline) measure an example once.
-_LENGTHS: dict[tuple, dict[int, int]] = {}
+# the eval set of one process (and every stage of an R1 pipeline) measure an example once. Held per tokenizer
+# object, weakly: an id(tok) key was reused by a tokenizer made after the first was collected (lru eviction), which
+# then read the other vocabulary's lengths.
+_LENGTHS: weakref.WeakKeyDictionary[Any, dict[tuple, dict[int, int]]] = weakref.WeakKeyDictionary()
 
 
 def _get(cfg: Any, key: str):
@@ -69,9 +72,9 @@ def prompt_lengths(task_cfg, tok, split: str, examples: list[dict] | None = None
   in any order, before or after the whole split was measured."""
   task = make_task(task_cfg)
   key = (repr(task), split, *(str(_get(task_cfg, k)) for k in ("data_dir", "split_seed", "train_size", "test_size",
-                                                                "prompt_format")), _split_languages(task_cfg), id(tok),
+                                                                "prompt_format")), _split_languages(task_cfg),
          json.dumps(list(tools), sort_keys=True))
-  known = _LENGTHS.setdefault(key, {})
+  known = _LENGTHS.setdefault(tok, {}).setdefault(key, {})
   examples = load_examples(task_cfg, split) if examples is None else examples
   fmt = _get(task_cfg, "prompt_format")
   for ex in examples:
@@ -248,7 +251,7 @@ def _sft_ids(task, ex: dict, lang: str, tok, mode: str, mistake: bool) -> tuple[
   return [tok.bos_id], tok.encode(task.question(ex, lang) + " " + cot.solution(ex, lang, mistake, False)) + [tok.eos_id]
 
 
-_SFT_LENGTHS: dict[tuple, np.ndarray] = {}
+_SFT_LENGTHS: weakref.WeakKeyDictionary[Any, dict[tuple, np.ndarray]] = weakref.WeakKeyDictionary()  # as _LENGTHS
 
 
 def sft_drawn(n_examples: int, seed: int, steps: int, batch: int) -> np.ndarray:
@@ -270,12 +273,13 @@ def sft_lengths(task_cfg, tok, split: str, mode: str = "completion", mistakes: b
   examples = load_examples(task_cfg, split)
   idx = np.arange(len(examples)) if indices is None else np.asarray(indices, np.int64)
   key = (repr(task), split, *(str(_get(task_cfg, k)) for k in ("data_dir", "split_seed", "train_size", "test_size")),
-         _split_languages(task_cfg), getattr(tok, "file", None) or id(tok), mode, mistakes, idx.tobytes())
-  if key not in _SFT_LENGTHS:
-    _SFT_LENGTHS[key] = np.asarray([max(sum(map(len, _sft_ids(task, examples[i], lang, tok, mode, m)))
+         _split_languages(task_cfg), mode, mistakes, idx.tobytes())
+  known = _SFT_LENGTHS.setdefault(tok, {})
+  if key not in known:
+    known[key] = np.asarray([max(sum(map(len, _sft_ids(task, examples[i], lang, tok, mode, m)))
                                         for lang in _split_languages(task_cfg) for m in {False, mistakes})
                                     for i in idx], np.int64)
-  return _SFT_LENGTHS[key]
+  return known[key]
 
 
 def sft_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_size: int, seed: int, start_step: int,

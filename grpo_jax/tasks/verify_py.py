@@ -17,6 +17,7 @@ the think body (format OK required; otherwise no valid steps).
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Sequence
 
 import numpy as np
@@ -48,14 +49,16 @@ def eos_ids(tok) -> tuple[int, ...]:
   return tuple(int(i) for i in getattr(tok, "eos_ids", (tok.eos_id,)))
 
 
-_VOCABS: dict[int, _Vocab] = {}
+# Per tokenizer object, weakly: an id(tok) key was reused by a tokenizer made after the first was collected, which
+# then decoded with the other vocabulary's piece texts (as tasks/data.py's length caches).
+_VOCABS: weakref.WeakKeyDictionary[tokenizer_lib.Tokenizer, _Vocab] = weakref.WeakKeyDictionary()
 
 
 def _vocab(tok: tokenizer_lib.Tokenizer | None) -> _Vocab:
   tok = tok or tokenizer_lib.load()
-  if id(tok) not in _VOCABS:
-    _VOCABS[id(tok)] = _Vocab(tok)
-  return _VOCABS[id(tok)]
+  if tok not in _VOCABS:
+    _VOCABS[tok] = _Vocab(tok)
+  return _VOCABS[tok]
 
 
 def completion(ids: Sequence[int], mask: Sequence[int] | None = None) -> list[int]:

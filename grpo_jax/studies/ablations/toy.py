@@ -21,7 +21,7 @@ def base_params(mcfg: model_lib.ModelConfig, L: int, steps: int, p_correct: floa
   AdamW (sft_step, loss on the completions) on digits.base_documents for `steps` steps of 64. RL is applied to a
   base model, as in practice, so it refines a policy that already answers (at ~p_correct) with varied lengths
   instead of searching a uniform 32-way guess."""
-  c = config_lib.base_config()  # optax.adamw(3e-3)'s defaults: no clipping, no warm-up
+  c = config_lib.base_config()  # optax.adamw(3e-3)'s defaults: no clipping, no warm-up (decay: update.decay_mask)
   c.optim.update(b1=0.9, b2=0.999, weight_decay=1e-4, grad_clip=0.0)
   c.sft.update(lr=3e-3, warmup_steps=0)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
