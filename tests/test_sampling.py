@@ -227,6 +227,20 @@ def test_config_validation_and_from_config():
     S.SamplingConfig(temperature=0.0)
   with pytest.raises(ValueError, match="top_k"):
     S.SamplingConfig(top_k=-1)
+  with pytest.raises(ValueError, match="max_new_tokens"):
+    S.SamplingConfig(max_new_tokens=0)
+  with pytest.raises(ValueError, match="top_p"):
+    S.SamplingConfig(top_p=1.01)
+  # the temperature floor: below it logits / T overflow float32 (NaN log-probs at 1e-37; 1e-40 is flushed to 0)
+  for t in (1e-37, 1e-40, 0.0099):
+    with pytest.raises(ValueError, match=r"temperature=.*must be >= 0.01"):
+      S.SamplingConfig(temperature=t)
+  logits = jnp.asarray([[40.0, 0.0, -40.0], [1e4, 1e4 - 1, -1e4]])
+  tok, logp = S.draw(logits, jnp.asarray([0.5, 0.99]), S.SamplingConfig(temperature=S.MIN_TEMPERATURE))
+  np.testing.assert_array_equal(np.asarray(tok), [0, 0])  # at the floor: argmax (a gap of 1 is e^-100 away)
+  np.testing.assert_array_equal(np.asarray(logp), [0.0, 0.0])
+  np.testing.assert_allclose(np.asarray(S.token_logp(logits, jnp.asarray([2, 1]), S.MIN_TEMPERATURE)),
+                             [-8000.0, -100.0], rtol=1e-6)  # finite, as the loss recomputes them
   scfg = S.SamplingConfig.from_config(dict(temperature=1, top_k=0, top_p=1.0, max_new_tokens=8), eos_id=3, pad_id=0)
   assert scfg == S.SamplingConfig(max_new_tokens=8, eos_id=3, pad_id=0)
   many = S.SamplingConfig.from_config(dict(temperature=1, top_k=0, top_p=1.0, max_new_tokens=8), eos_id=[3, 7],

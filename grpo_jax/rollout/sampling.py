@@ -22,6 +22,12 @@ from grpo_jax.model import model as model_lib
 from grpo_jax.model import decode as decode_lib
 
 
+# Below this, softmax(logits / temperature) is argmax for any logit gap above 0.2 (e^-20) and float32 breaks down
+# further on: logits / 1e-37 overflow to inf and every recorded log-prob is NaN (1e-40 is flushed to 0 first). vLLM
+# warns and clamps at the same 0.01. For argmax use greedy (evaluation), not a tiny temperature.
+MIN_TEMPERATURE = 0.01
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   temperature: float = 1.0
@@ -37,8 +43,9 @@ class SamplingConfig:
 
   def __post_init__(self):
     # A traced temperature (a vmapped sweep's, studies/vmapped_runs.py) is checked where the config is validated, not here.
-    if not isinstance(self.temperature, jax.core.Tracer) and not self.temperature > 0:
-      raise ValueError(f"sampling.temperature={self.temperature}: must be > 0 (use greedy=True for argmax).")
+    if not isinstance(self.temperature, jax.core.Tracer) and not self.temperature >= MIN_TEMPERATURE:
+      raise ValueError(f"sampling.temperature={self.temperature}: must be >= {MIN_TEMPERATURE} (use greedy=True for "
+                       "argmax).")
     if self.top_k < 0:
       raise ValueError(f"sampling.top_k={self.top_k}: must be >= 0 (0 = off).")
     if not 0 < self.top_p <= 1:
