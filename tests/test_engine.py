@@ -550,6 +550,11 @@ def test_roofline_decode_work_for_stated_lengths():
   w = roofline.decode_work(c, lengths)
   assert w == dict(steps=9, row_steps=4 * 2 + 9 * 2, kv_read=26 * 14, prefill_rows=4, tokens=20)
   assert roofline.decode_work(c) == dict(steps=10, row_steps=40, kv_read=40 * 14, prefill_rows=4, tokens=40)
+  # the static sampler emits token k at decode step k, so a longest row of 5 tokens is seen done after step 4 (the
+  # second chunk: 8 steps), rows of 1 token after step 0 (4 steps), as tests/test_sampling.py's early-exit tests
+  # measure it (the roofline counted 4 and 0)
+  assert roofline.decode_work(c, np.array([5, 10, 1, 5]))["row_steps"] == 8 * 2 + 9 * 2
+  assert roofline.decode_work(c, np.array([1, 1, 1, 1]))["steps"] == 4
   cc = config_lib.override(c, {"sampling.engine": "continuous", "sampling.slots": 4, "sampling.compaction": 2})
   sim = E.simulate(lengths, 4, (4, 2), 10, 10)
   w = roofline.decode_work(cc, lengths)

@@ -38,7 +38,7 @@ class SamplingConfig:
   eos_id: int | tuple[int, ...] = 2  # the id, or the ids, that end a row (an HF model may have several)
   pad_id: int = 0
   # decode steps between checks that every row is done (one all-reduce of a bool per check); 0 = always decode
-  # max_new_tokens steps. A finished batch wastes at most exit_chunk - 1 steps.
+  # max_new_tokens steps. A finished batch wastes at most exit_chunk steps.
   exit_chunk: int = 16
 
   def __post_init__(self):
@@ -80,7 +80,7 @@ class SamplingConfig:
 def default_exit_chunk(max_new_tokens: int) -> int:
   """`sampling.exit_chunk=-1` (auto; rl/auto.py logs it): the divisor of max_new_tokens in [8, 32] nearest 16 (the
   smaller of two), else 16. A chunk that divides L leaves no remainder chunk, whose scan (`_decode`) is a second
-  decode body to compile; 16 is the measured default (a finished batch wastes at most 15 steps, one all-reduce per
+  decode body to compile; 16 is the measured default (a finished batch wastes at most 16 steps, one all-reduce per
   check). L <= 16: one scan of L steps, as 16 gives."""
   if max_new_tokens <= 16:
     return 16
