@@ -247,10 +247,12 @@ EXACT_ATOL = 5e-6
 def test_sampler_and_training_logprobs_agree_in_fp32(engine, packing):
   """The sampler's recorded log-probs (μ) against the training forward's (π_prox, forced by a correction) on the same
   tokens: equal to fp32 rounding, for the static and continuous engines and the padded and packed passes; and
-  the rollout without a correction returns the sampler's own as π_old, bit for bit."""
+  the rollout without a correction returns the sampler's own as π_old, bit for bit. Temperature 0.7 with top-k and
+  top-p: both score the untruncated softmax(logits / temperature) (DESIGN.md), whatever filter drew the token."""
   from tests.test_rl_step import TINY, _ManyEos, _rollout
   c = digits.bench_config(**TINY)
-  over = {"sampling.engine": engine, "rl.packing": packing}
+  over = {"sampling.engine": engine, "rl.packing": packing, "sampling.temperature": 0.7, "sampling.top_k": 8,
+          "sampling.top_p": 0.9}
   tok = _ManyEos(c.model.vocab_size)
   ro = _rollout(c, 1, tokenizer=tok, **over, **{"rl.rollout_correction": "tis"})
   mask = ro.mask_NxL > 0

@@ -67,6 +67,24 @@ def test_same_samples_as_static_for_any_slot_count(params, G, slots):
     assert int(ro.decode_steps) > lengths.max() - 1 and float(stats.admit_wait) > 0
 
 
+@pytest.mark.parametrize("G,slots,L", [(3, 4, 9), (3, 5, 1)])
+def test_groups_that_do_not_divide_the_slots_and_one_token_rows(params, G, slots, L):
+  """G = 3 rows per prompt in 4 or 5 slots (a group split across refills), and max_new_tokens = 1 (no decode step in
+  the static engine; every row ends at its prefill token, so each refill costs the engine one decode step): the static
+  engine's samples, top-p at temperature 0.9."""
+  prompt, pm = prompts(B, seed=7)
+  scfg = S.SamplingConfig(max_new_tokens=L, eos_id=tuple(range(1, 30)), top_p=0.85, temperature=0.9)
+  u = S.uniforms(jax.random.PRNGKey(11), L, B * G)
+  ref = reference(params, prompt, pm, G, scfg, u)
+  ro, _ = continuous(params, prompt, pm, G, scfg, u, slots=slots, kv_block=4)
+  assert_same(ro, ref)
+  lengths = np.asarray(ref.lengths_N)
+  if L == 1:
+    assert int(ref.decode_steps) == 0 and int(ro.decode_steps) == -(-B * G // slots) - 1
+  else:
+    assert lengths.min() < L == lengths.max(), lengths
+
+
 @pytest.mark.parametrize("kind", ["greedy", "top_k", "top_p"])
 def test_truncated_sampling_and_first_token_eos(params, kind):
   """Greedy with the first token's argmax as EOS for row 0 (it ends at its first token); top-k, top-p and a
@@ -550,6 +568,11 @@ def test_roofline_decode_work_for_stated_lengths():
   w = roofline.decode_work(c, lengths)
   assert w == dict(steps=9, row_steps=4 * 2 + 9 * 2, kv_read=26 * 14, prefill_rows=4, tokens=20)
   assert roofline.decode_work(c) == dict(steps=10, row_steps=40, kv_read=40 * 14, prefill_rows=4, tokens=40)
+  # the static sampler emits token k at decode step k, so a longest row of 5 tokens is seen done after step 4 (the
+  # second chunk: 8 steps), rows of 1 token after step 0 (4 steps), as tests/test_sampling.py's early-exit tests
+  # measure it (the roofline counted 4 and 0)
+  assert roofline.decode_work(c, np.array([5, 10, 1, 5]))["row_steps"] == 8 * 2 + 9 * 2
+  assert roofline.decode_work(c, np.array([1, 1, 1, 1]))["steps"] == 4
   cc = config_lib.override(c, {"sampling.engine": "continuous", "sampling.slots": 4, "sampling.compaction": 2})
   sim = E.simulate(lengths, 4, (4, 2), 10, 10)
   w = roofline.decode_work(cc, lengths)

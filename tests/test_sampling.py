@@ -102,6 +102,44 @@ def test_draw_frequencies_match_target_distribution(scfg):
   assert (target > 0).sum() == {0.8: 8, 1.3: 3, 1.0: 3, 2.0: 4, 0.5: 1}[scfg.temperature]  # filters did bite
 
 
+def test_draw_filter_edges_against_numpy():
+  """The filters at their edges, each target computed in NumPy (float64): top_p tiny (the argmax alone), top_k = 1
+  (greedy's token), top_k >= V (no filter: the untruncated distribution), top-p whose mass reaches p exactly at a
+  token (that token kept, the next not; HF and vLLM keep the same prefix), tied probabilities at the top-k / top-p
+  cut (the lower id kept: one of the ties, never both), a temperature of 1e3 (all but uniform), and uniforms 0 and
+  1 - 2^-24 (the first and last token of the support, never one outside it)."""
+  n = 2000
+  u = jnp.asarray((np.arange(n) + 0.5) / n, jnp.float32)
+  f = S.draw  # eagerly: one compile per filter setting would cost more than the draws
+
+  def freq(logits, scfg):
+    tok, logp = f(jnp.tile(jnp.asarray(logits, jnp.float32), (n, 1)), u, scfg)
+    np.testing.assert_allclose(np.asarray(logp), np_log_softmax(np.asarray(logits, np.float64) /
+                                                                  scfg.temperature)[np.asarray(tok)], atol=1e-5)
+    return np.bincount(np.asarray(tok), minlength=len(logits)) / n
+
+  logits = np.array([1.0, -0.5, 2.0, 0.3, 0.0, 1.7, -2.0, 0.9])
+  p = np.exp(np_log_softmax(logits))
+  onehot = np.eye(8)[2]
+  np.testing.assert_array_equal(freq(logits, S.SamplingConfig(top_p=1e-9)), onehot)
+  np.testing.assert_array_equal(freq(logits, S.SamplingConfig(top_k=1)), onehot)
+  np.testing.assert_allclose(freq(logits, S.SamplingConfig(top_k=8)), p, atol=1e-3)
+  np.testing.assert_allclose(freq(logits, S.SamplingConfig(temperature=1e3)), np.exp(np_log_softmax(logits / 1e3)),
+                             atol=1e-3)  # within 0.25% of uniform
+  # probabilities 1/8, 1/2, 1/8, 1/4 (exact in float32): the mass before each in sorted order is 0, .5, .75, .875
+  q = np.log(np.array([0.125, 0.5, 0.125, 0.25]))
+  np.testing.assert_allclose(freq(q, S.SamplingConfig(top_p=0.75)), [0, 2 / 3, 0, 1 / 3], atol=1e-3)
+  np.testing.assert_allclose(freq(q, S.SamplingConfig(top_p=0.76)), [1 / 7, 4 / 7, 0, 2 / 7], atol=1e-3)
+  np.testing.assert_allclose(freq(q, S.SamplingConfig(top_k=3)), [1 / 7, 4 / 7, 0, 2 / 7], atol=1e-3)
+  even = np.zeros(4)  # four ties: top_k = 2 and top_p = 0.5 both keep ids 0 and 1
+  for scfg in (S.SamplingConfig(top_k=2), S.SamplingConfig(top_p=0.5)):
+    np.testing.assert_allclose(freq(even, scfg), [0.5, 0.5, 0, 0], atol=1e-3)
+  ends = jnp.asarray([0.0, 1 - 2 ** -24], jnp.float32)
+  row = jnp.tile(jnp.asarray(logits, jnp.float32), (2, 1))
+  np.testing.assert_array_equal(np.asarray(f(row, ends, S.SamplingConfig(top_k=3))[0]), [2, 0])  # order 2, 5, 0
+  np.testing.assert_array_equal(np.asarray(f(row, ends, S.SamplingConfig())[0]), [0, 7])
+
+
 @pytest.fixture(scope="module")
 def plain(params):
   scfg = S.SamplingConfig(temperature=1.0, max_new_tokens=L, eos_id=63, pad_id=0)
@@ -227,6 +265,20 @@ def test_config_validation_and_from_config():
     S.SamplingConfig(temperature=0.0)
   with pytest.raises(ValueError, match="top_k"):
     S.SamplingConfig(top_k=-1)
+  with pytest.raises(ValueError, match="max_new_tokens"):
+    S.SamplingConfig(max_new_tokens=0)
+  with pytest.raises(ValueError, match="top_p"):
+    S.SamplingConfig(top_p=1.01)
+  # the temperature floor: below it logits / T overflow float32 (NaN log-probs at 1e-37; 1e-40 is flushed to 0)
+  for t in (1e-37, 1e-40, 0.0099):
+    with pytest.raises(ValueError, match=r"temperature=.*must be >= 0.01"):
+      S.SamplingConfig(temperature=t)
+  logits = jnp.asarray([[40.0, 0.0, -40.0], [1e4, 1e4 - 1, -1e4]])
+  tok, logp = S.draw(logits, jnp.asarray([0.5, 0.99]), S.SamplingConfig(temperature=S.MIN_TEMPERATURE))
+  np.testing.assert_array_equal(np.asarray(tok), [0, 0])  # at the floor: argmax (a gap of 1 is e^-100 away)
+  np.testing.assert_array_equal(np.asarray(logp), [0.0, 0.0])
+  np.testing.assert_allclose(np.asarray(S.token_logp(logits, jnp.asarray([2, 1]), S.MIN_TEMPERATURE)),
+                             [-8000.0, -100.0], rtol=1e-6)  # finite, as the loss recomputes them
   scfg = S.SamplingConfig.from_config(dict(temperature=1, top_k=0, top_p=1.0, max_new_tokens=8), eos_id=3, pad_id=0)
   assert scfg == S.SamplingConfig(max_new_tokens=8, eos_id=3, pad_id=0)
   many = S.SamplingConfig.from_config(dict(temperature=1, top_k=0, top_p=1.0, max_new_tokens=8), eos_id=[3, 7],

@@ -162,6 +162,20 @@ def test_learning_rate_and_temperature_bounds(caplog):
       ok(**over)
 
 
+def test_a_temperature_below_the_floor_is_refused():
+  """sampling.MIN_TEMPERATURE = 0.01 is inclusive. Below it the run was accepted and sampled from logits / T: at
+  1e-37 (logits of 40) those overflow float32 and every recorded log-prob was NaN, at 1e-40 (flushed to 0) too; the
+  r1 rejection sampler's temperature has the same rule."""
+  ok = lambda **o: validate.validate_rl(config_lib.override(_cfg(), o), num_devices=1, tokenizer=_Tok())
+  ok(**{"sampling.temperature": 0.01})
+  for t in (0.0099, 1e-37, 1e-40):
+    with pytest.raises(validate.ConfigError, match=rf"^config.sampling.temperature: is {t!r}: below 0.01 "):
+      ok(**{"sampling.temperature": t})
+  c = config_lib.override(_cfg(), {"r1.rejection.temperature": 1e-6})
+  with pytest.raises(validate.ConfigError, match=r"^config.r1.rejection.temperature: is 1e-06: below 0.01"):
+    validate.temperature(c, "r1.rejection.temperature")
+
+
 @pytest.mark.parametrize("idx", [(3, 3), (-1,), (20_000,), (1.0,)])
 def test_train_indices_must_be_distinct_train_examples(idx):
   c = _cfg()

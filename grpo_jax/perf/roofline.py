@@ -117,7 +117,9 @@ def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
     return dict(steps=sim["steps"], row_steps=sim["row_steps"], kv_read=sim["kv_read"] + sim["row_steps"] * P,
                 prefill_rows=N // rl.G, tokens=sim["tokens"])
   c, chunks = sampling.SamplingConfig.from_config(sc, eos_id=0, pad_id=0).exit_chunk, int(rl.rollout_chunks)
-  steps_c = [L - 1 if not c else min(L - 1, -(-(int(lengths_N[i::chunks].max()) - 1) // c) * c)
+  # sampling.sample emits token k at decode step k (then decodes it), so a chunk whose longest row has l tokens is
+  # known done after step l - 1: it stops at the first exit-chunk boundary at or after l steps
+  steps_c = [L - 1 if not c else min(L - 1, -(-int(lengths_N[i::chunks].max()) // c) * c)
              for i in range(chunks)]
   row_steps = sum(s * (N // chunks) for s in steps_c)
   return dict(steps=max(steps_c), row_steps=row_steps, kv_read=row_steps * (P + L), prefill_rows=N,

@@ -28,7 +28,9 @@ Kinds (rl.rollout_correction), each as its source defines it:
 Statistics (`metrics`, logged whenever π_prox is a forward): train/is_weight_mean, train/is_weight_max (of the weight
 applied, over the tokens kept), train/is_masked_frac (completion tokens the correction removed), train/mismatch_kl
 (k3 = ρ − log ρ − 1, token mean: an unbiased estimate of KL(μ‖π_prox), the tokens being μ's samples; verl's
-rollout_corr k3_kl).
+rollout_corr k3_kl). μ is recorded untruncated (sampling.py), as π_prox and π_θ are scored: with sampling.top_k /
+top_p the tokens come from the truncated distribution instead, which no weight here corrects and which biases that
+estimate too (DESIGN.md: π is always the untruncated softmax(logits / temperature)).
 """
 import math
 from typing import NamedTuple

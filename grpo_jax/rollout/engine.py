@@ -27,8 +27,9 @@ the output scatters, the gathers of prompt KV / logits / uniforms by group: live
 SPMD partitioner keeps on each device: in the default decode layout the compiled decode's only collectives are
 scalar all-reduces (tests/test_engine.py), except with top-k / top-p sampling, whose `lax.top_k` XLA:CPU partitions
 by all-gathering the slots' logits (sampling.draw, as in the static engine). With D = 1 it is one queue over all rows. Row n's token at completion
-position t is drawn with the uniform u[t, n] (sampling.uniforms) from the same untruncated softmax(logits /
-temperature), so no schedule changes what is sampled beyond reduction-order rounding. A vmapped run
+position t is drawn with the uniform u[t, n] (sampling.uniforms) by the same sampling.draw (temperature, top-k /
+top-p; its log-prob under the untruncated softmax(logits / temperature)), so no schedule changes what is sampled
+beyond reduction-order rounding. A vmapped run
 (studies/vmapped_runs.py) works as is: each phase's batched predicate runs until every run has left it, and a run
 that has left keeps its state.
 """

@@ -22,6 +22,12 @@ from grpo_jax.model import model as model_lib
 from grpo_jax.model import decode as decode_lib
 
 
+# Below this, softmax(logits / temperature) is argmax for any logit gap above 0.2 (e^-20) and float32 breaks down
+# further on: logits / 1e-37 overflow to inf and every recorded log-prob is NaN (1e-40 is flushed to 0 first). vLLM
+# warns and clamps at the same 0.01. For argmax use greedy (evaluation), not a tiny temperature.
+MIN_TEMPERATURE = 0.01
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
   temperature: float = 1.0
@@ -32,13 +38,14 @@ class SamplingConfig:
   eos_id: int | tuple[int, ...] = 2  # the id, or the ids, that end a row (an HF model may have several)
   pad_id: int = 0
   # decode steps between checks that every row is done (one all-reduce of a bool per check); 0 = always decode
-  # max_new_tokens steps. A finished batch wastes at most exit_chunk - 1 steps.
+  # max_new_tokens steps. A finished batch wastes at most exit_chunk steps.
   exit_chunk: int = 16
 
   def __post_init__(self):
     # A traced temperature (a vmapped sweep's, studies/vmapped_runs.py) is checked where the config is validated, not here.
-    if not isinstance(self.temperature, jax.core.Tracer) and not self.temperature > 0:
-      raise ValueError(f"sampling.temperature={self.temperature}: must be > 0 (use greedy=True for argmax).")
+    if not isinstance(self.temperature, jax.core.Tracer) and not self.temperature >= MIN_TEMPERATURE:
+      raise ValueError(f"sampling.temperature={self.temperature}: must be >= {MIN_TEMPERATURE} (use greedy=True for "
+                       "argmax).")
     if self.top_k < 0:
       raise ValueError(f"sampling.top_k={self.top_k}: must be >= 0 (0 = off).")
     if not 0 < self.top_p <= 1:
@@ -73,7 +80,7 @@ class SamplingConfig:
 def default_exit_chunk(max_new_tokens: int) -> int:
   """`sampling.exit_chunk=-1` (auto; rl/auto.py logs it): the divisor of max_new_tokens in [8, 32] nearest 16 (the
   smaller of two), else 16. A chunk that divides L leaves no remainder chunk, whose scan (`_decode`) is a second
-  decode body to compile; 16 is the measured default (a finished batch wastes at most 15 steps, one all-reduce per
+  decode body to compile; 16 is the measured default (a finished batch wastes at most 16 steps, one all-reduce per
   check). L <= 16: one scan of L steps, as 16 gives."""
   if max_new_tokens <= 16:
     return 16

@@ -20,6 +20,7 @@ from grpo_jax.tasks import registry
 from grpo_jax.hf import model_source
 from grpo_jax.infra import sharding
 from grpo_jax.rollout import decode_layout
+from grpo_jax.rollout import sampling
 from grpo_jax.model import model_config
 from grpo_jax.model import paged_attention
 from grpo_jax.tasks import prompts
@@ -117,8 +118,13 @@ def learning_rate(c, key, inherit: str = "") -> None:
 
 
 def temperature(c, key) -> None:
-  """A sampling temperature past MAX_TEMPERATURE (its lower bound is the caller's: RL needs > 0)."""
+  """A sampling temperature past MAX_TEMPERATURE, or above 0 but below sampling.MIN_TEMPERATURE (0 is the caller's
+  to refuse, with its own message: RL needs > 0)."""
   v = _get(c, key)
+  if finite(v) and 0 < v < sampling.MIN_TEMPERATURE:
+    _fail(key, f"is {v!r}: below {sampling.MIN_TEMPERATURE:g} softmax(logits / temperature) is argmax in all but "
+          "name, and at ~1e-37 float32 overflows (NaN log-probs); set at least "
+          f"{sampling.MIN_TEMPERATURE:g} (typical: 0.6 to 1.2).")
   if finite(v) and v > MAX_TEMPERATURE:
     _fail(key, f"is {v!r}: sampling draws from softmax(logits / temperature), which past {MAX_TEMPERATURE:g} is all "
           f"but uniform over the vocabulary; set at most {MAX_TEMPERATURE:g} (typical: 0.6 to 1.2).")
