@@ -201,6 +201,20 @@ def test_chat_format_needs_a_chat_template(dirs):
     prompts.check("plain", tok_lib.load())
 
 
+def test_an_in_graph_task_needs_the_tags_as_tokens(dirs):
+  """arith (verified in-graph on token ids) with a tokenizer.json without the four tags: was a ValueError traceback
+  from verify_jax at the first evaluation, after the run's files were written; now one config line."""
+  from configs import grpo_arith
+  from grpo_jax.run import validate
+  c = grpo_arith.get_config("small")
+  c.task.tokenizer, c.model.vocab_size = f"hf:{dirs['qwen']}", 312
+  with pytest.raises(validate.ConfigError, match=r"^config.task.tokenizer: task 'arith' is verified in-graph .* "
+                     r"lacks <think>, </think>, <answer>, </answer>; use the shipped tokenizer"):
+    validate.validate_rl(c, 1, hf_tokenizer.HFTokenizer(dirs["qwen"]))
+  c.task.tokenizer, c.model.vocab_size = f"hf:{dirs['instruct']}", 304
+  validate.validate_rl(c, 1, hf_tokenizer.HFTokenizer(dirs["instruct"]))  # its tags are single tokens
+
+
 def test_eos_ids_and_special_tokens_from_every_file(dirs, tmp_path):
   """generation_config.json adds EOS ids; special_tokens_map.json stands in for a tokenizer_config without the
   tokens; transformers reads the same ids."""
