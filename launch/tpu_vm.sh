@@ -42,6 +42,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ -n "$NAME" ]] || die "--name is required (the TPU VM's name)"
+# checked here: a bad count was bash's 'unbound variable' (exit 1) at the log collection, after the whole run
+[[ -z "$WORKERS" || "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "--workers=$WORKERS must be a positive integer (the hosts)"
 [[ -n "$ZONE" ]] || die "--zone is required (e.g. us-west4-a)"
 [[ -n "$WORKDIR" ]] || die "--workdir is required (a gs:// path, or a path on each worker)"
 # A relative path would land inside ~/$REMOTE_DIR on every worker, which the next launch's copy step deletes
@@ -117,11 +119,12 @@ $VENV/bin/pip install -q 'jax[tpu]==$JAX_VERSION' && touch $VENV/.grpo_jax_$JAX_
 $VENV/bin/pip install -q -e $REMOTE_DIR"
 run "${GC[@]}" ssh "$NAME" "${LOC[@]}" --worker=all --command="$SETUP"
 
-# 4. run on every host; each writes its own log, and gcloud streams all of them here
+# 4. run on every host; each writes its own log, and gcloud streams all of them here. Every argument is quoted for
+# the remote shell (a --workdir with a space was split there into --workdir=<its first word> and a stray argument).
 QEXTRA=""
 for a in "${EXTRA[@]+"${EXTRA[@]}"}"; do QEXTRA+=" $(printf '%q' "$a")"; done
 RUN="cd $REMOTE_DIR && mkdir -p ~/grpo_logs && GRPO_JAX_DISTRIBUTED=1 $VENV/bin/python -m $MODULE \
---config=$CONFIG --workdir=$WORKDIR$QEXTRA 2>&1 | tee ~/grpo_logs/run.log; exit \${PIPESTATUS[0]}"
+--config=$(printf '%q' "$CONFIG") --workdir=$(printf '%q' "$WORKDIR")$QEXTRA 2>&1 | tee ~/grpo_logs/run.log; exit \${PIPESTATUS[0]}"
 STATUS=0
 run "${GC[@]}" ssh "$NAME" "${LOC[@]}" --worker=all --command="$RUN" || STATUS=$?
 

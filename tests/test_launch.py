@@ -196,3 +196,51 @@ def test_launchers_help_missing_values_and_bad_host_lists():
   runs = [c for c in _commands(r.stdout) if "GRPO_JAX_COORDINATOR=" in c]
   assert r.returncode == 0 and len(runs) == 2 and all("GRPO_JAX_COORDINATOR=g1:12345" in c for c in runs), r.stdout
   assert "GRPO_JAX_NUM_PROCESSES=2" in runs[0] and runs[0].startswith("ssh me@g1 ")
+
+
+def _remote_argv(command: str) -> list[str]:
+  """The arguments the remote shell hands python: the printed local command's words (shlex), then the shell
+  command among them (ssh's last word, gcloud's --command=, srun's bash -c) split as a shell splits it."""
+  import shlex
+  words = shlex.split(command)
+  remote = next(w[len("--command="):] if w.startswith("--command=") else w for w in reversed(words)
+                if w.startswith("--command=") or "python" in w)
+  remote = remote.split(" 2>&1")[0]
+  argv = shlex.split(remote.split("python", 1)[1])
+  return argv
+
+
+def test_launchers_quote_paths_for_the_remote_shell_and_check_numbers(tmp_path):
+  """A --workdir or --config with a space reached the remote shell unquoted: grpo_jax.main got --workdir=/mnt/my and
+  a stray argument 'runs/x' (and slurm's `cd <repo>` split a repository path with a space). A non-numeric --workers
+  was bash's 'unbound variable' (exit 1) at the log collection, after the run; --port/--nodes/--gpus-per-node went
+  to the nodes as written (GRPO_JAX_COORDINATOR=g1:abc failed there after the copy and set-up)."""
+  ws, cfg = "/mnt/my runs/x y", "configs/my cfg.py:small"
+  want = ["-m", "grpo_jax.main", f"--config={cfg}", f"--workdir={ws}", "--config.log.note=a b"]
+  for script, where in (("tpu_vm.sh", ["--name", "n", "--zone", "z"]), ("gpu_multinode.sh", ["--hosts", "a,b"]),
+                        ("gpu_multinode.sh", ["--slurm"])):
+    r = _bash(script, *where, "--workdir", ws, "--config", cfg, "--dry-run", "--", "--config.log.note=a b")
+    assert r.returncode == 0, r.stderr
+    runs = [c for c in _commands(r.stdout) if "grpo_jax.main" in c]
+    assert runs and all(_remote_argv(c) == want for c in runs), (script, runs)
+  r = _bash("gpu_multinode.sh", "--hosts", "a", "--workdir", ws, "--dry-run")
+  assert "tee ~/grpo_logs/x_y.log;" in r.stdout and "gpu_logs/x_y/node0.log" in r.stdout, r.stdout
+  # slurm: the repository path is one word for the nodes' shell
+  spaced = tmp_path / "my repo"
+  (spaced / "launch").mkdir(parents=True)
+  script = spaced / "launch" / "gpu_multinode.sh"
+  script.write_text(open(os.path.join(REPO, "launch", "gpu_multinode.sh")).read())
+  r = subprocess.run(["bash", str(script), "--slurm", "--workdir", "/s/r", "--dry-run"], capture_output=True,
+                     text=True, timeout=30)
+  import shlex
+  shells = [shlex.split(shlex.split(c)[-1]) for c in _commands(r.stdout) if c.startswith("srun")]
+  assert r.returncode == 0 and len(shells) == 2, r.stdout  # the venv set-up, then the run: both cd to the repo
+  assert all(w[w.index("cd") + 1].rstrip(";") == str(spaced) for w in shells), shells
+  for script, args, line in (
+      ("tpu_vm.sh", ["--name", "n", "--zone", "z", "--workers", "abc"], "error: --workers=abc must be a positive"),
+      ("gpu_multinode.sh", ["--hosts", "a", "--port", "abc"], "error: --port=abc must be a positive integer"),
+      ("gpu_multinode.sh", ["--slurm", "--nodes", "0"], "error: --nodes=0 must be a positive integer"),
+      ("gpu_multinode.sh", ["--slurm", "--gpus-per-node", "8x"], "error: --gpus-per-node=8x must be a positive")):
+    r = _bash(script, *args, "--workdir", "/s/r", "--dry-run")
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.startswith(line) and len(r.stderr.splitlines()) == 1, \
+        (script, args, r.returncode, r.stdout, r.stderr)
