@@ -40,6 +40,23 @@ def test_special_ids_and_tags(tok):
   assert tok.encode("12345") == [tok.encode(d)[0] for d in "12345"]
 
 
+def test_a_model_with_other_control_ids_is_one_line_naming_them(tmp_path):
+  """sentencepiece's default ids (unk=0 bos=1 eos=2, no pad): the code's pad 0 would be <unk>. One line naming the
+  file, its ids and the training options (was 'tokenizer model must have ...; rebuild with build_tokenizer')."""
+  import io
+  import sentencepiece as spm
+  out = io.BytesIO()
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(["1 + 2 = 3", "think answer"] * 20), model_writer=out,
+                                 vocab_size=30, hard_vocab_limit=False, num_threads=1, minloglevel=2)
+  path = tmp_path / "default_ids.model"
+  path.write_bytes(out.getvalue())
+  with pytest.raises(ValueError) as e:
+    tokenizer_lib.load(str(path))
+  assert str(e.value) == (f"{path} has pad=-1 bos=1 eos=2 unk=0, and the code needs pad=0 bos=1 eos=2 unk=3; train "
+                          "it with pad_id=0, bos_id=1, eos_id=2, unk_id=3 (as python -m grpo_jax.tasks.build_tokenizer "
+                          "does)")
+
+
 def test_a_model_without_the_tag_pieces_has_no_tag_ids(tmp_path):
   """task.tokenizer=<file>.model built without the tags as user-defined symbols: piece_to_id gave unk (3) for each,
   so gsm8k's token check counted <unk> as every tag (a tagged answer scored format 0) and arith trained silently

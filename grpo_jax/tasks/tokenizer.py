@@ -43,8 +43,11 @@ class Tokenizer:
     # The tags that are pieces of this model: piece_to_id gives unk_id (3) for a missing piece, which made a model
     # without them (a task.tokenizer=<file>.model trained without the user-defined symbols) count <unk> as every tag.
     self.tag_ids = {t: i for t in TAGS if self.sp.id_to_piece(i := self.sp.piece_to_id(t)) == t}
-    if (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id()) != (0, 1, 2, 3):
-      raise ValueError("tokenizer model must have pad=0 bos=1 eos=2 unk=3; rebuild with build_tokenizer")
+    have = (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id())
+    if have != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):  # -1: the model has none
+      raise ValueError(f"{path} has pad={have[0]} bos={have[1]} eos={have[2]} unk={have[3]}, and the code needs pad=0 "
+                       "bos=1 eos=2 unk=3; train it with pad_id=0, bos_id=1, eos_id=2, unk_id=3 (as python -m "
+                       "grpo_jax.tasks.build_tokenizer does)")
 
   @property
   def has_tag_tokens(self) -> bool:
