@@ -130,6 +130,10 @@ def test_bad_directories_raise_one_line_errors(dirs):
     hf_tokenizer.HFTokenizer(write_dir(root / "no_eos", plain, {"pad_token": "<|endoftext|>"}))
   with pytest.raises(ValueError, match=r"vocab_size=100 but the tokenizer has 300 tokens"):
     hf_tokenizer.HFTokenizer(write_dir(root / "small", plain, {"eos_token": "<|endoftext|>"}, 100))
+  for bad in ("312", [312], True, 312.0):  # was a TypeError traceback ('<' between str and int), or True taken as 1
+    with pytest.raises(ValueError) as e:
+      hf_tokenizer.HFTokenizer(write_dir(root / "str_vocab", plain, {"eos_token": "<|endoftext|>"}, bad))
+    assert f"config.json has vocab_size={bad!r}, not an integer" in str(e.value) and "\n" not in str(e.value)
   with pytest.raises(ValueError, match=r"eos_token='</s>' is not a token"):
     hf_tokenizer.HFTokenizer(write_dir(root / "wrong", plain, {"eos_token": "</s>"}))
   with pytest.raises(ValueError, match="does not exist"):
