@@ -79,8 +79,9 @@ run() {
 # Hosts in the slice: from the TPU's network endpoints, or the chip count / 4 chips per host when dry-running.
 count_workers() {
   if [[ -n "$WORKERS" ]]; then echo "$WORKERS"; return; fi
-  if [[ "$DRY" == 0 ]]; then
-    "${GC[@]}" describe "$NAME" "${LOC[@]}" --format='value(networkEndpoints.ipAddress)' | tr ';' '\n' | grep -c .
+  if [[ "$DRY" == 0 ]]; then  # a preempted or deleted TPU lists none (or describe fails): 0, not an exit
+    { "${GC[@]}" describe "$NAME" "${LOC[@]}" --format='value(networkEndpoints.ipAddress)' 2>/dev/null || true; } \
+      | tr ';' '\n' | grep -c . || true
     return
   fi
   local n="${ACCEL##*-}"
@@ -129,7 +130,9 @@ STATUS=0
 run "${GC[@]}" ssh "$NAME" "${LOC[@]}" --worker=all --command="$RUN" || STATUS=$?
 
 # 5. collect logs from every worker
+# (this exited 1 here, silently, when the TPU listed no workers: the run's status lost and --delete skipped)
 N_WORKERS="$(count_workers)"
+[[ "$N_WORKERS" -ge 1 ]] || echo "warning: TPU $NAME lists no workers now (preempted or deleted?); no logs collected" >&2
 run mkdir -p "$LOG_DIR/$NAME"
 for ((w = 0; w < N_WORKERS; w++)); do
   run "${GC[@]}" scp "$NAME:grpo_logs/run.log" "$LOG_DIR/$NAME/worker$w.log" "${LOC[@]}" --worker="$w" || true

@@ -244,3 +244,36 @@ def test_launchers_quote_paths_for_the_remote_shell_and_check_numbers(tmp_path):
     r = _bash(script, *args, "--workdir", "/s/r", "--dry-run")
     assert r.returncode == 2 and r.stdout == "" and r.stderr.startswith(line) and len(r.stderr.splitlines()) == 1, \
         (script, args, r.returncode, r.stdout, r.stderr)
+
+
+def test_tpu_vm_keeps_the_run_status_and_deletes_when_the_tpu_lists_no_workers(tmp_path):
+  """After the run, the log collection counts the workers from `describe`: a TPU that lists none (a preempted spot
+  TPU) or a describe that fails made the script exit 1 there, silently: the run's own status (here 3) was lost and
+  --delete never ran. Now a one-line warning, no logs, the delete, and the run's status. A fake gcloud on PATH; the
+  script runs from a throwaway git repository (it archives its repository)."""
+  repo = tmp_path / "repo"
+  (repo / "launch").mkdir(parents=True)
+  (repo / "launch" / "tpu_vm.sh").write_text(open(os.path.join(REPO, "launch", "tpu_vm.sh")).read())
+  git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+  for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"]):
+    subprocess.run(git + cmd, check=True, capture_output=True)
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  calls = tmp_path / "calls.log"
+  for describe in ("exit 0", "exit 1"):  # no endpoints listed; describe fails
+    (bin_dir / "gcloud").write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        echo "$*" >> {calls}
+        case "$*" in *" describe "*) {describe};; *grpo_jax.main*) exit 3;; esac
+        exit 0
+        """))
+    (bin_dir / "gcloud").chmod(0o755)
+    calls.write_text("")
+    r = subprocess.run(["bash", str(repo / "launch" / "tpu_vm.sh"), "--name", "n", "--zone", "z", "--workdir",
+                        "gs://b/r", "--delete"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}"))
+    assert r.returncode == 3, (describe, r.returncode, r.stderr)
+    assert "warning: TPU n lists no workers now (preempted or deleted?); no logs collected" in r.stderr, r.stderr
+    lines = calls.read_text().splitlines()
+    assert lines[-1] == "compute tpus tpu-vm delete n --zone=z --quiet", lines
+    assert not any("grpo_logs/run.log" in l and " scp " in f" {l}" for l in lines), lines
