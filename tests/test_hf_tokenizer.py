@@ -120,6 +120,16 @@ def test_selected_by_config_and_path(dirs):
   c.train.init_from = "/ckpt/params"
   with pytest.raises(ValueError, match=r"task.tokenizer='init_from' needs train.init_from=hf:"):
     tok_lib.for_config(c)
+  # the model from sft.init_from=hf:<dir> (job=sft, or an SFT stage first): its tokenizer too, as model_source reads
+  # it (was 'needs train.init_from=hf:', while validate's vocab hint told that job to set task.tokenizer=init_from)
+  im_end = dirs["tagged"].token_to_id("<|im_end|>")
+  c.train.init_from, c.sft.init_from, c.sft.steps = "", f"hf:{dirs['instruct']}", 5
+  assert tok_lib.spec_for_config(c) == f"hf:{dirs['instruct']}" and tok_lib.for_config(c).eos_id == im_end
+  c.job = "sft"
+  assert tok_lib.for_config(c).eos_id == im_end
+  c.job, c.sft.steps = "grpo", 0  # no SFT stage: the model is not the sft checkpoint's
+  with pytest.raises(ValueError, match=r"needs train.init_from=hf:<dir> .*, got train.init_from=''"):
+    tok_lib.for_config(c)
   c.task.tokenizer = ""
   assert tok_lib.for_config(c) is shipped
 
