@@ -59,6 +59,8 @@ def get_config(arg: str | None = None):
   c.task.update(name="gsm8k", language="a", prompt_len=320, data_dir="", test_size=1319,
                 tokenizer="" if model == "tiny" else "init_from", prompt_format=a.prompt)
   c.sampling.update(temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=512)
+  if model == "tiny" and not a.small:  # the full-length prompts and completions (TINY's 384 fit `small`'s only)
+    c.model.max_len = c.task.prompt_len + c.sampling.max_new_tokens
   c.rewards = (("math_accuracy", 1.0), ("math_format", 0.2))
   c.rl.update(G=8, prompts_per_step=64, mu=1, minibatches=4)
   c.optim.update(lr=1e-6, warmup_steps=0, grad_clip=1.0, weight_decay=0.0)

@@ -47,8 +47,14 @@ are written with local file calls); pass an absolute path on a shared filesystem
 # rsync --delete empties; slurm: the repository, not this directory): a resume would find no checkpoints.
 [[ "$WORKDIR" == /* ]] || die "--workdir=$WORKDIR is relative: on the nodes it would \
 resolve inside the code's copy (which the next --hosts launch deletes); pass an absolute path on a shared filesystem"
+# numbers checked here: a bad one failed on the nodes, after the copy and set-up (GRPO_JAX_COORDINATOR=h1:abc)
+for kv in "--nodes=$NODES" "--gpus-per-node=$GPUS" "--port=$PORT"; do
+  [[ "${kv#*=}" =~ ^[1-9][0-9]*$ ]] || die "$kv must be a positive integer"
+done
 RUN_NAME="${RUN_NAME:-$(basename "$WORKDIR")}"
+RUN_NAME="${RUN_NAME//[^A-Za-z0-9_.-]/_}"  # a log file name on every node and here
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
+QREPO="$(printf '%q' "$REPO")"
 
 run() {
   local out="+" a
@@ -61,18 +67,19 @@ run() {
 
 QEXTRA=""
 for a in "${EXTRA[@]+"${EXTRA[@]}"}"; do QEXTRA+=" $(printf '%q' "$a")"; done
-TRAIN="-m $MODULE --config=$CONFIG --workdir=$WORKDIR$QEXTRA"
+# every argument quoted for the remote shell (a --workdir with a space was split there into two arguments)
+TRAIN="-m $MODULE --config=$(printf '%q' "$CONFIG") --workdir=$(printf '%q' "$WORKDIR")$QEXTRA"
 
 if [[ "$MODE" == slurm ]]; then
   # Shared filesystem assumed: the venv is built once, by the first node, next to the code.
-  SETUP="set -e; cd $REPO; if [ ! -f .venv_gpu/.grpo_jax_$JAX_VERSION ]; then python3 -m venv .venv_gpu && \
+  SETUP="set -e; cd $QREPO; if [ ! -f .venv_gpu/.grpo_jax_$JAX_VERSION ]; then python3 -m venv .venv_gpu && \
 .venv_gpu/bin/pip install -q 'jax[cuda12]==$JAX_VERSION' && .venv_gpu/bin/pip install -q -e . && \
 touch .venv_gpu/.grpo_jax_$JAX_VERSION; fi"
   run srun --nodes=1 --ntasks=1 bash -c "$SETUP"
   run mkdir -p "$LOG_DIR/$RUN_NAME"
   run srun --nodes="$NODES" --ntasks-per-node=1 --gpus-per-node="$GPUS" --kill-on-bad-exit=1 \
     --output="$LOG_DIR/$RUN_NAME/node%t.log" --export=ALL,GRPO_JAX_DISTRIBUTED=1 \
-    bash -c "cd $REPO && .venv_gpu/bin/python $TRAIN"
+    bash -c "cd $QREPO && .venv_gpu/bin/python $TRAIN"
   exit 0
 fi
 

@@ -42,6 +42,8 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 [[ -n "$NAME" ]] || die "--name is required (the TPU VM's name)"
+# checked here: a bad count was bash's 'unbound variable' (exit 1) at the log collection, after the whole run
+[[ -z "$WORKERS" || "$WORKERS" =~ ^[1-9][0-9]*$ ]] || die "--workers=$WORKERS must be a positive integer (the hosts)"
 [[ -n "$ZONE" ]] || die "--zone is required (e.g. us-west4-a)"
 [[ -n "$WORKDIR" ]] || die "--workdir is required (an absolute path every worker mounts)"
 # grpo_jax.main refuses an object-store workdir (its records are written with local file calls): before a TPU is made.
@@ -80,8 +82,9 @@ run() {
 # Hosts in the slice: from the TPU's network endpoints, or the chip count / 4 chips per host when dry-running.
 count_workers() {
   if [[ -n "$WORKERS" ]]; then echo "$WORKERS"; return; fi
-  if [[ "$DRY" == 0 ]]; then
-    "${GC[@]}" describe "$NAME" "${LOC[@]}" --format='value(networkEndpoints.ipAddress)' | tr ';' '\n' | grep -c .
+  if [[ "$DRY" == 0 ]]; then  # a preempted or deleted TPU lists none (or describe fails): 0, not an exit
+    { "${GC[@]}" describe "$NAME" "${LOC[@]}" --format='value(networkEndpoints.ipAddress)' 2>/dev/null || true; } \
+      | tr ';' '\n' | grep -c . || true
     return
   fi
   local n="${ACCEL##*-}"
@@ -120,16 +123,19 @@ $VENV/bin/pip install -q 'jax[tpu]==$JAX_VERSION' && touch $VENV/.grpo_jax_$JAX_
 $VENV/bin/pip install -q -e $REMOTE_DIR"
 run "${GC[@]}" ssh "$NAME" "${LOC[@]}" --worker=all --command="$SETUP"
 
-# 4. run on every host; each writes its own log, and gcloud streams all of them here
+# 4. run on every host; each writes its own log, and gcloud streams all of them here. Every argument is quoted for
+# the remote shell (a --workdir with a space was split there into --workdir=<its first word> and a stray argument).
 QEXTRA=""
 for a in "${EXTRA[@]+"${EXTRA[@]}"}"; do QEXTRA+=" $(printf '%q' "$a")"; done
 RUN="cd $REMOTE_DIR && mkdir -p ~/grpo_logs && GRPO_JAX_DISTRIBUTED=1 $VENV/bin/python -m $MODULE \
---config=$CONFIG --workdir=$WORKDIR$QEXTRA 2>&1 | tee ~/grpo_logs/run.log; exit \${PIPESTATUS[0]}"
+--config=$(printf '%q' "$CONFIG") --workdir=$(printf '%q' "$WORKDIR")$QEXTRA 2>&1 | tee ~/grpo_logs/run.log; exit \${PIPESTATUS[0]}"
 STATUS=0
 run "${GC[@]}" ssh "$NAME" "${LOC[@]}" --worker=all --command="$RUN" || STATUS=$?
 
 # 5. collect logs from every worker
+# (this exited 1 here, silently, when the TPU listed no workers: the run's status lost and --delete skipped)
 N_WORKERS="$(count_workers)"
+[[ "$N_WORKERS" -ge 1 ]] || echo "warning: TPU $NAME lists no workers now (preempted or deleted?); no logs collected" >&2
 run mkdir -p "$LOG_DIR/$NAME"
 for ((w = 0; w < N_WORKERS; w++)); do
   run "${GC[@]}" scp "$NAME:grpo_logs/run.log" "$LOG_DIR/$NAME/worker$w.log" "${LOC[@]}" --worker="$w" || true

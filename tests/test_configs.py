@@ -221,3 +221,16 @@ if __name__ == "__main__":
     json.dump(resolve_all(), f, indent=1, sort_keys=True)
     f.write("\n")
   print(f"wrote {RESOLVED}")
+
+
+def test_gsm8k_model_tiny_validates_without_a_checkpoint():
+  """configs/gsm8k.py:model=tiny (its docstring: a random 1-layer model with the shipped tokenizer, no checkpoint)
+  kept TINY's max_len=384, under its own 320 prompt + 512 new tokens: every run was refused at validation
+  (config.sampling.max_new_tokens: ... = 832 exceeds model.max_len=384). `small` keeps 384 (256 + 16 fit)."""
+  from grpo_jax.run import validate
+  from grpo_jax.tasks import tokenizer_factory
+  for arg in ("model=tiny", "model=tiny,algo=dapo"):
+    c = _load("gsm8k.py", arg)
+    validate.validate_rl(c, 1, tokenizer_factory.for_config(c))
+    assert c.model.max_len == c.task.prompt_len + c.sampling.max_new_tokens == 320 + 512, arg
+  assert _load("gsm8k.py", "small").model.max_len == 384

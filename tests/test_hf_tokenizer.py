@@ -120,6 +120,16 @@ def test_selected_by_config_and_path(dirs):
   c.train.init_from = "/ckpt/params"
   with pytest.raises(ValueError, match=r"task.tokenizer='init_from' needs train.init_from=hf:"):
     tok_lib.for_config(c)
+  # the model from sft.init_from=hf:<dir> (job=sft, or an SFT stage first): its tokenizer too, as model_source reads
+  # it (was 'needs train.init_from=hf:', while validate's vocab hint told that job to set task.tokenizer=init_from)
+  im_end = dirs["tagged"].token_to_id("<|im_end|>")
+  c.train.init_from, c.sft.init_from, c.sft.steps = "", f"hf:{dirs['instruct']}", 5
+  assert tok_lib.spec_for_config(c) == f"hf:{dirs['instruct']}" and tok_lib.for_config(c).eos_id == im_end
+  c.job = "sft"
+  assert tok_lib.for_config(c).eos_id == im_end
+  c.job, c.sft.steps = "grpo", 0  # no SFT stage: the model is not the sft checkpoint's
+  with pytest.raises(ValueError, match=r"needs train.init_from=hf:<dir> .*, got train.init_from=''"):
+    tok_lib.for_config(c)
   c.task.tokenizer = ""
   assert tok_lib.for_config(c) is shipped
 
@@ -130,6 +140,10 @@ def test_bad_directories_raise_one_line_errors(dirs):
     hf_tokenizer.HFTokenizer(write_dir(root / "no_eos", plain, {"pad_token": "<|endoftext|>"}))
   with pytest.raises(ValueError, match=r"vocab_size=100 but the tokenizer has 300 tokens"):
     hf_tokenizer.HFTokenizer(write_dir(root / "small", plain, {"eos_token": "<|endoftext|>"}, 100))
+  for bad in ("312", [312], True, 312.0):  # was a TypeError traceback ('<' between str and int), or True taken as 1
+    with pytest.raises(ValueError) as e:
+      hf_tokenizer.HFTokenizer(write_dir(root / "str_vocab", plain, {"eos_token": "<|endoftext|>"}, bad))
+    assert f"config.json has vocab_size={bad!r}, not an integer" in str(e.value) and "\n" not in str(e.value)
   with pytest.raises(ValueError, match=r"eos_token='</s>' is not a token"):
     hf_tokenizer.HFTokenizer(write_dir(root / "wrong", plain, {"eos_token": "</s>"}))
   with pytest.raises(ValueError, match="does not exist"):
@@ -199,6 +213,20 @@ def test_chat_format_needs_a_chat_template(dirs):
     validate.validate_rl(c, 1, tok_lib.load())
   with pytest.raises(ValueError, match="unknown"):
     prompts.check("plain", tok_lib.load())
+
+
+def test_an_in_graph_task_needs_the_tags_as_tokens(dirs):
+  """arith (verified in-graph on token ids) with a tokenizer.json without the four tags: was a ValueError traceback
+  from verify_jax at the first evaluation, after the run's files were written; now one config line."""
+  from configs import grpo_arith
+  from grpo_jax.run import validate
+  c = grpo_arith.get_config("small")
+  c.task.tokenizer, c.model.vocab_size = f"hf:{dirs['qwen']}", 312
+  with pytest.raises(validate.ConfigError, match=r"^config.task.tokenizer: task 'arith' is verified in-graph .* "
+                     r"lacks <think>, </think>, <answer>, </answer>; use the shipped tokenizer"):
+    validate.validate_rl(c, 1, hf_tokenizer.HFTokenizer(dirs["qwen"]))
+  c.task.tokenizer, c.model.vocab_size = f"hf:{dirs['instruct']}", 304
+  validate.validate_rl(c, 1, hf_tokenizer.HFTokenizer(dirs["instruct"]))  # its tags are single tokens
 
 
 def test_eos_ids_and_special_tokens_from_every_file(dirs, tmp_path):

@@ -78,6 +78,15 @@ def paths(tmp_path_factory):
   (root / "hf_bin").mkdir()
   (root / "hf_bin" / "config.json").write_text((root / "hf_noweights" / "config.json").read_text())
   (root / "hf_bin" / "pytorch_model.bin").write_bytes(b"\0" * 8)
+  # the shipped sentencepiece model with its four tags renamed ([think] ...): no piece is a tag
+  from sentencepiece import sentencepiece_model_pb2
+  from grpo_jax.tasks import tokenizer as tokenizer_lib
+  proto = sentencepiece_model_pb2.ModelProto()
+  proto.ParseFromString(open(tokenizer_lib.ASSET, "rb").read())
+  for piece in proto.pieces:
+    if piece.piece in tokenizer_lib.TAGS:
+      piece.piece = piece.piece.replace("<", "[").replace(">", "]")
+  (root / "notags.model").write_bytes(proto.SerializeToString())
   # GSM8K-format data dirs: none of the layouts; a test split smaller than eval.size; a question too long
   (root / "gsm8k_none").mkdir()
   (root / "gsm8k_none" / "notes.txt").write_text("no data here")
@@ -234,6 +243,9 @@ CASES = [
     ("grpo", {"task.tokenizer": "init_from"}, "task.tokenizer='init_from' needs train.init_from=hf:"),
     ("grpo", {"task.data_dir": "{p}/a_file"}, "config.task.data_dir"),
     ("grpo", {"task.tokenizer": "{p}/a_file"}, "is not a sentencepiece model"),
+    # an in-graph task's tokenizer without the tags as pieces (trained silently with <unk> as every tag)
+    ("grpo", {"task.tokenizer": "{p}/notags.model"}, "config.task.tokenizer: task 'arith' is verified in-graph on "
+                                                     "token ids and needs <think>, </think>, <answer>, </answer>"),
     ("gsm8k", {"task.data_dir": "{p}/gsm8k_none"}, "has no train.jsonl, no train parquet"),
     ("gsm8k", {"task.data_dir": "{p}/gsm8k_small_test"}, "config.eval.size: 4 exceeds the 2 usable examples"),
     ("gsm8k", {"task.data_dir": "{p}/gsm8k_long"}, "config.task.prompt_len: 1 of the 9 train prompts are longer"),

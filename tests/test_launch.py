@@ -200,3 +200,84 @@ def test_launchers_help_missing_values_and_bad_host_lists():
   runs = [c for c in _commands(r.stdout) if "GRPO_JAX_COORDINATOR=" in c]
   assert r.returncode == 0 and len(runs) == 2 and all("GRPO_JAX_COORDINATOR=g1:12345" in c for c in runs), r.stdout
   assert "GRPO_JAX_NUM_PROCESSES=2" in runs[0] and runs[0].startswith("ssh me@g1 ")
+
+
+def _remote_argv(command: str) -> list[str]:
+  """The arguments the remote shell hands python: the printed local command's words (shlex), then the shell
+  command among them (ssh's last word, gcloud's --command=, srun's bash -c) split as a shell splits it."""
+  import shlex
+  words = shlex.split(command)
+  remote = next(w[len("--command="):] if w.startswith("--command=") else w for w in reversed(words)
+                if w.startswith("--command=") or "python" in w)
+  remote = remote.split(" 2>&1")[0]
+  argv = shlex.split(remote.split("python", 1)[1])
+  return argv
+
+
+def test_launchers_quote_paths_for_the_remote_shell_and_check_numbers(tmp_path):
+  """A --workdir or --config with a space reached the remote shell unquoted: grpo_jax.main got --workdir=/mnt/my and
+  a stray argument 'runs/x' (and slurm's `cd <repo>` split a repository path with a space). A non-numeric --workers
+  was bash's 'unbound variable' (exit 1) at the log collection, after the run; --port/--nodes/--gpus-per-node went
+  to the nodes as written (GRPO_JAX_COORDINATOR=g1:abc failed there after the copy and set-up)."""
+  ws, cfg = "/mnt/my runs/x y", "configs/my cfg.py:small"
+  want = ["-m", "grpo_jax.main", f"--config={cfg}", f"--workdir={ws}", "--config.log.note=a b"]
+  for script, where in (("tpu_vm.sh", ["--name", "n", "--zone", "z"]), ("gpu_multinode.sh", ["--hosts", "a,b"]),
+                        ("gpu_multinode.sh", ["--slurm"])):
+    r = _bash(script, *where, "--workdir", ws, "--config", cfg, "--dry-run", "--", "--config.log.note=a b")
+    assert r.returncode == 0, r.stderr
+    runs = [c for c in _commands(r.stdout) if "grpo_jax.main" in c]
+    assert runs and all(_remote_argv(c) == want for c in runs), (script, runs)
+  r = _bash("gpu_multinode.sh", "--hosts", "a", "--workdir", ws, "--dry-run")
+  assert "tee ~/grpo_logs/x_y.log;" in r.stdout and "gpu_logs/x_y/node0.log" in r.stdout, r.stdout
+  # slurm: the repository path is one word for the nodes' shell
+  spaced = tmp_path / "my repo"
+  (spaced / "launch").mkdir(parents=True)
+  script = spaced / "launch" / "gpu_multinode.sh"
+  script.write_text(open(os.path.join(REPO, "launch", "gpu_multinode.sh")).read())
+  r = subprocess.run(["bash", str(script), "--slurm", "--workdir", "/s/r", "--dry-run"], capture_output=True,
+                     text=True, timeout=30)
+  import shlex
+  shells = [shlex.split(shlex.split(c)[-1]) for c in _commands(r.stdout) if c.startswith("srun")]
+  assert r.returncode == 0 and len(shells) == 2, r.stdout  # the venv set-up, then the run: both cd to the repo
+  assert all(w[w.index("cd") + 1].rstrip(";") == str(spaced) for w in shells), shells
+  for script, args, line in (
+      ("tpu_vm.sh", ["--name", "n", "--zone", "z", "--workers", "abc"], "error: --workers=abc must be a positive"),
+      ("gpu_multinode.sh", ["--hosts", "a", "--port", "abc"], "error: --port=abc must be a positive integer"),
+      ("gpu_multinode.sh", ["--slurm", "--nodes", "0"], "error: --nodes=0 must be a positive integer"),
+      ("gpu_multinode.sh", ["--slurm", "--gpus-per-node", "8x"], "error: --gpus-per-node=8x must be a positive")):
+    r = _bash(script, *args, "--workdir", "/s/r", "--dry-run")
+    assert r.returncode == 2 and r.stdout == "" and r.stderr.startswith(line) and len(r.stderr.splitlines()) == 1, \
+        (script, args, r.returncode, r.stdout, r.stderr)
+
+
+def test_tpu_vm_keeps_the_run_status_and_deletes_when_the_tpu_lists_no_workers(tmp_path):
+  """After the run, the log collection counts the workers from `describe`: a TPU that lists none (a preempted spot
+  TPU) or a describe that fails made the script exit 1 there, silently: the run's own status (here 3) was lost and
+  --delete never ran. Now a one-line warning, no logs, the delete, and the run's status. A fake gcloud on PATH; the
+  script runs from a throwaway git repository (it archives its repository)."""
+  repo = tmp_path / "repo"
+  (repo / "launch").mkdir(parents=True)
+  (repo / "launch" / "tpu_vm.sh").write_text(open(os.path.join(REPO, "launch", "tpu_vm.sh")).read())
+  git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+  for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"]):
+    subprocess.run(git + cmd, check=True, capture_output=True)
+  bin_dir = tmp_path / "bin"
+  bin_dir.mkdir()
+  calls = tmp_path / "calls.log"
+  for describe in ("exit 0", "exit 1"):  # no endpoints listed; describe fails
+    (bin_dir / "gcloud").write_text(textwrap.dedent(f"""\
+        #!/bin/bash
+        echo "$*" >> {calls}
+        case "$*" in *" describe "*) {describe};; *grpo_jax.main*) exit 3;; esac
+        exit 0
+        """))
+    (bin_dir / "gcloud").chmod(0o755)
+    calls.write_text("")
+    r = subprocess.run(["bash", str(repo / "launch" / "tpu_vm.sh"), "--name", "n", "--zone", "z", "--workdir",
+                        "gs://b/r", "--delete"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                       env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}"))
+    assert r.returncode == 3, (describe, r.returncode, r.stderr)
+    assert "warning: TPU n lists no workers now (preempted or deleted?); no logs collected" in r.stderr, r.stderr
+    lines = calls.read_text().splitlines()
+    assert lines[-1] == "compute tpus tpu-vm delete n --zone=z --quiet", lines
+    assert not any("grpo_logs/run.log" in l and " scp " in f" {l}" for l in lines), lines

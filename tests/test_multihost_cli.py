@@ -211,3 +211,24 @@ def test_bad_launch_env_is_one_line_naming_the_variable(monkeypatch, env, match)
     multihost.maybe_initialize()
   assert errors.classify(e.value)[0] == errors.EXIT_INPUT and "\n" not in str(e.value)
   assert not multihost.initialized()
+
+
+def test_a_distributed_switch_other_than_0_or_1_is_one_line(monkeypatch):
+  """GRPO_JAX_DISTRIBUTED=true (or yes, on, 2) was read as 'not 1': every host of a pod ran the whole job alone,
+  all writing one workdir. Now an InputError naming it; 0, '' and unset are one process, as before."""
+  import jax
+  from grpo_jax.infra import errors, multihost
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: pytest.fail("initialize must not be reached"))
+  monkeypatch.setattr(multihost, "_initialized", False)
+  monkeypatch.delenv("GRPO_JAX_COORDINATOR", raising=False)
+  for value in ("true", "yes", "2", " 1"):
+    monkeypatch.setenv("GRPO_JAX_DISTRIBUTED", value)
+    with pytest.raises(errors.InputError) as e:
+      multihost.maybe_initialize()
+    assert str(e.value).startswith(f"GRPO_JAX_DISTRIBUTED={value!r}: must be 1") and "\n" not in str(e.value)
+    assert errors.classify(e.value)[0] == errors.EXIT_INPUT
+  for value in ("0", ""):
+    monkeypatch.setenv("GRPO_JAX_DISTRIBUTED", value)
+    assert multihost.maybe_initialize() is False
+  monkeypatch.delenv("GRPO_JAX_DISTRIBUTED")
+  assert multihost.maybe_initialize() is False and not multihost.initialized()

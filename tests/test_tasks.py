@@ -40,6 +40,53 @@ def test_special_ids_and_tags(tok):
   assert tok.encode("12345") == [tok.encode(d)[0] for d in "12345"]
 
 
+def test_a_model_with_other_control_ids_is_one_line_naming_them(tmp_path):
+  """sentencepiece's default ids (unk=0 bos=1 eos=2, no pad): the code's pad 0 would be <unk>. One line naming the
+  file, its ids and the training options (was 'tokenizer model must have ...; rebuild with build_tokenizer')."""
+  import io
+  import sentencepiece as spm
+  out = io.BytesIO()
+  spm.SentencePieceTrainer.train(sentence_iterator=iter(["1 + 2 = 3", "think answer"] * 20), model_writer=out,
+                                 vocab_size=30, hard_vocab_limit=False, num_threads=1, minloglevel=2)
+  path = tmp_path / "default_ids.model"
+  path.write_bytes(out.getvalue())
+  with pytest.raises(ValueError) as e:
+    tokenizer_lib.load(str(path))
+  assert str(e.value) == (f"{path} has pad=-1 bos=1 eos=2 unk=0, and the code needs pad=0 bos=1 eos=2 unk=3; train "
+                          "it with pad_id=0, bos_id=1, eos_id=2, unk_id=3 (as python -m grpo_jax.tasks.build_tokenizer "
+                          "does)")
+
+
+def test_a_model_without_the_tag_pieces_has_no_tag_ids(tmp_path):
+  """task.tokenizer=<file>.model built without the tags as user-defined symbols: piece_to_id gave unk (3) for each,
+  so gsm8k's token check counted <unk> as every tag (a tagged answer scored format 0) and arith trained silently
+  with <unk> as its tags. Now tag_ids holds real pieces only, and an in-graph task refuses it in one line."""
+  from sentencepiece import sentencepiece_model_pb2
+  from configs import grpo_arith
+  from grpo_jax.run import validate
+  from grpo_jax.tasks import gsm8k
+  m = sentencepiece_model_pb2.ModelProto()
+  with open(tokenizer_lib.ASSET, "rb") as f:
+    m.ParseFromString(f.read())
+  for p in m.pieces:  # the same model with [think] ... for the tags: no piece is a tag
+    if p.piece in tokenizer_lib.TAGS:
+      p.piece = p.piece.replace("<", "[").replace(">", "]")
+  path = tmp_path / "notags.model"
+  path.write_bytes(m.SerializeToString())
+  tok = tokenizer_lib.load(str(path))
+  assert tok.vocab_size == 512 and tok.tag_ids == {} and not tok.has_tag_tokens
+  ids = tok.encode("<think>5 + 3 = 8</think> <answer>8</answer>")
+  assert tok.unk_id not in ids and tok.decode(ids) == "<think>5 + 3 = 8</think> <answer>8</answer>"
+  assert gsm8k.grade(ids, "8", tok) == (1.0, 1.0, "8")  # the tags are text here: format from the text
+  c = grpo_arith.get_config("small")
+  c.task.tokenizer = str(path)
+  with pytest.raises(validate.ConfigError) as e:
+    validate.validate_rl(c, 1, tok)
+  assert str(e.value).startswith("config.task.tokenizer: task 'arith' is verified in-graph on token ids") and \
+      "lacks <think>, </think>, <answer>, </answer>" in str(e.value) and "\n" not in str(e.value), str(e.value)
+  validate.validate_rl(c, 1, tokenizer_lib.load())  # the shipped one has them
+
+
 @pytest.mark.parametrize("name", ["arith", "countdown"])
 def test_roundtrip_task_text_both_languages(tok, name):
   task, exs = _examples(name, 30)

@@ -3,7 +3,7 @@
 On Cloud TPU pods `GRPO_JAX_DISTRIBUTED=1` alone is enough (JAX discovers the pod). On other clusters, or for the
 local multi-process launcher, also set `GRPO_JAX_COORDINATOR=host:port`, `GRPO_JAX_NUM_PROCESSES`,
 `GRPO_JAX_PROCESS_ID`; a missing or malformed one is an InputError naming it (it was a KeyError or ValueError
-traceback).
+traceback), and so is a GRPO_JAX_DISTRIBUTED other than 1, 0 or unset.
 
 A process of such a job that fails alone must not leave through interpreter shutdown: JAX's exit handler waits in a
 shutdown barrier (300 s) for processes that are themselves stuck in a collective with the failed one, and then
@@ -49,7 +49,11 @@ def launch_args() -> dict:
 
 def maybe_initialize() -> bool:
   global _initialized
-  if _initialized or os.environ.get("GRPO_JAX_DISTRIBUTED", "0") != "1":
+  switch = os.environ.get("GRPO_JAX_DISTRIBUTED", "0")
+  if switch not in ("", "0", "1"):  # 'true' / 'yes' ran each pod host as its own job, all on one workdir
+    raise errors.InputError(f"GRPO_JAX_DISTRIBUTED={switch!r}: must be 1 (join the multi-process job) or 0 / unset "
+                            "(one process)")
+  if _initialized or switch != "1":
     return _initialized
   kwargs = launch_args()
   try:

@@ -17,6 +17,7 @@ from grpo_jax.infra.errors import ConfigError  # noqa: F401  (validate.ConfigErr
 from grpo_jax.tasks import data
 from grpo_jax.tasks import hf_tokenizer
 from grpo_jax.tasks import registry
+from grpo_jax.tasks import tokenizer as tokenizer_lib
 from grpo_jax.hf import model_source
 from grpo_jax.infra import sharding
 from grpo_jax.rollout import decode_layout
@@ -757,6 +758,15 @@ def validate_tokenizer(c, tokenizer) -> None:
     else:
       fix = f"set model.vocab_size={tokenizer.vocab_size} (or use the matching tokenizer)"
     _fail("model.vocab_size", f"is {c.model.vocab_size} but the tokenizer has {tokenizer.vocab_size} pieces; {fix}.")
+  spec = registry.TASKS.get(c.task.name)
+  tags = getattr(tokenizer, "tag_ids", None)  # None: a stand-in with a vocabulary size only (tests)
+  missing = [t for t in tokenizer_lib.TAGS if tags is not None and t not in tags]
+  if spec is not None and spec.in_graph_accuracy is not None and missing:
+    # were the verifiers' tables: a traceback at the first evaluation (HF), or <unk> counted as every tag (.model)
+    _fail("task.tokenizer", f"task {c.task.name!r} is verified in-graph on token ids and needs "
+          f"{', '.join(tokenizer_lib.TAGS)} as single tokens, but task.tokenizer={c.task.get('tokenizer', '')!r} "
+          f"lacks {', '.join(missing)}; use the shipped tokenizer (task.tokenizer='') or one built with them "
+          "(python -m grpo_jax.tasks.build_tokenizer).")
   try:
     prompts.check(c.task.get("prompt_format", "r1_zero"), tokenizer)
   except ValueError as e:

@@ -102,6 +102,9 @@ class HFTokenizer:
     smap = _read_json(os.path.join(self.directory, "special_tokens_map.json"))
     gen = _read_json(os.path.join(self.directory, "generation_config.json"))
     model_vocab = _read_json(os.path.join(self.directory, "config.json")).get("vocab_size")
+    if model_vocab is not None and (isinstance(model_vocab, bool) or not isinstance(model_vocab, int)):
+      raise ValueError(f"task.tokenizer: {self.directory}/config.json has vocab_size={model_vocab!r}, not an integer "
+                       "(the model's embedding rows); fix the file or re-download it.")
     if model_vocab is not None and model_vocab < self.num_tokens:
       raise ValueError(f"task.tokenizer: {self.directory}/config.json has vocab_size={model_vocab} but the "
                        f"tokenizer has {self.num_tokens} tokens; the model cannot emit them all.")

@@ -2,7 +2,9 @@
 
 Tags are user-defined symbols, so `<think>` in text always encodes to its single tag id; a completion that spells
 the same characters from other pieces is not a tag. Normalization is off (identity, no dummy prefix, spaces kept),
-so decode(encode(text)) == text for the ASCII task text. Control ids: pad=0, bos=1, eos=2, unk=3.
+so decode(encode(text)) == text for the ASCII task text. Control ids: pad=0, bos=1, eos=2, unk=3. Another
+sentencepiece model (task.tokenizer=<file>.model) has in `tag_ids` only the tags that are its pieces; the tasks
+verified in-graph on token ids need all four (validate.validate_tokenizer).
 
 The shipped model has no tool-call markers (`<tool_call>` encodes to 8 pieces). `task.tokenizer='tools'` selects
 `load_tools()`: the same model with TOOL_MARKERS appended as user-defined pieces (ids 512-515), every other id and
@@ -38,9 +40,19 @@ class Tokenizer:
     self.vocab_size = self.sp.get_piece_size()
     self.pad_id, self.bos_id, self.eos_id, self.unk_id = PAD_ID, BOS_ID, EOS_ID, UNK_ID
     self.eos_ids = (EOS_ID,)  # the ids that end a completion (an HF tokenizer may have several)
-    self.tag_ids = {t: self.sp.piece_to_id(t) for t in TAGS}
-    if (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id()) != (0, 1, 2, 3):
-      raise ValueError("tokenizer model must have pad=0 bos=1 eos=2 unk=3; rebuild with build_tokenizer")
+    # The tags that are pieces of this model: piece_to_id gives unk_id (3) for a missing piece, which made a model
+    # without them (a task.tokenizer=<file>.model trained without the user-defined symbols) count <unk> as every tag.
+    self.tag_ids = {t: i for t in TAGS if self.sp.id_to_piece(i := self.sp.piece_to_id(t)) == t}
+    have = (self.sp.pad_id(), self.sp.bos_id(), self.sp.eos_id(), self.sp.unk_id())
+    if have != (PAD_ID, BOS_ID, EOS_ID, UNK_ID):  # -1: the model has none
+      raise ValueError(f"{path} has pad={have[0]} bos={have[1]} eos={have[2]} unk={have[3]}, and the code needs pad=0 "
+                       "bos=1 eos=2 unk=3; train it with pad_id=0, bos_id=1, eos_id=2, unk_id=3 (as python -m "
+                       "grpo_jax.tasks.build_tokenizer does)")
+
+  @property
+  def has_tag_tokens(self) -> bool:
+    """All four format tags are pieces, so token-id verifiers (verify_py/verify_jax) apply."""
+    return len(self.tag_ids) == len(TAGS)
 
   def encode(self, text: str) -> list[int]:
     return self.sp.encode(text)

@@ -23,14 +23,20 @@ def load(path: str | None = None):
 
 
 def spec_for_config(config) -> str:
-  """What `task.tokenizer` names ('' = the shipped one); 'init_from' = the HF dir of `train.init_from=hf:<dir>`."""
+  """What `task.tokenizer` names ('' = the shipped one); 'init_from' = the HF dir the model comes from
+  (model_source.source: `train.init_from=hf:<dir>`; `sft.init_from=hf:<dir>` for job=sft/pretrain, or for an SFT
+  stage run first when train.init_from is empty)."""
   spec = config.task.get("tokenizer", "") or ""
   if spec == "init_from":
-    init = config.train.get("init_from", "") or ""
-    if not init.startswith("hf:"):
-      raise ValueError(f"task.tokenizer='init_from' needs train.init_from=hf:<dir>, got {init!r}; set "
-                       "task.tokenizer=hf:<dir> or '' (the shipped tokenizer).")
-    spec = init
+    from grpo_jax.hf import model_source  # pylint: disable=g-import-not-at-top  (hf/ only when asked for)
+    src = model_source.source(config)
+    if src is None:  # (it read train.init_from only: an SFT job's hf: checkpoint could not name its own tokenizer)
+      key = "sft.init_from" if config.get("job") in ("sft", "pretrain") else "train.init_from"
+      init = config[key.split(".")[0]].get("init_from", "") or ""
+      raise ValueError(f"task.tokenizer='init_from' needs train.init_from=hf:<dir> (sft.init_from=hf:<dir> for "
+                       f"job=sft/pretrain or an SFT stage run first), got {key}={init!r}; set task.tokenizer=hf:<dir> "
+                       "or '' (the shipped tokenizer).")
+    spec = "hf:" + src[1]
   return spec
 
 
