@@ -754,8 +754,8 @@ def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
     resumed = again.resolve(c, mesh)
   assert (resumed.rl.packing, resumed.sampling.exit_chunk) == ("off", 8)
   assert resumed.rl.pack_len == 0  # packing's own knobs do not apply to the recorded padded passes
-  lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto rl.packing")]
-  assert lines == ["auto rl.packing = off (recorded with this run: a resume runs the program it started with; "
+  lines = [r.getMessage() for r in caplog.records if "rl.packing = " in r.getMessage()]
+  assert lines == ["recorded rl.packing = off (recorded with this run: a resume runs the program it started with; "
                    "today's rule picks on (train.steps 30 >= 20, max_new_tokens 260 >= 256: padding-free passes "
                    "(bench-tail's reference + update 3x faster than padded)))"], lines
   assert again.view["resolved.rl.packing"] == "off"  # recorded again with the next checkpoints
@@ -783,6 +783,28 @@ def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
   cfg = config_lib.override(c, {"rl.packing": True})
   with pytest.raises(errors.InputError, match=r"finished stage rl .* rl.packing \('off' → 'on'\)"):
     stages.plan([stage(cfg)], cfg, str(tmp_path))
+
+
+def test_a_recorded_value_reused_on_resume_is_logged_as_the_records_not_autos(caplog):
+  """A resume's reused sampling.compaction (8 sizes, recorded where today's rule picks 1 for L 72; and slots, recorded
+  as today's rule picks them) is logged as the run's record, never as `auto`'s choice: it was `auto sampling.compaction
+  = 8 (...)`, as if today's rule had chosen what it does not."""
+  c = config_lib.override(_arith(), {"sampling.engine": "continuous"})
+  ctx = auto.Context(MESH1, None, "cpu")
+  first, _ = auto.resolve(c, ctx, log=False)
+  assert first.sampling.compaction == 1  # today's rule at L 72
+  recorded = dict(auto.resolved_values(first), **{"sampling.compaction": 8})
+  with caplog.at_level(logging.INFO):
+    out, chosen = auto.resolve(c, ctx, recorded=recorded)
+  assert (out.sampling.compaction, out.sampling.slots) == (8, first.sampling.slots)
+  said = {m.split(" = ")[0]: m for m in (r.getMessage() for r in caplog.records) if " = " in m}
+  assert said["recorded sampling.compaction"].startswith(
+      "recorded sampling.compaction = 8 (recorded with this run: a resume runs the program it started with; today's "
+      "rule picks 1 ("), said
+  assert said["recorded sampling.slots"] == (f"recorded sampling.slots = {first.sampling.slots} (recorded with this "
+                                             "run: a resume runs the program it started with)"), said
+  assert not [k for k in said if k.startswith("auto ")], said  # every auto key came from the record
+  assert chosen["sampling.compaction"].startswith("8 (recorded with this run")  # DIR/auto.json's text
 
 
 def test_a_set_decode_layout_wins_and_is_logged_as_set(caplog):

@@ -17,7 +17,8 @@ later knob's plan sees the earlier choices):
   rl.pack_len, rl.pack_rows   rl.packing's row length and rows per micro-batch (0)
   sampling.decode_layout × decode_tp   where the weights live while the rollout decodes (memory_plan.choose_decode)
   rl.carry_kv_groups    the rollout carry's KV read groups: the most up to 8 dividing a device's slots
-Each that applies to the resolved path logs one line, `auto <key> = <value> (<why>)`, or `<key> = <value> (set)`
+Each that applies to the resolved path logs one line, `auto <key> = <value> (<why>)`, `recorded <key> = <value> (<why>)`
+where a resume reuses the run's record (below), or `<key> = <value> (set)`
 where the config names it (a set key of a path not taken: a warning that it has no effect; the others, slots under
 the static engine, say nothing). The rules and the measurements behind them: docs/performance.md ("What `auto`
 resolves to"). A run records what was resolved (run/loop_guard.py: `resolved.<key>` in every checkpoint's config
@@ -186,8 +187,10 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
                if other else "")
         raise ConfigError(f"config.{named} (recorded: this run's `auto` choice, which a resume reuses): {bad}; "
                           f"{fix}resume on devices like the ones it started on.")
+      said = "recorded"  # not auto's choice today: the value the run started with (its record)
     else:
       pick, why = knob.choose(out, ctx, knob.candidates(out, ctx))
+      said = "auto"
     picked = []
     for k, value, p in zip(keys, values, pick if knob.joint else (pick,)):
       if p is not None and is_auto(k, value):
@@ -195,7 +198,7 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
         chosen[k] = f"{p} ({why})"
         picked.append(f"{k} = {p}")
     if log and picked:
-      (logging.warning if knob.warn(pick) else logging.info)("auto %s (%s)", ", ".join(picked), why)
+      (logging.warning if knob.warn(pick) else logging.info)("%s %s (%s)", said, ", ".join(picked), why)
   return out, chosen
 
 
