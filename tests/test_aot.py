@@ -82,6 +82,35 @@ def test_roofline_by_hand():
   assert aot.roofline(c, mesh, chip, ici=ici)["seconds"]["rollout decode"] == 1e3
 
 
+def test_roofline_carry_kv_recompute_by_hand():
+  """rl.carry_kv=recompute: every step one forward of the layers (no LM head) over all S slots' P + L positions,
+  carry._recompute_slots' static shape (tiny: 2 layers of 64·(4 + 2·2)·16 + 4·16·64 + 3·64·128 = 36,864 weights;
+  4·2·4·16 = 512 FLOPs per attention pair, the CPU's einsum path: all 64×64). HBM per chip: the layer weights
+  once (fp32) and K, V of its slots' 64 positions (2·2 layers·2 KV heads·16·4 bytes = 512 per position). 'keep'
+  has no such phase and the others are the same."""
+  keep, rec = _tiny_carry("keep"), _tiny_carry("recompute")
+  fk, fr = aot.analytic_flops(keep, plat="cpu"), aot.analytic_flops(rec, plat="cpu")
+  assert fr.pop("carry KV recompute") == 2 * 73728 * 8 * 64 + 512 * 8 * 64 * 64 == 92_274_688  # S = N = 8 slots
+  assert fr == fk
+  assert aot.analytic_flops(_tiny_carry("recompute", slots=4), plat="cpu")["carry KV recompute"] == 92_274_688 // 2
+  mesh = dict(data=1, fsdp=2, tensor=1)
+  hk, hr = roofline_lib.hbm_bytes(keep, mesh), roofline_lib.hbm_bytes(rec, mesh)
+  assert hr.pop("carry KV recompute") == 73728 * 4 + 512 * 4 * 64 == 425_984  # 4 of the 8 slots on each chip
+  assert hr == hk
+  r = aot.roofline(rec, mesh, aot.Chip(hbm_gib=16, bf16_tflops=100, hbm_gbs=1))
+  assert r["seconds"]["carry KV recompute"] == pytest.approx(425_984 / 1e9)  # HBM-bound at 1 GB/s
+  assert r["step_seconds"] == pytest.approx(aot.roofline(keep, mesh, aot.Chip(16, 100, 1))["step_seconds"]
+                                            + 425_984 / 1e9)
+
+
+def _tiny_carry(kv: str, slots: int = 0):
+  c = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=48, dtype="float32", remat="none",
+                                  engine="continuous", slots=slots, partial_rollouts=True,
+                                  mesh=dict(data=1, fsdp=2, tensor=1))
+  c.rl.carry_kv = kv
+  return c
+
+
 # A hand-written optimised HLO module: a while loop (counter 2 → 7: 5 trips) whose body all-gathers [4,32] → [16,32]
 # f32 over 4 devices as an async -start/-done pair, and an all-reduce of f32[4,32] over pairs in the entry.
 _HLO = """HloModule jit_step, entry_computation_layout={(f32[4,32]{1,0})->f32[4,32]{1,0}}, num_partitions=4
