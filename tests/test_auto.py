@@ -231,7 +231,7 @@ def test_vmapped_sweep_lanes_resolve(monkeypatch, tmp_path):
   assert seen == [want]
 
 
-def test_ablation_tables_resolve(monkeypatch):
+def test_ablation_tables_resolve(monkeypatch, caplog):
   import os  # pylint: disable=g-import-not-at-top
   from grpo_jax.config import presets
   from grpo_jax.studies.ablations import r1_table
@@ -244,8 +244,11 @@ def test_ablation_tables_resolve(monkeypatch):
   monkeypatch.setattr(train_table, "start_params", lambda cfg, mcfg: None)
   c = train_table.build_config(cfg, {})
   want = [_squeeze(monkeypatch, c, lanes=2)]
-  with pytest.raises(_Built):
+  with caplog.at_level(logging.INFO), pytest.raises(_Built):
     train_table.make_runs(cfg, c, digits.toy_reward_spec(c.rewards, c.model.vocab_size), [0, 1])
+  # logged once, as a main run logs it (the cell resolved silently and recorded nothing)
+  said = [r.getMessage() for r in caplog.records if "rl.rollout_chunks = " in r.getMessage()]
+  assert [m.split(" (")[0] for m in said] == ["auto rl.rollout_chunks = %d, rl.minibatches = %d" % want[0]], said
   # the R1-stage table (g)
   cfg = config_lib.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                                             "ablations", "gdpo.py"), "small")
