@@ -673,6 +673,29 @@ def test_a_resume_on_more_devices_than_recorded_is_refused_with_what_auto_picks_
     preflight.check_recorded_values(c, str(tmp_path))
 
 
+def test_a_recorded_tp_decode_layout_resumed_on_fewer_devices_names_a_fix_that_resumes(monkeypatch, tmp_path):
+  """A run recorded the tensor-parallel decode layout of degree 2 (mesh.fsdp 2); resumed on one device the degree no
+  longer divides mesh.fsdp. The refusal advised --config.sampling.decode_tp=0, decode_tp's auto value: with the
+  layout still auto the resume took the recorded (tp, 2) again and was refused again, naming the same flags. It names
+  the joint key whose pick here is a value: the gathered layout, which resumes."""
+  from grpo_jax.infra import checkpoint, errors  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import preflight, run_config  # pylint: disable=g-import-not-at-top
+  c = _arith()
+  os.makedirs(tmp_path / "checkpoints")
+  view = run_config.with_resolved(run_config.view(c, "rl"), {"sampling.decode_layout": "tp", "sampling.decode_tp": 2})
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": view}))
+  fix = ("--config.sampling.decode_layout=gathered --config.train.allow_config_change=sampling.decode_layout (what "
+         "auto picks here")
+  with validate.elsewhere(1, None), pytest.raises(errors.ConfigError) as e:
+    preflight.check_recorded_values(c, str(tmp_path))
+  assert str(e.value).startswith("config.sampling.decode_tp=2: must be >= 2 and divide mesh.fsdp=1") and fix in str(
+      e.value), e.value
+  with validate.elsewhere(1, None):  # the advice followed: accepted
+    preflight.check_recorded_values(config_lib.override(c, {"sampling.decode_layout": "gathered",
+                                                            "train.allow_config_change": "sampling.decode_layout"}),
+                                    str(tmp_path))
+
+
 def test_an_r1_stage_resume_whose_recorded_value_no_longer_fits_is_refused_naming_the_stage(monkeypatch, tmp_path):
   """The same refusal for an R1 pipeline's RL stage (each RL stage resolves and records its own `auto` values, in its
   own directory): before DIR/config.json is rewritten, naming the stage whose record it is (it did not)."""

@@ -117,6 +117,15 @@ def is_auto(key: str, value) -> bool:
   return value == config_lib.auto_value(key)
 
 
+def chosen_with(key: str) -> tuple[str, ...]:
+  """The keys one knob chooses together with `key` (a joint knob's; else `key` alone): a resume's fix must name every
+  one of them whose pick differs, since a key set to its auto value leaves the recorded pick of the others in place."""
+  for knob in REGISTRY.values():
+    if key in knob.keys():
+      return knob.keys()
+  return (key,)
+
+
 def _get(config, key: str):
   node = config
   for part in key.split("."):
