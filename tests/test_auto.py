@@ -273,7 +273,10 @@ def test_ablation_tables_resolve(monkeypatch, caplog):
   with pytest.raises(_Built):
     memory_table.compile_step(cfg, config_lib.override(config_lib.base_config(), {
         "model.layers": 1, "model.hidden": 32, "model.heads": 2, "model.kv_heads": 1, "model.inter": 64}))
-  assert (compiled[0].sampling.engine, compiled[0].sampling.compaction) == ("continuous", config_lib.COMPACTION)
+  from grpo_jax.rollout import engine  # pylint: disable=g-import-not-at-top
+  # the compaction sizes the slots chosen for the squeezed device halve to (at most 8)
+  got = compiled[0].sampling
+  assert (got.engine, got.compaction) == ("continuous", len(engine.compaction_sizes(got.slots, config_lib.COMPACTION)))
 
 
 def test_aot_and_the_planner_cli_resolve(capsys):
@@ -401,12 +404,40 @@ def test_compaction_only_where_completions_are_long():
   ctx = auto.Context(MESH1, None)
   cont = lambda **o: config_lib.override(config_lib.base_config(), {"sampling.engine": "continuous", **o})
   for L, want in ((48, 1), (255, 1), (256, config_lib.COMPACTION), (1024, config_lib.COMPACTION)):
-    c = cont(**{"sampling.max_new_tokens": L, "model.max_len": L + 32})
+    c = cont(**{"sampling.max_new_tokens": L, "model.max_len": L + 32, "rl.prompts_per_step": 32})  # 256 slots: 8 sizes
     got, chosen = auto.resolve(c, ctx, log=False)
     assert got.sampling.compaction == want and chosen["sampling.compaction"].startswith(f"{want} (max_new_tokens {L}")
   assert auto.resolve(cont(**{"sampling.compaction": 4}), ctx, log=False)[0].sampling.compaction == 4
   static = auto.resolve(config_lib.override(config_lib.base_config(), {"sampling.engine": "static"}), ctx, log=False)[0]
   assert static.sampling.compaction == 0 and config_lib.setting(static, "sampling.compaction") == config_lib.COMPACTION
+
+
+def test_compaction_auto_picks_the_sizes_the_slots_halve_to_and_a_recorded_cut_is_said(caplog):
+  """3 prompts x G 8 = 24 rows over mesh data=8 at L 256: the slots (24) halve to no other multiple of 8, so the engine
+  runs one slot count. auto picked, logged and recorded 8 sizes for it (engine.compaction_sizes cut them to 1 without
+  a word); it picks 1 there, and 3 where 32 slots halve to 32, 16, 8. A resume that reuses a recorded 8 over such
+  slots says what it runs as (as it ran when recorded: the same program)."""
+  from grpo_jax.rollout import engine  # pylint: disable=g-import-not-at-top
+  c = lambda prompts: config_lib.override(config_lib.base_config(), {
+      "sampling.engine": "continuous", "sampling.max_new_tokens": 256, "model.max_len": 288,
+      "rl.prompts_per_step": prompts, "rl.G": 8})
+  ctx = auto.Context(dict(data=8, fsdp=1, tensor=1), None, "cpu")
+  for prompts, slots, want in ((3, 24, 1), (4, 32, 3)):
+    got, chosen = auto.resolve(c(prompts), ctx, log=False)
+    assert (got.sampling.slots, got.sampling.compaction) == (slots, want), chosen
+    assert len(engine.compaction_sizes(slots, want, 8)) == want  # what the engine runs is what is recorded
+    assert chosen["sampling.compaction"].endswith(f"halves to {want} multiple(s) of mesh data*fsdp=8: "
+                                                  f"{engine.compaction_sizes(slots, 8, 8)})"), chosen
+  # one device: 32 slots halve to 32, 16, ..., 1 (6 sizes); 256 to 8 sizes, the most auto takes
+  assert auto.resolve(c(4), auto.Context(MESH1, None, "cpu"), log=False)[0].sampling.compaction == 6
+  assert auto.resolve(c(32), auto.Context(MESH1, None, "cpu"), log=False)[0].sampling.compaction == 8
+  recorded = {"sampling.engine": "continuous", "sampling.slots": 24, "sampling.compaction": 8}
+  with caplog.at_level(logging.INFO):
+    auto.resolve(c(3), ctx, recorded=recorded)
+  hits = [r for r in caplog.records if r.getMessage().startswith("recorded sampling.compaction = 8 (")]
+  assert len(hits) == 1 and hits[0].getMessage().endswith(
+      ": runs as 1 slot counts (24,): sampling.slots 24 halves to only 1 multiple(s) of mesh data*fsdp=8; set "
+      "sampling.compaction <= 1"), [r.getMessage() for r in caplog.records]
 
 
 def test_a_set_key_the_resolved_path_does_not_use_is_logged(caplog):
@@ -482,7 +513,8 @@ def test_the_path_rules():
   r = run(**{"sampling.max_new_tokens": 255, "train.steps": 19})
   assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets, r.sampling.exit_chunk) == ("static", "off", 1, 15)
   r = run(**{"sampling.max_new_tokens": 256, "train.steps": 20})
-  assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets, r.sampling.compaction) == ("continuous", "on", 1, 8)
+  # compaction: the 64 slots halve to 7 sizes (64 ... 1) on one device
+  assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets, r.sampling.compaction) == ("continuous", "on", 1, 7)
   r = run(**{"sampling.max_new_tokens": 255, "train.steps": 1000})  # short completions: padded, however long the run
   assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets) == ("static", "off", 1)
   assert run(**{"sampling.max_new_tokens": 256, "train.steps": 19}).rl.packing == "off"

@@ -207,7 +207,10 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
         chosen[k] = f"{p} ({why})"
         picked.append(f"{k} = {p}")
     if log and picked:
-      (logging.warning if knob.warn(pick) else logging.info)("%s %s (%s)", said, ", ".join(picked), why)
+      # a recorded value past what the slots or rows give runs as less, as it did when recorded: said, not warned
+      cut = knob.runs_as(out, ctx)
+      (logging.warning if knob.warn(pick) else logging.info)(
+          "%s %s (%s)%s", said, ", ".join(picked), why, f": runs as {cut}" if cut else "")
   return out, chosen
 
 
@@ -630,12 +633,18 @@ register(Knob("sampling.slots", slot_candidates, choose_slots, applies=_continuo
 
 
 def choose_compaction(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
-  """config_lib.COMPACTION sizes for completions of LONG_COMPLETIONS tokens or more, else one (no compaction)."""
-  del ctx
+  """config_lib.COMPACTION sizes for completions of LONG_COMPLETIONS tokens or more, or as many as the (resolved)
+  slots halve to over the mesh's row split; else one (no compaction)."""
   L = config.sampling.max_new_tokens
   if L >= LONG_COMPLETIONS:
-    return candidates[0], (f"max_new_tokens {L} >= {LONG_COMPLETIONS}: a long tail decodes on ever fewer slots "
-                           "(bench-tail: 0.84x the rollout of 4 sizes)")
+    why = (f"max_new_tokens {L} >= {LONG_COMPLETIONS}: a long tail decodes on ever fewer slots (bench-tail: 0.84x "
+           "the rollout of 4 sizes)")
+    slots, split = int(config.sampling.slots), ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1)
+    sizes = engine.compaction_sizes(slots, candidates[0], split) if slots > 0 else ()
+    if 0 < len(sizes) < candidates[0]:  # what engine.compaction_sizes runs: 8 recorded and logged, 1 run, was silent
+      return len(sizes), (f"{why}; sampling.slots {slots} halves to {len(sizes)} multiple(s) of mesh data*fsdp="
+                          f"{split}: {sizes}")
+    return candidates[0], why
   return candidates[-1], (f"max_new_tokens {L} < {LONG_COMPLETIONS}: too short a tail to pay for the decode step "
                           "each compaction size compiles")
 
