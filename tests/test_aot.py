@@ -103,6 +103,20 @@ def test_roofline_carry_kv_recompute_by_hand():
                                             + 425_984 / 1e9)
 
 
+def test_roofline_prefill_rows_without_stated_lengths():
+  """With no completion lengths stated (every row to L), the continuous engine still prefills each of the B prompts
+  once and the carry its table of (1 + max_staleness)·B prompts, as with lengths stated; it counted every one of the
+  N = B·G rows (G× the continuous engine's prefill FLOPs and KV writes)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  cont = _tiny(dtype="float32", remat="none", engine="continuous")  # 2 prompts × G 4
+  assert roofline_lib.decode_work(cont)["prefill_rows"] == roofline_lib.decode_work(cont, np.full(8, 48))[
+      "prefill_rows"] == 2
+  assert roofline_lib.decode_work(_tiny(dtype="float32", remat="none"))["prefill_rows"] == 8  # static: every row
+  assert roofline_lib.decode_work(_tiny_carry("keep"))["prefill_rows"] == 4  # max_staleness 1: 2 × 2 prompts
+  pm, attn = aot.matmul_params(model_lib.ModelConfig.from_config(cont.model)), 4 * 2 * 4 * 16
+  assert aot.analytic_flops(cont, plat="cpu")["rollout prefill"] == 2 * pm * 2 * 16 + attn * 2 * 16 * 16
+
+
 def _tiny_carry(kv: str, slots: int = 0):
   c = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=48, dtype="float32", remat="none",
                                   engine="continuous", slots=slots, partial_rollouts=True,

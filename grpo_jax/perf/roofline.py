@@ -89,7 +89,10 @@ def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
   rl, sc = config.rl, config.sampling
   N, P, L = rl.prompts_per_step * rl.G, config.task.prompt_len, sc.max_new_tokens
   if lengths_N is None:
-    return dict(steps=L, row_steps=N * L, kv_read=N * L * (P + L), prefill_rows=N, tokens=N * L)
+    # prefilled: every row (static), each prompt once (continuous engine), the carry's whole table of prompts
+    pre = ((1 + int(rl.max_staleness)) * rl.prompts_per_step if rl.get("partial_rollouts", False) else
+           rl.prompts_per_step if config_lib.setting(config, "sampling.engine") == "continuous" else N)
+    return dict(steps=L, row_steps=N * L, kv_read=N * L * (P + L), prefill_rows=pre, tokens=N * L)
   lengths_N = np.minimum(np.asarray(lengths_N), L)
   split = config.mesh.data * config.mesh.fsdp if min(config.mesh.data, config.mesh.fsdp) > 0 else 1
   if rl.get("partial_rollouts", False):
