@@ -134,6 +134,24 @@ def test_ppo_plan_within_15_percent_of_xla_on_cpu():
   assert abs(p.total_bytes / (mem["argument_bytes"] + mem["temp_bytes"]) - 1) < 0.15, (p.as_dict(), mem)
 
 
+def test_packed_passes_plan_logits_for_every_packed_position():
+  """Under rl.packing the LM head scores every position of a packed row (63 targets of pack_len 64 here, XLA:CPU's
+  f32[8,63,512]), not the L = 48 of a padded completion: the logits chunk was planned at 48 positions, the plan
+  0.935x XLA's for this step (14.97 MB; 0.987x with the packed length). Tiny, fp32, one micro-batch of 8 rows."""
+  from grpo_jax.rl import auto
+  c = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=48, mesh=ONE, dtype="float32",
+                                  remat="none", packing="on")
+  c, _ = auto.resolve(c, auto.Context(ONE, None, "cpu"), log=False)
+  assert (c.rl.pack_len, c.rl.pack_rows) == (64, 8)
+  p = memory_plan.plan(c, ONE, "cpu")
+  # 3 fp32 [rows, positions, V] arrays (logits, log-softmax, their gradient) + the rows' fp32 hidden states
+  assert p.update["logits chunk"] == 3 * 8 * 64 * 512 * 4 + 8 * 64 * 64 * 4
+  assert p.score["logits chunk"] == 2 * 8 * 64 * 512 * 4 + 8 * 64 * 64 * 4
+  assert memory_plan.plan(memory_plan.workload_config(
+      "tiny", prompts=2, G=4, prompt_len=16, L=48, mesh=ONE, dtype="float32", remat="none",
+      rollout_chunks=1, minibatches=1), ONE, "cpu").update["logits chunk"] == 3 * 8 * 48 * 512 * 4 + 8 * 48 * 64 * 4
+
+
 def test_lm_head_terms_follow_fsdp_and_dtype():
   c = memory_plan.workload_config("qwen2.5-1.5b")
   D, V = 1536, 151936

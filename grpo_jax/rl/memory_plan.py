@@ -254,7 +254,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   # model.target_logprobs scores the L completion positions only, `logprob_chunk` positions at a time under
   # jax.checkpoint: one chunk of fp32 logits, its log-softmax (and in the update their gradient), plus the fp32
   # hidden states of the completion.
-  chunk = min(model_lib.logprob_chunk(mcfg), L)
+  chunk = min(model_lib.logprob_chunk(mcfg), Lh)  # packed: a row's positions are all scored, not L of them
   # The reference and (correction.needs_proximal) old-log-prob forwards: one rollout chunk of rows, one layer at a
   # time, no gradient.
   score = {}
