@@ -7,6 +7,7 @@ import pytest
 
 import conftest  # tests/conftest.py: no_compilation_cache
 
+from grpo_jax.config import config_lib
 from grpo_jax.rollout import decode_layout
 from grpo_jax.perf import plan_cli
 from grpo_jax.rl import memory_plan
@@ -134,7 +135,7 @@ def test_ppo_plan_within_15_percent_of_xla_on_cpu():
   assert abs(p.total_bytes / (mem["argument_bytes"] + mem["temp_bytes"]) - 1) < 0.15, (p.as_dict(), mem)
 
 
-def test_packed_passes_plan_logits_for_every_packed_position():
+def test_packed_passes_plan_logits_for_every_packed_position_and_the_trained_gradient():
   """Under rl.packing the LM head scores every position of a packed row (63 targets of pack_len 64 here, XLA:CPU's
   f32[8,63,512]), not the L = 48 of a padded completion: the logits chunk was planned at 48 positions, the plan
   0.935x XLA's for this step (14.97 MB; 0.987x with the packed length). Tiny, fp32, one micro-batch of 8 rows."""
@@ -147,6 +148,10 @@ def test_packed_passes_plan_logits_for_every_packed_position():
   # 3 fp32 [rows, positions, V] arrays (logits, log-softmax, their gradient) + the rows' fp32 hidden states
   assert p.update["logits chunk"] == 3 * 8 * 64 * 512 * 4 + 8 * 64 * 64 * 4
   assert p.score["logits chunk"] == 2 * 8 * 64 * 512 * 4 + 8 * 64 * 64 * 4
+  # LoRA: the micro-batches' summed gradient is the adapters' (rank 4 on the 7 projections of 2 layers: 2 x (2 x 512
+  # + 2 x 384 + 3 x 768) = 8,192 fp32), not the whole model's 107,072 (the plan was 1.07x XLA's with packing + LoRA)
+  lora = config_lib.override(c, {"model.lora.rank": 4, "model.lora.alpha": 8.0})
+  assert memory_plan.plan(lora, ONE, "cpu").update["gradient accumulator"] == 8192 * 4
   assert memory_plan.plan(memory_plan.workload_config(
       "tiny", prompts=2, G=4, prompt_len=16, L=48, mesh=ONE, dtype="float32", remat="none",
       rollout_chunks=1, minibatches=1), ONE, "cpu").update["logits chunk"] == 3 * 8 * 48 * 512 * 4 + 8 * 48 * 64 * 4

@@ -298,7 +298,7 @@ def plan(config: ml_collections.ConfigDict, mesh: dict[str, int], plat: str | No
   }
   if packed:  # the while_loop carries the summed gradient next to the micro-batch's; the plan's two index arrays
     separate = rl.algo in presets.CRITIC_ALGOS and config.ppo.critic == "separate"
-    update["gradient accumulator"] = p_dev * (2 if separate else 1)
+    update["gradient accumulator"] = trained * (2 if separate else 1)  # of what is trained: LoRA, the adapters
     update["packing plan"] = 2 * math.ceil(n_kept / rl.minibatches / dp) * Ts * 4
   if rl.algo in presets.CRITIC_ALGOS and config.ppo.critic == "separate":
     update["critic gradients"] = trained
