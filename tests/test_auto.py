@@ -82,6 +82,13 @@ def test_nothing_fits_is_one_config_line_naming_the_keys():
   msg = str(e.value)
   assert msg.startswith("config.rl.rollout_chunks, rl.minibatches: auto (0) finds no split that fits 2.86 MiB"), msg
   assert "rl.rollout_chunks=16 x rl.minibatches=16, still plans 3.43 MiB" in msg and "\n" not in msg
+  assert msg.endswith("; lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, set model.remat=full, or add "
+                      "devices (mesh.fsdp)."), msg  # _tiny is remat=none
+  # at remat=full already, setting it is no way forward: not advised (it was, to every config)
+  with pytest.raises(validate.ConfigError) as e:
+    auto.resolve(_tiny(**{"model.remat": "full"}), auto.Context(MESH1, 1_000_000, "cpu"))
+  assert str(e.value).endswith("; lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, or add devices "
+                               "(mesh.fsdp)."), e.value
   # only minibatches auto, the scoring forward of one chunk too big: the fix names rl.rollout_chunks
   with pytest.raises(validate.ConfigError, match=r"^config.rl.minibatches: auto .* set rl.rollout_chunks=0 \(auto\) "
                      "too \\(the score phase peaks\\)"):

@@ -242,9 +242,11 @@ def check_choosable(config, mesh: dict[str, int], hbm_bytes: int | None = -1) ->
                       f"vocab_size={m.vocab_size}: check them for a typo.") from None
 
 
-# what a step that fits no split needs: less of the batch, or less memory per token
-_LESS_MEMORY = ("lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, set model.remat=full, or add devices "
-                "(mesh.fsdp)")
+def _less_memory(config) -> str:
+  """What a step that fits no split needs: less of the batch, or less memory per token (remat=full where it is not:
+  advised to a config already at full, it was no way forward)."""
+  remat = "" if config.model.get("remat", "none") == "full" else "set model.remat=full, "
+  return f"lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, {remat}or add devices (mesh.fsdp)"
 
 
 def set_memory_keys(config, resolved) -> list[str]:
@@ -284,7 +286,7 @@ def check_fits(config, resolved, ctx: Context) -> None:
     picks = ", ".join(f"{k}={_get(auto_cfg, k)}" for k in keys if _get(auto_cfg, k) != _get(config, k))
     fix = f"set {picks} (what auto picks: planned {auto_text}), or set them to auto"
   else:
-    fix = f"auto finds no value that fits either; {_LESS_MEMORY}"
+    fix = f"auto finds no value that fits either; {_less_memory(config)}"
   raise ConfigError(f"config.{named} (set): the step plans {text} per device (peak in {p.peak_phase}), more than the "
                     f"device holds; {fix}.")
 
@@ -562,7 +564,7 @@ def choose_split(config, ctx: Context, candidates: list[tuple[int, int]]) -> tup
       over = over or f"; {cm[0]} chunk(s) x {cm[1]} minibatch(es) would plan {size(q.total_bytes)}"
     return (c, m), f"planned {last_text} per device{over}"
   auto_keys = [k for k in SPLIT_KEYS if int(_get(config, k)) == 0]
-  fix = _LESS_MEMORY
+  fix = _less_memory(config)
   if "rl.rollout_chunks" not in auto_keys and p.peak_phase != "update":
     fix = f"set rl.rollout_chunks=0 (auto) too (the {p.peak_phase} phase peaks), or " + fix
   if "rl.minibatches" not in auto_keys and p.peak_phase == "update":
