@@ -275,6 +275,12 @@ def test_cli_without_compile(capsys):
   f = json.loads(capsys.readouterr().out)
   assert f["roofline"]["seconds"]["rollout decode"] == f["roofline"]["ici_seconds"]["rollout decode"]
   assert f["roofline"]["step_seconds"] > 2 * r["roofline"]["step_seconds"]
+  # the carry's KV rebuild under --carry-kv recompute is a phase of its own (roofline.carry_recompute_slots)
+  carry = ["--model=qwen2.5-0.5b", "--topology=v5e:2x2", "--no-compile", "--json", "--engine=continuous",
+           "--partial-rollouts", "--prompts=4", "--L=256"]
+  assert aot.main(carry) == 0 and "carry KV recompute" not in json.loads(capsys.readouterr().out)["roofline"]["flops"]
+  assert aot.main(carry + ["--carry-kv=recompute"]) == 0
+  assert json.loads(capsys.readouterr().out)["roofline"]["flops"]["carry KV recompute"] > 0
   assert aot.main(["--topology=v5e:4xq", "--no-compile"]) == 2
   assert "GEN:AxB" in capsys.readouterr().err
   assert aot.main(["--topology=v5e:4x4", "--mesh", "data=3,fsdp=-1", "--no-compile"]) == 2

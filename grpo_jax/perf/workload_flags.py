@@ -32,6 +32,9 @@ def parser(doc: str, models: Sequence[str], dtypes: Sequence[str], mesh_default:
   ap.add_argument("--partial-rollouts", action="store_true", help="rl.partial_rollouts: the rollout carry "
                   "(needs --engine continuous)")
   ap.add_argument("--max-staleness", type=NONNEG, default=1, help="rl.max_staleness (with --partial-rollouts)")
+  ap.add_argument("--carry-kv", default="keep", choices=["keep", "recompute"], help="rl.carry_kv (with "
+                  "--partial-rollouts): recompute re-prefills the slots' KV every step (the roofline's 'carry KV "
+                  "recompute')")
   ap.add_argument("--rollout-budget", type=NONNEG, default=0, help="rl.rollout_budget (with --partial-rollouts; 0 = "
                   "auto)")
   ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/config/presets.py); β = 0 ones keep no reference")
@@ -56,4 +59,5 @@ def workload_kwargs(a: argparse.Namespace) -> dict[str, Any]:
   return dict(model=a.model, prompts=a.prompts, G=a.G, prompt_len=a.prompt_len, L=a.L, dtype=a.dtype, remat=a.remat,
               minibatches=a.minibatches, algo=a.algo, rollout_chunks=a.rollout_chunks, engine=a.engine, slots=a.slots,
               lora_rank=a.lora_rank, lora_base_dtype=a.lora_base_dtype, packing=a.packing, pack_rows=a.pack_rows,
-              partial_rollouts=a.partial_rollouts, max_staleness=a.max_staleness, rollout_budget=a.rollout_budget)
+              partial_rollouts=a.partial_rollouts, max_staleness=a.max_staleness, rollout_budget=a.rollout_budget,
+              carry_kv=a.carry_kv)

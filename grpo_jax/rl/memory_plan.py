@@ -71,7 +71,7 @@ def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_l
                     rollout_chunks: int = 1, engine: str = "static", slots: int = 0, lora_rank: int = 0,
                     lora_base_dtype: str = "float32", packing: bool | str = False,
                     pack_rows: int = 0, partial_rollouts: bool = False, max_staleness: int = 1,
-                    rollout_budget: int = 0) -> ml_collections.ConfigDict:
+                    rollout_budget: int = 0, carry_kv: str = "keep") -> ml_collections.ConfigDict:
   """The peers' GRPO workload (β=0.04 unless the preset `algo` says otherwise, μ=1, lr 1e-5, T=1) on a named model
   shape: what `aot` compiles. lora_rank > 0: LoRA on all seven projections, alpha = 2·rank."""
   if model not in PRESETS:
@@ -82,7 +82,7 @@ def workload_config(model: str = "tiny", prompts: int = 16, G: int = 8, prompt_l
   c.task.prompt_len = prompt_len
   c.rl.update(G=G, prompts_per_step=prompts, mu=mu, minibatches=minibatches, rollout_chunks=rollout_chunks,
                packing=config_lib.switch(packing), pack_rows=pack_rows, partial_rollouts=partial_rollouts,
-               max_staleness=max_staleness, rollout_budget=rollout_budget)
+               max_staleness=max_staleness, rollout_budget=rollout_budget, carry_kv=carry_kv)
   if presets.PRESETS[algo]["rl.beta"] > 0:
     c.rl.beta = 0.04
   c.optim.update(lr=1e-5, grad_clip=1.0)
