@@ -65,6 +65,14 @@ def test_cli_json_and_errors(capsys):
   assert "--mesh: bad entry 'fsdp=x'" in capsys.readouterr().err
   assert plan_cli.main(["--mesh", "fsdp=-1"]) == 2
   assert "explicit sizes" in capsys.readouterr().err
+  # a step no run builds is refused as a run is (aot did; the planner planned it): the carry on the static engine,
+  # the carry beside PPO's critic
+  assert plan_cli.main(["--partial-rollouts"]) == 2
+  assert capsys.readouterr().err.startswith("error: config.rl.partial_rollouts: carries rows in the continuous engine's")
+  assert plan_cli.main(["--partial-rollouts", "--engine", "continuous", "--algo", "ppo"]) == 2
+  assert "not supported with algo='ppo'" in capsys.readouterr().err
+  assert plan_cli.main(["--partial-rollouts", "--engine", "continuous", "--json"]) == 0
+  assert "carry slot kv (S x L)" in json.loads(capsys.readouterr().out)["resident"]  # the carry's state, planned
   # a count of 0 or below planned a step of nothing and exited 0; --hbm-gib inf was an OverflowError traceback;
   # every usage error is one line naming the flag (it printed argparse's 15-line usage block above it)
   for args, needle in [(["--prompts", "0"], "argument --prompts: '0': must be an integer >= 1"),

@@ -4,6 +4,7 @@ import argparse
 from typing import Any, Sequence
 
 from grpo_jax.infra import errors
+from grpo_jax.run import validate
 
 
 POSITIVE, NONNEG = errors.int_at_least(1), errors.int_at_least(0)
@@ -61,3 +62,14 @@ def workload_kwargs(a: argparse.Namespace) -> dict[str, Any]:
               lora_rank=a.lora_rank, lora_base_dtype=a.lora_base_dtype, packing=a.packing, pack_rows=a.pack_rows,
               partial_rollouts=a.partial_rollouts, max_staleness=a.max_staleness, rollout_budget=a.rollout_budget,
               carry_kv=a.carry_kv)
+
+
+def check_runs(cfg, mesh_shape: dict[str, int]) -> None:
+  """What a run of this workload on these devices is refused for (validate.validate_rl: the carry on the static
+  engine or beside PPO's critic, ...), as a ConfigError: the tools plan and time only steps that can run. Evaluation
+  is not planned: one eval batch of n_samples-divisible size keeps its checks quiet (`cfg` is edited)."""
+  dp = mesh_shape["data"] * mesh_shape["fsdp"]
+  cfg.eval.batch = dp * cfg.eval.n_samples
+  cfg.eval.size = cfg.eval.batch
+  cfg.task.test_size = max(cfg.task.test_size, cfg.eval.size)
+  validate.validate_rl(cfg, dp * mesh_shape["tensor"])
