@@ -1,5 +1,6 @@
 """The ablation harness: t-quantiles and CI math against hard-coded values, table files, resume without recomputing."""
 import csv
+import json
 import math
 import os
 
@@ -113,6 +114,32 @@ def test_writes_md_csv_png_with_correct_ci(tmp_path):
   png = tmp_path / "train_reward.png"
   assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
   assert (tmp_path / "table.md").read_text() == md
+
+
+def test_each_cells_auto_resolution_is_kept_with_its_outputs(tmp_path):
+  """A cell's `auto` record (what its runs resolved: auto.resolve's {key: 'value (why)'}) stays in its cell file and
+  is gathered per variant in DIR/auto.json, as a main run records its own; a loaded cell keeps its record; a record
+  that is no such mapping is refused."""
+
+  class Resolving(FakeTable):
+    def run_cell(self, cfg, variant, seeds):
+      return dict(super().run_cell(cfg, variant, seeds), **({} if variant == "c=1" else {"auto": {
+          "sampling.engine": f"static (why {variant})", "rl.minibatches": "1 (fits)"}}))
+
+  ablate.run(_cfg(2), str(tmp_path), table=Resolving(), log=lambda s: None)
+  want = {v: {"rl.minibatches": "1 (fits)", "sampling.engine": f"static (why {v})"} for v in ("a", "b")}
+  assert json.load(open(tmp_path / "cells" / "a.json"))["cell"]["auto"] == want["a"]
+  assert json.load(open(tmp_path / "auto.json")) == want  # c=1 resolved nothing: no entry
+  os.remove(tmp_path / "auto.json")
+  t = Resolving()
+  ablate.run(_cfg(2), str(tmp_path), table=t, log=lambda s: None)
+  assert t.calls == [] and json.load(open(tmp_path / "auto.json")) == want  # from the loaded cells
+
+  class Bad(FakeTable):
+    def run_cell(self, cfg, variant, seeds):
+      return dict(super().run_cell(cfg, variant, seeds), auto={"rl.minibatches": 1})
+  with pytest.raises(ValueError, match=r"table cell 'a': 'auto' must map each resolved key to 'value \(why\)'"):
+    ablate.run(_cfg(2), str(tmp_path / "bad"), table=Bad(), log=lambda s: None)
 
 
 def test_resume_skips_finished_cells(tmp_path):

@@ -63,6 +63,10 @@ def test_ppo_train_cell_runs_from_the_base(tiny_cfg):
   cell = train_table.run_cell(tiny_cfg, "ppo", [0, 1])
   for m, v in cell["scalars"].items():
     assert len(v) == 2, m
+  # what its runs resolved `auto` to, recorded with the cell (ablate keeps it in the cell file and DIR/auto.json):
+  # 4-token completions take the static decoder; rl.packing, set off by the table, is not auto's
+  assert cell["auto"]["sampling.engine"].startswith("static (max_new_tokens 4 < 256") and "rl.packing" not in cell["auto"]
+  assert cell["auto"]["sampling.exit_chunk"] == "16 (max_new_tokens 4 <= 16: one scan)"
   acc = cell["curves"]["greedy accuracy on the training prompts"]
   assert acc["x"] == [0, 1, 2] and np.asarray(acc["y"]).shape == (2, 3)
   # Both seeds start from the same base: identical greedy accuracy at step 0.
@@ -74,7 +78,11 @@ def test_compiled_memory_counts_the_state_and_batch():
   its params and AdamW moments."""
   cfg = ml_collections.ConfigDict(dict(vocab=64, compile_sizes=("32x1",), workload=dict(
       prompts=2, G=2, prompt_len=4, L=4)))
-  out = {a: memory_table.run_cell(cfg, f"32x1 {a}", [0])["scalars"] for a in ("grpo", "ppo_separate")}
+  cells = {a: memory_table.run_cell(cfg, f"32x1 {a}", [0]) for a in ("grpo", "ppo_separate")}
+  out = {a: cell["scalars"] for a, cell in cells.items()}
+  # the compiled step's `auto` resolution is recorded with the cell (4-token completions: the static decoder)
+  assert all(c["auto"]["sampling.engine"].startswith("static (max_new_tokens 4 < 256") for c in cells.values())
+  assert "auto" not in memory_table.run_cell(cfg, "16x1 grpo", [0])  # nothing compiled, nothing resolved
   batch_mb = 3 * 2 * 4 * 4 / 1e6   # prompt, prompt mask (2×4), answer ids (2×4): int32
   for a, s in out.items():
     state_mb = s["trainable_MB"][0] + s["frozen_ref_MB"][0] + 12 / 1e6  # + step (int32) + rng (2×uint32)

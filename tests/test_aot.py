@@ -82,6 +82,49 @@ def test_roofline_by_hand():
   assert aot.roofline(c, mesh, chip, ici=ici)["seconds"]["rollout decode"] == 1e3
 
 
+def test_roofline_carry_kv_recompute_by_hand():
+  """rl.carry_kv=recompute: every step one forward of the layers (no LM head) over all S slots' P + L positions,
+  carry._recompute_slots' static shape (tiny: 2 layers of 64·(4 + 2·2)·16 + 4·16·64 + 3·64·128 = 36,864 weights;
+  4·2·4·16 = 512 FLOPs per attention pair, the CPU's einsum path: all 64×64). HBM per chip: the layer weights
+  once (fp32) and K, V of its slots' 64 positions (2·2 layers·2 KV heads·16·4 bytes = 512 per position). 'keep'
+  has no such phase and the others are the same."""
+  keep, rec = _tiny_carry("keep"), _tiny_carry("recompute")
+  fk, fr = aot.analytic_flops(keep, plat="cpu"), aot.analytic_flops(rec, plat="cpu")
+  assert fr.pop("carry KV recompute") == 2 * 73728 * 8 * 64 + 512 * 8 * 64 * 64 == 92_274_688  # S = N = 8 slots
+  assert fr == fk
+  assert aot.analytic_flops(_tiny_carry("recompute", slots=4), plat="cpu")["carry KV recompute"] == 92_274_688 // 2
+  mesh = dict(data=1, fsdp=2, tensor=1)
+  hk, hr = roofline_lib.hbm_bytes(keep, mesh), roofline_lib.hbm_bytes(rec, mesh)
+  assert hr.pop("carry KV recompute") == 73728 * 4 + 512 * 4 * 64 == 425_984  # 4 of the 8 slots on each chip
+  assert hr == hk
+  r = aot.roofline(rec, mesh, aot.Chip(hbm_gib=16, bf16_tflops=100, hbm_gbs=1))
+  assert r["seconds"]["carry KV recompute"] == pytest.approx(425_984 / 1e9)  # HBM-bound at 1 GB/s
+  assert r["step_seconds"] == pytest.approx(aot.roofline(keep, mesh, aot.Chip(16, 100, 1))["step_seconds"]
+                                            + 425_984 / 1e9)
+
+
+def test_roofline_prefill_rows_without_stated_lengths():
+  """With no completion lengths stated (every row to L), the continuous engine still prefills each of the B prompts
+  once and the carry its table of (1 + max_staleness)·B prompts, as with lengths stated; it counted every one of the
+  N = B·G rows (G× the continuous engine's prefill FLOPs and KV writes)."""
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  cont = _tiny(dtype="float32", remat="none", engine="continuous")  # 2 prompts × G 4
+  assert roofline_lib.decode_work(cont)["prefill_rows"] == roofline_lib.decode_work(cont, np.full(8, 48))[
+      "prefill_rows"] == 2
+  assert roofline_lib.decode_work(_tiny(dtype="float32", remat="none"))["prefill_rows"] == 8  # static: every row
+  assert roofline_lib.decode_work(_tiny_carry("keep"))["prefill_rows"] == 4  # max_staleness 1: 2 × 2 prompts
+  pm, attn = aot.matmul_params(model_lib.ModelConfig.from_config(cont.model)), 4 * 2 * 4 * 16
+  assert aot.analytic_flops(cont, plat="cpu")["rollout prefill"] == 2 * pm * 2 * 16 + attn * 2 * 16 * 16
+
+
+def _tiny_carry(kv: str, slots: int = 0):
+  c = memory_plan.workload_config("tiny", prompts=2, G=4, prompt_len=16, L=48, dtype="float32", remat="none",
+                                  engine="continuous", slots=slots, partial_rollouts=True,
+                                  mesh=dict(data=1, fsdp=2, tensor=1))
+  c.rl.carry_kv = kv
+  return c
+
+
 # A hand-written optimised HLO module: a while loop (counter 2 → 7: 5 trips) whose body all-gathers [4,32] → [16,32]
 # f32 over 4 devices as an async -start/-done pair, and an all-reduce of f32[4,32] over pairs in the entry.
 _HLO = """HloModule jit_step, entry_computation_layout={(f32[4,32]{1,0})->f32[4,32]{1,0}}, num_partitions=4
@@ -232,6 +275,12 @@ def test_cli_without_compile(capsys):
   f = json.loads(capsys.readouterr().out)
   assert f["roofline"]["seconds"]["rollout decode"] == f["roofline"]["ici_seconds"]["rollout decode"]
   assert f["roofline"]["step_seconds"] > 2 * r["roofline"]["step_seconds"]
+  # the carry's KV rebuild under --carry-kv recompute is a phase of its own (roofline.carry_recompute_slots)
+  carry = ["--model=qwen2.5-0.5b", "--topology=v5e:2x2", "--no-compile", "--json", "--engine=continuous",
+           "--partial-rollouts", "--prompts=4", "--L=256"]
+  assert aot.main(carry) == 0 and "carry KV recompute" not in json.loads(capsys.readouterr().out)["roofline"]["flops"]
+  assert aot.main(carry + ["--carry-kv=recompute"]) == 0
+  assert json.loads(capsys.readouterr().out)["roofline"]["flops"]["carry KV recompute"] > 0
   assert aot.main(["--topology=v5e:4xq", "--no-compile"]) == 2
   assert "GEN:AxB" in capsys.readouterr().err
   assert aot.main(["--topology=v5e:4x4", "--mesh", "data=3,fsdp=-1", "--no-compile"]) == 2

@@ -82,6 +82,13 @@ def test_nothing_fits_is_one_config_line_naming_the_keys():
   msg = str(e.value)
   assert msg.startswith("config.rl.rollout_chunks, rl.minibatches: auto (0) finds no split that fits 2.86 MiB"), msg
   assert "rl.rollout_chunks=16 x rl.minibatches=16, still plans 3.43 MiB" in msg and "\n" not in msg
+  assert msg.endswith("; lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, set model.remat=full, or add "
+                      "devices (mesh.fsdp)."), msg  # _tiny is remat=none
+  # at remat=full already, setting it is no way forward: not advised (it was, to every config)
+  with pytest.raises(validate.ConfigError) as e:
+    auto.resolve(_tiny(**{"model.remat": "full"}), auto.Context(MESH1, 1_000_000, "cpu"))
+  assert str(e.value).endswith("; lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, or add devices "
+                               "(mesh.fsdp)."), e.value
   # only minibatches auto, the scoring forward of one chunk too big: the fix names rl.rollout_chunks
   with pytest.raises(validate.ConfigError, match=r"^config.rl.minibatches: auto .* set rl.rollout_chunks=0 \(auto\) "
                      "too \\(the score phase peaks\\)"):
@@ -231,7 +238,7 @@ def test_vmapped_sweep_lanes_resolve(monkeypatch, tmp_path):
   assert seen == [want]
 
 
-def test_ablation_tables_resolve(monkeypatch):
+def test_ablation_tables_resolve(monkeypatch, caplog):
   import os  # pylint: disable=g-import-not-at-top
   from grpo_jax.config import presets
   from grpo_jax.studies.ablations import r1_table
@@ -244,8 +251,11 @@ def test_ablation_tables_resolve(monkeypatch):
   monkeypatch.setattr(train_table, "start_params", lambda cfg, mcfg: None)
   c = train_table.build_config(cfg, {})
   want = [_squeeze(monkeypatch, c, lanes=2)]
-  with pytest.raises(_Built):
+  with caplog.at_level(logging.INFO), pytest.raises(_Built):
     train_table.make_runs(cfg, c, digits.toy_reward_spec(c.rewards, c.model.vocab_size), [0, 1])
+  # logged once, as a main run logs it (the cell resolved silently and recorded nothing)
+  said = [r.getMessage() for r in caplog.records if "rl.rollout_chunks = " in r.getMessage()]
+  assert [m.split(" (")[0] for m in said] == ["auto rl.rollout_chunks = %d, rl.minibatches = %d" % want[0]], said
   # the R1-stage table (g)
   cfg = config_lib.load_config(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "configs",
                                             "ablations", "gdpo.py"), "small")
@@ -270,7 +280,10 @@ def test_ablation_tables_resolve(monkeypatch):
   with pytest.raises(_Built):
     memory_table.compile_step(cfg, config_lib.override(config_lib.base_config(), {
         "model.layers": 1, "model.hidden": 32, "model.heads": 2, "model.kv_heads": 1, "model.inter": 64}))
-  assert (compiled[0].sampling.engine, compiled[0].sampling.compaction) == ("continuous", config_lib.COMPACTION)
+  from grpo_jax.rollout import engine  # pylint: disable=g-import-not-at-top
+  # the compaction sizes the slots chosen for the squeezed device halve to (at most 8)
+  got = compiled[0].sampling
+  assert (got.engine, got.compaction) == ("continuous", len(engine.compaction_sizes(got.slots, config_lib.COMPACTION)))
 
 
 def test_aot_and_the_planner_cli_resolve(capsys):
@@ -398,12 +411,40 @@ def test_compaction_only_where_completions_are_long():
   ctx = auto.Context(MESH1, None)
   cont = lambda **o: config_lib.override(config_lib.base_config(), {"sampling.engine": "continuous", **o})
   for L, want in ((48, 1), (255, 1), (256, config_lib.COMPACTION), (1024, config_lib.COMPACTION)):
-    c = cont(**{"sampling.max_new_tokens": L, "model.max_len": L + 32})
+    c = cont(**{"sampling.max_new_tokens": L, "model.max_len": L + 32, "rl.prompts_per_step": 32})  # 256 slots: 8 sizes
     got, chosen = auto.resolve(c, ctx, log=False)
     assert got.sampling.compaction == want and chosen["sampling.compaction"].startswith(f"{want} (max_new_tokens {L}")
   assert auto.resolve(cont(**{"sampling.compaction": 4}), ctx, log=False)[0].sampling.compaction == 4
   static = auto.resolve(config_lib.override(config_lib.base_config(), {"sampling.engine": "static"}), ctx, log=False)[0]
   assert static.sampling.compaction == 0 and config_lib.setting(static, "sampling.compaction") == config_lib.COMPACTION
+
+
+def test_compaction_auto_picks_the_sizes_the_slots_halve_to_and_a_recorded_cut_is_said(caplog):
+  """3 prompts x G 8 = 24 rows over mesh data=8 at L 256: the slots (24) halve to no other multiple of 8, so the engine
+  runs one slot count. auto picked, logged and recorded 8 sizes for it (engine.compaction_sizes cut them to 1 without
+  a word); it picks 1 there, and 3 where 32 slots halve to 32, 16, 8. A resume that reuses a recorded 8 over such
+  slots says what it runs as (as it ran when recorded: the same program)."""
+  from grpo_jax.rollout import engine  # pylint: disable=g-import-not-at-top
+  c = lambda prompts: config_lib.override(config_lib.base_config(), {
+      "sampling.engine": "continuous", "sampling.max_new_tokens": 256, "model.max_len": 288,
+      "rl.prompts_per_step": prompts, "rl.G": 8})
+  ctx = auto.Context(dict(data=8, fsdp=1, tensor=1), None, "cpu")
+  for prompts, slots, want in ((3, 24, 1), (4, 32, 3)):
+    got, chosen = auto.resolve(c(prompts), ctx, log=False)
+    assert (got.sampling.slots, got.sampling.compaction) == (slots, want), chosen
+    assert len(engine.compaction_sizes(slots, want, 8)) == want  # what the engine runs is what is recorded
+    assert chosen["sampling.compaction"].endswith(f"halves to {want} multiple(s) of mesh data*fsdp=8: "
+                                                  f"{engine.compaction_sizes(slots, 8, 8)})"), chosen
+  # one device: 32 slots halve to 32, 16, ..., 1 (6 sizes); 256 to 8 sizes, the most auto takes
+  assert auto.resolve(c(4), auto.Context(MESH1, None, "cpu"), log=False)[0].sampling.compaction == 6
+  assert auto.resolve(c(32), auto.Context(MESH1, None, "cpu"), log=False)[0].sampling.compaction == 8
+  recorded = {"sampling.engine": "continuous", "sampling.slots": 24, "sampling.compaction": 8}
+  with caplog.at_level(logging.INFO):
+    auto.resolve(c(3), ctx, recorded=recorded)
+  hits = [r for r in caplog.records if r.getMessage().startswith("recorded sampling.compaction = 8 (")]
+  assert len(hits) == 1 and hits[0].getMessage().endswith(
+      ": runs as 1 slot counts (24,): sampling.slots 24 halves to only 1 multiple(s) of mesh data*fsdp=8; set "
+      "sampling.compaction <= 1"), [r.getMessage() for r in caplog.records]
 
 
 def test_a_set_key_the_resolved_path_does_not_use_is_logged(caplog):
@@ -479,7 +520,8 @@ def test_the_path_rules():
   r = run(**{"sampling.max_new_tokens": 255, "train.steps": 19})
   assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets, r.sampling.exit_chunk) == ("static", "off", 1, 15)
   r = run(**{"sampling.max_new_tokens": 256, "train.steps": 20})
-  assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets, r.sampling.compaction) == ("continuous", "on", 1, 8)
+  # compaction: the 64 slots halve to 7 sizes (64 ... 1) on one device
+  assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets, r.sampling.compaction) == ("continuous", "on", 1, 7)
   r = run(**{"sampling.max_new_tokens": 255, "train.steps": 1000})  # short completions: padded, however long the run
   assert (r.sampling.engine, r.rl.packing, r.rl.train_buckets) == ("static", "off", 1)
   assert run(**{"sampling.max_new_tokens": 256, "train.steps": 19}).rl.packing == "off"
@@ -670,6 +712,29 @@ def test_a_resume_on_more_devices_than_recorded_is_refused_with_what_auto_picks_
     preflight.check_recorded_values(c, str(tmp_path))
 
 
+def test_a_recorded_tp_decode_layout_resumed_on_fewer_devices_names_a_fix_that_resumes(monkeypatch, tmp_path):
+  """A run recorded the tensor-parallel decode layout of degree 2 (mesh.fsdp 2); resumed on one device the degree no
+  longer divides mesh.fsdp. The refusal advised --config.sampling.decode_tp=0, decode_tp's auto value: with the
+  layout still auto the resume took the recorded (tp, 2) again and was refused again, naming the same flags. It names
+  the joint key whose pick here is a value: the gathered layout, which resumes."""
+  from grpo_jax.infra import checkpoint, errors  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import preflight, run_config  # pylint: disable=g-import-not-at-top
+  c = _arith()
+  os.makedirs(tmp_path / "checkpoints")
+  view = run_config.with_resolved(run_config.view(c, "rl"), {"sampling.decode_layout": "tp", "sampling.decode_tp": 2})
+  monkeypatch.setattr(checkpoint, "newest_meta", lambda d: (2, {"config": view}))
+  fix = ("--config.sampling.decode_layout=gathered --config.train.allow_config_change=sampling.decode_layout (what "
+         "auto picks here")
+  with validate.elsewhere(1, None), pytest.raises(errors.ConfigError) as e:
+    preflight.check_recorded_values(c, str(tmp_path))
+  assert str(e.value).startswith("config.sampling.decode_tp=2: must be >= 2 and divide mesh.fsdp=1") and fix in str(
+      e.value), e.value
+  with validate.elsewhere(1, None):  # the advice followed: accepted
+    preflight.check_recorded_values(config_lib.override(c, {"sampling.decode_layout": "gathered",
+                                                            "train.allow_config_change": "sampling.decode_layout"}),
+                                    str(tmp_path))
+
+
 def test_an_r1_stage_resume_whose_recorded_value_no_longer_fits_is_refused_naming_the_stage(monkeypatch, tmp_path):
   """The same refusal for an R1 pipeline's RL stage (each RL stage resolves and records its own `auto` values, in its
   own directory): before DIR/config.json is rewritten, naming the stage whose record it is (it did not)."""
@@ -754,8 +819,8 @@ def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
     resumed = again.resolve(c, mesh)
   assert (resumed.rl.packing, resumed.sampling.exit_chunk) == ("off", 8)
   assert resumed.rl.pack_len == 0  # packing's own knobs do not apply to the recorded padded passes
-  lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("auto rl.packing")]
-  assert lines == ["auto rl.packing = off (recorded with this run: a resume runs the program it started with; "
+  lines = [r.getMessage() for r in caplog.records if "rl.packing = " in r.getMessage()]
+  assert lines == ["recorded rl.packing = off (recorded with this run: a resume runs the program it started with; "
                    "today's rule picks on (train.steps 30 >= 20, max_new_tokens 260 >= 256: padding-free passes "
                    "(bench-tail's reference + update 3x faster than padded)))"], lines
   assert again.view["resolved.rl.packing"] == "off"  # recorded again with the next checkpoints
@@ -783,6 +848,28 @@ def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
   cfg = config_lib.override(c, {"rl.packing": True})
   with pytest.raises(errors.InputError, match=r"finished stage rl .* rl.packing \('off' → 'on'\)"):
     stages.plan([stage(cfg)], cfg, str(tmp_path))
+
+
+def test_a_recorded_value_reused_on_resume_is_logged_as_the_records_not_autos(caplog):
+  """A resume's reused sampling.compaction (8 sizes, recorded where today's rule picks 1 for L 72; and slots, recorded
+  as today's rule picks them) is logged as the run's record, never as `auto`'s choice: it was `auto sampling.compaction
+  = 8 (...)`, as if today's rule had chosen what it does not."""
+  c = config_lib.override(_arith(), {"sampling.engine": "continuous"})
+  ctx = auto.Context(MESH1, None, "cpu")
+  first, _ = auto.resolve(c, ctx, log=False)
+  assert first.sampling.compaction == 1  # today's rule at L 72
+  recorded = dict(auto.resolved_values(first), **{"sampling.compaction": 8})
+  with caplog.at_level(logging.INFO):
+    out, chosen = auto.resolve(c, ctx, recorded=recorded)
+  assert (out.sampling.compaction, out.sampling.slots) == (8, first.sampling.slots)
+  said = {m.split(" = ")[0]: m for m in (r.getMessage() for r in caplog.records) if " = " in m}
+  assert said["recorded sampling.compaction"].startswith(
+      "recorded sampling.compaction = 8 (recorded with this run: a resume runs the program it started with; today's "
+      "rule picks 1 ("), said
+  assert said["recorded sampling.slots"] == (f"recorded sampling.slots = {first.sampling.slots} (recorded with this "
+                                             "run: a resume runs the program it started with)"), said
+  assert not [k for k in said if k.startswith("auto ")], said  # every auto key came from the record
+  assert chosen["sampling.compaction"].startswith("8 (recorded with this run")  # DIR/auto.json's text
 
 
 def test_a_set_decode_layout_wins_and_is_logged_as_set(caplog):

@@ -43,7 +43,6 @@ from grpo_jax.infra import sharding
 from grpo_jax.rl import families
 from grpo_jax.rl import state as state_lib
 from grpo_jax.tasks import digits
-from grpo_jax.run import validate
 
 GiB = memory_plan.GiB
 
@@ -203,11 +202,7 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   cfg = ml_collections.ConfigDict(config.to_dict())
   cfg.mesh.update(mesh_shape)
   dp = mesh_shape["data"] * mesh_shape["fsdp"]
-  # Evaluation is not compiled here; one eval batch of n_samples-divisible size keeps validate's checks quiet.
-  cfg.eval.batch = dp * cfg.eval.n_samples
-  cfg.eval.size = cfg.eval.batch
-  cfg.task.test_size = max(cfg.task.test_size, cfg.eval.size)
-  validate.validate_rl(cfg, n_dev)
+  workload_flags.check_runs(cfg, mesh_shape)  # evaluation is not compiled here
   hbm = int(chip.hbm_gib * GiB)
   cfg, chosen = auto.resolve(cfg, auto.Context(mesh_shape, hbm, "tpu"))  # the `auto` knobs, for the target chip
   layout, why = memory_plan.choose_decode(cfg, mesh_shape, hbm, plat="tpu")

@@ -40,6 +40,7 @@ def main(argv=None) -> int:
     if any(v < 1 for v in mesh.values()):
       raise ValueError(f"--mesh={a.mesh}: the planner needs explicit sizes (no -1).")
     c = memory_plan.workload_config(mesh=mesh, **workload_flags.workload_kwargs(a))
+    workload_flags.check_runs(c, mesh)  # a step no run would build (the carry beside PPO's critic) is not planned
     hbm = int(a.hbm_gib * memory_plan.GiB) if a.hbm_gib else None
     # the `auto` knobs (--minibatches/--rollout-chunks auto, --slots 0, ...) resolve against the chip's memory
     c, chosen = auto.resolve(c, auto.Context(mesh, hbm, a.platform))

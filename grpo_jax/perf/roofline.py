@@ -89,7 +89,10 @@ def decode_work(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
   rl, sc = config.rl, config.sampling
   N, P, L = rl.prompts_per_step * rl.G, config.task.prompt_len, sc.max_new_tokens
   if lengths_N is None:
-    return dict(steps=L, row_steps=N * L, kv_read=N * L * (P + L), prefill_rows=N, tokens=N * L)
+    # prefilled: every row (static), each prompt once (continuous engine), the carry's whole table of prompts
+    pre = ((1 + int(rl.max_staleness)) * rl.prompts_per_step if rl.get("partial_rollouts", False) else
+           rl.prompts_per_step if config_lib.setting(config, "sampling.engine") == "continuous" else N)
+    return dict(steps=L, row_steps=N * L, kv_read=N * L * (P + L), prefill_rows=pre, tokens=N * L)
   lengths_N = np.minimum(np.asarray(lengths_N), L)
   split = config.mesh.data * config.mesh.fsdp if min(config.mesh.data, config.mesh.fsdp) > 0 else 1
   if rl.get("partial_rollouts", False):
@@ -146,6 +149,16 @@ def packed_rows(config: ml_collections.ConfigDict, lengths_N: np.ndarray | None 
   return len(fill), C
 
 
+def carry_recompute_slots(config: ml_collections.ConfigDict) -> int:
+  """The slots whose KV the rollout carry re-prefills every step under rl.carry_kv=recompute (0: none). The step's
+  shapes are static: all S slots' prompt + completion (P + L positions) go through the layers whatever is live
+  (carry._recompute_slots), so the term does not depend on the completion lengths."""
+  rl = config.rl
+  if not rl.get("partial_rollouts", False) or rl.get("carry_kv", "keep") != "recompute":
+    return 0
+  return int(config.sampling.get("slots", 0)) or rl.prompts_per_step * rl.G
+
+
 def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu",
                    lengths_N: np.ndarray | None = None) -> dict[str, float]:
   """Global FLOPs of one step, by phase: 2·params per token forward, 6·params per token forward+backward.
@@ -178,6 +191,9 @@ def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu",
       "rollout prefill": 2 * pm * pre * P + attn_pair * pre * pairs(min(chunk_rows, pre), P),
       "rollout decode": 2 * pm * w["row_steps"] + attn_pair * w["kv_read"],
   }
+  S = carry_recompute_slots(config)
+  if S:  # the carry's live slots' KV rebuilt every step: the layers (no LM head) over S rows of P + L
+    out["carry KV recompute"] = 2 * (pm - mcfg.hidden * mcfg.vocab_size) * S * T + attn_pair * S * pairs(S, T)
   if state_lib.uses_reference(config):
     out["reference forward"] = fwd_seq(chunk_rows)
   out["policy fwd+bwd"] = 3 * fwd_seq(N // rl.minibatches) * rl.mu
@@ -217,6 +233,10 @@ def hbm_bytes(config: ml_collections.ConfigDict, mesh: dict[str, int],
       # the decode weights every step; the KV the computed rows read (static: the whole cache, every step)
       "rollout decode": w["steps"] * decode_weights + kv_pos * w["kv_read"] / (N / rows),
   }
+  S = carry_recompute_slots(config)
+  if S:  # one pass over the decode layout's layer weights (no LM head), writing K and V of this chip's slots' P + L
+    out["carry KV recompute"] = ((matmul_params(mcfg) - mcfg.hidden * mcfg.vocab_size) * cb / t
+                                 + kv_pos * S / (N / rows) * (P + L))
   passes, upd = rl.rollout_chunks, rl.mu * rl.minibatches  # passes over the weights: forwards, updates
   if config_lib.packing_on(config):  # one pass per packed micro-batch: the rows a device needs over its rows per micro-batch
     R, C = packed_rows(config, lengths_N)

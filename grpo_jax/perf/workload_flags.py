@@ -4,6 +4,7 @@ import argparse
 from typing import Any, Sequence
 
 from grpo_jax.infra import errors
+from grpo_jax.run import validate
 
 
 POSITIVE, NONNEG = errors.int_at_least(1), errors.int_at_least(0)
@@ -32,6 +33,9 @@ def parser(doc: str, models: Sequence[str], dtypes: Sequence[str], mesh_default:
   ap.add_argument("--partial-rollouts", action="store_true", help="rl.partial_rollouts: the rollout carry "
                   "(needs --engine continuous)")
   ap.add_argument("--max-staleness", type=NONNEG, default=1, help="rl.max_staleness (with --partial-rollouts)")
+  ap.add_argument("--carry-kv", default="keep", choices=["keep", "recompute"], help="rl.carry_kv (with "
+                  "--partial-rollouts): recompute re-prefills the slots' KV every step (the roofline's 'carry KV "
+                  "recompute')")
   ap.add_argument("--rollout-budget", type=NONNEG, default=0, help="rl.rollout_budget (with --partial-rollouts; 0 = "
                   "auto)")
   ap.add_argument("--algo", default="grpo", help="a preset (grpo_jax/config/presets.py); β = 0 ones keep no reference")
@@ -56,4 +60,16 @@ def workload_kwargs(a: argparse.Namespace) -> dict[str, Any]:
   return dict(model=a.model, prompts=a.prompts, G=a.G, prompt_len=a.prompt_len, L=a.L, dtype=a.dtype, remat=a.remat,
               minibatches=a.minibatches, algo=a.algo, rollout_chunks=a.rollout_chunks, engine=a.engine, slots=a.slots,
               lora_rank=a.lora_rank, lora_base_dtype=a.lora_base_dtype, packing=a.packing, pack_rows=a.pack_rows,
-              partial_rollouts=a.partial_rollouts, max_staleness=a.max_staleness, rollout_budget=a.rollout_budget)
+              partial_rollouts=a.partial_rollouts, max_staleness=a.max_staleness, rollout_budget=a.rollout_budget,
+              carry_kv=a.carry_kv)
+
+
+def check_runs(cfg, mesh_shape: dict[str, int]) -> None:
+  """What a run of this workload on these devices is refused for (validate.validate_rl: the carry on the static
+  engine or beside PPO's critic, ...), as a ConfigError: the tools plan and time only steps that can run. Evaluation
+  is not planned: one eval batch of n_samples-divisible size keeps its checks quiet (`cfg` is edited)."""
+  dp = mesh_shape["data"] * mesh_shape["fsdp"]
+  cfg.eval.batch = dp * cfg.eval.n_samples
+  cfg.eval.size = cfg.eval.batch
+  cfg.task.test_size = max(cfg.task.test_size, cfg.eval.size)
+  validate.validate_rl(cfg, dp * mesh_shape["tensor"])

@@ -17,7 +17,8 @@ later knob's plan sees the earlier choices):
   rl.pack_len, rl.pack_rows   rl.packing's row length and rows per micro-batch (0)
   sampling.decode_layout × decode_tp   where the weights live while the rollout decodes (memory_plan.choose_decode)
   rl.carry_kv_groups    the rollout carry's KV read groups: the most up to 8 dividing a device's slots
-Each that applies to the resolved path logs one line, `auto <key> = <value> (<why>)`, or `<key> = <value> (set)`
+Each that applies to the resolved path logs one line, `auto <key> = <value> (<why>)`, `recorded <key> = <value> (<why>)`
+where a resume reuses the run's record (below), or `<key> = <value> (set)`
 where the config names it (a set key of a path not taken: a warning that it has no effect; the others, slots under
 the static engine, say nothing). The rules and the measurements behind them: docs/performance.md ("What `auto`
 resolves to"). A run records what was resolved (run/loop_guard.py: `resolved.<key>` in every checkpoint's config
@@ -116,6 +117,15 @@ def is_auto(key: str, value) -> bool:
   return value == config_lib.auto_value(key)
 
 
+def chosen_with(key: str) -> tuple[str, ...]:
+  """The keys one knob chooses together with `key` (a joint knob's; else `key` alone): a resume's fix must name every
+  one of them whose pick differs, since a key set to its auto value leaves the recorded pick of the others in place."""
+  for knob in REGISTRY.values():
+    if key in knob.keys():
+      return knob.keys()
+  return (key,)
+
+
 def _get(config, key: str):
   node = config
   for part in key.split("."):
@@ -186,8 +196,10 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
                if other else "")
         raise ConfigError(f"config.{named} (recorded: this run's `auto` choice, which a resume reuses): {bad}; "
                           f"{fix}resume on devices like the ones it started on.")
+      said = "recorded"  # not auto's choice today: the value the run started with (its record)
     else:
       pick, why = knob.choose(out, ctx, knob.candidates(out, ctx))
+      said = "auto"
     picked = []
     for k, value, p in zip(keys, values, pick if knob.joint else (pick,)):
       if p is not None and is_auto(k, value):
@@ -195,7 +207,10 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
         chosen[k] = f"{p} ({why})"
         picked.append(f"{k} = {p}")
     if log and picked:
-      (logging.warning if knob.warn(pick) else logging.info)("auto %s (%s)", ", ".join(picked), why)
+      # a recorded value past what the slots or rows give runs as less, as it did when recorded: said, not warned
+      cut = knob.runs_as(out, ctx)
+      (logging.warning if knob.warn(pick) else logging.info)(
+          "%s %s (%s)%s", said, ", ".join(picked), why, f": runs as {cut}" if cut else "")
   return out, chosen
 
 
@@ -227,9 +242,11 @@ def check_choosable(config, mesh: dict[str, int], hbm_bytes: int | None = -1) ->
                       f"vocab_size={m.vocab_size}: check them for a typo.") from None
 
 
-# what a step that fits no split needs: less of the batch, or less memory per token
-_LESS_MEMORY = ("lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, set model.remat=full, or add devices "
-                "(mesh.fsdp)")
+def _less_memory(config) -> str:
+  """What a step that fits no split needs: less of the batch, or less memory per token (remat=full where it is not:
+  advised to a config already at full, it was no way forward)."""
+  remat = "" if config.model.get("remat", "none") == "full" else "set model.remat=full, "
+  return f"lower rl.prompts_per_step, rl.G or sampling.max_new_tokens, {remat}or add devices (mesh.fsdp)"
 
 
 def set_memory_keys(config, resolved) -> list[str]:
@@ -269,7 +286,7 @@ def check_fits(config, resolved, ctx: Context) -> None:
     picks = ", ".join(f"{k}={_get(auto_cfg, k)}" for k in keys if _get(auto_cfg, k) != _get(config, k))
     fix = f"set {picks} (what auto picks: planned {auto_text}), or set them to auto"
   else:
-    fix = f"auto finds no value that fits either; {_LESS_MEMORY}"
+    fix = f"auto finds no value that fits either; {_less_memory(config)}"
   raise ConfigError(f"config.{named} (set): the step plans {text} per device (peak in {p.peak_phase}), more than the "
                     f"device holds; {fix}.")
 
@@ -547,7 +564,7 @@ def choose_split(config, ctx: Context, candidates: list[tuple[int, int]]) -> tup
       over = over or f"; {cm[0]} chunk(s) x {cm[1]} minibatch(es) would plan {size(q.total_bytes)}"
     return (c, m), f"planned {last_text} per device{over}"
   auto_keys = [k for k in SPLIT_KEYS if int(_get(config, k)) == 0]
-  fix = _LESS_MEMORY
+  fix = _less_memory(config)
   if "rl.rollout_chunks" not in auto_keys and p.peak_phase != "update":
     fix = f"set rl.rollout_chunks=0 (auto) too (the {p.peak_phase} phase peaks), or " + fix
   if "rl.minibatches" not in auto_keys and p.peak_phase == "update":
@@ -618,12 +635,18 @@ register(Knob("sampling.slots", slot_candidates, choose_slots, applies=_continuo
 
 
 def choose_compaction(config, ctx: Context, candidates: list[int]) -> tuple[int, str]:
-  """config_lib.COMPACTION sizes for completions of LONG_COMPLETIONS tokens or more, else one (no compaction)."""
-  del ctx
+  """config_lib.COMPACTION sizes for completions of LONG_COMPLETIONS tokens or more, or as many as the (resolved)
+  slots halve to over the mesh's row split; else one (no compaction)."""
   L = config.sampling.max_new_tokens
   if L >= LONG_COMPLETIONS:
-    return candidates[0], (f"max_new_tokens {L} >= {LONG_COMPLETIONS}: a long tail decodes on ever fewer slots "
-                           "(bench-tail: 0.84x the rollout of 4 sizes)")
+    why = (f"max_new_tokens {L} >= {LONG_COMPLETIONS}: a long tail decodes on ever fewer slots (bench-tail: 0.84x "
+           "the rollout of 4 sizes)")
+    slots, split = int(config.sampling.slots), ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1)
+    sizes = engine.compaction_sizes(slots, candidates[0], split) if slots > 0 else ()
+    if 0 < len(sizes) < candidates[0]:  # what engine.compaction_sizes runs: 8 recorded and logged, 1 run, was silent
+      return len(sizes), (f"{why}; sampling.slots {slots} halves to {len(sizes)} multiple(s) of mesh data*fsdp="
+                          f"{split}: {sizes}")
+    return candidates[0], why
   return candidates[-1], (f"max_new_tokens {L} < {LONG_COMPLETIONS}: too short a tail to pay for the decode step "
                           "each compaction size compiles")
 

@@ -411,11 +411,15 @@ def check_recorded(config, recorded: dict, tokenizer=None, today: dict | None = 
     was = "".join(f": {k}={recorded[k]}" for k in keys[:1]) + (", the value this run started with and a resume "
                                                                 "reuses" if keys else "")
     k = keys[0] if keys else "<key>"
-    if keys and (today or {}).get(k, recorded[k]) != recorded[k]:
+    # the keys auto chooses with k whose pick here differs, each set to a value that is not its `auto` (decode_tp=0
+    # is decode_tp's auto: with the layout still auto, the resume took the recorded tp layout and degree again)
+    change = [j for j in (auto.chosen_with(k) if keys else ()) if j in (today or {}) and
+              today[j] != recorded.get(j, today[j]) and not auto.is_auto(j, today[j])]
+    if change:
       allow = ",".join(dict.fromkeys([a.strip() for a in str(config.train.get("allow_config_change", "")).split(",")
-                                      if a.strip()] + [k]))
-      fix = (f"resume with --config.{k}={today[k]} --config.train.allow_config_change={allow} (what auto picks here; "
-             "a change of the run's program)")
+                                      if a.strip()] + change))
+      fix = (f"resume with {' '.join(f'--config.{j}={today[j]}' for j in change)} "
+             f"--config.train.allow_config_change={allow} (what auto picks here; a change of the run's program)")
     else:
       fix = f"set it explicitly with train.allow_config_change={k}"
     raise errors.ConfigError(f"{e} (on resume{was}; {fix}, or use a new --workdir)") from None

@@ -6,11 +6,14 @@ A config names a table module `grpo_jax.studies.ablations.<config.table>` that p
   TITLE, CLAIM                         strings for the report
   variants(cfg) -> list[str]           the rows
   run_cell(cfg, variant, seeds) -> {"scalars": {metric: [one float per seed]},
-                                    "curves": {metric: {"x": [steps], "y": [[per step] per seed]}}}
+                                    "curves": {metric: {"x": [steps], "y": [[per step] per seed]}},
+                                    "auto": {key: "value (why)"}}   (the `auto` knobs its runs resolved, if any)
   header(cfg) -> str, verdict(cfg, summaries) -> str,
   appendix(cfg, cells) -> str                      (optional: more markdown from the raw cells)
 Each finished cell is written to DIR/cells/<variant>.json with the config's fingerprint, so an interrupted run
 resumes without redoing finished cells; a cell from a different config stops the run instead of being mixed in.
+What each cell's runs resolved their `auto` knobs to (logged once where they resolve, as a main run logs them) is
+kept in its cell file and gathered in DIR/auto.json, {variant: {key: "value (why)"}}, as a main run's DIR/auto.json.
 """
 import datetime
 import hashlib
@@ -52,6 +55,9 @@ def _cell_path(workdir: str, variant: str) -> str:
 
 
 def _check_cell(variant: str, cell: dict, n_seeds: int) -> None:
+  if not all(isinstance(k, str) and isinstance(v, str) for k, v in dict(cell.get("auto", {})).items()):
+    raise ValueError(f"table cell {variant!r}: 'auto' must map each resolved key to 'value (why)' "
+                     "(auto.resolve's second result).")
   for m, vals in cell.get("scalars", {}).items():
     if len(vals) != n_seeds:
       raise ValueError(f"table cell {variant!r}: scalar {m!r} has {len(vals)} values for {n_seeds} seeds.")
@@ -178,6 +184,11 @@ def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
     f.write(md)
   with open(os.path.join(workdir, "config.json"), "w") as f:
     f.write(cfg.to_json_best_effort(indent=2, sort_keys=True))
+  resolved = {v: dict(sorted(c["auto"].items())) for v, c in cells.items() if c.get("auto")}
+  if resolved:  # what the cells' runs resolved their `auto` knobs to (each cell file holds its own)
+    with open(os.path.join(workdir, "auto.json"), "w") as f:
+      json.dump(resolved, f, indent=2)
+      f.write("\n")
   return md
 
 

@@ -122,7 +122,7 @@ build_config = train_table.build_config
 def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   c = build_config(cfg, dict(cfg.variants)[variant])
   spec = digits.toy_reward_spec(c.rewards, c.model.vocab_size)
-  c, mesh, mcfg, states, program = train_table.make_runs(cfg, c, spec, seeds)
+  c, mesh, mcfg, states, program, chosen = train_table.make_runs(cfg, c, spec, seeds)
   gen = digits.toy_batches(cfg.measure_prompts, seed=777)
   probe = next(gen)
   probe = {k: np.repeat(v, cfg.measure_samples, 0) for k, v in probe.items()}
@@ -146,7 +146,7 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   scalars = {m: [rows[-1][s][m] for s in range(S)] for m in names}
   curves = {f"{m} vs step": {"x": xs, "y": [[r[s][m] for r in rows] for s in range(S)]}
             for m in ("kl_exact", "var_ratio_k1/k3", "rel_std_k1", "rel_std_k3", "rel_bias_k2")}
-  return {"scalars": scalars, "curves": curves}
+  return {"scalars": scalars, "curves": curves, "auto": chosen}
 
 
 def header(cfg) -> str:

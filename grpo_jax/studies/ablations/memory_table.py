@@ -47,15 +47,18 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   n = len(seeds)  # deterministic: the same value for every seed
   scalars = {"params_MB": [_bytes(st["params"]) / 1e6] * n, "trainable_MB": [trainable / 1e6] * n,
              "frozen_ref_MB": [_bytes(st["ref_params"]) / 1e6] * n, "trainable_vs_policy_x": [trainable / policy] * n}
+  chosen = {}
   if size in tuple(cfg.get("compile_sizes", ())):
-    m = aot.memory_report(compile_step(cfg, c), None)
+    compiled, chosen = compile_step(cfg, c)
+    m = aot.memory_report(compiled, None)
     scalars.update({"xla_args_MB": [m["argument_bytes"] / 1e6] * n, "xla_temp_MB": [m["temp_bytes"] / 1e6] * n,
                     "xla_total_MB": [m["total_bytes"] / 1e6] * n})
-  return {"scalars": scalars, "curves": {}}
+  return {"scalars": scalars, "curves": {}, **({"auto": chosen} if chosen else {})}
 
 
 def compile_step(cfg, c):
-  """The one-graph step of c's family compiled for one CPU device on abstract (never allocated) inputs."""
+  """(the one-graph step of c's family compiled for one CPU device on abstract (never allocated) inputs, {key: 'value
+  (why)'} of the `auto` knobs resolved for it: logged, and recorded with the cell)."""
   c.rl.update(prompts_per_step=cfg.workload.prompts, G=cfg.workload.G)
   c.task.prompt_len = cfg.workload.prompt_len
   c.sampling.max_new_tokens = cfg.workload.L
@@ -63,5 +66,5 @@ def compile_step(cfg, c):
   devices = jax.devices()[:1]
   # the `auto` knobs as a run of this workload resolves them (rl/auto.py): the step a run compiles, not the
   # reference path an unresolved config builds
-  c, _ = auto.resolve_here(c, sharding.make_mesh(c.mesh, devices), log=False)
-  return aot.compile_step(c, devices, dict(c.mesh))[0]
+  c, chosen = auto.resolve_here(c, sharding.make_mesh(c.mesh, devices))
+  return aot.compile_step(c, devices, dict(c.mesh))[0], chosen

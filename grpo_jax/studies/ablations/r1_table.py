@@ -102,7 +102,7 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
                            c.rl.reward_timeout_s)
   mcfg = model_lib.ModelConfig.from_config(c.model)
   # every seed from one init (the stage's start), their rollouts differ
-  c, mesh, mcfg, states, program = train_table.make_runs(cfg, c, spec, seeds, tok, start_params(cfg, mcfg),
+  c, mesh, mcfg, states, program, chosen = train_table.make_runs(cfg, c, spec, seeds, tok, start_params(cfg, mcfg),
                                                          init_seeds=[cfg.run.seed] * len(seeds))
   n_prompts = c.rl.prompts_per_step * (c.rl.oversample if c.rl.dynamic_sampling else 1)
   ev = evaluator(c)
@@ -137,7 +137,7 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   curves = {f"train reward: {n}": {"x": x, "y": as_sxt(v).tolist()} for n, v in train_curves.items()}
   curves["fraction of groups without signal"] = {"x": x, "y": as_sxt(zero_std).tolist()}
   curves.update({f"held-out greedy {n}": {"x": eval_x, "y": as_sxt(v).tolist()} for n, v in held.items()})
-  return {"scalars": scalars, "curves": curves}
+  return {"scalars": scalars, "curves": curves, "auto": chosen}
 
 
 def header(cfg) -> str:

@@ -192,7 +192,7 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   tok = tok_lib.for_config(c)
   spec = train.reward_terms(c, tok)
   mcfg = model_lib.ModelConfig.from_config(c.model)
-  c, mesh, mcfg, states, program = train_table.make_runs(cfg, c, spec, seeds, tok, start_params(cfg, mcfg),
+  c, mesh, mcfg, states, program, chosen = train_table.make_runs(cfg, c, spec, seeds, tok, start_params(cfg, mcfg),
                                                          init_seeds=[c.seed] * len(seeds))
   S, steps = len(seeds), int(cfg.steps)
   greedy = _greedy(c, mcfg, tok, mesh)
@@ -239,7 +239,7 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
     scalars.update(_passk_scalars(cfg, counts[0], counts[steps], curves))
   if resets and np.asarray(resets).any():
     scalars["ref_resets"] = as_sxt(resets).sum(1).tolist()
-  return {"scalars": scalars, "curves": curves}
+  return {"scalars": scalars, "curves": curves, "auto": chosen}
 
 
 def _saturation(cfg, acc_SxT: np.ndarray, held_SxE: np.ndarray, eval_x: list[int]) -> dict:

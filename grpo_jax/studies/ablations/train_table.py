@@ -11,7 +11,7 @@ batches, run its measurement on the loop's evaluation cadence and hand it each s
 """
 import os
 import tempfile
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import ml_collections
@@ -88,18 +88,28 @@ def table_run(c, steps: int, eval_every: int) -> ml_collections.ConfigDict:
   return c
 
 
-def make_runs(cfg, c, spec, seeds: list[int], tokenizer=None, params: Any = "base", init_seeds=None):
-  """(resolved config, mesh, mcfg, stacked states, vmapped Program) for S seeds of config `c`, from the shared start
-  (`params`; 'base': start_params(cfg), the toy's pre-trained base) in the family's state (PPO's has the critic)."""
+class Runs(NamedTuple):
+  config: ml_collections.ConfigDict  # resolved (rl/auto.py)
+  mesh: Any
+  mcfg: model_lib.ModelConfig
+  states: Any  # stacked, one per seed
+  program: train.Program
+  auto: dict[str, str]  # {key: 'value (why)'} of the `auto` knobs resolved: the cell records it (ablate.py)
+
+
+def make_runs(cfg, c, spec, seeds: list[int], tokenizer=None, params: Any = "base", init_seeds=None) -> Runs:
+  """The S seeds of config `c` resolved, initialised and compiled as one vmapped program, from the shared start
+  (`params`; 'base': start_params(cfg), the toy's pre-trained base) in the family's state (PPO's has the critic).
+  The `auto` knobs are resolved once for the seeds sharing the device and logged as a main run logs them."""
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  c, _ = auto.resolve_here(c, mesh, lanes=len(seeds), log=False)  # the `auto` knobs, for the seeds sharing the device
+  c, chosen = auto.resolve_here(c, mesh, lanes=len(seeds))
   mcfg = model_lib.ModelConfig.from_config(c.model)
   opts = seeds_lib.FAST_COMPILE if cfg.fast_compile else None
   if isinstance(params, str) and params == "base":
     params = start_params(cfg, mcfg)
   states = seeds_lib.init_states(c, mcfg, seeds, params=params, init_seeds=init_seeds)
   step = seeds_lib.make_steps(c, mesh, mcfg, spec, tokenizer or spec.ctx.tokenizer, opts)
-  return c, mesh, mcfg, states, train.Program(step, len(seeds), seeds_lib.run_state)
+  return Runs(c, mesh, mcfg, states, train.Program(step, len(seeds), seeds_lib.run_state), chosen)
 
 
 def train_seeds(c, mesh, mcfg, states, program: train.Program, spec, tokenizer, *, batches: Iterator[dict],
@@ -120,7 +130,7 @@ def train_seeds(c, mesh, mcfg, states, program: train.Program, spec, tokenizer, 
 def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   c = build_config(cfg, dict(cfg.variants)[variant])
   spec = digits.toy_reward_spec(c.rewards, c.model.vocab_size, c.rl.random_reward_rate)
-  c, mesh, mcfg, states, program = make_runs(cfg, c, spec, seeds)
+  c, mesh, mcfg, states, program, chosen = make_runs(cfg, c, spec, seeds)
   evaluate_heldout = toy.make_eval(mcfg, c.sampling.max_new_tokens)
   evaluate_train = toy.make_eval(mcfg, c.sampling.max_new_tokens, digits.train_set())
   G, S = c.rl.G, len(seeds)
@@ -170,6 +180,7 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
           "policy entropy": {"x": x, "y": entropy.tolist()},
           "Cov(log pi, A)": {"x": x, "y": cov.tolist()},
       },
+      "auto": chosen,
   }
 
 
