@@ -185,8 +185,9 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
                                                                    int(config.tools.max_turns) + 1)))
     # each row's key for the terms that draw a reproducible coin per sample (reward_spec.random_reward)
     fields[reward_spec.SAMPLE_KEY] = sharding.constrain_batch(reward_spec.sample_keys(rng, n_all))
-    # the verifiers read the whole transcript (the observations too)
-    r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields)
+    # the terms read the model's own tokens: an observation's text is never scored as the model's (rewards.compute)
+    r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields,
+                                                                  None if env is None else env.obs_NxL)
     terms_NxK = [per_term[n] for n in spec.names]
     if overlong_cache > 0:
       # DAPO's soft overlong punishment, a reward term of weight 1 (its own term under reward_norm='per_term').
