@@ -252,19 +252,21 @@ def test_a_tool_output_holding_the_boxed_answer_is_not_scored_as_the_models(setu
   terms = rewards_lib.build((("math_accuracy", 1.0),), spec.ctx,
                             {"math_accuracy": spec.python_terms["math_accuracy"].fn})
   try:
-    r = rewards_lib.compute(terms, tokens, mask, fields, obs)
+    r = rewards_lib.compute(terms, tokens, mask, fields, obs, np.zeros((3,), bool))
     assert int(np.max(r[2])) == 0
     np.testing.assert_array_equal(np.asarray(r[1]["math_accuracy"]), want)
     # the transcript does hold the answer (not vacuous), and an all-0 obs mask changes nothing
     np.testing.assert_array_equal(np.asarray(rewards_lib.compute(terms, tokens, mask, fields)[1]["math_accuracy"]),
                                   [1.0, 1.0, 1.0])
     np.testing.assert_array_equal(
-        np.asarray(rewards_lib.compute(terms, tokens, mask, fields, np.zeros_like(obs))[1]["math_accuracy"]),
+        np.asarray(rewards_lib.compute(terms, tokens, mask, fields, np.zeros_like(obs),
+                                       np.zeros((3,), bool))[1]["math_accuracy"]),
         [1.0, 1.0, 1.0])
   finally:
     terms.close()
+  events = np.zeros((3, len(env_batch.EVENTS)), np.int32)
   acc, _, answers = gsm8k.host_verifier(tok)(*evaluation.Evaluator.own(type("E", (), {"tok": tok})(), tokens, mask,
-                                                                       obs), fields)
+                                                                       obs, events), fields)
   np.testing.assert_array_equal(acc, want)
   assert answers[0] is None
 

@@ -484,18 +484,23 @@ OWN_ROWS = [
 
 def test_own_tokens_removes_observations_keeps_a_final_eos_and_maps_back():
   """obs_mask.own_tokens by hand: the model's tokens moved left in order, pad and mask 0 after them; the index gives
-  each one's transcript position; jnp and np agree."""
+  each one's transcript position; an EOS observation ending the row stays where the environment's done ended it,
+  and goes where it did not (an observation cut on an EOS id: Qwen's opens with <|im_end|>); jnp and np agree."""
   from grpo_jax.rl import obs_mask
   tokens = np.array([[5, 6, 7, 8, 9, 2, 0], [5, 6, 7, 8, 2, 0, 0]])
   mask = np.array([[1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0, 0]])
   obs = np.array([[0, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 0, 0]])  # row 1: the environment's done (its EOS)
   tok = type("T", (), {"eos_id": 2, "pad_id": 0})
   for xp in (np, jnp):
-    t, m, idx = (np.asarray(a) for a in obs_mask.own_tokens(tokens, mask, obs, tok, xp=xp, with_index=True))
+    t, m, idx = (np.asarray(a) for a in obs_mask.own_tokens(tokens, mask, obs, np.array([False, True]), tok, xp=xp,
+                                                            with_index=True))
     np.testing.assert_array_equal(t, [[5, 8, 9, 2, 0, 0, 0], [5, 6, 2, 0, 0, 0, 0]])
     np.testing.assert_array_equal(m, [[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0]])
     np.testing.assert_array_equal(idx[0, :4], [0, 3, 4, 5])
     np.testing.assert_array_equal(idx[1, :3], [0, 1, 4])
+    t, m = (np.asarray(a) for a in obs_mask.own_tokens(tokens, mask, obs, np.array([False, False]), tok, xp=xp))
+    np.testing.assert_array_equal(t[1], [5, 6, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(m[1], [1, 1, 0, 0, 0, 0, 0])
 
 
 def test_verifiers_score_the_models_own_tokens_not_an_observation(setup):
@@ -510,6 +515,9 @@ def test_verifiers_score_the_models_own_tokens_not_an_observation(setup):
   tokens, mask, obs = transcript_rows([r for r, _ in OWN_ROWS])
   want = np.asarray([w for _, w in OWN_ROWS], np.float32)
   n = len(OWN_ROWS)
+  ended = np.asarray([r[-1] == (EOS, 1) for r, _ in OWN_ROWS])  # the rows the environment's done ended
+  events = np.zeros((n, len(env_batch.EVENTS)), np.int32)
+  events[:, env_batch.ENDED] = ended
   batch = {"answer_N": np.full((n,), 7, np.int32)}
 
   def host_accuracy(texts, ids, b):  # a Python term: the host verifier on the ids it is given, its EOS put back
@@ -524,19 +532,20 @@ def test_verifiers_score_the_models_own_tokens_not_an_observation(setup):
   terms = rewards_lib.build((("accuracy", 1.0), ("format", 1.0), ("host", 1.0)), spec.ctx, {"host": host_accuracy})
   try:
     _, per_term, status, _, _ = rewards_lib.compute(terms, jnp.asarray(tokens), jnp.asarray(mask), batch,
-                                                    jnp.asarray(obs))
+                                                    jnp.asarray(obs), jnp.asarray(ended))
     assert int(np.max(status)) == 0
     for name in ("accuracy", "format", "host"):
       np.testing.assert_array_equal(np.asarray(per_term[name]), want, err_msg=name)
     # without observations a row is scored as it always was: its obs mask all 0 changes nothing
     plain = rewards_lib.compute(terms, jnp.asarray(tokens), jnp.asarray(mask), batch)[1]
-    none = rewards_lib.compute(terms, jnp.asarray(tokens), jnp.asarray(mask), batch, jnp.zeros_like(obs))[1]
+    none = rewards_lib.compute(terms, jnp.asarray(tokens), jnp.asarray(mask), batch, jnp.zeros_like(obs),
+                               jnp.zeros_like(ended))[1]
     for name in per_term:
       np.testing.assert_array_equal(np.asarray(none[name]), np.asarray(plain[name]), err_msg=name)
     assert np.asarray(plain["accuracy"])[0] == 1.0  # the transcript itself does hold the answer: not vacuous
   finally:
     terms.close()
-  own_t, own_m = evaluation.Evaluator.own(type("E", (), {"tok": TOK})(), tokens, mask, obs)
+  own_t, own_m = evaluation.Evaluator.own(type("E", (), {"tok": TOK})(), tokens, mask, obs, events)
   np.testing.assert_array_equal(verify_py.accuracy_reward("sums", own_t, own_m, batch, TOK), want)
   np.testing.assert_array_equal(verify_py.format_reward(own_t, own_m, TOK), want)
 
@@ -554,7 +563,8 @@ def test_process_steps_read_off_the_own_tokens_end_at_their_transcript_position(
   assert obs[0, :semi].sum() > 0  # the observation is before it: not vacuous
   terms = rewards_lib.build((("process", 1.0),), spec.ctx)
   _, per_term, _, _, steps = rewards_lib.compute(terms, jnp.asarray(tokens), jnp.asarray(mask),
-                                                 {"answer_N": np.asarray([85])}, jnp.asarray(obs))
+                                                 {"answer_N": np.asarray([85])}, jnp.asarray(obs),
+                                                 jnp.zeros((1,), bool))
   s_r, s_end, s_valid = (np.asarray(x) for x in steps)
   assert s_valid[0].tolist() == [True] + [False] * (s_valid.shape[1] - 1)
   assert (s_r[0, 0], s_end[0, 0], float(per_term["process"][0])) == (1.0, semi, 1.0)
@@ -570,14 +580,15 @@ def test_the_rollout_and_held_out_generate_score_the_own_tokens(setup, monkeypat
   from grpo_jax.tasks import verify_jax
   c, mesh, mcfg, spec = setup
   seen, real_compute, real_own = [], rewards_lib.compute, obs_mask.own_tokens
-  monkeypatch.setattr(rewards_lib, "compute", lambda *a, **k: seen.append(("compute", a[4:])) or real_compute(*a, **k))
+  monkeypatch.setattr(rewards_lib, "compute", lambda *a, **k: seen.append(("compute", k)) or real_compute(*a, **k))
   monkeypatch.setattr(obs_mask, "own_tokens", lambda *a, **k: seen.append(("own", a[2].shape)) or real_own(*a, **k))
   params = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
   batch = next(batches(c))
   with sharding.mesh_context(mesh):
     jax.eval_shape(rollout_lib.make_rollout_fn(c, mcfg, spec, TOK), params, params, batch, jax.random.PRNGKey(1))
   n = c.rl.G * batch["prompt_NxP"].shape[0]
-  assert seen[0][0] == "compute" and [a.shape for a in seen[0][1]] == [(n, L)], seen  # the obs mask
+  assert seen[0][0] == "compute" and {k: v.shape for k, v in seen[0][1].items()} == {  # the engine's
+      "obs_NxL": (n, L), "env_ended_N": (n,)}, seen
   assert seen[1] == ("own", (n, L)), seen
   seen.clear()
   scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=TOK.eos_id, pad_id=TOK.pad_id)

@@ -201,7 +201,8 @@ def _sample(config, task, tok, gen, params, chosen, langs, truncate, env) -> tup
     texts = [tok.decode(c) for c in comps]
     # stage 2's reward mix, whichever KNOWN terms it weights (brevity_correct, untracked, was a KeyError here), on
     # the model's own tokens as stage 2's step scores them
-    own_t, own_m = (tokens, mask) if obs is None else obs_mask.own_tokens(tokens, mask, obs, tok, xp=np)
+    own_t, own_m = (tokens, mask) if obs is None else obs_mask.own_tokens(
+        tokens, mask, obs, ev[:, env_batch.ENDED] > 0, tok, xp=np)
     own = evaluation.completions(own_t, own_m, eos)
     ended = own_m.sum(1) > np.asarray([len(c) for c in own])  # the row's EOS was stripped: it ended there
     reward = r1_rewards.weighted_sum(r1_rewards.term_scores([tok.decode(c) for c in own], own,

@@ -247,17 +247,21 @@ def build(rewards_cfg: Sequence[tuple[str, float]], ctx: reward_spec.Context,
   return reward_spec.RewardSpec(tuple(names), tuple(weights), tuple(fns), py, ctx)
 
 
-def compute(spec: reward_spec.RewardSpec, tokens_NxL, mask_NxL, batch,
-            obs_NxL=None) -> tuple[jax.Array, dict, jax.Array, jax.Array, tuple | None]:
+def compute(spec: reward_spec.RewardSpec, tokens_NxL, mask_NxL, batch, obs_NxL=None,
+            env_ended_N=None) -> tuple[jax.Array, dict, jax.Array, jax.Array, tuple | None]:
   """Weighted sum. Returns (r_N, per-term scores, status (max over terms), fallbacks, weighted step scores).
 
-  With observations (`obs_NxL`, tools.env) every term reads the model's own tokens (obs_mask.own_tokens): a tool's
-  output cannot be scored as the model's answer or format; the environment's reward is the 'env' term's. Step
-  scores read off the own tokens end at their token's transcript position."""
+  With observations (`obs_NxL`, tools.env; `env_ended_N`: the rows the environment's done ended) every term reads
+  the model's own tokens (obs_mask.own_tokens): a tool's output cannot be scored as the model's answer or format;
+  the environment's reward is the 'env' term's. Step scores read off the own tokens end at their token's transcript
+  position."""
   index_NxL = None
+  if (obs_NxL is None) != (env_ended_N is None):
+    raise ValueError("rewards.compute: give obs_NxL and env_ended_N together (the engine's EnvOut: obs_NxL and "
+                     "events_NxE[:, ENDED] > 0), or neither.")
   if obs_NxL is not None:
-    tokens_NxL, mask_NxL, index_NxL = obs_mask.own_tokens(tokens_NxL, mask_NxL, obs_NxL, spec.ctx.tokenizer,
-                                                          with_index=True)
+    tokens_NxL, mask_NxL, index_NxL = obs_mask.own_tokens(tokens_NxL, mask_NxL, obs_NxL, env_ended_N,
+                                                          spec.ctx.tokenizer, with_index=True)
   r_N = jnp.zeros((tokens_NxL.shape[0],), jnp.float32)
   per_term, statuses, fallbacks, steps = {}, [], [], None
   for name, w, fn in zip(spec.names, spec.weights, spec.fns):

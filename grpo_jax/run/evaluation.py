@@ -160,7 +160,7 @@ def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str,
     if not in_graph:
       return (ro.tokens_NxL, ro.mask_NxL, lengths_N) + obs
     own = (ro.tokens_NxL, ro.mask_NxL) if tools is None else obs_mask.own_tokens(
-        ro.tokens_NxL, ro.mask_NxL, stats.env.obs_NxL, scfg)
+        ro.tokens_NxL, ro.mask_NxL, stats.env.obs_NxL, stats.env.events_NxE[:, env_batch.ENDED] > 0, scfg)
     acc = registry.accuracy_reward(task, *own, fields, tables)
     fmt = verify_jax.format_reward(*own, tag_ids if tables is None else tables)
     return (ro.tokens_NxL, ro.mask_NxL, lengths_N, acc, fmt) + obs
@@ -265,11 +265,12 @@ class Evaluator:
     self.sampled = make_generate(mcfg, scfg(), mesh, self.task, tokenizer.tag_ids, group=config.eval.n_samples,
                                  **host)
 
-  def own(self, tokens_NxL: np.ndarray, mask_NxL: np.ndarray, obs_NxL: np.ndarray | None):
+  def own(self, tokens_NxL: np.ndarray, mask_NxL: np.ndarray, obs_NxL: np.ndarray | None,
+          events_NxE: np.ndarray | None):
     """The rows as the verifiers and readings read them: the model's own tokens (obs_mask.own_tokens)."""
     if obs_NxL is None:
       return tokens_NxL, mask_NxL
-    return obs_mask.own_tokens(tokens_NxL, mask_NxL, obs_NxL, self.tok, xp=np)
+    return obs_mask.own_tokens(tokens_NxL, mask_NxL, obs_NxL, events_NxE[:, env_batch.ENDED] > 0, self.tok, xp=np)
 
   def _chunks(self, repeat: int):
     n = self.arrays["prompt_NxP"].shape[0]
@@ -289,7 +290,7 @@ class Evaluator:
       fields = {k: v for k, v in chunk.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
       out = to_host(fn(params, chunk["prompt_NxP"], chunk["prompt_mask_NxP"], fields, jax.random.fold_in(rng, i)))
       obs = [out.pop(), out.pop(), out.pop()] if self.env is not None else None  # obs, status, events
-      own = self.own(out[0], out[1], None if obs is None else obs[0])
+      own = self.own(out[0], out[1], *((None, None) if obs is None else (obs[0], obs[2])))
       if self.host_verifier is not None:
         acc, fmt, ans = self.host_verifier(*own, fields)  # fields: this chunk's host rows, same order
         out += [acc, fmt]
@@ -303,7 +304,7 @@ class Evaluator:
     fields = {k: np.concatenate([f[k] for f in chunk_fields]) for k in chunk_fields[0]}
     texts, readings = None, {}
     if self.readings:
-      comps = completions(*self.own(tokens, mask, obs), getattr(self.tok, "eos_ids", self.tok.eos_id))
+      comps = completions(*self.own(tokens, mask, obs, events), getattr(self.tok, "eos_ids", self.tok.eos_id))
       texts = [self.tok.decode(c) for c in comps]
       readings = {name: np.asarray(f(texts, comps, fields), np.float32) for name, f in self.readings.items()}
     return Rollouts(tokens, mask, lengths, acc, fmt, answers, fields, texts, readings, obs, events,
