@@ -27,6 +27,7 @@ from grpo_jax.r1 import corpus
 from grpo_jax.r1 import pipeline
 from grpo_jax.r1 import rejection
 from grpo_jax.r1 import stage_config
+from grpo_jax.rl import obs_mask
 from grpo_jax.rl import sft_step
 from grpo_jax.rollout import engine
 from grpo_jax.run import validate
@@ -36,6 +37,7 @@ from tests.test_pipeline import _tiny_config
 
 TOK = tokenizer_lib.load_tools()
 L = 64
+HOST_OWN = []  # the obs masks rejection sampling's host scoring removed (the `sampled` fixture's spy)
 OBS_RE = re.compile(r" <tool_response> [^<]* </tool_response>")
 
 
@@ -118,6 +120,9 @@ def sampled(tmp_path_factory):
   from grpo_jax.r1 import layout
   from grpo_jax.run import stages as stages_lib
   mp = pytest.MonkeyPatch()
+  real_own = obs_mask.own_tokens  # stage 2's reward terms score the rows' own tokens (HOST_OWN: their obs masks)
+  mp.setattr(obs_mask, "own_tokens", lambda *a, **k: (HOST_OWN.append(np.asarray(a[2])) if k.get("xp") is np else None)
+             or real_own(*a, **k))
   c = r1_tools_config()
   force, want = forced_rows(c)
   stops = ("</tool_call>",) + _ordinary_stops({int(t) for t in force.ravel() if t >= 0})
@@ -162,6 +167,15 @@ def test_records_hold_the_transcript_and_the_engines_observation_mask(sampled):
   assert stats["obs_tokens"] >= sum(sum(want[k][1]) for k in expect) + stats["env_ended"]
   for k in ("tool_errors", "tool_timeouts", "tool_fallbacks", "tool_turn_limits"):
     assert k in stats
+
+
+def test_stage2_rewards_score_the_models_own_tokens(sampled):
+  """Rejection sampling's host scoring (stage 2's reward terms) reads obs_mask.own_tokens of each generate batch with
+  the engine's observation mask, once per batch and run; the verifiers' in-graph path is
+  test_tools_rl.py's test_the_rollout_and_held_out_generate_score_the_own_tokens."""
+  c, _, _ = sampled
+  n = c.r1.report.batch
+  assert len(HOST_OWN) == 2 and all(o.shape == (n, L) and o.sum() > 0 for o in HOST_OWN)
 
 
 def test_records_are_the_same_run_after_run(sampled):

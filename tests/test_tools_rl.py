@@ -452,6 +452,155 @@ def test_an_unresolved_auto_engine_evaluates_with_the_environment(setup):
   ev.env.close()
 
 
+# ------------------------------------------------------------------------ what the verifiers read: own tokens
+
+def transcript_rows(parts_by_row, width=40):
+  """(tokens_NxL, mask_NxL, obs_NxL) of rows written by hand: each a list of (text or ids, 1 if an observation)."""
+  n = len(parts_by_row)
+  tokens, mask, obs = (np.zeros((n, width), np.int32) for _ in range(3))
+  for r, parts in enumerate(parts_by_row):
+    k = 0
+    for text, is_obs in parts:
+      ids = TOK.encode(text) if isinstance(text, str) else list(text)
+      assert k + len(ids) <= width, "the row does not fit: raise width"
+      tokens[r, k:k + len(ids)], mask[r, k:k + len(ids)], obs[r, k:k + len(ids)] = ids, 1, is_obs
+      k += len(ids)
+  return tokens, mask, obs
+
+
+EOS = [TOK.eos_id]
+# (row, its verified score): an observation that holds the whole right answer (a user environment's raw text: no
+# format stripped it), with the model's EOS after it, or with the environment's done; the model's own answer after
+# an observation; one with no observation; the model's answer ended by the environment's done (its EOS is kept)
+OWN_ROWS = [
+    ([("<think> 3 + 4 <tool_call> 3 + 4 </tool_call>", 0), (" </think> <answer> 7 </answer>", 1), (EOS, 0)], 0.0),
+    ([("<think> 3 + 4 <tool_call> 3 + 4 </tool_call>", 0), (" </think> <answer> 7 </answer>", 1), (EOS, 1)], 0.0),
+    ([("<think> <tool_call> 3 + 4 </tool_call>", 0), (" <tool_response> 7 </tool_response>", 1),
+      (" </think> <answer> 7 </answer>", 0), (EOS, 0)], 1.0),
+    ([("<think> 3 + 4 </think> <answer> 7 </answer>", 0), (EOS, 0)], 1.0),
+    ([("<think> 3 + 4 </think> <answer> 7 </answer>", 0), (EOS, 1)], 1.0),
+]
+
+
+def test_own_tokens_removes_observations_keeps_a_final_eos_and_maps_back():
+  """obs_mask.own_tokens by hand: the model's tokens moved left in order, pad and mask 0 after them; the index gives
+  each one's transcript position; an EOS observation ending the row stays where the environment's done ended it,
+  and goes where it did not (an observation cut on an EOS id: Qwen's opens with <|im_end|>); jnp and np agree."""
+  from grpo_jax.rl import obs_mask
+  tokens = np.array([[5, 6, 7, 8, 9, 2, 0], [5, 6, 7, 8, 2, 0, 0]])
+  mask = np.array([[1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 0, 0]])
+  obs = np.array([[0, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 0, 0]])  # row 1: the environment's done (its EOS)
+  tok = type("T", (), {"eos_id": 2, "pad_id": 0})
+  for xp in (np, jnp):
+    t, m, idx = (np.asarray(a) for a in obs_mask.own_tokens(tokens, mask, obs, np.array([False, True]), tok, xp=xp,
+                                                            with_index=True))
+    np.testing.assert_array_equal(t, [[5, 8, 9, 2, 0, 0, 0], [5, 6, 2, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(m, [[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0]])
+    np.testing.assert_array_equal(idx[0, :4], [0, 3, 4, 5])
+    np.testing.assert_array_equal(idx[1, :3], [0, 1, 4])
+    t, m = (np.asarray(a) for a in obs_mask.own_tokens(tokens, mask, obs, np.array([False, False]), tok, xp=xp))
+    np.testing.assert_array_equal(t[1], [5, 6, 0, 0, 0, 0, 0])
+    np.testing.assert_array_equal(m[1], [1, 1, 0, 0, 0, 0, 0])
+
+
+def test_verifiers_score_the_models_own_tokens_not_an_observation(setup):
+  """The step's reward terms (rewards.compute with the rollout's obs mask), in-graph (accuracy, format) and Python
+  (the host verifier verify_py on the ids the term gets), and the held-out host path (Evaluator.own): an answer that
+  only an observation holds scores 0 (it scored 1: the verifiers read the whole transcript); the model's own answer
+  after an observation, and a row without observations, score 1 as before."""
+  from grpo_jax.rl import rewards as rewards_lib
+  from grpo_jax.run import evaluation
+  from grpo_jax.tasks import verify_py
+  c, _, _, spec = setup
+  tokens, mask, obs = transcript_rows([r for r, _ in OWN_ROWS])
+  want = np.asarray([w for _, w in OWN_ROWS], np.float32)
+  n = len(OWN_ROWS)
+  ended = np.asarray([r[-1] == (EOS, 1) for r, _ in OWN_ROWS])  # the rows the environment's done ended
+  events = np.zeros((n, len(env_batch.EVENTS)), np.int32)
+  events[:, env_batch.ENDED] = ended
+  batch = {"answer_N": np.full((n,), 7, np.int32)}
+
+  def host_accuracy(texts, ids, b):  # a Python term: the host verifier on the ids it is given, its EOS put back
+    del texts
+    out = []
+    for k, (i, e) in enumerate(zip(ids, b["ended_N"])):
+      row = np.asarray([list(i) + EOS * bool(e)])
+      out.append(float(verify_py.accuracy_reward("sums", row, np.ones_like(row), {"answer_N": b["answer_N"][k:k + 1]},
+                                                 TOK)[0]))
+    return out
+
+  terms = rewards_lib.build((("accuracy", 1.0), ("format", 1.0), ("host", 1.0)), spec.ctx, {"host": host_accuracy})
+  try:
+    _, per_term, status, _, _ = rewards_lib.compute(terms, jnp.asarray(tokens), jnp.asarray(mask), batch,
+                                                    jnp.asarray(obs), jnp.asarray(ended))
+    assert int(np.max(status)) == 0
+    for name in ("accuracy", "format", "host"):
+      np.testing.assert_array_equal(np.asarray(per_term[name]), want, err_msg=name)
+    # without observations a row is scored as it always was: its obs mask all 0 changes nothing
+    plain = rewards_lib.compute(terms, jnp.asarray(tokens), jnp.asarray(mask), batch)[1]
+    none = rewards_lib.compute(terms, jnp.asarray(tokens), jnp.asarray(mask), batch, jnp.zeros_like(obs),
+                               jnp.zeros_like(ended))[1]
+    for name in per_term:
+      np.testing.assert_array_equal(np.asarray(none[name]), np.asarray(plain[name]), err_msg=name)
+    assert np.asarray(plain["accuracy"])[0] == 1.0  # the transcript itself does hold the answer: not vacuous
+  finally:
+    terms.close()
+  own_t, own_m = evaluation.Evaluator.own(type("E", (), {"tok": TOK})(), tokens, mask, obs, events)
+  np.testing.assert_array_equal(verify_py.accuracy_reward("sums", own_t, own_m, batch, TOK), want)
+  np.testing.assert_array_equal(verify_py.format_reward(own_t, own_m, TOK), want)
+
+
+def test_process_steps_read_off_the_own_tokens_end_at_their_transcript_position(setup):
+  """The `process` term scores the own tokens; its step ends are mapped back to the transcript (the loss's
+  positions): the step's ';' after the observation, where the transcript has it (it was off by the observation's
+  length)."""
+  from grpo_jax.rl import rewards as rewards_lib
+  c, _, _, spec = setup
+  rows = [[("<think> 37 48 : <tool_call> 37 + 48 </tool_call>", 0), (" <tool_response> 85 </tool_response>", 1),
+           (" add 37 + 48 = 85 ; </think> <answer> 85 </answer>", 0), (EOS, 0)]]
+  tokens, mask, obs = transcript_rows(rows, width=56)
+  semi = [TOK.decode([int(t)]) for t in tokens[0]].index(" ;")
+  assert obs[0, :semi].sum() > 0  # the observation is before it: not vacuous
+  terms = rewards_lib.build((("process", 1.0),), spec.ctx)
+  _, per_term, _, _, steps = rewards_lib.compute(terms, jnp.asarray(tokens), jnp.asarray(mask),
+                                                 {"answer_N": np.asarray([85])}, jnp.asarray(obs),
+                                                 jnp.zeros((1,), bool))
+  s_r, s_end, s_valid = (np.asarray(x) for x in steps)
+  assert s_valid[0].tolist() == [True] + [False] * (s_valid.shape[1] - 1)
+  assert (s_r[0, 0], s_end[0, 0], float(per_term["process"][0])) == (1.0, semi, 1.0)
+
+
+def test_the_rollout_and_held_out_generate_score_the_own_tokens(setup, monkeypatch):
+  """The wiring: the RL rollout hands rewards.compute the engine's observation mask, and the held-out generate
+  (evaluation.make_generate, R1 rejection sampling's too) scores obs_mask.own_tokens of its rows (traced only)."""
+  from grpo_jax.rl import obs_mask
+  from grpo_jax.rl import rewards as rewards_lib
+  from grpo_jax.rollout import sampling
+  from grpo_jax.run import evaluation
+  from grpo_jax.tasks import verify_jax
+  c, mesh, mcfg, spec = setup
+  seen, real_compute, real_own = [], rewards_lib.compute, obs_mask.own_tokens
+  monkeypatch.setattr(rewards_lib, "compute", lambda *a, **k: seen.append(("compute", k)) or real_compute(*a, **k))
+  monkeypatch.setattr(obs_mask, "own_tokens", lambda *a, **k: seen.append(("own", a[2].shape)) or real_own(*a, **k))
+  params = jax.eval_shape(lambda: model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
+  batch = next(batches(c))
+  with sharding.mesh_context(mesh):
+    jax.eval_shape(rollout_lib.make_rollout_fn(c, mcfg, spec, TOK), params, params, batch, jax.random.PRNGKey(1))
+  n = c.rl.G * batch["prompt_NxP"].shape[0]
+  assert seen[0][0] == "compute" and {k: v.shape for k, v in seen[0][1].items()} == {  # the engine's
+      "obs_NxL": (n, L), "env_ended_N": (n,)}, seen
+  assert seen[1] == ("own", (n, L)), seen
+  seen.clear()
+  scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=TOK.eos_id, pad_id=TOK.pad_id)
+  gen = evaluation.make_generate(mcfg, scfg, mesh, c.task.name, TOK.tag_ids, config=c, env=spec.env,
+                                 tables=verify_jax.tables_for(TOK))
+  fields = {k: v for k, v in batch.items() if k not in rollout_lib.PROMPT_KEYS}
+  with sharding.mesh_context(mesh):
+    jax.eval_shape(gen.jitted, params, batch["prompt_NxP"], batch["prompt_mask_NxP"], fields,
+                   jax.random.PRNGKey(0))
+  assert [k for k, _ in seen] == ["own"], seen
+
+
 # ------------------------------------------------------------------------------------ bad input, resume (CLI)
 
 @pytest.mark.parametrize("over,key,why", [

@@ -121,9 +121,9 @@ class Plain(Format):
 
   def observation(self, content: str) -> str:
     body = str(content)
-    # the tool's output must not close (or open) a block itself: a tool block, nor the task's think / answer
-    # blocks, whose tags the verifiers read in the whole transcript (a sandbox's print('<answer> 7 </answer>')
-    # would be scored as the model's answer)
+    # the tool's output must not close (or open) a block itself, in what the model reads: a `</tool_response>`
+    # would end the observation early and the rest read as the model's own turn, an `<answer>` as an answer begun.
+    # The verifiers need no stripping: they read the model's own tokens only (obs_mask.own_tokens)
     for m in tokenizer_lib.TOOL_MARKERS + tokenizer_lib.TAGS:
       body = body.replace(m, " ")
     body = " ".join(body.split())

@@ -2,7 +2,8 @@
 general (tag-free) task text, become stage 4's SFT set.
 
 With `tools.env` the rows run as the RL stages' do (docs/tools.md): the continuous engine pauses a row on a stop
-marker, the environment answers, the observation is fed in; the verifiers read the whole transcript. A kept row's
+marker, the environment answers, the observation is fed in; the verifiers and stage 2's reward terms read the model's
+own tokens (obs_mask.own_tokens: the RL step's rule), never a tool's output. A kept row's
 record holds the transcript and `obs_mask` (1 per observation token, the environment's EOS included), which stage 4's
 loss leaves out (corpus.pack)."""
 from __future__ import annotations
@@ -25,6 +26,7 @@ from grpo_jax.run import evaluation
 from grpo_jax.model import model as model_lib
 from grpo_jax.rollout import sampling
 from grpo_jax.infra import sharding
+from grpo_jax.rl import obs_mask
 from grpo_jax.rl import state as state_lib
 from grpo_jax.r1 import corpus
 from grpo_jax.r1 import rewards as r1_rewards
@@ -195,11 +197,16 @@ def _sample(config, task, tok, gen, params, chosen, langs, truncate, env) -> tup
       real = len(exs) * rj.n  # the padding rows are dropped
       events.append(ev[:real])
       obs_all.append(obs[:real])
-    comps = evaluation.completions(tokens, mask, eos)
+    comps = evaluation.completions(tokens, mask, eos)  # the transcript: what a record holds
     texts = [tok.decode(c) for c in comps]
-    # stage 2's reward mix, whichever KNOWN terms it weights (brevity_correct, untracked, was a KeyError here)
-    ended = mask.sum(1) > np.asarray([len(c) for c in comps])  # the row's EOS was stripped: it ended there
-    reward = r1_rewards.weighted_sum(r1_rewards.term_scores(texts, comps, dict(fields, ended_N=ended), fns, acc, fmt,
+    # stage 2's reward mix, whichever KNOWN terms it weights (brevity_correct, untracked, was a KeyError here), on
+    # the model's own tokens as stage 2's step scores them
+    own_t, own_m = (tokens, mask) if obs is None else obs_mask.own_tokens(
+        tokens, mask, obs, ev[:, env_batch.ENDED] > 0, tok, xp=np)
+    own = evaluation.completions(own_t, own_m, eos)
+    ended = own_m.sum(1) > np.asarray([len(c) for c in own])  # the row's EOS was stripped: it ended there
+    reward = r1_rewards.weighted_sum(r1_rewards.term_scores([tok.decode(c) for c in own], own,
+                                                            dict(fields, ended_N=ended), fns, acc, fmt,
                                                             [n for n, _ in config.r1.grpo.rewards]),
                                      config.r1.grpo.rewards)
     for q in range(len(exs)):

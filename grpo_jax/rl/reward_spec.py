@@ -36,7 +36,8 @@ class Context:
 
 
 InGraphFn = Callable[[jax.Array, jax.Array, dict, Context], TermOutput]
-# fn(texts, token_ids, batch_rows) -> scores: each completion decoded and as ids, both without the EOS that ended it;
+# fn(texts, token_ids, batch_rows) -> scores: each completion decoded and as ids, both without the EOS that ended it
+# (with tools.env, the model's own tokens: the observations removed, obs_mask.own_tokens);
 # batch_rows holds the batch's host fields plus `ended_N` (bool: the row stopped at an EOS id, i.e. not truncated).
 PyRewardFn = Callable[[Sequence[str], Sequence[Sequence[int]], dict[str, np.ndarray]], Sequence[float]]
 

@@ -1,8 +1,9 @@
 """Named reward terms, in-graph (JAX on token ids) or Python (via jax.pure_callback), summed with weights.
 
 A term maps a rollout to outcome scores `r_N` and optionally step scores (`step_r_NxS`, `step_end_NxS`,
-`step_valid_NxS`). Python terms never let an exception cross the callback (undefined behaviour, and the state is
-donated): they return a status, the step skips its update in-graph, and the host raises afterwards naming the term.
+`step_valid_NxS`); with an environment it reads the model's own tokens (compute). Python terms never let an
+exception cross the callback (undefined behaviour, and the state is donated): they return a status, the step skips
+its update in-graph, and the host raises afterwards naming the term.
 """
 import collections.abc
 import math
@@ -15,6 +16,7 @@ import numpy as np
 
 from grpo_jax.infra import errors
 from grpo_jax.infra import host_calls
+from grpo_jax.rl import obs_mask
 from grpo_jax.rl import reward_spec
 from grpo_jax.tasks import registry
 from grpo_jax.tasks import verify_jax
@@ -245,9 +247,21 @@ def build(rewards_cfg: Sequence[tuple[str, float]], ctx: reward_spec.Context,
   return reward_spec.RewardSpec(tuple(names), tuple(weights), tuple(fns), py, ctx)
 
 
-def compute(spec: reward_spec.RewardSpec, tokens_NxL, mask_NxL,
-            batch) -> tuple[jax.Array, dict, jax.Array, jax.Array, tuple | None]:
-  """Weighted sum. Returns (r_N, per-term scores, status (max over terms), fallbacks, weighted step scores)."""
+def compute(spec: reward_spec.RewardSpec, tokens_NxL, mask_NxL, batch, obs_NxL=None,
+            env_ended_N=None) -> tuple[jax.Array, dict, jax.Array, jax.Array, tuple | None]:
+  """Weighted sum. Returns (r_N, per-term scores, status (max over terms), fallbacks, weighted step scores).
+
+  With observations (`obs_NxL`, tools.env; `env_ended_N`: the rows the environment's done ended) every term reads
+  the model's own tokens (obs_mask.own_tokens): a tool's output cannot be scored as the model's answer or format;
+  the environment's reward is the 'env' term's. Step scores read off the own tokens end at their token's transcript
+  position."""
+  index_NxL = None
+  if (obs_NxL is None) != (env_ended_N is None):
+    raise ValueError("rewards.compute: give obs_NxL and env_ended_N together (the engine's EnvOut: obs_NxL and "
+                     "events_NxE[:, ENDED] > 0), or neither.")
+  if obs_NxL is not None:
+    tokens_NxL, mask_NxL, index_NxL = obs_mask.own_tokens(tokens_NxL, mask_NxL, obs_NxL, env_ended_N,
+                                                          spec.ctx.tokenizer, with_index=True)
   r_N = jnp.zeros((tokens_NxL.shape[0],), jnp.float32)
   per_term, statuses, fallbacks, steps = {}, [], [], None
   for name, w, fn in zip(spec.names, spec.weights, spec.fns):
@@ -260,6 +274,9 @@ def compute(spec: reward_spec.RewardSpec, tokens_NxL, mask_NxL,
       # terms with steps (process, env) keep their own steps side by side: their layouts differ (S, where they
       # end), and process_advantages normalises every valid step of a group together
       s_r, s_end, s_valid = out.steps
+      if index_NxL is not None and name != "env":  # read off the own tokens: back to transcript positions ('env'
+        at = jnp.take_along_axis(index_NxL, jnp.clip(s_end, 0, index_NxL.shape[1] - 1), axis=1)  # puts its
+        s_end = jnp.where(s_valid, at, s_end).astype(s_end.dtype)  # steps there already)
       steps = (w * s_r, s_end, s_valid) if steps is None else tuple(
           jnp.concatenate([a, b], axis=1) for a, b in zip(steps, (w * s_r, s_end, s_valid)))
   status_vec = jnp.stack(statuses)

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from grpo_jax.config import config_lib
+from grpo_jax.envs import batch as env_batch
 from grpo_jax.envs import transcript as transcript_lib
 from grpo_jax.infra import sharding
 from grpo_jax.model import model as model_lib
@@ -185,8 +186,9 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
                                                                    int(config.tools.max_turns) + 1)))
     # each row's key for the terms that draw a reproducible coin per sample (reward_spec.random_reward)
     fields[reward_spec.SAMPLE_KEY] = sharding.constrain_batch(reward_spec.sample_keys(rng, n_all))
-    # the verifiers read the whole transcript (the observations too)
-    r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields)
+    # the terms read the model's own tokens: an observation's text is never scored as the model's (rewards.compute)
+    own = {} if env is None else dict(obs_NxL=env.obs_NxL, env_ended_N=env.events_NxE[:, env_batch.ENDED] > 0)
+    r_N, per_term, status, fallbacks, steps = rewards_lib.compute(spec, tokens_NxL, ro.mask_NxL, fields, **own)
     terms_NxK = [per_term[n] for n in spec.names]
     if overlong_cache > 0:
       # DAPO's soft overlong punishment, a reward term of weight 1 (its own term under reward_norm='per_term').

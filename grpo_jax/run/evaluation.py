@@ -5,6 +5,8 @@ Tasks with an in-graph verifier (arith, countdown) score inside the generate pro
 same function their training reward uses (the task's host_verifier in tasks/registry.py). Either way every process
 computes the same metrics. `Evaluator.rollouts` hands the gathered, graded rows to callers that score more (the R1
 report: the last-number rule, language consistency, forbidden words), through the same chunking, sampling and gather.
+With tools.env the verifiers and readings read the model's own tokens, as the RL step's reward terms do
+(obs_mask.own_tokens); the rows handed back keep the whole transcript and its observation mask.
 """
 import collections
 import contextlib
@@ -21,6 +23,7 @@ from grpo_jax.config import config_lib
 from grpo_jax.envs import batch as env_batch
 from grpo_jax.envs import transcript
 from grpo_jax.rl import auto
+from grpo_jax.rl import obs_mask
 from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.rollout import engine
@@ -132,7 +135,8 @@ def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str,
   (eval.n_samples); the continuous engine (config.sampling.engine) prefills each prompt once for its run.
   `tables`: the tokenizer's verify_jax.tables_for (None: the shipped tokenizer's, checked against `tag_ids`).
   `env`: the run's EnvBatch (tools.env, the continuous engine): rows call it as in the RL step, and the outputs end
-  with the observation mask obs_NxL; their mask covers the observations (the verifiers read the transcript)."""
+  with the observation mask obs_NxL; their mask covers the observations, and the verifiers read the model's own
+  tokens (obs_mask.own_tokens, as the RL step's reward terms do)."""
   continuous = config is not None and config_lib.setting(config, "sampling.engine") == "continuous"
   if env is not None and not continuous:
     raise ValueError("evaluation with tools.env runs the continuous engine (sampling.engine='continuous').")
@@ -157,8 +161,10 @@ def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str,
       lengths_N = ro.lengths_N - stats.env.obs_NxL.sum(axis=1)
     if not in_graph:
       return (ro.tokens_NxL, ro.mask_NxL, lengths_N) + obs
-    acc = registry.accuracy_reward(task, ro.tokens_NxL, ro.mask_NxL, fields, tables)
-    fmt = verify_jax.format_reward(ro.tokens_NxL, ro.mask_NxL, tag_ids if tables is None else tables)
+    own = (ro.tokens_NxL, ro.mask_NxL) if tools is None else obs_mask.own_tokens(
+        ro.tokens_NxL, ro.mask_NxL, stats.env.obs_NxL, stats.env.events_NxE[:, env_batch.ENDED] > 0, scfg)
+    acc = registry.accuracy_reward(task, *own, fields, tables)
+    fmt = verify_jax.format_reward(*own, tag_ids if tables is None else tables)
     return (ro.tokens_NxL, ro.mask_NxL, lengths_N, acc, fmt) + obs
 
   jitted = jax.jit(gen)
@@ -218,7 +224,8 @@ class Rollouts(NamedTuple):
   format_N: np.ndarray
   answers_N: list                 # what cons@k votes on: the verifier's answer, None where it found none
   fields: dict[str, np.ndarray]   # the eval set's host fields (answer_N, language_N, ...), repeated like the rows
-  texts: list[str] | None         # completions decoded without EOS; None when the Evaluator has no readings
+  texts: list[str] | None         # completions decoded without EOS (the model's own tokens: Evaluator.own); None
+                                  # when the Evaluator has no readings
   readings: dict[str, np.ndarray]  # per-row value of each reading
   obs_NxL: np.ndarray | None = None  # tools.env: 1 where a token was fed from an observation (mask_NxL covers it)
   events_NxE: np.ndarray | None = None  # tools.env: per row, its calls' envs/batch.py event counts
@@ -260,6 +267,13 @@ class Evaluator:
     self.sampled = make_generate(mcfg, scfg(), mesh, self.task, tokenizer.tag_ids, group=config.eval.n_samples,
                                  **host)
 
+  def own(self, tokens_NxL: np.ndarray, mask_NxL: np.ndarray, obs_NxL: np.ndarray | None,
+          events_NxE: np.ndarray | None):
+    """The rows as the verifiers and readings read them: the model's own tokens (obs_mask.own_tokens)."""
+    if obs_NxL is None:
+      return tokens_NxL, mask_NxL
+    return obs_mask.own_tokens(tokens_NxL, mask_NxL, obs_NxL, events_NxE[:, env_batch.ENDED] > 0, self.tok, xp=np)
+
   def _chunks(self, repeat: int):
     n = self.arrays["prompt_NxP"].shape[0]
     step = self.batch // repeat
@@ -278,12 +292,13 @@ class Evaluator:
       fields = {k: v for k, v in chunk.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
       out = to_host(fn(params, chunk["prompt_NxP"], chunk["prompt_mask_NxP"], fields, jax.random.fold_in(rng, i)))
       obs = [out.pop(), out.pop(), out.pop()] if self.env is not None else None  # obs, status, events
+      own = self.own(out[0], out[1], *((None, None) if obs is None else (obs[0], obs[2])))
       if self.host_verifier is not None:
-        acc, fmt, ans = self.host_verifier(out[0], out[1], fields)  # fields: this chunk's host rows, same order
+        acc, fmt, ans = self.host_verifier(*own, fields)  # fields: this chunk's host rows, same order
         out += [acc, fmt]
         answers += list(ans)
       else:
-        answers += [answer_span(t[mk > 0], self.tok.tag_ids) for t, mk in zip(out[0], out[1])]
+        answers += [answer_span(t[mk > 0], self.tok.tag_ids) for t, mk in zip(*own)]
       outs.append(out + ([] if obs is None else obs))
       chunk_fields.append(fields)
     tokens, mask, lengths, acc, fmt, *obs = [np.concatenate(x) for x in zip(*outs)]
@@ -291,7 +306,7 @@ class Evaluator:
     fields = {k: np.concatenate([f[k] for f in chunk_fields]) for k in chunk_fields[0]}
     texts, readings = None, {}
     if self.readings:
-      comps = completions(tokens, mask, getattr(self.tok, "eos_ids", self.tok.eos_id))
+      comps = completions(*self.own(tokens, mask, obs, events), getattr(self.tok, "eos_ids", self.tok.eos_id))
       texts = [self.tok.decode(c) for c in comps]
       readings = {name: np.asarray(f(texts, comps, fields), np.float32) for name, f in self.readings.items()}
     return Rollouts(tokens, mask, lengths, acc, fmt, answers, fields, texts, readings, obs, events,
