@@ -300,3 +300,116 @@ def test_obs_mask_covers_the_completion_and_its_eos():
   b = corpus.pack([([4], comps[1], False, want[1])], TOK, 8)
   np.testing.assert_array_equal(b["tokens_NxT"], [[1, 4, 5, 6, 7, eos, 0, 0]])
   np.testing.assert_array_equal(b["loss_mask_NxT"], [[0, 0, 1, 1, 1, 0, 0, 0]])
+
+
+# ------------------------------------------------------------- the environment's own reward ('env') in the R1 stages
+
+CALL_COST = -0.25  # CostlyCalculator's reward per step
+
+
+class CostlyCalculator(calculator.Calculator):
+  """The calculator with a reward of its own: CALL_COST for every step (a cost per tool call)."""
+
+  def step(self, state, action_text):
+    return super().step(state, action_text)._replace(reward=CALL_COST)
+
+
+COSTLY = f"{__name__}:CostlyCalculator"
+
+
+def test_rl_stage_weights_the_environments_reward_as_the_rl_step_does():
+  """('env', w) in an R1 RL stage's mix resolves (it was 'unknown term') to the main RL path's 'env' term: the
+  stage's reward spec, built as the pipeline builds it (train.reward_terms with r1's Python terms), gives a row
+  brevity + 2 · (its environment step rewards summed), hand-computed; a reward at a position no step ends at is not
+  one of the row's."""
+  from grpo_jax.r1 import rewards as r1_rewards
+  from grpo_jax.rl import rewards as rewards_lib
+  from grpo_jax.rollout import turns
+  from grpo_jax.run import train
+  from grpo_jax.tasks import data as data_lib
+  c = r1_tools_config()
+  c.r1.zero.rewards = (("brevity", 1.0), ("env", 2.0))
+  stage_config.validate(c, ("r1_zero",))
+  sc = stage_config.for_stage(c, "r1_zero")
+  assert sc.rewards[:2] == (("brevity", 1.0), ("env", 2.0))
+  spec = train.reward_terms(sc, TOK, r1_rewards.config_fns(sc))
+  try:
+    assert spec.env is not None and spec.env.rewards_read  # the stage's environment is said to be read
+    _, chosen, langs = rejection.prompt_set(c, TOK)
+    b = data_lib.rl_batch(data_lib.make_task(c.task), chosen, langs, TOK, c.task.prompt_len)
+    fields = {k: jnp.asarray(v) for k, v in b.items() if not k.startswith("prompt")}
+    n = len(chosen)
+    tokens = np.full((n, L), 7, np.int32)  # no EOS: a row's brevity is 1 - length / L
+    mask = np.zeros((n, L), np.int32)
+    mask[0, :8], mask[1, :20] = 1, 1
+    reward, step = np.zeros((n, L), np.float32), np.zeros((n, L), np.int32)
+    reward[0, [2, 5]], step[0, [2, 5]] = (0.5, -0.25), 1  # row 0: two answered calls
+    reward[1, 9] = 3.0  # row 1: no step there (step_NxL 0): not an environment step, not counted
+    env = turns.Result(obs_NxL=jnp.zeros((n, L), jnp.int32), reward_NxL=jnp.asarray(reward),
+                       step_NxL=jnp.asarray(step), events_NxE=None, status=None, counts_K=None, calls=None)
+    fields.update(rewards_lib.env_fields(env, c.tools.max_turns))
+    r_N, per_term, status, _, steps = rewards_lib.compute(spec, jnp.asarray(tokens), jnp.asarray(mask), fields)
+  finally:
+    spec.close()
+  assert (np.asarray(status) == 0).all()
+  np.testing.assert_allclose(np.asarray(per_term["env"]), [0.25, 0.0])
+  np.testing.assert_allclose(np.asarray(r_N), [1 - 8 / L + 2 * 0.25, 1 - 20 / L + 0.0], rtol=1e-6)
+  assert steps is not None and np.asarray(steps[0])[0, :2].tolist() == [1.0, -0.5]  # 2 · each step's reward
+
+
+def test_rejection_sampling_ranks_by_the_environments_reward(tmp_path, monkeypatch):
+  """Stage 3 ranks by stage 2's mix with ('env', w) from the generate's per-row 'env' term: rows 0 and 2 of each
+  prompt are equally right and well-formed, row 0 calls the calculator at both steps (reward 2 · CALL_COST), row 2
+  at the first (CALL_COST); keeping one per prompt keeps row 2 (the earlier row 0 wins the tie without the term),
+  and its record's reward is the hand-computed mix 1 + 4 · CALL_COST."""
+  c = r1_tools_config()
+  c.tools.env = COSTLY
+  c.r1.grpo.rewards = (("accuracy", 1.0), ("env", 4.0))
+  c.r1.rejection.keep_per_prompt = 1
+  stage_config.validate(c, ("r1_3_rejection",))
+  force, want = forced_rows(c)
+  _patch_force(monkeypatch, force)
+  path = tmp_path / "params"
+  _params(c, path)
+  stats = rejection.rejection_sample(c, str(path), str(tmp_path / "data.jsonl"))
+  recs = [r for r in _records(tmp_path / "data.jsonl") if r["kind"] == "reasoning"]
+  assert stats["kept_reasoning"] == len(recs) == 2
+  for q, r in enumerate(recs):
+    ids, obs = want[(q, 2)]
+    assert r["completion_ids"] == ids and r["obs_mask"] == obs + [0]
+    assert sum(1 for s in _segments(rejection.prompt_set(c, TOK)[1][q], "a", (0,)) if s[1]) == 1
+    assert r["reward"] == pytest.approx(1.0 + 4.0 * CALL_COST)
+  assert want[(0, 0)][0] != want[(0, 2)][0]  # the row left out differs: not one completion kept twice
+
+
+def test_the_env_term_without_an_environment_is_one_line():
+  """An R1 stage's ('env', w) without tools.env is refused before any stage (exit 2), naming the key and the fix:
+  every RL group, whichever stages run (r1.grpo.rewards also ranks stage 3's samples)."""
+  for group in ("zero", "grpo", "final"):
+    c = r1_tools_config()
+    c.tools.env = ""
+    c.r1[group].rewards = tuple(c.r1[group].rewards) + (("env", 1.0),)
+    with pytest.raises(validate.ConfigError) as e:
+      stage_config.validate(c, ("base",))
+    assert str(e.value) == (f"config.r1.{group}.rewards: names the 'env' term (the environment's rewards) but "
+                            "tools.env is ''; set tools.env or drop ('env', w).")
+    assert e.value.exit_code == errors.EXIT_INPUT == 2
+
+
+def test_held_out_evaluation_reads_the_environments_outputs_past_the_env_reward():
+  """The generate's outputs with an environment end with each row's 'env' term now: the held-out evaluation (the R1
+  report's) still reads its observation mask, events and status from the ones before it (they were its last three)."""
+  from grpo_jax.envs import batch as env_batch
+  from grpo_jax.r1 import heldout
+  c = r1_tools_config()
+  ev = heldout.make_evaluator(c)
+  try:
+    params = model_lib.init_params(model_lib.ModelConfig.from_config(c.model), jax.random.PRNGKey(0))
+    g = ev.rollouts(params, jax.random.PRNGKey(1))
+  finally:
+    ev.env.close()
+  n = g.tokens_NxL.shape[0]
+  assert g.obs_NxL.shape == g.tokens_NxL.shape and set(np.unique(g.obs_NxL)) <= {0, 1}
+  assert g.events_NxE.shape == (n, len(env_batch.EVENTS)) and g.events_NxE.dtype == np.int32
+  assert isinstance(g.env_status, int) and g.env_status == 0
+  np.testing.assert_array_equal(g.lengths_N, g.mask_NxL.sum(1) - g.obs_NxL.sum(1))  # the model's own tokens

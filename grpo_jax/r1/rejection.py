@@ -146,6 +146,8 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
   scfg = sampling.SamplingConfig.from_config(config.sampling, eos_id=getattr(tok, "eos_ids", tok.eos_id), pad_id=tok.pad_id,
                                              temperature=rj.temperature, top_k=0, top_p=1.0)
   env = env_batch.build(config, tok) if uses_env(config) else None
+  if env is not None:  # else a non-zero environment reward is said (once) to go unused, as in an RL run
+    env.rewards_read = r1_rewards.ENV in [n for n, _ in config.r1.grpo.rewards]
   try:
     gen = evaluation.make_generate(mcfg, scfg, mesh, config.task.name, tok.tag_ids, config=sampler_config(config),
                                    tables=verify_jax.tables_for(tok), env=env)
@@ -189,9 +191,9 @@ def _sample(config, task, tok, gen, params, chosen, langs, truncate, env) -> tup
     out = evaluation.to_host(gen(params, rep["prompt_NxP"], rep["prompt_mask_NxP"], fields,
                                  jax.random.fold_in(rng, c0)))
     tokens, mask, _, acc, fmt = out[:5]
-    obs = None
+    obs = env_r = None
     if env is not None:
-      ev, status, obs = out[5:]
+      ev, status, obs, env_r = out[5:]
       if int(status.max()) != host_calls.OK:  # rows that waited for the call ended there: not the policy's samples
         raise errors.RunStopped(f"rejection sampling: {env.error_message(int(status.max()))}")
       real = len(exs) * rj.n  # the padding rows are dropped
@@ -199,15 +201,15 @@ def _sample(config, task, tok, gen, params, chosen, langs, truncate, env) -> tup
       obs_all.append(obs[:real])
     comps = evaluation.completions(tokens, mask, eos)  # the transcript: what a record holds
     texts = [tok.decode(c) for c in comps]
-    # stage 2's reward mix, whichever KNOWN terms it weights (brevity_correct, untracked, was a KeyError here), on
-    # the model's own tokens as stage 2's step scores them
+    # stage 2's reward mix, whichever KNOWN terms it weights (brevity_correct, untracked, was a KeyError here; env:
+    # the generate's 'env' term, the RL step's code), on the model's own tokens as stage 2's step scores them
     own_t, own_m = (tokens, mask) if obs is None else obs_mask.own_tokens(
         tokens, mask, obs, ev[:, env_batch.ENDED] > 0, tok, xp=np)
     own = evaluation.completions(own_t, own_m, eos)
     ended = own_m.sum(1) > np.asarray([len(c) for c in own])  # the row's EOS was stripped: it ended there
     reward = r1_rewards.weighted_sum(r1_rewards.term_scores([tok.decode(c) for c in own], own,
                                                             dict(fields, ended_N=ended), fns, acc, fmt,
-                                                            [n for n, _ in config.r1.grpo.rewards]),
+                                                            [n for n, _ in config.r1.grpo.rewards], env_r),
                                      config.r1.grpo.rewards)
     for q in range(len(exs)):
       rows = slice(q * rj.n, (q + 1) * rj.n)

@@ -102,8 +102,11 @@ def config_fns(config) -> dict[str, reward_spec.PyRewardFn]:
 # Logged as weight-0 terms in every RL stage (train/reward/<name> each step) when the stage does not weight them.
 TRACKED = ("format", "accuracy", "language", "recheck", "recheck_fixed", "verified", "corrected", "brevity",
            "harmless")
-# Every term a stage may weight: the tracked ones and the verified-brevity variant (computed only where weighted).
-KNOWN = TRACKED + ("brevity_correct",)
+# The environment's own reward (rl/rewards.py's 'env' term): weighted only with tools.env (stage_config.validate).
+ENV = "env"
+# Every term a stage may weight: the tracked ones, the verified-brevity variant and the environment's reward (both
+# computed only where weighted).
+KNOWN = TRACKED + ("brevity_correct", ENV)
 
 
 def stage_rewards(weighted: Sequence[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
@@ -113,10 +116,15 @@ def stage_rewards(weighted: Sequence[tuple[str, float]]) -> tuple[tuple[str, flo
 
 
 def term_scores(texts, ids, batch, fns: dict[str, reward_spec.PyRewardFn], acc_N, fmt_N,
-                names: Sequence[str] = TRACKED) -> dict[str, np.ndarray]:
-  """The terms `names` (any of KNOWN) for host-side completions (accuracy/format from the in-graph verifiers).
+                names: Sequence[str] = TRACKED, env_N=None) -> dict[str, np.ndarray]:
+  """The terms `names` (any of KNOWN) for host-side completions (accuracy/format from the in-graph verifiers; `env`
+  from `env_N`, the generate's per-row 'env' term, evaluation.make_generate with an environment).
   `batch` holds `ended_N` (the row stopped at an EOS) as an RL step's does: `brevity_correct` verifies with it."""
   out = {"accuracy": np.asarray(acc_N, np.float32), "format": np.asarray(fmt_N, np.float32)}
+  if ENV in names:
+    if env_N is None:
+      raise ValueError("reward term 'env' reads the environment's rewards: set tools.env (docs/tools.md).")
+    out[ENV] = np.asarray(env_N, np.float32)
   for name in names:
     if name not in out:
       out[name] = np.asarray(fns[name](texts, ids, batch), np.float32)

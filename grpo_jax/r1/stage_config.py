@@ -191,6 +191,10 @@ def validate(config, stages) -> None:
     for name, _ in r1[group].rewards:
       if name not in r1_rewards.KNOWN:
         validate_lib.fail(f"r1.{group}.rewards", f"unknown term {name!r}; choose from {sorted(r1_rewards.KNOWN)}.")
+      if name == r1_rewards.ENV and not (config.get("tools") is not None and config.tools.env):
+        # every group, whichever stages run: r1.grpo.rewards also ranks stage 3's samples
+        validate_lib.fail(f"r1.{group}.rewards", "names the 'env' term (the environment's rewards) but tools.env "
+                          "is ''; set tools.env or drop ('env', w).")
   try:
     r1_rewards.make_harmless(tuple(r1.forbidden))
   except ValueError as e:

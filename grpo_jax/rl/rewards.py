@@ -18,6 +18,7 @@ from grpo_jax.infra import errors
 from grpo_jax.infra import host_calls
 from grpo_jax.rl import obs_mask
 from grpo_jax.rl import reward_spec
+from grpo_jax.rollout import turns
 from grpo_jax.tasks import registry
 from grpo_jax.tasks import verify_jax
 
@@ -86,19 +87,29 @@ def _make_incorrect(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
 ENV_FIELDS = ("env_step_r_NxS", "env_step_end_NxS", "env_step_valid_NxS")  # what the rollout adds to the batch
 
 
+def env_fields(env, max_turns: int) -> dict[str, jax.Array]:
+  """The batch fields the 'env' term reads, from a rollout's environment outputs (rollout/turns.py Result: its
+  reward_NxL and step_NxL): each answered stop marker a step (turns.step_scores, S = tools.max_turns + 1). The RL
+  rollout adds them to its batch; R1 rejection sampling's generate computes the term from them too."""
+  return dict(zip(ENV_FIELDS, turns.step_scores(env.reward_NxL, env.step_NxL, int(max_turns) + 1)))
+
+
+def env_term(tokens, mask, batch, ctx=None) -> reward_spec.TermOutput:
+  """The 'env' term on a batch holding env_fields: outcome = the sum of a row's valid step rewards, with the steps."""
+  del tokens, mask, ctx
+  if ENV_FIELDS[0] not in batch:
+    raise ValueError("reward term 'env' reads the environment's rewards: set tools.env (docs/tools.md).")
+  s_r, s_end, s_valid = (batch[k] for k in ENV_FIELDS)
+  return reward_spec.outcome(jnp.sum(jnp.where(s_valid, s_r, 0.0), axis=-1), (s_r, s_end, s_valid))
+
+
 @register("env")
 def _make_env(ctx: reward_spec.Context) -> reward_spec.InGraphFn:
   """The environment's rewards (tools.env): outcome = the sum of a row's step rewards; each step (an answered stop
   marker, at its position) is a process-reward step, so rl.process_weight gives step-level advantages over turns.
   The rollout puts them into the batch (rollout/turns.py step_scores); without an environment there are none."""
   del ctx
-
-  def fn(tokens, mask, batch, ctx):
-    if ENV_FIELDS[0] not in batch:
-      raise ValueError("reward term 'env' reads the environment's rewards: set tools.env (docs/tools.md).")
-    s_r, s_end, s_valid = (batch[k] for k in ENV_FIELDS)
-    return reward_spec.outcome(jnp.sum(jnp.where(s_valid, s_r, 0.0), axis=-1), (s_r, s_end, s_valid))
-  return fn
+  return env_term
 
 
 # ----------------------------------------------------------------------------------------------- Python terms

@@ -182,8 +182,7 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
     fields = {k: v for k, v in b.items() if k not in PROMPT_KEYS}
     env = None if tools is None else carried.env if carried is not None else stats.env
     if env is not None:  # the environment's per-turn rewards, for the 'env' reward term (rewards.py)
-      fields.update(zip(rewards_lib.ENV_FIELDS, turns.step_scores(env.reward_NxL, env.step_NxL,
-                                                                   int(config.tools.max_turns) + 1)))
+      fields.update(rewards_lib.env_fields(env, config.tools.max_turns))
     # each row's key for the terms that draw a reproducible coin per sample (reward_spec.random_reward)
     fields[reward_spec.SAMPLE_KEY] = sharding.constrain_batch(reward_spec.sample_keys(rng, n_all))
     # the terms read the model's own tokens: an observation's text is never scored as the model's (rewards.compute)

@@ -25,6 +25,7 @@ from grpo_jax.envs import transcript
 from grpo_jax.rl import auto
 from grpo_jax.rl import obs_mask
 from grpo_jax.rl import reward_spec
+from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.rollout import engine
 from grpo_jax.rollout import sampling
@@ -135,8 +136,10 @@ def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str,
   (eval.n_samples); the continuous engine (config.sampling.engine) prefills each prompt once for its run.
   `tables`: the tokenizer's verify_jax.tables_for (None: the shipped tokenizer's, checked against `tag_ids`).
   `env`: the run's EnvBatch (tools.env, the continuous engine): rows call it as in the RL step, and the outputs end
-  with the observation mask obs_NxL; their mask covers the observations, and the verifiers read the model's own
-  tokens (obs_mask.own_tokens, as the RL step's reward terms do)."""
+  with (events_NxE, status_N, obs_NxL, env_r_N): the calls' event counts and worst status, the observation mask
+  (the rows' mask covers the observations; the verifiers read the model's own tokens, obs_mask.own_tokens, as the
+  RL step's reward terms do), and the 'env' reward term's outcome per row (rl/rewards.py env_term, as the RL step
+  computes it: the sum of the row's environment step rewards)."""
   continuous = config is not None and config_lib.setting(config, "sampling.engine") == "continuous"
   if env is not None and not continuous:
     raise ValueError("evaluation with tools.env runs the continuous engine (sampling.engine='continuous').")
@@ -157,7 +160,9 @@ def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str,
     if tools is not None:  # lengths count the model's own tokens, as the RL step's do
       # the environment's per-row events and the calls' worst status (per row: the outputs are gathered by rows)
       status_N = jnp.full(ro.lengths_N.shape, stats.env.status, jnp.int32)
-      obs = (stats.env.events_NxE, status_N, stats.env.obs_NxL)
+      env_r_N = rewards_lib.env_term(ro.tokens_NxL, ro.mask_NxL,
+                                     rewards_lib.env_fields(stats.env, config.tools.max_turns)).r_N
+      obs = (stats.env.events_NxE, status_N, stats.env.obs_NxL, env_r_N)
       lengths_N = ro.lengths_N - stats.env.obs_NxL.sum(axis=1)
     if not in_graph:
       return (ro.tokens_NxL, ro.mask_NxL, lengths_N) + obs
@@ -291,6 +296,8 @@ class Evaluator:
     for i, chunk in enumerate(self._chunks(repeat)):
       fields = {k: v for k, v in chunk.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
       out = to_host(fn(params, chunk["prompt_NxP"], chunk["prompt_mask_NxP"], fields, jax.random.fold_in(rng, i)))
+      if self.env is not None:
+        out.pop()  # the 'env' term's per-row reward: rejection sampling ranks by it; evaluation reports none
       obs = [out.pop(), out.pop(), out.pop()] if self.env is not None else None  # obs, status, events
       own = self.own(out[0], out[1], *((None, None) if obs is None else (obs[0], obs[2])))
       if self.host_verifier is not None:
