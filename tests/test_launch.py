@@ -274,7 +274,7 @@ def test_tpu_vm_keeps_the_run_status_and_deletes_when_the_tpu_lists_no_workers(t
     (bin_dir / "gcloud").chmod(0o755)
     calls.write_text("")
     r = subprocess.run(["bash", str(repo / "launch" / "tpu_vm.sh"), "--name", "n", "--zone", "z", "--workdir",
-                        "gs://b/r", "--delete"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                        "/mnt/b/r", "--delete"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                        env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}"))
     assert r.returncode == 3, (describe, r.returncode, r.stderr)
     assert "warning: TPU n lists no workers now (preempted or deleted?); no logs collected" in r.stderr, r.stderr
