@@ -199,6 +199,17 @@ def test_a_set_of_eos_ids_ends_each_row_at_its_first_one(params, plain):
     S.SamplingConfig(eos_id=())
 
 
+@pytest.mark.parametrize("field,value", [("top_k", True), ("top_k", False), ("max_new_tokens", True),
+                                         ("exit_chunk", False), ("pad_id", False), ("eos_id", (3, True)),
+                                         ("greedy", "False"), ("greedy", 1)])
+def test_a_bool_for_a_count_or_a_string_for_greedy_is_refused(field, value):
+  """True is the int 1 (top_k=True sampled from the top 1 token) and 'False' is true (greedy='False' took argmax):
+  the library's SamplingConfig refuses both, as validate.py refuses them in a config."""
+  with pytest.raises(ValueError, match=rf"{field}={value!r}".replace("(", r"\(").replace(")", r"\)")):
+    S.SamplingConfig(**{field: value})
+  S.SamplingConfig(top_k=1, max_new_tokens=1, exit_chunk=0, pad_id=0, eos_id=(3, 4), greedy=True)
+
+
 def test_same_rng_same_tokens_different_rng_different(params, plain):
   scfg, r0 = plain
   again = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0), scfg)

@@ -46,6 +46,11 @@ class SamplingConfig:
     if not isinstance(self.temperature, jax.core.Tracer) and not self.temperature >= MIN_TEMPERATURE:
       raise ValueError(f"sampling.temperature={self.temperature}: must be >= {MIN_TEMPERATURE} (use greedy=True for "
                        "argmax).")
+    for name in ("top_k", "max_new_tokens", "exit_chunk", "pad_id"):  # True is the int 1: top_k=True ran as 1
+      if isinstance(getattr(self, name), bool):
+        raise ValueError(f"sampling.{name}={getattr(self, name)!r}: must be an integer, not a bool.")
+    if not isinstance(self.greedy, bool):  # a string 'False' is true: it ran argmax
+      raise ValueError(f"SamplingConfig.greedy={self.greedy!r}: must be True or False.")
     if self.top_k < 0:
       raise ValueError(f"sampling.top_k={self.top_k}: must be >= 0 (0 = off).")
     if not 0 < self.top_p <= 1:
@@ -54,7 +59,10 @@ class SamplingConfig:
       raise ValueError(f"sampling.max_new_tokens={self.max_new_tokens}: must be >= 1.")
     if self.exit_chunk < 0:
       raise ValueError(f"sampling.exit_chunk={self.exit_chunk}: must be >= 0 (0 = no early exit).")
-    ids = (self.eos_id,) if isinstance(self.eos_id, int) else tuple(int(i) for i in self.eos_id)
+    ids = (self.eos_id,) if isinstance(self.eos_id, int) else tuple(self.eos_id)
+    if any(isinstance(i, bool) for i in ids):
+      raise ValueError(f"SamplingConfig.eos_id={self.eos_id!r}: give token ids (integers, not bools).")
+    ids = tuple(int(i) for i in ids)
     if not ids:
       raise ValueError("SamplingConfig.eos_id: give at least one EOS id.")
     object.__setattr__(self, "eos_id", ids[0] if len(ids) == 1 else ids)  # hashable: the config is a static arg
