@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from grpo_jax.rollout import decode_layout
 from grpo_jax.model import model as model_lib
@@ -83,6 +84,22 @@ class SamplingConfig:
                exit_chunk=default_exit_chunk(L) if chunk == -1 else chunk,
                eos_id=int(eos_id) if isinstance(eos_id, int) else tuple(eos_id), pad_id=int(pad_id))
     return dataclasses.replace(scfg, **overrides) if overrides else scfg
+
+
+def check_left_padded(pmask_NxP: Any, where: str) -> None:
+  """Host-side, before a prompt batch enters a rollout: every row's mask is 0s then 1s ending in column P-1. The
+  samplers' prefill scores the last prompt column, so a right-padded row drew its first token after a pad, an all-pad
+  row from nothing, both without an error. Device arrays and tracers pass unchecked (every producer hands numpy)."""
+  if not isinstance(pmask_NxP, np.ndarray) or pmask_NxP.ndim != 2 or pmask_NxP.shape[1] == 0:
+    return
+  m = pmask_NxP != 0
+  bad = ~m[:, -1] | (m[:, :-1] & ~m[:, 1:]).any(axis=1)  # the last column a pad, or a token before a pad
+  if bad.any():
+    i = int(np.argmax(bad))
+    what = "all pad" if not m[i].any() else "right-padded" if not m[i, -1] else "holed (a pad between tokens)"
+    raise ValueError(f"{where}: prompt row {i} of {len(m)} is {what} (mask {m[i].astype(int).tolist()}); the samplers "
+                     "take LEFT-padded prompts (pads first, the prompt's last token in column P-1, which prefill "
+                     "scores): build prompt batches as tasks/data.encode_prompts does.")
 
 
 def default_exit_chunk(max_new_tokens: int) -> int:
