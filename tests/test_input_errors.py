@@ -281,6 +281,9 @@ CASES = [
      "with rl.dynamic_sampling"),
     ("grpo", {"sampling.engine": "continuous", "rl.partial_rollouts": True, "rl.staleness_policy": "drop"},
      "config.rl.staleness_policy: unknown value 'drop'"),
+    # a bool on a count / a non-bool on a switch (docs/reliability.md item 129): top_k=True ran as top_k=1
+    ("grpo", {"sampling.top_k": True}, "config.sampling.top_k: is True, a bool where an integer is expected"),
+    ("grpo", {"rl.G": False}, "config.rl.G: is False, a bool where an integer is expected"),
     # work directories
     ("grpo", {"@workdir": "{p}/a_file"}, "is a file, not a directory"),
     ("grpo", {"@workdir": "{p}/a_file/run"}, "cannot be created"),
@@ -420,6 +423,24 @@ def test_cli_flag_errors_are_one_line(tmp_path):
     assert out.returncode == 2, (args, out.stderr[-2000:])
     assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, (args, out.stderr[-2000:])
   assert not os.path.exists(tmp_path / "run")
+
+
+def test_a_config_file_giving_a_count_a_bool_is_one_line(tmp_path):
+  """A config file's `c.sampling.top_k = True` (ConfigDict keeps a bool on an int key) ran as top_k=1; its
+  `c.rl = ConfigDict({..., 'partial_rollouts': 'False'})` ran the carry ('False' is true). Exit 2, nothing written."""
+  for body, needle in (
+      ("c.sampling.top_k = True", "Config error: config.sampling.top_k: is True, a bool where an integer"),
+      ("c.rl = ml_collections.ConfigDict({**c.rl.to_dict(), 'partial_rollouts': 'False'})",
+       "Config error: config.rl.partial_rollouts: must be True or False, got 'False'")):
+    cfg = tmp_path / "bool_config.py"
+    cfg.write_text("import ml_collections\nfrom configs import grpo_arith\n\n\ndef get_config(arg=None):\n"
+                   f"  c = grpo_arith.get_config(arg)\n  {body}\n  return c\n")
+    out = subprocess.run([sys.executable, "-m", "grpo_jax.main", f"--workdir={tmp_path / 'run'}",
+                          f"--config={cfg}:small"], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=ROOT, JAX_PLATFORMS="cpu"))
+    assert out.returncode == 2, out.stderr[-2000:]
+    assert needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr[-2000:]
+    assert not os.path.exists(tmp_path / "run")
 
 
 def test_library_noise_is_one_line_once(capsys):

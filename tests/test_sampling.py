@@ -199,6 +199,43 @@ def test_a_set_of_eos_ids_ends_each_row_at_its_first_one(params, plain):
     S.SamplingConfig(eos_id=())
 
 
+@pytest.mark.parametrize("field,value", [("top_k", True), ("top_k", False), ("max_new_tokens", True),
+                                         ("exit_chunk", False), ("pad_id", False), ("eos_id", (3, True)),
+                                         ("greedy", "False"), ("greedy", 1)])
+def test_a_bool_for_a_count_or_a_string_for_greedy_is_refused(field, value):
+  """True is the int 1 (top_k=True sampled from the top 1 token) and 'False' is true (greedy='False' took argmax):
+  the library's SamplingConfig refuses both, as validate.py refuses them in a config."""
+  with pytest.raises(ValueError, match=rf"{field}={value!r}".replace("(", r"\(").replace(")", r"\)")):
+    S.SamplingConfig(**{field: value})
+  S.SamplingConfig(top_k=1, max_new_tokens=1, exit_chunk=0, pad_id=0, eos_id=(3, 4), greedy=True)
+
+
+GOOD_MASK = np.array([[0, 0, 1, 1], [1, 1, 1, 1], [0, 0, 0, 1]], np.int32)
+
+
+@pytest.mark.parametrize("row,what", [([1, 1, 0, 0], "right-padded"), ([0, 0, 0, 0], "all pad"),
+                                      ([0, 1, 0, 1], "holed")])
+def test_a_prompt_batch_not_left_padded_is_refused_at_the_boundary(row, what):
+  """The prefill scores prompt column P-1: a right-padded row drew its first token after a pad, an all-pad row from
+  nothing, silently. The host boundaries (the RL step's device_batch, every generate call) refuse them first."""
+  from grpo_jax.infra import sharding
+  from grpo_jax.run import evaluation
+  from grpo_jax.run import train
+  S.check_left_padded(GOOD_MASK, "x")
+  S.check_left_padded(jnp.asarray([row], jnp.int32), "x")  # a device array: unchecked (every producer hands numpy)
+  bad = np.concatenate([GOOD_MASK, [row]]).astype(np.int32)
+  with pytest.raises(ValueError, match=rf"^x: prompt row 3 of 4 is {what} .*the samplers take LEFT-padded prompts"):
+    S.check_left_padded(bad, "x")
+  mesh = sharding.make_mesh({"data": -1, "fsdp": 1, "tensor": 1})
+  batch = {"prompt_NxP": np.ones_like(bad), "prompt_mask_NxP": bad}
+  with pytest.raises(ValueError, match=rf"^an RL step's prompt batch: prompt row 3 of 4 is {what}"):
+    train.device_batch(mesh, batch)
+  assert train.device_batch(mesh, {**batch, "prompt_mask_NxP": GOOD_MASK[[0, 1, 2, 0]]}).keys() == batch.keys()
+  gen = evaluation.make_generate_uncached(MCFG, S.SamplingConfig(max_new_tokens=2), mesh, "arith", {})
+  with pytest.raises(ValueError, match=rf"^generate: prompt row 3 of 4 is {what}"):  # before anything is traced
+    gen(None, batch["prompt_NxP"], bad, {}, jax.random.PRNGKey(0))
+
+
 def test_same_rng_same_tokens_different_rng_different(params, plain):
   scfg, r0 = plain
   again = sample(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0), scfg)

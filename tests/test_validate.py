@@ -2,6 +2,7 @@
 import subprocess
 import sys
 
+import ml_collections
 import pytest
 
 from grpo_jax.config import config_lib
@@ -184,6 +185,63 @@ def test_train_indices_must_be_distinct_train_examples(idx):
                                                  r"task.train_size=20000\)"):
     validate.validate_groups(c)
   c.task.train_indices = (0, 19_999)
+  validate.validate_groups(c)
+
+
+# Python's True is the int 1 and a non-empty string is true: a count given a bool, or a switch given a string or an
+# int, ran as something else without a word (sampling.top_k=True drew from the top 1: greedy RL; False was off).
+# ConfigDict keeps a bool set on an int key; a config file that builds its own dicts keeps anything.
+INT_KEYS = ("sampling.top_k", "rl.std_ddof", "sampling.decode_tp", "sampling.slots",  # checked without excluding bools
+            "rl.G", "rl.minibatches", "sampling.exit_chunk", "rl.train_buckets", "model.lora.rank",
+            "rl.max_staleness", "eval.n_samples")
+BOOL_KEYS = ("rl.partial_rollouts", "rl.dynamic_sampling", "log.plots", "model.tie_embeddings", "sft.lora")
+
+
+def _set_raw(c, key, value):
+  """`key` set as a config file that builds its own group dict would (no ConfigDict type check)."""
+  *parents, leaf = key.split(".")
+  node = c
+  for p in parents[:-1]:
+    node = node[p]
+  group = _get_node(c, parents)
+  node[parents[-1]] = ml_collections.ConfigDict({**group.to_dict(), leaf: value})
+
+
+def _get_node(c, parts):
+  for p in parts:
+    c = c[p]
+  return c
+
+
+@pytest.mark.parametrize("value", [True, False])
+@pytest.mark.parametrize("key", INT_KEYS)
+def test_a_bool_for_an_integer_key_is_refused(key, value):
+  c = _cfg()
+  _set_raw(c, key, value)
+  with pytest.raises(validate.ConfigError, match=rf"^config\.{key}: is {value}, a bool where an integer is expected"):
+    validate.validate_groups(c)
+  with pytest.raises(validate.ConfigError, match=rf"^config\.{key}: .*got {value}"):  # the key's own rule, too
+    validate.validate_rl(c, num_devices=1, tokenizer=_Tok())
+
+
+@pytest.mark.parametrize("value", ["False", "True", 1, 0, ""])
+@pytest.mark.parametrize("key", BOOL_KEYS)
+def test_a_switch_given_a_string_or_an_int_is_refused(key, value):
+  c = _cfg()
+  _set_raw(c, key, value)
+  with pytest.raises(validate.ConfigError, match=rf"^config\.{key}: must be True or False, got {value!r}"):
+    validate.validate_groups(c)
+
+
+def test_float_keys_refuse_bools_and_good_types_pass():
+  c = _cfg()
+  _set_raw(c, "rl.beta", True)
+  with pytest.raises(validate.ConfigError, match=r"^config\.rl\.beta: is True, a bool where a number is expected"):
+    validate.validate_groups(c)
+  validate.validate_groups(_cfg())
+  c = _cfg()
+  _set_raw(c, "sampling.top_k", 5)  # an int, and numpy's bool for a switch (a sweep's value)
+  _set_raw(c, "rl.dynamic_sampling", __import__("numpy").bool_(False))
   validate.validate_groups(c)
 
 

@@ -34,6 +34,11 @@ class ConfigError(InputError):
   label = "Config error"
 
 
+def integer(v) -> bool:
+  """An int that is not a bool: Python's True is the int 1, so a count given True (top_k=True) ran as 1, unsaid."""
+  return isinstance(v, int) and not isinstance(v, bool)
+
+
 class RunStopped(RuntimeError):
   """Training stopped itself with its last good state saved; rerunning without a fix would stop again."""
   exit_code = EXIT_STOPPED

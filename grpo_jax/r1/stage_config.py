@@ -154,7 +154,7 @@ def validate(config, stages) -> None:
   validate_lib.learning_rate(config, "r1.final.lr", inherit="optim.lr")
   if not (validate_lib.finite(r1.final.beta) and (r1.final.beta >= 0 or r1.final.beta == -1)):
     validate_lib.fail("r1.final.beta", f"must be >= 0, or -1 for rl.beta; got {r1.final.beta!r}.")
-  if not (isinstance(r1.pretrain.seq_len, int) and r1.pretrain.seq_len >= 0):
+  if not (validate_lib.integer(r1.pretrain.seq_len) and r1.pretrain.seq_len >= 0):
     validate_lib.fail("r1.pretrain.seq_len", f"must be an int >= 0 (0 = model.max_len), got {r1.pretrain.seq_len!r}.")
   if r1.pretrain.seq_len > config.model.max_len:
     validate_lib.fail("r1.pretrain.seq_len", f"={r1.pretrain.seq_len} exceeds model.max_len={config.model.max_len}; "

@@ -39,6 +39,7 @@ from absl import logging
 
 from grpo_jax.config import config_lib
 from grpo_jax.infra.errors import ConfigError
+from grpo_jax.infra.errors import integer
 from grpo_jax.model import model_config
 from grpo_jax.model import paged_attention
 from grpo_jax.rl import memory_plan
@@ -734,7 +735,7 @@ def pack_rows_run_as(config, ctx: Context) -> str | None:
   """A set rl.pack_rows past a device's rows of a pass: packing.microbatch_rows takes the device's rows instead
   (the update's passes hold a minibatch's share of them)."""
   r, (n_local, _) = int(config.rl.pack_rows), _pass_rows(config, ctx)
-  mb = config.rl.minibatches if isinstance(config.rl.minibatches, int) and config.rl.minibatches > 0 else 1
+  mb = config.rl.minibatches if integer(config.rl.minibatches) and config.rl.minibatches > 0 else 1
   n_update = -(-n_local // mb)
   if r <= n_update:
     return None

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from grpo_jax.rollout import decode_layout
 from grpo_jax.model import model as model_lib
@@ -46,6 +47,11 @@ class SamplingConfig:
     if not isinstance(self.temperature, jax.core.Tracer) and not self.temperature >= MIN_TEMPERATURE:
       raise ValueError(f"sampling.temperature={self.temperature}: must be >= {MIN_TEMPERATURE} (use greedy=True for "
                        "argmax).")
+    for name in ("top_k", "max_new_tokens", "exit_chunk", "pad_id"):  # True is the int 1: top_k=True ran as 1
+      if isinstance(getattr(self, name), bool):
+        raise ValueError(f"sampling.{name}={getattr(self, name)!r}: must be an integer, not a bool.")
+    if not isinstance(self.greedy, bool):  # a string 'False' is true: it ran argmax
+      raise ValueError(f"SamplingConfig.greedy={self.greedy!r}: must be True or False.")
     if self.top_k < 0:
       raise ValueError(f"sampling.top_k={self.top_k}: must be >= 0 (0 = off).")
     if not 0 < self.top_p <= 1:
@@ -54,7 +60,10 @@ class SamplingConfig:
       raise ValueError(f"sampling.max_new_tokens={self.max_new_tokens}: must be >= 1.")
     if self.exit_chunk < 0:
       raise ValueError(f"sampling.exit_chunk={self.exit_chunk}: must be >= 0 (0 = no early exit).")
-    ids = (self.eos_id,) if isinstance(self.eos_id, int) else tuple(int(i) for i in self.eos_id)
+    ids = (self.eos_id,) if isinstance(self.eos_id, int) else tuple(self.eos_id)
+    if any(isinstance(i, bool) for i in ids):
+      raise ValueError(f"SamplingConfig.eos_id={self.eos_id!r}: give token ids (integers, not bools).")
+    ids = tuple(int(i) for i in ids)
     if not ids:
       raise ValueError("SamplingConfig.eos_id: give at least one EOS id.")
     object.__setattr__(self, "eos_id", ids[0] if len(ids) == 1 else ids)  # hashable: the config is a static arg
@@ -75,6 +84,22 @@ class SamplingConfig:
                exit_chunk=default_exit_chunk(L) if chunk == -1 else chunk,
                eos_id=int(eos_id) if isinstance(eos_id, int) else tuple(eos_id), pad_id=int(pad_id))
     return dataclasses.replace(scfg, **overrides) if overrides else scfg
+
+
+def check_left_padded(pmask_NxP: Any, where: str) -> None:
+  """Host-side, before a prompt batch enters a rollout: every row's mask is 0s then 1s ending in column P-1. The
+  samplers' prefill scores the last prompt column, so a right-padded row drew its first token after a pad, an all-pad
+  row from nothing, both without an error. Device arrays and tracers pass unchecked (every producer hands numpy)."""
+  if not isinstance(pmask_NxP, np.ndarray) or pmask_NxP.ndim != 2 or pmask_NxP.shape[1] == 0:
+    return
+  m = pmask_NxP != 0
+  bad = ~m[:, -1] | (m[:, :-1] & ~m[:, 1:]).any(axis=1)  # the last column a pad, or a token before a pad
+  if bad.any():
+    i = int(np.argmax(bad))
+    what = "all pad" if not m[i].any() else "right-padded" if not m[i, -1] else "holed (a pad between tokens)"
+    raise ValueError(f"{where}: prompt row {i} of {len(m)} is {what} (mask {m[i].astype(int).tolist()}); the samplers "
+                     "take LEFT-padded prompts (pads first, the prompt's last token in column P-1, which prefill "
+                     "scores): build prompt batches as tasks/data.encode_prompts does.")
 
 
 def default_exit_chunk(max_new_tokens: int) -> int:

@@ -175,6 +175,8 @@ def make_generate_uncached(mcfg, scfg: sampling.SamplingConfig, mesh, task: str,
   jitted = jax.jit(gen)
 
   def run(*args):
+    if len(args) > 2:  # (params, prompt_NxP, pmask_NxP, fields, rng)
+      sampling.check_left_padded(args[2], "generate")
     with sharding.mesh_context(mesh):
       return jitted(*args)
   run.jitted = jitted  # for reading its compiled program (lower/compile under sharding.mesh_context)

@@ -38,6 +38,7 @@ from grpo_jax.tasks import registry as task_registry
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 from grpo_jax.hf import hf_io
 from grpo_jax.rollout import carry as carry_lib
+from grpo_jax.rollout import sampling
 from grpo_jax.studies import vmapped_runs
 
 
@@ -53,6 +54,8 @@ def device_batch(mesh, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
   """Places host arrays with rows split over the data axes; a prompt batch smaller than the data axes is
   replicated (the step tiles it G times and splits the rows then). Every process builds the same global batch."""
   n_data = mesh.shape["data"] * mesh.shape["fsdp"]
+  if "prompt_mask_NxP" in batch:
+    sampling.check_left_padded(batch["prompt_mask_NxP"], "an RL step's prompt batch")
   return {k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim) if v.shape[0] % n_data == 0
                             else sharding.replicated(mesh)) for k, v in batch.items()}
 

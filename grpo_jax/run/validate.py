@@ -5,6 +5,7 @@ import os
 from typing import Any, Iterator
 
 from absl import logging
+import numpy as np
 
 from grpo_jax.infra import host_calls
 from grpo_jax.rl import advantages
@@ -13,6 +14,7 @@ from grpo_jax.rl import losses
 from grpo_jax.rl import token_select
 from grpo_jax.config import presets
 from grpo_jax.config import config_lib
+from grpo_jax.infra.errors import integer  # an int, not a bool (True is 1 in Python)
 from grpo_jax.infra.errors import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch; exit 2)
 from grpo_jax.tasks import data
 from grpo_jax.tasks import hf_tokenizer
@@ -58,7 +60,7 @@ def fail(key: str, msg: str):
 
 def positive_int(c, key):
   v = _get(c, key)
-  if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+  if not integer(v) or v <= 0:
     _fail(key, f"must be a positive integer, got {v!r}.")
 
 
@@ -70,7 +72,7 @@ def _nonneg(c, key):
 
 def prob(c, key, low_open=False):
   v = _get(c, key)
-  if not isinstance(v, (int, float)) or isinstance(v, bool) or not (0.0 <= v <= 1.0) or (low_open and v == 0):
+  if not finite(v) or not (0.0 <= v <= 1.0) or (low_open and v == 0):
     rng = "(0, 1]" if low_open else "[0, 1]"
     _fail(key, f"must be a probability in {rng}, got {v!r}.")
 
@@ -188,7 +190,7 @@ def validate_packing(c, total: int) -> None:
     _fail("rl.packing", f"must be 'on', 'off' (True / False) or 'auto', got {c.rl.packing!r}.")
   for k in ("rl.pack_len", "rl.pack_rows"):
     v = _get(c, k)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+    if not integer(v) or v < 0:
       _fail(k, f"must be an integer >= 0 (0 = the planner's), got {v!r}.")
   if 0 < c.rl.pack_len < total:
     _fail("rl.pack_len", f"{c.rl.pack_len} < task.prompt_len + sampling.max_new_tokens = {total}: a packed row must "
@@ -241,7 +243,7 @@ def validate_lora(c) -> None:
   lc = c.model.get("lora")
   if lc is None:
     return
-  if not isinstance(lc.rank, int) or isinstance(lc.rank, bool) or lc.rank < 0:
+  if not integer(lc.rank) or lc.rank < 0:
     _fail("model.lora.rank", f"must be an integer >= 0 (0 = no LoRA), got {lc.rank!r}.")
   if lc.rank == 0:
     return
@@ -318,9 +320,9 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
             "rl.max_nonfinite_in_row"):
     _positive_int(c, k)
   tb, chunk = c.rl.train_buckets, c.sampling.exit_chunk
-  if not isinstance(tb, int) or isinstance(tb, bool) or tb < 0:
+  if not integer(tb) or tb < 0:
     _fail("rl.train_buckets", f"must be an integer >= 1 (static training lengths L, L/2, ...) or 0 (auto), got {tb!r}.")
-  if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk < -1:
+  if not integer(chunk) or chunk < -1:
     _fail("sampling.exit_chunk", f"must be an integer >= 0 (decode steps between early-exit checks; 0 = none) or -1 "
           f"(auto), got {chunk!r}.")
   for k in ("rl.eps_low", "rl.eps_high", "rl.beta", "rl.std_eps", "rl.dual_clip", "rl.kl_clamp",
@@ -343,10 +345,10 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   validate_optim(c)
   _prob(c, "ppo.lam")
   _prob(c, "ppo.gamma")
-  if not isinstance(c.sampling.top_k, int) or c.sampling.top_k < 0 or c.sampling.top_k > c.model.vocab_size:
+  if not integer(c.sampling.top_k) or c.sampling.top_k < 0 or c.sampling.top_k > c.model.vocab_size:
     _fail("sampling.top_k", f"must be an integer in [0, vocab_size={c.model.vocab_size}] (0 = off), "
           f"got {c.sampling.top_k!r}.")
-  if c.rl.std_ddof not in (0, 1):
+  if not integer(c.rl.std_ddof) or c.rl.std_ddof not in (0, 1):
     _fail("rl.std_ddof", f"must be 0 (population std) or 1 (sample std), got {c.rl.std_ddof!r}.")
   validate_algorithm(c)
   validate_correction(c)
@@ -435,7 +437,7 @@ def validate_tools(c, tokenizer=None) -> None:
     return
   _choice(c, "tools.format", tuple(env_formats.FORMATS))
   v = t.max_turns
-  if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+  if not integer(v) or v < 1:
     _fail("tools.max_turns", f"must be an integer >= 1 (environment calls a row may make), got {v!r}; set 1 or "
           "more, or tools.env='' for single-turn rollouts.")
   for k in ("tools.max_obs_tokens", "tools.workers", "tools.chunk", "tools.sandbox.memory_mb",
@@ -522,7 +524,7 @@ def validate_row_splits(c, n_rows: int, data_par: int) -> None:
   that cuts the rows into equal parts, each divisible by the mesh's row split."""
   for k in ("rl.minibatches", "rl.rollout_chunks"):
     v = _get(c, k)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+    if not integer(v) or v < 0:
       _fail(k, f"must be a positive integer, or 0 (auto: the fewest that fit the device), got {v!r}.")
   m, chunks = c.rl.minibatches, c.rl.rollout_chunks
   if m and n_rows % m:
@@ -541,7 +543,7 @@ def validate_decode_layout(c, mesh: dict[str, int]) -> None:
   can decode with."""
   _choice(c, "sampling.decode_layout", decode_layout.KINDS)
   tp = c.sampling.decode_tp
-  if not isinstance(tp, int) or tp < 0:
+  if not integer(tp) or tp < 0:
     _fail("sampling.decode_tp", f"must be an integer >= 0 (0 = the smallest that fits), got {tp!r}.")
   if tp and c.sampling.decode_layout in ("auto", "tp"):
     bad = decode_layout.check(model_config.ModelConfig.from_config(c.model), mesh, decode_layout.Layout("tp", tp))
@@ -560,14 +562,14 @@ def validate_engine(c, rows: int, data_par: int,
   they are counted) and the mesh's row split (every compaction size is a multiple of it: engine.compaction_sizes)."""
   _choice(c, "sampling.engine", ENGINES)
   slots, levels = c.sampling.get("slots", 0), c.sampling.get("compaction", 0)
-  if not isinstance(slots, int) or slots < 0:
+  if not integer(slots) or slots < 0:
     _fail("sampling.slots", f"must be an integer >= 0 (0 = auto: rl/auto.py's choice), got {slots!r}.")
   if slots > rows:
     _fail("sampling.slots", f"{slots} exceeds the {rows} rollout rows ({what}); use at most that, or 0.")
   if slots % data_par:
     _fail("sampling.slots", f"{slots} must be divisible by mesh data*fsdp={data_par} (each device decodes its "
           "share of the slots); use a multiple of it, or 0.")
-  if not isinstance(levels, int) or isinstance(levels, bool) or levels < 0:
+  if not integer(levels) or levels < 0:
     _fail("sampling.compaction", f"must be an integer >= 1 (slot counts S, S/2, ...; 1 = none) or 0 (auto), got "
           f"{levels!r}.")
   attn = c.sampling.get("decode_attention", "auto")
@@ -594,7 +596,7 @@ def validate_partial(c, data_par: int) -> None:
                   ("rl.rollout_budget", "decode steps per step, >= 1, or 0 = auto"),
                   ("rl.carry_kv_groups", "groups of slots reading the KV, >= 1, or 0 = auto")):
     v = _get(c, k)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+    if not integer(v) or v < 0:
       _fail(k, f"must be an integer >= 0 ({what}), got {v!r}.")
     if v >= 2 ** 31:  # the carry counts in int32
       _fail(k, f"{v} is past 2**31 - 1 ({what}); set a smaller value.")
@@ -654,7 +656,7 @@ def validate_correction(c) -> None:
       _fail(lo_key, f"{lo} and {hi_key}={hi} must satisfy {lo_key} < 1 < {hi_key} ({what}; a window without "
             "rho = 1 would drop every on-policy token); put them in that order around 1.")
   v = c.rl.is_veto
-  if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 <= v < 1:
+  if not finite(v) or not 0 <= v < 1:
     _fail("rl.is_veto", f"must be in [0, 1) (seq_mask drops a row with a token of rho below it; 0 = off), got {v!r}.")
 
 
@@ -671,7 +673,7 @@ def validate_objective(c) -> None:
                   ("rl.clip_cov_ratio", "the share of tokens Clip-Cov cuts"),
                   ("rl.kl_cov_ratio", "the share of tokens KL-Cov penalises")):
     v = _get(c, k)
-    if not isinstance(v, (int, float)) or isinstance(v, bool) or not 0 < v <= 1:
+    if not finite(v) or not 0 < v <= 1:
       _fail(k, f"must be a fraction in (0, 1] ({what}), got {v!r}.")
   lb, ub = c.rl.clip_cov_lb, c.rl.clip_cov_ub
   if not all(finite(v) for v in (lb, ub)) or not lb < ub:
@@ -686,7 +688,7 @@ def validate_objective(c) -> None:
 def validate_ref_reset(c) -> None:
   """rl.ref_reset_every (rl_step.reference_reset): an integer >= 0; on, it needs a reference copy to reset."""
   v = c.rl.get("ref_reset_every", 0)
-  if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+  if not integer(v) or v < 0:
     _fail("rl.ref_reset_every", f"must be an integer >= 0 (updates between reference resets; 0 = off), got {v!r}.")
   if v == 0:
     return
@@ -738,7 +740,7 @@ def validate_eval(c, data_par: int, group: str = "eval") -> None:
     _fail(f"{group}.batch", f"{e.batch} must be a multiple of {group}.n_samples={e.n_samples} (prompts are "
           "repeated n_samples times inside one eval batch).")
   for k in e.pass_k:
-    if not (isinstance(k, int) and not isinstance(k, bool) and 1 <= k <= e.n_samples):
+    if not (integer(k) and 1 <= k <= e.n_samples):
       _fail(f"{group}.pass_k", f"entry {k!r} must be an integer in [1, {group}.n_samples={e.n_samples}].")
   if e.size > c.task.test_size:
     _fail(f"{group}.size", f"{e.size} exceeds task.test_size={c.task.test_size}; lower it or raise test_size.")
@@ -776,15 +778,36 @@ def validate_tokenizer(c, tokenizer) -> None:
 MAX_SEED = 2**31
 
 
+def base_types(c, base=None, prefix: str = "") -> None:
+  """A key the base config declares a bool holds a bool, one it declares a number holds no bool: Python's True is
+  the int 1 (top_k=True ran as top_k=1) and any non-empty string is true (partial_rollouts='False' ran the carry).
+  ConfigDict refuses most such values as they are set; a config file building its own dicts, or a record, does not."""
+  base = config_lib.base_config() if base is None else base
+  for k, b in base.items():
+    if k not in c:
+      continue
+    v, key = c[k], f"{prefix}{k}"
+    if hasattr(b, "items"):
+      if hasattr(v, "items"):
+        base_types(v, b, f"{key}.")
+    elif isinstance(b, bool) and not isinstance(v, (bool, np.bool_)):
+      _fail(key, f"must be True or False, got {v!r} (a string such as 'False' is true in Python); set True or False.")
+    elif isinstance(b, (int, float)) and not isinstance(b, bool) and isinstance(v, bool):
+      kind = "an integer" if isinstance(b, int) else "a number"
+      _fail(key, f"is {v!r}, a bool where {kind} is expected (Python's True is 1, False is 0); set {kind} "
+            f"(default {b!r}).")
+
+
 def validate_groups(c) -> None:
   """Keys every job reads, whatever it runs: the counts of sft/train/log and the task's data policy (a negative
   sft.steps must not silently mean "no SFT stage")."""
+  base_types(c)
   v = c.sft.steps
-  if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+  if not integer(v) or v < 0:
     _fail("sft.steps", f"must be an integer >= 0 (0 = no SFT stage), got {v!r}.")
   for k in ("train.plot_every", "train.sample_every", "train.num_samples_logged"):
     v = _get(c, k)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+    if not integer(v) or v < 0:
       _fail(k, f"must be an integer >= 0 (0 = off), got {v!r}.")
   for k in ("log.tensorboard", "log.plots"):
     if not isinstance(_get(c, k), bool):
@@ -795,7 +818,7 @@ def validate_groups(c) -> None:
   # OverflowError after config.json was written. The runs add small offsets (seed + 1, + 7), hence 2**31.
   for k, unset in (("seed", None), ("run_seed", -1)):
     v = c.get(k, unset)
-    if v != unset and not (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < MAX_SEED):
+    if v != unset and not (integer(v) and 0 <= v < MAX_SEED):
       _fail(k, f"must be an integer in [0, 2**31){' or -1 (= seed)' if unset == -1 else ''}, got {v!r}.")
   _choice(c, "task.overlong_prompts", data.OVERLONG)
   for k in ("task.prompt_len", "task.train_size", "task.test_size"):
@@ -806,7 +829,7 @@ def validate_groups(c) -> None:
             f"in memory; set at most {registry.MAX_GENERATED:,} (a run draws train.steps × rl.prompts_per_step "
             "prompts, the split repeating in epochs).")
   idx = tuple(c.task.get("train_indices", ()))
-  if any(not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < c.task.train_size for i in idx) \
+  if any(not integer(i) or not 0 <= i < c.task.train_size for i in idx) \
       or len(set(idx)) != len(idx):
     _fail("task.train_indices", f"{idx!r}: give distinct integers in [0, task.train_size={c.task.train_size}) "
           "(the train-split examples the RL batches draw from; () = all of them).")
