@@ -445,9 +445,8 @@ def train_group(members: Sequence[Member], *, python_fns: dict | None = None, co
   configs = [g.resolve(m.config, mesh, lanes=S) for g, m in zip(guards, members)]
   for c, g in zip(configs, guards):
     check_recorded(c, g.recorded, tokenizer)
-  picked = [auto.resolved_values(c) for c in configs]
-  if any(p != picked[0] for p in picked[1:]):
-    differ = sorted(k for p in picked[1:] for k in p if p[k] != picked[0].get(k))
+  _, differ = auto.disagree(configs, auto.Context(dict(mesh.shape), None))  # by what each runs (preflight's comparison)
+  if differ:
     raise errors.InputError(f"the runs of one program resolved {', '.join(differ)} differently (runs recorded under "
                             "other `auto` choices): set the keys explicitly, or run them with --mode=serial.")
   spec = reward_terms(configs[0], tokenizer, python_fns)
