@@ -666,6 +666,13 @@ def test_a_recorded_value_that_no_longer_fits_is_one_config_line():
   with pytest.raises(errors.ConfigError,
                      match=r"config.sampling.slots: 32 exceeds the 16 .*on resume: sampling.slots=32, the value"):
     train.check_recorded(c, {"sampling.slots": 32})
+  # a refusal that names no recorded key: concrete advice (it printed `train.allow_config_change=<key>`)
+  with pytest.raises(errors.ConfigError) as e:
+    train.check_recorded(c, {"rl.train_buckets": 1, "sampling.exit_chunk": 8})
+  assert str(e.value).endswith(" (on resume; change config.sampling.slots to fit the values this run recorded and a "
+                               "resume reuses (rl.train_buckets=1, sampling.exit_chunk=8), or use a new --workdir)"), (
+                                   e.value)
+  assert "<" not in str(e.value), e.value
 
 
 def test_a_recorded_value_that_no_longer_fits_is_refused_before_config_json_is_rewritten(monkeypatch, tmp_path):

@@ -410,12 +410,16 @@ def check_recorded(config, recorded: dict, tokenizer=None, today: dict | None = 
     keys = [k for k in sorted(recorded) if k == key] or [k for k in sorted(recorded) if k in str(e)]
     was = "".join(f": {k}={recorded[k]}" for k in keys[:1]) + (", the value this run started with and a resume "
                                                                 "reuses" if keys else "")
-    k = keys[0] if keys else "<key>"
+    k = keys[0] if keys else None
     # the keys auto chooses with k whose pick here differs, each set to a value that is not its `auto` (decode_tp=0
     # is decode_tp's auto: with the layout still auto, the resume took the recorded tp layout and degree again)
     change = [j for j in (auto.chosen_with(k) if keys else ()) if j in (today or {}) and
               today[j] != recorded.get(j, today[j]) and not auto.is_auto(j, today[j])]
-    if change:
+    if k is None:  # no recorded key named (it printed a literal `<key>` placeholder): the key it names, and the record
+      what = f"config.{key}" if str(e).startswith("config.") else "the config"
+      fix = (f"change {what} to fit the values this run recorded and a resume reuses "
+             f"({', '.join(f'{j}={recorded[j]}' for j in sorted(recorded))})")
+    elif change:
       allow = ",".join(dict.fromkeys([a.strip() for a in str(config.train.get("allow_config_change", "")).split(",")
                                       if a.strip()] + change))
       fix = (f"resume with {' '.join(f'--config.{j}={today[j]}' for j in change)} "
