@@ -163,7 +163,8 @@ def reward_terms(config, tokenizer, python_fns: dict | None = None) -> reward_sp
                            rl.reward_timeout_s)
   if config.get("tools") is not None and config.tools.env:  # the rollout's environment (docs/tools.md)
     env = env_batch.build(config, tokenizer)
-    env.rewards_read = "env" in [name for name, _ in config.rewards]  # else its rewards are said to go unused
+    # else its rewards are said to go unused: an R1 stage logs 'env' at weight 0 where it does not weight it
+    env.rewards_read = any(name == "env" and float(w) != 0 for name, w in config.rewards)
     spec = spec._replace(env=env)
   return spec
 
