@@ -666,6 +666,13 @@ def test_a_recorded_value_that_no_longer_fits_is_one_config_line():
   with pytest.raises(errors.ConfigError,
                      match=r"config.sampling.slots: 32 exceeds the 16 .*on resume: sampling.slots=32, the value"):
     train.check_recorded(c, {"sampling.slots": 32})
+  # a refusal that names no recorded key: concrete advice (it printed `train.allow_config_change=<key>`)
+  with pytest.raises(errors.ConfigError) as e:
+    train.check_recorded(c, {"rl.train_buckets": 1, "sampling.exit_chunk": 8})
+  assert str(e.value).endswith(" (on resume; change config.sampling.slots to fit the values this run recorded and a "
+                               "resume reuses (rl.train_buckets=1, sampling.exit_chunk=8), or use a new --workdir)"), (
+                                   e.value)
+  assert "<" not in str(e.value), e.value
 
 
 def test_a_recorded_value_that_no_longer_fits_is_refused_before_config_json_is_rewritten(monkeypatch, tmp_path):
@@ -789,6 +796,38 @@ def test_a_group_whose_runs_recorded_other_choices_is_refused_before_anything_is
   assert not (tmp_path / "b" / "config.json").exists()
   assert str(e.value).startswith("the runs of one program resolved sampling.exit_chunk differently (a: "
                                  "sampling.exit_chunk=8, b: sampling.exit_chunk=16; "), e.value
+
+
+def test_a_group_compares_the_compaction_sizes_that_run_not_the_recorded_count(monkeypatch, caplog):
+  """sampling.compaction=auto resolves to the sizes 64 slots halve to (7: 64 ... 1); an older run recorded 8, which
+  engine.compaction_sizes cuts to the same 7. A group of that run and a new one is one program (it was refused as
+  resolving sampling.compaction differently); a run recorded at 4 sizes is another program, still refused."""
+  from grpo_jax.infra import errors  # pylint: disable=g-import-not-at-top
+  from grpo_jax.rollout import engine  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import preflight  # pylint: disable=g-import-not-at-top
+  c = config_lib.override(_arith(), {"sampling.engine": "continuous", "sampling.slots": 64, "rl.G": 32,
+                                     "sampling.max_new_tokens": 256, "model.max_len": 320, "rl.rollout_chunks": 1})
+  assert len(engine.compaction_sizes(64, 8)) == 7
+  records = {"old": {"sampling.compaction": 8}, "new": {}}
+  monkeypatch.setattr(preflight, "_recorded", lambda wd: records[wd])
+  monkeypatch.setattr(preflight.validate, "device_memory", lambda: None)
+  ctx = auto.Context({"data": 1}, None)
+  new = auto.resolve(c, ctx, log=False)[0]
+  assert new.sampling.compaction == 7  # today's rule: the sizes that run
+  with caplog.at_level(logging.INFO):
+    old = auto.resolve(c, ctx, recorded=records["old"])[0]
+  assert old.sampling.compaction == 8  # the record, reused; today's 7 is the same program, not another pick
+  said = [r.getMessage() for r in caplog.records if "sampling.compaction" in r.getMessage()]
+  assert len(said) == 1 and said[0].startswith("recorded sampling.compaction = 8 (recorded with this run: a resume "
+                                               "runs the program it started with)"), said
+  assert "today's rule picks" not in said[0], said
+  assert auto.program_values(old, ctx)["sampling.compaction"] == 7
+  assert auto.disagree([old, new], ctx)[1] == []  # train_group's comparison
+  preflight.check_group_resolves([c, c], ["old", "new"], lanes=2)  # jobs.run_group's: accepted
+  records["old"] = {"sampling.compaction": 4}
+  with pytest.raises(errors.InputError, match=r"^the runs of one program resolved sampling.compaction differently "
+                     r"\(old: sampling.compaction=4, new: sampling.compaction=7; "):
+    preflight.check_group_resolves([c, c], ["old", "new"], lanes=2)
 
 
 def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):

@@ -32,6 +32,34 @@ def test_variants_differ_only_in_the_reward_normalisation():
   assert cfg.seeds == 5 and cfg.start_from == "cold_start" and a.train.steps == 60
 
 
+def test_the_tables_reward_terms_are_the_pipelines():
+  """r1_table built its reward spec with a private copy of train.reward_terms that passed no rl.reward_fallback (and no
+  tools.env environment): a variant setting it ran other Python terms than the pipeline's stage. The shipped table's
+  spec is unchanged: accuracy + 0.5 format + 0.5 language, in-graph terms, no fallback, no environment."""
+  from grpo_jax.r1 import rewards as r1_rewards  # pylint: disable=g-import-not-at-top
+  from grpo_jax.run import train  # pylint: disable=g-import-not-at-top
+  from grpo_jax.tasks import tokenizer_factory as tok_lib  # pylint: disable=g-import-not-at-top
+  cfg = _cfg()
+  c = r1_table.build_config(cfg, dict(cfg.variants)["gdpo (per term)"])
+  tok = tok_lib.for_config(c)
+  ours, theirs = r1_table.reward_terms(c, tok), train.reward_terms(c, tok, r1_rewards.config_fns(c))
+  try:
+    assert ours.names == theirs.names == ("accuracy", "format", "language")
+    assert ours.weights == theirs.weights == (1.0, 0.5, 0.5)
+    assert sorted(ours.python_terms) == sorted(theirs.python_terms) == ["language"]
+    assert ours.python_terms["language"].fallback is None and ours.env is None and theirs.env is None
+    assert (ours.ctx.task, ours.ctx.random_rate) == (theirs.ctx.task, theirs.ctx.random_rate)
+  finally:
+    ours.close()
+    theirs.close()
+  c = config_lib.override(c, {"rl.reward_fallback": "0.25"})  # as the pipeline's stage would run it
+  ours = r1_table.reward_terms(c, tok)
+  try:
+    assert ours.python_terms["language"].fallback == 0.25
+  finally:
+    ours.close()
+
+
 def test_small_table_runs_through_the_harness(tmp_path):
   cfg = _cfg("small")
   cfg.variants = cfg.variants[1:]

@@ -357,6 +357,39 @@ def test_rl_stage_weights_the_environments_reward_as_the_rl_step_does():
   assert steps is not None and np.asarray(steps[0])[0, :2].tolist() == [1.0, -0.5]  # 2 · each step's reward
 
 
+def test_every_rl_stage_logs_the_env_term_with_an_environment():
+  """With tools.env every RL stage runs the environment; 'env' was logged (train/reward/env) only where a stage
+  weighted it, so the stages' metrics rows had different keys. Now each stage that does not weight it logs it at 0,
+  as the TRACKED terms (its environment's rewards then said to go unused); without tools.env no stage has it. A
+  weight-0 'env' has all-zero steps: it does not satisfy rl.process_weight > 0."""
+  from grpo_jax.r1 import rewards as r1_rewards
+  from grpo_jax.run import train
+  c = r1_tools_config()
+  c.r1.zero.rewards = (("format", 1.0), ("env", 2.0))
+  c.r1.grpo.rewards = (("accuracy", 1.0),)
+  c.r1.final.rewards = (("accuracy", 1.0), ("brevity", 0.5))
+  stage_config.validate(c, ("r1_zero", "r1_2_grpo", "r1_5_final"))
+  mixes = {s: stage_config.for_stage(c, s).rewards for s in stage_config.RL_STAGES}
+  assert mixes["r1_zero"][:2] == (("format", 1.0), ("env", 2.0))
+  assert ("env", 0.0) in mixes["r1_2_grpo"] and ("env", 0.0) in mixes["r1_5_final"]
+  for mix in mixes.values():  # the same terms logged (train/reward/<name>) in every stage
+    assert sorted(n for n, _ in mix) == sorted(r1_rewards.TRACKED + ("env",)), mix
+  sc = stage_config.for_stage(c, "r1_2_grpo")
+  spec = train.reward_terms(sc, TOK, r1_rewards.config_fns(sc))
+  try:
+    assert spec.names[-1] == "env" and spec.weights[-1] == 0.0
+    assert spec.env is not None and not spec.env.rewards_read  # at weight 0: its rewards go unused, said once
+  finally:
+    spec.close()
+  sc.rl.process_weight = 0.5
+  with pytest.raises(errors.ConfigError, match=r"^config.rl.process_weight: is > 0 but config.rewards weights no term "
+                     r"with steps"):
+    validate.validate_rl(sc, 1, TOK)
+  c.tools.env = ""
+  c.r1.zero.rewards = (("format", 1.0),)
+  assert all("env" not in dict(stage_config.for_stage(c, s).rewards) for s in stage_config.RL_STAGES)
+
+
 def test_rejection_sampling_ranks_by_the_environments_reward(tmp_path, monkeypatch):
   """Stage 3 ranks by stage 2's mix with ('env', w) from the generate's per-row 'env' term: rows 0 and 2 of each
   prompt are equally right and well-formed, row 0 calls the calculator at both steps (reward 2 · CALL_COST), row 2

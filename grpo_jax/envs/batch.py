@@ -147,8 +147,8 @@ class EnvBatch:
     self._states: collections.OrderedDict[bytes, base.EnvState] = collections.OrderedDict()
     self._uncopyable = False  # a state deepcopy refused once (warned; states are replayed instead)
     self._dropped_final = False  # an observation returned with done=True (warned once: it is not appended)
-    # False where no reward term reads the environment's rewards (config.rewards without 'env': train.reward_terms);
-    # a non-zero reward is then said to go unused, once
+    # False where no reward term weights the environment's rewards (config.rewards without 'env' at w != 0:
+    # train.reward_terms); a non-zero reward is then said to go unused, once
     self.rewards_read = True
     self._lock = threading.Lock()
     # Under a mesh every device calls `host` with its own rows (rollout/turns.py), from the runtime's threads, at
@@ -272,8 +272,8 @@ class EnvBatch:
                           "done=False, then end the row at the next call). Said once.", self.name, obs_text[:80])
         if reward and not self.rewards_read:
           self.rewards_read = True  # said once
-          logging.warning("environment '%s' returned a reward (%s) but config.rewards has no ('env', w) term, so its "
-                          "rewards are not used; add ('env', 1.0) to config.rewards to train on them.", self.name,
+          logging.warning("environment '%s' returned a reward (%s) but config.rewards weights no ('env', w) term, so "
+                          "its rewards are not used; add ('env', 1.0) to config.rewards to train on them.", self.name,
                           reward)
         counts["calls"] += 1
         ids, cut = self._cut(obs_ids, min(self.max_obs_tokens, length - n))

@@ -99,7 +99,8 @@ def config_fns(config) -> dict[str, reward_spec.PyRewardFn]:
                     tok_lib.for_config(config))
 
 
-# Logged as weight-0 terms in every RL stage (train/reward/<name> each step) when the stage does not weight them.
+# Logged as weight-0 terms in every RL stage (train/reward/<name> each step) when the stage does not weight them;
+# with tools.env so is ENV (stage_rewards).
 TRACKED = ("format", "accuracy", "language", "recheck", "recheck_fixed", "verified", "corrected", "brevity",
            "harmless")
 # The environment's own reward (rl/rewards.py's 'env' term): weighted only with tools.env (stage_config.validate).
@@ -109,10 +110,12 @@ ENV = "env"
 KNOWN = TRACKED + ("brevity_correct", ENV)
 
 
-def stage_rewards(weighted: Sequence[tuple[str, float]]) -> tuple[tuple[str, float], ...]:
-  """The stage's weighted terms, then every other TRACKED term at weight 0 (computed and logged, not rewarded)."""
+def stage_rewards(weighted: Sequence[tuple[str, float]], env: bool = False) -> tuple[tuple[str, float], ...]:
+  """The stage's weighted terms, then every other TRACKED term at weight 0 (computed and logged, not rewarded); with
+  `env` (tools.env: every RL stage runs the environment) the ENV term too, so every stage logs train/reward/env."""
   names = [n for n, _ in weighted]
-  return tuple((n, float(w)) for n, w in weighted) + tuple((n, 0.0) for n in TRACKED if n not in names)
+  tracked = TRACKED + ((ENV,) if env else ())
+  return tuple((n, float(w)) for n, w in weighted) + tuple((n, 0.0) for n in tracked if n not in names)
 
 
 def term_scores(texts, ids, batch, fns: dict[str, reward_spec.PyRewardFn], acc_N, fmt_N,

@@ -54,14 +54,15 @@ def expected_steps(config, stage: str) -> int | None:
 def for_stage(config, stage: str) -> ml_collections.ConfigDict:
   """The config `stage` runs with. SFT stages: `sft.*` from their group, with no in-loop eval (the report evaluates
   every stage's final params the same way). RL stages: their steps, and their reward mix with every other tracked
-  term at weight 0. Rejection sampling reads `r1.rejection` from the run config itself."""
+  term at weight 0 (with tools.env, 'env' too). Rejection sampling reads `r1.rejection` from the run config itself."""
   if stage in SFT_STAGES:
     p = config.r1[SFT_STAGES[stage]]
     return derive(config, {"sft": dict(steps=p.steps, batch=p.batch, lr=p.lr, warmup_steps=p.warmup_steps,
                                        init_from="")})
   if stage in RL_STAGES:
     p = config.r1[RL_STAGES[stage]]
-    updates = {"train": dict(steps=p.steps, init_from=""), "rewards": r1_rewards.stage_rewards(p.rewards)}
+    env = config.get("tools") is not None and bool(config.tools.env)  # every RL stage runs the environment
+    updates = {"train": dict(steps=p.steps, init_from=""), "rewards": r1_rewards.stage_rewards(p.rewards, env)}
     updates.update(_rl_knobs(p))
     return derive(config, updates)
   if stage in layout.STAGES:

@@ -89,6 +89,9 @@ class Knob:
   # kernel on a CPU: a set value is refused, and so is a recorded one a resume would reuse (a run moved off the
   # devices it started on), naming what auto picks here
   runs_on: Callable[[Any, Context], str | None] = lambda value, ctx: None
+  # what the step runs for the resolved key (None: its value), e.g. the compaction sizes a count halves to: runs of
+  # one program are compared by it (program_values), so a recorded 8 and today's 7 of 64 slots are one program
+  runs: Callable[[Any, Context], Any] | None = None
 
   def keys(self) -> tuple[str, ...]:
     return (self.key,) + self.joint
@@ -183,7 +186,9 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
       runs = lambda p: tuple(v if x is None else x for x, v in zip(p, values)) if knob.joint else p
       try:
         today, today_why = knob.choose(out, ctx, knob.candidates(out, ctx))
-        if runs(today) != runs(pick):
+        # a knob's Knob.runs compares what the step runs: a recorded 8 compaction sizes is today's 7 of 64 slots
+        ran = (lambda p: knob.runs(_with(out, {key: p}), ctx)) if knob.runs and not knob.joint else runs
+        if ran(today) != ran(pick):
           why += f"; today's rule picks {today} ({today_why})"
       except (ConfigError, ValueError) as e:
         today, why = None, why + f"; today's rule finds nothing ({e})"
@@ -340,6 +345,22 @@ def resolved_values(config) -> dict[str, Any]:
       except (KeyError, AttributeError):
         pass
   return out
+
+
+def program_values(config, ctx: Context) -> dict[str, Any]:
+  """resolved_values with each knob's key at what the step runs (Knob.runs): what the runs of one vmapped program
+  (a sweep group, recorded under older rules or not) must agree on."""
+  out = resolved_values(config)
+  for knob in REGISTRY.values():
+    if knob.runs is not None and knob.key in out:
+      out[knob.key] = knob.runs(config, ctx)
+  return out
+
+
+def disagree(configs, ctx: Context) -> tuple[list[dict[str, Any]], list[str]]:
+  """-> (each resolved config's program_values, the keys on which a run differs from the first)."""
+  picked = [program_values(c, ctx) for c in configs]
+  return picked, sorted({k for p in picked[1:] for k in p if p[k] != picked[0].get(k)})
 
 
 def write_record(workdir: str, chosen: dict[str, str], *, resumed: bool = False) -> None:
@@ -652,12 +673,23 @@ def choose_compaction(config, ctx: Context, candidates: list[int]) -> tuple[int,
                           "each compaction size compiles")
 
 
+def _compaction(config, ctx: Context) -> tuple[int, int, int, tuple[int, ...]]:
+  """(levels set, slots, the mesh's row split, the sizes engine.compaction_sizes runs; () for one level)."""
+  levels, split = int(config.sampling.compaction), ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1)
+  slots = int(config.sampling.slots) or _rows(config) // int(config.rl.rollout_chunks)
+  return levels, slots, split, engine.compaction_sizes(slots, levels, split) if levels > 1 and slots > 0 else ()
+
+
+def compaction_runs(config, ctx: Context) -> int:
+  """The number of slot counts the engine decodes with (Knob.runs): an older run's recorded 8 of 64 slots runs 7."""
+  levels, _, _, sizes = _compaction(config, ctx)
+  return len(sizes) or levels
+
+
 def compaction_runs_as(config, ctx: Context) -> str | None:
   """A set sampling.compaction past the slot counts engine.compaction_sizes makes of the (resolved) slots: each
   halving must stay a multiple of the mesh's row split, so e.g. 24 slots give 4 counts, not 8."""
-  levels, split = int(config.sampling.compaction), ctx.mesh.get("data", 1) * ctx.mesh.get("fsdp", 1)
-  slots = int(config.sampling.slots) or _rows(config) // int(config.rl.rollout_chunks)
-  sizes = engine.compaction_sizes(slots, levels, split) if levels > 1 and slots > 0 else ()
+  levels, slots, split, sizes = _compaction(config, ctx)
   if 0 < len(sizes) < levels:
     return (f"{len(sizes)} slot counts {sizes}: sampling.slots {slots} halves to only {len(sizes)} multiple(s) of mesh "
             f"data*fsdp={split}; set sampling.compaction <= {len(sizes)}")
@@ -667,7 +699,7 @@ def compaction_runs_as(config, ctx: Context) -> str | None:
 register(Knob("sampling.compaction", lambda c, ctx: [config_lib.COMPACTION, 1], choose_compaction,
               # the rollout carry (rl.partial_rollouts) decodes on its own fixed slots: no compaction to choose
               applies=lambda c: _continuous(c) and not c.rl.get("partial_rollouts", False), unused=_STATIC,
-              runs_as=compaction_runs_as))
+              runs_as=compaction_runs_as, runs=compaction_runs))
 
 
 

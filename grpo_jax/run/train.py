@@ -166,7 +166,8 @@ def reward_terms(config, tokenizer, python_fns: dict | None = None) -> reward_sp
                            rl.reward_timeout_s)
   if config.get("tools") is not None and config.tools.env:  # the rollout's environment (docs/tools.md)
     env = env_batch.build(config, tokenizer)
-    env.rewards_read = "env" in [name for name, _ in config.rewards]  # else its rewards are said to go unused
+    # else its rewards are said to go unused: an R1 stage logs 'env' at weight 0 where it does not weight it
+    env.rewards_read = any(name == "env" and float(w) != 0 for name, w in config.rewards)
     spec = spec._replace(env=env)
   return spec
 
@@ -413,12 +414,16 @@ def check_recorded(config, recorded: dict, tokenizer=None, today: dict | None = 
     keys = [k for k in sorted(recorded) if k == key] or [k for k in sorted(recorded) if k in str(e)]
     was = "".join(f": {k}={recorded[k]}" for k in keys[:1]) + (", the value this run started with and a resume "
                                                                 "reuses" if keys else "")
-    k = keys[0] if keys else "<key>"
+    k = keys[0] if keys else None
     # the keys auto chooses with k whose pick here differs, each set to a value that is not its `auto` (decode_tp=0
     # is decode_tp's auto: with the layout still auto, the resume took the recorded tp layout and degree again)
     change = [j for j in (auto.chosen_with(k) if keys else ()) if j in (today or {}) and
               today[j] != recorded.get(j, today[j]) and not auto.is_auto(j, today[j])]
-    if change:
+    if k is None:  # no recorded key named (it printed a literal `<key>` placeholder): the key it names, and the record
+      what = f"config.{key}" if str(e).startswith("config.") else "the config"
+      fix = (f"change {what} to fit the values this run recorded and a resume reuses "
+             f"({', '.join(f'{j}={recorded[j]}' for j in sorted(recorded))})")
+    elif change:
       allow = ",".join(dict.fromkeys([a.strip() for a in str(config.train.get("allow_config_change", "")).split(",")
                                       if a.strip()] + change))
       fix = (f"resume with {' '.join(f'--config.{j}={today[j]}' for j in change)} "
@@ -448,9 +453,8 @@ def train_group(members: Sequence[Member], *, python_fns: dict | None = None, co
   configs = [g.resolve(m.config, mesh, lanes=S) for g, m in zip(guards, members)]
   for c, g in zip(configs, guards):
     check_recorded(c, g.recorded, tokenizer)
-  picked = [auto.resolved_values(c) for c in configs]
-  if any(p != picked[0] for p in picked[1:]):
-    differ = sorted(k for p in picked[1:] for k in p if p[k] != picked[0].get(k))
+  _, differ = auto.disagree(configs, auto.Context(dict(mesh.shape), None))  # by what each runs (preflight's comparison)
+  if differ:
     raise errors.InputError(f"the runs of one program resolved {', '.join(differ)} differently (runs recorded under "
                             "other `auto` choices): set the keys explicitly, or run them with --mode=serial.")
   spec = reward_terms(configs[0], tokenizer, python_fns)

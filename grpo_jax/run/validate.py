@@ -380,8 +380,9 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
           f"model.max_len={c.model.max_len}; shorten them or raise model.max_len.")
   validate_packing(c, total)
   reward_terms("rewards", c.rewards)  # before the checks below unpack its entries
-  if c.rl.process_weight > 0 and not {"process", "env"} & {n for n, _ in c.rewards}:
-    _fail("rl.process_weight", "is > 0 but config.rewards has no term with steps ('process', or 'env' with "
+  # weighted: a weight-0 term's steps are all 0 (an R1 stage logs 'env' at weight 0 with tools.env)
+  if c.rl.process_weight > 0 and not {"process", "env"} & {n for n, w in c.rewards if float(w) != 0}:
+    _fail("rl.process_weight", "is > 0 but config.rewards weights no term with steps ('process', or 'env' with "
           "tools.env); add ('process', w) or set 0.")
   if tokenizer is not None:
     validate_tokenizer(c, tokenizer)

@@ -20,8 +20,6 @@ import numpy as np
 from grpo_jax.infra import params_ckpt
 from grpo_jax.config import config_lib
 from grpo_jax.model import model as model_lib
-from grpo_jax.rl import rewards as rewards_lib
-from grpo_jax.rl import reward_spec
 from grpo_jax.studies import vmapped_runs as seeds_lib
 from grpo_jax.studies.ablations import train_table
 from grpo_jax.infra import sharding
@@ -94,12 +92,16 @@ def start_params(cfg, mcfg):
   return params
 
 
+def reward_terms(c, tok):
+  """The stage's reward terms as the pipeline builds them (train.reward_terms with r1's Python terms: pipeline.py),
+  not a copy that drifts: the copy dropped rl.reward_fallback and tools.env's environment."""
+  return train.reward_terms(c, tok, r1_rewards.config_fns(c))
+
+
 def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   c = build_config(cfg, dict(cfg.variants)[variant])
   tok = tok_lib.for_config(c)
-  ctx = reward_spec.Context(c.task.name, tok, random_rate=float(c.rl.random_reward_rate))
-  spec = rewards_lib.build(c.rewards, ctx, {**train.python_reward_fns(c, tok), **r1_rewards.config_fns(c)}, None,
-                           c.rl.reward_timeout_s)
+  spec = reward_terms(c, tok)
   mcfg = model_lib.ModelConfig.from_config(c.model)
   # every seed from one init (the stage's start), their rollouts differ
   c, mesh, mcfg, states, program, chosen = train_table.make_runs(cfg, c, spec, seeds, tok, start_params(cfg, mcfg),
