@@ -71,7 +71,7 @@ def qwen_config(dirs, **over):
   c.rl.update(G=4, prompts_per_step=2, minibatches=1, rollout_chunks=1)
   c.rewards = (("math_accuracy", 1.0), ("env", 0.5))
   c.tools.update(env="tests.tool_envs:QwenEcho", format="qwen", stop_markers=MARKERS, max_turns=3,
-                 max_obs_tokens=16, timeout_s=5.0, chunk=4)
+                 max_obs_tokens=24, timeout_s=5.0, chunk=4)
   return config_lib.override(c, over) if over else c
 
 
@@ -171,7 +171,7 @@ def test_rollout_observations_are_qwen_tool_turns_out_of_the_loss(setup):
   np.testing.assert_array_equal(np.asarray(ro.lengths_N), (full * (1 - obs)).sum(1))
   turns = [QWEN.observation_ids(QWEN.observation(str(k)), tok) for k in range(10)]
   tail = tok.encode(QWEN.tail)
-  n_spans, after = 0, 0
+  n_spans, after, whole = 0, 0, 0
   for n in range(tokens.shape[0]):
     for s, e in spans(obs[n]):
       span = tokens[n, s:e].tolist()
@@ -179,8 +179,9 @@ def test_rollout_observations_are_qwen_tool_turns_out_of_the_loss(setup):
       assert any(span in (t, t[:len(span)], t[:len(span) - len(tail)] + tail) for t in turns), (n, span)
       assert span[0] == tok.eos_id  # <|im_end|> opens it: an EOS id, fed
       n_spans += 1
+      whole += span in turns  # the tool's output read whole (max_obs_tokens past the turn's markers)
       after += bool(e < L and full[n, e] and not obs[n, e])  # the model wrote on after it
-  assert n_spans >= 3 and after >= 1, (n_spans, after)
+  assert n_spans >= 3 and after >= 1 and whole >= 1, (n_spans, after, whole)
 
 
 def check_step_metrics(m):
@@ -327,6 +328,8 @@ def test_bad_qwen_settings_are_one_line_refusals(dirs, setup):
       (c, no_turns, "tools.format", "writes <|im_start|> as one control token"),
       (config_lib.override(c, {"tools.env": "tests.tool_envs:Echo"}), tok, "tools.env", "offers no tools"),
       (c, no_tools, "tools.format", "does not render `tools`"),
+      # the turn's markers take 17 tokens here: at 17 a cut kept them and dropped every output (the fixture's 16 did)
+      (config_lib.override(c, {"tools.max_obs_tokens": 17}), tok, "tools.max_obs_tokens", "take 17 tokens"),
   ]
   for cfg, t, key, why in cases:
     with pytest.raises(config_lib.ConfigError) as e:
