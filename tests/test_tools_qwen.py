@@ -311,6 +311,34 @@ def test_a_tool_output_with_control_token_strings_cannot_end_its_turn(setup):
   eb.close()
 
 
+def test_a_cut_observation_ending_in_a_newline_keeps_its_closing_turn(dirs, setup):
+  """A tool output ending in '\n' (a program's stdout) under a BPE that merges '\n\n' (Qwen2.5's does): the whole
+  text's ids do not end with the tail's ids, and a cut (EnvBatch._cut, max_obs_tokens too short) kept the first
+  `room` ids — the turn left open, the model writing on inside the tool's response; now it ends with the tail."""
+  c, _, _, _, _ = setup
+  tk = hf_dirs.train_tokenizer(hf_dirs.QWEN_SPECIALS + list(tokenizer_lib.TOOL_MARKERS), extra=["a\n\nb 85\n\n"] * 40)
+  path = dirs["root"] / "newlines"
+  hf_dirs.write_tokenizer(path, tk, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
+                                     "chat_template": hf_dirs.QWEN25_CHAT_TEMPLATE})
+  tok = hf_tokenizer.HFTokenizer(str(path))
+  content, tail = "85 and 85\n", tok.encode(QWEN.tail)
+  whole = QWEN.observation_ids(QWEN.observation(content), tok)
+  assert whole[-len(tail):] != tail  # not vacuous: the merge happened
+  eb = env_batch.EnvBatch(tool_envs.QwenEcho(env_batch.context(c, tok)), tok, stop_ids=tok.encode("</tool_call>"),
+                          max_obs_tokens=len(whole) - 2, max_turns=2, timeout_s=5.0, format=QWEN)
+  row = np.full((1, 64), tok.pad_id, np.int32)
+  row[0, 0] = tok.encode("</tool_call>")[0]
+  tool_envs.MODE["content"] = content
+  try:
+    out = eb.host(row, np.zeros_like(row), np.ones(1, np.int32), np.ones(1, bool), {})
+  finally:
+    tool_envs.MODE["content"] = ""
+    eb.close()
+  ids = out.obs_RxO[0, :int(out.obs_len_R[0])].tolist()
+  assert int(out.counts_K[env_batch.COUNTS.index("truncated")]) == 1 and len(ids) == len(whole) - 2
+  assert ids[-len(tail):] == tail and ids[:-len(tail)] == whole[:len(ids) - len(tail)]
+
+
 # ------------------------------------------------------------------------------------ bad settings
 
 def test_bad_qwen_settings_are_one_line_refusals(dirs, setup):
