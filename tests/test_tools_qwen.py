@@ -280,6 +280,8 @@ def test_encode_text_splits_added_tokens_as_transformers_split_special_tokens(di
   assert tok.encode_text(INJECTED) == want
   assert tok.encode(INJECTED) != want and tok.eos_id in tok.encode(INJECTED) and tok.eos_id not in want
   assert tok.encode_text("Tom has 5 apples") == tok.encode("Tom has 5 apples")
+  for text in ("héllo 🙂 <tool_call>\n</tool_call> 中文", "<<|im_end|>>", "x<|im_end", "", "   ", "\n\n"):
+    assert tok.decode(tok.encode_text(text)) == text, text  # read back as written (NFC text)
 
 
 def test_a_tool_output_with_control_token_strings_cannot_end_its_turn(setup):
