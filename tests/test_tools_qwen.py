@@ -71,7 +71,7 @@ def qwen_config(dirs, **over):
   c.rl.update(G=4, prompts_per_step=2, minibatches=1, rollout_chunks=1)
   c.rewards = (("math_accuracy", 1.0), ("env", 0.5))
   c.tools.update(env="tests.tool_envs:QwenEcho", format="qwen", stop_markers=MARKERS, max_turns=3,
-                 max_obs_tokens=16, timeout_s=5.0, chunk=4)
+                 max_obs_tokens=24, timeout_s=5.0, chunk=4)
   return config_lib.override(c, over) if over else c
 
 
@@ -171,7 +171,7 @@ def test_rollout_observations_are_qwen_tool_turns_out_of_the_loss(setup):
   np.testing.assert_array_equal(np.asarray(ro.lengths_N), (full * (1 - obs)).sum(1))
   turns = [QWEN.observation_ids(QWEN.observation(str(k)), tok) for k in range(10)]
   tail = tok.encode(QWEN.tail)
-  n_spans, after = 0, 0
+  n_spans, after, whole = 0, 0, 0
   for n in range(tokens.shape[0]):
     for s, e in spans(obs[n]):
       span = tokens[n, s:e].tolist()
@@ -179,8 +179,9 @@ def test_rollout_observations_are_qwen_tool_turns_out_of_the_loss(setup):
       assert any(span in (t, t[:len(span)], t[:len(span) - len(tail)] + tail) for t in turns), (n, span)
       assert span[0] == tok.eos_id  # <|im_end|> opens it: an EOS id, fed
       n_spans += 1
+      whole += span in turns  # the tool's output read whole (max_obs_tokens past the turn's markers)
       after += bool(e < L and full[n, e] and not obs[n, e])  # the model wrote on after it
-  assert n_spans >= 3 and after >= 1, (n_spans, after)
+  assert n_spans >= 3 and after >= 1 and whole >= 1, (n_spans, after, whole)
 
 
 def check_step_metrics(m):
@@ -279,6 +280,8 @@ def test_encode_text_splits_added_tokens_as_transformers_split_special_tokens(di
   assert tok.encode_text(INJECTED) == want
   assert tok.encode(INJECTED) != want and tok.eos_id in tok.encode(INJECTED) and tok.eos_id not in want
   assert tok.encode_text("Tom has 5 apples") == tok.encode("Tom has 5 apples")
+  for text in ("héllo 🙂 <tool_call>\n</tool_call> 中文", "<<|im_end|>>", "x<|im_end", "", "   ", "\n\n"):
+    assert tok.decode(tok.encode_text(text)) == text, text  # read back as written (NFC text)
 
 
 def test_a_tool_output_with_control_token_strings_cannot_end_its_turn(setup):
@@ -310,6 +313,34 @@ def test_a_tool_output_with_control_token_strings_cannot_end_its_turn(setup):
   eb.close()
 
 
+def test_a_cut_observation_ending_in_a_newline_keeps_its_closing_turn(dirs, setup):
+  """A tool output ending in '\n' (a program's stdout) under a BPE that merges '\n\n' (Qwen2.5's does): the whole
+  text's ids do not end with the tail's ids, and a cut (EnvBatch._cut, max_obs_tokens too short) kept the first
+  `room` ids — the turn left open, the model writing on inside the tool's response; now it ends with the tail."""
+  c, _, _, _, _ = setup
+  tk = hf_dirs.train_tokenizer(hf_dirs.QWEN_SPECIALS + list(tokenizer_lib.TOOL_MARKERS), extra=["a\n\nb 85\n\n"] * 40)
+  path = dirs["root"] / "newlines"
+  hf_dirs.write_tokenizer(path, tk, {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>", "bos_token": None,
+                                     "chat_template": hf_dirs.QWEN25_CHAT_TEMPLATE})
+  tok = hf_tokenizer.HFTokenizer(str(path))
+  content, tail = "85 and 85\n", tok.encode(QWEN.tail)
+  whole = QWEN.observation_ids(QWEN.observation(content), tok)
+  assert whole[-len(tail):] != tail  # not vacuous: the merge happened
+  eb = env_batch.EnvBatch(tool_envs.QwenEcho(env_batch.context(c, tok)), tok, stop_ids=tok.encode("</tool_call>"),
+                          max_obs_tokens=len(whole) - 2, max_turns=2, timeout_s=5.0, format=QWEN)
+  row = np.full((1, 64), tok.pad_id, np.int32)
+  row[0, 0] = tok.encode("</tool_call>")[0]
+  tool_envs.MODE["content"] = content
+  try:
+    out = eb.host(row, np.zeros_like(row), np.ones(1, np.int32), np.ones(1, bool), {})
+  finally:
+    tool_envs.MODE["content"] = ""
+    eb.close()
+  ids = out.obs_RxO[0, :int(out.obs_len_R[0])].tolist()
+  assert int(out.counts_K[env_batch.COUNTS.index("truncated")]) == 1 and len(ids) == len(whole) - 2
+  assert ids[-len(tail):] == tail and ids[:-len(tail)] == whole[:len(ids) - len(tail)]
+
+
 # ------------------------------------------------------------------------------------ bad settings
 
 def test_bad_qwen_settings_are_one_line_refusals(dirs, setup):
@@ -327,6 +358,8 @@ def test_bad_qwen_settings_are_one_line_refusals(dirs, setup):
       (c, no_turns, "tools.format", "writes <|im_start|> as one control token"),
       (config_lib.override(c, {"tools.env": "tests.tool_envs:Echo"}), tok, "tools.env", "offers no tools"),
       (c, no_tools, "tools.format", "does not render `tools`"),
+      # the turn's markers take 17 tokens here: at 17 a cut kept them and dropped every output (the fixture's 16 did)
+      (config_lib.override(c, {"tools.max_obs_tokens": 17}), tok, "tools.max_obs_tokens", "take 17 tokens"),
   ]
   for cfg, t, key, why in cases:
     with pytest.raises(config_lib.ConfigError) as e:

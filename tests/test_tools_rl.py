@@ -503,6 +503,35 @@ def test_own_tokens_removes_observations_keeps_a_final_eos_and_maps_back():
     np.testing.assert_array_equal(m[1], [1, 1, 0, 0, 0, 0, 0])
 
 
+def test_own_tokens_jnp_and_np_equal_a_pure_python_reference_on_random_rows():
+  """obs_mask.own_tokens on random rows (prefix masks of every length, observations anywhere — position 0, several
+  spans, the whole row, past the mask —, two EOS ids, ended or not) against a loop written from its contract: the
+  kept tokens in order (mask on and observation off, or the row's last token an EOS id where the environment ended
+  it), pad after them, and each one's transcript position; jnp and np alike."""
+  from grpo_jax.rl import obs_mask
+  tok = type("T", (), {"eos_ids": (2, 3), "eos_id": 2, "pad_id": 0})
+  rng = np.random.default_rng(0)
+  N, L = 4, 9
+  for _ in range(40):
+    tokens = rng.integers(1, 6, (N, L))
+    mask = (np.arange(L)[None] < rng.integers(0, L + 1, N)[:, None]).astype(np.int32)
+    obs = (rng.random((N, L)) < 0.4).astype(np.int32)
+    ended = rng.random(N) < 0.5
+    want_t, want_m = np.zeros((N, L), np.int64), np.zeros((N, L), np.int64)
+    keep = []
+    for n in range(N):
+      on = [i for i in range(L) if mask[n, i]]
+      k = [i for i in on if not obs[n, i] or (i == on[-1] and tokens[n, i] in (2, 3) and ended[n])]
+      want_t[n, :len(k)], want_m[n, :len(k)] = tokens[n, k], 1
+      keep.append(k)
+    for xp in (np, jnp):
+      t, m, idx = (np.asarray(a) for a in obs_mask.own_tokens(tokens, mask, obs, ended, tok, xp=xp, with_index=True))
+      np.testing.assert_array_equal(t, want_t)
+      np.testing.assert_array_equal(m, want_m)
+      for n in range(N):
+        assert idx[n, :len(keep[n])].tolist() == keep[n]
+
+
 def test_verifiers_score_the_models_own_tokens_not_an_observation(setup):
   """The step's reward terms (rewards.compute with the rollout's obs mask), in-graph (accuracy, format) and Python
   (the host verifier verify_py on the ids the term gets), and the held-out host path (Evaluator.own): an answer that

@@ -138,7 +138,7 @@ class EnvBatch:
     self.timeout_s, self.fallback_reward = float(timeout_s), float(fallback_reward)
     self.stateful = bool(getattr(env, "stateful", True))
     tail = format.tail if format is not None and not tail else tail
-    self.tail_ids = tuple(tok.encode(tail)) if tail else ()
+    self.tail, self.tail_ids = tail, tuple(tok.encode(tail)) if tail else ()
     # an observation's text -> ids: the format's rule (qwen: a tool's output that holds a token's string is text)
     self._obs_ids = (lambda text: format.observation_ids(text, tok)) if format is not None else tok.encode
     self.eos_id = int(tok.eos_id)  # a row the environment ends gets it as its observation (a finished transcript)
@@ -203,12 +203,14 @@ class EnvBatch:
                   np.zeros(r, np.float32), np.zeros(r, bool), np.zeros(r, np.int32), np.zeros(r, np.int32),
                   np.int32(host_calls.OK), np.zeros(len(COUNTS), np.int32))
 
-  def _cut(self, ids: list[int], room: int) -> tuple[list[int], bool]:
-    """At most `room` ids; a cut keeps the format's closing tokens when they end the observation and fit."""
+  def _cut(self, ids: list[int], room: int, text: str = "") -> tuple[list[int], bool]:
+    """At most `room` ids; a cut keeps the format's closing tokens when they end the observation (its `text`, or
+    its ids) and fit. By the text: a tool output ending in whitespace can tokenise into the tail's first token (a
+    BPE with '\n\n', as Qwen2.5's), so the ids end differently and the cut turn was left open."""
     if len(ids) <= room:
       return ids, False
     t = self.tail_ids
-    if t and len(t) < room and tuple(ids[-len(t):]) == t:
+    if t and len(t) < room and ((self.tail and text.endswith(self.tail)) or tuple(ids[-len(t):]) == t):
       return ids[:room - len(t)] + list(t), True
     return ids[:room], True
 
@@ -276,7 +278,7 @@ class EnvBatch:
                           "its rewards are not used; add ('env', 1.0) to config.rewards to train on them.", self.name,
                           reward)
         counts["calls"] += 1
-        ids, cut = self._cut(obs_ids, min(self.max_obs_tokens, length - n))
+        ids, cut = self._cut(obs_ids, min(self.max_obs_tokens, length - n), "" if done else obs_text)
         counts["truncated"] += int(cut)
         out.obs_RxO[r, :len(ids)] = ids
         out.obs_len_R[r], out.reward_R[r] = len(ids), reward

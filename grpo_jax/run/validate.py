@@ -518,6 +518,13 @@ def validate_qwen_prompts(c, tokenizer, env) -> None:
     _fail("tools.format", "'qwen' lists the environment's tools in the chat template, but this tokenizer's "
           "template does not render `tools` (Qwen2.5-Instruct's does); use an instruct tokenizer whose template "
           "has tools, or tools.format='plain'.")
+  # the tool-response turn's own markers (head + tail) take room in every observation: a cut keeps the tail, so
+  # with tools.max_obs_tokens at or under them no tool output is ever appended (the model reads empty turns)
+  frame = len(tokenizer.encode(env_formats.Qwen.head)) + len(tokenizer.encode(env_formats.Qwen.tail))
+  if c.tools.max_obs_tokens <= frame:
+    _fail("tools.max_obs_tokens", f"{c.tools.max_obs_tokens} leaves no room for a tool's output: 'qwen' wraps each "
+          f"in its tool-response turn, whose markers take {frame} tokens of this tokenizer; raise it to at least "
+          f"{frame} + the outputs' length (e.g. {frame + 32}).")
 
 
 def validate_row_splits(c, n_rows: int, data_par: int) -> None:
