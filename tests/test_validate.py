@@ -347,3 +347,15 @@ def test_tool_keys_without_a_tool_run_are_logged(caplog):
   with caplog.at_level(logging.WARNING):
     validate.validate_tools(_cfg())
   assert not any("tools." in r.getMessage() for r in caplog.records)
+
+
+def test_truncated_chat_prompts_are_refused():
+  """task.overlong_prompts='truncate' keeps a prompt's first token and its end: on a chat prompt that cut the
+  template's system turn (with tools.format='qwen', its tool list) out half-way and left a stray <|im_start|>; the
+  r1_zero prompts it was written for keep their bos and the question's end."""
+  c = config_lib.override(_cfg(), {"task.prompt_format": "chat", "task.overlong_prompts": "truncate"})
+  with pytest.raises(validate.ConfigError, match=r"^config.task.overlong_prompts: 'truncate' with "
+                     r"task.prompt_format='chat' would cut the chat template's system turn"):
+    validate.validate_groups(c)
+  for ok in ({"task.prompt_format": "chat", "task.overlong_prompts": "drop"}, {"task.overlong_prompts": "truncate"}):
+    validate.validate_groups(config_lib.override(_cfg(), ok))

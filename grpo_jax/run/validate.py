@@ -829,6 +829,12 @@ def validate_groups(c) -> None:
     if v != unset and not (integer(v) and 0 <= v < MAX_SEED):
       _fail(k, f"must be an integer in [0, 2**31){' or -1 (= seed)' if unset == -1 else ''}, got {v!r}.")
   _choice(c, "task.overlong_prompts", data.OVERLONG)
+  if c.task.get("overlong_prompts") == "truncate" and c.task.get("prompt_format", "r1_zero") == "chat":
+    # truncate keeps the first token and the prompt's end: a chat prompt's end is its user turn and generation cue,
+    # its start the system turn and (tools.format='qwen') the tool list, which the cut would remove half-way
+    _fail("task.overlong_prompts", "'truncate' with task.prompt_format='chat' would cut the chat template's system "
+          "turn (and its tool list) out of the prompt, keeping a stray first token; use 'drop' (skip them, counted) "
+          "or raise task.prompt_len.")
   for k in ("task.prompt_len", "task.train_size", "task.test_size"):
     _positive_int(c, k)
   for k in ("task.train_size", "task.test_size"):
