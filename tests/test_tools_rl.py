@@ -644,6 +644,9 @@ def test_the_rollout_and_held_out_generate_score_the_own_tokens(setup, monkeypat
     # a fallback step's reward goes to the 'env' term only: without it, -1 was dropped without a word
     ({"tools.fallback_reward": -1.0, "rewards": (("accuracy", 1.0),), "rl.process_weight": 0.0},
      "tools.fallback_reward", "('env', 1.0)"),
+    # ... or names it at weight 0 (as every R1 stage with an environment logs it): the fallback still trained nothing
+    ({"tools.fallback_reward": -1.0, "rewards": (("accuracy", 1.0), ("env", 0.0)), "rl.process_weight": 0.0},
+     "tools.fallback_reward", "does not weight"),
     # the child's alarm takes a C int: every call's observation was "error: OverflowError ..."
     ({"tools.sandbox.time_s": 1e12}, "tools.sandbox.time_s", "a day per tool call"),
     ({"tools.sandbox.memory_mb": 10 ** 13}, "tools.sandbox.memory_mb", "at most"),  # RLIMIT_AS overflowed a C long

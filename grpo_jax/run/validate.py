@@ -401,10 +401,11 @@ def validate_tools_rl(c) -> None:
   if c.sampling.engine not in ("continuous", "auto"):  # auto picks continuous for it (rl/auto.py)
     _fail("tools.env", f"{c.tools.env!r}: rows pause for the environment in the continuous engine's slots; set "
           f"sampling.engine='continuous' (it is {c.sampling.engine!r}).")
-  if c.tools.fallback_reward != 0 and "env" not in [n for n, _ in c.rewards]:
-    # a fallback step's reward is an environment reward: without the term it was dropped without a word
+  if c.tools.fallback_reward != 0 and not any(n == "env" and w != 0 for n, w in c.rewards):
+    # a fallback step's reward is an environment reward: without the term (or at weight 0, as the R1 stages log it)
+    # it was dropped without a word
     _fail("tools.fallback_reward", f"{c.tools.fallback_reward!r} reaches training only through the 'env' reward "
-          "term (the environment's rewards), which config.rewards does not name; add ('env', 1.0) to "
+          "term (the environment's rewards), which config.rewards does not weight; add ('env', 1.0) to "
           "config.rewards or set tools.fallback_reward=0.0.")
 
 
