@@ -383,9 +383,12 @@ def test_print_mode_writes_launch_commands_the_launcher_accepts(env):
     assert res.returncode == 0, res.stderr
     train = [l for l in res.stdout.splitlines() if "grpo_jax.main" in l]
     assert len(train) == 1 and f"create sweep-{i} " in res.stdout
+    # the hosts' shell reads the --command (the launcher quotes each path and argument for it: launch/README.md)
+    remote = next(a for a in shlex.split(train[0].removeprefix("+ ")) if a.startswith("--command="))
+    argv = shlex.split(remote.removeprefix("--command="))
     for part in (f"--workdir={wd}/{r.name}", "--config.train.steps=7", f"--config.rl.beta={r.config.rl.beta!r}",
                  f"--config.run_seed={r.seed}", "--config=configs/grpo_arith.py:small"):
-      assert part in train[0], (part, train[0])
+      assert part in argv, (part, argv)
   # Local commands (the default launcher) parse back to each run's config.
   local = sweep.run(c, str(env / "print"), config_file="configs/grpo_arith.py:small",
                     sweep_text="rl.beta=0.02,0.04", seeds=2, mode="print")
