@@ -256,6 +256,10 @@ def base_config() -> ml_collections.ConfigDict:
   c.train = ml_collections.ConfigDict(dict(
       steps=20, log_every=1, eval_every=10, ckpt_every=10, keep_checkpoints=3, plot_every=10,
       sample_every=10, num_samples_logged=3, init_from="",
+      # A held-out metric (a key of the eval rows in metrics.jsonl, e.g. "eval/accuracy"; "" = off): every
+      # evaluation of an RL run also saves a checkpoint recording it, and rotation keeps the best one besides the
+      # newest keep_checkpoints (`python -m grpo_jax.export RUN_DIR OUT --best` exports it). keep_best_mode: max | min.
+      keep_best="", keep_best_mode="max",
       # Resuming with a changed config is refused unless every changed key is listed here ("optim.lr,rl.G");
       # keys that change the saved state's structure (model.*, the critic, beta 0 <-> > 0) never can be.
       allow_config_change="",
@@ -272,6 +276,7 @@ def base_config() -> ml_collections.ConfigDict:
   c.export = ml_collections.ConfigDict(dict(
       out_dir="",        # required for job=export
       step=0,            # the checkpoint step to export; 0 = the newest
+      best=False,        # True: the step the run kept for its best held-out score (train.keep_best)
       dtype="float32",   # of the written safetensors: float32 (lossless) | bfloat16 (half the size)
       model_type="",     # qwen2 | llama; "" = the source checkpoint's, else qwen2 with q/k/v biases, llama without
       # a LoRA run: merged (HF checkpoint, W + scale·A·B) | peft (a PEFT adapter directory) | base (its frozen

@@ -1,6 +1,6 @@
 """A run's params -> a Hugging Face directory that transformers loads and generates from.
 
-  python -m grpo_jax.export RUN_DIR OUT_DIR [--step N] [--dtype float32|bfloat16] [--model_type qwen2|llama]
+  python -m grpo_jax.export RUN_DIR OUT_DIR [--step N | --best] [--dtype float32|bfloat16] [--model_type qwen2|llama]
       [--format merged|peft|base] [--verbose]
   python -m grpo_jax.main --config=<the run's config> --workdir=RUN_DIR --config.job=export \\
       --config.export.out_dir=OUT_DIR     # the same, as a job (the export.* keys)
@@ -161,10 +161,22 @@ def _generation_config(tok) -> dict:
           "pad_token_id": int(tok.pad_id)}
 
 
+def best_step(run_dir: str) -> tuple[int, dict]:
+  """The checkpoint step a run kept as its best held-out score (train.keep_best) and its record."""
+  ckpt_dir = os.path.join(run_dir, "checkpoints")
+  best = ckpt_lib.best_step(ckpt_dir)
+  if best is None:
+    raise errors.InputError(f"export.best: no checkpoint in {ckpt_dir} records a finite held-out score (the run kept "
+                            "no best step: train.keep_best was empty, or every evaluation was non-finite); export a "
+                            "step (export.step / --step), or train with --config.train.keep_best=eval/accuracy.")
+  return best
+
+
 def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32", model_type: str = "",
-           format: str = "merged") -> dict:  # pylint: disable=redefined-builtin
-  """Writes OUT_DIR; returns a summary {step, source, model_type, dtype, files, tokenizer[, base]}: `step` and
-  `source` are what was really read (after any fallback past a damaged checkpoint)."""
+           format: str = "merged", best: bool = False) -> dict:  # pylint: disable=redefined-builtin
+  """Writes OUT_DIR; returns a summary {step, source, model_type, dtype, files, tokenizer[, base, best]}: `step`
+  and `source` are what was really read (after any fallback past a damaged checkpoint). `best`: the step the run
+  kept for its best held-out score (train.keep_best); never a fallback (a damaged best step is an error)."""
   if dtype not in ("float32", "bfloat16"):
     raise config_lib.ConfigError(f"export.dtype={dtype!r}: use 'float32' or 'bfloat16'.")
   if model_type not in ("", *hf_io.SUPPORTED):
@@ -173,8 +185,20 @@ def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32",
     raise config_lib.ConfigError(f"export.format={format!r}: use one of {FORMATS}.")
   if os.path.abspath(out_dir) == os.path.abspath(run_dir):
     raise config_lib.ConfigError(f"export.out_dir={out_dir} is the run directory; pick a new directory.")
+  if best and step:
+    raise config_lib.ConfigError(f"export.best and export.step={step} name two checkpoints; set one of them.")
+  kept = best_step(run_dir) if best else None
+  step = kept[0] if kept else step
   replace = check_out_dir(out_dir)
   config = run_config(run_dir)
+  summary = _export(run_dir, out_dir, config, replace, step, dtype, model_type, format)
+  if kept:
+    summary["best"] = f"{kept[1]['metric']} {kept[1]['value']:.6g}, the {kept[1]['mode']} kept"
+  return summary
+
+
+def _export(run_dir, out_dir, config, replace, step, dtype, model_type,
+            format) -> dict:  # pylint: disable=redefined-builtin
   mcfg = model_lib.ModelConfig.from_config(config.model)
   if format in ("peft", "base") and mcfg.lora is None:
     raise config_lib.ConfigError(f"export.format={format!r}: {run_dir} trained no adapters (model.lora.rank=0); use "
@@ -291,14 +315,15 @@ def run_job(config, workdir: str) -> dict:
     raise config_lib.ConfigError("config.export.out_dir: is empty; job=export writes the Hugging Face directory "
                                  "there (set --config.export.out_dir=DIR).")
   summary = export(workdir, e.out_dir, step=int(e.step), dtype=e.dtype, model_type=e.model_type,
-                   format=e.get("format", "merged"))
+                   format=e.get("format", "merged"), best=bool(e.get("best", False)))
   print(describe(summary, e.out_dir))
   return summary
 
 
 def describe(summary: dict, out_dir: str) -> str:
   """The one line an export ends with: the step and checkpoint really read (after any fallback)."""
-  line = (f"exported step {summary['step']} from {summary['source']} ({summary['model_type']}, {summary['dtype']}) "
+  best = f" (best held-out: {summary['best']})" if summary.get("best") else ""
+  line = (f"exported step {summary['step']}{best} from {summary['source']} ({summary['model_type']}, {summary['dtype']}) "
           f"-> {out_dir}: {', '.join(summary['files'])}; tokenizer: {summary['tokenizer']}")
   return line + (f"; base: {summary['base']}" if summary.get("base") else "")
 
@@ -308,6 +333,8 @@ def main(argv=None) -> int:
   ap.add_argument("run_dir")
   ap.add_argument("out_dir")
   ap.add_argument("--step", type=int, default=0, help="checkpoint step (0 = the newest)")
+  ap.add_argument("--best", action="store_true",
+                  help="the step the run kept for its best held-out score (train.keep_best)")
   ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   ap.add_argument("--model_type", default="", choices=("", *hf_io.SUPPORTED))
   ap.add_argument("--format", default="merged", choices=FORMATS,
@@ -316,7 +343,8 @@ def main(argv=None) -> int:
   a = ap.parse_args(argv)
   console.setup_logging(a.verbose)  # a damaged checkpoint's read errors: one line each, not orbax's tracebacks
   try:
-    s = export(a.run_dir, a.out_dir, step=a.step, dtype=a.dtype, model_type=a.model_type, format=a.format)
+    s = export(a.run_dir, a.out_dir, step=a.step, dtype=a.dtype, model_type=a.model_type, format=a.format,
+               best=a.best)
   except Exception as e:  # pylint: disable=broad-except
     verdict = errors.classify(e)
     if verdict is None:

@@ -8,8 +8,9 @@ every value in it is finite; otherwise it is moved to `directory/corrupt/<step>-
 lists it nor refuses to save at its step again) and the previous step is tried. A step whose saved shapes differ
 from the state the config builds is not damage: restoring it raises an InputError (the config changed) and moves
 nothing. A state with non-finite values is never saved (RunStopped), and rotation keeps the newest `keep` steps
-plus, always, the newest step known good (saved with checksums from a finite state). Temporary dirs of saves killed
-mid-way are removed on open.
+plus, always, the newest step known good (saved with checksums from a finite state) and, for every held-out metric
+the steps' metadata record under `best` (the run's `train.keep_best`), the step best on it so far. Temporary dirs of
+saves killed mid-way are removed on open.
 
 Every function here must be called on all processes (orbax runs the collectives and lets one host write). A step
 one process cannot read (each reads only its own shards) is unusable on every process (`read_agreed`).
@@ -37,6 +38,10 @@ _META = 'meta'
 # A LoRA state's frozen base (rl/state.py): never saved, rebuilt by the caller; the checkpoint records its identity
 # (source and checksum) and a resume onto another base is refused (`Checkpointer.set_frozen`).
 FROZEN = 'base'
+# A step saved at a held-out evaluation under train.keep_best records {metric, mode, value} under this meta key;
+# value None: the metric was not finite (the step is no candidate).
+BEST = 'best'
+BEST_MODES = ('max', 'min')
 COMMIT_MARKER = 'commit_success.txt'  # orbax writes it into every finished step dir (rename and commit-file modes)
 CORRUPT_SUBDIR = 'corrupt'
 
@@ -112,6 +117,52 @@ def newest_meta(directory: str | os.PathLike) -> tuple[int, dict] | None:
     if meta is not None:
       return step, meta
   return None
+
+
+def best_record(metric: str, mode: str, value: Any) -> dict[str, Any]:
+  """The `best` metadata of a step evaluated on `metric`: a non-finite value is kept as None (no candidate)."""
+  value = float(value)
+  return {'metric': metric, 'mode': mode, 'value': value if np.isfinite(value) else None}
+
+
+def _best_records(directory: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
+  records = []
+  for step in _committed_steps(as_path(directory)):
+    rec = (read_meta(directory, step) or {}).get(BEST)
+    if isinstance(rec, dict) and rec.get('mode') in BEST_MODES and isinstance(rec.get('metric'), str):
+      records.append((step, rec))
+  return records
+
+
+def _best_of(records, metric: str, mode: str) -> tuple[int, dict[str, Any]] | None:
+  sign, best = (1.0 if mode == 'max' else -1.0), None
+  for step, rec in records:
+    value = rec.get('value')
+    if rec['metric'] != metric or rec['mode'] != mode or isinstance(value, bool) or not isinstance(value, (int, float)):
+      continue
+    if best is None or sign * value > sign * best[1]['value']:  # strict: a tie keeps the earlier step
+      best = (step, rec)
+  return best
+
+
+def best_step(directory: str | os.PathLike, metric: str | None = None,
+              mode: str | None = None) -> tuple[int, dict[str, Any]] | None:
+  """(step, its `best` record) of the committed step whose recorded held-out `metric` is best under `mode` (max or
+  min; ties: the earliest step), among the steps recording that metric and mode; None if none does. `metric`/`mode`
+  None: those of the newest step that records one (what the run keeps now, if train.keep_best changed)."""
+  records = _best_records(directory)
+  if not records:
+    return None
+  return _best_of(records, records[-1][1]['metric'] if metric is None else metric,
+                  records[-1][1]['mode'] if mode is None else mode)
+
+
+def kept_best_steps(directory: str | os.PathLike) -> set[int]:
+  """The best step of every (metric, mode) the steps record: rotation never deletes one, even after train.keep_best
+  changed or was turned off on resume (a kept best is removed by hand, not by a bookkeeping key)."""
+  records = _best_records(directory)
+  kinds = {(rec['metric'], rec['mode']) for _, rec in records}
+  return {best[0] for best in (_best_of(records, *kind) for kind in kinds) if best is not None}
 
 
 def agreed_failure(why: str | None) -> str | None:
@@ -197,7 +248,7 @@ class Checkpointer:
   that loads and verifies. `run_config`: the run-config view stored in every step's metadata."""
 
   def __init__(self, directory: str | os.PathLike, *, save_every: int, keep: int, async_save: bool = True,
-               run_config: Mapping[str, Any] | None = None):
+               run_config: Mapping[str, Any] | None = None, best: tuple[str, str] | None = None):
     if save_every < 1:
       raise errors.ConfigError(f'config.train.ckpt_every: save_every={save_every} must be >= 1')
     if keep < 1:
@@ -205,6 +256,9 @@ class Checkpointer:
     self.directory = as_path(directory)
     self.save_every = save_every
     self.keep = keep
+    if best is not None and best[1] not in BEST_MODES:
+      raise errors.ConfigError(f'config.train.keep_best_mode: {best[1]!r} is not one of {BEST_MODES}')
+    self.best = best  # (metric, mode) of train.keep_best: the caller records it with each evaluated save
     self.run_config = dict(run_config) if run_config is not None else None
     self.restored_config: dict | None = None  # the run config stored with the step `restore` returned
     self._frozen: tuple[Any, dict[str, str]] | None = None  # (the live frozen base, its identity): set_frozen
@@ -311,6 +365,7 @@ class Checkpointer:
     good = self.newest_good()
     if good is not None:
       keep.add(good)
+    keep |= kept_best_steps(self.directory)
     for step in steps:
       if step not in keep:
         self._manager.delete(step)

@@ -74,8 +74,10 @@ class LoopGuard:
           "--workdir.")
 
   def checkpointer(self, config) -> ckpt_lib.Checkpointer:
+    metric = config.train.get("keep_best", "") if self.kind == "rl" else ""  # RL runs evaluate as they train
     return ckpt_lib.Checkpointer(self.ckpt_dir, save_every=config.train.ckpt_every,
-                                 keep=config.train.keep_checkpoints, run_config=self.view)
+                                 keep=config.train.keep_checkpoints, run_config=self.view,
+                                 best=(metric, config.train.get("keep_best_mode", "max")) if metric else None)
 
   def resumed(self, ckpt: ckpt_lib.Checkpointer, start: int, writer) -> list[str]:
     """After a restore: the restored step's config (a fallback may have picked an older step) against ours."""

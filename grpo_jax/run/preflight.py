@@ -327,6 +327,7 @@ def check(config, workdir: str) -> None:
   check_tokenizer_model(config, tokenizer)
   n = validate.device_count()
   validate.validate_groups(config)
+  validate.validate_keep_best(config)
   validate.validate_tools(config, tokenizer)
   check_packages(config)
   if config.job == "grpo":

@@ -35,7 +35,8 @@ from grpo_jax.infra import errors
 
 # Keys that never block a resume: they change how often the run logs or saves, not what it computes.
 BOOKKEEPING = ("log.", "train.log_every", "train.plot_every", "train.sample_every", "train.num_samples_logged",
-               "train.ckpt_every", "train.keep_checkpoints", "train.allow_config_change", "train.rerun_stages",
+               "train.ckpt_every", "train.keep_checkpoints", "train.keep_best", "train.keep_best_mode",
+               "train.allow_config_change", "train.rerun_stages",
                "resolved.")  # resolved.<key>: what `auto` chose, compared through the key itself (diff)
 RESOLVED = "resolved."
 

@@ -278,6 +278,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
       t0 = time.perf_counter()
       policy = state_lib.model_params(program.state_of(state, i))  # with LoRA: the run's adapters on the base
       run.last_eval, texts = evaluators[key](policy, jax.random.PRNGKey(run.config.seed + 1))
+      check_best_metric(run.config, run.last_eval)
       run.writer.write(step, {**run.last_eval, "perf/eval_time_s": time.perf_counter() - t0})
       logging.info("step %d eval %s (%s) | %r", step, run.last_eval, run.workdir, texts[:1])
 
@@ -347,14 +348,22 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
             log(f"{os.path.basename(run.workdir)} stopped: {run.failed}")
       if all(run.failed for run in runs):
         break
-      if done % tr.eval_every == 0 or done == steps:
+      evaluated = done % tr.eval_every == 0 or done == steps
+      if evaluated:
         held_out(done)
       for i, run in enumerate(runs):
         if run.failed:
           continue
         if run.config.log.plots and tr.plot_every and done % tr.plot_every == 0:
           plots.write_plots(run.workdir)
-        run.ckpt.maybe_save(done, program.state_of(state, i), {"step": done}, force=done == steps)
+        meta = {"step": done}
+        if evaluated and run.ckpt.best is not None and evaluate is None:  # the evaluated params, with their score
+          meta[ckpt_lib.BEST] = ckpt_lib.best_record(*run.ckpt.best, run.last_eval[run.ckpt.best[0]])
+        saved = run.ckpt.maybe_save(done, program.state_of(state, i), meta, force=done == steps or len(meta) > 1)
+        if saved and len(meta) > 1:
+          best = ckpt_lib.best_step(run.ckpt.directory, *run.ckpt.best)
+          logging.info("step %d %s %s; best kept: %s", done, run.ckpt.best[0], meta[ckpt_lib.BEST]["value"],
+                       f"step {best[0]} ({best[1]['value']})" if best else "none (no finite value yet)")
       if log:
         means = {k: float(np.mean(scalars[k])) for k in ("train/reward_mean", "train/kl") if k in scalars}
         log(f"{S} runs, step {done}/{steps}, {dt:.2f}s/step, mean over runs: "
@@ -373,6 +382,15 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
     where = runs[0].workdir if S == 1 else f"{S} vmapped runs ({', '.join(os.path.basename(r.workdir) for r in runs)})"
     raise errors.Preempted(where, done)
   return traces
+
+
+def check_best_metric(config, row: dict[str, float]) -> None:
+  """train.keep_best names a key of the held-out rows; which keys exist depends on the task and eval settings
+  (pass@k, tools, process readings), so it is checked against the first row (step 0 of a fresh run)."""
+  metric = config.train.get("keep_best", "")
+  if metric and metric not in row:
+    raise errors.ConfigError(f"config.train.keep_best={metric!r} is not a held-out metric of this run; it logs "
+                             f"{', '.join(sorted(row))}.")
 
 
 @dataclasses.dataclass

@@ -184,6 +184,23 @@ def _task(c, offers: str, lacks: str):
     _fail("task.name", f"{'unknown task' if name not in registry.TASKS else lacks} {name!r}; choose one of {ok}.")
 
 
+def validate_keep_best(c) -> None:
+  """train.keep_best: a held-out metric (its presence in the eval rows is checked at the first evaluation,
+  run/train.py's check_best_metric), kept by RL runs only: an SFT run evaluates once, at its end."""
+  metric = _get(c, "train.keep_best")
+  if not isinstance(metric, str):
+    _fail("train.keep_best", f"must be a held-out metric name such as 'eval/accuracy' ('' = off), got {metric!r}.")
+  _choice(c, "train.keep_best_mode", ("max", "min"))
+  if not metric:
+    return
+  if not metric.startswith("eval/"):
+    _fail("train.keep_best", f"{metric!r} is not a held-out metric; name a key of the eval rows in metrics.jsonl, "
+          "e.g. 'eval/accuracy' (mode max) or 'eval/completion_len_mean' (mode min).")
+  if c.job in ("sft", "pretrain"):
+    _fail("train.keep_best", f"job={c.job} evaluates once, at its end, so there is no best step to keep; leave it "
+          "empty (it applies to RL runs and the RL stages of job=r1_pipeline).")
+
+
 def validate_packing(c, total: int) -> None:
   """rl.packing's keys: a packed row must hold the longest sample (P + L tokens)."""
   if config_lib.switch(c.rl.packing) is None:

@@ -1,0 +1,165 @@
+"""train.keep_best: every held-out evaluation saves a checkpoint recording its score, rotation keeps the best one
+beside the newest `keep_checkpoints`, and export --best writes it."""
+import json
+import math
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from grpo_jax.config import config_lib
+from grpo_jax.hf import export as export_lib
+from grpo_jax.infra import checkpoint
+from grpo_jax.infra import errors
+from grpo_jax.infra import params_ckpt
+from grpo_jax.model import model as model_lib
+from grpo_jax.run import evaluation
+from grpo_jax.run import preflight
+from grpo_jax.run import train
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _state(seed):
+  return {"params": {"w": jnp.full((4,), float(seed))}, "step": jnp.int32(seed)}
+
+
+def _saved(directory):
+  return sorted(int(p) for p in os.listdir(directory) if p.isdigit())
+
+
+def test_rotation_keeps_the_best_step_per_recorded_metric(tmp_path):
+  """keep=1; scores by step (max): 0.2, 0.7, NaN, 0.5, 0.7 (a tie: the earlier step stays best), then a step saved
+  without a score. A reopened checkpointer with another metric (min) keeps its own best AND the earlier metric's."""
+  scores = {1: 0.2, 2: 0.7, 3: math.nan, 4: 0.5, 5: 0.7}
+  with checkpoint.Checkpointer(tmp_path, save_every=100, keep=1, async_save=False,
+                               best=("eval/accuracy", "max")) as ckpt:
+    for step, v in scores.items():
+      meta = {checkpoint.BEST: checkpoint.best_record("eval/accuracy", "max", v)}
+      assert ckpt.maybe_save(step, _state(step), meta, force=True)
+      ckpt.wait()
+      best = {1: 1, 2: 2, 3: 2, 4: 2, 5: 2}[step]
+      assert _saved(tmp_path) == sorted({best, step}), (step, _saved(tmp_path))
+      if step == 3:
+        assert checkpoint.read_meta(tmp_path, 3)[checkpoint.BEST]["value"] is None  # NaN: recorded, no candidate
+    assert ckpt.maybe_save(6, _state(6), force=True)  # a periodic save: no score
+    ckpt.wait()
+    assert _saved(tmp_path) == [2, 6]
+  assert checkpoint.best_step(tmp_path) == (2, {"metric": "eval/accuracy", "mode": "max", "value": 0.7})
+  with checkpoint.Checkpointer(tmp_path, save_every=100, keep=1, async_save=False,
+                               best=("eval/completion_len_mean", "min")) as ckpt:
+    for step, v in ((7, 30.0), (8, 12.0), (9, 20.0)):
+      ckpt.maybe_save(step, _state(step), {checkpoint.BEST: checkpoint.best_record(
+          "eval/completion_len_mean", "min", v)}, force=True)
+      ckpt.wait()
+    assert _saved(tmp_path) == [2, 8, 9]  # 2: the accuracy best is not deleted by the change of metric
+  assert checkpoint.best_step(tmp_path)[0] == 8  # the newest record's metric and mode
+  assert checkpoint.best_step(tmp_path, "eval/accuracy", "max")[0] == 2
+  assert checkpoint.best_step(tmp_path, "eval/accuracy", "min") is None  # no step records accuracy under min
+  with pytest.raises(errors.ConfigError, match="keep_best_mode"):
+    checkpoint.Checkpointer(tmp_path / "x", save_every=1, keep=1, best=("eval/accuracy", "largest"))
+
+
+def test_bad_keep_best_settings_are_one_line():
+  from grpo_jax.run import validate
+  base = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
+  for over, match in (({"train.keep_best": "accuracy"}, "is not a held-out metric; name a key of the eval rows"),
+                      ({"train.keep_best": "eval/accuracy", "train.keep_best_mode": "best"},
+                       r"train.keep_best_mode: unknown value 'best'"),
+                      ({"train.keep_best": "eval/accuracy", "job": "sft"}, "job=sft evaluates once")):
+    c = base.copy_and_resolve_references()
+    with c.unlocked():
+      for k, v in over.items():
+        node = c
+        *parts, last = k.split(".")
+        for p in parts:
+          node = node[p]
+        node[last] = v
+    with pytest.raises(errors.ConfigError, match=match):
+      validate.validate_keep_best(c)
+  validate.validate_keep_best(base)  # off by default
+
+
+def _config(**over):
+  c = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
+  c.model.update(hidden=32, layers=1, heads=2, kv_heads=1, inter=64)
+  return config_lib.override(c, {
+      "sft.steps": 0, "train.steps": 4, "train.ckpt_every": 100, "train.keep_checkpoints": 1,
+      "train.eval_every": 1, "train.plot_every": 0, "train.sample_every": 0, "eval.size": 8, "eval.batch": 8,
+      "eval.n_samples": 1, "eval.pass_k": (1,), "sampling.max_new_tokens": 8, "task.train_size": 64,
+      "task.test_size": 16, "log.tensorboard": False, "log.plots": False, **over})
+
+
+@pytest.fixture(scope="module")
+def best_run(tmp_path_factory):
+  """4 RL steps evaluated at every step with a scripted held-out accuracy (0.1 before training, then 0.3, 0.8, 0.2,
+  0.5): the run keeps step 2 (best) and step 4 (newest)."""
+  run_dir = str(tmp_path_factory.mktemp("keep_best") / "run")
+  c = _config(**{"train.keep_best": "eval/accuracy"})
+  os.makedirs(run_dir)
+  with open(os.path.join(run_dir, "config.json"), "w") as f:
+    f.write(c.to_json())
+  scripted = iter([0.1, 0.3, 0.8, 0.2, 0.5])
+  real = evaluation.Evaluator.__call__
+
+  def scored(self, params, rng):
+    m, texts = real(self, params, rng)
+    return {**m, "eval/accuracy": next(scripted)}, texts
+
+  mp = pytest.MonkeyPatch()
+  mp.setattr(evaluation.Evaluator, "__call__", scored)
+  try:
+    train.run_rl(c, run_dir)
+  finally:
+    mp.undo()
+  return dict(run_dir=run_dir, config=c)
+
+
+def test_the_best_evaluated_step_is_kept_and_exported(best_run, tmp_path):
+  run_dir, c = best_run["run_dir"], best_run["config"]
+  ckpt_dir = os.path.join(run_dir, "checkpoints")
+  assert _saved(ckpt_dir) == [2, 4]
+  rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+  logged = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
+  assert logged == {0: 0.1, 1: 0.3, 2: 0.8, 3: 0.2, 4: 0.5}
+  for step in (2, 4):  # each evaluated save records the score logged at its step
+    assert checkpoint.read_meta(ckpt_dir, step)[checkpoint.BEST] == {
+        "metric": "eval/accuracy", "mode": "max", "value": logged[step]}
+  out = str(tmp_path / "best")
+  summary = export_lib.export(run_dir, out, best=True)
+  assert summary["step"] == 2 and summary["best"].startswith("eval/accuracy 0.8")
+  assert "exported step 2 (best held-out: eval/accuracy 0.8" in export_lib.describe(summary, out)
+  from grpo_jax.hf import hf_io
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  want = params_ckpt.restore_params_only(ckpt_dir, jax.tree.map(
+      lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=jax.sharding.SingleDeviceSharding(jax.devices()[0])),
+      model_lib.param_shapes(mcfg)), 2).params
+  got = hf_io.load_params(out, mcfg)
+  newest = export_lib.restore_params(run_dir, mcfg).params
+  diff = 0.0
+  for a, b, n in zip(jax.tree.leaves(got), jax.tree.leaves(want), jax.tree.leaves(newest)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    diff = max(diff, float(np.abs(np.asarray(a) - np.asarray(n)).max()))
+  assert diff > 0  # step 2's weights, not the newest step's
+  with pytest.raises(config_lib.ConfigError, match="name two checkpoints"):
+    export_lib.export(run_dir, str(tmp_path / "x"), best=True, step=4)
+
+
+def test_a_run_without_keep_best_has_no_best_to_export(tmp_path):
+  run = tmp_path / "run"
+  (run / "checkpoints").mkdir(parents=True)
+  (run / "config.json").write_text(_config().to_json_best_effort())
+  with pytest.raises(errors.InputError, match="records a finite held-out score.*keep_best=eval/accuracy"):
+    export_lib.export(str(run), str(tmp_path / "out"), best=True)
+  assert not os.path.exists(tmp_path / "out")
+
+
+def test_a_metric_the_run_does_not_log_is_refused_before_training(tmp_path):
+  run_dir = str(tmp_path / "run")
+  c = _config(**{"train.keep_best": "eval/pass@64", "train.steps": 1})
+  with pytest.raises(errors.ConfigError, match=r"keep_best='eval/pass@64' is not a held-out metric of this run; "
+                                                r"it logs .*eval/accuracy"):
+    train.run_rl(c, run_dir)
+  assert _saved(os.path.join(run_dir, "checkpoints")) == []  # refused at step 0's evaluation: nothing trained
