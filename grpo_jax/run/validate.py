@@ -1,5 +1,6 @@
 """Config validation before anything compiles: each failure is ONE line naming the key and the fix."""
 import contextlib
+import dataclasses
 import json
 import os
 from typing import Any, Iterator
@@ -865,6 +866,26 @@ def validate_groups(c) -> None:
       or len(set(idx)) != len(idx):
     _fail("task.train_indices", f"{idx!r}: give distinct integers in [0, task.train_size={c.task.train_size}) "
           "(the train-split examples the RL batches draw from; () = all of them).")
+  unread_task_knobs(c)
+
+
+# Task keys the prompt pipeline reads for every task (tasks/prompts.py), besides the tasks that take them as knobs.
+_PIPELINE_TASK_KEYS = ("prompt_format",)
+
+
+def unread_task_knobs(c) -> None:
+  """A task knob (a field of some task's class, tasks/registry.py) set away from its default while the run's task
+  does not read it — `task.train_path` with task.name='gsm8k' — was silently ignored: one line instead."""
+  cls = registry.get(c.task.name).task_class if c.task.name in registry.TASKS else None
+  mine = {f.name for f in dataclasses.fields(cls)} if cls is not None and dataclasses.is_dataclass(cls) else set()
+  defaults = config_lib.base_config().task
+  for key in sorted(c.task.keys()):
+    if key in mine or key in _PIPELINE_TASK_KEYS or key not in defaults or c.task[key] == defaults[key]:
+      continue
+    readers = registry.knob_readers(key)
+    if readers:
+      _fail(f"task.{key}", f"is a knob of {' and '.join(readers)}, which this run's task ({c.task.name!r}) does not "
+            f"read; leave it at its default ({defaults[key]!r}) or set task.name to one of {readers}.")
 
 
 def validate_optim(c) -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from grpo_jax.tasks import arith, base, countdown, digits, gsm8k, sums, verify_jax
+from grpo_jax.tasks import arith, base, countdown, digits, gsm8k, math_numeric, sums, verify_jax
 
 
 def _no_python_rewards(tok) -> dict:
@@ -60,6 +60,11 @@ TASKS: dict[str, TaskSpec] = {
         doc="GSM8K from a local TFDS data dir (tasks/gsm8k.py), answers checked in Python on decoded text",
         task_class=gsm8k.GSM8K, load=gsm8k.load_examples, python_rewards=gsm8k.python_rewards,
         host_verifier=gsm8k.host_verifier),
+    "math_numeric": TaskSpec(
+        doc="your own math problems with numeric answers from local .jsonl / .json / .parquet files (DAPO-Math-17k, "
+            "AIME, verl's parquet; tasks/math_numeric.py), graded like gsm8k",
+        task_class=math_numeric.MathNumeric, load=math_numeric.load_examples, python_rewards=gsm8k.python_rewards,
+        host_verifier=gsm8k.host_verifier),
     "digits": TaskSpec(
         doc="digit-token addition (tasks/digits.py): the benchmark workload and the ablations' toy task; its "
             "batches are token ids built by tasks/digits.py, not by the text pipeline",
@@ -89,6 +94,12 @@ def names(offers: str | None = None) -> list[str]:
   if offers is not None and offers not in {f.name for f in dataclasses.fields(TaskSpec)}:
     raise ValueError(f"TaskSpec has no field {offers!r}")
   return sorted(n for n, t in TASKS.items() if offers is None or getattr(t, offers))
+
+
+def knob_readers(key: str) -> list[str]:
+  """The tasks whose class takes `key` as a knob."""
+  return sorted(n for n, t in TASKS.items() if t.task_class is not None and dataclasses.is_dataclass(t.task_class)
+                and key in {f.name for f in dataclasses.fields(t.task_class)} - {"name"})
 
 
 def get_task(name: str, **knobs: Any) -> base.Task:
