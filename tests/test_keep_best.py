@@ -1,6 +1,7 @@
 """train.keep_best: every held-out evaluation saves a checkpoint recording its score, rotation keeps the best one
 beside the newest `keep_checkpoints`, and export --best writes it."""
 import json
+import logging
 import math
 import os
 
@@ -110,17 +111,31 @@ def best_run(tmp_path_factory):
 
   mp = pytest.MonkeyPatch()
   mp.setattr(evaluation.Evaluator, "__call__", scored)
+  lines = []
+  handler = logging.Handler()
+  handler.emit = lambda record: lines.append(record.getMessage())
+  absl_logger = logging.getLogger("absl")
+  level = absl_logger.level
+  absl_logger.addHandler(handler)
+  absl_logger.setLevel(logging.INFO)
   try:
     train.run_rl(c, run_dir)
   finally:
     mp.undo()
-  return dict(run_dir=run_dir, config=c)
+    absl_logger.removeHandler(handler)
+    absl_logger.setLevel(level)
+  return dict(run_dir=run_dir, config=c, log=[l for l in lines if "best kept" in l])
 
 
 def test_the_best_evaluated_step_is_kept_and_exported(best_run, tmp_path):
   run_dir, c = best_run["run_dir"], best_run["config"]
   ckpt_dir = os.path.join(run_dir, "checkpoints")
   assert _saved(ckpt_dir) == [2, 4]
+  # each line counts the save it follows, which may still be writing (it read 'none' after the first async save)
+  assert best_run["log"] == ["step 1 eval/accuracy 0.3; best kept: step 1 (0.3)",
+                             "step 2 eval/accuracy 0.8; best kept: step 2 (0.8)",
+                             "step 3 eval/accuracy 0.2; best kept: step 2 (0.8)",
+                             "step 4 eval/accuracy 0.5; best kept: step 2 (0.8)"], best_run["log"]
   rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
   logged = {r["step"]: r["eval/accuracy"] for r in rows if "eval/accuracy" in r}
   assert logged == {0: 0.1, 1: 0.3, 2: 0.8, 3: 0.2, 4: 0.5}

@@ -189,3 +189,20 @@ def test_a_short_rl_run_on_local_files(tmp_path):
   assert sorted(evals) == [0, 1]
   trained = [r for r in rows if "train/reward_mean" in r]
   assert len(trained) == 1 and "train/reward/math_accuracy" in trained[0], sorted(trained[0])
+
+
+def test_eval_size_is_checked_against_the_test_file_not_test_size(tmp_path):
+  """task.test_size sizes a generated split; a dataset's test split is its file. configs/gsm8k.py:small sets
+  test_size=4, and an eval.size of 8 on an 8-question file was refused as exceeding it."""
+  from grpo_jax.run import preflight
+  ds = tmp_path / "ds"
+  ds.mkdir()
+  _write_jsonl(ds / "train.jsonl", [{"question": f"What is {i} + 3?", "answer": str(i + 3)} for i in range(8)])
+  _write_jsonl(ds / "test.jsonl", [{"question": f"What is {i} + 5?", "answer": str(i + 5)} for i in range(8)])
+  c = config_lib.load_config(os.path.join(REPO, "configs", "gsm8k.py"), "small")
+  c = config_lib.override(c, {"task.name": "math_numeric", "task.data_dir": str(ds), "eval.size": 8,
+                              "eval.batch": 8})
+  assert c.task.test_size == 4
+  preflight.check(c, str(tmp_path / "run"))
+  with pytest.raises(errors.ConfigError, match="config.eval.size: 16 exceeds the 8 usable examples of the test split"):
+    preflight.check(config_lib.override(c, {"eval.size": 16}), str(tmp_path / "run"))

@@ -125,7 +125,8 @@ def best_record(metric: str, mode: str, value: Any) -> dict[str, Any]:
   return {'metric': metric, 'mode': mode, 'value': value if np.isfinite(value) else None}
 
 
-def _best_records(directory: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
+def committed_best_records(directory: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
+  """(step, `best` record) of every committed step that records a held-out score, oldest first."""
   records = []
   for step in _committed_steps(as_path(directory)):
     rec = (read_meta(directory, step) or {}).get(BEST)
@@ -134,7 +135,8 @@ def _best_records(directory: str | os.PathLike) -> list[tuple[int, dict[str, Any
   return records
 
 
-def _best_of(records, metric: str, mode: str) -> tuple[int, dict[str, Any]] | None:
+def best_of(records, metric: str, mode: str) -> tuple[int, dict[str, Any]] | None:
+  """The (step, record) of `records` best on `metric` under `mode` (ties: the earlier), None if none is finite."""
   sign, best = (1.0 if mode == 'max' else -1.0), None
   for step, rec in records:
     value = rec.get('value')
@@ -150,19 +152,19 @@ def best_step(directory: str | os.PathLike, metric: str | None = None,
   """(step, its `best` record) of the committed step whose recorded held-out `metric` is best under `mode` (max or
   min; ties: the earliest step), among the steps recording that metric and mode; None if none does. `metric`/`mode`
   None: those of the newest step that records one (what the run keeps now, if train.keep_best changed)."""
-  records = _best_records(directory)
+  records = committed_best_records(directory)
   if not records:
     return None
-  return _best_of(records, records[-1][1]['metric'] if metric is None else metric,
+  return best_of(records, records[-1][1]['metric'] if metric is None else metric,
                   records[-1][1]['mode'] if mode is None else mode)
 
 
 def kept_best_steps(directory: str | os.PathLike) -> set[int]:
   """The best step of every (metric, mode) the steps record: rotation never deletes one, even after train.keep_best
   changed or was turned off on resume (a kept best is removed by hand, not by a bookkeeping key)."""
-  records = _best_records(directory)
+  records = committed_best_records(directory)
   kinds = {(rec['metric'], rec['mode']) for _, rec in records}
-  return {best[0] for best in (_best_of(records, *kind) for kind in kinds) if best is not None}
+  return {best[0] for best in (best_of(records, *kind) for kind in kinds) if best is not None}
 
 
 def agreed_failure(why: str | None) -> str | None:

@@ -360,8 +360,9 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
         if evaluated and run.ckpt.best is not None and evaluate is None:  # the evaluated params, with their score
           meta[ckpt_lib.BEST] = ckpt_lib.best_record(*run.ckpt.best, run.last_eval[run.ckpt.best[0]])
         saved = run.ckpt.maybe_save(done, program.state_of(state, i), meta, force=done == steps or len(meta) > 1)
-        if saved and len(meta) > 1:
-          best = ckpt_lib.best_step(run.ckpt.directory, *run.ckpt.best)
+        if saved and len(meta) > 1:  # the save may still be writing: the best of the committed steps and this one
+          best = ckpt_lib.best_of([*ckpt_lib.committed_best_records(run.ckpt.directory), (done, meta[ckpt_lib.BEST])],
+                                  *run.ckpt.best)
           logging.info("step %d %s %s; best kept: %s", done, run.ckpt.best[0], meta[ckpt_lib.BEST]["value"],
                        f"step {best[0]} ({best[1]['value']})" if best else "none (no finite value yet)")
       if log:
