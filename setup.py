@@ -34,13 +34,16 @@ TPU = ["libtpu==0.0.42.1"]  # the TPU compiler on a CPU machine (grpo_jax.perf.a
 # NCCL, ... as nvidia-*-cu12 wheels at the plugin's lower bounds). benchmarks/device_check.sh is the first run.
 GPU = ["jax[cuda12]==0.10.2", "jax-cuda12-plugin[with-cuda]==0.10.2", "jax-cuda12-pjrt==0.10.2"]
 
+MATH = ["math-verify==0.9.0"]
+
 EXTRAS = {
     "hf": HF,
     "tpu": TPU,
     "gpu": GPU,
-    # The tests compare our logits with transformers' (and a PEFT-loaded LoRA adapter's) and compile one step for a
-    # TPU topology.
-    "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "math-verify==0.9.0", "peft==0.21.2"] + HF + TPU,
+    "math": MATH,  # task.grader=symbolic (tasks/symbolic.py: sympy-based answer equivalence)
+    # The tests compare our logits with transformers' (and a PEFT-loaded LoRA adapter's), compile one step for a
+    # TPU topology and grade symbolically.
+    "test": ["pytest==9.2.0", "pytest-xdist==3.8.0", "peft==0.21.2"] + MATH + HF + TPU,
 }
 
 setuptools.setup(

@@ -17,7 +17,7 @@ PACKAGE = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def test_entries_are_consistent():
-  assert registry.names() == sorted(registry.TASKS) == ["arith", "countdown", "digits", "gsm8k", "math_numeric",
+  assert registry.names() == sorted(registry.TASKS) == ["arith", "countdown", "digits", "gsm8k", "math",
                                                                "sums"]
   for name, spec in registry.TASKS.items():
     assert (spec.task_class is None) == (spec.load is None), name
@@ -26,7 +26,7 @@ def test_entries_are_consistent():
       assert (spec.in_graph_accuracy is None) != (spec.host_verifier is None), name
       assert getattr(spec.task_class, "name", None) == name, name
     assert not spec.worked_solutions or spec.task_class is not None, name
-  assert registry.names("host_verifier") == ["gsm8k", "math_numeric"]
+  assert registry.names("host_verifier") == ["gsm8k", "math"]
   assert registry.names("in_graph_accuracy") == registry.names("worked_solutions") == ["arith", "countdown", "sums"]
   with pytest.raises(ValueError, match="task.name='sudoku' is unknown"):
     registry.get("sudoku")

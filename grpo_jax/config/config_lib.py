@@ -78,10 +78,11 @@ def base_config() -> ml_collections.ConfigDict:
       # prompts longer than prompt_len (checked over every split before the run): "error" (one line naming the
       # count and the length that fits) | "drop" (skipped, counted in the log) | "truncate" (bos + the last tokens)
       overlong_prompts="error",
-      # task.name='math_numeric' (tasks/math_numeric.py): the splits' files (a .jsonl / .json / .parquet file or a
-      # directory of them; "" = task.data_dir/<split>.*), the records' question and answer fields ("" = the first
-      # of the usual names; a dotted path for nested ones) and what a non-numeric answer does: "error" | "skip"
-      train_path="", test_path="", question_field="", answer_field="", non_numeric="error"))
+      # task.name='math' (tasks/math_data.py): the splits' files (a .jsonl / .json / .parquet file or a directory of
+      # them; "" = task.data_dir/<split>.*), the records' question and answer fields ("" = the first of the usual
+      # names; a dotted path for nested ones), the grader ("numeric": exact values | "symbolic": math-verify, the
+      # [math] extra) and what a reference it cannot read does ("error" | "skip": left out, counted)
+      train_path="", test_path="", question_field="", answer_field="", grader="numeric", ungradable="error"))
 
   c.sampling = ml_collections.ConfigDict(dict(
       temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=48,

@@ -242,11 +242,13 @@ def check_rewards(config, tokenizer) -> None:
 def check_packages(config) -> None:
   """Optional packages the config asks for are importable (else the run would fail after its first stage)."""
   wanted = [("log.wandb_project", "wandb", bool(config.log.wandb_project), "set log.wandb_project=''"),
-            ("log.tensorboard", "tensorboardX", bool(config.log.tensorboard), "set log.tensorboard=False")]
+            ("log.tensorboard", "tensorboardX", bool(config.log.tensorboard), "set log.tensorboard=False"),
+            ("task.grader", "math_verify", config.task.get("grader", "numeric") == "symbolic",
+             "pip install -e '.[math]' (math-verify), or set task.grader=numeric")]
   for key, module, used, off in wanted:
     if used and importlib.util.find_spec(module) is None:
-      raise errors.ConfigError(f"config.{key}: needs the {module} package, which is not installed; pip install "
-                               f"{module}, or {off}.")
+      fix = off if off.startswith("pip") else f"pip install {module}, or {off}"
+      raise errors.ConfigError(f"config.{key}: needs the {module} package, which is not installed; {fix}.")
 
 
 def check_data(config, tokenizer) -> None:

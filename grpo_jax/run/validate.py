@@ -769,7 +769,7 @@ def validate_eval(c, data_par: int, group: str = "eval") -> None:
   for k in e.pass_k:
     if not (integer(k) and 1 <= k <= e.n_samples):
       _fail(f"{group}.pass_k", f"entry {k!r} must be an integer in [1, {group}.n_samples={e.n_samples}].")
-  # A generated task's test split has task.test_size examples; a dataset task's (gsm8k, math_numeric) is its files,
+  # A generated task's test split has task.test_size examples; a dataset task's (gsm8k, math) is its files,
   # whatever test_size says: preflight counts its usable examples (check_data). An eval.size over test_size was
   # refused for a dataset whose test file holds more.
   if registry.generated(c.task.name) and e.size > c.task.test_size:

@@ -84,19 +84,25 @@ class GSM8K:
 
 
 ANSWER_CHARS = 24
+# Per row, which grader compares its answer (batch field grader_N; absent = numeric): math_answer's exact values, or
+# math-verify's symbolic equivalence (tasks/symbolic.py: task.name=math with task.grader=symbolic).
+GRADERS = ("numeric", "symbolic")
 
 
-def encode_answers(finals: list[str]) -> np.ndarray:
-  out = np.zeros((len(finals), ANSWER_CHARS), np.int32)
+def encode_answers(finals: list[str], width: int = ANSWER_CHARS) -> np.ndarray:
+  """Final answers as UTF-8 bytes, 0-padded to `width` (numeric, so the batch can go to devices and through
+  jax.pure_callback)."""
+  out = np.zeros((len(finals), width), np.int32)
   for i, f in enumerate(finals):
-    if len(f) > ANSWER_CHARS or not f.isascii():
-      raise ValueError(f"GSM8K final answer {f!r} does not fit {ANSWER_CHARS} ASCII chars; raise ANSWER_CHARS")
-    out[i, :len(f)] = [ord(c) for c in f]
+    raw = f.encode("utf-8")
+    if len(raw) > width or 0 in raw:
+      raise ValueError(f"final answer {f[:40]!r} does not fit {width} UTF-8 bytes")
+    out[i, :len(raw)] = list(raw)
   return out
 
 
 def decode_answer(chars_A) -> str:
-  return "".join(chr(int(c)) for c in chars_A if c)
+  return bytes(int(c) for c in chars_A if c).decode("utf-8")
 
 
 def _text(x, name: str) -> str:
@@ -263,16 +269,38 @@ def eos_ids(tok) -> tuple[int, ...]:
   return tuple(getattr(tok, "eos_ids", (tok.eos_id,)))
 
 
-def grade(ids: Sequence[int], final: str, tok, prompt_format: str = "r1_zero") -> tuple[float, float, str | None]:
-  """`grade_text` of a completion given as token ids, up to and including its EOS if it ended."""
+def read(ids: Sequence[int], tok, prompt_format: str = "r1_zero") -> tuple[str | None, float]:
+  """(answer, format) of a completion given as token ids, up to and including its EOS if it ended: what
+  `grade_text` reads, and the tag-token rule."""
   ids = [int(i) for i in ids]
   ended = bool(ids) and ids[-1] in eos_ids(tok)
   body = ids[:-1] if ended else ids
   text = tok.decode(body)
-  acc, fmt, answer = grade_text(text, final, ended=ended, prompt_format=prompt_format)
+  answer = math_answer.extract_answer(text, last_number_ok=ended)
+  fmt = float(tags_ok(text) if prompt_format == "r1_zero" else boxed_ok(text))
   if fmt and token_tags(tok) and prompt_format == "r1_zero" and not _tags_are_tokens(body, text, tok):
     fmt = 0.0
-  return acc, fmt, answer
+  return (None if answer is None else answer.strip()), fmt
+
+
+def grade(ids: Sequence[int], final: str, tok, prompt_format: str = "r1_zero") -> tuple[float, float, str | None]:
+  """`grade_text` of a completion given as token ids, up to and including its EOS if it ended."""
+  answer, fmt = read(ids, tok, prompt_format)
+  return float(math_answer.equal(answer, final)), fmt, answer
+
+
+def equal_rows(answers: Sequence[str | None], finals: Sequence[str], batch: dict) -> list[float]:
+  """Accuracy of each row: its grader's (batch field grader_N; absent: numeric) comparison of answer and final.
+  The symbolic rows go to the grader's worker in one call."""
+  codes = batch.get("grader_N")
+  symbolic_rows = [i for i in range(len(finals)) if codes is not None and GRADERS[int(codes[i])] == "symbolic"]
+  out = [float(math_answer.equal(a, f)) for a, f in zip(answers, finals)]
+  if symbolic_rows:
+    from grpo_jax.tasks import symbolic  # pylint: disable=g-import-not-at-top  (math-verify only where asked for)
+    verdicts = symbolic.grader().equal_many([(answers[i], finals[i]) for i in symbolic_rows])
+    for i, v in zip(symbolic_rows, verdicts):
+      out[i] = float(v)
+  return out
 
 
 def token_tags(tok) -> bool:
@@ -289,22 +317,24 @@ def make_rewards(tok) -> dict[str, Callable]:
   """The `math_accuracy` and `math_format` reward_spec.PyRewardFn terms. The callback hands completion ids without
   their EOS and, in `ended_N`, whether each row stopped at one (absent: every row counts as ended)."""
 
-  def graded(token_ids, batch, k: int) -> list[float]:
+  def read_rows(token_ids, batch) -> tuple[list[str | None], list[float], list[str]]:
     finals = [decode_answer(a) for a in batch["answer_chars_NxA"]]
     ended = batch.get("ended_N", np.ones(len(finals), bool))
-    out = []
-    for ids, final, e, fmt in zip(token_ids, finals, ended, _formats(batch, len(finals))):
-      ids = list(ids) + ([tok.eos_id] if e else [])
-      out.append(grade(ids, final, tok, fmt)[k])
-    return out
+    answers, formats = [], []
+    for ids, e, fmt in zip(token_ids, ended, _formats(batch, len(finals))):
+      answer, ok = read(list(ids) + ([tok.eos_id] if e else []), tok, fmt)
+      answers.append(answer)
+      formats.append(ok)
+    return answers, formats, finals
 
   def math_accuracy(texts, token_ids, batch: dict) -> list[float]:
-    del texts  # decoded here from the same ids (grade needs the ids for the tag-token rule)
-    return graded(token_ids, batch, 0)
+    del texts  # decoded here from the same ids (read needs the ids for the tag-token rule)
+    answers, _, finals = read_rows(token_ids, batch)
+    return equal_rows(answers, finals, batch)
 
   def math_format(texts, token_ids, batch: dict) -> list[float]:
     del texts
-    return graded(token_ids, batch, 1)
+    return read_rows(token_ids, batch)[1]
   return {"math_accuracy": math_accuracy, "math_format": math_format}
 
 
@@ -317,15 +347,13 @@ def host_verifier(tok) -> Callable:
   """Held-out evaluation on the host: (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N)."""
 
   def verify(tokens_NxL, mask_NxL, fields: dict) -> tuple[np.ndarray, np.ndarray, list]:
-    acc, fmt, answers = [], [], []
     tokens_NxL, mask_NxL = np.asarray(tokens_NxL), np.asarray(mask_NxL)
-    formats = _formats(fields, len(tokens_NxL))
-    for t, m, a, f in zip(tokens_NxL, mask_NxL, np.asarray(fields["answer_chars_NxA"]), formats):
-      r = grade(t[m > 0].tolist(), decode_answer(a), tok, f)
-      acc.append(r[0])
-      fmt.append(r[1])
-      answers.append(_vote_key(r[2]))
-    return np.asarray(acc, np.float32), np.asarray(fmt, np.float32), answers
+    read_N = [read(t[m > 0].tolist(), tok, f) for t, m, f in zip(tokens_NxL, mask_NxL,
+                                                                  _formats(fields, len(tokens_NxL)))]
+    finals = [decode_answer(a) for a in np.asarray(fields["answer_chars_NxA"])]
+    acc = equal_rows([r[0] for r in read_N], finals, fields)
+    return (np.asarray(acc, np.float32), np.asarray([r[1] for r in read_N], np.float32),
+            [_vote_key(r[0]) for r in read_N])
   return verify
 
 
@@ -334,7 +362,7 @@ def _vote_key(answer: str | None):
   if answer is None:
     return None
   v = math_answer.parse_value(answer)
-  return ("value", v[0], v[1]) if v is not None else ("text", answer)
+  return ("value", v[0], v[1]) if v is not None else ("text", "".join(answer.split()))
 
 
 def main(argv=None) -> int:

@@ -220,3 +220,17 @@ def equal(pred: str | None, gold: str | None) -> bool:
   if pv == gv:
     return True
   return (pp and pv / 100 == gv) or (gp and gv / 100 == pv)
+
+
+# A reference's units in \text{…} / \mathrm{…}, its LaTeX commands (parse_value refuses those that change the
+# value) and scientific notation's exponent: what may hold letters in a numeric reference.
+_UNIT_GROUP = re.compile(r"\\(?:text|textrm|mathrm|mbox)\s*\{[^{}]*\}")
+_COMMAND = re.compile(r"\\[A-Za-z]+")
+_EXPONENT = re.compile(r"(?<=\d)[eE](?=[-+]?\d)")
+
+
+def no_variables(text: str) -> bool:
+  """No letter outside units (\\text{…}, \\mathrm{…}), LaTeX commands and exponents. parse_value drops bare words as
+  units, which suits a completion ('5 apples') but would read a symbolic reference 'x+1' as 1 and 'k=3' as 3, and
+  grade a completion '1' right on it: a reference is numeric only if this holds too."""
+  return re.search(r"[A-Za-z]", _EXPONENT.sub("", _COMMAND.sub("", _UNIT_GROUP.sub("", text)))) is None

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable
 
-from grpo_jax.tasks import arith, base, countdown, digits, gsm8k, math_numeric, sums, verify_jax
+from grpo_jax.tasks import arith, base, countdown, digits, gsm8k, math_data, sums, verify_jax
 
 
 def _no_python_rewards(tok) -> dict:
@@ -60,10 +60,10 @@ TASKS: dict[str, TaskSpec] = {
         doc="GSM8K from a local TFDS data dir (tasks/gsm8k.py), answers checked in Python on decoded text",
         task_class=gsm8k.GSM8K, load=gsm8k.load_examples, python_rewards=gsm8k.python_rewards,
         host_verifier=gsm8k.host_verifier),
-    "math_numeric": TaskSpec(
-        doc="your own math problems with numeric answers from local .jsonl / .json / .parquet files (DAPO-Math-17k, "
-            "AIME, verl's parquet; tasks/math_numeric.py), graded like gsm8k",
-        task_class=math_numeric.MathNumeric, load=math_numeric.load_examples, python_rewards=gsm8k.python_rewards,
+    "math": TaskSpec(
+        doc="your own math problems from local .jsonl / .json / .parquet files (DAPO-Math-17k, AIME, MATH-500, "
+            "verl's parquet; tasks/math_data.py), graded like gsm8k: numerically, or symbolically (task.grader)",
+        task_class=math_data.MathData, load=math_data.load_examples, python_rewards=gsm8k.python_rewards,
         host_verifier=gsm8k.host_verifier),
     "digits": TaskSpec(
         doc="digit-token addition (tasks/digits.py): the benchmark workload and the ablations' toy task; its "

@@ -1,6 +1,6 @@
-"""Your own math dataset with numeric answers, from local files: DAPO-Math-17k, AIME, AMC, GSM8K-style sets, or the
-parquet files verl's preprocessing writes; graded like GSM8K (tasks/gsm8k.py: the same prompts, reward terms and
-host verifier).
+"""Your own math dataset, from local files: DAPO-Math-17k, AIME, AMC, MATH-500, GSM8K-style sets, or the parquet files
+verl's preprocessing writes; graded like GSM8K (tasks/gsm8k.py: the same prompts, reward terms and host verifier),
+numerically or symbolically.
 
 Files: `task.train_path` / `task.test_path` (a `.jsonl`, `.json` or `.parquet` file, or a directory whose files with
 those endings are read in name order), else `task.data_dir` holding `<split>.jsonl`, `<split>.json` or parquet
@@ -10,13 +10,14 @@ those endings are read in name order), else `task.data_dir` holding `<split>.jso
   (its system turn is replaced by this project's prompt format, task.prompt_format);
 - the answer: `task.answer_field`, else the first of ANSWER_KEYS (verl's `reward_model.ground_truth` included): a
   number, or text whose final answer is the part after `####`, else the last `\\boxed{…}`, else the whole text; a list
-  gives its first numeric element. The final answer must be a number or an arithmetic expression
-  (math_answer.parse_value: `\\frac{1}{3}`, `2^{10}`, `1,000`, `25\\%`); one longer than the batch's ANSWER_CHARS is
-  stored as its exact value `p/q`.
-A record whose answer is not numeric (`\\sqrt{2}`, an interval, a matrix) is refused in one line naming the file and
-row, unless `task.non_numeric='skip'`: then it is left out, and the count and the first few are logged (a
-numeric-only grader cannot grade it: symbolic answers need a symbolic checker). A question that appears in both
-the train and the test files is counted and logged (train/test leakage).
+  gives its first element the grader can read.
+`task.grader`: 'numeric' (default) compares exact values (math_answer: `\\frac{1}{3}`, `2^{10}`, `1,000`, `25\\%`;
+a reference must be a number or an arithmetic expression without variables, stored as its exact value `p/q` when
+longer than ANSWER_CHARS); 'symbolic' compares with math-verify (tasks/symbolic.py: `\\sqrt{2}/2` = `1/\\sqrt{2}`,
+intervals, tuples, `\\pi`, equations), a numeric reference still exactly, and takes any reference math-verify reads
+(up to ANSWER_BYTES UTF-8 bytes). A record whose reference the grader cannot read is refused in one line naming the
+file and row, unless `task.ungradable='skip'`: then it is left out, and the count and the first few are logged. A
+question that appears in both the train and the test files is counted and logged (train/test leakage).
 """
 from __future__ import annotations
 
@@ -25,9 +26,9 @@ import glob
 import json
 import math
 import os
-import re
 from typing import Any
 
+import numpy as np
 from absl import logging
 
 from grpo_jax.tasks import gsm8k
@@ -36,28 +37,39 @@ from grpo_jax.tasks import math_answer
 QUESTION_KEYS = ("question", "problem", "prompt", "query", "input")
 ANSWER_KEYS = ("answer", "final_answer", "ground_truth", "reward_model.ground_truth", "target", "solution",
                "output")
-NON_NUMERIC = ("error", "skip")
+UNGRADABLE = ("error", "skip")
+ANSWER_BYTES = 128  # a symbolic reference's bytes in the batch (answer_chars_NxA)
 EXTENSIONS = (".jsonl", ".json", ".parquet")
 
 
 @dataclasses.dataclass(frozen=True)
-class MathNumeric(gsm8k.GSM8K):
+class MathData(gsm8k.GSM8K):
   """GSM8K's prompts and grading over records read from local files (load_examples)."""
 
-  name: str = "math_numeric"
+  name: str = "math"
   question_field: str = ""
   answer_field: str = ""
   train_path: str = ""
   test_path: str = ""
-  non_numeric: str = "error"
+  grader: str = "numeric"
+  ungradable: str = "error"
 
   def __post_init__(self):
     super().__post_init__()
-    if self.non_numeric not in NON_NUMERIC:
-      raise ValueError(f"task.non_numeric={self.non_numeric!r} is unknown; use one of {list(NON_NUMERIC)}.")
+    if self.grader not in gsm8k.GRADERS:
+      raise ValueError(f"task.grader={self.grader!r} is unknown; use one of {list(gsm8k.GRADERS)}.")
+    if self.ungradable not in UNGRADABLE:
+      raise ValueError(f"task.ungradable={self.ungradable!r} is unknown; use one of {list(UNGRADABLE)}.")
+
+  def batch_fields(self, examples: list[dict]) -> dict:
+    n = len(examples)
+    width = ANSWER_BYTES if self.grader == "symbolic" else gsm8k.ANSWER_CHARS
+    return {"answer_chars_NxA": gsm8k.encode_answers([ex["final"] for ex in examples], width),
+            "prompt_format_N": np.full(n, gsm8k.PROMPT_FORMATS.index(self.prompt_format), np.int32),
+            "grader_N": np.full(n, gsm8k.GRADERS.index(self.grader), np.int32)}
 
 
-def split_files(task: MathNumeric, split: str, data_dir: str | None) -> list[str]:
+def split_files(task: MathData, split: str, data_dir: str | None) -> list[str]:
   """The files of `split`: task.<split>_path (a file or a directory of them), else data_dir/<split>.*."""
   key = f"task.{split}_path"
   given = getattr(task, f"{split}_path", "")
@@ -75,7 +87,7 @@ def split_files(task: MathNumeric, split: str, data_dir: str | None) -> list[str
                        "it if it is one of those.")
     return [given]
   if not data_dir:
-    raise ValueError(f"task.name=math_numeric reads local files: set {key} (a .jsonl, .json or .parquet file) or "
+    raise ValueError(f"task.name=math reads local files: set {key} (a .jsonl, .json or .parquet file) or "
                      f"task.data_dir (a directory with {split}.jsonl, {split}.json or {split}.parquet).")
   for path in (os.path.join(data_dir, f"{split}.jsonl"), os.path.join(data_dir, f"{split}.json")):
     if os.path.isfile(path):
@@ -164,42 +176,30 @@ def question_text(value: Any) -> str:
   return value
 
 
-# A reference's units in \\text{…} / \\mathrm{…}, its LaTeX commands (parse_value refuses those that change the
-# value) and scientific notation's exponent: what may hold letters in a numeric reference.
-_UNIT_GROUP = re.compile(r"\\(?:text|textrm|mathrm|mbox)\s*\{[^{}]*\}")
-_COMMAND = re.compile(r"\\[A-Za-z]+")
-_EXPONENT = re.compile(r"(?<=\d)[eE](?=[-+]?\d)")
-
-
-def _no_variables(text: str) -> bool:
-  """No letter outside units, commands and exponents. math_answer drops bare words as units, which suits a
-  completion ('5 apples') but would read a symbolic REFERENCE 'x+1' as 1 and 'k=3' as 3, and grade a completion '1'
-  right on it."""
-  return re.search(r"[A-Za-z]", _EXPONENT.sub("", _COMMAND.sub("", _UNIT_GROUP.sub("", text)))) is None
-
-
-def final_answer(value: Any) -> str | None:
-  """The final answer a reference gives, as the text the grader compares with (None: not numeric)."""
-  if isinstance(value, list):
-    for item in value:
-      final = final_answer(item)
-      if final is not None:
-        return final
-    return None
+def reference_text(value: Any) -> str | None:
+  """A reference's final-answer text: a number as written, the part after `####`, else the last \\boxed{}, else the
+  text (None: not a string or a finite number)."""
   if isinstance(value, bool) or value is None:
     return None
   if isinstance(value, (int, float)):
     if isinstance(value, float) and not math.isfinite(value):
       return None
-    value = str(int(value)) if float(value).is_integer() and abs(value) < 2**63 else repr(value)
+    return str(int(value)) if float(value).is_integer() and abs(value) < 2**63 else repr(value)
   if isinstance(value, bytes):
     value = value.decode("utf-8", errors="replace")
   if not isinstance(value, str):
     return None
   text = value.split("####")[-1] if "####" in value else (math_answer.last_boxed(value) or value)
-  text = text.strip()
+  return text.strip() or None
+
+
+def numeric_final(text: str | None) -> str | None:
+  """The numeric grader's final answer: a number or arithmetic expression without variables, as written, or as its
+  exact value p/q where the text is longer than the batch holds (None: not numeric)."""
+  if text is None:
+    return None
   parsed = math_answer.parse_value(text)
-  if parsed is None or not _no_variables(text):
+  if parsed is None or not math_answer.no_variables(text):
     return None
   if len(text) <= gsm8k.ANSWER_CHARS and text.isascii():
     return text
@@ -208,11 +208,33 @@ def final_answer(value: Any) -> str | None:
   return exact if len(exact) <= gsm8k.ANSWER_CHARS else None
 
 
-def load_examples(task: MathNumeric, split: str, *, data_dir: str | None = None, **sizes) -> list[dict]:
+def final_answer(value: Any) -> str | None:
+  """The numeric grader's final answer of a reference (a list: its first numeric element; None: none)."""
+  if isinstance(value, list):
+    return next((f for f in map(final_answer, value) if f is not None), None)
+  return numeric_final(reference_text(value))
+
+
+def symbolic_finals(values: list[Any]) -> list[str | None]:
+  """The symbolic grader's final answers of references, in one call to its worker: the numeric grader's where it
+  reads one, else the text math-verify parses (within ANSWER_BYTES); a list: its first such element."""
+  from grpo_jax.tasks import symbolic  # pylint: disable=g-import-not-at-top
+  flat = [(i, v) for i, value in enumerate(values) for v in (value if isinstance(value, list) else [value])]
+  texts = [reference_text(v) for _, v in flat]
+  ask = [t for t in texts if t is not None and numeric_final(t) is None and len(t.encode("utf-8")) <= ANSWER_BYTES]
+  parsed = dict(zip(ask, symbolic.grader().parses_many(ask))) if ask else {}
+  out: list[str | None] = [None] * len(values)
+  for (i, _), t in zip(flat, texts):
+    if out[i] is None and t is not None:
+      out[i] = numeric_final(t) or (t if parsed.get(t) else None)
+  return out
+
+
+def load_examples(task: MathData, split: str, *, data_dir: str | None = None, **sizes) -> list[dict]:
   """registry.TASKS loader: examples {index, question, solution, final} in file order (sizes do not apply: the
   files are the splits). The test split's loading also counts questions it shares with the train split."""
   del sizes
-  examples, skipped = [], []
+  rows = []
   for path in split_files(task, split, data_dir):
     for where, record in read_records(path):
       if not isinstance(record, dict):
@@ -221,29 +243,34 @@ def load_examples(task: MathNumeric, split: str, *, data_dir: str | None = None,
         question = question_text(_pick(record, task.question_field, QUESTION_KEYS, "question", where))
       except ValueError as e:
         raise ValueError(f"{where}: {e}" if not str(e).startswith(where) else str(e)) from None
-      answer = _pick(record, task.answer_field, ANSWER_KEYS, "answer", where)
-      final = final_answer(answer)
-      if final is None:
-        if task.non_numeric == "skip":
-          skipped.append((where, answer))
-          continue
-        raise ValueError(f"{where}: the answer {str(answer)[:60]!r} is not a number or an arithmetic expression, so "
-                         "no completion could be graded right on it (this task grades numeric answers); set "
-                         "task.non_numeric=skip to leave such records out (counted in the log).")
-      examples.append({"index": len(examples), "question": question, "solution": str(answer), "final": final})
+      rows.append((where, question, _pick(record, task.answer_field, ANSWER_KEYS, "answer", where)))
+  answers = [a for _, _, a in rows]
+  finals = symbolic_finals(answers) if task.grader == "symbolic" else [final_answer(a) for a in answers]
+  examples, skipped = [], []
+  for (where, question, answer), final in zip(rows, finals):
+    if final is None:
+      if task.ungradable == "skip":
+        skipped.append((where, answer))
+        continue
+      kind = ("math-verify cannot read it (or it is over {} UTF-8 bytes)".format(ANSWER_BYTES)
+              if task.grader == "symbolic" else "it is not a number or an arithmetic expression without variables "
+              "(task.grader=symbolic compares expressions, sets and intervals)")
+      raise ValueError(f"{where}: the answer {str(answer)[:60]!r} cannot be graded: {kind}; set "
+                       "task.ungradable=skip to leave such records out (counted in the log).")
+    examples.append({"index": len(examples), "question": question, "solution": str(answer), "final": final})
   if skipped:
-    logging.warning("task math_numeric, %s split: %d record(s) without a numeric answer left out "
-                    "(task.non_numeric=skip), e.g. %s", split, len(skipped),
+    logging.warning("task math, %s split: %d record(s) whose answer the %s grader cannot read left out "
+                    "(task.ungradable=skip), e.g. %s", split, len(skipped), task.grader,
                     "; ".join(f"{w}: {str(a)[:40]!r}" for w, a in skipped[:3]))
   if not examples:
-    raise ValueError(f"task.name=math_numeric: the {split} split has no examples with a numeric answer"
+    raise ValueError(f"task.name=math: the {split} split has no examples the {task.grader} grader can read"
                      + (f" ({len(skipped)} skipped)." if skipped else "."))
   if split == "test":
     _log_leakage(task, examples, data_dir)
   return examples
 
 
-def _log_leakage(task: MathNumeric, test: list[dict], data_dir: str | None) -> None:
+def _log_leakage(task: MathData, test: list[dict], data_dir: str | None) -> None:
   try:
     train = load_examples(task, "train", data_dir=data_dir)
   except ValueError:
@@ -251,5 +278,5 @@ def _log_leakage(task: MathNumeric, test: list[dict], data_dir: str | None) -> N
   seen = {" ".join(ex["question"].split()) for ex in train}
   shared = sum(" ".join(ex["question"].split()) in seen for ex in test)
   if shared:
-    logging.warning("task math_numeric: %d of the %d test questions are also train questions (the held-out "
+    logging.warning("task math: %d of the %d test questions are also train questions (the held-out "
                     "accuracy is partly on trained questions)", shared, len(test))

@@ -1,5 +1,6 @@
-"""task.name='math_numeric': local math datasets with numeric answers (jsonl, a json list, verl's parquet), read into
-GSM8K's prompts and grading; the refusals; one short RL run on such files."""
+"""task.name='math': local math datasets (jsonl, a json list, verl's parquet) read into GSM8K's prompts and grading,
+numeric or symbolic (math-verify in a killable worker: tasks/symbolic.py); the refusals; one short RL run on such
+files."""
 import json
 import logging
 import os
@@ -10,14 +11,14 @@ from grpo_jax.config import config_lib
 from grpo_jax.infra import errors
 from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import gsm8k
-from grpo_jax.tasks import math_numeric
+from grpo_jax.tasks import math_data
 from grpo_jax.tasks import registry
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _task(**knobs):
-  return registry.get_task("math_numeric", **knobs)
+  return registry.get_task("math", **knobs)
 
 
 def _write_jsonl(path, records):
@@ -48,49 +49,49 @@ def test_every_file_layout_gives_the_questions_and_final_answers(tmp_path):
       {"question": "Float?", "answer": 2.5},
       {"question": "Whole float?", "answer": 3.0},
       {"question": "Grouped?", "answer": "1,234"}])
-  got = math_numeric.load_examples(_task(train_path=train), "train")
+  got = math_data.load_examples(_task(train_path=train), "train")
   assert [(e["index"], e["question"], e["final"]) for e in got] == [
       (0, "2+2?", "4"), (1, "Half of 1?", "\\frac{1}{2}"), (2, "Big?", "1000000"), (3, "Float?", "2.5"),
       (4, "Whole float?", "3"), (5, "Grouped?", "1,234")]
   aime = tmp_path / "aime.json"  # a json list with `problem` (AIME files): the second candidate name
   aime.write_text(json.dumps([{"id": 1, "problem": "Find n.", "answer": "073"}, {"problem": "Find m.", "answer": 204}]))
-  got = math_numeric.load_examples(_task(test_path=str(aime), train_path=train), "test")
+  got = math_data.load_examples(_task(test_path=str(aime), train_path=train), "test")
   assert [(e["question"], e["final"]) for e in got] == [("Find n.", "073"), ("Find m.", "204")]
   pq_dir = tmp_path / "verl"
   pq_dir.mkdir()
   _verl_parquet(pq_dir / "train.parquet", [("What is 6*7?", "42"), ("And 10/4?", "\\frac{5}{2}")])
-  got = math_numeric.load_examples(_task(), "train", data_dir=str(pq_dir))
+  got = math_data.load_examples(_task(), "train", data_dir=str(pq_dir))
   assert [(e["question"], e["final"]) for e in got] == [("What is 6*7?", "42"), ("And 10/4?", "\\frac{5}{2}")]
   # a directory as the path: its files in name order, indices running on
   (pq_dir / "b.jsonl").write_text(json.dumps({"query": "q3", "target": "-7"}) + "\n")
-  got = math_numeric.load_examples(_task(train_path=str(pq_dir)), "train")
+  got = math_data.load_examples(_task(train_path=str(pq_dir)), "train")
   assert [(e["index"], e["question"], e["final"]) for e in got] == [
       (0, "q3", "-7"), (1, "What is 6*7?", "42"), (2, "And 10/4?", "\\frac{5}{2}")]
   # named fields, nested by a dotted path
   nested = _write_jsonl(tmp_path / "n.jsonl", [{"meta": {"q": "Nested?"}, "sol": "x", "gt": {"v": "12"}}])
-  got = math_numeric.load_examples(_task(train_path=nested, question_field="meta.q", answer_field="gt.v"), "train")
+  got = math_data.load_examples(_task(train_path=nested, question_field="meta.q", answer_field="gt.v"), "train")
   assert [(e["question"], e["final"]) for e in got] == [("Nested?", "12")]
 
 
 def test_a_long_numeric_answer_is_stored_as_its_exact_value():
-  assert math_numeric.final_answer("\\frac{123456789012}{246913578024}") == "1/2"
-  assert math_numeric.final_answer("\\frac{1}{3}") == "\\frac{1}{3}"
-  assert math_numeric.final_answer(["\\sqrt{2}", "7"]) == "7"  # a list: its first numeric element
+  assert math_data.final_answer("\\frac{123456789012}{246913578024}") == "1/2"
+  assert math_data.final_answer("\\frac{1}{3}") == "\\frac{1}{3}"
+  assert math_data.final_answer(["\\sqrt{2}", "7"]) == "7"  # a list: its first numeric element
   for bad in ("\\sqrt{2}", "[0, 1)", "x+1", "2x", "k=3", "5 apples", "\\pi", True, None, float("nan"), "",
               {"a": 1}):  # math_answer reads 'x+1' as 1 (bare words are units in a completion): not in a reference
-    assert math_numeric.final_answer(bad) is None, bad
+    assert math_data.final_answer(bad) is None, bad
   for good in ("5\\text{ cm}", "1.5e3", "10\\%", "\\$18.90", "2^{10}", "\\dfrac{3}{4}", "-0.25"):
-    assert math_numeric.final_answer(good) == good, good
+    assert math_data.final_answer(good) == good, good
 
 
 def test_the_grader_reads_the_loaded_answers(tmp_path):
   path = _write_jsonl(tmp_path / "t.jsonl", [{"question": "q", "answer": "\\boxed{\\frac{1}{3}}"},
                                              {"question": "q2", "answer": "1,234"}])
-  third, grouped = (e["final"] for e in math_numeric.load_examples(_task(train_path=path), "train"))
+  third, grouped = (e["final"] for e in math_data.load_examples(_task(train_path=path), "train"))
   assert gsm8k.grade_text("<think> 1 over 3 </think> <answer>1/3</answer>", third)[:2] == (1.0, 1.0)
   assert gsm8k.grade_text("<think>x</think> <answer>0.333</answer>", third)[0] == 0.0
   assert gsm8k.grade_text("it is \\boxed{1234}", grouped, prompt_format="chat")[:2] == (1.0, 1.0)
-  fields = registry.get_task("math_numeric").batch_fields([{"final": third}])  # fits the batch's answer chars
+  fields = registry.get_task("math").batch_fields([{"final": third}])  # fits the batch's answer chars
   assert gsm8k.decode_answer(fields["answer_chars_NxA"][0]) == third
 
 
@@ -99,18 +100,18 @@ def test_non_numeric_answers_are_refused_or_skipped_and_counted(tmp_path, caplog
                                              {"problem": "b", "answer": "\\sqrt{2}"},
                                              {"problem": "c", "answer": "(0, 1]"},
                                              {"problem": "d", "answer": "-3"}])
-  with pytest.raises(ValueError, match=r"m.jsonl line 2: the answer '\\\\sqrt\{2\}' is not a number.*"
-                                       r"task.non_numeric=skip"):
-    math_numeric.load_examples(_task(train_path=path), "train")
+  with pytest.raises(ValueError, match=r"m.jsonl line 2: the answer '\\\\sqrt\{2\}' cannot be graded: it is not a "
+                                       r"number.*task.grader=symbolic.*task.ungradable=skip"):
+    math_data.load_examples(_task(train_path=path), "train")
   with caplog.at_level(logging.WARNING):
-    got = math_numeric.load_examples(_task(train_path=path, non_numeric="skip"), "train")
+    got = math_data.load_examples(_task(train_path=path, ungradable="skip"), "train")
   assert [(e["index"], e["question"], e["final"]) for e in got] == [(0, "a", "5"), (1, "d", "-3")]
-  assert "2 record(s) without a numeric answer left out" in caplog.text and "m.jsonl line 3" in caplog.text
+  assert "2 record(s) whose answer the numeric grader cannot read left out" in caplog.text and "m.jsonl line 3" in caplog.text
   only_bad = _write_jsonl(tmp_path / "bad.jsonl", [{"problem": "b", "answer": "\\pi"}])
-  with pytest.raises(ValueError, match=r"has no examples with a numeric answer \(1 skipped\)"):
-    math_numeric.load_examples(_task(train_path=only_bad, non_numeric="skip"), "train")
-  with pytest.raises(ValueError, match="task.non_numeric='drop' is unknown"):
-    _task(non_numeric="drop")
+  with pytest.raises(ValueError, match=r"has no examples the numeric grader can read \(1 skipped\)"):
+    math_data.load_examples(_task(train_path=only_bad, ungradable="skip"), "train")
+  with pytest.raises(ValueError, match="task.ungradable='drop' is unknown"):
+    _task(ungradable="drop")
 
 
 def test_bad_files_and_fields_are_one_line(tmp_path):
@@ -141,9 +142,9 @@ def test_bad_files_and_fields_are_one_line(tmp_path):
   cases.append((dict(train_path=str(notpq)), "x.parquet: not a readable parquet file"))
   for knobs, match in cases:
     with pytest.raises(ValueError, match=match):
-      math_numeric.load_examples(_task(**knobs), "train")
+      math_data.load_examples(_task(**knobs), "train")
   with pytest.raises(ValueError, match=r"task.data_dir=.* has no test.jsonl, test.json or test parquet"):
-    math_numeric.load_examples(_task(), "test", data_dir=str(empty))
+    math_data.load_examples(_task(), "test", data_dir=str(empty))
 
 
 def test_test_questions_seen_in_training_are_counted(tmp_path, caplog):
@@ -152,14 +153,14 @@ def test_test_questions_seen_in_training_are_counted(tmp_path, caplog):
   test = _write_jsonl(tmp_path / "test.jsonl", [{"question": "What is 1+1?", "answer": "2"},
                                                 {"question": "new", "answer": "4"}])
   with caplog.at_level(logging.WARNING):
-    math_numeric.load_examples(_task(train_path=train, test_path=test), "test")
+    math_data.load_examples(_task(train_path=train, test_path=test), "test")
   assert "1 of the 2 test questions are also train questions" in caplog.text
 
 
 def test_a_knob_the_task_does_not_read_is_refused():
   from grpo_jax.run import validate
   c = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
-  for key, value in (("train_path", "/data/x.jsonl"), ("non_numeric", "skip"), ("max_target", 500)):
+  for key, value in (("train_path", "/data/x.jsonl"), ("ungradable", "skip"), ("grader", "symbolic"), ("max_target", 500)):
     bad = config_lib.override(c, {f"task.{key}": value})
     with pytest.raises(errors.ConfigError, match=rf"task.{key}: is a knob of .* which this run's task \('arith'\) "
                                                  "does not read"):
@@ -168,20 +169,22 @@ def test_a_knob_the_task_does_not_read_is_refused():
 
 
 def test_a_short_rl_run_on_local_files(tmp_path):
-  """configs/gsm8k.py:small on math_numeric files (verl parquet for training, a json list held out): one GRPO step,
-  the Python math reward through the step, held-out evaluation on the host at steps 0 and 1."""
+  """configs/gsm8k.py:small on task.name=math files (verl parquet for training, a json list held out) with the
+  symbolic grader: one GRPO step, the Python math reward through the step (its worker process started from the
+  callback's thread), held-out evaluation on the host at steps 0 and 1."""
+  pytest.importorskip("math_verify")
   from grpo_jax.run import train
   ds = tmp_path / "ds"
   ds.mkdir()
   _verl_parquet(ds / "train.parquet", [(f"Tom has {i} apples and buys 3 more. How many?", str(i + 3))
-                                       for i in range(8)])
+                                       for i in range(7)] + [("Simplify 1/sqrt 2.", "\\frac{\\sqrt{2}}{2}")])
   (ds / "test.json").write_text(json.dumps([{"problem": f"What is {i} + 5?", "answer": i + 5} for i in range(4)]))
   c = config_lib.load_config(os.path.join(REPO, "configs", "gsm8k.py"), "small")
-  c = config_lib.override(c, {"task.name": "math_numeric", "task.data_dir": str(ds), "train.steps": 1,
+  c = config_lib.override(c, {"task.name": "math", "task.grader": "symbolic", "task.data_dir": str(ds), "train.steps": 1,
                               "train.eval_every": 1, "eval.size": 4, "eval.batch": 4, "log.tensorboard": False,
                               "log.plots": False})
   examples = data_lib.load_examples(c.task, "train")
-  assert [e["final"] for e in examples] == [str(i + 3) for i in range(8)]
+  assert [e["final"] for e in examples] == [str(i + 3) for i in range(7)] + ["\\frac{\\sqrt{2}}{2}"]
   workdir = str(tmp_path / "run")
   train.run_rl(c, workdir)
   rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
@@ -200,9 +203,22 @@ def test_eval_size_is_checked_against_the_test_file_not_test_size(tmp_path):
   _write_jsonl(ds / "train.jsonl", [{"question": f"What is {i} + 3?", "answer": str(i + 3)} for i in range(8)])
   _write_jsonl(ds / "test.jsonl", [{"question": f"What is {i} + 5?", "answer": str(i + 5)} for i in range(8)])
   c = config_lib.load_config(os.path.join(REPO, "configs", "gsm8k.py"), "small")
-  c = config_lib.override(c, {"task.name": "math_numeric", "task.data_dir": str(ds), "eval.size": 8,
+  c = config_lib.override(c, {"task.name": "math", "task.data_dir": str(ds), "eval.size": 8,
                               "eval.batch": 8})
   assert c.task.test_size == 4
   preflight.check(c, str(tmp_path / "run"))
   with pytest.raises(errors.ConfigError, match="config.eval.size: 16 exceeds the 8 usable examples of the test split"):
     preflight.check(config_lib.override(c, {"eval.size": 16}), str(tmp_path / "run"))
+
+
+def test_the_symbolic_grader_without_math_verify_is_one_line(monkeypatch):
+  import importlib.util
+  from grpo_jax.run import preflight
+  c = config_lib.override(config_lib.load_config(os.path.join(REPO, "configs", "gsm8k.py"), "small"),
+                          {"task.name": "math", "task.grader": "symbolic", "log.tensorboard": False})
+  real = importlib.util.find_spec
+  monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "math_verify" else real(name, *a))
+  with pytest.raises(errors.ConfigError, match=r"config.task.grader: needs the math_verify package, which is not "
+                                               r"installed; pip install -e '.\[math\]' \(math-verify\)"):
+    preflight.check_packages(c)
+  preflight.check_packages(config_lib.override(c, {"task.grader": "numeric"}))

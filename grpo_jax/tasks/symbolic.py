@@ -1,0 +1,185 @@
+"""Symbolic answer equivalence (`\\frac{\\sqrt2}{2}` = `\\frac{1}{\\sqrt2}`, intervals, tuples, `\\pi`) through
+math-verify, in a worker process that can be killed.
+
+Why a process: math-verify (sympy) bounds its parsing and comparison with `signal.alarm`, which works only in a
+process's main thread, and a reward term runs in a worker thread of the trainer (rl/rewards.py); without its alarms a
+hard expression runs for ever, and a thread cannot be stopped. Here the comparisons run in the main thread of a
+spawned process (no JAX, no fork of the trainer's threads) with math-verify's own per-item timeouts; the parent
+waits at most `BACKSTOP` times that for each item and kills and restarts the worker past it (a comparison stuck in
+C code that ignores the alarm). An item that timed out or raised is not equal, and is counted (`stats`).
+
+Equality: both answers are read as LaTeX (math-verify's `parse` of `$answer$`, its units and basic-LaTeX
+normalisations), then `verify(gold, pred)` (sympy: numbers to 6 decimals, expressions, sets, intervals, tuples,
+matrices, equations `k=3` against `3`). Numbers that math_answer reads exactly are compared there first (the
+numeric grader's exact rationals, no worker call).
+"""
+from __future__ import annotations
+
+import atexit
+import importlib.util
+import multiprocessing
+import threading
+from typing import Sequence
+
+from absl import logging
+
+from grpo_jax.tasks import math_answer
+
+ITEM_TIMEOUT_S = 5       # math-verify's own timeout for each parse and each comparison, in the worker
+BACKSTOP = 3             # the parent waits BACKSTOP × (3 × ITEM_TIMEOUT_S) + start-up for one item, then kills
+START_S = 60.0           # a worker's start (python + sympy + math-verify imports: ~2 s here)
+
+
+def numeric(answer: str) -> bool:
+  return math_answer.parse_value(answer) is not None and math_answer.no_variables(answer)
+
+
+def available() -> bool:
+  return importlib.util.find_spec("math_verify") is not None
+
+
+def _compare(gold: str, pred: str, timeout_s: int) -> bool:
+  from math_verify import parse, verify  # pylint: disable=g-import-not-at-top
+  g = parse(f"${gold}$", parsing_timeout=timeout_s)
+  p = parse(f"${pred}$", parsing_timeout=timeout_s)
+  return bool(g) and bool(p) and bool(verify(g, p, timeout_seconds=timeout_s))
+
+
+def _parses(answer: str, timeout_s: int) -> bool:
+  """Whether math-verify reads `answer` as a sympy object (its fallback is the unparsed string: `\\frac{`, `???`)."""
+  from math_verify import parse  # pylint: disable=g-import-not-at-top
+  parsed = parse(f"${answer}$", parsing_timeout=timeout_s)
+  return bool(parsed) and not isinstance(parsed[0], str)
+
+
+def _serve(conn, timeout_s: int) -> None:
+  """The worker: a request is (op, items); each item's verdict (True / False / an error string) is sent back as it
+  is computed, so the parent knows which item a hang is in."""
+  import math_verify  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import  (the import cost, once)
+  conn.send("ready")
+  while True:
+    try:
+      request = conn.recv()
+    except EOFError:
+      return
+    if request is None:
+      return
+    op, items = request
+    for item in items:
+      try:
+        verdict = _compare(*item, timeout_s) if op == "equal" else _parses(item, timeout_s)
+      except Exception as e:  # pylint: disable=broad-except  (math-verify's TimeoutException, sympy errors)
+        verdict = f"{type(e).__name__}: {str(e)[:120]}"
+      conn.send(verdict)
+
+
+class Grader:
+  """One worker process, started at the first call, restarted after a kill; thread-safe (one call at a time)."""
+
+  def __init__(self, timeout_s: int = ITEM_TIMEOUT_S, *, backstop_s: float | None = None, serve=None):
+    self.timeout_s = timeout_s
+    # how long one item may take before its worker is killed; `serve`: the worker's loop (tests use a stand-in)
+    self.backstop_s = BACKSTOP * 3 * timeout_s if backstop_s is None else backstop_s
+    self._serve = serve or _serve
+    self._lock = threading.Lock()
+    self._proc = self._conn = None
+    self.stats = {"calls": 0, "timeouts": 0, "errors": 0, "restarts": 0}
+
+  def _start(self) -> None:
+    ctx = multiprocessing.get_context("spawn")  # never fork a process that holds JAX's threads
+    parent, child = ctx.Pipe()
+    self._proc = ctx.Process(target=self._serve, args=(child, self.timeout_s), daemon=True, name="symbolic-grader")
+    self._proc.start()
+    child.close()
+    self._conn = parent
+    if not parent.poll(START_S) or parent.recv() != "ready":
+      self._kill()
+      raise RuntimeError(f"the symbolic grader's worker did not start in {START_S:.0f} s")
+
+  def _kill(self) -> None:
+    if self._proc is not None:
+      self._proc.kill()
+      self._proc.join(5)
+    if self._conn is not None:
+      self._conn.close()
+    self._proc = self._conn = None
+
+  def close(self) -> None:
+    with self._lock:
+      if self._conn is not None:
+        try:
+          self._conn.send(None)
+          self._proc.join(5)
+        except (OSError, BrokenPipeError):
+          pass
+      self._kill()
+
+  def _run(self, op: str, items: Sequence) -> list[bool | None]:
+    """Verdicts in order; None = timed out or raised (counted)."""
+    out: list[bool | None] = []
+    with self._lock:
+      while len(out) < len(items):
+        if self._proc is None or not self._proc.is_alive():
+          if self._proc is not None:
+            self.stats["restarts"] += 1
+          self._kill()
+          self._start()
+        pending = items[len(out):]
+        self._conn.send((op, list(pending)))
+        for _ in pending:
+          self.stats["calls"] += 1
+          if not self._conn.poll(self.backstop_s):
+            self.stats["timeouts"] += 1
+            logging.warning("symbolic grader: an item took over %.0f s; its worker is killed and restarted (the item "
+                            "counts as not equal)", self.backstop_s)
+            out.append(None)
+            self._kill()
+            break
+          try:
+            verdict = self._conn.recv()
+          except EOFError:  # the worker died (out of memory, a crash in C)
+            self.stats["errors"] += 1
+            out.append(None)
+            self._kill()
+            break
+          if isinstance(verdict, str):
+            self.stats["timeouts" if "Timeout" in verdict else "errors"] += 1
+            out.append(None)
+          else:
+            out.append(bool(verdict))
+    return out
+
+  def equal_many(self, pairs: Sequence[tuple[str | None, str]]) -> list[bool]:
+    """For each (prediction, gold): whether they are equal. A numeric gold (a number or an arithmetic expression
+    without variables) against a prediction math_answer reads is decided there, as the numeric grader does; the
+    rest by math-verify."""
+    verdicts: list[bool | None] = [None] * len(pairs)
+    ask = []
+    for i, (pred, gold) in enumerate(pairs):
+      if pred is None or not pred.strip():
+        verdicts[i] = False
+      elif numeric(gold) and math_answer.parse_value(pred) is not None:
+        verdicts[i] = math_answer.equal(pred, gold)  # the numeric grader's exact values (and its units rule)
+      else:
+        ask.append(i)
+    for i, v in zip(ask, self._run("equal", [(pairs[i][1], pairs[i][0]) for i in ask])):
+      verdicts[i] = bool(v)
+    return [bool(v) for v in verdicts]
+
+  def parses_many(self, answers: Sequence[str]) -> list[bool]:
+    """Whether math-verify reads each answer as an expression (a reference that it cannot read grades nothing)."""
+    return [bool(v) for v in self._run("parses", list(answers))]
+
+
+_GRADER: Grader | None = None
+_GRADER_LOCK = threading.Lock()
+
+
+def grader() -> Grader:
+  """The process's one grader (its worker starts at the first comparison), closed at exit."""
+  global _GRADER
+  with _GRADER_LOCK:
+    if _GRADER is None:
+      _GRADER = Grader()
+      atexit.register(_GRADER.close)
+    return _GRADER

@@ -1,0 +1,115 @@
+"""tasks/symbolic.py: math-verify's answer equivalence in a worker process that a hang cannot stall (killed and
+restarted, the item counted), the numeric shortcut, and task.name=math with task.grader=symbolic."""
+import json
+import time
+
+import numpy as np
+import pytest
+
+from grpo_jax.tasks import gsm8k
+from grpo_jax.tasks import math_data
+from grpo_jax.tasks import registry
+from grpo_jax.tasks import symbolic
+
+import symbolic_stand_in  # tests/: a worker loop that imports nothing heavy (each spawn imports it)
+
+pytest.importorskip("math_verify")
+
+
+@pytest.fixture(scope="module")
+def grader():
+  g = symbolic.Grader()
+  yield g
+  g.close()
+
+
+# (prediction, gold, equal): written by hand, the standard MATH-style cases.
+CASES = [
+    ("\\frac{1}{\\sqrt{2}}", "\\frac{\\sqrt{2}}{2}", True),
+    ("\\sqrt{2}", "\\sqrt{2}", True),
+    ("2\\sqrt{2}", "\\sqrt{8}", True),
+    ("[0, 1)", "[0,1)", True),
+    ("(0,1]", "[0,1)", False),
+    ("\\left( 3, \\frac{\\pi}{2} \\right)", "(3, \\frac{\\pi}{2})", True),
+    ("(3, \\frac{\\pi}{3})", "(3, \\frac{\\pi}{2})", False),
+    ("1+x", "x+1", True),
+    ("x-1", "x+1", False),
+    ("3.14", "\\pi", False),
+    ("\\frac{\\pi}{2}", "\\frac{\\pi}{2}", True),
+    ("0.5", "\\frac{1}{2}", True),       # numeric gold: decided by math_answer's exact values
+    ("5 apples", "5", True),             # numeric gold: the numeric grader's units rule
+    ("1,000", "1000", True),
+    ("999", "1000", False),
+    (None, "\\sqrt{2}", False),
+    ("", "1", False),
+]
+
+
+def test_equal_many_matches_the_hand_table(grader):
+  got = grader.equal_many([(p, g) for p, g, _ in CASES])
+  assert got == [e for _, _, e in CASES], [(p, g) for (p, g, e), v in zip(CASES, got) if v != e]
+
+
+def test_numeric_golds_never_reach_the_worker():
+  g = symbolic.Grader()
+  try:
+    assert g.equal_many([("0.5", "\\frac{1}{2}"), ("7", "8"), ("12 cm", "12")]) == [True, False, True]
+    assert g.stats["calls"] == 0 and g._proc is None  # pylint: disable=protected-access  (no worker started)
+  finally:
+    g.close()
+
+
+def test_a_hung_or_dead_worker_is_replaced_and_the_item_counted():
+  g = symbolic.Grader(backstop_s=1.0, serve=symbolic_stand_in.serve)
+  try:
+    t0 = time.monotonic()
+    assert g._run("equal", [("a", "b"), ("hang", "b"), ("c", "d")]) == [True, None, True]  # pylint: disable=protected-access
+    assert time.monotonic() - t0 < 30
+    assert g.stats == {"calls": 3, "timeouts": 1, "errors": 0, "restarts": 0}
+    pid = g._proc.pid  # pylint: disable=protected-access
+    assert g._run("equal", [("die", "b"), ("e", "f")]) == [None, True]  # pylint: disable=protected-access
+    assert g.stats["errors"] == 1 and g._proc.pid != pid  # pylint: disable=protected-access
+  finally:
+    g.close()
+  assert g._proc is None  # pylint: disable=protected-access
+
+
+def test_symbolic_references_load_and_grade_through_the_reward(tmp_path):
+  path = tmp_path / "math500.jsonl"
+  path.write_text("".join(json.dumps(r) + "\n" for r in [
+      {"problem": "Simplify 1/sqrt 2.", "answer": "\\frac{\\sqrt{2}}{2}"},
+      {"problem": "Solve.", "solution": "So the set is $\\boxed{[0,1)}$."},
+      {"problem": "How many?", "answer": "12"},
+      {"problem": "Broken.", "answer": "\\frac{"}]))
+  task = registry.get_task("math", train_path=str(path), grader="symbolic")
+  with pytest.raises(ValueError, match=r"math500.jsonl line 4: the answer '\\\\frac\{' cannot be graded: math-verify "
+                                       r"cannot read it.*task.ungradable=skip"):
+    math_data.load_examples(task, "train")
+  with pytest.raises(ValueError, match=r"line 1: .*cannot be graded: it is not a number"):
+    math_data.load_examples(registry.get_task("math", train_path=str(path)), "train")  # the numeric grader
+  task = registry.get_task("math", train_path=str(path), grader="symbolic", ungradable="skip")
+  examples = math_data.load_examples(task, "train")
+  assert [e["final"] for e in examples] == ["\\frac{\\sqrt{2}}{2}", "[0,1)", "12"]
+  fields = task.batch_fields(examples)
+  assert fields["answer_chars_NxA"].shape == (3, math_data.ANSWER_BYTES)
+  assert list(fields["grader_N"]) == [1, 1, 1]
+  tok = gsm8k.tokenizer_lib.load()
+  rewards = gsm8k.make_rewards(tok)
+  completions = ["<think> rationalise </think> <answer>\\frac{1}{\\sqrt{2}}</answer>",
+                 "<think> interval </think> <answer>(0,1]</answer>",
+                 "<think> count </think> <answer>12 apples</answer>"]
+  ids = [tok.encode(c) for c in completions]
+  batch = {**fields, "ended_N": np.ones(3, bool)}
+  assert rewards["math_accuracy"](completions, ids, batch) == [1.0, 0.0, 1.0]
+  assert rewards["math_format"](completions, ids, batch) == [1.0, 1.0, 1.0]
+  # the same answers under the numeric grader's fields: the symbolic rows are wrong there
+  numeric = dict(batch, grader_N=np.zeros(3, np.int32))
+  assert rewards["math_accuracy"](completions, ids, numeric) == [0.0, 0.0, 1.0]
+  verify = gsm8k.host_verifier(tok)
+  tokens = np.zeros((3, 40), np.int32)
+  mask = np.zeros((3, 40), np.int32)
+  for i, t in enumerate(ids):
+    tokens[i, :len(t)], mask[i, :len(t)] = t, 1
+  acc, fmt, answers = verify(tokens, mask, fields)
+  assert list(acc) == [1.0, 0.0, 1.0] and list(fmt) == [1.0, 1.0, 1.0]  # the held-out grader: the same verdicts
+  assert answers == [("text", "\\frac{1}{\\sqrt{2}}"), ("text", "(0,1]"), ("value", 12, False)]
