@@ -222,3 +222,40 @@ def test_the_symbolic_grader_without_math_verify_is_one_line(monkeypatch):
                                                r"installed; pip install -e '.\[math\]' \(math-verify\)"):
     preflight.check_packages(c)
   preflight.check_packages(config_lib.override(c, {"task.grader": "numeric"}))
+
+
+def test_sft_trains_on_the_records_worked_solutions(tmp_path):
+  """task.solution_field: the SFT sequence is bos + prompt + the record's solution in the prompt format's form + eos,
+  the loss on the completion only; chat gets a \\boxed final where the solution has none; the refusals."""
+  from grpo_jax.run import validate
+  path = _write_jsonl(tmp_path / "train.jsonl", [
+      {"problem": "What is 6*7?", "solution": "Six sevens make 42.", "answer": "42"},
+      {"problem": "Half of 3?", "solution": "It is $\\boxed{\\frac{3}{2}}$.", "answer": "\\frac{3}{2}"}])
+  c = config_lib.load_config(os.path.join(REPO, "configs", "gsm8k.py"), "small")
+  c = config_lib.override(c, {"task.name": "math", "task.train_path": path, "task.test_path": path,
+                              "task.solution_field": "solution", "sft.steps": 2, "sft.batch": 2})
+  tok = gsm8k.tokenizer_lib.load()
+  batch = next(data_lib.sft_batches(c.task, tok, "train", 2, seed=0, start_step=0, seq_len=320))
+  got = {}
+  for t, m, loss in zip(batch["tokens_NxT"], batch["mask_NxT"], batch["loss_mask_NxT"]):
+    head, tail = t[(m > 0) & (loss == 0)].tolist(), t[loss > 0].tolist()
+    assert head[0] == tok.bos_id and tail[-1] == tok.eos_id
+    got[tok.decode(head[1:])] = tok.decode(tail[:-1])
+  q = {gsm8k.R1_ZERO.format(question=x): x for x in ("What is 6*7?", "Half of 3?")}
+  assert {q[k]: v for k, v in got.items()} == {
+      "What is 6*7?": "<think> Six sevens make 42. </think> <answer> 42 </answer>",
+      "Half of 3?": "<think> It is $\\boxed{\\frac{3}{2}}$. </think> <answer> \\frac{3}{2} </answer>"}
+  chat = registry.get_task("math", train_path=path, solution_field="solution", prompt_format="chat")
+  examples = math_data.load_examples(chat, "train")
+  assert chat.sft_completion(examples[0]) == "Six sevens make 42.\n\n$\\boxed{42}$"
+  assert chat.sft_completion(examples[1]) == "It is $\\boxed{\\frac{3}{2}}$."
+  assert chat.sft_completion(examples[0], tagged=False) == "Six sevens make 42."
+  validate.validate_sft(c, 1, tok)
+  with pytest.raises(errors.ConfigError, match="sft.mistake_frac: 0.1: task 'math' trains on its records' own"):
+    validate.validate_sft(config_lib.override(c, {"sft.mistake_frac": 0.1}), 1, tok)
+  with pytest.raises(ValueError, match="task.solution_field is empty: SFT on task.name=math"):
+    next(data_lib.sft_batches(config_lib.override(c, {"task.solution_field": ""}).task, tok, "train", 2, seed=0,
+                              start_step=0, seq_len=320))
+  empty = _write_jsonl(tmp_path / "e.jsonl", [{"problem": "q", "solution": " ", "answer": "1"}])
+  with pytest.raises(ValueError, match=r"e.jsonl line 1: its worked solution \(task.solution_field='solution'\) is empty"):
+    math_data.load_examples(registry.get_task("math", train_path=empty, solution_field="solution"), "train")

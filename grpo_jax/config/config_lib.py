@@ -81,8 +81,10 @@ def base_config() -> ml_collections.ConfigDict:
       # task.name='math' (tasks/math_data.py): the splits' files (a .jsonl / .json / .parquet file or a directory of
       # them; "" = task.data_dir/<split>.*), the records' question and answer fields ("" = the first of the usual
       # names; a dotted path for nested ones), the grader ("numeric": exact values | "symbolic": math-verify, the
-      # [math] extra) and what a reference it cannot read does ("error" | "skip": left out, counted)
-      train_path="", test_path="", question_field="", answer_field="", grader="numeric", ungradable="error"))
+      # [math] extra), what a reference it cannot read does ("error" | "skip": left out, counted), and the field of
+      # the records' worked solutions that SFT / pre-training train on ("" = none)
+      train_path="", test_path="", question_field="", answer_field="", grader="numeric", ungradable="error",
+      solution_field=""))
 
   c.sampling = ml_collections.ConfigDict(dict(
       temperature=1.0, top_k=0, top_p=1.0, max_new_tokens=48,

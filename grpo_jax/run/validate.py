@@ -907,7 +907,12 @@ def validate_optim(c) -> None:
 def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:
   validate_model(c)
   validate_optim(c)
-  _task(c, "worked_solutions", "no reference solutions to train on for")
+  if c.task.name not in registry.names("data_solutions"):
+    _task(c, "worked_solutions", "no reference solutions to train on for")
+  elif c.sft.mistake_frac:  # the records' solutions are trained as they are: cot.py writes mistakes for its own
+    _fail("sft.mistake_frac", f"{c.sft.mistake_frac!r}: task {c.task.name!r} trains on its records' own worked "
+          "solutions, which have no step a mistake could be written into (tasks/cot.py writes those of the "
+          "generated tasks); set 0.")
   for k in ("sft.steps", "sft.batch", "task.prompt_len"):
     _positive_int(c, k)
   learning_rate(c, "sft.lr")

@@ -243,12 +243,21 @@ def _task_items(task_cfg) -> list:
   return list(task_cfg.items()) if hasattr(task_cfg, "items") else list(vars(task_cfg).items())
 
 
+def _solution(task, ex: dict, lang: str, mistake: bool, tagged: bool) -> str:
+  """An example's SFT target: the task's own (its records' worked solution: registry data_solutions), else the
+  one tasks/cot.py writes."""
+  if registry.get(task.name).data_solutions:
+    return task.sft_completion(ex, tagged=tagged)
+  return cot.solution(ex, lang, mistake=mistake, tagged=tagged)
+
+
 def _sft_ids(task, ex: dict, lang: str, tok, mode: str, mistake: bool) -> tuple[list[int], list[int]]:
   """(head, tail) of one SFT sequence (sft_batches' layout; the loss is on the tail)."""
   if mode == "completion":
     return ([tok.bos_id] + tok.encode(base.prompt(task, ex, lang)),
-            tok.encode(cot.solution(ex, lang, mistake=mistake)) + [tok.eos_id])
-  return [tok.bos_id], tok.encode(task.question(ex, lang) + " " + cot.solution(ex, lang, mistake, False)) + [tok.eos_id]
+            tok.encode(_solution(task, ex, lang, mistake, True)) + [tok.eos_id])
+  return [tok.bos_id], tok.encode(task.question(ex, lang) + " " + _solution(task, ex, lang, mistake, False)) + [
+      tok.eos_id]
 
 
 _SFT_LENGTHS: weakref.WeakKeyDictionary[Any, dict[tuple, np.ndarray]] = weakref.WeakKeyDictionary()  # as _LENGTHS
@@ -290,9 +299,9 @@ def sft_batches(task_cfg, tok: tokenizer_lib.Tokenizer, split: str, batch_size: 
   if mode not in ("completion", "all"):
     raise ValueError(f"mode={mode!r} is unknown; use 'completion' or 'all'")
   task = make_task(task_cfg)
-  if not registry.get(task.name).worked_solutions:
+  if not (registry.get(task.name).worked_solutions or registry.get(task.name).data_solutions):
     raise ValueError(f"task.name={task.name!r} has no step-by-step reference solutions here; SFT uses one of "
-                     f"{registry.names('worked_solutions')}")
+                     f"{sorted(registry.names('worked_solutions') + registry.names('data_solutions'))}")
   examples = load_examples(task_cfg, split)
   step = start_step
   while True:

@@ -18,6 +18,8 @@ intervals, tuples, `\\pi`, equations), a numeric reference still exactly, and ta
 (up to ANSWER_BYTES UTF-8 bytes). A record whose reference the grader cannot read is refused in one line naming the
 file and row, unless `task.ungradable='skip'`: then it is left out, and the count and the first few are logged. A
 question that appears in both the train and the test files is counted and logged (train/test leakage).
+`task.solution_field` names the records' worked solutions (MATH's `solution`, a distilled trace): the SFT stage and
+job=sft / pretrain train on them (`MathData.sft_completion`: in the form the prompt format asks for).
 """
 from __future__ import annotations
 
@@ -53,6 +55,7 @@ class MathData(gsm8k.GSM8K):
   test_path: str = ""
   grader: str = "numeric"
   ungradable: str = "error"
+  solution_field: str = ""
 
   def __post_init__(self):
     super().__post_init__()
@@ -60,6 +63,20 @@ class MathData(gsm8k.GSM8K):
       raise ValueError(f"task.grader={self.grader!r} is unknown; use one of {list(gsm8k.GRADERS)}.")
     if self.ungradable not in UNGRADABLE:
       raise ValueError(f"task.ungradable={self.ungradable!r} is unknown; use one of {list(UNGRADABLE)}.")
+
+  def sft_completion(self, ex: dict, tagged: bool = True) -> str:
+    """The SFT target of an example: its record's worked solution (task.solution_field). Tagged (SFT): in the form
+    the prompt asks for — r1_zero: `<think> solution </think> <answer> final </answer>`; chat: the solution, with
+    `\\boxed{final}` appended where it has no \\boxed. Untagged (pre-training): the solution as it is."""
+    if "worked" not in ex:
+      raise ValueError("task.solution_field is empty: SFT on task.name=math trains on its records' worked solutions; "
+                       "name their field (e.g. task.solution_field=solution), or set sft.steps=0.")
+    worked = ex["worked"].strip()
+    if not tagged:
+      return worked
+    if self.prompt_format == "r1_zero":
+      return f"<think> {worked} </think> <answer> {ex['final']} </answer>"
+    return worked if math_answer.last_boxed(worked) is not None else f"{worked}\n\n$\\boxed{{{ex['final']}}}$"
 
   def batch_fields(self, examples: list[dict]) -> dict:
     n = len(examples)
@@ -243,11 +260,17 @@ def load_examples(task: MathData, split: str, *, data_dir: str | None = None, **
         question = question_text(_pick(record, task.question_field, QUESTION_KEYS, "question", where))
       except ValueError as e:
         raise ValueError(f"{where}: {e}" if not str(e).startswith(where) else str(e)) from None
-      rows.append((where, question, _pick(record, task.answer_field, ANSWER_KEYS, "answer", where)))
-  answers = [a for _, _, a in rows]
+      worked = None
+      if task.solution_field:
+        worked = _pick(record, task.solution_field, (), "solution", where)
+        if not isinstance(worked, str) or not worked.strip():
+          raise ValueError(f"{where}: its worked solution (task.solution_field={task.solution_field!r}) is "
+                           f"{'empty' if isinstance(worked, str) else type(worked).__name__}, expected text.")
+      rows.append((where, question, _pick(record, task.answer_field, ANSWER_KEYS, "answer", where), worked))
+  answers = [a for _, _, a, _ in rows]
   finals = symbolic_finals(answers) if task.grader == "symbolic" else [final_answer(a) for a in answers]
   examples, skipped = [], []
-  for (where, question, answer), final in zip(rows, finals):
+  for (where, question, answer, worked), final in zip(rows, finals):
     if final is None:
       if task.ungradable == "skip":
         skipped.append((where, answer))
@@ -257,7 +280,8 @@ def load_examples(task: MathData, split: str, *, data_dir: str | None = None, **
               "(task.grader=symbolic compares expressions, sets and intervals)")
       raise ValueError(f"{where}: the answer {str(answer)[:60]!r} cannot be graded: {kind}; set "
                        "task.ungradable=skip to leave such records out (counted in the log).")
-    examples.append({"index": len(examples), "question": question, "solution": str(answer), "final": final})
+    examples.append({"index": len(examples), "question": question, "solution": str(answer), "final": final,
+                     **({"worked": worked} if worked is not None else {})})
   if skipped:
     logging.warning("task math, %s split: %d record(s) whose answer the %s grader cannot read left out "
                     "(task.ungradable=skip), e.g. %s", split, len(skipped), task.grader,

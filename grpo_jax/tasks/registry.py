@@ -33,6 +33,9 @@ class TaskSpec:
   load: Callable[..., list[dict]] | None = None
   # cot.solution writes step-by-step reference solutions for it (SFT, pre-training, R1's cold start).
   worked_solutions: bool = False
+  # Its records can carry worked solutions (a task knob names their field): SFT and pre-training train on them
+  # through the task's `sft_completion` (R1's cold start writes its own and needs worked_solutions).
+  data_solutions: bool = False
   # (tokens_NxL, mask_NxL, batch, tables) -> accuracy_N in-graph: the `accuracy` reward term and in-graph eval.
   in_graph_accuracy: Callable | None = None
   # tokenizer -> {term name: reward_spec.PyRewardFn}: Python reward terms a config may name in config.rewards.
@@ -64,6 +67,7 @@ TASKS: dict[str, TaskSpec] = {
         doc="your own math problems from local .jsonl / .json / .parquet files (DAPO-Math-17k, AIME, MATH-500, "
             "verl's parquet; tasks/math_data.py), graded like gsm8k: numerically, or symbolically (task.grader)",
         task_class=math_data.MathData, load=math_data.load_examples, python_rewards=gsm8k.python_rewards,
+        data_solutions=True,
         host_verifier=gsm8k.host_verifier),
     "digits": TaskSpec(
         doc="digit-token addition (tasks/digits.py): the benchmark workload and the ablations' toy task; its "
