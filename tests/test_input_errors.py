@@ -304,10 +304,15 @@ def _config(kind: str, overrides: dict, p: str):
       continue
     value = value.replace("{p}", p) if isinstance(value, str) else value
     *parents, leaf = key.split(".")
-    node = c
+    node, parent = c, None
     for part in parents:
-      node = node[part]
-    node[leaf] = value
+      node, parent = node[part], node
+    old = node.get(leaf)
+    if isinstance(value, bool) and isinstance(old, (int, float)) and not isinstance(old, bool):
+      # refused as it is set (config_lib._Declared); a config file building its own group dict gets it to the run
+      parent[parents[-1]] = {**node.to_dict(), leaf: value}
+    else:
+      node[leaf] = value
   return c
 
 
