@@ -387,3 +387,14 @@ def test_length_caches_never_hand_one_tokenizer_another_ones_lengths(cfgs, tok, 
   np.testing.assert_array_equal(twice, 2 * once - 1)
   assert (sft_twice > sft_once).all()
   np.testing.assert_array_equal(data.prompt_lengths(c, tok, "train"), once)  # the real one keeps its own entry
+
+
+def test_numpy_ints_draw_the_python_ints_order(cfgs, tok):
+  """A seed or step given as a numpy integer (a value read from an array, a checkpoint's metadata) drew another
+  example order and language draw: base.rng_for hashed repr(parts), and numpy 2 writes np.int64(5) as
+  'np.int64(5)'. Now the same batches as the Python ints."""
+  want = next(data.rl_batches(cfgs["arith"], tok, "train", 8, seed=5, start_step=3, prompt_len=P))
+  got = next(data.rl_batches(cfgs["arith"], tok, "train", 8, seed=np.int64(5), start_step=np.int64(3), prompt_len=P))
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  assert base.rng_for("order", np.int32(5), 0).integers(1 << 30) == base.rng_for("order", 5, 0).integers(1 << 30)
