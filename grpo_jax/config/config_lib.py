@@ -50,7 +50,7 @@ class _Declared(ml_collections.ConfigDict):
         and not isinstance(old, (bool, np.bool_))):
       kind = "an integer" if isinstance(old, numbers.Integral) else "a number"
       raise ConfigError(f"config.{self._where}{key}: is {value!r}, a bool where {kind} is expected (Python's True "
-                        f"is 1, False is 0: it would run as {type(old)(value)!r}); set {kind} (default {old!r}).")
+                        f"is 1, False is 0: it would run as {type(old)(value)!r}); set {kind} (it holds {old!r}).")
     if isinstance(old, _Declared) and isinstance(value, (dict, ml_collections.ConfigDict)):
       value = _declared(ml_collections.ConfigDict(value), f"{self._where}{key}.")  # a config file's own group dict
     super().__setitem__(key, value)
