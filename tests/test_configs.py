@@ -206,6 +206,31 @@ def test_override_rejects_unknown_keys_and_wrong_types_in_one_line(key, value, n
   assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
 
 
+@pytest.mark.parametrize("key,value,kind,would", [
+    ("optim.lr", True, "a number", "1.0"), ("rl.beta", False, "a number", "0.0"),
+    ("r1.pretrain.lr", True, "a number", "1.0"), ("sampling.top_k", True, "an integer", "1"), ("seed", True, "an integer", "1")])
+def test_a_config_file_setting_a_bool_on_a_number_is_refused_as_it_is_set(key, value, kind, would):
+  """A config file's `c.optim.lr = True` ran at lr 1.0: ConfigDict casts a bool (an int) set on a float key to the
+  float, so validate.base_types never saw the bool. Refused at the assignment, naming the key, also on copies."""
+  import copy
+  import pickle
+  for c in (config_lib.base_config(), copy.deepcopy(config_lib.base_config()),
+            pickle.loads(pickle.dumps(config_lib.base_config()))):
+    group, _, leaf = key.rpartition(".")
+    node = c
+    for part in filter(None, group.split(".")):
+      node = node[part]
+    with pytest.raises(config_lib.ConfigError) as e:
+      setattr(node, leaf, value)
+    assert str(e.value).startswith(f"config.{key}: is {value}, a bool where {kind} is expected") and \
+        f"it would run as {would}" in str(e.value) and "\n" not in str(e.value), str(e.value)
+    with pytest.raises(config_lib.ConfigError):
+      node.update({leaf: value})
+  c = config_lib.base_config()
+  c.optim.lr, c.rl.G, c.log.plots = 1, 4, False  # an int on a float key, ints and bools where declared: as before
+  assert (c.optim.lr, c.rl.G, c.log.plots) == (1.0, 4, False) and isinstance(c.optim.lr, float)
+
+
 def test_ablation_variant_overrides_are_checked_like_any_other():
   cfg = train_table.table_config("small", (("typo", {"rl.los_agg": "token_mean"}),))
   with pytest.raises(config_lib.ConfigError, match="did you mean 'rl.loss_agg'"):

@@ -387,3 +387,40 @@ def test_length_caches_never_hand_one_tokenizer_another_ones_lengths(cfgs, tok, 
   np.testing.assert_array_equal(twice, 2 * once - 1)
   assert (sft_twice > sft_once).all()
   np.testing.assert_array_equal(data.prompt_lengths(c, tok, "train"), once)  # the real one keeps its own entry
+
+
+def test_numpy_ints_draw_the_python_ints_order(cfgs, tok):
+  """A seed or step given as a numpy integer (a value read from an array, a checkpoint's metadata) drew another
+  example order and language draw: base.rng_for hashed repr(parts), and numpy 2 writes np.int64(5) as
+  'np.int64(5)'. Now the same batches as the Python ints."""
+  want = next(data.rl_batches(cfgs["arith"], tok, "train", 8, seed=5, start_step=3, prompt_len=P))
+  got = next(data.rl_batches(cfgs["arith"], tok, "train", 8, seed=np.int64(5), start_step=np.int64(3), prompt_len=P))
+  for k in want:
+    np.testing.assert_array_equal(got[k], want[k], err_msg=k)
+  assert base.rng_for("order", np.int32(5), 0).integers(1 << 30) == base.rng_for("order", 5, 0).integers(1 << 30)
+
+
+def test_a_data_dir_built_by_other_generator_code_is_not_read_as_this_one(tmp_path, monkeypatch):
+  """The dataset's name held the task's knobs, seed and sizes only: after a change to a generator, a data dir built
+  before it was read back as the same dataset (and a host with a fresh dir drew other examples than one with an old
+  dir). The name now holds a digest of the generating code: arith with its operands swapped builds its own copy."""
+  import importlib.util
+  import inspect
+  from grpo_jax.tasks import arith
+  task = data.make_task(dict(name="arith", max_digits=2))
+  old = tfds_builders.load_split(task, "test", 0, 20, 10, str(tmp_path))
+  src = inspect.getsource(arith)
+  changed = src.replace('return {"a": a, "b": b, "op": op, "answer": evaluate(a, op, b)}',
+                        'return {"a": b, "b": a, "op": op, "answer": evaluate(b, op, a)}')
+  assert changed != src
+  (tmp_path / "arith_swapped.py").write_text(changed)
+  spec = importlib.util.spec_from_file_location("arith_swapped", tmp_path / "arith_swapped.py")
+  module = importlib.util.module_from_spec(spec)
+  monkeypatch.setitem(sys.modules, "arith_swapped", module)
+  spec.loader.exec_module(module)
+  swapped = module.Arith(max_digits=2)
+  assert (swapped.name, swapped.knobs()) == (task.name, task.knobs())
+  new = tfds_builders.load_split(swapped, "test", 0, 20, 10, str(tmp_path))
+  assert new == swapped.examples(0, "test", 10, 10)
+  assert [(e["a"], e["b"]) for e in new] == [(e["b"], e["a"]) for e in old] != [(e["a"], e["b"]) for e in old]
+  assert tfds_builders.load_split(task, "test", 0, 20, 10, str(tmp_path)) == old  # each reads its own copy

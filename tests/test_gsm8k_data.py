@@ -106,3 +106,51 @@ def test_parquet_as_the_hub_serves_it(tmp_path, layout):
   with pytest.raises(ValueError) as e:
     gsm8k.load_split("test", str(bad))
   assert "test.parquet" in str(e.value) and "'question' and 'answer'" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bad_tfds_records_name_the_split_and_record():
+  """A prepared TFDS copy's bad record (not UTF-8, empty, no '####') said only "'question' is empty", with no split
+  or record (the JSONL and parquet readers name their file and line / row); tfds.testing.mock_data stands in for it,
+  its default random records too (they have no '####')."""
+  import tensorflow_datasets as tfds
+  good = {"question": b"q", "answer": b"x #### 1"}
+  for record, needle in (({"question": b"\xff\xfe", "answer": b"x #### 1"}, "'question' is not UTF-8"),
+                         ({"question": b"  ", "answer": b"x #### 1"}, "'question' is empty"),
+                         ({"question": b"q", "answer": b"no marker"}, "no '####'")):
+    with tfds.testing.mock_data(as_data_source_fn=lambda self, split, **kw: [good, record]):
+      with pytest.raises(ValueError) as e:
+        gsm8k.load_split("test")
+    assert str(e.value).startswith("task.data_dir: the TFDS gsm8k test split in the default TFDS data dir record 1: ")
+    assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+  with tfds.testing.mock_data(num_examples=3):
+    with pytest.raises(ValueError, match=r"^task.data_dir: the TFDS gsm8k train split .* record 0: .*'####'"):
+      gsm8k.load_split("train")
+
+
+def test_repeated_and_leaked_questions_are_one_counted_warning_each(tmp_path, caplog):
+  """A copy whose test split holds train questions (held-out accuracy that is not held out), or that repeats
+  questions within a split, was trained and evaluated without a word; preflight now says each, with the count and
+  the first example (whitespace does not hide a repeat). The generated tasks' splits have none."""
+  import logging
+  from grpo_jax.config import config_lib
+  from grpo_jax.run import preflight
+  from grpo_jax.tasks import data, tokenizer_factory
+  rec = lambda q, a: json.dumps({"question": q, "answer": a})
+  (tmp_path / "train.jsonl").write_text("\n".join(
+      [rec("How many? One.", "#### 1"), rec("Two?", "#### 2"), rec("How  many?  One. ", "#### 1"),
+       rec("Three?", "#### 3"), rec("Four?", "#### 4")]) + "\n")
+  (tmp_path / "test.jsonl").write_text("\n".join(
+      [rec("Five?", "#### 5"), rec("Three?", "#### 3"), rec("Four?", "#### 4"), rec("Five?", "#### 5")]) + "\n")
+  c = config_lib.override(config_lib.load_config("configs/gsm8k.py", "small"), {
+      "task.data_dir": str(tmp_path), "eval.size": 2, "eval.batch": 2})
+  assert data.repeated_questions(c.task) == {"test_in_train": [1, 2], "test_repeats": [3], "train_repeats": [2]}
+  with caplog.at_level(logging.WARNING):
+    preflight.check_data(c, tokenizer_factory.for_config(c))
+  where = f"task data in {tmp_path}: "
+  for line in ("2 test questions are also train questions (test example 1 first): held-out accuracy on them is not "
+               "held out", "1 test questions repeat an earlier test question (test example 3 first)",
+               "1 train questions repeat an earlier train question (train example 2 first)"):
+    assert where + line in caplog.text, caplog.text
+  for name in ("arith", "countdown", "sums"):  # disjoint by construction (base.Task.examples), by question text too
+    found = data.repeated_questions(dict(name=name, data_dir=str(tmp_path / "tfds"), train_size=600, test_size=60))
+    assert found == {"test_in_train": [], "test_repeats": [], "train_repeats": []}, (name, found)

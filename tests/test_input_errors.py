@@ -304,10 +304,15 @@ def _config(kind: str, overrides: dict, p: str):
       continue
     value = value.replace("{p}", p) if isinstance(value, str) else value
     *parents, leaf = key.split(".")
-    node = c
+    node, parent = c, None
     for part in parents:
-      node = node[part]
-    node[leaf] = value
+      node, parent = node[part], node
+    old = node.get(leaf)
+    if isinstance(value, bool) and isinstance(old, (int, float)) and not isinstance(old, bool):
+      # refused as it is set (config_lib._Declared); a config file building its own group dict gets it to the run
+      parent[parents[-1]] = {**node.to_dict(), leaf: value}
+    else:
+      node[leaf] = value
   return c
 
 
@@ -426,10 +431,12 @@ def test_cli_flag_errors_are_one_line(tmp_path):
 
 
 def test_a_config_file_giving_a_count_a_bool_is_one_line(tmp_path):
-  """A config file's `c.sampling.top_k = True` (ConfigDict keeps a bool on an int key) ran as top_k=1; its
+  """A config file's `c.sampling.top_k = True` (ConfigDict keeps a bool on an int key) ran as top_k=1, its
+  `c.optim.lr = True` at lr 1.0 (ConfigDict casts it to the float; refused as it is set, config_lib._Declared); its
   `c.rl = ConfigDict({..., 'partial_rollouts': 'False'})` ran the carry ('False' is true). Exit 2, nothing written."""
   for body, needle in (
-      ("c.sampling.top_k = True", "Config error: config.sampling.top_k: is True, a bool where an integer"),
+      ("c.sampling.top_k = True", "Config error: --config: config.sampling.top_k: is True, a bool where an integer"),
+      ("c.optim.lr = True", "Config error: --config: config.optim.lr: is True, a bool where a number is expected"),
       ("c.rl = ml_collections.ConfigDict({**c.rl.to_dict(), 'partial_rollouts': 'False'})",
        "Config error: config.rl.partial_rollouts: must be True or False, got 'False'")):
     cfg = tmp_path / "bool_config.py"

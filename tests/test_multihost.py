@@ -20,8 +20,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "launch"))
 import local_multiprocess  # noqa: E402
 
+DATA_TASK = dict(name="arith", max_digits=2, train_size=20, test_size=8)
 RUN_SCRIPT = textwrap.dedent("""
     import json, os, sys, time
+    DATA_TASK = %r
     T0 = time.perf_counter()
     from grpo_jax.infra import multihost
     multihost.maybe_initialize()
@@ -55,6 +57,16 @@ RUN_SCRIPT = textwrap.dedent("""
     ck.maybe_save(2, state, {"step": 2}, force=True)
     ck.wait()
     ck.close()
+    # The text data path as the CLI feeds it: every process draws the whole global batch (data.rl_batches, the
+    # single-process order) and train.device_batch keeps its own rows; each writes the rows it holds.
+    from grpo_jax.tasks import data as data_lib, tokenizer as tok_lib
+    task = dict(DATA_TASK, data_dir=sys.argv[2])
+    shares = []
+    for _, b in zip(range(3), data_lib.rl_batches(task, tok_lib.load(), "train", 8, 3, 0, 48)):  # step 2 crosses an epoch
+      held = train.device_batch(mesh, b)["index_N"].addressable_shards
+      shares.append(sorted([s.index[0].start, s.index[0].stop, np.asarray(s.data).tolist()] for s in held))
+    with open(os.path.join(out, f"data_p{jax.process_index()}.json"), "w") as f:
+      json.dump(shares, f)
     params = multihost_utils.process_allgather(state["params"], tiled=True)
     leaves = {jax.tree_util.keystr(p): np.asarray(x) for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
     if jax.process_index() == 0:
@@ -64,7 +76,7 @@ RUN_SCRIPT = textwrap.dedent("""
     print(f"RESULT process={jax.process_index()} of {jax.process_count()} devices={jax.device_count()} "
           f"local={jax.local_device_count()} setup+steps={T1 - T0:.1f}s ckpt+gather={time.perf_counter() - T1:.1f}s",
           flush=True)
-""")
+""") % (DATA_TASK,)
 
 
 @pytest.fixture(scope="module")
@@ -72,14 +84,17 @@ def runs(tmp_path_factory):
   root = tmp_path_factory.mktemp("multihost")
   script = root / "run.py"
   script.write_text(RUN_SCRIPT)
+  from grpo_jax.tasks import data as data_lib
+  for split in ("train", "test"):  # built here once: the runs only read it
+    data_lib.load_examples(dict(DATA_TASK, data_dir=str(root / "tfds")), split)
   env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
   t0 = time.perf_counter()
   # The 1-process reference runs while the 2-process job does: compiles overlap, the test takes ~the longer one.
-  single = subprocess.Popen([sys.executable, str(script), str(root / "one")], env=env, cwd=REPO,
+  single = subprocess.Popen([sys.executable, str(script), str(root / "one"), str(root / "tfds")], env=env, cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
   log = io.StringIO()
-  rc = local_multiprocess.launch(2, script=str(script), args=[str(root / "two")], devices_per_process=2,
+  rc = local_multiprocess.launch(2, script=str(script), args=[str(root / "two"), str(root / "tfds")], devices_per_process=2,
                                  timeout_s=240, python=sys.executable, out=log)
   t1 = time.perf_counter()
   single_out, _ = single.communicate(timeout=240)
@@ -152,3 +167,24 @@ def _nested(flat: dict):
       d = d.setdefault(k, {})
     d[keys[-1]] = x
   return out
+
+
+def test_each_process_holds_its_own_rows_of_the_single_process_batch(runs):
+  """Two processes each draw the whole global batch of the arith task (data.rl_batches) and keep their own rows
+  (train.device_batch): the rows they hold are disjoint, cover the batch, and hold the single-process order, as
+  one process with the 4 devices holds it and as data.rl_batches here draws it; the third batch crosses an epoch."""
+  from grpo_jax.tasks import data as data_lib, tokenizer as tok_lib
+  want = [b["index_N"].tolist() for _, b in zip(range(3), data_lib.rl_batches(
+      dict(DATA_TASK, data_dir=str(runs["root"] / "tfds")), tok_lib.load(), "train", 8, 3, 0, 48))]
+  assert len(set(want[0] + want[1] + want[2][:4])) == 20  # epoch 0: each of the 20 examples once
+  for run, files in (("one", ["data_p0.json"]), ("two", ["data_p0.json", "data_p1.json"])):
+    held = [json.load(open(runs["root"] / run / f)) for f in files]
+    for step in range(3):
+      rows = [r for p in held for r in p[step]]
+      spans = sorted((start, stop) for start, stop, _ in rows)
+      assert [a for a, _ in spans] == list(range(0, 8, 2)) and all(b == a + 2 for a, b in spans), (run, spans)
+      got = [i for _, _, ids in sorted(rows) for i in ids]
+      assert got == want[step], (run, step, got, want[step])
+    if run == "two":  # 2 devices' rows each; step 0's 8 examples are distinct, so no example is held twice
+      mine = [{i for _, _, ids in p[0] for i in ids} for p in held]
+      assert len(held[0][0]) == len(held[1][0]) == 2 and len(mine[0] | mine[1]) == 8, mine

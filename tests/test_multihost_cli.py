@@ -232,3 +232,46 @@ def test_a_distributed_switch_other_than_0_or_1_is_one_line(monkeypatch):
     assert multihost.maybe_initialize() is False
   monkeypatch.delenv("GRPO_JAX_DISTRIBUTED")
   assert multihost.maybe_initialize() is False and not multihost.initialized()
+
+
+DIFFERING_DATA = """
+import sys
+import numpy as np
+from grpo_jax.infra import errors, multihost
+multihost.maybe_initialize()
+import jax
+import ml_collections
+from grpo_jax.infra import sharding
+from grpo_jax.run import train
+mesh = sharding.make_mesh(ml_collections.ConfigDict(dict(data=2, fsdp=1, tensor=1)))
+same = {"index_N": np.arange(4, dtype=np.int32)}
+print("same", sorted(int(i) for s in train.device_batch(mesh, same)["index_N"].addressable_shards
+                     for i in np.asarray(s.data)), flush=True)
+other = {"index_N": np.arange(4, dtype=np.int32) + (jax.process_index() == 1)}  # process 1 read another copy
+try:
+  train.device_batch(mesh, other)
+except errors.InputError as e:
+  print(errors.classify(e)[1], flush=True)
+  sys.exit(errors.EXIT_INPUT)
+"""
+
+
+def test_processes_that_drew_different_batches_stop_with_one_line(tmp_path):
+  """Processes whose batches differ (a host reading another task.data_dir copy): JAX's device_put refused with an
+  AssertionError traceback printing both arrays (exit 1, as a bug); now one line naming the field, exit 2 on each.
+  The same batch puts each process's own rows (process 0 rows 0-1, process 1 rows 2-3)."""
+  script = tmp_path / "differ.py"
+  script.write_text(DIFFERING_DATA)
+  log = io.StringIO()
+  with pytest.MonkeyPatch.context() as mp:
+    for k, v in dict(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", GRPO_JAX_XLA_CACHE="off").items():
+      mp.setenv(k, v)
+    rc = local_multiprocess.launch(2, script=str(script), devices_per_process=1, timeout_s=90, grace_s=1,
+                                   python=sys.executable, out=log)
+  out = log.getvalue()
+  assert "[p0] same [0, 1]" in out and "[p1] same [2, 3]" in out, out[-3000:]
+  for pid in (0, 1):
+    assert f"[launch] p{pid} exited with 2" in out, out[-3000:]
+    assert (f"[p{pid}] Error: the 2 processes drew different batches (index_N differs): each must read the same "
+            "data: the same task.data_dir copy on every host") in out, out[-3000:]
+  assert rc == 2 and "Traceback" not in out, out[-3000:]

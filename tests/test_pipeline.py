@@ -238,6 +238,29 @@ def test_damaged_rejection_data_is_one_line_naming_the_redo(tmp_path):
       corpus.read_records(path)
 
 
+@pytest.mark.parametrize("edit,needle", [
+    ({"completion_ids": [2, 10**6]}, "completion_ids holds 1000000, not a token id of the 64-token vocabulary"),
+    ({"prompt_ids": [-4]}, "prompt_ids holds -4, not a token id"),
+    ({"prompt_ids": [1.5]}, "prompt_ids is not a list of token ids"),
+    ({"prompt_ids": ["x"]}, "prompt_ids is not a list of token ids"),
+    ({"completion_ids": 7}, "completion_ids is not a list of token ids"),
+    ({"completion_ids": [True]}, "completion_ids is not a list of token ids"),
+    ({"kind": "resoning"}, "kind 'resoning' is not one of ['reasoning', 'general']")])
+def test_an_edited_record_with_ids_no_model_embeds_is_one_line(tmp_path, edit, needle):
+  """An edited data.jsonl record with an id past the vocabulary trained silently on a clamped embedding row (a
+  negative one on a wrapped row, a float on its truncation, an unknown kind as reasoning); a string or a number
+  for the list was a ValueError / TypeError traceback in stage 4's first batch. Now the damaged-line error."""
+  path = str(tmp_path / "data.jsonl")
+  good = {"prompt_ids": [1], "completion_ids": [2, 3], "kind": "reasoning"}
+  corpus.write_records(path, [good, dict(good, kind="general"), dict(good, **edit)])
+  with pytest.raises(errors.InputError) as e:
+    corpus.read_records(path, vocab_size=64)
+  msg = str(e.value)
+  assert "line 3 is damaged" in msg and needle in msg and "rerun_stages=r1_3_rejection" in msg, msg
+  corpus.write_records(path, [good, dict(good, kind="general", prompt_ids=[], completion_ids=[63])])
+  assert len(corpus.read_records(path, vocab_size=64)) == 2  # the ids a 64-token model embeds, an empty prompt
+
+
 def test_rejection_sampling_keeps_only_verified(tmp_path, tok, monkeypatch):
   c = _tiny_config()
   from grpo_jax.infra import checkpoint as ckpt_lib

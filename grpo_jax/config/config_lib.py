@@ -35,7 +35,42 @@ R1_STAGES = ("base", "r1_zero", "r1_1_cold_start", "r1_2_grpo", "r1_3_rejection"
 COMPACTION = 8
 
 
+class _Declared(ml_collections.ConfigDict):
+  """base_config's nodes: a bool set on a key declared a number is refused as it is set. ConfigDict turns it into
+  the number (its int -> float cast: a config file's `optim.lr = True` ran at lr 1.0), so no later check sees it."""
+  _where = ""  # the node's dotted path ('optim.'), for the error line
+
+  def __setstate__(self, state):  # deepcopy / pickle: ConfigDict's rebuilds the fields only
+    super().__setstate__(state)
+    object.__setattr__(self, "_where", state.get("_where", ""))
+
+  def __setitem__(self, key, value):
+    old = self._fields.get(key) if isinstance(key, str) else None
+    if (isinstance(value, (bool, np.bool_)) and isinstance(old, numbers.Real)
+        and not isinstance(old, (bool, np.bool_))):
+      kind = "an integer" if isinstance(old, numbers.Integral) else "a number"
+      raise ConfigError(f"config.{self._where}{key}: is {value!r}, a bool where {kind} is expected (Python's True "
+                        f"is 1, False is 0: it would run as {type(old)(value)!r}); set {kind} (it holds {old!r}).")
+    if isinstance(old, _Declared) and isinstance(value, (dict, ml_collections.ConfigDict)):
+      value = _declared(ml_collections.ConfigDict(value), f"{self._where}{key}.")  # a config file's own group dict
+    super().__setitem__(key, value)
+
+
+def _declared(node: ml_collections.ConfigDict, where: str = "") -> ml_collections.ConfigDict:
+  """`node` (its fields shared, not copied) and every group under it as _Declared nodes that know their path."""
+  out = _Declared(node)
+  object.__setattr__(out, "_where", where)
+  for k, v in list(out._fields.items()):  # pylint: disable=protected-access
+    if isinstance(v, ml_collections.ConfigDict):
+      out._fields[k] = _declared(v, f"{where}{k}.")  # pylint: disable=protected-access
+  return out
+
+
 def base_config() -> ml_collections.ConfigDict:
+  return _declared(_base_config())
+
+
+def _base_config() -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict()
   c.seed = 0       # data order (and evaluation's sampling rng): what every run of a sweep point shares
   # Params init and rollout rng (state.seed_keys); -1 = `seed`. A sweep's `--seeds N` sets it per run, so the runs

@@ -209,9 +209,26 @@ def _check_obs_mask(rec: dict) -> None:
     raise ValueError("obs_mask must hold a 0 or 1 per completion id and one for its eos")
 
 
-def read_records(path: str) -> list[dict]:
+KINDS = ("reasoning", "general")  # a record's kind: loss on its completion, or on every token (records_batches)
+
+
+def _check_ids(rec: dict, vocab_size: int | None) -> None:
+  """Token ids a model can embed: a list of ints in [0, vocab_size) each (an edited id past the vocabulary trained
+  silently on a clamped embedding row, a negative one on a wrapped one, a float on its truncation)."""
+  if rec["kind"] not in KINDS:
+    raise ValueError(f"kind {rec['kind']!r} is not one of {list(KINDS)}")
+  for key in ("prompt_ids", "completion_ids"):
+    ids = rec[key]
+    if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+      raise ValueError(f"{key} is not a list of token ids")
+    bad = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]
+    if bad:
+      raise ValueError(f"{key} holds {bad[0]}, not a token id of the {vocab_size}-token vocabulary")
+
+
+def read_records(path: str, vocab_size: int | None = None) -> list[dict]:
   """The records write_records wrote; a damaged file (edited, or torn by the storage) is one line naming it and
-  the line, and how to write it again, not a JSON traceback."""
+  the line, and how to write it again, not a JSON traceback. `vocab_size`: the ids must be tokens of it."""
   out = []
   with open(path, "rb") as f:
     for n, raw in enumerate(f, 1):
@@ -222,6 +239,7 @@ def read_records(path: str) -> list[dict]:
         rec = json.loads(line)
         if not isinstance(rec, dict) or not all(k in rec for k in ("prompt_ids", "completion_ids", "kind")):
           raise ValueError("not a record with prompt_ids, completion_ids and kind")
+        _check_ids(rec, vocab_size)
         _check_obs_mask(rec)
       except ValueError as e:  # JSONDecodeError and UnicodeDecodeError are ValueErrors
         raise errors.InputError(

@@ -93,7 +93,7 @@ def check_upstream(config, workdir: str, stages: Sequence[str]) -> None:
 
 def _sft_batches(config, tok, workdir: str, stage: str) -> corpus.Batches:
   if stage == "r1_4_sft":
-    return corpus.records_batches(config, tok, corpus.read_records(layout.rejection_data(workdir)))
+    return corpus.records_batches(config, tok, corpus.read_records(layout.rejection_data(workdir), tok.vocab_size))
   examples = data_lib.load_examples(config.task, "train")
   if stage == "base":
     return corpus.pretrain_batches(config, tok, examples)

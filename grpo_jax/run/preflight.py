@@ -31,6 +31,7 @@ from grpo_jax.run import train
 from grpo_jax.model import model as model_lib
 from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import hf_tokenizer
+from grpo_jax.tasks import registry as task_registry
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 from grpo_jax.hf import hf_io
 from grpo_jax.hf import model_source
@@ -276,6 +277,7 @@ def check_data(config, tokenizer) -> None:
         logging.warning("task.overlong_prompts=truncate: %d of the %d %s prompts are longer than task.prompt_len=%d "
                         "tokens and are cut to bos + their last %d tokens.", cut, len(examples), split, t.prompt_len,
                         t.prompt_len - 1)
+  check_held_out(config)
   sizes = [("eval.size", config.eval.size)]
   if config.job == "r1_pipeline":
     sizes.append(("r1.report.size", config.r1.report.size))
@@ -284,6 +286,26 @@ def check_data(config, tokenizer) -> None:
       where = f" in {t.data_dir}" if t.data_dir else ""
       raise errors.ConfigError(f"config.{key}: {n} exceeds the {usable['test']} usable examples of the test "
                                f"split{where}; set {key}={usable['test']} or lower (a multiple of its batch).")
+
+
+def check_held_out(config) -> None:
+  """A dataset copy whose test questions also appear in its train split (or that repeats questions) is trained and
+  evaluated as given, and said: one warning per kind, with the count and the first example."""
+  t = config.task
+  if task_registry.generated(t.name):
+    return  # disjoint and without test repeats by construction (base.Task.examples); train draws with replacement
+  with errors.input_errors(f"config.task.data_dir={t.data_dir!r}" if t.data_dir else "config.task"):
+    found = data_lib.repeated_questions(t)
+  where = f" in {t.data_dir}" if t.data_dir else ""
+  for kind, what, effect in (
+      ("test_in_train", "test questions are also train questions", "held-out accuracy on them is not held out; "
+       "remove them from one of the splits"),
+      ("test_repeats", "test questions repeat an earlier test question", "evaluation counts them twice"),
+      ("train_repeats", "train questions repeat an earlier train question", "training draws them more often")):
+    if found[kind]:
+      split = "train" if kind == "train_repeats" else "test"
+      logging.warning("task data%s: %d %s (%s example %d first): %s.", where, len(found[kind]), what, split,
+                      found[kind][0], effect)
 
 
 def check_sft_lengths(config, tokenizer) -> None:

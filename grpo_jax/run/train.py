@@ -56,8 +56,18 @@ def device_batch(mesh, batch: dict[str, np.ndarray]) -> dict[str, jax.Array]:
   n_data = mesh.shape["data"] * mesh.shape["fsdp"]
   if "prompt_mask_NxP" in batch:
     sampling.check_left_padded(batch["prompt_mask_NxP"], "an RL step's prompt batch")
-  return {k: jax.device_put(v, sharding.batch_sharding(mesh, v.ndim) if v.shape[0] % n_data == 0
-                            else sharding.replicated(mesh)) for k, v in batch.items()}
+  out = {}
+  for k, v in batch.items():
+    try:
+      out[k] = jax.device_put(v, sharding.batch_sharding(mesh, v.ndim) if v.shape[0] % n_data == 0
+                              else sharding.replicated(mesh))
+    except AssertionError as e:  # JAX compares a value put over several processes (was its traceback and arrays)
+      if "not the same on each process" not in str(e):
+        raise
+      raise errors.InputError(f"the {jax.process_count()} processes drew different batches ({k} differs): each "
+                              "must read the same data: the same task.data_dir copy on every host, the same config "
+                              "and code.") from None
+  return out
 
 
 def _host_scalars(m: dict) -> dict[str, float]:

@@ -18,7 +18,9 @@ SPLITS = ("train", "test")
 
 
 def rng_for(*parts: Any) -> np.random.Generator:
-  """A numpy Generator seeded by a stable hash of `parts` (Python's hash() is salted per process)."""
+  """A numpy Generator seeded by a stable hash of `parts` (Python's hash() is salted per process). A numpy scalar
+  hashes as its Python value: numpy 2 writes np.int64(3) as 'np.int64(3)', which drew another data order."""
+  parts = tuple(p.item() if isinstance(p, np.generic) else p for p in parts)
   digest = hashlib.sha256(repr(parts).encode()).digest()
   return np.random.default_rng(int.from_bytes(digest[:8], "little"))
 

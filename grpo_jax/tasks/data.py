@@ -111,6 +111,29 @@ def overlong_count(task_cfg, tok, split: str, prompt_len: int, tools: Sequence[d
   return int((lengths > prompt_len).sum()), len(lengths)
 
 
+def repeated_questions(task_cfg) -> dict[str, list[int]]:
+  """Example indices whose question (language 'a', whitespace collapsed) is asked before: test examples that a train
+  example also asks ('test_in_train': held-out accuracy on them is not held out), and repeats within the test split
+  ('test_repeats') and, for a dataset task, within the train split ('train_repeats'; a generated train split draws
+  with replacement by design, its test split never repeats and never meets it)."""
+  task = make_task(task_cfg)
+  ask = lambda ex: " ".join(task.question(ex, "a").split())
+  train, test = load_examples(task_cfg, "train"), load_examples(task_cfg, "test")
+
+  def repeats(examples):
+    seen, out = set(), []
+    for ex in examples:
+      q = ask(ex)
+      if q in seen:
+        out.append(ex["index"])
+      seen.add(q)
+    return out, seen
+  train_repeats, train_questions = repeats(train)
+  return {"test_in_train": [ex["index"] for ex in test if ask(ex) in train_questions],
+          "test_repeats": repeats(test)[0],
+          "train_repeats": [] if registry.generated(task.name) else train_repeats}
+
+
 _BY_INDEX: dict[tuple, dict[int, dict]] = {}
 
 

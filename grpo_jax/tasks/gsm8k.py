@@ -212,8 +212,16 @@ def load_split(split: str, data_dir: str | None = None) -> list[dict]:
                      f"({type(e).__name__}: {errors.one_line(str(e))[:200]}); set task.data_dir to a directory with GSM8K's "
                      "train.jsonl/test.jsonl or parquet files, or one where python -m grpo_jax.tasks.gsm8k "
                      "--data_dir=DIR prepared it") from None
+  out = []
   try:
-    return [_example(i, source[i]["question"], source[i]["answer"]) for i in range(len(source))]
+    for i in range(len(source)):
+      record = source[i]
+      try:
+        out.append(_example(i, record["question"], record["answer"]))
+      except ValueError as e:  # the record's own text (the JSONL and parquet readers name their line / row too)
+        raise ValueError(f"task.data_dir: the TFDS gsm8k {split} split in {data_dir or 'the default TFDS data dir'} "
+                         f"record {i}: {e}") from None
+    return out
   except ValueError:
     raise
   except Exception as e:  # pylint: disable=broad-except  (array_record errors of a damaged prepared copy)

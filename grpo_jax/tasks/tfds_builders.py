@@ -1,15 +1,18 @@
 """The synthetic tasks as TFDS array_record datasets (built on first use, read back without TensorFlow).
 
-Each record is {index, json}: the example as JSON. Content is a pure function of (task knobs, seed, sizes) and is
-encoded in the config name, so a data dir never mixes datasets. TFDS shuffles records on write; readers sort by index.
+Each record is {index, json}: the example as JSON. Content is a pure function of (task knobs, seed, sizes) and of
+the code that generates it (the task's module and base.py's split rule), all encoded in the config name, so a data
+dir never mixes datasets and a copy built by other generator code is never read as this one. TFDS shuffles records on write; readers sort by index.
 A process reads each split from disk once (load_split keeps what it read).
 """
 from __future__ import annotations
 
 import dataclasses
 import fcntl
+import inspect
 import json
 import os
+import sys
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -32,8 +35,21 @@ class TaskConfig(tfds.core.BuilderConfig):
   task: base.Task | None = None
 
 
+def generator_digest(task: base.Task) -> str:
+  """A digest of the code the examples come from: the task's module and base.py (the split rule). Without it a
+  data dir built before a change to either was read back as the same dataset (the name held knobs, seed and sizes
+  only), and a host with a fresh dir drew other examples than one with an old dir."""
+  parts = []
+  for module in (sys.modules[type(task).__module__], base):
+    try:
+      parts.append(inspect.getsource(module))
+    except (OSError, TypeError):  # no source shipped (a zipped install): its name only
+      parts.append(module.__name__)
+  return base.key_hash("\n".join(parts))[:8]
+
+
 def make_config(task: base.Task, seed: int, train_size: int, test_size: int) -> TaskConfig:
-  name = f"{task.config_name()}_s{seed}_n{train_size}_{test_size}"
+  name = f"{task.config_name()}_s{seed}_n{train_size}_{test_size}_g{generator_digest(task)}"
   return TaskConfig(name=name, task_name=task.name, knobs_json=json.dumps(task.knobs(), sort_keys=True), seed=seed,
                     train_size=train_size, test_size=test_size, task=task)
 
