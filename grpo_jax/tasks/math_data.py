@@ -17,7 +17,8 @@ longer than ANSWER_CHARS); 'symbolic' compares with math-verify (tasks/symbolic.
 intervals, tuples, `\\pi`, equations), a numeric reference still exactly, and takes any reference math-verify reads
 (up to ANSWER_BYTES UTF-8 bytes). A record whose reference the grader cannot read is refused in one line naming the
 file and row, unless `task.ungradable='skip'`: then it is left out, and the count and the first few are logged. A
-question that appears in both the train and the test files is counted and logged (train/test leakage).
+question that appears in both the train and the test files, or twice in one, is counted in a warning before the run
+(preflight.check_held_out, as for every dataset task).
 `task.solution_field` names the records' worked solutions (MATH's `solution`, a distilled trace): the SFT stage and
 job=sft / pretrain train on them (`MathData.sft_completion`: in the form the prompt format asks for).
 """
@@ -248,8 +249,8 @@ def symbolic_finals(values: list[Any]) -> list[str | None]:
 
 
 def load_examples(task: MathData, split: str, *, data_dir: str | None = None, **sizes) -> list[dict]:
-  """registry.TASKS loader: examples {index, question, solution, final} in file order (sizes do not apply: the
-  files are the splits). The test split's loading also counts questions it shares with the train split."""
+  """registry.TASKS loader: examples {index, question, solution, final[, worked]} in file order (sizes do not apply:
+  the files are the splits). Questions shared between the splits or repeated are counted by preflight.check_held_out."""
   del sizes
   rows = []
   for path in split_files(task, split, data_dir):
@@ -289,18 +290,4 @@ def load_examples(task: MathData, split: str, *, data_dir: str | None = None, **
   if not examples:
     raise ValueError(f"task.name=math: the {split} split has no examples the {task.grader} grader can read"
                      + (f" ({len(skipped)} skipped)." if skipped else "."))
-  if split == "test":
-    _log_leakage(task, examples, data_dir)
   return examples
-
-
-def _log_leakage(task: MathData, test: list[dict], data_dir: str | None) -> None:
-  try:
-    train = load_examples(task, "train", data_dir=data_dir)
-  except ValueError:
-    return  # the train split's own error comes when it is read
-  seen = {" ".join(ex["question"].split()) for ex in train}
-  shared = sum(" ".join(ex["question"].split()) in seen for ex in test)
-  if shared:
-    logging.warning("task math: %d of the %d test questions are also train questions (the held-out "
-                    "accuracy is partly on trained questions)", shared, len(test))
