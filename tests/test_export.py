@@ -136,3 +136,45 @@ def test_an_export_error_line_is_the_last_line(monkeypatch, tmp_path, capsys):
   finally:
     console._silenced.clear()  # pylint: disable=protected-access
   assert capsys.readouterr().err == "Error: no restorable checkpoint with params in RUN/checkpoints\n"
+
+
+def test_export_replaces_only_an_earlier_export_and_keeps_its_model_card(tmp_path):
+  """Data that an export replaced whole: the run's own hf: base (export RUN DIR_OF_ITS_BASE: the base gone, a LoRA
+  run's adapters unrestorable), another program's checkpoint of the same file names (transformers' save_pretrained:
+  config.json + model.safetensors), and the README.md model card kept in an earlier export. Now the first two are
+  refused in one line, untouched, and the card is carried into the new export."""
+  import jax
+  import numpy as np
+  from grpo_jax.hf import hf_save
+  from grpo_jax.hf import safetensors_io as st
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  c = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
+  c.model.update(hidden=32, layers=1, heads=2, kv_heads=1, inter=64)
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  base = tmp_path / "base"
+  hf_save.save_hf(str(base), mcfg, model_lib.init_params(mcfg, jax.random.PRNGKey(2)))
+  c.train.init_from = f"hf:{base}"
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text(c.to_json_best_effort())
+  params_ckpt.save_params(str(run / "params"), model_lib.init_params(mcfg, jax.random.PRNGKey(1)))
+  before = {p.name: p.read_bytes() for p in base.iterdir()}
+  with pytest.raises(config_lib.ConfigError, match=r"is the run's base checkpoint \(train.init_from\) directory"):
+    export.export(str(run), str(base) + "/")
+  assert {p.name: p.read_bytes() for p in base.iterdir()} == before
+  foreign = tmp_path / "foreign"  # what transformers writes: the same names, its own metadata
+  foreign.mkdir()
+  (foreign / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+  w = np.ones((4, 4), np.float32)
+  st.write(str(foreign / "model.safetensors"), [("model.norm.weight", w.shape, w.dtype)], lambda _: w,
+           {"format": "pt"})
+  with pytest.raises(config_lib.ConfigError, match="or weights another program wrote"):
+    export.export(str(run), str(foreign))
+  assert sorted(os.listdir(foreign)) == ["config.json", "model.safetensors"]
+  out = tmp_path / "out"
+  export.export(str(run), str(out))
+  (out / "README.md").write_text("my model card")
+  export.export(str(run), str(out))  # an earlier export: replaced, its card kept
+  assert (out / "README.md").read_text() == "my model card"
+  assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors"]

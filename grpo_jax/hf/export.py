@@ -15,6 +15,8 @@ generation_config.json (the source's, else written from the tokenizer's bos/eos/
 sentencepiece tokenizer gets no tokenizer files: transformers has no tokenizer class for it.
 
 Params are restored to host memory (the CPU backend): 4 bytes per parameter, then written one tensor at a time.
+OUT_DIR is written beside and renamed in whole; an existing one must be empty or an earlier export (safetensors
+tagged hf_save.EXPORT_METADATA), replaced whole with its README.md carried over; never the run's base or tokenizer.
 
 A LoRA run (model.lora.rank > 0) checkpoints adapters only: its base is read again from the source its checkpoint
 names (checked against the recorded checksum), and `format` picks `merged` (the HF checkpoint above, W + scale·A·B)
@@ -37,6 +39,7 @@ from grpo_jax.config import config_lib
 from grpo_jax.hf import hf_io
 from grpo_jax.hf import hf_save
 from grpo_jax.hf import peft_export
+from grpo_jax.hf import safetensors_io as st
 from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import console
 from grpo_jax.infra import errors
@@ -48,6 +51,7 @@ from grpo_jax.tasks import tokenizer_factory as tok_lib
 from grpo_jax.tasks import hf_tokenizer
 
 FORMATS = ("merged", "peft", "base")  # base: a LoRA run's frozen base, e.g. for its PEFT adapters (_base_hint)
+KEPT = ("README.md",)  # an earlier export's files that no export writes (a model card): carried into the new one
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
 
@@ -175,6 +179,7 @@ def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32",
     raise config_lib.ConfigError(f"export.out_dir={out_dir} is the run directory; pick a new directory.")
   replace = check_out_dir(out_dir)
   config = run_config(run_dir)
+  _check_not_a_source(out_dir, config)
   mcfg = model_lib.ModelConfig.from_config(config.model)
   if format in ("peft", "base") and mcfg.lora is None:
     raise config_lib.ConfigError(f"export.format={format!r}: {run_dir} trained no adapters (model.lora.rank=0); use "
@@ -229,9 +234,23 @@ def _base_hint(run_dir: str, config, got: Source) -> str:
           f"{got.step}) and load PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE_DIR), OUT_DIR)")
 
 
+def _check_not_a_source(out_dir: str, config) -> None:
+  """OUT_DIR is none of the directories the run reads: its hf: base (or an earlier export it started from) was
+  replaced whole by the export of the run trained on it, and a LoRA run's adapters no longer restore without it."""
+  src, spec = model_source.source(config), tok_lib.spec_for_config(config)
+  sources = [(f"base checkpoint ({src[0]})", src[1])] if src else []
+  if tok_lib.is_hf(spec):  # hf:<dir>, or a tokenizer.json path
+    sources.append(("tokenizer", spec[3:] if spec.startswith("hf:") else os.path.dirname(spec)))
+  for what, d in sources:
+    if os.path.realpath(d) == os.path.realpath(out_dir):
+      raise config_lib.ConfigError(f"export.out_dir={out_dir} is the run's {what} directory, which the export would "
+                                   "replace; pick a new directory.")
+
+
 def _is_export(d: str) -> bool:
-  """A Hugging Face checkpoint directory (an earlier export): config.json with a model_type, and nothing but
-  checkpoint and tokenizer files."""
+  """An earlier export: config.json with a model_type (or adapter_config.json), nothing but checkpoint and tokenizer
+  files, and safetensors written by an export (hf_save.EXPORT_METADATA): another program's checkpoint of the same
+  file names is not replaced."""
   try:
     names = os.listdir(d)
     if "adapter_config.json" in names:  # an earlier PEFT adapter export
@@ -242,7 +261,10 @@ def _is_export(d: str) -> bool:
     return False
   known = {"config.json", "generation_config.json", "model.safetensors.index.json", "adapter_config.json",
            "README.md", *TOKENIZER_FILES}
-  return ok and all(n in known or n.endswith(".safetensors") for n in names)
+  weights = [n for n in names if n.endswith(".safetensors")]
+  return (ok and all(n in known or n.endswith(".safetensors") for n in names) and bool(weights)
+          and all(st.read_metadata(os.path.join(d, n)).get("written_by") ==
+                  hf_save.EXPORT_METADATA["written_by"] for n in weights))
 
 
 def check_out_dir(out_dir: str) -> bool:
@@ -257,7 +279,8 @@ def check_out_dir(out_dir: str) -> bool:
   if _is_export(out_dir):
     return True
   raise config_lib.ConfigError(f"export.out_dir={out_dir} is not empty and is not an earlier export (files other "
-                               "than a Hugging Face checkpoint's); pick a new or empty directory.")
+                               "than a Hugging Face checkpoint's, or weights another program wrote); pick a new or "
+                               "empty directory.")
 
 
 def _staging(out_dir: str) -> str:
@@ -272,6 +295,9 @@ def _move_in(staged: str, out_dir: str, replace: bool) -> None:
   OUT_DIR is at every moment the old export, absent, or the new one."""
   old = f"{staged}.old"
   if replace:
+    for name in KEPT:
+      if os.path.isfile(os.path.join(out_dir, name)) and not os.path.exists(os.path.join(staged, name)):
+        shutil.copyfile(os.path.join(out_dir, name), os.path.join(staged, name))
     os.replace(out_dir, old)
   elif os.path.isdir(out_dir):
     os.rmdir(out_dir)  # empty (check_out_dir)
