@@ -178,3 +178,32 @@ def test_export_replaces_only_an_earlier_export_and_keeps_its_model_card(tmp_pat
   export.export(str(run), str(out))  # an earlier export: replaced, its card kept
   assert (out / "README.md").read_text() == "my model card"
   assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors"]
+
+
+def test_a_stage_directory_exports_from_its_stage_record(tmp_path):
+  """A stage's directory (an R1 pipeline's DIR/r1_2_grpo, the main job's DIR/sft) holds params/ or checkpoints/ and
+  stage.json, but config.json only in DIR: export refused it ('config.json is missing'), so no stage but a whole
+  run could be exported. Now the stage's recorded config stands for it; DIR itself names a stage to export."""
+  import jax
+  import numpy as np
+  from grpo_jax.hf import hf_io
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.run import run_config
+  from grpo_jax.run import stages
+  c = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
+  c.model.update(hidden=32, layers=1, heads=2, kv_heads=1, inter=64, tie_embeddings=False)
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  stage = tmp_path / "run" / "r1_2_grpo"
+  stage.mkdir(parents=True)
+  params = model_lib.init_params(mcfg, jax.random.PRNGKey(3))
+  params_ckpt.save_params(str(stage / "params"), params)
+  (stage / stages.RECORD).write_text(json.dumps({"done": True, "steps": 2, "config": run_config.view(c, "rl")}))
+  with pytest.raises(config_lib.ConfigError, match=r"run/config.json is missing; .* or one stage's \(holding "
+                                                   r"stage.json\), e.g. .*run/r1_2_grpo\."):
+    export.export(str(tmp_path / "run"), str(tmp_path / "out"))
+  summary = export.export(str(stage), str(tmp_path / "out"))
+  assert summary["step"] == 0 and summary["model_type"] == "qwen2"
+  got = hf_io.load_params(str(tmp_path / "out"), hf_io.read_config(str(tmp_path / "out")))
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))

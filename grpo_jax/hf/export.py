@@ -5,7 +5,8 @@
   python -m grpo_jax.main --config=<the run's config> --workdir=RUN_DIR --config.job=export \\
       --config.export.out_dir=OUT_DIR     # the same, as a job (the export.* keys)
 
-The model is what RUN_DIR/config.json (the run's resolved config) describes; the params come from the newest (or the
+The model is what RUN_DIR/config.json (the run's resolved config) describes (a stage's directory, DIR/sft or an
+R1 pipeline's DIR/r1_2_grpo: its stage.json's config); the params come from the newest (or the
 given) committed checkpoint in RUN_DIR/checkpoints, falling back to older ones if the newest does not restore, or
 from RUN_DIR/params (an SFT run's final params) when there are no checkpoints; the summary and the line it prints
 name the step and checkpoint really read, and the newer ones passed over with why. OUT_DIR gets config.json (the source
@@ -46,6 +47,8 @@ from grpo_jax.infra import errors
 from grpo_jax.infra import params_ckpt
 from grpo_jax.model import lora as lora_lib
 from grpo_jax.model import model as model_lib
+from grpo_jax.run import run_config as run_config_lib
+from grpo_jax.run import stages as stages_lib
 from grpo_jax.hf import model_source
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 from grpo_jax.tasks import hf_tokenizer
@@ -57,10 +60,19 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_ma
 
 
 def run_config(run_dir: str) -> ml_collections.ConfigDict:
+  """RUN_DIR/config.json, or for a stage directory (DIR/sft, an R1 pipeline's DIR/r1_2_grpo, ...: config.json is
+  DIR's) the config its stage.json records."""
   path = os.path.join(run_dir, "config.json")
   if not os.path.isfile(path):
+    record = stages_lib.read_record(run_dir)
+    if record is not None and isinstance(record.get("config"), dict):
+      return _stage_config(run_dir, record["config"])
+    stage_dirs = sorted(n for n in (os.listdir(run_dir) if os.path.isdir(run_dir) else ())
+                        if os.path.isfile(os.path.join(run_dir, n, stages_lib.RECORD)))
     raise config_lib.ConfigError(f"{path} is missing; export reads a finished run's directory (the --workdir a "
-                                 "run wrote, holding config.json and checkpoints/).")
+                                 "run wrote, holding config.json and checkpoints/) or one stage's (holding "
+                                 f"{stages_lib.RECORD})" + (f", e.g. {os.path.join(run_dir, stage_dirs[-1])}"
+                                                             if stage_dirs else "") + ".")
   try:
     with open(path, encoding="utf-8") as f:
       d = json.load(f)
@@ -72,6 +84,26 @@ def run_config(run_dir: str) -> ml_collections.ConfigDict:
                             "(running the run's command again rewrites it).")
   _check_model_unedited(run_dir, path, d["model"])
   return ml_collections.ConfigDict(d)
+
+
+def _stage_config(run_dir: str, view: dict) -> ml_collections.ConfigDict:
+  """A stage's recorded view (flat dotted keys of what the stage read) over the base config's defaults."""
+  merged = config_lib.base_config().to_dict()
+  for key, value in view.items():
+    if key.startswith(("stage.", run_config_lib.RESOLVED)):
+      continue
+    *parents, leaf = key.split(".")
+    node = merged
+    for p in parents:
+      if not isinstance(node.get(p), dict):
+        node[p] = {}
+      node = node[p]
+    node[leaf] = value
+  if not isinstance(merged.get("model"), dict):
+    raise errors.InputError(f"{os.path.join(run_dir, stages_lib.RECORD)} records no model; export rebuilds the "
+                            "model from it.")
+  _check_model_unedited(run_dir, os.path.join(run_dir, stages_lib.RECORD), merged["model"])
+  return ml_collections.ConfigDict(merged)
 
 
 def _check_model_unedited(run_dir: str, path: str, model: dict) -> None:
