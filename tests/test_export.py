@@ -207,3 +207,31 @@ def test_a_stage_directory_exports_from_its_stage_record(tmp_path):
   got = hf_io.load_params(str(tmp_path / "out"), hf_io.read_config(str(tmp_path / "out")))
   for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_what_a_killed_export_left_beside_out_dir_is_removed(tmp_path):
+  """A killed export left OUT.export-tmp-<pid> (a half-written model) and, killed between its two renames,
+  OUT.export-tmp-<pid>.old (the earlier export): each up to the model's size, never read or removed again. The next
+  export on the host removes those of processes that are gone; a live process's staging is left alone."""
+  import socket
+  import subprocess
+  import jax
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  c = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
+  c.model.update(hidden=32, layers=1, heads=2, kv_heads=1, inter=64)
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text(c.to_json_best_effort())
+  params_ckpt.save_params(str(run / "params"),
+                          model_lib.init_params(model_lib.ModelConfig.from_config(c.model), jax.random.PRNGKey(1)))
+  gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  host = socket.gethostname()
+  left = [tmp_path / f"out.export-tmp-{host}-{gone.stdout.strip()}", tmp_path / f"out.export-tmp-{host}-{gone.stdout.strip()}.old"]
+  live = tmp_path / f"out.export-tmp-{host}-1"  # pid 1 runs
+  other = tmp_path / f"out.export-tmp-otherhost-{gone.stdout.strip()}"  # another host's: its pids are not ours
+  for d in (*left, live, other):
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(b"half")
+  export.export(str(run), str(tmp_path / "out"))
+  assert sorted(os.listdir(tmp_path)) == sorted(["run", "out", live.name, other.name])

@@ -27,12 +27,15 @@ whose adapter_config.json can name no base; the PEFT export's summary says so, w
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
+import socket
 import sys
 from typing import Any, NamedTuple
 
+from absl import logging
 import jax
 import ml_collections
 
@@ -316,10 +319,26 @@ def check_out_dir(out_dir: str) -> bool:
 
 
 def _staging(out_dir: str) -> str:
-  d = f"{os.path.abspath(out_dir).rstrip(os.sep)}.export-tmp-{os.getpid()}"
-  if os.path.exists(d):
-    shutil.rmtree(d)
-  return d
+  """OUT_DIR.export-tmp-<host>-<pid>, after removing what an export killed on this host left beside OUT_DIR (its
+  staging directory, or the earlier export it had renamed aside): up to a model's size each, never read again."""
+  base, host = f"{os.path.abspath(out_dir).rstrip(os.sep)}.export-tmp-", socket.gethostname()
+  for d in glob.glob(glob.escape(base) + "*"):
+    tag = d[len(base):].removesuffix(".old")
+    h, _, pid = tag.rpartition("-")
+    if h == host and pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+      logging.warning("removing %s, left by an export that did not finish", d)
+      shutil.rmtree(d, ignore_errors=True)
+  return f"{base}{host}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except OSError:
+    return True  # another user's process
+  return True
 
 
 def _move_in(staged: str, out_dir: str, replace: bool) -> None:
