@@ -235,3 +235,22 @@ def test_what_a_killed_export_left_beside_out_dir_is_removed(tmp_path):
     (d / "model.safetensors").write_bytes(b"half")
   export.export(str(run), str(tmp_path / "out"))
   assert sorted(os.listdir(tmp_path)) == sorted(["run", "out", live.name, other.name])
+
+
+def test_a_step_of_a_run_without_checkpoints_is_refused(tmp_path):
+  """A run with only its final params/ (an SFT run) and export.step=5: the step was ignored and params/ written as
+  'step 0', a model the user did not ask for; a negative step read as a missing checkpoint. Both are one line now,
+  nothing written."""
+  import jax
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  run = _run_dir(tmp_path)
+  c = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
+  params_ckpt.save_params(os.path.join(run, "params"),
+                          model_lib.init_params(model_lib.ModelConfig.from_config(c.model), jax.random.PRNGKey(0)))
+  with pytest.raises(config_lib.ConfigError, match=r"export.step=5: .* has no committed checkpoint \(only the final "
+                                                   r"params/, step 0, if any\); leave export.step at 0"):
+    export.export(run, str(tmp_path / "out"), step=5)
+  with pytest.raises(config_lib.ConfigError, match=r"export.step=-2: use a checkpoint's step, or 0 for the newest"):
+    export.export(run, str(tmp_path / "out"), step=-2)
+  assert not os.path.exists(tmp_path / "out")

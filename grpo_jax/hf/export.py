@@ -173,6 +173,9 @@ def restore_params(run_dir: str, mcfg, step: int = 0, config=None, want_adapters
     peft_export.check_base(base, meta, where)
     params = (base, got.params) if want_adapters else merged_policy(mcfg, base, got.params)
     return Source(params, got.step, where, got.skipped)
+  if step:  # was ignored: RUN_DIR/params written as step 0 for a step that does not exist
+    raise config_lib.ConfigError(f"export.step={step}: {run_dir} has no committed checkpoint (only the final params/, "
+                                 "step 0, if any); leave export.step at 0.")
   if want_adapters:
     raise config_lib.ConfigError(f"export.format='peft': {run_dir} has no LoRA checkpoints (its params/ are a full "
                                  "model); use export.format=merged.")
@@ -206,6 +209,8 @@ def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32",
   `source` are what was really read (after any fallback past a damaged checkpoint)."""
   if dtype not in ("float32", "bfloat16"):
     raise config_lib.ConfigError(f"export.dtype={dtype!r}: use 'float32' or 'bfloat16'.")
+  if step < 0:
+    raise config_lib.ConfigError(f"export.step={step}: use a checkpoint's step, or 0 for the newest.")
   if model_type not in ("", *hf_io.SUPPORTED):
     raise config_lib.ConfigError(f"export.model_type={model_type!r}: use '' (from the run), 'qwen2' or 'llama'.")
   if format not in FORMATS:
