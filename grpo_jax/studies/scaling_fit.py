@@ -41,8 +41,8 @@ NOISE_GAINS = 3.0
 MIN_POINTS = 4  # distinct compute values: R0 and A, B, C_mid
 # A drop after the peak of more than this many standard errors of the window means is a collapse: the highest window
 # mean of a plateau is itself ~2 standard errors above the plateau (the max over the windows), so 4 leaves noisy
-# sigmoids unflagged (0 of 7,200 at 5-100 points, noise 0-0.03; 1 of 2,400 at 5 points) and flags every rise to 0.8
-# whose last points fell to 0.1-0.2 (tests/test_eval_tools.py)
+# sigmoids unflagged (1 of 2,400 at 5-100 points, noise 0-0.03: one at 5 points; 0 of the 400 the docs count) and
+# flags every rise to 0.8 whose last points fell to 0.1-0.2 (tests/test_eval_tools.py)
 DROP_ERRORS = 4.0
 
 
