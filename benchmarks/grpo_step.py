@@ -61,6 +61,14 @@ def bench_config(a):
   return c
 
 
+def check_flags(a) -> None:
+  """The workload flags a run cannot honour, in one line: --steps below 2 ran 2 timed steps of ours anyway (one per
+  half) and left the peers, which drop their first (compiling) step from the median, no step to count."""
+  if a.steps < 2:
+    raise SystemExit(f"--steps {a.steps}: the peers drop their first (compiling) step from the median; use --steps "
+                     ">= 2.")
+
+
 def shape_from_checkpoint(a) -> None:
   """--model-dir: the shape flags are the checkpoint's (a flag given with another value is an error); else the
   defaults of FLAGS."""
@@ -482,6 +490,7 @@ def main():
   import tail_bench  # benchmarks/ (the script's directory); it imports this module
   tail_bench.add_flags(ap)
   a = ap.parse_args()
+  check_flags(a)
   if a.early_exit:
     a.train_buckets = 3 if a.train_buckets is None else a.train_buckets
     a.exit_chunk = 16 if a.exit_chunk is None else a.exit_chunk

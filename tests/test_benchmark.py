@@ -331,3 +331,19 @@ def test_tail_workload_runs_rollout_and_step_on_the_checkpoint(tail_checkpoint, 
   util = np.mean([x.sum() / (8 * (k + 1)) for x, k in zip(o.roll_lens, o.roll_steps)])
   assert abs(float(result["slot_util"]) - util) < 1e-3 and float(result["completion_len"]) == round(got.mean(), 2)
   assert float(result["rollout_s"]) > 0 and f"decode steps {o.roll_steps} of {TAIL_L - 1}" in out
+
+
+def test_workload_flags_the_bench_cannot_honour_are_one_line():
+  """--steps 0 (or -3) ran two timed steps of ours and reported them as the median, the peers counting none;
+  --vocab 10 put the prompt's ids (up to 15) past the embedding table, whose gather clamps: another workload, no
+  error. Both are refused in one line (parse only: nothing runs)."""
+  import argparse
+  from grpo_jax.config import config_lib
+  from grpo_jax.tasks import digits
+  for steps in (1, 0, -3):
+    with pytest.raises(SystemExit, match=rf"--steps {steps}: the peers drop their first \(compiling\) step"):
+      grpo_step.check_flags(argparse.Namespace(**dict(grpo_step.FLAGS, steps=steps)))
+  grpo_step.check_flags(argparse.Namespace(**dict(grpo_step.FLAGS, steps=2)))
+  with pytest.raises(config_lib.ConfigError, match="vocab=15: the digits workload's prompts use ids 0..15"):
+    digits.bench_config(vocab=15)
+  assert digits.bench_config(vocab=16).model.vocab_size == 16

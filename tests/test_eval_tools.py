@@ -211,6 +211,32 @@ def test_sigmoid_fit_flags_falling_and_flat_curves_instead_of_fitting_them():
   assert at_top.edge and at_top.A == pytest.approx(0.8, abs=0.01)
 
 
+def test_sigmoid_fit_flags_a_rise_then_a_collapse():
+  """A rise to 0.8 whose last points fell back (to 0.1, 0.2) fitted A = 0.63-0.69, B = 4-5, C_mid = 5 with no flag
+  (the collapse only pulled A down), and went into the seeds' CI as a measured sigmoid. Now a mean of the last points
+  more than 4 standard errors below the curve's peak is flagged; noisy sigmoids of every length stay unflagged."""
+  C = np.arange(1.0, 21.0)
+  rise = scaling_fit.sigmoid(C, 0.8, 3.0, 6.0, 0.1)
+  collapses = {"last point": np.r_[rise[:-1], 0.1], "last three": np.r_[rise[:-3], 0.5, 0.3, 0.2],
+               "gradual": np.where(C <= 10, rise, rise[9] - 0.07 * (C - 10))}
+  flag = "falls after its peak: a rise then a collapse, no sigmoid"
+  for seed in range(3):
+    noise = np.random.default_rng(seed).normal(size=C.size) * 0.01
+    for name, R in collapses.items():
+      f = scaling_fit.fit(C, R + noise, A_max=1.0)
+      assert f.edge and flag in f.flags, (name, seed, f)
+    for R in (rise, scaling_fit.sigmoid(C, 0.6, 1.0, 15.0, 0.2)):  # a plateau reached, one still rising
+      ok = scaling_fit.fit(C, R + noise, A_max=1.0)
+      assert flag not in ok.flags, (seed, ok)
+  out = scaling_fit.fit_seeds(C, [rise + 0.01 * np.random.default_rng(s).normal(size=C.size) for s in range(3)]
+                              + [collapses["last three"]], A_max=1.0)
+  assert [f.edge for f in out.fits] == [False, False, False, True] and out.A.n == 3
+  # the noise is read from the second differences, not the fit's rmse (which the collapse inflates): the criterion by
+  # hand on 9 points, w = 2: window means peak at 0.8, the last is 0.45; σ = 0 (a noise-free plateau) flags it
+  drop, limit = scaling_fit._drop_after_peak(np.arange(1.0, 10.0), np.array([.1] + [.8] * 7 + [.1]))  # pylint: disable=protected-access
+  assert drop == pytest.approx(0.35) and limit == 0.0
+
+
 def test_training_tables_appendix_fits_sigmoid_and_entropy():
   """train_table.appendix on cells with known curves: the sigmoid's A and the entropy fit's a, b come back, and the
   entropy change correlates with −Cov by construction."""

@@ -136,3 +136,121 @@ def test_an_export_error_line_is_the_last_line(monkeypatch, tmp_path, capsys):
   finally:
     console._silenced.clear()  # pylint: disable=protected-access
   assert capsys.readouterr().err == "Error: no restorable checkpoint with params in RUN/checkpoints\n"
+
+
+def test_export_replaces_only_an_earlier_export_and_keeps_its_model_card(tmp_path):
+  """Data that an export replaced whole: the run's own hf: base (export RUN DIR_OF_ITS_BASE: the base gone, a LoRA
+  run's adapters unrestorable), another program's checkpoint of the same file names (transformers' save_pretrained:
+  config.json + model.safetensors), and the README.md model card kept in an earlier export. Now the first two are
+  refused in one line, untouched, and the card is carried into the new export."""
+  import jax
+  import numpy as np
+  from grpo_jax.hf import hf_save
+  from grpo_jax.hf import safetensors_io as st
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  c = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
+  c.model.update(hidden=32, layers=1, heads=2, kv_heads=1, inter=64)
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  base = tmp_path / "base"
+  hf_save.save_hf(str(base), mcfg, model_lib.init_params(mcfg, jax.random.PRNGKey(2)))
+  c.train.init_from = f"hf:{base}"
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text(c.to_json_best_effort())
+  params_ckpt.save_params(str(run / "params"), model_lib.init_params(mcfg, jax.random.PRNGKey(1)))
+  before = {p.name: p.read_bytes() for p in base.iterdir()}
+  with pytest.raises(config_lib.ConfigError, match=r"is the run's base checkpoint \(train.init_from\) directory"):
+    export.export(str(run), str(base) + "/")
+  assert {p.name: p.read_bytes() for p in base.iterdir()} == before
+  foreign = tmp_path / "foreign"  # what transformers writes: the same names, its own metadata
+  foreign.mkdir()
+  (foreign / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+  w = np.ones((4, 4), np.float32)
+  st.write(str(foreign / "model.safetensors"), [("model.norm.weight", w.shape, w.dtype)], lambda _: w,
+           {"format": "pt"})
+  with pytest.raises(config_lib.ConfigError, match="or weights another program wrote"):
+    export.export(str(run), str(foreign))
+  assert sorted(os.listdir(foreign)) == ["config.json", "model.safetensors"]
+  out = tmp_path / "out"
+  export.export(str(run), str(out))
+  (out / "README.md").write_text("my model card")
+  export.export(str(run), str(out))  # an earlier export: replaced, its card kept
+  assert (out / "README.md").read_text() == "my model card"
+  assert sorted(os.listdir(out)) == ["README.md", "config.json", "model.safetensors"]
+
+
+def test_a_stage_directory_exports_from_its_stage_record(tmp_path):
+  """A stage's directory (an R1 pipeline's DIR/r1_2_grpo, the main job's DIR/sft) holds params/ or checkpoints/ and
+  stage.json, but config.json only in DIR: export refused it ('config.json is missing'), so no stage but a whole
+  run could be exported. Now the stage's recorded config stands for it; DIR itself names a stage to export."""
+  import jax
+  import numpy as np
+  from grpo_jax.hf import hf_io
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.run import run_config
+  from grpo_jax.run import stages
+  c = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
+  c.model.update(hidden=32, layers=1, heads=2, kv_heads=1, inter=64, tie_embeddings=False)
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  stage = tmp_path / "run" / "r1_2_grpo"
+  stage.mkdir(parents=True)
+  params = model_lib.init_params(mcfg, jax.random.PRNGKey(3))
+  params_ckpt.save_params(str(stage / "params"), params)
+  (stage / stages.RECORD).write_text(json.dumps({"done": True, "steps": 2, "config": run_config.view(c, "rl")}))
+  with pytest.raises(config_lib.ConfigError, match=r"run/config.json is missing; .* or one stage's \(holding "
+                                                   r"stage.json\), e.g. .*run/r1_2_grpo\."):
+    export.export(str(tmp_path / "run"), str(tmp_path / "out"))
+  summary = export.export(str(stage), str(tmp_path / "out"))
+  assert summary["step"] == 0 and summary["model_type"] == "qwen2"
+  got = hf_io.load_params(str(tmp_path / "out"), hf_io.read_config(str(tmp_path / "out")))
+  for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(params)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_what_a_killed_export_left_beside_out_dir_is_removed(tmp_path):
+  """A killed export left OUT.export-tmp-<pid> (a half-written model) and, killed between its two renames,
+  OUT.export-tmp-<pid>.old (the earlier export): each up to the model's size, never read or removed again. The next
+  export on the host removes those of processes that are gone; a live process's staging is left alone."""
+  import socket
+  import subprocess
+  import jax
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  c = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
+  c.model.update(hidden=32, layers=1, heads=2, kv_heads=1, inter=64)
+  run = tmp_path / "run"
+  run.mkdir()
+  (run / "config.json").write_text(c.to_json_best_effort())
+  params_ckpt.save_params(str(run / "params"),
+                          model_lib.init_params(model_lib.ModelConfig.from_config(c.model), jax.random.PRNGKey(1)))
+  gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  host = socket.gethostname()
+  left = [tmp_path / f"out.export-tmp-{host}-{gone.stdout.strip()}", tmp_path / f"out.export-tmp-{host}-{gone.stdout.strip()}.old"]
+  live = tmp_path / f"out.export-tmp-{host}-1"  # pid 1 runs
+  other = tmp_path / f"out.export-tmp-otherhost-{gone.stdout.strip()}"  # another host's: its pids are not ours
+  for d in (*left, live, other):
+    d.mkdir()
+    (d / "model.safetensors").write_bytes(b"half")
+  export.export(str(run), str(tmp_path / "out"))
+  assert sorted(os.listdir(tmp_path)) == sorted(["run", "out", live.name, other.name])
+
+
+def test_a_step_of_a_run_without_checkpoints_is_refused(tmp_path):
+  """A run with only its final params/ (an SFT run) and export.step=5: the step was ignored and params/ written as
+  'step 0', a model the user did not ask for; a negative step read as a missing checkpoint. Both are one line now,
+  nothing written."""
+  import jax
+  from grpo_jax.infra import params_ckpt
+  from grpo_jax.model import model as model_lib
+  run = _run_dir(tmp_path)
+  c = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
+  params_ckpt.save_params(os.path.join(run, "params"),
+                          model_lib.init_params(model_lib.ModelConfig.from_config(c.model), jax.random.PRNGKey(0)))
+  with pytest.raises(config_lib.ConfigError, match=r"export.step=5: .* has no committed checkpoint \(only the final "
+                                                   r"params/, step 0, if any\); leave export.step at 0"):
+    export.export(run, str(tmp_path / "out"), step=5)
+  with pytest.raises(config_lib.ConfigError, match=r"export.step=-2: use a checkpoint's step, or 0 for the newest"):
+    export.export(run, str(tmp_path / "out"), step=-2)
+  assert not os.path.exists(tmp_path / "out")

@@ -188,6 +188,54 @@ def test_tensorboard_events(tmp_path):
       ('train/kl', 1, 0.5), ('train/reward_mean', 1, 0.25), ('train/reward_mean', 2, 0.75)]
 
 
+def _tb_visible(logdir):
+  """{(tag, step): value} as TensorBoard shows it: event files in name order, a SessionLog START at step s hides every
+  earlier event at step >= s, and a tag's step going back hides that tag's events from it on (purge_orphaned_data)."""
+  seen, last = {}, -1
+  for path in sorted(glob.glob(os.path.join(logdir, 'events.out.tfevents.*'))):
+    data, pos = open(path, 'rb').read(), 0
+    while pos < len(data):
+      (length,) = struct.unpack('<Q', data[pos:pos + 8])
+      event = event_pb2.Event.FromString(data[pos + 12:pos + 12 + length])
+      pos += 12 + length + 4
+      if event.HasField('session_log') and event.session_log.status == event_pb2.SessionLog.START:
+        seen = {k: v for k, v in seen.items() if k[1] < event.step}
+      tags = [v.tag for v in event.summary.value]
+      if tags and event.step < last:
+        seen = {k: v for k, v in seen.items() if k[0] not in tags or k[1] < event.step}
+      for value in event.summary.value:
+        seen[(value.tag, event.step)] = value.simple_value
+      last = max(last, event.step) if tags else last
+  return seen
+
+
+def test_tensorboard_mirrors_the_rows_after_a_fresh_restart_and_a_resume(tmp_path):
+  """A fresh start in a workdir that holds an earlier run's rows (a run killed before its first checkpoint, rerun):
+  metrics.jsonl lost the old rows, but the old events stayed visible in TensorBoard (no purge step), so a tag the new
+  run had not written yet (eval/accuracy at step 2) showed the old run's value. A resume from step 1 hides the old
+  events after it. TensorBoard shows what metrics.jsonl holds, in both cases."""
+  import time
+  tb = tmp_path / 'tensorboard'
+  with _writer(tmp_path, use_tensorboard=True) as w:
+    w.write(1, {'train/reward_mean': 0.1, 'train/kl': 0.5})
+    w.write(2, {'train/reward_mean': 0.2, 'eval/accuracy': 0.9})
+  time.sleep(1.1)  # tensorboardX names event files by the second: a new writer in the same second overwrites
+  with _writer(tmp_path, use_tensorboard=True, resume_step=None) as w:
+    w.write(1, {'train/reward_mean': 0.3})
+  rows = {(k, r['step']): v for r in metrics_lib.read_metrics(str(tmp_path)) for k, v in r.items() if k != 'step'}
+  assert rows == {('train/reward_mean', 1): 0.3}
+  assert _tb_visible(tb) == pytest.approx(rows)
+  time.sleep(1.1)
+  with _writer(tmp_path, use_tensorboard=True, resume_step=1) as w:
+    w.write(2, {'train/reward_mean': 0.4})
+  time.sleep(1.1)
+  with _writer(tmp_path, use_tensorboard=True, resume_step=1) as w:
+    w.write(2, {'eval/accuracy': 0.7})
+  rows = {(k, r['step']): v for r in metrics_lib.read_metrics(str(tmp_path)) for k, v in r.items() if k != 'step'}
+  assert rows == {('train/reward_mean', 1): 0.3, ('eval/accuracy', 2): 0.7}
+  assert _tb_visible(tb) == pytest.approx(rows)
+
+
 def test_progress_line_and_samples(tmp_path, capsys):
   with _writer(tmp_path, total_steps=10) as w:
     w.write(1, {'train/reward_mean': 0.125, 'train/grad_norm': 3.0})

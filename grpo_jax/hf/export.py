@@ -5,7 +5,8 @@
   python -m grpo_jax.main --config=<the run's config> --workdir=RUN_DIR --config.job=export \\
       --config.export.out_dir=OUT_DIR     # the same, as a job (the export.* keys)
 
-The model is what RUN_DIR/config.json (the run's resolved config) describes; the params come from the newest (or the
+The model is what RUN_DIR/config.json (the run's resolved config) describes (a stage's directory, DIR/sft or an
+R1 pipeline's DIR/r1_2_grpo: its stage.json's config); the params come from the newest (or the
 given) committed checkpoint in RUN_DIR/checkpoints, falling back to older ones if the newest does not restore, or
 from RUN_DIR/params (an SFT run's final params) when there are no checkpoints; the summary and the line it prints
 name the step and checkpoint really read, and the newer ones passed over with why. OUT_DIR gets config.json (the source
@@ -15,6 +16,8 @@ generation_config.json (the source's, else written from the tokenizer's bos/eos/
 sentencepiece tokenizer gets no tokenizer files: transformers has no tokenizer class for it.
 
 Params are restored to host memory (the CPU backend): 4 bytes per parameter, then written one tensor at a time.
+OUT_DIR is written beside and renamed in whole; an existing one must be empty or an earlier export (safetensors
+tagged hf_save.EXPORT_METADATA), replaced whole with its README.md carried over; never the run's base or tokenizer.
 
 A LoRA run (model.lora.rank > 0) checkpoints adapters only: its base is read again from the source its checkpoint
 names (checked against the recorded checksum), and `format` picks `merged` (the HF checkpoint above, W + scale·A·B)
@@ -24,12 +27,15 @@ whose adapter_config.json can name no base; the PEFT export's summary says so, w
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
+import socket
 import sys
 from typing import Any, NamedTuple
 
+from absl import logging
 import jax
 import ml_collections
 
@@ -37,26 +43,39 @@ from grpo_jax.config import config_lib
 from grpo_jax.hf import hf_io
 from grpo_jax.hf import hf_save
 from grpo_jax.hf import peft_export
+from grpo_jax.hf import safetensors_io as st
 from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import console
 from grpo_jax.infra import errors
 from grpo_jax.infra import params_ckpt
 from grpo_jax.model import lora as lora_lib
 from grpo_jax.model import model as model_lib
+from grpo_jax.run import run_config as run_config_lib
+from grpo_jax.run import stages as stages_lib
 from grpo_jax.hf import model_source
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 from grpo_jax.tasks import hf_tokenizer
 
 FORMATS = ("merged", "peft", "base")  # base: a LoRA run's frozen base, e.g. for its PEFT adapters (_base_hint)
+KEPT = ("README.md",)  # an earlier export's files that no export writes (a model card): carried into the new one
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja",
                    "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
 
 
 def run_config(run_dir: str) -> ml_collections.ConfigDict:
+  """RUN_DIR/config.json, or for a stage directory (DIR/sft, an R1 pipeline's DIR/r1_2_grpo, ...: config.json is
+  DIR's) the config its stage.json records."""
   path = os.path.join(run_dir, "config.json")
   if not os.path.isfile(path):
+    record = stages_lib.read_record(run_dir)
+    if record is not None and isinstance(record.get("config"), dict):
+      return _stage_config(run_dir, record["config"])
+    stage_dirs = sorted(n for n in (os.listdir(run_dir) if os.path.isdir(run_dir) else ())
+                        if os.path.isfile(os.path.join(run_dir, n, stages_lib.RECORD)))
     raise config_lib.ConfigError(f"{path} is missing; export reads a finished run's directory (the --workdir a "
-                                 "run wrote, holding config.json and checkpoints/).")
+                                 "run wrote, holding config.json and checkpoints/) or one stage's (holding "
+                                 f"{stages_lib.RECORD})" + (f", e.g. {os.path.join(run_dir, stage_dirs[-1])}"
+                                                             if stage_dirs else "") + ".")
   try:
     with open(path, encoding="utf-8") as f:
       d = json.load(f)
@@ -68,6 +87,26 @@ def run_config(run_dir: str) -> ml_collections.ConfigDict:
                             "(running the run's command again rewrites it).")
   _check_model_unedited(run_dir, path, d["model"])
   return ml_collections.ConfigDict(d)
+
+
+def _stage_config(run_dir: str, view: dict) -> ml_collections.ConfigDict:
+  """A stage's recorded view (flat dotted keys of what the stage read) over the base config's defaults."""
+  merged = config_lib.base_config().to_dict()
+  for key, value in view.items():
+    if key.startswith(("stage.", run_config_lib.RESOLVED)):
+      continue
+    *parents, leaf = key.split(".")
+    node = merged
+    for p in parents:
+      if not isinstance(node.get(p), dict):
+        node[p] = {}
+      node = node[p]
+    node[leaf] = value
+  if not isinstance(merged.get("model"), dict):
+    raise errors.InputError(f"{os.path.join(run_dir, stages_lib.RECORD)} records no model; export rebuilds the "
+                            "model from it.")
+  _check_model_unedited(run_dir, os.path.join(run_dir, stages_lib.RECORD), merged["model"])
+  return ml_collections.ConfigDict(merged)
 
 
 def _check_model_unedited(run_dir: str, path: str, model: dict) -> None:
@@ -134,6 +173,9 @@ def restore_params(run_dir: str, mcfg, step: int = 0, config=None, want_adapters
     peft_export.check_base(base, meta, where)
     params = (base, got.params) if want_adapters else merged_policy(mcfg, base, got.params)
     return Source(params, got.step, where, got.skipped)
+  if step:  # was ignored: RUN_DIR/params written as step 0 for a step that does not exist
+    raise config_lib.ConfigError(f"export.step={step}: {run_dir} has no committed checkpoint (only the final params/, "
+                                 "step 0, if any); leave export.step at 0.")
   if want_adapters:
     raise config_lib.ConfigError(f"export.format='peft': {run_dir} has no LoRA checkpoints (its params/ are a full "
                                  "model); use export.format=merged.")
@@ -179,6 +221,8 @@ def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32",
   kept for its best held-out score (train.keep_best); never a fallback (a damaged best step is an error)."""
   if dtype not in ("float32", "bfloat16"):
     raise config_lib.ConfigError(f"export.dtype={dtype!r}: use 'float32' or 'bfloat16'.")
+  if step < 0:
+    raise config_lib.ConfigError(f"export.step={step}: use a checkpoint's step, or 0 for the newest.")
   if model_type not in ("", *hf_io.SUPPORTED):
     raise config_lib.ConfigError(f"export.model_type={model_type!r}: use '' (from the run), 'qwen2' or 'llama'.")
   if format not in FORMATS:
@@ -191,6 +235,7 @@ def export(run_dir: str, out_dir: str, *, step: int = 0, dtype: str = "float32",
   step = kept[0] if kept else step
   replace = check_out_dir(out_dir)
   config = run_config(run_dir)
+  _check_not_a_source(out_dir, config)
   summary = _export(run_dir, out_dir, config, replace, step, dtype, model_type, format)
   if kept:
     summary["best"] = f"{kept[1]['metric']} {kept[1]['value']:.6g}, the {kept[1]['mode']} kept"
@@ -253,9 +298,23 @@ def _base_hint(run_dir: str, config, got: Source) -> str:
           f"{got.step}) and load PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE_DIR), OUT_DIR)")
 
 
+def _check_not_a_source(out_dir: str, config) -> None:
+  """OUT_DIR is none of the directories the run reads: its hf: base (or an earlier export it started from) was
+  replaced whole by the export of the run trained on it, and a LoRA run's adapters no longer restore without it."""
+  src, spec = model_source.source(config), tok_lib.spec_for_config(config)
+  sources = [(f"base checkpoint ({src[0]})", src[1])] if src else []
+  if tok_lib.is_hf(spec):  # hf:<dir>, or a tokenizer.json path
+    sources.append(("tokenizer", spec[3:] if spec.startswith("hf:") else os.path.dirname(spec)))
+  for what, d in sources:
+    if os.path.realpath(d) == os.path.realpath(out_dir):
+      raise config_lib.ConfigError(f"export.out_dir={out_dir} is the run's {what} directory, which the export would "
+                                   "replace; pick a new directory.")
+
+
 def _is_export(d: str) -> bool:
-  """A Hugging Face checkpoint directory (an earlier export): config.json with a model_type, and nothing but
-  checkpoint and tokenizer files."""
+  """An earlier export: config.json with a model_type (or adapter_config.json), nothing but checkpoint and tokenizer
+  files, and safetensors written by an export (hf_save.EXPORT_METADATA): another program's checkpoint of the same
+  file names is not replaced."""
   try:
     names = os.listdir(d)
     if "adapter_config.json" in names:  # an earlier PEFT adapter export
@@ -266,7 +325,10 @@ def _is_export(d: str) -> bool:
     return False
   known = {"config.json", "generation_config.json", "model.safetensors.index.json", "adapter_config.json",
            "README.md", *TOKENIZER_FILES}
-  return ok and all(n in known or n.endswith(".safetensors") for n in names)
+  weights = [n for n in names if n.endswith(".safetensors")]
+  return (ok and all(n in known or n.endswith(".safetensors") for n in names) and bool(weights)
+          and all(st.read_metadata(os.path.join(d, n)).get("written_by") ==
+                  hf_save.EXPORT_METADATA["written_by"] for n in weights))
 
 
 def check_out_dir(out_dir: str) -> bool:
@@ -281,14 +343,31 @@ def check_out_dir(out_dir: str) -> bool:
   if _is_export(out_dir):
     return True
   raise config_lib.ConfigError(f"export.out_dir={out_dir} is not empty and is not an earlier export (files other "
-                               "than a Hugging Face checkpoint's); pick a new or empty directory.")
+                               "than a Hugging Face checkpoint's, or weights another program wrote); pick a new or "
+                               "empty directory.")
 
 
 def _staging(out_dir: str) -> str:
-  d = f"{os.path.abspath(out_dir).rstrip(os.sep)}.export-tmp-{os.getpid()}"
-  if os.path.exists(d):
-    shutil.rmtree(d)
-  return d
+  """OUT_DIR.export-tmp-<host>-<pid>, after removing what an export killed on this host left beside OUT_DIR (its
+  staging directory, or the earlier export it had renamed aside): up to a model's size each, never read again."""
+  base, host = f"{os.path.abspath(out_dir).rstrip(os.sep)}.export-tmp-", socket.gethostname()
+  for d in glob.glob(glob.escape(base) + "*"):
+    tag = d[len(base):].removesuffix(".old")
+    h, _, pid = tag.rpartition("-")
+    if h == host and pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
+      logging.warning("removing %s, left by an export that did not finish", d)
+      shutil.rmtree(d, ignore_errors=True)
+  return f"{base}{host}-{os.getpid()}"
+
+
+def _alive(pid: int) -> bool:
+  try:
+    os.kill(pid, 0)
+  except ProcessLookupError:
+    return False
+  except OSError:
+    return True  # another user's process
+  return True
 
 
 def _move_in(staged: str, out_dir: str, replace: bool) -> None:
@@ -296,6 +375,9 @@ def _move_in(staged: str, out_dir: str, replace: bool) -> None:
   OUT_DIR is at every moment the old export, absent, or the new one."""
   old = f"{staged}.old"
   if replace:
+    for name in KEPT:
+      if os.path.isfile(os.path.join(out_dir, name)) and not os.path.exists(os.path.join(staged, name)):
+        shutil.copyfile(os.path.join(out_dir, name), os.path.join(staged, name))
     os.replace(out_dir, old)
   elif os.path.isdir(out_dir):
     os.rmdir(out_dir)  # empty (check_out_dir)

@@ -13,6 +13,11 @@ from grpo_jax.hf import safetensors_io as st
 from grpo_jax.hf.hf_io import LINEAR, NORMS, path_key, expected_tensors, hf_config
 from grpo_jax.model import model as model_lib
 
+# every safetensors file an export writes carries this in its metadata: what tells an earlier export, which a new one
+# may replace whole, from another program's checkpoint of the same file names (transformers ignores the extra key)
+EXPORT_METADATA = {"format": "pt", "written_by": "grpo_jax"}  # format: transformers refuses files without it
+
+
 def _hf_tensor(name: str, mcfg, host: Callable[[tuple, int | None], np.ndarray]) -> np.ndarray:
   """One HF tensor computed from our params; `host(key, layer)` returns that leaf (or its layer slice) on the host."""
   if name == "model.embed_tokens.weight":
@@ -69,7 +74,7 @@ def save_hf(path: str, mcfg: model_lib.ModelConfig, params: Any, *, model_type: 
       os.remove(os.path.join(path, name))
   with open(os.path.join(path, "config.json"), "w") as f:
     json.dump(cfg, f, indent=2)
-  meta = {"format": "pt"}  # transformers refuses safetensors files without this tag
+  meta = EXPORT_METADATA
   produce = lambda name: _hf_tensor(name, mcfg, host)
   if len(shards) == 1:
     st.write(os.path.join(path, "model.safetensors"), [(n, shapes[n], np_dtype) for n in shards[0]], produce, meta)

@@ -18,6 +18,7 @@ import numpy as np
 
 from grpo_jax.config import config_lib
 from grpo_jax.hf import hf_io
+from grpo_jax.hf import hf_save
 from grpo_jax.hf import safetensors_io as st
 from grpo_jax.hf.hf_io import LINEAR
 from grpo_jax.infra import integrity
@@ -61,7 +62,7 @@ def save_peft(out_dir: str, mcfg: model_lib.ModelConfig, adapters: Any, base_mod
     json.dump(adapter_config(mcfg, base_model), f, indent=2)
   names = sorted(tensors)
   st.write(os.path.join(out_dir, "adapter_model.safetensors"), [(n, tensors[n].shape, np.float32) for n in names],
-           tensors.__getitem__, {"format": "pt"})
+           tensors.__getitem__, hf_save.EXPORT_METADATA)
   return ["adapter_config.json", "adapter_model.safetensors"]
 
 

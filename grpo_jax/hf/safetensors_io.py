@@ -78,6 +78,19 @@ def read_header(path: str) -> dict[str, TensorInfo]:
   return out
 
 
+def read_metadata(path: str) -> dict:
+  """The header's `__metadata__` (string to string; {} when absent or the header does not read)."""
+  try:
+    with open(path, "rb") as f:
+      (n,) = struct.unpack("<Q", f.read(8))
+      if n > _MAX_HEADER or 8 + n > os.path.getsize(path):
+        return {}
+      meta = json.loads(f.read(n)).get("__metadata__")
+  except (OSError, ValueError, struct.error, AttributeError):
+    return {}
+  return meta if isinstance(meta, dict) else {}
+
+
 def read(info: TensorInfo) -> np.ndarray:
   """One tensor in its stored dtype, in fresh memory (no mapping of the file is kept)."""
   count = info.nbytes // info.dtype.itemsize

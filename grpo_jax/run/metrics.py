@@ -374,9 +374,10 @@ class MetricWriter:
       self._last_offset = self._file.tell() - len((json.dumps(self._last_row) + '\n').encode())
     if use_tensorboard:
       from tensorboardX import SummaryWriter  # pylint: disable=g-import-not-at-top
-      # purge_step makes TensorBoard hide the old run's events from the resumed step on.
+      # purge_step makes TensorBoard hide the old run's events from the resumed step on, and all of them on a fresh
+      # start (metrics.jsonl dropped those rows above; without it a tag not yet rewritten showed the old run's values)
       self._tb = SummaryWriter(os.path.join(workdir, 'tensorboard'),
-                               purge_step=None if resume_step is None else resume_step + 1)
+                               purge_step=0 if resume_step is None else resume_step + 1)
 
   def _init_wandb(self, project: str, resume_step: int | None):
     try:

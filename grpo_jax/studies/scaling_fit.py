@@ -17,7 +17,9 @@ a falling curve fitted A < R0 with a confident B and C_mid and no flag), and a f
 NOISE_GAINS × rmse of nothing (a flat curve whose first point is low by noise fitted a step there) is flagged: the
 rise is not resolved, so B and C_mid are not measured. So is a fit whose C_mid lies outside the compute measured: the
 points show one end of the sigmoid, and A (or B and C_mid) is extrapolated from it. `SigmoidFit.flags` names why a fit
-is flagged. At least 4 distinct compute values (R0 and A, B, C_mid), or the fit refuses. Robust to the
+is flagged. So is a curve that falls after its peak (`_drop_after_peak`): a sigmoid never falls, and a rise then a
+collapse fitted a confident A between the peak and the collapse (A = 0.63, B = 5.3, C_mid = 5 for a rise to 0.8 whose
+last three points fell to 0.2), unflagged. At least 4 distinct compute values (R0 and A, B, C_mid), or the fit refuses. Robust to the
 start, no gradients, ~ms per curve.
 Per seed one fit; `fit_seeds` gives mean ± 95% CI (Student t, studies/stats.py) of A, B, C_mid over the seeds whose
 fit is not flagged (a flagged fit's values are the box's: averaged in, B = 10 of a flat seed moved the mean B).
@@ -37,6 +39,11 @@ B_RANGE = (0.1, 10.0)  # the exponents searched (ScaleRL's fits lie in ~0.5-3)
 # ~99.7% probability.
 NOISE_GAINS = 3.0
 MIN_POINTS = 4  # distinct compute values: R0 and A, B, C_mid
+# A drop after the peak of more than this many standard errors of the window means is a collapse: the highest window
+# mean of a plateau is itself ~2 standard errors above the plateau (the max over the windows), so 4 leaves noisy
+# sigmoids unflagged (1 of 2,400 at 5-100 points, noise 0-0.03: one at 5 points; 0 of the 400 the docs count) and
+# flags every rise to 0.8 whose last points fell to 0.1-0.2 (tests/test_eval_tools.py)
+DROP_ERRORS = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,7 +54,7 @@ class SigmoidFit:
   R0: float
   rmse: float  # root mean squared residual of the fit
   # C_mid or B on the search box's edge, C_mid outside the compute measured (half the rise unseen), A at A_max, A at
-  # R0 (a flat or falling curve) or a gain within the noise:
+  # R0 (a flat or falling curve), a gain within the noise or a fall after the peak:
   # the curve is no resolved sigmoid with an asymptote inside the compute measured, and A, B, C_mid describe the
   # box, not the run (`flags` says which)
   edge: bool = False
@@ -72,6 +79,18 @@ def _profile(logC: np.ndarray, R: np.ndarray, R0: float, log_cmid: float, log_b:
   gain = min(max(float(np.dot(s, R - R0)) / den if den > 0 else 0.0, 0.0), A_max - R0)
   res = R - R0 - gain * s
   return float(np.dot(res, res)), R0 + gain
+
+
+def _drop_after_peak(C: np.ndarray, R: np.ndarray) -> tuple[float, float]:
+  """(drop, threshold): how far the mean of the last w = max(2, n // 5) points (in order of C) lies below the highest
+  mean of w consecutive points, and DROP_ERRORS standard errors of that difference. The noise σ is read from the
+  second differences (their median: a smooth rise and a few collapsed points barely move it), since the fit's rmse
+  grows with the very misfit this checks for."""
+  R = R[np.argsort(C, kind="stable")]
+  w = max(2, R.size // 5)
+  means_W = np.convolve(R, np.ones(w) / w, mode="valid")
+  sigma = float(np.median(np.abs(np.diff(R, 2)))) / (0.6745 * math.sqrt(6.0))  # Δ²R of iid noise σ: sd σ·√6
+  return float(means_W.max() - means_W[-1]), DROP_ERRORS * sigma * math.sqrt(2.0 / w)
 
 
 def _nelder_mead(f, x0: np.ndarray, step: np.ndarray, iters: int = 400, tol: float = 1e-12) -> np.ndarray:
@@ -140,6 +159,7 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: 
   err, A = _profile(logC, R, R0, best[0], best[1], a_max)
   tol = 1e-3  # in log units: Nelder–Mead stops near, not on, a bound
   rmse = math.sqrt(err / C.size)
+  drop, drop_max = _drop_after_peak(C, R)
   flags = tuple(name for name, hit in (
       ("C_mid on the box's edge", best[0] <= low[0] + tol or best[0] >= high[0] - tol),
       ("B on the box's edge", best[1] <= low[1] + tol or best[1] >= high[1] - tol),
@@ -149,6 +169,7 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: 
       ("A at A_max", A >= a_max - 1e-9),
       ("A at R0: no rise (flat or falling)", A <= R0 + 1e-12),
       (f"gain A - R0 within {NOISE_GAINS:g} rmse: rise not resolved", R0 + 1e-12 < A <= R0 + NOISE_GAINS * rmse),
+      ("falls after its peak: a rise then a collapse, no sigmoid", drop > drop_max),
   ) if hit)
   return SigmoidFit(A=A, B=math.exp(best[1]), C_mid=math.exp(best[0]), R0=R0, rmse=rmse, edge=bool(flags),
                     flags=flags)

@@ -106,6 +106,9 @@ def reward_spec(vocab: int) -> spec_lib.RewardSpec:
 def bench_config(*, hidden=64, layers=2, heads=4, kv=2, inter=128, vocab=512, prompts=8, G=8, L=64,
                  dtype="float32", remat="none"):
   """The peers' hyper-parameters: β=0.04, μ=1, lr 1e-5, temperature 1, tied embeddings, QKV bias."""
+  if vocab <= EQ:  # the prompt's ids past the table: the embedding gather clamps them, a silently other workload
+    raise config_lib.ConfigError(f"vocab={vocab}: the digits workload's prompts use ids 0..{EQ} (pad, EOS, the ten "
+                                 f"digits, 'what is + ='); use a vocab above {EQ}.")
   c = config_lib.base_config()
   c.model.update(vocab_size=vocab, hidden=hidden, layers=layers, heads=heads, kv_heads=kv, inter=inter,
                  max_len=16 + L, tie_embeddings=True, qkv_bias=True, dtype=dtype, remat=remat)

@@ -214,7 +214,8 @@ def appendix(cfg, cells: dict) -> str:
       lines.append(f"| {name} | {out.A.fmt()} | {out.B.fmt()} | {out.C_mid.fmt()} | {rmse.fmt()} | "
                    f"{edges} of {len(out.fits)} |")
     lines += ["", "A seed's fit on an edge (C_mid or B at the search box's bound, A at 1, A at R0: a flat or falling "
-              "curve, or a gain A − R0 within 3 rmse of the noise) has no resolved rise to an asymptote inside the "
+              "curve, a gain A − R0 within 3 rmse of the noise, or a fall after the peak: a collapse) has no resolved "
+              "rise to an asymptote inside the "
               "steps measured: its A, B, C_mid describe the box, not the run, and are left out of A, B, C_mid "
               "(nan when every seed is on an edge); rmse is over every seed."]
     lines.append("")
