@@ -281,7 +281,7 @@ CASES = [
      "with rl.dynamic_sampling"),
     ("grpo", {"sampling.engine": "continuous", "rl.partial_rollouts": True, "rl.staleness_policy": "drop"},
      "config.rl.staleness_policy: unknown value 'drop'"),
-    # a bool on a count / a non-bool on a switch (docs/reliability.md item 129): top_k=True ran as top_k=1
+    # a bool on a count / a non-bool on a switch (docs/reliability.md item 130): top_k=True ran as top_k=1
     ("grpo", {"sampling.top_k": True}, "config.sampling.top_k: is True, a bool where an integer is expected"),
     ("grpo", {"rl.G": False}, "config.rl.G: is False, a bool where an integer is expected"),
     # work directories
