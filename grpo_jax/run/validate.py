@@ -194,7 +194,7 @@ def validate_keep_best(c) -> None:
   _choice(c, "train.keep_best_mode", ("max", "min"))
   if not metric:
     return
-  if not metric.startswith("eval/"):
+  if metric.partition("/")[0] != "eval" or not metric.partition("/")[2]:
     _fail("train.keep_best", f"{metric!r} is not a held-out metric; name a key of the eval rows in metrics.jsonl, "
           "e.g. 'eval/accuracy' (mode max) or 'eval/completion_len_mean' (mode min).")
   if c.job in ("sft", "pretrain"):
