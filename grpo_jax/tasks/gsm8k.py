@@ -236,7 +236,8 @@ _TAGS_FORMAT = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*"
 
 def tags_ok(text: str) -> bool:
   """`<think>…</think> <answer>…</answer>`, each tag once, only whitespace around and between the blocks."""
-  return _TAGS_FORMAT.fullmatch(text) is not None and all(text.count(t) == 1 for t in tokenizer_lib.TAGS)
+  # the counts first: with each tag once the lazy groups cannot backtrack over many tags (quadratic before)
+  return all(text.count(t) == 1 for t in tokenizer_lib.TAGS) and _TAGS_FORMAT.fullmatch(text) is not None
 
 
 def boxed_ok(text: str) -> bool:
