@@ -241,8 +241,9 @@ def tags_ok(text: str) -> bool:
 
 
 def boxed_ok(text: str) -> bool:
+  """A box that holds something: not `\\boxed{}`, nor only boxes and braces (`\\boxed{\\boxed{}}`, `\\boxed{{ }}`)."""
   boxed = math_answer.last_boxed(text)
-  return boxed is not None and bool(boxed.strip())
+  return boxed is not None and bool(re.sub(r"\\(?:boxed|fbox)|[{}\s]", "", boxed))
 
 
 def grade_text(text: str, final: str, *, ended: bool = True, prompt_format: str = "r1_zero",
