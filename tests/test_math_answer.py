@@ -41,6 +41,7 @@ CASES = [
     ("5\\mathrm{cm}", "5", True), ("\\textbf{5}", "5", True), ("30^\\circ", "30", True), ("15 min", "15", True),
     # scientific notation is its value (was unparsable, and extracted as the 1.5 before its exponent)
     ("1.5e3", "1500", True), ("2.5E-1", "0.25", True), ("1.5e3", "1.5", False),
+    ("1.25e2", "125", True), ("-1.25e2", "-125", True), ("3.125E-2", "0.03125", True), ("1.25e2", "1.25", False),
     # a box inside a box frames part of the answer: the outer box's content is the answer (a box holding two
     # numbers is as wrong as '72 or 73'; the innermost rule graded \boxed{71 \boxed{72}} right and \boxed{\boxed{2}+3}
     # as 2)
@@ -61,6 +62,9 @@ KNOWN_DIFFERENCES = {
     # math-verify (0.9.0) does not read e-notation outside LaTeX; a human grader reads 1.5e3 as 1500.
     "1.5e3": "scientific notation is its value for us; math-verify finds no match",
     "2.5E-1": "scientific notation is its value for us; math-verify finds no match",
+    "1.25e2": "scientific notation is its value for us; math-verify finds no match",
+    "-1.25e2": "scientific notation is its value for us; math-verify finds no match",
+    "3.125E-2": "scientific notation is its value for us; math-verify finds no match",
     # math-verify (0.9.0) reads the innermost of nested boxes; the outer box is what the reader sees as the answer
     "\\boxed{\\boxed{2}+3}": "the outer box (2+3) for us; math-verify reads the inner box (2)",
     "\\boxed{71 \\boxed{72}}": "two numbers in the outer box for us (wrong); math-verify reads the inner 72",

@@ -182,7 +182,8 @@ def normalize(answer: str) -> tuple[str, bool]:
   s = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), s)
   s = _replace_fracs(s)
   # Scientific notation, before the 'e' goes as a word: '1.5e3' is 1500 (exponents beyond _MAX_EXPONENT: unparsable).
-  s = re.sub(r"(?<![\w.])(\d*\.?\d)[eE]([-+]?\d+)(?!\w|\.\d)", r"(\1*10**(\2))", s)
+  # (any number of decimals: '1.25e2' was unparsable, the mantissa read one digit after its point)
+  s = re.sub(r"(?<![\w.])(\d+(?:\.\d+)?|\.\d+)[eE]([-+]?\d+)(?!\w|\.\d)", r"(\1*10**(\2))", s)
   s = re.sub(r"\\(?:cdot|times)", "*", s).replace("×", "*").replace("÷", "/").replace("−", "-")
   s = s.replace("\\div", "/").replace("^", "**").replace("{", "(").replace("}", ")")
   if set(re.findall(r"\\([A-Za-z]+)", s)) - _LAYOUT_COMMANDS or _FUNCTION_WORD.search(s):
