@@ -48,7 +48,7 @@ _FUNCTION_WORD = re.compile(r"(?<![A-Za-z])(?:(?:sqrt|cbrt|log|ln|lg|exp|sin|cos
 # An explicit final-answer phrase, then its number: "The answer is 37230. I used 34 boxes." -> 37230.
 # Every run of whitespace is one possessive `\s*+`: the old form had three optional `\s*` in a row, which backtrack
 # over each other (cubic: 'the answer' and 1,000 spaces took a minute, a 10k-character completion for ever).
-_PHRASE = re.compile(r"(?:####|\b(?:the\s++)?(?:final\s++)?answer(?:\s*+(?:is|was|would\s++be|will\s++be))?)"
+_PHRASE = re.compile(r"(?:####|\b(?:the\s++)?(?:final\s++)?answer(?:\s*+(?:is|was|would\s++be|will\s++be|[:=]))?)"
                      r"\s*+(?:[:=]\s*+)?(?:\\?\$\s*+)?(?=[-\d.])", re.I)
 
 
@@ -68,12 +68,11 @@ def _balanced(text: str, start: int) -> tuple[str, int] | None:
 _BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
 
 
-def last_boxed(text: str) -> str | None:
-  """Contents of the `\\boxed{...}` (or `\\fbox{...}`) with balanced braces that closes last, i.e. the outermost
-  box of the last one: `\\boxed{\\boxed{2}+3}` holds '\\boxed{2}+3' (its value is 5, as typeset; normalize drops
-  the inner box's command), `\\boxed{71 \\boxed{72}}` holds two numbers (unparsable, as '\\boxed{71 or 72}').
-  None if there is none. One pass over the braces: per box a scan to its end was quadratic in nested boxes."""
-  opens = {m.end() - 1 for m in _BOX_OPEN.finditer(text)}
+def _last_box(text: str) -> tuple[int, int, int] | None:
+  """(where its command starts, where its content starts, where its '}' is) of the `\\boxed{...}` (or `\\fbox{...}`)
+  with balanced braces that closes last; None if there is none. One pass over the braces (a scan to the end per
+  box was quadratic in nested boxes)."""
+  opens = {m.end() - 1: m.start() for m in _BOX_OPEN.finditer(text)}
   if not opens:
     return None
   stack, found = [], None
@@ -83,8 +82,16 @@ def last_boxed(text: str) -> str | None:
     elif stack:
       start = stack.pop()
       if start in opens:
-        found = text[start + 1:m.start()]
+        found = (opens[start], start + 1, m.start())
   return found
+
+
+def last_boxed(text: str) -> str | None:
+  """Contents of the box that closes last, i.e. the outermost box of the last one: `\\boxed{\\boxed{2}+3}` holds
+  '\\boxed{2}+3' (its value is 5, as typeset: normalize drops the inner box's command), `\\boxed{71 \\boxed{72}}`
+  holds two numbers (unparsable, as '\\boxed{71 or 72}'). None if there is none."""
+  box = _last_box(text)
+  return None if box is None else text[box[1]:box[2]]
 
 
 def _numbers(text: str) -> list[tuple[int, str]]:
@@ -166,9 +173,10 @@ def _replace_fracs(s: str) -> str:
 def normalize(answer: str) -> tuple[str, bool]:
   """(a Python-arithmetic string, whether it was a percentage)."""
   s = answer.strip()
-  boxed = last_boxed(s)
-  if boxed is not None:
-    s = boxed
+  box = _last_box(s)
+  if box is not None and not re.search(r"\d", s[:box[0]] + s[box[2] + 1:]):
+    s = s[box[1]:box[2]]  # the box frames the answer ('The answer is $\\boxed{72}$.'); with a number outside it
+    # ('71 \\boxed{72}', '\\boxed{2}+3': an extracted box's content) it is part of the answer, and only layout
   s = re.sub(r"^\*\*(.*)\*\*$|^__(.*)__$", lambda m: m.group(1) or m.group(2) or "", s)  # markdown bold
   s = _SPACED.sub(lambda m: re.sub(r"\D", "", m.group(1)), s)  # '37 230', '37\,230', '37{,}230' -> 37230
   s = re.sub(r"\\[()\[\]]", " ", s)           # \( \) \[ \] math delimiters
