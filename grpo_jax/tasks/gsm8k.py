@@ -332,8 +332,10 @@ def host_verifier(tok) -> Callable:
 
 
 def _vote_key(answer: str | None):
-  """Answers that are equal values vote together ('1,000' and '1000.0'); unparsable ones by their text."""
-  if answer is None:
+  """Answers that are equal values vote together ('1,000' and '1000.0'); unparsable ones by their text; an empty one
+  (`<answer> </answer>`, `\\boxed{}`) is no answer and casts no vote (it voted as the text '' and out-voted a
+  right answer given once)."""
+  if answer is None or not answer.strip():
     return None
   v = math_answer.parse_value(answer)
   return ("value", v[0], v[1]) if v is not None else ("text", answer)
