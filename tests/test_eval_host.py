@@ -76,6 +76,18 @@ def test_metrics_match_hand_computed(evaluator):
   assert texts[0] == "<think>a</think> <answer>3</answer>"  # the first greedy completions, decoded
 
 
+def test_empty_answers_cast_no_vote(evaluator):
+  """An empty <answer> body or box is no answer: it voted as the text '' (two of them out-voted a right '72')."""
+  _, tok = evaluator
+  rows = [completion(tok, " "), tok.encode("so \\boxed{ }") + [tok.eos_id], completion(tok, "72")]
+  tokens, mask = np.zeros((3, L), np.int32), np.zeros((3, L), np.int32)
+  for r, ids in enumerate(rows):
+    tokens[r, :len(ids)], mask[r, :len(ids)] = ids, 1
+  acc, _, answers = gsm8k.host_verifier(tok)(tokens, mask, {"answer_chars_NxA": gsm8k.encode_answers(["72"] * 3)})
+  assert answers[:2] == [None, None] and list(acc) == [0, 0, 1]
+  assert evaluation.group_metrics(acc, answers, 3, (1,))["cons@3"] == 1.0
+
+
 def test_pass_at_k_agrees_with_numpy_enumeration(evaluator):
   # Independent check of the estimator the metrics use: the fraction of all k-subsets holding a right sample.
   import itertools

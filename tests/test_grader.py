@@ -113,6 +113,10 @@ def test_chat_format_asks_for_a_boxed_answer(tok):
   terms = gsm8k.make_rewards(tok)
   assert terms["math_format"](texts, ids, batch) == [1.0, 1.0, 0.0, 0.0]
   assert terms["math_accuracy"](texts, ids, batch) == [1.0, 0.0, 1.0, 0.0]
+  # boxes holding only boxes or braces are empty too (the outer box is the answer: \boxed{\boxed{}} holds no answer)
+  for empty in ("\\boxed{\\boxed{}}", "\\boxed{\\fbox{ }}", "\\boxed{{ }}", "\\boxed{ \\boxed{\\boxed{} } }"):
+    assert gsm8k.grade_text(empty, "72", prompt_format="chat")[:2] == (0.0, 0.0), empty
+  assert gsm8k.grade_text("\\boxed{\\boxed{72}}", "72", prompt_format="chat")[:2] == (1.0, 1.0)
 
 
 def test_spelled_tags_are_not_tags_where_tags_are_tokens(tok):

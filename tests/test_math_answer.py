@@ -41,6 +41,12 @@ CASES = [
     ("5\\mathrm{cm}", "5", True), ("\\textbf{5}", "5", True), ("30^\\circ", "30", True), ("15 min", "15", True),
     # scientific notation is its value (was unparsable, and extracted as the 1.5 before its exponent)
     ("1.5e3", "1500", True), ("2.5E-1", "0.25", True), ("1.5e3", "1.5", False),
+    ("1.25e2", "125", True), ("-1.25e2", "-125", True), ("3.125E-2", "0.03125", True), ("1.25e2", "1.25", False),
+    # a box inside a box frames part of the answer: the outer box's content is the answer (a box holding two
+    # numbers is as wrong as '72 or 73'; the innermost rule graded \boxed{71 \boxed{72}} right and \boxed{\boxed{2}+3}
+    # as 2)
+    ("\\boxed{\\boxed{72}}", "72", True), ("\\boxed{\\boxed{2}+3}", "5", True), ("\\boxed{\\boxed{2}+3}", "2", False),
+    ("\\boxed{71 \\boxed{72}}", "72", False), ("\\boxed{71} \\boxed{72}", "72", False),  # one answer, two boxes
 ]
 # Where math-verify (0.9.0) gives the other answer, and why we keep ours:
 KNOWN_DIFFERENCES = {
@@ -56,6 +62,12 @@ KNOWN_DIFFERENCES = {
     # math-verify (0.9.0) does not read e-notation outside LaTeX; a human grader reads 1.5e3 as 1500.
     "1.5e3": "scientific notation is its value for us; math-verify finds no match",
     "2.5E-1": "scientific notation is its value for us; math-verify finds no match",
+    "1.25e2": "scientific notation is its value for us; math-verify finds no match",
+    "-1.25e2": "scientific notation is its value for us; math-verify finds no match",
+    "3.125E-2": "scientific notation is its value for us; math-verify finds no match",
+    # math-verify (0.9.0) reads the innermost of nested boxes; the outer box is what the reader sees as the answer
+    "\\boxed{\\boxed{2}+3}": "the outer box (2+3) for us; math-verify reads the inner box (2)",
+    "\\boxed{71 \\boxed{72}}": "two numbers in the outer box for us (wrong); math-verify reads the inner 72",
 }
 
 
@@ -94,6 +106,14 @@ def test_math_verify_agrees_except_where_documented():
     ("so 37\u2009230 people came", "37\u2009230"),                     # a thin-space group read whole
     ("I have 3 100 dollar bills", "100"),                               # a plain space in prose does not group
     ("The answer is 1.5e3.", "1.5e3"),                                   # an exponent is part of its number
+    ("so \\boxed{\\boxed{2}+3}.", "\\boxed{2}+3"),                     # the outermost box of the last one
+    ("\\boxed{1} then \\boxed{\\fbox{2}} end", "\\fbox{2}"),
+    ("\\boxed{ \\boxed{5}", "5"),                                         # an unclosed outer box: the inner one
+    ("}} \\boxed{7}}", "7"),                                               # stray closing braces around a box
+    ("<answer> 3 <answer> 4 </answer> 5 </answer>", "3 <answer> 4"),     # a body ends at the first </answer>
+    ("<answer> 3 </answer> <answer> 4", "3"),                            # an unclosed last block is no body
+    ("The answer: = 42, then 7 more", "42"),                            # two of ':' / '=' after the phrase
+    ("Answer := 1,200 and 3 more", "1,200"),
 ])
 def test_extract_answer(text, want):
   assert ma.extract_answer(text) == want
@@ -103,6 +123,11 @@ def test_is_correct_on_completions():
   assert is_correct("Janet earns 9 * 2 = $18 every day.", "18")
   assert is_correct("so \\boxed{\\frac{36}{2}}", "18")
   assert not is_correct("<answer> 17 </answer> but really \\boxed{18}", "18")  # the tagged answer is the one
+  # nested boxes, through extraction AND comparison (the extracted content '71 \\boxed{72}' was unwrapped again to 72)
+  assert not is_correct("so \\boxed{71 \\boxed{72}}", "72") and not is_correct("\\fbox{-5\\boxed{1,200}}", "1200")
+  assert is_correct("so \\boxed{\\boxed{2}+3}.", "5") and not is_correct("so \\boxed{\\boxed{2}+3}.", "2")
+  assert is_correct("\\boxed{\\boxed{72}}", "72") and is_correct("<answer> The answer is $\\boxed{72}$. </answer>", "72")
+  assert not is_correct("<answer> \\boxed{71} \\boxed{72} </answer>", "72")  # two boxes in one answer
 
 
 def test_values_are_exact():
@@ -117,6 +142,29 @@ def test_never_evaluates_code_or_hangs(evil):
   t0 = time.perf_counter()
   assert ma.parse_value(evil) is None
   assert time.perf_counter() - t0 < 0.5
+
+
+# Completions a policy can write to stall the grader (each ran for seconds to minutes, in the reward's worker thread,
+# where a call past rl.reward_timeout_s stops the run): the phrase regex backtracked cubically over whitespace, and
+# the boxes, answer blocks and thin-space groups were rescanned per occurrence (quadratic).
+_SLOW = {
+    "phrase then spaces": "the answer" + " " * 400,  # cubic: 400 spaces took ~4 s, 10,000 for ever
+    "phrase, colon, dollar, spaces": "final answer : $" + " " * 400,
+    "nested boxes": "\\boxed{" * 3000 + "}" * 3000,
+    "unclosed answer blocks": "<answer>" * 5000,
+    "thin-space groups and numbers": "1\u2009000 2 " * 4000,
+    "many answer phrases": "the answer is 1 " * 2500,
+    "tag pairs": "<think>" + "</think><answer></answer>" * 1600 + "x",
+}
+
+
+@pytest.mark.parametrize("name", list(_SLOW))
+def test_adversarial_long_completions_grade_fast(name):
+  text = _SLOW[name]
+  t0 = time.perf_counter()
+  gsm8k.grade_text(text, "72")
+  gsm8k.grade_text(text, "72", prompt_format="chat")
+  assert time.perf_counter() - t0 < 0.5, name
 
 
 def test_gsm8k_rewards_use_the_verifier():

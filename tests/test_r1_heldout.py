@@ -127,6 +127,23 @@ def test_in_loop_eval_reads_language_consistency(config, evaluator):
                              m["eval/completion_len_mean"], rtol=1e-6)
 
 
+def test_cons_at_k_votes_on_the_verifiers_values(config, evaluator):
+  """cons@k votes on what the verifier reads (evaluation.verified_answers), not on the <answer> span's ids: a row
+  whose format fails casts no vote (it voted y+1 and won q0's tie), and '0{y}' votes with '{y}' (it split q1's)."""
+  _, tok = evaluator
+  c = stage_config.for_heldout(config)
+  arrays = data_lib.eval_set(c.task, tok, c.eval.size, c.task.prompt_len)
+  ev = evaluation.Evaluator(c, model_lib.ModelConfig.from_config(c.model), tok, sharding.make_mesh(c.mesh), arrays)
+  bad_format = ("<think> add 1 + 1 = 2 ; </think> <answer> {y1} </answer> ok", True)  # text after </answer>
+  padded = ("<think> add 1 + 1 = 2 ; </think> <answer> 0{y} </answer>", True)
+  table = {0: [bad_format, RIGHT], 1: [padded, RIGHT], 2: [WRONG, RIGHT], 3: [WRONG, WRONG]}
+  ev.greedy, ev.sampled = fake_generate(tok, GREEDY, 1), fake_generate(tok, table, 2)
+  m, _ = ev(None, jax.random.PRNGKey(0))
+  # q0: only RIGHT votes (1); q1: y twice (1); q2: tie, WRONG first (0); q3: wrong (0)
+  assert m["eval/cons@2"] == 2 / 4
+  assert m["eval/pass@1"] == (1 / 2 + 1 + 1 / 2 + 0) / 4
+
+
 def test_cached_heldout_is_redone_when_its_model_or_report_config_changed(config, evaluator, tmp_path, monkeypatch):
   """DIR/<stage>/heldout.json was re-used whenever it existed: a stage continued to more steps
   (train.allow_config_change) or a changed r1.report.size kept the old numbers under the new header."""

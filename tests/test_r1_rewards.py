@@ -38,6 +38,19 @@ def test_language_consistency_needs_languages():
     cot.language_consistency_term(["x", "y"], None, _lang(A))
 
 
+def test_think_body_and_the_terms_reading_it_are_linear_in_the_text():
+  """A completion of 2,800 unclosed `<think>` tags (20,000 characters) made the lazy `<think>(.*?)</think>` rescan
+  the rest of the text per tag: ~2 s per call, in every R1 term that reads the think body, each step."""
+  import time
+  assert cot.think_body("a <think> b <think> c </think> d </think>") == " b <think> c "
+  assert cot.think_body("<think> b") == "<think> b" and cot.think_body("x </think> <think> y") == "x </think> <think> y"
+  spam = "<think>" * 2800 + " add 1 + 1 = 2 ;"
+  t0 = time.perf_counter()
+  assert cot.language_consistency_term([spam], None, _lang(A)) == [1.0]  # no closing tag: the whole text
+  r1_rewards.recheck_fixed([spam], None, {})
+  assert time.perf_counter() - t0 < 0.5
+
+
 def test_recheck_statistics():
   fixed = "<think> add 3 + 4 = 8 ; wait , recheck add 3 + 4 = 7 ; so 3 + 4 = 7 ; </think> <answer> 7 </answer>"
   # Re-check phrase after a RIGHT step: counted as a re-check, not as a correction.

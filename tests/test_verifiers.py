@@ -324,3 +324,30 @@ def test_the_vocabulary_cache_never_hands_one_tokenizer_another_ones_pieces(tok,
   assert verify_py.span_text(ids, verify_py.parse(ids, tok=first)[1], first).strip() == "ABC"
   del first
   assert verify_py.span_text(ids, verify_py.parse(ids, tok=tok)[1], tok).strip() == "abc"
+
+
+def test_cons_at_k_votes_on_verified_values(tok, fns):
+  """cons@k of an in-graph task votes on the verifier's value: right answers written differently vote together, a
+  row the verifier rejects casts no vote (the <answer> span's token ids split them: this group voted the wrong
+  '9 + 5', written twice, over three different right expressions)."""
+  from grpo_jax.run import evaluation
+  right = ["3 + 4", "4 + 3", "(9 - 5) + 3"]
+  texts = [f"<think> x </think> <answer> {a} </answer>" for a in right + ["9 + 5", "9 + 5"]]
+  tokens, mask = _text_rows(tok, texts + ["<think> x </think> <answer> 9 + 5 </answer> ok"])  # malformed: no vote
+  n = len(texts) + 1
+  batch = _pad_numbers({"numbers_NxM": np.tile([[3, 4, 5, 9]], (n, 1)).astype(np.int32),
+                        "numbers_mask_NxM": np.ones((n, 4), bool), "target_N": np.full(n, 7, np.int32)})
+  _, (ok, val), acc = fns("countdown", tokens, mask, batch)
+  answers = evaluation.verified_answers("countdown", tokens, mask, batch, tok)
+  assert answers == [7, 7, 7, 14, 14, None]
+  assert answers == [int(v) if o else None for o, v in zip(ok, val)]  # the in-graph verifier's values
+  assert evaluation.group_metrics(acc, answers, n, (1,))["cons@6"] == 1.0
+  # arith: '012' and '12' are one answer (two votes for 12 against two for 13: the tie goes to the earliest)
+  tokens, mask = _text_rows(tok, [f"<think> x </think> <answer> {a} </answer>" for a in ("13", "012", "12", "13")])
+  batch = {"answer_N": np.full(4, 12, np.int32)}
+  acc = fns("arith", tokens, mask, batch)[2]
+  answers = evaluation.verified_answers("arith", tokens, mask, batch, tok)
+  assert answers == [13, 12, 12, 13]
+  assert evaluation.group_metrics(acc, answers, 4, (1,))["cons@4"] == 0.0  # 13 comes first
+  answers = evaluation.verified_answers("arith", tokens[[1, 0, 2, 3]], mask[[1, 0, 2, 3]], batch, tok)
+  assert evaluation.group_metrics(acc[[1, 0, 2, 3]], answers, 4, (1,))["cons@4"] == 1.0

@@ -35,6 +35,7 @@ from grpo_jax.infra import sharding
 from grpo_jax.tasks import cot
 from grpo_jax.tasks import registry
 from grpo_jax.tasks import verify_jax
+from grpo_jax.tasks import verify_py
 
 # (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N); answers vote in cons@k. A task's
 # `host_verifier(tokenizer)` in tasks/registry.py returns one.
@@ -62,17 +63,15 @@ def pass_at_k_curve(ok_QxN: np.ndarray, ks) -> dict[int, float]:
   return {int(k): float(np.mean([pass_at_k(n, int(c), int(k)) for c in c_Q])) for k in ks}
 
 
-def answer_span(ids, tag_ids: dict) -> tuple[int, ...] | None:
-  """Token ids between the first <answer> and the next </answer> tag token (None if there is no such pair)."""
-  ids = list(ids)
-  a, b = tag_ids["<answer>"], tag_ids["</answer>"]
-  if a not in ids:
-    return None
-  i = ids.index(a)
-  if b not in ids[i + 1:]:
-    return None
-  j = ids.index(b, i + 1)
-  return tuple(ids[i + 1:j])
+def verified_answers(task: str, tokens_NxL: np.ndarray, mask_NxL: np.ndarray, fields: dict, tok) -> list:
+  """What cons@k votes on for a task verified in-graph: each row's answer VALUE where the verifier reads one (format
+  OK and the body valid: arith's integer, countdown's expression's value; verify_py.answer_value, verify_jax's
+  twin), None elsewhere. Equal answers vote together ('12' / '012', countdown's '3 + 4' / '(4+3)': two right
+  expressions are one right answer), a malformed row casts no vote, and every voter of one value is right or wrong
+  alike. (The <answer> span's token ids split equal answers and let rows the verifier rejects vote: a wrong
+  expression written twice out-voted three different right ones.)"""
+  ok_N, val_N = verify_py.answer_value(task, tokens_NxL, mask_NxL, fields, tok)
+  return [int(v) if o else None for o, v in zip(ok_N, val_N)]
 
 
 def cons_at_k(answers: list, correct: list[bool], k: int) -> float:
@@ -307,7 +306,7 @@ class Evaluator:
         out += [acc, fmt]
         answers += list(ans)
       else:
-        answers += [answer_span(t[mk > 0], self.tok.tag_ids) for t, mk in zip(*own)]
+        answers += verified_answers(self.task, *own, fields, self.tok)
       outs.append(out + ([] if obs is None else obs))
       chunk_fields.append(fields)
     tokens, mask, lengths, acc, fmt, *obs = [np.concatenate(x) for x in zip(*outs)]

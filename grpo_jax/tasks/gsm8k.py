@@ -250,12 +250,14 @@ _TAGS_FORMAT = re.compile(r"\s*<think>(.*?)</think>\s*<answer>(.*?)</answer>\s*"
 
 def tags_ok(text: str) -> bool:
   """`<think>…</think> <answer>…</answer>`, each tag once, only whitespace around and between the blocks."""
-  return _TAGS_FORMAT.fullmatch(text) is not None and all(text.count(t) == 1 for t in tokenizer_lib.TAGS)
+  # the counts first: with each tag once the lazy groups cannot backtrack over many tags (quadratic before)
+  return all(text.count(t) == 1 for t in tokenizer_lib.TAGS) and _TAGS_FORMAT.fullmatch(text) is not None
 
 
 def boxed_ok(text: str) -> bool:
+  """A box that holds something: not `\\boxed{}`, nor only boxes and braces (`\\boxed{\\boxed{}}`, `\\boxed{{ }}`)."""
   boxed = math_answer.last_boxed(text)
-  return boxed is not None and bool(boxed.strip())
+  return boxed is not None and bool(re.sub(r"\\(?:boxed|fbox)|[{}\s]", "", boxed))
 
 
 def grade_text(text: str, final: str, *, ended: bool = True, prompt_format: str = "r1_zero",
@@ -366,8 +368,10 @@ def host_verifier(tok) -> Callable:
 
 
 def _vote_key(answer: str | None):
-  """Answers that are equal values vote together ('1,000' and '1000.0'); unparsable ones by their text."""
-  if answer is None:
+  """Answers that are equal values vote together ('1,000' and '1000.0'); unparsable ones by their text; an empty one
+  (`<answer> </answer>`, `\\boxed{}`) is no answer and casts no vote (it voted as the text '' and out-voted a
+  right answer given once)."""
+  if answer is None or not answer.strip():
     return None
   v = math_answer.parse_value(answer)
   return ("value", v[0], v[1]) if v is not None else ("text", "".join(answer.split()))

@@ -5,7 +5,8 @@ signal-based timeouts cannot run, and it pulls in sympy + an ANTLR LaTeX parser 
 answers here are numbers or small arithmetic expressions, which an exact-rational evaluator over a whitelisted
 Python AST covers; tests/test_math_answer.py checks both agree on a table of cases (and says where they differ).
 
-Extraction: the body of the last `<answer>…</answer>` if there is one, else the last `\\boxed{…}`, else (when the
+Extraction: the body of the last `<answer>…</answer>` if there is one, else the last `\\boxed{…}` (of nested boxes
+the outer one: a box inside it only frames a part), else (when the
 caller allows it: a completion that ended) the number after the last explicit final-answer phrase ("the answer is",
 "final answer:", "answer =", GSM8K's "####"), numbers written after it notwithstanding, else the last number in the
 text. Normalisation: `\\boxed{}`, `$`, `\\$`, `\\(…\\)`/`\\[…\\]`, markdown `**…**`, `\\%`/`%`, thousands
@@ -19,6 +20,7 @@ groups of exactly 3), `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`),
 from __future__ import annotations
 
 import ast
+import bisect
 import re
 from fractions import Fraction
 
@@ -37,14 +39,17 @@ _NUMBER_GROUPED = re.compile(r"-?\d{1,3}(?:(?:\u2009|\u202f|\u00a0|\{,\})\d{3})+
 # fractions and operators are rewritten changes the value (\sqrt, \log, \pi, \binom, \lfloor, \overline): unparsable.
 _LAYOUT_COMMANDS = {"text", "textrm", "textbf", "textit", "textnormal", "mathrm", "mathbf", "mathit", "mathsf",
                     "mathtt", "rm", "bf", "it", "displaystyle", "textstyle", "big", "Big", "bigl", "bigr", "Bigl",
-                    "Bigr", "circ", "degree", "mbox", "hbox", "ensuremath", "quad", "qquad", "dollar", "dollars"}
+                    "Bigr", "circ", "degree", "mbox", "hbox", "ensuremath", "quad", "qquad", "dollar", "dollars",
+                    "boxed", "fbox"}  # a box inside the answer's box only frames its part: \boxed{\boxed{2}+3} is 5
 # The same functions and constants written as plain words: 'sqrt(16)', 'log 100', '2 pi'.
 _FUNCTION_WORD = re.compile(r"(?<![A-Za-z])(?:(?:sqrt|cbrt|log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|"
                             r"arctan|sinh|cosh|tanh)\s*[(\d]|(?:abs|floor|ceil|round|gcd|lcm|min|max|choose)\s*\(|"
                             r"pi\b)", re.I)
 # An explicit final-answer phrase, then its number: "The answer is 37230. I used 34 boxes." -> 37230.
-_PHRASE = re.compile(r"(?:####|\b(?:the\s+)?(?:final\s+)?answer\s*(?:is|was|would\s+be|will\s+be|:|=)?)\s*[:=]?"
-                     r"\s*(?:\\?\$\s*)?(?=[-\d.])", re.I)
+# Every run of whitespace is one possessive `\s*+`: the old form had three optional `\s*` in a row, which backtrack
+# over each other (cubic: 'the answer' and 1,000 spaces took a minute, a 10k-character completion for ever).
+_PHRASE = re.compile(r"(?:####|\b(?:the\s++)?(?:final\s++)?answer(?:\s*+(?:is|was|would\s++be|will\s++be|[:=]))?)"
+                     r"\s*+(?:[:=]\s*+)?(?:\\?\$\s*+)?(?=[-\d.])", re.I)
 
 
 def _balanced(text: str, start: int) -> tuple[str, int] | None:
@@ -60,22 +65,44 @@ def _balanced(text: str, start: int) -> tuple[str, int] | None:
   return None
 
 
-def last_boxed(text: str) -> str | None:
-  """Contents of the last `\\boxed{...}` (or `\\fbox{...}`) with balanced braces; None if there is none."""
-  found = None
-  for m in re.finditer(r"\\(?:boxed|fbox)\s*\{", text):
-    got = _balanced(text, m.end() - 1)
-    if got is not None:
-      found = got[0]
+_BOX_OPEN = re.compile(r"\\(?:boxed|fbox)\s*\{")
+
+
+def _last_box(text: str) -> tuple[int, int, int] | None:
+  """(where its command starts, where its content starts, where its '}' is) of the `\\boxed{...}` (or `\\fbox{...}`)
+  with balanced braces that closes last; None if there is none. One pass over the braces (a scan to the end per
+  box was quadratic in nested boxes)."""
+  opens = {m.end() - 1: m.start() for m in _BOX_OPEN.finditer(text)}
+  if not opens:
+    return None
+  stack, found = [], None
+  for m in re.finditer(r"[{}]", text):
+    if m.group(0) == "{":
+      stack.append(m.start())
+    elif stack:
+      start = stack.pop()
+      if start in opens:
+        found = (opens[start], start + 1, m.start())
   return found
+
+
+def last_boxed(text: str) -> str | None:
+  """Contents of the box that closes last, i.e. the outermost box of the last one: `\\boxed{\\boxed{2}+3}` holds
+  '\\boxed{2}+3' (its value is 5, as typeset: normalize drops the inner box's command), `\\boxed{71 \\boxed{72}}`
+  holds two numbers (unparsable, as '\\boxed{71 or 72}'). None if there is none."""
+  box = _last_box(text)
+  return None if box is None else text[box[1]:box[2]]
 
 
 def _numbers(text: str) -> list[tuple[int, str]]:
   """(start, number) of every number (or a/b) in the text, a thin-space / `{,}`-grouped one read whole."""
   grouped = [(m.start(), m.group(0)) for m in _NUMBER_GROUPED.finditer(text)]
-  covered = [(a, a + len(g)) for a, g in grouped]
-  plain = [(m.start(), m.group(0).rstrip(",")) for m in _NUMBER.finditer(text)
-           if not any(a <= m.start() < b for a, b in covered)]
+  starts = [a for a, _ in grouped]  # sorted, non-overlapping: bisect (a scan of every group per number was quadratic)
+
+  def covered(i: int) -> bool:
+    k = bisect.bisect_right(starts, i) - 1
+    return k >= 0 and i < starts[k] + len(grouped[k][1])
+  plain = [(m.start(), m.group(0).rstrip(",")) for m in _NUMBER.finditer(text) if not covered(m.start())]
   return sorted(grouped + plain)
 
 
@@ -89,19 +116,32 @@ def phrase_answer(text: str) -> str | None:
   """The number right after the last explicit final-answer phrase ('the answer is 12', 'Final answer: $1,200'),
   whatever numbers follow it; None without such a phrase."""
   found = None
-  for m in _PHRASE.finditer(text):
-    nums = _numbers(text[m.end():])
-    if nums and nums[0][0] == 0:
-      found = nums[0][1]
+  for m in _PHRASE.finditer(text):  # the number that starts right there (reading the rest per phrase was quadratic)
+    grouped = _NUMBER_GROUPED.match(text, m.end())
+    plain = grouped or _NUMBER.match(text, m.end())
+    if plain:
+      found = plain.group(0) if grouped else plain.group(0).rstrip(",")
   return found
+
+
+def last_tagged(text: str) -> str | None:
+  """The body of the last `<answer>…</answer>` (each body ends at the first `</answer>` after its `<answer>`), by
+  str.find: the regex `<answer>(.*?)</answer>` rescanned the rest of the text from every unclosed `<answer>`."""
+  found, pos = None, 0
+  while True:
+    i = text.find("<answer>", pos)
+    j = -1 if i < 0 else text.find("</answer>", i + len("<answer>"))
+    if j < 0:
+      return found
+    found, pos = text[i + len("<answer>"):j], j + len("</answer>")
 
 
 def extract_answer(text: str, last_number_ok: bool = True) -> str | None:
   """The answer string a completion gives: `<answer>` body, else last `\\boxed{}`, else (if `last_number_ok`) the
   last number. A truncated completion's last number is wherever it was cut, not an answer: callers pass False."""
-  bodies = re.findall(r"<answer>(.*?)</answer>", text, flags=re.S)
-  if bodies:
-    return bodies[-1].strip()
+  body = last_tagged(text)
+  if body is not None:
+    return body.strip()
   boxed = last_boxed(text)
   if boxed is not None:
     return boxed.strip()
@@ -133,9 +173,10 @@ def _replace_fracs(s: str) -> str:
 def normalize(answer: str) -> tuple[str, bool]:
   """(a Python-arithmetic string, whether it was a percentage)."""
   s = answer.strip()
-  boxed = last_boxed(s)
-  if boxed is not None:
-    s = boxed
+  box = _last_box(s)
+  if box is not None and not re.search(r"\d", s[:box[0]] + s[box[2] + 1:]):
+    s = s[box[1]:box[2]]  # the box frames the answer ('The answer is $\\boxed{72}$.'); with a number outside it
+    # ('71 \\boxed{72}', '\\boxed{2}+3': an extracted box's content) it is part of the answer, and only layout
   s = re.sub(r"^\*\*(.*)\*\*$|^__(.*)__$", lambda m: m.group(1) or m.group(2) or "", s)  # markdown bold
   s = _SPACED.sub(lambda m: re.sub(r"\D", "", m.group(1)), s)  # '37 230', '37\,230', '37{,}230' -> 37230
   s = re.sub(r"\\[()\[\]]", " ", s)           # \( \) \[ \] math delimiters
@@ -149,7 +190,8 @@ def normalize(answer: str) -> tuple[str, bool]:
   s = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), s)
   s = _replace_fracs(s)
   # Scientific notation, before the 'e' goes as a word: '1.5e3' is 1500 (exponents beyond _MAX_EXPONENT: unparsable).
-  s = re.sub(r"(?<![\w.])(\d*\.?\d)[eE]([-+]?\d+)(?!\w|\.\d)", r"(\1*10**(\2))", s)
+  # (any number of decimals: '1.25e2' was unparsable, the mantissa read one digit after its point)
+  s = re.sub(r"(?<![\w.])(\d+(?:\.\d+)?|\.\d+)[eE]([-+]?\d+)(?!\w|\.\d)", r"(\1*10**(\2))", s)
   s = re.sub(r"\\(?:cdot|times)", "*", s).replace("×", "*").replace("÷", "/").replace("−", "-")
   s = s.replace("\\div", "/").replace("^", "**").replace("{", "(").replace("}", ")")
   if set(re.findall(r"\\([A-Za-z]+)", s)) - _LAYOUT_COMMANDS or _FUNCTION_WORD.search(s):
