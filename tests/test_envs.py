@@ -4,8 +4,10 @@ transformers' apply_chat_template), the `tools` tokenizer, the pre-training corp
 readings, and the loss mask (observation logits get exactly zero gradient; a teacher-forced single pass over a
 transcript equals scoring it turn by turn)."""
 import os
+import random
 import re
 import subprocess
+import sys
 import threading
 import time
 
@@ -182,12 +184,62 @@ def test_sandbox_cannot_open_a_socket_or_start_a_process():
     victim.wait()
   for code in ("import socket\nsocket.socket()", "import _socket\n_socket.socket()",
                "import socket\nsocket.create_connection(('127.0.0.1', 9))", "import subprocess",
-               "import os\nos.fork()", "import ctypes", "import gc",
+               "import os\nos.fork()", "import ctypes", "import gc\ngc.get_objects()",  # gc: a stand-in (below)
                "import _imp, importlib.machinery as m\n_imp.create_builtin(m.ModuleSpec('gc', None))",
                # these made a file in /dev/shm, wrote to the system log, and lowered the trainer's priority
                "import _posixshmem", "import syslog", "import termios"):
     res = sandbox.run(code, LIMITS)
     assert re.match(r"(ImportError|PermissionError|AttributeError): ", res.error), (code, res)
+
+
+def test_sandbox_reads_only_its_directory_and_the_standard_library(tmp_path):
+  """The child runs as the trainer's user: it read the trainer's environment (/proc/<ppid>/environ: tokens, keys),
+  listed and read the run's files (the trainer's cwd through /proc/<ppid>/cwd, a dataset's answers), and the user's
+  home; only writes were checked."""
+  secret = tmp_path / "answers.jsonl"
+  secret.write_text("42")
+  attempts = [f"open({str(secret)!r}).read()", f"import os\nos.listdir({str(tmp_path)!r})",
+              "import os\nopen(f'/proc/{os.getppid()}/environ').read()",
+              "import os\nos.listdir(f'/proc/{os.getppid()}/cwd')", "open('/proc/self/root/etc/hostname').read()",
+              f"import pathlib\nnext(pathlib.Path({str(tmp_path)!r}).iterdir())",
+              # '..' cannot climb out of a readable root, nor a copy of a file out of it be made
+              "import os, json\nopen(os.path.dirname(json.__file__) + '/../../../../../../etc/hostname').read()",
+              f"import shutil\nshutil.copyfile({str(secret)!r}, 'mine.txt')"]
+  for code in attempts:
+    res = sandbox.run(code, LIMITS)
+    assert re.match(r"PermissionError: (reading|listing) ", res.error) and "42" not in res.output, (code, res)
+  # what the code needs still reads: the standard library (its source too), the time-zone data, its own files
+  ok = ("import inspect, json, zoneinfo\nopen('a.txt', 'w').write('hi')\n"
+        "(inspect.getsource(json.dumps)[:9], zoneinfo.ZoneInfo('Europe/Paris').key, open('a.txt').read(), "
+        "__import__('os').listdir('.'))")
+  assert sandbox.run(ok, LIMITS) == ("('def dumps', 'Europe/Paris', 'hi', ['a.txt'])", "", False)
+
+
+def test_sandbox_prints_the_same_in_a_rerun():
+  """Each call was a fresh interpreter with its own random hash seed and `random` state: a set of strings printed in
+  another order, and `random` drew other numbers, in a run and its rerun (a resumed run's observations differed)."""
+  code = "import random\nhash('grpo'), list({'apple', 'banana', 'cherry', 'date'}), random.random()"
+  first = sandbox.run(code, LIMITS)
+  ref = subprocess.run([sys.executable, "-S", "-c", "print(hash('grpo'), list({'apple', 'banana', 'cherry', "
+                        "'date'}))"], env={"PYTHONHASHSEED": "0"}, capture_output=True, text=True, check=True).stdout
+  h, order = ref.split(" ", 1)
+  assert first == (f"({h}, {order.strip()}, {random.Random(0).random()!r})", "", False)
+  assert sandbox.run(code, LIMITS) == first
+
+
+def test_sandbox_observations_say_what_the_run_did():
+  """timeit imports gc (refused: the real module reaches the hook's closure); a run that exits 0 after a warning
+  was an error (stderr's last line: counted in tools_errors, shown as `error`); output that filled output_chars
+  cut the error line off (the model read a failed run as a successful one); sys.exit('why') lost its why."""
+  res = sandbox.run("import timeit, gc\n(timeit.timeit('1 + 1', number=10) > 0, hasattr(gc, 'get_objects'))", LIMITS)
+  assert res == ("(True, False)", "", False)
+  assert sandbox.run("import warnings, logging\nwarnings.warn('careful')\nlogging.warning('hm')\n5", LIMITS) == (
+      "5", "", False)
+  env = sandbox.PythonSandbox(_ctx(sandbox={"output_chars": 50}))
+  text, info = env.run(None, "print('x' * 100)\n1 / 0")
+  err = "ZeroDivisionError: division by zero"  # 35 characters: 14 of the output, a newline and the error
+  assert text == "x" * 14 + "\n" + err and info == {"error": err}
+  assert sandbox.run("import sys\nsys.exit('no answer')", LIMITS) == ("", "no answer", False)
 
 
 def test_sandbox_leaves_no_directory_behind():
