@@ -699,7 +699,11 @@ def test_readings_and_transcript():
                              [("<think> </think> <answer> 5 </answer>", 0)],
                              [("<think> <tool_call> 9 </tool_call>", 0)]], L=64)
   mask = (np.arange(64)[None] < lens[:, None]).astype(np.int32)
-  r = transcript.readings(tokens, mask, obs, (513,))
+  # the engine's per-row event counts: two calls; a row paused on '</answer>' (a second stop marker) that the
+  # environment ended; a call the tool timed out on. Calls are the tool's steps, not the stop markers written
+  events = np.zeros((3, len(env_batch.EVENTS)), np.int32)
+  events[0, env_batch.CALL], events[1, env_batch.ENDED], events[2, env_batch.TOOL_TIMEOUT] = 2, 1, 1
+  r = transcript.readings(mask, obs, events)
   n_obs = [2 * len(TOOLS.encode(PLAIN.observation("2"))), 0, 0]
   assert r["calls_N"].tolist() == [2, 0, 1] and r["turns_N"].tolist() == [3, 1, 1]
   assert r["obs_tokens_N"].tolist() == n_obs

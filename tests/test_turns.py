@@ -214,7 +214,7 @@ def test_an_observation_holding_eos_and_stop_ids_neither_ends_nor_pauses_the_row
   assert tok[0, :8].tolist() == [1, 60, EOS, 60, 42, x, 3, EOS] and mask[0].sum() == 8
   assert obs[0].tolist() == [0, 0, 1, 1, 1] + [0] * (L - 5) and not bool(ro.truncated_N[0])
   assert np.asarray(st.env.step_NxL)[0].nonzero()[0].tolist() == [1] and [a for _, n, a in env.seen if n] == [[0]]
-  r = transcript.readings(tok[:1], mask[:1], obs[:1], (60, 61))
+  r = transcript.readings(mask[:1], obs[:1], np.asarray(st.env.events_NxE)[:1])
   assert (r["calls_N"][0], r["turns_N"][0], r["obs_tokens_N"][0]) == (1, 2, 3)
 
 
