@@ -655,6 +655,10 @@ def test_the_rollout_and_held_out_generate_score_the_own_tokens(setup, monkeypat
     # the run (exit 3)
     ({"tools.env": "python", "tools.sandbox.time_s": 4.5}, "tools.sandbox.time_s", "below tools.timeout_s=5"),
     ({"tools.max_obs_tokens": 10 ** 9}, "tools.max_obs_tokens", "model.max_len"),  # [slots, O] buffers
+    # ' <tool_response> … </tool_response>' takes 4 tokens: at 2 the cut appended ' <tool_response>' (never closed), at 3
+    # '  </tool_response>' (never opened), at 4 an empty response: no tool output ever reached the model
+    ({"tools.max_obs_tokens": 2}, "tools.max_obs_tokens", "markers take 4 tokens"),
+    ({"tools.env": "calculator", "tools.max_obs_tokens": 4}, "tools.max_obs_tokens", "at least 4 + the outputs'"),
     ({"tools.stop_markers": ("</tool_call>", "</nope>")}, "tools.stop_markers", "not one token"),
     # a tool environment whose call never pauses the row: every call went unanswered, without a word
     ({"tools.env": "calculator", "tools.stop_markers": ("</answer>",)}, "tools.stop_markers", "lacks '</tool_call>'"),

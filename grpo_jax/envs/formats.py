@@ -102,6 +102,10 @@ class Format(abc.ABC):
     """The token ids an observation's text is appended as (EnvBatch)."""
     return tok.encode(text)
 
+  @abc.abstractmethod
+  def frame(self, tok) -> int:
+    """Tokens of `tok` that an observation's own markers take (tools.max_obs_tokens must exceed them)."""
+
 
 class Plain(Format):
   name = "plain"
@@ -128,6 +132,9 @@ class Plain(Format):
       body = body.replace(m, " ")
     body = " ".join(body.split())
     return f" {RESPONSE_OPEN} {body} {RESPONSE_CLOSE}" if body else f" {RESPONSE_OPEN} {RESPONSE_CLOSE}"
+
+  def frame(self, tok) -> int:
+    return len(tok.encode(f" {RESPONSE_OPEN}")) + len(tok.encode(self.tail))
 
   def prompt(self, task, example: dict, language: str, tok, tools: Sequence[Tool]) -> str:
     del tok, tools  # the base learnt the calls from its pre-training documents: the R1-Zero prompt as it is
@@ -176,6 +183,9 @@ class Qwen(Format):
 
   def observation(self, content: str) -> str:
     return f"{self.head}{content}{self.tail}"
+
+  def frame(self, tok) -> int:
+    return len(tok.encode(self.head)) + len(tok.encode(self.tail))
 
   def observation_ids(self, text: str, tok) -> list[int]:
     """The whole text's ids, unless the tool's output (between head and tail) holds an added token's string
