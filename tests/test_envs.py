@@ -283,6 +283,18 @@ def test_plain_format_calls_and_observations():
     assert float(acc[0]) == 1.0 and float(verify_jax.format_reward(np.asarray([ids]), mask, tables)[0]) == 1.0, printed
 
 
+def test_qwen_calls_json_cannot_read_are_error_observations():
+  """A 5,000-digit integer in a call (json.loads: ValueError, Python's 4,300-digit int conversion limit) raised out
+  of the step: the row's counted fallback (ended, fallback reward), not an error observation it may retry after, as
+  every other malformed call is."""
+  qwen, tool = formats.get("qwen"), calculator.Calculator.tool
+  big = "9" * 5000
+  for body, why in ((big, "cannot be read (Exceeds the limit (4300 digits)"),
+                    (f'{{"name": "calculator", "arguments": "{{\\"expression\\": {big}}}"}}', "arguments are not")):
+    parsed = qwen.parse(f"<tool_call>\n{body}\n</tool_call>", [tool])
+    assert parsed.call is None and why in parsed.error and "\n" not in parsed.error, parsed
+
+
 # ------------------------------------------------------------------------------------------- the batch call
 
 def _ctx(fmt="plain", tok=TOOLS, **options):

@@ -165,13 +165,15 @@ class Qwen(Format):
       return Parsed(None, f"the tool call is not JSON ({e.msg} at char {e.pos})")
     except RecursionError:  # '[[[[…' from the model: an error observation, not a failed step
       return Parsed(None, "the tool call is nested too deeply")
+    except ValueError as e:  # an integer of more than 4,300 digits (Python's int conversion limit): likewise
+      return Parsed(None, f"the tool call cannot be read ({str(e).split(';')[0]})")
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
       return Parsed(None, 'the tool call must be {"name": <function-name>, "arguments": <args-json-object>}')
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
       try:
         args = json.loads(args)
-      except (json.JSONDecodeError, RecursionError):
+      except (ValueError, RecursionError):  # JSONDecodeError, or an int past the conversion limit
         return Parsed(None, "the tool call's arguments are not a JSON object")
     by_name = {t.name: t for t in tools}
     tool = by_name.get(obj["name"])
