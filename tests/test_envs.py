@@ -366,6 +366,7 @@ def test_turn_without_a_call_ends_the_row_and_observations_fit_the_room():
   assert len(full) > 12 and out.event_R[1] == env_batch.TOOL_ERROR and not out.done_R[1]
   assert out.obs_RxO[1, :12].tolist() == full[:10] + TOOLS.encode(PLAIN.tail)
   assert out.counts_K[env_batch.COUNTS.index("truncated")] == 1
+  assert out.counts_K[env_batch.COUNTS.index("calls")] == 1  # the ended row made no call (it counted as one)
   # no room: the observation is cut to the room and the row ends
   text = "<think> <tool_call> 37 + 48 </tool_call>"
   tokens, obs, lens = _rows([[(text, 0)]], L=len(TOOLS.encode(text)) + 3)
