@@ -6,6 +6,7 @@ transcript equals scoring it turn by turn)."""
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import threading
@@ -125,6 +126,36 @@ def test_sandbox_cannot_run_past_its_limit():
     res = sandbox.run(code, LIMITS)
     assert res.timed_out and res.error == "timed out after 1s"
     assert time.monotonic() - t0 < 3.0
+
+
+def test_sandbox_child_does_not_outlive_a_killed_trainer():
+  """The trainer killed (-9) mid-call cannot kill the child at time_s: the child's own alarm (int(time_s) + 2 s)
+  ends a sleeping one (RLIMIT_CPU only a busy one), so no call outlives its run by more than that. (The call's
+  directory stays behind: nothing is left to delete it; docs/tools.md says so. The test deletes it.)"""
+  code = "from grpo_jax.envs import sandbox\nsandbox.run('import time\\ntime.sleep(60)', sandbox.Limits(time_s=0.5))"
+  parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+  children = f"/proc/{parent.pid}/task/{parent.pid}/children"
+  try:
+    t0, child = time.monotonic(), ""
+    while not child and time.monotonic() - t0 < 20:
+      time.sleep(0.05)
+      child = open(children).read().split()[0] if open(children).read().strip() else ""
+    assert child, "the sandbox's child never started"
+    root = os.path.dirname(open(f"/proc/{child}/cmdline").read().split("\0")[6])  # argv: python -s -S -P -c BOOT work
+  finally:
+    parent.kill()
+    parent.wait()
+  try:
+    alive = lambda: os.path.exists(f"/proc/{child}") and open(f"/proc/{child}/stat").read().split(") ")[1][0] != "Z"
+    t0 = time.monotonic()
+    while alive() and time.monotonic() - t0 < 6:
+      time.sleep(0.1)
+    assert not alive(), f"the child {child} outlived its killed parent by {time.monotonic() - t0:.1f} s"
+  finally:
+    if alive():  # failed: not left sleeping
+      os.kill(int(child), 9)
+    assert os.path.basename(root).startswith("grpo_sandbox_"), root
+    shutil.rmtree(root, ignore_errors=True)
 
 
 def test_sandbox_memory_limit():
