@@ -135,13 +135,24 @@ def test_sandbox_child_does_not_outlive_a_killed_trainer():
   code = "from grpo_jax.envs import sandbox\nsandbox.run('import time\\ntime.sleep(60)', sandbox.Limits(time_s=0.5))"
   parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
   children = f"/proc/{parent.pid}/task/{parent.pid}/children"
+
+  def sandbox_child():  # (pid, its argv) once it runs the boot (not the fork before its exec)
+    for pid in open(children).read().split():
+      try:
+        argv = open(f"/proc/{pid}/cmdline").read().split("\0")
+      except OSError:
+        continue
+      if argv[1:5] == ["-s", "-S", "-P", "-c"] and len(argv) > 7:
+        return pid, argv
+    return None
+
   try:
-    t0, child = time.monotonic(), ""
-    while not child and time.monotonic() - t0 < 20:
+    t0, found = time.monotonic(), None
+    while not found and time.monotonic() - t0 < 20:
       time.sleep(0.05)
-      child = open(children).read().split()[0] if open(children).read().strip() else ""
-    assert child, "the sandbox's child never started"
-    root = os.path.dirname(open(f"/proc/{child}/cmdline").read().split("\0")[6])  # argv: python -s -S -P -c BOOT work
+      found = sandbox_child()
+    assert found, "the sandbox's child never started"
+    child, root = found[0], os.path.dirname(found[1][6])  # argv: python -s -S -P -c BOOT work code ...
   finally:
     parent.kill()
     parent.wait()
@@ -244,6 +255,34 @@ def test_sandbox_reads_only_its_directory_and_the_standard_library(tmp_path):
         "(inspect.getsource(json.dumps)[:9], zoneinfo.ZoneInfo('Europe/Paris').key, open('a.txt').read(), "
         "__import__('os').listdir('.'))")
   assert sandbox.run(ok, LIMITS) == ("('def dumps', 'Europe/Paris', 'hi', ['a.txt'])", "", False)
+
+
+def test_sandbox_hook_cannot_be_disarmed(tmp_path):
+  """A refused call's traceback holds the hook's frame: its closure cell `work` set to '' (no audit event) allowed
+  writes anywhere, its `paths` dict emptied lifted every path check; a str subclass's own startswith / split, or
+  builtins.any replaced, answered the checks; a str subclass's partition let `__import__` past the module list; a
+  tracer sees (and can write back) any frame. The hook's functions now hold only default arguments."""
+  target, keep = tmp_path / "out.txt", tmp_path / "keep.txt"
+  keep.write_text("keep")
+  caught = (f"try:\n    open({str(target)!r}, 'w')\nexcept PermissionError as e:\n"
+            "    fr = e.__traceback__.tb_next.tb_frame\n")
+  write = f"open({str(target)!r}, 'w').write('x')"
+  attacks = [caught + "f = fr.f_locals['inside']\nf.__closure__[f.__code__.co_freevars.index('work')].cell_contents = ''\n"
+             + write,
+             caught + f"fr.f_locals['paths'].clear()\nimport os\nos.remove({str(keep)!r})",
+             caught + "fr.f_locals['inside'].__code__ = (lambda *a: True).__code__\n" + write,
+             caught + "fr.f_locals['inside'].__defaults__ = (True, '', lambda *a: '')\n" + write,
+             "class S(str):\n    def startswith(self, *a): return True\n    def split(self, *a): return ['x']\n"
+             f"open(S({str(target)!r}), 'w').write('x')",
+             "import builtins\nbuiltins.any = lambda x: False\n" + write,
+             "class S(str):\n    def partition(self, *a): return ('ok', '', '')\n__import__(S('_posixshmem'))",
+             "import sys\nsys.settrace(lambda *a: None)"]
+  for code in attacks:
+    res = sandbox.run(code, LIMITS)
+    assert res.error and not target.exists() and keep.read_text() == "keep", (code, res)
+  # the stand-ins the standard library itself uses still work: namedtuple sets its __new__'s __defaults__
+  assert sandbox.run("import collections\ncollections.namedtuple('P', 'x y', defaults=(1,))(0)", LIMITS).output == (
+      "P(x=0, y=1)")
 
 
 def test_sandbox_prints_the_same_in_a_rerun():

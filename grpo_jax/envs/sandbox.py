@@ -30,6 +30,10 @@ What is enforced, and how (tests/test_envs.py checks each with ~1 s limits):
   `os.listdir` / `os.scandir` anywhere else (the trainer's environment in /proc/<ppid>/environ, its workdir and
   datasets, the user's home were readable). Lexical, as for writes: an existing symlink inside a readable directory
   is followed. `os.stat` / `os.path.exists` / `os.readlink` raise no audit event: a path's existence is not hidden.
+- The hook cannot be disarmed from inside: its functions hold no closure and nothing mutable (the code reaches the
+  hook's frame through a refused call's traceback: a closure cell `work` set to '' allowed writes anywhere), their
+  `__code__` / `__defaults__` cannot be replaced, tracers (`sys.settrace` / `setprofile`) are refused, and a path or
+  module name is read as an exact str (a str subclass's own methods cannot answer for it).
 - `import gc` (timeit's) gets a stand-in whose enable / disable / isenabled / collect do nothing: the real module's
   get_objects / get_referrers reach the hook's closure.
 - No network, no processes: the hook refuses every `socket.*` event (socket creation, connect, bind, getaddrinfo,
@@ -123,100 +127,120 @@ MODULES = frozenset({"socket", "_socket", "ssl", "_ssl", "subprocess", "_posixsu
                      # no audit events: a file in /dev/shm, the system log, NIS over the network, a sound device,
                      # another terminal's settings (a tty device opened for reading)
                      "_posixshmem", "syslog", "nis", "ossaudiodev", "termios", "tty"})
-def install(sys=sys, work=work, MODULES=MODULES, isinstance=isinstance, any=any, str=str, bytes=bytes, int=int,
-            bool=bool, PermissionError=PermissionError, ImportError=ImportError, OSError=OSError,
-            readlink=posix.readlink, READ_ROOTS=READ_ROOTS, READ_FILES=READ_FILES):
-    blocked = ("socket.", "ctypes.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
-               "os.fork", "os.forkpty", "os.kill", "os.killpg", "os.chdir", "os.chroot", "os.startfile",
-               "os.putenv", "os.unsetenv", "os.symlink", "pty.", "resource.setrlimit", "resource.prlimit",
-               "sys.remote_exec", "webbrowser.", "urllib.Request", "http.client.", "ftplib.", "smtplib.",
-               "poplib.", "imaplib.", "telnetlib.", "nntplib.", "signal.", "sqlite3.", "dbm.")
-    paths = {"os.remove": (0,), "os.rmdir": (0,), "os.mkdir": (0,), "os.chmod": (0,), "os.chown": (0,),
-             "os.truncate": (0,), "os.utime": (0,), "os.chflags": (0,), "os.lchflags": (0,), "os.setxattr": (0,),
-             "os.removexattr": (0,), "os.rename": (0, 1), "os.link": (0, 1), "shutil.copyfile": (1,),
-             "shutil.copymode": (1,), "shutil.copystat": (1,), "shutil.copytree": (1,), "shutil.rmtree": (0,),
-             "shutil.move": (1,), "shutil.make_archive": (0,), "shutil.unpack_archive": (1,)}
-    write_flags = 0o1 | 0o2 | 0o100 | 0o1000 | 0o2000  # O_WRONLY O_RDWR O_CREAT O_TRUNC O_APPEND
+# The hook and its helpers hold no closure and no mutable object: the code reaches the hook's frame (a refused
+# call's traceback, a path object's __fspath__ run inside it), and a closure cell's contents can be set without an
+# audit event (setting `work` to '' allowed writes anywhere; a `paths` dict could be emptied). Everything they use
+# is a default argument: builtins, strings, tuples, frozensets and these functions, whose __code__ / __defaults__
+# the hook refuses to replace (theirs only: the standard library sets other functions' __defaults__). A path is
+# read as an exact str (`str.__str__`, `bytes.decode` unbound): a str subclass's own startswith or split cannot
+# answer for it.
+def normal(p, work, fd_ok, isinstance=isinstance, str=str, bytes=bytes, int=int, bool=bool, OSError=OSError,
+           readlink=posix.readlink, fspath=posix.fspath, as_str=str.__str__, decode=bytes.decode,
+           digits=int.__repr__):
+    """The absolute, lexically normalised path an event names ('' = allowed: a descriptor when fd_ok, the cwd;
+    None = unknown)."""
+    if p is None:
+        return ""
+    if isinstance(p, int) and not isinstance(p, bool):
+        if fd_ok:  # open(fd, ...): writes through it need the access it was opened with, checked then
+            return ""
+        # chmod / chown / utime / xattrs work on a descriptor opened for reading (any file outside): where it
+        # points (unknown: refused)
+        try:
+            p = readlink("/proc/self/fd/" + digits(p))
+        except OSError:
+            return None
+        if not p.startswith("/"):  # a pipe or socket
+            return None
+    if not isinstance(p, (str, bytes)):
+        p = fspath(p)
+    p = decode(p, "utf-8", "replace") if isinstance(p, bytes) else as_str(p)
+    if not p.startswith("/"):
+        p = work + "/" + p
+    parts = []
+    for part in p.split("/"):
+        if part in ("", "."):
+            continue
+        if part == "..":
+            if parts:
+                parts.pop()
+        else:
+            parts.append(part)
+    return "/" + "/".join(parts)
 
-    def inside(p, fd_ok=True):
-        # Lexical: no symlink or hard link can be made (both refused), and the directory starts empty, so the
-        # resolved path is the normalised one. Only str methods: nothing the code can patch.
-        if isinstance(p, int) and not isinstance(p, bool):
-            if fd_ok:  # open(fd, ...): writes through it need the access it was opened with, checked then
-                return True
-            # chmod / chown / utime / xattrs work on a descriptor opened for reading (any file outside): where
-            # it points (unknown: refused)
-            try:
-                p = readlink("/proc/self/fd/" + str(p))
-            except OSError:
-                return False
-            if not p.startswith("/"):  # a pipe or socket
-                return False
-        if isinstance(p, bytes):
-            p = p.decode("utf-8", "replace")
-        if not isinstance(p, str):
-            p = str(p)
-        if not p.startswith("/"):
-            p = work + "/" + p
-        parts = []
-        for part in p.split("/"):
-            if part in ("", "."):
-                continue
-            if part == "..":
-                if parts:
-                    parts.pop()
-            else:
-                parts.append(part)
-        p = "/" + "/".join(parts)
-        return p == work or p.startswith(work + "/")
 
-    def readable(p):
-        if p is None or (isinstance(p, int) and not isinstance(p, bool)):  # the cwd; a descriptor (opened here)
+def inside(p, fd_ok=True, work=work, normal=normal):
+    # Lexical: no symlink or hard link can be made (both refused), and the directory starts empty, so the resolved
+    # path is the normalised one.
+    p = normal(p, work, fd_ok)
+    return p is not None and (p == "" or p == work or p.startswith(work + "/"))
+
+
+def readable(p, work=work, normal=normal, inside=inside, roots=READ_ROOTS, files=READ_FILES):
+    if inside(p):
+        return True
+    p = normal(p, work, True)
+    if p is None:
+        return False
+    if p in files:
+        return True
+    for r in roots:  # lexical too: ".." cannot climb out of a root
+        if p == r or p.startswith(r + "/"):
             return True
-        if inside(p):
-            return True
-        if isinstance(p, bytes):
-            p = p.decode("utf-8", "replace")
-        p = str(p)
-        parts = []
-        for part in p.split("/"):  # lexical, as inside(): ".." cannot climb out of a root
-            if part in ("", "."):
-                continue
-            if part == "..":
-                if parts:
-                    parts.pop()
-            else:
-                parts.append(part)
-        p = "/" + "/".join(parts)
-        return p in READ_FILES or any(p == r or p.startswith(r + "/") for r in READ_ROOTS)
+    return False
 
-    def hook(event, args):
-        if event == "import" and args[0].partition(".")[0] in MODULES:
-            raise ImportError(f"import of {args[0]} is not allowed in the sandbox")
-        if event.startswith(blocked):
-            raise PermissionError(f"{event} is not allowed in the sandbox")
-        if event == "open":
-            path, mode, flags = args
-            writes = (isinstance(mode, str) and any(c in mode for c in "wax+")) or (
-                isinstance(flags, int) and flags & write_flags)
-            if writes and not inside(path):
-                raise PermissionError(f"writing {path!r} is not allowed: only files in the working directory")
-            if not writes and not readable(path):
-                raise PermissionError(f"reading {path!r} is not allowed: only the working directory and the "
-                                      "standard library")
-        elif event in ("os.listdir", "os.scandir"):
-            if not readable(args[0]):
-                raise PermissionError(f"listing {args[0]!r} is not allowed: only the working directory and the "
-                                      "standard library")
-        elif event in paths:
-            if any(isinstance(a, int) and not isinstance(a, bool) and a >= 0 for a in args[2:]):
+
+def hook(event, args, MODULES=MODULES, inside=inside, readable=readable, isinstance=isinstance, int=int, bool=bool,
+         str=str, PermissionError=PermissionError, ImportError=ImportError, as_str=str.__str__,
+         blocked=("socket.", "ctypes.", "subprocess.", "os.system", "os.exec", "os.posix_spawn", "os.spawn",
+                  "os.fork", "os.forkpty", "os.kill", "os.killpg", "os.chdir", "os.chroot", "os.startfile",
+                  "os.putenv", "os.unsetenv", "os.symlink", "pty.", "resource.setrlimit", "resource.prlimit",
+                  "sys.remote_exec", "webbrowser.", "urllib.Request", "http.client.", "ftplib.", "smtplib.",
+                  "poplib.", "imaplib.", "telnetlib.", "nntplib.", "signal.", "sqlite3.", "dbm.",
+                  # a tracer gets every frame, the hook's too, and can write its locals back
+                  "sys.settrace", "sys.setprofile"),
+         sealed=frozenset({"__code__", "__defaults__", "__kwdefaults__"}),
+         path_events=frozenset({"os.remove", "os.rmdir", "os.mkdir", "os.chmod", "os.chown", "os.truncate",
+                                "os.utime", "os.chflags", "os.lchflags", "os.setxattr", "os.removexattr", "os.rename",
+                                "os.link", "shutil.copyfile", "shutil.copymode", "shutil.copystat", "shutil.copytree",
+                                "shutil.move", "shutil.make_archive", "shutil.unpack_archive", "shutil.rmtree"}),
+         path_args=(("os.rename", (0, 1)), ("os.link", (0, 1)), ("shutil.copyfile", (1,)), ("shutil.copymode", (1,)),
+                    ("shutil.copystat", (1,)), ("shutil.copytree", (1,)), ("shutil.move", (1,)),
+                    ("shutil.unpack_archive", (1,))),
+         write_flags=0o1 | 0o2 | 0o100 | 0o1000 | 0o2000,  # O_WRONLY O_RDWR O_CREAT O_TRUNC O_APPEND
+         id=id, own=frozenset()):  # own: the ids of these four functions, set below
+    if event == "import" and as_str(args[0]).partition(".")[0] in MODULES:  # __import__(a str subclass)
+        raise ImportError(f"import of {args[0]} is not allowed in the sandbox")
+    if event.startswith(blocked):
+        raise PermissionError(f"{event} is not allowed in the sandbox")
+    if event in ("object.__setattr__", "object.__delattr__") and args[1] in sealed and id(args[0]) in own:
+        raise PermissionError(f"changing the sandbox's {args[1]} is not allowed")
+    if event == "open":
+        path, mode, flags = args
+        # (mode and flags come from C: an exact str and int; no any(): builtins can be replaced by the code)
+        writes = (isinstance(mode, str) and ("w" in mode or "a" in mode or "x" in mode or "+" in mode)) or (
+            isinstance(flags, int) and flags & write_flags)
+        if writes and not inside(path):
+            raise PermissionError(f"writing {path!r} is not allowed: only files in the working directory")
+        if not writes and not readable(path):
+            raise PermissionError(f"reading {path!r} is not allowed: only the working directory and the "
+                                  "standard library")
+    elif event in ("os.listdir", "os.scandir"):
+        if not readable(args[0]):
+            raise PermissionError(f"listing {args[0]!r} is not allowed: only the working directory and the "
+                                  "standard library")
+    elif event in path_events:
+        for a in args[2:]:
+            if isinstance(a, int) and not isinstance(a, bool) and a >= 0:
                 raise PermissionError(f"{event} with dir_fd is not allowed in the sandbox")
-            for i in paths[event]:
-                if not inside(args[i], fd_ok=False):
-                    raise PermissionError(f"{event} of {args[i]!r} is not allowed: only files in the working "
-                                          "directory")
-
-    sys.addaudithook(hook)
+        where = (0,)
+        for name, i in path_args:
+            if name == event:
+                where = i
+        for i in where:
+            if not inside(args[i], False):
+                raise PermissionError(f"{event} of {args[i]!r} is not allowed: only files in the working "
+                                      "directory")
 
 os = __import__("os")
 for mod in (os, posix):
@@ -257,8 +281,10 @@ if preloaded:  # already imported: `import` of them raises no event any more, so
     sys.stderr.write(f"SandboxError: {preloaded} were imported before the hook\n")
     posix._exit(3)
 exit_now, flush_out, flush_err, stderr = posix._exit, sys.stdout.flush, sys.stderr.flush, sys.stderr
-install()
-del install, limit, resource, _signal, posix, f, code_path, preloaded, mod, name, _imp, gc_stub, normpath
+hook.__defaults__ = hook.__defaults__[:-1] + (frozenset(map(id, (hook, normal, inside, readable))),)
+sys.addaudithook(hook)
+del hook, normal, inside, readable, limit, resource, _signal, posix, f, code_path, preloaded, mod, name, _imp
+del gc_stub, normpath
 
 
 def run(source):
