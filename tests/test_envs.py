@@ -300,7 +300,7 @@ def test_sandbox_prints_the_same_in_a_rerun():
 def test_sandbox_observations_say_what_the_run_did():
   """timeit imports gc (refused: the real module reaches the hook's closure); a run that exits 0 after a warning
   was an error (stderr's last line: counted in tools_errors, shown as `error`); output that filled output_chars
-  cut the error line off (the model read a failed run as a successful one); sys.exit('why') lost its why."""
+  cut the error line off (the model read a failed run as a successful one); sys.exit('why') lost its why, sys.exit(3) read as status 1."""
   res = sandbox.run("import timeit, gc\n(timeit.timeit('1 + 1', number=10) > 0, hasattr(gc, 'get_objects'))", LIMITS)
   assert res == ("(True, False)", "", False)
   assert sandbox.run("import warnings, logging\nwarnings.warn('careful')\nlogging.warning('hm')\n5", LIMITS) == (
@@ -310,6 +310,7 @@ def test_sandbox_observations_say_what_the_run_did():
   err = "ZeroDivisionError: division by zero"  # 35 characters: 14 of the output, a newline and the error
   assert text == "x" * 14 + "\n" + err and info == {"error": err}
   assert sandbox.run("import sys\nsys.exit('no answer')", LIMITS) == ("", "no answer", False)
+  assert sandbox.run("import sys\nsys.exit(3)", LIMITS) == ("", "exited with status 3", False)  # was 1
 
 
 def test_sandbox_leaves_no_directory_behind():

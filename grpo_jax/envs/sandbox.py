@@ -301,8 +301,8 @@ def run(source):
 code = 0
 try:
     run(source)
-except SystemExit as e:
-    code = 0 if e.code in (None, 0) else 1
+except SystemExit as e:  # the status python would exit with (sys.exit(3): 3, not 1)
+    code = 0 if e.code in (None, 0) else e.code if type(e.code) is int and 0 < e.code < 256 else 1
     if e.code is not None and not isinstance(e.code, int):  # sys.exit('why'): python prints the why
         print(str(e.code).splitlines()[0] if str(e.code) else "", file=stderr)
 except BaseException as e:
