@@ -299,8 +299,9 @@ def test_sandbox_prints_the_same_in_a_rerun():
 
 def test_sandbox_observations_say_what_the_run_did():
   """timeit imports gc (refused: the real module reaches the hook's closure); a run that exits 0 after a warning
-  was an error (stderr's last line: counted in tools_errors, shown as `error`); output that filled output_chars
-  cut the error line off (the model read a failed run as a successful one); sys.exit('why') lost its why, sys.exit(3) read as status 1."""
+  was an error (stderr's last line: counted in tool_errors, shown as `error`); output that filled output_chars
+  cut the error line off (the model read a failed run as a successful one); sys.exit('why') lost its why, and
+  sys.exit(3) read as status 1."""
   res = sandbox.run("import timeit, gc\n(timeit.timeit('1 + 1', number=10) > 0, hasattr(gc, 'get_objects'))", LIMITS)
   assert res == ("(True, False)", "", False)
   assert sandbox.run("import warnings, logging\nwarnings.warn('careful')\nlogging.warning('hm')\n5", LIMITS) == (
