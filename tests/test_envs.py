@@ -4,8 +4,11 @@ transformers' apply_chat_template), the `tools` tokenizer, the pre-training corp
 readings, and the loss mask (observation logits get exactly zero gradient; a teacher-forced single pass over a
 transcript equals scoring it turn by turn)."""
 import os
+import random
 import re
+import shutil
 import subprocess
+import sys
 import threading
 import time
 
@@ -125,6 +128,47 @@ def test_sandbox_cannot_run_past_its_limit():
     assert time.monotonic() - t0 < 3.0
 
 
+def test_sandbox_child_does_not_outlive_a_killed_trainer():
+  """The trainer killed (-9) mid-call cannot kill the child at time_s: the child's own alarm (int(time_s) + 2 s)
+  ends a sleeping one (RLIMIT_CPU only a busy one), so no call outlives its run by more than that. (The call's
+  directory stays behind: nothing is left to delete it; docs/tools.md says so. The test deletes it.)"""
+  code = "from grpo_jax.envs import sandbox\nsandbox.run('import time\\ntime.sleep(60)', sandbox.Limits(time_s=0.5))"
+  parent = subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env={**os.environ, "PYTHONPATH": ROOT})
+  children = f"/proc/{parent.pid}/task/{parent.pid}/children"
+
+  def sandbox_child():  # (pid, its argv) once it runs the boot (not the fork before its exec)
+    for pid in open(children).read().split():
+      try:
+        argv = open(f"/proc/{pid}/cmdline").read().split("\0")
+      except OSError:
+        continue
+      if argv[1:5] == ["-s", "-S", "-P", "-c"] and len(argv) > 7:
+        return pid, argv
+    return None
+
+  try:
+    t0, found = time.monotonic(), None
+    while not found and time.monotonic() - t0 < 20:
+      time.sleep(0.05)
+      found = sandbox_child()
+    assert found, "the sandbox's child never started"
+    child, root = found[0], os.path.dirname(found[1][6])  # argv: python -s -S -P -c BOOT work code ...
+  finally:
+    parent.kill()
+    parent.wait()
+  try:
+    alive = lambda: os.path.exists(f"/proc/{child}") and open(f"/proc/{child}/stat").read().split(") ")[1][0] != "Z"
+    t0 = time.monotonic()
+    while alive() and time.monotonic() - t0 < 6:
+      time.sleep(0.1)
+    assert not alive(), f"the child {child} outlived its killed parent by {time.monotonic() - t0:.1f} s"
+  finally:
+    if alive():  # failed: not left sleeping
+      os.kill(int(child), 9)
+    assert os.path.basename(root).startswith("grpo_sandbox_"), root
+    shutil.rmtree(root, ignore_errors=True)
+
+
 def test_sandbox_memory_limit():
   res = sandbox.run("x = bytearray(1 << 30)", LIMITS)
   assert res.error == "MemoryError" and not res.timed_out
@@ -182,12 +226,92 @@ def test_sandbox_cannot_open_a_socket_or_start_a_process():
     victim.wait()
   for code in ("import socket\nsocket.socket()", "import _socket\n_socket.socket()",
                "import socket\nsocket.create_connection(('127.0.0.1', 9))", "import subprocess",
-               "import os\nos.fork()", "import ctypes", "import gc",
+               "import os\nos.fork()", "import ctypes", "import gc\ngc.get_objects()",  # gc: a stand-in (below)
                "import _imp, importlib.machinery as m\n_imp.create_builtin(m.ModuleSpec('gc', None))",
                # these made a file in /dev/shm, wrote to the system log, and lowered the trainer's priority
                "import _posixshmem", "import syslog", "import termios"):
     res = sandbox.run(code, LIMITS)
     assert re.match(r"(ImportError|PermissionError|AttributeError): ", res.error), (code, res)
+
+
+def test_sandbox_reads_only_its_directory_and_the_standard_library(tmp_path):
+  """The child runs as the trainer's user: it read the trainer's environment (/proc/<ppid>/environ: tokens, keys),
+  listed and read the run's files (the trainer's cwd through /proc/<ppid>/cwd, a dataset's answers), and the user's
+  home; only writes were checked."""
+  secret = tmp_path / "answers.jsonl"
+  secret.write_text("42")
+  attempts = [f"open({str(secret)!r}).read()", f"import os\nos.listdir({str(tmp_path)!r})",
+              "import os\nopen(f'/proc/{os.getppid()}/environ').read()",
+              "import os\nos.listdir(f'/proc/{os.getppid()}/cwd')", "open('/proc/self/root/etc/hostname').read()",
+              f"import pathlib\nnext(pathlib.Path({str(tmp_path)!r}).iterdir())",
+              # '..' cannot climb out of a readable root, nor a copy of a file out of it be made
+              "import os, json\nopen(os.path.dirname(json.__file__) + '/../../../../../../etc/hostname').read()",
+              f"import shutil\nshutil.copyfile({str(secret)!r}, 'mine.txt')"]
+  for code in attempts:
+    res = sandbox.run(code, LIMITS)
+    assert re.match(r"PermissionError: (reading|listing) ", res.error) and "42" not in res.output, (code, res)
+  # what the code needs still reads: the standard library (its source too), the time-zone data, its own files
+  ok = ("import inspect, json, zoneinfo\nopen('a.txt', 'w').write('hi')\n"
+        "(inspect.getsource(json.dumps)[:9], zoneinfo.ZoneInfo('Europe/Paris').key, open('a.txt').read(), "
+        "__import__('os').listdir('.'))")
+  assert sandbox.run(ok, LIMITS) == ("('def dumps', 'Europe/Paris', 'hi', ['a.txt'])", "", False)
+
+
+def test_sandbox_hook_cannot_be_disarmed(tmp_path):
+  """A refused call's traceback holds the hook's frame: its closure cell `work` set to '' (no audit event) allowed
+  writes anywhere, its `paths` dict emptied lifted every path check; a str subclass's own startswith / split, or
+  builtins.any replaced, answered the checks; a str subclass's partition let `__import__` past the module list; a
+  tracer sees (and can write back) any frame. The hook's functions now hold only default arguments."""
+  target, keep = tmp_path / "out.txt", tmp_path / "keep.txt"
+  keep.write_text("keep")
+  caught = (f"try:\n    open({str(target)!r}, 'w')\nexcept PermissionError as e:\n"
+            "    fr = e.__traceback__.tb_next.tb_frame\n")
+  write = f"open({str(target)!r}, 'w').write('x')"
+  attacks = [caught + "f = fr.f_locals['inside']\nf.__closure__[f.__code__.co_freevars.index('work')].cell_contents = ''\n"
+             + write,
+             caught + f"fr.f_locals['paths'].clear()\nimport os\nos.remove({str(keep)!r})",
+             caught + "fr.f_locals['inside'].__code__ = (lambda *a: True).__code__\n" + write,
+             caught + "fr.f_locals['inside'].__defaults__ = (True, '', lambda *a: '')\n" + write,
+             "class S(str):\n    def startswith(self, *a): return True\n    def split(self, *a): return ['x']\n"
+             f"open(S({str(target)!r}), 'w').write('x')",
+             "import builtins\nbuiltins.any = lambda x: False\n" + write,
+             "class S(str):\n    def partition(self, *a): return ('ok', '', '')\n__import__(S('_posixshmem'))",
+             "import sys\nsys.settrace(lambda *a: None)"]
+  for code in attacks:
+    res = sandbox.run(code, LIMITS)
+    assert res.error and not target.exists() and keep.read_text() == "keep", (code, res)
+  # the stand-ins the standard library itself uses still work: namedtuple sets its __new__'s __defaults__
+  assert sandbox.run("import collections\ncollections.namedtuple('P', 'x y', defaults=(1,))(0)", LIMITS).output == (
+      "P(x=0, y=1)")
+
+
+def test_sandbox_prints_the_same_in_a_rerun():
+  """Each call was a fresh interpreter with its own random hash seed and `random` state: a set of strings printed in
+  another order, and `random` drew other numbers, in a run and its rerun (a resumed run's observations differed)."""
+  code = "import random\nhash('grpo'), list({'apple', 'banana', 'cherry', 'date'}), random.random()"
+  first = sandbox.run(code, LIMITS)
+  ref = subprocess.run([sys.executable, "-S", "-c", "print(hash('grpo'), list({'apple', 'banana', 'cherry', "
+                        "'date'}))"], env={"PYTHONHASHSEED": "0"}, capture_output=True, text=True, check=True).stdout
+  h, order = ref.split(" ", 1)
+  assert first == (f"({h}, {order.strip()}, {random.Random(0).random()!r})", "", False)
+  assert sandbox.run(code, LIMITS) == first
+
+
+def test_sandbox_observations_say_what_the_run_did():
+  """timeit imports gc (refused: the real module reaches the hook's closure); a run that exits 0 after a warning
+  was an error (stderr's last line: counted in tool_errors, shown as `error`); output that filled output_chars
+  cut the error line off (the model read a failed run as a successful one); sys.exit('why') lost its why, and
+  sys.exit(3) read as status 1."""
+  res = sandbox.run("import timeit, gc\n(timeit.timeit('1 + 1', number=10) > 0, hasattr(gc, 'get_objects'))", LIMITS)
+  assert res == ("(True, False)", "", False)
+  assert sandbox.run("import warnings, logging\nwarnings.warn('careful')\nlogging.warning('hm')\n5", LIMITS) == (
+      "5", "", False)
+  env = sandbox.PythonSandbox(_ctx(sandbox={"output_chars": 50}))
+  text, info = env.run(None, "print('x' * 100)\n1 / 0")
+  err = "ZeroDivisionError: division by zero"  # 35 characters: 14 of the output, a newline and the error
+  assert text == "x" * 14 + "\n" + err and info == {"error": err}
+  assert sandbox.run("import sys\nsys.exit('no answer')", LIMITS) == ("", "no answer", False)
+  assert sandbox.run("import sys\nsys.exit(3)", LIMITS) == ("", "exited with status 3", False)  # was 1
 
 
 def test_sandbox_leaves_no_directory_behind():
@@ -229,6 +353,18 @@ def test_plain_format_calls_and_observations():
     mask = np.ones((1, len(ids)), np.int32)
     acc = verify_jax.sums_accuracy(np.asarray([ids], np.int32), mask, {"answer_N": np.array([189])}, tables)
     assert float(acc[0]) == 1.0 and float(verify_jax.format_reward(np.asarray([ids]), mask, tables)[0]) == 1.0, printed
+
+
+def test_qwen_calls_json_cannot_read_are_error_observations():
+  """A 5,000-digit integer in a call (json.loads: ValueError, Python's 4,300-digit int conversion limit) raised out
+  of the step: the row's counted fallback (ended, fallback reward), not an error observation it may retry after, as
+  every other malformed call is."""
+  qwen, tool = formats.get("qwen"), calculator.Calculator.tool
+  big = "9" * 5000
+  for body, why in ((big, "cannot be read (Exceeds the limit (4300 digits)"),
+                    (f'{{"name": "calculator", "arguments": "{{\\"expression\\": {big}}}"}}', "arguments are not")):
+    parsed = qwen.parse(f"<tool_call>\n{body}\n</tool_call>", [tool])
+    assert parsed.call is None and why in parsed.error and "\n" not in parsed.error, parsed
 
 
 # ------------------------------------------------------------------------------------------- the batch call
@@ -302,6 +438,7 @@ def test_turn_without_a_call_ends_the_row_and_observations_fit_the_room():
   assert len(full) > 12 and out.event_R[1] == env_batch.TOOL_ERROR and not out.done_R[1]
   assert out.obs_RxO[1, :12].tolist() == full[:10] + TOOLS.encode(PLAIN.tail)
   assert out.counts_K[env_batch.COUNTS.index("truncated")] == 1
+  assert out.counts_K[env_batch.COUNTS.index("calls")] == 1  # the ended row made no call (it counted as one)
   # no room: the observation is cut to the room and the row ends
   text = "<think> <tool_call> 37 + 48 </tool_call>"
   tokens, obs, lens = _rows([[(text, 0)]], L=len(TOOLS.encode(text)) + 3)
@@ -647,7 +784,11 @@ def test_readings_and_transcript():
                              [("<think> </think> <answer> 5 </answer>", 0)],
                              [("<think> <tool_call> 9 </tool_call>", 0)]], L=64)
   mask = (np.arange(64)[None] < lens[:, None]).astype(np.int32)
-  r = transcript.readings(tokens, mask, obs, (513,))
+  # the engine's per-row event counts: two calls; a row paused on '</answer>' (a second stop marker) that the
+  # environment ended; a call the tool timed out on. Calls are the tool's steps, not the stop markers written
+  events = np.zeros((3, len(env_batch.EVENTS)), np.int32)
+  events[0, env_batch.CALL], events[1, env_batch.ENDED], events[2, env_batch.TOOL_TIMEOUT] = 2, 1, 1
+  r = transcript.readings(mask, obs, events)
   n_obs = [2 * len(TOOLS.encode(PLAIN.observation("2"))), 0, 0]
   assert r["calls_N"].tolist() == [2, 0, 1] and r["turns_N"].tolist() == [3, 1, 1]
   assert r["obs_tokens_N"].tolist() == n_obs

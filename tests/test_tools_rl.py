@@ -241,8 +241,9 @@ def test_one_compile_across_steps_with_different_numbers_of_turns(stepped):
     assert int(m["env_status"]) == host_calls.OK and float(m["train/skipped_updates"]) == 0
     assert float(m["train/obs_tokens_mean"]) > 0 and 0 < float(m["train/obs_token_frac"]) < 1
     assert float(m["train/gen_tokens_mean"]) == float(m["train/completion_len_mean"])
-    # reward 1 per answered call: at most the calls (one at the last position, or past the turn limit, gets 0)
-    assert 0 < float(m["train/reward/env"]) <= float(m["train/tool_calls_mean"])
+    # reward 1 per answered call, and the calls are those (a stop marker at the row's last position, or past the
+    # turn limit, gets no answer: it counted as a call, the readings counted every stop marker the model wrote)
+    assert float(m["train/reward/env"]) == pytest.approx(float(m["train/tool_calls_mean"]), rel=1e-6)
 
 
 def test_samples_show_the_interleaved_transcript(setup, stepped, tmp_path):
@@ -654,6 +655,10 @@ def test_the_rollout_and_held_out_generate_score_the_own_tokens(setup, monkeypat
     # the run (exit 3)
     ({"tools.env": "python", "tools.sandbox.time_s": 4.5}, "tools.sandbox.time_s", "below tools.timeout_s=5"),
     ({"tools.max_obs_tokens": 10 ** 9}, "tools.max_obs_tokens", "model.max_len"),  # [slots, O] buffers
+    # ' <tool_response> … </tool_response>' takes 4 tokens: at 2 the cut appended ' <tool_response>' (never closed), at 3
+    # '  </tool_response>' (never opened), at 4 an empty response: no tool output ever reached the model
+    ({"tools.max_obs_tokens": 2}, "tools.max_obs_tokens", "markers take 4 tokens"),
+    ({"tools.env": "calculator", "tools.max_obs_tokens": 4}, "tools.max_obs_tokens", "at least 4 + the outputs'"),
     ({"tools.stop_markers": ("</tool_call>", "</nope>")}, "tools.stop_markers", "not one token"),
     # a tool environment whose call never pauses the row: every call went unanswered, without a word
     ({"tools.env": "calculator", "tools.stop_markers": ("</answer>",)}, "tools.stop_markers", "lacks '</tool_call>'"),

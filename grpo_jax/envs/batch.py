@@ -23,7 +23,8 @@ Outputs (EnvOut):
   status      int32    OK, or the call as a whole did not run (TIMEOUT: MAX_HUNG abandoned calls still running;
                        RAISED: the runner itself failed). Like a failing Python reward term's status: the step keeps
                        its old state, and the host raises `error_message(status)` after it.
-  counts_K    int32    over the call's rows: COUNTS (calls, tool errors, tool timeouts, fallbacks, truncated)
+  counts_K    int32    over the call's rows: COUNTS (calls: the tool's steps, not a row the environment ended;
+                       tool errors, tool timeouts, fallbacks, truncated)
 
 A row's turn is everything the model wrote since its last observation or stop marker. Its turn index is the number
 of stop markers among its own tokens; past `max_turns` the environment is not called and the row ends
@@ -277,7 +278,6 @@ class EnvBatch:
           logging.warning("environment '%s' returned a reward (%s) but config.rewards weights no ('env', w) term, so "
                           "its rewards are not used; add ('env', 1.0) to config.rewards to train on them.", self.name,
                           reward)
-        counts["calls"] += 1
         ids, cut = self._cut(obs_ids, min(self.max_obs_tokens, length - n), "" if done else obs_text)
         counts["truncated"] += int(cut)
         out.obs_RxO[r, :len(ids)] = ids
@@ -286,6 +286,7 @@ class EnvBatch:
         event = (TOOL_TIMEOUT if info.get("timeout") else TOOL_ERROR if info.get("error") else
                  ENDED if done else CALL)  # done: only the EOS id is appended, whatever the observation
         out.event_R[r] = event
+        counts["calls"] += int(event != ENDED)  # the tool's steps (envs/transcript.py CALL_EVENTS), as the readings
         counts["tool_errors"] += int(event == TOOL_ERROR)
         counts["tool_timeouts"] += int(event == TOOL_TIMEOUT)
         if self.stateful and not out.done_R[r]:

@@ -102,6 +102,10 @@ class Format(abc.ABC):
     """The token ids an observation's text is appended as (EnvBatch)."""
     return tok.encode(text)
 
+  @abc.abstractmethod
+  def frame(self, tok) -> int:
+    """Tokens of `tok` that an observation's own markers take (tools.max_obs_tokens must exceed them)."""
+
 
 class Plain(Format):
   name = "plain"
@@ -128,6 +132,9 @@ class Plain(Format):
       body = body.replace(m, " ")
     body = " ".join(body.split())
     return f" {RESPONSE_OPEN} {body} {RESPONSE_CLOSE}" if body else f" {RESPONSE_OPEN} {RESPONSE_CLOSE}"
+
+  def frame(self, tok) -> int:
+    return len(tok.encode(f" {RESPONSE_OPEN}")) + len(tok.encode(self.tail))
 
   def prompt(self, task, example: dict, language: str, tok, tools: Sequence[Tool]) -> str:
     del tok, tools  # the base learnt the calls from its pre-training documents: the R1-Zero prompt as it is
@@ -158,13 +165,15 @@ class Qwen(Format):
       return Parsed(None, f"the tool call is not JSON ({e.msg} at char {e.pos})")
     except RecursionError:  # '[[[[…' from the model: an error observation, not a failed step
       return Parsed(None, "the tool call is nested too deeply")
+    except ValueError as e:  # an integer of more than 4,300 digits (Python's int conversion limit): likewise
+      return Parsed(None, f"the tool call cannot be read ({str(e).split(';')[0]})")
     if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
       return Parsed(None, 'the tool call must be {"name": <function-name>, "arguments": <args-json-object>}')
     args = obj.get("arguments", {})
     if isinstance(args, str):  # some models write the arguments as a JSON string
       try:
         args = json.loads(args)
-      except (json.JSONDecodeError, RecursionError):
+      except (ValueError, RecursionError):  # JSONDecodeError, or an int past the conversion limit
         return Parsed(None, "the tool call's arguments are not a JSON object")
     by_name = {t.name: t for t in tools}
     tool = by_name.get(obj["name"])
@@ -176,6 +185,9 @@ class Qwen(Format):
 
   def observation(self, content: str) -> str:
     return f"{self.head}{content}{self.tail}"
+
+  def frame(self, tok) -> int:
+    return len(tok.encode(self.head)) + len(tok.encode(self.tail))
 
   def observation_ids(self, text: str, tok) -> list[int]:
     """The whole text's ids, unless the tool's output (between head and tail) holds an added token's string

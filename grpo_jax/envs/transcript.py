@@ -1,17 +1,21 @@
 """Readings of multi-turn rows, from what the engine's output holds: tokens, the completion mask and the observation
-mask (1 where a token was appended from an observation), plus optional per-row counts of the environment's events
+mask (1 where a token was appended from an observation) and the per-row counts of the environment's events
 (envs/batch.py's event_R, summed over a row's calls by the engine). `readings` and `summary` run on the host
 (NumPy) or, given xp=jax.numpy, in the RL step's graph (its train/ metrics): one definition for both.
 
-Per row: tool calls (stop markers among the model's own tokens), turns (the model's stretches between observations),
+Per row: tool calls (the steps the environment answered as a call: the tool's output, its error or its timeout; a
+stop marker it ended the row on, one past tools.max_turns, one at the row's last position or one whose step fell back
+is no call), turns (the model's stretches between observations),
 observation and generated tokens; over the batch: the metric values of docs/tools.md (`summary`). `transcript`
 splits a row into its model and tool parts for samples.jsonl.
 """
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
+
+from grpo_jax.envs import batch as env_batch
 
 
 def row_parts(tokens_L, mask_L, obs_L) -> list[tuple[str, np.ndarray]]:
@@ -27,14 +31,18 @@ def row_parts(tokens_L, mask_L, obs_L) -> list[tuple[str, np.ndarray]]:
   return [(k, np.asarray(ids, np.int32)) for k, ids in parts]
 
 
-def readings(tokens_NxL, mask_NxL, obs_NxL, stop_ids: Sequence[int], xp=np) -> dict[str, Any]:
-  """Per-row counts: calls_N, turns_N, obs_tokens_N, gen_tokens_N (int64 with NumPy; int32 with xp=jax.numpy, in
-  the RL step's graph)."""
-  tokens_NxL, mask_NxL, obs_NxL = (xp.asarray(x) for x in (tokens_NxL, mask_NxL, obs_NxL))
+CALL_EVENTS = (env_batch.CALL, env_batch.TOOL_ERROR, env_batch.TOOL_TIMEOUT)  # a step that called the tool
+
+
+def readings(mask_NxL, obs_NxL, events_NxE, xp=np) -> dict[str, Any]:
+  """Per-row counts: calls_N (from the engine's per-row event counts `events_NxE`, not the stop markers written:
+  module docstring), turns_N, obs_tokens_N, gen_tokens_N (int64 with NumPy; int32 with xp=jax.numpy, in the RL
+  step's graph)."""
+  mask_NxL, obs_NxL, events_NxE = (xp.asarray(x) for x in (mask_NxL, obs_NxL, events_NxE))
   valid = mask_NxL > 0
   obs = valid & (obs_NxL > 0)
   gen = valid & ~obs
-  calls = (gen & xp.isin(tokens_NxL, xp.asarray(stop_ids))).sum(-1)
+  calls = sum(events_NxE[:, e] for e in CALL_EVENTS)
   # a turn starts at a generated token that is the row's first or follows an observation token
   prev_obs = xp.concatenate([xp.ones_like(obs[:, :1]), obs[:, :-1]], axis=1)
   turns = (gen & prev_obs).sum(-1)

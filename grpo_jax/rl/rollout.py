@@ -205,8 +205,8 @@ def make_rollout_fn(config, mcfg, spec: reward_spec.RewardSpec, tokenizer) -> Ca
       # read it); the attention mask (seq's) and the training length keep them
       rows.update(seq_mask_NxL=rows["mask_NxL"], span_N=ro.lengths_N, obs_NxL=env.obs_NxL,
                   mask_NxL=obs_mask.train_mask(rows["mask_NxL"], env.obs_NxL.astype(jnp.float32)),
-                  tool_rows=dict(transcript_lib.readings(tokens_NxL, ro.mask_NxL, env.obs_NxL, tools.stop_ids,
-                                                         xp=jnp), events_NxE=env.events_NxE))
+                  tool_rows=dict(transcript_lib.readings(ro.mask_NxL, env.obs_NxL, env.events_NxE, xp=jnp),
+                                 events_NxE=env.events_NxE))
       rows["lengths_N"] = rows["tool_rows"]["gen_tokens_N"]
     ds_kept = None
     if rl.dynamic_sampling:

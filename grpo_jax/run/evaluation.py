@@ -329,7 +329,7 @@ class Evaluator:
          "eval/completion_len_correct": side_len(right), "eval/completion_len_incorrect": side_len(~right)}
     m.update({f"eval/{name}": float(v.mean()) for name, v in g.readings.items()})
     if g.obs_NxL is not None:  # tool calls, turns, observation tokens, accuracy with and without a call
-      r = transcript.readings(g.tokens_NxL, g.mask_NxL, g.obs_NxL, self.env.stop_ids)
+      r = transcript.readings(g.mask_NxL, g.obs_NxL, g.events_NxE)
       ev = g.events_NxE  # the environment's failures are counted as in training (they were not before)
       m.update({f"eval/{k}": v for k, v in transcript.summary(
           r, right, ev[:, env_batch.TOOL_ERROR], ev[:, env_batch.TOOL_TIMEOUT], ev[:, env_batch.FALLBACK]).items()})

@@ -115,7 +115,8 @@ METRICS: dict[str, str] = {
                           'recorded log-probs) against this step\'s pre-update weights in training numerics'),
     'train/reward_fallbacks': 'Python reward calls that timed out or failed and got the fallback score',
     # multi-turn rows (tools.env, docs/tools.md; envs/transcript.py summary): over the trained rows
-    'train/tool_calls_mean': 'tools: stop markers (tool calls) the model wrote per completion',
+    'train/tool_calls_mean': ("tools: tool calls per completion (steps the environment answered with the tool's output, "
+                              'error or timeout; not every stop marker)'),
     'train/tool_call_rate': 'tools: fraction of completions with at least one tool call',
     'train/turns_mean': "tools: the model's stretches of writing per completion (between the observations it got)",
     'train/obs_tokens_mean': "tools: observation tokens per completion (in the transcript, not trained on)",

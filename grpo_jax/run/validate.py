@@ -502,6 +502,16 @@ def validate_tools(c, tokenizer=None) -> None:
     raise ConfigError(f"config.{e}") from None
   if t.format == "qwen" and env is not None:
     validate_qwen_prompts(c, tokenizer, env)
+  # the observation's own markers take room in every observation: a cut keeps the closing one when it fits, so with
+  # tools.max_obs_tokens at or under them no tool output is ever appended (the model reads empty turns; under
+  # 'plain' at 2 or 3 one marker alone: a response opened and never closed, or closed and never opened)
+  fmt = env_formats.get(t.format)
+  frame = fmt.frame(tokenizer)
+  if env is not None and t.max_obs_tokens <= frame:
+    wraps = "its tool-response turn" if t.format == "qwen" else f"'{fmt.observation('')}'"
+    _fail("tools.max_obs_tokens", f"{t.max_obs_tokens} leaves no room for a tool's output: {t.format!r} wraps each "
+          f"in {wraps}, whose markers take {frame} tokens of this tokenizer; raise it to at least {frame} + the "
+          f"outputs' length (e.g. {frame + 32}).")
   if isinstance(env, env_base.ToolEnv) and env_formats.CALL_CLOSE not in t.stop_markers:
     # a row pauses only on a stop marker: without the call's closing one no call ever reached the tool
     _fail("tools.stop_markers", f"{tuple(t.stop_markers)!r} lacks {env_formats.CALL_CLOSE!r}: rows pause only on "
@@ -537,13 +547,6 @@ def validate_qwen_prompts(c, tokenizer, env) -> None:
     _fail("tools.format", "'qwen' lists the environment's tools in the chat template, but this tokenizer's "
           "template does not render `tools` (Qwen2.5-Instruct's does); use an instruct tokenizer whose template "
           "has tools, or tools.format='plain'.")
-  # the tool-response turn's own markers (head + tail) take room in every observation: a cut keeps the tail, so
-  # with tools.max_obs_tokens at or under them no tool output is ever appended (the model reads empty turns)
-  frame = len(tokenizer.encode(env_formats.Qwen.head)) + len(tokenizer.encode(env_formats.Qwen.tail))
-  if c.tools.max_obs_tokens <= frame:
-    _fail("tools.max_obs_tokens", f"{c.tools.max_obs_tokens} leaves no room for a tool's output: 'qwen' wraps each "
-          f"in its tool-response turn, whose markers take {frame} tokens of this tokenizer; raise it to at least "
-          f"{frame} + the outputs' length (e.g. {frame + 32}).")
 
 
 def validate_row_splits(c, n_rows: int, data_par: int) -> None:
