@@ -207,6 +207,7 @@ class Checkpointer:
     self.keep = keep
     self.run_config = dict(run_config) if run_config is not None else None
     self.restored_config: dict | None = None  # the run config stored with the step `restore` returned
+    self.restored_meta: dict[str, Any] = {}  # the caller's meta of the step `restore` returned ({}: none restored)
     self._frozen: tuple[Any, dict[str, str]] | None = None  # (the live frozen base, its identity): set_frozen
     self._manager = None
     # the steps opening and restoring skipped and moved aside, by metric (run/loop_guard.py writes them to
@@ -369,6 +370,7 @@ class Checkpointer:
       self._check_frozen(int(meta.get('step', -1)), meta)
     meta.pop(FROZEN, None)
     self.restored_config = meta.pop('config', None)
+    self.restored_meta = dict(meta)
     return meta
 
   def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict[str, Any]]:

@@ -112,11 +112,13 @@ class LoopGuard:
   def stopped(self) -> bool:
     return self.last_step < self.steps
 
-  def finish(self, ckpt: ckpt_lib.Checkpointer, state: Any, last_step: int) -> None:
-    """Saves `last_step` if the loop stopped early (a no-op when that step is saved already), waits for the disk."""
+  def finish(self, ckpt: ckpt_lib.Checkpointer, state: Any, last_step: int,
+             meta: Mapping[str, Any] | None = None) -> None:
+    """Saves `last_step` if the loop stopped early (a no-op when that step is saved already), waits for the disk.
+    `meta`: what the loop stores with its checkpoints besides the step."""
     self.last_step = last_step
     if self.stopped and last_step > self._start:
-      ckpt.maybe_save(last_step, state, {"step": last_step}, force=True)
+      ckpt.maybe_save(last_step, state, {**(meta or {}), "step": last_step}, force=True)
     ckpt.wait()
 
   def raise_if_stopped(self) -> None:

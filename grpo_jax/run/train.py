@@ -44,6 +44,8 @@ from grpo_jax.studies import vmapped_runs
 
 # A step's status outputs, read by the host loop (not metrics): the reward terms' and the environment's
 HOST_STATUS = ("reward_status", "env_status")
+# checkpoint metadata of an RL run: its non-finite steps in a row when it was saved (rl.max_nonfinite_in_row)
+NONFINITE_IN_ROW = "nonfinite_in_row"
 
 
 class NonFiniteError(errors.RunStopped):
@@ -283,7 +285,11 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
 
   if start == 0:
     held_out(0)
-  bad_in_row = np.zeros(S, np.int64)
+  # non-finite steps in a row, per run: host state carried between steps, so it goes with every checkpoint (a resume
+  # that restarted the count at 0 ran past the step where the uninterrupted run stopped)
+  bad_in_row = np.array([int(run.ckpt.restored_meta.get(NONFINITE_IN_ROW, 0)) if start else 0 for run in runs],
+                        np.int64)
+  meta = lambda i, at: {"step": at, NONFINITE_IN_ROW: int(bad_in_row[i])}
   done, traces, reward_error = start, None, ""
   fallback_reasons: set[str] = set()
   with contextlib.ExitStack() as running:
@@ -304,7 +310,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
         reward_error = reward_error if S == 1 else f"{runs[bad[0]].workdir}: {reward_error}"
         for i, run in enumerate(runs):
           if not run.failed:
-            run.ckpt.maybe_save(step, program.state_of(state, i), {"step": step}, force=True)
+            run.ckpt.maybe_save(step, program.state_of(state, i), meta(i, step), force=True)
         break
       scalars = {k: np.asarray(v) for k, v in jax.device_get(m).items()
                  if not k.startswith("samples/") and k not in HOST_STATUS}
@@ -340,7 +346,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
                                  transcripts=turns, **data_lib.sample_context(c0.task, tokenizer, "train", sm))
         bad_in_row[i] = bad_in_row[i] + 1 if row["train/nonfinite_updates"] > 0 else 0
         if bad_in_row[i] >= rl.max_nonfinite_in_row:
-          run.ckpt.maybe_save(done, program.state_of(state, i), {"step": done}, force=True)
+          run.ckpt.maybe_save(done, program.state_of(state, i), meta(i, done), force=True)
           run.ckpt.wait()
           run.failed = _nonfinite(int(bad_in_row[i]), done, row)
           if log:
@@ -354,14 +360,14 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
           continue
         if run.config.log.plots and tr.plot_every and done % tr.plot_every == 0:
           plots.write_plots(run.workdir)
-        run.ckpt.maybe_save(done, program.state_of(state, i), {"step": done}, force=done == steps)
+        run.ckpt.maybe_save(done, program.state_of(state, i), meta(i, done), force=done == steps)
       if log:
         means = {k: float(np.mean(scalars[k])) for k in ("train/reward_mean", "train/kl") if k in scalars}
         log(f"{S} runs, step {done}/{steps}, {dt:.2f}s/step, mean over runs: "
             + ", ".join(f"{k} {v:.4g}" for k, v in means.items()))
     for i, run in enumerate(runs):  # inside running(): a second signal cannot interrupt the saves
       if not run.failed:
-        run.guard.finish(run.ckpt, program.state_of(state, i), done)
+        run.guard.finish(run.ckpt, program.state_of(state, i), done, meta(i, done))
   for run in runs:
     run.ckpt.close()
     run.writer.close()
