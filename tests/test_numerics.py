@@ -58,7 +58,7 @@ def test_nonfinite_updates_are_skipped_then_the_run_stops_saved(tmp_path, nan_te
 def test_a_resume_keeps_the_count_of_nonfinite_steps_in_a_row(tmp_path, nan_term):
   """The count of non-finite steps in a row is host state carried between steps: stopped by a signal after 2 of the
   3 allowed, the resumed run stops after its first step, at step 3 as the uninterrupted run does (the count restarted
-  at 0 on resume, so the run went on to step 5)."""
+  at 0 on resume, so the run went on to step 5); rerun once more, it stays stopped."""
   from grpo_jax.infra import errors, signals
   c = _tiny()
   c.rewards = ((nan_term, 1.0),)
@@ -80,3 +80,10 @@ def test_a_resume_keeps_the_count_of_nonfinite_steps_in_a_row(tmp_path, nan_term
     train._steps = real  # pylint: disable=protected-access
   with pytest.raises(train.NonFiniteError, match="3 steps in a row .* saved at step 3"):
     train.run_rl(c, str(tmp_path))
+  # the same command again: the run stopped itself at step 3 and stays stopped, as it would have without the signal
+  # (it trained one more non-finite step and stopped again at step 4); no step is taken, logged or saved
+  with pytest.raises(train.NonFiniteError, match="3 steps in a row .* saved at step 3"):
+    train.run_rl(c, str(tmp_path))
+  from grpo_jax.run import metrics as metrics_lib
+  assert [r["step"] for r in metrics_lib.read_metrics(str(tmp_path)) if "train/loss" in r] == [1, 2, 3]
+  assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())[-1] == 3

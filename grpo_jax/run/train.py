@@ -46,6 +46,7 @@ from grpo_jax.studies import vmapped_runs
 HOST_STATUS = ("reward_status", "env_status")
 # checkpoint metadata of an RL run: its non-finite steps in a row when it was saved (rl.max_nonfinite_in_row)
 NONFINITE_IN_ROW = "nonfinite_in_row"
+STOPPED = "stopped"  # ... and, saved where it stopped itself, why (a resume with the same config stays stopped)
 
 
 class NonFiniteError(errors.RunStopped):
@@ -252,7 +253,10 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
                                           use_tensorboard=run.config.log.tensorboard,
                                           wandb_project=run.config.log.wandb_project or None, total_steps=steps,
                                           progress=S == 1)
-    run.guard.resumed(run.ckpt, start, run.writer)
+    changed = run.guard.resumed(run.ckpt, start, run.writer)
+    stopped = run.ckpt.restored_meta.get(STOPPED, "") if start else ""
+    if stopped and not changed:  # it stopped itself at this step: as the uninterrupted run, it trains no further
+      run.failed = stopped  # (a vmapped group's other runs, restored back to its step, go on without it)
   n_prompts = rl.prompts_per_step * (rl.oversample if rl.dynamic_sampling else 1)
   stream, held_out_set = prompt_sources(c0, tokenizer, spec, n_prompts)
   if batches is None:
@@ -287,16 +291,19 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
     held_out(0)
   # non-finite steps in a row, per run: host state carried between steps, so it goes with every checkpoint (a resume
   # that restarted the count at 0 ran past the step where the uninterrupted run stopped)
-  bad_in_row = np.array([int(run.ckpt.restored_meta.get(NONFINITE_IN_ROW, 0)) if start else 0 for run in runs],
-                        np.int64)
-  meta = lambda i, at: {"step": at, NONFINITE_IN_ROW: int(bad_in_row[i])}
+  # a run resumed with an allowed config change (a lower optim.lr) after it stopped itself gets a fresh count
+  bad_in_row = np.array([int(run.ckpt.restored_meta.get(NONFINITE_IN_ROW, 0)) if start and not
+                         (run.ckpt.restored_meta.get(STOPPED) and not run.failed) else 0 for run in runs], np.int64)
+  meta = lambda i, at: {"step": at, NONFINITE_IN_ROW: int(bad_in_row[i]), **({STOPPED: runs[i].failed}
+                                                                            if runs[i].failed else {})}
   done, traces, reward_error = start, None, ""
   fallback_reasons: set[str] = set()
   with contextlib.ExitStack() as running:
     for run in runs:  # one GracefulStop (the command's or the first guard's) shared by every run's guard
       running.enter_context(run.guard.running())
     running.callback(spec.close)  # Python reward workers stop however the loop ends
-    for step, host_batch, batch, t0 in _steps(runs[0].guard, mesh, batches, start, steps):
+    for step, host_batch, batch, t0 in _steps(runs[0].guard, mesh, batches, start,
+                                              start if all(run.failed for run in runs) else steps):
       state, m = program.step(state, batch)
       if observe is not None:
         observe(step, host_batch, m)
@@ -346,9 +353,9 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
                                  transcripts=turns, **data_lib.sample_context(c0.task, tokenizer, "train", sm))
         bad_in_row[i] = bad_in_row[i] + 1 if row["train/nonfinite_updates"] > 0 else 0
         if bad_in_row[i] >= rl.max_nonfinite_in_row:
+          run.failed = _nonfinite(int(bad_in_row[i]), done, row)
           run.ckpt.maybe_save(done, program.state_of(state, i), meta(i, done), force=True)
           run.ckpt.wait()
-          run.failed = _nonfinite(int(bad_in_row[i]), done, row)
           if log:
             log(f"{os.path.basename(run.workdir)} stopped: {run.failed}")
       if all(run.failed for run in runs):
