@@ -37,6 +37,9 @@ _META = 'meta'
 # A LoRA state's frozen base (rl/state.py): never saved, rebuilt by the caller; the checkpoint records its identity
 # (source and checksum) and a resume onto another base is refused (`Checkpointer.set_frozen`).
 FROZEN = 'base'
+# The mesh a step was saved from ({axis: size}): a resume on another one reshards the state and runs another program,
+# whose reductions split differently, so it equals an uninterrupted run only to rounding: said in a warning.
+MESH = 'mesh'
 COMMIT_MARKER = 'commit_success.txt'  # orbax writes it into every finished step dir (rename and commit-file modes)
 CORRUPT_SUBDIR = 'corrupt'
 
@@ -71,6 +74,15 @@ def _jsonable_meta(step: int, meta: Mapping[str, Any] | None) -> dict[str, Any]:
   if out['step'] != int(step):  # restore() refuses a step whose metadata names another one
     raise ValueError(f"meta['step']={out['step']!r} differs from the step saved, {step}; leave it out (it is set)")
   return out
+
+
+def mesh_of(tree: Any) -> dict[str, int] | None:
+  """{axis: size} of the mesh the first leaf of `tree` with a NamedSharding lies on (arrays or abstract leaves)."""
+  for leaf in jax.tree.leaves(tree):
+    mesh = getattr(getattr(leaf, 'sharding', None), 'mesh', None)
+    if mesh is not None and getattr(mesh, 'shape', None):
+      return {str(k): int(v) for k, v in mesh.shape.items()}
+  return None
 
 
 def step_dirs(directory: epath.Path) -> tuple[list[int], list[int]]:
@@ -276,6 +288,9 @@ class Checkpointer:
           + 'Lower optim.lr or check the rewards; rerunning resumes from the good checkpoint.')
     full_meta = dict(meta or {})
     full_meta['integrity'] = integrity.record(summary)
+    mesh = mesh_of(state)
+    if mesh is not None:
+      full_meta[MESH] = mesh
     if self.run_config is not None:
       full_meta['config'] = self.run_config
     if self._frozen is not None:
@@ -362,10 +377,17 @@ class Checkpointer:
           f'does not know (it writes {integrity.ALGO!r}): a newer grpo_jax wrote it; resume with that version, or '
           'use a new --workdir. Nothing was moved or deleted.')
 
-  def _split_meta(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+  def _split_meta(self, meta: Mapping[str, Any], abstract_state: Any = None) -> dict[str, Any]:
     """The caller's meta; the stored run config goes to `self.restored_config` (None if the step predates it)."""
     meta = dict(meta)
     meta.pop('integrity', None)
+    saved, now = meta.pop(MESH, None), mesh_of(abstract_state)
+    if isinstance(saved, dict) and now is not None and saved != now:
+      logging.warning('checkpoint step %s in %s was saved on the mesh %s (%d devices) and resumes on %s (%d devices): '
+                      'the state is resharded and the step runs as another program, so the run equals an '
+                      'uninterrupted one only to rounding (bit for bit on the devices it was saved on)',
+                      meta.get('step'), self.directory, saved, int(np.prod(list(saved.values()))), now,
+                      int(np.prod(list(now.values()))))
     if self._frozen is not None:
       self._check_frozen(int(meta.get('step', -1)), meta)
     meta.pop(FROZEN, None)
@@ -393,7 +415,7 @@ class Checkpointer:
       if why:
         raise errors.InputError(f'checkpoint step {step} in {self.directory} is damaged ({why}); restore an older '
                                 'step (step=None falls back automatically)')
-      return restored[STATE], self._split_meta(restored[_META])
+      return restored[STATE], self._split_meta(restored[_META], abstract_state)
     steps, partial = step_dirs(self.directory)
     for step_ in partial:
       logging.warning('checkpoint step %d in %s has no %s (partial write); skipping it', step_, self.directory,
@@ -421,7 +443,7 @@ class Checkpointer:
         self._quarantine(bad + partial)
         self.skipped['ckpt/unusable_skipped'] += len(bad)
         self.skipped['ckpt/partial_skipped'] += len(partial)
-      return restored[STATE], self._split_meta(restored[_META])
+      return restored[STATE], self._split_meta(restored[_META], abstract_state)
     raise errors.InputError(
         f'no restorable checkpoint in {self.directory}: steps {steps + partial} all failed to load or verify (see the '
         f'warnings above); move them away (e.g. into {self.directory / CORRUPT_SUBDIR}) to restart from scratch, or '
