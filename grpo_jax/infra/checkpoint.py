@@ -206,10 +206,11 @@ def _structure_mismatch(saved_tree: Any, abstract_state: Any) -> str | None:
 
 class Checkpointer:
   """Saves every `save_every` steps, keeps the newest `keep` (and the newest known-good), restores the newest step
-  that loads and verifies. `run_config`: the run-config view stored in every step's metadata."""
+  that loads and verifies. `run_config`: the run-config view stored in every step's metadata; `meta`: entries every
+  step's caller meta starts from."""
 
   def __init__(self, directory: str | os.PathLike, *, save_every: int, keep: int, async_save: bool = True,
-               run_config: Mapping[str, Any] | None = None):
+               run_config: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None):
     if save_every < 1:
       raise errors.ConfigError(f'config.train.ckpt_every: save_every={save_every} must be >= 1')
     if keep < 1:
@@ -218,6 +219,7 @@ class Checkpointer:
     self.save_every = save_every
     self.keep = keep
     self.run_config = dict(run_config) if run_config is not None else None
+    self.meta = dict(meta or {})  # stored with every step, under the meta each save passes (restored_meta has it)
     self.restored_config: dict | None = None  # the run config stored with the step `restore` returned
     self.restored_meta: dict[str, Any] = {}  # the caller's meta of the step `restore` returned ({}: none restored)
     self._frozen: tuple[Any, dict[str, str]] | None = None  # (the live frozen base, its identity): set_frozen
@@ -286,7 +288,7 @@ class Checkpointer:
           f'the state at step {step} has non-finite values in {integrity.describe(bad)}; it was not saved. '
           + (f'The newest good checkpoint is step {good} in {self.directory}. ' if good is not None else '')
           + 'Lower optim.lr or check the rewards; rerunning resumes from the good checkpoint.')
-    full_meta = dict(meta or {})
+    full_meta = {**self.meta, **(meta or {})}
     full_meta['integrity'] = integrity.record(summary)
     mesh = mesh_of(state)
     if mesh is not None:
