@@ -262,6 +262,7 @@ def test_bad_arguments_raise(tmp_path, states):
   on_disk = json.loads((tmp_path / '0' / 'meta' / 'metadata').read_text())
   assert set(on_disk.pop('integrity')['checksums']) == {".params['w']", ".params['b']", ".opt['mu']",
                                                         ".opt['count']", ".opt['bits']", '.step', '.rng'}
+  assert on_disk.pop('mesh') == {'data': len(jax.devices())}  # the mesh it was saved from (a resume compares it)
   assert on_disk == meta
 
 
