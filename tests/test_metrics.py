@@ -426,3 +426,46 @@ def test_a_deleted_live_metrics_file_is_recreated_with_a_warning(tmp_path, caplo
   assert _rows(tmp_path) == [{'step': 2, 'eval/accuracy': 0.5, 'train/loss': 2.0}, {'step': 3, 'train/loss': 3.0}]
   warned = [r.getMessage() for r in caplog.records if 'was deleted or replaced' in r.getMessage()]
   assert len(warned) == 1 and 'from step 2 on' in warned[0], warned
+
+
+def test_a_resume_with_another_log_cadence_reports_no_lost_rows(tmp_path, caplog):
+  """train.log_every is free to change on resume: a run logged every 2 steps and resumed at step 4 with log_every=1
+  lost no row (steps 1 and 3 were never logged), so no warning; the file deleted, steps 2 and 4 are named (the
+  cadences' least common multiple, recorded with each checkpoint). The warning named steps 1 and 3 as lost."""
+  import jax
+  import jax.numpy as jnp
+  from grpo_jax.config import config_lib
+  from grpo_jax.run import loop_guard
+  wd = str(tmp_path)
+  state = {'w': jnp.arange(4.0)}
+  abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), state)
+
+  def resume(log_every):
+    c = config_lib.base_config()
+    c.train.log_every = log_every
+    guard = loop_guard.LoopGuard(c, wd, 'sft')
+    ckpt = guard.checkpointer(c)
+    start = 0
+    if ckpt.latest_step() is not None:
+      _, meta = ckpt.restore(None, abstract)
+      start = meta['step']
+    return guard, ckpt, start
+
+  guard, ckpt, _ = resume(2)
+  with metrics_lib.MetricWriter(wd, use_tensorboard=False, progress=False) as w:
+    for step in (2, 4):
+      w.write(step, {'train/loss': float(step)})
+  ckpt.maybe_save(4, state, {'step': 4}, force=True)
+  ckpt.close()
+  for deleted, lost in ((False, []), (True, ['steps 2-4'])):
+    if deleted:
+      os.remove(os.path.join(wd, 'metrics.jsonl'))
+    guard, ckpt, start = resume(1)
+    assert start == 4
+    caplog.clear()
+    with caplog.at_level('WARNING'), metrics_lib.MetricWriter(wd, resume_step=4, use_tensorboard=False,
+                                                              progress=False) as w:
+      guard.resumed(ckpt, start, w)
+    ckpt.close()
+    warned = [r.getMessage() for r in caplog.records if 'cannot be rebuilt' in r.getMessage()]
+    assert [m for m in lost if any(m in w_ for w_ in warned)] == lost and len(warned) == len(lost), warned

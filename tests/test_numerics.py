@@ -53,3 +53,37 @@ def test_nonfinite_updates_are_skipped_then_the_run_stops_saved(tmp_path, nan_te
   assert all(r["train/nonfinite_updates"] == 1 and r["train/skipped_updates"] == 1 for r in rows)
   # The last good state (= the initial params: every update was skipped) is saved at the stopping step.
   assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit()) == [2]
+
+
+def test_a_resume_keeps_the_count_of_nonfinite_steps_in_a_row(tmp_path, nan_term):
+  """The count of non-finite steps in a row is host state carried between steps: stopped by a signal after 2 of the
+  3 allowed, the resumed run stops after its first step, at step 3 as the uninterrupted run does (the count restarted
+  at 0 on resume, so the run went on to step 5); rerun once more, it stays stopped."""
+  from grpo_jax.infra import errors, signals
+  c = _tiny()
+  c.rewards = ((nan_term, 1.0),)
+  c.rl.max_nonfinite_in_row = 3
+  c.train.ckpt_every = 1
+  real = train._steps  # pylint: disable=protected-access
+
+  def stop_after_two(guard, mesh, batches, start, steps):
+    for item in real(guard, mesh, batches, start, steps):
+      if item[0] == 1:  # step 2's batch is out: the check before step 3 stops the loop
+        signals.active().request()
+      yield item
+
+  train._steps = stop_after_two  # pylint: disable=protected-access
+  try:
+    with signals.GracefulStop(), pytest.raises(errors.Preempted, match="after step 2"):
+      train.run_rl(c, str(tmp_path))
+  finally:
+    train._steps = real  # pylint: disable=protected-access
+  with pytest.raises(train.NonFiniteError, match="3 steps in a row .* saved at step 3"):
+    train.run_rl(c, str(tmp_path))
+  # the same command again: the run stopped itself at step 3 and stays stopped, as it would have without the signal
+  # (it trained one more non-finite step and stopped again at step 4); no step is taken, logged or saved
+  with pytest.raises(train.NonFiniteError, match="3 steps in a row .* saved at step 3"):
+    train.run_rl(c, str(tmp_path))
+  from grpo_jax.run import metrics as metrics_lib
+  assert [r["step"] for r in metrics_lib.read_metrics(str(tmp_path)) if "train/loss" in r] == [1, 2, 3]
+  assert sorted(int(d) for d in os.listdir(tmp_path / "checkpoints") if d.isdigit())[-1] == 3

@@ -42,6 +42,9 @@ FROZEN = 'base'
 # value None: the metric was not finite (the step is no candidate).
 BEST = 'best'
 BEST_MODES = ('max', 'min')
+# The mesh a step was saved from ({axis: size}): a resume on another one reshards the state and runs another program,
+# whose reductions split differently, so it equals an uninterrupted run only to rounding: said in a warning.
+MESH = 'mesh'
 COMMIT_MARKER = 'commit_success.txt'  # orbax writes it into every finished step dir (rename and commit-file modes)
 CORRUPT_SUBDIR = 'corrupt'
 
@@ -76,6 +79,15 @@ def _jsonable_meta(step: int, meta: Mapping[str, Any] | None) -> dict[str, Any]:
   if out['step'] != int(step):  # restore() refuses a step whose metadata names another one
     raise ValueError(f"meta['step']={out['step']!r} differs from the step saved, {step}; leave it out (it is set)")
   return out
+
+
+def mesh_of(tree: Any) -> dict[str, int] | None:
+  """{axis: size} of the mesh the first leaf of `tree` with a NamedSharding lies on (arrays or abstract leaves)."""
+  for leaf in jax.tree.leaves(tree):
+    mesh = getattr(getattr(leaf, 'sharding', None), 'mesh', None)
+    if mesh is not None and getattr(mesh, 'shape', None):
+      return {str(k): int(v) for k, v in mesh.shape.items()}
+  return None
 
 
 def step_dirs(directory: epath.Path) -> tuple[list[int], list[int]]:
@@ -247,10 +259,12 @@ def _structure_mismatch(saved_tree: Any, abstract_state: Any) -> str | None:
 
 class Checkpointer:
   """Saves every `save_every` steps, keeps the newest `keep` (and the newest known-good), restores the newest step
-  that loads and verifies. `run_config`: the run-config view stored in every step's metadata."""
+  that loads and verifies. `run_config`: the run-config view stored in every step's metadata; `meta`: entries every
+  step's caller meta starts from."""
 
   def __init__(self, directory: str | os.PathLike, *, save_every: int, keep: int, async_save: bool = True,
-               run_config: Mapping[str, Any] | None = None, best: tuple[str, str] | None = None):
+               run_config: Mapping[str, Any] | None = None, meta: Mapping[str, Any] | None = None,
+               best: tuple[str, str] | None = None):
     if save_every < 1:
       raise errors.ConfigError(f'config.train.ckpt_every: save_every={save_every} must be >= 1')
     if keep < 1:
@@ -262,7 +276,9 @@ class Checkpointer:
       raise errors.ConfigError(f'config.train.keep_best_mode: {best[1]!r} is not one of {BEST_MODES}')
     self.best = best  # (metric, mode) of train.keep_best: the caller records it with each evaluated save
     self.run_config = dict(run_config) if run_config is not None else None
+    self.meta = dict(meta or {})  # stored with every step, under the meta each save passes (restored_meta has it)
     self.restored_config: dict | None = None  # the run config stored with the step `restore` returned
+    self.restored_meta: dict[str, Any] = {}  # the caller's meta of the step `restore` returned ({}: none restored)
     self._frozen: tuple[Any, dict[str, str]] | None = None  # (the live frozen base, its identity): set_frozen
     self._manager = None
     # the steps opening and restoring skipped and moved aside, by metric (run/loop_guard.py writes them to
@@ -329,8 +345,11 @@ class Checkpointer:
           f'the state at step {step} has non-finite values in {integrity.describe(bad)}; it was not saved. '
           + (f'The newest good checkpoint is step {good} in {self.directory}. ' if good is not None else '')
           + 'Lower optim.lr or check the rewards; rerunning resumes from the good checkpoint.')
-    full_meta = dict(meta or {})
+    full_meta = {**self.meta, **(meta or {})}
     full_meta['integrity'] = integrity.record(summary)
+    mesh = mesh_of(state)
+    if mesh is not None:
+      full_meta[MESH] = mesh
     if self.run_config is not None:
       full_meta['config'] = self.run_config
     if self._frozen is not None:
@@ -418,14 +437,22 @@ class Checkpointer:
           f'does not know (it writes {integrity.ALGO!r}): a newer grpo_jax wrote it; resume with that version, or '
           'use a new --workdir. Nothing was moved or deleted.')
 
-  def _split_meta(self, meta: Mapping[str, Any]) -> dict[str, Any]:
+  def _split_meta(self, meta: Mapping[str, Any], abstract_state: Any = None) -> dict[str, Any]:
     """The caller's meta; the stored run config goes to `self.restored_config` (None if the step predates it)."""
     meta = dict(meta)
     meta.pop('integrity', None)
+    saved, now = meta.pop(MESH, None), mesh_of(abstract_state)
+    if isinstance(saved, dict) and now is not None and saved != now:
+      logging.warning('checkpoint step %s in %s was saved on the mesh %s (%d devices) and resumes on %s (%d devices): '
+                      'the state is resharded and the step runs as another program, so the run equals an '
+                      'uninterrupted one only to rounding (bit for bit on the devices it was saved on)',
+                      meta.get('step'), self.directory, saved, int(np.prod(list(saved.values()))), now,
+                      int(np.prod(list(now.values()))))
     if self._frozen is not None:
       self._check_frozen(int(meta.get('step', -1)), meta)
     meta.pop(FROZEN, None)
     self.restored_config = meta.pop('config', None)
+    self.restored_meta = dict(meta)
     return meta
 
   def restore(self, step: int | None, abstract_state: Any) -> tuple[Any, dict[str, Any]]:
@@ -448,7 +475,7 @@ class Checkpointer:
       if why:
         raise errors.InputError(f'checkpoint step {step} in {self.directory} is damaged ({why}); restore an older '
                                 'step (step=None falls back automatically)')
-      return restored[STATE], self._split_meta(restored[_META])
+      return restored[STATE], self._split_meta(restored[_META], abstract_state)
     steps, partial = step_dirs(self.directory)
     for step_ in partial:
       logging.warning('checkpoint step %d in %s has no %s (partial write); skipping it', step_, self.directory,
@@ -476,7 +503,7 @@ class Checkpointer:
         self._quarantine(bad + partial)
         self.skipped['ckpt/unusable_skipped'] += len(bad)
         self.skipped['ckpt/partial_skipped'] += len(partial)
-      return restored[STATE], self._split_meta(restored[_META])
+      return restored[STATE], self._split_meta(restored[_META], abstract_state)
     raise errors.InputError(
         f'no restorable checkpoint in {self.directory}: steps {steps + partial} all failed to load or verify (see the '
         f'warnings above); move them away (e.g. into {self.directory / CORRUPT_SUBDIR}) to restart from scratch, or '

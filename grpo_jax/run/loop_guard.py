@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 from typing import Any, Callable, Iterator, Mapping
 
@@ -29,6 +30,10 @@ from grpo_jax.run import metrics
 from grpo_jax.run import run_config
 from grpo_jax.infra import signals
 from grpo_jax.run import stages
+
+
+# checkpoint metadata: the least common multiple of the train.log_every cadences the run logged on up to that step
+LOGGED_EVERY = "log_every"
 
 
 class LoopGuard:
@@ -77,6 +82,7 @@ class LoopGuard:
     metric = config.train.get("keep_best", "") if self.kind == "rl" else ""  # RL runs evaluate as they train
     return ckpt_lib.Checkpointer(self.ckpt_dir, save_every=config.train.ckpt_every,
                                  keep=config.train.keep_checkpoints, run_config=self.view,
+                                 meta={LOGGED_EVERY: self.log_every},
                                  best=(metric, config.train.get("keep_best_mode", "max")) if metric else None)
 
   def resumed(self, ckpt: ckpt_lib.Checkpointer, start: int, writer) -> list[str]:
@@ -87,7 +93,11 @@ class LoopGuard:
       writer.write(start, skipped)
     if not start:
       return []
-    metrics.warn_missing(self.workdir, start, self.log_every)
+    # train.log_every is bookkeeping, free to change on resume: the steps before `start` that every cadence the run
+    # logged on has a row for (a step between two rows of the old cadence is no lost row)
+    every = math.lcm(self.log_every, int(ckpt.restored_meta.get(LOGGED_EVERY) or self.log_every))
+    ckpt.meta[LOGGED_EVERY] = every
+    metrics.warn_missing(self.workdir, start, every)
     old = ckpt.restored_config
     changed = run_config.check(old, self.view, self.allow, where=f"checkpoint {os.path.join(self.ckpt_dir, str(start))}",
                                workdir_hint=self.workdir)
@@ -114,11 +124,13 @@ class LoopGuard:
   def stopped(self) -> bool:
     return self.last_step < self.steps
 
-  def finish(self, ckpt: ckpt_lib.Checkpointer, state: Any, last_step: int) -> None:
-    """Saves `last_step` if the loop stopped early (a no-op when that step is saved already), waits for the disk."""
+  def finish(self, ckpt: ckpt_lib.Checkpointer, state: Any, last_step: int,
+             meta: Mapping[str, Any] | None = None) -> None:
+    """Saves `last_step` if the loop stopped early (a no-op when that step is saved already), waits for the disk.
+    `meta`: what the loop stores with its checkpoints besides the step."""
     self.last_step = last_step
     if self.stopped and last_step > self._start:
-      ckpt.maybe_save(last_step, state, {"step": last_step}, force=True)
+      ckpt.maybe_save(last_step, state, {**(meta or {}), "step": last_step}, force=True)
     ckpt.wait()
 
   def raise_if_stopped(self) -> None:

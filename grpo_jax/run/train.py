@@ -44,6 +44,9 @@ from grpo_jax.studies import vmapped_runs
 
 # A step's status outputs, read by the host loop (not metrics): the reward terms' and the environment's
 HOST_STATUS = ("reward_status", "env_status")
+# checkpoint metadata of an RL run: its non-finite steps in a row when it was saved (rl.max_nonfinite_in_row)
+NONFINITE_IN_ROW = "nonfinite_in_row"
+STOPPED = "stopped"  # ... and, saved where it stopped itself, why (a resume with the same config stays stopped)
 
 
 class NonFiniteError(errors.RunStopped):
@@ -260,7 +263,10 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
                                           use_tensorboard=run.config.log.tensorboard,
                                           wandb_project=run.config.log.wandb_project or None, total_steps=steps,
                                           progress=S == 1)
-    run.guard.resumed(run.ckpt, start, run.writer)
+    changed = run.guard.resumed(run.ckpt, start, run.writer)
+    stopped = run.ckpt.restored_meta.get(STOPPED, "") if start else ""
+    if stopped and not changed:  # it stopped itself at this step: as the uninterrupted run, it trains no further
+      run.failed = stopped  # (a vmapped group's other runs, restored back to its step, go on without it)
   n_prompts = rl.prompts_per_step * (rl.oversample if rl.dynamic_sampling else 1)
   stream, held_out_set = prompt_sources(c0, tokenizer, spec, n_prompts)
   if batches is None:
@@ -294,14 +300,21 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
 
   if start == 0:
     held_out(0)
-  bad_in_row = np.zeros(S, np.int64)
+  # non-finite steps in a row, per run: host state carried between steps, so it goes with every checkpoint (a resume
+  # that restarted the count at 0 ran past the step where the uninterrupted run stopped)
+  # a run resumed with an allowed config change (a lower optim.lr) after it stopped itself gets a fresh count
+  bad_in_row = np.array([int(run.ckpt.restored_meta.get(NONFINITE_IN_ROW, 0)) if start and not
+                         (run.ckpt.restored_meta.get(STOPPED) and not run.failed) else 0 for run in runs], np.int64)
+  meta = lambda i, at: {"step": at, NONFINITE_IN_ROW: int(bad_in_row[i]), **({STOPPED: runs[i].failed}
+                                                                            if runs[i].failed else {})}
   done, traces, reward_error = start, None, ""
   fallback_reasons: set[str] = set()
   with contextlib.ExitStack() as running:
     for run in runs:  # one GracefulStop (the command's or the first guard's) shared by every run's guard
       running.enter_context(run.guard.running())
     running.callback(spec.close)  # Python reward workers stop however the loop ends
-    for step, host_batch, batch, t0 in _steps(runs[0].guard, mesh, batches, start, steps):
+    for step, host_batch, batch, t0 in _steps(runs[0].guard, mesh, batches, start,
+                                              start if all(run.failed for run in runs) else steps):
       state, m = program.step(state, batch)
       if observe is not None:
         observe(step, host_batch, m)
@@ -315,7 +328,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
         reward_error = reward_error if S == 1 else f"{runs[bad[0]].workdir}: {reward_error}"
         for i, run in enumerate(runs):
           if not run.failed:
-            run.ckpt.maybe_save(step, program.state_of(state, i), {"step": step}, force=True)
+            run.ckpt.maybe_save(step, program.state_of(state, i), meta(i, step), force=True)
         break
       scalars = {k: np.asarray(v) for k, v in jax.device_get(m).items()
                  if not k.startswith("samples/") and k not in HOST_STATUS}
@@ -351,9 +364,9 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
                                  transcripts=turns, **data_lib.sample_context(c0.task, tokenizer, "train", sm))
         bad_in_row[i] = bad_in_row[i] + 1 if row["train/nonfinite_updates"] > 0 else 0
         if bad_in_row[i] >= rl.max_nonfinite_in_row:
-          run.ckpt.maybe_save(done, program.state_of(state, i), {"step": done}, force=True)
-          run.ckpt.wait()
           run.failed = _nonfinite(int(bad_in_row[i]), done, row)
+          run.ckpt.maybe_save(done, program.state_of(state, i), meta(i, done), force=True)
+          run.ckpt.wait()
           if log:
             log(f"{os.path.basename(run.workdir)} stopped: {run.failed}")
       if all(run.failed for run in runs):
@@ -366,14 +379,15 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
           continue
         if run.config.log.plots and tr.plot_every and done % tr.plot_every == 0:
           plots.write_plots(run.workdir)
-        meta = {"step": done}
+        save_meta = meta(i, done)
         if evaluated and run.ckpt.best is not None and evaluate is None:  # the evaluated params, with their score
-          meta[ckpt_lib.BEST] = ckpt_lib.best_record(*run.ckpt.best, run.last_eval[run.ckpt.best[0]])
-        saved = run.ckpt.maybe_save(done, program.state_of(state, i), meta, force=done == steps or len(meta) > 1)
-        if saved and len(meta) > 1:  # the save may still be writing: the best of the committed steps and this one
-          best = ckpt_lib.best_of([*ckpt_lib.committed_best_records(run.ckpt.directory), (done, meta[ckpt_lib.BEST])],
+          save_meta[ckpt_lib.BEST] = ckpt_lib.best_record(*run.ckpt.best, run.last_eval[run.ckpt.best[0]])
+        scored = ckpt_lib.BEST in save_meta
+        saved = run.ckpt.maybe_save(done, program.state_of(state, i), save_meta, force=done == steps or scored)
+        if saved and scored:  # the save may still be writing: the best of the committed steps and this one
+          best = ckpt_lib.best_of([*ckpt_lib.committed_best_records(run.ckpt.directory), (done, save_meta[ckpt_lib.BEST])],
                                   *run.ckpt.best)
-          logging.info("step %d %s %s; best kept: %s", done, run.ckpt.best[0], meta[ckpt_lib.BEST]["value"],
+          logging.info("step %d %s %s; best kept: %s", done, run.ckpt.best[0], save_meta[ckpt_lib.BEST]["value"],
                        f"step {best[0]} ({best[1]['value']})" if best else "none (no finite value yet)")
       if log:
         means = {k: float(np.mean(scalars[k])) for k in ("train/reward_mean", "train/kl") if k in scalars}
@@ -381,7 +395,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
             + ", ".join(f"{k} {v:.4g}" for k, v in means.items()))
     for i, run in enumerate(runs):  # inside running(): a second signal cannot interrupt the saves
       if not run.failed:
-        run.guard.finish(run.ckpt, program.state_of(state, i), done)
+        run.guard.finish(run.ckpt, program.state_of(state, i), done, meta(i, done))
   for run in runs:
     run.ckpt.close()
     run.writer.close()
