@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from grpo_jax.rl import advantages as adv
@@ -84,6 +85,25 @@ def test_rloo_hand_and_identity():
     a = np.asarray(adv.rloo(jnp.asarray(r)))
     np.testing.assert_allclose(a, loo, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(a, G / (G - 1) * np.asarray(adv.dr_grpo(jnp.asarray(r))), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["dr_grpo", "rloo", "group_mean_batch_std"])
+def test_constant_group_gets_exactly_zero_under_every_group_baseline(name):
+  """A group of equal rewards carries no signal (frac_zero_std_groups and dynamic sampling count it so) and gets
+  exactly 0, as under grpo: 0.1 × 3 / 3 ≠ 0.1 in float32 left dr_grpo and rloo −7.45e-9 on each of its rows. That
+  residue is not harmless: Adam divides by its own scale, so one update on a batch with no signal moved every weight
+  by ~0.4·lr (here: a weight whose gradient is the residue). The other group ([1, 0, 0]) keeps its values."""
+  r = jnp.asarray([[0.1, 0.1, 0.1], [1.0, 0.0, 0.0]], jnp.float32)
+  a = np.asarray({"dr_grpo": adv.dr_grpo, "rloo": adv.rloo, "group_mean_batch_std": adv.group_mean_batch_std}[name](r))
+  assert np.all(a[0] == 0.0), a[0]
+  scale = {"dr_grpo": 1.0, "rloo": 1.5, "group_mean_batch_std": 1 / (np.std([0.1] * 3 + [1, 0, 0], ddof=1) + 1e-4)}
+  np.testing.assert_allclose(a[1], np.array([2 / 3, -1 / 3, -1 / 3]) * scale[name], rtol=1e-5)
+  # what the residue did: one AdamW step on loss = −A·θ with the first group's advantage as A
+  opt = optax.adamw(1e-3, weight_decay=0.0)
+  theta = jnp.zeros(())
+  g = jax.grad(lambda t: -jnp.mean(jnp.asarray(a[0])) * t)(theta)
+  upd, _ = opt.update(g, opt.init(theta), theta)
+  assert float(upd) == 0.0
 
 
 def test_rloo_rejects_group_of_one():

@@ -42,22 +42,31 @@ def grpo(r_BxG: jax.Array, *, std_eps=1e-4, ddof: int = 1) -> jax.Array:
   return jnp.where(constant_Bx1, 0.0, centered_BxG / safe_den_Bx1)
 
 
+def _constant_groups_zero(r_BxG: jax.Array, adv_BxG: jax.Array) -> jax.Array:
+  """adv_BxG with every constant group's advantages exactly 0. The rounded group mean leaves a residue otherwise
+  (0.1 × 3 in float32: −7.5e-9 each), a gradient of rounding noise that Adam, being scale-free, turns into an
+  update of a sizeable fraction of the learning rate on a batch without signal."""
+  return jnp.where(group_is_constant(r_BxG)[:, None], 0.0, adv_BxG)
+
+
 def dr_grpo(r_BxG: jax.Array) -> jax.Array:
-  """Dr.GRPO: r − group mean, without the std division that re-weights prompts by difficulty."""
+  """Dr.GRPO: r − group mean, without the std division that re-weights prompts by difficulty (0 for a constant
+  group)."""
   _check_ndim("r_BxG", r_BxG, 2)
   r_BxG = r_BxG.astype(jnp.float32)
-  return r_BxG - jnp.mean(r_BxG, axis=1, keepdims=True)
+  return _constant_groups_zero(r_BxG, r_BxG - jnp.mean(r_BxG, axis=1, keepdims=True))
 
 
 def rloo(r_BxG: jax.Array) -> jax.Array:
-  """RLOO: r_i − mean_{j≠i} r_j; the baseline excludes r_i, so the gradient estimate stays unbiased."""
+  """RLOO: r_i − mean_{j≠i} r_j; the baseline excludes r_i, so the gradient estimate stays unbiased (0 for a
+  constant group)."""
   _check_ndim("r_BxG", r_BxG, 2)
   G = r_BxG.shape[1]
   if G < 2:
     raise ValueError(f"rloo needs a group of at least 2 samples, got G={G}; raise rl.G.")
   r_BxG = r_BxG.astype(jnp.float32)
   loo_mean_BxG = (jnp.sum(r_BxG, axis=1, keepdims=True) - r_BxG) / (G - 1)
-  return r_BxG - loo_mean_BxG
+  return _constant_groups_zero(r_BxG, r_BxG - loo_mean_BxG)
 
 
 def group_mean_batch_std(r_BxG: jax.Array, *, std_eps=1e-4, ddof: int = 1) -> jax.Array:
@@ -72,8 +81,7 @@ def group_mean_batch_std(r_BxG: jax.Array, *, std_eps=1e-4, ddof: int = 1) -> ja
   r_BxG = r_BxG.astype(jnp.float32)
   centered_BxG = r_BxG - jnp.mean(r_BxG, axis=1, keepdims=True)
   std = jnp.sqrt(jnp.sum(jnp.square(r_BxG - jnp.mean(r_BxG))) / (n - ddof))
-  # a constant group's centred rewards are 0 only up to the mean's rounding (0.1 × 3 in float32: −2e-8): set exactly
-  return jnp.where(group_is_constant(r_BxG)[:, None], 0.0, centered_BxG / (std + std_eps))
+  return _constant_groups_zero(r_BxG, centered_BxG / (std + std_eps))
 
 
 def last_valid_token(mask_NxL: jax.Array) -> jax.Array:
