@@ -2,6 +2,7 @@
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
 from grpo_jax.rl import advantages as adv
@@ -84,6 +85,50 @@ def test_rloo_hand_and_identity():
     a = np.asarray(adv.rloo(jnp.asarray(r)))
     np.testing.assert_allclose(a, loo, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(a, G / (G - 1) * np.asarray(adv.dr_grpo(jnp.asarray(r))), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", ["dr_grpo", "rloo", "group_mean_batch_std"])
+def test_constant_group_gets_exactly_zero_under_every_group_baseline(name):
+  """A group of equal rewards carries no signal (frac_zero_std_groups and dynamic sampling count it so) and gets
+  exactly 0, as under grpo: 0.1 × 3 / 3 ≠ 0.1 in float32 left dr_grpo and rloo −7.45e-9 on each of its rows. That
+  residue is not harmless: Adam divides by its own scale, so one update on a batch with no signal moved every weight
+  by ~0.4·lr (here: a weight whose gradient is the residue). The other group ([1, 0, 0]) keeps its values."""
+  r = jnp.asarray([[0.1, 0.1, 0.1], [1.0, 0.0, 0.0]], jnp.float32)
+  a = np.asarray({"dr_grpo": adv.dr_grpo, "rloo": adv.rloo, "group_mean_batch_std": adv.group_mean_batch_std}[name](r))
+  assert np.all(a[0] == 0.0), a[0]
+  scale = {"dr_grpo": 1.0, "rloo": 1.5, "group_mean_batch_std": 1 / (np.std([0.1] * 3 + [1, 0, 0], ddof=1) + 1e-4)}
+  np.testing.assert_allclose(a[1], np.array([2 / 3, -1 / 3, -1 / 3]) * scale[name], rtol=1e-5)
+  # what the residue did: one AdamW step on loss = −A·θ with the first group's advantage as A
+  opt = optax.adamw(1e-3, weight_decay=0.0)
+  theta = jnp.zeros(())
+  g = jax.grad(lambda t: -jnp.mean(jnp.asarray(a[0])) * t)(theta)
+  upd, _ = opt.update(g, opt.init(theta), theta)
+  assert float(upd) == 0.0
+
+
+def test_rewards_past_the_float32_square_keep_their_advantages():
+  """Rewards of 1e20 are finite float32 (the Python-term check accepts them), but their centred squares are not:
+  the std became inf and every advantage divided by it a silent 0 — grpo's group, Lite PPO's and GDPO's whole batch,
+  REINFORCE++'s and PPO's whitened tokens, process steps — with nothing counted. Each now equals the float64
+  formula (eps negligible at this scale); an inf reward still gives NaN, which the update's guard skips and counts."""
+  r = np.array([[1e20, 0, 0, 0], [3e19, 0, 1e19, 0]])
+  r32 = jnp.asarray(r, jnp.float32)
+  np.testing.assert_allclose(np.asarray(adv.grpo(r32)), np_grpo(r, 0.0, 1), rtol=1e-5)
+  c = r - r.mean(1, keepdims=True)
+  np.testing.assert_allclose(np.asarray(adv.group_mean_batch_std(r32)), c / r.std(ddof=1), rtol=1e-5, atol=1e-6)
+  s = np_grpo(r, 0.0, 1)
+  np.testing.assert_allclose(np.asarray(adv.decoupled(r32[..., None], [1.0], adv.grpo, std_eps=1e-4)),
+                             s / (s.std(ddof=1) + 1e-4), rtol=1e-5)
+  mask = ragged_mask([3, 1, 2, 3, 2, 1, 3, 3], 3)
+  got = np.asarray(adv.reinforce_pp(r32.reshape(-1), jnp.zeros((8, 3)), jnp.asarray(mask), beta=0.0))
+  ret = r.reshape(-1)[:, None] * mask  # γ = 1, outcome at the last token: every valid token's return is r
+  v = ret[mask > 0]
+  np.testing.assert_allclose(got, (ret - v.mean()) / v.std() * mask, rtol=1e-5, atol=1e-6)
+  steps = jnp.asarray(r.reshape(4, 2), jnp.float32)  # G = 2: each group's 4 valid steps normalised together
+  p = np.asarray(adv.process_advantages(steps, jnp.asarray([[2, 2]] * 4), jnp.ones((4, 2)), jnp.ones((4, 3)), G=2))
+  want = np.concatenate([(g - g.mean()) / g.std(ddof=1) for g in r.reshape(2, 4)]).reshape(4, 2).sum(1)
+  np.testing.assert_allclose(p, np.repeat(want[:, None], 3, 1), rtol=1e-5, atol=1e-6)
+  assert np.all(np.isnan(np.asarray(adv.grpo(jnp.asarray([[np.inf, 0.0, 0.0]])))))
 
 
 def test_rloo_rejects_group_of_one():

@@ -152,3 +152,51 @@ def test_scalar_knobs_trace_through_every_preset_step(name):
   with sharding.mesh_context(mesh):
     out, m = jax.eval_shape(step, [jnp.float32(0.1)] * len(keys), state, batch)
   assert m["train/loss"].shape == ()
+
+
+@pytest.mark.parametrize("name", ["rloo", "reinforce_pp", "reinforce_pp_baseline", "grpo_k3_in_reward"])
+def test_kl_in_the_reward_is_wired_as_each_estimator_defines_it(name):
+  """rl_step.compute_advantages with the KL in the reward, against NumPy on a hand-built rollout (ragged rows, a
+  one-token row, an interior masked token, a constant-reward group): RLOO subtracts β·Σ_t k1 from each answer's
+  reward before its leave-one-out baseline; REINFORCE++ puts −β·k1 on every token and r at the last valid one,
+  returns-to-go, whitening over the batch's valid tokens (population variance, rsqrt(var + 1e-8)); -baseline first
+  subtracts the group mean of r; GRPO with kl_in='reward' folds β·Σ_t k3 (clamped at kl_clamp = 10) into r before
+  its group normalisation. The loss then carries no KL (β = 0 in policy_loss_kwargs)."""
+  B, G, L = 2, 3, 5
+  rng = np.random.default_rng(0)
+  mask = (np.arange(L)[None] < np.array([5, 1, 3, 4, 2, 5])[:, None]).astype(np.float64)
+  mask[0, 2] = 0.0
+  old = rng.uniform(-3, -0.1, (B * G, L)) * mask
+  ref = (old + rng.normal(size=(B * G, L)) * 1.5) * mask
+  r = np.array([1.0, 0.0, 1.0, 1.0, 1.0, 1.0])
+  preset, over = (("grpo", {"rl.kl_in": "reward", "rl.beta": 0.1}) if name == "grpo_k3_in_reward" else (name, {}))
+  c = config_lib.override(presets.apply(config_lib.base_config(), preset),
+                          {"rl.G": G, "sampling.max_new_tokens": L, **over})
+  f32 = lambda x: jnp.asarray(x, jnp.float32)
+  fields = dict(r_N=f32(r), terms_NxK=f32(r[:, None]), term_w_K=f32([1.0]), mask_NxL=f32(mask),
+                old_logp_NxL=f32(old), ref_logp_NxL=f32(ref), per_term={})
+  ro = rollout_lib.Rollout(**{**dict.fromkeys(rollout_lib.Rollout._fields), **fields})
+  got = np.asarray(rl_step.compute_advantages(c, ro))
+  beta, v = c.rl.beta, mask > 0
+  k1 = (old - ref) * mask
+  last = np.zeros_like(mask)
+  for i in range(B * G):
+    last[i, np.nonzero(mask[i])[0][-1]] = 1.0
+
+  def whiten_returns(outcome):
+    ret = np.cumsum((-beta * k1 + outcome[:, None] * last)[:, ::-1], axis=1)[:, ::-1]
+    return (ret - ret[v].mean()) / np.sqrt(ret[v].var() + 1e-8) * mask
+
+  if name == "rloo":
+    rr = (r - beta * k1.sum(1)).reshape(B, G)
+    want = (rr - (rr.sum(1, keepdims=True) - rr) / (G - 1)).reshape(-1)[:, None] * mask
+  elif name == "reinforce_pp":
+    want = whiten_returns(r)
+  elif name == "reinforce_pp_baseline":
+    want = whiten_returns((r.reshape(B, G) - r.reshape(B, G).mean(1, keepdims=True)).reshape(-1))
+  else:
+    d = ref - old
+    rr = (r - beta * (np.minimum(np.exp(d) - d - 1, 10.0) * mask).sum(1)).reshape(B, G)
+    want = _np_grpo(rr, 1e-4).reshape(-1)[:, None] * mask
+  np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+  assert rl_step.policy_loss_kwargs(c)["beta"] == 0.0

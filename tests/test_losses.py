@@ -183,6 +183,22 @@ def test_a_log_ratio_past_float32_gives_a_finite_loss_and_gradient(objective, ra
       np.testing.assert_allclose(np.asarray(g)[~out], np.asarray(jax.grad(f)(held))[~out], rtol=1e-6)
 
 
+def test_gspo_answer_past_the_held_log_ratio_gets_no_gradient():
+  """GSPO's sequence log-ratio is clamped at ±MAX_LOG_RATIO like a token's, and an answer held there gets no gradient,
+  as a token does (test above). GSPO-token's per-token path sg(s_i)·π/sg(π) carried the held s_i = e^20 into every
+  token's gradient instead: with A < 0 and the dual clip off, −s_i·A/(|y|·N) = 8.1e7 on each token here. The
+  other answer, inside the clip range, keeps its gradient −s·A/(|y|·N)."""
+  old = jnp.asarray([[-30.0] * 3, [-1.0] * 3], jnp.float32)
+  lp = jnp.asarray([[-5.0] * 3, [-1.0 + 1e-4] * 3], jnp.float32)  # log s = 25 (held at 20) and 1e-4
+  a = jnp.full((2, 3), -1.0, jnp.float32)
+  f = lambda x: losses.policy_loss(x, old, None, a, jnp.ones((2, 3)), eps_low=3e-4, eps_high=4e-4, beta=0.0,
+                                   ratio_level="sequence", dual_clip=0.0)[0]
+  loss, g = jax.value_and_grad(f)(lp)
+  assert float(loss) == pytest.approx((np.exp(20.0) + np.exp(1e-4)) / 2, rel=1e-5)  # −mean(s·A): held, not dropped
+  assert np.all(np.asarray(g)[0] == 0.0)
+  np.testing.assert_allclose(np.asarray(g)[1], np.exp(1e-4) / 6, rtol=1e-5)
+
+
 def test_surrogate_ignores_padding_garbage():
   m = jnp.array([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
   junk = jnp.array([[-0.1, -0.2, jnp.nan], [jnp.inf, -jnp.inf, 1e30]])

@@ -560,13 +560,16 @@ def test_objective_selection_and_correction_weights_compose_against_numpy(obj, t
   np.testing.assert_allclose(np.asarray(g), -dJ * wt, rtol=1e-4, atol=1e-7)
 
 
-@pytest.mark.parametrize("mu,minibatches", [(1, 1), (2, 1), (1, 2)])
-def test_one_update_takes_the_ratio_against_the_current_params_exactly(mu, minibatches):
+@pytest.mark.parametrize("mu,minibatches,first", [(1, 1, None), (2, 1, None), (1, 2, None), (2, 1, True),
+                                                  (1, 2, True), (2, 2, False)])
+def test_one_update_takes_the_ratio_against_the_current_params_exactly(mu, minibatches, first):
   """With one update per step (μ = 1, one minibatch) π_old is the current params, so the objective's ratio is
   exactly 1 (verl's dp_actor on-policy: old_log_prob = log_prob.detach()), not the recorded π_prox that equals it
   only to rounding. Here the recorded log-probs are off by ±1e-6 (a sampler's or a second forward's rounding):
   KL-Cov's coef·|log ρ| penalty then gave its chosen token a gradient of ±coef, as large as the policy
-  gradient's |A|. With μ or minibatches > 1 the later updates need the recorded π_prox, which every update reads."""
+  gradient's |A|. With μ or minibatches > 1 the step's first update (minibatch_scan's flag, rl_step.FIRST_UPDATE
+  True) runs at those params too and is exact the same way (it read the recorded π_prox: ±4.8e-7 in log ρ with the
+  sampler's log-probs on the tiny model); the later ones (False), and a minibatch without the flag, read it."""
   from grpo_jax.rl import rl_step
   c = config_lib.base_config()
   c.rl.update(mu=mu, minibatches=minibatches, token_select="kl_cov", kl_cov_ratio=0.1, kl_cov_coef=1.0, beta=0.0)
@@ -578,6 +581,9 @@ def test_one_update_takes_the_ratio_against_the_current_params_exactly(mu, minib
             mask_NxL=mask_NxL, ref_logp_NxL=None)
   ent_NxL = jnp.asarray(rng.uniform(0.1, 2.0, (4, 6)), jnp.float32)
 
+  if first is not None:
+    mb[rl_step.FIRST_UPDATE] = jnp.asarray(first)
+
   def grad(coef):
     cfg = config_lib.override(c, {"rl.kl_cov_coef": coef})
     objective = rl_step.make_objective(cfg)
@@ -587,9 +593,25 @@ def test_one_update_takes_the_ratio_against_the_current_params_exactly(mu, minib
   g1, aux = grad(1.0)
   g0, _ = grad(0.0)
   assert float(aux["select_frac"]) > 0  # the penalty chose tokens
-  if mu * minibatches == 1:
+  if mu * minibatches == 1 or first:
     np.testing.assert_array_equal(g1, g0)  # |log ρ| = 0 exactly: the penalty adds no gradient
     assert float(aux["ratio_max"]) == 1.0 and float(aux["ratio_min"]) == 1.0
   else:
     # the recorded π_prox is read: the chosen tokens get ±coef / n_valid from the penalty
     assert np.abs(g1 - g0).max() > 0.5 / float(mask_NxL.sum())
+
+
+@pytest.mark.parametrize("mu,minibatches,packing", [(3, 2, "off"), (2, 1, "on"), (1, 1, "off")])
+def test_the_step_flags_its_first_update_only(mu, minibatches, packing):
+  """train_by_length (padded and packed) hands minibatch_scan the flag: True on the first of the μ·minibatches
+  updates, False on the others; with one update the flag is not needed (old_logp is exact on every update)."""
+  from grpo_jax.rl import rl_step
+  c = config_lib.override(config_lib.base_config(), {"rl.mu": mu, "rl.minibatches": minibatches, "rl.packing": packing,
+                                                     "rl.train_buckets": 1, "sampling.max_new_tokens": 3})
+  data = dict(seq=(jnp.zeros((4, 5), jnp.int32),) * 3, mask_NxL=jnp.ones((4, 3)))
+
+  def update(carry, mb):
+    return carry, {"first": mb.get(rl_step.FIRST_UPDATE, jnp.asarray(-1))}
+  _, um = rl_step.train_by_length(c, update, jnp.float32(0), data, jax.random.PRNGKey(0), None, 2)
+  want = [-1] if mu * minibatches == 1 else [1] + [0] * (mu * minibatches - 1)
+  assert np.asarray(um["first"]).astype(int).tolist() == want

@@ -25,6 +25,18 @@ def group_is_constant(r_BxG: jax.Array) -> jax.Array:
   return same if same.ndim == 1 else jnp.all(same, axis=1)
 
 
+def _std(centered: jax.Array, denom, axis=None, keepdims: bool = False) -> jax.Array:
+  """√(Σ centered² / denom), also where the squares overflow float32: a reward of 1e20 (finite, so accepted) has
+  centred squares of inf, its std became inf and every advantage scaled by it a silent 0. There the sum is taken of
+  (centered / max|centered|)² and scaled back; elsewhere the plain formula's value is kept bit for bit. A non-finite
+  `centered` (a mean that overflowed) stays non-finite, and the update's guard skips and counts it."""
+  plain = jnp.sqrt(jnp.sum(jnp.square(centered), axis=axis, keepdims=keepdims) / denom)
+  top = jnp.max(jnp.abs(centered), axis=axis, keepdims=True)
+  top = jnp.where(top > 0, top, 1.0)
+  scaled = jnp.sqrt(jnp.sum(jnp.square(centered / top), axis=axis, keepdims=keepdims) / denom)
+  return jnp.where(jnp.isfinite(plain), plain, scaled * (top if keepdims else jnp.squeeze(top, axis)))
+
+
 def grpo(r_BxG: jax.Array, *, std_eps=1e-4, ddof: int = 1) -> jax.Array:
   """GRPO: (r − group mean) / (group std + eps); a zero-variance group gets exactly 0 (it carries no signal).
 
@@ -36,28 +48,37 @@ def grpo(r_BxG: jax.Array, *, std_eps=1e-4, ddof: int = 1) -> jax.Array:
     raise ValueError(f"ddof={ddof} needs G > ddof, got G={G}; use ddof=0 or a larger group.")
   r_BxG = r_BxG.astype(jnp.float32)
   centered_BxG = r_BxG - jnp.mean(r_BxG, axis=1, keepdims=True)
-  std_Bx1 = jnp.sqrt(jnp.sum(centered_BxG**2, axis=1, keepdims=True) / (G - ddof))
+  std_Bx1 = _std(centered_BxG, G - ddof, axis=1, keepdims=True)
   constant_Bx1 = group_is_constant(r_BxG)[:, None]
   safe_den_Bx1 = jnp.where(constant_Bx1, 1.0, std_Bx1 + std_eps)
   return jnp.where(constant_Bx1, 0.0, centered_BxG / safe_den_Bx1)
 
 
+def _constant_groups_zero(r_BxG: jax.Array, adv_BxG: jax.Array) -> jax.Array:
+  """adv_BxG with every constant group's advantages exactly 0. The rounded group mean leaves a residue otherwise
+  (0.1 × 3 in float32: −7.5e-9 each), a gradient of rounding noise that Adam, being scale-free, turns into an
+  update of a sizeable fraction of the learning rate on a batch without signal."""
+  return jnp.where(group_is_constant(r_BxG)[:, None], 0.0, adv_BxG)
+
+
 def dr_grpo(r_BxG: jax.Array) -> jax.Array:
-  """Dr.GRPO: r − group mean, without the std division that re-weights prompts by difficulty."""
+  """Dr.GRPO: r − group mean, without the std division that re-weights prompts by difficulty (0 for a constant
+  group)."""
   _check_ndim("r_BxG", r_BxG, 2)
   r_BxG = r_BxG.astype(jnp.float32)
-  return r_BxG - jnp.mean(r_BxG, axis=1, keepdims=True)
+  return _constant_groups_zero(r_BxG, r_BxG - jnp.mean(r_BxG, axis=1, keepdims=True))
 
 
 def rloo(r_BxG: jax.Array) -> jax.Array:
-  """RLOO: r_i − mean_{j≠i} r_j; the baseline excludes r_i, so the gradient estimate stays unbiased."""
+  """RLOO: r_i − mean_{j≠i} r_j; the baseline excludes r_i, so the gradient estimate stays unbiased (0 for a
+  constant group)."""
   _check_ndim("r_BxG", r_BxG, 2)
   G = r_BxG.shape[1]
   if G < 2:
     raise ValueError(f"rloo needs a group of at least 2 samples, got G={G}; raise rl.G.")
   r_BxG = r_BxG.astype(jnp.float32)
   loo_mean_BxG = (jnp.sum(r_BxG, axis=1, keepdims=True) - r_BxG) / (G - 1)
-  return r_BxG - loo_mean_BxG
+  return _constant_groups_zero(r_BxG, r_BxG - loo_mean_BxG)
 
 
 def group_mean_batch_std(r_BxG: jax.Array, *, std_eps=1e-4, ddof: int = 1) -> jax.Array:
@@ -71,9 +92,8 @@ def group_mean_batch_std(r_BxG: jax.Array, *, std_eps=1e-4, ddof: int = 1) -> ja
     raise ValueError(f"ddof={ddof} needs more than {ddof} rewards in the batch, got {n}; use ddof=0.")
   r_BxG = r_BxG.astype(jnp.float32)
   centered_BxG = r_BxG - jnp.mean(r_BxG, axis=1, keepdims=True)
-  std = jnp.sqrt(jnp.sum(jnp.square(r_BxG - jnp.mean(r_BxG))) / (n - ddof))
-  # a constant group's centred rewards are 0 only up to the mean's rounding (0.1 × 3 in float32: −2e-8): set exactly
-  return jnp.where(group_is_constant(r_BxG)[:, None], 0.0, centered_BxG / (std + std_eps))
+  std = _std(r_BxG - jnp.mean(r_BxG), n - ddof)
+  return _constant_groups_zero(r_BxG, centered_BxG / (std + std_eps))
 
 
 def last_valid_token(mask_NxL: jax.Array) -> jax.Array:
@@ -89,14 +109,17 @@ def masked_whiten(x_NxL: jax.Array, mask_NxL: jax.Array, eps: float) -> jax.Arra
   count = jnp.maximum(jnp.sum(m_NxL), 1.0)
   mean = jnp.sum(x_NxL * m_NxL) / count
   var = jnp.sum(((x_NxL - mean) * m_NxL) ** 2) / count
-  return (x_NxL - mean) * lax.rsqrt(var + eps) * m_NxL
+  # squares past float32 (returns of 1e20): 1/std from the overflow-safe _std (eps is below its rounding there)
+  inv = jnp.where(jnp.isfinite(var), lax.rsqrt(var + eps), 1.0 / _std((x_NxL - mean) * m_NxL, count))
+  return (x_NxL - mean) * inv * m_NxL
 
 
 def reinforce_pp(r_N: jax.Array, kl_NxL: jax.Array, mask_NxL: jax.Array, *, beta: float,
                  whiten_eps: float = 1e-8) -> jax.Array:
   """REINFORCE++: per-token reward −β·kl (+ r at the last valid token), returns-to-go (γ=1), batch whitening.
 
-  `kl_NxL` is the k1 estimate `logp_old − logp_ref` of the rollout policy; it enters the reward, so no gradient
+  `kl_NxL` is the per-token KL estimate of the rollout policy (rl.kl_estimator: k1 = `logp_old − logp_ref` in the
+  presets, as OpenRLHF); it enters the reward, so no gradient
   flows through it (stop_gradient). Whitening uses valid tokens of the whole batch only, so padding never shifts it.
   """
   _check_ndim("r_N", r_N, 1)
@@ -174,7 +197,7 @@ def process_advantages(step_r_NxS: jax.Array, step_end_NxS: jax.Array, step_vali
   count_Bx1 = jnp.maximum(jnp.sum(valid_BxGS, axis=1, keepdims=True), 1)
   mean_Bx1 = jnp.sum(jnp.where(valid_BxGS, r_BxGS, 0.0), axis=1, keepdims=True) / count_Bx1
   centered_BxGS = jnp.where(valid_BxGS, r_BxGS - mean_Bx1, 0.0)
-  std_Bx1 = jnp.sqrt(jnp.sum(centered_BxGS**2, axis=1, keepdims=True) / jnp.maximum(count_Bx1 - ddof, 1))
+  std_Bx1 = _std(centered_BxGS, jnp.maximum(count_Bx1 - ddof, 1), axis=1, keepdims=True)
   hi_Bx1 = jnp.max(jnp.where(valid_BxGS, r_BxGS, -jnp.inf), axis=1, keepdims=True)
   lo_Bx1 = jnp.min(jnp.where(valid_BxGS, r_BxGS, jnp.inf), axis=1, keepdims=True)
   constant_Bx1 = hi_Bx1 <= lo_Bx1  # also true for 0 or 1 valid steps
@@ -247,7 +270,7 @@ def decoupled(r_BxGxK: jax.Array, w_K, group_fn: Callable[[jax.Array], jax.Array
     raise ValueError(f"decoupled: a batch of {B * G} samples has no std with ddof={ddof}.")
   adv_BxGxK = jax.vmap(group_fn, in_axes=2, out_axes=2)(r_BxGxK.astype(jnp.float32))
   sum_BxG = jnp.sum(adv_BxGxK * w_K, axis=2)
-  std = jnp.sqrt(jnp.sum(jnp.square(sum_BxG - jnp.mean(sum_BxG))) / (B * G - ddof))
+  std = _std(sum_BxG - jnp.mean(sum_BxG), B * G - ddof)
   return jnp.where(std > 0, sum_BxG / jnp.where(std > 0, std + std_eps, 1.0), 0.0)
 
 
@@ -263,8 +286,8 @@ def broadcast_to_tokens(adv_N: jax.Array, mask_NxL: jax.Array) -> jax.Array:
 class Context(NamedTuple):
   """What an estimator may read besides the group rewards r_BxG."""
   mask_NxL: jax.Array  # 1 on completion tokens (EOS included), float32
-  kl_NxL: jax.Array    # stop-gradient per-token KL of the rollout policy to the reference, 0 on padding (k1 when
-                       # the estimator folds it into the reward, else the rl.kl_estimator)
+  kl_NxL: jax.Array    # stop-gradient per-token KL of the rollout policy to the reference, 0 on padding: the
+                       # rl.kl_estimator (k1 in the presets that fold it into the reward; k3 clamped at kl_clamp)
   rl: Any              # the `rl` config group: std_eps, std_ddof, beta, …
 
 

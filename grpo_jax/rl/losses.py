@@ -28,8 +28,8 @@ K3_MAX_LOG_RATIO = 20.0
 # The policy ratio's log is clamped to ±20 before exp, as verl's core_algos clamps its log-ratio: a token whose
 # log-ratio passes ~88 makes ρ = inf in float32, and then ρ·A with A = 0 (a group of equal rewards) or SAPO's gate
 # gradient σ'·ρ a NaN, for which the non-finite guard skips the whole update. No clip range, gate or correction bound
-# comes near e^20 ≈ 4.9e8; past it a token's ratio is held there and gets no gradient (with A < 0 and no dual clip,
-# PPO's term would be ρ·A, far outside any trust region).
+# comes near e^20 ≈ 4.9e8; past it a token's ratio (GSPO: an answer's s_i) is held there and gets no gradient (with
+# A < 0 and no dual clip, PPO's term would be ρ·A, far outside any trust region).
 MAX_LOG_RATIO = 20.0
 
 
@@ -186,9 +186,14 @@ def gspo_token_objective(logp_NxL: jax.Array, old_logp_NxL: jax.Array, adv_NxL: 
   """GSPO-token: per-token ratio s_{i,t} = sg(s_i) · π(y_t)/sg(π(y_t)), equal to s_i in value (so clipping is
   decided per sequence) but with per-token advantages in the gradient. Reduce with 'seq_mean_token_mean'."""
   valid_NxL = _valid(mask_NxL)
-  s_N = jnp.exp(_sequence_log_ratio(logp_NxL, old_logp_NxL, mask_NxL))
+  log_s_N = _sequence_log_ratio(logp_NxL, old_logp_NxL, mask_NxL)
+  s_N = jnp.exp(log_s_N)
   logp_NxL = _clean(logp_NxL, mask_NxL)
-  s_NxL = lax.stop_gradient(s_N)[:, None] * jnp.exp(logp_NxL - lax.stop_gradient(logp_NxL))
+  # an answer whose log s_i was clamped (|·| = MAX_LOG_RATIO) is held there with no gradient, as a token's ratio
+  # is: the per-token path below would otherwise carry s_i = e^20 times A into every token's gradient
+  held_N = jnp.abs(log_s_N) >= MAX_LOG_RATIO
+  s_NxL = lax.stop_gradient(s_N)[:, None] * jnp.where(held_N[:, None], 1.0,
+                                                      jnp.exp(logp_NxL - lax.stop_gradient(logp_NxL)))
   a_NxL = _clean(adv_NxL, mask_NxL)
   obj_NxL = jnp.where(valid_NxL, _clipped(s_NxL, a_NxL, eps_low, eps_high, dual_clip), 0.0)
   return obj_NxL, _clip_stats(lax.stop_gradient(s_NxL), a_NxL, mask_NxL, eps_low, eps_high, dual_clip)

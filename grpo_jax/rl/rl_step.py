@@ -138,13 +138,22 @@ def one_update(config) -> bool:
   return config.rl.mu * config.rl.minibatches == 1
 
 
+FIRST_UPDATE = "first_update"  # minibatch_scan's flag of the step's first update (train_by_length sets it)
+
+
 def old_logp(config, logp_NxL: jax.Array, mb: dict) -> jax.Array:
-  """π_old of the ratio. With one update per step π_old IS the current params, so the ratio is taken against
-  stop_gradient(log π) itself, exactly 1, as verl's dp_actor does on-policy (old_log_prob = log_prob.detach()),
-  not against the recorded π_prox (a second forward, or the sampler's log-probs in exact mode) that equals it only
-  to rounding (~1e-7): a |log ρ| term (KL-Cov's penalty) then has gradient 0 there, not ±coef at random. The
-  recorded π_prox still sets the rollout correction's weights (rl/correction.py) and the later updates' ratios."""
-  return jax.lax.stop_gradient(logp_NxL) if one_update(config) else mb["old_logp_NxL"]
+  """π_old of the ratio. The step's first update runs at the params π_prox was taken at, so there the ratio is
+  taken against stop_gradient(log π) itself, exactly 1, as verl's dp_actor does on-policy (old_log_prob =
+  log_prob.detach()), not against the recorded π_prox (a second forward, or the sampler's log-probs in exact mode)
+  that equals it only to rounding (the sampler's: ±4.8e-7 in log ρ on the test model): a |log ρ| term (KL-Cov's
+  penalty) then has gradient 0 there, not ±coef at random. With one update per step that is every update; with
+  μ or minibatches > 1 the first (mb[FIRST_UPDATE]), and the later ones read the recorded π_prox. It still sets
+  the rollout correction's weights (rl/correction.py)."""
+  if one_update(config):
+    return jax.lax.stop_gradient(logp_NxL)
+  if FIRST_UPDATE not in mb:  # a minibatch built by hand (tests): the recorded π_prox
+    return mb["old_logp_NxL"]
+  return jnp.where(mb[FIRST_UPDATE], jax.lax.stop_gradient(logp_NxL), mb["old_logp_NxL"])
 
 
 def make_objective(config) -> Callable:
@@ -327,12 +336,14 @@ def train_by_length(config, update, carry, data: dict, rng, bucket, P: int):
   sampling.max_new_tokens, never the bucket: the cut drops only masked positions, so the loss is the same. Under
   rl.packing there are no length buckets: the update's packed micro-batches follow the real tokens."""
   rl = config.rl
+  first = None if one_update(config) else FIRST_UPDATE  # (one update: old_logp needs no flag)
   if config_lib.packing_on(config):
-    return update_lib.minibatch_scan(update, carry, data, rng, mu=rl.mu, minibatches=rl.minibatches)
+    return update_lib.minibatch_scan(update, carry, data, rng, mu=rl.mu, minibatches=rl.minibatches,
+                                     first_key=first)
 
   def at(Lb, carry, data, rng):
     return update_lib.minibatch_scan(update, carry, update_lib.cut(data, P, Lb), rng, mu=rl.mu,
-                                     minibatches=rl.minibatches)
+                                     minibatches=rl.minibatches, first_key=first)
   return update_lib.by_length(bucket, rollout_lib.train_lengths(config), at, carry, data, rng)
 
 
