@@ -477,6 +477,10 @@ class _Scripted(env_base.Env):
       return env_base.StepResult("x", 1e39, False, {})
     if kind == "reward_huge_int":  # float() raises OverflowError
       return env_base.StepResult("x", 10 ** 400, False, {})
+    if kind == "reward_bytes":  # bytes-like: never read as its byte values
+      return env_base.StepResult("x", memoryview(b"\x01"), False, {})
+    if kind == "info_array":  # bool() of an array raises: failed the whole call (every row)
+      return env_base.StepResult("x", 0.0, False, {"error": np.array([1, 0])})
     if kind == "obs_surrogate":  # a str the tokenizer cannot encode
       return env_base.StepResult(" <tool_response> \ud800 </tool_response>", 0.0, False, {})
     return env_base.StepResult(" <tool_response> ok </tool_response>", 0.5, False, {})
@@ -488,18 +492,19 @@ def test_env_failures_are_counted_fallbacks_never_a_crash():
   # too large for a float and an observation the tokenizer refuses used to fail the call: the run stopped, exit 3,
   # or took an inf reward silently)
   kinds = ["raise", "hang", "obs_int", "reward_str", "reward_nan", "done_str", "three", "reward_big",
-           "reward_huge_int", "obs_surrogate", "final", "ok"]
+           "reward_huge_int", "obs_surrogate", "reward_bytes", "info_array", "final", "ok"]
   tokens, obs, lens = _rows([[(f"<tool_call> {k} </tool_call>", 0)] for k in kinds])
   t0 = time.monotonic()
   out = eb.host(tokens, obs, lens, np.ones(len(kinds), bool), {})
   assert time.monotonic() - t0 < 2.0
   S = host_calls
   assert out.status_R.tolist() == [S.RAISED, S.TIMEOUT, S.WRONG_TYPE, S.WRONG_TYPE, S.NONFINITE, S.WRONG_TYPE,
-                                   S.WRONG_TYPE, S.NONFINITE, S.NONFINITE, S.WRONG_TYPE, S.OK, S.OK]
-  assert out.event_R.tolist()[:10] == [env_batch.FALLBACK] * 10 and out.event_R[10] == env_batch.ENDED
-  assert out.done_R.tolist() == [True] * 11 + [False]
-  np.testing.assert_array_equal(out.reward_R, [-1.0] * 10 + [2.5, 0.5])
-  assert int(out.status) == S.OK and out.counts_K[env_batch.COUNTS.index("fallbacks")] == 10
+                                   S.WRONG_TYPE, S.NONFINITE, S.NONFINITE, S.WRONG_TYPE, S.WRONG_TYPE, S.WRONG_TYPE,
+                                   S.OK, S.OK]
+  assert out.event_R.tolist()[:12] == [env_batch.FALLBACK] * 12 and out.event_R[12] == env_batch.ENDED
+  assert out.done_R.tolist() == [True] * 13 + [False]
+  np.testing.assert_array_equal(out.reward_R, [-1.0] * 12 + [2.5, 0.5])
+  assert int(out.status) == S.OK and out.counts_K[env_batch.COUNTS.index("fallbacks")] == 12
   assert eb.last_error  # what the last fallback was, for the log
   eb.close()
 

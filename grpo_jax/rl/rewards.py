@@ -5,7 +5,6 @@ A term maps a rollout to outcome scores `r_N` and optionally step scores (`step_
 exception cross the callback (undefined behaviour, and the state is donated): they return a status, the step skips
 its update in-graph, and the host raises afterwards naming the term.
 """
-import collections.abc
 import math
 import threading
 from typing import Callable, Sequence
@@ -179,8 +178,8 @@ class PythonTerm:
       count = len(out)
     except TypeError:  # no __len__, or a 0-d array's len()
       count = None
-    if count is None or isinstance(out, (str, bytes, collections.abc.Mapping, collections.abc.Set)):
-      # a dict would be read as its keys, a set in no order
+    if count is None or isinstance(out, host_calls.NOT_SEQUENCES):
+      # a dict would be read as its keys, a set in no order, bytes-like as its byte values (b"\x01\x00": [1, 0])
       return self._fail(reward_spec.WRONG_TYPE, f"returned {type(out).__name__}, expected a sequence of {n} floats",
                         zeros)
     if count != n:
