@@ -120,6 +120,30 @@ def test_sandbox_runs_code_and_shows_the_last_value():
   assert out == ("b'hi'", "", False)
 
 
+def test_sandbox_removes_call_directories_of_ended_processes(tmp_path, monkeypatch):
+  """A trainer killed with -9 during a call left its grpo_sandbox_* directory for ever. The next process to use the
+  sandbox removes those of this host's ended processes; a live process's (ours too: another thread's call), another
+  host's and an old unnamed one are left alone."""
+  import socket
+  import tempfile
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a temp dir this process has not swept yet
+  gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  host = socket.gethostname()
+  dead = [f"grpo_sandbox_{host}-{gone.stdout.strip()}-{r}" for r in ("k2x_9abc", "q0")]
+  keep = [f"grpo_sandbox_{host}-1-abcd1234",  # pid 1 runs
+          f"grpo_sandbox_{host}-{os.getpid()}-abcd1234",  # ours: a call in flight on another thread
+          f"grpo_sandbox_otherhost-{gone.stdout.strip()}-abcd1234",  # its pids are not ours
+          "grpo_sandbox_abcd1234", "unrelated"]
+  for name in dead + keep:
+    (tmp_path / name / "work").mkdir(parents=True)
+    (tmp_path / name / "code.py").write_text("1")
+  assert sandbox.run("6 * 7", LIMITS) == ("42", "", False)
+  assert sorted(os.listdir(tmp_path)) == sorted(keep)  # and the call's own directory went with it
+  (tmp_path / dead[0]).mkdir()
+  sandbox.run("1", LIMITS)
+  assert (tmp_path / dead[0]).exists()  # swept once per process and temp dir, not at every call
+
+
 def test_sandbox_cannot_run_past_its_limit():
   for code in ("while True: pass", "import time\ntime.sleep(30)"):
     t0 = time.monotonic()
