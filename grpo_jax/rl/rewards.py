@@ -9,6 +9,7 @@ import math
 import threading
 from typing import Callable, Sequence
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -254,6 +255,11 @@ def build(rewards_cfg: Sequence[tuple[str, float]], ctx: reward_spec.Context,
       raise errors.ConfigError(f"config.rewards: unknown reward term '{name}'; choose from {known}.")
     names.append(name)
     weights.append(float(w))
+  weighted = {n for n, w in zip(names, weights) if w != 0}
+  if "process" in weighted and "accuracy" not in weighted:
+    logging.warning("config.rewards weights 'process' but not 'accuracy': the process term scores the fraction of "
+                    "arithmetically right steps whatever the answer, so padding with '1 + 1 = 2 ;' scores 1; add "
+                    "('accuracy', w) (docs/algorithms.md, train/process_on_incorrect).")
   return reward_spec.RewardSpec(tuple(names), tuple(weights), tuple(fns), py, ctx)
 
 
