@@ -35,6 +35,35 @@ def _rollout(r_NxK, w_K, lengths, L, steps=None):
   return rollout_lib.Rollout(**{**dict.fromkeys(rollout_lib.Rollout._fields), **fields}), mask
 
 
+def test_process_scores_of_wrong_answers_are_logged_apart():
+  """The `process` term scores the fraction of right steps whatever the answer ('1 + 1 = 2 ;' padding scores 1):
+  train/process_on_incorrect shows it beside train/reward/process. Two groups of G=2: process (1, 0.5 | 1, 0.25),
+  accuracy (0, 1 | 0, 0): right rows' mean 0.5, wrong rows' (1 + 1 + 0.25) / 3 = 0.75."""
+  acc, proc = np.array([0.0, 1.0, 0.0, 0.0]), np.array([1.0, 0.5, 1.0, 0.25])
+  ro, _ = _rollout(np.stack([acc, proc], 1), np.array([1.0, 0.5]), [2, 3, 1, 2], 4)
+  ro = ro._replace(per_term={"accuracy": jnp.asarray(acc), "process": jnp.asarray(proc)},
+                   lengths_N=jnp.asarray([2, 3, 1, 2]), truncated_N=jnp.zeros(4), fallbacks=jnp.int32(0))
+  c = config_lib.override(presets.apply(config_lib.base_config(), "grpo"), {"rl.G": 2})
+  m = rl_step.rollout_metrics(c, ro, jnp.zeros((4, 4)))
+  assert float(m["train/process_on_correct"]) == pytest.approx(0.5)
+  assert float(m["train/process_on_incorrect"]) == pytest.approx(0.75)
+  ro = ro._replace(per_term={"accuracy": jnp.asarray(acc), "format": jnp.asarray(proc)})
+  assert "train/process_on_incorrect" not in rl_step.rollout_metrics(c, ro, jnp.zeros((4, 4)))
+
+
+def test_process_without_accuracy_is_warned(monkeypatch):
+  from grpo_jax.rl import reward_spec, rewards
+  from grpo_jax.tasks import tokenizer as tokenizer_lib
+  said = []
+  monkeypatch.setattr(rewards.logging, "warning", lambda msg, *a: said.append(msg % a))
+  ctx = reward_spec.Context("arith", tokenizer_lib.load())
+  rewards.build((("process", 1.0), ("accuracy", 0.0), ("format", 0.2)), ctx)
+  assert len(said) == 1 and "padding with '1 + 1 = 2 ;' scores 1" in said[0]
+  rewards.build((("process", 0.5), ("accuracy", 1.0)), ctx)
+  rewards.build((("process", 0.0), ("format", 1.0)), ctx)  # logged, not trained on
+  assert len(said) == 1
+
+
 def test_compute_advantages_per_term_with_process_rewards_matches_numpy():
   """rl_step.compute_advantages under reward_norm='per_term': per-term group normalisation, weighted sum, batch
   std, broadcast over each row's tokens (length-1 and empty rows included), plus the process advantages."""

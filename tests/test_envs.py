@@ -120,6 +120,30 @@ def test_sandbox_runs_code_and_shows_the_last_value():
   assert out == ("b'hi'", "", False)
 
 
+def test_sandbox_removes_call_directories_of_ended_processes(tmp_path, monkeypatch):
+  """A trainer killed with -9 during a call left its grpo_sandbox_* directory for ever. The next process to use the
+  sandbox removes those of this host's ended processes; a live process's (ours too: another thread's call), another
+  host's and an old unnamed one are left alone."""
+  import socket
+  import tempfile
+  monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # a temp dir this process has not swept yet
+  gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+  host = socket.gethostname()
+  dead = [f"grpo_sandbox_{host}-{gone.stdout.strip()}-{r}" for r in ("k2x_9abc", "q0")]
+  keep = [f"grpo_sandbox_{host}-1-abcd1234",  # pid 1 runs
+          f"grpo_sandbox_{host}-{os.getpid()}-abcd1234",  # ours: a call in flight on another thread
+          f"grpo_sandbox_otherhost-{gone.stdout.strip()}-abcd1234",  # its pids are not ours
+          "grpo_sandbox_abcd1234", "unrelated"]
+  for name in dead + keep:
+    (tmp_path / name / "work").mkdir(parents=True)
+    (tmp_path / name / "code.py").write_text("1")
+  assert sandbox.run("6 * 7", LIMITS) == ("42", "", False)
+  assert sorted(os.listdir(tmp_path)) == sorted(keep)  # and the call's own directory went with it
+  (tmp_path / dead[0]).mkdir()
+  sandbox.run("1", LIMITS)
+  assert (tmp_path / dead[0]).exists()  # swept once per process and temp dir, not at every call
+
+
 def test_sandbox_cannot_run_past_its_limit():
   for code in ("while True: pass", "import time\ntime.sleep(30)"):
     t0 = time.monotonic()
@@ -477,6 +501,10 @@ class _Scripted(env_base.Env):
       return env_base.StepResult("x", 1e39, False, {})
     if kind == "reward_huge_int":  # float() raises OverflowError
       return env_base.StepResult("x", 10 ** 400, False, {})
+    if kind == "reward_bytes":  # bytes-like: never read as its byte values
+      return env_base.StepResult("x", memoryview(b"\x01"), False, {})
+    if kind == "info_array":  # bool() of an array raises: failed the whole call (every row)
+      return env_base.StepResult("x", 0.0, False, {"error": np.array([1, 0])})
     if kind == "obs_surrogate":  # a str the tokenizer cannot encode
       return env_base.StepResult(" <tool_response> \ud800 </tool_response>", 0.0, False, {})
     return env_base.StepResult(" <tool_response> ok </tool_response>", 0.5, False, {})
@@ -488,18 +516,19 @@ def test_env_failures_are_counted_fallbacks_never_a_crash():
   # too large for a float and an observation the tokenizer refuses used to fail the call: the run stopped, exit 3,
   # or took an inf reward silently)
   kinds = ["raise", "hang", "obs_int", "reward_str", "reward_nan", "done_str", "three", "reward_big",
-           "reward_huge_int", "obs_surrogate", "final", "ok"]
+           "reward_huge_int", "obs_surrogate", "reward_bytes", "info_array", "final", "ok"]
   tokens, obs, lens = _rows([[(f"<tool_call> {k} </tool_call>", 0)] for k in kinds])
   t0 = time.monotonic()
   out = eb.host(tokens, obs, lens, np.ones(len(kinds), bool), {})
   assert time.monotonic() - t0 < 2.0
   S = host_calls
   assert out.status_R.tolist() == [S.RAISED, S.TIMEOUT, S.WRONG_TYPE, S.WRONG_TYPE, S.NONFINITE, S.WRONG_TYPE,
-                                   S.WRONG_TYPE, S.NONFINITE, S.NONFINITE, S.WRONG_TYPE, S.OK, S.OK]
-  assert out.event_R.tolist()[:10] == [env_batch.FALLBACK] * 10 and out.event_R[10] == env_batch.ENDED
-  assert out.done_R.tolist() == [True] * 11 + [False]
-  np.testing.assert_array_equal(out.reward_R, [-1.0] * 10 + [2.5, 0.5])
-  assert int(out.status) == S.OK and out.counts_K[env_batch.COUNTS.index("fallbacks")] == 10
+                                   S.WRONG_TYPE, S.NONFINITE, S.NONFINITE, S.WRONG_TYPE, S.WRONG_TYPE, S.WRONG_TYPE,
+                                   S.OK, S.OK]
+  assert out.event_R.tolist()[:12] == [env_batch.FALLBACK] * 12 and out.event_R[12] == env_batch.ENDED
+  assert out.done_R.tolist() == [True] * 13 + [False]
+  np.testing.assert_array_equal(out.reward_R, [-1.0] * 12 + [2.5, 0.5])
+  assert int(out.status) == S.OK and out.counts_K[env_batch.COUNTS.index("fallbacks")] == 12
   assert eb.last_error  # what the last fallback was, for the log
   eb.close()
 

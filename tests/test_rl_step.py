@@ -260,11 +260,27 @@ def test_reward_fallback_is_counted():
   assert int(status) == reward_spec.OK and int(fb) == 3 and "ZeroDivisionError" in term.last_error
 
 
+class _RaisesMidway:
+  def __len__(self):
+    return 3
+
+  def __iter__(self):
+    yield 1.0
+    raise RuntimeError("the scorer broke")
+
+
 @pytest.mark.parametrize("out,status", [
     ([1e39, 0.0, 0.0], reward_spec.NONFINITE),        # finite in Python, inf in float32: was taken as inf
     ([10 ** 400, 0.0, 0.0], reward_spec.NONFINITE),   # float() raises OverflowError: crossed the callback
     (np.array(1.0), reward_spec.WRONG_TYPE),          # len() of a 0-d array raises: crossed the callback
     ({0: 1.0, 1: 1.0, 2: 1.0}, reward_spec.WRONG_TYPE),  # a dict was read as its keys (0, 1, 2)
+    (bytearray(b"\x01\x00\x01"), reward_spec.WRONG_TYPE),  # bytes-like: read as the byte values [1, 0, 1]
+    (memoryview(b"\x01\x00\x01"), reward_spec.WRONG_TYPE),
+    (b"\x01\x00\x01", reward_spec.WRONG_TYPE),
+    ("101", reward_spec.WRONG_TYPE),
+    ({1.0, 0.0, 0.5}, reward_spec.WRONG_TYPE),          # a set: its scores in no order
+    (_RaisesMidway(), reward_spec.WRONG_TYPE),         # len() 3, then iteration raises after one score
+    ((x for x in [1.0, 0.0, 0.0]), reward_spec.WRONG_TYPE),  # a generator: no len()
 ])
 def test_python_reward_outputs_the_step_cannot_hold_are_named_never_raised(out, status):
   term = rewards.PythonTerm("bad", lambda t, i, b: out, digits.Tokenizer(8))

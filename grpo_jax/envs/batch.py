@@ -117,6 +117,12 @@ def check_result(res) -> tuple[tuple | None, int, str]:
     return None, host_calls.WRONG_TYPE, f"done is {type(done).__name__} ({done!r}), expected a bool"
   if info is not None and not isinstance(info, dict):
     return None, host_calls.WRONG_TYPE, f"info is {type(info).__name__}, expected a dict"
+  for k in ("timeout", "error"):  # read as flags; an array's truth raises, which failed every row of the call
+    try:
+      bool((info or {}).get(k))
+    except Exception as e:  # pylint: disable=broad-except
+      return None, host_calls.WRONG_TYPE, (f"info['{k}'] is {type(info[k]).__name__} ({host_calls.short(info[k])}), "
+                                           f"whose truth cannot be read ({type(e).__name__}); give a bool or a str")
   return (obs, value, bool(done), info or {}), host_calls.OK, ""
 
 

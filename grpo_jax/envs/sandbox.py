@@ -65,6 +65,7 @@ from typing import NamedTuple
 
 from grpo_jax.envs import base
 from grpo_jax.envs import formats
+from grpo_jax.infra import leftovers
 
 
 @dataclasses.dataclass(frozen=True)
@@ -326,9 +327,23 @@ def _read(path: str, limit: int, tail: bool = False) -> str:
     return f.read(limit).decode("utf-8", errors="replace")
 
 
+PREFIX = "grpo_sandbox_"  # + <host>-<pid>-<random>: a process killed with -9 mid-call leaves it behind
+_swept: set[str] = set()  # the temp dirs this process has swept
+
+
+def _remove_leftovers() -> None:
+  """Once per process and temp dir: the call directories of processes of this host that ended (killed mid-call);
+  a live process's, another host's and old unnamed ones are left alone."""
+  tmp = tempfile.gettempdir()
+  if tmp not in _swept:
+    _swept.add(tmp)
+    leftovers.remove(os.path.join(tmp, PREFIX), lambda rest: rest.rpartition("-")[0], "sandbox call directories")
+
+
 def run(code: str, limits: Limits = Limits()) -> Result:
   """`code` in a fresh limited child process (module docstring); never raises for what the code does."""
-  root = tempfile.mkdtemp(prefix="grpo_sandbox_")
+  _remove_leftovers()
+  root = tempfile.mkdtemp(prefix=f"{PREFIX}{leftovers.owner()}-")
   try:
     work = os.path.join(root, "work")
     os.mkdir(work)

@@ -27,15 +27,12 @@ whose adapter_config.json can name no base; the PEFT export's summary says so, w
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
-import socket
 import sys
 from typing import Any, NamedTuple
 
-from absl import logging
 import jax
 import ml_collections
 
@@ -47,6 +44,7 @@ from grpo_jax.hf import safetensors_io as st
 from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import console
 from grpo_jax.infra import errors
+from grpo_jax.infra import leftovers
 from grpo_jax.infra import params_ckpt
 from grpo_jax.model import lora as lora_lib
 from grpo_jax.model import model as model_lib
@@ -350,24 +348,9 @@ def check_out_dir(out_dir: str) -> bool:
 def _staging(out_dir: str) -> str:
   """OUT_DIR.export-tmp-<host>-<pid>, after removing what an export killed on this host left beside OUT_DIR (its
   staging directory, or the earlier export it had renamed aside): up to a model's size each, never read again."""
-  base, host = f"{os.path.abspath(out_dir).rstrip(os.sep)}.export-tmp-", socket.gethostname()
-  for d in glob.glob(glob.escape(base) + "*"):
-    tag = d[len(base):].removesuffix(".old")
-    h, _, pid = tag.rpartition("-")
-    if h == host and pid.isdigit() and (int(pid) == os.getpid() or not _alive(int(pid))):
-      logging.warning("removing %s, left by an export that did not finish", d)
-      shutil.rmtree(d, ignore_errors=True)
-  return f"{base}{host}-{os.getpid()}"
-
-
-def _alive(pid: int) -> bool:
-  try:
-    os.kill(pid, 0)
-  except ProcessLookupError:
-    return False
-  except OSError:
-    return True  # another user's process
-  return True
+  base = f"{os.path.abspath(out_dir).rstrip(os.sep)}.export-tmp-"
+  leftovers.remove(base, lambda rest: rest.removesuffix(".old"), "export staging directories", this_process=True)
+  return f"{base}{leftovers.owner()}"
 
 
 def _move_in(staged: str, out_dir: str, replace: bool) -> None:

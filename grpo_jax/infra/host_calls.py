@@ -12,6 +12,7 @@ all paused rows of a chunk boundary: one call per row, `Workers.size` at a time)
 """
 from __future__ import annotations
 
+import collections.abc
 import queue
 import reprlib
 import threading
@@ -25,6 +26,10 @@ import numpy as np
 OK, RAISED, NONFINITE, WRONG_LENGTH, WRONG_TYPE, TIMEOUT = range(6)
 STATUS_TEXT = {RAISED: "raised an exception", NONFINITE: "returned NaN/inf", WRONG_LENGTH: "returned the wrong length",
                WRONG_TYPE: "returned the wrong type", TIMEOUT: "timed out"}
+
+# Objects with a len() that are no sequence of values: a dict iterates its keys, a set in no order, a str its
+# characters, and bytes, bytearray and memoryview their byte values (b"\x01\x00" read as the scores [1, 0]).
+NOT_SEQUENCES = (str, bytes, bytearray, memoryview, collections.abc.Mapping, collections.abc.Set)
 
 
 def finite_f32(v) -> float | None:

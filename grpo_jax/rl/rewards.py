@@ -5,11 +5,11 @@ A term maps a rollout to outcome scores `r_N` and optionally step scores (`step_
 exception cross the callback (undefined behaviour, and the state is donated): they return a status, the step skips
 its update in-graph, and the host raises afterwards naming the term.
 """
-import collections.abc
 import math
 import threading
 from typing import Callable, Sequence
 
+from absl import logging
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -179,8 +179,8 @@ class PythonTerm:
       count = len(out)
     except TypeError:  # no __len__, or a 0-d array's len()
       count = None
-    if count is None or isinstance(out, (str, bytes, collections.abc.Mapping, collections.abc.Set)):
-      # a dict would be read as its keys, a set in no order
+    if count is None or isinstance(out, host_calls.NOT_SEQUENCES):
+      # a dict would be read as its keys, a set in no order, bytes-like as its byte values (b"\x01\x00": [1, 0])
       return self._fail(reward_spec.WRONG_TYPE, f"returned {type(out).__name__}, expected a sequence of {n} floats",
                         zeros)
     if count != n:
@@ -255,6 +255,11 @@ def build(rewards_cfg: Sequence[tuple[str, float]], ctx: reward_spec.Context,
       raise errors.ConfigError(f"config.rewards: unknown reward term '{name}'; choose from {known}.")
     names.append(name)
     weights.append(float(w))
+  weighted = {n for n, w in zip(names, weights) if w != 0}
+  if "process" in weighted and "accuracy" not in weighted:
+    logging.warning("config.rewards weights 'process' but not 'accuracy': the process term scores the fraction of "
+                    "arithmetically right steps whatever the answer, so padding with '1 + 1 = 2 ;' scores 1; add "
+                    "('accuracy', w) (docs/algorithms.md, train/process_on_incorrect).")
   return reward_spec.RewardSpec(tuple(names), tuple(weights), tuple(fns), py, ctx)
 
 

@@ -237,6 +237,9 @@ def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.A
         ro.lengths_N, right_N)
     m["train/len_acc_corr"], m["train/len_acc_corr_frac"] = length_stats.within_group_corr(
         ro.lengths_N.reshape(-1, G), ro.per_term["accuracy"].reshape(-1, G))
+    if "process" in ro.per_term:  # right steps that do not reach the answer ('1 + 1 = 2 ;' padding scores 1)
+      m["train/process_on_correct"], m["train/process_on_incorrect"] = length_stats.split_by(
+          ro.per_term["process"], right_N)
   for name, share in term_shares(config, ro).items():
     m[f"train/adv_share/{name}"] = share
   if ro.ds_kept is not None:

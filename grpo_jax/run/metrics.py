@@ -60,6 +60,10 @@ METRICS: dict[str, str] = {
     'train/completion_len_correct': ('mean length of the completions the accuracy term scores right (> 0.5); NaN '
                                      'if none (tasks with an accuracy term)'),
     'train/completion_len_incorrect': 'mean length of the completions scored wrong; NaN if none',
+    'train/process_on_correct': ('mean `process` term score (fraction of arithmetically right steps) of the '
+                                 'completions the accuracy term scores right; NaN if none (both terms run)'),
+    'train/process_on_incorrect': ('the same of the completions scored wrong: near 1 means right steps that do not '
+                                   'reach the answer, e.g. padding with "1 + 1 = 2 ;" (docs/algorithms.md)'),
     'train/cov_logp_adv': ('Cov(log pi_old, A) over the completion tokens (population covariance): by the entropy '
                            'mechanism (arXiv 2505.22617) the entropy falls by about this much per step'),
     'train/gate_mean': ('rl.objective=sapo: token-mean gate weight 4s(1-s), s = sigmoid(tau(ratio - 1)): 1 on-policy, '
