@@ -104,7 +104,19 @@ def np_aggregate(x, m, mode, norm_len=None):
     return x.sum() / max(m.sum(), 1)
   if mode == "seq_mean_token_mean":
     return np.mean([x[i].sum() / max(m[i].sum(), 1) for i in range(len(x))])
+  if mode == "seq_mean_token_sum":
+    return np.mean([x[i].sum() for i in range(len(x))])
   return np.mean([x[i].sum() / norm_len for i in range(len(x))])
+
+
+def np_agg_weights(m, mode, norm_len):
+  """Each valid token's weight in the aggregate (every mode is linear in the per-token values)."""
+  n_rows, lengths = m.shape[0], m.sum(1, keepdims=True)
+  w = {"token_mean": np.full(m.shape, 1.0 / max(m.sum(), 1)),
+       "seq_mean_token_mean": np.broadcast_to(1.0 / (np.maximum(lengths, 1) * n_rows), m.shape),
+       "seq_mean_token_sum": np.full(m.shape, 1.0 / n_rows),
+       "seq_mean_token_sum_norm": np.full(m.shape, 1.0 / (norm_len * n_rows))}[mode]
+  return np.where(m > 0, w, 0.0)
 
 
 def test_aggregate_hand_values():
@@ -114,7 +126,14 @@ def test_aggregate_hand_values():
   assert float(losses.aggregate(x, m, "seq_mean_token_mean")) == pytest.approx(2.0)
   assert float(losses.aggregate(x, m, "token_mean")) == pytest.approx(2.5)
   assert float(losses.aggregate(x, m, "seq_mean_token_sum_norm", norm_len=4)) == pytest.approx(2.5 / 3)
+  # verl's seq-mean-token-sum: sums 6, 4, 0 (the empty row counts, as in torch.mean) -> 10/3
+  assert float(losses.aggregate(x, m, "seq_mean_token_sum")) == pytest.approx(10 / 3)
   assert float(losses.aggregate(x, jnp.zeros_like(m), "token_mean")) == 0.0
+
+
+def test_aggregation_modes_are_the_ones_validation_accepts():
+  from grpo_jax.run import validate
+  assert validate.LOSS_AGG == losses.AGG_MODES
 
 
 @pytest.mark.parametrize("mode", losses.AGG_MODES)
@@ -431,6 +450,79 @@ def test_policy_loss_without_reference():
   assert float(loss) == -1.0 and "kl" not in metrics
   with pytest.raises(ValueError, match="ref_logp"):
     losses.policy_loss(lp, lp, None, jnp.ones((1, 2)), jnp.ones((1, 2)), eps_low=0.2, eps_high=0.2, beta=0.1)
+
+
+# ---------------------------------------------------------------- entropy bonus (rl.entropy_coef)
+
+
+def _log_softmax_np(z):
+  z = z - z.max(-1, keepdims=True)
+  return z - np.log(np.exp(z).sum(-1, keepdims=True))
+
+
+@pytest.mark.parametrize("agg", losses.AGG_MODES)
+def test_entropy_bonus_hand(agg):
+  """H of uniform logits over 4 tokens is ln 4; of p = (1/2, 1/4, 1/4) it is 1.5 ln 2. A = 0 (no policy term), rows
+  [ln 4, 1.5 ln 2] and [ln 4, padding]: loss = −0.1·agg(H), i.e. token_mean −0.1·5.5 ln2/3, seq_mean_token_mean
+  −0.1·(1.75 + 2) ln2/2, seq_mean_token_sum −0.1·(3.5 + 2) ln2/2, seq_mean_token_sum_norm (L_max 4) the last / 4."""
+  z = jnp.log(jnp.array([[[1.0, 1, 1, 1], [2, 1, 1, 1e-30]], [[1, 1, 1, 1], [9, 0.1, 3, 1]]]))
+  lp_V = jax.nn.log_softmax(z, -1)
+  ent = -jnp.sum(jnp.exp(lp_V) * lp_V, -1)
+  ln2 = np.log(2.0)
+  assert float(ent[0, 0]) == pytest.approx(2 * ln2, rel=1e-6) and float(ent[0, 1]) == pytest.approx(1.5 * ln2, 1e-6)
+  m = jnp.array([[1.0, 1.0], [1.0, 0.0]])
+  lp = lp_V[..., 0]
+  loss, _ = losses.policy_loss(lp, lp, None, jnp.zeros((2, 2)), m, eps_low=0.2, eps_high=0.2, beta=0.0, agg=agg,
+                               norm_len=4, ent_NxL=ent.at[1, 1].set(jnp.nan), entropy_coef=0.1)
+  want = {"token_mean": 5.5 / 3, "seq_mean_token_mean": 3.75 / 2, "seq_mean_token_sum": 5.5 / 2,
+          "seq_mean_token_sum_norm": 5.5 / 8}[agg]
+  assert float(loss) == pytest.approx(-0.1 * want * ln2, rel=1e-6)
+
+
+@pytest.mark.parametrize("agg", losses.AGG_MODES)
+def test_entropy_bonus_loss_and_gradient_match_numpy(agg):
+  """loss = −agg(A·ρ + c·H) on-policy (ρ = 1), differentiated w.r.t. the LOGITS z through both log π(y) and the
+  entropy H = −Σ_v p_v log p_v, against NumPy's closed form ∂/∂z = −w_t·(A·(onehot(y) − p) − c·p·(log p + H)),
+  w_t each token's weight in the aggregation. Ragged rows, an empty row, NaN advantages on padding."""
+  rng = np.random.default_rng(3)
+  N, L, V, c = 4, 5, 6, 0.3
+  m = ragged_mask([5, 2, 0, 3], L)
+  z = rng.normal(size=(N, L, V)) * 1.5
+  y = rng.integers(0, V, (N, L))
+  a = np.where(m > 0, rng.normal(size=(N, L)), np.nan)
+
+  def f(z_NxLxV):
+    lp_NxLxV = jax.nn.log_softmax(z_NxLxV, -1)
+    lp_NxL = jnp.take_along_axis(lp_NxLxV, jnp.asarray(y)[..., None], -1)[..., 0]
+    ent_NxL = -jnp.sum(jnp.exp(lp_NxLxV) * lp_NxLxV, -1)
+    return losses.policy_loss(lp_NxL, jax.lax.stop_gradient(lp_NxL), None, jnp.asarray(a, jnp.float32),
+                              jnp.asarray(m), eps_low=0.2, eps_high=0.28, beta=0.0, agg=agg, norm_len=8,
+                              ent_NxL=ent_NxL, entropy_coef=c)[0]
+  loss, g = jax.value_and_grad(f)(jnp.asarray(z, jnp.float32))
+  lp = _log_softmax_np(z)
+  p = np.exp(lp)
+  H = -(p * lp).sum(-1)
+  w = np_agg_weights(m, agg, 8)
+  a0 = np.where(m > 0, a, 0.0)
+  assert float(loss) == pytest.approx(-np.sum(w * (a0 + c * H)), rel=1e-5)
+  onehot = np.eye(V)[y]
+  want = -w[..., None] * (a0[..., None] * (onehot - p) - c * p * (lp + H[..., None]))
+  np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=1e-7)
+
+
+def test_entropy_coef_zero_adds_nothing_to_the_program():
+  """entropy_coef = 0 (the default) traces the same program as a call with no entropies at all: the step without
+  the bonus is today's step exactly (tests/test_goldens.py pins its numbers). A positive coef does change it."""
+  N, L = 3, 4
+  args = [jnp.asarray(RNG.normal(size=(N, L)), jnp.float32) for _ in range(4)]
+  args.append(jnp.asarray(ragged_mask([4, 1, 2], L)))
+  ent = jnp.asarray(RNG.uniform(0, 2, size=(N, L)), jnp.float32)
+  kw = dict(eps_low=0.2, eps_high=0.28, beta=0.04, agg="seq_mean_token_mean")
+  jaxpr = lambda **k: str(jax.make_jaxpr(lambda *a: losses.policy_loss(*a, **kw, **k))(*args))
+  assert jaxpr(ent_NxL=ent, entropy_coef=0.0) == jaxpr()
+  assert jaxpr(ent_NxL=ent, entropy_coef=0.01) != jaxpr()
+  with pytest.raises(ValueError, match="needs the policy's entropies"):
+    losses.policy_loss(*args, **kw, entropy_coef=0.01)
 
 
 # ---------------------------------------------------------------- GSPO

@@ -534,3 +534,27 @@ def test_bucket_index_is_reduced_over_vmapped_runs():
   assert _conds(named.jaxpr, 2) == 2  # reference log-probs (in row chunks) and the update
   # seeds.py's runs vmap names that axis
   assert "axis_name=update_lib.RUNS_AXIS" in inspect.getsource(seeds_lib.make_vmapped_step)
+
+
+def test_entropy_bonus_in_the_full_step_with_mu_and_minibatches():
+  """rl.entropy_coef through the whole step (families.make_step) with μ = 2 and 2 minibatches (4 updates), token_mean:
+  each update's loss is its policy loss − c·(its minibatch's token-mean entropy, what train/entropy averages), so
+  for the same rollout (same seed and batch) train/loss(c = 1) ≈ train/loss(0) − train/entropy, up to the
+  policy-loss drift of the two runs' later updates (lr 1e-3); finite, nothing skipped."""
+  out = {}
+  for coef in (0.0, 1.0):
+    c = digits.bench_config(**TINY)
+    c.optim.lr = 1e-3
+    c.rl.update(mu=2, minibatches=2, loss_agg="token_mean", entropy_coef=coef)
+    mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+    mcfg = model_lib.ModelConfig.from_config(c.model)
+    spec = digits.reward_spec(c.model.vocab_size)
+    step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+    _, m = step(rl_step.init(c, mesh, mcfg, seed=0), _batches(c, 1)[0])
+    out[coef] = {k: float(v) for k, v in jax.device_get(m).items() if np.ndim(v) == 0}
+  m0, m1 = out[0.0], out[1.0]
+  assert m0["train/reward_mean"] == m1["train/reward_mean"]  # the same rollout
+  h = m1["train/entropy"]
+  assert 3.0 < h < np.log(64) + 1e-4
+  assert abs((m0["train/loss"] - m1["train/loss"]) - h) < 2e-3 * h, (m0["train/loss"], m1["train/loss"], h)
+  assert m1["train/nonfinite_updates"] == 0

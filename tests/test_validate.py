@@ -42,6 +42,10 @@ BAD = [
     ("rl.dual_clip", 0.5, "config.rl.dual_clip: must be 0 (off) or > 1"),
     ("rl.dual_clip", -3.0, "config.rl.dual_clip"),
     ("rl.kl_clamp", -1.0, "config.rl.kl_clamp"),
+    ("rl.entropy_coef", -0.01, "config.rl.entropy_coef: must be a finite number >= 0"),
+    ("rl.entropy_coef", float("nan"), "config.rl.entropy_coef: must be a finite number >= 0"),
+    ("rl.entropy_coef", 1e39, "config.rl.entropy_coef: must be a finite number >= 0"),
+    ("rl.loss_agg", "seq-mean-token-sum", "config.rl.loss_agg"),  # verl's spelling: ours has underscores
     ("rl.overlong_frac", 1.5, "config.rl.overlong_frac"),
     ("rl.overlong_frac", 0.001, "config.rl.overlong_frac: 0.001 of sampling.max_new_tokens=48 is less than one"),
     ("rl.mu", 0, "config.rl.mu"),

@@ -175,6 +175,9 @@ def _base_config() -> ml_collections.ConfigDict:
       # verl 1e-6): A = (r - mean) / (std + std_eps).
       std_ddof=1, std_eps=1e-4,
       # --- preset: the policy loss ---
+      # per-token terms to the loss (losses.aggregate): seq_mean_token_mean (GRPO) | token_mean (DAPO) |
+      # seq_mean_token_sum (verl: each answer's token sum, mean over answers) | seq_mean_token_sum_norm (Dr.GRPO:
+      # the sums / max_new_tokens)
       loss_agg="seq_mean_token_mean",
       ratio_level="token",       # token: PPO/GRPO ratio per token; sequence: GSPO's length-normalised sequence ratio
       eps_low=0.2, eps_high=0.2,  # clip range [1 - eps_low, 1 + eps_high] of the ratio
@@ -206,6 +209,10 @@ def _base_config() -> ml_collections.ConfigDict:
       # kl_cov_coef·|log ratio|): cov = (log pi - mean)(A - mean), arXiv 2505.22617 as verl defines them ---
       token_select="all", select_frac=0.2, clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0,
       kl_cov_ratio=2e-4, kl_cov_coef=1.0,
+      # entropy bonus (not set by presets; any objective, every family): loss -= entropy_coef · agg(H), H the
+      # entropy of pi's whole next-token distribution (softmax(logits / temperature)) at each loss token, reduced
+      # with loss_agg as the policy loss (verl's actor.entropy_coeff); 0 = off, and nothing is added to the step
+      entropy_coef=0.0,
       # ProRL's reference reset (arXiv 2505.24864; rl_step.reference_reset; not set by presets): every this many
       # updates the reference becomes the current policy and the policy's optimizer state starts afresh (its lr
       # kept), so the KL anchors at the policy reached; 0 = off (the reference stays the starting policy). Needs a

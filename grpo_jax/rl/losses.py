@@ -12,7 +12,7 @@ from jax import lax
 
 from grpo_jax.rl import token_select as token_select_lib
 
-AGG_MODES = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+AGG_MODES = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 OBJECTIVES = ("clip", "cispo", "sapo")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 RATIO_LEVELS = ("token", "sequence")
@@ -106,10 +106,12 @@ def _masked_min(x_NxL: jax.Array, mask_NxL: jax.Array) -> jax.Array:
 
 def aggregate(loss_NxL: jax.Array, mask_NxL: jax.Array, mode: str, *,
               norm_len: Optional[float] = None) -> jax.Array:
-  """Reduce a per-token quantity to a scalar; the three modes differ in how they weight long vs short answers.
+  """Reduce a per-token quantity to a scalar; the modes differ in how they weight long vs short answers.
 
   'seq_mean_token_mean'     GRPO: mean over rows of each row's token mean (empty rows count as 0 in the mean)
   'token_mean'              DAPO: sum over all valid tokens / number of valid tokens
+  'seq_mean_token_sum'      verl's seq-mean-token-sum: mean over rows of each row's token sum (a long answer weighs
+                            by its length; the loss scale grows with it)
   'seq_mean_token_sum_norm' Dr.GRPO: each row's token sum / norm_len (a constant), mean over rows
   """
   if mode not in AGG_MODES:
@@ -121,6 +123,8 @@ def aggregate(loss_NxL: jax.Array, mask_NxL: jax.Array, mode: str, *,
   row_sum_N = jnp.sum(x_NxL, axis=1)
   if mode == "seq_mean_token_mean":
     return jnp.mean(row_sum_N / jnp.maximum(jnp.sum(m_NxL, axis=1), 1))
+  if mode == "seq_mean_token_sum":
+    return jnp.mean(row_sum_N)
   if norm_len is None or norm_len <= 0:
     raise ValueError(f"'seq_mean_token_sum_norm' needs norm_len > 0, got {norm_len}; pass the max completion length.")
   return jnp.mean(row_sum_N / norm_len)
@@ -271,8 +275,15 @@ def policy_loss(logp_NxL: jax.Array, old_logp_NxL: jax.Array, ref_logp_NxL: Opti
                 ratio_level: str = "token", dual_clip=0.0, kl_clamp=0.0,
                 is_w_NxL: Optional[jax.Array] = None, objective: str = "clip", tau_pos=1.0, tau_neg=1.05,
                 token_select: str = "all", select_cfg=None, ent_NxL: Optional[jax.Array] = None,
-                select_u_NxL: Optional[jax.Array] = None) -> Tuple[jax.Array, Dict[str, jax.Array]]:
-  """loss = −aggregate(w·surrogate − β·kl_est): DeepSeekMath's GRPO objective with the KL inside the token sum.
+                select_u_NxL: Optional[jax.Array] = None,
+                entropy_coef: float = 0.0) -> Tuple[jax.Array, Dict[str, jax.Array]]:
+  """loss = −aggregate(w·surrogate − β·kl_est + c·H): DeepSeekMath's GRPO objective with the KL inside the token
+  sum, and an entropy bonus c = entropy_coef.
+
+  entropy_coef c: loss −= c·aggregate(H), H = ent_NxL the entropy of the policy's whole next-token distribution at
+  each loss token (the policy pass's, with its gradient), reduced with the same `agg` as the policy loss (verl's
+  entropy_coeff: pg_loss − c·agg_loss(entropy)); agg is linear, so it is added to the per-token term. A Python 0
+  (the default) adds nothing to the program. Like the KL it is not weighted by is_w_NxL or the token selection.
 
   is_w_NxL: the rollout correction's per-token importance weight w = f(π_prox/μ) (rl/correction.py; None = 1), a
   constant of the update (stop-gradient): it multiplies each token's surrogate only, as AReaL's decoupled objective
@@ -298,6 +309,9 @@ def policy_loss(logp_NxL: jax.Array, old_logp_NxL: jax.Array, ref_logp_NxL: Opti
     raise ValueError(f"ratio_level={ratio_level!r} is not one of {RATIO_LEVELS}; set rl.ratio_level.")
   if kl_estimator not in KL_ESTIMATORS:
     raise ValueError(f"kl_estimator={kl_estimator!r} is not one of {KL_ESTIMATORS}; set rl.kl_estimator.")
+  bonus = not (isinstance(entropy_coef, (int, float)) and entropy_coef == 0)
+  if bonus and ent_NxL is None:
+    raise ValueError(f"policy_loss: entropy_coef={entropy_coef} needs the policy's entropies ent_NxL.")
   if ref_logp_NxL is None and not (isinstance(beta, (int, float)) and beta == 0):
     raise ValueError(f"policy_loss: ref_logp_NxL is None but beta={beta}; pass reference log-probs or beta=0.")
   if objective not in OBJECTIVES:
@@ -328,6 +342,8 @@ def policy_loss(logp_NxL: jax.Array, old_logp_NxL: jax.Array, ref_logp_NxL: Opti
     if kl_estimator == "k3":
       hit_NxL = (kl_clamp > 0) & (kl_k3(lax.stop_gradient(lp_NxL), ref_NxL) > kl_clamp)
       metrics["kl_clamp_frac"] = _token_mean(hit_NxL.astype(jnp.float32), mask_NxL)
+  if bonus:
+    per_token_NxL = per_token_NxL + entropy_coef * _clean(ent_NxL, mask_NxL)
   loss = -aggregate(per_token_NxL, mask_NxL, agg, norm_len=norm_len)
   return loss, metrics
 

@@ -199,10 +199,10 @@ def forwards(config, fn: Callable, seq, P: int) -> Any:
 
 def microbatch_weights(agg: str, mask_NxL: jax.Array, in_mb_N: jax.Array) -> tuple[jax.Array, jax.Array]:
   """(token share w, loss scale) of a micro-batch. Its loss is the minibatch's objective with the other samples
-  masked out: a row-mean mode (seq_mean_token_mean, Dr.GRPO's seq_mean_token_sum_norm) still divides by every
-  row of the minibatch and by each row's own length or the constant, so the micro-batches' losses sum to the
-  minibatch's as they are; token_mean divided by the micro-batch's tokens, so its loss scales by their share of the
-  minibatch's. Token-mean metrics always weigh by that share."""
+  masked out: a row-mean mode (seq_mean_token_mean, seq_mean_token_sum, Dr.GRPO's seq_mean_token_sum_norm) still
+  divides by every row of the minibatch and by each row's own length, 1 or the constant, so the micro-batches'
+  losses sum to the minibatch's as they are; token_mean divided by the micro-batch's tokens, so its loss scales by
+  their share of the minibatch's. Token-mean metrics always weigh by that share."""
   n_all = jnp.sum(mask_NxL > 0)
   w = jnp.sum((mask_NxL > 0) & in_mb_N[:, None]) / jnp.maximum(n_all, 1)
   return w, (w if agg == "token_mean" else jnp.ones_like(w))

@@ -130,7 +130,8 @@ def policy_loss_kwargs(config) -> dict:
               kl_estimator=rl.kl_estimator, agg=rl.loss_agg, norm_len=config.sampling.max_new_tokens,
               ratio_level=rl.ratio_level, dual_clip=rl.dual_clip, kl_clamp=rl.kl_clamp,
               objective=rl.get("objective", "clip"), tau_pos=rl.get("sapo_tau_pos", 1.0),
-              tau_neg=rl.get("sapo_tau_neg", 1.05), token_select=rl.get("token_select", "all"), select_cfg=rl)
+              tau_neg=rl.get("sapo_tau_neg", 1.05), token_select=rl.get("token_select", "all"), select_cfg=rl,
+              entropy_coef=rl.get("entropy_coef", 0.0))
 
 
 def one_update(config) -> bool:

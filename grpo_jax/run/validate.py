@@ -44,7 +44,7 @@ REWARD_NORMS = ("sum", "per_term")
 RATIO_LEVELS = ("token", "sequence")
 KL_ESTIMATORS = ("k1", "k2", "k3")
 KL_IN = ("loss", "reward")
-LOSS_AGG = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm")
+LOSS_AGG = ("seq_mean_token_mean", "token_mean", "seq_mean_token_sum", "seq_mean_token_sum_norm")
 DTYPES = ("float32", "bfloat16")
 REMAT = ("none", "full", "dots")
 ATTENTION = ("auto", "xla", "blockwise", "splash", "cudnn", "dot_product", "pallas_gpu")  # = attention.IMPLEMENTATIONS
@@ -343,7 +343,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   if not integer(chunk) or chunk < -1:
     _fail("sampling.exit_chunk", f"must be an integer >= 0 (decode steps between early-exit checks; 0 = none) or -1 "
           f"(auto), got {chunk!r}.")
-  for k in ("rl.eps_low", "rl.eps_high", "rl.beta", "rl.std_eps", "rl.dual_clip", "rl.kl_clamp",
+  for k in ("rl.eps_low", "rl.eps_high", "rl.beta", "rl.std_eps", "rl.dual_clip", "rl.kl_clamp", "rl.entropy_coef",
             "sampling.temperature", "rl.process_weight",
             "rl.reward_timeout_s", "optim.warmup_steps", "ppo.value_clip", "ppo.vf_coef"):
     _nonneg(c, k)
