@@ -1,12 +1,13 @@
 """Metric names (the one table) and `MetricWriter`: metrics.jsonl, TensorBoard, optional W&B, progress line.
 
-metrics.jsonl format: one JSON object per logged step, `step` first, then metric names sorted; integers stay
-integers, everything else is a Python float; non-finite floats are written as the strings "nan", "inf", "-inf" so
-that the file is strict JSON (jq, pandas, browsers reject bare NaN). `read_metrics` turns them back into floats.
-Several `write` calls for the same step (train metrics, then eval metrics) merge into one row. The merge rewrites
-the file's last line; the merged row is first put in metrics.jsonl.pending (written whole, then renamed), so a kill
-between cutting the old line and writing the new one loses nothing: every reader takes the pending row in place of
-its step's line (`_read_rows`), and the next start writes it into the file and removes the pending file.
+metrics.jsonl format: one JSON object per logged step, `step` first, then metric names sorted; integers and the
+counts (COUNTS) are JSON integers, everything else is a Python float; non-finite floats are written as the strings
+"nan", "inf", "-inf" so that the file is strict JSON (jq, pandas, browsers reject bare NaN); `read_metrics` turns
+them back into floats. Several `write` calls for the same step (train metrics, then eval metrics) merge into one
+row. The merge rewrites the file's last line; the merged row is first put in metrics.jsonl.pending (written whole,
+then renamed), so a kill between cutting the old line and writing the new one loses nothing: every reader takes the
+pending row in place of its step's line (`_read_rows`), and the next start writes it into the file and removes the
+pending file.
 """
 
 from __future__ import annotations
@@ -171,6 +172,17 @@ METRICS: dict[str, str] = {
                            'config is in config.<step>.json next to the checkpoints',
 }
 
+# Names whose values are counts (sums or extremes of whole numbers): written as JSON integers whatever dtype the
+# step computed them in (a float32 sum in the jitted step), so a reader can tell a count from a mean.
+COUNTS = frozenset({
+    'train/completion_len_max', 'train/ref_reset', 'train/decode_steps', 'train/decode_row_steps',
+    'train/version_lag_max', 'train/carried_rows', 'train/ready_groups', 'train/rollout_budget',
+    'train/decode_tokens', 'train/train_len', 'train/tokens', 'train/skipped_updates', 'train/nonfinite_updates',
+    'train/dynamic_sampling_kept', 'train/reward_fallbacks', 'train/tool_errors', 'train/tool_timeouts',
+    'train/tool_fallbacks', 'train/tool_turn_limits', 'train/tool_obs_truncated', 'eval/tool_errors',
+    'eval/tool_timeouts', 'eval/tool_fallbacks', 'eval/tool_call_failed', 'ckpt/unusable_skipped',
+    'ckpt/partial_skipped', 'config_change/<key>'})
+
 _PLACEHOLDERS = {'<term>': r'[A-Za-z0-9_.\-]+', '<k>': r'[1-9][0-9]*', '<key>': r'[A-Za-z0-9_.]+'}
 
 
@@ -182,7 +194,8 @@ def _compile(name: str) -> re.Pattern:
 
 
 _EXACT = frozenset(n for n in METRICS if '<' not in n)
-_PATTERNS = tuple(_compile(n) for n in METRICS if '<' in n)
+_TEMPLATES = tuple((n, _compile(n)) for n in METRICS if '<' in n)
+_PATTERNS = tuple(p for _, p in _TEMPLATES)
 
 # Shown in the progress line when present in a row.
 PROGRESS_KEYS = ('train/reward_mean', 'train/kl', 'train/entropy', 'train/completion_len_mean', 'train/loss',
@@ -191,6 +204,15 @@ PROGRESS_KEYS = ('train/reward_mean', 'train/kl', 'train/entropy', 'train/comple
 
 def is_known(name: str) -> bool:
   return name in _EXACT or any(p.match(name) for p in _PATTERNS)
+
+
+def _entry(name: str) -> str | None:
+  """The METRICS key that defines `name` (itself, or the template it matches)."""
+  return name if name in _EXACT else next((t for t, p in _TEMPLATES if p.match(name)), None)
+
+
+def is_count(name: str) -> bool:
+  return _entry(name) in COUNTS
 
 
 def check_names(names) -> None:
@@ -204,7 +226,8 @@ def check_names(names) -> None:
 def markdown_table() -> str:
   """The docs table of every metric name, in METRICS order."""
   lines = ['| Metric | Meaning |', '|---|---|']
-  lines += [f'| `{name}` | {desc.replace("|", "/")} |' for name, desc in METRICS.items()]
+  lines += [f'| `{name}` | {desc.replace("|", "/")}{" (count: an integer)" if name in COUNTS else ""} |'
+            for name, desc in METRICS.items()]
   return '\n'.join(lines) + '\n'
 
 
@@ -219,7 +242,14 @@ def _to_json_scalar(name: str, value: Any) -> int | float | str:
     item = float(arr)  # also bfloat16 and other ml_dtypes floats
   except (TypeError, ValueError):
     raise ValueError(f'metric {name!r} has non-numeric value {value!r}; log numbers only') from None
-  return item if math.isfinite(item) else ('nan' if math.isnan(item) else ('inf' if item > 0 else '-inf'))
+  if not math.isfinite(item):
+    return 'nan' if math.isnan(item) else ('inf' if item > 0 else '-inf')
+  if is_count(name):
+    if not item.is_integer():
+      raise ValueError(f'metric {name!r} is a count (metrics.COUNTS) but got {item!r}; log the whole number, or '
+                       'move the name out of COUNTS if it is a mean')
+    return int(item)
+  return item
 
 
 def _from_json_scalar(value: Any) -> Any:
