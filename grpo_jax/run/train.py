@@ -647,8 +647,9 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
                                      data_lib.eval_set(config.task, tokenizer, config.eval.size,
                                                        config.task.prompt_len,
                                                        env_batch.prompt_tools(config, tokenizer)))
+    t0 = time.perf_counter()
     result, _ = evaluator(state_lib.model_params(state), jax.random.PRNGKey(config.seed + 1))
-    writer.write(steps, result)
+    writer.write(steps, {**result, "perf/eval_time_s": time.perf_counter() - t0})  # as the RL loop's eval rows
   writer.close()
   if config.log.plots:
     plots.write_plots(workdir)
