@@ -35,7 +35,8 @@ METRICS: dict[str, str] = {
     'train/adv_std': 'token-level std of the advantage',
     'train/adv_abs_max': 'largest |advantage| in the batch',
     'train/adv_share/<term>': ("the term's share of the outcome advantage, <A_term, A> / <A, A> (A = sum of the "
-                               'terms\' parts; shares sum to 1, negative = pulls against the rest; rl_step.term_shares)'),
+                               "terms' parts; shares sum to 1, negative = pulls against the rest; all 0 in a step "
+                               "with no advantage, e.g. every group's rewards equal; rl_step.term_shares)"),
     'train/clip_frac_low': 'fraction of tokens with ratio < 1-eps_low and A < 0 (clipped from below)',
     'train/clip_frac_high': 'fraction of tokens with ratio > 1+eps_high and A > 0 (clipped from above)',
     'train/clip_frac_dual': 'fraction of tokens with ratio > rl.dual_clip and A < 0 (loss bounded, no gradient)',
