@@ -60,7 +60,8 @@ METRICS: dict[str, str] = {
     'train/len_acc_corr_frac': 'fraction of groups where length and accuracy both vary (those train/len_acc_corr '
                                'averages)',
     'train/completion_len_correct': ('mean length of the completions the accuracy term scores right (> 0.5); NaN '
-                                     'if none (tasks with an accuracy term)'),
+                                     'if none (runs whose rewards have an accuracy term, `accuracy` or '
+                                     '`math_accuracy`: rl_step.ACCURACY_TERMS; so are the other accuracy splits)'),
     'train/completion_len_incorrect': 'mean length of the completions scored wrong; NaN if none',
     'train/cov_logp_adv': ('Cov(log pi_old, A) over the completion tokens (population covariance): by the entropy '
                            'mechanism (arXiv 2505.22617) the entropy falls by about this much per step'),
@@ -159,7 +160,8 @@ METRICS: dict[str, str] = {
                               'steps stuck): the rows waiting for it ended there (logged)'),
     # --- perf/: wall-clock, the only non-deterministic metrics ---
     'perf/step_time_s': 'wall time of the jitted step, seconds (includes compilation on the first step)',
-    'perf/tokens_per_s': 'completion tokens generated per second of step time',
+    'perf/tokens_per_s': ('completion tokens of the trained rows per second of step time (under partial rollouts '
+                          'some were drawn in earlier steps: perf/decode_tokens_per_s counts what the step drew)'),
     'perf/decode_tokens_per_s': 'partial rollouts: tokens the step drew per second of step time',
     'perf/compile_time_s': 'wall time of the first (compiling) step after start or resume, seconds',
     'perf/eval_time_s': 'wall time of one evaluation, seconds',
