@@ -253,12 +253,15 @@ def sft_reference(tmp_path_factory):
 def test_sft_and_rl_rows_keep_the_metrics_contract(sft_reference):
   """Both stages' metrics.jsonl as docs/metrics.md states it (tests/metrics_contract.py): counts are integers (the
   loops wrote every one as a float), and the SFT stage's final evaluation row has perf/eval_time_s like the RL
-  loop's (it had none)."""
+  loop's (it had none), and its first train row perf/compile_time_s (none either)."""
   sft_rows = metrics_contract.check_run(os.path.join(sft_reference, "sft"))
   rl_rows = metrics_contract.check_run(sft_reference)
   assert isinstance(sft_rows[0]["train/tokens"], int) and sft_rows[0]["train/tokens"] > 0
   assert isinstance([r for r in rl_rows if "train/loss" in r][0]["train/completion_len_max"], int)
   assert [r["step"] for r in sft_rows if "perf/eval_time_s" in r] == [SFT_JOB["sft.steps"]]
+  # the compiling step's time on its own key in both loops (SFT logged none)
+  assert [r["step"] for r in sft_rows if "perf/compile_time_s" in r] == [1]
+  assert [r["step"] for r in rl_rows if "perf/compile_time_s" in r] == [1]
   assert [r["step"] for r in rl_rows if "perf/eval_time_s" in r] == [0, SFT_JOB["train.steps"]]
 
 

@@ -633,6 +633,8 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
       if done % config.train.log_every == 0 or done == steps:
         scalars = _host_scalars(m)
         scalars["perf/step_time_s"] = time.perf_counter() - t0
+        if step == start:  # as the RL loop: the compiling step's time on its own key
+          scalars["perf/compile_time_s"] = scalars["perf/step_time_s"]
         writer.write(done, scalars)
       ckpt.maybe_save(done, state, {"step": done}, force=done == steps)
     guard.finish(ckpt, state, done)  # inside running(): a second signal cannot interrupt the save
