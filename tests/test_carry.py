@@ -20,6 +20,7 @@ from grpo_jax.rollout import decode_layout
 from grpo_jax.rollout import sampling
 from grpo_jax.run import validate
 from grpo_jax.tasks import digits
+from tests import metrics_contract
 
 TINY = dict(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
 # the digits workload's batch fields, plus each prompt's position in the stream (which groups a step trained)
@@ -576,6 +577,7 @@ def test_killed_carry_run_resumes_exactly(chaos_partial, tmp_path):
   the carry's in-flight rows come back with the state, so every state leaf (the carry's among them), metrics row and
   sample row equals the uninterrupted run's, which carried rows (version lags of 1)."""
   chaos, env, ref = chaos_partial
+  metrics_contract.check_run(ref)  # the partial-rollout counts as integers, as docs/metrics.md says
   rows = [r for r in chaos._jsonl(os.path.join(ref, "metrics.jsonl"), True) if "train/version_lag_max" in r]
   assert max(r["train/version_lag_max"] for r in rows) >= 1
   # and trained on real gradients every step (chaos.GRPO's `random` reward term), so the resumed state is compared

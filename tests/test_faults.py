@@ -18,6 +18,8 @@ import time
 import numpy as np
 import pytest
 
+from tests import metrics_contract
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 L = 8
 TINY = {"model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads": 1, "model.inter": 64,
@@ -246,6 +248,21 @@ def sft_reference(tmp_path_factory):
     gn = [r["train/grad_norm"] for r in _rows(d) if "train/grad_norm" in r]
     assert gn and min(gn) > 1e-3, (d, gn)
   return wd
+
+
+def test_sft_and_rl_rows_keep_the_metrics_contract(sft_reference):
+  """Both stages' metrics.jsonl as docs/metrics.md states it (tests/metrics_contract.py): counts are integers (the
+  loops wrote every one as a float), and the SFT stage's final evaluation row has perf/eval_time_s like the RL
+  loop's (it had none), and its first train row perf/compile_time_s (none either)."""
+  sft_rows = metrics_contract.check_run(os.path.join(sft_reference, "sft"))
+  rl_rows = metrics_contract.check_run(sft_reference)
+  assert isinstance(sft_rows[0]["train/tokens"], int) and sft_rows[0]["train/tokens"] > 0
+  assert isinstance([r for r in rl_rows if "train/loss" in r][0]["train/completion_len_max"], int)
+  assert [r["step"] for r in sft_rows if "perf/eval_time_s" in r] == [SFT_JOB["sft.steps"]]
+  # the compiling step's time on its own key in both loops (SFT logged none)
+  assert [r["step"] for r in sft_rows if "perf/compile_time_s" in r] == [1]
+  assert [r["step"] for r in rl_rows if "perf/compile_time_s" in r] == [1]
+  assert [r["step"] for r in rl_rows if "perf/eval_time_s" in r] == [0, SFT_JOB["train.steps"]]
 
 
 def test_sigint_during_sft_then_rerun_equals_uninterrupted(sft_reference, tmp_path):

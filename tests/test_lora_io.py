@@ -20,6 +20,7 @@ from grpo_jax.infra import errors  # noqa: E402
 from grpo_jax.model import lora  # noqa: E402
 from grpo_jax.model import model as model_lib  # noqa: E402
 from grpo_jax.run import train  # noqa: E402
+from tests import metrics_contract  # noqa: E402
 
 TOKENS = np.array([[0, 0, 5, 9, 11, 3, 7, 1, 2, 40], [4, 8, 2, 6, 1, 17, 5, 60, 33, 12]], np.int64)
 MASK = np.array([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 10], np.int64)
@@ -82,6 +83,13 @@ def _hf_logits(model):
   with torch.no_grad():
     return model(input_ids=torch.tensor(TOKENS), attention_mask=torch.tensor(MASK),
                  position_ids=torch.tensor(POS)).logits.numpy()
+
+
+def test_lora_run_rows_keep_the_metrics_contract(lora_run):
+  """A LoRA run's metrics.jsonl as docs/metrics.md says (tests/metrics_contract.py)."""
+  rows = metrics_contract.check_run(lora_run["run_dir"])
+  assert [r["step"] for r in rows if "train/loss" in r] == [1, 2]
+  assert [r["step"] for r in rows if "perf/eval_time_s" in r] == [0, 2]
 
 
 def test_checkpoint_holds_adapters_and_the_base_identity(lora_run):

@@ -13,6 +13,7 @@ from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import gsm8k
 from grpo_jax.tasks import math_data
 from grpo_jax.tasks import registry
+from tests import metrics_contract
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -188,11 +189,14 @@ def test_a_short_rl_run_on_local_files(tmp_path):
   assert [e["final"] for e in examples] == [str(i + 3) for i in range(7)] + ["\\frac{\\sqrt{2}}{2}"]
   workdir = str(tmp_path / "run")
   train.run_rl(c, workdir)
-  rows = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  rows = metrics_contract.check_run(workdir)  # names, units, NaNs and eval keys as docs/metrics.md says
   evals = {r["step"]: r for r in rows if "eval/accuracy" in r}
   assert sorted(evals) == [0, 1]
   trained = [r for r in rows if "train/reward_mean" in r]
   assert len(trained) == 1 and "train/reward/math_accuracy" in trained[0], sorted(trained[0])
+  # the length-vs-correctness metrics split by math_accuracy as they do by the generated tasks' accuracy (absent)
+  assert {"train/completion_len_correct", "train/completion_len_incorrect", "train/len_acc_corr",
+          "train/len_acc_corr_frac"} <= set(trained[0]), sorted(trained[0])
 
 
 def test_eval_size_is_checked_against_the_test_file_not_test_size(tmp_path):

@@ -121,6 +121,27 @@ def test_row_format(tmp_path):
   assert math.isnan(back['train/kl']) and back['train/grad_norm'] == math.inf and back['train/adv_abs_max'] == -math.inf
 
 
+def test_counts_are_json_integers_whatever_dtype_the_step_used(tmp_path):
+  """The train loops hand the writer float32 sums (and Python floats): a count must still read back as an int; a
+  mean is still a float even when whole; a non-whole count is a bug and names itself; NaN stays "nan"."""
+  with _writer(tmp_path) as w:
+    w.write(1, {'train/tokens': jnp.float32(1531.0), 'train/skipped_updates': 0.0, 'config_change/optim.lr': 1.0,
+                'eval/tool_call_failed': np.float64(1.0), 'train/version_lag_max': jnp.float32(float('nan')),
+                'train/completion_len_mean': 72.0, 'train/pack_rows': 3.0})
+    with pytest.raises(ValueError, match=r"'train/decode_tokens' is a count .* got 2\.5"):
+      w.write(2, {'train/decode_tokens': 2.5})
+  row = _rows(tmp_path)[0]
+  ints = {k: v for k, v in row.items() if isinstance(v, int)}
+  assert ints == {'step': 1, 'train/tokens': 1531, 'train/skipped_updates': 0, 'config_change/optim.lr': 1,
+                  'eval/tool_call_failed': 1}
+  assert row['train/version_lag_max'] == 'nan' and isinstance(row['train/completion_len_mean'], float)
+  assert isinstance(row['train/pack_rows'], float)  # a mean over minibatch updates, not a count
+  assert metrics_lib.COUNTS <= set(metrics_lib.METRICS)
+  table = metrics_lib.markdown_table()
+  assert '| `train/tokens` | loss-bearing tokens in the SFT batch (count: an integer) |' in table
+  assert table.count('(count: an integer)') == len(metrics_lib.COUNTS)
+
+
 def test_same_step_merges_and_order_is_enforced(tmp_path):
   with _writer(tmp_path) as w:
     w.write(0, {'eval/accuracy': 0.1})

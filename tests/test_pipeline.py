@@ -18,6 +18,7 @@ from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.tasks import base, cot, registry, verify_py
 from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import tokenizer_factory as tok_lib
+from tests import metrics_contract
 
 EX = {"a": 23, "op": "+", "b": 45, "answer": 68, "index": 0}
 
@@ -434,10 +435,10 @@ def test_each_stage_wrote_its_outputs(resumed_pipeline, tok):
   wd, c, _, _ = resumed_pipeline
   for stage in layout.STAGES:
     assert layout.stage_done(wd, stage), stage
-  for stage in ("base", "r1_1_cold_start", "r1_4_sft"):
-    assert os.path.exists(os.path.join(wd, stage, "metrics.jsonl"))
+  for stage in ("base", "r1_1_cold_start", "r1_4_sft"):  # and every stage's rows as docs/metrics.md says
+    metrics_contract.check_run(os.path.join(wd, stage))
   for stage in ("r1_zero", "r1_2_grpo", "r1_5_final"):
-    rows = [json.loads(l) for l in open(os.path.join(wd, stage, "metrics.jsonl"))]
+    rows = metrics_contract.check_run(os.path.join(wd, stage))
     train_rows = [r for r in rows if "train/loss" in r]
     assert [r["step"] for r in train_rows] == [1, 2]
     # Every tracked statistic is logged every step, weighted or not.

@@ -181,3 +181,24 @@ def test_advantages_returns_and_loss_match_numpy():
     want_l[i, t] = (np_loss(v_new, lp + d) - np_loss(v_new, lp - d)) / (2 * h)
   np.testing.assert_allclose(np.asarray(gv), want_v, atol=1e-6)
   np.testing.assert_allclose(np.asarray(gl), want_l, atol=1e-6)
+
+
+def test_ppo_run_rows_keep_the_metrics_contract(tmp_path):
+  """A PPO run (critic) through train.run_rl, tiny: its metrics.jsonl as docs/metrics.md says
+  (tests/metrics_contract.py), train/value_loss in every train row, and no GRPO-only advantage shares (GAE is not
+  a group estimator)."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.run import train
+  from tests import metrics_contract
+  c = config_lib.load_config("configs/grpo_arith.py", "small,algo=ppo")
+  c = config_lib.override(c, {
+      "sft.steps": 0, "train.steps": 2, "train.ckpt_every": 2, "train.eval_every": 2, "train.plot_every": 0,
+      "train.sample_every": 0, "eval.size": 8, "eval.batch": 8, "eval.n_samples": 2, "eval.pass_k": (1, 2),
+      "sampling.max_new_tokens": 8, "task.train_size": 32, "task.test_size": 8, "log.tensorboard": False,
+      "log.plots": False, "model.hidden": 32, "model.layers": 1, "model.inter": 64, "rl.prompts_per_step": 2})
+  train.run_rl(c, str(tmp_path))
+  rows = metrics_contract.check_run(str(tmp_path))
+  trained = [r for r in rows if "train/loss" in r]
+  assert [r["step"] for r in trained] == [1, 2] and all("train/value_loss" in r for r in trained)
+  assert not any(k.startswith("train/adv_share/") for r in rows for k in r)
+  assert [r["step"] for r in rows if "perf/eval_time_s" in r] == [0, 2]

@@ -48,6 +48,10 @@ def test_shares_hand_case_summed_reward():
   want = _np_shares(parts, parts.sum(1))
   np.testing.assert_allclose([got["accuracy"], got["brevity"]], want, rtol=1e-5)
   np.testing.assert_allclose(want, [0.5 / 0.6 / 2, 1 - 0.5 / 0.6 / 2], rtol=1e-3)  # each group holds half of |A|²
+  # No group varies: no advantage to share, and every share is 0 (not 1/K, not NaN) as docs/metrics.md says.
+  flat = rl_step.term_shares(_config("grpo"),
+                             _rollout([[1.0, 0.5]] * 4, [1.0, 1.0], ("accuracy", "brevity"), [3, 4, 2, 5]))
+  assert [float(flat["accuracy"]), float(flat["brevity"])] == [0.0, 0.0]
   assert abs(sum(got.values()) - 1.0) < 1e-5
 
 

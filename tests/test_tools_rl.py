@@ -31,6 +31,7 @@ from grpo_jax.run import validate
 from grpo_jax.tasks import data as data_lib
 from grpo_jax.tasks import tokenizer as tokenizer_lib
 from grpo_jax.tasks import tokenizer_factory as tok_lib
+from tests import metrics_contract
 from tests import tool_envs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -720,6 +721,15 @@ def uninterrupted(tmp_path_factory):
   out, _ = p.communicate(timeout=300)
   assert p.returncode == 0, out[-3000:]
   return full
+
+
+def test_tool_run_rows_keep_the_metrics_contract(uninterrupted):
+  """The tool run's rows as docs/metrics.md says (tests/metrics_contract.py): the train/ and eval/ tool counts are
+  JSON integers (they were floats), the eval rows hold the tool readings, NaN only where a meaning allows it."""
+  rows = metrics_contract.check_run(uninterrupted)
+  evals = [r for r in rows if "eval/accuracy" in r]
+  assert evals and all(isinstance(r["eval/tool_errors"], int) and "eval/tool_call_rate" in r for r in evals)
+  assert all(isinstance(r["train/tool_errors"], int) for r in rows if "train/loss" in r)
 
 
 def test_killed_inside_an_environment_call_resumes_exactly(uninterrupted, tmp_path):

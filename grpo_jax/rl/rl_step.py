@@ -139,6 +139,16 @@ def one_update(config) -> bool:
   return config.rl.mu * config.rl.minibatches == 1
 
 
+# The reward terms that score correctness (0 or 1), first found wins: the generated tasks' `accuracy`, gsm8k's and
+# task.name=math's `math_accuracy`. The length and tool metrics split the rows by it.
+ACCURACY_TERMS = ("accuracy", "math_accuracy")
+
+
+def accuracy_term(ro: rollout_lib.Rollout) -> jax.Array | None:
+  """Per-row correctness score of the run's accuracy term (ACCURACY_TERMS), None when its rewards have none."""
+  return next((ro.per_term[n] for n in ACCURACY_TERMS if n in ro.per_term), None)
+
+
 FIRST_UPDATE = "first_update"  # minibatch_scan's flag of the step's first update (train_by_length sets it)
 
 
@@ -232,15 +242,15 @@ def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.A
     m["train/kl"] = masked_mean(losses.kl_k3(ro.old_logp_NxL, ro.ref_logp_NxL), mask)
   for name, r in ro.per_term.items():
     m[f"train/reward/{name}"] = r.mean()
-  if "accuracy" in ro.per_term:  # does a longer completion win inside its group? (the selection R1-Zero relies on)
-    right_N = ro.per_term["accuracy"] > 0.5
+  acc_N = accuracy_term(ro)
+  if acc_N is not None:  # does a longer completion win inside its group? (the selection R1-Zero relies on)
     m["train/completion_len_correct"], m["train/completion_len_incorrect"] = length_stats.split_by(
-        ro.lengths_N, right_N)
+        ro.lengths_N, acc_N > 0.5)
     m["train/len_acc_corr"], m["train/len_acc_corr_frac"] = length_stats.within_group_corr(
-        ro.lengths_N.reshape(-1, G), ro.per_term["accuracy"].reshape(-1, G))
+        ro.lengths_N.reshape(-1, G), acc_N.reshape(-1, G))
     if "process" in ro.per_term:  # right steps that do not reach the answer ('1 + 1 = 2 ;' padding scores 1)
       m["train/process_on_correct"], m["train/process_on_incorrect"] = length_stats.split_by(
-          ro.per_term["process"], right_N)
+          ro.per_term["process"], acc_N > 0.5)
   for name, share in term_shares(config, ro).items():
     m[f"train/adv_share/{name}"] = share
   if ro.ds_kept is not None:
@@ -255,7 +265,8 @@ def tool_metrics(ro: rollout_lib.Rollout) -> dict[str, jax.Array]:
   generated tokens, accuracy with and without a call), the environment's counted events, and observations cut to
   the room (over every sampled row)."""
   r, ev_NxE = ro.tool_rows, ro.tool_rows["events_NxE"]
-  correct_N = (ro.per_term["accuracy"] > 0.5) if "accuracy" in ro.per_term else None
+  acc_N = accuracy_term(ro)
+  correct_N = None if acc_N is None else acc_N > 0.5
   m = transcript_lib.summary(r, correct_N, ev_NxE[:, env_batch.TOOL_ERROR], ev_NxE[:, env_batch.TOOL_TIMEOUT],
                              ev_NxE[:, env_batch.FALLBACK], xp=jnp)
   m["tool_turn_limits"] = jnp.sum(ev_NxE[:, env_batch.TURN_LIMIT]).astype(jnp.float32)

@@ -1,12 +1,13 @@
 """Metric names (the one table) and `MetricWriter`: metrics.jsonl, TensorBoard, optional W&B, progress line.
 
-metrics.jsonl format: one JSON object per logged step, `step` first, then metric names sorted; integers stay
-integers, everything else is a Python float; non-finite floats are written as the strings "nan", "inf", "-inf" so
-that the file is strict JSON (jq, pandas, browsers reject bare NaN). `read_metrics` turns them back into floats.
-Several `write` calls for the same step (train metrics, then eval metrics) merge into one row. The merge rewrites
-the file's last line; the merged row is first put in metrics.jsonl.pending (written whole, then renamed), so a kill
-between cutting the old line and writing the new one loses nothing: every reader takes the pending row in place of
-its step's line (`_read_rows`), and the next start writes it into the file and removes the pending file.
+metrics.jsonl format: one JSON object per logged step, `step` first, then metric names sorted; integers and the
+counts (COUNTS) are JSON integers, everything else is a Python float; non-finite floats are written as the strings
+"nan", "inf", "-inf" so that the file is strict JSON (jq, pandas, browsers reject bare NaN); `read_metrics` turns
+them back into floats. Several `write` calls for the same step (train metrics, then eval metrics) merge into one
+row. The merge rewrites the file's last line; the merged row is first put in metrics.jsonl.pending (written whole,
+then renamed), so a kill between cutting the old line and writing the new one loses nothing: every reader takes the
+pending row in place of its step's line (`_read_rows`), and the next start writes it into the file and removes the
+pending file.
 """
 
 from __future__ import annotations
@@ -34,7 +35,8 @@ METRICS: dict[str, str] = {
     'train/adv_std': 'token-level std of the advantage',
     'train/adv_abs_max': 'largest |advantage| in the batch',
     'train/adv_share/<term>': ("the term's share of the outcome advantage, <A_term, A> / <A, A> (A = sum of the "
-                               'terms\' parts; shares sum to 1, negative = pulls against the rest; rl_step.term_shares)'),
+                               "terms' parts; shares sum to 1, negative = pulls against the rest; all 0 in a step "
+                               "with no advantage, e.g. every group's rewards equal; rl_step.term_shares)"),
     'train/clip_frac_low': 'fraction of tokens with ratio < 1-eps_low and A < 0 (clipped from below)',
     'train/clip_frac_high': 'fraction of tokens with ratio > 1+eps_high and A > 0 (clipped from above)',
     'train/clip_frac_dual': 'fraction of tokens with ratio > rl.dual_clip and A < 0 (loss bounded, no gradient)',
@@ -58,7 +60,8 @@ METRICS: dict[str, str] = {
     'train/len_acc_corr_frac': 'fraction of groups where length and accuracy both vary (those train/len_acc_corr '
                                'averages)',
     'train/completion_len_correct': ('mean length of the completions the accuracy term scores right (> 0.5); NaN '
-                                     'if none (tasks with an accuracy term)'),
+                                     'if none (runs whose rewards have an accuracy term, `accuracy` or '
+                                     '`math_accuracy`: rl_step.ACCURACY_TERMS; so are the other accuracy splits)'),
     'train/completion_len_incorrect': 'mean length of the completions scored wrong; NaN if none',
     'train/process_on_correct': ('mean `process` term score (fraction of arithmetically right steps) of the '
                                  'completions the accuracy term scores right; NaN if none (both terms run)'),
@@ -161,7 +164,8 @@ METRICS: dict[str, str] = {
                               'steps stuck): the rows waiting for it ended there (logged)'),
     # --- perf/: wall-clock, the only non-deterministic metrics ---
     'perf/step_time_s': 'wall time of the jitted step, seconds (includes compilation on the first step)',
-    'perf/tokens_per_s': 'completion tokens generated per second of step time',
+    'perf/tokens_per_s': ('completion tokens of the trained rows per second of step time (under partial rollouts '
+                          'some were drawn in earlier steps: perf/decode_tokens_per_s counts what the step drew)'),
     'perf/decode_tokens_per_s': 'partial rollouts: tokens the step drew per second of step time',
     'perf/compile_time_s': 'wall time of the first (compiling) step after start or resume, seconds',
     'perf/eval_time_s': 'wall time of one evaluation, seconds',
@@ -175,6 +179,17 @@ METRICS: dict[str, str] = {
                            'config is in config.<step>.json next to the checkpoints',
 }
 
+# Names whose values are counts (sums or extremes of whole numbers): written as JSON integers whatever dtype the
+# step computed them in (a float32 sum in the jitted step), so a reader can tell a count from a mean.
+COUNTS = frozenset({
+    'train/completion_len_max', 'train/ref_reset', 'train/decode_steps', 'train/decode_row_steps',
+    'train/version_lag_max', 'train/carried_rows', 'train/ready_groups', 'train/rollout_budget',
+    'train/decode_tokens', 'train/train_len', 'train/tokens', 'train/skipped_updates', 'train/nonfinite_updates',
+    'train/dynamic_sampling_kept', 'train/reward_fallbacks', 'train/tool_errors', 'train/tool_timeouts',
+    'train/tool_fallbacks', 'train/tool_turn_limits', 'train/tool_obs_truncated', 'eval/tool_errors',
+    'eval/tool_timeouts', 'eval/tool_fallbacks', 'eval/tool_call_failed', 'ckpt/unusable_skipped',
+    'ckpt/partial_skipped', 'config_change/<key>'})
+
 _PLACEHOLDERS = {'<term>': r'[A-Za-z0-9_.\-]+', '<k>': r'[1-9][0-9]*', '<key>': r'[A-Za-z0-9_.]+'}
 
 
@@ -186,7 +201,8 @@ def _compile(name: str) -> re.Pattern:
 
 
 _EXACT = frozenset(n for n in METRICS if '<' not in n)
-_PATTERNS = tuple(_compile(n) for n in METRICS if '<' in n)
+_TEMPLATES = tuple((n, _compile(n)) for n in METRICS if '<' in n)
+_PATTERNS = tuple(p for _, p in _TEMPLATES)
 
 # Shown in the progress line when present in a row.
 PROGRESS_KEYS = ('train/reward_mean', 'train/kl', 'train/entropy', 'train/completion_len_mean', 'train/loss',
@@ -195,6 +211,15 @@ PROGRESS_KEYS = ('train/reward_mean', 'train/kl', 'train/entropy', 'train/comple
 
 def is_known(name: str) -> bool:
   return name in _EXACT or any(p.match(name) for p in _PATTERNS)
+
+
+def _entry(name: str) -> str | None:
+  """The METRICS key that defines `name` (itself, or the template it matches)."""
+  return name if name in _EXACT else next((t for t, p in _TEMPLATES if p.match(name)), None)
+
+
+def is_count(name: str) -> bool:
+  return _entry(name) in COUNTS
 
 
 def check_names(names) -> None:
@@ -208,7 +233,8 @@ def check_names(names) -> None:
 def markdown_table() -> str:
   """The docs table of every metric name, in METRICS order."""
   lines = ['| Metric | Meaning |', '|---|---|']
-  lines += [f'| `{name}` | {desc.replace("|", "/")} |' for name, desc in METRICS.items()]
+  lines += [f'| `{name}` | {desc.replace("|", "/")}{" (count: an integer)" if name in COUNTS else ""} |'
+            for name, desc in METRICS.items()]
   return '\n'.join(lines) + '\n'
 
 
@@ -223,7 +249,14 @@ def _to_json_scalar(name: str, value: Any) -> int | float | str:
     item = float(arr)  # also bfloat16 and other ml_dtypes floats
   except (TypeError, ValueError):
     raise ValueError(f'metric {name!r} has non-numeric value {value!r}; log numbers only') from None
-  return item if math.isfinite(item) else ('nan' if math.isnan(item) else ('inf' if item > 0 else '-inf'))
+  if not math.isfinite(item):
+    return 'nan' if math.isnan(item) else ('inf' if item > 0 else '-inf')
+  if is_count(name):
+    if not item.is_integer():
+      raise ValueError(f'metric {name!r} is a count (metrics.COUNTS) but got {item!r}; log the whole number, or '
+                       'move the name out of COUNTS if it is a mean')
+    return int(item)
+  return item
 
 
 def _from_json_scalar(value: Any) -> Any:

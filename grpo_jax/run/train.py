@@ -633,6 +633,8 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
       if done % config.train.log_every == 0 or done == steps:
         scalars = _host_scalars(m)
         scalars["perf/step_time_s"] = time.perf_counter() - t0
+        if step == start:  # as the RL loop: the compiling step's time on its own key
+          scalars["perf/compile_time_s"] = scalars["perf/step_time_s"]
         writer.write(done, scalars)
       ckpt.maybe_save(done, state, {"step": done}, force=done == steps)
     guard.finish(ckpt, state, done)  # inside running(): a second signal cannot interrupt the save
@@ -647,8 +649,9 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
                                      data_lib.eval_set(config.task, tokenizer, config.eval.size,
                                                        config.task.prompt_len,
                                                        env_batch.prompt_tools(config, tokenizer)))
+    t0 = time.perf_counter()
     result, _ = evaluator(state_lib.model_params(state), jax.random.PRNGKey(config.seed + 1))
-    writer.write(steps, result)
+    writer.write(steps, {**result, "perf/eval_time_s": time.perf_counter() - t0})  # as the RL loop's eval rows
   writer.close()
   if config.log.plots:
     plots.write_plots(workdir)
