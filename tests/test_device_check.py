@@ -20,7 +20,7 @@ def test_cpu_mode_runs_every_stage_and_writes_the_summary(tmp_path):
   stages = [line.split()[1:3] for line in summary.splitlines() if line.startswith("STAGE ")]
   assert stages == [["env", "ok"], ["tests", "ok"], ["main", "ok"], ["bench", "ok"]], summary
   collected = (tmp_path / "tests.log").read_text()
-  assert "19 tests collected" in collected and "test_cudnn_equals_einsum_on_gpu" in collected, collected[-2000:]
+  assert "21 tests collected" in collected and "test_cudnn_equals_einsum_on_gpu" in collected, collected[-2000:]
   figures = [line for line in summary.splitlines() if line.startswith("FIGURE ")]
   assert any(f.startswith("FIGURE main_steps=1 ") for f in figures), summary
   assert any(f.startswith("FIGURE RESULT s_per_step=") and "recompiles=0" in f for f in figures), summary
