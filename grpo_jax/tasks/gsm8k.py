@@ -24,7 +24,7 @@ import glob
 import json
 import os
 import re
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -131,25 +131,31 @@ def jsonl_path(split: str, data_dir: str | None) -> str | None:
   return path if path and os.path.isfile(path) else None
 
 
-def read_jsonl(path: str) -> list[dict]:
-  """Examples {index, question, solution, final} from a JSONL file of {"question", "answer"} objects."""
-  out = []
+def jsonl_lines(path: str, where: str = "") -> Iterator[tuple[int, str]]:
+  """(line number, text) of a JSONL file's non-blank lines, UTF-8 (a first-line byte-order mark is not data); a
+  line that is not UTF-8 is one error naming `where` + path and the line."""
   with open(path, "rb") as f:
     for n, raw in enumerate(f, 1):
       try:
         line = raw.decode("utf-8-sig" if n == 1 else "utf-8")  # a byte-order mark (Windows editors) is not data
       except UnicodeDecodeError as e:
-        raise ValueError(f"task.data_dir: {path} line {n}: not UTF-8 ({e.reason} at byte {e.start} of the line); "
+        raise ValueError(f"{where}{path} line {n}: not UTF-8 ({e.reason} at byte {e.start} of the line); "
                          "save the file as UTF-8.") from None
-      if not line.strip():
-        continue
-      try:
-        rec = json.loads(line)
-        out.append(_example(len(out), rec["question"], rec["answer"]))
-      except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
-        msg = f"missing key {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
-        raise ValueError(f"task.data_dir: {path} line {n}: {msg}; each line must be a JSON object with 'question' "
-                         "and an 'answer' ending in '#### <final answer>'.") from None
+      if line.strip():
+        yield n, line
+
+
+def read_jsonl(path: str) -> list[dict]:
+  """Examples {index, question, solution, final} from a JSONL file of {"question", "answer"} objects."""
+  out = []
+  for n, line in jsonl_lines(path, "task.data_dir: "):
+    try:
+      rec = json.loads(line)
+      out.append(_example(len(out), rec["question"], rec["answer"]))
+    except (json.JSONDecodeError, KeyError, TypeError, ValueError) as e:
+      msg = f"missing key {e}" if isinstance(e, KeyError) else str(e).splitlines()[0]
+      raise ValueError(f"task.data_dir: {path} line {n}: {msg}; each line must be a JSON object with 'question' "
+                       "and an 'answer' ending in '#### <final answer>'.") from None
   if not out:
     raise ValueError(f"task.data_dir: {path} has no examples.")
   return out

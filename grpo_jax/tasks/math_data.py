@@ -138,19 +138,11 @@ def read_records(path: str) -> list[tuple[str, Any]]:
                        "record per line as .jsonl, or the list itself.")
     return [(f"{path} record {n}", r) for n, r in enumerate(data, 1)]
   out = []
-  with open(path, "rb") as f:
-    for n, raw in enumerate(f, 1):
-      try:
-        line = raw.decode("utf-8-sig" if n == 1 else "utf-8")
-      except UnicodeDecodeError as e:
-        raise ValueError(f"{path} line {n}: not UTF-8 ({e.reason} at byte {e.start} of the line); save the file as "
-                         "UTF-8.") from None
-      if not line.strip():
-        continue
-      try:
-        out.append((f"{path} line {n}", json.loads(line)))
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path} line {n}: not JSON ({e.msg}); each line must be one JSON object.") from None
+  for n, line in gsm8k.jsonl_lines(path):
+    try:
+      out.append((f"{path} line {n}", json.loads(line)))
+    except json.JSONDecodeError as e:
+      raise ValueError(f"{path} line {n}: not JSON ({e.msg}); each line must be one JSON object.") from None
   return out
 
 

@@ -16,7 +16,6 @@ numeric grader's exact rationals, no worker call).
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import multiprocessing
 import threading
 from typing import Sequence
@@ -32,10 +31,6 @@ START_S = 60.0           # a worker's start (python + sympy + math-verify import
 
 def numeric(answer: str) -> bool:
   return math_answer.parse_value(answer) is not None and math_answer.no_variables(answer)
-
-
-def available() -> bool:
-  return importlib.util.find_spec("math_verify") is not None
 
 
 def _compare(gold: str, pred: str, timeout_s: int) -> bool:
