@@ -38,8 +38,8 @@ def _setup(weight=1.0, **rl):
 
 
 BATCHES = list(digits.make_batches(TINY["prompts"], STEPS, seed=3))
-SEEDS = [0, 1, 2, 2]               # runs 0-2: three seeds; run 3: seed 2 with its own lr, β, temperature, weight
-LRS, BETAS = [3e-3, 3e-3, 3e-3, 1e-2], [0.04, 0.04, 0.04, 2.0]
+SEEDS = [0, 1, 2, 2]  # runs 0-2: three seeds; run 3: seed 2 with its own lr, β, entropy bonus, temperature, weight
+LRS, BETAS, ENT = [3e-3, 3e-3, 3e-3, 1e-2], [0.04, 0.04, 0.04, 2.0], [0.0, 0.0, 0.0, 0.5]
 TEMPS, WEIGHTS = [1.0, 1.0, 1.0, 0.7], [(1.0,), (1.0,), (1.0,), (2.5,)]
 
 
@@ -76,11 +76,12 @@ def _plain_step(c, mesh, mcfg, spec, tok):
 
 @pytest.fixture(scope="module")
 def runs():
-  """ONE vmapped program for 4 runs (seeds, lr in the optimizer state, β, temperature and the reward weight
-  traced), and the separate runs."""
+  """ONE vmapped program for 4 runs (seeds, lr in the optimizer state, β, the entropy bonus, temperature and the
+  reward weight traced), and the separate runs (runs 0-2 with no entropy bonus in their program at all)."""
   c, mesh, mcfg, spec, tok = _setup()
   states = seeds_lib.init_states(c, mcfg, SEEDS, hparams={"optim.lr": LRS, "rl.beta": BETAS,
-                                                          "sampling.temperature": TEMPS, "rewards": WEIGHTS})
+                                                          "rl.entropy_coef": ENT, "sampling.temperature": TEMPS,
+                                                          "rewards": WEIGHTS})
   starts = [seeds_lib.unstack(states, i) for i in range(len(SEEDS))]
   step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
   vm = []
@@ -94,7 +95,7 @@ def runs():
   base_step = _plain_step(c, mesh, mcfg, spec, tok)
   out["sep"] = [_separate(base_step, starts[i], base_tx) for i in range(3)]
   c3, _, _, spec3, _ = _setup(weight=WEIGHTS[3][0], beta=BETAS[3])
-  c3.optim.lr, c3.sampling.temperature = LRS[3], TEMPS[3]
+  c3.optim.lr, c3.sampling.temperature, c3.rl.entropy_coef = LRS[3], TEMPS[3], ENT[3]
   tx3 = rl_step.optimizer(c3).tx
   step3 = _plain_step(c3, mesh, mcfg, spec3, tok)
   out["sep"].append(_separate(step3, starts[3], tx3))
@@ -134,8 +135,8 @@ def test_vmap_over_three_seeds_equals_separate_runs(runs):
 
 
 def test_vmap_over_lr_beta_temperature_and_weight_equals_separate_runs(runs):
-  """Run 3 = seed 2 with lr 1e-2, β 2, temperature 0.7, reward weight 2.5: equals a separate run configured so, and
-  differs from run 2."""
+  """Run 3 = seed 2 with lr 1e-2, β 2, entropy bonus 0.5, temperature 0.7, reward weight 2.5: equals a separate run
+  configured so, and differs from run 2."""
   _assert_run_equal(runs, 3)
   assert runs["vm"][1]["train/loss"][3] != pytest.approx(runs["vm"][1]["train/loss"][2], abs=1e-6)
 
@@ -182,7 +183,7 @@ def test_every_traceable_knob_traces_in_every_preset(preset):
   beta = [0.0, 0.0] if c.rl.beta == 0 else [0.04, 0.1]
   hp = {"optim.lr": [1e-3, 2e-3], "ppo.critic_lr": [1e-3, 3e-3], "rl.beta": beta, "rl.eps_low": [0.2, 0.1],
         "rl.eps_high": [0.2, 0.28], "rl.std_eps": [1e-4, 1e-6], "rl.dual_clip": [0.0, 3.0], "rl.kl_clamp": [0.0, 10.0],
-        "sampling.temperature": [1.0, 0.7], "rewards": [(1.0,), (0.5,)]}
+        "rl.entropy_coef": [0.0, 0.01], "sampling.temperature": [1.0, 0.7], "rewards": [(1.0,), (0.5,)]}
   assert set(hp) == set(seeds_lib.TRACEABLE)
   states = jax.eval_shape(lambda: seeds_lib.init_states(c, mcfg, [0, 1], hparams=hp))
   step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok)

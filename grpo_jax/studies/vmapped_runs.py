@@ -5,9 +5,11 @@ one of three ways, so that a run's state keeps the structure of a `main` run's (
 with `main`):
 - OPT_KEYS (`optim.lr`, PPO's `ppo.critic_lr`) live in the optimizer state (update.make_optimizer injects them): the
   step is unchanged;
-- CONFIG_KEYS (β, ε low/high — GSPO's too —, the std ε, dual clip, k3 clamp, the sampling temperature) live in
-  `state["hparams"]` and are read while tracing into a copy of the config, so the family's un-jitted `build_step`
-  sees a traced value where it would see a float (it uses them only in arithmetic; tests trace every preset so);
+- CONFIG_KEYS (β, ε low/high — GSPO's too —, the std ε, dual clip, k3 clamp, the entropy bonus, the sampling
+  temperature) live in `state["hparams"]` and are read while tracing into a copy of the config, so the family's
+  un-jitted `build_step` sees a traced value where it would see a float (it uses them only in arithmetic; tests trace
+  every preset so). A traced entropy bonus is in every run's program, so a run at 0 adds 0·H: its loss and update
+  are a separate 0 run's (which traces no bonus at all) up to XLA's ordering;
 - REWARD_WEIGHTS: the weights of `config.rewards` (the term names stay static), traced into the reward spec.
 Anything else changes the program (shapes, branches, the state tree): runs that differ there cannot share one.
 The family (GRPO's rl_step or PPO's ppo_step) is the one `families.for_config` picks.
@@ -32,7 +34,8 @@ from grpo_jax.rl import state as state_lib
 from grpo_jax.rl import update as update_lib
 
 # rl.* keys that build_step only uses in arithmetic, so a traced per-run value is safe there.
-TRACEABLE_RL_KEYS = ("rl.beta", "rl.eps_low", "rl.eps_high", "rl.std_eps", "rl.dual_clip", "rl.kl_clamp")
+TRACEABLE_RL_KEYS = ("rl.beta", "rl.eps_low", "rl.eps_high", "rl.std_eps", "rl.dual_clip", "rl.kl_clamp",
+                     "rl.entropy_coef")
 CONFIG_KEYS = TRACEABLE_RL_KEYS + ("sampling.temperature",)
 LR_KEY = "optim.lr"
 OPT_KEYS = {LR_KEY: "opt_state", "ppo.critic_lr": "critic_opt_state"}  # key -> the state entry holding it
