@@ -210,6 +210,23 @@ def test_a_metric_the_run_does_not_log_is_refused_before_training(tmp_path):
 
 
 
+def test_a_metric_the_run_does_not_log_is_refused_on_resume_before_training(best_run, tmp_path):
+  """train.keep_best may change on resume (bookkeeping); a name the run does not log was refused only at the next
+  evaluation, after training up to eval_every steps that no checkpoint held (here: step 3 trained and logged, then
+  the refusal at its evaluation). Now the resume checks it against the run's own logged held-out keys first."""
+  import shutil
+  run_dir = str(tmp_path / "run")
+  shutil.copytree(best_run["run_dir"], run_dir)
+  shutil.rmtree(os.path.join(run_dir, "checkpoints", "4"))  # resumes from step 2
+  c = _config(**{"train.keep_best": "eval/pass@64"})
+  with pytest.raises(errors.ConfigError, match=r"keep_best='eval/pass@64' is not a held-out metric of this run; "
+                                                r"it logs .*eval/accuracy, eval/accuracy_sampled"):
+    train.run_rl(c, run_dir)
+  rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+  assert max(r["step"] for r in rows) == 2, [r["step"] for r in rows]  # nothing trained after the resume
+  assert _saved(os.path.join(run_dir, "checkpoints")) == [2]
+
+
 def test_a_run_stopped_between_evaluations_keeps_its_best_on_resume(tmp_path):
   """eval_every=2, ckpt_every=1, keep_checkpoints=1, scripted held-out accuracy by step (0.1 before training, 0.8 at
   step 2, 0.5 at step 4): a SIGTERM after step 3 (between evaluations) saves step 3 beside the best step 2; the
