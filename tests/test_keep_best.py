@@ -63,6 +63,35 @@ def test_rotation_keeps_the_best_step_per_recorded_metric(tmp_path):
     checkpoint.Checkpointer(tmp_path / "x", save_every=1, keep=1, best=("eval/accuracy", "largest"))
 
 
+def test_a_best_step_whose_metadata_does_not_read_is_never_replaced_by_another(tmp_path, caplog):
+  """Scores 0.3, 0.9, 0.5, 0.4 (max, keep=1) keep step 2; its metadata then truncated (a torn write, a bad disk):
+  which step is best can no longer be told. Before, best_step named step 4 (0.4) and export --best wrote it as
+  the run's best, and the next save's rotation deleted step 2. Now export --best refuses, naming step 2, and
+  rotation keeps it (with one warning) beside the best of the steps that read."""
+  ckpt_dir = tmp_path / "run" / "checkpoints"
+  with checkpoint.Checkpointer(ckpt_dir, save_every=100, keep=1, async_save=False,
+                               best=("eval/accuracy", "max")) as ckpt:
+    for step, v in ((1, 0.3), (2, 0.9), (3, 0.5), (4, 0.4)):
+      ckpt.maybe_save(step, _state(step), {checkpoint.BEST: checkpoint.best_record("eval/accuracy", "max", v)},
+                      force=True)
+      ckpt.wait()
+    assert _saved(ckpt_dir) == [2, 4]
+    meta = ckpt_dir / "2" / "meta" / "metadata"
+    meta.write_text(meta.read_text()[:10])
+    with caplog.at_level(logging.WARNING, logger="absl"):
+      for step in (5, 6):
+        assert ckpt.maybe_save(step, _state(step), force=True)
+        ckpt.wait()
+    assert _saved(ckpt_dir) == [2, 4, 6]  # 4: the best of the steps that read, in case 2 was not
+    assert sum("step 2" in r.getMessage() and "metadata does not read" in r.getMessage()
+               for r in caplog.records) == 1
+  with pytest.raises(errors.InputError, match=r"step\(s\) \[2\] .* metadata that does not read"):
+    checkpoint.best_step(ckpt_dir)
+  with pytest.raises(errors.InputError, match=r"step\(s\) \[2\].*--step"):
+    export_lib.export(str(tmp_path / "run"), str(tmp_path / "out"), best=True)
+  assert not os.path.exists(tmp_path / "out")
+
+
 def test_bad_keep_best_settings_are_one_line():
   from grpo_jax.run import validate
   base = config_lib.load_config(os.path.join(REPO, "configs", "grpo_arith.py"), "small")
@@ -179,6 +208,23 @@ def test_a_metric_the_run_does_not_log_is_refused_before_training(tmp_path):
     train.run_rl(c, run_dir)
   assert _saved(os.path.join(run_dir, "checkpoints")) == []  # refused at step 0's evaluation: nothing trained
 
+
+
+def test_a_metric_the_run_does_not_log_is_refused_on_resume_before_training(best_run, tmp_path):
+  """train.keep_best may change on resume (bookkeeping); a name the run does not log was refused only at the next
+  evaluation, after training up to eval_every steps that no checkpoint held (here: step 3 trained and logged, then
+  the refusal at its evaluation). Now the resume checks it against the run's own logged held-out keys first."""
+  import shutil
+  run_dir = str(tmp_path / "run")
+  shutil.copytree(best_run["run_dir"], run_dir)
+  shutil.rmtree(os.path.join(run_dir, "checkpoints", "4"))  # resumes from step 2
+  c = _config(**{"train.keep_best": "eval/pass@64"})
+  with pytest.raises(errors.ConfigError, match=r"keep_best='eval/pass@64' is not a held-out metric of this run; "
+                                                r"it logs .*eval/accuracy, eval/accuracy_sampled"):
+    train.run_rl(c, run_dir)
+  rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
+  assert max(r["step"] for r in rows) == 2, [r["step"] for r in rows]  # nothing trained after the resume
+  assert _saved(os.path.join(run_dir, "checkpoints")) == [2]
 
 
 def test_a_run_stopped_between_evaluations_keeps_its_best_on_resume(tmp_path):

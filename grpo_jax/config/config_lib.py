@@ -306,8 +306,9 @@ def _base_config() -> ml_collections.ConfigDict:
       steps=20, log_every=1, eval_every=10, ckpt_every=10, keep_checkpoints=3, plot_every=10,
       sample_every=10, num_samples_logged=3, init_from="",
       # A held-out metric (a key of the eval rows in metrics.jsonl, e.g. "eval/accuracy"; "" = off): every
-      # evaluation of an RL run also saves a checkpoint recording it, and rotation keeps the best one besides the
-      # newest keep_checkpoints (`python -m grpo_jax.export RUN_DIR OUT --best` exports it). keep_best_mode: max | min.
+      # evaluation of an RL run after a step (not step 0's) also saves a checkpoint recording it, and rotation keeps
+      # the best one (ties: the earlier) besides the newest keep_checkpoints (`python -m grpo_jax.export RUN_DIR OUT
+      # --best` exports it). keep_best_mode: max | min.
       keep_best="", keep_best_mode="max",
       # Resuming with a changed config is refused unless every changed key is listed here ("optim.lr,rl.G");
       # keys that change the saved state's structure (model.*, the critic, beta 0 <-> > 0) never can be.

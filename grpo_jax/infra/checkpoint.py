@@ -9,8 +9,9 @@ lists it nor refuses to save at its step again) and the previous step is tried. 
 from the state the config builds is not damage: restoring it raises an InputError (the config changed) and moves
 nothing. A state with non-finite values is never saved (RunStopped), and rotation keeps the newest `keep` steps
 plus, always, the newest step known good (saved with checksums from a finite state) and, for every held-out metric
-the steps' metadata record under `best` (the run's `train.keep_best`), the step best on it so far. Temporary dirs of
-saves killed mid-way are removed on open.
+the steps' metadata record under `best` (the run's `train.keep_best`), the step best on it so far (and, there,
+any step whose metadata does not read: it may be that best). Temporary dirs of saves killed mid-way are removed on
+open.
 
 Every function here must be called on all processes (orbax runs the collectives and lets one host write). A step
 one process cannot read (each reads only its own shards) is unusable on every process (`read_agreed`).
@@ -137,14 +138,23 @@ def best_record(metric: str, mode: str, value: Any) -> dict[str, Any]:
   return {'metric': metric, 'mode': mode, 'value': value if np.isfinite(value) else None}
 
 
-def committed_best_records(directory: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
-  """(step, `best` record) of every committed step that records a held-out score, oldest first."""
-  records = []
+def _best_records(directory: str | os.PathLike) -> tuple[list[tuple[int, dict[str, Any]]], list[int]]:
+  """(committed_best_records, the committed steps whose metadata does not read: any of them may hold the best)."""
+  records, unreadable = [], []
   for step in _committed_steps(as_path(directory)):
-    rec = (read_meta(directory, step) or {}).get(BEST)
+    meta = read_meta(directory, step)
+    if meta is None:
+      unreadable.append(step)
+      continue
+    rec = meta.get(BEST)
     if isinstance(rec, dict) and rec.get('mode') in BEST_MODES and isinstance(rec.get('metric'), str):
       records.append((step, rec))
-  return records
+  return records, unreadable
+
+
+def committed_best_records(directory: str | os.PathLike) -> list[tuple[int, dict[str, Any]]]:
+  """(step, `best` record) of every committed step that records a held-out score, oldest first."""
+  return _best_records(directory)[0]
 
 
 def best_of(records, metric: str, mode: str) -> tuple[int, dict[str, Any]] | None:
@@ -163,8 +173,14 @@ def best_step(directory: str | os.PathLike, metric: str | None = None,
               mode: str | None = None) -> tuple[int, dict[str, Any]] | None:
   """(step, its `best` record) of the committed step whose recorded held-out `metric` is best under `mode` (max or
   min; ties: the earliest step), among the steps recording that metric and mode; None if none does. `metric`/`mode`
-  None: those of the newest step that records one (what the run keeps now, if train.keep_best changed)."""
-  records = committed_best_records(directory)
+  None: those of the newest step that records one (what the run keeps now, if train.keep_best changed). InputError
+  when a committed step's metadata does not read: it may be the best, so another step is never named in its place."""
+  records, unreadable = _best_records(directory)
+  if unreadable:
+    raise errors.InputError(
+        f'checkpoint step(s) {unreadable} in {as_path(directory)} have metadata that does not read, so which step is '
+        'best cannot be told (one of them may be): export a step by its number (--step), or move the damaged '
+        f'step(s) aside (into {as_path(directory) / CORRUPT_SUBDIR}) to choose among the others.')
   if not records:
     return None
   return best_of(records, records[-1][1]['metric'] if metric is None else metric,
@@ -173,10 +189,12 @@ def best_step(directory: str | os.PathLike, metric: str | None = None,
 
 def kept_best_steps(directory: str | os.PathLike) -> set[int]:
   """The best step of every (metric, mode) the steps record: rotation never deletes one, even after train.keep_best
-  changed or was turned off on resume (a kept best is removed by hand, not by a bookkeeping key)."""
-  records = committed_best_records(directory)
+  changed or was turned off on resume (a kept best is removed by hand, not by a bookkeeping key). Where steps record
+  scores, a step whose metadata does not read is kept too: it may be the best (which step is, cannot be told)."""
+  records, unreadable = _best_records(directory)
   kinds = {(rec['metric'], rec['mode']) for _, rec in records}
-  return {best[0] for best in (best_of(records, *kind) for kind in kinds) if best is not None}
+  kept = {best[0] for best in (best_of(records, *kind) for kind in kinds) if best is not None}
+  return kept | set(unreadable) if records else kept
 
 
 def agreed_failure(why: str | None) -> str | None:
@@ -281,6 +299,7 @@ class Checkpointer:
     self.restored_meta: dict[str, Any] = {}  # the caller's meta of the step `restore` returned ({}: none restored)
     self._frozen: tuple[Any, dict[str, str]] | None = None  # (the live frozen base, its identity): set_frozen
     self._manager = None
+    self._warned_unreadable: set[int] = set()  # steps rotation keeps because their metadata does not read (_rotate)
     # the steps opening and restoring skipped and moved aside, by metric (run/loop_guard.py writes them to
     # metrics.jsonl at the step the run goes on from): each fallback logged where it happens and counted
     self.skipped = {'ckpt/partial_skipped': 0, 'ckpt/unusable_skipped': 0}
@@ -386,7 +405,14 @@ class Checkpointer:
     good = self.newest_good()
     if good is not None:
       keep.add(good)
-    keep |= kept_best_steps(self.directory)
+    best = kept_best_steps(self.directory)
+    for step in sorted(best - keep - self._warned_unreadable):
+      if read_meta(self.directory, step) is None:  # logged once per step, counted nowhere: nothing is dropped
+        self._warned_unreadable.add(step)
+        logging.warning('checkpoint step %d in %s is kept by rotation: its metadata does not read, so whether it is '
+                        'the best on a recorded held-out metric cannot be told; move it aside by hand if it is not',
+                        step, self.directory)
+    keep |= best
     for step in steps:
       if step not in keep:
         self._manager.delete(step)

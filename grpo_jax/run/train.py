@@ -264,6 +264,8 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
                                           wandb_project=run.config.log.wandb_project or None, total_steps=steps,
                                           progress=S == 1)
     changed = run.guard.resumed(run.ckpt, start, run.writer)
+    if start and evaluate is None and not changed:  # the held-out keys of its earlier rows are this run's
+      check_best_metric(run.config, logged_eval_keys(run.workdir, start))
     stopped = run.ckpt.restored_meta.get(STOPPED, "") if start else ""
     if stopped and not changed:  # it stopped itself at this step: as the uninterrupted run, it trains no further
       run.failed = stopped  # (a vmapped group's other runs, restored back to its step, go on without it)
@@ -411,11 +413,31 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
 
 def check_best_metric(config, row: dict[str, float]) -> None:
   """train.keep_best names a key of the held-out rows; which keys exist depends on the task and eval settings
-  (pass@k, tools, process readings), so it is checked against the first row (step 0 of a fresh run)."""
+  (pass@k, tools, process readings), so it is checked against the first row (step 0 of a fresh run; on resume, the
+  newest row the run logged: logged_eval_keys). An empty `row` (no evaluation logged yet) checks nothing."""
   metric = config.train.get("keep_best", "")
-  if metric and metric not in row:
+  if metric and row and metric not in row:
     raise errors.ConfigError(f"config.train.keep_best={metric!r} is not a held-out metric of this run; it logs "
                              f"{', '.join(sorted(row))}.")
+
+
+def logged_eval_keys(workdir: str, upto: int) -> dict[str, None]:
+  """The held-out keys of a run's newest evaluation row at or before `upto` ({}: none): what a resume under the same
+  config evaluates, so train.keep_best (free to change on resume) is checked before the run trains again, not at its
+  next evaluation (the steps trained since its last checkpoint were lost). Read on process 0, agreed by all."""
+  keys: list[str] = []
+  if jax.process_index() == 0:
+    rows = [r for r in metrics_lib.read_metrics(workdir) if r.get("step", upto + 1) <= upto]
+    keys = next(([k for k in r if k.startswith("eval/")] for r in reversed(rows)
+                 if any(k.startswith("eval/") for k in r)), [])
+  if jax.process_count() > 1:
+    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+    text = json.dumps(keys).encode()
+    n = int(multihost_utils.broadcast_one_to_all(np.int32(len(text))))
+    buf = np.zeros(n, np.uint8)
+    buf[:len(text)] = np.frombuffer(text, np.uint8)[:n]
+    keys = json.loads(bytes(np.asarray(multihost_utils.broadcast_one_to_all(buf))).decode())
+  return dict.fromkeys(keys)
 
 
 @dataclasses.dataclass

@@ -186,8 +186,9 @@ def _task(c, offers: str, lacks: str):
 
 
 def validate_keep_best(c) -> None:
-  """train.keep_best: a held-out metric (its presence in the eval rows is checked at the first evaluation,
-  run/train.py's check_best_metric), kept by RL runs only: an SFT run evaluates once, at its end."""
+  """train.keep_best: a held-out metric (its presence in the eval rows is checked at the first evaluation, or on
+  resume against the rows the run logged: run/train.py's check_best_metric), kept by RL runs only: an SFT run
+  evaluates once, at its end."""
   metric = _get(c, "train.keep_best")
   if not isinstance(metric, str):
     _fail("train.keep_best", f"must be a held-out metric name such as 'eval/accuracy' ('' = off), got {metric!r}.")
