@@ -47,6 +47,11 @@ CASES = [
     # as 2)
     ("\\boxed{\\boxed{72}}", "72", True), ("\\boxed{\\boxed{2}+3}", "5", True), ("\\boxed{\\boxed{2}+3}", "2", False),
     ("\\boxed{71 \\boxed{72}}", "72", False), ("\\boxed{71} \\boxed{72}", "72", False),  # one answer, two boxes
+    # a unit's power belongs to the unit (6\text{ cm}^2 was read as 36), on either side
+    ("6\\text{ cm}^2", "6", True), ("6 \\mathrm{cm}^{2}", "6", True), ("6 cm^2", "6", True), ("36", "6\\text{ cm}^2", False),
+    ("6\\text{ cm}^2", "36", False), ("27", "3 \\text{ cm}^3", False), ("25°C", "25", True), ("10^{\\circ}C", "10", True),
+    # a single letter is a variable, not a unit: an expression is not the number it holds (x+1 was 1, 2x was 2)
+    ("x+1", "1", False), ("2x", "2", False), ("3+2i", "5", False), ("n = 2k", "2", False), ("k = 3", "3", True),
 ]
 # Where math-verify (0.9.0) gives the other answer, and why we keep ours:
 KNOWN_DIFFERENCES = {
@@ -68,6 +73,10 @@ KNOWN_DIFFERENCES = {
     # math-verify (0.9.0) reads the innermost of nested boxes; the outer box is what the reader sees as the answer
     "\\boxed{\\boxed{2}+3}": "the outer box (2+3) for us; math-verify reads the inner box (2)",
     "\\boxed{71 \\boxed{72}}": "two numbers in the outer box for us (wrong); math-verify reads the inner 72",
+    # math-verify's plain-text extraction reads the first number out of an answer outside $…$ (as $2x$ it is 2*x, not 2)
+    "2x": "a variable makes it an expression for us; math-verify's plain-text extraction reads 2",
+    "n = 2k": "a variable makes it an expression for us; math-verify's plain-text extraction reads 2",
+    "10^{\\circ}C": "degrees Celsius are a unit for us; math-verify reads 10^{\\circ} times a symbol C",
 }
 
 

@@ -38,6 +38,8 @@ CASES = [
     ("\\frac{\\pi}{2}", "\\frac{\\pi}{2}", True),
     ("0.5", "\\frac{1}{2}", True),       # numeric gold: decided by math_answer's exact values
     ("5 apples", "5", True),             # numeric gold: the numeric grader's units rule
+    ("2x", "2", False),                  # numeric gold, a variable in the prediction: math-verify's 2*x (was 2)
+    ("6\\text{ cm}^2", "6", True),        # a unit's power is the unit's (was 36)
     ("1,000", "1000", True),
     ("999", "1000", False),
     (None, "\\sqrt{2}", False),

@@ -13,7 +13,8 @@ text. Normalisation: `\\boxed{}`, `$`, `\\$`, `\\(…\\)`/`\\[…\\]`, markdown 
 grouped by commas, spaces, thin / no-break spaces (U+2009, U+202F, U+00A0, LaTeX `\\,`) or `{,}` (1-3 digits, then
 groups of exactly 3), `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`),
 `\\cdot`/`\\times`, `^`, `\\left`/`\\right`, spacing commands, trailing '.', and words/units (`\\mathrm{cm}`,
-`^\\circ`) are stripped; `1.5e3` is 1500. A function or constant we do not evaluate (`\\sqrt`, `\\log`, `\\pi`,
+`^\\circ`, with a unit's power: `6\\text{ cm}^2` is 6) are stripped; `1.5e3` is 1500. A single letter is a variable,
+not a unit: `2x`, `x+1`, `3+2i` are unparsable (`x = 5`'s right side is 5). A function or constant we do not evaluate (`\\sqrt`, `\\log`, `\\pi`,
 `sqrt(…)`, any LaTeX command that is not layout) makes the answer unparsable: dropping it as if it were a unit read
 `\\sqrt{16}` as 16. Values are exact `Fraction`s, so 0.5 == 1/2 == \\frac{1}{2} == 50%.
 """
@@ -41,6 +42,10 @@ _LAYOUT_COMMANDS = {"text", "textrm", "textbf", "textit", "textnormal", "mathrm"
                     "mathtt", "rm", "bf", "it", "displaystyle", "textstyle", "big", "Big", "bigl", "bigr", "Bigl",
                     "Bigr", "circ", "degree", "mbox", "hbox", "ensuremath", "quad", "qquad", "dollar", "dollars",
                     "boxed", "fbox"}  # a box inside the answer's box only frames its part: \boxed{\boxed{2}+3} is 5
+# A power after a unit (its text group or a word): '^2', '^{3}', '^ {2}'.
+_UNIT_POWER = r"(?:\s*\^\s*(?:\{\s*[-+]?\d+\s*\}|[-+]?\d))?"
+# A single letter standing alone is a variable ('x+1', '2x'); a unit is a word ('5 apples', '15 min', '\text{cm}').
+_VARIABLE = re.compile(r"(?<![A-Za-z_'])[A-Za-z](?![A-Za-z_'])")
 # The same functions and constants written as plain words: 'sqrt(16)', 'log 100', '2 pi'.
 _FUNCTION_WORD = re.compile(r"(?<![A-Za-z])(?:(?:sqrt|cbrt|log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|"
                             r"arctan|sinh|cosh|tanh)\s*[(\d]|(?:abs|floor|ceil|round|gcd|lcm|min|max|choose)\s*\(|"
@@ -180,11 +185,14 @@ def normalize(answer: str) -> tuple[str, bool]:
   s = re.sub(r"^\*\*(.*)\*\*$|^__(.*)__$", lambda m: m.group(1) or m.group(2) or "", s)  # markdown bold
   s = _SPACED.sub(lambda m: re.sub(r"\D", "", m.group(1)), s)  # '37 230', '37\,230', '37{,}230' -> 37230
   s = re.sub(r"\\[()\[\]]", " ", s)           # \( \) \[ \] math delimiters
+  # '5\mathrm{cm}', '\textbf{5}'; a unit's power goes with it: '6\text{ cm}^2' is 6 (was read as 6**2 = 36)
   s = re.sub(r"\\(?:text|textrm|textbf|textit|textnormal|mathrm|mathbf|mathit|mathsf|mathtt|mbox|hbox)\s*"
-             r"\{([^{}]*)\}", r" \1 ", s)         # '5\mathrm{cm}', '\textbf{5}'
-  s = re.sub(r"\^\s*(?:\\circ|\{\s*\\circ\s*\})", " ", s)  # degrees: '30^\circ'
+             rf"\{{([^{{}}]*)\}}({_UNIT_POWER})", lambda m: f" {m.group(1)} {m.group(2)}" if re.search(r"\d", m.group(1))
+             else " ", s)
+  s = re.sub(r"(?:\^\s*(?:\\circ|\{\s*\\circ\s*\})|°)(?:\s*[CF](?![A-Za-z]))?", " ", s)  # degrees: '30^\circ', '25°C'
   s = re.sub(r"\\(?:left|right|displaystyle|,|!|;|:|quad|qquad)", " ", s)
   s = s.replace("\\$", " ").replace("$", " ").replace("\\%", "%")
+  s = re.sub(r"([A-Za-z]{2,})" + _UNIT_POWER, r"\1", s)  # '6 cm^2', '6 cm$^2$': a unit's power, not the number's
   percent = "%" in s or bool(re.search(r"\bpercent\b", s))
   s = s.replace("%", " ")
   s = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), s)
@@ -197,6 +205,8 @@ def normalize(answer: str) -> tuple[str, bool]:
   if set(re.findall(r"\\([A-Za-z]+)", s)) - _LAYOUT_COMMANDS or _FUNCTION_WORD.search(s):
     return "", percent  # \sqrt{16}, 2\pi, log(100): dropping the function would leave 16, 2, 100
   s = re.sub(r"\\[A-Za-z]+", " ", s)           # the layout commands (units like \mathrm, \circ)
+  if _VARIABLE.search(s.split("=")[-1]):
+    return "", percent  # 'x+1', '2x', '3n': a variable, not a unit word ('5 apples'): not a number
   s = re.sub(r"[A-Za-z_][A-Za-z_']*\.?", " ", s)  # words and units: '18 dollars', 'x = 5' keeps '= 5'
   if "=" in s:                                   # 'x = 5' / '3 + 4 = 7': the right-most side is the answer
     s = s.split("=")[-1]
