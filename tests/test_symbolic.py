@@ -67,13 +67,52 @@ def test_a_hung_or_dead_worker_is_replaced_and_the_item_counted():
     t0 = time.monotonic()
     assert g._run("equal", [("a", "b"), ("hang", "b"), ("c", "d")]) == [True, None, True]  # pylint: disable=protected-access
     assert time.monotonic() - t0 < 30
-    assert g.stats == {"calls": 3, "timeouts": 1, "errors": 0, "restarts": 0}
+    assert g.stats == {"calls": 3, "timeouts": 1, "errors": 0, "restarts": 1}  # the hung worker's replacement
     pid = g._proc.pid  # pylint: disable=protected-access
     assert g._run("equal", [("die", "b"), ("e", "f")]) == [None, True]  # pylint: disable=protected-access
-    assert g.stats["errors"] == 1 and g._proc.pid != pid  # pylint: disable=protected-access
+    assert g.stats["errors"] == 1 and g.stats["restarts"] == 2 and g._proc.pid != pid  # pylint: disable=protected-access
+    # math-verify's own timeout and error: not equal, counted, the same worker goes on
+    pid = g._proc.pid  # pylint: disable=protected-access
+    assert g._run("equal", [("timeout", "b"), ("error", "b"), ("g", "h")]) == [None, None, True]  # pylint: disable=protected-access
+    assert g.stats == {"calls": 8, "timeouts": 2, "errors": 2, "restarts": 2} and g._proc.pid == pid  # pylint: disable=protected-access
   finally:
     g.close()
   assert g._proc is None  # pylint: disable=protected-access
+
+
+def test_a_worker_that_cannot_start_is_one_clear_error():
+  """It died while starting: an EOFError with no message (then a BrokenPipeError on the next call) before."""
+  g = symbolic.Grader(serve=symbolic_stand_in.broken)
+  try:
+    for _ in range(2):  # each call tries a fresh worker and says the same
+      with pytest.raises(RuntimeError, match=r"symbolic grader's worker exited with code 1 while starting .*"
+                                             r"python -c 'import math_verify'"):
+        g.equal_many([("x", "y")])
+      assert g._proc is None  # pylint: disable=protected-access
+  finally:
+    g.close()
+
+
+def test_math_verify_giving_up_reaches_the_counts(monkeypatch):
+  """math-verify's default (raise_on_error=False) turned its timeouts and errors into a silent False in the worker:
+  they never reached Grader.stats. The worker loop runs here in a thread (timeout 0: no signal alarms)."""
+  import multiprocessing
+  import threading
+  import math_verify.grader
+  from math_verify.errors import TimeoutException
+
+  def stuck(*args, **kwargs):
+    raise TimeoutException("Operation timed out!")
+  monkeypatch.setattr(math_verify.grader, "sympy_expr_eq", stuck)
+  parent, child = multiprocessing.Pipe()
+  worker = threading.Thread(target=symbolic._serve, args=(child, 0), daemon=True)  # pylint: disable=protected-access
+  worker.start()
+  assert parent.recv() == "ready"
+  parent.send(("equal", [("x+1", "1+x")]))
+  assert parent.poll(30)
+  assert str(parent.recv()).startswith("TimeoutException")
+  parent.send(None)
+  worker.join(5)
 
 
 def test_symbolic_references_load_and_grade_through_the_reward(tmp_path):

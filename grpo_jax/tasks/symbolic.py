@@ -35,22 +35,23 @@ def numeric(answer: str) -> bool:
 
 def _compare(gold: str, pred: str, timeout_s: int) -> bool:
   from math_verify import parse, verify  # pylint: disable=g-import-not-at-top
-  g = parse(f"${gold}$", parsing_timeout=timeout_s)
-  p = parse(f"${pred}$", parsing_timeout=timeout_s)
-  return bool(g) and bool(p) and bool(verify(g, p, timeout_seconds=timeout_s))
+  # raise_on_error: a timeout or an error reaches the counts (math-verify's default returns False and logs at most)
+  g = parse(f"${gold}$", parsing_timeout=timeout_s, raise_on_error=True)
+  p = parse(f"${pred}$", parsing_timeout=timeout_s, raise_on_error=True)
+  return bool(g) and bool(p) and bool(verify(g, p, timeout_seconds=timeout_s, raise_on_error=True))
 
 
 def _parses(answer: str, timeout_s: int) -> bool:
   """Whether math-verify reads `answer` as a sympy object (its fallback is the unparsed string: `\\frac{`, `???`)."""
   from math_verify import parse  # pylint: disable=g-import-not-at-top
-  parsed = parse(f"${answer}$", parsing_timeout=timeout_s)
+  parsed = parse(f"${answer}$", parsing_timeout=timeout_s, raise_on_error=True)
   return bool(parsed) and not isinstance(parsed[0], str)
 
 
 def _serve(conn, timeout_s: int) -> None:
   """The worker: a request is (op, items); each item's verdict (True / False / an error string) is sent back as it
   is computed, so the parent knows which item a hang is in."""
-  import math_verify  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import  (the import cost, once)
+  from math_verify.errors import TimeoutException  # pylint: disable=g-import-not-at-top  (the import cost, once)
   conn.send("ready")
   while True:
     try:
@@ -63,7 +64,8 @@ def _serve(conn, timeout_s: int) -> None:
     for item in items:
       try:
         verdict = _compare(*item, timeout_s) if op == "equal" else _parses(item, timeout_s)
-      except Exception as e:  # pylint: disable=broad-except  (math-verify's TimeoutException, sympy errors)
+      except (Exception, TimeoutException) as e:  # pylint: disable=broad-except  (sympy's errors; math-verify's
+        # timeout is a BaseException)
         verdict = f"{type(e).__name__}: {str(e)[:120]}"
       conn.send(verdict)
 
@@ -79,17 +81,29 @@ class Grader:
     self._lock = threading.Lock()
     self._proc = self._conn = None
     self.stats = {"calls": 0, "timeouts": 0, "errors": 0, "restarts": 0}
+    self._started = False
 
   def _start(self) -> None:
+    if self._started:
+      self.stats["restarts"] += 1  # every replacement: after a kill (a hang, a crash) or a worker found dead
+    self._started = True
     ctx = multiprocessing.get_context("spawn")  # never fork a process that holds JAX's threads
     parent, child = ctx.Pipe()
     self._proc = ctx.Process(target=self._serve, args=(child, self.timeout_s), daemon=True, name="symbolic-grader")
     self._proc.start()
     child.close()
     self._conn = parent
-    if not parent.poll(START_S) or parent.recv() != "ready":
+    try:
+      ready = parent.poll(START_S) and parent.recv() == "ready"
+    except (EOFError, OSError):  # it exited while starting (an import error: its traceback is on stderr)
+      ready = False
+    if not ready:
+      self._proc.join(1)
+      code = self._proc.exitcode
       self._kill()
-      raise RuntimeError(f"the symbolic grader's worker did not start in {START_S:.0f} s")
+      raise RuntimeError("the symbolic grader's worker " + (f"exited with code {code} while starting (its error is "
+                         "above)" if code is not None else f"did not start in {START_S:.0f} s") + "; check that "
+                         "python -c 'import math_verify' works in this environment (pip install -e '.[math]').")
 
   def _kill(self) -> None:
     if self._proc is not None:
@@ -115,12 +129,14 @@ class Grader:
     with self._lock:
       while len(out) < len(items):
         if self._proc is None or not self._proc.is_alive():
-          if self._proc is not None:
-            self.stats["restarts"] += 1
           self._kill()
           self._start()
         pending = items[len(out):]
-        self._conn.send((op, list(pending)))
+        try:
+          self._conn.send((op, list(pending)))
+        except OSError:  # it died since the check (BrokenPipeError): start another
+          self._kill()
+          continue
         for _ in pending:
           self.stats["calls"] += 1
           if not self._conn.poll(self.backstop_s):
@@ -139,6 +155,8 @@ class Grader:
             break
           if isinstance(verdict, str):
             self.stats["timeouts" if "Timeout" in verdict else "errors"] += 1
+            logging.log_every_n_seconds(logging.WARNING, "symbolic grader: math-verify gave up on an item (%s); it "
+                                        "counts as not equal (so far: %s)", 60, verdict, self.stats)
             out.append(None)
           else:
             out.append(bool(verdict))
