@@ -52,6 +52,8 @@ CASES = [
     ("6\\text{ cm}^2", "36", False), ("27", "3 \\text{ cm}^3", False), ("25°C", "25", True), ("10^{\\circ}C", "10", True),
     # a single letter is a variable, not a unit: an expression is not the number it holds (x+1 was 1, 2x was 2)
     ("x+1", "1", False), ("2x", "2", False), ("3+2i", "5", False), ("n = 2k", "2", False), ("k = 3", "3", True),
+    # MATH's thousands separator `,\!` (its solutions write 10,\!080; was unparsable on either side)
+    ("1,\\!000", "1000", True), ("\\boxed{10,\\!080}", "10080", True), ("1000", "1,\\!000", True), ("1,\\!00", "100", False),
 ]
 # Where math-verify (0.9.0) gives the other answer, and why we keep ours:
 KNOWN_DIFFERENCES = {
@@ -77,6 +79,7 @@ KNOWN_DIFFERENCES = {
     "2x": "a variable makes it an expression for us; math-verify's plain-text extraction reads 2",
     "n = 2k": "a variable makes it an expression for us; math-verify's plain-text extraction reads 2",
     "10^{\\circ}C": "degrees Celsius are a unit for us; math-verify reads 10^{\\circ} times a symbol C",
+    "1000": "against the gold 1,\\!000 outside $…$ math-verify's plain-text extraction reads 1 (in $…$ it reads 1000)",
 }
 
 
@@ -123,6 +126,7 @@ def test_math_verify_agrees_except_where_documented():
     ("<answer> 3 </answer> <answer> 4", "3"),                            # an unclosed last block is no body
     ("The answer: = 42, then 7 more", "42"),                            # two of ':' / '=' after the phrase
     ("Answer := 1,200 and 3 more", "1,200"),
+    ("so the total is 1,\\!000 dollars", "1,\\!000"),                   # MATH's separator read whole (was '000')
 ])
 def test_extract_answer(text, want):
   assert ma.extract_answer(text) == want

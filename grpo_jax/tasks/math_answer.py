@@ -10,7 +10,7 @@ the outer one: a box inside it only frames a part), else (when the
 caller allows it: a completion that ended) the number after the last explicit final-answer phrase ("the answer is",
 "final answer:", "answer =", GSM8K's "####"), numbers written after it notwithstanding, else the last number in the
 text. Normalisation: `\\boxed{}`, `$`, `\\$`, `\\(…\\)`/`\\[…\\]`, markdown `**…**`, `\\%`/`%`, thousands
-grouped by commas, spaces, thin / no-break spaces (U+2009, U+202F, U+00A0, LaTeX `\\,`) or `{,}` (1-3 digits, then
+grouped by commas, spaces, thin / no-break spaces (U+2009, U+202F, U+00A0, LaTeX `\\,`), `{,}` or MATH's `,\\!` (1-3 digits, then
 groups of exactly 3), `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`),
 `\\cdot`/`\\times`, `^`, `\\left`/`\\right`, spacing commands, trailing '.', and words/units (`\\mathrm{cm}`,
 `^\\circ`, with a unit's power: `6\\text{ cm}^2` is 6) are stripped; `1.5e3` is 1500. A single letter is a variable,
@@ -31,11 +31,12 @@ _MAX_LEN = 200           # longer "answers" are prose, not an expression
 # A simple a/b counts as one; so does scientific notation ('1.5e3', not the 1.5 before its exponent).
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:/\d+(?:\.\d+)?)?|-?\.\d+(?:[eE][-+]?\d+)?")
 _THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d])")
-# Thousands grouped by a space, a thin or no-break space, LaTeX's `\,` / `\ ` / `\thinspace` or `{,}`: '37 230'.
-_GROUP_SEP = r"(?: |\u2009|\u202f|\u00a0|\\,|\\ |\\thinspace\s?|\{,\})"
+# Thousands grouped by a space, a thin or no-break space, LaTeX's `\,` / `\ ` / `\thinspace`, `{,}` or MATH's `,\!`:
+# '37 230', '1,\!000'.
+_GROUP_SEP = r"(?: |\u2009|\u202f|\u00a0|\\,|\\ |\\thinspace\s?|\{,\}|,\\!)"
 _SPACED = re.compile(rf"(?<![\d.,])(\d{{1,3}}(?:{_GROUP_SEP}\d{{3}})+)(?![\d])")
 # In running text only the unambiguous separators group (not a plain space: '3 100-dollar bills').
-_NUMBER_GROUPED = re.compile(r"-?\d{1,3}(?:(?:\u2009|\u202f|\u00a0|\{,\})\d{3})+(?![\d])(?:\.\d+)?")
+_NUMBER_GROUPED = re.compile(r"-?\d{1,3}(?:(?:\u2009|\u202f|\u00a0|\{,\}|,\\!)\d{3})+(?![\d])(?:\.\d+)?")
 # LaTeX commands that only typeset (fonts, units, sizes, degrees): dropped. Any other command left after the
 # fractions and operators are rewritten changes the value (\sqrt, \log, \pi, \binom, \lfloor, \overline): unparsable.
 _LAYOUT_COMMANDS = {"text", "textrm", "textbf", "textit", "textnormal", "mathrm", "mathbf", "mathit", "mathsf",
