@@ -138,6 +138,13 @@ def test_bad_files_and_fields_are_one_line(tmp_path):
   cases.append((dict(), "reads local files: set task.train_path"))
   msgs = _write_jsonl(tmp_path / "msgs.jsonl", [{"prompt": [{"role": "system", "content": "s"}], "answer": "1"}])
   cases.append((dict(train_path=msgs), "msgs.jsonl line 1: the question is a list without a"))
+  lines_as_json = tmp_path / "lines.json"  # a JSONL file named .json, and a JSON list named .jsonl: the fix named
+  lines_as_json.write_text('{"question": "a", "answer": "1"}\n{"question": "b", "answer": "2"}\n')
+  cases.append((dict(train_path=str(lines_as_json)), r"lines.json: not a UTF-8 JSON file \(Extra data.*one JSON record "
+                                                      r"per line is a .jsonl file: rename it"))
+  list_as_jsonl = _write_jsonl(tmp_path / "list.jsonl", [[{"question": "a", "answer": "1"}]])
+  cases.append((dict(train_path=list_as_jsonl), r"list.jsonl line 1: a JSON list, not one record; .* is a .json file: "
+                                                r"rename it"))
   notpq = tmp_path / "x.parquet"
   notpq.write_text("not parquet")
   cases.append((dict(train_path=str(notpq)), "x.parquet: not a readable parquet file"))

@@ -132,7 +132,9 @@ def read_records(path: str) -> list[tuple[str, Any]]:
       with open(path, encoding="utf-8-sig") as f:
         data = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-      raise ValueError(f"{path}: not a UTF-8 JSON file ({str(e).splitlines()[0]}).") from None
+      lines = isinstance(e, json.JSONDecodeError) and e.msg == "Extra data"  # a JSONL file named .json
+      raise ValueError(f"{path}: not a UTF-8 JSON file ({str(e).splitlines()[0]})"
+                       + ("; one JSON record per line is a .jsonl file: rename it." if lines else ".")) from None
     if not isinstance(data, list):
       raise ValueError(f"{path}: a .json file must hold a list of records, got a {type(data).__name__}; write one "
                        "record per line as .jsonl, or the list itself.")
@@ -140,9 +142,13 @@ def read_records(path: str) -> list[tuple[str, Any]]:
   out = []
   for n, line in gsm8k.jsonl_lines(path):
     try:
-      out.append((f"{path} line {n}", json.loads(line)))
+      record = json.loads(line)
     except json.JSONDecodeError as e:
       raise ValueError(f"{path} line {n}: not JSON ({e.msg}); each line must be one JSON object.") from None
+    if isinstance(record, list):  # a .json list of records named .jsonl
+      raise ValueError(f"{path} line {n}: a JSON list, not one record; a file holding a list of records is a .json "
+                       "file: rename it (or write one record per line).")
+    out.append((f"{path} line {n}", record))
   return out
 
 
