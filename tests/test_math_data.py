@@ -74,6 +74,23 @@ def test_every_file_layout_gives_the_questions_and_final_answers(tmp_path):
   assert [(e["question"], e["final"]) for e in got] == [("Nested?", "12")]
 
 
+def test_a_split_is_read_once_while_its_files_are_unchanged(tmp_path, monkeypatch):
+  """A run asks for each split 3-4 times (preflight's data and held-out checks, the batches, eval): each read the
+  whole file again. A changed file, or other fields, read it again."""
+  path = _write_jsonl(tmp_path / "t.jsonl", [{"question": "q", "answer": "1"}])
+  reads = []
+  real = math_data.read_records
+  monkeypatch.setattr(math_data, "read_records", lambda p: reads.append(p) or real(p))
+  first = math_data.load_examples(_task(train_path=path), "train")
+  again = math_data.load_examples(_task(train_path=path), "train")
+  assert len(reads) == 1 and again == first and again is not first
+  math_data.load_examples(_task(train_path=path, question_field="question"), "train")
+  assert len(reads) == 2
+  _write_jsonl(tmp_path / "t.jsonl", [{"question": "q", "answer": "1"}, {"question": "q2", "answer": "22"}])
+  assert [e["final"] for e in math_data.load_examples(_task(train_path=path), "train")] == ["1", "22"]
+  assert len(reads) == 3
+
+
 def test_a_long_numeric_answer_is_stored_as_its_exact_value():
   assert math_data.final_answer("\\frac{123456789012}{246913578024}") == "1/2"
   assert math_data.final_answer("\\frac{1}{3}") == "\\frac{1}{3}"

@@ -246,12 +246,28 @@ def symbolic_finals(values: list[Any]) -> list[str | None]:
   return out
 
 
+_LOADED: dict[tuple, list[dict]] = {}  # a split's examples by its files (path, mtime, size) and the task's fields
+
+
 def load_examples(task: MathData, split: str, *, data_dir: str | None = None, **sizes) -> list[dict]:
   """registry.TASKS loader: examples {index, question, solution, final[, worked]} in file order (sizes do not apply:
-  the files are the splits). Questions shared between the splits or repeated are counted by preflight.check_held_out."""
+  the files are the splits). Questions shared between the splits or repeated are counted by preflight.check_held_out.
+  A run asks for each split 3-4 times (preflight, held-out check, batches, eval): the files are read once while
+  unchanged (a large parquet took each read's time and memory again); the examples are shared, read-only."""
   del sizes
+  files = split_files(task, split, data_dir)
+  key = (split, tuple((p, os.stat(p).st_mtime_ns, os.stat(p).st_size) for p in files), task.question_field,
+         task.answer_field, task.solution_field, task.grader, task.ungradable)
+  if key not in _LOADED:
+    if len(_LOADED) >= 4:  # a train and a test split, and room for a changed file
+      _LOADED.pop(next(iter(_LOADED)))
+    _LOADED[key] = _read_examples(task, split, files)
+  return list(_LOADED[key])
+
+
+def _read_examples(task: MathData, split: str, files: list[str]) -> list[dict]:
   rows = []
-  for path in split_files(task, split, data_dir):
+  for path in files:
     for where, record in read_records(path):
       if not isinstance(record, dict):
         raise ValueError(f"{where}: a record must be an object (a dict), got {type(record).__name__}.")
