@@ -93,6 +93,25 @@ def test_a_worker_that_cannot_start_is_one_clear_error():
     g.close()
 
 
+def test_a_worker_that_fails_to_spawn_leaves_nothing_to_kill(monkeypatch):
+  """Process.start raising (no processes or memory left) left an unstarted process as the worker: close() and the
+  next call then failed with AttributeError ('NoneType' object has no attribute 'kill') instead of trying again."""
+  import multiprocessing.context
+  real = multiprocessing.context.SpawnProcess.start
+
+  def no_fork(self):
+    raise OSError(11, "Resource temporarily unavailable")
+  g = symbolic.Grader(serve=symbolic_stand_in.serve)
+  try:
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", no_fork)
+    with pytest.raises(OSError, match="Resource temporarily unavailable"):
+      g._run("equal", [("a", "b")])  # pylint: disable=protected-access
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", real)
+    assert g._run("equal", [("a", "b")]) == [True]  # pylint: disable=protected-access
+  finally:
+    g.close()
+
+
 def test_math_verify_giving_up_reaches_the_counts(monkeypatch):
   """math-verify's default (raise_on_error=False) turned its timeouts and errors into a silent False in the worker:
   they never reached Grader.stats. The worker loop runs here in a thread (timeout 0: no signal alarms)."""

@@ -89,10 +89,15 @@ class Grader:
     self._started = True
     ctx = multiprocessing.get_context("spawn")  # never fork a process that holds JAX's threads
     parent, child = ctx.Pipe()
-    self._proc = ctx.Process(target=self._serve, args=(child, self.timeout_s), daemon=True, name="symbolic-grader")
-    self._proc.start()
+    proc = ctx.Process(target=self._serve, args=(child, self.timeout_s), daemon=True, name="symbolic-grader")
+    try:
+      proc.start()  # may raise (no memory or processes left): then there is no worker to kill later
+    except BaseException:
+      parent.close()
+      child.close()
+      raise
+    self._proc, self._conn = proc, parent
     child.close()
-    self._conn = parent
     try:
       ready = parent.poll(START_S) and parent.recv() == "ready"
     except (EOFError, OSError):  # it exited while starting (an import error: its traceback is on stderr)
