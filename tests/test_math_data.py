@@ -285,6 +285,11 @@ def test_sft_trains_on_the_records_worked_solutions(tmp_path):
   with pytest.raises(ValueError, match="task.solution_field is empty: SFT on task.name=math"):
     next(data_lib.sft_batches(config_lib.override(c, {"task.solution_field": ""}).task, tok, "train", 2, seed=0,
                               start_step=0, seq_len=320))
+  # a distilled trace with its own <think> tags: the r1_zero target has each tag once (it had two <think>: format 0)
+  trace = {"worked": "<think>\nSix sevens: 42.\n</think>\n\nSo $\\boxed{42}$.", "final": "42"}
+  target = registry.get_task("math", solution_field="generation").sft_completion(trace)
+  assert target == "<think> Six sevens: 42.\n \n\nSo $\\boxed{42}$. </think> <answer> 42 </answer>", target
+  assert gsm8k.grade_text(target, "42")[:2] == (1.0, 1.0)
   empty = _write_jsonl(tmp_path / "e.jsonl", [{"problem": "q", "solution": " ", "answer": "1"}])
   with pytest.raises(ValueError, match=r"e.jsonl line 1: its worked solution \(task.solution_field='solution'\) is empty"):
     math_data.load_examples(registry.get_task("math", train_path=empty, solution_field="solution"), "train")

@@ -29,6 +29,7 @@ import glob
 import json
 import math
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -67,7 +68,8 @@ class MathData(gsm8k.GSM8K):
 
   def sft_completion(self, ex: dict, tagged: bool = True) -> str:
     """The SFT target of an example: its record's worked solution (task.solution_field). Tagged (SFT): in the form
-    the prompt asks for — r1_zero: `<think> solution </think> <answer> final </answer>`; chat: the solution, with
+    the prompt asks for — r1_zero: `<think> solution </think> <answer> final </answer>`, the solution's own format tags
+    (a distilled R1 trace's `<think>…</think>`) dropped, as the target has each tag once; chat: the solution, with
     `\\boxed{final}` appended where it has no \\boxed. Untagged (pre-training): the solution as it is."""
     if "worked" not in ex:
       raise ValueError("task.solution_field is empty: SFT on task.name=math trains on its records' worked solutions; "
@@ -75,8 +77,9 @@ class MathData(gsm8k.GSM8K):
     worked = ex["worked"].strip()
     if not tagged:
       return worked
-    if self.prompt_format == "r1_zero":
-      return f"<think> {worked} </think> <answer> {ex['final']} </answer>"
+    if self.prompt_format == "r1_zero":  # a trace's own tags made '<think> <think> …' (math_format 0: SFT taught it)
+      thought = re.sub(r"[ \t]*(?:" + "|".join(map(re.escape, gsm8k.tokenizer_lib.TAGS)) + r")[ \t]*", " ", worked).strip()
+      return f"<think> {thought} </think> <answer> {ex['final']} </answer>"
     return worked if math_answer.last_boxed(worked) is not None else f"{worked}\n\n$\\boxed{{{ex['final']}}}$"
 
   def batch_fields(self, examples: list[dict]) -> dict:
