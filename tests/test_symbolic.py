@@ -67,17 +67,31 @@ def test_a_hung_or_dead_worker_is_replaced_and_the_item_counted():
     t0 = time.monotonic()
     assert g._run("equal", [("a", "b"), ("hang", "b"), ("c", "d")]) == [True, None, True]  # pylint: disable=protected-access
     assert time.monotonic() - t0 < 30
-    assert g.stats == {"calls": 3, "timeouts": 1, "errors": 0, "restarts": 1}  # the hung worker's replacement
+    assert g.stats == {"calls": 3, "timeouts": 1, "errors": 0, "restarts": 1, "too_long": 0}  # the hung worker's replacement
     pid = g._proc.pid  # pylint: disable=protected-access
     assert g._run("equal", [("die", "b"), ("e", "f")]) == [None, True]  # pylint: disable=protected-access
     assert g.stats["errors"] == 1 and g.stats["restarts"] == 2 and g._proc.pid != pid  # pylint: disable=protected-access
     # math-verify's own timeout and error: not equal, counted, the same worker goes on
     pid = g._proc.pid  # pylint: disable=protected-access
     assert g._run("equal", [("timeout", "b"), ("error", "b"), ("g", "h")]) == [None, None, True]  # pylint: disable=protected-access
-    assert g.stats == {"calls": 8, "timeouts": 2, "errors": 2, "restarts": 2} and g._proc.pid == pid  # pylint: disable=protected-access
+    assert g.stats == {"calls": 8, "timeouts": 2, "errors": 2, "restarts": 2, "too_long": 0} and g._proc.pid == pid  # pylint: disable=protected-access
   finally:
     g.close()
   assert g._proc is None  # pylint: disable=protected-access
+
+
+def test_a_long_answer_is_not_sent_whole():
+  """A tagged body holding a whole explanation went to math-verify as it was (~6 s for 800 characters, one item at a
+  time): over MAX_ANSWER_CHARS its last box is sent, and without one it is not equal unread, counted."""
+  g = symbolic.Grader(backstop_s=30.0, serve=symbolic_stand_in.serve)  # the stand-in answers 'equal' to anything
+  prose = "We expand (a+b)^2 and collect terms. " * 20
+  try:
+    assert g.equal_many([(prose, "\\sqrt{2}")]) == [False]
+    assert g.stats["too_long"] == 1 and g.stats["calls"] == 0 and g._proc is None  # pylint: disable=protected-access
+    assert g.equal_many([(prose + "\\boxed{\\sqrt{2}}", "\\sqrt{2}"), (prose[:400], "\\sqrt{2}")]) == [True, True]
+    assert g.stats["too_long"] == 1 and g.stats["calls"] == 2
+  finally:
+    g.close()
 
 
 def test_a_worker_that_cannot_start_is_one_clear_error():

@@ -11,7 +11,8 @@ C code that ignores the alarm). An item that timed out or raised is not equal, a
 Equality: both answers are read as LaTeX (math-verify's `parse` of `$answer$`, its units and basic-LaTeX
 normalisations), then `verify(gold, pred)` (sympy: numbers to 6 decimals, expressions, sets, intervals, tuples,
 matrices, equations `k=3` against `3`). Numbers that math_answer reads exactly are compared there first (the
-numeric grader's exact rationals, no worker call).
+numeric grader's exact rationals, no worker call). An answer over MAX_ANSWER_CHARS is sent as its last box, or without
+one is not equal unread (counted: `stats['too_long']`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ from grpo_jax.tasks import math_answer
 ITEM_TIMEOUT_S = 5       # math-verify's own timeout for each parse and each comparison, in the worker
 BACKSTOP = 3             # the parent waits BACKSTOP × (3 × ITEM_TIMEOUT_S) + start-up for one item, then kills
 START_S = 60.0           # a worker's start (python + sympy + math-verify imports: ~2 s here)
+# A longer answer (a tagged body holding the whole explanation) is prose, not an answer: math-verify spent ~6 s on one
+# of 800 characters here, one at a time in the worker (a batch of them stalled the step); its last box is sent instead.
+MAX_ANSWER_CHARS = 512
 
 
 def numeric(answer: str) -> bool:
@@ -80,7 +84,7 @@ class Grader:
     self._serve = serve or _serve
     self._lock = threading.Lock()
     self._proc = self._conn = None
-    self.stats = {"calls": 0, "timeouts": 0, "errors": 0, "restarts": 0}
+    self.stats = {"calls": 0, "timeouts": 0, "errors": 0, "restarts": 0, "too_long": 0}
     self._started = False
 
   def _start(self) -> None:
@@ -178,15 +182,27 @@ class Grader:
         verdicts[i] = False
       elif numeric(gold) and math_answer.parse_value(pred) is not None:
         verdicts[i] = math_answer.equal(pred, gold)  # the numeric grader's exact values (and its units rule)
+      elif len(pred) > MAX_ANSWER_CHARS and len(math_answer.last_boxed(pred) or pred) > MAX_ANSWER_CHARS:
+        verdicts[i] = False
+        with self._lock:
+          self.stats["too_long"] += 1
+        logging.log_every_n_seconds(logging.WARNING, "symbolic grader: an answer of %d characters (over %d, without a "
+                                    "shorter \\boxed{}) counts as not equal unread (so far: %s)", 60, len(pred),
+                                    MAX_ANSWER_CHARS, self.stats)
       else:
         ask.append(i)
-    for i, v in zip(ask, self._run("equal", [(pairs[i][1], pairs[i][0]) for i in ask])):
+    for i, v in zip(ask, self._run("equal", [(pairs[i][1], _shortest(pairs[i][0])) for i in ask])):
       verdicts[i] = bool(v)
     return [bool(v) for v in verdicts]
 
   def parses_many(self, answers: Sequence[str]) -> list[bool]:
     """Whether math-verify reads each answer as an expression (a reference that it cannot read grades nothing)."""
     return [bool(v) for v in self._run("parses", list(answers))]
+
+
+def _shortest(pred: str) -> str:
+  """A long answer's last box (math-verify reads that one first anyway), else the answer."""
+  return (math_answer.last_boxed(pred) or pred) if len(pred) > MAX_ANSWER_CHARS else pred
 
 
 _GRADER: Grader | None = None
