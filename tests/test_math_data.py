@@ -91,6 +91,21 @@ def test_a_split_is_read_once_while_its_files_are_unchanged(tmp_path, monkeypatc
   assert len(reads) == 3
 
 
+def test_symbolic_references_are_parsed_once_each(monkeypatch):
+  """symbolic_finals asked the worker to parse every reference, a repeated one as often as it appears."""
+  from grpo_jax.tasks import symbolic
+  asked = []
+
+  class Fake:
+    def parses_many(self, answers):
+      asked.extend(answers)
+      return [a != "\\frac{" for a in answers]
+  monkeypatch.setattr(symbolic, "grader", Fake)
+  got = math_data.symbolic_finals(["\\sqrt{2}", "3", "\\sqrt{2}", ["\\frac{", "x+1"], "\\boxed{\\sqrt{2}}", "\\frac{"])
+  assert got == ["\\sqrt{2}", "3", "\\sqrt{2}", "x+1", "\\sqrt{2}", None]
+  assert sorted(asked) == sorted(["\\sqrt{2}", "\\frac{", "x+1"])
+
+
 def test_a_long_numeric_answer_is_stored_as_its_exact_value():
   assert math_data.final_answer("\\frac{123456789012}{246913578024}") == "1/2"
   assert math_data.final_answer("\\frac{1}{3}") == "\\frac{1}{3}"

@@ -240,7 +240,9 @@ def symbolic_finals(values: list[Any]) -> list[str | None]:
   from grpo_jax.tasks import symbolic  # pylint: disable=g-import-not-at-top
   flat = [(i, v) for i, value in enumerate(values) for v in (value if isinstance(value, list) else [value])]
   texts = [reference_text(v) for _, v in flat]
-  ask = [t for t in texts if t is not None and numeric_final(t) is None and len(t.encode("utf-8")) <= ANSWER_BYTES]
+  # each distinct text once (a dataset repeats its problems: DAPO-Math-17k's parquet holds each many times)
+  ask = list(dict.fromkeys(t for t in texts if t is not None and numeric_final(t) is None
+                           and len(t.encode("utf-8")) <= ANSWER_BYTES))
   parsed = dict(zip(ask, symbolic.grader().parses_many(ask))) if ask else {}
   out: list[str | None] = [None] * len(values)
   for (i, _), t in zip(flat, texts):
