@@ -51,7 +51,7 @@ CASES = [
     ("6\\text{ cm}^2", "6", True), ("6 \\mathrm{cm}^{2}", "6", True), ("6 cm^2", "6", True), ("36", "6\\text{ cm}^2", False),
     ("6\\text{ cm}^2", "36", False), ("27", "3 \\text{ cm}^3", False), ("25°C", "25", True), ("10^{\\circ}C", "10", True),
     # a single letter is a variable, not a unit: an expression is not the number it holds (x+1 was 1, 2x was 2)
-    ("x+1", "1", False), ("2x", "2", False), ("3+2i", "5", False), ("n = 2k", "2", False), ("k = 3", "3", True),
+    ("x+1", "1", False), ("2x", "2", False), ("3+2i", "5", False), ("n = 2k", "2", False), ("k = 3", "3", True), ("\\text{5 m}", "5", True),
     # MATH's thousands separator `,\!` (its solutions write 10,\!080; was unparsable on either side)
     ("1,\\!000", "1000", True), ("\\boxed{10,\\!080}", "10080", True), ("1000", "1,\\!000", True), ("1,\\!00", "100", False),
 ]
@@ -60,6 +60,7 @@ KNOWN_DIFFERENCES = {
     # math-verify parses LaTeX only inside $…$ or \boxed; the test wraps LaTeX-looking answers in $…$, but a
     # \text{} holding the whole answer stays text to it, while we drop the unit words.
     "\\text{5 cm}": "units inside \\text{} are stripped by us; math-verify finds no number",
+    "\\text{5 m}": "units inside \\text{} are stripped by us; math-verify finds no number",
     # math-verify reads `\,` and thin / narrow no-break spaces as a separator between two numbers; in an answer they
     # are the SI thousands separator (a human grader reads 37 230).
     "37\u2009230": "a thin space groups thousands for us; math-verify reads 37",

@@ -188,8 +188,8 @@ def normalize(answer: str) -> tuple[str, bool]:
   s = re.sub(r"\\[()\[\]]", " ", s)           # \( \) \[ \] math delimiters
   # '5\mathrm{cm}', '\textbf{5}'; a unit's power goes with it: '6\text{ cm}^2' is 6 (was read as 6**2 = 36)
   s = re.sub(r"\\(?:text|textrm|textbf|textit|textnormal|mathrm|mathbf|mathit|mathsf|mathtt|mbox|hbox)\s*"
-             rf"\{{([^{{}}]*)\}}({_UNIT_POWER})", lambda m: f" {m.group(1)} {m.group(2)}" if re.search(r"\d", m.group(1))
-             else " ", s)
+             rf"\{{([^{{}}]*)\}}({_UNIT_POWER})", lambda m: f" {re.sub('[A-Za-z]+', ' ', m.group(1))} {m.group(2)}"
+             if re.search(r"\d", m.group(1)) else " ", s)  # a letter in text is a word, never a variable: '\text{5 m}'
   s = re.sub(r"(?:\^\s*(?:\\circ|\{\s*\\circ\s*\})|°)(?:\s*[CF](?![A-Za-z]))?", " ", s)  # degrees: '30^\circ', '25°C'
   s = re.sub(r"\\(?:left|right|displaystyle|,|!|;|:|quad|qquad)", " ", s)
   s = s.replace("\\$", " ").replace("$", " ").replace("\\%", "%")
