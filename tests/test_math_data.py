@@ -80,7 +80,7 @@ def test_a_split_is_read_once_while_its_files_are_unchanged(tmp_path, monkeypatc
   path = _write_jsonl(tmp_path / "t.jsonl", [{"question": "q", "answer": "1"}])
   reads = []
   real = math_data.read_records
-  monkeypatch.setattr(math_data, "read_records", lambda p: reads.append(p) or real(p))
+  monkeypatch.setattr(math_data, "read_records", lambda p, t=None: reads.append(p) or real(p, t))
   first = math_data.load_examples(_task(train_path=path), "train")
   again = math_data.load_examples(_task(train_path=path), "train")
   assert len(reads) == 1 and again == first and again is not first
@@ -104,6 +104,27 @@ def test_symbolic_references_are_parsed_once_each(monkeypatch):
   got = math_data.symbolic_finals(["\\sqrt{2}", "3", "\\sqrt{2}", ["\\frac{", "x+1"], "\\boxed{\\sqrt{2}}", "\\frac{"])
   assert got == ["\\sqrt{2}", "3", "\\sqrt{2}", "x+1", "\\sqrt{2}", None]
   assert sorted(asked) == sorted(["\\sqrt{2}", "\\frac{", "x+1"])
+
+
+def test_parquet_reads_only_the_columns_the_fields_come_from(tmp_path, monkeypatch):
+  """Every column was read and turned into Python objects, a dataset's big unused ones (OpenR1-Math's `generations`)
+  included; a field no column holds still lists every key in its error."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  path = str(tmp_path / "t.parquet")
+  pq.write_table(pa.Table.from_pylist([{"problem": "q", "answer": "3", "generations": ["x" * 1000] * 4,
+                                        "meta": {"src": "a"}}]), path)
+  read = []
+  real = pq.read_table
+  monkeypatch.setattr(pq, "read_table", lambda p, columns=None, **k: read.append(columns) or real(p, columns=columns, **k))
+  got = math_data.load_examples(_task(train_path=path), "train")
+  assert [(e["question"], e["final"]) for e in got] == [("q", "3")] and read == [["problem", "answer"]]
+  got = math_data.load_examples(_task(train_path=path, question_field="meta.src"), "train")
+  assert [(e["question"], e["final"]) for e in got] == [("a", "3")] and read[-1] == ["answer", "meta"]
+  with pytest.raises(ValueError, match=r"has no 'sol' \(task.solution_field\); its keys: \['answer', 'generations', "
+                                       r"'meta', 'problem'\]"):
+    math_data.load_examples(_task(train_path=path, solution_field="sol"), "train")
+  assert read[-1] is None
 
 
 def test_a_long_numeric_answer_is_stored_as_its_exact_value():

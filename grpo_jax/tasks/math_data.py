@@ -120,12 +120,28 @@ def split_files(task: MathData, split: str, data_dir: str | None) -> list[str]:
                    f"({split}.parquet, {split}-*.parquet); put the {split} split there, or set {key}.")
 
 
-def read_records(path: str) -> list[tuple[str, Any]]:
-  """(where, record) of every record of a file, `where` naming its line or row for error messages."""
+def parquet_columns(task: MathData, names: list[str]) -> list[str] | None:
+  """The columns of `names` the task's fields can come from (None: all, where a field is in none of them, so that
+  its error lists every key). Datasets carry big columns no grader reads (OpenR1-Math's `generations`)."""
+  need = set()
+  for given, candidates in ((task.question_field, QUESTION_KEYS), (task.answer_field, ANSWER_KEYS),
+                            (task.solution_field, ())):
+    tops = [k.split(".")[0] for k in ([given] if given else candidates)]
+    present = [t for t in tops if t in names]
+    if tops and not present:
+      return None
+    need.update(present)
+  return [n for n in names if n in need]
+
+
+def read_records(path: str, task: MathData | None = None) -> list[tuple[str, Any]]:
+  """(where, record) of every record of a file, `where` naming its line or row for error messages; of a parquet file
+  only the columns `task`'s fields can come from."""
   if path.endswith(".parquet"):
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (a tensorflow-datasets dependency)
     try:
-      rows = pq.read_table(path).to_pylist()
+      columns = None if task is None else parquet_columns(task, pq.read_schema(path).names)
+      rows = pq.read_table(path, columns=columns).to_pylist()
     except Exception as e:  # pylint: disable=broad-except  (pyarrow's ArrowInvalid and OSError)
       raise ValueError(f"{path}: not a readable parquet file ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                        ) from None
@@ -273,7 +289,7 @@ def load_examples(task: MathData, split: str, *, data_dir: str | None = None, **
 def _read_examples(task: MathData, split: str, files: list[str]) -> list[dict]:
   rows = []
   for path in files:
-    for where, record in read_records(path):
+    for where, record in read_records(path, task):
       if not isinstance(record, dict):
         raise ValueError(f"{where}: a record must be an object (a dict), got {type(record).__name__}.")
       try:
