@@ -161,6 +161,10 @@ def test_non_numeric_answers_are_refused_or_skipped_and_counted(tmp_path, caplog
     got = math_data.load_examples(_task(train_path=path, ungradable="skip"), "train")
   assert [(e["index"], e["question"], e["final"]) for e in got] == [(0, "a", "5"), (1, "d", "-3")]
   assert "2 record(s) whose answer the numeric grader cannot read left out" in caplog.text and "m.jsonl line 3" in caplog.text
+  huge = _write_jsonl(tmp_path / "huge.jsonl", [{"problem": "a", "answer": "1" * 30}])  # a number: not 'not a number'
+  with pytest.raises(ValueError, match=r"huge.jsonl line 1: .* cannot be graded: its exact value is longer than the 24 "
+                                       r"characters the batch holds"):
+    math_data.load_examples(_task(train_path=huge), "train")
   only_bad = _write_jsonl(tmp_path / "bad.jsonl", [{"problem": "b", "answer": "\\pi"}])
   with pytest.raises(ValueError, match=r"has no examples the numeric grader can read \(1 skipped\)"):
     math_data.load_examples(_task(train_path=only_bad, ungradable="skip"), "train")

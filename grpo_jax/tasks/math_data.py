@@ -243,6 +243,13 @@ def numeric_final(text: str | None) -> str | None:
   return exact if len(exact) <= gsm8k.ANSWER_CHARS else None
 
 
+def _too_long(value: Any) -> bool:
+  """A numeric reference that numeric_final turned down only for its length (a 30-digit integer)."""
+  values = value if isinstance(value, list) else [value]
+  texts = [t for t in map(reference_text, values) if t is not None]
+  return any(math_answer.parse_value(t) is not None and math_answer.no_variables(t) for t in texts)
+
+
 def final_answer(value: Any) -> str | None:
   """The numeric grader's final answer of a reference (a list: its first numeric element; None: none)."""
   if isinstance(value, list):
@@ -311,9 +318,14 @@ def _read_examples(task: MathData, split: str, files: list[str]) -> list[dict]:
       if task.ungradable == "skip":
         skipped.append((where, answer))
         continue
-      kind = ("math-verify cannot read it (or it is over {} UTF-8 bytes)".format(ANSWER_BYTES)
-              if task.grader == "symbolic" else "it is not a number or an arithmetic expression without variables "
-              "(task.grader=symbolic compares expressions, sets and intervals)")
+      if task.grader == "symbolic":
+        kind = f"math-verify cannot read it (or it is over {ANSWER_BYTES} UTF-8 bytes)"
+      elif _too_long(answer):
+        kind = (f"its exact value is longer than the {gsm8k.ANSWER_CHARS} characters the batch holds for it "
+                "(task.grader=symbolic holds 128 bytes)")
+      else:
+        kind = ("it is not a number or an arithmetic expression without variables (task.grader=symbolic compares "
+                "expressions, sets and intervals)")
       raise ValueError(f"{where}: the answer {str(answer)[:60]!r} cannot be graded: {kind}; set "
                        "task.ungradable=skip to leave such records out (counted in the log).")
     examples.append({"index": len(examples), "question": question, "solution": str(answer), "final": final,
