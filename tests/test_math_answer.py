@@ -51,7 +51,7 @@ CASES = [
     ("6\\text{ cm}^2", "6", True), ("6 \\mathrm{cm}^{2}", "6", True), ("6 cm^2", "6", True), ("36", "6\\text{ cm}^2", False),
     ("6\\text{ cm}^2", "36", False), ("27", "3 \\text{ cm}^3", False), ("25°C", "25", True), ("10^{\\circ}C", "10", True),
     # a single letter is a variable, not a unit: an expression is not the number it holds (x+1 was 1, 2x was 2)
-    ("x+1", "1", False), ("2x", "2", False), ("3+2i", "5", False), ("n = 2k", "2", False), ("k = 3", "3", True), ("\\text{5 m}", "5", True),
+    ("x+1", "1", False), ("2x", "2", False), ("3+2i", "5", False), ("n = 2k", "2", False), ("k = 3", "3", True), ("5 m", "5", True), ("5 m^2", "5", True), ("2 m + 1", "3", False), ("3 + 2 i", "5", False), ("\\text{5 m}", "5", True),
     # MATH's thousands separator `,\!` (its solutions write 10,\!080; was unparsable on either side)
     ("1,\\!000", "1000", True), ("\\boxed{10,\\!080}", "10080", True), ("1000", "1,\\!000", True), ("1,\\!00", "100", False),
 ]
@@ -79,6 +79,7 @@ KNOWN_DIFFERENCES = {
     # math-verify's plain-text extraction reads the first number out of an answer outside $…$ (as $2x$ it is 2*x, not 2)
     "2x": "a variable makes it an expression for us; math-verify's plain-text extraction reads 2",
     "n = 2k": "a variable makes it an expression for us; math-verify's plain-text extraction reads 2",
+    "3 + 2 i": "a variable makes it an expression for us; math-verify's plain-text extraction reads 3 + 2 = 5",
     "10^{\\circ}C": "degrees Celsius are a unit for us; math-verify reads 10^{\\circ} times a symbol C",
     "1000": "against the gold 1,\\!000 outside $…$ math-verify's plain-text extraction reads 1 (in $…$ it reads 1000)",
 }

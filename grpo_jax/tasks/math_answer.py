@@ -14,7 +14,8 @@ grouped by commas, spaces, thin / no-break spaces (U+2009, U+202F, U+00A0, LaTeX
 groups of exactly 3), `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`),
 `\\cdot`/`\\times`, `^`, `\\left`/`\\right`, spacing commands, trailing '.', and words/units (`\\mathrm{cm}`,
 `^\\circ`, with a unit's power: `6\\text{ cm}^2` is 6) are stripped; `1.5e3` is 1500. A single letter is a variable,
-not a unit: `2x`, `x+1`, `3+2i` are unparsable (`x = 5`'s right side is 5). A function or constant we do not evaluate (`\\sqrt`, `\\log`, `\\pi`,
+not a unit: `2x`, `x+1`, `3+2i` are unparsable (`x = 5`'s right side is 5), except after a lone number and a space
+(`5 m`, `12 h`). A function or constant we do not evaluate (`\\sqrt`, `\\log`, `\\pi`,
 `sqrt(…)`, any LaTeX command that is not layout) makes the answer unparsable: dropping it as if it were a unit read
 `\\sqrt{16}` as 16. Values are exact `Fraction`s, so 0.5 == 1/2 == \\frac{1}{2} == 50%.
 """
@@ -45,8 +46,10 @@ _LAYOUT_COMMANDS = {"text", "textrm", "textbf", "textit", "textnormal", "mathrm"
                     "boxed", "fbox"}  # a box inside the answer's box only frames its part: \boxed{\boxed{2}+3} is 5
 # A power after a unit (its text group or a word): '^2', '^{3}', '^ {2}'.
 _UNIT_POWER = r"(?:\s*\^\s*(?:\{\s*[-+]?\d+\s*\}|[-+]?\d))?"
-# A single letter standing alone is a variable ('x+1', '2x'); a unit is a word ('5 apples', '15 min', '\text{cm}').
+# A single letter standing alone is a variable ('x+1', '2x'); a unit is a word ('5 apples', '15 min', '\text{cm}')
 _VARIABLE = re.compile(r"(?<![A-Za-z_'])[A-Za-z](?![A-Za-z_'])")
+# ...except a one-letter unit after a lone number and a space ('5 m', '12 h', '5 m^2'; not '2x', '3 + 2 i').
+_LETTER_UNIT = re.compile(r"^(\s*-?[\d.]+)\s+[A-Za-z](?:\s*\*\*\s*(?:\(\s*\d+\s*\)|\d+))?\s*\.?\s*$")
 # The same functions and constants written as plain words: 'sqrt(16)', 'log 100', '2 pi'.
 _FUNCTION_WORD = re.compile(r"(?<![A-Za-z])(?:(?:sqrt|cbrt|log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|"
                             r"arctan|sinh|cosh|tanh)\s*[(\d]|(?:abs|floor|ceil|round|gcd|lcm|min|max|choose)\s*\(|"
@@ -206,6 +209,7 @@ def normalize(answer: str) -> tuple[str, bool]:
   if set(re.findall(r"\\([A-Za-z]+)", s)) - _LAYOUT_COMMANDS or _FUNCTION_WORD.search(s):
     return "", percent  # \sqrt{16}, 2\pi, log(100): dropping the function would leave 16, 2, 100
   s = re.sub(r"\\[A-Za-z]+", " ", s)           # the layout commands (units like \mathrm, \circ)
+  s = "=".join(s.split("=")[:-1] + [_LETTER_UNIT.sub(r"\1", s.split("=")[-1])])  # '5 m', '12 h', '5 m^2'
   if _VARIABLE.search(s.split("=")[-1]):
     return "", percent  # 'x+1', '2x', '3n': a variable, not a unit word ('5 apples'): not a number
   s = re.sub(r"[A-Za-z_][A-Za-z_']*\.?", " ", s)  # words and units: '18 dollars', 'x = 5' keeps '= 5'
