@@ -159,6 +159,11 @@ def test_symbolic_references_load_and_grade_through_the_reward(tmp_path):
   with pytest.raises(ValueError, match=r"math500.jsonl line 4: the answer '\\\\frac\{' cannot be graded: math-verify "
                                        r"cannot read it.*task.ungradable=skip"):
     math_data.load_examples(task, "train")
+  long = tmp_path / "long.jsonl"
+  long.write_text(json.dumps({"problem": "Expand.", "answer": "x^{2} + " * 20 + "1"}) + "\n")
+  with pytest.raises(ValueError, match=r"long.jsonl line 1: .* cannot be graded: it is over the 128 UTF-8 bytes the "
+                                       r"batch holds for it; set task.ungradable=skip"):
+    math_data.load_examples(registry.get_task("math", train_path=str(long), grader="symbolic"), "train")
   with pytest.raises(ValueError, match=r"line 1: .*cannot be graded: it is not a number"):
     math_data.load_examples(registry.get_task("math", train_path=str(path)), "train")  # the numeric grader
   task = registry.get_task("math", train_path=str(path), grader="symbolic", ungradable="skip")

@@ -319,7 +319,10 @@ def _read_examples(task: MathData, split: str, files: list[str]) -> list[dict]:
         skipped.append((where, answer))
         continue
       if task.grader == "symbolic":
-        kind = f"math-verify cannot read it (or it is over {ANSWER_BYTES} UTF-8 bytes)"
+        long = [t for t in map(reference_text, answer if isinstance(answer, list) else [answer])
+                if t is not None and len(t.encode("utf-8")) > ANSWER_BYTES]
+        kind = (f"it is over the {ANSWER_BYTES} UTF-8 bytes the batch holds for it" if long
+                else "math-verify cannot read it")
       elif _too_long(answer):
         kind = (f"its exact value is longer than the {gsm8k.ANSWER_CHARS} characters the batch holds for it "
                 "(task.grader=symbolic holds 128 bytes)")
