@@ -129,6 +129,9 @@ def test_math_verify_agrees_except_where_documented():
     ("The answer: = 42, then 7 more", "42"),                            # two of ':' / '=' after the phrase
     ("Answer := 1,200 and 3 more", "1,200"),
     ("so the total is 1,\\!000 dollars", "1,\\!000"),                   # MATH's separator read whole (was '000')
+    # a LaTeX fraction after the phrase (DAPO's 'Answer: $Answer' line): the fraction, not its denominator
+    ("So\nAnswer: $\\frac{1}{2}$", "\\frac{1}{2}"), ("The final answer is $-\\dfrac{3}{4}$. Check: 2", "-\\dfrac{3}{4}"),
+    ("#### \\frac12 cups", "\\frac12"), ("Answer: \\frac{x}{ 2 }", "\\frac{x}{ 2 }"), ("Answer: \\frac{1 then 7", "7"),
 ])
 def test_extract_answer(text, want):
   assert ma.extract_answer(text) == want
@@ -170,6 +173,8 @@ _SLOW = {
     "thin-space groups and numbers": "1\u2009000 2 " * 4000,
     "many answer phrases": "the answer is 1 " * 2500,
     "tag pairs": "<think>" + "</think><answer></answer>" * 1600 + "x",
+    "phrases before unclosed fractions": "answer: \\frac{" * 2000,
+    "phrases before deep fractions": ("answer: \\frac{" + "{" * 90 + "}" * 90) * 100,
 }
 
 

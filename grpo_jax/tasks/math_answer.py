@@ -7,7 +7,7 @@ Python AST covers; tests/test_math_answer.py checks both agree on a table of cas
 
 Extraction: the body of the last `<answer>…</answer>` if there is one, else the last `\\boxed{…}` (of nested boxes
 the outer one: a box inside it only frames a part), else (when the
-caller allows it: a completion that ended) the number after the last explicit final-answer phrase ("the answer is",
+caller allows it: a completion that ended) the number (or `\\frac{a}{b}`) after the last explicit final-answer phrase ("the answer is",
 "final answer:", "answer =", GSM8K's "####"), numbers written after it notwithstanding, else the last number in the
 text. Normalisation: `\\boxed{}`, `$`, `\\$`, `\\(…\\)`/`\\[…\\]`, markdown `**…**`, `\\%`/`%`, thousands
 grouped by commas, spaces, thin / no-break spaces (U+2009, U+202F, U+00A0, LaTeX `\\,`), `{,}` or MATH's `,\\!` (1-3 digits, then
@@ -58,7 +58,8 @@ _FUNCTION_WORD = re.compile(r"(?<![A-Za-z])(?:(?:sqrt|cbrt|log|ln|lg|exp|sin|cos
 # Every run of whitespace is one possessive `\s*+`: the old form had three optional `\s*` in a row, which backtrack
 # over each other (cubic: 'the answer' and 1,000 spaces took a minute, a 10k-character completion for ever).
 _PHRASE = re.compile(r"(?:####|\b(?:the\s++)?(?:final\s++)?answer(?:\s*+(?:is|was|would\s++be|will\s++be|[:=]))?)"
-                     r"\s*+(?:[:=]\s*+)?(?:\\?\$\s*+)?(?=[-\d.])", re.I)
+                     r"\s*+(?:[:=]\s*+)?(?:\\?\$\s*+)?(?=[-\d.]|\\[dt]?frac)", re.I)
+_FRAC_HEAD = re.compile(r"-?\s*+\\[dt]?frac\s*+")
 
 
 def _balanced(text: str, start: int) -> tuple[str, int] | None:
@@ -121,11 +122,31 @@ def last_number(text: str) -> str | None:
   return nums[-1][1] if nums else None
 
 
+def _fraction_at(text: str, pos: int) -> str | None:
+  """The `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`, `\\frac12`, a leading '-') starting at text[pos], within _MAX_LEN
+  characters (an unclosed brace after each of many phrases would make the scans quadratic)."""
+  head = _FRAC_HEAD.match(text, pos)
+  if head is None:
+    return None
+  window = text[head.end():head.end() + _MAX_LEN]
+  short = re.match(r"\d\s*\d", window)
+  if short:
+    return text[pos:head.end() + short.end()]
+  num = _balanced(window, 0) if window.startswith("{") and "}" in window else None
+  rest = num[1] + len(window[num[1]:]) - len(window[num[1]:].lstrip(" ")) if num else 0
+  den = _balanced(window, rest) if num and window.startswith("{", rest) else None
+  return text[pos:head.end() + den[1]] if den else None
+
+
 def phrase_answer(text: str) -> str | None:
-  """The number right after the last explicit final-answer phrase ('the answer is 12', 'Final answer: $1,200'),
-  whatever numbers follow it; None without such a phrase."""
+  """The number (or LaTeX fraction) right after the last explicit final-answer phrase ('the answer is 12', 'Final
+  answer: $1,200', DAPO's 'Answer: $\\frac{1}{2}$'), whatever numbers follow it; None without such a phrase."""
   found = None
   for m in _PHRASE.finditer(text):  # the number that starts right there (reading the rest per phrase was quadratic)
+    fraction = _fraction_at(text, m.end())  # its last number was read instead: '2' of 'Answer: $\frac{1}{2}$'
+    if fraction is not None:
+      found = fraction
+      continue
     grouped = _NUMBER_GROUPED.match(text, m.end())
     plain = grouped or _NUMBER.match(text, m.end())
     if plain:
