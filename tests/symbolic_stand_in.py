@@ -5,7 +5,8 @@ import time
 
 
 def serve(conn, timeout_s):
-  """A worker whose item 'hang' never returns and 'die' kills it; anything else is equal."""
+  """A worker whose item 'hang' never returns, 'die' kills it, 'timeout' / 'error' are math-verify giving up;
+  anything else is equal."""
   del timeout_s
   conn.send("ready")
   while True:
@@ -17,4 +18,9 @@ def serve(conn, timeout_s):
         time.sleep(600)
       if item[0] == "die":
         os._exit(3)  # pylint: disable=protected-access
-      conn.send(True)
+      conn.send({"timeout": "TimeoutException: Timeout during comparison", "error": "ValueError: bad"}.get(item[0], True))
+
+
+def broken(conn, timeout_s):
+  """A worker that fails while starting (as one whose math-verify import fails)."""
+  raise ImportError("No module named 'math_verify' (stand-in)")

@@ -47,12 +47,20 @@ CASES = [
     # as 2)
     ("\\boxed{\\boxed{72}}", "72", True), ("\\boxed{\\boxed{2}+3}", "5", True), ("\\boxed{\\boxed{2}+3}", "2", False),
     ("\\boxed{71 \\boxed{72}}", "72", False), ("\\boxed{71} \\boxed{72}", "72", False),  # one answer, two boxes
+    # a unit's power belongs to the unit (6\text{ cm}^2 was read as 36), on either side
+    ("6\\text{ cm}^2", "6", True), ("6 \\mathrm{cm}^{2}", "6", True), ("6 cm^2", "6", True), ("36", "6\\text{ cm}^2", False),
+    ("6\\text{ cm}^2", "36", False), ("27", "3 \\text{ cm}^3", False), ("25°C", "25", True), ("10^{\\circ}C", "10", True),
+    # a single letter is a variable, not a unit: an expression is not the number it holds (x+1 was 1, 2x was 2)
+    ("x+1", "1", False), ("2x", "2", False), ("3+2i", "5", False), ("n = 2k", "2", False), ("k = 3", "3", True), ("5 m", "5", True), ("5 m^2", "5", True), ("2 m + 1", "3", False), ("3 + 2 i", "5", False), ("\\text{5 m}", "5", True),
+    # MATH's thousands separator `,\!` (its solutions write 10,\!080; was unparsable on either side)
+    ("1,\\!000", "1000", True), ("\\boxed{10,\\!080}", "10080", True), ("1000", "1,\\!000", True), ("1,\\!00", "100", False),
 ]
 # Where math-verify (0.9.0) gives the other answer, and why we keep ours:
 KNOWN_DIFFERENCES = {
     # math-verify parses LaTeX only inside $…$ or \boxed; the test wraps LaTeX-looking answers in $…$, but a
     # \text{} holding the whole answer stays text to it, while we drop the unit words.
     "\\text{5 cm}": "units inside \\text{} are stripped by us; math-verify finds no number",
+    "\\text{5 m}": "units inside \\text{} are stripped by us; math-verify finds no number",
     # math-verify reads `\,` and thin / narrow no-break spaces as a separator between two numbers; in an answer they
     # are the SI thousands separator (a human grader reads 37 230).
     "37\u2009230": "a thin space groups thousands for us; math-verify reads 37",
@@ -68,6 +76,12 @@ KNOWN_DIFFERENCES = {
     # math-verify (0.9.0) reads the innermost of nested boxes; the outer box is what the reader sees as the answer
     "\\boxed{\\boxed{2}+3}": "the outer box (2+3) for us; math-verify reads the inner box (2)",
     "\\boxed{71 \\boxed{72}}": "two numbers in the outer box for us (wrong); math-verify reads the inner 72",
+    # math-verify's plain-text extraction reads the first number out of an answer outside $…$ (as $2x$ it is 2*x, not 2)
+    "2x": "a variable makes it an expression for us; math-verify's plain-text extraction reads 2",
+    "n = 2k": "a variable makes it an expression for us; math-verify's plain-text extraction reads 2",
+    "3 + 2 i": "a variable makes it an expression for us; math-verify's plain-text extraction reads 3 + 2 = 5",
+    "10^{\\circ}C": "degrees Celsius are a unit for us; math-verify reads 10^{\\circ} times a symbol C",
+    "1000": "against the gold 1,\\!000 outside $…$ math-verify's plain-text extraction reads 1 (in $…$ it reads 1000)",
 }
 
 
@@ -114,6 +128,10 @@ def test_math_verify_agrees_except_where_documented():
     ("<answer> 3 </answer> <answer> 4", "3"),                            # an unclosed last block is no body
     ("The answer: = 42, then 7 more", "42"),                            # two of ':' / '=' after the phrase
     ("Answer := 1,200 and 3 more", "1,200"),
+    ("so the total is 1,\\!000 dollars", "1,\\!000"),                   # MATH's separator read whole (was '000')
+    # a LaTeX fraction after the phrase (DAPO's 'Answer: $Answer' line): the fraction, not its denominator
+    ("So\nAnswer: $\\frac{1}{2}$", "\\frac{1}{2}"), ("The final answer is $-\\dfrac{3}{4}$. Check: 2", "-\\dfrac{3}{4}"),
+    ("#### \\frac12 cups", "\\frac12"), ("Answer: \\frac{x}{ 2 }", "\\frac{x}{ 2 }"), ("Answer: \\frac{1 then 7", "7"),
 ])
 def test_extract_answer(text, want):
   assert ma.extract_answer(text) == want
@@ -155,6 +173,8 @@ _SLOW = {
     "thin-space groups and numbers": "1\u2009000 2 " * 4000,
     "many answer phrases": "the answer is 1 " * 2500,
     "tag pairs": "<think>" + "</think><answer></answer>" * 1600 + "x",
+    "phrases before unclosed fractions": "answer: \\frac{" * 2000,
+    "phrases before deep fractions": ("answer: \\frac{" + "{" * 90 + "}" * 90) * 100,
 }
 
 

@@ -74,6 +74,59 @@ def test_every_file_layout_gives_the_questions_and_final_answers(tmp_path):
   assert [(e["question"], e["final"]) for e in got] == [("Nested?", "12")]
 
 
+def test_a_split_is_read_once_while_its_files_are_unchanged(tmp_path, monkeypatch):
+  """A run asks for each split 3-4 times (preflight's data and held-out checks, the batches, eval): each read the
+  whole file again. A changed file, or other fields, read it again."""
+  path = _write_jsonl(tmp_path / "t.jsonl", [{"question": "q", "answer": "1"}])
+  reads = []
+  real = math_data.read_records
+  monkeypatch.setattr(math_data, "read_records", lambda p, t=None: reads.append(p) or real(p, t))
+  first = math_data.load_examples(_task(train_path=path), "train")
+  again = math_data.load_examples(_task(train_path=path), "train")
+  assert len(reads) == 1 and again == first and again is not first
+  math_data.load_examples(_task(train_path=path, question_field="question"), "train")
+  assert len(reads) == 2
+  _write_jsonl(tmp_path / "t.jsonl", [{"question": "q", "answer": "1"}, {"question": "q2", "answer": "22"}])
+  assert [e["final"] for e in math_data.load_examples(_task(train_path=path), "train")] == ["1", "22"]
+  assert len(reads) == 3
+
+
+def test_symbolic_references_are_parsed_once_each(monkeypatch):
+  """symbolic_finals asked the worker to parse every reference, a repeated one as often as it appears."""
+  from grpo_jax.tasks import symbolic
+  asked = []
+
+  class Fake:
+    def parses_many(self, answers):
+      asked.extend(answers)
+      return [a != "\\frac{" for a in answers]
+  monkeypatch.setattr(symbolic, "grader", Fake)
+  got = math_data.symbolic_finals(["\\sqrt{2}", "3", "\\sqrt{2}", ["\\frac{", "x+1"], "\\boxed{\\sqrt{2}}", "\\frac{"])
+  assert got == ["\\sqrt{2}", "3", "\\sqrt{2}", "x+1", "\\sqrt{2}", None]
+  assert sorted(asked) == sorted(["\\sqrt{2}", "\\frac{", "x+1"])
+
+
+def test_parquet_reads_only_the_columns_the_fields_come_from(tmp_path, monkeypatch):
+  """Every column was read and turned into Python objects, a dataset's big unused ones (OpenR1-Math's `generations`)
+  included; a field no column holds still lists every key in its error."""
+  import pyarrow as pa
+  import pyarrow.parquet as pq
+  path = str(tmp_path / "t.parquet")
+  pq.write_table(pa.Table.from_pylist([{"problem": "q", "answer": "3", "generations": ["x" * 1000] * 4,
+                                        "meta": {"src": "a"}}]), path)
+  read = []
+  real = pq.read_table
+  monkeypatch.setattr(pq, "read_table", lambda p, columns=None, **k: read.append(columns) or real(p, columns=columns, **k))
+  got = math_data.load_examples(_task(train_path=path), "train")
+  assert [(e["question"], e["final"]) for e in got] == [("q", "3")] and read == [["problem", "answer"]]
+  got = math_data.load_examples(_task(train_path=path, question_field="meta.src"), "train")
+  assert [(e["question"], e["final"]) for e in got] == [("a", "3")] and read[-1] == ["answer", "meta"]
+  with pytest.raises(ValueError, match=r"has no 'sol' \(task.solution_field\); its keys: \['answer', 'generations', "
+                                       r"'meta', 'problem'\]"):
+    math_data.load_examples(_task(train_path=path, solution_field="sol"), "train")
+  assert read[-1] is None
+
+
 def test_a_long_numeric_answer_is_stored_as_its_exact_value():
   assert math_data.final_answer("\\frac{123456789012}{246913578024}") == "1/2"
   assert math_data.final_answer("\\frac{1}{3}") == "\\frac{1}{3}"
@@ -108,6 +161,10 @@ def test_non_numeric_answers_are_refused_or_skipped_and_counted(tmp_path, caplog
     got = math_data.load_examples(_task(train_path=path, ungradable="skip"), "train")
   assert [(e["index"], e["question"], e["final"]) for e in got] == [(0, "a", "5"), (1, "d", "-3")]
   assert "2 record(s) whose answer the numeric grader cannot read left out" in caplog.text and "m.jsonl line 3" in caplog.text
+  huge = _write_jsonl(tmp_path / "huge.jsonl", [{"problem": "a", "answer": "1" * 30}])  # a number: not 'not a number'
+  with pytest.raises(ValueError, match=r"huge.jsonl line 1: .* cannot be graded: its exact value is longer than the 24 "
+                                       r"characters the batch holds"):
+    math_data.load_examples(_task(train_path=huge), "train")
   only_bad = _write_jsonl(tmp_path / "bad.jsonl", [{"problem": "b", "answer": "\\pi"}])
   with pytest.raises(ValueError, match=r"has no examples the numeric grader can read \(1 skipped\)"):
     math_data.load_examples(_task(train_path=only_bad, ungradable="skip"), "train")
@@ -138,6 +195,13 @@ def test_bad_files_and_fields_are_one_line(tmp_path):
   cases.append((dict(), "reads local files: set task.train_path"))
   msgs = _write_jsonl(tmp_path / "msgs.jsonl", [{"prompt": [{"role": "system", "content": "s"}], "answer": "1"}])
   cases.append((dict(train_path=msgs), "msgs.jsonl line 1: the question is a list without a"))
+  lines_as_json = tmp_path / "lines.json"  # a JSONL file named .json, and a JSON list named .jsonl: the fix named
+  lines_as_json.write_text('{"question": "a", "answer": "1"}\n{"question": "b", "answer": "2"}\n')
+  cases.append((dict(train_path=str(lines_as_json)), r"lines.json: not a UTF-8 JSON file \(Extra data.*one JSON record "
+                                                      r"per line is a .jsonl file: rename it"))
+  list_as_jsonl = _write_jsonl(tmp_path / "list.jsonl", [[{"question": "a", "answer": "1"}]])
+  cases.append((dict(train_path=list_as_jsonl), r"list.jsonl line 1: a JSON list, not one record; .* is a .json file: "
+                                                r"rename it"))
   notpq = tmp_path / "x.parquet"
   notpq.write_text("not parquet")
   cases.append((dict(train_path=str(notpq)), "x.parquet: not a readable parquet file"))
@@ -261,6 +325,11 @@ def test_sft_trains_on_the_records_worked_solutions(tmp_path):
   with pytest.raises(ValueError, match="task.solution_field is empty: SFT on task.name=math"):
     next(data_lib.sft_batches(config_lib.override(c, {"task.solution_field": ""}).task, tok, "train", 2, seed=0,
                               start_step=0, seq_len=320))
+  # a distilled trace with its own <think> tags: the r1_zero target has each tag once (it had two <think>: format 0)
+  trace = {"worked": "<think>\nSix sevens: 42.\n</think>\n\nSo $\\boxed{42}$.", "final": "42"}
+  target = registry.get_task("math", solution_field="generation").sft_completion(trace)
+  assert target == "<think> Six sevens: 42.\n \n\nSo $\\boxed{42}$. </think> <answer> 42 </answer>", target
+  assert gsm8k.grade_text(target, "42")[:2] == (1.0, 1.0)
   empty = _write_jsonl(tmp_path / "e.jsonl", [{"problem": "q", "solution": " ", "answer": "1"}])
   with pytest.raises(ValueError, match=r"e.jsonl line 1: its worked solution \(task.solution_field='solution'\) is empty"):
     math_data.load_examples(registry.get_task("math", train_path=empty, solution_field="solution"), "train")

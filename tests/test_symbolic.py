@@ -38,6 +38,8 @@ CASES = [
     ("\\frac{\\pi}{2}", "\\frac{\\pi}{2}", True),
     ("0.5", "\\frac{1}{2}", True),       # numeric gold: decided by math_answer's exact values
     ("5 apples", "5", True),             # numeric gold: the numeric grader's units rule
+    ("2x", "2", False),                  # numeric gold, a variable in the prediction: math-verify's 2*x (was 2)
+    ("6\\text{ cm}^2", "6", True),        # a unit's power is the unit's (was 36)
     ("1,000", "1000", True),
     ("999", "1000", False),
     (None, "\\sqrt{2}", False),
@@ -65,13 +67,85 @@ def test_a_hung_or_dead_worker_is_replaced_and_the_item_counted():
     t0 = time.monotonic()
     assert g._run("equal", [("a", "b"), ("hang", "b"), ("c", "d")]) == [True, None, True]  # pylint: disable=protected-access
     assert time.monotonic() - t0 < 30
-    assert g.stats == {"calls": 3, "timeouts": 1, "errors": 0, "restarts": 0}
+    assert g.stats == {"calls": 3, "timeouts": 1, "errors": 0, "restarts": 1, "too_long": 0}  # the hung worker's replacement
     pid = g._proc.pid  # pylint: disable=protected-access
     assert g._run("equal", [("die", "b"), ("e", "f")]) == [None, True]  # pylint: disable=protected-access
-    assert g.stats["errors"] == 1 and g._proc.pid != pid  # pylint: disable=protected-access
+    assert g.stats["errors"] == 1 and g.stats["restarts"] == 2 and g._proc.pid != pid  # pylint: disable=protected-access
+    # math-verify's own timeout and error: not equal, counted, the same worker goes on
+    pid = g._proc.pid  # pylint: disable=protected-access
+    assert g._run("equal", [("timeout", "b"), ("error", "b"), ("g", "h")]) == [None, None, True]  # pylint: disable=protected-access
+    assert g.stats == {"calls": 8, "timeouts": 2, "errors": 2, "restarts": 2, "too_long": 0} and g._proc.pid == pid  # pylint: disable=protected-access
   finally:
     g.close()
   assert g._proc is None  # pylint: disable=protected-access
+
+
+def test_a_long_answer_is_not_sent_whole():
+  """A tagged body holding a whole explanation went to math-verify as it was (~6 s for 800 characters, one item at a
+  time): over MAX_ANSWER_CHARS its last box is sent, and without one it is not equal unread, counted."""
+  g = symbolic.Grader(backstop_s=30.0, serve=symbolic_stand_in.serve)  # the stand-in answers 'equal' to anything
+  prose = "We expand (a+b)^2 and collect terms. " * 20
+  try:
+    assert g.equal_many([(prose, "\\sqrt{2}")]) == [False]
+    assert g.stats["too_long"] == 1 and g.stats["calls"] == 0 and g._proc is None  # pylint: disable=protected-access
+    assert g.equal_many([(prose + "\\boxed{\\sqrt{2}}", "\\sqrt{2}"), (prose[:400], "\\sqrt{2}")]) == [True, True]
+    assert g.stats["too_long"] == 1 and g.stats["calls"] == 2
+  finally:
+    g.close()
+
+
+def test_a_worker_that_cannot_start_is_one_clear_error():
+  """It died while starting: an EOFError with no message (then a BrokenPipeError on the next call) before."""
+  g = symbolic.Grader(serve=symbolic_stand_in.broken)
+  try:
+    for _ in range(2):  # each call tries a fresh worker and says the same
+      with pytest.raises(RuntimeError, match=r"symbolic grader's worker exited with code 1 while starting .*"
+                                             r"python -c 'import math_verify'"):
+        g.equal_many([("x", "y")])
+      assert g._proc is None  # pylint: disable=protected-access
+  finally:
+    g.close()
+
+
+def test_a_worker_that_fails_to_spawn_leaves_nothing_to_kill(monkeypatch):
+  """Process.start raising (no processes or memory left) left an unstarted process as the worker: close() and the
+  next call then failed with AttributeError ('NoneType' object has no attribute 'kill') instead of trying again."""
+  import multiprocessing.context
+  real = multiprocessing.context.SpawnProcess.start
+
+  def no_fork(self):
+    raise OSError(11, "Resource temporarily unavailable")
+  g = symbolic.Grader(serve=symbolic_stand_in.serve)
+  try:
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", no_fork)
+    with pytest.raises(OSError, match="Resource temporarily unavailable"):
+      g._run("equal", [("a", "b")])  # pylint: disable=protected-access
+    monkeypatch.setattr(multiprocessing.context.SpawnProcess, "start", real)
+    assert g._run("equal", [("a", "b")]) == [True]  # pylint: disable=protected-access
+  finally:
+    g.close()
+
+
+def test_math_verify_giving_up_reaches_the_counts(monkeypatch):
+  """math-verify's default (raise_on_error=False) turned its timeouts and errors into a silent False in the worker:
+  they never reached Grader.stats. The worker loop runs here in a thread (timeout 0: no signal alarms)."""
+  import multiprocessing
+  import threading
+  import math_verify.grader
+  from math_verify.errors import TimeoutException
+
+  def stuck(*args, **kwargs):
+    raise TimeoutException("Operation timed out!")
+  monkeypatch.setattr(math_verify.grader, "sympy_expr_eq", stuck)
+  parent, child = multiprocessing.Pipe()
+  worker = threading.Thread(target=symbolic._serve, args=(child, 0), daemon=True)  # pylint: disable=protected-access
+  worker.start()
+  assert parent.recv() == "ready"
+  parent.send(("equal", [("x+1", "1+x")]))
+  assert parent.poll(30)
+  assert str(parent.recv()).startswith("TimeoutException")
+  parent.send(None)
+  worker.join(5)
 
 
 def test_symbolic_references_load_and_grade_through_the_reward(tmp_path):
@@ -85,6 +159,11 @@ def test_symbolic_references_load_and_grade_through_the_reward(tmp_path):
   with pytest.raises(ValueError, match=r"math500.jsonl line 4: the answer '\\\\frac\{' cannot be graded: math-verify "
                                        r"cannot read it.*task.ungradable=skip"):
     math_data.load_examples(task, "train")
+  long = tmp_path / "long.jsonl"
+  long.write_text(json.dumps({"problem": "Expand.", "answer": "x^{2} + " * 20 + "1"}) + "\n")
+  with pytest.raises(ValueError, match=r"long.jsonl line 1: .* cannot be graded: it is over the 128 UTF-8 bytes the "
+                                       r"batch holds for it; set task.ungradable=skip"):
+    math_data.load_examples(registry.get_task("math", train_path=str(long), grader="symbolic"), "train")
   with pytest.raises(ValueError, match=r"line 1: .*cannot be graded: it is not a number"):
     math_data.load_examples(registry.get_task("math", train_path=str(path)), "train")  # the numeric grader
   task = registry.get_task("math", train_path=str(path), grader="symbolic", ungradable="skip")

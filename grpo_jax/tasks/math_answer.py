@@ -7,13 +7,15 @@ Python AST covers; tests/test_math_answer.py checks both agree on a table of cas
 
 Extraction: the body of the last `<answer>…</answer>` if there is one, else the last `\\boxed{…}` (of nested boxes
 the outer one: a box inside it only frames a part), else (when the
-caller allows it: a completion that ended) the number after the last explicit final-answer phrase ("the answer is",
+caller allows it: a completion that ended) the number (or `\\frac{a}{b}`) after the last explicit final-answer phrase ("the answer is",
 "final answer:", "answer =", GSM8K's "####"), numbers written after it notwithstanding, else the last number in the
 text. Normalisation: `\\boxed{}`, `$`, `\\$`, `\\(…\\)`/`\\[…\\]`, markdown `**…**`, `\\%`/`%`, thousands
-grouped by commas, spaces, thin / no-break spaces (U+2009, U+202F, U+00A0, LaTeX `\\,`) or `{,}` (1-3 digits, then
+grouped by commas, spaces, thin / no-break spaces (U+2009, U+202F, U+00A0, LaTeX `\\,`), `{,}` or MATH's `,\\!` (1-3 digits, then
 groups of exactly 3), `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`),
 `\\cdot`/`\\times`, `^`, `\\left`/`\\right`, spacing commands, trailing '.', and words/units (`\\mathrm{cm}`,
-`^\\circ`) are stripped; `1.5e3` is 1500. A function or constant we do not evaluate (`\\sqrt`, `\\log`, `\\pi`,
+`^\\circ`, with a unit's power: `6\\text{ cm}^2` is 6) are stripped; `1.5e3` is 1500. A single letter is a variable,
+not a unit: `2x`, `x+1`, `3+2i` are unparsable (`x = 5`'s right side is 5), except after a lone number and a space
+(`5 m`, `12 h`). A function or constant we do not evaluate (`\\sqrt`, `\\log`, `\\pi`,
 `sqrt(…)`, any LaTeX command that is not layout) makes the answer unparsable: dropping it as if it were a unit read
 `\\sqrt{16}` as 16. Values are exact `Fraction`s, so 0.5 == 1/2 == \\frac{1}{2} == 50%.
 """
@@ -30,17 +32,24 @@ _MAX_LEN = 200           # longer "answers" are prose, not an expression
 # A simple a/b counts as one; so does scientific notation ('1.5e3', not the 1.5 before its exponent).
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?(?:/\d+(?:\.\d+)?)?|-?\.\d+(?:[eE][-+]?\d+)?")
 _THOUSANDS = re.compile(r"(?<![\d.])(\d{1,3}(?:,\d{3})+)(?![\d])")
-# Thousands grouped by a space, a thin or no-break space, LaTeX's `\,` / `\ ` / `\thinspace` or `{,}`: '37 230'.
-_GROUP_SEP = r"(?: |\u2009|\u202f|\u00a0|\\,|\\ |\\thinspace\s?|\{,\})"
+# Thousands grouped by a space, a thin or no-break space, LaTeX's `\,` / `\ ` / `\thinspace`, `{,}` or MATH's `,\!`:
+# '37 230', '1,\!000'.
+_GROUP_SEP = r"(?: |\u2009|\u202f|\u00a0|\\,|\\ |\\thinspace\s?|\{,\}|,\\!)"
 _SPACED = re.compile(rf"(?<![\d.,])(\d{{1,3}}(?:{_GROUP_SEP}\d{{3}})+)(?![\d])")
 # In running text only the unambiguous separators group (not a plain space: '3 100-dollar bills').
-_NUMBER_GROUPED = re.compile(r"-?\d{1,3}(?:(?:\u2009|\u202f|\u00a0|\{,\})\d{3})+(?![\d])(?:\.\d+)?")
+_NUMBER_GROUPED = re.compile(r"-?\d{1,3}(?:(?:\u2009|\u202f|\u00a0|\{,\}|,\\!)\d{3})+(?![\d])(?:\.\d+)?")
 # LaTeX commands that only typeset (fonts, units, sizes, degrees): dropped. Any other command left after the
 # fractions and operators are rewritten changes the value (\sqrt, \log, \pi, \binom, \lfloor, \overline): unparsable.
 _LAYOUT_COMMANDS = {"text", "textrm", "textbf", "textit", "textnormal", "mathrm", "mathbf", "mathit", "mathsf",
                     "mathtt", "rm", "bf", "it", "displaystyle", "textstyle", "big", "Big", "bigl", "bigr", "Bigl",
                     "Bigr", "circ", "degree", "mbox", "hbox", "ensuremath", "quad", "qquad", "dollar", "dollars",
                     "boxed", "fbox"}  # a box inside the answer's box only frames its part: \boxed{\boxed{2}+3} is 5
+# A power after a unit (its text group or a word): '^2', '^{3}', '^ {2}'.
+_UNIT_POWER = r"(?:\s*\^\s*(?:\{\s*[-+]?\d+\s*\}|[-+]?\d))?"
+# A single letter standing alone is a variable ('x+1', '2x'); a unit is a word ('5 apples', '15 min', '\text{cm}')
+_VARIABLE = re.compile(r"(?<![A-Za-z_'])[A-Za-z](?![A-Za-z_'])")
+# ...except a one-letter unit after a lone number and a space ('5 m', '12 h', '5 m^2'; not '2x', '3 + 2 i').
+_LETTER_UNIT = re.compile(r"^(\s*-?[\d.]+)\s+[A-Za-z](?:\s*\*\*\s*(?:\(\s*\d+\s*\)|\d+))?\s*\.?\s*$")
 # The same functions and constants written as plain words: 'sqrt(16)', 'log 100', '2 pi'.
 _FUNCTION_WORD = re.compile(r"(?<![A-Za-z])(?:(?:sqrt|cbrt|log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|"
                             r"arctan|sinh|cosh|tanh)\s*[(\d]|(?:abs|floor|ceil|round|gcd|lcm|min|max|choose)\s*\(|"
@@ -49,7 +58,8 @@ _FUNCTION_WORD = re.compile(r"(?<![A-Za-z])(?:(?:sqrt|cbrt|log|ln|lg|exp|sin|cos
 # Every run of whitespace is one possessive `\s*+`: the old form had three optional `\s*` in a row, which backtrack
 # over each other (cubic: 'the answer' and 1,000 spaces took a minute, a 10k-character completion for ever).
 _PHRASE = re.compile(r"(?:####|\b(?:the\s++)?(?:final\s++)?answer(?:\s*+(?:is|was|would\s++be|will\s++be|[:=]))?)"
-                     r"\s*+(?:[:=]\s*+)?(?:\\?\$\s*+)?(?=[-\d.])", re.I)
+                     r"\s*+(?:[:=]\s*+)?(?:\\?\$\s*+)?(?=[-\d.]|\\[dt]?frac)", re.I)
+_FRAC_HEAD = re.compile(r"-?\s*+\\[dt]?frac\s*+")
 
 
 def _balanced(text: str, start: int) -> tuple[str, int] | None:
@@ -112,11 +122,31 @@ def last_number(text: str) -> str | None:
   return nums[-1][1] if nums else None
 
 
+def _fraction_at(text: str, pos: int) -> str | None:
+  """The `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`, `\\frac12`, a leading '-') starting at text[pos], within _MAX_LEN
+  characters (an unclosed brace after each of many phrases would make the scans quadratic)."""
+  head = _FRAC_HEAD.match(text, pos)
+  if head is None:
+    return None
+  window = text[head.end():head.end() + _MAX_LEN]
+  short = re.match(r"\d\s*\d", window)
+  if short:
+    return text[pos:head.end() + short.end()]
+  num = _balanced(window, 0) if window.startswith("{") and "}" in window else None
+  rest = num[1] + len(window[num[1]:]) - len(window[num[1]:].lstrip(" ")) if num else 0
+  den = _balanced(window, rest) if num and window.startswith("{", rest) else None
+  return text[pos:head.end() + den[1]] if den else None
+
+
 def phrase_answer(text: str) -> str | None:
-  """The number right after the last explicit final-answer phrase ('the answer is 12', 'Final answer: $1,200'),
-  whatever numbers follow it; None without such a phrase."""
+  """The number (or LaTeX fraction) right after the last explicit final-answer phrase ('the answer is 12', 'Final
+  answer: $1,200', DAPO's 'Answer: $\\frac{1}{2}$'), whatever numbers follow it; None without such a phrase."""
   found = None
   for m in _PHRASE.finditer(text):  # the number that starts right there (reading the rest per phrase was quadratic)
+    fraction = _fraction_at(text, m.end())  # its last number was read instead: '2' of 'Answer: $\frac{1}{2}$'
+    if fraction is not None:
+      found = fraction
+      continue
     grouped = _NUMBER_GROUPED.match(text, m.end())
     plain = grouped or _NUMBER.match(text, m.end())
     if plain:
@@ -180,11 +210,14 @@ def normalize(answer: str) -> tuple[str, bool]:
   s = re.sub(r"^\*\*(.*)\*\*$|^__(.*)__$", lambda m: m.group(1) or m.group(2) or "", s)  # markdown bold
   s = _SPACED.sub(lambda m: re.sub(r"\D", "", m.group(1)), s)  # '37 230', '37\,230', '37{,}230' -> 37230
   s = re.sub(r"\\[()\[\]]", " ", s)           # \( \) \[ \] math delimiters
+  # '5\mathrm{cm}', '\textbf{5}'; a unit's power goes with it: '6\text{ cm}^2' is 6 (was read as 6**2 = 36)
   s = re.sub(r"\\(?:text|textrm|textbf|textit|textnormal|mathrm|mathbf|mathit|mathsf|mathtt|mbox|hbox)\s*"
-             r"\{([^{}]*)\}", r" \1 ", s)         # '5\mathrm{cm}', '\textbf{5}'
-  s = re.sub(r"\^\s*(?:\\circ|\{\s*\\circ\s*\})", " ", s)  # degrees: '30^\circ'
+             rf"\{{([^{{}}]*)\}}({_UNIT_POWER})", lambda m: f" {re.sub('[A-Za-z]+', ' ', m.group(1))} {m.group(2)}"
+             if re.search(r"\d", m.group(1)) else " ", s)  # a letter in text is a word, never a variable: '\text{5 m}'
+  s = re.sub(r"(?:\^\s*(?:\\circ|\{\s*\\circ\s*\})|°)(?:\s*[CF](?![A-Za-z]))?", " ", s)  # degrees: '30^\circ', '25°C'
   s = re.sub(r"\\(?:left|right|displaystyle|,|!|;|:|quad|qquad)", " ", s)
   s = s.replace("\\$", " ").replace("$", " ").replace("\\%", "%")
+  s = re.sub(r"([A-Za-z]{2,})" + _UNIT_POWER, r"\1", s)  # '6 cm^2', '6 cm$^2$': a unit's power, not the number's
   percent = "%" in s or bool(re.search(r"\bpercent\b", s))
   s = s.replace("%", " ")
   s = _THOUSANDS.sub(lambda m: m.group(1).replace(",", ""), s)
@@ -197,6 +230,9 @@ def normalize(answer: str) -> tuple[str, bool]:
   if set(re.findall(r"\\([A-Za-z]+)", s)) - _LAYOUT_COMMANDS or _FUNCTION_WORD.search(s):
     return "", percent  # \sqrt{16}, 2\pi, log(100): dropping the function would leave 16, 2, 100
   s = re.sub(r"\\[A-Za-z]+", " ", s)           # the layout commands (units like \mathrm, \circ)
+  s = "=".join(s.split("=")[:-1] + [_LETTER_UNIT.sub(r"\1", s.split("=")[-1])])  # '5 m', '12 h', '5 m^2'
+  if _VARIABLE.search(s.split("=")[-1]):
+    return "", percent  # 'x+1', '2x', '3n': a variable, not a unit word ('5 apples'): not a number
   s = re.sub(r"[A-Za-z_][A-Za-z_']*\.?", " ", s)  # words and units: '18 dollars', 'x = 5' keeps '= 5'
   if "=" in s:                                   # 'x = 5' / '3 + 4 = 7': the right-most side is the answer
     s = s.split("=")[-1]

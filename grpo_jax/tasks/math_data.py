@@ -29,6 +29,7 @@ import glob
 import json
 import math
 import os
+import re
 from typing import Any
 
 import numpy as np
@@ -67,7 +68,8 @@ class MathData(gsm8k.GSM8K):
 
   def sft_completion(self, ex: dict, tagged: bool = True) -> str:
     """The SFT target of an example: its record's worked solution (task.solution_field). Tagged (SFT): in the form
-    the prompt asks for — r1_zero: `<think> solution </think> <answer> final </answer>`; chat: the solution, with
+    the prompt asks for — r1_zero: `<think> solution </think> <answer> final </answer>`, the solution's own format tags
+    (a distilled R1 trace's `<think>…</think>`) dropped, as the target has each tag once; chat: the solution, with
     `\\boxed{final}` appended where it has no \\boxed. Untagged (pre-training): the solution as it is."""
     if "worked" not in ex:
       raise ValueError("task.solution_field is empty: SFT on task.name=math trains on its records' worked solutions; "
@@ -75,8 +77,9 @@ class MathData(gsm8k.GSM8K):
     worked = ex["worked"].strip()
     if not tagged:
       return worked
-    if self.prompt_format == "r1_zero":
-      return f"<think> {worked} </think> <answer> {ex['final']} </answer>"
+    if self.prompt_format == "r1_zero":  # a trace's own tags made '<think> <think> …' (math_format 0: SFT taught it)
+      thought = re.sub(r"[ \t]*(?:" + "|".join(map(re.escape, gsm8k.tokenizer_lib.TAGS)) + r")[ \t]*", " ", worked).strip()
+      return f"<think> {thought} </think> <answer> {ex['final']} </answer>"
     return worked if math_answer.last_boxed(worked) is not None else f"{worked}\n\n$\\boxed{{{ex['final']}}}$"
 
   def batch_fields(self, examples: list[dict]) -> dict:
@@ -117,12 +120,28 @@ def split_files(task: MathData, split: str, data_dir: str | None) -> list[str]:
                    f"({split}.parquet, {split}-*.parquet); put the {split} split there, or set {key}.")
 
 
-def read_records(path: str) -> list[tuple[str, Any]]:
-  """(where, record) of every record of a file, `where` naming its line or row for error messages."""
+def parquet_columns(task: MathData, names: list[str]) -> list[str] | None:
+  """The columns of `names` the task's fields can come from (None: all, where a field is in none of them, so that
+  its error lists every key). Datasets carry big columns no grader reads (OpenR1-Math's `generations`)."""
+  need = set()
+  for given, candidates in ((task.question_field, QUESTION_KEYS), (task.answer_field, ANSWER_KEYS),
+                            (task.solution_field, ())):
+    tops = [k.split(".")[0] for k in ([given] if given else candidates)]
+    present = [t for t in tops if t in names]
+    if tops and not present:
+      return None
+    need.update(present)
+  return [n for n in names if n in need]
+
+
+def read_records(path: str, task: MathData | None = None) -> list[tuple[str, Any]]:
+  """(where, record) of every record of a file, `where` naming its line or row for error messages; of a parquet file
+  only the columns `task`'s fields can come from."""
   if path.endswith(".parquet"):
     import pyarrow.parquet as pq  # pylint: disable=g-import-not-at-top  (a tensorflow-datasets dependency)
     try:
-      rows = pq.read_table(path).to_pylist()
+      columns = None if task is None else parquet_columns(task, pq.read_schema(path).names)
+      rows = pq.read_table(path, columns=columns).to_pylist()
     except Exception as e:  # pylint: disable=broad-except  (pyarrow's ArrowInvalid and OSError)
       raise ValueError(f"{path}: not a readable parquet file ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
                        ) from None
@@ -132,7 +151,9 @@ def read_records(path: str) -> list[tuple[str, Any]]:
       with open(path, encoding="utf-8-sig") as f:
         data = json.load(f)
     except (UnicodeDecodeError, json.JSONDecodeError) as e:
-      raise ValueError(f"{path}: not a UTF-8 JSON file ({str(e).splitlines()[0]}).") from None
+      lines = isinstance(e, json.JSONDecodeError) and e.msg == "Extra data"  # a JSONL file named .json
+      raise ValueError(f"{path}: not a UTF-8 JSON file ({str(e).splitlines()[0]})"
+                       + ("; one JSON record per line is a .jsonl file: rename it." if lines else ".")) from None
     if not isinstance(data, list):
       raise ValueError(f"{path}: a .json file must hold a list of records, got a {type(data).__name__}; write one "
                        "record per line as .jsonl, or the list itself.")
@@ -140,9 +161,13 @@ def read_records(path: str) -> list[tuple[str, Any]]:
   out = []
   for n, line in gsm8k.jsonl_lines(path):
     try:
-      out.append((f"{path} line {n}", json.loads(line)))
+      record = json.loads(line)
     except json.JSONDecodeError as e:
       raise ValueError(f"{path} line {n}: not JSON ({e.msg}); each line must be one JSON object.") from None
+    if isinstance(record, list):  # a .json list of records named .jsonl
+      raise ValueError(f"{path} line {n}: a JSON list, not one record; a file holding a list of records is a .json "
+                       "file: rename it (or write one record per line).")
+    out.append((f"{path} line {n}", record))
   return out
 
 
@@ -218,6 +243,13 @@ def numeric_final(text: str | None) -> str | None:
   return exact if len(exact) <= gsm8k.ANSWER_CHARS else None
 
 
+def _too_long(value: Any) -> bool:
+  """A numeric reference that numeric_final turned down only for its length (a 30-digit integer)."""
+  values = value if isinstance(value, list) else [value]
+  texts = [t for t in map(reference_text, values) if t is not None]
+  return any(math_answer.parse_value(t) is not None and math_answer.no_variables(t) for t in texts)
+
+
 def final_answer(value: Any) -> str | None:
   """The numeric grader's final answer of a reference (a list: its first numeric element; None: none)."""
   if isinstance(value, list):
@@ -231,7 +263,9 @@ def symbolic_finals(values: list[Any]) -> list[str | None]:
   from grpo_jax.tasks import symbolic  # pylint: disable=g-import-not-at-top
   flat = [(i, v) for i, value in enumerate(values) for v in (value if isinstance(value, list) else [value])]
   texts = [reference_text(v) for _, v in flat]
-  ask = [t for t in texts if t is not None and numeric_final(t) is None and len(t.encode("utf-8")) <= ANSWER_BYTES]
+  # each distinct text once (a dataset repeats its problems: DAPO-Math-17k's parquet holds each many times)
+  ask = list(dict.fromkeys(t for t in texts if t is not None and numeric_final(t) is None
+                           and len(t.encode("utf-8")) <= ANSWER_BYTES))
   parsed = dict(zip(ask, symbolic.grader().parses_many(ask))) if ask else {}
   out: list[str | None] = [None] * len(values)
   for (i, _), t in zip(flat, texts):
@@ -240,13 +274,29 @@ def symbolic_finals(values: list[Any]) -> list[str | None]:
   return out
 
 
+_LOADED: dict[tuple, list[dict]] = {}  # a split's examples by its files (path, mtime, size) and the task's fields
+
+
 def load_examples(task: MathData, split: str, *, data_dir: str | None = None, **sizes) -> list[dict]:
   """registry.TASKS loader: examples {index, question, solution, final[, worked]} in file order (sizes do not apply:
-  the files are the splits). Questions shared between the splits or repeated are counted by preflight.check_held_out."""
+  the files are the splits). Questions shared between the splits or repeated are counted by preflight.check_held_out.
+  A run asks for each split 3-4 times (preflight, held-out check, batches, eval): the files are read once while
+  unchanged (a large parquet took each read's time and memory again); the examples are shared, read-only."""
   del sizes
+  files = split_files(task, split, data_dir)
+  key = (split, tuple((p, os.stat(p).st_mtime_ns, os.stat(p).st_size) for p in files), task.question_field,
+         task.answer_field, task.solution_field, task.grader, task.ungradable)
+  if key not in _LOADED:
+    if len(_LOADED) >= 4:  # a train and a test split, and room for a changed file
+      _LOADED.pop(next(iter(_LOADED)))
+    _LOADED[key] = _read_examples(task, split, files)
+  return list(_LOADED[key])
+
+
+def _read_examples(task: MathData, split: str, files: list[str]) -> list[dict]:
   rows = []
-  for path in split_files(task, split, data_dir):
-    for where, record in read_records(path):
+  for path in files:
+    for where, record in read_records(path, task):
       if not isinstance(record, dict):
         raise ValueError(f"{where}: a record must be an object (a dict), got {type(record).__name__}.")
       try:
@@ -268,9 +318,17 @@ def load_examples(task: MathData, split: str, *, data_dir: str | None = None, **
       if task.ungradable == "skip":
         skipped.append((where, answer))
         continue
-      kind = ("math-verify cannot read it (or it is over {} UTF-8 bytes)".format(ANSWER_BYTES)
-              if task.grader == "symbolic" else "it is not a number or an arithmetic expression without variables "
-              "(task.grader=symbolic compares expressions, sets and intervals)")
+      if task.grader == "symbolic":
+        long = [t for t in map(reference_text, answer if isinstance(answer, list) else [answer])
+                if t is not None and len(t.encode("utf-8")) > ANSWER_BYTES]
+        kind = (f"it is over the {ANSWER_BYTES} UTF-8 bytes the batch holds for it" if long
+                else "math-verify cannot read it")
+      elif _too_long(answer):
+        kind = (f"its exact value is longer than the {gsm8k.ANSWER_CHARS} characters the batch holds for it "
+                "(task.grader=symbolic holds 128 bytes)")
+      else:
+        kind = ("it is not a number or an arithmetic expression without variables (task.grader=symbolic compares "
+                "expressions, sets and intervals)")
       raise ValueError(f"{where}: the answer {str(answer)[:60]!r} cannot be graded: {kind}; set "
                        "task.ungradable=skip to leave such records out (counted in the log).")
     examples.append({"index": len(examples), "question": question, "solution": str(answer), "final": final,

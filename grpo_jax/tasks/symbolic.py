@@ -11,7 +11,8 @@ C code that ignores the alarm). An item that timed out or raised is not equal, a
 Equality: both answers are read as LaTeX (math-verify's `parse` of `$answer$`, its units and basic-LaTeX
 normalisations), then `verify(gold, pred)` (sympy: numbers to 6 decimals, expressions, sets, intervals, tuples,
 matrices, equations `k=3` against `3`). Numbers that math_answer reads exactly are compared there first (the
-numeric grader's exact rationals, no worker call).
+numeric grader's exact rationals, no worker call). An answer over MAX_ANSWER_CHARS is sent as its last box, or without
+one is not equal unread (counted: `stats['too_long']`).
 """
 from __future__ import annotations
 
@@ -27,6 +28,9 @@ from grpo_jax.tasks import math_answer
 ITEM_TIMEOUT_S = 5       # math-verify's own timeout for each parse and each comparison, in the worker
 BACKSTOP = 3             # the parent waits BACKSTOP × (3 × ITEM_TIMEOUT_S) + start-up for one item, then kills
 START_S = 60.0           # a worker's start (python + sympy + math-verify imports: ~2 s here)
+# A longer answer (a tagged body holding the whole explanation) is prose, not an answer: math-verify spent ~6 s on one
+# of 800 characters here, one at a time in the worker (a batch of them stalled the step); its last box is sent instead.
+MAX_ANSWER_CHARS = 512
 
 
 def numeric(answer: str) -> bool:
@@ -35,22 +39,23 @@ def numeric(answer: str) -> bool:
 
 def _compare(gold: str, pred: str, timeout_s: int) -> bool:
   from math_verify import parse, verify  # pylint: disable=g-import-not-at-top
-  g = parse(f"${gold}$", parsing_timeout=timeout_s)
-  p = parse(f"${pred}$", parsing_timeout=timeout_s)
-  return bool(g) and bool(p) and bool(verify(g, p, timeout_seconds=timeout_s))
+  # raise_on_error: a timeout or an error reaches the counts (math-verify's default returns False and logs at most)
+  g = parse(f"${gold}$", parsing_timeout=timeout_s, raise_on_error=True)
+  p = parse(f"${pred}$", parsing_timeout=timeout_s, raise_on_error=True)
+  return bool(g) and bool(p) and bool(verify(g, p, timeout_seconds=timeout_s, raise_on_error=True))
 
 
 def _parses(answer: str, timeout_s: int) -> bool:
   """Whether math-verify reads `answer` as a sympy object (its fallback is the unparsed string: `\\frac{`, `???`)."""
   from math_verify import parse  # pylint: disable=g-import-not-at-top
-  parsed = parse(f"${answer}$", parsing_timeout=timeout_s)
+  parsed = parse(f"${answer}$", parsing_timeout=timeout_s, raise_on_error=True)
   return bool(parsed) and not isinstance(parsed[0], str)
 
 
 def _serve(conn, timeout_s: int) -> None:
   """The worker: a request is (op, items); each item's verdict (True / False / an error string) is sent back as it
   is computed, so the parent knows which item a hang is in."""
-  import math_verify  # noqa: F401  pylint: disable=g-import-not-at-top,unused-import  (the import cost, once)
+  from math_verify.errors import TimeoutException  # pylint: disable=g-import-not-at-top  (the import cost, once)
   conn.send("ready")
   while True:
     try:
@@ -63,7 +68,8 @@ def _serve(conn, timeout_s: int) -> None:
     for item in items:
       try:
         verdict = _compare(*item, timeout_s) if op == "equal" else _parses(item, timeout_s)
-      except Exception as e:  # pylint: disable=broad-except  (math-verify's TimeoutException, sympy errors)
+      except (Exception, TimeoutException) as e:  # pylint: disable=broad-except  (sympy's errors; math-verify's
+        # timeout is a BaseException)
         verdict = f"{type(e).__name__}: {str(e)[:120]}"
       conn.send(verdict)
 
@@ -78,18 +84,35 @@ class Grader:
     self._serve = serve or _serve
     self._lock = threading.Lock()
     self._proc = self._conn = None
-    self.stats = {"calls": 0, "timeouts": 0, "errors": 0, "restarts": 0}
+    self.stats = {"calls": 0, "timeouts": 0, "errors": 0, "restarts": 0, "too_long": 0}
+    self._started = False
 
   def _start(self) -> None:
+    if self._started:
+      self.stats["restarts"] += 1  # every replacement: after a kill (a hang, a crash) or a worker found dead
+    self._started = True
     ctx = multiprocessing.get_context("spawn")  # never fork a process that holds JAX's threads
     parent, child = ctx.Pipe()
-    self._proc = ctx.Process(target=self._serve, args=(child, self.timeout_s), daemon=True, name="symbolic-grader")
-    self._proc.start()
+    proc = ctx.Process(target=self._serve, args=(child, self.timeout_s), daemon=True, name="symbolic-grader")
+    try:
+      proc.start()  # may raise (no memory or processes left): then there is no worker to kill later
+    except BaseException:
+      parent.close()
+      child.close()
+      raise
+    self._proc, self._conn = proc, parent
     child.close()
-    self._conn = parent
-    if not parent.poll(START_S) or parent.recv() != "ready":
+    try:
+      ready = parent.poll(START_S) and parent.recv() == "ready"
+    except (EOFError, OSError):  # it exited while starting (an import error: its traceback is on stderr)
+      ready = False
+    if not ready:
+      self._proc.join(1)
+      code = self._proc.exitcode
       self._kill()
-      raise RuntimeError(f"the symbolic grader's worker did not start in {START_S:.0f} s")
+      raise RuntimeError("the symbolic grader's worker " + (f"exited with code {code} while starting (its error is "
+                         "above)" if code is not None else f"did not start in {START_S:.0f} s") + "; check that "
+                         "python -c 'import math_verify' works in this environment (pip install -e '.[math]').")
 
   def _kill(self) -> None:
     if self._proc is not None:
@@ -115,12 +138,14 @@ class Grader:
     with self._lock:
       while len(out) < len(items):
         if self._proc is None or not self._proc.is_alive():
-          if self._proc is not None:
-            self.stats["restarts"] += 1
           self._kill()
           self._start()
         pending = items[len(out):]
-        self._conn.send((op, list(pending)))
+        try:
+          self._conn.send((op, list(pending)))
+        except OSError:  # it died since the check (BrokenPipeError): start another
+          self._kill()
+          continue
         for _ in pending:
           self.stats["calls"] += 1
           if not self._conn.poll(self.backstop_s):
@@ -139,6 +164,8 @@ class Grader:
             break
           if isinstance(verdict, str):
             self.stats["timeouts" if "Timeout" in verdict else "errors"] += 1
+            logging.log_every_n_seconds(logging.WARNING, "symbolic grader: math-verify gave up on an item (%s); it "
+                                        "counts as not equal (so far: %s)", 60, verdict, self.stats)
             out.append(None)
           else:
             out.append(bool(verdict))
@@ -155,15 +182,27 @@ class Grader:
         verdicts[i] = False
       elif numeric(gold) and math_answer.parse_value(pred) is not None:
         verdicts[i] = math_answer.equal(pred, gold)  # the numeric grader's exact values (and its units rule)
+      elif len(pred) > MAX_ANSWER_CHARS and len(math_answer.last_boxed(pred) or pred) > MAX_ANSWER_CHARS:
+        verdicts[i] = False
+        with self._lock:
+          self.stats["too_long"] += 1
+        logging.log_every_n_seconds(logging.WARNING, "symbolic grader: an answer of %d characters (over %d, without a "
+                                    "shorter \\boxed{}) counts as not equal unread (so far: %s)", 60, len(pred),
+                                    MAX_ANSWER_CHARS, self.stats)
       else:
         ask.append(i)
-    for i, v in zip(ask, self._run("equal", [(pairs[i][1], pairs[i][0]) for i in ask])):
+    for i, v in zip(ask, self._run("equal", [(pairs[i][1], _shortest(pairs[i][0])) for i in ask])):
       verdicts[i] = bool(v)
     return [bool(v) for v in verdicts]
 
   def parses_many(self, answers: Sequence[str]) -> list[bool]:
     """Whether math-verify reads each answer as an expression (a reference that it cannot read grades nothing)."""
     return [bool(v) for v in self._run("parses", list(answers))]
+
+
+def _shortest(pred: str) -> str:
+  """A long answer's last box (math-verify reads that one first anyway), else the answer."""
+  return (math_answer.last_boxed(pred) or pred) if len(pred) > MAX_ANSWER_CHARS else pred
 
 
 _GRADER: Grader | None = None
