@@ -281,3 +281,27 @@ def test_tpu_vm_keeps_the_run_status_and_deletes_when_the_tpu_lists_no_workers(t
     lines = calls.read_text().splitlines()
     assert lines[-1] == "compute tpus tpu-vm delete n --zone=z --quiet", lines
     assert not any("grpo_logs/run.log" in l and " scp " in f" {l}" for l in lines), lines
+
+
+def test_gpu_multinode_slurm_keeps_every_gpu_of_the_node(tmp_path):
+  """--slurm starts one task per node, but JAX's SLURM detection gives each process only GPU SLURM_LOCALID (it
+  assumes one process per GPU): every node of a 2 × 8 GPU job trained on its GPU 0. The run command now sets
+  JAX_LOCAL_DEVICE_IDS=0,...,G-1. Checked against JAX itself: the environment the srun command gives a node
+  (SLURM's variables as srun sets them for task 0, plus the command's own assignments) through
+  multihost.maybe_initialize, then the CUDA devices JAX will open (planted back: '0')."""
+  import shlex
+  r = _bash("gpu_multinode.sh", "--slurm", "--nodes", "1", "--gpus-per-node", "3", "--workdir", "/s/r", "--dry-run")
+  assert r.returncode == 0, r.stderr
+  shell = shlex.split([c for c in _commands(r.stdout) if c.startswith("srun ") and "grpo_jax.main" in c][0])[-1]
+  words = shlex.split(shell.split("&&", 1)[1])
+  assigned = dict(w.split("=", 1) for w in words[:next(i for i, w in enumerate(words) if "python" in w)])
+  probe = tmp_path / "probe.py"
+  probe.write_text("from grpo_jax.infra import multihost\nassert multihost.maybe_initialize()\n"
+                   "from jax._src import xla_bridge\nprint('VISIBLE', xla_bridge.CUDA_VISIBLE_DEVICES.value)\n")
+  slurm = dict(SLURM_JOB_ID="7", SLURM_STEP_NODELIST="localhost", SLURM_NTASKS="1", SLURM_PROCID="0",
+               SLURM_LOCALID="0", JAX_COORDINATOR_PORT=str(local_multiprocess.free_port()))
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", GRPO_JAX_DISTRIBUTED="1", **slurm, **assigned)
+  env.pop("GRPO_JAX_COORDINATOR", None)
+  out = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "VISIBLE 0,1,2" in out.stdout, (assigned, out.stdout)
