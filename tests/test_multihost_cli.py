@@ -275,3 +275,73 @@ def test_processes_that_drew_different_batches_stop_with_one_line(tmp_path):
     assert (f"[p{pid}] Error: the 2 processes drew different batches (index_N differs): each must read the same "
             "data: the same task.data_dir copy on every host") in out, out[-3000:]
   assert rc == 2 and "Traceback" not in out, out[-3000:]
+
+
+ANOTHER_JOB = """
+import os, shutil, sys
+copy = sys.argv.pop(1)
+if os.environ["GRPO_JAX_PROCESS_ID"] == "1":  # this host has its own copy of the code, one file edited, and one
+  shutil.copytree("grpo_jax", os.path.join(copy, "grpo_jax"), ignore=shutil.ignore_patterns("__pycache__"))
+  with open(os.path.join(copy, "grpo_jax", "rl", "losses.py"), "a") as f:  # more flag than process 0
+    f.write("# edited on this host only\\n")
+  sys.path.insert(0, copy)
+  sys.argv.append("--config.optim.lr=0.5")
+from grpo_jax import main
+assert main.__file__.startswith(copy) == (os.environ["GRPO_JAX_PROCESS_ID"] == "1"), main.__file__
+main._entry()
+"""
+
+
+def test_processes_started_with_another_config_or_code_are_refused(tmp_path):
+  """Processes of one job started with different flags (here optim.lr) or different code (a host with its own edited
+  copy of the package) ran to the end, exit 0: each compiled its own program from its own config and the
+  collectives joined them unchecked (same batches, so device_batch's check saw nothing). Now every process exits 2
+  before anything is written: the differing process names each differing key and file with process 0's value and
+  its own, process 0 names the process that differs (planted back: the run trains on until the launcher's
+  120 s timeout kills it; the baseline probe with 2 steps exited 0 on both, config.json holding process 0's lr)."""
+  script = tmp_path / "another_job.py"
+  script.write_text(ANOTHER_JOB)
+  log = io.StringIO()
+  with pytest.MonkeyPatch.context() as mp:
+    for k, v in dict(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", GRPO_JAX_XLA_CACHE="off").items():
+      mp.setenv(k, v)
+    rc = local_multiprocess.launch(2, script=str(script), args=[str(tmp_path / "copy"), "--config=configs/grpo_arith.py:runlocal",
+                                   f"--workdir={tmp_path / 'w'}"], devices_per_process=1, timeout_s=120,
+                                   grace_s=5, python=sys.executable, out=log)
+  out = log.getvalue()
+  assert rc == 2 and "Traceback" not in out, out[-3000:]
+  for pid in (0, 1):
+    assert f"[launch] p{pid} exited with 2" in out, out[-3000:]
+  lines = {pid: [l for l in out.splitlines() if l.startswith(f"[p{pid}] Error: ")] for pid in (0, 1)}
+  assert len(lines[0]) == len(lines[1]) == 1, lines
+  fix = "start every process with the same --config, --config.* overrides and --workdir"
+  code_fix = "give every host the same copy of the repository and the same jax / jaxlib"
+  assert lines[0][0].startswith("[p0] Error: process(es) 1 of 2 run another config or --workdir than process 0 "
+                                f"(their error lines name what differs): {fix}; process(es) 1 of 2 run other code "), lines
+  assert lines[1][0].startswith("[p1] Error: process 1 of 2 runs another config or --workdir than process 0 "
+                                f"(optim.lr: 0.0001 on process 0, 0.5 here): {fix}; process 1 of 2 runs other code "
+                                "(grpo_jax's sources or jax / jaxlib) than process 0 (grpo_jax/rl/losses.py: "), lines
+  assert code_fix in lines[0][0] and code_fix in lines[1][0], lines
+  assert not (tmp_path / "w").exists()  # refused before the lock or config.json
+
+
+def test_code_manifest_names_each_source_file_and_the_jax_version(tmp_path):
+  """check_same_job compares this manifest between processes: one entry per .py file of the package (an edit to
+  one changes that entry alone), none for caches, and the jax / jaxlib versions."""
+  import shutil
+  import jaxlib
+  from grpo_jax.infra import multihost
+  pkg = os.path.join(REPO, "grpo_jax")
+  shutil.copytree(pkg, tmp_path / "grpo_jax", ignore=shutil.ignore_patterns("__pycache__"))
+  (tmp_path / "grpo_jax" / "__pycache__").mkdir(exist_ok=True)
+  (tmp_path / "grpo_jax" / "__pycache__" / "x.py").write_text("cache")
+  here, copy = multihost.code_manifest(pkg), multihost.code_manifest(str(tmp_path / "grpo_jax"))
+  want = sorted(os.path.relpath(os.path.join(d, f), REPO) for d, _, fs in os.walk(pkg) if "__pycache__" not in d
+                for f in fs if f.endswith(".py"))
+  assert sorted(k for k in here if k.startswith("grpo_jax/")) == want and "grpo_jax/rl/losses.py" in want
+  assert here["jax version"] == jax.__version__ and here["jaxlib version"] == jaxlib.__version__
+  assert copy == here
+  with open(tmp_path / "grpo_jax" / "rl" / "losses.py", "a") as f:
+    f.write("#\n")
+  edited = multihost.code_manifest(str(tmp_path / "grpo_jax"))
+  assert [k for k in here if edited[k] != here[k]] == ["grpo_jax/rl/losses.py"]

@@ -11,8 +11,14 @@ aborts both (SIGABRT, the failed process's exit status lost). `cli.finish` leave
 others' collective then fails (gloo: connection closed by peer), or JAX's heartbeat check stops them (100 s:
 "Terminating process because the JAX distributed service detected fatal errors ... another task died"), or
 launch/local_multiprocess.py does.
+
+`check_same_job` refuses a job whose processes were started with different configs, workdirs or code (each would
+compile its own program from its own config, and the collectives would join them unchecked).
 """
+import hashlib
+import json
 import os
+from typing import Any
 
 import jax
 
@@ -70,3 +76,65 @@ def maybe_initialize() -> bool:
 def initialized() -> bool:
   """Whether this process joined a multi-process job (maybe_initialize)."""
   return _initialized
+
+
+def _flat(tree: Any, prefix: str = "") -> dict[str, Any]:
+  if isinstance(tree, dict) and tree:
+    return {k: v for key, sub in tree.items() for k, v in _flat(sub, f"{prefix}{key}.").items()}
+  return {prefix[:-1]: tree}
+
+
+def code_manifest(root: str | None = None) -> dict[str, str]:
+  """{path: sha256} of the package's Python sources under `root` (this package), plus the jax and jaxlib versions."""
+  import jaxlib  # pylint: disable=g-import-not-at-top
+  root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = {"jax version": jax.__version__, "jaxlib version": jaxlib.__version__}
+  for d, subdirs, files in os.walk(root):
+    subdirs[:] = sorted(x for x in subdirs if x != "__pycache__")
+    for f in sorted(files):
+      if f.endswith(".py"):
+        path = os.path.join(d, f)
+        with open(path, "rb") as fh:
+          out[os.path.relpath(path, os.path.dirname(root))] = hashlib.sha256(fh.read()).hexdigest()[:16]
+  return out
+
+
+def _differing(mine: dict[str, Any], theirs: dict[str, Any]) -> str:
+  keys = sorted(k for k in mine.keys() | theirs.keys() if mine.get(k, "<unset>") != theirs.get(k, "<unset>"))
+  shown = [f"{k}: {json.dumps(theirs.get(k, '<unset>'))} on process 0, {json.dumps(mine.get(k, '<unset>'))} here"
+           for k in keys[:3]]
+  return "; ".join(shown) + (f"; and {len(keys) - 3} more" if len(keys) > 3 else "")
+
+
+def check_same_job(config, workdir: str) -> None:
+  """Every process of the job was started with process 0's config, --workdir and code, or every process raises an
+  InputError (each names what differs on it; the agreeing ones name the processes that differ)."""
+  if jax.process_count() == 1:
+    return
+  import numpy as np  # pylint: disable=g-import-not-at-top
+  from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  from grpo_jax.infra import workdir_lock  # pylint: disable=g-import-not-at-top
+  tree = json.loads(config.to_json_best_effort()) if hasattr(config, "to_json_best_effort") else config
+  parts = {"another config or --workdir": {**_flat(tree), "--workdir": workdir},
+           "other code (grpo_jax's sources or jax / jaxlib)": code_manifest()}
+  fixes = ["start every process with the same --config, --config.* overrides and --workdir",
+           "give every host the same copy of the repository and the same jax / jaxlib (launch/tpu_vm.sh and "
+           "gpu_multinode.sh copy it)"]
+  texts = [json.dumps(part, sort_keys=True) for part in parts.values()]
+  mine = np.frombuffer(b"".join(hashlib.sha256(t.encode()).digest() for t in texts), np.uint8)
+  everyone = np.asarray(multihost_utils.process_allgather(mine)).reshape(jax.process_count(), len(parts), 32)
+  pid, n, lines = jax.process_index(), jax.process_count(), []
+  for k, (what, part) in enumerate(parts.items()):
+    others = [p for p in range(n) if not np.array_equal(everyone[p, k], everyone[0, k])]
+    if not others:
+      continue
+    # process 0's part on every process (every process saw the same digests, so all run this collective)
+    size = int(np.asarray(multihost_utils.process_allgather(np.int64(len(texts[k].encode())))).max())
+    theirs = json.loads(workdir_lock.broadcast_text(texts[k], size=size))
+    if pid in others:
+      lines.append(f"process {pid} of {n} runs {what} than process 0 ({_differing(part, theirs)}): {fixes[k]}")
+    else:
+      lines.append(f"process(es) {', '.join(map(str, others))} of {n} run {what} than process 0 (their error lines "
+                   f"name what differs): {fixes[k]}")
+  if lines:
+    raise errors.InputError("; ".join(lines) + ".")
