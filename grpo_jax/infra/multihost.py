@@ -8,7 +8,7 @@ traceback), and so is a GRPO_JAX_DISTRIBUTED other than 1, 0 or unset.
 A process of such a job that fails alone must not leave through interpreter shutdown: JAX's exit handler waits in a
 shutdown barrier (300 s) for processes that are themselves stuck in a collective with the failed one, and then
 aborts both (SIGABRT, the failed process's exit status lost). `cli.finish` leaves with `os._exit` instead; the
-others' collective then fails (gloo: connection closed by peer), or JAX's heartbeat check stops them (100 s:
+others' collective then fails (gloo: connection closed by peer: one line each, `peer_lost`), or JAX's heartbeat check stops them (100 s:
 "Terminating process because the JAX distributed service detected fatal errors ... another task died"), or
 launch/local_multiprocess.py does.
 
@@ -71,6 +71,22 @@ def maybe_initialize() -> bool:
                             f"{_FIX}, or unset GRPO_JAX_DISTRIBUTED for one process") from None
   _initialized = True
   return True
+
+
+# What a collective says when another process of the job is gone (gloo over TCP: the peer's sockets closed).
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def peer_lost(e: BaseException) -> str | None:
+  """The one line for a collective that failed because another process ended (None for anything else): that
+  process's own output says why, and this traceback (a bug's exit 1 on every surviving process) hid it."""
+  for x in errors.chain(e):
+    text = errors.one_line(str(x))
+    if any(p in text for p in _PEER_GONE):
+      return (f"another process of this {jax.process_count()}-process job ended mid-run ({text[:300]}); its own "
+              "output says why: fix that and rerun the command on every process (it resumes from the newest "
+              "checkpoint).")
+  return None
 
 
 def initialized() -> bool:
