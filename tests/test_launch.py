@@ -305,3 +305,49 @@ def test_gpu_multinode_slurm_keeps_every_gpu_of_the_node(tmp_path):
   out = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=60)
   assert out.returncode == 0, out.stderr[-2000:]
   assert "VISIBLE 0,1,2" in out.stdout, (assigned, out.stdout)
+
+
+STOPPABLE = textwrap.dedent("""
+    import os, signal, sys, time
+    def stop(signum, frame):
+      print(f"got {signal.Signals(signum).name}", flush=True)
+      sys.exit(0)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+      signal.signal(s, stop)
+    print(f"ready {os.getpid()}", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_local_multiprocess_sends_a_signal_on_to_every_process(tmp_path):
+  """The children run in sessions of their own, so Ctrl-C at the terminal (SIGINT to the launcher's group) or a
+  SIGTERM to the launcher reached none of them: the launcher died (a KeyboardInterrupt traceback, or -15) and both
+  children ran on, orphaned (a real job: waiting in collectives, holding the workdir lock). Now the launcher sends
+  the signal on to every process (grpo_jax.main: finish the step, save, exit 0) and returns their status (planted
+  back: both children still alive after the launcher exited)."""
+  import re
+  import signal
+  script = tmp_path / "stoppable.py"
+  script.write_text(STOPPABLE)
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    p = subprocess.Popen([sys.executable, os.path.join(REPO, "launch", "local_multiprocess.py"), "-n", "2",
+                          "--script", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    while sum(l.startswith(("[p0] ready", "[p1] ready")) for l in lines) < 2:
+      line = p.stdout.readline()
+      assert line, "".join(lines)
+      lines.append(line)
+    pids = [int(m) for l in lines for m in re.findall(r"\] ready (\d+)", l)]
+    p.send_signal(sig)
+    try:
+      rest, _ = p.communicate(timeout=30)
+    finally:
+      alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}")
+               and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+      for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    text = "".join(lines) + rest
+    assert not alive and p.returncode == 0, (sig, alive, p.returncode, text)
+    assert f"[launch] {sig.name} received: sent to every process" in text, text
+    for i in (0, 1):
+      assert f"[p{i}] got {sig.name}" in text and f"[launch] p{i} exited with 0" in text, text
