@@ -101,6 +101,20 @@ def test_both_processes_ran_the_job(runs):
   assert "[p1] " in runs["multi"]
 
 
+def test_process_0_writes_the_records_and_each_process_its_checkpoint_shards(runs):
+  """The run's records (metrics, samples, config, stage and auto records) are process 0's alone: the same files
+  as the 1-process run's, samples.jsonl line for line (process 1 writing too would repeat its lines); the progress
+  lines are process 0's; each process wrote its own shards of the step (orbax's ocdbt.process_<i>)."""
+  one, two = runs["root"] / "one", runs["root"] / "two"
+  records = lambda d: sorted(str(p.relative_to(d)) for p in d.rglob("*") if "checkpoints" not in p.parts)  # noqa: E731
+  assert records(two) == records(one) and "samples.jsonl" in records(one), (records(one), records(two))
+  assert (two / "samples.jsonl").read_text() == (one / "samples.jsonl").read_text()
+  assert "[p0] step 2/2" in runs["multi"] and "[p1] step " not in runs["multi"], runs["multi"][-3000:]
+  state = two / "checkpoints" / "2" / "state"
+  assert sorted(p.name for p in state.glob("ocdbt.process_*")) == ["ocdbt.process_0", "ocdbt.process_1"]
+  assert all(any((state / f"ocdbt.process_{i}" / "d").iterdir()) for i in (0, 1))
+
+
 def test_metrics_and_eval_match_one_process(runs):
   one, two = _rows(runs["root"] / "one"), _rows(runs["root"] / "two")
   assert [r["step"] for r in two] == [r["step"] for r in one]
@@ -183,6 +197,35 @@ def test_a_bug_on_one_process_exits_1_at_once(tmp_path):
       "its own output says why: fix that and rerun the command on every "
       "process (it resumes from the newest checkpoint)."), p0[-5:]
   assert "Gloo" in p0[-1] and ("Connection closed by peer" in p0[-1] or "Connection reset by peer" in p0[-1]), p0[-1]
+
+
+def test_peer_lost_names_a_gone_process_from_what_jax_says(monkeypatch):
+  """What a surviving process's collective raised when another process died, as measured with JAX 0.10.2 (2026-12-06,
+  process 1 SIGKILLed): gloo at once, or the coordination service's barrier (orbax's saves wait at one) after the
+  100 s heartbeat timeout or, process 0 (the service's host) killed, at once: these two printed a traceback
+  (planted back without 'heartbeat timeout': None). Found through
+  causes too; any other error is left to the traceback (None)."""
+  import jax
+  from grpo_jax.infra import multihost
+  monkeypatch.setattr(jax, "process_count", lambda: 4)
+  gloo = ("UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer "
+          "[127.0.0.1]:40347")
+  barrier = ("INTERNAL: Barrier failed because: task is set to ERROR: UNAVAILABLE: Task 1 heartbeat timeout. This "
+             "indicates that the remote task has failed, got preempted, or crashed unexpectedly.")
+  leader = ("UNAVAILABLE: Failed to send RPC to coordination service. Either the leader task was preempted/died/"
+            "restarted unexpectedly or this task is experiencing network issues.")  # process 0 SIGKILLed
+  for text in (gloo, barrier, leader):
+    line = multihost.peer_lost(RuntimeError(text))
+    assert line == (f"another process of this 4-process job ended mid-run ({text[:300]}); its own output says why: "
+                    "fix that and rerun the command on every process (it resumes from the newest checkpoint)."), line
+  try:
+    try:
+      raise ValueError(gloo)
+    except ValueError as inner:
+      raise RuntimeError("saving step 4 failed") from inner
+  except RuntimeError as e:
+    assert multihost.peer_lost(e) is not None and gloo in multihost.peer_lost(e)
+  assert multihost.peer_lost(RuntimeError("INTERNAL: out of memory")) is None
 
 
 @pytest.mark.parametrize("env,match", [

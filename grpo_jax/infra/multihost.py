@@ -73,8 +73,11 @@ def maybe_initialize() -> bool:
   return True
 
 
-# What a collective says when another process of the job is gone (gloo over TCP: the peer's sockets closed).
-_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+# What a collective says when another process of the job is gone: gloo over TCP at once (the peer's sockets closed),
+# JAX's coordination service (a barrier, as orbax's saves wait at) after its 100 s heartbeat timeout, or at once when
+# the process that ran the service (process 0) is the one gone.
+_PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe", "heartbeat timeout",
+              "Failed to send RPC to coordination service")
 
 
 def peer_lost(e: BaseException) -> str | None:
