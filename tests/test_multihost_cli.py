@@ -10,6 +10,7 @@ is not zero and equal params mean equal gradients.
 """
 import io
 import os
+import re
 import subprocess
 import sys
 import time
@@ -104,12 +105,15 @@ def test_both_processes_ran_the_job(runs):
 def test_process_0_writes_the_records_and_each_process_its_checkpoint_shards(runs):
   """The run's records (metrics, samples, config, stage and auto records) are process 0's alone: the same files
   as the 1-process run's, samples.jsonl line for line (process 1 writing too would repeat its lines); the progress
-  lines are process 0's; each process wrote its own shards of the step (orbax's ocdbt.process_<i>)."""
+  and INFO lines are process 0's (console.quiet_info); each process wrote its own shards of the step (orbax's ocdbt.process_<i>)."""
   one, two = runs["root"] / "one", runs["root"] / "two"
   records = lambda d: sorted(str(p.relative_to(d)) for p in d.rglob("*") if "checkpoints" not in p.parts)  # noqa: E731
   assert records(two) == records(one) and "samples.jsonl" in records(one), (records(one), records(two))
   assert (two / "samples.jsonl").read_text() == (one / "samples.jsonl").read_text()
   assert "[p0] step 2/2" in runs["multi"] and "[p1] step " not in runs["multi"], runs["multi"][-3000:]
+  # and the INFO records (auto decisions, eval results): process 1's repeated process 0's (planted back: 11 lines, as many as p0)
+  info = {pid: re.findall(rf"^\[p{pid}\] I\d{{4}} \d\d:\d\d", runs["multi"], re.M) for pid in (0, 1)}
+  assert len(info[0]) > 5 and not info[1], {pid: len(v) for pid, v in info.items()}
   state = two / "checkpoints" / "2" / "state"
   assert sorted(p.name for p in state.glob("ocdbt.process_*")) == ["ocdbt.process_0", "ocdbt.process_1"]
   assert all(any((state / f"ocdbt.process_{i}" / "d").iterdir()) for i in (0, 1))

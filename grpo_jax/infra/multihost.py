@@ -22,6 +22,7 @@ from typing import Any
 
 import jax
 
+from grpo_jax.infra import console
 from grpo_jax.infra import errors
 
 _initialized = False
@@ -70,6 +71,8 @@ def maybe_initialize() -> bool:
     raise errors.InputError(f"GRPO_JAX_DISTRIBUTED=1: JAX found no cluster to join here ({errors.one_line(str(e))}); "
                             f"{_FIX}, or unset GRPO_JAX_DISTRIBUTED for one process") from None
   _initialized = True
+  if jax.process_index() != 0:  # the progress lines are process 0's; its INFO records would repeat on every host
+    console.quiet_info()
   return True
 
 
