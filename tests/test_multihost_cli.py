@@ -105,13 +105,15 @@ def test_both_processes_ran_the_job(runs):
 def test_process_0_writes_the_records_and_each_process_its_checkpoint_shards(runs):
   """The run's records (metrics, samples, config, stage and auto records) are process 0's alone: the same files
   as the 1-process run's, samples.jsonl line for line (process 1 writing too would repeat its lines); the progress
-  and INFO lines are process 0's (console.quiet_info); each process wrote its own shards of the step (orbax's ocdbt.process_<i>)."""
+  and INFO lines are process 0's (console.quiet_info); each process wrote its own shards of the step (orbax's
+  ocdbt.process_<i>)."""
   one, two = runs["root"] / "one", runs["root"] / "two"
   records = lambda d: sorted(str(p.relative_to(d)) for p in d.rglob("*") if "checkpoints" not in p.parts)  # noqa: E731
   assert records(two) == records(one) and "samples.jsonl" in records(one), (records(one), records(two))
   assert (two / "samples.jsonl").read_text() == (one / "samples.jsonl").read_text()
   assert "[p0] step 2/2" in runs["multi"] and "[p1] step " not in runs["multi"], runs["multi"][-3000:]
-  # and the INFO records (auto decisions, eval results): process 1's repeated process 0's (planted back: 11 lines, as many as p0)
+  # and the INFO records (auto decisions, eval results): process 1's repeated process 0's (planted back: 11
+  # lines, as many as p0)
   info = {pid: re.findall(rf"^\[p{pid}\] I\d{{4}} \d\d:\d\d", runs["multi"], re.M) for pid in (0, 1)}
   assert len(info[0]) > 5 and not info[1], {pid: len(v) for pid, v in info.items()}
   state = two / "checkpoints" / "2" / "state"
@@ -359,8 +361,8 @@ def test_processes_started_with_another_config_or_code_are_refused(tmp_path):
   with pytest.MonkeyPatch.context() as mp:
     for k, v in dict(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", GRPO_JAX_XLA_CACHE="off").items():
       mp.setenv(k, v)
-    rc = local_multiprocess.launch(2, script=str(script), args=[str(tmp_path / "copy"), "--config=configs/grpo_arith.py:runlocal",
-                                   f"--workdir={tmp_path / 'w'}"], devices_per_process=1, timeout_s=120,
+    args = [str(tmp_path / "copy"), "--config=configs/grpo_arith.py:runlocal", f"--workdir={tmp_path / 'w'}"]
+    rc = local_multiprocess.launch(2, script=str(script), args=args, devices_per_process=1, timeout_s=120,
                                    grace_s=5, python=sys.executable, out=log)
   out = log.getvalue()
   assert rc == 2 and "Traceback" not in out, out[-3000:]
@@ -371,7 +373,8 @@ def test_processes_started_with_another_config_or_code_are_refused(tmp_path):
   fix = "start every process with the same --config, --config.* overrides and --workdir"
   code_fix = "give every host the same copy of the repository and the same jax / jaxlib"
   assert lines[0][0].startswith("[p0] Error: process(es) 1 of 2 run another config or --workdir than process 0 "
-                                f"(their error lines name what differs): {fix}; process(es) 1 of 2 run other code "), lines
+                                f"(their error lines name what differs): {fix}; process(es) 1 of 2 run other "
+                                "code "), lines
   assert lines[1][0].startswith("[p1] Error: process 1 of 2 runs another config or --workdir than process 0 "
                                 f"(optim.lr: 0.0001 on process 0, 0.5 here): {fix}; process 1 of 2 runs other code "
                                 "(grpo_jax's sources or jax / jaxlib) than process 0 (grpo_jax/rl/losses.py: "), lines

@@ -8,9 +8,9 @@ traceback), and so is a GRPO_JAX_DISTRIBUTED other than 1, 0 or unset.
 A process of such a job that fails alone must not leave through interpreter shutdown: JAX's exit handler waits in a
 shutdown barrier (300 s) for processes that are themselves stuck in a collective with the failed one, and then
 aborts both (SIGABRT, the failed process's exit status lost). `cli.finish` leaves with `os._exit` instead; the
-others' collective then fails (gloo: connection closed by peer: one line each, `peer_lost`), or JAX's heartbeat check stops them (100 s:
-"Terminating process because the JAX distributed service detected fatal errors ... another task died"), or
-launch/local_multiprocess.py does.
+others' collective then fails (gloo: connection closed by peer: one line each, `peer_lost`), or JAX's heartbeat
+check stops them (100 s: "Terminating process because the JAX distributed service detected fatal errors ...
+another task died"), or launch/local_multiprocess.py does.
 
 `check_same_job` refuses a job whose processes were started with different configs, workdirs or code (each would
 compile its own program from its own config, and the collectives would join them unchecked).
