@@ -3,9 +3,10 @@
 Each child gets `GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=127.0.0.1:PORT GRPO_JAX_NUM_PROCESSES=N
 GRPO_JAX_PROCESS_ID=i` (read by `grpo_jax/infra/multihost.py`); its output is streamed line by line, prefixed `[pI]`.
 The exit code is 0 only if every process exits 0; when one fails the others are stopped after `--grace-s` (they
-would otherwise wait forever in a collective). SIGINT (Ctrl-C), SIGTERM and SIGHUP sent to the launcher are sent on to
-every process (grpo_jax.main finishes the step, saves and exits 0). The children run in the repository root, so relative paths in their
-arguments (`--config=configs/...`, a relative `--workdir`) resolve there; `--script` is the caller's path.
+would otherwise wait forever in a collective). SIGINT (Ctrl-C), SIGTERM and SIGHUP sent to the launcher are sent on
+to every process (grpo_jax.main finishes the step, saves and exits 0); one the caller ignores (nohup) stays ignored.
+The children run in the repository root, so relative paths in their arguments (`--config=configs/...`, a relative
+`--workdir`) resolve there; `--script` is the caller's path.
 
   python launch/local_multiprocess.py -n 2 -m grpo_jax.main -- --config=configs/grpo_arith.py:small --workdir=/tmp/r
   python launch/local_multiprocess.py -n 2 --devices-per-process 4 --script my_check.py
@@ -88,8 +89,8 @@ def launch(n: int, module: str | None = None, script: str | None = None, args: S
       if p.poll() is None:
         os.killpg(p.pid, signum)
 
-  handled = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
-             if threading.current_thread() is threading.main_thread()]
+  handled = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # one ignored here stays ignored (nohup)
+             if threading.current_thread() is threading.main_thread() and signal.getsignal(s) is not signal.SIG_IGN]
   previous = {s: signal.signal(s, forward) for s in handled}
   try:
     return _run(argv, envs, procs, pumps, received, timeout_s, grace_s, out)

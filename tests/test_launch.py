@@ -351,3 +351,24 @@ def test_local_multiprocess_sends_a_signal_on_to_every_process(tmp_path):
     assert f"[launch] {sig.name} received: sent to every process" in text, text
     for i in (0, 1):
       assert f"[p{i}] got {sig.name}" in text and f"[launch] p{i} exited with 0" in text, text
+
+
+def test_local_multiprocess_keeps_a_signal_the_caller_ignores(tmp_path):
+  """Under `nohup` (SIGHUP ignored) a closed terminal must not stop the job: the launcher leaves an ignored signal
+  ignored instead of sending it on (planted back: both children got SIGHUP and the job ended)."""
+  import signal
+  script = tmp_path / "stoppable.py"
+  script.write_text(STOPPABLE)
+  launcher = ("import signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); sys.argv[0] = 'lm'; "
+              f"sys.path.insert(0, {os.path.join(REPO, 'launch')!r}); import local_multiprocess; "
+              f"sys.exit(local_multiprocess.main(['-n', '2', '--timeout-s', '4', '--script', {str(script)!r}]))")
+  p = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  lines = []
+  while sum(l.startswith(("[p0] ready", "[p1] ready")) for l in lines) < 2:
+    line = p.stdout.readline()
+    assert line, "".join(lines)
+    lines.append(line)
+  p.send_signal(signal.SIGHUP)
+  text = "".join(lines) + p.communicate(timeout=30)[0]
+  assert "got SIGHUP" not in text and "SIGHUP received" not in text, text
+  assert "stopping the remaining processes (timeout)" in text and p.returncode == 124, (p.returncode, text)
