@@ -290,6 +290,31 @@ def test_a_distributed_switch_other_than_0_or_1_is_one_line(monkeypatch):
   assert multihost.maybe_initialize() is False and not multihost.initialized()
 
 
+def test_launch_variables_without_the_switch_are_one_line(monkeypatch):
+  """GRPO_JAX_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID set by a hand-written launcher that forgot
+  GRPO_JAX_DISTRIBUTED=1: every process ran the whole job alone (N runs fighting for one workdir's lock, or N
+  silent copies on separate disks). Now an InputError naming the variable and the switch (planted back: False, one
+  process); GRPO_JAX_DISTRIBUTED=0 is one process on purpose."""
+  import jax
+  from grpo_jax.infra import errors, multihost
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: pytest.fail("initialize must not be reached"))
+  monkeypatch.setattr(multihost, "_initialized", False)
+  for k in ("GRPO_JAX_DISTRIBUTED", "GRPO_JAX_COORDINATOR", "GRPO_JAX_NUM_PROCESSES", "GRPO_JAX_PROCESS_ID"):
+    monkeypatch.delenv(k, raising=False)
+  monkeypatch.setenv("GRPO_JAX_NUM_PROCESSES", "2")
+  monkeypatch.setenv("GRPO_JAX_PROCESS_ID", "1")
+  for switch in (None, ""):
+    if switch is not None:
+      monkeypatch.setenv("GRPO_JAX_DISTRIBUTED", switch)
+    with pytest.raises(errors.InputError) as e:
+      multihost.maybe_initialize()
+    assert str(e.value).startswith("GRPO_JAX_NUM_PROCESSES is set but GRPO_JAX_DISTRIBUTED is not: each process "
+                                   "would run the whole job alone; set GRPO_JAX_DISTRIBUTED=1"), str(e.value)
+    assert errors.classify(e.value)[0] == errors.EXIT_INPUT and "\n" not in str(e.value)
+  monkeypatch.setenv("GRPO_JAX_DISTRIBUTED", "0")
+  assert multihost.maybe_initialize() is False and not multihost.initialized()
+
+
 DIFFERING_DATA = """
 import sys
 import numpy as np

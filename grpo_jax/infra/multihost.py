@@ -3,7 +3,8 @@
 On Cloud TPU pods `GRPO_JAX_DISTRIBUTED=1` alone is enough (JAX discovers the pod). On other clusters, or for the
 local multi-process launcher, also set `GRPO_JAX_COORDINATOR=host:port`, `GRPO_JAX_NUM_PROCESSES`,
 `GRPO_JAX_PROCESS_ID`; a missing or malformed one is an InputError naming it (it was a KeyError or ValueError
-traceback), and so is a GRPO_JAX_DISTRIBUTED other than 1, 0 or unset.
+traceback), and so is a GRPO_JAX_DISTRIBUTED other than 1, 0 or unset, and one of the three set without
+GRPO_JAX_DISTRIBUTED.
 
 A process of such a job that fails alone must not leave through interpreter shutdown: JAX's exit handler waits in a
 shutdown barrier (300 s) for processes that are themselves stuck in a collective with the failed one, and then
@@ -60,6 +61,11 @@ def maybe_initialize() -> bool:
   if switch not in ("", "0", "1"):  # 'true' / 'yes' ran each pod host as its own job, all on one workdir
     raise errors.InputError(f"GRPO_JAX_DISTRIBUTED={switch!r}: must be 1 (join the multi-process job) or 0 / unset "
                             "(one process)")
+  given = [k for k in ("GRPO_JAX_COORDINATOR", "GRPO_JAX_NUM_PROCESSES", "GRPO_JAX_PROCESS_ID") if os.environ.get(k)]
+  if given and not os.environ.get("GRPO_JAX_DISTRIBUTED"):  # a hand-written launcher that forgot the switch
+    raise errors.InputError(f"{given[0]} is set but GRPO_JAX_DISTRIBUTED is not: each process would run the whole job "
+                            "alone; set GRPO_JAX_DISTRIBUTED=1 to join the multi-process job (or =0 to run one "
+                            "process on purpose)")
   if _initialized or switch != "1":
     return _initialized
   kwargs = launch_args()
