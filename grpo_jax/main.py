@@ -40,7 +40,13 @@ def execute(config, workdir: str, verbose: bool = False) -> int:
     if verdict is None:
       if cli.distributed():  # this process alone failed: the traceback, then exit 1 at once (cli.finish)
         import traceback  # pylint: disable=g-import-not-at-top
-        traceback.print_exc()
+        from grpo_jax.infra import multihost  # pylint: disable=g-import-not-at-top
+        lost = multihost.peer_lost(e)  # another process ended: one line, its output holds the cause
+        if lost is None or verbose:
+          traceback.print_exc()
+        if lost is not None:
+          logging.flush()
+          print(f"Error: {lost}", file=sys.stderr, flush=True)
         return errors.EXIT_BUG
       raise  # a bug: the traceback is the report (exit 1)
     code, line = verdict

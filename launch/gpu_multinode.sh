@@ -3,7 +3,8 @@
 #
 # Two ways to reach the nodes:
 #   --slurm: one `srun` step (one task per node). JAX reads SLURM's variables itself, so only
-#            GRPO_JAX_DISTRIBUTED=1 is set. Run it inside an allocation (salloc / sbatch).
+#            GRPO_JAX_DISTRIBUTED=1 is set, and JAX_LOCAL_DEVICE_IDS=0,...,G-1 (JAX's SLURM default is one GPU per
+#            process). Run it inside an allocation (salloc / sbatch).
 #   --hosts h1,h2,...: plain ssh. The code is rsynced to every host, a venv is set up once per host, and each host
 #            gets GRPO_JAX_COORDINATOR=<first host>:PORT, GRPO_JAX_NUM_PROCESSES, GRPO_JAX_PROCESS_ID.
 # Logs land in ./gpu_logs/<run>/node<i>.log (ssh mode: collected with scp; slurm mode: srun --output).
@@ -77,9 +78,12 @@ if [[ "$MODE" == slurm ]]; then
 touch .venv_gpu/.grpo_jax_$JAX_VERSION; fi"
   run srun --nodes=1 --ntasks=1 bash -c "$SETUP"
   run mkdir -p "$LOG_DIR/$RUN_NAME"
+  # JAX's SLURM detection makes each process see only GPU SLURM_LOCALID (one process per GPU): with one task per
+  # node that was GPU 0 of every node. JAX_LOCAL_DEVICE_IDS (commas: not in --export's list) keeps all of them.
+  IDS="$(seq -s, 0 $((GPUS - 1)))"
   run srun --nodes="$NODES" --ntasks-per-node=1 --gpus-per-node="$GPUS" --kill-on-bad-exit=1 \
     --output="$LOG_DIR/$RUN_NAME/node%t.log" --export=ALL,GRPO_JAX_DISTRIBUTED=1 \
-    bash -c "cd $QREPO && .venv_gpu/bin/python $TRAIN"
+    bash -c "cd $QREPO && JAX_LOCAL_DEVICE_IDS=$IDS .venv_gpu/bin/python $TRAIN"
   exit 0
 fi
 

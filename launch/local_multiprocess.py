@@ -3,8 +3,10 @@
 Each child gets `GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=127.0.0.1:PORT GRPO_JAX_NUM_PROCESSES=N
 GRPO_JAX_PROCESS_ID=i` (read by `grpo_jax/infra/multihost.py`); its output is streamed line by line, prefixed `[pI]`.
 The exit code is 0 only if every process exits 0; when one fails the others are stopped after `--grace-s` (they
-would otherwise wait forever in a collective). The children run in the repository root, so relative paths in their
-arguments (`--config=configs/...`, a relative `--workdir`) resolve there; `--script` is the caller's path.
+would otherwise wait forever in a collective). SIGINT (Ctrl-C), SIGTERM and SIGHUP sent to the launcher are sent on
+to every process (grpo_jax.main finishes the step, saves and exits 0); one the caller ignores (nohup) stays ignored.
+The children run in the repository root, so relative paths in their arguments (`--config=configs/...`, a relative
+`--workdir`) resolve there; `--script` is the caller's path.
 
   python launch/local_multiprocess.py -n 2 -m grpo_jax.main -- --config=configs/grpo_arith.py:small --workdir=/tmp/r
   python launch/local_multiprocess.py -n 2 --devices-per-process 4 --script my_check.py
@@ -75,7 +77,29 @@ def launch(n: int, module: str | None = None, script: str | None = None, args: S
                 + " ".join(shlex.quote(a) for a in argv) + "\n")
     return 0
 
-  procs, pumps = [], []
+  procs, pumps, received = [], [], []
+
+  def forward(signum, frame):  # pylint: disable=unused-argument
+    # The children run in sessions of their own (so that a failure stops each one's whole group): a Ctrl-C or a
+    # SIGTERM here reached none of them, and they ran on, orphaned, holding the workdir lock. Each is sent the
+    # signal instead; grpo_jax.main finishes the step, saves and exits 0 (infra/signals.py).
+    received.append((signum, len(procs)))
+    out.write(f"[launch] {signal.Signals(signum).name} received: sent to every process\n")
+    for p in procs:
+      if p.poll() is None:
+        os.killpg(p.pid, signum)
+
+  handled = [s for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)  # one ignored here stays ignored (nohup)
+             if threading.current_thread() is threading.main_thread() and signal.getsignal(s) is not signal.SIG_IGN]
+  previous = {s: signal.signal(s, forward) for s in handled}
+  try:
+    return _run(argv, envs, procs, pumps, received, timeout_s, grace_s, out)
+  finally:
+    for s, h in previous.items():
+      signal.signal(s, h)
+
+
+def _run(argv, envs, procs, pumps, received: list, timeout_s: float, grace_s: float, out) -> int:
   for i, env in enumerate(envs):
     p = subprocess.Popen(argv, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          start_new_session=True)
@@ -83,6 +107,10 @@ def launch(n: int, module: str | None = None, script: str | None = None, args: S
     t.start()
     procs.append(p)
     pumps.append(t)
+  if received:  # signalled while they started: the ones started after it get it now
+    signum, started = received[0]
+    for p in procs[started:]:
+      os.killpg(p.pid, signum)
 
   start, failed_at, rc = time.monotonic(), None, 0
   order: list[int] = []  # the processes in the order they were seen to fail

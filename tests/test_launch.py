@@ -281,3 +281,94 @@ def test_tpu_vm_keeps_the_run_status_and_deletes_when_the_tpu_lists_no_workers(t
     lines = calls.read_text().splitlines()
     assert lines[-1] == "compute tpus tpu-vm delete n --zone=z --quiet", lines
     assert not any("grpo_logs/run.log" in l and " scp " in f" {l}" for l in lines), lines
+
+
+def test_gpu_multinode_slurm_keeps_every_gpu_of_the_node(tmp_path):
+  """--slurm starts one task per node, but JAX's SLURM detection gives each process only GPU SLURM_LOCALID (it
+  assumes one process per GPU): every node of a 2 × 8 GPU job trained on its GPU 0. The run command now sets
+  JAX_LOCAL_DEVICE_IDS=0,...,G-1. Checked against JAX itself: the environment the srun command gives a node
+  (SLURM's variables as srun sets them for task 0, plus the command's own assignments) through
+  multihost.maybe_initialize, then the CUDA devices JAX will open (planted back: '0')."""
+  import shlex
+  r = _bash("gpu_multinode.sh", "--slurm", "--nodes", "1", "--gpus-per-node", "3", "--workdir", "/s/r", "--dry-run")
+  assert r.returncode == 0, r.stderr
+  shell = shlex.split([c for c in _commands(r.stdout) if c.startswith("srun ") and "grpo_jax.main" in c][0])[-1]
+  words = shlex.split(shell.split("&&", 1)[1])
+  assigned = dict(w.split("=", 1) for w in words[:next(i for i, w in enumerate(words) if "python" in w)])
+  probe = tmp_path / "probe.py"
+  probe.write_text("from grpo_jax.infra import multihost\nassert multihost.maybe_initialize()\n"
+                   "from jax._src import xla_bridge\nprint('VISIBLE', xla_bridge.CUDA_VISIBLE_DEVICES.value)\n")
+  slurm = dict(SLURM_JOB_ID="7", SLURM_STEP_NODELIST="localhost", SLURM_NTASKS="1", SLURM_PROCID="0",
+               SLURM_LOCALID="0", JAX_COORDINATOR_PORT=str(local_multiprocess.free_port()))
+  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu", GRPO_JAX_DISTRIBUTED="1", **slurm, **assigned)
+  env.pop("GRPO_JAX_COORDINATOR", None)
+  out = subprocess.run([sys.executable, str(probe)], env=env, capture_output=True, text=True, timeout=60)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "VISIBLE 0,1,2" in out.stdout, (assigned, out.stdout)
+
+
+STOPPABLE = textwrap.dedent("""
+    import os, signal, sys, time
+    def stop(signum, frame):
+      print(f"got {signal.Signals(signum).name}", flush=True)
+      sys.exit(0)
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+      signal.signal(s, stop)
+    print(f"ready {os.getpid()}", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_local_multiprocess_sends_a_signal_on_to_every_process(tmp_path):
+  """The children run in sessions of their own, so Ctrl-C at the terminal (SIGINT to the launcher's group) or a
+  SIGTERM to the launcher reached none of them: the launcher died (a KeyboardInterrupt traceback, or -15) and both
+  children ran on, orphaned (a real job: waiting in collectives, holding the workdir lock). Now the launcher sends
+  the signal on to every process (grpo_jax.main: finish the step, save, exit 0) and returns their status (planted
+  back: both children still alive after the launcher exited)."""
+  import re
+  import signal
+  script = tmp_path / "stoppable.py"
+  script.write_text(STOPPABLE)
+  for sig in (signal.SIGINT, signal.SIGTERM):
+    p = subprocess.Popen([sys.executable, os.path.join(REPO, "launch", "local_multiprocess.py"), "-n", "2",
+                          "--script", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    while sum(l.startswith(("[p0] ready", "[p1] ready")) for l in lines) < 2:
+      line = p.stdout.readline()
+      assert line, "".join(lines)
+      lines.append(line)
+    pids = [int(m) for l in lines for m in re.findall(r"\] ready (\d+)", l)]
+    p.send_signal(sig)
+    try:
+      rest, _ = p.communicate(timeout=30)
+    finally:
+      alive = [pid for pid in pids if os.path.exists(f"/proc/{pid}")
+               and open(f"/proc/{pid}/stat").read().split()[2] != "Z"]
+      for pid in alive:
+        os.kill(pid, signal.SIGKILL)
+    text = "".join(lines) + rest
+    assert not alive and p.returncode == 0, (sig, alive, p.returncode, text)
+    assert f"[launch] {sig.name} received: sent to every process" in text, text
+    for i in (0, 1):
+      assert f"[p{i}] got {sig.name}" in text and f"[launch] p{i} exited with 0" in text, text
+
+
+def test_local_multiprocess_keeps_a_signal_the_caller_ignores(tmp_path):
+  """Under `nohup` (SIGHUP ignored) a closed terminal must not stop the job: the launcher leaves an ignored signal
+  ignored instead of sending it on (planted back: both children got SIGHUP and the job ended)."""
+  import signal
+  script = tmp_path / "stoppable.py"
+  script.write_text(STOPPABLE)
+  launcher = ("import signal, sys; signal.signal(signal.SIGHUP, signal.SIG_IGN); sys.argv[0] = 'lm'; "
+              f"sys.path.insert(0, {os.path.join(REPO, 'launch')!r}); import local_multiprocess; "
+              f"sys.exit(local_multiprocess.main(['-n', '2', '--timeout-s', '4', '--script', {str(script)!r}]))")
+  p = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+  lines = []
+  while sum(l.startswith(("[p0] ready", "[p1] ready")) for l in lines) < 2:
+    line = p.stdout.readline()
+    assert line, "".join(lines)
+    lines.append(line)
+  p.send_signal(signal.SIGHUP)
+  text = "".join(lines) + p.communicate(timeout=30)[0]
+  assert "got SIGHUP" not in text and "SIGHUP received" not in text, text
+  assert "stopping the remaining processes (timeout)" in text and p.returncode == 124, (p.returncode, text)

@@ -10,6 +10,7 @@ is not zero and equal params mean equal gradients.
 """
 import io
 import os
+import re
 import subprocess
 import sys
 import time
@@ -101,6 +102,25 @@ def test_both_processes_ran_the_job(runs):
   assert "[p1] " in runs["multi"]
 
 
+def test_process_0_writes_the_records_and_each_process_its_checkpoint_shards(runs):
+  """The run's records (metrics, samples, config, stage and auto records) are process 0's alone: the same files
+  as the 1-process run's, samples.jsonl line for line (process 1 writing too would repeat its lines); the progress
+  and INFO lines are process 0's (console.quiet_info); each process wrote its own shards of the step (orbax's
+  ocdbt.process_<i>)."""
+  one, two = runs["root"] / "one", runs["root"] / "two"
+  records = lambda d: sorted(str(p.relative_to(d)) for p in d.rglob("*") if "checkpoints" not in p.parts)  # noqa: E731
+  assert records(two) == records(one) and "samples.jsonl" in records(one), (records(one), records(two))
+  assert (two / "samples.jsonl").read_text() == (one / "samples.jsonl").read_text()
+  assert "[p0] step 2/2" in runs["multi"] and "[p1] step " not in runs["multi"], runs["multi"][-3000:]
+  # and the INFO records (auto decisions, eval results): process 1's repeated process 0's (planted back: 11
+  # lines, as many as p0)
+  info = {pid: re.findall(rf"^\[p{pid}\] I\d{{4}} \d\d:\d\d", runs["multi"], re.M) for pid in (0, 1)}
+  assert len(info[0]) > 5 and not info[1], {pid: len(v) for pid, v in info.items()}
+  state = two / "checkpoints" / "2" / "state"
+  assert sorted(p.name for p in state.glob("ocdbt.process_*")) == ["ocdbt.process_0", "ocdbt.process_1"]
+  assert all(any((state / f"ocdbt.process_{i}" / "d").iterdir()) for i in (0, 1))
+
+
 def test_metrics_and_eval_match_one_process(runs):
   one, two = _rows(runs["root"] / "one"), _rows(runs["root"] / "two")
   assert [r["step"] for r in two] == [r["step"] for r in one]
@@ -160,8 +180,9 @@ def test_a_bug_on_one_process_exits_1_at_once(tmp_path):
   exit handler waits in a shutdown barrier (300 s) for the other processes, themselves waiting in a collective for
   the failed one: the job hung 5 minutes, then both aborted (SIGABRT, exit status -6, the 1 lost), and the launcher,
   which acts on an exit, saw nothing until then. Now the failed process prints its traceback and exits 1 at once;
-  the other's collective then fails (gloo: connection closed by peer) and it exits 1 too, or the launcher stops it
-  (planted back: the launcher's 90 s timeout, both killed)."""
+  the other's collective then fails (gloo: connection closed by peer) and it exits 1 too (planted back: the
+  launcher's 90 s timeout, both killed), with one line saying another process ended, not a traceback of its own
+  that read as a second bug and hid the real one among N-1 of them (planted back: '[p0] Traceback')."""
   script = tmp_path / "fail_alone.py"
   script.write_text(FAILING_ALONE)
   log = io.StringIO()
@@ -169,13 +190,48 @@ def test_a_bug_on_one_process_exits_1_at_once(tmp_path):
   with pytest.MonkeyPatch.context() as mp:  # the launcher gives its children this process's environment
     for k, v in dict(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", GRPO_JAX_XLA_CACHE="off").items():
       mp.setenv(k, v)
-    rc = local_multiprocess.launch(2, script=str(script), devices_per_process=1, timeout_s=90, grace_s=1,
+    rc = local_multiprocess.launch(2, script=str(script), devices_per_process=1, timeout_s=90, grace_s=45,
                                    python=sys.executable, out=log)
   out, took = log.getvalue(), time.perf_counter() - t0
   assert rc == 1 and "[launch] p1 exited with 1" in out, out[-3000:]
   assert "RuntimeError: planted bug on process 1 only" in out and "process 0 waits in a collective" in out, out
-  assert "[launch] p0 exited with 1" in out or "[launch] p0 exited with -15" in out, out[-3000:]
+  assert "[launch] p0 exited with 1" in out and "stopping the remaining" not in out, out[-3000:]  # on its own
   assert took < 60, took
+  p0 = [l for l in out.splitlines() if l.startswith("[p0] ") and l[5:].strip()]
+  assert "[p0] Traceback (most recent call last):" not in p0, out[-3000:]
+  assert p0[-1].startswith("[p0] Error: another process of this 2-process job ended mid-run (") and p0[-1].endswith(
+      "its own output says why: fix that and rerun the command on every "
+      "process (it resumes from the newest checkpoint)."), p0[-5:]
+  assert "Gloo" in p0[-1] and ("Connection closed by peer" in p0[-1] or "Connection reset by peer" in p0[-1]), p0[-1]
+
+
+def test_peer_lost_names_a_gone_process_from_what_jax_says(monkeypatch):
+  """What a surviving process's collective raised when another process died, as measured with JAX 0.10.2 (2026-12-06,
+  process 1 SIGKILLed): gloo at once, or the coordination service's barrier (orbax's saves wait at one) after the
+  100 s heartbeat timeout or, process 0 (the service's host) killed, at once: these two printed a traceback
+  (planted back without 'heartbeat timeout': None). Found through
+  causes too; any other error is left to the traceback (None)."""
+  import jax
+  from grpo_jax.infra import multihost
+  monkeypatch.setattr(jax, "process_count", lambda: 4)
+  gloo = ("UNKNOWN: Gloo AllGather failed: [external/gloo/gloo/transport/tcp/pair.cc:547] Connection closed by peer "
+          "[127.0.0.1]:40347")
+  barrier = ("INTERNAL: Barrier failed because: task is set to ERROR: UNAVAILABLE: Task 1 heartbeat timeout. This "
+             "indicates that the remote task has failed, got preempted, or crashed unexpectedly.")
+  leader = ("UNAVAILABLE: Failed to send RPC to coordination service. Either the leader task was preempted/died/"
+            "restarted unexpectedly or this task is experiencing network issues.")  # process 0 SIGKILLed
+  for text in (gloo, barrier, leader):
+    line = multihost.peer_lost(RuntimeError(text))
+    assert line == (f"another process of this 4-process job ended mid-run ({text[:300]}); its own output says why: "
+                    "fix that and rerun the command on every process (it resumes from the newest checkpoint)."), line
+  try:
+    try:
+      raise ValueError(gloo)
+    except ValueError as inner:
+      raise RuntimeError("saving step 4 failed") from inner
+  except RuntimeError as e:
+    assert multihost.peer_lost(e) is not None and gloo in multihost.peer_lost(e)
+  assert multihost.peer_lost(RuntimeError("INTERNAL: out of memory")) is None
 
 
 @pytest.mark.parametrize("env,match", [
@@ -234,6 +290,31 @@ def test_a_distributed_switch_other_than_0_or_1_is_one_line(monkeypatch):
   assert multihost.maybe_initialize() is False and not multihost.initialized()
 
 
+def test_launch_variables_without_the_switch_are_one_line(monkeypatch):
+  """GRPO_JAX_COORDINATOR / _NUM_PROCESSES / _PROCESS_ID set by a hand-written launcher that forgot
+  GRPO_JAX_DISTRIBUTED=1: every process ran the whole job alone (N runs fighting for one workdir's lock, or N
+  silent copies on separate disks). Now an InputError naming the variable and the switch (planted back: False, one
+  process); GRPO_JAX_DISTRIBUTED=0 is one process on purpose."""
+  import jax
+  from grpo_jax.infra import errors, multihost
+  monkeypatch.setattr(jax.distributed, "initialize", lambda **kw: pytest.fail("initialize must not be reached"))
+  monkeypatch.setattr(multihost, "_initialized", False)
+  for k in ("GRPO_JAX_DISTRIBUTED", "GRPO_JAX_COORDINATOR", "GRPO_JAX_NUM_PROCESSES", "GRPO_JAX_PROCESS_ID"):
+    monkeypatch.delenv(k, raising=False)
+  monkeypatch.setenv("GRPO_JAX_NUM_PROCESSES", "2")
+  monkeypatch.setenv("GRPO_JAX_PROCESS_ID", "1")
+  for switch in (None, ""):
+    if switch is not None:
+      monkeypatch.setenv("GRPO_JAX_DISTRIBUTED", switch)
+    with pytest.raises(errors.InputError) as e:
+      multihost.maybe_initialize()
+    assert str(e.value).startswith("GRPO_JAX_NUM_PROCESSES is set but GRPO_JAX_DISTRIBUTED is not: each process "
+                                   "would run the whole job alone; set GRPO_JAX_DISTRIBUTED=1"), str(e.value)
+    assert errors.classify(e.value)[0] == errors.EXIT_INPUT and "\n" not in str(e.value)
+  monkeypatch.setenv("GRPO_JAX_DISTRIBUTED", "0")
+  assert multihost.maybe_initialize() is False and not multihost.initialized()
+
+
 DIFFERING_DATA = """
 import sys
 import numpy as np
@@ -275,3 +356,74 @@ def test_processes_that_drew_different_batches_stop_with_one_line(tmp_path):
     assert (f"[p{pid}] Error: the 2 processes drew different batches (index_N differs): each must read the same "
             "data: the same task.data_dir copy on every host") in out, out[-3000:]
   assert rc == 2 and "Traceback" not in out, out[-3000:]
+
+
+ANOTHER_JOB = """
+import os, shutil, sys
+copy = sys.argv.pop(1)
+if os.environ["GRPO_JAX_PROCESS_ID"] == "1":  # this host has its own copy of the code, one file edited, and one
+  shutil.copytree("grpo_jax", os.path.join(copy, "grpo_jax"), ignore=shutil.ignore_patterns("__pycache__"))
+  with open(os.path.join(copy, "grpo_jax", "rl", "losses.py"), "a") as f:  # more flag than process 0
+    f.write("# edited on this host only\\n")
+  sys.path.insert(0, copy)
+  sys.argv.append("--config.optim.lr=0.5")
+from grpo_jax import main
+assert main.__file__.startswith(copy) == (os.environ["GRPO_JAX_PROCESS_ID"] == "1"), main.__file__
+main._entry()
+"""
+
+
+def test_processes_started_with_another_config_or_code_are_refused(tmp_path):
+  """Processes of one job started with different flags (here optim.lr) or different code (a host with its own edited
+  copy of the package) ran to the end, exit 0: each compiled its own program from its own config and the
+  collectives joined them unchecked (same batches, so device_batch's check saw nothing). Now every process exits 2
+  before anything is written: the differing process names each differing key and file with process 0's value and
+  its own, process 0 names the process that differs (planted back: the run trains on until the launcher's
+  120 s timeout kills it; the baseline probe with 2 steps exited 0 on both, config.json holding process 0's lr)."""
+  script = tmp_path / "another_job.py"
+  script.write_text(ANOTHER_JOB)
+  log = io.StringIO()
+  with pytest.MonkeyPatch.context() as mp:
+    for k, v in dict(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", GRPO_JAX_XLA_CACHE="off").items():
+      mp.setenv(k, v)
+    args = [str(tmp_path / "copy"), "--config=configs/grpo_arith.py:runlocal", f"--workdir={tmp_path / 'w'}"]
+    rc = local_multiprocess.launch(2, script=str(script), args=args, devices_per_process=1, timeout_s=120,
+                                   grace_s=5, python=sys.executable, out=log)
+  out = log.getvalue()
+  assert rc == 2 and "Traceback" not in out, out[-3000:]
+  for pid in (0, 1):
+    assert f"[launch] p{pid} exited with 2" in out, out[-3000:]
+  lines = {pid: [l for l in out.splitlines() if l.startswith(f"[p{pid}] Error: ")] for pid in (0, 1)}
+  assert len(lines[0]) == len(lines[1]) == 1, lines
+  fix = "start every process with the same --config, --config.* overrides and --workdir"
+  code_fix = "give every host the same copy of the repository and the same jax / jaxlib"
+  assert lines[0][0].startswith("[p0] Error: process(es) 1 of 2 run another config or --workdir than process 0 "
+                                f"(their error lines name what differs): {fix}; process(es) 1 of 2 run other "
+                                "code "), lines
+  assert lines[1][0].startswith("[p1] Error: process 1 of 2 runs another config or --workdir than process 0 "
+                                f"(optim.lr: 0.0001 on process 0, 0.5 here): {fix}; process 1 of 2 runs other code "
+                                "(grpo_jax's sources or jax / jaxlib) than process 0 (grpo_jax/rl/losses.py: "), lines
+  assert code_fix in lines[0][0] and code_fix in lines[1][0], lines
+  assert not (tmp_path / "w").exists()  # refused before the lock or config.json
+
+
+def test_code_manifest_names_each_source_file_and_the_jax_version(tmp_path):
+  """check_same_job compares this manifest between processes: one entry per .py file of the package (an edit to
+  one changes that entry alone), none for caches, and the jax / jaxlib versions."""
+  import shutil
+  import jaxlib
+  from grpo_jax.infra import multihost
+  pkg = os.path.join(REPO, "grpo_jax")
+  shutil.copytree(pkg, tmp_path / "grpo_jax", ignore=shutil.ignore_patterns("__pycache__"))
+  (tmp_path / "grpo_jax" / "__pycache__").mkdir(exist_ok=True)
+  (tmp_path / "grpo_jax" / "__pycache__" / "x.py").write_text("cache")
+  here, copy = multihost.code_manifest(pkg), multihost.code_manifest(str(tmp_path / "grpo_jax"))
+  want = sorted(os.path.relpath(os.path.join(d, f), REPO) for d, _, fs in os.walk(pkg) if "__pycache__" not in d
+                for f in fs if f.endswith(".py"))
+  assert sorted(k for k in here if k.startswith("grpo_jax/")) == want and "grpo_jax/rl/losses.py" in want
+  assert here["jax version"] == jax.__version__ and here["jaxlib version"] == jaxlib.__version__
+  assert copy == here
+  with open(tmp_path / "grpo_jax" / "rl" / "losses.py", "a") as f:
+    f.write("#\n")
+  edited = multihost.code_manifest(str(tmp_path / "grpo_jax"))
+  assert [k for k in here if edited[k] != here[k]] == ["grpo_jax/rl/losses.py"]

@@ -54,12 +54,19 @@ def default_platform(environ=os.environ, root: str = "/") -> str | None:
 
 
 _silenced = threading.Event()
+_other_process = threading.Event()  # quiet_info
 
 
 def silence_libraries() -> None:
   """From now on library records and library thread exceptions print nothing: the command is about to print its last
   line and exit (orbax's writer threads, failing after a full disk, logged around and after the one error line)."""
   _silenced.set()
+
+
+def quiet_info() -> None:
+  """This process is not process 0 of a multi-process job: its INFO records (grpo_jax's own too) repeat process 0's
+  on every host, so from now on only warnings and errors print (all of them with --verbose)."""
+  _other_process.set()
 
 
 class QuietLibraries(std_logging.Filter):
@@ -77,6 +84,8 @@ class QuietLibraries(std_logging.Filter):
     return verdict
 
   def _judge(self, record) -> bool:
+    if record.levelno < std_logging.WARNING and _other_process.is_set():
+      return False
     if f"{os.sep}grpo_jax{os.sep}" in record.pathname:
       return True
     if record.levelno < std_logging.WARNING or _silenced.is_set():

@@ -71,7 +71,7 @@ _STORAGE_ERRNOS = {
 }
 
 
-def _chain(e: BaseException) -> Iterator[BaseException]:
+def chain(e: BaseException) -> Iterator[BaseException]:
   """`e`, its causes and contexts, and exceptions grouped inside it (orbax wraps async write errors)."""
   seen, todo = set(), [e]
   while todo:
@@ -100,7 +100,7 @@ def _errno_and_path(x: BaseException) -> tuple[int | None, str]:
 
 def storage_error(e: BaseException) -> InputError | None:
   """A one-line InputError for a write refused by the storage (disk full, read-only, permissions), else None."""
-  for x in _chain(e):
+  for x in chain(e):
     code, path = _errno_and_path(x)
     if code in _STORAGE_ERRNOS:
       where = f" writing {path}" if path else ""

@@ -130,6 +130,7 @@ def check(config, workdir: str) -> None:
 def run(config, workdir: str) -> None:
   """The whole command after flag parsing; raises errors.* for the CLI to report."""
   multihost.maybe_initialize()
+  multihost.check_same_job(config, workdir)  # before anything is read or written: one job, one program
   if config.job == "export":  # reads the run in workdir and writes elsewhere: no lock, no stages, no config.json
     export.run_job(config, workdir)
     return
