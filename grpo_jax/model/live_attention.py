@@ -112,6 +112,9 @@ def _attend(q_NxHxD: jax.Array, kv: LiveKV, rows_DxC: jax.Array | None = None) -
   take = lambda x: take_local(x, kv.group_N, kv.split)
   carry = partial(carry, take(kv.pk_BxKxDxP), take(kv.pv_BxKxPxD), take(kv.pok_BxP) > 0)
   b, lc = kv.block, kv.ck_NxKxDxL.shape[-1]
+  if b < lc and lc % b:  # a last block past the buffer: dynamic_slice moves it back, misaligning keys and mask
+    raise ValueError(f"LiveKV: block={b} does not divide the completion buffer's {lc} keys; size the buffer to a "
+                     "multiple of the block (engine.sample_groups and the rollout carry round it up).")
   ds = kv.split
 
   def read(x, axis: int, start, size: int):
