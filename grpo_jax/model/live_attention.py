@@ -70,6 +70,9 @@ def attend(q_NxHxD: jax.Array, kv: LiveKV) -> jax.Array:
   if lens.ndim == 0 or lens.shape[0] == 1:
     return _attend(q_NxHxD, kv._replace(live_len=lens.reshape(()), order_N=None))
   m, d, n = lens.shape[0], kv.split, q_NxHxD.shape[0]
+  if n % d or (n // d) % m:  # else the rows past m·(n/d/m) of a device would be in no group: output 0
+    raise ValueError(f"LiveKV: {n} rows over split={d} device blocks into {m} live_len groups do not divide evenly; "
+                     "use a group count that divides each device's rows (rl.carry_kv_groups is checked so).")
   nd = n // d
   c = nd // m
   order_DxNd = (jnp.broadcast_to(jnp.arange(nd, dtype=jnp.int32), (d, nd)) if kv.order_N is None
