@@ -1,4 +1,5 @@
-"""Attention paths against the einsum path (values and gradients, fp32), the `auto` rule, and O(T) memory."""
+"""Attention paths against the einsum path (values and gradients, fp32) and against an independent NumPy attention
+(odd shapes), the `auto` rule, and O(T) memory."""
 import dataclasses
 import re
 
@@ -224,3 +225,75 @@ def test_rl_step_temp_grows_linearly_with_completion_length():
     xla = m.argument_size_in_bytes + m.temp_size_in_bytes
     assert abs(memory_plan.plan(cfg, one, plat="cpu").total_bytes / xla - 1) < 0.15, (L, xla)
   assert temp[1024] / temp[512] <= 2.6, temp
+
+
+def np_attention(q, k, v, seg, do):
+  """Independent reference in float64, from the formula: o = softmax(q·kᵀ/√d + mask)·v with query head h on kv head
+  h // (H/K), a key visible when causal, in the query's segment and not pad; a pad query (or one that sees nothing)
+  gives 0. Also the analytic gradients of <o, do>: dv = pᵀ·do, ds = p ∘ (do·vᵀ − rowsum(p ∘ do·vᵀ)),
+  dq = ds·k/√d, dk = dsᵀ·q/√d (summed over a kv head's query heads)."""
+  q, k, v, do = (np.asarray(x, np.float64) for x in (q, k, v, do))
+  seg = np.asarray(seg)
+  n, t, h, d = q.shape
+  g = h // k.shape[2]
+  kr, vr = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+  ok = (np.tril(np.ones((t, t), bool))[None] & (seg[:, :, None] == seg[:, None, :]) & (seg[:, :, None] > 0))[:, None]
+  s = np.where(ok, np.einsum("nthd,nshd->nhts", q, kr) / np.sqrt(d), -np.inf)
+  mx = np.where(ok.any(-1, keepdims=True), s.max(-1, keepdims=True), 0.0)
+  e = np.where(ok, np.exp(s - mx), 0.0)
+  p = e / np.maximum(e.sum(-1, keepdims=True), 1e-300)
+  o = np.einsum("nhts,nshd->nthd", p, vr)
+  dp = np.einsum("nthd,nshd->nhts", do, vr)
+  ds = p * (dp - (p * dp).sum(-1, keepdims=True)) / np.sqrt(d)
+  fold = lambda x: x.reshape(n, t, -1, g, d).sum(3)  # [N, T, H, D] -> [N, T, K, D]
+  return o, (np.einsum("nhts,nshd->nthd", ds, kr), fold(np.einsum("nhts,nthd->nshd", ds, q)),
+             fold(np.einsum("nhts,nthd->nshd", p, do)))
+
+
+ODD = {
+    # T=1: a single token per row (one block of 8 for blockwise); GQA groups 2
+    "t1_g2": (1, 4, 2),
+    # T=19, blocks of 8: the last block 3/8 real; MQA (group 4, not in GROUPS); packed rows with a one-token sample
+    "t19_g4": (19, 4, 1),
+}
+ODD_PATHS = {"xla": A.einsum, "dot_product": A.dot_product, "blockwise": lambda q, k, v, m: A.blockwise(q, k, v, m, 8)}
+
+
+_ODD_JITTED = {}
+
+
+def _odd_value_and_vjp(path):
+  """One jitted (value, vjp) program per path (eagerly, every op of the loops compiled on its own: ~8 s a case)."""
+  if path not in _ODD_JITTED:
+    def run(q, k, v, seg, do):
+      o, vjp = jax.vjp(lambda q, k, v: ODD_PATHS[path](q, k, v, seg), q, k, v)
+      return o, vjp(do)
+    _ODD_JITTED[path] = jax.jit(run)
+  return _ODD_JITTED[path]
+
+
+@pytest.mark.parametrize("shape", sorted(ODD))
+@pytest.mark.parametrize("path", sorted(ODD_PATHS))
+def test_paths_equal_an_independent_numpy_attention(path, shape):
+  """Values and (q, k, v) gradients against `np_attention` (float64) on shapes the einsum comparison above does not
+  take: a single token, a length that is not a multiple of the block, MQA, and rows that are left-padded, all pad
+  (finite, no gradient), packed (a one-token sample) and right-padded."""
+  t, h, kv = ODD[shape]
+  rng = np.random.default_rng(t)
+  q, k, v = (rng.standard_normal((4, t, x, DH)).astype(np.float32) for x in (h, kv, kv))
+  seg = np.ones((4, t), np.int32)
+  seg[1] = 0  # all pad
+  if t > 1:
+    seg[0, :5] = 0  # left pads
+    seg[2, 7], seg[2, 8:15], seg[2, 15:] = 2, 3, 0  # packed: sample 1 (7 tokens), a one-token sample, one more, pads
+    seg[3, -2:] = 0  # right pads after the last token
+  do = rng.standard_normal((4, t, h, DH)) * (seg > 0)[:, :, None, None]
+  want_o, want_g = np_attention(q, k, v, seg, do)
+  o, got_g = _odd_value_and_vjp(path)(q, k, v, seg, do.astype(np.float32))
+  real = seg > 0
+  o = np.asarray(o)
+  assert np.isfinite(o).all() and np.abs(o - want_o)[real].max() <= 2e-6
+  for name, a, b in zip("qkv", got_g, want_g):
+    a = np.asarray(a)
+    assert np.isfinite(a).all() and np.abs(a - b).max() <= 2e-5 * max(1.0, np.abs(b).max()), name
+    assert np.all(a[1] == 0.0), name  # the all-pad row passes no gradient

@@ -145,6 +145,24 @@ def test_live_attention_equals_one_softmax_over_the_concatenated_cache():
       np.testing.assert_allclose(got[i, j], (w / w.sum()) @ vals[j // (h // k)], atol=2e-5)
 
 
+def test_live_attention_refuses_a_block_that_does_not_divide_the_buffer():
+  """Block 5 over 12 completion keys: the last block's dynamic_slice would start at 7, not 10, and score keys 7..11
+  as positions 10..14 (a silently wrong softmax); one line instead. Blocks of 4 and 12 (one read) run. Likewise live_len
+  groups that do not divide the rows."""
+  n, h, k, d, p, lc = 2, 2, 1, 4, 3, 12
+  z = lambda *s: np.zeros(s, np.float32)
+  kv = live_attention.LiveKV(z(1, k, d, p), z(1, k, p, d), np.ones((1, p), np.int32), np.zeros(n, np.int32),
+                             z(n, k, d, lc), z(n, k, lc, d), np.array([12, 11]), jnp.int32(12), 5)
+  with pytest.raises(ValueError, match=r"^LiveKV: block=5 does not divide the completion buffer's 12 keys"):
+    live_attention.attend(z(n, h, d), kv)
+  for ok in (4, 12):
+    assert live_attention.attend(z(n, h, d), kv._replace(block=ok)).shape == (n, h, d)
+  # live_len groups (the rollout carry's kv groups) must divide each device's rows: 3 groups of 2 rows left a
+  # group of 0 rows, every output 0
+  with pytest.raises(ValueError, match=r"^LiveKV: 2 rows over split=1 device blocks into 3 live_len groups"):
+    live_attention.attend(z(n, h, d), kv._replace(block=4, live_len=jnp.array([12, 12, 12], jnp.int32)))
+
+
 def test_compaction_follows_the_live_rows(params):
   """A long-tailed batch (most rows end early): the compacted decode computes far fewer row-steps than rows ×
   steps, and the KV read loop stops at the live maximum; samples unchanged."""

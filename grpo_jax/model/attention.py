@@ -20,7 +20,7 @@ path:
   auto         `choose`: by backend, and on the CPU by a measured speed crossover and a bytes budget
 
 Pad query positions: xla and dot_product give a finite mix there (uniform over all keys, later ones included);
-blockwise, splash and cudnn give 0 and pass no gradient through them. No caller reads them.
+blockwise, splash, cudnn and pallas_gpu give 0 and pass no gradient through them. No caller reads them.
 """
 import functools
 import math

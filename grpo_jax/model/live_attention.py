@@ -70,6 +70,9 @@ def attend(q_NxHxD: jax.Array, kv: LiveKV) -> jax.Array:
   if lens.ndim == 0 or lens.shape[0] == 1:
     return _attend(q_NxHxD, kv._replace(live_len=lens.reshape(()), order_N=None))
   m, d, n = lens.shape[0], kv.split, q_NxHxD.shape[0]
+  if n % d or (n // d) % m:  # else the rows past m·(n/d/m) of a device would be in no group: output 0
+    raise ValueError(f"LiveKV: {n} rows over split={d} device blocks into {m} live_len groups do not divide evenly; "
+                     "use a group count that divides each device's rows (rl.carry_kv_groups is checked so).")
   nd = n // d
   c = nd // m
   order_DxNd = (jnp.broadcast_to(jnp.arange(nd, dtype=jnp.int32), (d, nd)) if kv.order_N is None
@@ -112,6 +115,9 @@ def _attend(q_NxHxD: jax.Array, kv: LiveKV, rows_DxC: jax.Array | None = None) -
   take = lambda x: take_local(x, kv.group_N, kv.split)
   carry = partial(carry, take(kv.pk_BxKxDxP), take(kv.pv_BxKxPxD), take(kv.pok_BxP) > 0)
   b, lc = kv.block, kv.ck_NxKxDxL.shape[-1]
+  if b < lc and lc % b:  # a last block past the buffer: dynamic_slice moves it back, misaligning keys and mask
+    raise ValueError(f"LiveKV: block={b} does not divide the completion buffer's {lc} keys; size the buffer to a "
+                     "multiple of the block (engine.sample_groups and the rollout carry round it up).")
   ds = kv.split
 
   def read(x, axis: int, start, size: int):

@@ -80,8 +80,9 @@ class ModelConfig:
   layer_unroll: str = "auto"
   # Training/prefill attention path (attention.py): 'auto' (TPU: splash kernel; GPU: cuDNN flash under bf16, else
   # blockwise; CPU: einsum below a measured T, blockwise above), or one of them by name: 'xla' (einsum, O(T²)),
-  # 'blockwise' (O(T) memory, any backend), 'splash', 'cudnn' (bf16 only), 'dot_product'. Decode always attends
-  # to its KV cache with an einsum over the transpose-free cache layout.
+  # 'blockwise' (O(T) memory, any backend), 'splash', 'cudnn' (bf16 only), 'dot_product', 'pallas_gpu' (what packed
+  # rows take on a GPU). Decode attends to its KV cache (static sampler: an einsum over the transpose-free cache
+  # layout; continuous engine: live_attention.py or paged_attention.py).
   attention: str = "auto"
   # Llama-3.1 ("llama3") RoPE frequency scaling; factor 0 = off.
   rope_scaling_factor: float = 0.0
