@@ -344,6 +344,29 @@ def test_bad_lora_config_is_one_line(key, value, match):
   assert "\n" not in str(e.value)
 
 
+def test_lora_knobs_that_would_train_nothing_are_refused_or_said(caplog):
+  """job=sft (or pretrain) with model.lora.rank > 0 and sft.lora off trained all weights without a word, and
+  `export` then read its full-weight checkpoints as adapters ('every one damaged or unreadable'); sft.lora=True with
+  rank 0 trained all weights too: both one line. LoRA knobs set at rank 0 are logged as having no effect."""
+  import logging  # pylint: disable=import-outside-toplevel
+  sft_job = config_lib.override(_config(), {"job": "sft"})
+  with pytest.raises(validate.ConfigError, match=r"model.lora.rank: 4 under job=sft.*set sft.lora=True") as e:
+    validate.validate_model(sft_job)
+  assert "\n" not in str(e.value)
+  validate.validate_model(config_lib.override(sft_job, {"sft.lora": True}))  # adapters: what was asked
+  with pytest.raises(validate.ConfigError, match=r"sft.lora: is True .* but model.lora.rank=0") as e:
+    validate.validate_model(config_lib.override(_config(0), {"sft.lora": True}))
+  assert "\n" not in str(e.value)
+  with caplog.at_level(logging.WARNING):
+    validate.validate_model(config_lib.override(_config(0), {"model.lora.rslora": True}))
+  lines = [r.getMessage() for r in caplog.records if "no effect with model.lora.rank=0" in r.getMessage()]
+  assert len(lines) == 1 and lines[0].startswith("model.lora.alpha=8.0, model.lora.rslora=True: no effect"), lines
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    validate.validate_model(digits.bench_config(**TINY))  # rank 0, nothing else set: nothing said
+  assert not any("model.lora" in r.getMessage() for r in caplog.records)
+
+
 def test_grpo_arith_lora_arg_combines_with_small():
   c = config_lib.load_config("configs/grpo_arith.py", "small,lora=True")
   assert c.model.lora.rank == 16 and c.model.lora.alpha == 32.0 and c.model.hidden == 64

@@ -222,3 +222,28 @@ def test_peft_export_of_a_params_checkpoint_base_says_how_to_export_the_base(tmp
   with_adapters = peft.PeftModel.from_pretrained(base_model, str(tmp_path / "peft")).eval()
   merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).float().eval()
   np.testing.assert_allclose(_hf_logits(with_adapters)[real], _hf_logits(merged)[real], atol=1e-5, rtol=0)
+
+
+def test_peft_export_names_the_base_the_adapters_trained_on_not_the_sft_source(tmp_path):
+  """A grpo job whose SFT stage starts from sft.init_from=hf:X trains its adapters on DIR/sft/params (the SFT'd
+  model, recorded in the checkpoint), but the PEFT export named X (the config's model source) in adapter_config.json
+  and its summary: PeftModel on X is the model without its SFT. It names the recorded base now: a params
+  checkpoint, so no name and the hint to export that base."""
+  hf_dir = tmp_path / "hf"
+  hf_dir.mkdir()  # the config's model source (the peft export reads no file of it)
+  run = tmp_path / "run"
+  sft_params = str(run / "sft" / "params")
+  c = config_lib.override(_config(""), {"train.init_from": "", "sft.steps": 2, "sft.init_from": f"hf:{hf_dir}"})
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  from grpo_jax.infra import params_ckpt
+  base = model_lib.init_params(mcfg, jax.random.PRNGKey(3))
+  params_ckpt.save_params(sft_params, base)
+  adapters = lora.init_adapters(mcfg, jax.random.PRNGKey(4))
+  ck = checkpoint.Checkpointer(str(run / "checkpoints"), save_every=2, keep=3, async_save=False)
+  ck.set_frozen(sft_params, lora.hold_base(mcfg, base))  # as jobs.run_group's RL stage: init_from=DIR/sft/params
+  ck.maybe_save(2, {"params": adapters, "base": lora.hold_base(mcfg, base)}, {"step": 2})
+  ck.close()
+  (run / "config.json").write_text(c.to_json())
+  summary = export_lib.export(str(run), str(tmp_path / "peft"), format="peft")
+  assert json.load(open(tmp_path / "peft" / "adapter_config.json"))["base_model_name_or_path"] is None
+  assert sft_params in summary["base"] and "--format=base" in summary["base"], summary["base"]

@@ -249,12 +249,16 @@ def _export(run_dir, out_dir, config, replace, step, dtype, model_type,
   src = _source_dir(config)
   if format == "peft":
     got = restore_params(run_dir, mcfg, step, config, want_adapters=True)
+    # the base the adapters were trained on, as the checkpoint records it: not the config's model source (an SFT
+    # stage from sft.init_from=hf:X trains them on DIR/sft/params, and X named in adapter_config.json lacks the SFT)
+    base_dir = _trained_base(run_dir, config, got)
+    base_dir = base_dir[3:] if base_dir.startswith("hf:") else ""
     staged = _staging(out_dir)  # written whole beside OUT_DIR, then moved in: never a mix
-    files = peft_export.save_peft(staged, mcfg, got.params[1], base_model=src or "")
+    files = peft_export.save_peft(staged, mcfg, got.params[1], base_model=base_dir)
     _move_in(staged, out_dir, replace)
     return {"step": got.step, "source": got.describe(), "model_type": "peft-lora", "dtype": "float32",
             "files": files, "tokenizer": "none (an adapter directory: the base's tokenizer applies)",
-            "base": src or _base_hint(run_dir, config, got)}
+            "base": base_dir or _base_hint(run_dir, config, got)}
   base = hf_io.read_json(os.path.join(src, "config.json")) if src else None
   model_type = model_type or (base or {}).get("model_type") or ("qwen2" if mcfg.qkv_bias else "llama")
   if model_type == "qwen2" and not mcfg.qkv_bias:
@@ -286,11 +290,16 @@ def _export(run_dir, out_dir, config, replace, step, dtype, model_type,
           "tokenizer": tok_dir or "shipped sentencepiece (no HF tokenizer files written)"}
 
 
+def _trained_base(run_dir: str, config, got: Source) -> str:
+  """The source of the base a LoRA checkpoint's adapters were trained on (hf:<dir>, a params checkpoint, seed:N)."""
+  return peft_export.base_source(config, ckpt_lib.read_meta(os.path.join(run_dir, "checkpoints"), got.step))
+
+
 def _base_hint(run_dir: str, config, got: Source) -> str:
   """A PEFT adapter of a base that is not a Hugging Face checkpoint (a params checkpoint such as DIR/sft/params, or
   the seed's random init): adapter_config.json cannot name it (base_model_name_or_path stays null), so the summary
   says how to export the base the adapters were trained on."""
-  source = peft_export.base_source(config, ckpt_lib.read_meta(os.path.join(run_dir, "checkpoints"), got.step))
+  source = _trained_base(run_dir, config, got)
   return (f"the adapters were trained on {source}, which is not a Hugging Face checkpoint, so adapter_config.json "
           f"names no base: export the base too (python -m grpo_jax.export {run_dir} BASE_DIR --format=base --step "
           f"{got.step}) and load PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(BASE_DIR), OUT_DIR)")

@@ -258,14 +258,27 @@ def validate_model(c) -> None:
 
 
 def validate_lora(c) -> None:
-  """model.lora: rank 0 (off) or a positive rank, alpha > 0, targets among PEFT's Qwen2/Llama projection names."""
+  """model.lora: rank 0 (off) or a positive rank, alpha > 0, targets among PEFT's Qwen2/Llama projection names;
+  sft.lora and the job agree with the rank (job=sft/pretrain train adapters only under sft.lora)."""
   lc = c.model.get("lora")
   if lc is None:
     return
   if not integer(lc.rank) or lc.rank < 0:
     _fail("model.lora.rank", f"must be an integer >= 0 (0 = no LoRA), got {lc.rank!r}.")
+  sft_lora = bool(c.get("sft", {}).get("lora", False))
   if lc.rank == 0:
+    if sft_lora:  # trained all weights without a word: there are no adapters to train
+      _fail("sft.lora", "is True (the SFT stage trains adapters on a frozen base) but model.lora.rank=0 (no "
+            "adapters); set model.lora.rank > 0, or sft.lora=False to train all weights.")
+    unused = _changed(lc.to_dict(), config_lib.base_config().model.lora.to_dict(), "model.lora")
+    if unused:  # set for a LoRA run, meaning nothing without adapters: said, not silently dropped
+      logging.warning("%s: no effect with model.lora.rank=0 (full fine-tuning, no adapters); set model.lora.rank > 0 "
+                      "to use %s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
     return
+  if c.get("job") in ("sft", "pretrain") and not sft_lora:
+    # trained all weights, and its checkpoints then read as damaged to `export` (config.json names adapters)
+    _fail("model.lora.rank", f"{lc.rank} under job={c.job}, which trains all weights unless sft.lora=True; set "
+          "sft.lora=True to train adapters on the frozen base, or model.lora.rank=0.")
   if c.get("job") == "r1_pipeline":
     # its stages hand full params to each other (r1/pipeline.py reads the params of a stage checkpoint as the model)
     _fail("model.lora.rank", f"{lc.rank}: LoRA runs the grpo, sft and pretrain jobs; job=r1_pipeline hands full "
