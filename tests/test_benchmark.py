@@ -41,6 +41,41 @@ def test_matmul_peaks_take_the_best_measured_rate():
   assert all(1e8 < v < 1e13 for v in pk.values()), pk  # 0.1 GFLOP/s .. 10 TFLOP/s on any CPU
 
 
+def test_accelerator_line_is_per_device_at_the_compute_dtype():
+  """MFU per device against the compute dtype's peak, decode bytes at the compute dtype, by hand (flops.py's TINY
+  shape: 184 weight params read per decode step, 2 rows, prompt 3, L 3 = 2 decode steps)."""
+  from grpo_jax.model import model as model_lib
+  tiny = model_lib.ModelConfig(vocab_size=10, hidden=4, layers=1, heads=2, kv_heads=1, head_dim=2, inter=8, max_len=8)
+  # bf16: weights 184·2 B × 2 steps = 736; K+V slot 2·1·2·2 B = 8 B: reads 2·(4+5)·8 = 144, writes 2·2·8 = 32 -> 912
+  # the step's 989 TFLOP/s over 2 devices is half an H100 each; decode at 912 B / s_ro = half of 3.35 TB/s
+  s_ro = 912 / (0.5 * 3.35e12)
+  line = grpo_step.accelerator_line(tiny, "bfloat16", "NVIDIA H100 80GB HBM3", 2, 3, 3, 989e12, 2, 989e12 / 4, s_ro)
+  assert "MFU step 50.0% update 25.0% (bfloat16 peak 989 TFLOP/s)" in line, line
+  assert "decode HBM 1675 GB/s = 50.0% of 3.35 TB/s" in line, line
+  # fp32 at JAX's default precision runs on TF32 tensor cores (half the bf16 peak), not at the 67 TFLOP/s of CUDA cores
+  line = grpo_step.accelerator_line(tiny, "float32", "NVIDIA H100 80GB HBM3", 2, 3, 3, 494.5e12, 1, 1.0, 1.0)
+  assert "MFU step 100.0%" in line and "(float32 peak 494 TFLOP/s)" in line, line
+  # a v5p TPU VM's device_kind is "TPU v5"; a CPU has no row
+  assert "(float32 peak 459 TFLOP/s)" in grpo_step.accelerator_line(tiny, "float32", "TPU v5", 2, 3, 3, 1, 1, 1, 1)
+  assert grpo_step.accelerator_line(tiny, "float32", "cpu", 2, 3, 3, 1.0, 1, 1.0, 1.0) is None
+
+
+def test_part_times_count_the_tokens_drawn_not_padding(monkeypatch):
+  """decode tokens/s counts the rollout's completion tokens: at vocab 16 a random model draws EOS once in ~16
+  tokens, so most of the 4 rows × 24 positions are padding after EOS."""
+  a = argparse.Namespace(hidden=16, layers=1, heads=2, kv=1, inter=32, vocab=16, prompts=2, G=2, L=24,
+                         dtype="float32", attention="auto")
+  built = []
+  parts = profile_parts.parts
+  monkeypatch.setattr(profile_parts, "parts", lambda *x, **k: built.append(parts(*x, **k)) or built[-1])
+  monkeypatch.setattr(profile_parts, "time_fn", lambda fn, args, reps: 1.0)  # the count, not the clock
+  pt = grpo_step.part_times(a, reps=1)
+  fn, args = built[0][1]["rollout"]
+  want = int(np.asarray(jax.jit(fn)(*args).mask_NxL).sum())  # the same function: compiled once
+  assert pt["rollout_tokens"] == want < 4 * 24, (pt, want)
+  assert set(pt) == {"rollout", "reference", "update", "rollout_tokens"}
+
+
 def test_bench_config_logs_every_row_and_sets_attention():
   a = argparse.Namespace(hidden=32, layers=1, heads=2, kv=1, inter=64, vocab=64, prompts=3, G=4, L=8,
                          dtype="float32", remat="none", attention="dot_product")

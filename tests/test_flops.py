@@ -47,7 +47,9 @@ def test_decode_bytes_hand_count():
 
 
 def test_device_peak_lookup():
-  assert flops.device_peak("TPU v5p")["hbm"] == 2.76e12
+  assert flops.device_peak("TPU v5p")["hbm"] == 2.765e12
+  assert flops.device_peak("TPU v5") is flops.device_peak("TPU v5p")  # a v5p TPU VM's device_kind
+  assert flops.device_peak("NVIDIA H100 PCIe")["bf16"] == 756e12  # not the SXM card's row
   assert flops.device_peak("TPU v5 lite")["bf16"] == 197e12
   assert flops.device_peak("NVIDIA H100 80GB HBM3")["bf16"] == 989e12
   assert flops.device_peak("cpu") is None
