@@ -321,8 +321,11 @@ def early_exit_bench(a, reps: int) -> tuple[list[str], dict]:
 
 
 def run_peer(python: str, script: str, a, key: str, extra: tuple[str, ...] = ()) -> dict[str, float] | None:
-  """The peer's RESULT line as {name: value} (its s/step under `key`), or None if it printed none."""
-  cmd = [python, os.path.join(PEERS, script)] + [f"--{k}={getattr(a, k)}" for k in FLAGS] + list(extra)
+  """The peer's RESULT line as {name: value} (its s/step under `key`), or None if it printed none. The peer runs
+  --steps one more than ours times: it leaves its first step (compile / warm-up, batch 0) out of its median as ours
+  compiles on batch 0, so every side counts batches 1..steps, the same rows."""
+  flags = {k: getattr(a, k) + (k == "steps") for k in FLAGS}
+  cmd = [python, os.path.join(PEERS, script)] + [f"--{k}={v}" for k, v in flags.items()] + list(extra)
   if a.model_dir:
     cmd.append(f"--model-dir={a.model_dir}")
   print("+", " ".join(cmd), flush=True)

@@ -301,14 +301,12 @@ def main(a) -> list[TailOurs]:
   _round_robin(ours, first, vllm)
   peers = {}
   tail = ("--workload=tail",)
-  # The peers leave their first step out (compile / warm-up) as ours leaves batch 0: one step more, so that every side
-  # counts batches 1..steps, the same rows (a long tail makes batches differ a lot).
-  pa = copy.copy(a)
-  pa.steps = a.steps + 1
+  # run_peer runs the peers one step more (they leave their first out, as ours leaves batch 0): every side counts
+  # batches 1..steps, the same rows (a long tail makes batches differ a lot).
   for flag, script, key, name in ((a.vs_trl, "trl_grpo_bench.py", "trl_s_per_step", "trl"),
                                   (a.vs_tunix, "tunix_grpo_bench.py", "tunix_s_per_step", "tunix")):
     if flag:
-      peers[name] = grpo_step.run_peer(flag, script, pa, key, tail)
+      peers[name] = grpo_step.run_peer(flag, script, a, key, tail)
   _round_robin(ours, max(1, a.steps - first), vllm)
   if vllm is not None:
     peers["vllm"] = vllm.finish()

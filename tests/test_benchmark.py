@@ -76,6 +76,17 @@ def test_part_times_count_the_tokens_drawn_not_padding(monkeypatch):
   assert set(pt) == {"rollout", "reference", "update", "rollout_tokens"}
 
 
+def test_peers_run_our_flags_and_one_step_more(tmp_path, capsys):
+  """A stand-in peer interpreter echoes its flags in its RESULT line: same shape, prompts, G and L as ours, and one
+  step more, so that, leaving its first (compiling) step out as ours leaves batch 0, it counts batches 1..steps."""
+  fake = tmp_path / "python"
+  fake.write_text('#!/bin/sh\nshift\necho "RESULT trl_s_per_step=0.5 $*"\n')
+  fake.chmod(0o755)
+  a = argparse.Namespace(**{**grpo_step.FLAGS, "steps": 4, "model_dir": ""})
+  got = grpo_step.run_peer(str(fake), "trl_grpo_bench.py", a, "trl_s_per_step")
+  assert got == {"trl_s_per_step": 0.5, **{k: float(v) for k, v in grpo_step.FLAGS.items()}, "steps": 5.0}, got
+
+
 def test_bench_config_logs_every_row_and_sets_attention():
   a = argparse.Namespace(hidden=32, layers=1, heads=2, kv=1, inter=64, vocab=64, prompts=3, G=4, L=8,
                          dtype="float32", remat="none", attention="dot_product")
