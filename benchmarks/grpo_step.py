@@ -396,7 +396,7 @@ def perf_report(a, ours: dict) -> list[str]:
   from grpo_jax.perf import flops
   mcfg = ours["mcfg"]
   n_steps = len(ours["times"])
-  fl = flops.step_flops(mcfg, ours["prompt_lens"], ours["completion_lens"])
+  fl = flops.step_flops(mcfg, ours["prompt_lens"], ours["completion_lens"], ours["old_logprobs"])
   fl = {k: v / n_steps for k, v in fl.items()}  # per step
   pt = part_times(a)
   n, L = a.prompts * a.G, a.L
@@ -547,6 +547,8 @@ def main():
   second = o.run(max(1, a.steps - len(first)))
   ours = o.finish()
   ours["mcfg"], ours["step_devices"] = o.mcfg, o.mesh.devices.size
+  from grpo_jax.rl import correction
+  ours["old_logprobs"] = correction.needs_proximal(o.config)  # bf16: the step's extra forward for π_old
   print(f"grpo_jax params {ours['nparams']} compile+first step {ours['compile_s']:.2f}s steps "
         f"{[round(t, 4) for t in first]} | peers | {[round(t, 4) for t in second]} reward_mean {ours['reward']:.3f} "
         f"recompiles_after_first_step={ours['recompiles']}")

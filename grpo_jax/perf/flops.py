@@ -56,11 +56,13 @@ def forward_flops(mcfg: model_lib.ModelConfig, seq_len: int, scored: int) -> int
 
 
 def step_flops(mcfg: model_lib.ModelConfig, prompt_lens_N: Sequence[int],
-               completion_lens_N: Sequence[int]) -> dict[str, float]:
+               completion_lens_N: Sequence[int], old_logprobs: bool = False) -> dict[str, float]:
   """FLOPs of one GRPO step (μ=1, one minibatch) from each row's real prompt and completion lengths.
 
   rollout = prefill + decode = one forward with the head at the completion positions; reference = the same
-  forward; policy = forward + backward (3×). update = policy + reference, step = rollout + update.
+  forward; policy = forward + backward (3×). update = policy + reference, step = rollout + update, plus with
+  `old_logprobs` (correction.needs_proximal: bf16, a correction, partial rollouts) the old-log-prob forward the step
+  runs at the current params.
   """
   p = np.asarray(prompt_lens_N, np.int64)
   c = np.asarray(completion_lens_N, np.int64)
@@ -70,6 +72,9 @@ def step_flops(mcfg: model_lib.ModelConfig, prompt_lens_N: Sequence[int],
   out = dict(rollout=fwd, reference=fwd, policy_fwd_bwd=3 * fwd)
   out["update"] = out["policy_fwd_bwd"] + out["reference"]
   out["step"] = out["rollout"] + out["update"]
+  if old_logprobs:
+    out["old_logprobs"] = fwd
+    out["step"] += fwd
   return out
 
 
