@@ -186,7 +186,9 @@ class TailOurs(grpo_step.Ours):
       raise SystemExit(f"benchmark error: the rollout program was traced {self.rollout_traces} times.")
     lens = np.concatenate(self.roll_lens)
     post = [s - r for s, r in zip(self.times, self.roll_t)]
-    trained = sum(int(x.sum()) for x in self.roll_lens)  # the rows each step trains (its rollout's)
+    # the completion tokens each timed step trained: its own rows (samples/mask_NxL), not the separately timed
+    # rollout's, which draws with another rng
+    trained = int(res["completion_lens"].sum())
     return dict(res, rollout=statistics.median(self.roll_t), post=statistics.median(post),
                 rollout_lens=lens, util=float(np.mean(self.engine_util)),
                 roll_steps=self.roll_steps, decode_tps=sum(self.drawn) / sum(self.roll_t),

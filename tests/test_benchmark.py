@@ -65,15 +65,18 @@ def test_part_times_count_the_tokens_drawn_not_padding(monkeypatch):
   tokens, so most of the 4 rows × 24 positions are padding after EOS."""
   a = argparse.Namespace(hidden=16, layers=1, heads=2, kv=1, inter=32, vocab=16, prompts=2, G=2, L=24,
                          dtype="float32", attention="auto")
-  built = []
-  parts = profile_parts.parts
-  monkeypatch.setattr(profile_parts, "parts", lambda *x, **k: built.append(parts(*x, **k)) or built[-1])
+  built, parts = [], profile_parts.parts
+
+  def rollout_only(*x, **k):  # the rollout program alone: no reference or update to compile
+    mesh, fns = parts(*x, **k)
+    built.append(fns["rollout"])
+    return mesh, {"rollout": fns["rollout"]}
+  monkeypatch.setattr(profile_parts, "parts", rollout_only)
   monkeypatch.setattr(profile_parts, "time_fn", lambda fn, args, reps: 1.0)  # the count, not the clock
   pt = grpo_step.part_times(a, reps=1)
-  fn, args = built[0][1]["rollout"]
-  want = int(np.asarray(jax.jit(fn)(*args).mask_NxL).sum())  # the same function: compiled once
-  assert pt["rollout_tokens"] == want < 4 * 24, (pt, want)
-  assert set(pt) == {"rollout", "reference", "update", "rollout_tokens"}
+  fn, args = built[0]
+  want = int(np.asarray(jax.jit(fn)(*args).mask_NxL).sum())  # the same function parts() ran: compiled once
+  assert pt == {"rollout": 1.0, "rollout_tokens": want} and want < 4 * 24, (pt, want)
 
 
 def test_peers_run_our_flags_and_one_step_more(tmp_path, capsys):
@@ -377,6 +380,14 @@ def test_tail_workload_runs_rollout_and_step_on_the_checkpoint(tail_checkpoint, 
   util = np.mean([x.sum() / (8 * (k + 1)) for x, k in zip(o.roll_lens, o.roll_steps)])
   assert abs(float(result["slot_util"]) - util) < 1e-3 and float(result["completion_len"]) == round(got.mean(), 2)
   assert float(result["rollout_s"]) > 0 and f"decode steps {o.roll_steps} of {TAIL_L - 1}" in out
+  # trained tokens/s: the completion tokens the timed steps trained (their own rows, not the separately timed
+  # rollout's, drawn with another rng) over the steps' time
+  trained = int(np.concatenate(o.completion_lens[1:]).sum())
+  assert result["trained_tps"] == f"{trained / sum(o.times):.0f}", (result["trained_tps"], trained, got.sum())
+  # here the tail checkpoint's rows have their prompts' lengths in both draws; had the steps' rows differed from
+  # the timed rollout's, the steps' would count
+  o.completion_lens = [2 * x for x in o.completion_lens]
+  assert o.summary()["trained_tps"] == pytest.approx(2 * trained / sum(o.times))
 
 
 def test_workload_flags_the_bench_cannot_honour_are_one_line():
