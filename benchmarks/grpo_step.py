@@ -321,8 +321,11 @@ def early_exit_bench(a, reps: int) -> tuple[list[str], dict]:
 
 
 def run_peer(python: str, script: str, a, key: str, extra: tuple[str, ...] = ()) -> dict[str, float] | None:
-  """The peer's RESULT line as {name: value} (its s/step under `key`), or None if it printed none."""
-  cmd = [python, os.path.join(PEERS, script)] + [f"--{k}={getattr(a, k)}" for k in FLAGS] + list(extra)
+  """The peer's RESULT line as {name: value} (its s/step under `key`), or None if it printed none. The peer runs
+  --steps one more than ours times: it leaves its first step (compile / warm-up, batch 0) out of its median as ours
+  compiles on batch 0, so every side counts batches 1..steps, the same rows."""
+  flags = {k: getattr(a, k) + (k == "steps") for k in FLAGS}
+  cmd = [python, os.path.join(PEERS, script)] + [f"--{k}={v}" for k, v in flags.items()] + list(extra)
   if a.model_dir:
     cmd.append(f"--model-dir={a.model_dir}")
   print("+", " ".join(cmd), flush=True)
@@ -370,7 +373,8 @@ def matmul_peaks(m: int, k: int, n: int, reps: int = 7, square: int = 2048) -> d
 
 
 def part_times(a, reps: int = 3) -> dict[str, float]:
-  """Median seconds of rollout, reference log-probs and one policy update, each its own jitted program."""
+  """Median seconds of rollout, reference log-probs and one policy update, each its own jitted program, and the
+  completion tokens the rollout drew (its mask: a row's tokens after its EOS are padding, not counted)."""
   import jax
   from profile_parts import parts, time_fn  # benchmarks/ is the script's directory
   from grpo_jax.infra import sharding
@@ -381,7 +385,9 @@ def part_times(a, reps: int = 3) -> dict[str, float]:
     for _ in range(reps):
       for k, (exe, args) in exes.items():
         ts[k].append(time_fn(exe, args, 1))
-  return {k: statistics.median(v) for k, v in ts.items()}
+    exe, args = exes["rollout"]
+    drawn = int(np.asarray(exe(*args).mask_NxL).sum())  # the same rng every call: the timed rollout's tokens
+  return {**{k: statistics.median(v) for k, v in ts.items()}, "rollout_tokens": drawn}
 
 
 def perf_report(a, ours: dict) -> list[str]:
@@ -390,7 +396,7 @@ def perf_report(a, ours: dict) -> list[str]:
   from grpo_jax.perf import flops
   mcfg = ours["mcfg"]
   n_steps = len(ours["times"])
-  fl = flops.step_flops(mcfg, ours["prompt_lens"], ours["completion_lens"])
+  fl = flops.step_flops(mcfg, ours["prompt_lens"], ours["completion_lens"], ours["old_logprobs"])
   fl = {k: v / n_steps for k, v in fl.items()}  # per step
   pt = part_times(a)
   n, L = a.prompts * a.G, a.L
@@ -404,20 +410,33 @@ def perf_report(a, ours: dict) -> list[str]:
            f"[{a.hidden},{max(a.inter, a.hidden)}] {pk_all['xla_model_shape'] / 1e9:.1f}",
            f"parts (separate programs of the reference path: static engine, padded passes; s): rollout "
            f"{pt['rollout']:.4f} reference {pt['reference']:.4f} update {pt['update']:.4f}",
-           f"step {step_fps / 1e9:.1f} GFLOP/s = {step_fps / peak:.0%} of peak; "
+           f"step {step_fps / 1e9:.1f} GFLOP/s = {step_fps / ours['step_devices'] / peak:.0%} of peak; "
            f"update {upd_fps / 1e9:.1f} GFLOP/s = {upd_fps / peak:.0%} of peak; "
-           f"decode {n * L / pt['rollout']:.0f} tokens/s"]
-  dev = jax.devices()[0]
-  pk = flops.device_peak(dev.device_kind)
-  if pk is not None:
-    dt_peak = pk["bf16" if a.dtype == "bfloat16" else "fp32"]
-    nbytes = 2 if a.dtype == "bfloat16" else 4
-    dec = flops.decode_bytes(mcfg, n, 10, L - 1, param_bytes=4, cache_bytes=nbytes)
-    lines.append(f"{dev.device_kind}: MFU step {step_fps / dt_peak:.1%} update {upd_fps / dt_peak:.1%} "
-                 f"({a.dtype} peak {dt_peak / 1e12:.0f} TFLOP/s); decode HBM {dec / pt['rollout'] / 1e9:.0f} GB/s "
-                 f"= {dec / pt['rollout'] / pk['hbm']:.1%} of {pk['hbm'] / 1e12:.2f} TB/s")
+           f"decode {pt['rollout_tokens'] / pt['rollout']:.0f} tokens/s ({pt['rollout_tokens']} drawn of {n * L})"]
+  line = accelerator_line(mcfg, a.dtype, jax.devices()[0].device_kind, n, digits.BENCH_PROMPT_LEN, L,
+                          step_fps, ours["step_devices"], upd_fps, pt["rollout"])
+  if line is not None:
+    lines.append(line)
   ours.update(step_fps=step_fps, update_fps=upd_fps, peak=peak, parts=pt)
   return lines
+
+
+def accelerator_line(mcfg, dtype: str, device_kind: str, n: int, prompt_len: int, L: int, step_fps: float,
+                     step_devices: int, upd_fps: float, rollout_s: float) -> str | None:
+  """MFU per device against `flops.PEAKS[device_kind]` at the compute dtype, of the step (its FLOP/s spread over the
+  `step_devices` its mesh spans) and of the update (one device), and the decode's HBM bandwidth as a fraction of the
+  device's (`flops.decode_bytes` at the compute dtype: the decode loop reads weights and KV cache cast to it,
+  model/decode.py); None where PEAKS has no row (a CPU)."""
+  from grpo_jax.perf import flops
+  pk = flops.device_peak(device_kind)
+  if pk is None:
+    return None
+  dt_peak = pk["bf16" if dtype == "bfloat16" else "fp32"]
+  nbytes = 2 if dtype == "bfloat16" else 4
+  dec = flops.decode_bytes(mcfg, n, prompt_len, L - 1, param_bytes=nbytes, cache_bytes=nbytes)
+  return (f"{device_kind}: MFU step {step_fps / step_devices / dt_peak:.1%} update {upd_fps / dt_peak:.1%} "
+          f"({dtype} peak {dt_peak / 1e12:.0f} TFLOP/s); decode HBM {dec / rollout_s / 1e9:.0f} GB/s "
+          f"= {dec / rollout_s / pk['hbm']:.1%} of {pk['hbm'] / 1e12:.2f} TB/s")
 
 
 def fit_scaling(xs, ts, degree: int) -> np.ndarray:
@@ -527,7 +546,9 @@ def main():
       peers[name] = run_peer(flag, script, a, key)
   second = o.run(max(1, a.steps - len(first)))
   ours = o.finish()
-  ours["mcfg"] = o.mcfg
+  ours["mcfg"], ours["step_devices"] = o.mcfg, o.mesh.devices.size
+  from grpo_jax.rl import correction
+  ours["old_logprobs"] = correction.needs_proximal(o.config)  # bf16: the step's extra forward for π_old
   print(f"grpo_jax params {ours['nparams']} compile+first step {ours['compile_s']:.2f}s steps "
         f"{[round(t, 4) for t in first]} | peers | {[round(t, 4) for t in second]} reward_mean {ours['reward']:.3f} "
         f"recompiles_after_first_step={ours['recompiles']}")
@@ -567,7 +588,7 @@ def main():
              f"train_buckets={o.config.rl.train_buckets} same_weights={int(same)}")
   elif not a.no_perf:
     line += (f" step_gflops={ours['step_fps'] / 1e9:.1f} update_gflops={ours['update_fps'] / 1e9:.1f} "
-             f"matmul_peak_gflops={ours['peak'] / 1e9:.1f} decode_tok_s={a.prompts * a.G * a.L / ours['parts']['rollout']:.0f}")
+             f"matmul_peak_gflops={ours['peak'] / 1e9:.1f} decode_tok_s={ours['parts']['rollout_tokens'] / ours['parts']['rollout']:.0f}")
   for name, peer in peers.items():
     if peer is not None:
       t = peer[f"{name}_s_per_step"]

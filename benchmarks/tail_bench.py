@@ -186,7 +186,9 @@ class TailOurs(grpo_step.Ours):
       raise SystemExit(f"benchmark error: the rollout program was traced {self.rollout_traces} times.")
     lens = np.concatenate(self.roll_lens)
     post = [s - r for s, r in zip(self.times, self.roll_t)]
-    trained = sum(int(x.sum()) for x in self.roll_lens)  # the rows each step trains (its rollout's)
+    # the completion tokens each timed step trained: its own rows (samples/mask_NxL), not the separately timed
+    # rollout's, which draws with another rng
+    trained = int(res["completion_lens"].sum())
     return dict(res, rollout=statistics.median(self.roll_t), post=statistics.median(post),
                 rollout_lens=lens, util=float(np.mean(self.engine_util)),
                 roll_steps=self.roll_steps, decode_tps=sum(self.drawn) / sum(self.roll_t),
@@ -301,14 +303,12 @@ def main(a) -> list[TailOurs]:
   _round_robin(ours, first, vllm)
   peers = {}
   tail = ("--workload=tail",)
-  # The peers leave their first step out (compile / warm-up) as ours leaves batch 0: one step more, so that every side
-  # counts batches 1..steps, the same rows (a long tail makes batches differ a lot).
-  pa = copy.copy(a)
-  pa.steps = a.steps + 1
+  # run_peer runs the peers one step more (they leave their first out, as ours leaves batch 0): every side counts
+  # batches 1..steps, the same rows (a long tail makes batches differ a lot).
   for flag, script, key, name in ((a.vs_trl, "trl_grpo_bench.py", "trl_s_per_step", "trl"),
                                   (a.vs_tunix, "tunix_grpo_bench.py", "tunix_s_per_step", "tunix")):
     if flag:
-      peers[name] = grpo_step.run_peer(flag, script, pa, key, tail)
+      peers[name] = grpo_step.run_peer(flag, script, a, key, tail)
   _round_robin(ours, max(1, a.steps - first), vllm)
   if vllm is not None:
     peers["vllm"] = vllm.finish()

@@ -82,6 +82,23 @@ def test_roofline_by_hand():
   assert aot.roofline(c, mesh, chip, ici=ici)["seconds"]["rollout decode"] == 1e3
 
 
+def test_roofline_lora_takes_no_base_weight_gradient_by_hand():
+  """LoRA (rank 4 on all seven projections): the frozen base's backward computes input gradients only, so the
+  policy's matmuls cost 2 forwards (XLA's cost analysis of a LoRA model's forward and adapter gradient on the CPU:
+  1.93x its forward), its attention still 3; the optimizer reads and writes the adapters' fp32 shard, not the
+  base's. tiny's adapters per layer: q 64·4 + 4·64, k and v 64·4 + 4·32, o 64·4 + 4·64, gate and up 64·4 + 4·128,
+  down 128·4 + 4·64 = 4,096; 2 layers = 8,192."""
+  full, lo = _tiny(dtype="float32", remat="none"), _tiny(dtype="float32", remat="none", lora_rank=4)
+  ff, fl = aot.analytic_flops(full, plat="cpu"), aot.analytic_flops(lo, plat="cpu")
+  pm = aot.matmul_params(model_lib.ModelConfig.from_config(full.model))
+  assert fl["policy fwd+bwd"] == ff["policy fwd+bwd"] - 2 * pm * 8 * 64
+  assert {k: v for k, v in fl.items() if k != "policy fwd+bwd"} == {k: v for k, v in ff.items() if k != "policy fwd+bwd"}
+  mesh = dict(data=1, fsdp=4, tensor=1)
+  weights = pm * 4  # fp32 compute
+  assert roofline_lib.hbm_bytes(lo, mesh)["policy fwd+bwd"] == 2 * weights + 7 * 4 * 8192 / 4
+  assert roofline_lib.hbm_bytes(full, mesh)["policy fwd+bwd"] == 3 * weights + 7 * 4 * pm / 4
+
+
 def test_roofline_carry_kv_recompute_by_hand():
   """rl.carry_kv=recompute: every step one forward of the layers (no LM head) over all S slots' P + L positions,
   carry._recompute_slots' static shape (tiny: 2 layers of 64·(4 + 2·2)·16 + 4·16·64 + 3·64·128 = 36,864 weights;

@@ -41,6 +41,55 @@ def test_matmul_peaks_take_the_best_measured_rate():
   assert all(1e8 < v < 1e13 for v in pk.values()), pk  # 0.1 GFLOP/s .. 10 TFLOP/s on any CPU
 
 
+def test_accelerator_line_is_per_device_at_the_compute_dtype():
+  """MFU per device against the compute dtype's peak, decode bytes at the compute dtype, by hand (flops.py's TINY
+  shape: 184 weight params read per decode step, 2 rows, prompt 3, L 3 = 2 decode steps)."""
+  from grpo_jax.model import model as model_lib
+  tiny = model_lib.ModelConfig(vocab_size=10, hidden=4, layers=1, heads=2, kv_heads=1, head_dim=2, inter=8, max_len=8)
+  # bf16: weights 184·2 B × 2 steps = 736; K+V slot 2·1·2·2 B = 8 B: reads 2·(4+5)·8 = 144, writes 2·2·8 = 32 -> 912
+  # the step's 989 TFLOP/s over 2 devices is half an H100 each; decode at 912 B / s_ro = half of 3.35 TB/s
+  s_ro = 912 / (0.5 * 3.35e12)
+  line = grpo_step.accelerator_line(tiny, "bfloat16", "NVIDIA H100 80GB HBM3", 2, 3, 3, 989e12, 2, 989e12 / 4, s_ro)
+  assert "MFU step 50.0% update 25.0% (bfloat16 peak 989 TFLOP/s)" in line, line
+  assert "decode HBM 1675 GB/s = 50.0% of 3.35 TB/s" in line, line
+  # fp32 at JAX's default precision runs on TF32 tensor cores (half the bf16 peak), not at the 67 TFLOP/s of CUDA cores
+  line = grpo_step.accelerator_line(tiny, "float32", "NVIDIA H100 80GB HBM3", 2, 3, 3, 494.5e12, 1, 1.0, 1.0)
+  assert "MFU step 100.0%" in line and "(float32 peak 494 TFLOP/s)" in line, line
+  # a v5p TPU VM's device_kind is "TPU v5"; a CPU has no row
+  assert "(float32 peak 459 TFLOP/s)" in grpo_step.accelerator_line(tiny, "float32", "TPU v5", 2, 3, 3, 1, 1, 1, 1)
+  assert grpo_step.accelerator_line(tiny, "float32", "cpu", 2, 3, 3, 1.0, 1, 1.0, 1.0) is None
+
+
+def test_part_times_count_the_tokens_drawn_not_padding(monkeypatch):
+  """decode tokens/s counts the rollout's completion tokens: at vocab 16 a random model draws EOS once in ~16
+  tokens, so most of the 4 rows × 24 positions are padding after EOS."""
+  a = argparse.Namespace(hidden=16, layers=1, heads=2, kv=1, inter=32, vocab=16, prompts=2, G=2, L=24,
+                         dtype="float32", attention="auto")
+  built, parts = [], profile_parts.parts
+
+  def rollout_only(*x, **k):  # the rollout program alone: no reference or update to compile
+    mesh, fns = parts(*x, **k)
+    built.append(fns["rollout"])
+    return mesh, {"rollout": fns["rollout"]}
+  monkeypatch.setattr(profile_parts, "parts", rollout_only)
+  monkeypatch.setattr(profile_parts, "time_fn", lambda fn, args, reps: 1.0)  # the count, not the clock
+  pt = grpo_step.part_times(a, reps=1)
+  fn, args = built[0]
+  want = int(np.asarray(jax.jit(fn)(*args).mask_NxL).sum())  # the same function parts() ran: compiled once
+  assert pt == {"rollout": 1.0, "rollout_tokens": want} and want < 4 * 24, (pt, want)
+
+
+def test_peers_run_our_flags_and_one_step_more(tmp_path, capsys):
+  """A stand-in peer interpreter echoes its flags in its RESULT line: same shape, prompts, G and L as ours, and one
+  step more, so that, leaving its first (compiling) step out as ours leaves batch 0, it counts batches 1..steps."""
+  fake = tmp_path / "python"
+  fake.write_text('#!/bin/sh\nshift\necho "RESULT trl_s_per_step=0.5 $*"\n')
+  fake.chmod(0o755)
+  a = argparse.Namespace(**{**grpo_step.FLAGS, "steps": 4, "model_dir": ""})
+  got = grpo_step.run_peer(str(fake), "trl_grpo_bench.py", a, "trl_s_per_step")
+  assert got == {"trl_s_per_step": 0.5, **{k: float(v) for k, v in grpo_step.FLAGS.items()}, "steps": 5.0}, got
+
+
 def test_bench_config_logs_every_row_and_sets_attention():
   a = argparse.Namespace(hidden=32, layers=1, heads=2, kv=1, inter=64, vocab=64, prompts=3, G=4, L=8,
                          dtype="float32", remat="none", attention="dot_product")
@@ -331,6 +380,14 @@ def test_tail_workload_runs_rollout_and_step_on_the_checkpoint(tail_checkpoint, 
   util = np.mean([x.sum() / (8 * (k + 1)) for x, k in zip(o.roll_lens, o.roll_steps)])
   assert abs(float(result["slot_util"]) - util) < 1e-3 and float(result["completion_len"]) == round(got.mean(), 2)
   assert float(result["rollout_s"]) > 0 and f"decode steps {o.roll_steps} of {TAIL_L - 1}" in out
+  # trained tokens/s: the completion tokens the timed steps trained (their own rows, not the separately timed
+  # rollout's, drawn with another rng) over the steps' time
+  trained = int(np.concatenate(o.completion_lens[1:]).sum())
+  assert result["trained_tps"] == f"{trained / sum(o.times):.0f}", (result["trained_tps"], trained, got.sum())
+  # here the tail checkpoint's rows have their prompts' lengths in both draws; had the steps' rows differed from
+  # the timed rollout's, the steps' would count
+  o.completion_lens = [2 * x for x in o.completion_lens]
+  assert o.summary()["trained_tps"] == pytest.approx(2 * trained / sum(o.times))
 
 
 def test_workload_flags_the_bench_cannot_honour_are_one_line():

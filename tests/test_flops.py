@@ -25,6 +25,9 @@ def test_step_flops_is_five_forwards():
   # row 0: T=3, head at 2 -> 1120; row 1: T=3, head at 1 -> 1120 - 80 = 1040
   fwd = 1120 + 1040
   assert out == dict(rollout=fwd, reference=fwd, policy_fwd_bwd=3 * fwd, update=4 * fwd, step=5 * fwd)
+  # bf16 (correction.needs_proximal): the step also runs the old-log-prob forward; the update's passes are as before
+  out = flops.step_flops(TINY, prompt_lens_N=[1, 2], completion_lens_N=[2, 1], old_logprobs=True)
+  assert out["old_logprobs"] == fwd and out["step"] == 6 * fwd and out["update"] == 4 * fwd
   with pytest.raises(ValueError, match="completion_lens_N"):
     flops.step_flops(TINY, [1, 2], [1])
 
@@ -47,7 +50,9 @@ def test_decode_bytes_hand_count():
 
 
 def test_device_peak_lookup():
-  assert flops.device_peak("TPU v5p")["hbm"] == 2.76e12
+  assert flops.device_peak("TPU v5p")["hbm"] == 2.765e12
+  assert flops.device_peak("TPU v5") is flops.device_peak("TPU v5p")  # a v5p TPU VM's device_kind
+  assert flops.device_peak("NVIDIA H100 PCIe")["bf16"] == 756e12  # not the SXM card's row
   assert flops.device_peak("TPU v5 lite")["bf16"] == 197e12
   assert flops.device_peak("NVIDIA H100 80GB HBM3")["bf16"] == 989e12
   assert flops.device_peak("cpu") is None

@@ -10,16 +10,25 @@ import numpy as np
 
 from grpo_jax.model import model as model_lib
 
-# Dense peak FLOP/s (bf16 / fp32 matmul) and HBM bytes/s, by `jax.devices()[0].device_kind` prefix.
-# Vendor datasheet figures; only used to print MFU and the decode bandwidth fraction on an accelerator.
+# Dense peak FLOP/s and HBM bytes/s, by `jax.devices()[0].device_kind` prefix (longest match). Vendor datasheet
+# figures; only used to print MFU and the decode bandwidth fraction on an accelerator. 'fp32' is the rate of a float32
+# matmul at JAX's default precision, which is what the model's float32 matmuls run at (no precision is set in this
+# package): one bfloat16 pass on a TPU (its bf16 peak), TF32 tensor cores on an A100/H100/H200 (half the bf16
+# peak), not the CUDA-core FP32 rate (19.5 / 67 TFLOP/s), against which an fp32 step's MFU could pass 100%.
+# A v5p TPU VM reports device_kind "TPU v5" (Pathways: "TPU v5p"); v5e and v6e report "TPU v5 lite", "TPU v6 lite".
+_V5P = dict(bf16=459e12, fp32=459e12, hbm=2.765e12)
 PEAKS: dict[str, dict[str, float]] = {
-    "TPU v4": dict(bf16=275e12, fp32=275e12 / 2, hbm=1.2e12),
-    "TPU v5 lite": dict(bf16=197e12, fp32=197e12 / 2, hbm=0.82e12),
-    "TPU v5p": dict(bf16=459e12, fp32=459e12 / 2, hbm=2.76e12),
-    "TPU v6 lite": dict(bf16=918e12, fp32=918e12 / 2, hbm=1.64e12),
-    "NVIDIA A100": dict(bf16=312e12, fp32=19.5e12, hbm=2.0e12),
-    "NVIDIA H100": dict(bf16=989e12, fp32=67e12, hbm=3.35e12),
-    "NVIDIA H200": dict(bf16=989e12, fp32=67e12, hbm=4.8e12),
+    "TPU v4": dict(bf16=275e12, fp32=275e12, hbm=1.2e12),
+    "TPU v5 lite": dict(bf16=197e12, fp32=197e12, hbm=0.819e12),
+    "TPU v5": _V5P,
+    "TPU v5p": _V5P,
+    "TPU v6 lite": dict(bf16=918e12, fp32=918e12, hbm=1.64e12),
+    "NVIDIA A100": dict(bf16=312e12, fp32=156e12, hbm=2.039e12),  # the 80 GB SXM4 card
+    "NVIDIA A100-SXM4-40GB": dict(bf16=312e12, fp32=156e12, hbm=1.555e12),
+    "NVIDIA A100-PCIE-40GB": dict(bf16=312e12, fp32=156e12, hbm=1.555e12),
+    "NVIDIA H100": dict(bf16=989e12, fp32=494.5e12, hbm=3.35e12),  # SXM5 ("NVIDIA H100 80GB HBM3")
+    "NVIDIA H100 PCIe": dict(bf16=756e12, fp32=378e12, hbm=2.0e12),
+    "NVIDIA H200": dict(bf16=989e12, fp32=494.5e12, hbm=4.8e12),
 }
 
 
@@ -47,11 +56,13 @@ def forward_flops(mcfg: model_lib.ModelConfig, seq_len: int, scored: int) -> int
 
 
 def step_flops(mcfg: model_lib.ModelConfig, prompt_lens_N: Sequence[int],
-               completion_lens_N: Sequence[int]) -> dict[str, float]:
+               completion_lens_N: Sequence[int], old_logprobs: bool = False) -> dict[str, float]:
   """FLOPs of one GRPO step (μ=1, one minibatch) from each row's real prompt and completion lengths.
 
   rollout = prefill + decode = one forward with the head at the completion positions; reference = the same
-  forward; policy = forward + backward (3×). update = policy + reference, step = rollout + update.
+  forward; policy = forward + backward (3×). update = policy + reference, step = rollout + update, plus with
+  `old_logprobs` (correction.needs_proximal: bf16, a correction, partial rollouts) the old-log-prob forward the step
+  runs at the current params.
   """
   p = np.asarray(prompt_lens_N, np.int64)
   c = np.asarray(completion_lens_N, np.int64)
@@ -61,6 +72,9 @@ def step_flops(mcfg: model_lib.ModelConfig, prompt_lens_N: Sequence[int],
   out = dict(rollout=fwd, reference=fwd, policy_fwd_bwd=3 * fwd)
   out["update"] = out["policy_fwd_bwd"] + out["reference"]
   out["step"] = out["rollout"] + out["update"]
+  if old_logprobs:
+    out["old_logprobs"] = fwd
+    out["step"] += fwd
   return out
 
 

@@ -22,6 +22,7 @@ from grpo_jax.config import config_lib
 from grpo_jax.model import attention
 from grpo_jax.rl import correction
 from grpo_jax.rollout import decode_layout
+from grpo_jax.model import lora
 from grpo_jax.model import model as model_lib
 from grpo_jax.rl import packing
 from grpo_jax.rl import state as state_lib
@@ -181,10 +182,12 @@ def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu",
   chunk_rows = N // rl.rollout_chunks
   # One forward over all N×T tokens, in the row groups it runs in (rollout chunks, or update minibatches).
   fwd_seq = lambda n: 2 * pm * N * T + attn_pair * N * pairs(n, T)
+  seq_tokens = N * T
   if config_lib.packing_on(config):
     R, C = packed_rows(config, lengths_N, plat)
     path = lambda n: attention.choose(mcfg.attention, n, C, mcfg.heads, mcfg.dtype, plat, packed=True)
     fwd_seq = lambda n: 2 * pm * R * C + attn_pair * R * attention.pairs(path(n), C)
+    seq_tokens = R * C
   w = decode_work(config, lengths_N)
   pre = w["prefill_rows"]
   out = {
@@ -196,7 +199,10 @@ def analytic_flops(config: ml_collections.ConfigDict, plat: str = "tpu",
     out["carry KV recompute"] = 2 * (pm - mcfg.hidden * mcfg.vocab_size) * S * T + attn_pair * S * pairs(S, T)
   if state_lib.uses_reference(config):
     out["reference forward"] = fwd_seq(chunk_rows)
-  out["policy fwd+bwd"] = 3 * fwd_seq(N // rl.minibatches) * rl.mu
+  # forward + backward = 3 forwards; under LoRA the frozen base's weight gradients are not computed (its matmuls
+  # cost 2 forwards: forward and input gradient; the adapters' rank-r matmuls are left out of the bound)
+  frozen = 2 * pm * seq_tokens if mcfg.lora else 0
+  out["policy fwd+bwd"] = (3 * fwd_seq(N // rl.minibatches) - frozen) * rl.mu
   if correction.needs_proximal(config):
     out["old log-probs forward"] = fwd_seq(chunk_rows)  # π_prox recomputed in training numerics (rl/correction.py)
   if mcfg.remat == "full":
@@ -224,7 +230,9 @@ def hbm_bytes(config: ml_collections.ConfigDict, mesh: dict[str, int],
   kv_heads = decode_layout.decode_mcfg(mcfg, mesh, layout).kv_heads
   kv_slot = 2 * mcfg.layers * rows * max(kv_heads // t, 1) * mcfg.head_dim * cb  # one cache slot, K and V
   decode_weights = matmul_params(mcfg) * cb / t
-  shard = 4 * matmul_params(mcfg) / (dp * mesh["tensor"])  # one fp32 copy, FSDP-split
+  # one fp32 copy of the trained params, FSDP-split: under LoRA the adapters (the base takes no update)
+  trained = (sum(x.size for x in jax.tree.leaves(lora.adapter_shapes(mcfg))) if mcfg.lora else matmul_params(mcfg))
+  shard = 4 * trained / (dp * mesh["tensor"])
   w = decode_work(config, lengths_N)  # every row to L unless lengths are given
   kv_pos = kv_slot / rows  # one (row, position) of K and V on this chip
   out = {
@@ -246,7 +254,7 @@ def hbm_bytes(config: ml_collections.ConfigDict, mesh: dict[str, int],
         rows_dev / rl.minibatches / packing.microbatch_rows(config, math.ceil(N / dp / rl.minibatches), C))
   if state_lib.uses_reference(config):
     out["reference forward"] = weights * passes  # one pass over the weights per chunk of rows / micro-batch
-  out["policy fwd+bwd"] = upd * 3 * weights + 7 * shard
+  out["policy fwd+bwd"] = upd * (2 if mcfg.lora else 3) * weights + 7 * shard  # LoRA: no base weight gradient
   if correction.needs_proximal(config):
     out["old log-probs forward"] = weights * passes
   if mcfg.remat == "full":
