@@ -329,9 +329,16 @@ def test_local_multiprocess_sends_a_signal_on_to_every_process(tmp_path):
   import signal
   script = tmp_path / "stoppable.py"
   script.write_text(STOPPABLE)
+  # The launcher starts with Ctrl-C's and SIGTERM's default handling whatever this process inherited: a suite run in
+  # a non-interactive shell's background (`cmd &`) inherits SIGINT ignored, which the launcher rightly keeps
+  # ignored (the test below), so nothing would be sent on and the children would run out their 60 s.
+  launcher = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+              "signal.signal(signal.SIGTERM, signal.SIG_DFL); sys.argv[0] = 'lm'; "
+              f"sys.path.insert(0, {os.path.join(REPO, 'launch')!r}); import local_multiprocess; "
+              f"sys.exit(local_multiprocess.main(['-n', '2', '--script', {str(script)!r}]))")
   for sig in (signal.SIGINT, signal.SIGTERM):
-    p = subprocess.Popen([sys.executable, os.path.join(REPO, "launch", "local_multiprocess.py"), "-n", "2",
-                          "--script", str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    p = subprocess.Popen([sys.executable, "-c", launcher], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                         text=True)
     lines = []
     while sum(l.startswith(("[p0] ready", "[p1] ready")) for l in lines) < 2:
       line = p.stdout.readline()
