@@ -80,6 +80,18 @@ def runs(tmp_path_factory):
   return dict(root=root, mcfg=mcfg, init=params, multi=log.getvalue())
 
 
+def _launch_script(path, text: str, **kw) -> tuple[int, str]:
+  """Writes `text` to `path` and runs it as 2 processes of one device each on the CPU, with this process's
+  environment (the launcher gives its children its own) and no compile cache; -> (exit code, their output)."""
+  path.write_text(text)
+  log = io.StringIO()
+  with pytest.MonkeyPatch.context() as mp:
+    for k, v in dict(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", GRPO_JAX_XLA_CACHE="off").items():
+      mp.setenv(k, v)
+    rc = local_multiprocess.launch(2, script=str(path), devices_per_process=1, python=sys.executable, out=log, **kw)
+  return rc, log.getvalue()
+
+
 def _rows(d):
   """metrics.jsonl's rows, its "nan"/"inf" strings (an empty length split, metrics.py) read back as floats."""
   from grpo_jax.run import metrics as metrics_lib
@@ -183,16 +195,9 @@ def test_a_bug_on_one_process_exits_1_at_once(tmp_path):
   the other's collective then fails (gloo: connection closed by peer) and it exits 1 too (planted back: the
   launcher's 90 s timeout, both killed), with one line saying another process ended, not a traceback of its own
   that read as a second bug and hid the real one among N-1 of them (planted back: '[p0] Traceback')."""
-  script = tmp_path / "fail_alone.py"
-  script.write_text(FAILING_ALONE)
-  log = io.StringIO()
   t0 = time.perf_counter()
-  with pytest.MonkeyPatch.context() as mp:  # the launcher gives its children this process's environment
-    for k, v in dict(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", GRPO_JAX_XLA_CACHE="off").items():
-      mp.setenv(k, v)
-    rc = local_multiprocess.launch(2, script=str(script), devices_per_process=1, timeout_s=90, grace_s=45,
-                                   python=sys.executable, out=log)
-  out, took = log.getvalue(), time.perf_counter() - t0
+  rc, out = _launch_script(tmp_path / "fail_alone.py", FAILING_ALONE, timeout_s=90, grace_s=45)
+  took = time.perf_counter() - t0
   assert rc == 1 and "[launch] p1 exited with 1" in out, out[-3000:]
   assert "RuntimeError: planted bug on process 1 only" in out and "process 0 waits in a collective" in out, out
   assert "[launch] p0 exited with 1" in out and "stopping the remaining" not in out, out[-3000:]  # on its own
@@ -341,15 +346,7 @@ def test_processes_that_drew_different_batches_stop_with_one_line(tmp_path):
   """Processes whose batches differ (a host reading another task.data_dir copy): JAX's device_put refused with an
   AssertionError traceback printing both arrays (exit 1, as a bug); now one line naming the field, exit 2 on each.
   The same batch puts each process's own rows (process 0 rows 0-1, process 1 rows 2-3)."""
-  script = tmp_path / "differ.py"
-  script.write_text(DIFFERING_DATA)
-  log = io.StringIO()
-  with pytest.MonkeyPatch.context() as mp:
-    for k, v in dict(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", GRPO_JAX_XLA_CACHE="off").items():
-      mp.setenv(k, v)
-    rc = local_multiprocess.launch(2, script=str(script), devices_per_process=1, timeout_s=90, grace_s=1,
-                                   python=sys.executable, out=log)
-  out = log.getvalue()
+  rc, out = _launch_script(tmp_path / "differ.py", DIFFERING_DATA, timeout_s=90, grace_s=1)
   assert "[p0] same [0, 1]" in out and "[p1] same [2, 3]" in out, out[-3000:]
   for pid in (0, 1):
     assert f"[launch] p{pid} exited with 2" in out, out[-3000:]
@@ -380,16 +377,8 @@ def test_processes_started_with_another_config_or_code_are_refused(tmp_path):
   before anything is written: the differing process names each differing key and file with process 0's value and
   its own, process 0 names the process that differs (planted back: the run trains on until the launcher's
   120 s timeout kills it; the baseline probe with 2 steps exited 0 on both, config.json holding process 0's lr)."""
-  script = tmp_path / "another_job.py"
-  script.write_text(ANOTHER_JOB)
-  log = io.StringIO()
-  with pytest.MonkeyPatch.context() as mp:
-    for k, v in dict(PYTHONPATH=REPO, JAX_PLATFORMS="cpu", GRPO_JAX_XLA_CACHE="off").items():
-      mp.setenv(k, v)
-    args = [str(tmp_path / "copy"), "--config=configs/grpo_arith.py:runlocal", f"--workdir={tmp_path / 'w'}"]
-    rc = local_multiprocess.launch(2, script=str(script), args=args, devices_per_process=1, timeout_s=120,
-                                   grace_s=5, python=sys.executable, out=log)
-  out = log.getvalue()
+  args = [str(tmp_path / "copy"), "--config=configs/grpo_arith.py:runlocal", f"--workdir={tmp_path / 'w'}"]
+  rc, out = _launch_script(tmp_path / "another_job.py", ANOTHER_JOB, args=args, timeout_s=120, grace_s=5)
   assert rc == 2 and "Traceback" not in out, out[-3000:]
   for pid in (0, 1):
     assert f"[launch] p{pid} exited with 2" in out, out[-3000:]

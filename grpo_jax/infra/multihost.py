@@ -157,8 +157,7 @@ def check_same_job(config, workdir: str) -> None:
     if not others:
       continue
     # process 0's part on every process (every process saw the same digests, so all run this collective)
-    size = int(np.asarray(multihost_utils.process_allgather(np.int64(len(texts[k].encode())))).max())
-    theirs = json.loads(workdir_lock.broadcast_text(texts[k], size=size))
+    theirs = json.loads(workdir_lock.broadcast_text(texts[k], size=None))
     if pid in others:
       lines.append(f"process {pid} of {n} runs {what} than process 0 ({_differing(part, theirs)}): {fixes[k]}")
     else:

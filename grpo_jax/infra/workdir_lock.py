@@ -210,10 +210,13 @@ class WorkdirLock:
     self.release()
 
 
-def broadcast_text(text: str, size: int = 4096) -> str:
-  """Process 0's `text` on every process (jax.distributed must be initialised)."""
+def broadcast_text(text: str, size: int | None = 4096) -> str:
+  """Process 0's `text` on every process (jax.distributed must be initialised): its first `size` bytes, or all of
+  it with size None (its length is broadcast first)."""
   import numpy as np  # pylint: disable=g-import-not-at-top
   from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
+  if size is None:
+    size = int(multihost_utils.broadcast_one_to_all(np.int32(len(text.encode("utf-8")))))
   raw = text.encode("utf-8")[:size]
   buf = np.zeros((size + 4,), np.uint8)
   buf[:4] = np.frombuffer(np.uint32(len(raw)).tobytes(), np.uint8)

@@ -31,6 +31,7 @@ from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.rl import sft_step
 from grpo_jax.infra import sharding
+from grpo_jax.infra import workdir_lock
 from grpo_jax.rl import state as state_lib
 from grpo_jax.run import validate
 from grpo_jax.tasks import data as data_lib
@@ -431,12 +432,7 @@ def logged_eval_keys(workdir: str, upto: int) -> dict[str, None]:
     keys = next(([k for k in r if k.startswith("eval/")] for r in reversed(rows)
                  if any(k.startswith("eval/") for k in r)), [])
   if jax.process_count() > 1:
-    from jax.experimental import multihost_utils  # pylint: disable=g-import-not-at-top
-    text = json.dumps(keys).encode()
-    n = int(multihost_utils.broadcast_one_to_all(np.int32(len(text))))
-    buf = np.zeros(n, np.uint8)
-    buf[:len(text)] = np.frombuffer(text, np.uint8)[:n]
-    keys = json.loads(bytes(np.asarray(multihost_utils.broadcast_one_to_all(buf))).decode())
+    keys = json.loads(workdir_lock.broadcast_text(json.dumps(keys), size=None))
   return dict.fromkeys(keys)
 
 
