@@ -52,6 +52,18 @@ def test_equal_many_matches_the_hand_table(grader):
   assert got == [e for _, _, e in CASES], [(p, g) for (p, g, e), v in zip(CASES, got) if v != e]
 
 
+def test_extracted_expressions_reach_the_grader_whole(grader):
+  """An answer line with a LaTeX command or a space inside its expression was read as its first / last number (2 of
+  'Answer: \\sqrt{2}', of 'so x = \\sqrt{2}', of 'Answer: 2 x'): right against a reference 2, wrong against
+  \\sqrt{2}. The expression goes to math-verify whole."""
+  from grpo_jax.tasks import math_answer  # pylint: disable=g-import-not-at-top
+  texts = [("Answer: \\sqrt{2}", "\\sqrt{2}", True), ("Answer: \\sqrt{2}", "2", False),
+           ("so x = \\sqrt{2}", "\\sqrt{2}", True), ("Answer: 2 x", "2x", True), ("Answer: 2 x", "2", False),
+           ("The final answer is $\\frac{\\pi}{2}$.", "\\frac{\\pi}{2}", True)]
+  got = grader.equal_many([(math_answer.extract_answer(t), g) for t, g, _ in texts])
+  assert got == [want for _, _, want in texts], list(zip(texts, got))
+
+
 def test_numeric_golds_never_reach_the_worker():
   g = symbolic.Grader()
   try:

@@ -11,7 +11,8 @@ Grading (`grade_text`, one function for the training rewards and held-out evalua
 grader does, with format and accuracy as two separate reward terms:
 - `math_accuracy`: the completion's final answer has the reference value (math_answer.equal: '$1,000.00',
   '1000 dollars', '\\boxed{1000}', '2000/2' all match 1000). The final answer is the last `<answer>…</answer>`
-  body, else the last `\\boxed{…}`, else, for a completion that ended (EOS), its last number.
+  body, else the last `\\boxed{…}`, else, for a completion that ended (EOS), the expression after its last final-answer
+  phrase, else its last number (or the LaTeX expression holding it): math_answer.extract_answer.
 - `math_format`: the completion is in the form its prompt asked for: with `task.prompt_format='r1_zero'`
   `<think>…</think> <answer>…</answer>` (each tag once; whitespace and newlines around the tags allowed, nothing
   else); with 'chat' (the instruction asks for a boxed answer) a non-empty `\\boxed{…}`. Where the tokenizer has the
