@@ -64,6 +64,26 @@ def test_extracted_expressions_reach_the_grader_whole(grader):
   assert got == [want for _, _, want in texts], list(zip(texts, got))
 
 
+def test_cons_at_k_votes_by_the_graders_equivalence(grader, monkeypatch):
+  """Answers the grader calls equal vote together: they voted by their text, so right answers written two ways
+  ('1+x', 'x+1') lost a tie to one wrong answer, and three ways of one wrong answer ('2x', 'x \\cdot 2', '2 \\cdot x')
+  lost to two right ones. Right and wrong per row by hand; classes in row order."""
+  from grpo_jax.run import evaluation  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(symbolic, "_GRADER", grader)  # the module's worker, not a second one
+  gold = "x+1"
+  rows = [("2x", 0), ("1+x", 1), ("x+1", 1),                                         # 2 right against 1 wrong
+          ("1+x", 1), ("2x", 0), ("x \\cdot 2", 0), ("x+1", 1), ("2 \\cdot x", 0)]   # 3 wrong (one class) against 2
+  answers, right = [a for a, _ in rows], [r for _, r in rows]
+  keys = gsm8k.vote_keys(answers, [gold] * len(rows), right, range(len(rows)))
+  assert keys[1] == keys[2] == keys[3] == keys[6] and keys[0] == keys[4] == keys[5] == keys[7] != keys[1]
+  assert evaluation.cons_at_k(keys[:3], [r > 0 for r in right[:3]], 3) == 1.0
+  assert evaluation.cons_at_k(keys[3:], [r > 0 for r in right[3:]], 5) == 0.0
+  # a row of the numeric grader (not in symbolic_rows) is never sent to the worker: its wrong answers vote by text
+  calls = grader.stats["calls"]
+  numeric_keys = gsm8k.vote_keys(["2x", "x \\cdot 2"], [gold] * 2, [0, 0])
+  assert numeric_keys[0] != numeric_keys[1] and grader.stats["calls"] == calls
+
+
 def test_numeric_golds_never_reach_the_worker():
   g = symbolic.Grader()
   try:
@@ -203,4 +223,5 @@ def test_symbolic_references_load_and_grade_through_the_reward(tmp_path):
     tokens[i, :len(t)], mask[i, :len(t)] = t, 1
   acc, fmt, answers = verify(tokens, mask, fields)
   assert list(acc) == [1.0, 0.0, 1.0] and list(fmt) == [1.0, 1.0, 1.0]  # the held-out grader: the same verdicts
-  assert answers == [("text", "\\frac{1}{\\sqrt{2}}"), ("text", "(0,1]"), ("value", 12, False)]
+  # what cons@k votes on: a right answer votes with every right one (gsm8k.vote_keys), a wrong one by its text
+  assert answers == [("right", "\\frac{\\sqrt{2}}{2}"), ("text", "(0,1]"), ("right", "12")]
