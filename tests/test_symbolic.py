@@ -42,6 +42,11 @@ CASES = [
     ("6\\text{ cm}^2", "6", True),        # a unit's power is the unit's (was 36)
     ("1,000", "1000", True),
     ("999", "1000", False),
+    # a numeric gold is compared exactly (the numeric grader's rule, as verl's MATH grader's string comparison has
+    # it): a rounded decimal is not 1/3, though math-verify alone (6 decimals) would call it equal; a gold that is
+    # not a number goes to math-verify, whose rounding to 6 decimals then decides
+    ("0.333333", "\\frac{1}{3}", False), ("0.707107", "\\frac{\\sqrt{2}}{2}", True),
+    ("0.7071", "\\frac{\\sqrt{2}}{2}", False),
     (None, "\\sqrt{2}", False),
     ("", "1", False),
 ]
