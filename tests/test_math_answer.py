@@ -157,7 +157,8 @@ COMPLETIONS = [
     ("The answer is 6 because 2 + 3 = 5", "6", True), ("The answer is $1,200 and then $300 more", "1200", True),
     ("the answer is a prime number, 7", "7", True), ("**Answer:** 12", "12", True),
     ("Answer: $\\frac{1}{2}$", "0.5", True), ("The answer is 3 x 4 = 12", "12", True), ("so x = 5", "5", True),
-    ("she bought a 12-pack", "12", True),
+    ("she bought a 12-pack", "12", True), ("The answer is a) 5", "5", True),
+    ("Let the answer is x. Then 2x = 10 so x = 5", "5", True), ("The answer is 10 - 2 = 8 apples", "8", True),
 ]
 # Where math-verify's extraction gives the other verdict, and why ours stands.
 COMPLETION_DIFFERENCES = {

@@ -397,7 +397,8 @@ def vote_keys(answers: Sequence[str | None], finals: Sequence[str], right: Seque
   text (_vote_key); on the symbolic grader's rows a wrong answer is also graded against the first answer of each
   earlier class of its reference (rows in order) and joins the first one math-verify calls equal
   (`\\frac{1}{\\sqrt{2}}` with `\\frac{\\sqrt{2}}{2}`), so the classes, and evaluation.cons_at_k's tie-break (the
-  class voted first), depend only on the rows' order. (verl's maj@k votes by the extracted string; the numeric
+  class voted first), depend only on the rows' order. Cost: at most D(D−1)/2 math-verify comparisons for D distinct
+  wrong answers of a reference, in D calls to the worker; numbers against numbers never reach it. (verl's maj@k votes by the extracted string; the numeric
   grader's exact values make that the same here for numbers, not for expressions.)"""
   keys = [_vote_key(a) for a in answers]
   for i, k in enumerate(keys):

@@ -152,21 +152,18 @@ _EXPR_TOKEN = re.compile(r"(?P<cmd>\\[A-Za-z]+\*?|\\[^A-Za-z\n])|(?P<num>\d+(?:(
 _CLOSE = {")": "(", "]": "[", "}": "{"}
 
 
-def expression_at(text: str, pos: int) -> tuple[str, bool, int]:
-  """(the answer expression written from text[pos], whether a word ended it, where it ends), read token by token
-  within _MAX_LEN characters: `\\sqrt{2}`, `2 x`, `2^{10}`, `(1, 2)`, `x = \\frac{1}{2}`, not just the number they
-  start with. A bracket left open where the expression ends ('1,200 (for 3 weeks)') is cut off with what follows it; a brace group
-  left open ('\\frac{1 then') is no expression (''); a plain space between two numbers ends it ('3 100-dollar
-  bills')."""
-  end, limit, opened, prev, by_word = pos, min(len(text), pos + _MAX_LEN), [], None, False
+def expression_at(text: str, pos: int) -> tuple[str, int]:
+  """(the answer expression written from text[pos], where it ends), read token by token within _MAX_LEN characters:
+  `\\sqrt{2}`, `2 x`, `2^{10}`, `(1, 2)`, `x = \\frac{1}{2}`, not just the number they start with. A bracket left open
+  where the expression ends ('1,200 (for 3 weeks)') is cut off with what follows it; a brace group left open
+  ('\\frac{1 then') is no expression (''); a plain space between two numbers ends it ('3 100-dollar bills')."""
+  end, limit, opened, prev = pos, min(len(text), pos + _MAX_LEN), [], None
   while end < limit:
     m = _EXPR_TOKEN.match(text, end, limit)
     if m is None:
-      ch = text[end]
-      if ch == "," and opened:            # '(1, 2)': a comma inside brackets
+      if text[end] == "," and opened:     # '(1, 2)': a comma inside brackets
         end, prev = end + 1, "comma"
         continue
-      by_word = ch.isalpha()
       break
     kind = m.lastgroup
     if kind == "space" and prev == "num" and text[m.end():m.end() + 1].isdigit() and m.group(0).strip(" \t") == "":
@@ -175,7 +172,7 @@ def expression_at(text: str, pos: int) -> tuple[str, bool, int]:
       if m.group(0) == "{":                # a brace group is read whole (\text{5 cm}, \frac{a}{b})
         group = _balanced(text[end:limit], 0)  # the window only: many phrases before a '{' stay linear
         if group is None:
-          return "", False, end
+          return "", end
         end, prev = end + group[1], "group"
         continue
       opened.append(end)
@@ -186,15 +183,18 @@ def expression_at(text: str, pos: int) -> tuple[str, bool, int]:
     end, prev = m.end(), kind
   if opened:
     end = opened[0]
-  return text[pos:end].strip(" \t\u2009\u202f\u00a0$"), by_word, end
+  return text[pos:end].strip(" \t\u2009\u202f\u00a0$"), end
 
 
-def _is_expression(span: str, by_word: bool) -> bool:
-  """An expression worth taking as the answer: with a digit or a LaTeX command, or (letters only: 'x', 'x + y')
-  not cut off by a word ('the answer is a prime number' is prose)."""
+_LINE_END = re.compile(r"[ \t]*\.?[ \t]*(?:\n|$)")
+
+
+def _is_expression(span: str, line_ends: bool) -> bool:
+  """An expression worth taking as the answer: with a digit or a LaTeX command, or of letters only ('x', 'x + y')
+  when its line ends with it ('the answer is a prime number', 'the answer is x. Then 2x = 10', 'a) 5' are prose)."""
   if not span or len(span) >= _MAX_LEN:
     return False
-  return bool(re.search(r"\d|\\[A-Za-z]", span)) or (not by_word and bool(re.search(r"[A-Za-z]", span)))
+  return bool(re.search(r"\d|\\[A-Za-z]", span)) or (line_ends and bool(re.search(r"[A-Za-z]", span)))
 
 
 def phrase_answer(text: str) -> str | None:
@@ -204,8 +204,8 @@ def phrase_answer(text: str) -> str | None:
   'Answer: 2 x' and of 'Final answer: 2^{10}'.)"""
   found = None
   for m in _PHRASE.finditer(text):  # each expression read within _MAX_LEN characters: linear in the phrases
-    span, by_word, _ = expression_at(text, m.end())
-    if _is_expression(span, by_word):
+    span, end = expression_at(text, m.end())
+    if _is_expression(span, _LINE_END.match(text, end) is not None):
       found = span
   return found
 
@@ -229,9 +229,9 @@ def last_number_answer(text: str) -> str | None:
     if m is None or m.lastgroup == "space":  # a word, or spaces: the next expression starts after them
       i = (m or _SKIP.match(text, i)).end()
       continue
-    span, _, stop = expression_at(text, i)
+    span, stop = expression_at(text, i)
     if stop > at:
-      return span if span and _LATEX.search(span) and _is_expression(span, False) else number
+      return span if _LATEX.search(span) and _is_expression(span, False) else number
     i = max(stop, i + 1)
   return number
 
