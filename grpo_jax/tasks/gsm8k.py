@@ -398,8 +398,10 @@ def vote_keys(answers: Sequence[str | None], finals: Sequence[str], right: Seque
   earlier class of its reference (rows in order) and joins the first one math-verify calls equal
   (`\\frac{1}{\\sqrt{2}}` with `\\frac{\\sqrt{2}}{2}`), so the classes, and evaluation.cons_at_k's tie-break (the
   class voted first), depend only on the rows' order. Cost: at most D(D−1)/2 math-verify comparisons for D distinct
-  wrong answers of a reference, in D calls to the worker; numbers against numbers never reach it. (verl's maj@k votes by the extracted string; the numeric
-  grader's exact values make that the same here for numbers, not for expressions.)"""
+  wrong answers of a reference, in D calls to the worker; numbers against numbers never reach it. The grouping is
+  Qwen2.5-Math's `group_pred(use_symbol=True)` (evaluation/rm_maj_eval.py: each answer joins the first earlier group
+  whose key math_equal calls equal; the earliest of the largest groups wins); its default maj@k and verl's
+  (calc_maj_val) vote by the extracted string, which the exact values make the same here for numbers only."""
   keys = [_vote_key(a) for a in answers]
   for i, k in enumerate(keys):
     if k is not None and right[i] > 0.5:
