@@ -88,6 +88,19 @@ def test_empty_answers_cast_no_vote(evaluator):
   assert evaluation.group_metrics(acc, answers, 3, (1,))["cons@3"] == 1.0
 
 
+def test_right_answers_vote_together(evaluator):
+  """Every answer the grader calls right is one vote: '50%', '0.5' and '1/2' against 0.5 (the percentage voted apart:
+  two '7's out-voted the right answer, 2 votes to 2 + 1, on the tie's earliest)."""
+  _, tok = evaluator
+  rows = [completion(tok, a) for a in ("7", "50%", "0.5", "7.0", "1/2")]
+  tokens, mask = np.zeros((5, L), np.int32), np.zeros((5, L), np.int32)
+  for r, ids in enumerate(rows):
+    tokens[r, :len(ids)], mask[r, :len(ids)] = ids, 1
+  acc, _, answers = gsm8k.host_verifier(tok)(tokens, mask, {"answer_chars_NxA": gsm8k.encode_answers(["0.5"] * 5)})
+  assert list(acc) == [0, 1, 1, 0, 1] and answers[1] == answers[2] == answers[4] != answers[0] == answers[3]
+  assert evaluation.group_metrics(acc, answers, 5, (1,))["cons@5"] == 1.0
+
+
 def test_pass_at_k_agrees_with_numpy_enumeration(evaluator):
   # Independent check of the estimator the metrics use: the fraction of all k-subsets holding a right sample.
   import itertools

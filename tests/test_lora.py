@@ -344,6 +344,29 @@ def test_bad_lora_config_is_one_line(key, value, match):
   assert "\n" not in str(e.value)
 
 
+def test_rank_check_names_the_smallest_targeted_width():
+  """The rank is checked against the smallest width of the projections it targets, read off the adapters' own
+  shapes: a k/v projection's output (kv_heads × head_dim = 1 × 8 here) lies below hidden and inter. The check
+  compared with min(hidden, inter) only, so rank 16 passed and its message, past hidden, named hidden."""
+  c = _config(rank=16, hidden=32, heads=4, kv=1)
+  c.model.head_dim = 8
+  mc = model_lib.ModelConfig.from_config(c.model)
+  shapes = lora.adapter_shapes(mc)["layers"]
+  widths = {m: (int(np.prod(s["lora_a"].shape[1:-1])), int(np.prod(s["lora_b"].shape[2:]))) for m, s in shapes.items()}
+  assert {f"{m}_proj": w for m, w in widths.items()} == validate.lora_dims(c.model)
+  assert widths["k"] == (32, 8)
+  with pytest.raises(validate.ConfigError, match=r"rank: 16 exceeds .*k_proj's output, kv_heads×head_dim = 8; set "
+                     r"model.lora.rank <= 8, or drop k_proj, v_proj from model.lora.targets\.$"):
+    validate.validate_model(c)
+  c.model.lora.rank = 8
+  validate.validate_model(c)  # at the smallest width
+  c.model.lora.update(rank=16, targets=("q_proj", "o_proj", "up_proj"))
+  validate.validate_model(c)  # k and v not targeted: 32 is the smallest
+  c.model.lora.update(rank=33, targets=("q_proj", "up_proj"))
+  with pytest.raises(validate.ConfigError, match=r"q_proj's input, hidden = 32; set model.lora.rank <= 32\.$"):
+    validate.validate_model(c)
+
+
 def test_lora_knobs_that_would_train_nothing_are_refused_or_said(caplog):
   """job=sft (or pretrain) with model.lora.rank > 0 and sft.lora off trained all weights without a word, and
   `export` then read its full-weight checkpoints as adapters ('every one damaged or unreadable'); sft.lora=True with

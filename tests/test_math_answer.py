@@ -52,6 +52,8 @@ CASES = [
     ("6\\text{ cm}^2", "36", False), ("27", "3 \\text{ cm}^3", False), ("25°C", "25", True), ("10^{\\circ}C", "10", True),
     # a single letter is a variable, not a unit: an expression is not the number it holds (x+1 was 1, 2x was 2)
     ("x+1", "1", False), ("2x", "2", False), ("3+2i", "5", False), ("n = 2k", "2", False), ("k = 3", "3", True), ("5 m", "5", True), ("5 m^2", "5", True), ("2 m + 1", "3", False), ("3 + 2 i", "5", False), ("\\text{5 m}", "5", True),
+    # a letter after a lone number and a space is a unit only if it is one (m g s h l L K N J W V): '2 x' was 2
+    ("2 x", "2", False), ("3 n", "3", False), ("12 s", "12", True), ("4 L", "4", True),
     # MATH's thousands separator `,\!` (its solutions write 10,\!080; was unparsable on either side)
     ("1,\\!000", "1000", True), ("\\boxed{10,\\!080}", "10080", True), ("1000", "1,\\!000", True), ("1,\\!00", "100", False),
 ]
@@ -80,6 +82,8 @@ KNOWN_DIFFERENCES = {
     "2x": "a variable makes it an expression for us; math-verify's plain-text extraction reads 2",
     "n = 2k": "a variable makes it an expression for us; math-verify's plain-text extraction reads 2",
     "3 + 2 i": "a variable makes it an expression for us; math-verify's plain-text extraction reads 3 + 2 = 5",
+    "2 x": "a variable after a space is no unit for us; math-verify's plain-text extraction reads 2",
+    "3 n": "a variable after a space is no unit for us; math-verify's plain-text extraction reads 3",
     "10^{\\circ}C": "degrees Celsius are a unit for us; math-verify reads 10^{\\circ} times a symbol C",
     "1000": "against the gold 1,\\!000 outside $…$ math-verify's plain-text extraction reads 1 (in $…$ it reads 1000)",
 }
@@ -135,6 +139,55 @@ def test_math_verify_agrees_except_where_documented():
 ])
 def test_extract_answer(text, want):
   assert ma.extract_answer(text) == want
+
+
+# Completions end to end (extraction, then the numeric grader), and what math-verify's own extraction (its `parse` of
+# the whole completion, default configs) makes of them. The class: an answer line holding LaTeX commands or spaces
+# inside its expression was read as the first (or last) NUMBER in it: 2 of 'Answer: \sqrt{2}', of 'Answer: 2 x', of
+# 'Final answer: 2^{10}', of 'so x = \sqrt{2}'. Now the phrase's answer, or the expression around the last number
+# when it is written in LaTeX, is read whole.
+COMPLETIONS = [
+    ("Answer: \\sqrt{2}", "2", False), ("Answer: 2 x", "2", False), ("The answer is 2 x.", "2", False),
+    ("The answer is x + 1.", "1", False), ("Final answer: 2^{10}", "1024", True), ("Final answer: 2^{10}", "2", False),
+    ("Answer: 3\\sqrt{2} cm", "3", False), ("Answer: 2\\sqrt{2}+1", "2", False), ("Answer: (1, 2)", "2", False),
+    ("so the area is $2\\pi$.", "2", False), ("We get $x = \\sqrt{2}$ so we are done", "2", False),
+    ("so x = \\sqrt{2}", "2", False), ("so she pays 2^{3} = 8 dollars", "8", True),
+    # what must still hold: units, prose after the answer, currency, markdown, a variable named in an equation
+    ("Answer: 5 m", "5", True), ("Answer: 12 h", "12", True), ("The answer is 18 dollars.", "18", True),
+    ("The answer is 6 because 2 + 3 = 5", "6", True), ("The answer is $1,200 and then $300 more", "1200", True),
+    ("the answer is a prime number, 7", "7", True), ("**Answer:** 12", "12", True),
+    ("Answer: $\\frac{1}{2}$", "0.5", True), ("The answer is 3 x 4 = 12", "12", True), ("so x = 5", "5", True),
+    ("she bought a 12-pack", "12", True), ("The answer is a) 5", "5", True),
+    ("Let the answer is x. Then 2x = 10 so x = 5", "5", True), ("The answer is 10 - 2 = 8 apples", "8", True),
+]
+# Where math-verify's extraction gives the other verdict, and why ours stands.
+COMPLETION_DIFFERENCES = {
+    "Answer: 2 x": "math-verify's plain-text extraction reads the number 2 out of '2 x'; for us it is an expression",
+    "The answer is 2 x.": "math-verify's plain-text extraction reads 2; for us '2 x' is an expression",
+    "The answer is x + 1.": "math-verify's plain-text extraction reads 1; for us 'x + 1' is an expression",
+    "Final answer: 2^{10}": "math-verify reads LaTeX only inside $…$ or a box: it reads 2 of '2^{10}'",
+    "Answer: 3\\sqrt{2} cm": "math-verify reads LaTeX only inside $…$ or a box: it reads 3",
+    "Answer: 2\\sqrt{2}+1": "math-verify reads LaTeX only inside $…$ or a box: it reads 2",
+    "Answer: (1, 2)": "math-verify's plain-text extraction reads 2 of the tuple",
+    "The answer is 6 because 2 + 3 = 5": "math-verify reads the last expression (5), not the answer the phrase names",
+    "The answer is $1,200 and then $300 more": "math-verify reads '$1,200 and then $' as one LaTeX span (a set); "
+                                               "the '$' are dollars",
+}
+
+
+def _math_verify_text(text: str, gold: str) -> bool:
+  from math_verify import parse, verify
+  return bool(verify(parse(gold, parsing_timeout=None), parse(text, parsing_timeout=None), timeout_seconds=None))
+
+
+@pytest.mark.parametrize("text,gold,want", COMPLETIONS)
+def test_completions_read_the_answer_expression(text, gold, want):
+  assert is_correct(text, gold) is want
+
+
+def test_math_verify_extraction_agrees_except_where_documented():
+  disagree = {text for text, gold, want in COMPLETIONS if _math_verify_text(text, gold) != want}
+  assert disagree == set(COMPLETION_DIFFERENCES), disagree
 
 
 def test_is_correct_on_completions():

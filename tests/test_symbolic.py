@@ -42,6 +42,11 @@ CASES = [
     ("6\\text{ cm}^2", "6", True),        # a unit's power is the unit's (was 36)
     ("1,000", "1000", True),
     ("999", "1000", False),
+    # a numeric gold is compared exactly (the numeric grader's rule, as verl's MATH grader's string comparison has
+    # it): a rounded decimal is not 1/3, though math-verify alone (6 decimals) would call it equal; a gold that is
+    # not a number goes to math-verify, whose rounding to 6 decimals then decides
+    ("0.333333", "\\frac{1}{3}", False), ("0.707107", "\\frac{\\sqrt{2}}{2}", True),
+    ("0.7071", "\\frac{\\sqrt{2}}{2}", False),
     (None, "\\sqrt{2}", False),
     ("", "1", False),
 ]
@@ -50,6 +55,38 @@ CASES = [
 def test_equal_many_matches_the_hand_table(grader):
   got = grader.equal_many([(p, g) for p, g, _ in CASES])
   assert got == [e for _, _, e in CASES], [(p, g) for (p, g, e), v in zip(CASES, got) if v != e]
+
+
+def test_extracted_expressions_reach_the_grader_whole(grader):
+  """An answer line with a LaTeX command or a space inside its expression was read as its first / last number (2 of
+  'Answer: \\sqrt{2}', of 'so x = \\sqrt{2}', of 'Answer: 2 x'): right against a reference 2, wrong against
+  \\sqrt{2}. The expression goes to math-verify whole."""
+  from grpo_jax.tasks import math_answer  # pylint: disable=g-import-not-at-top
+  texts = [("Answer: \\sqrt{2}", "\\sqrt{2}", True), ("Answer: \\sqrt{2}", "2", False),
+           ("so x = \\sqrt{2}", "\\sqrt{2}", True), ("Answer: 2 x", "2x", True), ("Answer: 2 x", "2", False),
+           ("The final answer is $\\frac{\\pi}{2}$.", "\\frac{\\pi}{2}", True)]
+  got = grader.equal_many([(math_answer.extract_answer(t), g) for t, g, _ in texts])
+  assert got == [want for _, _, want in texts], list(zip(texts, got))
+
+
+def test_cons_at_k_votes_by_the_graders_equivalence(grader, monkeypatch):
+  """Answers the grader calls equal vote together: they voted by their text, so right answers written two ways
+  ('1+x', 'x+1') lost a tie to one wrong answer, and three ways of one wrong answer ('2x', 'x \\cdot 2', '2 \\cdot x')
+  lost to two right ones. Right and wrong per row by hand; classes in row order."""
+  from grpo_jax.run import evaluation  # pylint: disable=g-import-not-at-top
+  monkeypatch.setattr(symbolic, "_GRADER", grader)  # the module's worker, not a second one
+  gold = "x+1"
+  rows = [("2x", 0), ("1+x", 1), ("x+1", 1),                                         # 2 right against 1 wrong
+          ("1+x", 1), ("2x", 0), ("x \\cdot 2", 0), ("x+1", 1), ("2 \\cdot x", 0)]   # 3 wrong (one class) against 2
+  answers, right = [a for a, _ in rows], [r for _, r in rows]
+  keys = gsm8k.vote_keys(answers, [gold] * len(rows), right, range(len(rows)))
+  assert keys[1] == keys[2] == keys[3] == keys[6] and keys[0] == keys[4] == keys[5] == keys[7] != keys[1]
+  assert evaluation.cons_at_k(keys[:3], [r > 0 for r in right[:3]], 3) == 1.0
+  assert evaluation.cons_at_k(keys[3:], [r > 0 for r in right[3:]], 5) == 0.0
+  # a row of the numeric grader (not in symbolic_rows) is never sent to the worker: its wrong answers vote by text
+  calls = grader.stats["calls"]
+  numeric_keys = gsm8k.vote_keys(["2x", "x \\cdot 2"], [gold] * 2, [0, 0])
+  assert numeric_keys[0] != numeric_keys[1] and grader.stats["calls"] == calls
 
 
 def test_numeric_golds_never_reach_the_worker():
@@ -191,4 +228,5 @@ def test_symbolic_references_load_and_grade_through_the_reward(tmp_path):
     tokens[i, :len(t)], mask[i, :len(t)] = t, 1
   acc, fmt, answers = verify(tokens, mask, fields)
   assert list(acc) == [1.0, 0.0, 1.0] and list(fmt) == [1.0, 1.0, 1.0]  # the held-out grader: the same verdicts
-  assert answers == [("text", "\\frac{1}{\\sqrt{2}}"), ("text", "(0,1]"), ("value", 12, False)]
+  # what cons@k votes on: a right answer votes with every right one (gsm8k.vote_keys), a wrong one by its text
+  assert answers == [("right", "\\frac{\\sqrt{2}}{2}"), ("text", "(0,1]"), ("right", "12")]

@@ -75,7 +75,9 @@ def verified_answers(task: str, tokens_NxL: np.ndarray, mask_NxL: np.ndarray, fi
 
 
 def cons_at_k(answers: list, correct: list[bool], k: int) -> float:
-  """Majority vote over the first k samples' answers (ties → the earliest); 1 if the voted answer is correct.
+  """Majority vote over the first k samples' answers (ties → the answer voted first); 1 if the voted answer is
+  correct. `answers` are keys, equal where the task's grader calls the answers equal (gsm8k.vote_keys; the in-graph
+  tasks' values, verified_answers).
   Self-consistency's vote (Wang et al. 2022, arXiv 2203.11171), reported as cons@k by DeepSeek-R1 (arXiv 2501.12948,
   Table 2). A sample without an answer (None: the verifier found none, a malformed completion) casts no vote."""
   votes = [(a, c) for a, c in zip(answers[:k], correct[:k]) if a is not None]

@@ -289,9 +289,29 @@ def validate_lora(c) -> None:
   if bad or not lc.targets or len(set(lc.targets)) != len(lc.targets):
     _fail("model.lora.targets", f"{tuple(lc.targets)}: name each at most once, among {LORA_TARGETS}.")
   _choice(c, "model.lora.base_dtype", DTYPES)
-  if lc.rank > min(c.model.hidden, c.model.inter):
-    _fail("model.lora.rank", f"{lc.rank} exceeds the projections' smallest dimension "
-          f"(hidden={c.model.hidden}, inter={c.model.inter}); lower it.")
+  dims = lora_dims(c.model)
+  width, target, side = min((w, t, side) for t in lc.targets for side, w in enumerate(dims[t]))
+  if lc.rank > width:  # the smallest width among the targets (a k/v output under GQA, not only hidden / inter)
+    short = [t for t in lc.targets if min(dims[t]) < lc.rank]
+    drop = f", or drop {', '.join(short)} from model.lora.targets" if len(short) < len(lc.targets) else ""
+    _fail("model.lora.rank", f"{lc.rank} exceeds the smallest dimension of the targeted projections: {target}'s "
+          f"{('input', 'output')[side]}, {_LORA_DIM_NAMES[target][side]} = {width}; set model.lora.rank <= "
+          f"{width}{drop}.")
+
+
+# Each LoRA target's (input, output) width as words, for the rank check's message.
+_LORA_DIM_NAMES = {"q_proj": ("hidden", "heads×head_dim"), "k_proj": ("hidden", "kv_heads×head_dim"),
+                   "v_proj": ("hidden", "kv_heads×head_dim"), "o_proj": ("heads×head_dim", "hidden"),
+                   "gate_proj": ("hidden", "inter"), "up_proj": ("hidden", "inter"), "down_proj": ("inter", "hidden")}
+
+
+def lora_dims(mc) -> dict[str, tuple[int, int]]:
+  """(input, output) width of each projection LoRA can target, as its adapter sees it (A is [in, r], B [r, out]):
+  a k/v projection's output (kv_heads × head_dim under GQA) can be far below the hidden size."""
+  head_dim = mc.head_dim or mc.hidden // mc.heads
+  q, kv = mc.heads * head_dim, mc.kv_heads * head_dim
+  return {"q_proj": (mc.hidden, q), "k_proj": (mc.hidden, kv), "v_proj": (mc.hidden, kv), "o_proj": (q, mc.hidden),
+          "gate_proj": (mc.hidden, mc.inter), "up_proj": (mc.hidden, mc.inter), "down_proj": (mc.inter, mc.hidden)}
 
 
 # The devices the input checks check a job for: this process's, unless a command is checked to run elsewhere

@@ -11,7 +11,8 @@ Grading (`grade_text`, one function for the training rewards and held-out evalua
 grader does, with format and accuracy as two separate reward terms:
 - `math_accuracy`: the completion's final answer has the reference value (math_answer.equal: '$1,000.00',
   '1000 dollars', '\\boxed{1000}', '2000/2' all match 1000). The final answer is the last `<answer>…</answer>`
-  body, else the last `\\boxed{…}`, else, for a completion that ended (EOS), its last number.
+  body, else the last `\\boxed{…}`, else, for a completion that ended (EOS), the expression after its last final-answer
+  phrase, else its last number (or the LaTeX expression holding it): math_answer.extract_answer.
 - `math_format`: the completion is in the form its prompt asked for: with `task.prompt_format='r1_zero'`
   `<think>…</think> <answer>…</answer>` (each tag once; whitespace and newlines around the tags allowed, nothing
   else); with 'chat' (the instruction asks for a boxed answer) a non-empty `\\boxed{…}`. Where the tokenizer has the
@@ -269,7 +270,7 @@ def boxed_ok(text: str) -> bool:
 def grade_text(text: str, final: str, *, ended: bool = True, prompt_format: str = "r1_zero",
                ) -> tuple[float, float, str | None]:
   """(accuracy, format, answer) of a completion's text (without EOS). `ended`: it stopped at EOS (else its last
-  number is not taken as an answer). The answer is what cons@k votes on (None: no answer found)."""
+  number is not taken as an answer). cons@k votes on the answer's class (vote_keys; None: no answer found)."""
   answer = math_answer.extract_answer(text, last_number_ok=ended)
   acc = float(math_answer.equal(answer, final))
   fmt = float(tags_ok(text) if prompt_format == "r1_zero" else boxed_ok(text))
@@ -305,11 +306,15 @@ def grade(ids: Sequence[int], final: str, tok, prompt_format: str = "r1_zero") -
   return float(math_answer.equal(answer, final)), fmt, answer
 
 
+def _symbolic_rows(batch: dict, n: int) -> list[int]:
+  codes = batch.get("grader_N")
+  return [i for i in range(n) if codes is not None and GRADERS[int(codes[i])] == "symbolic"]
+
+
 def equal_rows(answers: Sequence[str | None], finals: Sequence[str], batch: dict) -> list[float]:
   """Accuracy of each row: its grader's (batch field grader_N; absent: numeric) comparison of answer and final.
   The symbolic rows go to the grader's worker in one call."""
-  codes = batch.get("grader_N")
-  symbolic_rows = [i for i in range(len(finals)) if codes is not None and GRADERS[int(codes[i])] == "symbolic"]
+  symbolic_rows = _symbolic_rows(batch, len(finals))
   out = [float(math_answer.equal(a, f)) for a, f in zip(answers, finals)]
   if symbolic_rows:
     from grpo_jax.tasks import symbolic  # pylint: disable=g-import-not-at-top  (math-verify only where asked for)
@@ -367,20 +372,55 @@ def host_verifier(tok) -> Callable:
     read_N = [read(t[m > 0].tolist(), tok, f) for t, m, f in zip(tokens_NxL, mask_NxL,
                                                                   _formats(fields, len(tokens_NxL)))]
     finals = [decode_answer(a) for a in np.asarray(fields["answer_chars_NxA"])]
-    acc = equal_rows([r[0] for r in read_N], finals, fields)
+    answers = [r[0] for r in read_N]
+    acc = equal_rows(answers, finals, fields)
     return (np.asarray(acc, np.float32), np.asarray([r[1] for r in read_N], np.float32),
-            [_vote_key(r[0]) for r in read_N])
+            vote_keys(answers, finals, acc, _symbolic_rows(fields, len(finals))))
   return verify
 
 
 def _vote_key(answer: str | None):
-  """Answers that are equal values vote together ('1,000' and '1000.0'); unparsable ones by their text; an empty one
-  (`<answer> </answer>`, `\\boxed{}`) is no answer and casts no vote (it voted as the text '' and out-voted a
-  right answer given once)."""
+  """Answers that are equal values vote together ('1,000' and '1000.0'; a percentage by its number: '50%' with '50',
+  which the grader calls equal); unparsable ones by their text without spaces; an empty one (`<answer> </answer>`,
+  `\\boxed{}`) is no answer and casts no vote (it voted as the text '' and out-voted a right answer given once)."""
   if answer is None or not answer.strip():
     return None
   v = math_answer.parse_value(answer)
-  return ("value", v[0], v[1]) if v is not None else ("text", "".join(answer.split()))
+  return ("value", v[0]) if v is not None else ("text", "".join(answer.split()))
+
+
+def vote_keys(answers: Sequence[str | None], finals: Sequence[str], right: Sequence[float],
+              symbolic_rows: Sequence[int] = ()) -> list:
+  """What cons@k votes on: one key per class of answers the row's grader calls equal (self-consistency's vote
+  over equivalent answers, Wang et al. 2022). Every right answer of a reference is one class ('50%' and '0.5' for
+  0.5; `x+1` and `1+x` for x+1): they equal the reference, so each other. A wrong answer votes by its value or its
+  text (_vote_key); on the symbolic grader's rows a wrong answer is also graded against the first answer of each
+  earlier class of its reference (rows in order) and joins the first one math-verify calls equal
+  (`\\frac{1}{\\sqrt{2}}` with `\\frac{\\sqrt{2}}{2}`), so the classes, and evaluation.cons_at_k's tie-break (the
+  class voted first), depend only on the rows' order. Cost: at most D(D−1)/2 math-verify comparisons for D distinct
+  wrong answers of a reference, in D calls to the worker; numbers against numbers never reach it. The grouping is
+  Qwen2.5-Math's `group_pred(use_symbol=True)` (evaluation/rm_maj_eval.py: each answer joins the first earlier group
+  whose key math_equal calls equal; the earliest of the largest groups wins); its default maj@k and verl's
+  (calc_maj_val) vote by the extracted string, which the exact values make the same here for numbers only."""
+  keys = [_vote_key(a) for a in answers]
+  for i, k in enumerate(keys):
+    if k is not None and right[i] > 0.5:
+      keys[i] = ("right", finals[i])
+  classes: dict[str, list[tuple[object, str]]] = {}  # per reference: its wrong classes' (key, first answer)
+  joined: dict[tuple, object] = {}                  # (reference, an answer's own key) -> its class's key
+  pending = [i for i in symbolic_rows if keys[i] is not None and keys[i][0] != "right"]
+  if pending:
+    from grpo_jax.tasks import symbolic  # pylint: disable=g-import-not-at-top  (math-verify only where asked for)
+  for i in pending:
+    own = (finals[i], keys[i])
+    if own not in joined:
+      reps = classes.setdefault(finals[i], [])
+      same = symbolic.grader().equal_many([(answers[i], first) for _, first in reps]) if reps else []
+      joined[own] = next((key for (key, _), s in zip(reps, same) if s), keys[i])
+      if joined[own] == keys[i]:
+        reps.append((keys[i], answers[i]))
+    keys[i] = joined[own]
+  return keys
 
 
 def main(argv=None) -> int:

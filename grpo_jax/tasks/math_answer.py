@@ -7,15 +7,16 @@ Python AST covers; tests/test_math_answer.py checks both agree on a table of cas
 
 Extraction: the body of the last `<answer>…</answer>` if there is one, else the last `\\boxed{…}` (of nested boxes
 the outer one: a box inside it only frames a part), else (when the
-caller allows it: a completion that ended) the number (or `\\frac{a}{b}`) after the last explicit final-answer phrase ("the answer is",
-"final answer:", "answer =", GSM8K's "####"), numbers written after it notwithstanding, else the last number in the
-text. Normalisation: `\\boxed{}`, `$`, `\\$`, `\\(…\\)`/`\\[…\\]`, markdown `**…**`, `\\%`/`%`, thousands
+caller allows it: a completion that ended) the expression after the last explicit final-answer phrase ("the answer
+is", "final answer:", "answer =", GSM8K's "####"; `expression_at`: `\\sqrt{2}`, `2 x`, `2^{10}`, not the number they
+start with), numbers written after it notwithstanding, else the last number in the text, or the LaTeX expression it
+is written in (`x = \\sqrt{2}`, `$2\\pi$`). Normalisation: `\\boxed{}`, `$`, `\\$`, `\\(…\\)`/`\\[…\\]`, markdown `**…**`, `\\%`/`%`, thousands
 grouped by commas, spaces, thin / no-break spaces (U+2009, U+202F, U+00A0, LaTeX `\\,`), `{,}` or MATH's `,\\!` (1-3 digits, then
 groups of exactly 3), `\\frac{a}{b}` (`\\dfrac`, `\\tfrac`),
 `\\cdot`/`\\times`, `^`, `\\left`/`\\right`, spacing commands, trailing '.', and words/units (`\\mathrm{cm}`,
 `^\\circ`, with a unit's power: `6\\text{ cm}^2` is 6) are stripped; `1.5e3` is 1500. A single letter is a variable,
-not a unit: `2x`, `x+1`, `3+2i` are unparsable (`x = 5`'s right side is 5), except after a lone number and a space
-(`5 m`, `12 h`). A function or constant we do not evaluate (`\\sqrt`, `\\log`, `\\pi`,
+not a unit: `2x`, `x+1`, `3+2i`, `2 x` are unparsable (`x = 5`'s right side is 5), except a one-letter SI unit after a
+lone number and a space (`5 m`, `12 h`). A function or constant we do not evaluate (`\\sqrt`, `\\log`, `\\pi`,
 `sqrt(…)`, any LaTeX command that is not layout) makes the answer unparsable: dropping it as if it were a unit read
 `\\sqrt{16}` as 16. Values are exact `Fraction`s, so 0.5 == 1/2 == \\frac{1}{2} == 50%.
 """
@@ -48,8 +49,9 @@ _LAYOUT_COMMANDS = {"text", "textrm", "textbf", "textit", "textnormal", "mathrm"
 _UNIT_POWER = r"(?:\s*\^\s*(?:\{\s*[-+]?\d+\s*\}|[-+]?\d))?"
 # A single letter standing alone is a variable ('x+1', '2x'); a unit is a word ('5 apples', '15 min', '\text{cm}')
 _VARIABLE = re.compile(r"(?<![A-Za-z_'])[A-Za-z](?![A-Za-z_'])")
-# ...except a one-letter unit after a lone number and a space ('5 m', '12 h', '5 m^2'; not '2x', '3 + 2 i').
-_LETTER_UNIT = re.compile(r"^(\s*-?[\d.]+)\s+[A-Za-z](?:\s*\*\*\s*(?:\(\s*\d+\s*\)|\d+))?\s*\.?\s*$")
+# ...except a one-letter SI unit (m g s h l L K N J W V) after a lone number and a space ('5 m', '12 h', '5 m^2'; not
+# '2x', '3 + 2 i', nor '2 x': any letter read as a unit made '2 x' the number 2).
+_LETTER_UNIT = re.compile(r"^(\s*-?[\d.]+)\s+[mgshlLKNJWV](?:\s*\*\*\s*(?:\(\s*\d+\s*\)|\d+))?\s*\.?\s*$")
 # The same functions and constants written as plain words: 'sqrt(16)', 'log 100', '2 pi'.
 _FUNCTION_WORD = re.compile(r"(?<![A-Za-z])(?:(?:sqrt|cbrt|log|ln|lg|exp|sin|cos|tan|cot|sec|csc|arcsin|arccos|"
                             r"arctan|sinh|cosh|tanh)\s*[(\d]|(?:abs|floor|ceil|round|gcd|lcm|min|max|choose)\s*\(|"
@@ -58,7 +60,7 @@ _FUNCTION_WORD = re.compile(r"(?<![A-Za-z])(?:(?:sqrt|cbrt|log|ln|lg|exp|sin|cos
 # Every run of whitespace is one possessive `\s*+`: the old form had three optional `\s*` in a row, which backtrack
 # over each other (cubic: 'the answer' and 1,000 spaces took a minute, a 10k-character completion for ever).
 _PHRASE = re.compile(r"(?:####|\b(?:the\s++)?(?:final\s++)?answer(?:\s*+(?:is|was|would\s++be|will\s++be|[:=]))?)"
-                     r"\s*+(?:[:=]\s*+)?(?:\\?\$\s*+)?(?=[-\d.]|\\[dt]?frac)", re.I)
+                     r"\s*+(?:[:=]\s*+)?(?:\*{1,2}\s*+)?(?:\\?\$\s*+)?", re.I)
 _FRAC_HEAD = re.compile(r"-?\s*+\\[dt]?frac\s*+")
 
 
@@ -138,20 +140,100 @@ def _fraction_at(text: str, pos: int) -> str | None:
   return text[pos:head.end() + den[1]] if den else None
 
 
+# The tokens an answer expression is written with (expression_at): a LaTeX command, an escaped character or spacing
+# (`\{`, `\,`, `\(`), a number (thousands grouped by ',', `{,}` or `,\!`), an operator or bracket, a run of spaces (not
+# a newline), `$`, `%`, a function word (`sqrt`, `pi`) or a single letter (a variable). A word of two letters or more
+# ('because', 'dollars', 'cm'), a newline, a sentence's '.', a ',' / ';' / ':' outside brackets end it.
+_EXPR_TOKEN = re.compile(r"(?P<cmd>\\[A-Za-z]+\*?|\\[^A-Za-z\n])|(?P<num>\d+(?:(?:,|\{,\}|,\\!)\d{3}(?!\d))*"
+                         r"(?:\.\d+)?|\.\d+)|(?P<open>[(\[{])|(?P<close>[)\]}])|(?P<space>[ \t\u2009\u202f\u00a0]+)|"
+                         r"(?P<op>[-+*/^_=<>|!'×÷−·$%])|"
+                         r"(?P<fn>(?<![A-Za-z])(?:sqrt|cbrt|log|ln|exp|sin|cos|tan|pi)(?![A-Za-z]))|"
+                         r"(?P<letter>(?<![A-Za-z])[A-Za-z](?![A-Za-z]))")
+_CLOSE = {")": "(", "]": "[", "}": "{"}
+
+
+def expression_at(text: str, pos: int) -> tuple[str, int]:
+  """(the answer expression written from text[pos], where it ends), read token by token within _MAX_LEN characters:
+  `\\sqrt{2}`, `2 x`, `2^{10}`, `(1, 2)`, `x = \\frac{1}{2}`, not just the number they start with. A bracket left open
+  where the expression ends ('1,200 (for 3 weeks)') is cut off with what follows it; a brace group left open
+  ('\\frac{1 then') is no expression (''); a plain space between two numbers ends it ('3 100-dollar bills')."""
+  end, limit, opened, prev = pos, min(len(text), pos + _MAX_LEN), [], None
+  while end < limit:
+    m = _EXPR_TOKEN.match(text, end, limit)
+    if m is None:
+      if text[end] == "," and opened:     # '(1, 2)': a comma inside brackets
+        end, prev = end + 1, "comma"
+        continue
+      break
+    kind = m.lastgroup
+    if kind == "space" and prev == "num" and text[m.end():m.end() + 1].isdigit() and m.group(0).strip(" \t") == "":
+      break                               # '3 100-dollar bills': two numbers, not one answer
+    if kind == "open":
+      if m.group(0) == "{":                # a brace group is read whole (\text{5 cm}, \frac{a}{b})
+        group = _balanced(text[end:limit], 0)  # the window only: many phrases before a '{' stay linear
+        if group is None:
+          return "", end
+        end, prev = end + group[1], "group"
+        continue
+      opened.append(end)
+    elif kind == "close":
+      if not opened or text[opened[-1]] != _CLOSE[m.group(0)]:
+        break                             # '(the answer is 5)': a bracket this expression did not open
+      opened.pop()
+    end, prev = m.end(), kind
+  if opened:
+    end = opened[0]
+  return text[pos:end].strip(" \t\u2009\u202f\u00a0$"), end
+
+
+_LINE_END = re.compile(r"[ \t]*\.?[ \t]*(?:\n|$)")
+
+
+def _is_expression(span: str, line_ends: bool) -> bool:
+  """An expression worth taking as the answer: with a digit or a LaTeX command, or of letters only ('x', 'x + y')
+  when its line ends with it ('the answer is a prime number', 'the answer is x. Then 2x = 10', 'a) 5' are prose)."""
+  if not span or len(span) >= _MAX_LEN:
+    return False
+  return bool(re.search(r"\d|\\[A-Za-z]", span)) or (line_ends and bool(re.search(r"[A-Za-z]", span)))
+
+
 def phrase_answer(text: str) -> str | None:
-  """The number (or LaTeX fraction) right after the last explicit final-answer phrase ('the answer is 12', 'Final
-  answer: $1,200', DAPO's 'Answer: $\\frac{1}{2}$'), whatever numbers follow it; None without such a phrase."""
+  """The answer expression right after the last explicit final-answer phrase that is followed by one ('the answer is
+  12', 'Final answer: $1,200', DAPO's 'Answer: $\\frac{1}{2}$', 'Answer: \\sqrt{2}', 'Answer: 2 x'), whatever
+  numbers follow it; None without such a phrase. (Its first number was read: 2 of 'Answer: \\sqrt{2}', of
+  'Answer: 2 x' and of 'Final answer: 2^{10}'.)"""
   found = None
-  for m in _PHRASE.finditer(text):  # the number that starts right there (reading the rest per phrase was quadratic)
-    fraction = _fraction_at(text, m.end())  # its last number was read instead: '2' of 'Answer: $\frac{1}{2}$'
-    if fraction is not None:
-      found = fraction
-      continue
-    grouped = _NUMBER_GROUPED.match(text, m.end())
-    plain = grouped or _NUMBER.match(text, m.end())
-    if plain:
-      found = plain.group(0) if grouped else plain.group(0).rstrip(",")
+  for m in _PHRASE.finditer(text):  # each expression read within _MAX_LEN characters: linear in the phrases
+    span, end = expression_at(text, m.end())
+    if _is_expression(span, _LINE_END.match(text, end) is not None):
+      found = span
   return found
+
+
+_LATEX = re.compile(r"\\[A-Za-z]|[\^{]")
+_SKIP = re.compile(r"[A-Za-z]+|.", re.S)  # a word (or any other character) between two expressions
+
+
+def last_number_answer(text: str) -> str | None:
+  """The last number, or the LaTeX expression it is written in: `so x = \\sqrt{2}` is `x = \\sqrt{2}` (its last
+  number, 2, is not the answer), `$2\\pi$` is `2\\pi`, `2^{10}` is `2^{10}`. The expressions of the number's line
+  are read from its start (expression_at) up to the one holding the number; one without a LaTeX command, `^` or a
+  brace leaves the plain number (prose: 'a 12-pack' is 12)."""
+  nums = _numbers(text)
+  if not nums:
+    return None
+  at, number = nums[-1]
+  i = max(text.rfind("\n", 0, at) + 1, at - _MAX_LEN)
+  while i <= at:
+    m = _EXPR_TOKEN.match(text, i)
+    if m is None or m.lastgroup == "space":  # a word, or spaces: the next expression starts after them
+      i = (m or _SKIP.match(text, i)).end()
+      continue
+    span, stop = expression_at(text, i)
+    if stop > at:
+      return span if _LATEX.search(span) and _is_expression(span, False) else number
+    i = max(stop, i + 1)
+  return number
 
 
 def last_tagged(text: str) -> str | None:
@@ -178,7 +260,7 @@ def extract_answer(text: str, last_number_ok: bool = True) -> str | None:
   if not last_number_ok:
     return None
   phrased = phrase_answer(text)
-  return phrased if phrased is not None else last_number(text)
+  return phrased if phrased is not None else last_number_answer(text)
 
 
 def _replace_fracs(s: str) -> str:

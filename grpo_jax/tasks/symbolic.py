@@ -11,7 +11,10 @@ C code that ignores the alarm). An item that timed out or raised is not equal, a
 Equality: both answers are read as LaTeX (math-verify's `parse` of `$answer$`, its units and basic-LaTeX
 normalisations), then `verify(gold, pred)` (sympy: numbers to 6 decimals, expressions, sets, intervals, tuples,
 matrices, equations `k=3` against `3`). Numbers that math_answer reads exactly are compared there first (the
-numeric grader's exact rationals, no worker call). An answer over MAX_ANSWER_CHARS is sent as its last box, or without
+numeric grader's exact rationals, no worker call): against a numeric reference a rounded decimal is wrong (`0.333333`
+is not `\\frac{1}{3}`, as verl's MATH grader has it, though math-verify's 6 decimals would call it equal), so a row
+scores the same under either grader; against a reference that is not a number math-verify's rounding decides
+(`0.707107` equals `\\frac{\\sqrt{2}}{2}`). An answer over MAX_ANSWER_CHARS is sent as its last box, or without
 one is not equal unread (counted: `stats['too_long']`).
 """
 from __future__ import annotations
