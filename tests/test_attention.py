@@ -122,6 +122,18 @@ def test_blockwise_under_vmap_and_bf16():
   assert 1e-4 < err < 5e-2, err  # bf16 really used, and still close
 
 
+def test_blockwise_traces_under_x64():
+  """Under jax_enable_x64 a bare jnp.arange is int64 while the key-block bounds are int32: fori_loop refused the
+  mixed bounds (values and gradients now as in 32-bit mode). Runs themselves refuse x64 (preflight.check_precision)."""
+  with jax.enable_x64(True):
+    q, k, v, mask, w = inputs(2, 2, 37)
+    got, got_g = value_and_grads(lambda q, k, v, m: A.blockwise(q, k, v, m, block=16), q, k, v, mask, w)
+    want, want_g = value_and_grads(A.einsum, q, k, v, mask, w)
+  np.testing.assert_allclose(np.asarray(got), np.asarray(want), atol=1e-5)
+  for a, b in zip(got_g, want_g):
+    np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-5)
+
+
 def test_blockwise_skips_key_blocks_before_the_segments_of_a_query_block():
   """first_key_block: a query block starts at the block of its earliest real query's segment start (packed rows:
   near the diagonal), a block of pads only gets no key block, the minimum is over rows, and an id that appears in two

@@ -342,6 +342,17 @@ def test_optional_package_missing_is_one_line_before_anything(monkeypatch, tmp_p
   assert not os.path.exists(tmp_path / "run")
 
 
+def test_x64_mode_is_one_line_before_anything(tmp_path, capsys):
+  """jax_enable_x64 (JAX_ENABLE_X64=1): the step did not trace (int64 and int32 indices) — a traceback after the
+  workdir, the lock and the SFT stage; now one line before anything is written."""
+  import jax
+  with jax.enable_x64(True):
+    code = main.execute(_config("grpo", {}, str(tmp_path)), str(tmp_path / "run"))
+  err = capsys.readouterr().err
+  assert code == errors.EXIT_INPUT and "Error: jax_enable_x64 is on" in err and "unset JAX_ENABLE_X64" in err, err
+  assert "Traceback" not in err and not os.path.exists(tmp_path / "run")
+
+
 def test_case_count():
   assert len(CASES) >= 40
 

@@ -289,7 +289,7 @@ def _flash_fwd_blocks(q_b, k_b, v_b, ok_b, lo_b, scale):
     safe = jnp.where(l > 0, l, 1.0)
     return (acc / safe[..., None]).astype(q_b.dtype), jnp.where(l > 0, m + jnp.log(safe), 0.0)
 
-  return jax.lax.map(q_block, (jnp.arange(nb), q_b))
+  return jax.lax.map(q_block, (jnp.arange(nb, dtype=jnp.int32), q_b))  # int32 as lo_b (fori_loop bounds), also under x64
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
@@ -327,7 +327,7 @@ def _flash_bwd(scale, res, do_b):
     return (dk, dv), dq.astype(q_b.dtype)
 
   init = (jnp.zeros(k_b.shape, jnp.float32), jnp.zeros(v_b.shape, jnp.float32))
-  (dk, dv), dq = jax.lax.scan(q_block, init, (jnp.arange(q_b.shape[0]), q_b, do_b, lse_b, delta_b))
+  (dk, dv), dq = jax.lax.scan(q_block, init, (jnp.arange(q_b.shape[0], dtype=jnp.int32), q_b, do_b, lse_b, delta_b))
   return dq, dk.astype(k_b.dtype), dv.astype(v_b.dtype), None, None
 
 

@@ -129,6 +129,7 @@ def check(config, workdir: str) -> None:
 
 def run(config, workdir: str) -> None:
   """The whole command after flag parsing; raises errors.* for the CLI to report."""
+  preflight.check_precision()  # export and the run groups too, before anything starts
   multihost.maybe_initialize()
   multihost.check_same_job(config, workdir)  # before anything is read or written: one job, one program
   if config.job == "export":  # reads the run in workdir and writes elsewhere: no lock, no stages, no config.json

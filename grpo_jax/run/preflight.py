@@ -333,8 +333,19 @@ def check_sft_lengths(config, tokenizer) -> None:
         f"{index} first; bos + prompt + worked solution + eos); set model.max_len={int(lengths.max())} or more.")
 
 
+def check_precision() -> None:
+  """JAX's 64-bit mode (JAX_ENABLE_X64=1, or jax.config.update('jax_enable_x64', True) before the run) is refused:
+  every program here is written for 32-bit (int32 positions, indices and loop bounds, fp32 / bf16 compute), and under
+  x64 the RL step does not trace (int64 and int32 indices meet in dynamic_update_slice)."""
+  if jax.config.jax_enable_x64:
+    raise errors.InputError("jax_enable_x64 is on (JAX_ENABLE_X64=1, or jax.config.update('jax_enable_x64', True)): "
+                            "grpo_jax's programs are 32-bit (int32 indices, fp32 / bf16 compute); unset "
+                            "JAX_ENABLE_X64 and run again.")
+
+
 def check(config, workdir: str) -> None:
   """All of it, in the order a user fixes things; raises the first problem as one line."""
+  check_precision()
   check_workdir(workdir)
   check_job(config)
   validate.validate_model(config)
