@@ -42,8 +42,10 @@ def visible_gpus(base: dict) -> list[str]:
   platforms = base.get("JAX_PLATFORMS", "")
   if platforms and not any(p in platforms for p in ("cuda", "gpu")):
     return []
-  if "CUDA_VISIBLE_DEVICES" in base:
-    return [d.strip() for d in base["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+  if "CUDA_VISIBLE_DEVICES" in base:  # CUDA ends the list at its first negative id ("-1": none)
+    ids = [d.strip() for d in base["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    neg = [i for i, d in enumerate(ids) if d.startswith("-")]
+    return ids[:neg[0]] if neg else ids
   try:
     listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, env=base)
   except (OSError, subprocess.TimeoutExpired):

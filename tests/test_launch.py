@@ -180,6 +180,14 @@ def test_local_multiprocess_gpu_counts_that_do_not_fit_are_one_line_errors(monke
   assert "CUDA_VISIBLE_DEVICES" not in capsys.readouterr().out
   assert local_multiprocess.main(["-n", "1", "--gpus-per-process", "1", "--script", "x.py", "--dry-run"]) == 2
   assert "no GPU is visible" in capsys.readouterr().err
+  # CUDA_VISIBLE_DEVICES=-1 hides every GPU (CUDA stops at the first negative id), whatever nvidia-smi lists
+  monkeypatch.delenv("JAX_PLATFORMS")
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+  assert local_multiprocess.main(["-n", "3", "--script", "x.py", "--dry-run"]) == 0
+  assert "JAX_LOCAL_DEVICE_IDS" not in capsys.readouterr().out
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,-1,2")
+  assert local_multiprocess.main(["-n", "2", "--script", "x.py", "--dry-run"]) == 2
+  assert "-n 2 on 1 GPUs (3)" in capsys.readouterr().err
 
 
 def test_local_multiprocess_script_is_the_callers_path(monkeypatch, tmp_path):
