@@ -372,11 +372,13 @@ def matmul_peaks(m: int, k: int, n: int, reps: int = 7, square: int = 2048) -> d
   return out
 
 
-def part_times(a, reps: int = 3) -> dict[str, float]:
+def part_times(a, reps: int = 3) -> dict:
   """Median seconds of rollout, reference log-probs and one policy update, each its own jitted program, and the
-  completion tokens the rollout drew (its mask: a row's tokens after its EOS are padding, not counted)."""
+  parts' own batch: each row's prompt and completion length (the rollout's mask: a row's tokens after its EOS are
+  padding, not counted) and the completion tokens drawn. Reference and update run on that rollout's batch, so its
+  lengths, not the timed run's, give the FLOPs their times divide."""
   import jax
-  from profile_parts import parts, time_fn  # benchmarks/ is the script's directory
+  from profile_parts import bench_prompts, parts, time_fn  # benchmarks/ is the script's directory
   from grpo_jax.infra import sharding
   mesh, fns = parts(a, attention=a.attention, dtype=a.dtype)
   with sharding.mesh_context(mesh):
@@ -386,8 +388,10 @@ def part_times(a, reps: int = 3) -> dict[str, float]:
       for k, (exe, args) in exes.items():
         ts[k].append(time_fn(exe, args, 1))
     exe, args = exes["rollout"]
-    drawn = int(np.asarray(exe(*args).mask_NxL).sum())  # the same rng every call: the timed rollout's tokens
-  return {**{k: statistics.median(v) for k, v in ts.items()}, "rollout_tokens": drawn}
+    completion_lens_N = np.asarray(exe(*args).mask_NxL).sum(1)  # the same rng every call: the timed rollout's
+  prompt_lens_N = np.asarray(bench_prompts(a)[1]).sum(1)
+  return {**{k: statistics.median(v) for k, v in ts.items()}, "rollout_tokens": int(completion_lens_N.sum()),
+          "prompt_lens_N": prompt_lens_N, "completion_lens_N": completion_lens_N}
 
 
 def perf_report(a, ours: dict) -> list[str]:
@@ -403,13 +407,16 @@ def perf_report(a, ours: dict) -> list[str]:
   pk_all = matmul_peaks(n * (L + 10), a.hidden, max(a.inter, a.hidden))
   peak = pk_all["peak"]
   step_fps = fl["step"] / ours["median"]
-  upd_fps = fl["update"] / (pt["update"] + pt["reference"])
+  # the parts' update and reference run on the parts' rollout, not on the timed run's batches: their FLOPs
+  fl_parts = flops.step_flops(mcfg, pt["prompt_lens_N"], pt["completion_lens_N"])
+  upd_fps = fl_parts["update"] / (pt["update"] + pt["reference"])
   lines = [f"flops/step {fl['step'] / 1e9:.2f} GFLOP (update {fl['update'] / 1e9:.2f})  "
            f"matmul_peak {peak / 1e9:.1f} GFLOP/s = best fp32 of: numpy 2048^3 {pk_all['numpy_square'] / 1e9:.1f}, "
            f"XLA 2048^3 {pk_all['xla_square'] / 1e9:.1f}, XLA model-shaped [{n * (L + 10)},{a.hidden}]x"
            f"[{a.hidden},{max(a.inter, a.hidden)}] {pk_all['xla_model_shape'] / 1e9:.1f}",
            f"parts (separate programs of the reference path: static engine, padded passes; s): rollout "
-           f"{pt['rollout']:.4f} reference {pt['reference']:.4f} update {pt['update']:.4f}",
+           f"{pt['rollout']:.4f} reference {pt['reference']:.4f} update {pt['update']:.4f} "
+           f"(their batch's update {fl_parts['update'] / 1e9:.2f} GFLOP)",
            f"step {step_fps / 1e9:.1f} GFLOP/s = {step_fps / ours['step_devices'] / peak:.0%} of peak; "
            f"update {upd_fps / 1e9:.1f} GFLOP/s = {upd_fps / peak:.0%} of peak; "
            f"decode {pt['rollout_tokens'] / pt['rollout']:.0f} tokens/s ({pt['rollout_tokens']} drawn of {n * L})"]

@@ -29,6 +29,13 @@ FLAGS = dict(hidden=64, layers=2, heads=4, kv=2, inter=128, vocab=512, prompts=8
 YNN_OFF = {"xla_cpu_experimental_ynn_fusion_type": ""}
 
 
+def bench_prompts(a) -> tuple[jax.Array, jax.Array]:
+  """The parts' prompts and their mask, each prompt repeated G times: what rollout, reference and update run on."""
+  batch = next(digits.make_batches(a.prompts, 1))
+  return (jnp.repeat(jnp.asarray(batch["prompt_NxP"]), a.G, 0),
+          jnp.repeat(jnp.asarray(batch["prompt_mask_NxP"]), a.G, 0))
+
+
 def parts(a, **model_over):
   """(name -> (fn, args)) for rollout, reference log-probs and one update, on the benchmark workload."""
   c = digits.bench_config(hidden=a.hidden, layers=a.layers, heads=a.heads, kv=a.kv, inter=a.inter,
@@ -40,9 +47,7 @@ def parts(a, **model_over):
   scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=tok.eos_id, pad_id=tok.pad_id)
   params = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
   opt_state = tx.init(params)
-  batch = next(digits.make_batches(a.prompts, 1))
-  prompt_NxP = jnp.repeat(jnp.asarray(batch["prompt_NxP"]), a.G, 0)
-  pmask_NxP = jnp.repeat(jnp.asarray(batch["prompt_mask_NxP"]), a.G, 0)
+  prompt_NxP, pmask_NxP = bench_prompts(a)
   P = prompt_NxP.shape[1]
   rng = jax.random.PRNGKey(1)
 

@@ -6,7 +6,10 @@ The exit code is 0 only if every process exits 0; when one fails the others are 
 would otherwise wait forever in a collective). SIGINT (Ctrl-C), SIGTERM and SIGHUP sent to the launcher are sent on
 to every process (grpo_jax.main finishes the step, saves and exits 0); one the caller ignores (nohup) stays ignored.
 The children run in the repository root, so relative paths in their arguments (`--config=configs/...`, a relative
-`--workdir`) resolve there; `--script` is the caller's path.
+`--workdir`) resolve there; `--script` is the caller's path. Where GPUs are visible (`nvidia-smi -L`, or the
+caller's CUDA_VISIBLE_DEVICES), each child sees only its own: consecutive slices, `--gpus-per-process` each (default:
+shared out evenly), set as its CUDA_VISIBLE_DEVICES and JAX_LOCAL_DEVICE_IDS; a JAX_PLATFORMS without cuda leaves
+GPUs out. `--dry-run` prints a bash script of the same job (every process in the background, then `wait`).
 
   python launch/local_multiprocess.py -n 2 -m grpo_jax.main -- --config=configs/grpo_arith.py:small --workdir=/tmp/r
   python launch/local_multiprocess.py -n 2 --devices-per-process 4 --script my_check.py
@@ -33,7 +36,49 @@ def free_port() -> int:
     return s.getsockname()[1]
 
 
-def child_env(base: dict, port: int, n: int, i: int, devices_per_process: int) -> dict:
+def visible_gpus(base: dict) -> list[str]:
+  """The GPUs the children share out: the caller's CUDA_VISIBLE_DEVICES where set, else `nvidia-smi -L`'s (none
+  without nvidia-smi, and none where the caller's JAX_PLATFORMS leaves out cuda: a CPU job on a GPU machine)."""
+  platforms = base.get("JAX_PLATFORMS", "")
+  if platforms and not any(p in platforms for p in ("cuda", "gpu")):
+    return []
+  if "CUDA_VISIBLE_DEVICES" in base:  # CUDA ends the list at its first negative id ("-1": none)
+    ids = [d.strip() for d in base["CUDA_VISIBLE_DEVICES"].split(",") if d.strip()]
+    neg = [i for i, d in enumerate(ids) if d.startswith("-")]
+    return ids[:neg[0]] if neg else ids
+  try:
+    listing = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, env=base)
+  except (OSError, subprocess.TimeoutExpired):
+    return []
+  if listing.returncode != 0:
+    return []
+  return [str(i) for i, line in enumerate(l for l in listing.stdout.splitlines() if l.startswith("GPU "))]
+
+
+def gpu_slices(gpus: Sequence[str], n: int, gpus_per_process: int) -> list[list[str]]:
+  """Each process's own GPUs: consecutive slices of `gpus`, `gpus_per_process` each (0: all of them, shared out
+  evenly); [] per process where there are none. A count that does not fit is an error naming the fix."""
+  if not gpus:
+    if gpus_per_process > 0:
+      raise ValueError(f"--gpus-per-process={gpus_per_process}: no GPU is visible here (nvidia-smi -L lists none, or "
+                       "CUDA_VISIBLE_DEVICES / JAX_PLATFORMS rule them out); leave it out to run on the CPU.")
+    return [[] for _ in range(n)]
+  k = gpus_per_process or len(gpus) // n
+  if gpus_per_process == 0 and (k == 0 or len(gpus) % n):
+    raise ValueError(f"-n {n} on {len(gpus)} GPUs ({','.join(gpus)}): they do not share out evenly; give "
+                     f"--gpus-per-process K with K x {n} <= {len(gpus)}, or -n dividing {len(gpus)}, or "
+                     "JAX_PLATFORMS=cpu for CPU processes.")
+  if k * n > len(gpus):
+    raise ValueError(f"-n {n} --gpus-per-process={k} needs {k * n} GPUs, {len(gpus)} are visible "
+                     f"({','.join(gpus)}): lower -n or --gpus-per-process.")
+  return [list(gpus[i * k:(i + 1) * k]) for i in range(n)]
+
+
+def child_env(base: dict, port: int, n: int, i: int, devices_per_process: int,
+              gpus: Sequence[str] = ()) -> dict:
+  """Process i's environment: the job's GRPO_JAX_* variables and, with `gpus` (its own slice), only those GPUs
+  visible (CUDA_VISIBLE_DEVICES) and all of them its local devices (JAX_LOCAL_DEVICE_IDS, which CUDA numbers from 0
+  within the visible ones): every child seeing every GPU made each claim them all."""
   env = dict(base, GRPO_JAX_DISTRIBUTED="1", GRPO_JAX_COORDINATOR=f"127.0.0.1:{port}",
              GRPO_JAX_NUM_PROCESSES=str(n), GRPO_JAX_PROCESS_ID=str(i), PYTHONUNBUFFERED="1")
   env["PYTHONPATH"] = os.pathsep.join(p for p in (REPO, base.get("PYTHONPATH", "")) if p)
@@ -41,7 +86,20 @@ def child_env(base: dict, port: int, n: int, i: int, devices_per_process: int) -
     # Simulated CPU devices per process; other XLA flags the caller set are kept.
     flags = [f for f in base.get("XLA_FLAGS", "").split() if "xla_force_host_platform_device_count" not in f]
     env["XLA_FLAGS"] = " ".join(flags + [f"--xla_force_host_platform_device_count={devices_per_process}"])
+  if gpus:
+    env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    env["JAX_LOCAL_DEVICE_IDS"] = ",".join(str(j) for j in range(len(gpus)))
   return env
+
+
+def dry_run_script(argv: Sequence[str], envs: Sequence[dict], keys: Sequence[str]) -> str:
+  """A bash script that runs the job without the launcher: every process in the background from the repository
+  root with the variables `keys` the launcher sets (each quoted for the shell), then `wait`. Paste it into bash."""
+  lines = [f"# {len(envs)} processes of one jax.distributed job, started together; `wait` returns when all end"]
+  for env in envs:
+    lines.append(f"cd {shlex.quote(REPO)} && " + " ".join(f"{k}={shlex.quote(env[k])}" for k in keys if k in env)
+                 + " " + " ".join(shlex.quote(a) for a in argv) + " &")
+  return "\n".join(lines + ["wait"]) + "\n"
 
 
 def child_argv(python: str, module: str | None, script: str | None, args: Sequence[str]) -> list[str]:
@@ -57,24 +115,27 @@ def _pump(stream, prefix: str, out) -> None:
 
 def launch(n: int, module: str | None = None, script: str | None = None, args: Sequence[str] = (),
            port: int = 0, devices_per_process: int = 0, timeout_s: float = 0.0, grace_s: float = 10.0,
-           python: str = sys.executable, dry_run: bool = False, out=None) -> int:
+           python: str = sys.executable, dry_run: bool = False, out=None, gpus_per_process: int = 0) -> int:
   """Starts the processes, streams their output, returns the first non-zero exit code (0 if all succeeded)."""
   out = out or sys.stdout
   if n < 1:
     raise ValueError(f"--num-processes={n}: must be >= 1.")
+  if gpus_per_process < 0:
+    raise ValueError(f"--gpus-per-process={gpus_per_process}: must be >= 0 (0 = the visible GPUs shared out evenly).")
   if (module is None) == (script is None):
     raise ValueError("launch: give exactly one of --module or --script.")
   port = port or free_port()
   if script is not None:  # the children run in the repository root (cwd=REPO): the script is the caller's file
     script = os.path.abspath(script)
   argv = child_argv(python, module, script, args)
-  envs = [child_env(os.environ, port, n, i, devices_per_process) for i in range(n)]
+  base = dict(os.environ)
+  slices = gpu_slices(visible_gpus(base), n, gpus_per_process)
+  envs = [child_env(base, port, n, i, devices_per_process, slices[i]) for i in range(n)]
   if dry_run:
-    for i, env in enumerate(envs):
-      keys = ["GRPO_JAX_DISTRIBUTED", "GRPO_JAX_COORDINATOR", "GRPO_JAX_NUM_PROCESSES", "GRPO_JAX_PROCESS_ID"]
-      keys += ["XLA_FLAGS"] if devices_per_process > 0 else []
-      out.write("+ " + " ".join(f"{k}={shlex.quote(env[k])}" for k in keys) + " "
-                + " ".join(shlex.quote(a) for a in argv) + "\n")
+    keys = ["GRPO_JAX_DISTRIBUTED", "GRPO_JAX_COORDINATOR", "GRPO_JAX_NUM_PROCESSES", "GRPO_JAX_PROCESS_ID"]
+    keys += ["XLA_FLAGS"] if devices_per_process > 0 else []
+    keys += ["CUDA_VISIBLE_DEVICES", "JAX_LOCAL_DEVICE_IDS"] if slices[0] else []
+    out.write(dry_run_script(argv, envs, keys + ["PYTHONPATH"]))
     return 0
 
   procs, pumps, received = [], [], []
@@ -153,16 +214,20 @@ def main(argv: Sequence[str] | None = None) -> int:
   ap.add_argument("--script", default=None, help="run `python SCRIPT` instead of a module")
   ap.add_argument("--port", type=int, default=0, help="coordinator port (0 = a free one)")
   ap.add_argument("--devices-per-process", type=int, default=0, help="simulated CPU devices per process (0 = off)")
+  ap.add_argument("--gpus-per-process", type=int, default=0,
+                  help="GPUs each process sees, consecutive slices of nvidia-smi's (or CUDA_VISIBLE_DEVICES) list "
+                       "(0 = all of them shared out evenly)")
   ap.add_argument("--timeout-s", type=float, default=0.0, help="stop everything after this long (0 = never)")
   ap.add_argument("--grace-s", type=float, default=10.0, help="after one process fails, wait this long for others")
   ap.add_argument("--python", default=sys.executable)
-  ap.add_argument("--dry-run", action="store_true", help="print the commands and their environment, run nothing")
+  ap.add_argument("--dry-run", action="store_true",
+                  help="print a bash script of the commands and their environment (paste it to run), run nothing")
   ap.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program, after `--`")
   a = ap.parse_args(argv)
   args = a.args[1:] if a.args[:1] == ["--"] else a.args
   try:
     return launch(a.num_processes, a.module, a.script, args, a.port, a.devices_per_process, a.timeout_s,
-                  a.grace_s, a.python, a.dry_run)
+                  a.grace_s, a.python, a.dry_run, gpus_per_process=a.gpus_per_process)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -116,6 +116,18 @@ def test_writes_md_csv_png_with_correct_ci(tmp_path):
   assert (tmp_path / "table.md").read_text() == md
 
 
+def test_a_table_started_as_a_process_of_a_multi_process_job_is_refused_before_any_cell(tmp_path, monkeypatch):
+  """Under GRPO_JAX_DISTRIBUTED=1 every process ran every cell and wrote cells/, table.md, table.csv: one line now,
+  before a cell runs or a file is written (multihost.refuse_multi_process, as the sweep)."""
+  from grpo_jax.infra import errors
+  monkeypatch.setenv("GRPO_JAX_DISTRIBUTED", "1")
+  t = FakeTable()
+  with pytest.raises(errors.InputError, match=r"^GRPO_JAX_DISTRIBUTED=1: python -m grpo_jax.ablate runs its cells' "
+                     r"runs in one process, .*; unset GRPO_JAX_DISTRIBUTED and run the table once, from one process.$"):
+    ablate.run(_cfg(), str(tmp_path / "t"), table=t, log=lambda s: None)
+  assert t.calls == [] and not os.path.exists(tmp_path / "t")
+
+
 def test_each_cells_auto_resolution_is_kept_with_its_outputs(tmp_path):
   """A cell's `auto` record (what its runs resolved: auto.resolve's {key: 'value (why)'}) stays in its cell file and
   is gathered per variant in DIR/auto.json, as a main run records its own; a loaded cell keeps its record; a record

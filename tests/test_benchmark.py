@@ -75,8 +75,33 @@ def test_part_times_count_the_tokens_drawn_not_padding(monkeypatch):
   monkeypatch.setattr(profile_parts, "time_fn", lambda fn, args, reps: 1.0)  # the count, not the clock
   pt = grpo_step.part_times(a, reps=1)
   fn, args = built[0]
-  want = int(np.asarray(jax.jit(fn)(*args).mask_NxL).sum())  # the same function parts() ran: compiled once
-  assert pt == {"rollout": 1.0, "rollout_tokens": want} and want < 4 * 24, (pt, want)
+  lens_N = np.asarray(jax.jit(fn)(*args).mask_NxL).sum(1)  # the same function parts() ran: compiled once
+  want = int(lens_N.sum())
+  assert pt["rollout"] == 1.0 and pt["rollout_tokens"] == want and want < 4 * 24, (pt, want)
+  np.testing.assert_array_equal(pt["completion_lens_N"], lens_N)
+  from grpo_jax.tasks import digits
+  pmask = next(digits.make_batches(a.prompts, 1))["prompt_mask_NxP"]  # each prompt G times
+  np.testing.assert_array_equal(pt["prompt_lens_N"], np.repeat(np.asarray(pmask).sum(1), a.G))
+
+
+def test_update_flops_per_second_divides_the_parts_batch_flops_by_the_parts_time(monkeypatch):
+  """The update's FLOP/s is the FLOPs of the batch the timed update/reference programs ran on (the parts' rollout),
+  not of the timed run's batches: here the run's completions are 4x longer than the parts' (by hand: one row,
+  prompt 3, completion 1 -> one forward over 4 tokens with the head at 1; update = 4 forwards)."""
+  from grpo_jax.model import model as model_lib
+  tiny = model_lib.ModelConfig(vocab_size=10, hidden=4, layers=1, heads=2, kv_heads=1, head_dim=2, inter=8, max_len=8)
+  # per token 2·(4·2·2·2 + 4·1·2·2 + 3·4·8) = 2·(32 + 16 + 96) = 288; attention 2·2·1·2·2·(4·5/2) = 160; head 2·4·10
+  fwd = 288 * 4 + 160 + 80
+  pt = dict(rollout=1.0, reference=0.25, update=0.75, rollout_tokens=1, prompt_lens_N=np.array([3]),
+            completion_lens_N=np.array([1]))
+  monkeypatch.setattr(grpo_step, "part_times", lambda a: pt)
+  monkeypatch.setattr(grpo_step, "matmul_peaks", lambda m, k, n: dict(xla_model_shape=1.0, xla_square=1.0,
+                                                                       numpy_square=1.0, peak=1.0))
+  a = argparse.Namespace(prompts=1, G=1, L=4, hidden=4, inter=8, dtype="float32")
+  ours = dict(mcfg=tiny, times=[1.0], median=1.0, prompt_lens=np.array([3]), completion_lens=np.array([4]),
+              old_logprobs=False, step_devices=1)
+  grpo_step.perf_report(a, ours)
+  assert ours["update_fps"] == pytest.approx(4 * fwd / (0.25 + 0.75)), (ours["update_fps"], 4 * fwd)
 
 
 def test_peers_run_our_flags_and_one_step_more(tmp_path, capsys):

@@ -1,5 +1,6 @@
 """The launchers: every dry run prints the commands it would run; the local launcher runs a real 2-process job."""
 import io
+import json
 import os
 import subprocess
 import sys
@@ -76,15 +77,117 @@ def test_local_multiprocess_returns_the_first_failing_code_in_time(tmp_path):
 
 def test_local_multiprocess_dry_run_prints_env_and_argv(monkeypatch):
   monkeypatch.delenv("XLA_FLAGS", raising=False)  # the launcher appends to the caller's flags
+  monkeypatch.setenv("PYTHONPATH", "")
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # no GPU slices, whatever this machine has
   out = io.StringIO()
   rc = local_multiprocess.launch(3, module="grpo_jax.main", args=["--config=configs/x.py", "--workdir=/tmp/w"],
                                  port=4321, devices_per_process=4, python="py", dry_run=True, out=out)
   lines = out.getvalue().splitlines()
-  assert rc == 0 and len(lines) == 3
-  for i, line in enumerate(lines):
-    assert line == (f"+ GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=127.0.0.1:4321 GRPO_JAX_NUM_PROCESSES=3 "
-                    f"GRPO_JAX_PROCESS_ID={i} XLA_FLAGS=--xla_force_host_platform_device_count=4 "
-                    "py -m grpo_jax.main --config=configs/x.py --workdir=/tmp/w")
+  assert rc == 0 and len(lines) == 5 and lines[0].startswith("# ") and lines[-1] == "wait", lines
+  for i, line in enumerate(lines[1:-1]):
+    assert line == (f"cd {REPO} && GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=127.0.0.1:4321 "
+                    f"GRPO_JAX_NUM_PROCESSES=3 GRPO_JAX_PROCESS_ID={i} "
+                    f"XLA_FLAGS=--xla_force_host_platform_device_count=4 PYTHONPATH={REPO} "
+                    "py -m grpo_jax.main --config=configs/x.py --workdir=/tmp/w &")
+
+
+# Writes its argv and the launcher's variables to $OUT_DIR/p<GRPO_JAX_PROCESS_ID>.json: what each child was given.
+RECORD_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    keys = ("GRPO_JAX_DISTRIBUTED", "GRPO_JAX_COORDINATOR", "GRPO_JAX_NUM_PROCESSES", "GRPO_JAX_PROCESS_ID",
+            "XLA_FLAGS", "CUDA_VISIBLE_DEVICES", "JAX_LOCAL_DEVICE_IDS")
+    rec = dict(argv=sys.argv[1:], cwd=os.getcwd(), env={k: os.environ.get(k) for k in keys})
+    with open(os.path.join(os.environ["OUT_DIR"], f"p{os.environ['GRPO_JAX_PROCESS_ID']}.json"), "w") as f:
+      json.dump(rec, f)
+""")
+
+
+def _records(d, n: int) -> list[dict]:
+  return [json.loads((d / f"p{i}.json").read_text()) for i in range(n)]
+
+
+def test_local_multiprocess_dry_run_is_a_script_bash_runs_as_the_launcher_would(monkeypatch, tmp_path):
+  """The dry run's output, run by bash, gives each process the argv and variables the launcher gives it: arguments
+  with a quote, spaces, a $ and a newline stay one argument each (it printed `+ VAR=... cmd` lines that were not
+  a shell command, lacked the repository root and PYTHONPATH, and ran the processes one after the other)."""
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  monkeypatch.delenv("XLA_FLAGS", raising=False)
+  script = tmp_path / "rec ord.py"
+  script.write_text(RECORD_SCRIPT)
+  args = ["--config.log.note=it's a b", "$HOME", "two\nlines", "--x=\"q\" `id`;"]
+  out = io.StringIO()
+  assert local_multiprocess.launch(2, script=str(script), args=args, port=4321, devices_per_process=2,
+                                   dry_run=True, out=out) == 0
+  sh = tmp_path / "dry.sh"
+  sh.write_text(out.getvalue())
+  direct, pasted = tmp_path / "direct", tmp_path / "pasted"
+  direct.mkdir(), pasted.mkdir()
+  r = subprocess.run(["bash", str(sh)], env=dict(os.environ, OUT_DIR=str(pasted)), capture_output=True, text=True,
+                     timeout=60)
+  assert r.returncode == 0, (r.stdout, r.stderr)
+  monkeypatch.setenv("OUT_DIR", str(direct))
+  assert local_multiprocess.launch(2, script=str(script), args=args, port=4321, devices_per_process=2,
+                                   timeout_s=60, out=io.StringIO()) == 0
+  want = [dict(argv=args, cwd=REPO, env=dict(GRPO_JAX_DISTRIBUTED="1", GRPO_JAX_COORDINATOR="127.0.0.1:4321",
+                                             GRPO_JAX_NUM_PROCESSES="2", GRPO_JAX_PROCESS_ID=str(i),
+                                             XLA_FLAGS="--xla_force_host_platform_device_count=2",
+                                             CUDA_VISIBLE_DEVICES=os.environ.get("CUDA_VISIBLE_DEVICES"),
+                                             JAX_LOCAL_DEVICE_IDS=None)) for i in range(2)]
+  assert _records(pasted, 2) == want and _records(direct, 2) == want
+
+
+def _fake_nvidia_smi(tmp_path, gpus: int) -> str:
+  """A directory with an `nvidia-smi` whose `-L` lists `gpus` GPUs, as the real one does."""
+  d = tmp_path / "bin"
+  d.mkdir(exist_ok=True)
+  lines = "".join(f"GPU {i}: NVIDIA H100 80GB HBM3 (UUID: GPU-{i:08d})\\n" for i in range(gpus))
+  (d / "nvidia-smi").write_text(f"#!/bin/sh\nprintf '{lines}'\n")
+  (d / "nvidia-smi").chmod(0o755)
+  return str(d)
+
+
+def test_local_multiprocess_gives_each_process_its_own_gpus(monkeypatch, tmp_path):
+  """With GPUs visible each child sees its own slice (CUDA_VISIBLE_DEVICES, JAX_LOCAL_DEVICE_IDS numbered within
+  it): every child was given every GPU, so each process of the job claimed all of them."""
+  script = tmp_path / "record.py"
+  script.write_text(RECORD_SCRIPT)
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path, 4) + os.pathsep + os.environ["PATH"])
+  monkeypatch.setenv("OUT_DIR", str(tmp_path))
+  assert local_multiprocess.launch(2, script=str(script), timeout_s=60, out=io.StringIO()) == 0
+  got = [(r["env"]["CUDA_VISIBLE_DEVICES"], r["env"]["JAX_LOCAL_DEVICE_IDS"]) for r in _records(tmp_path, 2)]
+  assert got == [("0,1", "0,1"), ("2,3", "0,1")], got
+  # the caller's CUDA_VISIBLE_DEVICES is the pool, shared out in its order; --gpus-per-process leaves the rest idle
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "7,5,3,1")
+  assert local_multiprocess.launch(2, script=str(script), timeout_s=60, out=io.StringIO(), gpus_per_process=1) == 0
+  got = [(r["env"]["CUDA_VISIBLE_DEVICES"], r["env"]["JAX_LOCAL_DEVICE_IDS"]) for r in _records(tmp_path, 2)]
+  assert got == [("7", "0"), ("5", "0")], got
+
+
+def test_local_multiprocess_gpu_counts_that_do_not_fit_are_one_line_errors(monkeypatch, tmp_path, capsys):
+  monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+  monkeypatch.delenv("JAX_PLATFORMS", raising=False)
+  monkeypatch.setenv("PATH", _fake_nvidia_smi(tmp_path, 4) + os.pathsep + os.environ["PATH"])
+  for argv, fix in ((["-n", "3"], "--gpus-per-process K"), (["-n", "2", "--gpus-per-process", "3"], "lower -n"),
+                    (["-n", "2", "--gpus-per-process", "-1"], "must be >= 0")):
+    assert local_multiprocess.main(argv + ["--script", "x.py", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert fix in err and len(err.strip().splitlines()) == 1, err
+  # a CPU job on a GPU machine (JAX_PLATFORMS=cpu) shares no GPUs out; asking for them there is refused
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  assert local_multiprocess.main(["-n", "3", "--script", "x.py", "--dry-run"]) == 0
+  assert "CUDA_VISIBLE_DEVICES" not in capsys.readouterr().out
+  assert local_multiprocess.main(["-n", "1", "--gpus-per-process", "1", "--script", "x.py", "--dry-run"]) == 2
+  assert "no GPU is visible" in capsys.readouterr().err
+  # CUDA_VISIBLE_DEVICES=-1 hides every GPU (CUDA stops at the first negative id), whatever nvidia-smi lists
+  monkeypatch.delenv("JAX_PLATFORMS")
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "-1")
+  assert local_multiprocess.main(["-n", "3", "--script", "x.py", "--dry-run"]) == 0
+  assert "JAX_LOCAL_DEVICE_IDS" not in capsys.readouterr().out
+  monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,-1,2")
+  assert local_multiprocess.main(["-n", "2", "--script", "x.py", "--dry-run"]) == 2
+  assert "-n 2 on 1 GPUs (3)" in capsys.readouterr().err
 
 
 def test_local_multiprocess_script_is_the_callers_path(monkeypatch, tmp_path):
@@ -94,7 +197,7 @@ def test_local_multiprocess_script_is_the_callers_path(monkeypatch, tmp_path):
   out = io.StringIO()
   assert local_multiprocess.launch(1, script="check.py", args=["--x=1"], port=1, python="py", dry_run=True,
                                    out=out) == 0
-  assert out.getvalue().rstrip().endswith(f" py {tmp_path / 'check.py'} --x=1"), out.getvalue()
+  assert out.getvalue().splitlines()[1].endswith(f" py {tmp_path / 'check.py'} --x=1 &"), out.getvalue()
 
 
 def test_local_multiprocess_cli_rejects_bad_arguments(capsys):

@@ -632,3 +632,34 @@ def test_one_run_and_a_group_of_one_write_the_same_rows_and_checkpoints(env, tmp
       np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   with open(os.path.join(one, "auto.json")) as f1, open(os.path.join(group, "auto.json")) as f2:
     assert json.load(f1) == json.load(f2)
+
+
+def test_a_sweep_started_as_a_process_of_a_multi_process_job_is_refused_before_anything_is_written(
+    monkeypatch, tmp_path):
+  """Under GRPO_JAX_DISTRIBUTED=1 (launch/tpu_vm.sh, gpu_multinode.sh, local_multiprocess.py) every process ran the
+  whole sweep: each wrote sweep.json / sweep.md / launch.sh, and a vmapped group (sweep_vmap.run_group) never joined
+  the job. Every mode now refuses in one line naming the pod path (--mode=print with a launcher), before the
+  workdir exists; so do the launch variables set without the switch; =0 is one process on purpose."""
+  c = _config()
+  for k in ("GRPO_JAX_DISTRIBUTED", "GRPO_JAX_COORDINATOR", "GRPO_JAX_NUM_PROCESSES", "GRPO_JAX_PROCESS_ID"):
+    monkeypatch.delenv(k, raising=False)
+  wd = str(tmp_path / "s")
+  monkeypatch.setenv("GRPO_JAX_DISTRIBUTED", "1")
+  modes = ("report", "print", "serial", "vmap", "auto")  # the ones that write least first (a planted bug runs them)
+  assert sorted(modes) == sorted(sweep.MODES)
+  for mode in modes:
+    with pytest.raises(errors.InputError) as e:
+      sweep.run(c, wd, config_file="configs/grpo_arith.py:small", sweep_text="rl.beta=0.02,0.04", mode=mode,
+                log=lambda s: None)
+    assert str(e.value).startswith("GRPO_JAX_DISTRIBUTED=1: python -m grpo_jax.sweep runs its runs in one process, "
+                                   "not as a process of a multi-process job"), str(e.value)
+    assert "--mode=print --launch='launch/tpu_vm.sh" in str(e.value) and "\n" not in str(e.value)
+    assert errors.classify(e.value)[0] == errors.EXIT_INPUT and not os.path.exists(wd)
+  monkeypatch.delenv("GRPO_JAX_DISTRIBUTED")
+  monkeypatch.setenv("GRPO_JAX_PROCESS_ID", "1")
+  with pytest.raises(errors.InputError, match=r"^GRPO_JAX_PROCESS_ID set: python -m grpo_jax.sweep runs"):
+    sweep.run(c, wd, sweep_text="rl.beta=0.02,0.04", mode="report", log=lambda s: None)
+  assert not os.path.exists(wd)
+  monkeypatch.setenv("GRPO_JAX_DISTRIBUTED", "0")
+  sweep.run(c, wd, sweep_text="rl.beta=0.02,0.04", mode="report", log=lambda s: None)
+  assert os.path.exists(os.path.join(wd, "sweep.md"))

@@ -363,3 +363,56 @@ def test_truncated_chat_prompts_are_refused():
     validate.validate_groups(c)
   for ok in ({"task.prompt_format": "chat", "task.overlong_prompts": "drop"}, {"task.overlong_prompts": "truncate"}):
     validate.validate_groups(config_lib.override(_cfg(), ok))
+
+
+def test_sft_keys_without_an_sft_stage_are_logged(caplog, tmp_path):
+  """job=grpo runs no SFT stage at sft.steps=0, or with train.init_from set (the RL run starts from it): sft.lora=True
+  and the other sft.* keys changed nothing and said nothing. preflight.check now names them in one warning, with the
+  fix; a run whose SFT stage runs, and the base config's sft group, say nothing."""
+  import logging
+  from grpo_jax.run import preflight
+  c = config_lib.override(config_lib.load_config("configs/grpo_arith.py", "small"),
+                          {"log.plots": False, "log.tensorboard": False, "model.lora.rank": 4})
+  runs = {"no stage": ({"sft.steps": 0, "sft.lora": True}, ["sft.lora=True", "sft.warmup_steps=30"]),
+          "init_from": ({"sft.lora": True, "train.init_from": str(tmp_path / "params")}, None),
+          "stage runs": ({"sft.lora": True}, [])}
+
+  def said(over):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      try:
+        preflight.check(config_lib.override(c, over), str(tmp_path / "run"))
+      except ValueError:  # train.init_from names no checkpoint: refused (InputError) after the config checks
+        pass
+    return [r.getMessage() for r in caplog.records if "sft." in r.getMessage() and "no effect" in r.getMessage()]
+
+  lines = said(runs["no stage"][0])
+  assert len(lines) == 1 and sorted(lines[0].split(": no effect")[0].split(", ")) == runs["no stage"][1], lines
+  assert lines[0].endswith("no effect with sft.steps=0 (no SFT stage); set sft.steps > 0 to run an SFT stage before "
+                           "the RL run."), lines
+  lines = said(runs["init_from"][0])
+  assert len(lines) == 1 and "sft.steps=60" in lines[0] and "sft.lora=True" in lines[0], lines
+  assert "train.init_from set (the RL run starts from it; no SFT stage runs)" in lines[0], lines
+  assert said(runs["stage runs"][0]) == []
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    validate.unused_sft_knobs(_cfg())
+  assert not caplog.records
+
+
+def test_correction_thresholds_the_chosen_kind_does_not_read_are_logged(caplog):
+  """rl.mis_lo under rl.rollout_correction='tis' (or any threshold of a kind not chosen) changed nothing: one warning
+  names each with the kind that reads it; the chosen kind's own thresholds say nothing."""
+  import logging
+  c = config_lib.override(_cfg(), {"rl.rollout_correction": "tis", "rl.is_cap": 3.0, "rl.mis_lo": 0.1,
+                                   "rl.is_veto": 0.0})
+  with caplog.at_level(logging.WARNING):
+    validate.validate_correction(c)
+  lines = [r.getMessage() for r in caplog.records if "no effect with rl.rollout_correction" in r.getMessage()]
+  assert lines == ["rl.mis_lo=0.1, rl.is_veto=0.0: no effect with rl.rollout_correction='tis' (it reads rl.is_cap); "
+                   "set rl.rollout_correction to 'mis' or 'seq_mask' to use them."], lines
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    validate.validate_correction(config_lib.override(_cfg(), {"rl.rollout_correction": "seq_mask", "rl.is_veto": 0.0}))
+    validate.validate_correction(_cfg())
+  assert not [r for r in caplog.records if "no effect" in r.getMessage()]

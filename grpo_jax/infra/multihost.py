@@ -15,6 +15,7 @@ another task died"), or launch/local_multiprocess.py does.
 
 `check_same_job` refuses a job whose processes were started with different configs, workdirs or code (each would
 compile its own program from its own config, and the collectives would join them unchecked).
+`refuse_multi_process` refuses the commands that run as one process (sweep, ablate) started as a process of a job.
 """
 import hashlib
 import json
@@ -80,6 +81,20 @@ def maybe_initialize() -> bool:
   if jax.process_index() != 0:  # the progress lines are process 0's; its INFO records would repeat on every host
     console.quiet_info()
   return True
+
+
+def refuse_multi_process(command: str, runs_as: str, fix: str) -> None:
+  """A command that runs as one process (a sweep's or an ablation's runs, one after another or vmapped on one
+  device) started as a process of a multi-process job (GRPO_JAX_DISTRIBUTED=1, or its variables set without =0):
+  every process wrote the command's shared files and its vmapped runs never joined the job. One line, before
+  anything is read or written."""
+  switch = os.environ.get("GRPO_JAX_DISTRIBUTED", "")
+  given = [k for k in ("GRPO_JAX_COORDINATOR", "GRPO_JAX_NUM_PROCESSES", "GRPO_JAX_PROCESS_ID") if os.environ.get(k)]
+  if switch in ("", "0") and (switch == "0" or not given):
+    return
+  started = f"GRPO_JAX_DISTRIBUTED={switch}" if switch else f"{given[0]} set"
+  raise errors.InputError(f"{started}: {command} runs {runs_as} in one process, not as a process of a multi-process "
+                          f"job (every process would write its files; a vmapped group never joins the job); {fix}")
 
 
 # What a collective says when another process of the job is gone: gloo over TCP at once (the peer's sockets closed),

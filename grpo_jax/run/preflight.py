@@ -372,6 +372,8 @@ def check(config, workdir: str) -> None:
     if config.sft.steps > 0 and not config.train.init_from:  # the SFT stage runs first: its keys are checked too
       validate.validate_sft(config, n, tokenizer)
       memory_plan.check_sft_fits(config, validate.validate_mesh(config, n), validate.device_memory())
+    else:
+      validate.unused_sft_knobs(config)
   elif config.job in ("sft", "pretrain"):
     validate.validate_sft(config, n, tokenizer)
     memory_plan.check_sft_fits(config, validate.validate_mesh(config, n), validate.device_memory())

@@ -696,10 +696,24 @@ def validate_partial(c, data_par: int) -> None:
           "rl.partial_rollouts (each device trains whole groups of its own).")
 
 
+# The thresholds each rl.rollout_correction kind reads (rl/correction.py `weights`); rl.* keys.
+CORRECTION_KNOBS = {"none": (), "tis": ("is_cap",), "mis": ("mis_lo", "mis_hi"),
+                    "icepop": ("icepop_lo", "icepop_hi"), "seq_mask": ("seq_mask_lo", "seq_mask_hi", "is_veto")}
+
+
 def validate_correction(c) -> None:
   """rl.rollout_correction and its thresholds (rl/correction.py), sampling.dtype: every threshold is checked,
-  whichever kind is chosen, so a bad value cannot wait for the day its kind is switched on."""
+  whichever kind is chosen, so a bad value cannot wait for the day its kind is switched on; one set away from its
+  default while the chosen kind does not read it is said (it changed nothing)."""
   _choice(c, "rl.rollout_correction", correction.KINDS)
+  kind, base = c.rl.rollout_correction, config_lib.base_config().rl
+  unused = [(f"rl.{k}={c.rl[k]!r}", other) for other, knobs in CORRECTION_KNOBS.items() if other != kind
+            for k in knobs if k in c.rl and c.rl[k] != base[k]]
+  if unused:
+    logging.warning("%s: no effect with rl.rollout_correction=%r (it reads %s); set rl.rollout_correction to %s to "
+                    "use %s.", ", ".join(k for k, _ in unused), kind,
+                    ", ".join(f"rl.{k}" for k in CORRECTION_KNOBS[kind]) or "no threshold",
+                    " or ".join(dict.fromkeys(repr(o) for _, o in unused)), "it" if len(unused) == 1 else "them")
   _choice(c, "sampling.dtype", ("",) + DTYPES)
   if c.sampling.dtype == "float32" and c.model.attention == "cudnn":
     _fail("sampling.dtype", "'float32' with model.attention='cudnn' (cuDNN attention has no float32 kernel); set "
@@ -939,6 +953,27 @@ def validate_optim(c) -> None:
       _fail(k, "must be in [0, 1): AdamW's bias correction divides by 1 - b^t, 0 at b = 1 (NaN updates); "
             "use e.g. 0.9 (b1) or 0.99 (b2).")
   positive_finite(c, "optim.eps", "AdamW's epsilon in g / (sqrt(v) + eps)")
+
+
+SFT_KNOBS = ("batch", "lr", "warmup_steps", "loss_on", "mistake_frac", "init_from", "lora")  # sft.*: the stage's
+
+
+def unused_sft_knobs(c) -> None:
+  """job=grpo without an SFT stage (sft.steps=0, or train.init_from set: the RL run starts from it, jobs.grpo_stages):
+  sft.* set away from its default changed nothing (sft.lora=True said nothing): one warning naming them."""
+  if c.get("job") != "grpo" or (c.sft.steps > 0 and not c.train.init_from):
+    return
+  base = config_lib.base_config().sft
+  keys = SFT_KNOBS + (("steps",) if c.train.init_from else ())
+  unused = [f"sft.{k}={c.sft[k]!r}" for k in keys if k in c.sft and c.sft[k] != base[k]]
+  if not unused:
+    return
+  if c.train.init_from:
+    why, fix = ("train.init_from set (the RL run starts from it; no SFT stage runs)",
+                "set train.init_from='' and sft.steps > 0 to run the SFT stage first")
+  else:
+    why, fix = "sft.steps=0 (no SFT stage)", "set sft.steps > 0 to run an SFT stage before the RL run"
+  logging.warning("%s: no effect with %s; %s.", ", ".join(unused), why, fix)
 
 
 def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:

@@ -28,6 +28,7 @@ from typing import Callable
 
 from grpo_jax import cli
 from grpo_jax.infra import errors
+from grpo_jax.infra import multihost
 from grpo_jax.run import preflight
 from grpo_jax.run import run_config
 from grpo_jax.studies import report
@@ -157,6 +158,8 @@ def check_memory(cfg, table: ModuleType) -> None:
 def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
         log: Callable[[str], None] = print) -> str:
   """Runs the table and writes table.md / table.csv / plots; returns the markdown."""
+  multihost.refuse_multi_process("python -m grpo_jax.ablate", "its cells' runs",
+                                 "unset GRPO_JAX_DISTRIBUTED and run the table once, from one process.")
   table = table or load_table(cfg)
   if int(cfg.seeds) < 1:
     raise ValueError(f"config.seeds={cfg.seeds}: need at least 1 (5 or more for a useful interval).")

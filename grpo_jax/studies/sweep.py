@@ -37,6 +37,7 @@ import ml_collections
 
 from grpo_jax.config import config_lib
 from grpo_jax.infra import errors
+from grpo_jax.infra import multihost
 from grpo_jax.config import sweep_points
 from grpo_jax.run import run_config
 from grpo_jax.studies import sweep_report
@@ -335,6 +336,11 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
         command: str = "", compiler_options: dict | None = None, log: Callable[[str], None] = print) -> dict:
   """The whole sweep command; returns {'runs', 'groups': [{mode, runs, traces, seconds}], 'failed': {run: why},
   'report': markdown or the launch commands}. Raises errors.* for the CLI (InputError, Preempted)."""
+  multihost.refuse_multi_process(
+      "python -m grpo_jax.sweep", "its runs", "unset GRPO_JAX_DISTRIBUTED and run the sweep once, from one process: "
+      "on a pod or several GPU nodes, --mode=print --launch='launch/tpu_vm.sh --name sweep-{i} ...' (or "
+      "launch/gpu_multinode.sh ...) writes DIR/launch.sh, one multi-process launch per run, and --mode=report "
+      "gathers their results (docs/sweeps.md).")
   if mode not in MODES:
     raise errors.ConfigError(f"--mode={mode!r}: choose one of {', '.join(MODES)}.")
   if not workdir:
