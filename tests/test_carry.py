@@ -494,12 +494,11 @@ def test_ppo_with_the_carry_is_refused():
 # ------------------------------------------------------------------------------------- 8 simulated devices
 
 _SHARDED = r"""
-import json, sys
+import json, sys, traceback
 import jax, numpy as np
 sys.path.insert(0, sys.argv[1])
 from tests import test_carry as T
 from grpo_jax.infra import sharding
-shape = tuple(int(x) for x in sys.argv[2].split(","))
 
 def config(**rl):
   c = T.digits.bench_config(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=8, G=2, L=10)
@@ -508,51 +507,67 @@ def config(**rl):
   c.rl.update(**rl)
   return c
 
-# the step with max_staleness 0 (the synchronous samples, through the carry)
-ms, _, _ = T._run(config(partial_rollouts=True, max_staleness=0), 2, shape)
-out = dict(tokens=[m["samples/tokens_NxL"].tolist() for m in ms],
-           metrics=[{k: float(m[k]) for k in ("train/reward_mean", "train/completion_len_mean")} for m in ms])
-# the step with max_staleness 1: where the carry's buffers live (asserted for the 8-device meshes only: the
-# one-device reference's run would be a compiled step whose result no test reads)
-if shape != (1, 1, 1):
-  _, state, _ = T._run(config(partial_rollouts=True, max_staleness=1, rollout_budget=4), 1, shape)
-  ck = state["carry"].ck[0]
-  out.update(ck_local=list(ck.addressable_shards[0].data.shape),
+def run(shape):
+  # the step with max_staleness 0 (the synchronous samples, through the carry), and where the carry's buffers live
+  # after its 2 steps (its table: B = 8 groups, R = 16 rows; S = 16 slots). (A third step program, max_staleness 1
+  # for one step, read only for these shapes, was compiled per mesh: the buffers are placed by the same axes.)
+  ms, state, _ = T._run(config(partial_rollouts=True, max_staleness=0), 2, shape)
+  out = dict(tokens=[m["samples/tokens_NxL"].tolist() for m in ms],
+             metrics=[{k: float(m[k]) for k in ("train/reward_mean", "train/completion_len_mean")} for m in ms],
+             ck_local=list(state["carry"].ck[0].addressable_shards[0].data.shape),
              rows_local=list(state["carry"].tokens_RxL.addressable_shards[0].data.shape))
-# advance alone, max_staleness 1, 4 steps: its schedule against the NumPy replay on as many devices
-c = config(partial_rollouts=True, max_staleness=1)
-c.mesh.update(data=shape[0], fsdp=shape[1], tensor=shape[2])
-mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
-jx, r = T._replay(T._advance_steps(c, 4, mesh))
-out.update(jx=jx, replay=r)
-print("JSON" + json.dumps(out))
+  # advance alone, max_staleness 1, 4 steps: its schedule against the NumPy replay on as many devices
+  c = config(partial_rollouts=True, max_staleness=1)
+  c.mesh.update(data=shape[0], fsdp=shape[1], tensor=shape[2])
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
+  jx, r = T._replay(T._advance_steps(c, 4, mesh))
+  out.update(jx=jx, replay=r)
+  return out
+
+# every shape of argv in this one process (one JAX start-up, not one per shape; the one-device reference's mesh is
+# devices[:1]), each result or its traceback under its own key: a failing shape fails only its own tests
+results = {}
+for arg in sys.argv[2:]:
+  try:
+    results[arg] = run(tuple(int(x) for x in arg.split(",")))
+  except Exception:
+    results[arg] = dict(error=traceback.format_exc())
+print("JSON" + json.dumps(results))
 """
 
 
-def _sharded(shape: str) -> dict:
-  import json, os, subprocess, sys
+_SHAPES = [("8,1,1", 8, 2), ("2,2,2", 4, 1)]
+
+
+@pytest.fixture(scope="module")
+def sharded() -> dict:
+  """_SHARDED's results for one device and each of _SHAPES, keyed by shape: one subprocess of 8 simulated devices
+  runs them one after another (it was one subprocess per shape: three JAX and grpo_jax start-ups)."""
+  import json, subprocess, sys
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
-  out = subprocess.run([sys.executable, "-c", _SHARDED, root, shape], capture_output=True, text=True, env=env,
-                       timeout=600, cwd=root)
+  out = subprocess.run([sys.executable, "-c", _SHARDED, root, "1,1,1", *(s for s, _, _ in _SHAPES)],
+                       capture_output=True, text=True, env=env, timeout=600, cwd=root)
   assert out.returncode == 0, out.stderr[-4000:]
   return json.loads(out.stdout.split("JSON", 1)[1])
 
 
-@pytest.fixture(scope="module")
-def one_device():
-  return _sharded("1,1,1")
+def _shape_result(sharded: dict, shape: str) -> dict:
+  r = sharded[shape]
+  assert "error" not in r, f"shape {shape}:\n{r.get('error', '')[-4000:]}"
+  return r
 
 
-@pytest.mark.parametrize("shape,split,heads", [("8,1,1", 8, 2), ("2,2,2", 4, 1)])
-def test_carry_on_8_devices(one_device, shape, split, heads):
+@pytest.mark.parametrize("shape,split,heads", _SHAPES)
+def test_carry_on_8_devices(sharded, shape, split, heads):
   """Each device keeps its own groups: its share of the table's rows, slots and KV (KV heads over tensor) stay on
   it across steps, its queue admits and its selection trains its own groups — the schedule equals the NumPy
   replay on as many devices —, and with max_staleness 0 the run equals one device's."""
-  ref, r = one_device, _sharded(shape)
+  ref, r = _shape_result(sharded, "1,1,1"), _shape_result(sharded, shape)
   assert r["tokens"] == ref["tokens"] and r["metrics"] == ref["metrics"]
-  assert r["rows_local"][0] == 32 // split, r  # R = Q·G = 16·2 rows over data × fsdp
+  assert ref["rows_local"][0] == 16 and ref["ck_local"][:2] == [16, 2], ref  # one device holds them whole
+  assert r["rows_local"][0] == 16 // split, r  # R = Q·G = 8·2 rows (max_staleness 0) over data × fsdp
   assert r["ck_local"][:2] == [16 // split, heads], r  # S = B·G = 16 slots; KV heads over tensor
   assert r["jx"] == r["replay"], (r["jx"], r["replay"])
   assert ref["jx"] == ref["replay"]

@@ -114,11 +114,39 @@ SCRIPT = textwrap.dedent(r"""
                 reward=float(m["train/reward_mean"]),
                 params=[np.asarray(x).ravel()[:64].tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))])
 
-  # each case of argv ("shape:chunks:decode_tp") its own config, mesh, step and state, in this one process
+  # The training log-prob path's LM-head chunks on 8 FSDP devices: the per-device [rows, chunk, V] logits buffers of
+  # the compiled forward+backward. Head [D=256, V=4096] split over fsdp on D (the param layout), 8 rows of 64 targets,
+  # chunks of 16: the head is larger than the chunk's activations, which is when the partitioner would rather
+  # all-gather the rows and split the contraction than move the head.
+  def head():
+    import re
+    import jax.numpy as jnp
+    mesh = sharding.make_mesh(dict(data=1, fsdp=8, tensor=1), jax.devices())
+    mcfg = model_lib.ModelConfig(vocab_size=4096, hidden=256, layers=1, heads=4, kv_heads=2, inter=64, max_len=64,
+                                 tie_embeddings=False, dtype="float32")
+    head_sharding = sharding.tree_shardings(mesh, model_lib.param_axes(mcfg))["lm_head"]["kernel"]
+    h = jax.ShapeDtypeStruct((8, 64, 256), jnp.float32, sharding=sharding.batch_sharding(mesh, 3))
+    w = jax.ShapeDtypeStruct((256, 4096), jnp.float32, sharding=head_sharding)
+    targets = jax.ShapeDtypeStruct((8, 64), jnp.int32, sharding=sharding.batch_sharding(mesh, 2))
+    loss = lambda h, w, t: model_lib.target_logprobs(mcfg, h, w, t, chunk=16)[0].sum()
+    with sharding.mesh_context(mesh):
+      text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(h, w, targets).compile().as_text()
+    return dict(head_spec=str(head_sharding.spec),
+                rows=sorted({int(r) for r in re.findall(r"f32\[(\d+),16,4096\]", text)}))
+
+  # each case of argv ("shape:chunks:decode_tp", or "head") its own config, mesh, step and state, in this one process
+  # (one JAX start-up for all), each result or its traceback under its own key: a failing case fails only its tests
+  import traceback
   out = {}
   for case in sys.argv[1:]:
-    shape, chunks, decode_tp = case.split(":")
-    out[case] = run(tuple(int(x) for x in shape.split(",")), int(chunks), int(decode_tp))
+    try:
+      if case == "head":
+        out[case] = head()
+      else:
+        shape, chunks, decode_tp = case.split(":")
+        out[case] = run(tuple(int(x) for x in shape.split(",")), int(chunks), int(decode_tp))
+    except Exception:
+      out[case] = dict(error=traceback.format_exc())
   print("JSON" + json.dumps(out))
 """)
 
@@ -127,10 +155,10 @@ CASES = [("8,1,1", 1, 0), ("2,2,2", 2, 0), ("1,4,2", 2, 2)]
 
 @pytest.fixture(scope="module")
 def runs() -> dict:
-  """SCRIPT's results for the 1-device reference and every case of CASES, keyed "shape:chunks:decode_tp": one
-  subprocess of 8 simulated devices runs them all, one after another (one JAX start-up instead of four; the
-  reference's mesh is devices[:1], a one-device mesh as in a 1-device process)."""
-  cases = [f"{shape}:{chunks}:{tp}" for shape, chunks, tp in [("1,1,1", 1, 0)] + CASES]
+  """SCRIPT's results for the 1-device reference, every case of CASES, keyed "shape:chunks:decode_tp", and the LM
+  head's compile ("head"): one subprocess of 8 simulated devices runs them all, one after another (one JAX start-up
+  instead of five; the reference's mesh is devices[:1], a one-device mesh as in a 1-device process)."""
+  cases = [f"{shape}:{chunks}:{tp}" for shape, chunks, tp in [("1,1,1", 1, 0)] + CASES] + ["head"]
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
   out = subprocess.run([sys.executable, "-c", SCRIPT, *cases], capture_output=True, text=True, env=env, timeout=600)
@@ -138,9 +166,15 @@ def runs() -> dict:
   return json.loads(out.stdout.split("JSON", 1)[1])
 
 
+def _case(runs: dict, case: str) -> dict:
+  r = runs[case]
+  assert "error" not in r, f"case {case}:\n{r.get('error', '')[-4000:]}"
+  return r
+
+
 @pytest.mark.parametrize("shape,chunks,decode_tp", CASES)
 def test_sharded_step_matches_single_device(runs, shape, chunks, decode_tp):
-  ref, r = runs["1,1,1:1:0"], runs[f"{shape}:{chunks}:{decode_tp}"]
+  ref, r = _case(runs, "1,1,1:1:0"), _case(runs, f"{shape}:{chunks}:{decode_tp}")
   sh = r["shard"]
   # The reference shares the policy's layout; pure data parallelism replicates params; FSDP/tensor split them.
   assert sh["ref_q_kernel"] == sh["q_kernel"] == "(None, 'fsdp', 'tensor', None)"
@@ -189,39 +223,11 @@ def test_sharded_step_matches_single_device(runs, shape, chunks, decode_tp):
     assert max(abs(x - y) for x, y in zip(a, b)) < 2e-6
 
 
-
-# The training log-prob path's LM-head chunks on 8 FSDP devices: the per-device [rows, chunk, V] logits buffers of
-# the compiled forward+backward. Head [D=256, V=4096] split over fsdp on D (the param layout), 8 rows of 64 targets,
-# chunks of 16: the head is larger than the chunk's activations, which is when the partitioner would rather
-# all-gather the rows and split the contraction than move the head.
-HEAD_SCRIPT = textwrap.dedent(r"""
-  import json, re
-  import jax, jax.numpy as jnp
-  from grpo_jax.model import model as M
-  from grpo_jax.infra import sharding
-  mesh = sharding.make_mesh(dict(data=1, fsdp=8, tensor=1), jax.devices())
-  mcfg = M.ModelConfig(vocab_size=4096, hidden=256, layers=1, heads=4, kv_heads=2, inter=64, max_len=64,
-                       tie_embeddings=False, dtype="float32")
-  head_sharding = sharding.tree_shardings(mesh, M.param_axes(mcfg))["lm_head"]["kernel"]
-  h = jax.ShapeDtypeStruct((8, 64, 256), jnp.float32, sharding=sharding.batch_sharding(mesh, 3))
-  head = jax.ShapeDtypeStruct((256, 4096), jnp.float32, sharding=head_sharding)
-  targets = jax.ShapeDtypeStruct((8, 64), jnp.int32, sharding=sharding.batch_sharding(mesh, 2))
-  loss = lambda h, w, t: M.target_logprobs(mcfg, h, w, t, chunk=16)[0].sum()
-  with sharding.mesh_context(mesh):
-    text = jax.jit(jax.grad(loss, argnums=(0, 1))).lower(h, head, targets).compile().as_text()
-  print("JSON" + json.dumps(dict(head_spec=str(head_sharding.spec),
-                                 rows=sorted({int(r) for r in re.findall(r"f32\[(\d+),16,4096\]", text)}))))
-""")
-
-
-def test_lm_head_chunk_keeps_its_rows_split_in_training():
+def test_lm_head_chunk_keeps_its_rows_split_in_training(runs):
   """model.target_logprobs scores each device's own rows against the gathered head: every [rows, chunk, V] logits
   buffer of the compiled training forward+backward holds 1 row per device, never all 8 (which the partitioner
-  picks when left alone: the 7B step on 64 chips computed every row's logits on every chip, docs/scale.md)."""
-  env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
-  out = subprocess.run([sys.executable, "-c", HEAD_SCRIPT], capture_output=True, text=True, env=env, timeout=600)
-  assert out.returncode == 0, out.stderr[-4000:]
-  r = json.loads(out.stdout.split("JSON", 1)[1])
+  picks when left alone: the 7B step on 64 chips computed every row's logits on every chip, docs/scale.md). (SCRIPT's
+  "head" case, in the module's one 8-device process.)"""
+  r = _case(runs, "head")
   assert r["head_spec"] == "P('fsdp', 'tensor')", r  # the param layout: D split over fsdp
   assert r["rows"] == [1], r
