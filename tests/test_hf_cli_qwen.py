@@ -93,11 +93,19 @@ def test_export_keeps_the_tokenizer_chat_template_and_eos_ids(run):
   assert "exported" in run["stdout"] and "step 2" in run["stdout"]
 
 
-def test_rerun_with_a_disagreeing_model_field_lists_every_mismatch(run, tmp_path):
-  r = hf_dirs.run_cli(run["common"][:1] + [f"--workdir={tmp_path / 'w'}"] + run["common"][2:] +
-                      ["--config.model.hidden=32", "--config.model.rope_theta=10000.0", "--config.model.max_len=4096"])
-  assert r.returncode == 2, r.stderr[-3000:]
-  line = r.stderr.strip().splitlines()[-1]
+def test_rerun_with_a_disagreeing_model_field_lists_every_mismatch(run, tmp_path, capsys):
+  """main.execute, the CLI after its flags, in-process (the subprocess's exit-2 path for a config error is
+  tests/test_input_errors.py's): one line listing every field that disagrees with the checkpoint, before any state."""
+  from grpo_jax import main
+  from grpo_jax.config import config_lib
+  from grpo_jax.infra import errors
+  c = config_lib.override(config_lib.load_config("configs/gsm8k.py", "small,model=checkpoint,prompt=chat"),
+                          {"train.init_from": f"hf:{run['src']}", "task.data_dir": run["data"], "model.hidden": 32,
+                           "model.rope_theta": 10000.0, "model.max_len": 4096})
+  code = main.execute(c, str(tmp_path / "w"))
+  err = capsys.readouterr().err
+  assert code == errors.EXIT_INPUT, err[-3000:]
+  line = err.strip().splitlines()[-1]
   assert line.startswith("Config error:") and "3 field(s)" in line, line
   for needle in ("model.hidden=32 (checkpoint: 64)", "model.rope_theta=10000.0 (checkpoint: 1000000.0)",
                  "model.max_len=4096 exceeds the checkpoint's max_position_embeddings=512"):

@@ -77,8 +77,23 @@ def runs():
     st = rl_step.init(c, mesh, mcfg, seed=0)
     s0 = jax.device_get(st)
     st, m = step(st, _batch(c))
-    out[name] = dict(c=c, mcfg=mcfg, s0=s0, s1=jax.device_get(st), m=jax.device_get(m))
+    out[name] = dict(c=c, mcfg=mcfg, s0=s0, s1=jax.device_get(st), m=jax.device_get(m), step=step)
   return out
+
+
+@pytest.fixture(scope="module")
+def from_adapters(runs):
+  """Two steps of the `runs` fixture's LoRA step (the same config: traced once) from nonzero adapters (B != 0: from
+  LoRA's B = 0 the step gives A a gradient of exactly 0), seed 0, the same batch twice: the single run that
+  test_vmapped_runs_... and test_sharded_lora_step_... compare with (host copies: the step donates its state)."""
+  c = _config()
+  mesh, mcfg, _ = _setup(c)
+  ad = jax.device_get(_nonzero_adapters(mcfg))
+  step = runs["lora"]["step"]
+  st, m1 = step(dict(rl_step.init(c, mesh, mcfg, seed=0), params=ad), _batch(c))
+  st1, m1 = jax.device_get(st), jax.device_get(m1)
+  st, m2 = step(st, _batch(c))  # the second step samples from the first update's policy
+  return dict(ad=ad, st1=st1, m1=m1, st2=jax.device_get(st), m2=jax.device_get(m2))
 
 
 def test_peft_init_and_scaling():
@@ -273,7 +288,7 @@ def test_ppo_separate_critic_is_its_own_adapters_on_the_base():
   assert moved > 0
 
 
-def test_vmapped_runs_hold_the_base_once_and_match_single_runs(runs):
+def test_vmapped_runs_hold_the_base_once_and_match_single_runs(runs, from_adapters):
   c = _config()
   mesh, mcfg, spec = _setup(c)
   base = runs["lora"]["s0"]["base"]
@@ -282,16 +297,13 @@ def test_vmapped_runs_hold_the_base_once_and_match_single_runs(runs):
   assert states["params"]["layers"]["q"]["lora_a"].shape[0] == 2
   # Both runs and the single run start from the same nonzero adapters (B != 0): from LoRA's B = 0 the step gives A
   # a gradient of exactly 0, so half the leaves compared below were the init on both sides
-  ad = jax.device_get(_nonzero_adapters(mcfg))
+  ad = from_adapters["ad"]
   states = dict(states, params=jax.tree.map(lambda x: jnp.stack([x, x]), ad))
   steps = vmapped_runs.make_steps(c, mesh, mcfg, spec, spec.ctx.tokenizer)
   states, m = steps(states, _batch(c))
   assert steps.traces() == 1
-  # run 0 is the single run of seed 0 (same base, same adapters, same rollout key)
-  step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
-  st = rl_step.init(c, mesh, mcfg, seed=0)
-  st, m1 = step(dict(st, params=ad), _batch(c))
-  st, m1 = jax.device_get(st), jax.device_get(m1)
+  # run 0 is the single run of seed 0 (same base, same adapters, same rollout key): from_adapters' first step
+  st, m1 = from_adapters["st1"], from_adapters["m1"]
   assert float(m1["train/grad_norm"]) > 1e-3, float(m1["train/grad_norm"])  # a real gradient
   np.testing.assert_array_equal(np.asarray(m["samples/tokens_NxL"])[0], m1["samples/tokens_NxL"])
   # every adapter leaf (A and B) moved by a visible fraction of lr: the params compared are trained ones
@@ -399,6 +411,8 @@ def test_grpo_arith_lora_arg_combines_with_small():
 SHARDED = textwrap.dedent(r"""
   import json, sys
   import jax, numpy as np
+  sys.path.insert(0, sys.argv[1])
+  from tests import test_lora as T
   from grpo_jax.rl import families, rl_step
   from grpo_jax.model import model as model_lib
   from grpo_jax.infra import sharding
@@ -406,9 +420,7 @@ SHARDED = textwrap.dedent(r"""
   from grpo_jax.tasks import digits
 
   def run(shape):
-    c = digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=6)
-    c.optim.lr = 1e-3
-    c.model.lora.update(rank=4, alpha=8.0)
+    c = T._config()
     c.mesh.update(data=shape[0], fsdp=shape[1], tensor=shape[2])
     mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
     mcfg = model_lib.ModelConfig.from_config(c.model)
@@ -418,34 +430,22 @@ SHARDED = textwrap.dedent(r"""
     specs = {"base_q": str(tuple(state["base"]["layers"]["q"]["kernel"].sharding.spec)),
              "lora_a_q": str(tuple(state["params"]["layers"]["q"]["lora_a"].sharding.spec)),
              "lora_b_q": str(tuple(state["params"]["layers"]["q"]["lora_b"].sharding.spec))}
-    b = next(digits.make_batches(c.rl.prompts_per_step, 1, seed=1))
-    b["answer_ids_NxA"][:, 1:] = -1
-    # B starts at the same nonzero values on every mesh (not LoRA's zeros): this batch's first loss is exactly 0 with
-    # a zero gradient in exact arithmetic (rho = 1, zero-sum advantages), so from B = 0 the only update is AdamW
-    # amplifying rounding residue (grad norm 7e-11 on one device, 0 on the mesh), which no tolerance can compare; a
-    # nonzero B gives both adapters real gradients from the first step
-    rng = np.random.default_rng(0)
-    layers = dict(state["params"]["layers"])
-    for n, v in sorted(layers.items()):
-      if isinstance(v, dict) and "lora_b" in v:
-        b0 = rng.normal(0.0, 0.05, v["lora_b"].shape).astype(np.float32)
-        layers[n] = dict(v, lora_b=jax.device_put(b0, v["lora_b"].sharding))
-    state = dict(state, params=dict(state["params"], layers=layers))
-    p0 = jax.device_get(state["params"])
-    state, m = step(state, device_batch(mesh, b))
-    state, m = step(state, device_batch(mesh, b))  # the second step samples from the first update's policy
+    # the module's from_adapters start (B != 0: this batch's first loss is exactly 0 with a zero gradient in exact
+    # arithmetic from LoRA's B = 0, so the only update would be AdamW amplifying rounding residue), in the state's
+    # shardings
+    ad = jax.device_get(T._nonzero_adapters(mcfg))
+    state = dict(state, params=jax.tree.map(lambda a, s: jax.device_put(np.asarray(a), s.sharding), ad,
+                                            state["params"]))
+    state, m = step(state, device_batch(mesh, T._batch(c)))
+    state, m = step(state, device_batch(mesh, T._batch(c)))  # the second step samples from the first update's policy
     m = jax.device_get(m)
     p2 = jax.device_get(state["params"])
-    params = [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(p2)]
-    adapted = [n for n, v in p2["layers"].items() if isinstance(v, dict) and "lora_b" in v]
-    # the least any adapter leaf moved over the two updates: the params compared are trained ones, not the start
-    moved = {k: min(float(np.abs(np.asarray(p2["layers"][n][k]) - np.asarray(p0["layers"][n][k])).max())
-                    for n in adapted) for k in ("lora_a", "lora_b")}
-    return dict(specs=specs, tokens=np.asarray(m["samples/tokens_NxL"]).tolist(), moved=moved,
-                entropy=float(m["train/entropy"]), grad_norm=float(m["train/grad_norm"]), params=params)
+    return dict(specs=specs, tokens=np.asarray(m["samples/tokens_NxL"]).tolist(), entropy=float(m["train/entropy"]),
+                grad_norm=float(m["train/grad_norm"]),
+                params=[np.asarray(x).ravel().tolist() for x in jax.tree.leaves(p2)])
 
   # every mesh shape of argv, each its own step on its own devices, in this one process (one JAX start-up)
-  print("JSON" + json.dumps({a: run(tuple(int(x) for x in a.split(","))) for a in sys.argv[1:]}))
+  print("JSON" + json.dumps({a: run(tuple(int(x) for x in a.split(","))) for a in sys.argv[2:]}))
 """)
 
 
@@ -454,23 +454,31 @@ def _sharded_runs(*shapes: str) -> dict:
   runs there on devices[:1]: a mesh of one device, as in a 1-device process)."""
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
-  out = subprocess.run([sys.executable, "-c", SHARDED, *shapes], capture_output=True, text=True, env=env, timeout=600)
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  out = subprocess.run([sys.executable, "-c", SHARDED, root, *shapes], capture_output=True, text=True, env=env,
+                       timeout=600, cwd=root)
   assert out.returncode == 0, out.stderr[-4000:]
   return json.loads(out.stdout.split("JSON", 1)[1])
 
 
-def test_sharded_lora_step_matches_single_device():
-  """A LoRA step on a (2, 2, 2) mesh equals the 1-device run within test_sharding's tolerances (params after two
-  AdamW steps from a nonzero B, which move both adapters; the second step's samples, entropy and gradient norm); the adapters follow the base kernel's logical
-  axes (A its input axes, B its output axes)."""
-  runs = _sharded_runs("1,1,1", "2,2,2")
-  ref, r = runs["1,1,1"], runs["2,2,2"]
+def test_sharded_lora_step_matches_single_device(from_adapters):
+  """A LoRA step on a (2, 2, 2) mesh equals the 1-device run (the module's from_adapters, in this process) within
+  test_sharding's tolerances (params after two AdamW steps from a nonzero B, which move both adapters; the second
+  step's samples, entropy and gradient norm); the adapters follow the base kernel's logical axes (A its input axes,
+  B its output axes)."""
+  r = _sharded_runs("2,2,2")["2,2,2"]
+  m2, ad = from_adapters["m2"], from_adapters["ad"]
+  p2 = from_adapters["st2"]["params"]
   assert r["specs"]["base_q"] == "(None, 'fsdp', 'tensor', None)"
   assert r["specs"]["lora_a_q"] == "(None, 'fsdp', None)" and r["specs"]["lora_b_q"] == "(None, None, 'tensor', None)"
-  assert r["tokens"] == ref["tokens"]
-  assert abs(r["entropy"] - ref["entropy"]) < 1e-5
-  assert abs(r["grad_norm"] - ref["grad_norm"]) < 1e-4 * max(1.0, ref["grad_norm"])
-  # every adapter leaf moved by a visible fraction of lr on both meshes (so the comparison is of trained params)
-  assert min(ref["moved"].values()) > 0.5 * 1e-3 and min(r["moved"].values()) > 0.5 * 1e-3, (ref["moved"], r["moved"])
-  for a, b in zip(r["params"], ref["params"]):
-    assert max(abs(x - y) for x, y in zip(a, b)) < 2e-5
+  assert r["tokens"] == np.asarray(m2["samples/tokens_NxL"]).tolist()
+  assert abs(r["entropy"] - float(m2["train/entropy"])) < 1e-5
+  assert abs(r["grad_norm"] - float(m2["train/grad_norm"])) < 1e-4 * max(1.0, float(m2["train/grad_norm"]))
+  # every adapter leaf moved by a visible fraction of lr over the two updates (so the comparison is of trained
+  # params): on one device here, and on the mesh as far as its params equal these
+  moved = [float(np.abs(np.asarray(a) - np.asarray(b)).max()) for a, b in zip(jax.tree.leaves(p2), jax.tree.leaves(ad))]
+  assert min(moved) > 0.5 * 1e-3, moved
+  ref = [np.asarray(x).ravel() for x in jax.tree.leaves(p2)]
+  assert len(r["params"]) == len(ref)
+  for a, b in zip(r["params"], ref):
+    assert np.abs(np.asarray(a) - b).max() < 2e-5

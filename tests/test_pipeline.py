@@ -579,16 +579,17 @@ def test_a_signal_during_a_stages_last_writes_marks_it_done_and_starts_no_next_s
   assert ran == ["base", "r1_zero"]
 
 
-def test_a_stage_stopped_mid_loop_resumes_to_the_same_params(tmp_path, monkeypatch):
+def test_a_stage_stopped_mid_loop_resumes_to_the_same_params(killed_pipeline, tmp_path, monkeypatch):
   """SIGTERM inside the base's SFT loop (after step 1 of 2): the stage is saved, not done; the same command resumes
   it from its checkpoint (the stage's recorded view against the checkpoint's) on the batches of steps 2.., and its
-  final params equal an uninterrupted run's bit for bit."""
+  final params equal an uninterrupted run's bit for bit (the killed pipeline's base: the same config, never
+  stopped)."""
   import jax
   from grpo_jax.infra import params_ckpt, sharding, signals
   from grpo_jax.model import model as model_lib
   from grpo_jax.rl import state as state_lib
   from grpo_jax.run import train
-  c = _tiny_config()
+  straight, c = killed_pipeline[:2]
   real = train._steps  # pylint: disable=protected-access
 
   def stop_after_first(guard, mesh, batches, start, steps):
@@ -597,8 +598,8 @@ def test_a_stage_stopped_mid_loop_resumes_to_the_same_params(tmp_path, monkeypat
         signals.active().request()
       yield item
 
-  straight, stopped = str(tmp_path / "straight"), str(tmp_path / "stopped")
-  pipeline.run_pipeline(c, straight, ("base",), report_md=False)
+  stopped = str(tmp_path / "stopped")
+  assert layout.stage_done(straight, "base")
   monkeypatch.setattr(train, "_steps", stop_after_first)
   with signals.GracefulStop(), pytest.raises(errors.Preempted, match="after step 1 in .*stopped/base"):
     pipeline.run_pipeline(c, stopped, ("base",), report_md=False)

@@ -54,10 +54,12 @@ MARKERS = markers()
 
 def tools_config(**over):
   c = config_lib.load_config(os.path.join(ROOT, "configs", "tools_calc.py"), "small")
-  c.model.update(hidden=32, inter=64, layers=1, heads=2, kv_heads=1, max_len=c.task.prompt_len + L)
+  # 4 heads / 2 kv heads: the 8-device test's tensor axis of 2 splits them, so its one-device reference is the
+  # `stepped` fixture's first step (AdamW's ε 1e-6: see test_rl_step_on_8_devices_equals_one_device)
+  c.model.update(hidden=32, inter=64, layers=1, heads=4, kv_heads=2, max_len=c.task.prompt_len + L)
   c.sampling.update(max_new_tokens=L, compaction=2)
   c.rl.update(G=4, prompts_per_step=2, minibatches=1, rollout_chunks=1, process_weight=0.5, beta=0.04)
-  c.optim.lr = 1e-2
+  c.optim.update(lr=1e-2, eps=1e-6)
   c.rewards = (("accuracy", 1.0), ("env", 0.5))
   c.tools.update(env="tests.tool_envs:Echo", stop_markers=MARKERS, max_turns=3, max_obs_tokens=8, timeout_s=5.0,
                  chunk=4)
@@ -675,9 +677,9 @@ def test_bad_tools_settings_are_one_line_refusals(over, key, why):
   assert msg.startswith(f"config.{key}") and why in msg and "\n" not in msg, msg
 
 
-def _cli(workdir, extra=(), env=None):
-  args = ["--config=configs/grpo_arith.py:runlocal", "--config.sft.steps=0", "--config.train.steps=4",
-          "--config.train.ckpt_every=1", "--config.train.eval_every=4", "--config.train.plot_every=0",
+def _cli_args(extra=()):
+  return ["--config=configs/grpo_arith.py:runlocal", "--config.sft.steps=0", "--config.train.steps=4",
+          "--config.train.ckpt_every=2", "--config.train.eval_every=4", "--config.train.plot_every=0",
           "--config.eval.size=8", "--config.eval.batch=8", "--config.eval.n_samples=1", "--config.eval.pass_k=(1,)",
           "--config.sampling.max_new_tokens=16", "--config.task.train_size=64", "--config.task.test_size=64",
           "--config.log.tensorboard=False", "--config.log.plots=False", "--config.model.hidden=32",
@@ -688,6 +690,10 @@ def _cli(workdir, extra=(), env=None):
           # the env term (reward 1 per answered call) gives the groups reward variance: with accuracy alone every row
           # scored 0, the gradient was 0 (then 4e-9 of rounding), and "resumes exactly" compared untrained params
           '--config.rewards=(("accuracy",1.0),("env",0.5))', *extra]
+
+
+def _cli(workdir, extra=(), env=None):
+  args = _cli_args(extra)
   return subprocess.Popen([sys.executable, "-m", "grpo_jax.main", f"--workdir={workdir}", *args], cwd=ROOT,
                           env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1", **(env or {})),
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -706,12 +712,26 @@ def _final_params(workdir):
   return jax.tree.leaves(ocp.StandardCheckpointer().restore(os.path.join(ck, str(step), checkpoint.STATE))["params"])
 
 
-def test_cli_refuses_a_static_engine_with_an_environment_before_writing(tmp_path):
+def test_cli_refuses_a_static_engine_with_an_environment_before_writing(tmp_path, capsys):
+  """main.execute, the CLI after its flags (in-process: the subprocess's exit-2 path for a config error is
+  tests/test_input_errors.py's): one line naming tools.env and the fix, exit 2, no workdir."""
+  from grpo_jax import main
+  from grpo_jax.infra import errors
   wd = str(tmp_path / "run")
-  p = _cli(wd, ["--config.sampling.engine=static"])
-  out, _ = p.communicate(timeout=120)
-  assert p.returncode == 2, out[-2000:]
-  assert "config.tools.env" in out and "sampling.engine='continuous'" in out and not os.path.exists(wd)
+  import ast
+  args = _cli_args(["--config.sampling.engine=static"])
+  path, arg = args[0].removeprefix("--config=").split(":")
+  over = {}
+  for a in args[1:]:
+    key, text = a.removeprefix("--config.").split("=", 1)
+    try:
+      over[key] = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+      over[key] = text  # a bare string, as the flag reads it
+  code = main.execute(config_lib.override(config_lib.load_config(os.path.join(ROOT, path), arg), over), wd)
+  err = capsys.readouterr().err
+  assert code == errors.EXIT_INPUT, err[-2000:]
+  assert "config.tools.env" in err and "sampling.engine='continuous'" in err and not os.path.exists(wd)
 
 
 @pytest.fixture(scope="module")
@@ -813,40 +833,42 @@ from grpo_jax.infra import sharding
 from grpo_jax.model import model as model_lib
 from grpo_jax.rl import families, rl_step
 from grpo_jax.run import train
-out = {}
-for name, shape in (("one", (1, 1, 1)), ("2x2x2", (2, 2, 2))):
-  c = T.tools_config(**{"mesh.data": shape[0], "mesh.fsdp": shape[1], "mesh.tensor": shape[2], "model.heads": 4,
-                        "model.kv_heads": 2, "optim.eps": 1e-6})
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
-  mcfg = model_lib.ModelConfig.from_config(c.model)
-  spec = train.reward_terms(c, T.TOK)
-  step = families.make_step(c, mesh, mcfg, spec, T.TOK)
-  state, m = step(rl_step.init(c, mesh, mcfg, seed=0), train.device_batch(mesh, next(T.batches(c))))
-  m = jax.device_get(m)
-  out[name] = dict(m={k: float(m[k]) for k in ("train/loss", "train/tool_calls_mean", "train/obs_tokens_mean",
-                                              "train/reward/env", "train/entropy", "train/grad_norm")},
-                   tokens=np.asarray(m["samples/tokens_NxL"]).tolist(), obs=np.asarray(m["samples/obs_NxL"]).tolist(),
-                   params=[np.asarray(x).ravel().tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))])
-  spec.close()
-print(json.dumps(out))
+c = T.tools_config(**{"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2})
+mesh = sharding.make_mesh(c.mesh, jax.devices()[:8])
+mcfg = model_lib.ModelConfig.from_config(c.model)
+spec = train.reward_terms(c, T.TOK)
+step = families.make_step(c, mesh, mcfg, spec, T.TOK)
+state, m = step(rl_step.init(c, mesh, mcfg, seed=0), train.device_batch(mesh, next(T.batches(c))))
+m = jax.device_get(m)
+spec.close()
+print(json.dumps(dict(m={k: float(m[k]) for k in T.RL_8_METRICS}, tokens=np.asarray(m["samples/tokens_NxL"]).tolist(),
+                      obs=np.asarray(m["samples/obs_NxL"]).tolist(),
+                      params=[np.asarray(x).ravel().tolist()
+                              for x in jax.tree.leaves(jax.device_get(state["params"]))])))
 """
+RL_8_METRICS = ("train/loss", "train/tool_calls_mean", "train/obs_tokens_mean", "train/reward/env", "train/entropy",
+                "train/grad_norm")
 
 
-def test_rl_step_on_8_devices_equals_one_device():
+def test_rl_step_on_8_devices_equals_one_device(stepped):
   """The RL step with the environment on a data 2 × fsdp 2 × tensor 2 mesh (each device's rows call the host from
-  that device): the one-device step's samples, observations and tool readings, and its params after the update
-  of a real gradient (norm 0.60) within 1e-5 = 0.001·lr.
+  that device): the one-device step's (the `stepped` fixture's first, in this process) samples, observations and
+  tool readings, and its params after the update of a real gradient (norm 0.60) within 1e-5 = 0.001·lr.
 
-  AdamW's ε is 1e-6 here, not 1e-8: its first update is lr·g/(|g| + ε), so an element whose gradient cancels to
-  ~1e-8 (rows of the tied embedding that few tokens touch) turns the two meshes' rounding of g into visible
-  fractions of lr. At ε 1e-8 six of the embedding's 16,512 elements differed by up to 5.7e-5 (on an AMD EPYC, AVX2;
-  under 2e-5 on an Intel Xeon) while every other leaf agreed within 6.5e-7; at 1e-6 all agree within 2.2e-6."""
+  AdamW's ε is 1e-6 here (tools_config), not 1e-8: its first update is lr·g/(|g| + ε), so an element whose gradient
+  cancels to ~1e-8 (rows of the tied embedding that few tokens touch) turns the two meshes' rounding of g into
+  visible fractions of lr. At ε 1e-8 six of the embedding's 16,512 elements differed by up to 5.7e-5 (on an AMD
+  EPYC, AVX2; under 2e-5 on an Intel Xeon) while every other leaf agreed within 6.5e-7; at 1e-6 all agree within
+  2.2e-6."""
   from tests.test_engine import on_8_devices
-  r = on_8_devices(_RL_8, timeout=600)
-  one, sh = r["one"], r["2x2x2"]
+  _, _, ms, first = stepped
+  sh = on_8_devices(_RL_8, timeout=600)
+  one = dict(m={k: float(ms[0][k]) for k in RL_8_METRICS}, tokens=np.asarray(ms[0]["samples/tokens_NxL"]).tolist(),
+             obs=np.asarray(ms[0]["samples/obs_NxL"]).tolist(), params=[np.asarray(x).ravel() for x in jax.tree.leaves(first)])
   assert sh["tokens"] == one["tokens"] and sh["obs"] == one["obs"] and np.asarray(one["obs"]).sum() > 0
   assert one["m"]["train/grad_norm"] > 1e-3, one["m"]  # a real update, not AdamW's amplified rounding
   for k, v in one["m"].items():
     np.testing.assert_allclose(sh["m"][k], v, rtol=1e-5, atol=1e-6, err_msg=k)
+  assert len(sh["params"]) == len(one["params"])
   for a, b in zip(sh["params"], one["params"]):
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
