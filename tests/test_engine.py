@@ -444,8 +444,8 @@ def test_dynamic_sampling_rollout_equals_the_static_engines():
   """DAPO's oversampled batch: all oversample × B groups are queued (a fixed queue) and then B kept, exactly as the
   static engine does; rows that end early (26 EOS ids), bf16 old log-probs recomputed, reference log-probs."""
   from grpo_jax.tasks import digits
-  from tests.test_rl_step import TINY, _ManyEos, _rollout
-  c = digits.bench_config(**TINY)
+  from tests.test_rl_step import TINY1, _ManyEos, _rollout  # one layer: MCFG's 2 cover the per-layer caches
+  c = digits.bench_config(**TINY1)
   c.rl.update(dynamic_sampling=True, oversample=2)
   tok = _ManyEos(c.model.vocab_size)
   ref = _rollout(c, 2, tokenizer=tok)
