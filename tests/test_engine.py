@@ -98,7 +98,7 @@ def test_truncated_sampling_and_first_token_eos(params, kind):
   scfg = S.SamplingConfig(max_new_tokens=L, eos_id=(int(first), 61), **kw)
   ref = reference(params, prompt, pm, G, scfg, u)
   assert int(ref.lengths_N[0]) == 1
-  ro, _ = continuous(params, prompt, pm, G, scfg, u, slots=4, kv_block=8)
+  ro, _ = continuous(params, prompt, pm, G, scfg, u, slots=4, kv_block=8, levels=1)  # compaction: the other tests
   assert_same(ro, ref)
 
 
@@ -114,7 +114,7 @@ def test_teacher_forcing_log_probs_match_static(params):
   ref = jax.jit(S.sample, static_argnums=(0, 5))(mcfg, p2, np.repeat(prompt, G, 0), np.repeat(pm, G, 0), None,
                                                  scfg, u_LxN=u)
   f = jax.jit(lambda pr, m, u, t: E.sample_groups(mcfg, p2, pr, m, G, scfg, u_LxN=u, slots=2, kv_block=4,
-                                                  force_NxL=t))
+                                                  levels=1, force_NxL=t))
   ro, _ = f(prompt, pm, u, ref.tokens_NxL)
   assert_same(ro, ref)
 
@@ -444,8 +444,8 @@ def test_dynamic_sampling_rollout_equals_the_static_engines():
   """DAPO's oversampled batch: all oversample × B groups are queued (a fixed queue) and then B kept, exactly as the
   static engine does; rows that end early (26 EOS ids), bf16 old log-probs recomputed, reference log-probs."""
   from grpo_jax.tasks import digits
-  from tests.test_rl_step import TINY, _ManyEos, _rollout
-  c = digits.bench_config(**TINY)
+  from tests.test_rl_step import TINY1, _ManyEos, _rollout  # one layer: MCFG's 2 cover the per-layer caches
+  c = digits.bench_config(**TINY1)
   c.rl.update(dynamic_sampling=True, oversample=2)
   tok = _ManyEos(c.model.vocab_size)
   ref = _rollout(c, 2, tokenizer=tok)

@@ -318,8 +318,8 @@ def test_token_selection_in_the_step(kind):
   from grpo_jax.rl import rl_step
   from grpo_jax.run import validate
   from grpo_jax.tasks import digits
-  from tests.test_rl_step import TINY, _batches
-  c = config_lib.override(digits.bench_config(**TINY), {
+  from tests.test_rl_step import TINY1, _batches  # one layer: the claims do not depend on depth
+  c = config_lib.override(digits.bench_config(**TINY1), {
       "rl.token_select": kind, "optim.lr": 1e-3, "rl.clip_cov_lb": -5.0, "rl.clip_cov_ub": 5.0,
       "rl.clip_cov_ratio": 0.1, "rl.kl_cov_ratio": 0.1})
   with pytest.raises(validate.ConfigError, match="rl.token_select"):

@@ -22,6 +22,9 @@ from grpo_jax.run import validate
 from grpo_jax.tasks import digits
 
 TINY = dict(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
+# One layer where a claim does not depend on depth: the training pass unrolls its layer scan (model.layer_unroll
+# auto), so each layer is traced, lowered and compiled again.
+TINY1 = dict(TINY, layers=1)
 
 
 def _setup(spec=None, **over):
@@ -130,22 +133,6 @@ GOLDEN = {"train/reward_mean": 0.0625, "train/completion_len_mean": 11.5, "train
 GOLDEN_LOSS_GRAD = [0.0, 0.25781]
 
 
-def test_python_reward_path_matches_in_graph(three_steps):
-  """The same reward through jax.pure_callback gives the same rewards, losses and updated params."""
-  spec = rewards.build((("contains", 1.0),), reward_spec.Context(digits.TASK, digits.Tokenizer(TINY["vocab"])),
-                       digits.python_rewards(None))
-  c, mesh, mcfg, step = _setup(spec=spec)
-  state = rl_step.init(c, mesh, mcfg, seed=0)
-  state, m1 = step(state, _batches(c, 1)[0])
-  m0, p0 = three_steps["metrics"][0], three_steps["params"][0]
-  np.testing.assert_array_equal(m0["samples/r_N"], m1["samples/r_N"])
-  for k in ("train/reward_mean", "train/loss", "train/grad_norm"):
-    np.testing.assert_allclose(m0[k], m1[k], rtol=1e-6, atol=1e-7)
-  assert m0["train/reward_mean"] > 0
-  for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(jax.device_get(state["params"]))):
-    np.testing.assert_allclose(a, b, atol=1e-7)
-
-
 def test_dynamic_sampling_keeps_varied_groups_and_updates():
   """DAPO dynamic sampling: of 2·B prompts the B groups kept are those with reward variance first (the rest fill
   up), and the update is applied (the per-term reward status is not gathered with the rows; when it was, every
@@ -203,10 +190,13 @@ def test_one_registered_function_is_a_new_algorithm():
 
 
 class _Switchable:
-  """One Python reward whose misbehaviour is chosen per call, so all cases share one compiled step."""
+  """One Python reward whose misbehaviour (or the task's own reward, "contains") is chosen per call, so all cases
+  share one compiled step."""
   kind = "ok"
 
   def __call__(self, texts, ids, batch):
+    if self.kind == "contains":
+      return digits.contains_answer_py(texts, ids, batch)
     if self.kind == "raise":
       raise KeyError("answer")
     if self.kind == "nan":
@@ -226,6 +216,22 @@ def switchable_step():
   spec = rewards.build((("bad", 1.0),), reward_spec.Context(digits.TASK, tok), {"bad": fn})
   c, mesh, mcfg, step = _setup(spec=spec)
   return fn, spec, c, mesh, mcfg, step
+
+
+def test_python_reward_path_matches_in_graph(three_steps, switchable_step):
+  """The same reward through jax.pure_callback gives the same rewards, losses and updated params. (The callback
+  step is switchable_step's, its Python term set to the task's own reward: one uncacheable compile, not two.)"""
+  fn, spec, c, mesh, mcfg, step = switchable_step
+  fn.kind = "contains"
+  state = rl_step.init(c, mesh, mcfg, seed=0)
+  state, m1 = step(state, _batches(c, 1)[0])
+  m0, p0 = three_steps["metrics"][0], three_steps["params"][0]
+  np.testing.assert_array_equal(m0["samples/r_N"], m1["samples/r_N"])
+  for k in ("train/reward_mean", "train/loss", "train/grad_norm"):
+    np.testing.assert_allclose(m0[k], m1[k], rtol=1e-6, atol=1e-7)
+  assert m0["train/reward_mean"] > 0
+  for a, b in zip(jax.tree.leaves(p0), jax.tree.leaves(jax.device_get(state["params"]))):
+    np.testing.assert_allclose(a, b, atol=1e-7)
 
 
 @pytest.mark.parametrize("kind,status", [("raise", reward_spec.RAISED), ("nan", reward_spec.NONFINITE),
@@ -351,7 +357,7 @@ def test_chunked_early_exit_bucketed_rollout_gives_the_same_samples_and_logprobs
   old-log-prob forwards run in chunks on the shortest of 3 training lengths covering every row (rl.train_buckets);
   the log-probs agree to rounding with the full-length, unchunked ones. Dynamic sampling chunks the 32 sampled and
   then the 16 kept rows. (fp32 without dynamic sampling: the whole-step tests.)"""
-  c = digits.bench_config(**{**TINY, "dtype": "bfloat16"})
+  c = digits.bench_config(**{**TINY1, "dtype": "bfloat16"})
   c.rl.update(dynamic_sampling=True, oversample=2)
   tok = _ManyEos(c.model.vocab_size)
   one = _rollout(c, 1, tokenizer=tok, **{"sampling.exit_chunk": 0})
@@ -390,7 +396,7 @@ def test_beta_zero_keeps_no_reference():
   """β = 0 (dr_grpo): no ref_params in the state, no reference forward (fewer FLOPs than the same step handed a
   reference), no train/kl; its loss and gradient equal the β = 0 loss computed with reference log-probs. Also with
   training-length buckets and early exit (their β = 0 path skips the reference forward's switch)."""
-  c = config_lib.override(presets.apply(digits.bench_config(**TINY), "dr_grpo"),
+  c = config_lib.override(presets.apply(digits.bench_config(**TINY1), "dr_grpo"),
                           {"rl.train_buckets": 2, "sampling.exit_chunk": 4})
   assert c.rl.beta == 0 and not state_lib.uses_reference(c)
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
@@ -438,7 +444,7 @@ FAST = {"rl.rollout_chunks": 2, "sampling.exit_chunk": 2, "rl.train_buckets": 2}
 
 
 def _bucket_run(over: dict, n_steps: int = 3):
-  c = config_lib.override(digits.bench_config(**TINY), {"optim.lr": 1e-3, **over})
+  c = config_lib.override(digits.bench_config(**TINY1), {"optim.lr": 1e-3, **over})
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(c.model.vocab_size)
@@ -525,7 +531,7 @@ def test_bucket_index_is_reduced_over_vmapped_runs():
   assert _conds(jax.make_jaxpr(jax.vmap(toy, (0, None), axis_name=update_lib.RUNS_AXIS))(*args).jaxpr, 2) == 1
   assert _conds(jax.make_jaxpr(jax.vmap(toy, (0, None)))(*args).jaxpr, 2) == 0
   from grpo_jax.studies import vmapped_runs as seeds_lib
-  c = config_lib.override(digits.bench_config(**TINY), FAST)
+  c = config_lib.override(digits.bench_config(**TINY1), FAST)
   mcfg = model_lib.ModelConfig.from_config(c.model)
   spec = digits.reward_spec(c.model.vocab_size)
   step = rl_step.build_step(c, mcfg, spec, _ManyEos(c.model.vocab_size))
@@ -543,7 +549,7 @@ def test_entropy_bonus_in_the_full_step_with_mu_and_minibatches():
   policy-loss drift of the two runs' later updates (lr 1e-3); finite, nothing skipped."""
   out = {}
   for coef in (0.0, 1.0):
-    c = digits.bench_config(**TINY)
+    c = digits.bench_config(**TINY1)
     c.optim.lr = 1e-3
     c.rl.update(mu=2, minibatches=2, loss_agg="token_mean", entropy_coef=coef)
     mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
