@@ -21,6 +21,7 @@ from grpo_jax.rollout import sampling
 from grpo_jax.run import validate
 from grpo_jax.tasks import digits
 from tests import metrics_contract
+from tests import script_parts
 
 TINY = dict(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
 # the digits workload's batch fields, plus each prompt's position in the stream (which groups a step trained)
@@ -553,18 +554,12 @@ def sharded() -> dict:
   return json.loads(out.stdout.split("JSON", 1)[1])
 
 
-def _shape_result(sharded: dict, shape: str) -> dict:
-  r = sharded[shape]
-  assert "error" not in r, f"shape {shape}:\n{r.get('error', '')[-4000:]}"
-  return r
-
-
 @pytest.mark.parametrize("shape,split,heads", _SHAPES)
 def test_carry_on_8_devices(sharded, shape, split, heads):
   """Each device keeps its own groups: its share of the table's rows, slots and KV (KV heads over tensor) stay on
   it across steps, its queue admits and its selection trains its own groups — the schedule equals the NumPy
   replay on as many devices —, and with max_staleness 0 the run equals one device's."""
-  ref, r = _shape_result(sharded, "1,1,1"), _shape_result(sharded, shape)
+  ref, r = script_parts.part(sharded, "1,1,1"), script_parts.part(sharded, shape)
   assert r["tokens"] == ref["tokens"] and r["metrics"] == ref["metrics"]
   assert ref["rows_local"][0] == 16 and ref["ck_local"][:2] == [16, 2], ref  # one device holds them whole
   assert r["rows_local"][0] == 16 // split, r  # R = Q·G = 8·2 rows (max_staleness 0) over data × fsdp

@@ -14,6 +14,8 @@ import textwrap
 
 import pytest
 
+from tests import script_parts
+
 SCRIPT = textwrap.dedent(r"""
   import json, sys
   import jax, numpy as np
@@ -166,15 +168,9 @@ def runs() -> dict:
   return json.loads(out.stdout.split("JSON", 1)[1])
 
 
-def _case(runs: dict, case: str) -> dict:
-  r = runs[case]
-  assert "error" not in r, f"case {case}:\n{r.get('error', '')[-4000:]}"
-  return r
-
-
 @pytest.mark.parametrize("shape,chunks,decode_tp", CASES)
 def test_sharded_step_matches_single_device(runs, shape, chunks, decode_tp):
-  ref, r = _case(runs, "1,1,1:1:0"), _case(runs, f"{shape}:{chunks}:{decode_tp}")
+  ref, r = script_parts.part(runs, "1,1,1:1:0"), script_parts.part(runs, f"{shape}:{chunks}:{decode_tp}")
   sh = r["shard"]
   # The reference shares the policy's layout; pure data parallelism replicates params; FSDP/tensor split them.
   assert sh["ref_q_kernel"] == sh["q_kernel"] == "(None, 'fsdp', 'tensor', None)"
@@ -228,6 +224,6 @@ def test_lm_head_chunk_keeps_its_rows_split_in_training(runs):
   buffer of the compiled training forward+backward holds 1 row per device, never all 8 (which the partitioner
   picks when left alone: the 7B step on 64 chips computed every row's logits on every chip, docs/scale.md). (SCRIPT's
   "head" case, in the module's one 8-device process.)"""
-  r = _case(runs, "head")
+  r = script_parts.part(runs, "head")
   assert r["head_spec"] == "P('fsdp', 'tensor')", r  # the param layout: D split over fsdp
   assert r["rows"] == [1], r
