@@ -526,6 +526,28 @@ def test_sweep_points_and_ablation_variants_are_keys_the_user_set(caplog, tmp_pa
                    "rl.rollout_correction to 'seq_mask' to use it."], lines
 
 
+def test_path_not_taken_warnings_name_what_the_user_set(caplog):
+  """The warnings for the knobs of a path not taken (model.lora.* at rank 0, tools.* without tools.env, the carry's
+  knobs with rl.partial_rollouts off, a correction kind's thresholds under another kind) ask config_lib.set_by_user
+  too: under a record they name the keys the user set, at whatever value, and not those the config set itself (a
+  file's, a table's run config's), which the old rule (any value away from the base config) named as well."""
+  file = config_lib.override(_cfg(), {"model.lora.alpha": 8.0, "tools.workers": 3, "rl.max_staleness": 3,
+                                      "rl.mis_lo": 0.1, "rl.rollout_correction": "tis"})  # the config's own
+  user = {"model.lora.rslora": True, "tools.chunk": 8, "rl.carry_kv": "recompute", "rl.icepop_hi": 5.0}  # 2 defaults
+  c = config_lib.override(file, user)
+  with config_lib.user_keys_set(user):
+    lines = (_said(caplog, validate.validate_model, c) + _said(caplog, validate.validate_tools, c)
+             + _said(caplog, validate.validate_partial, c, 1) + _said(caplog, validate.validate_correction, c))
+  assert [l.split(": no effect with ")[0] for l in lines] == [
+      "model.lora.rslora=True", "tools.chunk=8", "rl.carry_kv='recompute'", "rl.icepop_hi=5.0"], lines
+  # no record: the values away from the base config, the config's own too (tools.chunk and icepop_hi are defaults)
+  lines = (_said(caplog, validate.validate_model, c) + _said(caplog, validate.validate_tools, c)
+           + _said(caplog, validate.validate_partial, c, 1) + _said(caplog, validate.validate_correction, c))
+  assert [l.split(": no effect with ")[0] for l in lines] == [
+      "model.lora.alpha=8.0, model.lora.rslora=True", "tools.workers=3", "rl.max_staleness=3, rl.carry_kv='recompute'",
+      "rl.mis_lo=0.1"], lines
+
+
 def test_correction_thresholds_the_chosen_kind_does_not_read_are_logged(caplog):
   """rl.mis_lo under rl.rollout_correction='tis' (or any threshold of a kind not chosen) changed nothing: one warning
   names each with the kind that reads it; the chosen kind's own thresholds say nothing."""

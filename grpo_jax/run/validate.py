@@ -1041,9 +1041,8 @@ def unread_keys(c) -> None:
   naming each such key once, with the fix. A config file's own values are its author's business: not named."""
   base, flat = _flat(config_lib.base_config()), _flat(c)
   candidates = [k for k in sorted(flat) if config_lib.set_by_user(k, flat[k], base.get(k))]
-  for match, why, fix in _unread_rules(c):
+  for match, why, fix in _unread_rules(c):  # disjoint classes: each key in one line at most
     keys = [k for k in candidates if match(k)]
-    candidates = [k for k in candidates if k not in keys]  # each key in one line, the first rule's
     if keys:
       logging.warning("%s: no effect with %s; %s.", ", ".join(f"{k}={flat[k]!r}" for k in keys), why,
                       fix.format(it="it" if len(keys) == 1 else "them"))
