@@ -123,6 +123,12 @@ def config_value(example: str = "configs/grpo_arith.py:runlocal"):
   return config
 
 
+def override_keys() -> frozenset[str]:
+  """The dotted keys this command's `--config.<key>=` flags set (absl's config flag records them, after parsing):
+  the keys the user set, for the warnings about keys the job does not read (config_lib.user_keys_set)."""
+  return frozenset(config_flags.get_override_values(flags.FLAGS["config"]))
+
+
 # The libraries' records cut to one line each, and silenced before a command's last line: infra/console.py.
 setup_logging = console.setup_logging
 

@@ -365,39 +365,187 @@ def test_truncated_chat_prompts_are_refused():
     validate.validate_groups(config_lib.override(_cfg(), ok))
 
 
+def _said(caplog, fn, *args):
+  """The 'no effect' warning lines `fn(*args)` logs."""
+  import logging
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    fn(*args)
+  return [r.getMessage() for r in caplog.records if ": no effect with " in r.getMessage()]
+
+
+def _named(lines):
+  """{key: how many of the lines name it} ('k=v, k2=v2: no effect with ...')."""
+  import re
+  out = {}
+  for line in lines:
+    for key in re.findall(r"(?:^|, )([\w.]+)=", line.split(": no effect with ")[0]):
+      out[key] = out.get(key, 0) + 1
+  return out
+
+
 def test_sft_keys_without_an_sft_stage_are_logged(caplog, tmp_path):
   """job=grpo runs no SFT stage at sft.steps=0, or with train.init_from set (the RL run starts from it): sft.lora=True
-  and the other sft.* keys changed nothing and said nothing. preflight.check now names them in one warning, with the
-  fix; a run whose SFT stage runs, and the base config's sft group, say nothing."""
-  import logging
+  and the other sft.* keys changed nothing and said nothing. preflight.check names the ones the user set in one
+  warning, with the fix; the config file's own sft.* values (configs/grpo_arith.py's sft.warmup_steps=30, sft.steps
+  =60) are its author's and were named as noise by the old rule (any value away from the base config): not now. A
+  run whose SFT stage runs, and the base config's sft group, say nothing."""
   from grpo_jax.run import preflight
   c = config_lib.override(config_lib.load_config("configs/grpo_arith.py", "small"),
                           {"log.plots": False, "log.tensorboard": False, "model.lora.rank": 4})
-  runs = {"no stage": ({"sft.steps": 0, "sft.lora": True}, ["sft.lora=True", "sft.warmup_steps=30"]),
-          "init_from": ({"sft.lora": True, "train.init_from": str(tmp_path / "params")}, None),
-          "stage runs": ({"sft.lora": True}, [])}
+  runs = {"no stage": {"sft.steps": 0, "sft.lora": True},
+          "init_from": {"sft.lora": True, "train.init_from": str(tmp_path / "params")},
+          "stage runs": {"sft.lora": True}}
 
-  def said(over):
-    caplog.clear()
-    with caplog.at_level(logging.WARNING):
-      try:
+  def check(over):
+    try:
+      with config_lib.user_keys_set(over):  # as main records the command line's --config.<key> flags
         preflight.check(config_lib.override(c, over), str(tmp_path / "run"))
-      except ValueError:  # train.init_from names no checkpoint: refused (InputError) after the config checks
-        pass
-    return [r.getMessage() for r in caplog.records if "sft." in r.getMessage() and "no effect" in r.getMessage()]
+    except ValueError:  # train.init_from names no checkpoint: refused (InputError) after the config checks
+      pass
 
-  lines = said(runs["no stage"][0])
-  assert len(lines) == 1 and sorted(lines[0].split(": no effect")[0].split(", ")) == runs["no stage"][1], lines
-  assert lines[0].endswith("no effect with sft.steps=0 (no SFT stage); set sft.steps > 0 to run an SFT stage before "
-                           "the RL run."), lines
-  lines = said(runs["init_from"][0])
-  assert len(lines) == 1 and "sft.steps=60" in lines[0] and "sft.lora=True" in lines[0], lines
-  assert "train.init_from set (the RL run starts from it; no SFT stage runs)" in lines[0], lines
-  assert said(runs["stage runs"][0]) == []
-  caplog.clear()
-  with caplog.at_level(logging.WARNING):
-    validate.unused_sft_knobs(_cfg())
-  assert not caplog.records
+  lines = [l for l in _said(caplog, check, runs["no stage"]) if "sft." in l]
+  assert lines == ["sft.lora=True: no effect with sft.steps=0 (no SFT stage); set sft.steps > 0 to run an SFT stage "
+                   "before the RL run."], lines
+  lines = [l for l in _said(caplog, check, runs["init_from"]) if "sft." in l]
+  assert lines == ["sft.lora=True: no effect with train.init_from set (the RL run starts from it; no SFT stage runs); "
+                   "set train.init_from='' and sft.steps > 0 to run the SFT stage first."], lines
+  assert _said(caplog, check, runs["stage runs"]) == []
+  # with no record (a library caller that built the config in code): every value away from the base config is its
+  # own, the file's sft.warmup_steps too
+  lines = _said(caplog, validate.unread_keys, config_lib.override(c, runs["no stage"]))
+  assert _named(lines) == {"sft.lora": 1, "sft.warmup_steps": 1}, lines
+  assert _said(caplog, validate.unread_keys, _cfg()) == []
+
+
+# (job, overrides the user passes: each a key that job does not read, and the reason its line gives)
+UNREAD = {
+    "sft": {"rl.beta": "job=sft (it runs no RL step)", "ppo.vf_coef": "job=sft (it runs no RL step (no critic))",
+            "rewards": "job=sft (it runs no RL step (nothing is scored", "r1.zero.steps": "only job=r1_pipeline reads",
+            "train.steps": "its steps are sft.steps", "train.eval_every": "it evaluates once, at its end",
+            "train.init_from": "it starts from sft.init_from", "sampling.top_k": "decodes untruncated",
+            "sampling.top_p": "decodes untruncated", "export.dtype": "only job=export reads export.*"},
+    "pretrain": {"rl.G": "job=pretrain (it runs no RL step)", "sampling.temperature": "decodes nothing",
+                 "eval.size": "decodes nothing", "sft.loss_on": "trains on every token",
+                 "tools.workers": "decodes nothing", "train.steps": "its steps are sft.steps"},
+    "grpo": {"sft.lora": "sft.steps=0 (no SFT stage)", "r1.zero.steps": "job=grpo (only job=r1_pipeline reads r1.*)",
+             "export.step": "job=grpo (only job=export reads export.*)"},
+    "r1_pipeline": {"export.step": "job=r1_pipeline (only job=export reads export.*)"},
+    "export": {"rl.beta": "job=export (it converts the run in --workdir", "seed": "job=export",
+               "sampling.top_k": "job=export"},
+}
+# keys the same job reads, set by the user too: never named
+READ = {"sft": ("sft.lr", "sampling.temperature", "eval.size", "train.log_every", "optim.weight_decay"),
+        "pretrain": ("sft.lr", "sft.batch", "train.ckpt_every"),
+        "grpo": ("sft.steps", "rl.beta", "sampling.top_k", "train.steps", "rewards"),
+        "r1_pipeline": ("r1.zero.steps", "rl.beta", "sampling.top_k"),
+        "export": ("export.dtype", "export.step", "job")}
+VALUES = {"rl.beta": 0.1, "ppo.vf_coef": 0.3, "rewards": (("accuracy", 1.0),), "r1.zero.steps": 3, "train.steps": 5,
+          "train.eval_every": 2, "train.init_from": "/x/params", "sampling.top_k": 5, "sampling.top_p": 0.9,
+          "export.dtype": "bfloat16", "rl.G": 4, "sampling.temperature": 0.7, "eval.size": 16, "sft.loss_on": "all",
+          "tools.workers": 3, "tools.env": "calculator", "sft.lora": True, "export.step": 3, "seed": 3, "sft.lr": 1e-5,
+          "train.log_every": 2, "optim.weight_decay": 0.01, "sft.batch": 8, "train.ckpt_every": 4, "sft.steps": 0,
+          "export.out_dir": "/x/hf", "job": "export"}
+
+
+@pytest.mark.parametrize("job", list(UNREAD))
+def test_keys_the_user_set_that_the_job_does_not_read_are_named_once(job, caplog):
+  """A key the user set (a --config flag, a sweep point's or an ablation variant's override: config_lib.user_keys_set)
+  that config.job does not read changed nothing and said nothing (rl.* under job=sft, export.* outside job=export):
+  each is named in one warning line with the reason, exactly once; keys the job reads, and the config file's own
+  values (configs/grpo_arith.py sets rl.*, sft.* and train.* for its grpo job), are not named."""
+  c = config_lib.load_config("configs/grpo_arith.py", "small")
+  user = {k: VALUES[k] for k in (*UNREAD[job], *READ[job])}
+  user["job"] = job
+  if job == "pretrain":
+    user["tools.env"] = "calculator"  # with tools.env='' validate_tools names the tools.* keys (its own line)
+  if job == "grpo":
+    user["sft.steps"] = 0
+  with config_lib.user_keys_set(user):
+    lines = _said(caplog, validate.unread_keys, config_lib.override(c, user))
+  named = _named(lines)
+  assert named == {k: 1 for k in UNREAD[job] if k != "tools.env"} | (
+      {"tools.env": 1} if job == "pretrain" else {}), lines
+  for key, why in UNREAD[job].items():
+    line = next(l for l in lines if l.startswith(f"{key}=") or f", {key}=" in l)
+    assert why in line.split(": no effect with ", 1)[1], (key, line)
+
+
+def test_every_key_a_stage_drops_from_its_record_has_a_reason():
+  """unread_keys takes the keys each job leaves unread from run_config.drops (the keys a stage's recorded view drops
+  as unread, not a second hand-kept list): each such prefix has its reason in validate._DROP_WHY (sft.* under
+  job=grpo has its own rule), so no line falls back to the generic one."""
+  from grpo_jax.run import run_config
+  for kind in ("sft", "rl"):
+    for p in run_config.drops(kind):
+      assert p == "sft." or p in validate._DROP_WHY, (kind, p)  # pylint: disable=protected-access
+
+
+def test_a_command_lines_flags_are_the_keys_it_set(tmp_path):
+  """End to end: `main` records its --config.<key> flags (absl's override values, cli.override_keys) as the keys the
+  user set, so job=export on configs/grpo_arith.py names the flag it passed (rl.beta), not the dozens of keys the
+  file sets for its grpo job, before it refuses the empty export.out_dir."""
+  import os
+  out = subprocess.run([sys.executable, "-m", "grpo_jax.main", "--config=configs/grpo_arith.py:small",
+                        f"--workdir={tmp_path}", "--config.job=export", "--config.rl.beta=0.1"],
+                       capture_output=True, text=True, timeout=120, env=dict(os.environ, JAX_PLATFORMS="cpu"))
+  assert out.returncode == 2, out.stderr[-2000:]
+  lines = [l for l in out.stderr.splitlines() if ": no effect with " in l]
+  assert len(lines) == 1 and lines[0].split("] ", 1)[-1].startswith(
+      "rl.beta=0.1: no effect with job=export (it converts the run in --workdir"), out.stderr[-2000:]
+  assert "config.export.out_dir: is empty" in out.stderr
+
+
+def test_sweep_points_and_ablation_variants_are_keys_the_user_set(caplog, tmp_path, monkeypatch):
+  """A sweep point's overrides reach its run as --config flags do: each run names the sweep command's flags and its
+  point's keys that its job does not read, once (its check; the run itself, which checks again, does not repeat
+  it), not the config file's; an ablation variant's overrides (and the table's --config.run.<key> flags) likewise,
+  not what the table's run config sets itself."""
+  import types
+  from grpo_jax.run import jobs
+  from grpo_jax.studies import ablate, sweep
+  c = config_lib.override(config_lib.load_config("configs/grpo_arith.py", "small"),
+                          {"job": "sft", "log.plots": False, "log.tensorboard": False, "train.steps": 7})
+  ran = []
+  monkeypatch.setattr(jobs, "run", lambda config, wd: ran.append(wd) or jobs.check(config, wd))  # its checks, no step
+  lines = _said(caplog, lambda: sweep.run(c, str(tmp_path / "sw"), config_file="configs/grpo_arith.py:small",
+                                          sweep_text="rl.beta=0.02,0.04", mode="serial",
+                                          base_overrides={"train.steps": 7}, log=lambda s: None))
+  assert len(ran) == 2
+  assert sorted(l.split(":")[0] for l in lines) == ["rl.beta=0.02", "rl.beta=0.04", "train.steps=7",
+                                                    "train.steps=7"], lines
+  # an ablation table: the variants' configs are built (and checked) once by check_variants
+  base = config_lib.override(_cfg(), {"rl.rollout_correction": "tis", "rl.mis_lo": 0.2})  # the table's own
+  table = types.SimpleNamespace(build_config=lambda cfg, over: validate.validate_correction(
+      config_lib.override(cfg.run, over)) or config_lib.override(cfg.run, over))
+  cfg = ml_collections.ConfigDict({"run": base, "variants": (("a", {"rl.icepop_lo": 0.3}), ("b", {"rl.is_cap": 3.0}))})
+  lines = _said(caplog, ablate.check_variants, cfg, table, ("rl.seq_mask_hi",))
+  assert lines == ["rl.icepop_lo=0.3, rl.seq_mask_hi=1.001: no effect with rl.rollout_correction='tis' (it reads "
+                   "rl.is_cap); set rl.rollout_correction to 'icepop' or 'seq_mask' to use them.",
+                   "rl.seq_mask_hi=1.001: no effect with rl.rollout_correction='tis' (it reads rl.is_cap); set "
+                   "rl.rollout_correction to 'seq_mask' to use it."], lines
+
+
+def test_path_not_taken_warnings_name_what_the_user_set(caplog):
+  """The warnings for the knobs of a path not taken (model.lora.* at rank 0, tools.* without tools.env, the carry's
+  knobs with rl.partial_rollouts off, a correction kind's thresholds under another kind) ask config_lib.set_by_user
+  too: under a record they name the keys the user set, at whatever value, and not those the config set itself (a
+  file's, a table's run config's), which the old rule (any value away from the base config) named as well."""
+  file = config_lib.override(_cfg(), {"model.lora.alpha": 8.0, "tools.workers": 3, "rl.max_staleness": 3,
+                                      "rl.mis_lo": 0.1, "rl.rollout_correction": "tis"})  # the config's own
+  user = {"model.lora.rslora": True, "tools.chunk": 8, "rl.carry_kv": "recompute", "rl.icepop_hi": 5.0}  # 2 defaults
+  c = config_lib.override(file, user)
+  with config_lib.user_keys_set(user):
+    lines = (_said(caplog, validate.validate_model, c) + _said(caplog, validate.validate_tools, c)
+             + _said(caplog, validate.validate_partial, c, 1) + _said(caplog, validate.validate_correction, c))
+  assert [l.split(": no effect with ")[0] for l in lines] == [
+      "model.lora.rslora=True", "tools.chunk=8", "rl.carry_kv='recompute'", "rl.icepop_hi=5.0"], lines
+  # no record: the values away from the base config, the config's own too (tools.chunk and icepop_hi are defaults)
+  lines = (_said(caplog, validate.validate_model, c) + _said(caplog, validate.validate_tools, c)
+           + _said(caplog, validate.validate_partial, c, 1) + _said(caplog, validate.validate_correction, c))
+  assert [l.split(": no effect with ")[0] for l in lines] == [
+      "model.lora.alpha=8.0, model.lora.rslora=True", "tools.workers=3", "rl.max_staleness=3, rl.carry_kv='recompute'",
+      "rl.mis_lo=0.1"], lines
 
 
 def test_correction_thresholds_the_chosen_kind_does_not_read_are_logged(caplog):

@@ -8,13 +8,15 @@ and sweeps are to.
 files by path, so code shared between them must be importable from any working directory.
 """
 import ast
+import contextlib
+import contextvars
 import copy
 import difflib
 import functools
 import importlib.util
 import numbers
 import os
-from typing import Any, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import ml_collections
 import numpy as np
@@ -578,3 +580,39 @@ def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
   return module.get_config(arg) if arg else module.get_config()
+
+
+# ------------------------------------------------------------------------------------------ keys the user set
+
+# The dotted keys the person running a command set for this run: its `--config.<key>=` overrides (absl's config flag
+# records them: config_flags.get_override_values), and a sweep point's or an ablation variant's overrides, which
+# reach the run through `override` as the flags do. None: no command recorded them (a library caller that built the
+# config in code is its author and its user at once: every value away from the base config counts as set).
+_USER_KEYS: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("user_keys", default=None)
+
+
+@contextlib.contextmanager
+def user_keys_set(keys: Iterable[str]) -> Iterator[None]:
+  """Inside, `keys` (dotted) are the keys the user set for the config being checked or run (replacing any outer
+  record: a sweep names each run's own)."""
+  token = _USER_KEYS.set(frozenset(keys))
+  try:
+    yield
+  finally:
+    _USER_KEYS.reset(token)
+
+
+def user_keys() -> frozenset[str] | None:
+  """The keys recorded by the innermost user_keys_set, or None when no command recorded any."""
+  return _USER_KEYS.get()
+
+
+def set_by_user(key: str, value: Any, default: Any) -> bool:
+  """Whether the user set `key` (dotted; its current `value`, the base config's `default`): recorded by the command
+  (a key under it counts: 'tools.sandbox' covers 'tools.sandbox.time_s'), or, with no record, away from the default.
+  What the "no effect" warnings ask, so that a config file's own values (its author's business) are not reported
+  as if the person running it had set them."""
+  keys = _USER_KEYS.get()
+  if keys is None:
+    return value != default
+  return any(k == key or k.startswith(key + ".") for k in keys)

@@ -25,6 +25,7 @@ from grpo_jax.run import stages as stages_lib
 from grpo_jax.run import train
 from grpo_jax.r1 import pipeline
 from grpo_jax.run import preflight
+from grpo_jax.run import validate
 from grpo_jax.infra import multihost
 from grpo_jax.infra import workdir_lock
 from grpo_jax.hf import model_source
@@ -133,6 +134,7 @@ def run(config, workdir: str) -> None:
   multihost.maybe_initialize()
   multihost.check_same_job(config, workdir)  # before anything is read or written: one job, one program
   if config.job == "export":  # reads the run in workdir and writes elsewhere: no lock, no stages, no config.json
+    validate.unread_keys(config)  # every key but export.* is the run's own (its config.json): said, not dropped
     export.run_job(config, workdir)
     return
   if config.job == "grpo":  # a group of one run (run_group: the same checks, plan and stages as below)

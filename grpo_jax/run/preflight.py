@@ -372,12 +372,11 @@ def check(config, workdir: str) -> None:
     if config.sft.steps > 0 and not config.train.init_from:  # the SFT stage runs first: its keys are checked too
       validate.validate_sft(config, n, tokenizer)
       memory_plan.check_sft_fits(config, validate.validate_mesh(config, n), validate.device_memory())
-    else:
-      validate.unused_sft_knobs(config)
   elif config.job in ("sft", "pretrain"):
     validate.validate_sft(config, n, tokenizer)
     memory_plan.check_sft_fits(config, validate.validate_mesh(config, n), validate.device_memory())
   # job=r1_pipeline: the r1 keys and every stage's derived config are jobs.check's (r1/ is reached from jobs.py only).
+  validate.unread_keys(config)  # keys the user set that this job does not read: one warning line per reason
   mcfg = model_lib.ModelConfig.from_config(config.model)
   check_init_from("train.init_from", config.train.init_from, mcfg)
   check_init_from("sft.init_from", config.sft.init_from, mcfg)

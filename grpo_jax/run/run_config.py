@@ -82,6 +82,16 @@ def _matches(key: str, prefixes: Iterable[str]) -> bool:
   return any(key == p or (p.endswith(".") and key.startswith(p)) or key.startswith(p + ".") for p in prefixes)
 
 
+def drops(kind: str) -> tuple[str, ...]:
+  """The key prefixes a run of `kind` ('rl', 'sft', 'sample') does not read (dropped from its view)."""
+  return _DROP[kind]
+
+
+def dropped(kind: str, key: str) -> bool:
+  """Whether dotted `key` (or a prefix such as 'rl.') is among the keys a `kind` run does not read."""
+  return _matches(key, _DROP[kind])
+
+
 def view(config: Any, kind: str, *, keep: Iterable[str] = (), extra: Mapping[str, Any] | None = None
          ) -> dict[str, Any]:
   """The keys a run of `kind` ('rl', 'sft' or 'sample') reads, plus `keep` prefixes and `extra` entries."""

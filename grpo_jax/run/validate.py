@@ -1,6 +1,7 @@
 """Config validation before anything compiles: each failure is ONE line naming the key and the fix."""
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 from typing import Any, Iterator
@@ -15,6 +16,7 @@ from grpo_jax.rl import losses
 from grpo_jax.rl import token_select
 from grpo_jax.config import presets
 from grpo_jax.config import config_lib
+from grpo_jax.run import run_config
 from grpo_jax.infra.errors import integer  # an int, not a bool (True is 1 in Python)
 from grpo_jax.infra.errors import ConfigError  # noqa: F401  (validate.ConfigError is what callers catch; exit 2)
 from grpo_jax.tasks import data
@@ -462,13 +464,14 @@ def validate_tools_rl(c) -> None:
 
 
 def _changed(d: dict, base: dict, prefix: str) -> list[str]:
-  """'key=value' for each leaf of `d` that differs from `base` (a group of the base config), dotted from `prefix`."""
+  """'key=value' for each leaf of `d` the user set (config_lib.set_by_user: a command's overrides, else away from
+  `base`, a group of the base config), dotted from `prefix`."""
   out = []
   for k, v in d.items():
     b = base.get(k)
     if isinstance(v, dict) and isinstance(b, dict):
       out += _changed(v, b, f"{prefix}.{k}")
-    elif v != b:
+    elif config_lib.set_by_user(f"{prefix}.{k}", v, b):
       out.append(f"{prefix}.{k}={v!r}")
   return out
 
@@ -668,7 +671,8 @@ def validate_partial(c, data_par: int) -> None:
   _choice(c, "rl.staleness_policy", ("wait", "mask"))
   if not rl.partial_rollouts:  # the carry's knobs mean nothing to the synchronous step: said, not silently dropped
     base = config_lib.base_config().rl
-    unused = [f"rl.{k}={rl[k]!r}" for k in CARRY_KNOBS if rl.get(k, base[k]) != base[k]]
+    unused = [f"rl.{k}={rl[k]!r}" for k in CARRY_KNOBS
+              if config_lib.set_by_user(f"rl.{k}", rl.get(k, base[k]), base[k])]
     if unused:
       logging.warning("%s: no effect with rl.partial_rollouts=False (the synchronous step carries no rows); set "
                       "rl.partial_rollouts=True to use %s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
@@ -708,7 +712,7 @@ def validate_correction(c) -> None:
   _choice(c, "rl.rollout_correction", correction.KINDS)
   kind, base = c.rl.rollout_correction, config_lib.base_config().rl
   unused = [(f"rl.{k}={c.rl[k]!r}", other) for other, knobs in CORRECTION_KNOBS.items() if other != kind
-            for k in knobs if k in c.rl and c.rl[k] != base[k]]
+            for k in knobs if k in c.rl and config_lib.set_by_user(f"rl.{k}", c.rl[k], base[k])]
   if unused:
     logging.warning("%s: no effect with rl.rollout_correction=%r (it reads %s); set rl.rollout_correction to %s to "
                     "use %s.", ", ".join(k for k, _ in unused), kind,
@@ -957,23 +961,93 @@ def validate_optim(c) -> None:
 
 SFT_KNOBS = ("batch", "lr", "warmup_steps", "loss_on", "mistake_frac", "init_from", "lora")  # sft.*: the stage's
 
+# Why a run of each kind leaves each prefix of run_config.drops(kind) (the keys dropped from the view it records, as
+# it does not read them) unread, for unread_keys' warning; a prefix added there without a reason here is said with
+# _NO_READER. rl.* under job=sft: no RL step reads it; only the final evaluation's `auto` sampling knobs, where left
+# auto, are sized from the RL batch (rl/auto.py: the engine from rl.partial_rollouts, the slots from
+# rl.prompts_per_step × G): the decode plan, not the samples (the continuous engine draws the static one's uniforms).
+_DROP_WHY = {
+    "rl.": "it runs no RL step", "ppo.": "it runs no RL step (no critic)",
+    "rewards": "it runs no RL step (nothing is scored to train on)", "r1.": "only job=r1_pipeline reads r1.*",
+    "train.steps": "its steps are sft.steps", "train.eval_every": "it evaluates once, at its end",
+    "train.init_from": "it starts from sft.init_from",
+}
+_NO_READER = "no stage of it reads this key"
 
-def unused_sft_knobs(c) -> None:
-  """job=grpo without an SFT stage (sft.steps=0, or train.init_from set: the RL run starts from it, jobs.grpo_stages):
-  sft.* set away from its default changed nothing (sft.lora=True said nothing): one warning naming them."""
-  if c.get("job") != "grpo" or (c.sft.steps > 0 and not c.train.init_from):
-    return
-  base = config_lib.base_config().sft
-  keys = SFT_KNOBS + (("steps",) if c.train.init_from else ())
-  unused = [f"sft.{k}={c.sft[k]!r}" for k in keys if k in c.sft and c.sft[k] != base[k]]
-  if not unused:
-    return
-  if c.train.init_from:
-    why, fix = ("train.init_from set (the RL run starts from it; no SFT stage runs)",
-                "set train.init_from='' and sft.steps > 0 to run the SFT stage first")
-  else:
-    why, fix = "sft.steps=0 (no SFT stage)", "set sft.steps > 0 to run an SFT stage before the RL run"
-  logging.warning("%s: no effect with %s; %s.", ", ".join(unused), why, fix)
+
+def sft_stage_runs(c) -> bool:
+  """job=grpo runs an SFT stage before the RL run (jobs.grpo_stages): sft.steps > 0 and no train.init_from."""
+  return c.sft.steps > 0 and not c.train.init_from
+
+
+def _flat(c, prefix: str = "") -> dict[str, Any]:
+  out = {}
+  for k in c.keys():
+    v = c[k]
+    if hasattr(v, "keys"):
+      out.update(_flat(v, f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = v
+  return out
+
+
+def _under(prefix: str, key: str) -> bool:
+  """`key` is `prefix` or a key under it ('rl.' and 'rl' both hold 'rl.beta')."""
+  p = prefix.rstrip(".")
+  return key == p or key.startswith(p + ".")
+
+
+def _unread_rules(c) -> list[tuple[Any, str, str]]:
+  """(match(dotted key) -> bool, why, fix) for each class of key config.job does not read; `fix` says {it}."""
+  job = c.get("job")
+  if job == "export":  # export.run_job reads the run in --workdir and export.*, nothing else of this config
+    return [(lambda k: k != "job" and not _under("export", k),
+             "job=export (it converts the run in --workdir, whose own config.json gives the rest, and reads only "
+             "export.*)", "pass only export.* keys with job=export")]
+  rules = [(functools.partial(_under, "export"), f"job={job} (only job=export reads export.*)",
+            "drop {it} (job=export converts a finished run: python -m grpo_jax.main --config.job=export)")]
+  if job == "grpo":
+    if not sft_stage_runs(c):  # sft.steps decides whether the stage runs; with train.init_from it is unread too
+      keys = {f"sft.{k}" for k in SFT_KNOBS} | ({"sft.steps"} if c.train.init_from else set())
+      if c.train.init_from:
+        why, fix = ("train.init_from set (the RL run starts from it; no SFT stage runs)",
+                    "set train.init_from='' and sft.steps > 0 to run the SFT stage first")
+      else:
+        why, fix = "sft.steps=0 (no SFT stage)", "set sft.steps > 0 to run an SFT stage before the RL run"
+      rules.append((keys.__contains__, why, fix))
+    kinds = ("sft", "rl") if sft_stage_runs(c) else ("rl",)
+  elif job in ("sft", "pretrain"):
+    kinds = ("sft",)
+  else:  # r1_pipeline: r1/stage_config.py refuses the keys its stages overwrite (_OVERWRITTEN)
+    return rules
+  # the prefixes every stage of the job drops from its view (sft.* under job=grpo: the rule above)
+  for p in run_config.drops(kinds[0]):
+    if p != "sft." and all(run_config.dropped(k, p) for k in kinds):
+      fix = "drop {it}, or set job=grpo" if job != "grpo" and p in ("rl.", "ppo.", "rewards") else "drop {it}"
+      rules.append((functools.partial(_under, p), f"job={job} ({_DROP_WHY.get(p, _NO_READER)})", fix))
+  if job == "sft":  # evaluation.Evaluator decodes untruncated (top_k=0, top_p=1.0): the RL rollout's keys
+    rules.append((("sampling.top_k", "sampling.top_p").__contains__, "job=sft (its held-out evaluation decodes "
+                  "untruncated: top-k / top-p are the RL rollout's)", "drop {it}"))
+  if job == "pretrain":  # train.run_sft(loss_on='all'): every token trained, no held-out evaluation, nothing decoded
+    env = bool(c.get("tools") is not None and c.tools.env)  # tools.env='': validate_tools names the tools.* keys
+    rules.append((lambda k: _under("sampling", k) or _under("eval", k) or k == "sft.loss_on" or (
+        env and _under("tools", k)), "job=pretrain (it trains on every token and decodes nothing: no held-out "
+                  "evaluation)", "drop {it}, or set job=sft"))
+  return rules
+
+
+def unread_keys(c) -> None:
+  """A key the user set (config_lib.set_by_user: a --config override, a sweep point's or an ablation variant's; with
+  no record, away from the base config) that config.job does not read — rl.* under job=sft, sft.* under job=grpo
+  without an SFT stage, export.* outside job=export — changed nothing and said nothing: one warning line per reason,
+  naming each such key once, with the fix. A config file's own values are its author's business: not named."""
+  base, flat = _flat(config_lib.base_config()), _flat(c)
+  candidates = [k for k in sorted(flat) if config_lib.set_by_user(k, flat[k], base.get(k))]
+  for match, why, fix in _unread_rules(c):  # disjoint classes: each key in one line at most
+    keys = [k for k in candidates if match(k)]
+    if keys:
+      logging.warning("%s: no effect with %s; %s.", ", ".join(f"{k}={flat[k]!r}" for k in keys), why,
+                      fix.format(it="it" if len(keys) == 1 else "them"))
 
 
 def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:

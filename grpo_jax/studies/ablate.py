@@ -15,6 +15,7 @@ resumes without redoing finished cells; a cell from a different config stops the
 What each cell's runs resolved their `auto` knobs to (logged once where they resolve, as a main run logs them) is
 kept in its cell file and gathered in DIR/auto.json, {variant: {key: "value (why)"}}, as a main run's DIR/auto.json.
 """
+import contextlib
 import datetime
 import hashlib
 import importlib
@@ -24,9 +25,10 @@ import re
 import sys
 import time
 from types import ModuleType
-from typing import Callable
+from typing import Callable, Iterable
 
 from grpo_jax import cli
+from grpo_jax.config import config_lib
 from grpo_jax.infra import errors
 from grpo_jax.infra import multihost
 from grpo_jax.run import preflight
@@ -67,8 +69,17 @@ def _check_cell(variant: str, cell: dict, n_seeds: int) -> None:
       raise ValueError(f"table cell {variant!r}: curve {m!r} must be seeds × len(x).")
 
 
-def run_cells(cfg, workdir: str, table: ModuleType, log: Callable[[str], None] = print) -> dict[str, dict]:
-  """Runs (or loads) every variant's cell; each finished cell is saved before the next starts."""
+def variant_keys(cfg, variant: str, cli_keys: Iterable[str] = ()) -> contextlib.AbstractContextManager:
+  """The keys the user set for a variant's runs (config_lib.user_keys_set): the table's `--config.run.<key>` flags
+  and the variant's overrides, which reach its run config as a --config flag reaches a main run's."""
+  own = dict(cfg.variants).get(variant, {}) if "variants" in cfg else {}
+  return config_lib.user_keys_set(set(cli_keys) | set(own.keys()))
+
+
+def run_cells(cfg, workdir: str, table: ModuleType, log: Callable[[str], None] = print,
+              cli_keys: Iterable[str] | None = ()) -> dict[str, dict]:
+  """Runs (or loads) every variant's cell; each finished cell is saved before the next starts. `cli_keys` None: the
+  variants' keys were said by check_variants (their warnings are not repeated)."""
   os.makedirs(os.path.join(workdir, "cells"), exist_ok=True)
   fp = fingerprint(cfg)
   seeds = list(range(cfg.seed0, cfg.seed0 + cfg.seeds)) if "seed0" in cfg else list(range(cfg.seeds))
@@ -97,7 +108,8 @@ def run_cells(cfg, workdir: str, table: ModuleType, log: Callable[[str], None] =
       log(f"[ablate] {variant}: loaded from {path}")
       continue
     t0 = time.perf_counter()
-    cell = table.run_cell(cfg, variant, seeds)
+    with config_lib.user_keys_set(()) if cli_keys is None else variant_keys(cfg, variant, cli_keys):
+      cell = table.run_cell(cfg, variant, seeds)
     _check_cell(variant, cell, len(seeds))
     cell = json.loads(json.dumps(cell, default=float))  # plain floats only, as it will be re-read
     tmp = path + ".tmp"
@@ -116,13 +128,17 @@ RATIO_ONLY = ("rl.eps_low", "rl.eps_high", "rl.dual_clip", "rl.sapo_tau_pos", "r
               "rl.ratio_level")
 
 
-def check_variants(cfg, table: ModuleType) -> None:
+def check_variants(cfg, table: ModuleType, cli_keys: Iterable[str] = ()) -> bool:
   """Two rows that can only come out identical are refused before anything runs: variants whose run configs differ
   only in RATIO_ONLY settings while every update is on-policy (rl.mu 1, one minibatch: ρ ≡ 1, so no clip or gate
-  ever acts). Table i and m's first runs (2026-12-05) measured exactly that: clip-higher rows equal to clip 0.2."""
+  ever acts). Table i and m's first runs (2026-12-05) measured exactly that: clip-higher rows equal to clip 0.2.
+  -> whether it built (and so checked, its warnings naming the keys variant_keys gives) every variant's config."""
   if not hasattr(table, "build_config") or "variants" not in cfg:
-    return
-  flat = {name: run_config.flatten(table.build_config(cfg, overrides)) for name, overrides in cfg.variants}
+    return False
+  flat = {}
+  for name, overrides in cfg.variants:
+    with variant_keys(cfg, name, cli_keys):
+      flat[name] = run_config.flatten(table.build_config(cfg, overrides))
   names = list(flat)
   for i, a in enumerate(names):
     for b in names[i + 1:]:
@@ -147,7 +163,8 @@ def check_memory(cfg, table: ModuleType) -> None:
     return
   hbm, lanes = validate.device_memory(), max(int(cfg.seeds), 1)
   for name, overrides in cfg.variants:
-    c = table.build_config(cfg, overrides)
+    with config_lib.user_keys_set(()):  # check_variants said its warnings
+      c = table.build_config(cfg, overrides)
     try:
       auto.check_choosable(c, validate.validate_mesh(c, 1), None if hbm is None else hbm // lanes)
     except validate.ConfigError as e:
@@ -156,17 +173,18 @@ def check_memory(cfg, table: ModuleType) -> None:
 
 
 def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
-        log: Callable[[str], None] = print) -> str:
-  """Runs the table and writes table.md / table.csv / plots; returns the markdown."""
+        log: Callable[[str], None] = print, cli_keys: Iterable[str] = ()) -> str:
+  """Runs the table and writes table.md / table.csv / plots; returns the markdown. `cli_keys`: the run-config keys
+  the command line set (`--config.run.<key>`), besides each variant's own overrides."""
   multihost.refuse_multi_process("python -m grpo_jax.ablate", "its cells' runs",
                                  "unset GRPO_JAX_DISTRIBUTED and run the table once, from one process.")
   table = table or load_table(cfg)
   if int(cfg.seeds) < 1:
     raise ValueError(f"config.seeds={cfg.seeds}: need at least 1 (5 or more for a useful interval).")
-  check_variants(cfg, table)
+  said = check_variants(cfg, table, cli_keys)
   check_memory(cfg, table)
   t0 = time.perf_counter()
-  cells = run_cells(cfg, workdir, table, log)
+  cells = run_cells(cfg, workdir, table, log, None if said else cli_keys)
   columns = tuple(cfg.columns) if "columns" in cfg else ()
   plots = report.write_plots(workdir, cells)
   report.write_csv(os.path.join(workdir, "table.csv"), cells, columns)
@@ -221,7 +239,8 @@ def main(argv) -> None:
   cli.compilation_cache()  # cells that share a program compile it once (cli.py)
   cli.collect_less()
   try:
-    md = run(config, flags.FLAGS.workdir, command)
+    run_keys = {k[len("run."):] for k in cli.override_keys() if k.startswith("run.")}  # cfg.run: the run config
+    md = run(config, flags.FLAGS.workdir, command, cli_keys=run_keys)
   except ValueError as e:
     print(f"Config error: {e}", file=sys.stderr)
     sys.exit(2)

@@ -66,6 +66,9 @@ class Run:
   keys: dict[str, Any]       # the point's declared overrides (report columns)
   config: ml_collections.ConfigDict
   workdir: str
+  # the keys the user set for this run (config_lib.user_keys_set): the command's --config flags and the point's
+  # overrides (not the run_seed --seeds sets); `run` fills it in
+  user_keys: frozenset[str] = frozenset()
 
 
 def _config_module(config_file: str):
@@ -219,8 +222,9 @@ def check(runs: Sequence[Run]) -> dict[str, bool]:
 def check_run(r: Run) -> bool:
   """One run's checks (check's); -> whether it finished earlier. An input error names the run."""
   try:
-    c = model_source.resolve(r.config)
-    jobs.check(c, r.workdir)
+    with config_lib.user_keys_set(r.user_keys):  # its warnings name what this run's user set
+      c = model_source.resolve(r.config)
+      jobs.check(c, r.workdir)
     todo = _stage_list(c, r.workdir)
     stages.allow_set(c)
     stages.rerun_set(c, todo)
@@ -347,6 +351,9 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
     raise errors.InputError("--workdir is required: the sweep's directory (one subdirectory per run).")
   points = load_points(config_file, config, sweep_text)
   runs = make_runs(config, points, seeds, workdir)
+  for r in runs:  # the command's --config flags, then the point's own (a sweep axis reaches the run as a flag does)
+    own = set(r.overrides) - ({"run_seed"} if r.seed is not None else set())
+    r.user_keys = frozenset(base_overrides or ()) | own
   metrics = tuple(metrics) or default_metrics(config)
   for m in metrics:
     sweep_report.parse(m)
@@ -378,7 +385,8 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
       log(f"[sweep] {len(group)} runs ({group[0].name}, ...) do not fit one device as one vmapped program ({why}); "
           "running them one after another.")
       plan[i] = (group, "serial")
-  with workdir_lock.WorkdirLock(workdir), signals.GracefulStop() as stop:
+  # the runs' checks above said each run's warnings once; run, they check again without naming keys a second time
+  with workdir_lock.WorkdirLock(workdir), signals.GracefulStop() as stop, config_lib.user_keys_set(()):
     _write_plan(workdir, runs, command, seeds, mode)
     for group, how in plan:
       todo = [r for r in group if not done[r.name]]
