@@ -548,6 +548,33 @@ def test_path_not_taken_warnings_name_what_the_user_set(caplog):
       "rl.mis_lo=0.1"], lines
 
 
+def test_a_warning_is_said_once_per_command(caplog):
+  """A command checks its config more than once (preflight, then each stage's set-up: a 2-step main run logged the
+  rank-0 LoRA line three times and the carry and correction lines twice): under one record each warning is one line;
+  a new record (the next run of a sweep) says it again; a library caller with no record hears every check."""
+  user = {"model.lora.alpha": 3.0, "rl.max_staleness": 2, "rl.mis_lo": 0.1, "sft.lr": 1e-4, "optim.lr": 0.5}
+  c = config_lib.override(config_lib.override(_cfg(), {"sft.steps": 0}), user)
+
+  def check_twice():
+    import logging
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      for _ in range(2):
+        for fn, args in ((validate.validate_model, ()), (validate.validate_partial, (1,)),
+                         (validate.validate_correction, ()), (validate.unread_keys, ()), (validate.learning_rate, ("optim.lr",))):
+          fn(c, *args)
+    return [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+
+  with config_lib.user_keys_set(user):
+    once = check_twice()
+  heads = sorted(l.split(":")[0] for l in once)
+  assert heads == sorted(["config.optim.lr=0.5", "model.lora.alpha=3.0", "rl.max_staleness=2", "rl.mis_lo=0.1",
+                          "sft.lr=0.0001"]), once
+  with config_lib.user_keys_set(user):  # the next run's record
+    assert sorted(l.split(":")[0] for l in check_twice()) == heads
+  assert len(check_twice()) == 2 * len(heads)  # no record: every check says its lines
+
+
 def test_correction_thresholds_the_chosen_kind_does_not_read_are_logged(caplog):
   """rl.mis_lo under rl.rollout_correction='tis' (or any threshold of a kind not chosen) changed nothing: one warning
   names each with the kind that reads it; the chosen kind's own thresholds say nothing."""

@@ -11,6 +11,7 @@ import ast
 import contextlib
 import contextvars
 import copy
+import dataclasses
 import difflib
 import functools
 import importlib.util
@@ -588,14 +589,20 @@ def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
 # records them: config_flags.get_override_values), and a sweep point's or an ablation variant's overrides, which
 # reach the run through `override` as the flags do. None: no command recorded them (a library caller that built the
 # config in code is its author and its user at once: every value away from the base config counts as set).
-_USER_KEYS: contextvars.ContextVar[frozenset[str] | None] = contextvars.ContextVar("user_keys", default=None)
+@dataclasses.dataclass
+class _UserRecord:
+  keys: frozenset[str]
+  said: set[str]  # the warnings already logged under this record (first_time)
+
+
+_USER_KEYS: contextvars.ContextVar[_UserRecord | None] = contextvars.ContextVar("user_keys", default=None)
 
 
 @contextlib.contextmanager
 def user_keys_set(keys: Iterable[str]) -> Iterator[None]:
   """Inside, `keys` (dotted) are the keys the user set for the config being checked or run (replacing any outer
-  record: a sweep names each run's own)."""
-  token = _USER_KEYS.set(frozenset(keys))
+  record: a sweep names each run's own), and each warning is said once (first_time)."""
+  token = _USER_KEYS.set(_UserRecord(frozenset(keys), set()))
   try:
     yield
   finally:
@@ -604,7 +611,21 @@ def user_keys_set(keys: Iterable[str]) -> Iterator[None]:
 
 def user_keys() -> frozenset[str] | None:
   """The keys recorded by the innermost user_keys_set, or None when no command recorded any."""
-  return _USER_KEYS.get()
+  record = _USER_KEYS.get()
+  return None if record is None else record.keys
+
+
+def first_time(message: str) -> bool:
+  """Whether `message` was not said yet under the innermost user_keys_set: a command checks its config more than
+  once (preflight, then each stage's set-up), and a warning repeated at each check reads as several problems.
+  Always True outside one (a library caller that checks twice hears it twice)."""
+  record = _USER_KEYS.get()
+  if record is None:
+    return True
+  if message in record.said:
+    return False
+  record.said.add(message)
+  return True
 
 
 def set_by_user(key: str, value: Any, default: Any) -> bool:
@@ -612,7 +633,7 @@ def set_by_user(key: str, value: Any, default: Any) -> bool:
   (a key under it counts: 'tools.sandbox' covers 'tools.sandbox.time_s'), or, with no record, away from the default.
   What the "no effect" warnings ask, so that a config file's own values (its author's business) are not reported
   as if the person running it had set them."""
-  keys = _USER_KEYS.get()
+  keys = user_keys()
   if keys is None:
     return value != default
   return any(k == key or k.startswith(key + ".") for k in keys)

@@ -114,8 +114,8 @@ def learning_rate(c, key, inherit: str = "") -> None:
     _fail(key, f"is {v!r}: AdamW moves every weight by about the learning rate per update, so past {MAX_LR:g} the "
           "first update overwrites the model; set a learning rate <= 1 (fine-tuning: 1e-6 to 1e-4; a typo of 1e-5?).")
   if finite(v) and v > WARN_LR:
-    logging.warning("config.%s=%r: far above language-model learning rates (1e-6 to 1e-3): AdamW moves every weight "
-                    "by about this much per update; check it is meant.", key, v)
+    _warn("config.%s=%r: far above language-model learning rates (1e-6 to 1e-3): AdamW moves every weight "
+          "by about this much per update; check it is meant.", key, v)
   if finite(v) and (v > 0 or (inherit and v == 0)):
     return
   if finite(v) and v == 0:
@@ -274,8 +274,8 @@ def validate_lora(c) -> None:
             "adapters); set model.lora.rank > 0, or sft.lora=False to train all weights.")
     unused = _changed(lc.to_dict(), config_lib.base_config().model.lora.to_dict(), "model.lora")
     if unused:  # set for a LoRA run, meaning nothing without adapters: said, not silently dropped
-      logging.warning("%s: no effect with model.lora.rank=0 (full fine-tuning, no adapters); set model.lora.rank > 0 "
-                      "to use %s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
+      _warn("%s: no effect with model.lora.rank=0 (full fine-tuning, no adapters); set model.lora.rank > 0 "
+            "to use %s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
     return
   if c.get("job") in ("sft", "pretrain") and not sft_lora:
     # trained all weights, and its checkpoints then read as damaged to `export` (config.json names adapters)
@@ -463,6 +463,14 @@ def validate_tools_rl(c) -> None:
           "config.rewards or set tools.fallback_reward=0.0.")
 
 
+def _warn(fmt: str, *args) -> None:
+  """logging.warning, once per message within a command (config_lib.first_time: preflight and each stage's set-up
+  check the same config; one problem is one line)."""
+  message = fmt % args
+  if config_lib.first_time(message):
+    logging.warning("%s", message)
+
+
 def _changed(d: dict, base: dict, prefix: str) -> list[str]:
   """'key=value' for each leaf of `d` the user set (config_lib.set_by_user: a command's overrides, else away from
   `base`, a group of the base config), dotted from `prefix`."""
@@ -489,8 +497,8 @@ def validate_tools(c, tokenizer=None) -> None:
     if t is not None:  # set for a tool run, meaning nothing without one: said, not silently dropped
       unused = _changed(t.to_dict(), config_lib.base_config().tools.to_dict(), "tools")
       if unused:
-        logging.warning("%s: no effect with tools.env='' (single-turn rollouts, no tool data); set tools.env to use "
-                        "%s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
+        _warn("%s: no effect with tools.env='' (single-turn rollouts, no tool data); set tools.env to use "
+              "%s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
     return
   _choice(c, "tools.format", tuple(env_formats.FORMATS))
   v = t.max_turns
@@ -674,13 +682,13 @@ def validate_partial(c, data_par: int) -> None:
     unused = [f"rl.{k}={rl[k]!r}" for k in CARRY_KNOBS
               if config_lib.set_by_user(f"rl.{k}", rl.get(k, base[k]), base[k])]
     if unused:
-      logging.warning("%s: no effect with rl.partial_rollouts=False (the synchronous step carries no rows); set "
-                      "rl.partial_rollouts=True to use %s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
+      _warn("%s: no effect with rl.partial_rollouts=False (the synchronous step carries no rows); set "
+            "rl.partial_rollouts=True to use %s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
     return
   if c.sampling.get("compaction", 0) not in (0, 1):
-    logging.warning("sampling.compaction=%r: no effect with rl.partial_rollouts on the training rollout (the carry "
-                    "decodes on its fixed sampling.slots, never fewer); only the held-out evaluation's continuous "
-                    "engine compacts; set it to 0 or 1 unless that is meant.", c.sampling.compaction)
+    _warn("sampling.compaction=%r: no effect with rl.partial_rollouts on the training rollout (the carry "
+          "decodes on its fixed sampling.slots, never fewer); only the held-out evaluation's continuous "
+          "engine compacts; set it to 0 or 1 unless that is meant.", c.sampling.compaction)
   if c.sampling.engine not in ("continuous", "auto"):  # auto resolves to continuous under partial rollouts
     _fail("rl.partial_rollouts", "carries rows in the continuous engine's slots; set sampling.engine='continuous' "
           f"or 'auto' (it is {c.sampling.engine!r}).")
@@ -714,10 +722,10 @@ def validate_correction(c) -> None:
   unused = [(f"rl.{k}={c.rl[k]!r}", other) for other, knobs in CORRECTION_KNOBS.items() if other != kind
             for k in knobs if k in c.rl and config_lib.set_by_user(f"rl.{k}", c.rl[k], base[k])]
   if unused:
-    logging.warning("%s: no effect with rl.rollout_correction=%r (it reads %s); set rl.rollout_correction to %s to "
-                    "use %s.", ", ".join(k for k, _ in unused), kind,
-                    ", ".join(f"rl.{k}" for k in CORRECTION_KNOBS[kind]) or "no threshold",
-                    " or ".join(dict.fromkeys(repr(o) for _, o in unused)), "it" if len(unused) == 1 else "them")
+    _warn("%s: no effect with rl.rollout_correction=%r (it reads %s); set rl.rollout_correction to %s to "
+          "use %s.", ", ".join(k for k, _ in unused), kind,
+          ", ".join(f"rl.{k}" for k in CORRECTION_KNOBS[kind]) or "no threshold",
+          " or ".join(dict.fromkeys(repr(o) for _, o in unused)), "it" if len(unused) == 1 else "them")
   _choice(c, "sampling.dtype", ("",) + DTYPES)
   if c.sampling.dtype == "float32" and c.model.attention == "cudnn":
     _fail("sampling.dtype", "'float32' with model.attention='cudnn' (cuDNN attention has no float32 kernel); set "
@@ -1046,8 +1054,8 @@ def unread_keys(c) -> None:
   for match, why, fix in _unread_rules(c):  # disjoint classes: each key in one line at most
     keys = [k for k in candidates if match(k)]
     if keys:
-      logging.warning("%s: no effect with %s; %s.", ", ".join(f"{k}={flat[k]!r}" for k in keys), why,
-                      fix.format(it="it" if len(keys) == 1 else "them"))
+      _warn("%s: no effect with %s; %s.", ", ".join(f"{k}={flat[k]!r}" for k in keys), why,
+            fix.format(it="it" if len(keys) == 1 else "them"))
 
 
 def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:
