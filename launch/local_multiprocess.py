@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Runs N processes of one program on this machine as one `jax.distributed` job (CPU collectives: gloo).
 
 Each child gets `GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=127.0.0.1:PORT GRPO_JAX_NUM_PROCESSES=N
@@ -6,12 +7,17 @@ The exit code is 0 only if every process exits 0; when one fails the others are 
 would otherwise wait forever in a collective). SIGINT (Ctrl-C), SIGTERM and SIGHUP sent to the launcher are sent on
 to every process (grpo_jax.main finishes the step, saves and exits 0); one the caller ignores (nohup) stays ignored.
 The children run in the repository root, so relative paths in their arguments (`--config=configs/...`, a relative
-`--workdir`) resolve there; `--script` is the caller's path. Where GPUs are visible (`nvidia-smi -L`, or the
+`--workdir`) resolve there; `--script` is the caller's path. `--config FILE --workdir DIR [-- flags]` is the calling
+convention of every launcher in launch/ (tpu_vm.sh, gpu_multinode.sh: a sweep's `--mode=print --launch=...` writes
+it): `python -m grpo_jax.main --config=FILE --workdir=DIR flags` in each process, FILE a repository path as the
+other launchers take it, DIR made absolute against the caller's directory (where the caller, and the sweep's
+`--mode=report`, look for it). Where GPUs are visible (`nvidia-smi -L`, or the
 caller's CUDA_VISIBLE_DEVICES), each child sees only its own: consecutive slices, `--gpus-per-process` each (default:
 shared out evenly), set as its CUDA_VISIBLE_DEVICES and JAX_LOCAL_DEVICE_IDS; a JAX_PLATFORMS without cuda leaves
 GPUs out. `--dry-run` prints a bash script of the same job (every process in the background, then `wait`).
 
   python launch/local_multiprocess.py -n 2 -m grpo_jax.main -- --config=configs/grpo_arith.py:small --workdir=/tmp/r
+  launch/local_multiprocess.py -n 2 --config configs/grpo_arith.py:small --workdir /tmp/r -- --config.train.steps=2
   python launch/local_multiprocess.py -n 2 --devices-per-process 4 --script my_check.py
   python launch/local_multiprocess.py -n 2 -m grpo_jax.main --dry-run -- --config=...
 """
@@ -100,6 +106,15 @@ def dry_run_script(argv: Sequence[str], envs: Sequence[dict], keys: Sequence[str
     lines.append(f"cd {shlex.quote(REPO)} && " + " ".join(f"{k}={shlex.quote(env[k])}" for k in keys if k in env)
                  + " " + " ".join(shlex.quote(a) for a in argv) + " &")
   return "\n".join(lines + ["wait"]) + "\n"
+
+
+def main_flags(config: str | None, workdir: str | None) -> list[str]:
+  """`--config FILE --workdir DIR` (the launchers' shared convention) as grpo_jax.main's flags: FILE as written (a
+  path in the repository, where the children run, as tpu_vm.sh and gpu_multinode.sh take it), DIR made absolute
+  against the caller's directory (a relative one landed in the repository root, where the caller, and a sweep's
+  --mode=report, did not look for it)."""
+  return ([] if config is None else [f"--config={config}"]) + (
+      [] if workdir is None else [f"--workdir={os.path.abspath(workdir)}"])
 
 
 def child_argv(python: str, module: str | None, script: str | None, args: Sequence[str]) -> list[str]:
@@ -210,7 +225,8 @@ def _run(argv, envs, procs, pumps, received: list, timeout_s: float, grace_s: fl
 def main(argv: Sequence[str] | None = None) -> int:
   ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   ap.add_argument("-n", "--num-processes", type=int, default=2)
-  ap.add_argument("-m", "--module", default=None, help="run `python -m MODULE` (e.g. grpo_jax.main)")
+  ap.add_argument("-m", "--module", default=None,
+                  help="run `python -m MODULE` (default with --config / --workdir: grpo_jax.main)")
   ap.add_argument("--script", default=None, help="run `python SCRIPT` instead of a module")
   ap.add_argument("--port", type=int, default=0, help="coordinator port (0 = a free one)")
   ap.add_argument("--devices-per-process", type=int, default=0, help="simulated CPU devices per process (0 = off)")
@@ -219,14 +235,21 @@ def main(argv: Sequence[str] | None = None) -> int:
                        "(0 = all of them shared out evenly)")
   ap.add_argument("--timeout-s", type=float, default=0.0, help="stop everything after this long (0 = never)")
   ap.add_argument("--grace-s", type=float, default=10.0, help="after one process fails, wait this long for others")
+  ap.add_argument("--config", default=None,
+                  help="grpo_jax.main's --config (a path in the repository), given before the arguments after `--`")
+  ap.add_argument("--workdir", default=None, help="grpo_jax.main's --workdir (relative: to this directory)")
   ap.add_argument("--python", default=sys.executable)
   ap.add_argument("--dry-run", action="store_true",
                   help="print a bash script of the commands and their environment (paste it to run), run nothing")
   ap.add_argument("args", nargs=argparse.REMAINDER, help="arguments for the program, after `--`")
   a = ap.parse_args(argv)
   args = a.args[1:] if a.args[:1] == ["--"] else a.args
+  module = a.module
+  if a.config is not None or a.workdir is not None:  # the other launchers' convention: grpo_jax.main's job
+    module = module or (None if a.script else "grpo_jax.main")
+    args = main_flags(a.config, a.workdir) + list(args)
   try:
-    return launch(a.num_processes, a.module, a.script, args, a.port, a.devices_per_process, a.timeout_s,
+    return launch(a.num_processes, module, a.script, args, a.port, a.devices_per_process, a.timeout_s,
                   a.grace_s, a.python, a.dry_run, gpus_per_process=a.gpus_per_process)
   except ValueError as e:
     print(f"error: {e}", file=sys.stderr)

@@ -101,6 +101,23 @@ def test_right_answers_vote_together(evaluator):
   assert evaluation.group_metrics(acc, answers, 5, (1,))["cons@5"] == 1.0
 
 
+def test_the_verifier_votes_within_each_prompts_rows(evaluator, monkeypatch):
+  """The host verifier is told how many consecutive rows are one prompt's (`group`): eval.n_samples on the sampled
+  pass, 1 on the greedy one, and a chunk holds whole prompts. gsm8k.vote_keys groups a symbolic row's wrong answers
+  within its prompt only: they were grouped per reference over the whole chunk, which compared the greedy pass's
+  answers for nothing and let another prompt's answer split a prompt's class (tests/test_symbolic.py)."""
+  ev, tok = evaluator
+  ev.greedy, ev.sampled = fake_generate(tok, GREEDY, 1), fake_generate(tok, SAMPLED, 3)
+  seen, verify = [], ev.host_verifier
+
+  def recording(tokens_NxL, mask_NxL, fields, **kw):
+    seen.append((len(tokens_NxL), kw))
+    return verify(tokens_NxL, mask_NxL, fields, **kw)
+  monkeypatch.setattr(ev, "host_verifier", recording)
+  ev(None, jax.random.PRNGKey(0))
+  assert seen == [(6, {"group": 1})] + [(6, {"group": 3})] * 3, seen  # greedy: 6 prompts; sampled: 2 per chunk
+
+
 def test_pass_at_k_agrees_with_numpy_enumeration(evaluator):
   # Independent check of the estimator the metrics use: the fraction of all k-subsets holding a right sample.
   import itertools

@@ -50,8 +50,8 @@ def run(tmp_path_factory):
   def recording_verifier(tok):
     verify = spec.host_verifier(tok)
 
-    def rec(tokens_NxL, mask_NxL, fields):
-      out = verify(tokens_NxL, mask_NxL, fields)
+    def rec(tokens_NxL, mask_NxL, fields, **kw):  # kw: group (the rows per prompt)
+      out = verify(tokens_NxL, mask_NxL, fields, **kw)
       verified.append((tokens_NxL, mask_NxL, fields, out))
       return out
     return rec

@@ -200,6 +200,25 @@ def test_local_multiprocess_script_is_the_callers_path(monkeypatch, tmp_path):
   assert out.getvalue().splitlines()[1].endswith(f" py {tmp_path / 'check.py'} --x=1 &"), out.getvalue()
 
 
+def test_local_multiprocess_takes_the_launchers_config_and_workdir(monkeypatch, tmp_path, capsys):
+  """`--config FILE --workdir DIR [-- flags]`, tpu_vm.sh's and gpu_multinode.sh's calling convention (a sweep's
+  --mode=print writes it for every launcher): grpo_jax.main by default, FILE as written (a repository path: the
+  children run in its root), DIR absolute against the caller's directory, the flags after them. It took neither
+  (argparse: unrecognized arguments), so no sweep run could go through it. An explicit program keeps its own."""
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")
+  monkeypatch.chdir(tmp_path)
+  argv = ["-n", "2", "--port", "1", "--python", "py", "--dry-run", "--config", "configs/grpo_arith.py:small",
+          "--workdir", "runs/a b", "--", "--config.train.steps=2"]
+  assert local_multiprocess.main(argv) == 0
+  lines = capsys.readouterr().out.splitlines()[1:-1]
+  assert len(lines) == 2 and all(l.endswith(
+      f" py -m grpo_jax.main --config=configs/grpo_arith.py:small '--workdir={tmp_path}/runs/a b' "
+      "--config.train.steps=2 &") for l in lines), lines
+  assert local_multiprocess.main(["-n", "1", "--port", "1", "--python", "py", "--dry-run", "--script", "c.py",
+                                  "--workdir", "/w", "--", "--x=1"]) == 0
+  assert capsys.readouterr().out.splitlines()[1].endswith(f" py {tmp_path / 'c.py'} --workdir=/w --x=1 &")
+
+
 def test_local_multiprocess_cli_rejects_bad_arguments(capsys):
   assert local_multiprocess.main(["-n", "0", "--script", "x.py"]) == 2
   assert "--num-processes=0" in capsys.readouterr().err

@@ -70,14 +70,22 @@ def runs(tmp_path_factory):
   t0 = time.perf_counter()
   single = subprocess.Popen([sys.executable, "-m", "grpo_jax.main", *argv, f"--workdir={root / 'one'}"], env=env,
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-  log = io.StringIO()
-  rc = local_multiprocess.launch(2, module="grpo_jax.main", args=argv + [f"--workdir={root / 'two'}"],
-                                 devices_per_process=2, timeout_s=300, python=sys.executable, out=log)
+  # The 2-process job is the line a sweep prints for it (--mode=print --launch=launch/local_multiprocess.py: the
+  # launchers' --config/--workdir convention), run by bash: the printed line runs the job main runs alone.
+  from grpo_jax.studies import sweep
+  overrides = {k: getattr(c[k.split(".")[0]], k.split(".")[1]) for k in OVERRIDES}
+  overrides.update({"task.data_dir": c.task.data_dir, "train.init_from": c.train.init_from})
+  launch = f"{sys.executable} launch/local_multiprocess.py -n 2 --devices-per-process 2 --timeout-s 300"
+  printed = sweep.run(c, str(root / "sweep"), config_file="configs/grpo_arith.py:runlocal", sweep_text="seed=0",
+                      mode="print", launch=launch, base_overrides=overrides, log=lambda s: None)
+  (cmd,), (run,) = printed["report"].splitlines(), printed["runs"]
+  multi = subprocess.run(["bash", "-c", cmd], env=dict(os.environ, JAX_PLATFORMS="cpu"), cwd=REPO,
+                         capture_output=True, text=True, timeout=360)
   single_out, _ = single.communicate(timeout=300)
   print(f"1 and 2 processes together: {time.perf_counter() - t0:.1f}s")
-  assert rc == 0, log.getvalue()[-5000:]
+  assert multi.returncode == 0, (cmd, (multi.stdout + multi.stderr)[-5000:])
   assert single.returncode == 0, single_out[-5000:]
-  return dict(root=root, mcfg=mcfg, init=params, multi=log.getvalue())
+  return dict(root=root, two=root / "sweep" / run.name, mcfg=mcfg, init=params, multi=multi.stdout)
 
 
 def _launch_script(path, text: str, **kw) -> tuple[int, str]:
@@ -119,7 +127,7 @@ def test_process_0_writes_the_records_and_each_process_its_checkpoint_shards(run
   as the 1-process run's, samples.jsonl line for line (process 1 writing too would repeat its lines); the progress
   and INFO lines are process 0's (console.quiet_info); each process wrote its own shards of the step (orbax's
   ocdbt.process_<i>)."""
-  one, two = runs["root"] / "one", runs["root"] / "two"
+  one, two = runs["root"] / "one", runs["two"]
   records = lambda d: sorted(str(p.relative_to(d)) for p in d.rglob("*") if "checkpoints" not in p.parts)  # noqa: E731
   assert records(two) == records(one) and "samples.jsonl" in records(one), (records(one), records(two))
   assert (two / "samples.jsonl").read_text() == (one / "samples.jsonl").read_text()
@@ -134,7 +142,7 @@ def test_process_0_writes_the_records_and_each_process_its_checkpoint_shards(run
 
 
 def test_metrics_and_eval_match_one_process(runs):
-  one, two = _rows(runs["root"] / "one"), _rows(runs["root"] / "two")
+  one, two = _rows(runs["root"] / "one"), _rows(runs["two"])
   assert [r["step"] for r in two] == [r["step"] for r in one]
   evals = [r for r in one if "eval/accuracy" in r]
   assert [r["step"] for r in evals] == [0, 2]
@@ -153,7 +161,7 @@ def test_metrics_and_eval_match_one_process(runs):
 
 
 def test_final_params_match_one_process(runs):
-  p1, p2 = _params(runs["root"] / "one", runs["mcfg"]), _params(runs["root"] / "two", runs["mcfg"])
+  p1, p2 = _params(runs["root"] / "one", runs["mcfg"]), _params(runs["two"], runs["mcfg"])
   flat1, flat2 = jax.tree_util.tree_leaves_with_path(p1), jax.tree_util.tree_leaves(p2)
   moved = 0.0
   for (path, a), b, init in zip(flat1, flat2, jax.tree.leaves(runs["init"])):

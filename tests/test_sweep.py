@@ -14,6 +14,7 @@ import shutil
 import signal
 import shlex
 import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -401,6 +402,71 @@ def test_print_mode_writes_launch_commands_the_launcher_accepts(env):
     parsed = config_lib.override(_config_small(), {k: _literal(v) for k, v in over.items()})
     assert parsed.rl.beta == r.config.rl.beta and parsed.run_seed == r.config.run_seed
     assert f"--workdir={env / 'print' / r.name}" in argv
+
+
+def _main_argv(words: list[str]) -> list[str]:
+  """grpo_jax.main's arguments in a command's words: those after `-m grpo_jax.main`."""
+  return words[words.index("grpo_jax.main") + 1:]
+
+
+def test_print_mode_drives_every_launcher_and_refuses_the_others(tmp_path, monkeypatch):
+  """Every launcher in launch/ that runs the main job takes one calling convention, `<launcher> ... --config FILE
+  --workdir DIR -- <flags>`, so the sweep's printed line works through each: gpu_multinode.sh (--hosts and --slurm)
+  and local_multiprocess.py (which took no --config / --workdir: its printed line was an argparse error) here by
+  their --dry-run; tpu_vm.sh by test_print_mode_writes_launch_commands_the_launcher_accepts, local_multiprocess.py
+  for real (2 processes) by tests/test_multihost_cli.py. Each run's main gets the run's config and directory. A
+  prefix that runs anything else, or sets what the sweep writes per run, is one line naming the ones that can; so
+  is a relative DIR for a launcher whose runs go to other hosts (it refuses a relative --workdir)."""
+  monkeypatch.setenv("JAX_PLATFORMS", "cpu")  # local_multiprocess: no GPU slices, whatever this machine has
+  c = _config_small()
+  wd = str(tmp_path / "pods")
+  common = dict(config_file="configs/grpo_arith.py:small", sweep_text="rl.beta=0.02", seeds=2, mode="print",
+                base_overrides={"train.steps": 7}, log=lambda s: None)
+
+  def check(argv, r, workdir):
+    assert argv[0] == "--config=configs/grpo_arith.py:small" and argv[1] == f"--workdir={workdir}", argv
+    over = {a.split("=", 1)[0][len("--config."):]: a.split("=", 1)[1] for a in argv[2:]}
+    parsed = config_lib.override(_config_small(), {k: _literal(v) for k, v in over.items()})
+    assert parsed.rl.beta == r.config.rl.beta and parsed.run_seed == r.config.run_seed and parsed.train.steps == 7
+
+  for launch, want in (("launch/gpu_multinode.sh --hosts g1,g2 --run-name s{i} --dry-run", 2),
+                       ("bash launch/gpu_multinode.sh --slurm --nodes 2 --dry-run", 1),
+                       (f"{sys.executable} launch/local_multiprocess.py -n 2 --devices-per-process 2 --dry-run", 2)):
+    out = sweep.run(c, wd, launch=launch, **common)
+    assert len(out["report"].splitlines()) == 2, out["report"]  # 2 seeds: each run its own run_seed and DIR
+    for cmd, r in zip(out["report"].splitlines(), out["runs"]):
+      res = subprocess.run(["bash", "-c", cmd], cwd=REPO, capture_output=True, text=True, timeout=60)
+      assert res.returncode == 0, (cmd, res.stderr)
+      if "gpu_multinode" in launch:  # `+ ssh g1 '<shell command>'`, `+ srun ... bash -c '<shell command>'`
+        shells = [shlex.split(l[2:])[-1] for l in res.stdout.splitlines() if l.startswith("+ ") and "grpo_jax.main" in l]
+        argvs = [_main_argv(shlex.split(sh.split(" 2>&1")[0])) for sh in shells]
+      else:  # the bash script of the job: one line per process, `cd REPO && VARS... python -m grpo_jax.main ... &`
+        argvs = [_main_argv(shlex.split(l.split(" && ", 1)[1])[:-1]) for l in res.stdout.splitlines()
+                 if "grpo_jax.main" in l]
+      assert len(argvs) == want, res.stdout
+      for argv in argvs:
+        check(argv, r, r.workdir)
+  # local_multiprocess.py's runs are on this machine: a relative DIR is made absolute against the caller's directory
+  monkeypatch.chdir(tmp_path)
+  out = sweep.run(c, "rel", launch=f"{sys.executable} {REPO}/launch/local_multiprocess.py -n 2 --dry-run", **common)
+  cmd, r = out["report"].splitlines()[0], out["runs"][0]
+  res = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=60)
+  assert res.returncode == 0, res.stderr
+  line = next(l for l in res.stdout.splitlines() if "grpo_jax.main" in l)
+  check(_main_argv(shlex.split(line.split(" && ", 1)[1])[:-1]), r, str(tmp_path / "rel" / r.name))
+  # refused, each in one line before anything is written
+  can = "the launchers that can: launch/tpu_vm.sh, launch/gpu_multinode.sh, launch/local_multiprocess.py"
+  for launch, line in (("srun -N 2", "srun cannot take a sweep run"),
+                       ("python -m grpo_jax.main", "-m cannot take a sweep run"),
+                       ("launch/tpu_vm.sh --name n --zone z --workdir /w", "--workdir is the sweep's to write"),
+                       ("launch/local_multiprocess.py -n 2 --", "-- is the sweep's to write")):
+    with pytest.raises(errors.ConfigError) as e:
+      sweep.run(c, str(tmp_path / "no"), launch=launch, **common)
+    assert line in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert can in str(e.value) or "drop it from the prefix" in str(e.value), str(e.value)
+  with pytest.raises(errors.InputError, match=r"^--workdir=no is relative: with --launch=\.\.\.tpu_vm\.sh"):
+    sweep.run(c, "no", launch="launch/tpu_vm.sh --name n --zone z", **common)
+  assert not os.path.exists(tmp_path / "no")
 
 
 def test_print_mode_checks_every_point_as_its_run_would(tmp_path, capsys):

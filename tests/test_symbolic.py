@@ -79,14 +79,53 @@ def test_cons_at_k_votes_by_the_graders_equivalence(grader, monkeypatch):
   rows = [("2x", 0), ("1+x", 1), ("x+1", 1),                                         # 2 right against 1 wrong
           ("1+x", 1), ("2x", 0), ("x \\cdot 2", 0), ("x+1", 1), ("2 \\cdot x", 0)]   # 3 wrong (one class) against 2
   answers, right = [a for a, _ in rows], [r for _, r in rows]
-  keys = gsm8k.vote_keys(answers, [gold] * len(rows), right, range(len(rows)))
+  # two prompts (3 and 5 samples): each votes within its own rows
+  keys = (gsm8k.vote_keys(answers[:3], [gold] * 3, right[:3], range(3), group=3)
+          + gsm8k.vote_keys(answers[3:], [gold] * 5, right[3:], range(5), group=5))
   assert keys[1] == keys[2] == keys[3] == keys[6] and keys[0] == keys[4] == keys[5] == keys[7] != keys[1]
   assert evaluation.cons_at_k(keys[:3], [r > 0 for r in right[:3]], 3) == 1.0
   assert evaluation.cons_at_k(keys[3:], [r > 0 for r in right[3:]], 5) == 0.0
   # a row of the numeric grader (not in symbolic_rows) is never sent to the worker: its wrong answers vote by text
   calls = grader.stats["calls"]
-  numeric_keys = gsm8k.vote_keys(["2x", "x \\cdot 2"], [gold] * 2, [0, 0])
+  numeric_keys = gsm8k.vote_keys(["2x", "x \\cdot 2"], [gold] * 2, [0, 0], group=2)
   assert numeric_keys[0] != numeric_keys[1] and grader.stats["calls"] == calls
+
+
+def test_wrong_answers_group_within_their_prompt_and_stop_at_the_first_equal_class(grader, monkeypatch):
+  """A wrong answer is graded against the first answer of each earlier wrong class of ITS PROMPT, until one is equal.
+  The classes were per reference over every row of a chunk: prompts sharing a reference compared their wrong
+  answers with each other's (all of it wasted on the greedy pass, one row per prompt), and math-verify's equality is
+  not transitive (the set `\\{1,2\\}` = the pair `(1,2)` and = the set `\\{2,1\\}`, but `\\{2,1\\}` != `(1,2)`), so
+  prompt A's `(1,2)` took B's `\\{1,2\\}` and left B's `\\{2,1\\}` alone: B voted right 1 : 1 : 1 (the tie to the
+  first, right) where its own rows vote the set twice to the right answer's once, wrong.
+  Comparisons after the first equal class were made and not used."""
+  from grpo_jax.run import evaluation  # pylint: disable=g-import-not-at-top
+  asked = []  # every (answer, class's first answer) pair vote_keys grades
+
+  class Recording:
+    def equal_many(self, pairs):
+      asked.extend(pairs)
+      return grader.equal_many(pairs)
+  monkeypatch.setattr(symbolic, "_GRADER", Recording())
+  a, b, c = "(1,2)", "\\{1,2\\}", "\\{2,1\\}"
+  assert grader.equal_many([(b, a), (c, b), (c, a)]) == [True, True, False]  # the premise: (prediction, first)
+  gold = "\\{3,4\\}"
+  answers = [gold, a, "5x",     # prompt A: 1 right, first (the tie is its)
+             gold, b, c]        # prompt B: 1 right, then the set {1,2} written twice, one class
+  right = [1, 0, 0, 1, 0, 0]
+  keys = gsm8k.vote_keys(answers, [gold] * 6, right, range(6), group=3)
+  assert [evaluation.cons_at_k(keys[q:q + 3], [r > 0 for r in right[q:q + 3]], 3) for q in (0, 3)] == [1.0, 0.0]
+  assert keys[4] == keys[5] == ("text", b) and keys[1] != keys[2]
+  assert asked == [("5x", a), (c, b)], asked  # nothing across prompts
+  # the greedy pass: one row per prompt, nothing to vote with: no comparison at all
+  asked.clear()
+  greedy = gsm8k.vote_keys(answers, [gold] * 6, right, range(6), group=1)
+  assert asked == [] and greedy[4] == ("text", b) and greedy[5] == ("text", c)
+  # one prompt, wrong `2x`, `3x`, `x \\cdot 2`: `x \\cdot 2` joins `2x` and is not compared with `3x`
+  keys = gsm8k.vote_keys(["2x", "3x", "x \\cdot 2"], ["x+1"] * 3, [0, 0, 0], range(3), group=3)
+  assert keys[0] == keys[2] != keys[1] and asked == [("3x", "2x"), ("x \\cdot 2", "2x")], asked
+  with pytest.raises(ValueError, match="group=0"):
+    gsm8k.vote_keys(answers, [gold] * 6, right, range(6), group=0)
 
 
 def test_numeric_golds_never_reach_the_worker():

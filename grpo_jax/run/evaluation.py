@@ -37,9 +37,10 @@ from grpo_jax.tasks import registry
 from grpo_jax.tasks import verify_jax
 from grpo_jax.tasks import verify_py
 
-# (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N); answers vote in cons@k. A task's
-# `host_verifier(tokenizer)` in tasks/registry.py returns one.
-HostVerifier = Callable[[np.ndarray, np.ndarray, dict], tuple[np.ndarray, np.ndarray, list]]
+# (tokens_NxL, mask_NxL, fields, group=G) -> (accuracy_N, format_N, answers_N); answers vote in cons@k, within each
+# run of G rows (one prompt's samples: G = eval.n_samples sampled, 1 greedy). A task's `host_verifier(tokenizer)` in
+# tasks/registry.py returns one.
+HostVerifier = Callable[..., tuple[np.ndarray, np.ndarray, list]]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -304,7 +305,8 @@ class Evaluator:
       obs = [out.pop(), out.pop(), out.pop()] if self.env is not None else None  # obs, status, events
       own = self.own(out[0], out[1], *((None, None) if obs is None else (obs[0], obs[2])))
       if self.host_verifier is not None:
-        acc, fmt, ans = self.host_verifier(*own, fields)  # fields: this chunk's host rows, same order
+        # fields: this chunk's host rows, same order; a prompt's `repeat` rows are consecutive, within the chunk
+        acc, fmt, ans = self.host_verifier(*own, fields, group=repeat)
         out += [acc, fmt]
         answers += list(ans)
       else:

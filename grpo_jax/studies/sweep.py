@@ -28,6 +28,7 @@ import importlib.util
 import inspect
 import math
 import os
+import re
 import shlex
 import sys
 import time
@@ -234,13 +235,13 @@ def check_run(r: Run) -> bool:
   return all(a == "skip" for a in actions.values()) and _report_written(c, r.workdir)
 
 
-def check_printed(runs: Sequence[Run], launch: str, log: Callable[[str], None]) -> None:
+def check_printed(runs: Sequence[Run], launch: str, log: Callable[[str], None], remote: bool = True) -> None:
   """--mode=print: every point checked as its run will check it (check_run: no compile), before launch.sh is
   written; each bad point is one `Config error: sweep run <name>: ...` line on stderr, then one ConfigError. A
-  launcher's runs go to other machines: they are checked for the devices their mesh names (an axis at -1 counted
+  launcher's runs are other processes: they are checked for the devices their mesh names (an axis at -1 counted
   as 1: the fewest it runs on, never a false refusal of the mesh) and for unknown memory (the fit is each launched
-  run's own preflight, logged), and a run whose config names local paths this host lacks (the pod's /data/...) is
-  left to the launched run (logged), not refused for them."""
+  run's own preflight, logged), and, where they go to other machines (`remote`), a run whose config names local
+  paths this host lacks (the pod's /data/...) is left to the launched run (logged), not refused for them."""
 
   def devices(c) -> int:  # the devices a launched run's mesh names; an axis at -1 (all the others) counted as 1
     return math.prod(max(int(c.mesh[a]), 1) for a in ("data", "fsdp", "tensor"))
@@ -252,7 +253,7 @@ def check_printed(runs: Sequence[Run], launch: str, log: Callable[[str], None]) 
   for r in runs:
     if r.point in bad:
       continue  # one line per point: its other seeds fail alike
-    absent = [] if launch == "local" else _absent_paths(r.config)
+    absent = _absent_paths(r.config) if launch != "local" and remote else []
     if absent:
       log(f"[sweep] {r.name}: {', '.join(absent)} not on this host (the launched machines' paths): its inputs are "
           "checked by the launched run only")
@@ -292,10 +293,47 @@ def _report_written(config, workdir: str) -> bool:
   return config.job != "r1_pipeline" or os.path.exists(os.path.join(workdir, "report.json"))
 
 
+# The launchers that take a sweep run: every one in launch/ that runs the main job, each by the one calling convention
+# they share, `<launcher> [its own flags] --config FILE --workdir DIR -- <main's flags>` (launch/README.md), so a
+# printed line is the prefix, then that. (The convention lives in the launchers, not here: a person types the same
+# line, and a launcher added to launch/ needs only to take it and a row here.) The value: whether its runs go to
+# other machines — their workdir must be an absolute path those machines mount (the launcher refuses a relative
+# one), and the inputs this host lacks are theirs to check; local_multiprocess.py runs them here.
+LAUNCHERS = {"tpu_vm.sh": True, "gpu_multinode.sh": True, "local_multiprocess.py": False}
+_INTERPRETER = re.compile(r"(python[0-9.]*|bash|sh|env)")  # words before the launcher's path
+
+
+def launcher(launch: str) -> str | None:
+  """The launch/ script a --launch prefix runs (a LAUNCHERS key), None for 'local'. A prefix that runs another
+  program (which would be handed `--config FILE --workdir DIR -- flags` it does not take: `srun ...`,
+  `python -m grpo_jax.main`), or that sets what the sweep writes per run, is one ConfigError naming the ones that
+  can."""
+  if launch == "local":
+    return None
+  can = ", ".join(f"launch/{k}" for k in LAUNCHERS)
+  try:
+    words = shlex.split(launch)
+  except ValueError as e:
+    raise errors.ConfigError(f"--launch={launch!r}: {e}.") from None
+  i = 0  # past VAR=value, python / bash / env: the program's path
+  while i < len(words) and (re.match(r"[A-Za-z_]\w*=", words[i])
+                            or _INTERPRETER.fullmatch(os.path.basename(words[i]))):
+    i += 1
+  name = os.path.basename(words[i]) if i < len(words) else ""
+  if name not in LAUNCHERS:
+    raise errors.ConfigError(f"--launch={launch!r}: {name or 'it'} cannot take a sweep run (--config FILE --workdir "
+                             f"DIR -- <flags>); the launchers that can: {can}, or --launch=local.")
+  own = [w for w in words[i + 1:] if w == "--" or w.split("=")[0] in ("--config", "--workdir")]
+  if own:
+    raise errors.ConfigError(f"--launch={launch!r}: {own[0]} is the sweep's to write, once per run (--config FILE "
+                             "--workdir DIR -- <flags>); drop it from the prefix.")
+  return name
+
+
 def launch_commands(runs: Sequence[Run], config_file: str, base: dict[str, Any], launch: str = "local") -> list[str]:
   """One shell command per run: `main` with the run's overrides as --config flags (after the sweep command's own),
   locally or through a launcher (`launch/tpu_vm.sh ...`: `{i}` and `{name}` in it become the run's index and
-  directory name, e.g. one TPU slice per run)."""
+  directory name, e.g. one TPU slice per run), in the launchers' convention (LAUNCHERS)."""
   out = []
   for i, r in enumerate(runs):
     flags = [f"--config.{k}={sweep_points.literal(v)}" for k, v in {**base, **r.overrides}.items()]
@@ -343,8 +381,8 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
   multihost.refuse_multi_process(
       "python -m grpo_jax.sweep", "its runs", "unset GRPO_JAX_DISTRIBUTED and run the sweep once, from one process: "
       "on a pod or several GPU nodes, --mode=print --launch='launch/tpu_vm.sh --name sweep-{i} ...' (or "
-      "launch/gpu_multinode.sh ...) writes DIR/launch.sh, one multi-process launch per run, and --mode=report "
-      "gathers their results (docs/sweeps.md).")
+      "launch/gpu_multinode.sh ..., launch/local_multiprocess.py -n N on this machine) writes DIR/launch.sh, one "
+      "multi-process launch per run, and --mode=report gathers their results (docs/sweeps.md).")
   if mode not in MODES:
     raise errors.ConfigError(f"--mode={mode!r}: choose one of {', '.join(MODES)}.")
   if not workdir:
@@ -360,7 +398,12 @@ def run(config, workdir: str, *, config_file: str = "", sweep_text: str = "", se
   summary: dict[str, Any] = {"runs": runs, "groups": [], "failed": {}}
   preflight.check_workdir(workdir)  # print and report write into it too (a file there was a traceback)
   if mode == "print":
-    check_printed(runs, launch, log)
+    name = launcher(launch)
+    if name and LAUNCHERS[name] and not os.path.isabs(workdir):
+      raise errors.InputError(f"--workdir={workdir} is relative: with --launch=...{name} each run's directory is "
+                              f"DIR/<run> on the launched machines, which launch/{name} refuses relative; pass an "
+                              "absolute path every host mounts.")
+    check_printed(runs, launch, log, remote=bool(name and LAUNCHERS[name]))
     cmds = launch_commands(runs, config_file, dict(base_overrides or {}), launch)
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "launch.sh"), "w", encoding="utf-8") as f:
@@ -489,7 +532,9 @@ def _define_flags() -> None:
   flags.DEFINE_list("metrics", [], "Report metrics, e.g. eval/accuracy,train/reward_mean@tail,"
                     "report/*/accuracy_last_number.")
   flags.DEFINE_string("launch", "local", "print mode: 'local' (python -m grpo_jax.main) or a launcher prefix "
-                      "('launch/tpu_vm.sh --name sweep-{i} --zone Z --accelerator v5litepod-16').")
+                      "('launch/tpu_vm.sh --name sweep-{i} --zone Z --accelerator v5litepod-16', "
+                      "'launch/gpu_multinode.sh --hosts h1,h2', 'launch/local_multiprocess.py -n 2'); each run "
+                      "is the prefix, then --config FILE --workdir DIR/<run> -- <its flags>.")
 
 
 if __name__ == "__main__":

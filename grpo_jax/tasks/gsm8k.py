@@ -365,9 +365,10 @@ def python_rewards(tok) -> dict[str, Callable]:
 
 
 def host_verifier(tok) -> Callable:
-  """Held-out evaluation on the host: (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N)."""
+  """Held-out evaluation on the host: (tokens_NxL, mask_NxL, fields, group=1) -> (accuracy_N, format_N, answers_N);
+  `group`: the rows are runs of that many samples of one prompt, whose answers vote together (vote_keys)."""
 
-  def verify(tokens_NxL, mask_NxL, fields: dict) -> tuple[np.ndarray, np.ndarray, list]:
+  def verify(tokens_NxL, mask_NxL, fields: dict, group: int = 1) -> tuple[np.ndarray, np.ndarray, list]:
     tokens_NxL, mask_NxL = np.asarray(tokens_NxL), np.asarray(mask_NxL)
     read_N = [read(t[m > 0].tolist(), tok, f) for t, m, f in zip(tokens_NxL, mask_NxL,
                                                                   _formats(fields, len(tokens_NxL)))]
@@ -375,7 +376,7 @@ def host_verifier(tok) -> Callable:
     answers = [r[0] for r in read_N]
     acc = equal_rows(answers, finals, fields)
     return (np.asarray(acc, np.float32), np.asarray([r[1] for r in read_N], np.float32),
-            vote_keys(answers, finals, acc, _symbolic_rows(fields, len(finals))))
+            vote_keys(answers, finals, acc, _symbolic_rows(fields, len(finals)), group=group))
   return verify
 
 
@@ -390,33 +391,42 @@ def _vote_key(answer: str | None):
 
 
 def vote_keys(answers: Sequence[str | None], finals: Sequence[str], right: Sequence[float],
-              symbolic_rows: Sequence[int] = ()) -> list:
+              symbolic_rows: Sequence[int] = (), *, group: int) -> list:
   """What cons@k votes on: one key per class of answers the row's grader calls equal (self-consistency's vote
-  over equivalent answers, Wang et al. 2022). Every right answer of a reference is one class ('50%' and '0.5' for
-  0.5; `x+1` and `1+x` for x+1): they equal the reference, so each other. A wrong answer votes by its value or its
-  text (_vote_key); on the symbolic grader's rows a wrong answer is also graded against the first answer of each
-  earlier class of its reference (rows in order) and joins the first one math-verify calls equal
-  (`\\frac{1}{\\sqrt{2}}` with `\\frac{\\sqrt{2}}{2}`), so the classes, and evaluation.cons_at_k's tie-break (the
-  class voted first), depend only on the rows' order. Cost: at most D(D−1)/2 math-verify comparisons for D distinct
-  wrong answers of a reference, in D calls to the worker; numbers against numbers never reach it. The grouping is
-  Qwen2.5-Math's `group_pred(use_symbol=True)` (evaluation/rm_maj_eval.py: each answer joins the first earlier group
-  whose key math_equal calls equal; the earliest of the largest groups wins); its default maj@k and verl's
-  (calc_maj_val) vote by the extracted string, which the exact values make the same here for numbers only."""
+  over equivalent answers, Wang et al. 2022). Rows come in runs of `group` samples of one prompt (rows
+  i*group .. i*group+group-1); the vote is within a run (evaluation.cons_at_k). Every right answer of a reference is
+  one class ('50%' and '0.5' for 0.5; `x+1` and `1+x` for x+1): they equal the reference, so each other. A wrong
+  answer votes by its value or its text (_vote_key); on the symbolic grader's rows a wrong answer is also graded
+  against the first answer of each earlier class of ITS PROMPT (rows in order), one at a time, and joins the first
+  one math-verify calls equal (`\\frac{1}{\\sqrt{2}}` with `\\frac{\\sqrt{2}}{2}`), so the classes, and
+  evaluation.cons_at_k's tie-break (the class voted first), depend only on the prompt's rows and their order.
+  Cost: at most D(D−1)/2 math-verify comparisons for D distinct wrong answers of one prompt, none after the first
+  equal one; numbers against numbers never reach the worker, and `group=1` (greedy: one row per prompt, nothing to
+  vote with) none at all. (The classes were per reference over the whole chunk of prompts: every greedy pass compared
+  the wrong answers of prompts that share a reference for nothing, and math-verify's equality is not transitive —
+  `2` equals `x=2` and `y=2`, which are not equal — so another prompt's first answer could split a prompt's class
+  and change its cons@k.) The grouping is Qwen2.5-Math's `group_pred(use_symbol=True)` (evaluation/rm_maj_eval.py,
+  per problem: each answer joins the first earlier group whose key math_equal calls equal; the earliest of the
+  largest groups wins); its default maj@k and verl's (calc_maj_val) vote by the extracted string, which the exact
+  values make the same here for numbers only."""
+  if group < 1:
+    raise ValueError(f"vote_keys: group={group} must be >= 1 (the samples per prompt).")
   keys = [_vote_key(a) for a in answers]
   for i, k in enumerate(keys):
     if k is not None and right[i] > 0.5:
       keys[i] = ("right", finals[i])
-  classes: dict[str, list[tuple[object, str]]] = {}  # per reference: its wrong classes' (key, first answer)
-  joined: dict[tuple, object] = {}                  # (reference, an answer's own key) -> its class's key
-  pending = [i for i in symbolic_rows if keys[i] is not None and keys[i][0] != "right"]
+  classes: dict[int, list[tuple[object, str]]] = {}  # per prompt: its wrong classes' (key, first answer)
+  joined: dict[tuple, object] = {}                  # (prompt, an answer's own key) -> its class's key
+  pending = [i for i in symbolic_rows if keys[i] is not None and keys[i][0] != "right"] if group > 1 else []
   if pending:
     from grpo_jax.tasks import symbolic  # pylint: disable=g-import-not-at-top  (math-verify only where asked for)
   for i in pending:
-    own = (finals[i], keys[i])
+    own = (i // group, keys[i])
     if own not in joined:
-      reps = classes.setdefault(finals[i], [])
-      same = symbolic.grader().equal_many([(answers[i], first) for _, first in reps]) if reps else []
-      joined[own] = next((key for (key, _), s in zip(reps, same) if s), keys[i])
+      reps = classes.setdefault(i // group, [])
+      # one comparison at a time: the first equal class is the one joined, the ones after it are not compared
+      joined[own] = next((key for key, first in reps if symbolic.grader().equal_many([(answers[i], first)])[0]),
+                         keys[i])
       if joined[own] == keys[i]:
         reps.append((keys[i], answers[i]))
     keys[i] = joined[own]

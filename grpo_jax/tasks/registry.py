@@ -40,8 +40,9 @@ class TaskSpec:
   in_graph_accuracy: Callable | None = None
   # tokenizer -> {term name: reward_spec.PyRewardFn}: Python reward terms a config may name in config.rewards.
   python_rewards: Callable[[Any], dict] = _no_python_rewards
-  # tokenizer -> (tokens_NxL, mask_NxL, fields) -> (accuracy_N, format_N, answers_N): held-out evaluation on the
-  # host, for tasks verified in Python (their eval rows are gathered and scored by the training reward's function).
+  # tokenizer -> (tokens_NxL, mask_NxL, fields, group=G) -> (accuracy_N, format_N, answers_N): held-out evaluation
+  # on the host (answers vote within runs of G rows, one prompt's samples), for tasks verified in Python (their eval
+  # rows are gathered and scored by the training reward's function).
   host_verifier: Callable[[Any], Callable] | None = None
 
 
