@@ -275,24 +275,28 @@ def test_hf_tokenizer_with_tag_tokens_no_unk_and_two_eos_ids(tmp_path):
   batch = {"answer_N": np.full(4, 5, np.int32)}
   tables = verify_jax.tables_for(hf)
   want_fmt, want_acc = [1, 1, 0, 1], [1, 1, 0, 0]
+  # one jitted program (run eagerly, the parsers' ops compiled one by one)
+  fmt, acc = jax.jit(lambda t, m, b: (verify_jax.format_reward(t, m, tables),
+                                      registry.accuracy_reward("arith", t, m, b, tables)))(tokens, mask, batch)
   np.testing.assert_array_equal(verify_py.format_reward(tokens, mask, hf), want_fmt)
-  np.testing.assert_array_equal(np.asarray(verify_jax.format_reward(tokens, mask, tables)), want_fmt)
+  np.testing.assert_array_equal(np.asarray(fmt), want_fmt)
   np.testing.assert_array_equal(verify_py.accuracy_reward("arith", tokens, mask, batch, hf), want_acc)
-  np.testing.assert_array_equal(np.asarray(registry.accuracy_reward("arith", tokens, mask, batch, tables)), want_acc)
+  np.testing.assert_array_equal(np.asarray(acc), want_acc)
 
 
 def test_vmap_over_leading_axis(tok):
   tables = verify_jax.token_tables(tok)
   tokens, mask = _text_rows(tok, [t for t, _ in FORMAT_CASES])
   f = lambda t, m: verify_jax.format_reward(t, m, tables)
-  stacked = jax.vmap(f)(jnp.stack([tokens, tokens[::-1]]), jnp.stack([mask, mask[::-1]]))
+  stacked = jax.jit(jax.vmap(f))(jnp.stack([tokens, tokens[::-1]]), jnp.stack([mask, mask[::-1]]))  # 0.8 -> 0.2 CPU-s
   want = np.asarray([ok for _, ok in FORMAT_CASES], np.float32)
   np.testing.assert_array_equal(np.asarray(stacked), np.stack([want, want[::-1]]))
 
 
 def test_tables_argument_forms(tok):
   tokens, mask = _text_rows(tok, ["<think> x </think> <answer> 5 </answer>"])
-  assert float(verify_jax.format_reward(tokens, mask, tok.tag_ids)[0]) == 1.0  # tag_ids dict of the shipped tokenizer
+  # tag_ids dict of the shipped tokenizer (jitted: one program instead of the parser's ops one by one)
+  assert float(jax.jit(lambda t, m: verify_jax.format_reward(t, m, tok.tag_ids))(tokens, mask)[0]) == 1.0
   with pytest.raises(ValueError, match="tables="):
     verify_jax.format_reward(tokens, mask, {"<think>": 99})
 
