@@ -133,16 +133,19 @@ def test_merged_export_of_a_bfloat16_base_keeps_the_adapter_delta():
   plain = model_lib.ModelConfig(vocab_size=64, hidden=64, layers=2, heads=4, kv_heads=2, inter=128, max_len=64,
                                 qkv_bias=True, tie_embeddings=False)
   mcfg = dataclasses.replace(plain, lora=LoraConfig(8, 16.0, base_dtype="bfloat16"))
-  base = lora.hold_base(mcfg, model_lib.init_params(plain, jax.random.PRNGKey(0)))
-  adapters = jax.tree.map(lambda x: x + 1e-3 * jax.random.normal(jax.random.PRNGKey(2), x.shape),
-                          lora.init_adapters(mcfg, jax.random.PRNGKey(1)))  # B ~ 1e-3: a few steps of training
+  # the set-up and the forwards jitted: op by op they were ~150 single-op compiles (4.5 -> 3.6 CPU-s, 2026-12-07)
+  base, adapters = jax.jit(lambda: (
+      lora.hold_base(mcfg, model_lib.init_params(plain, jax.random.PRNGKey(0))),
+      jax.tree.map(lambda x: x + 1e-3 * jax.random.normal(jax.random.PRNGKey(2), x.shape),
+                   lora.init_adapters(mcfg, jax.random.PRNGKey(1)))))()  # B ~ 1e-3: a few steps of training
+  forward = jax.jit(model_lib.forward, static_argnums=0)
   tokens, pos, mask = (np.asarray(x, np.int32) for x in (TOKENS, POS, MASK))
   f32 = lambda p: jax.tree.map(lambda x: x.astype(np.float32), p)
-  policy = np.asarray(model_lib.forward(mcfg, lora.combine(base, adapters), tokens, pos, mask))
-  effect = np.abs(policy - np.asarray(model_lib.forward(plain, f32(base), tokens, pos, mask))).max()
+  policy = np.asarray(forward(mcfg, lora.combine(base, adapters), tokens, pos, mask))
+  effect = np.abs(policy - np.asarray(forward(plain, f32(base), tokens, pos, mask))).max()
   merged = export_lib.merged_policy(mcfg, base, adapters)
   assert merged["layers"]["q"]["kernel"].dtype == np.float32 and "lora_a" not in merged["layers"]["q"]
-  err = np.abs(np.asarray(model_lib.forward(plain, f32(merged), tokens, pos, mask)) - policy).max()
+  err = np.abs(np.asarray(forward(plain, f32(merged), tokens, pos, mask)) - policy).max()
   assert effect > 5e-3 and err < 1e-3 * effect, (effect, err)
 
 

@@ -61,12 +61,20 @@ def _rel(a, b):
   return float(np.abs(np.float64(a) - b) / max(abs(float(b)), 1e-6))
 
 
+def _passes(c, forward, objective, rows):
+  """(the padded pass, the packed pass): jitted value_and_grad of (params, minibatch). The minibatch is an argument,
+  not a constant of the program, so a test that builds the same config's passes again (another mask, the same
+  shapes) gets the programs from the session's compilation cache."""
+  cp = config_lib.override(c, {"rl.packing": True, "rl.pack_rows": rows})
+  padded = jax.jit(jax.value_and_grad(lambda ps, mb: objective(forward(ps, mb["seq"], False), mb), has_aux=True))
+  packed = jax.jit(lambda ps, mb: packing.value_and_grad(cp, lambda ps, s: forward(ps, s, True), objective, P)(ps, mb))
+  return padded, packed
+
+
 def _compare(c, forward, objective, params, mb, rows):
-  c = config_lib.override(c, {"rl.packing": True, "rl.pack_rows": rows})
-  padded = jax.jit(jax.value_and_grad(lambda ps: objective(forward(ps, mb["seq"], False), mb), has_aux=True))
-  packed = jax.jit(lambda ps: packing.value_and_grad(c, lambda ps, s: forward(ps, s, True), objective, P)(ps, mb))
-  (l1, a1), g1 = padded(params)
-  (l2, a2), g2 = packed(params)
+  padded, packed = _passes(c, forward, objective, rows)
+  (l1, a1), g1 = padded(params, mb)
+  (l2, a2), g2 = packed(params, mb)
   assert _rel(l2, l1) <= 1e-5, (l2, l1)
   for k in a1:
     assert abs(float(a2[k]) - float(a1[k])) <= 1e-5 * max(abs(float(a1[k])), 1e-2), (k, a2[k], a1[k])
@@ -154,10 +162,8 @@ def test_packed_pass_with_rows_or_all_tokens_out_of_the_loss():
   keep = jnp.asarray([0, 1, 0, 1, 1, 0, 0, 1], jnp.float32)[:, None]
   _compare(c, forward, objective, (params,), dict(mb, mask_NxL=mb["mask_NxL"] * keep), rows=1)
   none = dict(mb, mask_NxL=jnp.zeros_like(mb["mask_NxL"]))
-  cp = config_lib.override(c, {"rl.packing": True, "rl.pack_rows": 1})
-  for vg in (jax.value_and_grad(lambda ps: objective(forward(ps, none["seq"], False), none), has_aux=True),
-             lambda ps: packing.value_and_grad(cp, lambda ps, s: forward(ps, s, True), objective, P)(ps, none)):
-    (loss, aux), g = jax.jit(vg)((params,))
+  for vg in _passes(c, forward, objective, rows=1):
+    (loss, aux), g = vg((params,), none)
     assert np.isnan(float(aux["entropy"])) and np.isnan(float(aux["ratio_mean"])), aux
     assert np.isfinite(float(loss)) and all(np.isfinite(x).all() for x in jax.tree.leaves(g))
 

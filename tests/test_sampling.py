@@ -109,35 +109,45 @@ def test_draw_filter_edges_against_numpy():
   cut (the lower id kept: one of the ties, never both), a temperature of 1e3 (all but uniform), and uniforms 0 and
   1 - 2^-24 (the first and last token of the support, never one outside it)."""
   n = 2000
-  u = jnp.asarray((np.arange(n) + 0.5) / n, jnp.float32)
-  f = S.draw  # eagerly: one compile per filter setting would cost more than the draws
-
-  def freq(logits, scfg):
-    tok, logp = f(jnp.tile(jnp.asarray(logits, jnp.float32), (n, 1)), u, scfg)
-    np.testing.assert_allclose(np.asarray(logp), np_log_softmax(np.asarray(logits, np.float64) /
-                                                                  scfg.temperature)[np.asarray(tok)], atol=1e-5)
-    return np.bincount(np.asarray(tok), minlength=len(logits)) / n
-
   logits = np.array([1.0, -0.5, 2.0, 0.3, 0.0, 1.7, -2.0, 0.9])
-  p = np.exp(np_log_softmax(logits))
-  onehot = np.eye(8)[2]
-  np.testing.assert_array_equal(freq(logits, S.SamplingConfig(top_p=1e-9)), onehot)
-  np.testing.assert_array_equal(freq(logits, S.SamplingConfig(top_k=1)), onehot)
-  np.testing.assert_allclose(freq(logits, S.SamplingConfig(top_k=8)), p, atol=1e-3)
-  np.testing.assert_allclose(freq(logits, S.SamplingConfig(temperature=1e3)), np.exp(np_log_softmax(logits / 1e3)),
-                             atol=1e-3)  # within 0.25% of uniform
   # probabilities 1/8, 1/2, 1/8, 1/4 (exact in float32): the mass before each in sorted order is 0, .5, .75, .875
   q = np.log(np.array([0.125, 0.5, 0.125, 0.25]))
-  np.testing.assert_allclose(freq(q, S.SamplingConfig(top_p=0.75)), [0, 2 / 3, 0, 1 / 3], atol=1e-3)
-  np.testing.assert_allclose(freq(q, S.SamplingConfig(top_p=0.76)), [1 / 7, 4 / 7, 0, 2 / 7], atol=1e-3)
-  np.testing.assert_allclose(freq(q, S.SamplingConfig(top_k=3)), [1 / 7, 4 / 7, 0, 2 / 7], atol=1e-3)
   even = np.zeros(4)  # four ties: top_k = 2 and top_p = 0.5 both keep ids 0 and 1
-  for scfg in (S.SamplingConfig(top_k=2), S.SamplingConfig(top_p=0.5)):
-    np.testing.assert_allclose(freq(even, scfg), [0.5, 0.5, 0, 0], atol=1e-3)
+  cases = [(logits, S.SamplingConfig(top_p=1e-9)), (logits, S.SamplingConfig(top_k=1)),
+           (logits, S.SamplingConfig(top_k=8)), (logits, S.SamplingConfig(temperature=1e3)),
+           (q, S.SamplingConfig(top_p=0.75)), (q, S.SamplingConfig(top_p=0.76)), (q, S.SamplingConfig(top_k=3)),
+           (even, S.SamplingConfig(top_k=2)), (even, S.SamplingConfig(top_p=0.5))]
   ends = jnp.asarray([0.0, 1 - 2 ** -24], jnp.float32)
   row = jnp.tile(jnp.asarray(logits, jnp.float32), (2, 1))
-  np.testing.assert_array_equal(np.asarray(f(row, ends, S.SamplingConfig(top_k=3))[0]), [2, 0])  # order 2, 5, 0
-  np.testing.assert_array_equal(np.asarray(f(row, ends, S.SamplingConfig())[0]), [0, 7])
+
+  @jax.jit
+  def draws(u):
+    """Every case's draws in one program: run eagerly, each setting's ops compiled one by one (~5 s of the test's
+    wall time, 2026-12-07); jitted one by one, one compile per setting."""
+    many = [S.draw(jnp.tile(jnp.asarray(z, jnp.float32), (n, 1)), u, scfg) for z, scfg in cases]
+    return many, S.draw(row, ends, S.SamplingConfig(top_k=3))[0], S.draw(row, ends, S.SamplingConfig())[0]
+
+  many, ends_top3, ends_all = draws(jnp.asarray((np.arange(n) + 0.5) / n, jnp.float32))
+  freqs = []
+  for (z, scfg), (tok, logp) in zip(cases, many):
+    tok = np.asarray(tok)
+    np.testing.assert_allclose(np.asarray(logp), np_log_softmax(np.asarray(z, np.float64) / scfg.temperature)[tok],
+                               atol=1e-5)
+    freqs.append(np.bincount(tok, minlength=len(z)) / n)
+
+  p = np.exp(np_log_softmax(logits))
+  onehot = np.eye(8)[2]
+  np.testing.assert_array_equal(freqs[0], onehot)  # top_p 1e-9
+  np.testing.assert_array_equal(freqs[1], onehot)  # top_k 1
+  np.testing.assert_allclose(freqs[2], p, atol=1e-3)  # top_k 8 = V
+  np.testing.assert_allclose(freqs[3], np.exp(np_log_softmax(logits / 1e3)), atol=1e-3)  # within 0.25% of uniform
+  np.testing.assert_allclose(freqs[4], [0, 2 / 3, 0, 1 / 3], atol=1e-3)  # top_p 0.75
+  np.testing.assert_allclose(freqs[5], [1 / 7, 4 / 7, 0, 2 / 7], atol=1e-3)  # top_p 0.76
+  np.testing.assert_allclose(freqs[6], [1 / 7, 4 / 7, 0, 2 / 7], atol=1e-3)  # top_k 3
+  np.testing.assert_allclose(freqs[7], [0.5, 0.5, 0, 0], atol=1e-3)  # ties, top_k 2
+  np.testing.assert_allclose(freqs[8], [0.5, 0.5, 0, 0], atol=1e-3)  # ties, top_p 0.5
+  np.testing.assert_array_equal(np.asarray(ends_top3), [2, 0])  # order 2, 5, 0
+  np.testing.assert_array_equal(np.asarray(ends_all), [0, 7])
 
 
 @pytest.fixture(scope="module")

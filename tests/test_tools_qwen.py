@@ -11,8 +11,6 @@ the environment is tests/tool_envs.py's QwenEcho (a ToolEnv whose tool the promp
 import functools
 import json
 import os
-import subprocess
-import sys
 
 import jax
 import numpy as np
@@ -368,15 +366,18 @@ def test_bad_qwen_settings_are_one_line_refusals(dirs, setup):
     assert msg.startswith(f"config.{key}") and why in msg and "\n" not in msg, msg
 
 
-def test_cli_refuses_qwen_tools_with_r1_zero_prompts_before_writing(dirs, tmp_path):
+def test_cli_refuses_qwen_tools_with_r1_zero_prompts_before_writing(dirs, tmp_path, capsys):
+  """main.execute, the CLI after its flags (in-process: the subprocess's exit-2 path for a config error is
+  tests/test_input_errors.py's): the one line, exit 2, no workdir."""
+  from grpo_jax import main
+  from grpo_jax.infra import errors
   wd = str(tmp_path / "run")
-  args = ["--config=configs/gsm8k.py:small", f"--workdir={wd}", f"--config.task.data_dir={dirs['data']}",
-          f"--config.task.tokenizer=hf:{dirs['tok']}",
-          f"--config.model.vocab_size={hf_tokenizer.HFTokenizer(dirs['tok']).vocab_size}",
-          "--config.tools.env=tests.tool_envs:QwenEcho", "--config.tools.format=qwen",
-          "--config.sampling.engine=continuous"]
-  p = subprocess.run([sys.executable, "-m", "grpo_jax.main", *args], cwd=ROOT, capture_output=True, text=True,
-                     env=dict(os.environ, JAX_PLATFORMS="cpu"), timeout=120)
-  assert p.returncode == 2, p.stderr[-2000:]
-  assert "config.task.prompt_format: 'r1_zero': tools.format='qwen'" in p.stderr + p.stdout
+  c = config_lib.override(config_lib.load_config(os.path.join(ROOT, "configs", "gsm8k.py"), "small"), {
+      "task.data_dir": dirs["data"], "task.tokenizer": f"hf:{dirs['tok']}",
+      "model.vocab_size": hf_tokenizer.HFTokenizer(dirs["tok"]).vocab_size, "tools.env": "tests.tool_envs:QwenEcho",
+      "tools.format": "qwen", "sampling.engine": "continuous"})
+  code = main.execute(c, wd)
+  err = capsys.readouterr()
+  assert code == errors.EXIT_INPUT, (err.out + err.err)[-2000:]
+  assert "config.task.prompt_format: 'r1_zero': tools.format='qwen'" in err.err + err.out
   assert not os.path.exists(wd)

@@ -375,8 +375,17 @@ def _carry_spec(staleness: int, slots: int) -> "carry_lib.Spec":
                         fields=(("answer_N", (), "int32"),), kv_dtype=MCFG.dtype, obs=O)
 
 
+@pytest.fixture(scope="module")
+def carry_reference(params):
+  """The synchronous engine the carry's rows are compared with: one jitted program for both `kv` cases (its host
+  callback, a new one per make_tools, keeps the persistent cache from holding it: built twice, it compiled twice)."""
+  return jax.jit(lambda pr, m, u, fl: E.sample_groups(MCFG, params, pr, m, G, SAMPLED, u_LxN=u, kv_block=4,
+                                                      tools=make_tools(FieldToy(), chunk=5, stops=SAMPLED_STOPS),
+                                                      env_fields=fl))
+
+
 @pytest.mark.parametrize("kv", ["keep", "recompute"])
-def test_carried_rows_pause_across_steps_and_equal_the_engines_rows(params, kv):
+def test_carried_rows_pause_across_steps_and_equal_the_engines_rows(params, carry_reference, kv):
   """The rollout carry with an environment (max_staleness 1, 'mask', 3 slots for 8 rows, budget 2, chunk 5): rows
   that pause, or are half-way through their observation, when a step ends are carried and go on in the next one;
   with the weights held fixed a row's transcript depends only on its prompt and uniforms, so every trained row —
@@ -393,9 +402,7 @@ def test_carried_rows_pause_across_steps_and_equal_the_engines_rows(params, kv):
             for i in range(0, 12, 2)]  # 6 batches of 2 prompts; answer_N: the prompt's stream index
   adv = jax.jit(lambda c, b, v, rng: carry_lib.advance(MCFG, params, c, b, v, rng, SAMPLED, spec, budget=2, kv=kv,
                                                        tools=tools))
-  ref = jax.jit(lambda pr, m, u, fl: E.sample_groups(MCFG, params, pr, m, G, SAMPLED, u_LxN=u, kv_block=4,
-                                                     tools=make_tools(FieldToy(), chunk=5, stops=SAMPLED_STOPS),
-                                                     env_fields=fl))
+  ref = carry_reference
   carry = carry_lib.init(spec, MCFG)
   want, trained, carried_paused = {}, {}, 0
   for v, b in enumerate(carry_lib.host_stream(lambda k: iter(stream[k:]), spec, 0)):
@@ -433,25 +440,41 @@ def test_carried_rows_pause_across_steps_and_equal_the_engines_rows(params, kv):
     np.testing.assert_allclose(got["lp"], w["lp"], atol=2e-5, rtol=0, err_msg=str(key))
 
 
-def carry_rows(params, spec, steps: int, mesh=None, seeds: tuple[int, ...] = (50,)) -> dict:
+def carry_rows(params, spec, steps: int, mesh=None, seeds: tuple[int, ...] = (50,), alone: bool = False):
   """`steps` steps of the rollout carry with the Toy environment (budget 2, chunk 5, fixed weights) over a stream of
   24 prompts in batches of spec.B, on `mesh` (None: one device, the spec's D device blocks all here), step v drawing
   with key seed + v: one run per seed, several under vmap. The trained rows of each run by (prompt, g) as lists,
-  and the host calls' (slots passed, rows active)."""
+  and the host calls' (slots passed, rows active). `alone`: each seed's run by itself, one after another with the
+  same compiled program (a list of those results)."""
+  if alone:
+    env, adv = _carry_program(params, spec, vmapped=False)
+    out = []
+    for s in seeds:
+      out.append(_carry_run(spec, steps, mesh, (s,), env, adv))
+      env.seen[:] = []  # each run's own host calls
+    return out
+  return _carry_run(spec, steps, mesh, seeds, *_carry_program(params, spec, vmapped=len(seeds) > 1))
+
+
+def _carry_program(params, spec, vmapped: bool):
+  """(the environment, the jitted carry step that calls it)."""
   from grpo_jax.rollout import carry as carry_lib
-  from grpo_jax.run.train import device_batch
   env = FieldToy()
   tools = make_tools(env, chunk=5, stops=SAMPLED_STOPS)
+  adv = lambda c, b, v, rng: carry_lib.advance(MCFG, params, c, b, v, rng, SAMPLED, spec, budget=2, tools=tools)
+  return env, jax.jit(jax.vmap(adv, in_axes=(0, None, None, 0)) if vmapped else adv)
+
+
+def _carry_run(spec, steps, mesh, seeds, env, adv) -> dict:
+  from grpo_jax.rollout import carry as carry_lib
+  from grpo_jax.run.train import device_batch
   pp = [prompts(6, seed=s) for s in (2, 3, 4, 5)]
   prompt, pm = np.concatenate([p for p, _ in pp]), np.concatenate([m for _, m in pp])
   stream = [dict(prompt_NxP=prompt[i:i + spec.B], prompt_mask_NxP=pm[i:i + spec.B],
                  answer_N=np.arange(i, i + spec.B, dtype=np.int32)) for i in range(0, len(prompt), spec.B)]
-  adv = lambda c, b, v, rng: carry_lib.advance(MCFG, params, c, b, v, rng, SAMPLED, spec, budget=2, tools=tools)
   init = lambda: carry_lib.init(spec, MCFG)
   if len(seeds) > 1:
-    adv, init = jax.vmap(adv, in_axes=(0, None, None, 0)), lambda: jax.vmap(lambda _: carry_lib.init(spec, MCFG))(
-        jnp.arange(len(seeds)))
-  adv = jax.jit(adv)
+    init = lambda: jax.vmap(lambda _: carry_lib.init(spec, MCFG))(jnp.arange(len(seeds)))
   ctx = sharding.mesh_context(mesh) if mesh is not None else contextlib.nullcontext()
   rows = [{} for _ in seeds]
   with ctx:
@@ -482,13 +505,24 @@ def _same_rows(got: dict, want: dict, atol: float) -> None:
     np.testing.assert_allclose(got[key]["lp"], w["lp"], atol=atol, rtol=0, err_msg=key)
 
 
-def test_vmapped_carries_each_call_with_their_own_rows(params):
+# 4 row blocks of one slot each, max_staleness 1: the 8-device test's layout (run on one device, the 4 blocks side by
+# side), which the vmapped test runs too, so that the runs alone are one compiled program for both tests
+SPEC_D4 = _carry_spec(1, 4)._replace(B=4, Q=8, D=4, wait=False)
+
+
+@pytest.fixture(scope="module")
+def carries_alone(params):
+  """SPEC_D4's carry on one device, seeds 50 and 80, each run alone (one compiled program): the vmapped test's
+  runs alone, and (50) the 8-device test's one-device run."""
+  return carry_rows(params, SPEC_D4, 3, seeds=(50, 80), alone=True)
+
+
+def test_vmapped_carries_each_call_with_their_own_rows(params, carries_alone):
   """Two carries with an environment under vmap (a sweep's or vmapped seeds' rollout; other uniforms per run): each
   run trains exactly the rows it trains alone, and the host gets exactly the rows the runs alone pass it (vmap runs
   the boundary's cond as a select: a run not at a boundary passes no row)."""
-  spec = _carry_spec(1, 3)._replace(wait=False)
-  alone = [carry_rows(params, spec, 3, seeds=(s,)) for s in (50, 80)]
-  both = carry_rows(params, spec, 3, seeds=(50, 80))
+  alone = carries_alone
+  both = carry_rows(params, SPEC_D4, 3, seeds=(50, 80))
   for k in range(2):
     _same_rows(both["rows"][k], alone[k]["rows"], atol=1e-5)
   assert both["rows"][0] != both["rows"][1]
@@ -504,19 +538,18 @@ from tests.test_sampling import MCFG, random_params
 from tests import test_turns as T
 params = random_params(MCFG, 0)
 mesh = Mesh(np.asarray(jax.devices()).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
-print(json.dumps(T.carry_rows(params, T._carry_spec(1, 4)._replace(B=4, Q=8, D=4, wait=False), 3, mesh=mesh)))
+print(json.dumps(T.carry_rows(params, T.SPEC_D4, 3, mesh=mesh)))
 """
 
 
-def test_carry_on_8_devices_calls_with_each_devices_slots(params):
+def test_carry_on_8_devices_calls_with_each_devices_slots(carries_alone):
   """The carry with an environment on data 2 × fsdp 2 × tensor 2 (8 simulated devices; 4 row blocks, one slot
   each, max_staleness 1): every trained row — tokens, observations, rewards, answered stops, events, log-probs —
   equals the same carry's on one device (its 4 device blocks side by side), and each host call passes one device's
   slot: never the whole batch, never a tensor copy's."""
-  spec = _carry_spec(1, 4)._replace(B=4, Q=8, D=4, wait=False)
-  one = carry_rows(params, spec, 3)
+  one = carries_alone[0]
   sh = on_8_devices(_CARRY_SHARDED, timeout=600)
-  assert len(one["rows"]) == 3 * spec.B * G and sum(sum(r["obs"]) for r in one["rows"].values()) >= SAMPLED_STOPS_SEEN
+  assert len(one["rows"]) == 3 * SPEC_D4.B * G and sum(sum(r["obs"]) for r in one["rows"].values()) >= SAMPLED_STOPS_SEEN
   _same_rows(sh["rows"], one["rows"], atol=1e-5)
   assert {n for n, _ in sh["seen"]} == {1} and {n for n, _ in one["seen"]} == {4}
   assert sum(a for _, a in sh["seen"]) == sum(a for _, a in one["seen"]) > 0  # each paused row sent once
