@@ -197,9 +197,11 @@ def test_a_python_reward_failing_in_one_run_leaves_every_run_at_its_step():
   """A Python reward term that fails in one run of a vmapped group: the host stops the group and saves every run at
   that step (run/train.py's rl_loop), so no run may have advanced. The other run took its update and was saved one
   step ahead of its label: a resume trained it on the same batch twice (and a rollout carry admitted its prompts
-  twice). Now the step is skipped in every run, as in one run's failure."""
+  twice). Now the step is skipped in every run, as in one run's failure. At β = 0 (the skip does not depend on β):
+  the same two-run init program as test_beta_zero_sweep_keeps_no_reference's, and no reference forward in a step
+  whose host callback keeps it out of the compilation cache."""
   from grpo_jax.rl import rewards
-  c, mesh, mcfg, spec, tok = _setup()
+  c, mesh, mcfg, spec, tok = _setup(beta=0.0)
   calls = []
 
   def second_call_raises(texts, ids, batch):  # 'sequential' under vmap: one call per run
