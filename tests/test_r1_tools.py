@@ -352,7 +352,10 @@ def test_rl_stage_weights_the_environments_reward_as_the_rl_step_does():
     env = turns.Result(obs_NxL=jnp.zeros((n, L), jnp.int32), reward_NxL=jnp.asarray(reward),
                        step_NxL=jnp.asarray(step), events_NxE=None, status=None, counts_K=None, calls=None)
     fields.update(rewards_lib.env_fields(env, c.tools.max_turns))
-    r_N, per_term, status, _, steps = rewards_lib.compute(spec, jnp.asarray(tokens), jnp.asarray(mask), fields)
+    # one program, as the rollout runs the terms (its Python terms through their host callbacks); op by op the
+    # in-graph terms were ~100 eager ops, each its own tiny compile
+    r_N, per_term, status, _, steps = jax.jit(lambda t, m, f: rewards_lib.compute(spec, t, m, f))(
+        jnp.asarray(tokens), jnp.asarray(mask), fields)
   finally:
     spec.close()
   assert (np.asarray(status) == 0).all()
