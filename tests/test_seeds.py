@@ -49,7 +49,7 @@ def _plain_state(params, rng, tx):
 
 
 def _separate(step, start, tx):
-  st = _plain_state(start["params"], start["rng"], tx)
+  st = jax.jit(lambda p, r: _plain_state(p, r, tx))(start["params"], start["rng"])  # one program, not ~60 eager ops
   ms = []
   for b in BATCHES:
     st, m = step(st, b)
@@ -82,7 +82,8 @@ def runs():
   states = seeds_lib.init_states(c, mcfg, SEEDS, hparams={"optim.lr": LRS, "rl.beta": BETAS,
                                                           "rl.entropy_coef": ENT, "sampling.temperature": TEMPS,
                                                           "rewards": WEIGHTS})
-  starts = [seeds_lib.unstack(states, i) for i in range(len(SEEDS))]
+  # every run's start sliced in one program (eagerly, each leaf's slice and squeeze compiled alone)
+  starts = jax.jit(lambda st: [seeds_lib.unstack(st, i) for i in range(len(SEEDS))])(states)
   step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
   vm = []
   for b in BATCHES:
