@@ -12,25 +12,48 @@ from grpo_jax.infra import sharding
 from grpo_jax.tasks import digits
 
 
-@pytest.mark.parametrize("mode", ["separate", "head"])
-def test_ppo_step_updates_policy_and_critic(mode):
+def _config(mode: str, **rl):
   c = presets.apply(digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=2, G=4, L=8),
                     "ppo")
-  c.ppo.critic = mode
-  c.optim.lr = 1e-3
-  c.ppo.critic_lr = 1e-2
+  c.ppo.critic, c.optim.lr = mode, 1e-3
+  c.rl.update(rl)
+  return c
+
+
+@pytest.fixture(scope="module")
+def full_step():
+  """The separate-critic PPO step at full length in one rollout chunk (no early exit, one training length), on the
+  `_ManyEos` tokenizer: the chunked test's reference, and the step that test_ppo_step_updates_policy_and_critic's
+  separate case runs (one program to trace and compile for both: the claims there hold for any tokenizer and any
+  chunking)."""
+  c = _config("separate", rollout_chunks=1, train_buckets=1)
+  c.sampling.exit_chunk = 0
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   mcfg = model_lib.ModelConfig.from_config(c.model)
-  spec = digits.reward_spec(64)
+  step = families.make_step(c, mesh, mcfg, digits.reward_spec(64), _ManyEos(64))
+  return c, mesh, mcfg, step
+
+
+@pytest.mark.parametrize("mode", ["separate", "head"])
+def test_ppo_step_updates_policy_and_critic(mode, request):
+  if mode == "separate":
+    c, mesh, mcfg, step = request.getfixturevalue("full_step")
+  else:
+    c = _config(mode)
+    c.ppo.critic_lr = 1e-2
+    mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+    mcfg = model_lib.ModelConfig.from_config(c.model)
+    spec = digits.reward_spec(64)
+    step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
   state = ppo_step.init(c, mesh, mcfg)
   if mode == "separate":
     # The value network starts from the policy's weights: twice the trainable parameters.
     np.testing.assert_array_equal(state["critic_params"]["body"]["embed"]["embedding"],
                                   state["params"]["embed"]["embedding"])
-  # The critic has its own optimizer state, at its own learning rate.
+  # The critic has its own optimizer state, at its own learning rate (the separate case: the config's default 1e-4).
   assert float(state["opt_state"].hyperparams["learning_rate"]) == pytest.approx(1e-3)
-  assert float(state["critic_opt_state"].hyperparams["learning_rate"]) == pytest.approx(1e-2)
-  step = families.make_step(c, mesh, mcfg, spec, spec.ctx.tokenizer)
+  assert float(state["critic_opt_state"].hyperparams["learning_rate"]) == pytest.approx(
+      1e-2 if mode == "head" else 1e-4)
   v0 = np.asarray(state["critic_params"]["v_head"]["kernel"]).copy()
   batch = next(digits.make_batches(2, 1, seed=3))
   batch["answer_ids_NxA"][:, 1:] = -1
@@ -54,7 +77,7 @@ def _perturbed(params):
   return jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), params)
 
 
-def test_ppo_in_chunks_with_early_exit_and_buckets_equals_full_length():
+def test_ppo_in_chunks_with_early_exit_and_buckets_equals_full_length(full_step):
   """2 rollout row chunks whose decodes exit early (sampling.exit_chunk=2), the critic's old values in those chunks,
   and both on the shorter of rl.train_buckets=2 lengths (4, 8 at L=8) covering the batch's longest completion (2
   lengths: the fewest that let the update run below L; each is a forward+backward of policy and critic to compile):
@@ -62,17 +85,15 @@ def test_ppo_in_chunks_with_early_exit_and_buckets_equals_full_length():
   separate critic) within 2e-5, under 1e-3 of how far training moved them: AdamW moves a weight whose gradient is
   at rounding level by up to lr·g/ε ≈ 1e-5 (test_rl_step.py)."""
   runs = {}
-  for name, over in (("full", dict(rollout_chunks=1, train_buckets=1)), ("fast", dict(rollout_chunks=2,
-                                                                                      train_buckets=2))):
-    c = presets.apply(digits.bench_config(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=2, G=4,
-                                          L=8), "ppo")
-    c.ppo.critic, c.optim.lr = "separate", 1e-3
-    c.rl.update(over)
-    c.sampling.exit_chunk = 2 if name == "fast" else 0
-    mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-    mcfg = model_lib.ModelConfig.from_config(c.model)
-    spec = digits.reward_spec(64)
-    step = families.make_step(c, mesh, mcfg, spec, _ManyEos(64))
+  for name in ("full", "fast"):
+    if name == "full":
+      c, mesh, mcfg, step = full_step
+    else:
+      c = _config("separate", rollout_chunks=2, train_buckets=2)
+      c.sampling.exit_chunk = 2
+      mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+      mcfg = model_lib.ModelConfig.from_config(c.model)
+      step = families.make_step(c, mesh, mcfg, digits.reward_spec(64), _ManyEos(64))
     state = ppo_step.init(c, mesh, mcfg)
     # a policy away from its reference: the per-token KL penalty (the only reward a random model earns here) is a
     # real signal, not fp noise that whitening would blow up to O(1) advantages
@@ -82,12 +103,12 @@ def test_ppo_in_chunks_with_early_exit_and_buckets_equals_full_length():
       state, m = step(state, batch)
       ms.append(jax.device_get(m))
     runs[name] = (ms, jax.device_get(state), step, p0)
-  (m1, s1, _, p0), (m3, s3, step3, _) = runs["full"], runs["fast"]
+  (m1, s1, step1, p0), (m3, s3, step3, _) = runs["full"], runs["fast"]
   assert [int(m["train/train_len"]) for m in m1] == [8, 8]
   lens = [int(m["train/train_len"]) for m in m3]
   assert min(lens) < 8 and lens == [min(s for s in (4, 8) if s >= int(m["train/completion_len_max"])) for m in m3]
   assert [int(m["train/decode_steps"]) for m in m1] == [7, 7] and min(int(m["train/decode_steps"]) for m in m3) < 7
-  assert step3.traces() == 1
+  assert step1.traces() == step3.traces() == 1  # the shared step too, whichever test ran it first
   assert min(float(m["train/kl"]) for m in m1) > 1e-3
   for a, b in zip(m1, m3):
     np.testing.assert_array_equal(a["samples/tokens_NxL"], b["samples/tokens_NxL"])

@@ -209,16 +209,20 @@ def test_stage4_trains_on_the_models_tokens_only(sampled):
   mcfg = model_lib.ModelConfig.from_config(c.model)
   params = model_lib.init_params(mcfg, jax.random.PRNGKey(3))
   b = {k: jnp.asarray(v) for k, v in batch.items()}
-  got, _ = sft_step.sft_loss(mcfg, params, b)
-  logits = np.asarray(model_lib.forward(mcfg, params, b["tokens_NxT"], b["positions_NxT"], b["mask_NxT"]),
-                      np.float64)
+
+  @jax.jit  # one program (op by op, the forwards and the gradient were ~150 eager ops, each its own tiny compile)
+  def loss_logits_and_head_grad(params, b):
+    sft_loss, _ = sft_step.sft_loss(mcfg, params, b)
+    logits = model_lib.forward(mcfg, params, b["tokens_NxT"], b["positions_NxT"], b["mask_NxT"])
+    h, head = model_lib.hidden_states(mcfg, params, b["tokens_NxT"], b["positions_NxT"], b["mask_NxT"])
+    return sft_loss, logits, jax.grad(lambda hh: sft_step.head_loss(mcfg, hh, head, b)[0])(h)
+  got, logits, g = loss_logits_and_head_grad(params, b)
+  logits, g = np.asarray(logits, np.float64), np.asarray(g)
   logp = logits - logits.max(-1, keepdims=True)
   logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
   nll = -np.take_along_axis(logp[:, :-1], tokens[:, 1:, None], -1)[..., 0]  # column t-1 predicts token t
   want = (nll * loss[:, 1:]).sum() / loss[:, 1:].sum()
   np.testing.assert_allclose(float(got), want, rtol=2e-5)
-  h, head = model_lib.hidden_states(mcfg, params, b["tokens_NxT"], b["positions_NxT"], b["mask_NxT"])
-  g = np.asarray(jax.grad(lambda hh: sft_step.head_loss(mcfg, hh, head, b)[0])(h))
   for n, t in obs_pos:
     assert not np.any(g[n, t - 1]), (n, t)
   for n, t in zip(*np.nonzero(loss[:, 1:])):
@@ -348,7 +352,10 @@ def test_rl_stage_weights_the_environments_reward_as_the_rl_step_does():
     env = turns.Result(obs_NxL=jnp.zeros((n, L), jnp.int32), reward_NxL=jnp.asarray(reward),
                        step_NxL=jnp.asarray(step), events_NxE=None, status=None, counts_K=None, calls=None)
     fields.update(rewards_lib.env_fields(env, c.tools.max_turns))
-    r_N, per_term, status, _, steps = rewards_lib.compute(spec, jnp.asarray(tokens), jnp.asarray(mask), fields)
+    # one program, as the rollout runs the terms (its Python terms through their host callbacks); op by op the
+    # in-graph terms were ~100 eager ops, each its own tiny compile
+    r_N, per_term, status, _, steps = jax.jit(lambda t, m, f: rewards_lib.compute(spec, t, m, f))(
+        jnp.asarray(tokens), jnp.asarray(mask), fields)
   finally:
     spec.close()
   assert (np.asarray(status) == 0).all()

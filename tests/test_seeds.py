@@ -49,7 +49,7 @@ def _plain_state(params, rng, tx):
 
 
 def _separate(step, start, tx):
-  st = _plain_state(start["params"], start["rng"], tx)
+  st = jax.jit(lambda p, r: _plain_state(p, r, tx))(start["params"], start["rng"])  # one program, not ~60 eager ops
   ms = []
   for b in BATCHES:
     st, m = step(st, b)
@@ -82,7 +82,8 @@ def runs():
   states = seeds_lib.init_states(c, mcfg, SEEDS, hparams={"optim.lr": LRS, "rl.beta": BETAS,
                                                           "rl.entropy_coef": ENT, "sampling.temperature": TEMPS,
                                                           "rewards": WEIGHTS})
-  starts = [seeds_lib.unstack(states, i) for i in range(len(SEEDS))]
+  # every run's start sliced in one program (eagerly, each leaf's slice and squeeze compiled alone)
+  starts = jax.jit(lambda st: [seeds_lib.unstack(st, i) for i in range(len(SEEDS))])(states)
   step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
   vm = []
   for b in BATCHES:
@@ -197,9 +198,11 @@ def test_a_python_reward_failing_in_one_run_leaves_every_run_at_its_step():
   """A Python reward term that fails in one run of a vmapped group: the host stops the group and saves every run at
   that step (run/train.py's rl_loop), so no run may have advanced. The other run took its update and was saved one
   step ahead of its label: a resume trained it on the same batch twice (and a rollout carry admitted its prompts
-  twice). Now the step is skipped in every run, as in one run's failure."""
+  twice). Now the step is skipped in every run, as in one run's failure. At β = 0 (the skip does not depend on β):
+  the same two-run init program as test_beta_zero_sweep_keeps_no_reference's, and no reference forward in a step
+  whose host callback keeps it out of the compilation cache."""
   from grpo_jax.rl import rewards
-  c, mesh, mcfg, spec, tok = _setup()
+  c, mesh, mcfg, spec, tok = _setup(beta=0.0)
   calls = []
 
   def second_call_raises(texts, ids, batch):  # 'sequential' under vmap: one call per run

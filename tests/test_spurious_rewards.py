@@ -94,8 +94,10 @@ def test_incorrect_rewards_a_wrong_well_formed_answer_only():
     tokens[i, :len(ids)], mask[i, :len(ids)] = ids, 1
   ctx = reward_spec.Context("arith", tok)
   batch = {"answer_N": jnp.full((4,), 7, jnp.int32)}
-  inc = rewards.REGISTRY["incorrect"](ctx)(jnp.asarray(tokens), jnp.asarray(mask), batch, ctx).r_N
-  acc = rewards.REGISTRY["accuracy"](ctx)(jnp.asarray(tokens), jnp.asarray(mask), batch, ctx).r_N
+  # both terms in one jitted program, as the rollout runs them (op by op, the in-graph parsers were ~200 eager ops,
+  # each its own tiny compile)
+  inc_fn, acc_fn = rewards.REGISTRY["incorrect"](ctx), rewards.REGISTRY["accuracy"](ctx)
+  inc, acc = jax.jit(lambda t, m, b: (inc_fn(t, m, b, ctx).r_N, acc_fn(t, m, b, ctx).r_N))(tokens, mask, batch)
   assert np.asarray(inc).tolist() == [0.0, 1.0, 0.0, 0.0]
   assert np.asarray(acc).tolist() == [1.0, 0.0, 0.0, 0.0]
   with pytest.raises(config_lib.ConfigError, match="the 'incorrect' term parses answers in-graph"):
@@ -109,9 +111,9 @@ def test_toy_incorrect_and_random_terms():
                        jnp.int32)
   mask = jnp.asarray([[1, 1], [1, 1], [1, 1], [0, 0]], jnp.int32)
   batch = {"answer_N": jnp.full((4,), d + 5, jnp.int32), reward_spec.SAMPLE_KEY: jnp.arange(4, dtype=jnp.uint32)}
-  inc = spec.fns[0](tokens, mask, batch, spec.ctx).r_N
+  inc, rand = jax.jit(lambda t, m, b: tuple(f(t, m, b, spec.ctx).r_N for f in spec.fns))(tokens, mask, batch)
   assert np.asarray(inc).tolist() == [0.0, 1.0, 0.0, 0.0]  # right / wrong digit / no digit / empty
-  assert np.asarray(spec.fns[1](tokens, mask, batch, spec.ctx).r_N).tolist() == [1.0] * 4  # rate 1
+  assert np.asarray(rand).tolist() == [1.0] * 4  # rate 1
 
 
 def test_toy_one_shot_batches():
