@@ -224,3 +224,19 @@ def test_a_python_reward_failing_in_one_run_leaves_every_run_at_its_step():
   assert np.asarray(states["step"]).tolist() == [0, 0]
   for a, b in zip(jax.tree.leaves(jax.device_get(states["params"])), jax.tree.leaves(start)):
     np.testing.assert_array_equal(a, b)
+
+
+def test_unstack_takes_one_run_of_every_leaf_and_refuses_a_run_outside_the_stack():
+  """One compiled program for the whole tree, the run an argument (no compile per leaf or per run): each leaf's run i,
+  dtypes kept (a PRNG key's too), and a run outside [0, S) an IndexError (a traced index would clamp to the last or
+  first run)."""
+  tree = {"w": jnp.arange(24.0).reshape(3, 2, 4), "n": jnp.arange(3, dtype=jnp.int32),
+          "key": jax.random.split(jax.random.PRNGKey(0), 3)}
+  for i in range(3):
+    got = seeds_lib.unstack(tree, i)
+    for k in tree:
+      np.testing.assert_array_equal(got[k], np.asarray(tree[k])[i])
+      assert got[k].dtype == tree[k].dtype
+  for bad in (3, -1):
+    with pytest.raises(IndexError, match="stack of"):
+      seeds_lib.unstack(tree, bad)
