@@ -2,6 +2,7 @@
 device, the one-line error when none do, the step builders' refusal of an unresolved config, and every entry path
 that builds a step resolving it (the main job, R1 stages, vmapped sweep lanes, the ablation tables, aot, the
 planner CLI)."""
+import contextlib
 import json
 import logging
 import os
@@ -474,6 +475,23 @@ def test_a_set_key_the_resolved_path_does_not_use_is_logged(caplog):
       auto.resolve(config_lib.override(base, over), ctx)
     assert not any("no effect" in r.getMessage() for r in caplog.records), over
 
+
+
+def test_a_set_key_for_the_other_path_is_a_warning_only_where_the_user_set_it(caplog):
+  """Under a command's record of the keys the user set (config_lib.user_keys_set), a key for the path not taken is a
+  warning where the user set it and an info line where only the config (a file, a table's run config) set it; with
+  no record (a library caller) every such key is a warning, as above."""
+  ctx = auto.Context(MESH1, None, "cpu")
+  c = config_lib.override(config_lib.base_config(), {"sampling.engine": "static", "sampling.slots": 8})
+  line = "sampling.slots = 8 (set): no effect with sampling.engine = static"
+  for user, level in (({"sampling.engine"}, logging.INFO), ({"sampling.slots"}, logging.WARNING),
+                      (None, logging.WARNING)):
+    caplog.clear()
+    with caplog.at_level(logging.INFO), (config_lib.user_keys_set(user) if user is not None
+                                         else contextlib.nullcontext()):
+      auto.resolve(c, ctx)
+    hits = [r for r in caplog.records if r.getMessage().startswith(line)]
+    assert len(hits) == 1 and hits[0].levelno == level, (user, [r.getMessage() for r in caplog.records])
 
 
 def test_a_set_value_the_step_cannot_take_as_set_is_logged_as_it_runs(caplog):

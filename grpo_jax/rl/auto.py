@@ -158,8 +158,12 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
       continue
     if not knob.applies(out):
       if log and not knob.asks(out) and knob.unused(out):
-        logging.warning("%s (set): no effect %s", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)),
-                        knob.unused(out))
+        # a warning where the user set it (a flag, a sweep point, a variant: config_lib.set_by_user); a config file's
+        # own value for the other path is its author's business, said at info level
+        base = config_lib.base_config()
+        by_user = any(config_lib.set_by_user(k, v, _get(base, k)) for k, v in zip(keys, values))
+        (logging.warning if by_user else logging.info)(
+            "%s (set): no effect %s", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)), knob.unused(out))
       continue
     if not knob.asks(out):
       bad = knob.runs_on(tuple(values) if knob.joint else values[0], ctx)
