@@ -234,6 +234,24 @@ def test_a_knob_the_task_does_not_read_is_refused():
   validate.unread_task_knobs(config_lib.override(c, {"task.max_digits": 3, "task.prompt_format": "chat"}))
 
 
+def test_a_config_files_own_task_knob_is_said_not_refused_when_the_user_switches_task(caplog):
+  """configs/r1_zero_aha.py sets task.max_number for its task (sums); `--config.task.name=arith` on it was refused
+  (exit 2) for a key the user never set. Under a command's record the file's value is a warning naming it; a key the
+  user set for another task is still refused; with no record (a library caller) every such value is refused."""
+  from grpo_jax.run import validate
+  c = config_lib.override(config_lib.load_config(os.path.join(REPO, "configs", "r1_zero_aha.py")),
+                          {"task.name": "arith"})
+  with config_lib.user_keys_set({"task.name"}), caplog.at_level(logging.WARNING):
+    validate.unread_task_knobs(c)
+  said = [r.getMessage() for r in caplog.records if "(the config's): no effect with task.name='arith'" in r.getMessage()]
+  assert any(m.startswith("task.max_number=") for m in said), said
+  with config_lib.user_keys_set({"task.name", "task.max_number"}), pytest.raises(
+      errors.ConfigError, match=r"task.max_number: is a knob of"):
+    validate.unread_task_knobs(c)
+  with pytest.raises(errors.ConfigError, match=r"is a knob of"):
+    validate.unread_task_knobs(c)
+
+
 def test_a_short_rl_run_on_local_files(tmp_path):
   """configs/gsm8k.py:small on task.name=math files (verl parquet for training, a json list held out) with the
   symbolic grader: one GRPO step, the Python math reward through the step (its worker process started from the

@@ -949,9 +949,15 @@ def unread_task_knobs(c) -> None:
     if key in mine or key in _PIPELINE_TASK_KEYS or key not in defaults or c.task[key] == defaults[key]:
       continue
     readers = registry.knob_readers(key)
-    if readers:
+    if not readers:
+      continue
+    if config_lib.set_by_user(f"task.{key}", c.task[key], defaults[key]):
       _fail(f"task.{key}", f"is a knob of {' and '.join(readers)}, which this run's task ({c.task.name!r}) does not "
             f"read; leave it at its default ({defaults[key]!r}) or set task.name to one of {readers}.")
+    # the config file's own value for its own task, which the user switched (--config.task.name=arith on
+    # configs/r1_zero_aha.py): not the user's mistake to refuse, but said
+    _warn("task.%s=%r (the config's): no effect with task.name=%r (a knob of %s).", key, c.task[key], c.task.name,
+          " and ".join(readers))
 
 
 def validate_optim(c) -> None:
