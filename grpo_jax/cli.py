@@ -162,16 +162,6 @@ def _declared(key: str) -> bool:
   return True
 
 
-def _flat_keys(node, prefix: str = "") -> list[str]:
-  out = []
-  for k in node.keys():
-    if hasattr(node[k], "keys"):
-      out += _flat_keys(node[k], f"{prefix}{k}.")
-    else:
-      out.append(f"{prefix}{k}")
-  return out
-
-
 def _unknown_key(argv, error: Exception) -> str:
   """'config.<key>: no such key' for the --config.<key> override that names a missing key, with the nearest
   declared key when one is close. ml_collections says only the last part, quoted, and appends its own "Did you
@@ -181,7 +171,7 @@ def _unknown_key(argv, error: Exception) -> str:
   keys = [arg[len("--config."):].split("=", 1)[0] for arg in argv if arg.startswith("--config.")]
   unknown = [k for k in keys if not _declared(k)]
   key = unknown[0] if unknown else f"<...>.{missing}"
-  close = difflib.get_close_matches(key, _flat_keys(config_lib.base_config()), n=1, cutoff=0.75)
+  close = difflib.get_close_matches(key, list(config_lib.flat(config_lib.base_config())), n=1, cutoff=0.75)
   if close and unknown:
     return f"config.{key}: no such key; did you mean config.{close[0]}? (keys: grpo_jax/config/config_lib.py)."
   return (f"config.{key}: no such key; check the spelling against grpo_jax/config/config_lib.py (or the "

@@ -583,6 +583,24 @@ def load_config(path: str, arg: str | None = None) -> ml_collections.ConfigDict:
   return module.get_config(arg) if arg else module.get_config()
 
 
+def under(key: str, prefix: str) -> bool:
+  """Dotted `key` is `prefix` or a key under it ('rl.' and 'rl' both hold 'rl.beta'; 'tools.sandbox' holds
+  'tools.sandbox.time_s')."""
+  p = prefix.rstrip(".")
+  return key == p or key.startswith(p + ".")
+
+
+def flat(c: Any, prefix: str = "") -> dict[str, Any]:
+  """`a.b.c -> value` of a ConfigDict (or nested dict), values as they are."""
+  out = {}
+  for k in c.keys():
+    if hasattr(c[k], "keys"):
+      out.update(flat(c[k], f"{prefix}{k}."))
+    else:
+      out[f"{prefix}{k}"] = c[k]
+  return out
+
+
 # ------------------------------------------------------------------------------------------ keys the user set
 
 # The dotted keys the person running a command set for this run: its `--config.<key>=` overrides (absl's config flag
@@ -636,4 +654,4 @@ def set_by_user(key: str, value: Any, default: Any) -> bool:
   keys = user_keys()
   if keys is None:
     return value != default
-  return any(k == key or k.startswith(key + ".") for k in keys)
+  return any(under(k, key) for k in keys)

@@ -79,7 +79,7 @@ def flatten(config: Any) -> dict[str, Any]:
 
 
 def _matches(key: str, prefixes: Iterable[str]) -> bool:
-  return any(key == p or (p.endswith(".") and key.startswith(p)) or key.startswith(p + ".") for p in prefixes)
+  return any(config_lib.under(key, p) for p in prefixes)
 
 
 def drops(kind: str) -> tuple[str, ...]:

@@ -1,7 +1,6 @@
 """Config validation before anything compiles: each failure is ONE line naming the key and the fix."""
 import contextlib
 import dataclasses
-import functools
 import json
 import os
 from typing import Any, Iterator
@@ -994,31 +993,14 @@ def sft_stage_runs(c) -> bool:
   return c.sft.steps > 0 and not c.train.init_from
 
 
-def _flat(c, prefix: str = "") -> dict[str, Any]:
-  out = {}
-  for k in c.keys():
-    v = c[k]
-    if hasattr(v, "keys"):
-      out.update(_flat(v, f"{prefix}{k}."))
-    else:
-      out[f"{prefix}{k}"] = v
-  return out
-
-
-def _under(prefix: str, key: str) -> bool:
-  """`key` is `prefix` or a key under it ('rl.' and 'rl' both hold 'rl.beta')."""
-  p = prefix.rstrip(".")
-  return key == p or key.startswith(p + ".")
-
-
 def _unread_rules(c) -> list[tuple[Any, str, str]]:
   """(match(dotted key) -> bool, why, fix) for each class of key config.job does not read; `fix` says {it}."""
   job = c.get("job")
   if job == "export":  # export.run_job reads the run in --workdir and export.*, nothing else of this config
-    return [(lambda k: k != "job" and not _under("export", k),
+    return [(lambda k: k != "job" and not config_lib.under(k, "export"),
              "job=export (it converts the run in --workdir, whose own config.json gives the rest, and reads only "
              "export.*)", "pass only export.* keys with job=export")]
-  rules = [(functools.partial(_under, "export"), f"job={job} (only job=export reads export.*)",
+  rules = [(lambda k: config_lib.under(k, "export"), f"job={job} (only job=export reads export.*)",
             "drop {it} (job=export converts a finished run: python -m grpo_jax.main --config.job=export)")]
   if job == "grpo":
     if not sft_stage_runs(c):  # sft.steps decides whether the stage runs; with train.init_from it is unread too
@@ -1038,14 +1020,14 @@ def _unread_rules(c) -> list[tuple[Any, str, str]]:
   for p in run_config.drops(kinds[0]):
     if p != "sft." and all(run_config.dropped(k, p) for k in kinds):
       fix = "drop {it}, or set job=grpo" if job != "grpo" and p in ("rl.", "ppo.", "rewards") else "drop {it}"
-      rules.append((functools.partial(_under, p), f"job={job} ({_DROP_WHY.get(p, _NO_READER)})", fix))
+      rules.append((lambda k, p=p: config_lib.under(k, p), f"job={job} ({_DROP_WHY.get(p, _NO_READER)})", fix))
   if job == "sft":  # evaluation.Evaluator decodes untruncated (top_k=0, top_p=1.0): the RL rollout's keys
     rules.append((("sampling.top_k", "sampling.top_p").__contains__, "job=sft (its held-out evaluation decodes "
                   "untruncated: top-k / top-p are the RL rollout's)", "drop {it}"))
   if job == "pretrain":  # train.run_sft(loss_on='all'): every token trained, no held-out evaluation, nothing decoded
     env = bool(c.get("tools") is not None and c.tools.env)  # tools.env='': validate_tools names the tools.* keys
-    rules.append((lambda k: _under("sampling", k) or _under("eval", k) or k == "sft.loss_on" or (
-        env and _under("tools", k)), "job=pretrain (it trains on every token and decodes nothing: no held-out "
+    rules.append((lambda k: config_lib.under(k, "sampling") or config_lib.under(k, "eval") or k == "sft.loss_on" or (
+        env and config_lib.under(k, "tools")), "job=pretrain (it trains on every token and decodes nothing: no held-out "
                   "evaluation)", "drop {it}, or set job=sft"))
   return rules
 
@@ -1055,7 +1037,7 @@ def unread_keys(c) -> None:
   no record, away from the base config) that config.job does not read — rl.* under job=sft, sft.* under job=grpo
   without an SFT stage, export.* outside job=export — changed nothing and said nothing: one warning line per reason,
   naming each such key once, with the fix. A config file's own values are its author's business: not named."""
-  base, flat = _flat(config_lib.base_config()), _flat(c)
+  base, flat = config_lib.flat(config_lib.base_config()), config_lib.flat(c)
   candidates = [k for k in sorted(flat) if config_lib.set_by_user(k, flat[k], base.get(k))]
   for match, why, fix in _unread_rules(c):  # disjoint classes: each key in one line at most
     keys = [k for k in candidates if match(k)]
