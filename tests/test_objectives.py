@@ -615,3 +615,52 @@ def test_the_step_flags_its_first_update_only(mu, minibatches, packing):
   _, um = rl_step.train_by_length(c, update, jnp.float32(0), data, jax.random.PRNGKey(0), None, 2)
   want = [-1] if mu * minibatches == 1 else [1] + [0] * (mu * minibatches - 1)
   assert np.asarray(um["first"]).astype(int).tolist() == want
+
+
+def test_covariance_metric_is_over_the_tokens_the_update_trains():
+  """train/cov_logp_adv read every completion token, the ones a rollout correction (or the staleness mask) took out
+  of the loss too: they get no gradient, so they move no entropy, and train/entropy and the token selections read
+  the trained tokens only. Here MIS drops the tokens of ρ = π_prox/μ > 2 (a third of them, with the log-probs and
+  advantages that carry the covariance): the metric is NumPy's population covariance over the kept tokens."""
+  from grpo_jax.rl import rl_step
+  from grpo_jax.rl import rollout as rollout_lib
+  rng = np.random.default_rng(7)
+  N, L = 4, 6
+  mask = (np.arange(L)[None] < np.array([6, 3, 5, 0])[:, None]).astype(np.float32)
+  old = rng.uniform(-3, -0.1, (N, L)).astype(np.float32)
+  drop = (rng.random((N, L)) < 0.35) & (mask > 0)
+  behav = np.where(drop, old - 1.5, old - 0.01).astype(np.float32)  # ρ = e^1.5 > mis_hi = 2 where dropped
+  adv = np.where(drop, 3.0, rng.normal(size=(N, L))).astype(np.float32)  # the dropped tokens skew the covariance
+  c = config_lib.override(config_lib.base_config(), {"rl.rollout_correction": "mis", "rl.mis_hi": 2.0})
+  ro = rollout_lib.Rollout(**{**dict.fromkeys(rollout_lib.Rollout._fields), **dict(
+      seq=None, mask_NxL=jnp.asarray(mask), old_logp_NxL=jnp.asarray(old), behav_logp_NxL=jnp.asarray(behav))})
+  data, m = rl_step.training_data(c, ro, jnp.asarray(adv), jax.random.PRNGKey(0))
+  kept = (mask > 0) & ~drop
+  np.testing.assert_array_equal(np.asarray(data["mask_NxL"]) > 0, kept)
+  want = np.cov(old[kept].astype(np.float64), adv[kept].astype(np.float64), bias=True)[0, 1]
+  every = np.cov(old[mask > 0].astype(np.float64), adv[mask > 0].astype(np.float64), bias=True)[0, 1]
+  assert abs(want - every) > 0.05  # the dropped tokens would move it
+  assert float(m["train/cov_logp_adv"]) == pytest.approx(want, rel=1e-5, abs=1e-7)
+
+
+def test_select_frac_of_an_update_without_tokens_is_left_out_of_the_step_mean():
+  """An update whose minibatch has no loss token (a correction or the staleness mask removed them all) picked nothing
+  of nothing: its select_frac read 0 and the step's mean over its updates halved top_entropy's 0.2 to 0.1. Now NaN
+  for that update (as the other token means) and left out of the mean: the step reports 0.2."""
+  from grpo_jax.rl import rl_step
+  from grpo_jax.rl import update as update_lib
+  c = config_lib.override(config_lib.base_config(), {"rl.token_select": "top_entropy", "rl.select_frac": 0.2,
+                                                      "rl.beta": 0.0})
+  objective = rl_step.make_objective(c)
+  rng = np.random.default_rng(3)
+  lp, ent = jnp.asarray(rng.uniform(-3, -0.1, (2, 5)), jnp.float32), jnp.asarray(rng.random((2, 5)), jnp.float32)
+  ms = []
+  for mask in (np.ones((2, 5), np.float32), np.zeros((2, 5), np.float32)):
+    mb = dict(old_logp_NxL=lp, adv_NxL=jnp.ones((2, 5)), mask_NxL=jnp.asarray(mask), ref_logp_NxL=None)
+    ms.append(objective((lp, ent), mb)[1])
+  assert float(ms[0]["select_frac"]) == pytest.approx(0.2)
+  assert np.isnan(float(ms[1]["select_frac"]))
+  um = {k: jnp.stack([ms[0][k], ms[1][k]]) for k in ("select_frac", "select_entropy", "entropy")}
+  m = update_lib.step_metrics(dict(um, nonfinite=jnp.zeros(2, jnp.int32)), {"w": jnp.ones(2)})
+  assert float(m["train/select_frac"]) == pytest.approx(0.2)
+  assert float(m["train/select_entropy"]) == pytest.approx(float(ms[0]["select_entropy"]))

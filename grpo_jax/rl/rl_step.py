@@ -235,9 +235,6 @@ def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.A
   decode = {"train/decode_row_steps": ro.decode_row_steps, "train/decode_slot_util": ro.decode_slot_util,
             "train/decode_admit_wait": ro.decode_admit_wait}
   m.update({k: v for k, v in decode.items() if v is not None})
-  # Cov(log π_old, A) over the completion tokens: the entropy mechanism's driver (rl/token_select.py), per step
-  m["train/cov_logp_adv"] = jnp.sum(token_select.covariance(ro.old_logp_NxL, adv_NxL, mask > 0)) / jnp.maximum(
-      jnp.sum(mask > 0), 1)
   if ro.ref_logp_NxL is not None:  # β = 0 has no reference model: no train/kl
     m["train/kl"] = masked_mean(losses.kl_k3(ro.old_logp_NxL, ro.ref_logp_NxL), mask)
   for name, r in ro.per_term.items():
@@ -287,6 +284,12 @@ def training_data(config, ro: rollout_lib.Rollout, adv_NxL, key: jax.Array,
     metrics = partial.metrics(ro, lag_NxL, mask_NxL)
   corr = correction.build(config, ro.old_logp_NxL, ro.behav_logp_NxL, mask_NxL)
   data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=corr.mask_NxL)
+  # Cov(log π_old, A), the entropy mechanism's driver (rl/token_select.py), over the tokens the update trains: those
+  # the staleness mask or a correction removed have no gradient, so they move no entropy (over every completion
+  # token, as it was, it counted them, and it was not over the tokens train/entropy and the selections read)
+  trained_NxL = corr.mask_NxL > 0
+  metrics = dict(metrics, **{"train/cov_logp_adv": jnp.sum(token_select.covariance(
+      ro.old_logp_NxL, adv_NxL, trained_NxL)) / jnp.maximum(jnp.sum(trained_NxL), 1)})
   if corr.is_w_NxL is not None:
     data["is_w_NxL"] = corr.is_w_NxL
   if ro.ref_logp_NxL is not None:

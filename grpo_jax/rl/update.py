@@ -151,8 +151,11 @@ def minibatch_scan(update: Callable[[Any, Any], tuple[Any, dict]], carry: Any, d
 # Per-update metrics that are means over the minibatch's loss tokens: NaN in an update whose minibatch has none (the
 # rollout correction or the staleness mask can remove every token of one), where 0 read as a measurement (an entropy
 # of 0: a collapsed policy). packing.combine sums them over micro-batches by token share.
+# select_frac (rl.token_select's share of the tokens) among them: an update without tokens read 0 and pulled the step's
+# mean down (top_entropy's 0.2 of the tokens logged as 0.1 when a correction or the staleness mask emptied half the
+# updates).
 TOKEN_MEANS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "kl_clamp_frac", "entropy",
-               "value_clip_frac", "gate_mean", "gated_frac")
+               "value_clip_frac", "gate_mean", "gated_frac", "select_frac")
 # Per-update metrics reported as train/<key>: the mean over the step's updates, except the ratio's extremes, and
 # the means over tokens (NaN in an update that had none: TOKEN_MEANS, and the means over picked tokens), averaged
 # over the updates that had any.
