@@ -591,7 +591,7 @@ def test_objective_and_selection_knobs_the_chosen_ones_do_not_read_are_logged(ca
             r.getMessage()]
   assert said({"rl.objective": "sapo", "rl.eps_high": 0.3, "rl.dual_clip": 5.0, "rl.sapo_tau_neg": 2.0}) == [
       "rl.eps_high=0.3, rl.dual_clip=5.0: no effect with rl.objective='sapo' (it reads rl.sapo_tau_pos, "
-      "rl.sapo_tau_neg); set rl.objective to 'cispo' or 'clip' to use them."]
+      "rl.sapo_tau_neg); set rl.objective to 'clip' or 'cispo' to use them."]
   assert said({"rl.objective": "cispo", "rl.dual_clip": 5.0, "rl.eps_high": 3.0}) == [
       "rl.dual_clip=5.0: no effect with rl.objective='cispo' (it reads rl.eps_low, rl.eps_high); set rl.objective "
       "to 'clip' to use it."]
@@ -608,8 +608,15 @@ def test_objective_and_selection_knobs_the_chosen_ones_do_not_read_are_logged(ca
       "rl.token_select='all'."]
   assert said({"rl.token_select": "clip_cov", "rl.clip_cov_lb": 0.5, "rl.objective": "sapo",
                "rl.sapo_tau_pos": 2.0}) == []  # the chosen ones' own knobs
-  for name in ("cispo", "sapo", "gspo", "lite_ppo"):  # a preset's own settings (no record of user keys: every value
-    assert said(presets.overrides(name)) == [], name  # away from the base config counts) are read by its objective
+  # a preset's own settings, applied whole through its overrides (an ablation variant's or a sweep point's keys, so
+  # the user's): cispo's dual_clip 3, grpo's sapo_tau_*, sapo's eps_*: not named; one changed on top of it is
+  for name in ("cispo", "sapo", "gspo", "grpo"):
+    with config_lib.user_keys_set(presets.overrides(name)):
+      assert said(presets.overrides(name)) == [], name
+  with config_lib.user_keys_set([*presets.overrides("sapo"), "rl.eps_high"]):
+    assert said({**presets.overrides("sapo"), "rl.eps_high": 0.3}) == [
+        "rl.eps_high=0.3: no effect with rl.objective='sapo' (it reads rl.sapo_tau_pos, rl.sapo_tau_neg); set "
+        "rl.objective to 'clip' or 'cispo' to use it."]
 
 
 def test_correction_thresholds_the_chosen_kind_does_not_read_are_logged(caplog):

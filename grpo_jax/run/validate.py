@@ -759,16 +759,21 @@ SELECT_KNOBS = {"all": (), "top_entropy": ("select_frac",),
 
 def _unread_knobs(c, key: str, knobs: dict) -> None:
   """One warning naming the knobs of `knobs` (per value of rl.<key>) that the user set and the chosen value does not
-  read: as validate_correction says of the correction kinds' thresholds (they changed nothing, silently)."""
+  read: as validate_correction says of the correction kinds' thresholds (they changed nothing, silently). A knob
+  at its preset's value (rl.preset: every preset sets every rl.* key) or, unset by the preset, at the base config's
+  is not named: a preset applied whole through its overrides (an ablation variant, a sweep point) set it, no user."""
   chosen, base = c.rl[key], config_lib.base_config().rl
+  preset = presets.PRESETS.get(c.rl.get("preset", ""), {})
   reads = set(knobs[chosen])
-  unused = {k: o for o, ks in knobs.items() for k in ks
-            if k not in reads and k in c.rl and config_lib.set_by_user(f"rl.{k}", c.rl[k], base[k])}
+  unused = [k for k in dict.fromkeys(k for ks in knobs.values() for k in ks)
+            if k not in reads and k in c.rl and config_lib.set_by_user(f"rl.{k}", c.rl[k], base[k])
+            and c.rl[k] != preset.get(f"rl.{k}", base[k])]
   if unused:
+    readers = dict.fromkeys(repr(o) for k in unused for o, ks in knobs.items() if k in ks)
     _warn("%s: no effect with rl.%s=%r (it reads %s); set rl.%s to %s to use %s.",
           ", ".join(f"rl.{k}={c.rl[k]!r}" for k in unused), key, chosen,
-          ", ".join(f"rl.{k}" for k in knobs[chosen]) or "no such knob", key,
-          " or ".join(dict.fromkeys(repr(o) for o in unused.values())), "it" if len(unused) == 1 else "them")
+          ", ".join(f"rl.{k}" for k in knobs[chosen]) or "no such knob", key, " or ".join(readers),
+          "it" if len(unused) == 1 else "them")
 
 
 def validate_objective(c) -> None:
