@@ -606,6 +606,14 @@ def test_objective_and_selection_knobs_the_chosen_ones_do_not_read_are_logged(ca
       "rl.token_select='kl_cov' with rl.kl_cov_coef=0: the penalty on the tokens it picks is 0, so the loss is "
       "rl.objective's alone (only train/select_* are logged); set rl.kl_cov_coef > 0 (verl's 1) or "
       "rl.token_select='all'."]
+  # KL-Cov with every update on-policy (μ 1, one minibatch): its |log ρ| is 0 with a zero gradient, the run is GRPO
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    for mu, mb in ((1, 1), (2, 1), (1, 2), (1, 0)):
+      validate.validate_objective(config_lib.override(_cfg(), {"rl.token_select": "kl_cov", "rl.mu": mu,
+                                                               "rl.minibatches": mb}))
+  on_policy = [r.getMessage() for r in caplog.records if "on every update of this run" in r.getMessage()]
+  assert len(on_policy) == 1 and on_policy[0].endswith("set rl.mu >= 2 or rl.minibatches >= 2 for KL-Cov to act.")
   assert said({"rl.token_select": "clip_cov", "rl.clip_cov_lb": 0.5, "rl.objective": "sapo",
                "rl.sapo_tau_pos": 2.0}) == []  # the chosen ones' own knobs
   # a preset's own settings, applied whole through its overrides (an ablation variant's or a sweep point's keys, so

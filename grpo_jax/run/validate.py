@@ -803,6 +803,11 @@ def validate_objective(c) -> None:
     _warn("rl.token_select='kl_cov' with rl.kl_cov_coef=0: the penalty on the tokens it picks is 0, so the loss is "
           "rl.objective's alone (only train/select_* are logged); set rl.kl_cov_coef > 0 (verl's 1) or "
           "rl.token_select='all'.")
+  if c.rl.token_select == "kl_cov" and c.rl.mu == 1 and c.rl.minibatches == 1:
+    # (minibatches 0 is auto: said at the check after it resolves to 1)
+    _warn("rl.token_select='kl_cov' penalises |log pi - log pi_old|, which is 0 with a zero gradient on every update "
+          "of this run (rl.mu=1, rl.minibatches=1: each update is on-policy, the ratio exactly 1), so the run trains "
+          "as rl.objective alone; set rl.mu >= 2 or rl.minibatches >= 2 for KL-Cov to act.")
   if c.rl.token_select != "all" and config_lib.switch(c.rl.packing) == "on":
     _fail("rl.token_select", f"'{c.rl.token_select}' ranks the tokens of the whole minibatch, but rl.packing hands "
           "the objective one packed micro-batch at a time; set rl.packing='off' (or 'auto') or rl.token_select='all'.")
