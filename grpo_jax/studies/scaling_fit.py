@@ -198,7 +198,9 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: 
 def entropy_fit(H: Sequence[float], R: Sequence[float]) -> tuple[float, float]:
   """(a, b) of R = −a·e^H + b (Cui et al. 2025, arXiv 2505.22617) by least squares of R on e^H; (nan, nan) when e^H
   does not vary beyond float32 resolution (a policy whose logged entropy did not move): np.polyfit then returned
-  a confident a of either sign (−0.044 for a constant H, 4.5e5 for H varying in its 7th digit)."""
+  a confident a of either sign (−0.044 for a constant H, 4.5e5 for H varying in its 7th digit). A step whose H or R
+  is not finite (train/entropy is NaN when none of the step's updates had a loss token) is left out: unlike the
+  sigmoid's points no point here plays a part of its own."""
   x, y = np.exp(np.asarray(H, np.float64)), np.asarray(R, np.float64)
   ok = np.isfinite(x) & np.isfinite(y)
   x, y = x[ok], y[ok]
