@@ -634,7 +634,7 @@ def test_covariance_metric_is_over_the_tokens_the_update_trains():
   c = config_lib.override(config_lib.base_config(), {"rl.rollout_correction": "mis", "rl.mis_hi": 2.0})
   ro = rollout_lib.Rollout(**{**dict.fromkeys(rollout_lib.Rollout._fields), **dict(
       seq=None, mask_NxL=jnp.asarray(mask), old_logp_NxL=jnp.asarray(old), behav_logp_NxL=jnp.asarray(behav))})
-  data, m = rl_step.training_data(c, ro, jnp.asarray(adv), jax.random.PRNGKey(0))
+  data, m = rl_step.training_data(c, ro, jnp.asarray(adv))
   kept = (mask > 0) & ~drop
   np.testing.assert_array_equal(np.asarray(data["mask_NxL"]) > 0, kept)
   want = np.cov(old[kept].astype(np.float64), adv[kept].astype(np.float64), bias=True)[0, 1]
@@ -664,3 +664,44 @@ def test_select_frac_of_an_update_without_tokens_is_left_out_of_the_step_mean():
   m = update_lib.step_metrics(dict(um, nonfinite=jnp.zeros(2, jnp.int32)), {"w": jnp.ones(2)})
   assert float(m["train/select_frac"]) == pytest.approx(0.2)
   assert float(m["train/select_entropy"]) == pytest.approx(float(ms[0]["select_entropy"]))
+
+
+def test_clip_cov_draws_each_updates_choice_afresh():
+  """Clip-Cov's uniforms were drawn once per step and shared by its updates, so with μ = 2 epochs a token cut in the
+  first epoch was cut again in the second (95% of the cuts in a NumPy replay, against 5% for independent draws): a
+  token was detached for the whole step or not at all, where verl draws a fresh permutation per update. Through the
+  step's own pieces (training_data, train_by_length → minibatch_scan, make_objective): the cut tokens of each update
+  are those of zero gradient; each update cuts exactly k of its tokens, and the two epochs' cuts overlap about as
+  independent draws do (expected k/n = 10%), not as the shared draws (≈ 90% here)."""
+  from grpo_jax.rl import rl_step
+  from grpo_jax.rl import rollout as rollout_lib
+  from grpo_jax.rl import update as update_lib
+  N, L, P = 16, 25, 2
+  c = config_lib.override(config_lib.base_config(), {
+      "rl.token_select": "clip_cov", "rl.clip_cov_ratio": 0.1, "rl.clip_cov_lb": -1e9, "rl.clip_cov_ub": 1e9,
+      "rl.mu": 2, "rl.minibatches": 2, "rl.beta": 0.0, "rl.train_buckets": 1, "sampling.max_new_tokens": L})
+  rng = np.random.default_rng(11)
+  lp = jnp.asarray(rng.uniform(-3, -0.1, (N, L)), jnp.float32)
+  adv = jnp.asarray(rng.choice([-1.0, 1.0], (N, L)) * rng.uniform(0.5, 1.5, (N, L)), jnp.float32)
+  ro = rollout_lib.Rollout(**{**dict.fromkeys(rollout_lib.Rollout._fields), **dict(
+      seq=(jnp.zeros((N, P + L), jnp.int32),) * 3, mask_NxL=jnp.ones((N, L)), old_logp_NxL=lp, behav_logp_NxL=lp)})
+  data, _ = rl_step.training_data(c, ro, adv)
+  data = dict(data, logp_NxL=lp, row_N=jnp.arange(N))
+  objective = rl_step.make_objective(c)
+
+  def update(carry, mb):  # ratio 1 on every update (π_old = the logp given): PPO's −A/n except where Clip-Cov cut
+    g = jax.grad(lambda x: objective((x, jnp.ones_like(x)), mb)[0])(mb["logp_NxL"])
+    return carry, {"cut": g == 0, "row": mb["row_N"]}
+  _, um = rl_step.train_by_length(c, update, jnp.float32(0), data, jax.random.PRNGKey(4), None, P)
+  cut_UxMxL = np.asarray(um["cut"]).reshape(4, N // 2, L)  # (minibatch_scan flattens each metric over the updates)
+  row_UxM = np.asarray(um["row"]).reshape(4, N // 2)
+  k = int(0.1 * (N // 2) * L)  # per minibatch of 8 rows × 25 tokens: 20
+  assert all(int(u.sum()) == k for u in cut_UxMxL)
+  per_epoch = []
+  for e in range(2):  # back to the step's rows: the tokens each epoch cut
+    cut_NxL = np.zeros((N, L), bool)
+    for u in (2 * e, 2 * e + 1):
+      cut_NxL[row_UxM[u]] |= cut_UxMxL[u]
+    per_epoch.append(cut_NxL)
+  overlap = (per_epoch[0] & per_epoch[1]).sum() / per_epoch[0].sum()
+  assert overlap < 0.4, overlap  # shared draws: ~0.9; fresh draws: ~0.1 (40 cuts of 400 tokens each epoch)
