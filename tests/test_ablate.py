@@ -302,6 +302,14 @@ def test_rows_that_can_only_be_identical_are_refused_before_running(tmp_path):
     cfg = train_table.table_config("small", (("grpo", g), ("other", {**g, **over})))
     with pytest.raises(ValueError, match=f"differ only in {', '.join(sorted(over))}, which act through the ratio"):
       ablate.check_variants(cfg, train_table)
+  # KL-Cov too: its penalty coef·|log π − log π_old| is 0 with a zero gradient on-policy, so a kl_cov row trained as
+  # GRPO's (the check let it through); top_entropy and clip_cov act on-policy and pass
+  for over in ({"rl.token_select": "kl_cov"}, {"rl.token_select": "kl_cov", "rl.kl_cov_coef": 2.0}):
+    cfg = train_table.table_config("small", (("grpo", g), ("kl_cov", {**g, **over})))
+    with pytest.raises(ValueError, match=f"differ only in {', '.join(sorted(over))}, which act through the ratio"):
+      ablate.check_variants(cfg, train_table)
+  for over in ({"rl.token_select": "top_entropy"}, {"rl.token_select": "clip_cov"}):
+    ablate.check_variants(train_table.table_config("small", (("grpo", g), ("sel", {**g, **over}))), train_table)
   # the rollout carry too: carried tokens lag μ, not π_old, which one update takes at the policy itself (ρ ≡ 1,
   # train/ratio_mean exactly 1 in test_carry); the check let it through, the rows came out identical
   carry = {"sampling.engine": "continuous", "rl.partial_rollouts": True}

@@ -49,6 +49,18 @@ def test_pass_at_k_curve_to_256_samples():
     evaluation.pass_at_k(4, 1, 8)
 
 
+def test_pass_at_k_curve_refuses_what_it_read_silently():
+  """k = 1.5 was int()-ed to pass@1 (and keyed 1), an empty matrix gave NaN with a NumPy warning, a NaN correctness
+  counted as a wrong sample: each refused in one ValueError. NumPy integers are integers."""
+  ok = np.array([[1.0, 0.0, 0.0, 1.0], [0.0, 0.0, 0.0, 1.0]])
+  assert evaluation.pass_at_k_curve(ok, [np.int64(1), 4]) == {1: pytest.approx(0.375), 4: 1.0}
+  for bad, ks, match in ((ok, [1.5], "k=1.5 is no integer"), (ok, [True], "k=True is no integer"),
+                         (np.zeros((0, 4)), [1], "at least one prompt"), (ok[0], [1], "at least one prompt"),
+                         (np.where(ok > 0, np.nan, 0.0), [1], "NaN or inf")):
+    with pytest.raises(ValueError, match=match):
+      evaluation.pass_at_k_curve(bad, ks)
+
+
 def test_pass_at_k_refuses_counts_outside_the_samples_and_k_zero():
   """c > n returned 1.0, c < 0 returned −0.5 (pass_at_k(5, −1, 2)) and k = 0 returned 0.0: each a number no
   sampling can give, from a count that was computed wrong upstream. n < k is refused as before; k = n and the ends
@@ -116,6 +128,32 @@ def test_sigmoid_fit_over_seeds_gives_cis_that_cover_the_truth():
   # enough points but only 2 computes: no sigmoid is determined (this fitted A = 7e9, B = 10 before it was refused)
   with pytest.raises(ValueError, match="2 distinct compute values; R0, A, B, C_mid need at least 4"):
     scaling_fit.fit([1.0, 1.0, 2.0, 2.0], [0.1, 0.1, 0.8, 0.8])
+
+
+def test_sigmoid_fit_reads_an_evaluation_at_compute_0_as_its_start_and_refuses_non_finite_points():
+  """An evaluation at step 0 (C = 0) was dropped with the non-finite ones (log 0), so R0 became the next point's
+  reward: a sigmoid of A 0.8, B 1.5, C_mid 15, R0 0.1 evaluated at steps 0..59 fitted A 0.791, B 1.567, no flag. C = 0
+  is the sigmoid's limit R0 (B > 0): it is R0's point, fitted exactly. A NaN/inf reward or compute, or C < 0, was
+  dropped as silently (R0 moved when it was the first point): refused, naming it; so are ragged or 2-D inputs."""
+  C = np.arange(0.0, 60.0)
+  R = np.r_[0.1, scaling_fit.sigmoid(C[1:], 0.8, 1.5, 15.0, 0.1)]
+  for R0 in (None, 0.1):
+    f = scaling_fit.fit(C, R, R0=R0)
+    assert f.R0 == 0.1 and not f.edge and f.rmse < 1e-9
+    assert (f.A, f.B, f.C_mid) == (pytest.approx(0.8, rel=1e-6), pytest.approx(1.5, rel=1e-6),
+                                    pytest.approx(15.0, rel=1e-6))
+  for i, bad in ((0, np.nan), (29, np.inf)):
+    with pytest.raises(ValueError, match=f"the first at index {i} "):
+      scaling_fit.fit(C, np.where(np.arange(60) == i, bad, R))
+  for C_bad in (np.r_[-1.0, C[1:]], np.r_[np.nan, C[1:]]):
+    with pytest.raises(ValueError, match="non-finite value or C < 0, the first at index 0"):
+      scaling_fit.fit(C_bad, R)
+  with pytest.raises(ValueError, match="must be 1-D and of one length"):
+    scaling_fit.fit(C, R[:-1])
+  with pytest.raises(ValueError, match="R0=nan must be a finite reward"):
+    scaling_fit.fit(C, R, R0=float("nan"))
+  with pytest.raises(ValueError, match="at 1 distinct compute values"):  # every point at the start: no curve
+    scaling_fit.fit(np.zeros(6), np.arange(6.0))
 
 
 def test_sigmoid_fit_refuses_three_computes():

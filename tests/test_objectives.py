@@ -615,3 +615,93 @@ def test_the_step_flags_its_first_update_only(mu, minibatches, packing):
   _, um = rl_step.train_by_length(c, update, jnp.float32(0), data, jax.random.PRNGKey(0), None, 2)
   want = [-1] if mu * minibatches == 1 else [1] + [0] * (mu * minibatches - 1)
   assert np.asarray(um["first"]).astype(int).tolist() == want
+
+
+def test_covariance_metric_is_over_the_tokens_the_update_trains():
+  """train/cov_logp_adv read every completion token, the ones a rollout correction (or the staleness mask) took out
+  of the loss too: they get no gradient, so they move no entropy, and train/entropy and the token selections read
+  the trained tokens only. Here MIS drops the tokens of ρ = π_prox/μ > 2 (a third of them, with the log-probs and
+  advantages that carry the covariance): the metric is NumPy's population covariance over the kept tokens."""
+  from grpo_jax.rl import rl_step
+  from grpo_jax.rl import rollout as rollout_lib
+  rng = np.random.default_rng(7)
+  N, L = 4, 6
+  mask = (np.arange(L)[None] < np.array([6, 3, 5, 0])[:, None]).astype(np.float32)
+  old = rng.uniform(-3, -0.1, (N, L)).astype(np.float32)
+  drop = (rng.random((N, L)) < 0.35) & (mask > 0)
+  behav = np.where(drop, old - 1.5, old - 0.01).astype(np.float32)  # ρ = e^1.5 > mis_hi = 2 where dropped
+  adv = np.where(drop, 3.0, rng.normal(size=(N, L))).astype(np.float32)  # the dropped tokens skew the covariance
+  c = config_lib.override(config_lib.base_config(), {"rl.rollout_correction": "mis", "rl.mis_hi": 2.0})
+  ro = rollout_lib.Rollout(**{**dict.fromkeys(rollout_lib.Rollout._fields), **dict(
+      seq=None, mask_NxL=jnp.asarray(mask), old_logp_NxL=jnp.asarray(old), behav_logp_NxL=jnp.asarray(behav))})
+  data, m = rl_step.training_data(c, ro, jnp.asarray(adv))
+  kept = (mask > 0) & ~drop
+  np.testing.assert_array_equal(np.asarray(data["mask_NxL"]) > 0, kept)
+  want = np.cov(old[kept].astype(np.float64), adv[kept].astype(np.float64), bias=True)[0, 1]
+  every = np.cov(old[mask > 0].astype(np.float64), adv[mask > 0].astype(np.float64), bias=True)[0, 1]
+  assert abs(want - every) > 0.05  # the dropped tokens would move it
+  assert float(m["train/cov_logp_adv"]) == pytest.approx(want, rel=1e-5, abs=1e-7)
+
+
+def test_select_frac_of_an_update_without_tokens_is_left_out_of_the_step_mean():
+  """An update whose minibatch has no loss token (a correction or the staleness mask removed them all) picked nothing
+  of nothing: its select_frac read 0 and the step's mean over its updates halved top_entropy's 0.2 to 0.1. Now NaN
+  for that update (as the other token means) and left out of the mean: the step reports 0.2."""
+  from grpo_jax.rl import rl_step
+  from grpo_jax.rl import update as update_lib
+  c = config_lib.override(config_lib.base_config(), {"rl.token_select": "top_entropy", "rl.select_frac": 0.2,
+                                                      "rl.beta": 0.0})
+  objective = rl_step.make_objective(c)
+  rng = np.random.default_rng(3)
+  lp, ent = jnp.asarray(rng.uniform(-3, -0.1, (2, 5)), jnp.float32), jnp.asarray(rng.random((2, 5)), jnp.float32)
+  ms = []
+  for mask in (np.ones((2, 5), np.float32), np.zeros((2, 5), np.float32)):
+    mb = dict(old_logp_NxL=lp, adv_NxL=jnp.ones((2, 5)), mask_NxL=jnp.asarray(mask), ref_logp_NxL=None)
+    ms.append(objective((lp, ent), mb)[1])
+  assert float(ms[0]["select_frac"]) == pytest.approx(0.2)
+  assert np.isnan(float(ms[1]["select_frac"]))
+  um = {k: jnp.stack([ms[0][k], ms[1][k]]) for k in ("select_frac", "select_entropy", "entropy")}
+  m = update_lib.step_metrics(dict(um, nonfinite=jnp.zeros(2, jnp.int32)), {"w": jnp.ones(2)})
+  assert float(m["train/select_frac"]) == pytest.approx(0.2)
+  assert float(m["train/select_entropy"]) == pytest.approx(float(ms[0]["select_entropy"]))
+
+
+def test_clip_cov_draws_each_updates_choice_afresh():
+  """Clip-Cov's uniforms were drawn once per step and shared by its updates, so with μ = 2 epochs a token cut in the
+  first epoch was cut again in the second (95% of the cuts in a NumPy replay, against 5% for independent draws): a
+  token was detached for the whole step or not at all, where verl draws a fresh permutation per update. Through the
+  step's own pieces (training_data, train_by_length → minibatch_scan, make_objective): the cut tokens of each update
+  are those of zero gradient; each update cuts exactly k of its tokens, and the two epochs' cuts overlap about as
+  independent draws do (expected k/n = 10%), not as the shared draws (≈ 90% here)."""
+  from grpo_jax.rl import rl_step
+  from grpo_jax.rl import rollout as rollout_lib
+  from grpo_jax.rl import update as update_lib
+  N, L, P = 16, 25, 2
+  c = config_lib.override(config_lib.base_config(), {
+      "rl.token_select": "clip_cov", "rl.clip_cov_ratio": 0.1, "rl.clip_cov_lb": -1e9, "rl.clip_cov_ub": 1e9,
+      "rl.mu": 2, "rl.minibatches": 2, "rl.beta": 0.0, "rl.train_buckets": 1, "sampling.max_new_tokens": L})
+  rng = np.random.default_rng(11)
+  lp = jnp.asarray(rng.uniform(-3, -0.1, (N, L)), jnp.float32)
+  adv = jnp.asarray(rng.choice([-1.0, 1.0], (N, L)) * rng.uniform(0.5, 1.5, (N, L)), jnp.float32)
+  ro = rollout_lib.Rollout(**{**dict.fromkeys(rollout_lib.Rollout._fields), **dict(
+      seq=(jnp.zeros((N, P + L), jnp.int32),) * 3, mask_NxL=jnp.ones((N, L)), old_logp_NxL=lp, behav_logp_NxL=lp)})
+  data, _ = rl_step.training_data(c, ro, adv)
+  data = dict(data, logp_NxL=lp, row_N=jnp.arange(N))
+  objective = rl_step.make_objective(c)
+
+  def update(carry, mb):  # ratio 1 on every update (π_old = the logp given): PPO's −A/n except where Clip-Cov cut
+    g = jax.grad(lambda x: objective((x, jnp.ones_like(x)), mb)[0])(mb["logp_NxL"])
+    return carry, {"cut": g == 0, "row": mb["row_N"]}
+  _, um = rl_step.train_by_length(c, update, jnp.float32(0), data, jax.random.PRNGKey(4), None, P)
+  cut_UxMxL = np.asarray(um["cut"]).reshape(4, N // 2, L)  # (minibatch_scan flattens each metric over the updates)
+  row_UxM = np.asarray(um["row"]).reshape(4, N // 2)
+  k = int(0.1 * (N // 2) * L)  # per minibatch of 8 rows × 25 tokens: 20
+  assert all(int(u.sum()) == k for u in cut_UxMxL)
+  per_epoch = []
+  for e in range(2):  # back to the step's rows: the tokens each epoch cut
+    cut_NxL = np.zeros((N, L), bool)
+    for u in (2 * e, 2 * e + 1):
+      cut_NxL[row_UxM[u]] |= cut_UxMxL[u]
+    per_epoch.append(cut_NxL)
+  overlap = (per_epoch[0] & per_epoch[1]).sum() / per_epoch[0].sum()
+  assert overlap < 0.4, overlap  # shared draws: ~0.9; fresh draws: ~0.1 (40 cuts of 400 tokens each epoch)

@@ -136,7 +136,7 @@ def test_observation_tokens_get_no_gradient_through_the_step_loss(setup, rollout
   c, _, mcfg, _ = setup
   state, batch, ro = rollout
   adv = rl_step.compute_advantages(c, ro)
-  data, _ = rl_step.training_data(c, ro, adv, jax.random.PRNGKey(2))
+  data, _ = rl_step.training_data(c, ro, adv)
   obs = np.asarray(ro.obs_NxL)
   assert np.all(np.asarray(data["mask_NxL"])[obs > 0] == 0)
   P = batch["prompt_NxP"].shape[1]
@@ -195,7 +195,7 @@ def test_step_loss_equals_numpy_over_the_models_tokens_only(setup, rollout):
   assert obs.sum() > 0 and ((full - obs) > 0).sum(1).min() > 0
   np.testing.assert_array_equal(np.asarray(ro.obs_NxL), obs)
   own = (full > 0) & (obs == 0)
-  data, _ = rl_step.training_data(c2, ro, rl_step.compute_advantages(c2, ro), jax.random.PRNGKey(2))
+  data, _ = rl_step.training_data(c2, ro, rl_step.compute_advantages(c2, ro))
   np.testing.assert_array_equal(np.asarray(data["mask_NxL"]) > 0, own)
   logp, ent = jax.jit(rl_step.make_forward(c2, mcfg, P), static_argnums=2)((state["params"],), data["seq"], False)
   logp = logp + jnp.asarray(np.random.default_rng(0).normal(0.0, 0.3, logp.shape), jnp.float32)

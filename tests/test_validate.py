@@ -575,6 +575,58 @@ def test_a_warning_is_said_once_per_command(caplog):
   assert len(check_twice()) == 2 * len(heads)  # no record: every check says its lines
 
 
+def test_objective_and_selection_knobs_the_chosen_ones_do_not_read_are_logged(caplog):
+  """rl.eps_high / rl.dual_clip under rl.objective='sapo' (its gate replaces the clip), rl.dual_clip under 'cispo',
+  rl.sapo_tau_* under 'clip', rl.select_frac / clip_cov_* / kl_cov_* under another rl.token_select: each changed
+  nothing and said nothing (the correction kinds' thresholds were already named). One warning per switch naming the
+  knobs and the value that reads them; the chosen ones' own knobs, and a preset's own values, say nothing. KL-Cov with
+  a coefficient of 0 penalises nothing: said too."""
+  import logging
+
+  def said(over):
+    caplog.clear()
+    with caplog.at_level(logging.WARNING):
+      validate.validate_objective(config_lib.override(_cfg(), over))
+    return [r.getMessage() for r in caplog.records if "no effect with rl." in r.getMessage() or "kl_cov_coef=0" in
+            r.getMessage()]
+  assert said({"rl.objective": "sapo", "rl.eps_high": 0.3, "rl.dual_clip": 5.0, "rl.sapo_tau_neg": 2.0}) == [
+      "rl.eps_high=0.3, rl.dual_clip=5.0: no effect with rl.objective='sapo' (it reads rl.sapo_tau_pos, "
+      "rl.sapo_tau_neg); set rl.objective to 'clip' or 'cispo' to use them."]
+  assert said({"rl.objective": "cispo", "rl.dual_clip": 5.0, "rl.eps_high": 3.0}) == [
+      "rl.dual_clip=5.0: no effect with rl.objective='cispo' (it reads rl.eps_low, rl.eps_high); set rl.objective "
+      "to 'clip' to use it."]
+  assert said({"rl.sapo_tau_pos": 2.0, "rl.select_frac": 0.5, "rl.kl_cov_coef": 2.0}) == [
+      "rl.sapo_tau_pos=2.0: no effect with rl.objective='clip' (it reads rl.eps_low, rl.eps_high, rl.dual_clip); set "
+      "rl.objective to 'sapo' to use it.",
+      "rl.select_frac=0.5, rl.kl_cov_coef=2.0: no effect with rl.token_select='all' (it reads no such knob); set "
+      "rl.token_select to 'top_entropy' or 'kl_cov' to use them."]
+  assert said({"rl.token_select": "kl_cov", "rl.kl_cov_coef": 0.0, "rl.clip_cov_ub": 9.0}) == [
+      "rl.clip_cov_ub=9.0: no effect with rl.token_select='kl_cov' (it reads rl.kl_cov_ratio, rl.kl_cov_coef); set "
+      "rl.token_select to 'clip_cov' to use it.",
+      "rl.token_select='kl_cov' with rl.kl_cov_coef=0: the penalty on the tokens it picks is 0, so the loss is "
+      "rl.objective's alone (only train/select_* are logged); set rl.kl_cov_coef > 0 (verl's 1) or "
+      "rl.token_select='all'."]
+  # KL-Cov with every update on-policy (μ 1, one minibatch): its |log ρ| is 0 with a zero gradient, the run is GRPO
+  caplog.clear()
+  with caplog.at_level(logging.WARNING):
+    for mu, mb in ((1, 1), (2, 1), (1, 2), (1, 0)):
+      validate.validate_objective(config_lib.override(_cfg(), {"rl.token_select": "kl_cov", "rl.mu": mu,
+                                                               "rl.minibatches": mb}))
+  on_policy = [r.getMessage() for r in caplog.records if "on every update of this run" in r.getMessage()]
+  assert len(on_policy) == 1 and on_policy[0].endswith("set rl.mu >= 2 or rl.minibatches >= 2 for KL-Cov to act.")
+  assert said({"rl.token_select": "clip_cov", "rl.clip_cov_lb": 0.5, "rl.objective": "sapo",
+               "rl.sapo_tau_pos": 2.0}) == []  # the chosen ones' own knobs
+  # a preset's own settings, applied whole through its overrides (an ablation variant's or a sweep point's keys, so
+  # the user's): cispo's dual_clip 3, grpo's sapo_tau_*, sapo's eps_*: not named; one changed on top of it is
+  for name in ("cispo", "sapo", "gspo", "grpo"):
+    with config_lib.user_keys_set(presets.overrides(name)):
+      assert said(presets.overrides(name)) == [], name
+  with config_lib.user_keys_set([*presets.overrides("sapo"), "rl.eps_high"]):
+    assert said({**presets.overrides("sapo"), "rl.eps_high": 0.3}) == [
+        "rl.eps_high=0.3: no effect with rl.objective='sapo' (it reads rl.sapo_tau_pos, rl.sapo_tau_neg); set "
+        "rl.objective to 'clip' or 'cispo' to use it."]
+
+
 def test_correction_thresholds_the_chosen_kind_does_not_read_are_logged(caplog):
   """rl.mis_lo under rl.rollout_correction='tis' (or any threshold of a kind not chosen) changed nothing: one warning
   names each with the kind that reads it; the chosen kind's own thresholds say nothing."""

@@ -97,7 +97,7 @@ def make_objective(config) -> Callable:
     v_NxL, logp_NxL, ent_NxL = out
     pl, m = losses.policy_loss(logp_NxL, rl_step.old_logp(config, logp_NxL, mb), None, mb["adv_NxL"],
                                mb["mask_NxL"], is_w_NxL=mb.get("is_w_NxL"), ent_NxL=ent_NxL,
-                               select_u_NxL=mb.get("select_u_NxL"), **policy_kw)
+                               select_u_NxL=rl_step.select_uniforms(mb), **policy_kw)
     vl, vm = losses.value_loss(v_NxL, mb["old_v_NxL"], mb["returns_NxL"], mb["mask_NxL"], clip=ppo.value_clip,
                                agg=rl.loss_agg, norm_len=L)
     m = update_lib.no_tokens_nan(dict(m, **vm, value_loss=vl, entropy=rl_step.masked_mean(ent_NxL, mb["mask_NxL"])),
@@ -164,7 +164,7 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
     old_v_NxL = jax.lax.stop_gradient(old_v_NxL) * ro.mask_NxL
     adv_NxL, returns_NxL = advantages_and_returns(config, ro, old_v_NxL)
     # the rollout correction's weight and mask (rl_step.training_data); the reference log-probs are not read here
-    data, corr_metrics = rl_step.training_data(config, ro, adv_NxL, k_upd)
+    data, corr_metrics = rl_step.training_data(config, ro, adv_NxL)
     data.pop("ref_logp_NxL", None)
     data.update(old_v_NxL=old_v_NxL, returns_NxL=returns_NxL)
     carry = ((state["params"], state["critic_params"]), (state["opt_state"], state["critic_opt_state"]))

@@ -150,6 +150,17 @@ def accuracy_term(ro: rollout_lib.Rollout) -> jax.Array | None:
 
 
 FIRST_UPDATE = "first_update"  # minibatch_scan's flag of the step's first update (train_by_length sets it)
+SELECT_KEY = "select_key"  # minibatch_scan's per-update PRNG key for Clip-Cov's choice (train_by_length sets it)
+
+
+def select_uniforms(mb: dict) -> jax.Array | None:
+  """Clip-Cov's one uniform per token of this update (rl/token_select.py): drawn afresh from the update's own key, so
+  each update cuts an independent random subset, as verl's randperm per policy-loss call. Drawn once per step and
+  shared by its updates (as they were), a token cut in one epoch was cut again in the next (95% of the cuts at μ 2 ×
+  2 minibatches, ratio 0.05, against 5% for fresh draws). A minibatch built by hand may carry `select_u_NxL`."""
+  if SELECT_KEY in mb:
+    return jax.random.uniform(mb[SELECT_KEY], mb["mask_NxL"].shape)
+  return mb.get("select_u_NxL")
 
 
 def old_logp(config, logp_NxL: jax.Array, mb: dict) -> jax.Array:
@@ -177,7 +188,7 @@ def make_objective(config) -> Callable:
     kw = kwargs if mb.get("ref_logp_NxL") is not None else dict(kwargs, beta=0.0)
     loss, m = losses.policy_loss(logp_NxL, old_logp(config, logp_NxL, mb), mb.get("ref_logp_NxL"), mb["adv_NxL"],
                                  mb["mask_NxL"], is_w_NxL=mb.get("is_w_NxL"), ent_NxL=ent_NxL,
-                                 select_u_NxL=mb.get("select_u_NxL"), **kw)
+                                 select_u_NxL=select_uniforms(mb), **kw)
     return loss, update_lib.no_tokens_nan(dict(m, entropy=masked_mean(ent_NxL, mb["mask_NxL"])), mb["mask_NxL"])
   return objective
 
@@ -235,9 +246,6 @@ def rollout_metrics(config, ro: rollout_lib.Rollout, adv_NxL) -> dict[str, jax.A
   decode = {"train/decode_row_steps": ro.decode_row_steps, "train/decode_slot_util": ro.decode_slot_util,
             "train/decode_admit_wait": ro.decode_admit_wait}
   m.update({k: v for k, v in decode.items() if v is not None})
-  # Cov(log π_old, A) over the completion tokens: the entropy mechanism's driver (rl/token_select.py), per step
-  m["train/cov_logp_adv"] = jnp.sum(token_select.covariance(ro.old_logp_NxL, adv_NxL, mask > 0)) / jnp.maximum(
-      jnp.sum(mask > 0), 1)
   if ro.ref_logp_NxL is not None:  # β = 0 has no reference model: no train/kl
     m["train/kl"] = masked_mean(losses.kl_k3(ro.old_logp_NxL, ro.ref_logp_NxL), mask)
   for name, r in ro.per_term.items():
@@ -274,25 +282,29 @@ def tool_metrics(ro: rollout_lib.Rollout) -> dict[str, jax.Array]:
   return m
 
 
-def training_data(config, ro: rollout_lib.Rollout, adv_NxL, key: jax.Array,
+def training_data(config, ro: rollout_lib.Rollout, adv_NxL,
                   version: jax.Array | None = None) -> tuple[dict, dict]:
   """The update's per-row data (minibatch_scan slices it) and its statistics. Partial rollouts: tokens older than
   rl.max_staleness updates (`version`: the state's step) leave the loss mask first (rl/partial.py). The rollout
   correction (rl/correction.py) is built here, once per step, from π_prox and μ, which the update never changes: its
-  weight rides in the data as `is_w_NxL` and the tokens it rejects leave `mask_NxL`. Clip-Cov (rl.token_select) gets
-  its one uniform per token here, from `key` (the update's key, folded: no other config's draws move)."""
+  weight rides in the data as `is_w_NxL` and the tokens it rejects leave `mask_NxL`. (Clip-Cov's uniforms are drawn
+  per update from minibatch_scan's keys: select_uniforms.)"""
   mask_NxL, metrics = ro.mask_NxL, {}
   if ro.version_NxL is not None:
     mask_NxL, lag_NxL = partial.train_mask(ro, version, int(config.rl.max_staleness))
     metrics = partial.metrics(ro, lag_NxL, mask_NxL)
   corr = correction.build(config, ro.old_logp_NxL, ro.behav_logp_NxL, mask_NxL)
   data = dict(seq=ro.seq, old_logp_NxL=ro.old_logp_NxL, adv_NxL=adv_NxL, mask_NxL=corr.mask_NxL)
+  # Cov(log π_old, A), the entropy mechanism's driver (rl/token_select.py), over the tokens the update trains: those
+  # the staleness mask or a correction removed have no gradient, so they move no entropy (over every completion
+  # token, as it was, it counted them, and it was not over the tokens train/entropy and the selections read)
+  trained_NxL = corr.mask_NxL > 0
+  metrics = dict(metrics, **{"train/cov_logp_adv": jnp.sum(token_select.covariance(
+      ro.old_logp_NxL, adv_NxL, trained_NxL)) / jnp.maximum(jnp.sum(trained_NxL), 1)})
   if corr.is_w_NxL is not None:
     data["is_w_NxL"] = corr.is_w_NxL
   if ro.ref_logp_NxL is not None:
     data["ref_logp_NxL"] = ro.ref_logp_NxL
-  if config.rl.get("token_select", "all") == "clip_cov":
-    data["select_u_NxL"] = jax.random.uniform(jax.random.fold_in(key, 1), ro.mask_NxL.shape)
   return data, {**metrics, **corr.metrics}
 
 
@@ -352,13 +364,14 @@ def train_by_length(config, update, carry, data: dict, rng, bucket, P: int):
   rl.packing there are no length buckets: the update's packed micro-batches follow the real tokens."""
   rl = config.rl
   first = None if one_update(config) else FIRST_UPDATE  # (one update: old_logp needs no flag)
+  sel = SELECT_KEY if rl.get("token_select", "all") == "clip_cov" else None  # (others draw nothing)
   if config_lib.packing_on(config):
     return update_lib.minibatch_scan(update, carry, data, rng, mu=rl.mu, minibatches=rl.minibatches,
-                                     first_key=first)
+                                     first_key=first, rng_key=sel)
 
   def at(Lb, carry, data, rng):
     return update_lib.minibatch_scan(update, carry, update_lib.cut(data, P, Lb), rng, mu=rl.mu,
-                                     minibatches=rl.minibatches, first_key=first)
+                                     minibatches=rl.minibatches, first_key=first, rng_key=sel)
   return update_lib.by_length(bucket, rollout_lib.train_lengths(config), at, carry, data, rng)
 
 
@@ -419,7 +432,7 @@ def build_step(config, mcfg: model_lib.ModelConfig, spec: reward_spec.RewardSpec
     else:
       ro = rollout_fn(policy, ref, batch, k_roll)
     adv_NxL = compute_advantages(config, ro)
-    data, data_metrics = training_data(config, ro, adv_NxL, k_upd, version=state["step"])
+    data, data_metrics = training_data(config, ro, adv_NxL, version=state["step"])
 
     # the optimizer sees `params` only: with LoRA the adapters, the base entering as a constant
     fwd = make_forward(config, mcfg, P)

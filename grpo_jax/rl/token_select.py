@@ -20,7 +20,8 @@ of large positive cov_t are those that collapse the entropy.
                kl_cov_coef · |log π − log π_old| (value and gradient). verl compute_policy_loss_kl_cov: ratio 2e-4,
                coefficient 1. verl's KL-Cov uses the unclipped surrogate ρA on every token; here the penalty is
                added to the chosen objective (rl.objective; PPO's clip by default), so it composes with any.
-Clip-Cov's random choice reads one uniform per token (`u_NxL`), drawn once per step from the update's key. The
+Clip-Cov's random choice reads one uniform per token (`u_NxL`), drawn afresh for each update from its own key
+(rl_step.select_uniforms), so each update cuts an independent random subset, as verl's randperm per call. The
 rules need the whole minibatch, so rl.packing (whose objective sees one micro-batch at a time) refuses them
 (run/validate.py).
 """

@@ -113,14 +113,17 @@ def make_update(loss_fn: Callable, opts: Sequence[Optimizer],
 
 
 def minibatch_scan(update: Callable[[Any, Any], tuple[Any, dict]], carry: Any, data: Any, rng: jax.Array, *,
-                   mu: int, minibatches: int, first_key: str | None = None) -> tuple[Any, dict[str, jax.Array]]:
+                   mu: int, minibatches: int, first_key: str | None = None,
+                   rng_key: str | None = None) -> tuple[Any, dict[str, jax.Array]]:
   """μ epochs × `minibatches` of `update(carry, minibatch) -> (carry, metrics)` as nested lax.scan.
 
   `data` is a pytree of arrays with the same leading row axis N; each epoch visits a fresh random permutation of
   the rows in N / minibatches slices (one on-policy update, μ = 1 with one minibatch, keeps the row order: the
   gather would only cost time). `first_key` (data a dict): each minibatch gets `mb[first_key]`, a bool scalar
   True for the step's first update only, the one that runs at the params the data was recorded with
-  (rl_step.old_logp). Returns the final carry and each metric stacked over the μ·minibatches updates.
+  (rl_step.old_logp). `rng_key` (data a dict): each minibatch gets `mb[rng_key]`, a PRNG key of its own update (from
+  the epoch's key, folded apart from its permutation), for randomness drawn afresh per update (Clip-Cov's choice:
+  rl_step.select_uniforms). Returns the final carry and each metric stacked over the μ·minibatches updates.
   """
   N = jax.tree.leaves(data)[0].shape[0]
   # a step built without validation (studies, benchmarks) gets the config check's words, not a reshape TypeError
@@ -132,17 +135,20 @@ def minibatch_scan(update: Callable[[Any, Any], tuple[Any, dict]], carry: Any, d
                      "use a divisor of them.")
 
   def one_minibatch(carry, xs):
-    rows, first = xs
+    rows, first, key = xs
     mb = jax.tree.map(lambda x: sharding.constrain_batch(jnp.take(x, rows, axis=0)), data)
     if first_key is not None:
       mb = dict(mb, **{first_key: first})
+    if rng_key is not None:
+      mb = dict(mb, **{rng_key: key})
     return update(carry, mb)
 
   def one_epoch(carry, xs):
     key, epoch = xs
     perm = jnp.arange(N) if mu == 1 and minibatches == 1 else jax.random.permutation(key, N)
     first = (epoch == 0) & (jnp.arange(minibatches) == 0)
-    return jax.lax.scan(one_minibatch, carry, (perm.reshape(minibatches, N // minibatches), first))
+    keys = None if rng_key is None else jax.random.split(jax.random.fold_in(key, 1), minibatches)
+    return jax.lax.scan(one_minibatch, carry, (perm.reshape(minibatches, N // minibatches), first, keys))
 
   carry, m = jax.lax.scan(one_epoch, carry, (jax.random.split(rng, mu), jnp.arange(mu)))
   return carry, jax.tree.map(lambda x: x.reshape(-1), m)
@@ -151,8 +157,11 @@ def minibatch_scan(update: Callable[[Any, Any], tuple[Any, dict]], carry: Any, d
 # Per-update metrics that are means over the minibatch's loss tokens: NaN in an update whose minibatch has none (the
 # rollout correction or the staleness mask can remove every token of one), where 0 read as a measurement (an entropy
 # of 0: a collapsed policy). packing.combine sums them over micro-batches by token share.
+# select_frac (rl.token_select's share of the tokens) among them: an update without tokens read 0 and pulled the step's
+# mean down (top_entropy's 0.2 of the tokens logged as 0.1 when a correction or the staleness mask emptied half the
+# updates).
 TOKEN_MEANS = ("clip_frac_low", "clip_frac_high", "clip_frac_dual", "ratio_mean", "kl", "kl_clamp_frac", "entropy",
-               "value_clip_frac", "gate_mean", "gated_frac")
+               "value_clip_frac", "gate_mean", "gated_frac", "select_frac")
 # Per-update metrics reported as train/<key>: the mean over the step's updates, except the ratio's extremes, and
 # the means over tokens (NaN in an update that had none: TOKEN_MEANS, and the means over picked tokens), averaged
 # over the updates that had any.

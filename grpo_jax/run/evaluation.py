@@ -11,6 +11,7 @@ With tools.env the verifiers and readings read the model's own tokens, as the RL
 import collections
 import contextlib
 import math
+import numbers
 from typing import Callable, NamedTuple
 
 from absl import logging
@@ -57,8 +58,19 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 def pass_at_k_curve(ok_QxN: np.ndarray, ks) -> dict[int, float]:
   """Mean over prompts of the unbiased pass@k for each k (every k ≤ n = samples per prompt), from one matrix of
   per-sample correctness (Q prompts × n samples, as one sampled generate call with eval.n_samples returns them):
-  what a pass@k curve up to k = n (e.g. 256) is read from."""
-  ok_QxN = np.asarray(ok_QxN) > 0.5
+  what a pass@k curve up to k = n (e.g. 256) is read from. Refused (ValueError), as they were read silently: a k
+  that is no integer (int() made k = 1.5 pass@1), no prompt (a mean of nothing: NaN) and a NaN correctness (read as
+  wrong)."""
+  ok_QxN = np.asarray(ok_QxN)
+  if ok_QxN.ndim != 2 or ok_QxN.shape[0] == 0:
+    raise ValueError(f"pass_at_k_curve: needs a [prompts, samples] correctness matrix with at least one prompt, got "
+                     f"shape {ok_QxN.shape}.")
+  if not np.all(np.isfinite(ok_QxN.astype(np.float64))):
+    raise ValueError("pass_at_k_curve: the correctness matrix holds NaN or inf; score every sample 0 or 1.")
+  bad = [k for k in ks if not isinstance(k, numbers.Integral) or isinstance(k, bool)]
+  if bad:
+    raise ValueError(f"pass_at_k_curve: k={bad[0]!r} is no integer; pass integers 1 <= k <= n.")
+  ok_QxN = ok_QxN > 0.5
   n = ok_QxN.shape[1]
   c_Q = ok_QxN.sum(1)
   return {int(k): float(np.mean([pass_at_k(n, int(c), int(k)) for c in c_Q])) for k in ks}

@@ -67,13 +67,16 @@ METRICS: dict[str, str] = {
                                  'completions the accuracy term scores right; NaN if none (both terms run)'),
     'train/process_on_incorrect': ('the same of the completions scored wrong: near 1 means right steps that do not '
                                    'reach the answer, e.g. padding with "1 + 1 = 2 ;" (docs/algorithms.md)'),
-    'train/cov_logp_adv': ('Cov(log pi_old, A) over the completion tokens (population covariance): by the entropy '
-                           'mechanism (arXiv 2505.22617) the entropy falls by about this much per step'),
+    'train/cov_logp_adv': ('Cov(log pi_old, A) over the tokens the update trains (population covariance; the '
+                           'completion tokens less those the staleness mask or rl.rollout_correction removed): by the '
+                           'entropy mechanism (arXiv 2505.22617) the entropy falls by about the step size times this '
+                           'per update (natural policy gradient)'),
     'train/gate_mean': ('rl.objective=sapo: token-mean gate weight 4s(1-s), s = sigmoid(tau(ratio - 1)): 1 on-policy, '
                         'smaller as the ratio leaves 1'),
     'train/gated_frac': 'rl.objective=sapo: fraction of tokens whose gate weight is below 1/2',
-    'train/select_frac': ('rl.token_select: fraction of completion tokens the rule picked (kept by top_entropy, '
-                          'cut by clip_cov, KL-penalised by kl_cov)'),
+    'train/select_frac': ('rl.token_select: fraction of the trained tokens the rule picked (kept by top_entropy, '
+                          'cut by clip_cov, KL-penalised by kl_cov), over the updates that had tokens (NaN if none '
+                          'had)'),
     'train/select_entropy': ('rl.token_select: mean entropy of the picked tokens, over the updates that picked any '
                              '(NaN if none did)'),
     'train/select_cov': ('rl.token_select: mean covariance term (log pi - mean)(A - mean) of the picked tokens, '

@@ -749,8 +749,36 @@ def validate_correction(c) -> None:
     _fail("rl.is_veto", f"must be in [0, 1) (seq_mask drops a row with a token of rho below it; 0 = off), got {v!r}.")
 
 
+# The rl.* knobs each rl.objective / rl.token_select reads (losses._objective, token_select.choose); a knob of
+# another one that the user set changes nothing (e.g. rl.eps_high under sapo, whose gate replaces the clip).
+OBJECTIVE_KNOBS = {"clip": ("eps_low", "eps_high", "dual_clip"), "cispo": ("eps_low", "eps_high"),
+                   "sapo": ("sapo_tau_pos", "sapo_tau_neg")}
+SELECT_KNOBS = {"all": (), "top_entropy": ("select_frac",),
+                "clip_cov": ("clip_cov_ratio", "clip_cov_lb", "clip_cov_ub"), "kl_cov": ("kl_cov_ratio", "kl_cov_coef")}
+
+
+def _unread_knobs(c, key: str, knobs: dict) -> None:
+  """One warning naming the knobs of `knobs` (per value of rl.<key>) that the user set and the chosen value does not
+  read: as validate_correction says of the correction kinds' thresholds (they changed nothing, silently). A knob
+  at its preset's value (rl.preset: every preset sets every rl.* key) or, unset by the preset, at the base config's
+  is not named: a preset applied whole through its overrides (an ablation variant, a sweep point) set it, no user."""
+  chosen, base = c.rl[key], config_lib.base_config().rl
+  preset = presets.PRESETS.get(c.rl.get("preset", ""), {})
+  reads = set(knobs[chosen])
+  unused = [k for k in dict.fromkeys(k for ks in knobs.values() for k in ks)
+            if k not in reads and k in c.rl and config_lib.set_by_user(f"rl.{k}", c.rl[k], base[k])
+            and c.rl[k] != preset.get(f"rl.{k}", base[k])]
+  if unused:
+    readers = dict.fromkeys(repr(o) for k in unused for o, ks in knobs.items() if k in ks)
+    _warn("%s: no effect with rl.%s=%r (it reads %s); set rl.%s to %s to use %s.",
+          ", ".join(f"rl.{k}={c.rl[k]!r}" for k in unused), key, chosen,
+          ", ".join(f"rl.{k}" for k in knobs[chosen]) or "no such knob", key, " or ".join(readers),
+          "it" if len(unused) == 1 else "them")
+
+
 def validate_objective(c) -> None:
-  """rl.objective and its temperatures, rl.token_select and its parameters (losses.py, rl/token_select.py)."""
+  """rl.objective and its temperatures, rl.token_select and its parameters (losses.py, rl/token_select.py); a knob
+  the user set that the chosen objective or selection does not read is said (it changed nothing)."""
   _choice(c, "rl.objective", losses.OBJECTIVES)
   if c.rl.objective != "clip" and c.rl.ratio_level != "token":
     _fail("rl.ratio_level", f"'{c.rl.ratio_level}' (GSPO's sequence ratio) is an option of the 'clip' objective, not "
@@ -769,6 +797,17 @@ def validate_objective(c) -> None:
     _fail("rl.clip_cov_lb", f"{lb!r} and rl.clip_cov_ub={ub!r} must be finite with rl.clip_cov_lb < rl.clip_cov_ub "
           "(Clip-Cov's covariance range); put them in order.")
   _nonneg(c, "rl.kl_cov_coef")
+  _unread_knobs(c, "objective", OBJECTIVE_KNOBS)
+  _unread_knobs(c, "token_select", SELECT_KNOBS)
+  if c.rl.token_select == "kl_cov" and c.rl.kl_cov_coef == 0:
+    _warn("rl.token_select='kl_cov' with rl.kl_cov_coef=0: the penalty on the tokens it picks is 0, so the loss is "
+          "rl.objective's alone (only train/select_* are logged); set rl.kl_cov_coef > 0 (verl's 1) or "
+          "rl.token_select='all'.")
+  if c.rl.token_select == "kl_cov" and c.rl.mu == 1 and c.rl.minibatches == 1:
+    # (minibatches 0 is auto: said at the check after it resolves to 1)
+    _warn("rl.token_select='kl_cov' penalises |log pi - log pi_old|, which is 0 with a zero gradient on every update "
+          "of this run (rl.mu=1, rl.minibatches=1: each update is on-policy, the ratio exactly 1), so the run trains "
+          "as rl.objective alone; set rl.mu >= 2 or rl.minibatches >= 2 for KL-Cov to act.")
   if c.rl.token_select != "all" and config_lib.switch(c.rl.packing) == "on":
     _fail("rl.token_select", f"'{c.rl.token_select}' ranks the tokens of the whole minibatch, but rl.packing hands "
           "the objective one packed micro-batch at a time; set rl.packing='off' (or 'auto') or rl.token_select='all'.")

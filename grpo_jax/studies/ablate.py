@@ -126,6 +126,16 @@ def run_cells(cfg, workdir: str, table: ModuleType, log: Callable[[str], None] =
 # all have the gradient A·∇log π at ρ = 1: PPO's ρA, CISPO's r̂A, SAPO's 4σ(0)(1 − σ(0))·ρA).
 RATIO_ONLY = ("rl.eps_low", "rl.eps_high", "rl.dual_clip", "rl.sapo_tau_pos", "rl.sapo_tau_neg", "rl.objective",
               "rl.ratio_level")
+# KL-Cov's penalty coef·|log π − log π_old| (rl.token_select='kl_cov') acts through the ratio too: on-policy it is 0 with
+# a zero gradient (rl_step.old_logp), so 'all' and 'kl_cov' rows, or kl_cov rows of other kl_cov_* values, train alike
+KL_COV_ONLY = ("rl.token_select", "rl.kl_cov_ratio", "rl.kl_cov_coef")
+
+
+def _ratio_only(diff: list[str], a: dict, b: dict) -> bool:
+  """Whether two flat run configs differ only in settings that act through the ratio π/π_old (RATIO_ONLY, and
+  KL-Cov's where neither row selects tokens any other way)."""
+  kl_cov = all(r.get("rl.token_select", "all") in ("all", "kl_cov") for r in (a, b))
+  return set(diff) <= set(RATIO_ONLY) | (set(KL_COV_ONLY) if kl_cov else set())
 
 
 def check_variants(cfg, table: ModuleType, cli_keys: Iterable[str] = ()) -> bool:
@@ -147,7 +157,7 @@ def check_variants(cfg, table: ModuleType, cli_keys: Iterable[str] = ()) -> bool
       # (the rollout correction's weight), and π_old of a single update is the policy itself (rl_step.old_logp)
       on_policy = all(int(flat[n].get("rl.mu", 1)) == 1 and int(flat[n].get("rl.minibatches", 1)) in (0, 1)
                       for n in (a, b))
-      if diff and set(diff) <= set(RATIO_ONLY) and on_policy:
+      if diff and _ratio_only(diff, flat[a], flat[b]) and on_policy:
         raise ValueError(f"variants {a!r} and {b!r} differ only in {', '.join(diff)}, which act through the ratio "
                          "π/π_old, but every update is on-policy (rl.mu 1, one minibatch: the ratio is 1), so the two "
                          "rows would be identical; set rl.mu=2 or rl.minibatches=2 in the table's run (as "

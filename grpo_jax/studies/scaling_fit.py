@@ -123,25 +123,45 @@ def _nelder_mead(f, x0: np.ndarray, step: np.ndarray, iters: int = 400, tol: flo
 
 
 def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: float | None = None) -> SigmoidFit:
-  """Least-squares fit of the sigmoid to points (C_i, R_i), C_i > 0. R0: the starting reward (default: R at the
-  smallest C). A_max: the reward's ceiling (None: unbounded); it must exceed R0."""
+  """Least-squares fit of the sigmoid to points (C_i, R_i), C_i >= 0. A point at C = 0 (the evaluation before
+  training) is the start: the sigmoid's limit there is R0, so it is R0's point (their mean, if several) and is fitted
+  exactly; R0 may also be given. R0's default: R at C = 0, else R at the smallest C. A_max: the reward's ceiling
+  (None: unbounded); it must exceed R0. A point with a non-finite C or R, or C < 0, is refused (ValueError): a NaN
+  reward is a failed evaluation, and leaving it out silently moved R0 to the next point when it was the first."""
   C, R = np.asarray(C, np.float64), np.asarray(R, np.float64)
-  ok = np.isfinite(C) & np.isfinite(R) & (C > 0)
-  C, R = C[ok], R[ok]
+  if C.ndim != 1 or C.shape != R.shape:
+    raise ValueError(f"scaling_fit.fit: C and R must be 1-D and of one length (one reward per compute), got shapes "
+                     f"{C.shape} and {R.shape}; fit one curve per call (fit_seeds for several).")
+  bad = ~(np.isfinite(C) & np.isfinite(R) & (C >= 0))
+  if bad.any():
+    i = int(np.argmax(bad))
+    raise ValueError(f"scaling_fit.fit: {int(bad.sum())} point(s) with a non-finite value or C < 0, the first at "
+                     f"index {i} (C={C[i]}, R={R[i]}); drop or repair them (a NaN reward is a failed evaluation; "
+                     "compute counts from 0).")
+  # The start: with C = 0 dropped (as it was, for log C), R0 became the next point's reward and the fit of an
+  # evaluation at step 0 and on was biased (A 0.791, B 1.567 for a sigmoid of A 0.8, B 1.5 evaluated at steps 0..59)
+  # and unflagged. R(C) -> R0 as C -> 0 (B > 0): C = 0 is R0's point.
+  start = C == 0
   # R0 (one point's value) and A, B, C_mid: 4 numbers, so at least 4 computes. 3 left nothing to fit them by: any of
   # a family of (B, C_mid) passed through the points, and the fit returned one (B = 6.2, C_mid = 8.9 for (1, 10, 100)
   # -> (0.1, 0.5, 0.7)) with rmse 4e-7 and no flag, since the noise flag has no residual to read
   if C.size < MIN_POINTS:
-    raise ValueError(f"scaling_fit.fit: {C.size} usable points (C > 0, finite); R0 and a sigmoid's A, B, C_mid need "
+    raise ValueError(f"scaling_fit.fit: {C.size} usable points (C >= 0); R0 and a sigmoid's A, B, C_mid need "
                      f"at least {MIN_POINTS} (evaluate more often, e.g. a smaller eval_every).")
   if np.unique(C).size < MIN_POINTS:  # e.g. 4 points at 2 computes fitted A = 7e9, B = 10: no curve there
     raise ValueError(f"scaling_fit.fit: the {C.size} points lie at {np.unique(C).size} distinct compute values; "
                      f"R0, A, B, C_mid need at least {MIN_POINTS} (pass each evaluation's own compute, e.g. its step).")
-  R0 = float(R[np.argmin(C)]) if R0 is None else float(R0)
+  R0 = (float(np.mean(R[start])) if start.any() else float(R[np.argmin(C)])) if R0 is None else float(R0)
+  if not math.isfinite(R0):
+    raise ValueError(f"scaling_fit.fit: R0={R0} must be a finite reward (the start); pass the first evaluation's "
+                     "reward or None (R at C = 0, else at the smallest C).")
   a_max = math.inf if A_max is None else float(A_max)
   if not a_max > R0:
     raise ValueError(f"scaling_fit.fit: A_max={A_max} is not above the starting reward R0={R0}; pass the reward's "
                      "ceiling (1 for an accuracy) or None.")
+  start_sse = float(np.sum((R[start] - R0) ** 2))  # the model is R0 there whatever A, B, C_mid: a constant residual
+  n_points, C_all, R_all = C.size, C, R
+  C, R = C[~start], R[~start]
   logC = np.log(C)
   # the search box: C_mid within a decade of the measured compute, B in [0.1, 10]. A curve that is not a sigmoid
   # there (flat, falling) ends on the box's edge instead of running off to C_mid = 1e29: say so when reading it
@@ -158,8 +178,8 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: 
       best = x
   err, A = _profile(logC, R, R0, best[0], best[1], a_max)
   tol = 1e-3  # in log units: Nelder–Mead stops near, not on, a bound
-  rmse = math.sqrt(err / C.size)
-  drop, drop_max = _drop_after_peak(C, R)
+  rmse = math.sqrt((err + start_sse) / n_points)
+  drop, drop_max = _drop_after_peak(C_all, R_all)
   flags = tuple(name for name, hit in (
       ("C_mid on the box's edge", best[0] <= low[0] + tol or best[0] >= high[0] - tol),
       ("B on the box's edge", best[1] <= low[1] + tol or best[1] >= high[1] - tol),
@@ -178,7 +198,9 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: 
 def entropy_fit(H: Sequence[float], R: Sequence[float]) -> tuple[float, float]:
   """(a, b) of R = −a·e^H + b (Cui et al. 2025, arXiv 2505.22617) by least squares of R on e^H; (nan, nan) when e^H
   does not vary beyond float32 resolution (a policy whose logged entropy did not move): np.polyfit then returned
-  a confident a of either sign (−0.044 for a constant H, 4.5e5 for H varying in its 7th digit)."""
+  a confident a of either sign (−0.044 for a constant H, 4.5e5 for H varying in its 7th digit). A step whose H or R
+  is not finite (train/entropy is NaN when none of the step's updates had a loss token) is left out: unlike the
+  sigmoid's points no point here plays a part of its own."""
   x, y = np.exp(np.asarray(H, np.float64)), np.asarray(R, np.float64)
   ok = np.isfinite(x) & np.isfinite(y)
   x, y = x[ok], y[ok]
