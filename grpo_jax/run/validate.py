@@ -976,9 +976,8 @@ SFT_KNOBS = ("batch", "lr", "warmup_steps", "loss_on", "mistake_frac", "init_fro
 
 # Why a run of each kind leaves each prefix of run_config.drops(kind) (the keys dropped from the view it records, as
 # it does not read them) unread, for unread_keys' warning; a prefix added there without a reason here is said with
-# _NO_READER. rl.* under job=sft: no RL step reads it; only the final evaluation's `auto` sampling knobs, where left
-# auto, are sized from the RL batch (rl/auto.py: the engine from rl.partial_rollouts, the slots from
-# rl.prompts_per_step × G): the decode plan, not the samples (the continuous engine draws the static one's uniforms).
+# _NO_READER. rl.* under job=sft: nothing reads it; the final evaluation's `auto` sampling knobs are planned from
+# what it decodes (auto.resolve_eval: eval.batch rows, the mesh, the lengths), with rl.* at the base config's.
 _DROP_WHY = {
     "rl.": "it runs no RL step", "ppo.": "it runs no RL step (no critic)",
     "rewards": "it runs no RL step (nothing is scored to train on)", "r1.": "only job=r1_pipeline reads r1.*",
