@@ -1185,3 +1185,27 @@ def test_rejection_sampling_and_the_task_tables_plan_their_own_decodes():
   plan = lambda x: {k: auto._get(x, k) for k in auto.EVAL_KEYS}  # pylint: disable=protected-access
   assert [plan(x) for x in one] == [plan(x) for x in other]
   assert one[0].sampling.engine == "static" and one[1].eval.batch == 32 and one[1].eval.n_samples == 8
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"sampling.engine": "foo"}, "config.sampling.engine: unknown value 'foo'"),
+    ({"sampling.exit_chunk": -2}, "config.sampling.exit_chunk: must be an integer >= 0"),
+    ({"sampling.decode_layout": "tp", "sampling.decode_tp": 3}, "config.sampling.decode_tp=3: must be >= 2"),
+    ({"sampling.temperature": 0.0}, "config.sampling.temperature: must be > 0"),
+    ({"sampling.max_new_tokens": 100}, "config.sampling.max_new_tokens: task.prompt_len + sampling.max_new_tokens"),
+    # validation takes the kernel's shape (head_dim 128); the evaluation's plan (auto.resolve_eval) refuses it here
+    ({"model.hidden": 256, "model.heads": 2, "sampling.decode_attention": "tpu_ragged"},
+     "config.sampling.decode_attention='tpu_ragged' (set): 'tpu_ragged' is JAX's TPU kernel, which cannot run on "
+     "platform cpu"),
+])
+def test_an_sft_jobs_evaluation_settings_are_refused_before_it_trains(tmp_path, bad, needle):
+  """job=sft decodes once, in its final evaluation; the sampling keys it reads went unchecked by preflight (only
+  validate_rl checked them), so a bad one failed, or decoded wrongly, after the whole SFT had trained. Now one line
+  before anything is written."""
+  from grpo_jax.run import jobs  # pylint: disable=g-import-not-at-top
+  c = config_lib.override(_arith(), {"job": "sft", "sft.steps": 2, "model.max_len": 128, **bad})
+  with pytest.raises(errors.ConfigError) as e:
+    jobs.check(c, str(tmp_path / "run"))
+  assert str(e.value).startswith(needle) and "\n" not in str(e.value), e.value
+  assert not os.path.exists(tmp_path / "run")
+  jobs.check(config_lib.override(c, {"job": "pretrain"}), str(tmp_path / "run"))  # it decodes nothing: not checked
