@@ -1209,3 +1209,14 @@ def test_an_sft_jobs_evaluation_settings_are_refused_before_it_trains(tmp_path, 
   assert str(e.value).startswith(needle) and "\n" not in str(e.value), e.value
   assert not os.path.exists(tmp_path / "run")
   jobs.check(config_lib.override(c, {"job": "pretrain"}), str(tmp_path / "run"))  # it decodes nothing: not checked
+
+
+def test_run_sft_checks_its_evaluations_settings_before_it_trains(tmp_path, monkeypatch):
+  """train.run_sft called as a library (no preflight) checks them too, before its step is built."""
+  from grpo_jax.run import train  # pylint: disable=g-import-not-at-top
+  built = []
+  monkeypatch.setattr(families, "make_step", lambda *a, **k: built.append(1))
+  c = config_lib.override(_arith(), {"job": "sft", "sft.steps": 2, "model.max_len": 128, "sampling.engine": "foo"})
+  with pytest.raises(errors.ConfigError, match="^config.sampling.engine: unknown value 'foo'"):
+    train.run_sft(c, str(tmp_path / "run"))
+  assert not built

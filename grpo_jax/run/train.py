@@ -640,6 +640,8 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
   mcfg = sft_step.model_config(config, mcfg)  # adapters only under sft.lora
   steps = config.sft.steps
   loss_on = loss_on or config.sft.loss_on
+  if evaluate_at_end and loss_on == "completion":  # its final evaluation's keys, before it trains (as preflight)
+    validate.validate_eval_decode(config, dict(mesh.shape))
   step_fn = families.make_step(config, mesh, mcfg, family=sft_step)
   ckpt = guard.checkpointer(config)
   init_from = config.sft.init_from if init_from is None else init_from

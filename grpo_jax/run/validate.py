@@ -637,9 +637,9 @@ def _exit_chunk(c) -> None:
 
 def validate_eval_decode(c, mesh: dict[str, int]) -> None:
   """The sampling keys a held-out evaluation decodes with (run/evaluation.py, planned by auto.resolve_eval), for a
-  job whose only decode is its evaluation (job=sft; validate_rl checks them for an RL run): unchecked there, a bad
-  value (an unknown engine, a negative exit chunk, temperature 0, P + L past model.max_len) failed or decoded wrongly
-  only after the whole SFT had trained."""
+  job whose only decode is its evaluation (job=sft, preflight.check and train.run_sft; validate_rl checks them for
+  an RL run): unchecked there, a bad value (an unknown engine, a negative exit chunk, temperature 0, P + L past
+  model.max_len) failed or decoded wrongly only after the whole SFT had trained."""
   _positive_int(c, "sampling.max_new_tokens")
   total = c.task.prompt_len + c.sampling.max_new_tokens
   if total > c.model.max_len:
@@ -1101,8 +1101,6 @@ def validate_sft(c, num_devices: int, tokenizer: Any | None = None) -> None:
   _prob(c, "sft.mistake_frac")
   mesh = validate_mesh(c, num_devices)
   validate_eval(c, mesh["data"] * mesh["fsdp"])
-  if sft_evaluates(c):
-    validate_eval_decode(c, mesh)
   if c.sft.batch % (mesh["data"] * mesh["fsdp"]):
     _fail("sft.batch", f"{c.sft.batch} must be divisible by mesh data*fsdp={mesh['data'] * mesh['fsdp']}.")
   if tokenizer is not None:
