@@ -227,16 +227,18 @@ def test_an_r1_rl_stage_resolves(monkeypatch, tmp_path):
   assert seen == [want]
 
 
-def test_vmapped_sweep_lanes_resolve(monkeypatch, tmp_path):
-  """Two lanes in one program share each device: they are planned against half its memory."""
+def test_vmapped_sweep_lanes_resolve(monkeypatch, tmp_path, caplog):
+  """Two lanes in one program share each device: they are planned against half its memory. Their evaluations' plan
+  (one: the lanes differ in traceable knobs only) is logged once."""
   from grpo_jax.studies import sweep_vmap
   want = _squeeze(monkeypatch, _arith(), lanes=2)
   assert want != _squeeze(monkeypatch, _arith())  # the halving matters here
   seen = _capture(monkeypatch, vmapped_runs, "make_steps")
   lanes = [config_lib.override(_arith(), {"optim.lr": lr}) for lr in (1e-2, 3e-2)]
-  with pytest.raises(_Built):
+  with caplog.at_level(logging.INFO), pytest.raises(_Built):
     sweep_vmap.run_group(lanes, [str(tmp_path / "a"), str(tmp_path / "b")], log=lambda line: None)
   assert seen == [want]
+  assert sum(r.getMessage().startswith("evaluation (") for r in caplog.records) == 1
 
 
 def test_ablation_tables_resolve(monkeypatch, caplog):

@@ -526,7 +526,8 @@ def train_group(members: Sequence[Member], *, python_fns: dict | None = None, co
   spec = reward_terms(configs[0], tokenizer, python_fns)
   # the held-out evaluation's own decode plan, before anything is traced: from the unresolved config (what the
   # evaluation decodes, eval.batch rows beside the resident state), not the rollout's resolved values
-  evals = [auto.resolve_eval_here(m.config, mesh, rl_state=True, lanes=S)[0] for m in members]
+  # (logged for the first run: a group's runs differ in traceable knobs only, which the plan does not read)
+  evals = [auto.resolve_eval_here(m.config, mesh, rl_state=True, lanes=S, log=not i)[0] for i, m in enumerate(members)]
   runs = [Run(c, m.workdir, g, g.checkpointer(c), eval_config=e)
           for c, m, g, e in zip(configs, members, guards, evals)]
   family = families.for_config(configs[0])
