@@ -61,7 +61,10 @@ if [[ -n "$FETCH" ]]; then
   exit 0
 fi
 
-mkdir -p "$OUT" || exit 1
+if ! err="$(mkdir -p "$OUT" 2>&1)"; then  # an argument error as the others: one line, exit 2, before any stage
+  echo "device_check.sh: --out $OUT: cannot make that directory (${err##*: }); pass a directory path" >&2
+  exit 2
+fi
 OUT="$(cd "$OUT" && pwd)"  # the stages run from the repository root: a relative --out is the caller's
 SUMMARY="$OUT/summary.txt"
 : > "$SUMMARY"

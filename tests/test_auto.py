@@ -227,16 +227,18 @@ def test_an_r1_rl_stage_resolves(monkeypatch, tmp_path):
   assert seen == [want]
 
 
-def test_vmapped_sweep_lanes_resolve(monkeypatch, tmp_path):
-  """Two lanes in one program share each device: they are planned against half its memory."""
+def test_vmapped_sweep_lanes_resolve(monkeypatch, tmp_path, caplog):
+  """Two lanes in one program share each device: they are planned against half its memory. Their evaluations' plan
+  (one: the lanes differ in traceable knobs only) is logged once."""
   from grpo_jax.studies import sweep_vmap
   want = _squeeze(monkeypatch, _arith(), lanes=2)
   assert want != _squeeze(monkeypatch, _arith())  # the halving matters here
   seen = _capture(monkeypatch, vmapped_runs, "make_steps")
   lanes = [config_lib.override(_arith(), {"optim.lr": lr}) for lr in (1e-2, 3e-2)]
-  with pytest.raises(_Built):
+  with caplog.at_level(logging.INFO), pytest.raises(_Built):
     sweep_vmap.run_group(lanes, [str(tmp_path / "a"), str(tmp_path / "b")], log=lambda line: None)
   assert seen == [want]
+  assert sum(r.getMessage().startswith("evaluation (") for r in caplog.records) == 1
 
 
 def test_ablation_tables_resolve(monkeypatch, caplog):
@@ -1067,3 +1069,156 @@ def test_a_knob_that_did_not_apply_when_recorded_chooses_on_resume():
   assert [auto._get(resumed, k) for k in keys] == [auto._get(fresh, k) for k in keys] == [16, 1, "plain"]
   assert not any("recorded" in chosen[k] for k in keys), chosen
   assert resumed.sampling.exit_chunk == first.sampling.exit_chunk and "recorded" in chosen["sampling.exit_chunk"]
+
+
+# ------------------------------------------------------------------------------------- an evaluation's own plan
+
+
+def _eval_plan(c, ctx, **kw) -> dict:
+  out, _ = auto.resolve_eval(c, ctx, log=False, **kw)
+  return {k: auto._get(out, k) for k in auto.EVAL_KEYS}  # pylint: disable=protected-access
+
+
+# rl.* values an SFT job does not read, each of which fed the plan of its final evaluation (the RL batch, the carry,
+# the memory splits, the reference, the packed passes, dynamic sampling's extra rows)
+RL_ONLY = ({"rl.partial_rollouts": True}, {"rl.prompts_per_step": 64}, {"rl.G": 2}, {"rl.rollout_chunks": 4},
+           {"rl.minibatches": 0}, {"rl.beta": 0.0}, {"rl.packing": "on"},
+           {"rl.dynamic_sampling": True, "rl.oversample": 3})
+
+
+def test_an_evaluations_decode_plan_is_what_it_decodes_not_the_rl_batch():
+  """An evaluation's `auto` knobs (engine, exit chunk, compaction, decode attention and layout) are planned from what
+  it decodes: eval.batch rows in one call, the mesh, the lengths (auto.resolve_eval). SFT's final evaluation resolved
+  them for the RL step: rl.partial_rollouts turned the continuous engine on (its 8 compaction sizes unresolved),
+  prompts_per_step x G sized the compaction and the decode layout's memory, and a device too small for the RL batch
+  stopped the finished SFT run at its evaluation (no split fits), none of it a key the job reads."""
+  c = config_lib.load_config("configs/grpo_arith.py", "small")  # L = 72: the static engine
+  c.job = "sft"
+  cpu = auto.Context(MESH1, None, "cpu")
+  base = _eval_plan(c, cpu)
+  assert base["sampling.engine"] == "static" and base["sampling.exit_chunk"] == 18
+  for upd in RL_ONLY:
+    assert _eval_plan(config_lib.override(c, upd), cpu) == base, upd
+  # long completions over 4 devices of 1.84 MB: the continuous engine, compaction and the decode layout all planned
+  c = config_lib.override(c, {"sampling.max_new_tokens": 256})
+  small = auto.Context(dict(data=1, fsdp=4, tensor=1), 1_840_000, "gpu")
+  base, few = _eval_plan(c, small), _eval_plan(config_lib.override(c, {"eval.batch": 8}), small)
+  # they follow eval.batch: 32 rows halve to 4 sizes over 4 devices (32 ... 4), 8 rows to 2; 8 rows' decode fits
+  # gathered (the policy, its Adam moments and the decode: 1.79 MB planned; with the RL state's reference of
+  # rl.beta=0.04 beside it 1.90 MB, with the RL step's update far more), 32 rows' does not (4.9 MB)
+  assert base["sampling.engine"] == "continuous" and c.eval.batch == 32
+  assert base["sampling.compaction"] == 4 and base["sampling.decode_layout"] != "gathered"
+  assert few["sampling.compaction"] == 2 and few["sampling.decode_layout"] == "gathered"
+  for upd in RL_ONLY:
+    assert _eval_plan(config_lib.override(c, upd), small) == base, upd
+    assert _eval_plan(config_lib.override(c, {**upd, "eval.batch": 8}), small) == few, upd
+  # a set value wins, as in a run
+  assert _eval_plan(config_lib.override(c, {"sampling.engine": "static"}), small)["sampling.engine"] == "static"
+  assert _eval_plan(config_lib.override(c, {"sampling.compaction": 3}), small)["sampling.compaction"] == 3
+
+
+def test_sft_evaluation_decodes_the_same_program_whatever_rl_says(tmp_path):
+  """The same SFT job with other rl.* values evaluates with the same generate program (its lowered text), so it
+  writes the same eval metrics; the Evaluator plans an unresolved config itself (rl.partial_rollouts made it the
+  continuous engine's program)."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from grpo_jax.infra import sharding
+  from grpo_jax.model import model as model_lib
+  from grpo_jax.rl import state as state_lib
+  from grpo_jax.run import evaluation
+  from grpo_jax.tasks import data as data_lib
+  from grpo_jax.tasks import tokenizer_factory as tok_lib
+  c = config_lib.override(_arith(), {"job": "sft", "sft.steps": 2})
+  tok, mcfg = tok_lib.for_config(c), model_lib.ModelConfig.from_config(c.model)
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  arrays = data_lib.eval_set(c.task, tok, c.eval.size, c.task.prompt_len)
+
+  def lowered(cfg):
+    ev = evaluation.Evaluator(cfg, mcfg, tok, mesh, arrays)
+    fields = {k: v for k, v in arrays.items() if k not in ("prompt_NxP", "prompt_mask_NxP")}
+    with sharding.mesh_context(mesh):
+      text = ev.greedy.jitted.lower(state_lib.abstract_params(mesh, mcfg), arrays["prompt_NxP"],
+                                    arrays["prompt_mask_NxP"], fields, jax.random.PRNGKey(0)).as_text()
+    return ev.cfg, text
+  cfg, text = lowered(c)
+  other_cfg, other_text = lowered(config_lib.override(c, {"rl.partial_rollouts": True, "rl.G": 2,
+                                                          "rl.prompts_per_step": 3}))
+  assert cfg.sampling.engine == other_cfg.sampling.engine == "static"
+  assert text == other_text
+
+
+def test_an_rl_runs_evaluation_is_planned_from_its_unresolved_config(monkeypatch, tmp_path):
+  """train_group plans the held-out evaluation before anything is traced, from the member's config as given (auto
+  values unresolved: the rollout's choices are not the evaluation's), beside the resident RL state."""
+  from grpo_jax.run import jobs
+  seen = []
+  real = auto.resolve_eval_here
+
+  def spy(config, mesh, rl_state=False, lanes=1, log=True):
+    seen.append((config.rl.minibatches, config.sampling.engine, rl_state))
+    return real(config, mesh, rl_state=rl_state, lanes=lanes, log=log)
+  monkeypatch.setattr(auto, "resolve_eval_here", spy)
+  _capture(monkeypatch, families)
+  with pytest.raises(_Built):
+    jobs.run(_arith(), str(tmp_path / "run"))
+  assert seen == [(0, "auto", True)]
+
+
+def test_rejection_sampling_and_the_task_tables_plan_their_own_decodes():
+  """The other decodes outside an RL step plan theirs as an evaluation does: R1's rejection sampling (one generate
+  batch of r1.report.batch rows, n per prompt) decoded unresolved (on an FSDP mesh the training layout, every weight
+  all-gathered at every token; under tools.env 8 compaction sizes for any length); the task tables' greedy
+  evaluation and pass@k sampler reused the variant's rollout plan (rl.* their cache key leaves out)."""
+  import types  # pylint: disable=g-import-not-at-top
+  from configs import tools_calc  # pylint: disable=g-import-not-at-top
+  from grpo_jax.r1 import rejection
+  from grpo_jax.studies.ablations import task_table
+  c = config_lib.override(tools_calc.get_config("small"), {"mesh.fsdp": 4, "mesh.data": 1})
+  mesh = types.SimpleNamespace(shape=dict(data=1, fsdp=4, tensor=1))
+  d = rejection.decode_config(c, mesh)
+  rows = c.r1.report.batch // c.r1.rejection.n * c.r1.rejection.n
+  assert d.sampling.engine == "continuous" and d.sampling.decode_layout == "gathered"  # tools.env; it fits
+  assert d.sampling.compaction == 1 < config_lib.COMPACTION and c.sampling.max_new_tokens < auto.LONG_COMPLETIONS
+  assert d.sampling.exit_chunk != -1 and d.eval.batch == rows
+  cfg = types.SimpleNamespace(passk_n=8, passk_chunk=4)
+  run = task_table.run_config(small=True)
+  one = task_table.eval_configs(cfg, run, mesh, 2)
+  other = task_table.eval_configs(cfg, config_lib.override(run, {"rl.partial_rollouts": True, "rl.G": 2}), mesh, 2)
+  plan = lambda x: {k: auto._get(x, k) for k in auto.EVAL_KEYS}  # pylint: disable=protected-access
+  assert [plan(x) for x in one] == [plan(x) for x in other]
+  assert one[0].sampling.engine == "static" and one[1].eval.batch == 32 and one[1].eval.n_samples == 8
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"sampling.engine": "foo"}, "config.sampling.engine: unknown value 'foo'"),
+    ({"sampling.exit_chunk": -2}, "config.sampling.exit_chunk: must be an integer >= 0"),
+    ({"sampling.decode_layout": "tp", "sampling.decode_tp": 3}, "config.sampling.decode_tp=3: must be >= 2"),
+    ({"sampling.temperature": 0.0}, "config.sampling.temperature: must be > 0"),
+    ({"sampling.max_new_tokens": 100}, "config.sampling.max_new_tokens: task.prompt_len + sampling.max_new_tokens"),
+    # validation takes the kernel's shape (head_dim 128); the evaluation's plan (auto.resolve_eval) refuses it here
+    ({"model.hidden": 256, "model.heads": 2, "sampling.decode_attention": "tpu_ragged"},
+     "config.sampling.decode_attention='tpu_ragged' (set): 'tpu_ragged' is JAX's TPU kernel, which cannot run on "
+     "platform cpu"),
+])
+def test_an_sft_jobs_evaluation_settings_are_refused_before_it_trains(tmp_path, bad, needle):
+  """job=sft decodes once, in its final evaluation; the sampling keys it reads went unchecked by preflight (only
+  validate_rl checked them), so a bad one failed, or decoded wrongly, after the whole SFT had trained. Now one line
+  before anything is written."""
+  from grpo_jax.run import jobs  # pylint: disable=g-import-not-at-top
+  c = config_lib.override(_arith(), {"job": "sft", "sft.steps": 2, "model.max_len": 128, **bad})
+  with pytest.raises(errors.ConfigError) as e:
+    jobs.check(c, str(tmp_path / "run"))
+  assert str(e.value).startswith(needle) and "\n" not in str(e.value), e.value
+  assert not os.path.exists(tmp_path / "run")
+  jobs.check(config_lib.override(c, {"job": "pretrain"}), str(tmp_path / "run"))  # it decodes nothing: not checked
+
+
+def test_run_sft_checks_its_evaluations_settings_before_it_trains(tmp_path, monkeypatch):
+  """train.run_sft called as a library (no preflight) checks them too, before its step is built."""
+  from grpo_jax.run import train  # pylint: disable=g-import-not-at-top
+  built = []
+  monkeypatch.setattr(families, "make_step", lambda *a, **k: built.append(1))
+  c = config_lib.override(_arith(), {"job": "sft", "sft.steps": 2, "model.max_len": 128, "sampling.engine": "foo"})
+  with pytest.raises(errors.ConfigError, match="^config.sampling.engine: unknown value 'foo'"):
+    train.run_sft(c, str(tmp_path / "run"))
+  assert not built

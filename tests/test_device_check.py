@@ -95,10 +95,12 @@ def test_wheels_installs_them_before_the_stages(tmp_path):
     (["--out", "--cpu"], "--out needs a directory"),  # was a directory named --cpu
     (["--fetch"], "--fetch needs a directory"),
     (["--cpu", "--wheels", "EMPTY"], "no *.whl there; fill it with --fetch"),  # was pip's traceback-like error
+    (["--cpu", "--out", "AFILE"], "cannot make that directory (File exists)"),  # was mkdir's line, exit 1
 ])
 def test_argument_errors_are_one_line_and_exit_2_before_any_stage(tmp_path, args, needle):
   (tmp_path / "empty").mkdir()
-  args = [str(tmp_path / "empty") if a == "EMPTY" else a for a in args]
+  (tmp_path / "afile").write_text("")
+  args = [{"EMPTY": str(tmp_path / "empty"), "AFILE": str(tmp_path / "afile")}.get(a, a) for a in args]
   out = subprocess.run(["bash", SCRIPT, *args], cwd=ROOT, capture_output=True, text=True, timeout=60,
                        env=_stub(tmp_path))
   assert out.returncode == 2 and needle in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr

@@ -28,6 +28,7 @@ from grpo_jax.rollout import sampling
 from grpo_jax.infra import sharding
 from grpo_jax.rl import obs_mask
 from grpo_jax.rl import state as state_lib
+from grpo_jax.rl import auto
 from grpo_jax.r1 import corpus
 from grpo_jax.r1 import rewards as r1_rewards
 from grpo_jax.tasks import base, cot
@@ -113,6 +114,16 @@ def sampler_config(config) -> ml_collections.ConfigDict:
   return c
 
 
+def decode_config(config, mesh) -> ml_collections.ConfigDict:
+  """sampler_config with the `auto` knobs its decode reads resolved for what it decodes (auto.resolve_eval): one
+  generate batch of r1.report.batch rows (_sample's chunks), n per prompt; its decode ran unresolved (the training
+  layout, decode_layout=fsdp, on an FSDP mesh; 8 compaction sizes under tools.env whatever the length)."""
+  rj = config.r1.rejection
+  c = ml_collections.ConfigDict(sampler_config(config).to_dict())
+  c.eval.update(batch=(config.r1.report.batch // rj.n) * rj.n, n_samples=rj.n)
+  return auto.resolve_eval_here(c, mesh)[0]
+
+
 def _obs_mask(obs_L: np.ndarray, mask_L: np.ndarray, n_comp: int) -> list[int]:
   """A kept row's `obs_mask` over its completion ids and the eos after them: the engine's observation mask over the
   row's tokens, and 0 for an eos the row did not write (corpus.pack adds one; a verified row ends with one)."""
@@ -149,8 +160,8 @@ def rejection_sample(config, params_path: str, out_path: str) -> dict[str, float
   if env is not None:  # else a non-zero environment reward is said (once) to go unused, as in an RL run
     env.rewards_read = r1_rewards.ENV in [n for n, _ in config.r1.grpo.rewards]
   try:
-    gen = evaluation.make_generate(mcfg, scfg, mesh, config.task.name, tok.tag_ids, config=sampler_config(config),
-                                   tables=verify_jax.tables_for(tok), env=env)
+    gen = evaluation.make_generate(mcfg, scfg, mesh, config.task.name, tok.tag_ids,
+                                   config=decode_config(config, mesh), tables=verify_jax.tables_for(tok), env=env)
     records, counts = _sample(config, task, tok, gen, params, chosen, langs, truncate, env)
   finally:
     if env is not None:

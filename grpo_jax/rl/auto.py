@@ -59,6 +59,9 @@ class Context:
   mesh: dict[str, int]  # axis sizes
   hbm_bytes: int | None  # per device; None = no limit
   platform: str | None = None  # the backend the step is for (None: JAX's default)
+  # an evaluation's decode (resolve_eval): the decode layout is fitted to the resident state and the rollout phase
+  # alone (memory_plan.decode_bytes), no scoring forwards or update after it
+  decode_only: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,6 +233,64 @@ def resolve_here(config: ml_collections.ConfigDict, mesh, lanes: int = 1, record
   device's memory (vmap stacks every array of the step once per run)."""
   return resolve(config, Context(dict(mesh.shape), decode_layout.device_memory_bytes() // lanes), log=log,
                  recorded=recorded)
+
+
+# What an evaluation's generate reads of the `auto` knobs (run/evaluation.py make_generate): its plan.
+EVAL_KEYS = ("sampling.engine", "sampling.exit_chunk", "sampling.decode_attention", "sampling.compaction",
+             "sampling.decode_layout", "sampling.decode_tp")
+
+
+def eval_view(config, rl_state: bool = False) -> ml_collections.ConfigDict:
+  """The config an evaluation's decode is planned from: what it decodes, not the RL batch. Its rows are eval.batch,
+  decoded in one call (Evaluator._chunks), each its own slot (sample_groups without `slots`), no carry, no chunks,
+  nothing trained after them. `rl_state`: the run's RL state is resident beside the decode (held-out evaluation
+  inside an RL run: its reference, critic, optimizer); else (SFT's final evaluation, the R1 report) rl.* is the base
+  config's, β = 0: the run's rl.* is not read, so no RL knob the job ignores can change the plan."""
+  c = ml_collections.ConfigDict(config.to_dict())
+  if not rl_state:
+    c.rl = ml_collections.ConfigDict(config_lib.base_config().rl.to_dict())
+    c.rl.beta = 0.0  # the SFT state: the policy and its optimizer, no reference
+  # G = 1: the greedy pass prefills every row's prompt (the sampled pass prefills one per eval.n_samples rows)
+  c.rl.update(prompts_per_step=int(config.eval.batch), G=1, oversample=1, dynamic_sampling=False,
+              partial_rollouts=False, rollout_chunks=1, minibatches=1, packing="off", train_buckets=1, pack_len=0,
+              pack_rows=0, carry_kv_groups=0)
+  return c
+
+
+def resolve_eval(config, ctx: Context, rl_state: bool = False,
+                 log: bool = True) -> tuple[ml_collections.ConfigDict, dict[str, str]]:
+  """`config` with the `auto` knobs an evaluation's decode reads (EVAL_KEYS) resolved for what it decodes
+  (eval_view), by the same choosers as a run's, once, before its generate is traced; a set value wins (the values
+  an RL run resolved for its own rollout are not reused: resolve_eval takes the unresolved config). The other keys
+  are left as they are (the evaluation does not read them). -> (config, {key: 'value (why)'} of the keys chosen);
+  `log`: one line naming them."""
+  view = eval_view(config, rl_state)
+  ctx = dataclasses.replace(ctx, decode_only=True)
+  chosen = {}
+  if is_auto("sampling.engine", view.sampling.engine):  # before the slots are set to the rows below (a set key of
+    # the continuous engine asks for it: a config's own choice, kept)
+    engine_, why = choose_engine(view, ctx, [])
+    view.sampling.engine = engine_
+    chosen["sampling.engine"] = f"{engine_} ({why})"
+  if view.sampling.engine == "continuous":
+    view.sampling.slots = view.rl.prompts_per_step  # every row its own slot, as the evaluation decodes them
+  resolved, picked = resolve(view, ctx, log=False)
+  out = ml_collections.ConfigDict(config.to_dict())
+  for k in EVAL_KEYS:
+    _set(out, k, _get(view if k == "sampling.engine" else resolved, k))
+    if k in picked:
+      chosen[k] = picked[k]
+  if log and chosen:
+    logging.info("evaluation (eval.batch=%d rows): %s", config.eval.batch,
+                 "; ".join(f"auto {k} = {v}" for k, v in chosen.items()))
+  return out, chosen
+
+
+def resolve_eval_here(config, mesh, rl_state: bool = False, lanes: int = 1,
+                      log: bool = True) -> tuple[ml_collections.ConfigDict, dict[str, str]]:
+  """`resolve_eval` on this process's devices over `mesh` (`lanes` vmapped runs share each device's memory)."""
+  return resolve_eval(config, Context(dict(mesh.shape), decode_layout.device_memory_bytes() // lanes), rl_state,
+                      log=log)
 
 
 def check_choosable(config, mesh: dict[str, int], hbm_bytes: int | None = -1) -> None:
@@ -795,7 +856,8 @@ def choose_layout(config, ctx: Context, candidates: list) -> tuple[tuple[str, in
   set layout is never replaced: the first run and a resume, which reads the set value, run the same). ->
   ((layout, decode_tp or None = left as set), why)."""
   del candidates
-  layout, why = memory_plan.choose_decode(config, ctx.mesh, ctx.hbm_bytes, ctx.platform)
+  layout, why = memory_plan.choose_decode(config, ctx.mesh, ctx.hbm_bytes, ctx.platform,
+                                          decode_only=ctx.decode_only)
   return (layout.kind, layout.tp if layout.kind == "tp" else None), why
 
 

@@ -351,16 +351,19 @@ def check_sft_fits(config, mesh: dict[str, int], hbm_bytes: int | None) -> None:
 
 
 def choose_decode(config, mesh: dict[str, int], hbm_bytes: int | None,
-                  plat: str | None = None) -> tuple[decode_layout.Layout, str]:
+                  plat: str | None = None, decode_only: bool = False) -> tuple[decode_layout.Layout, str]:
   """(layout, why) for `config.sampling.decode_layout` on a mesh of these axis sizes; `hbm_bytes` None: no limit;
   `plat`: the backend `plan` costs attention for (default: the one JAX traces for). Here, not in decode_layout.py:
-  `auto` asks the planner, which costs each layout with decode_layout's shapes."""
+  `auto` asks the planner, which costs each layout with decode_layout's shapes. `decode_only`: an evaluation's
+  decode (no scoring forwards, no update after it): what must fit is the resident state and the rollout phase
+  (decode_bytes), not the RL step's peak."""
   mcfg = model_lib.ModelConfig.from_config(config.model)
   knob, tp = config.sampling.decode_layout, int(config.sampling.decode_tp)
   gib = lambda b: f"{b / 2 ** 30:.2f} GiB"
 
   def fits(layout):
-    need = plan(config, mesh, plat=plat, decode=layout).total_bytes
+    p = plan(config, mesh, plat=plat, decode=layout)
+    need = decode_bytes(p) if decode_only else p.total_bytes
     return hbm_bytes is None or need <= hbm_bytes, need
 
   if knob == "fsdp":
@@ -390,6 +393,12 @@ def choose_decode(config, mesh: dict[str, int], hbm_bytes: int | None,
   return decode_layout.Layout("fsdp"), (f"no decode layout fits {gib(hbm_bytes)} per device "
                                         f"({', '.join(tried) or 'no tp degree'}); decoding in the training layout, "
                                         "which all-gathers every weight at every token")
+
+
+def decode_bytes(p: Plan) -> int:
+  """The resident state and the rollout phase of `p`, without what the RL step's update holds there (HELD_EARLY):
+  the bytes per device of a decode that is not followed by an update (evaluation, auto.resolve_eval)."""
+  return p.resident_bytes + sum(v for k, v in p.rollout.items() if k != HELD_EARLY)
 
 
 def format_plan(p: Plan, hbm_bytes: int | None = None) -> str:

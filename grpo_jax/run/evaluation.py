@@ -258,11 +258,13 @@ class Evaluator:
 
   def __init__(self, config, mcfg, tokenizer, mesh, eval_arrays: dict, task: str | None = None,
                host_verifier: HostVerifier | None = None, readings: dict[str, Reading] | None = None):
-    if auto.is_auto("sampling.engine", config.sampling.get("engine", auto.AUTO)):
-      # a config no command resolved (the R1 report's, an SFT stage's final evaluation): resolved here as the RL
-      # run's is (rl/auto.py), or its held-out rows would decode on the reference path (the static engine, and
-      # without tools.env's environment) whatever path the run's own rollouts and evaluations take
-      config, _ = auto.resolve_here(config, mesh, log=False)
+    # The decode plan (engine, exit chunk, compaction, decode attention and layout) of what this evaluation decodes:
+    # eval.batch rows, sized by auto.resolve_eval from eval.* and sampling.*, not from the RL batch (rl.* is not
+    # read: an SFT job's evaluation was planned from rl.partial_rollouts and prompts_per_step x G). `config` is
+    # unresolved, or resolved by resolve_eval already (an RL run's evaluation, train.train_group: planned beside its
+    # resident RL state), which this leaves as it is; a config an RL run resolved for its rollout would reuse the
+    # rollout's plan, so no caller passes one.
+    config, _ = auto.resolve_eval_here(config, mesh)
     self.cfg, self.tok, self.mesh = config, tokenizer, mesh
     # tools.env: held-out rows call the environment as the RL step's do (with the continuous engine)
     self.env = None

@@ -168,6 +168,9 @@ class Run:
   writer: metrics_lib.MetricWriter | None = None
   failed: str = ""  # why the run stopped itself (non-finite steps); "" while it trains
   last_eval: dict[str, float] = dataclasses.field(default_factory=dict)
+  # the config the held-out evaluation decodes with (auto.resolve_eval: eval.batch rows beside the resident RL state,
+  # not the rollout's plan); None: the loop's caller evaluates through its own `evaluate` hook
+  eval_config: Any = None
 
 
 def reward_terms(config, tokenizer, python_fns: dict | None = None) -> reward_spec.RewardSpec:
@@ -291,9 +294,11 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
     for i, run in enumerate(runs):
       if run.failed:
         continue
-      key = json.dumps(run.config.sampling.to_dict(), sort_keys=True)
+      if run.eval_config is None:
+        raise RuntimeError("rl_loop: a Run without eval_config (train_group resolves it) and no `evaluate` hook.")
+      key = json.dumps(run.eval_config.sampling.to_dict(), sort_keys=True)
       if key not in evaluators:
-        evaluators[key] = evaluation.Evaluator(run.config, mcfg, tokenizer, mesh, eval_set[0])
+        evaluators[key] = evaluation.Evaluator(run.eval_config, mcfg, tokenizer, mesh, eval_set[0])
       t0 = time.perf_counter()
       policy = state_lib.model_params(program.state_of(state, i))  # with LoRA: the run's adapters on the base
       run.last_eval, texts = evaluators[key](policy, jax.random.PRNGKey(run.config.seed + 1))
@@ -519,7 +524,12 @@ def train_group(members: Sequence[Member], *, python_fns: dict | None = None, co
     raise errors.InputError(f"the runs of one program resolved {', '.join(differ)} differently (runs recorded under "
                             "other `auto` choices): set the keys explicitly, or run them with --mode=serial.")
   spec = reward_terms(configs[0], tokenizer, python_fns)
-  runs = [Run(c, m.workdir, g, g.checkpointer(c)) for c, m, g in zip(configs, members, guards)]
+  # the held-out evaluation's own decode plan, before anything is traced: from the unresolved config (what the
+  # evaluation decodes, eval.batch rows beside the resident state), not the rollout's resolved values
+  # (logged for the first run: a group's runs differ in traceable knobs only, which the plan does not read)
+  evals = [auto.resolve_eval_here(m.config, mesh, rl_state=True, lanes=S, log=not i)[0] for i, m in enumerate(members)]
+  runs = [Run(c, m.workdir, g, g.checkpointer(c), eval_config=e)
+          for c, m, g, e in zip(configs, members, guards, evals)]
   family = families.for_config(configs[0])
   traces = []
   if S == 1:
@@ -631,6 +641,8 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
   mcfg = sft_step.model_config(config, mcfg)  # adapters only under sft.lora
   steps = config.sft.steps
   loss_on = loss_on or config.sft.loss_on
+  if evaluate_at_end and loss_on == "completion":  # its final evaluation's keys, before it trains (as preflight)
+    validate.validate_eval_decode(config, dict(mesh.shape))
   step_fn = families.make_step(config, mesh, mcfg, family=sft_step)
   ckpt = guard.checkpointer(config)
   init_from = config.sft.init_from if init_from is None else init_from

@@ -372,12 +372,10 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
             "train.keep_checkpoints", "eval.size", "eval.batch", "eval.n_samples", "rl.oversample",
             "rl.max_nonfinite_in_row"):
     _positive_int(c, k)
-  tb, chunk = c.rl.train_buckets, c.sampling.exit_chunk
+  tb = c.rl.train_buckets
   if not integer(tb) or tb < 0:
     _fail("rl.train_buckets", f"must be an integer >= 1 (static training lengths L, L/2, ...) or 0 (auto), got {tb!r}.")
-  if not integer(chunk) or chunk < -1:
-    _fail("sampling.exit_chunk", f"must be an integer >= 0 (decode steps between early-exit checks; 0 = none) or -1 "
-          f"(auto), got {chunk!r}.")
+  _exit_chunk(c)
   for k in ("rl.eps_low", "rl.eps_high", "rl.beta", "rl.std_eps", "rl.dual_clip", "rl.kl_clamp", "rl.entropy_coef",
             "sampling.temperature", "rl.process_weight",
             "rl.reward_timeout_s", "optim.warmup_steps", "ppo.value_clip", "ppo.vf_coef"):
@@ -630,12 +628,39 @@ def validate_decode_layout(c, mesh: dict[str, int]) -> None:
           "'fsdp' or 'auto'.")
 
 
+def _exit_chunk(c) -> None:
+  chunk = c.sampling.exit_chunk
+  if not integer(chunk) or chunk < -1:
+    _fail("sampling.exit_chunk", f"must be an integer >= 0 (decode steps between early-exit checks; 0 = none) or -1 "
+          f"(auto), got {chunk!r}.")
+
+
+def validate_eval_decode(c, mesh: dict[str, int]) -> None:
+  """The sampling keys a held-out evaluation decodes with (run/evaluation.py, planned by auto.resolve_eval), for a
+  job whose only decode is its evaluation (job=sft, preflight.check and train.run_sft; validate_rl checks them for
+  an RL run): unchecked there, a bad value (an unknown engine, a negative exit chunk, temperature 0, P + L past
+  model.max_len) failed or decoded wrongly only after the whole SFT had trained."""
+  _positive_int(c, "sampling.max_new_tokens")
+  total = c.task.prompt_len + c.sampling.max_new_tokens
+  if total > c.model.max_len:
+    _fail("sampling.max_new_tokens", f"task.prompt_len + sampling.max_new_tokens = {total} exceeds "
+          f"model.max_len={c.model.max_len} (the held-out evaluation decodes that far); shorten them or raise "
+          "model.max_len.")
+  t = c.sampling.temperature
+  if not finite(t) or t <= 0:
+    _fail("sampling.temperature", f"must be > 0: the evaluation's sampled pass (pass@k, cons@k) draws from "
+          f"softmax(logits / temperature), got {t!r}.")
+  temperature(c, "sampling.temperature")
+  _exit_chunk(c)
+  validate_decode_layout(c, mesh)
+  _decode_keys(c)
+
+
 def validate_engine(c, rows: int, data_par: int,
                     what: str = "prompts_per_step*G, times rl.oversample under dynamic sampling") -> None:
   """sampling.engine / slots / compaction (rollout/engine.py): a known engine, slots that fit the rows (`what`: how
   they are counted) and the mesh's row split (every compaction size is a multiple of it: engine.compaction_sizes)."""
-  _choice(c, "sampling.engine", ENGINES)
-  slots, levels = c.sampling.get("slots", 0), c.sampling.get("compaction", 0)
+  slots = c.sampling.get("slots", 0)
   if not integer(slots) or slots < 0:
     _fail("sampling.slots", f"must be an integer >= 0 (0 = auto: rl/auto.py's choice), got {slots!r}.")
   if slots > rows:
@@ -643,6 +668,14 @@ def validate_engine(c, rows: int, data_par: int,
   if slots % data_par:
     _fail("sampling.slots", f"{slots} must be divisible by mesh data*fsdp={data_par} (each device decodes its "
           "share of the slots); use a multiple of it, or 0.")
+  _decode_keys(c)
+
+
+def _decode_keys(c) -> None:
+  """sampling.engine, compaction, decode_attention, page_size: what any decode reads (the RL rollout, an
+  evaluation)."""
+  _choice(c, "sampling.engine", ENGINES)
+  levels = c.sampling.get("compaction", 0)
   if not integer(levels) or levels < 0:
     _fail("sampling.compaction", f"must be an integer >= 1 (slot counts S, S/2, ...; 1 = none) or 0 (auto), got "
           f"{levels!r}.")
@@ -1015,9 +1048,8 @@ SFT_KNOBS = ("batch", "lr", "warmup_steps", "loss_on", "mistake_frac", "init_fro
 
 # Why a run of each kind leaves each prefix of run_config.drops(kind) (the keys dropped from the view it records, as
 # it does not read them) unread, for unread_keys' warning; a prefix added there without a reason here is said with
-# _NO_READER. rl.* under job=sft: no RL step reads it; only the final evaluation's `auto` sampling knobs, where left
-# auto, are sized from the RL batch (rl/auto.py: the engine from rl.partial_rollouts, the slots from
-# rl.prompts_per_step × G): the decode plan, not the samples (the continuous engine draws the static one's uniforms).
+# _NO_READER. rl.* under job=sft: nothing reads it; the final evaluation's `auto` sampling knobs are planned from
+# what it decodes (auto.resolve_eval: eval.batch rows, the mesh, the lengths), with rl.* at the base config's.
 _DROP_WHY = {
     "rl.": "it runs no RL step", "ppo.": "it runs no RL step (no critic)",
     "rewards": "it runs no RL step (nothing is scored to train on)", "r1.": "only job=r1_pipeline reads r1.*",
@@ -1025,6 +1057,12 @@ _DROP_WHY = {
     "train.init_from": "it starts from sft.init_from",
 }
 _NO_READER = "no stage of it reads this key"
+
+
+def sft_evaluates(c) -> bool:
+  """An SFT run of this config ends with a held-out evaluation (train.run_sft: loss on the completion; job=pretrain
+  trains on every token and decodes nothing; the R1 pipeline's SFT stages run without one)."""
+  return c.job in ("sft", "grpo") and c.sft.loss_on == "completion"
 
 
 def sft_stage_runs(c) -> bool:

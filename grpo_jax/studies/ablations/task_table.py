@@ -27,6 +27,7 @@ from grpo_jax.config import presets
 from grpo_jax.infra import params_ckpt
 from grpo_jax.infra import sharding
 from grpo_jax.model import model as model_lib
+from grpo_jax.rl import auto
 from grpo_jax.rl import state as state_lib
 from grpo_jax.rollout import sampling
 from grpo_jax.run import evaluation
@@ -187,15 +188,26 @@ def crossover_k(rl_K: np.ndarray, base_K: np.ndarray, ks) -> float:
   return float(ks[last + 1])
 
 
+def eval_configs(cfg, c, mesh, lanes: int):
+  """(the greedy Evaluator's config, the pass@k sampler's): `c` unresolved, each decode planned for what it decodes
+  (auto.resolve_eval: eval.batch rows; passk_chunk prompts x passk_n), beside the seeds' resident state; not the
+  rollout's plan, which the variants' rl.* change."""
+  n = max(int(cfg.passk_n), 1)
+  passk = config_lib.override(c, {"eval.batch": int(cfg.passk_chunk) * n, "eval.n_samples": n})
+  return tuple(auto.resolve_eval_here(x, mesh, rl_state=True, lanes=lanes)[0] for x in (c, passk))
+
+
 def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   c = build_config(cfg, dict(cfg.variants)[variant])
   tok = tok_lib.for_config(c)
+  unresolved = c
   spec = train.reward_terms(c, tok)
   mcfg = model_lib.ModelConfig.from_config(c.model)
   c, mesh, mcfg, states, program, chosen = train_table.make_runs(cfg, c, spec, seeds, tok, start_params(cfg, mcfg),
                                                          init_seeds=[c.seed] * len(seeds))
   S, steps = len(seeds), int(cfg.steps)
-  greedy = _greedy(c, mcfg, tok, mesh)
+  c_eval, c_passk = eval_configs(cfg, unresolved, mesh, S)
+  greedy = _greedy(c_eval, mcfg, tok, mesh)
   train_curves = {n: [] for n in spec.names}
   zero_std, kl, resets, eval_x, heldout = [], [], [], [], []
   counts: dict[int, list[np.ndarray]] = {}
@@ -205,7 +217,7 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
     params_S = [seeds_lib.unstack(states["params"], s) for s in range(S)]
     heldout.append([float(greedy.rollouts(p, jax.random.PRNGKey(0)).accuracy_N.mean()) for p in params_S])
     if cfg.passk_n > 0 and t in (0, steps):
-      counts[t] = [passk_counts(cfg, c, mcfg, tok, mesh, p, jax.random.PRNGKey(1000 * seeds[s] + t))
+      counts[t] = [passk_counts(cfg, c_passk, mcfg, tok, mesh, p, jax.random.PRNGKey(1000 * seeds[s] + t))
                    for s, p in enumerate(params_S)]
 
   def observe(t, batch, m):
