@@ -567,3 +567,35 @@ class Checkpointer:
     self.close()
 
 
+
+
+class NoCheckpoints:
+  """The checkpointer of a scratch run, whose directory is deleted when the run ends and which no resume reads (an
+  ablation table's seeds: a table resumes by cell, from DIR/cells/<variant>.json, and reruns an unfinished cell from
+  its start; studies/ablations/train_table.train_seeds): it saves nothing. What a Checkpointer gave such a run was an
+  end checkpoint written only to be deleted, its state's checksums compiled and computed first (~1-2 s a cell).
+  The interface train.rl_loop and loop_guard.LoopGuard use of a Checkpointer; nothing is ever restored."""
+  best = None  # no train.keep_best record: nothing is kept
+
+  def __init__(self, directory: str | os.PathLike):
+    self.directory = as_path(directory)
+    self.meta: dict[str, Any] = {}
+    self.restored_config: dict | None = None
+    self.restored_meta: dict[str, Any] = {}
+    self.skipped = {'ckpt/partial_skipped': 0, 'ckpt/unusable_skipped': 0}
+
+  def maybe_save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None, force: bool = False) -> bool:
+    del step, state, meta, force
+    return False
+
+  def latest_step(self) -> int | None:
+    return None
+
+  def all_steps(self) -> list[int]:
+    return []
+
+  def wait(self) -> None:
+    pass
+
+  def close(self) -> None:
+    pass

@@ -164,7 +164,7 @@ class Run:
   config: Any
   workdir: str
   guard: loop_guard.LoopGuard
-  ckpt: ckpt_lib.Checkpointer
+  ckpt: ckpt_lib.Checkpointer | ckpt_lib.NoCheckpoints  # NoCheckpoints: a scratch run (an ablation table's)
   writer: metrics_lib.MetricWriter | None = None
   failed: str = ""  # why the run stopped itself (non-finite steps); "" while it trains
   last_eval: dict[str, float] = dataclasses.field(default_factory=dict)
