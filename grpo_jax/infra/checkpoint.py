@@ -343,7 +343,8 @@ class Checkpointer:
           f'{mine["checksum"]}: resume with the same base (train.init_from), or use a new --workdir.')
 
   def maybe_save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None, force: bool = False) -> bool:
-    """Saves when `step % save_every == 0` or `force`; returns whether it saved.
+    """Saves when `step % save_every == 0` or `force`; returns whether it saved. `state`: the state, or a function
+    returning it, called only when this saves (train.Program.saved_state: a vmapped run's slice of its group).
 
     With `async_save` the device->host copy finishes before this returns, so the caller may donate `state`
     to the next step right away; the disk write runs in the background (see `wait`). A state with a non-finite
@@ -355,7 +356,7 @@ class Checkpointer:
     self._rotate()
     if step in self._manager.all_steps():
       return False  # e.g. the final forced save on a step the periodic rule already saved
-    state = self._unfrozen(state)
+    state = self._unfrozen(state() if callable(state) else state)
     summary = integrity.summarize(state)
     bad = integrity.nonfinite(summary)
     if bad:
