@@ -80,7 +80,10 @@ def test_a_table_stopped_in_a_cell_resumes_at_that_cell_and_its_scratch_runs_sav
   to an uninterrupted run's numbers (the two rows are one config: equal cells). The seeds' scratch runs, stopped or
   finished, write no checkpoint (checkpoint.NoCheckpoints: a table resumes by cell, so nothing would read one).
   The rows are table l's data option and table k's random term through train_table on the toy: every batch is the
-  one pair (its sampled accuracy is the reward curve), the coin's rate the configured one."""
+  one pair (its sampled accuracy is the reward curve), the coin's rate the configured one. The three cell runs share
+  one program of each evaluation (held-out and training prompts: toy.shared_program), where each cell traced and
+  compiled its own."""
+  from jax import monitoring
   import json
   import tempfile
   from grpo_jax.infra import errors
@@ -111,11 +114,22 @@ def test_a_table_stopped_in_a_cell_resumes_at_that_cell_and_its_scratch_runs_sav
   monkeypatch.setattr(tempfile.TemporaryDirectory, "cleanup", cleanup)
   monkeypatch.setattr(train_table, "train_seeds", train_seeds)
   monkeypatch.setattr(train_table, "run_cell", lambda c, v, seeds: ran.append(v) or real_cell(c, v, seeds))
-  wd = str(tmp_path / "table")
-  with pytest.raises(errors.Preempted):
+  wd, traced = str(tmp_path / "table"), []
+
+  def listener(event, secs, **kw):  # what JAX traces (a program built again is traced and compiled again)
+    del secs
+    if event.endswith("jaxpr_trace_duration"):
+      traced.append(kw.get("fun_name"))
+  monitoring.register_event_duration_secs_listener(listener)
+  try:
+    with pytest.raises(errors.Preempted):
+      ablate.run(cfg, wd, log=lambda s: None)
+    assert ran == ["a", "b"] and sorted(os.listdir(os.path.join(wd, "cells"))) == ["a.json"]
     ablate.run(cfg, wd, log=lambda s: None)
-  assert ran == ["a", "b"] and sorted(os.listdir(os.path.join(wd, "cells"))) == ["a.json"]
-  ablate.run(cfg, wd, log=lambda s: None)
+  finally:
+    monitoring.unregister_event_duration_listener(listener)
+  # at most once each (none where an earlier test of the module built them for these shapes); each cell's own: 6
+  assert traced.count("acc") <= 2 and traced.count("stepped") == 3, traced
   assert ran == ["a", "b", "b"]  # the finished cell loaded, the stopped one rerun
   cells = ablate.run_cells(cfg, wd, train_table, log=lambda s: None)
   assert json.dumps(cells["b"], sort_keys=True) == json.dumps(cells["a"], sort_keys=True)
