@@ -73,6 +73,71 @@ def test_ppo_train_cell_runs_from_the_base(tiny_cfg):
   assert acc["y"][0][0] == acc["y"][1][0]
 
 
+def test_a_table_stopped_in_a_cell_resumes_at_that_cell_and_its_scratch_runs_save_nothing(tiny_cfg, tmp_path,
+                                                                                              monkeypatch):
+  """`python -m grpo_jax.ablate` stopped (SIGTERM) in its second cell's training: errors.Preempted, the finished cell's
+  file kept and none for the stopped one; the rerun loads the finished cell and reruns the stopped one from its start,
+  to an uninterrupted run's numbers (the two rows are one config: equal cells). The seeds' scratch runs, stopped or
+  finished, write no checkpoint (checkpoint.NoCheckpoints: a table resumes by cell, so nothing would read one).
+  The rows are table l's data option and table k's random term through train_table on the toy: every batch is the
+  one pair (its sampled accuracy is the reward curve), the coin's rate the configured one. The three cell runs share
+  one program of each evaluation (held-out and training prompts: toy.shared_program), where each cell traced and
+  compiled its own."""
+  from jax import monitoring
+  import json
+  import tempfile
+  from grpo_jax.infra import errors
+  from grpo_jax.infra import signals
+  from grpo_jax.studies import ablate
+  cfg = ml_collections.ConfigDict(tiny_cfg.to_dict())
+  one_shot = {**presets.overrides("grpo"), "task.train_indices": (7,), "rewards": (("random", 1.0), ("acc", 0.0)),
+              "rl.random_reward_rate": 0.25}
+  cfg.variants = (("a", one_shot), ("b", one_shot))
+  scratch = []  # per scratch directory of train_seeds: every path under it when it was removed
+  real_cleanup, real_train, real_cell = tempfile.TemporaryDirectory.cleanup, train_table.train_seeds, train_table.run_cell
+
+  def cleanup(self):
+    scratch.append(sorted(os.path.relpath(os.path.join(d, n), self.name)
+                          for d, dirs, files in os.walk(self.name) for n in dirs + files))
+    real_cleanup(self)
+
+  def train_seeds(*args, observe, **kwargs):
+    stop = len(scratch) == 1  # the second cell of the first invocation
+
+    def observing(t, batch, m):
+      observe(t, batch, m)
+      if stop and t == 0:
+        signals.active().request()  # as a SIGTERM during the cell's first step: the loop stops after it
+    real_train(*args, observe=observing, **kwargs)
+
+  ran = []
+  monkeypatch.setattr(tempfile.TemporaryDirectory, "cleanup", cleanup)
+  monkeypatch.setattr(train_table, "train_seeds", train_seeds)
+  monkeypatch.setattr(train_table, "run_cell", lambda c, v, seeds: ran.append(v) or real_cell(c, v, seeds))
+  wd, traced = str(tmp_path / "table"), []
+
+  def listener(event, secs, **kw):  # what JAX traces (a program built again is traced and compiled again)
+    del secs
+    if event.endswith("jaxpr_trace_duration"):
+      traced.append(kw.get("fun_name"))
+  monitoring.register_event_duration_secs_listener(listener)
+  try:
+    with pytest.raises(errors.Preempted):
+      ablate.run(cfg, wd, log=lambda s: None)
+    assert ran == ["a", "b"] and sorted(os.listdir(os.path.join(wd, "cells"))) == ["a.json"]
+    ablate.run(cfg, wd, log=lambda s: None)
+  finally:
+    monitoring.unregister_event_duration_listener(listener)
+  # at most once each (none where an earlier test of the module built them for these shapes); each cell's own: 6
+  assert traced.count("acc") <= 2 and traced.count("stepped") == 3, traced
+  assert ran == ["a", "b", "b"]  # the finished cell loaded, the stopped one rerun
+  cells = ablate.run_cells(cfg, wd, train_table, log=lambda s: None)
+  assert json.dumps(cells["b"], sort_keys=True) == json.dumps(cells["a"], sort_keys=True)
+  assert np.asarray(cells["a"]["curves"]["train accuracy reward"]["y"]).shape == (2, 2)
+  assert len(scratch) == 3 and all(f"run{i}/metrics.jsonl" in paths for paths in scratch for i in range(cfg.seeds))
+  assert not [p for paths in scratch for p in paths if "checkpoints" in p.split(os.sep)], scratch
+
+
 def test_compiled_memory_counts_the_state_and_batch():
   """XLA's argument bytes for the compiled step = state pytree bytes + batch bytes, exactly; a separate critic adds
   its params and AdamW moments."""
@@ -123,16 +188,6 @@ def test_crossover_and_curve_by_hand():
   assert np.isnan(task_table.crossover_k(np.array([.1, .6, .9, .9]), np.array([.2, .4, .7, 1.]), ks))  # RL behind
   # two prompts, n = 4 samples: 1 and 0 right. pass@1 = (1/4 + 0)/2; pass@2 = (1 − C(3,2)/C(4,2))/2 = 1/4
   np.testing.assert_allclose(task_table.curve(np.array([1, 0]), 4, [1, 2, 4]), [0.125, 0.25, 0.5])
-
-
-def test_one_shot_random_reward_toy_cell_runs(tiny_cfg):
-  """Table l's data option and table k's random term through train_table on the toy: every batch is the one pair
-  (its sampled accuracy is the reward curve), the coin's rate is the configured one."""
-  cfg = ml_collections.ConfigDict(tiny_cfg.to_dict())
-  cfg.variants = (("one-shot random", {**presets.overrides("grpo"), "task.train_indices": (7,),
-                                       "rewards": (("random", 1.0), ("acc", 0.0)), "rl.random_reward_rate": 0.25}),)
-  cell = train_table.run_cell(cfg, "one-shot random", [0, 1])
-  assert np.asarray(cell["curves"]["train accuracy reward"]["y"]).shape == (2, 2)
 
 
 def test_saturation_readings_by_hand():

@@ -406,11 +406,40 @@ def test_checksums_match_numpy_and_see_one_flipped_bit():
 
 
 def test_checksum_pass_needs_no_leaf_sized_temporary():
-  """One fused pass per leaf: XLA plans (almost) no temporary memory, so checking a state needs no spare copy."""
+  """One fused pass per leaf (each leaf type its own program): XLA plans (almost) no temporary memory, so checking a
+  state needs no spare copy."""
   from grpo_jax.infra import integrity
-  leaves = [jax.ShapeDtypeStruct((1024, 1024), jnp.float32), jax.ShapeDtypeStruct((4, 512, 512), jnp.bfloat16)]
-  compiled = integrity._summaries.lower(leaves).compile()
-  assert compiled.memory_analysis().temp_size_in_bytes < 64 * 1024  # inputs: 6 MiB
+  for leaf in (jax.ShapeDtypeStruct((1024, 1024), jnp.float32), jax.ShapeDtypeStruct((4, 512, 512), jnp.bfloat16)):
+    compiled = integrity._leaf_summary_jit.lower(leaf).compile()
+    assert compiled.memory_analysis().temp_size_in_bytes < 64 * 1024, leaf  # inputs: 4 and 2 MiB
+
+
+def test_checksums_of_another_tree_of_known_leaf_types_trace_nothing():
+  """A run checks several trees of the same leaf types (a stage's state when it saves, its final params, the next
+  stage's state, a resumed state): the checksum pass is one program per leaf type, so a tree whose leaf types were
+  checked before traces (and compiles) nothing; one program per tree traced and compiled each tree again."""
+  from jax import monitoring
+  from grpo_jax.infra import integrity
+  rng = np.random.default_rng(3)
+  params = {'w': jnp.asarray(rng.standard_normal((3, 7)), jnp.float32),
+            'e': jnp.asarray(rng.standard_normal((5, 3)), jnp.bfloat16)}
+  state = {'params': params, 'mu': jax.tree.map(lambda x: x * 2, params), 'step': jnp.zeros((13,), jnp.int32)}
+  first = integrity.summarize(state)
+  traced = []
+
+  def listener(event, secs, **kw):
+    del secs
+    if event.endswith('jaxpr_trace_duration'):
+      traced.append(kw.get('fun_name'))
+  monitoring.register_event_duration_secs_listener(listener)
+  try:
+    again = integrity.summarize({'params': params})
+    more = integrity.summarize({'ref': params, **state})
+  finally:
+    monitoring.unregister_event_duration_listener(listener)
+  assert traced == [], traced
+  assert again == {k: v for k, v in first.items() if k.startswith("['params']")}
+  assert {k: v for k, v in more.items() if not k.startswith("['ref']")} == first
 
 
 _SHARDED_SCRIPT = r'''

@@ -161,18 +161,22 @@ def test_evaluation_decodes_with_the_training_early_exit(evaluator, monkeypatch)
 
 def test_one_job_shares_its_generate_programs_across_stages(evaluator):
   """Inside `evaluation.shared_programs` (one CLI job) a second Evaluator on the same settings, as a later stage
-  builds, reuses the first one's jitted programs (traced once); a changed eval setting or config gets its own, and
-  outside a job every Evaluator builds its own."""
+  builds, reuses the first one's jitted programs (traced once), and so does a stage whose config differs only in what
+  generate does not read (an R1 pipeline's RL stages: rewards, β; evaluation.generate_view); a changed eval or
+  sampling setting gets its own, and outside a job every Evaluator builds its own."""
   ev, tok = evaluator
   mcfg = model_lib.ModelConfig.from_config(ev.cfg.model)
   make = lambda c: evaluation.Evaluator(c, mcfg, tok, ev.mesh, ev.arrays)
   other = config_lib.override(ev.cfg, {"sampling.temperature": 0.5})
+  stage = config_lib.override(ev.cfg, {"rl.beta": 0.5, "optim.lr": 3e-3, "train.steps": 7})
+  assert set(evaluation.generate_view(ev.cfg).keys()) <= {"sampling", "tools"}
   with evaluation.shared_programs():
-    a, b, c = make(ev.cfg), make(ev.cfg), make(other)
+    a, b, c, d = make(ev.cfg), make(ev.cfg), make(other), make(stage)
     assert a.greedy is b.greedy and a.sampled is b.sampled
+    assert d.greedy is a.greedy and d.sampled is a.sampled  # the whole config's JSON gave it its own
     assert a.greedy is not a.sampled
     assert c.sampled is not a.sampled  # the temperature is part of the sampled program
-    assert c.greedy is not a.greedy    # the config differs (its JSON is part of the key)
+    assert c.greedy is not a.greedy    # the sampling settings differ (the view's JSON is part of the key)
     assert len(evaluation._GENERATE_CACHE[-1]) == 4  # pylint: disable=protected-access
   assert not evaluation._GENERATE_CACHE  # pylint: disable=protected-access
   assert make(ev.cfg).greedy is not make(ev.cfg).greedy

@@ -120,10 +120,14 @@ def _reference_runs(runs):
 @pytest.fixture(scope="module")
 def grid(env):
   """The 8-run sweep, vmapped, SIGTERMed after its first step and rerun (it resumes all 8 from their checkpoints),
-  and the same 8 runs one by one (_reference_runs)."""
+  and the same 8 runs one by one (_reference_runs); per sweep invocation, how often a run's state was sliced out of
+  the stacked one (vmapped_runs.run_state) and how often the slicing program was traced."""
+  from jax import monitoring  # pylint: disable=g-import-not-at-top
+  from grpo_jax.studies import vmapped_runs  # pylint: disable=g-import-not-at-top
   c = _config()
   wd = str(env / "grid")
   real_write, killed = metrics_lib.MetricWriter.write, []
+  real_run_state, slices = vmapped_runs.run_state, {"sliced": [], "traced": []}
 
   def write(self, step, scalars):
     real_write(self, step, scalars)
@@ -131,26 +135,51 @@ def grid(env):
       killed.append(self.workdir)
       os.kill(os.getpid(), signal.SIGTERM)
 
-  with pytest.MonkeyPatch.context() as mp:
-    mp.setattr(metrics_lib.MetricWriter, "write", write)
-    with pytest.raises(errors.Preempted):
-      sweep.run(c, wd, sweep_text=SWEEP, seeds=2, mode="vmap", log=lambda _: None)
-  assert len(killed) == 1
-  saved = {r: _params(os.path.join(wd, r))[0] for r in os.listdir(wd) if r.startswith("beta=")}
-  out = sweep.run(c, wd, sweep_text=SWEEP, seeds=2, mode="vmap", log=lambda _: None)
-  return c, out, saved, _reference_runs(out["runs"])
+  def run_state(states, i):
+    slices["sliced"][-1] += 1
+    return real_run_state(states, i)
+
+  def traced(event, secs, **kw):  # a program JAX traces again is compiled again
+    del secs
+    if event.endswith("jaxpr_trace_duration") and kw.get("fun_name") == "_take":
+      slices["traced"][-1] += 1
+
+  def counted_sweep():
+    slices["sliced"].append(0)
+    slices["traced"].append(0)
+    return sweep.run(c, wd, sweep_text=SWEEP, seeds=2, mode="vmap", log=lambda _: None)
+
+  monitoring.register_event_duration_secs_listener(traced)
+  try:
+    with pytest.MonkeyPatch.context() as mp:
+      mp.setattr(vmapped_runs, "run_state", run_state)
+      with pytest.MonkeyPatch.context() as mp_write:
+        mp_write.setattr(metrics_lib.MetricWriter, "write", write)
+        with pytest.raises(errors.Preempted):
+          counted_sweep()
+      assert len(killed) == 1
+      saved = {r: _params(os.path.join(wd, r))[0] for r in os.listdir(wd) if r.startswith("beta=")}
+      out = counted_sweep()
+  finally:
+    monitoring.unregister_event_duration_listener(traced)
+  return c, out, saved, _reference_runs(out["runs"]), slices
 
 
 def test_grid_is_one_program_and_equals_separate_runs(grid):
   """A killed and resumed 2 β × 2 lr × 2 seed sweep: ONE compiled program for the 8 runs, every run stopped and
-  saved at the same step, and final params and every metric equal to the runs trained one by one."""
-  _, out, saved, ref = grid
+  saved at the same step, and final params and every metric equal to the runs trained one by one. Each run's state
+  is sliced out of the group's only to evaluate or save it (it was sliced at every step and at the end, saved or
+  not: 24 and 32 slices), and the initial state is placed as the steps leave theirs, so its step-0 evaluation and
+  the stop's save slice with one program (it was traced for each layout, and each evaluation program with it)."""
+  _, out, saved, ref, slices = grid
   runs = out["runs"]
   assert [r.name for r in runs] == [f"beta={b},lr={lr},seed={s}" for b in ("0.04", "0.5")
                                     for lr in ("0.01", "0.03") for s in (0, 1)]
   assert saved == {r.name: 1 for r in runs}  # the SIGTERM: every run saved after step 1
   assert len(out["groups"]) == 1 and out["groups"][0]["mode"] == "vmap"
   assert out["groups"][0]["runs"] == [r.name for r in runs] and out["groups"][0]["traces"] == [1]
+  # killed: evaluated at step 0 and saved by the stop after step 1; resumed at 1: evaluated and saved at step 3
+  assert slices["sliced"] == [8 + 8, 8 + 8] and slices["traced"][0] <= 1, slices
   finals = {}
   for r in runs:
     step, vp = _params(r.workdir)
@@ -180,7 +209,7 @@ def test_grid_is_one_program_and_equals_separate_runs(grid):
 def test_point_resumes_with_main_and_refuses_a_different_config(grid, tmp_path):
   """A point's directory is a `main` run directory: `main` restores its checkpoint (the sweep wrote it) and trains
   on; a different config is refused with run_config's diff, one line, before anything runs."""
-  _, out, _, _ = grid
+  _, out, _, _, _ = grid
   r = out["runs"][5]
   d = str(tmp_path / r.name)
   shutil.copytree(r.workdir, d)
@@ -193,7 +222,7 @@ def test_point_resumes_with_main_and_refuses_a_different_config(grid, tmp_path):
 
 
 def test_rerun_skips_finished_runs_and_writes_the_report(grid):
-  c, out, _, _ = grid
+  c, out, _, _, _ = grid
   wd = os.path.dirname(out["runs"][0].workdir)
   stamps = {r.name: os.path.getmtime(os.path.join(r.workdir, "metrics.jsonl")) for r in out["runs"]}
   logs = []

@@ -343,7 +343,8 @@ class Checkpointer:
           f'{mine["checksum"]}: resume with the same base (train.init_from), or use a new --workdir.')
 
   def maybe_save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None, force: bool = False) -> bool:
-    """Saves when `step % save_every == 0` or `force`; returns whether it saved.
+    """Saves when `step % save_every == 0` or `force`; returns whether it saved. `state`: the state, or a function
+    returning it, called only when this saves (train.Program.saved_state: a vmapped run's slice of its group).
 
     With `async_save` the device->host copy finishes before this returns, so the caller may donate `state`
     to the next step right away; the disk write runs in the background (see `wait`). A state with a non-finite
@@ -355,7 +356,7 @@ class Checkpointer:
     self._rotate()
     if step in self._manager.all_steps():
       return False  # e.g. the final forced save on a step the periodic rule already saved
-    state = self._unfrozen(state)
+    state = self._unfrozen(state() if callable(state) else state)
     summary = integrity.summarize(state)
     bad = integrity.nonfinite(summary)
     if bad:
@@ -567,3 +568,35 @@ class Checkpointer:
     self.close()
 
 
+
+
+class NoCheckpoints:
+  """The checkpointer of a scratch run, whose directory is deleted when the run ends and which no resume reads (an
+  ablation table's seeds: a table resumes by cell, from DIR/cells/<variant>.json, and reruns an unfinished cell from
+  its start; studies/ablations/train_table.train_seeds): it saves nothing. What a Checkpointer gave such a run was an
+  end checkpoint written only to be deleted, its state's checksums compiled and computed first (~1-2 s a cell).
+  The interface train.rl_loop and loop_guard.LoopGuard use of a Checkpointer; nothing is ever restored."""
+  best = None  # no train.keep_best record: nothing is kept
+
+  def __init__(self, directory: str | os.PathLike):
+    self.directory = as_path(directory)
+    self.meta: dict[str, Any] = {}
+    self.restored_config: dict | None = None
+    self.restored_meta: dict[str, Any] = {}
+    self.skipped = {'ckpt/partial_skipped': 0, 'ckpt/unusable_skipped': 0}
+
+  def maybe_save(self, step: int, state: Any, meta: Mapping[str, Any] | None = None, force: bool = False) -> bool:
+    del step, state, meta, force
+    return False
+
+  def latest_step(self) -> int | None:
+    return None
+
+  def all_steps(self) -> list[int]:
+    return []
+
+  def wait(self) -> None:
+    pass
+
+  def close(self) -> None:
+    pass

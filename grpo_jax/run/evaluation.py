@@ -17,6 +17,7 @@ from typing import Callable, NamedTuple
 from absl import logging
 import jax
 import jax.numpy as jnp
+import ml_collections
 import numpy as np
 from jax.experimental import multihost_utils
 
@@ -121,10 +122,25 @@ def shared_programs():
     _GENERATE_CACHE.pop()
 
 
+def generate_view(config):
+  """The part of a run's config a generate program reads: `sampling` (its engine, compaction, decode layout and
+  attention) and `tools` (the environment's chunk and turn limit); None for None. make_generate builds its program
+  from this view alone, so reading any other key fails where the program is traced, and keys its shared programs by
+  it: a job's stages that differ elsewhere (an R1 pipeline's RL stages: their rewards and β) share one program per
+  sampling setting, where the whole config's JSON gave each RL stage its own, traced and compiled again."""
+  if config is None:
+    return None
+  view = ml_collections.ConfigDict({"sampling": config.sampling.to_dict()})
+  if config.get("tools") is not None:
+    view.tools = config.tools.to_dict()
+  return view
+
+
 def make_generate(mcfg, scfg: sampling.SamplingConfig, mesh, task: str, tag_ids: dict,
                   in_graph: bool = True, config=None, group: int = 1, tables=None, env=None) -> Callable:
-  """make_generate_uncached's program; inside `shared_programs` the same one for the same arguments (the config
-  compared by its JSON)."""
+  """make_generate_uncached's program, from the config's generate_view; inside `shared_programs` the same one for
+  the same arguments (the view compared by its JSON)."""
+  config = generate_view(config)
   if not _GENERATE_CACHE:
     return make_generate_uncached(mcfg, scfg, mesh, task, tag_ids, in_graph, config, group, tables, env)
   cache = _GENERATE_CACHE[-1]

@@ -127,7 +127,8 @@ class LoopGuard:
   def finish(self, ckpt: ckpt_lib.Checkpointer, state: Any, last_step: int,
              meta: Mapping[str, Any] | None = None) -> None:
     """Saves `last_step` if the loop stopped early (a no-op when that step is saved already), waits for the disk.
-    `meta`: what the loop stores with its checkpoints besides the step."""
+    `state`: the state, or a function returning it (called only to save); `meta`: what the loop stores with its
+    checkpoints besides the step."""
     self.last_step = last_step
     if self.stopped and last_step > self._start:
       ckpt.maybe_save(last_step, state, {**(meta or {}), "step": last_step}, force=True)

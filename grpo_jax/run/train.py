@@ -1,6 +1,7 @@
 """The Python loop around the jitted steps: it only feeds data, logs, evaluates and checkpoints."""
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import re
@@ -157,6 +158,12 @@ class Program(NamedTuple):
     """Run i's state as its checkpoint holds it."""
     return state if self.run_state is None else self.run_state(state, i)
 
+  def saved_state(self, state, i: int):
+    """What the loop hands Checkpointer.maybe_save: run i's state, or for vmapped runs a function slicing it out,
+    called only when a save happens (each run's slice is a copy of its state: it was made every step and at the end
+    for every run, saved or not, and for a scratch run that saves nothing)."""
+    return state if self.run_state is None else functools.partial(self.run_state, state, i)
+
 
 @dataclasses.dataclass
 class Run:
@@ -164,7 +171,7 @@ class Run:
   config: Any
   workdir: str
   guard: loop_guard.LoopGuard
-  ckpt: ckpt_lib.Checkpointer
+  ckpt: ckpt_lib.Checkpointer | ckpt_lib.NoCheckpoints  # NoCheckpoints: a scratch run (an ablation table's)
   writer: metrics_lib.MetricWriter | None = None
   failed: str = ""  # why the run stopped itself (non-finite steps); "" while it trains
   last_eval: dict[str, float] = dataclasses.field(default_factory=dict)
@@ -262,6 +269,8 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
   Returns the step's trace count after its first call (vmapped_runs' steps count them) or None."""
   c0, S = runs[0].config, program.runs
   rl, tr, steps = c0.rl, c0.train, c0.train.steps
+  if hasattr(program.step, "place"):  # vmapped runs: placed as the step leaves them, from the first evaluation on
+    state = program.step.place(state)
   for run in runs:  # one progress line per command: a group of runs prints `log`'s instead
     run.writer = metrics_lib.MetricWriter(run.workdir, resume_step=start if start else None,
                                           use_tensorboard=run.config.log.tensorboard,
@@ -336,7 +345,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
         reward_error = reward_error if S == 1 else f"{runs[bad[0]].workdir}: {reward_error}"
         for i, run in enumerate(runs):
           if not run.failed:
-            run.ckpt.maybe_save(step, program.state_of(state, i), meta(i, step), force=True)
+            run.ckpt.maybe_save(step, program.saved_state(state, i), meta(i, step), force=True)
         break
       scalars = {k: np.asarray(v) for k, v in jax.device_get(m).items()
                  if not k.startswith("samples/") and k not in HOST_STATUS}
@@ -373,7 +382,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
         bad_in_row[i] = bad_in_row[i] + 1 if row["train/nonfinite_updates"] > 0 else 0
         if bad_in_row[i] >= rl.max_nonfinite_in_row:
           run.failed = _nonfinite(int(bad_in_row[i]), done, row)
-          run.ckpt.maybe_save(done, program.state_of(state, i), meta(i, done), force=True)
+          run.ckpt.maybe_save(done, program.saved_state(state, i), meta(i, done), force=True)
           run.ckpt.wait()
           if log:
             log(f"{os.path.basename(run.workdir)} stopped: {run.failed}")
@@ -391,7 +400,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
         if evaluated and run.ckpt.best is not None and evaluate is None:  # the evaluated params, with their score
           save_meta[ckpt_lib.BEST] = ckpt_lib.best_record(*run.ckpt.best, run.last_eval[run.ckpt.best[0]])
         scored = ckpt_lib.BEST in save_meta
-        saved = run.ckpt.maybe_save(done, program.state_of(state, i), save_meta, force=done == steps or scored)
+        saved = run.ckpt.maybe_save(done, program.saved_state(state, i), save_meta, force=done == steps or scored)
         if saved and scored:  # the save may still be writing: the best of the committed steps and this one
           best = ckpt_lib.best_of([*ckpt_lib.committed_best_records(run.ckpt.directory), (done, save_meta[ckpt_lib.BEST])],
                                   *run.ckpt.best)
@@ -403,7 +412,7 @@ def rl_loop(program: Program, runs: list[Run], state, start: int, *, mesh, mcfg,
             + ", ".join(f"{k} {v:.4g}" for k, v in means.items()))
     for i, run in enumerate(runs):  # inside running(): a second signal cannot interrupt the saves
       if not run.failed:
-        run.guard.finish(run.ckpt, program.state_of(state, i), done, meta(i, done))
+        run.guard.finish(run.ckpt, program.saved_state(state, i), done, meta(i, done))
   for run in runs:
     run.ckpt.close()
     run.writer.close()

@@ -207,6 +207,10 @@ def make_vmapped_step(config, mesh, build: Callable[[Any], Callable],
     with sharding.mesh_context(mesh):
       return jitted(states, batch)
   run.jitted, run.traces = jitted, counted.traces
+  # the stacked states placed as the step places them (train.rl_loop, before its step-0 evaluation and saves): an
+  # initial state as vmapped init_states leaves it (uncommitted, on one device) sliced and evaluated compiled the
+  # slice and each evaluation program a second time, for the states the steps return
+  run.place = lambda states: jax.device_put(states, rep)
   return run
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from grpo_jax.model import model as model_lib
 from grpo_jax.rollout import sampling
+from grpo_jax.studies.ablations import toy
 from grpo_jax.studies.ablations import train_table
 from grpo_jax.tasks import digits
 
@@ -91,7 +92,13 @@ def summarize(st: dict) -> dict[str, float]:
 
 
 def make_measure(mcfg: model_lib.ModelConfig, max_new_tokens: int, prompts: dict):
-  """vmapped (params_S, ref_S, key_S) -> position_stats sums per seed, on completions sampled from the policy."""
+  """vmapped (params_S, ref_S, key_S) -> position_stats sums per seed, on completions sampled from the policy; one
+  program per model, length and prompts, shared by the table's cells (toy.shared_program)."""
+  return toy.shared_program("kl_measure", mcfg, max_new_tokens, prompts,
+                            lambda: _make_measure(mcfg, max_new_tokens, prompts))
+
+
+def _make_measure(mcfg: model_lib.ModelConfig, max_new_tokens: int, prompts: dict):
   scfg = sampling.SamplingConfig(temperature=1.0, max_new_tokens=max_new_tokens, greedy=False, eos_id=digits.EOS,
                                  pad_id=digits.PAD)
   prompt_NxP, pmask_NxP = jnp.asarray(prompts["prompt_NxP"]), jnp.asarray(prompts["prompt_mask_NxP"])

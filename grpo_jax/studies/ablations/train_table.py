@@ -24,6 +24,7 @@ from grpo_jax.config import presets
 from grpo_jax.run import loop_guard
 from grpo_jax.run import train
 from grpo_jax.studies import vmapped_runs as seeds_lib
+from grpo_jax.infra import checkpoint as ckpt_lib
 from grpo_jax.infra import sharding
 from grpo_jax.run import validate
 from grpo_jax.studies.ablations import toy
@@ -79,8 +80,8 @@ def build_config(cfg, overrides) -> ml_collections.ConfigDict:
 
 
 def table_run(c, steps: int, eval_every: int) -> ml_collections.ConfigDict:
-  """`c` as a table trains it in rl_loop: `steps` steps, its measurement every `eval_every`, one checkpoint at the
-  end of each (scratch) run, nothing drawn or sampled."""
+  """`c` as a table trains it in rl_loop: `steps` steps, its measurement every `eval_every`, nothing drawn or
+  sampled (the checkpoint keys as a single end checkpoint would set them; train_seeds' scratch runs save none)."""
   c = ml_collections.ConfigDict(c.to_dict())
   c.train.update(steps=steps, eval_every=eval_every, ckpt_every=steps, keep_checkpoints=1, plot_every=0,
                  sample_every=0)
@@ -116,13 +117,15 @@ def train_seeds(c, mesh, mcfg, states, program: train.Program, spec, tokenizer, 
                 evaluate: Callable[[int, Any], None] | None = None,
                 observe: Callable[[int, dict, dict], None] | None = None) -> None:
   """The S seeds trained through train.rl_loop with the table's hooks, each run in a scratch directory removed
-  afterwards (the table keeps what its hooks record); `evaluate(step, states)`, `observe(step, batch, metrics)`."""
+  afterwards (the table keeps what its hooks record); `evaluate(step, states)`, `observe(step, batch, metrics)`.
+  The runs save no checkpoint (checkpoint.NoCheckpoints): nothing reads one, as a table stopped in a cell reruns
+  that cell from its start (studies/ablate.py resumes by finished cell)."""
   with tempfile.TemporaryDirectory(prefix="grpo_jax_table_") as d:
     runs = []
     for i in range(program.runs):
       wd = os.path.join(d, f"run{i}")
       guard = loop_guard.LoopGuard(c, wd, "rl")
-      runs.append(train.Run(c, wd, guard, guard.checkpointer(c)))
+      runs.append(train.Run(c, wd, guard, ckpt_lib.NoCheckpoints(guard.ckpt_dir)))
     train.rl_loop(program, runs, states, 0, mesh=mesh, mcfg=mcfg, tokenizer=tokenizer, spec=spec, batches=batches,
                   evaluate=evaluate, observe=observe)
 
