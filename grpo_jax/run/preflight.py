@@ -382,9 +382,10 @@ def check(config, workdir: str) -> None:
   check_init_from("sft.init_from", config.sft.init_from, mcfg)
   check_data(config, tokenizer)
   check_sft_lengths(config, tokenizer)
-  if config.job == "sft" and validate.sft_evaluates(config):  # its one decode: after the SFT's own checks
+  sft_evaluates = config.job == "sft" and validate.sft_evaluates(config)
+  if sft_evaluates:  # its one decode: after the SFT's own checks
     validate.validate_eval_decode(config, validate.validate_mesh(config, n))
-  if config.job == "grpo" or (config.job == "sft" and validate.sft_evaluates(config)):
+  if config.job == "grpo" or sft_evaluates:
     # the held-out evaluation's own plan (auto.resolve_eval, as the run makes it): a set value it cannot take here
     # (the TPU kernel on a CPU) stopped the job at its evaluation, after an SFT had trained
     auto.resolve_eval(config, auto.Context(validate.validate_mesh(config, n), validate.device_memory()),

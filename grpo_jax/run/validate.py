@@ -425,11 +425,7 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   else:
     validate_engine(c, rows, data_par)
   validate_eval(c, data_par)
-  total = c.task.prompt_len + c.sampling.max_new_tokens
-  if total > c.model.max_len:
-    _fail("sampling.max_new_tokens", f"task.prompt_len + sampling.max_new_tokens = {total} exceeds "
-          f"model.max_len={c.model.max_len}; shorten them or raise model.max_len.")
-  validate_packing(c, total)
+  validate_packing(c, _decode_length(c))
   reward_terms("rewards", c.rewards)  # before the checks below unpack its entries
   # weighted: a weight-0 term's steps are all 0 (an R1 stage logs 'env' at weight 0 with tools.env)
   if c.rl.process_weight > 0 and not {"process", "env"} & {n for n, w in c.rewards if float(w) != 0}:
@@ -628,6 +624,16 @@ def validate_decode_layout(c, mesh: dict[str, int]) -> None:
           "'fsdp' or 'auto'.")
 
 
+def _decode_length(c, why: str = "") -> int:
+  """task.prompt_len + sampling.max_new_tokens, the positions a decode writes, within model.max_len (the RL rollout,
+  an evaluation: `why` says which). -> the total."""
+  total = c.task.prompt_len + c.sampling.max_new_tokens
+  if total > c.model.max_len:
+    _fail("sampling.max_new_tokens", f"task.prompt_len + sampling.max_new_tokens = {total} exceeds "
+          f"model.max_len={c.model.max_len}{why}; shorten them or raise model.max_len.")
+  return total
+
+
 def _exit_chunk(c) -> None:
   chunk = c.sampling.exit_chunk
   if not integer(chunk) or chunk < -1:
@@ -641,11 +647,7 @@ def validate_eval_decode(c, mesh: dict[str, int]) -> None:
   an RL run): unchecked there, a bad value (an unknown engine, a negative exit chunk, temperature 0, P + L past
   model.max_len) failed or decoded wrongly only after the whole SFT had trained."""
   _positive_int(c, "sampling.max_new_tokens")
-  total = c.task.prompt_len + c.sampling.max_new_tokens
-  if total > c.model.max_len:
-    _fail("sampling.max_new_tokens", f"task.prompt_len + sampling.max_new_tokens = {total} exceeds "
-          f"model.max_len={c.model.max_len} (the held-out evaluation decodes that far); shorten them or raise "
-          "model.max_len.")
+  _decode_length(c, " (the held-out evaluation decodes that far)")
   t = c.sampling.temperature
   if not finite(t) or t <= 0:
     _fail("sampling.temperature", f"must be > 0: the evaluation's sampled pass (pass@k, cons@k) draws from "
