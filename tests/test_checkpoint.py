@@ -453,11 +453,19 @@ four = integrity.summarize({'x': jax.device_put(x, NamedSharding(mesh, P('d')))}
 grid = jax.make_mesh((2, 2), ('a', 'b'))
 two_d = integrity.summarize({'x': jax.device_put(x, NamedSharding(grid, P('a', 'b')))})
 assert one == four == two_d, (one, four, two_d)
+# More leaves than XLA:CPU lets be in flight per device (32), each pass ending in a collective: dispatched all at
+# once they deadlocked (the process aborted after 40 s in an all-gather's rendezvous); a state has ~60 such leaves.
+leaves = {f'w{i}': np.random.default_rng(i).standard_normal((8, 6)).astype(np.float32) for i in range(48)}
+want = integrity.summarize({k: jnp.asarray(v) for k, v in leaves.items()})
+for _ in range(10):  # the old dispatch deadlocked in 1 of 1-20 such calls
+  assert integrity.summarize({k: jax.device_put(v, NamedSharding(grid, P('a', 'b'))) for k, v in leaves.items()}) == want
 print('OK')
 '''
 
 
 def test_checksums_do_not_depend_on_the_sharding():
+  """One leaf on 1, 4 and 2x2 devices checksums the same; so do 48 sharded leaves, checked at once (more than
+  XLA:CPU's in-flight limit: see sharding.dispatch_bounded)."""
   import subprocess
   import sys
   env = dict(os.environ, XLA_FLAGS=os.environ['XLA_FLAGS'] + ' --xla_force_host_platform_device_count=4',

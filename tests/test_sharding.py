@@ -227,3 +227,17 @@ def test_lm_head_chunk_keeps_its_rows_split_in_training(runs):
   r = script_parts.part(runs, "head")
   assert r["head_spec"] == "P('fsdp', 'tensor')", r  # the param layout: D split over fsdp
   assert r["rows"] == [1], r
+
+
+def test_dispatch_bounded_waits_for_the_item_a_window_back(monkeypatch):
+  """Item i is dispatched only after item i - window finished (XLA:CPU deadlocks past 32 collective programs in
+  flight per device); every item once, in order, results in order."""
+  import jax
+
+  from grpo_jax.infra import sharding
+  events = []
+  monkeypatch.setattr(jax, "block_until_ready", lambda x: events.append(("wait", x)) or x)
+  out = sharding.dispatch_bounded(lambda x: events.append(("run", x)) or x * 10, range(7), window=3)
+  assert out == [0, 10, 20, 30, 40, 50, 60]
+  assert events == [("run", 0), ("run", 1), ("run", 2), ("wait", 0), ("run", 3), ("wait", 10), ("run", 4),
+                    ("wait", 20), ("run", 5), ("wait", 30), ("run", 6)]

@@ -1,6 +1,6 @@
 """Checksums and non-finite counts of every leaf of a (sharded) state, computed on the devices.
 
-One jitted pass over the state returns two uint32 words and one count per leaf: nothing but those scalars reaches
+One jitted pass per leaf returns two uint32 words and one count: nothing but those scalars reaches
 the host, so a 7B state is never copied to check it. The checksum of a leaf is
 
     (Σ_i fmix32(w_i ^ fmix32(2·i + 1)),  Σ_i fmix32(w_i ^ fmix32(2·i + 2)))   mod 2^32
@@ -20,6 +20,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+
+from grpo_jax.infra import sharding
 
 ALGO = "fmix32-sum-v1"
 
@@ -82,15 +84,11 @@ def _leaf_summary(x):
 # program per tree compiled every leaf's pass again for each leaf and each tree: a tiny SFT + RL run's three trees
 # were 1.8 CPU-s of checksum compiles under the suite's XLA flags, 2.2 under the default ones (0.8 and 1.4 now),
 # each under the persistent cache's 1 s threshold, so in every run; one tree alone compiles in about the same time
-# either way. The values are the same (each leaf's pass is the same computation). A multi-process job keeps one
-# program per tree: its 2-process CLI run (tests/test_multihost_cli.py) hung in the per-leaf dispatches until its
-# launcher's timeout (cause not found; the per-tree program is the one that job has always run).
+# either way. The values are the same (each leaf's pass is the same computation). A sharded leaf's pass ends in a
+# collective, and a state has ~60 leaves whatever the depth (layers are scanned): dispatched all at once they
+# deadlocked XLA:CPU (sharding.dispatch_bounded says how; a 4-device CI run aborted, a 2-process job hung until
+# its launcher's timeout), so at most sharding.DISPATCH_WINDOW are in flight.
 _leaf_summary_jit = jax.jit(_leaf_summary)
-
-
-@jax.jit
-def _summaries(leaves):
-  return [_leaf_summary_jit(x) for x in leaves]
 
 
 def summarize(tree: Any) -> dict[str, tuple[str, int]]:
@@ -98,10 +96,7 @@ def summarize(tree: Any) -> dict[str, tuple[str, int]]:
   flat = [(p, x) for p, x in jax.tree_util.tree_flatten_with_path(tree)[0] if hasattr(x, "dtype")]
   if not flat:
     return {}
-  if jax.process_count() > 1:
-    out = jax.device_get(_summaries([x for _, x in flat]))
-  else:  # dispatched asynchronously, then read at once
-    out = jax.device_get([_leaf_summary_jit(x) for _, x in flat])
+  out = jax.device_get(sharding.dispatch_bounded(_leaf_summary_jit, [x for _, x in flat]))
   return {jax.tree_util.keystr(p): (f"{int(ab[0]):08x}{int(ab[1]):08x}", int(bad))
           for (p, _), (ab, bad) in zip(flat, out)}
 
