@@ -65,8 +65,9 @@ class SigmoidFit:
 
 
 def sigmoid(C: np.ndarray, A: float, B: float, C_mid: float, R0: float) -> np.ndarray:
-  """R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B), computed as R0 + (A − R0)·σ(B·(log C − log C_mid))."""
-  z = B * (np.log(C) - math.log(C_mid))
+  """R(C) = R0 + (A − R0) / (1 + (C_mid / C)^B), computed as R0 + (A − R0)·σ(B·(log C − log C_mid)); R0 at C = 0."""
+  with np.errstate(divide="ignore"):  # log 0 = -inf: σ(-inf) = 0, R0 exactly
+    z = B * (np.log(C) - math.log(C_mid))
   return R0 + (A - R0) / (1.0 + np.exp(-np.clip(z, -700, 700)))
 
 

@@ -196,7 +196,8 @@ def start_params(cfg, mcfg):
 
 def appendix(cfg, cells: dict) -> str:
   """Per variant, from the seeds' curves (what cfg.fits names): 'sigmoid': ScaleRL's R(C) = R0 + (A − R0)/(1 +
-  (C_mid/C)^B) fitted to the train accuracy reward against steps, R0 the first step's (studies/scaling_fit.py);
+  (C_mid/C)^B) fitted to the train accuracy reward against updates (step t's rollout follows t - 1 of them), R0
+  the first step's (studies/scaling_fit.py);
   'entropy': R = −a·e^H + b (Cui et al. 2025) by least squares of the reward on e^H over the steps, and the
   correlation of the entropy change H_{t+1} − H_t with −Cov(log π, A)_t (the covariance identity's sign). Each
   as mean ± 95% CI over seeds."""
@@ -206,12 +207,15 @@ def appendix(cfg, cells: dict) -> str:
   lines = []
   if "sigmoid" in fits:
     lines += ["### ScaleRL sigmoid of the train accuracy reward against steps", "",
-              "| variant | A (≤ 1) | B | C_mid (steps) | rmse | seeds on an edge |", "|---|---|---|---|---|---|"]
+              "| variant | A (≤ 1) | B | C_mid (updates) | rmse | seeds on an edge |", "|---|---|---|---|---|---|"]
     for name, cell in cells.items():
       curve = cell["curves"]["train accuracy reward"]
       # an accuracy's asymptote is at most 1 (ScaleRL's A is a pass rate); unbounded, a curve still rising at the
       # last step fits an A far above 1
-      out = scaling_fit.fit_seeds(curve["x"], curve["y"], A_max=1.0)
+      # Step t's reward was sampled by the policy after t - 1 updates: that is its compute, and step 1's, at C = 0,
+      # is R0's point (fitted exactly). C = t put R0 at C = 1, where the sigmoid is not R0 (A, B off by ~1e-3 on an
+      # exact sigmoid) and shifted C_mid by one step.
+      out = scaling_fit.fit_seeds(np.asarray(curve["x"], np.float64) - 1, curve["y"], A_max=1.0)
       rmse = stats.summarize([f.rmse for f in out.fits])
       edges = sum(f.edge for f in out.fits)
       lines.append(f"| {name} | {out.A.fmt()} | {out.B.fmt()} | {out.C_mid.fmt()} | {rmse.fmt()} | "
