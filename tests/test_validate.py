@@ -105,6 +105,8 @@ BAD = [
     ("rl.sapo_tau_neg", -1.0, "config.rl.sapo_tau_neg: must be a finite number > 0"),
     # finite in Python, not in the step's float32: 4/tau = inf, a learning rate of inf, a window end of inf
     ("rl.sapo_tau_pos", 1e-39, "config.rl.sapo_tau_pos: must be a finite number > 0 in float32"),
+    # in float32, but 4/tau·gate·A overflows near it, and below 1e-6 the gate is flat: nothing to gain
+    ("rl.sapo_tau_neg", 1e-37, "config.rl.sapo_tau_neg: 1e-37 is below 1e-06, where the SAPO gate is already flat"),
     ("optim.lr", 1e39, "config.optim.lr"),
     ("rl.mis_hi", 1e39, "config.rl.mis_hi: must be a finite number > 0 in float32"),
     ("rl.kl_cov_coef", 1e39, "config.rl.kl_cov_coef"),

@@ -811,6 +811,9 @@ def _unread_knobs(c, key: str, knobs: dict) -> None:
           "it" if len(unused) == 1 else "them")
 
 
+SAPO_TAU_MIN = 1e-6
+
+
 def validate_objective(c) -> None:
   """rl.objective and its temperatures, rl.token_select and its parameters (losses.py, rl/token_select.py); a knob
   the user set that the chosen objective or selection does not read is said (it changed nothing)."""
@@ -819,7 +822,15 @@ def validate_objective(c) -> None:
     _fail("rl.ratio_level", f"'{c.rl.ratio_level}' (GSPO's sequence ratio) is an option of the 'clip' objective, not "
           f"of rl.objective='{c.rl.objective}'; set rl.ratio_level='token'.")
   for k in ("rl.sapo_tau_pos", "rl.sapo_tau_neg"):
-    positive_finite(c, k, "the SAPO gate's temperature: (4/tau)·sigmoid(tau·(ratio - 1))")
+    tau = positive_finite(c, k, "the SAPO gate's temperature: (4/tau)·sigmoid(tau·(ratio - 1))")
+    # At tau = 1e-6 the gate is already flat: a token's gradient weight 4σ(1 − σ) of x = tau·(ratio − 1) is
+    # 1 − x²/4, within 3e-11 of 1 for any ratio up to 10 (the unclipped ratio objective). A smaller tau changes no
+    # gradient and only pushes (4/tau)·gate·A toward float32's overflow: 4/tau alone is inf below ~1.2e-38, a token
+    # sum of ~2·A/tau sooner (NaN steps).
+    if tau < SAPO_TAU_MIN:
+      _fail(k, f"{tau!r} is below {SAPO_TAU_MIN:g}, where the SAPO gate is already flat (every ratio's gradient "
+            f"weight within 3e-11 of 1); smaller values change no gradient and push (4/tau)·sigmoid(tau·(ratio - 1))"
+            f"·A toward float32's overflow (NaN steps); set {k} >= {SAPO_TAU_MIN:g}.")
   _choice(c, "rl.token_select", token_select.KINDS)
   for k, what in (("rl.select_frac", "the share of tokens top_entropy keeps"),
                   ("rl.clip_cov_ratio", "the share of tokens Clip-Cov cuts"),
