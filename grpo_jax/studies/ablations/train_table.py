@@ -206,7 +206,7 @@ def appendix(cfg, cells: dict) -> str:
     return ""
   lines = []
   if "sigmoid" in fits:
-    lines += ["### ScaleRL sigmoid of the train accuracy reward against steps", "",
+    lines += ["### ScaleRL sigmoid of the train accuracy reward against updates", "",
               "| variant | A (≤ 1) | B | C_mid (updates) | rmse | seeds on an edge |", "|---|---|---|---|---|---|"]
     for name, cell in cells.items():
       curve = cell["curves"]["train accuracy reward"]
