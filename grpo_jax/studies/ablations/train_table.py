@@ -50,7 +50,7 @@ def table_config(arg: str | None, variants: tuple) -> ml_collections.ConfigDict:
   # RL starts from a shared pre-trained base (toy.base_params: answers right ~35% of the time, lengths 1..L), as
   # in practice; lr 1e-3 measured stable for GRPO from it (3e-3 collapsed within 80 steps on 2 of 3 seeds).
   c.base_steps, c.p_correct = 300, 0.35
-  c.base = "shared"  # BASES; 'per_seed' pre-trains one base per seed (~2 s each at 300 steps after the first's ~7 s)
+  c.base = "shared"  # BASES; 'per_seed' pre-trains one base per seed (docs/ablations.md: ~1.5 s each, 300 steps)
   c.steps, c.eval_every = 100, 20
   c.fast_compile = True
   c.run = digits.bench_config(hidden=32, layers=2, heads=2, kv=1, inter=64, vocab=32, prompts=8, G=8, L=8)
