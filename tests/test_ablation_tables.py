@@ -73,6 +73,74 @@ def test_ppo_train_cell_runs_from_the_base(tiny_cfg):
   assert acc["y"][0][0] == acc["y"][1][0]
 
 
+def _per_seed(cfg, **keys):
+  c = ml_collections.ConfigDict(cfg.to_dict())
+  c.base = "per_seed"
+  c.update(keys)
+  return c
+
+
+def test_per_seed_bases_start_and_anchor_their_seeds_pretrained_once_per_table(tiny_cfg, monkeypatch):
+  """cfg.base='per_seed': seed s's params and reference are toy.pretrain(seed=s) bit for bit (seeds 1, 2: not the
+  lane index, not the shared base), pre-trained once for two cells (toy.base_params' cache); the default 'shared'
+  starts and anchors every seed at seed 0's base."""
+  cfg = _per_seed(tiny_cfg, base_steps=23)  # a cache key no other test fills: every pre-training here is counted
+  c = train_table.build_config(cfg, presets.overrides("grpo"))
+  spec = digits.toy_reward_spec(c.rewards, c.model.vocab_size)
+  mcfg = model_lib.ModelConfig.from_config(c.model)
+  trained, real = [], toy.pretrain
+  monkeypatch.setattr(toy, "pretrain", lambda *a: trained.append(a[-1]) or real(*a))
+  states = [train_table.make_runs(cfg, c, spec, [1, 2]).states for _cell in range(2)]
+  assert trained == [1, 2]  # each seed's base once, though both cells asked
+  fresh = [real(mcfg, c.sampling.max_new_tokens, 23, float(cfg.p_correct), s) for s in (0, 1, 2)]
+  assert not np.array_equal(jax.tree.leaves(fresh[1])[0], jax.tree.leaves(fresh[2])[0])
+
+  def assert_lanes(st, want):
+    for key in ("params", "ref_params"):
+      for lane, base in enumerate(want):
+        for a, b in zip(jax.tree.leaves(st[key]), jax.tree.leaves(base), strict=True):
+          np.testing.assert_array_equal(np.asarray(a)[lane], np.asarray(b), err_msg=f"{key}, lane {lane}")
+  for st in states:
+    assert_lanes(st, fresh[1:])
+  cfg.base = "shared"
+  assert_lanes(train_table.make_runs(cfg, c, spec, [1, 2]).states, [fresh[0], fresh[0]])
+  assert trained == [1, 2, 0]
+
+
+def test_a_per_seed_cell_equals_its_seeds_run_alone_from_their_own_bases(tiny_cfg, monkeypatch):
+  """A per_seed cell (2 seeds in one vmapped program, each from its base) = each seed's cell run alone with that
+  base given as the shared start (init_states' `params` path, its reference a copy), within float32 tolerance."""
+  cfg = _per_seed(tiny_cfg)
+  both = train_table.run_cell(cfg, "grpo", [1, 2])
+  base = lambda s: toy.base_params(model_lib.ModelConfig.from_config(train_table.build_config(cfg, {}).model),
+                                   cfg.run.sampling.max_new_tokens, int(cfg.base_steps), float(cfg.p_correct), seed=s)
+  for lane, s in enumerate((1, 2)):
+    monkeypatch.setattr(train_table, "start_params", lambda cfg, mcfg, seeds: {"params": base(s)})
+    alone = train_table.run_cell(cfg, "grpo", [s])
+    for m, v in alone["scalars"].items():
+      np.testing.assert_allclose(both["scalars"][m][lane], v[0], rtol=1e-5, atol=1e-5, err_msg=m)
+    for m, curve in alone["curves"].items():
+      np.testing.assert_allclose(both["curves"][m]["y"][lane], curve["y"][0], rtol=1e-5, atol=1e-5, err_msg=m)
+  # the two seeds' bases differ, and so do their runs from the first step
+  assert both["curves"]["policy entropy"]["y"][0][0] != both["curves"]["policy entropy"]["y"][1][0]
+
+
+def test_an_unknown_base_is_refused_in_one_line_before_any_cell(tiny_cfg, tmp_path):
+  from grpo_jax.studies import ablate
+  cfg = _per_seed(tiny_cfg, base="per_sed")
+  with pytest.raises(config_lib.ConfigError, match=r"^config.base='per_sed': use one of 'shared', 'per_seed'.$"):
+    ablate.run(cfg, str(tmp_path), log=lambda s: None)
+  assert not os.path.exists(tmp_path / "cells")
+  lora = _per_seed(tiny_cfg)
+  lora.run.model.lora.rank = 4  # LoRA's seeds share one frozen base (init_states)
+  with pytest.raises(config_lib.ConfigError, match=r"config.base='per_seed' with model.lora.rank > 0"):
+    train_table.build_config(lora, presets.overrides("grpo"))
+  # the default leaves the fingerprint of the configs run before the key existed, so their workdirs resume
+  shared, before = ml_collections.ConfigDict(tiny_cfg.to_dict()), ml_collections.ConfigDict(tiny_cfg.to_dict())
+  del before["base"]
+  assert ablate.fingerprint(shared) == ablate.fingerprint(before) != ablate.fingerprint(_per_seed(tiny_cfg))
+
+
 def test_a_table_stopped_in_a_cell_resumes_at_that_cell_and_its_scratch_runs_save_nothing(tiny_cfg, tmp_path,
                                                                                               monkeypatch):
   """`python -m grpo_jax.ablate` stopped (SIGTERM) in its second cell's training: errors.Preempted, the finished cell's

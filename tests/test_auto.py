@@ -251,7 +251,7 @@ def test_ablation_tables_resolve(monkeypatch, caplog):
   # the training tables (d, e, f), from a random init (the shared pre-trained base is not under test here)
   cfg = train_table.table_config("small", (("grpo", presets.overrides("grpo")),))
   cfg.run = config_lib.override(cfg.run, AUTO)
-  monkeypatch.setattr(train_table, "start_params", lambda cfg, mcfg: None)
+  monkeypatch.setattr(train_table, "start_params", lambda cfg, mcfg, seeds: {"params": None})
   c = train_table.build_config(cfg, {})
   want = [_squeeze(monkeypatch, c, lanes=2)]
   with caplog.at_level(logging.INFO), pytest.raises(_Built):

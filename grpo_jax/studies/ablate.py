@@ -38,9 +38,17 @@ from grpo_jax.rl import auto
 from grpo_jax.run import validate
 
 
+# Keys added to table configs after tables were run, at the value that reproduces those runs: left out of the
+# fingerprint at that value, so a workdir of cells from before the key existed still resumes (its cells are the
+# same numbers); any other value is in it.
+ADDED_AT_DEFAULT = {"base": "shared"}  # train_table.BASES (2026-12-07)
+
+
 def fingerprint(cfg) -> str:
   """Hash of everything that changes a cell's numbers (the whole config)."""
-  text = json.dumps(json.loads(cfg.to_json_best_effort()), sort_keys=True)
+  tree = json.loads(cfg.to_json_best_effort())
+  tree = {k: v for k, v in tree.items() if k not in ADDED_AT_DEFAULT or v != ADDED_AT_DEFAULT[k]}
+  text = json.dumps(tree, sort_keys=True)
   return hashlib.sha1(text.encode()).hexdigest()[:16]
 
 

@@ -1,5 +1,6 @@
-"""The training ablations' model side of the toy task (grpo_jax/tasks/digits.py): the shared pre-trained base
-policy and a vmapped greedy evaluation, so ablations can train many seeds × variants from one start on a CPU."""
+"""The training ablations' model side of the toy task (grpo_jax/tasks/digits.py): the pre-trained base policy (one
+shared by a table's seeds, or one per seed) and a vmapped greedy evaluation, so ablations can train many seeds ×
+variants from a base on a CPU."""
 import collections
 import functools
 import hashlib
@@ -18,17 +19,30 @@ from grpo_jax.infra import sharding
 from grpo_jax.tasks import digits
 
 
-@functools.lru_cache(maxsize=4)
 def base_params(mcfg: model_lib.ModelConfig, L: int, steps: int, p_correct: float, seed: int = 0):
-  """The shared starting policy (and reference) of the training ablations: a random model pre-trained with
-  AdamW (sft_step, loss on the completions) on digits.base_documents for `steps` steps of 64. RL is applied to a
-  base model, as in practice, so it refines a policy that already answers (at ~p_correct) with varied lengths
-  instead of searching a uniform 32-way guess."""
-  c = config_lib.base_config()  # optax.adamw(3e-3)'s defaults: no clipping, no warm-up (decay: update.decay_mask)
-  c.optim.update(b1=0.9, b2=0.999, weight_decay=1e-4, grad_clip=0.0)
-  c.sft.update(lr=3e-3, warmup_steps=0)
+  """The training ablations' starting policy (and reference): a random model pre-trained with AdamW (sft_step, loss
+  on the completions) on digits.base_documents for `steps` steps of 64. RL is applied to a base model, as in
+  practice, so it refines a policy that already answers (at ~p_correct) with varied lengths instead of searching a
+  uniform 32-way guess. Pre-trained once per process for each (model, L, steps, p_correct, seed): a table's cells
+  share their bases (train_table.start_params)."""
+  # the arguments normalised, so `seed=0` and the default (or 300 and 300.0) are one cache entry, not two pre-trainings
+  return _cached_base(mcfg, int(L), int(steps), float(p_correct), int(seed))
+
+
+# Bounded for a long-lived process; 64 covers a per-seed table (train_table's base='per_seed') of up to 64 seeds,
+# whose bases would otherwise be pre-trained again in every cell (at 4, a 5-seed table's were). A toy base is ~100 kB.
+@functools.lru_cache(maxsize=64)
+def _cached_base(mcfg: model_lib.ModelConfig, L: int, steps: int, p_correct: float, seed: int):
+  return pretrain(mcfg, L, steps, p_correct, seed)
+
+
+def pretrain(mcfg: model_lib.ModelConfig, L: int, steps: int, p_correct: float, seed: int):
+  """base_params without its cache: the init and the documents drawn from `seed`."""
+  c = base_config()
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
-  step = families.make_step(c, mesh, mcfg, family=sft_step)
+  # one program for every seed's pre-training (~4 of the ~6 CPU-s of a 300-step base was compiling a step built
+  # again per base); the same program on the same inputs gives the same base
+  step = shared_program("base_sft_step", mcfg, L, None, lambda: families.make_step(c, mesh, mcfg, family=sft_step))
   state = sft_step.init(c, mesh, mcfg, params=model_lib.init_params(mcfg, jax.random.PRNGKey(10_000 + seed)))
   rng = np.random.default_rng(seed)
   for _ in range(steps):
@@ -38,6 +52,14 @@ def base_params(mcfg: model_lib.ModelConfig, L: int, steps: int, p_correct: floa
     pos_NxT = np.broadcast_to(np.arange(mask_NxT.shape[1], dtype=np.int32), mask_NxT.shape)
     state, _ = step(state, {**d, "mask_NxT": mask_NxT, "positions_NxT": pos_NxT})
   return state["params"]
+
+
+def base_config():
+  """The pre-training's config: optax.adamw(3e-3)'s defaults, no clipping, no warm-up (decay: update.decay_mask)."""
+  c = config_lib.base_config()
+  c.optim.update(b1=0.9, b2=0.999, weight_decay=1e-4, grad_clip=0.0)
+  c.sft.update(lr=3e-3, warmup_steps=0)
+  return c
 
 
 _PROGRAMS: collections.OrderedDict = collections.OrderedDict()  # (kind, model, length, prompts) -> jitted program

@@ -1,6 +1,6 @@
 """Training ablations (tables d, e, f): S seeds of each variant trained in ONE vmapped program on the toy task.
 
-A table's config holds the harness knobs (seeds, steps, eval_every, the shared base model) and `run`, the toy-task
+A table's config holds the harness knobs (seeds, steps, eval_every, the base model: BASES) and `run`, the toy-task
 run config (config_lib.base_config's keys); a variant is `(name, overrides)`, dotted keys set on `run` through
 config_lib.override: an algorithm is its whole preset, `presets.overrides("dr_grpo")`, to which single keys can be
 added (`{**presets.overrides("grpo"), "rl.loss_agg": "token_mean"}`); the toy's reward terms are `rewards`.
@@ -9,6 +9,7 @@ Recorded per seed: train reward, greedy held-out accuracy, mean length of right 
 Every table trains its S seeds through train.rl_loop, the one RL loop (`train_seeds`): its hooks feed the table's
 batches, run its measurement on the loop's evaluation cadence and hand it each step's metrics.
 """
+import functools
 import os
 import tempfile
 from typing import Any, Callable, Iterator, NamedTuple
@@ -34,6 +35,10 @@ from grpo_jax.studies import stats
 
 TITLE = "Training ablation"
 CLAIM = ""
+# config.base: where each seed's RL starts (and its reference model) -> the seeds' CIs are conditional on one base
+# ('shared', every published table) or cover the base's pre-training too ('per_seed': seed s from the base
+# pre-trained with seed s; seed 0's is the shared one)
+BASES = ("shared", "per_seed")
 
 
 def table_config(arg: str | None, variants: tuple) -> ml_collections.ConfigDict:
@@ -45,6 +50,7 @@ def table_config(arg: str | None, variants: tuple) -> ml_collections.ConfigDict:
   # RL starts from a shared pre-trained base (toy.base_params: answers right ~35% of the time, lengths 1..L), as
   # in practice; lr 1e-3 measured stable for GRPO from it (3e-3 collapsed within 80 steps on 2 of 3 seeds).
   c.base_steps, c.p_correct = 300, 0.35
+  c.base = "shared"  # BASES; 'per_seed' pre-trains one base per seed (docs/ablations.md: ~1.5 s each, 300 steps)
   c.steps, c.eval_every = 100, 20
   c.fast_compile = True
   c.run = digits.bench_config(hidden=32, layers=2, heads=2, kv=1, inter=64, vocab=32, prompts=8, G=8, L=8)
@@ -70,11 +76,15 @@ def build_config(cfg, overrides) -> ml_collections.ConfigDict:
   """The run config of one variant: `cfg.run` with the variant's overrides (and what follows from them), run for the
   table's steps with its measurement every `eval_every` (train_seeds). A variant that sets rl.algo without its
   preset, or algorithm settings that cannot work together, stops here."""
+  check_base(cfg)
   c = config_lib.override(cfg.run, overrides)
   bad_preset = presets.check(c)
   if bad_preset:
     raise config_lib.ConfigError(bad_preset)
   validate.validate_algorithm(c)
+  if cfg.get("base", "shared") == "per_seed" and int(c.model.lora.rank) > 0:  # init_states: LoRA runs share a base
+    raise config_lib.ConfigError("config.base='per_seed' with model.lora.rank > 0: LoRA's seeds share one frozen base; "
+                                 "use config.base='shared'.")
   c.train.num_samples_logged = c.rl.prompts_per_step * c.rl.G  # every row: lengths of right vs wrong answers
   return table_run(c, cfg.get("steps", c.train.steps), cfg.get("eval_every", c.train.eval_every))
 
@@ -100,15 +110,15 @@ class Runs(NamedTuple):
 
 def make_runs(cfg, c, spec, seeds: list[int], tokenizer=None, params: Any = "base", init_seeds=None) -> Runs:
   """The S seeds of config `c` resolved, initialised and compiled as one vmapped program, from the shared start
-  (`params`; 'base': start_params(cfg), the toy's pre-trained base) in the family's state (PPO's has the critic).
+  `params` ('base': start_params, the toy's pre-trained base, one per seed under cfg.base='per_seed') in the
+  family's state (PPO's has the critic).
   The `auto` knobs are resolved once for the seeds sharing the device and logged as a main run logs them."""
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   c, chosen = auto.resolve_here(c, mesh, lanes=len(seeds))
   mcfg = model_lib.ModelConfig.from_config(c.model)
   opts = seeds_lib.FAST_COMPILE if cfg.fast_compile else None
-  if isinstance(params, str) and params == "base":
-    params = start_params(cfg, mcfg)
-  states = seeds_lib.init_states(c, mcfg, seeds, params=params, init_seeds=init_seeds)
+  start = start_params(cfg, mcfg, seeds) if isinstance(params, str) and params == "base" else {"params": params}
+  states = seeds_lib.init_states(c, mcfg, seeds, init_seeds=init_seeds, **start)
   step = seeds_lib.make_steps(c, mesh, mcfg, spec, tokenizer or spec.ctx.tokenizer, opts)
   return Runs(c, mesh, mcfg, states, train.Program(step, len(seeds), seeds_lib.run_state), chosen)
 
@@ -187,11 +197,23 @@ def run_cell(cfg, variant: str, seeds: list[int]) -> dict:
   }
 
 
-def start_params(cfg, mcfg):
-  """The shared starting policy: toy.base_params when cfg.base_steps > 0, else None (random init per seed)."""
+def check_base(cfg) -> None:
+  if cfg.get("base", "shared") not in BASES:
+    raise config_lib.ConfigError(f"config.base={cfg.base!r}: use one of {', '.join(map(repr, BASES))}.")
+
+
+def start_params(cfg, mcfg, seeds: list[int]) -> dict:
+  """The seeds' starting policies, as init_states' keyword: `params`, toy.base_params shared by every seed, or
+  `run_params`, seed s's base pre-trained with seed s (cfg.base='per_seed'); each is its run's reference too. Without
+  a base (cfg.base_steps 0) {'params': None}: each seed's own random init."""
+  check_base(cfg)
   if int(cfg.get("base_steps", 0)) <= 0:
-    return None
-  return toy.base_params(mcfg, cfg.run.sampling.max_new_tokens, int(cfg.base_steps), float(cfg.p_correct))
+    return {"params": None}
+  base = functools.partial(toy.base_params, mcfg, cfg.run.sampling.max_new_tokens, int(cfg.base_steps),
+                           float(cfg.p_correct))
+  if cfg.get("base", "shared") == "per_seed":
+    return {"run_params": [base(seed=int(s)) for s in seeds]}
+  return {"params": base()}
 
 
 def appendix(cfg, cells: dict) -> str:
