@@ -518,6 +518,9 @@ FAKE_JOB = textwrap.dedent("""\
     import json, os, signal, sys, time
     json.dump(sys.argv[1:], open(os.path.expanduser("~/job_argv.json"), "w"))
     def stop(signum, frame):
+      if os.environ.get("FAKE_SLOW_SAVE"):  # a save that takes longer than the launcher waits
+        print("saving", flush=True)
+        return
       print("saved", flush=True)
       sys.exit(0)
     signal.signal(signal.SIGINT, stop)
@@ -575,7 +578,7 @@ FAKE_REMOTE = textwrap.dedent("""\
     """)
 
 
-def _pod(tmp_path, launcher: str, *, steps: int = 150, code: int = 0, delete: bool = True):
+def _pod(tmp_path, launcher: str, *, steps: int = 150, code: int = 0, delete: bool = True, stop_timeout: int = 10):
   """A throwaway repository with the launcher, a fake host (HOME) with its venv, fakes on PATH; returns the
   launcher's argv, its environment and HOME. One worker / host. The workdir and an argument have a space."""
   repo, home, bin_dir = tmp_path / "repo", tmp_path / "home", tmp_path / "bin"
@@ -597,7 +600,7 @@ def _pod(tmp_path, launcher: str, *, steps: int = 150, code: int = 0, delete: bo
     f.chmod(0o755)
   where = (["--name", "n", "--zone", "z", "--no-create", "--workers", "1"] + (["--delete"] if delete else [])
            if launcher == "tpu_vm.sh" else ["--hosts", "h1", "--run-name", "run"])
-  argv = ["bash", str(repo / "launch" / launcher), *where, "--workdir", "/mnt/b r", "--stop-timeout", "10", "--",
+  argv = ["bash", str(repo / "launch" / launcher), *where, "--workdir", "/mnt/b r", "--stop-timeout", str(stop_timeout), "--",
           "--config.log.note=a b"]
   env = dict(os.environ, HOME=str(home), PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_STEPS=str(steps),
              FAKE_EXIT=str(code))
@@ -706,3 +709,41 @@ def test_ssh_launchers_exit_with_the_jobs_own_failure(tmp_path, launcher):
   assert _read(home / "grpo_logs" / "run.status") == "3\n"
   assert _collected(tmp_path, launcher) == "step 0\nstep 1\nstep 2\ndone\n", r.stdout
   assert "step 2" in r.stdout  # followed live
+
+
+def test_tpu_vm_bounds_the_wait_for_a_stop_and_a_second_ctrl_c_ends_it(tmp_path):
+  """A job that has not stopped after --stop-timeout: the launcher collects the logs, exits 124 and does not --delete
+  the TPU it is still saving on. A second Ctrl-C while it waits ends the wait at once: exit 130, the job left to
+  finish its save (planted: the limit not passed on; the second signal only recorded)."""
+  import signal
+  import time
+  argv, env, home = _pod(tmp_path, "tpu_vm.sh", stop_timeout=2)
+  env["FAKE_SLOW_SAVE"] = "1"
+  log, pgid = home / "grpo_logs" / "run.log", home / "grpo_logs" / "run.pgid"
+  for second_signal in (False, True):
+    log.unlink(missing_ok=True)  # the first run's lines
+    p = _start(argv, env, tmp_path)
+    try:
+      _poll(lambda: "step 2" in _read(log))
+      os.killpg(p.pid, signal.SIGINT)
+      if second_signal:
+        _poll(lambda: "saving" in _read(log))
+        t0 = time.monotonic()
+        os.killpg(p.pid, signal.SIGINT)
+      rc = p.wait(timeout=15)
+    finally:
+      p.kill()
+      if pgid.exists():  # the job that would not stop; its files go too (a zombie here can outlive it a while)
+        try:
+          os.killpg(int(_read(pgid)), signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+        pgid.unlink()
+    out = _read(tmp_path / "launcher.out")
+    if second_signal:
+      assert rc == 130 and time.monotonic() - t0 < 1.5 and "launch: stopped waiting" in out, (rc, out)
+    else:
+      assert rc == 124 and "the job is still running after 2 s" in out, (rc, out)
+      assert "warning: not deleting TPU n: its job may still be running" in out, out
+      assert "+ gcloud compute tpus tpu-vm scp n:grpo_logs/run.log" in out, out
+    assert not any(" delete " in l for l in _read(home / "calls.log").splitlines())
