@@ -13,7 +13,8 @@
 # The job's wrapper on the host, run by `setsid -f bash -c` with $0 = B: it survives the SIGINT the stop sends to
 # its group (the trap; bash defers it until python exits) so that it can write python's status. `setsid -f`, not
 # `setsid ... &`: a non-interactive shell starts `&` commands with SIGINT ignored, which the job would inherit.
-DETACHED_WRAPPER='trap : INT TERM HUP; echo $$ > "$0.pgid"; "$@" > "$0.log" 2>&1; echo $? > "$0.status.tmp"; mv "$0.status.tmp" "$0.status"'
+DETACHED_WRAPPER='trap : INT TERM HUP; echo $$ > "$0.pgid"; "$@" > "$0.log" 2>&1; '
+DETACHED_WRAPPER+='echo $? > "$0.status.tmp"; mv "$0.status.tmp" "$0.status"'  # written whole: a reader never sees ""
 
 # Host-side: follows "$B.log" from line $1 (tail -n's argument) until the job has ended or $2 seconds have passed
 # (0: no limit), then exits with the job's status; 124 when it is still running, 1 when it ended without one
@@ -24,7 +25,8 @@ detached_follow() {
   cat <<EOF
 P=""; for i in \$(seq 100); do P=\$(cat "\$B.pgid" 2>/dev/null) && [ -n "\$P" ] && break; sleep 0.1; done; \
 (t=0; while [ ! -f "\$B.status" ] && kill -0 "\$P" 2>/dev/null && [ $limit = 0 -o \$t -lt \$(($limit * 2)) ]; \
-do sleep 0.5; t=\$((t + 1)); done) & W=\$!; tail -n $from -s 0.5 -F --pid=\$W "\$B.log" 2>/dev/null; kill \$W 2>/dev/null; \
+do sleep 0.5; t=\$((t + 1)); done) & W=\$!; tail -n $from -s 0.5 -F --pid=\$W "\$B.log" 2>/dev/null; \
+kill \$W 2>/dev/null; \
 if [ -f "\$B.status" ]; then exit "\$(cat "\$B.status")"; fi; \
 if [ -n "\$P" ] && kill -0 "\$P" 2>/dev/null; then echo "\$(hostname): the job is still running after $limit s \
 (process group \$P)" >&2; exit 124; fi; echo "\$(hostname): the job ended without a status (killed?)" >&2; exit 1
@@ -49,7 +51,8 @@ rm -f \"\$B.pgid\" \"\$B.status\" && : > \"\$B.log\" && $env setsid -f bash -c '
 # log until it has ended, at most $2 seconds. $1: B. (A job started a moment ago may not have written B.pgid yet.)
 detached_stop() {
   echo -n "B=$1; for i in \$(seq 100); do [ -s \"\$B.pgid\" ] && break; sleep 0.1; done; \
-P=\$(cat \"\$B.pgid\" 2>/dev/null) || { echo \"\$(hostname): no job (\$B.pgid is missing)\" >&2; exit 1; }; [ -f \"\$B.status\" ] || kill -INT -- -\"\$P\" 2>/dev/null; "
+P=\$(cat \"\$B.pgid\" 2>/dev/null) || { echo \"\$(hostname): no job (\$B.pgid is missing)\" >&2; exit 1; }; \
+[ -f \"\$B.status\" ] || kill -INT -- -\"\$P\" 2>/dev/null; "
   detached_follow 5 "$2"  # the last lines too: the job's first reply to the signal may be in the log already
 }
 

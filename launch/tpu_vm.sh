@@ -138,7 +138,8 @@ QEXTRA=""
 for a in "${EXTRA[@]+"${EXTRA[@]}"}"; do QEXTRA+=" $(printf '%q' "$a")"; done
 JOB="$VENV/bin/python -m $MODULE --config=$(printf '%q' "$CONFIG") --workdir=$(printf '%q' "$WORKDIR")$QEXTRA"
 RUN="cd $REMOTE_DIR && $(detached_start "~/grpo_logs/run" "GRPO_JAX_DISTRIBUTED=1" "$JOB")"
-STOP_CMD=("${GC[@]}" ssh "$NAME" "${LOC[@]}" --worker=all --command="$(detached_stop "~/grpo_logs/run" "$STOP_TIMEOUT")")
+STOP_CMD=("${GC[@]}" ssh "$NAME" "${LOC[@]}" --worker=all \
+  --command="$(detached_stop "~/grpo_logs/run" "$STOP_TIMEOUT")")
 STATUS=0 ENDED=1  # ENDED=0: a job may still be running (a lost session, a stop that timed out): no --delete
 if [[ "$DRY" == 1 ]]; then
   run "${GC[@]}" ssh "$NAME" "${LOC[@]}" --worker=all --command="$RUN"

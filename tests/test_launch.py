@@ -512,7 +512,7 @@ def test_local_multiprocess_keeps_a_signal_the_caller_ignores(tmp_path):
 # ------------------------------------------------------------------ the ssh launchers' detached jobs and their stop
 # A fake `python` for the hosts' venv (launch/*.sh run $HOME/grpo_jax_venv/bin/python): records its argv, prints a
 # line every 0.2 s, and on SIGINT prints "saved" and exits 0 as grpo_jax.main does (infra/signals.py); left alone it
-# ends after FAKE_STEPS lines with FAKE_EXIT.
+# ends after FAKE_STEPS lines, or at the first line after ~/finish appears, with FAKE_EXIT.
 FAKE_JOB = textwrap.dedent("""\
     #!{python}
     import json, os, signal, sys, time
@@ -526,6 +526,8 @@ FAKE_JOB = textwrap.dedent("""\
     signal.signal(signal.SIGINT, stop)
     for i in range(int(os.environ.get("FAKE_STEPS", "150"))):
       print(f"step {{i}}", flush=True)
+      if os.path.exists(os.path.expanduser("~/finish")):
+        break
       time.sleep(0.2)
     print("done", flush=True)
     sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
@@ -600,8 +602,8 @@ def _pod(tmp_path, launcher: str, *, steps: int = 150, code: int = 0, delete: bo
     f.chmod(0o755)
   where = (["--name", "n", "--zone", "z", "--no-create", "--workers", "1"] + (["--delete"] if delete else [])
            if launcher == "tpu_vm.sh" else ["--hosts", "h1", "--run-name", "run"])
-  argv = ["bash", str(repo / "launch" / launcher), *where, "--workdir", "/mnt/b r", "--stop-timeout", str(stop_timeout), "--",
-          "--config.log.note=a b"]
+  argv = ["bash", str(repo / "launch" / launcher), *where, "--workdir", "/mnt/b r", "--stop-timeout",
+          str(stop_timeout), "--", "--config.log.note=a b"]
   env = dict(os.environ, HOME=str(home), PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_STEPS=str(steps),
              FAKE_EXIT=str(code))
   return argv, env, home
@@ -678,7 +680,7 @@ def test_ssh_launchers_leave_the_job_running_when_the_session_drops(tmp_path, la
   not --delete the TPU under it, and a second launch of the same run is refused while it runs (planted: the job's
   output through the session; the delete not held back; no refusal)."""
   import signal
-  argv, env, home = _pod(tmp_path, launcher, steps=25)
+  argv, env, home = _pod(tmp_path, launcher)
   p = _start(argv, env, tmp_path)
   log, status = home / "grpo_logs" / "run.log", home / "grpo_logs" / "run.status"
   try:
@@ -695,8 +697,11 @@ def test_ssh_launchers_leave_the_job_running_when_the_session_drops(tmp_path, la
     assert not any(" delete " in l for l in _read(home / "calls.log").splitlines()), _read(home / "calls.log")
   again = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
   assert again.returncode == 2 and "a job of this run is still running" in again.stdout + again.stderr, again
+  assert not status.exists(), "the job should still be running"
+  (home / "finish").write_text("")  # its natural end: the steps left run out
   _poll(lambda: status.exists())
-  assert _read(status) == "0\n" and _read(log).rstrip().endswith("step 24\ndone"), _read(log)
+  assert _read(status) == "0\n" and _read(log).rstrip().endswith("done"), _read(log)
+  assert "saved" not in _read(log)
 
 
 @pytest.mark.parametrize("launcher", LAUNCHERS)
