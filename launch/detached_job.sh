@@ -61,7 +61,15 @@ P=\$(cat \"\$B.pgid\" 2>/dev/null) || { echo \"\$(hostname): no job (\$B.pgid is
 # fills STREAM_RCS with their statuses, or returns 1 as soon as SIGINT, SIGTERM or SIGHUP arrives (its name in
 # SIGNALLED). A signal the launcher's caller ignores (nohup: SIGHUP) cannot be trapped and stays ignored.
 STREAMS=() STREAM_RCS=() SIGNALLED=""
-trap_stop_signals() { trap 'SIGNALLED=INT' INT; trap 'SIGNALLED=TERM' TERM; trap 'SIGNALLED=HUP' HUP; }
+trap_stop_signals() { trap 'SIGNALLED=INT' INT; trap 'SIGNALLED=TERM' TERM; trap on_hup HUP; }
+# SIGHUP: the terminal is gone (or the pipe to it: `launcher | tee`, tee dead with it). The stop must still run, and
+# a line written there would end this script (EIO with set -e, or SIGPIPE) before it: a terminal or pipe is swapped
+# for /dev/null; a file (`launcher > log 2>&1`) keeps the lines.
+on_hup() {
+  SIGNALLED=HUP
+  if [[ -t 1 || -p /dev/stdout ]]; then exec >/dev/null; fi
+  if [[ -t 2 || -p /dev/stderr ]]; then exec 2>/dev/null; fi
+}
 wait_streams() {
   local i rc
   for i in "${!STREAMS[@]}"; do

@@ -752,3 +752,23 @@ def test_tpu_vm_bounds_the_wait_for_a_stop_and_a_second_ctrl_c_ends_it(tmp_path)
       assert "warning: not deleting TPU n: its job may still be running" in out, out
       assert "+ gcloud compute tpus tpu-vm scp n:grpo_logs/run.log" in out, out
     assert not any(" delete " in l for l in _read(home / "calls.log").splitlines())
+
+
+def test_tpu_vm_stops_the_job_when_its_terminal_hangs_up(tmp_path):
+  """A closed terminal: SIGHUP to the launcher, whose output pipe has no reader any more. Its first line after the
+  signal killed it (SIGPIPE) before the jobs were sent their SIGINT; it now writes to /dev/null from then on, stops
+  the job (which saves) and collects the log (planted: the HUP trap without the redirect)."""
+  import signal
+  argv, env, home = _pod(tmp_path, "tpu_vm.sh")
+  log = home / "grpo_logs" / "run.log"
+  p = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+  try:
+    _poll(lambda: "step 2" in _read(log))
+    p.stdout.close()  # the terminal is gone
+    p.send_signal(signal.SIGHUP)
+    rc = p.wait(timeout=15)
+  finally:
+    p.kill()
+  assert rc == 0 and _read(log).rstrip().endswith("saved"), (rc, _read(log))
+  assert "saved" in _collected(tmp_path, "tpu_vm.sh")
