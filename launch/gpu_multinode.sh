@@ -65,7 +65,8 @@ REPO="$(cd "$(dirname "$0")/.." && pwd)"
 QREPO="$(printf '%q' "$REPO")"
 . "$REPO/launch/detached_job.sh"
 
-# Prints a command (prefixed "+ ", arguments with shell characters in single quotes); runs it unless --dry-run.
+# show: prints a command (prefixed "+ ", arguments with shell characters in single quotes); run: prints it and runs
+# it unless --dry-run.
 show() {
   local out="${PREFIX:-+}" a
   for a in "$@"; do

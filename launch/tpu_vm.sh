@@ -77,7 +77,8 @@ GC=(gcloud compute tpus tpu-vm)
 LOC=(--zone="$ZONE")
 [[ -n "$PROJECT" ]] && LOC+=(--project="$PROJECT")
 
-# Prints a command (prefixed "+ ", arguments with shell characters in single quotes); runs it unless --dry-run.
+# show: prints a command (prefixed "+ ", arguments with shell characters in single quotes); run: prints it and runs
+# it unless --dry-run.
 show() {
   local out="${PREFIX:-+}" a
   for a in "$@"; do
@@ -170,7 +171,10 @@ fi
 # 5. collect logs from every worker
 # (this exited 1 here, silently, when the TPU listed no workers: the run's status lost and --delete skipped)
 N_WORKERS="$(count_workers)"
-[[ "$N_WORKERS" -ge 1 ]] || echo "warning: TPU $NAME lists no workers now (preempted or deleted?); no logs collected" >&2
+if [[ "$N_WORKERS" -lt 1 ]]; then
+  echo "warning: TPU $NAME lists no workers now (preempted or deleted?); no logs collected" >&2
+  ENDED=1  # no job runs on a TPU without workers: the lost session (255) was the preemption, and --delete goes on
+fi
 run mkdir -p "$LOG_DIR/$NAME"
 for ((w = 0; w < N_WORKERS; w++)); do
   run "${GC[@]}" scp "$NAME:grpo_logs/run.log" "$LOG_DIR/$NAME/worker$w.log" "${LOC[@]}" --worker="$w" || true

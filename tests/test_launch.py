@@ -380,8 +380,10 @@ def test_launchers_quote_paths_for_the_remote_shell_and_check_numbers(tmp_path):
 def test_tpu_vm_keeps_the_run_status_and_deletes_when_the_tpu_lists_no_workers(tmp_path):
   """After the run, the log collection counts the workers from `describe`: a TPU that lists none (a preempted spot
   TPU) or a describe that fails made the script exit 1 there, silently: the run's own status (here 3) was lost and
-  --delete never ran. Now a one-line warning, no logs, the delete, and the run's status. A fake gcloud on PATH; the
-  script runs from a throwaway git repository (it archives its repository)."""
+  --delete never ran. Now a one-line warning, no logs, the delete, and the run's status. Also when the session's
+  status was ssh's 255 (the connection lost as the TPU went: a lost session otherwise holds the delete back, the
+  job may run on). A fake gcloud on PATH; the script runs from a throwaway git repository (it archives its
+  repository)."""
   repo = tmp_path / "repo"
   (repo / "launch").mkdir(parents=True)
   for name in ("tpu_vm.sh", "detached_job.sh"):
@@ -392,11 +394,12 @@ def test_tpu_vm_keeps_the_run_status_and_deletes_when_the_tpu_lists_no_workers(t
   bin_dir = tmp_path / "bin"
   bin_dir.mkdir()
   calls = tmp_path / "calls.log"
-  for describe in ("exit 0", "exit 1"):  # no endpoints listed; describe fails
+  # no endpoints listed; describe fails; the session lost
+  for describe, code in (("exit 0", 3), ("exit 1", 3), ("exit 0", 255)):
     (bin_dir / "gcloud").write_text(textwrap.dedent(f"""\
         #!/bin/bash
         echo "$*" >> {calls}
-        case "$*" in *" describe "*) {describe};; *grpo_jax.main*) exit 3;; esac
+        case "$*" in *" describe "*) {describe};; *grpo_jax.main*) exit {code};; esac
         exit 0
         """))
     (bin_dir / "gcloud").chmod(0o755)
@@ -404,7 +407,7 @@ def test_tpu_vm_keeps_the_run_status_and_deletes_when_the_tpu_lists_no_workers(t
     r = subprocess.run(["bash", str(repo / "launch" / "tpu_vm.sh"), "--name", "n", "--zone", "z", "--workdir",
                         "/mnt/b/r", "--delete"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                        env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}"))
-    assert r.returncode == 3, (describe, r.returncode, r.stderr)
+    assert r.returncode == code, (describe, r.returncode, r.stderr)
     assert "warning: TPU n lists no workers now (preempted or deleted?); no logs collected" in r.stderr, r.stderr
     lines = calls.read_text().splitlines()
     assert lines[-1] == "compute tpus tpu-vm delete n --zone=z --quiet", lines
