@@ -87,7 +87,11 @@ STOPPERS=()
 stop_streams() {
   echo "launch: SIG$SIGNALLED received: sending SIGINT to the job on every host (it finishes the step, saves and \
 exits 0); waiting up to ${STOP_TIMEOUT}s. Ctrl-C again stops waiting (the jobs go on stopping)." >&2
-  kill "${STREAMS[@]}" 2>/dev/null || true
-  trap 'kill "${STOPPERS[@]}" 2>/dev/null; echo "launch: stopped waiting; the jobs go on stopping on their own \
+  local p
+  for p in "${STREAMS[@]}"; do  # gcloud runs ssh as its child, which SIGTERM to gcloud alone leaves streaming
+    pkill -TERM -P "$p" 2>/dev/null || true
+    kill "$p" 2>/dev/null || true
+  done
+  trap 'kill "${STOPPERS[@]}" 2>/dev/null || true; echo "launch: stopped waiting; the jobs go on stopping on their own \
 (see launch/README.md to follow or collect their logs)" >&2; exit 130' INT TERM HUP
 }

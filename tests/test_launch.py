@@ -540,6 +540,7 @@ FAKE_JOB = textwrap.dedent("""\
 # remote command runs as sshd runs it: `bash -c` in a session of its own (so a signal to the launcher's process group
 # does not reach it) with default signal handling, its output relayed through a pipe. SIGTERM to the relay is a
 # dropped connection: the pipe closes (the remote side's next write fails) and the relay exits 255, ssh's status.
+# gcloud's ssh runs the fake ssh as its child, as gcloud does.
 FAKE_REMOTE = textwrap.dedent("""\
     #!{python}
     import os, shutil, signal, subprocess, sys
@@ -570,8 +571,8 @@ FAKE_REMOTE = textwrap.dedent("""\
     if tool == "gcloud":
       sub, rest = args[3], [a for a in args[4:] if not a.startswith("--")]
       cmd = [a[len("--command="):] for a in args if a.startswith("--command=")]
-      if sub == "ssh":
-        remote(cmd[0])
+      if sub == "ssh":  # through ssh, a child of gcloud's as in the real one
+        sys.exit(subprocess.call([os.path.join(os.path.dirname(sys.argv[0]), "ssh"), "worker", cmd[0]]))
       elif sub == "scp":
         copy(rest[0], rest[1])
     elif tool == "ssh":
@@ -650,8 +651,8 @@ def test_ssh_launchers_stop_the_remote_job_cleanly_on_a_signal(tmp_path, launche
   """Ctrl-C (SIGINT to the launcher's process group) or SIGTERM to the launcher alone reached only the local ssh /
   gcloud: the remote job ran on, and its next line to the dead session killed it without saving. Now the launcher
   sends each job SIGINT, waits for it, collects the logs and exits with the jobs' status: the job prints "saved",
-  exits 0, and so does the launcher (planted: no trap, a trap that sends nothing on, a job attached to the
-  session)."""
+  exits 0, and so does the launcher; the first session is ended, gcloud's ssh child too (planted: no trap, a trap
+  that sends nothing on, a job attached to the session, gcloud killed without its child)."""
   import signal
   argv, env, home = _pod(tmp_path, launcher)
   p = _start(argv, env, tmp_path)
@@ -671,6 +672,7 @@ def test_ssh_launchers_stop_the_remote_job_cleanly_on_a_signal(tmp_path, launche
   assert f"launch: SIG{sig} received: sending SIGINT to the job on every host" in out, out
   assert _read(log).rstrip().endswith("saved") and _read(home / "grpo_logs" / "run.status") == "0\n", _read(log)
   assert "saved" in _collected(tmp_path, launcher) and "saved" in out.split("received: sending SIGINT")[1], out
+  assert out.count("saved") == 1, out  # shown by the stop's follow alone: the first session was ended
   assert json.loads(_read(home / "job_argv.json")) == [
       "-m", "grpo_jax.main", "--config=configs/grpo_arith.py", "--workdir=/mnt/b r", "--config.log.note=a b"]
 
