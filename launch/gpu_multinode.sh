@@ -8,6 +8,11 @@
 #   --hosts h1,h2,...: plain ssh. The code is rsynced to every host, a venv is set up once per host, and each host
 #            gets GRPO_JAX_COORDINATOR=<first host>:PORT, GRPO_JAX_NUM_PROCESSES, GRPO_JAX_PROCESS_ID.
 # Logs land in ./gpu_logs/<run>/node<i>.log (ssh mode: collected with scp; slurm mode: srun --output).
+# --hosts: the job on each host runs detached from its ssh session (launch/detached_job.sh): a dropped session
+# leaves it running, its log in ~/grpo_logs/<run>.log and its status in <run>.status (launch/README.md:
+# re-attaching). Ctrl-C, SIGTERM or SIGHUP to this script sends every host's job SIGINT (it finishes the step,
+# saves, exits 0), waits for them (at most --stop-timeout seconds, default 600), collects the logs and exits with
+# the first failing job's status (0 after a clean stop); a second Ctrl-C stops waiting (exit 130).
 #
 #   launch/gpu_multinode.sh --slurm --nodes 2 --gpus-per-node 8 --config configs/grpo_arith.py --workdir /shared/r1
 #   launch/gpu_multinode.sh --hosts gpu1,gpu2 --config configs/grpo_arith.py --workdir /shared/r1 -- --config.x=1
@@ -16,13 +21,14 @@ set -euo pipefail
 
 MODE="" HOSTS="" NODES=2 GPUS=8 PORT=12345 CONFIG="configs/grpo_arith.py" WORKDIR="" MODULE="grpo_jax.main"
 REMOTE_DIR="grpo_jax_src" VENV="\$HOME/grpo_jax_venv" JAX_VERSION="0.10.2" LOG_DIR="gpu_logs" RUN_NAME="" DRY=0
+STOP_TIMEOUT=600
 EXTRA=()
 
 usage() { awk 'NR > 1 && !/^#/ {exit} NR > 1 {sub(/^# ?/, ""); print}' "$0"; exit "${1:-0}"; }  # the header
 die() { echo "error: $*" >&2; exit 2; }
 
 while [[ $# -gt 0 ]]; do
-  case "$1" in --hosts|--nodes|--gpus-per-node|--port|--config|--workdir|--module|--run-name) [[ $# -ge 2 ]] || die "$1 needs a value; see --help";; esac
+  case "$1" in --hosts|--nodes|--gpus-per-node|--port|--config|--workdir|--module|--run-name|--stop-timeout) [[ $# -ge 2 ]] || die "$1 needs a value; see --help";; esac
   case "$1" in
     --slurm) MODE=slurm; shift;;
     --hosts) MODE=ssh; HOSTS="$2"; shift 2;;
@@ -33,6 +39,7 @@ while [[ $# -gt 0 ]]; do
     --workdir) WORKDIR="$2"; shift 2;;
     --module) MODULE="$2"; shift 2;;
     --run-name) RUN_NAME="$2"; shift 2;;
+    --stop-timeout) STOP_TIMEOUT="$2"; shift 2;;
     --dry-run) DRY=1; shift;;
     -h|--help) usage 0;;
     --) shift; EXTRA=("$@"); break;;
@@ -49,22 +56,25 @@ are written with local file calls); pass an absolute path on a shared filesystem
 [[ "$WORKDIR" == /* ]] || die "--workdir=$WORKDIR is relative: on the nodes it would \
 resolve inside the code's copy (which the next --hosts launch deletes); pass an absolute path on a shared filesystem"
 # numbers checked here: a bad one failed on the nodes, after the copy and set-up (GRPO_JAX_COORDINATOR=h1:abc)
-for kv in "--nodes=$NODES" "--gpus-per-node=$GPUS" "--port=$PORT"; do
+for kv in "--nodes=$NODES" "--gpus-per-node=$GPUS" "--port=$PORT" "--stop-timeout=$STOP_TIMEOUT"; do
   [[ "${kv#*=}" =~ ^[1-9][0-9]*$ ]] || die "$kv must be a positive integer"
 done
 RUN_NAME="${RUN_NAME:-$(basename "$WORKDIR")}"
 RUN_NAME="${RUN_NAME//[^A-Za-z0-9_.-]/_}"  # a log file name on every node and here
 REPO="$(cd "$(dirname "$0")/.." && pwd)"
 QREPO="$(printf '%q' "$REPO")"
+. "$REPO/launch/detached_job.sh"
 
-run() {
-  local out="+" a
+# show: prints a command (prefixed "+ ", arguments with shell characters in single quotes); run: prints it and runs
+# it unless --dry-run.
+show() {
+  local out="${PREFIX:-+}" a
   for a in "$@"; do
     if [[ "$a" =~ ^[A-Za-z0-9_./:=@,+%-]+$ ]]; then out+=" $a"; else out+=" ${a@Q}"; fi
   done
   echo "$out"
-  [[ "$DRY" == 1 ]] || "$@"
 }
+run() { show "$@"; [[ "$DRY" == 1 ]] || "$@"; }
 
 QEXTRA=""
 for a in "${EXTRA[@]+"${EXTRA[@]}"}"; do QEXTRA+=" $(printf '%q' "$a")"; done
@@ -104,22 +114,46 @@ for h in "${HOST_LIST[@]}"; do
 done
 
 run mkdir -p "$LOG_DIR/$RUN_NAME"
-PIDS=()
+B="~/grpo_logs/$RUN_NAME"  # the job's files on each host: B.log, B.pgid, B.status (launch/detached_job.sh)
+STOP="$(detached_stop "$B" "$STOP_TIMEOUT")"
+[[ "$DRY" == 1 ]] || trap_stop_signals
 for ((i = 0; i < N; i++)); do
   h="${HOST_LIST[$i]}"
-  CMD="cd $REMOTE_DIR && mkdir -p ~/grpo_logs && GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=$COORD \
-GRPO_JAX_NUM_PROCESSES=$N GRPO_JAX_PROCESS_ID=$i $VENV/bin/python $TRAIN 2>&1 | tee ~/grpo_logs/$RUN_NAME.log; \
-exit \${PIPESTATUS[0]}"
+  CMD="cd $REMOTE_DIR && $(detached_start "$B" "GRPO_JAX_DISTRIBUTED=1 GRPO_JAX_COORDINATOR=$COORD \
+GRPO_JAX_NUM_PROCESSES=$N GRPO_JAX_PROCESS_ID=$i" "$VENV/bin/python $TRAIN")"
   if [[ "$DRY" == 1 ]]; then
     run ssh "$h" "$CMD"
   else
-    # Prefix every line with its node so interleaved output stays readable.
-    run ssh "$h" "$CMD" 2>&1 | sed -u "s/^/[node$i] /" &
-    PIDS+=($!)
+    # Every line prefixed with its node so interleaved output stays readable; $! is ssh's pid (the stop kills it).
+    show ssh "$h" "$CMD"
+    ssh "$h" "$CMD" > >(sed -u "s/^/[node$i] /") 2>&1 &
+    STREAMS+=($!)
   fi
 done
 STATUS=0
-for p in "${PIDS[@]+"${PIDS[@]}"}"; do wait "$p" || STATUS=1; done
+if [[ "$DRY" == 1 ]]; then
+  for h in "${HOST_LIST[@]}"; do PREFIX="# on Ctrl-C, SIGTERM or SIGHUP:" show ssh "$h" "$STOP"; done
+elif wait_streams; then
+  for i in "${!STREAM_RCS[@]}"; do
+    [[ "$STATUS" != 0 ]] || STATUS="${STREAM_RCS[$i]}"  # the first failing job's
+    if [[ "${STREAM_RCS[$i]}" == 255 ]]; then  # ssh's own status: the connection failed or was lost, not the job's
+      echo "launch: node$i's session ended with ssh's status 255 (connection lost?): its job runs on, detached; \
+see launch/README.md to follow it, stop it or collect its log" >&2
+    fi
+  done
+else
+  stop_streams
+  for ((i = 0; i < N; i++)); do
+    show ssh "${HOST_LIST[$i]}" "$STOP"
+    ssh "${HOST_LIST[$i]}" "$STOP" > >(sed -u "s/^/[node$i] /") 2>&1 &
+    STOPPERS+=($!)
+  done
+  for p in "${STOPPERS[@]}"; do
+    wait "$p" && rc=0 || rc=$?
+    [[ "$STATUS" != 0 ]] || STATUS="$rc"
+  done
+fi
+[[ "$DRY" == 1 ]] || trap - INT TERM HUP
 for ((i = 0; i < N; i++)); do
   run scp "${HOST_LIST[$i]}:grpo_logs/$RUN_NAME.log" "$LOG_DIR/$RUN_NAME/node$i.log" || true
 done

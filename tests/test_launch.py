@@ -326,14 +326,18 @@ def test_launchers_help_missing_values_and_bad_host_lists():
 
 def _remote_argv(command: str) -> list[str]:
   """The arguments the remote shell hands python: the printed local command's words (shlex), then the shell
-  command among them (ssh's last word, gcloud's --command=, srun's bash -c) split as a shell splits it."""
+  command among them (ssh's last word, gcloud's --command=, srun's bash -c) split as a shell splits it, the words
+  after the venv's python up to the first operator (`<`, `&&`, `;`, ...)."""
   import shlex
   words = shlex.split(command)
   remote = next(w[len("--command="):] if w.startswith("--command=") else w for w in reversed(words)
                 if w.startswith("--command=") or "python" in w)
-  remote = remote.split(" 2>&1")[0]
-  argv = shlex.split(remote.split("python", 1)[1])
-  return argv
+  lex = shlex.shlex(remote, posix=True, punctuation_chars=True)
+  lex.whitespace_split = True
+  tokens = list(lex)
+  start = next(i for i, t in enumerate(tokens) if t.endswith("/bin/python")) + 1
+  end = next((i for i in range(start, len(tokens)) if set(tokens[i]) <= set("();<>|&")), len(tokens))
+  return tokens[start:end]
 
 
 def test_launchers_quote_paths_for_the_remote_shell_and_check_numbers(tmp_path):
@@ -350,12 +354,13 @@ def test_launchers_quote_paths_for_the_remote_shell_and_check_numbers(tmp_path):
     runs = [c for c in _commands(r.stdout) if "grpo_jax.main" in c]
     assert runs and all(_remote_argv(c) == want for c in runs), (script, runs)
   r = _bash("gpu_multinode.sh", "--hosts", "a", "--workdir", ws, "--dry-run")
-  assert "tee ~/grpo_logs/x_y.log;" in r.stdout and "gpu_logs/x_y/node0.log" in r.stdout, r.stdout
+  assert "B=~/grpo_logs/x_y &&" in r.stdout and "gpu_logs/x_y/node0.log" in r.stdout, r.stdout
   # slurm: the repository path is one word for the nodes' shell
   spaced = tmp_path / "my repo"
   (spaced / "launch").mkdir(parents=True)
   script = spaced / "launch" / "gpu_multinode.sh"
-  script.write_text(open(os.path.join(REPO, "launch", "gpu_multinode.sh")).read())
+  for name in ("gpu_multinode.sh", "detached_job.sh"):
+    (spaced / "launch" / name).write_text(open(os.path.join(REPO, "launch", name)).read())
   r = subprocess.run(["bash", str(script), "--slurm", "--workdir", "/s/r", "--dry-run"], capture_output=True,
                      text=True, timeout=30)
   import shlex
@@ -375,22 +380,26 @@ def test_launchers_quote_paths_for_the_remote_shell_and_check_numbers(tmp_path):
 def test_tpu_vm_keeps_the_run_status_and_deletes_when_the_tpu_lists_no_workers(tmp_path):
   """After the run, the log collection counts the workers from `describe`: a TPU that lists none (a preempted spot
   TPU) or a describe that fails made the script exit 1 there, silently: the run's own status (here 3) was lost and
-  --delete never ran. Now a one-line warning, no logs, the delete, and the run's status. A fake gcloud on PATH; the
-  script runs from a throwaway git repository (it archives its repository)."""
+  --delete never ran. Now a one-line warning, no logs, the delete, and the run's status. Also when the session's
+  status was ssh's 255 (the connection lost as the TPU went: a lost session otherwise holds the delete back, the
+  job may run on). A fake gcloud on PATH; the script runs from a throwaway git repository (it archives its
+  repository)."""
   repo = tmp_path / "repo"
   (repo / "launch").mkdir(parents=True)
-  (repo / "launch" / "tpu_vm.sh").write_text(open(os.path.join(REPO, "launch", "tpu_vm.sh")).read())
+  for name in ("tpu_vm.sh", "detached_job.sh"):
+    (repo / "launch" / name).write_text(open(os.path.join(REPO, "launch", name)).read())
   git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
   for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"]):
     subprocess.run(git + cmd, check=True, capture_output=True)
   bin_dir = tmp_path / "bin"
   bin_dir.mkdir()
   calls = tmp_path / "calls.log"
-  for describe in ("exit 0", "exit 1"):  # no endpoints listed; describe fails
+  # no endpoints listed; describe fails; the session lost
+  for describe, code in (("exit 0", 3), ("exit 1", 3), ("exit 0", 255)):
     (bin_dir / "gcloud").write_text(textwrap.dedent(f"""\
         #!/bin/bash
         echo "$*" >> {calls}
-        case "$*" in *" describe "*) {describe};; *grpo_jax.main*) exit 3;; esac
+        case "$*" in *" describe "*) {describe};; *grpo_jax.main*) exit {code};; esac
         exit 0
         """))
     (bin_dir / "gcloud").chmod(0o755)
@@ -398,7 +407,7 @@ def test_tpu_vm_keeps_the_run_status_and_deletes_when_the_tpu_lists_no_workers(t
     r = subprocess.run(["bash", str(repo / "launch" / "tpu_vm.sh"), "--name", "n", "--zone", "z", "--workdir",
                         "/mnt/b/r", "--delete"], capture_output=True, text=True, timeout=60, cwd=tmp_path,
                        env=dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}"))
-    assert r.returncode == 3, (describe, r.returncode, r.stderr)
+    assert r.returncode == code, (describe, r.returncode, r.stderr)
     assert "warning: TPU n lists no workers now (preempted or deleted?); no logs collected" in r.stderr, r.stderr
     lines = calls.read_text().splitlines()
     assert lines[-1] == "compute tpus tpu-vm delete n --zone=z --quiet", lines
@@ -501,3 +510,270 @@ def test_local_multiprocess_keeps_a_signal_the_caller_ignores(tmp_path):
   text = "".join(lines) + p.communicate(timeout=30)[0]
   assert "got SIGHUP" not in text and "SIGHUP received" not in text, text
   assert "stopping the remaining processes (timeout)" in text and p.returncode == 124, (p.returncode, text)
+
+
+# ------------------------------------------------------------------ the ssh launchers' detached jobs and their stop
+# A fake `python` for the hosts' venv (launch/*.sh run $HOME/grpo_jax_venv/bin/python): records its argv, prints a
+# line every 0.2 s, and on SIGINT prints "saved" and exits 0 as grpo_jax.main does (infra/signals.py); left alone it
+# ends after FAKE_STEPS lines, or at the first line after ~/finish appears, with FAKE_EXIT.
+FAKE_JOB = textwrap.dedent("""\
+    #!{python}
+    import json, os, signal, sys, time
+    json.dump(sys.argv[1:], open(os.path.expanduser("~/job_argv.json"), "w"))
+    def stop(signum, frame):
+      if os.environ.get("FAKE_SLOW_SAVE"):  # a save that takes longer than the launcher waits
+        print("saving", flush=True)
+        return
+      print("saved", flush=True)
+      sys.exit(0)
+    signal.signal(signal.SIGINT, stop)
+    for i in range(int(os.environ.get("FAKE_STEPS", "150"))):
+      print(f"step {{i}}", flush=True)
+      if os.path.exists(os.path.expanduser("~/finish")):
+        break
+      time.sleep(0.2)
+    print("done", flush=True)
+    sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
+    """)
+
+# `gcloud`, `ssh`, `scp` and `rsync` for the launchers: "remote" is this machine with HOME a temporary directory. A
+# remote command runs as sshd runs it: `bash -c` in a session of its own (so a signal to the launcher's process group
+# does not reach it) with default signal handling, its output relayed through a pipe. SIGTERM to the relay is a
+# dropped connection: the pipe closes (the remote side's next write fails) and the relay exits 255, ssh's status.
+# gcloud's ssh runs the fake ssh as its child, as gcloud does.
+FAKE_REMOTE = textwrap.dedent("""\
+    #!{python}
+    import os, shutil, signal, subprocess, sys
+    home, tool, args = os.environ["HOME"], os.path.basename(sys.argv[0]), sys.argv[1:]
+    with open(os.path.join(home, "calls.log"), "a") as f:
+      f.write(" ".join([tool] + args) + "\\n")
+
+    def remote(cmd):
+      def defaults():
+        for s in (signal.SIGINT, signal.SIGQUIT, signal.SIGTERM, signal.SIGHUP):
+          signal.signal(s, signal.SIG_DFL)
+      p = subprocess.Popen(["bash", "-c", cmd], cwd=home, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           start_new_session=True, preexec_fn=defaults)
+      if "setsid" in cmd:  # the session that starts the job and follows its log
+        with open(os.path.join(home, "stream.pid"), "w") as f:
+          f.write(str(os.getpid()))
+      signal.signal(signal.SIGTERM, lambda *a: os._exit(255))
+      for line in p.stdout:
+        sys.stdout.buffer.write(line)
+        sys.stdout.flush()
+      sys.exit(p.wait())
+
+    def copy(src, dst):
+      src, dst = (os.path.join(home, p.split(":", 1)[1]) if ":" in p else p for p in (src, dst))
+      if os.path.exists(src):
+        shutil.copy(src, dst)
+
+    if tool == "gcloud":
+      sub, rest = args[3], [a for a in args[4:] if not a.startswith("--")]
+      cmd = [a[len("--command="):] for a in args if a.startswith("--command=")]
+      if sub == "ssh":  # through ssh, a child of gcloud's as in the real one
+        sys.exit(subprocess.call([os.path.join(os.path.dirname(sys.argv[0]), "ssh"), "worker", cmd[0]]))
+      elif sub == "scp":
+        copy(rest[0], rest[1])
+    elif tool == "ssh":
+      remote(args[1])
+    elif tool == "scp":
+      copy(args[0], args[1])
+    elif tool == "rsync":
+      os.makedirs(os.path.join(home, "grpo_jax_src"), exist_ok=True)
+    """)
+
+
+def _pod(tmp_path, launcher: str, *, steps: int = 150, code: int = 0, delete: bool = True, stop_timeout: int = 10):
+  """A throwaway repository with the launcher, a fake host (HOME) with its venv, fakes on PATH; returns the
+  launcher's argv, its environment and HOME. One worker / host. The workdir and an argument have a space."""
+  repo, home, bin_dir = tmp_path / "repo", tmp_path / "home", tmp_path / "bin"
+  (repo / "launch").mkdir(parents=True)
+  for name in (launcher, "detached_job.sh"):
+    (repo / "launch" / name).write_text(open(os.path.join(REPO, "launch", name)).read())
+  git = ["git", "-c", "user.name=t", "-c", "user.email=t@t", "-C", str(repo)]
+  for cmd in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "x"]):
+    subprocess.run(git + cmd, check=True, capture_output=True)
+  venv = home / "grpo_jax_venv"
+  (venv / "bin").mkdir(parents=True)
+  (venv / ".grpo_jax_0.10.2").write_text("")  # the set-up step finds the venv built
+  (venv / "bin" / "python").write_text(FAKE_JOB.format(python=sys.executable))
+  (venv / "bin" / "pip").write_text("#!/bin/sh\n")
+  bin_dir.mkdir()
+  for tool in ("gcloud", "ssh", "scp", "rsync"):
+    (bin_dir / tool).write_text(FAKE_REMOTE.format(python=sys.executable))
+  for f in [venv / "bin" / "python", venv / "bin" / "pip"] + list(bin_dir.iterdir()):
+    f.chmod(0o755)
+  where = (["--name", "n", "--zone", "z", "--no-create", "--workers", "1"] + (["--delete"] if delete else [])
+           if launcher == "tpu_vm.sh" else ["--hosts", "h1", "--run-name", "run"])
+  argv = ["bash", str(repo / "launch" / launcher), *where, "--workdir", "/mnt/b r", "--stop-timeout",
+          str(stop_timeout), "--", "--config.log.note=a b"]
+  env = dict(os.environ, HOME=str(home), PATH=f"{bin_dir}:{os.environ['PATH']}", FAKE_STEPS=str(steps),
+             FAKE_EXIT=str(code))
+  return argv, env, home
+
+
+def _start(argv, env, cwd):
+  """The launcher in a process group of its own (a terminal's foreground job), with Ctrl-C's, SIGTERM's and SIGHUP's
+  default handling whatever pytest inherited (a suite started with `&` inherits SIGINT ignored, which bash keeps)."""
+  import signal
+
+  def defaults():
+    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+      signal.signal(s, signal.SIG_DFL)
+  out = open(cwd / "launcher.out", "w")
+  return subprocess.Popen(argv, env=env, cwd=cwd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                          preexec_fn=defaults)
+
+
+def _poll(what, timeout: float = 10.0):
+  import time
+  deadline = time.monotonic() + timeout
+  while not what():
+    assert time.monotonic() < deadline, "timed out"
+    time.sleep(0.05)
+
+
+def _read(path) -> str:
+  return path.read_text() if path.exists() else ""
+
+
+def _collected(tmp_path, launcher: str) -> str:
+  return _read(tmp_path / ("tpu_logs/n/worker0.log" if launcher == "tpu_vm.sh" else "gpu_logs/run/node0.log"))
+
+
+LAUNCHERS = ("tpu_vm.sh", "gpu_multinode.sh")
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+@pytest.mark.parametrize("how", ("sigint_to_group", "sigterm_to_launcher"))
+def test_ssh_launchers_stop_the_remote_job_cleanly_on_a_signal(tmp_path, launcher, how):
+  """Ctrl-C (SIGINT to the launcher's process group) or SIGTERM to the launcher alone reached only the local ssh /
+  gcloud: the remote job ran on, and its next line to the dead session killed it without saving. Now the launcher
+  sends each job SIGINT, waits for it, collects the logs and exits with the jobs' status: the job prints "saved",
+  exits 0, and so does the launcher; the first session is ended, gcloud's ssh child too (planted: no trap, a trap
+  that sends nothing on, a job attached to the session, gcloud killed without its child)."""
+  import signal
+  argv, env, home = _pod(tmp_path, launcher)
+  p = _start(argv, env, tmp_path)
+  log = home / "grpo_logs" / "run.log"
+  try:
+    _poll(lambda: "step 2" in _read(log))
+    if how == "sigint_to_group":
+      os.killpg(p.pid, signal.SIGINT)
+    else:
+      p.send_signal(signal.SIGTERM)
+    rc = p.wait(timeout=15)
+  finally:
+    p.kill()
+  out = _read(tmp_path / "launcher.out")
+  sig = "INT" if how == "sigint_to_group" else "TERM"
+  assert rc == 0, (rc, out)
+  assert f"launch: SIG{sig} received: sending SIGINT to the job on every host" in out, out
+  assert _read(log).rstrip().endswith("saved") and _read(home / "grpo_logs" / "run.status") == "0\n", _read(log)
+  assert "saved" in _collected(tmp_path, launcher) and "saved" in out.split("received: sending SIGINT")[1], out
+  assert out.count("saved") == 1, out  # shown by the stop's follow alone: the first session was ended
+  assert json.loads(_read(home / "job_argv.json")) == [
+      "-m", "grpo_jax.main", "--config=configs/grpo_arith.py", "--workdir=/mnt/b r", "--config.log.note=a b"]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_ssh_launchers_leave_the_job_running_when_the_session_drops(tmp_path, launcher):
+  """The session that follows the log is killed (a dropped connection) without a signal to the launcher: the job
+  ran inside that session behind `| tee`, so tee died of SIGPIPE and the job of BrokenPipeError at its next line.
+  Now it runs on to its natural end and writes its status; the launcher says so, exits 255 (ssh's status), does
+  not --delete the TPU under it, and a second launch of the same run is refused while it runs (planted: the job's
+  output through the session; the delete not held back; no refusal)."""
+  import signal
+  argv, env, home = _pod(tmp_path, launcher)
+  p = _start(argv, env, tmp_path)
+  log, status = home / "grpo_logs" / "run.log", home / "grpo_logs" / "run.status"
+  try:
+    _poll(lambda: "step 2" in _read(log) and (home / "stream.pid").exists())
+    os.kill(int(_read(home / "stream.pid")), signal.SIGTERM)
+    rc = p.wait(timeout=15)
+  finally:
+    p.kill()
+  out = _read(tmp_path / "launcher.out")
+  assert rc == 255 and "session ended with ssh's status 255 (connection lost?)" in out, (rc, out)
+  assert not status.exists(), "the job should still be running"
+  if launcher == "tpu_vm.sh":
+    assert "warning: not deleting TPU n: its job may still be running" in out, out
+    assert not any(" delete " in l for l in _read(home / "calls.log").splitlines()), _read(home / "calls.log")
+  again = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+  assert again.returncode == 2 and "a job of this run is still running" in again.stdout + again.stderr, again
+  assert not status.exists(), "the job should still be running"
+  (home / "finish").write_text("")  # its natural end: the steps left run out
+  _poll(lambda: status.exists())
+  assert _read(status) == "0\n" and _read(log).rstrip().endswith("done"), _read(log)
+  assert "saved" not in _read(log)
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_ssh_launchers_exit_with_the_jobs_own_failure(tmp_path, launcher):
+  """A job that fails (exit 3) gives the launcher status 3 through the detached run and its status file; its log is
+  collected whole (planted: the follow exiting 0)."""
+  argv, env, home = _pod(tmp_path, launcher, steps=3, code=3)
+  r = subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+  assert r.returncode == 3, (r.returncode, r.stdout, r.stderr)
+  assert _read(home / "grpo_logs" / "run.status") == "3\n"
+  assert _collected(tmp_path, launcher) == "step 0\nstep 1\nstep 2\ndone\n", r.stdout
+  assert "step 2" in r.stdout  # followed live
+
+
+def test_tpu_vm_bounds_the_wait_for_a_stop_and_a_second_ctrl_c_ends_it(tmp_path):
+  """A job that has not stopped after --stop-timeout: the launcher collects the logs, exits 124 and does not --delete
+  the TPU it is still saving on. A second Ctrl-C while it waits ends the wait at once: exit 130, the job left to
+  finish its save (planted: the limit not passed on; the second signal only recorded)."""
+  import signal
+  import time
+  argv, env, home = _pod(tmp_path, "tpu_vm.sh", stop_timeout=2)
+  env["FAKE_SLOW_SAVE"] = "1"
+  log, pgid = home / "grpo_logs" / "run.log", home / "grpo_logs" / "run.pgid"
+  for second_signal in (False, True):
+    log.unlink(missing_ok=True)  # the first run's lines
+    p = _start(argv, env, tmp_path)
+    try:
+      _poll(lambda: "step 2" in _read(log))
+      os.killpg(p.pid, signal.SIGINT)
+      if second_signal:
+        _poll(lambda: "saving" in _read(log))
+        t0 = time.monotonic()
+        os.killpg(p.pid, signal.SIGINT)
+      rc = p.wait(timeout=15)
+    finally:
+      p.kill()
+      if pgid.exists():  # the job that would not stop; its files go too (a zombie here can outlive it a while)
+        try:
+          os.killpg(int(_read(pgid)), signal.SIGKILL)
+        except ProcessLookupError:
+          pass
+        pgid.unlink()
+    out = _read(tmp_path / "launcher.out")
+    if second_signal:
+      assert rc == 130 and time.monotonic() - t0 < 1.5 and "launch: stopped waiting" in out, (rc, out)
+    else:
+      assert rc == 124 and "the job is still running after 2 s" in out, (rc, out)
+      assert "warning: not deleting TPU n: its job may still be running" in out, out
+      assert "+ gcloud compute tpus tpu-vm scp n:grpo_logs/run.log" in out, out
+    assert not any(" delete " in l for l in _read(home / "calls.log").splitlines())
+
+
+def test_tpu_vm_stops_the_job_when_its_terminal_hangs_up(tmp_path):
+  """A closed terminal: SIGHUP to the launcher, whose output pipe has no reader any more. Its first line after the
+  signal killed it (SIGPIPE) before the jobs were sent their SIGINT; it now writes to /dev/null from then on, stops
+  the job (which saves) and collects the log (planted: the HUP trap without the redirect)."""
+  import signal
+  argv, env, home = _pod(tmp_path, "tpu_vm.sh")
+  log = home / "grpo_logs" / "run.log"
+  p = subprocess.Popen(argv, env=env, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
+  try:
+    _poll(lambda: "step 2" in _read(log))
+    p.stdout.close()  # the terminal is gone
+    p.send_signal(signal.SIGHUP)
+    rc = p.wait(timeout=15)
+  finally:
+    p.kill()
+  assert rc == 0 and _read(log).rstrip().endswith("saved"), (rc, _read(log))
+  assert "saved" in _collected(tmp_path, "tpu_vm.sh")

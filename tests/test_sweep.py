@@ -433,6 +433,17 @@ def test_print_mode_writes_launch_commands_the_launcher_accepts(env):
     assert f"--workdir={env / 'print' / r.name}" in argv
 
 
+def _words_to_first_operator(shell: str) -> list[str]:
+  """A shell command's words up to its first operator after the python call (`<`, `&&`, `;`, ...): on the hosts the
+  job's command is followed by its redirections and the commands that follow its log (launch/detached_job.sh)."""
+  lex = shlex.shlex(shell, posix=True, punctuation_chars=True)
+  lex.whitespace_split = True
+  words = list(lex)
+  start = next(i for i, w in enumerate(words) if w.endswith("/bin/python"))
+  end = next((i for i in range(start, len(words)) if set(words[i]) <= set("();<>|&")), len(words))
+  return words[:end]
+
+
 def _main_argv(words: list[str]) -> list[str]:
   """grpo_jax.main's arguments in a command's words: those after `-m grpo_jax.main`."""
   return words[words.index("grpo_jax.main") + 1:]
@@ -468,7 +479,7 @@ def test_print_mode_drives_every_launcher_and_refuses_the_others(tmp_path, monke
       assert res.returncode == 0, (cmd, res.stderr)
       if "gpu_multinode" in launch:  # `+ ssh g1 '<shell command>'`, `+ srun ... bash -c '<shell command>'`
         shells = [shlex.split(l[2:])[-1] for l in res.stdout.splitlines() if l.startswith("+ ") and "grpo_jax.main" in l]
-        argvs = [_main_argv(shlex.split(sh.split(" 2>&1")[0])) for sh in shells]
+        argvs = [_main_argv(_words_to_first_operator(sh)) for sh in shells]
       else:  # the bash script of the job: one line per process, `cd REPO && VARS... python -m grpo_jax.main ... &`
         argvs = [_main_argv(shlex.split(l.split(" && ", 1)[1])[:-1]) for l in res.stdout.splitlines()
                  if "grpo_jax.main" in l]
