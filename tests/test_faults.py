@@ -238,6 +238,30 @@ def test_second_run_on_a_workdir_exits_2_and_the_first_finishes_untouched(rl_ref
   assert json.load(open(os.path.join(wd, "config.json")))["seed"] == 0
 
 
+def test_a_closed_console_stops_the_run_after_saving_and_the_rerun_ends_equal(rl_reference, hf_init, tmp_path):
+  """The reader of the run's output goes away mid-run (`| head`, a `| tee` whose terminal closed): the run's next
+  line used to raise BrokenPipeError (Python ignores SIGPIPE) and kill it, nothing saved since the last periodic
+  checkpoint. Now it stops as on SIGHUP: the step finishes, is saved, exit 0; the rerun ends bit-equal to an
+  uninterrupted run. Checkpoints only at the end (train.ckpt_every 100): a step saved before 6 is the stop's."""
+  wd = str(tmp_path / "run")
+  job = {**hf_init, "train.ckpt_every": 100}
+  p = _start(job, wd)
+  for line in p.stdout:  # the run's own lines, until its first training step's progress line (`step 1/6 (17%) ...`;
+    if line.startswith("step ") and not line.startswith("step 0"):  # `step 0` is the evaluation before training)
+      break
+  else:
+    raise AssertionError(f"the run ended before its first progress line (exit {p.wait()})")
+  p.stdout.close()  # the console is gone: every later write of the run fails (EPIPE)
+  assert p.wait(timeout=300) == 0
+  saved = sorted(int(d) for d in os.listdir(os.path.join(wd, "checkpoints")) if d.isdigit())
+  assert len(saved) == 1 and 1 <= saved[0] < 6, saved  # the stop's save, mid-run
+  code, out = _run(job, wd)
+  assert code == 0 and "Resumed from" in out, out[-3000:]
+  _assert_same_state(_state(wd, 6), _state(rl_reference, 6))
+  drop = lambda rs: [{k: v for k, v in r.items() if not k.startswith("ckpt/")} for r in rs]
+  assert drop(_deterministic(_rows(wd))) == drop(_deterministic(_rows(rl_reference)))
+
+
 @pytest.fixture(scope="module")
 def sft_reference(tmp_path_factory):
   wd = str(tmp_path_factory.mktemp("sft_ref"))

@@ -1,4 +1,5 @@
 """SIGTERM, SIGINT and SIGHUP request a graceful stop; repeated signals are absorbed; processes agree on the stop step."""
+import json
 import os
 import signal
 import socket
@@ -99,3 +100,55 @@ def test_signals_after_the_command_are_ignored():
   finally:
     for s, h in prev.items():
       signal_lib.signal(s, h)
+
+
+_CONSOLE_SCRIPT = r'''
+import errno, json, os, sys
+from grpo_jax.infra import console, signals
+out = {}
+if sys.argv[2] == "pipe":
+  r, w = os.pipe()
+  os.dup2(w, 1)
+  os.close(r)  # the reader is gone (`| head` exited): every write to fd 1 fails with EPIPE
+else:
+  master, tty = os.openpty()
+  os.dup2(tty, 1)
+  os.close(master)  # the terminal is gone: every write to fd 1 fails with EIO
+console.guard_streams()
+with signals.GracefulStop() as stop:
+  print("a line to a closed console", flush=True)  # raised BrokenPipeError before the guard
+  print("and another", flush=True)
+  out["inside"] = [stop.requested, stop.signal_name, console.gone()]
+  out["fd_write"] = os.write(1, b"a library's own write to fd 1\n")  # XLA's, absl's: fd 1 itself is /dev/null now
+with signals.GracefulStop() as later:  # a stop installed after the console closed asks for itself
+  out["later"] = later.requested
+class Full:  # another OSError (a full disk) is not a closed console: it still raises
+  def write(self, text):
+    raise OSError(errno.ENOSPC, "No space left on device")
+try:
+  console._Guarded(Full()).write("x")
+  out["enospc"] = "swallowed"
+except OSError as e:
+  out["enospc"] = e.errno == errno.ENOSPC
+print("stderr, not closed, still writes", file=sys.stderr, flush=True)
+with open(sys.argv[1], "w") as f:
+  json.dump(out, f)
+'''
+
+
+@pytest.mark.parametrize("console,errno_name", [("pipe", "EPIPE"), ("terminal", "EIO")])
+def test_a_closed_console_asks_for_a_stop_instead_of_raising(tmp_path, console, errno_name):
+  """console._Guarded: a write to a console whose reader is gone points that fd at /dev/null and asks the command's
+  GracefulStop for a stop (as SIGHUP), once; the other stream keeps writing; a stop installed later asks for
+  itself; another OSError still raises. In a subprocess: the guard rewires fd 1. (tests/test_faults.py runs it
+  through the CLI.)"""
+  env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+  r = subprocess.run([sys.executable, "-c", _CONSOLE_SCRIPT, str(tmp_path / "out.json"), console], env=env,
+                     timeout=60, stderr=subprocess.PIPE, text=True)
+  assert r.returncode == 0, r.stderr[-3000:]
+  lines = r.stderr.splitlines()
+  assert lines[-1] == "stderr, not closed, still writes", lines
+  assert sum(f"the console closed ({errno_name}): finishing the current step" in l for l in lines) == 1, lines
+  out = json.load(open(tmp_path / "out.json"))
+  assert out == {"inside": [True, f"the console closed ({errno_name})", True], "fd_write": 30, "later": True,
+                 "enospc": True}, out

@@ -18,6 +18,7 @@ not a backend: unaffected.)
 """
 from __future__ import annotations
 
+import errno
 import glob
 import logging as std_logging
 import os
@@ -130,3 +131,85 @@ def setup_logging(verbose: bool) -> None:
   shown: set[str] = set()
   threading.excepthook = _one_line_hook("a library thread failed", shown)
   sys.unraisablehook = _one_line_hook("an exception was ignored during cleanup", shown)
+
+
+# A closed console: EPIPE (the reader of a pipe exited: `| head`, or `| tee` whose terminal closed) or EIO (a closed
+# terminal). Python ignores SIGPIPE, so a write there raises instead of killing the process.
+_GONE_ERRNOS = (errno.EPIPE, errno.EIO)
+_console_gone = threading.Event()
+
+
+_on_closed: list = []  # callables(reason): signals.py registers the active stop's request
+
+
+def on_closed(fn) -> None:
+  """Calls fn(reason) when the console closes (signals.py: the command's GracefulStop asks for a stop)."""
+  _on_closed.append(fn)
+
+
+def _console_closed(err: OSError) -> None:
+  """Asks the command to stop as a closed terminal's SIGHUP does (finish the step, save, exit 0), once a process."""
+  if _console_gone.is_set():
+    return
+  _console_gone.set()
+  reason = f"the console closed ({errno.errorcode.get(err.errno, err.errno)})"
+  for fn in _on_closed:
+    fn(reason)
+
+
+class _Guarded:
+  """sys.stdout / sys.stderr of a long command: a write or flush to a closed console detaches the stream and asks
+  for a stop (_console_closed) instead of raising. Without it the run died at its next line (the progress line, a
+  sample) with BrokenPipeError or OSError(EIO), nothing saved since the last periodic checkpoint: after `| head`,
+  after `| tee` lost its terminal, and after a closed terminal's SIGHUP, whose graceful stop never got to save.
+  Everything else is the stream's."""
+
+  def __init__(self, stream):
+    self._stream = stream
+
+  def _guard(self, method: str, *args):
+    try:
+      return getattr(self._stream, method)(*args)
+    except OSError as e:
+      if e.errno not in _GONE_ERRNOS:
+        raise
+      self._detach()
+      _console_closed(e)
+      try:  # the text that failed (and what the stream still buffers) now goes to /dev/null
+        return getattr(self._stream, method)(*args)
+      except OSError:
+        return None
+
+  def _detach(self) -> None:
+    """This stream's fd now writes to /dev/null, so every later write to it succeeds and shows nothing — Python's
+    and a library's alike; the other stream is left as it is (`2> log | head`: the log keeps its lines)."""
+    try:
+      fd = self._stream.fileno()
+    except (AttributeError, OSError, ValueError):
+      self._stream = open(os.devnull, "w", encoding="utf-8")  # pylint: disable=consider-using-with
+      return
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, fd)
+    os.close(devnull)
+
+  def write(self, text):
+    return self._guard("write", text)
+
+  def flush(self):
+    return self._guard("flush")
+
+  def __getattr__(self, name):
+    return getattr(self._stream, name)
+
+
+def gone() -> bool:
+  """The console closed earlier in this process (a stop installed after that asks for itself: signals.py)."""
+  return _console_gone.is_set()
+
+
+def guard_streams() -> None:
+  """Installs _Guarded around sys.stdout and sys.stderr (once); a command that runs for long (main.py) calls it."""
+  for name in ("stdout", "stderr"):
+    stream = getattr(sys, name)
+    if stream is not None and not isinstance(stream, _Guarded):
+      setattr(sys, name, _Guarded(stream))

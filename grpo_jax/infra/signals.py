@@ -22,6 +22,7 @@ from typing import Iterator
 
 from absl import logging
 
+from grpo_jax.infra import console
 from grpo_jax.infra import errors
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT) + ((signal.SIGHUP,) if hasattr(signal, "SIGHUP") else ())
@@ -47,8 +48,14 @@ class GracefulStop:
     logging.warning("%s received: finishing the current step, then saving and exiting (exit status 0; rerun the "
                     "same command to resume).", name)
 
-  def request(self) -> None:
-    """Asks for a stop as SIGTERM would (tests, code that is told about a preemption another way)."""
+  def request(self, reason: str = "") -> None:
+    """Asks for a stop as SIGTERM would (tests, code that is told about a preemption another way); `reason`, said in
+    the log and the exit line in place of the signal's name (e.g. 'the console closed')."""
+    if reason and not self.requested:
+      self.requested, self.signal_name = True, reason
+      logging.warning("%s: finishing the current step, then saving and exiting (exit status 0; rerun the same "
+                      "command to resume).", reason)
+      return
     self._handler(signal.SIGTERM, None)
 
   def should_stop(self) -> bool:
@@ -74,6 +81,8 @@ class GracefulStop:
         self._prev[sig] = signal.signal(sig, self._handler)
     # Off the main thread no handler can be installed: the flag can still be set with request().
     self._outer, _active = _active, self
+    if console.gone():  # it closed before this stop existed (console._Guarded): the run still stops and saves
+      self.request("the console closed")
     return self
 
   def __exit__(self, *exc) -> None:
@@ -104,6 +113,14 @@ def ignore_from_now() -> None:
 
 def active() -> GracefulStop | None:
   return _active
+
+
+def _stop_for(reason: str) -> None:
+  if _active is not None:
+    _active.request(reason)
+
+
+console.on_closed(_stop_for)  # a closed console (console._Guarded) stops the command as SIGHUP does
 
 
 def check_stop(where: str) -> None:

@@ -37,6 +37,7 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from grpo_jax.config import config_lib
+from grpo_jax.infra import console
 from grpo_jax.infra import errors
 from grpo_jax.infra import multihost
 from grpo_jax.config import sweep_points
@@ -498,6 +499,7 @@ def main(argv) -> None:
     sys.exit(errors.EXIT_INPUT)
   config = cli.config_value("configs/grpo_arith.py:small")
   cli.setup_logging(flags.FLAGS.verbose)
+  console.guard_streams()  # a closed console stops the sweep as SIGHUP does, after saving (console._Guarded)
   cli.compilation_cache()  # the runs of a point and the points that share a program compile it once (cli.py)
   cli.collect_less()
   command = "python -m grpo_jax.sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:])
