@@ -39,24 +39,22 @@ class GracefulStop:
     self._prev: dict = {}
 
   def _handler(self, signum, frame):  # pylint: disable=unused-argument
-    name = signal.Signals(signum).name
+    self._ask(f"{signal.Signals(signum).name} received")
+
+  def _ask(self, what: str) -> None:
+    """The first request sets the flag; later ones (a second Ctrl-C during the save) are only said."""
     if self.requested:
-      logging.warning("%s received again: still finishing the step and saving; the run exits when the save is on "
-                      "disk (SIGKILL aborts the save, which the next start cleans up).", name)
+      logging.warning("%s again: still finishing the step and saving; the run exits when the save is on disk "
+                      "(SIGKILL aborts the save, which the next start cleans up).", what)
       return
-    self.requested, self.signal_name = True, name
-    logging.warning("%s received: finishing the current step, then saving and exiting (exit status 0; rerun the "
-                    "same command to resume).", name)
+    self.requested, self.signal_name = True, what.removesuffix(" received")
+    logging.warning("%s: finishing the current step, then saving and exiting (exit status 0; rerun the same command "
+                    "to resume).", what)
 
   def request(self, reason: str = "") -> None:
-    """Asks for a stop as SIGTERM would (tests, code that is told about a preemption another way); `reason`, said in
-    the log and the exit line in place of the signal's name (e.g. 'the console closed')."""
-    if reason and not self.requested:
-      self.requested, self.signal_name = True, reason
-      logging.warning("%s: finishing the current step, then saving and exiting (exit status 0; rerun the same "
-                      "command to resume).", reason)
-      return
-    self._handler(signal.SIGTERM, None)
+    """Asks for a stop as SIGTERM would (tests, code that is told about a preemption another way); `reason` is said
+    in the log (and kept as signal_name) in place of the signal's name, e.g. 'the console closed (EPIPE)'."""
+    self._ask(reason or "SIGTERM received")
 
   def should_stop(self) -> bool:
     """True on every process once any process has been signalled; call at the same point of every step."""
