@@ -269,7 +269,7 @@ def main(argv) -> None:
   if problem:  # exit 2 (errors.EXIT_INPUT), as grpo_jax.main and grpo_jax.sweep, before anything is written
     print(f"Error: {problem}", file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
-  cli.start(flags.FLAGS.verbose)  # logging; a closed console stops the table as SIGHUP does (between rows, or at a step)
+  cli.start(flags.FLAGS.verbose)  # logging; a closed console stops the table as SIGHUP does (cli.py)
   command = "python -m grpo_jax.ablate " + " ".join(a for a in sys.argv[1:])
   cli.compilation_cache()  # cells that share a program compile it once (cli.py)
   cli.collect_less()
