@@ -168,6 +168,24 @@ def test_resume_skips_finished_cells(tmp_path):
   assert t3.calls == [] and md3.split("\n", 6)[6] == md.split("\n", 6)[6]  # same table, only the timing differs
 
 
+def test_a_directory_another_command_holds_is_refused_before_any_cell(tmp_path):
+  """Two tables (or a table and a run) on one directory would write the same cells and table files: the second is
+  refused naming the holder, nothing of it is written, and the directory is free again once the holder is done."""
+  from grpo_jax.infra import errors
+  from grpo_jax.infra import workdir_lock
+  held = workdir_lock.WorkdirLock(str(tmp_path))
+  held.acquire_local()
+  t = FakeTable()
+  try:
+    with pytest.raises(errors.InputError, match=f"workdir {tmp_path} is in use by another run \\(pid {os.getpid()}"):
+      ablate.run(_cfg(), str(tmp_path), table=t, log=lambda s: None)
+  finally:
+    held.release()
+  assert t.calls == [] and not (tmp_path / "cells").exists() and not (tmp_path / "table.md").exists()
+  ablate.run(_cfg(), str(tmp_path), table=t, log=lambda s: None)
+  assert t.calls == ["a", "b", "c=1"] and (tmp_path / "table.md").exists()
+
+
 def test_cells_from_another_config_are_refused(tmp_path):
   ablate.run(_cfg(), str(tmp_path), table=FakeTable(), log=lambda s: None)
   with pytest.raises(ValueError, match="different config"):

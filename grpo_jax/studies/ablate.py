@@ -37,6 +37,7 @@ from grpo_jax.config import config_lib
 from grpo_jax.infra import errors
 from grpo_jax.infra import multihost
 from grpo_jax.infra import signals
+from grpo_jax.infra import workdir_lock
 from grpo_jax.run import preflight
 from grpo_jax.run import run_config
 from grpo_jax.studies import report
@@ -216,6 +217,14 @@ def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
     raise ValueError(f"config.seeds={cfg.seeds}: need at least 1 (5 or more for a useful interval).")
   said = check_variants(cfg, table, cli_keys)
   check_memory(cfg, table)
+  # One table per directory (DIR/run.lock, as main and sweep take theirs): two commands on one DIR would each run
+  # and write the same cells and table files, the later overwriting the earlier. Held until the table is written.
+  with workdir_lock.WorkdirLock(workdir):
+    return _run_locked(cfg, workdir, command, table, log, cli_keys, said)
+
+
+def _run_locked(cfg, workdir: str, command: str, table: ModuleType, log: Callable[[str], None], cli_keys,
+                said: bool) -> str:
   t0 = time.perf_counter()
   with signals.GracefulStop.ensure():  # the command's (or a caller's): a signal between rows is a stop, not a kill
     cells = run_cells(cfg, workdir, table, log, None if said else cli_keys)
