@@ -1,7 +1,12 @@
 """What the commands on the package's top floor share (`python -m grpo_jax.main`, `.sweep`, `.ablate`): the flags
 `--config` / `--workdir` / `--verbose` and their one-line errors (`define_flags`, `parse_flags`, `config_value`),
-quiet library logging (`setup_logging`), the exit path (`finish`), the persistent compilation cache and the garbage
-collector's settings (`collect_less`).
+quiet library logging and the closed-console guard (`start`), the exit path (`exit_on`, `finish`), the persistent
+compilation cache and the garbage collector's settings (`collect_less`).
+
+A graceful stop is one mechanism for all three: `start` turns a closed console into a stop request
+(console.guard_streams), the command's work runs under one signals.GracefulStop (SIGTERM / SIGINT / SIGHUP: finish
+the step or the unit, save, raise errors.Preempted; further signals are absorbed while it saves), and `exit_on`
+prints the Preempted line (what stopped, what is kept, "Rerun the same command to resume.") and exits 0.
 
 The persistent compilation cache: a command compiles each program once per machine, not once per run. A rerun, a
 resume, every seed of a serial sweep and every stage that builds the same program load the compiled executable from
@@ -131,6 +136,31 @@ def override_keys() -> frozenset[str]:
 
 # The libraries' records cut to one line each, and silenced before a command's last line: infra/console.py.
 setup_logging = console.setup_logging
+
+
+def start(verbose: bool) -> None:
+  """The set-up of a long-running command once its flags are parsed: the libraries' logging (setup_logging) and
+  stdout / stderr guarded (console.guard_streams), so that a console that goes away (`| head`, a closed terminal)
+  asks the command's GracefulStop for a stop instead of killing it at its next line."""
+  setup_logging(verbose)
+  console.guard_streams()
+
+
+def exit_on(e: Exception, verbose: bool = False) -> None:
+  """A command's known failure as its one line and exit status (errors.classify): errors.Preempted (a graceful
+  stop, everything saved) exits 0 with what stopped and how to resume, an input error 2, RunStopped 3. Returns
+  nothing; re-raises `e` when it is a bug (the traceback is the report, exit 1)."""
+  from grpo_jax.infra import signals  # pylint: disable=g-import-not-at-top  (signals imports absl only)
+  verdict = errors.classify(e)
+  if verdict is None:
+    raise e
+  signals.ignore_from_now()  # the command is over: a late signal must not turn its exit into a traceback
+  code, line = verdict
+  logging.flush()
+  if verbose:
+    traceback.print_exception(e)
+  print(line, file=sys.stderr, flush=True)
+  finish(code)
 
 
 def distributed() -> bool:

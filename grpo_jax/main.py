@@ -72,8 +72,7 @@ def main(argv) -> None:
           file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
   config = cli.config_value()
-  cli.setup_logging(flags.FLAGS.verbose)
-  console.guard_streams()  # a closed console stops the run as SIGHUP does, after saving (console._Guarded)
+  cli.start(flags.FLAGS.verbose)  # logging; a closed console stops the run as SIGHUP does, after saving
   code = execute(config, flags.FLAGS.workdir or "", flags.FLAGS.verbose, user_keys=cli.override_keys())
   signals.ignore_from_now()  # a signal after the command's end interrupts nothing
   cli.finish(code)

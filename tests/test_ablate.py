@@ -168,6 +168,24 @@ def test_resume_skips_finished_cells(tmp_path):
   assert t3.calls == [] and md3.split("\n", 6)[6] == md.split("\n", 6)[6]  # same table, only the timing differs
 
 
+def test_a_directory_another_command_holds_is_refused_before_any_cell(tmp_path):
+  """Two tables (or a table and a run) on one directory would write the same cells and table files: the second is
+  refused naming the holder, nothing of it is written, and the directory is free again once the holder is done."""
+  from grpo_jax.infra import errors
+  from grpo_jax.infra import workdir_lock
+  held = workdir_lock.WorkdirLock(str(tmp_path))
+  held.acquire_local()
+  t = FakeTable()
+  try:
+    with pytest.raises(errors.InputError, match=f"workdir {tmp_path} is in use by another run \\(pid {os.getpid()}"):
+      ablate.run(_cfg(), str(tmp_path), table=t, log=lambda s: None)
+  finally:
+    held.release()
+  assert t.calls == [] and not (tmp_path / "cells").exists() and not (tmp_path / "table.md").exists()
+  ablate.run(_cfg(), str(tmp_path), table=t, log=lambda s: None)
+  assert t.calls == ["a", "b", "c=1"] and (tmp_path / "table.md").exists()
+
+
 def test_cells_from_another_config_are_refused(tmp_path):
   ablate.run(_cfg(), str(tmp_path), table=FakeTable(), log=lambda s: None)
   with pytest.raises(ValueError, match="different config"):
@@ -349,3 +367,82 @@ def test_a_config_file_that_does_not_load_is_one_line(tmp_path):
   assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr[-2000:]
   assert out.stderr.startswith("Error: --config:") and "configs/ablations/nope.py" in out.stderr
   assert not os.path.exists(tmp_path / "w")
+
+
+_SIGTERM_IN_ROW_1 = """
+import os, runpy, signal, sys
+from grpo_jax.studies.ablations import baselines_table
+real = baselines_table.run_cell
+def run_cell(cfg, variant, seeds):
+  if variant == "G=4 none":
+    os.kill(os.getpid(), signal.SIGTERM)  # handled before the row goes on: the row is under way when asked to stop
+  return real(cfg, variant, seeds)
+baselines_table.run_cell = run_cell
+sys.argv[0] = "ablate"
+runpy.run_module("grpo_jax.studies.ablate", run_name="__main__", alter_sys=True)
+"""
+
+
+def test_a_table_stopped_by_sigterm_or_a_closed_console_keeps_its_rows_and_resumes_to_the_uninterrupted_table(
+    tmp_path):
+  """The real CLI, as `python -m grpo_jax.main` stops (cli.start, signals.GracefulStop, cli.exit_on): a SIGTERM
+  between rows killed the table (a signal in a row's training loop was a Preempted traceback, exit 1), and a closed
+  console raised BrokenPipeError at the next progress line. Now both finish the row under way (table b's rows are
+  no training loop: the row is saved), start no other, exit 0 with one line naming the row that did not start and
+  the rows kept; the reruns resume from them and the finished table equals an uninterrupted one. (A stop inside a
+  row's training loop: test_ablation_tables' test_a_table_stopped_in_a_cell_resumes_at_that_cell_...)
+  Run 1: a real SIGTERM while row 1 runs (sent by the process to itself as row 1 starts: a signal from outside
+  could land before the row, whose programs the suite's compilation cache may load in no time): row 1 kept. Run 2:
+  its console is gone before its first line (the reader of its pipe exited, as `| head -0`; a reader that leaves
+  after a line races the next one): the line that row 1 was loaded finds it closed, no row starts."""
+  import subprocess
+  import sys
+  from grpo_jax.config import config_lib
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  sizes = {"Gs": (4,), "seeds": 2, "n_draws": 200}  # four rows: G=4 × the four baselines
+  wd = tmp_path / "table"
+  argv = [sys.executable, "-m", "grpo_jax.ablate", "--config=configs/ablations/baselines.py:small", f"--workdir={wd}",
+          "--config.Gs=4,", "--config.seeds=2", "--config.n_draws=200"]
+  env = dict(os.environ, PYTHONPATH=root, JAX_PLATFORMS="cpu", PYTHONUNBUFFERED="1")
+  rows = ["G=4 none", "G=4 loo", "G=4 mean", "G=4 mean_std"]
+  cell_files = lambda: sorted(os.listdir(wd / "cells"))
+
+  def start(i, script=None, stdout=subprocess.PIPE):
+    err = open(tmp_path / f"err{i}.txt", "w+")  # stderr to a file: the test closes stdout only
+    cmd = argv if script is None else [argv[0], "-c", script] + argv[3:]
+    return subprocess.Popen(cmd, cwd=root, env=env, stdout=stdout, stderr=err, text=True), err
+
+  def last_line(p, err):
+    assert p.wait(timeout=120) == 0, open(err.name).read()[-3000:]
+    lines = open(err.name).read().strip().splitlines()
+    assert "Traceback" not in "\n".join(lines), lines[-30:]
+    return lines[-1]
+
+  p, err = start(1, _SIGTERM_IN_ROW_1)
+  out = p.stdout.read()
+  assert last_line(p, err) == (f"Preempted: stopped by a signal before row 'G=4 loo' of table {wd}; 1 of 4 rows "
+                               f"finished and kept in {wd / 'cells'}. Rerun the same command to resume.")
+  assert "SIGTERM received" in open(err.name).read()
+  assert len(out.splitlines()) == 1 and out.startswith("[ablate] G=4 none: "), out  # row 1 ran, no table printed
+  assert cell_files() == ["G=4_none.json"] and not (wd / "table.md").exists()
+
+  read_end, write_end = os.pipe()
+  p, err = start(2, stdout=write_end)
+  os.close(write_end)
+  os.close(read_end)  # the console is gone: the table's first line (row 1 loaded) finds it closed
+  assert last_line(p, err) == (f"Preempted: stopped by a signal before row 'G=4 loo' of table {wd}; 1 of 4 rows "
+                               f"finished and kept in {wd / 'cells'}. Rerun the same command to resume.")
+  assert "the console closed" in open(err.name).read()
+  assert cell_files() == ["G=4_none.json"] and not (wd / "table.md").exists()
+
+  cfg = config_lib.override(config_lib.load_config(os.path.join(root, "configs/ablations/baselines.py"), "small"),
+                            sizes)
+  ran = []
+  log = lambda s: ran.append(s.split(":")[0].removeprefix("[ablate] ") + (" loaded" if "loaded" in s else ""))
+  md = ablate.run(cfg, str(wd), log=log)  # the rerun: row 1 loaded, 2-4 run
+  assert ran == ["G=4 none loaded", "G=4 loo", "G=4 mean", "G=4 mean_std"]
+  ref = ablate.run(cfg, str(tmp_path / "ref"), log=lambda s: None)  # uninterrupted
+  assert open(wd / "table.csv").read() == open(tmp_path / "ref" / "table.csv").read()
+  timing = lambda m: [x for x in m.splitlines() if not x.startswith("Measured ")]  # this invocation's seconds
+  assert timing(md) == timing(ref)
+  assert [r for r in rows if r in md] == rows

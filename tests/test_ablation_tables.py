@@ -1,5 +1,6 @@
 """The training tables' toy base model and cells, and table c's compiled-memory column, at tiny sizes."""
 import os
+import re
 
 import jax
 import ml_collections
@@ -190,7 +191,10 @@ def test_a_table_stopped_in_a_cell_resumes_at_that_cell_and_its_scratch_runs_sav
       traced.append(kw.get("fun_name"))
   monitoring.register_event_duration_secs_listener(listener)
   try:
-    with pytest.raises(errors.Preempted):
+    # the line names the row stopped and the rows kept (its runs' scratch directory is not "saved")
+    line = (f"stopped by a signal in row 'b' of table {wd} (its runs stopped after step 1; the row reruns from its "
+            f"start); 1 of 2 rows finished and kept in {wd}/cells. Rerun the same command to resume.")
+    with pytest.raises(errors.Preempted, match=f"^{re.escape(line)}$"):
       ablate.run(cfg, wd, log=lambda s: None)
     assert ran == ["a", "b"] and sorted(os.listdir(os.path.join(wd, "cells"))) == ["a.json"]
     ablate.run(cfg, wd, log=lambda s: None)

@@ -49,9 +49,9 @@ class Preempted(Exception):
   """SIGTERM/SIGINT: the current step finished and was saved; the stage is NOT finished. Exit 0, rerun resumes."""
   exit_code = EXIT_OK
 
-  def __init__(self, where: str, step: int | None = None):
-    if step is None:
-      what = f"{where}; finished stages are kept"
+  def __init__(self, where: str, step: int | None = None, kept: str = "finished stages are kept"):
+    if step is None:  # `kept`: what of the command's work is on disk (an ablation table: its finished rows)
+      what = f"{where}; {kept}"
     elif step == 0:  # a fresh loop stopped before its first step: it had nothing to save (and saved nothing)
       what = f"before the first step in {where}; nothing was trained there yet"
     else:

@@ -121,8 +121,9 @@ def _stop_for(reason: str) -> None:
 console.on_closed(_stop_for)  # a closed console (console._Guarded) stops the command as SIGHUP does
 
 
-def check_stop(where: str) -> None:
-  """Raises errors.Preempted(where) once a stop is agreed (should_stop): between stages, where no state needs saving."""
+def check_stop(where: str, **kept) -> None:
+  """Raises errors.Preempted(where) once a stop is agreed (should_stop): between stages (or an ablation table's
+  rows), where no state needs saving; `kept=`: what the stopped command keeps (errors.Preempted)."""
   stop = _active
   if stop is not None and stop.should_stop():
-    raise errors.Preempted(where)
+    raise errors.Preempted(where, **kept)

@@ -12,6 +12,11 @@ A config names a table module `grpo_jax.studies.ablations.<config.table>` that p
   appendix(cfg, cells) -> str                      (optional: more markdown from the raw cells)
 Each finished cell is written to DIR/cells/<variant>.json with the config's fingerprint, so an interrupted run
 resumes without redoing finished cells; a cell from a different config stops the run instead of being mixed in.
+SIGTERM / SIGINT / SIGHUP or a closed console stop the table gracefully, as they stop `python -m grpo_jax.main`
+(the same signals.GracefulStop and console guard, cli.py): a row whose runs are training stops at their next step
+boundary (its seeds' scratch runs are dropped, no cell file: the rerun runs the row from its start), a row that
+is not in a loop finishes and is saved, no later row starts, and the command says which row stopped and how many
+rows are kept, then exits 0; rerunning the same command resumes from the kept rows.
 What each cell's runs resolved their `auto` knobs to (logged once where they resolve, as a main run logs them) is
 kept in its cell file and gathered in DIR/auto.json, {variant: {key: "value (why)"}}, as a main run's DIR/auto.json.
 """
@@ -31,6 +36,8 @@ from grpo_jax import cli
 from grpo_jax.config import config_lib
 from grpo_jax.infra import errors
 from grpo_jax.infra import multihost
+from grpo_jax.infra import signals
+from grpo_jax.infra import workdir_lock
 from grpo_jax.run import preflight
 from grpo_jax.run import run_config
 from grpo_jax.studies import report
@@ -101,7 +108,7 @@ def run_cells(cfg, workdir: str, table: ModuleType, log: Callable[[str], None] =
                        "compared with other characters than letters, digits, '_', '.', '=' and '-' as '_', and case "
                        "ignored); rename one.")
     seen[name.lower()] = variant
-  for variant in variants:
+  for n_done, variant in enumerate(variants):
     path = _cell_path(workdir, variant)
     if os.path.exists(path):
       with open(path) as f:
@@ -115,9 +122,18 @@ def run_cells(cfg, workdir: str, table: ModuleType, log: Callable[[str], None] =
       cells[variant] = saved["cell"]
       log(f"[ablate] {variant}: loaded from {path}")
       continue
+    kept = f"{n_done} of {len(variants)} rows finished and kept in {os.path.join(workdir, 'cells')}"
+    signals.check_stop(f"before row {variant!r} of table {workdir}", kept=kept)  # between rows: nothing to save
     t0 = time.perf_counter()
-    with config_lib.user_keys_set(()) if cli_keys is None else variant_keys(cfg, variant, cli_keys):
-      cell = table.run_cell(cfg, variant, seeds)
+    try:
+      with config_lib.user_keys_set(()) if cli_keys is None else variant_keys(cfg, variant, cli_keys):
+        cell = table.run_cell(cfg, variant, seeds)
+    except errors.Preempted as e:  # a loop of the row stopped at a step boundary; no cell file is written for it
+      # (a table's seeds train in scratch directories: train_table.train_seeds; what a row's set-up caches, e.g. the
+      # R1 table's cold-start pipeline, resumes from its own checkpoints)
+      when = "before their first step" if e.step == 0 else f"after step {e.step}" if e.step else "between stages"
+      raise errors.Preempted(f"in row {variant!r} of table {workdir} (its runs stopped {when}; the row reruns from "
+                             "its start)", kept=kept) from e
     _check_cell(variant, cell, len(seeds))
     cell = json.loads(json.dumps(cell, default=float))  # plain floats only, as it will be re-read
     tmp = path + ".tmp"
@@ -201,8 +217,17 @@ def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
     raise ValueError(f"config.seeds={cfg.seeds}: need at least 1 (5 or more for a useful interval).")
   said = check_variants(cfg, table, cli_keys)
   check_memory(cfg, table)
+  # One table per directory (DIR/run.lock, as main and sweep take theirs): two commands on one DIR would each run
+  # and write the same cells and table files, the later overwriting the earlier. Held until the table is written.
+  with workdir_lock.WorkdirLock(workdir):
+    return _run_locked(cfg, workdir, command, table, log, cli_keys, said)
+
+
+def _run_locked(cfg, workdir: str, command: str, table: ModuleType, log: Callable[[str], None], cli_keys,
+                said: bool) -> str:
   t0 = time.perf_counter()
-  cells = run_cells(cfg, workdir, table, log, None if said else cli_keys)
+  with signals.GracefulStop.ensure():  # the command's (or a caller's): a signal between rows is a stop, not a kill
+    cells = run_cells(cfg, workdir, table, log, None if said else cli_keys)
   columns = tuple(cfg.columns) if "columns" in cfg else ()
   plots = report.write_plots(workdir, cells)
   report.write_csv(os.path.join(workdir, "table.csv"), cells, columns)
@@ -253,15 +278,20 @@ def main(argv) -> None:
   if problem:  # exit 2 (errors.EXIT_INPUT), as grpo_jax.main and grpo_jax.sweep, before anything is written
     print(f"Error: {problem}", file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
+  cli.start(flags.FLAGS.verbose)  # logging; a closed console stops the table as SIGHUP does (cli.py)
   command = "python -m grpo_jax.ablate " + " ".join(a for a in sys.argv[1:])
   cli.compilation_cache()  # cells that share a program compile it once (cli.py)
   cli.collect_less()
   try:
     run_keys = {k[len("run."):] for k in cli.override_keys() if k.startswith("run.")}  # cfg.run: the run config
     md = run(config, flags.FLAGS.workdir, command, cli_keys=run_keys)
-  except ValueError as e:
-    print(f"Config error: {e}", file=sys.stderr)
-    sys.exit(2)
+  except Exception as e:  # pylint: disable=broad-except
+    if isinstance(e, ValueError) and not isinstance(e, errors.InputError):  # a table's own check (load_table, ...)
+      print(f"Config error: {e}", file=sys.stderr)
+      sys.exit(errors.EXIT_INPUT)
+    cli.exit_on(e, flags.FLAGS.verbose)  # Preempted: exit 0, the rows kept and how to resume; a bug re-raised
+    return
+  signals.ignore_from_now()  # the table is written: a late signal must not turn its exit into a traceback
   print(md)
 
 

@@ -37,7 +37,6 @@ from typing import Any, Callable, Sequence
 import ml_collections
 
 from grpo_jax.config import config_lib
-from grpo_jax.infra import console
 from grpo_jax.infra import errors
 from grpo_jax.infra import multihost
 from grpo_jax.config import sweep_points
@@ -498,8 +497,7 @@ def main(argv) -> None:
     print(f"Error: unexpected argument {argv[1]!r}; see --helpfull.", file=sys.stderr)
     sys.exit(errors.EXIT_INPUT)
   config = cli.config_value("configs/grpo_arith.py:small")
-  cli.setup_logging(flags.FLAGS.verbose)
-  console.guard_streams()  # a closed console stops the sweep as SIGHUP does, after saving (console._Guarded)
+  cli.start(flags.FLAGS.verbose)  # logging; a closed console stops the sweep as SIGHUP does, after saving
   cli.compilation_cache()  # the runs of a point and the points that share a program compile it once (cli.py)
   cli.collect_less()
   command = "python -m grpo_jax.sweep " + " ".join(shlex.quote(a) for a in sys.argv[1:])
@@ -509,13 +507,7 @@ def main(argv) -> None:
               sweep_text=fs.sweep, seeds=fs.seeds, mode=fs.mode, metrics=fs.metrics or (), launch=fs.launch,
               base_overrides=config_flags.get_override_values(fs["config"]), command=command)
   except Exception as e:  # pylint: disable=broad-except
-    verdict = errors.classify(e)
-    if verdict is None:
-      raise
-    signals.ignore_from_now()
-    code, line = verdict
-    print(line, file=sys.stderr, flush=True)
-    cli.finish(code)
+    cli.exit_on(e, fs.verbose)  # Preempted: exit 0 with its line; a bug re-raised
     return
   signals.ignore_from_now()  # the sweep is over: a late signal must not turn its exit into a traceback
   print(out["report"])

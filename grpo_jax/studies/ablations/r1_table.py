@@ -23,6 +23,7 @@ from grpo_jax.model import model as model_lib
 from grpo_jax.studies import vmapped_runs as seeds_lib
 from grpo_jax.studies.ablations import train_table
 from grpo_jax.infra import sharding
+from grpo_jax.infra import workdir_lock
 from grpo_jax.rl import state as state_lib
 from grpo_jax.run import train
 from grpo_jax.run import validate
@@ -81,11 +82,14 @@ def start_params(cfg, mcfg):
     return _STARTS[key]
   if cfg.start_from == "cold_start":
     workdir = os.path.join(tempfile.gettempdir(), f"grpo_jax_r1_start_{key}")
-    pipeline.run_pipeline(cfg.run, workdir, stages=("base", "r1_1_cold_start"), report_md=False)
-    if not layout.stage_done(workdir, "r1_1_cold_start"):
-      raise RuntimeError(f"the cold-start stage in {workdir} stopped before its end; run the table again.")
-    abstract = state_lib.abstract_params(sharding.make_mesh(cfg.run.mesh, jax.devices()[:1]), mcfg)
-    params = params_ckpt.load_params(layout.params_path(workdir, "r1_1_cold_start"), abstract)
+    # shared by every table of this config on the machine: two tables building it at once would write the same
+    # checkpoints, so the second is refused naming the first (DIR/run.lock, workdir_lock.py)
+    with workdir_lock.WorkdirLock(workdir):
+      pipeline.run_pipeline(cfg.run, workdir, stages=("base", "r1_1_cold_start"), report_md=False)
+      if not layout.stage_done(workdir, "r1_1_cold_start"):
+        raise RuntimeError(f"the cold-start stage in {workdir} stopped before its end; run the table again.")
+      abstract = state_lib.abstract_params(sharding.make_mesh(cfg.run.mesh, jax.devices()[:1]), mcfg)
+      params = params_ckpt.load_params(layout.params_path(workdir, "r1_1_cold_start"), abstract)
   else:
     raise ValueError(f"config.start_from={cfg.start_from!r}: use 'cold_start' or 'random'.")
   _STARTS[key] = params

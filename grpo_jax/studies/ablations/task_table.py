@@ -26,6 +26,7 @@ from grpo_jax.config import config_lib
 from grpo_jax.config import presets
 from grpo_jax.infra import params_ckpt
 from grpo_jax.infra import sharding
+from grpo_jax.infra import workdir_lock
 from grpo_jax.model import model as model_lib
 from grpo_jax.rl import auto
 from grpo_jax.rl import state as state_lib
@@ -122,10 +123,13 @@ def start_params(cfg, mcfg):
     return _STARTS[key]
   workdir = os.path.join(tempfile.gettempdir(), f"grpo_jax_task_start_{key}")
   path = os.path.join(workdir, "params")
-  if not os.path.exists(path):
-    train.run_sft(c, workdir, evaluate_at_end=False)
-  abstract = state_lib.abstract_params(sharding.make_mesh(c.mesh, jax.devices()[:1]), mcfg)
-  _STARTS[key] = params_ckpt.load_params(path, abstract)
+  # shared by every table of this config on the machine: two tables training it at once would write the same
+  # checkpoints, so the second is refused naming the first (DIR/run.lock, workdir_lock.py)
+  with workdir_lock.WorkdirLock(workdir):
+    if not os.path.exists(path):
+      train.run_sft(c, workdir, evaluate_at_end=False)
+    abstract = state_lib.abstract_params(sharding.make_mesh(c.mesh, jax.devices()[:1]), mcfg)
+    _STARTS[key] = params_ckpt.load_params(path, abstract)
   return _STARTS[key]
 
 
