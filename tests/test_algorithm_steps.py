@@ -106,6 +106,10 @@ def test_signal_rewards_rule_for_dynamic_sampling_and_zero_std_fraction():
   assert const_sum.tolist() == [True, True] and const_term.tolist() == [False, True]
   # A weight-0 term never makes a group count: it is multiplied out.
   assert jit_call(const, rl_term, r, terms, np.array([1.0, 0.0], np.float32)).tolist() == [False, True]
+  # ... also where it is the group's only varying term (group 0 above varies in the weight-1 term as well, so it could
+  # not tell weighted terms from unweighted ones): terms (1, 0) and (1, 1), weights (1, 0): constant
+  only = np.array([[1.0, 0.0], [1.0, 1.0]], np.float32)
+  assert jit_call(const, rl_term, only.sum(1), only, np.array([1.0, 0.0], np.float32)).tolist() == [True]
 
 
 def _step(name, spec=None, **over):
