@@ -6,6 +6,8 @@ import optax
 import pytest
 
 from grpo_jax.rl import advantages as adv
+from tests.jit_call import jit_call
+from tests.jit_call import jit_grad
 
 RNG = np.random.default_rng(0)
 
@@ -34,7 +36,7 @@ def test_grpo_hand_values():
   np.testing.assert_allclose(a[0], [1, -1, -1, 1], rtol=1e-6)
   # Zero-variance groups are exactly 0, not NaN, even with eps = 0.
   assert np.all(a[1:] == 0.0)
-  a1 = np.asarray(adv.grpo(jnp.array([[1.0, 0.0, 0.0]]), std_eps=0.0, ddof=1))
+  a1 = np.asarray(jit_call(adv.grpo, jnp.array([[1.0, 0.0, 0.0]]), std_eps=0.0, ddof=1))
   # mean 1/3, sample std sqrt(1/3) -> (2/3)/sqrt(1/3) = 2/sqrt(3).
   np.testing.assert_allclose(a1[0], [2 / np.sqrt(3), -1 / np.sqrt(3), -1 / np.sqrt(3)], rtol=1e-6)
 
@@ -42,18 +44,18 @@ def test_grpo_hand_values():
 def test_grpo_default_std_is_torch_std_plus_eps():
   """The default is what TRL, verl and OpenRLHF compute: torch.std (ddof=1), eps added to the std. Rewards [1, 0]:
   TRL's ±0.5/(0.7071 + 1e-4) = ±0.70700; the population std (ddof=0) gave ±0.9998, 41% larger; at G=8, √(8/7)."""
-  a = np.asarray(adv.grpo(jnp.array([[1.0, 0.0]])))
+  a = np.asarray(jit_call(adv.grpo, jnp.array([[1.0, 0.0]])))
   np.testing.assert_allclose(a[0], [0.5 / (np.sqrt(0.5) + 1e-4), -0.5 / (np.sqrt(0.5) + 1e-4)], rtol=1e-6)
   assert a[0, 0] == pytest.approx(0.70700, abs=1e-5)
-  assert float(adv.grpo(jnp.array([[1.0, 0.0]]), ddof=0)[0, 0]) == pytest.approx(0.9998, abs=1e-4)
+  assert float(np.asarray(jit_call(adv.grpo, jnp.array([[1.0, 0.0]]), ddof=0))[0, 0]) == pytest.approx(0.9998, abs=1e-4)
   r8 = jnp.array([[1.0, 0, 0, 1, 1, 0, 0, 0]])
-  ratio = np.asarray(adv.grpo(r8, std_eps=0.0, ddof=0)) / np.asarray(adv.grpo(r8, std_eps=0.0))
+  ratio = np.asarray(jit_call(adv.grpo, r8, std_eps=0.0, ddof=0)) / np.asarray(jit_call(adv.grpo, r8, std_eps=0.0))
   np.testing.assert_allclose(ratio, np.sqrt(8 / 7), rtol=1e-6)
 
 
 def test_grpo_exact_zero_for_inexact_mean():
   # 0.1 * 3 / 3 != 0.1 in floating point; the result must still be exactly 0.
-  a = np.asarray(adv.grpo(jnp.full((1, 3), 0.1), std_eps=1e-8, ddof=0))
+  a = np.asarray(jit_call(adv.grpo, np.full((1, 3), 0.1, np.float32), std_eps=1e-8, ddof=0))
   assert np.all(a == 0.0)
 
 
@@ -61,7 +63,7 @@ def test_grpo_exact_zero_for_inexact_mean():
 def test_grpo_matches_numpy(ddof):
   r = RNG.normal(size=(6, 5)).astype(np.float32)
   r[2] = 0.3
-  np.testing.assert_allclose(np.asarray(adv.grpo(jnp.asarray(r), std_eps=1e-4, ddof=ddof)),
+  np.testing.assert_allclose(np.asarray(jit_call(adv.grpo, jnp.asarray(r), std_eps=1e-4, ddof=ddof)),
                              np_grpo(r, 1e-4, ddof), rtol=1e-5, atol=1e-6)
 
 
@@ -72,19 +74,19 @@ def test_grpo_rejects_bad_ddof():
 
 def test_dr_grpo():
   r = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
-  np.testing.assert_allclose(np.asarray(adv.dr_grpo(jnp.asarray(r))), [[0.75, -0.25, -0.25, -0.25]])
+  np.testing.assert_allclose(np.asarray(jit_call(adv.dr_grpo, jnp.asarray(r))), [[0.75, -0.25, -0.25, -0.25]])
 
 
 def test_rloo_hand_and_identity():
   r = np.array([[1.0, 0.0, 0.0, 0.0]], np.float32)
   # b_0 = 0 -> 1; b_j = 1/3 -> -1/3.
-  np.testing.assert_allclose(np.asarray(adv.rloo(jnp.asarray(r))), [[1, -1 / 3, -1 / 3, -1 / 3]], rtol=1e-6)
+  np.testing.assert_allclose(np.asarray(jit_call(adv.rloo, jnp.asarray(r))), [[1, -1 / 3, -1 / 3, -1 / 3]], rtol=1e-6)
   for G in (2, 3, 8):
     r = RNG.normal(size=(4, G)).astype(np.float32)
     loo = np.array([[r[b, i] - np.delete(r[b], i).mean() for i in range(G)] for b in range(4)])
-    a = np.asarray(adv.rloo(jnp.asarray(r)))
+    a = np.asarray(jit_call(adv.rloo, jnp.asarray(r)))
     np.testing.assert_allclose(a, loo, rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(a, G / (G - 1) * np.asarray(adv.dr_grpo(jnp.asarray(r))), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(a, G / (G - 1) * np.asarray(jit_call(adv.dr_grpo, jnp.asarray(r))), rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["dr_grpo", "rloo", "group_mean_batch_std"])
@@ -94,15 +96,18 @@ def test_constant_group_gets_exactly_zero_under_every_group_baseline(name):
   residue is not harmless: Adam divides by its own scale, so one update on a batch with no signal moved every weight
   by ~0.4·lr (here: a weight whose gradient is the residue). The other group ([1, 0, 0]) keeps its values."""
   r = jnp.asarray([[0.1, 0.1, 0.1], [1.0, 0.0, 0.0]], jnp.float32)
-  a = np.asarray({"dr_grpo": adv.dr_grpo, "rloo": adv.rloo, "group_mean_batch_std": adv.group_mean_batch_std}[name](r))
+  fn = {"dr_grpo": adv.dr_grpo, "rloo": adv.rloo, "group_mean_batch_std": adv.group_mean_batch_std}[name]
+  a = np.asarray(jit_call(fn, r))
   assert np.all(a[0] == 0.0), a[0]
   scale = {"dr_grpo": 1.0, "rloo": 1.5, "group_mean_batch_std": 1 / (np.std([0.1] * 3 + [1, 0, 0], ddof=1) + 1e-4)}
   np.testing.assert_allclose(a[1], np.array([2 / 3, -1 / 3, -1 / 3]) * scale[name], rtol=1e-5)
   # what the residue did: one AdamW step on loss = −A·θ with the first group's advantage as A
   opt = optax.adamw(1e-3, weight_decay=0.0)
-  theta = jnp.zeros(())
-  g = jax.grad(lambda t: -jnp.mean(jnp.asarray(a[0])) * t)(theta)
-  upd, _ = opt.update(g, opt.init(theta), theta)
+
+  def adam_step(theta):  # one program, not optax's eager ops one by one
+    g = jax.grad(lambda t: -jnp.mean(jnp.asarray(a[0])) * t)(theta)
+    return opt.update(g, opt.init(theta), theta)[0]
+  upd = jax.jit(adam_step)(np.zeros((), np.float32))
   assert float(upd) == 0.0
 
 
@@ -112,23 +117,25 @@ def test_rewards_past_the_float32_square_keep_their_advantages():
   REINFORCE++'s and PPO's whitened tokens, process steps — with nothing counted. Each now equals the float64
   formula (eps negligible at this scale); an inf reward still gives NaN, which the update's guard skips and counts."""
   r = np.array([[1e20, 0, 0, 0], [3e19, 0, 1e19, 0]])
-  r32 = jnp.asarray(r, jnp.float32)
-  np.testing.assert_allclose(np.asarray(adv.grpo(r32)), np_grpo(r, 0.0, 1), rtol=1e-5)
+  r32 = r.astype(np.float32)  # NumPy: its slices below are not eager (compiled) jnp ops
+  np.testing.assert_allclose(np.asarray(jit_call(adv.grpo, r32)), np_grpo(r, 0.0, 1), rtol=1e-5)
   c = r - r.mean(1, keepdims=True)
-  np.testing.assert_allclose(np.asarray(adv.group_mean_batch_std(r32)), c / r.std(ddof=1), rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(np.asarray(jit_call(adv.group_mean_batch_std, r32)), c / r.std(ddof=1), rtol=1e-5,
+                             atol=1e-6)
   s = np_grpo(r, 0.0, 1)
-  np.testing.assert_allclose(np.asarray(adv.decoupled(r32[..., None], [1.0], adv.grpo, std_eps=1e-4)),
+  np.testing.assert_allclose(np.asarray(jit_call(adv.decoupled, r32[..., None], [1.0], adv.grpo, std_eps=1e-4)),
                              s / (s.std(ddof=1) + 1e-4), rtol=1e-5)
   mask = ragged_mask([3, 1, 2, 3, 2, 1, 3, 3], 3)
-  got = np.asarray(adv.reinforce_pp(r32.reshape(-1), jnp.zeros((8, 3)), jnp.asarray(mask), beta=0.0))
+  got = np.asarray(jit_call(adv.reinforce_pp, r32.reshape(-1), np.zeros((8, 3)), jnp.asarray(mask), beta=0.0))
   ret = r.reshape(-1)[:, None] * mask  # γ = 1, outcome at the last token: every valid token's return is r
   v = ret[mask > 0]
   np.testing.assert_allclose(got, (ret - v.mean()) / v.std() * mask, rtol=1e-5, atol=1e-6)
   steps = jnp.asarray(r.reshape(4, 2), jnp.float32)  # G = 2: each group's 4 valid steps normalised together
-  p = np.asarray(adv.process_advantages(steps, jnp.asarray([[2, 2]] * 4), jnp.ones((4, 2)), jnp.ones((4, 3)), G=2))
+  p = np.asarray(jit_call(adv.process_advantages, steps, jnp.asarray([[2, 2]] * 4), np.ones((4, 2)), np.ones((4, 3)),
+                          G=2))
   want = np.concatenate([(g - g.mean()) / g.std(ddof=1) for g in r.reshape(2, 4)]).reshape(4, 2).sum(1)
   np.testing.assert_allclose(p, np.repeat(want[:, None], 3, 1), rtol=1e-5, atol=1e-6)
-  assert np.all(np.isnan(np.asarray(adv.grpo(jnp.asarray([[np.inf, 0.0, 0.0]])))))
+  assert np.all(np.isnan(np.asarray(jit_call(adv.grpo, jnp.asarray([[np.inf, 0.0, 0.0]])))))
 
 
 def test_rloo_rejects_group_of_one():
@@ -200,9 +207,9 @@ def test_reinforce_pp_ignores_padding(rpp):
 
 
 def test_reinforce_pp_kl_is_stop_gradient():
-  m = jnp.ones((2, 3))
-  g = jax.grad(lambda kl: jnp.sum(adv.reinforce_pp(jnp.array([1.0, 0.0]), kl, m, beta=0.5) ** 3))(
-      jnp.ones((2, 3)))
+  m = np.ones((2, 3), np.float32)
+  g = jit_grad(lambda kl: jnp.sum(adv.reinforce_pp(jnp.array([1.0, 0.0]), kl, m, beta=0.5) ** 3),
+               np.ones((2, 3), np.float32))
   assert np.all(np.asarray(g) == 0)
 
 
@@ -211,8 +218,8 @@ def test_reinforce_pp_baseline_matches_numpy():
   lengths = RNG.integers(0, L + 1, size=B * G)
   r = RNG.integers(0, 2, size=(B, G)).astype(np.float32)
   kl = RNG.normal(size=(B * G, L)).astype(np.float32)
-  out = adv.reinforce_pp_baseline(jnp.asarray(r), jnp.asarray(kl), jnp.asarray(ragged_mask(lengths, L)),
-                                   beta=0.05, whiten_eps=1e-8)
+  out = jit_call(adv.reinforce_pp_baseline, jnp.asarray(r), jnp.asarray(kl), jnp.asarray(ragged_mask(lengths, L)),
+                 beta=0.05, whiten_eps=1e-8)
   r_centred = (r - r.mean(1, keepdims=True)).reshape(-1)
   np.testing.assert_allclose(np.asarray(out), np_reinforce_pp(r_centred, kl, lengths, 0.05, 1e-8),
                              rtol=1e-4, atol=1e-5)
@@ -237,8 +244,8 @@ def np_gae(rew, val, lengths, gamma, lam):
 
 def test_gae_hand():
   # gamma = lam = 1: advantage = sum of future rewards - V_t (telescoping), bootstrap 0 after the last token.
-  a, ret = adv.gae(jnp.array([[0.0, 0.0, 1.0, 7.0]]), jnp.array([[0.5, 0.25, 0.125, 9.0]]),
-                   jnp.array([[1.0, 1.0, 1.0, 0.0]]), gamma=1.0, lam=1.0)
+  a, ret = jit_call(adv.gae, jnp.array([[0.0, 0.0, 1.0, 7.0]]), jnp.array([[0.5, 0.25, 0.125, 9.0]]),
+                    jnp.array([[1.0, 1.0, 1.0, 0.0]]), gamma=1.0, lam=1.0)
   np.testing.assert_allclose(np.asarray(a), [[0.5, 0.75, 0.875, 0.0]], rtol=1e-6)
   np.testing.assert_allclose(np.asarray(ret), [[1.0, 1.0, 1.0, 0.0]], rtol=1e-6)
 
@@ -260,8 +267,8 @@ def test_gae_skips_interior_masked_tokens():
   bootstraps from the NEXT VALID token's value, as verl's GAE with a response mask. Hand-computed, γ = 0.5, λ = 1:
   row [1, 0, 0, 1] with rewards (0, ·, ·, 1), values (0.25, 9, 9, 0.5): A_3 = 1 − 0.5 = 0.5,
   A_0 = 0 + 0.5·0.5 − 0.25 + 0.5·0.5 = 0.25 (the 9s of the masked tokens never enter)."""
-  a, ret = adv.gae(jnp.array([[0.0, 5.0, 5.0, 1.0]]), jnp.array([[0.25, 9.0, 9.0, 0.5]]),
-                   jnp.array([[1.0, 0.0, 0.0, 1.0]]), gamma=0.5, lam=1.0)
+  a, ret = jit_call(adv.gae, jnp.array([[0.0, 5.0, 5.0, 1.0]]), jnp.array([[0.25, 9.0, 9.0, 0.5]]),
+                    jnp.array([[1.0, 0.0, 0.0, 1.0]]), gamma=0.5, lam=1.0)
   np.testing.assert_allclose(np.asarray(a), [[0.25, 0.0, 0.0, 0.5]], rtol=1e-6)
   np.testing.assert_allclose(np.asarray(ret), [[0.5, 0.0, 0.0, 1.0]], rtol=1e-6)
 
@@ -295,7 +302,7 @@ def test_process_advantages_hand(ddof):
   step_end = jnp.array([[0, 2], [1, 0]])
   step_valid = jnp.array([[1, 1], [1, 0]])
   mask = jnp.array([[1.0, 1.0, 1.0, 0.0], [1.0, 1.0, 0.0, 0.0]])
-  out = np.asarray(adv.process_advantages(step_r, step_end, step_valid, mask, G=2, std_eps=0.0, ddof=ddof))
+  out = np.asarray(jit_call(adv.process_advantages, step_r, step_end, step_valid, mask, G=2, std_eps=0.0, ddof=ddof))
   h, l = (1 / np.sqrt(2), -np.sqrt(2)) if ddof == 0 else (1 / np.sqrt(3), -2 / np.sqrt(3))
   np.testing.assert_allclose(out, [[h + l, l, l, 0], [h, h, 0, 0]], rtol=1e-5)
 
@@ -309,8 +316,8 @@ def test_process_advantages_matches_numpy():
   step_valid = (RNG.random((N, S)) < 0.7).astype(np.int32)
   step_valid[3:6] = 0  # a group with no valid step -> zeros
   mask = ragged_mask(lengths, L)
-  out = adv.process_advantages(jnp.asarray(step_r), jnp.asarray(step_end), jnp.asarray(step_valid),
-                               jnp.asarray(mask), G=G, std_eps=1e-4)
+  out = jit_call(adv.process_advantages, jnp.asarray(step_r), jnp.asarray(step_end), jnp.asarray(step_valid),
+                 jnp.asarray(mask), G=G, std_eps=1e-4)
   np.testing.assert_allclose(np.asarray(out), np_process(step_r, step_end, step_valid, mask, G, 1e-4),
                              rtol=1e-4, atol=1e-5)
   assert np.all(np.asarray(out)[3:6] == 0)
@@ -318,7 +325,7 @@ def test_process_advantages_matches_numpy():
 
 def test_combine():
   o, p = jnp.array([[1.0, 2.0]]), jnp.array([[10.0, 20.0]])
-  np.testing.assert_allclose(np.asarray(adv.combine(o, p, w_outcome=0.5, w_process=0.1)), [[1.5, 3.0]])
+  np.testing.assert_allclose(np.asarray(jit_call(adv.combine, o, p, w_outcome=0.5, w_process=0.1)), [[1.5, 3.0]])
 
 
 # ---------------------------------------------------------------- DAPO helpers
@@ -349,9 +356,9 @@ def test_dynamic_sampling_per_term_keeps_groups_where_any_term_varies():
   fmt = np.array([[0.0, 1.0], [0.0, 0.0], [1.0, 1.0]], np.float32)
   terms = jnp.asarray(np.stack([acc, fmt], axis=2))            # group 0: sum [1, 1] constant, terms vary
   for seed in range(4):
-    idx, n = adv.dynamic_sampling_select(terms, 1, jax.random.key(seed))
-    assert (int(n), int(idx[0])) == (1, 0)
-    _, n = adv.dynamic_sampling_select(jnp.asarray(acc + fmt), 1, jax.random.key(seed))
+    idx, n = jit_call(adv.dynamic_sampling_select, terms, 1, jax.random.key(seed))
+    assert (int(n), int(np.asarray(idx)[0])) == (1, 0)
+    _, n = jit_call(adv.dynamic_sampling_select, jnp.asarray(acc + fmt), 1, jax.random.key(seed))
     assert int(n) == 0
   with pytest.raises(ValueError, match="B×G×K"):
     adv.dynamic_sampling_select(jnp.zeros((2,)), 1, jax.random.key(0))
@@ -364,14 +371,14 @@ def test_dynamic_sampling_rejects_bad_keep():
 
 def test_overlong_penalty():
   lengths = jnp.array([0, 12, 16, 17, 18, 20, 25])
-  p = np.asarray(adv.overlong_penalty(lengths, max_len=20, cache_len=4))
+  p = np.asarray(jit_call(adv.overlong_penalty, lengths, max_len=20, cache_len=4))
   np.testing.assert_allclose(p, [0, 0, 0, -0.25, -0.5, -1, -1])
   with pytest.raises(ValueError, match="cache_len"):
     adv.overlong_penalty(lengths, max_len=20, cache_len=0)
 
 
 def test_broadcast_to_tokens():
-  out = adv.broadcast_to_tokens(jnp.array([2.0, -1.0]), jnp.array([[1, 1, 0], [0, 0, 0]]))
+  out = jit_call(adv.broadcast_to_tokens, jnp.array([2.0, -1.0]), jnp.array([[1, 1, 0], [0, 0, 0]]))
   np.testing.assert_array_equal(np.asarray(out), [[2, 2, 0], [0, 0, 0]])
 
 
@@ -425,7 +432,7 @@ def test_gdpo_hand_values_and_the_collapse_it_avoids():
   got = np.asarray(jax.jit(lambda r, w: adv.decoupled(r, w, grpo_fn(0.0), std_eps=0.0))(r, w))
   s2 = np.sqrt(2)
   np.testing.assert_allclose(got, [[s2, -s2], [1 / s2, -1 / s2], [0, 0]], rtol=1e-6)
-  summed = np.asarray(adv.grpo(jnp.asarray(acc + 0.5 * fmt), std_eps=0.0))
+  summed = np.asarray(jit_call(adv.grpo, jnp.asarray(acc + 0.5 * fmt), std_eps=0.0))
   np.testing.assert_allclose(summed, [[1 / s2, -1 / s2], [1 / s2, -1 / s2], [0, 0]], rtol=1e-6)
 
 
@@ -438,7 +445,7 @@ def test_gdpo_matches_trl_formula(G):
   r[0] = 1.0                                 # a group where every term is constant
   r[1] = 0.0                                 # an all-zero group
   w = np.array([1.0, 0.5, 0.25], np.float32)
-  got = np.asarray(adv.decoupled(jnp.asarray(r), jnp.asarray(w), grpo_fn(1e-4), std_eps=1e-4))
+  got = np.asarray(jit_call(adv.decoupled, jnp.asarray(r), jnp.asarray(w), grpo_fn(1e-4), std_eps=1e-4))
   np.testing.assert_allclose(got, np_gdpo_trl(r, w, 1e-4), rtol=1e-5, atol=1e-6)
   assert np.all(got[:2] == 0.0)              # zero-variance groups stay exactly 0 (TRL: ~1e-8 residue)
   np.testing.assert_allclose(got.reshape(-1).std(ddof=1), 1.0, rtol=1e-3)   # unit scale, whatever K is
@@ -446,7 +453,7 @@ def test_gdpo_matches_trl_formula(G):
 
 def test_gdpo_all_zero_and_all_constant_batches_are_zero_not_nan():
   for r in (np.zeros((3, 2, 2), np.float32), np.ones((3, 4, 2), np.float32)):
-    got = np.asarray(adv.decoupled(jnp.asarray(r), jnp.ones(2), grpo_fn(0.0), std_eps=0.0))
+    got = np.asarray(jit_call(adv.decoupled, r, np.ones(2), grpo_fn(0.0), std_eps=0.0))
     assert np.all(got == 0.0)
 
 
@@ -460,7 +467,7 @@ def test_gdpo_against_verl_per_token_whitening():
   r[0, :, 0], r[1, :, 1] = [1, 0], [0, 1]
   r[3] = 1.0                                             # zero-variance group
   w = np.array([1.0, 0.5], np.float32)
-  ours_N = np.asarray(adv.decoupled(jnp.asarray(r), jnp.asarray(w), grpo_fn(1e-6), std_eps=1e-6)).reshape(-1)
+  ours_N = np.asarray(jit_call(adv.decoupled, jnp.asarray(r), jnp.asarray(w), grpo_fn(1e-6), std_eps=1e-6)).reshape(-1)
   full = np.ones((B * G, L), np.float32)
   verl = np_gdpo_verl(r, w, full)
   N = B * G
@@ -471,7 +478,7 @@ def test_gdpo_against_verl_per_token_whitening():
   ragged[2, 1:] = 0.0                                    # a length-1 row
   verl = np_gdpo_verl(r, w, ragged)
   assert np.all(np.abs(verl[6:8][ragged[6:8] > 0]) > 1e-3)   # verl: the zero-variance group moves
-  ours_NxL = np.asarray(adv.broadcast_to_tokens(jnp.asarray(ours_N), jnp.asarray(ragged)))
+  ours_NxL = np.asarray(jit_call(adv.broadcast_to_tokens, jnp.asarray(ours_N), jnp.asarray(ragged)))
   assert np.all(ours_NxL[6:8] == 0) and np.all(ours_NxL[1] == 0)
   np.testing.assert_allclose(ours_NxL[2], [ours_N[2], 0, 0, 0, 0, 0])
 
@@ -481,24 +488,24 @@ def test_gdpo_with_other_group_estimators_and_one_term():
   r = rng.normal(size=(5, 4, 2)).astype(np.float32)
   w = np.array([1.0, 0.3], np.float32)
   # One term: GRPO's advantages scaled to unit batch std.
-  g = np.asarray(adv.grpo(jnp.asarray(r[..., 0]), std_eps=0.0))
-  one = np.asarray(adv.decoupled(jnp.asarray(r[..., :1]), jnp.ones(1), grpo_fn(0.0), std_eps=0.0))
+  g = np.asarray(jit_call(adv.grpo, jnp.asarray(r[..., 0]), std_eps=0.0))
+  one = np.asarray(jit_call(adv.decoupled, r[..., :1], np.ones(1), grpo_fn(0.0), std_eps=0.0))
   np.testing.assert_allclose(one, g / g.reshape(-1).std(ddof=1), rtol=1e-5)
   # Dr.GRPO / RLOO are linear: per-term = summed, then scaled to unit batch std.
   for fn in (adv.dr_grpo, adv.rloo):
     s = np.asarray(fn(jnp.asarray((r * w).sum(2))))
-    got = np.asarray(adv.decoupled(jnp.asarray(r), jnp.asarray(w), fn, std_eps=0.0))
+    got = np.asarray(jit_call(adv.decoupled, jnp.asarray(r), jnp.asarray(w), fn, std_eps=0.0))
     np.testing.assert_allclose(got, s / s.reshape(-1).std(ddof=1), rtol=1e-4, atol=1e-6)
 
 
 def test_gdpo_weights_are_traceable():
   """Reward weights enter only through arithmetic: vmapping over them equals separate calls."""
   r = jnp.asarray(np.random.default_rng(5).integers(0, 2, size=(4, 3, 2)), jnp.float32)
-  ws = jnp.array([[1.0, 0.5], [1.0, 0.0], [0.2, 2.0]])
+  ws = np.array([[1.0, 0.5], [1.0, 0.0], [0.2, 2.0]], np.float32)
   f = lambda w: adv.decoupled(r, w, grpo_fn(1e-4), std_eps=1e-4)
   batched = np.asarray(jax.jit(jax.vmap(f))(ws))
   for i in range(3):
-    np.testing.assert_allclose(batched[i], np.asarray(f(ws[i])), rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(batched[i], np.asarray(jit_call(f, ws[i])), rtol=1e-6, atol=1e-7)
 
 
 def test_gdpo_rejects_bad_shapes():

@@ -14,6 +14,7 @@ from grpo_jax.rl import rl_step
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.infra import sharding
 from grpo_jax.tasks import digits
+from tests.jit_call import jit_call
 
 TINY = dict(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
 
@@ -42,13 +43,13 @@ def test_process_scores_of_wrong_answers_are_logged_apart():
   acc, proc = np.array([0.0, 1.0, 0.0, 0.0]), np.array([1.0, 0.5, 1.0, 0.25])
   ro, _ = _rollout(np.stack([acc, proc], 1), np.array([1.0, 0.5]), [2, 3, 1, 2], 4)
   ro = ro._replace(per_term={"accuracy": jnp.asarray(acc), "process": jnp.asarray(proc)},
-                   lengths_N=jnp.asarray([2, 3, 1, 2]), truncated_N=jnp.zeros(4), fallbacks=jnp.int32(0))
+                   lengths_N=jnp.asarray([2, 3, 1, 2]), truncated_N=np.zeros(4, np.float32), fallbacks=jnp.int32(0))
   c = config_lib.override(presets.apply(config_lib.base_config(), "grpo"), {"rl.G": 2})
-  m = rl_step.rollout_metrics(c, ro, jnp.zeros((4, 4)))
+  m = jit_call(rl_step.rollout_metrics, c, ro, np.zeros((4, 4)))
   assert float(m["train/process_on_correct"]) == pytest.approx(0.5)
   assert float(m["train/process_on_incorrect"]) == pytest.approx(0.75)
   ro = ro._replace(per_term={"accuracy": jnp.asarray(acc), "format": jnp.asarray(proc)})
-  assert "train/process_on_incorrect" not in rl_step.rollout_metrics(c, ro, jnp.zeros((4, 4)))
+  assert "train/process_on_incorrect" not in jit_call(rl_step.rollout_metrics, c, ro, np.zeros((4, 4)))
 
 
 def test_process_without_accuracy_is_warned(monkeypatch):
@@ -83,14 +84,13 @@ def test_compute_advantages_per_term_with_process_rewards_matches_numpy():
   got = np.asarray(jax.jit(lambda ro: rl_step.compute_advantages(c, ro))(ro))
   a = sum(w[k] * _np_grpo(r[:, k].reshape(B, G), 1e-4) for k in range(3)).reshape(-1)
   a = a / (a.std(ddof=1) + 1e-4)
-  p = np.asarray(advantages.process_advantages(jnp.asarray(step_r), jnp.asarray(step_end), jnp.asarray(step_valid),
-                                               jnp.asarray(mask), G=G, std_eps=1e-4, ddof=1))
+  p = np.asarray(jit_call(advantages.process_advantages, step_r, step_end, step_valid, mask, G=G, std_eps=1e-4, ddof=1))
   want = (a[:, None] + 0.5 * p) * mask
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
   assert np.all(got[4:6] == 0.5 * p[4:6] * mask[4:6])  # no outcome signal: only the process part
   # Under 'sum' the group 0 sum (1 + 0·…, 0 + 1·…) differs from GDPO's: the wiring really switches.
   c_sum = config_lib.override(c, {"rl.reward_norm": "sum", "rl.algo": "grpo", "rl.preset": "grpo"})
-  got_sum = np.asarray(rl_step.compute_advantages(c_sum, ro))
+  got_sum = np.asarray(jit_call(rl_step.compute_advantages, c_sum, ro))
   want_sum = (_np_grpo((r @ w).reshape(B, G), 1e-4).reshape(-1)[:, None] + 0.5 * p) * mask
   np.testing.assert_allclose(got_sum, want_sum, rtol=1e-5, atol=1e-6)
 
@@ -98,15 +98,18 @@ def test_compute_advantages_per_term_with_process_rewards_matches_numpy():
 def test_signal_rewards_rule_for_dynamic_sampling_and_zero_std_fraction():
   rl_sum = presets.apply(config_lib.base_config(), "grpo").rl
   rl_term = presets.apply(config_lib.base_config(), "gdpo").rl
-  terms = jnp.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0]])  # group 0: sum constant, terms vary
-  w = jnp.array([1.0, 1.0])
+  terms = np.array([[1.0, 0.0], [0.0, 1.0], [1.0, 1.0], [1.0, 1.0]], np.float32)  # group 0: sum constant, terms vary
+  w = np.array([1.0, 1.0], np.float32)
   r = terms @ w
-  const_sum = advantages.group_is_constant(rollout_lib.signal_rewards(rl_sum, r, terms, w, 2))
-  const_term = advantages.group_is_constant(rollout_lib.signal_rewards(rl_term, r, terms, w, 2))
+  const = lambda rl, r, terms, w: advantages.group_is_constant(rollout_lib.signal_rewards(rl, r, terms, w, 2))
+  const_sum, const_term = jit_call(const, rl_sum, r, terms, w), jit_call(const, rl_term, r, terms, w)
   assert const_sum.tolist() == [True, True] and const_term.tolist() == [False, True]
   # A weight-0 term never makes a group count: it is multiplied out.
-  assert advantages.group_is_constant(rollout_lib.signal_rewards(rl_term, r, terms, jnp.array([1.0, 0.0]), 2)).tolist() \
-      == [False, True]
+  assert jit_call(const, rl_term, r, terms, np.array([1.0, 0.0], np.float32)).tolist() == [False, True]
+  # ... also where it is the group's only varying term (group 0 above varies in the weight-1 term as well, so it could
+  # not tell weighted terms from unweighted ones): terms (1, 0) and (1, 1), weights (1, 0): constant
+  only = np.array([[1.0, 0.0], [1.0, 1.0]], np.float32)
+  assert jit_call(const, rl_term, only.sum(1), only, np.array([1.0, 0.0], np.float32)).tolist() == [True]
 
 
 def _step(name, spec=None, **over):
@@ -205,7 +208,7 @@ def test_kl_in_the_reward_is_wired_as_each_estimator_defines_it(name):
   fields = dict(r_N=f32(r), terms_NxK=f32(r[:, None]), term_w_K=f32([1.0]), mask_NxL=f32(mask),
                 old_logp_NxL=f32(old), ref_logp_NxL=f32(ref), per_term={})
   ro = rollout_lib.Rollout(**{**dict.fromkeys(rollout_lib.Rollout._fields), **fields})
-  got = np.asarray(rl_step.compute_advantages(c, ro))
+  got = np.asarray(jit_call(rl_step.compute_advantages, c, ro))
   beta, v = c.rl.beta, mask > 0
   k1 = (old - ref) * mask
   last = np.zeros_like(mask)

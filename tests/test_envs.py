@@ -33,6 +33,8 @@ from grpo_jax.rl import losses
 from grpo_jax.rl import obs_mask
 from grpo_jax.tasks import base, cot, prompts, registry as task_registry, tokenizer as tokenizer_lib, verify_jax
 from grpo_jax.tasks import verify_py
+from tests.jit_call import jit_call
+from tests.jit_call import jit_grad
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOOLS = tokenizer_lib.load_tools()
@@ -375,8 +377,9 @@ def test_plain_format_calls_and_observations():
     ids = TOOLS.encode("<think> <tool_call> print(7) </tool_call>" + PLAIN.observation(printed) +
                        " </think> <answer> 189 </answer>") + [TOOLS.eos_id]
     mask = np.ones((1, len(ids)), np.int32)
-    acc = verify_jax.sums_accuracy(np.asarray([ids], np.int32), mask, {"answer_N": np.array([189])}, tables)
-    assert float(acc[0]) == 1.0 and float(verify_jax.format_reward(np.asarray([ids]), mask, tables)[0]) == 1.0, printed
+    acc = jit_call(verify_jax.sums_accuracy, np.asarray([ids], np.int32), mask, {"answer_N": np.array([189])}, tables)
+    fmt = jit_call(verify_jax.format_reward, np.asarray([ids]), mask, tables)
+    assert float(acc[0]) == 1.0 and float(fmt[0]) == 1.0, printed
 
 
 def test_qwen_calls_json_cannot_read_are_error_observations():
@@ -456,7 +459,8 @@ def test_turn_without_a_call_ends_the_row_and_observations_fit_the_room():
   assert out.obs_RxO[0, 0] == TOOLS.eos_id and (out.obs_RxO[0, 1:] == TOOLS.pad_id).all()
   ended = np.concatenate([tokens[0, :lens[0]], [TOOLS.eos_id]])[None]
   tables = verify_jax.tables_for(TOOLS)
-  assert float(verify_jax.sums_accuracy(ended, np.ones_like(ended), {"answer_N": np.array([5])}, tables)[0]) == 1.0
+  assert float(jit_call(verify_jax.sums_accuracy, ended, np.ones_like(ended), {"answer_N": np.array([5])},
+                        tables)[0]) == 1.0
   # row 1: an error observation longer than 12 tokens is cut, keeping its closing ' </tool_response>'
   full = TOOLS.encode(PLAIN.observation(calculator.result_text("1 + 1 x")[0]))
   assert len(full) > 12 and out.event_R[1] == env_batch.TOOL_ERROR and not out.done_R[1]
@@ -778,11 +782,11 @@ def test_tool_documents_pass_the_verifiers_with_the_tools_tokenizer():
   tables = verify_jax.tables_for(TOOLS)
   assert tables is not verify_jax.default_tables() and verify_jax.tables_for(tokenizer_lib.load()) is \
       verify_jax.default_tables()
-  assert float(verify_jax.format_reward(tokens, mask, tables)[0]) == 1.0
-  assert float(verify_jax.format_reward(tokens, mask)[0]) == 0.0  # the shipped tables: ids 512+ are out of vocab
-  assert float(task_registry.accuracy_reward("sums", tokens, mask, batch, tables)[0]) == 1.0
+  assert float(jit_call(verify_jax.format_reward, tokens, mask, tables)[0]) == 1.0
+  assert float(jit_call(verify_jax.format_reward, tokens, mask)[0]) == 0.0  # the shipped tables: ids 512+ out of vocab
+  assert float(jit_call(task_registry.accuracy_reward, "sums", tokens, mask, batch, tables)[0]) == 1.0
   s_py = verify_py.step_rewards("sums", tokens, mask, batch, 4, TOOLS)
-  s_jax = verify_jax.step_rewards("sums", tokens, mask, batch, 4, tables)
+  s_jax = jit_call(verify_jax.step_rewards, "sums", tokens, mask, batch, 4, tables)
   for a, b in zip(s_py, s_jax):
     np.testing.assert_array_equal(np.asarray(b), a)
   assert s_py[2].sum() == 3 and s_py[0].sum() == 3
@@ -864,13 +868,13 @@ def tiny():
 def test_observation_logits_get_exactly_zero_gradient(tiny, agg, ratio_level):
   T = SEQ.shape[1]
   pos = np.arange(T)[None].astype(np.int32)
-  logits = model_lib.forward(MCFG, tiny, SEQ, pos, np.ones_like(SEQ))  # [1, T, V]
+  logits = jit_call(model_lib.forward, MCFG, tiny, SEQ, pos, np.ones_like(SEQ))  # [1, T, V]; one program, not eager ops
   mask_L = np.ones((1, T - P), np.int32)
-  train_L = obs_mask.train_mask(mask_L, OBS_L)
+  train_L = jit_call(obs_mask.train_mask, mask_L, OBS_L)
   rng = np.random.default_rng(0)
   old_L = jnp.asarray(rng.normal(-2.0, 0.3, (1, T - P)), jnp.float32)
   ref_L = jnp.asarray(rng.normal(-2.0, 0.3, (1, T - P)), jnp.float32)
-  adv_L = jnp.full((1, T - P), 0.7, jnp.float32)
+  adv_L = np.full((1, T - P), 0.7, np.float32)
 
   def loss(logits_TxV):
     lp = jax.nn.log_softmax(logits_TxV, -1)
@@ -879,7 +883,7 @@ def test_observation_logits_get_exactly_zero_gradient(tiny, agg, ratio_level):
     return losses.policy_loss(logp_L, old_L, ref_L, adv_L, train_L, eps_low=0.2, eps_high=0.2, beta=0.04,
                               agg=agg, norm_len=float(T - P), ratio_level=ratio_level)[0]
 
-  g = np.asarray(jax.grad(loss)(logits))[0]  # [T, V]
+  g = np.asarray(jit_grad(loss, logits))[0]  # [T, V]
   predicts = np.arange(P - 1, T - 1)  # logits row p predicts SEQ[p + 1], i.e. completion position p + 1 - P
   obs_rows, own_rows = predicts[OBS_L[0] == 1], predicts[OBS_L[0] == 0]
   assert (g[obs_rows] == 0).all()  # exactly: no gradient reaches the logits of an observation token

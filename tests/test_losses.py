@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 
 from grpo_jax.rl import losses
+from tests.jit_call import jit_call
+from tests.jit_call import jit_grad
 
 RNG = np.random.default_rng(0)
 
@@ -18,29 +20,29 @@ def ragged_mask(lengths, L):
 
 def test_kl_hand_values():
   lp, ref = jnp.array([-1.0, -3.0]), jnp.array([-2.0, -1.0])
-  np.testing.assert_allclose(np.asarray(losses.kl_k1(lp, ref)), [1.0, -2.0])
-  np.testing.assert_allclose(np.asarray(losses.kl_k2(lp, ref)), [0.5, 2.0])
+  np.testing.assert_allclose(np.asarray(jit_call(losses.kl_k1, lp, ref)), [1.0, -2.0])
+  np.testing.assert_allclose(np.asarray(jit_call(losses.kl_k2, lp, ref)), [0.5, 2.0])
   # Δ = ref − lp = [-1, 2]: e^Δ − Δ − 1.
-  np.testing.assert_allclose(np.asarray(losses.kl_k3(lp, ref)), [np.exp(-1.0), np.exp(2.0) - 3.0], rtol=1e-6)
-  assert float(losses.kl_k3(jnp.array(-0.7), jnp.array(-0.7))) == 0.0
+  np.testing.assert_allclose(np.asarray(jit_call(losses.kl_k3, lp, ref)), [np.exp(-1.0), np.exp(2.0) - 3.0], rtol=1e-6)
+  assert float(jit_call(losses.kl_k3, jnp.array(-0.7), jnp.array(-0.7))) == 0.0
 
 
 def test_k3_nonnegative_and_finite_on_extremes():
   d = np.concatenate([RNG.normal(size=2000) * 1e3, RNG.uniform(-1e4, 1e4, 2000), RNG.normal(size=2000) * 1e-7,
                       np.linspace(-30, 30, 601)]).astype(np.float32)
   lp = RNG.uniform(-50, 0, size=d.shape).astype(np.float32)
-  k3 = np.asarray(losses.kl_k3(jnp.asarray(lp), jnp.asarray(lp + d)))
+  k3 = np.asarray(jit_call(losses.kl_k3, jnp.asarray(lp), jnp.asarray(lp + d)))
   assert np.all(k3 >= 0) and np.all(np.isfinite(k3))
   # For |Δ| <= 30 the value and the gradient are finite; below the clip the value is exact.
-  d30 = jnp.linspace(-30.0, 30.0, 61)
-  g = jax.grad(lambda lp: jnp.sum(losses.kl_k3(lp, 1.0 + d30)))(jnp.ones(61))
+  d30 = np.linspace(-30.0, 30.0, 61, dtype=np.float32)
+  g = jit_grad(lambda lp: jnp.sum(losses.kl_k3(lp, 1.0 + d30)), np.ones(61, np.float32))
   assert np.all(np.isfinite(np.asarray(g)))
   small = np.linspace(-30, 19, 50)
-  np.testing.assert_allclose(np.asarray(losses.kl_k3(jnp.zeros(50), jnp.asarray(small, jnp.float32))),
+  np.testing.assert_allclose(np.asarray(jit_call(losses.kl_k3, np.zeros(50), jnp.asarray(small, jnp.float32))),
                              np.expm1(small) - small, rtol=2e-5)
   # Above the clip the value saturates at f(K3_MAX_LOG_RATIO).
   c = losses.K3_MAX_LOG_RATIO
-  np.testing.assert_allclose(float(losses.kl_k3(jnp.array(0.0), jnp.array(30.0))), np.expm1(c) - c, rtol=1e-5)
+  np.testing.assert_allclose(float(jit_call(losses.kl_k3, jnp.array(0.0), jnp.array(30.0))), np.expm1(c) - c, rtol=1e-5)
 
 
 def np_softmax(x):
@@ -75,7 +77,7 @@ def test_kl_estimator_expected_gradients(seed):
     def surrogate(th):
       logp = jax.nn.log_softmax(th)
       return jnp.sum(jax.lax.stop_gradient(jnp.exp(logp)) * k(logp, logp_ref))
-    return np.asarray(jax.grad(surrogate)(jnp.asarray(theta, jnp.float32)), np.float64)
+    return np.asarray(jit_grad(surrogate, jnp.asarray(theta, jnp.float32)), np.float64)
 
   grad_fwd = np_fd_grad(lambda th: np_kl(np_softmax(th), p_ref), theta)     # ∇ KL(π‖π_ref)
   grad_rev = np_fd_grad(lambda th: np_kl(p_ref, np_softmax(th)), theta)     # ∇ KL(π_ref‖π)
@@ -123,12 +125,12 @@ def test_aggregate_hand_values():
   x = jnp.array([[1.0, 2.0, 3.0], [4.0, 99.0, 99.0], [7.0, 7.0, 7.0]])
   m = jnp.array([[1, 1, 1], [1, 0, 0], [0, 0, 0]])
   # rows: mean 2, mean 4, empty 0 -> 6/3; tokens: (1+2+3+4)/4; sums 6, 4, 0 over norm_len 4 -> (1.5+1)/3.
-  assert float(losses.aggregate(x, m, "seq_mean_token_mean")) == pytest.approx(2.0)
-  assert float(losses.aggregate(x, m, "token_mean")) == pytest.approx(2.5)
-  assert float(losses.aggregate(x, m, "seq_mean_token_sum_norm", norm_len=4)) == pytest.approx(2.5 / 3)
+  assert float(jit_call(losses.aggregate, x, m, "seq_mean_token_mean")) == pytest.approx(2.0)
+  assert float(jit_call(losses.aggregate, x, m, "token_mean")) == pytest.approx(2.5)
+  assert float(jit_call(losses.aggregate, x, m, "seq_mean_token_sum_norm", norm_len=4)) == pytest.approx(2.5 / 3)
   # verl's seq-mean-token-sum: sums 6, 4, 0 (the empty row counts, as in torch.mean) -> 10/3
-  assert float(losses.aggregate(x, m, "seq_mean_token_sum")) == pytest.approx(10 / 3)
-  assert float(losses.aggregate(x, jnp.zeros_like(m), "token_mean")) == 0.0
+  assert float(jit_call(losses.aggregate, x, m, "seq_mean_token_sum")) == pytest.approx(10 / 3)
+  assert float(jit_call(losses.aggregate, x, np.zeros((3, 3), np.int32), "token_mean")) == 0.0
 
 
 def test_aggregation_modes_are_the_ones_validation_accepts():
@@ -140,7 +142,7 @@ def test_aggregation_modes_are_the_ones_validation_accepts():
 def test_aggregate_matches_numpy(mode):
   x = RNG.normal(size=(5, 7)).astype(np.float32)
   m = ragged_mask([7, 0, 3, 1, 5], 7)
-  got = float(losses.aggregate(jnp.asarray(x), jnp.asarray(m), mode, norm_len=7))
+  got = float(jit_call(losses.aggregate, jnp.asarray(x), jnp.asarray(m), mode, norm_len=7))
   assert got == pytest.approx(np_aggregate(x, m, mode, 7), rel=1e-5)
 
 
@@ -158,8 +160,8 @@ def test_clipped_surrogate_hand():
   ratio = np.array([[0.5, 0.5, 1.5, 1.5, 1.1, 0.0]], np.float32)
   a = np.array([[-1.0, 1.0, 1.0, -1.0, 2.0, 9.0]], np.float32)
   m = np.array([[1, 1, 1, 1, 1, 0]], np.float32)
-  obj, aux = losses.clipped_surrogate(jnp.asarray(np.log(np.maximum(ratio, 1e-30))), jnp.zeros((1, 6)),
-                                      jnp.asarray(a), jnp.asarray(m), eps_low=0.2, eps_high=0.28)
+  obj, aux = jit_call(losses.clipped_surrogate, jnp.asarray(np.log(np.maximum(ratio, 1e-30))), np.zeros((1, 6)),
+                      jnp.asarray(a), jnp.asarray(m), eps_low=0.2, eps_high=0.28)
   # min(ρA, clip(ρ, 0.8, 1.28)A): -0.8 (clipped low), 0.5, 1.28 (clipped high), -1.5, 2.2, padding 0.
   np.testing.assert_allclose(np.asarray(obj), [[-0.8, 0.5, 1.28, -1.5, 2.2, 0.0]], rtol=1e-6)
   assert float(aux["clip_frac_low"]) == pytest.approx(0.2)
@@ -171,7 +173,7 @@ def test_clipped_surrogate_hand():
 def test_ratio_one_gives_advantage():
   lp = jnp.asarray(RNG.normal(size=(3, 4)), jnp.float32)
   a = jnp.asarray(RNG.normal(size=(3, 4)), jnp.float32)
-  obj, aux = losses.clipped_surrogate(lp, lp, a, jnp.ones((3, 4)), eps_low=0.2, eps_high=0.2)
+  obj, aux = jit_call(losses.clipped_surrogate, lp, lp, a, np.ones((3, 4)), eps_low=0.2, eps_high=0.2)
   assert np.array_equal(np.asarray(obj), np.asarray(a))
   assert float(aux["clip_frac_low"]) == 0.0 and float(aux["clip_frac_high"]) == 0.0
 
@@ -183,23 +185,23 @@ def test_a_log_ratio_past_float32_gives_a_finite_loss_and_gradient(objective, ra
   the loss and its gradient stay finite (ρ·A with ρ = inf and A = 0 was a NaN, and SAPO's gate gradient σ'·ρ one
   for any A), and equal the loss with that token's log-ratio held at ±MAX_LOG_RATIO, where it gets no gradient
   (but CISPO's, whose weight is clipped, not its gradient)."""
-  old = jnp.zeros((2, 4), jnp.float32)
+  old = np.zeros((2, 4), np.float32)
   lp = jnp.asarray([[100.0, -0.1, 0.2, 0.0], [-100.0, 0.05, 100.0, 0.3]], jnp.float32)
-  held = jnp.clip(lp, -losses.MAX_LOG_RATIO, losses.MAX_LOG_RATIO)
+  held = np.clip(np.asarray(lp), -losses.MAX_LOG_RATIO, losses.MAX_LOG_RATIO)
   a = jnp.asarray([[0.0, 0.0, 0.0, 0.0], [-1.0, 1.0, 0.5, -0.5]], jnp.float32)
-  m = jnp.ones((2, 4), jnp.float32)
+  m = np.ones((2, 4), np.float32)
   f = lambda x: losses.policy_loss(x, old, None, a, m, eps_low=0.2, eps_high=0.28, beta=0.0, objective=objective,
                                    ratio_level=ratio_level)[0]
-  loss, g = jax.value_and_grad(f)(lp)
+  loss, g = jax.jit(jax.value_and_grad(f))(lp)
   assert np.isfinite(float(loss)) and np.all(np.isfinite(np.asarray(g)))
-  assert float(loss) == pytest.approx(float(f(held)), rel=1e-6)
+  assert float(loss) == pytest.approx(float(jax.jit(f)(held)), rel=1e-6)
   if ratio_level == "token":
     out = np.abs(np.asarray(lp)) > losses.MAX_LOG_RATIO
     if objective == "cispo":  # its clipped weight is a constant: every token keeps sg(r̂)·A·∇log π
-      np.testing.assert_allclose(np.asarray(g), np.asarray(jax.grad(f)(held)), rtol=1e-6)
+      np.testing.assert_allclose(np.asarray(g), np.asarray(jit_grad(f, held)), rtol=1e-6)
     else:
       assert np.all(np.asarray(g)[out] == 0.0)
-      np.testing.assert_allclose(np.asarray(g)[~out], np.asarray(jax.grad(f)(held))[~out], rtol=1e-6)
+      np.testing.assert_allclose(np.asarray(g)[~out], np.asarray(jit_grad(f, held))[~out], rtol=1e-6)
 
 
 def test_gspo_answer_past_the_held_log_ratio_gets_no_gradient():
@@ -209,10 +211,10 @@ def test_gspo_answer_past_the_held_log_ratio_gets_no_gradient():
   other answer, inside the clip range, keeps its gradient −s·A/(|y|·N)."""
   old = jnp.asarray([[-30.0] * 3, [-1.0] * 3], jnp.float32)
   lp = jnp.asarray([[-5.0] * 3, [-1.0 + 1e-4] * 3], jnp.float32)  # log s = 25 (held at 20) and 1e-4
-  a = jnp.full((2, 3), -1.0, jnp.float32)
+  a = np.full((2, 3), -1.0, np.float32)
   f = lambda x: losses.policy_loss(x, old, None, a, jnp.ones((2, 3)), eps_low=3e-4, eps_high=4e-4, beta=0.0,
                                    ratio_level="sequence", dual_clip=0.0)[0]
-  loss, g = jax.value_and_grad(f)(lp)
+  loss, g = jax.jit(jax.value_and_grad(f))(lp)
   assert float(loss) == pytest.approx((np.exp(20.0) + np.exp(1e-4)) / 2, rel=1e-5)  # −mean(s·A): held, not dropped
   assert np.all(np.asarray(g)[0] == 0.0)
   np.testing.assert_allclose(np.asarray(g)[1], np.exp(1e-4) / 6, rtol=1e-5)
@@ -358,9 +360,9 @@ def test_dual_clip_boundaries_value_and_gradient():
     assert float(v) == pytest.approx(want_v, rel=1e-5), (log_rho, a, c)
     assert float(g) == pytest.approx(want_g, rel=1e-5, abs=1e-7), (log_rho, a, c)
   assert len(traces) == 1  # c is traced: one program for every value, 0 (off) included
-  _, aux = losses.clipped_surrogate(jnp.log(jnp.array([[4.0, 4.0, 2.0, 4.0]])), jnp.zeros((1, 4)),
-                                    jnp.array([[-1.0, 1.0, -1.0, -1.0]]), jnp.array([[1.0, 1.0, 1.0, 0.0]]),
-                                    eps_low=0.2, eps_high=0.2, dual_clip=3.0)
+  _, aux = jit_call(losses.clipped_surrogate, np.log(np.array([[4.0, 4.0, 2.0, 4.0]], np.float32)), np.zeros((1, 4)),
+                    jnp.array([[-1.0, 1.0, -1.0, -1.0]]), jnp.array([[1.0, 1.0, 1.0, 0.0]]),
+                    eps_low=0.2, eps_high=0.2, dual_clip=3.0)
   assert float(aux["clip_frac_dual"]) == pytest.approx(1 / 3)  # only ρ=4 with A<0 among the 3 valid tokens
 
 
@@ -368,20 +370,20 @@ def test_guards_vmap_over_values_equals_separate_calls():
   """dual_clip, kl_clamp, eps_low/high and β enter only through arithmetic: a vmapped sweep over them equals
   separate calls (what a sweep over these knobs needs)."""
   N, L = 3, 4
-  m = jnp.asarray(ragged_mask([4, 2, 3], L))
-  lp = jnp.asarray(RNG.uniform(-3, 0, size=(N, L)), jnp.float32)
-  old = lp - jnp.asarray(RNG.normal(size=(N, L)) * 1.5, jnp.float32)
-  ref = lp + jnp.asarray(RNG.normal(size=(N, L)) * 2.5, jnp.float32)
+  m = ragged_mask([4, 2, 3], L)
+  lp = RNG.uniform(-3, 0, size=(N, L)).astype(np.float32)
+  old = lp - (RNG.normal(size=(N, L)) * 1.5).astype(np.float32)  # NumPy: no eager (compiled) jnp ops
+  ref = lp + (RNG.normal(size=(N, L)) * 2.5).astype(np.float32)
   a = jnp.asarray(RNG.normal(size=(N, L)), jnp.float32)
-  hp = {"dual_clip": jnp.array([0.0, 2.0, 3.0]), "kl_clamp": jnp.array([0.0, 10.0, 1.0]),
-        "eps_low": jnp.array([0.2, 0.1, 3e-4]), "eps_high": jnp.array([0.28, 0.2, 4e-4]),
-        "beta": jnp.array([0.04, 0.0, 0.1])}
+  hp = {"dual_clip": np.float32([0.0, 2.0, 3.0]), "kl_clamp": np.float32([0.0, 10.0, 1.0]),
+        "eps_low": np.float32([0.2, 0.1, 3e-4]), "eps_high": np.float32([0.28, 0.2, 4e-4]),
+        "beta": np.float32([0.04, 0.0, 0.1])}
 
   def f(h):
     return jax.value_and_grad(lambda x: losses.policy_loss(x, old, ref, a, m, **h)[0])(lp)
-  v, g = jax.jit(jax.vmap(f))(hp)
+  v, g = jax.device_get(jax.jit(jax.vmap(f))(hp))
   for i in range(3):
-    vi, gi = f({k: float(x[i]) for k, x in hp.items()})
+    vi, gi = jit_call(f, {k: float(x[i]) for k, x in hp.items()})  # Python floats, closed over as in an eager call
     assert float(v[i]) == pytest.approx(float(vi), rel=1e-6)
     np.testing.assert_allclose(np.asarray(g[i]), np.asarray(gi), rtol=1e-5, atol=1e-7)
   assert len({round(float(x), 5) for x in v}) == 3
@@ -404,12 +406,12 @@ def test_gspo_dual_clip_bounds_the_sequence_ratio():
   # One sequence of two tokens, log-ratios 1.2 and 1.8: s = e^1.5 ≈ 4.48, A = −1, GSPO's ε: loss 4.48 → 3.
   lp = jnp.array([[1.2, 1.8]])
   kw = dict(eps_low=3e-4, eps_high=4e-4)
-  obj, aux = gspo_objective(lp, jnp.zeros((1, 2)), jnp.array([-1.0]), jnp.ones((1, 2)), **kw)
-  assert float(obj[0]) == pytest.approx(-np.exp(1.5), rel=1e-6)
-  obj, aux = gspo_objective(lp, jnp.zeros((1, 2)), jnp.array([-1.0]), jnp.ones((1, 2)), dual_clip=3.0, **kw)
-  assert float(obj[0]) == pytest.approx(-3.0) and float(aux["clip_frac_dual"]) == 1.0
-  g = jax.grad(lambda x: losses.policy_loss(x, jnp.zeros((1, 2)), None, -jnp.ones((1, 2)), jnp.ones((1, 2)),
-                                            beta=0.0, ratio_level="sequence", dual_clip=3.0, **kw)[0])(lp)
+  obj, aux = jit_call(gspo_objective, lp, np.zeros((1, 2)), np.array([-1.0]), np.ones((1, 2)), **kw)
+  assert float(np.asarray(obj)[0]) == pytest.approx(-np.exp(1.5), rel=1e-6)
+  obj, aux = jit_call(gspo_objective, lp, np.zeros((1, 2)), np.array([-1.0]), np.ones((1, 2)), dual_clip=3.0, **kw)
+  assert float(np.asarray(obj)[0]) == pytest.approx(-3.0) and float(aux["clip_frac_dual"]) == 1.0
+  g = jit_grad(lambda x: losses.policy_loss(x, jnp.zeros((1, 2)), None, -jnp.ones((1, 2)), jnp.ones((1, 2)),
+                                            beta=0.0, ratio_level="sequence", dual_clip=3.0, **kw)[0], lp)
   assert np.all(np.asarray(g) == 0)
 
 
@@ -444,9 +446,9 @@ def test_policy_loss_gradient_on_policy(loss_and_grad, agg):
 
 
 def test_policy_loss_without_reference():
-  lp = jnp.zeros((1, 2))
-  loss, metrics = losses.policy_loss(lp, lp, None, jnp.ones((1, 2)), jnp.ones((1, 2)), eps_low=0.2,
-                                     eps_high=0.2, beta=0.0)
+  lp = np.zeros((1, 2), np.float32)
+  loss, metrics = jit_call(losses.policy_loss, lp, lp, None, np.ones((1, 2)), np.ones((1, 2)), eps_low=0.2,
+                           eps_high=0.2, beta=0.0)
   assert float(loss) == -1.0 and "kl" not in metrics
   with pytest.raises(ValueError, match="ref_logp"):
     losses.policy_loss(lp, lp, None, jnp.ones((1, 2)), jnp.ones((1, 2)), eps_low=0.2, eps_high=0.2, beta=0.1)
@@ -465,15 +467,16 @@ def test_entropy_bonus_hand(agg):
   """H of uniform logits over 4 tokens is ln 4; of p = (1/2, 1/4, 1/4) it is 1.5 ln 2. A = 0 (no policy term), rows
   [ln 4, 1.5 ln 2] and [ln 4, padding]: loss = −0.1·agg(H), i.e. token_mean −0.1·5.5 ln2/3, seq_mean_token_mean
   −0.1·(1.75 + 2) ln2/2, seq_mean_token_sum −0.1·(3.5 + 2) ln2/2, seq_mean_token_sum_norm (L_max 4) the last / 4."""
-  z = jnp.log(jnp.array([[[1.0, 1, 1, 1], [2, 1, 1, 1e-30]], [[1, 1, 1, 1], [9, 0.1, 3, 1]]]))
-  lp_V = jax.nn.log_softmax(z, -1)
-  ent = -jnp.sum(jnp.exp(lp_V) * lp_V, -1)
+  z = np.log(np.array([[[1.0, 1, 1, 1], [2, 1, 1, 1e-30]], [[1, 1, 1, 1], [9, 0.1, 3, 1]]]))
+  lp_V = _log_softmax_np(z)  # the inputs in NumPy: no eager (compiled) jnp ops
+  ent = -np.sum(np.exp(lp_V) * lp_V, -1)
   ln2 = np.log(2.0)
   assert float(ent[0, 0]) == pytest.approx(2 * ln2, rel=1e-6) and float(ent[0, 1]) == pytest.approx(1.5 * ln2, 1e-6)
-  m = jnp.array([[1.0, 1.0], [1.0, 0.0]])
+  m = np.array([[1.0, 1.0], [1.0, 0.0]])
   lp = lp_V[..., 0]
-  loss, _ = losses.policy_loss(lp, lp, None, jnp.zeros((2, 2)), m, eps_low=0.2, eps_high=0.2, beta=0.0, agg=agg,
-                               norm_len=4, ent_NxL=ent.at[1, 1].set(jnp.nan), entropy_coef=0.1)
+  loss, _ = jit_call(losses.policy_loss, lp, lp, None, np.zeros((2, 2)), m, eps_low=0.2, eps_high=0.2, beta=0.0,
+                     agg=agg, norm_len=4, ent_NxL=np.where([[True, True], [True, False]], ent, np.nan),
+                     entropy_coef=0.1)
   want = {"token_mean": 5.5 / 3, "seq_mean_token_mean": 3.75 / 2, "seq_mean_token_sum": 5.5 / 2,
           "seq_mean_token_sum_norm": 5.5 / 8}[agg]
   assert float(loss) == pytest.approx(-0.1 * want * ln2, rel=1e-6)
@@ -498,7 +501,7 @@ def test_entropy_bonus_loss_and_gradient_match_numpy(agg):
     return losses.policy_loss(lp_NxL, jax.lax.stop_gradient(lp_NxL), None, jnp.asarray(a, jnp.float32),
                               jnp.asarray(m), eps_low=0.2, eps_high=0.28, beta=0.0, agg=agg, norm_len=8,
                               ent_NxL=ent_NxL, entropy_coef=c)[0]
-  loss, g = jax.value_and_grad(f)(jnp.asarray(z, jnp.float32))
+  loss, g = jax.jit(jax.value_and_grad(f))(jnp.asarray(z, jnp.float32))
   lp = _log_softmax_np(z)
   p = np.exp(lp)
   H = -(p * lp).sum(-1)

@@ -11,13 +11,15 @@ from grpo_jax.config import presets
 from grpo_jax.rl import advantages
 from grpo_jax.rl import losses
 from grpo_jax.rl import token_select
+from tests.jit_call import jit_call
+from tests.jit_call import jit_grad
 
 SEL = ml_collections.ConfigDict(dict(select_frac=0.2, clip_cov_ratio=2e-4, clip_cov_lb=1.0, clip_cov_ub=5.0,
                                      kl_cov_ratio=2e-4, kl_cov_coef=1.0))
 
 
 def _grad(f, x):
-  return np.asarray(jax.grad(f)(jnp.asarray(x, jnp.float32)), np.float64)
+  return np.asarray(jit_grad(f, jnp.asarray(x, jnp.float32)), np.float64)
 
 
 # ------------------------------------------------------------------------------------------------ CISPO
@@ -35,10 +37,10 @@ def test_cispo_values_and_stop_gradient_weight():
                                    jnp.ones((1, 4)), eps_low=1.0, eps_high=3.0, beta=0.0, agg="token_mean",
                                    objective="cispo")[0]
   r_hat = np.array([0.5, 1.1, 3.0, 4.0])
-  assert float(f(jnp.asarray(lp, jnp.float32))) == pytest.approx(-np.sum(r_hat * a) / 4, rel=1e-5)
+  assert float(jax.jit(f)(jnp.asarray(lp, jnp.float32))) == pytest.approx(-np.sum(r_hat * a) / 4, rel=1e-5)
   np.testing.assert_allclose(_grad(f, lp), -(r_hat * a) / 4, rtol=1e-5)
-  _, aux = losses.cispo_objective(jnp.asarray(lp, jnp.float32), jnp.asarray(old, jnp.float32),
-                                  jnp.asarray(a, jnp.float32), jnp.ones((1, 4)), eps_low=1.0, eps_high=3.0)
+  _, aux = jit_call(losses.cispo_objective, jnp.asarray(lp, jnp.float32), jnp.asarray(old, jnp.float32),
+                    jnp.asarray(a, jnp.float32), np.ones((1, 4)), eps_low=1.0, eps_high=3.0)
   assert float(aux["clip_frac_high"]) == 0.25 and float(aux["clip_frac_low"]) == 0.0
   # against PPO's clip at the same range: the ρ = 6, A < 0 token... and with ε 0.2 PPO zeroes ρ = 3 (A > 0) too
   ppo = lambda x: losses.policy_loss(x, jnp.asarray(old, jnp.float32), None, jnp.asarray(a, jnp.float32),
@@ -83,14 +85,14 @@ def test_sapo_gate_values_and_gradient():
                                    jnp.ones((1, 6)), eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean",
                                    objective="sapo", tau_pos=1.0, tau_neg=1.05)[0]
   val, grad, w = np_sapo(rho, a, 1.0, 1.05)
-  assert float(f(jnp.asarray(lp, jnp.float32))) == pytest.approx(-val.sum() / 6, rel=1e-5)
+  assert float(jax.jit(f)(jnp.asarray(lp, jnp.float32))) == pytest.approx(-val.sum() / 6, rel=1e-5)
   np.testing.assert_allclose(_grad(f, lp), -grad / 6, rtol=1e-5, atol=1e-8)
   np.testing.assert_allclose(_grad(f, lp)[0, :2], -a[0, :2] / 6, rtol=1e-6)  # on-policy: plain A
   assert np.all(_grad(f, lp)[0, 2:5] != 0)
   # hand values of the gate at ρ = 1.5, τ = 1: σ(0.5) = 0.62246, f = 4·0.62246 = 2.4898, w = 4·0.62246·0.37754 = 0.9400
   assert val[0, 2] == pytest.approx(2.4898, abs=1e-4) and w[0, 2] == pytest.approx(0.9400, abs=1e-4)
-  _, aux = losses.sapo_objective(jnp.asarray(lp, jnp.float32), jnp.asarray(old, jnp.float32),
-                                 jnp.asarray(a, jnp.float32), jnp.ones((1, 6)), tau_pos=1.0, tau_neg=1.05)
+  _, aux = jit_call(losses.sapo_objective, jnp.asarray(lp, jnp.float32), jnp.asarray(old, jnp.float32),
+                    jnp.asarray(a, jnp.float32), np.ones((1, 6)), tau_pos=1.0, tau_neg=1.05)
   assert float(aux["gate_mean"]) == pytest.approx(w.mean(), rel=1e-5)
   assert float(aux["gated_frac"]) == pytest.approx(np.mean(w < 0.5))
 
@@ -108,16 +110,17 @@ def test_sapo_negative_temperature_closes_faster():
 
 def test_group_mean_batch_std_matches_numpy():
   r = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 1.0, 0.0]])
-  got = np.asarray(advantages.group_mean_batch_std(jnp.asarray(r), std_eps=1e-4, ddof=1))
+  got = np.asarray(jit_call(advantages.group_mean_batch_std, r, std_eps=1e-4, ddof=1))
   want = (r - r.mean(1, keepdims=True)) / (np.std(r, ddof=1) + 1e-4)
   np.testing.assert_allclose(got, want, rtol=1e-6)
   assert np.all(got[1] == 0)  # a constant group carries no signal
   # unlike GRPO, one scale for the batch: the two varied groups' advantages share the denominator
-  grpo = np.asarray(advantages.grpo(jnp.asarray(r), std_eps=1e-4, ddof=1))
+  grpo = np.asarray(jit_call(advantages.grpo, r, std_eps=1e-4, ddof=1))
   assert not np.allclose(grpo[0] / got[0], grpo[2][[2, 0, 1, 3]] / got[2][[2, 0, 1, 3]])
-  assert np.all(np.asarray(advantages.group_mean_batch_std(jnp.ones((2, 3)))) == 0)
+  assert np.all(np.asarray(jit_call(advantages.group_mean_batch_std, np.ones((2, 3)))) == 0)
   # exactly 0 also where the group mean rounds (0.1 × 3 in float32 centred to −2e-8 before the fix), as under grpo
-  assert np.all(np.asarray(advantages.group_mean_batch_std(jnp.asarray([[0.1] * 3, [0.0, 1.0, 0.3]])))[0] == 0)
+  assert np.all(np.asarray(jit_call(advantages.group_mean_batch_std,
+                                    np.asarray([[0.1] * 3, [0.0, 1.0, 0.3]], np.float32)))[0] == 0)
 
 
 # ------------------------------------------------------------------------------------------------ token selection
@@ -127,7 +130,7 @@ def test_covariance_is_the_population_covariance():
   rng = np.random.default_rng(4)
   lp, a = rng.normal(size=(4, 6)), rng.normal(size=(4, 6))
   mask = (np.arange(6)[None] < np.array([6, 3, 0, 5])[:, None])
-  cov = np.asarray(token_select.covariance(jnp.asarray(lp), jnp.asarray(a), jnp.asarray(mask)))
+  cov = np.asarray(jit_call(token_select.covariance, lp, a, mask))
   assert cov[~mask].sum() == 0
   assert cov.sum() / mask.sum() == pytest.approx(np.cov(lp[mask], a[mask], bias=True)[0, 1], rel=1e-5)
 
@@ -146,7 +149,8 @@ def test_top_entropy_keeps_the_top_fraction_and_only_their_gradient():
   want = np.zeros((3, 5))
   want[0, 1] = want[1, 0] = -1.0 / 10  # entropies 2.0 and 1.5: the top 2 of 10
   np.testing.assert_allclose(g, want, rtol=1e-6)
-  loss, m = jax.jit(f)(jnp.asarray(lp, jnp.float32)), losses.policy_loss(
+  loss, m = jax.jit(f)(jnp.asarray(lp, jnp.float32)), jit_call(
+      losses.policy_loss,
       jnp.asarray(lp, jnp.float32), jnp.asarray(lp, jnp.float32), None, jnp.asarray(a, jnp.float32),
       jnp.asarray(mask), eps_low=0.2, eps_high=0.2, beta=0.0, agg="token_mean", token_select="top_entropy",
       select_cfg=SEL, ent_NxL=jnp.asarray(ent, jnp.float32))[1]
@@ -156,9 +160,9 @@ def test_top_entropy_keeps_the_top_fraction_and_only_their_gradient():
 
 def test_top_entropy_frac_one_keeps_everything():
   rng = np.random.default_rng(5)
-  ent, valid = jnp.asarray(rng.random((3, 4))), jnp.ones((3, 4))
-  sel = token_select.choose("top_entropy", ml_collections.ConfigDict(dict(SEL, select_frac=1.0)),
-                            logp_NxL=jnp.zeros((3, 4)), adv_NxL=jnp.zeros((3, 4)), mask_NxL=valid, ent_NxL=ent)
+  ent, valid = rng.random((3, 4)), np.ones((3, 4))
+  sel = jit_call(token_select.choose, "top_entropy", ml_collections.ConfigDict(dict(SEL, select_frac=1.0)),
+                 logp_NxL=np.zeros((3, 4)), adv_NxL=np.zeros((3, 4)), mask_NxL=valid, ent_NxL=ent)
   assert np.all(np.asarray(sel.pg_NxL) == 1)
 
 
@@ -174,7 +178,7 @@ def test_clip_cov_cuts_a_random_eligible_token():
   """cov = [3, 3, .5, .5; 3, 3, 0, 0]: eligible (1 < cov < 5) are the four 3's; ratio 0.2 of 8 tokens → 1 cut, the
   eligible token of the smallest uniform. Its gradient is 0, the others' are PPO's (ρ = 1: −A/n)."""
   a, lp, mask = _cov_case()
-  cov = np.asarray(token_select.covariance(jnp.asarray(lp), jnp.asarray(a), jnp.asarray(mask) > 0))
+  cov = np.asarray(jit_call(token_select.covariance, lp, a, mask > 0))
   np.testing.assert_allclose(cov, [[3, 3, 0.5, 0.5], [3, 3, 0, 0]], atol=1e-6)
   u = np.array([[0.9, 0.5, 0.01, 0.02], [0.3, 0.7, 0.03, 0.04]])  # among the 3's the smallest u is (1, 0)
   cfg = ml_collections.ConfigDict(dict(SEL, clip_cov_ratio=0.2))
@@ -186,9 +190,9 @@ def test_clip_cov_cuts_a_random_eligible_token():
   want[1, 0] = 0.0
   np.testing.assert_allclose(_grad(f, lp), want, rtol=1e-6)
   # a token the clip already cuts is not eligible: make (1, 0) clipped (ρ = 1.5 > 1.2 with A > 0); then (1, 1)
-  sel = token_select.choose("clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
-                            mask_NxL=jnp.asarray(mask), u_NxL=jnp.asarray(u),
-                            clipped_NxL=jnp.asarray(np.eye(2, 4, k=0)[::-1] > 0))
+  sel = jit_call(token_select.choose, "clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
+                 mask_NxL=jnp.asarray(mask), u_NxL=jnp.asarray(u),
+                 clipped_NxL=jnp.asarray(np.eye(2, 4, k=0)[::-1] > 0))
   assert np.asarray(sel.pg_NxL)[1, 1] == 0 and np.asarray(sel.pg_NxL).sum() == 7
 
 
@@ -219,13 +223,13 @@ def test_kl_cov_penalises_the_largest_covariance():
       x, jnp.asarray(old, jnp.float32), None, jnp.asarray(a, jnp.float32), jnp.asarray(mask), eps_low=10.0,
       eps_high=10.0, beta=0.0, agg="token_mean", token_select=sel, select_cfg=cfg, ent_NxL=jnp.zeros((2, 4)))[0]
   lpj = jnp.asarray(lp, jnp.float32)
-  cov = np.asarray(token_select.covariance(lpj, jnp.asarray(a), jnp.asarray(mask) > 0))
+  cov = np.asarray(jit_call(token_select.covariance, lpj, jnp.asarray(a), jnp.asarray(mask) > 0))
   picked = cov >= np.sort(cov.ravel())[::-1][1]
   assert 2 <= picked.sum() < 8
   diff = _grad(f, lp) - _grad(lambda x: f(x, "all"), lp)
   np.testing.assert_allclose(diff, np.where(picked, 0.5 * np.sign(lp - old) / 8, 0.0), rtol=1e-5, atol=1e-8)
-  assert float(f(lpj)) - float(f(lpj, "all")) == pytest.approx(0.5 * np.sum(np.abs(lp - old)[picked]) / 8,
-                                                                  rel=1e-5)
+  penalty = float(jax.jit(f)(lpj)) - float(jax.jit(lambda x: f(x, "all"))(lpj))
+  assert penalty == pytest.approx(0.5 * np.sum(np.abs(lp - old)[picked]) / 8, rel=1e-5)
 
 
 def test_kl_cov_penalises_exactly_k_tokens_under_ties():
@@ -233,9 +237,9 @@ def test_kl_cov_penalises_exactly_k_tokens_under_ties():
   max(floor(ratio·n), 1) tokens, as verl's topk (a threshold test picked all 10 here)."""
   mask = np.ones((2, 5), np.float32)
   for a in (np.zeros((2, 5)), np.full((2, 5), 0.7)):
-    sel = token_select.choose("kl_cov", ml_collections.ConfigDict(dict(SEL, kl_cov_ratio=0.2)),
-                              logp_NxL=jnp.asarray(-np.arange(10.0).reshape(2, 5)), adv_NxL=jnp.asarray(a),
-                              mask_NxL=jnp.asarray(mask))
+    sel = jit_call(token_select.choose, "kl_cov", ml_collections.ConfigDict(dict(SEL, kl_cov_ratio=0.2)),
+                   logp_NxL=jnp.asarray(-np.arange(10.0).reshape(2, 5)), adv_NxL=jnp.asarray(a),
+                   mask_NxL=jnp.asarray(mask))
     assert np.asarray(sel.kl_NxL).sum() == 2 and np.all(np.asarray(sel.pg_NxL) == 1)
 
 
@@ -246,11 +250,11 @@ def test_clip_cov_cuts_exactly_k_tokens_when_uniforms_tie():
   cfg = ml_collections.ConfigDict(dict(SEL, clip_cov_ratio=0.25, clip_cov_lb=-1e9, clip_cov_ub=1e9))
   a, lp, mask = _cov_case()
   u = jnp.asarray([[0.9, 0.3, 0.7, 0.1], [0.8, 0.3, 0.6, 0.5]])
-  sel = token_select.choose("clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
-                            mask_NxL=jnp.asarray(mask), u_NxL=u)
+  sel = jit_call(token_select.choose, "clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
+                 mask_NxL=jnp.asarray(mask), u_NxL=u)
   np.testing.assert_array_equal(np.asarray(sel.pg_NxL), [[1, 0, 1, 0], [1, 1, 1, 1]])
-  one = token_select.choose("clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
-                            mask_NxL=jnp.asarray(mask), u_NxL=u, clipped_NxL=u != 0.1)
+  one = jit_call(token_select.choose, "clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
+                 mask_NxL=jnp.asarray(mask), u_NxL=u, clipped_NxL=u != 0.1)
   assert float(one.metrics["select_frac"]) == 0.125 and np.asarray(one.pg_NxL)[0, 3] == 0
 
 
@@ -261,9 +265,9 @@ def test_selection_counts_match_numpy_on_random_batches():
   ent, lp, a = rng.random((N, L)), rng.uniform(-4, 0, (N, L)), rng.normal(size=(N, L)) * 3
   n = mask.sum()
   for frac in (0.1, 0.2, 0.5):
-    sel = token_select.choose("top_entropy", ml_collections.ConfigDict(dict(SEL, select_frac=frac)),
-                              logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a), mask_NxL=jnp.asarray(mask),
-                              ent_NxL=jnp.asarray(ent))
+    sel = jit_call(token_select.choose, "top_entropy", ml_collections.ConfigDict(dict(SEL, select_frac=frac)),
+                   logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a), mask_NxL=jnp.asarray(mask),
+                   ent_NxL=jnp.asarray(ent))
     k = max(int(np.ceil(frac * n)), 1)
     thr = np.sort(ent[mask])[::-1][k - 1]
     np.testing.assert_array_equal(np.asarray(sel.pg_NxL) > 0, mask & (ent >= thr))
@@ -284,16 +288,16 @@ def test_selection_counts_are_exact_where_ratio_times_n_is_an_integer():
     np.testing.assert_array_equal(got, want, err_msg=f"ratio={ratio} ceil={ceil}")
   # the whole rule: 50 valid tokens of distinct entropies, select_frac 0.3 → exactly the 15 highest
   ent = jnp.arange(50, dtype=jnp.float32).reshape(5, 10)
-  sel = token_select.choose("top_entropy", ml_collections.ConfigDict(dict(SEL, select_frac=0.3)),
-                            logp_NxL=jnp.zeros((5, 10)), adv_NxL=jnp.zeros((5, 10)), mask_NxL=jnp.ones((5, 10)),
-                            ent_NxL=ent)
+  sel = jit_call(token_select.choose, "top_entropy", ml_collections.ConfigDict(dict(SEL, select_frac=0.3)),
+                 logp_NxL=jnp.zeros((5, 10)), adv_NxL=jnp.zeros((5, 10)), mask_NxL=jnp.ones((5, 10)),
+                 ent_NxL=ent)
   np.testing.assert_array_equal(np.asarray(sel.pg_NxL).reshape(-1), np.arange(50) >= 35)
   assert float(sel.metrics["select_frac"]) == pytest.approx(0.3)
   assert float(sel.metrics["select_entropy"]) == pytest.approx(np.arange(35, 50).mean())
   # KL-Cov: 0.65 of 180 tokens is 117
   cov_a = jnp.asarray(np.random.default_rng(9).normal(size=(12, 15)), jnp.float32)
-  sel = token_select.choose("kl_cov", ml_collections.ConfigDict(dict(SEL, kl_cov_ratio=0.65)),
-                            logp_NxL=cov_a, adv_NxL=cov_a, mask_NxL=jnp.ones((12, 15)))
+  sel = jit_call(token_select.choose, "kl_cov", ml_collections.ConfigDict(dict(SEL, kl_cov_ratio=0.65)),
+                 logp_NxL=cov_a, adv_NxL=cov_a, mask_NxL=jnp.ones((12, 15)))
   assert int(np.asarray(sel.kl_NxL).sum()) == 117
 
 
@@ -357,15 +361,15 @@ def test_step_entropy_is_the_token_mean_of_the_softmax_entropy_from_logits():
   ent_np = -(np.exp(logp) * logp).sum(-1)
   mcfg = model_lib.ModelConfig(vocab_size=V, hidden=V, layers=1, heads=1, kv_heads=1, inter=4, max_len=8)
   targets = rng.integers(0, V, (N, L))
-  lp, ent = model_lib.target_logprobs(mcfg, jnp.asarray(logits, jnp.float32), jnp.eye(V, dtype=jnp.float32),
-                                      jnp.asarray(targets), T)
+  lp, ent = jit_call(model_lib.target_logprobs, mcfg, jnp.asarray(logits, jnp.float32), jnp.eye(V, dtype=jnp.float32),
+                     jnp.asarray(targets), T)
   np.testing.assert_allclose(np.asarray(ent), ent_np, rtol=2e-5, atol=2e-6)
   np.testing.assert_allclose(np.asarray(lp), np.take_along_axis(logp, targets[..., None], -1)[..., 0], rtol=2e-5,
                              atol=2e-5)
   c = config_lib.override(presets.apply(config_lib.base_config(), "grpo"), {"rl.beta": 0.0})
   objective = rl_step.make_objective(c)
   mb = {"old_logp_NxL": lp, "adv_NxL": jnp.asarray(rng.normal(size=(N, L)), jnp.float32), "mask_NxL": mask}
-  _, m = objective((lp, ent), mb)
+  _, m = jit_call(objective, (lp, ent), mb)
   token_mean = ent_np[mask > 0].mean()
   seq_mean = np.mean([ent_np[i, :n].mean() for i, n in enumerate(lengths) if n])
   assert float(m["entropy"]) == pytest.approx(token_mean, rel=1e-5)
@@ -387,18 +391,20 @@ def test_an_update_without_loss_tokens_is_left_out_of_the_token_mean_metrics():
   ent = jnp.asarray([[1.0, 1.4, 9.0], [1.2, 1.2, 9.0]])  # 9.0: padding, never read
   full = jnp.asarray([[1.0, 1.0, 0.0], [1.0, 1.0, 0.0]])
   mb = lambda mask: {"old_logp_NxL": lp, "adv_NxL": jnp.ones((2, 3)), "mask_NxL": mask}
-  updates = [objective((lp, ent), mb(m))[1] for m in (full, jnp.zeros((2, 3)))]
+  updates = [jit_call(objective, (lp, ent), mb(m))[1] for m in (full, jnp.zeros((2, 3)))]
   assert float(updates[0]["entropy"]) == pytest.approx(1.2) and np.isnan(float(updates[1]["entropy"]))
   um = {k: jnp.stack([u[k] for u in updates]) for k in updates[0]}
-  m = update.step_metrics(dict(um, nonfinite=jnp.zeros(2, jnp.int32)), {"w": jnp.ones(2)})
+  m = jit_call(update.step_metrics, dict(um, nonfinite=jnp.zeros(2, jnp.int32)), {"w": jnp.ones(2)})
   assert float(m["train/entropy"]) == pytest.approx(1.2)  # was 0.6
   assert float(m["train/ratio_mean"]) == pytest.approx(1.0) and float(m["train/clip_frac_low"]) == 0.0
-  none = update.step_metrics(dict(jax.tree.map(lambda x: x[1:], um), nonfinite=jnp.zeros(1, jnp.int32)), {})
+  none = jit_call(update.step_metrics, dict(jax.tree.map(lambda x: x[1:], um), nonfinite=jnp.zeros(1, jnp.int32)), {})
   assert np.isnan(float(none["train/entropy"])) and np.isnan(float(none["train/ratio_mean"]))
   # packed: a micro-batch without tokens (weight 0, NaN metrics) adds nothing to the minibatch's sum
   acc = {"entropy": jnp.float32(0.0), "surrogate": jnp.float32(0.0)}
-  acc = packing.combine(acc, {"entropy": jnp.float32(1.2), "surrogate": jnp.float32(0.5)}, jnp.float32(1.0), 1.0)
-  acc = packing.combine(acc, {"entropy": jnp.float32(jnp.nan), "surrogate": jnp.float32(0.0)}, jnp.float32(0.0), 1.0)
+  acc = jit_call(packing.combine, acc, {"entropy": jnp.float32(1.2), "surrogate": jnp.float32(0.5)},
+                 jnp.float32(1.0), 1.0)
+  acc = jit_call(packing.combine, acc, {"entropy": jnp.float32(jnp.nan), "surrogate": jnp.float32(0.0)},
+                 jnp.float32(0.0), 1.0)
   assert float(acc["entropy"]) == pytest.approx(1.2)
 
 
@@ -471,17 +477,17 @@ def test_selection_means_are_nan_when_nothing_was_picked_and_the_step_skips_them
   from grpo_jax.rl import update as update_lib
   a, lp, mask = _cov_case()  # cov ∈ {3, 0.5, 0}: none inside (10, 20)
   cfg = ml_collections.ConfigDict(dict(SEL, clip_cov_lb=10.0, clip_cov_ub=20.0, clip_cov_ratio=0.2))
-  sel = token_select.choose("clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
-                            mask_NxL=jnp.asarray(mask), ent_NxL=jnp.ones((2, 4)), u_NxL=jnp.full((2, 4), 0.5))
+  sel = jit_call(token_select.choose, "clip_cov", cfg, logp_NxL=jnp.asarray(lp), adv_NxL=jnp.asarray(a),
+                 mask_NxL=jnp.asarray(mask), ent_NxL=jnp.ones((2, 4)), u_NxL=jnp.full((2, 4), 0.5))
   assert float(sel.metrics["select_frac"]) == 0.0
   assert np.isnan(float(sel.metrics["select_entropy"])) and np.isnan(float(sel.metrics["select_cov"]))
   assert np.all(np.asarray(sel.pg_NxL) == 1)  # nothing cut
   um = {"select_entropy": jnp.asarray([2.0, jnp.nan]), "select_cov": jnp.asarray([0.5, jnp.nan]),
         "select_frac": jnp.asarray([0.25, 0.0]), "nonfinite": jnp.zeros(2, jnp.int32)}
-  m = update_lib.step_metrics(um, {"w": jnp.ones(2)})
+  m = jit_call(update_lib.step_metrics, um, {"w": jnp.ones(2)})
   assert float(m["train/select_entropy"]) == 2.0 and float(m["train/select_cov"]) == 0.5
   assert float(m["train/select_frac"]) == 0.125
-  none = update_lib.step_metrics(dict(um, select_entropy=jnp.full(2, jnp.nan)), {"w": jnp.ones(2)})
+  none = jit_call(update_lib.step_metrics, dict(um, select_entropy=jnp.full(2, jnp.nan)), {"w": jnp.ones(2)})
   assert np.isnan(float(none["train/select_entropy"]))
 
 
@@ -555,7 +561,7 @@ def test_objective_selection_and_correction_weights_compose_against_numpy(obj, t
       agg=agg, norm_len=7.0, ratio_level="sequence" if obj == "gspo" else "token", dual_clip=dual, kl_clamp=10.0,
       is_w_NxL=nan_pad(w), objective="clip" if obj == "gspo" else obj, token_select=ts, select_cfg=cfg,
       ent_NxL=nan_pad(ent), select_u_NxL=nan_pad(u))[0]
-  loss, g = jax.value_and_grad(f)(nan_pad(lp))
+  loss, g = jax.jit(jax.value_and_grad(f))(nan_pad(lp))
   assert float(loss) == pytest.approx(-np.sum(J * wt), rel=1e-5, abs=1e-7)
   np.testing.assert_allclose(np.asarray(g), -dJ * wt, rtol=1e-4, atol=1e-7)
 
@@ -657,11 +663,11 @@ def test_select_frac_of_an_update_without_tokens_is_left_out_of_the_step_mean():
   ms = []
   for mask in (np.ones((2, 5), np.float32), np.zeros((2, 5), np.float32)):
     mb = dict(old_logp_NxL=lp, adv_NxL=jnp.ones((2, 5)), mask_NxL=jnp.asarray(mask), ref_logp_NxL=None)
-    ms.append(objective((lp, ent), mb)[1])
+    ms.append(jit_call(objective, (lp, ent), mb)[1])
   assert float(ms[0]["select_frac"]) == pytest.approx(0.2)
   assert np.isnan(float(ms[1]["select_frac"]))
   um = {k: jnp.stack([ms[0][k], ms[1][k]]) for k in ("select_frac", "select_entropy", "entropy")}
-  m = update_lib.step_metrics(dict(um, nonfinite=jnp.zeros(2, jnp.int32)), {"w": jnp.ones(2)})
+  m = jit_call(update_lib.step_metrics, dict(um, nonfinite=jnp.zeros(2, jnp.int32)), {"w": jnp.ones(2)})
   assert float(m["train/select_frac"]) == pytest.approx(0.2)
   assert float(m["train/select_entropy"]) == pytest.approx(float(ms[0]["select_entropy"]))
 
