@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from tests.jit_call import jit_call
+
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "benchmarks"))
 import grpo_step  # noqa: E402
 import profile_parts  # noqa: E402
@@ -206,8 +208,10 @@ def test_stop_checkpoint_round_trips_and_stops(stop_checkpoint):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   toks, mask = msc.encode_prompts(s["tok"], ["what is 12 + 345 =", "what is 999 + 999 ="])
   pos = np.maximum(np.cumsum(mask, 1) - 1, 0)
-  np.testing.assert_array_equal(model_lib.forward(s["mcfg"], s["params"], toks, pos, mask),
-                                model_lib.forward(mcfg, params, toks, pos, mask))
+  # The forwards as one program, as every caller runs them (eagerly, ~50 one-op programs compiled): the same program
+  # for both (the configs are equal), so equal logits still mean equal weights.
+  np.testing.assert_array_equal(jit_call(model_lib.forward, s["mcfg"], s["params"], toks, pos, mask),
+                                jit_call(model_lib.forward, mcfg, params, toks, pos, mask))
   assert np.mean(s["losses"][-5:]) < 0.6 * np.mean(s["losses"][:5]), s["losses"]
   ev = msc.evaluate(mcfg, params, s["tok"], 32, 16, 0)
   assert ev["sampled_len_max"] <= 8 and 2 <= ev["sampled_len_mean"] <= 6, ev
@@ -248,6 +252,8 @@ def test_grpo_step_model_dir_runs_on_the_checkpoint(stop_checkpoint):
     np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
   from grpo_jax.model import model as model_lib
   ids = np.asarray([stop_checkpoint["tok"].encode("what is 12 + 345 =").ids])
+  # Eager on purpose: Ours' check_fingerprint just ran this forward eagerly on these shapes, so its ops are compiled
+  # already (a jit here compiled one program more).
   last_V = np.asarray(model_lib.forward(stop_checkpoint["mcfg"], stop_checkpoint["params"], ids,
                                         np.arange(ids.shape[1])[None], np.ones_like(ids)))[0, -1]
   assert abs(o.fingerprint - np.mean(last_V * (np.arange(64) % 7 - 3))) < 1e-6

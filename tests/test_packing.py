@@ -22,6 +22,7 @@ from grpo_jax.rl import correction, families, packing, ppo_step, rl_step
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.run import validate
 from grpo_jax.tasks import digits
+from tests.jit_call import jit_call
 
 TINY = dict(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=2, G=4, L=7)
 P = 5
@@ -46,14 +47,15 @@ def _minibatch(c, mcfg, params, critic=False):
   mask = (np.arange(L)[None] < LENS[:, None]).astype(np.float32)
   prompt = rng.integers(1, 64, (n, P)) * pmask
   tokens = rng.integers(1, 64, (n, L)) * mask.astype(np.int64)
-  seq = rollout_lib.full_sequence(jnp.asarray(prompt, jnp.int32), jnp.asarray(pmask), jnp.asarray(tokens, jnp.int32),
-                                  jnp.asarray(mask))
-  logp = rollout_lib.completion_logprobs(mcfg, params, seq, P, c.sampling.temperature)[0]
-  noise = lambda s: jnp.asarray(rng.normal(0, s, (n, L)), jnp.float32) * mask
-  mb = dict(seq=seq, mask_NxL=jnp.asarray(mask), old_logp_NxL=(logp + noise(0.3)) * mask,
-            adv_NxL=(noise(1.0) + 0.5) * mask, ref_logp_NxL=(logp + noise(0.5)) * mask)
+  # The sequence and the policy's log-probs each as one program, as the step runs them (eagerly, every op of the
+  # model's forward was its own program); the noise arithmetic in NumPy float32 (elementwise, the same values).
+  seq = jit_call(rollout_lib.full_sequence, prompt.astype(np.int32), pmask, tokens.astype(np.int32), mask)
+  logp = np.asarray(jit_call(rollout_lib.completion_logprobs, mcfg, params, seq, P, c.sampling.temperature)[0])
+  noise = lambda s: rng.normal(0, s, (n, L)).astype(np.float32) * mask
+  mb = dict(seq=seq, mask_NxL=jnp.asarray(mask), old_logp_NxL=jnp.asarray((logp + noise(0.3)) * mask),
+            adv_NxL=jnp.asarray((noise(1.0) + 0.5) * mask), ref_logp_NxL=jnp.asarray((logp + noise(0.5)) * mask))
   if critic:
-    mb.update(old_v_NxL=noise(1.0), returns_NxL=noise(1.0))
+    mb.update(old_v_NxL=jnp.asarray(noise(1.0)), returns_NxL=jnp.asarray(noise(1.0)))
   return mb
 
 
@@ -78,7 +80,9 @@ def _compare(c, forward, objective, params, mb, rows):
   assert _rel(l2, l1) <= 1e-5, (l2, l1)
   for k in a1:
     assert abs(float(a2[k]) - float(a1[k])) <= 1e-5 * max(abs(float(a1[k])), 1e-2), (k, a2[k], a1[k])
-  diff = np.sqrt(sum(np.sum((np.float64(x) - y) ** 2) for x, y in zip(jax.tree.leaves(g2), jax.tree.leaves(g1))))
+  # np.asarray(y): NumPy minus a jax.Array defers to JAX (a float32 op compiled per leaf shape), not float64 NumPy
+  diff = np.sqrt(sum(np.sum((np.float64(x) - np.asarray(y)) ** 2)
+                     for x, y in zip(jax.tree.leaves(g2), jax.tree.leaves(g1))))
   norm = np.sqrt(sum(np.sum(np.float64(x) ** 2) for x in jax.tree.leaves(g1)))
   assert norm > 0 and diff / norm <= 1e-5, (diff, norm)
   return a1, a2
@@ -121,8 +125,12 @@ def test_entropy_bonus_raises_the_policy_entropy(packed):
   mb = dict(mb, adv_NxL=jnp.zeros_like(mb["adv_NxL"]), ref_logp_NxL=None)
   forward = rl_step.make_forward(c, mcfg, P)
 
+  @jax.jit  # one program (eagerly, each op of the forward was its own)
+  def entropy_of(ps, mb):
+    return rl_step.masked_mean(forward((ps,), mb["seq"], False)[1], mb["mask_NxL"])
+
   def entropy(ps):
-    return float(rl_step.masked_mean(forward((ps,), mb["seq"], False)[1], mb["mask_NxL"]))
+    return float(entropy_of(ps, mb))
 
   def run(coef):
     cc = config_lib.override(c, {"rl.entropy_coef": coef, "rl.packing": packed, "rl.pack_rows": 1})
@@ -189,15 +197,18 @@ def test_packed_forwards_and_plan():
   mcfg = model_lib.ModelConfig.from_config(c.model)
   params = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
   mb = _minibatch(c, mcfg, params)
-  want = rollout_lib.completion_logprobs(mcfg, params, mb["seq"], P, 1.0)[0] * mb["mask_NxL"]
+  want = np.asarray(jit_call(rollout_lib.completion_logprobs, mcfg, params, mb["seq"], P, 1.0)[0]) * np.asarray(
+      mb["mask_NxL"])  # one program (_minibatch's), not the forward's ops one by one
   got = jax.jit(lambda: packing.forwards(
       c, lambda s: rollout_lib.completion_logprobs(mcfg, params, s, P, 1.0, True)[0], mb["seq"], P))()
   np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-  p = packing.plan(c, mb["seq"], P)
+  # The plan and micro-batch 0's rows as one program, as the step builds them (eagerly, ~55 one-op programs); its
+  # Python ints (rows, C) come back as arrays, compared by value below.
+  p, row0 = jax.jit(lambda seq: (lambda p: (p, packing.packed_seq(p, seq, 0)))(packing.plan(c, seq, P)))(mb["seq"])
   # first-fit decreasing of 12, 9, 8, 7, 6, 6, 6, 5 tokens into rows of 12: 6 rows (≥ 59/12), 2 a micro-batch
   assert int(np.sum(PLENS + LENS)) == 59 and p.C == 12 and int(p.trips) == 3
   assert sorted(np.asarray(p.row_DxN[0]).tolist()) == [0, 1, 2, 3, 3, 4, 4, 5]  # the 5 joins the 7
-  tok, pos, seg = (np.asarray(x) for x in packing.packed_seq(p, mb["seq"], 0))
+  tok, pos, seg = (np.asarray(x) for x in row0)
   for r in range(tok.shape[0]):
     for s in set(seg[r]) - {0}:
       np.testing.assert_array_equal(pos[r][seg[r] == s], np.arange(np.sum(seg[r] == s)))
@@ -278,6 +289,12 @@ class _ManyEos:
     self.eos_ids, self.eos_id, self.pad_id = tuple(range(2, vocab, 3)), 2, 0
 
 
+@jax.jit  # one program per params structure (eagerly: ~30 one-op programs, one per op and leaf shape)
+def _perturb(params):
+  keys = iter(jax.random.split(jax.random.PRNGKey(7), len(jax.tree.leaves(params))))
+  return jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), params)
+
+
 def _run(algo: str, over: dict, n_steps: int = 3):
   c = config_lib.override(presets.apply(digits.bench_config(**dict(TINY, prompts=4, L=12)), algo),
                           {"optim.lr": 1e-3, **over})
@@ -286,9 +303,7 @@ def _run(algo: str, over: dict, n_steps: int = 3):
   spec = digits.reward_spec(c.model.vocab_size)
   step = families.make_step(c, mesh, mcfg, spec, _ManyEos(c.model.vocab_size))
   state = families.for_config(c).init(c, mesh, mcfg, seed=0)
-  keys = iter(jax.random.split(jax.random.PRNGKey(7), len(jax.tree.leaves(state["params"]))))
-  state = dict(state, params=jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape),
-                                          state["params"]))
+  state = dict(state, params=_perturb(state["params"]))
   ms, ps = [], []
   for b in list(digits.make_batches(c.rl.prompts_per_step, n_steps, seed=1)):
     b["answer_ids_NxA"][:, 1:] = -1
@@ -534,7 +549,7 @@ def test_packed_new_objectives_with_correction_weights_equal_padded(algo):
   mb = _minibatch(c, mcfg, params)
   rng = np.random.default_rng(5)
   log_rho = jnp.asarray(rng.normal(0, 0.8, mb["mask_NxL"].shape), jnp.float32)
-  corr = correction.build(c, mb["old_logp_NxL"], mb["old_logp_NxL"] - log_rho, mb["mask_NxL"])
+  corr = jit_call(correction.build, c, mb["old_logp_NxL"], mb["old_logp_NxL"] - log_rho, mb["mask_NxL"])  # as the step
   assert 0 < float(jnp.sum(mb["mask_NxL"] - corr.mask_NxL)) < float(jnp.sum(mb["mask_NxL"]))  # some rejected
   mb = dict(mb, mask_NxL=corr.mask_NxL, is_w_NxL=corr.is_w_NxL)
   forward, objective = rl_step.make_forward(c, mcfg, P), rl_step.make_objective(c)

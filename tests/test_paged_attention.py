@@ -18,6 +18,7 @@ import conftest  # tests/conftest.py: requires
 from grpo_jax.model import paged_attention as PA
 from grpo_jax.rollout import engine as E
 from grpo_jax.rollout import sampling as S
+from tests.jit_call import jit_call
 from tests.test_engine import (B, L, MCFG, assert_goldens_with, assert_same, continuous, prompts, random_params,
                                reference)
 
@@ -85,11 +86,12 @@ def test_store_holds_prompts_unpadded_from_position_zero():
   plen = np.array([8, 5, 4, 1])
   geo = PA.geometry(b, p, 6, slots, 1, z)
   assert (geo.full, geo.own, geo.pages_per_seq) == (2, 3, 5)  # ceil((z - 1 + L) / z) own pages: nothing runs out
-  full, partial = PA.prompt_pages(geo, jnp.asarray(k), jnp.asarray(v), jnp.asarray(plen))
-  pool = PA.init_pool(geo, full)
-  group = jnp.array([3, 2, 1, 0])
-  pool = PA.admit(geo, pool, jnp.ones(slots, bool), group, partial)
-  tbl = np.asarray(PA.table(geo, group, jnp.asarray(plen)))
+  # Each store function as one program, as the engine's jit runs it (eagerly, ~60 one-op programs compiled).
+  full, partial = jit_call(PA.prompt_pages, geo, k, v, plen)
+  pool = jit_call(PA.init_pool, geo, full)
+  group = np.array([3, 2, 1, 0])
+  pool = jit_call(PA.admit, geo, pool, np.ones(slots, bool), group, partial)
+  tbl = np.asarray(jit_call(PA.table, geo, group, plen))
   pages = np.asarray(pool)[0]
   for s, g in enumerate(np.asarray(group)):
     seq = pages[tbl[s]].reshape(-1, 2 * kh, d)[:plen[g]]  # [plen, C, D]
@@ -102,17 +104,21 @@ def test_store_holds_prompts_unpadded_from_position_zero():
 @pytest.mark.parametrize("kh,h", [(2, 4), (1, 2)])
 def test_reference_equals_the_tpu_kernels_own_reference(kh, h):
   """paged_attention.reference on random pages, page tables and kv_lens (GQA, one query per sequence) =
-  ragged_paged_attention's ref_ragged_paged_attention (eager), sm_scale = 1/sqrt(head_dim)."""
+  ragged_paged_attention's ref_ragged_paged_attention, sm_scale = 1/sqrt(head_dim)."""
   from jax.experimental.pallas.ops.tpu.ragged_paged_attention import kernel as rpa
   rng = np.random.default_rng(kh + h)
   s, d, z, m, q_pages = 5, 16, 4, 6, 40
-  q = jnp.asarray(rng.standard_normal((s, h, d)), jnp.float32)
-  pages = jnp.asarray(rng.standard_normal((q_pages, z, 2 * kh, d)), jnp.float32)
-  tbl = jnp.asarray(rng.permutation(q_pages)[:s * m].reshape(s, m), jnp.int32)
-  kv_len = jnp.asarray([1, 7, 24, 3, 13], jnp.int32)
-  got = PA.reference(q, pages, tbl, kv_len)
-  want = rpa.ref_ragged_paged_attention(q, pages, kv_len, tbl, jnp.arange(s + 1, dtype=jnp.int32),
-                                        jnp.array([s], jnp.int32), sm_scale=1 / np.sqrt(d))
+  q = rng.standard_normal((s, h, d)).astype(np.float32)
+  pages = rng.standard_normal((q_pages, z, 2 * kh, d)).astype(np.float32)
+  tbl = rng.permutation(q_pages)[:s * m].reshape(s, m).astype(np.int32)
+  kv_len = np.asarray([1, 7, 24, 3, 13], np.int32)
+  got = jit_call(PA.reference, q, pages, tbl, kv_len)
+  # The kernel's reference loops over sequences in Python and slices each to its kv_len, so it needs concrete
+  # lengths and tables: closed over as NumPy (static under the trace), it traces as one program over q and the pages
+  # instead of ~120 one-op programs eagerly, the same ops on the same values.
+  want = jax.jit(lambda q, pages: rpa.ref_ragged_paged_attention(
+      q, pages, kv_len, tbl, np.arange(s + 1, dtype=np.int32), np.array([s], np.int32), sm_scale=1 / np.sqrt(d)))(
+          q, pages)
   np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=0, atol=2e-6)
 
 

@@ -12,6 +12,7 @@ import pytest
 
 from grpo_jax.model import model as M
 from grpo_jax.rollout import sampling as S
+from tests.jit_call import jit_call
 
 MCFG = M.ModelConfig(vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2, inter=64, max_len=32)
 PROMPT = np.array([[5, 9, 11, 3, 7], [0, 0, 4, 8, 2], [0, 0, 0, 0, 13], [0, 6, 1, 17, 5]], np.int32)
@@ -321,10 +322,12 @@ def test_config_validation_and_from_config():
     with pytest.raises(ValueError, match=r"temperature=.*must be >= 0.01"):
       S.SamplingConfig(temperature=t)
   logits = jnp.asarray([[40.0, 0.0, -40.0], [1e4, 1e4 - 1, -1e4]])
-  tok, logp = S.draw(logits, jnp.asarray([0.5, 0.99]), S.SamplingConfig(temperature=S.MIN_TEMPERATURE))
+  # draw and token_logp each as one program, as the sampler and the loss run them (eagerly: ~30 one-op programs)
+  tok, logp = jit_call(S.draw, logits, np.asarray([0.5, 0.99], np.float32),
+                       S.SamplingConfig(temperature=S.MIN_TEMPERATURE))
   np.testing.assert_array_equal(np.asarray(tok), [0, 0])  # at the floor: argmax (a gap of 1 is e^-100 away)
   np.testing.assert_array_equal(np.asarray(logp), [0.0, 0.0])
-  np.testing.assert_allclose(np.asarray(S.token_logp(logits, jnp.asarray([2, 1]), S.MIN_TEMPERATURE)),
+  np.testing.assert_allclose(np.asarray(jit_call(S.token_logp, logits, np.asarray([2, 1]), S.MIN_TEMPERATURE)),
                              [-8000.0, -100.0], rtol=1e-6)  # finite, as the loss recomputes them
   scfg = S.SamplingConfig.from_config(dict(temperature=1, top_k=0, top_p=1.0, max_new_tokens=8), eos_id=3, pad_id=0)
   assert scfg == S.SamplingConfig(max_new_tokens=8, eos_id=3, pad_id=0)
