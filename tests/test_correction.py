@@ -12,6 +12,8 @@ from grpo_jax.rl import correction
 from grpo_jax.rl import losses
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.tasks import digits
+from tests.jit_call import jit_call
+from tests.jit_call import jit_grad
 
 RL = ml_collections.ConfigDict(dict(is_cap=2.0, mis_lo=0.0, mis_hi=2.0, icepop_lo=0.5, icepop_hi=5.0,
                                     seq_mask_lo=1 / 1.001, seq_mask_hi=1.001, is_veto=1e-4))
@@ -26,8 +28,9 @@ def _config(kind="none", model_dtype="float32", sampling_dtype=""):
 
 
 def _build(kind, prox, behav, mask):
-  return correction.build(_config(kind), jnp.asarray(prox, jnp.float32), jnp.asarray(behav, jnp.float32),
-                          jnp.asarray(mask, jnp.float32))
+  # one program, as training_data runs it (eagerly each jnp op inside compiled on its own)
+  return jit_call(correction.build, _config(kind), np.asarray(prox, np.float32), np.asarray(behav, np.float32),
+                  np.asarray(mask, np.float32))
 
 
 # --------------------------------------------------------------------------------- the kinds, by hand
@@ -44,16 +47,18 @@ def test_the_windows_are_closed_at_each_bound_on_the_float32_grid(lo, hi):
   rows = [at_lo, np.nextafter(at_lo, down), at_hi, np.nextafter(at_hi, up)]
   want = [True, False, True, False]
   # two valid tokens per row (x + x and its halving are exact: the mean is x itself), the rest padding
-  log_rho = jnp.asarray([[x, x, 0.0, 0.0] for x in rows], jnp.float32)
-  valid = jnp.asarray([[1, 1, 0, 0]] * 4, bool)
-  _, keep = correction.sequence_masked(log_rho, valid, lo, hi, 1e-4)
+  log_rho = np.asarray([[x, x, 0.0, 0.0] for x in rows], np.float32)
+  valid = np.asarray([[1, 1, 0, 0]] * 4, bool)
+  # jitted as the step runs them; the bounds are the Python floats the step closes over
+  _, keep = jit_call(correction.sequence_masked, log_rho, valid, lo, hi, 1e-4)
   assert np.asarray(keep[:, 0]).tolist() == want
-  _, keep_tok = correction.masked(log_rho, lo, hi)
+  _, keep_tok = jit_call(correction.masked, log_rho, lo, hi)
   assert np.asarray(keep_tok[:, 0]).tolist() == want
   # the veto is strict (ρ_t < veto): a token at log(veto) is not vetoed, one float32 step below is
   at_v = f32(np.log(1e-4))
-  _, keep_v = correction.sequence_masked(jnp.asarray([[at_v, -at_v], [np.nextafter(at_v, down), -at_v]], jnp.float32),
-                                         jnp.ones((2, 2), bool), 1e-30, 1e30, 1e-4)
+  _, keep_v = jit_call(correction.sequence_masked,
+                       np.asarray([[at_v, -at_v], [np.nextafter(at_v, down), -at_v]], np.float32),
+                       np.ones((2, 2), bool), 1e-30, 1e30, 1e-4)
   assert np.asarray(keep_v[:, 0]).tolist() == [True, False]
 
 
@@ -137,7 +142,7 @@ def test_kinds_match_numpy(kind):
     rl = ml_collections.ConfigDict(dict(RL, seq_mask_lo=0.99, seq_mask_hi=1.01))
   c = _config(kind)
   c.rl.update(rl)
-  corr = correction.build(c, jnp.asarray(prox, jnp.float32), jnp.asarray(behav, jnp.float32), jnp.asarray(mask))
+  corr = jit_call(correction.build, c, prox.astype(np.float32), behav.astype(np.float32), mask)
   w, kept, metrics = np_correction(kind, prox.astype(np.float32).astype(np.float64),
                                    behav.astype(np.float32).astype(np.float64), mask, rl)
   np.testing.assert_allclose(np.asarray(corr.is_w_NxL), w, rtol=2e-5, atol=1e-7)
@@ -150,7 +155,8 @@ def test_kinds_match_numpy(kind):
 def test_mismatch_kl_is_k3_of_behaviour_against_proximal():
   """k3 = ρ − log ρ − 1 per token, token mean: ρ = [2, 0.5] → ((2 − log 2 − 1) + (0.5 + log 2 − 1)) / 2."""
   c = _config("none", sampling_dtype="bfloat16")  # no correction, but π_prox is a forward: the mismatch is measured
-  corr = correction.build(c, jnp.log(jnp.array([[2.0, 0.5, 9.0]])), jnp.zeros((1, 3)), jnp.array([[1.0, 1.0, 0.0]]))
+  corr = jit_call(correction.build, c, np.log(np.array([[2.0, 0.5, 9.0]], np.float32)), np.zeros((1, 3), np.float32),
+                  np.array([[1.0, 1.0, 0.0]], np.float32))
   assert float(corr.metrics["train/mismatch_kl"]) == pytest.approx(0.25, rel=1e-6)
   assert corr.is_w_NxL is None and float(corr.metrics["train/is_weight_mean"]) == 1.0
 
@@ -178,33 +184,33 @@ def test_weight_multiplies_the_surrogate_and_is_stop_gradient():
   rng = np.random.default_rng(2)
   N, L = 4, 6
   mask = (np.arange(L)[None] < np.array([6, 3, 1, 5])[:, None]).astype(np.float32)
-  lp = jnp.asarray(rng.uniform(-3, 0, (N, L)), jnp.float32)
-  old = lp + jnp.asarray(rng.normal(size=(N, L)) * 0.1, jnp.float32)
-  a = jnp.asarray(rng.normal(size=(N, L)), jnp.float32)
-  behav = old + jnp.asarray(rng.normal(size=(N, L)) * 0.8, jnp.float32)
-  corr = correction.build(_config("tis"), old, behav, jnp.asarray(mask))
+  lp = rng.uniform(-3, 0, (N, L)).astype(np.float32)
+  old = lp + (rng.normal(size=(N, L)) * 0.1).astype(np.float32)
+  a = rng.normal(size=(N, L)).astype(np.float32)
+  behav = old + (rng.normal(size=(N, L)) * 0.8).astype(np.float32)
+  corr = jit_call(correction.build, _config("tis"), old, behav, mask)  # one program each, as the step runs them
   w = np.asarray(corr.is_w_NxL)
   assert np.any((w > 0) & (w < 1)) and np.any(w == 2.0)  # truncated and untruncated weights
   kw = dict(eps_low=0.2, eps_high=0.2, agg="token_mean")
   f = lambda x, is_w, beta=0.0, ref=None: losses.policy_loss(x, old, ref, a, corr.mask_NxL, beta=beta,
                                                              is_w_NxL=is_w, **kw)[0]
-  g_w = np.asarray(jax.grad(f)(lp, corr.is_w_NxL))
-  g_1 = np.asarray(jax.grad(f)(lp, None))
+  g_w = np.asarray(jax.jit(jax.grad(f))(lp, corr.is_w_NxL))
+  g_1 = np.asarray(jax.jit(jax.grad(lambda x: f(x, None)))(lp))
   np.testing.assert_allclose(g_w, w * g_1, rtol=1e-5, atol=1e-8)
   # the loss value: −Σ w·f / Σ kept, by hand
   rho = np.exp(np.asarray(lp - old, np.float64))
   an = np.asarray(a, np.float64)
   surr = np.minimum(rho * an, np.clip(rho, 0.8, 1.2) * an)
-  assert float(f(lp, corr.is_w_NxL)) == pytest.approx(-np.sum(w * surr * mask) / mask.sum(), rel=1e-5)
+  assert float(jax.jit(f)(lp, corr.is_w_NxL)) == pytest.approx(-np.sum(w * surr * mask) / mask.sum(), rel=1e-5)
   # the KL term is not weighted: with β > 0 the gradient is w·(surrogate's) + β·(k3's), unweighted
   ref = lp + 0.3
-  g_kl = np.asarray(jax.grad(lambda x: f(x, corr.is_w_NxL, 0.1, ref) - f(x, corr.is_w_NxL))(lp))
-  np.testing.assert_allclose(g_kl, np.asarray(jax.grad(lambda x: 0.1 * losses.aggregate(
-      losses.kl_k3(x, ref) * mask, mask, "token_mean"))(lp)), rtol=1e-4, atol=1e-8)
+  g_kl = np.asarray(jit_grad(lambda x: f(x, corr.is_w_NxL, 0.1, ref) - f(x, corr.is_w_NxL), lp))
+  np.testing.assert_allclose(g_kl, np.asarray(jit_grad(lambda x: 0.1 * losses.aggregate(
+      losses.kl_k3(x, ref) * mask, mask, "token_mean"), lp)), rtol=1e-4, atol=1e-8)
   # no gradient through the weight to the log-probs it is built from
   for argnum in (0, 1):
-    g = jax.grad(lambda p, b: jnp.sum(correction.build(_config("icepop"), p, b, jnp.asarray(mask)).is_w_NxL),
-                 argnums=argnum)(old, behav)
+    g = jax.jit(jax.grad(lambda p, b: jnp.sum(correction.build(_config("icepop"), p, b, jnp.asarray(mask)).is_w_NxL),
+                         argnums=argnum))(old, behav)
     assert not np.any(np.asarray(g))
 
 

@@ -189,6 +189,33 @@ def test_merged_decode_logprobs_equal_the_unmerged_forward():
                              np.asarray(lora.merged(mcfg, policy)["layers"]["q"]["kernel"][1]), atol=1e-7)
 
 
+@pytest.mark.parametrize("base_dtype,dtype", [("float32", None), ("bfloat16", jnp.float32)])
+def test_merged_equals_the_eager_merge_bit_for_bit(base_dtype, dtype):
+  """lora.merged runs each module's W + scale·A·B as one jitted program (an export's merge was a compile per op
+  and shape): its kernels equal the op-by-op merge's bit for bit, stacked or one layer, in the kernel's dtype or
+  export's float32; the leaves it does not merge (embedding, norms) are passed through, not copied."""
+  plain = model_lib.ModelConfig(vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2, inter=48, max_len=32,
+                                qkv_bias=True, tie_embeddings=False)
+  mcfg = dataclasses.replace(plain, lora=LoraConfig(3, 5.0, base_dtype=base_dtype))
+  base = lora.hold_base(mcfg, model_lib.init_params(plain, jax.random.PRNGKey(0)))
+  adapters = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(2), x.shape),
+                          lora.init_adapters(mcfg, jax.random.PRNGKey(1)))
+  policy = lora.combine(base, adapters)
+  got = lora.merged(mcfg, policy, dtype)
+  with jax.disable_jit():
+    want = lora.merged(mcfg, policy, dtype)
+  for m in ("q", "k", "v", "o", "gate", "up", "down"):
+    g, w = got["layers"][m]["kernel"], want["layers"][m]["kernel"]
+    assert g.dtype == w.dtype == (dtype or base["layers"][m]["kernel"].dtype) and "lora_a" not in got["layers"][m]
+    np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32), err_msg=m)
+    one = {k: v[1] for k, v in policy["layers"][m].items()}  # decode's per-layer merge: one unstacked module
+    np.testing.assert_array_equal(np.asarray(lora.merge_module(mcfg, m, one, dtype)["kernel"], np.float32),
+                                  np.asarray(w[1], np.float32), err_msg=m)
+  assert np.abs(np.asarray(got["layers"]["q"]["kernel"], np.float32) -
+                np.asarray(base["layers"]["q"]["kernel"], np.float32)).max() > 1e-2  # the adapters were merged
+  assert got["embed"] is base["embed"] and got["layers"]["attn_norm"] is base["layers"]["attn_norm"]
+
+
 def test_decode_of_a_bfloat16_base_keeps_the_adapter_delta():
   """model.lora.base_dtype=bfloat16 under float32 compute: the decode copy is W + scale·A·B rounded once to the
   compute dtype, so a decode step's logits equal the unmerged training forward's. Merged into the bfloat16 kernel

@@ -74,9 +74,20 @@ def _ours(run_dir, hf_dir, config):
   mcfg = model_lib.ModelConfig.from_config(config.model)
   got = export_lib.restore_params(run_dir, mcfg, 0, config, want_adapters=True)
   (base, adapters), step = got.params, got.step
-  logits = model_lib.forward(mcfg, lora.combine(base, adapters), TOKENS.astype(np.int32), POS.astype(np.int32),
-                             MASK.astype(np.int32))
+  logits = _forward(mcfg, lora.combine(base, adapters), TOKENS.astype(np.int32), POS.astype(np.int32),
+                    MASK.astype(np.int32))
   return np.asarray(logits), step, adapters
+
+
+# the forwards compiled as the product runs them: op by op each was ~45 single-op compiles
+_forward = jax.jit(model_lib.forward, static_argnums=0)
+
+
+def _perturbed(mcfg, scale, key, init_key):
+  """init_adapters plus scale·N(0, 1) on every leaf (B ≠ 0: a trained adapter), in one program (per leaf and op
+  eagerly: three compiles a leaf shape)."""
+  return jax.jit(lambda: jax.tree.map(lambda x: x + scale * jax.random.normal(key, x.shape),
+                                      lora.init_adapters(mcfg, init_key)))()
 
 
 def _hf_logits(model):
@@ -169,10 +180,9 @@ def test_peft_loads_adapters_of_any_rank_and_targets(tmp_path, kind, rank, targe
   hf.eval().save_pretrained(tmp_path / "base")
   mcfg, base = hf_io.load_hf(str(tmp_path / "base"))
   mcfg = dataclasses.replace(mcfg, lora=LoraConfig(rank, 7.0, targets, rslora))
-  adapters = jax.tree.map(lambda x: x + 0.2 * jax.random.normal(jax.random.PRNGKey(2), x.shape),
-                          lora.init_adapters(mcfg, jax.random.PRNGKey(1)))
-  ours = np.asarray(model_lib.forward(mcfg, lora.combine(base, adapters), TOKENS.astype(np.int32),
-                                      POS.astype(np.int32), MASK.astype(np.int32)))
+  adapters = _perturbed(mcfg, 0.2, jax.random.PRNGKey(2), jax.random.PRNGKey(1))
+  ours = np.asarray(_forward(mcfg, lora.combine(base, adapters), TOKENS.astype(np.int32), POS.astype(np.int32),
+                             MASK.astype(np.int32)))
   peft_export.save_peft(str(tmp_path / "peft"), mcfg, adapters)
   plain = _hf_logits(hf)  # before PEFT wraps hf (it injects the adapters in place)
   got = _hf_logits(peft.PeftModel.from_pretrained(hf, str(tmp_path / "peft")).eval())
@@ -202,8 +212,7 @@ def test_peft_export_of_a_params_checkpoint_base_says_how_to_export_the_base(tmp
   base = model_lib.init_params(mcfg, jax.random.PRNGKey(3))
   from grpo_jax.infra import params_ckpt
   params_ckpt.save_params(c.train.init_from, base)
-  adapters = lora.init_adapters(mcfg, jax.random.PRNGKey(4))
-  adapters = jax.tree.map(lambda x: x + 0.05 * jax.random.normal(jax.random.PRNGKey(5), x.shape), adapters)
+  adapters = _perturbed(mcfg, 0.05, jax.random.PRNGKey(5), jax.random.PRNGKey(4))
   run = tmp_path / "run"
   ck = checkpoint.Checkpointer(str(run / "checkpoints"), save_every=2, keep=3, async_save=False)
   ck.set_frozen(c.train.init_from, lora.hold_base(mcfg, base))

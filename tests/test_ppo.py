@@ -10,6 +10,7 @@ from grpo_jax.rl import ppo_step
 from grpo_jax.config import presets
 from grpo_jax.infra import sharding
 from grpo_jax.tasks import digits
+from tests.jit_call import jit_call
 
 
 def _config(mode: str, **rl):
@@ -134,7 +135,8 @@ def test_ppo_outcome_reward_lands_on_last_valid_token_of_multi_turn_rows():
   cfg = NS(rl=NS(beta=0.0, kl_estimator="k1", kl_clamp=0.0), ppo=NS(gamma=1.0, lam=1.0))
   mask = np.array([[1, 1, 1, 1, 0, 0], [1, 1, 0, 0, 1, 1], [1, 1, 1, 0, 1, 1]], np.float32)
   ro = NS(mask_NxL=jnp.asarray(mask), ref_logp_NxL=None, old_logp_NxL=None, r_N=jnp.asarray([2.0, 3.0, -1.0]))
-  _, returns = ppo_step.advantages_and_returns(cfg, ro, jnp.zeros(mask.shape, jnp.float32))
+  # one program, as the PPO step runs it (eagerly each op of the GAE scan compiled on its own)
+  _, returns = jit_call(ppo_step.advantages_and_returns, cfg, ro, np.zeros(mask.shape, np.float32))
   np.testing.assert_allclose(np.asarray(returns), mask * np.array([[2.0], [3.0], [-1.0]]), atol=1e-6)
 
 
@@ -160,7 +162,7 @@ def test_advantages_returns_and_loss_match_numpy():
   f32 = lambda x: jax.numpy.asarray(x, jax.numpy.float32)
   fields = dict(r_N=f32(r), mask_NxL=f32(mask), old_logp_NxL=f32(old), ref_logp_NxL=f32(ref), per_term={})
   ro = rollout_lib.Rollout(**{**dict.fromkeys(rollout_lib.Rollout._fields), **fields})
-  adv, ret = (np.asarray(x) for x in ppo_step.advantages_and_returns(c, ro, f32(V)))
+  adv, ret = (np.asarray(x) for x in jit_call(ppo_step.advantages_and_returns, c, ro, f32(V)))  # as the step runs it
 
   beta, gamma, lam = c.rl.beta, 0.9, 0.8
   rew = -beta * (old - ref) * mask
@@ -192,7 +194,7 @@ def test_advantages_returns_and_loss_match_numpy():
   mb = dict(old_logp_NxL=f32(old), adv_NxL=f32(An), mask_NxL=f32(mask), old_v_NxL=f32(V), returns_NxL=f32(R))
   obj = ppo_step.make_objective(c)
   f = lambda vv, ll: obj((vv, ll, jax.numpy.zeros_like(ll)), mb)[0]
-  loss, (gv, gl) = jax.value_and_grad(f, argnums=(0, 1))(f32(v_new), f32(lp))
+  loss, (gv, gl) = jax.jit(jax.value_and_grad(f, argnums=(0, 1)))(f32(v_new), f32(lp))
   assert float(loss) == pytest.approx(np_loss(v_new, lp), rel=1e-5)
   h, want_v, want_l = 1e-6, np.zeros((N, L)), np.zeros((N, L))
   for i, t in zip(*np.nonzero(mask)):

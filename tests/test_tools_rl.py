@@ -5,6 +5,7 @@ run killed inside an environment call resumes exactly, and bad `tools` settings 
 
 The model is a random tiny one on the `tools` tokenizer; the environment is tests/tool_envs.py's Echo, and the stop
 markers are `</tool_call>` plus 15 ordinary pieces, so a random model's rows call it often."""
+import functools
 import json
 import os
 import signal
@@ -33,6 +34,7 @@ from grpo_jax.tasks import tokenizer as tokenizer_lib
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 from tests import metrics_contract
 from tests import tool_envs
+from tests.jit_call import jit_call
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOK = tokenizer_lib.load_tools()
@@ -135,12 +137,12 @@ def test_observation_tokens_get_no_gradient_through_the_step_loss(setup, rollout
   is exactly 0 wherever the token is an observation's, and not 0 at the model's tokens."""
   c, _, mcfg, _ = setup
   state, batch, ro = rollout
-  adv = rl_step.compute_advantages(c, ro)
-  data, _ = rl_step.training_data(c, ro, adv)
+  # jitted as the step jits them: one compile each instead of an eager compile per op
+  adv = jit_call(rl_step.compute_advantages, c, ro)
+  data, _ = jit_call(rl_step.training_data, c, ro, adv)
   obs = np.asarray(ro.obs_NxL)
   assert np.all(np.asarray(data["mask_NxL"])[obs > 0] == 0)
   P = batch["prompt_NxP"].shape[1]
-  # jitted as the step jits them: one compile each instead of an eager compile per op
   out = jax.jit(rl_step.make_forward(c, mcfg, P), static_argnums=2)((state["params"],), data["seq"], False)
   objective = jax.jit(rl_step.make_objective(c))
   g_logp, g_ent = jax.jit(jax.grad(lambda o, d: objective(o, d)[0]))(out, data)
@@ -149,7 +151,7 @@ def test_observation_tokens_get_no_gradient_through_the_step_loss(setup, rollout
   model = (np.asarray(data["mask_NxL"]) > 0)
   assert np.count_nonzero(g_logp[model]) > model.sum() // 2
   # and the loss itself does not see them: moving the observations' log-probs moves nothing
-  moved = (out[0] + jnp.asarray(obs) * 3.0, out[1] - jnp.asarray(obs))
+  moved = (np.asarray(out[0]) + 3.0 * obs.astype(np.float32), np.asarray(out[1]) - obs.astype(np.float32))
   assert float(objective(moved, data)[0]) == float(objective(out, data)[0])
 
 
@@ -195,10 +197,10 @@ def test_step_loss_equals_numpy_over_the_models_tokens_only(setup, rollout):
   assert obs.sum() > 0 and ((full - obs) > 0).sum(1).min() > 0
   np.testing.assert_array_equal(np.asarray(ro.obs_NxL), obs)
   own = (full > 0) & (obs == 0)
-  data, _ = rl_step.training_data(c2, ro, rl_step.compute_advantages(c2, ro))
+  data, _ = jit_call(rl_step.training_data, c2, ro, jit_call(rl_step.compute_advantages, c2, ro))  # as the step
   np.testing.assert_array_equal(np.asarray(data["mask_NxL"]) > 0, own)
   logp, ent = jax.jit(rl_step.make_forward(c2, mcfg, P), static_argnums=2)((state["params"],), data["seq"], False)
-  logp = logp + jnp.asarray(np.random.default_rng(0).normal(0.0, 0.3, logp.shape), jnp.float32)
+  logp = np.asarray(logp) + np.random.default_rng(0).normal(0.0, 0.3, logp.shape).astype(np.float32)
   loss = float(jax.jit(rl_step.make_objective(c2))((logp, ent), data)[0])
   lp, old, ref, adv = (np.asarray(x, np.float64) for x in (logp, data["old_logp_NxL"], data["ref_logp_NxL"],
                                                            data["adv_NxL"]))
@@ -496,13 +498,13 @@ def test_own_tokens_removes_observations_keeps_a_final_eos_and_maps_back():
   obs = np.array([[0, 1, 1, 0, 0, 0, 0], [0, 0, 1, 1, 1, 0, 0]])  # row 1: the environment's done (its EOS)
   tok = type("T", (), {"eos_id": 2, "pad_id": 0})
   for xp in (np, jnp):
-    t, m, idx = (np.asarray(a) for a in obs_mask.own_tokens(tokens, mask, obs, np.array([False, True]), tok, xp=xp,
-                                                            with_index=True))
+    own = obs_mask.own_tokens if xp is np else functools.partial(jit_call, obs_mask.own_tokens)  # jnp: as traced
+    t, m, idx = (np.asarray(a) for a in own(tokens, mask, obs, np.array([False, True]), tok, xp=xp, with_index=True))
     np.testing.assert_array_equal(t, [[5, 8, 9, 2, 0, 0, 0], [5, 6, 2, 0, 0, 0, 0]])
     np.testing.assert_array_equal(m, [[1, 1, 1, 1, 0, 0, 0], [1, 1, 1, 0, 0, 0, 0]])
     np.testing.assert_array_equal(idx[0, :4], [0, 3, 4, 5])
     np.testing.assert_array_equal(idx[1, :3], [0, 1, 4])
-    t, m = (np.asarray(a) for a in obs_mask.own_tokens(tokens, mask, obs, np.array([False, False]), tok, xp=xp))
+    t, m = (np.asarray(a) for a in own(tokens, mask, obs, np.array([False, False]), tok, xp=xp))
     np.testing.assert_array_equal(t[1], [5, 6, 0, 0, 0, 0, 0])
     np.testing.assert_array_equal(m[1], [1, 1, 0, 0, 0, 0, 0])
 
@@ -529,7 +531,8 @@ def test_own_tokens_jnp_and_np_equal_a_pure_python_reference_on_random_rows():
       want_t[n, :len(k)], want_m[n, :len(k)] = tokens[n, k], 1
       keep.append(k)
     for xp in (np, jnp):
-      t, m, idx = (np.asarray(a) for a in obs_mask.own_tokens(tokens, mask, obs, ended, tok, xp=xp, with_index=True))
+      own = obs_mask.own_tokens if xp is np else functools.partial(jit_call, obs_mask.own_tokens)  # jnp: as traced
+      t, m, idx = (np.asarray(a) for a in own(tokens, mask, obs, ended, tok, xp=xp, with_index=True))
       np.testing.assert_array_equal(t, want_t)
       np.testing.assert_array_equal(m, want_m)
       for n in range(N):
@@ -564,15 +567,14 @@ def test_verifiers_score_the_models_own_tokens_not_an_observation(setup):
 
   terms = rewards_lib.build((("accuracy", 1.0), ("format", 1.0), ("host", 1.0)), spec.ctx, {"host": host_accuracy})
   try:
-    _, per_term, status, _, _ = rewards_lib.compute(terms, jnp.asarray(tokens), jnp.asarray(mask), batch,
-                                                    jnp.asarray(obs), jnp.asarray(ended))
+    # compute jitted as the rollout runs it (the host term through its callback): one compile, not one per op
+    _, per_term, status, _, _ = jit_call(rewards_lib.compute, terms, tokens, mask, batch, obs, ended)
     assert int(np.max(status)) == 0
     for name in ("accuracy", "format", "host"):
       np.testing.assert_array_equal(np.asarray(per_term[name]), want, err_msg=name)
     # without observations a row is scored as it always was: its obs mask all 0 changes nothing
-    plain = rewards_lib.compute(terms, jnp.asarray(tokens), jnp.asarray(mask), batch)[1]
-    none = rewards_lib.compute(terms, jnp.asarray(tokens), jnp.asarray(mask), batch, jnp.zeros_like(obs),
-                               jnp.zeros_like(ended))[1]
+    plain = jit_call(rewards_lib.compute, terms, tokens, mask, batch)[1]
+    none = jit_call(rewards_lib.compute, terms, tokens, mask, batch, np.zeros_like(obs), np.zeros_like(ended))[1]
     for name in per_term:
       np.testing.assert_array_equal(np.asarray(none[name]), np.asarray(plain[name]), err_msg=name)
     assert np.asarray(plain["accuracy"])[0] == 1.0  # the transcript itself does hold the answer: not vacuous
@@ -595,9 +597,8 @@ def test_process_steps_read_off_the_own_tokens_end_at_their_transcript_position(
   semi = [TOK.decode([int(t)]) for t in tokens[0]].index(" ;")
   assert obs[0, :semi].sum() > 0  # the observation is before it: not vacuous
   terms = rewards_lib.build((("process", 1.0),), spec.ctx)
-  _, per_term, _, _, steps = rewards_lib.compute(terms, jnp.asarray(tokens), jnp.asarray(mask),
-                                                 {"answer_N": np.asarray([85])}, jnp.asarray(obs),
-                                                 jnp.zeros((1,), bool))
+  _, per_term, _, _, steps = jit_call(rewards_lib.compute, terms, tokens, mask, {"answer_N": np.asarray([85])}, obs,
+                                      np.zeros((1,), bool))  # one program, as the rollout runs it
   s_r, s_end, s_valid = (np.asarray(x) for x in steps)
   assert s_valid[0].tolist() == [True] + [False] * (s_valid.shape[1] - 1)
   assert (s_r[0, 0], s_end[0, 0], float(per_term["process"][0])) == (1.0, semi, 1.0)

@@ -52,7 +52,12 @@ def save_hf(path: str, mcfg: model_lib.ModelConfig, params: Any, *, model_type: 
   leaves = {path_key(p): x for p, x in jax.tree_util.tree_flatten_with_path(params)[0]}
 
   def host(key, layer):  # one leaf, or one layer of it, on the host
-    x = leaves[key] if layer is None else leaves[key][layer]
+    x = leaves[key]
+    if isinstance(x, jax.Array) and {d.platform for d in x.devices()} == {"cpu"} and len(x.devices()) == 1:
+      # a view of its host buffer (no copy): a layer sliced by NumPy. x[layer] on the jax.Array compiled two
+      # one-op programs (a slice, a squeeze) per leaf shape in every export, whose params are on the host.
+      x = np.asarray(x)
+    x = x if layer is None else x[layer]
     return np.asarray(x if isinstance(x, np.ndarray) else jax.device_get(x), np.float32)
 
   shapes = expected_tensors(mcfg)
