@@ -153,11 +153,14 @@ def test_kinds_match_numpy(kind):
 
 
 def test_mismatch_kl_is_k3_of_behaviour_against_proximal():
-  """k3 = ρ − log ρ − 1 per token, token mean: ρ = [2, 0.5] → ((2 − log 2 − 1) + (0.5 + log 2 − 1)) / 2."""
+  """k3 = ρ − log ρ − 1 per token, token mean: ρ = [2, 0.25] → ((2 − log 2 − 1) + (0.25 + log 4 − 1)) / 2
+  = 0.4716 (ρ = [2, 0.5] could not tell k3(μ‖π_prox) from k3(π_prox‖μ): swapping maps ρ to 1/ρ, the same
+  pair; here the swap gives 0.9034)."""
   c = _config("none", sampling_dtype="bfloat16")  # no correction, but π_prox is a forward: the mismatch is measured
-  corr = jit_call(correction.build, c, np.log(np.array([[2.0, 0.5, 9.0]], np.float32)), np.zeros((1, 3), np.float32),
-                  np.array([[1.0, 1.0, 0.0]], np.float32))
-  assert float(corr.metrics["train/mismatch_kl"]) == pytest.approx(0.25, rel=1e-6)
+  corr = jit_call(correction.build, c, np.log(np.array([[2.0, 0.25, 9.0]], np.float32)),
+                  np.zeros((1, 3), np.float32), np.array([[1.0, 1.0, 0.0]], np.float32))
+  want = ((2 - np.log(2) - 1) + (0.25 + np.log(4) - 1)) / 2
+  assert float(corr.metrics["train/mismatch_kl"]) == pytest.approx(want, rel=1e-6)
   assert corr.is_w_NxL is None and float(corr.metrics["train/is_weight_mean"]) == 1.0
 
 

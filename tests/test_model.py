@@ -25,12 +25,12 @@ def random_params(mcfg, seed):
   rng = np.random.default_rng(seed)
   shapes = jax.eval_shape(lambda: M.init_params(mcfg, jax.random.PRNGKey(0)))
 
-  def fill(path, x):
+  def fill(path, x):  # cast to float32 by NumPy: jnp's float64 -> float32 cast compiles a program per leaf shape
     name = jax.tree_util.keystr(path)
     if "scale" in name:
-      return jnp.asarray(1.0 + 0.1 * rng.standard_normal(x.shape), jnp.float32)
+      return jnp.asarray((1.0 + 0.1 * rng.standard_normal(x.shape)).astype(np.float32))
     std = 1.0 if "embedding" in name else 0.3
-    return jnp.asarray(std * rng.standard_normal(x.shape), jnp.float32)
+    return jnp.asarray((std * rng.standard_normal(x.shape)).astype(np.float32))
 
   return jax.tree_util.tree_map_with_path(fill, shapes)
 

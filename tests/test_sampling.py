@@ -27,11 +27,11 @@ def random_params(mcfg, seed, emb_std=0.5, std=0.15):
   rng = np.random.default_rng(seed)
   shapes = jax.eval_shape(lambda: M.init_params(mcfg, jax.random.PRNGKey(0)))
 
-  def fill(path, x):
+  def fill(path, x):  # cast to float32 by NumPy: jnp's float64 -> float32 cast compiles a program per leaf shape
     name = jax.tree_util.keystr(path)
     if "scale" in name:
-      return jnp.asarray(1.0 + 0.1 * rng.standard_normal(x.shape), jnp.float32)
-    return jnp.asarray((emb_std if "embedding" in name else std) * rng.standard_normal(x.shape), jnp.float32)
+      return jnp.asarray((1.0 + 0.1 * rng.standard_normal(x.shape)).astype(np.float32))
+    return jnp.asarray(((emb_std if "embedding" in name else std) * rng.standard_normal(x.shape)).astype(np.float32))
 
   return jax.tree_util.tree_map_with_path(fill, shapes)
 
