@@ -349,8 +349,10 @@ def validate_mesh(c, num_devices: int) -> dict[str, int]:
     raise ConfigError(str(e)) from None
 
 
-def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
-  """Everything the one-graph RL step needs, checked on plain Python values."""
+def validate_rl(c, num_devices: int, tokenizer: Any | None = None,
+                step_terms: tuple[str, ...] = ("process", "env")) -> None:
+  """Everything the one-graph RL step needs, checked on plain Python values. `step_terms`: the reward terms that
+  score steps, which rl.process_weight reads (the toy task of the training tables names its own: digits.TOY_TERMS)."""
   validate_model(c)
   _choice(c, "job", JOBS)
   _task(c, "task_class", "no text examples for")
@@ -428,9 +430,10 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   validate_packing(c, _decode_length(c))
   reward_terms("rewards", c.rewards)  # before the checks below unpack its entries
   # weighted: a weight-0 term's steps are all 0 (an R1 stage logs 'env' at weight 0 with tools.env)
-  if c.rl.process_weight > 0 and not {"process", "env"} & {n for n, w in c.rewards if float(w) != 0}:
-    _fail("rl.process_weight", "is > 0 but config.rewards weights no term with steps ('process', or 'env' with "
-          "tools.env); add ('process', w) or set 0.")
+  if c.rl.process_weight > 0 and not set(step_terms) & {n for n, w in c.rewards if float(w) != 0}:
+    terms = " or ".join(repr(t) + (" with tools.env" if t == "env" else "") for t in step_terms)
+    _fail("rl.process_weight", f"is > 0 but config.rewards weights no term with steps ({terms}); add "
+          f"('{step_terms[0]}', w) or set 0.")
   if tokenizer is not None:
     validate_tokenizer(c, tokenizer)
   validate_tools_rl(c)
