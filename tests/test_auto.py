@@ -1147,6 +1147,57 @@ def test_sft_evaluation_decodes_the_same_program_whatever_rl_says(tmp_path):
   assert text == other_text
 
 
+def test_a_rerun_setting_what_the_sft_stages_evaluation_resolved_is_no_change(monkeypatch, tmp_path):
+  """The main job's SFT stage reads sampling.* (its final evaluation decodes with them) and its record held them as
+  `auto`: a rerun setting sampling.engine=static etc. (what DIR/auto.json says the run resolved, and what that
+  evaluation planned too) was refused by the finished SFT stage as 'auto' → 'static', against docs/performance.md's
+  "a rerun that sets a key to what `auto` chose is no change". Its record now holds what its evaluation resolved;
+  another value is still a change."""
+  from grpo_jax.infra import errors
+  from grpo_jax.infra import sharding
+  from grpo_jax.run import evaluation, run_config, stages, train
+  import jax  # pylint: disable=g-import-not-at-top
+
+  class NoEval:  # the stage's evaluation itself is not the point (test_sft_evaluation_decodes_the_same_program...)
+    def __init__(self, *a, **k):
+      pass
+
+    def __call__(self, *a, **k):
+      return {}, []
+  monkeypatch.setattr(evaluation, "Evaluator", NoEval)
+  c = config_lib.override(_arith(), {"sft.steps": 1, "sft.batch": 4, "model.max_len": 128})
+  sft = stages.Stage("sft", str(tmp_path / "sft"), run_config.view(c, "sft"), steps=1)
+  stages.prepare(sft, "start", str(tmp_path))
+  train.run_sft(c, sft.directory, record=sft.view)
+  stages.mark_done(sft)
+  planned, _ = auto.resolve_eval(c, auto.Context(dict(sharding.make_mesh(c.mesh, jax.devices()[:1]).shape),
+                                                 None, "cpu"), log=False)
+  same = {k: v for k, v in auto.resolved_values(planned).items() if k in auto.EVAL_KEYS}
+  assert same["sampling.engine"] == "static", same
+  # the RL stage after it, finished with what `auto` resolved for its rollout (its checkpoints' resolved.<key>)
+  rl_resolved = auto.resolved_values(auto.resolve(c, auto.Context({"data": 1, "fsdp": 1, "tensor": 1}, None, "cpu"),
+                                                  log=False)[0])
+  assert all(rl_resolved[k] == v for k, v in same.items()), (rl_resolved, same)  # the values a user reads there
+  stages.mark_done(stages.Stage("rl", str(tmp_path), run_config.with_resolved(
+      run_config.view(c, "rl", extra={"stage.upstream": stages.upstream(sft)}), rl_resolved), steps=2, own_dir=False))
+
+  def job(cfg):  # jobs.grpo_stages' two stages for `cfg`
+    s = stages.Stage("sft", sft.directory, run_config.view(cfg, "sft"), steps=1)
+    return [s, stages.Stage("rl", str(tmp_path), run_config.view(cfg, "rl", extra={"stage.upstream": stages.upstream(
+        s)}), steps=2, own_dir=False)]
+  for over in ({}, same):
+    cfg = config_lib.override(c, over)
+    # the RL stage was refused too, as 'stage sft it starts from changed': the SFT view's fingerprint moved with the
+    # spelling ('auto' → 'static') although the SFT stage itself is no change
+    assert stages.plan(job(cfg), cfg, str(tmp_path)) == {"sft": "skip", "rl": "skip"}, over
+  cfg = config_lib.override(c, {"sampling.engine": "continuous"})
+  with pytest.raises(errors.InputError, match=r"finished stage sft .* sampling.engine \('static' → 'continuous'\)"):
+    stages.plan(job(cfg), cfg, str(tmp_path))
+  cfg = config_lib.override(c, {"sampling.engine": "continuous", "train.allow_config_change": "sampling.engine"})
+  with pytest.raises(errors.InputError, match=r"finished stage rl .* stage.upstream \(stage sft it starts from "):
+    stages.plan(job(cfg), cfg, str(tmp_path))  # an upstream that continues with a change still moves its fingerprint
+
+
 def test_an_rl_runs_evaluation_is_planned_from_its_unresolved_config(monkeypatch, tmp_path):
   """train_group plans the held-out evaluation before anything is traced, from the member's config as given (auto
   values unresolved: the rollout's choices are not the evaluation's), beside the resident RL state."""
