@@ -284,6 +284,9 @@ CASES = [
     # a bool on a count / a non-bool on a switch (docs/reliability.md item 130): top_k=True ran as top_k=1
     ("grpo", {"sampling.top_k": True}, "config.sampling.top_k: is True, a bool where an integer is expected"),
     ("grpo", {"rl.G": False}, "config.rl.G: is False, a bool where an integer is expected"),
+    # a config file's key the base config does not declare: read by nothing, the run trained with the default
+    ("grpo", {"rl.select_fraction": 0.3}, "config.rl.select_fraction: no such key: nothing reads it (the keys: "
+                                          "grpo_jax/config/config_lib.py); did you mean config.rl.select_frac?"),
     # work directories
     ("grpo", {"@workdir": "{p}/a_file"}, "is a file, not a directory"),
     ("grpo", {"@workdir": "{p}/a_file/run"}, "cannot be created"),

@@ -1,6 +1,7 @@
 """Config validation before anything compiles: each failure is ONE line naming the key and the fix."""
 import contextlib
 import dataclasses
+import difflib
 import json
 import os
 from typing import Any, Iterator
@@ -978,10 +979,22 @@ def base_types(c, base=None, prefix: str = "") -> None:
             f"(default {b!r}).")
 
 
+def undeclared_keys(c) -> None:
+  """A key the base config does not declare is read by nothing: a config file's typo (`c.rl.select_fraction = 0.3`
+  for rl.select_frac) ran with the default, unsaid, where the same typo on the command line is refused (cli.py)."""
+  declared = config_lib.flat(config_lib.base_config())
+  for key in sorted(config_lib.flat(c)):
+    if key not in declared:
+      close = difflib.get_close_matches(key, list(declared), n=1, cutoff=0.75)
+      _fail(key, "no such key: nothing reads it (the keys: grpo_jax/config/config_lib.py)"
+            f"{f'; did you mean config.{close[0]}?' if close else '; check its spelling.'}")
+
+
 def validate_groups(c) -> None:
   """Keys every job reads, whatever it runs: the counts of sft/train/log and the task's data policy (a negative
   sft.steps must not silently mean "no SFT stage")."""
   base_types(c)
+  undeclared_keys(c)
   v = c.sft.steps
   if not integer(v) or v < 0:
     _fail("sft.steps", f"must be an integer >= 0 (0 = no SFT stage), got {v!r}.")
