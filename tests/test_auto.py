@@ -909,6 +909,26 @@ def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
     stages.plan([stage(cfg)], cfg, str(tmp_path))
 
 
+def test_kl_cov_left_inert_by_the_resolved_split_is_said(tmp_path, caplog):
+  """rl.token_select='kl_cov' with rl.mu 1 and rl.minibatches auto: auto picks one minibatch, every update is
+  on-policy and KL-Cov's |log pi - log pi_old| is 0 with a zero gradient. validate.py said it only for a set
+  minibatches=1 and promised the auto case 'at the check after it resolves'; no check said it on a fresh run. The
+  run's resolution (LoopGuard.resolve) says it now; with two updates per batch it is not said."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from grpo_jax.infra import sharding
+  from grpo_jax.run import loop_guard
+  c = config_lib.override(_arith(), {"rl.token_select": "kl_cov", "rl.mu": 1, "rl.minibatches": 0})
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  for mu, want in ((1, 1), (2, 0)):
+    caplog.clear()
+    cfg = config_lib.override(c, {"rl.mu": mu})
+    with caplog.at_level(logging.WARNING):
+      resolved = loop_guard.LoopGuard(cfg, str(tmp_path / f"mu{mu}"), "rl").resolve(cfg, mesh)
+    assert resolved.rl.minibatches == 1
+    said = [r.getMessage() for r in caplog.records if "for KL-Cov to act" in r.getMessage()]
+    assert len(said) == want, (mu, said)
+
+
 def test_a_recorded_value_reused_on_resume_is_logged_as_the_records_not_autos(caplog):
   """A resume's reused sampling.compaction (8 sizes, recorded where today's rule picks 1 for L 72; and slots, recorded
   as today's rule picks them) is logged as the run's record, never as `auto`'s choice: it was `auto sampling.compaction

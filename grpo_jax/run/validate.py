@@ -853,14 +853,19 @@ def validate_objective(c) -> None:
     _warn("rl.token_select='kl_cov' with rl.kl_cov_coef=0: the penalty on the tokens it picks is 0, so the loss is "
           "rl.objective's alone (only train/select_* are logged); set rl.kl_cov_coef > 0 (verl's 1) or "
           "rl.token_select='all'.")
-  if c.rl.token_select == "kl_cov" and c.rl.mu == 1 and c.rl.minibatches == 1:
-    # (minibatches 0 is auto: said at the check after it resolves to 1)
-    _warn("rl.token_select='kl_cov' penalises |log pi - log pi_old|, which is 0 with a zero gradient on every update "
-          "of this run (rl.mu=1, rl.minibatches=1: each update is on-policy, the ratio exactly 1), so the run trains "
-          "as rl.objective alone; set rl.mu >= 2 or rl.minibatches >= 2 for KL-Cov to act.")
+  kl_cov_inert(c)  # (minibatches 0 is auto: said by the run's LoopGuard.resolve once it resolves to 1)
   if c.rl.token_select != "all" and config_lib.switch(c.rl.packing) == "on":
     _fail("rl.token_select", f"'{c.rl.token_select}' ranks the tokens of the whole minibatch, but rl.packing hands "
           "the objective one packed micro-batch at a time; set rl.packing='off' (or 'auto') or rl.token_select='all'.")
+
+
+def kl_cov_inert(c) -> None:
+  """rl.token_select='kl_cov' where every update is on-policy (rl.mu 1, one minibatch): its penalty acts through
+  log pi - log pi_old, 0 there; said on the config as given and on the resolved one (rl.minibatches auto -> 1)."""
+  if c.rl.token_select == "kl_cov" and c.rl.mu == 1 and c.rl.minibatches == 1:
+    _warn("rl.token_select='kl_cov' penalises |log pi - log pi_old|, which is 0 with a zero gradient on every update "
+          "of this run (rl.mu=1, rl.minibatches=1: each update is on-policy, the ratio exactly 1), so the run trains "
+          "as rl.objective alone; set rl.mu >= 2 or rl.minibatches >= 2 for KL-Cov to act.")
 
 
 def validate_ref_reset(c) -> None:
