@@ -114,6 +114,7 @@ def make_runs(cfg, c, spec, seeds: list[int], tokenizer=None, params: Any = "bas
   The `auto` knobs are resolved once for the seeds sharing the device and logged as a main run logs them."""
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   c, chosen = auto.resolve_here(c, mesh, lanes=len(seeds))
+  validate.kl_cov_inert(c)  # as a run's LoopGuard.resolve: rl.minibatches auto -> 1 with rl.mu 1 leaves KL-Cov inert
   mcfg = model_lib.ModelConfig.from_config(c.model)
   opts = seeds_lib.FAST_COMPILE if cfg.fast_compile else None
   start = start_params(cfg, mcfg, seeds) if isinstance(params, str) and params == "base" else {"params": params}
