@@ -3,6 +3,7 @@ import csv
 import json
 import math
 import os
+import re
 
 import ml_collections
 import numpy as np
@@ -374,6 +375,24 @@ def test_a_bad_table_or_run_value_is_one_line_before_any_row(tmp_path, monkeypat
   with pytest.raises(config_lib.ConfigError) as e:
     ablate.run(cfg, str(tmp_path / "t"), table=train_table, log=lambda s: None)
   assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+  assert not os.path.exists(tmp_path / "t")
+
+
+@pytest.mark.parametrize("table,over,needle", [
+    ("baselines", {"Gs": (0,)}, "config.Gs=(0,): give group sizes, each an integer >= 2"),  # was an IndexError
+    ("baselines", {"Gs": (1, 2)}, "config.Gs=(1, 2)"),  # was 'raise rl.G', a key the table has not
+    ("memory", {"sizes": ("0x8",), "compile_sizes": ()}, "config.sizes: '0x8' is not '<hidden>x<layers>'"),
+    ("memory", {"compile_sizes": ("64x2",)}, "config.compile_sizes: '64x2' is not among config.sizes")])
+def test_tables_b_and_c_refuse_bad_sizes_before_any_row(tmp_path, monkeypatch, table, over, needle):
+  """Table b's group sizes and table c's model sizes, checked with the other table keys before any row: Gs=0 was an
+  IndexError traceback (exit 1), '0x8' a ValueError naming no key, a compile size outside `sizes` compiled nothing."""
+  from grpo_jax.config import config_lib
+  cfg = config_lib.load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "ablations", f"{table}.py"),
+                               "small")
+  cfg.update(over)
+  monkeypatch.setattr(ablate, "run_cells", lambda *a, **k: pytest.fail("a row ran with a bad value"))
+  with pytest.raises(config_lib.ConfigError, match=re.escape(needle)):
+    ablate.run(cfg, str(tmp_path / "t"), log=lambda s: None)
   assert not os.path.exists(tmp_path / "t")
 
 

@@ -230,6 +230,21 @@ def check_table_keys(cfg) -> None:
   for key, what in TABLE_FRACTIONS.items():
     if key in cfg and not (validate.finite(cfg[key]) and 0 <= cfg[key] <= 1):
       raise errors.ConfigError(f"config.{key}={cfg[key]!r}: must be a number in [0, 1] ({what}).")
+  # table b's group sizes (--config.Gs=0 was an IndexError traceback; 1 a line naming rl.G, a key it has not) and
+  # table c's model sizes ('0x8': "not enough values to unpack", naming no key; a compile size not among the sizes
+  # compiled nothing, unsaid)
+  if "Gs" in cfg and not (cfg.Gs and all(errors.integer(g) and g >= 2 for g in cfg.Gs)):
+    raise errors.ConfigError(f"config.Gs={tuple(cfg.Gs)!r}: give group sizes, each an integer >= 2 (a baseline "
+                             "compares a sample with the others of its group).")
+  for key in ("sizes", "compile_sizes"):
+    bad = [x for x in cfg.get(key, ()) if not re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", str(x))]
+    if bad:
+      raise errors.ConfigError(f"config.{key}: {bad[0]!r} is not '<hidden>x<layers>' of two positive integers "
+                               "(e.g. '512x8').")
+  extra = [x for x in cfg.get("compile_sizes", ()) if x not in tuple(cfg.get("sizes", ()))]
+  if extra:
+    raise errors.ConfigError(f"config.compile_sizes: {extra[0]!r} is not among config.sizes={tuple(cfg.sizes)!r}, so "
+                             "nothing would compile it; add it to config.sizes or drop it.")
 
 
 def overridden_cli_keys(cfg, cli_keys: Iterable[str]) -> None:
