@@ -382,10 +382,14 @@ def test_a_bad_table_or_run_value_is_one_line_before_any_row(tmp_path, monkeypat
     ("baselines", {"Gs": (0,)}, "config.Gs=(0,): give group sizes, each an integer >= 2"),  # was an IndexError
     ("baselines", {"Gs": (1, 2)}, "config.Gs=(1, 2)"),  # was 'raise rl.G', a key the table has not
     ("memory", {"sizes": ("0x8",), "compile_sizes": ()}, "config.sizes: '0x8' is not '<hidden>x<layers>'"),
-    ("memory", {"compile_sizes": ("64x2",)}, "config.compile_sizes: '64x2' is not among config.sizes")])
-def test_tables_b_and_c_refuse_bad_sizes_before_any_row(tmp_path, monkeypatch, table, over, needle):
-  """Table b's group sizes and table c's model sizes, checked with the other table keys before any row: Gs=0 was an
-  IndexError traceback (exit 1), '0x8' a ValueError naming no key, a compile size outside `sizes` compiled nothing."""
+    ("memory", {"compile_sizes": ("64x2",)}, "config.compile_sizes: '64x2' is not among config.sizes"),
+    # table h's pass@k prompts past its test split: refused only after the start policy trained, naming eval.size
+    ("reasoning_boundary", {"passk_prompts": 17}, "config.passk_prompts=17 exceeds the test split's "
+                                                  "run.task.test_size=16 prompts")])
+def test_tables_b_c_h_refuse_bad_sizes_before_any_row(tmp_path, monkeypatch, table, over, needle):
+  """Table b's group sizes, table c's model sizes and table h's pass@k prompts, checked before any row: Gs=0 was an
+  IndexError traceback (exit 1), '0x8' a ValueError naming no key, a compile size outside `sizes` compiled nothing,
+  passk_prompts past the test split a line naming eval.size after the start policy had trained (39 s here)."""
   from grpo_jax.config import config_lib
   cfg = config_lib.load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "ablations", f"{table}.py"),
                                "small")
