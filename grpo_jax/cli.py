@@ -21,6 +21,7 @@ CACHE_MAX_BYTES, least recently used first.
 """
 import difflib
 import os
+import re
 import sys
 import tempfile
 import traceback
@@ -214,6 +215,12 @@ def _config_file_error(text: str) -> str:
   kind, _, why = last.partition(": ")
   if kind.endswith("ConfigError"):  # e.g. an unknown `:arg` variant (config_lib.parse_arg)
     return f"Config error: --config: {why}"
+  field = re.search(r"Could not override field '(\w+)'.*\bauto is of original type", why or last)
+  knobs = [k for k in config_lib.AUTO_INT if field and k.rsplit(".", 1)[1] == field.group(1)]
+  if knobs:  # `c.rl.minibatches = "auto"`: the word is the command line's; a config file writes the number
+    return (f"Config error: --config: config.{knobs[0]} = 'auto' in a config file: an integer knob's `auto` is its "
+            f"number there, {config_lib.AUTO_INT[knobs[0]]} (the word 'auto' is read on the command line only); set "
+            f"{knobs[0].rsplit('.', 1)[1]} = {config_lib.AUTO_INT[knobs[0]]}.")
   return (f"Error: --config: {why or last}; pass --config=configs/<exp>.py[:arg] naming an existing config file "
           "whose get_config(arg) runs.")
 

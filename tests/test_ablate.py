@@ -3,6 +3,7 @@ import csv
 import json
 import math
 import os
+import re
 
 import ml_collections
 import numpy as np
@@ -342,6 +343,92 @@ def test_rows_that_can_only_be_identical_are_refused_before_running(tmp_path):
   for path in shipped:
     cfg = config_lib.load_config(path)
     ablate.check_variants(cfg, ablate.load_table(cfg))
+
+
+@pytest.mark.parametrize("over,needle", [
+    ({"steps": 0}, "config.steps=0: must be an integer >= 1"),  # trained every row, then an IndexError
+    ({"eval_every": 0}, "config.eval_every=0: must be an integer >= 1"),  # a ZeroDivisionError in the first row
+    ({"steps": -3}, "config.steps=-3"), ({"base_steps": -1}, "config.base_steps=-1: must be an integer >= 0"),
+    ({"p_correct": 1.5}, "config.p_correct=1.5: must be a number in [0, 1]"),
+    ({"p_correct": float("nan")}, "config.p_correct=nan"), ({"seeds": 0}, "config.seeds=0: need an integer"),
+    ({"run.rl.select_frac": 2.0}, "config.rl.select_frac: must be a fraction in (0, 1]"),  # ran every row with it
+    ({"run.optim.lr": float("nan")}, "config.optim.lr: must be a finite learning rate"),
+    ({"run.sampling.top_p": 1.5}, "config.sampling.top_p"), ({"run.sampling.exit_chunk": -5},
+                                                               "config.sampling.exit_chunk")])
+def test_a_bad_table_or_run_value_is_one_line_before_any_row(tmp_path, monkeypatch, over, needle):
+  """A training table's own keys (steps, eval_every, the base's) and its run config's are checked as `main` checks
+  a run's, before any row: the run config was checked only for its preset and algorithm, so
+  --config.run.rl.select_frac=2 trained every row with it, and --config.steps=0 / eval_every=0 ran the first row
+  (or all of them) before a traceback."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.config import presets
+  from grpo_jax.studies.ablations import train_table
+  g = {**presets.overrides("grpo"), "rl.mu": 2}
+  cfg = train_table.table_config("small", (("a", g), ("b", {**g, "rl.eps_high": 0.28})))
+  for key, value in over.items():
+    *parents, leaf = key.split(".")
+    node = cfg
+    for part in parents:
+      node = node[part]
+    node[leaf] = value
+  monkeypatch.setattr(ablate, "run_cells", lambda *a, **k: pytest.fail("a row ran with a bad value"))
+  with pytest.raises(config_lib.ConfigError) as e:
+    ablate.run(cfg, str(tmp_path / "t"), table=train_table, log=lambda s: None)
+  assert needle in str(e.value) and "\n" not in str(e.value), str(e.value)
+  assert not os.path.exists(tmp_path / "t")
+
+
+@pytest.mark.parametrize("table,over,needle", [
+    ("baselines", {"Gs": (0,)}, "config.Gs=(0,): give group sizes, each an integer >= 2"),  # was an IndexError
+    ("baselines", {"Gs": (1, 2)}, "config.Gs=(1, 2)"),  # was 'raise rl.G', a key the table has not
+    ("memory", {"sizes": ("0x8",), "compile_sizes": ()}, "config.sizes: '0x8' is not '<hidden>x<layers>'"),
+    ("memory", {"compile_sizes": ("64x2",)}, "config.compile_sizes: '64x2' is not among config.sizes"),
+    # table h's pass@k prompts past its test split: refused only after the start policy trained, naming eval.size
+    ("reasoning_boundary", {"passk_prompts": 17}, "config.passk_prompts=17 exceeds the test split's "
+                                                  "run.task.test_size=16 prompts")])
+def test_tables_b_c_h_refuse_bad_sizes_before_any_row(tmp_path, monkeypatch, table, over, needle):
+  """Table b's group sizes, table c's model sizes and table h's pass@k prompts, checked before any row: Gs=0 was an
+  IndexError traceback (exit 1), '0x8' a ValueError naming no key, a compile size outside `sizes` compiled nothing,
+  passk_prompts past the test split a line naming eval.size after the start policy had trained (39 s here)."""
+  from grpo_jax.config import config_lib
+  cfg = config_lib.load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "ablations", f"{table}.py"),
+                               "small")
+  cfg.update(over)
+  monkeypatch.setattr(ablate, "run_cells", lambda *a, **k: pytest.fail("a row ran with a bad value"))
+  with pytest.raises(config_lib.ConfigError, match=re.escape(needle)):
+    ablate.run(cfg, str(tmp_path / "t"), log=lambda s: None)
+  assert not os.path.exists(tmp_path / "t")
+
+
+def test_table_f_process_rows_pass_the_run_checks_with_the_toys_step_term():
+  """rl.process_weight needs a reward term that scores steps: the toy's is 'proc' (digits.TOY_STEP_TERMS), not main's
+  'process', so table f's outcome+process rows are accepted and a process weight without it is still refused."""
+  from grpo_jax.config import config_lib
+  from grpo_jax.studies.ablations import train_table
+  cfg = config_lib.load_config(os.path.join(os.path.dirname(__file__), "..", "configs", "ablations",
+                                            "reward_design.py"), "small")
+  for _, over in cfg.variants:
+    train_table.build_config(cfg, over)
+  with pytest.raises(config_lib.ConfigError, match=r"config.rl.process_weight: .*\('proc'\); add \('proc', w\)"):
+    train_table.build_config(cfg, {**dict(cfg.variants)["grpo / outcome+process"], "rewards": (("acc", 1.0),)})
+
+
+def test_a_command_line_run_key_a_row_overrides_is_said(caplog):
+  """Each preset row sets every rl.* key its preset does, over config.run: --config.run.rl.beta=0.1 on table j
+  changed no row, without a word. Now one warning naming the key and the rows it does not reach; a key no row sets,
+  or one a row sets to the same value, is not named."""
+  import logging
+  from grpo_jax.config import presets
+  from grpo_jax.studies.ablations import train_table
+  g = {**presets.overrides("grpo"), "rl.mu": 2}
+  cfg = train_table.table_config("small", (("a", g), ("b", {**g, "rl.beta": 0.1}), ("c", {**g, "rl.beta": 0.0})))
+  cfg.run.rl.beta, cfg.run.rl.G = 0.1, 4
+  with caplog.at_level(logging.WARNING):
+    ablate.overridden_cli_keys(cfg, {"rl.beta", "rl.G"})
+  said = [r.getMessage() for r in caplog.records if "no effect" in r.getMessage()]
+  assert said == ["config.run.rl.beta=0.1 (the command line's): no effect in row(s) 'a', 'c', whose own overrides "
+                  "set rl.beta (the table's variants are applied over config.run); change the rows in the table's "
+                  "config to vary it."], said
 
 
 def test_command_line_errors_are_named():

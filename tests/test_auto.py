@@ -909,6 +909,26 @@ def test_a_resume_reuses_the_recorded_resolution(tmp_path, caplog):
     stages.plan([stage(cfg)], cfg, str(tmp_path))
 
 
+def test_kl_cov_left_inert_by_the_resolved_split_is_said(tmp_path, caplog):
+  """rl.token_select='kl_cov' with rl.mu 1 and rl.minibatches auto: auto picks one minibatch, every update is
+  on-policy and KL-Cov's |log pi - log pi_old| is 0 with a zero gradient. validate.py said it only for a set
+  minibatches=1 and promised the auto case 'at the check after it resolves'; no check said it on a fresh run. The
+  run's resolution (LoopGuard.resolve) says it now; with two updates per batch it is not said."""
+  import jax  # pylint: disable=g-import-not-at-top
+  from grpo_jax.infra import sharding
+  from grpo_jax.run import loop_guard
+  c = config_lib.override(_arith(), {"rl.token_select": "kl_cov", "rl.mu": 1, "rl.minibatches": 0})
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
+  for mu, want in ((1, 1), (2, 0)):
+    caplog.clear()
+    cfg = config_lib.override(c, {"rl.mu": mu})
+    with caplog.at_level(logging.WARNING):
+      resolved = loop_guard.LoopGuard(cfg, str(tmp_path / f"mu{mu}"), "rl").resolve(cfg, mesh)
+    assert resolved.rl.minibatches == 1
+    said = [r.getMessage() for r in caplog.records if "for KL-Cov to act" in r.getMessage()]
+    assert len(said) == want, (mu, said)
+
+
 def test_a_recorded_value_reused_on_resume_is_logged_as_the_records_not_autos(caplog):
   """A resume's reused sampling.compaction (8 sizes, recorded where today's rule picks 1 for L 72; and slots, recorded
   as today's rule picks them) is logged as the run's record, never as `auto`'s choice: it was `auto sampling.compaction
@@ -1145,6 +1165,57 @@ def test_sft_evaluation_decodes_the_same_program_whatever_rl_says(tmp_path):
                                                           "rl.prompts_per_step": 3}))
   assert cfg.sampling.engine == other_cfg.sampling.engine == "static"
   assert text == other_text
+
+
+def test_a_rerun_setting_what_the_sft_stages_evaluation_resolved_is_no_change(monkeypatch, tmp_path):
+  """The main job's SFT stage reads sampling.* (its final evaluation decodes with them) and its record held them as
+  `auto`: a rerun setting sampling.engine=static etc. (what DIR/auto.json says the run resolved, and what that
+  evaluation planned too) was refused by the finished SFT stage as 'auto' → 'static', against docs/performance.md's
+  "a rerun that sets a key to what `auto` chose is no change". Its record now holds what its evaluation resolved;
+  another value is still a change."""
+  from grpo_jax.infra import errors
+  from grpo_jax.infra import sharding
+  from grpo_jax.run import evaluation, run_config, stages, train
+  import jax  # pylint: disable=g-import-not-at-top
+
+  class NoEval:  # the stage's evaluation itself is not the point (test_sft_evaluation_decodes_the_same_program...)
+    def __init__(self, *a, **k):
+      pass
+
+    def __call__(self, *a, **k):
+      return {}, []
+  monkeypatch.setattr(evaluation, "Evaluator", NoEval)
+  c = config_lib.override(_arith(), {"sft.steps": 1, "sft.batch": 4, "model.max_len": 128})
+  sft = stages.Stage("sft", str(tmp_path / "sft"), run_config.view(c, "sft"), steps=1)
+  stages.prepare(sft, "start", str(tmp_path))
+  train.run_sft(c, sft.directory, record=sft.view)
+  stages.mark_done(sft)
+  planned, _ = auto.resolve_eval(c, auto.Context(dict(sharding.make_mesh(c.mesh, jax.devices()[:1]).shape),
+                                                 None, "cpu"), log=False)
+  same = {k: v for k, v in auto.resolved_values(planned).items() if k in auto.EVAL_KEYS}
+  assert same["sampling.engine"] == "static", same
+  # the RL stage after it, finished with what `auto` resolved for its rollout (its checkpoints' resolved.<key>)
+  rl_resolved = auto.resolved_values(auto.resolve(c, auto.Context({"data": 1, "fsdp": 1, "tensor": 1}, None, "cpu"),
+                                                  log=False)[0])
+  assert all(rl_resolved[k] == v for k, v in same.items()), (rl_resolved, same)  # the values a user reads there
+  stages.mark_done(stages.Stage("rl", str(tmp_path), run_config.with_resolved(
+      run_config.view(c, "rl", extra={"stage.upstream": stages.upstream(sft)}), rl_resolved), steps=2, own_dir=False))
+
+  def job(cfg):  # jobs.grpo_stages' two stages for `cfg`
+    s = stages.Stage("sft", sft.directory, run_config.view(cfg, "sft"), steps=1)
+    return [s, stages.Stage("rl", str(tmp_path), run_config.view(cfg, "rl", extra={"stage.upstream": stages.upstream(
+        s)}), steps=2, own_dir=False)]
+  for over in ({}, same):
+    cfg = config_lib.override(c, over)
+    # the RL stage was refused too, as 'stage sft it starts from changed': the SFT view's fingerprint moved with the
+    # spelling ('auto' → 'static') although the SFT stage itself is no change
+    assert stages.plan(job(cfg), cfg, str(tmp_path)) == {"sft": "skip", "rl": "skip"}, over
+  cfg = config_lib.override(c, {"sampling.engine": "continuous"})
+  with pytest.raises(errors.InputError, match=r"finished stage sft .* sampling.engine \('static' → 'continuous'\)"):
+    stages.plan(job(cfg), cfg, str(tmp_path))
+  cfg = config_lib.override(c, {"sampling.engine": "continuous", "train.allow_config_change": "sampling.engine"})
+  with pytest.raises(errors.InputError, match=r"finished stage rl .* stage.upstream \(stage sft it starts from "):
+    stages.plan(job(cfg), cfg, str(tmp_path))  # an upstream that continues with a change still moves its fingerprint
 
 
 def test_an_rl_runs_evaluation_is_planned_from_its_unresolved_config(monkeypatch, tmp_path):

@@ -229,6 +229,26 @@ def test_sigmoid_fit_bounds_a_by_the_rewards_ceiling_and_flags_edge_fits():
     scaling_fit.fit(C, R, A_max=0.05)
 
 
+def test_a_curve_at_its_ceiling_from_the_start_is_a_flagged_fit_not_an_error():
+  """A seed whose train accuracy is 1 from its first step (R0 = A_max = 1) has no room to rise: its fit is A = R0,
+  flagged, and left out of the seeds' CIs. It was refused (ValueError 'A_max=1.0 is not above the starting reward'),
+  which stopped table j's appendix after every row had trained, with no table written. A ceiling below R0 is still a
+  bad argument."""
+  from grpo_jax.studies.ablations import train_table
+  C = np.arange(0.0, 40.0)
+  at_one = scaling_fit.fit(C, np.ones_like(C), A_max=1.0)
+  assert at_one.A == 1.0 and at_one.edge and "A at R0: no rise (flat or falling)" in at_one.flags
+  rising = scaling_fit.sigmoid(C, 0.8, 1.5, 12.0, 0.2)
+  out = scaling_fit.fit_seeds(C, [np.ones_like(C), rising, rising], A_max=1.0)
+  assert [f.edge for f in out.fits] == [True, False, False] and out.A.n == 2 and out.A.mean == pytest.approx(0.8)
+  with pytest.raises(ValueError, match="A_max=1.0 is not above the starting reward R0=1.2"):
+    scaling_fit.fit(C, np.r_[1.2, np.ones(39)], A_max=1.0)
+  # the table's appendix, as ablate writes it: steps 1..40, seed 0 right on every sample from the first step
+  cell = {"curves": {"train accuracy reward": {"x": list(range(1, 41)), "y": [[1.0] * 40, rising.tolist()]}}}
+  md = train_table.appendix({"fits": ("sigmoid",)}, {"row": cell})
+  assert md.count("| row | 0.8 | 1.5 | 12 |") == 1 and "| 1 of 2 |" in md, md  # the rising seed alone
+
+
 def test_sigmoid_fit_flags_falling_and_flat_curves_instead_of_fitting_them():
   """A falling curve (ScaleRL's sigmoid from R0 = 0.6 down to 0.1) fitted A = 0.10, B = 1.53, C_mid = 303 with no
   flag, and a flat curve with ±0.01 noise fitted a step of B = 6.8 at C_mid = 13 (its first point happened to be

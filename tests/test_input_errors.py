@@ -284,6 +284,9 @@ CASES = [
     # a bool on a count / a non-bool on a switch (docs/reliability.md item 130): top_k=True ran as top_k=1
     ("grpo", {"sampling.top_k": True}, "config.sampling.top_k: is True, a bool where an integer is expected"),
     ("grpo", {"rl.G": False}, "config.rl.G: is False, a bool where an integer is expected"),
+    # a config file's key the base config does not declare: read by nothing, the run trained with the default
+    ("grpo", {"rl.select_fraction": 0.3}, "config.rl.select_fraction: no such key: nothing reads it (the keys: "
+                                          "grpo_jax/config/config_lib.py); did you mean config.rl.select_frac?"),
     # work directories
     ("grpo", {"@workdir": "{p}/a_file"}, "is a file, not a directory"),
     ("grpo", {"@workdir": "{p}/a_file/run"}, "cannot be created"),
@@ -449,7 +452,11 @@ def test_a_config_file_giving_a_count_a_bool_is_one_line(tmp_path):
       ("c.sampling.top_k = True", "Config error: --config: config.sampling.top_k: is True, a bool where an integer"),
       ("c.optim.lr = True", "Config error: --config: config.optim.lr: is True, a bool where a number is expected"),
       ("c.rl = ml_collections.ConfigDict({**c.rl.to_dict(), 'partial_rollouts': 'False'})",
-       "Config error: config.rl.partial_rollouts: must be True or False, got 'False'")):
+       "Config error: config.rl.partial_rollouts: must be True or False, got 'False'"),
+      # the command line's word for an integer knob's auto, in a config file: ml_collections' cast error, which named
+      # neither the group nor the number to write
+      ("c.sampling.exit_chunk = 'auto'", "Config error: --config: config.sampling.exit_chunk = 'auto' in a config "
+                                         "file: an integer knob's `auto` is its number there, -1")):
     cfg = tmp_path / "bool_config.py"
     cfg.write_text("import ml_collections\nfrom configs import grpo_arith\n\n\ndef get_config(arg=None):\n"
                    f"  c = grpo_arith.get_config(arg)\n  {body}\n  return c\n")

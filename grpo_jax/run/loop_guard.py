@@ -30,6 +30,7 @@ from grpo_jax.run import metrics
 from grpo_jax.run import run_config
 from grpo_jax.infra import signals
 from grpo_jax.run import stages
+from grpo_jax.run import validate
 
 
 # checkpoint metadata: the least common multiple of the train.log_every cadences the run logged on up to that step
@@ -58,6 +59,8 @@ class LoopGuard:
     resume), recorded in the view every checkpoint stores and in DIR/auto.json."""
     self._check_carry_split(config, mesh)
     config, chosen = auto.resolve_here(config, mesh, lanes=lanes, recorded=self.recorded)
+    # rl.minibatches=0 resolved to 1 with rl.mu 1 leaves KL-Cov inert: unsaid by the checks of the config as given
+    validate.kl_cov_inert(config)
     self.view = run_config.with_resolved(self.view, auto.resolved_values(config))
     auto.write_record(self.workdir, chosen, resumed=bool(self.recorded))
     return config

@@ -191,6 +191,8 @@ def plan(stages: Sequence[Stage], config, workdir: str) -> dict[str, str]:
       actions[st.name] = "rerun"
       continue
     rec = read_record(st.directory)
+    if incidental:
+      _keep_recorded_upstream(st, rec, ups)
     if rec and rec.get("done"):
       stored = rec.get("config")
       kind = stored.get("stage.kind") if isinstance(stored, dict) else None  # another job's stage here: say so
@@ -216,6 +218,22 @@ def plan(stages: Sequence[Stage], config, workdir: str) -> dict[str, str]:
     if actions[st.name] == "resume":
       _check_not_shortened(st, redo_hint, workdir)
   return actions
+
+
+def _keep_recorded_upstream(st: Stage, rec: dict | None, ups: list[str]) -> None:
+  """Every stage `st` starts from is finished and unchanged by its own diff, which takes a key set to the value its
+  `auto` resolved as no change: `st` starts from the outputs it started from before, so the upstream fingerprint it
+  recorded stands. The new one fingerprints the upstream's view as spelled now (sampling.engine='static' where the
+  record says 'auto', resolved to static), and refused the main job's RL stage as 'stage sft it starts from
+  changed' when the SFT stage itself was no change."""
+  if rec and rec.get("done"):
+    stored = rec.get("config")
+  else:
+    newest = ckpt_lib.newest_meta(os.path.join(st.directory, "checkpoints"))
+    stored = newest[1].get("config") if newest else None
+  was = stored.get("stage.upstream") if isinstance(stored, dict) else None
+  if isinstance(was, str) and [u.split(":")[0] for u in was.split(",") if u] == ups:
+    st.view["stage.upstream"] = was
 
 
 def _check_not_shortened(stage: Stage, redo_hint: str, workdir: str) -> None:

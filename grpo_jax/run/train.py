@@ -27,6 +27,7 @@ from grpo_jax.model import lora as lora_lib
 from grpo_jax.model import model as model_lib
 from grpo_jax.hf import model_source
 from grpo_jax.run import plots
+from grpo_jax.run import run_config
 from grpo_jax.rl import rewards as rewards_lib
 from grpo_jax.rl import reward_spec
 from grpo_jax.rl import rollout as rollout_lib
@@ -652,6 +653,12 @@ def run_sft(config, workdir: str, *, loss_on: str | None = None, init_from: str 
   loss_on = loss_on or config.sft.loss_on
   if evaluate_at_end and loss_on == "completion":  # its final evaluation's keys, before it trains (as preflight)
     validate.validate_eval_decode(config, dict(mesh.shape))
+    # what that evaluation's `auto` knobs resolve to (the Evaluator's plan), recorded as `resolved.<key>` with every
+    # checkpoint and so in the finished stage.json: a rerun that sets a key to that value is no change, as for an RL
+    # stage (the main job's SFT stage refused sampling.engine=static, what its run resolved, as 'auto' → 'static')
+    planned, _ = auto.resolve_eval_here(config, mesh, log=False)
+    guard.view = run_config.with_resolved(guard.view, {k: v for k, v in auto.resolved_values(planned).items()
+                                                       if k in auto.EVAL_KEYS})
   step_fn = families.make_step(config, mesh, mcfg, family=sft_step)
   ckpt = guard.checkpointer(config)
   init_from = config.sft.init_from if init_from is None else init_from

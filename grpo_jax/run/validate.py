@@ -1,6 +1,7 @@
 """Config validation before anything compiles: each failure is ONE line naming the key and the fix."""
 import contextlib
 import dataclasses
+import difflib
 import json
 import os
 from typing import Any, Iterator
@@ -349,8 +350,10 @@ def validate_mesh(c, num_devices: int) -> dict[str, int]:
     raise ConfigError(str(e)) from None
 
 
-def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
-  """Everything the one-graph RL step needs, checked on plain Python values."""
+def validate_rl(c, num_devices: int, tokenizer: Any | None = None,
+                step_terms: tuple[str, ...] = ("process", "env")) -> None:
+  """Everything the one-graph RL step needs, checked on plain Python values. `step_terms`: the reward terms that
+  score steps, which rl.process_weight reads (the toy task of the training tables names its own: digits.TOY_TERMS)."""
   validate_model(c)
   _choice(c, "job", JOBS)
   _task(c, "task_class", "no text examples for")
@@ -428,9 +431,10 @@ def validate_rl(c, num_devices: int, tokenizer: Any | None = None) -> None:
   validate_packing(c, _decode_length(c))
   reward_terms("rewards", c.rewards)  # before the checks below unpack its entries
   # weighted: a weight-0 term's steps are all 0 (an R1 stage logs 'env' at weight 0 with tools.env)
-  if c.rl.process_weight > 0 and not {"process", "env"} & {n for n, w in c.rewards if float(w) != 0}:
-    _fail("rl.process_weight", "is > 0 but config.rewards weights no term with steps ('process', or 'env' with "
-          "tools.env); add ('process', w) or set 0.")
+  if c.rl.process_weight > 0 and not set(step_terms) & {n for n, w in c.rewards if float(w) != 0}:
+    terms = " or ".join(repr(t) + (" with tools.env" if t == "env" else "") for t in step_terms)
+    _fail("rl.process_weight", f"is > 0 but config.rewards weights no term with steps ({terms}); add "
+          f"('{step_terms[0]}', w) or set 0.")
   if tokenizer is not None:
     validate_tokenizer(c, tokenizer)
   validate_tools_rl(c)
@@ -849,14 +853,19 @@ def validate_objective(c) -> None:
     _warn("rl.token_select='kl_cov' with rl.kl_cov_coef=0: the penalty on the tokens it picks is 0, so the loss is "
           "rl.objective's alone (only train/select_* are logged); set rl.kl_cov_coef > 0 (verl's 1) or "
           "rl.token_select='all'.")
-  if c.rl.token_select == "kl_cov" and c.rl.mu == 1 and c.rl.minibatches == 1:
-    # (minibatches 0 is auto: said at the check after it resolves to 1)
-    _warn("rl.token_select='kl_cov' penalises |log pi - log pi_old|, which is 0 with a zero gradient on every update "
-          "of this run (rl.mu=1, rl.minibatches=1: each update is on-policy, the ratio exactly 1), so the run trains "
-          "as rl.objective alone; set rl.mu >= 2 or rl.minibatches >= 2 for KL-Cov to act.")
+  kl_cov_inert(c)  # (minibatches 0 is auto: said by the run's LoopGuard.resolve once it resolves to 1)
   if c.rl.token_select != "all" and config_lib.switch(c.rl.packing) == "on":
     _fail("rl.token_select", f"'{c.rl.token_select}' ranks the tokens of the whole minibatch, but rl.packing hands "
           "the objective one packed micro-batch at a time; set rl.packing='off' (or 'auto') or rl.token_select='all'.")
+
+
+def kl_cov_inert(c) -> None:
+  """rl.token_select='kl_cov' where every update is on-policy (rl.mu 1, one minibatch): its penalty acts through
+  log pi - log pi_old, 0 there; said on the config as given and on the resolved one (rl.minibatches auto -> 1)."""
+  if c.rl.token_select == "kl_cov" and c.rl.mu == 1 and c.rl.minibatches == 1:
+    _warn("rl.token_select='kl_cov' penalises |log pi - log pi_old|, which is 0 with a zero gradient on every update "
+          "of this run (rl.mu=1, rl.minibatches=1: each update is on-policy, the ratio exactly 1), so the run trains "
+          "as rl.objective alone; set rl.mu >= 2 or rl.minibatches >= 2 for KL-Cov to act.")
 
 
 def validate_ref_reset(c) -> None:
@@ -975,10 +984,22 @@ def base_types(c, base=None, prefix: str = "") -> None:
             f"(default {b!r}).")
 
 
+def undeclared_keys(c) -> None:
+  """A key the base config does not declare is read by nothing: a config file's typo (`c.rl.select_fraction = 0.3`
+  for rl.select_frac) ran with the default, unsaid, where the same typo on the command line is refused (cli.py)."""
+  declared = config_lib.flat(config_lib.base_config())
+  for key in sorted(config_lib.flat(c)):
+    if key not in declared:
+      close = difflib.get_close_matches(key, list(declared), n=1, cutoff=0.75)
+      _fail(key, "no such key: nothing reads it (the keys: grpo_jax/config/config_lib.py)"
+            f"{f'; did you mean config.{close[0]}?' if close else '; check its spelling.'}")
+
+
 def validate_groups(c) -> None:
   """Keys every job reads, whatever it runs: the counts of sft/train/log and the task's data policy (a negative
   sft.steps must not silently mean "no SFT stage")."""
   base_types(c)
+  undeclared_keys(c)
   v = c.sft.steps
   if not integer(v) or v < 0:
     _fail("sft.steps", f"must be an integer >= 0 (0 = no SFT stage), got {v!r}.")

@@ -32,6 +32,8 @@ import time
 from types import ModuleType
 from typing import Callable, Iterable
 
+from absl import logging
+
 from grpo_jax import cli
 from grpo_jax.config import config_lib
 from grpo_jax.infra import errors
@@ -206,6 +208,62 @@ def check_memory(cfg, table: ModuleType) -> None:
                                  f"{lanes} of its memory each).") from None
 
 
+# The harness keys a table config may hold (configs/ablations/*.py), each with the least value it takes: a count of
+# steps, prompts or samples, a seed, a pre-training length. Unchecked, --config.steps=0 and --config.eval_every=0
+# trained every row and then stopped on a traceback (an empty curve indexed, a modulo by 0), and a negative count
+# ran as none.
+TABLE_COUNTS = {"steps": 1, "eval_every": 1, "base_steps": 0, "seed0": 0, "passk_n": 0, "passk_prompts": 1,
+                "passk_chunk": 1, "measure_prompts": 1, "measure_samples": 1, "n_draws": 1}
+# ... and its fractions in [0, 1]: the toy base's share of right answers, table l's saturation accuracy (0 = off).
+TABLE_FRACTIONS = {"p_correct": "the share of right answers the toy base is pre-trained on",
+                   "saturation": "the training accuracy that counts as saturated (0 = off)"}
+
+
+def check_table_keys(cfg) -> None:
+  """The table config's own keys (TABLE_COUNTS, TABLE_FRACTIONS), before any row runs: one line naming the key."""
+  if not (errors.integer(cfg.seeds) and cfg.seeds >= 1):
+    raise errors.ConfigError(f"config.seeds={cfg.seeds!r}: need an integer of at least 1 (5 or more for a useful "
+                             "interval).")
+  for key, least in TABLE_COUNTS.items():
+    if key in cfg and not (errors.integer(cfg[key]) and least <= cfg[key] < validate.MAX_SEED):
+      raise errors.ConfigError(f"config.{key}={cfg[key]!r}: must be an integer >= {least} (and below 2**31).")
+  for key, what in TABLE_FRACTIONS.items():
+    if key in cfg and not (validate.finite(cfg[key]) and 0 <= cfg[key] <= 1):
+      raise errors.ConfigError(f"config.{key}={cfg[key]!r}: must be a number in [0, 1] ({what}).")
+  # table b's group sizes (--config.Gs=0 was an IndexError traceback; 1 a line naming rl.G, a key it has not) and
+  # table c's model sizes ('0x8': "not enough values to unpack", naming no key; a compile size not among the sizes
+  # compiled nothing, unsaid)
+  if "Gs" in cfg and not (cfg.Gs and all(errors.integer(g) and g >= 2 for g in cfg.Gs)):
+    raise errors.ConfigError(f"config.Gs={tuple(cfg.Gs)!r}: give group sizes, each an integer >= 2 (a baseline "
+                             "compares a sample with the others of its group).")
+  for key in ("sizes", "compile_sizes"):
+    bad = [x for x in cfg.get(key, ()) if not re.fullmatch(r"[1-9][0-9]*x[1-9][0-9]*", str(x))]
+    if bad:
+      raise errors.ConfigError(f"config.{key}: {bad[0]!r} is not '<hidden>x<layers>' of two positive integers "
+                               "(e.g. '512x8').")
+  extra = [x for x in cfg.get("compile_sizes", ()) if x not in tuple(cfg.get("sizes", ()))]
+  if extra:
+    raise errors.ConfigError(f"config.compile_sizes: {extra[0]!r} is not among config.sizes={tuple(cfg.sizes)!r}, so "
+                             "nothing would compile it; add it to config.sizes or drop it.")
+
+
+def overridden_cli_keys(cfg, cli_keys: Iterable[str]) -> None:
+  """A `--config.run.<key>` that a variant's own overrides set to another value changes nothing in that row (the
+  overrides are applied over cfg.run): one warning naming the key and the rows. Each preset variant sets every rl.*
+  key its preset does, so --config.run.rl.beta=0.1 on table j changed no row, without a word."""
+  if "variants" not in cfg or "run" not in cfg:
+    return
+  flat = config_lib.flat(cfg.run)
+  for key in sorted(cli_keys):
+    rows = [name for name, own in cfg.variants if key in own and own[key] != flat.get(key)]
+    if rows:
+      message = (f"config.run.{key}={flat.get(key)!r} (the command line's): no effect in row(s) "
+                 f"{', '.join(map(repr, rows))}, whose own overrides set {key} (the table's variants are applied "
+                 f"over config.run); change the rows in the table's config to vary it.")
+      if config_lib.first_time(message):
+        logging.warning("%s", message)
+
+
 def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
         log: Callable[[str], None] = print, cli_keys: Iterable[str] = ()) -> str:
   """Runs the table and writes table.md / table.csv / plots; returns the markdown. `cli_keys`: the run-config keys
@@ -213,8 +271,8 @@ def run(cfg, workdir: str, command: str = "", table: ModuleType | None = None,
   multihost.refuse_multi_process("python -m grpo_jax.ablate", "its cells' runs",
                                  "unset GRPO_JAX_DISTRIBUTED and run the table once, from one process.")
   table = table or load_table(cfg)
-  if int(cfg.seeds) < 1:
-    raise ValueError(f"config.seeds={cfg.seeds}: need at least 1 (5 or more for a useful interval).")
+  check_table_keys(cfg)
+  overridden_cli_keys(cfg, cli_keys)
   said = check_variants(cfg, table, cli_keys)
   check_memory(cfg, table)
   # One table per directory (DIR/run.lock, as main and sweep take theirs): two commands on one DIR would each run

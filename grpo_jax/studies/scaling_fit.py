@@ -127,7 +127,7 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: 
   """Least-squares fit of the sigmoid to points (C_i, R_i), C_i >= 0. A point at C = 0 (the evaluation before
   training) is the start: the sigmoid's limit there is R0, so it is R0's point (their mean, if several) and is fitted
   exactly; R0 may also be given. R0's default: R at C = 0, else R at the smallest C. A_max: the reward's ceiling
-  (None: unbounded); it must exceed R0. A point with a non-finite C or R, or C < 0, is refused (ValueError): a NaN
+  (None: unbounded); it must be at least R0 (R0 at it: A = R0, flagged). A point with a non-finite C or R, or C < 0, is refused (ValueError): a NaN
   reward is a failed evaluation, and leaving it out silently moved R0 to the next point when it was the first."""
   C, R = np.asarray(C, np.float64), np.asarray(R, np.float64)
   if C.ndim != 1 or C.shape != R.shape:
@@ -157,7 +157,9 @@ def fit(C: Sequence[float], R: Sequence[float], R0: float | None = None, A_max: 
     raise ValueError(f"scaling_fit.fit: R0={R0} must be a finite reward (the start); pass the first evaluation's "
                      "reward or None (R at C = 0, else at the smallest C).")
   a_max = math.inf if A_max is None else float(A_max)
-  if not a_max > R0:
+  # R0 at the ceiling is a curve with no room to rise (an accuracy at 1 from the start), not a bad ceiling: its fit is
+  # A = R0, flagged (no rise); refused, it stopped table j's appendix (every row trained) with no table written
+  if not a_max >= R0:
     raise ValueError(f"scaling_fit.fit: A_max={A_max} is not above the starting reward R0={R0}; pass the reward's "
                      "ceiling (1 for an accuracy) or None.")
   start_sse = float(np.sum((R[start] - R0) ** 2))  # the model is R0 there whatever A, B, C_mid: a constant residual

@@ -217,6 +217,7 @@ def _incorrect(tokens_NxL, mask_NxL, batch, ctx):
 
 
 TOY_TERMS = {"acc": _acc, "fmt": _fmt, "proc": _proc, "incorrect": _incorrect, "random": spec_lib.random_reward}
+TOY_STEP_TERMS = ("proc",)  # the terms that score steps (what rl.process_weight reads): validate_rl's step_terms
 
 
 def toy_reward_spec(terms, vocab: int, random_rate: float = 0.5) -> spec_lib.RewardSpec:

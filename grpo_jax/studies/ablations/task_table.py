@@ -38,6 +38,7 @@ from grpo_jax.studies import stats
 from grpo_jax.studies import vmapped_runs as seeds_lib
 from grpo_jax.studies.ablations import train_table
 from grpo_jax.tasks import data as data_lib
+from grpo_jax.tasks import registry
 from grpo_jax.tasks import tokenizer_factory as tok_lib
 from grpo_jax.tasks import verify_jax
 
@@ -108,6 +109,11 @@ def build_config(cfg, overrides) -> ml_collections.ConfigDict:
   c = config_lib.override(cfg.run, overrides)
   validate.validate_rl(c, 1, tok_lib.for_config(c))
   validate.validate_groups(c)
+  if int(cfg.get("passk_n", 0)) > 0 and registry.generated(c.task.name) and cfg.passk_prompts > c.task.test_size:
+    # was refused only at the base's pass@k, after the start policy had trained, and as 'eval.size' (a key not set)
+    raise config_lib.ConfigError(f"config.passk_prompts={cfg.passk_prompts} exceeds the test split's "
+                                 f"run.task.test_size={c.task.test_size} prompts; lower it or raise "
+                                 "config.run.task.test_size.")
   return train_table.table_run(c, cfg.steps, cfg.eval_every)
 
 

@@ -21,7 +21,6 @@ import numpy as np
 from grpo_jax.config import config_lib
 from grpo_jax.rl import auto
 from grpo_jax.model import model as model_lib
-from grpo_jax.config import presets
 from grpo_jax.run import loop_guard
 from grpo_jax.run import train
 from grpo_jax.studies import vmapped_runs as seeds_lib
@@ -78,10 +77,10 @@ def build_config(cfg, overrides) -> ml_collections.ConfigDict:
   preset, or algorithm settings that cannot work together, stops here."""
   check_base(cfg)
   c = config_lib.override(cfg.run, overrides)
-  bad_preset = presets.check(c)
-  if bad_preset:
-    raise config_lib.ConfigError(bad_preset)
-  validate.validate_algorithm(c)
+  # every key checked as a run of `main` checks it (one line naming it): only the preset and the algorithm's fit
+  # were, so a bad value given to a table (--config.run.rl.select_frac=2, a NaN rl.beta) trained every row with it
+  validate.validate_rl(c, 1, step_terms=digits.TOY_STEP_TERMS)
+  validate.validate_groups(c)
   if cfg.get("base", "shared") == "per_seed" and int(c.model.lora.rank) > 0:  # init_states: LoRA runs share a base
     raise config_lib.ConfigError("config.base='per_seed' with model.lora.rank > 0: LoRA's seeds share one frozen base; "
                                  "use config.base='shared'.")
@@ -115,6 +114,7 @@ def make_runs(cfg, c, spec, seeds: list[int], tokenizer=None, params: Any = "bas
   The `auto` knobs are resolved once for the seeds sharing the device and logged as a main run logs them."""
   mesh = sharding.make_mesh(c.mesh, jax.devices()[:1])
   c, chosen = auto.resolve_here(c, mesh, lanes=len(seeds))
+  validate.kl_cov_inert(c)  # as a run's LoopGuard.resolve: rl.minibatches auto -> 1 with rl.mu 1 leaves KL-Cov inert
   mcfg = model_lib.ModelConfig.from_config(c.model)
   opts = seeds_lib.FAST_COMPILE if cfg.fast_compile else None
   start = start_params(cfg, mcfg, seeds) if isinstance(params, str) and params == "base" else {"params": params}
