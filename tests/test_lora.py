@@ -29,7 +29,11 @@ from grpo_jax.run import validate
 from grpo_jax.studies import vmapped_runs
 from grpo_jax.tasks import digits
 
-TINY = dict(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
+# One layer: no claim of the steps here depends on depth, and the training pass unrolls its layer scan
+# (model.layer_unroll auto), so each layer of every step program (LoRA, full, PPO, vmapped, sharded, each preset's
+# trace) was traced, lowered and compiled again. The tests that index a layer of a stack use 2 (TWO_LAYERS).
+TINY = dict(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
+TWO_LAYERS = dict(layers=2)
 RANK = 4
 
 
@@ -162,7 +166,7 @@ def test_reference_is_the_base_kl_zero_at_step0(runs):
 
 
 def test_merged_decode_logprobs_equal_the_unmerged_forward():
-  c = _config()
+  c = _config(**TWO_LAYERS)  # decode's layer 1 is the merge's layer 1
   _, mcfg, _ = _setup(c)
   base = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
   policy = lora.combine(base, _nonzero_adapters(mcfg))
@@ -197,23 +201,31 @@ def test_merged_equals_the_eager_merge_bit_for_bit(base_dtype, dtype):
   plain = model_lib.ModelConfig(vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2, inter=48, max_len=32,
                                 qkv_bias=True, tie_embeddings=False)
   mcfg = dataclasses.replace(plain, lora=LoraConfig(3, 5.0, base_dtype=base_dtype))
-  base = lora.hold_base(mcfg, model_lib.init_params(plain, jax.random.PRNGKey(0)))
-  adapters = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(2), x.shape),
-                          lora.init_adapters(mcfg, jax.random.PRNGKey(1)))
-  policy = lora.combine(base, adapters)
+
+  @jax.jit  # the inputs in one program (op by op, the init, casts and noise compiled ~45 tiny ones)
+  def inputs():
+    base = lora.hold_base(mcfg, model_lib.init_params(plain, jax.random.PRNGKey(0)))
+    adapters = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(2), x.shape),
+                            lora.init_adapters(mcfg, jax.random.PRNGKey(1)))
+    return lora.combine(base, adapters)
+
+  policy = inputs()  # the base's leaves are the policy's (combine copies none)
+  # each leaf's layer 1 sliced from the stored policy in a program of its own: sliced inside inputs(), XLA computed
+  # the slice from the noise's expression again, and its last bit could differ from the stored leaf's
+  layer1 = jax.jit(lambda layers: jax.tree.map(lambda v: v[1], layers))(policy["layers"])
   got = lora.merged(mcfg, policy, dtype)
   with jax.disable_jit():
     want = lora.merged(mcfg, policy, dtype)
   for m in ("q", "k", "v", "o", "gate", "up", "down"):
     g, w = got["layers"][m]["kernel"], want["layers"][m]["kernel"]
-    assert g.dtype == w.dtype == (dtype or base["layers"][m]["kernel"].dtype) and "lora_a" not in got["layers"][m]
+    assert g.dtype == w.dtype == (dtype or policy["layers"][m]["kernel"].dtype) and "lora_a" not in got["layers"][m]
     np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32), err_msg=m)
-    one = {k: v[1] for k, v in policy["layers"][m].items()}  # decode's per-layer merge: one unstacked module
+    one = layer1[m]  # decode's per-layer merge: one unstacked module
     np.testing.assert_array_equal(np.asarray(lora.merge_module(mcfg, m, one, dtype)["kernel"], np.float32),
                                   np.asarray(w[1], np.float32), err_msg=m)
   assert np.abs(np.asarray(got["layers"]["q"]["kernel"], np.float32) -
-                np.asarray(base["layers"]["q"]["kernel"], np.float32)).max() > 1e-2  # the adapters were merged
-  assert got["embed"] is base["embed"] and got["layers"]["attn_norm"] is base["layers"]["attn_norm"]
+                np.asarray(policy["layers"]["q"]["kernel"], np.float32)).max() > 1e-2  # the adapters were merged
+  assert got["embed"] is policy["embed"] and got["layers"]["attn_norm"] is policy["layers"]["attn_norm"]
 
 
 def test_decode_of_a_bfloat16_base_keeps_the_adapter_delta():
@@ -249,7 +261,7 @@ def test_final_params_of_a_bfloat16_base_keep_the_adapter_delta():
   in float32 but returned it in the held kernel's dtype: with model.lora.base_dtype=bfloat16 a small trained delta
   was rounded away (the export keeps float32). Against a NumPy float64 merge of the same bf16 base."""
   from grpo_jax.run import train  # pylint: disable=import-outside-toplevel
-  c = _config()
+  c = _config(**TWO_LAYERS)  # each layer of the stack merged with its own adapters
   c.model.lora.base_dtype = "bfloat16"
   _, mcfg, _ = _setup(c)
   base = lora.hold_base(mcfg, model_lib.init_params(mcfg, jax.random.PRNGKey(0)))
