@@ -201,31 +201,23 @@ def test_merged_equals_the_eager_merge_bit_for_bit(base_dtype, dtype):
   plain = model_lib.ModelConfig(vocab_size=64, hidden=32, layers=2, heads=4, kv_heads=2, inter=48, max_len=32,
                                 qkv_bias=True, tie_embeddings=False)
   mcfg = dataclasses.replace(plain, lora=LoraConfig(3, 5.0, base_dtype=base_dtype))
-
-  @jax.jit  # the inputs in one program (op by op, the init, casts and noise compiled ~45 tiny ones)
-  def inputs():
-    base = lora.hold_base(mcfg, model_lib.init_params(plain, jax.random.PRNGKey(0)))
-    adapters = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(2), x.shape),
-                            lora.init_adapters(mcfg, jax.random.PRNGKey(1)))
-    return lora.combine(base, adapters)
-
-  policy = inputs()  # the base's leaves are the policy's (combine copies none)
-  # each leaf's layer 1 sliced from the stored policy in a program of its own: sliced inside inputs(), XLA computed
-  # the slice from the noise's expression again, and its last bit could differ from the stored leaf's
-  layer1 = jax.jit(lambda layers: jax.tree.map(lambda v: v[1], layers))(policy["layers"])
+  base = lora.hold_base(mcfg, model_lib.init_params(plain, jax.random.PRNGKey(0)))
+  adapters = jax.tree.map(lambda x: x + 0.3 * jax.random.normal(jax.random.PRNGKey(2), x.shape),
+                          lora.init_adapters(mcfg, jax.random.PRNGKey(1)))
+  policy = lora.combine(base, adapters)
   got = lora.merged(mcfg, policy, dtype)
   with jax.disable_jit():
     want = lora.merged(mcfg, policy, dtype)
   for m in ("q", "k", "v", "o", "gate", "up", "down"):
     g, w = got["layers"][m]["kernel"], want["layers"][m]["kernel"]
-    assert g.dtype == w.dtype == (dtype or policy["layers"][m]["kernel"].dtype) and "lora_a" not in got["layers"][m]
+    assert g.dtype == w.dtype == (dtype or base["layers"][m]["kernel"].dtype) and "lora_a" not in got["layers"][m]
     np.testing.assert_array_equal(np.asarray(g, np.float32), np.asarray(w, np.float32), err_msg=m)
-    one = layer1[m]  # decode's per-layer merge: one unstacked module
+    one = {k: v[1] for k, v in policy["layers"][m].items()}  # decode's per-layer merge: one unstacked module
     np.testing.assert_array_equal(np.asarray(lora.merge_module(mcfg, m, one, dtype)["kernel"], np.float32),
                                   np.asarray(w[1], np.float32), err_msg=m)
   assert np.abs(np.asarray(got["layers"]["q"]["kernel"], np.float32) -
-                np.asarray(policy["layers"]["q"]["kernel"], np.float32)).max() > 1e-2  # the adapters were merged
-  assert got["embed"] is policy["embed"] and got["layers"]["attn_norm"] is policy["layers"]["attn_norm"]
+                np.asarray(base["layers"]["q"]["kernel"], np.float32)).max() > 1e-2  # the adapters were merged
+  assert got["embed"] is base["embed"] and got["layers"]["attn_norm"] is base["layers"]["attn_norm"]
 
 
 def test_decode_of_a_bfloat16_base_keeps_the_adapter_delta():
