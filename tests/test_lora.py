@@ -29,7 +29,11 @@ from grpo_jax.run import validate
 from grpo_jax.studies import vmapped_runs
 from grpo_jax.tasks import digits
 
-TINY = dict(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
+# One layer: no claim of the steps here depends on depth, and the training pass unrolls its layer scan
+# (model.layer_unroll auto), so each layer of every step program (LoRA, full, PPO, vmapped, sharded, each preset's
+# trace) was traced, lowered and compiled again. The tests that index a layer of a stack use 2 (TWO_LAYERS).
+TINY = dict(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
+TWO_LAYERS = dict(layers=2)
 RANK = 4
 
 
@@ -162,7 +166,7 @@ def test_reference_is_the_base_kl_zero_at_step0(runs):
 
 
 def test_merged_decode_logprobs_equal_the_unmerged_forward():
-  c = _config()
+  c = _config(**TWO_LAYERS)  # decode's layer 1 is the merge's layer 1
   _, mcfg, _ = _setup(c)
   base = model_lib.init_params(mcfg, jax.random.PRNGKey(0))
   policy = lora.combine(base, _nonzero_adapters(mcfg))
@@ -249,7 +253,7 @@ def test_final_params_of_a_bfloat16_base_keep_the_adapter_delta():
   in float32 but returned it in the held kernel's dtype: with model.lora.base_dtype=bfloat16 a small trained delta
   was rounded away (the export keeps float32). Against a NumPy float64 merge of the same bf16 base."""
   from grpo_jax.run import train  # pylint: disable=import-outside-toplevel
-  c = _config()
+  c = _config(**TWO_LAYERS)  # each layer of the stack merged with its own adapters
   c.model.lora.base_dtype = "bfloat16"
   _, mcfg, _ = _setup(c)
   base = lora.hold_base(mcfg, model_lib.init_params(mcfg, jax.random.PRNGKey(0)))

@@ -48,8 +48,13 @@ def _plain_state(params, rng, tx):
   return dict(params=params, ref_params=jax.tree.map(jnp.copy, params), opt_state=tx.init(params), step=jnp.zeros((), jnp.int32), rng=rng)
 
 
-def _separate(step, start, tx):
-  st = jax.jit(lambda p, r: _plain_state(p, r, tx))(start["params"], start["rng"])  # one program, not ~60 eager ops
+def _plain_init(tx):
+  """_plain_state as one program (not ~60 eager ops), built once per tx: the three base runs share its trace."""
+  return jax.jit(lambda p, r: _plain_state(p, r, tx))
+
+
+def _separate(step, start, init):
+  st = init(start["params"], start["rng"])
   ms = []
   for b in BATCHES:
     st, m = step(st, b)
@@ -94,12 +99,13 @@ def runs():
   # Separate runs through the ordinary path: the step of families.make_step with the config's own values.
   base_tx = rl_step.optimizer(c).tx
   base_step = _plain_step(c, mesh, mcfg, spec, tok)
-  out["sep"] = [_separate(base_step, starts[i], base_tx) for i in range(3)]
+  base_init = _plain_init(base_tx)
+  out["sep"] = [_separate(base_step, starts[i], base_init) for i in range(3)]
   c3, _, _, spec3, _ = _setup(weight=WEIGHTS[3][0], beta=BETAS[3])
   c3.optim.lr, c3.sampling.temperature, c3.rl.entropy_coef = LRS[3], TEMPS[3], ENT[3]
   tx3 = rl_step.optimizer(c3).tx
   step3 = _plain_step(c3, mesh, mcfg, spec3, tok)
-  out["sep"].append(_separate(step3, starts[3], tx3))
+  out["sep"].append(_separate(step3, starts[3], _plain_init(tx3)))
   assert base_step.traces() == 1 and step3.traces() == 1  # each separate program compiled once for all its steps
   return out
 
@@ -153,10 +159,41 @@ def test_a_run_has_the_state_of_a_main_run(runs):
   assert float(run["opt_state"].hyperparams["learning_rate"]) == pytest.approx(LRS[3])
 
 
-def test_beta_zero_sweep_keeps_no_reference():
+class _Flaky:
+  """A Python reward term that scores 0 (no effect on the advantages), or raises on the n-th call once armed."""
+  def __init__(self):
+    self.calls, self.raise_on = [], None
+
+  def __call__(self, texts, ids, batch):  # 'sequential' under vmap: one call per run
+    self.calls.append(len(texts))
+    if len(self.calls) == self.raise_on:
+      raise RuntimeError("boom")
+    return [0.0] * len(texts)
+
+
+@pytest.fixture(scope="module")
+def beta_zero_step():
+  """ONE β = 0 two-run vmapped step for the β = 0 test and the failing-Python-reward test: the digit reward plus a
+  Python term (_Flaky) that scores 0 until a test arms it. Its host callback keeps the step out of the compilation
+  cache, so each of the two tests compiled its own (~5 s each); the β = 0 claims do not depend on a 0-valued term."""
+  from grpo_jax.rl import rewards
+  c, mesh, mcfg, spec, tok = _setup(beta=0.0)
+  flaky = _Flaky()
+  term = rewards.PythonTerm("flaky", flaky, tok)
+  spec = spec._replace(names=("digits", "flaky"), weights=(1.0, 1.0), fns=spec.fns + (term.in_graph(),),
+                       python_terms={"flaky": term})
+  c.rewards = (("digits", 1.0), ("flaky", 1.0))
+  step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
+  yield c, mcfg, step, flaky
+  term.close()
+  assert step.traces() == 1  # one program for both tests
+
+
+def test_beta_zero_sweep_keeps_no_reference(beta_zero_step):
   """β = 0 runs (config or every run's hparam) keep no reference model, and the vmapped step runs without one: no
   train/kl, finite updates. One run with β > 0 keeps the reference for all (the state tree is shared)."""
-  c, mesh, mcfg, spec, tok = _setup(beta=0.0)
+  c, mcfg, step, flaky = beta_zero_step
+  assert c.rl.beta == 0.0
   states = seeds_lib.init_states(c, mcfg, [0, 1])
   assert "ref_params" not in states
   assert "ref_params" not in jax.eval_shape(lambda: seeds_lib.init_states(c, mcfg, [0, 1],
@@ -164,9 +201,10 @@ def test_beta_zero_sweep_keeps_no_reference():
   assert "ref_params" in jax.eval_shape(lambda: seeds_lib.init_states(c, mcfg, [0, 1],
                                                                      hparams={"rl.beta": [0.0, 0.04]}))
   p0 = jax.device_get(states["params"])
-  step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
+  flaky.calls, flaky.raise_on = [], None
   states, m = step(states, BATCHES[0])
   m = seeds_lib.host_scalars(m)
+  assert flaky.calls == [8, 8]  # the 0-valued term was scored, once per run
   assert "train/kl" not in m and np.isfinite(m["train/loss"]).all() and (m["train/grad_norm"] > 0).all()
   moved = [np.abs(a - b).max(axis=tuple(range(1, a.ndim))) for a, b in
            zip(jax.tree.leaves(p0), jax.tree.leaves(jax.device_get(states["params"])))]
@@ -194,33 +232,19 @@ def test_every_traceable_knob_traces_in_every_preset(preset):
   assert jax.tree.structure(out) == jax.tree.structure(states)
 
 
-def test_a_python_reward_failing_in_one_run_leaves_every_run_at_its_step():
+def test_a_python_reward_failing_in_one_run_leaves_every_run_at_its_step(beta_zero_step):
   """A Python reward term that fails in one run of a vmapped group: the host stops the group and saves every run at
   that step (run/train.py's rl_loop), so no run may have advanced. The other run took its update and was saved one
   step ahead of its label: a resume trained it on the same batch twice (and a rollout carry admitted its prompts
   twice). Now the step is skipped in every run, as in one run's failure. At β = 0 (the skip does not depend on β):
-  the same two-run init program as test_beta_zero_sweep_keeps_no_reference's, and no reference forward in a step
-  whose host callback keeps it out of the compilation cache."""
-  from grpo_jax.rl import rewards
-  c, mesh, mcfg, spec, tok = _setup(beta=0.0)
-  calls = []
-
-  def second_call_raises(texts, ids, batch):  # 'sequential' under vmap: one call per run
-    calls.append(len(texts))
-    if len(calls) == 2:
-      raise RuntimeError("boom")
-    return [0.0] * len(texts)
-  term = rewards.PythonTerm("flaky", second_call_raises, tok)
-  spec = spec._replace(names=("digits", "flaky"), weights=(1.0, 1.0), fns=spec.fns + (term.in_graph(),),
-                       python_terms={"flaky": term})
-  c.rewards = (("digits", 1.0), ("flaky", 1.0))
+  the module's beta_zero_step, its Python term armed to raise on its second call (the second run's)."""
+  c, mcfg, step, flaky = beta_zero_step
   states = seeds_lib.init_states(c, mcfg, [0, 1])
   start = jax.device_get(states["params"])
-  step = seeds_lib.make_steps(c, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
+  flaky.calls, flaky.raise_on = [], 2
   states, m = step(states, BATCHES[0])
-  term.close()
   status = np.asarray(m["reward_status"])  # [runs, terms]
-  assert len(calls) == 2 and sorted(status[:, 1].tolist()) == [reward_spec.OK, reward_spec.RAISED], status
+  assert len(flaky.calls) == 2 and sorted(status[:, 1].tolist()) == [reward_spec.OK, reward_spec.RAISED], status
   assert np.asarray(states["step"]).tolist() == [0, 0]
   for a, b in zip(jax.tree.leaves(jax.device_get(states["params"])), jax.tree.leaves(start)):
     np.testing.assert_array_equal(a, b)
