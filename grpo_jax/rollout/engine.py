@@ -85,6 +85,14 @@ class _Loop(NamedTuple):
   env: Any = ()  # multi-turn rows (tools): turns.Rows; () without an environment
 
 
+def nonneg(i: jax.Array) -> jax.Array:
+  """An index array non-negative by construction, as unsigned: jnp's indexing then adds no negative-index
+  wrap-around and `//` no sign correction. Those compare / add / select chains were copied by XLA:CPU into every
+  fusion reading them: with take_rows, 2,585 -> 1,818 instructions per decode body at the test model's shape
+  (issue #40 item 2; docs/performance.md)."""
+  return i.astype(jnp.uint32)
+
+
 def compaction_sizes(slots: int, levels: int, split: int = 1) -> tuple[int, ...]:
   """slots, slots/2, … : at most `levels` sizes, each a multiple of the mesh's batch split `split`."""
   sizes = [slots]
@@ -165,7 +173,8 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
   def group_of(row_S: jax.Array, local: bool = True) -> jax.Array:
     """A slot's prompt, as an index into its device's block of the prompt table (local) or into the B prompts."""
     dev_S = np.arange(row_S.shape[0]) // (row_S.shape[0] // D)
-    return (dev_S * nd + jnp.minimum(row_S, nd - 1)) // G - (first_D[dev_S] if local else 0)
+    group_S = (nonneg(dev_S * nd + jnp.minimum(row_S, nd - 1)) // np.uint32(G)).astype(jnp.int32)
+    return group_S - (first_D[dev_S] if local else 0)
 
   def admit(lp: _Loop, logits_SxV: jax.Array, geo) -> tuple[_Loop, jax.Array]:
     """Free slots take their device's next queued rows, in slot order; their logits are their prompt's prefill
@@ -192,7 +201,7 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     """Each live slot draws its row's token at its position and writes it into its device's block of the outputs."""
     sl = lp.slots
     r_DxSd, t_DxSd = dev(jnp.minimum(sl.row_S, nd - 1)), dev(jnp.minimum(sl.t_S, L - 1))
-    at = lambda x_DxNdxL: flat(per_dev(lambda x, r, t: x[r, t])(x_DxNdxL, r_DxSd, t_DxSd))
+    at = lambda x_DxNdxL: flat(per_dev(lambda x, r, t: x[nonneg(r), nonneg(t)])(x_DxNdxL, r_DxSd, t_DxSd))
     tok_S, logp_S = sampling.draw(logits_SxV, at(u_DxNdxL), scfg)
     if force_DxNdxL is not None:  # a negative id: that position is drawn
       f_S = at(force_DxNdxL)
@@ -202,9 +211,9 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
       return emit_turns(lp, tok_S, logp_S)
     r_S = jnp.where(sl.live_S, sl.row_S, nd)  # nd: dropped by the scatters
     end_S = sl.live_S & (is_eos(tok_S) | (sl.t_S == L - 1))
-    put = per_dev(lambda x, r, t, v: x.at[r, t].set(v, mode="drop"))
+    put = per_dev(lambda x, r, t, v: x.at[nonneg(r), nonneg(t)].set(v, mode="drop"))
     r_DxSd, t_DxSd = dev(r_S), dev(sl.t_S)
-    trunc_D = per_dev(lambda x, r: x.at[r].set(True, mode="drop"))(
+    trunc_D = per_dev(lambda x, r: x.at[nonneg(r)].set(True, mode="drop"))(
         lp.trunc_DxNd, dev(jnp.where(end_S & ~is_eos(tok_S), sl.row_S, nd)))
     return lp._replace(
         slots=sl._replace(tok_S=tok_S, live_S=sl.live_S & ~end_S),
@@ -221,9 +230,9 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     go_S = sl.live_S & ~sl.turn.paused_S
     tok_S, logp_S, fed_S, end_S, cut_S, ts = turns.emit(sl.turn, go_S, tok_S, logp_S, sl.t_S == L - 1, is_eos,
                                                          tools.stop_ids)
-    put = per_dev(lambda x, r, t, v: x.at[r, t].set(v, mode="drop"))
+    put = per_dev(lambda x, r, t, v: x.at[nonneg(r), nonneg(t)].set(v, mode="drop"))
     r_DxSd, t_DxSd = dev(jnp.where(go_S, sl.row_S, nd)), dev(sl.t_S)
-    trunc_D = per_dev(lambda x, r: x.at[r].set(True, mode="drop"))(
+    trunc_D = per_dev(lambda x, r: x.at[nonneg(r)].set(True, mode="drop"))(
         lp.trunc_DxNd, dev(jnp.where(end_S & cut_S, sl.row_S, nd)))
     env = lp.env._replace(obs_DxNdxL=put(lp.env.obs_DxNdxL, r_DxSd, t_DxSd, dev(fed_S.astype(jnp.int32))))
     return lp._replace(
