@@ -125,14 +125,6 @@ class Rollout(NamedTuple):
 _TINY = float(jnp.finfo(jnp.float32).tiny)
 
 
-def _pick(x_NxK: jax.Array, j_N: jax.Array, axis: int = 1) -> jax.Array:
-  """x[n, j_N[n]] along `axis` for j in range by construction (every caller's is): unsigned and promised in bounds,
-  a bare gather. jnp's default wraps negative indices and fills out-of-range ones, a compare / select chain that
-  XLA:CPU copies into every fusion reading the gather (issue #40 item 2: the continuous engine's decode body)."""
-  idx = j_N.astype(jnp.uint32).reshape(j_N.shape + (1,) * (x_NxK.ndim - 1))
-  return jnp.squeeze(jnp.take_along_axis(x_NxK, idx, axis=axis, mode="promise_in_bounds"), axis)
-
-
 def _inverse_cdf(p_NxV: jax.Array, u_N: jax.Array) -> jax.Array:
   """Index j with cdf[j-1] < u * total <= cdf[j]: never an index of zero mass.
 
@@ -152,8 +144,8 @@ def _inverse_cdf(p_NxV: jax.Array, u_N: jax.Array) -> jax.Array:
   bcdf_NxB = jnp.cumsum(jnp.sum(p_NxBxC, axis=-1), axis=-1)
   target_N = jnp.maximum(u_N * bcdf_NxB[:, -1], _TINY)  # u = 0 must not pick a leading zero-mass entry
   b_N = jnp.minimum(jnp.sum(bcdf_NxB < target_N[:, None], axis=-1), nb - 1)
-  before_N = jnp.where(b_N > 0, _pick(bcdf_NxB, jnp.maximum(b_N - 1, 0)), 0.0)
-  icdf_NxC = jnp.cumsum(_pick(p_NxBxC, b_N), axis=-1)
+  before_N = jnp.where(b_N > 0, jnp.take_along_axis(bcdf_NxB, jnp.maximum(b_N - 1, 0)[:, None], -1)[:, 0], 0.0)
+  icdf_NxC = jnp.cumsum(jnp.take_along_axis(p_NxBxC, b_N[:, None, None], axis=1)[:, 0], axis=-1)
   # r > 0 since target > the mass before block b; capping r at the block's own total keeps j on a nonzero entry
   # when the two summation orders round differently
   r_N = jnp.minimum(target_N - before_N, icdf_NxC[:, -1])
@@ -185,8 +177,8 @@ def draw(logits_NxV: jax.Array, u_N: jax.Array, scfg: SamplingConfig) -> tuple[j
       before_NxK = jnp.cumsum(p_NxK, axis=-1) - p_NxK
       p_NxK = jnp.where(before_NxK < scfg.top_p, p_NxK, 0.0)
     j_N = _inverse_cdf(p_NxK, u_N)
-    tok_N = _pick(idx_NxK, j_N).astype(jnp.int32)
-  logp_N = _pick(scaled_NxV, tok_N) - lse_N
+    tok_N = jnp.take_along_axis(idx_NxK, j_N[:, None], axis=-1)[:, 0].astype(jnp.int32)
+  logp_N = jnp.take_along_axis(scaled_NxV, tok_N[:, None], axis=-1)[:, 0] - lse_N
   return tok_N, logp_N
 
 
