@@ -12,9 +12,12 @@ Inside the jitted step, static shapes:
   * compaction: the decode runs in phases of slot counts S, S/2, S/4, … (`compaction_sizes`, each a multiple of D),
     one `while_loop` each with its own decode step; once every device's queue is empty and its live rows fit its
     share of the next size, each device gathers them into that share (an argsort along its own slots only). Each
-    size is its own compiled decode step (its kernels' shapes are the slot count's): 1.5-2 CPU-s of XLA:CPU compile
-    each at configs/grpo_arith.py:small's shape, whatever the layer count (identical layers share their kernels,
-    slot counts cannot), so `sampling.compaction=0` (auto, rl/auto.py) compacts only where completions are long;
+    size is its own compiled decode step (its kernels' shapes are the slot count's): 1.5-3 CPU-s of XLA:CPU compile
+    each at configs/grpo_arith.py:small's shape with the default XLA flags (2026-12-05 and -07, docs/performance.md),
+    whatever the layer count (identical layers share their kernels, slot counts cannot), so `sampling.compaction=0`
+    (auto, rl/auto.py) compacts only where completions are long. The decode body keeps its index arithmetic to
+    one op per index (in-range gathers, unsigned divisions: `nonneg`) and its outputs to one scatter: on the test
+    suite's fast-compile flags each scatter is a while loop;
   * the phase predicates reduce over the devices (a phase lasts until the slowest device is done with it), and the
     completion KV is read in blocks up to the live rows' longest completion over all devices (live_attention.attend);
   * or, with `attention` = 'paged' | 'tpu_ragged' (`sampling.decode_attention`), the KV lives in
