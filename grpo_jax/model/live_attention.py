@@ -39,14 +39,21 @@ class LiveKV(NamedTuple):
   order_N: jax.Array | None = None
 
 
+def take_rows(x_Bx: jax.Array, idx_N: jax.Array) -> jax.Array:
+  """x_Bx[idx_N] for indices in [0, B) by construction (every caller's are; one outside would be clamped): XLA's
+  bare gather. jnp.take's default mode wraps negative indices and fills out-of-range ones, a compare / add /
+  select chain per index array that XLA:CPU copies into every fusion that reads the gather (issue #40 item 2)."""
+  return jnp.take(x_Bx, idx_N, axis=0, mode="clip")
+
+
 def take_local(x_Bx: jax.Array, idx_N: jax.Array, split: int = 1) -> jax.Array:
   """x_Bx[idx_N] where block d of the `split` row blocks of idx_N indexes only block d of x_Bx (its indices are
-  local to that block): a gather batched over the blocks, which XLA's SPMD partitioner keeps on each device, where
-  one take over the whole batch would all-gather x_Bx."""
+  local to that block, and in range: take_rows): a gather batched over the blocks, which XLA's SPMD partitioner
+  keeps on each device, where one take over the whole batch would all-gather x_Bx."""
   if split == 1:
-    return jnp.take(x_Bx, idx_N, axis=0)
+    return take_rows(x_Bx, idx_N)
   x_DxBd = x_Bx.reshape((split, x_Bx.shape[0] // split) + x_Bx.shape[1:])
-  out = jax.vmap(lambda x, i: jnp.take(x, i, axis=0))(x_DxBd, idx_N.reshape(split, -1))
+  out = jax.vmap(take_rows)(x_DxBd, idx_N.reshape(split, -1))
   return out.reshape((idx_N.shape[0],) + x_Bx.shape[1:])
 
 
@@ -81,7 +88,7 @@ def attend(q_NxHxD: jax.Array, kv: LiveKV) -> jax.Array:
   out_DxNdxHxD = jnp.zeros((d, nd) + q_NxHxD.shape[1:], q_NxHxD.dtype)
   for g in range(m):  # group g: entries [g·c, (g+1)·c) of every device's order, still on their device
     idx_DxC = order_DxNd[:, g * c:(g + 1) * c]
-    sel = lambda x: jax.vmap(lambda xd, i: jnp.take(xd, i, axis=0))(per_dev(x), idx_DxC).reshape(
+    sel = lambda x: jax.vmap(take_rows)(per_dev(x), idx_DxC).reshape(
         (d * c,) + x.shape[1:])
     sub = kv._replace(group_N=sel(kv.group_N), clen_N=sel(kv.clen_N), live_len=lens[g], order_N=None)
     o = _attend(sel(q_NxHxD), sub, idx_DxC).reshape((d, c) + q_NxHxD.shape[1:])
@@ -144,6 +151,7 @@ def _attend(q_NxHxD: jax.Array, kv: LiveKV, rows_DxC: jax.Array | None = None) -
     carry = partial(carry, read(kv.ck_NxKxDxL, 3, 0, lc), read(kv.cv_NxKxLxD, 2, 0, lc),
                     jnp.arange(lc)[None] < kv.clen_N[:, None])
   else:
-    carry = jax.lax.fori_loop(0, (kv.live_len + b - 1) // b, block, carry)
+    # live_len >= 0: lax.div (truncation) is floor division here, without jnp's sign correction
+    carry = jax.lax.fori_loop(0, jax.lax.div(kv.live_len + b - 1, b), block, carry)
   _, l_NxKxG, acc_NxKxGxD = carry
   return (acc_NxKxGxD / l_NxKxG[..., None]).astype(q_NxHxD.dtype).reshape(n, h, d)

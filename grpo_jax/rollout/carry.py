@@ -412,7 +412,8 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
 
   def step(lp: Loop) -> Loop:
     """Decode every slot's last token into its own position t, then each live slot draws its row's next token."""
-    group_S = jnp.minimum(lp.row_S, Rd - 1) // G  # local to the device's block of the table
+    # local to the device's block of the table; unsigned (the clamped row is >= 0): no floor-division sign fix-up
+    group_S = (engine.nonneg(jnp.minimum(lp.row_S, Rd - 1)) // np.uint32(G)).astype(jnp.int32)
     clen_S = lp.t_S + 1
     # the slots in groups by length, longest first, each group reading the completion blocks below its own longest
     # live row (live_attention.attend): a carried long row costs its group, not every slot
@@ -427,7 +428,7 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
     go_S = lp.live_S if tools is None else lp.live_S & ~lp.turn.paused_S
     t_S = jnp.where(go_S, lp.t_S + 1, lp.t_S)
     r_DxSd, t_DxSd = dev(jnp.minimum(lp.row_S, Rd - 1)), dev(jnp.minimum(t_S, L - 1))
-    u_S = flat(jax.vmap(lambda u, r, t: u[r, t])(dev(u_RxL), r_DxSd, t_DxSd))
+    u_S = flat(jax.vmap(lambda u, r, t: u[engine.nonneg(r), engine.nonneg(t)])(dev(u_RxL), r_DxSd, t_DxSd))
     tok_S, lp_S = sampling.draw(_rows(logits_SxV), u_S, scfg)
     turn, env = lp.turn, lp.env
     if tools is None:
@@ -437,9 +438,9 @@ def advance(mcfg: model_lib.ModelConfig, params: Any, carry: Carry, batch: dict,
       tok_S, lp_S, fed_S, end_S, cut_S, turn = turns.emit(turn, go_S, tok_S, lp_S, t_S == L - 1, is_eos,
                                                           tools.stop_ids)
     r_DxSd = dev(jnp.where(go_S, lp.row_S, Rd))  # Rd: dropped by the scatters
-    put = lambda x, v: flat(jax.vmap(lambda x, r, t, v: x.at[r, t].set(v, mode="drop"))(dev(x), r_DxSd, t_DxSd,
-                                                                                         dev(v)))
-    mark = lambda x, v: flat(jax.vmap(lambda x, r, v: x.at[r].set(v, mode="drop"))(
+    set_at = lambda x, r, t, v: x.at[engine.nonneg(r), engine.nonneg(t)].set(v, mode="drop")
+    put = lambda x, v: flat(jax.vmap(set_at)(dev(x), r_DxSd, t_DxSd, dev(v)))
+    mark = lambda x, v: flat(jax.vmap(lambda x, r, v: x.at[engine.nonneg(r)].set(v, mode="drop"))(
         dev(x), dev(jnp.where(end_S, lp.row_S, Rd)), dev(v)))
     if tools is not None:
       env = dict(env, obs_RxL=_rows(put(env["obs_RxL"], fed_S.astype(jnp.int32))))

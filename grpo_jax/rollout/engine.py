@@ -12,9 +12,12 @@ Inside the jitted step, static shapes:
   * compaction: the decode runs in phases of slot counts S, S/2, S/4, … (`compaction_sizes`, each a multiple of D),
     one `while_loop` each with its own decode step; once every device's queue is empty and its live rows fit its
     share of the next size, each device gathers them into that share (an argsort along its own slots only). Each
-    size is its own compiled decode step (its kernels' shapes are the slot count's): 1.5-2 CPU-s of XLA:CPU compile
-    each at configs/grpo_arith.py:small's shape, whatever the layer count (identical layers share their kernels,
-    slot counts cannot), so `sampling.compaction=0` (auto, rl/auto.py) compacts only where completions are long;
+    size is its own compiled decode step (its kernels' shapes are the slot count's): 1.5-3 CPU-s of XLA:CPU compile
+    each at configs/grpo_arith.py:small's shape with the default XLA flags (2026-12-05 and -07, docs/performance.md),
+    whatever the layer count (identical layers share their kernels, slot counts cannot), so `sampling.compaction=0`
+    (auto, rl/auto.py) compacts only where completions are long. The decode body keeps its index arithmetic to
+    one op per index (in-range gathers, unsigned divisions: `nonneg`) and its outputs to one scatter: on the test
+    suite's fast-compile flags each scatter is a while loop;
   * the phase predicates reduce over the devices (a phase lasts until the slowest device is done with it), and the
     completion KV is read in blocks up to the live rows' longest completion over all devices (live_attention.attend);
   * or, with `attention` = 'paged' | 'tpu_ragged' (`sampling.decode_attention`), the KV lives in
@@ -73,16 +76,27 @@ class _Slots(NamedTuple):
 
 class _Loop(NamedTuple):
   slots: _Slots
-  tokens_DxNdxL: jax.Array  # the outputs per device block: row n = d·N/D + r is [d, r]
-  logp_DxNdxL: jax.Array
-  mask_DxNdxL: jax.Array
-  trunc_DxNd: jax.Array
+  # the outputs per device block (row n = d·N/D + r is [:, d, r]), int32 channels _OUT: token, log-prob (float32
+  # bits), mask; one scatter writes all three (on XLA:CPU's fast-compile path each scatter is a while loop)
+  out_CxDxNdxL: jax.Array
+  trunc_DxNd: jax.Array  # with `tools` (without, it follows from the outputs: a row ends at its first EOS)
   next_D: jax.Array  # each device's queue head (a local row)
   steps: jax.Array  # decode steps run
   row_steps: jax.Array
   waited: jax.Array  # sum over admitted rows of the steps they waited
   pools: tuple = ()  # paged store: per layer paged_attention's pool_RxQxZxCxD (empty with the plain layout)
   env: Any = ()  # multi-turn rows (tools): turns.Rows; () without an environment
+
+
+_OUT = ("tokens", "logp", "mask")  # _Loop.out_CxDxNdxL's channels
+
+
+def nonneg(i: jax.Array) -> jax.Array:
+  """An index array non-negative by construction, as unsigned: jnp's indexing then adds no negative-index
+  wrap-around and `//` no sign correction. Those compare / add / select chains were copied by XLA:CPU into every
+  fusion reading them: with take_rows, 2,585 -> 1,818 instructions per decode body at the test model's shape
+  (issue #40 item 2; docs/performance.md)."""
+  return i.astype(jnp.uint32)
 
 
 def compaction_sizes(slots: int, levels: int, split: int = 1) -> tuple[int, ...]:
@@ -165,7 +179,8 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
   def group_of(row_S: jax.Array, local: bool = True) -> jax.Array:
     """A slot's prompt, as an index into its device's block of the prompt table (local) or into the B prompts."""
     dev_S = np.arange(row_S.shape[0]) // (row_S.shape[0] // D)
-    return (dev_S * nd + jnp.minimum(row_S, nd - 1)) // G - (first_D[dev_S] if local else 0)
+    group_S = (nonneg(dev_S * nd + jnp.minimum(row_S, nd - 1)) // np.uint32(G)).astype(jnp.int32)
+    return group_S - (first_D[dev_S] if local else 0)
 
   def admit(lp: _Loop, logits_SxV: jax.Array, geo) -> tuple[_Loop, jax.Array]:
     """Free slots take their device's next queued rows, in slot order; their logits are their prompt's prefill
@@ -192,7 +207,7 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     """Each live slot draws its row's token at its position and writes it into its device's block of the outputs."""
     sl = lp.slots
     r_DxSd, t_DxSd = dev(jnp.minimum(sl.row_S, nd - 1)), dev(jnp.minimum(sl.t_S, L - 1))
-    at = lambda x_DxNdxL: flat(per_dev(lambda x, r, t: x[r, t])(x_DxNdxL, r_DxSd, t_DxSd))
+    at = lambda x_DxNdxL: flat(per_dev(lambda x, r, t: x[nonneg(r), nonneg(t)])(x_DxNdxL, r_DxSd, t_DxSd))
     tok_S, logp_S = sampling.draw(logits_SxV, at(u_DxNdxL), scfg)
     if force_DxNdxL is not None:  # a negative id: that position is drawn
       f_S = at(force_DxNdxL)
@@ -200,17 +215,17 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
       logp_S = jnp.where(f_S >= 0, sampling.token_logp(logits_SxV, tok_S, scfg.temperature), logp_S)
     if tools is not None:
       return emit_turns(lp, tok_S, logp_S)
-    r_S = jnp.where(sl.live_S, sl.row_S, nd)  # nd: dropped by the scatters
+    r_S = jnp.where(sl.live_S, sl.row_S, nd)  # nd: dropped by the scatter
     end_S = sl.live_S & (is_eos(tok_S) | (sl.t_S == L - 1))
-    put = per_dev(lambda x, r, t, v: x.at[r, t].set(v, mode="drop"))
-    r_DxSd, t_DxSd = dev(r_S), dev(sl.t_S)
-    trunc_D = per_dev(lambda x, r: x.at[r].set(True, mode="drop"))(
-        lp.trunc_DxNd, dev(jnp.where(end_S & ~is_eos(tok_S), sl.row_S, nd)))
-    return lp._replace(
-        slots=sl._replace(tok_S=tok_S, live_S=sl.live_S & ~end_S),
-        tokens_DxNdxL=put(lp.tokens_DxNdxL, r_DxSd, t_DxSd, dev(tok_S)),
-        logp_DxNdxL=put(lp.logp_DxNdxL, r_DxSd, t_DxSd, dev(logp_S)),
-        mask_DxNdxL=put(lp.mask_DxNdxL, r_DxSd, t_DxSd, jnp.ones_like(r_DxSd)), trunc_DxNd=trunc_D)
+    return lp._replace(slots=sl._replace(tok_S=tok_S, live_S=sl.live_S & ~end_S),
+                       out_CxDxNdxL=put_out(lp.out_CxDxNdxL, r_S, sl.t_S, tok_S, logp_S))
+
+  def put_out(out_CxDxNdxL, r_S, t_S, tok_S, logp_S):
+    """Each slot's token, log-prob and mask 1 into its row r (nd: dropped) at position t: one scatter."""
+    v_CxS = jnp.stack([tok_S, jax.lax.bitcast_convert_type(logp_S, jnp.int32), jnp.ones_like(tok_S)])
+    put = per_dev(lambda x, r, t, v: x.at[:, nonneg(r), nonneg(t)].set(v, mode="drop"), in_axes=(1, 0, 0, 1),
+                  out_axes=1)
+    return put(out_CxDxNdxL, dev(r_S), dev(t_S), v_CxS.reshape(len(_OUT), D, -1))
 
   def emit_turns(lp: _Loop, tok_S: jax.Array, logp_S: jax.Array) -> _Loop:
     """emit with an environment: a paused slot emits nothing (and keeps its last token, the stop id, whose K/V the
@@ -221,16 +236,14 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     go_S = sl.live_S & ~sl.turn.paused_S
     tok_S, logp_S, fed_S, end_S, cut_S, ts = turns.emit(sl.turn, go_S, tok_S, logp_S, sl.t_S == L - 1, is_eos,
                                                          tools.stop_ids)
-    put = per_dev(lambda x, r, t, v: x.at[r, t].set(v, mode="drop"))
-    r_DxSd, t_DxSd = dev(jnp.where(go_S, sl.row_S, nd)), dev(sl.t_S)
-    trunc_D = per_dev(lambda x, r: x.at[r].set(True, mode="drop"))(
+    put = per_dev(lambda x, r, t, v: x.at[nonneg(r), nonneg(t)].set(v, mode="drop"))
+    r_S = jnp.where(go_S, sl.row_S, nd)
+    trunc_D = per_dev(lambda x, r: x.at[nonneg(r)].set(True, mode="drop"))(
         lp.trunc_DxNd, dev(jnp.where(end_S & cut_S, sl.row_S, nd)))
-    env = lp.env._replace(obs_DxNdxL=put(lp.env.obs_DxNdxL, r_DxSd, t_DxSd, dev(fed_S.astype(jnp.int32))))
+    env = lp.env._replace(obs_DxNdxL=put(lp.env.obs_DxNdxL, dev(r_S), dev(sl.t_S), dev(fed_S.astype(jnp.int32))))
     return lp._replace(
         slots=sl._replace(tok_S=jnp.where(go_S, tok_S, sl.tok_S), live_S=sl.live_S & ~end_S, turn=ts),
-        tokens_DxNdxL=put(lp.tokens_DxNdxL, r_DxSd, t_DxSd, dev(tok_S)),
-        logp_DxNdxL=put(lp.logp_DxNdxL, r_DxSd, t_DxSd, dev(logp_S)),
-        mask_DxNdxL=put(lp.mask_DxNdxL, r_DxSd, t_DxSd, jnp.ones_like(r_DxSd)), trunc_DxNd=trunc_D, env=env)
+        out_CxDxNdxL=put_out(lp.out_CxDxNdxL, r_S, sl.t_S, tok_S, logp_S), trunc_DxNd=trunc_D, env=env)
 
   def boundary(lp: _Loop, running: jax.Array) -> _Loop:
     """Every tools.chunk decode steps, or when every live row is paused: if any row is paused, one host call for
@@ -252,7 +265,7 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     row_of = lambda x_DxNdxL: rows(flat(per_dev(lambda x, r: x[r])(x_DxNdxL, r_DxSd)))
     group_S = group_of(sl.row_S)
     fields_S = {k: rows(live_attention.take_local(v, group_S, D)) for k, v in fields_Bd.items()}
-    out = turns.call(tools.call, row_of(lp.tokens_DxNdxL), row_of(env.obs_DxNdxL), sl.t_S + 1, act_S, fields_S)
+    out = turns.call(tools.call, row_of(lp.out_CxDxNdxL[0]), row_of(env.obs_DxNdxL), sl.t_S + 1, act_S, fields_S)
     ts, end_S, ok = turns.answer(ts, out, act_S, L - 1 - sl.t_S)
     add = per_dev(lambda x, r, t, v: x.at[r, t].add(v, mode="drop"))
     r_DxSd, t_DxSd = dev(jnp.where(act_S, sl.row_S, nd)), dev(sl.t_S)
@@ -305,8 +318,8 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
     return lp, geo
 
   # [D, N/D, ...] device blocks, block d on device d (D = 1: the rows split as [N, ...] is)
-  on_dev = lambda x: nn.with_logical_constraint(x, (("batch", None) if D > 1 else (None, "batch"))
-                                                + (None,) * (x.ndim - 2))
+  on_dev_axes = lambda ndim: (("batch", None) if D > 1 else (None, "batch")) + (None,) * (ndim - 2)
+  on_dev = lambda x: nn.with_logical_constraint(x, on_dev_axes(x.ndim))
   blocks = lambda x: on_dev(x.reshape((D, nd) + x.shape[1:]))
   u_DxNdxL = blocks(u_LxN.T)
   force_DxNdxL = None if force_NxL is None else blocks(force_NxL)
@@ -338,9 +351,10 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
                 tok_S=jnp.zeros((s0,), jnp.int32), live_S=jnp.zeros((s0,), bool),
                 ck=tuple(map(rows, cache["k"])), cv=tuple(map(rows, cache["v"])),
                 turn=() if tools is None else jax.tree.map(rows, turns.init_slots(s0, O)))
-    lp = _Loop(slots=sl, tokens_DxNdxL=on_dev(jnp.full((D, nd, L), scfg.pad_id, jnp.int32)),
-               logp_DxNdxL=on_dev(jnp.zeros((D, nd, L), jnp.float32)),
-               mask_DxNdxL=on_dev(jnp.zeros((D, nd, L), jnp.int32)), trunc_DxNd=on_dev(jnp.zeros((D, nd), bool)),
+    out0 = jnp.stack([jnp.full((D, nd, L), scfg.pad_id, jnp.int32), jnp.zeros((D, nd, L), jnp.int32),
+                      jnp.zeros((D, nd, L), jnp.int32)])  # log-prob 0.0's bits are 0
+    lp = _Loop(slots=sl, out_CxDxNdxL=nn.with_logical_constraint(out0, (None,) + on_dev_axes(3)),
+               trunc_DxNd=on_dev(jnp.zeros((D, nd), bool)),
                next_D=jnp.zeros((D,), jnp.int32), steps=jnp.int32(0), row_steps=jnp.int32(0), waited=jnp.int32(0),
                pools=pools, env=() if tools is None else jax.tree.map(
                    lambda x: on_dev(x) if x.ndim == 3 else x, turns.init_rows(D, nd, L)))
@@ -355,10 +369,13 @@ def sample_groups(mcfg: model_lib.ModelConfig, params: Any, prompt_BxP: jax.Arra
         return jnp.any((lp.next_D < nd) | (live_D > nxt))
 
       lp = jax.lax.while_loop(more, functools.partial(step, geo=geo, more=more), lp)
-  mask_NxL = rows(flat(lp.mask_DxNdxL))
-  ro = sampling.Rollout(tokens_NxL=rows(flat(lp.tokens_DxNdxL)), mask_NxL=mask_NxL,
-                        lengths_N=jnp.sum(mask_NxL, axis=1), logp_NxL=rows(flat(lp.logp_DxNdxL)),
-                        truncated_N=flat(lp.trunc_DxNd), decode_steps=lp.steps)
+  tokens_NxL, mask_NxL = rows(flat(lp.out_CxDxNdxL[0])), rows(flat(lp.out_CxDxNdxL[2]))
+  # without tools a row ends at its first EOS or at L - 1 (emit): truncated = no EOS among its tokens
+  trunc_N = (flat(lp.trunc_DxNd) if tools is not None
+             else ~jnp.any(is_eos(tokens_NxL) & (mask_NxL > 0), axis=1))
+  ro = sampling.Rollout(tokens_NxL=tokens_NxL, mask_NxL=mask_NxL, lengths_N=jnp.sum(mask_NxL, axis=1),
+                        logp_NxL=rows(flat(jax.lax.bitcast_convert_type(lp.out_CxDxNdxL[1], jnp.float32))),
+                        truncated_N=trunc_N, decode_steps=lp.steps)
   stats = Stats(row_steps=lp.row_steps, admit_wait=lp.waited.astype(jnp.float32) / n)
   if tools is not None:
     e = lp.env
