@@ -19,7 +19,6 @@ caller configured before. Programs whose compile took under a second are not sto
 programs with host callbacks (Python reward terms) never are (JAX skips them), and the directory is trimmed to
 CACHE_MAX_BYTES, least recently used first.
 """
-import difflib
 import os
 import re
 import sys
@@ -202,9 +201,9 @@ def _unknown_key(argv, error: Exception) -> str:
   keys = [arg[len("--config."):].split("=", 1)[0] for arg in argv if arg.startswith("--config.")]
   unknown = [k for k in keys if not _declared(k)]
   key = unknown[0] if unknown else f"<...>.{missing}"
-  close = difflib.get_close_matches(key, list(config_lib.flat(config_lib.base_config())), n=1, cutoff=0.75)
+  close = config_lib.nearest_key(key)
   if close and unknown:
-    return f"config.{key}: no such key; did you mean config.{close[0]}? (keys: grpo_jax/config/config_lib.py)."
+    return f"config.{key}: no such key; did you mean config.{close}? (keys: grpo_jax/config/config_lib.py)."
   return (f"config.{key}: no such key; check the spelling against grpo_jax/config/config_lib.py (or the "
           "experiment's configs/*.py).")
 

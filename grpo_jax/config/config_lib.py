@@ -633,6 +633,13 @@ def user_keys() -> frozenset[str] | None:
   return None if record is None else record.keys
 
 
+def nearest_key(key: str) -> str | None:
+  """The declared dotted key (of base_config) closest to a misspelled `key`, or None where none is close: the hint
+  of every 'no such key' line (a --config.<key> flag, a config file's key)."""
+  close = difflib.get_close_matches(key, list(flat(base_config())), n=1, cutoff=0.75)
+  return close[0] if close else None
+
+
 def first_time(message: str) -> bool:
   """Whether `message` was not said yet under the innermost user_keys_set: a command checks its config more than
   once (preflight, then each stage's set-up), and a warning repeated at each check reads as several problems.

@@ -1,7 +1,6 @@
 """Config validation before anything compiles: each failure is ONE line naming the key and the fix."""
 import contextlib
 import dataclasses
-import difflib
 import json
 import os
 from typing import Any, Iterator
@@ -353,7 +352,7 @@ def validate_mesh(c, num_devices: int) -> dict[str, int]:
 def validate_rl(c, num_devices: int, tokenizer: Any | None = None,
                 step_terms: tuple[str, ...] = ("process", "env")) -> None:
   """Everything the one-graph RL step needs, checked on plain Python values. `step_terms`: the reward terms that
-  score steps, which rl.process_weight reads (the toy task of the training tables names its own: digits.TOY_TERMS)."""
+  score steps, which rl.process_weight reads (the toy task of the training tables names its own: digits.TOY_STEP_TERMS)."""
   validate_model(c)
   _choice(c, "job", JOBS)
   _task(c, "task_class", "no text examples for")
@@ -990,9 +989,9 @@ def undeclared_keys(c) -> None:
   declared = config_lib.flat(config_lib.base_config())
   for key in sorted(config_lib.flat(c)):
     if key not in declared:
-      close = difflib.get_close_matches(key, list(declared), n=1, cutoff=0.75)
+      close = config_lib.nearest_key(key)
       _fail(key, "no such key: nothing reads it (the keys: grpo_jax/config/config_lib.py)"
-            f"{f'; did you mean config.{close[0]}?' if close else '; check its spelling.'}")
+            f"{f'; did you mean config.{close}?' if close else '; check its spelling.'}")
 
 
 def validate_groups(c) -> None:
