@@ -315,13 +315,10 @@ NEEDS_LIBTPU = conftest.requires("libtpu", "libtpu is not importable: pip instal
 
 
 @NEEDS_LIBTPU
-def test_tpu_compile_report_in_subprocess():
-  cmd = [sys.executable, "-m", "grpo_jax.perf.aot", "--model=small", "--topology=v5e:2x2", "--prompts=2", "--G=4",
-         "--prompt-len=128", "--L=128", "--json"]
-  out = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, JAX_PLATFORMS="cpu"))
-  assert out.returncode == 0, out.stderr[-3000:]
-  r = json.loads(out.stdout.strip().splitlines()[-1])
+def test_tpu_compile_report_in_subprocess(tpu_programs):
+  """`python -m grpo_jax.perf.aot ... --json`'s report (its main() with those flags, the `report` part of the libtpu
+  subprocess below)."""
+  r = script_parts.part(tpu_programs, "report")
   assert r["n_devices"] == 4 and r["device_kind"] == "TPU v5 lite"
   assert r["mesh"] == dict(data=1, fsdp=4, tensor=1)
   m = r["memory"]
@@ -343,9 +340,9 @@ def test_tpu_compile_report_in_subprocess():
   assert r["roofline"]["step_seconds"] > 0
 
 
-# The three libtpu compiles below run in ONE subprocess (the `tpu_programs` fixture): each part is a function of the
+# The four libtpu compiles below run in ONE subprocess (the `tpu_programs` fixture): each part is a function of the
 # script, run in turn, its result (or its traceback) under its own key, so each test still asserts on its own part
-# alone; the parts share one Python + JAX + libtpu start-up instead of three.
+# alone; the parts share one Python + JAX + libtpu start-up instead of four.
 _TPU_HEAD = """
 import json, re, jax, jax.numpy as jnp
 from jax.experimental import topologies
@@ -378,7 +375,19 @@ def splash():
   return out
 """
 
-_TPU_TAIL = script_parts.tail({"splash": "splash", "decode_collectives": "decode_collectives",
+# The command's compile report: its main() with the flags, its --json line parsed as the command's stdout would be.
+_COMPILE_REPORT = """
+def report():
+  import contextlib, io
+  out = io.StringIO()
+  with contextlib.redirect_stdout(out):
+    code = aot.main(["--model=small", "--topology=v5e:2x2", "--prompts=2", "--G=4", "--prompt-len=128", "--L=128",
+                     "--json"])
+  assert code == 0, code
+  return json.loads(out.getvalue().strip().splitlines()[-1])
+"""
+
+_TPU_TAIL = script_parts.tail({"report": "report", "splash": "splash", "decode_collectives": "decode_collectives",
                                 "continuous": "continuous"})
 
 
@@ -392,13 +401,13 @@ def _last_json_line_of(script: str, timeout: int) -> dict:
 
 @pytest.fixture(scope="module")
 def tpu_programs():
-  """One libtpu subprocess for the splash lowering, the decode-collective and the continuous-engine compiles (each
-  test reads its own part; a part that raised carries its traceback, which fails that test alone)."""
+  """One libtpu subprocess for the compile report, the splash lowering, the decode-collective and the continuous-engine
+  compiles (each test reads its own part; a part that raised carries its traceback, which fails that test alone)."""
   import importlib.util
   if importlib.util.find_spec("libtpu") is None:  # only under CI=true: elsewhere NEEDS_LIBTPU skips its tests first
     pytest.fail("libtpu is missing under CI=true (the test extra installs it): the TPU compiles need it")
-  return _last_json_line_of(_TPU_HEAD + _SPLASH_LOWERING + _DECODE_COLLECTIVES + _CONTINUOUS_DECODE + _TPU_TAIL,
-                            timeout=1500)
+  return _last_json_line_of(_TPU_HEAD + _COMPILE_REPORT + _SPLASH_LOWERING + _DECODE_COLLECTIVES + _CONTINUOUS_DECODE
+                            + _TPU_TAIL, timeout=1800)
 
 
 @NEEDS_LIBTPU

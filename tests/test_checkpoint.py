@@ -15,6 +15,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from grpo_jax.infra import checkpoint
 from grpo_jax.infra import errors
 from grpo_jax.infra import params_ckpt
+from tests import script_parts
 
 
 def abstract_of(tree):
@@ -443,36 +444,47 @@ def test_checksums_of_another_tree_of_known_leaf_types_trace_nothing():
 
 
 _SHARDED_SCRIPT = r'''
-import jax, jax.numpy as jnp, numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
-from grpo_jax.infra import integrity
-x = np.random.default_rng(1).standard_normal((8, 6)).astype(np.float32)
-mesh = jax.make_mesh((4,), ('d',))
-one = integrity.summarize({'x': jnp.asarray(x)})
-four = integrity.summarize({'x': jax.device_put(x, NamedSharding(mesh, P('d')))})
-grid = jax.make_mesh((2, 2), ('a', 'b'))
-two_d = integrity.summarize({'x': jax.device_put(x, NamedSharding(grid, P('a', 'b')))})
-assert one == four == two_d, (one, four, two_d)
-# More leaves than XLA:CPU lets be in flight per device (32), each pass ending in a collective: dispatched all at
-# once they deadlocked (the process aborted after 40 s in an all-gather's rendezvous); a state has ~60 such leaves.
-leaves = {f'w{i}': np.random.default_rng(i).standard_normal((8, 6)).astype(np.float32) for i in range(48)}
-want = integrity.summarize({k: jnp.asarray(v) for k, v in leaves.items()})
-for _ in range(10):  # the old dispatch deadlocked in 1 of 1-20 such calls
-  assert integrity.summarize({k: jax.device_put(v, NamedSharding(grid, P('a', 'b'))) for k, v in leaves.items()}) == want
-print('OK')
+def checksums():
+  import jax, jax.numpy as jnp, numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from grpo_jax.infra import integrity
+  x = np.random.default_rng(1).standard_normal((8, 6)).astype(np.float32)
+  mesh = jax.make_mesh((4,), ('d',))
+  one = integrity.summarize({'x': jnp.asarray(x)})
+  four = integrity.summarize({'x': jax.device_put(x, NamedSharding(mesh, P('d')))})
+  grid = jax.make_mesh((2, 2), ('a', 'b'))
+  two_d = integrity.summarize({'x': jax.device_put(x, NamedSharding(grid, P('a', 'b')))})
+  assert one == four == two_d, (one, four, two_d)
+  # More leaves than XLA:CPU lets be in flight per device (32), each pass ending in a collective: dispatched all at
+  # once they deadlocked (the process aborted after 40 s in an all-gather's rendezvous); a state has ~60 such leaves.
+  leaves = {f'w{i}': np.random.default_rng(i).standard_normal((8, 6)).astype(np.float32) for i in range(48)}
+  want = integrity.summarize({k: jnp.asarray(v) for k, v in leaves.items()})
+  for _ in range(10):  # the old dispatch deadlocked in 1 of 1-20 such calls
+    on_grid = {k: jax.device_put(v, NamedSharding(grid, P('a', 'b'))) for k, v in leaves.items()}
+    assert integrity.summarize(on_grid) == want
+  return {'ok': True}
 '''
 
 
-def test_checksums_do_not_depend_on_the_sharding():
-  """One leaf on 1, 4 and 2x2 devices checksums the same; so do 48 sharded leaves, checked at once (more than
-  XLA:CPU's in-flight limit: see sharding.dispatch_bounded)."""
+@pytest.fixture(scope="module")
+def four_devices() -> dict:
+  """_SHARDED_SCRIPT's and _MESH_SCRIPT's parts, run in ONE subprocess of 4 simulated CPU devices (one Python + JAX +
+  grpo_jax start-up instead of two; tests/script_parts.py: each part's result or its traceback under its own key)."""
   import subprocess
   import sys
   env = dict(os.environ, XLA_FLAGS=os.environ['XLA_FLAGS'] + ' --xla_force_host_platform_device_count=4',
              JAX_PLATFORMS='cpu',
              PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  out = subprocess.run([sys.executable, '-c', _SHARDED_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
-  assert out.returncode == 0 and 'OK' in out.stdout, out.stderr[-3000:]
+  script = _SHARDED_SCRIPT + _MESH_SCRIPT + script_parts.tail({"checksums": "checksums", "mesh": "mesh_change"})
+  out = subprocess.run([sys.executable, '-c', script], env=env, capture_output=True, text=True, timeout=240)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_checksums_do_not_depend_on_the_sharding(four_devices):
+  """One leaf on 1, 4 and 2x2 devices checksums the same; so do 48 sharded leaves, checked at once (more than
+  XLA:CPU's in-flight limit: see sharding.dispatch_bounded)."""
+  assert script_parts.part(four_devices, "checksums") == {"ok": True}
 
 
 def _flip_bytes(step_dir, n=64):
@@ -584,44 +596,41 @@ def test_a_step_from_a_newer_version_is_refused_not_set_aside(tmp_path, states):
 
 
 _MESH_SCRIPT = r'''
-import logging, sys, tempfile
-import jax, jax.numpy as jnp, numpy as np
-from jax.sharding import NamedSharding, PartitionSpec as P
-from grpo_jax.infra import checkpoint
-records = []
-class Keep(logging.Handler):
-  def emit(self, record):
-    records.append(record.getMessage())
-logging.getLogger().addHandler(Keep()); logging.getLogger().setLevel(logging.WARNING)
-def on(mesh, x):
-  return jax.device_put(x, NamedSharding(mesh, P('data')))
-four, one = jax.make_mesh((4,), ('data',)), jax.make_mesh((1,), ('data',), devices=jax.devices()[:1])
-w = np.arange(32, dtype=np.float32).reshape(8, 4)
-d = tempfile.mkdtemp()
-with checkpoint.Checkpointer(d, save_every=1, keep=2) as ck:
-  ck.maybe_save(1, {'w': on(four, w)}, {'step': 1})
-for mesh, warned in ((four, False), (one, True)):
-  records.clear()
+def mesh_change():
+  import logging, sys, tempfile
+  import jax, jax.numpy as jnp, numpy as np
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from grpo_jax.infra import checkpoint
+  records = []
+  class Keep(logging.Handler):
+    def emit(self, record):
+      records.append(record.getMessage())
+  logging.getLogger().addHandler(Keep()); logging.getLogger().setLevel(logging.WARNING)
+  def on(mesh, x):
+    return jax.device_put(x, NamedSharding(mesh, P('data')))
+  four, one = jax.make_mesh((4,), ('data',)), jax.make_mesh((1,), ('data',), devices=jax.devices()[:1])
+  w = np.arange(32, dtype=np.float32).reshape(8, 4)
+  d = tempfile.mkdtemp()
   with checkpoint.Checkpointer(d, save_every=1, keep=2) as ck:
-    target = {'w': jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=NamedSharding(mesh, P('data')))}
-    state, meta = ck.restore(None, target)
-  assert meta == {'step': 1}, meta
-  np.testing.assert_array_equal(np.asarray(state['w']), w)
-  said = [r for r in records if 'saved on the mesh' in r]
-  assert bool(said) == warned, (mesh.shape, records)
-  if warned:
-    assert "{'data': 4} (4 devices) and resumes on {'data': 1} (1 devices)" in said[0] and 'to rounding' in said[0], said
-print('OK')
+    ck.maybe_save(1, {'w': on(four, w)}, {'step': 1})
+  for mesh, warned in ((four, False), (one, True)):
+    records.clear()
+    with checkpoint.Checkpointer(d, save_every=1, keep=2) as ck:
+      target = {'w': jax.ShapeDtypeStruct(w.shape, w.dtype, sharding=NamedSharding(mesh, P('data')))}
+      state, meta = ck.restore(None, target)
+    assert meta == {'step': 1}, meta
+    np.testing.assert_array_equal(np.asarray(state['w']), w)
+    said = [r for r in records if 'saved on the mesh' in r]
+    assert bool(said) == warned, (mesh.shape, records)
+    if warned:
+      assert "{'data': 4} (4 devices) and resumes on {'data': 1} (1 devices)" in said[0], said
+      assert 'to rounding' in said[0], said
+  return {'ok': True}
 '''
 
 
-def test_a_resume_on_another_mesh_says_it_is_not_bit_identical():
+def test_a_resume_on_another_mesh_says_it_is_not_bit_identical(four_devices):
   """A step saved on 4 devices restores on 1 (the state resharded: values equal) with one warning naming both meshes
   and that the run then equals an uninterrupted one only to rounding; on the mesh it was saved on, no warning. (It
   resumed silently: another program, whose Adam moments were 1e-9 away from the uninterrupted run's after 3 steps.)"""
-  import subprocess
-  import sys
-  env = dict(os.environ, XLA_FLAGS=os.environ['XLA_FLAGS'] + ' --xla_force_host_platform_device_count=4',
-             JAX_PLATFORMS='cpu', PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  out = subprocess.run([sys.executable, '-c', _MESH_SCRIPT], env=env, capture_output=True, text=True, timeout=120)
-  assert out.returncode == 0 and 'OK' in out.stdout, out.stderr[-3000:]
+  assert script_parts.part(four_devices, "mesh") == {"ok": True}

@@ -1,6 +1,7 @@
 """rl.packing: the padding-free packed passes give the padded path's losses, metrics and gradients (every
 aggregation mode, every algorithm family, KL estimators, PPO's critic), the full step's params, on 1 device and on 8
 simulated FSDP devices, with no recompile while the length mix changes; attention over segments on every path."""
+import importlib.util
 import json
 import os
 import subprocess
@@ -22,6 +23,7 @@ from grpo_jax.rl import correction, families, packing, ppo_step, rl_step
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.run import validate
 from grpo_jax.tasks import digits
+from tests import script_parts
 from tests.jit_call import jit_call
 
 TINY = dict(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=2, G=4, L=7)
@@ -377,19 +379,33 @@ SHARDED = textwrap.dedent(r"""
     p = [np.asarray(x).ravel().tolist() for x in jax.tree.leaves(jax.device_get(state["params"]))]
     return dict(metrics=out, params=p, traces=step.traces())
 
-  print("RESULT " + json.dumps({"pad1": run(1, False), "pk8": run(8, True)}))
+  def sharded():
+    return {"pad1": run(1, False), "pk8": run(8, True)}
 """)
 
 
-def test_packed_step_on_8_fsdp_devices_equals_one_device_padded():
+@pytest.fixture(scope="module")
+def subprocess_parts() -> dict:
+  """SHARDED's 8-device runs and _TPU_PACKED's libtpu lowering, two parts of ONE subprocess of 8 simulated CPU devices
+  (tests/script_parts.py: one Python + JAX + grpo_jax start-up instead of two; each part's result or traceback under
+  its own key, so a failing part fails only its own test). The lowering reads a TPU topology: no TPU, and the CPU
+  devices' runs come first."""
+  parts = {"sharded": "sharded"}
+  if importlib.util.find_spec("libtpu") is not None:  # else its test is skipped (or fails under CI=true) before
+    parts["tpu"] = "tpu_packed"
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path), JAX_PLATFORMS="cpu",
+             XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
+  out = subprocess.run([sys.executable, "-c", SHARDED + _TPU_PACKED + script_parts.tail(parts)], capture_output=True,
+                       text=True, env=env, timeout=900)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_packed_step_on_8_fsdp_devices_equals_one_device_padded(subprocess_parts):
   """8 simulated FSDP devices, each packing its own 2 rows (1-row micro-batches, the trip count the max over
   devices), against the padded step on 1 device: losses and metrics rel 1e-5, params within 1e-5 after two steps
   of real gradients (asserted)."""
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path),
-             XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
-  out = subprocess.run([sys.executable, "-c", SHARDED], capture_output=True, text=True, env=env, timeout=600)
-  assert out.returncode == 0, out.stderr[-3000:]
-  res = json.loads(out.stdout.split("RESULT ", 1)[1])
+  res = script_parts.part(subprocess_parts, "sharded")
   pad, pk = res["pad1"], res["pk8"]
   assert pk["traces"] == 1
   # every compared step trains on a real gradient (not a zero-advantage batch's zero or rounding-residue one)
@@ -405,43 +421,42 @@ def test_packed_step_on_8_fsdp_devices_equals_one_device_padded():
 
 
 # Lowers the packed policy pass (rl.packing's value_and_grad: plan, while_loop over micro-batches, forward+backward
-# inside) of the GRPO objective for a v5e:2x2 slice (4 chips, FSDP), model.attention=auto; prints the splash kernels.
+# inside) of the GRPO objective for a v5e:2x2 slice (4 chips, FSDP), model.attention=auto; returns the splash kernels.
 _TPU_PACKED = r"""
-import json, re, jax, jax.numpy as jnp
-from jax.experimental import topologies
-from grpo_jax.config import config_lib
-from grpo_jax.infra import sharding
-from grpo_jax.model import model as M
-from grpo_jax.rl import packing, rl_step
-from grpo_jax.tasks import digits
-devices = list(topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices)
-mesh = sharding.make_mesh(dict(data=1, fsdp=-1, tensor=1), devices)
-c = digits.bench_config(hidden=256, layers=1, heads=4, kv=2, inter=512, vocab=512, prompts=2, G=4, L=184)
-c = config_lib.override(c, {"task.prompt_len": 16, "rl.packing": True, "model.dtype": "bfloat16"})
-mcfg = M.ModelConfig.from_config(c.model)
-abstract = jax.eval_shape(lambda: M.init_params(mcfg, jax.random.PRNGKey(0)))
-shardings = sharding.tree_shardings(mesh, M.param_axes(mcfg))
-params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
-row = lambda t, dt: jax.ShapeDtypeStruct((8, t), dt, sharding=sharding.batch_sharding(mesh, 2))
-mb = dict(seq=(row(200, jnp.int32),) * 3, mask_NxL=row(184, jnp.float32), old_logp_NxL=row(184, jnp.float32),
-          adv_NxL=row(184, jnp.float32), ref_logp_NxL=row(184, jnp.float32))
-vg = packing.value_and_grad(c, lambda ps, s: rl_step.make_forward(c, mcfg, 16)(ps, s, True), rl_step.make_objective(c), 16)
-with sharding.mesh_context(mesh):
-  text = jax.jit(lambda p, mb: vg((p,), mb)).lower(params, mb).as_text()
-calls = [l for l in text.splitlines() if "tpu_custom_call" in l]
-print(json.dumps(dict(kernels=sorted({n for l in calls for n in re.findall(r"splash_mha_[a-z_]+", l)}),
-                      whiles=text.count("stablehlo.while"))))
+def tpu_packed():
+  import re, jax, jax.numpy as jnp
+  from jax.experimental import topologies
+  from grpo_jax.config import config_lib
+  from grpo_jax.infra import sharding
+  from grpo_jax.model import model as M
+  from grpo_jax.rl import packing, rl_step
+  from grpo_jax.tasks import digits
+  devices = list(topologies.get_topology_desc(platform="tpu", topology_name="v5e:2x2").devices)
+  mesh = sharding.make_mesh(dict(data=1, fsdp=-1, tensor=1), devices)
+  c = digits.bench_config(hidden=256, layers=1, heads=4, kv=2, inter=512, vocab=512, prompts=2, G=4, L=184)
+  c = config_lib.override(c, {"task.prompt_len": 16, "rl.packing": True, "model.dtype": "bfloat16"})
+  mcfg = M.ModelConfig.from_config(c.model)
+  abstract = jax.eval_shape(lambda: M.init_params(mcfg, jax.random.PRNGKey(0)))
+  shardings = sharding.tree_shardings(mesh, M.param_axes(mcfg))
+  params = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), abstract, shardings)
+  row = lambda t, dt: jax.ShapeDtypeStruct((8, t), dt, sharding=sharding.batch_sharding(mesh, 2))
+  mb = dict(seq=(row(200, jnp.int32),) * 3, mask_NxL=row(184, jnp.float32), old_logp_NxL=row(184, jnp.float32),
+            adv_NxL=row(184, jnp.float32), ref_logp_NxL=row(184, jnp.float32))
+  vg = packing.value_and_grad(c, lambda ps, s: rl_step.make_forward(c, mcfg, 16)(ps, s, True),
+                              rl_step.make_objective(c), 16)
+  with sharding.mesh_context(mesh):
+    text = jax.jit(lambda p, mb: vg((p,), mb)).lower(params, mb).as_text()
+  calls = [l for l in text.splitlines() if "tpu_custom_call" in l]
+  return dict(kernels=sorted({n for l in calls for n in re.findall(r"splash_mha_[a-z_]+", l)}),
+              whiles=text.count("stablehlo.while"))
 """
 
 
 @conftest.requires("libtpu", "libtpu is not importable: pip install libtpu==0.0.42.1 (the version jax 0.10.2 pins)")
-def test_tpu_lowering_of_the_packed_policy_pass_uses_splash_with_segment_ids():
+def test_tpu_lowering_of_the_packed_policy_pass_uses_splash_with_segment_ids(subprocess_parts):
   """On a TPU target the packed policy pass lowers to splash's segmented kernels (forward, dq, dkv: the packed
   rows' segment ids) inside the micro-batch while_loop."""
-  out = subprocess.run([sys.executable, "-c", _TPU_PACKED], capture_output=True, text=True, timeout=600,
-                       env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=os.pathsep.join(sys.path)))
-  assert out.returncode == 0, out.stderr[-3000:]
-  r = json.loads(out.stdout.strip().splitlines()[-1])
+  r = script_parts.part(subprocess_parts, "tpu")
   assert {"splash_mha_fwd_segmented_residuals", "splash_mha_dq_segmented_no_residuals",
           "splash_mha_dkv_segmented_no_residuals"} <= set(r["kernels"]), r
   assert r["whiles"] >= 1, r

@@ -21,6 +21,7 @@ from grpo_jax.rollout import engine as E
 from grpo_jax.rollout import sampling as S
 from grpo_jax.rollout import turns
 from tests.test_sampling import MCFG, random_params
+from tests import script_parts
 from tests.test_engine import on_8_devices
 
 B, P, G, L = 3, 6, 2, 16
@@ -303,8 +304,11 @@ def test_vmapped_runs_each_get_their_own_environment_calls(params, alone):
   assert sent(env.seen) == sum(sent(seen) for _, _, seen in alone) > 0
 
 
-_SHARDED = r"""
-import json, sys
+# The module's two 8-device runs (the turns' rollout and the carry's) are two parts of ONE subprocess (the
+# `eight_devices` fixture; tests/script_parts.py): one Python + JAX + grpo_jax start-up instead of two, each part's
+# result or traceback under its own key, so a failing part fails only its own test.
+_EIGHT_DEVICES_HEAD = r"""
+import sys
 import jax, jax.numpy as jnp, numpy as np
 import flax.linen as nn
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
@@ -314,30 +318,40 @@ from tests import test_turns as T
 from grpo_jax.model import model as M
 from grpo_jax.infra import sharding
 from grpo_jax.rollout import engine as E, sampling as S
-params = random_params(MCFG, 0)
-prompt, pm = T.prompts(4, seed=1)
-u = S.uniforms(jax.random.PRNGKey(3), T.L, 4 * T.G)
-fields = {"answer_N": jnp.arange(4, dtype=jnp.int32)}
-# only the sharded run: the one-device run is the test module's `alone` fixture, compiled in the test's process
-shape = (2, 2, 2)
-env = T.Toy()
-tools = T.make_tools(env, chunk=3, stops=T.SAMPLED_STOPS)
-run = lambda p, pr, m, u, fl: E.sample_groups(MCFG, p, pr, m, T.G, T.SAMPLED, u_LxN=u, kv_block=4, slots=4,
-                                              levels=2, split=shape[0] * shape[1], tools=tools, env_fields=fl)
-mesh = Mesh(np.asarray(jax.devices()).reshape(shape), ("data", "fsdp", "tensor"))
-rules = sharding.LOGICAL_RULES
-with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-  shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
-  p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
-  ro, st = jax.jit(run)(p_sh, prompt, pm, jax.device_put(u, shard(P(None, "batch"))), fields)
-out = {"2x2x2": dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
-                     obs=np.asarray(st.env.obs_NxL).tolist(), reward=np.asarray(st.env.reward_NxL).tolist(),
-                     seen=env.seen)}
-print(json.dumps(out))
+"""
+
+_SHARDED = r"""
+def rows():
+  params = random_params(MCFG, 0)
+  prompt, pm = T.prompts(4, seed=1)
+  u = S.uniforms(jax.random.PRNGKey(3), T.L, 4 * T.G)
+  fields = {"answer_N": jnp.arange(4, dtype=jnp.int32)}
+  # only the sharded run: the one-device run is the test module's `alone` fixture, compiled in the test's process
+  shape = (2, 2, 2)
+  env = T.Toy()
+  tools = T.make_tools(env, chunk=3, stops=T.SAMPLED_STOPS)
+  run = lambda p, pr, m, u, fl: E.sample_groups(MCFG, p, pr, m, T.G, T.SAMPLED, u_LxN=u, kv_block=4, slots=4,
+                                                levels=2, split=shape[0] * shape[1], tools=tools, env_fields=fl)
+  mesh = Mesh(np.asarray(jax.devices()).reshape(shape), ("data", "fsdp", "tensor"))
+  rules = sharding.LOGICAL_RULES
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    shard = lambda spec: NamedSharding(mesh, nn.logical_to_mesh_axes(tuple(spec), rules))
+    p_sh = jax.device_put(params, jax.tree.map(shard, M.param_axes(MCFG), is_leaf=lambda x: isinstance(x, P)))
+    ro, st = jax.jit(run)(p_sh, prompt, pm, jax.device_put(u, shard(P(None, "batch"))), fields)
+  return dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
+              obs=np.asarray(st.env.obs_NxL).tolist(), reward=np.asarray(st.env.reward_NxL).tolist(), seen=env.seen)
 """
 
 
-def test_8_devices_each_call_with_their_own_rows(alone):
+@pytest.fixture(scope="module")
+def eight_devices() -> dict:
+  """{"rows": the turns' rollout on data 2 x fsdp 2 x tensor 2, "carry": the carry's rows there}, from one
+  subprocess of 8 simulated devices."""
+  return on_8_devices(_EIGHT_DEVICES_HEAD + _SHARDED + _CARRY_SHARDED
+                      + script_parts.tail({"rows": "rows", "carry": "carry"}), timeout=900)
+
+
+def test_8_devices_each_call_with_their_own_rows(alone, eight_devices):
   """A data=2 x fsdp=2 x tensor=2 mesh (8 simulated devices): the 4 row shards each queue their own 2 rows in their
   own slot, and at a boundary each device calls the host with its own slot only (R = 1 of the 4 slots); the tensor
   copies of a shard pass no rows (only one copy runs the environment), and every copy gets the same observations:
@@ -346,7 +360,7 @@ def test_8_devices_each_call_with_their_own_rows(alone):
   ro, st, seen = alone[0]
   one = dict(tokens=np.asarray(ro.tokens_NxL).tolist(), logp=np.asarray(ro.logp_NxL).tolist(),
              obs=np.asarray(st.env.obs_NxL).tolist(), reward=np.asarray(st.env.reward_NxL).tolist(), seen=seen)
-  sh = on_8_devices(_SHARDED, timeout=600)["2x2x2"]
+  sh = script_parts.part(eight_devices, "rows")
   assert one["tokens"] == sh["tokens"] and one["obs"] == sh["obs"] and one["reward"] == sh["reward"]
   np.testing.assert_allclose(sh["logp"], one["logp"], atol=1e-5, rtol=0)
   assert np.asarray(one["obs"]).sum() >= SAMPLED_STOPS_SEEN
@@ -530,25 +544,20 @@ def test_vmapped_carries_each_call_with_their_own_rows(params, carries_alone):
 
 
 _CARRY_SHARDED = r"""
-import json, sys
-import jax, numpy as np
-from jax.sharding import Mesh
-sys.path.insert(0, sys.argv[1])
-from tests.test_sampling import MCFG, random_params
-from tests import test_turns as T
-params = random_params(MCFG, 0)
-mesh = Mesh(np.asarray(jax.devices()).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
-print(json.dumps(T.carry_rows(params, T.SPEC_D4, 3, mesh=mesh)))
+def carry():
+  params = random_params(MCFG, 0)
+  mesh = Mesh(np.asarray(jax.devices()).reshape(2, 2, 2), ("data", "fsdp", "tensor"))
+  return T.carry_rows(params, T.SPEC_D4, 3, mesh=mesh)
 """
 
 
-def test_carry_on_8_devices_calls_with_each_devices_slots(carries_alone):
+def test_carry_on_8_devices_calls_with_each_devices_slots(carries_alone, eight_devices):
   """The carry with an environment on data 2 × fsdp 2 × tensor 2 (8 simulated devices; 4 row blocks, one slot
   each, max_staleness 1): every trained row — tokens, observations, rewards, answered stops, events, log-probs —
   equals the same carry's on one device (its 4 device blocks side by side), and each host call passes one device's
   slot: never the whole batch, never a tensor copy's."""
   one = carries_alone[0]
-  sh = on_8_devices(_CARRY_SHARDED, timeout=600)
+  sh = script_parts.part(eight_devices, "carry")
   assert len(one["rows"]) == 3 * SPEC_D4.B * G and sum(sum(r["obs"]) for r in one["rows"].values()) >= SAMPLED_STOPS_SEEN
   _same_rows(sh["rows"], one["rows"], atol=1e-5)
   assert {n for n, _ in sh["seen"]} == {1} and {n for n, _ in one["seen"]} == {4}
