@@ -8,8 +8,11 @@ from grpo_jax.envs import formats
 
 # Test switches, read at every step: `sleep_s` holds each step that long (a failing or slow tool).
 MODE = {"sleep_s": 0.0}
-# A file the resume test creates while a run trains: the next step writes `<it>.in_call` and sleeps there, so a
-# kill lands inside an environment call.
+# A file the resume test creates before its run starts, holding a path (the step-2 checkpoint's directory): the first
+# environment call made once that path exists writes `<gate>.in_call` and sleeps there, so a kill lands inside an
+# environment call after that checkpoint. The run itself opens the gate: when the test opened it on seeing the
+# checkpoint, a loaded machine let the run finish its last environment call first ("no environment call after
+# step 2", seen at load 6).
 GATE = "GRPO_TEST_ENV_GATE"
 
 
@@ -29,8 +32,11 @@ class Echo(env_base.Env):
       time.sleep(MODE["sleep_s"])
     gate = os.environ.get(GATE, "")
     if gate and os.path.exists(gate):
-      open(gate + ".in_call", "w").close()
-      time.sleep(30)
+      with open(gate) as f:
+        after = f.read().strip()
+      if not after or os.path.exists(after):
+        open(gate + ".in_call", "w").close()
+        time.sleep(30)
     return self.ctx.format.observation(str(len(action_text) % 10)), 1.0, False, {}
 
 
