@@ -260,8 +260,11 @@ def test_sampler_and_training_logprobs_agree_in_fp32(engine, packing):
   top-p: both score the untruncated softmax(logits / temperature) (DESIGN.md), whatever filter drew the token."""
   from tests.test_rl_step import TINY, _ManyEos, _rollout
   c = digits.bench_config(**TINY)
+  # sampling.compaction 1: one decode phase of 16 slots (the unresolved default, config_lib.COMPACTION, compiled 5
+  # for the 16 rows, in both rollouts; auto resolves 1 at this length). test_engine holds compaction's log-probs to
+  # the static engine's.
   over = {"sampling.engine": engine, "rl.packing": packing, "sampling.temperature": 0.7, "sampling.top_k": 8,
-          "sampling.top_p": 0.9}
+          "sampling.top_p": 0.9, **({"sampling.compaction": 1} if engine == "continuous" else {})}
   tok = _ManyEos(c.model.vocab_size)
   ro = _rollout(c, 1, tokenizer=tok, **over, **{"rl.rollout_correction": "tis"})
   mask = ro.mask_NxL > 0

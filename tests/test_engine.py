@@ -531,7 +531,8 @@ def test_evaluation_generate_with_the_continuous_engine_equals_static():
   scfg = S.SamplingConfig(max_new_tokens=c.sampling.max_new_tokens, eos_id=tuple(range(30, 64)))
   outs = {}
   for eng in ("static", "continuous"):
-    ce = config_lib.override(c, {"sampling.engine": eng})
+    # compaction 1: one decode phase (the unresolved default compiled 3 for the 12 rows); the claim is the prefill
+    ce = config_lib.override(c, {"sampling.engine": eng, "sampling.compaction": 1})
     gen = evaluation.make_generate(mcfg, scfg, mesh, c.task.name, {}, in_graph=False, config=ce, group=n_samples)
     outs[eng] = jax.device_get(gen(params, prompt, pmask, {}, jax.random.PRNGKey(4)))
   lengths = outs["static"][2]
@@ -617,7 +618,10 @@ def test_vmapped_rl_steps_with_the_continuous_engine_equal_the_static_ones():
   c, mesh, mcfg, spec, tok = ts._setup()
   out = {}
   for eng in ("static", "continuous"):
-    ce = config_lib.override(c, {"sampling.engine": eng, "sampling.slots": 8})
+    # compaction 1: one decode phase (the unresolved default, config_lib.COMPACTION, compiled 4 for the 8 rows, the
+    # step's host reward callback keeping it out of the persistent cache); vmapped compaction phases are
+    # test_vmapped_runs_each_get_their_own_samples' subject
+    ce = config_lib.override(c, {"sampling.engine": eng, "sampling.slots": 8, "sampling.compaction": 1})
     states = seeds_lib.init_states(ce, mcfg, [0, 1], hparams={"sampling.temperature": [1.0, 0.7]})
     step = seeds_lib.make_steps(ce, mesh, mcfg, spec, tok, compiler_options=seeds_lib.FAST_COMPILE)
     ms = []

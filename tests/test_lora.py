@@ -292,7 +292,9 @@ def test_continuous_engine_step_traces_with_lora():
   """sampling.engine=continuous (rollout/engine.py) prepares its decode weights through decode_layout.prepare, which
   merges the adapters as for the static engine: the LoRA step traces with it and keeps the state's structure."""
   c = _config()
-  c.sampling.engine = "continuous"
+  # compaction 1: one decode phase to trace (the unresolved default traced one per slot count); the claim is the
+  # decode weights' merge, which every phase shares
+  c.sampling.update(engine="continuous", compaction=1)
   mesh, mcfg, spec = _setup(c)
   abstract, _ = rl_step.state_spec(c, mesh, mcfg)
   step = rl_step.build_step(c, mcfg, spec, spec.ctx.tokenizer)

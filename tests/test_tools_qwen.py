@@ -65,7 +65,9 @@ def qwen_config(dirs, **over):
   tok = hf_tokenizer.HFTokenizer(dirs["tok"])
   c.model.update(vocab_size=tok.vocab_size, max_len=P + L)
   c.task.update(data_dir=dirs["data"], tokenizer=f"hf:{dirs['tok']}", prompt_len=P)
-  c.sampling.update(max_new_tokens=L, engine="continuous")
+  # compaction 1: one decode phase (the unresolved default, config_lib.COMPACTION, compiled 4 for the 8 rows; auto
+  # resolves 1 at this length). Compaction with tool rows is test_turns' subject, not this module's.
+  c.sampling.update(max_new_tokens=L, engine="continuous", compaction=1)
   c.rl.update(G=4, prompts_per_step=2, minibatches=1, rollout_chunks=1)
   c.rewards = (("math_accuracy", 1.0), ("env", 0.5))
   c.tools.update(env="tests.tool_envs:QwenEcho", format="qwen", stop_markers=MARKERS, max_turns=3,
