@@ -449,6 +449,23 @@ def test_decode_loop_slices_no_weight_or_cache_per_token(params, chunk):
   assert not sliced, sliced[:3]
 
 
+@pytest.mark.parametrize("chunk", [4, 3, 0])
+def test_the_decode_step_compiles_once_whatever_the_chunk(params, chunk):
+  """The decode's L - 1 = 9 steps in chunks of 4 (2 chunks and one step, the last chunk's other 3 skipped), of 3
+  (3 whole chunks) and as one scan (chunk 0) compile the same number of matmuls: the model's decode step once.
+  A remainder chunk (a scan of another length) was a second copy of the whole step, and the compile's cost goes
+  by its kernels (docs/performance.md, "What a default-flag compile spends"); configs/grpo_arith.py's 71 steps
+  are prime. (chunk 4 / 0 with EOS 63 are the programs the tests above and below compile.)"""
+  import re
+  def dots(c):
+    scfg = S.SamplingConfig(max_new_tokens=L, eos_id=63, pad_id=0, exit_chunk=c)
+    hlo = sample.lower(MCFG, params, PROMPT, PMASK, jax.random.PRNGKey(0), scfg).compile().as_text()
+    return len(re.findall(r" dot\(", hlo))
+  full = dots(0)
+  assert full >= 2 * MCFG.layers  # prefill's and one decode step's projections at least
+  assert dots(chunk) == full
+
+
 @pytest.fixture(scope="module")
 def early_eos(plain):
   """EOS = the 12 tokens the reference run draws most: every row ends within a few steps."""
@@ -457,7 +474,7 @@ def early_eos(plain):
 
 
 def test_early_exit_equals_the_full_length_decode(params, plain, early_eos):
-  """The chunked while_loop (exit_chunk=4: 2 chunks + a remainder of 1 over the 9 decode steps) stops once every row
+  """The chunked while_loop (exit_chunk=4: 3 chunks over the 9 decode steps, the last one's other 3 skipped) stops once every row
   is done (fewer decode steps) and returns exactly the full decode's tokens, mask and log-probs; with rows that
   never end it runs all steps. (`plain` is the full decode: its exit_chunk exceeds the steps.)"""
   chunk = 4

@@ -104,8 +104,9 @@ def check_left_padded(pmask_NxP: Any, where: str) -> None:
 
 def default_exit_chunk(max_new_tokens: int) -> int:
   """`sampling.exit_chunk=-1` (auto; rl/auto.py logs it): the divisor of max_new_tokens in [8, 32] nearest 16 (the
-  smaller of two), else 16. A chunk that divides L leaves no remainder chunk, whose scan (`_decode`) is a second
-  decode body to compile; 16 is the measured default (a finished batch wastes at most 16 steps, one all-reduce per
+  smaller of two), else 16. The decode's L - 1 steps then fill whole chunks but for one step of the last chunk,
+  which `_decode` skips (a cond passing the carry through; any chunk compiles the decode step once); 16 is the
+  measured default (a finished batch wastes at most 16 steps, one all-reduce per
   check). L <= 16: one scan of L steps, as 16 gives."""
   if max_new_tokens <= 16:
     return 16
@@ -267,8 +268,12 @@ def _decode(step, carry, u_SxN: jax.Array, steps: int, scfg: SamplingConfig):
   """`steps` decode steps of `step(carry, (i, u_N))` (carry[2] = done_N): (carry, outputs stacked [steps, N],
   the number of steps run).
 
-  With early exit: a while_loop over chunks of exit_chunk scan steps that stops once every row is done, then the
-  remainder (steps mod exit_chunk) under a cond. Steps never run keep the outputs a done row emits (pad, 0, False).
+  With early exit: a while_loop over ceil(steps / exit_chunk) chunks of exit_chunk scan steps that stops once every
+  row is done. Steps never run keep the outputs a done row emits (pad, 0, False). Where exit_chunk does not divide
+  `steps` the last chunk's steps past `steps` are skipped by a cond inside the one scan body: a remainder chunk of its
+  own (a scan of another length) would be a second copy of the whole decode step for XLA to compile (sample's
+  decode runs max_new_tokens - 1 steps, which the configs' lengths rarely leave divisible: 71 in
+  configs/grpo_arith.py).
   """
   c = scfg.exit_chunk
   if steps == 0:
@@ -279,28 +284,33 @@ def _decode(step, carry, u_SxN: jax.Array, steps: int, scfg: SamplingConfig):
     return (*jax.lax.scan(step, carry, (jnp.arange(steps, dtype=jnp.int32), u_SxN)), jnp.int32(steps))
   n = carry[2].shape[0]
   rows = lambda x: nn.with_logical_constraint(x, (None, "batch"))
-  outs = (rows(jnp.full((steps, n), scfg.pad_id, jnp.int32)), rows(jnp.zeros((steps, n), jnp.float32)),
-          rows(jnp.zeros((steps, n), bool)))
+  chunks = -(-steps // c)
+  padded = chunks * c  # the outputs and uniforms padded to whole chunks, cut back to `steps` at the end
+  outs = (rows(jnp.full((padded, n), scfg.pad_id, jnp.int32)), rows(jnp.zeros((padded, n), jnp.float32)),
+          rows(jnp.zeros((padded, n), bool)))
+  if padded > steps:
+    u_SxN = rows(jnp.concatenate([u_SxN, jnp.zeros((padded - steps, n), u_SxN.dtype)]))
+    real_step = step
 
-  def chunk(carry, outs, i0, size):
-    carry, ys = jax.lax.scan(step, carry, (i0 + jnp.arange(size, dtype=jnp.int32),
-                                           jax.lax.dynamic_slice_in_dim(u_SxN, i0, size)))
+    def skip(carry, xs):
+      del xs
+      return carry, (jnp.full((n,), scfg.pad_id, jnp.int32), jnp.zeros((n,), jnp.float32), jnp.zeros((n,), bool))
+
+    def step(carry, xs):
+      return jax.lax.cond(xs[0] < steps, real_step, skip, carry, xs)
+
+  def chunk(carry, outs, i0):
+    carry, ys = jax.lax.scan(step, carry, (i0 + jnp.arange(c, dtype=jnp.int32),
+                                           jax.lax.dynamic_slice_in_dim(u_SxN, i0, c)))
     return carry, tuple(rows(jax.lax.dynamic_update_slice_in_dim(o, y, i0, axis=0)) for o, y in zip(outs, ys))
-
-  n_full, rem = divmod(steps, c)
 
   def more(loop):
     k, carry, _ = loop
-    return (k < n_full) & ~jnp.all(carry[2])
+    return (k < chunks) & ~jnp.all(carry[2])
 
   def body(loop):
     k, carry, outs = loop
-    return (k + 1, *chunk(carry, outs, k * c, c))
+    return (k + 1, *chunk(carry, outs, k * c))
 
   k, carry, outs = jax.lax.while_loop(more, body, (jnp.int32(0), carry, outs))
-  ran = k * c
-  if rem:
-    skip = jnp.all(carry[2])
-    carry, outs = jax.lax.cond(skip, lambda co: co, lambda co: chunk(*co, n_full * c, rem), (carry, outs))
-    ran = ran + jnp.where(skip, 0, rem)
-  return carry, outs, ran
+  return carry, tuple(rows(o[:steps]) for o in outs), jnp.minimum(k * c, steps)
