@@ -16,6 +16,8 @@ Measured over 3 seeds (2026-12-01, commit 90fdc62, group std ddof=1; the 2-core 
   after 60 GRPO steps:                  72.2% / 78.0% / 66.8%  -> 72.3% ± 13.9 (mean ± 95% CI, t with 2 df);
   the GRPO gain +17.4 / +22.6 / +10.2 points (paired: +16.7 ± 15.5); pass@4 68.2% -> 81.1%, cons@4 48.8% -> 66.0%
   (means). (The earlier single seed-0 run, 2026-11-29, ddof=0: 61.4% -> 79.0%.)
+Seed 0 alone, re-run 2026-12-07 (commit 7532d3a, an AMD EPYC with AVX-512; docs/performance.md): 63.6% after SFT,
+70.0 / 75.4 / 77.0% at GRPO steps 20 / 40 / 60 (the three seeds above were not re-measured at that commit).
 Args: `small` (tiny, a minute; `runlocal` is an alias), `algo=<name>`: a preset of grpo_jax/config/presets.py (grpo |
 dr_grpo | dapo | rloo | reinforce_pp | reinforce_pp_baseline | gspo | ppo | gdpo | gdpo_dapo | cispo |
 sapo | lite_ppo), applied whole;
