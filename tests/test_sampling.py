@@ -449,13 +449,27 @@ def test_decode_loop_slices_no_weight_or_cache_per_token(params, chunk):
   assert not sliced, sliced[:3]
 
 
+def test_a_chunk_that_divides_max_new_tokens_decodes_without_a_skip(params):
+  """The decode runs L = 10 (emit, decode) steps, so chunks of 5 (and of 2, 10) are whole and the scan body has no
+  cond; chunks of 4 skip the last chunk's 2 steps past L under one. A vmapped sweep batches that cond into a select
+  of the whole carry, KV cache included, at every step (its sampling took up to 1.8x as long, 2026-12-07); the
+  default chunk (default_exit_chunk) divides L, so it never pays that."""
+  def conds(c):
+    scfg = S.SamplingConfig(max_new_tokens=L, eos_id=63, pad_id=0, exit_chunk=c)
+    return str(jax.make_jaxpr(lambda p: S.sample(MCFG, p, PROMPT, PMASK, jax.random.PRNGKey(0), scfg))(params)
+               ).count(" cond[")
+  none = conds(0)  # one scan, no chunks
+  assert [conds(c) for c in (5, 2)] == [none, none]
+  assert conds(4) > none
+
+
 @pytest.mark.parametrize("chunk", [4, 3, 0])
 def test_the_decode_step_compiles_once_whatever_the_chunk(params, chunk):
-  """The decode's L - 1 = 9 steps in chunks of 4 (2 chunks and one step, the last chunk's other 3 skipped), of 3
-  (3 whole chunks) and as one scan (chunk 0) compile the same number of matmuls: the model's decode step once.
+  """The decode's L = 10 steps in chunks of 4 (3 chunks, the last one's 2 steps past L skipped), of 3 (4 chunks, 2
+  skipped) and as one scan (chunk 0) compile the same number of matmuls: the model's decode step once.
   A remainder chunk (a scan of another length) was a second copy of the whole step, and the compile's cost goes
-  by its kernels (docs/performance.md, "What a default-flag compile spends"); configs/grpo_arith.py's 71 steps
-  are prime. (chunk 4 / 0 with EOS 63 are the programs the tests above and below compile.)"""
+  by its kernels (docs/performance.md, "What a default-flag compile spends"); a chunk that does not divide
+  max_new_tokens (a set one, or a prime length) takes the skip. (chunk 4 / 0 with EOS 63 are the programs the tests above and below compile.)"""
   import re
   def dots(c):
     scfg = S.SamplingConfig(max_new_tokens=L, eos_id=63, pad_id=0, exit_chunk=c)
@@ -474,7 +488,7 @@ def early_eos(plain):
 
 
 def test_early_exit_equals_the_full_length_decode(params, plain, early_eos):
-  """The chunked while_loop (exit_chunk=4: 3 chunks over the 9 decode steps, the last one's other 3 skipped) stops once every row
+  """The chunked while_loop (exit_chunk=4: 3 chunks over the 10 steps, the last one's 2 past L skipped) stops once every row
   is done (fewer decode steps) and returns exactly the full decode's tokens, mask and log-probs; with rows that
   never end it runs all steps. (`plain` is the full decode: its exit_chunk exceeds the steps.)"""
   chunk = 4

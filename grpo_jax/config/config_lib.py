@@ -132,7 +132,7 @@ def _base_config() -> ml_collections.ConfigDict:
       decode_layout="auto",
       decode_tp=0,  # fsdp devices per tensor-parallel decode group (layout tp / auto); 0 = smallest that fits
       # early exit: decode steps between checks that every row is done; 0 = always max_new_tokens; -1 = auto
-      # (sampling.default_exit_chunk: the divisor of max_new_tokens nearest 16, so the last chunk skips one step)
+      # (sampling.default_exit_chunk: the divisor of max_new_tokens nearest 16, so the L steps fill whole chunks)
       exit_chunk=-1,
       # Rollout engine: static = the reference batch decode (sampling.sample: every row of a row chunk decodes until
       # its longest ends); continuous = rollout/engine.py (one prefill per prompt, S slots refilled from a row

@@ -581,7 +581,7 @@ def choose_exit_chunk(config, ctx: Context, candidates: list[int]) -> tuple[int,
   c = sampling.default_exit_chunk(L)
   if L <= 16:
     return c, f"max_new_tokens {L} <= 16: one scan"
-  return c, (f"divides max_new_tokens {L}: the {L - 1} decode steps fill whole chunks but one step" if L % c == 0
+  return c, (f"divides max_new_tokens {L}: the decode's {L} steps fill whole chunks" if L % c == 0
              else f"no divisor of max_new_tokens {L} in [8, 32]: the measured default")
 
 

@@ -104,10 +104,10 @@ def check_left_padded(pmask_NxP: Any, where: str) -> None:
 
 def default_exit_chunk(max_new_tokens: int) -> int:
   """`sampling.exit_chunk=-1` (auto; rl/auto.py logs it): the divisor of max_new_tokens in [8, 32] nearest 16 (the
-  smaller of two), else 16. The decode's L - 1 steps then fill whole chunks but for one step of the last chunk,
-  which `_decode` skips (a cond passing the carry through; any chunk compiles the decode step once); 16 is the
-  measured default (a finished batch wastes at most 16 steps, one all-reduce per
-  check). L <= 16: one scan of L steps, as 16 gives."""
+  smaller of two), else 16. The decode's L (emit, decode) steps then fill whole chunks of the one scan body (a
+  chunk that does not divide L skips the last chunk's steps past L under a cond: `_decode`); 16 is the measured
+  default (a finished batch wastes at most 16 steps, one all-reduce per check). L <= 16: one scan of L steps, as 16
+  gives."""
   if max_new_tokens <= 16:
     return 16
   divisors = [d for d in range(8, 33) if max_new_tokens % d == 0]
@@ -253,15 +253,17 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
     plen_N, kv_mask_NxS, done_N = batch(plen_N), batch(kv_mask_NxS), batch(jnp.zeros((n,), bool))
     u_LxN = nn.with_logical_constraint(u_LxN, (None, "batch"))
     carry = (batch(logits_NxV), pin(decode.expand_cache(cache)), done_N)
-    # the last token needs no decode step after it: steps - 1 (emit, decode) steps, then one emit
-    carry, (tok_LxN, logp_LxN, live_LxN), ran = _decode(step, carry, u_LxN[:-1], steps - 1, scfg)
-  logits_NxV, _, done_N = carry
-  tok_N, logp_N, live_N, done_N = emit(logits_NxV, u_LxN[-1], done_N)
-  tokens_NxL = jnp.concatenate([tok_LxN.T, tok_N[:, None]], axis=1)
-  mask_NxL = jnp.concatenate([live_LxN.T, live_N[:, None]], axis=1).astype(jnp.int32)
-  logp_NxL = jnp.concatenate([logp_LxN.T, logp_N[:, None]], axis=1)
-  return Rollout(tokens_NxL=batch(tokens_NxL), mask_NxL=batch(mask_NxL), lengths_N=jnp.sum(mask_NxL, axis=1),
-                 logp_NxL=batch(logp_NxL), truncated_N=~done_N, decode_steps=ran)
+    # L (emit, decode) steps, the last token's decode step computed for nothing (its cache slot p + L - 1 and
+    # position exist): then a chunk that divides L (default_exit_chunk's) needs no skip. L - 1 steps and one emit
+    # after the loop left a remainder for every such chunk, handled by a second scan (a second copy of the decode
+    # step to compile) or by a cond in the scan body, which a vmapped sweep (studies/vmapped_runs.py) batches into
+    # a select of the whole carry, KV cache included, at every step: its sampling took 1.2-1.8x as long.
+    carry, (tok_LxN, logp_LxN, live_LxN), ran = _decode(step, carry, u_LxN, steps, scfg)
+  done_N = carry[2]
+  mask_NxL = live_LxN.T.astype(jnp.int32)
+  return Rollout(tokens_NxL=batch(tok_LxN.T), mask_NxL=batch(mask_NxL), lengths_N=jnp.sum(mask_NxL, axis=1),
+                 logp_NxL=batch(logp_LxN.T), truncated_N=~done_N,
+                 decode_steps=jnp.minimum(ran, steps - 1))  # the decode steps whose logits were used
 
 
 def _decode(step, carry, u_SxN: jax.Array, steps: int, scfg: SamplingConfig):
@@ -271,9 +273,9 @@ def _decode(step, carry, u_SxN: jax.Array, steps: int, scfg: SamplingConfig):
   With early exit: a while_loop over ceil(steps / exit_chunk) chunks of exit_chunk scan steps that stops once every
   row is done. Steps never run keep the outputs a done row emits (pad, 0, False). Where exit_chunk does not divide
   `steps` the last chunk's steps past `steps` are skipped by a cond inside the one scan body: a remainder chunk of its
-  own (a scan of another length) would be a second copy of the whole decode step for XLA to compile (sample's
-  decode runs max_new_tokens - 1 steps, which the configs' lengths rarely leave divisible: 71 in
-  configs/grpo_arith.py).
+  own (a scan of another length) would be a second copy of the whole decode step for XLA to compile. (Under vmap
+  with per-run exits the cond is a select of the whole carry at every step: sample's steps, max_new_tokens, are
+  divided by default_exit_chunk's chunk, so only a set exit_chunk that does not divide them pays it.)
   """
   c = scfg.exit_chunk
   if steps == 0:
