@@ -75,8 +75,11 @@ SCRIPT = textwrap.dedent(r"""
     from grpo_jax.perf import hlo_collectives
     sizes = dict(mesh.shape)
     layout, _ = memory_plan.choose_decode(c, sizes, decode_layout.device_memory_bytes())
-    # (inside the decode loop: run (L-1) times per chunk; the once-per-chunk reshards into the view run `chunks` times)
-    steps = (c.sampling.max_new_tokens - 1) * chunks
+    # (inside the decode loop: run decode_trips times per chunk; the once-per-chunk reshards into the view run `chunks`
+    # times)
+    from grpo_jax.rollout import sampling
+    steps = sampling.decode_trips(c.sampling.max_new_tokens, sampling.SamplingConfig.from_config(
+        c.sampling, eos_id=0, pad_id=0).exit_chunk) * chunks
     colls = hlo_collectives.collectives(hlo)
     loop = hlo_collectives.in_loop(colls, "rollout decode", min_count=steps)
     per_token = {}

@@ -34,6 +34,7 @@ from grpo_jax.config import config_lib
 from grpo_jax.rl import auto
 from grpo_jax.rollout import carry as carry_lib
 from grpo_jax.rollout import decode_layout
+from grpo_jax.rollout import sampling
 from grpo_jax.perf import hlo_collectives
 from grpo_jax.rl import memory_plan
 from grpo_jax.model import model as model_lib
@@ -233,9 +234,11 @@ def check(config: ml_collections.ConfigDict, topology: str, mesh_shape: dict[str
   colls = hlo_collectives.collectives(compiled.as_text())
   coords = [tuple(d.coords) for d in devices] if all(hasattr(d, "coords") for d in devices) else None
   ici = roofline_lib.ici_seconds(colls, chip, topology, coords)
-  # The decode loop's collectives per generated token: its body runs once per token after the first, in each rollout
-  # chunk (the once-per-chunk reshards into the decode view run `rollout_chunks` times: not per token).
-  steps = max(cfg.sampling.max_new_tokens - 1, 1) * cfg.rl.rollout_chunks
+  # The decode loop's collectives per generated token: its body runs once per token (sampling.decode_trips), in each
+  # rollout chunk (the once-per-chunk reshards into the decode view run `rollout_chunks` times: not per token).
+  steps = sampling.decode_trips(cfg.sampling.max_new_tokens,
+                                sampling.SamplingConfig.from_config(cfg.sampling, eos_id=0, pad_id=0).exit_chunk
+                                ) * cfg.rl.rollout_chunks
   if config_lib.setting(cfg, "sampling.engine") == "continuous":
     # its decode loops (one per compaction phase) run a data-dependent number of steps: per token = per iteration
     # of a phase's loop (each is the same decode step at another slot count)

@@ -114,6 +114,14 @@ def default_exit_chunk(max_new_tokens: int) -> int:
   return min(divisors, key=lambda d: (abs(d - 16), d)) if divisors else 16
 
 
+def decode_trips(max_new_tokens: int, exit_chunk: int) -> int:
+  """Iterations of `sample`'s decode scan body when no row ends early: L (emit, decode) steps, padded to whole
+  chunks where exit_chunk does not divide L (the skipped steps still trip the loop). What a count of the decode
+  loop's ops per token divides by (perf/aot.py)."""
+  c = exit_chunk
+  return max_new_tokens if c <= 0 or c >= max_new_tokens else -(-max_new_tokens // c) * c
+
+
 class Rollout(NamedTuple):
   tokens_NxL: jax.Array  # int32; pad_id after EOS
   mask_NxL: jax.Array  # int32; 1 up to and including EOS
