@@ -265,7 +265,7 @@ def sample(mcfg: model_lib.ModelConfig, params: Any, prompt_NxP: jax.Array, prom
     # position exist): then a chunk that divides L (default_exit_chunk's) needs no skip. L - 1 steps and one emit
     # after the loop left a remainder for every such chunk, handled by a second scan (a second copy of the decode
     # step to compile) or by a cond in the scan body, which a vmapped sweep (studies/vmapped_runs.py) batches into
-    # a select of the whole carry, KV cache included, at every step: its sampling took 1.2-1.8x as long.
+    # a select of the whole carry, KV cache included, at every step: its sampling took up to 1.8x as long.
     carry, (tok_LxN, logp_LxN, live_LxN), ran = _decode(step, carry, u_LxN, steps, scfg)
   done_N = carry[2]
   mask_NxL = live_LxN.T.astype(jnp.int32)
@@ -294,8 +294,8 @@ def _decode(step, carry, u_SxN: jax.Array, steps: int, scfg: SamplingConfig):
     return (*jax.lax.scan(step, carry, (jnp.arange(steps, dtype=jnp.int32), u_SxN)), jnp.int32(steps))
   n = carry[2].shape[0]
   rows = lambda x: nn.with_logical_constraint(x, (None, "batch"))
-  chunks = -(-steps // c)
-  padded = chunks * c  # the outputs and uniforms padded to whole chunks, cut back to `steps` at the end
+  padded = decode_trips(steps, c)  # the outputs and uniforms padded to whole chunks, cut back to `steps` at the end
+  chunks = padded // c
   outs = (rows(jnp.full((padded, n), scfg.pad_id, jnp.int32)), rows(jnp.zeros((padded, n), jnp.float32)),
           rows(jnp.zeros((padded, n), bool)))
   if padded > steps:
