@@ -447,8 +447,9 @@ def decode_collectives():
 @NEEDS_LIBTPU
 def test_tpu_decode_loop_collectives_per_layout(tpu_programs):
   """In the TPU compiler's program, the decode loop of the default layout (the compile report's step) moves no weight
-  and runs no collective at all (tensor=1); tensor-parallel decode (a 1-layer step) stays within 2 all-reduces per layer plus the embedding's all-reduce and
-  the logits' all-gather, and moves no weight (weights told apart from activations by shape)."""
+  and runs no collective at all (tensor=1); tensor-parallel decode (a 1-layer step) stays within 2 all-reduces per
+  layer plus the embedding's all-reduce and the logits' all-gather, and moves no weight (weights told apart from
+  activations by shape)."""
   auto, tp = script_parts.part(tpu_programs, "report"), script_parts.part(tpu_programs, "decode_collectives")["tp"]
   assert auto["decode_layout"] == "gathered" and auto["decode_weight_collectives_per_token"] == 0, auto
   assert auto["decode_collective_budget"] == {} and auto["decode_collectives_per_token"] == {}, auto
