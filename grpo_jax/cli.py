@@ -184,7 +184,7 @@ def finish(code: int) -> None:
 
 def _declared(key: str) -> bool:
   """Whether the dotted `key` names a value declared in config_lib.base_config (a section is not a value)."""
-  node = config_lib.base_config()
+  node = config_lib.defaults()
   for part in key.split("."):
     if not hasattr(node, "keys") or part not in node:
       return False

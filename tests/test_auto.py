@@ -639,6 +639,9 @@ def test_every_ablation_variant_resolves_to_the_short_completion_path():
   # the bandit table has no RL run; the memory table compiles its workload as a run resolves it (test above)
   assert tables == {os.path.basename(p) for p in glob.glob(os.path.join(root, "configs", "ablations", "*.py"))} - {
       "baselines.py", "memory.py"} and cells == 92, (sorted(tables), cells)
+  # the validators and the resolver read the shared, never-copied config_lib.defaults(): 92 configs built, validated
+  # and resolved left it as declared
+  assert config_lib.defaults() == config_lib._declared(config_lib._base_config())  # pylint: disable=protected-access
 
 
 def test_the_traced_step_reads_resolved_values_and_plans_nothing(monkeypatch):

@@ -1,6 +1,7 @@
 """LoRA runs end to end on a transformers Qwen2 base (train.init_from=hf:): checkpoints hold adapters + optimizer
 state + the base's identity; a PEFT user loads the exported adapter directory and gets our logits; the merged export
 equals them; a resume onto another base is refused in one line."""
+import functools
 import json
 import os
 
@@ -21,6 +22,7 @@ from grpo_jax.model import lora  # noqa: E402
 from grpo_jax.model import model as model_lib  # noqa: E402
 from grpo_jax.run import train  # noqa: E402
 from tests import metrics_contract  # noqa: E402
+from tests import noise  # noqa: E402
 
 TOKENS = np.array([[0, 0, 5, 9, 11, 3, 7, 1, 2, 40], [4, 8, 2, 6, 1, 17, 5, 60, 33, 12]], np.int64)
 MASK = np.array([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 10], np.int64)
@@ -83,11 +85,12 @@ def _ours(run_dir, hf_dir, config):
 _forward = jax.jit(model_lib.forward, static_argnums=0)
 
 
+@functools.partial(jax.jit, static_argnums=0)
 def _perturbed(mcfg, scale, key, init_key):
   """init_adapters plus scale·N(0, 1) on every leaf (B ≠ 0: a trained adapter), in one program (per leaf and op
-  eagerly: three compiles a leaf shape)."""
-  return jax.jit(lambda: jax.tree.map(lambda x: x + scale * jax.random.normal(key, x.shape),
-                                      lora.init_adapters(mcfg, init_key)))()
+  eagerly: three compiles a leaf shape), from one normal draw over all leaves (tests/noise.py: a draw per leaf
+  compiled a threefry per leaf)."""
+  return noise.add_noise(lora.init_adapters(mcfg, init_key), key, scale)
 
 
 def _hf_logits(model):
@@ -147,8 +150,8 @@ def test_merged_export_of_a_bfloat16_base_keeps_the_adapter_delta():
   # the set-up and the forwards jitted: op by op they were ~150 single-op compiles (4.5 -> 3.6 CPU-s, 2026-12-07)
   base, adapters = jax.jit(lambda: (
       lora.hold_base(mcfg, model_lib.init_params(plain, jax.random.PRNGKey(0))),
-      jax.tree.map(lambda x: x + 1e-3 * jax.random.normal(jax.random.PRNGKey(2), x.shape),
-                   lora.init_adapters(mcfg, jax.random.PRNGKey(1)))))()  # B ~ 1e-3: a few steps of training
+      # B ~ 1e-3: a few steps of training (one normal draw over the leaves: tests/noise.py)
+      noise.add_noise(lora.init_adapters(mcfg, jax.random.PRNGKey(1)), jax.random.PRNGKey(2), 1e-3)))()
   forward = jax.jit(model_lib.forward, static_argnums=0)
   tokens, pos, mask = (np.asarray(x, np.int32) for x in (TOKENS, POS, MASK))
   f32 = lambda p: jax.tree.map(lambda x: x.astype(np.float32), p)

@@ -23,6 +23,7 @@ from grpo_jax.rl import correction, families, packing, ppo_step, rl_step
 from grpo_jax.rl import rollout as rollout_lib
 from grpo_jax.run import validate
 from grpo_jax.tasks import digits
+from tests import noise
 from tests import script_parts
 from tests.jit_call import jit_call
 
@@ -291,10 +292,9 @@ class _ManyEos:
     self.eos_ids, self.eos_id, self.pad_id = tuple(range(2, vocab, 3)), 2, 0
 
 
-@jax.jit  # one program per params structure (eagerly: ~30 one-op programs, one per op and leaf shape)
 def _perturb(params):
-  keys = iter(jax.random.split(jax.random.PRNGKey(7), len(jax.tree.leaves(params))))
-  return jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), params)
+  """One program per params structure, one normal draw over all leaves (tests/noise.py)."""
+  return noise.perturbed(params, jax.random.PRNGKey(7), 0.05)
 
 
 def _run(algo: str, over: dict, n_steps: int = 3):

@@ -10,6 +10,7 @@ from grpo_jax.rl import ppo_step
 from grpo_jax.config import presets
 from grpo_jax.infra import sharding
 from grpo_jax.tasks import digits
+from tests import noise
 from tests.jit_call import jit_call
 
 
@@ -71,11 +72,9 @@ class _ManyEos(digits.Tokenizer):
   eos_ids = (digits.EOS,) + tuple(range(12, 64))
 
 
-@jax.jit
 def _perturbed(params):
-  """params + 0.05·N(0, 1) per leaf (one compiled program: op by op it compiled ~30 tiny ones per run)."""
-  keys = iter(jax.random.split(jax.random.PRNGKey(7), len(jax.tree.leaves(params))))
-  return jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape), params)
+  """params + 0.05·N(0, 1) on every leaf: one compiled program, one normal draw over all leaves (tests/noise.py)."""
+  return noise.perturbed(params, jax.random.PRNGKey(7), 0.05)
 
 
 def test_ppo_in_chunks_with_early_exit_and_buckets_equals_full_length(full_step):

@@ -20,6 +20,7 @@ from grpo_jax.infra import sharding
 from grpo_jax.rl import update as update_lib
 from grpo_jax.run import validate
 from grpo_jax.tasks import digits
+from tests import noise
 
 TINY = dict(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
 # One layer where a claim does not depend on depth: the training pass unrolls its layer scan (model.layer_unroll
@@ -452,9 +453,8 @@ def _bucket_run(over: dict, n_steps: int = 3):
   state = rl_step.init(c, mesh, mcfg, seed=0)
   # A policy away from its reference: the KL gradient is a real signal from the first step. (At the reference with
   # no reward signal the true gradient is 0, and AdamW would scale the chunked forward's 1e-9 rounding up to lr.)
-  keys = iter(jax.random.split(jax.random.PRNGKey(7), len(jax.tree.leaves(state["params"]))))
-  state = dict(state, params=jax.tree.map(lambda x: x + 0.05 * jax.random.normal(next(keys), x.shape),
-                                          state["params"]))
+  # (one compiled program, one normal draw over all leaves: tests/noise.py; eagerly, a few compiles per leaf)
+  state = dict(state, params=noise.perturbed(state["params"], jax.random.PRNGKey(7), 0.05))
   ms, ps = [], []
   p0 = jax.device_get(state["params"])
   for b in _batches(c, n_steps):

@@ -70,6 +70,20 @@ def _declared(node: ml_collections.ConfigDict, where: str = "") -> ml_collection
 
 
 def base_config() -> ml_collections.ConfigDict:
+  """A fresh copy of the declared defaults, to build a config on. Built once: through ConfigDict's __init__ every
+  node took 2.8 ms a call; a deep copy (_Declared.__setstate__ keeps each node's path) takes 1.3 ms."""
+  return copy.deepcopy(_declared_base())
+
+
+def defaults() -> ml_collections.ConfigDict:
+  """The declared defaults themselves, shared and never copied: for code that only reads them (the validators ask
+  for each config they check, ~8 times: ~750 base_config() calls in test_auto's ablation-table check, 516 in one
+  test_sweep grid). Never edit it; base_config() gives a copy to edit."""
+  return _declared_base()
+
+
+@functools.lru_cache(maxsize=1)
+def _declared_base() -> ml_collections.ConfigDict:
   return _declared(_base_config())
 
 
@@ -636,7 +650,7 @@ def user_keys() -> frozenset[str] | None:
 def nearest_key(key: str) -> str | None:
   """The declared dotted key (of base_config) closest to a misspelled `key`, or None where none is close: the hint
   of every 'no such key' line (a --config.<key> flag, a config file's key)."""
-  close = difflib.get_close_matches(key, list(flat(base_config())), n=1, cutoff=0.75)
+  close = difflib.get_close_matches(key, list(flat(defaults())), n=1, cutoff=0.75)
   return close[0] if close else None
 
 

@@ -107,7 +107,7 @@ _OVERWRITTEN = {"train.steps": "each RL stage runs r1.zero / grpo / final.steps"
 
 
 def _unread_keys_at_default(config) -> None:
-  default = run_config.flatten(config_lib.base_config())
+  default = run_config.flatten(config_lib.defaults())
   flat = run_config.flatten(config)
   for key, instead in _OVERWRITTEN.items():
     if flat.get(key) != default.get(key):

@@ -163,7 +163,7 @@ def resolve(config: ml_collections.ConfigDict, ctx: Context, log: bool = True,
       if log and not knob.asks(out) and knob.unused(out):
         # a warning where the user set it (a flag, a sweep point, a variant: config_lib.set_by_user); a config file's
         # own value for the other path is its author's business, said at info level
-        base = config_lib.base_config()
+        base = config_lib.defaults()
         by_user = any(config_lib.set_by_user(k, v, _get(base, k)) for k, v in zip(keys, values))
         (logging.warning if by_user else logging.info)(
             "%s (set): no effect %s", ", ".join(f"{k} = {v}" for k, v in zip(keys, values)), knob.unused(out))
@@ -248,7 +248,7 @@ def eval_view(config, rl_state: bool = False) -> ml_collections.ConfigDict:
   config's, β = 0: the run's rl.* is not read, so no RL knob the job ignores can change the plan."""
   c = ml_collections.ConfigDict(config.to_dict())
   if not rl_state:
-    c.rl = ml_collections.ConfigDict(config_lib.base_config().rl.to_dict())
+    c.rl = ml_collections.ConfigDict(config_lib.defaults().rl.to_dict())
     c.rl.beta = 0.0  # the SFT state: the policy and its optimizer, no reference
   # G = 1: the greedy pass prefills every row's prompt (the sampled pass prefills one per eval.n_samples rows)
   c.rl.update(prompts_per_step=int(config.eval.batch), G=1, oversample=1, dynamic_sampling=False,

@@ -271,7 +271,7 @@ def validate_lora(c) -> None:
     if sft_lora:  # trained all weights without a word: there are no adapters to train
       _fail("sft.lora", "is True (the SFT stage trains adapters on a frozen base) but model.lora.rank=0 (no "
             "adapters); set model.lora.rank > 0, or sft.lora=False to train all weights.")
-    unused = _changed(lc.to_dict(), config_lib.base_config().model.lora.to_dict(), "model.lora")
+    unused = _changed(lc.to_dict(), config_lib.defaults().model.lora.to_dict(), "model.lora")
     if unused:  # set for a LoRA run, meaning nothing without adapters: said, not silently dropped
       _warn("%s: no effect with model.lora.rank=0 (full fine-tuning, no adapters); set model.lora.rank > 0 "
             "to use %s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
@@ -491,7 +491,7 @@ def validate_tools(c, tokenizer=None) -> None:
   t = c.get("tools")
   if t is None or not (t.env or c.r1.pretrain.get("tool_frac", 0.0) > 0):
     if t is not None:  # set for a tool run, meaning nothing without one: said, not silently dropped
-      unused = _changed(t.to_dict(), config_lib.base_config().tools.to_dict(), "tools")
+      unused = _changed(t.to_dict(), config_lib.defaults().tools.to_dict(), "tools")
       if unused:
         _warn("%s: no effect with tools.env='' (single-turn rollouts, no tool data); set tools.env to use "
               "%s.", ", ".join(unused), "it" if len(unused) == 1 else "them")
@@ -715,7 +715,7 @@ def validate_partial(c, data_par: int) -> None:
   _choice(c, "rl.carry_kv", ("keep", "recompute"))
   _choice(c, "rl.staleness_policy", ("wait", "mask"))
   if not rl.partial_rollouts:  # the carry's knobs mean nothing to the synchronous step: said, not silently dropped
-    base = config_lib.base_config().rl
+    base = config_lib.defaults().rl
     unused = [f"rl.{k}={rl[k]!r}" for k in CARRY_KNOBS
               if config_lib.set_by_user(f"rl.{k}", rl.get(k, base[k]), base[k])]
     if unused:
@@ -755,7 +755,7 @@ def validate_correction(c) -> None:
   whichever kind is chosen, so a bad value cannot wait for the day its kind is switched on; one set away from its
   default while the chosen kind does not read it is said (it changed nothing)."""
   _choice(c, "rl.rollout_correction", correction.KINDS)
-  kind, base = c.rl.rollout_correction, config_lib.base_config().rl
+  kind, base = c.rl.rollout_correction, config_lib.defaults().rl
   unused = [(f"rl.{k}={c.rl[k]!r}", other) for other, knobs in CORRECTION_KNOBS.items() if other != kind
             for k in knobs if k in c.rl and config_lib.set_by_user(f"rl.{k}", c.rl[k], base[k])]
   if unused:
@@ -800,7 +800,7 @@ def _unread_knobs(c, key: str, knobs: dict) -> None:
   read: as validate_correction says of the correction kinds' thresholds (they changed nothing, silently). A knob
   at its preset's value (rl.preset: every preset sets every rl.* key) or, unset by the preset, at the base config's
   is not named: a preset applied whole through its overrides (an ablation variant, a sweep point) set it, no user."""
-  chosen, base = c.rl[key], config_lib.base_config().rl
+  chosen, base = c.rl[key], config_lib.defaults().rl
   preset = presets.PRESETS.get(c.rl.get("preset", ""), {})
   reads = set(knobs[chosen])
   unused = [k for k in dict.fromkeys(k for ks in knobs.values() for k in ks)
@@ -967,7 +967,7 @@ def base_types(c, base=None, prefix: str = "") -> None:
   """A key the base config declares a bool holds a bool, one it declares a number holds no bool: Python's True is
   the int 1 (top_k=True ran as top_k=1) and any non-empty string is true (partial_rollouts='False' ran the carry).
   ConfigDict refuses most such values as they are set; a config file building its own dicts, or a record, does not."""
-  base = config_lib.base_config() if base is None else base
+  base = config_lib.defaults() if base is None else base
   for k, b in base.items():
     if k not in c:
       continue
@@ -986,7 +986,7 @@ def base_types(c, base=None, prefix: str = "") -> None:
 def undeclared_keys(c) -> None:
   """A key the base config does not declare is read by nothing: a config file's typo (`c.rl.select_fraction = 0.3`
   for rl.select_frac) ran with the default, unsaid, where the same typo on the command line is refused (cli.py)."""
-  declared = config_lib.flat(config_lib.base_config())
+  declared = config_lib.flat(config_lib.defaults())
   for key in sorted(config_lib.flat(c)):
     if key not in declared:
       close = config_lib.nearest_key(key)
@@ -1048,7 +1048,7 @@ def unread_task_knobs(c) -> None:
   does not read it — `task.train_path` with task.name='gsm8k' — was silently ignored: one line instead."""
   cls = registry.get(c.task.name).task_class if c.task.name in registry.TASKS else None
   mine = {f.name for f in dataclasses.fields(cls)} if cls is not None and dataclasses.is_dataclass(cls) else set()
-  defaults = config_lib.base_config().task
+  defaults = config_lib.defaults().task
   for key in sorted(c.task.keys()):
     if key in mine or key in _PIPELINE_TASK_KEYS or key not in defaults or c.task[key] == defaults[key]:
       continue
@@ -1147,7 +1147,7 @@ def unread_keys(c) -> None:
   no record, away from the base config) that config.job does not read — rl.* under job=sft, sft.* under job=grpo
   without an SFT stage, export.* outside job=export — changed nothing and said nothing: one warning line per reason,
   naming each such key once, with the fix. A config file's own values are its author's business: not named."""
-  base, flat = config_lib.flat(config_lib.base_config()), config_lib.flat(c)
+  base, flat = config_lib.flat(config_lib.defaults()), config_lib.flat(c)
   candidates = [k for k in sorted(flat) if config_lib.set_by_user(k, flat[k], base.get(k))]
   for match, why, fix in _unread_rules(c):  # disjoint classes: each key in one line at most
     keys = [k for k in candidates if match(k)]
