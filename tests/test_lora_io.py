@@ -11,7 +11,6 @@ import pytest
 
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
-peft = pytest.importorskip("peft")
 
 from grpo_jax.config import config_lib  # noqa: E402
 from grpo_jax.hf import export as export_lib  # noqa: E402
@@ -23,6 +22,13 @@ from grpo_jax.model import model as model_lib  # noqa: E402
 from grpo_jax.run import train  # noqa: E402
 from tests import metrics_contract  # noqa: E402
 from tests import noise  # noqa: E402
+
+
+def _peft():
+  """peft, imported by the tests that read adapters back, not at collection: its import (transformers' model
+  registry) takes ~4.5 CPU-s, which every xdist worker paid to collect this module whether it ran it or not."""
+  return pytest.importorskip("peft")
+
 
 TOKENS = np.array([[0, 0, 5, 9, 11, 3, 7, 1, 2, 40], [4, 8, 2, 6, 1, 17, 5, 60, 33, 12]], np.int64)
 MASK = np.array([[0, 0, 1, 1, 1, 1, 1, 1, 1, 1], [1] * 10], np.int64)
@@ -124,7 +130,7 @@ def test_peft_loads_our_adapter_dir_and_its_logits_equal_ours(lora_run):
   assert summary["files"] == ["adapter_config.json", "adapter_model.safetensors"]
   base = transformers.AutoModelForCausalLM.from_pretrained(lora_run["hf_dir"]).float().eval()
   base_logits = _hf_logits(base)
-  model = peft.PeftModel.from_pretrained(base, out).eval()
+  model = _peft().PeftModel.from_pretrained(base, out).eval()
   got = _hf_logits(model)
   np.testing.assert_allclose(got[real], ours[real], atol=1e-5, rtol=0)
   assert np.abs(got[real] - base_logits[real]).max() > 1e-3  # the adapters change the model
@@ -188,7 +194,7 @@ def test_peft_loads_adapters_of_any_rank_and_targets(tmp_path, kind, rank, targe
                              MASK.astype(np.int32)))
   peft_export.save_peft(str(tmp_path / "peft"), mcfg, adapters)
   plain = _hf_logits(hf)  # before PEFT wraps hf (it injects the adapters in place)
-  got = _hf_logits(peft.PeftModel.from_pretrained(hf, str(tmp_path / "peft")).eval())
+  got = _hf_logits(_peft().PeftModel.from_pretrained(hf, str(tmp_path / "peft")).eval())
   real = MASK > 0
   np.testing.assert_allclose(got[real], ours[real], atol=5e-5, rtol=0)
   assert np.abs(got[real] - plain[real]).max() > 0.1  # the adapters change the model
@@ -234,7 +240,7 @@ def test_peft_export_of_a_params_checkpoint_base_says_how_to_export_the_base(tmp
   export_lib.export(str(run), str(tmp_path / "merged"))
   real = MASK > 0
   base_model = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "base")).float().eval()
-  with_adapters = peft.PeftModel.from_pretrained(base_model, str(tmp_path / "peft")).eval()
+  with_adapters = _peft().PeftModel.from_pretrained(base_model, str(tmp_path / "peft")).eval()
   merged = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path / "merged")).float().eval()
   np.testing.assert_allclose(_hf_logits(with_adapters)[real], _hf_logits(merged)[real], atol=1e-5, rtol=0)
 
