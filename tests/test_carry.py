@@ -336,7 +336,8 @@ _REINFORCE_PP = dict(algo="reinforce_pp", prompts=3, G=3, packing="on", mu=2, mi
 
 @pytest.fixture(scope="module", params=["grpo", "reinforce_pp"])
 def sync_and_carry0(request):
-  """Three steps of today's synchronous step and of the carry with max_staleness 0 (and an unlimited budget)."""
+  """Three steps of today's synchronous step and of the carry with max_staleness 0 (GRPO: the auto budget, as the
+  8-device runs; REINFORCE++: an unlimited one)."""
   def config(**rl):
     c = _config(EIGHT if request.param == "grpo" else TINY, **rl)
     if request.param == "reinforce_pp":
@@ -354,8 +355,8 @@ def sync_and_carry0(request):
 
 
 def _carry0_eight_config():
-  """max_staleness 0 with an unlimited budget at the 8-device runs' size."""
-  return _config(EIGHT, partial_rollouts=True, max_staleness=0, rollout_budget=10_000)
+  """max_staleness 0 (the auto budget) at the 8-device runs' size."""
+  return _config(EIGHT, partial_rollouts=True, max_staleness=0)
 
 
 @pytest.fixture(scope="module")
