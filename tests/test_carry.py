@@ -23,13 +23,19 @@ from grpo_jax.tasks import digits
 from tests import metrics_contract
 from tests import script_parts
 
-TINY = dict(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
+# one layer: the step's claims hold at any depth, and layer_unroll (auto) unrolls training and prefill per layer, so
+# a second layer cost ~25% more trace and compile per step program; the carry's own KV tests (the `carried`
+# fixture) keep two layers, where recompute rebuilds each layer's cache
+TINY = dict(hidden=32, layers=1, heads=4, kv=2, inter=64, vocab=64, prompts=4, G=4, L=12)
+# the 8-device runs' size (8 groups: one per device over data=8), which the GRPO case of sync_and_carry0 uses too:
+# its carry run is their one-device reference (the carry0_eight fixture)
+EIGHT = dict(TINY, prompts=8, G=2, L=10)
 # the digits workload's batch fields, plus each prompt's position in the stream (which groups a step trained)
 FIELDS = {"answer_ids_NxA": ((4,), "int32"), "gid_N": ((), "int32")}
 
 
-def _config(**rl):
-  c = digits.bench_config(**TINY)
+def _config(size: dict = TINY, **rl):
+  c = digits.bench_config(**size)
   c.optim.lr = 1e-3  # one update visibly moves the random model
   c.sampling.update(engine="continuous", compaction=1)
   c.rl.update(**rl)
@@ -163,7 +169,7 @@ def _advance_steps(c, n: int, mesh=None, budget: int = 3, eos=digits.EOS):
     adv = jax.jit(lambda carry, batch, v, rng: carry_lib.advance(mcfg, params, carry, batch, v, rng, scfg, spec,
                                                                  budget=budget))
     init = jax.jit(lambda: carry_lib.init(spec, mcfg),
-                   out_shardings=None if mesh is None else sharding.tree_shardings(mesh, carry_lib.axes(spec, 2)))
+                   out_shardings=None if mesh is None else sharding.tree_shardings(mesh, carry_lib.axes(spec, mcfg.layers)))
     carry = init()
     for v, b in enumerate(carry_lib.host_stream(lambda k: iter(batches[k:]), spec, 0)):
       if v == n:
@@ -216,6 +222,7 @@ def carried(request):
   lengths (MANY_EOS): what advance did, under either staleness policy."""
   c = _config(partial_rollouts=True, max_staleness=1, staleness_policy=request.param)
   c.sampling.slots = 8
+  c.model.layers = 2  # the recompute tests compare every layer's KV: more than one
   return _advance_steps(c, 5, eos=MANY_EOS)
 
 
@@ -293,9 +300,11 @@ def test_recompute_decodes_on_the_new_weights(carried):
   old weights, or kept the old prompt KV, passes it. Under 'keep' these tokens differ by ~5e-3 here.)"""
   c, spec, mcfg = carried["c"], carried["spec"], carried["mcfg"]
   v = len(carried["outs"])  # the next step's version
-  params = jax.tree.map(lambda x, k: x + 0.05 * jnp.std(x) * jax.random.normal(k, x.shape), carried["params"],
-                        jax.tree.unflatten(jax.tree.structure(carried["params"]), list(
-                            jax.random.split(jax.random.PRNGKey(7), len(jax.tree.leaves(carried["params"]))))))
+  # the perturbation as one program (op by op it compiled ~40 programs, one per op and leaf shape)
+  moved = jax.jit(lambda p: jax.tree.map(lambda x, k: x + 0.05 * jnp.std(x) * jax.random.normal(k, x.shape), p,
+                                         jax.tree.unflatten(jax.tree.structure(p), list(
+                                             jax.random.split(jax.random.PRNGKey(7), len(jax.tree.leaves(p)))))))
+  params = moved(carried["params"])
   scfg = sampling.SamplingConfig.from_config(c.sampling, eos_id=carried["eos"], pad_id=0)
   batch = carry_lib.host_batch([_stream(c, v + spec.Q // spec.B)[-1]], spec)
 
@@ -327,9 +336,10 @@ _REINFORCE_PP = dict(algo="reinforce_pp", prompts=3, G=3, packing="on", mu=2, mi
 
 @pytest.fixture(scope="module", params=["grpo", "reinforce_pp"])
 def sync_and_carry0(request):
-  """Three steps of today's synchronous step and of the carry with max_staleness 0 (and an unlimited budget)."""
+  """Three steps of today's synchronous step and of the carry with max_staleness 0 (GRPO: the auto budget, as the
+  8-device runs; REINFORCE++: an unlimited one)."""
   def config(**rl):
-    c = _config(**rl)
+    c = _config(EIGHT if request.param == "grpo" else TINY, **rl)
     if request.param == "reinforce_pp":
       from grpo_jax.config import presets
       v = _REINFORCE_PP
@@ -339,8 +349,23 @@ def sync_and_carry0(request):
     return c
   seed = 1 if request.param == "grpo" else 2  # seed 2: every step's 3 groups have reward variance
   a = _run(config(), 3, stream_seed=seed)
-  b = _run(config(partial_rollouts=True, max_staleness=0, rollout_budget=10_000), 3, stream_seed=seed)
-  return a, b
+  if request.param == "grpo":  # the carry run the 8-device test compares with too
+    return a, request.getfixturevalue("carry0_eight")
+  return a, _run(config(partial_rollouts=True, max_staleness=0, rollout_budget=10_000), 3, stream_seed=seed)
+
+
+def _carry0_eight_config():
+  """max_staleness 0 (the auto budget) at the 8-device runs' size."""
+  return _config(EIGHT, partial_rollouts=True, max_staleness=0)
+
+
+@pytest.fixture(scope="module")
+def carry0_eight():
+  """3 steps of _carry0_eight_config on one device (stream seed 1): sync_and_carry0's GRPO carry run, and the
+  one-device reference of test_carry_on_8_devices (its first 2 steps), which the 8-device subprocess compiled and
+  ran again on a one-device mesh (a program for 1 device is a cache miss in a process of 8: the persistent cache's
+  key holds the device count)."""
+  return _run(_carry0_eight_config(), 3)
 
 
 def test_staleness_zero_gives_todays_samples_and_updates(sync_and_carry0):
@@ -504,34 +529,16 @@ import json, sys, traceback
 import jax, numpy as np
 sys.path.insert(0, sys.argv[1])
 from tests import test_carry as T
-from grpo_jax.infra import sharding
-
-def config(**rl):
-  c = T.digits.bench_config(hidden=32, layers=2, heads=4, kv=2, inter=64, vocab=64, prompts=8, G=2, L=10)
-  c.optim.lr = 1e-3
-  c.sampling.update(engine="continuous", compaction=1)
-  c.rl.update(**rl)
-  return c
 
 def run(shape):
   # the step with max_staleness 0 (the synchronous samples, through the carry), and where the carry's buffers live
   # after its 2 steps (its table: B = 8 groups, R = 16 rows; S = 16 slots). (A third step program, max_staleness 1
   # for one step, read only for these shapes, was compiled per mesh: the buffers are placed by the same axes.)
-  ms, state, _ = T._run(config(partial_rollouts=True, max_staleness=0), 2, shape)
-  out = dict(tokens=[m["samples/tokens_NxL"].tolist() for m in ms],
-             metrics=[{k: float(m[k]) for k in ("train/reward_mean", "train/completion_len_mean")} for m in ms],
-             ck_local=list(state["carry"].ck[0].addressable_shards[0].data.shape),
-             rows_local=list(state["carry"].tokens_RxL.addressable_shards[0].data.shape))
-  # advance alone, max_staleness 1, 4 steps: its schedule against the NumPy replay on as many devices
-  c = config(partial_rollouts=True, max_staleness=1)
-  c.mesh.update(data=shape[0], fsdp=shape[1], tensor=shape[2])
-  mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
-  jx, r = T._replay(T._advance_steps(c, 4, mesh))
-  out.update(jx=jx, replay=r)
-  return out
+  ms, state, _ = T._run(T._carry0_eight_config(), 2, shape)
+  return dict(T._placement(ms, state), **T._eight_schedule(shape))
 
-# every shape of argv in this one process (one JAX start-up, not one per shape; the one-device reference's mesh is
-# devices[:1]), each result or its traceback under its own key: a failing shape fails only its own tests
+# every shape of argv in this one process (one JAX start-up, not one per shape), each result or its traceback under
+# its own key: a failing shape fails only its own tests
 results = {}
 for arg in sys.argv[2:]:
   try:
@@ -545,26 +552,53 @@ print("JSON" + json.dumps(results))
 _SHAPES = [("8,1,1", 8, 2), ("2,2,2", 4, 1)]
 
 
+def _placement(ms: list, state) -> dict:
+  """A max_staleness-0 run's samples and metrics per step, and the shapes of its carry's first device shards."""
+  return dict(tokens=[np.asarray(m["samples/tokens_NxL"]).tolist() for m in ms],
+              metrics=[{k: float(m[k]) for k in ("train/reward_mean", "train/completion_len_mean")} for m in ms],
+              ck_local=list(state["carry"].ck[0].addressable_shards[0].data.shape),
+              rows_local=list(state["carry"].tokens_RxL.addressable_shards[0].data.shape))
+
+
+def _eight_schedule(shape: tuple) -> dict:
+  """advance alone (max_staleness 1, 4 steps) at the 8-device runs' size on a `shape` mesh: its schedule and the
+  NumPy replay's on as many devices."""
+  c = _config(EIGHT, partial_rollouts=True, max_staleness=1)
+  c.mesh.update(data=shape[0], fsdp=shape[1], tensor=shape[2])
+  mesh = sharding.make_mesh(c.mesh, jax.devices()[:int(np.prod(shape))])
+  jx, r = _replay(_advance_steps(c, 4, mesh))
+  return dict(jx=jx, replay=r)
+
+
+@pytest.fixture(scope="module")
+def one_device(carry0_eight) -> dict:
+  """test_carry_on_8_devices' one-device reference, in this process: carry0_eight's first 2 steps (what the 8-device
+  runs take) and advance's schedule on a one-device mesh."""
+  ms, state, _ = carry0_eight
+  return dict(_placement(ms[:2], state), **_eight_schedule((1, 1, 1)))
+
+
 @pytest.fixture(scope="module")
 def sharded() -> dict:
-  """_SHARDED's results for one device and each of _SHAPES, keyed by shape: one subprocess of 8 simulated devices
-  runs them one after another (it was one subprocess per shape: three JAX and grpo_jax start-ups)."""
+  """_SHARDED's results for each of _SHAPES, keyed by shape: one subprocess of 8 simulated devices runs them one
+  after another (it was one subprocess per shape: three JAX and grpo_jax start-ups; the one-device reference is now
+  the one_device fixture's, in this process)."""
   import json, subprocess, sys
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8")
-  out = subprocess.run([sys.executable, "-c", _SHARDED, root, "1,1,1", *(s for s, _, _ in _SHAPES)],
+  out = subprocess.run([sys.executable, "-c", _SHARDED, root, *(s for s, _, _ in _SHAPES)],
                        capture_output=True, text=True, env=env, timeout=600, cwd=root)
   assert out.returncode == 0, out.stderr[-4000:]
   return json.loads(out.stdout.split("JSON", 1)[1])
 
 
 @pytest.mark.parametrize("shape,split,heads", _SHAPES)
-def test_carry_on_8_devices(sharded, shape, split, heads):
+def test_carry_on_8_devices(one_device, sharded, shape, split, heads):
   """Each device keeps its own groups: its share of the table's rows, slots and KV (KV heads over tensor) stay on
   it across steps, its queue admits and its selection trains its own groups — the schedule equals the NumPy
   replay on as many devices —, and with max_staleness 0 the run equals one device's."""
-  ref, r = script_parts.part(sharded, "1,1,1"), script_parts.part(sharded, shape)
+  ref, r = one_device, script_parts.part(sharded, shape)
   assert r["tokens"] == ref["tokens"] and r["metrics"] == ref["metrics"]
   assert ref["rows_local"][0] == 16 and ref["ck_local"][:2] == [16, 2], ref  # one device holds them whole
   assert r["rows_local"][0] == 16 // split, r  # R = Q·G = 8·2 rows (max_staleness 0) over data × fsdp
