@@ -1,14 +1,22 @@
 """The real CLI as a 2-process job: `python -m grpo_jax.main` started by launch/local_multiprocess.py (jax.distributed
-on localhost, gloo, 2 CPU devices each) equals the same command in 1 process with 4 devices: 2 GRPO steps and the
-held-out evals at steps 0 and 2 (rows split over processes, gathered by process_allgather), metrics.jsonl and the
-final checkpoint's params.
+on localhost, gloo, 2 CPU devices each) equals the same command in 1 process with 4 devices: 2 GRPO steps on a
+data=2 x fsdp=2 mesh (each process a data row, its params sharded over its own 2 devices; every batch through
+train.device_batch) and the held-out evals at steps 0 and 2 (rows split over processes, gathered by
+process_allgather), metrics.jsonl and the final checkpoint's params. A recorder on both runs' PYTHONPATH (RECORDER,
+a sitecustomize the product does not know of) writes what each process saw: its device counts, the rows of every
+batch it holds, and its shards of the params it saved, so that the checkpoint is checked against the live state
+and the rows against the single-process batch.
 
 The model is random but starts from a HF dir the test writes (train.init_from=hf:, read by every process), with
 the EOS embedding row scaled so completions end at varying lengths; the DAPO overlong penalty over the whole
 window (rl.overlong_frac = 1: all L tokens) turns those lengths into rewards that differ within groups, so the update
 is not zero and equal params mean equal gradients.
+
+(This job also carries what tests/test_multihost.py's library-level 2-process job checked, which it replaces: one
+2-process job of ~10 CPU-s per process instead of two, the processes' cost being their own tracing and compiling.)
 """
 import io
+import json
 import os
 import re
 import subprocess
@@ -24,12 +32,79 @@ sys.path.insert(0, os.path.join(REPO, "launch"))
 import local_multiprocess  # noqa: E402
 
 L = 12
+TRAIN_SIZE = 6  # 4 prompts a step: step 2's batch crosses an epoch (its last 2 prompts are the next epoch's)
 OVERRIDES = dict(**{"sft.steps": 0, "model.hidden": 32, "model.layers": 1, "model.heads": 2, "model.kv_heads": 1,
                     "model.inter": 64, "sampling.max_new_tokens": L, "rl.G": 4, "rl.prompts_per_step": 4,
                     "rl.overlong_frac": 1.0, "optim.lr": 1e-2, "train.steps": 2, "train.eval_every": 2,
                     "train.ckpt_every": 2, "train.plot_every": 0, "train.sample_every": 2, "eval.size": 8,
-                    "eval.batch": 8, "eval.n_samples": 2, "task.train_size": 64, "task.test_size": 8,
+                    "eval.batch": 8, "eval.n_samples": 2, "task.train_size": TRAIN_SIZE, "task.test_size": 8,
                     "mesh.data": 2, "mesh.fsdp": 2, "log.tensorboard": False, "log.plots": False})
+
+
+# Test-only: written as sitecustomize.py into a directory on the runs' PYTHONPATH, so Python imports it at start-up
+# in each process (the launcher's too, where it stays inert). It patches two functions as their modules load, not
+# before: importing grpo_jax here would load JAX before main decides what to load. Each process writes, into
+# $TEST_MULTIHOST_RECORD, its topology and the rows of index_N it holds of every batch train.device_batch put
+# (rows_p<i>.json), and its addressable shards of the params each checkpoint saved (params_<step>_p<i>.npz: the
+# live state's, read after the save). It copies what is there to the host; it runs no collective and compiles nothing.
+RECORDER = """
+import importlib.abc, importlib.machinery, json, os, sys
+
+
+def _train(module):
+  device_batch, held = module.device_batch, []
+
+  def recording(mesh, batch):
+    out = device_batch(mesh, batch)
+    import jax, numpy as np
+    held.append(sorted([s.index[0].start, s.index[0].stop, np.asarray(s.data).tolist()]
+                       for s in out["index_N"].addressable_shards))
+    seen = dict(process=jax.process_index(), processes=jax.process_count(), devices=jax.device_count(),
+                local=jax.local_device_count(), rows=held)
+    with open(os.path.join(os.environ["TEST_MULTIHOST_RECORD"], f"rows_p{jax.process_index()}.json"), "w") as f:
+      json.dump(seen, f)
+    return out
+  module.device_batch = recording
+
+
+def _checkpoint(module):
+  maybe_save = module.Checkpointer.maybe_save
+
+  def recording(self, step, state, meta=None, force=False):
+    saved = maybe_save(self, step, state, meta, force)
+    if saved:
+      import jax, numpy as np
+      params = (state() if callable(state) else state)["params"]
+      shards = {}
+      for path, x in jax.tree_util.tree_flatten_with_path(params)[0]:
+        for s in x.addressable_shards:
+          where = [[i.start or 0, n if i.stop is None else i.stop] for i, n in zip(s.index, x.shape)]
+          shards[f"{jax.tree_util.keystr(path)}@{json.dumps(where)}"] = np.asarray(s.data)
+      np.savez(os.path.join(os.environ["TEST_MULTIHOST_RECORD"], f"params_{step}_p{jax.process_index()}.npz"),
+               **shards)
+    return saved
+  module.Checkpointer.maybe_save = recording
+
+
+PATCHES = {"grpo_jax.run.train": _train, "grpo_jax.infra.checkpoint": _checkpoint}
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+  def find_spec(self, name, path, target=None):
+    if name not in PATCHES:
+      return None
+    spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+    run = spec.loader.exec_module
+
+    def exec_module(module):
+      run(module)
+      PATCHES[name](module)
+    spec.loader.exec_module = exec_module
+    return spec
+
+
+sys.meta_path.insert(0, _PatchOnImport())
+"""
 
 
 def _config(data_dir: str, hf_dir: str):
@@ -65,7 +140,12 @@ def runs(tmp_path_factory):
   params["embed"]["embedding"] = emb
   hf_save.save_hf(str(root / "hf"), mcfg, params)
   argv = ["--config=configs/grpo_arith.py:runlocal"] + _flags(c)
-  env = dict(os.environ, PYTHONPATH=REPO, JAX_PLATFORMS="cpu")
+  (root / "recorder").mkdir()
+  (root / "recorder" / "sitecustomize.py").write_text(RECORDER)
+  for run in ("seen_one", "seen_two"):
+    (root / run).mkdir()
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join([REPO, str(root / "recorder")]), JAX_PLATFORMS="cpu",
+             TEST_MULTIHOST_RECORD=str(root / "seen_one"))
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=4").strip()
   t0 = time.perf_counter()
   single = subprocess.Popen([sys.executable, "-m", "grpo_jax.main", *argv, f"--workdir={root / 'one'}"], env=env,
@@ -79,13 +159,15 @@ def runs(tmp_path_factory):
   printed = sweep.run(c, str(root / "sweep"), config_file="configs/grpo_arith.py:runlocal", sweep_text="seed=0",
                       mode="print", launch=launch, base_overrides=overrides, log=lambda s: None)
   (cmd,), (run,) = printed["report"].splitlines(), printed["runs"]
-  multi = subprocess.run(["bash", "-c", cmd], env=dict(os.environ, JAX_PLATFORMS="cpu"), cwd=REPO,
-                         capture_output=True, text=True, timeout=360)
+  recorded = os.pathsep.join(p for p in (str(root / "recorder"), os.environ.get("PYTHONPATH", "")) if p)
+  multi = subprocess.run(["bash", "-c", cmd], env=dict(os.environ, JAX_PLATFORMS="cpu", PYTHONPATH=recorded,
+                                                      TEST_MULTIHOST_RECORD=str(root / "seen_two")),
+                         cwd=REPO, capture_output=True, text=True, timeout=360)
   single_out, _ = single.communicate(timeout=300)
   print(f"1 and 2 processes together: {time.perf_counter() - t0:.1f}s")
   assert multi.returncode == 0, (cmd, (multi.stdout + multi.stderr)[-5000:])
   assert single.returncode == 0, single_out[-5000:]
-  return dict(root=root, two=root / "sweep" / run.name, mcfg=mcfg, init=params, multi=multi.stdout)
+  return dict(root=root, two=root / "sweep" / run.name, mcfg=mcfg, init=params, multi=multi.stdout, config=c)
 
 
 def _launch_script(path, text: str, **kw) -> tuple[int, str]:
@@ -153,8 +235,9 @@ def test_metrics_and_eval_match_one_process(runs):
     for k in keys:
       np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-5, equal_nan=True, err_msg=f"step {a['step']} {k}")
   train = [r for r in one if "train/reward_mean" in r]
-  # Lengths differ within groups (else the gather check above is weak and the update is 0): a real gradient (4.9
-  # and 20.7, 2026-12-06), not rounding residue that AdamW (lr 1e-2) would also turn into a visible update_norm
+  # Lengths differ within groups (else the gather check above is weak and the update is 0): a real gradient (3.5
+  # and 30.9 with task.train_size 6, 2026-12-08; 4.9 and 20.7 with 64), not rounding residue that AdamW (lr 1e-2)
+  # would also turn into a visible update_norm
   assert all(r["train/frac_zero_std_groups"] < 1.0 and r["train/update_norm"] > 1e-4 for r in train), train
   assert all(r["train/grad_norm"] > 1e-3 for r in train), [r["train/grad_norm"] for r in train]
   assert 0 < evals[0]["eval/completion_len_mean"] < L
@@ -167,11 +250,77 @@ def test_final_params_match_one_process(runs):
   for (path, a), b, init in zip(flat1, flat2, jax.tree.leaves(runs["init"])):
     # Adam divides by sqrt(v): a weight whose gradient is ~0 moves by lr·g/(|g|+eps), so reduction-order noise
     # (one process sums 4 devices, two sum 2+2 over gloo) shows at ~1e-6 absolute (measured 1.25e-6 after the two
-    # steps' real gradients, 2026-12-06); 1e-5 is 0.1% of lr, 8x that (it was 1e-4 with rtol 1e-4).
+    # steps' real gradients with 64 train examples, 2026-12-06; 7.5e-9 with 6, 2026-12-08); 1e-5 is 0.1% of lr, 8x
+    # the larger (it was 1e-4 with rtol 1e-4).
     np.testing.assert_allclose(np.asarray(b), np.asarray(a), rtol=0, atol=1e-5,
                                err_msg=jax.tree_util.keystr(path))
     moved = max(moved, float(np.abs(np.asarray(a) - np.asarray(init)).max()))
   assert moved > 5e-3  # the runs started from the HF params and moved away from them (lr 1e-2, 2 steps)
+
+
+def _seen(d) -> list[dict]:
+  """What the recorder wrote for each process of a run: topology and rows held (rows_p<i>.json), in process order."""
+  return [json.loads(f.read_text()) for f in sorted(d.glob("rows_p*.json"))]
+
+
+def test_topologies(runs):
+  """Each process of the job has its own 2 of the job's 4 devices; the reference is one process with all 4."""
+  seen_one, seen_two = _seen(runs["root"] / "seen_one"), _seen(runs["root"] / "seen_two")
+  assert [(s["process"], s["processes"], s["devices"], s["local"]) for s in seen_one] == [(0, 1, 4, 4)], seen_one
+  assert [(s["process"], s["processes"], s["devices"], s["local"]) for s in seen_two] == [(0, 2, 4, 2), (1, 2, 4, 2)]
+
+
+def _assembled(d, n: int, step: int, like: dict) -> dict:
+  """The params the n processes of a run held at `step`'s save, each leaf put together from their shards (recorded
+  by RECORDER); `like`: {keystr: array} of the shapes. A replica held by several devices must agree everywhere."""
+  got = {k: np.full(v.shape, np.nan, np.float64) for k, v in like.items()}
+  for pid in range(n):
+    with np.load(d / f"params_{step}_p{pid}.npz") as shards:
+      for key in shards.files:
+        path, where = key.split("@")
+        at = tuple(slice(a, b) for a, b in json.loads(where))
+        held = got[path][at]
+        assert np.isnan(held).all() or np.array_equal(held, shards[key]), (d, pid, key)
+        got[path][at] = shards[key]
+  return got
+
+
+def test_checkpoint_written_collectively(runs):
+  """The step-2 checkpoint that both processes wrote (each its own shards, ocdbt.process_<i>, checked above) restores
+  exactly the params the two processes held when they saved it, put together from their shards, as the 1-process
+  run's restores its own."""
+  for run, d, n in (("seen_one", runs["root"] / "one", 1), ("seen_two", runs["two"], 2)):
+    restored = {jax.tree_util.keystr(p): np.asarray(x)
+                for p, x in jax.tree_util.tree_leaves_with_path(_params(d, runs["mcfg"]))}
+    held = _assembled(runs["root"] / run, n, 2, restored)
+    assert held.keys() == restored.keys() and len(held) > 5
+    for k in restored:
+      assert not np.isnan(held[k]).any(), (run, k)  # every element held by some process
+      np.testing.assert_array_equal(held[k], restored[k], err_msg=f"{run} {k}")
+
+
+def test_each_process_holds_its_own_rows_of_the_single_process_batch(runs):
+  """Both processes draw the whole global batch of the arith task (data.rl_batches) and keep their own rows
+  (train.device_batch): the rows they held in the job's 2 steps are disjoint, cover the batch, and hold the
+  single-process order, as one process with the 4 devices held it and as data.rl_batches here draws it; the second
+  batch crosses an epoch."""
+  from grpo_jax.tasks import data as data_lib, tokenizer_factory as tok_lib
+  c = runs["config"]
+  want = [b["index_N"].tolist() for _, b in zip(range(2), data_lib.rl_batches(
+      c.task, tok_lib.for_config(c), "train", c.rl.prompts_per_step, c.seed, 0, c.task.prompt_len))]
+  assert len(set(want[0] + want[1][:2])) == TRAIN_SIZE, want  # epoch 0: each example once; it ends in step 2
+  for run, n in (("seen_one", 1), ("seen_two", 2)):
+    held = [s["rows"] for s in _seen(runs["root"] / run)]
+    assert len(held) == n and all(len(p) == 2 for p in held), (run, held)  # one batch per step, on every process
+    for step in range(2):
+      rows = [r for p in held for r in p[step]]
+      spans = sorted((start, stop) for start, stop, _ in rows)
+      assert spans == [(i, i + 1) for i in range(4)], (run, spans)  # a row per device, no row held twice
+      got = [i for _, _, ids in sorted(rows) for i in ids]
+      assert got == want[step], (run, step, got, want[step])
+    if run == "seen_two":  # 2 devices' rows each; step 1's 4 examples are distinct, so no example is held twice
+      mine = [{i for _, _, ids in p[0] for i in ids} for p in held]
+      assert len(held[0][0]) == len(held[1][0]) == 2 and len(mine[0] | mine[1]) == 4, mine
 
 
 FAILING_ALONE = """
