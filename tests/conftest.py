@@ -128,24 +128,22 @@ def pytest_unconfigure(config):
     shutil.rmtree(d, ignore_errors=True)
 
 
-# The slowest modules, slowest first (per-module seconds of the whole suite, `-n 2` on the 2-core machine, from
-# `--durations=0`, 2026-12-06 at 2d459ce less each module's measured cut of the same day's review of the suite's cost:
-# carry ~133, engine ~99, faults 81, tools_rl ~65, packing 58, aot ~50, chaos 38, lora ~37, ...; every module of
-# 5 s or more). pytest.ini's --no-loadscope-reorder keeps xdist's queue in collection order, and this hook starts
-# these modules first: by default xdist queues the modules with the MOST tests first, which puts the long subprocess
-# modules (1 to 3 tests each) at the end, where the last of them runs while the other worker sits idle. Replayed
-# greedily on those times, this order ends the two workers within 5 s of each other. Re-measure and re-sort when a
-# module's time changes much.
-SLOWEST_FIRST = ("test_carry", "test_engine", "test_faults", "test_tools_rl", "test_packing", "test_aot", "test_chaos",
-                 "test_lora", "test_sweep", "test_rl_step", "test_ablation_tables", "test_paged_attention",
-                 "test_device_check", "test_pipeline", "test_objectives", "test_goldens", "test_correction",
-                 "test_r1_tools", "test_aha", "test_multihost_cli", "test_attention", "test_model", "test_seeds",
-                 "test_sharding", "test_ppo", "test_long_context", "test_turns", "test_sampling", "test_advantages",
-                 "test_multihost", "test_hf_cli_qwen", "test_benchmark", "test_lora_io", "test_input_errors",
-                 "test_envs", "test_verifiers", "test_losses", "test_hf_load_memory", "test_algorithm_steps",
-                 "test_hf_cli_llama", "test_kl_estimators", "test_gdpo_table", "test_model_presets", "test_checkpoint",
-                 "test_hf_io", "test_auto", "test_spurious_rewards", "test_workdir_lock", "test_gsm8k_run",
-                 "test_numerics")
+# The slowest modules, slowest first (each module's CPU-s in its worker plus its subprocesses, from a profiled full
+# run, `-n 2` on the 2-core machine, 2026-12-08 at 654bb70, less the cuts merged after it: carry ~94, engine 85,
+# faults 70, tools_rl 67, packing 52, aot 48, multihost_cli ~38, lora 36, chaos 35, ...; every module of 5 s or more).
+# pytest.ini's --no-loadscope-reorder keeps xdist's queue in collection order, and this hook starts these modules
+# first: by default xdist queues the modules with the MOST tests first, which puts the long subprocess modules (1 to
+# 3 tests each) at the end, where the last of them runs while the other worker sits idle. Re-measure and re-sort when
+# a module's time changes much.
+SLOWEST_FIRST = ("test_carry", "test_engine", "test_faults", "test_tools_rl", "test_packing", "test_aot",
+                 "test_multihost_cli", "test_lora", "test_chaos", "test_ablation_tables", "test_sweep", "test_turns",
+                 "test_rl_step", "test_paged_attention", "test_pipeline", "test_aha", "test_attention", "test_seeds",
+                 "test_sharding", "test_long_context", "test_model", "test_ppo", "test_sampling", "test_device_check",
+                 "test_objectives", "test_lora_io", "test_benchmark", "test_input_errors", "test_hf_cli_qwen",
+                 "test_goldens", "test_auto", "test_hf_load_memory", "test_tools_qwen", "test_algorithm_steps",
+                 "test_hf_io", "test_hf_cli_llama", "test_correction", "test_keep_best", "test_checkpoint",
+                 "test_launch", "test_ablate", "test_envs", "test_memory_plan", "test_numerics", "test_model_presets",
+                 "test_r1_tools", "test_gdpo_table", "test_verifiers")
 
 
 def pytest_collection_modifyitems(config, items):
