@@ -53,8 +53,7 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # tests/conftest.py's XLA:CPU flags: tiny programs compile 2-5x faster; every run of a comparison uses the same.
 FAST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-                      " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
-                      " --xla_cpu_multi_thread_eigen=false")
+                      " --xla_cpu_use_fusion_emitters=false")
 
 # ------------------------------------------------------------------------------------------------------ scenarios
 # A 1-layer, 32-wide model, 16 new tokens, 64 examples a split: what is resumed (params, Adam, data position, rng)

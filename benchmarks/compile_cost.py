@@ -17,8 +17,7 @@ import sys
 import time
 
 FAST_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-              " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1"
-              " --xla_cpu_multi_thread_eigen=false")  # tests/conftest.py's FAST_COMPILE_FLAGS
+              " --xla_cpu_use_fusion_emitters=false")  # tests/conftest.py's FAST_COMPILE_FLAGS
 
 
 def _value(text: str):
